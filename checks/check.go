@@ -1,0 +1,98 @@
+// Package checks holds the custom checks, one file per check, and the one
+// runner that schedules them. A check only probes: it reads the host through
+// its Env and returns a Result; the runner owns intervals, timeouts, panics
+// and the condition state.
+package checks
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// Result is what one probe found.
+type Result struct {
+	Status  report.Status
+	Reason  string
+	Message string
+}
+
+// Check probes one condition. Probe must honour ctx; the runner gives up on it
+// at the check's timeout either way.
+type Check interface {
+	Probe(ctx context.Context) (Result, error)
+}
+
+// Factory builds a check for this host. An error means the check cannot run
+// here (bad configuration that validation could not catch).
+type Factory func(env *Env) (Check, error)
+
+// Sys is the set of system calls checks use, injectable for tests.
+type Sys interface {
+	Statfs(path string, st *unix.Statfs_t) error
+	Adjtimex(tx *unix.Timex) (state int, err error)
+}
+
+type realSys struct{}
+
+func (realSys) Statfs(path string, st *unix.Statfs_t) error { return unix.Statfs(path, st) }
+func (realSys) Adjtimex(tx *unix.Timex) (int, error)        { return unix.Adjtimex(tx) }
+
+// RealSys returns the host's system calls.
+func RealSys() Sys { return realSys{} }
+
+// Env is everything a check may use to reach the host.
+type Env struct {
+	Config   *config.Config
+	NodeName string
+	Role     report.Role
+	GPU      bool
+	Log      *slog.Logger
+	Sys      Sys
+	Now      func() time.Time
+}
+
+// Path resolves an absolute host path under the configured host root.
+func (e *Env) Path(p string) string {
+	root := e.Config.HostRoot
+	if root == "" || root == "/" {
+		return p
+	}
+	return filepath.Join(root, p)
+}
+
+var registry = map[string]Factory{}
+
+// Register adds the check for a condition type. It panics when the type is
+// not in the catalog, is not evaluated by checks, or is registered twice.
+func Register(condType string, f Factory) {
+	d, ok := report.Lookup(condType)
+	if !ok {
+		panic(fmt.Sprintf("checks: Register(%q): not a condition in the catalog", condType))
+	}
+	if d.Source == report.SourceKmsg {
+		panic(fmt.Sprintf("checks: Register(%q): a kernel-log condition, not a check", condType))
+	}
+	if _, dup := registry[condType]; dup {
+		panic(fmt.Sprintf("checks: Register(%q): registered twice", condType))
+	}
+	registry[condType] = f
+}
+
+// Implemented lists the condition types that have a registered check.
+func Implemented() []string {
+	var out []string
+	for k := range registry {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,287 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// PlanState says what the runner does with a condition on this node.
+type PlanState string
+
+const (
+	Scheduled      PlanState = "scheduled"
+	Disabled       PlanState = "disabled"
+	NotApplicable  PlanState = "not-applicable"
+	NotImplemented PlanState = "not-implemented"
+	// Elsewhere: evaluated by another part of the daemon (the kernel monitor).
+	Elsewhere PlanState = "elsewhere"
+)
+
+// Planned is one catalog condition and what happens to it here.
+type Planned struct {
+	Desc  report.ConditionDesc
+	State PlanState
+	// Placeholder is the condition reported while the condition is not
+	// scheduled (status Unknown with a reason saying why).
+	Placeholder report.Condition
+}
+
+// Plan decides, for every condition of the catalog, whether this node runs
+// it. only, when not empty, restricts the plan to those condition types.
+func Plan(env *Env, only []string) []Planned {
+	var out []Planned
+	for _, d := range report.Conditions {
+		if len(only) > 0 && !slices.Contains(only, d.Type) {
+			continue
+		}
+		p := Planned{Desc: d}
+		com, hasCfg := env.Config.Checks.Common(d.Type)
+		switch {
+		case !d.Scope.Applies(env.Role, env.GPU):
+			p.State = NotApplicable
+			p.Placeholder = unknown(d.Type, report.ReasonNotApplicable, scopeText(d.Scope))
+		case d.Source == report.SourceKmsg:
+			if _, ok := registry[d.Type]; ok {
+				p.State = Elsewhere
+			} else {
+				p.State = NotImplemented
+				p.Placeholder = unknown(d.Type, report.ReasonNotImplemented, "the kernel log monitor is not implemented yet")
+			}
+		case hasCfg && !com.Enabled:
+			p.State = Disabled
+			p.Placeholder = unknown(d.Type, report.ReasonDisabled, fmt.Sprintf("disabled in the configuration (checks.%s.enabled = false)", d.Type))
+		case registry[d.Type] == nil:
+			p.State = NotImplemented
+			p.Placeholder = unknown(d.Type, report.ReasonNotImplemented, "this check is not implemented yet")
+		default:
+			p.State = Scheduled
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func unknown(t, reason, msg string) report.Condition {
+	return report.Condition{Type: t, Status: report.StatusUnknown, Reason: reason, Message: msg}
+}
+
+func scopeText(s report.Scope) string {
+	switch s {
+	case report.ScopeControlPlane:
+		return "applies to control plane nodes only"
+	case report.ScopeWorker:
+		return "applies to worker nodes only"
+	case report.ScopeGPU:
+		return "applies to GPU nodes only"
+	}
+	return ""
+}
+
+type entry struct {
+	cond     string
+	check    Check
+	interval time.Duration
+	timeout  time.Duration
+	log      *slog.Logger
+	running  atomic.Bool
+}
+
+// Runner schedules the checks and records their results in the store.
+type Runner struct {
+	store   *report.Store
+	metrics *report.Metrics
+	log     *slog.Logger
+	spread  time.Duration
+	entries []*entry
+	// progress is called after every run of a check (loop name "check/<type>").
+	progress func(loop string, maxSilence time.Duration)
+}
+
+// Options configure a Runner.
+type Options struct {
+	Store   *report.Store
+	Metrics *report.Metrics // may be nil
+	// Only restricts the runner to these condition types.
+	Only []string
+	// Progress, if set, is called whenever a check's loop completes a run,
+	// with the longest silence expected before the next call.
+	Progress func(loop string, maxSilence time.Duration)
+}
+
+// NewRunner builds every scheduled check of the plan.
+func NewRunner(env *Env, opts Options) (*Runner, error) {
+	r := &Runner{store: opts.Store, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress}
+	for _, p := range Plan(env, opts.Only) {
+		if p.State != Scheduled {
+			continue
+		}
+		com, _ := env.Config.Checks.Common(p.Desc.Type)
+		c, err := registry[p.Desc.Type](env)
+		if err != nil {
+			return nil, fmt.Errorf("check %s: %w", p.Desc.Type, err)
+		}
+		r.entries = append(r.entries, &entry{
+			cond: p.Desc.Type, check: c,
+			interval: com.Interval.Duration, timeout: com.Timeout.Duration,
+			log: env.Log.With("check", p.Desc.Type),
+		})
+	}
+	return r, nil
+}
+
+// Checks lists the condition types the runner runs.
+func (r *Runner) Checks() []string {
+	out := make([]string, len(r.entries))
+	for i, e := range r.entries {
+		out[i] = e.cond
+	}
+	return out
+}
+
+// RunOnce runs every check once, concurrently, and returns their conditions.
+func (r *Runner) RunOnce(ctx context.Context) []report.Condition {
+	var wg sync.WaitGroup
+	for _, e := range r.entries {
+		wg.Go(func() { r.runOne(ctx, e) })
+	}
+	wg.Wait()
+	var out []report.Condition
+	for _, e := range r.entries {
+		if c, ok := r.store.Get(e.cond); ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Run runs every check on its interval until ctx is done. The first runs are
+// spread evenly over the configured window; firstPass is called once every
+// check has run once. Run returns when every loop has stopped (a probe that
+// ignores its context is abandoned, not waited for).
+func (r *Runner) Run(ctx context.Context, firstPass func()) {
+	var wg sync.WaitGroup
+	var pending atomic.Int64
+	pending.Store(int64(len(r.entries)))
+	if len(r.entries) == 0 && firstPass != nil {
+		firstPass()
+	}
+	for i, e := range r.entries {
+		offset := time.Duration(0)
+		if n := len(r.entries); n > 1 {
+			offset = r.spread * time.Duration(i) / time.Duration(n)
+		}
+		wg.Go(func() {
+			r.loop(ctx, e, offset, func() {
+				if pending.Add(-1) == 0 && firstPass != nil {
+					firstPass()
+				}
+			})
+		})
+	}
+	wg.Wait()
+}
+
+func (r *Runner) loop(ctx context.Context, e *entry, offset time.Duration, first func()) {
+	t := time.NewTimer(offset)
+	defer t.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		r.runOne(ctx, e)
+		if ctx.Err() != nil {
+			return
+		}
+		if n == 0 {
+			first()
+		}
+		if r.progress != nil {
+			r.progress("check/"+e.cond, e.interval+e.timeout)
+		}
+		t.Reset(max(0, e.interval-time.Since(start)))
+	}
+}
+
+type outcome struct {
+	res   Result
+	err   error
+	panic any
+	stack []byte
+}
+
+// runOne runs one probe with its timeout and records the result.
+func (r *Runner) runOne(ctx context.Context, e *entry) {
+	start := time.Now()
+	var c report.Condition
+	var result string
+	if !e.running.CompareAndSwap(false, true) {
+		// The previous probe has not returned even after its timeout.
+		c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("the previous run (timeout %s) has still not returned", e.timeout))
+		result = report.ResultTimeout
+		e.log.Warn("check still running from an earlier run; not starting another", "timeout", e.timeout)
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, e.timeout)
+		defer cancel()
+		done := make(chan outcome, 1)
+		go func() {
+			defer e.running.Store(false)
+			defer func() {
+				if p := recover(); p != nil {
+					done <- outcome{panic: p, stack: debug.Stack()}
+				}
+			}()
+			res, err := e.check.Probe(cctx)
+			done <- outcome{res: res, err: err}
+		}()
+		select {
+		case o := <-done:
+			c, result = r.interpret(e, o)
+		case <-cctx.Done():
+			if ctx.Err() != nil {
+				return // shutting down: record nothing
+			}
+			c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("check did not finish within its timeout of %s", e.timeout))
+			result = report.ResultTimeout
+			e.log.Warn("check timed out", "timeout", e.timeout)
+		}
+	}
+	if r.metrics != nil {
+		r.metrics.CheckRun(e.cond, result, time.Since(start))
+	}
+	r.store.Set(c, time.Now())
+}
+
+func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
+	switch {
+	case o.panic != nil:
+		e.log.Error("check panicked", "panic", fmt.Sprint(o.panic), "stack", string(o.stack))
+		return unknown(e.cond, report.ReasonCheckPanicked, fmt.Sprintf("check panicked: %v", o.panic)), report.ResultPanic
+	case o.err != nil:
+		e.log.Warn("check failed", "err", o.err)
+		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError
+	}
+	d, _ := report.Lookup(e.cond)
+	if o.res.Status == report.StatusUnknown && d.ValidReason(report.StatusUnknown, o.res.Reason) {
+		return report.Condition{Type: e.cond, Status: o.res.Status, Reason: o.res.Reason, Message: o.res.Message}, report.ResultError
+	}
+	if o.res.Status == report.StatusUnknown || !d.ValidReason(o.res.Status, o.res.Reason) {
+		e.log.Error("check returned a status/reason that is not in the catalog (a bug)", "status", o.res.Status, "reason", o.res.Reason)
+		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
+	}
+	result := report.ResultOK
+	if o.res.Status == report.StatusTrue {
+		result = report.ResultProblem
+	}
+	return report.Condition{Type: e.cond, Status: o.res.Status, Reason: o.res.Reason, Message: o.res.Message}, result
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+func cmdCatalog(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("catalog", "catalog [--markdown | --json]", stderr)
+	md := fs.Bool("markdown", false, "print the README's Markdown tables")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if code := parseFlags(fs, args); code >= 0 {
+		return code
+	}
+	switch {
+	case *asJSON:
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(map[string]any{"conditions": report.Conditions, "events": report.Events})
+	case *md:
+		io.WriteString(stdout, CatalogMarkdown())
+	default:
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONDITION\tSOURCE\tDISPOSITION\tINTERVAL\tNODES\tREASONS (True)")
+		for _, c := range report.Conditions {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope, strings.Join(c.ProblemReasons, ","))
+		}
+		tw.Flush()
+		fmt.Fprintln(stdout, "\nEVENT\tSOURCE\tNODES")
+		for _, e := range report.Events {
+			fmt.Fprintf(stdout, "%s\t%s\t%s\n", e.Reason, e.Source, e.Scope)
+		}
+	}
+	return exitOK
+}
+
+func interval(c report.ConditionDesc) string {
+	if c.Interval == 0 {
+		return "on kernel line"
+	}
+	return config.Duration{Duration: c.Interval}.String()
+}
+
+// CatalogMarkdown renders the catalog as the README's tables.
+func CatalogMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| Condition | Source | Disposition | Interval | Nodes | Reason when False | Reasons when True | Triggered when |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, c := range report.Conditions {
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | `%s` | %s | %s |\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope,
+			c.HealthyReason, "`"+strings.Join(c.ProblemReasons, "`, `")+"`", c.Trigger)
+	}
+	b.WriteString("\n| Event reason | Source | Nodes | Emitted when |\n| --- | --- | --- | --- |\n")
+	for _, e := range report.Events {
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", e.Reason, e.Source, e.Scope, e.Trigger)
+	}
+	fmt.Fprintf(&b, "\nWhile a condition cannot be evaluated its status is `Unknown` with one of the reasons %s.\n",
+		"`"+strings.Join(report.UnknownReasons, "`, `")+"`")
+	return b.String()
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0 // success; for check: no condition is True
+	exitProblem = 1 // check: at least one condition is True; run: failed while running
+	exitError   = 2 // bad usage, bad configuration, or the command could not run
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+func Version() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
+
+const usage = `autopilot-health: the Syself Autopilot node health daemon.
+
+Usage:
+  autopilot-health run [--config FILE]            run the daemon (under systemd)
+  autopilot-health check [--config FILE] [--json] [--only NAME,...]
+                                                  run every enabled check once on this host
+  autopilot-health catalog [--markdown]           list every condition and event the daemon owns
+  autopilot-health config default                 print the default configuration, every key commented
+  autopilot-health config validate FILE           validate a configuration file
+  autopilot-health version                        print the version
+
+Run "autopilot-health COMMAND --help" for a command's flags.
+
+Exit codes:
+  0  success; for check: no condition is True
+  1  check: at least one condition is True; run: the daemon failed while running
+  2  bad usage, bad configuration, or the command could not run
+`
+
+// Main runs the command line and returns the exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitError
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(rest, stdout, stderr)
+	case "check":
+		return cmdCheck(rest, stdout, stderr)
+	case "catalog":
+		return cmdCatalog(rest, stdout, stderr)
+	case "config":
+		return cmdConfig(rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "autopilot-health %s (%s)\n", Version(), runtime.Version())
+		return exitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "autopilot-health: unknown command %q\n\n%s", cmd, usage)
+	return exitError
+}
+
+// newFlags returns a flag set that prints its usage to stderr and reports
+// --help as flag.ErrHelp.
+func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: autopilot-health %s\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses and maps the outcome to an exit code (-1: go on).
+func parseFlags(fs *flag.FlagSet, args []string) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitError
+	}
+	return -1
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+)
+
+func cmdRun(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("run", "run [--config FILE]", stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
+	if code := parseFlags(fs, args); code >= 0 {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health run: unexpected argument %q\n", fs.Arg(0))
+		return exitError
+	}
+	explicit := flagSet(fs, "config")
+	cfg, fromFile, err := loadConfig(*cfgPath, explicit)
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
+		return exitError
+	}
+	log, err := daemon.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
+		return exitError
+	}
+	if fromFile {
+		log.Info("starting", "version", Version(), "config", *cfgPath)
+	} else {
+		log.Info("starting", "version", Version(), "config", "(embedded defaults; "+*cfgPath+" absent)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := daemon.New(cfg, log, daemon.Options{Version: Version()})
+	if err != nil {
+		log.Error("refusing to start", "err", err)
+		return exitError
+	}
+	if err := d.Run(ctx); err != nil {
+		log.Error("stopped with an error", "err", err)
+		return exitProblem
+	}
+	log.Info("stopped")
+	_ = os.Stderr
+	return exitOK
+}

@@ -1,0 +1,294 @@
+// Package config loads and validates the daemon's TOML configuration.
+//
+// The embedded default.toml is the one source of the defaults: Default()
+// decodes it, `autopilot-health config default` prints it. Loading is strict:
+// an unknown key, a wrong type or a bad value is an error that names the file,
+// the line and the key.
+package config
+
+import (
+	_ "embed"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is where the daemon looks for its configuration.
+const DefaultPath = "/etc/autopilot-health/config.toml"
+
+//go:embed default.toml
+var defaultTOML []byte
+
+// DefaultTOML returns the embedded default configuration, every key commented.
+func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
+
+// Duration is a time.Duration written as a string ("10s", "2m").
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("invalid duration %q (use a number with a unit, e.g. \"30s\", \"5m\", \"168h\")", string(b))
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Config is the daemon's whole configuration.
+type Config struct {
+	HostRoot   string     `toml:"host_root"`
+	NodeName   string     `toml:"node_name"`
+	Role       string     `toml:"role"`
+	GPU        string     `toml:"gpu"`
+	StateDir   string     `toml:"state_dir"`
+	Log        Log        `toml:"log"`
+	Metrics    Metrics    `toml:"metrics"`
+	Kubernetes Kubernetes `toml:"kubernetes"`
+	Detect     Detect     `toml:"detect"`
+	Runner     Runner     `toml:"runner"`
+	Checks     Checks     `toml:"checks"`
+	Kmsg       Kmsg       `toml:"kmsg"`
+}
+
+type Log struct {
+	Level  string `toml:"level"`
+	Format string `toml:"format"`
+}
+
+type Metrics struct {
+	ListenAddress string `toml:"listen_address"`
+}
+
+type Kubernetes struct {
+	Kubeconfig      string   `toml:"kubeconfig"`
+	HeartbeatPeriod Duration `toml:"heartbeat_period"`
+	ReportInterval  Duration `toml:"report_interval"`
+}
+
+type Detect struct {
+	KubeletClientCert    string `toml:"kubelet_client_cert"`
+	ControlPlaneManifest string `toml:"controlplane_manifest"`
+}
+
+type Runner struct {
+	FirstRunSpread Duration `toml:"first_run_spread"`
+}
+
+type Kmsg struct {
+	Enabled bool   `toml:"enabled"`
+	Device  string `toml:"device"`
+}
+
+// Common holds the keys every check has.
+type Common struct {
+	Enabled  bool     `toml:"enabled"`
+	Interval Duration `toml:"interval"`
+	Timeout  Duration `toml:"timeout"`
+}
+
+// Checks holds one table per check, named by the condition it sets.
+type Checks struct {
+	KubeletUnhealthy             KubeletUnhealthy             `toml:"KubeletUnhealthy"`
+	ContainerRuntimeUnhealthy    ContainerRuntimeUnhealthy    `toml:"ContainerRuntimeUnhealthy"`
+	ServiceNotRecovering         ServiceNotRecovering         `toml:"ServiceNotRecovering"`
+	KubeletHeartbeatFailed       KubeletHeartbeatFailed       `toml:"KubeletHeartbeatFailed"`
+	DisksFailure                 DisksFailure                 `toml:"DisksFailure"`
+	DiskWearHigh                 DiskWearHigh                 `toml:"DiskWearHigh"`
+	DiskTemperatureHigh          DiskTemperatureHigh          `toml:"DiskTemperatureHigh"`
+	DiskUsageHigh                DiskUsageHigh                `toml:"DiskUsageHigh"`
+	NodeServiceDown              NodeServiceDown              `toml:"NodeServiceDown"`
+	NodeInfoStale                NodeInfoStale                `toml:"NodeInfoStale"`
+	CertRenewalFailing           CertRenewalFailing           `toml:"CertRenewalFailing"`
+	ProxyNotServing              ProxyNotServing              `toml:"ProxyNotServing"`
+	ClockNotSynchronized         ClockNotSynchronized         `toml:"ClockNotSynchronized"`
+	CNIUnhealthy                 CNIUnhealthy                 `toml:"CNIUnhealthy"`
+	TunnelDisconnected           TunnelDisconnected           `toml:"TunnelDisconnected"`
+	GpuActivationFailed          GpuActivationFailed          `toml:"GpuActivationFailed"`
+	APIServerSourceIPUnavailable APIServerSourceIPUnavailable `toml:"APIServerSourceIPUnavailable"`
+	SealedOSTampered             SealedOSTampered             `toml:"SealedOSTampered"`
+	NodeTampered                 NodeTampered                 `toml:"NodeTampered"`
+}
+
+type KubeletUnhealthy struct {
+	Common
+	HealthzURL      string   `toml:"healthz_url"`
+	Unit            string   `toml:"unit"`
+	RestartCooldown Duration `toml:"restart_cooldown"`
+}
+
+type ContainerRuntimeUnhealthy struct {
+	Common
+	Socket          string   `toml:"socket"`
+	Unit            string   `toml:"unit"`
+	RestartCooldown Duration `toml:"restart_cooldown"`
+}
+
+type ServiceNotRecovering struct {
+	Common
+	ControlPlaneUnits []string `toml:"controlplane_units"`
+	WorkerUnits       []string `toml:"worker_units"`
+	RestartThreshold  int      `toml:"restart_threshold"`
+}
+
+type KubeletHeartbeatFailed struct {
+	Common
+	Unit string `toml:"unit"`
+}
+
+type DisksFailure struct {
+	Common
+	IOErrorThreshold int      `toml:"io_error_threshold"`
+	IOErrorWindow    Duration `toml:"io_error_window"`
+}
+
+type DiskWearHigh struct {
+	Common
+	PercentageUsedThreshold int `toml:"percentage_used_threshold"`
+}
+
+type DiskTemperatureHigh struct {
+	Common
+	ThresholdCelsius int `toml:"threshold_celsius"`
+}
+
+type DiskUsageHigh struct {
+	Common
+	SpacePercent       int    `toml:"space_percent"`
+	InodesPercent      int    `toml:"inodes_percent"`
+	VolumeGroupPercent int    `toml:"volume_group_percent"`
+	MountPointsExclude string `toml:"mount_points_exclude"`
+	FSTypesExclude     string `toml:"fs_types_exclude"`
+}
+
+type NodeServiceDown struct {
+	Common
+	ControlPlaneUnits []string `toml:"controlplane_units"`
+	WorkerUnits       []string `toml:"worker_units"`
+}
+
+type NodeInfoStale struct {
+	Common
+	Path   string   `toml:"path"`
+	MaxAge Duration `toml:"max_age"`
+}
+
+type CertRenewalFailing struct {
+	Common
+	RenewWithin  Duration `toml:"renew_within"`
+	Certificates []string `toml:"certificates"`
+}
+
+type ProxyNotServing struct {
+	Common
+	MetricsURL  string `toml:"metrics_url"`
+	ReadyMetric string `toml:"ready_metric"`
+}
+
+type ClockNotSynchronized struct {
+	Common
+	MaxError Duration `toml:"max_error"`
+}
+
+type CNIUnhealthy struct {
+	Common
+	Socket string `toml:"socket"`
+}
+
+type TunnelDisconnected struct {
+	Common
+	MetricsURL        string `toml:"metrics_url"`
+	ConnectionsMetric string `toml:"connections_metric"`
+}
+
+type GpuActivationFailed struct {
+	Common
+	MarkerPath  string   `toml:"marker_path"`
+	CDISpecDirs []string `toml:"cdi_spec_dirs"`
+}
+
+type APIServerSourceIPUnavailable struct {
+	Common
+	AuditLog string `toml:"audit_log"`
+}
+
+type SealedOSTampered struct{ Common }
+
+type NodeTampered struct{ Common }
+
+// Default returns the embedded defaults.
+func Default() *Config {
+	c, err := Parse("(defaults)", defaultTOML, nil)
+	if err != nil {
+		panic("config: embedded default.toml is invalid: " + err.Error())
+	}
+	return c
+}
+
+// Load reads the file at path over the defaults. A missing file is not an
+// error when allowMissing is set (the daemon's default path); the returned
+// bool says whether a file was read.
+func Load(path string, allowMissing bool) (*Config, bool, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && allowMissing {
+		return Default(), false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(path, b, Default())
+	return c, true, err
+}
+
+// Parse decodes data over base (nil: an empty Config) and validates the result.
+// Errors are *Error values naming file, line and key.
+func Parse(file string, data []byte, base *Config) (*Config, error) {
+	c := &Config{}
+	if base != nil {
+		c = base.clone()
+	}
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(c)
+	lines := keyLines(data)
+	if err != nil {
+		return nil, decodeError(file, lines, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		k := und[0].String()
+		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key" + suggest(k)}
+	}
+	if verr := c.validate(); verr != nil {
+		verr.File = file
+		verr.Line = lines.find(verr.Key)
+		return nil, verr
+	}
+	return c, nil
+}
+
+func (c *Config) clone() *Config {
+	n := *c
+	// Slices are the only reference types; copy them so a decode into the
+	// clone never writes into the defaults.
+	n.Checks.ServiceNotRecovering.ControlPlaneUnits = append([]string(nil), c.Checks.ServiceNotRecovering.ControlPlaneUnits...)
+	n.Checks.ServiceNotRecovering.WorkerUnits = append([]string(nil), c.Checks.ServiceNotRecovering.WorkerUnits...)
+	n.Checks.NodeServiceDown.ControlPlaneUnits = append([]string(nil), c.Checks.NodeServiceDown.ControlPlaneUnits...)
+	n.Checks.NodeServiceDown.WorkerUnits = append([]string(nil), c.Checks.NodeServiceDown.WorkerUnits...)
+	n.Checks.CertRenewalFailing.Certificates = append([]string(nil), c.Checks.CertRenewalFailing.Certificates...)
+	n.Checks.GpuActivationFailed.CDISpecDirs = append([]string(nil), c.Checks.GpuActivationFailed.CDISpecDirs...)
+	return &n
+}
+
+// HostPath resolves an absolute host path under HostRoot.
+func (c *Config) HostPath(p string) string {
+	if c.HostRoot == "" || c.HostRoot == "/" {
+		return p
+	}
+	return filepath.Join(c.HostRoot, p)
+}

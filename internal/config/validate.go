@@ -1,0 +1,204 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// knownKeys lists every key of the default configuration.
+var knownKeys = sync.OnceValue(func() []string {
+	var ks []string
+	for k := range keyLines(defaultTOML) {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+})
+
+type validator struct{ err *Error }
+
+func (v *validator) fail(key, format string, args ...any) {
+	if v.err == nil {
+		v.err = &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
+	}
+}
+
+func (v *validator) oneOf(key, val string, allowed ...string) {
+	if !slices.Contains(allowed, val) {
+		v.fail(key, "must be one of %s, got %q", quoteList(allowed), val)
+	}
+}
+
+func (v *validator) absPath(key, val string) {
+	if val == "" || !filepath.IsAbs(val) {
+		v.fail(key, "must be an absolute path, got %q", val)
+	}
+}
+
+func (v *validator) absPaths(key string, vals []string) {
+	for _, p := range vals {
+		v.absPath(key, p)
+	}
+}
+
+func (v *validator) percent(key string, val int) {
+	if val < 1 || val > 100 {
+		v.fail(key, "must be a percentage between 1 and 100, got %d", val)
+	}
+}
+
+func (v *validator) positive(key string, d Duration) {
+	if d.Duration <= 0 {
+		v.fail(key, "must be a positive duration, got %q", d.String())
+	}
+}
+
+func (v *validator) httpURL(key, val string) {
+	u, err := url.Parse(val)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.fail(key, "must be an http:// or https:// URL, got %q", val)
+	}
+}
+
+func (v *validator) units(key string, vals []string) {
+	for _, u := range vals {
+		if !strings.Contains(u, ".") || strings.ContainsAny(u, "/ \t") {
+			v.fail(key, "must list systemd unit names such as \"kubelet.service\", got %q", u)
+		}
+	}
+}
+
+func (v *validator) regex(key, val string) {
+	if _, err := regexp.Compile(val); err != nil {
+		v.fail(key, "invalid regular expression: %v", err)
+	}
+}
+
+func (v *validator) common(name string, c Common) {
+	key := "checks." + name
+	v.positive(key+".interval", c.Interval)
+	v.positive(key+".timeout", c.Timeout)
+	if c.Timeout.Duration > c.Interval.Duration && c.Interval.Duration > 0 {
+		v.fail(key+".timeout", "must not be longer than interval (%s), got %s", c.Interval, c.Timeout)
+	}
+}
+
+func quoteList(s []string) string {
+	q := make([]string, len(s))
+	for i, x := range s {
+		q[i] = fmt.Sprintf("%q", x)
+	}
+	return strings.Join(q, ", ")
+}
+
+// validate checks every value; the first problem found is returned with its key.
+func (c *Config) validate() *Error {
+	v := &validator{}
+	v.absPath("host_root", c.HostRoot)
+	if c.NodeName != "" && !validNodeName(c.NodeName) {
+		v.fail("node_name", "must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got %q", c.NodeName)
+	}
+	v.oneOf("role", c.Role, "", "controlplane", "worker")
+	v.oneOf("gpu", c.GPU, "auto", "true", "false")
+	v.absPath("state_dir", c.StateDir)
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "auto", "journal", "text", "json")
+	if _, _, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
+		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
+	}
+	if c.Kubernetes.Kubeconfig != "" {
+		v.absPath("kubernetes.kubeconfig", c.Kubernetes.Kubeconfig)
+	}
+	v.positive("kubernetes.heartbeat_period", c.Kubernetes.HeartbeatPeriod)
+	v.positive("kubernetes.report_interval", c.Kubernetes.ReportInterval)
+	v.absPath("detect.kubelet_client_cert", c.Detect.KubeletClientCert)
+	v.absPath("detect.controlplane_manifest", c.Detect.ControlPlaneManifest)
+	if c.Runner.FirstRunSpread.Duration < 0 {
+		v.fail("runner.first_run_spread", "must not be negative, got %q", c.Runner.FirstRunSpread.String())
+	}
+
+	k := &c.Checks
+	for _, name := range k.Names() {
+		com, _ := k.Common(name)
+		v.common(name, com)
+	}
+	v.httpURL("checks.KubeletUnhealthy.healthz_url", k.KubeletUnhealthy.HealthzURL)
+	v.units("checks.KubeletUnhealthy.unit", []string{k.KubeletUnhealthy.Unit})
+	v.positive("checks.KubeletUnhealthy.restart_cooldown", k.KubeletUnhealthy.RestartCooldown)
+	v.absPath("checks.ContainerRuntimeUnhealthy.socket", k.ContainerRuntimeUnhealthy.Socket)
+	v.units("checks.ContainerRuntimeUnhealthy.unit", []string{k.ContainerRuntimeUnhealthy.Unit})
+	v.positive("checks.ContainerRuntimeUnhealthy.restart_cooldown", k.ContainerRuntimeUnhealthy.RestartCooldown)
+	v.units("checks.ServiceNotRecovering.controlplane_units", k.ServiceNotRecovering.ControlPlaneUnits)
+	v.units("checks.ServiceNotRecovering.worker_units", k.ServiceNotRecovering.WorkerUnits)
+	if k.ServiceNotRecovering.RestartThreshold < 1 {
+		v.fail("checks.ServiceNotRecovering.restart_threshold", "must be at least 1, got %d", k.ServiceNotRecovering.RestartThreshold)
+	}
+	v.units("checks.KubeletHeartbeatFailed.unit", []string{k.KubeletHeartbeatFailed.Unit})
+	if k.DisksFailure.IOErrorThreshold < 1 {
+		v.fail("checks.DisksFailure.io_error_threshold", "must be at least 1, got %d", k.DisksFailure.IOErrorThreshold)
+	}
+	v.positive("checks.DisksFailure.io_error_window", k.DisksFailure.IOErrorWindow)
+	v.percent("checks.DiskWearHigh.percentage_used_threshold", k.DiskWearHigh.PercentageUsedThreshold)
+	if t := k.DiskTemperatureHigh.ThresholdCelsius; t < 0 || t > 150 {
+		v.fail("checks.DiskTemperatureHigh.threshold_celsius", "must be between 0 (the drive's own threshold) and 150, got %d", t)
+	}
+	v.percent("checks.DiskUsageHigh.space_percent", k.DiskUsageHigh.SpacePercent)
+	v.percent("checks.DiskUsageHigh.inodes_percent", k.DiskUsageHigh.InodesPercent)
+	v.percent("checks.DiskUsageHigh.volume_group_percent", k.DiskUsageHigh.VolumeGroupPercent)
+	v.regex("checks.DiskUsageHigh.mount_points_exclude", k.DiskUsageHigh.MountPointsExclude)
+	v.regex("checks.DiskUsageHigh.fs_types_exclude", k.DiskUsageHigh.FSTypesExclude)
+	v.units("checks.NodeServiceDown.controlplane_units", k.NodeServiceDown.ControlPlaneUnits)
+	v.units("checks.NodeServiceDown.worker_units", k.NodeServiceDown.WorkerUnits)
+	v.absPath("checks.NodeInfoStale.path", k.NodeInfoStale.Path)
+	v.positive("checks.NodeInfoStale.max_age", k.NodeInfoStale.MaxAge)
+	v.positive("checks.CertRenewalFailing.renew_within", k.CertRenewalFailing.RenewWithin)
+	v.absPaths("checks.CertRenewalFailing.certificates", k.CertRenewalFailing.Certificates)
+	v.httpURL("checks.ProxyNotServing.metrics_url", k.ProxyNotServing.MetricsURL)
+	if k.ProxyNotServing.ReadyMetric == "" {
+		v.fail("checks.ProxyNotServing.ready_metric", "must not be empty")
+	}
+	v.positive("checks.ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError)
+	v.absPath("checks.CNIUnhealthy.socket", k.CNIUnhealthy.Socket)
+	v.httpURL("checks.TunnelDisconnected.metrics_url", k.TunnelDisconnected.MetricsURL)
+	if k.TunnelDisconnected.ConnectionsMetric == "" {
+		v.fail("checks.TunnelDisconnected.connections_metric", "must not be empty")
+	}
+	v.absPath("checks.GpuActivationFailed.marker_path", k.GpuActivationFailed.MarkerPath)
+	v.absPaths("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs)
+	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
+	v.absPath("kmsg.device", c.Kmsg.Device)
+	return v.err
+}
+
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+func validNodeName(s string) bool { return len(s) <= 253 && nodeNameRE.MatchString(s) }
+
+// Names returns the condition type of every check table, in file order.
+func (k *Checks) Names() []string {
+	rt := reflect.TypeOf(*k)
+	names := make([]string, rt.NumField())
+	for i := range rt.NumField() {
+		names[i] = rt.Field(i).Tag.Get("toml")
+	}
+	return names
+}
+
+// Common returns the common keys of the check for a condition type.
+func (k *Checks) Common(condType string) (Common, bool) {
+	rv := reflect.ValueOf(k).Elem()
+	for i, name := range k.Names() {
+		if name == condType {
+			return rv.Field(i).FieldByName("Common").Interface().(Common), true
+		}
+	}
+	return Common{}, false
+}

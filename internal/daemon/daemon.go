@@ -1,0 +1,377 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// NewEnv detects the node and builds the checks' environment.
+func NewEnv(cfg *config.Config, log *slog.Logger) (*checks.Env, Identity, error) {
+	id, err := Detect(cfg)
+	if err != nil {
+		return nil, id, err
+	}
+	env := &checks.Env{
+		Config: cfg, NodeName: id.NodeName, Role: id.Role, GPU: id.GPU,
+		Log: log, Sys: checks.RealSys(), Now: time.Now,
+	}
+	return env, id, nil
+}
+
+// Options are the parts of a daemon run that tests replace.
+type Options struct {
+	Version string
+	// Listener, if set, is used instead of listening on metrics.listen_address.
+	Listener net.Listener
+	// Notifier talks to systemd.
+	Notifier Notifier
+	// Env, if set, replaces the detected environment.
+	Env *checks.Env
+	// BootID is used with Env.
+	BootID string
+}
+
+// Daemon is one run of the daemon.
+type Daemon struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	env     *checks.Env
+	store   *report.Store
+	metrics *report.Metrics
+	live    *Liveness
+	runner  *checks.Runner
+	notify  Notifier
+	ln      net.Listener
+
+	mu    sync.Mutex
+	ready bool
+}
+
+// New prepares a daemon: detects the node, restores the state, builds the
+// checks and binds the metrics listener. Any error here is a reason to
+// refuse to start.
+func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
+	env, bootID := opts.Env, opts.BootID
+	if env == nil {
+		var id Identity
+		var err error
+		env, id, err = NewEnv(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		bootID = id.BootID
+		log.Info("node detected", "node", id.NodeName, "node_source", id.NodeNameSource,
+			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
+	}
+	d := &Daemon{cfg: cfg, log: log, env: env, notify: opts.Notifier}
+	d.store = report.NewStore(bootID)
+	d.metrics = report.NewMetrics(opts.Version)
+	d.store.Observe(d.metrics)
+	d.store.Observe(logObserver{log})
+
+	var applicable []string
+	for _, p := range checks.Plan(env, nil) {
+		if p.State == checks.Scheduled || p.State == checks.Elsewhere {
+			applicable = append(applicable, p.Desc.Type)
+		}
+	}
+	d.metrics.InitConditions(applicable)
+	var events []string
+	for _, e := range report.Events {
+		if e.Scope.Applies(env.Role, env.GPU) {
+			events = append(events, e.Reason)
+		}
+	}
+	d.metrics.InitEvents(events)
+
+	res, err := d.store.Load(cfg.StateDir)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("state: %w", err)
+	case res.Corrupt != nil:
+		log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
+	default:
+		log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
+	}
+
+	d.live = NewLiveness(time.Now)
+	d.live.OnBeat = d.metrics.LoopProgress
+	d.runner, err = checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Progress: d.live.Beat})
+	if err != nil {
+		return nil, err
+	}
+	spread := cfg.Runner.FirstRunSpread.Duration
+	for _, c := range d.runner.Checks() {
+		com, _ := cfg.Checks.Common(c)
+		d.live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration+loopSlack)
+	}
+
+	d.ln = opts.Listener
+	if d.ln == nil {
+		d.ln, err = net.Listen("tcp", cfg.Metrics.ListenAddress)
+		if err != nil {
+			return nil, fmt.Errorf("metrics listener (metrics.listen_address): %w", err)
+		}
+	}
+	return d, nil
+}
+
+// loopSlack is added to every loop's allowed silence.
+const loopSlack = 30 * time.Second
+
+// persistEvery bounds how long the persister loop waits without a change.
+const persistEvery = time.Minute
+
+// Store returns the condition store.
+func (d *Daemon) Store() *report.Store { return d.store }
+
+// Metrics returns the metrics.
+func (d *Daemon) Metrics() *report.Metrics { return d.metrics }
+
+// Addr returns the metrics listener's address.
+func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
+
+// Healthy returns nil when every loop makes progress.
+func (d *Daemon) Healthy() error {
+	err := d.live.Check()
+	d.metrics.SetHealthy(err == nil)
+	return err
+}
+
+// Run runs until ctx is done, then shuts down cleanly: conditions are left
+// as they are (saved, never cleared).
+func (d *Daemon) Run(ctx context.Context) error {
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srvErr := make(chan error, 1)
+	go func() { srvErr <- srv.Serve(d.ln) }()
+	d.log.Info("serving metrics", "addr", d.ln.Addr().String(), "checks", len(d.runner.Checks()))
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { d.persist(rctx) })
+	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
+	wg.Go(func() { d.statusLoop(rctx) })
+	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.runner.Checks())))
+	wg.Go(func() {
+		d.runner.Run(rctx, func() {
+			d.mu.Lock()
+			d.ready = true
+			d.mu.Unlock()
+			d.metrics.SetReady(true)
+			status := d.Summary()
+			d.log.Info("first pass complete", "status", status)
+			if err := d.notify.Ready(status); err != nil {
+				d.log.Warn("sd_notify READY failed", "err", err)
+			}
+		})
+	})
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-srvErr:
+		runErr = fmt.Errorf("metrics server: %w", err)
+	}
+	d.notify.Stopping()
+	d.log.Info("shutting down; conditions are left as they are")
+	cancel()
+	wg.Wait()
+	shCtx, shCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer shCancel()
+	srv.Shutdown(shCtx)
+	if err := d.store.Save(d.cfg.StateDir, time.Now()); err != nil {
+		d.log.Error("saving state on shutdown failed", "dir", d.cfg.StateDir, "err", err)
+		d.metrics.StateWrite(err)
+		if runErr == nil {
+			runErr = err
+		}
+	}
+	return runErr
+}
+
+// persist writes the state file after changes (at most once a second) and
+// beats its liveness.
+func (d *Daemon) persist(ctx context.Context) {
+	const loop = "state"
+	d.live.Expect(loop, persistEvery+loopSlack)
+	defer d.live.Forget(loop)
+	t := time.NewTicker(persistEvery)
+	defer t.Stop()
+	dirty := false
+	for {
+		changed := d.store.Changed()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+			dirty = true
+			// Coalesce bursts of changes.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		case <-t.C:
+		}
+		if dirty {
+			err := d.store.Save(d.cfg.StateDir, time.Now())
+			d.metrics.StateWrite(err)
+			if err != nil {
+				d.log.Error("saving state failed", "dir", d.cfg.StateDir, "err", err)
+			} else {
+				dirty = false
+			}
+		}
+		d.live.Beat(loop, persistEvery+loopSlack)
+	}
+}
+
+// watchdog pings systemd at half the watchdog interval, only while every
+// loop makes progress: a stuck daemon is restarted by systemd.
+func (d *Daemon) watchdog(ctx context.Context, interval time.Duration) {
+	period := interval / 2
+	if period <= 0 {
+		period = 15 * time.Second // no systemd watchdog: still refresh the health gauge
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var lastErr string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := d.Healthy(); err != nil {
+			if err.Error() != lastErr {
+				d.log.Error("not healthy; withholding the watchdog ping", "err", err)
+			}
+			lastErr = err.Error()
+			continue
+		}
+		lastErr = ""
+		if interval > 0 {
+			d.notify.Watchdog()
+		}
+	}
+}
+
+// statusLoop keeps systemd's STATUS= line current.
+func (d *Daemon) statusLoop(ctx context.Context) {
+	last := ""
+	for {
+		changed := d.store.Changed()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		d.mu.Lock()
+		ready := d.ready
+		d.mu.Unlock()
+		if s := d.Summary(); ready && s != last {
+			d.notify.Status(s)
+			last = s
+		}
+	}
+}
+
+// Summary is the one-line status, e.g.
+// "24 conditions: 23 ok, 1 problem (DiskUsageHigh)".
+func (d *Daemon) Summary() string { return Summarize(d.store.All()) }
+
+// Summarize formats conditions as the one-line status.
+func Summarize(conds []report.Condition) string {
+	var ok int
+	var problems, unknown []string
+	for _, c := range conds {
+		switch c.Status {
+		case report.StatusFalse:
+			ok++
+		case report.StatusTrue:
+			problems = append(problems, c.Type)
+		default:
+			unknown = append(unknown, c.Type)
+		}
+	}
+	slices.Sort(problems)
+	slices.Sort(unknown)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d conditions: %d ok, %d %s", len(conds), ok, len(problems), plural(len(problems), "problem", "problems"))
+	if len(problems) > 0 {
+		fmt.Fprintf(&b, " (%s)", shortList(problems, 5))
+	}
+	if len(unknown) > 0 {
+		fmt.Fprintf(&b, ", %d unknown (%s)", len(unknown), shortList(unknown, 3))
+	}
+	return b.String()
+}
+
+// shortList joins up to n names and counts the rest, keeping the status line short.
+func shortList(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s, +%d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// Handler serves /metrics and /healthz.
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelError)}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := d.Healthy(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, err)
+			return
+		}
+		fmt.Fprintf(w, "ok: %d loops making progress\n", len(d.live.Loops()))
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "autopilot-health: /metrics (Prometheus), /healthz (daemon liveness)")
+	})
+	return mux
+}
+
+// logObserver logs every condition change and event at info/warn level.
+type logObserver struct{ log *slog.Logger }
+
+func (l logObserver) ConditionChanged(prev *report.Condition, cur report.Condition) {
+	from := "none"
+	if prev != nil {
+		from = string(prev.Status)
+	}
+	lv := slog.LevelInfo
+	if cur.Status == report.StatusTrue {
+		lv = slog.LevelWarn
+	}
+	l.log.Log(context.Background(), lv, "condition changed", "condition", cur.Type, "from", from, "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
+}
+
+func (l logObserver) ConditionRestored(report.Condition) {}
+
+func (l logObserver) EventEmitted(e report.Event) {
+	l.log.Warn("event", "reason", e.Reason, "message", e.Message)
+}

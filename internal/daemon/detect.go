@@ -1,0 +1,128 @@
+package daemon
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// Identity is who this node is, and where each answer came from.
+type Identity struct {
+	NodeName       string
+	NodeNameSource string
+	Role           report.Role
+	RoleSource     string
+	GPU            bool
+	GPUSource      string
+	BootID         string
+}
+
+// Detect works out the node's name, role and GPU presence from the host
+// (under cfg.HostRoot), unless the configuration sets them.
+func Detect(cfg *config.Config) (Identity, error) {
+	id := Identity{}
+	switch {
+	case cfg.NodeName != "":
+		id.NodeName, id.NodeNameSource = cfg.NodeName, "config node_name"
+	default:
+		p := cfg.HostPath(cfg.Detect.KubeletClientCert)
+		if n, err := nodeNameFromCert(p); err == nil {
+			id.NodeName, id.NodeNameSource = n, "kubelet client certificate "+cfg.Detect.KubeletClientCert
+		} else if h, err := readTrim(cfg.HostPath("/proc/sys/kernel/hostname")); err == nil && h != "" {
+			id.NodeName, id.NodeNameSource = strings.ToLower(h), "kernel hostname"
+		} else if h, err := os.Hostname(); err == nil {
+			id.NodeName, id.NodeNameSource = strings.ToLower(h), "hostname"
+		} else {
+			return id, fmt.Errorf("cannot detect the node name; set node_name in the configuration: %w", err)
+		}
+	}
+	switch {
+	case cfg.Role != "":
+		id.Role, id.RoleSource = report.Role(cfg.Role), "config role"
+	default:
+		if _, err := os.Stat(cfg.HostPath(cfg.Detect.ControlPlaneManifest)); err == nil {
+			id.Role, id.RoleSource = report.RoleControlPlane, cfg.Detect.ControlPlaneManifest+" present"
+		} else {
+			id.Role, id.RoleSource = report.RoleWorker, cfg.Detect.ControlPlaneManifest+" absent"
+		}
+	}
+	switch cfg.GPU {
+	case "true", "false":
+		id.GPU, id.GPUSource = cfg.GPU == "true", "config gpu"
+	default:
+		dev, err := nvidiaPCIDevice(cfg.HostPath("/sys/bus/pci/devices"))
+		id.GPU = dev != ""
+		switch {
+		case err != nil:
+			id.GPUSource = "no PCI devices readable: " + err.Error()
+		case dev != "":
+			id.GPUSource = "NVIDIA display controller at PCI " + dev
+		default:
+			id.GPUSource = "no NVIDIA display controller on PCI"
+		}
+	}
+	b, err := readTrim(cfg.HostPath("/proc/sys/kernel/random/boot_id"))
+	if err != nil {
+		return id, fmt.Errorf("cannot read the boot id: %w", err)
+	}
+	id.BootID = b
+	return id, nil
+}
+
+func readTrim(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	return strings.TrimSpace(string(b)), err
+}
+
+// nodeNameFromCert returns <name> of the first certificate in a PEM file
+// whose subject CN is system:node:<name>.
+func nodeNameFromCert(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	for {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			return "", fmt.Errorf("%s: no certificate with CN system:node:<name>", path)
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", path, err)
+		}
+		if n, ok := strings.CutPrefix(c.Subject.CommonName, "system:node:"); ok && n != "" {
+			return n, nil
+		}
+	}
+}
+
+// nvidiaPCIDevice returns the address of the first NVIDIA (vendor 0x10de)
+// display controller (class 0x03xxxx), or "".
+func nvidiaPCIDevice(dir string) (string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil
+		}
+		return "", err
+	}
+	for _, e := range ents {
+		v, _ := readTrim(filepath.Join(dir, e.Name(), "vendor"))
+		c, _ := readTrim(filepath.Join(dir, e.Name(), "class"))
+		if v == "0x10de" && strings.HasPrefix(c, "0x03") {
+			return e.Name(), nil
+		}
+	}
+	return "", nil
+}

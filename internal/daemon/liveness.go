@@ -1,0 +1,88 @@
+// Package daemon wires the daemon together: host detection, logging, the
+// runner, the state file, the metrics listener and the systemd lifecycle.
+package daemon
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Liveness tracks whether every loop of the daemon makes progress. A loop is
+// stuck when it has not reported progress within its allowed silence; a
+// stuck loop fails /healthz and stops the systemd watchdog pings.
+type Liveness struct {
+	mu    sync.Mutex
+	now   func() time.Time
+	loops map[string]*loopState
+	// OnBeat, if set, is called on every beat (for the progress metric).
+	OnBeat func(loop string, t time.Time)
+}
+
+type loopState struct {
+	last       time.Time
+	maxSilence time.Duration
+}
+
+// NewLiveness returns an empty tracker.
+func NewLiveness(now func() time.Time) *Liveness {
+	return &Liveness{now: now, loops: map[string]*loopState{}}
+}
+
+// Expect registers a loop that must beat within maxSilence from now on.
+func (l *Liveness) Expect(loop string, maxSilence time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.loops[loop] = &loopState{last: l.now(), maxSilence: maxSilence}
+}
+
+// Forget stops tracking a loop (it ended on purpose).
+func (l *Liveness) Forget(loop string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.loops, loop)
+}
+
+// Beat records progress of a loop; maxSilence replaces the allowed silence
+// before the next beat.
+func (l *Liveness) Beat(loop string, maxSilence time.Duration) {
+	t := l.now()
+	l.mu.Lock()
+	l.loops[loop] = &loopState{last: t, maxSilence: maxSilence}
+	l.mu.Unlock()
+	if l.OnBeat != nil {
+		l.OnBeat(loop, t)
+	}
+}
+
+// Check returns an error naming every stuck loop, or nil.
+func (l *Liveness) Check() error {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var stuck []string
+	for name, s := range l.loops {
+		if silent := now.Sub(s.last); silent > s.maxSilence {
+			stuck = append(stuck, fmt.Sprintf("%s (no progress for %s, allowed %s)", name, silent.Truncate(time.Second), s.maxSilence))
+		}
+	}
+	if len(stuck) == 0 {
+		return nil
+	}
+	slices.Sort(stuck)
+	return fmt.Errorf("stuck loops: %s", strings.Join(stuck, ", "))
+}
+
+// Loops returns the names of the tracked loops, sorted.
+func (l *Liveness) Loops() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for k := range l.loops {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

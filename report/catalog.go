@@ -1,0 +1,268 @@
+// Package report holds the daemon's condition model: the catalog of every
+// condition and event the daemon owns, the condition state with its
+// transition times, and the Prometheus metrics. It has no Kubernetes imports;
+// the Kubernetes edge lives in report/kube.
+package report
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Status is a NodeCondition status.
+type Status string
+
+const (
+	StatusTrue    Status = "True"
+	StatusFalse   Status = "False"
+	StatusUnknown Status = "Unknown"
+)
+
+// Disposition is what happens when a condition turns True (spec "Dispositions").
+type Disposition string
+
+const (
+	Repair      Disposition = "repair"
+	Alert       Disposition = "alert"
+	Operability Disposition = "operability"
+	Security    Disposition = "security"
+)
+
+// Source says which part of the daemon evaluates a condition.
+type Source string
+
+const (
+	SourceCheck  Source = "check"
+	SourceKmsg   Source = "kmsg"
+	SourceTamper Source = "tamper"
+)
+
+// Scope says which nodes a condition or event applies to.
+type Scope string
+
+const (
+	ScopeAll          Scope = "all"
+	ScopeControlPlane Scope = "controlplane"
+	ScopeWorker       Scope = "worker"
+	ScopeGPU          Scope = "gpu"
+)
+
+// Role is the node's role in the cluster.
+type Role string
+
+const (
+	RoleControlPlane Role = "controlplane"
+	RoleWorker       Role = "worker"
+)
+
+// Applies reports whether a condition with this scope applies to a node.
+func (s Scope) Applies(role Role, gpu bool) bool {
+	switch s {
+	case ScopeControlPlane:
+		return role == RoleControlPlane
+	case ScopeWorker:
+		return role == RoleWorker
+	case ScopeGPU:
+		return gpu
+	}
+	return true
+}
+
+// Hold says how long a True condition is held once set.
+type Hold string
+
+const (
+	// HoldWhileTrue: re-evaluated on every run; False as soon as the probe is healthy.
+	HoldWhileTrue Hold = "while-true"
+	// HoldUntilReboot: set by a kernel line and held for the rest of the boot.
+	HoldUntilReboot Hold = "until-reboot"
+	// HoldForever: stays set across reboots; a revert does not clear it.
+	HoldForever Hold = "forever"
+)
+
+// Reasons that every condition may carry while it is Unknown.
+const (
+	ReasonNotImplemented = "NotImplemented"
+	ReasonDisabled       = "Disabled"
+	ReasonNotApplicable  = "NotApplicable"
+	ReasonCheckFailed    = "CheckFailed"
+	ReasonCheckTimeout   = "CheckTimeout"
+	ReasonCheckPanicked  = "CheckPanicked"
+	ReasonNoData         = "NoData"
+)
+
+// UnknownReasons lists the reasons shared by all conditions for status Unknown.
+var UnknownReasons = []string{ReasonCheckFailed, ReasonCheckTimeout, ReasonCheckPanicked, ReasonNotImplemented, ReasonDisabled, ReasonNotApplicable, ReasonNoData}
+
+// ConditionDesc describes one condition the daemon owns.
+type ConditionDesc struct {
+	Type        string
+	Source      Source
+	Disposition Disposition
+	// Interval is the spec's check interval; zero for kmsg conditions, which
+	// are set by kernel lines as they arrive.
+	Interval time.Duration
+	Scope    Scope
+	Hold     Hold
+	// HealthyReason is the reason carried with status False.
+	HealthyReason string
+	// ProblemReasons are the reasons carried with status True.
+	ProblemReasons []string
+	// Trigger is the spec's "how it is triggered", Cause its "how it can happen".
+	Trigger string
+	Cause   string
+}
+
+// EventDesc describes one event reason (temp rule) the daemon emits.
+type EventDesc struct {
+	Reason  string
+	Source  Source
+	Scope   Scope
+	Trigger string
+}
+
+// Conditions is the catalog of every condition in the spec, in the spec's order.
+var Conditions = []ConditionDesc{
+	// Conditions from custom checks.
+	{Type: "KubeletUnhealthy", Source: SourceCheck, Disposition: Repair, Interval: 10 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "KubeletIsHealthy", ProblemReasons: []string{"KubeletHealthzFailed"},
+		Trigger: "kubelet /healthz fails", Cause: "kubelet hung, out of file descriptors, bad config, cert problem"},
+	{Type: "ContainerRuntimeUnhealthy", Source: SourceCheck, Disposition: Repair, Interval: 10 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "ContainerRuntimeIsHealthy", ProblemReasons: []string{"CRIProbeFailed"},
+		Trigger: "containerd CRI probe fails", Cause: "containerd deadlocked, disk full, corrupt state"},
+	{Type: "ServiceNotRecovering", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "CriticalUnitsRecovering", ProblemReasons: []string{"UnitFailed", "UnitFlapping"},
+		Trigger: "a critical unit is failed, or restarted >=3x since the last run", Cause: "repeated repair did not fix kubelet / containerd / proxy"},
+	{Type: "KubeletHeartbeatFailed", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "KubeletHeartbeatOK", ProblemReasons: []string{"NodeStatusUpdateGaveUp"},
+		Trigger: "kubelet logged an error meaning it gave up retrying node-status updates to the API server", Cause: "kubelet lost its API connection and could not re-establish it"},
+	{Type: "DisksFailure", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "DisksHealthy", ProblemReasons: []string{"NVMeCriticalWarning", "DiskIOErrors"},
+		Trigger: "an NVMe SMART critical-warning bit is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes", Cause: "a physical disk is wearing out or failing"},
+	{Type: "DiskWearHigh", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "DiskWearOK", ProblemReasons: []string{"EnduranceMostlyUsed"},
+		Trigger: "an NVMe drive has used most of its rated write endurance", Cause: "a drive is approaching end of life"},
+	{Type: "DiskTemperatureHigh", Source: SourceCheck, Disposition: Operability, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "DiskTemperatureOK", ProblemReasons: []string{"TemperatureAboveThreshold"},
+		Trigger: "an NVMe drive is past its temperature threshold", Cause: "a cooling or airflow problem"},
+	{Type: "DiskUsageHigh", Source: SourceCheck, Disposition: Operability, Interval: 2 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "DiskUsageOK", ProblemReasons: []string{"FilesystemSpaceHigh", "FilesystemInodesHigh", "VolumeGroupSpaceHigh"},
+		Trigger: "statfs or LVM vgs over the space or inode threshold", Cause: "logs, images, or data filled a filesystem"},
+	{Type: "NodeServiceDown", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "NodeServicesActive", ProblemReasons: []string{"UnitNotActive"},
+		Trigger: "an operability unit is not active", Cause: "the tunnel agent, server, or source-IP helper crashed and did not restart"},
+	{Type: "NodeInfoStale", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "NodeInfoFresh", ProblemReasons: []string{"NodeInfoOutdated", "NodeInfoMissing"},
+		Trigger: "nodes.json is older than 5 minutes", Cause: "the node-info sync loop is stuck, often a CNI problem"},
+	{Type: "CertRenewalFailing", Source: SourceCheck, Disposition: Alert, Interval: time.Hour, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "CertificatesValid", ProblemReasons: []string{"CertificateExpiringSoon"},
+		Trigger: "a node certificate expires within 7 days and has not renewed", Cause: "the automatic renewer (kubelet rotation, tunnel self-renew) is broken"},
+	{Type: "ProxyNotServing", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeWorker, Hold: HoldWhileTrue,
+		HealthyReason: "ProxyServing", ProblemReasons: []string{"ProxyNotReady", "ProxyUnreachable"},
+		Trigger: "the proxy's ready gauge on http://127.0.0.1:9587/metrics is 0 or missing, or the endpoint is unreachable", Cause: "the local syself-proxy is down or has no valid target set"},
+	{Type: "ClockNotSynchronized", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "ClockSynchronized", ProblemReasons: []string{"ClockUnsynchronized", "ClockErrorTooLarge"},
+		Trigger: "adjtimex reports unsynced, or estimated error > 5s", Cause: "NTP is broken and the clock is drifting"},
+	{Type: "CNIUnhealthy", Source: SourceCheck, Disposition: Alert, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "CNIHealthy", ProblemReasons: []string{"CiliumNotOk", "CiliumUnreachable"},
+		Trigger: "local cilium-agent health is not Ok, or its socket is unreachable", Cause: "the cilium-agent crashed or is degraded"},
+	{Type: "TunnelDisconnected", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
+		HealthyReason: "TunnelConnected", ProblemReasons: []string{"NoTunnelConnections", "TunnelMetricsUnreachable"},
+		Trigger: "the tunnel connection count is 0", Cause: "the reverse tunnel to the control plane dropped"},
+	{Type: "GpuActivationFailed", Source: SourceCheck, Disposition: Operability, Interval: time.Minute, Scope: ScopeGPU, Hold: HoldWhileTrue,
+		HealthyReason: "GpuActivated", ProblemReasons: []string{"ActivationMarkerMissing", "CDISpecMissing"},
+		Trigger: "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},
+	{Type: "APIServerSourceIPUnavailable", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeControlPlane, Hold: HoldWhileTrue,
+		HealthyReason: "SourceIPAvailable", ProblemReasons: []string{"SourceIPMissingInAudit"},
+		Trigger: "the API server's audit records stop carrying the real client IP", Cause: "KubeGate can no longer record the real client source IP; contact support"},
+
+	// Conditions from the kernel monitor (kmsg).
+	{Type: "ReadonlyFilesystem", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
+		HealthyReason: "FilesystemIsNotReadOnly", ProblemReasons: []string{"FilesystemIsReadOnly"},
+		Trigger: "kernel: Remounting filesystem read-only", Cause: "the kernel hit an I/O or filesystem error and remounted read-only to protect data; writes now fail"},
+	{Type: "KernelDeadlock", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
+		HealthyReason: "KernelHasNoDeadlock", ProblemReasons: []string{"CriticalTaskHung"},
+		Trigger: "kernel: a critical process (kubelet, containerd, runc, crun, qemu, virtiofsd) blocked longer than the hung-task threshold", Cause: "a critical process is wedged on stuck I/O or a kernel deadlock"},
+	{Type: "VerityCorruption", Source: SourceKmsg, Disposition: Security, Scope: ScopeAll, Hold: HoldUntilReboot,
+		HealthyReason: "NoVerityCorruption", ProblemReasons: []string{"VerityBlockCorrupted"},
+		Trigger: "kernel: device-mapper: verity: ... corrupt", Cause: "a block on the sealed read-only OS failed its dm-verity check (disk corruption or tampering)"},
+	{Type: "CperHardwareErrorFatal", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
+		HealthyReason: "NoFatalHardwareError", ProblemReasons: []string{"FatalHardwareError"},
+		Trigger: "kernel: firmware CPER event with severity: fatal", Cause: "a fatal hardware fault in CPU, memory, or PCIe reported by firmware"},
+	{Type: "GpuFallenOffBus", Source: SourceKmsg, Disposition: Alert, Scope: ScopeGPU, Hold: HoldUntilReboot,
+		HealthyReason: "GpuOnBus", ProblemReasons: []string{"GpuFellOffBus"},
+		Trigger: "kernel: NVRM: ... GPU has fallen off the bus", Cause: "a GPU dropped off the PCI bus due to power, heat, or a hardware fault"},
+
+	// The tamper conditions.
+	{Type: "SealedOSTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
+		HealthyReason: "SealedOSIntact", ProblemReasons: []string{"RootHashMismatch"},
+		Trigger: "a sealed OS layer's integrity hash no longer matches the hash recorded at provisioning", Cause: "a sealed layer was swapped for a different image, or its recorded hash was altered"},
+	{Type: "NodeTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
+		HealthyReason: "NodeIntact", ProblemReasons: []string{"ProtectedFileChanged"},
+		Trigger: "a protected file under /var was added, removed, or changed since the boot baseline", Cause: "a rogue pod, a bad config push, an operator edit, or a userspace rootkit"},
+}
+
+// Events is the catalog of every event reason (temp rule) in the spec.
+var Events = []EventDesc{
+	{Reason: "TaskHung", Source: SourceKmsg, Scope: ScopeAll, Trigger: "a task blocked longer than the hung-task threshold"},
+	{Reason: "Ext4Error", Source: SourceKmsg, Scope: ScopeAll, Trigger: "EXT4-fs error"},
+	{Reason: "Ext4Warning", Source: SourceKmsg, Scope: ScopeAll, Trigger: "EXT4-fs warning"},
+	{Reason: "IOError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "Buffer I/O error on a device"},
+	{Reason: "BlockIOError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "blk_update_request / I/O error on a block device"},
+	{Reason: "NvmeError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "nvme controller or I/O error"},
+	{Reason: "AtaError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "ATA bus or device error"},
+	{Reason: "NvidiaXidError", Source: SourceKmsg, Scope: ScopeGPU, Trigger: "NVRM: Xid"},
+	{Reason: "MemoryReadError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "EDAC memory read error"},
+	{Reason: "UnregisterNetDevice", Source: SourceKmsg, Scope: ScopeAll, Trigger: "unregister_netdevice: waiting for a device to become free"},
+	{Reason: "CperHardwareErrorCorrected", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: corrected"},
+	{Reason: "CperHardwareErrorRecoverable", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: recoverable"},
+}
+
+var conditionIndex = func() map[string]int {
+	m := make(map[string]int, len(Conditions))
+	for i, c := range Conditions {
+		if _, dup := m[c.Type]; dup {
+			panic(fmt.Sprintf("report: duplicate condition %q in catalog", c.Type))
+		}
+		m[c.Type] = i
+	}
+	for _, e := range Events {
+		if _, dup := m[e.Reason]; dup {
+			panic(fmt.Sprintf("report: event reason %q collides with a condition type", e.Reason))
+		}
+	}
+	return m
+}()
+
+// Lookup returns the catalog entry for a condition type.
+func Lookup(condType string) (ConditionDesc, bool) {
+	i, ok := conditionIndex[condType]
+	if !ok {
+		return ConditionDesc{}, false
+	}
+	return Conditions[i], true
+}
+
+// LookupEvent returns the catalog entry for an event reason.
+func LookupEvent(reason string) (EventDesc, bool) {
+	i := slices.IndexFunc(Events, func(e EventDesc) bool { return e.Reason == reason })
+	if i < 0 {
+		return EventDesc{}, false
+	}
+	return Events[i], true
+}
+
+// ValidReason reports whether reason is one the catalog allows for the
+// condition with the given status.
+func (c ConditionDesc) ValidReason(s Status, reason string) bool {
+	switch s {
+	case StatusFalse:
+		return reason == c.HealthyReason
+	case StatusTrue:
+		return slices.Contains(c.ProblemReasons, reason)
+	case StatusUnknown:
+		return slices.Contains(UnknownReasons, reason)
+	}
+	return false
+}

@@ -1,0 +1,178 @@
+package report
+
+import (
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Namespace prefixes the daemon's own metrics. problem_counter and
+// problem_gauge keep node-problem-detector's names so existing dashboards and
+// alerts work unchanged.
+const Namespace = "autopilot_health"
+
+// Check run results, the values of the result label.
+const (
+	ResultOK      = "ok"      // ran, status False
+	ResultProblem = "problem" // ran, status True
+	ResultError   = "error"   // the probe returned an error
+	ResultTimeout = "timeout"
+	ResultPanic   = "panic"
+)
+
+// Metrics holds the daemon's Prometheus metrics.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	problemCounter  *prometheus.CounterVec
+	problemGauge    *prometheus.GaugeVec
+	conditionStatus *prometheus.GaugeVec
+	checkDuration   *prometheus.HistogramVec
+	checkRuns       *prometheus.CounterVec
+	loopProgress    *prometheus.GaugeVec
+	stateWrites     *prometheus.CounterVec
+	healthy         prometheus.Gauge
+	ready           prometheus.Gauge
+}
+
+// NewMetrics creates and registers every metric on a fresh registry.
+func NewMetrics(version string) *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		problemCounter: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "problem_counter",
+			Help: "Number of times a specific type of problem has occurred (events, and conditions turning True).",
+		}, []string{"reason"}),
+		problemGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "problem_gauge",
+			Help: "Whether a specific type of problem is affecting the node (1) or not (0).",
+		}, []string{"type", "reason"}),
+		conditionStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "condition_status",
+			Help: "Current status of each condition the daemon owns: 1 for the status it has, 0 for the others.",
+		}, []string{"condition", "status"}),
+		checkDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "check_duration_seconds",
+			Help:    "Duration of check runs.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30},
+		}, []string{"check"}),
+		checkRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "check_runs_total",
+			Help: "Check runs by result: ok, problem, error, timeout, panic.",
+		}, []string{"check", "result"}),
+		loopProgress: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "loop_last_progress_timestamp_seconds",
+			Help: "Unix time each of the daemon's loops last made progress.",
+		}, []string{"loop"}),
+		stateWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "state_writes_total",
+			Help: "Writes of the local state file, by result.",
+		}, []string{"result"}),
+		healthy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "healthy",
+			Help: "1 while every loop of the daemon makes progress (what /healthz reports), else 0.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "ready",
+			Help: "1 once every check has run once since the daemon started.",
+		}),
+	}
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help: "Build information; the value is always 1.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	r.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns,
+		m.loopProgress, m.stateWrites, m.healthy, m.ready, buildInfo,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// InitConditions creates the series of the conditions that apply to this
+// node at zero, so that alerts can tell "no problem" from "no data".
+func (m *Metrics) InitConditions(types []string) {
+	for _, t := range types {
+		d, ok := Lookup(t)
+		if !ok {
+			continue
+		}
+		for _, r := range d.ProblemReasons {
+			m.problemGauge.WithLabelValues(t, r).Set(0)
+		}
+		for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
+			m.conditionStatus.WithLabelValues(t, string(st)).Set(0)
+		}
+	}
+}
+
+// InitEvents creates the problem_counter series of the given event reasons at zero.
+func (m *Metrics) InitEvents(reasons []string) {
+	for _, r := range reasons {
+		m.problemCounter.WithLabelValues(r).Add(0)
+	}
+}
+
+// ConditionChanged implements Observer.
+func (m *Metrics) ConditionChanged(prev *Condition, cur Condition) {
+	if prev != nil && prev.Status == StatusTrue {
+		m.problemGauge.WithLabelValues(prev.Type, prev.Reason).Set(0)
+	}
+	if cur.Status == StatusTrue && (prev == nil || prev.Status != StatusTrue) {
+		m.problemCounter.WithLabelValues(cur.Reason).Inc()
+	}
+	m.setStatus(cur)
+}
+
+// ConditionRestored implements Observer: the gauges show the restored state;
+// problem_counter does not count it again.
+func (m *Metrics) ConditionRestored(c Condition) { m.setStatus(c) }
+
+func (m *Metrics) setStatus(c Condition) {
+	if c.Status == StatusTrue {
+		m.problemGauge.WithLabelValues(c.Type, c.Reason).Set(1)
+	}
+	for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
+		m.conditionStatus.WithLabelValues(c.Type, string(st)).Set(b2f(st == c.Status))
+	}
+}
+
+// EventEmitted implements Observer.
+func (m *Metrics) EventEmitted(e Event) {
+	m.problemCounter.WithLabelValues(e.Reason).Inc()
+}
+
+// CheckRun records one run of a check.
+func (m *Metrics) CheckRun(check, result string, d time.Duration) {
+	m.checkRuns.WithLabelValues(check, result).Inc()
+	m.checkDuration.WithLabelValues(check).Observe(d.Seconds())
+}
+
+// LoopProgress records that a loop made progress.
+func (m *Metrics) LoopProgress(loop string, t time.Time) {
+	m.loopProgress.WithLabelValues(loop).Set(float64(t.UnixNano()) / 1e9)
+}
+
+// StateWrite records a write of the state file.
+func (m *Metrics) StateWrite(err error) {
+	if err != nil {
+		m.stateWrites.WithLabelValues("error").Inc()
+		return
+	}
+	m.stateWrites.WithLabelValues("ok").Inc()
+}
+
+// SetHealthy records the daemon's own health.
+func (m *Metrics) SetHealthy(ok bool) { m.healthy.Set(b2f(ok)) }
+
+// SetReady records that the first full pass completed.
+func (m *Metrics) SetReady(ok bool) { m.ready.Set(b2f(ok)) }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,292 @@
+package report
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MaxMessageLen caps a condition or event message (bytes).
+const MaxMessageLen = 1024
+
+// Condition is the current state of one condition the daemon owns.
+type Condition struct {
+	Type               string    `json:"type"`
+	Status             Status    `json:"status"`
+	Reason             string    `json:"reason"`
+	Message            string    `json:"message"`
+	LastTransitionTime time.Time `json:"lastTransitionTime"`
+	// LastUpdateTime is when the condition was last evaluated.
+	LastUpdateTime time.Time `json:"lastUpdateTime"`
+}
+
+// Event is a one-shot problem (temp rule).
+type Event struct {
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+	Time    time.Time `json:"time"`
+}
+
+// Observer is told about every condition change and event. Calls are made
+// with the store's lock released, in the order the changes happened.
+type Observer interface {
+	ConditionChanged(prev *Condition, cur Condition)
+	// ConditionRestored is called for each condition Load restored from the
+	// state file: it is the state before the restart, not a new change.
+	ConditionRestored(c Condition)
+	EventEmitted(e Event)
+}
+
+// Store holds the condition state. It is safe for concurrent use.
+type Store struct {
+	mu        sync.Mutex
+	conds     map[string]Condition
+	bootID    string
+	observers []Observer
+	changed   chan struct{} // closed and replaced on every change
+	notifyMu  sync.Mutex    // serializes observer calls
+}
+
+// NewStore returns an empty store for the given boot.
+func NewStore(bootID string) *Store {
+	return &Store{conds: map[string]Condition{}, bootID: bootID, changed: make(chan struct{})}
+}
+
+// Observe registers an observer. Register observers before the first Set.
+func (s *Store) Observe(o Observer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.observers = append(s.observers, o)
+}
+
+// Changed returns a channel closed at the next change.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+// Get returns one condition.
+func (s *Store) Get(condType string) (Condition, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.conds[condType]
+	return c, ok
+}
+
+// All returns every condition, sorted by type.
+func (s *Store) All() []Condition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Condition, 0, len(s.conds))
+	for _, c := range s.conds {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Condition) int {
+		switch {
+		case a.Type < b.Type:
+			return -1
+		case a.Type > b.Type:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Set records a new evaluation of a condition at time now. The transition
+// time changes only when the status changes. A condition held until reboot or
+// forever (kernel and tamper conditions) stays True once set: a later False
+// does not clear it. Set reports whether status, reason or message changed.
+func (s *Store) Set(c Condition, now time.Time) bool {
+	if desc, ok := Lookup(c.Type); !ok {
+		panic(fmt.Sprintf("report: Set of unknown condition %q", c.Type))
+	} else if !desc.ValidReason(c.Status, c.Reason) {
+		panic(fmt.Sprintf("report: condition %s: reason %q is not in the catalog for status %s", c.Type, c.Reason, c.Status))
+	}
+	c.Message = capMessage(c.Message)
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.mu.Lock()
+	prev, had := s.conds[c.Type]
+	if had && prev.Status == StatusTrue && c.Status != StatusTrue {
+		if desc, _ := Lookup(c.Type); desc.Hold != HoldWhileTrue {
+			prev.LastUpdateTime = now
+			s.conds[c.Type] = prev
+			s.mu.Unlock()
+			return false
+		}
+	}
+	c.LastUpdateTime = now
+	c.LastTransitionTime = now
+	if had && prev.Status == c.Status {
+		c.LastTransitionTime = prev.LastTransitionTime
+	}
+	s.conds[c.Type] = c
+	changed := !had || prev.Status != c.Status || prev.Reason != c.Reason || prev.Message != c.Message
+	obs := s.observers
+	if changed {
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+	s.mu.Unlock()
+	if changed {
+		var p *Condition
+		if had {
+			p = &prev
+		}
+		for _, o := range obs {
+			o.ConditionChanged(p, c)
+		}
+	}
+	return changed
+}
+
+// Emit records a one-shot event.
+func (s *Store) Emit(e Event) {
+	if _, ok := LookupEvent(e.Reason); !ok {
+		panic(fmt.Sprintf("report: Emit of unknown event reason %q", e.Reason))
+	}
+	e.Message = capMessage(e.Message)
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.mu.Lock()
+	obs := s.observers
+	s.mu.Unlock()
+	for _, o := range obs {
+		o.EventEmitted(e)
+	}
+}
+
+func capMessage(m string) string {
+	if len(m) <= MaxMessageLen {
+		return m
+	}
+	const ell = "...(truncated)"
+	cut := MaxMessageLen - len(ell)
+	for cut > 0 && !utf8Start(m[cut]) {
+		cut--
+	}
+	return m[:cut] + ell
+}
+
+func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
+
+// stateFile is the on-disk form of the store.
+type stateFile struct {
+	Version    int         `json:"version"`
+	BootID     string      `json:"bootID"`
+	SavedAt    time.Time   `json:"savedAt"`
+	Conditions []Condition `json:"conditions"`
+}
+
+const stateVersion = 1
+
+// StateFileName is the file under the state directory.
+const StateFileName = "state.json"
+
+// Save writes the store atomically (temp file, fsync, rename) to dir.
+func (s *Store) Save(dir string, now time.Time) error {
+	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: s.All()}
+	b, err := json.MarshalIndent(sf, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, StateFileName+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, StateFileName)); err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// LoadResult says what Load restored.
+type LoadResult struct {
+	Restored int // conditions restored
+	Dropped  int // conditions dropped: held until reboot, and the boot changed; or no longer in the catalog
+	// Corrupt is set when the file could not be read; it was moved aside to
+	// CorruptPath and the store starts empty.
+	Corrupt     error
+	CorruptPath string
+}
+
+// Load restores the store from dir. A missing file is not an error. Kernel
+// conditions (held until reboot) are restored only when the boot is the same;
+// conditions held forever and check conditions are always restored, so that a
+// restart neither flaps them nor resets their transition times. A corrupt file
+// is moved aside (never deleted) and reported in the result.
+func (s *Store) Load(dir string) (LoadResult, error) {
+	path := filepath.Join(dir, StateFileName)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return LoadResult{}, nil
+	}
+	if err != nil {
+		return LoadResult{}, err
+	}
+	var sf stateFile
+	err = json.Unmarshal(b, &sf)
+	if err == nil && sf.Version != stateVersion {
+		err = fmt.Errorf("unsupported state version %d", sf.Version)
+	}
+	if err != nil {
+		aside := path + ".corrupt"
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return LoadResult{}, fmt.Errorf("state file %s unreadable (%v) and cannot be moved aside: %w", path, err, rerr)
+		}
+		return LoadResult{Corrupt: err, CorruptPath: aside}, nil
+	}
+	var res LoadResult
+	var restored []Condition
+	s.mu.Lock()
+	for _, c := range sf.Conditions {
+		desc, ok := Lookup(c.Type)
+		if !ok || !desc.ValidReason(c.Status, c.Reason) {
+			res.Dropped++
+			continue
+		}
+		if desc.Hold == HoldUntilReboot && sf.BootID != s.bootID {
+			res.Dropped++
+			continue
+		}
+		s.conds[c.Type] = c
+		restored = append(restored, c)
+	}
+	obs := s.observers
+	s.mu.Unlock()
+	res.Restored = len(restored)
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	for _, c := range restored {
+		for _, o := range obs {
+			o.ConditionRestored(c)
+		}
+	}
+	return res, nil
+}
