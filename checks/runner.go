@@ -36,7 +36,9 @@ type Planned struct {
 
 // Plan decides, for every condition of the catalog, whether this node runs
 // it. only, when not empty, restricts the plan to those condition types.
-func Plan(env *Env, only []string) []Planned {
+func Plan(env *Env, only []string) []Planned { return plan(env, only, registry) }
+
+func plan(env *Env, only []string, factories map[string]Factory) []Planned {
 	var out []Planned
 	for _, d := range report.Conditions {
 		if len(only) > 0 && !slices.Contains(only, d.Type) {
@@ -49,7 +51,7 @@ func Plan(env *Env, only []string) []Planned {
 			p.State = NotApplicable
 			p.Placeholder = unknown(d.Type, report.ReasonNotApplicable, scopeText(d.Scope))
 		case d.Source == report.SourceKmsg:
-			if _, ok := registry[d.Type]; ok {
+			if _, ok := factories[d.Type]; ok {
 				p.State = Elsewhere
 			} else {
 				p.State = NotImplemented
@@ -58,7 +60,7 @@ func Plan(env *Env, only []string) []Planned {
 		case hasCfg && !com.Enabled:
 			p.State = Disabled
 			p.Placeholder = unknown(d.Type, report.ReasonDisabled, fmt.Sprintf("disabled in the configuration (checks.%s.enabled = false)", d.Type))
-		case registry[d.Type] == nil:
+		case factories[d.Type] == nil:
 			p.State = NotImplemented
 			p.Placeholder = unknown(d.Type, report.ReasonNotImplemented, "this check is not implemented yet")
 		default:
@@ -111,6 +113,8 @@ type Options struct {
 	Metrics *report.Metrics // may be nil
 	// Only restricts the runner to these condition types.
 	Only []string
+	// Factories, if set, replace the registered checks (tests).
+	Factories map[string]Factory
 	// Progress, if set, is called whenever a check's loop completes a run,
 	// with the longest silence expected before the next call.
 	Progress func(loop string, maxSilence time.Duration)
@@ -119,12 +123,16 @@ type Options struct {
 // NewRunner builds every scheduled check of the plan.
 func NewRunner(env *Env, opts Options) (*Runner, error) {
 	r := &Runner{store: opts.Store, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress}
-	for _, p := range Plan(env, opts.Only) {
+	factories := registry
+	if opts.Factories != nil {
+		factories = opts.Factories
+	}
+	for _, p := range plan(env, opts.Only, factories) {
 		if p.State != Scheduled {
 			continue
 		}
 		com, _ := env.Config.Checks.Common(p.Desc.Type)
-		c, err := registry[p.Desc.Type](env)
+		c, err := factories[p.Desc.Type](env)
 		if err != nil {
 			return nil, fmt.Errorf("check %s: %w", p.Desc.Type, err)
 		}

@@ -1,0 +1,45 @@
+# autopilot-health
+GO       ?= go
+BIN      := bin/autopilot-health
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS  := -s -w -X main.version=$(VERSION)
+PKGS     := ./...
+
+.PHONY: all build run test test-unit test-race bench fuzz vet docs clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/autopilot-health
+
+# One-shot check of this host with the embedded defaults (exit 1 = a problem
+# was found, which is a result, not a failure of make).
+run: build
+	@./$(BIN) check --config /dev/null; rc=$$?; [ $$rc -le 1 ]
+
+# Everything: unit tests, fuzz seeds, and the integration tiers under tests/
+# (real /dev/kmsg, real systemd, real kube-apiserver) where this machine has them.
+test: vet
+	$(GO) test -count=1 $(PKGS)
+
+test-race:
+	$(GO) test -race -count=1 $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# Short fuzzing of every parser (FUZZTIME per target).
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseMountinfo$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
+
+# Regenerate the README's condition catalog from report/catalog.go.
+docs:
+	$(GO) test ./cmd/autopilot-health -run '^TestREADMECatalog$$' -update
+
+clean:
+	rm -rf bin

@@ -1,0 +1,293 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// probeFunc adapts a function to Check.
+type probeFunc func(ctx context.Context) (Result, error)
+
+func (f probeFunc) Probe(ctx context.Context) (Result, error) { return f(ctx) }
+
+func fixed(c Check) Factory { return func(*Env) (Check, error) { return c, nil } }
+
+func testEnv(t *testing.T, mutate func(c *config.Config)) *Env {
+	t.Helper()
+	c := config.Default()
+	c.Runner.FirstRunSpread = config.Duration{Duration: 4 * time.Second}
+	if mutate != nil {
+		mutate(c)
+	}
+	return &Env{Config: c, NodeName: "n1", Role: report.RoleWorker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: RealSys(), Now: time.Now}
+}
+
+var healthy = map[string]Result{
+	"ClockNotSynchronized": {Status: report.StatusFalse, Reason: "ClockSynchronized"},
+	"DiskUsageHigh":        {Status: report.StatusFalse, Reason: "DiskUsageOK"},
+	"NodeInfoStale":        {Status: report.StatusFalse, Reason: "NodeInfoFresh"},
+	"CNIUnhealthy":         {Status: report.StatusFalse, Reason: "CNIHealthy"},
+}
+
+// recordingFactories returns healthy checks that record when they ran.
+func recordingFactories(start time.Time, runs *sync.Map) map[string]Factory {
+	f := map[string]Factory{}
+	for name, res := range healthy {
+		f[name] = fixed(probeFunc(func(context.Context) (Result, error) {
+			v, _ := runs.LoadOrStore(name, &[]time.Duration{})
+			p := v.(*[]time.Duration)
+			*p = append(*p, time.Since(start))
+			return res, nil
+		}))
+	}
+	return f
+}
+
+func TestRunnerStaggersFirstRunsThenKeepsIntervals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		env := testEnv(t, nil)
+		start := time.Now()
+		var runs sync.Map
+		store := report.NewStore("b")
+		r, err := NewRunner(env, Options{Store: store, Factories: recordingFactories(start, &runs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		var firstPass []time.Duration
+		done := make(chan struct{})
+		go func() {
+			r.Run(ctx, func() { firstPass = append(firstPass, time.Since(start)) })
+			close(done)
+		}()
+		time.Sleep(2*time.Minute + time.Millisecond)
+		cancel()
+		<-done
+
+		// Catalog order: DiskUsageHigh, NodeInfoStale, ClockNotSynchronized, CNIUnhealthy;
+		// offsets spread evenly over 4s.
+		want := map[string][]time.Duration{
+			"DiskUsageHigh":        {0, 2 * time.Minute},
+			"NodeInfoStale":        {1 * time.Second, 61 * time.Second},
+			"ClockNotSynchronized": {2 * time.Second, 62 * time.Second},
+			"CNIUnhealthy":         {3 * time.Second, 33 * time.Second, 63 * time.Second, 93 * time.Second},
+		}
+		for name, w := range want {
+			v, ok := runs.Load(name)
+			if !ok {
+				t.Errorf("%s never ran", name)
+				continue
+			}
+			if got := *v.(*[]time.Duration); !slices.Equal(got, w) {
+				t.Errorf("%s ran at %v, want %v", name, got, w)
+			}
+		}
+		if !slices.Equal(firstPass, []time.Duration{3 * time.Second}) {
+			t.Errorf("first pass reported at %v, want once at 3s", firstPass)
+		}
+		if n := len(store.All()); n != 4 {
+			t.Errorf("%d conditions in the store, want 4", n)
+		}
+	})
+}
+
+func runOnce(t *testing.T, name string, c Check, timeout time.Duration) report.Condition {
+	t.Helper()
+	env := testEnv(t, func(c *config.Config) {
+		c.Checks.NodeInfoStale.Timeout = config.Duration{Duration: timeout}
+	})
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Only: []string{name}, Factories: map[string]Factory{name: fixed(c)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds := r.RunOnce(t.Context())
+	if len(conds) != 1 {
+		t.Fatalf("RunOnce returned %d conditions", len(conds))
+	}
+	return conds[0]
+}
+
+func TestRunnerTurnsFailuresIntoUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		probe      probeFunc
+		wantReason string
+		wantMsg    string
+	}{
+		{"error", func(context.Context) (Result, error) { return Result{}, errors.New("nodes.json: permission denied") },
+			report.ReasonCheckFailed, "nodes.json: permission denied"},
+		{"timeout honouring ctx", func(ctx context.Context) (Result, error) { <-ctx.Done(); return Result{}, ctx.Err() },
+			report.ReasonCheckTimeout, "check did not finish within its timeout of 5s"},
+		{"panic", func(context.Context) (Result, error) { var m map[string]int; m["x"]++; return Result{}, nil },
+			report.ReasonCheckPanicked, "check panicked: assignment to entry in nil map"},
+		{"reason not in catalog", func(context.Context) (Result, error) {
+			return Result{Status: report.StatusTrue, Reason: "Bogus"}, nil
+		}, report.ReasonCheckFailed, `internal error: check returned status "True" with reason "Bogus", not in the catalog`},
+		{"unknown with a catalog reason", func(context.Context) (Result, error) {
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: "no nodes.json yet"}, nil
+		}, report.ReasonNoData, "no nodes.json yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := runOnce(t, "NodeInfoStale", tc.probe, 5*time.Second)
+				if c.Status != report.StatusUnknown || c.Reason != tc.wantReason || c.Message != tc.wantMsg {
+					t.Errorf("got %s/%s %q, want Unknown/%s %q", c.Status, c.Reason, c.Message, tc.wantReason, tc.wantMsg)
+				}
+			})
+		})
+	}
+}
+
+// A probe that ignores its context is abandoned at the timeout; while it is
+// still stuck the next run does not start another one.
+func TestRunnerDoesNotPileUpStuckProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var calls int
+		var mu sync.Mutex
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			<-release
+			return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
+		})
+		env := testEnv(t, nil)
+		store := report.NewStore("b")
+		r, _ := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { r.Run(ctx, nil); close(done) }()
+
+		time.Sleep(10*time.Second + time.Millisecond) // past the 10s timeout
+		synctest.Wait()
+		c, _ := store.Get("NodeInfoStale")
+		if c.Reason != report.ReasonCheckTimeout || c.Message != "check did not finish within its timeout of 10s" {
+			t.Errorf("after the timeout: %+v", c)
+		}
+		time.Sleep(time.Minute) // the next run: the probe is still stuck
+		synctest.Wait()
+		c, _ = store.Get("NodeInfoStale")
+		if c.Message != "the previous run (timeout 10s) has still not returned" {
+			t.Errorf("second run: %+v", c)
+		}
+		mu.Lock()
+		if calls != 1 {
+			t.Errorf("probe started %d times while stuck, want 1", calls)
+		}
+		mu.Unlock()
+		close(release)
+		time.Sleep(time.Minute) // the probe returned; the next run starts a fresh one
+		synctest.Wait()
+		if c, _ = store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
+			t.Errorf("after release: %+v", c)
+		}
+		cancel()
+		<-done
+	})
+}
+
+func TestRunnerRecoversFromPanicAndKeepsRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		probe := probeFunc(func(context.Context) (Result, error) {
+			n++
+			if n == 1 {
+				panic("boom")
+			}
+			return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
+		})
+		env := testEnv(t, nil)
+		store := report.NewStore("b")
+		r, _ := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { r.Run(ctx, nil); close(done) }()
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Reason != report.ReasonCheckPanicked || c.Message != "check panicked: boom" {
+			t.Errorf("after the panic: %+v", c)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
+			t.Errorf("the loop did not survive the panic: %+v", c)
+		}
+		cancel()
+		<-done
+	})
+}
+
+func TestRunnerTransitionTimes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		results := []Result{
+			{Status: report.StatusFalse, Reason: "NodeInfoFresh", Message: "age 10s"},
+			{Status: report.StatusFalse, Reason: "NodeInfoFresh", Message: "age 20s"},
+			{Status: report.StatusTrue, Reason: "NodeInfoOutdated", Message: "age 6m"},
+			{Status: report.StatusTrue, Reason: "NodeInfoOutdated", Message: "age 7m"},
+			{Status: report.StatusFalse, Reason: "NodeInfoFresh", Message: "age 1s"},
+		}
+		i := 0
+		probe := probeFunc(func(context.Context) (Result, error) {
+			r := results[min(i, len(results)-1)]
+			i++
+			return r, nil
+		})
+		env := testEnv(t, nil)
+		start := time.Now()
+		store := report.NewStore("b")
+		r, _ := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { r.Run(ctx, nil); close(done) }()
+		wantLTT := []time.Duration{0, 0, 2 * time.Minute, 2 * time.Minute, 4 * time.Minute}
+		for k, w := range wantLTT {
+			synctest.Wait()
+			c, _ := store.Get("NodeInfoStale")
+			if got := c.LastTransitionTime.Sub(start); got != w || c.Message != results[k].Message {
+				t.Errorf("run %d: transition at %v (%q), want %v (%q)", k, got, c.Message, w, results[k].Message)
+			}
+			time.Sleep(time.Minute)
+		}
+		cancel()
+		<-done
+	})
+}
+
+func TestPlan(t *testing.T) {
+	env := testEnv(t, func(c *config.Config) { c.Checks.DiskUsageHigh.Enabled = false })
+	states := map[string]PlanState{}
+	for _, p := range Plan(env, nil) {
+		states[p.Desc.Type] = p.State
+		if p.State != Scheduled && p.State != Elsewhere && (p.Placeholder.Status != report.StatusUnknown || p.Placeholder.Reason == "") {
+			t.Errorf("%s: placeholder %+v", p.Desc.Type, p.Placeholder)
+		}
+	}
+	if len(states) != 24 {
+		t.Errorf("plan has %d conditions, want 24", len(states))
+	}
+	for name, want := range map[string]PlanState{
+		"ClockNotSynchronized":         Scheduled,
+		"DiskUsageHigh":                Disabled,
+		"GpuActivationFailed":          NotApplicable, // not a GPU node
+		"APIServerSourceIPUnavailable": NotApplicable, // a worker
+		"ProxyNotServing":              states["ProxyNotServing"],
+	} {
+		if states[name] != want {
+			t.Errorf("%s: %s, want %s", name, states[name], want)
+		}
+	}
+	if got := Plan(env, []string{"ClockNotSynchronized"}); len(got) != 1 {
+		t.Errorf("--only plan has %d entries", len(got))
+	}
+}

@@ -1,0 +1,251 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// The specification's values, written out here independently of
+// default.toml, so a changed default fails this test.
+func TestDefaultsAreTheSpecValues(t *testing.T) {
+	c := Default()
+	intervals := map[string]time.Duration{
+		"KubeletUnhealthy":             10 * time.Second,
+		"ContainerRuntimeUnhealthy":    10 * time.Second,
+		"ServiceNotRecovering":         time.Minute,
+		"KubeletHeartbeatFailed":       5 * time.Minute,
+		"DisksFailure":                 5 * time.Minute,
+		"DiskWearHigh":                 30 * time.Minute,
+		"DiskTemperatureHigh":          5 * time.Minute,
+		"DiskUsageHigh":                2 * time.Minute,
+		"NodeServiceDown":              30 * time.Second,
+		"NodeInfoStale":                time.Minute,
+		"CertRenewalFailing":           time.Hour,
+		"ProxyNotServing":              30 * time.Second,
+		"ClockNotSynchronized":         time.Minute,
+		"CNIUnhealthy":                 30 * time.Second,
+		"TunnelDisconnected":           30 * time.Second,
+		"GpuActivationFailed":          time.Minute,
+		"APIServerSourceIPUnavailable": time.Minute,
+	}
+	for name, want := range intervals {
+		com, ok := c.Checks.Common(name)
+		if !ok {
+			t.Errorf("no [checks.%s] table", name)
+			continue
+		}
+		if com.Interval.Duration != want {
+			t.Errorf("checks.%s.interval = %s, spec says %s", name, com.Interval, want)
+		}
+		if !com.Enabled {
+			t.Errorf("checks.%s is disabled by default", name)
+		}
+	}
+	k := c.Checks
+	for _, tc := range []struct {
+		key       string
+		got, want any
+	}{
+		{"metrics.listen_address", c.Metrics.ListenAddress, ":20257"},
+		{"kubernetes.report_interval", c.Kubernetes.ReportInterval.Duration, 2 * time.Minute},
+		{"kubernetes.kubeconfig", c.Kubernetes.Kubeconfig, "/etc/kubernetes/kubelet.conf"},
+		{"state_dir", c.StateDir, "/var/lib/autopilot-health"},
+		{"host_root", c.HostRoot, "/"},
+		{"KubeletUnhealthy.healthz_url", k.KubeletUnhealthy.HealthzURL, "http://127.0.0.1:10248/healthz"},
+		{"KubeletUnhealthy.unit", k.KubeletUnhealthy.Unit, "kubelet.service"},
+		{"KubeletUnhealthy.restart_cooldown", k.KubeletUnhealthy.RestartCooldown.Duration, time.Minute},
+		{"ContainerRuntimeUnhealthy.socket", k.ContainerRuntimeUnhealthy.Socket, "/run/containerd/containerd.sock"},
+		{"ContainerRuntimeUnhealthy.unit", k.ContainerRuntimeUnhealthy.Unit, "containerd.service"},
+		{"ContainerRuntimeUnhealthy.restart_cooldown", k.ContainerRuntimeUnhealthy.RestartCooldown.Duration, 2 * time.Minute},
+		{"ServiceNotRecovering.restart_threshold", k.ServiceNotRecovering.RestartThreshold, 3},
+		{"ServiceNotRecovering.controlplane_units", k.ServiceNotRecovering.ControlPlaneUnits, []string{"kubelet.service", "containerd.service"}},
+		{"ServiceNotRecovering.worker_units", k.ServiceNotRecovering.WorkerUnits, []string{"kubelet.service", "containerd.service", "syself-proxy.service"}},
+		{"DisksFailure.io_error_threshold", k.DisksFailure.IOErrorThreshold, 5},
+		{"DisksFailure.io_error_window", k.DisksFailure.IOErrorWindow.Duration, 10 * time.Minute},
+		{"NodeInfoStale.max_age", k.NodeInfoStale.MaxAge.Duration, 5 * time.Minute},
+		{"CertRenewalFailing.renew_within", k.CertRenewalFailing.RenewWithin.Duration, 7 * 24 * time.Hour},
+		{"ProxyNotServing.metrics_url", k.ProxyNotServing.MetricsURL, "http://127.0.0.1:9587/metrics"},
+		{"ProxyNotServing.ready_metric", k.ProxyNotServing.ReadyMetric, "ready"},
+		{"ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError.Duration, 5 * time.Second},
+		{"kmsg.device", c.Kmsg.Device, "/dev/kmsg"},
+		{"role (detected)", c.Role, ""},
+	} {
+		if !reflect.DeepEqual(tc.got, tc.want) {
+			t.Errorf("%s = %v, want %v", tc.key, tc.got, tc.want)
+		}
+	}
+}
+
+// Every field of Config must appear in default.toml (so `config default`
+// documents every key), and default.toml must decode with no leftovers.
+func TestDefaultTOMLCoversEveryKey(t *testing.T) {
+	var c Config
+	md, err := toml.Decode(string(defaultTOML), &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		t.Fatalf("default.toml has keys Config lacks: %v", u)
+	}
+	var walk func(prefix []string, rt reflect.Type)
+	walk = func(prefix []string, rt reflect.Type) {
+		for i := range rt.NumField() {
+			f := rt.Field(i)
+			if f.Anonymous {
+				walk(prefix, f.Type)
+				continue
+			}
+			key := append(append([]string(nil), prefix...), f.Tag.Get("toml"))
+			if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(Duration{}) {
+				walk(key, f.Type)
+				continue
+			}
+			if !md.IsDefined(key...) {
+				t.Errorf("default.toml does not set %s", strings.Join(key, "."))
+			}
+		}
+	}
+	walk(nil, reflect.TypeOf(c))
+	// Every key is preceded by a comment or sits in a commented table.
+	if !strings.Contains(string(defaultTOML), "# Durations are strings") {
+		t.Error("default.toml lost its header comment")
+	}
+}
+
+func TestNoFileMeansDefaults(t *testing.T) {
+	c, read, err := Load(filepath.Join(t.TempDir(), "absent.toml"), true)
+	if err != nil || read {
+		t.Fatalf("Load(absent, allowMissing) = read %v, err %v", read, err)
+	}
+	if !reflect.DeepEqual(c, Default()) {
+		t.Error("config from a missing file differs from the defaults")
+	}
+	if _, _, err := Load(filepath.Join(t.TempDir(), "absent.toml"), false); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(absent, explicit) error = %v, want not-exist", err)
+	}
+}
+
+func TestOverrideKeepsOtherDefaults(t *testing.T) {
+	c, err := Parse("x.toml", []byte("role = \"worker\"\n[checks.DiskUsageHigh]\nspace_percent = 80\n[checks.ServiceNotRecovering]\nworker_units = [\"kubelet.service\"]\n"), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Role != "worker" || c.Checks.DiskUsageHigh.SpacePercent != 80 {
+		t.Errorf("overrides not applied: role %q, space %d", c.Role, c.Checks.DiskUsageHigh.SpacePercent)
+	}
+	if c.Checks.DiskUsageHigh.InodesPercent != 90 || c.Checks.DiskUsageHigh.Interval.Duration != 2*time.Minute {
+		t.Error("keys not in the file lost their defaults")
+	}
+	if got := c.Checks.ServiceNotRecovering.WorkerUnits; !reflect.DeepEqual(got, []string{"kubelet.service"}) {
+		t.Errorf("a list in the file replaces the default list; got %v", got)
+	}
+	if d := Default().Checks.ServiceNotRecovering.WorkerUnits; len(d) != 3 {
+		t.Errorf("decoding an override changed the defaults: %v", d)
+	}
+}
+
+// Each bad file and its exact error: file, line, key and the problem.
+func TestBadConfigs(t *testing.T) {
+	want := map[string]string{
+		"bad-duration.toml":          `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
+		"bad-regex.toml":             ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
+		"bad-role.toml":              `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
+		"duplicate-key.toml":         `:2: key host_root: Key 'host_root' has already been defined.`,
+		"listen-address.toml":        `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
+		"log-level.toml":             `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
+		"negative-interval.toml":     `:2: key checks.ClockNotSynchronized.interval: must be a positive duration, got "-1m0s"`,
+		"node-name.toml":             `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
+		"percent-range.toml":         `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
+		"relative-path.toml":         `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
+		"syntax.toml":                `:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"timeout-over-interval.toml": `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
+		"unit-name.toml":             `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
+		"unknown-key.toml":           `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
+		"unknown-table.toml":         `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
+		"url.toml":                   `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
+		"wrong-type.toml":            `:2: key checks.DiskUsageHigh.space_percent: wrong type: TOML value has type string; destination has type integer`,
+	}
+	files, _ := filepath.Glob("testdata/bad/*.toml")
+	if len(files) != len(want) {
+		t.Errorf("%d files in testdata/bad, %d expectations", len(files), len(want))
+	}
+	for _, f := range files {
+		name := filepath.Base(f)
+		t.Run(name, func(t *testing.T) {
+			_, _, err := Load(f, false)
+			if err == nil {
+				t.Fatal("loaded without error")
+			}
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v is not a *config.Error", err)
+			}
+			if got := err.Error(); got != f+want[name] {
+				t.Errorf("error\n got: %s\nwant: %s", got, f+want[name])
+			}
+		})
+	}
+}
+
+func TestKeyLines(t *testing.T) {
+	src := `top = 1 # comment [x]
+[a]
+b = "has # hash"
+list = [
+  "x",   # [not a table]
+  "y",
+]
+"quoted.key" = 2
+after = 3
+[a.c]
+s = """
+d = 4
+"""
+e = 5
+[[arr]]
+f = 6
+`
+	idx := keyLines([]byte(src))
+	for key, line := range map[string]int{"top": 1, "a": 2, "a.b": 3, "a.list": 4, "a.quoted.key": 8, "a.after": 9, "a.c": 10, "a.c.s": 11, "a.c.e": 14, "arr": 15, "arr.f": 16} {
+		if idx[key] != line {
+			t.Errorf("line of %s = %d, want %d", key, idx[key], line)
+		}
+	}
+	if _, ok := idx["a.c.d"]; ok {
+		t.Error("a line inside a multi-line string was taken for a key")
+	}
+	if got := idx.find("a.c.zzz"); got != 10 {
+		t.Errorf("find falls back to the parent table: got %d, want 10", got)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(defaultTOML)
+	files, _ := filepath.Glob("testdata/bad/*.toml")
+	for _, p := range files {
+		b, _ := os.ReadFile(p)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse("fuzz.toml", data, Default())
+		if err == nil && c == nil {
+			t.Fatal("nil config without error")
+		}
+		if err != nil {
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			if !strings.HasPrefix(err.Error(), "fuzz.toml") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+		}
+	})
+}

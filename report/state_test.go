@@ -1,0 +1,192 @@
+package report
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+func cond(t string, s Status, reason, msg string) Condition {
+	return Condition{Type: t, Status: s, Reason: reason, Message: msg}
+}
+
+type recorder struct {
+	changes  []string
+	restored []string
+	events   []string
+}
+
+func (r *recorder) ConditionChanged(prev *Condition, cur Condition) {
+	from := "-"
+	if prev != nil {
+		from = string(prev.Status)
+	}
+	r.changes = append(r.changes, cur.Type+":"+from+">"+string(cur.Status))
+}
+func (r *recorder) ConditionRestored(c Condition) { r.restored = append(r.restored, c.Type) }
+func (r *recorder) EventEmitted(e Event)         { r.events = append(r.events, e.Reason) }
+
+func TestTransitionTimeChangesOnlyWithStatus(t *testing.T) {
+	s := NewStore("boot1")
+	rec := &recorder{}
+	s.Observe(rec)
+	const ty = "DiskUsageHigh"
+	if !s.Set(cond(ty, StatusFalse, "DiskUsageOK", "2 filesystems"), t0) {
+		t.Fatal("first Set reported no change")
+	}
+	if s.Set(cond(ty, StatusFalse, "DiskUsageOK", "2 filesystems"), t0.Add(time.Minute)) {
+		t.Error("identical Set reported a change")
+	}
+	c, _ := s.Get(ty)
+	if !c.LastTransitionTime.Equal(t0) || !c.LastUpdateTime.Equal(t0.Add(time.Minute)) {
+		t.Errorf("after a repeat: transition %v update %v", c.LastTransitionTime, c.LastUpdateTime)
+	}
+	// Message changes, status does not: change, same transition time.
+	if !s.Set(cond(ty, StatusFalse, "DiskUsageOK", "3 filesystems"), t0.Add(2*time.Minute)) {
+		t.Error("message change not reported")
+	}
+	if c, _ := s.Get(ty); !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("message change moved the transition time to %v", c.LastTransitionTime)
+	}
+	s.Set(cond(ty, StatusTrue, "FilesystemSpaceHigh", "/var 95%"), t0.Add(3*time.Minute))
+	if c, _ := s.Get(ty); !c.LastTransitionTime.Equal(t0.Add(3 * time.Minute)) {
+		t.Errorf("status change: transition time %v", c.LastTransitionTime)
+	}
+	s.Set(cond(ty, StatusTrue, "FilesystemInodesHigh", "/var inodes"), t0.Add(4*time.Minute))
+	if c, _ := s.Get(ty); !c.LastTransitionTime.Equal(t0.Add(3 * time.Minute)) {
+		t.Errorf("reason change moved the transition time to %v", c.LastTransitionTime)
+	}
+	want := []string{"DiskUsageHigh:->False", "DiskUsageHigh:False>False", "DiskUsageHigh:False>True", "DiskUsageHigh:True>True"}
+	if strings.Join(rec.changes, " ") != strings.Join(want, " ") {
+		t.Errorf("observer saw %v, want %v", rec.changes, want)
+	}
+}
+
+func TestHeldConditionsStaySet(t *testing.T) {
+	s := NewStore("b")
+	s.Set(cond("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", "sda1"), t0)
+	if s.Set(cond("ReadonlyFilesystem", StatusFalse, "FilesystemIsNotReadOnly", ""), t0.Add(time.Minute)) {
+		t.Error("a kernel condition held until reboot was cleared")
+	}
+	if c, _ := s.Get("ReadonlyFilesystem"); c.Status != StatusTrue || c.Message != "sda1" {
+		t.Errorf("held condition = %+v", c)
+	}
+	s.Set(cond("NodeTampered", StatusTrue, "ProtectedFileChanged", "/var/x"), t0)
+	s.Set(cond("NodeTampered", StatusFalse, "NodeIntact", ""), t0.Add(time.Minute))
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Error("a revert cleared NodeTampered")
+	}
+	// A check condition follows its probe.
+	s.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", ""), t0)
+	s.Set(cond("ClockNotSynchronized", StatusFalse, "ClockSynchronized", ""), t0.Add(time.Minute))
+	if c, _ := s.Get("ClockNotSynchronized"); c.Status != StatusFalse {
+		t.Error("a check condition did not clear")
+	}
+}
+
+func TestSetRejectsReasonsOutsideTheCatalog(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("Set with an unknown reason did not panic")
+		}
+	}()
+	NewStore("b").Set(cond("DiskUsageHigh", StatusTrue, "Whatever", ""), t0)
+}
+
+func TestMessageIsCapped(t *testing.T) {
+	s := NewStore("b")
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", strings.Repeat("é", 2000)), t0)
+	c, _ := s.Get("DiskUsageHigh")
+	if len(c.Message) > MaxMessageLen || !strings.HasSuffix(c.Message, "...(truncated)") {
+		t.Errorf("message len %d, suffix %q", len(c.Message), c.Message[len(c.Message)-20:])
+	}
+	if !strings.HasPrefix(c.Message, "é") || strings.ContainsRune(c.Message, '\uFFFD') {
+		t.Error("capping split a UTF-8 character")
+	}
+}
+
+func TestStateSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := NewStore("boot1")
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var 95%"), t0)
+	s.Set(cond("ClockNotSynchronized", StatusFalse, "ClockSynchronized", "ok"), t0.Add(time.Second))
+	s.Set(cond("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", "sda1"), t0)
+	s.Set(cond("NodeTampered", StatusTrue, "ProtectedFileChanged", "/var/x"), t0)
+	if err := s.Save(dir, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Same boot: everything comes back, with its transition times.
+	s2 := NewStore("boot1")
+	rec := &recorder{}
+	s2.Observe(rec)
+	res, err := s2.Load(dir)
+	if err != nil || res.Restored != 4 || res.Dropped != 0 {
+		t.Fatalf("Load = %+v, %v", res, err)
+	}
+	for _, c := range s.All() {
+		got, ok := s2.Get(c.Type)
+		if !ok || got.Status != c.Status || !got.LastTransitionTime.Equal(c.LastTransitionTime) || got.Message != c.Message {
+			t.Errorf("%s restored as %+v, saved %+v", c.Type, got, c)
+		}
+	}
+	if len(rec.restored) != 4 || len(rec.changes) != 0 {
+		t.Errorf("observers: restored %v, changes %v", rec.restored, rec.changes)
+	}
+	// The next evaluation with the same status does not move the transition time.
+	s2.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var 95%"), t0.Add(10*time.Minute))
+	if c, _ := s2.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("transition time after restart+rerun = %v, want %v", c.LastTransitionTime, t0)
+	}
+
+	// New boot: kernel conditions (held until reboot) are dropped, tamper kept.
+	s3 := NewStore("boot2")
+	res, err = s3.Load(dir)
+	if err != nil || res.Restored != 3 || res.Dropped != 1 {
+		t.Fatalf("Load after reboot = %+v, %v", res, err)
+	}
+	if _, ok := s3.Get("ReadonlyFilesystem"); ok {
+		t.Error("ReadonlyFilesystem survived a reboot")
+	}
+	if c, ok := s3.Get("NodeTampered"); !ok || c.Status != StatusTrue {
+		t.Error("NodeTampered did not survive a reboot")
+	}
+}
+
+func TestCorruptStateIsMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	os.WriteFile(p, []byte("{not json"), 0o644)
+	s := NewStore("b")
+	res, err := s.Load(dir)
+	if err != nil || res.Corrupt == nil {
+		t.Fatalf("Load = %+v, %v; want Corrupt set", res, err)
+	}
+	if b, err := os.ReadFile(res.CorruptPath); err != nil || string(b) != "{not json" {
+		t.Errorf("corrupt file not kept at %s: %v", res.CorruptPath, err)
+	}
+	if len(s.All()) != 0 {
+		t.Error("store not empty after a corrupt file")
+	}
+	// Missing file: empty store, no error.
+	res, err = NewStore("b").Load(t.TempDir())
+	if err != nil || res != (LoadResult{}) {
+		t.Errorf("missing file: %+v, %v", res, err)
+	}
+}
+
+func TestUnknownConditionsInStateAreDropped(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, StateFileName), []byte(`{"version":1,"bootID":"b","conditions":[
+	 {"type":"Gone","status":"True","reason":"X"},
+	 {"type":"DiskUsageHigh","status":"True","reason":"Renamed"},
+	 {"type":"ClockNotSynchronized","status":"False","reason":"ClockSynchronized"}]}`), 0o644)
+	res, err := NewStore("b").Load(dir)
+	if err != nil || res.Restored != 1 || res.Dropped != 2 {
+		t.Errorf("Load = %+v, %v", res, err)
+	}
+}
