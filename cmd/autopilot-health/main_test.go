@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+var update = flag.Bool("update", false, "rewrite the README's generated catalog")
+
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// fakeHost builds a host root whose only filesystem is a real directory, so
+// the disk check statfs()es something real.
+func fakeHost(t *testing.T, extra string) string {
+	root := t.TempDir()
+	must := func(p, s string) {
+		os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755)
+		if err := os.WriteFile(filepath.Join(root, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must("proc/self/mountinfo", "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+	must("proc/sys/kernel/random/boot_id", "b00t\n")
+	must("proc/sys/kernel/hostname", "node-1\n")
+	cfg := filepath.Join(root, "config.toml")
+	must("config.toml", "host_root = \""+root+"\"\nstate_dir = \""+root+"/state\"\n"+extra)
+	return cfg
+}
+
+func TestCheckJSONListsAllConditions(t *testing.T) {
+	cfg := fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 100\ninodes_percent = 100\n")
+	code, out, stderr := run(t, "check", "--json", "--config", cfg)
+	var res checkOutput
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s\n%s", err, out, stderr)
+	}
+	if res.Node != "node-1" || res.Role != report.RoleWorker || len(res.Conditions) != 24 {
+		t.Fatalf("node %q role %q, %d conditions", res.Node, res.Role, len(res.Conditions))
+	}
+	byType := map[string]checkRow{}
+	anyTrue := false
+	for i, r := range res.Conditions {
+		if r.Type != report.Conditions[i].Type {
+			t.Errorf("row %d is %s, want catalog order (%s)", i, r.Type, report.Conditions[i].Type)
+		}
+		byType[r.Type] = r
+		anyTrue = anyTrue || r.Status == report.StatusTrue
+		if r.State == "not-implemented" && (r.Status != report.StatusUnknown || r.Reason != report.ReasonNotImplemented) {
+			t.Errorf("%s is not implemented but says %s/%s", r.Type, r.Status, r.Reason)
+		}
+	}
+	if d := byType["DiskUsageHigh"]; d.Status != report.StatusFalse || d.Message != "1 filesystem below 100% space and 100% inodes" {
+		t.Errorf("DiskUsageHigh = %+v", d)
+	}
+	if c := byType["ClockNotSynchronized"]; c.Status == report.StatusUnknown || c.State != "scheduled" {
+		t.Errorf("ClockNotSynchronized = %+v", c)
+	}
+	if g := byType["GpuActivationFailed"]; g.Reason != report.ReasonNotApplicable || g.Message != "applies to GPU nodes only" {
+		t.Errorf("GpuActivationFailed = %+v", g)
+	}
+	if k := byType["KubeletUnhealthy"]; k.Disposition != report.Repair {
+		t.Errorf("KubeletUnhealthy disposition %s", k.Disposition)
+	}
+	if want := map[bool]int{true: 1, false: 0}[anyTrue]; code != want {
+		t.Errorf("exit %d with a True condition = %v", code, anyTrue)
+	}
+}
+
+func TestCheckExitCodes(t *testing.T) {
+	// A threshold of 1% makes any real filesystem "full": exit 1.
+	cfg := fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 1\n")
+	code, out, _ := run(t, "check", "--only", "DiskUsageHigh", "--config", cfg)
+	if code != exitProblem || !strings.Contains(out, "DiskUsageHigh  True    FilesystemSpaceHigh  operability") {
+		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+	if !strings.Contains(out, "1 conditions: 0 ok, 1 problem (DiskUsageHigh)") {
+		t.Errorf("summary missing:\n%s", out)
+	}
+	cfg = fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 100\ninodes_percent = 100\n")
+	if code, out, _ := run(t, "check", "--only", "DiskUsageHigh,GpuActivationFailed", "--config", cfg); code != exitOK {
+		t.Errorf("healthy: exit %d\n%s", code, out)
+	}
+	if code, _, errs := run(t, "check", "--only", "DiskFull", "--config", cfg); code != exitError || !strings.Contains(errs, `unknown condition "DiskFull"`) {
+		t.Errorf("bad --only: exit %d, %s", code, errs)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	os.WriteFile(bad, []byte("[checks.DiskUsageHigh]\nspace_percent = 0\n"), 0o644)
+	if code, _, errs := run(t, "check", "--config", bad); code != exitError || !strings.Contains(errs, bad+":2: key checks.DiskUsageHigh.space_percent: must be a percentage") {
+		t.Errorf("bad config: exit %d, %s", code, errs)
+	}
+	if code, _, errs := run(t, "check", "--config", "/nonexistent/x.toml"); code != exitError || !strings.Contains(errs, "no such file") {
+		t.Errorf("missing explicit config: exit %d, %s", code, errs)
+	}
+}
+
+func TestConfigCommands(t *testing.T) {
+	code, out, _ := run(t, "config", "default")
+	if code != 0 || !strings.Contains(out, "[checks.ClockNotSynchronized]") {
+		t.Fatalf("config default: %d", code)
+	}
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte(out), 0o644)
+	if code, out, _ := run(t, "config", "validate", p); code != 0 || out != p+": valid\n" {
+		t.Errorf("the printed default does not validate: %d %q", code, out)
+	}
+	os.WriteFile(p, []byte("[kmsg]\ndevise = \"/dev/kmsg\"\n"), 0o644)
+	if code, _, errs := run(t, "config", "validate", p); code != exitError || errs != p+":2: key kmsg.devise: unknown key (did you mean kmsg.device?)\n" {
+		t.Errorf("validate bad: %d %q", code, errs)
+	}
+	if code, _, _ := run(t, "config"); code != exitError {
+		t.Errorf("config without subcommand: %d", code)
+	}
+}
+
+func TestUsageAndVersion(t *testing.T) {
+	if code, out, _ := run(t, "version"); code != 0 || !strings.HasPrefix(out, "autopilot-health ") {
+		t.Errorf("version: %d %q", code, out)
+	}
+	if code, _, errs := run(t, "frobnicate"); code != exitError || !strings.Contains(errs, `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %d %q", code, errs)
+	}
+	for _, sub := range []string{"run", "check", "catalog"} {
+		if code, _, errs := run(t, sub, "--help"); code != exitOK || !strings.Contains(errs, "Usage: autopilot-health "+sub) {
+			t.Errorf("%s --help: %d %q", sub, code, errs)
+		}
+	}
+	if code, _, _ := run(t, "run", "--bogus"); code != exitError {
+		t.Errorf("run --bogus: %d", code)
+	}
+}
+
+func TestRunRefusesBadConfig(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte("role = \"master\"\n"), 0o644)
+	code, _, errs := run(t, "run", "--config", p)
+	if code != exitError || errs != "autopilot-health: refusing to start: "+p+":1: key role: must be one of \"\", \"controlplane\", \"worker\", got \"master\"\n" {
+		t.Errorf("exit %d, stderr %q", code, errs)
+	}
+}
+
+const (
+	catalogBegin = "<!-- BEGIN CATALOG (generated by `make docs` from report/catalog.go) -->\n"
+	catalogEnd   = "<!-- END CATALOG -->"
+)
+
+// The README's condition catalog is generated from report/catalog.go.
+func TestREADMECatalog(t *testing.T) {
+	p := "../../README.md"
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i, j := strings.Index(s, catalogBegin), strings.Index(s, catalogEnd)
+	if i < 0 || j < i {
+		t.Fatalf("README.md lacks the catalog markers")
+	}
+	want := s[:i+len(catalogBegin)] + CatalogMarkdown() + s[j:]
+	if *update {
+		if err := os.WriteFile(p, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if s != want {
+		t.Error("README.md's catalog is out of date with report/catalog.go: run `make docs`")
+	}
+}
+
+// systemd accepts the unit file.
+func TestUnitFileVerifies(t *testing.T) {
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed (apt install systemd)")
+	}
+	bin := filepath.Join(t.TempDir(), "autopilot-health")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	unit, err := os.ReadFile("../../units/autopilot-health.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Type=notify", "WatchdogSec=", "Restart=always", "Before=kubelet.service", "StateDirectory=autopilot-health"} {
+		if !bytes.Contains(unit, []byte(want)) {
+			t.Errorf("unit lacks %s", want)
+		}
+	}
+	if bytes.Contains(unit, []byte("ProtectKernelLogs=yes")) || bytes.Contains(unit, []byte("ProtectClock=yes")) {
+		t.Error("unit sandboxing would hide /dev/kmsg or deny adjtimex")
+	}
+	dir := t.TempDir()
+	u := bytes.ReplaceAll(unit, []byte("/usr/bin/autopilot-health"), []byte(bin))
+	os.WriteFile(filepath.Join(dir, "autopilot-health.service"), u, 0o644)
+	out, err := exec.Command(sa, "verify", filepath.Join(dir, "autopilot-health.service")).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}

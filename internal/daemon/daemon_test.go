@@ -1,0 +1,388 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// notifySocket listens on a real unix datagram socket as systemd does and
+// points NOTIFY_SOCKET at it.
+func notifySocket(t *testing.T) *net.UnixConn {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	t.Setenv("NOTIFY_SOCKET", p)
+	return c
+}
+
+// next reads datagrams until one satisfies match, or fails after 10 s.
+func next(t *testing.T, c *net.UnixConn, what string, match func(string) bool) string {
+	t.Helper()
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.SetReadDeadline(deadline)
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if m := string(buf[:n]); match(m) {
+			return m
+		}
+	}
+}
+
+func testConfig(t *testing.T) *config.Config {
+	c := config.Default()
+	c.StateDir = t.TempDir()
+	c.Runner.FirstRunSpread = config.Duration{}
+	c.NodeName = "test-node"
+	c.Role = "worker"
+	c.GPU = "false"
+	return c
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// The systemd lifecycle over a real datagram socket: READY=1 with a status
+// line after the first pass, WATCHDOG=1 only while every loop makes
+// progress, STOPPING=1 on shutdown, and the state saved.
+func TestLifecycleOverRealNotifySocket(t *testing.T) {
+	sock := notifySocket(t)
+	t.Setenv("WATCHDOG_USEC", "200000")
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	cfg := testConfig(t)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+
+	st := next(t, sock, "starting status", func(m string) bool { return strings.HasPrefix(m, "STATUS=") })
+	if st != "STATUS=starting: first pass of 2 checks" {
+		t.Errorf("first status %q", st)
+	}
+	ready := next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+	if !strings.HasPrefix(ready, "READY=1\nSTATUS=2 conditions: ") {
+		t.Errorf("ready message %q", ready)
+	}
+	next(t, sock, "WATCHDOG=1", func(m string) bool { return m == "WATCHDOG=1" })
+
+	url := "http://" + d.Addr().String()
+	if code, body := get(t, url+"/healthz"); code != 200 || !strings.HasPrefix(body, "ok: ") {
+		t.Errorf("healthz while healthy: %d %q", code, body)
+	}
+
+	// A loop that stops making progress: /healthz fails naming it, and the
+	// watchdog pings stop.
+	// (a negative allowed silence: the loop is overdue at once)
+	d.live.Expect("test/stuck", -time.Second)
+	code, body := get(t, url+"/healthz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "test/stuck (no progress for") {
+		t.Errorf("healthz while stuck: %d %q", code, body)
+	}
+	drain(sock)
+	sock.SetReadDeadline(time.Now().Add(500 * time.Millisecond)) // 2.5 watchdog periods
+	buf := make([]byte, 4096)
+	for {
+		n, err := sock.Read(buf)
+		if err != nil {
+			break // timeout: no ping came
+		}
+		if string(buf[:n]) == "WATCHDOG=1" {
+			t.Fatal("WATCHDOG=1 sent while a loop was stuck")
+		}
+	}
+	d.live.Forget("test/stuck")
+	next(t, sock, "WATCHDOG=1 after recovery", func(m string) bool { return m == "WATCHDOG=1" })
+
+	cancel()
+	next(t, sock, "STOPPING=1", func(m string) bool { return m == "STOPPING=1" })
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.StateDir, report.StateFileName))
+	if err != nil || !bytes.Contains(b, []byte(`"ClockNotSynchronized"`)) {
+		t.Errorf("state not saved on shutdown: %v %s", err, b)
+	}
+}
+
+func drain(c *net.UnixConn) {
+	buf := make([]byte, 4096)
+	for {
+		c.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A restart restores the conditions with their transition times before the
+// first run, so nothing flaps.
+func TestRestartKeepsTransitionTimes(t *testing.T) {
+	cfg := testConfig(t)
+	run := func() report.Condition {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		for {
+			if c, ok := d.Store().Get("DiskUsageHigh"); ok && c.LastUpdateTime.After(time.Now().Add(-time.Minute)) && d.readyNow() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("daemon stopped: %v", err)
+			case <-d.Store().Changed():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	first := run()
+	second := run()
+	if first.Status != second.Status || !first.LastTransitionTime.Equal(second.LastTransitionTime) {
+		t.Errorf("after restart: %v since %v; before: %v since %v", second.Status, second.LastTransitionTime, first.Status, first.LastTransitionTime)
+	}
+	if !second.LastUpdateTime.After(first.LastUpdateTime) {
+		t.Error("the second run did not evaluate the check again")
+	}
+}
+
+func (d *Daemon) readyNow() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ready
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	cfg := testConfig(t)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, quietLog(), Options{Version: "v9", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for !d.readyNow() {
+		<-time.After(5 * time.Millisecond)
+	}
+	code, body := get(t, "http://"+d.Addr().String()+"/metrics")
+	for _, want := range []string{
+		`autopilot_health_build_info{goversion=`,
+		`autopilot_health_ready 1`,
+		`problem_gauge{reason="ClockUnsynchronized",type="ClockNotSynchronized"}`,
+		`autopilot_health_check_runs_total{check="DiskUsageHigh",result=`,
+		`problem_counter{reason="TaskHung"} 0`,
+		`autopilot_health_loop_last_progress_timestamp_seconds{loop="check/DiskUsageHigh"}`,
+	} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics (%d) lacks %s", code, want)
+		}
+	}
+	if strings.Contains(body, `type="GpuFallenOffBus"`) || strings.Contains(body, `reason="NvidiaXidError"`) {
+		t.Error("GPU-only series on a node without a GPU")
+	}
+}
+
+func TestListenFailureRefusesToStart(t *testing.T) {
+	busy, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer busy.Close()
+	cfg := testConfig(t)
+	cfg.Metrics.ListenAddress = busy.Addr().String()
+	_, err := New(cfg, quietLog(), Options{})
+	if err == nil || !strings.Contains(err.Error(), "metrics listener (metrics.listen_address): listen tcp "+busy.Addr().String()) {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	c := func(ty string, s report.Status) report.Condition { return report.Condition{Type: ty, Status: s} }
+	for _, tc := range []struct {
+		in   []report.Condition
+		want string
+	}{
+		{[]report.Condition{c("A", "False"), c("B", "False")}, "2 conditions: 2 ok, 0 problems"},
+		{[]report.Condition{c("A", "False"), c("DiskUsageHigh", "True")}, "2 conditions: 1 ok, 1 problem (DiskUsageHigh)"},
+		{[]report.Condition{c("A", "True"), c("B", "True"), c("C", "Unknown"), c("D", "Unknown"), c("E", "Unknown"), c("F", "Unknown")},
+			"6 conditions: 0 ok, 2 problems (A, B), 4 unknown (C, D, E, +1 more)"},
+	} {
+		if got := Summarize(tc.in); got != tc.want {
+			t.Errorf("Summarize = %q, want %q", got, tc.want)
+		}
+	}
+}
+
+func TestLiveness(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := NewLiveness(func() time.Time { return now })
+	l.Expect("a", 10*time.Second)
+	l.Beat("b", 5*time.Second)
+	if err := l.Check(); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(6 * time.Second)
+	if err := l.Check(); err == nil || err.Error() != "stuck loops: b (no progress for 6s, allowed 5s)" {
+		t.Errorf("err = %v", err)
+	}
+	l.Beat("b", 5*time.Second)
+	now = now.Add(5 * time.Second)
+	if err := l.Check(); err == nil || err.Error() != "stuck loops: a (no progress for 11s, allowed 10s)" {
+		t.Errorf("err = %v", err)
+	}
+	l.Forget("a")
+	if err := l.Check(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestJournalLogFormat(t *testing.T) {
+	var b bytes.Buffer
+	log, err := NewLogger(&b, "journal", "debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.With("check", "DiskUsageHigh").Warn("check failed", "err", "line1\nline2")
+	log.Debug("d")
+	log.Error("e")
+	log.Info("i")
+	want := "<4>level=WARN msg=\"check failed\" check=DiskUsageHigh err=\"line1\\nline2\"\n<7>level=DEBUG msg=d\n<3>level=ERROR msg=e\n<6>level=INFO msg=i\n"
+	if b.String() != want {
+		t.Errorf("journal output\n%s\nwant\n%s", b.String(), want)
+	}
+	b.Reset()
+	log, _ = NewLogger(&b, "text", "warn")
+	log.Info("hidden")
+	log.Warn("shown")
+	if !strings.HasPrefix(b.String(), "time=") || strings.Contains(b.String(), "hidden") {
+		t.Errorf("text output %q", b.String())
+	}
+	if _, err := NewLogger(&b, "xml", "info"); err == nil {
+		t.Error("bad format accepted")
+	}
+}
+
+func TestStderrIsJournal(t *testing.T) {
+	t.Setenv("JOURNAL_STREAM", "")
+	if StderrIsJournal() {
+		t.Error("no JOURNAL_STREAM, yet journal")
+	}
+	var st = statFd(t, 2)
+	t.Setenv("JOURNAL_STREAM", st)
+	if !StderrIsJournal() {
+		t.Errorf("JOURNAL_STREAM=%s matches stderr, yet not journal", st)
+	}
+	t.Setenv("JOURNAL_STREAM", "1:2")
+	if StderrIsJournal() {
+		t.Error("JOURNAL_STREAM of another file taken for stderr")
+	}
+}
+
+func writeFile(t *testing.T, p, s string) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func nodeCertPEM(t *testing.T, cn string) string {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	// kubelet-client-current.pem holds the certificate and the key.
+	return string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})) + string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func TestDetect(t *testing.T) {
+	root := t.TempDir()
+	writeFile(t, root+"/proc/sys/kernel/random/boot_id", "0f2e\n")
+	writeFile(t, root+"/proc/sys/kernel/hostname", "Worker-7\n")
+	cfg := config.Default()
+	cfg.HostRoot = root
+
+	id, err := Detect(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.NodeName != "worker-7" || id.NodeNameSource != "kernel hostname" || id.Role != report.RoleWorker || id.GPU || id.BootID != "0f2e" {
+		t.Errorf("bare host: %+v", id)
+	}
+
+	writeFile(t, root+"/var/lib/kubelet/pki/kubelet-client-current.pem", nodeCertPEM(t, "system:node:cp-1.example"))
+	writeFile(t, root+"/etc/kubernetes/manifests/kube-apiserver.yaml", "kind: Pod\n")
+	writeFile(t, root+"/sys/bus/pci/devices/0000:00:02.0/vendor", "0x8086\n")
+	writeFile(t, root+"/sys/bus/pci/devices/0000:00:02.0/class", "0x030000\n")
+	writeFile(t, root+"/sys/bus/pci/devices/0000:41:00.0/vendor", "0x10de\n")
+	writeFile(t, root+"/sys/bus/pci/devices/0000:41:00.0/class", "0x030200\n")
+	id, err = Detect(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.NodeName != "cp-1.example" || id.Role != report.RoleControlPlane || !id.GPU || id.GPUSource != "NVIDIA display controller at PCI 0000:41:00.0" {
+		t.Errorf("control plane GPU host: %+v", id)
+	}
+
+	cfg.NodeName, cfg.Role, cfg.GPU = "override", "worker", "false"
+	id, _ = Detect(cfg)
+	if id.NodeName != "override" || id.Role != report.RoleWorker || id.GPU {
+		t.Errorf("overrides ignored: %+v", id)
+	}
+
+	os.Remove(root + "/proc/sys/kernel/random/boot_id")
+	if _, err := Detect(cfg); err == nil || !strings.Contains(err.Error(), "cannot read the boot id") {
+		t.Errorf("missing boot id: %v", err)
+	}
+}
