@@ -23,6 +23,8 @@ type Result struct {
 	Status  report.Status
 	Reason  string
 	Message string
+	// Details are fields of the health report this probe collected.
+	Details []report.Detail
 }
 
 // Check probes one condition. Probe must honour ctx; the runner gives up on it

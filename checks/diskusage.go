@@ -184,6 +184,7 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			inodes = append(inodes, fmt.Sprintf("%s %d%% of inodes used (threshold %d%%)", u.MountPoint, u.InodesPct, c.inodesPct))
 		}
 	}
+	details := []report.Detail{{Domain: "storage", Field: "filesystems", Value: usage}}
 	var notes string
 	if len(errs) > 0 {
 		notes = "; not checked: " + errors.Join(errs...).Error()
@@ -192,13 +193,13 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	switch {
 	case len(space) > 0:
 		return Result{Status: report.StatusTrue, Reason: "FilesystemSpaceHigh",
-			Message: strings.Join(append(space, inodes...), ", ") + notes}, nil
+			Message: strings.Join(append(space, inodes...), ", ") + notes, Details: details}, nil
 	case len(inodes) > 0:
 		return Result{Status: report.StatusTrue, Reason: "FilesystemInodesHigh",
-			Message: strings.Join(inodes, ", ") + notes}, nil
+			Message: strings.Join(inodes, ", ") + notes, Details: details}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: "DiskUsageOK",
-		Message: fmt.Sprintf("%d %s below %d%% space and %d%% inodes%s", len(usage), pluralFS(len(usage)), c.spacePct, c.inodesPct, notes)}, nil
+		Message: fmt.Sprintf("%d %s below %d%% space and %d%% inodes%s", len(usage), pluralFS(len(usage)), c.spacePct, c.inodesPct, notes), Details: details}, nil
 }
 
 func pluralFS(n int) string {

@@ -99,6 +99,7 @@ type entry struct {
 // Runner schedules the checks and records their results in the store.
 type Runner struct {
 	store   *report.Store
+	details *report.Details
 	metrics *report.Metrics
 	log     *slog.Logger
 	spread  time.Duration
@@ -113,6 +114,8 @@ type Options struct {
 	Metrics *report.Metrics // may be nil
 	// Only restricts the runner to these condition types.
 	Only []string
+	// Details, if set, receives the report fields the checks collect.
+	Details *report.Details
 	// Factories, if set, replace the registered checks (tests).
 	Factories map[string]Factory
 	// Progress, if set, is called whenever a check's loop completes a run,
@@ -122,7 +125,7 @@ type Options struct {
 
 // NewRunner builds every scheduled check of the plan.
 func NewRunner(env *Env, opts Options) (*Runner, error) {
-	r := &Runner{store: opts.Store, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress}
+	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress}
 	factories := registry
 	if opts.Factories != nil {
 		factories = opts.Factories
@@ -286,6 +289,11 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	if o.res.Status == report.StatusUnknown || !d.ValidReason(o.res.Status, o.res.Reason) {
 		e.log.Error("check returned a status/reason that is not in the catalog (a bug)", "status", o.res.Status, "reason", o.res.Reason)
 		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
+	}
+	if r.details != nil {
+		for _, d := range o.res.Details {
+			r.details.Set(d)
+		}
 	}
 	result := report.ResultOK
 	if o.res.Status == report.StatusTrue {

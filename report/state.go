@@ -290,3 +290,43 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	}
 	return res, nil
 }
+
+// Adopt merges a condition read back from the Node when the daemon starts,
+// so a restart (even one that lost the state file) neither flaps a condition
+// nor resets the timers of anything that watches it:
+//   - not in the store: taken over as it is (observers see a restore);
+//   - same status in the store: the Node's lastTransitionTime wins, because
+//     it is the one watchers have been timing;
+//   - another status in the store: the store wins; it holds a change the
+//     API server has not seen yet.
+//
+// A condition type or reason outside the catalog is ignored. Adopt reports
+// whether the store changed.
+func (s *Store) Adopt(c Condition) bool {
+	desc, ok := Lookup(c.Type)
+	if !ok || !desc.ValidReason(c.Status, c.Reason) {
+		return false
+	}
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.mu.Lock()
+	prev, had := s.conds[c.Type]
+	switch {
+	case !had:
+		s.conds[c.Type] = c
+	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
+		prev.LastTransitionTime = c.LastTransitionTime
+		s.conds[c.Type] = prev
+		s.mu.Unlock()
+		return true
+	default:
+		s.mu.Unlock()
+		return false
+	}
+	obs := s.observers
+	s.mu.Unlock()
+	for _, o := range obs {
+		o.ConditionRestored(c)
+	}
+	return true
+}

@@ -190,3 +190,40 @@ func TestUnknownConditionsInStateAreDropped(t *testing.T) {
 		t.Errorf("Load = %+v, %v", res, err)
 	}
 }
+
+func TestAdoptFromNode(t *testing.T) {
+	s := NewStore("b")
+	rec := &recorder{}
+	s.Observe(rec)
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0.Add(time.Hour))
+	s.Set(cond("ClockNotSynchronized", StatusFalse, "ClockSynchronized", ""), t0.Add(time.Hour))
+
+	node := func(ty string, st Status, reason string, ltt time.Time) Condition {
+		return Condition{Type: ty, Status: st, Reason: reason, LastTransitionTime: ltt}
+	}
+	// Same status on the Node, earlier: the Node's transition time wins.
+	if !s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", t0)) {
+		t.Error("same status, other time: not adopted")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(t0) || c.Message != "/var" {
+		t.Errorf("DiskUsageHigh after adopt = %+v", c)
+	}
+	// Another status on the Node: the local (newer) state wins.
+	if s.Adopt(node("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", t0)) {
+		t.Error("a stale Node status overrode the local one")
+	}
+	// Unknown locally: taken over, observers see a restore.
+	if !s.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", t0)) {
+		t.Error("new condition not adopted")
+	}
+	if c, ok := s.Get("KernelDeadlock"); !ok || !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("KernelDeadlock = %+v", c)
+	}
+	if len(rec.restored) != 1 || rec.restored[0] != "KernelDeadlock" {
+		t.Errorf("restored %v", rec.restored)
+	}
+	// Not ours, or a reason we do not know: ignored.
+	if s.Adopt(node("Ready", StatusTrue, "KubeletReady", t0)) || s.Adopt(node("DisksFailure", StatusTrue, "OldReason", t0)) {
+		t.Error("adopted a foreign condition")
+	}
+}

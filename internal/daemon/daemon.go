@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,10 +13,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
 )
 
 // NewEnv detects the node and builds the checks' environment.
@@ -42,6 +45,8 @@ type Options struct {
 	Env *checks.Env
 	// BootID is used with Env.
 	BootID string
+	// Kube, if set, is used instead of a client from kubernetes.kubeconfig.
+	Kube kubernetes.Interface
 }
 
 // Daemon is one run of the daemon.
@@ -53,8 +58,12 @@ type Daemon struct {
 	metrics *report.Metrics
 	live    *Liveness
 	runner  *checks.Runner
+	details *report.Details
 	notify  Notifier
 	ln      net.Listener
+	version string
+	kube    kubernetes.Interface
+	kubeM   *kube.Metrics
 
 	mu    sync.Mutex
 	ready bool
@@ -76,9 +85,11 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		log.Info("node detected", "node", id.NodeName, "node_source", id.NodeNameSource,
 			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
 	}
-	d := &Daemon{cfg: cfg, log: log, env: env, notify: opts.Notifier}
+	d := &Daemon{cfg: cfg, log: log, env: env, notify: opts.Notifier, version: opts.Version, kube: opts.Kube}
+	d.details = report.NewDetails()
 	d.store = report.NewStore(bootID)
 	d.metrics = report.NewMetrics(opts.Version)
+	d.kubeM = kube.NewMetrics(d.metrics.Registry)
 	d.store.Observe(d.metrics)
 	d.store.Observe(logObserver{log})
 
@@ -109,7 +120,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 
 	d.live = NewLiveness(time.Now)
 	d.live.OnBeat = d.metrics.LoopProgress
-	d.runner, err = checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Progress: d.live.Beat})
+	d.runner, err = checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Details: d.details, Progress: d.live.Beat})
 	if err != nil {
 		return nil, err
 	}
@@ -165,6 +176,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.persist(rctx) })
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
 	wg.Go(func() { d.statusLoop(rctx) })
+	wg.Go(func() { d.reportToKubernetes(rctx) })
 	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.runner.Checks())))
 	wg.Go(func() {
 		d.runner.Run(rctx, func() {
@@ -201,6 +213,54 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 	return runErr
+}
+
+// kubeconfigPoll is how often a standalone daemon looks for a kubeconfig.
+const kubeconfigPoll = 30 * time.Second
+
+// reportToKubernetes runs the Kubernetes reporter. Without a kubeconfig the
+// daemon runs standalone (logs, metrics, local state), says so once, and
+// starts reporting as soon as the kubeconfig appears (the kubelet writes it
+// when it joins the cluster).
+func (d *Daemon) reportToKubernetes(ctx context.Context) {
+	client := d.kube
+	path := d.cfg.HostPath(d.cfg.Kubernetes.Kubeconfig)
+	if client == nil && d.cfg.Kubernetes.Kubeconfig == "" {
+		d.log.Warn("not reporting to Kubernetes: kubernetes.kubeconfig is empty; running standalone (logs, metrics, local state)")
+		d.kubeM.SetReporting(false)
+		return
+	}
+	lastErr := ""
+	for client == nil {
+		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version)
+		if err == nil {
+			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.env.NodeName)
+			client = c
+			break
+		}
+		if err.Error() != lastErr {
+			if lastErr == "" && errors.Is(err, kube.ErrNoKubeconfig) {
+				d.log.Warn("not reporting to Kubernetes: running standalone (logs, metrics, local state) until the kubeconfig appears", "err", err)
+				d.kubeM.SetReporting(false)
+			} else {
+				d.log.Error("cannot use the kubeconfig; not reporting to Kubernetes", "err", err)
+			}
+			lastErr = err.Error()
+		}
+		d.live.Beat("kube/kubeconfig", kubeconfigPoll+loopSlack)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(kubeconfigPoll):
+		}
+	}
+	d.live.Forget("kube/kubeconfig")
+	r := kube.New(kube.Options{
+		Client: client, NodeName: d.env.NodeName, Role: d.env.Role, Store: d.store, Details: d.details,
+		Log: d.log, Metrics: d.kubeM, Progress: d.live.Beat,
+		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
+	})
+	r.Run(ctx)
 }
 
 // persist writes the state file after changes (at most once a second) and

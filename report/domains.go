@@ -1,0 +1,122 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+)
+
+// The health report: one Node annotation per domain, each a self-contained
+// JSON document.
+const (
+	AnnotationPrefix = "autopilot.syself.com/"
+	// SchemaVersion is written into every document as "schemaVersion"; it
+	// changes when a field changes meaning or is removed.
+	SchemaVersion = 1
+	// MaxListLen caps every list in a document; the number left out is
+	// written as "<field>Truncated".
+	MaxListLen = 32
+	// MaxDocumentBytes caps one document; lists are shortened further until
+	// it fits. The API server limits all annotations of an object to 256 KiB
+	// together.
+	MaxDocumentBytes = 8 * 1024
+)
+
+// Domains are the report's domains, in annotation order, with the fields
+// each may carry (a field is absent until something collected it).
+var Domains = []struct {
+	Name   string
+	Fields []string
+}{
+	{"storage", []string{"filesystems", "volumeGroups"}},
+	{"disks", []string{"disks"}},
+	{"certs", []string{"certs"}},
+	{"tamper", []string{"tamper"}},
+	{"services", []string{"services"}},
+}
+
+// Detail is one field of a report domain, produced by a check.
+type Detail struct {
+	Domain string
+	Field  string
+	Value  any
+}
+
+// Details holds the latest value of every report field. Safe for concurrent use.
+type Details struct {
+	mu   sync.Mutex
+	data map[string]map[string]any
+}
+
+// NewDetails returns an empty set of report details.
+func NewDetails() *Details { return &Details{data: map[string]map[string]any{}} }
+
+// Set records the latest value of a field. It panics on a domain or field
+// that is not part of the schema (a programming error).
+func (d *Details) Set(x Detail) {
+	if !validField(x.Domain, x.Field) {
+		panic(fmt.Sprintf("report: %s.%s is not a report field", x.Domain, x.Field))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.data[x.Domain] == nil {
+		d.data[x.Domain] = map[string]any{}
+	}
+	d.data[x.Domain][x.Field] = x.Value
+}
+
+func validField(domain, field string) bool {
+	for _, dm := range Domains {
+		if dm.Name == domain {
+			for _, f := range dm.Fields {
+				if f == field {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// Documents renders every domain as its annotation value, keyed by the full
+// annotation key.
+func (d *Details) Documents(now time.Time, role Role) (map[string]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]string, len(Domains))
+	for _, dm := range Domains {
+		b, err := renderDocument(now, role, d.data[dm.Name])
+		if err != nil {
+			return nil, fmt.Errorf("report domain %s: %w", dm.Name, err)
+		}
+		out[AnnotationPrefix+dm.Name] = string(b)
+	}
+	return out, nil
+}
+
+func renderDocument(now time.Time, role Role, fields map[string]any) ([]byte, error) {
+	for limit := MaxListLen; ; limit /= 2 {
+		doc := map[string]any{
+			"schemaVersion": SchemaVersion,
+			"updatedAt":     now.UTC().Format(time.RFC3339),
+			"role":          role,
+		}
+		for k, v := range fields {
+			rv := reflect.ValueOf(v)
+			if rv.Kind() == reflect.Slice && rv.Len() > limit {
+				doc[k+"Truncated"] = rv.Len() - limit
+				v = rv.Slice(0, limit).Interface()
+			}
+			doc[k] = v
+		}
+		b, err := json.Marshal(doc)
+		if err != nil || len(b) <= MaxDocumentBytes {
+			return b, err
+		}
+		if limit == 0 {
+			return nil, fmt.Errorf("document is %d bytes even without list entries (limit %d)", len(b), MaxDocumentBytes)
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// EventNamespace is where Events about a Node go (a Node has no namespace;
+// the API requires the Event's namespace to match, and NodeRestriction
+// allows a node to write events there about itself).
+const EventNamespace = metav1.NamespaceDefault
+
+// aggregate is one Event being kept up to date: identical occurrences
+// (reason and message) within the dedupe window raise its count.
+type aggregate struct {
+	reason, message string
+	first, last     time.Time
+	count           int32
+	name            string // set once created
+	sentCount       int32
+	lastPatch       time.Time
+	nextTry         time.Time
+}
+
+type aggKey struct{ reason, message string }
+
+// eventLoop turns the daemon's events into core/v1 Events. The first
+// occurrence is created at once; repeats only raise the count, patched at
+// most every eventCountFlush. A failed write is retried with backoff; the
+// table is bounded and what does not fit is dropped and counted.
+func (r *Reporter) eventLoop(ctx context.Context) {
+	const loop = "kube/events"
+	aggs := map[aggKey]*aggregate{}
+	bo := backoff{min: backoffMin, max: backoffMax}
+	el := &errorLog{log: r.o.Log, what: "writing events of node " + r.o.NodeName}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		r.progress(loop, time.Second)
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-r.events:
+			r.fold(aggs, e)
+			// Take everything already queued before writing.
+			for more := true; more; {
+				select {
+				case e := <-r.events:
+					r.fold(aggs, e)
+				default:
+					more = false
+				}
+			}
+		case <-tick.C:
+		}
+		if err := r.flush(ctx, aggs, time.Now()); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wait := bo.next()
+			el.fail(err, wait)
+			for _, a := range aggs {
+				if a.name == "" || a.count != a.sentCount {
+					a.nextTry = time.Now().Add(wait)
+				}
+			}
+		} else {
+			el.ok()
+			bo.reset()
+		}
+	}
+}
+
+func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
+	k := aggKey{e.Reason, e.Message}
+	if a, ok := aggs[k]; ok && e.Time.Sub(a.first) < EventDedupeWindow {
+		a.count++
+		a.last = e.Time
+		r.m.coalesced.Inc()
+		return
+	}
+	if len(aggs) >= maxAggregates {
+		// Make room: forget the oldest fully sent aggregate.
+		var oldest *aggKey
+		for kk, a := range aggs {
+			if a.name != "" && a.count == a.sentCount && (oldest == nil || a.last.Before(aggs[*oldest].last)) {
+				kk := kk
+				oldest = &kk
+			}
+		}
+		if oldest == nil {
+			r.m.dropped.Inc()
+			return
+		}
+		delete(aggs, *oldest)
+	}
+	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1}
+}
+
+// flush creates new Events and patches counts that are due; it stops at the
+// first error (the API is likely down) and returns it.
+func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now time.Time) error {
+	for k, a := range aggs {
+		if now.Before(a.nextTry) {
+			continue
+		}
+		switch {
+		case a.name == "":
+			if err := r.createEvent(ctx, a); err != nil {
+				return err
+			}
+		case a.count != a.sentCount && now.Sub(a.lastPatch) >= eventCountFlush:
+			if err := r.patchEventCount(ctx, a, now); err != nil {
+				return err
+			}
+		case a.count == a.sentCount && now.Sub(a.first) >= EventDedupeWindow:
+			delete(aggs, k) // done: the next occurrence starts a new Event
+		}
+	}
+	return nil
+}
+
+func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
+	// kubelet's naming (<node>.<hex nanoseconds>) plus a sequence number, so
+	// two events in the same nanosecond do not collide.
+	r.eventSeq++
+	name := fmt.Sprintf("%s.%x.%d", r.o.NodeName, a.first.UnixNano(), r.eventSeq)
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: EventNamespace},
+		// kubelet's convention for events about a Node: UID = node name.
+		InvolvedObject:      corev1.ObjectReference{Kind: "Node", Name: r.o.NodeName, UID: types.UID(r.o.NodeName), APIVersion: "v1"},
+		Reason:              a.reason,
+		Message:             a.message,
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: Component, Host: r.o.NodeName},
+		FirstTimestamp:      metav1.NewTime(a.first),
+		LastTimestamp:       metav1.NewTime(a.last),
+		Count:               a.count,
+		ReportingController: Component,
+		ReportingInstance:   r.o.NodeName,
+	}
+	start := time.Now()
+	_, err := r.o.Client.CoreV1().Events(EventNamespace).Create(ctx, ev, metav1.CreateOptions{})
+	r.m.observe(KindEvent, start, err)
+	if err != nil {
+		return err
+	}
+	a.name, a.sentCount, a.lastPatch = name, ev.Count, time.Now()
+	return nil
+}
+
+func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.Time) error {
+	patch, _ := json.Marshal(map[string]any{"count": a.count, "lastTimestamp": metav1.NewTime(a.last)})
+	start := time.Now()
+	_, err := r.o.Client.CoreV1().Events(EventNamespace).Patch(ctx, a.name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	r.m.observe(KindEventCount, start, err)
+	if apierrors.IsNotFound(err) {
+		// The Event expired (the API server's event TTL): create it anew.
+		a.name = ""
+		return r.createEvent(ctx, a)
+	}
+	if err != nil {
+		return err
+	}
+	a.sentCount, a.lastPatch = a.count, now
+	return nil
+}

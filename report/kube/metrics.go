@@ -1,0 +1,98 @@
+package kube
+
+import (
+	"errors"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// Write kinds, the values of the kind label.
+const (
+	KindStatus      = "status"
+	KindEvent       = "event"
+	KindEventCount  = "event_count"
+	KindAnnotations = "annotations"
+	KindRead        = "read"
+)
+
+// Metrics are the reporter's Prometheus metrics.
+type Metrics struct {
+	writes    *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	dropped   prometheus.Counter
+	coalesced prometheus.Counter
+	reporting prometheus.Gauge
+	lastOK    prometheus.Gauge
+}
+
+// NewMetrics creates the API metrics and registers them on reg (may be nil).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "api_writes_total",
+			Help: "Kubernetes API calls by kind (status, event, event_count, annotations, read) and result (ok, forbidden, not_found, error).",
+		}, []string{"kind", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: report.Namespace, Name: "api_write_duration_seconds",
+			Help:    "Latency of Kubernetes API calls by kind.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 15},
+		}, []string{"kind"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "events_dropped_total",
+			Help: "Events not sent to the API server because the queue or the aggregation table was full.",
+		}),
+		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "events_aggregated_total",
+			Help: "Event occurrences folded into the count of an existing Event instead of a new one.",
+		}),
+		reporting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: report.Namespace, Name: "kubernetes_reporting",
+			Help: "1 when the daemon reports to Kubernetes (a kubeconfig was found), 0 when it runs standalone.",
+		}),
+		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: report.Namespace, Name: "api_last_success_timestamp_seconds",
+			Help: "Unix time of the last successful Kubernetes API call.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK)
+	}
+	return m
+}
+
+func (m *Metrics) observe(kind string, start time.Time, err error) {
+	m.writes.WithLabelValues(kind, resultOf(err)).Inc()
+	m.latency.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	if err == nil {
+		m.lastOK.SetToCurrentTime()
+	}
+}
+
+func resultOf(err error) string {
+	var se apierrors.APIStatus
+	switch {
+	case err == nil:
+		return "ok"
+	case apierrors.IsForbidden(err):
+		return "forbidden"
+	case apierrors.IsNotFound(err):
+		return "not_found"
+	case errors.As(err, &se):
+		return "error"
+	}
+	return "error"
+}
+
+// SetReporting records whether the daemon reports to Kubernetes.
+func (m *Metrics) SetReporting(on bool) {
+	if on {
+		m.reporting.Set(1)
+	} else {
+		m.reporting.Set(0)
+	}
+}

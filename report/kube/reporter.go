@@ -1,0 +1,339 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// Options configure a Reporter.
+type Options struct {
+	Client   kubernetes.Interface
+	NodeName string
+	Role     report.Role
+	Store    *report.Store
+	Details  *report.Details
+	Log      *slog.Logger
+	// Metrics, if nil, are created unregistered.
+	Metrics *Metrics
+	// HeartbeatPeriod: conditions are rewritten at least this often (jittered).
+	HeartbeatPeriod time.Duration
+	// ReportInterval: the report annotations are refreshed this often.
+	ReportInterval time.Duration
+	// Progress, if set, is called by each loop when it makes progress, with
+	// the longest silence expected before the next call.
+	Progress func(loop string, maxSilence time.Duration)
+}
+
+// Timing constants.
+const (
+	// coalesce is how long the status writer waits after a change for more
+	// changes before it writes (the spec asks for the write within 1 s).
+	coalesce   = 200 * time.Millisecond
+	backoffMin = time.Second
+	backoffMax = time.Minute
+	// EventDedupeWindow: identical events (reason and message) within this
+	// window become one Event with a count.
+	EventDedupeWindow = 10 * time.Minute
+	// eventCountFlush: the count of an aggregated Event is patched at most
+	// this often.
+	eventCountFlush = 10 * time.Second
+	// maxAggregates bounds the event aggregation table.
+	maxAggregates = 512
+	// eventQueue bounds the events waiting for the writer.
+	eventQueue = 1024
+	// progressSlack is added to every loop's allowed silence.
+	progressSlack = 30 * time.Second
+)
+
+// Component is the reporting component of the daemon's Events.
+const Component = "autopilot-health"
+
+// Reporter writes the daemon's state to the Kubernetes API.
+type Reporter struct {
+	o       Options
+	m       *Metrics
+	events  chan report.Event
+	adopted chan struct{}
+	// eventSeq is used by the event loop only.
+	eventSeq uint64
+}
+
+// New builds a Reporter and registers it as an observer of the store's
+// events. Call it before the runner starts.
+func New(o Options) *Reporter {
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	r := &Reporter{o: o, m: o.Metrics, events: make(chan report.Event, eventQueue), adopted: make(chan struct{})}
+	r.m.SetReporting(true)
+	o.Store.Observe(r)
+	return r
+}
+
+// ConditionChanged implements report.Observer (the status loop reads the
+// store itself).
+func (r *Reporter) ConditionChanged(*report.Condition, report.Condition) {}
+
+// ConditionRestored implements report.Observer.
+func (r *Reporter) ConditionRestored(report.Condition) {}
+
+// EventEmitted implements report.Observer: it never blocks the caller; when
+// the queue is full the event is dropped and counted.
+func (r *Reporter) EventEmitted(e report.Event) {
+	select {
+	case r.events <- e:
+	default:
+		r.m.dropped.Inc()
+	}
+}
+
+// Run runs the status, event and annotation writers until ctx is done.
+// Nothing here blocks the checks: the store is read, never locked for I/O.
+func (r *Reporter) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { r.statusLoop(ctx) })
+	wg.Go(func() { r.eventLoop(ctx) })
+	wg.Go(func() { r.annotationLoop(ctx) })
+	wg.Wait()
+}
+
+// Adopted is closed once the Node's conditions have been read and carried
+// into the store.
+func (r *Reporter) Adopted() <-chan struct{} { return r.adopted }
+
+func (r *Reporter) progress(loop string, maxSilence time.Duration) {
+	if r.o.Progress != nil {
+		r.o.Progress(loop, maxSilence+progressSlack)
+	}
+}
+
+// errorLog logs the first failure of a kind of call, and again only when
+// the error changes or the call recovers: an API server outage is a few
+// lines in the journal, not one per retry.
+type errorLog struct {
+	log      *slog.Logger
+	what     string
+	last     string
+	failures int
+}
+
+func (l *errorLog) fail(err error, retryIn time.Duration) {
+	l.failures++
+	msg := err.Error()
+	if msg == l.last {
+		return
+	}
+	l.last = msg
+	args := []any{"err", msg, "retry_in", retryIn.Round(time.Millisecond)}
+	if apierrors.IsForbidden(err) {
+		l.log.Error(l.what+" refused by the API server: the credentials do not allow it (is node_name this node's own name?)", args...)
+		return
+	}
+	l.log.Warn(l.what+" failed; will retry", args...)
+}
+
+func (l *errorLog) ok() {
+	if l.failures > 0 {
+		l.log.Info(l.what+" recovered", "failed_attempts", l.failures)
+	}
+	l.failures, l.last = 0, ""
+}
+
+// statusLoop reads the Node's conditions once, carries them into the
+// store, then writes the daemon's conditions on every change (coalesced)
+// and at least every heartbeat period.
+func (r *Reporter) statusLoop(ctx context.Context) {
+	const loop = "kube/status"
+	bo := backoff{min: backoffMin, max: backoffMax}
+	el := &errorLog{log: r.o.Log, what: "reading node " + r.o.NodeName}
+	for {
+		r.progress(loop, backoffMax)
+		err := r.adopt(ctx)
+		if err == nil {
+			el.ok()
+			break
+		}
+		wait := bo.next()
+		el.fail(err, wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+	close(r.adopted)
+	bo.reset()
+
+	el = &errorLog{log: r.o.Log, what: "writing conditions of node " + r.o.NodeName}
+	dirty := true
+	hb := time.NewTimer(jitter(r.o.HeartbeatPeriod))
+	defer hb.Stop()
+	var retry <-chan time.Time
+	for {
+		r.progress(loop, max(r.o.HeartbeatPeriod, backoffMax))
+		changed := r.o.Store.Changed()
+		if dirty && retry == nil {
+			if err := r.writeStatus(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				wait := bo.next()
+				el.fail(err, wait)
+				retry = time.After(wait)
+			} else {
+				el.ok()
+				bo.reset()
+				dirty = false
+				hb.Reset(jitter(r.o.HeartbeatPeriod))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			r.finalWrite(dirty)
+			return
+		case <-changed:
+			dirty = true
+			select {
+			case <-ctx.Done():
+				r.finalWrite(true)
+				return
+			case <-time.After(coalesce):
+			}
+		case <-hb.C:
+			dirty = true
+		case <-retry:
+			retry = nil
+		}
+	}
+}
+
+// finalWrite makes one short attempt, on shutdown, to write a change that
+// is not on the Node yet. The conditions are otherwise left as they are.
+func (r *Reporter) finalWrite(dirty bool) {
+	if !dirty {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := r.writeStatus(ctx); err != nil {
+		r.o.Log.Warn("last write of conditions before shutdown failed; the state file keeps them for the next start", "err", err)
+	}
+}
+
+// adopt reads the Node and carries its conditions of our types into the store.
+func (r *Reporter) adopt(ctx context.Context) error {
+	start := time.Now()
+	node, err := r.o.Client.CoreV1().Nodes().Get(ctx, r.o.NodeName, metav1.GetOptions{})
+	r.m.observe(KindRead, start, err)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("node %s is not registered (yet): the kubelet creates it: %w", r.o.NodeName, err)
+	}
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, c := range node.Status.Conditions {
+		if _, ours := report.Lookup(string(c.Type)); !ours {
+			continue
+		}
+		if r.o.Store.Adopt(report.Condition{Type: string(c.Type), Status: report.Status(c.Status), Reason: c.Reason,
+			Message: c.Message, LastTransitionTime: c.LastTransitionTime.Time}) {
+			n++
+		}
+	}
+	r.o.Log.Info("read node conditions", "node", r.o.NodeName, "carried_over", n)
+	return nil
+}
+
+// statusPatch is the strategic merge patch of Node.status.conditions with
+// the daemon's conditions: the API merges it by condition type, so kubelet's
+// and other writers' conditions are left alone.
+func statusPatch(conds []report.Condition, now time.Time) ([]byte, error) {
+	out := make([]corev1.NodeCondition, 0, len(conds))
+	for _, c := range conds {
+		out = append(out, corev1.NodeCondition{
+			Type: corev1.NodeConditionType(c.Type), Status: corev1.ConditionStatus(c.Status),
+			Reason: c.Reason, Message: c.Message,
+			LastTransitionTime: metav1.NewTime(c.LastTransitionTime),
+			LastHeartbeatTime:  metav1.NewTime(now),
+		})
+	}
+	return json.Marshal(map[string]any{"status": map[string]any{"conditions": out}})
+}
+
+func (r *Reporter) writeStatus(ctx context.Context) error {
+	conds := r.o.Store.All()
+	if len(conds) == 0 {
+		return nil
+	}
+	patch, err := statusPatch(conds, time.Now())
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	_, err = r.o.Client.CoreV1().Nodes().PatchStatus(ctx, r.o.NodeName, patch)
+	r.m.observe(KindStatus, start, err)
+	return err
+}
+
+// annotationLoop writes the five report annotations every report interval,
+// in one metadata patch.
+func (r *Reporter) annotationLoop(ctx context.Context) {
+	const loop = "kube/annotations"
+	bo := backoff{min: backoffMin, max: backoffMax}
+	el := &errorLog{log: r.o.Log, what: "writing the report annotations of node " + r.o.NodeName}
+	select {
+	case <-ctx.Done():
+		return
+	case <-r.adopted: // the first checks have had a moment to fill the report
+	}
+	wait := time.Duration(0)
+	for {
+		r.progress(loop, max(r.o.ReportInterval, backoffMax))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if err := r.writeAnnotations(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wait = bo.next()
+			el.fail(err, wait)
+			continue
+		}
+		el.ok()
+		bo.reset()
+		wait = r.o.ReportInterval
+	}
+}
+
+func (r *Reporter) writeAnnotations(ctx context.Context) error {
+	docs, err := r.o.Details.Documents(time.Now(), r.o.Role)
+	if err != nil {
+		return err
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": docs}})
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	_, err = r.o.Client.CoreV1().Nodes().Patch(ctx, r.o.NodeName, types.MergePatchType, patch, metav1.PatchOptions{})
+	r.m.observe(KindAnnotations, start, err)
+	return err
+}
+

@@ -1,0 +1,324 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+const node = "test-node"
+
+var t0 = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+
+func kubeletNode(extra ...corev1.NodeCondition) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: node, Annotations: map[string]string{"other/annotation": "keep"}},
+		Status: corev1.NodeStatus{Conditions: append([]corev1.NodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastTransitionTime: metav1.NewTime(t0)},
+			{Type: "SomeoneElses", Status: corev1.ConditionFalse, Reason: "Fine"},
+		}, extra...)},
+	}
+}
+
+type harness struct {
+	client *fake.Clientset
+	store  *report.Store
+	det    *report.Details
+	r      *Reporter
+	m      *Metrics
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func start(t *testing.T, client *fake.Clientset, store *report.Store) *harness {
+	t.Helper()
+	h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
+	h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m,
+		HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.r.Run(ctx); close(h.done) }()
+	return h
+}
+
+func (h *harness) stop() { h.cancel(); <-h.done }
+
+func (h *harness) node(t *testing.T) *corev1.Node {
+	t.Helper()
+	n, err := h.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.(*corev1.Node)
+}
+
+func findCond(n *corev1.Node, ty string) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if string(n.Status.Conditions[i].Type) == ty {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// countActions counts API calls by verb and subresource.
+func countActions(c *fake.Clientset) map[string]int {
+	out := map[string]int{}
+	for _, a := range c.Actions() {
+		k := a.GetVerb() + " " + a.GetResource().Resource
+		if a.GetSubresource() != "" {
+			k += "/" + a.GetSubresource()
+		}
+		out[k]++
+	}
+	return out
+}
+
+func TestConditionsMergeByTypeAndKeepOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+		store.Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusFalse, Reason: "ClockSynchronized"}, time.Now())
+		time.Sleep(time.Second) // within 1 s of the change
+		synctest.Wait()
+		n := h.node(t)
+		if c := findCond(n, "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue || c.Message != "/var 95%" {
+			t.Errorf("DiskUsageHigh = %+v", c)
+		}
+		if c := findCond(n, string(corev1.NodeReady)); c == nil || c.Status != corev1.ConditionTrue || c.Reason != "KubeletReady" {
+			t.Errorf("kubelet's Ready was touched: %+v", c)
+		}
+		if findCond(n, "SomeoneElses") == nil || len(n.Status.Conditions) != 4 {
+			t.Errorf("conditions: %+v", n.Status.Conditions)
+		}
+		for _, a := range client.Actions() {
+			if p, ok := a.(k8stesting.PatchAction); ok && p.GetSubresource() == "status" && p.GetPatchType() != "application/strategic-merge-patch+json" {
+				t.Errorf("status written with %s", p.GetPatchType())
+			}
+			if a.GetVerb() == "list" || a.GetVerb() == "watch" {
+				t.Errorf("the reporter lists or watches: %v", a)
+			}
+		}
+		h.stop()
+	})
+}
+
+func TestAdoptsNodeConditionsAtStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		onNode := corev1.NodeCondition{Type: "DiskUsageHigh", Status: corev1.ConditionTrue, Reason: "FilesystemSpaceHigh",
+			Message: "/var 95%", LastTransitionTime: metav1.NewTime(t0)}
+		client := fake.NewClientset(kubeletNode(onNode))
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		// The first run after the restart finds the same status.
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 96%"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		c := findCond(h.node(t), "DiskUsageHigh")
+		if c == nil || !c.LastTransitionTime.Time.Equal(t0) || c.Message != "/var 96%" {
+			t.Errorf("after restart: %+v; want lastTransitionTime %v kept", c, t0)
+		}
+		h.stop()
+	})
+}
+
+// The API server fails for a while: nothing blocks, the latest state is
+// written when it returns, each change once.
+func TestOutageConvergesWithoutLosingTransitions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down := false
+		failed := 0
+		client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				failed++
+				return true, nil, apierrors.NewServiceUnavailable("etcd is down")
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		mu.Lock()
+		down = true
+		mu.Unlock()
+		start := time.Now()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"}, time.Now())
+		time.Sleep(time.Minute)
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "b"}, time.Now())
+		time.Sleep(time.Minute)
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemInodesHigh", Message: "c"}, time.Now())
+		lastChange := time.Now()
+		time.Sleep(3 * time.Minute)
+		mu.Lock()
+		down = false
+		f := failed
+		mu.Unlock()
+		if f == 0 || f > 30 {
+			t.Errorf("%d failed calls in 5 min of outage: want retries of the status and annotation writers with backoff (capped at 1 min)", f)
+		}
+		time.Sleep(2 * time.Minute) // at most one backoff (≤ 1 min) later
+		synctest.Wait()
+		c := findCond(h.node(t), "DiskUsageHigh")
+		if c == nil || c.Status != corev1.ConditionTrue || c.Reason != "FilesystemInodesHigh" || !c.LastTransitionTime.Time.Equal(lastChange) {
+			t.Errorf("after the outage: %+v, want True/FilesystemInodesHigh since %v", c, lastChange)
+		}
+		_ = start
+		if v := testutil.ToFloat64(h.m.writes.WithLabelValues(KindStatus, "error")); v == 0 {
+			t.Error("failed writes not counted")
+		}
+		h.stop()
+	})
+}
+
+func TestForbiddenIsCountedAndKeepsRetrying(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, node, errors.New(`node "x" is not allowed to modify node "test-node"`))
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		if v := testutil.ToFloat64(h.m.writes.WithLabelValues(KindStatus, "forbidden")); v < 2 {
+			t.Errorf("forbidden status writes counted: %v", v)
+		}
+		h.stop()
+	})
+}
+
+func TestEventFloodBecomesOneEventWithACount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		for range 1000 {
+			store.Emit(report.Event{Reason: "IOError", Message: "Buffer I/O error on dev sda1, logical block 0", Time: time.Now()})
+		}
+		store.Emit(report.Event{Reason: "TaskHung", Message: "task kubelet:123 blocked for more than 120 seconds", Time: time.Now()})
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		evs, err := client.CoreV1().Events(EventNamespace).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var total int32
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Kind != "Node" || e.InvolvedObject.Name != node || e.Type != corev1.EventTypeWarning || e.Source.Component != Component {
+				t.Errorf("event %+v", e)
+			}
+			if e.Reason == "IOError" {
+				total += e.Count
+			}
+		}
+		if len(evs.Items) != 2 || total+int32(testutil.ToFloat64(h.m.dropped)) != 1000 {
+			t.Errorf("%d events, IOError count %d (dropped %v)", len(evs.Items), total, testutil.ToFloat64(h.m.dropped))
+		}
+		acts := countActions(client)
+		if acts["create events"] != 2 || acts["patch events"] > 2 {
+			t.Errorf("API calls for 1001 events: %v", acts)
+		}
+		h.stop()
+	})
+}
+
+func TestAnnotationsCarryFiveDocuments(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		h.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/var", "usedPercent": 42}}})
+		<-h.r.Adopted()
+		synctest.Wait()
+		check := func() time.Time {
+			n := h.node(t)
+			if n.Annotations["other/annotation"] != "keep" {
+				t.Error("another writer's annotation was lost")
+			}
+			var updated time.Time
+			for _, d := range report.Domains {
+				v, ok := n.Annotations[report.AnnotationPrefix+d.Name]
+				if !ok {
+					t.Fatalf("annotation %s missing", d.Name)
+				}
+				var doc map[string]any
+				if err := json.Unmarshal([]byte(v), &doc); err != nil {
+					t.Fatalf("%s: %v", d.Name, err)
+				}
+				if doc["role"] != "worker" || doc["schemaVersion"] != float64(1) {
+					t.Errorf("%s: %s", d.Name, v)
+				}
+				updated, _ = time.Parse(time.RFC3339, doc["updatedAt"].(string))
+				if d.Name == "storage" && !strings.Contains(v, `"filesystems":[{"mountPoint":"/var","usedPercent":42}]`) {
+					t.Errorf("storage: %s", v)
+				}
+			}
+			return updated
+		}
+		first := check()
+		time.Sleep(2*time.Minute + time.Second)
+		synctest.Wait()
+		if second := check(); !second.After(first) {
+			t.Errorf("annotations not refreshed: %v then %v", first, second)
+		}
+		h.stop()
+	})
+}
+
+// Steady state (nothing changes): API writes per node per hour. Run with
+// -v to see the figure; README quotes it.
+func TestSteadyStateWritesPerHour(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		for _, c := range []report.Condition{
+			{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"},
+			{Type: "ClockNotSynchronized", Status: report.StatusFalse, Reason: "ClockSynchronized"},
+		} {
+			store.Set(c, time.Now())
+		}
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(10 * time.Minute) // settle
+		synctest.Wait()
+		client.ClearActions()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		acts := countActions(client)
+		status, ann := acts["patch nodes/status"], acts["patch nodes"]
+		t.Logf("steady state: %d API writes per node per hour (%d condition heartbeats, %d report refreshes), %d other calls",
+			status+ann, status, ann, len(client.Actions())-status-ann)
+		if status < 12 || status > 14 || ann != 30 || len(client.Actions()) != status+ann {
+			t.Errorf("writes per hour: %v", acts)
+		}
+		h.stop()
+	})
+}
