@@ -118,7 +118,7 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 			if err := r.createEvent(ctx, a); err != nil {
 				return err
 			}
-		case a.count != a.sentCount && now.Sub(a.lastPatch) >= eventCountFlush:
+		case a.count != a.sentCount && now.Sub(a.lastPatch) >= r.o.EventCountFlush:
 			if err := r.patchEventCount(ctx, a, now); err != nil {
 				return err
 			}

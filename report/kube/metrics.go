@@ -7,6 +7,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -95,4 +96,33 @@ func (m *Metrics) SetReporting(on bool) {
 	} else {
 		m.reporting.Set(0)
 	}
+}
+
+// Failures returns the number of failed API calls so far (for tests and
+// status lines).
+func (m *Metrics) Failures() float64 {
+	var n float64
+	for _, kind := range []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead} {
+		for _, res := range []string{"error", "forbidden", "not_found"} {
+			n += counterValue(m.writes.WithLabelValues(kind, res))
+		}
+	}
+	return n
+}
+
+// Forbidden returns the number of API calls refused as forbidden.
+func (m *Metrics) Forbidden() float64 {
+	var n float64
+	for _, kind := range []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead} {
+		n += counterValue(m.writes.WithLabelValues(kind, "forbidden"))
+	}
+	return n
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var pb dto.Metric
+	if err := c.Write(&pb); err != nil {
+		return 0
+	}
+	return pb.GetCounter().GetValue()
 }

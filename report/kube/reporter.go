@@ -32,6 +32,9 @@ type Options struct {
 	HeartbeatPeriod time.Duration
 	// ReportInterval: the report annotations are refreshed this often.
 	ReportInterval time.Duration
+	// EventCountFlush overrides how often the count of an aggregated Event
+	// is patched (default 10 s).
+	EventCountFlush time.Duration
 	// Progress, if set, is called by each loop when it makes progress, with
 	// the longest silence expected before the next call.
 	Progress func(loop string, maxSilence time.Duration)
@@ -76,6 +79,9 @@ type Reporter struct {
 func New(o Options) *Reporter {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
+	}
+	if o.EventCountFlush == 0 {
+		o.EventCountFlush = eventCountFlush
 	}
 	r := &Reporter{o: o, m: o.Metrics, events: make(chan report.Event, eventQueue), adopted: make(chan struct{})}
 	r.m.SetReporting(true)

@@ -1,0 +1,300 @@
+package harness
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// repoRoot finds the repository root from this source file.
+func repoRoot() string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(f), "..", ".."))
+}
+
+var buildOnce sync.Once
+var buildErr error
+
+// K8sBinaries builds (once per machine; cached under tests/.cache/bin and
+// rebuilt only when the tools module changes) and returns the paths of
+// kube-apiserver and etcd.
+func K8sBinaries() (kas, etcd string, err error) {
+	root := repoRoot()
+	bin := filepath.Join(root, "tests", ".cache", "bin")
+	buildOnce.Do(func() {
+		cmd := exec.Command("bash", filepath.Join(root, "tests", "tools", "k8s", "build.sh"), bin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("building kube-apiserver and etcd (tests/tools/k8s/build.sh): %v\n%s", err, out)
+		}
+	})
+	return filepath.Join(bin, "kube-apiserver"), filepath.Join(bin, "etcd"), buildErr
+}
+
+// APIServer is a real kube-apiserver with etcd on loopback, with the Node
+// authorizer and the NodeRestriction admission plugin on.
+type APIServer struct {
+	Dir     string
+	URL     string
+	CA      *CA
+	Admin   kubernetes.Interface
+	kasBin  string
+	etcdBin string
+	kasPort int
+	etcdURL string
+	etcd    *proc
+	kas     *proc
+}
+
+// proc is a started process and a channel closed when it exits.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startProc(c *exec.Cmd) (*proc, error) {
+	c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: c, done: make(chan struct{})}
+	go func() { c.Wait(); close(p.done) }()
+	return p, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// StartAPIServer builds the binaries if needed, generates a PKI, and starts
+// etcd and kube-apiserver in dir. Stop with Stop.
+func StartAPIServer(dir string) (*APIServer, error) {
+	kas, etcd, err := K8sBinaries()
+	if err != nil {
+		return nil, err
+	}
+	s := &APIServer{Dir: dir, kasBin: kas, etcdBin: etcd}
+	if s.CA, err = NewCA(); err != nil {
+		return nil, err
+	}
+	pki := filepath.Join(dir, "pki")
+	os.MkdirAll(pki, 0o700)
+	write := func(name string, b []byte) error { return os.WriteFile(filepath.Join(pki, name), b, 0o600) }
+	if err := write("ca.crt", s.CA.CertPEM); err != nil {
+		return nil, err
+	}
+	sc, sk, err := s.CA.Issue("kube-apiserver", nil, true, time.Now().Add(24*time.Hour))
+	if err != nil {
+		return nil, err
+	}
+	write("apiserver.crt", sc)
+	write("apiserver.key", sk)
+	if err := writeServiceAccountKeys(pki); err != nil {
+		return nil, err
+	}
+	if err := s.startEtcd(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if s.kasPort, err = freePort(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	s.URL = "https://127.0.0.1:" + strconv.Itoa(s.kasPort)
+	if err := s.StartKubeAPIServer(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	adminCfg, err := s.Kubeconfig("admin", "admin", []string{"system:masters"}, time.Now().Add(24*time.Hour))
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", adminCfg)
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if s.Admin, err = kubernetes.NewForConfig(cfg); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *APIServer) logFile(name string) *os.File {
+	f, _ := os.OpenFile(filepath.Join(s.Dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	return f
+}
+
+func (s *APIServer) startEtcd() error {
+	cp, err := freePort()
+	if err != nil {
+		return err
+	}
+	pp, err := freePort()
+	if err != nil {
+		return err
+	}
+	s.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", cp)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", pp)
+	cmd := exec.Command(s.etcdBin, "--name=test", "--data-dir="+filepath.Join(s.Dir, "etcd-data"),
+		"--listen-client-urls="+s.etcdURL, "--advertise-client-urls="+s.etcdURL,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=test="+peer,
+		"--unsafe-no-fsync", "--quota-backend-bytes=2147483648")
+	cmd.Stdout = s.logFile("etcd.log")
+	cmd.Stderr = cmd.Stdout
+	if s.etcd, err = startProc(cmd); err != nil {
+		return err
+	}
+	return waitHTTP(http.DefaultClient, s.etcdURL+"/health", s.etcd, 30*time.Second)
+}
+
+// StartKubeAPIServer (re)starts kube-apiserver on the same port and etcd.
+func (s *APIServer) StartKubeAPIServer() error {
+	pki := filepath.Join(s.Dir, "pki")
+	cmd := exec.Command(s.kasBin,
+		"--advertise-address=127.0.0.1", "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(s.kasPort),
+		"--etcd-servers="+s.etcdURL, "--cert-dir="+filepath.Join(s.Dir, "kas-certs"),
+		"--tls-cert-file="+filepath.Join(pki, "apiserver.crt"), "--tls-private-key-file="+filepath.Join(pki, "apiserver.key"),
+		"--client-ca-file="+filepath.Join(pki, "ca.crt"),
+		"--service-account-issuer="+s.URL, "--service-account-key-file="+filepath.Join(pki, "sa.pub"),
+		"--service-account-signing-key-file="+filepath.Join(pki, "sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--allow-privileged=true", "--endpoint-reconciler-type=none")
+	cmd.Stdout = s.logFile("apiserver.log")
+	cmd.Stderr = cmd.Stdout
+	var err error
+	if s.kas, err = startProc(cmd); err != nil {
+		return err
+	}
+	cert, key, err := s.CA.Issue("admin", []string{"system:masters"}, false, time.Now().Add(time.Hour))
+	if err != nil {
+		return err
+	}
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(s.CA.Cert)
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}}
+	return waitHTTP(c, s.URL+"/readyz", s.kas, 90*time.Second)
+}
+
+// StopKubeAPIServer stops kube-apiserver, leaving etcd running.
+func (s *APIServer) StopKubeAPIServer() {
+	stop(s.kas)
+	s.kas = nil
+}
+
+// Stop stops everything.
+func (s *APIServer) Stop() {
+	stop(s.kas)
+	stop(s.etcd)
+}
+
+func stop(p *proc) {
+	if p == nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func waitHTTP(c *http.Client, url string, p *proc, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := c.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited before %s answered (see its log)", filepath.Base(p.cmd.Path), url)
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not answer within %s", url, limit)
+		case <-tick.C:
+		}
+	}
+}
+
+// Kubeconfig issues a client certificate for user (in groups) valid until
+// notAfter and writes a kubeconfig that names the certificate and key by
+// path, as kubelet.conf does. It returns the kubeconfig's path.
+func (s *APIServer) Kubeconfig(name, user string, groups []string, notAfter time.Time) (string, error) {
+	dir := filepath.Join(s.Dir, "clients", name)
+	os.MkdirAll(dir, 0o700)
+	if err := s.WriteClientCert(filepath.Join(dir, "client.pem"), user, groups, notAfter); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "kubeconfig")
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: %s
+  user:
+    client-certificate: %s
+    client-key: %s
+contexts:
+- name: test
+  context: {cluster: test, user: %s}
+current-context: test
+`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), name, filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.pem"), name)
+	return p, os.WriteFile(p, []byte(kc), 0o600)
+}
+
+// NodeKubeconfig is Kubeconfig for system:node:<node> in group system:nodes.
+func (s *APIServer) NodeKubeconfig(node string, notAfter time.Time) (string, error) {
+	return s.Kubeconfig(node, "system:node:"+node, []string{"system:nodes"}, notAfter)
+}
+
+// WriteClientCert writes certificate and key into one PEM file, atomically
+// (as the kubelet's kubelet-client-current.pem holds both).
+func (s *APIServer) WriteClientCert(path, user string, groups []string, notAfter time.Time) error {
+	cert, key, err := s.CA.Issue(user, groups, false, notAfter)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(cert, key...), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

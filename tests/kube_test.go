@@ -1,0 +1,464 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/transport"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+var (
+	apiOnce sync.Once
+	api     *harness.APIServer
+	apiErr  error
+)
+
+// apiServer starts the package's kube-apiserver + etcd once (building them
+// on first use; a fresh machine pays ~4 minutes once).
+func apiServer(t *testing.T) *harness.APIServer {
+	t.Helper()
+	apiOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "autopilot-health-apiserver-")
+		if err != nil {
+			apiErr = err
+			return
+		}
+		start := time.Now()
+		api, apiErr = harness.StartAPIServer(dir)
+		if apiErr == nil {
+			fmt.Fprintf(os.Stderr, "kube-apiserver + etcd ready in %s (%s)\n", time.Since(start).Round(time.Millisecond), dir)
+		}
+	})
+	if apiErr != nil {
+		t.Fatalf("real kube-apiserver: %v", apiErr)
+	}
+	return api
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if api != nil {
+		api.Stop()
+		if code == 0 {
+			os.RemoveAll(api.Dir)
+		} else {
+			fmt.Fprintf(os.Stderr, "kube-apiserver logs kept in %s\n", api.Dir)
+		}
+	}
+	stopSystemds()
+	os.Exit(code)
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// registerNode creates a Node as the kubelet would, with kubelet's Ready.
+func registerNode(t *testing.T, s *harness.APIServer, name string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := s.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	patch := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"kubelet is posting ready status","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`,
+		time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
+	if _, err := s.Admin.CoreV1().Nodes().PatchStatus(ctx, name, []byte(patch)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func nodeClient(t *testing.T, s *harness.APIServer, node string) (kubernetes.Interface, string) {
+	t.Helper()
+	kc, err := s.NodeKubeconfig(node, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := kube.NewClient(kc, "autopilot-health-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, kc
+}
+
+type running struct {
+	r      *kube.Reporter
+	m      *kube.Metrics
+	store  *report.Store
+	det    *report.Details
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startReporter(t *testing.T, client kubernetes.Interface, node string, store *report.Store) *running {
+	t.Helper()
+	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, EventCountFlush: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	return x
+}
+
+func (x *running) stop() {
+	x.cancel()
+	<-x.done
+}
+
+// waitNode polls the Node (as admin) until ok, or fails after 30 s.
+func waitNode(t *testing.T, s *harness.APIServer, name, what string, ok func(*corev1.Node) bool) *corev1.Node {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := s.Admin.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && ok(n) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s on node %s: %v; conditions %+v", what, name, err, conditionsOf(n))
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval of an awaited condition
+	}
+}
+
+func conditionsOf(n *corev1.Node) []string {
+	if n == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range n.Status.Conditions {
+		out = append(out, fmt.Sprintf("%s=%s/%s@%s", c.Type, c.Status, c.Reason, c.LastTransitionTime.UTC().Format(time.RFC3339)))
+	}
+	return out
+}
+
+func cond(n *corev1.Node, ty string) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if string(n.Status.Conditions[i].Type) == ty {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func has(ty string, st corev1.ConditionStatus, reason string) func(*corev1.Node) bool {
+	return func(n *corev1.Node) bool {
+		c := cond(n, ty)
+		return c != nil && c.Status == st && c.Reason == reason
+	}
+}
+
+func readyIntact(t *testing.T, n *corev1.Node) {
+	t.Helper()
+	if c := cond(n, "Ready"); c == nil || c.Status != corev1.ConditionTrue || c.Reason != "KubeletReady" {
+		t.Errorf("kubelet's Ready was touched: %+v", c)
+	}
+}
+
+func TestKubeConditionsSetHeldChangedAndCarriedOver(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-conditions"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+
+	store := report.NewStore("boot")
+	x := startReporter(t, client, node, store)
+	<-x.r.Adopted()
+	set := time.Now()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, set)
+	n := waitNode(t, s, node, "DiskUsageHigh=True", has("DiskUsageHigh", "True", "FilesystemSpaceHigh"))
+	t.Logf("state change to visible on the Node: %s", time.Since(set).Round(time.Millisecond))
+	readyIntact(t, n)
+	ltt := cond(n, "DiskUsageHigh").LastTransitionTime
+
+	store.Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusFalse, Reason: "ClockSynchronized"}, time.Now())
+	n = waitNode(t, s, node, "ClockNotSynchronized", has("ClockNotSynchronized", "False", "ClockSynchronized"))
+	if c := cond(n, "DiskUsageHigh"); c == nil || c.Status != "True" || !c.LastTransitionTime.Equal(&ltt) {
+		t.Errorf("DiskUsageHigh not held: %+v", c)
+	}
+	readyIntact(t, n)
+
+	// Restart without local state: the Node's status and transition time carry over.
+	x.stop()
+	store2 := report.NewStore("boot")
+	x2 := startReporter(t, client, node, store2)
+	<-x2.r.Adopted()
+	store2.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 96%"}, time.Now())
+	n = waitNode(t, s, node, "message after restart", func(n *corev1.Node) bool {
+		c := cond(n, "DiskUsageHigh")
+		return c != nil && c.Message == "/var 96%"
+	})
+	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&ltt) {
+		t.Errorf("lastTransitionTime after restart %v, before %v", c.LastTransitionTime, ltt)
+	}
+	// Change: transition time moves.
+	store2.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "fine"}, time.Now())
+	n = waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
+	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.After(ltt.Time) {
+		t.Errorf("transition time did not move: %v", c.LastTransitionTime)
+	}
+	readyIntact(t, n)
+}
+
+func TestKubeEventsLandAndAggregate(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-events"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	startReporter(t, client, node, store)
+	msg := "Buffer I/O error on dev sdz1, logical block 42, async page read"
+	for range 500 {
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+	}
+	store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := s.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		byReason := map[string]corev1.Event{}
+		for _, e := range evs.Items {
+			byReason[e.Reason] = e
+		}
+		io, th := byReason["IOError"], byReason["TaskHung"]
+		if len(evs.Items) == 2 && io.Count == 500 && th.Count == 1 {
+			if io.Type != "Warning" || io.InvolvedObject.Kind != "Node" || io.Source.Component != "autopilot-health" || io.Message != msg {
+				t.Errorf("event %+v", io)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events: %d, IOError count %d, TaskHung count %d", len(evs.Items), io.Count, th.Count)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestKubeAnnotations(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-annotations"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	x := startReporter(t, client, node, report.NewStore("boot"))
+	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	n := waitNode(t, s, node, "report annotations", func(n *corev1.Node) bool {
+		return len(n.Annotations) >= len(report.Domains) && n.Annotations[report.AnnotationPrefix+"storage"] != ""
+	})
+	for _, d := range report.Domains {
+		v := n.Annotations[report.AnnotationPrefix+d.Name]
+		var doc map[string]any
+		if err := json.Unmarshal([]byte(v), &doc); err != nil {
+			t.Fatalf("%s: %v: %s", d.Name, err, v)
+		}
+		if _, err := time.Parse(time.RFC3339, fmt.Sprint(doc["updatedAt"])); err != nil || doc["role"] != "worker" {
+			t.Errorf("%s: %s", d.Name, v)
+		}
+	}
+	if !strings.Contains(n.Annotations[report.AnnotationPrefix+"storage"], `"filesystems":[{"mountPoint":"/","usedPercent":12}]`) {
+		t.Errorf("storage: %s", n.Annotations[report.AnnotationPrefix+"storage"])
+	}
+}
+
+// kube-apiserver stops for a while (etcd stays): the daemon's state keeps
+// changing; when the API returns the Node converges on the last state, with
+// the transition time of the last change.
+func TestKubeOutageConverges(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-outage"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	x := startReporter(t, client, node, store)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+	waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
+
+	s.StopKubeAPIServer()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "1"}, time.Now())
+	store.Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: "ClockUnsynchronized"}, time.Now())
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "2"}, time.Now())
+	last := time.Now()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemInodesHigh", Message: "3"}, last)
+	// Wait until the reporter has failed at least twice (so it is in backoff).
+	for deadline := time.Now().Add(20 * time.Second); failures(x.m) < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the reporter never noticed the API server was down")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s.StartKubeAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	n := waitNode(t, s, node, "converged state", func(n *corev1.Node) bool {
+		return has("DiskUsageHigh", "True", "FilesystemInodesHigh")(n) && has("ClockNotSynchronized", "True", "ClockUnsynchronized")(n)
+	})
+	c := cond(n, "DiskUsageHigh")
+	if c.Message != "3" || c.LastTransitionTime.Unix() != last.Unix() {
+		t.Errorf("after the outage: %+v, want message 3 since %v", c, last)
+	}
+	readyIntact(t, n)
+}
+
+func failures(m *kube.Metrics) float64 { return m.Failures() }
+
+// A node identity cannot write another node: the API refuses, the daemon
+// counts it and says so, the other node is untouched.
+func TestKubeCannotTouchAnotherNode(t *testing.T) {
+	s := apiServer(t)
+	registerNode(t, s, "node-self")
+	registerNode(t, s, "node-victim")
+	client, _ := nodeClient(t, s, "node-self")
+	store := report.NewStore("boot")
+	var logs syncBuffer
+	m := kube.NewMetrics(nil)
+	r := kube.New(kube.Options{Client: client, NodeName: "node-victim", Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+		Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+	for deadline := time.Now().Add(20 * time.Second); m.Forbidden() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no forbidden API call counted; log:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "refused by the API server: the credentials do not allow it") {
+		t.Errorf("the daemon did not say clearly that it was refused:\n%s", logs.String())
+	}
+	n, _ := s.Admin.CoreV1().Nodes().Get(context.Background(), "node-victim", metav1.GetOptions{})
+	if cond(n, "DiskUsageHigh") != nil {
+		t.Error("wrote a condition on another node")
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The kubelet rotates its client certificate by moving the file: the daemon
+// keeps writing after the old certificate expired, without a restart.
+func TestKubeClientCertRotation(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-rotation"
+	registerNode(t, s, node)
+	old := transport.CertCallbackRefreshDuration
+	transport.CertCallbackRefreshDuration = 200 * time.Millisecond
+	defer func() { transport.CertCallbackRefreshDuration = old }()
+	expires := time.Now().Add(4 * time.Second)
+	kc, err := s.NodeKubeconfig(node, expires)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, _, err := kube.NewClient(kc, "autopilot-health-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := report.NewStore("boot")
+	x := startReporter(t, client, node, store)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "before"}, time.Now())
+	waitNode(t, s, node, "write with the first certificate", has("DiskUsageHigh", "False", "DiskUsageOK"))
+
+	// Rotate: a new certificate in the same file, then let the old one expire.
+	if err := s.WriteClientCert(filepath.Join(filepath.Dir(kc), "client.pem"), "system:node:"+node, []string{"system:nodes"}, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(expires) + time.Second) // the old certificate is now expired
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "after"}, time.Now())
+	waitNode(t, s, node, "write after rotation", has("DiskUsageHigh", "True", "FilesystemSpaceHigh"))
+	// client-go noticed the new file and reconnected before the old
+	// certificate expired: not one call was refused.
+	if f := x.m.Failures(); f != 0 {
+		t.Errorf("%v API calls failed around the rotation", f)
+	}
+}
+
+// The whole daemon with the node's kubeconfig: its real checks land on the
+// Node with the five report annotations, and a daemon restart keeps every
+// transition time.
+func TestDaemonReportsToRealAPIServer(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-daemon"
+	registerNode(t, s, node)
+	_, kc := nodeClient(t, s, node)
+	cfg := config.Default()
+	cfg.NodeName, cfg.Role, cfg.GPU = node, "worker", "false"
+	cfg.StateDir = t.TempDir()
+	cfg.Kubernetes.Kubeconfig = kc
+	cfg.Runner.FirstRunSpread = config.Duration{}
+	run := func() *corev1.Node {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		start := time.Now()
+		n := waitNode(t, s, node, "the daemon's conditions and report", func(n *corev1.Node) bool {
+			for _, ty := range []string{"DiskUsageHigh", "ClockNotSynchronized"} {
+				c := cond(n, ty)
+				if c == nil || c.LastHeartbeatTime.Time.Before(start.Truncate(time.Second)) {
+					return false
+				}
+			}
+			return n.Annotations[report.AnnotationPrefix+"storage"] != ""
+		})
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	first := run()
+	readyIntact(t, first)
+	if !strings.Contains(first.Annotations[report.AnnotationPrefix+"storage"], `"filesystems":[{`) {
+		t.Errorf("storage report: %s", first.Annotations[report.AnnotationPrefix+"storage"])
+	}
+	second := run()
+	for _, ty := range []string{"DiskUsageHigh", "ClockNotSynchronized"} {
+		a, b := cond(first, ty), cond(second, ty)
+		if a.Status != b.Status || !a.LastTransitionTime.Equal(&b.LastTransitionTime) {
+			t.Errorf("%s across a daemon restart: %s since %v, then %s since %v", ty, a.Status, a.LastTransitionTime, b.Status, b.LastTransitionTime)
+		}
+	}
+	readyIntact(t, second)
+}
