@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"syscall"
+
+	"k8s.io/klog/v2"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
@@ -33,6 +34,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		return exitError
 	}
+	// client-go logs through klog: route it into the same handler.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	if fromFile {
 		log.Info("starting", "version", Version(), "config", *cfgPath)
 	} else {
@@ -50,6 +53,5 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return exitProblem
 	}
 	log.Info("stopped")
-	_ = os.Stderr
 	return exitOK
 }

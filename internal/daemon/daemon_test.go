@@ -222,6 +222,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		`autopilot_health_check_runs_total{check="DiskUsageHigh",result=`,
 		`problem_counter{reason="TaskHung"} 0`,
 		`autopilot_health_loop_last_progress_timestamp_seconds{loop="check/DiskUsageHigh"}`,
+		// No kubeconfig at the default path on a test machine: standalone.
+		`autopilot_health_kubernetes_reporting 0`,
 	} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("/metrics (%d) lacks %s", code, want)
