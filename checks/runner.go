@@ -36,9 +36,11 @@ type Planned struct {
 
 // Plan decides, for every condition of the catalog, whether this node runs
 // it. only, when not empty, restricts the plan to those condition types.
-func Plan(env *Env, only []string) []Planned { return plan(env, only, registry) }
+// external lists the conditions that another part of the daemon (the kernel
+// log monitor) evaluates on this node.
+func Plan(env *Env, only, external []string) []Planned { return plan(env, only, external, registry) }
 
-func plan(env *Env, only []string, factories map[string]Factory) []Planned {
+func plan(env *Env, only, external []string, factories map[string]Factory) []Planned {
 	var out []Planned
 	for _, d := range report.Conditions {
 		if len(only) > 0 && !slices.Contains(only, d.Type) {
@@ -51,15 +53,19 @@ func plan(env *Env, only []string, factories map[string]Factory) []Planned {
 			p.State = NotApplicable
 			p.Placeholder = unknown(d.Type, report.ReasonNotApplicable, scopeText(d.Scope))
 		case d.Source == report.SourceKmsg:
-			if _, ok := factories[d.Type]; ok {
+			if slices.Contains(external, d.Type) {
 				p.State = Elsewhere
 			} else {
-				p.State = NotImplemented
-				p.Placeholder = unknown(d.Type, report.ReasonNotImplemented, "the kernel log monitor is not implemented yet")
+				p.State = Disabled
+				p.Placeholder = unknown(d.Type, report.ReasonDisabled, "the kernel log monitor is disabled (kmsg.enabled = false)")
 			}
+		case hasCfg && !com.Enabled && slices.Contains(external, d.Type):
+			p.State = Elsewhere
 		case hasCfg && !com.Enabled:
 			p.State = Disabled
 			p.Placeholder = unknown(d.Type, report.ReasonDisabled, fmt.Sprintf("disabled in the configuration (checks.%s.enabled = false)", d.Type))
+		case factories[d.Type] == nil && slices.Contains(external, d.Type):
+			p.State = Elsewhere
 		case factories[d.Type] == nil:
 			p.State = NotImplemented
 			p.Placeholder = unknown(d.Type, report.ReasonNotImplemented, "this check is not implemented yet")
@@ -116,6 +122,8 @@ type Options struct {
 	Only []string
 	// Details, if set, receives the report fields the checks collect.
 	Details *report.Details
+	// External lists the conditions the kernel log monitor evaluates.
+	External []string
 	// Factories, if set, replace the registered checks (tests).
 	Factories map[string]Factory
 	// Progress, if set, is called whenever a check's loop completes a run,
@@ -130,7 +138,7 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 	if opts.Factories != nil {
 		factories = opts.Factories
 	}
-	for _, p := range plan(env, opts.Only, factories) {
+	for _, p := range plan(env, opts.Only, opts.External, factories) {
 		if p.State != Scheduled {
 			continue
 		}

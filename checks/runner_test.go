@@ -267,7 +267,7 @@ func TestRunnerTransitionTimes(t *testing.T) {
 func TestPlan(t *testing.T) {
 	env := testEnv(t, func(c *config.Config) { c.Checks.DiskUsageHigh.Enabled = false })
 	states := map[string]PlanState{}
-	for _, p := range Plan(env, nil) {
+	for _, p := range Plan(env, nil, nil) {
 		states[p.Desc.Type] = p.State
 		if p.State != Scheduled && p.State != Elsewhere && (p.Placeholder.Status != report.StatusUnknown || p.Placeholder.Reason == "") {
 			t.Errorf("%s: placeholder %+v", p.Desc.Type, p.Placeholder)
@@ -287,7 +287,7 @@ func TestPlan(t *testing.T) {
 			t.Errorf("%s: %s, want %s", name, states[name], want)
 		}
 	}
-	if got := Plan(env, []string{"ClockNotSynchronized"}); len(got) != 1 {
+	if got := Plan(env, []string{"ClockNotSynchronized"}, nil); len(got) != 1 {
 		t.Errorf("--only plan has %d entries", len(got))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -46,6 +47,7 @@ type Observer interface {
 type Store struct {
 	mu        sync.Mutex
 	conds     map[string]Condition
+	parts     map[string]map[string]Condition // condition type -> part -> evaluation
 	bootID    string
 	observers []Observer
 	changed   chan struct{} // closed and replaced on every change
@@ -54,7 +56,7 @@ type Store struct {
 
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
-	return &Store{conds: map[string]Condition{}, bootID: bootID, changed: make(chan struct{})}
+	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID, changed: make(chan struct{})}
 }
 
 // Observe registers an observer. Register observers before the first Set.
@@ -145,6 +147,62 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 		}
 	}
 	return changed
+}
+
+// SetPart records one part's evaluation of a condition that several
+// sources evaluate (DisksFailure: the kernel's I/O errors and NVMe SMART),
+// and sets the condition from all parts seen so far: True when any part is
+// True (the reason of the first True part by name; the messages of the True
+// parts joined), False when every part is False, else Unknown.
+func (s *Store) SetPart(part string, c Condition, now time.Time) bool {
+	s.mu.Lock()
+	if s.parts[c.Type] == nil {
+		s.parts[c.Type] = map[string]Condition{}
+	}
+	s.parts[c.Type][part] = c
+	names := make([]string, 0, len(s.parts[c.Type]))
+	for n := range s.parts[c.Type] {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var trues, others []Condition
+	unknown := false
+	for _, n := range names {
+		p := s.parts[c.Type][n]
+		switch p.Status {
+		case StatusTrue:
+			trues = append(trues, p)
+		case StatusUnknown:
+			unknown = true
+			others = append(others, p)
+		default:
+			others = append(others, p)
+		}
+	}
+	s.mu.Unlock()
+	out := Condition{Type: c.Type}
+	pick := others
+	switch {
+	case len(trues) > 0:
+		out.Status, out.Reason, pick = StatusTrue, trues[0].Reason, trues
+	case unknown:
+		for _, p := range others {
+			if p.Status == StatusUnknown {
+				out.Status, out.Reason = StatusUnknown, p.Reason
+				break
+			}
+		}
+	default:
+		out.Status, out.Reason = StatusFalse, c.Reason
+	}
+	msgs := make([]string, 0, len(pick))
+	for _, p := range pick {
+		if p.Message != "" {
+			msgs = append(msgs, p.Message)
+		}
+	}
+	out.Message = strings.Join(msgs, "; ")
+	return s.Set(out, now)
 }
 
 // Emit records a one-shot event.

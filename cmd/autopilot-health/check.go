@@ -9,10 +9,12 @@ import (
 	"log/slog"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -71,7 +73,27 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	store := report.NewStore(id.BootID)
-	runner, err := checks.NewRunner(env, checks.Options{Store: store, Only: onlyList})
+	var mon *kmsg.Monitor
+	var scanErr error
+	if cfg.Kmsg.Enabled {
+		ko, err := daemon.KmsgOptions(cfg, env, store, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
+			return exitError
+		}
+		mon = kmsg.NewMonitor(ko)
+		// The kernel conditions from the records of this boot still in the
+		// ring buffer.
+		mon.Start(time.Now(), kmsg.BootWall())
+		_, scanErr = kmsg.Scan(cfg.HostPath(cfg.Kmsg.Device), mon)
+		if scanErr != nil {
+			for _, t := range daemon.KmsgExternal(mon) {
+				store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonCheckFailed,
+					Message: "cannot read the kernel log: " + scanErr.Error()}, time.Now())
+			}
+		}
+	}
+	runner, err := checks.NewRunner(env, checks.Options{Store: store, Only: onlyList, External: daemon.KmsgExternal(mon)})
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
 		return exitError
@@ -81,9 +103,9 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	out := checkOutput{Node: env.NodeName, Role: env.Role, GPU: env.GPU}
 	var all []report.Condition
 	problem := false
-	for _, p := range checks.Plan(env, onlyList) {
+	for _, p := range checks.Plan(env, onlyList, daemon.KmsgExternal(mon)) {
 		c := p.Placeholder
-		if p.State == checks.Scheduled {
+		if p.State == checks.Scheduled || p.State == checks.Elsewhere {
 			c, _ = store.Get(p.Desc.Type)
 		}
 		all = append(all, c)

@@ -35,6 +35,9 @@ Usage:
   autopilot-health run [--config FILE]            run the daemon (under systemd)
   autopilot-health check [--config FILE] [--json] [--only NAME,...]
                                                   run every enabled check once on this host
+  autopilot-health kmsg replay [--json] [--config FILE] FILE|-
+                                                  what the daemon would do for captured kernel log lines
+  autopilot-health kmsg rules [--config FILE]     list the kernel log rules in effect
   autopilot-health catalog [--markdown]           list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file
@@ -60,6 +63,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(rest, stdout, stderr)
 	case "check":
 		return cmdCheck(rest, stdout, stderr)
+	case "kmsg":
+		return cmdKmsg(rest, stdout, stderr)
 	case "catalog":
 		return cmdCatalog(rest, stdout, stderr)
 	case "config":

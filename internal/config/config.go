@@ -84,8 +84,23 @@ type Runner struct {
 }
 
 type Kmsg struct {
-	Enabled bool   `toml:"enabled"`
-	Device  string `toml:"device"`
+	Enabled       bool       `toml:"enabled"`
+	Device        string     `toml:"device"`
+	KernelOnly    bool       `toml:"kernel_only"`
+	FromBootStart bool       `toml:"from_boot_start"`
+	CriticalTasks []string   `toml:"critical_tasks"`
+	IgnoreDevices []string   `toml:"ignore_devices"`
+	Disable       []string   `toml:"disable"`
+	Rules         []KmsgRule `toml:"rules"`
+}
+
+// KmsgRule adds a kernel log rule, or replaces the built-in one of the same name.
+type KmsgRule struct {
+	Name      string `toml:"name"`
+	Kind      string `toml:"kind"`
+	Condition string `toml:"condition"`
+	Reason    string `toml:"reason"`
+	Pattern   string `toml:"pattern"`
 }
 
 // Common holds the keys every check has.
@@ -282,6 +297,10 @@ func (c *Config) clone() *Config {
 	n.Checks.NodeServiceDown.WorkerUnits = append([]string(nil), c.Checks.NodeServiceDown.WorkerUnits...)
 	n.Checks.CertRenewalFailing.Certificates = append([]string(nil), c.Checks.CertRenewalFailing.Certificates...)
 	n.Checks.GpuActivationFailed.CDISpecDirs = append([]string(nil), c.Checks.GpuActivationFailed.CDISpecDirs...)
+	n.Kmsg.CriticalTasks = append([]string(nil), c.Kmsg.CriticalTasks...)
+	n.Kmsg.IgnoreDevices = append([]string(nil), c.Kmsg.IgnoreDevices...)
+	n.Kmsg.Disable = append([]string(nil), c.Kmsg.Disable...)
+	n.Kmsg.Rules = append([]KmsgRule(nil), c.Kmsg.Rules...)
 	return &n
 }
 

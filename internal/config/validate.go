@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/syself/autopilot-health/kmsg"
 )
 
 // knownKeys lists every key of the default configuration.
@@ -175,6 +177,7 @@ func (c *Config) validate() *Error {
 	v.absPaths("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs)
 	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
 	v.absPath("kmsg.device", c.Kmsg.Device)
+	v.kmsgRules(c)
 	return v.err
 }
 
@@ -201,4 +204,20 @@ func (k *Checks) Common(condType string) (Common, bool) {
 		}
 	}
 	return Common{}, false
+}
+
+// kmsgRules builds and compiles the kernel log rules as the daemon will.
+func (v *validator) kmsgRules(c *Config) {
+	custom := make([]kmsg.Rule, len(c.Kmsg.Rules))
+	for i, r := range c.Kmsg.Rules {
+		custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
+	}
+	rules, err := kmsg.BuildRules(c.Kmsg.Disable, custom)
+	if err != nil {
+		v.fail("kmsg.disable", "%v", err)
+		return
+	}
+	if _, err := kmsg.Compile(rules, c.Kmsg.CriticalTasks); err != nil {
+		v.fail("kmsg.rules", "%v", err)
+	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 )
@@ -64,6 +65,8 @@ type Daemon struct {
 	version string
 	kube    kubernetes.Interface
 	kubeM   *kube.Metrics
+	kmsg    *kmsg.Monitor
+	bootID  string
 
 	mu    sync.Mutex
 	ready bool
@@ -92,9 +95,17 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
 	d.store.Observe(d.metrics)
 	d.store.Observe(logObserver{log})
+	d.bootID = bootID
+	if cfg.Kmsg.Enabled {
+		ko, err := KmsgOptions(cfg, env, d.store, d.metrics.Registry)
+		if err != nil {
+			return nil, err
+		}
+		d.kmsg = kmsg.NewMonitor(ko)
+	}
 
 	var applicable []string
-	for _, p := range checks.Plan(env, nil) {
+	for _, p := range checks.Plan(env, nil, KmsgExternal(d.kmsg)) {
 		if p.State == checks.Scheduled || p.State == checks.Elsewhere {
 			applicable = append(applicable, p.Desc.Type)
 		}
@@ -120,7 +131,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 
 	d.live = NewLiveness(time.Now)
 	d.live.OnBeat = d.metrics.LoopProgress
-	d.runner, err = checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Details: d.details, Progress: d.live.Beat})
+	d.runner, err = checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Details: d.details, Progress: d.live.Beat, External: KmsgExternal(d.kmsg)})
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +188,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
 	wg.Go(func() { d.statusLoop(rctx) })
 	wg.Go(func() { d.reportToKubernetes(rctx) })
+	if d.kmsg != nil {
+		// Before the first pass: the kernel conditions start False (or as
+		// restored from this boot) and the reader follows the log.
+		d.kmsg.Start(time.Now(), kmsg.BootWall())
+		d.live.Expect("kmsg", 15*time.Second+loopSlack)
+		wg.Go(func() { d.newReader(d.bootID).Run(rctx) })
+	}
 	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.runner.Checks())))
 	wg.Go(func() {
 		d.runner.Run(rctx, func() {

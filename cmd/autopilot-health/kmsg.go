@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
+)
+
+func cmdKmsg(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || (args[0] != "replay" && args[0] != "rules") {
+		fmt.Fprint(stderr, "Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-\n       autopilot-health kmsg rules [--config FILE]\n")
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			return exitOK
+		}
+		return exitError
+	}
+	sub := args[0]
+	fs := newFlags("kmsg "+sub, map[string]string{"replay": "kmsg replay [--json] [--config FILE] FILE|-", "rules": "kmsg rules [--config FILE]"}[sub], stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML) with custom kmsg rules; the default path may be absent")
+	asJSON := fs.Bool("json", false, "replay: one JSON object per line for each action")
+	if code := parseFlags(fs, args[1:]); code >= 0 {
+		return code
+	}
+	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health kmsg: %v\n", err)
+		return exitError
+	}
+	// Replay as a GPU node so GPU rules show; the role does not matter here.
+	env := &checks.Env{Config: cfg, Role: report.RoleWorker, GPU: true}
+	opts, err := daemon.KmsgOptions(cfg, env, nil, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health kmsg: %v\n", err)
+		return exitError
+	}
+	if sub == "rules" {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RULE\tKIND\tCONDITION\tREASON\tPATTERN")
+		for _, r := range opts.Rules.Rules() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Condition, r.Reason, r.Pattern)
+		}
+		tw.Flush()
+		return exitOK
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-")
+		return exitError
+	}
+	in := io.Reader(os.Stdin)
+	if name := fs.Arg(0); name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			fmt.Fprintf(stderr, "autopilot-health kmsg replay: %v\n", err)
+			return exitError
+		}
+		defer f.Close()
+		in = f
+	}
+	enc := json.NewEncoder(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	st, err := kmsg.Replay(in, opts, func(a kmsg.Action) {
+		if *asJSON {
+			enc.Encode(a)
+			return
+		}
+		if a.Kind == "condition" {
+			fmt.Fprintf(tw, "condition\t%s=%s\t%s\t%s\n", a.Type, a.Status, a.Reason, a.Message)
+		} else {
+			fmt.Fprintf(tw, "event\t\t%s\t%s\n", a.Reason, a.Message)
+		}
+	})
+	tw.Flush()
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health kmsg replay: %v\n", err)
+		return exitError
+	}
+	if !*asJSON {
+		fmt.Fprintf(stderr, "%d lines read, %d skipped, %d actions\n", st.Lines, st.Skipped, st.Matched)
+	}
+	return exitOK
+}

@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
+)
+
+// KmsgOptions builds the kernel log monitor's options from the
+// configuration (already validated, so the rules compile).
+func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg prometheus.Registerer) (kmsg.Options, error) {
+	custom := make([]kmsg.Rule, len(cfg.Kmsg.Rules))
+	for i, r := range cfg.Kmsg.Rules {
+		custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
+	}
+	rules, err := kmsg.BuildRules(cfg.Kmsg.Disable, custom)
+	if err != nil {
+		return kmsg.Options{}, err
+	}
+	rs, err := kmsg.Compile(rules, cfg.Kmsg.CriticalTasks)
+	if err != nil {
+		return kmsg.Options{}, err
+	}
+	return kmsg.Options{
+		Rules: rs, Store: store, GPU: env.GPU, KernelOnly: cfg.Kmsg.KernelOnly,
+		IOErrorThreshold: cfg.Checks.DisksFailure.IOErrorThreshold,
+		IOErrorWindow:    cfg.Checks.DisksFailure.IOErrorWindow.Duration,
+		IgnoreDevices:    cfg.Kmsg.IgnoreDevices,
+		Registerer:       reg,
+	}, nil
+}
+
+// KmsgExternal lists what the monitor evaluates: its conditions and its
+// part of DisksFailure.
+func KmsgExternal(mon *kmsg.Monitor) []string {
+	if mon == nil {
+		return nil
+	}
+	return append(mon.Conditions(), "DisksFailure")
+}
+
+func (d *Daemon) newReader(bootID string) *kmsg.Reader {
+	return &kmsg.Reader{
+		Path: d.cfg.HostPath(d.cfg.Kmsg.Device), Monitor: d.kmsg, Log: d.log.With("component", "kmsg"),
+		CursorFile: filepath.Join(d.cfg.StateDir, "kmsg-cursor.json"), BootID: bootID,
+		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: 10 * time.Second,
+	}
+}

@@ -1,0 +1,58 @@
+package kmsg
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// Metrics of the kernel log monitor.
+type Metrics struct {
+	records     prometheus.Counter
+	matched     map[string]prometheus.Counter
+	lost        prometheus.Counter
+	parseErrors prometheus.Counter
+	up          prometheus.Gauge
+	reopens     prometheus.Counter
+}
+
+// NewMetrics creates the monitor's metrics with a series per rule, and
+// registers them on reg (may be nil).
+func NewMetrics(reg prometheus.Registerer, rules *RuleSet) *Metrics {
+	matched := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: report.Namespace, Name: "kmsg_matches_total",
+		Help: "Kernel log records matched, by rule.",
+	}, []string{"rule"})
+	m := &Metrics{
+		records: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "kmsg_records_total",
+			Help: "Kernel log records read from /dev/kmsg.",
+		}),
+		matched: map[string]prometheus.Counter{},
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "kmsg_lost_records_total",
+			Help: "Kernel log records overwritten in the ring buffer before the monitor read them (EPIPE sequence gaps).",
+		}),
+		parseErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "kmsg_parse_errors_total",
+			Help: "Kernel log records that were not in the /dev/kmsg format and were skipped.",
+		}),
+		up: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: report.Namespace, Name: "kmsg_reader_up",
+			Help: "1 while /dev/kmsg is open and being read.",
+		}),
+		reopens: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "kmsg_reopens_total",
+			Help: "Times /dev/kmsg was reopened after a read error.",
+		}),
+	}
+	if rules != nil {
+		for _, r := range rules.rules {
+			m.matched[r.Name] = matched.WithLabelValues(r.Name)
+		}
+	}
+	if reg != nil {
+		reg.MustRegister(m.records, matched, m.lost, m.parseErrors, m.up, m.reopens)
+	}
+	return m
+}

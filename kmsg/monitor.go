@@ -1,0 +1,186 @@
+package kmsg
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// WindowPart is the part name under which the kernel's I/O error window
+// evaluates DisksFailure (NVMe SMART is the other part).
+const WindowPart = "kernel-io-errors"
+
+// Options configure a Monitor.
+type Options struct {
+	Rules *RuleSet
+	Store *report.Store
+	// GPU says whether GPU-only rules apply.
+	GPU bool
+	// KernelOnly ignores records that user space wrote (facility != 0).
+	KernelOnly bool
+	// IOErrorThreshold disk I/O errors within IOErrorWindow set DisksFailure.
+	IOErrorThreshold int
+	IOErrorWindow    time.Duration
+	// IgnoreDevices: disk I/O errors on these devices (prefix match: loop,
+	// dm-, ...) do not count towards DisksFailure: they are not disks.
+	IgnoreDevices []string
+	Registerer    prometheus.Registerer
+}
+
+// DefaultIgnoreDevices are block devices whose I/O errors are not disk
+// failures: loop devices, device-mapper (a dm-verity corruption also fails
+// reads on dm-N), network block devices, RAM disks, optical drives.
+var DefaultIgnoreDevices = []string{"loop", "dm-", "nbd", "zram", "ram", "sr", "md"}
+
+// Monitor turns kernel records into conditions and events.
+type Monitor struct {
+	o       Options
+	m       *Metrics
+	window  window
+	buf     []byte
+	matches []Match
+	// bootWall is the wall time of usec 0 (for event times).
+	bootWall time.Time
+}
+
+// NewMonitor builds a monitor. It does not touch the store until Start.
+func NewMonitor(o Options) *Monitor {
+	if o.IgnoreDevices == nil {
+		o.IgnoreDevices = DefaultIgnoreDevices
+	}
+	mon := &Monitor{o: o, m: NewMetrics(o.Registerer, o.Rules), buf: make([]byte, 0, 1024)}
+	mon.window.max = max(o.IOErrorThreshold, 1)
+	return mon
+}
+
+// Metrics returns the monitor's metrics.
+func (mon *Monitor) Metrics() *Metrics { return mon.m }
+
+// Conditions lists the conditions the monitor evaluates on this node.
+func (mon *Monitor) Conditions() []string {
+	var out []string
+	for _, d := range report.Conditions {
+		if d.Source == report.SourceKmsg && d.Scope.Applies(report.RoleWorker, mon.o.GPU) && d.Scope.Applies(report.RoleControlPlane, mon.o.GPU) {
+			out = append(out, d.Type)
+		}
+	}
+	return out
+}
+
+// Start sets every kernel condition that is not already set to False
+// (healthy), and the window's part of DisksFailure to False. A condition
+// restored True from this boot stays True (it is held until reboot).
+func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
+	mon.bootWall = bootWall
+	for _, t := range mon.Conditions() {
+		d, _ := report.Lookup(t)
+		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
+			Message: "no matching kernel message since boot or since the monitor started"}, now)
+	}
+	mon.evalWindow(0, now)
+}
+
+// Handle processes one parsed record. at is the record's wall time.
+func (mon *Monitor) Handle(r Record, at time.Time) {
+	mon.m.records.Inc()
+	if mon.o.KernelOnly && r.Facility != 0 {
+		return
+	}
+	mon.buf = Unescape(mon.buf[:0], r.Message)
+	mon.matches = mon.o.Rules.Matches(mon.matches[:0], mon.buf)
+	if len(mon.matches) == 0 {
+		return
+	}
+	msg := strings.TrimSpace(string(mon.buf))
+	for _, m := range mon.matches {
+		mon.m.matched[m.Rule.Name].Inc()
+		switch m.Rule.Kind {
+		case Perm:
+			d, _ := report.Lookup(m.Rule.Condition)
+			if !d.Scope.Applies(report.RoleWorker, mon.o.GPU) {
+				continue
+			}
+			mon.o.Store.Set(report.Condition{Type: m.Rule.Condition, Status: report.StatusTrue, Reason: m.Rule.Reason, Message: msg}, at)
+		case Temp:
+			if e, _ := report.LookupEvent(m.Rule.Reason); !e.Scope.Applies(report.RoleWorker, mon.o.GPU) {
+				continue
+			}
+			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
+		case DiskIOError:
+			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
+			if !mon.ignored(m.Dev) {
+				mon.window.add(r.Usec, m.Dev)
+				mon.evalWindow(r.Usec, at)
+			}
+		}
+	}
+}
+
+func (mon *Monitor) ignored(dev string) bool {
+	for _, p := range mon.o.IgnoreDevices {
+		if strings.HasPrefix(dev, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Tick re-evaluates the I/O error window at kernel time nowUsec, so that
+// DisksFailure clears once the errors have aged out of the window.
+func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec, now) }
+
+func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
+	span := uint64(mon.o.IOErrorWindow / time.Microsecond)
+	n, devs := mon.window.count(nowUsec, span)
+	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: "DisksHealthy",
+		Message: fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d)", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold)}
+	if n >= mon.o.IOErrorThreshold {
+		c.Status, c.Reason = report.StatusTrue, "DiskIOErrors"
+		c.Message = fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d) on %s", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold, strings.Join(devs, ", "))
+	}
+	mon.o.Store.SetPart(WindowPart, c, now)
+}
+
+// window keeps the kernel times of the most recent disk I/O errors; it
+// never holds more than the threshold needs.
+type window struct {
+	max  int
+	usec []uint64
+	devs []string
+}
+
+func (w *window) add(usec uint64, dev string) {
+	if len(w.usec) == w.max {
+		copy(w.usec, w.usec[1:])
+		copy(w.devs, w.devs[1:])
+		w.usec, w.devs = w.usec[:w.max-1], w.devs[:w.max-1]
+	}
+	w.usec = append(w.usec, usec)
+	w.devs = append(w.devs, dev)
+}
+
+// count returns how many errors lie within span before now (now 0: the
+// newest error's time), and their devices.
+func (w *window) count(now, span uint64) (int, []string) {
+	if len(w.usec) == 0 {
+		return 0, nil
+	}
+	if now == 0 || now < w.usec[len(w.usec)-1] {
+		now = w.usec[len(w.usec)-1]
+	}
+	n := 0
+	var devs []string
+	for i := len(w.usec) - 1; i >= 0 && now-w.usec[i] <= span; i-- {
+		n++
+		if !slices.Contains(devs, w.devs[i]) {
+			devs = append(devs, w.devs[i])
+		}
+	}
+	slices.Sort(devs)
+	return n, devs
+}

@@ -1,0 +1,376 @@
+package kmsg
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"regexp/syntax"
+	"slices"
+	"strings"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// Kind says what a rule does on a match.
+type Kind string
+
+const (
+	// Perm sets a condition and holds it.
+	Perm Kind = "perm"
+	// Temp emits a one-shot event.
+	Temp Kind = "temp"
+	// DiskIOError counts one disk I/O error towards the DisksFailure window
+	// (and emits its event).
+	DiskIOError Kind = "disk-io-error"
+)
+
+// Rule is one kernel log pattern and what a match does.
+type Rule struct {
+	// Name identifies the rule (config, metrics, fixtures).
+	Name string
+	Kind Kind
+	// Condition and Reason: for Perm the condition type and its True reason;
+	// for Temp and DiskIOError the event reason.
+	Condition string
+	Reason    string
+	// Pattern is a Go regular expression matched against the unescaped
+	// message. A named group "task" restricts the rule to the critical tasks;
+	// a named group "dev" names the device for the disk I/O error window.
+	Pattern string
+}
+
+// DefaultRules are the built-in rules, written from the kernel's and the
+// drivers' message formats (several versions where the wording changed).
+var DefaultRules = []Rule{
+	// Perm: conditions.
+	{Name: "ReadonlyFilesystem", Kind: Perm, Condition: "ReadonlyFilesystem", Reason: "FilesystemIsReadOnly",
+		// ext4/ext3 (fs/ext4/super.c ext4_handle_error): "EXT4-fs (sda1): Remounting filesystem read-only";
+		// btrfs: "BTRFS info (device sda1): forced readonly" (4.x-6.x) / "BTRFS error (device sda1 state EA): forced readonly".
+		Pattern: `^(EXT[234]-fs \(\S+\): Remounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly)`},
+	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
+		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x).
+		Pattern: `^INFO: task (?P<task>.+):\d+ blocked for more than \d+ seconds\.`},
+	{Name: "VerityCorruption", Kind: Perm, Condition: "VerityCorruption", Reason: "VerityBlockCorrupted",
+		// drivers/md/dm-verity-target.c: "device-mapper: verity: 7:1: data block 5 is corrupted",
+		// "... metadata block 6 is corrupted", "...: reached maximum errors" is not a corruption by itself.
+		Pattern: `^device-mapper: verity: \S+: (data|metadata) block \d+ is corrupted`},
+	{Name: "CperHardwareErrorFatal", Kind: Perm, Condition: "CperHardwareErrorFatal", Reason: "FatalHardwareError",
+		// drivers/firmware/efi/cper.c via GHES or BERT: "{1}[Hardware Error]: event severity: fatal",
+		// "[Firmware Warn]: event severity: fatal" (BERT, a previous boot's fatal error).
+		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: fatal`},
+	{Name: "GpuFallenOffBus", Kind: Perm, Condition: "GpuFallenOffBus", Reason: "GpuFellOffBus",
+		// NVIDIA driver: "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." and
+		// "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=nvidia-smi, GPU has fallen off the bus."
+		Pattern: `^NVRM: .*GPU has fallen off the bus`},
+
+	// Temp: events.
+	{Name: "TaskHung", Kind: Temp, Reason: "TaskHung",
+		Pattern: `^INFO: task .+:\d+ blocked for more than \d+ seconds\.`},
+	{Name: "Ext4Error", Kind: Temp, Reason: "Ext4Error",
+		// "EXT4-fs error (device sda1): ext4_find_entry:1455: ..." and "EXT4-fs error (device loop0) in __ext4_new_inode:1096: ..."
+		Pattern: `^EXT4-fs error \(device \S+\)`},
+	{Name: "Ext4Warning", Kind: Temp, Reason: "Ext4Warning",
+		Pattern: `^EXT4-fs warning \(device \S+\)`},
+	{Name: "IOError", Kind: Temp, Reason: "IOError",
+		// fs/buffer.c: "Buffer I/O error on dev sda1, logical block 0, async page read" (4.x+),
+		// "Buffer I/O error on device sda1, logical block 0" (older).
+		Pattern: `^Buffer I/O error on dev(ice)? \S+, logical block \d+`},
+	{Name: "BlockIOError", Kind: DiskIOError, Reason: "BlockIOError",
+		// block/blk-core.c: "blk_update_request: I/O error, dev sda, sector 2048" (<= 5.2),
+		// "blk_update_request: I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0" (5.3-5.17),
+		// "I/O error, dev nvme0n1, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2" (5.18+, prefixed by the caller);
+		// the status names of blk_errors[]: "critical medium error, dev sdc, sector ...", "timeout error, ...".
+		Pattern: `(I/O|critical medium|critical target|recoverable transport|critical nexus|critical space allocation|protection|timeout) error, dev (?P<dev>[^,\s]+), sector \d+`},
+	{Name: "NvmeError", Kind: Temp, Reason: "NvmeError",
+		// drivers/nvme/host: "nvme nvme0: I/O 123 QID 4 timeout, aborting", "nvme nvme0: I/O tag 12 (100c) opcode 0x2 (Read) QID 4 timeout, reset controller" (6.x),
+		// "nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff", "nvme nvme0: Device not ready; aborting reset, CSTS=0x1",
+		// "nvme nvme0: Removing after probe failure status: -19";
+		// nvme_log_error (6.0+): "nvme0n1: Read(0x2) @ LBA 2048, 8 blocks, Unrecovered Read Error (sct 0x2 / sc 0x81) DNR".
+		Pattern: `^(nvme nvme\d+: (I/O (tag )?\d+ .*QID \d+ timeout|controller is down|Device not ready|Removing after probe failure)|nvme\d+n\d+: .* @ LBA \d+, \d+ blocks, .*\(sct 0x[0-9a-f]+ / sc 0x[0-9a-f]+\))`},
+	{Name: "AtaError", Kind: Temp, Reason: "AtaError",
+		// drivers/ata/libata-eh.c: "ata1.00: exception Emask 0x0 SAct 0x0 SErr 0x0 action 0x6 frozen",
+		// "ata1.00: failed command: READ FPDMA QUEUED", "ata1.00: error: { UNC }", "ata1: COMRESET failed (errno=-16)".
+		Pattern: `^ata\d+(\.\d+)?: (exception Emask|failed command:|error: \{|COMRESET failed)`},
+	{Name: "NvidiaXidError", Kind: Temp, Reason: "NvidiaXidError",
+		// "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics SM Warp Exception ..."
+		Pattern: `^NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): \d+`},
+	{Name: "MemoryReadError", Kind: Temp, Reason: "MemoryReadError",
+		// drivers/edac/edac_mc.c: "EDAC MC0: 1 CE memory read error on CPU_SrcID#0_MC#0_Chan#0_DIMM#0 (...)",
+		// "EDAC MC1: 1 UE memory read error on ...".
+		Pattern: `^EDAC MC\d+: \d+ [CU]E memory read error`},
+	{Name: "UnregisterNetDevice", Kind: Temp, Reason: "UnregisterNetDevice",
+		// net/core/dev.c: "unregister_netdevice: waiting for eth0 to become free. Usage count = 1".
+		Pattern: `^unregister_netdevice: waiting for \S+ to become free`},
+	{Name: "CperHardwareErrorCorrected", Kind: Temp, Reason: "CperHardwareErrorCorrected",
+		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: corrected`},
+	{Name: "CperHardwareErrorRecoverable", Kind: Temp, Reason: "CperHardwareErrorRecoverable",
+		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: recoverable`},
+}
+
+// compiled is a rule ready to match.
+type compiled struct {
+	Rule
+	re      *regexp.Regexp
+	taskIdx int // index of the "task" group, or -1
+	devIdx  int // index of the "dev" group, or -1
+	anchors [][]byte
+}
+
+// RuleSet matches a message against every rule. Matching a line that no
+// rule can match does not allocate: each rule has a literal anchor that
+// every match must contain; a single pass over the line with a table of the
+// anchors' first two bytes finds the candidate rules, and only those run
+// their regular expression.
+type RuleSet struct {
+	rules []compiled
+	// bigram[b0<<8|b1] lists the anchors that start with b0 b1.
+	bigram map[uint16][]anchorRef
+	// first holds bit b0<<8|b1 for every bigram that starts an anchor.
+	first [1 << 16 / 64]uint64
+	// always lists the rules without an anchor (run on every line).
+	always []int
+	// criticalTasks for KernelDeadlock; a trailing * matches a prefix.
+	criticalTasks []string
+}
+
+// DefaultCriticalTasks are the processes whose hung task sets KernelDeadlock.
+// The kernel truncates task names to 15 characters (qemu-system-x86_64 is
+// "qemu-system-x86"), hence the prefix patterns.
+var DefaultCriticalTasks = []string{"kubelet", "containerd", "containerd-shim*", "runc", "runc:*", "crun", "qemu*", "virtiofsd"}
+
+// Compile validates and compiles rules. Every perm rule must name a catalog
+// condition and one of its True reasons; every temp rule a catalog event
+// reason.
+func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
+	rs := &RuleSet{bigram: map[uint16][]anchorRef{}, criticalTasks: criticalTasks}
+	seen := map[string]bool{}
+	for _, r := range rules {
+		if r.Name == "" {
+			return nil, fmt.Errorf("kmsg rule without a name")
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("kmsg rule %s: defined twice", r.Name)
+		}
+		seen[r.Name] = true
+		switch r.Kind {
+		case Perm:
+			d, ok := report.Lookup(r.Condition)
+			if !ok || d.Source != report.SourceKmsg {
+				return nil, fmt.Errorf("kmsg rule %s: condition %q is not a kernel-log condition (want one of %s)", r.Name, r.Condition, strings.Join(kmsgConditions(), ", "))
+			}
+			if !d.ValidReason(report.StatusTrue, r.Reason) {
+				return nil, fmt.Errorf("kmsg rule %s: reason %q is not a reason of %s (want %s)", r.Name, r.Reason, r.Condition, strings.Join(d.ProblemReasons, ", "))
+			}
+		case Temp, DiskIOError:
+			if _, ok := report.LookupEvent(r.Reason); !ok {
+				return nil, fmt.Errorf("kmsg rule %s: event reason %q is not in the catalog (want one of %s)", r.Name, r.Reason, strings.Join(eventReasons(), ", "))
+			}
+		default:
+			return nil, fmt.Errorf("kmsg rule %s: kind %q, want perm or temp", r.Name, r.Kind)
+		}
+		re, err := regexp.Compile(r.Pattern)
+		if err != nil {
+			return nil, fmt.Errorf("kmsg rule %s: pattern: %v", r.Name, err)
+		}
+		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), devIdx: re.SubexpIndex("dev"), anchors: anchorsOf(r.Pattern)}
+		i := len(rs.rules)
+		rs.rules = append(rs.rules, c)
+		if minLenBytes(c.anchors) < 2 {
+			rs.always = append(rs.always, i)
+			continue
+		}
+		for ai, a := range c.anchors {
+			k := uint16(a[0])<<8 | uint16(a[1])
+			rs.bigram[k] = append(rs.bigram[k], anchorRef{rule: i, anchor: ai})
+			rs.first[k/64] |= 1 << (k % 64)
+		}
+	}
+	return rs, nil
+}
+
+func kmsgConditions() []string {
+	var out []string
+	for _, c := range report.Conditions {
+		if c.Source == report.SourceKmsg {
+			out = append(out, c.Type)
+		}
+	}
+	return out
+}
+
+func eventReasons() []string {
+	var out []string
+	for _, e := range report.Events {
+		out = append(out, e.Reason)
+	}
+	return out
+}
+
+// anchorsOf returns literals of which every match of pattern contains at
+// least one (the most selective such set found in the parsed expression),
+// or nil when there is none.
+func anchorsOf(pattern string) [][]byte {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return nil
+	}
+	set := required(re.Simplify())
+	var out [][]byte
+	for _, l := range set {
+		out = append(out, []byte(string(l)))
+	}
+	return out
+}
+
+func required(r *syntax.Regexp) [][]rune {
+	switch r.Op {
+	case syntax.OpLiteral:
+		if r.Flags&syntax.FoldCase != 0 {
+			return nil
+		}
+		return [][]rune{r.Rune}
+	case syntax.OpCapture:
+		return required(r.Sub[0])
+	case syntax.OpPlus:
+		return required(r.Sub[0])
+	case syntax.OpRepeat:
+		if r.Min >= 1 {
+			return required(r.Sub[0])
+		}
+	case syntax.OpAlternate:
+		var all [][]rune
+		for _, b := range r.Sub {
+			set := required(b)
+			if set == nil {
+				return nil
+			}
+			all = append(all, set...)
+		}
+		return all
+	case syntax.OpConcat:
+		var best [][]rune
+		for _, c := range r.Sub {
+			if set := required(c); set != nil && better(set, best) {
+				best = set
+			}
+		}
+		return best
+	}
+	return nil
+}
+
+// better prefers the set whose shortest literal is longer, then fewer literals.
+func better(a, b [][]rune) bool {
+	if b == nil {
+		return true
+	}
+	ma, mb := minLen(a), minLen(b)
+	if ma != mb {
+		return ma > mb
+	}
+	return len(a) < len(b)
+}
+
+func minLen(set [][]rune) int {
+	m := -1
+	for _, l := range set {
+		if m < 0 || len(l) < m {
+			m = len(l)
+		}
+	}
+	return m
+}
+
+type anchorRef struct{ rule, anchor int }
+
+func minLenBytes(set [][]byte) int {
+	if len(set) == 0 {
+		return 0
+	}
+	m := len(set[0])
+	for _, l := range set[1:] {
+		m = min(m, len(l))
+	}
+	return m
+}
+
+// Match is one rule matching a message.
+type Match struct {
+	Rule *Rule
+	// Task is the hung task's name (KernelDeadlock), Dev the device (disk I/O errors).
+	Task, Dev string
+}
+
+// Matches appends to dst every rule that matches msg (unescaped). Rules
+// restricted to critical tasks match only those.
+func (rs *RuleSet) Matches(dst []Match, msg []byte) []Match {
+	var cand [8]int
+	n := 0
+	for i := 0; i+1 < len(msg); i++ {
+		k := uint16(msg[i])<<8 | uint16(msg[i+1])
+		if rs.first[k/64]&(1<<(k%64)) == 0 {
+			continue
+		}
+		for _, ar := range rs.bigram[k] {
+			ri := ar.rule
+			if n < len(cand) && bytes.HasPrefix(msg[i:], rs.rules[ri].anchors[ar.anchor]) && !slices.Contains(cand[:n], ri) {
+				cand[n] = ri
+				n++
+			}
+		}
+	}
+	for _, ri := range rs.always {
+		if n < len(cand) && !slices.Contains(cand[:n], ri) {
+			cand[n] = ri
+			n++
+		}
+	}
+	slices.Sort(cand[:n])
+	for _, ri := range cand[:n] {
+		r := &rs.rules[ri]
+		if r.taskIdx < 0 && r.devIdx < 0 {
+			if r.re.Match(msg) {
+				dst = append(dst, Match{Rule: &r.Rule})
+			}
+			continue
+		}
+		sub := r.re.FindSubmatch(msg)
+		if sub == nil {
+			continue
+		}
+		m := Match{Rule: &r.Rule}
+		if r.taskIdx >= 0 {
+			m.Task = string(sub[r.taskIdx])
+			if !rs.critical(m.Task) {
+				continue
+			}
+		}
+		if r.devIdx >= 0 {
+			m.Dev = string(sub[r.devIdx])
+		}
+		dst = append(dst, m)
+	}
+	return dst
+}
+
+func (rs *RuleSet) critical(task string) bool {
+	for _, p := range rs.criticalTasks {
+		if pre, ok := strings.CutSuffix(p, "*"); ok {
+			if strings.HasPrefix(task, pre) {
+				return true
+			}
+		} else if task == p {
+			return true
+		}
+	}
+	return false
+}
+
+// Rules returns the compiled rules in order.
+func (rs *RuleSet) Rules() []Rule {
+	out := make([]Rule, len(rs.rules))
+	for i, r := range rs.rules {
+		out[i] = r.Rule
+	}
+	return out
+}
