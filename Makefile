@@ -42,6 +42,8 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseMountinfo$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME)
 
 # Regenerate the README's condition catalog from report/catalog.go.
 docs:

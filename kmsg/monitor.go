@@ -80,7 +80,7 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	for _, t := range mon.Conditions() {
 		d, _ := report.Lookup(t)
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
-			Message: "no matching kernel message since boot or since the monitor started"}, now)
+			Message: "no matching kernel message seen since the monitor started"}, now)
 	}
 	mon.evalWindow(0, now)
 }

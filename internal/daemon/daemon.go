@@ -94,7 +94,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.metrics = report.NewMetrics(opts.Version)
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
 	d.store.Observe(d.metrics)
-	d.store.Observe(logObserver{log})
+	d.store.Observe(newLogObserver(log))
 	d.bootID = bootID
 	if cfg.Kmsg.Enabled {
 		ko, err := KmsgOptions(cfg, env, d.store, d.metrics.Registry)
@@ -433,8 +433,26 @@ func (d *Daemon) Handler() http.Handler {
 	return mux
 }
 
-// logObserver logs every condition change and event at info/warn level.
-type logObserver struct{ log *slog.Logger }
+// logObserver logs every condition change, and events: the first of each
+// reason at once, then at most one line per reason every eventLogEvery with
+// the number of events in between, so a flood of kernel lines is a few
+// journal lines, not thousands.
+type logObserver struct {
+	log *slog.Logger
+	ev  *eventLogLimiter
+}
+
+const eventLogEvery = 10 * time.Second
+
+type eventLogLimiter struct {
+	mu         sync.Mutex
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+func newLogObserver(log *slog.Logger) logObserver {
+	return logObserver{log: log, ev: &eventLogLimiter{last: map[string]time.Time{}, suppressed: map[string]int{}}}
+}
 
 func (l logObserver) ConditionChanged(prev *report.Condition, cur report.Condition) {
 	from := "none"
@@ -451,5 +469,20 @@ func (l logObserver) ConditionChanged(prev *report.Condition, cur report.Conditi
 func (l logObserver) ConditionRestored(report.Condition) {}
 
 func (l logObserver) EventEmitted(e report.Event) {
+	l.ev.mu.Lock()
+	now := time.Now()
+	if last, ok := l.ev.last[e.Reason]; ok && now.Sub(last) < eventLogEvery {
+		l.ev.suppressed[e.Reason]++
+		l.ev.mu.Unlock()
+		return
+	}
+	n := l.ev.suppressed[e.Reason]
+	l.ev.last[e.Reason] = now
+	l.ev.suppressed[e.Reason] = 0
+	l.ev.mu.Unlock()
+	if n > 0 {
+		l.log.Warn("event", "reason", e.Reason, "message", e.Message, "not_logged_since_last", n)
+		return
+	}
 	l.log.Warn("event", "reason", e.Reason, "message", e.Message)
 }

@@ -90,7 +90,8 @@ func TestLifecycleOverRealNotifySocket(t *testing.T) {
 		t.Errorf("first status %q", st)
 	}
 	ready := next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
-	if !strings.HasPrefix(ready, "READY=1\nSTATUS=2 conditions: ") {
+	// 2 checks, 4 kernel conditions (no GPU), DisksFailure (kernel I/O errors)
+	if !strings.HasPrefix(ready, "READY=1\nSTATUS=7 conditions: ") {
 		t.Errorf("ready message %q", ready)
 	}
 	next(t, sock, "WATCHDOG=1", func(m string) bool { return m == "WATCHDOG=1" })

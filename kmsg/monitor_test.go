@@ -1,0 +1,193 @@
+package kmsg
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func opts(t testing.TB, store *report.Store) Options {
+	rs, err := Compile(DefaultRules, DefaultCriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{Rules: rs, Store: store, IOErrorThreshold: 5, IOErrorWindow: 10 * time.Minute}
+}
+
+var t0 = time.Unix(1700000000, 0)
+
+func rec(usec uint64, msg string) Record {
+	return Record{Facility: 0, Level: 3, Usec: usec, Message: []byte(msg)}
+}
+
+// The lines captured from Debian's 6.1 kernel in a VM, replayed: exactly
+// these actions.
+func TestReplayCapturedDebianLines(t *testing.T) {
+	f, err := os.Open("testdata/captured-debian-6.1.kmsg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	st, err := Replay(f, opts(t, nil), func(a Action) {
+		b, _ := json.Marshal(a)
+		got = append(got, string(b))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`{"kind":"condition","type":"VerityCorruption","status":"True","reason":"VerityBlockCorrupted","message":"device-mapper: verity: 7:1: data block 5 is corrupted"}`,
+		`{"kind":"condition","type":"VerityCorruption","status":"True","reason":"VerityBlockCorrupted","message":"device-mapper: verity: 7:1: metadata block 6 is corrupted"}`,
+		`{"kind":"event","reason":"Ext4Error","message":"EXT4-fs error (device loop0): trigger_test_error:126: comm init: 1"}`,
+		`{"kind":"condition","type":"ReadonlyFilesystem","status":"True","reason":"FilesystemIsReadOnly","message":"EXT4-fs (loop0): Remounting filesystem read-only"}`,
+		`{"kind":"event","reason":"Ext4Error","message":"EXT4-fs error (device loop0): ext4_journal_check_start:83: comm init: Detected aborted journal"}`,
+		`{"kind":"event","reason":"Ext4Error","message":"EXT4-fs error (device loop0) in __ext4_new_inode:1096: Journal has aborted"}`,
+		`{"kind":"condition","type":"KernelDeadlock","status":"True","reason":"CriticalTaskHung","message":"INFO: task kubelet:128 blocked for more than 1 seconds."}`,
+		`{"kind":"event","reason":"TaskHung","message":"INFO: task kubelet:128 blocked for more than 1 seconds."}`,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("actions:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if st.Lines != 46 || st.Matched != len(want) {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestDiskIOErrorWindow(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	sec := uint64(time.Second / time.Microsecond)
+	ioerr := func(at uint64, dev string) {
+		mon.Handle(rec(at, fmt.Sprintf("I/O error, dev %s, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", dev)), t0.Add(time.Duration(at)*time.Microsecond))
+	}
+	status := func() report.Condition { c, _ := store.Get("DisksFailure"); return c }
+	if c := status(); c.Status != report.StatusFalse {
+		t.Fatalf("at start: %+v", c)
+	}
+	// Loop and device-mapper errors do not count.
+	for i := range 10 {
+		ioerr(uint64(i)*sec, "loop0")
+		ioerr(uint64(i)*sec, "dm-0")
+	}
+	if c := status(); c.Status != report.StatusFalse {
+		t.Fatalf("loop/dm errors counted: %+v", c)
+	}
+	// 4 errors spread over 12 minutes, then one more: only 4 within 10 min.
+	for i, at := range []uint64{100, 400, 700, 820} {
+		ioerr(at*sec, []string{"sda", "sda", "nvme0n1", "sda"}[i])
+	}
+	ioerr(830*sec, "sdb")
+	if c := status(); c.Status != report.StatusFalse {
+		t.Fatalf("4 errors within 10 minutes set it: %+v", c)
+	}
+	ioerr(840*sec, "sdb")
+	c := status()
+	if c.Status != report.StatusTrue || c.Reason != "DiskIOErrors" || c.Message != "the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on nvme0n1, sda, sdb" {
+		t.Fatalf("5 errors within 10 minutes: %+v", c)
+	}
+	// The errors age out: a minute later 5 are still within 10 minutes
+	// (400 s .. 840 s), eleven minutes later none.
+	mon.Tick(840*sec+60*sec, t0)
+	if c := status(); c.Status != report.StatusTrue {
+		t.Errorf("cleared too early: %+v", c)
+	}
+	mon.Tick(840*sec+11*60*sec, t0)
+	if c := status(); c.Status != report.StatusFalse {
+		t.Errorf("did not clear after the window: %+v", c)
+	}
+}
+
+// DisksFailure has two causes: the window is one part, a second part (NVMe
+// SMART) can set it while the window is quiet.
+func TestDisksFailureTwoParts(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	store.SetPart("nvme-smart", report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: "NVMeCriticalWarning", Message: "nvme0: available spare below threshold"}, t0)
+	c, _ := store.Get("DisksFailure")
+	if c.Status != report.StatusTrue || c.Reason != "NVMeCriticalWarning" || c.Message != "nvme0: available spare below threshold" {
+		t.Errorf("SMART part: %+v", c)
+	}
+	mon.Tick(1, t0) // the window part is re-evaluated False: SMART keeps it True
+	if c, _ := store.Get("DisksFailure"); c.Status != report.StatusTrue {
+		t.Errorf("window part cleared the SMART cause: %+v", c)
+	}
+}
+
+func TestScopesAndKernelOnly(t *testing.T) {
+	store := report.NewStore("b")
+	o := opts(t, store)
+	o.KernelOnly = true
+	mon := NewMonitor(o)
+	mon.Start(t0, t0)
+	if _, ok := store.Get("GpuFallenOffBus"); ok {
+		t.Error("GpuFallenOffBus evaluated on a node without a GPU")
+	}
+	mon.Handle(rec(1, "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."), t0)
+	if _, ok := store.Get("GpuFallenOffBus"); ok {
+		t.Error("GPU rule fired on a node without a GPU")
+	}
+	user := rec(2, "EXT4-fs (sda1): Remounting filesystem read-only")
+	user.Facility = 1
+	mon.Handle(user, t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusFalse {
+		t.Error("a user-space line set a kernel condition with kernel_only")
+	}
+	mon.Handle(rec(3, "EXT4-fs (sda1): Remounting filesystem read-only"), t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue {
+		t.Error("kernel line ignored")
+	}
+	// Held until reboot: a restart (Start again) does not clear it.
+	mon.Start(t0.Add(time.Hour), t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue {
+		t.Error("Start cleared a held condition")
+	}
+}
+
+// A flood of 100,000 lines (a third matching) must not grow memory with the
+// number of lines: the window holds at most the threshold.
+func TestFloodMemoryBounded(t *testing.T) {
+	store := report.NewStore("b")
+	events := 0
+	store.Observe(countEvents{&events})
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	lines := [][]byte{
+		[]byte("3,1,1,-;I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0"),
+		[]byte("6,2,2,-;audit: type=1400 audit(1700000000.000:42): apparmor=\"DENIED\" operation=\"open\""),
+		[]byte("6,3,3,-;IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready"),
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range 100000 {
+		r, _ := ParseRecord(lines[i%3])
+		r.Usec = uint64(i)
+		mon.Handle(r, t0)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if events != 33334 {
+		t.Errorf("%d events, want 33334", events)
+	}
+	if len(mon.window.usec) > 5 {
+		t.Errorf("window holds %d entries", len(mon.window.usec))
+	}
+	if grow := int64(after.HeapAlloc) - int64(before.HeapAlloc); grow > 512<<10 {
+		t.Errorf("heap grew by %d bytes over 100,000 lines", grow)
+	}
+}
+
+type countEvents struct{ n *int }
+
+func (countEvents) ConditionChanged(*report.Condition, report.Condition) {}
+func (countEvents) ConditionRestored(report.Condition)                  {}
+func (c countEvents) EventEmitted(report.Event)                         { *c.n++ }

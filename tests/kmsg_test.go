@@ -1,0 +1,275 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// eventLog collects events whose message contains a token.
+type eventLog struct {
+	mu     sync.Mutex
+	token  string
+	events []report.Event
+	ch     chan struct{}
+}
+
+func newEventLog(token string) *eventLog { return &eventLog{token: token, ch: make(chan struct{}, 1)} }
+
+func (e *eventLog) ConditionChanged(*report.Condition, report.Condition) {}
+func (e *eventLog) ConditionRestored(report.Condition)                  {}
+func (e *eventLog) EventEmitted(ev report.Event) {
+	if !strings.Contains(ev.Message, e.token) {
+		return
+	}
+	e.mu.Lock()
+	e.events = append(e.events, ev)
+	e.mu.Unlock()
+	select {
+	case e.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (e *eventLog) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.events)
+}
+
+// waitFor awaits cond, re-checking whenever the store changes or an event
+// arrives, for at most limit.
+func waitFor(t *testing.T, store *report.Store, ev *eventLog, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(limit)
+	for !cond() {
+		var evCh chan struct{}
+		if ev != nil {
+			evCh = ev.ch
+		}
+		select {
+		case <-store.Changed():
+		case <-evCh:
+		case <-time.After(100 * time.Millisecond): // the reader's own pace (window ticks)
+		case <-deadline:
+			t.Fatalf("waiting for %s; conditions: %+v", what, store.All())
+		}
+	}
+}
+
+func write(t *testing.T, line string) {
+	t.Helper()
+	if err := harness.WriteKmsg(line); err != nil {
+		t.Fatalf("writing to /dev/kmsg: %v", err)
+	}
+}
+
+// The daemon's monitor reads lines written to the real /dev/kmsg and turns
+// them into conditions and events through the runner's state.
+func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
+	tok := harness.Token()
+	cfg := config.Default()
+	cfg.NodeName, cfg.Role, cfg.GPU = "kmsg-node", "worker", "false"
+	cfg.StateDir = t.TempDir()
+	cfg.Kubernetes.Kubeconfig = ""
+	cfg.Runner.FirstRunSpread = config.Duration{}
+	cfg.Kmsg.KernelOnly = false // lines written by this test have facility user
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEventLog(tok)
+	d.Store().Observe(ev)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
+		c, ok := d.Store().Get("ReadonlyFilesystem")
+		return ok && c.Status == report.StatusFalse
+	})
+
+	waitFor(t, d.Store(), nil, 10*time.Second, "the reader to open /dev/kmsg", func() bool {
+		return strings.Contains(scrape(t, d), "autopilot_health_kmsg_reader_up 1")
+	})
+
+	ro := fmt.Sprintf("EXT4-fs (%s): Remounting filesystem read-only", tok)
+	hung := fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", 40000+len(tok))
+	start := time.Now()
+	write(t, ro)
+	write(t, hung)
+	write(t, fmt.Sprintf("EXT4-fs error (device %s): ext4_find_entry:1455: inode #2: comm ls: reading directory lblock 0", tok))
+	for i := range 5 {
+		write(t, fmt.Sprintf("I/O error, dev sd%s, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", tok, i))
+	}
+	waitFor(t, d.Store(), ev, 10*time.Second, "conditions and events from the written lines", func() bool {
+		a, _ := d.Store().Get("ReadonlyFilesystem")
+		b, _ := d.Store().Get("KernelDeadlock")
+		c, _ := d.Store().Get("DisksFailure")
+		return a.Message == ro && b.Message == hung && c.Status == report.StatusTrue && ev.count() >= 6
+	})
+	t.Logf("lines written to visible in the store: %s", time.Since(start).Round(time.Millisecond))
+	if c, _ := d.Store().Get("DisksFailure"); !strings.Contains(c.Message, "5 disk I/O errors") || !strings.Contains(c.Message, "sd"+tok) {
+		t.Errorf("DisksFailure = %+v", c)
+	}
+	reasons := map[string]int{}
+	ev.mu.Lock()
+	for _, e := range ev.events {
+		reasons[e.Reason]++
+	}
+	ev.mu.Unlock()
+	if reasons["Ext4Error"] != 1 || reasons["BlockIOError"] != 5 {
+		t.Errorf("events: %v", reasons)
+	}
+	// The hung task line also emits TaskHung (its message has no token):
+	// problem_counter counts it.
+	if n, err := testutil.GatherAndCount(d.Metrics().Registry, "problem_counter"); err != nil || n == 0 {
+		t.Errorf("problem_counter: %d series, %v", n, err)
+	}
+	if !strings.Contains(scrape(t, d), `problem_counter{reason="TaskHung"} `) || strings.Contains(scrape(t, d), `problem_counter{reason="TaskHung"} 0`) {
+		t.Errorf("problem_counter{reason=TaskHung} not counted")
+	}
+	if err := d.Healthy(); err != nil {
+		t.Errorf("daemon not healthy: %v", err)
+	}
+}
+
+func scrape(t *testing.T, d *daemon.Daemon) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func readBootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b)), err
+}
+
+// A restart within the same boot resumes after the last record handled:
+// lines written while the daemon was down are handled, none twice.
+func TestKmsgResumeAfterRestart(t *testing.T) {
+	tok := harness.Token()
+	dir := t.TempDir()
+	boot, _ := readBootID()
+	run := func(ev *eventLog) (context.CancelFunc, chan struct{}, *report.Store) {
+		t.Helper()
+		store := report.NewStore(boot)
+		store.Observe(ev)
+		o := kmsgOpts(t, store)
+		mon := kmsg.NewMonitor(o)
+		mon.Start(time.Now(), kmsg.BootWall())
+		rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			CursorFile: filepath.Join(dir, "kmsg-cursor.json"), BootID: boot, ReadTimeout: 200 * time.Millisecond}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		waitFor(t, store, nil, 10*time.Second, "the reader to open /dev/kmsg", mon.Metrics().ReaderUp)
+		return cancel, done, store
+	}
+	ev1 := newEventLog(tok)
+	cancel, done, store := run(ev1)
+	// The first reader starts at the end: wait until it reads, by writing a
+	// line and seeing it.
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): first", tok))
+	waitFor(t, store, ev1, 10*time.Second, "line A", func() bool { return ev1.count() == 1 })
+	cancel()
+	<-done
+
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): written while down", tok))
+	ev2 := newEventLog(tok)
+	cancel, done, store = run(ev2)
+	defer func() { cancel(); <-done }()
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): after restart", tok))
+	waitFor(t, store, ev2, 10*time.Second, "lines B and C", func() bool { return ev2.count() >= 2 })
+	// Give a duplicate a chance to show: read until a marker written last arrives.
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): marker", tok))
+	waitFor(t, store, ev2, 10*time.Second, "the marker", func() bool { return ev2.count() >= 3 })
+	ev2.mu.Lock()
+	defer ev2.mu.Unlock()
+	var got []string
+	for _, e := range ev2.events {
+		got = append(got, e.Message[strings.Index(e.Message, ": ")+2:])
+	}
+	if strings.Join(got, "|") != "written while down|after restart|marker" {
+		t.Errorf("after the restart the monitor handled %q", got)
+	}
+}
+
+func kmsgOpts(t *testing.T, store *report.Store) kmsg.Options {
+	t.Helper()
+	cfg := config.Default()
+	env := &checks.Env{Config: cfg, Role: report.RoleWorker}
+	o, err := daemon.KmsgOptions(cfg, env, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.KernelOnly = false
+	return o
+}
+
+// An unthrottled flood of 100,000 matching lines: the monitor keeps up and
+// loses none that the kernel still held; what the ring buffer overwrote
+// before anyone could read it is counted, never silently dropped.
+func TestKmsgFlood(t *testing.T) {
+	const n = 100000
+	tok := harness.Token()
+	boot, _ := readBootID()
+	store := report.NewStore(boot)
+	ev := newEventLog(tok)
+	store.Observe(ev)
+	mon := kmsg.NewMonitor(kmsgOpts(t, store))
+	mon.Start(time.Now(), kmsg.BootWall())
+	rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CursorFile: filepath.Join(t.TempDir(), "cursor.json"), BootID: boot, ReadTimeout: 200 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, store, nil, 10*time.Second, "the reader to open /dev/kmsg", mon.Metrics().ReaderUp)
+
+	start := time.Now()
+	for i := range n {
+		write(t, fmt.Sprintf("EXT4-fs warning (device %s): flood line %d", tok, i))
+	}
+	wrote := time.Since(start)
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): flood end", tok))
+	waitFor(t, store, ev, 30*time.Second, "the end of the flood", func() bool {
+		ev.mu.Lock()
+		defer ev.mu.Unlock()
+		return len(ev.events) > 0 && strings.HasSuffix(ev.events[len(ev.events)-1].Message, "flood end")
+	})
+	handled := ev.count() - 1
+	lost := mon.Metrics().Lost()
+	t.Logf("flood: %d lines written in %s (%.0f lines/s); handled %d, lost to ring buffer overruns %v",
+		n, wrote.Round(time.Millisecond), float64(n)/wrote.Seconds(), handled, lost)
+	if float64(handled)+lost < n {
+		t.Errorf("handled %d + lost %v < %d written: lines disappeared without being counted", handled, lost, n)
+	}
+	if handled < n/2 {
+		t.Errorf("handled only %d of %d lines: the monitor did not keep up", handled, n)
+	}
+}
