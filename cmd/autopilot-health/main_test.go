@@ -210,3 +210,28 @@ func TestUnitFileVerifies(t *testing.T) {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
+
+func TestKmsgReplayJSON(t *testing.T) {
+	in := filepath.Join(t.TempDir(), "dmesg.txt")
+	os.WriteFile(in, []byte(`[    4.244064] EXT4-fs (sda1): Remounting filesystem read-only
+[    5.000000] random: crng init done
+[    6.530965] node-1 kernel: INFO: task containerd:77 blocked for more than 120 seconds.
+<4>[    7.100000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.
+`), 0o644)
+	code, out, errs := run(t, "kmsg", "replay", "--json", "--config", "/dev/null", in)
+	want := `{"kind":"condition","type":"ReadonlyFilesystem","status":"True","reason":"FilesystemIsReadOnly","message":"EXT4-fs (sda1): Remounting filesystem read-only"}
+{"kind":"condition","type":"KernelDeadlock","status":"True","reason":"CriticalTaskHung","message":"INFO: task containerd:77 blocked for more than 120 seconds."}
+{"kind":"event","reason":"TaskHung","message":"INFO: task containerd:77 blocked for more than 120 seconds."}
+{"kind":"condition","type":"GpuFallenOffBus","status":"True","reason":"GpuFellOffBus","message":"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."}
+{"kind":"event","reason":"NvidiaXidError","message":"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."}
+`
+	if code != 0 || out != want {
+		t.Errorf("exit %d, stderr %q, output:\n%s\nwant:\n%s", code, errs, out, want)
+	}
+	if code, _, errs := run(t, "kmsg", "replay", "/nonexistent"); code != exitError || !strings.Contains(errs, "no such file") {
+		t.Errorf("missing file: %d %q", code, errs)
+	}
+	if code, out, _ := run(t, "kmsg", "rules", "--config", "/dev/null"); code != 0 || !strings.Contains(out, "VerityCorruption") {
+		t.Errorf("kmsg rules: %d\n%s", code, out)
+	}
+}
