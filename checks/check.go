@@ -14,7 +14,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -60,6 +63,12 @@ type Env struct {
 	Log      *slog.Logger
 	Sys      Sys
 	Now      func() time.Time
+	// Systemd reaches systemd over D-Bus; nil where it is not reachable.
+	Systemd systemd.Manager
+	// Repair restarts critical units in place.
+	Repair *Repairer
+	// UnitRestarts is syself_node_unit_restarts{unit}; may be nil.
+	UnitRestarts *prometheus.GaugeVec
 }
 
 // Path resolves an absolute host path under the configured host root.

@@ -132,7 +132,7 @@ var Conditions = []ConditionDesc{
 		HealthyReason: "ContainerRuntimeIsHealthy", ProblemReasons: []string{"CRIProbeFailed"},
 		Trigger: "containerd CRI probe fails", Cause: "containerd deadlocked, disk full, corrupt state"},
 	{Type: "ServiceNotRecovering", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "CriticalUnitsRecovering", ProblemReasons: []string{"UnitFailed", "UnitFlapping"},
+		HealthyReason: "CriticalUnitsRecovering", ProblemReasons: []string{"UnitFailed", "UnitFlapping", "RepairNotHelping"},
 		Trigger: "a critical unit is failed, or restarted >=3x since the last run", Cause: "repeated repair did not fix kubelet / containerd / proxy"},
 	{Type: "KubeletHeartbeatFailed", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: "KubeletHeartbeatOK", ProblemReasons: []string{"NodeStatusUpdateGaveUp"},

@@ -34,7 +34,7 @@ var Domains = []struct {
 	{"disks", []string{"disks"}},
 	{"certs", []string{"certs"}},
 	{"tamper", []string{"tamper"}},
-	{"services", []string{"services"}},
+	{"services", []string{"services", "operabilityServices"}},
 }
 
 // Detail is one field of a report domain, produced by a check.

@@ -92,6 +92,7 @@ func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 	cfg.Kubernetes.Kubeconfig = ""
 	cfg.Runner.FirstRunSpread = config.Duration{}
 	cfg.Kmsg.KernelOnly = false // lines written by this test have facility user
+	noHostSystemd(cfg)
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
 	if err != nil {

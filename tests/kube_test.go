@@ -423,6 +423,7 @@ func TestDaemonReportsToRealAPIServer(t *testing.T) {
 	cfg.StateDir = t.TempDir()
 	cfg.Kubernetes.Kubeconfig = kc
 	cfg.Runner.FirstRunSpread = config.Duration{}
+	noHostSystemd(cfg)
 	run := func() *corev1.Node {
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
 		d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
@@ -461,4 +462,13 @@ func TestDaemonReportsToRealAPIServer(t *testing.T) {
 		}
 	}
 	readyIntact(t, second)
+}
+
+// noHostSystemd turns off the checks that talk to this machine's systemd
+// (and would restart its kubelet): tests reach a systemd of their own.
+func noHostSystemd(cfg *config.Config) {
+	cfg.Checks.KubeletUnhealthy.Enabled = false
+	cfg.Checks.ContainerRuntimeUnhealthy.Enabled = false
+	cfg.Checks.ServiceNotRecovering.Enabled = false
+	cfg.Checks.NodeServiceDown.Enabled = false
 }

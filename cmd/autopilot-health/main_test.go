@@ -36,7 +36,9 @@ func fakeHost(t *testing.T, extra string) string {
 	must("proc/sys/kernel/random/boot_id", "b00t\n")
 	must("proc/sys/kernel/hostname", "node-1\n")
 	cfg := filepath.Join(root, "config.toml")
-	must("config.toml", "host_root = \""+root+"\"\nstate_dir = \""+root+"/state\"\n"+extra)
+	// The repair checks probe this machine's kubelet and systemd; off here.
+	off := "[checks.KubeletUnhealthy]\nenabled = false\n[checks.ContainerRuntimeUnhealthy]\nenabled = false\n[checks.ServiceNotRecovering]\nenabled = false\n[checks.NodeServiceDown]\nenabled = false\n"
+	must("config.toml", "host_root = \""+root+"\"\nstate_dir = \""+root+"/state\"\n"+extra+off)
 	return cfg
 }
 

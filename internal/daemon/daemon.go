@@ -12,11 +12,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
@@ -31,6 +33,7 @@ func NewEnv(cfg *config.Config, log *slog.Logger) (*checks.Env, Identity, error)
 	env := &checks.Env{
 		Config: cfg, NodeName: id.NodeName, Role: id.Role, GPU: id.GPU,
 		Log: log, Sys: checks.RealSys(), Now: time.Now,
+		Systemd: systemd.NewDBus(),
 	}
 	return env, id, nil
 }
@@ -93,6 +96,13 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.store = report.NewStore(bootID)
 	d.metrics = report.NewMetrics(opts.Version)
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
+	// In-place repair (only the daemon repairs; the one-shot check does not).
+	env.Repair = checks.NewRepairer(env.Systemd, log, time.Now, d.metrics.Registry)
+	env.UnitRestarts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "syself_node_unit_restarts",
+		Help: "NRestarts of each critical unit as systemd reports it (automatic restarts since the unit was last started by hand).",
+	}, []string{"unit"})
+	d.metrics.Registry.MustRegister(env.UnitRestarts)
 	d.store.Observe(d.metrics)
 	d.store.Observe(newLogObserver(log))
 	d.bootID = bootID

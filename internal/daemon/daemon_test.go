@@ -63,6 +63,12 @@ func testConfig(t *testing.T) *config.Config {
 	c.NodeName = "test-node"
 	c.Role = "worker"
 	c.GPU = "false"
+	// These reach the host's systemd (and would restart its kubelet);
+	// tests/ runs them against a systemd of their own.
+	c.Checks.KubeletUnhealthy.Enabled = false
+	c.Checks.ContainerRuntimeUnhealthy.Enabled = false
+	c.Checks.ServiceNotRecovering.Enabled = false
+	c.Checks.NodeServiceDown.Enabled = false
 	return c
 }
 

@@ -1,0 +1,59 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("ContainerRuntimeUnhealthy", newContainerdCheck) }
+
+// containerdCheck makes a real CRI call (RuntimeService/Status, as kubelet
+// does) over the runtime's socket; on failure it asks the repairer to
+// restart containerd.service (2 min cooldown). NetworkReady=false is normal
+// before the CNI is up; only RuntimeReady counts.
+type containerdCheck struct {
+	env      *Env
+	socket   string
+	unit     string
+	cooldown time.Duration
+}
+
+func newContainerdCheck(env *Env) (Check, error) {
+	c := env.Config.Checks.ContainerRuntimeUnhealthy
+	return &containerdCheck{env: env, socket: env.Path(c.Socket), unit: c.Unit, cooldown: c.RestartCooldown.Duration}, nil
+}
+
+func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
+	if err := criStatus(ctx, c.socket); err != nil {
+		return repairResult(ctx, c.env, c.unit, c.cooldown, "CRIProbeFailed", err), nil
+	}
+	if c.env.Repair != nil {
+		c.env.Repair.Healthy(c.unit)
+	}
+	return Result{Status: report.StatusFalse, Reason: "ContainerRuntimeIsHealthy", Message: "CRI RuntimeService/Status on " + c.socket + ": RuntimeReady"}, nil
+}
+
+func criStatus(ctx context.Context, socket string) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("CRI %s: %w", socket, err)
+	}
+	defer conn.Close()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return fmt.Errorf("CRI RuntimeService/Status on %s: %w", socket, err)
+	}
+	for _, cond := range resp.GetStatus().GetConditions() {
+		if cond.GetType() == runtimeapi.RuntimeReady && !cond.GetStatus() {
+			return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", socket, cond.GetReason(), cond.GetMessage())
+		}
+	}
+	return nil
+}

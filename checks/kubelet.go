@@ -1,0 +1,67 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("KubeletUnhealthy", newKubeletCheck) }
+
+// kubeletCheck probes kubelet's /healthz; on failure it asks the repairer
+// to restart kubelet.service (1 min cooldown).
+type kubeletCheck struct {
+	env      *Env
+	url      string
+	unit     string
+	cooldown time.Duration
+	client   *http.Client
+}
+
+func newKubeletCheck(env *Env) (Check, error) {
+	c := env.Config.Checks.KubeletUnhealthy
+	return &kubeletCheck{env: env, url: c.HealthzURL, unit: c.Unit, cooldown: c.RestartCooldown.Duration,
+		client: &http.Client{Timeout: c.Timeout.Duration, Transport: &http.Transport{DisableKeepAlives: true}}}, nil
+}
+
+func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
+	if err := c.probe(ctx); err != nil {
+		return repairResult(ctx, c.env, c.unit, c.cooldown, "KubeletHealthzFailed", err), nil
+	}
+	if c.env.Repair != nil {
+		c.env.Repair.Healthy(c.unit)
+	}
+	return Result{Status: report.StatusFalse, Reason: "KubeletIsHealthy", Message: "GET " + c.url + ": ok"}, nil
+}
+
+func (c *kubeletCheck) probe(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return err // "Get \"<url>\": <cause>"
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d: %s", c.url, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+// repairResult is the True result of a failed repair probe: the failure and
+// what the repairer did about it.
+func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Duration, reason string, probeErr error) Result {
+	action := "not repaired (only the daemon repairs; autopilot-health check does not)"
+	if env.Repair != nil {
+		_, action = env.Repair.Repair(ctx, unit, cooldown, probeErr.Error())
+	}
+	return Result{Status: report.StatusTrue, Reason: reason, Message: probeErr.Error() + "; " + action}
+}

@@ -1,0 +1,58 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("NodeServiceDown", newNodeServiceDown) }
+
+// nodeServiceDown: True when an operability unit (tunnel agent, server,
+// source-IP helper; per role) is not active.
+type nodeServiceDown struct {
+	env   *Env
+	units []string
+}
+
+func newNodeServiceDown(env *Env) (Check, error) {
+	c := env.Config.Checks.NodeServiceDown
+	units := c.WorkerUnits
+	if env.Role == report.RoleControlPlane {
+		units = c.ControlPlaneUnits
+	}
+	return &nodeServiceDown{env: env, units: units}, nil
+}
+
+func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
+	if c.env.Systemd == nil {
+		return Result{}, errNoSystemd
+	}
+	var down []string
+	var states []systemd.Unit
+	for _, name := range c.units {
+		u, err := c.env.Systemd.Unit(ctx, name)
+		if err != nil {
+			return Result{}, err
+		}
+		states = append(states, u)
+		switch {
+		case u.LoadState == "not-found":
+			down = append(down, name+" is not installed")
+		case u.ActiveState != "active":
+			what := u.ActiveState + "/" + u.SubState
+			if u.Result != "" && u.Result != "success" {
+				what += ", result " + u.Result
+			}
+			down = append(down, fmt.Sprintf("%s is not active (%s)", name, what))
+		}
+	}
+	details := []report.Detail{{Domain: "services", Field: "operabilityServices", Value: states}}
+	if len(down) > 0 {
+		return Result{Status: report.StatusTrue, Reason: "UnitNotActive", Message: strings.Join(down, "; "), Details: details}, nil
+	}
+	return Result{Status: report.StatusFalse, Reason: "NodeServicesActive", Message: strings.Join(c.units, ", ") + ": active", Details: details}, nil
+}

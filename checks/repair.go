@@ -1,0 +1,140 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+)
+
+// Repair outcomes, the values of the result label.
+const (
+	RepairRestarted  = "restarted"
+	RepairCooldown   = "cooldown"
+	RepairSystemd    = "systemd-restarting"
+	RepairStopped    = "unit-stopped"
+	RepairNotLoaded  = "not-loaded"
+	RepairFailed     = "failed"
+	RepairNoSystemd  = "no-systemd"
+)
+
+// RepairStatus is what the repairer knows about one unit.
+type RepairStatus struct {
+	Repairs     int       `json:"repairs"`
+	LastRepair  time.Time `json:"lastRepair,omitzero"`
+	LastReason  string    `json:"lastRepairReason,omitempty"`
+	LastResult  string    `json:"lastRepairResult,omitempty"`
+	Consecutive int       `json:"consecutiveRepairs"`
+}
+
+// Repairer restarts critical units in place, over D-Bus, without fighting
+// systemd: at most once per cooldown, measured from when the unit last
+// started (by us or by systemd's own Restart=); never while systemd is
+// already (re)starting it; never a unit someone stopped on purpose; and
+// always after a reset-failed, so our restarts never push it into
+// start-limit-hit.
+type Repairer struct {
+	mgr     systemd.Manager
+	log     *slog.Logger
+	now     func() time.Time
+	mu      sync.Mutex
+	units   map[string]*RepairStatus
+	repairs *prometheus.CounterVec
+}
+
+// NewRepairer returns a repairer; mgr may be nil (no systemd reachable).
+func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *Repairer {
+	r := &Repairer{mgr: mgr, log: log, now: now, units: map[string]*RepairStatus{},
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "repairs_total",
+			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, not-loaded, failed, no-systemd).",
+		}, []string{"unit", "result"})}
+	if reg != nil {
+		reg.MustRegister(r.repairs)
+	}
+	return r
+}
+
+// Repair restarts unit if policy allows and returns what it did, in words
+// for the condition message.
+func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Duration, reason string) (string, string) {
+	result, msg := r.repair(ctx, unit, cooldown, reason)
+	r.repairs.WithLabelValues(unit, result).Inc()
+	return result, msg
+}
+
+func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Duration, reason string) (string, string) {
+	if r.mgr == nil {
+		return RepairNoSystemd, "not repaired: systemd is not reachable over D-Bus"
+	}
+	u, err := r.mgr.Unit(ctx, unit)
+	if err != nil {
+		return RepairFailed, fmt.Sprintf("not repaired: %v", err)
+	}
+	switch {
+	case u.LoadState != "loaded":
+		return RepairNotLoaded, fmt.Sprintf("not repaired: %s is %s", unit, u.LoadState)
+	case u.ActiveState == "activating" || u.ActiveState == "deactivating" || u.ActiveState == "reloading" || u.SubState == "auto-restart":
+		return RepairSystemd, fmt.Sprintf("not restarted: systemd is already restarting %s (%s/%s)", unit, u.ActiveState, u.SubState)
+	case u.ActiveState == "inactive":
+		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
+	}
+	now := r.now()
+	r.mu.Lock()
+	st := r.status(unit)
+	last := st.LastRepair
+	r.mu.Unlock()
+	if u.MainStart.After(last) {
+		last = u.MainStart
+	}
+	if !last.IsZero() && now.Sub(last) < cooldown {
+		return RepairCooldown, fmt.Sprintf("not restarted: %s started %s ago, cooldown %s", unit, now.Sub(last).Round(time.Second), cooldown)
+	}
+	err = r.mgr.Restart(ctx, unit)
+	r.mu.Lock()
+	st.Repairs++
+	st.Consecutive++
+	st.LastRepair, st.LastReason = now, reason
+	n := st.Consecutive
+	if err != nil {
+		st.LastResult = "failed: " + err.Error()
+	} else {
+		st.LastResult = "done"
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.log.Error("repair: restarting unit failed", "unit", unit, "reason", reason, "err", err)
+		return RepairFailed, fmt.Sprintf("restart of %s failed: %v", unit, err)
+	}
+	r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
+	return RepairRestarted, fmt.Sprintf("restarted %s (repair %d in a row; next no sooner than in %s)", unit, n, cooldown)
+}
+
+func (r *Repairer) status(unit string) *RepairStatus {
+	st, ok := r.units[unit]
+	if !ok {
+		st = &RepairStatus{}
+		r.units[unit] = st
+	}
+	return st
+}
+
+// Healthy records that the unit's probe passed: the run of repairs ends.
+func (r *Repairer) Healthy(unit string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status(unit).Consecutive = 0
+}
+
+// Status returns the repair status of a unit.
+func (r *Repairer) Status(unit string) RepairStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return *r.status(unit)
+}

@@ -1,0 +1,130 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("ServiceNotRecovering", newServiceNotRecovering) }
+
+// serviceNotRecovering watches the critical units (kubelet, containerd, and
+// on a worker the failover proxy): True when one is failed (not the
+// transient failed systemd passes through before an automatic restart), when
+// its NRestarts rose by the threshold or more since the last run, or when
+// the daemon's own repairs of it did not help that many times in a row.
+type serviceNotRecovering struct {
+	env       *Env
+	units     []string
+	threshold int
+	prev      map[string]uint32
+}
+
+func newServiceNotRecovering(env *Env) (Check, error) {
+	c := env.Config.Checks.ServiceNotRecovering
+	units := c.WorkerUnits
+	if env.Role == report.RoleControlPlane {
+		units = c.ControlPlaneUnits
+	}
+	return &serviceNotRecovering{env: env, units: units, threshold: c.RestartThreshold, prev: map[string]uint32{}}, nil
+}
+
+// ServiceState is one unit in the services report domain.
+type ServiceState struct {
+	systemd.Unit
+	Repair *RepairStatus `json:"repair,omitempty"`
+}
+
+var errNoSystemd = errors.New("systemd is not reachable over D-Bus")
+
+func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
+	if c.env.Systemd == nil {
+		return Result{}, errNoSystemd
+	}
+	var failed, flapping, notHelping, notes []string
+	var states []ServiceState
+	for _, name := range c.units {
+		u, err := c.env.Systemd.Unit(ctx, name)
+		if err != nil {
+			return Result{}, err
+		}
+		if u.LoadState == "not-found" {
+			notes = append(notes, name+" is not installed")
+			states = append(states, ServiceState{Unit: u})
+			continue
+		}
+		if u.ActiveState == "failed" && u.Restart != "" && u.Restart != "no" {
+			// Possibly the failed state systemd passes through right before
+			// an automatic restart: look again after the restart delay.
+			u, err = c.settle(ctx, u)
+			if err != nil {
+				return Result{}, err
+			}
+		}
+		if c.env.UnitRestarts != nil {
+			c.env.UnitRestarts.WithLabelValues(name).Set(float64(u.NRestarts))
+		}
+		if u.ActiveState == "failed" {
+			failed = append(failed, fmt.Sprintf("%s is failed (%s)", name, u.Result))
+		}
+		if prev, ok := c.prev[name]; ok {
+			delta := u.NRestarts - prev
+			if u.NRestarts < prev {
+				// A manual restart (ours or an operator's) resets NRestarts to 0.
+				delta = u.NRestarts
+			}
+			if int(delta) >= c.threshold {
+				flapping = append(flapping, fmt.Sprintf("%s restarted %d times since the last check", name, delta))
+			}
+		}
+		c.prev[name] = u.NRestarts
+		st := ServiceState{Unit: u}
+		if c.env.Repair != nil {
+			rs := c.env.Repair.Status(name)
+			st.Repair = &rs
+			if rs.Consecutive >= c.threshold {
+				notHelping = append(notHelping, fmt.Sprintf("%s was repaired %d times in a row and is still unhealthy", name, rs.Consecutive))
+			}
+		}
+		states = append(states, st)
+	}
+	details := []report.Detail{{Domain: "services", Field: "services", Value: states}}
+	note := ""
+	if len(notes) > 0 {
+		note = " (" + strings.Join(notes, ", ") + ")"
+	}
+	all := append(append(append([]string{}, failed...), flapping...), notHelping...)
+	switch {
+	case len(failed) > 0:
+		return Result{Status: report.StatusTrue, Reason: "UnitFailed", Message: strings.Join(all, "; ") + note, Details: details}, nil
+	case len(flapping) > 0:
+		return Result{Status: report.StatusTrue, Reason: "UnitFlapping", Message: strings.Join(all, "; ") + note, Details: details}, nil
+	case len(notHelping) > 0:
+		return Result{Status: report.StatusTrue, Reason: "RepairNotHelping", Message: strings.Join(all, "; ") + note, Details: details}, nil
+	}
+	return Result{Status: report.StatusFalse, Reason: "CriticalUnitsRecovering",
+		Message: fmt.Sprintf("%s: none failed or restarted %d+ times since the last check%s", strings.Join(c.units, ", "), c.threshold, note), Details: details}, nil
+}
+
+// settle re-reads a failed unit until it leaves the failed state or twice
+// its restart delay (at least a second) has passed.
+func (c *serviceNotRecovering) settle(ctx context.Context, u systemd.Unit) (systemd.Unit, error) {
+	deadline := time.Now().Add(max(2*u.RestartDelay, time.Second))
+	for u.ActiveState == "failed" && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return u, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		var err error
+		if u, err = c.env.Systemd.Unit(ctx, u.Name); err != nil {
+			return u, err
+		}
+	}
+	return u, nil
+}
