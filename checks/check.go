@@ -107,3 +107,13 @@ func Implemented() []string {
 	sort.Strings(out)
 	return out
 }
+
+// NewForTest builds the registered check for a condition (integration tests
+// probe one check directly against real systems).
+func NewForTest(condType string, env *Env) (Check, error) {
+	f, ok := registry[condType]
+	if !ok {
+		return nil, fmt.Errorf("no check for %s", condType)
+	}
+	return f(env)
+}

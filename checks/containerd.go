@@ -19,19 +19,22 @@ func init() { Register("ContainerRuntimeUnhealthy", newContainerdCheck) }
 // restart containerd.service (2 min cooldown). NetworkReady=false is normal
 // before the CNI is up; only RuntimeReady counts.
 type containerdCheck struct {
-	env      *Env
-	socket   string
-	unit     string
-	cooldown time.Duration
+	env         *Env
+	callTimeout time.Duration
+	socket      string
+	unit        string
+	cooldown    time.Duration
 }
 
 func newContainerdCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.ContainerRuntimeUnhealthy
-	return &containerdCheck{env: env, socket: env.Path(c.Socket), unit: c.Unit, cooldown: c.RestartCooldown.Duration}, nil
+	return &containerdCheck{env: env, callTimeout: probeTimeout(c.Timeout.Duration), socket: env.Path(c.Socket), unit: c.Unit, cooldown: c.RestartCooldown.Duration}, nil
 }
 
 func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
-	if err := criStatus(ctx, c.socket); err != nil {
+	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	defer cancel()
+	if err := criStatus(callCtx, c.socket); err != nil {
 		return repairResult(ctx, c.env, c.unit, c.cooldown, "CRIProbeFailed", err), nil
 	}
 	if c.env.Repair != nil {

@@ -26,7 +26,7 @@ type kubeletCheck struct {
 func newKubeletCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.KubeletUnhealthy
 	return &kubeletCheck{env: env, url: c.HealthzURL, unit: c.Unit, cooldown: c.RestartCooldown.Duration,
-		client: &http.Client{Timeout: c.Timeout.Duration, Transport: &http.Transport{DisableKeepAlives: true}}}, nil
+		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration), Transport: &http.Transport{DisableKeepAlives: true}}}, nil
 }
 
 func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
@@ -65,3 +65,7 @@ func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Dura
 	}
 	return Result{Status: report.StatusTrue, Reason: reason, Message: probeErr.Error() + "; " + action}
 }
+
+// probeTimeout leaves a fifth of the check's timeout for the repair, so a
+// hung service is a failed probe (True, repaired), not a check timeout.
+func probeTimeout(checkTimeout time.Duration) time.Duration { return checkTimeout * 4 / 5 }

@@ -21,6 +21,7 @@ const (
 	RepairStopped    = "unit-stopped"
 	RepairNotLoaded  = "not-loaded"
 	RepairFailed     = "failed"
+	RepairInProgress = "in-progress"
 	RepairNoSystemd  = "no-systemd"
 )
 
@@ -40,17 +41,22 @@ type RepairStatus struct {
 // always after a reset-failed, so our restarts never push it into
 // start-limit-hit.
 type Repairer struct {
-	mgr     systemd.Manager
-	log     *slog.Logger
-	now     func() time.Time
-	mu      sync.Mutex
-	units   map[string]*RepairStatus
-	repairs *prometheus.CounterVec
+	mgr systemd.Manager
+	// jobTimeout bounds one restart job (a hung unit may take its whole
+	// TimeoutStopSec to stop).
+	jobTimeout time.Duration
+	inflight   map[string]bool
+	wg         sync.WaitGroup
+	log        *slog.Logger
+	now        func() time.Time
+	mu         sync.Mutex
+	units      map[string]*RepairStatus
+	repairs    *prometheus.CounterVec
 }
 
 // NewRepairer returns a repairer; mgr may be nil (no systemd reachable).
 func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *Repairer {
-	r := &Repairer{mgr: mgr, log: log, now: now, units: map[string]*RepairStatus{},
+	r := &Repairer{mgr: mgr, log: log, now: now, units: map[string]*RepairStatus{}, inflight: map[string]bool{}, jobTimeout: 5 * time.Minute,
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "repairs_total",
 			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, not-loaded, failed, no-systemd).",
@@ -96,25 +102,43 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	if !last.IsZero() && now.Sub(last) < cooldown {
 		return RepairCooldown, fmt.Sprintf("not restarted: %s started %s ago, cooldown %s", unit, now.Sub(last).Round(time.Second), cooldown)
 	}
-	err = r.mgr.Restart(ctx, unit)
 	r.mu.Lock()
+	if r.inflight[unit] {
+		r.mu.Unlock()
+		return RepairInProgress, fmt.Sprintf("not restarted: the previous restart of %s has not finished", unit)
+	}
+	r.inflight[unit] = true
 	st.Repairs++
 	st.Consecutive++
-	st.LastRepair, st.LastReason = now, reason
+	st.LastRepair, st.LastReason, st.LastResult = now, reason, "requested"
 	n := st.Consecutive
-	if err != nil {
-		st.LastResult = "failed: " + err.Error()
-	} else {
-		st.LastResult = "done"
-	}
 	r.mu.Unlock()
-	if err != nil {
-		r.log.Error("repair: restarting unit failed", "unit", unit, "reason", reason, "err", err)
-		return RepairFailed, fmt.Sprintf("restart of %s failed: %v", unit, err)
-	}
-	r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
-	return RepairRestarted, fmt.Sprintf("restarted %s (repair %d in a row; next no sooner than in %s)", unit, n, cooldown)
+	// The restart job runs on its own: stopping a hung unit can take its
+	// whole TimeoutStopSec, far longer than a probe may.
+	r.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.jobTimeout)
+		defer cancel()
+		err := r.mgr.Restart(ctx, unit)
+		r.mu.Lock()
+		delete(r.inflight, unit)
+		if err != nil {
+			st.LastResult = "failed: " + err.Error()
+		} else {
+			st.LastResult = "done"
+		}
+		r.mu.Unlock()
+		if err != nil {
+			r.repairs.WithLabelValues(unit, RepairFailed).Inc()
+			r.log.Error("repair: restarting unit failed", "unit", unit, "reason", reason, "err", err)
+			return
+		}
+		r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
+	})
+	return RepairRestarted, fmt.Sprintf("restarting %s (repair %d in a row; next no sooner than in %s)", unit, n, cooldown)
 }
+
+// Wait waits for restart jobs in flight (tests, shutdown).
+func (r *Repairer) Wait() { r.wg.Wait() }
 
 func (r *Repairer) status(unit string) *RepairStatus {
 	st, ok := r.units[unit]

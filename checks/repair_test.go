@@ -1,0 +1,273 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+)
+
+// fakeManager is a unit manager whose units a test sets.
+type fakeManager struct {
+	mu       sync.Mutex
+	units    map[string]systemd.Unit
+	restarts []string
+	resets   []string
+	err      error
+}
+
+func newFakeManager(units ...systemd.Unit) *fakeManager {
+	m := &fakeManager{units: map[string]systemd.Unit{}}
+	for _, u := range units {
+		m.units[u.Name] = u
+	}
+	return m
+}
+
+func (m *fakeManager) set(u systemd.Unit) { m.mu.Lock(); m.units[u.Name] = u; m.mu.Unlock() }
+
+func (m *fakeManager) Unit(_ context.Context, name string) (systemd.Unit, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return systemd.Unit{}, m.err
+	}
+	u, ok := m.units[name]
+	if !ok {
+		return systemd.Unit{Name: name, LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}, nil
+	}
+	return u, nil
+}
+
+func (m *fakeManager) Restart(_ context.Context, name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.resets = append(m.resets, name)
+	m.restarts = append(m.restarts, name)
+	u := m.units[name]
+	u.ActiveState, u.SubState, u.NRestarts, u.MainStart = "active", "running", 0, time.Now()
+	m.units[name] = u
+	return nil
+}
+
+func (m *fakeManager) ResetFailed(_ context.Context, name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.resets = append(m.resets, name)
+	return nil
+}
+
+func (m *fakeManager) restartCount() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.restarts) }
+
+func running(name string) systemd.Unit {
+	return systemd.Unit{Name: name, LoadState: "loaded", ActiveState: "active", SubState: "running", Restart: "always", RestartDelay: 100 * time.Millisecond, MainStart: time.Now()}
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// A broken /healthz every 10 s leads to exactly one restart per cooldown.
+func TestRepairCooldown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := newFakeManager(u)
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		var results []string
+		for range 13 { // 2 minutes of probes every 10 s
+			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			r.Wait()
+			results = append(results, res)
+			time.Sleep(10 * time.Second)
+		}
+		want := "restarted cooldown cooldown cooldown cooldown cooldown restarted cooldown cooldown cooldown cooldown cooldown restarted"
+		if strings.Join(results, " ") != want {
+			t.Errorf("results:\n%s\nwant:\n%s", strings.Join(results, " "), want)
+		}
+		if m.restartCount() != 3 {
+			t.Errorf("%d restarts in 2 minutes with a 1-minute cooldown", m.restartCount())
+		}
+		if st := r.Status("kubelet.service"); st.Consecutive != 3 || st.Repairs != 3 {
+			t.Errorf("status %+v", st)
+		}
+		r.Healthy("kubelet.service")
+		if st := r.Status("kubelet.service"); st.Consecutive != 0 || st.Repairs != 3 {
+			t.Errorf("after healthy: %+v", st)
+		}
+	})
+}
+
+func TestRepairDoesNotFightSystemd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			unit       systemd.Unit
+			wantResult string
+			wantMsg    string
+		}{
+			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "activating", SubState: "auto-restart"}, RepairSystemd,
+				"not restarted: systemd is already restarting k.service (activating/auto-restart)"},
+			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}, RepairStopped,
+				"not restarted: k.service is stopped (inactive/dead); a stopped unit is not started by the repair"},
+			{systemd.Unit{Name: "k.service", LoadState: "not-found", ActiveState: "inactive"}, RepairNotLoaded, "not repaired: k.service is not-found"},
+			// systemd restarted it 20 s ago (Restart=always): that starts the cooldown too.
+			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "active", SubState: "running", MainStart: time.Now().Add(-20 * time.Second)}, RepairCooldown,
+				"not restarted: k.service started 20s ago, cooldown 1m0s"},
+			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "start-limit-hit"}, RepairRestarted,
+				"restarting k.service (repair 1 in a row; next no sooner than in 1m0s)"},
+		} {
+			m := newFakeManager(tc.unit)
+			r := NewRepairer(m, quietLog(), time.Now, nil)
+			res, msg := r.Repair(context.Background(), "k.service", time.Minute, "probe failed")
+			r.Wait()
+			if res != tc.wantResult || msg != tc.wantMsg {
+				t.Errorf("%s/%s: %s %q, want %s %q", tc.unit.ActiveState, tc.unit.SubState, res, msg, tc.wantResult, tc.wantMsg)
+			}
+			if (res == RepairRestarted) != (m.restartCount() == 1) {
+				t.Errorf("%s: %d restarts", res, m.restartCount())
+			}
+		}
+		r := NewRepairer(nil, quietLog(), time.Now, nil)
+		if res, _ := r.Repair(context.Background(), "k.service", time.Minute, "x"); res != RepairNoSystemd {
+			t.Errorf("without systemd: %s", res)
+		}
+		m := newFakeManager()
+		m.err = errors.New("bus gone")
+		if res, msg := NewRepairer(m, quietLog(), time.Now, nil).Repair(context.Background(), "k.service", time.Minute, "x"); res != RepairFailed || msg != "not repaired: bus gone" {
+			t.Errorf("bus error: %s %q", res, msg)
+		}
+	})
+}
+
+func snrEnv(t *testing.T, m *fakeManager) *Env {
+	env := testEnv(t, nil)
+	env.Systemd = m
+	env.Repair = NewRepairer(m, quietLog(), time.Now, nil)
+	return env
+}
+
+func TestServiceNotRecoveringDelta(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newFakeManager(running("kubelet.service"), running("containerd.service"), running("syself-proxy.service"))
+		env := snrEnv(t, m)
+		c, _ := newServiceNotRecovering(env)
+		probe := func() Result {
+			t.Helper()
+			r, err := c.Probe(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		if r := probe(); r.Status != report.StatusFalse {
+			t.Fatalf("baseline: %+v", r)
+		}
+		set := func(name string, n uint32) {
+			u, _ := m.Unit(context.Background(), name)
+			u.NRestarts = n
+			m.set(u)
+		}
+		set("kubelet.service", 2)
+		if r := probe(); r.Status != report.StatusFalse {
+			t.Errorf("2 restarts: %+v", r)
+		}
+		set("kubelet.service", 5) // +3 since the last run
+		if r := probe(); r.Status != report.StatusTrue || r.Reason != "UnitFlapping" || r.Message != "kubelet.service restarted 3 times since the last check" {
+			t.Errorf("+3: %+v", r)
+		}
+		// A manual restart resets NRestarts to 0; then 1 automatic restart.
+		set("kubelet.service", 1)
+		if r := probe(); r.Status != report.StatusFalse {
+			t.Errorf("after a manual restart: %+v", r)
+		}
+		// Another reset, then 4 automatic restarts before the next run: seen
+		// as 4 - 1 = 3 (a poll cannot see the reset in between).
+		set("kubelet.service", 4)
+		if r := probe(); r.Reason != "UnitFlapping" {
+			t.Errorf("+3 after reset: %+v", r)
+		}
+	})
+}
+
+func TestServiceNotRecoveringFailed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Restart=no: failed is final.
+		u := running("containerd.service")
+		u.ActiveState, u.SubState, u.Result, u.Restart = "failed", "failed", "exit-code", "no"
+		m := newFakeManager(running("kubelet.service"), u, running("syself-proxy.service"))
+		c, _ := newServiceNotRecovering(snrEnv(t, m))
+		r, _ := c.Probe(context.Background())
+		if r.Status != report.StatusTrue || r.Reason != "UnitFailed" || r.Message != "containerd.service is failed (exit-code)" {
+			t.Errorf("failed: %+v", r)
+		}
+		// Restart=always, failed only until systemd restarts it 100 ms later: transient.
+		k := running("kubelet.service")
+		k.ActiveState, k.SubState, k.Result = "failed", "failed", "signal"
+		m2 := newFakeManager(k, running("containerd.service"), running("syself-proxy.service"))
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			m2.set(running("kubelet.service"))
+		}()
+		c2, _ := newServiceNotRecovering(snrEnv(t, m2))
+		if r, _ := c2.Probe(context.Background()); r.Status != report.StatusFalse {
+			t.Errorf("transient failed during auto-restart: %+v", r)
+		}
+		// Failed and staying failed despite Restart=always (start limit hit).
+		m3 := newFakeManager(k, running("containerd.service"), running("syself-proxy.service"))
+		c3, _ := newServiceNotRecovering(snrEnv(t, m3))
+		if r, _ := c3.Probe(context.Background()); r.Reason != "UnitFailed" {
+			t.Errorf("persistent failed: %+v", r)
+		}
+	})
+}
+
+func TestServiceNotRecoveringRepairNotHelping(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := newFakeManager(u, running("containerd.service"), running("syself-proxy.service"))
+		env := snrEnv(t, m)
+		for range 3 {
+			env.Repair.Repair(context.Background(), "kubelet.service", time.Minute, "healthz")
+			env.Repair.Wait()
+			time.Sleep(61 * time.Second)
+		}
+		c, _ := newServiceNotRecovering(env)
+		r, _ := c.Probe(context.Background())
+		if r.Reason != "RepairNotHelping" || r.Message != "kubelet.service was repaired 3 times in a row and is still unhealthy" {
+			t.Errorf("%+v", r)
+		}
+	})
+}
+
+func TestNodeServiceDown(t *testing.T) {
+	failed := systemd.Unit{Name: "syself-tunnel-agent.service", LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code"}
+	m := newFakeManager(failed)
+	env := testEnv(t, nil)
+	env.Systemd = m
+	c, _ := newNodeServiceDown(env)
+	r, err := c.Probe(context.Background())
+	if err != nil || r.Status != report.StatusTrue || r.Message != "syself-tunnel-agent.service is not active (failed/failed, result exit-code)" {
+		t.Errorf("%+v %v", r, err)
+	}
+	m.set(running("syself-tunnel-agent.service"))
+	if r, _ := c.Probe(context.Background()); r.Status != report.StatusFalse {
+		t.Errorf("active: %+v", r)
+	}
+	env.Role = report.RoleControlPlane
+	c, _ = newNodeServiceDown(env)
+	r, _ = c.Probe(context.Background())
+	if r.Message != "syself-tunnel-server.service is not installed; syself-source-ip.service is not installed" {
+		t.Errorf("control plane: %+v", r)
+	}
+	env.Systemd = nil
+	if _, err := c.Probe(context.Background()); err == nil {
+		t.Error("no systemd: no error")
+	}
+}

@@ -1,0 +1,213 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// Systemd is a real systemd running as PID 1 in fresh namespaces, with its
+// own D-Bus system bus, reached from the test over that bus (the same code
+// path as production).
+type Systemd struct {
+	Dir   string
+	Units string // its /etc/systemd/system
+	PID   int    // host PID of its PID 1
+	Bus   *systemd.DBus
+	cmd   *exec.Cmd
+	cg    string
+	done  chan struct{}
+}
+
+// Root returns a path inside the container's root, as the host sees it.
+func (s *Systemd) Root(p string) string {
+	return filepath.Join("/proc", strconv.Itoa(s.PID), "root", p)
+}
+
+// BusSocket is the container's system bus socket as the host sees it.
+func (s *Systemd) BusSocket() string { return s.Root("/run/dbus/system_bus_socket") }
+
+// baseUnits: dbus from the host's packages, without default dependencies,
+// and a default target that starts it.
+var baseUnits = map[string]string{
+	"dbus.service.d/10-nodeps.conf": "[Unit]\nDefaultDependencies=no\n",
+	"dbus.socket.d/10-nodeps.conf":  "[Unit]\nDefaultDependencies=no\n",
+	"test.target":                   "[Unit]\nDescription=autopilot-health test target\nWants=dbus.socket dbus.service %s\n",
+	"default.target":                "",
+}
+
+// SystemdAvailable says why a namespaced systemd cannot run here, or "".
+func SystemdAvailable() string {
+	for _, p := range []string{"/usr/lib/systemd/systemd", "/usr/bin/dbus-daemon", "/usr/bin/unshare", "/usr/bin/script", "/usr/bin/setpriv"} {
+		if _, err := os.Stat(p); err != nil {
+			return p + " missing (apt install systemd dbus util-linux bsdutils)"
+		}
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err != nil {
+		if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err != nil {
+			return "no cgroup2 mount"
+		}
+	}
+	if os.Geteuid() != 0 {
+		return "not root"
+	}
+	return ""
+}
+
+func cgroup2Root() string {
+	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err == nil {
+		return "/sys/fs/cgroup/unified"
+	}
+	return "/sys/fs/cgroup"
+}
+
+// StartSystemd starts a systemd with the given units (file name -> content)
+// plus dbus, all wanted by its default target. It returns once systemd's
+// SystemState is running or degraded.
+func StartSystemd(dir string, units map[string]string) (*Systemd, error) {
+	s := &Systemd{Dir: dir, Units: filepath.Join(dir, "units"), done: make(chan struct{})}
+	s.cg = filepath.Join(cgroup2Root(), "autopilot-health-test-"+filepath.Base(dir))
+	var names []string
+	for name := range units {
+		if strings.HasSuffix(name, ".service") {
+			names = append(names, name)
+		}
+	}
+	for name, content := range baseUnits {
+		if name == "test.target" {
+			content = fmt.Sprintf(content, strings.Join(names, " "))
+		}
+		if err := writeFileAll(filepath.Join(s.Units, name), content); err != nil {
+			return nil, err
+		}
+	}
+	os.Remove(filepath.Join(s.Units, "default.target"))
+	if err := os.Symlink("test.target", filepath.Join(s.Units, "default.target")); err != nil {
+		return nil, err
+	}
+	for name, content := range units {
+		if err := writeFileAll(filepath.Join(s.Units, name), content); err != nil {
+			return nil, err
+		}
+	}
+	s.cmd = exec.Command("bash", filepath.Join(repoRoot(), "tests", "harness", "systemd-ns.sh"), "start")
+	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg)
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { s.cmd.Wait(); close(s.done) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pidFile := filepath.Join(dir, "logs", "ctr.pid")
+	for s.PID == 0 {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			s.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		if err := s.wait(ctx, 20*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	for {
+		if _, err := os.Stat(s.BusSocket()); err == nil {
+			break
+		}
+		if err := s.wait(ctx, 20*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	s.Bus = systemd.NewDBusAt(s.BusSocket())
+	for {
+		st, err := s.Bus.SystemState(ctx)
+		if err == nil && (st == "running" || st == "degraded") {
+			return s, nil
+		}
+		if err := s.wait(ctx, 20*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("%w (last state %q, %v)", err, st, err)
+		}
+	}
+}
+
+func (s *Systemd) wait(ctx context.Context, d time.Duration) error {
+	select {
+	case <-s.done:
+		log, _ := os.ReadFile(filepath.Join(s.Dir, "logs", "console.log"))
+		return fmt.Errorf("namespaced systemd exited while starting; console:\n%s", tail(string(log), 3000))
+	case <-ctx.Done():
+		s.Stop()
+		log, _ := os.ReadFile(filepath.Join(s.Dir, "logs", "console.log"))
+		return fmt.Errorf("namespaced systemd did not come up; console:\n%s", tail(string(log), 3000))
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func writeFileAll(p, content string) error {
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(p, []byte(content), 0o644)
+}
+
+// AddUnit writes a unit file and reloads systemd.
+func (s *Systemd) AddUnit(ctx context.Context, name, content string) error {
+	if err := writeFileAll(filepath.Join(s.Units, name), content); err != nil {
+		return err
+	}
+	return s.Bus.Reload(ctx)
+}
+
+// Stop asks systemd to exit over D-Bus (Manager.Exit), waits, and removes
+// its cgroups.
+func (s *Systemd) Stop() {
+	if s.Bus != nil {
+		if c, err := godbus.Dial("unix:path=" + s.BusSocket()); err == nil {
+			if c.Auth(nil) == nil && c.Hello() == nil {
+				c.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").Call("org.freedesktop.systemd1.Manager.Exit", 0)
+			}
+			c.Close()
+		}
+		s.Bus.Close()
+	}
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		if s.PID > 0 {
+			syscall.Kill(s.PID, syscall.SIGKILL)
+		}
+		<-s.done
+	}
+	cleanup := exec.Command("bash", filepath.Join(repoRoot(), "tests", "harness", "systemd-ns.sh"), "cleanup")
+	cleanup.Env = append(os.Environ(), "NS_DIR="+s.Dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg)
+	cleanup.Run()
+}
+
+// BuildStandin builds tests/standin into dir and returns its path.
+func BuildStandin(dir string) (string, error) {
+	out := filepath.Join(dir, "standin")
+	cmd := exec.Command("go", "build", "-o", out, "./tests/standin")
+	cmd.Dir = repoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the stand-in: %v\n%s", err, b)
+	}
+	return out, nil
+}

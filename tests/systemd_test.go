@@ -1,0 +1,329 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+var (
+	sdOnce    sync.Once
+	sdShared  *harness.Systemd
+	sdErr     error
+	sdPort    int
+	sdCleanup []func()
+)
+
+func stopSystemds() {
+	for _, f := range sdCleanup {
+		f()
+	}
+}
+
+// realSystemd starts (once per package) a systemd as PID 1 in fresh
+// namespaces with stand-in units for kubelet, containerd (a CRI server),
+// the failover proxy, a tunnel agent and a unit that ends failed.
+func realSystemd(t *testing.T) *harness.Systemd {
+	t.Helper()
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	sdOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "autopilot-health-systemd-"+harness.Token()+"-")
+		if err != nil {
+			sdErr = err
+			return
+		}
+		bin, err := harness.BuildStandin(filepath.Join(dir, "units", "bin"))
+		if err != nil {
+			sdErr = err
+			return
+		}
+		_ = bin
+		l, _ := net.Listen("tcp", "127.0.0.1:0")
+		sdPort = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		standin := "/etc/systemd/system/bin/standin"
+		svc := func(desc, exec, extra string) string {
+			return fmt.Sprintf("[Unit]\nDescription=%s\nDefaultDependencies=no\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=%s\n%s", desc, exec, extra)
+		}
+		units := map[string]string{
+			"kubelet.service":             svc("stand-in kubelet (/healthz)", fmt.Sprintf("%s kubelet 127.0.0.1:%d /run/standin/kubelet-broken", standin, sdPort), "Restart=always\nRestartSec=100ms\n"),
+			"containerd.service":          svc("stand-in containerd (CRI)", standin+" cri /run/containerd/containerd.sock /run/standin/cri-broken", "Restart=always\nRestartSec=100ms\nRuntimeDirectory=containerd\nRuntimeDirectoryPreserve=yes\n"),
+			"syself-proxy.service":        svc("stand-in failover proxy", "/bin/sleep infinity", "Restart=always\nRestartSec=100ms\n"),
+			"syself-tunnel-agent.service": svc("stand-in tunnel agent", "/bin/sleep infinity", "Restart=always\nRestartSec=100ms\n"),
+			"broken.service":              "[Unit]\nDescription=exits non-zero once, no restart: failed\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/false\n",
+		}
+		start := time.Now()
+		sdShared, sdErr = harness.StartSystemd(dir, units)
+		if sdErr == nil {
+			fmt.Fprintf(os.Stderr, "namespaced systemd ready in %s (pid %d, %s)\n", time.Since(start).Round(time.Millisecond), sdShared.PID, dir)
+			sdCleanup = append(sdCleanup, func() { sdShared.Stop(); os.RemoveAll(dir) })
+		}
+	})
+	if sdErr != nil {
+		t.Fatalf("starting a real systemd: %v", sdErr)
+	}
+	return sdShared
+}
+
+func waitUnit(t *testing.T, s *harness.Systemd, name, what string, ok func(systemd.Unit) bool) systemd.Unit {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		u, err := s.Bus.Unit(context.Background(), name)
+		if err == nil && ok(u) {
+			return u
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %s is %+v (%v)", what, name, u, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a unit over D-Bus
+	}
+}
+
+func active(u systemd.Unit) bool { return u.ActiveState == "active" && u.SubState == "running" }
+
+func sdEnv(t *testing.T, s *harness.Systemd, mutate func(*config.Config)) (*checks.Env, *report.Store) {
+	cfg := config.Default()
+	cfg.Checks.KubeletUnhealthy.HealthzURL = fmt.Sprintf("http://127.0.0.1:%d/healthz", sdPort)
+	cfg.Checks.ContainerRuntimeUnhealthy.Socket = s.Root("/run/containerd/containerd.sock")
+	cfg.Runner.FirstRunSpread = config.Duration{}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	env := &checks.Env{Config: cfg, NodeName: "n", Role: report.RoleWorker, Log: quiet(), Sys: checks.RealSys(), Now: time.Now, Systemd: s.Bus}
+	env.Repair = checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	return env, report.NewStore("b")
+}
+
+func runChecks(t *testing.T, env *checks.Env, store *report.Store, only ...string) func() {
+	t.Helper()
+	r, err := checks.NewRunner(env, checks.Options{Store: store, Only: only})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx, nil); close(done) }()
+	return func() { cancel(); <-done; env.Repair.Wait() }
+}
+
+func dur(d time.Duration) config.Duration { return config.Duration{Duration: d} }
+
+func condIs(store *report.Store, ty string, st report.Status) func() bool {
+	return func() bool { c, ok := store.Get(ty); return ok && c.Status == st }
+}
+
+// A broken /healthz leads to exactly one restart per cooldown, and the
+// condition clears after recovery.
+func TestKubeletRepairOverRealSystemd(t *testing.T) {
+	s := realSystemd(t)
+	waitUnit(t, s, "kubelet.service", "kubelet up", active)
+	env, store := sdEnv(t, s, func(c *config.Config) {
+		c.Checks.KubeletUnhealthy.Interval = dur(250 * time.Millisecond)
+		c.Checks.KubeletUnhealthy.Timeout = dur(250 * time.Millisecond)
+		c.Checks.KubeletUnhealthy.RestartCooldown = dur(2 * time.Second)
+	})
+	stop := runChecks(t, env, store, "KubeletUnhealthy")
+	defer stop()
+	waitFor(t, store, nil, 10*time.Second, "KubeletUnhealthy=False", condIs(store, "KubeletUnhealthy", report.StatusFalse))
+	first := waitUnit(t, s, "kubelet.service", "kubelet up", active)
+	// kubelet "started" a moment ago counts toward the cooldown: let it pass.
+	time.Sleep(time.Until(first.MainStart.Add(2 * time.Second)))
+
+	broken := s.Root("/run/standin/kubelet-broken")
+	os.MkdirAll(filepath.Dir(broken), 0o755)
+	if err := os.WriteFile(broken, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	brokeAt := time.Now()
+	waitFor(t, store, nil, 10*time.Second, "KubeletUnhealthy=True", condIs(store, "KubeletUnhealthy", report.StatusTrue))
+	// Watch the invocations for 3.5 s of a 2 s cooldown: exactly 2 restarts
+	// (at ~0 s and ~2 s), each a new invocation of the unit.
+	invocations := map[string]bool{first.Invocation: true}
+	for time.Since(brokeAt) < 3500*time.Millisecond {
+		u, err := s.Bus.Unit(context.Background(), "kubelet.service")
+		if err == nil && u.Invocation != "" {
+			invocations[u.Invocation] = true
+		}
+		time.Sleep(20 * time.Millisecond) // sampling invocations over a fixed window
+	}
+	st := env.Repair.Status("kubelet.service")
+	if st.Repairs != 2 || len(invocations) != 3 {
+		t.Errorf("in 3.5 s with a 2 s cooldown: %d repairs, %d invocations (want 2 repairs, 3 invocations)", st.Repairs, len(invocations))
+	}
+	c, _ := store.Get("KubeletUnhealthy")
+	if !strings.Contains(c.Message, "HTTP 500") {
+		t.Errorf("message %q", c.Message)
+	}
+	os.Remove(broken)
+	waitFor(t, store, nil, 10*time.Second, "KubeletUnhealthy=False after recovery", condIs(store, "KubeletUnhealthy", report.StatusFalse))
+	if st := env.Repair.Status("kubelet.service"); st.Consecutive != 0 {
+		t.Errorf("consecutive repairs after recovery: %+v", st)
+	}
+}
+
+// A hung CRI runtime (Status never answers) is a failed probe: the condition
+// is set and containerd.service restarted.
+func TestContainerdRepairOverRealSystemd(t *testing.T) {
+	s := realSystemd(t)
+	before := waitUnit(t, s, "containerd.service", "containerd up", active)
+	env, store := sdEnv(t, s, func(c *config.Config) {
+		c.Checks.ContainerRuntimeUnhealthy.Interval = dur(500 * time.Millisecond)
+		c.Checks.ContainerRuntimeUnhealthy.Timeout = dur(500 * time.Millisecond)
+		c.Checks.ContainerRuntimeUnhealthy.RestartCooldown = dur(2 * time.Second)
+	})
+	stop := runChecks(t, env, store, "ContainerRuntimeUnhealthy")
+	defer stop()
+	waitFor(t, store, nil, 10*time.Second, "ContainerRuntimeUnhealthy=False", condIs(store, "ContainerRuntimeUnhealthy", report.StatusFalse))
+	time.Sleep(time.Until(before.MainStart.Add(2 * time.Second))) // the cooldown counts from the unit's start
+	broken := s.Root("/run/standin/cri-broken")
+	os.MkdirAll(filepath.Dir(broken), 0o755)
+	os.WriteFile(broken, nil, 0o644)
+	defer os.Remove(broken)
+	waitFor(t, store, nil, 10*time.Second, "ContainerRuntimeUnhealthy=True", condIs(store, "ContainerRuntimeUnhealthy", report.StatusTrue))
+	waitUnit(t, s, "containerd.service", "a new containerd invocation", func(u systemd.Unit) bool { return active(u) && u.Invocation != before.Invocation })
+	if c, _ := store.Get("ContainerRuntimeUnhealthy"); !strings.Contains(c.Message, "DeadlineExceeded") {
+		t.Errorf("message %q", c.Message)
+	}
+}
+
+// kill makes a unit's main process die (a crash); systemd restarts it.
+func kill(t *testing.T, s *harness.Systemd, name string) systemd.Unit {
+	t.Helper()
+	before := waitUnit(t, s, name, name+" up", active)
+	if err := s.Bus.KillMain(context.Background(), name, int32(syscall.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	return waitUnit(t, s, name, name+" restarted by systemd", func(u systemd.Unit) bool { return active(u) && u.Invocation != before.Invocation })
+}
+
+func snrProbe(t *testing.T, c checks.Check) checks.Result {
+	t.Helper()
+	r, err := c.Probe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestServiceNotRecoveringOverRealSystemd(t *testing.T) {
+	s := realSystemd(t)
+	env, _ := sdEnv(t, s, nil)
+	c, err := checks.NewForTest("ServiceNotRecovering", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := snrProbe(t, c); r.Status != report.StatusFalse {
+		t.Fatalf("baseline: %+v", r)
+	}
+	// Killed and restarted by systemd three times: flapping.
+	for range 3 {
+		kill(t, s, "syself-proxy.service")
+	}
+	r := snrProbe(t, c)
+	if r.Status != report.StatusTrue || r.Reason != "UnitFlapping" || r.Message != "syself-proxy.service restarted 3 times since the last check" {
+		t.Errorf("after 3 crashes: %+v", r)
+	}
+	if r := snrProbe(t, c); r.Status != report.StatusFalse {
+		t.Errorf("no new restarts: %+v", r)
+	}
+	// A manual restart resets NRestarts to 0; the delta must not go wrong.
+	kill(t, s, "syself-proxy.service")
+	if err := s.Bus.Restart(context.Background(), "syself-proxy.service"); err != nil {
+		t.Fatal(err)
+	}
+	if u := waitUnit(t, s, "syself-proxy.service", "up", active); u.NRestarts != 0 {
+		t.Errorf("NRestarts after a manual restart: %d", u.NRestarts)
+	}
+	if r := snrProbe(t, c); r.Status != report.StatusFalse {
+		t.Errorf("after a manual restart: %+v", r)
+	}
+	kill(t, s, "syself-proxy.service")
+	kill(t, s, "syself-proxy.service")
+	if r := snrProbe(t, c); r.Status != report.StatusFalse {
+		t.Errorf("2 crashes after a manual restart: %+v", r)
+	}
+	// A transient failed during an automatic restart is not "failed": probe
+	// right after the kill, while systemd is restarting the unit.
+	if err := s.Bus.KillMain(context.Background(), "kubelet.service", int32(syscall.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	if r := snrProbe(t, c); r.Reason == "UnitFailed" {
+		t.Errorf("transient failed during auto-restart taken for failed: %+v", r)
+	}
+	waitUnit(t, s, "kubelet.service", "kubelet back", active)
+
+	// A unit that ends failed (no Restart=).
+	env2, _ := sdEnv(t, s, func(c *config.Config) { c.Checks.ServiceNotRecovering.WorkerUnits = []string{"kubelet.service", "broken.service"} })
+	c2, _ := checks.NewForTest("ServiceNotRecovering", env2)
+	waitUnit(t, s, "broken.service", "broken failed", func(u systemd.Unit) bool { return u.ActiveState == "failed" })
+	if r := snrProbe(t, c2); r.Status != report.StatusTrue || r.Reason != "UnitFailed" || r.Message != "broken.service is failed (exit-code)" {
+		t.Errorf("failed unit: %+v", r)
+	}
+}
+
+func TestNodeServiceDownOverRealSystemd(t *testing.T) {
+	s := realSystemd(t)
+	env, _ := sdEnv(t, s, nil)
+	c, _ := checks.NewForTest("NodeServiceDown", env)
+	waitUnit(t, s, "syself-tunnel-agent.service", "up", active)
+	if r := snrProbe(t, c); r.Status != report.StatusFalse {
+		t.Fatalf("active: %+v", r)
+	}
+	if err := s.Bus.Stop(context.Background(), "syself-tunnel-agent.service"); err != nil {
+		t.Fatal(err)
+	}
+	if r := snrProbe(t, c); r.Status != report.StatusTrue || r.Message != "syself-tunnel-agent.service is not active (inactive/dead)" {
+		t.Errorf("stopped: %+v", r)
+	}
+	if err := s.Bus.Start(context.Background(), "syself-tunnel-agent.service"); err != nil {
+		t.Fatal(err)
+	}
+	if r := snrProbe(t, c); r.Status != report.StatusFalse {
+		t.Errorf("started again: %+v", r)
+	}
+}
+
+// The D-Bus connection drops (dbus restarted); the client reconnects.
+func TestDBusReconnect(t *testing.T) {
+	s := realSystemd(t)
+	bus := systemd.NewDBusAt(s.BusSocket())
+	defer bus.Close()
+	if _, err := bus.Unit(context.Background(), "kubelet.service"); err != nil {
+		t.Fatal(err)
+	}
+	// Restarting dbus drops every connection, this one's included; the
+	// job's answer may never arrive.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	bus.Restart(ctx, "dbus.service")
+	cancel()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		u, err := bus.Unit(context.Background(), "kubelet.service")
+		if err == nil && u.LoadState == "loaded" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer after dbus restarted: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // dbus coming back
+	}
+	if bus.Reconnects == 0 {
+		t.Error("the client answered without reconnecting: the bus did not drop?")
+	}
+}
