@@ -70,6 +70,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "config":
 		return cmdConfig(rest, stdout, stderr)
 	case "version", "--version":
+		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help") {
+			fmt.Fprintln(stdout, "Usage: autopilot-health version\n  print the version and the Go version it was built with")
+			return exitOK
+		}
 		fmt.Fprintf(stdout, "autopilot-health %s (%s)\n", Version(), runtime.Version())
 		return exitOK
 	case "help", "-h", "--help":

@@ -24,7 +24,8 @@ func (b *backoff) next() time.Duration {
 
 func (b *backoff) reset() { b.cur = 0 }
 
-// jitter returns d shortened by up to 10 %.
+// jitter returns d lengthened by up to 10 %: heartbeats are never more
+// frequent than configured, and a fleet does not write in step.
 func jitter(d time.Duration) time.Duration {
-	return d - rand.N(d/10+1)
+	return d + rand.N(d/10+1)
 }

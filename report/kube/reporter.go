@@ -189,7 +189,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	defer hb.Stop()
 	var retry <-chan time.Time
 	for {
-		r.progress(loop, max(r.o.HeartbeatPeriod, backoffMax))
+		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10, backoffMax))
 		changed := r.o.Store.Changed()
 		if dirty && retry == nil {
 			if err := r.writeStatus(ctx); err != nil {

@@ -316,7 +316,8 @@ func TestSteadyStateWritesPerHour(t *testing.T) {
 		status, ann := acts["patch nodes/status"], acts["patch nodes"]
 		t.Logf("steady state: %d API writes per node per hour (%d condition heartbeats, %d report refreshes), %d other calls",
 			status+ann, status, ann, len(client.Actions())-status-ann)
-		if status < 12 || status > 14 || ann != 30 || len(client.Actions()) != status+ann {
+		// Heartbeats every 5 to 5.5 minutes (never more often than configured).
+		if status < 10 || status > 12 || ann != 30 || len(client.Actions()) != status+ann {
 			t.Errorf("writes per hour: %v", acts)
 		}
 		h.stop()
