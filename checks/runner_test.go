@@ -149,6 +149,22 @@ func TestRunnerTurnsFailuresIntoUnknown(t *testing.T) {
 	}
 }
 
+// loopNodeInfo runs the runner's loop with one probe for NodeInfoStale
+// (interval 1m, timeout 10s) until the returned stop is called.
+func loopNodeInfo(t *testing.T, probe Check) (*report.Store, func()) {
+	t.Helper()
+	env := testEnv(t, nil)
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { r.Run(ctx, nil); close(done) }()
+	return store, func() { cancel(); <-done }
+}
+
 // A probe that ignores its context is abandoned at the timeout; while it is
 // still stuck the next run does not start another one.
 func TestRunnerDoesNotPileUpStuckProbes(t *testing.T) {
@@ -163,12 +179,7 @@ func TestRunnerDoesNotPileUpStuckProbes(t *testing.T) {
 			<-release
 			return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
 		})
-		env := testEnv(t, nil)
-		store := report.NewStore("b")
-		r, _ := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { r.Run(ctx, nil); close(done) }()
+		store, stop := loopNodeInfo(t, probe)
 
 		time.Sleep(10*time.Second + time.Millisecond) // past the 10s timeout
 		synctest.Wait()
@@ -193,8 +204,7 @@ func TestRunnerDoesNotPileUpStuckProbes(t *testing.T) {
 		if c, _ = store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
 			t.Errorf("after release: %+v", c)
 		}
-		cancel()
-		<-done
+		stop()
 	})
 }
 
@@ -208,12 +218,7 @@ func TestRunnerRecoversFromPanicAndKeepsRunning(t *testing.T) {
 			}
 			return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
 		})
-		env := testEnv(t, nil)
-		store := report.NewStore("b")
-		r, _ := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { r.Run(ctx, nil); close(done) }()
+		store, stop := loopNodeInfo(t, probe)
 		synctest.Wait()
 		if c, _ := store.Get("NodeInfoStale"); c.Reason != report.ReasonCheckPanicked || c.Message != "check panicked: boom" {
 			t.Errorf("after the panic: %+v", c)
@@ -223,8 +228,7 @@ func TestRunnerRecoversFromPanicAndKeepsRunning(t *testing.T) {
 		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
 			t.Errorf("the loop did not survive the panic: %+v", c)
 		}
-		cancel()
-		<-done
+		stop()
 	})
 }
 
@@ -243,13 +247,8 @@ func TestRunnerTransitionTimes(t *testing.T) {
 			i++
 			return r, nil
 		})
-		env := testEnv(t, nil)
 		start := time.Now()
-		store := report.NewStore("b")
-		r, _ := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { r.Run(ctx, nil); close(done) }()
+		store, stop := loopNodeInfo(t, probe)
 		wantLTT := []time.Duration{0, 0, 2 * time.Minute, 2 * time.Minute, 4 * time.Minute}
 		for k, w := range wantLTT {
 			synctest.Wait()
@@ -259,8 +258,7 @@ func TestRunnerTransitionTimes(t *testing.T) {
 			}
 			time.Sleep(time.Minute)
 		}
-		cancel()
-		<-done
+		stop()
 	})
 }
 

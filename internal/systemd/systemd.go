@@ -185,21 +185,10 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 	if err := d.ResetFailed(ctx, name); err != nil {
 		return err
 	}
-	return d.call(ctx, func(c *sd.Conn) error {
-		ch := make(chan string, 1)
-		if _, err := c.RestartUnitContext(ctx, name, "replace", ch); err != nil {
-			return fmt.Errorf("restart %s: %w", name, err)
-		}
-		select {
-		case res := <-ch:
-			if res != "done" {
-				return fmt.Errorf("restart %s: job result %q: %w", name, res, ErrJobFailed)
-			}
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("restart %s: waiting for the job: %w", name, ctx.Err())
-		}
-	})
+	if err := d.job(ctx, name, (*sd.Conn).RestartUnitContext); err != nil {
+		return fmt.Errorf("restart %s: %w", name, err)
+	}
+	return nil
 }
 
 // ResetFailed implements Manager.
