@@ -5,7 +5,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 
-.PHONY: all build run test test-race bench fuzz vet docs clean k8s-bins
+.PHONY: all build run test test-race bench fuzz vet docs clean k8s-bins deb
 
 all: build
 
@@ -48,6 +48,10 @@ fuzz:
 # Regenerate the README's condition catalog from report/catalog.go.
 docs:
 	$(GO) test ./cmd/autopilot-health -run '^TestREADMECatalog$$' -update
+
+# The Debian package for the OS image (bin/autopilot-health_<version>_<arch>.deb).
+deb: build
+	bash packaging/deb/build.sh $(BIN) bin
 
 clean:
 	rm -rf bin
