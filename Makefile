@@ -40,10 +40,10 @@ bench:
 # Short fuzzing of every parser (FUZZTIME per target).
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseMountinfo$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseMountinfo$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 # Regenerate the README's condition catalog from report/catalog.go.
 docs:

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -239,14 +240,16 @@ type SealedOSTampered struct{ Common }
 
 type NodeTampered struct{ Common }
 
-// Default returns the embedded defaults.
-func Default() *Config {
+// Default returns the embedded defaults (a fresh copy each call).
+func Default() *Config { return defaults().clone() }
+
+var defaults = sync.OnceValue(func() *Config {
 	c, err := Parse("(defaults)", defaultTOML, nil)
 	if err != nil {
 		panic("config: embedded default.toml is invalid: " + err.Error())
 	}
 	return c
-}
+})
 
 // Load reads the file at path over the defaults. A missing file is not an
 // error when allowMissing is set (the daemon's default path); the returned

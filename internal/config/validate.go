@@ -207,7 +207,14 @@ func (k *Checks) Common(condType string) (Common, bool) {
 }
 
 // kmsgRules builds and compiles the kernel log rules as the daemon will.
+// The built-in set alone is the same every time: it is compiled once.
 func (v *validator) kmsgRules(c *Config) {
+	if len(c.Kmsg.Disable) == 0 && len(c.Kmsg.Rules) == 0 {
+		if err := builtinRulesCompile(); err != nil {
+			v.fail("kmsg.rules", "%v", err)
+		}
+		return
+	}
 	custom := make([]kmsg.Rule, len(c.Kmsg.Rules))
 	for i, r := range c.Kmsg.Rules {
 		custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
@@ -221,3 +228,8 @@ func (v *validator) kmsgRules(c *Config) {
 		v.fail("kmsg.rules", "%v", err)
 	}
 }
+
+var builtinRulesCompile = sync.OnceValue(func() error {
+	_, err := kmsg.Compile(kmsg.DefaultRules, nil)
+	return err
+})
