@@ -1,0 +1,39 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("ProxyNotServing", newProxyCheck) }
+
+// proxyCheck: the local syself-proxy's ready gauge on its metrics endpoint
+// is 0 or missing, or the endpoint is unreachable (worker nodes only).
+type proxyCheck struct {
+	url, metric string
+	client      *http.Client
+}
+
+func newProxyCheck(env *Env) (Check, error) {
+	c := env.Config.Checks.ProxyNotServing
+	return &proxyCheck{url: c.MetricsURL, metric: c.ReadyMetric, client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+}
+
+func (c *proxyCheck) Probe(ctx context.Context) (Result, error) {
+	vals, found, err := scrapeGauge(ctx, c.client, c.url, c.metric)
+	switch {
+	case err != nil:
+		return Result{Status: report.StatusTrue, Reason: "ProxyUnreachable", Message: err.Error()}, nil
+	case !found || len(vals) == 0:
+		return Result{Status: report.StatusTrue, Reason: "ProxyNotReady", Message: fmt.Sprintf("%s has no %s gauge", c.url, c.metric)}, nil
+	}
+	for _, v := range vals {
+		if v == 0 {
+			return Result{Status: report.StatusTrue, Reason: "ProxyNotReady", Message: fmt.Sprintf("%s: %s is 0 (no valid target set)", c.url, c.metric)}, nil
+		}
+	}
+	return Result{Status: report.StatusFalse, Reason: "ProxyServing", Message: fmt.Sprintf("%s: %s is %v", c.url, c.metric, vals[0])}, nil
+}

@@ -1,0 +1,122 @@
+package checks
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+func TestProxyCheck(t *testing.T) {
+	page := ""
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(status)
+		fmt.Fprint(w, page)
+	}))
+	defer srv.Close()
+	env := testEnv(t, func(c *config.Config) { c.Checks.ProxyNotServing.MetricsURL = srv.URL + "/metrics" })
+	c, _ := newProxyCheck(env)
+	for _, tc := range []struct {
+		page       string
+		status     int
+		wantStatus report.Status
+		wantReason string
+		wantMsg    string
+	}{
+		{"# TYPE ready gauge\nready 1\nother_total 5\n", 200, report.StatusFalse, "ProxyServing", "/metrics: ready is 1"},
+		{"# TYPE ready gauge\nready 0\n", 200, report.StatusTrue, "ProxyNotReady", "/metrics: ready is 0 (no valid target set)"},
+		{"other 1\n", 200, report.StatusTrue, "ProxyNotReady", "/metrics has no ready gauge"},
+		{"ready{not closed 1\n", 200, report.StatusTrue, "ProxyUnreachable", "metrics page: text format parsing error"},
+		{"", 503, report.StatusTrue, "ProxyUnreachable", "HTTP 503"},
+	} {
+		page, status = tc.page, tc.status
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != tc.wantStatus || r.Reason != tc.wantReason || !strings.Contains(r.Message, tc.wantMsg) {
+			t.Errorf("page %q: %+v %v; want %s/%s containing %q", tc.page, r, err, tc.wantStatus, tc.wantReason, tc.wantMsg)
+		}
+	}
+	srv.Close()
+	if r, _ := c.Probe(context.Background()); r.Reason != "ProxyUnreachable" || !strings.Contains(r.Message, "connection refused") {
+		t.Errorf("endpoint down: %+v", r)
+	}
+}
+
+// A garbage metrics page is an error, never a panic.
+func FuzzParseMetric(f *testing.F) {
+	f.Add("# TYPE ready gauge\nready 1\n")
+	f.Add("ready{a=\"b\"} 0 1700000000\n# HELP x y\n")
+	f.Add("# TYPE ready histogram\nready_bucket{le=\"1\"} 1\n")
+	f.Fuzz(func(t *testing.T, page string) {
+		vals, found, err := parseMetric(strings.NewReader(page), "ready")
+		if err == nil && !found && len(vals) > 0 {
+			t.Fatal("values without the metric")
+		}
+	})
+}
+
+func writeCert(t *testing.T, path, cn string, notAfter time.Time) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn}, NotBefore: notAfter.Add(-365 * 24 * time.Hour), NotAfter: notAfter}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	// Key first, as in kubelet-client-current.pem.
+	b := append(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCertCheck(t *testing.T) {
+	root := t.TempDir()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	env.Now = func() time.Time { return now }
+	client := root + "/var/lib/kubelet/pki/kubelet-client-current.pem"
+	c, _ := newCertCheck(env)
+
+	writeCert(t, client, "system:node:n1", now.Add(200*24*time.Hour))
+	r, err := c.Probe(context.Background())
+	if err != nil || r.Status != report.StatusFalse || r.Message != "1 certificates valid for more than 168h0m0s" {
+		t.Errorf("valid (server cert absent): %+v %v", r, err)
+	}
+	infos := r.Details[0].Value.([]CertInfo)
+	if len(infos) != 2 || infos[0].DaysLeft != 200 || infos[1].Error != "not present" {
+		t.Errorf("certs domain: %+v", infos)
+	}
+
+	writeCert(t, client, "system:node:n1", now.Add(6*24*time.Hour))
+	r, _ = c.Probe(context.Background())
+	if r.Status != report.StatusTrue || r.Reason != "CertificateExpiringSoon" ||
+		r.Message != "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires in 144h0m0s, on 2026-12-08T12:00:00Z: not renewed within 168h0m0s of expiry" {
+		t.Errorf("expiring: %+v", r)
+	}
+	writeCert(t, client, "system:node:n1", now.Add(-time.Hour))
+	if r, _ := c.Probe(context.Background()); !strings.Contains(r.Message, "expired 1h0m0s ago") {
+		t.Errorf("expired: %+v", r)
+	}
+	os.WriteFile(client, []byte("not pem"), 0o600)
+	if _, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("garbage file: %v", err)
+	}
+}

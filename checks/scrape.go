@@ -1,0 +1,62 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// maxMetricsPage bounds what a check reads from a metrics endpoint.
+const maxMetricsPage = 4 << 20
+
+// scrapeGauge fetches a Prometheus text page and returns the values of the
+// metric name (gauge, counter or untyped; one per series). found is false
+// when the page has no such metric. A page that is not valid exposition
+// text is an error (the caller counts the check as failed), never a panic.
+func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (values []float64, found bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, false, fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
+	}
+	return parseMetric(io.LimitReader(resp.Body, maxMetricsPage), name)
+}
+
+// parseMetric reads Prometheus text exposition and returns the values of one metric.
+func parseMetric(r io.Reader, name string) ([]float64, bool, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, false, fmt.Errorf("metrics page: %w", err)
+	}
+	f, ok := fams[name]
+	if !ok {
+		return nil, false, nil
+	}
+	var out []float64
+	for _, m := range f.GetMetric() {
+		switch f.GetType() {
+		case dto.MetricType_GAUGE:
+			out = append(out, m.GetGauge().GetValue())
+		case dto.MetricType_COUNTER:
+			out = append(out, m.GetCounter().GetValue())
+		case dto.MetricType_UNTYPED:
+			out = append(out, m.GetUntyped().GetValue())
+		default:
+			return nil, true, fmt.Errorf("metric %s is a %s, not a gauge", name, f.GetType())
+		}
+	}
+	return out, true, nil
+}
