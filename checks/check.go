@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -96,16 +95,6 @@ func Register(condType string, f Factory) {
 		panic(fmt.Sprintf("checks: Register(%q): registered twice", condType))
 	}
 	registry[condType] = f
-}
-
-// Implemented lists the condition types that have a registered check.
-func Implemented() []string {
-	var out []string
-	for k := range registry {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // NewForTest builds the registered check for a condition (integration tests
