@@ -122,6 +122,20 @@ func runChecks(t *testing.T, env *checks.Env, store *report.Store, only ...strin
 	return func() { cancel(); <-done; env.Repair.Wait() }
 }
 
+// breakStandin creates the file that makes a stand-in fail (kubelet-broken:
+// /healthz answers 500; cri-broken: Status hangs) and returns its path.
+func breakStandin(t *testing.T, s *harness.Systemd, name string) string {
+	t.Helper()
+	p := s.Root("/run/standin/" + name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func dur(d time.Duration) config.Duration { return config.Duration{Duration: d} }
 
 func condIs(store *report.Store, ty string, st report.Status) func() bool {
@@ -145,11 +159,7 @@ func TestKubeletRepairOverRealSystemd(t *testing.T) {
 	// kubelet "started" a moment ago counts toward the cooldown: let it pass.
 	time.Sleep(time.Until(first.MainStart.Add(2 * time.Second)))
 
-	broken := s.Root("/run/standin/kubelet-broken")
-	os.MkdirAll(filepath.Dir(broken), 0o755)
-	if err := os.WriteFile(broken, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	broken := breakStandin(t, s, "kubelet-broken")
 	brokeAt := time.Now()
 	waitFor(t, store, nil, 10*time.Second, "KubeletUnhealthy=True", condIs(store, "KubeletUnhealthy", report.StatusTrue))
 	// Watch the invocations for 3.5 s of a 2 s cooldown: exactly 2 restarts
@@ -191,10 +201,7 @@ func TestContainerdRepairOverRealSystemd(t *testing.T) {
 	defer stop()
 	waitFor(t, store, nil, 10*time.Second, "ContainerRuntimeUnhealthy=False", condIs(store, "ContainerRuntimeUnhealthy", report.StatusFalse))
 	time.Sleep(time.Until(before.MainStart.Add(2 * time.Second))) // the cooldown counts from the unit's start
-	broken := s.Root("/run/standin/cri-broken")
-	os.MkdirAll(filepath.Dir(broken), 0o755)
-	os.WriteFile(broken, nil, 0o644)
-	defer os.Remove(broken)
+	defer os.Remove(breakStandin(t, s, "cri-broken"))
 	waitFor(t, store, nil, 10*time.Second, "ContainerRuntimeUnhealthy=True", condIs(store, "ContainerRuntimeUnhealthy", report.StatusTrue))
 	waitUnit(t, s, "containerd.service", "a new containerd invocation", func(u systemd.Unit) bool { return active(u) && u.Invocation != before.Invocation })
 	if c, _ := store.Get("ContainerRuntimeUnhealthy"); !strings.Contains(c.Message, "DeadlineExceeded") {
