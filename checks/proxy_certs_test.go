@@ -120,3 +120,10 @@ func TestCertCheck(t *testing.T) {
 		t.Errorf("garbage file: %v", err)
 	}
 }
+
+func mkdir(t *testing.T, p string) {
+	t.Helper()
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}

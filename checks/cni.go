@@ -1,0 +1,74 @@
+package checks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("CNIUnhealthy", newCNICheck) }
+
+// cniCheck asks the local cilium-agent for its health over its API socket
+// (GET /v1/healthz, the call `cilium status` makes): True when the agent's
+// own state is not Ok, or the socket does not answer.
+type cniCheck struct {
+	socket string
+	client *http.Client
+}
+
+func newCNICheck(env *Env) (Check, error) {
+	c := env.Config.Checks.CNIUnhealthy
+	socket := env.Path(c.Socket)
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return &cniCheck{socket: c.Socket, client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+}
+
+// ciliumStatus is the part of cilium's StatusResponse (api/v1/openapi.yaml)
+// the check reads.
+type ciliumStatus struct {
+	Cilium *struct {
+		State string `json:"state"`
+		Msg   string `json:"msg"`
+	} `json:"cilium"`
+}
+
+func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cilium/v1/healthz", nil)
+	if err != nil {
+		return Result{}, err
+	}
+	req.Header.Set("brief", "true")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return Result{Status: report.StatusTrue, Reason: "CiliumUnreachable", Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return Result{Status: report.StatusTrue, Reason: "CiliumUnreachable", Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		return Result{Status: report.StatusTrue, Reason: "CiliumNotOk", Message: fmt.Sprintf("cilium-agent /v1/healthz: HTTP %d", resp.StatusCode)}, nil
+	}
+	var st ciliumStatus
+	if err := json.Unmarshal(body, &st); err != nil || st.Cilium == nil {
+		// An answer we cannot read says nothing about cilium's health.
+		return Result{}, fmt.Errorf("cilium-agent /v1/healthz: unreadable answer (%d bytes): %v", len(body), err)
+	}
+	if st.Cilium.State != "Ok" {
+		msg := fmt.Sprintf("cilium-agent state %s", st.Cilium.State)
+		if st.Cilium.Msg != "" {
+			msg += ": " + st.Cilium.Msg
+		}
+		return Result{Status: report.StatusTrue, Reason: "CiliumNotOk", Message: msg}, nil
+	}
+	return Result{Status: report.StatusFalse, Reason: "CNIHealthy", Message: "cilium-agent state Ok"}, nil
+}
