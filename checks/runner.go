@@ -100,6 +100,8 @@ type entry struct {
 	timeout  time.Duration
 	log      *slog.Logger
 	running  atomic.Bool
+	// part: the check evaluates one part of its condition (Parter).
+	part string
 }
 
 // Runner schedules the checks and records their results in the store.
@@ -147,8 +149,12 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 		if err != nil {
 			return nil, fmt.Errorf("check %s: %w", p.Desc.Type, err)
 		}
+		part := ""
+		if pc, ok := c.(Parter); ok {
+			part = pc.Part()
+		}
 		r.entries = append(r.entries, &entry{
-			cond: p.Desc.Type, check: c,
+			cond: p.Desc.Type, check: c, part: part,
 			interval: com.Interval.Duration, timeout: com.Timeout.Duration,
 			log: env.Log.With("check", p.Desc.Type),
 		})
@@ -277,6 +283,10 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 	}
 	if r.metrics != nil {
 		r.metrics.CheckRun(e.cond, result, time.Since(start))
+	}
+	if e.part != "" {
+		r.store.SetPart(e.part, c, time.Now())
+		return
 	}
 	r.store.Set(c, time.Now())
 }

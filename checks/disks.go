@@ -1,0 +1,138 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() {
+	Register("DisksFailure", newDisksFailureSMART)
+	Register("DiskWearHigh", newDiskWear)
+	Register("DiskTemperatureHigh", newDiskTemp)
+}
+
+// SMARTPart is the part under which NVMe SMART evaluates DisksFailure.
+const SMARTPart = "nvme-smart"
+
+// disksFailureSMART: an NVMe SMART critical-warning bit is set (read over
+// the admin ioctl). The temperature bit is left to DiskTemperatureHigh (an
+// operability problem, not a failing disk).
+type disksFailureSMART struct{ env *Env }
+
+func newDisksFailureSMART(env *Env) (Check, error) { return &disksFailureSMART{env: env}, nil }
+
+func (c *disksFailureSMART) Part() string { return SMARTPart }
+
+func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
+	hs, err := readNVMeHealth(c.env.nvme())
+	if err != nil {
+		return Result{}, err
+	}
+	details := []report.Detail{{Domain: "disks", Field: "disks", Value: hs}}
+	ok, bad := nvmeUnreadable(hs)
+	if len(hs) > 0 && len(ok) == 0 {
+		return Result{Details: details}, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
+	}
+	var failing []string
+	for _, h := range ok {
+		if w := warnings(h.CriticalWarning, 1<<1); len(w) > 0 {
+			failing = append(failing, fmt.Sprintf("%s (%s): SMART critical warning 0x%02x: %s", h.Controller, h.Model, h.CriticalWarning, strings.Join(w, ", ")))
+		}
+	}
+	if len(failing) > 0 {
+		return Result{Status: report.StatusTrue, Reason: "NVMeCriticalWarning", Message: strings.Join(failing, "; "), Details: details}, nil
+	}
+	return Result{Status: report.StatusFalse, Reason: "DisksHealthy", Message: drives(len(ok), "without SMART critical warnings") + unreadableNote(bad), Details: details}, nil
+}
+
+func drives(n int, what string) string {
+	switch n {
+	case 0:
+		return "no NVMe drives"
+	case 1:
+		return "1 NVMe drive " + what
+	}
+	return fmt.Sprintf("%d NVMe drives %s", n, what)
+}
+
+func unreadableNote(bad []string) string {
+	if len(bad) == 0 {
+		return ""
+	}
+	return "; not readable: " + strings.Join(bad, "; ")
+}
+
+// diskWear: an NVMe drive's "percentage used" of its rated endurance is at
+// or above the threshold.
+type diskWear struct {
+	env       *Env
+	threshold int
+}
+
+func newDiskWear(env *Env) (Check, error) {
+	return &diskWear{env: env, threshold: env.Config.Checks.DiskWearHigh.PercentageUsedThreshold}, nil
+}
+
+func (c *diskWear) Probe(ctx context.Context) (Result, error) {
+	hs, err := readNVMeHealth(c.env.nvme())
+	if err != nil {
+		return Result{}, err
+	}
+	ok, bad := nvmeUnreadable(hs)
+	if len(hs) > 0 && len(ok) == 0 {
+		return Result{}, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
+	}
+	var worn []string
+	for _, h := range ok {
+		if h.PercentageUsed >= c.threshold {
+			worn = append(worn, fmt.Sprintf("%s (%s) has used %d%% of its rated endurance", h.Controller, h.Model, h.PercentageUsed))
+		}
+	}
+	if len(worn) > 0 {
+		return Result{Status: report.StatusTrue, Reason: "EnduranceMostlyUsed", Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold)}, nil
+	}
+	return Result{Status: report.StatusFalse, Reason: "DiskWearOK", Message: drives(len(ok), fmt.Sprintf("below %d%% of rated endurance", c.threshold)) + unreadableNote(bad)}, nil
+}
+
+// diskTemp: an NVMe drive is past its temperature threshold: the configured
+// one, or (threshold_celsius = 0) the drive's own warning threshold WCTEMP,
+// or, where the drive reports none, its own temperature warning bit.
+type diskTemp struct {
+	env       *Env
+	threshold int
+}
+
+func newDiskTemp(env *Env) (Check, error) {
+	return &diskTemp{env: env, threshold: env.Config.Checks.DiskTemperatureHigh.ThresholdCelsius}, nil
+}
+
+func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
+	hs, err := readNVMeHealth(c.env.nvme())
+	if err != nil {
+		return Result{}, err
+	}
+	ok, bad := nvmeUnreadable(hs)
+	if len(hs) > 0 && len(ok) == 0 {
+		return Result{}, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
+	}
+	var hot []string
+	for _, h := range ok {
+		limit := c.threshold
+		if limit == 0 {
+			limit = h.WarningTempC
+		}
+		switch {
+		case limit > 0 && h.TemperatureC >= limit:
+			hot = append(hot, fmt.Sprintf("%s (%s) is at %d°C, threshold %d°C", h.Controller, h.Model, h.TemperatureC, limit))
+		case h.CriticalWarning&(1<<1) != 0:
+			hot = append(hot, fmt.Sprintf("%s (%s) reports its temperature outside its threshold (%d°C)", h.Controller, h.Model, h.TemperatureC))
+		}
+	}
+	if len(hot) > 0 {
+		return Result{Status: report.StatusTrue, Reason: "TemperatureAboveThreshold", Message: strings.Join(hot, "; ")}, nil
+	}
+	return Result{Status: report.StatusFalse, Reason: "DiskTemperatureOK", Message: drives(len(ok), "within their temperature thresholds") + unreadableNote(bad)}, nil
+}
