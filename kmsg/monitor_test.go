@@ -189,5 +189,5 @@ func TestFloodMemoryBounded(t *testing.T) {
 type countEvents struct{ n *int }
 
 func (countEvents) ConditionChanged(*report.Condition, report.Condition) {}
-func (countEvents) ConditionRestored(report.Condition)                  {}
-func (c countEvents) EventEmitted(report.Event)                         { *c.n++ }
+func (countEvents) ConditionRestored(report.Condition)                   {}
+func (c countEvents) EventEmitted(report.Event)                          { *c.n++ }

@@ -7,11 +7,11 @@ import (
 
 func TestParseRecord(t *testing.T) {
 	for _, tc := range []struct {
-		in         string
-		fac, lvl   uint8
-		seq, usec  uint64
-		cont       bool
-		msg        string
+		in        string
+		fac, lvl  uint8
+		seq, usec uint64
+		cont      bool
+		msg       string
 	}{
 		{"3,379,3463590,-;device-mapper: verity: 7:1: data block 5 is corrupted\n", 0, 3, 379, 3463590, false, "device-mapper: verity: 7:1: data block 5 is corrupted"},
 		{"6,399,6531168,-;task:kubelet state:D\n SUBSYSTEM=block\n DEVICE=b8:0\n", 0, 6, 399, 6531168, false, "task:kubelet state:D"},
@@ -38,13 +38,13 @@ func TestParseRecord(t *testing.T) {
 
 func TestUnescape(t *testing.T) {
 	for in, want := range map[string]string{
-		`plain`:                "plain",
-		`a\x5cb`:               `a\b`,
-		`tab\x09here`:          "tab\there",
-		`utf8 \xc3\xa9`:        "utf8 é",
-		`bad \xZZ and \x4`:     `bad \xZZ and \x4`,
-		`trailing \`:           `trailing \`,
-		`\x41\x42`:             "AB",
+		`plain`:            "plain",
+		`a\x5cb`:           `a\b`,
+		`tab\x09here`:      "tab\there",
+		`utf8 \xc3\xa9`:    "utf8 é",
+		`bad \xZZ and \x4`: `bad \xZZ and \x4`,
+		`trailing \`:       `trailing \`,
+		`\x41\x42`:         "AB",
 	} {
 		if got := string(Unescape(nil, []byte(in))); got != want {
 			t.Errorf("Unescape(%q) = %q, want %q", in, got, want)

@@ -28,7 +28,7 @@ func (r *recorder) ConditionChanged(prev *Condition, cur Condition) {
 	r.changes = append(r.changes, cur.Type+":"+from+">"+string(cur.Status))
 }
 func (r *recorder) ConditionRestored(c Condition) { r.restored = append(r.restored, c.Type) }
-func (r *recorder) EventEmitted(e Event)         { r.events = append(r.events, e.Reason) }
+func (r *recorder) EventEmitted(e Event)          { r.events = append(r.events, e.Reason) }
 
 func TestTransitionTimeChangesOnlyWithStatus(t *testing.T) {
 	s := NewStore("boot1")

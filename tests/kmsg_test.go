@@ -35,7 +35,7 @@ type eventLog struct {
 func newEventLog(token string) *eventLog { return &eventLog{token: token, ch: make(chan struct{}, 1)} }
 
 func (e *eventLog) ConditionChanged(*report.Condition, report.Condition) {}
-func (e *eventLog) ConditionRestored(report.Condition)                  {}
+func (e *eventLog) ConditionRestored(report.Condition)                   {}
 func (e *eventLog) EventEmitted(ev report.Event) {
 	if !strings.Contains(ev.Message, e.token) {
 		return

@@ -276,7 +276,9 @@ func TestServiceNotRecoveringOverRealSystemd(t *testing.T) {
 	waitUnit(t, s, "kubelet.service", "kubelet back", active)
 
 	// A unit that ends failed (no Restart=).
-	env2, _ := sdEnv(t, s, func(c *config.Config) { c.Checks.ServiceNotRecovering.WorkerUnits = []string{"kubelet.service", "broken.service"} })
+	env2, _ := sdEnv(t, s, func(c *config.Config) {
+		c.Checks.ServiceNotRecovering.WorkerUnits = []string{"kubelet.service", "broken.service"}
+	})
 	c2, _ := checks.NewForTest("ServiceNotRecovering", env2)
 	waitUnit(t, s, "broken.service", "broken failed", func(u systemd.Unit) bool { return u.ActiveState == "failed" })
 	if r := snrProbe(t, c2); r.Status != report.StatusTrue || r.Reason != "UnitFailed" || r.Message != "broken.service is failed (exit-code)" {

@@ -7,8 +7,8 @@
 package config
 
 import (
-	_ "embed"
 	"bytes"
+	_ "embed"
 	"errors"
 	"fmt"
 	"os"

@@ -79,8 +79,8 @@ func (k keyIndex) find(key string) int {
 func keyLines(data []byte) keyIndex {
 	idx := keyIndex{}
 	table := ""
-	depth := 0      // open brackets of a multi-line array
-	inMulti := ""   // open multi-line string delimiter
+	depth := 0    // open brackets of a multi-line array
+	inMulti := "" // open multi-line string delimiter
 	for n, raw := range strings.Split(string(data), "\n") {
 		line := strings.TrimSpace(raw)
 		if inMulti != "" {

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -342,4 +341,3 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 	r.m.observe(KindAnnotations, start, err)
 	return err
 }
-
