@@ -32,6 +32,7 @@ test-race:
 	$(GO) test -race -count=1 $(PKGS)
 
 vet:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
 bench:
