@@ -56,12 +56,18 @@ func (c *kubeletCheck) probe(ctx context.Context) error {
 	return nil
 }
 
-// repairResult is the True result of a failed repair probe: the failure and
-// what the repairer did about it.
+// repairResult is the result of a failed repair probe: True with the
+// failure and what the repairer did about it; Unknown (NoData) while the
+// unit has not started yet (at boot kubelet waits for this daemon, ordered
+// Before=kubelet.service, so its first probes find it not running).
 func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Duration, reason string, probeErr error) Result {
 	action := "not repaired (only the daemon repairs; autopilot-health check does not)"
 	if env.Repair != nil {
-		_, action = env.Repair.Repair(ctx, unit, cooldown, probeErr.Error())
+		var res string
+		res, action = env.Repair.Repair(ctx, unit, cooldown, probeErr.Error())
+		if res == RepairStarting {
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: action + "; " + probeErr.Error()}
+		}
 	}
 	return Result{Status: report.StatusTrue, Reason: reason, Message: probeErr.Error() + "; " + action}
 }

@@ -19,6 +19,7 @@ const (
 	RepairCooldown   = "cooldown"
 	RepairSystemd    = "systemd-restarting"
 	RepairStopped    = "unit-stopped"
+	RepairStarting   = "unit-starting"
 	RepairNotLoaded  = "not-loaded"
 	RepairFailed     = "failed"
 	RepairInProgress = "in-progress"
@@ -59,7 +60,7 @@ func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, re
 	r := &Repairer{mgr: mgr, log: log, now: now, units: map[string]*RepairStatus{}, inflight: map[string]bool{}, jobTimeout: 5 * time.Minute,
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "repairs_total",
-			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, not-loaded, failed, no-systemd).",
+			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, unit-starting, not-loaded, in-progress, failed, no-systemd).",
 		}, []string{"unit", "result"})}
 	if reg != nil {
 		reg.MustRegister(r.repairs)
@@ -88,6 +89,8 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		return RepairNotLoaded, fmt.Sprintf("not repaired: %s is %s", unit, u.LoadState)
 	case u.ActiveState == "activating" || u.ActiveState == "deactivating" || u.ActiveState == "reloading" || u.SubState == "auto-restart":
 		return RepairSystemd, fmt.Sprintf("not restarted: systemd is already restarting %s (%s/%s)", unit, u.ActiveState, u.SubState)
+	case u.ActiveState == "inactive" && u.Job != 0:
+		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
 	case u.ActiveState == "inactive":
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
 	}

@@ -116,6 +116,9 @@ func TestRepairDoesNotFightSystemd(t *testing.T) {
 			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}, RepairStopped,
 				"not restarted: k.service is stopped (inactive/dead); a stopped unit is not started by the repair"},
 			{systemd.Unit{Name: "k.service", LoadState: "not-found", ActiveState: "inactive"}, RepairNotLoaded, "not repaired: k.service is not-found"},
+			// At boot: ordered after this daemon, its start job waits.
+			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Job: 42}, RepairStarting,
+				"k.service has not started yet (job 42 queued)"},
 			// systemd restarted it 20 s ago (Restart=always): that starts the cooldown too.
 			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "active", SubState: "running", MainStart: time.Now().Add(-20 * time.Second)}, RepairCooldown,
 				"not restarted: k.service started 20s ago, cooldown 1m0s"},
@@ -270,4 +273,22 @@ func TestNodeServiceDown(t *testing.T) {
 	if _, err := c.Probe(context.Background()); err == nil {
 		t.Error("no systemd: no error")
 	}
+}
+
+// While kubelet has not started yet (boot), a failed probe is Unknown, not True.
+func TestKubeletNotStartedYetIsUnknown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newFakeManager(systemd.Unit{Name: "kubelet.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Job: 7})
+		env := testEnv(t, nil)
+		env.Systemd, env.Repair = m, NewRepairer(m, quietLog(), time.Now, nil)
+		env.Config.Checks.KubeletUnhealthy.HealthzURL = "http://127.0.0.1:1/healthz"
+		c, _ := newKubeletCheck(env)
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != report.StatusUnknown || r.Reason != report.ReasonNoData || !strings.HasPrefix(r.Message, "kubelet.service has not started yet (job 7 queued); ") {
+			t.Errorf("%+v %v", r, err)
+		}
+		if m.restartCount() != 0 {
+			t.Error("restarted a unit that is starting")
+		}
+	})
 }

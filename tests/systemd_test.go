@@ -336,3 +336,32 @@ func TestDBusReconnect(t *testing.T) {
 		t.Error("the client answered without reconnecting: the bus did not drop?")
 	}
 }
+
+// At boot kubelet waits for this daemon (Before=kubelet.service): its start
+// job is queued. systemd reports the job, the repairer leaves the unit
+// alone, and the condition is Unknown, not True.
+func TestQueuedStartJobOverRealSystemd(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	if err := s.AddUnit(ctx, "gate.service", "[Unit]\nDefaultDependencies=no\n[Service]\nType=oneshot\nExecStart=/bin/sleep 3\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, "late.service", "[Unit]\nDefaultDependencies=no\nAfter=gate.service\n[Service]\nExecStart=/bin/sleep infinity\n"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.Bus.Start(ctx, "gate.service") })
+	waitUnit(t, s, "gate.service", "gate activating", func(u systemd.Unit) bool { return u.ActiveState == "activating" })
+	wg.Go(func() { s.Bus.Start(ctx, "late.service") })
+	u := waitUnit(t, s, "late.service", "a queued start job", func(u systemd.Unit) bool { return u.Job != 0 })
+	if u.ActiveState != "inactive" {
+		t.Errorf("late.service with a queued job: %+v", u)
+	}
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	if res, msg := r.Repair(ctx, "late.service", time.Minute, "probe failed"); res != checks.RepairStarting {
+		t.Errorf("repair of a starting unit: %s %q", res, msg)
+	}
+	waitUnit(t, s, "late.service", "late started after the gate", active)
+	s.Bus.Stop(ctx, "late.service")
+}

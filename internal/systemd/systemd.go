@@ -29,6 +29,9 @@ type Unit struct {
 	RestartDelay time.Duration `json:"-"`
 	// Restart is the service's Restart= setting ("no", "always", ...).
 	Restart string `json:"-"`
+	// Job is the id of a job queued or running for the unit (0: none), e.g.
+	// a start job waiting for the units it is ordered after.
+	Job uint32 `json:"job,omitempty"`
 }
 
 // Manager is what the daemon needs from systemd.
@@ -149,6 +152,9 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 		u.LoadState, _ = p["LoadState"].(string)
 		u.ActiveState, _ = p["ActiveState"].(string)
 		u.SubState, _ = p["SubState"].(string)
+		if j, ok := p["Job"].([]any); ok && len(j) == 2 {
+			u.Job, _ = j[0].(uint32)
+		}
 		if id, ok := p["InvocationID"].([]byte); ok && len(id) > 0 {
 			u.Invocation = hex.EncodeToString(id)
 		}
