@@ -184,3 +184,22 @@ func (w *window) count(now, span uint64) (int, []string) {
 	slices.Sort(devs)
 	return n, devs
 }
+
+func (mon *Monitor) windowEntries() []ioError {
+	out := make([]ioError, len(mon.window.usec))
+	for i := range mon.window.usec {
+		out[i] = ioError{Usec: mon.window.usec[i], Dev: mon.window.devs[i]}
+	}
+	return out
+}
+
+// restoreWindow puts back the disk I/O errors saved before a restart within
+// the same boot and re-evaluates DisksFailure's kernel part.
+func (mon *Monitor) restoreWindow(es []ioError) {
+	for _, e := range es {
+		mon.window.add(e.Usec, e.Dev)
+	}
+	if len(es) > 0 {
+		mon.evalWindow(MonotonicNow(), time.Now())
+	}
+}

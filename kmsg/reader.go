@@ -40,6 +40,14 @@ type Reader struct {
 type cursor struct {
 	BootID string `json:"bootID"`
 	Seq    uint64 `json:"seq"`
+	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
+	// time and device), so a restart within the boot does not forget them.
+	IOErrors []ioError `json:"ioErrors,omitempty"`
+}
+
+type ioError struct {
+	Usec uint64 `json:"usec"`
+	Dev  string `json:"dev"`
 }
 
 func (rd *Reader) loadCursor() (cursor, bool) {
@@ -55,7 +63,7 @@ func (rd *Reader) loadCursor() (cursor, bool) {
 }
 
 func (rd *Reader) saveCursor(seq uint64) error {
-	b, _ := json.Marshal(cursor{BootID: rd.BootID, Seq: seq})
+	b, _ := json.Marshal(cursor{BootID: rd.BootID, Seq: seq, IOErrors: rd.Monitor.windowEntries()})
 	tmp := rd.CursorFile + ".tmp"
 	if err := os.MkdirAll(filepath.Dir(rd.CursorFile), 0o755); err != nil {
 		return err
@@ -87,6 +95,9 @@ func (rd *Reader) Run(ctx context.Context) {
 		rd.ReadTimeout = 10 * time.Second
 	}
 	cur, resume := rd.loadCursor()
+	if resume {
+		rd.Monitor.restoreWindow(cur.IOErrors)
+	}
 	last, haveLast := cur.Seq, resume
 	saved := last
 	lastSave := time.Now()

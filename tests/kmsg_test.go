@@ -274,3 +274,44 @@ func TestKmsgFlood(t *testing.T) {
 		t.Errorf("handled only %d of %d lines: the monitor did not keep up", handled, n)
 	}
 }
+
+// The disk I/O errors in DisksFailure's window survive a restart within the
+// same boot: 3 errors, restart, 2 more errors: DisksFailure.
+func TestKmsgIOErrorWindowSurvivesRestart(t *testing.T) {
+	tok := harness.Token()
+	dir := t.TempDir()
+	boot, _ := readBootID()
+	run := func() (*report.Store, func()) {
+		store := report.NewStore(boot)
+		mon := kmsg.NewMonitor(kmsgOpts(t, store))
+		mon.Start(time.Now(), kmsg.BootWall())
+		rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: quiet(),
+			CursorFile: filepath.Join(dir, "kmsg-cursor.json"), BootID: boot, ReadTimeout: 200 * time.Millisecond}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		waitFor(t, store, nil, 10*time.Second, "the reader to open /dev/kmsg", mon.Metrics().ReaderUp)
+		return store, func() { cancel(); <-done }
+	}
+	ioerr := func(i int) { write(t, fmt.Sprintf("I/O error, dev sd%s, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", tok, i)) }
+	store, stop := run()
+	for i := range 3 {
+		ioerr(i)
+	}
+	waitFor(t, store, nil, 10*time.Second, "3 errors counted", func() bool {
+		c, _ := store.Get("DisksFailure")
+		return strings.Contains(c.Message, "logged 3 disk I/O errors")
+	})
+	stop()
+	store, stop = run()
+	defer stop()
+	if c, _ := store.Get("DisksFailure"); !strings.Contains(c.Message, "logged 3 disk I/O errors") {
+		t.Errorf("after the restart the window holds: %q", c.Message)
+	}
+	ioerr(3)
+	ioerr(4)
+	waitFor(t, store, nil, 10*time.Second, "DisksFailure=True", func() bool {
+		c, _ := store.Get("DisksFailure")
+		return c.Status == report.StatusTrue
+	})
+}
