@@ -293,7 +293,9 @@ func TestKmsgIOErrorWindowSurvivesRestart(t *testing.T) {
 		waitFor(t, store, nil, 10*time.Second, "the reader to open /dev/kmsg", mon.Metrics().ReaderUp)
 		return store, func() { cancel(); <-done }
 	}
-	ioerr := func(i int) { write(t, fmt.Sprintf("I/O error, dev sd%s, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", tok, i)) }
+	ioerr := func(i int) {
+		write(t, fmt.Sprintf("I/O error, dev sd%s, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", tok, i))
+	}
 	store, stop := run()
 	for i := range 3 {
 		ioerr(i)
