@@ -68,6 +68,7 @@ type Daemon struct {
 	version string
 	kube    kubernetes.Interface
 	kubeM   *kube.Metrics
+	events  *kube.EventQueue
 	kmsg    *kmsg.Monitor
 	bootID  string
 
@@ -105,6 +106,12 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.metrics.Registry.MustRegister(env.UnitRestarts)
 	d.store.Observe(d.metrics)
 	d.store.Observe(newLogObserver(log))
+	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
+		// Queue events from the start: the kubeconfig may appear later
+		// (the kubelet writes it when the node joins).
+		d.events = kube.NewEventQueue(d.kubeM)
+		d.store.Observe(d.events)
+	}
 	d.bootID = bootID
 	if cfg.Kmsg.Enabled {
 		ko, err := KmsgOptions(cfg, env, d.store, d.metrics.Registry)
@@ -285,7 +292,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	d.live.Forget("kube/kubeconfig")
 	r := kube.New(kube.Options{
 		Client: client, NodeName: d.env.NodeName, Role: d.env.Role, Store: d.store, Details: d.details,
-		Log: d.log, Metrics: d.kubeM, Progress: d.live.Beat,
+		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
 	})
 	r.Run(ctx)

@@ -22,6 +22,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
@@ -398,5 +402,33 @@ func TestDetect(t *testing.T) {
 	os.Remove(root + "/proc/sys/kernel/random/boot_id")
 	if _, err := Detect(cfg); err == nil || !strings.Contains(err.Error(), "cannot read the boot id") {
 		t.Errorf("missing boot id: %v", err)
+	}
+}
+
+// Events emitted before the reporter runs (e.g. while the node has not
+// joined and the kubeconfig does not exist yet) are queued, not lost.
+func TestEventsBeforeReporterAreQueued(t *testing.T) {
+	cfg := testConfig(t)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Store().Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:1 blocked for more than 120 seconds.", Time: time.Now()})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		evs, _ := client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if evs != nil && len(evs.Items) == 1 && evs.Items[0].Reason == "TaskHung" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the event emitted before Run never reached the API: %+v", evs)
+		}
+		time.Sleep(20 * time.Millisecond) // the event loop flushes every second
 	}
 }

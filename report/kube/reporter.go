@@ -31,6 +31,10 @@ type Options struct {
 	HeartbeatPeriod time.Duration
 	// ReportInterval: the report annotations are refreshed this often.
 	ReportInterval time.Duration
+	// Events, if set, is the queue the daemon's events arrive in (created
+	// at start, so events from before the reporter exists are kept); if
+	// nil, New creates one and registers it with the store.
+	Events *EventQueue
 	// EventCountFlush overrides how often the count of an aggregated Event
 	// is patched (default 10 s).
 	EventCountFlush time.Duration
@@ -67,7 +71,7 @@ const Component = "autopilot-health"
 type Reporter struct {
 	o       Options
 	m       *Metrics
-	events  chan report.Event
+	events  <-chan report.Event
 	adopted chan struct{}
 	// eventSeq is used by the event loop only.
 	eventSeq uint64
@@ -82,26 +86,40 @@ func New(o Options) *Reporter {
 	if o.EventCountFlush == 0 {
 		o.EventCountFlush = eventCountFlush
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: make(chan report.Event, eventQueue), adopted: make(chan struct{})}
+	if o.Events == nil {
+		o.Events = NewEventQueue(o.Metrics)
+		o.Store.Observe(o.Events)
+	}
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{})}
 	r.m.SetReporting(true)
-	o.Store.Observe(r)
 	return r
 }
 
-// ConditionChanged implements report.Observer (the status loop reads the
-// store itself).
-func (r *Reporter) ConditionChanged(*report.Condition, report.Condition) {}
+// EventQueue holds the daemon's events until the reporter sends them. It is
+// a report.Observer that never blocks: when the queue is full an event is
+// dropped and counted.
+type EventQueue struct {
+	ch chan report.Event
+	m  *Metrics
+}
+
+// NewEventQueue returns an empty queue; register it with the store.
+func NewEventQueue(m *Metrics) *EventQueue {
+	return &EventQueue{ch: make(chan report.Event, eventQueue), m: m}
+}
+
+// ConditionChanged implements report.Observer.
+func (q *EventQueue) ConditionChanged(*report.Condition, report.Condition) {}
 
 // ConditionRestored implements report.Observer.
-func (r *Reporter) ConditionRestored(report.Condition) {}
+func (q *EventQueue) ConditionRestored(report.Condition) {}
 
-// EventEmitted implements report.Observer: it never blocks the caller; when
-// the queue is full the event is dropped and counted.
-func (r *Reporter) EventEmitted(e report.Event) {
+// EventEmitted implements report.Observer.
+func (q *EventQueue) EventEmitted(e report.Event) {
 	select {
-	case r.events <- e:
+	case q.ch <- e:
 	default:
-		r.m.dropped.Inc()
+		q.m.dropped.Inc()
 	}
 }
 
