@@ -48,7 +48,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	checked := 0
 	for _, p := range c.paths {
 		info := CertInfo{Path: p}
-		cert, err := firstCert(c.env.Path(p))
+		cert, err := FirstCertificate(c.env.Path(p))
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			info.Error = "not present"
@@ -82,9 +82,9 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		Message: fmt.Sprintf("%d certificates valid for more than %s", checked, c.within), Details: details}, nil
 }
 
-// firstCert returns the first certificate of a PEM file (the kubelet's
-// *-current.pem files hold the certificate and its key).
-func firstCert(path string) (*x509.Certificate, error) {
+// FirstCertificate returns the first certificate of a PEM file (the
+// kubelet's *-current.pem files hold the certificate and its key).
+func FirstCertificate(path string) (*x509.Certificate, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err

@@ -2,7 +2,6 @@ package kmsg
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -59,19 +58,7 @@ func NewMetrics(reg prometheus.Registerer, rules *RuleSet) *Metrics {
 }
 
 // ReaderUp reports whether the reader has /dev/kmsg open and is reading.
-func (m *Metrics) ReaderUp() bool {
-	var pb dto.Metric
-	if m.up.Write(&pb) != nil {
-		return false
-	}
-	return pb.GetGauge().GetValue() == 1
-}
+func (m *Metrics) ReaderUp() bool { return report.Value(m.up) == 1 }
 
 // Lost returns the number of records lost to ring buffer overruns so far.
-func (m *Metrics) Lost() float64 {
-	var pb dto.Metric
-	if m.lost.Write(&pb) != nil {
-		return 0
-	}
-	return pb.GetCounter().GetValue()
-}
+func (m *Metrics) Lost() float64 { return report.Value(m.lost) }

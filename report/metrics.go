@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Namespace prefixes the daemon's own metrics. problem_counter and
@@ -173,6 +174,22 @@ func (m *Metrics) SetReady(ok bool) { m.ready.Set(b2f(ok)) }
 func b2f(b bool) float64 {
 	if b {
 		return 1
+	}
+	return 0
+}
+
+// Value returns the current value of a counter or gauge (for status lines
+// and tests); 0 for other kinds.
+func Value(m prometheus.Metric) float64 {
+	var pb dto.Metric
+	if m.Write(&pb) != nil {
+		return 0
+	}
+	switch {
+	case pb.Counter != nil:
+		return pb.GetCounter().GetValue()
+	case pb.Gauge != nil:
+		return pb.GetGauge().GetValue()
 	}
 	return 0
 }

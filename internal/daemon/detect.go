@@ -1,14 +1,13 @@
 package daemon
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
@@ -81,30 +80,18 @@ func readTrim(p string) (string, error) {
 	return strings.TrimSpace(string(b)), err
 }
 
-// nodeNameFromCert returns <name> of the first certificate in a PEM file
-// whose subject CN is system:node:<name>.
+// nodeNameFromCert returns <name> of the certificate in a PEM file whose
+// subject CN is system:node:<name> (the kubelet's client certificate).
 func nodeNameFromCert(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	c, err := checks.FirstCertificate(path)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%s: %w", path, err)
 	}
-	for {
-		var blk *pem.Block
-		blk, b = pem.Decode(b)
-		if blk == nil {
-			return "", fmt.Errorf("%s: no certificate with CN system:node:<name>", path)
-		}
-		if blk.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", path, err)
-		}
-		if n, ok := strings.CutPrefix(c.Subject.CommonName, "system:node:"); ok && n != "" {
-			return n, nil
-		}
+	n, ok := strings.CutPrefix(c.Subject.CommonName, "system:node:")
+	if !ok || n == "" {
+		return "", fmt.Errorf("%s: CN %q is not system:node:<name>", path, c.Subject.CommonName)
 	}
+	return n, nil
 }
 
 // nvidiaPCIDevice returns the address of the first NVIDIA (vendor 0x10de)

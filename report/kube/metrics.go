@@ -7,7 +7,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -104,7 +103,7 @@ func (m *Metrics) Failures() float64 {
 	var n float64
 	for _, kind := range []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead} {
 		for _, res := range []string{"error", "forbidden", "not_found"} {
-			n += counterValue(m.writes.WithLabelValues(kind, res))
+			n += report.Value(m.writes.WithLabelValues(kind, res))
 		}
 	}
 	return n
@@ -114,15 +113,7 @@ func (m *Metrics) Failures() float64 {
 func (m *Metrics) Forbidden() float64 {
 	var n float64
 	for _, kind := range []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead} {
-		n += counterValue(m.writes.WithLabelValues(kind, "forbidden"))
+		n += report.Value(m.writes.WithLabelValues(kind, "forbidden"))
 	}
 	return n
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var pb dto.Metric
-	if err := c.Write(&pb); err != nil {
-		return 0
-	}
-	return pb.GetCounter().GetValue()
 }
