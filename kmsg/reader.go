@@ -139,9 +139,13 @@ func (rd *Reader) Run(ctx context.Context) {
 		}
 		rd.Monitor.m.up.Set(1)
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
+		var beat time.Time
 		for ctx.Err() == nil {
-			if rd.Progress != nil {
+			// Progress at most once a second: in a flood this loop turns
+			// for every record.
+			if now := time.Now(); rd.Progress != nil && now.Sub(beat) >= time.Second {
 				rd.Progress("kmsg", rd.ReadTimeout+5*time.Second)
+				beat = now
 			}
 			f.SetReadDeadline(time.Now().Add(rd.ReadTimeout))
 			n, err := f.Read(buf)

@@ -50,7 +50,11 @@ func (l *Liveness) Forget(loop string) {
 func (l *Liveness) Beat(loop string, maxSilence time.Duration) {
 	t := l.now()
 	l.mu.Lock()
-	l.loops[loop] = &loopState{last: t, maxSilence: maxSilence}
+	if st, ok := l.loops[loop]; ok {
+		st.last, st.maxSilence = t, maxSilence
+	} else {
+		l.loops[loop] = &loopState{last: t, maxSilence: maxSilence}
+	}
 	l.mu.Unlock()
 	if l.OnBeat != nil {
 		l.OnBeat(loop, t)
