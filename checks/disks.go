@@ -27,14 +27,10 @@ func newDisksFailureSMART(env *Env) (Check, error) { return &disksFailureSMART{e
 func (c *disksFailureSMART) Part() string { return SMARTPart }
 
 func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
-	hs, err := readNVMeHealth(c.env.nvme())
-	if err != nil {
-		return Result{}, err
-	}
+	hs, ok, bad, err := readableNVMe(c.env)
 	details := []report.Detail{{Domain: "disks", Field: "disks", Value: hs}}
-	ok, bad := nvmeUnreadable(hs)
-	if len(hs) > 0 && len(ok) == 0 {
-		return Result{Details: details}, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
+	if err != nil {
+		return Result{Details: details}, err
 	}
 	var failing []string
 	for _, h := range ok {
@@ -46,6 +42,20 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 		return Result{Status: report.StatusTrue, Reason: "NVMeCriticalWarning", Message: strings.Join(failing, "; "), Details: details}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: "DisksHealthy", Message: drives(len(ok), "without SMART critical warnings") + unreadableNote(bad), Details: details}, nil
+}
+
+// readableNVMe reads every NVMe drive and splits the readable ones from
+// the errors of the others; it fails when drives exist and none is readable.
+func readableNVMe(env *Env) (all, ok []NVMeHealth, bad []string, err error) {
+	all, err = readNVMeHealth(env.nvme())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ok, bad = nvmeUnreadable(all)
+	if len(all) > 0 && len(ok) == 0 {
+		return all, nil, bad, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
+	}
+	return all, ok, bad, nil
 }
 
 func drives(n int, what string) string {
@@ -77,13 +87,9 @@ func newDiskWear(env *Env) (Check, error) {
 }
 
 func (c *diskWear) Probe(ctx context.Context) (Result, error) {
-	hs, err := readNVMeHealth(c.env.nvme())
+	_, ok, bad, err := readableNVMe(c.env)
 	if err != nil {
 		return Result{}, err
-	}
-	ok, bad := nvmeUnreadable(hs)
-	if len(hs) > 0 && len(ok) == 0 {
-		return Result{}, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
 	}
 	var worn []string
 	for _, h := range ok {
@@ -110,13 +116,9 @@ func newDiskTemp(env *Env) (Check, error) {
 }
 
 func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
-	hs, err := readNVMeHealth(c.env.nvme())
+	_, ok, bad, err := readableNVMe(c.env)
 	if err != nil {
 		return Result{}, err
-	}
-	ok, bad := nvmeUnreadable(hs)
-	if len(hs) > 0 && len(ok) == 0 {
-		return Result{}, fmt.Errorf("no NVMe drive readable: %s", strings.Join(bad, "; "))
 	}
 	var hot []string
 	for _, h := range ok {
