@@ -62,3 +62,6 @@ func (m *Metrics) ReaderUp() bool { return report.Value(m.up) == 1 }
 
 // Lost returns the number of records lost to ring buffer overruns so far.
 func (m *Metrics) Lost() float64 { return report.Value(m.lost) }
+
+// Reopens returns how often the device was reopened after a read error.
+func (m *Metrics) Reopens() float64 { return report.Value(m.reopens) }

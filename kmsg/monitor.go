@@ -46,6 +46,12 @@ type Monitor struct {
 	matches []Match
 	// bootWall is the wall time of usec 0 (for event times).
 	bootWall time.Time
+	// winGen counts changes of the I/O error window (the reader saves the
+	// window with its cursor when it changed).
+	winGen uint64
+	// beforeHandle, when set (tests), is called as Handle begins: a crash
+	// point between reading a record and setting its conditions.
+	beforeHandle func(Record)
 }
 
 // NewMonitor builds a monitor. It does not touch the store until Start.
@@ -87,6 +93,9 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 
 // Handle processes one parsed record. at is the record's wall time.
 func (mon *Monitor) Handle(r Record, at time.Time) {
+	if mon.beforeHandle != nil {
+		mon.beforeHandle(r)
+	}
 	mon.m.records.Inc()
 	if mon.o.KernelOnly && r.Facility != 0 {
 		return
@@ -115,6 +124,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
 			if !mon.ignored(m.Dev) {
 				mon.window.add(r.Usec, m.Dev)
+				mon.winGen++
 				mon.evalWindow(r.Usec, at)
 			}
 		}

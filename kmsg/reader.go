@@ -2,12 +2,13 @@ package kmsg
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
-	"path/filepath"
+	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,28 +19,48 @@ import (
 // fails with EINVAL (losing the record) when the buffer is too small.
 const BufSize = 8192
 
+// Device is an open kernel log: one record per Read (the dev-kmsg ABI).
+type Device interface {
+	Read(p []byte) (int, error)
+	Seek(offset int64, whence int) (int64, error)
+	SetReadDeadline(t time.Time) error
+	Close() error
+}
+
 // Reader follows /dev/kmsg and feeds the monitor.
 type Reader struct {
 	Path    string
 	Monitor *Monitor
 	Log     *slog.Logger
-	// CursorFile keeps the last handled sequence number and the boot it
-	// belongs to, so a restart within the same boot resumes right after it.
-	CursorFile string
-	BootID     string
-	// FromStart reads the records still in the ring buffer on a fresh start
-	// (a new boot, no cursor) instead of starting at the end.
+	// FromStart reads the records still in the ring buffer on a start that
+	// has no cursor for this boot (a new boot, or a lost state file) instead
+	// of starting at the end.
 	FromStart bool
-	// Progress is called at least every ReadTimeout while the device is
-	// open and being read; a reader that cannot open the device stops
-	// calling it, which fails /healthz and the watchdog.
+	// Progress is called at most once a second while reads succeed (a read
+	// that waits ReadTimeout for a record counts); a reader that cannot open
+	// or read the device stops calling it, which fails /healthz and the
+	// watchdog.
 	Progress    func(loop string, maxSilence time.Duration)
 	ReadTimeout time.Duration
+	// Open opens the device (default: os.OpenFile read-only); tests replace it.
+	Open func(path string) (Device, error)
+	// Backoff bounds the wait before a reopen after an open or read error
+	// (default 1 s doubling to 1 min).
+	BackoffMin, BackoffMax time.Duration
+
+	mu  sync.Mutex
+	cur cursor
 }
 
+// CursorKey is the name under which the reader's cursor is kept in the
+// state file, beside the conditions its records set (report.Store.Keep).
+const CursorKey = "kmsg"
+
+// cursor is where the reader is in this boot's kernel log.
 type cursor struct {
-	BootID string `json:"bootID"`
-	Seq    uint64 `json:"seq"`
+	// Seq is the last record handled; Have says whether there is one.
+	Seq  uint64 `json:"seq"`
+	Have bool   `json:"have"`
 	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
 	// time and device), so a restart within the boot does not forget them.
 	IOErrors []ioError `json:"ioErrors,omitempty"`
@@ -50,28 +71,14 @@ type ioError struct {
 	Dev  string `json:"dev"`
 }
 
-func (rd *Reader) loadCursor() (cursor, bool) {
-	b, err := os.ReadFile(rd.CursorFile)
-	if err != nil {
-		return cursor{}, false
-	}
-	var c cursor
-	if json.Unmarshal(b, &c) != nil || c.BootID != rd.BootID {
-		return cursor{}, false
-	}
-	return c, true
-}
-
-func (rd *Reader) saveCursor(seq uint64) error {
-	b, _ := json.Marshal(cursor{BootID: rd.BootID, Seq: seq, IOErrors: rd.Monitor.windowEntries()})
-	tmp := rd.CursorFile + ".tmp"
-	if err := os.MkdirAll(filepath.Dir(rd.CursorFile), 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, rd.CursorFile)
+// snapshot returns a copy of the cursor (called by the store at Save, under
+// its lock).
+func (rd *Reader) snapshot() any {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	c := rd.cur
+	c.IOErrors = slices.Clone(c.IOErrors)
+	return c
 }
 
 // MonotonicNow returns CLOCK_MONOTONIC in microseconds, the clock of the
@@ -87,68 +94,114 @@ func BootWall() time.Time {
 	return time.Now().Add(-time.Duration(MonotonicNow()) * time.Microsecond)
 }
 
+func openDevice(path string) (Device, error) { return os.OpenFile(path, os.O_RDONLY, 0) }
+
 // Run reads until ctx is done, reopening the device with backoff after
-// errors. It never returns early: a monitor that cannot read says so in the
-// log and the metrics, and stops reporting progress.
+// open and read errors. It never returns early: a monitor that cannot read
+// says so in the log (once per change of error) and the metrics, and stops
+// reporting progress.
+//
+// The cursor (the last record handled, and the I/O error window) is kept in
+// the monitor's store and saved in the same atomic write as the conditions,
+// updated only after a record's conditions are set: a crash at any moment
+// leaves a saved cursor that never runs ahead of the saved conditions, so a
+// restart neither skips a line whose condition was not saved nor flaps.
 func (rd *Reader) Run(ctx context.Context) {
 	if rd.ReadTimeout == 0 {
 		rd.ReadTimeout = 10 * time.Second
 	}
-	cur, resume := rd.loadCursor()
-	if resume {
+	if rd.Open == nil {
+		rd.Open = openDevice
+	}
+	bo := backoff{min: rd.BackoffMin, max: rd.BackoffMax}
+	if bo.min == 0 {
+		bo.min = time.Second
+	}
+	if bo.max == 0 {
+		bo.max = time.Minute
+	}
+	store := rd.Monitor.o.Store
+	var cur cursor
+	if store.Memo(CursorKey, &cur) {
 		rd.Monitor.restoreWindow(cur.IOErrors)
 	}
-	last, haveLast := cur.Seq, resume
-	saved := last
-	lastSave := time.Now()
-	defer func() {
-		if haveLast && last != saved {
-			rd.saveCursor(last)
-		}
-	}()
+	rd.mu.Lock()
+	rd.cur = cur
+	rd.mu.Unlock()
+	store.Keep(CursorKey, rd.snapshot)
+	last, haveLast := cur.Seq, cur.Have
+	winGen := rd.Monitor.winGen
+
 	bootWall := BootWall()
 	buf := make([]byte, BufSize)
-	wait := time.Second
+	var lastErr string
+	// fail logs an error once per change of its text and waits out the
+	// backoff; it reports false when ctx ended.
+	fail := func(msg string, err error) bool {
+		rd.Monitor.m.up.Set(0)
+		wait := bo.next()
+		if text := msg + ": " + err.Error(); text != lastErr {
+			rd.Log.Error(msg+"; kernel conditions are not being evaluated", "path", rd.Path, "err", err, "retry_in", wait.Round(time.Millisecond))
+			lastErr = text
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+			return true
+		}
+	}
 	for ctx.Err() == nil {
-		f, err := os.OpenFile(rd.Path, os.O_RDONLY, 0)
+		f, err := rd.Open(rd.Path)
 		if err == nil {
 			if haveLast || rd.FromStart {
 				_, err = f.Seek(0, io.SeekStart)
 			} else {
 				_, err = f.Seek(0, io.SeekEnd)
 			}
-		}
-		if err != nil {
-			if f != nil {
+			if err != nil {
 				f.Close()
 			}
-			rd.Monitor.m.up.Set(0)
-			rd.Log.Error("cannot read the kernel log; kernel conditions are not being evaluated", "path", rd.Path, "err", err, "retry_in", wait)
-			select {
-			case <-ctx.Done():
+		}
+		if err != nil {
+			if !fail("cannot open the kernel log", err) {
 				return
-			case <-time.After(wait):
 			}
-			wait = min(2*wait, time.Minute)
 			continue
 		}
-		if haveLast {
-			rd.Log.Info("kernel log monitor resuming after the last record handled", "seq", last)
-		} else if rd.FromStart {
-			rd.Log.Info("kernel log monitor reading the records of this boot still in the ring buffer")
-		}
-		rd.Monitor.m.up.Set(1)
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
 		var beat time.Time
+		var readErr error
+		opened := false
 		for ctx.Err() == nil {
+			f.SetReadDeadline(time.Now().Add(rd.ReadTimeout))
+			n, err := f.Read(buf)
+			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, syscall.EPIPE) {
+				readErr = err
+				break
+			}
+			// A read that returned a record, waited for one, or learned of
+			// an overrun: the device works.
+			if !opened {
+				opened = true
+				rd.Monitor.m.up.Set(1)
+				bo.reset()
+				switch {
+				case lastErr != "":
+					rd.Log.Info("kernel log readable again", "path", rd.Path)
+				case haveLast:
+					rd.Log.Info("kernel log monitor resuming after the last record handled", "seq", last)
+				case rd.FromStart:
+					rd.Log.Info("kernel log monitor reading this boot's records still in the ring buffer")
+				}
+				lastErr = ""
+			}
 			// Progress at most once a second: in a flood this loop turns
 			// for every record.
 			if now := time.Now(); rd.Progress != nil && now.Sub(beat) >= time.Second {
 				rd.Progress("kmsg", rd.ReadTimeout+5*time.Second)
 				beat = now
 			}
-			f.SetReadDeadline(time.Now().Add(rd.ReadTimeout))
-			n, err := f.Read(buf)
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				rd.Monitor.Tick(MonotonicNow(), time.Now())
 				continue
@@ -159,13 +212,6 @@ func (rd *Reader) Run(ctx context.Context) {
 				// sequence numbers says how many were lost.
 				continue
 			}
-			if err != nil {
-				rd.Monitor.m.up.Set(0)
-				rd.Monitor.m.reopens.Inc()
-				rd.Log.Error("reading the kernel log failed; reopening", "path", rd.Path, "err", err)
-				break
-			}
-			wait = time.Second
 			rec, perr := ParseRecord(buf[:n])
 			if perr != nil {
 				rd.Monitor.m.parseErrors.Inc()
@@ -181,18 +227,45 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 			last, haveLast = rec.Seq, true
-			if time.Since(lastSave) >= time.Second && rd.CursorFile != "" {
-				if err := rd.saveCursor(last); err == nil {
-					saved = last
-				}
-				lastSave = time.Now()
+			// The cursor moves only after the record's conditions are in
+			// the store (see Run's doc).
+			rd.mu.Lock()
+			rd.cur.Seq, rd.cur.Have = last, true
+			if g := rd.Monitor.winGen; g != winGen {
+				winGen = g
+				rd.cur.IOErrors = rd.Monitor.windowEntries()
 			}
+			rd.mu.Unlock()
+			store.Touch()
 		}
 		stop()
 		f.Close()
 		rd.Monitor.m.up.Set(0)
+		if readErr != nil {
+			rd.Monitor.m.reopens.Inc()
+			if !fail("reading the kernel log failed", readErr) {
+				return
+			}
+		}
 	}
 }
+
+// backoff doubles a wait from min to max, with equal jitter (half fixed,
+// half random).
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
 
 // Scan reads every record still in the ring buffer once (for the one-shot
 // check) and returns how many it handled.

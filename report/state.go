@@ -52,11 +52,68 @@ type Store struct {
 	observers []Observer
 	changed   chan struct{} // closed and replaced on every change
 	notifyMu  sync.Mutex    // serializes observer calls
+	// bootStart is when this boot began (wall time): a condition held until
+	// reboot that the Node shows True since then belongs to this boot.
+	bootStart time.Time
+	// memos are the saved values of this boot (see Keep and Memo); keepers
+	// produce the current ones at each Save.
+	memos   map[string]json.RawMessage
+	keepers map[string]func() any
+	// dirty gets a token whenever something the state file holds changed
+	// (a condition or a kept value); the persister drains it.
+	dirty chan struct{}
 }
 
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
-	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID, changed: make(chan struct{})}
+	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
+		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
+		dirty: make(chan struct{}, 1)}
+}
+
+// SetBootStart records when this boot began (wall time), for Adopt.
+func (s *Store) SetBootStart(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bootStart = t
+}
+
+// Dirty returns a channel that receives a token after something the state
+// file holds changed: a condition, or a value registered with Keep (Touch).
+// It has one reader: the loop that saves the state.
+func (s *Store) Dirty() <-chan struct{} { return s.dirty }
+
+// Touch says that a value registered with Keep changed. It never blocks and
+// does not allocate, so a reader may call it for every record it handles.
+func (s *Store) Touch() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Keep registers fn, whose value is saved in the state file under key at
+// every Save, in the same atomic write as the conditions. fn is called with
+// the store's lock held, so what it returns is consistent with the
+// conditions saved beside it: a producer that updates its value only after
+// the Set calls its input caused (the kernel log cursor after a record's
+// conditions) can never have a saved value that runs ahead of the saved
+// conditions. fn must not call the Store, and must return a value that
+// later changes do not alter (a copy). Kept values belong to one boot: Load
+// restores them only when the boot is the same.
+func (s *Store) Keep(key string, fn func() any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keepers[key] = fn
+}
+
+// Memo decodes the value saved under key in this boot (by Load) into v and
+// reports whether there was one that decoded.
+func (s *Store) Memo(key string, v any) bool {
+	s.mu.Lock()
+	raw, ok := s.memos[key]
+	s.mu.Unlock()
+	return ok && json.Unmarshal(raw, v) == nil
 }
 
 // Observe registers an observer. Register observers before the first Set.
@@ -138,6 +195,7 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 	}
 	s.mu.Unlock()
 	if changed {
+		s.Touch()
 		var p *Condition
 		if had {
 			p = &prev
@@ -241,6 +299,8 @@ type stateFile struct {
 	BootID     string      `json:"bootID"`
 	SavedAt    time.Time   `json:"savedAt"`
 	Conditions []Condition `json:"conditions"`
+	// Memos are the values registered with Keep (this boot's only).
+	Memos map[string]json.RawMessage `json:"memos,omitempty"`
 }
 
 const stateVersion = 1
@@ -248,22 +308,66 @@ const stateVersion = 1
 // StateFileName is the file under the state directory.
 const StateFileName = "state.json"
 
-// Save writes the store atomically (temp file, fsync, rename) to dir.
+// snapshot returns the conditions and the kept values as of one instant:
+// the keepers run under the same lock as the copy of the conditions.
+func (s *Store) snapshot() ([]Condition, map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conds := make([]Condition, 0, len(s.conds))
+	for _, c := range s.conds {
+		conds = append(conds, c)
+	}
+	slices.SortFunc(conds, func(a, b Condition) int { return strings.Compare(a.Type, b.Type) })
+	memos := make(map[string]any, len(s.memos)+len(s.keepers))
+	for k, raw := range s.memos { // restored, and not (yet) kept by anyone: carried on
+		memos[k] = raw
+	}
+	for k, fn := range s.keepers {
+		memos[k] = fn()
+	}
+	return conds, memos
+}
+
+// Save writes the conditions and the kept values atomically (temp file,
+// fsync, rename, fsync of the directory) to dir.
 func (s *Store) Save(dir string, now time.Time) error {
-	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: s.All()}
+	conds, memos := s.snapshot()
+	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds}
+	if len(memos) > 0 {
+		sf.Memos = make(map[string]json.RawMessage, len(memos))
+		for k, v := range memos {
+			b, err := json.Marshal(v)
+			if err != nil {
+				return fmt.Errorf("state %s: %w", k, err)
+			}
+			sf.Memos[k] = b
+		}
+	}
 	b, err := json.MarshalIndent(sf, "", "  ")
 	if err != nil {
 		return err
 	}
+	return WriteFileAtomic(filepath.Join(dir, StateFileName), append(b, '\n'), 0o644)
+}
+
+// WriteFileAtomic replaces path with data so that a crash at any moment
+// leaves either the old file or the new one, whole: a temp file in the same
+// directory, fsync, rename, fsync of the directory.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, StateFileName+".tmp*")
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(perm); err != nil {
 		tmp.Close()
 		return err
 	}
@@ -274,14 +378,15 @@ func (s *Store) Save(dir string, now time.Time) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, StateFileName)); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
-	return nil
+	defer d.Close()
+	return d.Sync()
 }
 
 // LoadResult says what Load restored.
@@ -336,6 +441,11 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		s.conds[c.Type] = c
 		restored = append(restored, c)
 	}
+	if sf.BootID == s.bootID {
+		for k, raw := range sf.Memos {
+			s.memos[k] = raw
+		}
+	}
 	obs := s.observers
 	s.mu.Unlock()
 	res.Restored = len(restored)
@@ -349,12 +459,23 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	return res, nil
 }
 
+// bootSlack absorbs the Node's one-second resolution of transition times.
+const bootSlack = 2 * time.Second
+
 // Adopt merges a condition read back from the Node when the daemon starts,
 // so a restart (even one that lost the state file) neither flaps a condition
 // nor resets the timers of anything that watches it:
 //   - not in the store: taken over as it is (observers see a restore);
 //   - same status in the store: the Node's lastTransitionTime wins, because
 //     it is the one watchers have been timing;
+//   - a condition held until reboot (the kernel's) that the Node shows True
+//     since this boot began, or one held forever (tamper) that the Node shows
+//     True: taken over even when the store says otherwise, because such a
+//     condition never turns False by itself; the store lost it (a start
+//     without its state file, or a kernel line the ring buffer no longer
+//     holds);
+//   - a kernel condition the Node shows True from an earlier boot: ignored
+//     (a reboot clears kernel conditions);
 //   - another status in the store: the store wins; it holds a change the
 //     API server has not seen yet.
 //
@@ -368,21 +489,33 @@ func (s *Store) Adopt(c Condition) bool {
 	s.notifyMu.Lock()
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
+	thisBoot := s.bootStart.IsZero() || !c.LastTransitionTime.Before(s.bootStart.Add(-bootSlack))
+	held := c.Status == StatusTrue && (desc.Hold == HoldForever || desc.Hold == HoldUntilReboot && thisBoot)
 	prev, had := s.conds[c.Type]
 	switch {
+	case desc.Hold == HoldUntilReboot && c.Status == StatusTrue && !thisBoot:
+		s.mu.Unlock()
+		return false
 	case !had:
 		s.conds[c.Type] = c
 	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
 		prev.LastTransitionTime = c.LastTransitionTime
 		s.conds[c.Type] = prev
 		s.mu.Unlock()
+		s.Touch()
 		return true
+	case held && prev.Status != StatusTrue:
+		c.LastUpdateTime = prev.LastUpdateTime
+		s.conds[c.Type] = c
+		close(s.changed)
+		s.changed = make(chan struct{})
 	default:
 		s.mu.Unlock()
 		return false
 	}
 	obs := s.observers
 	s.mu.Unlock()
+	s.Touch()
 	for _, o := range obs {
 		o.ConditionRestored(c)
 	}

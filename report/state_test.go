@@ -227,3 +227,108 @@ func TestAdoptFromNode(t *testing.T) {
 		t.Error("adopted a foreign condition")
 	}
 }
+
+// Conditions that never turn False by themselves: a kernel condition the
+// Node shows True since this boot began is adopted over the local False
+// (the state file was lost; the ring buffer may no longer hold the line),
+// one from an earlier boot is not (a reboot clears it), and a tamper
+// condition the Node shows True is adopted whatever the boot.
+func TestAdoptHeldConditions(t *testing.T) {
+	boot := t0.Add(time.Hour)
+	s := NewStore("b")
+	s.SetBootStart(boot)
+	rec := &recorder{}
+	s.Observe(rec)
+	for _, ty := range []string{"ReadonlyFilesystem", "KernelDeadlock", "VerityCorruption", "NodeTampered"} {
+		d, _ := Lookup(ty)
+		s.Set(cond(ty, StatusFalse, d.HealthyReason, "no matching kernel message seen since the monitor started"), boot.Add(time.Hour))
+	}
+	node := func(ty string, st Status, reason string, ltt time.Time) Condition {
+		return Condition{Type: ty, Status: st, Reason: reason, Message: "from the node", LastTransitionTime: ltt}
+	}
+	// This boot (the Node's time has one-second resolution: a second
+	// before the computed boot start still counts).
+	if !s.Adopt(node("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", boot.Add(10*time.Minute))) ||
+		!s.Adopt(node("VerityCorruption", StatusTrue, "VerityBlockCorrupted", boot.Add(-time.Second))) {
+		t.Error("a kernel condition True since this boot was not adopted over the local False")
+	}
+	if c, _ := s.Get("ReadonlyFilesystem"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(boot.Add(10*time.Minute)) || c.Message != "from the node" {
+		t.Errorf("ReadonlyFilesystem = %+v", c)
+	}
+	// Held: a later evaluation to False does not clear it.
+	s.Set(cond("ReadonlyFilesystem", StatusFalse, "FilesystemIsNotReadOnly", ""), boot.Add(2*time.Hour))
+	if c, _ := s.Get("ReadonlyFilesystem"); c.Status != StatusTrue {
+		t.Errorf("the adopted condition was cleared: %+v", c)
+	}
+	// An earlier boot: not adopted.
+	if s.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", boot.Add(-time.Hour))) {
+		t.Error("a kernel condition of an earlier boot was adopted")
+	}
+	s2 := NewStore("b")
+	s2.SetBootStart(boot)
+	if s2.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", boot.Add(-time.Hour))) {
+		t.Error("a kernel condition of an earlier boot was adopted into an empty store (it would be held all boot)")
+	}
+	// Tamper: held forever.
+	if !s.Adopt(node("NodeTampered", StatusTrue, "ProtectedFileChanged", boot.Add(-48*time.Hour))) {
+		t.Error("NodeTampered=True on the Node was not adopted")
+	}
+	if len(rec.restored) != 3 {
+		t.Errorf("restores seen by observers: %v", rec.restored)
+	}
+	// A check condition is re-evaluated: the local state still wins.
+	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), boot.Add(time.Hour))
+	if s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", boot.Add(time.Minute))) {
+		t.Error("a check condition's stale True on the Node overrode the local False")
+	}
+}
+
+// Values kept beside the conditions are saved in the same file, restored
+// in the same boot only, and carried on when nobody keeps them yet.
+func TestKeptValues(t *testing.T) {
+	dir := t.TempDir()
+	s := NewStore("boot1")
+	type cur struct{ Seq uint64 }
+	v := cur{Seq: 41}
+	s.Keep("kmsg", func() any { return v })
+	s.Set(cond("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", "line"), t0)
+	select {
+	case <-s.Dirty():
+	default:
+		t.Error("a condition change did not mark the state dirty")
+	}
+	s.Touch()
+	select {
+	case <-s.Dirty():
+	default:
+		t.Error("Touch did not mark the state dirty")
+	}
+	v.Seq = 42
+	if err := s.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+
+	s2 := NewStore("boot1")
+	if _, err := s2.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	var got cur
+	if !s2.Memo("kmsg", &got) || got.Seq != 42 {
+		t.Errorf("restored %+v", got)
+	}
+	// Nobody keeps it in s2: saved again as it was.
+	if err := s2.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	s3 := NewStore("boot1")
+	s3.Load(dir)
+	if got = (cur{}); !s3.Memo("kmsg", &got) || got.Seq != 42 {
+		t.Errorf("carried on: %+v", got)
+	}
+	// Another boot: gone.
+	s4 := NewStore("boot2")
+	s4.Load(dir)
+	if s4.Memo("kmsg", &got) {
+		t.Error("a value of another boot was restored")
+	}
+}

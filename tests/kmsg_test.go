@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +91,9 @@ func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 	cfg.Kubernetes.Kubeconfig = ""
 	cfg.Runner.FirstRunSpread = config.Duration{}
 	cfg.Kmsg.KernelOnly = false // lines written by this test have facility user
+	// Start at the end: earlier tests' lines in the ring (user-written, so
+	// they count with kernel_only off) would set the conditions first.
+	cfg.Kmsg.FromBootStart = false
 	noHostSystemd(cfg)
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
@@ -180,14 +182,17 @@ func TestKmsgResumeAfterRestart(t *testing.T) {
 		t.Helper()
 		store := report.NewStore(boot)
 		store.Observe(ev)
+		if _, err := store.Load(dir); err != nil {
+			t.Fatal(err)
+		}
 		o := kmsgOpts(t, store)
 		mon := kmsg.NewMonitor(o)
 		mon.Start(time.Now(), kmsg.BootWall())
 		rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			CursorFile: filepath.Join(dir, "kmsg-cursor.json"), BootID: boot, ReadTimeout: 200 * time.Millisecond}
+			ReadTimeout: 200 * time.Millisecond}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { rd.Run(ctx); close(done) }()
+		go func() { rd.Run(ctx); store.Save(dir, time.Now()); close(done) }()
 		waitFor(t, store, nil, 10*time.Second, "the reader to open /dev/kmsg", mon.Metrics().ReaderUp)
 		return cancel, done, store
 	}
@@ -245,7 +250,7 @@ func TestKmsgFlood(t *testing.T) {
 	mon := kmsg.NewMonitor(kmsgOpts(t, store))
 	mon.Start(time.Now(), kmsg.BootWall())
 	rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		CursorFile: filepath.Join(t.TempDir(), "cursor.json"), BootID: boot, ReadTimeout: 200 * time.Millisecond}
+		ReadTimeout: 200 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -283,13 +288,15 @@ func TestKmsgIOErrorWindowSurvivesRestart(t *testing.T) {
 	boot, _ := readBootID()
 	run := func() (*report.Store, func()) {
 		store := report.NewStore(boot)
+		if _, err := store.Load(dir); err != nil {
+			t.Fatal(err)
+		}
 		mon := kmsg.NewMonitor(kmsgOpts(t, store))
 		mon.Start(time.Now(), kmsg.BootWall())
-		rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: quiet(),
-			CursorFile: filepath.Join(dir, "kmsg-cursor.json"), BootID: boot, ReadTimeout: 200 * time.Millisecond}
+		rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: quiet(), ReadTimeout: 200 * time.Millisecond}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { rd.Run(ctx); close(done) }()
+		go func() { rd.Run(ctx); store.Save(dir, time.Now()); close(done) }()
 		waitFor(t, store, nil, 10*time.Second, "the reader to open /dev/kmsg", mon.Metrics().ReaderUp)
 		return store, func() { cancel(); <-done }
 	}

@@ -113,6 +113,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.store.Observe(d.events)
 	}
 	d.bootID = bootID
+	d.store.SetBootStart(BootStart())
 	if cfg.Kmsg.Enabled {
 		ko, err := KmsgOptions(cfg, env, d.store, d.metrics.Registry)
 		if err != nil {
@@ -210,7 +211,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// restored from this boot) and the reader follows the log.
 		d.kmsg.Start(time.Now(), kmsg.BootWall())
 		d.live.Expect("kmsg", 15*time.Second+loopSlack)
-		wg.Go(func() { d.newReader(d.bootID).Run(rctx) })
+		wg.Go(func() { d.newReader().Run(rctx) })
 	}
 	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.runner.Checks())))
 	wg.Go(func() {
@@ -298,8 +299,8 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	r.Run(ctx)
 }
 
-// persist writes the state file after changes (at most once a second) and
-// beats its liveness.
+// persist writes the state file after changes (a condition, or the kernel
+// log cursor), at most once a second, and beats its liveness.
 func (d *Daemon) persist(ctx context.Context) {
 	const loop = "state"
 	d.live.Expect(loop, persistEvery+loopSlack)
@@ -308,11 +309,10 @@ func (d *Daemon) persist(ctx context.Context) {
 	defer t.Stop()
 	dirty := false
 	for {
-		changed := d.store.Changed()
 		select {
 		case <-ctx.Done():
 			return
-		case <-changed:
+		case <-d.store.Dirty():
 			dirty = true
 			// Coalesce bursts of changes.
 			select {

@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
@@ -112,4 +115,14 @@ func nvidiaPCIDevice(dir string) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// BootStart returns the wall time at which this boot began
+// (CLOCK_BOOTTIME, which also counts time suspended).
+func BootStart() time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Time{}
+	}
+	return time.Now().Add(-time.Duration(ts.Nano()))
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"os"
 	"path/filepath"
 	"time"
 
@@ -45,10 +46,12 @@ func KmsgExternal(mon *kmsg.Monitor) []string {
 	return append(mon.Conditions(), "DisksFailure")
 }
 
-func (d *Daemon) newReader(bootID string) *kmsg.Reader {
+func (d *Daemon) newReader() *kmsg.Reader {
+	// The cursor lives in the state file now (report.Store.Keep); the file
+	// of earlier versions is no longer read.
+	os.Remove(filepath.Join(d.cfg.StateDir, "kmsg-cursor.json"))
 	return &kmsg.Reader{
 		Path: d.cfg.HostPath(d.cfg.Kmsg.Device), Monitor: d.kmsg, Log: d.log.With("component", "kmsg"),
-		CursorFile: filepath.Join(d.cfg.StateDir, "kmsg-cursor.json"), BootID: bootID,
 		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: 10 * time.Second,
 	}
 }
