@@ -3,10 +3,11 @@ package kmsg
 import (
 	"bytes"
 	"fmt"
+	"math/bits"
 	"regexp"
 	"regexp/syntax"
-	"slices"
 	"strings"
+	"sync"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -120,9 +121,16 @@ type compiled struct {
 // rule can match does not allocate: each rule has a literal anchor that
 // every match must contain; a single pass over the line with a table of the
 // anchors' first two bytes finds the candidate rules, and only those run
-// their regular expression.
+// their regular expression. The candidates are a bitset over the rule
+// indices, so any number of rules can be candidates at once. A RuleSet is
+// not changed after Compile; Matches is safe for concurrent use.
 type RuleSet struct {
 	rules []compiled
+	// words is the length of the candidate bitset: one bit per rule.
+	words int
+	// scratch holds candidate bitsets (*[]uint64 of length words) for rule
+	// sets too large for the one Matches keeps on its stack.
+	scratch sync.Pool
 	// bigram[b0<<8|b1] lists the anchors that start with b0 b1.
 	bigram map[uint16][]anchorRef
 	// first holds bit b0<<8|b1 for every bigram that starts an anchor.
@@ -185,6 +193,9 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 			rs.first[k/64] |= 1 << (k % 64)
 		}
 	}
+	rs.words = (len(rs.rules) + 63) / 64
+	words := rs.words
+	rs.scratch.New = func() any { b := make([]uint64, words); return &b }
 	return rs, nil
 }
 
@@ -301,11 +312,27 @@ type Match struct {
 	Task, Dev string
 }
 
-// Matches appends to dst every rule that matches msg (unescaped). Rules
-// restricted to critical tasks match only those.
+// stackWords is the size of the candidate bitset Matches keeps on its
+// stack: rule sets of up to 64*stackWords rules match without touching the
+// pool.
+const stackWords = 4
+
+// Matches appends to dst every rule that matches msg (unescaped), in rule
+// order. Rules restricted to critical tasks match only those. It is safe for
+// concurrent use.
 func (rs *RuleSet) Matches(dst []Match, msg []byte) []Match {
-	var cand [8]int
-	n := 0
+	// cand has bit ri set when rule ri is a candidate: its anchor occurs in
+	// msg, or it has none.
+	var small [stackWords]uint64
+	var cand []uint64
+	var pooled *[]uint64
+	if rs.words <= len(small) {
+		cand = small[:rs.words]
+	} else {
+		pooled = rs.scratch.Get().(*[]uint64)
+		cand = *pooled
+		clear(cand)
+	}
 	for i := 0; i+1 < len(msg); i++ {
 		k := uint16(msg[i])<<8 | uint16(msg[i+1])
 		if rs.first[k/64]&(1<<(k%64)) == 0 {
@@ -313,44 +340,49 @@ func (rs *RuleSet) Matches(dst []Match, msg []byte) []Match {
 		}
 		for _, ar := range rs.bigram[k] {
 			ri := ar.rule
-			if n < len(cand) && bytes.HasPrefix(msg[i:], rs.rules[ri].anchors[ar.anchor]) && !slices.Contains(cand[:n], ri) {
-				cand[n] = ri
-				n++
+			if cand[ri/64]&(1<<(ri%64)) == 0 && bytes.HasPrefix(msg[i:], rs.rules[ri].anchors[ar.anchor]) {
+				cand[ri/64] |= 1 << (ri % 64)
 			}
 		}
 	}
 	for _, ri := range rs.always {
-		if n < len(cand) && !slices.Contains(cand[:n], ri) {
-			cand[n] = ri
-			n++
+		cand[ri/64] |= 1 << (ri % 64)
+	}
+	for w, word := range cand {
+		for ; word != 0; word &= word - 1 {
+			dst = rs.match(dst, w*64+bits.TrailingZeros64(word), msg)
 		}
 	}
-	slices.Sort(cand[:n])
-	for _, ri := range cand[:n] {
-		r := &rs.rules[ri]
-		if r.taskIdx < 0 && r.devIdx < 0 {
-			if r.re.Match(msg) {
-				dst = append(dst, Match{Rule: &r.Rule})
-			}
-			continue
-		}
-		sub := r.re.FindSubmatch(msg)
-		if sub == nil {
-			continue
-		}
-		m := Match{Rule: &r.Rule}
-		if r.taskIdx >= 0 {
-			m.Task = string(sub[r.taskIdx])
-			if !rs.critical(m.Task) {
-				continue
-			}
-		}
-		if r.devIdx >= 0 {
-			m.Dev = string(sub[r.devIdx])
-		}
-		dst = append(dst, m)
+	if pooled != nil {
+		rs.scratch.Put(pooled)
 	}
 	return dst
+}
+
+// match appends the match of rule ri on msg, if any.
+func (rs *RuleSet) match(dst []Match, ri int, msg []byte) []Match {
+	r := &rs.rules[ri]
+	if r.taskIdx < 0 && r.devIdx < 0 {
+		if r.re.Match(msg) {
+			dst = append(dst, Match{Rule: &r.Rule})
+		}
+		return dst
+	}
+	sub := r.re.FindSubmatch(msg)
+	if sub == nil {
+		return dst
+	}
+	m := Match{Rule: &r.Rule}
+	if r.taskIdx >= 0 {
+		m.Task = string(sub[r.taskIdx])
+		if !rs.critical(m.Task) {
+			return dst
+		}
+	}
+	if r.devIdx >= 0 {
+		m.Dev = string(sub[r.devIdx])
+	}
+	return append(dst, m)
 }
 
 func (rs *RuleSet) critical(task string) bool {
