@@ -44,7 +44,7 @@ type CertInfo struct {
 func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	now := c.env.Now()
 	var infos []CertInfo
-	var expiring, unreadable []string
+	var expiring, unreadable, absent []string
 	checked := 0
 	for _, p := range c.paths {
 		info := CertInfo{Path: p}
@@ -52,6 +52,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			info.Error = "not present"
+			absent = append(absent, p)
 		case err != nil:
 			info.Error = err.Error()
 			unreadable = append(unreadable, fmt.Sprintf("%s: %v", p, err))
@@ -78,8 +79,23 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	if len(unreadable) > 0 && checked == 0 {
 		return Result{Details: details}, errors.New(strings.Join(unreadable, "; "))
 	}
-	return Result{Status: report.StatusFalse, Reason: "CertificatesValid",
-		Message: fmt.Sprintf("%d certificates valid for more than %s", checked, c.within), Details: details}, nil
+	if checked == 0 && len(unreadable) == 0 {
+		// Nothing was checked: no certificate that could expire, so no
+		// claim that none does.
+		msg := "no certificates configured (checks.CertRenewalFailing.certificates is empty)"
+		if len(absent) > 0 {
+			msg = fmt.Sprintf("none of the %d configured certificates exists: %s", len(absent), strings.Join(absent, ", "))
+		}
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: msg, Details: details}, nil
+	}
+	msg := fmt.Sprintf("%d %s valid for more than %s", checked, plural(checked, "certificate", "certificates"), c.within)
+	if len(unreadable) > 0 {
+		msg += "; not readable: " + strings.Join(unreadable, "; ")
+	}
+	if len(absent) > 0 {
+		msg += "; not present: " + strings.Join(absent, ", ")
+	}
+	return Result{Status: report.StatusFalse, Reason: "CertificatesValid", Message: msg, Details: details}, nil
 }
 
 // FirstCertificate returns the first certificate of a PEM file (the

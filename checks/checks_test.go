@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -84,17 +87,73 @@ func TestClockCheck(t *testing.T) {
 	}
 }
 
-// The real adjtimex on this machine: the call works read-only and gives a
-// status the check can interpret (either way).
+// The real adjtimex(2) on this machine, through the check's own system call
+// (RealSys): the kernel's answer is plausible (a clock state of timex.h, the
+// current time, the kernel's fixed precision and tolerance, errors within
+// the kernel's limits), and the check's verdict agrees with the kernel's
+// STA_UNSYNC bit and clock state read directly with unix.Adjtimex.
 func TestClockCheckRealAdjtimex(t *testing.T) {
-	env := testEnv(t, nil)
-	c, _ := newClockCheck(env)
-	res, err := c.Probe(context.Background())
+	const (
+		timeOK, timeError = 0, 5        // TIME_OK .. TIME_ERROR (uapi/linux/timex.h)
+		staUnsync         = 0x0040      // STA_UNSYNC
+		ntpPhaseLimit     = 16_000_000  // the kernel caps maxerror at 16 s (in µs)
+		tolerance         = 500 << 16   // MAXFREQ_SCALED / PPM_SCALE: 500 ppm, scaled by 2^16
+		directMaxError    = 5 * 1000000 // checks.ClockNotSynchronized.max_error default, µs
+	)
+	var tx unix.Timex
+	before := time.Now()
+	state, err := RealSys().Adjtimex(&tx)
 	if err != nil {
 		t.Fatalf("adjtimex on this host: %v", err)
 	}
-	if d, _ := report.Lookup("ClockNotSynchronized"); !d.ValidReason(res.Status, res.Reason) {
-		t.Errorf("real result %+v has a reason outside the catalog", res)
+	if state < timeOK || state > timeError {
+		t.Errorf("clock state %d is not one of timex.h's TIME_OK..TIME_ERROR", state)
+	}
+	if now := time.Unix(tx.Time.Sec, tx.Time.Usec*1000); now.Before(before.Add(-time.Second)) || now.After(time.Now().Add(time.Second)) {
+		t.Errorf("adjtimex time %s is not the current time %s: not the kernel's answer", now, before)
+	}
+	if tx.Precision != 1 || tx.Tolerance != tolerance {
+		t.Errorf("precision %d µs, tolerance %d: the kernel always answers 1 and %d", tx.Precision, tx.Tolerance, tolerance)
+	}
+	if tx.Maxerror < 0 || tx.Maxerror > ntpPhaseLimit || tx.Esterror < 0 || tx.Freq < -tolerance || tx.Freq > tolerance {
+		t.Errorf("implausible timex: maxerror %d, esterror %d, freq %d", tx.Maxerror, tx.Esterror, tx.Freq)
+	}
+	if tx.Modes != 0 {
+		t.Errorf("modes %#x: a read must not set anything", tx.Modes)
+	}
+
+	env := testEnv(t, nil)
+	if got := env.Config.Checks.ClockNotSynchronized.MaxError.Duration; got != directMaxError*time.Microsecond {
+		t.Fatalf("default max_error is %s; this test assumes 5s", got)
+	}
+	c, _ := newClockCheck(env)
+	for try := 0; ; try++ {
+		var d1, d2 unix.Timex
+		s1, err1 := unix.Adjtimex(&d1)
+		res, err := c.Probe(context.Background())
+		s2, err2 := unix.Adjtimex(&d2)
+		if err != nil || err1 != nil || err2 != nil {
+			t.Fatalf("probe %v, direct %v %v", err, err1, err2)
+		}
+		if s1 != s2 || d1.Status != d2.Status || d1.Esterror != d2.Esterror {
+			if try < 3 {
+				continue // the clock's state changed while the check read it
+			}
+			t.Fatalf("the clock's state keeps changing: %d %#x, then %d %#x", s1, d1.Status, s2, d2.Status)
+		}
+		want := report.Condition{Status: report.StatusFalse, Reason: "ClockSynchronized"}
+		switch {
+		case s1 == timeError || d1.Status&staUnsync != 0:
+			want = report.Condition{Status: report.StatusTrue, Reason: "ClockUnsynchronized"}
+		case d1.Esterror > directMaxError:
+			want = report.Condition{Status: report.StatusTrue, Reason: "ClockErrorTooLarge"}
+		}
+		if res.Status != want.Status || res.Reason != want.Reason {
+			t.Errorf("check says %s/%s (%s); the kernel says state %d, status %#x, esterror %d µs: want %s/%s",
+				res.Status, res.Reason, res.Message, s1, d1.Status, d1.Esterror, want.Status, want.Reason)
+		}
+		t.Logf("this host: state %d, status %#x, maxerror %d µs, esterror %d µs: %s/%s %q", s1, d1.Status, d1.Maxerror, d1.Esterror, res.Status, res.Reason, res.Message)
+		return
 	}
 }
 
@@ -122,14 +181,14 @@ func TestDiskUsageCheck(t *testing.T) {
 		wantMsg    string
 	}{
 		{name: "all fine",
-			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 89, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/var/lib/data": st(100, 1, 10, 1)},
-			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "4 filesystems below 90% space and 90% inodes"},
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 89, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems below 90% space and 90% inodes"},
 		{name: "var full, root inodes",
-			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 95), root + "/var": st(1000, 90, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/var/lib/data": st(100, 1, 10, 1)},
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 95), root + "/var": st(1000, 90, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
 			wantStatus: report.StatusTrue, wantReason: "FilesystemSpaceHigh",
 			wantMsg: "/var 90% of space used (threshold 90%), / 95% of inodes used (threshold 90%)"},
 		{name: "inodes only, and a statfs error",
-			statfs:     map[string]unix.Statfs_t{root: st(1000, 10, 100, 100), root + "/var": st(1000, 10, 100, 10), root + "/var/lib/data": st(100, 1, 10, 1)},
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 10, 100, 100), root + "/var": st(1000, 10, 100, 10), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
 			statErr:    map[string]error{root + "/mnt/with space": unix.EIO},
 			wantStatus: report.StatusTrue, wantReason: "FilesystemInodesHigh",
 			wantMsg: "/ 100% of inodes used (threshold 90%); not checked: statfs /mnt/with space: input/output error"},
@@ -148,8 +207,10 @@ func TestDiskUsageCheck(t *testing.T) {
 	}
 }
 
-// Which mounts are watched: read-only, pseudo, overlay, excluded mount
-// points and bind mounts of the same device are skipped.
+// Which mounts are watched: read-only filesystems (/usr, erofs), pseudo
+// filesystems, overlay, excluded mount points and bind mounts of the same
+// device are skipped; /boot, mounted read-only over a read-write filesystem,
+// is measured.
 func TestDiskUsageSelectsMounts(t *testing.T) {
 	sys := &fakeSys{statfs: map[string]unix.Statfs_t{}}
 	env, root := diskEnv(t, sys)
@@ -165,8 +226,142 @@ func TestDiskUsageSelectsMounts(t *testing.T) {
 	for _, u := range usage {
 		got = append(got, u.MountPoint)
 	}
-	if want := "/ /var /mnt/with space /var/lib/data"; strings.Join(got, " ") != want {
+	if want := "/ /var /mnt/with space /boot /var/lib/data"; strings.Join(got, " ") != want {
 		t.Errorf("watched %q, want %q", strings.Join(got, " "), want)
+	}
+}
+
+// watched returns the mount points the check measures under a host root.
+func watched(t *testing.T, env *Env) []string {
+	t.Helper()
+	c, err := newDiskUsageCheck(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage, errs, err := c.(*diskUsageCheck).Usage()
+	if err != nil || len(errs) > 0 {
+		t.Fatal(err, errs)
+	}
+	var got []string
+	for _, u := range usage {
+		got = append(got, u.MountPoint)
+	}
+	return got
+}
+
+// statfsAll answers statfs for every mount point of a host root's mountinfo.
+func statfsAll(t *testing.T, root string) *fakeSys {
+	t.Helper()
+	f, err := os.Open(filepath.Join(root, "proc/self/mountinfo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ms, err := ParseMountinfo(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := &fakeSys{statfs: map[string]unix.Statfs_t{}}
+	for _, m := range ms {
+		sys.statfs[filepath.Join(root, m.MountPoint)] = st(1000, 20, 100, 5)
+	}
+	return sys
+}
+
+// The shipped unit's sandbox (ProtectSystem=strict, StateDirectory=,
+// PrivateTmp=, ProtectHome=read-only, ...): the mountinfo a service saw
+// under a real systemd 252 (captured by testdata/roots/protectsystem-strict/
+// capture.sh). Every mount of the service's namespace is read-only, yet
+// the filesystems under them are not: the check measures /var and
+// /var/lib/data (ext4, read-write), and /usr (there the host's disk, bound
+// read-only); not /opt/sealed, an ext4 whose superblock is read-only. /var is
+// named by its own mount, not by the StateDirectory= bind of a subdirectory
+// of it (/var/lib/autopilot-health, the only read-write mount of it).
+func TestDiskUsageUnderProtectSystemStrict(t *testing.T) {
+	const root = "testdata/roots/protectsystem-strict"
+	f, err := os.Open(filepath.Join(root, "proc/self/mountinfo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := ParseMountinfo(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fixture has the shape it claims.
+	shape := map[string]Mount{}
+	for _, m := range ms {
+		shape[m.MountPoint] = m
+	}
+	for mp, want := range map[string][2]bool{ // per-mount ro, filesystem ro
+		"/": {true, false}, "/usr": {true, false}, "/var": {true, false}, "/var/lib/data": {true, false},
+		"/opt/sealed": {true, true}, "/var/lib/autopilot-health": {false, false},
+	} {
+		if m, ok := shape[mp]; !ok || m.MountReadOnly != want[0] || m.ReadOnly != want[1] {
+			t.Errorf("fixture: %s = %+v, want per-mount ro %v, filesystem ro %v", mp, m, want[0], want[1])
+		}
+	}
+
+	sys := statfsAll(t, root)
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	env.Sys = sys
+	if got, want := strings.Join(watched(t, env), " "), "/usr /var /var/lib/data"; got != want {
+		t.Errorf("watched %q, want %q", got, want)
+	}
+	sys.statfs[root+"/var"] = st(1000, 95, 100, 5)
+	c, _ := newDiskUsageCheck(env)
+	res, err := c.Probe(context.Background())
+	if err != nil || res.Status != report.StatusTrue || res.Reason != "FilesystemSpaceHigh" || res.Message != "/var 95% of space used (threshold 90%)" {
+		t.Errorf("/var full under the sandbox: %+v, %v", res, err)
+	}
+}
+
+// One filesystem mounted several times is measured once, named by the
+// mount of the whole filesystem wherever mountinfo lists it.
+func TestDiskUsageNamesTheWholeFilesystem(t *testing.T) {
+	root := t.TempDir()
+	mkdir(t, root+"/proc/self")
+	os.WriteFile(root+"/proc/self/mountinfo", []byte(
+		"40 1 8:2 /lib/autopilot-health /var/lib/autopilot-health rw - ext4 /dev/sda2 rw\n"+
+			"41 1 8:2 /tmp/x/tmp /var/tmp rw - ext4 /dev/sda2 rw\n"+
+			"42 1 8:2 / /var ro - ext4 /dev/sda2 rw\n"+
+			"43 1 8:2 / /srv/var-again ro - ext4 /dev/sda2 rw\n"+
+			"44 1 8:3 /sub /data ro - xfs /dev/sda3 rw\n"), 0o644)
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	env.Sys = statfsAll(t, root)
+	if got, want := strings.Join(watched(t, env), " "), "/var /data"; got != want {
+		t.Errorf("watched %q, want %q", got, want)
+	}
+}
+
+// Nothing to measure is not "0 filesystems are fine": Unknown, saying what
+// was looked at.
+func TestDiskUsageNothingToMeasure(t *testing.T) {
+	root := t.TempDir()
+	mkdir(t, root+"/proc/self")
+	os.WriteFile(root+"/proc/self/mountinfo", []byte(
+		"20 1 0:20 / / rw - tmpfs rootfs rw\n"+
+			"21 20 0:21 / /proc rw - proc proc rw\n"+
+			"22 20 7:0 / /usr ro - erofs /dev/mapper/usr ro\n"+
+			"23 20 8:1 / /opt/sealed ro - ext4 /dev/sda1 ro\n"+
+			"24 20 8:2 / /run/containerd ro - ext4 /dev/sda2 rw\n"), 0o644)
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	env.Sys = statfsAll(t, root)
+	c, _ := newDiskUsageCheck(env)
+	res, err := c.Probe(context.Background())
+	want := "no writable filesystem to measure in /proc/self/mountinfo: 5 mounts, 3 excluded by fs_types_exclude, 1 by mount_points_exclude, 1 of read-only filesystems"
+	if err != nil || res.Status != report.StatusUnknown || res.Reason != report.ReasonNothingToCheck || res.Message != want {
+		t.Errorf("got %+v, %v\nwant Unknown/%s %q", res, err, report.ReasonNothingToCheck, want)
+	}
+	// The runner takes it as the check's own Unknown, not as a bug.
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Only: []string{"DiskUsageHigh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(context.Background())
+	if got, _ := store.Get("DiskUsageHigh"); got.Status != report.StatusUnknown || got.Reason != report.ReasonNothingToCheck || got.Message != want {
+		t.Errorf("through the runner: %+v", got)
 	}
 }
 
@@ -196,17 +391,122 @@ func TestDiskUsageRealHost(t *testing.T) {
 	}
 }
 
+// sandboxChildEnv marks the re-executed test binary that runs in its own
+// mount namespace.
+const sandboxChildEnv = "AUTOPILOT_HEALTH_TEST_SANDBOX_CHILD"
+
+// The real statfs on this machine's filesystems, in a mount namespace where
+// every mount was remounted read-only as ProtectSystem=strict does (a bind
+// remount: per-mount "ro", the filesystems untouched): the check measures
+// exactly the filesystems it measured before the remount. The test binary
+// re-executes itself under unshare(1) (needs root); the child does the
+// remounts and the comparison.
+func TestDiskUsageRealHostUnderReadOnlyRemount(t *testing.T) {
+	if os.Getenv(sandboxChildEnv) == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("remounting needs root")
+		}
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("no unshare(1)")
+		}
+		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestDiskUsageRealHostUnderReadOnlyRemount$", "-test.v")
+		cmd.Env = append(os.Environ(), sandboxChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestDiskUsageRealHostUnderReadOnlyRemount") {
+			t.Fatalf("in a read-only remounted namespace: %v\n%s", err, out)
+		}
+		t.Logf("child:\n%s", out)
+		return
+	}
+
+	readMounts := func() ([]Mount, []string) {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := ParseMountinfo(strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var opts []string // per-mount options, line by line
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			opts = append(opts, strings.Fields(l)[5])
+		}
+		return ms, opts
+	}
+	env := testEnv(t, nil)
+	c, _ := newDiskUsageCheck(env)
+	dc := c.(*diskUsageCheck)
+	before, opts := readMounts()
+	var want []string
+	for _, m := range dc.selectMounts(before).measure {
+		want = append(want, m.MountPoint)
+	}
+	if len(want) == 0 {
+		t.Skip("no writable filesystem on this machine to measure")
+	}
+
+	// ProtectSystem=strict: every mount read-only, its other flags kept.
+	flagOf := map[string]uintptr{"nosuid": unix.MS_NOSUID, "nodev": unix.MS_NODEV, "noexec": unix.MS_NOEXEC,
+		"noatime": unix.MS_NOATIME, "nodiratime": unix.MS_NODIRATIME, "relatime": unix.MS_RELATIME}
+	for i, m := range before {
+		flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY)
+		for _, o := range strings.Split(opts[i], ",") {
+			flags |= flagOf[o]
+		}
+		if err := unix.Mount("", m.MountPoint, "", flags, ""); err != nil {
+			t.Logf("remount %s read-only: %v", m.MountPoint, err)
+		}
+	}
+	after, _ := readMounts()
+	top := map[string]Mount{} // the visible mount at each mount point
+	for _, m := range after {
+		top[m.MountPoint] = m
+	}
+	for _, mp := range want {
+		if m := top[mp]; !m.MountReadOnly || m.ReadOnly {
+			t.Fatalf("after the remount %s is %+v: not the shape of ProtectSystem= (per-mount ro, filesystem rw)", mp, m)
+		}
+	}
+
+	usage, errs, err := dc.Usage()
+	if err != nil || len(errs) > 0 {
+		t.Fatal(err, errs)
+	}
+	var got []string
+	for _, u := range usage {
+		got = append(got, u.MountPoint)
+		if u.SizeBytes == 0 || u.UsedPercent < 0 || u.UsedPercent > 100 {
+			t.Errorf("implausible usage %+v", u)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("under read-only mounts the check measures %q; with the mounts as they were, %q", got, want)
+	}
+	res, err := c.Probe(context.Background())
+	if err != nil || res.Status == report.StatusUnknown {
+		t.Errorf("probe under read-only mounts: %+v, %v", res, err)
+	}
+	t.Logf("measured %q: %s/%s %s", got, res.Status, res.Reason, res.Message)
+}
+
 func TestParseMountinfo(t *testing.T) {
 	ms, err := ParseMountinfo(strings.NewReader("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n" +
-		"37 35 98:1 / /a\\134b\\011c rw - ext4 /dev/x\\040y ro\n"))
+		"37 35 98:1 / /a\\134b\\011c rw - ext4 /dev/x\\040y ro\n" +
+		// ProtectSystem=: this mount is read-only, the filesystem is not.
+		"93 80 7:0 / /var ro,noatime shared:19 - ext4 /dev/loop0 rw\n" +
+		"108 93 7:0 /lib/my\\040state /var/lib/state rw,noatime shared:21 - ext4 /dev/loop0 rw,errors=remount-ro\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Mount{
-		{MountPoint: "/mnt2", FSType: "ext3", Source: "/dev/root", Device: "98:0"},
-		{MountPoint: "/a\\b\tc", FSType: "ext4", Source: "/dev/x y", Device: "98:1", ReadOnly: true},
+		{MountPoint: "/mnt2", Root: "/mnt1", FSType: "ext3", Source: "/dev/root", Device: "98:0"},
+		{MountPoint: "/a\\b\tc", Root: "/", FSType: "ext4", Source: "/dev/x y", Device: "98:1", ReadOnly: true},
+		{MountPoint: "/var", Root: "/", FSType: "ext4", Source: "/dev/loop0", Device: "7:0", MountReadOnly: true},
+		{MountPoint: "/var/lib/state", Root: "/lib/my state", FSType: "ext4", Source: "/dev/loop0", Device: "7:0"},
 	}
-	if len(ms) != 2 || ms[0] != want[0] || ms[1] != want[1] {
+	if !slices.Equal(ms, want) {
 		t.Errorf("got %+v\nwant %+v", ms, want)
 	}
 	for _, bad := range []string{"1 2 3\n", "36 35 98:0 / /x rw shared:1 ext4 /dev/sda rw\n", "36 35 98:0 / /x rw - ext4\n"} {
@@ -217,8 +517,13 @@ func TestParseMountinfo(t *testing.T) {
 }
 
 func FuzzParseMountinfo(f *testing.F) {
-	b, _ := os.ReadFile("testdata/roots/node-a/proc/self/mountinfo")
-	f.Add(string(b))
+	for _, root := range []string{"node-a", "protectsystem-strict"} {
+		b, err := os.ReadFile("testdata/roots/" + root + "/proc/self/mountinfo")
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(b))
+	}
 	f.Add("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n")
 	f.Add("1 1 1:1 / /\\04 rw - x y\n")
 	f.Fuzz(func(t *testing.T, s string) {
@@ -227,7 +532,7 @@ func FuzzParseMountinfo(f *testing.F) {
 			return
 		}
 		for _, m := range ms {
-			if m.FSType == "" || m.Device == "" {
+			if m.FSType == "" || m.Device == "" || m.Root == "" || m.MountPoint == "" {
 				t.Fatalf("accepted mount with empty fields: %+v", m)
 			}
 		}

@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/syself/autopilot-health/internal/config"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -179,15 +184,91 @@ func TestDiskWearAndTemperature(t *testing.T) {
 	}
 }
 
-// On this machine (no NVMe, or no permission) the real reader answers
-// without crashing: a list (maybe empty) or an error per drive.
+// The real reader under a made-up host root: no /sys/class/nvme (or an
+// empty one) is "no drives", not an error; a controller whose device cannot
+// be opened, or does not answer the admin ioctl, carries that error, and
+// with no drive readable the NVMe checks fail instead of reporting health.
+func TestRealNVMeReaderHostRoot(t *testing.T) {
+	root := t.TempDir()
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	hs, err := readNVMeHealth(realNVMe{env})
+	if err != nil || hs == nil || len(hs) != 0 {
+		t.Fatalf("no /sys/class/nvme: %#v, %v; want an empty list, no error", hs, err)
+	}
+	mkdir(t, root+"/sys/class/nvme")
+	if hs, err := readNVMeHealth(realNVMe{env}); err != nil || len(hs) != 0 {
+		t.Fatalf("empty /sys/class/nvme: %+v, %v", hs, err)
+	}
+
+	mkdir(t, root+"/sys/class/nvme/nvme1")
+	mkdir(t, root+"/sys/class/nvme/nvme0")
+	mkdir(t, root+"/dev")
+	if err := os.Symlink("/dev/null", root+"/dev/nvme1"); err != nil { // opens, but is no NVMe controller
+		t.Fatal(err)
+	}
+	hs, err = readNVMeHealth(realNVMe{env})
+	if err != nil || len(hs) != 2 || hs[0].Controller != "nvme0" || hs[1].Controller != "nvme1" {
+		t.Fatalf("two controllers: %+v, %v", hs, err)
+	}
+	if want := "open " + root + "/dev/nvme0: no such file or directory"; hs[0].Error != want {
+		t.Errorf("nvme0 without a device: error %q, want %q", hs[0].Error, want)
+	}
+	if want := root + "/dev/nvme1: NVMe admin command 0x06: inappropriate ioctl for device"; hs[1].Error != want {
+		t.Errorf("nvme1 on /dev/null: error %q, want %q", hs[1].Error, want)
+	}
+	c, _ := newDisksFailureSMART(env)
+	if _, err := c.Probe(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "no NVMe drive readable: ") {
+		t.Errorf("DisksFailure with no drive readable: %v", err)
+	}
+}
+
+// The real reader on this machine, against its own devices. Without NVMe
+// controllers it answers "no drives" (an empty list, no error). With
+// /dev/nvmeN, it reads each one over the admin ioctl (as root): a model and
+// serial from Identify, and a SMART page with plausible values.
 func TestRealNVMeReader(t *testing.T) {
-	hs, err := readNVMeHealth(realNVMe{testEnv(t, nil)})
+	env := testEnv(t, nil)
+	hs, err := readNVMeHealth(realNVMe{env})
 	if err != nil {
 		t.Fatal(err)
 	}
+	devs, _ := filepath.Glob("/dev/nvme*")
+	var ctrls []string // /dev/nvmeN character devices: controllers (not namespaces nvmeNnM)
+	for _, d := range devs {
+		if fi, err := os.Stat(d); err == nil && fi.Mode()&os.ModeCharDevice != 0 && regexp.MustCompile(`^nvme[0-9]+$`).MatchString(filepath.Base(d)) {
+			ctrls = append(ctrls, filepath.Base(d))
+		}
+	}
+	if len(ctrls) == 0 {
+		if len(hs) != 0 {
+			t.Skipf("no /dev/nvmeN, yet /sys/class/nvme lists %+v: devices hidden from this machine", hs)
+		}
+		if ok, bad := nvmeUnreadable(hs); len(ok) != 0 || len(bad) != 0 || drives(len(ok), "") != "no NVMe drives" {
+			t.Errorf("no drives: %+v %v", ok, bad)
+		}
+		t.Log("no NVMe controller on this machine: no drives")
+		return
+	}
+	got := map[string]NVMeHealth{}
 	for _, h := range hs {
-		t.Logf("%s: %+v", h.Controller, h)
+		got[h.Controller] = h
+	}
+	for _, c := range ctrls {
+		h, ok := got[c]
+		if !ok {
+			t.Errorf("/dev/%s exists but the reader does not list it (it lists %+v)", c, hs)
+			continue
+		}
+		if h.Error != "" && os.Geteuid() != 0 {
+			t.Skipf("%s: %s (the admin ioctl needs CAP_SYS_ADMIN)", c, h.Error)
+		}
+		t.Logf("%s: %+v", c, h)
+		if h.Error != "" || h.Model == "" || h.Serial == "" || h.Firmware == "" {
+			t.Errorf("%s: no model, serial or firmware read: %+v", c, h)
+		}
+		if h.TemperatureC < -40 || h.TemperatureC > 150 || h.AvailableSpare > 100 || h.SpareThreshold > 100 {
+			t.Errorf("%s: implausible SMART values: %+v", c, h)
+		}
 	}
 }
 

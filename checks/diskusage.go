@@ -18,10 +18,18 @@ import (
 
 func init() { Register("DiskUsageHigh", newDiskUsageCheck) }
 
-// diskUsageCheck statfs()es every writable, block-backed filesystem of the
-// host (from /proc/self/mountinfo under the host root) and compares space and
-// inode use with the thresholds. Space is computed as df does: used / (used +
-// available to unprivileged users), rounded up.
+// diskUsageCheck statfs()es every writable filesystem of the host (from
+// /proc/self/mountinfo under the host root) whose type and mount point are
+// not excluded, once per filesystem, and compares space and inode use with
+// the thresholds. Space is computed as df does: used / (used + available to
+// unprivileged users), rounded up.
+//
+// Writable means the filesystem, not this mount: the shipped unit's
+// ProtectSystem=strict remounts every mount read-only in the daemon's mount
+// namespace (per-mount "ro") while the filesystems under them stay read-write
+// (superblock "rw") and fill up as ever. Only a filesystem whose superblock
+// is read-only (a sealed erofs or squashfs, an ext4 the kernel remounted
+// read-only after an error) cannot fill up and is skipped.
 type diskUsageCheck struct {
 	env         *Env
 	spacePct    int
@@ -46,10 +54,18 @@ func newDiskUsageCheck(env *Env) (Check, error) {
 // Mount is one line of /proc/<pid>/mountinfo.
 type Mount struct {
 	MountPoint string
-	FSType     string
-	Source     string
-	Device     string // major:minor
-	ReadOnly   bool
+	// Root is the directory of the filesystem mounted here: "/" for the
+	// whole filesystem, the subdirectory for a bind mount of one.
+	Root   string
+	FSType string
+	Source string
+	Device string // major:minor
+	// ReadOnly: the filesystem itself is read-only (superblock option "ro").
+	ReadOnly bool
+	// MountReadOnly: this mount is read-only (per-mount option "ro"), which
+	// a read-only bind remount such as ProtectSystem= sets on a filesystem
+	// that stays writable.
+	MountReadOnly bool
 }
 
 // ParseMountinfo parses the format of proc(5) /proc/<pid>/mountinfo.
@@ -72,18 +88,23 @@ func ParseMountinfo(r io.Reader) ([]Mount, error) {
 		if len(f) < 6 || sep < 0 || len(f) < sep+3 {
 			return nil, fmt.Errorf("mountinfo line %d: malformed: %q", n, sc.Text())
 		}
-		m := Mount{Device: f[2], MountPoint: unescapeOctal(f[4]), FSType: f[sep+1], Source: unescapeOctal(f[sep+2])}
-		for _, o := range strings.Split(f[5], ",") {
-			m.ReadOnly = m.ReadOnly || o == "ro"
-		}
+		m := Mount{Device: f[2], Root: unescapeOctal(f[3]), MountPoint: unescapeOctal(f[4]), FSType: f[sep+1], Source: unescapeOctal(f[sep+2])}
+		m.MountReadOnly = hasOption(f[5], "ro")
 		if len(f) > sep+3 {
-			for _, o := range strings.Split(f[sep+3], ",") {
-				m.ReadOnly = m.ReadOnly || o == "ro"
-			}
+			m.ReadOnly = hasOption(f[sep+3], "ro")
 		}
 		out = append(out, m)
 	}
 	return out, sc.Err()
+}
+
+func hasOption(opts, name string) bool {
+	for _, o := range strings.Split(opts, ",") {
+		if o == name {
+			return true
+		}
+	}
+	return false
 }
 
 // unescapeOctal undoes the kernel's \ooo escaping of spaces, tabs, newlines
@@ -127,25 +148,66 @@ func percentUp(used, avail uint64) int {
 	return int((used*100 + total - 1) / total)
 }
 
+// mountSelection says what became of the mounts of mountinfo: the ones
+// whose filesystems are measured, and how many were left out and why.
+type mountSelection struct {
+	measure                             []Mount
+	total, excludedType, excludedMP, ro int
+}
+
+// selectMounts picks one mount per filesystem (device) to statfs among the
+// mounts that are not excluded and whose filesystem is writable. statfs
+// answers the same through any mount of a filesystem; the one named is the
+// mount of the whole filesystem (Root "/", e.g. /var rather than the
+// StateDirectory= bind /var/lib/autopilot-health of a subdirectory of it),
+// else the first mount of it. Filesystems keep the order in which mountinfo
+// first shows them.
+func (c *diskUsageCheck) selectMounts(mounts []Mount) mountSelection {
+	sel := mountSelection{total: len(mounts)}
+	at := map[string]int{} // device -> index in sel.measure
+	for _, m := range mounts {
+		switch {
+		case c.excludeType.MatchString(m.FSType):
+			sel.excludedType++
+		case c.excludeMP.MatchString(m.MountPoint):
+			sel.excludedMP++
+		case m.ReadOnly:
+			sel.ro++
+		default:
+			i, seen := at[m.Device]
+			if !seen {
+				at[m.Device] = len(sel.measure)
+				sel.measure = append(sel.measure, m)
+				continue
+			}
+			if sel.measure[i].Root != "/" && m.Root == "/" {
+				sel.measure[i] = m
+			}
+		}
+	}
+	return sel
+}
+
 // Usage returns the use of every filesystem the check watches.
 func (c *diskUsageCheck) Usage() ([]FSUsage, []error, error) {
-	f, err := os.Open(c.env.Path("/proc/self/mountinfo"))
+	u, errs, _, err := c.usage()
+	return u, errs, err
+}
+
+func (c *diskUsageCheck) usage() ([]FSUsage, []error, mountSelection, error) {
+	f, err := os.Open(c.env.Path(mountinfoPath))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, mountSelection{}, err
 	}
 	defer f.Close()
 	mounts, err := ParseMountinfo(f)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, mountSelection{}, err
 	}
-	seen := map[string]bool{}
+	sel := c.selectMounts(mounts)
 	var out []FSUsage
 	var errs []error
-	for _, m := range mounts {
-		if m.ReadOnly || seen[m.Device] || c.excludeType.MatchString(m.FSType) || c.excludeMP.MatchString(m.MountPoint) {
-			continue
-		}
-		seen[m.Device] = true
+	for _, m := range sel.measure {
 		var st unix.Statfs_t
 		if err := c.env.Sys.Statfs(c.env.Path(m.MountPoint), &st); err != nil {
 			errs = append(errs, fmt.Errorf("statfs %s: %w", m.MountPoint, err))
@@ -164,16 +226,23 @@ func (c *diskUsageCheck) Usage() ([]FSUsage, []error, error) {
 		}
 		out = append(out, u)
 	}
-	return out, errs, nil
+	return out, errs, sel, nil
 }
 
+const mountinfoPath = "/proc/self/mountinfo"
+
 func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
-	usage, errs, err := c.Usage()
+	usage, errs, sel, err := c.usage()
 	if err != nil {
 		return Result{}, err
 	}
 	if len(usage) == 0 && len(errs) > 0 {
 		return Result{}, errors.Join(errs...)
+	}
+	if len(usage) == 0 {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+			Message: fmt.Sprintf("no writable filesystem to measure in %s: %d mounts, %d excluded by fs_types_exclude, %d by mount_points_exclude, %d of read-only filesystems",
+				mountinfoPath, sel.total, sel.excludedType, sel.excludedMP, sel.ro)}, nil
 	}
 	var space, inodes []string
 	for _, u := range usage {
@@ -199,12 +268,13 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			Message: strings.Join(inodes, ", ") + notes, Details: details}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: "DiskUsageOK",
-		Message: fmt.Sprintf("%d %s below %d%% space and %d%% inodes%s", len(usage), pluralFS(len(usage)), c.spacePct, c.inodesPct, notes), Details: details}, nil
+		Message: fmt.Sprintf("%d %s below %d%% space and %d%% inodes%s", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct, notes), Details: details}, nil
 }
 
-func pluralFS(n int) string {
+// plural picks the word for a count of n.
+func plural(n int, one, many string) string {
 	if n == 1 {
-		return "filesystem"
+		return one
 	}
-	return "filesystems"
+	return many
 }

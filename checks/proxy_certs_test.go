@@ -95,9 +95,27 @@ func TestCertCheck(t *testing.T) {
 	client := root + "/var/lib/kubelet/pki/kubelet-client-current.pem"
 	c, _ := newCertCheck(env)
 
-	writeCert(t, client, "system:node:n1", now.Add(200*24*time.Hour))
+	// No certificate at all: nothing was checked, so no claim that none
+	// expires.
 	r, err := c.Probe(context.Background())
-	if err != nil || r.Status != report.StatusFalse || r.Message != "1 certificates valid for more than 168h0m0s" {
+	if err != nil || r.Status != report.StatusUnknown || r.Reason != report.ReasonNothingToCheck ||
+		r.Message != "none of the 2 configured certificates exists: /var/lib/kubelet/pki/kubelet-client-current.pem, /var/lib/kubelet/pki/kubelet-server-current.pem" {
+		t.Errorf("no certificate: %+v %v", r, err)
+	}
+	store := report.NewStore("b")
+	runner, err := NewRunner(env, Options{Store: store, Only: []string{"CertRenewalFailing"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner.RunOnce(context.Background())
+	if got, _ := store.Get("CertRenewalFailing"); got.Status != report.StatusUnknown || got.Reason != report.ReasonNothingToCheck || got.Message != r.Message {
+		t.Errorf("no certificate, through the runner: %+v", got)
+	}
+
+	writeCert(t, client, "system:node:n1", now.Add(200*24*time.Hour))
+	r, err = c.Probe(context.Background())
+	if err != nil || r.Status != report.StatusFalse ||
+		r.Message != "1 certificate valid for more than 168h0m0s; not present: /var/lib/kubelet/pki/kubelet-server-current.pem" {
 		t.Errorf("valid (server cert absent): %+v %v", r, err)
 	}
 	infos := r.Details[0].Value.([]CertInfo)
@@ -118,6 +136,25 @@ func TestCertCheck(t *testing.T) {
 	os.WriteFile(client, []byte("not pem"), 0o600)
 	if _, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Errorf("garbage file: %v", err)
+	}
+	// One readable, one not: valid, and the message says what was not read.
+	server := root + "/var/lib/kubelet/pki/kubelet-server-current.pem"
+	writeCert(t, server, "n1", now.Add(300*24*time.Hour))
+	if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusFalse ||
+		r.Message != "1 certificate valid for more than 168h0m0s; not readable: /var/lib/kubelet/pki/kubelet-client-current.pem: no PEM certificate" {
+		t.Errorf("one unreadable: %+v %v", r, err)
+	}
+	writeCert(t, client, "system:node:n1", now.Add(200*24*time.Hour))
+	if r, _ := c.Probe(context.Background()); r.Status != report.StatusFalse || r.Message != "2 certificates valid for more than 168h0m0s" {
+		t.Errorf("both valid: %+v", r)
+	}
+
+	// None configured.
+	env.Config.Checks.CertRenewalFailing.Certificates = nil
+	c, _ = newCertCheck(env)
+	if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusUnknown || r.Reason != report.ReasonNothingToCheck ||
+		r.Message != "no certificates configured (checks.CertRenewalFailing.certificates is empty)" {
+		t.Errorf("none configured: %+v %v", r, err)
 	}
 }
 

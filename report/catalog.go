@@ -90,10 +90,14 @@ const (
 	ReasonCheckTimeout   = "CheckTimeout"
 	ReasonCheckPanicked  = "CheckPanicked"
 	ReasonNoData         = "NoData"
+	// ReasonNothingToCheck: the check ran and found nothing on this node to
+	// check (no configured certificate exists, no filesystem to measure); a
+	// False would claim a health that nothing was measured for.
+	ReasonNothingToCheck = "NothingToCheck"
 )
 
 // UnknownReasons lists the reasons shared by all conditions for status Unknown.
-var UnknownReasons = []string{ReasonCheckFailed, ReasonCheckTimeout, ReasonCheckPanicked, ReasonNotImplemented, ReasonDisabled, ReasonNotApplicable, ReasonNoData}
+var UnknownReasons = []string{ReasonCheckFailed, ReasonCheckTimeout, ReasonCheckPanicked, ReasonNotImplemented, ReasonDisabled, ReasonNotApplicable, ReasonNoData, ReasonNothingToCheck}
 
 // ConditionDesc describes one condition the daemon owns.
 type ConditionDesc struct {
