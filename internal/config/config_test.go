@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +11,9 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
 )
 
 // The specification's values, written out here independently of
@@ -161,26 +165,37 @@ func TestOverrideKeepsOtherDefaults(t *testing.T) {
 // Each bad file and its exact error: file, line, key and the problem.
 func TestBadConfigs(t *testing.T) {
 	want := map[string]string{
-		"bad-duration.toml":          `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
-		"bad-regex.toml":             ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
-		"bad-role.toml":              `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
-		"duplicate-key.toml":         `:2: key host_root: Key 'host_root' has already been defined.`,
-		"listen-address.toml":        `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
-		"log-level.toml":             `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
-		"negative-interval.toml":     `:2: key checks.ClockNotSynchronized.interval: must be a positive duration, got "-1m0s"`,
-		"node-name.toml":             `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
-		"percent-range.toml":         `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
-		"relative-path.toml":         `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
-		"syntax.toml":                `:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
-		"timeout-over-interval.toml": `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
-		"unit-name.toml":             `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
-		"unknown-key.toml":           `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
-		"unknown-table.toml":         `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
-		"url.toml":                   `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
-		"wrong-type.toml":            `:2: key checks.DiskUsageHigh.space_percent: wrong type: TOML value has type string; destination has type integer`,
-		"kmsg-disable.toml":          `:2: key kmsg.disable: unknown rule "Nope"`,
-		"kmsg-rule-pattern.toml":     ":1: key kmsg.rules: kmsg rule ReadonlyFilesystem: pattern: error parsing regexp: missing closing ): `Remounting filesystem read-only (`",
-		"kmsg-rule-reason.toml":      `:4: key kmsg.rules: kmsg rule MyIO: event reason "DiskExploded" is not in the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
+		"bad-duration.toml":            `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
+		"bad-regex.toml":               ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
+		"bad-role.toml":                `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
+		"duplicate-key.toml":           `:2: key host_root: Key 'host_root' has already been defined.`,
+		"listen-address.toml":          `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
+		"log-level.toml":               `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
+		"negative-interval.toml":       `:2: key checks.ClockNotSynchronized.interval: must be between 1s and 24h, got "-1m0s"`,
+		"node-name.toml":               `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
+		"percent-range.toml":           `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
+		"relative-path.toml":           `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
+		"syntax.toml":                  `:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"timeout-over-interval.toml":   `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
+		"unit-name.toml":               `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
+		"unknown-key.toml":             `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
+		"unknown-table.toml":           `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
+		"url.toml":                     `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
+		"wrong-type.toml":              `:2: key checks.DiskUsageHigh.space_percent: wrong type: TOML value has type string; destination has type integer`,
+		"kmsg-disable.toml":            `:2: key kmsg.disable: unknown rule "Nope"`,
+		"kmsg-rule-pattern.toml":       ":1: key kmsg.rules: kmsg rule ReadonlyFilesystem: pattern: error parsing regexp: missing closing ): `Remounting filesystem read-only (`",
+		"heartbeat-period.toml":        `:2: key kubernetes.heartbeat_period: must be between 30s and 1h, got "1ms"`,
+		"report-interval.toml":         `:2: key kubernetes.report_interval: must be between 30s and 1h, got "1ms"`,
+		"report-interval-ceiling.toml": `:3: key kubernetes.report_interval: must be between 30s and 1h, got "1h30m0s"`,
+		"check-interval.toml":          `:2: key checks.ProxyNotServing.interval: must be between 1s and 24h, got "1ms"`,
+		"check-interval-ceiling.toml":  `:2: key checks.CertRenewalFailing.interval: must be between 1s and 24h, got "168h0m0s"`,
+		"check-timeout.toml":           `:3: key checks.KubeletUnhealthy.timeout: must be between 100ms and interval (10s), got "1ms"`,
+		"first-run-spread.toml":        `:2: key runner.first_run_spread: must be between 0s and 5m, got "10m0s"`,
+		"restart-cooldown.toml":        `:2: key checks.ContainerRuntimeUnhealthy.restart_cooldown: must be at least 1s, got "0s"`,
+		"critical-tasks-empty.toml":    `:2: key kmsg.critical_tasks: must list task names (a trailing * matches a prefix), each non-empty and without whitespace, got ""`,
+		"critical-tasks-space.toml":    `:3: key kmsg.critical_tasks: must list task names (a trailing * matches a prefix), each non-empty and without whitespace, got "kubelet, containerd"`,
+		"ignore-devices-empty.toml":    `:2: key kmsg.ignore_devices: must list block device name prefixes, each non-empty and without whitespace, got ""`,
+		"kmsg-rule-reason.toml":        `:4: key kmsg.rules: kmsg rule MyIO: event reason "DiskExploded" is not in the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
 	if len(files) != len(want) {
@@ -268,4 +283,105 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The bounds are inclusive: a file with every bounded key at its floor, then
+// one with every key at its ceiling, is valid.
+func TestBoundsAreInclusive(t *testing.T) {
+	for _, src := range []string{
+		"[kubernetes]\nheartbeat_period = \"30s\"\nreport_interval = \"30s\"\n[runner]\nfirst_run_spread = \"0s\"\n" +
+			"[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"100ms\"\nrestart_cooldown = \"1s\"\n" +
+			"[checks.ContainerRuntimeUnhealthy]\nrestart_cooldown = \"1s\"\n",
+		"[kubernetes]\nheartbeat_period = \"1h\"\nreport_interval = \"1h\"\n[runner]\nfirst_run_spread = \"5m\"\n" +
+			"[checks.KubeletUnhealthy]\ninterval = \"24h\"\ntimeout = \"24h\"\n" +
+			"[kmsg]\ncritical_tasks = [\"kubelet\", \"qemu*\"]\nignore_devices = []\n",
+	} {
+		if _, err := Parse("bounds.toml", []byte(src), Default()); err != nil {
+			t.Errorf("%v\n%s", err, src)
+		}
+	}
+}
+
+// default.toml states the allowed range of every bounded key, next to it.
+func TestDefaultTOMLStatesTheBounds(t *testing.T) {
+	for _, want := range []string{
+		"# Allowed: 30s to 1h (every node writes to the API server this often).\nheartbeat_period",
+		"# Allowed: 30s to 1h.\nreport_interval",
+		"# Allowed: 0s to 5m.\nfirst_run_spread",
+		"Allowed: interval 1s\n# to 24h; timeout 100ms up to the check's interval.",
+		"Allowed: 1s or more.\nrestart_cooldown = \"1m\"",
+		"# Allowed: 1s or more.\nrestart_cooldown = \"2m\"",
+		"# Entries must be non-empty and without whitespace.\ncritical_tasks",
+		"# would match every device) and without whitespace.\nignore_devices",
+	} {
+		if !strings.Contains(string(defaultTOML), want) {
+			t.Errorf("default.toml lacks %q", want)
+		}
+	}
+}
+
+// Every condition that a check (not the kernel log monitor) evaluates has
+// its [checks.<Condition>] table, with a positive interval and timeout by
+// default: the runner would otherwise probe it without pause.
+func TestEveryCheckedConditionHasATable(t *testing.T) {
+	c := Default()
+	tables := map[string]bool{}
+	for _, d := range report.Conditions {
+		if d.Source == report.SourceKmsg {
+			continue
+		}
+		tables[d.Type] = true
+		com, ok := c.Checks.Common(d.Type)
+		if !ok {
+			t.Errorf("%s (source %s) has no [checks.%s] table", d.Type, d.Source, d.Type)
+			continue
+		}
+		if com.Interval.Duration <= 0 || com.Timeout.Duration <= 0 {
+			t.Errorf("checks.%s: interval %s, timeout %s; want both positive", d.Type, com.Interval, com.Timeout)
+		}
+	}
+	for _, name := range c.Checks.Names() {
+		if !tables[name] {
+			t.Errorf("[checks.%s] is not a check-sourced condition of the catalog", name)
+		}
+	}
+}
+
+// Custom kernel log rules without a literal anchor are candidates on every
+// line; however many there are, the file validates and, compiled as the
+// daemon compiles them, every one matches.
+func TestManyUnanchoredKmsgRules(t *testing.T) {
+	const n = 20
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "[[kmsg.rules]]\nname = \"Mine%02d\"\nkind = \"temp\"\nreason = \"IOError\"\npattern = '^[a-z]+ \\S+ \\d+$'\n", i)
+	}
+	c, err := Parse("many.toml", []byte(b.String()), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	custom := make([]kmsg.Rule, len(c.Kmsg.Rules))
+	for i, r := range c.Kmsg.Rules {
+		custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
+	}
+	rules, err := kmsg.BuildRules(c.Kmsg.Disable, custom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := kmsg.Compile(rules, c.Kmsg.CriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, m := range rs.Matches(nil, []byte("mydrv sdq 42")) {
+		got[m.Rule.Name] = true
+	}
+	for i := range n {
+		if name := fmt.Sprintf("Mine%02d", i); !got[name] {
+			t.Errorf("rule %s did not match", name)
+		}
+	}
+	if len(got) != n {
+		t.Errorf("%d rules matched, want %d", len(got), n)
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
+	"unicode"
 
 	"github.com/syself/autopilot-health/kmsg"
 )
@@ -63,6 +65,58 @@ func (v *validator) positive(key string, d Duration) {
 	}
 }
 
+// Bounds of the durations that set how often the daemon works: a node must
+// not write to the API server, probe or restart as fast as it can because of
+// a typo ("1ms" for "1m"). default.toml states each range.
+const (
+	// The heartbeat rewrites the node's conditions, the report interval its
+	// report annotations: API server writes from every node.
+	minHeartbeatPeriod = 30 * time.Second
+	maxHeartbeatPeriod = time.Hour
+	minReportInterval  = 30 * time.Second
+	maxReportInterval  = time.Hour
+	minCheckInterval   = time.Second
+	maxCheckInterval   = 24 * time.Hour
+	minCheckTimeout    = 100 * time.Millisecond
+	maxFirstRunSpread  = 5 * time.Minute
+	minRestartCooldown = time.Second
+)
+
+// between requires lo <= d <= hi.
+func (v *validator) between(key string, d Duration, lo, hi time.Duration) {
+	if d.Duration < lo || d.Duration > hi {
+		v.fail(key, "must be between %s and %s, got %q", shortDuration(lo), shortDuration(hi), d.String())
+	}
+}
+
+// atLeast requires d >= lo.
+func (v *validator) atLeast(key string, d Duration, lo time.Duration) {
+	if d.Duration < lo {
+		v.fail(key, "must be at least %s, got %q", shortDuration(lo), d.String())
+	}
+}
+
+// shortDuration writes a bound as default.toml does: "1h", not "1h0m0s".
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// words requires every entry to be non-empty and without whitespace.
+func (v *validator) words(key string, vals []string, what string) {
+	for _, w := range vals {
+		if w == "" || strings.IndexFunc(w, unicode.IsSpace) >= 0 {
+			v.fail(key, "must list %s, each non-empty and without whitespace, got %q", what, w)
+		}
+	}
+}
+
 func (v *validator) httpURL(key, val string) {
 	u, err := url.Parse(val)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -86,9 +140,11 @@ func (v *validator) regex(key, val string) {
 
 func (v *validator) common(name string, c Common) {
 	key := "checks." + name
-	v.positive(key+".interval", c.Interval)
-	v.positive(key+".timeout", c.Timeout)
-	if c.Timeout.Duration > c.Interval.Duration && c.Interval.Duration > 0 {
+	v.between(key+".interval", c.Interval, minCheckInterval, maxCheckInterval)
+	if c.Timeout.Duration < minCheckTimeout {
+		v.fail(key+".timeout", "must be between %s and interval (%s), got %q", shortDuration(minCheckTimeout), c.Interval, c.Timeout.String())
+	}
+	if c.Timeout.Duration > c.Interval.Duration {
 		v.fail(key+".timeout", "must not be longer than interval (%s), got %s", c.Interval, c.Timeout)
 	}
 }
@@ -119,13 +175,11 @@ func (c *Config) validate() *Error {
 	if c.Kubernetes.Kubeconfig != "" {
 		v.absPath("kubernetes.kubeconfig", c.Kubernetes.Kubeconfig)
 	}
-	v.positive("kubernetes.heartbeat_period", c.Kubernetes.HeartbeatPeriod)
-	v.positive("kubernetes.report_interval", c.Kubernetes.ReportInterval)
+	v.between("kubernetes.heartbeat_period", c.Kubernetes.HeartbeatPeriod, minHeartbeatPeriod, maxHeartbeatPeriod)
+	v.between("kubernetes.report_interval", c.Kubernetes.ReportInterval, minReportInterval, maxReportInterval)
 	v.absPath("detect.kubelet_client_cert", c.Detect.KubeletClientCert)
 	v.absPath("detect.controlplane_manifest", c.Detect.ControlPlaneManifest)
-	if c.Runner.FirstRunSpread.Duration < 0 {
-		v.fail("runner.first_run_spread", "must not be negative, got %q", c.Runner.FirstRunSpread.String())
-	}
+	v.between("runner.first_run_spread", c.Runner.FirstRunSpread, 0, maxFirstRunSpread)
 
 	k := &c.Checks
 	for _, name := range k.Names() {
@@ -134,10 +188,10 @@ func (c *Config) validate() *Error {
 	}
 	v.httpURL("checks.KubeletUnhealthy.healthz_url", k.KubeletUnhealthy.HealthzURL)
 	v.units("checks.KubeletUnhealthy.unit", []string{k.KubeletUnhealthy.Unit})
-	v.positive("checks.KubeletUnhealthy.restart_cooldown", k.KubeletUnhealthy.RestartCooldown)
+	v.atLeast("checks.KubeletUnhealthy.restart_cooldown", k.KubeletUnhealthy.RestartCooldown, minRestartCooldown)
 	v.absPath("checks.ContainerRuntimeUnhealthy.socket", k.ContainerRuntimeUnhealthy.Socket)
 	v.units("checks.ContainerRuntimeUnhealthy.unit", []string{k.ContainerRuntimeUnhealthy.Unit})
-	v.positive("checks.ContainerRuntimeUnhealthy.restart_cooldown", k.ContainerRuntimeUnhealthy.RestartCooldown)
+	v.atLeast("checks.ContainerRuntimeUnhealthy.restart_cooldown", k.ContainerRuntimeUnhealthy.RestartCooldown, minRestartCooldown)
 	v.units("checks.ServiceNotRecovering.controlplane_units", k.ServiceNotRecovering.ControlPlaneUnits)
 	v.units("checks.ServiceNotRecovering.worker_units", k.ServiceNotRecovering.WorkerUnits)
 	if k.ServiceNotRecovering.RestartThreshold < 1 {
@@ -177,6 +231,8 @@ func (c *Config) validate() *Error {
 	v.absPaths("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs)
 	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
 	v.absPath("kmsg.device", c.Kmsg.Device)
+	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")
+	v.words("kmsg.ignore_devices", c.Kmsg.IgnoreDevices, "block device name prefixes")
 	v.kmsgRules(c)
 	return v.err
 }
