@@ -133,7 +133,9 @@ type Options struct {
 	Progress func(loop string, maxSilence time.Duration)
 }
 
-// NewRunner builds every scheduled check of the plan.
+// NewRunner builds every scheduled check of the plan. A scheduled check
+// whose interval or timeout is not positive is an error (config validation
+// refuses such a file; this guards configurations built in code).
 func NewRunner(env *Env, opts Options) (*Runner, error) {
 	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress}
 	factories := registry
@@ -144,7 +146,14 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 		if p.State != Scheduled {
 			continue
 		}
-		com, _ := env.Config.Checks.Common(p.Desc.Type)
+		com, hasCfg := env.Config.Checks.Common(p.Desc.Type)
+		if com.Interval.Duration <= 0 || com.Timeout.Duration <= 0 {
+			// The loop would probe without pause, each probe timed out at once.
+			if !hasCfg {
+				return nil, fmt.Errorf("check %s: no [checks.%s] table in the configuration, so no interval and timeout", p.Desc.Type, p.Desc.Type)
+			}
+			return nil, fmt.Errorf("check %s: interval (%s) and timeout (%s) must be positive", p.Desc.Type, com.Interval, com.Timeout)
+		}
 		c, err := factories[p.Desc.Type](env)
 		if err != nil {
 			return nil, fmt.Errorf("check %s: %w", p.Desc.Type, err)

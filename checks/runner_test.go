@@ -279,13 +279,50 @@ func TestPlan(t *testing.T) {
 		"DiskUsageHigh":                Disabled,
 		"GpuActivationFailed":          NotApplicable, // not a GPU node
 		"APIServerSourceIPUnavailable": NotApplicable, // a worker
-		"ProxyNotServing":              states["ProxyNotServing"],
+		"ProxyNotServing":              Scheduled,     // worker-only, and this is a worker
 	} {
 		if states[name] != want {
 			t.Errorf("%s: %s, want %s", name, states[name], want)
 		}
 	}
+	env.Role = report.RoleControlPlane
+	if got := Plan(env, []string{"ProxyNotServing"}, nil); len(got) != 1 || got[0].State != NotApplicable {
+		t.Errorf("on a control plane node ProxyNotServing is planned %+v, want not-applicable", got)
+	}
 	if got := Plan(env, []string{"ClockNotSynchronized"}, nil); len(got) != 1 {
 		t.Errorf("--only plan has %d entries", len(got))
+	}
+}
+
+// A scheduled check whose interval or timeout is not positive (a Config built
+// in code, or a catalog row without its config table) is refused: its loop
+// would probe without pause.
+func TestNewRunnerRefusesZeroIntervalOrTimeout(t *testing.T) {
+	healthyProbe := fixed(probeFunc(func(context.Context) (Result, error) { return healthy["NodeInfoStale"], nil }))
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *config.Config)
+		want   string
+	}{
+		{"zero interval", func(c *config.Config) { c.Checks.NodeInfoStale.Interval = config.Duration{} },
+			"check NodeInfoStale: interval (0s) and timeout (10s) must be positive"},
+		{"negative timeout", func(c *config.Config) { c.Checks.NodeInfoStale.Timeout = config.Duration{Duration: -time.Second} },
+			"check NodeInfoStale: interval (1m0s) and timeout (-1s) must be positive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := testEnv(t, tc.mutate)
+			r, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": healthyProbe}})
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("NewRunner = %v, %v; want error %q", r, err, tc.want)
+			}
+		})
+	}
+	// The same check disabled is not scheduled: its interval does not matter.
+	env := testEnv(t, func(c *config.Config) {
+		c.Checks.NodeInfoStale.Interval = config.Duration{}
+		c.Checks.NodeInfoStale.Enabled = false
+	})
+	if _, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": healthyProbe}}); err != nil {
+		t.Errorf("disabled check: %v", err)
 	}
 }
