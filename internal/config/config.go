@@ -76,8 +76,9 @@ type Kubernetes struct {
 }
 
 type Detect struct {
-	KubeletClientCert    string `toml:"kubelet_client_cert"`
-	ControlPlaneManifest string `toml:"controlplane_manifest"`
+	KubeletClientCert    string   `toml:"kubelet_client_cert"`
+	ControlPlaneManifest string   `toml:"controlplane_manifest"`
+	Interval             Duration `toml:"interval"`
 }
 
 type Runner struct {

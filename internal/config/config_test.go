@@ -185,6 +185,7 @@ func TestBadConfigs(t *testing.T) {
 		"kmsg-disable.toml":            `:2: key kmsg.disable: unknown rule "Nope"`,
 		"kmsg-rule-pattern.toml":       ":1: key kmsg.rules: kmsg rule ReadonlyFilesystem: pattern: error parsing regexp: missing closing ): `Remounting filesystem read-only (`",
 		"heartbeat-period.toml":        `:2: key kubernetes.heartbeat_period: must be between 30s and 1h, got "1ms"`,
+		"detect-interval.toml":         `:3: key detect.interval: must be between 10s and 1h, got "1s"`,
 		"report-interval.toml":         `:2: key kubernetes.report_interval: must be between 30s and 1h, got "1ms"`,
 		"report-interval-ceiling.toml": `:3: key kubernetes.report_interval: must be between 30s and 1h, got "1h30m0s"`,
 		"check-interval.toml":          `:2: key checks.ProxyNotServing.interval: must be between 1s and 24h, got "1ms"`,

@@ -179,6 +179,7 @@ func (c *Config) validate() *Error {
 	v.between("kubernetes.report_interval", c.Kubernetes.ReportInterval, minReportInterval, maxReportInterval)
 	v.absPath("detect.kubelet_client_cert", c.Detect.KubeletClientCert)
 	v.absPath("detect.controlplane_manifest", c.Detect.ControlPlaneManifest)
+	v.between("detect.interval", c.Detect.Interval, 10*time.Second, time.Hour)
 	v.between("runner.first_run_spread", c.Runner.FirstRunSpread, 0, maxFirstRunSpread)
 
 	k := &c.Checks
