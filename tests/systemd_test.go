@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,9 +52,9 @@ func realSystemd(t *testing.T) *harness.Systemd {
 			return
 		}
 		_ = bin
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		sdPort = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		if sdPort, sdErr = freeLoopbackPort(); sdErr != nil {
+			return
+		}
 		standin := "/etc/systemd/system/bin/standin"
 		svc := func(desc, exec, extra string) string {
 			return fmt.Sprintf("[Unit]\nDescription=%s\nDefaultDependencies=no\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=%s\n%s", desc, exec, extra)
@@ -142,39 +141,42 @@ func condIs(store *report.Store, ty string, st report.Status) func() bool {
 	return func() bool { c, ok := store.Get(ty); return ok && c.Status == st }
 }
 
-// A broken /healthz leads to exactly one restart per cooldown, and the
-// condition clears after recovery.
+// A broken /healthz leads to restarts of kubelet, never two within the
+// cooldown, and the condition clears after recovery.
 func TestKubeletRepairOverRealSystemd(t *testing.T) {
 	s := realSystemd(t)
 	waitUnit(t, s, "kubelet.service", "kubelet up", active)
+	const cooldown = 2 * time.Second
 	env, store := sdEnv(t, s, func(c *config.Config) {
 		c.Checks.KubeletUnhealthy.Interval = dur(250 * time.Millisecond)
 		c.Checks.KubeletUnhealthy.Timeout = dur(250 * time.Millisecond)
-		c.Checks.KubeletUnhealthy.RestartCooldown = dur(2 * time.Second)
+		c.Checks.KubeletUnhealthy.RestartCooldown = dur(cooldown)
 	})
 	stop := runChecks(t, env, store, "KubeletUnhealthy")
 	defer stop()
 	waitFor(t, store, nil, 10*time.Second, "KubeletUnhealthy=False", condIs(store, "KubeletUnhealthy", report.StatusFalse))
 	first := waitUnit(t, s, "kubelet.service", "kubelet up", active)
 	// kubelet "started" a moment ago counts toward the cooldown: let it pass.
-	time.Sleep(time.Until(first.MainStart.Add(2 * time.Second)))
+	time.Sleep(time.Until(first.MainStart.Add(cooldown)))
 
 	broken := breakStandin(t, s, "kubelet-broken")
 	brokeAt := time.Now()
 	waitFor(t, store, nil, 10*time.Second, "KubeletUnhealthy=True", condIs(store, "KubeletUnhealthy", report.StatusTrue))
-	// Watch the invocations for 3.5 s of a 2 s cooldown: exactly 2 restarts
-	// (at ~0 s and ~2 s), each a new invocation of the unit.
-	invocations := map[string]bool{first.Invocation: true}
-	for time.Since(brokeAt) < 3500*time.Millisecond {
-		u, err := s.Bus.Unit(context.Background(), "kubelet.service")
-		if err == nil && u.Invocation != "" {
-			invocations[u.Invocation] = true
-		}
+	// Watch the invocations for 3.5 s of a 2 s cooldown. On an idle machine
+	// that is 2 restarts (at ~0 s and ~2 s); on a busy one probes and jobs
+	// run late, so assert bounds: no two starts closer than the cooldown, at
+	// least one restart, at most ceil(3.5/2)+1.
+	const window = 3500 * time.Millisecond
+	log := newInvocationLog(first)
+	for time.Since(brokeAt) < window {
+		log.sample(s, "kubelet.service")
 		time.Sleep(20 * time.Millisecond) // sampling invocations over a fixed window
 	}
-	st := env.Repair.Status("kubelet.service")
-	if st.Repairs != 2 || len(invocations) != 3 {
-		t.Errorf("in 3.5 s with a 2 s cooldown: %d repairs, %d invocations (want 2 repairs, 3 invocations)", st.Repairs, len(invocations))
+	n := checkCooldown(t, "broken kubelet", log.sorted(), window, cooldown)
+	if st := env.Repair.Status("kubelet.service"); st.Repairs < n || st.Repairs > n+1 {
+		// A restart requested at the end of the window may not have
+		// started yet: one more repair than invocations seen, never fewer.
+		t.Errorf("the repairer counted %d restarts, %d new invocations seen", st.Repairs, n)
 	}
 	c, _ := store.Get("KubeletUnhealthy")
 	if !strings.Contains(c.Message, "HTTP 500") {

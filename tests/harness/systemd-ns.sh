@@ -3,18 +3,28 @@
 # (the network namespace is shared, so the test reaches the units' loopback
 # ports). Written from ../shared/recipes/systemd-in-namespace.
 # Usage: systemd-ns.sh start|cleanup   with
-#   NS_DIR     scratch dir (rootfs skeleton, logs, ctr.pid)
+#   NS_DIR     scratch dir (rootfs mount point, logs, ctr.pid)
 #   NS_UNITS   becomes /etc/systemd/system (read-write: tests add units)
 #   NS_CGROUP  a cgroup2 directory to run in (delegated subtree)
+# and optionally
+#   NS_KEEP_SYSLOG=1  PID 1 keeps CAP_SYSLOG (a unit reading /dev/kmsg needs
+#                     it: a unit never regains what PID 1 lacks); by default
+#                     it is dropped from PID 1's bounding set
+#   NS_DATA=DIR       DIR (a host directory) is bound read-write at /data, the
+#                     first mount after the root, so a check measuring
+#                     filesystems finds it before any other mount of its device
+#   NS_USR=DIR        DIR is laid over the host's /usr (read-only overlay), so
+#                     DIR/bin/x is /usr/bin/x inside
+# The root is a tmpfs: every disk filesystem inside is one of the mounts above.
 set -euo pipefail
 D=${NS_DIR:?}; UNITS=${NS_UNITS:?}; CG=${NS_CGROUP:?}
 R=$D/rootfs; LOGS=$D/logs
-export D UNITS CG R LOGS
+NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}
+export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR
 
 case "${1:-}" in
 start)
-    mkdir -p "$CG/payload" "$LOGS" $R/{usr,etc,proc,sys,dev,run,tmp,var,root,oldroot}
-    for d in bin sbin lib lib64; do ln -sfn usr/$d $R/$d; done
+    mkdir -p "$CG/payload" "$LOGS" $R
     export HOST_PIDNS=$(readlink /proc/self/ns/pid)
     exec script -qfec "unshare --pid --fork --kill-child=SIGKILL --mount --uts --ipc --propagation private $0 stage1" "$LOGS/console.log"
     ;;
@@ -29,8 +39,15 @@ stage1)
 stage2)
     CONSOLE=$(tty || true)
     mount --make-rprivate /
-    mount --bind $R $R
-    mount --bind /usr $R/usr; mount -o remount,bind,ro $R/usr
+    mount -t tmpfs -o mode=755,size=16m rootfs $R
+    mkdir -p $R/{usr,etc,proc,sys,dev,run,tmp,var,root,oldroot}
+    for d in bin sbin lib lib64; do ln -sfn usr/$d $R/$d; done
+    if [ -n "$NS_DATA" ]; then mkdir -p $R/data; mount --bind "$NS_DATA" $R/data; fi
+    if [ -n "$NS_USR" ]; then
+        mount -t overlay -o ro,lowerdir="$NS_USR":/usr overlay $R/usr
+    else
+        mount --bind /usr $R/usr; mount -o remount,bind,ro $R/usr
+    fi
     mount -t tmpfs -o mode=755,size=16m tmpfs $R/etc
     cp /etc/passwd /etc/group /etc/nsswitch.conf $R/etc/
     echo ns-systemd > $R/etc/hostname
@@ -45,6 +62,7 @@ stage2)
     mount -t tmpfs -o mode=755,nosuid,size=4m tmpfs $R/dev
     mknod -m 666 $R/dev/null c 1 3; mknod -m 666 $R/dev/zero c 1 5; mknod -m 666 $R/dev/full c 1 7
     mknod -m 666 $R/dev/random c 1 8; mknod -m 666 $R/dev/urandom c 1 9; mknod -m 666 $R/dev/tty c 5 0
+    mknod -m 644 $R/dev/kmsg c 1 11
     mkdir -p $R/dev/pts $R/dev/shm
     mount -t devpts -o newinstance,ptmxmode=0666,mode=620,gid=5 devpts $R/dev/pts
     ln -s pts/ptmx $R/dev/ptmx
@@ -58,8 +76,10 @@ stage2)
     cd $R
     pivot_root . oldroot
     umount -l /oldroot
+    DROP=-sys_module,-sys_time,-sys_rawio,-sys_pacct,-wake_alarm,-block_suspend,-mac_admin,-mac_override,-audit_control,-audit_read,-bpf,-perfmon,-checkpoint_restore
+    [ "$NS_KEEP_SYSLOG" = 1 ] || DROP=$DROP,-syslog
     exec env -i container=autopilot-health-test TERM=dumb \
-        setpriv --bounding-set -sys_module,-sys_time,-sys_rawio,-sys_pacct,-syslog,-wake_alarm,-block_suspend,-mac_admin,-mac_override,-audit_control,-audit_read,-bpf,-perfmon,-checkpoint_restore \
+        setpriv --bounding-set $DROP \
         /usr/lib/systemd/systemd --log-target=console --log-level=info --log-color=no --log-time=yes
     ;;
 cleanup)

@@ -71,10 +71,29 @@ func cgroup2Root() string {
 	return "/sys/fs/cgroup"
 }
 
+// Options change how a namespaced systemd is set up.
+type Options struct {
+	// KeepSyslog leaves CAP_SYSLOG in PID 1's bounding set (dropped by
+	// default). A unit never regains a capability PID 1 lacks, so a unit
+	// reading /dev/kmsg (dmesg_restrict=1) needs it.
+	KeepSyslog bool
+	// Data, a host directory, is bound read-write at /data, the first mount
+	// after the (tmpfs) root.
+	Data string
+	// Usr, a directory, is laid over the host's /usr (a read-only overlay):
+	// Usr/bin/x is /usr/bin/x inside.
+	Usr string
+}
+
 // StartSystemd starts a systemd with the given units (file name -> content)
 // plus dbus, all wanted by its default target. It returns once systemd's
 // SystemState is running or degraded.
 func StartSystemd(dir string, units map[string]string) (*Systemd, error) {
+	return StartSystemdWith(dir, units, Options{})
+}
+
+// StartSystemdWith is StartSystemd with options.
+func StartSystemdWith(dir string, units map[string]string, o Options) (*Systemd, error) {
 	s := &Systemd{Dir: dir, Units: filepath.Join(dir, "units"), done: make(chan struct{})}
 	s.cg = filepath.Join(cgroup2Root(), "autopilot-health-test-"+filepath.Base(dir))
 	var names []string
@@ -101,7 +120,10 @@ func StartSystemd(dir string, units map[string]string) (*Systemd, error) {
 		}
 	}
 	s.cmd = exec.Command("bash", filepath.Join(repoRoot(), "tests", "harness", "systemd-ns.sh"), "start")
-	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg)
+	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg, "NS_DATA="+o.Data, "NS_USR="+o.Usr)
+	if o.KeepSyslog {
+		s.cmd.Env = append(s.cmd.Env, "NS_KEEP_SYSLOG=1")
+	}
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
 		return nil, err
@@ -203,11 +225,68 @@ func (s *Systemd) Stop() {
 // BuildStandin builds tests/standin into dir and returns its path.
 func BuildStandin(dir string) (string, error) {
 	out := filepath.Join(dir, "standin")
-	cmd := exec.Command("go", "build", "-o", out, "./tests/standin")
+	return out, build(out, "./tests/standin")
+}
+
+// BuildDaemon builds the daemon (./cmd/autopilot-health, static, as the
+// package ships it) to the path out.
+func BuildDaemon(out string) error { return build(out, "./cmd/autopilot-health") }
+
+func build(out, pkg string) error {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = repoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building the stand-in: %v\n%s", err, b)
+		return fmt.Errorf("building %s: %v\n%s", pkg, err, b)
 	}
-	return out, nil
+	return nil
+}
+
+// RepoFile reads a file of the repository (e.g. the shipped unit file).
+func RepoFile(rel string) ([]byte, error) { return os.ReadFile(filepath.Join(repoRoot(), rel)) }
+
+// Properties reads every property of one D-Bus interface of a unit
+// (iface "Unit", "Service", ...) over the container's bus, e.g. the
+// Service interface's WatchdogTimestampMonotonic or StatusText.
+func (s *Systemd) Properties(ctx context.Context, unit, iface string) (map[string]godbus.Variant, error) {
+	c, err := godbus.Dial("unix:path="+s.BusSocket(), godbus.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := c.Auth(nil); err != nil {
+		return nil, err
+	}
+	if err := c.Hello(); err != nil {
+		return nil, err
+	}
+	var path godbus.ObjectPath
+	if err := c.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").CallWithContext(ctx, "org.freedesktop.systemd1.Manager.LoadUnit", 0, unit).Store(&path); err != nil {
+		return nil, fmt.Errorf("LoadUnit %s: %w", unit, err)
+	}
+	var props map[string]godbus.Variant
+	if err := c.Object("org.freedesktop.systemd1", path).CallWithContext(ctx, "org.freedesktop.DBus.Properties.GetAll", 0, "org.freedesktop.systemd1."+iface).Store(&props); err != nil {
+		return nil, fmt.Errorf("%s properties of %s: %w", iface, unit, err)
+	}
+	return props, nil
+}
+
+// Journal returns what the journald inside (if one runs) holds for the
+// given units, for failure output; call it before Stop.
+func (s *Systemd) Journal(units ...string) string {
+	args := []string{"-D", s.Root("/run/log/journal"), "--no-pager", "-o", "short-precise"}
+	for _, u := range units {
+		args = append(args, "-u", u)
+	}
+	out, err := exec.Command("journalctl", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("journalctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// Console returns the tail of PID 1's console output.
+func (s *Systemd) Console(n int) string {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "logs", "console.log"))
+	return tail(string(b), n)
 }

@@ -1,0 +1,527 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// daemonUnitConfig is /etc/autopilot-health/config.toml inside: the
+// embedded defaults but for what a test cannot wait for, a loopback metrics
+// port, a stand-in kubelet, and a kernel log rule for this test's token.
+const daemonUnitConfig = `# written by tests/unit_test.go
+role = "worker"
+gpu = "false"
+
+[metrics]
+listen_address = "127.0.0.1:%d"
+
+[runner]
+first_run_spread = "0s"
+
+[checks.KubeletUnhealthy]
+interval = "1s"
+timeout = "1s"
+healthz_url = "http://127.0.0.1:%d/healthz"
+restart_cooldown = "2s"
+
+[checks.DiskUsageHigh]
+# Every filesystem measured is over 1 %%: the message names each one.
+space_percent = 1
+
+[kmsg]
+# Lines written by the test have facility user.
+kernel_only = false
+
+[[kmsg.rules]]
+name = "UnitTestToken"
+kind = "temp"
+reason = "IOError"
+pattern = 'autopilot-health unit test %s'
+`
+
+// watchdogDropIn shortens only WatchdogSec (2 min in the unit): the daemon
+// pings every WatchdogSec/2, which a test can watch.
+const watchdogDropIn = "[Service]\nWatchdogSec=4s\n"
+
+// freeTCPPort returns a loopback port that is free now, for a unit to
+// listen on later.
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	p, err := freeLoopbackPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// freeLoopbackPort picks the port below the kernel's ephemeral range (32768
+// and up by default), where the outgoing connections of everything else on
+// the machine would otherwise take it in between.
+func freeLoopbackPort() (int, error) {
+	for range 100 {
+		p := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err == nil {
+			l.Close()
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no free loopback port in 20000-31999")
+}
+
+// dataDir returns a directory on a disk filesystem (not tmpfs), to be the
+// namespace's /data: the repository's tests/.cache, else the temp dir.
+func dataDir(t *testing.T) string {
+	t.Helper()
+	for _, base := range []string{filepath.Join(repoDir(t), "tests", ".cache"), os.TempDir()} {
+		if err := os.MkdirAll(base, 0o755); err != nil {
+			continue
+		}
+		var st unix.Statfs_t
+		if unix.Statfs(base, &st) != nil || st.Type == unix.TMPFS_MAGIC || st.Type == unix.OVERLAYFS_SUPER_MAGIC {
+			continue
+		}
+		d, err := os.MkdirTemp(base, "data-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		return d
+	}
+	t.Fatal("no directory on a disk filesystem for /data (tests/.cache and the temp dir are tmpfs or overlay)")
+	return ""
+}
+
+func repoDir(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd() // go test runs in the package directory, tests/
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(wd)
+}
+
+func httpGet(url string) (string, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// metricValue finds one series (name and labels exactly as exposed) in a
+// Prometheus text page.
+func metricValue(page, series string) (float64, bool) {
+	for _, line := range strings.Split(page, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+type stateFile struct {
+	Version    int                `json:"version"`
+	BootID     string             `json:"bootID"`
+	SavedAt    time.Time          `json:"savedAt"`
+	Conditions []report.Condition `json:"conditions"`
+}
+
+func (f stateFile) get(ty string) report.Condition {
+	for _, c := range f.Conditions {
+		if c.Type == ty {
+			return c
+		}
+	}
+	return report.Condition{}
+}
+
+// eventually polls f every 50 ms for at most limit.
+func eventually(t *testing.T, limit time.Duration, what string, f func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ok, last := f()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting %s for %s; last: %s", limit, what, last)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the daemon's metrics, state file or unit
+	}
+}
+
+// The daemon under its own, packaged unit file (units/autopilot-health.service,
+// unchanged but for a shorter WatchdogSec), in a real systemd 252 as PID 1:
+// every check that can run there works through the unit's sandbox.
+//   - READY=1: Type=notify, the start job ends and the unit is active.
+//   - /dev/kmsg read (CAP_SYSLOG kept by PID 1): a line written by the test
+//     is read and matched.
+//   - the host's filesystems measured despite ProtectSystem=strict: /data, a
+//     host directory on a disk filesystem, is in DiskUsageHigh's message.
+//   - adjtimex read: ClockNotSynchronized evaluated, not CheckFailed.
+//   - D-Bus: unit states read (ServiceNotRecovering, NodeServiceDown) and a
+//     failing stand-in kubelet restarted (a new InvocationID).
+//   - CRI: Debian's real containerd answers ContainerRuntimeUnhealthy.
+//   - state written: state.json parses, holds every condition.
+//   - WATCHDOG=1: the unit's WatchdogTimestamp advances, the service is
+//     never killed; SIGTERM stops it cleanly.
+func TestDaemonUnderItsOwnUnit(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	needContainerd(t)
+	if _, err := os.Stat("/usr/bin/journalctl"); err != nil {
+		t.Fatal("journalctl missing (apt install systemd)")
+	}
+	testStart := time.Now()
+	dir, err := os.MkdirTemp("", "autopilot-health-unit-"+harness.Token()+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	// /usr/bin/autopilot-health and the unit where the package puts them
+	// (/lib/systemd/system is /usr/lib/systemd/system on Debian 12), laid
+	// over the host's /usr.
+	usr := filepath.Join(dir, "usr")
+	buildStart := time.Now()
+	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := harness.BuildStandin(filepath.Join(dir, "units", "bin")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("daemon and stand-in built in %s", time.Since(buildStart).Round(time.Millisecond))
+	unitFile, err := harness.RepoFile("units/autopilot-health.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	kubeletPort, metricsPort := freeTCPPort(t), freeTCPPort(t)
+	units := map[string]string{
+		"kubelet.service": fmt.Sprintf("[Unit]\nDescription=stand-in kubelet (/healthz)\nDefaultDependencies=no\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/etc/systemd/system/bin/standin kubelet 127.0.0.1:%d /run/standin/kubelet-broken\nRestart=always\nRestartSec=100ms\n", kubeletPort),
+		"autopilot-health.service.d/10-test-watchdog.conf": watchdogDropIn,
+	}
+	for k, v := range containerdDropIn {
+		units[k] = v
+	}
+	data := dataDir(t)
+	start := time.Now()
+	s, err := harness.StartSystemdWith(dir, units, harness.Options{KeepSyslog: true, Data: data, Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("namespaced systemd ready in %s (pid %d)", time.Since(start).Round(time.Millisecond), s.PID)
+	defer s.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal of the namespace (autopilot-health, kubelet, containerd):\n%s", lastBytes(s.Journal("autopilot-health.service", "kubelet.service", "containerd.service"), 20000))
+			t.Logf("console of its PID 1:\n%s", s.Console(4000))
+		}
+	}()
+	ctx := context.Background()
+
+	tok := harness.Token()
+	cfgPath := s.Root("/etc/autopilot-health/config.toml")
+	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, daemonUnitConfig, metricsPort, kubeletPort, tok), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// journald first, so containerd's and the daemon's output land in the
+	// journal (printed when the test fails).
+	if err := s.Bus.Start(ctx, "systemd-journald.service"); err != nil {
+		t.Fatalf("starting journald: %v", err)
+	}
+	startContainerd(t, s)
+	kubelet := waitUnit(t, s, "kubelet.service", "kubelet up", active)
+
+	// READY=1: a Type=notify start job is done only once the daemon sent it.
+	start = time.Now()
+	if err := s.Bus.Start(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("starting autopilot-health.service: %v", err)
+	}
+	daemonUnit, err := s.Bus.Unit(ctx, "autopilot-health.service")
+	if err != nil || !active(daemonUnit) {
+		t.Fatalf("after its start job: %+v %v", daemonUnit, err)
+	}
+	t.Logf("autopilot-health.service active (READY=1) %s after StartUnit", time.Since(start).Round(time.Millisecond))
+	up, err := s.Properties(ctx, "autopilot-health.service", "Unit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Where the package puts it; systemd names it by its /lib path.
+	if fp := up["FragmentPath"].Value(); fp != "/usr/lib/systemd/system/autopilot-health.service" && fp != "/lib/systemd/system/autopilot-health.service" {
+		t.Errorf("unit loaded from %v", fp)
+	}
+	if dp, _ := up["DropInPaths"].Value().([]string); len(dp) != 1 || !strings.HasSuffix(dp[0], "10-test-watchdog.conf") {
+		t.Errorf("drop-ins: %v (want only the watchdog one)", dp)
+	}
+	sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ty := sp["Type"].Value(); ty != "notify" {
+		t.Errorf("Type=%v", ty)
+	}
+	if st, _ := sp["StatusText"].Value().(string); !strings.Contains(st, "conditions:") {
+		t.Errorf("STATUS= %q", st)
+	}
+	// CapabilityBoundingSet=CAP_SYSLOG CAP_SYS_ADMIN CAP_DAC_READ_SEARCH,
+	// all of them there (PID 1 kept CAP_SYSLOG).
+	mainPID, _ := sp["MainPID"].Value().(uint32)
+	if bnd, err := capBounding(s, mainPID); err != nil || bnd != 1<<unix.CAP_SYSLOG|1<<unix.CAP_SYS_ADMIN|1<<unix.CAP_DAC_READ_SEARCH {
+		t.Errorf("the daemon's bounding set: %#x (%v)", bnd, err)
+	}
+
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	var page string
+	scrapeMetric := func(series string) (float64, string) {
+		page, err = httpGet(metricsURL)
+		if err != nil {
+			return 0, err.Error()
+		}
+		v, ok := metricValue(page, series)
+		if !ok {
+			return 0, series + " not exposed"
+		}
+		return v, fmt.Sprint(series, " ", v)
+	}
+
+	// /dev/kmsg, read with CAP_SYSLOG through DeviceAllow=/dev/kmsg r.
+	eventually(t, 15*time.Second, "the kernel log reader up", func() (bool, string) {
+		v, last := scrapeMetric("autopilot_health_kmsg_reader_up")
+		return v == 1, last
+	})
+	records, _ := scrapeMetric("autopilot_health_kmsg_records_total")
+	if err := harness.WriteKmsg("autopilot-health unit test " + tok); err != nil {
+		t.Fatalf("writing to /dev/kmsg: %v", err)
+	}
+	eventually(t, 10*time.Second, "the test's kernel line matched", func() (bool, string) {
+		v, last := scrapeMetric(`autopilot_health_kmsg_matches_total{rule="UnitTestToken"}`)
+		return v == 1, last
+	})
+	if v, _ := scrapeMetric("autopilot_health_kmsg_records_total"); v <= records {
+		t.Errorf("kmsg records %v, before the line %v", v, records)
+	}
+
+	// state.json: written, parses, every check evaluated through the sandbox.
+	statePath := s.Root("/var/lib/autopilot-health/state.json")
+	readState := func() (stateFile, error) {
+		var f stateFile
+		b, err := os.ReadFile(statePath)
+		if err != nil {
+			return f, err
+		}
+		return f, json.Unmarshal(b, &f)
+	}
+	var state stateFile
+	eventually(t, 15*time.Second, "state.json with ContainerRuntimeUnhealthy and KubeletUnhealthy False", func() (bool, string) {
+		state, err = readState()
+		if err != nil {
+			return false, err.Error()
+		}
+		a, b := state.get("ContainerRuntimeUnhealthy"), state.get("KubeletUnhealthy")
+		return a.Status == report.StatusFalse && b.Status == report.StatusFalse, fmt.Sprintf("%+v %+v", a, b)
+	})
+	bootID, _ := readBootID()
+	if state.BootID != bootID || state.Version == 0 {
+		t.Errorf("state.json: version %d, boot %q (this boot %q)", state.Version, state.BootID, bootID)
+	}
+	for _, c := range state.Conditions {
+		switch c.Reason {
+		case report.ReasonCheckFailed, report.ReasonCheckTimeout, report.ReasonCheckPanicked:
+			t.Errorf("%s could not run under the unit: %s %s", c.Type, c.Reason, c.Message)
+		}
+		t.Logf("  %-28s %-7s %-26s %s", c.Type, c.Status, c.Reason, c.Message)
+	}
+	if c := state.get("ClockNotSynchronized"); c.Status == report.StatusUnknown || c.Status == "" {
+		t.Errorf("ClockNotSynchronized not evaluated (adjtimex): %+v", c)
+	}
+	for _, ty := range []string{"ServiceNotRecovering", "NodeServiceDown"} {
+		if c := state.get(ty); c.Status == report.StatusUnknown || c.Status == "" {
+			t.Errorf("%s not evaluated (unit states over D-Bus): %+v", ty, c)
+		}
+	}
+	if c := state.get("ContainerRuntimeUnhealthy"); !strings.Contains(c.Message, "RuntimeReady") {
+		t.Errorf("ContainerRuntimeUnhealthy: %+v", c)
+	}
+	// The host's filesystems: /data (and its use as the host sees it).
+	du := state.get("DiskUsageHigh")
+	m := regexp.MustCompile(`(?:^|, )/data (\d+)% of space used`).FindStringSubmatch(du.Message)
+	if du.Reason != "FilesystemSpaceHigh" || m == nil {
+		t.Errorf("DiskUsageHigh did not measure /data (a host directory on %s): %+v", fsType(data), du)
+	} else {
+		var st unix.Statfs_t
+		if err := unix.Statfs(data, &st); err != nil {
+			t.Fatal(err)
+		}
+		used := (st.Blocks - st.Bfree) * uint64(st.Bsize)
+		want := percentUp(used, st.Bavail*uint64(st.Bsize))
+		if got, _ := strconv.Atoi(m[1]); got < want-1 || got > want+1 {
+			t.Errorf("/data %d%% used inside, %d%% on the host", got, want)
+		}
+	}
+	for _, series := range []string{`autopilot_health_check_runs_total{check="DiskUsageHigh",result="problem"}`, `autopilot_health_check_runs_total{check="ContainerRuntimeUnhealthy",result="ok"}`} {
+		if v, last := scrapeMetric(series); v < 1 {
+			t.Errorf("%s", last)
+		}
+	}
+	clockOK, _ := metricValue(page, `autopilot_health_check_runs_total{check="ClockNotSynchronized",result="ok"}`)
+	clockProblem, _ := metricValue(page, `autopilot_health_check_runs_total{check="ClockNotSynchronized",result="problem"}`)
+	if clockOK+clockProblem < 1 {
+		t.Errorf("ClockNotSynchronized runs: ok %v, problem %v", clockOK, clockProblem)
+	}
+
+	// Repair over D-Bus from inside the sandbox: the kubelet's /healthz
+	// fails; the daemon restarts kubelet.service.
+	time.Sleep(time.Until(kubelet.MainStart.Add(2 * time.Second))) // its cooldown counts from the unit's start
+	broken := breakStandin(t, s, "kubelet-broken")
+	brokeAt := time.Now()
+	restarted := waitUnit(t, s, "kubelet.service", "kubelet restarted by the daemon", func(u systemd.Unit) bool {
+		return active(u) && u.Invocation != kubelet.Invocation
+	})
+	t.Logf("kubelet broken to restarted by the daemon: %s", restarted.MainStart.Sub(brokeAt).Round(time.Millisecond))
+	if restarted.NRestarts != 0 {
+		t.Errorf("kubelet restarted by systemd (NRestarts %d), not by the daemon", restarted.NRestarts)
+	}
+	eventually(t, 10*time.Second, "the repair counted", func() (bool, string) {
+		v, last := scrapeMetric(`autopilot_health_repairs_total{result="restarted",unit="kubelet.service"}`)
+		return v >= 1, last
+	})
+	eventually(t, 10*time.Second, "KubeletUnhealthy=True in state.json", func() (bool, string) {
+		state, err = readState()
+		c := state.get("KubeletUnhealthy")
+		return c.Status == report.StatusTrue && strings.Contains(c.Message, "HTTP 500"), fmt.Sprintf("%+v %v", c, err)
+	})
+	os.Remove(broken)
+	eventually(t, 10*time.Second, "KubeletUnhealthy=False in state.json after recovery", func() (bool, string) {
+		state, err = readState()
+		c := state.get("KubeletUnhealthy")
+		return c.Status == report.StatusFalse, fmt.Sprintf("%+v %v", c, err)
+	})
+
+	// WATCHDOG=1 every WatchdogSec/2 (2 s here): the timestamp advances, and
+	// systemd never kills the daemon for a missed ping.
+	wdStart := time.Now()
+	var stamps []uint64
+	eventually(t, 15*time.Second, "three watchdog pings", func() (bool, string) {
+		sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+		if err != nil {
+			return false, err.Error()
+		}
+		ts, _ := sp["WatchdogTimestampMonotonic"].Value().(uint64)
+		if len(stamps) == 0 || ts != stamps[len(stamps)-1] {
+			stamps = append(stamps, ts)
+		}
+		return len(stamps) >= 4, fmt.Sprint(stamps)
+	})
+	var gaps []string
+	for i := 2; i < len(stamps); i++ {
+		gaps = append(gaps, (time.Duration(stamps[i]-stamps[i-1]) * time.Microsecond).Round(time.Millisecond).String())
+	}
+	t.Logf("watchdog pings %s apart (WatchdogSec=4s), watched for %s", strings.Join(gaps, ", "), time.Since(wdStart).Round(time.Millisecond))
+	after, err := s.Bus.Unit(ctx, "autopilot-health.service")
+	if err != nil || !active(after) || after.Invocation != daemonUnit.Invocation || after.NRestarts != 0 {
+		t.Errorf("the daemon was restarted: before %+v, now %+v (%v)", daemonUnit, after, err)
+	}
+
+	// SIGTERM: STOPPING=1, the state saved, a clean exit.
+	stopAt := time.Now()
+	if err := s.Bus.Stop(ctx, "autopilot-health.service"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stopped in %s", time.Since(stopAt).Round(time.Millisecond))
+	if u, _ := s.Bus.Unit(ctx, "autopilot-health.service"); u.Result != "success" || u.ActiveState != "inactive" {
+		t.Errorf("after stop: %+v", u)
+	}
+	if state, err = readState(); err != nil || state.SavedAt.Before(stopAt.Add(-time.Second)) {
+		t.Errorf("state not saved on stop: saved at %s, stop at %s (%v)", state.SavedAt, stopAt, err)
+	}
+	t.Logf("whole test: %s", time.Since(testStart).Round(time.Millisecond))
+}
+
+func lastBytes(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// percentUp is used/(used+avail) rounded up, as df and DiskUsageHigh do.
+func percentUp(used, avail uint64) int {
+	if used+avail == 0 {
+		return 0
+	}
+	return int((used*100 + used + avail - 1) / (used + avail))
+}
+
+func fsType(p string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(p, &st); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("fs magic %#x", st.Type)
+}
+
+// capBounding returns the bounding set of a process of the namespace,
+// given its PID there (the host knows it by another: look it up by NSpid).
+func capBounding(s *harness.Systemd, nsPID uint32) (uint64, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	nspid := regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+(\d+)$`)
+	capBnd := regexp.MustCompile(`(?m)^CapBnd:\s+([0-9a-f]+)$`)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		ns := nspid.FindSubmatch(b)
+		if ns == nil || string(ns[1]) != strconv.Itoa(int(nsPID)) || !sameNS(s.PID, e.Name()) {
+			continue
+		}
+		if m := capBnd.FindSubmatch(b); m != nil {
+			return strconv.ParseUint(string(m[1]), 16, 64)
+		}
+	}
+	return 0, fmt.Errorf("no process with PID %d in the namespace", nsPID)
+}
+
+func sameNS(pid1 int, pid string) bool {
+	a, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid1))
+	b, err2 := os.Readlink("/proc/" + pid + "/ns/pid")
+	return err1 == nil && err2 == nil && a == b
+}
