@@ -13,8 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
@@ -77,8 +75,11 @@ type Env struct {
 	Repair *Repairer
 	// NVMe reads NVMe drives; nil means the real ioctls on this host.
 	NVMe NVMe
-	// UnitRestarts is syself_node_unit_restarts{unit}; may be nil.
-	UnitRestarts *prometheus.GaugeVec
+	// Units counts the restarts of the critical units that the readers of
+	// their properties observe (syself_node_unit_restarts{unit}), and keeps
+	// ServiceNotRecovering's baseline; nil: that check keeps its own,
+	// without metrics or state (the one-shot check).
+	Units *UnitWatch
 }
 
 // Path resolves an absolute host path under the configured host root.

@@ -53,6 +53,7 @@ type Repairer struct {
 	mu         sync.Mutex
 	units      map[string]*RepairStatus
 	repairs    *prometheus.CounterVec
+	watch      *UnitWatch
 }
 
 // NewRepairer returns a repairer; mgr may be nil (no systemd reachable).
@@ -66,6 +67,21 @@ func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, re
 		reg.MustRegister(r.repairs)
 	}
 	return r
+}
+
+// SetUnitWatch makes the repairer feed w every read of a unit, and the read
+// right after each of its restarts (so w counts that restart once). Call it
+// before the first Repair.
+func (r *Repairer) SetUnitWatch(w *UnitWatch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watch = w
+}
+
+func (r *Repairer) unitWatch() *UnitWatch {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.watch
 }
 
 // Repair restarts unit if policy allows and returns what it did, in words
@@ -84,6 +100,8 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	if err != nil {
 		return RepairFailed, fmt.Sprintf("not repaired: %v", err)
 	}
+	watch := r.unitWatch()
+	watch.Observe(u)
 	switch {
 	case u.LoadState != "loaded":
 		return RepairNotLoaded, fmt.Sprintf("not repaired: %s is %s", unit, u.LoadState)
@@ -122,6 +140,15 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		ctx, cancel := context.WithTimeout(context.Background(), r.jobTimeout)
 		defer cancel()
 		err := r.mgr.Restart(ctx, unit)
+		// Read the unit again at once: the watch counts this restart
+		// (the new invocation) as ours, once.
+		if after, rerr := r.mgr.Unit(ctx, unit); rerr == nil {
+			if err == nil {
+				watch.ObserveRestarted(after)
+			} else {
+				watch.Observe(after)
+			}
+		}
 		r.mu.Lock()
 		delete(r.inflight, unit)
 		if err != nil {

@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -22,6 +23,7 @@ type fakeManager struct {
 	restarts []string
 	resets   []string
 	err      error
+	seq      int
 }
 
 func newFakeManager(units ...systemd.Unit) *fakeManager {
@@ -53,9 +55,35 @@ func (m *fakeManager) Restart(_ context.Context, name string) error {
 	m.resets = append(m.resets, name)
 	m.restarts = append(m.restarts, name)
 	u := m.units[name]
+	// A manual restart: a new invocation, and NRestarts reset.
+	m.seq++
 	u.ActiveState, u.SubState, u.NRestarts, u.MainStart = "active", "running", 0, time.Now()
+	u.Invocation = fmt.Sprintf("%s-manual-%d", name, m.seq)
 	m.units[name] = u
 	return nil
+}
+
+// crash makes systemd restart the unit n times on its own (Restart=): n new
+// invocations, NRestarts up by n.
+func (m *fakeManager) crash(name string, n uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u := m.units[name]
+	m.seq++
+	u.ActiveState, u.SubState, u.NRestarts, u.MainStart = "active", "running", u.NRestarts+n, time.Now()
+	u.Invocation = fmt.Sprintf("%s-auto-%d", name, m.seq)
+	m.units[name] = u
+}
+
+// manual is a start or restart by someone else (an operator, RestartUnit).
+func (m *fakeManager) manual(name string) {
+	m.mu.Lock()
+	m.seq++
+	u := m.units[name]
+	u.ActiveState, u.SubState, u.NRestarts, u.MainStart = "active", "running", 0, time.Now()
+	u.Invocation = fmt.Sprintf("%s-manual-%d", name, m.seq)
+	m.units[name] = u
+	m.mu.Unlock()
 }
 
 func (m *fakeManager) ResetFailed(_ context.Context, name string) error {
@@ -68,7 +96,7 @@ func (m *fakeManager) ResetFailed(_ context.Context, name string) error {
 func (m *fakeManager) restartCount() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.restarts) }
 
 func running(name string) systemd.Unit {
-	return systemd.Unit{Name: name, LoadState: "loaded", ActiveState: "active", SubState: "running", Restart: "always", RestartDelay: 100 * time.Millisecond, MainStart: time.Now()}
+	return systemd.Unit{Name: name, LoadState: "loaded", ActiveState: "active", SubState: "running", Restart: "always", RestartDelay: 100 * time.Millisecond, MainStart: time.Now(), Invocation: name + "-boot"}
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -152,6 +180,8 @@ func snrEnv(t *testing.T, m *fakeManager) *Env {
 	env := testEnv(t, nil)
 	env.Systemd = m
 	env.Repair = NewRepairer(m, quietLog(), time.Now, nil)
+	env.Units = NewUnitWatch(nil, nil)
+	env.Repair.SetUnitWatch(env.Units)
 	return env
 }
 
@@ -162,6 +192,7 @@ func TestServiceNotRecoveringDelta(t *testing.T) {
 		c, _ := newServiceNotRecovering(env)
 		probe := func() Result {
 			t.Helper()
+			time.Sleep(time.Minute) // the check's interval; MainStart moves on
 			r, err := c.Probe(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -171,29 +202,34 @@ func TestServiceNotRecoveringDelta(t *testing.T) {
 		if r := probe(); r.Status != report.StatusFalse {
 			t.Fatalf("baseline: %+v", r)
 		}
-		set := func(name string, n uint32) {
-			u, _ := m.Unit(context.Background(), name)
-			u.NRestarts = n
-			m.set(u)
-		}
-		set("kubelet.service", 2)
+		m.crash("kubelet.service", 2)
 		if r := probe(); r.Status != report.StatusFalse {
 			t.Errorf("2 restarts: %+v", r)
 		}
-		set("kubelet.service", 5) // +3 since the last run
+		m.crash("kubelet.service", 3) // NRestarts 2 -> 5
 		if r := probe(); r.Status != report.StatusTrue || r.Reason != "UnitFlapping" || r.Message != "kubelet.service restarted 3 times since the last check" {
 			t.Errorf("+3: %+v", r)
 		}
 		// A manual restart resets NRestarts to 0; then 1 automatic restart.
-		set("kubelet.service", 1)
+		m.manual("kubelet.service")
+		m.crash("kubelet.service", 1)
 		if r := probe(); r.Status != report.StatusFalse {
 			t.Errorf("after a manual restart: %+v", r)
 		}
-		// Another reset, then 4 automatic restarts before the next run: seen
-		// as 4 - 1 = 3 (a poll cannot see the reset in between).
-		set("kubelet.service", 4)
-		if r := probe(); r.Reason != "UnitFlapping" {
-			t.Errorf("+3 after reset: %+v", r)
+		// The daemon's own repair (it reads the unit before and after the
+		// restart), then 3 automatic restarts before the next run: NRestarts
+		// 1 -> 0 -> 3 is 3, not 3 - 1.
+		time.Sleep(time.Minute) // the repair's cooldown since the last start
+		if res, msg := env.Repair.Repair(context.Background(), "kubelet.service", time.Minute, "healthz"); res != RepairRestarted {
+			t.Fatalf("repair: %s %s", res, msg)
+		}
+		env.Repair.Wait()
+		m.crash("kubelet.service", 3)
+		if r := probe(); r.Reason != "UnitFlapping" || r.Message != "kubelet.service restarted 3 times since the last check" {
+			t.Errorf("+3 after a repair: %+v", r)
+		}
+		if auto, manual := env.Units.Restarts("kubelet.service"); auto != 9 || manual != 2 {
+			t.Errorf("counted %d automatic, %d manual restarts, want 9 and 2", auto, manual)
 		}
 	})
 }

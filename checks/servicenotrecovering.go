@@ -16,14 +16,19 @@ func init() { Register("ServiceNotRecovering", newServiceNotRecovering) }
 // serviceNotRecovering watches the critical units (kubelet, containerd, and
 // on a worker the failover proxy): True when one is failed (not the
 // transient failed systemd passes through before an automatic restart), when
-// its NRestarts rose by the threshold or more since the last run, or when
-// the daemon's own repairs of it did not help that many times in a row.
+// systemd restarted it automatically the threshold number of times or more
+// since the last run (counted by the UnitWatch, whose state, this check's
+// baseline included, is kept in the state file), or when the daemon's own
+// repairs of it did not help that many times in a row.
 type serviceNotRecovering struct {
 	env       *Env
 	units     []string
 	threshold int
-	prev      map[string]uint32
+	watch     *UnitWatch
 }
+
+// snrMark names this check's baseline in the UnitWatch.
+const snrMark = "ServiceNotRecovering"
 
 func newServiceNotRecovering(env *Env) (Check, error) {
 	c := env.Config.Checks.ServiceNotRecovering
@@ -31,7 +36,11 @@ func newServiceNotRecovering(env *Env) (Check, error) {
 	if env.Role == report.RoleControlPlane {
 		units = c.ControlPlaneUnits
 	}
-	return &serviceNotRecovering{env: env, units: units, threshold: c.RestartThreshold, prev: map[string]uint32{}}, nil
+	w := env.Units
+	if w == nil {
+		w = NewUnitWatch(nil, nil)
+	}
+	return &serviceNotRecovering{env: env, units: units, threshold: c.RestartThreshold, watch: w}, nil
 }
 
 // ServiceState is one unit in the services report domain.
@@ -53,6 +62,7 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
+		c.watch.Observe(u)
 		if u.LoadState == "not-found" {
 			notes = append(notes, name+" is not installed")
 			states = append(states, ServiceState{Unit: u})
@@ -66,23 +76,12 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 				return Result{}, err
 			}
 		}
-		if c.env.UnitRestarts != nil {
-			c.env.UnitRestarts.WithLabelValues(name).Set(float64(u.NRestarts))
-		}
 		if u.ActiveState == "failed" {
 			failed = append(failed, fmt.Sprintf("%s is failed (%s)", name, u.Result))
 		}
-		if prev, ok := c.prev[name]; ok {
-			delta := u.NRestarts - prev
-			if u.NRestarts < prev {
-				// A manual restart (ours or an operator's) resets NRestarts to 0.
-				delta = u.NRestarts
-			}
-			if int(delta) >= c.threshold {
-				flapping = append(flapping, fmt.Sprintf("%s restarted %d times since the last check", name, delta))
-			}
+		if n := c.watch.AutoSince(snrMark, name); n >= uint64(max(c.threshold, 1)) {
+			flapping = append(flapping, fmt.Sprintf("%s restarted %d times since the last check", name, n))
 		}
-		c.prev[name] = u.NRestarts
 		st := ServiceState{Unit: u}
 		if c.env.Repair != nil {
 			rs := c.env.Repair.Status(name)
@@ -125,6 +124,7 @@ func (c *serviceNotRecovering) settle(ctx context.Context, u systemd.Unit) (syst
 		if u, err = c.env.Systemd.Unit(ctx, u.Name); err != nil {
 			return u, err
 		}
+		c.watch.Observe(u)
 	}
 	return u, nil
 }

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 
@@ -99,11 +98,11 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
 	// In-place repair (only the daemon repairs; the one-shot check does not).
 	env.Repair = checks.NewRepairer(env.Systemd, log, time.Now, d.metrics.Registry)
-	env.UnitRestarts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "syself_node_unit_restarts",
-		Help: "NRestarts of each critical unit as systemd reports it (automatic restarts since the unit was last started by hand).",
-	}, []string{"unit"})
-	d.metrics.Registry.MustRegister(env.UnitRestarts)
+	// Restarts of the critical units, as every reader of their properties
+	// observes them (syself_node_unit_restarts), kept in the state file
+	// (read back on first use, after Load below).
+	env.Units = checks.NewUnitWatch(d.store, d.metrics.Registry)
+	env.Repair.SetUnitWatch(env.Units)
 	d.store.Observe(d.metrics)
 	d.store.Observe(newLogObserver(log))
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
