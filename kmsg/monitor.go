@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +50,8 @@ type Monitor struct {
 	// winGen counts changes of the I/O error window (the reader saves the
 	// window with its cursor when it changed).
 	winGen uint64
+	// gpu says whether GPU-only rules apply (Options.GPU, then SetGPU).
+	gpu atomic.Bool
 	// beforeHandle, when set (tests), is called as Handle begins: a crash
 	// point between reading a record and setting its conditions.
 	beforeHandle func(Record)
@@ -61,6 +64,7 @@ func NewMonitor(o Options) *Monitor {
 	}
 	mon := &Monitor{o: o, m: NewMetrics(o.Registerer, o.Rules), buf: make([]byte, 0, 1024)}
 	mon.window.max = max(o.IOErrorThreshold, 1)
+	mon.gpu.Store(o.GPU)
 	return mon
 }
 
@@ -71,7 +75,7 @@ func (mon *Monitor) Metrics() *Metrics { return mon.m }
 func (mon *Monitor) Conditions() []string {
 	var out []string
 	for _, d := range report.Conditions {
-		if d.Source == report.SourceKmsg && d.Scope.Applies(report.RoleWorker, mon.o.GPU) && d.Scope.Applies(report.RoleControlPlane, mon.o.GPU) {
+		if d.Source == report.SourceKmsg && d.Scope.Applies(report.RoleWorker, mon.gpu.Load()) && d.Scope.Applies(report.RoleControlPlane, mon.gpu.Load()) {
 			out = append(out, d.Type)
 		}
 	}
@@ -89,6 +93,22 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 			Message: "no matching kernel message seen since the monitor started"}, now)
 	}
 	mon.evalWindow(0, now)
+}
+
+// SetGPU changes whether GPU-only rules apply (a GPU found, or gone, after
+// the start). A kernel condition that now applies and has no state yet (or
+// was set aside as not applicable) starts False.
+func (mon *Monitor) SetGPU(gpu bool, now time.Time) {
+	if mon.gpu.Swap(gpu) == gpu || !gpu {
+		return
+	}
+	for _, t := range mon.Conditions() {
+		if c, ok := mon.o.Store.Get(t); !ok || c.Status == report.StatusUnknown {
+			d, _ := report.Lookup(t)
+			mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
+				Message: "no matching kernel message seen since the monitor started"}, now)
+		}
+	}
 }
 
 // Handle processes one parsed record. at is the record's wall time.
@@ -111,12 +131,12 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		switch m.Rule.Kind {
 		case Perm:
 			d, _ := report.Lookup(m.Rule.Condition)
-			if !d.Scope.Applies(report.RoleWorker, mon.o.GPU) {
+			if !d.Scope.Applies(report.RoleWorker, mon.gpu.Load()) {
 				continue
 			}
 			mon.o.Store.Set(report.Condition{Type: m.Rule.Condition, Status: report.StatusTrue, Reason: m.Rule.Reason, Message: msg}, at)
 		case Temp:
-			if e, _ := report.LookupEvent(m.Rule.Reason); !e.Scope.Applies(report.RoleWorker, mon.o.GPU) {
+			if e, _ := report.LookupEvent(m.Rule.Reason); !e.Scope.Applies(report.RoleWorker, mon.gpu.Load()) {
 				continue
 			}
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})

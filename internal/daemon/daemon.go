@@ -50,6 +50,9 @@ type Options struct {
 	BootID string
 	// Kube, if set, is used instead of a client from kubernetes.kubeconfig.
 	Kube kubernetes.Interface
+	// KubeconfigPoll is how often a daemon without a kubeconfig looks for
+	// it (default 30 s).
+	KubeconfigPoll time.Duration
 }
 
 // Daemon is one run of the daemon.
@@ -70,9 +73,16 @@ type Daemon struct {
 	events  *kube.EventQueue
 	kmsg    *kmsg.Monitor
 	bootID  string
+	poll    time.Duration
 
 	mu    sync.Mutex
 	ready bool
+	// replan gets a token when d.runner was replaced (the node's role or
+	// GPU changed); envMu guards d.env and d.runner.
+	replan chan struct{}
+	envMu  sync.Mutex
+	// firstPass is done once, by whichever runner completes it.
+	firstPass sync.Once
 }
 
 // New prepares a daemon: detects the node, restores the state, builds the
@@ -91,7 +101,10 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		log.Info("node detected", "node", id.NodeName, "node_source", id.NodeNameSource,
 			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
 	}
-	d := &Daemon{cfg: cfg, log: log, env: env, notify: opts.Notifier, version: opts.Version, kube: opts.Kube}
+	d := &Daemon{cfg: cfg, log: log, env: env, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll}
+	if d.poll <= 0 {
+		d.poll = kubeconfigPoll
+	}
 	d.details = report.NewDetails()
 	d.store = report.NewStore(bootID)
 	d.metrics = report.NewMetrics(opts.Version)
@@ -121,20 +134,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.kmsg = kmsg.NewMonitor(ko)
 	}
 
-	var applicable []string
-	for _, p := range checks.Plan(env, nil, KmsgExternal(d.kmsg)) {
-		if p.State == checks.Scheduled || p.State == checks.Elsewhere {
-			applicable = append(applicable, p.Desc.Type)
-		}
-	}
-	d.metrics.InitConditions(applicable)
-	var events []string
-	for _, e := range report.Events {
-		if e.Scope.Applies(env.Role, env.GPU) {
-			events = append(events, e.Reason)
-		}
-	}
-	d.metrics.InitEvents(events)
+	d.initMetrics(env, nil)
 
 	res, err := d.store.Load(cfg.StateDir)
 	switch {
@@ -148,15 +148,10 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 
 	d.live = NewLiveness(time.Now)
 	d.live.OnBeat = d.metrics.LoopProgress
-	d.runner, err = checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Details: d.details, Progress: d.live.Beat, External: KmsgExternal(d.kmsg)})
-	if err != nil {
+	if d.runner, err = d.newRunner(env); err != nil {
 		return nil, err
 	}
-	spread := cfg.Runner.FirstRunSpread.Duration
-	for _, c := range d.runner.Checks() {
-		com, _ := cfg.Checks.Common(c)
-		d.live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration+loopSlack)
-	}
+	d.replan = make(chan struct{}, 1)
 
 	d.ln = opts.Listener
 	if d.ln == nil {
@@ -196,7 +191,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(d.ln) }()
-	d.log.Info("serving metrics", "addr", d.ln.Addr().String(), "checks", len(d.runner.Checks()))
+	d.log.Info("serving metrics", "addr", d.ln.Addr().String(), "checks", len(d.currentRunner().Checks()))
 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -212,20 +207,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.live.Expect("kmsg", 15*time.Second+loopSlack)
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
-	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.runner.Checks())))
-	wg.Go(func() {
-		d.runner.Run(rctx, func() {
-			d.mu.Lock()
-			d.ready = true
-			d.mu.Unlock()
-			d.metrics.SetReady(true)
-			status := d.Summary()
-			d.log.Info("first pass complete", "status", status)
-			if err := d.notify.Ready(status); err != nil {
-				d.log.Warn("sd_notify READY failed", "err", err)
-			}
-		})
-	})
+	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
+	wg.Go(func() { d.runChecks(rctx) })
+	if d.cfg.Role == "" || d.cfg.GPU == "auto" {
+		wg.Go(func() { d.redetect(rctx, d.cfg.Detect.Interval.Duration) })
+	}
 
 	var runErr error
 	select {
@@ -250,7 +236,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return runErr
 }
 
-// kubeconfigPoll is how often a standalone daemon looks for a kubeconfig.
+// kubeconfigPoll is how often a standalone daemon looks for a kubeconfig
+// (Options.KubeconfigPoll).
 const kubeconfigPoll = 30 * time.Second
 
 // reportToKubernetes runs the Kubernetes reporter. Without a kubeconfig the
@@ -269,7 +256,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	for client == nil {
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version)
 		if err == nil {
-			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.env.NodeName)
+			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
 			client = c
 			break
 		}
@@ -282,16 +269,16 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 			}
 			lastErr = err.Error()
 		}
-		d.live.Beat("kube/kubeconfig", kubeconfigPoll+loopSlack)
+		d.live.Beat("kube/kubeconfig", d.poll+loopSlack)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(kubeconfigPoll):
+		case <-time.After(d.poll):
 		}
 	}
 	d.live.Forget("kube/kubeconfig")
 	r := kube.New(kube.Options{
-		Client: client, NodeName: d.env.NodeName, Role: d.env.Role, Store: d.store, Details: d.details,
+		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role }, Store: d.store, Details: d.details,
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
 	})

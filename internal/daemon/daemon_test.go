@@ -17,8 +17,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -61,8 +63,26 @@ func next(t *testing.T, c *net.UnixConn, what string, match func(string) bool) s
 	}
 }
 
+// testConfig is hermetic: the host is a fixture tree (one filesystem, a
+// boot id), there is no kubeconfig and no kernel log (tests/ covers the real
+// /dev/kmsg and API server), so the tests pass the same on a real node.
 func testConfig(t *testing.T) *config.Config {
 	c := config.Default()
+	root := t.TempDir()
+	for p, content := range map[string]string{
+		"proc/sys/kernel/random/boot_id": "0f6c4a0e-3b1d-4a57-9a3c-5d1f6f0b2c11\n",
+		"proc/self/mountinfo":            "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n",
+	} {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.HostRoot = root
+	c.Kubernetes.Kubeconfig = ""
+	c.Kmsg.Enabled = false
 	c.StateDir = t.TempDir()
 	c.Runner.FirstRunSpread = config.Duration{}
 	c.NodeName = "test-node"
@@ -238,7 +258,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		`autopilot_health_check_runs_total{check="DiskUsageHigh",result=`,
 		`problem_counter{reason="TaskHung"} 0`,
 		`autopilot_health_loop_last_progress_timestamp_seconds{loop="check/DiskUsageHigh"}`,
-		// No kubeconfig at the default path on a test machine: standalone.
+		// No kubeconfig: standalone.
 		`autopilot_health_kubernetes_reporting 0`,
 	} {
 		if code != 200 || !strings.Contains(body, want) {
@@ -431,4 +451,89 @@ func TestEventsBeforeReporterAreQueued(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // the event loop flushes every second
 	}
+}
+
+// On a first boot the kube-apiserver manifest appears after the daemon
+// started: the role is detected again, the checks are re-planned (a
+// worker-only check now reports Unknown/NotApplicable), the change is logged
+// once, and the report annotations carry the new role.
+func TestRoleRedetected(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Role = ""
+	cfg.Detect.Interval = config.Duration{Duration: 20 * time.Millisecond}
+	cfg.Kubernetes.ReportInterval = config.Duration{Duration: 20 * time.Millisecond}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	var logs syncBuf
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Kube: client})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	roleIn := func(role string) func() bool {
+		return func() bool {
+			n, err := client.CoreV1().Nodes().Get(context.Background(), cfg.NodeName, metav1.GetOptions{})
+			return err == nil && strings.Contains(n.Annotations["autopilot.syself.com/storage"], `"role":"`+role+`"`)
+		}
+	}
+	await(t, d, "ProxyNotServing evaluated on a worker", func() bool {
+		c, ok := d.Store().Get("ProxyNotServing")
+		return ok && c.Reason != report.ReasonNotApplicable
+	})
+	await(t, d, "the report annotations say worker", roleIn("worker"))
+
+	manifest := cfg.HostPath(cfg.Detect.ControlPlaneManifest)
+	os.MkdirAll(filepath.Dir(manifest), 0o755)
+	if err := os.WriteFile(manifest, []byte("apiVersion: v1\nkind: Pod\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	await(t, d, "ProxyNotServing set aside on a control plane node", func() bool {
+		c, _ := d.Store().Get("ProxyNotServing")
+		return c.Status == report.StatusUnknown && c.Reason == report.ReasonNotApplicable
+	})
+	await(t, d, "the report annotations say controlplane", roleIn("controlplane"))
+	if slices.Contains(d.currentRunner().Checks(), "ProxyNotServing") {
+		t.Error("the worker-only check still runs")
+	}
+	// A few more detection rounds: the change is logged once.
+	time.Sleep(100 * time.Millisecond) // several detection intervals, to see no second log line
+	if n := strings.Count(logs.String(), "node identity changed"); n != 1 {
+		t.Errorf("the change was logged %d times:\n%s", n, logs.String())
+	}
+}
+
+// await waits until cond holds, re-checking on every store change and at
+// least every 10 ms, for at most 10 s.
+func await(t *testing.T, d *Daemon, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for !cond() {
+		select {
+		case <-d.Store().Changed():
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("waiting for %s", what)
+		}
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

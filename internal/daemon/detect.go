@@ -45,37 +45,46 @@ func Detect(cfg *config.Config) (Identity, error) {
 			return id, fmt.Errorf("cannot detect the node name; set node_name in the configuration: %w", err)
 		}
 	}
-	switch {
-	case cfg.Role != "":
-		id.Role, id.RoleSource = report.Role(cfg.Role), "config role"
-	default:
-		if _, err := os.Stat(cfg.HostPath(cfg.Detect.ControlPlaneManifest)); err == nil {
-			id.Role, id.RoleSource = report.RoleControlPlane, cfg.Detect.ControlPlaneManifest+" present"
-		} else {
-			id.Role, id.RoleSource = report.RoleWorker, cfg.Detect.ControlPlaneManifest+" absent"
-		}
-	}
-	switch cfg.GPU {
-	case "true", "false":
-		id.GPU, id.GPUSource = cfg.GPU == "true", "config gpu"
-	default:
-		dev, err := nvidiaPCIDevice(cfg.HostPath("/sys/bus/pci/devices"))
-		id.GPU = dev != ""
-		switch {
-		case err != nil:
-			id.GPUSource = "no PCI devices readable: " + err.Error()
-		case dev != "":
-			id.GPUSource = "NVIDIA display controller at PCI " + dev
-		default:
-			id.GPUSource = "no NVIDIA display controller on PCI"
-		}
-	}
+	id.Role, id.RoleSource, id.GPU, id.GPUSource = DetectRoleGPU(cfg)
 	b, err := readTrim(cfg.HostPath("/proc/sys/kernel/random/boot_id"))
 	if err != nil {
 		return id, fmt.Errorf("cannot read the boot id: %w", err)
 	}
 	id.BootID = b
 	return id, nil
+}
+
+// DetectRoleGPU works out the node's role and whether it has an NVIDIA GPU
+// (each unless the configuration fixes it), and where each answer came
+// from. Both can change while the daemon runs: on a first boot the
+// kube-apiserver manifest appears after the daemon starts.
+func DetectRoleGPU(cfg *config.Config) (role report.Role, roleSource string, gpu bool, gpuSource string) {
+	switch {
+	case cfg.Role != "":
+		role, roleSource = report.Role(cfg.Role), "config role"
+	default:
+		if _, err := os.Stat(cfg.HostPath(cfg.Detect.ControlPlaneManifest)); err == nil {
+			role, roleSource = report.RoleControlPlane, cfg.Detect.ControlPlaneManifest+" present"
+		} else {
+			role, roleSource = report.RoleWorker, cfg.Detect.ControlPlaneManifest+" absent"
+		}
+	}
+	switch cfg.GPU {
+	case "true", "false":
+		gpu, gpuSource = cfg.GPU == "true", "config gpu"
+	default:
+		dev, err := nvidiaPCIDevice(cfg.HostPath("/sys/bus/pci/devices"))
+		gpu = dev != ""
+		switch {
+		case err != nil:
+			gpuSource = "no PCI devices readable: " + err.Error()
+		case dev != "":
+			gpuSource = "NVIDIA display controller at PCI " + dev
+		default:
+			gpuSource = "no NVIDIA display controller on PCI"
+		}
+	}
+	return role, roleSource, gpu, gpuSource
 }
 
 func readTrim(p string) (string, error) {

@@ -22,9 +22,12 @@ type Options struct {
 	Client   kubernetes.Interface
 	NodeName string
 	Role     report.Role
-	Store    *report.Store
-	Details  *report.Details
-	Log      *slog.Logger
+	// RoleOf, if set, returns the node's role now (it can change while the
+	// daemon runs); else Role is used.
+	RoleOf  func() report.Role
+	Store   *report.Store
+	Details *report.Details
+	Log     *slog.Logger
 	// Metrics, if nil, are created unregistered.
 	Metrics *Metrics
 	// HeartbeatPeriod: conditions are rewritten at least this often (jittered).
@@ -346,7 +349,11 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 }
 
 func (r *Reporter) writeAnnotations(ctx context.Context) error {
-	docs, err := r.o.Details.Documents(time.Now(), r.o.Role)
+	role := r.o.Role
+	if r.o.RoleOf != nil {
+		role = r.o.RoleOf()
+	}
+	docs, err := r.o.Details.Documents(time.Now(), role)
 	if err != nil {
 		return err
 	}
