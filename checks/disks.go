@@ -58,6 +58,12 @@ func readableNVMe(env *Env) (all, ok []NVMeHealth, bad []string, err error) {
 	return all, ok, bad, nil
 }
 
+// noDrives is the result of a check that only NVMe drives feed, on a node
+// that has none: it measured nothing, so it is not False. (DisksFailure's
+// SMART part stays False: the kernel's I/O errors are its other part.)
+var noDrives = Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+	Message: "no NVMe drives on this node (only NVMe drives report wear and temperature)"}
+
 func drives(n int, what string) string {
 	switch n {
 	case 0:
@@ -97,6 +103,9 @@ func (c *diskWear) Probe(ctx context.Context) (Result, error) {
 			worn = append(worn, fmt.Sprintf("%s (%s) has used %d%% of its rated endurance", h.Controller, h.Model, h.PercentageUsed))
 		}
 	}
+	if len(ok) == 0 {
+		return noDrives, nil
+	}
 	if len(worn) > 0 {
 		return Result{Status: report.StatusTrue, Reason: "EnduranceMostlyUsed", Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold)}, nil
 	}
@@ -132,6 +141,9 @@ func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
 		case h.CriticalWarning&(1<<1) != 0:
 			hot = append(hot, fmt.Sprintf("%s (%s) reports its temperature outside its threshold (%d°C)", h.Controller, h.Model, h.TemperatureC))
 		}
+	}
+	if len(ok) == 0 {
+		return noDrives, nil
 	}
 	if len(hot) > 0 {
 		return Result{Status: report.StatusTrue, Reason: "TemperatureAboveThreshold", Message: strings.Join(hot, "; ")}, nil

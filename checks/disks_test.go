@@ -281,3 +281,16 @@ func TestNVMePassthruLayout(t *testing.T) {
 		t.Errorf("cdw10 at offset %d, want 40", off)
 	}
 }
+
+// No NVMe drive on the node: wear and temperature measured nothing, so they
+// are Unknown (NothingToCheck), never a fake False.
+func TestDiskWearAndTemperatureWithoutDrives(t *testing.T) {
+	env := nvmeEnv(t, &fakeNVMe{ctrls: map[string]fakeDrive{}})
+	wear, _ := newDiskWear(env)
+	temp, _ := newDiskTemp(env)
+	for name, c := range map[string]Check{"wear": wear, "temperature": temp} {
+		if r := probe(t, c); r.Status != report.StatusUnknown || r.Reason != report.ReasonNothingToCheck || !strings.Contains(r.Message, "no NVMe drives") {
+			t.Errorf("%s without drives: %+v", name, r)
+		}
+	}
+}

@@ -28,6 +28,10 @@ func newNodeServiceDown(env *Env) (Check, error) {
 }
 
 func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
+	if len(c.units) == 0 {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+			Message: fmt.Sprintf("no operability units configured for role %s", c.env.Role)}, nil
+	}
 	if c.env.Systemd == nil {
 		return Result{}, errNoSystemd
 	}

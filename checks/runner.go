@@ -301,30 +301,33 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 }
 
 func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
-	switch {
-	case o.panic != nil:
+	if o.panic != nil {
 		e.log.Error("check panicked", "panic", fmt.Sprint(o.panic), "stack", string(o.stack))
 		return unknown(e.cond, report.ReasonCheckPanicked, fmt.Sprintf("check panicked: %v", o.panic)), report.ResultPanic
-	case o.err != nil:
-		e.log.Warn("check failed", "err", o.err)
-		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError
 	}
 	d, _ := report.Lookup(e.cond)
-	if o.res.Status == report.StatusUnknown && d.ValidReason(report.StatusUnknown, o.res.Reason) {
-		return report.Condition{Type: e.cond, Status: o.res.Status, Reason: o.res.Reason, Message: o.res.Message}, report.ResultError
-	}
-	if o.res.Status == report.StatusUnknown || !d.ValidReason(o.res.Status, o.res.Reason) {
-		e.log.Error("check returned a status/reason that is not in the catalog (a bug)", "status", o.res.Status, "reason", o.res.Reason)
-		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
-	}
-	if r.details != nil {
+	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
+	if valid && r.details != nil {
+		// What the probe collected is reported even when it could not
+		// decide (a certificate that is not present, an unreadable drive).
 		for _, d := range o.res.Details {
 			r.details.Set(d)
 		}
 	}
+	switch {
+	case o.err != nil:
+		e.log.Warn("check failed", "err", o.err)
+		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError
+	case !valid:
+		e.log.Error("check returned a status/reason that is not in the catalog (a bug)", "status", o.res.Status, "reason", o.res.Reason)
+		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
+	}
 	result := report.ResultOK
-	if o.res.Status == report.StatusTrue {
+	switch {
+	case o.res.Status == report.StatusTrue:
 		result = report.ResultProblem
+	case o.res.Status == report.StatusUnknown && o.res.Reason != report.ReasonNothingToCheck:
+		result = report.ResultError
 	}
 	return report.Condition{Type: e.cond, Status: o.res.Status, Reason: o.res.Reason, Message: o.res.Message}, result
 }
