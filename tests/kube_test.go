@@ -472,3 +472,61 @@ func noHostSystemd(cfg *config.Config) {
 	cfg.Checks.ServiceNotRecovering.Enabled = false
 	cfg.Checks.NodeServiceDown.Enabled = false
 }
+
+// A node that has not joined yet has no kubeconfig: the daemon runs
+// standalone, keeps the events it emits meanwhile, and once the kubelet
+// writes the kubeconfig it reports: the queued event and its conditions
+// reach the real API server.
+func TestDaemonPicksUpKubeconfigLater(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-joins-later"
+	registerNode(t, s, node)
+	_, kc := nodeClient(t, s, node)
+	cfg := config.Default()
+	cfg.NodeName, cfg.Role, cfg.GPU = node, "worker", "false"
+	cfg.StateDir = t.TempDir()
+	cfg.Kubernetes.Kubeconfig = filepath.Join(t.TempDir(), "kubelet.conf") // not there yet
+	cfg.Runner.FirstRunSpread = config.Duration{}
+	cfg.Kmsg.Enabled = false
+	noHostSystemd(cfg)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln, KubeconfigPoll: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	d.Store().Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:7 blocked for more than 120 seconds. (before the join)", Time: time.Now()})
+	waitFor(t, d.Store(), nil, 10*time.Second, "the first pass", func() bool {
+		_, ok := d.Store().Get("DiskUsageHigh")
+		return ok
+	})
+	if m := scrape(t, d); !strings.Contains(m, "autopilot_health_kubernetes_reporting 0") {
+		t.Error("not standalone while the kubeconfig is missing")
+	}
+	b, err := os.ReadFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg.Kubernetes.Kubeconfig, b, 0o600); err != nil { // the kubelet joins
+		t.Fatal(err)
+	}
+	waitNode(t, s, node, "the daemon's conditions", func(n *corev1.Node) bool { return cond(n, "DiskUsageHigh") != nil })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := s.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if err == nil {
+			for _, e := range evs.Items {
+				if e.InvolvedObject.Name == node && strings.HasSuffix(e.Message, "(before the join)") {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the event emitted before the kubeconfig appeared never reached the API server (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the API server for an awaited event
+	}
+}
