@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -404,11 +405,11 @@ const sandboxChildEnv = "AUTOPILOT_HEALTH_TEST_SANDBOX_CHILD"
 func TestDiskUsageRealHostUnderReadOnlyRemount(t *testing.T) {
 	if os.Getenv(sandboxChildEnv) == "" {
 		if os.Geteuid() != 0 {
-			t.Skip("remounting needs root")
+			testenv.Skip(t, "remounting needs root")
 		}
 		unshare, err := exec.LookPath("unshare")
 		if err != nil {
-			t.Skip("no unshare(1)")
+			testenv.Skip(t, "no unshare(1)")
 		}
 		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestDiskUsageRealHostUnderReadOnlyRemount$", "-test.v")
 		cmd.Env = append(os.Environ(), sandboxChildEnv+"=1")

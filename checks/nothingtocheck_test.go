@@ -75,3 +75,21 @@ func scrapeRegistry(t *testing.T, m *report.Metrics) string {
 	promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
 }
+
+// ServiceNotRecovering when not one critical unit is installed watched
+// nothing: Unknown, not a fake False.
+func TestServiceNotRecoveringWithoutUnits(t *testing.T) {
+	env := testEnv(t, nil)
+	env.Systemd = newFakeManager()
+	c, _ := newServiceNotRecovering(env)
+	r, err := c.Probe(context.Background())
+	if err != nil || r.Status != report.StatusUnknown || r.Reason != report.ReasonNothingToCheck ||
+		r.Message != "none of the critical units is installed: kubelet.service, containerd.service, syself-proxy.service" {
+		t.Errorf("%+v %v", r, err)
+	}
+	env.Config.Checks.ServiceNotRecovering.WorkerUnits = nil
+	c, _ = newServiceNotRecovering(env)
+	if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusUnknown || r.Message != "no critical units configured for role worker" {
+		t.Errorf("%+v %v", r, err)
+	}
+}

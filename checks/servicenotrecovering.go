@@ -105,6 +105,14 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		return Result{Status: report.StatusTrue, Reason: "UnitFlapping", Message: strings.Join(all, "; ") + note, Details: details}, nil
 	case len(notHelping) > 0:
 		return Result{Status: report.StatusTrue, Reason: "RepairNotHelping", Message: strings.Join(all, "; ") + note, Details: details}, nil
+	case len(notes) == len(c.units):
+		// Not one critical unit is installed (or none is configured):
+		// nothing was watched, so this is not a healthy False.
+		msg := "no critical units configured for role " + string(c.env.Role)
+		if len(notes) > 0 {
+			msg = "none of the critical units is installed: " + strings.Join(c.units, ", ")
+		}
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: msg, Details: details}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: "CriticalUnitsRecovering",
 		Message: fmt.Sprintf("%s: none failed or restarted %d+ times since the last check%s", strings.Join(c.units, ", "), c.threshold, note), Details: details}, nil

@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 func TestDebianPackage(t *testing.T) {
 	if _, err := exec.LookPath("dpkg-deb"); err != nil {
-		t.Skip("dpkg-deb not installed")
+		testenv.Skip(t, "dpkg-deb not installed")
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "autopilot-health")

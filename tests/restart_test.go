@@ -374,3 +374,22 @@ func TestKernelConditionSurvivesKillAtAnyPoint(t *testing.T) {
 		})
 	}
 }
+
+// A line the kernel logged before the daemon first started in this boot
+// (an early-boot remount) sets the condition: a start without a cursor reads
+// this boot's ring, as `check` does. Before, it started at the end of the
+// log and never saw the line.
+func TestKernelLineBeforeTheFirstStart(t *testing.T) {
+	n := newKernelNode(t)
+	lineAt := time.Now()
+	n.line("EXT4-fs (TOKEN): Remounting filesystem read-only")
+	started := n.start()
+	n.caughtUp()
+	c := n.written(started)
+	if c.Status != corev1.ConditionTrue {
+		t.Fatalf("a line logged before the start: %s/%s", c.Status, c.Reason)
+	}
+	if d := c.LastTransitionTime.Sub(lineAt); d < -2*time.Second || d > 2*time.Second {
+		t.Errorf("transition time %s: not the line's time %s", c.LastTransitionTime.Format(time.RFC3339), lineAt.Format(time.RFC3339Nano))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -186,7 +187,7 @@ func TestREADMECatalog(t *testing.T) {
 func TestUnitFileVerifies(t *testing.T) {
 	sa, err := exec.LookPath("systemd-analyze")
 	if err != nil {
-		t.Skip("systemd-analyze not installed (apt install systemd)")
+		testenv.Skip(t, "systemd-analyze not installed (apt install systemd)")
 	}
 	bin := filepath.Join(t.TempDir(), "autopilot-health")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
