@@ -1,15 +1,8 @@
 package kmsg
 
 import (
-	"bytes"
 	"fmt"
-	"math/bits"
-	"regexp"
-	"regexp/syntax"
-	"strings"
-	"sync"
-
-	"github.com/syself/autopilot-health/report"
+	"slices"
 )
 
 // Kind says what a rule does on a match.
@@ -108,301 +101,33 @@ var DefaultRules = []Rule{
 		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: recoverable`},
 }
 
-// compiled is a rule ready to match.
-type compiled struct {
-	Rule
-	re      *regexp.Regexp
-	taskIdx int // index of the "task" group, or -1
-	devIdx  int // index of the "dev" group, or -1
-	anchors [][]byte
-}
-
-// RuleSet matches a message against every rule. Matching a line that no
-// rule can match does not allocate: each rule has a literal anchor that
-// every match must contain; a single pass over the line with a table of the
-// anchors' first two bytes finds the candidate rules, and only those run
-// their regular expression. The candidates are a bitset over the rule
-// indices, so any number of rules can be candidates at once. A RuleSet is
-// not changed after Compile; Matches is safe for concurrent use.
-type RuleSet struct {
-	rules []compiled
-	// words is the length of the candidate bitset: one bit per rule.
-	words int
-	// scratch holds candidate bitsets (*[]uint64 of length words) for rule
-	// sets too large for the one Matches keeps on its stack.
-	scratch sync.Pool
-	// bigram[b0<<8|b1] lists the anchors that start with b0 b1.
-	bigram map[uint16][]anchorRef
-	// first holds bit b0<<8|b1 for every bigram that starts an anchor.
-	first [1 << 16 / 64]uint64
-	// always lists the rules without an anchor (run on every line).
-	always []int
-	// criticalTasks for KernelDeadlock; a trailing * matches a prefix.
-	criticalTasks []string
-}
-
 // DefaultCriticalTasks are the processes whose hung task sets KernelDeadlock.
 // The kernel truncates task names to 15 characters (qemu-system-x86_64 is
 // "qemu-system-x86"), hence the prefix patterns.
 var DefaultCriticalTasks = []string{"kubelet", "containerd", "containerd-shim*", "runc", "runc:*", "crun", "qemu*", "virtiofsd"}
 
-// Compile validates and compiles rules. Every perm rule must name a catalog
-// condition and one of its True reasons; every temp rule a catalog event
-// reason.
-func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
-	rs := &RuleSet{bigram: map[uint16][]anchorRef{}, criticalTasks: criticalTasks}
-	seen := map[string]bool{}
-	for _, r := range rules {
-		if r.Name == "" {
-			return nil, fmt.Errorf("kmsg rule without a name")
-		}
-		if seen[r.Name] {
-			return nil, fmt.Errorf("kmsg rule %s: defined twice", r.Name)
-		}
-		seen[r.Name] = true
-		switch r.Kind {
-		case Perm:
-			d, ok := report.Lookup(r.Condition)
-			if !ok || d.Source != report.SourceKmsg {
-				return nil, fmt.Errorf("kmsg rule %s: condition %q is not a kernel-log condition (want one of %s)", r.Name, r.Condition, strings.Join(kmsgConditions(), ", "))
-			}
-			if !d.ValidReason(report.StatusTrue, r.Reason) {
-				return nil, fmt.Errorf("kmsg rule %s: reason %q is not a reason of %s (want %s)", r.Name, r.Reason, r.Condition, strings.Join(d.ProblemReasons, ", "))
-			}
-		case Temp, DiskIOError:
-			if _, ok := report.LookupEvent(r.Reason); !ok {
-				return nil, fmt.Errorf("kmsg rule %s: event reason %q is not in the catalog (want one of %s)", r.Name, r.Reason, strings.Join(eventReasons(), ", "))
-			}
-		default:
-			return nil, fmt.Errorf("kmsg rule %s: kind %q, want perm or temp", r.Name, r.Kind)
-		}
-		re, err := regexp.Compile(r.Pattern)
-		if err != nil {
-			return nil, fmt.Errorf("kmsg rule %s: pattern: %v", r.Name, err)
-		}
-		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), devIdx: re.SubexpIndex("dev"), anchors: anchorsOf(r.Pattern)}
-		i := len(rs.rules)
-		rs.rules = append(rs.rules, c)
-		if minLenBytes(c.anchors) < 2 {
-			rs.always = append(rs.always, i)
-			continue
-		}
-		for ai, a := range c.anchors {
-			k := uint16(a[0])<<8 | uint16(a[1])
-			rs.bigram[k] = append(rs.bigram[k], anchorRef{rule: i, anchor: ai})
-			rs.first[k/64] |= 1 << (k % 64)
+// BuildRules returns the default rules without the disabled ones, with
+// custom rules replacing defaults of the same name and the rest appended.
+func BuildRules(disable []string, custom []Rule) ([]Rule, error) {
+	for _, d := range disable {
+		if !slices.ContainsFunc(DefaultRules, func(r Rule) bool { return r.Name == d }) &&
+			!slices.ContainsFunc(custom, func(r Rule) bool { return r.Name == d }) {
+			return nil, fmt.Errorf("unknown rule %q", d)
 		}
 	}
-	rs.words = (len(rs.rules) + 63) / 64
-	words := rs.words
-	rs.scratch.New = func() any { b := make([]uint64, words); return &b }
-	return rs, nil
-}
-
-func kmsgConditions() []string {
-	var out []string
-	for _, c := range report.Conditions {
-		if c.Source == report.SourceKmsg {
-			out = append(out, c.Type)
+	var out []Rule
+	for _, r := range DefaultRules {
+		if i := slices.IndexFunc(custom, func(c Rule) bool { return c.Name == r.Name }); i >= 0 {
+			r = custom[i]
+		}
+		if !slices.Contains(disable, r.Name) {
+			out = append(out, r)
 		}
 	}
-	return out
-}
-
-func eventReasons() []string {
-	var out []string
-	for _, e := range report.Events {
-		out = append(out, e.Reason)
-	}
-	return out
-}
-
-// anchorsOf returns literals of which every match of pattern contains at
-// least one (the most selective such set found in the parsed expression),
-// or nil when there is none.
-func anchorsOf(pattern string) [][]byte {
-	re, err := syntax.Parse(pattern, syntax.Perl)
-	if err != nil {
-		return nil
-	}
-	set := required(re.Simplify())
-	var out [][]byte
-	for _, l := range set {
-		out = append(out, []byte(string(l)))
-	}
-	return out
-}
-
-func required(r *syntax.Regexp) [][]rune {
-	switch r.Op {
-	case syntax.OpLiteral:
-		if r.Flags&syntax.FoldCase != 0 {
-			return nil
-		}
-		return [][]rune{r.Rune}
-	case syntax.OpCapture:
-		return required(r.Sub[0])
-	case syntax.OpPlus:
-		return required(r.Sub[0])
-	case syntax.OpRepeat:
-		if r.Min >= 1 {
-			return required(r.Sub[0])
-		}
-	case syntax.OpAlternate:
-		var all [][]rune
-		for _, b := range r.Sub {
-			set := required(b)
-			if set == nil {
-				return nil
-			}
-			all = append(all, set...)
-		}
-		return all
-	case syntax.OpConcat:
-		var best [][]rune
-		for _, c := range r.Sub {
-			if set := required(c); set != nil && better(set, best) {
-				best = set
-			}
-		}
-		return best
-	}
-	return nil
-}
-
-// better prefers the set whose shortest literal is longer, then fewer literals.
-func better(a, b [][]rune) bool {
-	if b == nil {
-		return true
-	}
-	ma, mb := minLen(a), minLen(b)
-	if ma != mb {
-		return ma > mb
-	}
-	return len(a) < len(b)
-}
-
-func minLen(set [][]rune) int {
-	m := -1
-	for _, l := range set {
-		if m < 0 || len(l) < m {
-			m = len(l)
+	for _, c := range custom {
+		if !slices.ContainsFunc(DefaultRules, func(r Rule) bool { return r.Name == c.Name }) && !slices.Contains(disable, c.Name) {
+			out = append(out, c)
 		}
 	}
-	return m
-}
-
-type anchorRef struct{ rule, anchor int }
-
-func minLenBytes(set [][]byte) int {
-	if len(set) == 0 {
-		return 0
-	}
-	m := len(set[0])
-	for _, l := range set[1:] {
-		m = min(m, len(l))
-	}
-	return m
-}
-
-// Match is one rule matching a message.
-type Match struct {
-	Rule *Rule
-	// Task is the hung task's name (KernelDeadlock), Dev the device (disk I/O errors).
-	Task, Dev string
-}
-
-// stackWords is the size of the candidate bitset Matches keeps on its
-// stack: rule sets of up to 64*stackWords rules match without touching the
-// pool.
-const stackWords = 4
-
-// Matches appends to dst every rule that matches msg (unescaped), in rule
-// order. Rules restricted to critical tasks match only those. It is safe for
-// concurrent use.
-func (rs *RuleSet) Matches(dst []Match, msg []byte) []Match {
-	// cand has bit ri set when rule ri is a candidate: its anchor occurs in
-	// msg, or it has none.
-	var small [stackWords]uint64
-	var cand []uint64
-	var pooled *[]uint64
-	if rs.words <= len(small) {
-		cand = small[:rs.words]
-	} else {
-		pooled = rs.scratch.Get().(*[]uint64)
-		cand = *pooled
-		clear(cand)
-	}
-	for i := 0; i+1 < len(msg); i++ {
-		k := uint16(msg[i])<<8 | uint16(msg[i+1])
-		if rs.first[k/64]&(1<<(k%64)) == 0 {
-			continue
-		}
-		for _, ar := range rs.bigram[k] {
-			ri := ar.rule
-			if cand[ri/64]&(1<<(ri%64)) == 0 && bytes.HasPrefix(msg[i:], rs.rules[ri].anchors[ar.anchor]) {
-				cand[ri/64] |= 1 << (ri % 64)
-			}
-		}
-	}
-	for _, ri := range rs.always {
-		cand[ri/64] |= 1 << (ri % 64)
-	}
-	for w, word := range cand {
-		for ; word != 0; word &= word - 1 {
-			dst = rs.match(dst, w*64+bits.TrailingZeros64(word), msg)
-		}
-	}
-	if pooled != nil {
-		rs.scratch.Put(pooled)
-	}
-	return dst
-}
-
-// match appends the match of rule ri on msg, if any.
-func (rs *RuleSet) match(dst []Match, ri int, msg []byte) []Match {
-	r := &rs.rules[ri]
-	if r.taskIdx < 0 && r.devIdx < 0 {
-		if r.re.Match(msg) {
-			dst = append(dst, Match{Rule: &r.Rule})
-		}
-		return dst
-	}
-	sub := r.re.FindSubmatch(msg)
-	if sub == nil {
-		return dst
-	}
-	m := Match{Rule: &r.Rule}
-	if r.taskIdx >= 0 {
-		m.Task = string(sub[r.taskIdx])
-		if !rs.critical(m.Task) {
-			return dst
-		}
-	}
-	if r.devIdx >= 0 {
-		m.Dev = string(sub[r.devIdx])
-	}
-	return append(dst, m)
-}
-
-func (rs *RuleSet) critical(task string) bool {
-	for _, p := range rs.criticalTasks {
-		if pre, ok := strings.CutSuffix(p, "*"); ok {
-			if strings.HasPrefix(task, pre) {
-				return true
-			}
-		} else if task == p {
-			return true
-		}
-	}
-	return false
-}
-
-// Rules returns the compiled rules in order.
-func (rs *RuleSet) Rules() []Rule {
-	out := make([]Rule, len(rs.rules))
-	for i, r := range rs.rules {
-		out[i] = r.Rule
-	}
-	return out
+	return out, nil
 }
