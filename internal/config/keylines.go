@@ -1,0 +1,126 @@
+package config
+
+import "strings"
+
+// keyIndex maps a dotted key to the line that defines it.
+type keyIndex map[string]int
+
+// find returns the line of key, or of its closest defined parent table.
+func (k keyIndex) find(key string) int {
+	for key != "" {
+		if l, ok := k[key]; ok {
+			return l
+		}
+		i := strings.LastIndexByte(key, '.')
+		if i < 0 {
+			break
+		}
+		key = key[:i]
+	}
+	return 0
+}
+
+// keyLines finds the line of every table header and key assignment. It
+// understands the TOML this file needs (tables, bare and quoted keys, dotted
+// keys, multi-line arrays and strings); the decoder has already rejected
+// anything malformed.
+func keyLines(data []byte) keyIndex {
+	idx := keyIndex{}
+	table := ""
+	depth := 0    // open brackets of a multi-line array
+	inMulti := "" // open multi-line string delimiter
+	for n, raw := range strings.Split(string(data), "\n") {
+		line := strings.TrimSpace(raw)
+		if inMulti != "" {
+			if strings.Contains(line, inMulti) {
+				inMulti = ""
+			}
+			continue
+		}
+		if depth > 0 {
+			depth += bracketDelta(line)
+			continue
+		}
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if strings.HasPrefix(line, "[") {
+			h := strings.TrimSpace(stripComment(line))
+			h = strings.Trim(h, "[]")
+			table = joinKey(splitKey(h))
+			idx[table] = n + 1
+			continue
+		}
+		eq := strings.IndexByte(line, '=')
+		if eq < 0 {
+			continue
+		}
+		key := joinKey(splitKey(line[:eq]))
+		if table != "" {
+			key = table + "." + key
+		}
+		idx[key] = n + 1
+		val := strings.TrimSpace(stripComment(line[eq+1:]))
+		for _, q := range []string{`"""`, `'''`} {
+			if strings.HasPrefix(val, q) && !strings.Contains(val[3:], q) {
+				inMulti = q
+			}
+		}
+		if strings.HasPrefix(val, "[") {
+			depth = bracketDelta(val)
+		}
+	}
+	return idx
+}
+
+func splitKey(s string) []string {
+	var parts []string
+	for _, p := range strings.Split(s, ".") {
+		p = strings.TrimSpace(p)
+		p = strings.Trim(p, `"'`)
+		parts = append(parts, p)
+	}
+	return parts
+}
+
+func joinKey(p []string) string { return strings.Join(p, ".") }
+
+func stripComment(s string) string {
+	inStr := byte(0)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case inStr != 0 && c == '\\' && inStr == '"':
+			i++
+		case inStr != 0 && c == inStr:
+			inStr = 0
+		case inStr == 0 && (c == '"' || c == '\''):
+			inStr = c
+		case inStr == 0 && c == '#':
+			return s[:i]
+		}
+	}
+	return s
+}
+
+func bracketDelta(s string) int {
+	s = stripComment(s)
+	d := 0
+	inStr := byte(0)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case inStr != 0 && c == '\\' && inStr == '"':
+			i++
+		case inStr != 0 && c == inStr:
+			inStr = 0
+		case inStr == 0 && (c == '"' || c == '\''):
+			inStr = c
+		case inStr == 0 && c == '[':
+			d++
+		case inStr == 0 && c == ']':
+			d--
+		}
+	}
+	return d
+}
