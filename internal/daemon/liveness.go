@@ -1,5 +1,3 @@
-// Package daemon wires the daemon together: host detection, logging, the
-// runner, the state file, the metrics listener and the systemd lifecycle.
 package daemon
 
 import (
@@ -89,4 +87,14 @@ func (l *Liveness) Loops() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// loopSlack is added to every loop's allowed silence.
+const loopSlack = 30 * time.Second
+
+// Healthy returns nil when every loop makes progress.
+func (d *Daemon) Healthy() error {
+	err := d.live.Check()
+	d.metrics.SetHealthy(err == nil)
+	return err
 }

@@ -1,0 +1,59 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
+)
+
+// kubeconfigPoll is how often a standalone daemon looks for a kubeconfig
+// (Options.KubeconfigPoll).
+const kubeconfigPoll = 30 * time.Second
+
+// reportToKubernetes runs the Kubernetes reporter. Without a kubeconfig the
+// daemon runs standalone (logs, metrics, local state), says so once, and
+// starts reporting as soon as the kubeconfig appears (the kubelet writes it
+// when it joins the cluster).
+func (d *Daemon) reportToKubernetes(ctx context.Context) {
+	client := d.kube
+	path := d.cfg.HostPath(d.cfg.Kubernetes.Kubeconfig)
+	if client == nil && d.cfg.Kubernetes.Kubeconfig == "" {
+		d.log.Warn("not reporting to Kubernetes: kubernetes.kubeconfig is empty; running standalone (logs, metrics, local state)")
+		d.kubeM.SetReporting(false)
+		return
+	}
+	lastErr := ""
+	for client == nil {
+		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version)
+		if err == nil {
+			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
+			client = c
+			break
+		}
+		if err.Error() != lastErr {
+			if lastErr == "" && errors.Is(err, kube.ErrNoKubeconfig) {
+				d.log.Warn("not reporting to Kubernetes: running standalone (logs, metrics, local state) until the kubeconfig appears", "err", err)
+				d.kubeM.SetReporting(false)
+			} else {
+				d.log.Error("cannot use the kubeconfig; not reporting to Kubernetes", "err", err)
+			}
+			lastErr = err.Error()
+		}
+		d.live.Beat("kube/kubeconfig", d.poll+loopSlack)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d.poll):
+		}
+	}
+	d.live.Forget("kube/kubeconfig")
+	r := kube.New(kube.Options{
+		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role }, Store: d.store, Details: d.details,
+		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
+		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
+	})
+	r.Run(ctx)
+}

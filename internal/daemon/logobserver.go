@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// logObserver logs every condition change, and events: the first of each
+// reason at once, then at most one line per reason every eventLogEvery with
+// the number of events in between, so a flood of kernel lines is a few
+// journal lines, not thousands.
+type logObserver struct {
+	log *slog.Logger
+	ev  *eventLogLimiter
+}
+
+const eventLogEvery = 10 * time.Second
+
+type eventLogLimiter struct {
+	mu         sync.Mutex
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+func newLogObserver(log *slog.Logger) logObserver {
+	return logObserver{log: log, ev: &eventLogLimiter{last: map[string]time.Time{}, suppressed: map[string]int{}}}
+}
+
+func (l logObserver) ConditionChanged(prev *report.Condition, cur report.Condition) {
+	from := "none"
+	if prev != nil {
+		from = string(prev.Status)
+	}
+	lv := slog.LevelInfo
+	if cur.Status == report.StatusTrue {
+		lv = slog.LevelWarn
+	}
+	l.log.Log(context.Background(), lv, "condition changed", "condition", cur.Type, "from", from, "status", cur.Status, "reason", cur.Reason, "message", cur.Message)
+}
+
+func (l logObserver) ConditionRestored(report.Condition) {}
+
+func (l logObserver) EventEmitted(e report.Event) {
+	l.ev.mu.Lock()
+	now := time.Now()
+	if last, ok := l.ev.last[e.Reason]; ok && now.Sub(last) < eventLogEvery {
+		l.ev.suppressed[e.Reason]++
+		l.ev.mu.Unlock()
+		return
+	}
+	n := l.ev.suppressed[e.Reason]
+	l.ev.last[e.Reason] = now
+	l.ev.suppressed[e.Reason] = 0
+	l.ev.mu.Unlock()
+	if n > 0 {
+		l.log.Warn("event", "reason", e.Reason, "message", e.Message, "not_logged_since_last", n)
+		return
+	}
+	l.log.Warn("event", "reason", e.Reason, "message", e.Message)
+}

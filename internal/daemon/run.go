@@ -1,0 +1,99 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/syself/autopilot-health/kmsg"
+)
+
+// Run runs until ctx is done, then shuts down cleanly: conditions are left
+// as they are (saved, never cleared).
+func (d *Daemon) Run(ctx context.Context) error {
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srvErr := make(chan error, 1)
+	go func() { srvErr <- srv.Serve(d.ln) }()
+	d.log.Info("serving metrics", "addr", d.ln.Addr().String(), "checks", len(d.currentRunner().Checks()))
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { d.persist(rctx) })
+	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
+	wg.Go(func() { d.statusLoop(rctx) })
+	wg.Go(func() { d.reportToKubernetes(rctx) })
+	if d.kmsg != nil {
+		// Before the first pass: the kernel conditions start False (or as
+		// restored from this boot) and the reader follows the log.
+		d.kmsg.Start(time.Now(), kmsg.BootWall())
+		d.live.Expect("kmsg", 15*time.Second+loopSlack)
+		wg.Go(func() { d.newReader().Run(rctx) })
+	}
+	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
+	wg.Go(func() { d.runChecks(rctx) })
+	if d.cfg.Role == "" || d.cfg.GPU == "auto" {
+		wg.Go(func() { d.redetect(rctx, d.cfg.Detect.Interval.Duration) })
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-srvErr:
+		runErr = fmt.Errorf("metrics server: %w", err)
+	}
+	d.notify.Stopping()
+	d.log.Info("shutting down; conditions are left as they are")
+	cancel()
+	wg.Wait()
+	shCtx, shCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer shCancel()
+	srv.Shutdown(shCtx)
+	if err := d.store.Save(d.cfg.StateDir, time.Now()); err != nil {
+		d.log.Error("saving state on shutdown failed", "dir", d.cfg.StateDir, "err", err)
+		d.metrics.StateWrite(err)
+		if runErr == nil {
+			runErr = err
+		}
+	}
+	return runErr
+}
+
+// runChecks runs the current runner until ctx is done, and swaps in a new
+// one when the plan changes (see redetect). The first full pass (of
+// whichever runner gets there) makes the daemon ready.
+func (d *Daemon) runChecks(ctx context.Context) {
+	for {
+		r := d.currentRunner()
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.Run(rctx, func() { d.firstPass.Do(d.becomeReady) })
+		}()
+		select {
+		case <-ctx.Done():
+		case <-d.replan:
+		}
+		cancel()
+		<-done
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// becomeReady records the first full pass and tells systemd.
+func (d *Daemon) becomeReady() {
+	d.mu.Lock()
+	d.ready = true
+	d.mu.Unlock()
+	d.metrics.SetReady(true)
+	status := d.Summary()
+	d.log.Info("first pass complete", "status", status)
+	if err := d.notify.Ready(status); err != nil {
+		d.log.Warn("sd_notify READY failed", "err", err)
+	}
+}

@@ -1,0 +1,76 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// statusLoop keeps systemd's STATUS= line current.
+func (d *Daemon) statusLoop(ctx context.Context) {
+	last := ""
+	for {
+		changed := d.store.Changed()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		d.mu.Lock()
+		ready := d.ready
+		d.mu.Unlock()
+		if s := d.Summary(); ready && s != last {
+			d.notify.Status(s)
+			last = s
+		}
+	}
+}
+
+// Summary is the one-line status, e.g.
+// "24 conditions: 23 ok, 1 problem (DiskUsageHigh)".
+func (d *Daemon) Summary() string { return Summarize(d.store.All()) }
+
+// Summarize formats conditions as the one-line status.
+func Summarize(conds []report.Condition) string {
+	var ok int
+	var problems, unknown []string
+	for _, c := range conds {
+		switch c.Status {
+		case report.StatusFalse:
+			ok++
+		case report.StatusTrue:
+			problems = append(problems, c.Type)
+		default:
+			unknown = append(unknown, c.Type)
+		}
+	}
+	slices.Sort(problems)
+	slices.Sort(unknown)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d conditions: %d ok, %d %s", len(conds), ok, len(problems), plural(len(problems), "problem", "problems"))
+	if len(problems) > 0 {
+		fmt.Fprintf(&b, " (%s)", shortList(problems, 5))
+	}
+	if len(unknown) > 0 {
+		fmt.Fprintf(&b, ", %d unknown (%s)", len(unknown), shortList(unknown, 3))
+	}
+	return b.String()
+}
+
+// shortList joins up to n names and counts the rest, keeping the status line short.
+func shortList(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s, +%d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
