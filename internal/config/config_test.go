@@ -1,6 +1,8 @@
 package config
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -160,6 +162,87 @@ func TestOverrideKeepsOtherDefaults(t *testing.T) {
 	if d := Default().Checks.ServiceNotRecovering.WorkerUnits; len(d) != 3 {
 		t.Errorf("decoding an override changed the defaults: %v", d)
 	}
+}
+
+// Every Default() is its own: writing into every list, map and value of one
+// (and of a config parsed over it) leaves the next Default() as it was.
+// scribble finds the fields by reflection, so a field added later is
+// covered without changing this test.
+func TestDefaultsAreFreshEachCall(t *testing.T) {
+	// A copy that shares nothing with any Default(), to compare with.
+	want, err := json.Marshal(Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	if n := scribble(reflect.ValueOf(d)); n == 0 {
+		t.Fatal("the defaults have no list or map entry to write into")
+	}
+	p, err := Parse("x.toml", []byte("[kmsg]\nenabled = false\n"), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scribble(reflect.ValueOf(p))
+	got, err := json.Marshal(Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("changing one Default() changed the next:\n got %s\nwant %s", got, want)
+	}
+}
+
+// scribble overwrites every string, number and bool reachable from v,
+// including the elements of slices, arrays and maps, and adds an entry to
+// every slice (within its capacity, where an alias would show it) and map.
+// It returns how many slice, array and map entries it wrote into.
+func scribble(v reflect.Value) int {
+	n := 0
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			n += scribble(v.Elem())
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				n += scribble(v.Field(i))
+			}
+		}
+	case reflect.Slice:
+		if v.Len() < v.Cap() {
+			v.SetLen(v.Len() + 1)
+		}
+		fallthrough
+	case reflect.Array:
+		for i := range v.Len() {
+			n += 1 + scribble(v.Index(i))
+		}
+	case reflect.Map:
+		if v.IsNil() {
+			break
+		}
+		for _, k := range v.MapKeys() {
+			e := reflect.New(v.Type().Elem()).Elem()
+			e.Set(v.MapIndex(k))
+			n += 1 + scribble(e)
+			v.SetMapIndex(k, e)
+		}
+		if k := reflect.New(v.Type().Key()).Elem(); !v.MapIndex(k).IsValid() {
+			v.SetMapIndex(k, reflect.New(v.Type().Elem()).Elem())
+		}
+	case reflect.String:
+		v.SetString(v.String() + "-scribbled")
+	case reflect.Bool:
+		v.SetBool(!v.Bool())
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(v.Int() + 1)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(v.Uint() + 1)
+	case reflect.Float32, reflect.Float64:
+		v.SetFloat(v.Float() + 1)
+	}
+	return n
 }
 
 // Each bad file and its exact error: file, line, key and the problem.
