@@ -73,7 +73,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	details := []report.Detail{{Domain: "certs", Field: "certs", Value: infos}}
 	if len(expiring) > 0 {
-		return Result{Status: report.StatusTrue, Reason: "CertificateExpiringSoon",
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCertificateExpiringSoon,
 			Message: strings.Join(expiring, "; ") + fmt.Sprintf(": not renewed within %s of expiry", c.within), Details: details}, nil
 	}
 	if len(unreadable) > 0 && checked == 0 {
@@ -95,7 +95,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	if len(absent) > 0 {
 		msg += "; not present: " + strings.Join(absent, ", ")
 	}
-	return Result{Status: report.StatusFalse, Reason: "CertificatesValid", Message: msg, Details: details}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: msg, Details: details}, nil
 }
 
 // FirstCertificate returns the first certificate of a PEM file (the

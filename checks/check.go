@@ -21,7 +21,7 @@ import (
 // Result is what one probe found.
 type Result struct {
 	Status  report.Status
-	Reason  string
+	Reason  report.Reason
 	Message string
 	// Details are fields of the health report this probe collected.
 	Details []report.Detail

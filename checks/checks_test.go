@@ -52,7 +52,7 @@ func TestClockCheck(t *testing.T) {
 		name       string
 		sys        fakeSys
 		wantStatus report.Status
-		wantReason string
+		wantReason report.Reason
 		wantMsg    string
 		wantErr    string
 	}{
@@ -178,7 +178,7 @@ func TestDiskUsageCheck(t *testing.T) {
 		statfs     map[string]unix.Statfs_t
 		statErr    map[string]error
 		wantStatus report.Status
-		wantReason string
+		wantReason report.Reason
 		wantMsg    string
 	}{
 		{name: "all fine",

@@ -40,13 +40,13 @@ func (c *clockCheck) Probe(ctx context.Context) (Result, error) {
 	est := time.Duration(tx.Esterror) * time.Microsecond
 	max := time.Duration(tx.Maxerror) * time.Microsecond
 	if state == timeError || tx.Status&staUnsync != 0 {
-		return Result{Status: report.StatusTrue, Reason: "ClockUnsynchronized",
+		return Result{Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized,
 			Message: fmt.Sprintf("the kernel reports the clock as not synchronized (adjtimex state %d, status %#x, maximum error %s): is an NTP client running and reaching its servers?", state, tx.Status, max)}, nil
 	}
 	if est > c.maxErr {
-		return Result{Status: report.StatusTrue, Reason: "ClockErrorTooLarge",
+		return Result{Status: report.StatusTrue, Reason: report.ReasonClockErrorTooLarge,
 			Message: fmt.Sprintf("estimated clock error %s is above the limit of %s", est, c.maxErr)}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "ClockSynchronized",
+	return Result{Status: report.StatusFalse, Reason: report.ReasonClockSynchronized,
 		Message: fmt.Sprintf("clock synchronized, estimated error %s", est)}, nil
 }

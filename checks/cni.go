@@ -48,15 +48,15 @@ func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
 	req.Header.Set("brief", "true")
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return Result{Status: report.StatusTrue, Reason: "CiliumUnreachable", Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumUnreachable, Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return Result{Status: report.StatusTrue, Reason: "CiliumUnreachable", Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumUnreachable, Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
 	}
 	if resp.StatusCode != http.StatusOK {
-		return Result{Status: report.StatusTrue, Reason: "CiliumNotOk", Message: fmt.Sprintf("cilium-agent /v1/healthz: HTTP %d", resp.StatusCode)}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: fmt.Sprintf("cilium-agent /v1/healthz: HTTP %d", resp.StatusCode)}, nil
 	}
 	var st ciliumStatus
 	if err := json.Unmarshal(body, &st); err != nil || st.Cilium == nil {
@@ -68,7 +68,7 @@ func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
 		if st.Cilium.Msg != "" {
 			msg += ": " + st.Cilium.Msg
 		}
-		return Result{Status: report.StatusTrue, Reason: "CiliumNotOk", Message: msg}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: msg}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "CNIHealthy", Message: "cilium-agent state Ok"}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonCNIHealthy, Message: "cilium-agent state Ok"}, nil
 }

@@ -42,7 +42,7 @@ func TestCNICheck(t *testing.T) {
 		answer     string
 		code       int
 		wantStatus report.Status
-		wantReason string
+		wantReason report.Reason
 		wantMsg    string
 		wantErr    bool
 	}{

@@ -35,12 +35,12 @@ func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
 	if err := criStatus(callCtx, c.socket); err != nil {
-		return repairResult(ctx, c.env, c.unit, c.cooldown, "CRIProbeFailed", err), nil
+		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonCRIProbeFailed, err), nil
 	}
 	if c.env.Repair != nil {
 		c.env.Repair.Healthy(c.unit)
 	}
-	return Result{Status: report.StatusFalse, Reason: "ContainerRuntimeIsHealthy", Message: "CRI RuntimeService/Status on " + c.socket + ": RuntimeReady"}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonContainerRuntimeIsHealthy, Message: "CRI RuntimeService/Status on " + c.socket + ": RuntimeReady"}, nil
 }
 
 func criStatus(ctx context.Context, socket string) error {

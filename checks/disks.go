@@ -39,9 +39,9 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 		}
 	}
 	if len(failing) > 0 {
-		return Result{Status: report.StatusTrue, Reason: "NVMeCriticalWarning", Message: strings.Join(failing, "; "), Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: strings.Join(failing, "; "), Details: details}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "DisksHealthy", Message: drives(len(ok), "without SMART critical warnings") + unreadableNote(bad), Details: details}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: drives(len(ok), "without SMART critical warnings") + unreadableNote(bad), Details: details}, nil
 }
 
 // readableNVMe reads every NVMe drive and splits the readable ones from
@@ -107,9 +107,9 @@ func (c *diskWear) Probe(ctx context.Context) (Result, error) {
 		return noDrives, nil
 	}
 	if len(worn) > 0 {
-		return Result{Status: report.StatusTrue, Reason: "EnduranceMostlyUsed", Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold)}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonEnduranceMostlyUsed, Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold)}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "DiskWearOK", Message: drives(len(ok), fmt.Sprintf("below %d%% of rated endurance", c.threshold)) + unreadableNote(bad)}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskWearOK, Message: drives(len(ok), fmt.Sprintf("below %d%% of rated endurance", c.threshold)) + unreadableNote(bad)}, nil
 }
 
 // diskTemp: an NVMe drive is past its temperature threshold: the configured
@@ -146,7 +146,7 @@ func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
 		return noDrives, nil
 	}
 	if len(hot) > 0 {
-		return Result{Status: report.StatusTrue, Reason: "TemperatureAboveThreshold", Message: strings.Join(hot, "; ")}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hot, "; ")}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "DiskTemperatureOK", Message: drives(len(ok), "within their temperature thresholds") + unreadableNote(bad)}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskTemperatureOK, Message: drives(len(ok), "within their temperature thresholds") + unreadableNote(bad)}, nil
 }

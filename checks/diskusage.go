@@ -261,13 +261,13 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	switch {
 	case len(space) > 0:
-		return Result{Status: report.StatusTrue, Reason: "FilesystemSpaceHigh",
+		return Result{Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
 			Message: strings.Join(append(space, inodes...), ", ") + notes, Details: details}, nil
 	case len(inodes) > 0:
-		return Result{Status: report.StatusTrue, Reason: "FilesystemInodesHigh",
+		return Result{Status: report.StatusTrue, Reason: report.ReasonFilesystemInodesHigh,
 			Message: strings.Join(inodes, ", ") + notes, Details: details}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "DiskUsageOK",
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK,
 		Message: fmt.Sprintf("%d %s below %d%% space and %d%% inodes%s", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct, notes), Details: details}, nil
 }
 

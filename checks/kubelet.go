@@ -31,12 +31,12 @@ func newKubeletCheck(env *Env) (Check, error) {
 
 func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
 	if err := c.probe(ctx); err != nil {
-		return repairResult(ctx, c.env, c.unit, c.cooldown, "KubeletHealthzFailed", err), nil
+		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonKubeletHealthzFailed, err), nil
 	}
 	if c.env.Repair != nil {
 		c.env.Repair.Healthy(c.unit)
 	}
-	return Result{Status: report.StatusFalse, Reason: "KubeletIsHealthy", Message: "GET " + c.url + ": ok"}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonKubeletIsHealthy, Message: "GET " + c.url + ": ok"}, nil
 }
 
 func (c *kubeletCheck) probe(ctx context.Context) error {
@@ -60,7 +60,7 @@ func (c *kubeletCheck) probe(ctx context.Context) error {
 // failure and what the repairer did about it; Unknown (NoData) while the
 // unit has not started yet (at boot kubelet waits for this daemon, ordered
 // Before=kubelet.service, so its first probes find it not running).
-func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Duration, reason string, probeErr error) Result {
+func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Duration, reason report.Reason, probeErr error) Result {
 	action := "not repaired (only the daemon repairs; autopilot-health check does not)"
 	if env.Repair != nil {
 		var res string

@@ -56,7 +56,7 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 	}
 	details := []report.Detail{{Domain: "services", Field: "operabilityServices", Value: states}}
 	if len(down) > 0 {
-		return Result{Status: report.StatusTrue, Reason: "UnitNotActive", Message: strings.Join(down, "; "), Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonUnitNotActive, Message: strings.Join(down, "; "), Details: details}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "NodeServicesActive", Message: strings.Join(c.units, ", ") + ": active", Details: details}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeServicesActive, Message: strings.Join(c.units, ", ") + ": active", Details: details}, nil
 }

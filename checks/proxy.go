@@ -26,14 +26,14 @@ func (c *proxyCheck) Probe(ctx context.Context) (Result, error) {
 	vals, found, err := scrapeGauge(ctx, c.client, c.url, c.metric)
 	switch {
 	case err != nil:
-		return Result{Status: report.StatusTrue, Reason: "ProxyUnreachable", Message: err.Error()}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonProxyUnreachable, Message: err.Error()}, nil
 	case !found || len(vals) == 0:
-		return Result{Status: report.StatusTrue, Reason: "ProxyNotReady", Message: fmt.Sprintf("%s has no %s gauge", c.url, c.metric)}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonProxyNotReady, Message: fmt.Sprintf("%s has no %s gauge", c.url, c.metric)}, nil
 	}
 	for _, v := range vals {
 		if v == 0 {
-			return Result{Status: report.StatusTrue, Reason: "ProxyNotReady", Message: fmt.Sprintf("%s: %s is 0 (no valid target set)", c.url, c.metric)}, nil
+			return Result{Status: report.StatusTrue, Reason: report.ReasonProxyNotReady, Message: fmt.Sprintf("%s: %s is 0 (no valid target set)", c.url, c.metric)}, nil
 		}
 	}
-	return Result{Status: report.StatusFalse, Reason: "ProxyServing", Message: fmt.Sprintf("%s: %s is %v", c.url, c.metric, vals[0])}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonProxyServing, Message: fmt.Sprintf("%s: %s is %v", c.url, c.metric, vals[0])}, nil
 }

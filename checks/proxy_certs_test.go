@@ -36,7 +36,7 @@ func TestProxyCheck(t *testing.T) {
 		page       string
 		status     int
 		wantStatus report.Status
-		wantReason string
+		wantReason report.Reason
 		wantMsg    string
 	}{
 		{"# TYPE ready gauge\nready 1\nother_total 5\n", 200, report.StatusFalse, "ProxyServing", "/metrics: ready is 1"},

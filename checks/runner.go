@@ -77,7 +77,7 @@ func plan(env *Env, only, external []string, factories map[string]Factory) []Pla
 	return out
 }
 
-func unknown(t, reason, msg string) report.Condition {
+func unknown(t string, reason report.Reason, msg string) report.Condition {
 	return report.Condition{Type: t, Status: report.StatusUnknown, Reason: reason, Message: msg}
 }
 

@@ -122,7 +122,7 @@ func TestRunnerTurnsFailuresIntoUnknown(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		probe      probeFunc
-		wantReason string
+		wantReason report.Reason
 		wantMsg    string
 	}{
 		{"error", func(context.Context) (Result, error) { return Result{}, errors.New("nodes.json: permission denied") },

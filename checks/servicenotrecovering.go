@@ -100,11 +100,11 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 	all := append(append(append([]string{}, failed...), flapping...), notHelping...)
 	switch {
 	case len(failed) > 0:
-		return Result{Status: report.StatusTrue, Reason: "UnitFailed", Message: strings.Join(all, "; ") + note, Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonUnitFailed, Message: strings.Join(all, "; ") + note, Details: details}, nil
 	case len(flapping) > 0:
-		return Result{Status: report.StatusTrue, Reason: "UnitFlapping", Message: strings.Join(all, "; ") + note, Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonUnitFlapping, Message: strings.Join(all, "; ") + note, Details: details}, nil
 	case len(notHelping) > 0:
-		return Result{Status: report.StatusTrue, Reason: "RepairNotHelping", Message: strings.Join(all, "; ") + note, Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonRepairNotHelping, Message: strings.Join(all, "; ") + note, Details: details}, nil
 	case len(notes) == len(c.units):
 		// Not one critical unit is installed (or none is configured):
 		// nothing was watched, so this is not a healthy False.
@@ -114,7 +114,7 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		}
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: msg, Details: details}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: "CriticalUnitsRecovering",
+	return Result{Status: report.StatusFalse, Reason: report.ReasonCriticalUnitsRecovering,
 		Message: fmt.Sprintf("%s: none failed or restarted %d+ times since the last check%s", strings.Join(c.units, ", "), c.threshold, note), Details: details}, nil
 }
 

@@ -65,8 +65,8 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 			if !ok || d.Source != report.SourceKmsg {
 				return nil, fmt.Errorf("kmsg rule %s: condition %q is not a kernel-log condition (want one of %s)", r.Name, r.Condition, strings.Join(kmsgConditions(), ", "))
 			}
-			if !d.ValidReason(report.StatusTrue, r.Reason) {
-				return nil, fmt.Errorf("kmsg rule %s: reason %q is not a reason of %s (want %s)", r.Name, r.Reason, r.Condition, strings.Join(d.ProblemReasons, ", "))
+			if !d.ValidReason(report.StatusTrue, report.Reason(r.Reason)) {
+				return nil, fmt.Errorf("kmsg rule %s: reason %q is not a reason of %s (want %s)", r.Name, r.Reason, r.Condition, report.JoinReasons(d.ProblemReasons, ", "))
 			}
 		case Temp, DiskIOError:
 			if _, ok := report.LookupEvent(r.Reason); !ok {

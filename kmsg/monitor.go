@@ -134,7 +134,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			if !d.Scope.Applies(report.RoleWorker, mon.gpu.Load()) {
 				continue
 			}
-			mon.o.Store.Set(report.Condition{Type: m.Rule.Condition, Status: report.StatusTrue, Reason: m.Rule.Reason, Message: msg}, at)
+			mon.o.Store.Set(report.Condition{Type: m.Rule.Condition, Status: report.StatusTrue, Reason: report.Reason(m.Rule.Reason), Message: msg}, at)
 		case Temp:
 			if e, _ := report.LookupEvent(m.Rule.Reason); !e.Scope.Applies(report.RoleWorker, mon.gpu.Load()) {
 				continue
@@ -167,10 +167,10 @@ func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec
 func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	span := uint64(mon.o.IOErrorWindow / time.Microsecond)
 	n, devs := mon.window.count(nowUsec, span)
-	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: "DisksHealthy",
+	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,
 		Message: fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d)", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold)}
 	if n >= mon.o.IOErrorThreshold {
-		c.Status, c.Reason = report.StatusTrue, "DiskIOErrors"
+		c.Status, c.Reason = report.StatusTrue, report.ReasonDiskIOErrors
 		c.Message = fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d) on %s", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold, strings.Join(devs, ", "))
 	}
 	mon.o.Store.SetPart(WindowPart, c, now)

@@ -95,7 +95,7 @@ func (a actionRecorder) ConditionChanged(prev *report.Condition, cur report.Cond
 	if cur.Status != report.StatusTrue || (prev != nil && prev.Status == report.StatusTrue && prev.Reason == cur.Reason && prev.Message == cur.Message) {
 		return
 	}
-	a.out(Action{Kind: "condition", Type: cur.Type, Status: string(cur.Status), Reason: cur.Reason, Message: cur.Message})
+	a.out(Action{Kind: "condition", Type: cur.Type, Status: string(cur.Status), Reason: string(cur.Reason), Message: cur.Message})
 }
 func (actionRecorder) ConditionRestored(report.Condition) {}
 func (a actionRecorder) EventEmitted(e report.Event) {

@@ -7,6 +7,7 @@ package report
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -81,23 +82,27 @@ const (
 	HoldForever Hold = "forever"
 )
 
+// Reason is a condition's reason: one of the constants below, each declared
+// next to its catalog row, so a misspelt reason does not compile.
+type Reason string
+
 // Reasons that every condition may carry while it is Unknown.
 const (
-	ReasonNotImplemented = "NotImplemented"
-	ReasonDisabled       = "Disabled"
-	ReasonNotApplicable  = "NotApplicable"
-	ReasonCheckFailed    = "CheckFailed"
-	ReasonCheckTimeout   = "CheckTimeout"
-	ReasonCheckPanicked  = "CheckPanicked"
-	ReasonNoData         = "NoData"
+	ReasonNotImplemented Reason = "NotImplemented"
+	ReasonDisabled       Reason = "Disabled"
+	ReasonNotApplicable  Reason = "NotApplicable"
+	ReasonCheckFailed    Reason = "CheckFailed"
+	ReasonCheckTimeout   Reason = "CheckTimeout"
+	ReasonCheckPanicked  Reason = "CheckPanicked"
+	ReasonNoData         Reason = "NoData"
 	// ReasonNothingToCheck: the check ran and found nothing on this node to
 	// check (no configured certificate exists, no filesystem to measure); a
 	// False would claim a health that nothing was measured for.
-	ReasonNothingToCheck = "NothingToCheck"
+	ReasonNothingToCheck Reason = "NothingToCheck"
 )
 
 // UnknownReasons lists the reasons shared by all conditions for status Unknown.
-var UnknownReasons = []string{ReasonCheckFailed, ReasonCheckTimeout, ReasonCheckPanicked, ReasonNotImplemented, ReasonDisabled, ReasonNotApplicable, ReasonNoData, ReasonNothingToCheck}
+var UnknownReasons = []Reason{ReasonCheckFailed, ReasonCheckTimeout, ReasonCheckPanicked, ReasonNotImplemented, ReasonDisabled, ReasonNotApplicable, ReasonNoData, ReasonNothingToCheck}
 
 // ConditionDesc describes one condition the daemon owns.
 type ConditionDesc struct {
@@ -110,9 +115,9 @@ type ConditionDesc struct {
 	Scope    Scope
 	Hold     Hold
 	// HealthyReason is the reason carried with status False.
-	HealthyReason string
+	HealthyReason Reason
 	// ProblemReasons are the reasons carried with status True.
-	ProblemReasons []string
+	ProblemReasons []Reason
 	// Trigger is the spec's "how it is triggered", Cause its "how it can happen".
 	Trigger string
 	Cause   string
@@ -126,84 +131,246 @@ type EventDesc struct {
 	Trigger string
 }
 
+// The reasons of each condition, in catalog order, declared next to one
+// another: the reason for status False first, then those for status True.
+// The catalog rows below are built from them, and every check and the
+// kernel monitor return them by name, so a misspelt reason does not
+// compile (report/reasons_test.go: no reason is written as a literal, each
+// is in a row, each row's reason is one of these, and each is returned).
+
+// KubeletUnhealthy.
+const (
+	ReasonKubeletIsHealthy     Reason = "KubeletIsHealthy"
+	ReasonKubeletHealthzFailed Reason = "KubeletHealthzFailed"
+)
+
+// ContainerRuntimeUnhealthy.
+const (
+	ReasonContainerRuntimeIsHealthy Reason = "ContainerRuntimeIsHealthy"
+	ReasonCRIProbeFailed            Reason = "CRIProbeFailed"
+)
+
+// ServiceNotRecovering.
+const (
+	ReasonCriticalUnitsRecovering Reason = "CriticalUnitsRecovering"
+	ReasonUnitFailed              Reason = "UnitFailed"
+	ReasonUnitFlapping            Reason = "UnitFlapping"
+	ReasonRepairNotHelping        Reason = "RepairNotHelping"
+)
+
+// KubeletHeartbeatFailed.
+const (
+	ReasonKubeletHeartbeatOK     Reason = "KubeletHeartbeatOK"
+	ReasonNodeStatusUpdateGaveUp Reason = "NodeStatusUpdateGaveUp"
+)
+
+// DisksFailure.
+const (
+	ReasonDisksHealthy        Reason = "DisksHealthy"
+	ReasonNVMeCriticalWarning Reason = "NVMeCriticalWarning"
+	ReasonDiskIOErrors        Reason = "DiskIOErrors"
+)
+
+// DiskWearHigh.
+const (
+	ReasonDiskWearOK          Reason = "DiskWearOK"
+	ReasonEnduranceMostlyUsed Reason = "EnduranceMostlyUsed"
+)
+
+// DiskTemperatureHigh.
+const (
+	ReasonDiskTemperatureOK         Reason = "DiskTemperatureOK"
+	ReasonTemperatureAboveThreshold Reason = "TemperatureAboveThreshold"
+)
+
+// DiskUsageHigh.
+const (
+	ReasonDiskUsageOK          Reason = "DiskUsageOK"
+	ReasonFilesystemSpaceHigh  Reason = "FilesystemSpaceHigh"
+	ReasonFilesystemInodesHigh Reason = "FilesystemInodesHigh"
+	ReasonVolumeGroupSpaceHigh Reason = "VolumeGroupSpaceHigh"
+)
+
+// NodeServiceDown.
+const (
+	ReasonNodeServicesActive Reason = "NodeServicesActive"
+	ReasonUnitNotActive      Reason = "UnitNotActive"
+)
+
+// NodeInfoStale.
+const (
+	ReasonNodeInfoFresh    Reason = "NodeInfoFresh"
+	ReasonNodeInfoOutdated Reason = "NodeInfoOutdated"
+	ReasonNodeInfoMissing  Reason = "NodeInfoMissing"
+)
+
+// CertRenewalFailing.
+const (
+	ReasonCertificatesValid       Reason = "CertificatesValid"
+	ReasonCertificateExpiringSoon Reason = "CertificateExpiringSoon"
+)
+
+// ProxyNotServing.
+const (
+	ReasonProxyServing     Reason = "ProxyServing"
+	ReasonProxyNotReady    Reason = "ProxyNotReady"
+	ReasonProxyUnreachable Reason = "ProxyUnreachable"
+)
+
+// ClockNotSynchronized.
+const (
+	ReasonClockSynchronized   Reason = "ClockSynchronized"
+	ReasonClockUnsynchronized Reason = "ClockUnsynchronized"
+	ReasonClockErrorTooLarge  Reason = "ClockErrorTooLarge"
+)
+
+// CNIUnhealthy.
+const (
+	ReasonCNIHealthy        Reason = "CNIHealthy"
+	ReasonCiliumNotOk       Reason = "CiliumNotOk"
+	ReasonCiliumUnreachable Reason = "CiliumUnreachable"
+)
+
+// TunnelDisconnected.
+const (
+	ReasonTunnelConnected          Reason = "TunnelConnected"
+	ReasonNoTunnelConnections      Reason = "NoTunnelConnections"
+	ReasonTunnelMetricsUnreachable Reason = "TunnelMetricsUnreachable"
+)
+
+// GpuActivationFailed.
+const (
+	ReasonGpuActivated            Reason = "GpuActivated"
+	ReasonActivationMarkerMissing Reason = "ActivationMarkerMissing"
+	ReasonCDISpecMissing          Reason = "CDISpecMissing"
+)
+
+// APIServerSourceIPUnavailable.
+const (
+	ReasonSourceIPAvailable      Reason = "SourceIPAvailable"
+	ReasonSourceIPMissingInAudit Reason = "SourceIPMissingInAudit"
+)
+
+// ReadonlyFilesystem.
+const (
+	ReasonFilesystemIsNotReadOnly Reason = "FilesystemIsNotReadOnly"
+	ReasonFilesystemIsReadOnly    Reason = "FilesystemIsReadOnly"
+)
+
+// KernelDeadlock.
+const (
+	ReasonKernelHasNoDeadlock Reason = "KernelHasNoDeadlock"
+	ReasonCriticalTaskHung    Reason = "CriticalTaskHung"
+)
+
+// VerityCorruption.
+const (
+	ReasonNoVerityCorruption   Reason = "NoVerityCorruption"
+	ReasonVerityBlockCorrupted Reason = "VerityBlockCorrupted"
+)
+
+// CperHardwareErrorFatal.
+const (
+	ReasonNoFatalHardwareError Reason = "NoFatalHardwareError"
+	ReasonFatalHardwareError   Reason = "FatalHardwareError"
+)
+
+// GpuFallenOffBus.
+const (
+	ReasonGpuOnBus      Reason = "GpuOnBus"
+	ReasonGpuFellOffBus Reason = "GpuFellOffBus"
+)
+
+// SealedOSTampered.
+const (
+	ReasonSealedOSIntact   Reason = "SealedOSIntact"
+	ReasonRootHashMismatch Reason = "RootHashMismatch"
+)
+
+// NodeTampered.
+const (
+	ReasonNodeIntact           Reason = "NodeIntact"
+	ReasonProtectedFileChanged Reason = "ProtectedFileChanged"
+)
+
 // Conditions is the catalog of every condition in the spec, in the spec's order.
 var Conditions = []ConditionDesc{
 	// Conditions from custom checks.
 	{Type: "KubeletUnhealthy", Source: SourceCheck, Disposition: Repair, Interval: 10 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "KubeletIsHealthy", ProblemReasons: []string{"KubeletHealthzFailed"},
+		HealthyReason: ReasonKubeletIsHealthy, ProblemReasons: []Reason{ReasonKubeletHealthzFailed},
 		Trigger: "kubelet /healthz fails", Cause: "kubelet hung, out of file descriptors, bad config, cert problem"},
 	{Type: "ContainerRuntimeUnhealthy", Source: SourceCheck, Disposition: Repair, Interval: 10 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "ContainerRuntimeIsHealthy", ProblemReasons: []string{"CRIProbeFailed"},
+		HealthyReason: ReasonContainerRuntimeIsHealthy, ProblemReasons: []Reason{ReasonCRIProbeFailed},
 		Trigger: "containerd CRI probe fails", Cause: "containerd deadlocked, disk full, corrupt state"},
 	{Type: "ServiceNotRecovering", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "CriticalUnitsRecovering", ProblemReasons: []string{"UnitFailed", "UnitFlapping", "RepairNotHelping"},
+		HealthyReason: ReasonCriticalUnitsRecovering, ProblemReasons: []Reason{ReasonUnitFailed, ReasonUnitFlapping, ReasonRepairNotHelping},
 		Trigger: "a critical unit is failed, or restarted >=3x since the last run", Cause: "repeated repair did not fix kubelet / containerd / proxy"},
 	{Type: "KubeletHeartbeatFailed", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "KubeletHeartbeatOK", ProblemReasons: []string{"NodeStatusUpdateGaveUp"},
+		HealthyReason: ReasonKubeletHeartbeatOK, ProblemReasons: []Reason{ReasonNodeStatusUpdateGaveUp},
 		Trigger: "kubelet logged an error meaning it gave up retrying node-status updates to the API server", Cause: "kubelet lost its API connection and could not re-establish it"},
 	{Type: "DisksFailure", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "DisksHealthy", ProblemReasons: []string{"NVMeCriticalWarning", "DiskIOErrors"},
+		HealthyReason: ReasonDisksHealthy, ProblemReasons: []Reason{ReasonNVMeCriticalWarning, ReasonDiskIOErrors},
 		Trigger: "an NVMe SMART critical-warning bit is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes", Cause: "a physical disk is wearing out or failing"},
 	{Type: "DiskWearHigh", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "DiskWearOK", ProblemReasons: []string{"EnduranceMostlyUsed"},
+		HealthyReason: ReasonDiskWearOK, ProblemReasons: []Reason{ReasonEnduranceMostlyUsed},
 		Trigger: "an NVMe drive has used most of its rated write endurance", Cause: "a drive is approaching end of life"},
 	{Type: "DiskTemperatureHigh", Source: SourceCheck, Disposition: Operability, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "DiskTemperatureOK", ProblemReasons: []string{"TemperatureAboveThreshold"},
+		HealthyReason: ReasonDiskTemperatureOK, ProblemReasons: []Reason{ReasonTemperatureAboveThreshold},
 		Trigger: "an NVMe drive is past its temperature threshold", Cause: "a cooling or airflow problem"},
 	{Type: "DiskUsageHigh", Source: SourceCheck, Disposition: Operability, Interval: 2 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "DiskUsageOK", ProblemReasons: []string{"FilesystemSpaceHigh", "FilesystemInodesHigh", "VolumeGroupSpaceHigh"},
+		HealthyReason: ReasonDiskUsageOK, ProblemReasons: []Reason{ReasonFilesystemSpaceHigh, ReasonFilesystemInodesHigh, ReasonVolumeGroupSpaceHigh},
 		Trigger: "statfs or LVM vgs over the space or inode threshold", Cause: "logs, images, or data filled a filesystem"},
 	{Type: "NodeServiceDown", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "NodeServicesActive", ProblemReasons: []string{"UnitNotActive"},
+		HealthyReason: ReasonNodeServicesActive, ProblemReasons: []Reason{ReasonUnitNotActive},
 		Trigger: "an operability unit is not active", Cause: "the tunnel agent, server, or source-IP helper crashed and did not restart"},
 	{Type: "NodeInfoStale", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "NodeInfoFresh", ProblemReasons: []string{"NodeInfoOutdated", "NodeInfoMissing"},
+		HealthyReason: ReasonNodeInfoFresh, ProblemReasons: []Reason{ReasonNodeInfoOutdated, ReasonNodeInfoMissing},
 		Trigger: "nodes.json is older than 5 minutes", Cause: "the node-info sync loop is stuck, often a CNI problem"},
 	{Type: "CertRenewalFailing", Source: SourceCheck, Disposition: Alert, Interval: time.Hour, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "CertificatesValid", ProblemReasons: []string{"CertificateExpiringSoon"},
+		HealthyReason: ReasonCertificatesValid, ProblemReasons: []Reason{ReasonCertificateExpiringSoon},
 		Trigger: "a node certificate expires within 7 days and has not renewed", Cause: "the automatic renewer (kubelet rotation, tunnel self-renew) is broken"},
 	{Type: "ProxyNotServing", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeWorker, Hold: HoldWhileTrue,
-		HealthyReason: "ProxyServing", ProblemReasons: []string{"ProxyNotReady", "ProxyUnreachable"},
+		HealthyReason: ReasonProxyServing, ProblemReasons: []Reason{ReasonProxyNotReady, ReasonProxyUnreachable},
 		Trigger: "the proxy's ready gauge on http://127.0.0.1:9587/metrics is 0 or missing, or the endpoint is unreachable", Cause: "the local syself-proxy is down or has no valid target set"},
 	{Type: "ClockNotSynchronized", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "ClockSynchronized", ProblemReasons: []string{"ClockUnsynchronized", "ClockErrorTooLarge"},
+		HealthyReason: ReasonClockSynchronized, ProblemReasons: []Reason{ReasonClockUnsynchronized, ReasonClockErrorTooLarge},
 		Trigger: "adjtimex reports unsynced, or estimated error > 5s", Cause: "NTP is broken and the clock is drifting"},
 	{Type: "CNIUnhealthy", Source: SourceCheck, Disposition: Alert, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "CNIHealthy", ProblemReasons: []string{"CiliumNotOk", "CiliumUnreachable"},
+		HealthyReason: ReasonCNIHealthy, ProblemReasons: []Reason{ReasonCiliumNotOk, ReasonCiliumUnreachable},
 		Trigger: "local cilium-agent health is not Ok, or its socket is unreachable", Cause: "the cilium-agent crashed or is degraded"},
 	{Type: "TunnelDisconnected", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: "TunnelConnected", ProblemReasons: []string{"NoTunnelConnections", "TunnelMetricsUnreachable"},
+		HealthyReason: ReasonTunnelConnected, ProblemReasons: []Reason{ReasonNoTunnelConnections, ReasonTunnelMetricsUnreachable},
 		Trigger: "the tunnel connection count is 0", Cause: "the reverse tunnel to the control plane dropped"},
 	{Type: "GpuActivationFailed", Source: SourceCheck, Disposition: Operability, Interval: time.Minute, Scope: ScopeGPU, Hold: HoldWhileTrue,
-		HealthyReason: "GpuActivated", ProblemReasons: []string{"ActivationMarkerMissing", "CDISpecMissing"},
+		HealthyReason: ReasonGpuActivated, ProblemReasons: []Reason{ReasonActivationMarkerMissing, ReasonCDISpecMissing},
 		Trigger: "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},
 	{Type: "APIServerSourceIPUnavailable", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeControlPlane, Hold: HoldWhileTrue,
-		HealthyReason: "SourceIPAvailable", ProblemReasons: []string{"SourceIPMissingInAudit"},
+		HealthyReason: ReasonSourceIPAvailable, ProblemReasons: []Reason{ReasonSourceIPMissingInAudit},
 		Trigger: "the API server's audit records stop carrying the real client IP", Cause: "KubeGate can no longer record the real client source IP; contact support"},
 
 	// Conditions from the kernel monitor (kmsg).
 	{Type: "ReadonlyFilesystem", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
-		HealthyReason: "FilesystemIsNotReadOnly", ProblemReasons: []string{"FilesystemIsReadOnly"},
+		HealthyReason: ReasonFilesystemIsNotReadOnly, ProblemReasons: []Reason{ReasonFilesystemIsReadOnly},
 		Trigger: "kernel: Remounting filesystem read-only", Cause: "the kernel hit an I/O or filesystem error and remounted read-only to protect data; writes now fail"},
 	{Type: "KernelDeadlock", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
-		HealthyReason: "KernelHasNoDeadlock", ProblemReasons: []string{"CriticalTaskHung"},
+		HealthyReason: ReasonKernelHasNoDeadlock, ProblemReasons: []Reason{ReasonCriticalTaskHung},
 		Trigger: "kernel: a critical process (kubelet, containerd, runc, crun, qemu, virtiofsd) blocked longer than the hung-task threshold", Cause: "a critical process is wedged on stuck I/O or a kernel deadlock"},
 	{Type: "VerityCorruption", Source: SourceKmsg, Disposition: Security, Scope: ScopeAll, Hold: HoldUntilReboot,
-		HealthyReason: "NoVerityCorruption", ProblemReasons: []string{"VerityBlockCorrupted"},
+		HealthyReason: ReasonNoVerityCorruption, ProblemReasons: []Reason{ReasonVerityBlockCorrupted},
 		Trigger: "kernel: device-mapper: verity: ... corrupt", Cause: "a block on the sealed read-only OS failed its dm-verity check (disk corruption or tampering)"},
 	{Type: "CperHardwareErrorFatal", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
-		HealthyReason: "NoFatalHardwareError", ProblemReasons: []string{"FatalHardwareError"},
+		HealthyReason: ReasonNoFatalHardwareError, ProblemReasons: []Reason{ReasonFatalHardwareError},
 		Trigger: "kernel: firmware CPER event with severity: fatal", Cause: "a fatal hardware fault in CPU, memory, or PCIe reported by firmware"},
 	{Type: "GpuFallenOffBus", Source: SourceKmsg, Disposition: Alert, Scope: ScopeGPU, Hold: HoldUntilReboot,
-		HealthyReason: "GpuOnBus", ProblemReasons: []string{"GpuFellOffBus"},
+		HealthyReason: ReasonGpuOnBus, ProblemReasons: []Reason{ReasonGpuFellOffBus},
 		Trigger: "kernel: NVRM: ... GPU has fallen off the bus", Cause: "a GPU dropped off the PCI bus due to power, heat, or a hardware fault"},
 
 	// The tamper conditions.
 	{Type: "SealedOSTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
-		HealthyReason: "SealedOSIntact", ProblemReasons: []string{"RootHashMismatch"},
+		HealthyReason: ReasonSealedOSIntact, ProblemReasons: []Reason{ReasonRootHashMismatch},
 		Trigger: "a sealed OS layer's integrity hash no longer matches the hash recorded at provisioning", Cause: "a sealed layer was swapped for a different image, or its recorded hash was altered"},
 	{Type: "NodeTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
-		HealthyReason: "NodeIntact", ProblemReasons: []string{"ProtectedFileChanged"},
+		HealthyReason: ReasonNodeIntact, ProblemReasons: []Reason{ReasonProtectedFileChanged},
 		Trigger: "a protected file under /var was added, removed, or changed since the boot baseline", Cause: "a rogue pod, a bad config push, an operator edit, or a userspace rootkit"},
 }
 
@@ -259,7 +426,7 @@ func LookupEvent(reason string) (EventDesc, bool) {
 
 // ValidReason reports whether reason is one the catalog allows for the
 // condition with the given status.
-func (c ConditionDesc) ValidReason(s Status, reason string) bool {
+func (c ConditionDesc) ValidReason(s Status, reason Reason) bool {
 	switch s {
 	case StatusFalse:
 		return reason == c.HealthyReason
@@ -269,4 +436,13 @@ func (c ConditionDesc) ValidReason(s Status, reason string) bool {
 		return slices.Contains(UnknownReasons, reason)
 	}
 	return false
+}
+
+// JoinReasons joins reasons with sep (for messages and tables).
+func JoinReasons(rs []Reason, sep string) string {
+	ss := make([]string, len(rs))
+	for i, r := range rs {
+		ss[i] = string(r)
+	}
+	return strings.Join(ss, sep)
 }

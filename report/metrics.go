@@ -101,7 +101,7 @@ func (m *Metrics) InitConditions(types []string) {
 			continue
 		}
 		for _, r := range d.ProblemReasons {
-			m.problemGauge.WithLabelValues(t, r).Set(0)
+			m.problemGauge.WithLabelValues(t, string(r)).Set(0)
 		}
 		for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
 			m.conditionStatus.WithLabelValues(t, string(st)).Set(0)
@@ -119,10 +119,10 @@ func (m *Metrics) InitEvents(reasons []string) {
 // ConditionChanged implements Observer.
 func (m *Metrics) ConditionChanged(prev *Condition, cur Condition) {
 	if prev != nil && prev.Status == StatusTrue {
-		m.problemGauge.WithLabelValues(prev.Type, prev.Reason).Set(0)
+		m.problemGauge.WithLabelValues(prev.Type, string(prev.Reason)).Set(0)
 	}
 	if cur.Status == StatusTrue && (prev == nil || prev.Status != StatusTrue) {
-		m.problemCounter.WithLabelValues(cur.Reason).Inc()
+		m.problemCounter.WithLabelValues(string(cur.Reason)).Inc()
 	}
 	m.setStatus(cur)
 }
@@ -133,7 +133,7 @@ func (m *Metrics) ConditionRestored(c Condition) { m.setStatus(c) }
 
 func (m *Metrics) setStatus(c Condition) {
 	if c.Status == StatusTrue {
-		m.problemGauge.WithLabelValues(c.Type, c.Reason).Set(1)
+		m.problemGauge.WithLabelValues(c.Type, string(c.Reason)).Set(1)
 	}
 	for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
 		m.conditionStatus.WithLabelValues(c.Type, string(st)).Set(b2f(st == c.Status))

@@ -19,7 +19,7 @@ const MaxMessageLen = 1024
 type Condition struct {
 	Type               string    `json:"type"`
 	Status             Status    `json:"status"`
-	Reason             string    `json:"reason"`
+	Reason             Reason    `json:"reason"`
 	Message            string    `json:"message"`
 	LastTransitionTime time.Time `json:"lastTransitionTime"`
 	// LastUpdateTime is when the condition was last evaluated.

@@ -10,7 +10,7 @@ import (
 
 var t0 = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-func cond(t string, s Status, reason, msg string) Condition {
+func cond(t string, s Status, reason Reason, msg string) Condition {
 	return Condition{Type: t, Status: s, Reason: reason, Message: msg}
 }
 
@@ -198,7 +198,7 @@ func TestAdoptFromNode(t *testing.T) {
 	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0.Add(time.Hour))
 	s.Set(cond("ClockNotSynchronized", StatusFalse, "ClockSynchronized", ""), t0.Add(time.Hour))
 
-	node := func(ty string, st Status, reason string, ltt time.Time) Condition {
+	node := func(ty string, st Status, reason Reason, ltt time.Time) Condition {
 		return Condition{Type: ty, Status: st, Reason: reason, LastTransitionTime: ltt}
 	}
 	// Same status on the Node, earlier: the Node's transition time wins.
@@ -243,7 +243,7 @@ func TestAdoptHeldConditions(t *testing.T) {
 		d, _ := Lookup(ty)
 		s.Set(cond(ty, StatusFalse, d.HealthyReason, "no matching kernel message seen since the monitor started"), boot.Add(time.Hour))
 	}
-	node := func(ty string, st Status, reason string, ltt time.Time) Condition {
+	node := func(ty string, st Status, reason Reason, ltt time.Time) Condition {
 		return Condition{Type: ty, Status: st, Reason: reason, Message: "from the node", LastTransitionTime: ltt}
 	}
 	// This boot (the Node's time has one-second resolution: a second

@@ -29,7 +29,7 @@ func cmdCatalog(args []string, stdout, stderr io.Writer) int {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "CONDITION\tSOURCE\tDISPOSITION\tINTERVAL\tNODES\tREASONS (True)")
 		for _, c := range report.Conditions {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope, strings.Join(c.ProblemReasons, ","))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope, report.JoinReasons(c.ProblemReasons, ","))
 		}
 		tw.Flush()
 		fmt.Fprintln(stdout, "\nEVENT\tSOURCE\tNODES")
@@ -66,13 +66,13 @@ func CatalogMarkdown() string {
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, c := range report.Conditions {
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | `%s` | %s | %s |\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope,
-			c.HealthyReason, "`"+strings.Join(c.ProblemReasons, "`, `")+"`", c.Trigger)
+			c.HealthyReason, "`"+report.JoinReasons(c.ProblemReasons, "`, `")+"`", c.Trigger)
 	}
 	b.WriteString("\n| Event reason | Source | Nodes | Emitted when |\n| --- | --- | --- | --- |\n")
 	for _, e := range report.Events {
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", e.Reason, e.Source, e.Scope, e.Trigger)
 	}
 	fmt.Fprintf(&b, "\nWhile a condition cannot be evaluated its status is `Unknown` with one of the reasons %s.\n",
-		"`"+strings.Join(report.UnknownReasons, "`, `")+"`")
+		"`"+report.JoinReasons(report.UnknownReasons, "`, `")+"`")
 	return b.String()
 }

@@ -22,7 +22,7 @@ import (
 type checkRow struct {
 	Type        string             `json:"type"`
 	Status      report.Status      `json:"status"`
-	Reason      string             `json:"reason"`
+	Reason      report.Reason      `json:"reason"`
 	Message     string             `json:"message"`
 	Disposition report.Disposition `json:"disposition"`
 	Source      report.Source      `json:"source"`

@@ -275,7 +275,7 @@ func (r *Reporter) adopt(ctx context.Context) error {
 		if _, ours := report.Lookup(string(c.Type)); !ours {
 			continue
 		}
-		if r.o.Store.Adopt(report.Condition{Type: string(c.Type), Status: report.Status(c.Status), Reason: c.Reason,
+		if r.o.Store.Adopt(report.Condition{Type: string(c.Type), Status: report.Status(c.Status), Reason: report.Reason(c.Reason),
 			Message: c.Message, LastTransitionTime: c.LastTransitionTime.Time}) {
 			n++
 		}
@@ -292,7 +292,7 @@ func statusPatch(conds []report.Condition, now time.Time) ([]byte, error) {
 	for _, c := range conds {
 		out = append(out, corev1.NodeCondition{
 			Type: corev1.NodeConditionType(c.Type), Status: corev1.ConditionStatus(c.Status),
-			Reason: c.Reason, Message: c.Message,
+			Reason: string(c.Reason), Message: c.Message,
 			LastTransitionTime: metav1.NewTime(c.LastTransitionTime),
 			LastHeartbeatTime:  metav1.NewTime(now),
 		})
