@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"sync"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/backoff"
 )
 
 // BufSize is the read buffer: the kernel returns one record per read() and
@@ -113,12 +114,12 @@ func (rd *Reader) Run(ctx context.Context) {
 	if rd.Open == nil {
 		rd.Open = openDevice
 	}
-	bo := backoff{min: rd.BackoffMin, max: rd.BackoffMax}
-	if bo.min == 0 {
-		bo.min = time.Second
+	bo := backoff.Backoff{Min: rd.BackoffMin, Max: rd.BackoffMax}
+	if bo.Min == 0 {
+		bo.Min = time.Second
 	}
-	if bo.max == 0 {
-		bo.max = time.Minute
+	if bo.Max == 0 {
+		bo.Max = time.Minute
 	}
 	store := rd.Monitor.o.Store
 	var cur cursor
@@ -139,7 +140,7 @@ func (rd *Reader) Run(ctx context.Context) {
 	// backoff; it reports false when ctx ended.
 	fail := func(msg string, err error) bool {
 		rd.Monitor.m.up.Set(0)
-		wait := bo.next()
+		wait := bo.Next()
 		if text := msg + ": " + err.Error(); text != lastErr {
 			rd.Log.Error(msg+"; kernel conditions are not being evaluated", "path", rd.Path, "err", err, "retry_in", wait.Round(time.Millisecond))
 			lastErr = text
@@ -185,7 +186,7 @@ func (rd *Reader) Run(ctx context.Context) {
 			if !opened {
 				opened = true
 				rd.Monitor.m.up.Set(1)
-				bo.reset()
+				bo.Reset()
 				switch {
 				case lastErr != "":
 					rd.Log.Info("kernel log readable again", "path", rd.Path)
@@ -249,23 +250,6 @@ func (rd *Reader) Run(ctx context.Context) {
 		}
 	}
 }
-
-// backoff doubles a wait from min to max, with equal jitter (half fixed,
-// half random).
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }
 
 // Scan reads every record still in the ring buffer once (for the one-shot
 // check) and returns how many it handled.

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -40,7 +41,7 @@ type aggKey struct{ reason, message string }
 func (r *Reporter) eventLoop(ctx context.Context) {
 	const loop = "kube/events"
 	aggs := map[aggKey]*aggregate{}
-	bo := backoff{min: backoffMin, max: backoffMax}
+	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := &errorLog{log: r.o.Log, what: "writing events of node " + r.o.NodeName}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -66,7 +67,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			wait := bo.next()
+			wait := bo.Next()
 			el.fail(err, wait)
 			for _, a := range aggs {
 				if a.name == "" || a.count != a.sentCount {
@@ -75,7 +76,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			}
 		} else {
 			el.ok()
-			bo.reset()
+			bo.Reset()
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -183,7 +184,7 @@ func (l *errorLog) ok() {
 // and at least every heartbeat period.
 func (r *Reporter) statusLoop(ctx context.Context) {
 	const loop = "kube/status"
-	bo := backoff{min: backoffMin, max: backoffMax}
+	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := &errorLog{log: r.o.Log, what: "reading node " + r.o.NodeName}
 	for {
 		r.progress(loop, backoffMax)
@@ -192,7 +193,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			el.ok()
 			break
 		}
-		wait := bo.next()
+		wait := bo.Next()
 		el.fail(err, wait)
 		select {
 		case <-ctx.Done():
@@ -201,7 +202,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		}
 	}
 	close(r.adopted)
-	bo.reset()
+	bo.Reset()
 
 	el = &errorLog{log: r.o.Log, what: "writing conditions of node " + r.o.NodeName}
 	dirty := true
@@ -216,12 +217,12 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
-				wait := bo.next()
+				wait := bo.Next()
 				el.fail(err, wait)
 				retry = time.After(wait)
 			} else {
 				el.ok()
-				bo.reset()
+				bo.Reset()
 				dirty = false
 				hb.Reset(jitter(r.o.HeartbeatPeriod))
 			}
@@ -319,7 +320,7 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 // in one metadata patch.
 func (r *Reporter) annotationLoop(ctx context.Context) {
 	const loop = "kube/annotations"
-	bo := backoff{min: backoffMin, max: backoffMax}
+	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := &errorLog{log: r.o.Log, what: "writing the report annotations of node " + r.o.NodeName}
 	select {
 	case <-ctx.Done():
@@ -338,12 +339,12 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			wait = bo.next()
+			wait = bo.Next()
 			el.fail(err, wait)
 			continue
 		}
 		el.ok()
-		bo.reset()
+		bo.Reset()
 		wait = r.o.ReportInterval
 	}
 }
