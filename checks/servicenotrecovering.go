@@ -57,6 +57,10 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 	}
 	var failed, flapping, notHelping, notes []string
 	var states []ServiceState
+	// The flapping marks move only when the whole run succeeds: a run that
+	// fails half-way (a later unit unreadable) must not forget the restarts
+	// it saw.
+	marks := map[string]uint64{}
 	for _, name := range c.units {
 		u, err := c.env.Systemd.Unit(ctx, name)
 		if err != nil {
@@ -79,7 +83,9 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		if u.ActiveState == "failed" {
 			failed = append(failed, fmt.Sprintf("%s is failed (%s)", name, u.Result))
 		}
-		if n := c.watch.AutoSince(snrMark, name); n >= uint64(max(c.threshold, 1)) {
+		n, auto := c.watch.PendingAuto(snrMark, name)
+		marks[name] = auto
+		if n >= uint64(max(c.threshold, 1)) {
 			flapping = append(flapping, fmt.Sprintf("%s restarted %d times since the last check", name, n))
 		}
 		st := ServiceState{Unit: u}
@@ -91,6 +97,9 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 			}
 		}
 		states = append(states, st)
+	}
+	for name, auto := range marks {
+		c.watch.MarkAuto(snrMark, name, auto)
 	}
 	details := []report.Detail{{Domain: "services", Field: "services", Value: states}}
 	note := ""

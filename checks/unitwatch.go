@@ -212,28 +212,51 @@ func (w *UnitWatch) count(u systemd.Unit, own bool) bool {
 // call with the same consumer (since the unit was first seen in this boot,
 // on the first call), and moves the consumer's mark.
 func (w *UnitWatch) AutoSince(consumer, unit string) uint64 {
+	n, auto := w.PendingAuto(consumer, unit)
+	w.MarkAuto(consumer, unit, auto)
+	return n
+}
+
+// PendingAuto returns the automatic restarts of unit counted since
+// consumer's last MarkAuto, and the count to pass to MarkAuto once the
+// consumer has acted on them (a run that fails half-way must not move its
+// mark, or the restarts it saw are forgotten).
+func (w *UnitWatch) PendingAuto(consumer, unit string) (n, auto uint64) {
 	if w == nil {
-		return 0
+		return 0, 0
 	}
 	w.restore()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, ok := w.units[unit]
+	if !ok {
+		return 0, 0
+	}
+	mark := st.Marks[consumer]
+	return st.Auto - min(mark, st.Auto), st.Auto
+}
+
+// MarkAuto records that consumer has seen unit's automatic restarts up to
+// auto (from PendingAuto).
+func (w *UnitWatch) MarkAuto(consumer, unit string, auto uint64) {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	st, ok := w.units[unit]
 	if !ok {
 		w.mu.Unlock()
-		return 0
+		return
 	}
-	mark := st.Marks[consumer]
-	n := st.Auto - min(mark, st.Auto)
 	if st.Marks == nil {
 		st.Marks = map[string]uint64{}
 	}
-	_, had := st.Marks[consumer]
-	st.Marks[consumer] = st.Auto
+	old, had := st.Marks[consumer]
+	st.Marks[consumer] = auto
 	w.mu.Unlock()
-	if (n > 0 || !had) && w.memos != nil {
+	if (old != auto || !had) && w.memos != nil {
 		w.memos.Touch()
 	}
-	return n
 }
 
 // Restarts returns the restarts of unit counted in this boot: automatic,
