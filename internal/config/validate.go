@@ -199,10 +199,12 @@ func (c *Config) validate() *Error {
 		v.fail("checks.ServiceNotRecovering.restart_threshold", "must be at least 1, got %d", k.ServiceNotRecovering.RestartThreshold)
 	}
 	v.units("checks.KubeletHeartbeatFailed.unit", []string{k.KubeletHeartbeatFailed.Unit})
-	if k.DisksFailure.IOErrorThreshold < 1 {
-		v.fail("checks.DisksFailure.io_error_threshold", "must be at least 1, got %d", k.DisksFailure.IOErrorThreshold)
+	// The window keeps one entry per error up to the threshold (in memory
+	// and in the state file): both are bounded.
+	if t := k.DisksFailure.IOErrorThreshold; t < 1 || t > 1000 {
+		v.fail("checks.DisksFailure.io_error_threshold", "must be between 1 and 1000, got %d", t)
 	}
-	v.positive("checks.DisksFailure.io_error_window", k.DisksFailure.IOErrorWindow)
+	v.between("checks.DisksFailure.io_error_window", k.DisksFailure.IOErrorWindow, time.Second, 24*time.Hour)
 	v.percent("checks.DiskWearHigh.percentage_used_threshold", k.DiskWearHigh.PercentageUsedThreshold)
 	if t := k.DiskTemperatureHigh.ThresholdCelsius; t < 0 || t > 150 {
 		v.fail("checks.DiskTemperatureHigh.threshold_celsius", "must be between 0 (the drive's own threshold) and 150, got %d", t)
@@ -233,6 +235,9 @@ func (c *Config) validate() *Error {
 	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
 	v.absPath("kmsg.device", c.Kmsg.Device)
 	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")
+	if len(c.Kmsg.CriticalTasks) == 0 {
+		v.fail("kmsg.critical_tasks", `must list at least one task: with none, KernelDeadlock can never be set (to turn it off, use kmsg.disable = ["KernelDeadlock"])`)
+	}
 	v.words("kmsg.ignore_devices", c.Kmsg.IgnoreDevices, "block device name prefixes")
 	v.kmsgRules(c)
 	return v.err
