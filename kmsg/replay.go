@@ -107,18 +107,16 @@ type ReplayStats struct {
 	Lines, Skipped, Matched int
 }
 
-// Replay feeds captured kernel lines through the same rules as the daemon
-// and calls out for every action. Time windows use the input's timestamps;
-// lines without one count as happening at the last timestamp seen.
-func Replay(r io.Reader, o Options, out func(Action)) (ReplayStats, error) {
+// Replay feeds captured kernel lines to a monitor built for them (one that
+// has not started, with a store of its own; the daemon builds it with the
+// same rules as it runs) and calls out for every action. Time windows use
+// the input's timestamps, from kernel time 0; lines without one count as
+// happening at the last timestamp seen.
+func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	var st ReplayStats
-	store := report.NewStore("replay")
-	o.Store = store
-	o.KernelOnly = false
-	mon := NewMonitor(o)
 	base := time.Unix(0, 0).UTC()
 	mon.Start(base, base)
-	store.Observe(actionRecorder{out: func(a Action) { st.Matched++; out(a) }})
+	mon.o.Store.Observe(actionRecorder{out: func(a Action) { st.Matched++; out(a) }})
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	var lastUsec uint64

@@ -67,43 +67,29 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	// Checks log to stderr, warnings and up, so stdout stays the result.
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	env, id, err := daemon.NewEnv(cfg, log)
+	parts, err := daemon.Assemble(cfg, log, daemon.AssembleOptions{Purpose: daemon.ForCheck, Only: onlyList})
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
 		return exitError
 	}
-	store := report.NewStore(id.BootID)
-	var mon *kmsg.Monitor
-	var scanErr error
-	if cfg.Kmsg.Enabled {
-		ko, err := daemon.KmsgOptions(cfg, env, store, nil)
-		if err != nil {
-			fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
-			return exitError
-		}
-		mon = kmsg.NewMonitor(ko)
+	env, store := parts.Env, parts.Store
+	if mon := parts.Kmsg; mon != nil {
 		// The kernel conditions from the records of this boot still in the
 		// ring buffer.
 		mon.Start(time.Now(), kmsg.BootWall())
-		_, scanErr = kmsg.Scan(cfg.HostPath(cfg.Kmsg.Device), mon)
-		if scanErr != nil {
-			for _, t := range daemon.KmsgExternal(mon) {
+		if _, scanErr := kmsg.Scan(cfg.HostPath(cfg.Kmsg.Device), mon); scanErr != nil {
+			for _, t := range parts.External() {
 				store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonCheckFailed,
 					Message: "cannot read the kernel log: " + scanErr.Error()}, time.Now())
 			}
 		}
 	}
-	runner, err := checks.NewRunner(env, checks.Options{Store: store, Only: onlyList, External: daemon.KmsgExternal(mon)})
-	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
-		return exitError
-	}
-	runner.RunOnce(context.Background())
+	parts.Runner.RunOnce(context.Background())
 
 	out := checkOutput{Node: env.NodeName, Role: env.Role, GPU: env.GPU}
 	var all []report.Condition
 	problem := false
-	for _, p := range checks.Plan(env, onlyList, daemon.KmsgExternal(mon)) {
+	for _, p := range checks.Plan(env, onlyList, parts.External()) {
 		c := p.Placeholder
 		if p.State == checks.Scheduled || p.State == checks.Elsewhere {
 			c, _ = store.Get(p.Desc.Type)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"text/tabwriter"
 
@@ -11,7 +12,6 @@ import (
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/kmsg"
-	"github.com/syself/autopilot-health/report"
 )
 
 func cmdKmsg(args []string, stdout, stderr io.Writer) int {
@@ -34,14 +34,12 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health kmsg: %v\n", err)
 		return exitError
 	}
-	// Replay as a GPU node so GPU rules show; the role does not matter here.
-	env := &checks.Env{Config: cfg, Role: report.RoleWorker, GPU: true}
-	opts, err := daemon.KmsgOptions(cfg, env, nil, nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health kmsg: %v\n", err)
-		return exitError
-	}
 	if sub == "rules" {
+		opts, err := daemon.KmsgOptions(cfg, &checks.Env{Config: cfg}, nil, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "autopilot-health kmsg: %v\n", err)
+			return exitError
+		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "RULE\tKIND\tCONDITION\tREASON\tPATTERN")
 		for _, r := range opts.Rules.Rules() {
@@ -49,6 +47,13 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 		}
 		tw.Flush()
 		return exitOK
+	}
+	// The same kernel log monitor as the daemon's (Assemble), as a GPU node
+	// so GPU rules show; it logs nothing.
+	parts, err := daemon.Assemble(cfg, slog.New(slog.DiscardHandler), daemon.AssembleOptions{Purpose: daemon.ForReplay})
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health kmsg: %v\n", err)
+		return exitError
 	}
 	if fs.NArg() != 1 {
 		fmt.Fprintln(stderr, "Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-")
@@ -66,7 +71,7 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 	}
 	enc := json.NewEncoder(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	st, err := kmsg.Replay(in, opts, func(a kmsg.Action) {
+	st, err := kmsg.Replay(in, parts.Kmsg, func(a kmsg.Action) {
 		if *asJSON {
 			enc.Encode(a)
 			return

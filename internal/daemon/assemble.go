@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -8,11 +9,139 @@ import (
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 )
 
-// NewEnv detects the node and builds the checks' environment.
-func NewEnv(cfg *config.Config, log *slog.Logger) (*checks.Env, Identity, error) {
+// Purpose says what the parts are assembled for. The commands build their
+// parts with Assemble and differ only in what they start: run starts the
+// loops, check runs every check once and scans the kernel ring, kmsg replay
+// feeds captured lines to the kernel log monitor.
+type Purpose int
+
+const (
+	// ForRun is the daemon: checks repair in place, restarts of the
+	// critical units are counted and kept, changes are logged, the local
+	// state is restored, and the liveness of the loops is tracked.
+	ForRun Purpose = iota
+	// ForCheck is one pass of every check: nothing is repaired, no state is
+	// read or kept.
+	ForCheck
+	// ForReplay is the kernel log monitor alone, for captured lines: as a
+	// GPU worker (so GPU rules show; this host is not detected), every line
+	// counts (not only the kernel's), even with kmsg.enabled = false, and
+	// no checks are built.
+	ForReplay
+)
+
+// AssembleOptions say what to assemble.
+type AssembleOptions struct {
+	Purpose Purpose
+	// Version is reported in autopilot_health_build_info.
+	Version string
+	// Env, if set, replaces the detected environment (tests).
+	Env *checks.Env
+	// BootID is used with Env.
+	BootID string
+	// Only restricts the checks to these condition types (check --only).
+	Only []string
+}
+
+// Parts are what every command builds from a configuration.
+type Parts struct {
+	Config  *config.Config
+	Env     *checks.Env
+	Store   *report.Store
+	Metrics *report.Metrics
+	Details *report.Details
+	// Kmsg is the kernel log monitor, not started; nil when kmsg.enabled
+	// is false.
+	Kmsg *kmsg.Monitor
+	// Runner runs the checks that apply to Env; nil for ForReplay.
+	Runner *checks.Runner
+	// Live tracks the progress of the daemon's loops (ForRun only; it
+	// already expects each check's loop).
+	Live *Liveness
+
+	only []string
+}
+
+// Assemble builds the parts of a command from a configuration (already
+// validated): the checks' environment (the node detected), the condition
+// store, the metrics, the kernel log monitor and the runner of the checks.
+// Any error is a reason not to start.
+func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, error) {
+	p := &Parts{Config: cfg, Env: o.Env, only: o.Only}
+	bootID := o.BootID
+	switch {
+	case o.Purpose == ForReplay:
+		// What the lines say matters, not this host.
+		p.Env = &checks.Env{Config: cfg, Role: report.RoleWorker, GPU: true, Log: log}
+		bootID = "replay"
+	case p.Env == nil:
+		env, id, err := newEnv(cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		p.Env, bootID = env, id.BootID
+		log.Info("node detected", "node", id.NodeName, "node_source", id.NodeNameSource,
+			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
+	}
+	env := p.Env
+	p.Details = report.NewDetails()
+	p.Store = report.NewStore(bootID)
+	p.Metrics = report.NewMetrics(o.Version)
+	if o.Purpose == ForRun {
+		// In-place repair (only the daemon repairs; the one-shot check does not).
+		env.Repair = checks.NewRepairer(env.Systemd, log, time.Now, p.Metrics.Registry)
+		// Restarts of the critical units, as every reader of their properties
+		// observes them (syself_node_unit_restarts), kept in the state file
+		// (read back on first use, after Load below).
+		env.Units = checks.NewUnitWatch(p.Store, p.Metrics.Registry)
+		env.Repair.SetUnitWatch(env.Units)
+	}
+	p.Store.Observe(p.Metrics)
+	if o.Purpose == ForRun {
+		p.Store.Observe(newLogObserver(log))
+		p.Store.SetBootStart(BootStart())
+	}
+	if cfg.Kmsg.Enabled || o.Purpose == ForReplay {
+		ko, err := KmsgOptions(cfg, env, p.Store, p.Metrics.Registry)
+		if err != nil {
+			return nil, err
+		}
+		if o.Purpose == ForReplay {
+			ko.KernelOnly = false
+		}
+		p.Kmsg = kmsg.NewMonitor(ko)
+	}
+	p.initMetrics(env, nil)
+	if o.Purpose == ForReplay {
+		return p, nil
+	}
+
+	if o.Purpose == ForRun {
+		res, err := p.Store.Load(cfg.StateDir)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("state: %w", err)
+		case res.Corrupt != nil:
+			log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
+		default:
+			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
+		}
+		p.Live = NewLiveness(time.Now)
+		p.Live.OnBeat = p.Metrics.LoopProgress
+	}
+	var err error
+	if p.Runner, err = p.newRunner(env); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// newEnv detects the node and builds the checks' environment.
+func newEnv(cfg *config.Config, log *slog.Logger) (*checks.Env, Identity, error) {
 	id, err := Detect(cfg)
 	if err != nil {
 		return nil, id, err
@@ -25,13 +154,17 @@ func NewEnv(cfg *config.Config, log *slog.Logger) (*checks.Env, Identity, error)
 	return env, id, nil
 }
 
+// External lists the conditions the kernel log monitor evaluates (none
+// without one): the runner leaves them to it.
+func (p *Parts) External() []string { return KmsgExternal(p.Kmsg) }
+
 // applicable lists the conditions evaluated on a node like env (by the
 // runner or the kernel log monitor).
-func (d *Daemon) applicable(env *checks.Env) []string {
+func (p *Parts) applicable(env *checks.Env) []string {
 	var out []string
-	for _, p := range checks.Plan(env, nil, KmsgExternal(d.kmsg)) {
-		if p.State == checks.Scheduled || p.State == checks.Elsewhere {
-			out = append(out, p.Desc.Type)
+	for _, pl := range checks.Plan(env, nil, p.External()) {
+		if pl.State == checks.Scheduled || pl.State == checks.Elsewhere {
+			out = append(out, pl.Desc.Type)
 		}
 	}
 	return out
@@ -39,38 +172,45 @@ func (d *Daemon) applicable(env *checks.Env) []string {
 
 // initMetrics creates the series (at 0) of the conditions and events that
 // apply to a node like env and did not apply to one like prev (nil: none).
-func (d *Daemon) initMetrics(env, prev *checks.Env) {
+func (p *Parts) initMetrics(env, prev *checks.Env) {
 	var had []string
 	if prev != nil {
-		had = d.applicable(prev)
+		had = p.applicable(prev)
 	}
 	var conds []string
-	for _, t := range d.applicable(env) {
+	for _, t := range p.applicable(env) {
 		if !slices.Contains(had, t) {
 			conds = append(conds, t)
 		}
 	}
-	d.metrics.InitConditions(conds)
+	p.Metrics.InitConditions(conds)
 	var events []string
 	for _, e := range report.Events {
 		if e.Scope.Applies(env.Role, env.GPU) && (prev == nil || !e.Scope.Applies(prev.Role, prev.GPU)) {
 			events = append(events, e.Reason)
 		}
 	}
-	d.metrics.InitEvents(events)
+	p.Metrics.InitEvents(events)
 }
 
-// newRunner builds the runner of the checks that apply to a node like env,
-// and tells the liveness which loops to expect.
-func (d *Daemon) newRunner(env *checks.Env) (*checks.Runner, error) {
-	r, err := checks.NewRunner(env, checks.Options{Store: d.store, Metrics: d.metrics, Details: d.details, Progress: d.live.Beat, External: KmsgExternal(d.kmsg)})
+// newRunner builds the runner of the checks that apply to a node like env
+// (the daemon builds a new one when the node's role or GPU changes), and
+// tells the liveness, if any, which loops to expect.
+func (p *Parts) newRunner(env *checks.Env) (*checks.Runner, error) {
+	o := checks.Options{Store: p.Store, Metrics: p.Metrics, Details: p.Details, Only: p.only, External: p.External()}
+	if p.Live != nil {
+		o.Progress = p.Live.Beat
+	}
+	r, err := checks.NewRunner(env, o)
 	if err != nil {
 		return nil, err
 	}
-	spread := d.cfg.Runner.FirstRunSpread.Duration
-	for _, c := range r.Checks() {
-		com, _ := d.cfg.Checks.Common(c)
-		d.live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration+loopSlack)
+	if p.Live != nil {
+		spread := p.Config.Runner.FirstRunSpread.Duration
+		for _, c := range r.Checks() {
+			com, _ := p.Config.Checks.Common(c)
+			p.Live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration+loopSlack)
+		}
 	}
 	return r, nil
 }

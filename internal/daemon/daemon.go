@@ -38,8 +38,12 @@ type Options struct {
 
 // Daemon is one run of the daemon.
 type Daemon struct {
-	cfg     *config.Config
-	log     *slog.Logger
+	cfg *config.Config
+	log *slog.Logger
+	// parts are what Assemble built; store, metrics, details, kmsg and live
+	// are the same parts, named for short. env and runner start as the
+	// assembled ones and are replaced when the node's role or GPU changes.
+	parts   *Parts
 	env     *checks.Env
 	store   *report.Store
 	metrics *report.Metrics
@@ -53,7 +57,6 @@ type Daemon struct {
 	kubeM   *kube.Metrics
 	events  *kube.EventQueue
 	kmsg    *kmsg.Monitor
-	bootID  string
 	poll    time.Duration
 
 	mu    sync.Mutex
@@ -67,73 +70,28 @@ type Daemon struct {
 }
 
 // New prepares a daemon: detects the node, restores the state, builds the
-// checks and binds the metrics listener. Any error here is a reason to
-// refuse to start.
+// checks (Assemble) and binds the metrics listener. Any error here is a
+// reason to refuse to start.
 func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
-	env, bootID := opts.Env, opts.BootID
-	if env == nil {
-		var id Identity
-		var err error
-		env, id, err = NewEnv(cfg, log)
-		if err != nil {
-			return nil, err
-		}
-		bootID = id.BootID
-		log.Info("node detected", "node", id.NodeName, "node_source", id.NodeNameSource,
-			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
+	p, err := Assemble(cfg, log, AssembleOptions{Purpose: ForRun, Version: opts.Version, Env: opts.Env, BootID: opts.BootID})
+	if err != nil {
+		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, env: env, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll}
+	d := &Daemon{
+		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll,
+		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
+		replan: make(chan struct{}, 1),
+	}
 	if d.poll <= 0 {
 		d.poll = kubeconfigPoll
 	}
-	d.details = report.NewDetails()
-	d.store = report.NewStore(bootID)
-	d.metrics = report.NewMetrics(opts.Version)
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
-	// In-place repair (only the daemon repairs; the one-shot check does not).
-	env.Repair = checks.NewRepairer(env.Systemd, log, time.Now, d.metrics.Registry)
-	// Restarts of the critical units, as every reader of their properties
-	// observes them (syself_node_unit_restarts), kept in the state file
-	// (read back on first use, after Load below).
-	env.Units = checks.NewUnitWatch(d.store, d.metrics.Registry)
-	env.Repair.SetUnitWatch(env.Units)
-	d.store.Observe(d.metrics)
-	d.store.Observe(newLogObserver(log))
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
 		// Queue events from the start: the kubeconfig may appear later
 		// (the kubelet writes it when the node joins).
 		d.events = kube.NewEventQueue(d.kubeM)
 		d.store.Observe(d.events)
 	}
-	d.bootID = bootID
-	d.store.SetBootStart(BootStart())
-	if cfg.Kmsg.Enabled {
-		ko, err := KmsgOptions(cfg, env, d.store, d.metrics.Registry)
-		if err != nil {
-			return nil, err
-		}
-		d.kmsg = kmsg.NewMonitor(ko)
-	}
-
-	d.initMetrics(env, nil)
-
-	res, err := d.store.Load(cfg.StateDir)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("state: %w", err)
-	case res.Corrupt != nil:
-		log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
-	default:
-		log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
-	}
-
-	d.live = NewLiveness(time.Now)
-	d.live.OnBeat = d.metrics.LoopProgress
-	if d.runner, err = d.newRunner(env); err != nil {
-		return nil, err
-	}
-	d.replan = make(chan struct{}, 1)
-
 	d.ln = opts.Listener
 	if d.ln == nil {
 		d.ln, err = net.Listen("tcp", cfg.Metrics.ListenAddress)

@@ -52,7 +52,7 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 			"gpu_from", old.GPU, "gpu", gpu, "gpu_source", gpuSource)
 		env := *old
 		env.Role, env.GPU = role, gpu
-		r, err := d.newRunner(&env)
+		r, err := d.parts.newRunner(&env)
 		if err != nil {
 			d.log.Error("re-planning the checks failed; keeping the old plan", "err", err)
 			continue
@@ -62,7 +62,7 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 				d.live.Forget("check/" + c)
 			}
 		}
-		d.initMetrics(&env, old)
+		d.parts.initMetrics(&env, old)
 		d.envMu.Lock()
 		d.env, d.runner = &env, r
 		d.envMu.Unlock()
@@ -70,7 +70,7 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 			d.kmsg.SetGPU(gpu, time.Now())
 		}
 		now := time.Now()
-		for _, p := range checks.Plan(&env, nil, KmsgExternal(d.kmsg)) {
+		for _, p := range checks.Plan(&env, nil, d.parts.External()) {
 			if p.State != checks.NotApplicable {
 				continue
 			}
