@@ -27,15 +27,6 @@ type Result struct {
 	Details []report.Detail
 }
 
-// Parter is implemented by a check whose results are one part of a
-// condition that several sources evaluate (DisksFailure: NVMe SMART here,
-// the kernel's I/O errors in the kernel log monitor); see
-// report.Store.SetPart. Errors, timeouts and panics are recorded for that
-// part only.
-type Parter interface {
-	Part() string
-}
-
 // Check probes one condition. Probe must honour ctx; the runner gives up on it
 // at the check's timeout either way.
 type Check interface {

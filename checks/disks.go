@@ -14,17 +14,13 @@ func init() {
 	Register("DiskTemperatureHigh", newDiskTemp)
 }
 
-// SMARTPart is the part under which NVMe SMART evaluates DisksFailure.
-const SMARTPart = "nvme-smart"
-
 // disksFailureSMART: an NVMe SMART critical-warning bit is set (read over
 // the admin ioctl). The temperature bit is left to DiskTemperatureHigh (an
-// operability problem, not a failing disk).
+// operability problem, not a failing disk). It is DisksFailure's check part
+// (the catalog row's Parts); the kernel's I/O errors are the other.
 type disksFailureSMART struct{ env *Env }
 
 func newDisksFailureSMART(env *Env) (Check, error) { return &disksFailureSMART{env: env}, nil }
-
-func (c *disksFailureSMART) Part() string { return SMARTPart }
 
 func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 	hs, ok, bad, err := readableNVMe(c.env)

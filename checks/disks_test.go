@@ -103,9 +103,6 @@ func TestDisksFailureSMART(t *testing.T) {
 		"nvme1": {model: "B", wctempK: 343, tempK: 310, cw: 0x02}, // temperature only: not a failing disk
 	}}
 	c, _ := newDisksFailureSMART(nvmeEnv(t, f))
-	if c.(Parter).Part() != SMARTPart {
-		t.Error("DisksFailure's SMART check is not a part")
-	}
 	if r := probe(t, c); r.Status != report.StatusFalse || r.Message != "2 NVMe drives without SMART critical warnings" {
 		t.Errorf("healthy: %+v", r)
 	}
@@ -135,7 +132,7 @@ func TestDisksFailurePartThroughRunner(t *testing.T) {
 	f := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "A", cw: 0x01}}}
 	env := nvmeEnv(t, f)
 	store := report.NewStore("b")
-	store.SetPart("kernel-io-errors", report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: "DisksHealthy", Message: "the kernel logged 0 disk I/O errors"}, env.Now())
+	store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: "DisksHealthy", Message: "the kernel logged 0 disk I/O errors"}, env.Now())
 	r, err := NewRunner(env, Options{Store: store, Only: []string{"DisksFailure"}})
 	if err != nil {
 		t.Fatal(err)

@@ -100,8 +100,11 @@ type entry struct {
 	timeout  time.Duration
 	log      *slog.Logger
 	running  atomic.Bool
-	// part: the check evaluates one part of its condition (Parter).
-	part string
+	// part: the check evaluates one part of its condition, the catalog
+	// row's part of this source (report.ConditionDesc.Parts); errors,
+	// timeouts and panics are recorded for that part only. Empty: the
+	// check evaluates the whole condition.
+	part report.Source
 }
 
 // Runner schedules the checks and records their results in the store.
@@ -158,9 +161,9 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 		if err != nil {
 			return nil, fmt.Errorf("check %s: %w", p.Desc.Type, err)
 		}
-		part := ""
-		if pc, ok := c.(Parter); ok {
-			part = pc.Part()
+		var part report.Source
+		if _, ok := p.Desc.Part(p.Desc.Source); ok {
+			part = p.Desc.Source
 		}
 		r.entries = append(r.entries, &entry{
 			cond: p.Desc.Type, check: c, part: part,

@@ -12,10 +12,6 @@ import (
 	"github.com/syself/autopilot-health/report"
 )
 
-// WindowPart is the part name under which the kernel's I/O error window
-// evaluates DisksFailure (NVMe SMART is the other part).
-const WindowPart = "kernel-io-errors"
-
 // Options configure a Monitor.
 type Options struct {
 	Rules *RuleSet
@@ -164,6 +160,8 @@ func (mon *Monitor) ignored(dev string) bool {
 // DisksFailure clears once the errors have aged out of the window.
 func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec, now) }
 
+// evalWindow sets the kernel's part of DisksFailure (the catalog row's part
+// of source kmsg) from the disk I/O errors within the window.
 func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	span := uint64(mon.o.IOErrorWindow / time.Microsecond)
 	n, devs := mon.window.count(nowUsec, span)
@@ -173,7 +171,7 @@ func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 		c.Status, c.Reason = report.StatusTrue, report.ReasonDiskIOErrors
 		c.Message = fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d) on %s", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold, strings.Join(devs, ", "))
 	}
-	mon.o.Store.SetPart(WindowPart, c, now)
+	mon.o.Store.SetPart(report.SourceKmsg, c, now)
 }
 
 // window keeps the kernel times of the most recent disk I/O errors; it

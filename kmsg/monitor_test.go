@@ -35,7 +35,7 @@ func TestReplayCapturedDebianLines(t *testing.T) {
 	}
 	defer f.Close()
 	var got []string
-	st, err := Replay(f, NewMonitor(opts(t, report.NewStore("replay"))), func(a Action) {
+	st, err := Replay(f, opts(t, nil), func(a Action) {
 		b, _ := json.Marshal(a)
 		got = append(got, string(b))
 	})
@@ -111,7 +111,7 @@ func TestDisksFailureTwoParts(t *testing.T) {
 	store := report.NewStore("b")
 	mon := NewMonitor(opts(t, store))
 	mon.Start(t0, t0)
-	store.SetPart("nvme-smart", report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: "NVMeCriticalWarning", Message: "nvme0: available spare below threshold"}, t0)
+	store.SetPart(report.SourceCheck, report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: "NVMeCriticalWarning", Message: "nvme0: available spare below threshold"}, t0)
 	c, _ := store.Get("DisksFailure")
 	if c.Status != report.StatusTrue || c.Reason != "NVMeCriticalWarning" || c.Message != "nvme0: available spare below threshold" {
 		t.Errorf("SMART part: %+v", c)

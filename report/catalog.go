@@ -118,9 +118,32 @@ type ConditionDesc struct {
 	HealthyReason Reason
 	// ProblemReasons are the reasons carried with status True.
 	ProblemReasons []Reason
+	// Parts, when set, are the sources that evaluate the condition
+	// together, each its own part of it (DisksFailure: the kernel's disk I/O
+	// errors in the kernel log monitor, NVMe SMART in a check); see
+	// Store.SetPart. The row's Source is one of them.
+	Parts []Part
 	// Trigger is the spec's "how it is triggered", Cause its "how it can happen".
 	Trigger string
 	Cause   string
+}
+
+// Part is one source's share of a condition that several sources evaluate.
+type Part struct {
+	// Name names the part in the store; the parts of a condition combine
+	// in the row's order.
+	Name   string
+	Source Source
+}
+
+// Part returns the part of the condition that src evaluates, if the
+// condition has parts and src is one of them.
+func (c ConditionDesc) Part(src Source) (Part, bool) {
+	i := slices.IndexFunc(c.Parts, func(p Part) bool { return p.Source == src })
+	if i < 0 {
+		return Part{}, false
+	}
+	return c.Parts[i], true
 }
 
 // EventDesc describes one event reason (temp rule) the daemon emits.
@@ -310,7 +333,9 @@ var Conditions = []ConditionDesc{
 		Trigger: "kubelet logged an error meaning it gave up retrying node-status updates to the API server", Cause: "kubelet lost its API connection and could not re-establish it"},
 	{Type: "DisksFailure", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonDisksHealthy, ProblemReasons: []Reason{ReasonNVMeCriticalWarning, ReasonDiskIOErrors},
-		Trigger: "an NVMe SMART critical-warning bit is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes", Cause: "a physical disk is wearing out or failing"},
+		Trigger: "an NVMe SMART critical-warning bit is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes", Cause: "a physical disk is wearing out or failing",
+		// Two sources, each its own part: the kernel log monitor's I/O error window and the NVMe SMART check.
+		Parts: []Part{{Name: "kernel-io-errors", Source: SourceKmsg}, {Name: "nvme-smart", Source: SourceCheck}}},
 	{Type: "DiskWearHigh", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonDiskWearOK, ProblemReasons: []Reason{ReasonEnduranceMostlyUsed},
 		Trigger: "an NVMe drive has used most of its rated write endurance", Cause: "a drive is approaching end of life"},
@@ -397,6 +422,17 @@ var conditionIndex = func() map[string]int {
 			panic(fmt.Sprintf("report: duplicate condition %q in catalog", c.Type))
 		}
 		m[c.Type] = i
+		if len(c.Parts) == 0 {
+			continue
+		}
+		if _, ok := c.Part(c.Source); !ok || len(c.Parts) < 2 {
+			panic(fmt.Sprintf("report: condition %q: its parts must be two or more, one of them its own source %s", c.Type, c.Source))
+		}
+		for j, p := range c.Parts {
+			if p.Name == "" || slices.ContainsFunc(c.Parts[:j], func(q Part) bool { return q.Name == p.Name || q.Source == p.Source }) {
+				panic(fmt.Sprintf("report: condition %q: part %q: a part needs a name, and parts differ in name and source", c.Type, p.Name))
+			}
+		}
 	}
 	for _, e := range Events {
 		if _, dup := m[e.Reason]; dup {

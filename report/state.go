@@ -207,26 +207,30 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 	return changed
 }
 
-// SetPart records one part's evaluation of a condition that several
-// sources evaluate (DisksFailure: the kernel's I/O errors and NVMe SMART),
-// and sets the condition from all parts seen so far: True when any part is
-// True (the reason of the first True part by name; the messages of the True
-// parts joined), False when every part is False, else Unknown.
-func (s *Store) SetPart(part string, c Condition, now time.Time) bool {
+// SetPart records the evaluation by src of its part of a condition that
+// several sources evaluate (the catalog row's Parts: DisksFailure's kernel
+// I/O errors and NVMe SMART), and sets the condition from all parts seen so
+// far: True when any part is True (the reason of the first True part in the
+// row's order; the messages of the True parts joined), False when every part
+// is False, else Unknown. It panics when the row gives src no part.
+func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
+	desc, _ := Lookup(c.Type)
+	part, ok := desc.Part(src)
+	if !ok {
+		panic(fmt.Sprintf("report: SetPart of %q by %s: the catalog gives it no part from that source", c.Type, src))
+	}
 	s.mu.Lock()
 	if s.parts[c.Type] == nil {
 		s.parts[c.Type] = map[string]Condition{}
 	}
-	s.parts[c.Type][part] = c
-	names := make([]string, 0, len(s.parts[c.Type]))
-	for n := range s.parts[c.Type] {
-		names = append(names, n)
-	}
-	slices.Sort(names)
+	s.parts[c.Type][part.Name] = c
 	var trues, others []Condition
 	unknown := false
-	for _, n := range names {
-		p := s.parts[c.Type][n]
+	for _, n := range desc.Parts {
+		p, seen := s.parts[c.Type][n.Name]
+		if !seen {
+			continue
+		}
 		switch p.Status {
 		case StatusTrue:
 			trues = append(trues, p)

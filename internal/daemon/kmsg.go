@@ -37,13 +37,21 @@ func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg p
 	}, nil
 }
 
-// KmsgExternal lists what the monitor evaluates: its conditions and its
-// part of DisksFailure.
+// KmsgExternal lists what the kernel log monitor evaluates on this node,
+// read from the catalog: its own conditions (source kmsg, those whose scope
+// applies) and the conditions it evaluates a part of (a row's part of
+// source kmsg: DisksFailure's kernel I/O errors).
 func KmsgExternal(mon *kmsg.Monitor) []string {
 	if mon == nil {
 		return nil
 	}
-	return append(mon.Conditions(), "DisksFailure")
+	out := mon.Conditions()
+	for _, d := range report.Conditions {
+		if _, ok := d.Part(report.SourceKmsg); ok && d.Source != report.SourceKmsg {
+			out = append(out, d.Type)
+		}
+	}
+	return out
 }
 
 func (d *Daemon) newReader() *kmsg.Reader {

@@ -1,0 +1,40 @@
+package daemon
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
+)
+
+// What the plan leaves to the kernel log monitor (KmsgExternal, read from
+// the catalog) is exactly what the monitor sets when it starts: its own
+// conditions and its part of DisksFailure.
+func TestKmsgExternalIsWhatTheMonitorSets(t *testing.T) {
+	rs, err := kmsg.Compile(kmsg.DefaultRules, kmsg.DefaultCriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gpu := range []bool{false, true} {
+		store := report.NewStore("b")
+		mon := kmsg.NewMonitor(kmsg.Options{Rules: rs, Store: store, GPU: gpu, IOErrorThreshold: 5, IOErrorWindow: 10 * time.Minute})
+		mon.Start(time.Unix(1700000000, 0), time.Unix(1699990000, 0))
+		var set []string
+		for _, c := range store.All() {
+			set = append(set, c.Type)
+		}
+		ext := KmsgExternal(mon)
+		slices.Sort(ext)
+		if !slices.Equal(ext, set) {
+			t.Errorf("gpu=%v: KmsgExternal = %v, the monitor set %v", gpu, ext, set)
+		}
+		if !slices.Contains(ext, "DisksFailure") || slices.Contains(ext, "GpuFallenOffBus") != gpu {
+			t.Errorf("gpu=%v: KmsgExternal = %v", gpu, ext)
+		}
+	}
+	if KmsgExternal(nil) != nil {
+		t.Error("no monitor (kmsg.enabled = false), yet external conditions")
+	}
+}

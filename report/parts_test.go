@@ -1,0 +1,71 @@
+package report
+
+import (
+	"testing"
+	"time"
+)
+
+// DisksFailure is the one condition with two sources (spec: NVMe SMART or
+// the kernel's disk I/O errors); the row names them, and only the row.
+func TestDisksFailureParts(t *testing.T) {
+	for _, d := range Conditions {
+		if len(d.Parts) > 0 && d.Type != "DisksFailure" {
+			t.Errorf("%s has parts; the spec gives only DisksFailure two sources", d.Type)
+		}
+	}
+	d, _ := Lookup("DisksFailure")
+	if k, ok := d.Part(SourceKmsg); !ok || k.Name != "kernel-io-errors" {
+		t.Errorf("kernel part: %+v %v", k, ok)
+	}
+	if c, ok := d.Part(SourceCheck); !ok || c.Name != "nvme-smart" {
+		t.Errorf("check part: %+v %v", c, ok)
+	}
+	if _, ok := d.Part(SourceTamper); ok {
+		t.Error("a tamper part")
+	}
+}
+
+func TestSetPart(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	s := NewStore("b")
+	disks := func(st Status, r Reason, msg string) Condition {
+		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
+	}
+	s.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "smart ok"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || c.Message != "smart ok" {
+		t.Errorf("one part seen: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonCheckFailed, "window unreadable"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusUnknown || c.Reason != ReasonCheckFailed || c.Message != "window unreadable; smart ok" {
+		t.Errorf("a part Unknown: %+v", c)
+	}
+	// Both True: the first part of the row (the kernel's) gives the reason;
+	// the messages follow the row's order.
+	s.SetPart(SourceCheck, disks(StatusTrue, ReasonNVMeCriticalWarning, "nvme0: spare"), t0)
+	s.SetPart(SourceKmsg, disks(StatusTrue, ReasonDiskIOErrors, "5 I/O errors"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonDiskIOErrors || c.Message != "5 I/O errors; nvme0: spare" {
+		t.Errorf("both True: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 I/O errors"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonNVMeCriticalWarning || c.Message != "nvme0: spare" {
+		t.Errorf("the check part True: %+v", c)
+	}
+
+	for _, tc := range []struct {
+		src Source
+		c   Condition
+	}{
+		{SourceTamper, disks(StatusFalse, ReasonDisksHealthy, "")},
+		{SourceCheck, Condition{Type: "ClockNotSynchronized", Status: StatusFalse, Reason: ReasonClockSynchronized}},
+		{SourceKmsg, Condition{Type: "NoSuchCondition", Status: StatusFalse, Reason: ReasonDisksHealthy}},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("SetPart(%s, %s) did not panic: the row gives it no such part", tc.src, tc.c.Type)
+				}
+			}()
+			s.SetPart(tc.src, tc.c, t0)
+		}()
+	}
+}
