@@ -35,7 +35,7 @@ func TestReplayCapturedDebianLines(t *testing.T) {
 	}
 	defer f.Close()
 	var got []string
-	st, err := Replay(f, opts(t, nil), func(a Action) {
+	st, err := Replay(f, NewMonitor(opts(t, report.NewStore("replay"))), func(a Action) {
 		b, _ := json.Marshal(a)
 		got = append(got, string(b))
 	})
