@@ -37,6 +37,13 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 	if len(failing) > 0 {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: strings.Join(failing, "; "), Details: details}, nil
 	}
+	if len(ok) == 0 {
+		// No drive: this part checked nothing; the kernel's I/O error part
+		// decides DisksFailure (report.Store.SetPart).
+		r := noDrives
+		r.Message, r.Details = "no NVMe drives", details
+		return r, nil
+	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: drives(len(ok), "without SMART critical warnings") + unreadableNote(bad), Details: details}, nil
 }
 
@@ -55,8 +62,7 @@ func readableNVMe(env *Env) (all, ok []NVMeHealth, bad []string, err error) {
 }
 
 // noDrives is the result of a check that only NVMe drives feed, on a node
-// that has none: it measured nothing, so it is not False. (DisksFailure's
-// SMART part stays False: the kernel's I/O errors are its other part.)
+// that has none: it measured nothing, so it is not False.
 var noDrives = Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 	Message: "no NVMe drives on this node (only NVMe drives report wear and temperature)"}
 

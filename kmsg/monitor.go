@@ -46,6 +46,9 @@ type Monitor struct {
 	// winGen counts changes of the I/O error window (the reader saves the
 	// window with its cursor when it changed).
 	winGen uint64
+	// caughtUp: the reader has read the log to its end since it last
+	// opened it (until then the window's part is not evaluated False).
+	caughtUp bool
 	// gpu says whether GPU-only rules apply (Options.GPU, then SetGPU).
 	gpu atomic.Bool
 	// beforeHandle, when set (tests), is called as Handle begins: a crash
@@ -78,17 +81,53 @@ func (mon *Monitor) Conditions() []string {
 	return out
 }
 
-// Start sets every kernel condition that is not already set to False
-// (healthy), and the window's part of DisksFailure to False. A condition
-// restored True from this boot stays True (it is held until reboot).
+// Start prepares the monitor before the reader opens the log. A kernel
+// condition that has no state yet (none restored from this boot) is
+// Unknown (NoData) until the reader has read the log up to its end
+// (CaughtUp): before that, "no matching line" is not known. A condition
+// restored from this boot keeps its state.
 func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	mon.bootWall = bootWall
 	for _, t := range mon.Conditions() {
+		if _, ok := mon.o.Store.Get(t); ok {
+			continue
+		}
+		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonNoData,
+			Message: "the kernel log has not been read yet"}, now)
+	}
+	if _, ok := mon.o.Store.Get("DisksFailure"); !ok {
+		mon.o.Store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+			Message: "the kernel log has not been read yet"}, now)
+	}
+}
+
+// CaughtUp says the reader has read every record the kernel holds for
+// now: a kernel condition that is not True is False (healthy), and the
+// disk I/O error window is evaluated.
+func (mon *Monitor) CaughtUp(nowUsec uint64, now time.Time) {
+	mon.caughtUp = true
+	for _, t := range mon.Conditions() {
+		if c, ok := mon.o.Store.Get(t); ok && c.Status == report.StatusFalse {
+			continue
+		}
 		d, _ := report.Lookup(t)
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
-			Message: "no matching kernel message seen since the monitor started"}, now)
+			Message: "no matching kernel message in this boot's log"}, now)
 	}
-	mon.evalWindow(0, now)
+	mon.evalWindow(nowUsec, now)
+}
+
+// Blind says the reader cannot read the log: a kernel condition that is
+// not True (a True one is held for the boot) is Unknown until it can, and
+// so is the kernel's part of DisksFailure. Never a healthy False while
+// nothing is read.
+func (mon *Monitor) Blind(err error, now time.Time) {
+	mon.caughtUp = false
+	msg := "cannot read the kernel log: " + err.Error()
+	for _, t := range mon.Conditions() {
+		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: msg}, now)
+	}
+	mon.o.Store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: msg}, now)
 }
 
 // SetGPU changes whether GPU-only rules apply (a GPU found, or gone, after
@@ -165,6 +204,9 @@ func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec
 func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	span := uint64(mon.o.IOErrorWindow / time.Microsecond)
 	n, devs := mon.window.count(nowUsec, span)
+	if n < mon.o.IOErrorThreshold && !mon.caughtUp {
+		return // not known to be healthy before the log is read to its end
+	}
 	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,
 		Message: fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d)", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold)}
 	if n >= mon.o.IOErrorThreshold {

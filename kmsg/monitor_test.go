@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -69,8 +70,12 @@ func TestDiskIOErrorWindow(t *testing.T) {
 		mon.Handle(rec(at, fmt.Sprintf("I/O error, dev %s, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", dev)), t0.Add(time.Duration(at)*time.Microsecond))
 	}
 	status := func() report.Condition { c, _ := store.Get("DisksFailure"); return c }
+	if c := status(); c.Status != report.StatusUnknown || c.Reason != report.ReasonNoData {
+		t.Fatalf("at start, before the log was read: %+v", c)
+	}
+	mon.CaughtUp(0, t0)
 	if c := status(); c.Status != report.StatusFalse {
-		t.Fatalf("at start: %+v", c)
+		t.Fatalf("the log read, no errors: %+v", c)
 	}
 	// Loop and device-mapper errors do not count.
 	for i := range 10 {
@@ -128,6 +133,7 @@ func TestScopesAndKernelOnly(t *testing.T) {
 	o.KernelOnly = true
 	mon := NewMonitor(o)
 	mon.Start(t0, t0)
+	mon.CaughtUp(0, t0)
 	if _, ok := store.Get("GpuFallenOffBus"); ok {
 		t.Error("GpuFallenOffBus evaluated on a node without a GPU")
 	}
@@ -191,3 +197,44 @@ type countEvents struct{ n *int }
 func (countEvents) ConditionChanged(*report.Condition, report.Condition) {}
 func (countEvents) ConditionRestored(report.Condition)                   {}
 func (c countEvents) EventEmitted(report.Event)                          { *c.n++ }
+
+// Before the reader has read the log to its end a kernel condition is not
+// known to be healthy (Unknown/NoData, never a fake False); when the reader
+// cannot read, conditions that are not True are Unknown (CheckFailed) and
+// so is DisksFailure's kernel part; a True one stays held.
+func TestNotReadIsNotHealthy(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	for _, ty := range mon.Conditions() {
+		if c, _ := store.Get(ty); c.Status != report.StatusUnknown || c.Reason != report.ReasonNoData {
+			t.Errorf("%s before the log was read: %+v", ty, c)
+		}
+	}
+	mon.Handle(rec(1, "EXT4-fs (sda1): Remounting filesystem read-only"), t0)
+	mon.CaughtUp(1, t0)
+	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusFalse {
+		t.Errorf("KernelDeadlock once the log was read: %+v", c)
+	}
+	mon.Blind(errors.New("read /dev/kmsg: input/output error"), t0.Add(time.Minute))
+	for ty, want := range map[string]report.Status{"ReadonlyFilesystem": report.StatusTrue, "KernelDeadlock": report.StatusUnknown, "DisksFailure": report.StatusUnknown} {
+		c, _ := store.Get(ty)
+		if c.Status != want || (want == report.StatusUnknown && (c.Reason != report.ReasonCheckFailed || c.Message != "cannot read the kernel log: read /dev/kmsg: input/output error")) {
+			t.Errorf("%s while blind: %+v", ty, c)
+		}
+	}
+	mon.CaughtUp(2, t0.Add(2*time.Minute))
+	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusFalse {
+		t.Errorf("KernelDeadlock after recovery: %+v", c)
+	}
+	// A restart: a condition restored from this boot keeps its state.
+	s2 := report.NewStore("b")
+	s2.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusFalse, Reason: report.ReasonKernelHasNoDeadlock}, t0)
+	s2.Set(report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy}, t0)
+	NewMonitor(opts(t, s2)).Start(t0, t0)
+	for _, ty := range []string{"KernelDeadlock", "DisksFailure"} {
+		if c, _ := s2.Get(ty); c.Status != report.StatusFalse {
+			t.Errorf("%s restored False, then Start: %+v", ty, c)
+		}
+	}
+}

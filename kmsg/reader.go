@@ -3,6 +3,7 @@ package kmsg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -40,7 +41,8 @@ type Reader struct {
 	// Progress is called at most once a second while reads succeed (a read
 	// that waits ReadTimeout for a record counts); a reader that cannot open
 	// or read the device stops calling it, which fails /healthz and the
-	// watchdog.
+	// watchdog. Its maxSilence is ReadTimeout, with no margin: the daemon's
+	// liveness adds the same slack to every loop.
 	Progress    func(loop string, maxSilence time.Duration)
 	ReadTimeout time.Duration
 	// Open opens the device (default: os.OpenFile read-only); tests replace it.
@@ -95,7 +97,43 @@ func BootWall() time.Time {
 	return time.Now().Add(-time.Duration(MonotonicNow()) * time.Microsecond)
 }
 
-func openDevice(path string) (Device, error) { return os.OpenFile(path, os.O_RDONLY, 0) }
+// errEOF: the kernel log never ends; a device that does is not it.
+func errEOF(path string) error {
+	return fmt.Errorf("read %s: end of file (the kernel log never ends: is this /dev/kmsg?)", path)
+}
+
+// catchUpWait is how long a read waits for the next record while the
+// reader works through the backlog: when none comes, the end is reached.
+const catchUpWait = 250 * time.Millisecond
+
+// openDevice opens the kernel log without blocking (a FIFO or a device
+// that would block the open cannot hold up the daemon or its shutdown) and
+// refuses what is not a character device: a directory, a regular file or a
+// FIFO is never the kernel log.
+func openDevice(path string) (Device, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && st.Mode()&os.ModeCharDevice == 0 {
+		kind := "a " + st.Mode().Type().String()
+		switch {
+		case st.IsDir():
+			kind = "a directory"
+		case st.Mode().IsRegular():
+			kind = "a regular file"
+		case st.Mode()&os.ModeNamedPipe != 0:
+			kind = "a FIFO"
+		}
+		err = fmt.Errorf("%s is %s, not a character device (the kernel log is /dev/kmsg)", path, kind)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
 
 // Run reads until ctx is done, reopening the device with backoff after
 // open and read errors. It never returns early: a monitor that cannot read
@@ -140,6 +178,7 @@ func (rd *Reader) Run(ctx context.Context) {
 	// backoff; it reports false when ctx ended.
 	fail := func(msg string, err error) bool {
 		rd.Monitor.m.up.Set(0)
+		rd.Monitor.Blind(err, time.Now())
 		wait := bo.Next()
 		if text := msg + ": " + err.Error(); text != lastErr {
 			rd.Log.Error(msg+"; kernel conditions are not being evaluated", "path", rd.Path, "err", err, "retry_in", wait.Round(time.Millisecond))
@@ -173,10 +212,19 @@ func (rd *Reader) Run(ctx context.Context) {
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
 		var beat time.Time
 		var readErr error
-		opened := false
+		opened, caughtUp := false, false
 		for ctx.Err() == nil {
-			f.SetReadDeadline(time.Now().Add(rd.ReadTimeout))
+			// Until the backlog is read, a short wait for the next record
+			// tells that the end is reached.
+			wait := rd.ReadTimeout
+			if !caughtUp {
+				wait = min(wait, catchUpWait)
+			}
+			f.SetReadDeadline(time.Now().Add(wait))
 			n, err := f.Read(buf)
+			if (err == nil && n == 0) || errors.Is(err, io.EOF) {
+				err = errEOF(rd.Path)
+			}
 			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, syscall.EPIPE) {
 				readErr = err
 				break
@@ -186,21 +234,31 @@ func (rd *Reader) Run(ctx context.Context) {
 			if !opened {
 				opened = true
 				rd.Monitor.m.up.Set(1)
-				bo.Reset()
 				switch {
 				case lastErr != "":
-					rd.Log.Info("kernel log readable again", "path", rd.Path)
 				case haveLast:
 					rd.Log.Info("kernel log monitor resuming after the last record handled", "seq", last)
 				case rd.FromStart:
 					rd.Log.Info("kernel log monitor reading this boot's records still in the ring buffer")
 				}
-				lastErr = ""
+			}
+			if !caughtUp && errors.Is(err, os.ErrDeadlineExceeded) {
+				// Every record the kernel holds is read: what did not match
+				// is healthy. Only now is the device trusted again (the
+				// backoff resets, recovery is logged once): a device whose
+				// reads work once and then fail keeps backing off.
+				caughtUp = true
+				rd.Monitor.CaughtUp(MonotonicNow(), time.Now())
+				bo.Reset()
+				if lastErr != "" {
+					rd.Log.Info("kernel log readable again", "path", rd.Path)
+					lastErr = ""
+				}
 			}
 			// Progress at most once a second: in a flood this loop turns
 			// for every record.
 			if now := time.Now(); rd.Progress != nil && now.Sub(beat) >= time.Second {
-				rd.Progress("kmsg", rd.ReadTimeout+5*time.Second)
+				rd.Progress("kmsg", rd.ReadTimeout)
 				beat = now
 			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -254,24 +312,30 @@ func (rd *Reader) Run(ctx context.Context) {
 // Scan reads every record still in the ring buffer once (for the one-shot
 // check) and returns how many it handled.
 func Scan(path string, mon *Monitor) (int, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	dev, err := openDevice(path)
 	if err != nil {
-		return 0, &os.PathError{Op: "open", Path: path, Err: err}
+		return 0, err
 	}
-	defer unix.Close(fd)
+	defer dev.Close()
+	f := dev.(*os.File)
 	bootWall := BootWall()
 	buf := make([]byte, BufSize)
 	n := 0
 	for {
-		k, err := unix.Read(fd, buf)
+		// The device is non-blocking: a read with nothing left waits for
+		// the poller; a deadline already past turns that into "caught up".
+		f.SetReadDeadline(time.Now().Add(catchUpWait))
+		k, err := f.Read(buf)
 		switch {
-		case err == unix.EAGAIN:
-			mon.Tick(MonotonicNow(), time.Now())
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			mon.CaughtUp(MonotonicNow(), time.Now())
 			return n, nil
-		case err == unix.EPIPE:
+		case errors.Is(err, syscall.EPIPE):
 			continue
+		case err == nil && k == 0, errors.Is(err, io.EOF):
+			return n, errEOF(path)
 		case err != nil:
-			return n, &os.PathError{Op: "read", Path: path, Err: err}
+			return n, err
 		}
 		rec, perr := ParseRecord(buf[:k])
 		if perr != nil {

@@ -349,3 +349,87 @@ func (e *eventCounter) EventEmitted(ev report.Event) {
 	defer e.mu.Unlock()
 	e.events++
 }
+
+// What is not a character device is never the kernel log: refused at once
+// with what it is, and a FIFO does not block the open (it blocked the
+// daemon and its shutdown before). /dev/null ends: refused on the read.
+func TestOpenDeviceRefusesWhatIsNotTheKernelLog(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, []byte("6,1,1,-;line\n"), 0o644)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{dir: "is a directory", file: "is a regular file", fifo: "is a FIFO"} {
+		done := make(chan error, 1)
+		go func() { _, err := openDevice(path); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want+", not a character device") {
+				t.Errorf("%s: %v", path, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("opening %s blocked", path)
+		}
+	}
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	if _, err := Scan("/dev/null", mon); err == nil || !strings.Contains(err.Error(), "end of file") {
+		t.Errorf("/dev/null: %v", err)
+	}
+}
+
+// A device whose reads work once after each open, then fail: the reader
+// never reaches the end of the log, so it keeps backing off (it reset the
+// backoff on every good read before: 16 reopens and 58 log lines in 12 s),
+// logs the error once, and the kernel conditions stay Unknown.
+func TestReaderBacksOffWhenReadsWorkThenFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := report.NewStore("b")
+		mon := NewMonitor(opts(t, store))
+		mon.Start(t0, t0)
+		var opens atomic.Int64
+		lg := &countingLog{}
+		rd := &Reader{Path: "/dev/flaky", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second, FromStart: true,
+			Open: func(string) (Device, error) {
+				opens.Add(1)
+				return &flakyDevice{fakeDevice: fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary\n")}, readErr: syscall.EIO}}, nil
+			}}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		rd.Run(ctx)
+		if n := opens.Load(); n > 30 {
+			t.Errorf("%d opens in 10 minutes; want a backoff", n)
+		}
+		var errs int
+		for _, l := range lg.all() {
+			if strings.HasPrefix(l, "ERROR") {
+				errs++
+			}
+			if strings.Contains(l, "readable again") {
+				t.Errorf("logged recovery of a device that never worked: %q", l)
+			}
+		}
+		if errs != 1 {
+			t.Errorf("log: %q; want the error once", lg.all())
+		}
+		if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed {
+			t.Errorf("KernelDeadlock while the device fails: %+v", c)
+		}
+	})
+}
+
+// flakyDevice serves its records, then fails every read.
+type flakyDevice struct{ fakeDevice }
+
+func (d *flakyDevice) Read(p []byte) (int, error) {
+	d.mu.Lock()
+	left := d.pos < len(d.recs)
+	d.mu.Unlock()
+	if left {
+		return d.fakeDevice.Read(p)
+	}
+	return 0, d.readErr
+}

@@ -69,3 +69,33 @@ func TestSetPart(t *testing.T) {
 		}()
 	}
 }
+
+// A part that found nothing to check (no NVMe drives) is neutral: the
+// kernel's part decides; when the kernel part is blind the condition is
+// Unknown; when no part checked anything (no drives, kernel log monitor
+// off) it is Unknown/NothingToCheck, never a fake False.
+func TestSetPartNothingToCheck(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	disks := func(st Status, r Reason, msg string) Condition {
+		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
+	}
+	none := disks(StatusUnknown, ReasonNothingToCheck, "no NVMe drives")
+
+	s := NewStore("b")
+	s.SetPart(SourceCheck, none, t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusUnknown || c.Reason != ReasonNothingToCheck || c.Message != "no NVMe drives" {
+		t.Errorf("only a part with nothing to check: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "the kernel logged 0 disk I/O errors"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || c.Reason != ReasonDisksHealthy || c.Message != "the kernel logged 0 disk I/O errors; no NVMe drives" {
+		t.Errorf("kernel part healthy, no drives: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonCheckFailed, "cannot read the kernel log"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusUnknown || c.Reason != ReasonCheckFailed {
+		t.Errorf("kernel part blind, no drives: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusTrue, ReasonDiskIOErrors, "5 errors"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonDiskIOErrors {
+		t.Errorf("kernel part True: %+v", c)
+	}
+}

@@ -78,10 +78,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		// ring buffer.
 		mon.Start(time.Now(), kmsg.BootWall())
 		if _, scanErr := kmsg.Scan(cfg.HostPath(cfg.Kmsg.Device), mon); scanErr != nil {
-			for _, t := range parts.External() {
-				store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonCheckFailed,
-					Message: "cannot read the kernel log: " + scanErr.Error()}, time.Now())
-			}
+			mon.Blind(scanErr, time.Now())
 		}
 	}
 	parts.Runner.RunOnce(context.Background())
