@@ -46,8 +46,32 @@ type Detail struct {
 
 // Details holds the latest value of every report field. Safe for concurrent use.
 type Details struct {
-	mu   sync.Mutex
-	data map[string]map[string]any
+	mu     sync.Mutex
+	data   map[string]map[string]any
+	bootID string
+}
+
+// SetBootID sets the boot the documents are written in (their bootID): a
+// daemon that starts again in the same boot knows from it that the Node's
+// conditions were written in this boot.
+func (d *Details) SetBootID(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.bootID = id
+}
+
+// ReportBootID returns the bootID of the report documents among a Node's
+// annotations ("" when there is none, e.g. written by an older version).
+func ReportBootID(annotations map[string]string) string {
+	for _, dm := range Domains {
+		var doc struct {
+			BootID string `json:"bootID"`
+		}
+		if json.Unmarshal([]byte(annotations[AnnotationPrefix+dm.Name]), &doc) == nil && doc.BootID != "" {
+			return doc.BootID
+		}
+	}
+	return ""
 }
 
 // NewDetails returns an empty set of report details.
@@ -87,7 +111,7 @@ func (d *Details) Documents(now time.Time, role Role) (map[string]string, error)
 	defer d.mu.Unlock()
 	out := make(map[string]string, len(Domains))
 	for _, dm := range Domains {
-		b, err := renderDocument(now, role, d.data[dm.Name])
+		b, err := renderDocument(now, role, d.bootID, d.data[dm.Name])
 		if err != nil {
 			return nil, fmt.Errorf("report domain %s: %w", dm.Name, err)
 		}
@@ -96,12 +120,15 @@ func (d *Details) Documents(now time.Time, role Role) (map[string]string, error)
 	return out, nil
 }
 
-func renderDocument(now time.Time, role Role, fields map[string]any) ([]byte, error) {
+func renderDocument(now time.Time, role Role, bootID string, fields map[string]any) ([]byte, error) {
 	for limit := MaxListLen; ; limit /= 2 {
 		doc := map[string]any{
 			"schemaVersion": SchemaVersion,
 			"updatedAt":     now.UTC().Format(time.RFC3339),
 			"role":          role,
+		}
+		if bootID != "" {
+			doc["bootID"] = bootID
 		}
 		for k, v := range fields {
 			rv := reflect.ValueOf(v)

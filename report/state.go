@@ -483,12 +483,19 @@ const bootSlack = 2 * time.Second
 //     holds);
 //   - a kernel condition the Node shows True from an earlier boot: ignored
 //     (a reboot clears kernel conditions);
+//
+// Which boot a True kernel condition on the Node belongs to: nodeBoot is
+// the boot ID of the Node's report annotations, which the daemon writes only
+// after it has written the conditions of that boot; when it is this boot,
+// every condition on the Node is this boot's. Without one (a Node written by
+// an older version), the transition time is compared with this boot's start
+// (wall clock; a clock stepped since can misjudge it).
 //   - another status in the store: the store wins; it holds a change the
 //     API server has not seen yet.
 //
 // A condition type or reason outside the catalog is ignored. Adopt reports
 // whether the store changed.
-func (s *Store) Adopt(c Condition) bool {
+func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	desc, ok := Lookup(c.Type)
 	if !ok || !desc.ValidReason(c.Status, c.Reason) {
 		return false
@@ -497,6 +504,9 @@ func (s *Store) Adopt(c Condition) bool {
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
 	thisBoot := s.bootStart.IsZero() || !c.LastTransitionTime.Before(s.bootStart.Add(-bootSlack))
+	if nodeBoot != "" {
+		thisBoot = nodeBoot == s.bootID
+	}
 	held := c.Status == StatusTrue && (desc.Hold == HoldForever || desc.Hold == HoldUntilReboot && thisBoot)
 	prev, had := s.conds[c.Type]
 	switch {

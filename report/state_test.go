@@ -202,18 +202,18 @@ func TestAdoptFromNode(t *testing.T) {
 		return Condition{Type: ty, Status: st, Reason: reason, LastTransitionTime: ltt}
 	}
 	// Same status on the Node, earlier: the Node's transition time wins.
-	if !s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", t0)) {
+	if !s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", t0), "") {
 		t.Error("same status, other time: not adopted")
 	}
 	if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(t0) || c.Message != "/var" {
 		t.Errorf("DiskUsageHigh after adopt = %+v", c)
 	}
 	// Another status on the Node: the local (newer) state wins.
-	if s.Adopt(node("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", t0)) {
+	if s.Adopt(node("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", t0), "") {
 		t.Error("a stale Node status overrode the local one")
 	}
 	// Unknown locally: taken over, observers see a restore.
-	if !s.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", t0)) {
+	if !s.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", t0), "") {
 		t.Error("new condition not adopted")
 	}
 	if c, ok := s.Get("KernelDeadlock"); !ok || !c.LastTransitionTime.Equal(t0) {
@@ -223,7 +223,7 @@ func TestAdoptFromNode(t *testing.T) {
 		t.Errorf("restored %v", rec.restored)
 	}
 	// Not ours, or a reason we do not know: ignored.
-	if s.Adopt(node("Ready", StatusTrue, "KubeletReady", t0)) || s.Adopt(node("DisksFailure", StatusTrue, "OldReason", t0)) {
+	if s.Adopt(node("Ready", StatusTrue, "KubeletReady", t0), "") || s.Adopt(node("DisksFailure", StatusTrue, "OldReason", t0), "") {
 		t.Error("adopted a foreign condition")
 	}
 }
@@ -248,8 +248,8 @@ func TestAdoptHeldConditions(t *testing.T) {
 	}
 	// This boot (the Node's time has one-second resolution: a second
 	// before the computed boot start still counts).
-	if !s.Adopt(node("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", boot.Add(10*time.Minute))) ||
-		!s.Adopt(node("VerityCorruption", StatusTrue, "VerityBlockCorrupted", boot.Add(-time.Second))) {
+	if !s.Adopt(node("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", boot.Add(10*time.Minute)), "") ||
+		!s.Adopt(node("VerityCorruption", StatusTrue, "VerityBlockCorrupted", boot.Add(-time.Second)), "") {
 		t.Error("a kernel condition True since this boot was not adopted over the local False")
 	}
 	if c, _ := s.Get("ReadonlyFilesystem"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(boot.Add(10*time.Minute)) || c.Message != "from the node" {
@@ -261,16 +261,16 @@ func TestAdoptHeldConditions(t *testing.T) {
 		t.Errorf("the adopted condition was cleared: %+v", c)
 	}
 	// An earlier boot: not adopted.
-	if s.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", boot.Add(-time.Hour))) {
+	if s.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", boot.Add(-time.Hour)), "") {
 		t.Error("a kernel condition of an earlier boot was adopted")
 	}
 	s2 := NewStore("b")
 	s2.SetBootStart(boot)
-	if s2.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", boot.Add(-time.Hour))) {
+	if s2.Adopt(node("KernelDeadlock", StatusTrue, "CriticalTaskHung", boot.Add(-time.Hour)), "") {
 		t.Error("a kernel condition of an earlier boot was adopted into an empty store (it would be held all boot)")
 	}
 	// Tamper: held forever.
-	if !s.Adopt(node("NodeTampered", StatusTrue, "ProtectedFileChanged", boot.Add(-48*time.Hour))) {
+	if !s.Adopt(node("NodeTampered", StatusTrue, "ProtectedFileChanged", boot.Add(-48*time.Hour)), "") {
 		t.Error("NodeTampered=True on the Node was not adopted")
 	}
 	if len(rec.restored) != 3 {
@@ -278,7 +278,7 @@ func TestAdoptHeldConditions(t *testing.T) {
 	}
 	// A check condition is re-evaluated: the local state still wins.
 	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), boot.Add(time.Hour))
-	if s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", boot.Add(time.Minute))) {
+	if s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", boot.Add(time.Minute)), "") {
 		t.Error("a check condition's stale True on the Node overrode the local False")
 	}
 }
@@ -330,5 +330,29 @@ func TestKeptValues(t *testing.T) {
 	s4.Load(dir)
 	if s4.Memo("kmsg", &got) {
 		t.Error("a value of another boot was restored")
+	}
+}
+
+// Which boot a True kernel condition on the Node belongs to is read from the
+// boot ID of the Node's report (written only after that boot's conditions),
+// not from the wall clock: a clock stepped since the line (NTP fixing an
+// unsynchronized clock) cannot make this boot's condition look older, nor a
+// clock that ran ahead in the previous boot make an old one look new.
+func TestAdoptByTheReportsBoot(t *testing.T) {
+	boot := t0.Add(time.Hour)
+	node := func(ty string, reason Reason, ltt time.Time) Condition {
+		return Condition{Type: ty, Status: StatusTrue, Reason: reason, LastTransitionTime: ltt}
+	}
+	s := NewStore("boot-b")
+	s.SetBootStart(boot)
+	s.Set(Condition{Type: "ReadonlyFilesystem", Status: StatusUnknown, Reason: ReasonNoData}, boot)
+	// This boot's line, the clock stepped forward by a day since: the
+	// transition time looks older than this boot's start.
+	if !s.Adopt(node("ReadonlyFilesystem", ReasonFilesystemIsReadOnly, boot.Add(-24*time.Hour)), "boot-b") {
+		t.Error("this boot's condition (by the report's boot ID) was not adopted")
+	}
+	// The previous boot's line, its clock a day ahead: looks new.
+	if s.Adopt(node("KernelDeadlock", ReasonCriticalTaskHung, boot.Add(24*time.Hour)), "boot-a") {
+		t.Error("an earlier boot's condition (by the report's boot ID) was adopted")
 	}
 }

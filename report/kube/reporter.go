@@ -43,7 +43,8 @@ type Options struct {
 	// is patched (default 10 s).
 	EventCountFlush time.Duration
 	// Progress, if set, is called by each loop when it makes progress, with
-	// the longest silence expected before the next call.
+	// the longest silence expected before the next call (no margin: the
+	// daemon's liveness adds the same slack to every loop).
 	Progress func(loop string, maxSilence time.Duration)
 }
 
@@ -64,8 +65,6 @@ const (
 	maxAggregates = 512
 	// eventQueue bounds the events waiting for the writer.
 	eventQueue = 1024
-	// progressSlack is added to every loop's allowed silence.
-	progressSlack = 30 * time.Second
 )
 
 // Component is the reporting component of the daemon's Events.
@@ -77,6 +76,10 @@ type Reporter struct {
 	m       *Metrics
 	events  <-chan report.Event
 	adopted chan struct{}
+	// written is closed after the first successful write of the conditions:
+	// only then are the report annotations written, so a report carrying
+	// this boot's ID means the Node's conditions are this boot's (Adopt).
+	written chan struct{}
 	// eventSeq is used by the event loop only.
 	eventSeq uint64
 }
@@ -94,7 +97,7 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{})}
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{})}
 	r.m.SetReporting(true)
 	return r
 }
@@ -143,7 +146,7 @@ func (r *Reporter) Adopted() <-chan struct{} { return r.adopted }
 
 func (r *Reporter) progress(loop string, maxSilence time.Duration) {
 	if r.o.Progress != nil {
-		r.o.Progress(loop, maxSilence+progressSlack)
+		r.o.Progress(loop, maxSilence)
 	}
 }
 
@@ -224,6 +227,11 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				el.ok()
 				bo.Reset()
 				dirty = false
+				select {
+				case <-r.written:
+				default:
+					close(r.written)
+				}
 				hb.Reset(jitter(r.o.HeartbeatPeriod))
 			}
 		}
@@ -272,12 +280,13 @@ func (r *Reporter) adopt(ctx context.Context) error {
 		return err
 	}
 	n := 0
+	nodeBoot := report.ReportBootID(node.Annotations)
 	for _, c := range node.Status.Conditions {
 		if _, ours := report.Lookup(string(c.Type)); !ours {
 			continue
 		}
 		if r.o.Store.Adopt(report.Condition{Type: string(c.Type), Status: report.Status(c.Status), Reason: report.Reason(c.Reason),
-			Message: c.Message, LastTransitionTime: c.LastTransitionTime.Time}) {
+			Message: c.Message, LastTransitionTime: c.LastTransitionTime.Time}, nodeBoot) {
 			n++
 		}
 	}
@@ -325,7 +334,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-r.adopted: // the first checks have had a moment to fill the report
+	case <-r.written: // after the conditions of this boot (see written)
 	}
 	wait := time.Duration(0)
 	for {

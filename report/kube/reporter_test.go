@@ -323,3 +323,44 @@ func TestSteadyStateWritesPerHour(t *testing.T) {
 		h.stop()
 	})
 }
+
+// The report annotations carry the boot they were written in, and only
+// after that boot's conditions were written; a restarted daemon adopts a
+// True kernel condition by that boot ID, whatever its transition time says.
+func TestReportBootIDDecidesKernelAdoption(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		nodeBoot string
+		want     report.Status
+	}{
+		{"report of this boot", "boot-b", report.StatusTrue},
+		{"report of the previous boot", "boot-a", report.StatusFalse},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// A day before this boot's start by the wall clock (a clock
+				// stepped since); the report says which boot it is.
+				onNode := corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "FilesystemIsReadOnly",
+					Message: "EXT4-fs (vda1): Remounting filesystem read-only", LastTransitionTime: metav1.NewTime(time.Now().Add(-25 * time.Hour))}
+				n := kubeletNode(onNode)
+				n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"` + tc.nodeBoot + `"}`
+				client := fake.NewClientset(n)
+				store := report.NewStore("boot-b")
+				store.SetBootStart(time.Now().Add(-time.Hour))
+				store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusFalse, Reason: report.ReasonFilesystemIsNotReadOnly}, time.Now())
+				h := start(t, client, store)
+				h.det.SetBootID("boot-b")
+				<-h.r.Adopted()
+				time.Sleep(time.Second)
+				synctest.Wait()
+				if c := findCond(h.node(t), "ReadonlyFilesystem"); c == nil || string(c.Status) != string(tc.want) {
+					t.Errorf("ReadonlyFilesystem on the Node: %+v; want %s", c, tc.want)
+				}
+				if got := report.ReportBootID(h.node(t).Annotations); got != "boot-b" {
+					t.Errorf("report boot ID after the first write: %q", got)
+				}
+				h.stop()
+			})
+		})
+	}
+}
