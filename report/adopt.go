@@ -1,0 +1,78 @@
+package report
+
+import (
+	"time"
+)
+
+// bootSlack absorbs the Node's one-second resolution of transition times.
+const bootSlack = 2 * time.Second
+
+// Adopt merges a condition read back from the Node when the daemon starts,
+// so a restart (even one that lost the state file) neither flaps a condition
+// nor resets the timers of anything that watches it:
+//   - not in the store: taken over as it is (observers see a restore);
+//   - same status in the store: the Node's lastTransitionTime wins, because
+//     it is the one watchers have been timing;
+//   - a condition held until reboot (the kernel's) that the Node shows True
+//     since this boot began, or one held forever (tamper) that the Node shows
+//     True: taken over even when the store says otherwise, because such a
+//     condition never turns False by itself; the store lost it (a start
+//     without its state file, or a kernel line the ring buffer no longer
+//     holds);
+//   - a kernel condition the Node shows True from an earlier boot: ignored
+//     (a reboot clears kernel conditions);
+//
+// Which boot a True kernel condition on the Node belongs to: nodeBoot is
+// the boot ID of the Node's report annotations, which the daemon writes only
+// after it has written the conditions of that boot; when it is this boot,
+// every condition on the Node is this boot's. Without one (a Node written by
+// an older version), the transition time is compared with this boot's start
+// (wall clock; a clock stepped since can misjudge it).
+//   - another status in the store: the store wins; it holds a change the
+//     API server has not seen yet.
+//
+// A condition type or reason outside the catalog is ignored. Adopt reports
+// whether the store changed.
+func (s *Store) Adopt(c Condition, nodeBoot string) bool {
+	desc, ok := Lookup(c.Type)
+	if !ok || !desc.ValidReason(c.Status, c.Reason) {
+		return false
+	}
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.mu.Lock()
+	thisBoot := s.bootStart.IsZero() || !c.LastTransitionTime.Before(s.bootStart.Add(-bootSlack))
+	if nodeBoot != "" {
+		thisBoot = nodeBoot == s.bootID
+	}
+	held := c.Status == StatusTrue && (desc.Hold == HoldForever || desc.Hold == HoldUntilReboot && thisBoot)
+	prev, had := s.conds[c.Type]
+	switch {
+	case desc.Hold == HoldUntilReboot && c.Status == StatusTrue && !thisBoot:
+		s.mu.Unlock()
+		return false
+	case !had:
+		s.conds[c.Type] = c
+	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
+		prev.LastTransitionTime = c.LastTransitionTime
+		s.conds[c.Type] = prev
+		s.mu.Unlock()
+		s.Touch()
+		return true
+	case held && prev.Status != StatusTrue:
+		c.LastUpdateTime = prev.LastUpdateTime
+		s.conds[c.Type] = c
+		close(s.changed)
+		s.changed = make(chan struct{})
+	default:
+		s.mu.Unlock()
+		return false
+	}
+	obs := s.observers
+	s.mu.Unlock()
+	s.Touch()
+	for _, o := range obs {
+		o.ConditionRestored(c)
+	}
+	return true
+}

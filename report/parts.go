@@ -1,0 +1,70 @@
+package report
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// SetPart records the evaluation by src of its part of a condition that
+// several sources evaluate (the catalog row's Parts: DisksFailure's kernel
+// I/O errors and NVMe SMART), and sets the condition from all parts seen so
+// far: True when any part is True (the reason of the first True part in the
+// row's order; the messages of the True parts joined); else Unknown when a
+// part could not decide (its reason); else False when a part is False; else
+// (every part found nothing to check, e.g. no NVMe drives and no kernel log
+// monitor) Unknown/NothingToCheck. A part with nothing to check never makes
+// the condition False by itself. It panics when the row gives src no part.
+func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
+	desc, _ := Lookup(c.Type)
+	part, ok := desc.Part(src)
+	if !ok {
+		panic(fmt.Sprintf("report: SetPart of %q by %s: the catalog gives it no part from that source", c.Type, src))
+	}
+	s.mu.Lock()
+	if s.parts[c.Type] == nil {
+		s.parts[c.Type] = map[string]Condition{}
+	}
+	s.parts[c.Type][part.Name] = c
+	var trues, falses, undecided, nothing []Condition
+	for _, n := range desc.Parts {
+		p, seen := s.parts[c.Type][n.Name]
+		if !seen {
+			continue
+		}
+		switch {
+		case p.Status == StatusTrue:
+			trues = append(trues, p)
+		case p.Status == StatusFalse:
+			falses = append(falses, p)
+		case p.Reason == ReasonNothingToCheck:
+			nothing = append(nothing, p)
+		default:
+			undecided = append(undecided, p)
+		}
+	}
+	s.mu.Unlock()
+	// A part that found nothing to check (no NVMe drives) neither makes the
+	// condition healthy nor undecided: the other parts decide, and when no
+	// part checked anything, neither does the condition.
+	out := Condition{Type: c.Type}
+	var pick []Condition
+	switch {
+	case len(trues) > 0:
+		out.Status, out.Reason, pick = StatusTrue, trues[0].Reason, trues
+	case len(undecided) > 0:
+		out.Status, out.Reason, pick = StatusUnknown, undecided[0].Reason, append(undecided, falses...)
+	case len(falses) > 0:
+		out.Status, out.Reason, pick = StatusFalse, desc.HealthyReason, append(falses, nothing...)
+	default:
+		out.Status, out.Reason, pick = StatusUnknown, ReasonNothingToCheck, nothing
+	}
+	msgs := make([]string, 0, len(pick))
+	for _, p := range pick {
+		if p.Message != "" {
+			msgs = append(msgs, p.Message)
+		}
+	}
+	out.Message = strings.Join(msgs, "; ")
+	return s.Set(out, now)
+}

@@ -1,0 +1,149 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Store holds the condition state. It is safe for concurrent use.
+type Store struct {
+	mu        sync.Mutex
+	conds     map[string]Condition
+	parts     map[string]map[string]Condition // condition type -> part -> evaluation
+	bootID    string
+	observers []Observer
+	changed   chan struct{} // closed and replaced on every change
+	notifyMu  sync.Mutex    // serializes observer calls
+	// bootStart is when this boot began (wall time): a condition held until
+	// reboot that the Node shows True since then belongs to this boot.
+	bootStart time.Time
+	// memos are the saved values of this boot (see Keep and Memo); keepers
+	// produce the current ones at each Save.
+	memos   map[string]json.RawMessage
+	keepers map[string]func() any
+	// dirty gets a token whenever something the state file holds changed
+	// (a condition or a kept value); the persister drains it.
+	dirty chan struct{}
+}
+
+// NewStore returns an empty store for the given boot.
+func NewStore(bootID string) *Store {
+	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
+		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
+		dirty: make(chan struct{}, 1)}
+}
+
+// SetBootStart records when this boot began (wall time), for Adopt.
+func (s *Store) SetBootStart(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bootStart = t
+}
+
+// Dirty returns a channel that receives a token after something the state
+// file holds changed: a condition, or a value registered with Keep (Touch).
+// It has one reader: the loop that saves the state.
+func (s *Store) Dirty() <-chan struct{} { return s.dirty }
+
+// Touch says that a value registered with Keep changed. It never blocks and
+// does not allocate, so a reader may call it for every record it handles.
+func (s *Store) Touch() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Observe registers an observer. Register observers before the first Set.
+func (s *Store) Observe(o Observer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.observers = append(s.observers, o)
+}
+
+// Changed returns a channel closed at the next change.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+// Get returns one condition.
+func (s *Store) Get(condType string) (Condition, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.conds[condType]
+	return c, ok
+}
+
+// All returns every condition, sorted by type.
+func (s *Store) All() []Condition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Condition, 0, len(s.conds))
+	for _, c := range s.conds {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Condition) int {
+		switch {
+		case a.Type < b.Type:
+			return -1
+		case a.Type > b.Type:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Set records a new evaluation of a condition at time now. The transition
+// time changes only when the status changes. A condition held until reboot or
+// forever (kernel and tamper conditions) stays True once set: a later False
+// does not clear it. Set reports whether status, reason or message changed.
+func (s *Store) Set(c Condition, now time.Time) bool {
+	if desc, ok := Lookup(c.Type); !ok {
+		panic(fmt.Sprintf("report: Set of unknown condition %q", c.Type))
+	} else if !desc.ValidReason(c.Status, c.Reason) {
+		panic(fmt.Sprintf("report: condition %s: reason %q is not in the catalog for status %s", c.Type, c.Reason, c.Status))
+	}
+	c.Message = capMessage(c.Message)
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.mu.Lock()
+	prev, had := s.conds[c.Type]
+	if had && prev.Status == StatusTrue && c.Status != StatusTrue {
+		if desc, _ := Lookup(c.Type); desc.Hold != HoldWhileTrue {
+			prev.LastUpdateTime = now
+			s.conds[c.Type] = prev
+			s.mu.Unlock()
+			return false
+		}
+	}
+	c.LastUpdateTime = now
+	c.LastTransitionTime = now
+	if had && prev.Status == c.Status {
+		c.LastTransitionTime = prev.LastTransitionTime
+	}
+	s.conds[c.Type] = c
+	changed := !had || prev.Status != c.Status || prev.Reason != c.Reason || prev.Message != c.Message
+	obs := s.observers
+	if changed {
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+	s.mu.Unlock()
+	if changed {
+		s.Touch()
+		var p *Condition
+		if had {
+			p = &prev
+		}
+		for _, o := range obs {
+			o.ConditionChanged(p, c)
+		}
+	}
+	return changed
+}
