@@ -209,7 +209,7 @@ func (p *Parts) newRunner(env *checks.Env) (*checks.Runner, error) {
 		spread := p.Config.Runner.FirstRunSpread.Duration
 		for _, c := range r.Checks() {
 			com, _ := p.Config.Checks.Common(c)
-			p.Live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration+loopSlack)
+			p.Live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration)
 		}
 	}
 	return r, nil

@@ -34,6 +34,9 @@ type Options struct {
 	// KubeconfigPoll is how often a daemon without a kubeconfig looks for
 	// it (default 30 s).
 	KubeconfigPoll time.Duration
+	// KmsgOpen, if set, opens the kernel log instead of the device at
+	// kmsg.device.
+	KmsgOpen func(path string) (kmsg.Device, error)
 }
 
 // Daemon is one run of the daemon.
@@ -58,6 +61,8 @@ type Daemon struct {
 	events  *kube.EventQueue
 	kmsg    *kmsg.Monitor
 	poll    time.Duration
+	// kmsgOpen is Options.KmsgOpen.
+	kmsgOpen func(path string) (kmsg.Device, error)
 
 	mu    sync.Mutex
 	ready bool
@@ -78,7 +83,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{
-		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll,
+		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll, kmsgOpen: opts.KmsgOpen,
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1),
 	}

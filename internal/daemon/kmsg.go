@@ -54,12 +54,16 @@ func KmsgExternal(mon *kmsg.Monitor) []string {
 	return out
 }
 
+// kmsgReadTimeout is how long a read of the kernel log waits for a record:
+// the reader's period (a read that waited counts as progress).
+const kmsgReadTimeout = 10 * time.Second
+
 func (d *Daemon) newReader() *kmsg.Reader {
 	// The cursor lives in the state file now (report.Store.Keep); the file
 	// of earlier versions is no longer read.
 	os.Remove(filepath.Join(d.cfg.StateDir, "kmsg-cursor.json"))
 	return &kmsg.Reader{
 		Path: d.cfg.HostPath(d.cfg.Kmsg.Device), Monitor: d.kmsg, Log: d.log.With("component", "kmsg"),
-		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: 10 * time.Second,
+		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: kmsgReadTimeout, Open: d.kmsgOpen,
 	}
 }

@@ -42,7 +42,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 			}
 			lastErr = err.Error()
 		}
-		d.live.Beat("kube/kubeconfig", d.poll+loopSlack)
+		d.live.Beat("kube/kubeconfig", d.poll)
 		select {
 		case <-ctx.Done():
 			return

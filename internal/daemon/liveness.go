@@ -9,8 +9,9 @@ import (
 )
 
 // Liveness tracks whether every loop of the daemon makes progress. A loop is
-// stuck when it has not reported progress within its allowed silence; a
-// stuck loop fails /healthz and stops the systemd watchdog pings.
+// stuck when it has not reported progress within its allowed silence (its
+// period plus loopSlack); a stuck loop fails /healthz and stops the systemd
+// watchdog pings.
 type Liveness struct {
 	mu    sync.Mutex
 	now   func() time.Time
@@ -29,11 +30,12 @@ func NewLiveness(now func() time.Time) *Liveness {
 	return &Liveness{now: now, loops: map[string]*loopState{}}
 }
 
-// Expect registers a loop that must beat within maxSilence from now on.
-func (l *Liveness) Expect(loop string, maxSilence time.Duration) {
+// Expect registers a loop that must beat within period (+ loopSlack) from
+// now on.
+func (l *Liveness) Expect(loop string, period time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.loops[loop] = &loopState{last: l.now(), maxSilence: maxSilence}
+	l.loops[loop] = &loopState{last: l.now(), maxSilence: period + loopSlack}
 }
 
 // Forget stops tracking a loop (it ended on purpose).
@@ -43,10 +45,13 @@ func (l *Liveness) Forget(loop string) {
 	delete(l.loops, loop)
 }
 
-// Beat records progress of a loop; maxSilence replaces the allowed silence
-// before the next beat.
-func (l *Liveness) Beat(loop string, maxSilence time.Duration) {
+// Beat records progress of a loop; the next beat is due within period (+
+// loopSlack). period is the longest the loop itself expects to take before
+// it beats again (a check: its interval + timeout), with no margin: the
+// margin is loopSlack, added here for every loop.
+func (l *Liveness) Beat(loop string, period time.Duration) {
 	t := l.now()
+	maxSilence := period + loopSlack
 	l.mu.Lock()
 	if st, ok := l.loops[loop]; ok {
 		st.last, st.maxSilence = t, maxSilence
@@ -89,7 +94,21 @@ func (l *Liveness) Loops() []string {
 	return out
 }
 
-// loopSlack is added to every loop's allowed silence.
+// Allowed returns how long a loop may stay silent before it is stuck: the
+// period of its last Expect or Beat plus loopSlack.
+func (l *Liveness) Allowed(loop string) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, ok := l.loops[loop]
+	if !ok {
+		return 0, false
+	}
+	return st.maxSilence, true
+}
+
+// loopSlack is the one liveness policy: every loop may stay silent for its
+// own period plus loopSlack before it counts as stuck (README, "Under
+// systemd"). Callers pass only their period to Expect and Beat.
 const loopSlack = 30 * time.Second
 
 // Healthy returns nil when every loop makes progress.

@@ -12,7 +12,7 @@ const persistEvery = time.Minute
 // log cursor), at most once a second, and beats its liveness.
 func (d *Daemon) persist(ctx context.Context) {
 	const loop = "state"
-	d.live.Expect(loop, persistEvery+loopSlack)
+	d.live.Expect(loop, persistEvery)
 	defer d.live.Forget(loop)
 	t := time.NewTicker(persistEvery)
 	defer t.Stop()
@@ -40,6 +40,6 @@ func (d *Daemon) persist(ctx context.Context) {
 				dirty = false
 			}
 		}
-		d.live.Beat(loop, persistEvery+loopSlack)
+		d.live.Beat(loop, persistEvery)
 	}
 }

@@ -31,7 +31,7 @@ func (d *Daemon) currentRunner() *checks.Runner {
 // annotations carry the new role from their next refresh.
 func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 	const loop = "detect"
-	d.live.Expect(loop, interval+loopSlack)
+	d.live.Expect(loop, interval)
 	defer d.live.Forget(loop)
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -41,7 +41,7 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		d.live.Beat(loop, interval+loopSlack)
+		d.live.Beat(loop, interval)
 		role, roleSource, gpu, gpuSource := DetectRoleGPU(d.cfg)
 		old := d.currentEnv()
 		if role == old.Role && gpu == old.GPU {

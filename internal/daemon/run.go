@@ -29,7 +29,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// Before the first pass: the kernel conditions start False (or as
 		// restored from this boot) and the reader follows the log.
 		d.kmsg.Start(time.Now(), kmsg.BootWall())
-		d.live.Expect("kmsg", 15*time.Second+loopSlack)
+		d.live.Expect("kmsg", kmsgReadTimeout)
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
 	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
