@@ -5,7 +5,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 
-.PHONY: all build run test test-race bench fuzz vet docs clean k8s-bins deb
+.PHONY: all build run test test-unit test-integration test-race bench fuzz vet docs clean k8s-bins deb
 
 all: build
 
@@ -17,10 +17,21 @@ build:
 run: build
 	@./$(BIN) check --config /dev/null; rc=$$?; [ $$rc -le 1 ]
 
-# Everything: unit tests, fuzz seeds, and the integration tiers under tests/
-# (real /dev/kmsg, real systemd, real kube-apiserver) where this machine has them.
+# The integration tiers under tests/ (real /dev/kmsg, real systemd and
+# containerd, real kube-apiserver) build only with this tag; they need root.
+INTEGRATION := -tags integration
+
+# Everything: unit tests, fuzz seeds and the integration tiers (what CI runs).
 test: vet k8s-bins
-	$(GO) test -count=1 -timeout 20m $(PKGS)
+	$(GO) test $(INTEGRATION) -count=1 -timeout 20m $(PKGS)
+
+# Unit tests and fuzz seeds only: what `go test ./...` runs; no root needed.
+test-unit:
+	$(GO) test -count=1 $(PKGS)
+
+# The integration tiers alone.
+test-integration: k8s-bins
+	$(GO) test $(INTEGRATION) -count=1 -timeout 20m ./tests/...
 
 # kube-apiserver and etcd for tests/, built from the Go module proxy by the
 # separate tools module tests/tools/k8s; cached in tests/.cache/bin and
@@ -29,11 +40,11 @@ k8s-bins:
 	bash tests/tools/k8s/build.sh
 
 test-race:
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test $(INTEGRATION) -race -count=1 $(PKGS)
 
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
+	$(GO) vet $(INTEGRATION) $(PKGS)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)

@@ -1,3 +1,10 @@
+//go:build integration
+
+// Package tests holds the integration tiers: the daemon against the real
+// /dev/kmsg, a real systemd (PID 1 in fresh namespaces), containerd and a
+// real kube-apiserver. They need root and Debian's packages (README, "Tests")
+// and build only with -tags integration (make test, make test-integration),
+// so that go test ./... on a developer's machine runs the unit tests alone.
 package tests
 
 import (
