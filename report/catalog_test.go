@@ -39,15 +39,21 @@ func TestCatalogMatchesSpec(t *testing.T) {
 		"SealedOSTampered":             {SourceTamper, Security, 5 * time.Minute, ScopeAll},
 		"NodeTampered":                 {SourceTamper, Security, 5 * time.Minute, ScopeAll},
 	}
-	if len(Conditions) != 24 || len(spec) != 24 {
-		t.Fatalf("catalog has %d conditions, spec 24", len(Conditions))
+	// A new condition gets its row here too: this table is the spec's
+	// word on source, disposition, interval and scope, checked against the
+	// catalog row by row (no count to keep up to date).
+	for typ := range spec {
+		if _, ok := Lookup(typ); !ok {
+			t.Errorf("%s is in the spec but not in the catalog", typ)
+		}
 	}
-	counts := map[Source]int{}
+	if len(Conditions) != len(spec) {
+		t.Errorf("catalog has %d conditions, spec %d", len(Conditions), len(spec))
+	}
 	for _, c := range Conditions {
-		counts[c.Source]++
 		want, ok := spec[c.Type]
 		if !ok {
-			t.Errorf("%s is not in the spec", c.Type)
+			t.Errorf("%s is not in the spec table of this test: add its row", c.Type)
 			continue
 		}
 		got := row{c.Source, c.Disposition, c.Interval, c.Scope}
@@ -60,9 +66,6 @@ func TestCatalogMatchesSpec(t *testing.T) {
 		if c.Source != SourceCheck && c.Hold == HoldWhileTrue {
 			t.Errorf("%s: kernel and tamper conditions are held once set", c.Type)
 		}
-	}
-	if counts[SourceCheck] != 17 || counts[SourceKmsg] != 5 || counts[SourceTamper] != 2 {
-		t.Errorf("sources: %v, spec 17 checks, 5 kmsg, 2 tamper", counts)
 	}
 	for _, s := range []string{"ReadonlyFilesystem", "KernelDeadlock", "VerityCorruption"} {
 		if d, _ := Lookup(s); d.Hold != HoldUntilReboot {
