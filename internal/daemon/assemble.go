@@ -89,6 +89,7 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 	}
 	env := p.Env
 	p.Details = report.NewDetails()
+	p.Details.SetBootID(bootID)
 	p.Store = report.NewStore(bootID)
 	p.Metrics = report.NewMetrics(o.Version)
 	if o.Purpose == ForRun {
