@@ -193,3 +193,9 @@ func Value(m prometheus.Metric) float64 {
 	}
 	return 0
 }
+
+// StateWritesFor returns the counter of state file writes with a result
+// ("ok" or "error").
+func (m *Metrics) StateWritesFor(result string) prometheus.Counter {
+	return m.stateWrites.WithLabelValues(result)
+}

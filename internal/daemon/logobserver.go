@@ -36,7 +36,13 @@ func (l logObserver) ConditionChanged(prev *report.Condition, cur report.Conditi
 		from = string(prev.Status)
 	}
 	lv := slog.LevelInfo
-	if cur.Status == report.StatusTrue {
+	switch {
+	case prev != nil && prev.Status == cur.Status && prev.Reason == cur.Reason:
+		// Only the detail changed (another matching kernel line, a new
+		// percentage): the journal has a line per change of state, not per
+		// evaluation.
+		lv = slog.LevelDebug
+	case cur.Status == report.StatusTrue:
 		lv = slog.LevelWarn
 	}
 	l.log.Log(context.Background(), lv, "condition changed", "condition", cur.Type, "from", from, "status", cur.Status, "reason", cur.Reason, "message", cur.Message)

@@ -3,25 +3,36 @@ package daemon
 import (
 	"context"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/backoff"
 )
 
 // persistEvery bounds how long the persister loop waits without a change.
 const persistEvery = time.Minute
 
 // persist writes the state file after changes (a condition, or the kernel
-// log cursor), at most once a second, and beats its liveness.
+// log cursor), at most once a second, and beats its liveness. When saving
+// fails (a read-only /var) it retries with backoff (1 s doubling to a
+// minute) and logs once per change of error, and once when it works again.
 func (d *Daemon) persist(ctx context.Context) {
 	const loop = "state"
 	d.live.Expect(loop, persistEvery)
 	defer d.live.Forget(loop)
 	t := time.NewTicker(persistEvery)
 	defer t.Stop()
+	bo := backoff.Backoff{Min: time.Second, Max: persistEvery}
+	var retry <-chan time.Time
+	var lastErr string
 	dirty := false
 	for {
+		changes := d.store.Dirty()
+		if retry != nil {
+			changes = nil // the retry saves them
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-d.store.Dirty():
+		case <-changes:
 			dirty = true
 			// Coalesce bursts of changes.
 			select {
@@ -29,15 +40,27 @@ func (d *Daemon) persist(ctx context.Context) {
 				return
 			case <-time.After(time.Second):
 			}
+		case <-retry:
+			retry = nil
 		case <-t.C:
 		}
-		if dirty {
+		if dirty && retry == nil {
 			err := d.store.Save(d.cfg.StateDir, time.Now())
 			d.metrics.StateWrite(err)
-			if err != nil {
-				d.log.Error("saving state failed", "dir", d.cfg.StateDir, "err", err)
-			} else {
-				dirty = false
+			switch {
+			case err != nil:
+				wait := bo.Next()
+				if err.Error() != lastErr {
+					d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
+					lastErr = err.Error()
+				}
+				retry = time.After(wait)
+			default:
+				if lastErr != "" {
+					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
+				}
+				lastErr, dirty = "", false
+				bo.Reset()
 			}
 		}
 		d.live.Beat(loop, persistEvery)

@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"regexp"
 	"time"
 )
+
+var digits = regexp.MustCompile(`[0-9.]+`)
 
 // watchdog pings systemd at half the watchdog interval, only while every
 // loop makes progress: a stuck daemon is restarted by systemd.
@@ -22,10 +25,12 @@ func (d *Daemon) watchdog(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		if err := d.Healthy(); err != nil {
-			if err.Error() != lastErr {
+			// Once per change of which loops are stuck, not per ping
+			// period (the "no progress for N s" in the text grows).
+			if key := digits.ReplaceAllString(err.Error(), "#"); key != lastErr {
 				d.log.Error("not healthy; withholding the watchdog ping", "err", err)
+				lastErr = key
 			}
-			lastErr = err.Error()
 			continue
 		}
 		lastErr = ""

@@ -1,0 +1,81 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// The state cannot be saved (here: its directory's parent is a file, as a
+// read-only /var refuses it): the persister retries with backoff instead
+// of every second, logs the error once, and once when saving works again.
+// Before, a busy kernel log made it log an error every second.
+func TestPersistBacksOffWhenSavingFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := t.TempDir()
+		blocker := filepath.Join(base, "var")
+		if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig(t)
+		cfg.StateDir = filepath.Join(blocker, "lib", "autopilot-health")
+		var logs syncBuf
+		d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil)), store: report.NewStore("b"),
+			metrics: report.NewMetrics("test"), live: NewLiveness(time.Now)}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { d.persist(ctx); close(done) }()
+		// A kernel record every second for ten minutes (each moves the
+		// cursor, each asks for a save).
+		for range 600 {
+			d.store.Touch()
+			time.Sleep(time.Second)
+		}
+		failed := testutil.ToFloat64(d.metrics.StateWritesFor("error"))
+		if failed < 5 || failed > 30 {
+			t.Errorf("%v failed saves in 10 minutes; want a backoff (5..30)", failed)
+		}
+		if n := strings.Count(logs.String(), "saving state failed"); n != 1 {
+			t.Errorf("the failure was logged %d times:\n%s", n, logs.String())
+		}
+		// /var is writable again: the next retry saves, once logged.
+		os.Remove(blocker)
+		d.store.Touch()
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if _, err := os.Stat(filepath.Join(cfg.StateDir, report.StateFileName)); err != nil {
+			t.Errorf("not saved after recovery: %v", err)
+		}
+		if n := strings.Count(logs.String(), "saving state works again"); n != 1 {
+			t.Errorf("recovery logged %d times:\n%s", n, logs.String())
+		}
+		cancel()
+		<-done
+	})
+}
+
+// A condition whose detail changes (another matching kernel line, a new
+// percentage) with the same status and reason is not a new journal line at
+// the default level: one line per change of state.
+func TestLogOneLinePerChangeOfState(t *testing.T) {
+	var logs syncBuf
+	s := report.NewStore("b")
+	s.Observe(newLogObserver(slog.New(slog.NewTextHandler(&logs, nil))))
+	now := time.Now()
+	for i := range 5 {
+		s.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusTrue, Reason: report.ReasonFilesystemIsReadOnly,
+			Message: "EXT4-fs (vda" + string(rune('1'+i)) + "): Remounting filesystem read-only"}, now)
+	}
+	if n := strings.Count(logs.String(), "condition changed"); n != 1 {
+		t.Errorf("%d lines for one change of state:\n%s", n, logs.String())
+	}
+}
