@@ -94,7 +94,6 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 		var oldest *aggKey
 		for kk, a := range aggs {
 			if a.name != "" && a.count == a.sentCount && (oldest == nil || a.last.Before(aggs[*oldest].last)) {
-				kk := kk
 				oldest = &kk
 			}
 		}

@@ -84,8 +84,11 @@ type Reporter struct {
 	eventSeq uint64
 }
 
-// New builds a Reporter and registers it as an observer of the store's
-// events. Call it before the runner starts.
+// New builds a Reporter. Its events come from Options.Events, a queue the
+// caller registered with the store when it made the store (the daemon does,
+// so a reporter built when the kubeconfig appears, long after the checks
+// started, still sends the events from before). Without one, New creates a
+// queue and registers it: events emitted before New are not sent.
 func New(o Options) *Reporter {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
