@@ -67,7 +67,7 @@ func startContainerd(t *testing.T, s *harness.Systemd) systemd.Unit {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.Bus.Start(ctx, "containerd.service"); err != nil {
+	if err := s.StartUnit(ctx, "containerd.service"); err != nil {
 		t.Fatalf("starting Debian's containerd.service: %v\n%s", err, s.Journal("containerd.service"))
 	}
 	u := waitUnit(t, s, "containerd.service", "containerd up", active)
@@ -202,7 +202,7 @@ func TestRealContainerdRepair(t *testing.T) {
 	// restarts containerd itself; the daemon sees the auto-restart and does
 	// not restart it too.
 	killedAt := time.Now()
-	if err := s.Bus.KillMain(context.Background(), "containerd.service", int32(syscall.SIGKILL)); err != nil {
+	if err := s.KillMain(context.Background(), "containerd.service", int32(syscall.SIGKILL)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, store, nil, 10*time.Second, "ContainerRuntimeUnhealthy=True after SIGKILL", condIs(store, "ContainerRuntimeUnhealthy", report.StatusTrue))
@@ -238,7 +238,7 @@ func TestRealContainerdRepair(t *testing.T) {
 	for time.Since(hungAt) < window {
 		u := log.sample(s, "containerd.service")
 		if active(u) && !stopped[u.Invocation] {
-			if err := s.Bus.KillMain(context.Background(), "containerd.service", int32(syscall.SIGSTOP)); err != nil {
+			if err := s.KillMain(context.Background(), "containerd.service", int32(syscall.SIGSTOP)); err != nil {
 				t.Fatal(err)
 			}
 			stopped[u.Invocation] = true
@@ -250,7 +250,7 @@ func TestRealContainerdRepair(t *testing.T) {
 		t.Errorf("hung: condition %s %q, want True with DeadlineExceeded", c.Status, c.Message)
 	}
 	// Let the last one run again; wait out a restart job in flight.
-	s.Bus.KillMain(context.Background(), "containerd.service", int32(syscall.SIGCONT))
+	s.KillMain(context.Background(), "containerd.service", int32(syscall.SIGCONT))
 	waitFor(t, store, nil, 15*time.Second, "ContainerRuntimeUnhealthy=False after the hang", condIs(store, "ContainerRuntimeUnhealthy", report.StatusFalse))
 	log.sample(s, "containerd.service")
 	n := checkCooldown(t, "hung containerd", log.sorted(), window, cooldown)

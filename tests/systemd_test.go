@@ -215,7 +215,7 @@ func TestContainerdRepairOverRealSystemd(t *testing.T) {
 func kill(t *testing.T, s *harness.Systemd, name string) systemd.Unit {
 	t.Helper()
 	before := waitUnit(t, s, name, name+" up", active)
-	if err := s.Bus.KillMain(context.Background(), name, int32(syscall.SIGKILL)); err != nil {
+	if err := s.KillMain(context.Background(), name, int32(syscall.SIGKILL)); err != nil {
 		t.Fatal(err)
 	}
 	return waitUnit(t, s, name, name+" restarted by systemd", func(u systemd.Unit) bool { return active(u) && u.Invocation != before.Invocation })
@@ -269,7 +269,7 @@ func TestServiceNotRecoveringOverRealSystemd(t *testing.T) {
 	}
 	// A transient failed during an automatic restart is not "failed": probe
 	// right after the kill, while systemd is restarting the unit.
-	if err := s.Bus.KillMain(context.Background(), "kubelet.service", int32(syscall.SIGKILL)); err != nil {
+	if err := s.KillMain(context.Background(), "kubelet.service", int32(syscall.SIGKILL)); err != nil {
 		t.Fatal(err)
 	}
 	if r := snrProbe(t, c); r.Reason == "UnitFailed" {
@@ -296,13 +296,13 @@ func TestNodeServiceDownOverRealSystemd(t *testing.T) {
 	if r := snrProbe(t, c); r.Status != report.StatusFalse {
 		t.Fatalf("active: %+v", r)
 	}
-	if err := s.Bus.Stop(context.Background(), "syself-tunnel-agent.service"); err != nil {
+	if err := s.StopUnit(context.Background(), "syself-tunnel-agent.service"); err != nil {
 		t.Fatal(err)
 	}
 	if r := snrProbe(t, c); r.Status != report.StatusTrue || r.Message != "syself-tunnel-agent.service is not active (inactive/dead)" {
 		t.Errorf("stopped: %+v", r)
 	}
-	if err := s.Bus.Start(context.Background(), "syself-tunnel-agent.service"); err != nil {
+	if err := s.StartUnit(context.Background(), "syself-tunnel-agent.service"); err != nil {
 		t.Fatal(err)
 	}
 	if r := snrProbe(t, c); r.Status != report.StatusFalse {
@@ -353,9 +353,9 @@ func TestQueuedStartJobOverRealSystemd(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Go(func() { s.Bus.Start(ctx, "gate.service") })
+	wg.Go(func() { s.StartUnit(ctx, "gate.service") })
 	waitUnit(t, s, "gate.service", "gate activating", func(u systemd.Unit) bool { return u.ActiveState == "activating" })
-	wg.Go(func() { s.Bus.Start(ctx, "late.service") })
+	wg.Go(func() { s.StartUnit(ctx, "late.service") })
 	u := waitUnit(t, s, "late.service", "a queued start job", func(u systemd.Unit) bool { return u.Job != 0 })
 	if u.ActiveState != "inactive" {
 		t.Errorf("late.service with a queued job: %+v", u)
@@ -365,5 +365,5 @@ func TestQueuedStartJobOverRealSystemd(t *testing.T) {
 		t.Errorf("repair of a starting unit: %s %q", res, msg)
 	}
 	waitUnit(t, s, "late.service", "late started after the gate", active)
-	s.Bus.Stop(ctx, "late.service")
+	s.StopUnit(ctx, "late.service")
 }

@@ -263,7 +263,7 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	}
 	// journald first, so containerd's and the daemon's output land in the
 	// journal (printed when the test fails).
-	if err := s.Bus.Start(ctx, "systemd-journald.service"); err != nil {
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
 		t.Fatalf("starting journald: %v", err)
 	}
 	startContainerd(t, s)
@@ -271,7 +271,7 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 
 	// READY=1: a Type=notify start job is done only once the daemon sent it.
 	start = time.Now()
-	if err := s.Bus.Start(ctx, "autopilot-health.service"); err != nil {
+	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
 		t.Fatalf("starting autopilot-health.service: %v", err)
 	}
 	daemonUnit, err := s.Bus.Unit(ctx, "autopilot-health.service")
@@ -461,7 +461,7 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 
 	// SIGTERM: STOPPING=1, the state saved, a clean exit.
 	stopAt := time.Now()
-	if err := s.Bus.Stop(ctx, "autopilot-health.service"); err != nil {
+	if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("stopped in %s", time.Since(stopAt).Round(time.Millisecond))

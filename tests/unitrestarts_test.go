@@ -55,10 +55,10 @@ func TestUnitRestartsOverRealSystemd(t *testing.T) {
 	if err := s.AddUnit(ctx, unit, "[Unit]\nDescription=stand-in critical unit that crashes\nDefaultDependencies=no\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=100ms\n"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Bus.Start(ctx, unit); err != nil {
+	if err := s.StartUnit(ctx, unit); err != nil {
 		t.Fatal(err)
 	}
-	defer s.Bus.Stop(ctx, unit)
+	defer s.StopUnit(ctx, unit)
 	stateDir := t.TempDir()
 	// daemon builds what internal/daemon builds for the checks: a store
 	// loaded from the state directory, a unit watch kept in it, fed by the

@@ -207,35 +207,6 @@ func (d *DBus) ResetFailed(ctx context.Context, name string) error {
 	})
 }
 
-// SystemState returns the manager's SystemState ("running", "degraded", ...).
-func (d *DBus) SystemState(ctx context.Context) (string, error) {
-	var st string
-	err := d.call(ctx, func(c *sd.Conn) error {
-		p, err := c.SystemStateContext(ctx)
-		if err != nil {
-			return err
-		}
-		st, _ = p.Value.Value().(string)
-		return nil
-	})
-	return st, err
-}
-
-// Reload makes systemd reload its unit files (tests add units at run time).
-func (d *DBus) Reload(ctx context.Context) error {
-	return d.call(ctx, func(c *sd.Conn) error { return c.ReloadContext(ctx) })
-}
-
-// Start starts a unit and waits for the job.
-func (d *DBus) Start(ctx context.Context, name string) error {
-	return d.job(ctx, name, (*sd.Conn).StartUnitContext)
-}
-
-// Stop stops a unit and waits for the job.
-func (d *DBus) Stop(ctx context.Context, name string) error {
-	return d.job(ctx, name, (*sd.Conn).StopUnitContext)
-}
-
 func (d *DBus) job(ctx context.Context, name string, f func(*sd.Conn, context.Context, string, string, chan<- string) (int, error)) error {
 	return d.call(ctx, func(c *sd.Conn) error {
 		ch := make(chan string, 1)
@@ -251,12 +222,5 @@ func (d *DBus) job(ctx context.Context, name string, f func(*sd.Conn, context.Co
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	})
-}
-
-// KillMain sends a signal to the unit's main process (tests: a crash).
-func (d *DBus) KillMain(ctx context.Context, name string, sig int32) error {
-	return d.call(ctx, func(c *sd.Conn) error {
-		return c.KillUnitWithTarget(ctx, name, sd.Main, sig)
 	})
 }

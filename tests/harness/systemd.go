@@ -150,7 +150,7 @@ func StartSystemdWith(dir string, units map[string]string, o Options) (*Systemd,
 	}
 	s.Bus = systemd.NewDBusAt(s.BusSocket())
 	for {
-		st, err := s.Bus.SystemState(ctx)
+		st, err := s.SystemState(ctx)
 		if err == nil && (st == "running" || st == "degraded") {
 			return s, nil
 		}
@@ -193,7 +193,7 @@ func (s *Systemd) AddUnit(ctx context.Context, name, content string) error {
 	if err := writeFileAll(filepath.Join(s.Units, name), content); err != nil {
 		return err
 	}
-	return s.Bus.Reload(ctx)
+	return s.Reload(ctx)
 }
 
 // Stop asks systemd to exit over D-Bus (Manager.Exit), waits, and removes
@@ -249,17 +249,11 @@ func RepoFile(rel string) ([]byte, error) { return os.ReadFile(filepath.Join(rep
 // (iface "Unit", "Service", ...) over the container's bus, e.g. the
 // Service interface's WatchdogTimestampMonotonic or StatusText.
 func (s *Systemd) Properties(ctx context.Context, unit, iface string) (map[string]godbus.Variant, error) {
-	c, err := godbus.Dial("unix:path="+s.BusSocket(), godbus.WithContext(ctx))
+	c, err := s.dialBus(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	if err := c.Auth(nil); err != nil {
-		return nil, err
-	}
-	if err := c.Hello(); err != nil {
-		return nil, err
-	}
 	var path godbus.ObjectPath
 	if err := c.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").CallWithContext(ctx, "org.freedesktop.systemd1.Manager.LoadUnit", 0, unit).Store(&path); err != nil {
 		return nil, fmt.Errorf("LoadUnit %s: %w", unit, err)
