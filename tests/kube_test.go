@@ -29,6 +29,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tests/harness"
@@ -338,7 +339,7 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	registerNode(t, s, "node-victim")
 	client, _ := nodeClient(t, s, "node-self")
 	store := report.NewStore("boot")
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	m := kube.NewMetrics(nil)
 	r := kube.New(kube.Options{Client: client, NodeName: "node-victim", Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
 		Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute})
@@ -360,23 +361,6 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	if cond(n, "DiskUsageHigh") != nil {
 		t.Error("wrote a condition on another node")
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // The kubelet rotates its client certificate by moving the file: the daemon

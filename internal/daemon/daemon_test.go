@@ -20,7 +20,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -440,7 +440,7 @@ func TestRoleRedetected(t *testing.T) {
 	cfg.Detect.Interval = config.Duration{Duration: 20 * time.Millisecond}
 	cfg.Kubernetes.ReportInterval = config.Duration{Duration: 20 * time.Millisecond}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
-	var logs syncBuf
+	var logs testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Kube: client})
@@ -496,21 +496,4 @@ func await(t *testing.T, d *Daemon, what string, cond func() bool) {
 			t.Fatalf("waiting for %s", what)
 		}
 	}
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

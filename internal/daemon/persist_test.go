@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -28,7 +29,7 @@ func TestPersistBacksOffWhenSavingFails(t *testing.T) {
 		}
 		cfg := testConfig(t)
 		cfg.StateDir = filepath.Join(blocker, "lib", "autopilot-health")
-		var logs syncBuf
+		var logs testenv.SyncBuffer
 		d := &Daemon{cfg: cfg, log: slog.New(slog.NewTextHandler(&logs, nil)), store: report.NewStore("b"),
 			metrics: report.NewMetrics("test"), live: NewLiveness(time.Now)}
 		ctx, cancel := context.WithCancel(context.Background())
@@ -67,7 +68,7 @@ func TestPersistBacksOffWhenSavingFails(t *testing.T) {
 // percentage) with the same status and reason is not a new journal line at
 // the default level: one line per change of state.
 func TestLogOneLinePerChangeOfState(t *testing.T) {
-	var logs syncBuf
+	var logs testenv.SyncBuffer
 	s := report.NewStore("b")
 	s.Observe(newLogObserver(slog.New(slog.NewTextHandler(&logs, nil))))
 	now := time.Now()

@@ -64,22 +64,25 @@ func NewDBus() *DBus {
 // a systemd in another mount namespace this way).
 func NewDBusAt(socket string) *DBus {
 	return &DBus{dial: func(ctx context.Context) (*sd.Conn, error) {
-		return sd.NewConnection(func() (*godbus.Conn, error) {
-			c, err := godbus.Dial("unix:path="+socket, godbus.WithContext(ctx))
-			if err != nil {
-				return nil, err
-			}
-			if err := c.Auth(nil); err != nil {
-				c.Close()
-				return nil, err
-			}
-			if err := c.Hello(); err != nil {
-				c.Close()
-				return nil, err
-			}
-			return c, nil
-		})
+		return sd.NewConnection(func() (*godbus.Conn, error) { return DialBus(ctx, socket) })
 	}}
+}
+
+// DialBus opens an authenticated connection to the bus at a unix socket.
+func DialBus(ctx context.Context, socket string) (*godbus.Conn, error) {
+	c, err := godbus.Dial("unix:path="+socket, godbus.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Auth(nil); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := c.Hello(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // conn returns a live connection, dialing a new one when there is none or

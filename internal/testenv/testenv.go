@@ -3,7 +3,9 @@
 package testenv
 
 import (
+	"bytes"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -20,4 +22,23 @@ func Skip(t testing.TB, why string) {
 		t.Fatalf("CI=true and this test cannot run: %s", why)
 	}
 	t.Skip(why)
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent writes: a log handler's
+// output that a test reads while the code under test still logs.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -6,6 +6,8 @@ import (
 
 	sd "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/syself/autopilot-health/internal/systemd"
 )
 
 // What the tests do to the namespaced systemd besides what the daemon does
@@ -15,19 +17,7 @@ import (
 
 // dialBus opens an authenticated connection to the container's system bus.
 func (s *Systemd) dialBus(ctx context.Context) (*godbus.Conn, error) {
-	c, err := godbus.Dial("unix:path="+s.BusSocket(), godbus.WithContext(ctx))
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Auth(nil); err != nil {
-		c.Close()
-		return nil, err
-	}
-	if err := c.Hello(); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return systemd.DialBus(ctx, s.BusSocket())
 }
 
 // manager runs f on a new go-systemd connection to the container's bus.
