@@ -71,6 +71,10 @@ type Env struct {
 	// ServiceNotRecovering's baseline; nil: that check keeps its own,
 	// without metrics or state (the one-shot check).
 	Units *UnitWatch
+	// Memos keeps a check's small values in the state file for this boot
+	// (the daemon's condition store); nil: nothing is kept (the one-shot
+	// check).
+	Memos Memos
 }
 
 // Path resolves an absolute host path under the configured host root.

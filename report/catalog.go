@@ -118,6 +118,9 @@ type ConditionDesc struct {
 	HealthyReason Reason
 	// ProblemReasons are the reasons carried with status True.
 	ProblemReasons []Reason
+	// UnknownReasons are the condition's own reasons for status Unknown,
+	// besides the shared ones (the package's UnknownReasons).
+	UnknownReasons []Reason
 	// Parts, when set, are the sources that evaluate the condition
 	// together, each its own part of it (DisksFailure: the kernel's disk I/O
 	// errors in the kernel log monitor, NVMe SMART in a check); see
@@ -225,6 +228,11 @@ const (
 	ReasonNodeInfoFresh    Reason = "NodeInfoFresh"
 	ReasonNodeInfoOutdated Reason = "NodeInfoOutdated"
 	ReasonNodeInfoMissing  Reason = "NodeInfoMissing"
+	// ReasonNodeInfoInvalid: the file is not valid JSON (a torn write).
+	ReasonNodeInfoInvalid Reason = "NodeInfoInvalid"
+	// ReasonNodeInfoNotFound (Unknown): the file has not existed in this
+	// boot; a node without the sync loop must not get a False or a True.
+	ReasonNodeInfoNotFound Reason = "NodeInfoNotFound"
 )
 
 // CertRenewalFailing.
@@ -349,8 +357,9 @@ var Conditions = []ConditionDesc{
 		HealthyReason: ReasonNodeServicesActive, ProblemReasons: []Reason{ReasonUnitNotActive},
 		Trigger: "an operability unit is not active", Cause: "the tunnel agent, server, or source-IP helper crashed and did not restart"},
 	{Type: "NodeInfoStale", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
-		HealthyReason: ReasonNodeInfoFresh, ProblemReasons: []Reason{ReasonNodeInfoOutdated, ReasonNodeInfoMissing},
-		Trigger: "nodes.json is older than 5 minutes", Cause: "the node-info sync loop is stuck, often a CNI problem"},
+		HealthyReason: ReasonNodeInfoFresh, ProblemReasons: []Reason{ReasonNodeInfoOutdated, ReasonNodeInfoMissing, ReasonNodeInfoInvalid},
+		UnknownReasons: []Reason{ReasonNodeInfoNotFound},
+		Trigger:        "nodes.json is older than 5 minutes", Cause: "the node-info sync loop is stuck, often a CNI problem"},
 	{Type: "CertRenewalFailing", Source: SourceCheck, Disposition: Alert, Interval: time.Hour, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonCertificatesValid, ProblemReasons: []Reason{ReasonCertificateExpiringSoon},
 		Trigger: "a node certificate expires within 7 days and has not renewed", Cause: "the automatic renewer (kubelet rotation, tunnel self-renew) is broken"},
@@ -469,7 +478,7 @@ func (c ConditionDesc) ValidReason(s Status, reason Reason) bool {
 	case StatusTrue:
 		return slices.Contains(c.ProblemReasons, reason)
 	case StatusUnknown:
-		return slices.Contains(UnknownReasons, reason)
+		return slices.Contains(UnknownReasons, reason) || slices.Contains(c.UnknownReasons, reason)
 	}
 	return false
 }

@@ -37,8 +37,7 @@ var linted = []string{reportPath, modPath + "/checks", modPath + "/kmsg"}
 // reason from here when its check is written: the test fails until then.
 var notImplemented = []report.Reason{
 	report.ReasonKubeletHeartbeatOK, report.ReasonNodeStatusUpdateGaveUp, // KubeletHeartbeatFailed
-	report.ReasonVolumeGroupSpaceHigh,                                                       // DiskUsageHigh: the LVM (vgs) part
-	report.ReasonNodeInfoFresh, report.ReasonNodeInfoOutdated, report.ReasonNodeInfoMissing, // NodeInfoStale
+	report.ReasonVolumeGroupSpaceHigh,                                                                     // DiskUsageHigh: the LVM (vgs) part
 	report.ReasonTunnelConnected, report.ReasonNoTunnelConnections, report.ReasonTunnelMetricsUnreachable, // TunnelDisconnected
 	report.ReasonGpuActivated, report.ReasonActivationMarkerMissing, report.ReasonCDISpecMissing, // GpuActivationFailed
 	report.ReasonSourceIPAvailable, report.ReasonSourceIPMissingInAudit, // APIServerSourceIPUnavailable
@@ -235,6 +234,9 @@ func TestEveryReasonIsInTheCatalogAndUsed(t *testing.T) {
 		for _, r := range d.ProblemReasons {
 			add(r, d.Type)
 		}
+		for _, r := range d.UnknownReasons {
+			add(r, d.Type)
+		}
 	}
 	for r, k := range consts {
 		if _, ok := inRows[r]; !ok {
@@ -270,7 +272,7 @@ func TestEveryReasonIsInTheCatalogAndUsed(t *testing.T) {
 		}
 	}
 	for _, d := range report.Conditions {
-		want := d.ProblemReasons
+		want := append(slices.Clone(d.ProblemReasons), d.UnknownReasons...)
 		if d.Source == report.SourceCheck || d.Source == report.SourceTamper {
 			// A kernel condition's healthy reason is set by the monitor
 			// from the row (report.ConditionDesc.HealthyReason).

@@ -74,5 +74,10 @@ func CatalogMarkdown() string {
 	}
 	fmt.Fprintf(&b, "\nWhile a condition cannot be evaluated its status is `Unknown` with one of the reasons %s.\n",
 		"`"+report.JoinReasons(report.UnknownReasons, "`, `")+"`")
+	for _, c := range report.Conditions {
+		if len(c.UnknownReasons) > 0 {
+			fmt.Fprintf(&b, "`%s` is also `Unknown` with %s.\n", c.Type, "`"+report.JoinReasons(c.UnknownReasons, "`, `")+"`")
+		}
+	}
 	return b.String()
 }

@@ -99,6 +99,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// observes them (syself_node_unit_restarts), kept in the state file
 		// (read back on first use, after Load below).
 		env.Units = checks.NewUnitWatch(p.Store, p.Metrics.Registry)
+		// Other values the checks keep for this boot (read back on first
+		// use, after Load below).
+		env.Memos = p.Store
 		env.Repair.SetUnitWatch(env.Units)
 	}
 	p.Store.Observe(p.Metrics)
