@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,10 +15,26 @@ import (
 // maxMetricsPage bounds what a check reads from a metrics endpoint.
 const maxMetricsPage = 4 << 20
 
+// pageError: the endpoint answered, but its page is not exposition text
+// with the metric as a gauge. Any other error of scrapeGauge is the endpoint
+// not answering (a failed connection, a timeout, a status other than 200).
+type pageError struct{ err error }
+
+func (e *pageError) Error() string { return "metrics page: " + e.err.Error() }
+func (e *pageError) Unwrap() error { return e.err }
+
+// isPageError reports whether err says that the endpoint answered with a
+// page that is not valid (not that it did not answer).
+func isPageError(err error) bool {
+	var pe *pageError
+	return errors.As(err, &pe)
+}
+
 // scrapeGauge fetches a Prometheus text page and returns the values of the
 // metric name (gauge, counter or untyped; one per series). found is false
 // when the page has no such metric. A page that is not valid exposition
-// text is an error (the caller counts the check as failed), never a panic.
+// text is an error (a *pageError, see isPageError), never a panic; the
+// checks that scrape (ProxyNotServing, TunnelDisconnected) share it.
 func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (values []float64, found bool, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -39,7 +56,7 @@ func parseMetric(r io.Reader, name string) ([]float64, bool, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, false, fmt.Errorf("metrics page: %w", err)
+		return nil, false, &pageError{err}
 	}
 	f, ok := fams[name]
 	if !ok {
@@ -55,7 +72,7 @@ func parseMetric(r io.Reader, name string) ([]float64, bool, error) {
 		case dto.MetricType_UNTYPED:
 			out = append(out, m.GetUntyped().GetValue())
 		default:
-			return nil, true, fmt.Errorf("metric %s is a %s, not a gauge", name, f.GetType())
+			return nil, true, &pageError{fmt.Errorf("metric %s is a %s, not a gauge", name, f.GetType())}
 		}
 	}
 	return out, true, nil

@@ -37,8 +37,7 @@ var linted = []string{reportPath, modPath + "/checks", modPath + "/kmsg"}
 // reason from here when its check is written: the test fails until then.
 var notImplemented = []report.Reason{
 	report.ReasonKubeletHeartbeatOK, report.ReasonNodeStatusUpdateGaveUp, // KubeletHeartbeatFailed
-	report.ReasonVolumeGroupSpaceHigh,                                                                     // DiskUsageHigh: the LVM (vgs) part
-	report.ReasonTunnelConnected, report.ReasonNoTunnelConnections, report.ReasonTunnelMetricsUnreachable, // TunnelDisconnected
+	report.ReasonVolumeGroupSpaceHigh,                                                            // DiskUsageHigh: the LVM (vgs) part
 	report.ReasonGpuActivated, report.ReasonActivationMarkerMissing, report.ReasonCDISpecMissing, // GpuActivationFailed
 	report.ReasonSourceIPAvailable, report.ReasonSourceIPMissingInAudit, // APIServerSourceIPUnavailable
 	report.ReasonSealedOSIntact, report.ReasonRootHashMismatch, // SealedOSTampered
