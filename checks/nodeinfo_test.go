@@ -177,3 +177,28 @@ func TestNodeInfoSeenSurvivesRestartWithinBoot(t *testing.T) {
 	probeNodeInfo(t, c4, report.StatusUnknown, report.ReasonNodeInfoNotFound,
 		"/var/lib/syself/nodes.json has not existed in this boot (no node-info sync loop on this node yet)")
 }
+
+// A re-plan (the node's role re-detected) builds the check again within the
+// run: the new one resumes from the one it replaces, not from the state
+// loaded at start, which did not know the file yet.
+func TestNodeInfoSeenSurvivesReplan(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niT0)
+	s := report.NewStore("boot-1")
+	if _, err := s.Load(t.TempDir()); err != nil { // no state file yet
+		t.Fatal(err)
+	}
+	env := nodeInfoEnv(t, root, niT0.Add(time.Minute))
+	env.Memos = s
+	c, _ := newNodeInfoCheck(env)
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T18:00:00Z, 1m0s ago; max_age 5m0s)")
+
+	env2 := *env // as the re-plan copies it
+	c2, _ := newNodeInfoCheck(&env2)
+	if err := os.Remove(filepath.Join(root, nodesJSON)); err != nil {
+		t.Fatal(err)
+	}
+	probeNodeInfo(t, c2, report.StatusTrue, report.ReasonNodeInfoMissing,
+		"/var/lib/syself/nodes.json was present earlier in this boot and is gone")
+}

@@ -17,7 +17,8 @@ type Memos interface {
 	// Keep registers fn, whose value is saved under key at every save. fn
 	// is called with the store's lock held: it must not call the store.
 	Keep(key string, fn func() any)
-	// Memo decodes the value saved under key in this boot into v.
+	// Memo decodes the value kept under key in this boot into v: the
+	// current one of a producer registered with Keep, else the one saved.
 	Memo(key string, v any) bool
 	// Touch says that a kept value changed.
 	Touch()

@@ -19,11 +19,18 @@ func (s *Store) Keep(key string, fn func() any) {
 	s.keepers[key] = fn
 }
 
-// Memo decodes the value saved under key in this boot (by Load) into v and
-// reports whether there was one that decoded.
+// Memo decodes the value kept under key in this boot into v and reports
+// whether there was one that decoded: the value the next Save would write
+// when a producer is registered with Keep (a producer rebuilt within the
+// run, a check re-planned, resumes where the one it replaces was), else the
+// value Load restored.
 func (s *Store) Memo(key string, v any) bool {
 	s.mu.Lock()
 	raw, ok := s.memos[key]
+	if fn := s.keepers[key]; fn != nil {
+		b, err := json.Marshal(fn())
+		raw, ok = b, err == nil
+	}
 	s.mu.Unlock()
 	return ok && json.Unmarshal(raw, v) == nil
 }

@@ -331,6 +331,12 @@ func TestKeptValues(t *testing.T) {
 	if s4.Memo("kmsg", &got) {
 		t.Error("a value of another boot was restored")
 	}
+	// Kept again (a producer rebuilt within the run): Memo reads the kept
+	// value, the one the next Save writes, not the one loaded.
+	s3.Keep("kmsg", func() any { return cur{Seq: 50} })
+	if got = (cur{}); !s3.Memo("kmsg", &got) || got.Seq != 50 {
+		t.Errorf("kept: %+v", got)
+	}
 }
 
 // Which boot a True kernel condition on the Node belongs to is read from the
