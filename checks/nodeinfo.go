@@ -103,8 +103,11 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoMissing,
 				Message: fmt.Sprintf("%s was present earlier in this boot and is gone", c.path)}, nil
 		}
-		return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound,
-			Message: fmt.Sprintf("%s has not existed in this boot (no node-info sync loop on this node yet)", c.path)}, nil
+		msg := fmt.Sprintf("%s has not existed in this boot (no node-info sync loop on this node yet)", c.path)
+		if c.env.Memos == nil { // the one-shot check: what was seen before it is not known
+			msg = fmt.Sprintf("%s does not exist (no node-info sync loop on this node?)", c.path)
+		}
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound, Message: msg}, nil
 	}
 	if err != nil {
 		return Result{}, err

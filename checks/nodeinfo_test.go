@@ -93,11 +93,17 @@ func TestNodeInfoTornWrite(t *testing.T) {
 }
 
 func TestNodeInfoNeverExistedIsUnknown(t *testing.T) {
-	c, _ := newNodeInfoCheck(nodeInfoEnv(t, nodeInfoRoot(t, ""), niT0))
+	env := nodeInfoEnv(t, nodeInfoRoot(t, ""), niT0)
+	env.Memos = report.NewStore("boot-1") // the daemon
+	c, _ := newNodeInfoCheck(env)
 	for range 2 {
 		probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound,
 			"/var/lib/syself/nodes.json has not existed in this boot (no node-info sync loop on this node yet)")
 	}
+	// The one-shot check (no memos) does not know what the daemon saw.
+	c2, _ := newNodeInfoCheck(nodeInfoEnv(t, nodeInfoRoot(t, ""), niT0))
+	probeNodeInfo(t, c2, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json does not exist (no node-info sync loop on this node?)")
 }
 
 func TestNodeInfoDeletedAfterSeen(t *testing.T) {
