@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -51,7 +52,9 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	}
 	d.live.Forget("kube/kubeconfig")
 	r := kube.New(kube.Options{
-		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role }, Store: d.store, Details: d.details,
+		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role },
+		Evaluated: func(t string) bool { return slices.Contains(d.parts.applicable(d.currentEnv()), t) },
+		Store:     d.store, Details: d.details,
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
 	})

@@ -24,14 +24,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.persist(rctx) })
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
 	wg.Go(func() { d.statusLoop(rctx) })
-	wg.Go(func() { d.reportToKubernetes(rctx) })
 	if d.kmsg != nil {
-		// Before the first pass: the kernel conditions start False (or as
-		// restored from this boot) and the reader follows the log.
+		// Before the reporter reads the Node: the kernel conditions are in
+		// the store (Unknown until the log is read, or as restored from this
+		// boot), and the reader follows the log.
 		d.kmsg.Start(time.Now(), kmsg.BootWall())
 		d.live.Expect("kmsg", kmsgReadTimeout)
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
+	wg.Go(func() { d.reportToKubernetes(rctx) })
 	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
 	wg.Go(func() { d.runChecks(rctx) })
 	if d.cfg.Role == "" || d.cfg.GPU == "auto" {

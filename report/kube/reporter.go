@@ -25,10 +25,17 @@ type Options struct {
 	Role     report.Role
 	// RoleOf, if set, returns the node's role now (it can change while the
 	// daemon runs); else Role is used.
-	RoleOf  func() report.Role
-	Store   *report.Store
-	Details *report.Details
-	Log     *slog.Logger
+	RoleOf func() report.Role
+	// Evaluated, if set, says whether a condition of the catalog is
+	// evaluated on this node. One that is not (its check disabled, the
+	// kernel monitor off, a GPU condition on a node without a GPU) is not
+	// carried over from the Node, and the first write removes it from the
+	// Node: what an earlier boot or configuration left there must not stand
+	// as this boot's state.
+	Evaluated func(condType string) bool
+	Store     *report.Store
+	Details   *report.Details
+	Log       *slog.Logger
 	// Metrics, if nil, are created unregistered.
 	Metrics *Metrics
 	// HeartbeatPeriod: conditions are rewritten at least this often (jittered).
@@ -76,6 +83,9 @@ type Reporter struct {
 	m       *Metrics
 	events  <-chan report.Event
 	adopted chan struct{}
+	// stale are the daemon's condition types on the Node that it does not
+	// evaluate here; the status loop removes them (see Options.Evaluated).
+	stale []string
 	// written is closed after the first successful write of the conditions:
 	// only then are the report annotations written, so a report carrying
 	// this boot's ID means the Node's conditions are this boot's (Adopt).
@@ -230,11 +240,6 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				el.ok()
 				bo.Reset()
 				dirty = false
-				select {
-				case <-r.written:
-				default:
-					close(r.written)
-				}
 				hb.Reset(jitter(r.o.HeartbeatPeriod))
 			}
 		}
@@ -284,8 +289,13 @@ func (r *Reporter) adopt(ctx context.Context) error {
 	}
 	n := 0
 	nodeBoot := report.ReportBootID(node.Annotations)
+	r.stale = nil
 	for _, c := range node.Status.Conditions {
 		if _, ours := report.Lookup(string(c.Type)); !ours {
+			continue
+		}
+		if r.o.Evaluated != nil && !r.o.Evaluated(string(c.Type)) {
+			r.stale = append(r.stale, string(c.Type))
 			continue
 		}
 		if r.o.Store.Adopt(report.Condition{Type: string(c.Type), Status: report.Status(c.Status), Reason: report.Reason(c.Reason),
@@ -300,8 +310,8 @@ func (r *Reporter) adopt(ctx context.Context) error {
 // statusPatch is the strategic merge patch of Node.status.conditions with
 // the daemon's conditions: the API merges it by condition type, so kubelet's
 // and other writers' conditions are left alone.
-func statusPatch(conds []report.Condition, now time.Time) ([]byte, error) {
-	out := make([]corev1.NodeCondition, 0, len(conds))
+func statusPatch(conds []report.Condition, remove []string, now time.Time) ([]byte, error) {
+	out := make([]any, 0, len(conds)+len(remove))
 	for _, c := range conds {
 		out = append(out, corev1.NodeCondition{
 			Type: corev1.NodeConditionType(c.Type), Status: corev1.ConditionStatus(c.Status),
@@ -310,21 +320,43 @@ func statusPatch(conds []report.Condition, now time.Time) ([]byte, error) {
 			LastHeartbeatTime:  metav1.NewTime(now),
 		})
 	}
+	for _, t := range remove {
+		// The strategic merge patch directive that deletes the list entry
+		// with this merge key (type).
+		out = append(out, map[string]string{"type": t, "$patch": "delete"})
+	}
 	return json.Marshal(map[string]any{"status": map[string]any{"conditions": out}})
+}
+
+// wroteOnce records that this run's conditions are on the Node (closes
+// written once). Called by the status loop only.
+func (r *Reporter) wroteOnce() {
+	select {
+	case <-r.written:
+	default:
+		close(r.written)
+	}
 }
 
 func (r *Reporter) writeStatus(ctx context.Context) error {
 	conds := r.o.Store.All()
-	if len(conds) == 0 {
+	if len(conds) == 0 && len(r.stale) == 0 {
+		// The Node holds none of the daemon's conditions (adoption put any
+		// it holds into the store or stale): nothing of an earlier boot.
+		r.wroteOnce()
 		return nil
 	}
-	patch, err := statusPatch(conds, time.Now())
+	patch, err := statusPatch(conds, r.stale, time.Now())
 	if err != nil {
 		return err
 	}
 	start := time.Now()
 	_, err = r.o.Client.CoreV1().Nodes().PatchStatus(ctx, r.o.NodeName, patch)
 	r.m.observe(KindStatus, start, err)
+	if err == nil {
+		r.stale = nil
+		r.wroteOnce()
+	}
 	return err
 }
 

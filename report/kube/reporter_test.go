@@ -364,3 +364,40 @@ func TestReportBootIDDecidesKernelAdoption(t *testing.T) {
 		})
 	}
 }
+
+// A condition of the daemon's on the Node that it does not evaluate here
+// (the kernel monitor turned off, a GPU condition without a GPU) is not
+// carried over, and the first write removes it: a True left by an earlier
+// boot must not stand under this boot's report.
+func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stale := corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "FilesystemIsReadOnly",
+			LastTransitionTime: metav1.NewTime(t0)}
+		n := kubeletNode(stale)
+		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"b"}` // as if of this boot
+		client := fake.NewClientset(n)
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
+		h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
+			Evaluated: func(ty string) bool { return ty != "ReadonlyFilesystem" }})
+		ctx, cancel := context.WithCancel(context.Background())
+		h.cancel = cancel
+		go func() { h.r.Run(ctx); close(h.done) }()
+		<-h.r.Adopted()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if _, ok := store.Get("ReadonlyFilesystem"); ok {
+			t.Error("a condition not evaluated here was carried into the store")
+		}
+		got := h.node(t)
+		if c := findCond(got, "ReadonlyFilesystem"); c != nil {
+			t.Errorf("still on the Node: %+v", c)
+		}
+		if findCond(got, "DiskUsageHigh") == nil || findCond(got, "Ready") == nil {
+			t.Errorf("conditions lost: %+v", got.Status.Conditions)
+		}
+		h.stop()
+	})
+}
