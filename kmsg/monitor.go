@@ -48,7 +48,7 @@ type Monitor struct {
 	winGen uint64
 	// caughtUp: the reader has read the log to its end since it last
 	// opened it (until then the window's part is not evaluated False).
-	caughtUp bool
+	caughtUp atomic.Bool
 	// gpu says whether GPU-only rules apply (Options.GPU, then SetGPU).
 	gpu atomic.Bool
 	// beforeHandle, when set (tests), is called as Handle begins: a crash
@@ -105,14 +105,14 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 // now: a kernel condition that is not True is False (healthy), and the
 // disk I/O error window is evaluated.
 func (mon *Monitor) CaughtUp(nowUsec uint64, now time.Time) {
-	mon.caughtUp = true
+	mon.caughtUp.Store(true)
 	for _, t := range mon.Conditions() {
 		if c, ok := mon.o.Store.Get(t); ok && c.Status == report.StatusFalse {
 			continue
 		}
 		d, _ := report.Lookup(t)
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
-			Message: "no matching kernel message in this boot's log"}, now)
+			Message: "no matching kernel message in the records read (this boot's, as far as the ring buffer still held them)"}, now)
 	}
 	mon.evalWindow(nowUsec, now)
 }
@@ -122,7 +122,7 @@ func (mon *Monitor) CaughtUp(nowUsec uint64, now time.Time) {
 // so is the kernel's part of DisksFailure. Never a healthy False while
 // nothing is read.
 func (mon *Monitor) Blind(err error, now time.Time) {
-	mon.caughtUp = false
+	mon.caughtUp.Store(false)
 	msg := "cannot read the kernel log: " + err.Error()
 	for _, t := range mon.Conditions() {
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: msg}, now)
@@ -131,18 +131,28 @@ func (mon *Monitor) Blind(err error, now time.Time) {
 }
 
 // SetGPU changes whether GPU-only rules apply (a GPU found, or gone, after
-// the start). A kernel condition that now applies and has no state yet (or
-// was set aside as not applicable) starts False.
+// the start). A GPU-only kernel condition that now applies and has no state
+// yet (or was set aside as not applicable) is False when the log has been
+// read to its end ("since the GPU was detected": GPU lines before that were
+// not evaluated), else Unknown until it is. The other kernel conditions are
+// not touched.
 func (mon *Monitor) SetGPU(gpu bool, now time.Time) {
 	if mon.gpu.Swap(gpu) == gpu || !gpu {
 		return
 	}
 	for _, t := range mon.Conditions() {
-		if c, ok := mon.o.Store.Get(t); !ok || c.Status == report.StatusUnknown {
-			d, _ := report.Lookup(t)
-			mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
-				Message: "no matching kernel message seen since the monitor started"}, now)
+		d, _ := report.Lookup(t)
+		if d.Scope != report.ScopeGPU {
+			continue
 		}
+		if c, ok := mon.o.Store.Get(t); ok && c.Status != report.StatusUnknown {
+			continue
+		}
+		c := report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: "the kernel log has not been read yet"}
+		if mon.caughtUp.Load() {
+			c.Status, c.Reason, c.Message = report.StatusFalse, d.HealthyReason, "no matching kernel message since the GPU was detected"
+		}
+		mon.o.Store.Set(c, now)
 	}
 }
 
@@ -204,7 +214,7 @@ func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec
 func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	span := uint64(mon.o.IOErrorWindow / time.Microsecond)
 	n, devs := mon.window.count(nowUsec, span)
-	if n < mon.o.IOErrorThreshold && !mon.caughtUp {
+	if n < mon.o.IOErrorThreshold && !mon.caughtUp.Load() {
 		return // not known to be healthy before the log is read to its end
 	}
 	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,

@@ -238,3 +238,26 @@ func TestNotReadIsNotHealthy(t *testing.T) {
 		}
 	}
 }
+
+// A GPU detected after the start: only the GPU conditions change, and they
+// are False only when the log has been read (Unknown while it cannot be);
+// a blind monitor's Unknown kernel conditions stay Unknown (it set every
+// Unknown kernel condition False before).
+func TestSetGPUNeverFakesFalse(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	mon.Blind(errors.New("no device"), t0)
+	mon.SetGPU(true, t0)
+	for _, ty := range []string{"ReadonlyFilesystem", "GpuFallenOffBus"} {
+		if c, _ := store.Get(ty); c.Status != report.StatusUnknown {
+			t.Errorf("%s after a GPU appeared while blind: %+v", ty, c)
+		}
+	}
+	mon.SetGPU(false, t0)
+	mon.CaughtUp(1, t0)
+	mon.SetGPU(true, t0)
+	if c, _ := store.Get("GpuFallenOffBus"); c.Status != report.StatusFalse || c.Message != "no matching kernel message since the GPU was detected" {
+		t.Errorf("GpuFallenOffBus after a GPU appeared, log read: %+v", c)
+	}
+}

@@ -97,6 +97,19 @@ func BootWall() time.Time {
 	return time.Now().Add(-time.Duration(MonotonicNow()) * time.Microsecond)
 }
 
+// caughtUp: every record the kernel held at the open is read, so what did
+// not match is healthy. Only now is the device trusted again (the backoff
+// resets, recovery is logged once): a device whose reads work once and then
+// fail keeps backing off.
+func (rd *Reader) caughtUp(bo *backoff.Backoff, lastErr *string) {
+	rd.Monitor.CaughtUp(MonotonicNow(), time.Now())
+	bo.Reset()
+	if *lastErr != "" {
+		rd.Log.Info("kernel log readable again", "path", rd.Path)
+		*lastErr = ""
+	}
+}
+
 // errEOF: the kernel log never ends; a device that does is not it.
 func errEOF(path string) error {
 	return fmt.Errorf("read %s: end of file (the kernel log never ends: is this /dev/kmsg?)", path)
@@ -127,6 +140,11 @@ func openDevice(path string) (Device, error) {
 			kind = "a FIFO"
 		}
 		err = fmt.Errorf("%s is %s, not a character device (the kernel log is /dev/kmsg)", path, kind)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); err == nil && ok {
+		if maj, mnr := unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)); maj != 1 || mnr != 11 {
+			err = fmt.Errorf("%s is the character device %d:%d, not the kernel log (/dev/kmsg is 1:11)", path, maj, mnr)
+		}
 	}
 	if err != nil {
 		f.Close()
@@ -213,6 +231,9 @@ func (rd *Reader) Run(ctx context.Context) {
 		var beat time.Time
 		var readErr error
 		opened, caughtUp := false, false
+		// A record logged after this open means the backlog is read, even
+		// when the log never pauses long enough for a read to time out.
+		openUsec := MonotonicNow()
 		for ctx.Err() == nil {
 			// Until the backlog is read, a short wait for the next record
 			// tells that the end is reached.
@@ -243,17 +264,8 @@ func (rd *Reader) Run(ctx context.Context) {
 				}
 			}
 			if !caughtUp && errors.Is(err, os.ErrDeadlineExceeded) {
-				// Every record the kernel holds is read: what did not match
-				// is healthy. Only now is the device trusted again (the
-				// backoff resets, recovery is logged once): a device whose
-				// reads work once and then fail keeps backing off.
 				caughtUp = true
-				rd.Monitor.CaughtUp(MonotonicNow(), time.Now())
-				bo.Reset()
-				if lastErr != "" {
-					rd.Log.Info("kernel log readable again", "path", rd.Path)
-					lastErr = ""
-				}
+				rd.caughtUp(&bo, &lastErr)
 			}
 			// Progress at most once a second: in a flood this loop turns
 			// for every record.
@@ -286,6 +298,10 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 			last, haveLast = rec.Seq, true
+			if !caughtUp && rec.Usec >= openUsec {
+				caughtUp = true
+				rd.caughtUp(&bo, &lastErr)
+			}
 			// The cursor moves only after the record's conditions are in
 			// the store (see Run's doc).
 			rd.mu.Lock()
@@ -321,6 +337,7 @@ func Scan(path string, mon *Monitor) (int, error) {
 	bootWall := BootWall()
 	buf := make([]byte, BufSize)
 	n := 0
+	startUsec := MonotonicNow()
 	for {
 		// The device is non-blocking: a read with nothing left waits for
 		// the poller; a deadline already past turns that into "caught up".
@@ -344,5 +361,11 @@ func Scan(path string, mon *Monitor) (int, error) {
 		}
 		mon.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 		n++
+		if rec.Usec >= startUsec {
+			// Logged after the scan began: the ring as it was is read (a
+			// busy log never pauses for the read to time out).
+			mon.CaughtUp(MonotonicNow(), time.Now())
+			return n, nil
+		}
 	}
 }

@@ -352,7 +352,8 @@ func (e *eventCounter) EventEmitted(ev report.Event) {
 
 // What is not a character device is never the kernel log: refused at once
 // with what it is, and a FIFO does not block the open (it blocked the
-// daemon and its shutdown before). /dev/null ends: refused on the read.
+// daemon and its shutdown before); nor is a character device other than
+// 1:11 (/dev/null ended, /dev/zero made check hang).
 func TestOpenDeviceRefusesWhatIsNotTheKernelLog(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
@@ -376,8 +377,12 @@ func TestOpenDeviceRefusesWhatIsNotTheKernelLog(t *testing.T) {
 	store := report.NewStore("b")
 	mon := NewMonitor(opts(t, store))
 	mon.Start(t0, t0)
-	if _, err := Scan("/dev/null", mon); err == nil || !strings.Contains(err.Error(), "end of file") {
-		t.Errorf("/dev/null: %v", err)
+	// Character devices that are not the kernel log (they end, or never
+	// stop with garbage): refused by their device numbers.
+	for _, dev := range []string{"/dev/null", "/dev/zero", "/dev/urandom"} {
+		if _, err := Scan(dev, mon); err == nil || !strings.Contains(err.Error(), "not the kernel log (/dev/kmsg is 1:11)") {
+			t.Errorf("%s: %v", dev, err)
+		}
 	}
 }
 
@@ -432,4 +437,43 @@ func (d *flakyDevice) Read(p []byte) (int, error) {
 		return d.fakeDevice.Read(p)
 	}
 	return 0, d.readErr
+}
+
+// busyDevice never pauses: a record for every read, stamped now.
+type busyDevice struct{ seq uint64 }
+
+func (d *busyDevice) Read(p []byte) (int, error) {
+	d.seq++
+	return copy(p, fmt.Sprintf("6,%d,%d,-;ordinary chatter\n", d.seq, MonotonicNow())), nil
+}
+func (d *busyDevice) Seek(int64, int) (int64, error)  { return 0, nil }
+func (d *busyDevice) SetReadDeadline(time.Time) error { return nil }
+func (d *busyDevice) Close() error                    { return nil }
+
+// A kernel log that never pauses (a chatty driver) is still read to its
+// end: a record logged after the open means the backlog is done. Before,
+// the reader waited for a pause that never came (kernel conditions stayed
+// Unknown, and check hung).
+func TestBusyLogIsCaughtUp(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(time.Now(), time.Now())
+	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+		ReadTimeout: time.Second, Open: func(string) (Device, error) { return &busyDevice{}, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.After(10 * time.Second)
+	for {
+		if c, _ := store.Get("KernelDeadlock"); c.Status == report.StatusFalse {
+			return
+		}
+		select {
+		case <-store.Changed():
+		case <-deadline:
+			c, _ := store.Get("KernelDeadlock")
+			t.Fatalf("a busy log was never read to its end: %+v", c)
+		}
+	}
 }
