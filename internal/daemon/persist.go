@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"os"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/backoff"
@@ -50,9 +52,9 @@ func (d *Daemon) persist(ctx context.Context) {
 			switch {
 			case err != nil:
 				wait := bo.Next()
-				if err.Error() != lastErr {
+				if key := saveErrKey(err); key != lastErr {
 					d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
-					lastErr = err.Error()
+					lastErr = saveErrKey(err)
 				}
 				retry = time.After(wait)
 			default:
@@ -65,4 +67,14 @@ func (d *Daemon) persist(ctx context.Context) {
 		}
 		d.live.Beat(loop, persistEvery)
 	}
+}
+
+// saveErrKey is what tells one save failure from another: the same failure
+// names a new temp file each time, so the cause counts (read-only file
+// system, no space left), not the path.
+func saveErrKey(err error) string {
+	if pe := (*os.PathError)(nil); errors.As(err, &pe) {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
 }

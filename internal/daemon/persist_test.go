@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -78,5 +79,18 @@ func TestLogOneLinePerChangeOfState(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "condition changed"); n != 1 {
 		t.Errorf("%d lines for one change of state:\n%s", n, logs.String())
+	}
+}
+
+// A read-only state directory fails each save on a new temp file name: the
+// same failure, logged once.
+func TestSaveErrorKeyIgnoresTheTempName(t *testing.T) {
+	a := &os.PathError{Op: "open", Path: "/var/lib/autopilot-health/state.json.tmp1780316546", Err: syscall.EROFS}
+	b := &os.PathError{Op: "open", Path: "/var/lib/autopilot-health/state.json.tmp3923618647", Err: syscall.EROFS}
+	if saveErrKey(a) != saveErrKey(b) {
+		t.Errorf("%q != %q", saveErrKey(a), saveErrKey(b))
+	}
+	if c := (&os.PathError{Op: "open", Path: a.Path, Err: syscall.ENOSPC}); saveErrKey(c) == saveErrKey(a) {
+		t.Error("another cause reads as the same failure")
 	}
 }

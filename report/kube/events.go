@@ -39,7 +39,7 @@ type aggKey struct{ reason, message string }
 // most every eventCountFlush. A failed write is retried with backoff; the
 // table is bounded and what does not fit is dropped and counted.
 func (r *Reporter) eventLoop(ctx context.Context) {
-	const loop = "kube/events"
+	const loop = eventsLoop
 	aggs := map[aggKey]*aggregate{}
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := &errorLog{log: r.o.Log, what: "writing events of node " + r.o.NodeName}
@@ -108,11 +108,18 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 
 // flush creates new Events and patches counts that are due; it stops at the
 // first error (the API is likely down) and returns it.
+// eventsLoop is the event writer's name in the daemon's liveness.
+const eventsLoop = "kube/events"
+
 func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now time.Time) error {
 	for k, a := range aggs {
 		if now.Before(a.nextTry) {
 			continue
 		}
+		// Each write is progress: a burst of distinct events is many writes
+		// under the client's rate limit, and the loop is not stuck while
+		// it makes them.
+		r.progress(eventsLoop, time.Second)
 		switch {
 		case a.name == "":
 			if err := r.createEvent(ctx, a); err != nil {
