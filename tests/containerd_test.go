@@ -108,7 +108,10 @@ func newInvocationLog(u systemd.Unit) *invocationLog {
 
 func (l *invocationLog) sample(s *harness.Systemd, name string) systemd.Unit {
 	u, err := s.Bus.Unit(context.Background(), name)
-	if err == nil && u.Invocation != "" && !u.MainStart.IsZero() {
+	// Only a running unit's ExecMainStartTimestamp is its invocation's:
+	// while a new invocation starts, systemd still shows the last one's
+	// (two "starts" 0 s apart before).
+	if err == nil && u.Invocation != "" && !u.MainStart.IsZero() && active(u) {
 		l.starts[u.Invocation] = u.MainStart
 	}
 	return u
