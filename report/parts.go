@@ -21,6 +21,10 @@ func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
 	if !ok {
 		panic(fmt.Sprintf("report: SetPart of %q by %s: the catalog gives it no part from that source", c.Type, src))
 	}
+	// Two sources setting their parts at once must not write an outdated
+	// combination last.
+	s.partMu.Lock()
+	defer s.partMu.Unlock()
 	s.mu.Lock()
 	if s.parts[c.Type] == nil {
 		s.parts[c.Type] = map[string]Condition{}

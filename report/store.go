@@ -17,6 +17,7 @@ type Store struct {
 	observers []Observer
 	changed   chan struct{} // closed and replaced on every change
 	notifyMu  sync.Mutex    // serializes observer calls
+	partMu    sync.Mutex    // serializes SetPart: combining and setting are one step
 	// bootStart is when this boot began (wall time): a condition held until
 	// reboot that the Node shows True since then belongs to this boot.
 	bootStart time.Time
