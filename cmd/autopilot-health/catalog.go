@@ -6,8 +6,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -44,19 +44,7 @@ func interval(c report.ConditionDesc) string {
 	if c.Interval == 0 {
 		return "on kernel line"
 	}
-	return shortDuration(c.Interval)
-}
-
-// shortDuration writes 1m for 1m0s and 1h for 1h0m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
+	return config.ShortDuration(c.Interval)
 }
 
 // CatalogMarkdown renders the catalog as the README's tables.

@@ -85,19 +85,20 @@ const (
 // between requires lo <= d <= hi.
 func (v *validator) between(key string, d Duration, lo, hi time.Duration) {
 	if d.Duration < lo || d.Duration > hi {
-		v.fail(key, "must be between %s and %s, got %q", shortDuration(lo), shortDuration(hi), d.String())
+		v.fail(key, "must be between %s and %s, got %q", ShortDuration(lo), ShortDuration(hi), d.String())
 	}
 }
 
 // atLeast requires d >= lo.
 func (v *validator) atLeast(key string, d Duration, lo time.Duration) {
 	if d.Duration < lo {
-		v.fail(key, "must be at least %s, got %q", shortDuration(lo), d.String())
+		v.fail(key, "must be at least %s, got %q", ShortDuration(lo), d.String())
 	}
 }
 
-// shortDuration writes a bound as default.toml does: "1h", not "1h0m0s".
-func shortDuration(d time.Duration) string {
+// ShortDuration writes a duration as default.toml does: "1m", "1h", not
+// "1m0s", "1h0m0s".
+func ShortDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")
@@ -142,7 +143,7 @@ func (v *validator) common(name string, c Common) {
 	key := "checks." + name
 	v.between(key+".interval", c.Interval, minCheckInterval, maxCheckInterval)
 	if c.Timeout.Duration < minCheckTimeout {
-		v.fail(key+".timeout", "must be between %s and interval (%s), got %q", shortDuration(minCheckTimeout), c.Interval, c.Timeout.String())
+		v.fail(key+".timeout", "must be between %s and interval (%s), got %q", ShortDuration(minCheckTimeout), c.Interval, c.Timeout.String())
 	}
 	if c.Timeout.Duration > c.Interval.Duration {
 		v.fail(key+".timeout", "must not be longer than interval (%s), got %s", c.Interval, c.Timeout)
