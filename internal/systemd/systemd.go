@@ -210,20 +210,28 @@ func (d *DBus) ResetFailed(ctx context.Context, name string) error {
 	})
 }
 
-func (d *DBus) job(ctx context.Context, name string, f func(*sd.Conn, context.Context, string, string, chan<- string) (int, error)) error {
-	return d.call(ctx, func(c *sd.Conn) error {
-		ch := make(chan string, 1)
-		if _, err := f(c, ctx, name, "replace", ch); err != nil {
-			return err
+func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
+	return d.call(ctx, func(c *sd.Conn) error { return RunJob(ctx, c, name, f) })
+}
+
+// JobFunc is one of go-systemd's job methods (StartUnitContext,
+// RestartUnitContext, ...).
+type JobFunc func(*sd.Conn, context.Context, string, string, chan<- string) (int, error)
+
+// RunJob starts a job for unit name with mode "replace" and waits for its
+// result; a result other than "done" is an error wrapping ErrJobFailed.
+func RunJob(ctx context.Context, c *sd.Conn, name string, f JobFunc) error {
+	ch := make(chan string, 1)
+	if _, err := f(c, ctx, name, "replace", ch); err != nil {
+		return err
+	}
+	select {
+	case res := <-ch:
+		if res != "done" {
+			return fmt.Errorf("%s: job result %q: %w", name, res, ErrJobFailed)
 		}
-		select {
-		case res := <-ch:
-			if res != "done" {
-				return fmt.Errorf("%s: job result %q: %w", name, res, ErrJobFailed)
-			}
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	})
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -66,20 +66,6 @@ func (s *Systemd) KillMain(ctx context.Context, name string, sig int32) error {
 	})
 }
 
-func (s *Systemd) job(ctx context.Context, name string, f func(*sd.Conn, context.Context, string, string, chan<- string) (int, error)) error {
-	return s.manager(ctx, func(c *sd.Conn) error {
-		ch := make(chan string, 1)
-		if _, err := f(c, ctx, name, "replace", ch); err != nil {
-			return err
-		}
-		select {
-		case res := <-ch:
-			if res != "done" {
-				return fmt.Errorf("%s: job result %q", name, res)
-			}
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	})
+func (s *Systemd) job(ctx context.Context, name string, f systemd.JobFunc) error {
+	return s.manager(ctx, func(c *sd.Conn) error { return systemd.RunJob(ctx, c, name, f) })
 }
