@@ -85,7 +85,10 @@ func splitKey(s string) []string {
 
 func joinKey(p []string) string { return strings.Join(p, ".") }
 
-func stripComment(s string) string {
+// outsideStrings calls visit with each byte of s that is not inside a TOML
+// string ("..." with backslash escapes, or '...'), with its index, until
+// visit returns false.
+func outsideStrings(s string, visit func(i int, c byte) bool) {
 	inStr := byte(0)
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -96,31 +99,34 @@ func stripComment(s string) string {
 			inStr = 0
 		case inStr == 0 && (c == '"' || c == '\''):
 			inStr = c
-		case inStr == 0 && c == '#':
-			return s[:i]
+		case inStr == 0 && !visit(i, c):
+			return
 		}
 	}
-	return s
+}
+
+func stripComment(s string) string {
+	end := len(s)
+	outsideStrings(s, func(i int, c byte) bool {
+		if c == '#' {
+			end = i
+			return false
+		}
+		return true
+	})
+	return s[:end]
 }
 
 func bracketDelta(s string) int {
-	s = stripComment(s)
 	d := 0
-	inStr := byte(0)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case inStr != 0 && c == '\\' && inStr == '"':
-			i++
-		case inStr != 0 && c == inStr:
-			inStr = 0
-		case inStr == 0 && (c == '"' || c == '\''):
-			inStr = c
-		case inStr == 0 && c == '[':
+	outsideStrings(stripComment(s), func(_ int, c byte) bool {
+		switch c {
+		case '[':
 			d++
-		case inStr == 0 && c == ']':
+		case ']':
 			d--
 		}
-	}
+		return true
+	})
 	return d
 }
