@@ -219,7 +219,9 @@ func TestKubeConditionsSetHeldChangedAndCarriedOver(t *testing.T) {
 	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&ltt) {
 		t.Errorf("lastTransitionTime after restart %v, before %v", c.LastTransitionTime, ltt)
 	}
-	// Change: transition time moves.
+	// Change: transition time moves. The Node keeps whole seconds: change
+	// in a later second than the first transition, or the move is invisible.
+	time.Sleep(time.Until(ltt.Add(time.Second))) // the API's one-second resolution, not a wait for a condition
 	store2.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "fine"}, time.Now())
 	n = waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
 	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.After(ltt.Time) {
