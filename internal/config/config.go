@@ -158,7 +158,10 @@ type ServiceNotRecovering struct {
 
 type KubeletHeartbeatFailed struct {
 	Common
-	Unit string `toml:"unit"`
+	Unit       string   `toml:"unit"`
+	Journalctl string   `toml:"journalctl"`
+	Match      []string `toml:"match"`
+	MaxEntries int      `toml:"max_entries"`
 }
 
 type DisksFailure struct {

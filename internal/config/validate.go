@@ -200,6 +200,19 @@ func (c *Config) validate() *Error {
 		v.fail("checks.ServiceNotRecovering.restart_threshold", "must be at least 1, got %d", k.ServiceNotRecovering.RestartThreshold)
 	}
 	v.units("checks.KubeletHeartbeatFailed.unit", []string{k.KubeletHeartbeatFailed.Unit})
+	v.absPath("checks.KubeletHeartbeatFailed.journalctl", k.KubeletHeartbeatFailed.Journalctl)
+	if len(k.KubeletHeartbeatFailed.Match) == 0 {
+		v.fail("checks.KubeletHeartbeatFailed.match", "must list at least one string")
+	}
+	for _, m := range k.KubeletHeartbeatFailed.Match {
+		if strings.TrimSpace(m) == "" {
+			v.fail("checks.KubeletHeartbeatFailed.match", "entries must not be empty")
+			break
+		}
+	}
+	if n := k.KubeletHeartbeatFailed.MaxEntries; n < 100 || n > 10_000_000 {
+		v.fail("checks.KubeletHeartbeatFailed.max_entries", "must be between 100 and 10000000, got %d", n)
+	}
 	// The window keeps one entry per error up to the threshold (in memory
 	// and in the state file): both are bounded.
 	if t := k.DisksFailure.IOErrorThreshold; t < 1 || t > 1000 {

@@ -1,0 +1,251 @@
+package checks
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("KubeletHeartbeatFailed", newKubeletHeartbeatCheck) }
+
+// KubeletHeartbeatKey is the name under which KubeletHeartbeatFailed keeps,
+// in the state file, where it stopped reading the journal and when kubelet
+// last gave up.
+const KubeletHeartbeatKey = "kubeletheartbeat"
+
+// journalDirs are where journald keeps its files (volatile, persistent).
+var journalDirs = []string{"/run/log/journal", "/var/log/journal"}
+
+// kubeletHeartbeatCheck reads kubelet's entries in the journal since its last
+// run and looks for the error kubelet logs when it gives up a node-status
+// update (kubelet_node_status.go: klog.ErrorS(err, "Unable to update node
+// status") with err "update node status exceeds retry count"). True while
+// such an entry is within the last window (the check's interval); False once
+// a whole window has passed without one.
+//
+// Each run continues after the cursor of the last entry the previous run
+// read, so nothing is read twice or skipped; the cursor and the time of the
+// last such entry are kept in the state file (Env.Memos), so a daemon restart
+// within the boot continues where it stopped. Without a cursor (the first run
+// of the boot, the one-shot check, a unit that has logged nothing yet) it
+// reads the last window.
+type kubeletHeartbeatCheck struct {
+	env        *Env
+	unit       string
+	journalctl string
+	match      [][]byte
+	window     time.Duration
+	maxEntries int
+
+	load sync.Once
+	mu   sync.Mutex
+	st   kubeletHeartbeatState
+}
+
+// kubeletHeartbeatState is the saved form of what the check knows.
+type kubeletHeartbeatState struct {
+	// Cursor is the journal cursor of the last entry of the unit read.
+	Cursor string `json:"cursor,omitempty"`
+	// Since is where reading began (the first read's --since); ReadTo is when
+	// the last read ran: without a cursor the next read starts there.
+	Since  time.Time `json:"since,omitzero"`
+	ReadTo time.Time `json:"read_to,omitzero"`
+	// Last is when the last matching entry was logged; LastMessage is its
+	// MESSAGE, shortened.
+	Last        time.Time `json:"last,omitzero"`
+	LastMessage string    `json:"last_message,omitempty"`
+}
+
+func newKubeletHeartbeatCheck(env *Env) (Check, error) {
+	c := env.Config.Checks.KubeletHeartbeatFailed
+	k := &kubeletHeartbeatCheck{env: env, unit: c.Unit, journalctl: c.Journalctl, window: c.Interval.Duration, maxEntries: c.MaxEntries}
+	for _, m := range c.Match {
+		k.match = append(k.match, []byte(m))
+	}
+	return k, nil
+}
+
+// restore reads what was saved in this boot, once, and from then on keeps
+// it in the state file. It runs without c.mu held: Memo takes the store's
+// lock, and the store calls snapshot (c.mu) with its lock held.
+func (c *kubeletHeartbeatCheck) restore() {
+	c.load.Do(func() {
+		m := c.env.Memos
+		if m == nil {
+			return
+		}
+		var saved kubeletHeartbeatState
+		if m.Memo(KubeletHeartbeatKey, &saved) {
+			c.mu.Lock()
+			c.st = saved
+			c.mu.Unlock()
+		}
+		m.Keep(KubeletHeartbeatKey, c.snapshot)
+	})
+}
+
+func (c *kubeletHeartbeatCheck) snapshot() any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+func (c *kubeletHeartbeatCheck) state() kubeletHeartbeatState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+func (c *kubeletHeartbeatCheck) setState(st kubeletHeartbeatState) {
+	c.mu.Lock()
+	changed := st != c.st
+	c.st = st
+	c.mu.Unlock()
+	if changed && c.env.Memos != nil {
+		c.env.Memos.Touch()
+	}
+}
+
+// matches says whether one of the entry's MESSAGE values contains every
+// configured string.
+func (c *kubeletHeartbeatCheck) matches(e journalEntry) ([]byte, bool) {
+	for _, m := range e.Messages {
+		all := true
+		for _, want := range c.match {
+			if !bytes.Contains(m, want) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return m, true
+		}
+	}
+	return nil, false
+}
+
+func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
+	c.restore()
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	if err := c.journalPresent(); err != nil {
+		return Result{}, err
+	}
+	now := c.env.Now()
+	st := c.state()
+	q := c.query(&st, now)
+	found := 0
+	read, err := readJournal(ctx, q, func(e journalEntry) {
+		msg, ok := c.matches(e)
+		if !ok {
+			return
+		}
+		found++
+		if !e.Realtime.Before(st.Last) {
+			st.Last, st.LastMessage = e.Realtime, shorten(string(msg), 300)
+		}
+	})
+	if read.Cursor != "" {
+		st.Cursor = read.Cursor
+	}
+	if err != nil {
+		if exit := (*exec.ExitError)(nil); q.After != "" && errors.As(err, &exit) {
+			// journalctl refuses a cursor it cannot seek to ("Failed to seek
+			// to cursor"): the next read starts from the last read's time.
+			st.Cursor = ""
+		}
+		c.setState(st)
+		return Result{}, err
+	}
+	st.ReadTo = now
+	c.setState(st)
+	note := ""
+	if read.Skipped > 0 {
+		c.env.Log.Warn("skipped journalctl output that is not journal entries", "unit", c.unit, "lines", read.Skipped, "first", read.FirstBad)
+		if read.Entries == 0 {
+			return Result{}, fmt.Errorf("journalctl printed %d lines that are not journal entries (first: %s)", read.Skipped, read.FirstBad)
+		}
+		note = fmt.Sprintf("; skipped %d lines of journalctl output that are not journal entries (first: %s)", read.Skipped, read.FirstBad)
+	}
+	window := config.ShortDuration(c.window)
+	if !st.Last.IsZero() && now.Sub(st.Last) <= c.window {
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeStatusUpdateGaveUp,
+			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (%s ago, within the last %s; %d such entries since the last run): %s%s",
+				c.unit, st.Last.Format(time.RFC3339), now.Sub(st.Last).Round(time.Second), window, found, st.LastMessage, note)}, nil
+	}
+	if read.Truncated {
+		return Result{}, fmt.Errorf("%s logged more than max_entries (%d) entries since the last run: read the first ones, the rest on the next run%s",
+			c.unit, c.maxEntries, note)
+	}
+	last := "none since " + st.Since.Format(time.RFC3339)
+	if !st.Last.IsZero() {
+		last = fmt.Sprintf("the last one at %s (%s ago)", st.Last.Format(time.RFC3339), now.Sub(st.Last).Round(time.Second))
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonKubeletHeartbeatOK,
+		Message: fmt.Sprintf("%s logged no entry with %s in the last %s (%d entries read); %s%s", c.unit, c.what(), window, read.Entries, last, note)}, nil
+}
+
+// query is the next read: after the cursor, else from the last read or the
+// last window (which then is where reading began, st.Since).
+func (c *kubeletHeartbeatCheck) query(st *kubeletHeartbeatState, now time.Time) journalQuery {
+	q := journalQuery{Journalctl: c.journalctl, Unit: c.unit, After: st.Cursor, Max: c.maxEntries}
+	if root := c.env.Config.HostRoot; root != "" && root != "/" {
+		q.Root = root // journalctl reads the journal directories under it
+	}
+	if q.After == "" {
+		q.Since = now.Add(-c.window)
+		if !st.ReadTo.IsZero() && st.ReadTo.Before(q.Since) {
+			q.Since = st.ReadTo
+		}
+		if st.Since.IsZero() {
+			st.Since = q.Since.Truncate(time.Second)
+		}
+	}
+	return q
+}
+
+// what names the entries looked for.
+func (c *kubeletHeartbeatCheck) what() string {
+	q := make([]string, len(c.match))
+	for i, m := range c.match {
+		q[i] = fmt.Sprintf("%q", string(m))
+	}
+	return strings.Join(q, " and ")
+}
+
+// journalPresent: journalctl reads nothing, successfully, where there are no
+// journal files; say so instead of reporting a clean window.
+func (c *kubeletHeartbeatCheck) journalPresent() error {
+	for _, d := range journalDirs {
+		for _, pat := range []string{"*.journal", "*/*.journal"} {
+			if m, _ := filepath.Glob(filepath.Join(c.env.Path(d), pat)); len(m) > 0 {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("no journal files in %s: is systemd-journald running?", strings.Join(journalDirs, " or "))
+}
+
+// shorten cuts s to at most n bytes of valid UTF-8 (a MESSAGE that is not
+// UTF-8 has its bad bytes replaced).
+func shorten(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,348 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// fakeJournalctl is a journalctl stand-in: a shell script that records its
+// arguments for call n in args.<n>, prints out.<n>, and, when err.<n>
+// exists, prints it to stderr and exits 1.
+type fakeJournalctl struct {
+	dir string
+}
+
+func newFakeJournalctl(t *testing.T) *fakeJournalctl {
+	t.Helper()
+	f := &fakeJournalctl{dir: t.TempDir()}
+	script := fmt.Sprintf(`#!/bin/sh
+d=%q
+n=$(cat "$d/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$d/count"
+printf '%%s\n' "$@" > "$d/args.$n"
+[ -f "$d/out.$n" ] && cat "$d/out.$n"
+if [ -f "$d/err.$n" ]; then cat "$d/err.$n" >&2; exit 1; fi
+exit 0
+`, f.dir)
+	if err := os.WriteFile(f.path(), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fakeJournalctl) path() string { return filepath.Join(f.dir, "journalctl") }
+
+// serve sets what call n prints: the given lines of the captured fixture
+// (1-based), then extra lines.
+func (f *fakeJournalctl) serve(t *testing.T, n int, fixtureLines []int, extra ...string) {
+	t.Helper()
+	lines := journalFixture(t)
+	var out []string
+	for _, i := range fixtureLines {
+		out = append(out, lines[i-1])
+	}
+	out = append(out, extra...)
+	text := strings.Join(out, "\n")
+	if text != "" {
+		text += "\n"
+	}
+	if err := os.WriteFile(filepath.Join(f.dir, fmt.Sprintf("out.%d", n)), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fakeJournalctl) fail(t *testing.T, n int, stderr string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(f.dir, fmt.Sprintf("err.%d", n)), []byte(stderr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// args returns the arguments of call n.
+func (f *fakeJournalctl) args(t *testing.T, n int) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("args.%d", n)))
+	if err != nil {
+		t.Fatalf("journalctl call %d: %v", n, err)
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+// journalRoot is a host root with a journal file, as journald leaves it.
+func journalRoot(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	d := filepath.Join(root, "run/log/journal/73bee9439449423da2f8c4806e805444")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "system.journal"), nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func heartbeatEnv(t *testing.T, root string, fj *fakeJournalctl, now *time.Time) *Env {
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.KubeletHeartbeatFailed.Journalctl = fj.path()
+	})
+	env.Now = func() time.Time { return *now }
+	return env
+}
+
+func probeHeartbeat(t *testing.T, c Check, wantStatus report.Status, wantReason report.Reason, wantMsg string) {
+	t.Helper()
+	r, err := c.Probe(context.Background())
+	if err != nil || r.Status != wantStatus || r.Reason != wantReason || r.Message != wantMsg {
+		t.Errorf("got %s/%s %q (err %v)\nwant %s/%s %q", r.Status, r.Reason, r.Message, err, wantStatus, wantReason, wantMsg)
+	}
+}
+
+func probeHeartbeatErr(t *testing.T, c Check, wantErr string) {
+	t.Helper()
+	r, err := c.Probe(context.Background())
+	if err == nil || err.Error() != wantErr {
+		t.Errorf("got %s/%s %q, error %v\nwant error %q", r.Status, r.Reason, r.Message, err, wantErr)
+	}
+}
+
+// Times in the fixture: lines 1-4 at 19:06:46.913451, line 5 at .914011,
+// lines 6-9 at 19:07:17.9..., line 10 at 19:07:27.647904 (2026-12-02 UTC).
+var (
+	hbLast   = time.UnixMicro(1796238447647904).UTC() // line 10
+	cursor5  = "s=3a7de8ba767941d7802f48f8d5767386;i=8;b=0e8831569cd045b0a40199f64b37fa93;m=23b02d1f1;t=661ab582d0fdb;x=c780f19bda1fc0a0"
+	cursor10 = "s=3a7de8ba767941d7802f48f8d5767386;i=d;b=0e8831569cd045b0a40199f64b37fa93;m=23d705eb6;t=661ab5a9a9ca0;x=1ff0d707ec92fc66"
+)
+
+const hbKlog10 = `E1202 19:00:04.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`
+
+func wantArgs(t *testing.T, got []string, root, from string) {
+	t.Helper()
+	want := []string{"--no-pager", "--quiet", "--output=json", "--output-fields=MESSAGE", "--unit=kubelet.service", "--root=" + root, from}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("journalctl %q\nwant %q", got, want)
+	}
+}
+
+// The captured journal: kubelet gave up (six entries of three forms); True
+// while the last one is within the window, False once a whole window has
+// passed; each run continues after the last cursor.
+func TestKubeletHeartbeatCapturedJournal(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(time.Minute)
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+
+	fj.serve(t, 1, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (1m0s ago, within the last 5m; 6 such entries since the last run): "+hbKlog10)
+	// The first run reads the last window.
+	wantArgs(t, fj.args(t, 1), root, fmt.Sprintf("--since=@%d", now.Add(-5*time.Minute).Unix()))
+
+	// Nothing new; 4 minutes after the last one it is still within the window.
+	now = hbLast.Add(4 * time.Minute)
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (4m0s ago, within the last 5m; 0 such entries since the last run): "+hbKlog10)
+	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
+
+	// A whole window without one: False, with the time of the last one.
+	now = hbLast.Add(5*time.Minute + time.Second)
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (5m1s ago)`)
+	wantArgs(t, fj.args(t, 3), root, "--after-cursor="+cursor10)
+}
+
+// Kubelet's own failed tries ("Error updating node status, will retry"), a
+// non-UTF-8 entry and a null MESSAGE are not a give-up.
+func TestKubeletHeartbeatQuietJournal(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2, 4, 5})
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (4 entries read); none since 2026-12-02T19:02:27Z`)
+	// An empty read (a unit that logged nothing) keeps the cursor.
+	now = hbLast.Add(5 * time.Minute)
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); none since 2026-12-02T19:02:27Z`)
+	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor5)
+}
+
+// The match strings are configuration.
+func TestKubeletHeartbeatMatchIsConfigurable(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(30 * time.Second)
+	env := heartbeatEnv(t, root, fj, &now)
+	env.Config.Checks.KubeletHeartbeatFailed.Match = []string{"Error updating node status"}
+	env.Config.Checks.KubeletHeartbeatFailed.Interval = config.Duration{Duration: time.Minute}
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2, 3})
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Error updating node status" in the last 1m (3 entries read); the last one at 2026-12-02T19:06:46Z (1m11s ago)`)
+}
+
+// The journal cannot be read: Unknown (an error), never a clean window.
+func TestKubeletHeartbeatJournalUnreadable(t *testing.T) {
+	now := hbLast
+	t.Run("no journal files", func(t *testing.T) {
+		fj := newFakeJournalctl(t)
+		c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, t.TempDir(), fj, &now))
+		probeHeartbeatErr(t, c, "no journal files in /run/log/journal or /var/log/journal: is systemd-journald running?")
+	})
+	t.Run("no journalctl", func(t *testing.T) {
+		fj := newFakeJournalctl(t)
+		env := heartbeatEnv(t, journalRoot(t), fj, &now)
+		env.Config.Checks.KubeletHeartbeatFailed.Journalctl = "/nonexistent/journalctl"
+		c, _ := newKubeletHeartbeatCheck(env)
+		probeHeartbeatErr(t, c, "fork/exec /nonexistent/journalctl: no such file or directory")
+	})
+	t.Run("only garbage", func(t *testing.T) {
+		fj := newFakeJournalctl(t)
+		c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, journalRoot(t), fj, &now))
+		fj.serve(t, 1, nil, "-- No entries --", `{"MESSAGE":"x"}`)
+		probeHeartbeatErr(t, c, `journalctl printed 2 lines that are not journal entries (first: "-- No entries --": not a journal entry: invalid character '-' in numeric literal)`)
+	})
+	t.Run("some garbage", func(t *testing.T) {
+		fj := newFakeJournalctl(t)
+		c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, journalRoot(t), fj, &now))
+		fj.serve(t, 1, []int{1}, `{"__CURSOR":"s=1"`)
+		probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+			`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (1 entries read); none since 2026-12-02T19:02:27Z; skipped 1 lines of journalctl output that are not journal entries (first: "{\"__CURSOR\":\"s=1\"": not a journal entry: unexpected end of JSON input)`)
+	})
+}
+
+// journalctl refuses a cursor it cannot seek to: Unknown with its words, and
+// the next run reads from the last successful run's time instead.
+func TestKubeletHeartbeatBadCursor(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2})
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (2 entries read); none since 2026-12-02T19:02:27Z`)
+	read1 := now
+
+	now = hbLast.Add(5 * time.Minute)
+	fj.fail(t, 2, "Failed to seek to cursor: Invalid argument\n")
+	cur := "s=3a7de8ba767941d7802f48f8d5767386;i=5;b=0e8831569cd045b0a40199f64b37fa93;m=23b02cfc1;t=661ab582d0dab;x=7c28430aa71f07fd"
+	probeHeartbeatErr(t, c, "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --root="+root+
+		" --after-cursor="+cur+": exit status 1: Failed to seek to cursor: Invalid argument")
+
+	// Twenty minutes later: from the last good read, not only the last window.
+	now = hbLast.Add(20 * time.Minute)
+	fj.serve(t, 3, []int{6})
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (1 entries read); the last one at 2026-12-02T19:07:17Z (20m10s ago)`)
+	wantArgs(t, fj.args(t, 3), root, fmt.Sprintf("--since=@%d", read1.Unix()))
+}
+
+// max_entries bounds a run: one that read that many without a match is
+// Unknown, and the next run goes on from there.
+func TestKubeletHeartbeatMaxEntries(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast
+	env := heartbeatEnv(t, root, fj, &now)
+	env.Config.Checks.KubeletHeartbeatFailed.MaxEntries = 3
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2, 4, 5, 6})
+	probeHeartbeatErr(t, c, "kubelet.service logged more than max_entries (3) entries since the last run: read the first ones, the rest on the next run")
+	cur4 := "s=3a7de8ba767941d7802f48f8d5767386;i=7;b=0e8831569cd045b0a40199f64b37fa93;m=23b02cfc1;t=661ab582d0dab;x=a1f1fa17e241bba1"
+	fj.serve(t, 2, []int{5, 6})
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (10s ago, within the last 5m; 1 such entries since the last run): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cur4)
+
+	// A match within the bound is True even when the bound is reached.
+	fj.serve(t, 3, []int{7, 8, 9, 10})
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (10s ago, within the last 5m; 3 such entries since the last run): first of two
+E1202 19:00:03.000000    1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+}
+
+// A daemon restart within the boot continues after the saved cursor and
+// remembers the last give-up; a new boot starts over with the last window.
+func TestKubeletHeartbeatStateSurvivesRestartWithinBoot(t *testing.T) {
+	root := journalRoot(t)
+	state := t.TempDir()
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(time.Minute)
+
+	s1 := report.NewStore("boot-1")
+	env := heartbeatEnv(t, root, fj, &now)
+	env.Memos = s1
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusTrue {
+		t.Fatalf("first daemon: %+v %v", r, err)
+	}
+	select {
+	case <-s1.Dirty():
+	default:
+		t.Error("a read that moved the cursor did not mark the state dirty")
+	}
+	if err := s1.Save(state, now); err != nil {
+		t.Fatal(err)
+	}
+
+	// Second daemon, same boot, ten minutes later.
+	now = hbLast.Add(10 * time.Minute)
+	s2 := report.NewStore("boot-1")
+	if _, err := s2.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	env2 := heartbeatEnv(t, root, fj, &now)
+	env2.Memos = s2
+	c2, _ := newKubeletHeartbeatCheck(env2)
+	fj.serve(t, 2, nil)
+	probeHeartbeat(t, c2, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (10m0s ago)`)
+	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
+
+	// A new boot: the saved cursor belongs to the old one.
+	if err := s2.Save(state, now); err != nil {
+		t.Fatal(err)
+	}
+	s3 := report.NewStore("boot-2")
+	if _, err := s3.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	env3 := heartbeatEnv(t, root, fj, &now)
+	env3.Memos = s3
+	c3, _ := newKubeletHeartbeatCheck(env3)
+	fj.serve(t, 3, nil)
+	probeHeartbeat(t, c3, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); none since 2026-12-02T19:12:27Z`)
+	wantArgs(t, fj.args(t, 3), root, fmt.Sprintf("--since=@%d", now.Add(-5*time.Minute).Unix()))
+}
+
+// The host's own journal (host_root "/") is read without --root.
+func TestKubeletHeartbeatHostJournalHasNoRoot(t *testing.T) {
+	now := hbLast
+	for _, root := range []string{"/", ""} {
+		env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+		c, _ := newKubeletHeartbeatCheck(env)
+		var st kubeletHeartbeatState
+		q := c.(*kubeletHeartbeatCheck).query(&st, now)
+		if got := strings.Join(q.args(), " "); got != "--no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --since=@1796238147" {
+			t.Errorf("host_root %q: args %s", root, got)
+		}
+		if q.Journalctl != "/usr/bin/journalctl" {
+			t.Errorf("journalctl %s", q.Journalctl)
+		}
+	}
+}
