@@ -44,6 +44,11 @@ timeout = "1s"
 healthz_url = "http://127.0.0.1:%d/healthz"
 restart_cooldown = "2s"
 
+[checks.KubeletHeartbeatFailed]
+# Runs often enough to read kubelet's journal entries after its repair.
+interval = "2s"
+timeout = "2s"
+
 [checks.DiskUsageHigh]
 # Every filesystem measured is over 1 %%: the message names each one.
 space_percent = 1
@@ -432,6 +437,26 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		state, err = readState()
 		c := state.get("KubeletUnhealthy")
 		return c.Status == report.StatusFalse, fmt.Sprintf("%+v %v", c, err)
+	})
+
+	// journalctl under the sandbox reads the journal: the restarted
+	// kubelet's first line is an entry of kubelet.service, and
+	// KubeletHeartbeatFailed keeps its cursor in the state file.
+	eventually(t, 15*time.Second, "KubeletHeartbeatFailed read kubelet's entries (a cursor in state.json)", func() (bool, string) {
+		var raw struct {
+			Memos struct {
+				Heartbeat struct {
+					Cursor string `json:"cursor"`
+				} `json:"kubeletheartbeat"`
+			} `json:"memos"`
+		}
+		b, err := os.ReadFile(statePath)
+		if err == nil {
+			err = json.Unmarshal(b, &raw)
+		}
+		state, _ = readState()
+		c := state.get("KubeletHeartbeatFailed")
+		return err == nil && raw.Memos.Heartbeat.Cursor != "" && c.Status == report.StatusFalse, fmt.Sprintf("%+v %+v %v", raw, c, err)
 	})
 
 	// WATCHDOG=1 every WatchdogSec/2 (2 s here): the timestamp advances, and
