@@ -120,8 +120,12 @@ func TestKubeletHeartbeatRealJournald(t *testing.T) {
 			time.Sleep(100 * time.Millisecond) // polling the journal through the check
 		}
 	}
-	isFalse := func(r checks.Result) bool { return r.Status == report.StatusFalse && r.Reason == report.ReasonKubeletHeartbeatOK }
-	isTrue := func(r checks.Result) bool { return r.Status == report.StatusTrue && r.Reason == report.ReasonNodeStatusUpdateGaveUp }
+	isFalse := func(r checks.Result) bool {
+		return r.Status == report.StatusFalse && r.Reason == report.ReasonKubeletHeartbeatOK
+	}
+	isTrue := func(r checks.Result) bool {
+		return r.Status == report.StatusTrue && r.Reason == report.ReasonNodeStatusUpdateGaveUp
+	}
 
 	// Kubelet's start and a failed try: in the journal, and not a give-up.
 	eventually(t, 10*time.Second, "the stand-in's failed try in the journal", func() (bool, string) {
