@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -345,4 +346,48 @@ func TestKubeletHeartbeatHostJournalHasNoRoot(t *testing.T) {
 			t.Errorf("journalctl %s", q.Journalctl)
 		}
 	}
+}
+
+// A journalctl that hangs is given up at the check's deadline (the runner's
+// context), with the context's error.
+func TestKubeletHeartbeatHonoursContext(t *testing.T) {
+	root := journalRoot(t)
+	hang := filepath.Join(t.TempDir(), "journalctl")
+	if err := os.WriteFile(hang, []byte("#!/bin/sh\nexec sleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	now := hbLast
+	env := heartbeatEnv(t, root, newFakeJournalctl(t), &now)
+	env.Config.Checks.KubeletHeartbeatFailed.Journalctl = hang
+	c, _ := newKubeletHeartbeatCheck(env)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if r, err := c.Probe(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("got %+v, error %v; want the context's deadline", r, err)
+	}
+}
+
+// A re-plan builds the check again within the run: the new one continues
+// after the cursor of the one it replaces.
+func TestKubeletHeartbeatSurvivesReplan(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(time.Minute)
+	s := report.NewStore("boot-1")
+	if _, err := s.Load(t.TempDir()); err != nil { // no state file yet
+		t.Fatal(err)
+	}
+	env := heartbeatEnv(t, root, fj, &now)
+	env.Memos = s
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusTrue {
+		t.Fatalf("first check: %+v %v", r, err)
+	}
+	env2 := *env // as the re-plan copies it
+	c2, _ := newKubeletHeartbeatCheck(&env2)
+	now = hbLast.Add(6 * time.Minute)
+	probeHeartbeat(t, c2, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (6m0s ago)`)
+	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
 }
