@@ -60,9 +60,11 @@ fuzz:
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
-# Regenerate the README's condition catalog from report/catalog.go.
+# Regenerate what is generated from report/catalog.go: the README's condition
+# catalog and the shipped manifests under packaging/manifests.
 docs:
 	$(GO) test ./cmd/autopilot-health -run '^TestREADMECatalog$$' -update
+	$(GO) test ./internal/manifests -run '^TestCommittedManifestsAreCurrent$$' -update
 
 # The Debian package for the OS image (bin/autopilot-health_<version>_<arch>.deb).
 deb: build

@@ -41,6 +41,8 @@ Usage:
   autopilot-health catalog [--markdown]           list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file
+  autopilot-health manifests [--list | KIND]      print the shipped alert rules, MachineHealthChecks,
+                                                  remediation templates or Grafana dashboard
   autopilot-health version                        print the version
 
 Run "autopilot-health COMMAND --help" for a command's flags.
@@ -69,6 +71,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdCatalog(rest, stdout, stderr)
 	case "config":
 		return cmdConfig(rest, stdout, stderr)
+	case "manifests":
+		return cmdManifests(rest, stdout, stderr)
 	case "version", "--version":
 		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help") {
 			fmt.Fprintln(stdout, "Usage: autopilot-health version\n  print the version and the Go version it was built with")

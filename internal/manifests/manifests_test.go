@@ -1,0 +1,287 @@
+package manifests
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
+)
+
+var update = flag.Bool("update", false, "rewrite the committed manifests under packaging/manifests")
+
+const shipped = "../../packaging/manifests"
+
+// The files under packaging/manifests are what the catalog renders today.
+func TestCommittedManifestsAreCurrent(t *testing.T) {
+	for _, m := range All {
+		got, err := m.Render()
+		if err != nil {
+			t.Fatalf("%s: %v", m.Kind, err)
+		}
+		path := filepath.Join(shipped, m.File)
+		if *update {
+			if err := os.MkdirAll(shipped, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%s: %v (run `make docs`)", m.Kind, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s is stale: the catalog renders something else; run `make docs` and commit it", path)
+		}
+	}
+	entries, err := os.ReadDir(shipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !slices.ContainsFunc(All, func(m Manifest) bool { return m.File == e.Name() }) && e.Name() != "README.md" {
+			t.Errorf("%s/%s is not rendered by any manifest: remove it", shipped, e.Name())
+		}
+	}
+}
+
+func TestEveryConditionHasOneAlert(t *testing.T) {
+	var rf ruleFile
+	b, err := renderRuleFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &rf); err != nil {
+		t.Fatal(err)
+	}
+	alerts := map[string]rule{}
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			if _, dup := alerts[r.Alert]; dup {
+				t.Errorf("alert %s twice", r.Alert)
+			}
+			alerts[r.Alert] = r
+		}
+	}
+	for _, c := range report.Conditions {
+		r, ok := alerts[c.Type]
+		if !ok {
+			t.Errorf("%s: no alert", c.Type)
+			continue
+		}
+		if !strings.Contains(r.Expr, `condition="`+c.Type+`"`) || !strings.Contains(r.Expr, `status="true"`) {
+			t.Errorf("%s: expr %q does not select the condition's True series", c.Type, r.Expr)
+		}
+		if r.Labels["disposition"] != string(c.Disposition) || r.Labels["severity"] != Severity(c.Disposition) {
+			t.Errorf("%s: labels %v", c.Type, r.Labels)
+		}
+	}
+}
+
+func TestSeverityAndFor(t *testing.T) {
+	for d, want := range map[report.Disposition]string{report.Security: "critical", report.Alert: "warning", report.Operability: "info", report.Repair: "info"} {
+		if got := Severity(d); got != want {
+			t.Errorf("Severity(%s) = %s, want %s", d, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		c    report.ConditionDesc
+		want time.Duration
+	}{
+		{report.ConditionDesc{Source: report.SourceKmsg}, time.Minute},
+		{report.ConditionDesc{Source: report.SourceTamper, Interval: time.Minute}, time.Minute},
+		{report.ConditionDesc{Source: report.SourceCheck, Interval: 10 * time.Second}, time.Minute},
+		{report.ConditionDesc{Source: report.SourceCheck, Interval: 5 * time.Minute}, 10 * time.Minute},
+		{report.ConditionDesc{Source: report.SourceCheck, Interval: time.Hour}, 10 * time.Minute},
+		{report.ConditionDesc{Source: report.SourceCheck, Interval: 2 * time.Minute}, 4 * time.Minute},
+	} {
+		if got := For(tc.c); got != tc.want {
+			t.Errorf("For(%+v) = %s, want %s", tc.c, got, tc.want)
+		}
+	}
+	for d, want := range map[time.Duration]string{time.Minute: "1m", 90 * time.Second: "1m30s", 10 * time.Minute: "10m", 2 * time.Hour: "2h", 0: "0s"} {
+		if got := promDuration(d); got != want {
+			t.Errorf("promDuration(%s) = %s, want %s", d, got, want)
+		}
+	}
+}
+
+// The conditions the MachineHealthChecks watch are the daemon's (or Ready).
+func TestWatchedConditionsExist(t *testing.T) {
+	for _, p := range Pools {
+		for _, c := range p.Conditions {
+			if c.Type == "Ready" {
+				continue
+			}
+			d, ok := report.Lookup(c.Type)
+			if !ok {
+				t.Errorf("pool %s watches %s, which is not in the catalog", p.Name, c.Type)
+				continue
+			}
+			if d.Hold == report.HoldWhileTrue && d.Source != report.SourceCheck {
+				t.Errorf("%s: unexpected hold %s", c.Type, d.Hold)
+			}
+		}
+	}
+}
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// daemonMetrics is every metric family the daemon registers, read from the
+// collectors' descriptors (a vector with no series yet is included).
+func daemonMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m := report.NewMetrics("test")
+	kube.NewMetrics(reg)
+	kmsg.NewMetrics(reg, nil)
+	checks.NewRepairer(nil, nil, time.Now, reg)
+	checks.NewUnitWatch(nil, reg)
+	names := map[string]bool{}
+	for _, r := range []*prometheus.Registry{reg, m.Registry} {
+		ch := make(chan *prometheus.Desc, 1024)
+		r.Describe(ch)
+		close(ch)
+		for d := range ch {
+			if sm := fqName.FindStringSubmatch(d.String()); sm != nil {
+				names[sm[1]] = true
+			}
+		}
+	}
+	if len(names) < 20 || !names["problem_counter"] || !names["syself_node_unit_restarts"] {
+		t.Fatalf("reading the daemon's metrics failed: %v", names)
+	}
+	return names
+}
+
+// kube-state-metrics' series the rules and the dashboard read (its
+// documented node metrics), and Prometheus' own up.
+var external = map[string]bool{"kube_node_status_condition": true, "kube_node_info": true, "up": true}
+
+var (
+	promqlStrings = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	promqlBraces  = regexp.MustCompile(`\{[^}]*\}|\[[^\]]*\]`)
+	promqlGroup   = regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
+	promqlIdent   = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*(\s*\()?`)
+	promqlWords   = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true}
+)
+
+// metricNames returns the metric names a PromQL expression reads: the
+// identifiers that are neither functions, aggregations, keywords nor labels.
+func metricNames(expr string) []string {
+	e := promqlStrings.ReplaceAllString(expr, `""`)
+	e = promqlGroup.ReplaceAllString(e, " ")
+	e = promqlBraces.ReplaceAllString(e, " ")
+	var out []string
+	for _, m := range promqlIdent.FindAllStringSubmatch(e, -1) {
+		if m[1] != "" || promqlWords[m[0]] {
+			continue
+		}
+		out = append(out, m[0])
+	}
+	return out
+}
+
+func TestMetricNames(t *testing.T) {
+	got := metricNames(`histogram_quantile(0.99, sum by (le, check) (rate(autopilot_health_check_duration_seconds_bucket{node=~"$node"}[5m]))) and on (node) up{job="a"} == 1 unless kube_node_info`)
+	want := []string{"autopilot_health_check_duration_seconds_bucket", "up", "kube_node_info"}
+	if !slices.Equal(got, want) {
+		t.Errorf("metricNames = %v, want %v", got, want)
+	}
+}
+
+// Every metric a shipped alert or dashboard panel reads exists: on the
+// daemon's /metrics, or in kube-state-metrics' documented node metrics.
+func TestEveryQueriedMetricExists(t *testing.T) {
+	have := daemonMetrics(t)
+	check := func(where, expr string) {
+		names := metricNames(expr)
+		if len(names) == 0 {
+			t.Errorf("%s: no metric in %q", where, expr)
+		}
+		for _, n := range names {
+			base := n
+			for _, suf := range []string{"_bucket", "_sum", "_count"} {
+				if s, ok := strings.CutSuffix(n, suf); ok && have[s] {
+					base = s
+				}
+			}
+			if !have[base] && !external[base] {
+				t.Errorf("%s reads %s, which neither the daemon nor kube-state-metrics exports", where, n)
+			}
+		}
+	}
+	for _, g := range ruleGroups().Groups {
+		for _, r := range g.Rules {
+			check("alert "+r.Alert, r.Expr)
+		}
+	}
+	for _, p := range DashboardPanels() {
+		for _, q := range p.Queries {
+			check("panel "+p.Title, q)
+		}
+	}
+}
+
+// The scrape job's address rewrite, applied the way Prometheus applies a
+// relabel rule (the regex anchored at both ends, ${1} expanded), turns the
+// node's kubelet address into the daemon's port.
+func TestScrapeConfigTargetsTheDaemonPort(t *testing.T) {
+	b, err := renderScrapeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName string `yaml:"job_name"`
+			SD      []struct {
+				Role string `yaml:"role"`
+			} `yaml:"kubernetes_sd_configs"`
+			Relabel []struct {
+				SourceLabels []string `yaml:"source_labels"`
+				Regex        string   `yaml:"regex"`
+				Replacement  string   `yaml:"replacement"`
+				TargetLabel  string   `yaml:"target_label"`
+			} `yaml:"relabel_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.ScrapeConfigs) != 1 || cfg.ScrapeConfigs[0].JobName != Job || cfg.ScrapeConfigs[0].SD[0].Role != "node" {
+		t.Fatalf("scrape config: %+v", cfg)
+	}
+	var addr, node bool
+	for _, r := range cfg.ScrapeConfigs[0].Relabel {
+		switch r.TargetLabel {
+		case "__address__":
+			re := regexp.MustCompile("^(?:" + r.Regex + ")$")
+			for in, want := range map[string]string{"10.0.0.5:10250": "10.0.0.5:20257", "[2001:db8::1]:10250": "[2001:db8::1]:20257", "node-1": "node-1:20257"} {
+				if got := re.ReplaceAllString(in, r.Replacement); got != want {
+					t.Errorf("address %s -> %s, want %s", in, got, want)
+				}
+			}
+			addr = true
+		case "node":
+			node = slices.Equal(r.SourceLabels, []string{"__meta_kubernetes_node_name"})
+		}
+	}
+	if !addr || !node {
+		t.Errorf("the job must rewrite __address__ and set node from the node's name: %+v", cfg.ScrapeConfigs[0].Relabel)
+	}
+}

@@ -1,0 +1,264 @@
+package manifests
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// Job is the scrape job name the daemon's own alerts and the shipped scrape
+// configuration use.
+const Job = "autopilot-health"
+
+// The daemon-gone window: a node whose daemon has not been scraped
+// successfully for this long alerts (the spec's "alert on the report's
+// updatedAt for daemon gone", measured where Prometheus can measure it).
+const daemonGoneFor = 10 * time.Minute
+
+// Severity maps a disposition to the alert's severity label: security is
+// critical (a human investigates an integrity signal at once), alert is
+// warning (meant to reach a human), operability and repair are info (a Syself
+// service is down or the daemon repairs in place; ServiceNotRecovering, an
+// alert, escalates a repair that does not help).
+func Severity(d report.Disposition) string {
+	switch d {
+	case report.Security:
+		return "critical"
+	case report.Alert:
+		return "warning"
+	}
+	return "info"
+}
+
+// For is how long a condition must be True before its alert fires.
+// Conditions from the kernel log and the tamper checks are held (until reboot,
+// or for good): they cannot blink, so one minute, time for kube-state-metrics
+// to be scraped, is enough. A check's condition is re-evaluated every
+// interval; it must be True for two evaluations (at least 1 minute, at most
+// 10) so that one transient probe does not page anyone.
+func For(c report.ConditionDesc) time.Duration {
+	if c.Source != report.SourceCheck || c.Interval == 0 {
+		return time.Minute
+	}
+	return min(max(2*c.Interval, time.Minute), 10*time.Minute)
+}
+
+// promDuration writes d the way Prometheus does (1m, 1h30m, 90s).
+func promDuration(d time.Duration) string {
+	if d == 0 {
+		return "0s"
+	}
+	var s string
+	if h := d / time.Hour; h > 0 {
+		s += fmt.Sprintf("%dh", h)
+		d -= h * time.Hour
+	}
+	if m := d / time.Minute; m > 0 {
+		s += fmt.Sprintf("%dm", m)
+		d -= m * time.Minute
+	}
+	if sec := d / time.Second; sec > 0 {
+		s += fmt.Sprintf("%ds", sec)
+	}
+	return s
+}
+
+type ruleFile struct {
+	Groups []ruleGroup `yaml:"groups"`
+}
+
+type ruleGroup struct {
+	Name  string `yaml:"name"`
+	Rules []rule `yaml:"rules"`
+}
+
+type rule struct {
+	Alert       string            `yaml:"alert"`
+	Expr        string            `yaml:"expr"`
+	For         string            `yaml:"for,omitempty"`
+	Labels      map[string]string `yaml:"labels,omitempty"`
+	Annotations map[string]string `yaml:"annotations,omitempty"`
+}
+
+// ConditionExpr is the alert expression of a condition: kube-state-metrics'
+// series for the condition being True.
+func ConditionExpr(condType string) string {
+	return fmt.Sprintf(`kube_node_status_condition{condition=%q,status="true"} == 1`, condType)
+}
+
+// replacedOnCloud names the conditions the cloud pools' MachineHealthCheck
+// acts on, and after how long (spec "Cloud pools").
+func replacedOnCloud(condType string) (time.Duration, bool) {
+	for _, u := range cloudConditions {
+		if u.Type == condType {
+			return u.Timeout, true
+		}
+	}
+	return 0, false
+}
+
+func conditionRules() []rule {
+	var out []rule
+	for _, c := range report.Conditions {
+		desc := fmt.Sprintf("%s is True on node {{ $labels.node }}: %s. Usual cause: %s.", c.Type, c.Trigger, c.Cause)
+		switch c.Disposition {
+		case report.Repair:
+			desc += " The daemon restarts the unit in place; ServiceNotRecovering alerts when that stops helping."
+		case report.Security:
+			desc += " Report-only integrity signal: investigate the node."
+		case report.Operability:
+			desc += " A Syself service is affected; the node itself is healthy."
+		}
+		if t, ok := replacedOnCloud(c.Type); ok {
+			desc += fmt.Sprintf(" On cloud pools the MachineHealthCheck reboots, then replaces the machine once it has held for %s.", config.ShortDuration(t))
+		}
+		desc += ` Details: kubectl get node {{ $labels.node }} -o jsonpath='{.status.conditions[?(@.type=="` + c.Type + `")].message}'`
+		out = append(out, rule{
+			Alert: c.Type,
+			Expr:  ConditionExpr(c.Type),
+			For:   promDuration(For(c)),
+			Labels: map[string]string{
+				"severity":    Severity(c.Disposition),
+				"disposition": string(c.Disposition),
+				"condition":   c.Type,
+			},
+			Annotations: map[string]string{
+				"summary":     fmt.Sprintf("%s on node {{ $labels.node }} (%s)", c.Type, c.Disposition),
+				"description": desc,
+			},
+		})
+	}
+	return out
+}
+
+// DaemonRules are the alerts on the daemon itself.
+func daemonRules() []rule {
+	lbl := func(sev string) map[string]string {
+		return map[string]string{"severity": sev, "component": Job}
+	}
+	return []rule{
+		{
+			Alert: "AutopilotHealthDaemonGone",
+			// Every node kube-state-metrics knows that has no successful
+			// scrape of the daemon: target down, or absent altogether.
+			Expr:   fmt.Sprintf(`kube_node_info unless on (node) (up{job=%q} == 1)`, Job),
+			For:    promDuration(daemonGoneFor),
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health is not running on node {{ $labels.node }}",
+				"description": "No successful scrape of the node health daemon on {{ $labels.node }} for 10 minutes. Its conditions on the Node are stale (they keep their last value). On the node: systemctl status autopilot-health; journalctl -u autopilot-health.",
+			},
+		},
+		{
+			Alert:  "AutopilotHealthDaemonUnhealthy",
+			Expr:   "autopilot_health_healthy == 0",
+			For:    "5m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "a loop of autopilot-health is stuck on node {{ $labels.node }}",
+				"description": "autopilot_health_healthy has been 0 for 5 minutes: one of the daemon's loops (autopilot_health_loop_last_progress_timestamp_seconds) makes no progress; the systemd watchdog restarts it if it stays so.",
+			},
+		},
+		{
+			Alert:  "AutopilotHealthKernelLogUnreadable",
+			Expr:   "autopilot_health_kmsg_reader_up == 0",
+			For:    "10m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health cannot read the kernel log on node {{ $labels.node }}",
+				"description": "/dev/kmsg has not been readable for 10 minutes; the kernel conditions are Unknown (CheckFailed) meanwhile. journalctl -u autopilot-health says why.",
+			},
+		},
+		{
+			Alert:  "AutopilotHealthKernelLogLost",
+			Expr:   "increase(autopilot_health_kmsg_lost_records_total[10m]) > 0",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "kernel log records were lost before autopilot-health read them on node {{ $labels.node }}",
+				"description": "The kernel's ring buffer overwrote records the daemon had not read (a flood); a kernel problem in those records may have been missed. Read the node's kernel log (dmesg) for the period.",
+			},
+		},
+		{
+			Alert: "AutopilotHealthAPIWritesFailing",
+			// The daemon writes at least a heartbeat every 5 minutes; 15
+			// minutes without a successful call is three missed ones.
+			Expr:   "autopilot_health_kubernetes_reporting == 1 and on (node) (time() - autopilot_health_api_last_success_timestamp_seconds) > 900",
+			For:    "5m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health cannot write to the Kubernetes API from node {{ $labels.node }}",
+				"description": "No successful Kubernetes API call for 15 minutes: the Node's conditions and health report are stale. autopilot_health_api_writes_total{result!=\"ok\"} says which calls fail (forbidden: the node's credentials or NodeRestriction).",
+			},
+		},
+		{
+			Alert:  "AutopilotHealthStateWritesFailing",
+			Expr:   `increase(autopilot_health_state_writes_total{result="error"}[15m]) > 0`,
+			For:    "15m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health cannot save its state on node {{ $labels.node }}",
+				"description": "Writes of /var/lib/autopilot-health/state.json keep failing (disk full or read-only?): a restart of the daemon would lose the kernel log cursor and held conditions' local copy.",
+			},
+		},
+	}
+}
+
+func ruleGroups() ruleFile {
+	return ruleFile{Groups: []ruleGroup{
+		{Name: "autopilot-health-conditions", Rules: conditionRules()},
+		{Name: "autopilot-health-daemon", Rules: daemonRules()},
+	}}
+}
+
+func renderRuleFile() ([]byte, error) { return yamlDocs("prometheus-rules", ruleGroups()) }
+
+type objectMeta struct {
+	Name      string            `yaml:"name"`
+	Namespace string            `yaml:"namespace,omitempty"`
+	Labels    map[string]string `yaml:"labels,omitempty"`
+}
+
+func renderPrometheusRule() ([]byte, error) {
+	return yamlDocs("prometheusrule", struct {
+		APIVersion string     `yaml:"apiVersion"`
+		Kind       string     `yaml:"kind"`
+		Metadata   objectMeta `yaml:"metadata"`
+		Spec       ruleFile   `yaml:"spec"`
+	}{"monitoring.coreos.com/v1", "PrometheusRule",
+		objectMeta{Name: "autopilot-health", Labels: map[string]string{"app.kubernetes.io/name": "autopilot-health"}},
+		ruleGroups()})
+}
+
+// The scrape job: Kubernetes node discovery, the node's address with the
+// daemon's port, and the node's name as the node label (what
+// kube-state-metrics' series carry, so the rules can join on it).
+func renderScrapeConfig() ([]byte, error) {
+	type relabel struct {
+		SourceLabels []string `yaml:"source_labels,flow"`
+		Regex        string   `yaml:"regex,omitempty"`
+		Replacement  string   `yaml:"replacement,omitempty"`
+		TargetLabel  string   `yaml:"target_label"`
+	}
+	type sd struct {
+		Role string `yaml:"role"`
+	}
+	type job struct {
+		JobName        string    `yaml:"job_name"`
+		ScrapeInterval string    `yaml:"scrape_interval"`
+		KubernetesSD   []sd      `yaml:"kubernetes_sd_configs"`
+		Relabel        []relabel `yaml:"relabel_configs"`
+	}
+	return yamlDocs("scrape-config", struct {
+		ScrapeConfigs []job `yaml:"scrape_configs"`
+	}{[]job{{
+		JobName:        Job,
+		ScrapeInterval: "30s",
+		KubernetesSD:   []sd{{Role: "node"}},
+		Relabel: []relabel{
+			{SourceLabels: []string{"__address__"}, Regex: `(.+?)(?::\d+)?`, Replacement: "${1}:20257", TargetLabel: "__address__"},
+			{SourceLabels: []string{"__meta_kubernetes_node_name"}, TargetLabel: "node"},
+		},
+	}}})
+}

@@ -1,0 +1,248 @@
+package manifests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+)
+
+// promtool is Prometheus' own rule checker: from PATH, or extracted from
+// Debian's prometheus package into tests/.cache/bin by .ci/run.
+func promtool(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("promtool"); err == nil {
+		return p
+	}
+	p, _ := filepath.Abs("../../tests/.cache/bin/promtool")
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	testenv.Skip(t, "promtool not found (in PATH or tests/.cache/bin; .ci/run extracts it from Debian's prometheus package)")
+	return ""
+}
+
+func runPromtool(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(promtool(t), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func writeRendered(t *testing.T, dir string, m Manifest) string {
+	t.Helper()
+	b, err := m.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, m.File)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestPromtoolCheckRulesAndConfig(t *testing.T) {
+	dir := t.TempDir()
+	rules, _ := Lookup("prometheus-rules")
+	rf := writeRendered(t, dir, rules)
+	out := runPromtool(t, "check", "rules", rf)
+	want := fmt.Sprintf("SUCCESS: %d rules found", len(report.Conditions)+len(daemonRules()))
+	if !strings.Contains(out, want) {
+		t.Errorf("promtool check rules: want %q in\n%s", want, out)
+	}
+	// The rules in a whole Prometheus configuration. (The scrape job is not
+	// part of it: Debian's Prometheus is built without Kubernetes service
+	// discovery, so its promtool refuses kubernetes_sd_configs.)
+	cf := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cf, []byte("rule_files: ["+rf+"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runPromtool(t, "check", "config", cf)
+}
+
+type promSeries struct {
+	Series string `yaml:"series"`
+	Values string `yaml:"values"`
+}
+
+type promAlert struct {
+	ExpLabels      map[string]string `yaml:"exp_labels"`
+	ExpAnnotations map[string]string `yaml:"exp_annotations"`
+}
+
+type promAlertTest struct {
+	EvalTime  string      `yaml:"eval_time"`
+	Alertname string      `yaml:"alertname"`
+	ExpAlerts []promAlert `yaml:"exp_alerts"`
+}
+
+type promTest struct {
+	Interval   string          `yaml:"interval"`
+	InputSerie []promSeries    `yaml:"input_series"`
+	AlertTests []promAlertTest `yaml:"alert_rule_test"`
+}
+
+// ksm is a kube-state-metrics series as Prometheus stores it after a scrape.
+func ksm(metric string, labels map[string]string) string {
+	parts := []string{`job="kube-state-metrics"`, `instance="10.0.0.9:8080"`}
+	for _, k := range sortedKeys(labels) {
+		parts = append(parts, fmt.Sprintf("%s=%q", k, labels[k]))
+	}
+	return metric + "{" + strings.Join(parts, ",") + "}"
+}
+
+func sortedKeys(m map[string]string) []string {
+	var k []string
+	for key := range m {
+		k = append(k, key)
+	}
+	for i := range k {
+		for j := i + 1; j < len(k); j++ {
+			if k[j] < k[i] {
+				k[i], k[j] = k[j], k[i]
+			}
+		}
+	}
+	return k
+}
+
+func minutes(d time.Duration) string { return promDuration(d) }
+
+// conditionTests: for every condition, node "sick" has it True (and its
+// False and Unknown series at 0, as kube-state-metrics exports all three),
+// node "fine" has it False. The alert is pending, not firing, a minute
+// before its for: and fires at it, for "sick" only.
+func conditionTests(t *testing.T) promTest {
+	pt := promTest{Interval: "1m"}
+	for _, r := range conditionRules() {
+		c := r.Labels["condition"]
+		for node, status := range map[string]string{"sick": "true", "fine": "false"} {
+			for _, s := range []string{"true", "false", "unknown"} {
+				v := "0+0x30"
+				if s == status {
+					v = "1+0x30"
+				}
+				pt.InputSerie = append(pt.InputSerie, promSeries{ksm("kube_node_status_condition", map[string]string{"condition": c, "node": node, "status": s}), v})
+			}
+		}
+		d, err := time.ParseDuration(r.For)
+		if err != nil {
+			t.Fatalf("%s: for %q: %v", r.Alert, r.For, err)
+		}
+		labels := map[string]string{"condition": c, "node": "sick", "status": "true", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"}
+		for k, v := range r.Labels {
+			labels[k] = v
+		}
+		ann := map[string]string{}
+		for k, v := range r.Annotations {
+			ann[k] = strings.ReplaceAll(v, "{{ $labels.node }}", "sick")
+		}
+		pt.AlertTests = append(pt.AlertTests,
+			promAlertTest{EvalTime: minutes(d - time.Minute), Alertname: r.Alert},
+			promAlertTest{EvalTime: minutes(d), Alertname: r.Alert, ExpAlerts: []promAlert{{labels, ann}}},
+			promAlertTest{EvalTime: minutes(d + 10*time.Minute), Alertname: r.Alert, ExpAlerts: []promAlert{{labels, ann}}},
+		)
+	}
+	return pt
+}
+
+// daemonTests: the daemon's own alerts on the series its /metrics and the
+// shipped scrape job produce (job="autopilot-health", node=<name>).
+func daemonTests() promTest {
+	daemon := func(metric, node string) string {
+		return fmt.Sprintf(`%s{job=%q,instance="%s:20257",node=%q}`, metric, Job, node, node)
+	}
+	rules := map[string]rule{}
+	for _, r := range daemonRules() {
+		rules[r.Alert] = r
+	}
+	exp := func(alert string, labels map[string]string) promAlert {
+		r := rules[alert]
+		l := map[string]string{}
+		for k, v := range r.Labels {
+			l[k] = v
+		}
+		for k, v := range labels {
+			l[k] = v
+		}
+		ann := map[string]string{}
+		for k, v := range r.Annotations {
+			ann[k] = strings.ReplaceAll(v, "{{ $labels.node }}", labels["node"])
+		}
+		return promAlert{l, ann}
+	}
+	ksmNode := func(node string) map[string]string {
+		return map[string]string{"node": node, "job": "kube-state-metrics", "instance": "10.0.0.9:8080"}
+	}
+	daemonNode := func(node string) map[string]string {
+		return map[string]string{"node": node, "job": Job, "instance": node + ":20257"}
+	}
+	return promTest{
+		Interval: "1m",
+		InputSerie: []promSeries{
+			// Three nodes: "up" runs the daemon, "down" has its target down,
+			// "gone" has no target at all.
+			{ksm("kube_node_info", map[string]string{"node": "up"}), "1+0x40"},
+			{ksm("kube_node_info", map[string]string{"node": "down"}), "1+0x40"},
+			{ksm("kube_node_info", map[string]string{"node": "gone"}), "1+0x40"},
+			{daemon("up", "up"), "1+0x40"},
+			{daemon("up", "down"), "0+0x40"},
+			// "up": healthy, reading the kernel log, writing to the API
+			// until minute 5 (the timestamp stays at 300 s after that),
+			// and it lost 3 kernel records at minute 20.
+			{daemon("autopilot_health_healthy", "up"), "1+0x40"},
+			{daemon("autopilot_health_kmsg_reader_up", "up"), "1+0x40"},
+			{daemon("autopilot_health_kubernetes_reporting", "up"), "1+0x40"},
+			{daemon("autopilot_health_api_last_success_timestamp_seconds", "up"), "0+60x5 300+0x35"},
+			{daemon("autopilot_health_kmsg_lost_records_total", "up"), "0+0x20 3+0x20"},
+		},
+		AlertTests: []promAlertTest{
+			{EvalTime: "9m", Alertname: "AutopilotHealthDaemonGone"},
+			{EvalTime: "10m", Alertname: "AutopilotHealthDaemonGone", ExpAlerts: []promAlert{
+				exp("AutopilotHealthDaemonGone", ksmNode("down")), exp("AutopilotHealthDaemonGone", ksmNode("gone"))}},
+			{EvalTime: "30m", Alertname: "AutopilotHealthDaemonUnhealthy"},
+			{EvalTime: "30m", Alertname: "AutopilotHealthKernelLogUnreadable"},
+			{EvalTime: "19m", Alertname: "AutopilotHealthKernelLogLost"},
+			{EvalTime: "21m", Alertname: "AutopilotHealthKernelLogLost", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogLost", daemonNode("up"))}},
+			{EvalTime: "35m", Alertname: "AutopilotHealthKernelLogLost"},
+			// Last success at 300 s: more than 900 s ago from 21m on, and
+			// firing after the 5m for:, at 26m.
+			{EvalTime: "25m", Alertname: "AutopilotHealthAPIWritesFailing"},
+			{EvalTime: "26m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthAPIWritesFailing", daemonNode("up"))}},
+		},
+	}
+}
+
+func TestPromtoolAlertsFireAfterTheirForAndNotBefore(t *testing.T) {
+	dir := t.TempDir()
+	rules, _ := Lookup("prometheus-rules")
+	rf := writeRendered(t, dir, rules)
+	doc := map[string]any{
+		"rule_files":          []string{rf},
+		"evaluation_interval": "1m",
+		"tests":               []promTest{conditionTests(t), daemonTests()},
+	}
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := filepath.Join(dir, "rules_test.yaml")
+	if err := os.WriteFile(tf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runPromtool(t, "test", "rules", tf)
+	if !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules:\n%s", out)
+	}
+}
