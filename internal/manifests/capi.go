@@ -129,7 +129,7 @@ func renderMHCv1beta2() ([]byte, error) {
 		UnhealthyNodeConditions   []cond `yaml:"unhealthyNodeConditions"`
 	}
 	type triggerIf struct {
-		UnhealthyLessThanOrEqualTo *int  `yaml:"unhealthyLessThanOrEqualTo,omitempty"`
+		UnhealthyLessThanOrEqualTo *int   `yaml:"unhealthyLessThanOrEqualTo,omitempty"`
 		UnhealthyInRange           string `yaml:"unhealthyInRange,omitempty"`
 	}
 	type ref struct {
@@ -154,7 +154,7 @@ func renderMHCv1beta2() ([]byte, error) {
 	var docs []any
 	for _, p := range Pools {
 		s := spec{ClusterName: "${CLUSTER_NAME}", Selector: p.selector(),
-			Checks: checks{NodeStartupTimeoutSeconds: seconds(p.StartupGrace)},
+			Checks:      checks{NodeStartupTimeoutSeconds: seconds(p.StartupGrace)},
 			Remediation: remediation{TemplateRef: ref{APIVersion: caphAPIVersion, Kind: p.Remediation, Name: remediationName(p.Remediation)}}}
 		for _, c := range p.Conditions {
 			s.Checks.UnhealthyNodeConditions = append(s.Checks.UnhealthyNodeConditions, cond{c.Type, c.Status, seconds(c.Timeout)})

@@ -111,7 +111,7 @@ func renderDashboard() ([]byte, error) {
 		"templating": map[string]any{"list": []any{
 			map[string]any{"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source"},
 			map[string]any{"name": "node", "type": "query", "label": "Node", "datasource": ds,
-				"query": map[string]any{"query": "label_values(kube_node_info, node)", "refId": "node"},
+				"query":   map[string]any{"query": "label_values(kube_node_info, node)", "refId": "node"},
 				"refresh": 2, "includeAll": true, "multi": true, "allValue": ".*",
 				"current": map[string]any{"text": "All", "value": "$__all"}},
 		}},
