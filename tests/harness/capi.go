@@ -1,0 +1,50 @@
+package harness
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+// ClusterAPIVersion is the Cluster API release whose CRDs validate the
+// shipped MachineHealthChecks (v1.11 serves v1beta2 and v1beta1).
+const ClusterAPIVersion = "v1.11.3"
+
+// ClusterAPICRDs fetches the Cluster API module from the Go module proxy
+// (into the module cache, once per machine) and returns the paths of the
+// CRDs the shipped manifests use: MachineHealthCheck, MachineDeployment and
+// KubeadmControlPlane.
+func ClusterAPICRDs() ([]string, error) {
+	dir, err := os.MkdirTemp("", "capi-download-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/cluster-api@"+ClusterAPIVersion)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go mod download sigs.k8s.io/cluster-api@%s: %v\n%s", ClusterAPIVersion, err, out)
+	}
+	var mod struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &mod); err != nil {
+		return nil, err
+	}
+	if mod.Error != "" || mod.Dir == "" {
+		return nil, fmt.Errorf("go mod download sigs.k8s.io/cluster-api@%s: %s", ClusterAPIVersion, mod.Error)
+	}
+	paths := []string{
+		filepath.Join(mod.Dir, "config/crd/bases/cluster.x-k8s.io_machinehealthchecks.yaml"),
+		filepath.Join(mod.Dir, "config/crd/bases/cluster.x-k8s.io_machinedeployments.yaml"),
+		filepath.Join(mod.Dir, "controlplane/kubeadm/config/crd/bases/controlplane.cluster.x-k8s.io_kubeadmcontrolplanes.yaml"),
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return nil, err
+		}
+	}
+	return paths, nil
+}
