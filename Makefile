@@ -5,7 +5,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 
-.PHONY: all build run test test-unit test-integration test-race bench fuzz vet docs clean k8s-bins deb
+.PHONY: all build run test test-unit test-integration test-race bench fuzz vet docs clean k8s-bins deb sysext
 
 all: build
 
@@ -69,6 +69,10 @@ docs:
 # The Debian package for the OS image (bin/autopilot-health_<version>_<arch>.deb).
 deb: build
 	bash packaging/deb/build.sh $(BIN) bin
+
+# The systemd-sysext image for image-based node OSes (bin/autopilot-health.raw).
+sysext: build
+	bash packaging/sysext/build.sh $(BIN) bin
 
 clean:
 	rm -rf bin

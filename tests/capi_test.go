@@ -10,8 +10,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -237,4 +239,62 @@ func TestShippedClusterAPIObjectsOnARealAPIServer(t *testing.T) {
 			t.Errorf("onExhaustion Replace: %v, want refused", err)
 		}
 	})
+}
+
+// kubeconform -strict, with JSON schemas converted from the same CRDs by
+// kubeconform's own openapi2jsonschema.py: the check an operator's CI would
+// run on these files before applying them.
+func TestShippedClusterAPIObjectsPassKubeconform(t *testing.T) {
+	bin, converter, err := harness.Kubeconform()
+	if err != nil {
+		t.Fatalf("kubeconform: %v", err)
+	}
+	crds, err := harness.ClusterAPICRDs()
+	if err != nil {
+		t.Fatalf("Cluster API CRDs: %v", err)
+	}
+	caph, _ := filepath.Glob("testdata/caph/*.yaml")
+	for i := range caph {
+		caph[i], _ = filepath.Abs(caph[i])
+	}
+	schemas := t.TempDir()
+	conv := exec.Command("python3", append([]string{converter}, append(crds, caph...)...)...)
+	conv.Dir = schemas
+	conv.Env = append(os.Environ(), "FILENAME_FORMAT={kind}_{version}")
+	if out, err := conv.CombinedOutput(); err != nil {
+		t.Fatalf("openapi2jsonschema.py (needs python3-yaml): %v\n%s", err, out)
+	}
+	kubeconform := func(objs []*unstructured.Unstructured) (string, error) {
+		var b bytes.Buffer
+		for _, o := range objs {
+			j, err := o.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.WriteString("---\n")
+			b.Write(j)
+			b.WriteString("\n")
+		}
+		f := filepath.Join(t.TempDir(), "objects.yaml")
+		if err := os.WriteFile(f, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(bin, "-strict", "-summary",
+			"-schema-location", filepath.Join(schemas, "{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"), f).CombinedOutput()
+		return string(out), err
+	}
+	var objs []*unstructured.Unstructured
+	for _, kind := range []string{"machinehealthchecks", "machinehealthchecks-v1beta1", "remediation-templates"} {
+		objs = append(objs, rendered(t, kind)...)
+	}
+	out, err := kubeconform(objs)
+	want := fmt.Sprintf("Valid: %d, Invalid: 0, Errors: 0, Skipped: 0", len(objs))
+	if err != nil || !strings.Contains(out, want) {
+		t.Errorf("kubeconform: %v, want %q in\n%s", err, want, out)
+	}
+	bad := rendered(t, "machinehealthchecks")[0]
+	unstructured.SetNestedField(bad.Object, int64(1), "spec", "maxUnhealthy")
+	if out, err := kubeconform([]*unstructured.Unstructured{bad}); err == nil || !strings.Contains(out, "Invalid: 1") {
+		t.Errorf("kubeconform accepted a v1beta1 field in v1beta2: %v\n%s", err, out)
+	}
 }

@@ -48,3 +48,38 @@ func ClusterAPICRDs() ([]string, error) {
 	}
 	return paths, nil
 }
+
+// KubeconformVersion is the kubeconform release built for the tests.
+const KubeconformVersion = "v0.7.0"
+
+// Kubeconform builds kubeconform from the Go module proxy into
+// tests/.cache/bin (once per machine) and returns its path and the path of
+// the openapi2jsonschema.py script it ships, which turns CRDs into the JSON
+// schemas kubeconform reads.
+func Kubeconform() (bin, converter string, err error) {
+	dir := filepath.Join(repoRoot(), "tests", ".cache", "bin")
+	bin = filepath.Join(dir, "kubeconform")
+	if _, err := os.Stat(bin); err != nil {
+		cmd := exec.Command("go", "install", "github.com/yannh/kubeconform/cmd/kubeconform@"+KubeconformVersion)
+		cmd.Env = append(os.Environ(), "GOBIN="+dir, "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", "", fmt.Errorf("go install kubeconform@%s: %v\n%s", KubeconformVersion, err, out)
+		}
+	}
+	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		return "", "", err
+	}
+	converter = filepath.Join(string(bytesTrimSpace(out)), "github.com/yannh/kubeconform@"+KubeconformVersion, "scripts", "openapi2jsonschema.py")
+	if _, err := os.Stat(converter); err != nil {
+		return "", "", err
+	}
+	return bin, converter, nil
+}
+
+func bytesTrimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

@@ -15,12 +15,16 @@
 #                     filesystems finds it before any other mount of its device
 #   NS_USR=DIR        DIR is laid over the host's /usr (read-only overlay), so
 #                     DIR/bin/x is /usr/bin/x inside
+#   NS_SHARED=1       every mount inside is shared, as on a booted host (systemd
+#                     makes / shared at boot, but not in a container): a mount
+#                     made in a unit's own mount namespace (systemd-sysext's
+#                     merge) propagates to PID 1's
 # The root is a tmpfs: every disk filesystem inside is one of the mounts above.
 set -euo pipefail
 D=${NS_DIR:?}; UNITS=${NS_UNITS:?}; CG=${NS_CGROUP:?}
 R=$D/rootfs; LOGS=$D/logs
-NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}
-export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR
+NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}; NS_SHARED=${NS_SHARED:-}
+export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR NS_SHARED
 
 case "${1:-}" in
 start)
@@ -76,6 +80,7 @@ stage2)
     cd $R
     pivot_root . oldroot
     umount -l /oldroot
+    [ "$NS_SHARED" != 1 ] || mount --make-rshared /
     DROP=-sys_module,-sys_time,-sys_rawio,-sys_pacct,-wake_alarm,-block_suspend,-mac_admin,-mac_override,-audit_control,-audit_read,-bpf,-perfmon,-checkpoint_restore
     [ "$NS_KEEP_SYSLOG" = 1 ] || DROP=$DROP,-syslog
     exec env -i container=autopilot-health-test TERM=dumb \

@@ -83,6 +83,10 @@ type Options struct {
 	// Usr, a directory, is laid over the host's /usr (a read-only overlay):
 	// Usr/bin/x is /usr/bin/x inside.
 	Usr string
+	// SharedMounts makes every mount inside shared, as on a booted host:
+	// a mount a unit makes in its own mount namespace (systemd-sysext's
+	// merge) propagates to PID 1's.
+	SharedMounts bool
 }
 
 // StartSystemd starts a systemd with the given units (file name -> content)
@@ -121,6 +125,9 @@ func StartSystemdWith(dir string, units map[string]string, o Options) (*Systemd,
 	}
 	s.cmd = exec.Command("bash", filepath.Join(repoRoot(), "tests", "harness", "systemd-ns.sh"), "start")
 	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg, "NS_DATA="+o.Data, "NS_USR="+o.Usr)
+	if o.SharedMounts {
+		s.cmd.Env = append(s.cmd.Env, "NS_SHARED=1")
+	}
 	if o.KeepSyslog {
 		s.cmd.Env = append(s.cmd.Env, "NS_KEEP_SYSLOG=1")
 	}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the systemd-sysext image of autopilot-health: how the daemon is
+# baked into an image-based node OS (the OS image ships the .raw under
+# /usr/lib/extensions or /var/lib/extensions; systemd-sysext merges it over
+# /usr at boot). Contents, all under /usr:
+#   /usr/bin/autopilot-health
+#   /usr/lib/systemd/system/autopilot-health.service
+#   /usr/lib/systemd/system-preset/80-autopilot-health.preset   (enabled by default)
+#   /usr/share/autopilot-health/config.toml   (the defaults, every key commented out;
+#                                              copy to /etc/autopilot-health/ to change one)
+#   /usr/lib/extension-release.d/extension-release.autopilot-health   (ID=_any)
+# A squashfs image, reproducible: every file owned by root, every time
+# SOURCE_DATE_EPOCH (default: the commit's time).
+# Usage: packaging/sysext/build.sh BINARY OUTDIR [VERSION]   -> OUTDIR/autopilot-health.raw
+set -euo pipefail
+bin=${1:?binary}; out=${2:?outdir}; ver=${3:-}
+here=$(cd "$(dirname "$0")" && pwd); top=$(cd "$here/../.." && pwd)
+command -v mksquashfs >/dev/null || { echo "sysext: mksquashfs not found (Debian: squashfs-tools)" >&2; exit 1; }
+if [ -z "$ver" ]; then
+	ver=$(git -C "$top" describe --tags --always 2>/dev/null || echo devel)
+fi
+# mksquashfs reads SOURCE_DATE_EPOCH itself: the image's time and every file's.
+: "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || echo 0)}"
+export SOURCE_DATE_EPOCH
+# ARCHITECTURE= in systemd's names (ConditionArchitecture=) for the binary's GOARCH.
+case "${GOARCH:-$(go env GOARCH 2>/dev/null || echo amd64)}" in
+arm64) arch=arm64 ;;
+amd64) arch=x86-64 ;;
+*) echo "sysext: unsupported GOARCH ${GOARCH:-}" >&2; exit 1 ;;
+esac
+root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
+install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
+install -D -m 0644 "$top/units/autopilot-health.service" "$root/usr/lib/systemd/system/autopilot-health.service"
+install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<"enable autopilot-health.service"
+mkdir -p "$root/usr/share/autopilot-health"
+{
+	echo "# autopilot-health configuration: the defaults the daemon runs with, every key"
+	echo "# commented out. To change one, copy this file to /etc/autopilot-health/config.toml"
+	echo "# and uncomment it; 'autopilot-health config validate FILE' checks it."
+	echo "#"
+	"$bin" config default | sed -E 's/^([^#].*)$/# \1/'
+} > "$root/usr/share/autopilot-health/config.toml"
+chmod 0644 "$root/usr/share/autopilot-health/config.toml"
+# The extension matches any host OS (it carries a static binary); the
+# architecture must match the kernel's.
+install -D -m 0644 /dev/stdin "$root/usr/lib/extension-release.d/extension-release.autopilot-health" <<EOR
+ID=_any
+ARCHITECTURE=$arch
+NAME="autopilot-health"
+VERSION_ID=$ver
+EOR
+find "$root" -type d -exec chmod 0755 {} +
+mkdir -p "$out"
+rm -f "$out/autopilot-health.raw"
+mksquashfs "$root" "$out/autopilot-health.raw" -quiet -noappend -all-root -no-xattrs -comp xz >/dev/null
+echo "$out/autopilot-health.raw"

@@ -1,0 +1,165 @@
+//go:build integration
+
+package tests
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// buildSysext builds the daemon and its sysext image with
+// packaging/sysext/build.sh, as `make sysext` does, and returns the image.
+func buildSysext(t *testing.T, bin, out string) string {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(repoDir(t), "packaging", "sysext", "build.sh"), bin, out, "1.2.3")
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("packaging/sysext/build.sh: %v\n%s", err, b)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func fileSHA(t *testing.T, p string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// The systemd-sysext image as an image-based node OS gets it: systemd's own
+// systemd-dissect recognises it as a system extension, two builds of the
+// same binary are the same bytes, and in a real systemd 252 the real
+// systemd-sysext.service merges it, a daemon reload finds the unit, and the
+// unit starts the binary from the image.
+func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	for _, tool := range []string{"mksquashfs", "systemd-dissect"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s missing (apt install squashfs-tools systemd-container)", tool)
+		}
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-sysext-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "autopilot-health")
+	if err := harness.BuildDaemon(bin); err != nil {
+		t.Fatal(err)
+	}
+	img := buildSysext(t, bin, filepath.Join(dir, "a"))
+	if again := buildSysext(t, bin, filepath.Join(dir, "b")); fileSHA(t, img) != fileSHA(t, again) {
+		t.Errorf("two builds of the same binary differ: not reproducible")
+	}
+	out, err := exec.Command("systemd-dissect", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("systemd-dissect: %v\n%s", err, out)
+	}
+	for _, want := range []string{"✓ extension for system", "ID=_any", "VERSION_ID=1.2.3", "squashfs"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("systemd-dissect does not say %q:\n%s", want, out)
+		}
+	}
+
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), map[string]string{}, harness.Options{KeepSyslog: true, SharedMounts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal:\n%s", lastBytes(s.Journal("systemd-sysext.service", "autopilot-health.service"), 10000))
+			t.Logf("console:\n%s", s.Console(4000))
+			mi, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", s.PID))
+			t.Logf("PID 1's mounts:\n%s", mi)
+		}
+	}()
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace's /dev is a tmpfs: the loop devices systemd-sysext
+	// attaches the image to are made there.
+	if err := unix.Mknod(s.Root("/dev/loop-control"), unix.S_IFCHR|0o600, int(unix.Mkdev(10, 237))); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 64 {
+		if err := unix.Mknod(s.Root(fmt.Sprintf("/dev/loop%d", i)), unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(s.Root("/usr/bin/autopilot-health")); err == nil {
+		t.Fatal("/usr/bin/autopilot-health exists before the merge")
+	}
+	ext := s.Root("/var/lib/extensions/autopilot-health.raw")
+	if err := os.MkdirAll(filepath.Dir(ext), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ext, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freeTCPPort(t)
+	cfg := s.Root("/etc/autopilot-health/config.toml")
+	os.MkdirAll(filepath.Dir(cfg), 0o755)
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "role = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n", port), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// What the OS does at boot: systemd-sysext.service merges; systemd 252
+	// does not reload units after a merge, so the image's unit appears only
+	// after a daemon reload.
+	if err := s.StartUnit(ctx, "systemd-sysext.service"); err != nil {
+		t.Fatalf("systemd-sysext.service: %v", err)
+	}
+	rel, err := os.ReadFile(s.Root("/usr/lib/extension-release.d/extension-release.autopilot-health"))
+	if err != nil || !bytes.Contains(rel, []byte("ID=_any")) {
+		t.Fatalf("after the merge, the extension-release file: %q %v", rel, err)
+	}
+	merged, err := os.ReadFile(s.Root("/usr/bin/autopilot-health"))
+	if err != nil || sha256.Sum256(merged) != fileSHA(t, bin) {
+		t.Fatalf("after the merge, /usr/bin/autopilot-health is not the built binary (%v)", err)
+	}
+	if err := s.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("starting autopilot-health.service from the image: %v", err)
+	}
+	waitUnit(t, s, "autopilot-health.service", "active", active)
+	t.Logf("autopilot-health.service from the sysext image active %s after StartUnit", time.Since(start).Round(time.Millisecond))
+	up, err := s.Properties(ctx, "autopilot-health.service", "Unit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The host has no such unit: it is the image's (systemd names it by
+	// its /lib path, /lib being a link to /usr/lib).
+	if fp := up["FragmentPath"].Value(); fp != "/usr/lib/systemd/system/autopilot-health.service" && fp != "/lib/systemd/system/autopilot-health.service" {
+		t.Errorf("unit loaded from %v, want the image's /usr/lib/systemd/system", fp)
+	}
+	page, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil || !strings.Contains(page, `autopilot_health_build_info{`) {
+		t.Errorf("the daemon's metrics: %v\n%.300s", err, page)
+	}
+}
