@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -231,9 +232,31 @@ func TestEveryQueriedMetricExists(t *testing.T) {
 			check("alert "+r.Alert, r.Expr)
 		}
 	}
-	for _, p := range DashboardPanels() {
-		for _, q := range p.Queries {
-			check("panel "+p.Title, q)
+	// The dashboard as Grafana reads it: the JSON file's panels' targets.
+	b, err := renderDashboard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	if len(dash.Panels) != len(DashboardPanels()) {
+		t.Fatalf("%d panels in the JSON, %d defined", len(dash.Panels), len(DashboardPanels()))
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, q := range p.Targets {
+			check("panel "+p.Title, q.Expr)
 		}
 	}
 }
