@@ -24,6 +24,30 @@ type entry struct {
 	// timeouts and panics are recorded for that part only. Empty: the
 	// check evaluates the whole condition.
 	part report.Source
+
+	// The last outcome logged: a check that keeps failing the same way
+	// logs once per change, not every interval.
+	logMu   sync.Mutex
+	logged  string
+	repeats int
+}
+
+// logOutcome logs a failing outcome (key: what went wrong, the same key for
+// the same failure) only when it differs from the last one, and one line
+// when the check works again (key ""), with how many runs had failed.
+func (e *entry) logOutcome(key string, log func()) {
+	e.logMu.Lock()
+	defer e.logMu.Unlock()
+	if key == e.logged {
+		e.repeats++
+		return
+	}
+	if key == "" {
+		e.log.Info("check works again", "failed_runs", e.repeats, "last_failure", e.logged)
+	} else {
+		log()
+	}
+	e.logged, e.repeats = key, 1
 }
 
 // Runner schedules the checks and records their results in the store.
@@ -185,7 +209,9 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 		// The previous probe has not returned even after its timeout.
 		c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("the previous run (timeout %s) has still not returned", e.timeout))
 		result = report.ResultTimeout
-		e.log.Warn("check still running from an earlier run; not starting another", "timeout", e.timeout)
+		e.logOutcome("still running", func() {
+			e.log.Warn("check still running from an earlier run; not starting another (logged again only when the outcome changes)", "timeout", e.timeout)
+		})
 	} else {
 		cctx, cancel := context.WithTimeout(ctx, e.timeout)
 		defer cancel()
@@ -209,7 +235,9 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 			}
 			c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("check did not finish within its timeout of %s", e.timeout))
 			result = report.ResultTimeout
-			e.log.Warn("check timed out", "timeout", e.timeout)
+			e.logOutcome("timed out", func() {
+				e.log.Warn("check timed out (logged again only when the outcome changes)", "timeout", e.timeout)
+			})
 		}
 	}
 	if r.metrics != nil {
@@ -238,12 +266,15 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	}
 	switch {
 	case o.err != nil:
-		e.log.Warn("check failed", "err", o.err)
+		e.logOutcome("failed: "+o.err.Error(), func() {
+			e.log.Warn("check failed (logged again only when the error changes)", "err", o.err)
+		})
 		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError
 	case !valid:
 		e.log.Error("check returned a status/reason that is not in the catalog (a bug)", "status", o.res.Status, "reason", o.res.Reason)
 		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
 	}
+	e.logOutcome("", nil)
 	result := report.ResultOK
 	switch {
 	case o.res.Status == report.StatusTrue:

@@ -6,12 +6,14 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -324,5 +326,50 @@ func TestNewRunnerRefusesZeroIntervalOrTimeout(t *testing.T) {
 	})
 	if _, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": healthyProbe}}); err != nil {
 		t.Errorf("disabled check: %v", err)
+	}
+}
+
+// A check that keeps failing the same way logs once, not every run: again
+// when the error changes, and once when it works again.
+func TestRunnerLogsAFailureOncePerChange(t *testing.T) {
+	var logs testenv.SyncBuffer
+	env := testEnv(t, nil)
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	var err error
+	probe := probeFunc(func(context.Context) (Result, error) {
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh}, nil
+	})
+	r, nerr := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+	if nerr != nil {
+		t.Fatal(nerr)
+	}
+	runs := func(n int, e error) {
+		err = e
+		for range n {
+			r.RunOnce(t.Context())
+		}
+	}
+	runs(2, nil)
+	runs(5, errors.New("dial unix /run/dbus/system_bus_socket: connect: no such file or directory"))
+	runs(3, errors.New("permission denied"))
+	runs(2, nil)
+	runs(1, errors.New("permission denied"))
+	var failed, works []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		switch {
+		case strings.Contains(l, "check failed"):
+			failed = append(failed, l)
+		case strings.Contains(l, "check works again"):
+			works = append(works, l)
+		}
+	}
+	if len(failed) != 3 || !strings.Contains(failed[0], "no such file") || !strings.Contains(failed[1], "permission denied") {
+		t.Errorf("want 3 'check failed' lines (dial, permission, permission again after recovery), got %d:\n%s", len(failed), logs.String())
+	}
+	if len(works) != 1 || !strings.Contains(works[0], "failed_runs=3") || !strings.Contains(works[0], `last_failure="failed: permission denied"`) {
+		t.Errorf("want one 'check works again' line after 3 failed runs, got:\n%s", strings.Join(works, "\n"))
 	}
 }
