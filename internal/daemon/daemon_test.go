@@ -386,7 +386,7 @@ func TestDetect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id.NodeName != "cp-1.example" || id.Role != report.RoleControlPlane || !id.GPU || id.GPUSource != "NVIDIA display controller at PCI 0000:41:00.0" {
+	if id.NodeName != "cp-1.example" || id.Role != report.RoleControlPlane || !id.GPU || id.GPUSource != "NVIDIA GPU at PCI 0000:41:00.0" {
 		t.Errorf("control plane GPU host: %+v", id)
 	}
 
@@ -399,6 +399,25 @@ func TestDetect(t *testing.T) {
 	os.Remove(root + "/proc/sys/kernel/random/boot_id")
 	if _, err := Detect(cfg); err == nil || !strings.Contains(err.Error(), "cannot read the boot id") {
 		t.Errorf("missing boot id: %v", err)
+	}
+}
+
+// "GPU node" is decided by the same PCI scan GpuActivationFailed counts
+// the GPUs with (checks.NvidiaGPUs), on the check's fixture trees: an
+// NVIDIA audio function, an NVSwitch or another vendor's display
+// controller does not make a GPU node.
+func TestDetectGPUFromPCITrees(t *testing.T) {
+	for tree, want := range map[string]string{
+		"pci-no-gpu": "no NVIDIA GPU on PCI",
+		"pci-1-gpu":  "NVIDIA GPU at PCI 0000:3b:00.0",
+		"pci-4-gpu":  "NVIDIA GPU at PCI 0000:18:00.0, 0000:2a:00.0, 0000:ab:00.0, 0000:ba:00.0",
+	} {
+		cfg := config.Default()
+		cfg.HostRoot, _ = filepath.Abs(filepath.Join("../../checks/testdata/roots", tree))
+		_, _, gpu, source := DetectRoleGPU(cfg)
+		if gpu != (tree != "pci-no-gpu") || source != want {
+			t.Errorf("%s: gpu %t, %q; want %q", tree, gpu, source, want)
+		}
 	}
 }
 

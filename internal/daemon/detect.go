@@ -1,10 +1,8 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -73,15 +71,15 @@ func DetectRoleGPU(cfg *config.Config) (role report.Role, roleSource string, gpu
 	case "true", "false":
 		gpu, gpuSource = cfg.GPU == "true", "config gpu"
 	default:
-		dev, err := nvidiaPCIDevice(cfg.HostPath("/sys/bus/pci/devices"))
-		gpu = dev != ""
+		gpus, err := checks.NvidiaGPUs(cfg.HostPath(checks.PCIDevicesDir))
+		gpu = len(gpus) > 0
 		switch {
 		case err != nil:
 			gpuSource = "no PCI devices readable: " + err.Error()
-		case dev != "":
-			gpuSource = "NVIDIA display controller at PCI " + dev
+		case gpu:
+			gpuSource = "NVIDIA GPU at PCI " + strings.Join(gpus, ", ")
 		default:
-			gpuSource = "no NVIDIA display controller on PCI"
+			gpuSource = "no NVIDIA GPU on PCI"
 		}
 	}
 	return role, roleSource, gpu, gpuSource
@@ -104,26 +102,6 @@ func nodeNameFromCert(path string) (string, error) {
 		return "", fmt.Errorf("%s: CN %q is not system:node:<name>", path, c.Subject.CommonName)
 	}
 	return n, nil
-}
-
-// nvidiaPCIDevice returns the address of the first NVIDIA (vendor 0x10de)
-// display controller (class 0x03xxxx), or "".
-func nvidiaPCIDevice(dir string) (string, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return "", nil
-		}
-		return "", err
-	}
-	for _, e := range ents {
-		v, _ := readTrim(filepath.Join(dir, e.Name(), "vendor"))
-		c, _ := readTrim(filepath.Join(dir, e.Name(), "class"))
-		if v == "0x10de" && strings.HasPrefix(c, "0x03") {
-			return e.Name(), nil
-		}
-	}
-	return "", nil
 }
 
 // BootStart returns the wall time at which this boot began
