@@ -233,6 +233,7 @@ type GpuActivationFailed struct {
 	Common
 	MarkerPath  string   `toml:"marker_path"`
 	CDISpecDirs []string `toml:"cdi_spec_dirs"`
+	CDIKind     string   `toml:"cdi_kind"`
 }
 
 type APIServerSourceIPUnavailable struct {

@@ -83,6 +83,9 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 		{"CertRenewalFailing.renew_within", k.CertRenewalFailing.RenewWithin.Duration, 7 * 24 * time.Hour},
 		{"ProxyNotServing.metrics_url", k.ProxyNotServing.MetricsURL, "http://127.0.0.1:9587/metrics"},
 		{"ProxyNotServing.ready_metric", k.ProxyNotServing.ReadyMetric, "ready"},
+		{"GpuActivationFailed.marker_path", k.GpuActivationFailed.MarkerPath, "/run/syself/gpu-activated"},
+		{"GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs, []string{"/etc/cdi", "/var/run/cdi"}},
+		{"GpuActivationFailed.cdi_kind", k.GpuActivationFailed.CDIKind, "nvidia.com/gpu"},
 		{"ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError.Duration, 5 * time.Second},
 		{"kmsg.device", c.Kmsg.Device, "/dev/kmsg"},
 		{"role (detected)", c.Role, ""},
@@ -290,6 +293,8 @@ func TestBadConfigs(t *testing.T) {
 		"critical-tasks-empty.toml":    `:2: key kmsg.critical_tasks: must list task names (a trailing * matches a prefix), each non-empty and without whitespace, got ""`,
 		"critical-tasks-space.toml":    `:3: key kmsg.critical_tasks: must list task names (a trailing * matches a prefix), each non-empty and without whitespace, got "kubelet, containerd"`,
 		"ignore-devices-empty.toml":    `:2: key kmsg.ignore_devices: must list block device name prefixes, each non-empty and without whitespace, got ""`,
+		"cdi-kind.toml":                `:2: key checks.GpuActivationFailed.cdi_kind: must be a CDI kind <vendor>/<class> such as "nvidia.com/gpu", got "nvidia.com"`,
+		"cdi-spec-dirs-none.toml":      `:2: key checks.GpuActivationFailed.cdi_spec_dirs: must list at least one directory: with none, no GPU can ever be named in a CDI spec`,
 		"kmsg-rule-reason.toml":        `:4: key kmsg.rules: kmsg rule MyIO: event reason "DiskExploded" is not in the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode"
 
+	cdiparser "tags.cncf.io/container-device-interface/pkg/parser"
+
 	"github.com/syself/autopilot-health/kmsg"
 )
 
@@ -246,6 +248,13 @@ func (c *Config) validate() *Error {
 	}
 	v.absPath("checks.GpuActivationFailed.marker_path", k.GpuActivationFailed.MarkerPath)
 	v.absPaths("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs)
+	if len(k.GpuActivationFailed.CDISpecDirs) == 0 {
+		v.fail("checks.GpuActivationFailed.cdi_spec_dirs", "must list at least one directory: with none, no GPU can ever be named in a CDI spec")
+	}
+	if vendor, class := cdiparser.ParseQualifier(k.GpuActivationFailed.CDIKind); vendor == "" ||
+		cdiparser.ValidateVendorName(vendor) != nil || cdiparser.ValidateClassName(class) != nil {
+		v.fail("checks.GpuActivationFailed.cdi_kind", "must be a CDI kind <vendor>/<class> such as \"nvidia.com/gpu\", got %q", k.GpuActivationFailed.CDIKind)
+	}
 	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
 	v.absPath("kmsg.device", c.Kmsg.Device)
 	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")

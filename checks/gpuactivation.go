@@ -1,0 +1,235 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+func init() { Register("GpuActivationFailed", newGpuActivationCheck) }
+
+// gpuActivationCheck: an NVIDIA GPU is present but gpu-activate has not
+// finished, so containerd cannot give it to a container. The GPUs are those
+// of NvidiaGPUs, the scan that also decides whether this is a GPU node.
+// True (ActivationMarkerMissing) while the marker that says gpu-activate
+// finished is missing; True (CDISpecMissing) when the CDI specs do not name a
+// device of the configured kind for each GPU. The specs are read by the CDI
+// project's own cache (tags.cncf.io/container-device-interface/pkg/cdi),
+// the loader containerd resolves CDI devices with: a spec that does not
+// parse or validate is left out with its error, a device that two specs of
+// the same directory both name is dropped, and the later directory wins.
+//
+// A GPU is named by its index, its position in PCI address order (how NVML,
+// and so nvidia-ctk's "index" device names, number the GPUs), or by its
+// UUID where the driver lists it (/proc/driver/nvidia/gpus/<address>/
+// information); `nvidia-ctk cdi generate` writes both by default, and "all".
+type gpuActivationCheck struct {
+	env    *Env
+	marker string
+	dirs   []string
+	kind   string
+}
+
+func newGpuActivationCheck(env *Env) (Check, error) {
+	c := env.Config.Checks.GpuActivationFailed
+	dirs := make([]string, len(c.CDISpecDirs))
+	for i, d := range c.CDISpecDirs {
+		dirs[i] = filepath.Clean(d) // as the CDI cache keeps them
+	}
+	return &gpuActivationCheck{env: env, marker: c.MarkerPath, dirs: dirs, kind: c.CDIKind}, nil
+}
+
+// gpu is one GPU and the CDI device names that would name it.
+type gpu struct {
+	addr  string
+	index int
+	uuid  string // "" when the driver does not list it
+}
+
+func (g gpu) String() string {
+	s := fmt.Sprintf("%s (index %d", g.addr, g.index)
+	if g.uuid != "" {
+		s += ", " + g.uuid
+	}
+	return s + ")"
+}
+
+func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
+	addrs, err := NvidiaGPUs(c.env.Path(PCIDevicesDir))
+	if err != nil {
+		return Result{}, err
+	}
+	if len(addrs) == 0 {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+			Message: "no NVIDIA GPU (PCI vendor 0x10de, class 0x0300 or 0x0302) under " + PCIDevicesDir}, nil
+	}
+	gpus := make([]gpu, len(addrs))
+	for i, a := range addrs {
+		gpus[i] = gpu{addr: a, index: i, uuid: c.driverUUID(a)}
+	}
+	present := describeGPUs(addrs)
+
+	markerMissing := false
+	if _, err := os.Stat(c.env.Path(c.marker)); errors.Is(err, fs.ErrNotExist) {
+		markerMissing = true
+	} else if err != nil {
+		return Result{}, fmt.Errorf("activation marker: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	specs, err := c.loadCDI()
+	if err != nil {
+		return Result{}, err
+	}
+	var unnamed, files []string
+	for _, g := range gpus {
+		if p, ok := specs.spec(g); !ok {
+			unnamed = append(unnamed, g.String())
+		} else if !slices.Contains(files, p) {
+			files = append(files, p)
+		}
+	}
+	slices.Sort(files)
+	var cdiProblem string
+	if len(unnamed) > 0 {
+		cdiProblem = fmt.Sprintf("no CDI spec under %s names a device of kind %s for %s", strings.Join(c.dirs, ", "), c.kind, strings.Join(unnamed, ", "))
+		if len(specs.errs) > 0 {
+			cdiProblem += "; " + strings.Join(specs.errs, "; ")
+		}
+	}
+	switch {
+	case markerMissing:
+		msg := fmt.Sprintf("%s present, but the activation marker %s is missing (gpu-activate has not finished)", present, c.marker)
+		if cdiProblem != "" {
+			msg += "; " + cdiProblem
+		}
+		return Result{Status: report.StatusTrue, Reason: report.ReasonActivationMarkerMissing, Message: msg}, nil
+	case cdiProblem != "":
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCDISpecMissing, Message: present + " present; " + cdiProblem}, nil
+	}
+	msg := fmt.Sprintf("%s activated: marker %s present, each named by a device of kind %s in %s", present, c.marker, c.kind, strings.Join(files, ", "))
+	if len(specs.errs) > 0 {
+		msg += "; other CDI specs left out: " + strings.Join(specs.errs, "; ")
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonGpuActivated, Message: msg}, nil
+}
+
+// describeGPUs says which GPUs are present: "GPU 0000:3b:00.0" or
+// "4 GPUs (0000:18:00.0, ...)".
+func describeGPUs(addrs []string) string {
+	if len(addrs) == 1 {
+		return "GPU " + addrs[0]
+	}
+	return fmt.Sprintf("%d GPUs (%s)", len(addrs), strings.Join(addrs, ", "))
+}
+
+// driverUUID returns the GPU's UUID as the NVIDIA driver lists it
+// ("GPU UUID: \t GPU-..." in /proc/driver/nvidia/gpus/<address>/information),
+// or "" where the driver is not loaded or does not say.
+func (c *gpuActivationCheck) driverUUID(addr string) string {
+	b, err := os.ReadFile(c.env.Path(filepath.Join("/proc/driver/nvidia/gpus", addr, "information")))
+	if err != nil {
+		return ""
+	}
+	return parseDriverUUID(string(b))
+}
+
+// parseDriverUUID returns the value of the "GPU UUID" line of the driver's
+// information file, if it is a GPU UUID ("GPU-" and more).
+func parseDriverUUID(info string) string {
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(k) != "GPU UUID" {
+			continue
+		}
+		if v = strings.TrimSpace(v); strings.HasPrefix(v, "GPU-") && len(v) > len("GPU-") && !strings.ContainsAny(v, " \t") {
+			return v
+		}
+	}
+	return ""
+}
+
+// cdiDevices is what the CDI specs hold for the configured kind.
+type cdiDevices struct {
+	// byName maps a device name of the kind to the host path of its spec.
+	byName map[string]string
+	// errs are the loader's errors, one per spec, with host paths.
+	errs []string
+}
+
+// spec returns the host path of the spec whose device names the GPU, by
+// its index or its UUID.
+func (d *cdiDevices) spec(g gpu) (string, bool) {
+	for _, n := range []string{strconv.Itoa(g.index), g.uuid} {
+		if p, ok := d.byName[n]; ok && n != "" {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// loadCDI reads the spec directories (under the host root) with the CDI
+// cache, refreshed once, without watching them. A directory that does not
+// exist holds no spec; one that cannot be read is an error (the cache would
+// skip it silently).
+func (c *gpuActivationCheck) loadCDI() (*cdiDevices, error) {
+	dirs := make([]string, len(c.dirs))
+	for i, d := range c.dirs {
+		dirs[i] = c.env.Path(d)
+		if _, err := os.ReadDir(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("CDI spec directory: %w", err)
+		}
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, err
+	}
+	// The cache's paths are under the host root; the messages name the
+	// host's own.
+	hostPath := func(s string) string {
+		for i, d := range dirs {
+			if d != c.dirs[i] {
+				s = strings.ReplaceAll(s, d+"/", c.dirs[i]+"/")
+			}
+		}
+		return s
+	}
+	out := &cdiDevices{byName: map[string]string{}}
+	prefix := c.kind + "="
+	for _, q := range cache.ListDevices() {
+		name, ok := strings.CutPrefix(q, prefix)
+		if !ok {
+			continue
+		}
+		if d := cache.GetDevice(q); d != nil {
+			out.byName[name] = hostPath(d.GetSpec().GetPath())
+		}
+	}
+	for path, errs := range cache.GetErrors() {
+		path = hostPath(path)
+		for _, e := range errs {
+			// A parse error names its file, a validation error does not.
+			msg := hostPath(e.Error())
+			if !strings.Contains(msg, strconv.Quote(path)) {
+				msg = path + ": " + msg
+			}
+			out.errs = append(out.errs, msg)
+		}
+	}
+	// A conflict is recorded for both of its specs, naming both: once is
+	// enough.
+	slices.Sort(out.errs)
+	out.errs = slices.Compact(out.errs)
+	return out, nil
+}

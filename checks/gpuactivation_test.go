@@ -1,0 +1,285 @@
+package checks
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// The PCI trees under testdata/roots/pci-* are laid out as the kernel's
+// sysfs is (each /sys/bus/pci/devices/<address> a link into /sys/devices,
+// with vendor, device and class files); they are written by hand, not
+// captured from a GPU host (this machine has none):
+//
+//	pci-no-gpu  an Intel host bridge, an Intel NIC, and an ASPEED BMC VGA
+//	            controller (a display device, class 0x030000, not NVIDIA)
+//	pci-1-gpu   the same, plus a GeForce RTX 3090 (VGA class 0x030000) and
+//	            its HDMI audio function (NVIDIA, class 0x040300)
+//	pci-4-gpu   the base, plus four H100 (3D controller, 0x030200) and an
+//	            NVSwitch (NVIDIA, bridge class 0x068000)
+//
+// The GPU trees also hold the driver's /proc/driver/nvidia/gpus/<address>/
+// information files, with the UUIDs the CDI specs in testdata/cdi use. Those
+// specs have the shape `nvidia-ctk cdi generate` writes (cdiVersion 0.5.0,
+// kind nvidia.com/gpu, the devices named by index and by UUID, then "all",
+// containerEdits with nvidia-cdi-hook hooks and driver mounts): YAML as
+// its default, JSON (nvidia-1-gpu.json) as CDI's writer encodes a .json
+// spec; nvidia-torn.yaml is nvidia-4-gpus.yaml cut off mid-line.
+
+var fourGPUs = []string{"0000:18:00.0", "0000:2a:00.0", "0000:ab:00.0", "0000:ba:00.0"}
+
+func TestNvidiaGPUs(t *testing.T) {
+	for tree, want := range map[string][]string{
+		"pci-no-gpu": nil,
+		"pci-1-gpu":  {"0000:3b:00.0"},
+		"pci-4-gpu":  fourGPUs,
+		"missing":    nil, // no /sys/bus/pci at all
+	} {
+		got, err := NvidiaGPUs(filepath.Join("testdata/roots", tree, PCIDevicesDir))
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s: %q, %v; want %q", tree, got, err, want)
+		}
+	}
+	// A function whose files cannot be read is not counted.
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "0000:01:00.0"), 0o755)
+	os.WriteFile(filepath.Join(dir, "0000:01:00.0", "vendor"), []byte("0x10de\n"), 0o644)
+	if got, err := NvidiaGPUs(dir); err != nil || got != nil {
+		t.Errorf("no class file: %q %v", got, err)
+	}
+}
+
+// gpuHost builds a host root: the PCI tree of a fixture (its /proc too, the
+// driver's view, when driver is set), the activation marker when marker is
+// set, and the given CDI spec files (host path: file under testdata/cdi).
+func gpuHost(t *testing.T, tree string, driver, marker bool, specs map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	fixture, _ := filepath.Abs(filepath.Join("testdata/roots", tree))
+	link := func(dir string) {
+		if err := os.Symlink(filepath.Join(fixture, dir), filepath.Join(root, dir)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link("sys")
+	if driver {
+		link("proc")
+	}
+	write := func(p string, b []byte) {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if marker {
+		write("/run/syself/gpu-activated", nil)
+	}
+	for p, name := range specs {
+		b, err := os.ReadFile(filepath.Join("testdata/cdi", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(p, b)
+	}
+	return root
+}
+
+func probeGPU(t *testing.T, root string, mutate func(*config.GpuActivationFailed)) Result {
+	t.Helper()
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		if mutate != nil {
+			mutate(&c.Checks.GpuActivationFailed)
+		}
+	})
+	env.GPU = true
+	c, err := NewForTest("GpuActivationFailed", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Probe(context.Background())
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	return r
+}
+
+func TestGpuActivation(t *testing.T) {
+	const (
+		four       = "4 GPUs (0000:18:00.0, 0000:2a:00.0, 0000:ab:00.0, 0000:ba:00.0)"
+		dirs       = "/etc/cdi, /var/run/cdi"
+		noMarker   = " present, but the activation marker /run/syself/gpu-activated is missing (gpu-activate has not finished)"
+		g0         = "0000:18:00.0 (index 0, GPU-3f1c2a8e-5b7d-4e19-a6c2-8d9e0f1a2b3c)"
+		g1         = "0000:2a:00.0 (index 1, GPU-7a2e9c41-0d3b-4f58-b1e7-2c6d8a9f0e14)"
+		g2         = "0000:ab:00.0 (index 2, GPU-c4d81f26-93ab-4e07-8f5c-6b1a2d3e4f50)"
+		g3         = "0000:ba:00.0 (index 3, GPU-e9b05d73-1c2f-4a86-9d4e-7f8a0b1c2d36)"
+		tornErr    = `failed to load CDI Spec failed to parse CDI Spec "/etc/cdi/nvidia.yaml": failed to unmarshal CDI Spec: yaml: line 25: found unexpected end of stream`
+		nvidiaYAML = "/var/run/cdi/nvidia.yaml"
+	)
+	conflict := func(dev string) string {
+		return `conflicting device "nvidia.com/gpu=` + dev + `" (specs "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia-copy.yaml")`
+	}
+	for _, tc := range []struct {
+		name           string
+		tree           string
+		driver, marker bool
+		specs          map[string]string
+		mutate         func(*config.GpuActivationFailed)
+		status         report.Status
+		reason         report.Reason
+		msg            string
+	}{
+		{name: "no GPU, a non-NVIDIA display device", tree: "pci-no-gpu", marker: true,
+			status: report.StatusUnknown, reason: report.ReasonNothingToCheck,
+			msg: "no NVIDIA GPU (PCI vendor 0x10de, class 0x0300 or 0x0302) under /sys/bus/pci/devices"},
+		{name: "1 GPU activated, JSON spec", tree: "pci-1-gpu", driver: true, marker: true,
+			specs:  map[string]string{"/var/run/cdi/nvidia.json": "nvidia-1-gpu.json"},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: "GPU 0000:3b:00.0 activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.json"},
+		{name: "1 GPU, spec but no marker", tree: "pci-1-gpu", driver: true,
+			specs:  map[string]string{"/var/run/cdi/nvidia.json": "nvidia-1-gpu.json"},
+			status: report.StatusTrue, reason: report.ReasonActivationMarkerMissing,
+			msg: "GPU 0000:3b:00.0" + noMarker},
+		{name: "4 GPUs activated, YAML spec", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus.yaml"},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: four + " activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml"},
+		{name: "4 GPUs, no marker, no spec", tree: "pci-4-gpu", driver: true,
+			status: report.StatusTrue, reason: report.ReasonActivationMarkerMissing,
+			msg: four + noMarker + "; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + strings.Join([]string{g0, g1, g2, g3}, ", ")},
+		{name: "4 GPUs, marker, no spec", tree: "pci-4-gpu", driver: true, marker: true,
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: four + " present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + strings.Join([]string{g0, g1, g2, g3}, ", ")},
+		{name: "4 GPUs, spec names 2", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-2-of-4-gpus.yaml"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: four + " present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + g2 + ", " + g3},
+		{name: "4 GPUs, the spec does not parse", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{"/etc/cdi/nvidia.yaml": "nvidia-torn.yaml"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: four + " present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + strings.Join([]string{g0, g1, g2, g3}, ", ") + "; " + tornErr},
+		{name: "4 GPUs, a torn spec beside a good one", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{"/etc/cdi/nvidia.yaml": "nvidia-torn.yaml", nvidiaYAML: "nvidia-4-gpus.yaml"},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: four + " activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml; other CDI specs left out: " + tornErr},
+		{name: "4 GPUs named by UUID only, driver loaded", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus-uuid.yaml"},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: four + " activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml"},
+		{name: "4 GPUs named by UUID only, no driver to say which", tree: "pci-4-gpu", marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus-uuid.yaml"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: four + " present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:18:00.0 (index 0), 0000:2a:00.0 (index 1), 0000:ab:00.0 (index 2), 0000:ba:00.0 (index 3)"},
+		{name: "two specs in one directory name the same devices", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus.yaml", "/var/run/cdi/nvidia-copy.yaml": "nvidia-2-of-4-gpus.yaml"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: four + " present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + strings.Join([]string{g0, g1}, ", ") + "; " +
+				conflict("0") + "; " + conflict("1") + "; " + conflict("GPU-3f1c2a8e-5b7d-4e19-a6c2-8d9e0f1a2b3c") + "; " +
+				conflict("GPU-7a2e9c41-0d3b-4f58-b1e7-2c6d8a9f0e14") + "; " + conflict("all")},
+		{name: "the later directory wins, both name the GPUs", tree: "pci-4-gpu", driver: true, marker: true,
+			specs:  map[string]string{"/etc/cdi/nvidia.yaml": "nvidia-2-of-4-gpus.yaml", nvidiaYAML: "nvidia-4-gpus.yaml"},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: four + " activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml"},
+		{name: "another kind configured", tree: "pci-1-gpu", driver: true, marker: true,
+			specs:  map[string]string{"/var/run/cdi/nvidia.json": "nvidia-1-gpu.json"},
+			mutate: func(k *config.GpuActivationFailed) { k.CDIKind = "example.com/gpu" },
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: "GPU 0000:3b:00.0 present; no CDI spec under " + dirs + " names a device of kind example.com/gpu for 0000:3b:00.0 (index 0, GPU-5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f)"},
+		{name: "other paths configured", tree: "pci-1-gpu", marker: false,
+			specs: map[string]string{"/opt/cdi/nvidia.json": "nvidia-1-gpu.json", "/run/gpu/done": "nvidia-1-gpu.json"},
+			mutate: func(k *config.GpuActivationFailed) {
+				k.MarkerPath, k.CDISpecDirs = "/run/gpu/done", []string{"/opt/cdi"}
+			},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: "GPU 0000:3b:00.0 activated: marker /run/gpu/done present, each named by a device of kind nvidia.com/gpu in /opt/cdi/nvidia.json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := gpuHost(t, tc.tree, tc.driver, tc.marker, tc.specs)
+			r := probeGPU(t, root, tc.mutate)
+			if r.Status != tc.status || r.Reason != tc.reason || r.Message != tc.msg {
+				t.Errorf("got %s/%s\n%s\nwant %s/%s\n%s", r.Status, r.Reason, r.Message, tc.status, tc.reason, tc.msg)
+			}
+		})
+	}
+}
+
+func TestParseDriverUUID(t *testing.T) {
+	b, err := os.ReadFile("testdata/roots/pci-1-gpu/proc/driver/nvidia/gpus/0000:3b:00.0/information")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for in, want := range map[string]string{
+		string(b):                            "GPU-5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f",
+		"GPU UUID: \t ??\n":                  "", // an older driver that cannot read it
+		"GPU UUID: \t GPU-\n":                "",
+		"Model: \t\t GPU UUID: GPU-1\n":      "",
+		"GPU UUID:GPU-1 2\n":                 "",
+		"IRQ: 1\nGPU UUID: \t GPU-ab-12\r\n": "GPU-ab-12",
+	} {
+		if got := parseDriverUUID(in); got != want {
+			t.Errorf("parseDriverUUID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The CDI loader, fed any bytes as a spec file: no panic, and what it
+// finds is either a device of the kind or an error naming the file.
+func FuzzCDISpec(f *testing.F) {
+	for _, name := range []string{"nvidia-1-gpu.json", "nvidia-4-gpus.yaml", "nvidia-2-of-4-gpus.yaml", "nvidia-4-gpus-uuid.yaml", "nvidia-torn.yaml"} {
+		b, err := os.ReadFile(filepath.Join("testdata/cdi", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{"name":"0","containerEdits":{}}]}`))
+	f.Add([]byte("cdiVersion: 9.9.9\nkind: nvidia.com/gpu\ndevices: []\n"))
+	f.Add([]byte("kind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n      fileMode: 0777\n"))
+	root := f.TempDir()
+	dir := filepath.Join(root, "etc/cdi")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		f.Fatal(err)
+	}
+	c := &gpuActivationCheck{env: &Env{Config: &config.Config{HostRoot: root}}, dirs: []string{"/etc/cdi"}, kind: "nvidia.com/gpu"}
+	f.Fuzz(func(t *testing.T, spec []byte) {
+		if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), spec, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		d, err := c.loadCDI()
+		if err != nil {
+			t.Fatalf("loading a readable directory: %v", err)
+		}
+		if len(d.byName) > 0 && len(d.errs) > 0 {
+			t.Fatalf("one spec both loaded (%v) and failed: %q", d.byName, d.errs)
+		}
+		for name, p := range d.byName {
+			if p != "/etc/cdi/nvidia.yaml" || name == "" {
+				t.Fatalf("device %q from %q", name, p)
+			}
+		}
+		for _, e := range d.errs {
+			if !strings.Contains(e, "/etc/cdi/nvidia.yaml") {
+				t.Fatalf("error without the spec's host path: %s", e)
+			}
+		}
+	})
+}
+
+func FuzzDriverUUID(f *testing.F) {
+	f.Add("Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-3f1c2a8e-5b7d-4e19-a6c2-8d9e0f1a2b3c\nBus Location: \t 0000:18:00.0\n")
+	f.Add("GPU UUID: \t ??\n")
+	f.Fuzz(func(t *testing.T, info string) {
+		u := parseDriverUUID(info)
+		if u != "" && (!strings.HasPrefix(u, "GPU-") || len(u) <= 4 || strings.ContainsAny(u, " \t\r\n")) {
+			t.Fatalf("parseDriverUUID(%q) = %q", info, u)
+		}
+	})
+}
