@@ -25,12 +25,14 @@ import (
 //	            NVSwitch (NVIDIA, bridge class 0x068000)
 //
 // The GPU trees also hold the driver's /proc/driver/nvidia/gpus/<address>/
-// information files, with the UUIDs the CDI specs in testdata/cdi use. Those
-// specs have the shape `nvidia-ctk cdi generate` writes (cdiVersion 0.5.0,
-// kind nvidia.com/gpu, the devices named by index and by UUID, then "all",
-// containerEdits with nvidia-cdi-hook hooks and driver mounts): YAML as
-// its default, JSON (nvidia-1-gpu.json) as CDI's writer encodes a .json
-// spec; nvidia-torn.yaml is nvidia-4-gpus.yaml cut off mid-line.
+// information files, with the UUIDs the CDI specs in testdata/cdi use.
+// Those specs were written by NVIDIA's own generator, the code of
+// `nvidia-ctk cdi generate` (tests/tools/nvcdi: pkg/nvcdi and its spec
+// writer, v1.20.2, with NVML answered by go-nvml's DGX H100 mock;
+// tests/tools/nvcdi/fixtures.sh regenerates them): devices named by index
+// and by UUID (its default), then "all"; nvidia-4-gpus-uuid.yaml by UUID
+// only; nvidia-1-gpu.json in its JSON format; nvidia-torn.yaml is
+// nvidia-4-gpus.yaml cut off inside a quoted name (it does not parse).
 
 var fourGPUs = []string{"0000:18:00.0", "0000:2a:00.0", "0000:ab:00.0", "0000:ba:00.0"}
 
@@ -121,7 +123,7 @@ func TestGpuActivation(t *testing.T) {
 		g1         = "0000:2a:00.0 (index 1, GPU-7a2e9c41-0d3b-4f58-b1e7-2c6d8a9f0e14)"
 		g2         = "0000:ab:00.0 (index 2, GPU-c4d81f26-93ab-4e07-8f5c-6b1a2d3e4f50)"
 		g3         = "0000:ba:00.0 (index 3, GPU-e9b05d73-1c2f-4a86-9d4e-7f8a0b1c2d36)"
-		tornErr    = `failed to load CDI Spec failed to parse CDI Spec "/etc/cdi/nvidia.yaml": failed to unmarshal CDI Spec: yaml: line 25: found unexpected end of stream`
+		tornErr    = `failed to load CDI Spec failed to parse CDI Spec "/etc/cdi/nvidia.yaml": failed to unmarshal CDI Spec: yaml: line 46: found unexpected end of stream`
 		nvidiaYAML = "/var/run/cdi/nvidia.yaml"
 	)
 	conflict := func(dev string) string {
