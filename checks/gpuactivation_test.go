@@ -32,7 +32,9 @@ import (
 // tests/tools/nvcdi/fixtures.sh regenerates them): devices named by index
 // and by UUID (its default), then "all"; nvidia-4-gpus-uuid.yaml by UUID
 // only; nvidia-1-gpu.json in its JSON format; nvidia-torn.yaml is
-// nvidia-4-gpus.yaml cut off inside a quoted name (it does not parse).
+// nvidia-4-gpus.yaml cut off inside a quoted name (it does not parse),
+// nvidia-unknown-version.json nvidia-1-gpu.json with cdiVersion 9.9.9 (it
+// parses and does not validate).
 
 var fourGPUs = []string{"0000:18:00.0", "0000:2a:00.0", "0000:ab:00.0", "0000:ba:00.0"}
 
@@ -172,6 +174,11 @@ func TestGpuActivation(t *testing.T) {
 			specs:  map[string]string{"/etc/cdi/nvidia.yaml": "nvidia-torn.yaml", nvidiaYAML: "nvidia-4-gpus.yaml"},
 			status: report.StatusFalse, reason: report.ReasonGpuActivated,
 			msg: four + " activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml; other CDI specs left out: " + tornErr},
+		{name: "1 GPU, the spec does not validate", tree: "pci-1-gpu", driver: true, marker: true,
+			specs:  map[string]string{"/etc/cdi/nvidia.json": "nvidia-unknown-version.json"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: "GPU 0000:3b:00.0 present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:3b:00.0 (index 0, GPU-5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f); " +
+				`/etc/cdi/nvidia.json: failed to load CDI Spec invalid CDI Spec: invalid version "9.9.9"`},
 		{name: "4 GPUs named by UUID only, driver loaded", tree: "pci-4-gpu", driver: true, marker: true,
 			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus-uuid.yaml"},
 			status: report.StatusFalse, reason: report.ReasonGpuActivated,

@@ -28,3 +28,6 @@ done
 # GPU ('- name: "2'), which does not parse.
 n=$(grep -bo 'name: "2"' "$out/nvidia-4-gpus.yaml" | cut -d: -f1)
 head -c $((n + 8)) "$out/nvidia-4-gpus.yaml" > "$out/nvidia-torn.yaml"
+# A spec that parses but does not validate: a CDI version the loader does
+# not know.
+sed 's/"cdiVersion":"0.5.0"/"cdiVersion":"9.9.9"/' "$out/nvidia-1-gpu.json" > "$out/nvidia-unknown-version.json"
