@@ -280,6 +280,10 @@ const (
 const (
 	ReasonSourceIPAvailable      Reason = "SourceIPAvailable"
 	ReasonSourceIPMissingInAudit Reason = "SourceIPMissingInAudit"
+	// ReasonNoAuditRecords (Unknown): the window has no audit record of a
+	// request by a user outside the cluster's own components (or there is
+	// no audit log): nothing says whether client addresses are recorded.
+	ReasonNoAuditRecords Reason = "NoAuditRecords"
 )
 
 // ReadonlyFilesystem.
@@ -379,7 +383,7 @@ var Conditions = []ConditionDesc{
 		HealthyReason: ReasonGpuActivated, ProblemReasons: []Reason{ReasonActivationMarkerMissing, ReasonCDISpecMissing},
 		Trigger: "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},
 	{Type: "APIServerSourceIPUnavailable", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeControlPlane, Hold: HoldWhileTrue,
-		HealthyReason: ReasonSourceIPAvailable, ProblemReasons: []Reason{ReasonSourceIPMissingInAudit},
+		HealthyReason: ReasonSourceIPAvailable, ProblemReasons: []Reason{ReasonSourceIPMissingInAudit}, UnknownReasons: []Reason{ReasonNoAuditRecords},
 		Trigger: "the API server's audit records stop carrying the real client IP", Cause: "KubeGate can no longer record the real client source IP; contact support"},
 
 	// Conditions from the kernel monitor (kmsg).

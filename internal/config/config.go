@@ -11,8 +11,10 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -236,9 +238,42 @@ type GpuActivationFailed struct {
 	CDIKind     string   `toml:"cdi_kind"`
 }
 
+// Bounds of checks.APIServerSourceIPUnavailable.max_read_bytes.
+const (
+	MinAuditReadBytes = 1 << 20
+	MaxAuditReadBytes = 1 << 30
+)
+
+// ParseAddressOrPrefix parses an IP address ("10.0.0.5", a prefix of one
+// address) or a CIDR prefix ("10.0.0.0/24"), as proxy_addresses lists them.
+func ParseAddressOrPrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q: an address with a zone", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
 type APIServerSourceIPUnavailable struct {
 	Common
-	AuditLog string `toml:"audit_log"`
+	AuditLog             string   `toml:"audit_log"`
+	ExcludedUserPrefixes []string `toml:"excluded_user_prefixes"`
+	ProxyAddresses       []string `toml:"proxy_addresses"`
+	MaxReadBytes         int64    `toml:"max_read_bytes"`
 }
 
 type SealedOSTampered struct{ Common }

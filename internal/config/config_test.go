@@ -295,6 +295,9 @@ func TestBadConfigs(t *testing.T) {
 		"ignore-devices-empty.toml":    `:2: key kmsg.ignore_devices: must list block device name prefixes, each non-empty and without whitespace, got ""`,
 		"cdi-kind.toml":                `:2: key checks.GpuActivationFailed.cdi_kind: must be a CDI kind <vendor>/<class> such as "nvidia.com/gpu", got "nvidia.com"`,
 		"cdi-spec-dirs-none.toml":      `:2: key checks.GpuActivationFailed.cdi_spec_dirs: must list at least one directory: with none, no GPU can ever be named in a CDI spec`,
+		"proxy-addresses.toml":         `:2: key checks.APIServerSourceIPUnavailable.proxy_addresses: must list IP addresses or CIDR prefixes such as "10.0.0.5" or "10.0.0.0/24", got "10.0.0.0/33"`,
+		"audit-max-read.toml":          `:2: key checks.APIServerSourceIPUnavailable.max_read_bytes: must be between 1048576 (1 MiB) and 1073741824 (1 GiB), got 4096`,
+		"excluded-users.toml":          `:2: key checks.APIServerSourceIPUnavailable.excluded_user_prefixes: must list user name prefixes, each non-empty and without whitespace, got ""`,
 		"kmsg-rule-reason.toml":        `:4: key kmsg.rules: kmsg rule MyIO: event reason "DiskExploded" is not in the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
@@ -391,9 +394,11 @@ func TestBoundsAreInclusive(t *testing.T) {
 	for _, src := range []string{
 		"[kubernetes]\nheartbeat_period = \"30s\"\nreport_interval = \"30s\"\n[runner]\nfirst_run_spread = \"0s\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"100ms\"\nrestart_cooldown = \"1s\"\n" +
-			"[checks.ContainerRuntimeUnhealthy]\nrestart_cooldown = \"1s\"\n",
+			"[checks.ContainerRuntimeUnhealthy]\nrestart_cooldown = \"1s\"\n" +
+			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1048576\n",
 		"[kubernetes]\nheartbeat_period = \"1h\"\nreport_interval = \"1h\"\n[runner]\nfirst_run_spread = \"5m\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"24h\"\ntimeout = \"24h\"\n" +
+			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1073741824\n" +
 			"[kmsg]\ncritical_tasks = [\"kubelet\", \"qemu*\"]\nignore_devices = []\n",
 	} {
 		if _, err := Parse("bounds.toml", []byte(src), Default()); err != nil {
@@ -413,6 +418,7 @@ func TestDefaultTOMLStatesTheBounds(t *testing.T) {
 		"# Allowed: 1s or more.\nrestart_cooldown = \"2m\"",
 		"# Entries must be non-empty and without whitespace.\ncritical_tasks",
 		"# would match every device) and without whitespace.\nignore_devices",
+		"Allowed: 1 MiB to 1 GiB.\nmax_read_bytes",
 	} {
 		if !strings.Contains(string(defaultTOML), want) {
 			t.Errorf("default.toml lacks %q", want)

@@ -120,6 +120,15 @@ func (v *validator) words(key string, vals []string, what string) {
 	}
 }
 
+// addresses requires every entry to be an IP address or a CIDR prefix.
+func (v *validator) addresses(key string, vals []string) {
+	for _, a := range vals {
+		if _, err := ParseAddressOrPrefix(a); err != nil {
+			v.fail(key, "must list IP addresses or CIDR prefixes such as \"10.0.0.5\" or \"10.0.0.0/24\", got %q", a)
+		}
+	}
+}
+
 func (v *validator) httpURL(key, val string) {
 	u, err := url.Parse(val)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -256,6 +265,11 @@ func (c *Config) validate() *Error {
 		v.fail("checks.GpuActivationFailed.cdi_kind", "must be a CDI kind <vendor>/<class> such as \"nvidia.com/gpu\", got %q", k.GpuActivationFailed.CDIKind)
 	}
 	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
+	v.words("checks.APIServerSourceIPUnavailable.excluded_user_prefixes", k.APIServerSourceIPUnavailable.ExcludedUserPrefixes, "user name prefixes")
+	v.addresses("checks.APIServerSourceIPUnavailable.proxy_addresses", k.APIServerSourceIPUnavailable.ProxyAddresses)
+	if n := k.APIServerSourceIPUnavailable.MaxReadBytes; n < MinAuditReadBytes || n > MaxAuditReadBytes {
+		v.fail("checks.APIServerSourceIPUnavailable.max_read_bytes", "must be between %d (1 MiB) and %d (1 GiB), got %d", MinAuditReadBytes, MaxAuditReadBytes, n)
+	}
 	v.absPath("kmsg.device", c.Kmsg.Device)
 	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")
 	if len(c.Kmsg.CriticalTasks) == 0 {

@@ -48,16 +48,20 @@ func K8sBinaries() (kas, etcd string, err error) {
 // APIServer is a real kube-apiserver with etcd on loopback, with the Node
 // authorizer and the NodeRestriction admission plugin on.
 type APIServer struct {
-	Dir     string
-	URL     string
-	CA      *CA
-	Admin   kubernetes.Interface
-	kasBin  string
-	etcdBin string
-	kasPort int
-	etcdURL string
-	etcd    *proc
-	kas     *proc
+	Dir   string
+	URL   string
+	CA    *CA
+	Admin kubernetes.Interface
+	// AuditLog is the audit log's path (--audit-log-path) when
+	// APIOptions.AuditPolicy is set.
+	AuditLog string
+	opts     APIOptions
+	kasBin   string
+	etcdBin  string
+	kasPort  int
+	etcdURL  string
+	etcd     *proc
+	kas      *proc
 }
 
 // proc is a started process and a channel closed when it exits.
@@ -85,14 +89,36 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// APIOptions are optional settings of kube-apiserver.
+type APIOptions struct {
+	// AuditPolicy, when set, is an audit.k8s.io/v1 Policy (YAML): it is
+	// written to <dir>/audit-policy.yaml (--audit-policy-file), and the log
+	// backend writes JSON lines to <dir>/audit/audit.log (--audit-log-path).
+	AuditPolicy string
+	// AuditLogMaxSizeMB is --audit-log-maxsize, the size in MiB at which
+	// kube-apiserver rotates the log (0: its default, 100).
+	AuditLogMaxSizeMB int
+	// AuditLogMaxBackups is --audit-log-maxbackup (0: its default, 100).
+	AuditLogMaxBackups int
+}
+
 // StartAPIServer builds the binaries if needed, generates a PKI, and starts
 // etcd and kube-apiserver in dir. Stop with Stop.
-func StartAPIServer(dir string) (*APIServer, error) {
+func StartAPIServer(dir string) (*APIServer, error) { return StartAPIServerWith(dir, APIOptions{}) }
+
+// StartAPIServerWith is StartAPIServer with options.
+func StartAPIServerWith(dir string, opts APIOptions) (*APIServer, error) {
 	kas, etcd, err := K8sBinaries()
 	if err != nil {
 		return nil, err
 	}
-	s := &APIServer{Dir: dir, kasBin: kas, etcdBin: etcd}
+	s := &APIServer{Dir: dir, kasBin: kas, etcdBin: etcd, opts: opts}
+	if opts.AuditPolicy != "" {
+		if err := os.WriteFile(filepath.Join(dir, "audit-policy.yaml"), []byte(opts.AuditPolicy), 0o600); err != nil {
+			return nil, err
+		}
+		s.AuditLog = filepath.Join(dir, "audit", "audit.log")
+	}
 	if s.CA, err = NewCA(); err != nil {
 		return nil, err
 	}
@@ -182,6 +208,16 @@ func (s *APIServer) StartKubeAPIServer() error {
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true", "--endpoint-reconciler-type=none")
+	if s.opts.AuditPolicy != "" {
+		cmd.Args = append(cmd.Args, "--audit-policy-file="+filepath.Join(s.Dir, "audit-policy.yaml"),
+			"--audit-log-path="+s.AuditLog, "--audit-log-format=json")
+		if s.opts.AuditLogMaxSizeMB > 0 {
+			cmd.Args = append(cmd.Args, "--audit-log-maxsize="+strconv.Itoa(s.opts.AuditLogMaxSizeMB))
+		}
+		if s.opts.AuditLogMaxBackups > 0 {
+			cmd.Args = append(cmd.Args, "--audit-log-maxbackup="+strconv.Itoa(s.opts.AuditLogMaxBackups))
+		}
+	}
 	cmd.Stdout = s.logFile("apiserver.log")
 	cmd.Stderr = cmd.Stdout
 	var err error
@@ -278,6 +314,24 @@ contexts:
 current-context: test
 `, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), name, filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.pem"), name)
 	return p, os.WriteFile(p, []byte(kc), 0o600)
+}
+
+// HTTPClient returns an HTTP client that authenticates to the API server
+// with a client certificate for user (in groups), for requests that set
+// their own headers.
+func (s *APIServer) HTTPClient(user string, groups []string) (*http.Client, error) {
+	cert, key, err := s.CA.Issue(user, groups, false, time.Now().Add(time.Hour))
+	if err != nil {
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(s.CA.Cert)
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}}, nil
 }
 
 // NodeKubeconfig is Kubeconfig for system:node:<node> in group system:nodes.
