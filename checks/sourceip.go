@@ -240,7 +240,6 @@ type auditTally struct {
 	proxyAddrs  []netip.Addr
 	malformed   int
 	firstErr    string
-	skipped     int64 // bytes not read (max_read_bytes, partial lines)
 }
 
 func addAddr(list []netip.Addr, a netip.Addr) []netip.Addr {
@@ -441,9 +440,9 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 		segs = append(segs, auditSegment{f: f, from: 0, to: size, live: true})
 	}
 
-	// max_read_bytes: drop the oldest bytes.
-	var tally auditTally
-	total := int64(0)
+	// max_read_bytes: drop the oldest bytes. (The first probe reads the
+	// tail on purpose: nothing to say then.)
+	var total, skipped int64
 	for _, s := range segs {
 		total += s.to - s.from
 	}
@@ -452,14 +451,12 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 		segs[i].from += drop
 		segs[i].cut = true
 		total -= drop
-		tally.skipped += drop
+		skipped += drop
 	}
-	if tally.skipped > 0 && prev.valid() {
-		notes = append(notes, fmt.Sprintf("%d bytes of older records not read (more than max_read_bytes, %d, since the last probe)", tally.skipped, c.maxRead))
+	if skipped > 0 && prev.valid() {
+		notes = append(notes, fmt.Sprintf("%d bytes of older records not read (more than max_read_bytes, %d, since the last probe)", skipped, c.maxRead))
 	}
-	if !prev.valid() {
-		tally.skipped = 0 // the first probe reads the tail on purpose
-	}
+	var tally auditTally
 
 	next := auditCursor{Dev: dev, Ino: ino, Offset: 0, At: now}
 	for _, s := range segs {

@@ -2,6 +2,7 @@ package checks
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -533,5 +534,51 @@ func TestSourceIPDefaults(t *testing.T) {
 	if k.AuditLog != auditLogPath || !slices.Equal(k.ExcludedUserPrefixes, []string{"system:"}) || len(k.ProxyAddresses) != 0 ||
 		k.MaxReadBytes != 64<<20 || k.Interval.Duration != time.Minute {
 		t.Errorf("defaults %+v", k)
+	}
+}
+
+// One probe over a window of the real lines of
+// testdata/audit/kube-apiserver-v1.37.log repeated to 8 MiB (b.SetBytes: the
+// throughput of the reader and parser).
+func BenchmarkSourceIPWindow(b *testing.B) {
+	lines, err := os.ReadFile("testdata/audit/kube-apiserver-v1.37.log")
+	if err != nil {
+		b.Fatal(err)
+	}
+	window := bytes.Repeat(lines, (8<<20)/len(lines))
+	h := &auditHost{t: nil, root: b.TempDir(), now: auT0, store: report.NewStore("boot-1")}
+	if err := os.MkdirAll(filepath.Dir(h.path()), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(h.path(), nil, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.HostRoot = h.root
+	c, err := newSourceIPCheck(&Env{Config: cfg, Role: report.RoleControlPlane, Log: slog.New(slog.DiscardHandler), Now: func() time.Time { return h.now }, Memos: h.store})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Probe(ctx); err != nil { // the position: the end of the empty log
+		b.Fatal(err)
+	}
+	f, err := os.OpenFile(h.path(), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	b.SetBytes(int64(len(window)))
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		if _, err := f.Write(window); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		r, err := c.Probe(ctx)
+		if err != nil || r.Status != report.StatusFalse {
+			b.Fatalf("%+v %v", r, err)
+		}
 	}
 }
