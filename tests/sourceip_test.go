@@ -49,12 +49,24 @@ type auditAPI struct {
 
 func startAuditAPI(t *testing.T) *auditAPI {
 	t.Helper()
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "autopilot-health-audit-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	s, err := harness.StartAPIServerWith(dir, harness.APIOptions{AuditPolicy: auditPolicy, AuditLogMaxSizeMB: 1, AuditLogMaxBackups: 10})
+	t.Cleanup(func() {
+		if s != nil {
+			s.Stop()
+		}
+		if t.Failed() {
+			t.Logf("kube-apiserver's logs and audit log kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
 	if err != nil {
 		t.Fatalf("real kube-apiserver with an audit log: %v", err)
 	}
-	t.Cleanup(s.Stop)
 	a := &auditAPI{t: t, s: s}
 	if a.alice, err = s.HTTPClient("alice", []string{"system:masters"}); err != nil {
 		t.Fatal(err)
