@@ -51,12 +51,13 @@ const auditAddrsShown = 5
 // at the records of the last interval (by stageTimestamp). A new file at the
 // path (kube-apiserver's rotation renames the file within its directory and
 // opens a new one) is followed after the rest of the old one, found in the
-// same directory by its inode; a file shorter than the position was
-// truncated and is read from its start. At most max_read_bytes are read per
-// probe: of a longer window the newest part. The position (device, inode,
-// offset) is kept in the state file (Env.Memos), so a daemon restart within
-// the boot resumes where the last probe left off and its first window spans
-// the restart.
+// same directory by its inode and the hash of its start; the same file
+// shorter than the position, or with another start, was truncated (and
+// maybe written again) and is read from its start. At most max_read_bytes
+// are read per probe: of a longer window the newest part. The position
+// (device, inode, offset, hash of the start) is kept in the state file
+// (Env.Memos), so a daemon restart within the boot resumes where the last
+// probe left off and its first window spans the restart.
 //
 // Limit: the position is saved with the conditions, but a probe's result
 // reaches the store after the probe has moved the position; a crash between
