@@ -70,10 +70,11 @@ type sourceIPCheck struct {
 	maxRead  int64
 	interval time.Duration
 
-	busy chan struct{} // held by the probe in progress (a timed-out one may still run)
-	load sync.Once
-	mu   sync.Mutex
-	cur  auditCursor
+	busy      chan struct{} // held by the probe in progress (a timed-out one may still run)
+	loggedErr string        // the malformed-line error logged last (under busy)
+	load      sync.Once
+	mu        sync.Mutex
+	cur       auditCursor
 }
 
 // auditCursor is where the check left off: the file (device and inode) and
@@ -475,7 +476,12 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	c.setCursor(next)
 	if tally.malformed > 0 {
-		c.env.Log.Warn("skipped malformed lines of the audit log", "path", c.path, "lines", tally.malformed, "first_error", tally.firstErr)
+		// Logged once per kind of error, not every probe: the message
+		// says it each time.
+		if tally.firstErr != c.loggedErr {
+			c.env.Log.Warn("skipped malformed lines of the audit log", "path", c.path, "lines", tally.malformed, "first_error", tally.firstErr)
+			c.loggedErr = tally.firstErr
+		}
 		notes = append(notes, fmt.Sprintf("%d malformed lines skipped (first: %s)", tally.malformed, tally.firstErr))
 	}
 	return c.result(tally, prev, since, notes), nil

@@ -582,3 +582,24 @@ func BenchmarkSourceIPWindow(b *testing.B) {
 		}
 	}
 }
+
+// Malformed lines are logged once per kind of error, not at every probe
+// (the message says them each time).
+func TestSourceIPLogsMalformedOnce(t *testing.T) {
+	h := newAuditHost(t)
+	h.append("not json\n")
+	env := h.env(nil)
+	var logs bytes.Buffer
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	c, _ := newSourceIPCheck(env)
+	for _, line := range []string{"", "nope\n", "[1]\n"} {
+		h.append(line)
+		if _, err := c.Probe(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := strings.Count(logs.String(), "skipped malformed lines of the audit log")
+	if got != 2 || !strings.Contains(logs.String(), "cannot unmarshal array") {
+		t.Errorf("%d log lines, want 2 (the first error, then another kind):\n%s", got, logs.String())
+	}
+}
