@@ -63,6 +63,7 @@ fuzz:
 	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 # Regenerate what is generated from report/catalog.go: the README's condition
 # catalog and the shipped manifests under packaging/manifests.

@@ -54,26 +54,66 @@ func TestUnescape(t *testing.T) {
 
 func TestParseLineFormats(t *testing.T) {
 	for _, tc := range []struct {
-		in      string
-		msg     string
-		usec    uint64
-		hasTime bool
-		skip    bool
+		in   string
+		msg  string
+		usec uint64
+		time TimeKind
+		form Form
+		skip bool
 	}{
-		{"3,396,6530965,-;INFO: task kubelet:128 blocked for more than 1 seconds.", "INFO: task kubelet:128 blocked for more than 1 seconds.", 6530965, true, false},
-		{"[    6.530965] INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, true, false},
-		{"<3>[    6.530965] INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, true, false},
-		{"[    6.530965] node-1 kernel: INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, true, false},
-		{"Dec 02 10:00:00 node-1 kernel: EXT4-fs (sda1): Remounting filesystem read-only", "EXT4-fs (sda1): Remounting filesystem read-only", 0, false, false},
-		{"EXT4-fs (sda1): Remounting filesystem read-only", "EXT4-fs (sda1): Remounting filesystem read-only", 0, false, false},
-		{" __schedule+0x34d/0xa00", " __schedule+0x34d/0xa00", 0, false, false},
-		{" SUBSYSTEM=block", "", 0, false, true},
-		{"   ", "", 0, false, true},
-		{"[    6.5309650] x\r\n", "x", 6530965, true, false},
+		{"3,396,6530965,-;INFO: task kubelet:128 blocked for more than 1 seconds.", "INFO: task kubelet:128 blocked for more than 1 seconds.", 6530965, Monotonic, FormKmsg, false},
+		{"[    6.530965] INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, Monotonic, FormDmesg, false},
+		{"<3>[    6.530965] INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, Monotonic, FormDmesgRaw, false},
+		{"[    6.530965] node-1 kernel: INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, Monotonic, FormJournalMono, false},
+		// A dmesg line whose message looks like "word word: " keeps it.
+		{"[    2.000001] usb 1-1: new high-speed USB device number 2", "usb 1-1: new high-speed USB device number 2", 2000001, Monotonic, FormDmesg, false},
+		// Forms without a year count from 1970.
+		{"Dec 02 10:00:00 node-1 kernel: EXT4-fs (sda1): Remounting filesystem read-only", "EXT4-fs (sda1): Remounting filesystem read-only", 28980000000000, Wall, FormJournalShort, false},
+		// journalctl --no-hostname: the ident alone.
+		{"Dec 02 10:00:00 kernel: INFO: task x:1 blocked", "INFO: task x:1 blocked", 28980000000000, Wall, FormJournalShort, false},
+		{"Dec  2 10:00:00.000001 h kernel: m", "m", 28980000000001, Wall, FormJournalPrecise, false},
+		{"2026-12-02T19:07:04+0100 vm kernel: m", "m", 1796234824000000, Wall, FormJournalISO, false},
+		{"2026-12-02T19:07:04.278559+0000 vm systemd-journald[72]: m", "m", 1796238424278559, Wall, FormJournalISOPrec, false},
+		{"Wed 2026-12-02 19:07:04 UTC vm kernel: m", "m", 1796238424000000, Wall, FormJournalFull, false},
+		{"1796238424.278559 vm kernel: m", "m", 1796238424278559, Wall, FormJournalUnix, false},
+		{"[Wed Dec  2 19:07:01 2026] m", "m", 1796238421000000, Wall, FormDmesgCtime, false},
+		{"kern  :warn  : [Wed Dec  2 19:07:01 2026] m", "m", 1796238421000000, Wall, FormDmesgCtime + " -x", false},
+		{"kern  :info  : [    6.530965] m", "m", 6530965, Monotonic, FormDmesg + " -x", false},
+		{"kern  :info  : m", "m", 0, NoTime, FormDmesg + " -x", false},
+		{"2026-12-02T19:07:01,061701+00:00 m", "m", 1796238421061701, Wall, FormDmesgISO, false},
+		// Captured with dmesg --time-format reltime on this machine: a new
+		// minute shows the wall time, later lines the time since the last.
+		{"[Dec 2 19:07] loop0: detected capacity change from 0 to 16384", "loop0: detected capacity change from 0 to 16384", 29012820000000, Wall, FormDmesgReltime, false},
+		{"[  +0.004073] m", "m", 4073, Delta, FormDmesgReltime, false},
+		{"[<    0.004073>] m", "m", 4073, Delta, FormDmesgDelta, false},
+		{`{"MESSAGE":"m","_SOURCE_MONOTONIC_TIMESTAMP":"9595061701","__REALTIME_TIMESTAMP":"1796238424278559"}`, "m", 9595061701, Monotonic, FormJournalJSON, false},
+		{`{"MESSAGE":[104,105,255],"__REALTIME_TIMESTAMP":"1796238424278559"}`, "hi\xff", 1796238424278559, Wall, FormJournalJSON, false},
+		{"EXT4-fs (sda1): Remounting filesystem read-only", "EXT4-fs (sda1): Remounting filesystem read-only", 0, NoTime, FormBare, false},
+		{"[Hardware Error]: event severity: fatal", "[Hardware Error]: event severity: fatal", 0, NoTime, FormBare, false},
+		{" __schedule+0x34d/0xa00", " __schedule+0x34d/0xa00", 0, NoTime, FormBare, false},
+		{" SUBSYSTEM=block", "", 0, NoTime, FormUnknown, true},
+		{"-- Boot 0e8831569cd045b0a40199f64b37fa93 --", "", 0, NoTime, formJournalSeparate, true},
+		{"   ", "", 0, NoTime, FormUnknown, true},
+		{"[    6.5309650] x\r\n", "x", 6530965, Monotonic, FormDmesg, false},
 	} {
-		r, ht, skip := ParseLine([]byte(tc.in))
-		if skip != tc.skip || (!skip && (string(r.Message) != tc.msg || ht != tc.hasTime || r.Usec != tc.usec)) {
-			t.Errorf("ParseLine(%q) = %q usec %d time %v skip %v", tc.in, r.Message, r.Usec, ht, skip)
+		l := ParseLine([]byte(tc.in))
+		msg := string(l.Message)
+		if l.Skip != tc.skip || l.Form != tc.form || (!l.Skip && (msg != tc.msg || l.Time != tc.time || l.Usec != tc.usec)) {
+			t.Errorf("ParseLine(%q) = %q usec %d time %v form %q skip %v", tc.in, l.Message, l.Usec, l.Time, l.Form, l.Skip)
+		}
+	}
+}
+
+// Lines that begin like a time or a priority of no known form.
+func TestParseLineLooksPrefixed(t *testing.T) {
+	for _, in := range []string{"2026-12-02 19:07:04.278 node kernel: m", "<3 INFO: task", "12:00:01 kernel: m", "[Wed 2 Dec 2026 19:07] m", "{not json", "[ 12.5s] m"} {
+		if l := ParseLine([]byte(in)); l.Form != FormBare || l.Prefixed || !l.LooksPrefixed {
+			t.Errorf("ParseLine(%q) = form %q prefixed %v looks prefixed %v", in, l.Form, l.Prefixed, l.LooksPrefixed)
+		}
+	}
+	for _, in := range []string{"EXT4-fs (sda1): x", "[drm] Initialized", "8021q: adding VLAN 0"} {
+		if l := ParseLine([]byte(in)); l.LooksPrefixed {
+			t.Errorf("ParseLine(%q): looks prefixed", in)
 		}
 	}
 }
@@ -103,8 +143,17 @@ func FuzzParseLine(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, _, skip := ParseLine(b)
-		if !skip && len(r.Message) > len(b) {
+		l := ParseLine(b)
+		if l.Skip {
+			return
+		}
+		if l.Form == FormUnknown {
+			t.Fatalf("a line that is not skipped has no form")
+		}
+		if l.Prefixed == (l.Form == FormBare) {
+			t.Fatalf("form %q prefixed %v", l.Form, l.Prefixed)
+		}
+		if l.Form != FormJournalJSON && len(l.Message) > len(b) {
 			t.Fatal("message longer than the line")
 		}
 	})

@@ -2,63 +2,14 @@ package kmsg
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"regexp"
-	"strconv"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
-)
-
-// ParseLine reads one line of captured kernel log: a raw /dev/kmsg record
-// ("6,399,6531168,-;message"), dmesg output with or without "[ seconds]"
-// timestamps (and dmesg -r's "<N>" priority), or journalctl -k output
-// (-o short-monotonic "[ seconds] host kernel: message", or the default
-// "Mon DD HH:MM:SS host kernel: message"). hasTime says whether the line
-// carried a kernel timestamp (in rec.Usec). skip is set for lines that are
-// not kernel messages (a raw record's " KEY=value" dictionary lines, blank
-// lines).
-func ParseLine(line []byte) (rec Record, hasTime, skip bool) {
-	line = bytes.TrimRight(line, "\r\n")
-	if len(bytes.TrimSpace(line)) == 0 || dictLine.Match(line) {
-		return rec, false, true
-	}
-	if rawRecord.Match(line) {
-		if r, err := ParseRecord(line); err == nil {
-			return r, true, false
-		}
-	}
-	rest := line
-	if m := prioPrefix.FindSubmatch(rest); m != nil {
-		p, _ := strconv.Atoi(string(m[1]))
-		rec.Facility, rec.Level = uint8(p>>3), uint8(p&7)
-		rest = rest[len(m[0]):]
-	}
-	if m := secondsPrefix.FindSubmatch(rest); m != nil {
-		if s, err := strconv.ParseFloat(string(m[1]), 64); err == nil {
-			rec.Usec, hasTime = uint64(s*1e6+0.5), true
-		}
-		rest = rest[len(m[0]):]
-	} else if m := syslogPrefix.FindSubmatch(rest); m != nil {
-		rest = rest[len(m[0]):]
-	}
-	if m := journalHost.FindSubmatch(rest); m != nil {
-		rest = rest[len(m[0]):]
-	}
-	rec.Message = rest
-	return rec, hasTime, false
-}
-
-var (
-	rawRecord     = regexp.MustCompile(`^\d{1,4},\d+,\d+,[^;]*;`)
-	dictLine      = regexp.MustCompile(`^ [A-Z][A-Z0-9_]*=`)
-	prioPrefix    = regexp.MustCompile(`^<(\d{1,4})>`)
-	secondsPrefix = regexp.MustCompile(`^\[\s*(\d+\.\d+)\]\s?`)
-	syslogPrefix  = regexp.MustCompile(`^[A-Z][a-z]{2} [ 0-3]\d \d\d:\d\d:\d\d `)
-	journalHost   = regexp.MustCompile(`^\S+ kernel: `)
 )
 
 // Action is what the daemon would do for a kernel line (replay output).
@@ -105,13 +56,26 @@ func (a actionRecorder) EventEmitted(e report.Event) {
 // ReplayStats counts what a replay read.
 type ReplayStats struct {
 	Lines, Skipped, Matched int
+	// Forms lists the forms read (see Form), in the order first seen.
+	Forms []Form
+	// Unknown counts the lines in no known form; FirstUnknown is the
+	// first of them ("line N: ...", shortened).
+	Unknown      int
+	FirstUnknown string
 }
 
 // Replay feeds captured kernel lines to a monitor built for them (one that
 // has not started, with a store of its own; the daemon builds it with the
 // same rules as it runs) and calls out for every action. Time windows use
-// the input's timestamps, from kernel time 0; lines without one count as
-// happening at the last timestamp seen.
+// the input's timestamps (kernel time from 0, or wall time; dmesg's
+// reltime and delta add up); lines without one count as happening at the
+// last timestamp seen.
+//
+// Bare messages (dmesg -t, journalctl -o cat) are expected when the first
+// kernel line is one; otherwise a line in no known form is counted as
+// Unknown, not matched, except an indented line after a prefixed one,
+// which continues a multi-line message and is skipped. A first line that
+// begins like a time or priority of no known form is Unknown too.
 func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	var st ReplayStats
 	base := time.Unix(0, 0).UTC()
@@ -120,21 +84,63 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	var lastUsec uint64
+	const (
+		undecided = iota
+		prefixed
+		bare
+	)
+	mode := undecided
+	unknown := func(line []byte) {
+		st.Unknown++
+		if st.FirstUnknown == "" {
+			if len(line) > 120 {
+				line = append(line[:120:120], "..."...)
+			}
+			st.FirstUnknown = fmt.Sprintf("line %d: %q", st.Lines, line)
+		}
+	}
 	for sc.Scan() {
 		st.Lines++
-		rec, hasTime, skip := ParseLine(sc.Bytes())
-		if skip {
+		l := ParseLine(sc.Bytes())
+		if l.Skip {
 			st.Skipped++
 			continue
 		}
-		if hasTime {
-			lastUsec = max(lastUsec, rec.Usec)
+		switch {
+		case l.Prefixed:
+			if mode == undecided {
+				mode = prefixed
+			}
+		case mode == prefixed:
+			if b := sc.Bytes(); b[0] == ' ' || b[0] == '\t' {
+				st.Skipped++ // a continuation line
+			} else {
+				unknown(sc.Bytes())
+			}
+			continue
+		case mode == undecided && l.LooksPrefixed:
+			unknown(sc.Bytes())
+			continue
+		case mode == undecided:
+			mode = bare
 		}
-		rec.Usec = lastUsec
-		mon.Handle(rec, base.Add(time.Duration(rec.Usec)*time.Microsecond))
+		if !slices.Contains(st.Forms, l.Form) {
+			st.Forms = append(st.Forms, l.Form)
+		}
+		switch l.Time {
+		case Monotonic, Wall:
+			lastUsec = min(max(lastUsec, l.Usec), maxUsec)
+		case Delta:
+			lastUsec += min(l.Usec, maxUsec-lastUsec)
+		}
+		l.Usec = lastUsec
+		mon.Handle(l.Record, base.Add(time.Duration(l.Usec)*time.Microsecond))
 	}
 	if err := sc.Err(); err != nil {
 		return st, fmt.Errorf("reading input: %w", err)
 	}
 	return st, nil
 }
+
+// maxUsec keeps a replayed time within time.Duration.
+const maxUsec = math.MaxInt64 / 1000

@@ -34,8 +34,9 @@ func TestRuleFixtures(t *testing.T) {
 				} else {
 					neg++
 				}
-				rec, _, skip := ParseLine([]byte(line[2:]))
-				if skip {
+				l := ParseLine([]byte(line[2:]))
+				rec := l.Record
+				if l.Skip {
 					t.Fatalf("fixture line skipped by the parser: %q", line)
 				}
 				msg := Unescape(nil, rec.Message)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/syself/autopilot-health/checks"
@@ -88,7 +89,19 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if !*asJSON {
-		fmt.Fprintf(stderr, "%d lines read, %d skipped, %d actions\n", st.Lines, st.Skipped, st.Matched)
+		forms := make([]string, len(st.Forms))
+		for i, f := range st.Forms {
+			forms[i] = string(f)
+		}
+		read := fmt.Sprintf("%d lines read", st.Lines)
+		if len(forms) > 0 {
+			read += " (" + strings.Join(forms, "; ") + ")"
+		}
+		fmt.Fprintf(stderr, "%s, %d skipped, %d actions\n", read, st.Skipped, st.Matched)
+	}
+	if st.Unknown > 0 {
+		// Also with --json: these lines were not matched at all.
+		fmt.Fprintf(stderr, "%d lines in an unknown format, first: %s\n", st.Unknown, st.FirstUnknown)
 	}
 	return exitOK
 }

@@ -238,3 +238,19 @@ func TestKmsgReplayJSON(t *testing.T) {
 		t.Errorf("kmsg rules: %d\n%s", code, out)
 	}
 }
+
+// dmesg -T output (captured from the real dmesg) gives the hung kubelet's
+// actions and names its form; a line in no known form is named, with
+// --json too.
+func TestKmsgReplayFormsSummary(t *testing.T) {
+	code, out, errs := run(t, "kmsg", "replay", "--config", "/dev/null", "../../kmsg/testdata/replay/dmesg-T.txt")
+	if code != 0 || !strings.Contains(out, "KernelDeadlock=True") || errs != "7 lines read (dmesg -T), 0 skipped, 4 actions\n" {
+		t.Errorf("exit %d, stderr %q, output:\n%s", code, errs, out)
+	}
+	in := filepath.Join(t.TempDir(), "shipper.txt")
+	os.WriteFile(in, []byte("2026-12-02 19:07:04.278 node-1 kernel: INFO: task kubelet:1 blocked for more than 120 seconds.\n"), 0o644)
+	code, out, errs = run(t, "kmsg", "replay", "--json", "--config", "/dev/null", in)
+	if code != 0 || out != "" || errs != `1 lines in an unknown format, first: line 1: "2026-12-02 19:07:04.278 node-1 kernel: INFO: task kubelet:1 blocked for more than 120 seconds."`+"\n" {
+		t.Errorf("exit %d, stderr %q, output:\n%s", code, errs, out)
+	}
+}
