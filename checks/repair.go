@@ -186,6 +186,18 @@ func (r *Repairer) Healthy(unit string) {
 	r.status(unit).Consecutive = 0
 }
 
+// All returns what the repairer knows about every unit it was asked to
+// repair, by unit name.
+func (r *Repairer) All() map[string]RepairStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]RepairStatus, len(r.units))
+	for name, st := range r.units {
+		out[name] = *st
+	}
+	return out
+}
+
 // Status returns the repair status of a unit.
 func (r *Repairer) Status(unit string) RepairStatus {
 	r.mu.Lock()

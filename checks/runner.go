@@ -261,7 +261,7 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 		// What the probe collected is reported even when it could not
 		// decide (a certificate that is not present, an unreadable drive).
 		for _, d := range o.res.Details {
-			r.details.Set(d)
+			r.details.SetFor(e.cond, d)
 		}
 	}
 	switch {

@@ -60,6 +60,9 @@ func NewMetrics(reg prometheus.Registerer, rules *RuleSet) *Metrics {
 // ReaderUp reports whether the reader has /dev/kmsg open and is reading.
 func (m *Metrics) ReaderUp() bool { return report.Value(m.up) == 1 }
 
+// Records returns the number of records read so far.
+func (m *Metrics) Records() float64 { return report.Value(m.records) }
+
 // Lost returns the number of records lost to ring buffer overruns so far.
 func (m *Metrics) Lost() float64 { return report.Value(m.lost) }
 

@@ -51,6 +51,10 @@ type Monitor struct {
 	caughtUp atomic.Bool
 	// gpu says whether GPU-only rules apply (Options.GPU, then SetGPU).
 	gpu atomic.Bool
+	// lastSeq, lastUsec and lastAt (Unix ns) are of the last record
+	// handled (lastAt 0: none yet), for status.
+	lastSeq, lastUsec atomic.Uint64
+	lastAt            atomic.Int64
 	// beforeHandle, when set (tests), is called as Handle begins: a crash
 	// point between reading a record and setting its conditions.
 	beforeHandle func(Record)
@@ -79,6 +83,16 @@ func (mon *Monitor) Conditions() []string {
 		}
 	}
 	return out
+}
+
+// LastRecord returns the sequence number and kernel time of the last record
+// handled and its wall time (ok false: none yet).
+func (mon *Monitor) LastRecord() (seq, usec uint64, at time.Time, ok bool) {
+	ns := mon.lastAt.Load()
+	if ns == 0 {
+		return 0, 0, time.Time{}, false
+	}
+	return mon.lastSeq.Load(), mon.lastUsec.Load(), time.Unix(0, ns), true
 }
 
 // Start prepares the monitor before the reader opens the log. A kernel
@@ -162,6 +176,9 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		mon.beforeHandle(r)
 	}
 	mon.m.records.Inc()
+	mon.lastSeq.Store(r.Seq)
+	mon.lastUsec.Store(r.Usec)
+	mon.lastAt.Store(at.UnixNano())
 	if mon.o.KernelOnly && r.Facility != 0 {
 		return
 	}

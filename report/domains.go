@@ -49,6 +49,9 @@ type Details struct {
 	mu     sync.Mutex
 	data   map[string]map[string]any
 	bootID string
+	// byCond holds, per condition type, the fields its check's latest
+	// result carried ("domain.field": value): the evidence `status` shows.
+	byCond map[string]map[string]any
 }
 
 // SetBootID sets the boot the documents are written in (their bootID): a
@@ -75,7 +78,36 @@ func ReportBootID(annotations map[string]string) string {
 }
 
 // NewDetails returns an empty set of report details.
-func NewDetails() *Details { return &Details{data: map[string]map[string]any{}} }
+func NewDetails() *Details {
+	return &Details{data: map[string]map[string]any{}, byCond: map[string]map[string]any{}}
+}
+
+// SetFor is Set, recording the field as evidence of condType too: the
+// check of that condition collected it (see Evidence).
+func (d *Details) SetFor(condType string, x Detail) {
+	d.Set(x)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byCond[condType] == nil {
+		d.byCond[condType] = map[string]any{}
+	}
+	d.byCond[condType][x.Domain+"."+x.Field] = x.Value
+}
+
+// Evidence returns the report fields the latest result of condType's check
+// carried, keyed "domain.field" (nil when none).
+func (d *Details) Evidence(condType string) map[string]any {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.byCond[condType]) == 0 {
+		return nil
+	}
+	out := make(map[string]any, len(d.byCond[condType]))
+	for k, v := range d.byCond[condType] {
+		out[k] = v
+	}
+	return out
+}
 
 // Set records the latest value of a field. It panics on a domain or field
 // that is not part of the schema (a programming error).

@@ -5,12 +5,14 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -20,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tests/harness"
@@ -33,7 +36,7 @@ role = "worker"
 gpu = "false"
 
 [metrics]
-listen_address = "127.0.0.1:%d"
+listen_address = "127.0.0.1:%[1]d"
 
 [runner]
 first_run_spread = "0s"
@@ -41,7 +44,7 @@ first_run_spread = "0s"
 [checks.KubeletUnhealthy]
 interval = "1s"
 timeout = "1s"
-healthz_url = "http://127.0.0.1:%d/healthz"
+healthz_url = "http://127.0.0.1:%[2]d/healthz"
 restart_cooldown = "2s"
 
 [checks.KubeletHeartbeatFailed]
@@ -56,12 +59,44 @@ space_percent = 1
 [kmsg]
 # Lines written by the test have facility user.
 kernel_only = false
+# Only the test's own read-only remount line sets ReadonlyFilesystem (the
+# machine-wide ring buffer holds other tests' lines).
+disable = ["ReadonlyFilesystem"]
 
 [[kmsg.rules]]
 name = "UnitTestToken"
 kind = "temp"
 reason = "IOError"
-pattern = 'autopilot-health unit test %s'
+pattern = 'autopilot-health unit test %[3]s'
+
+[[kmsg.rules]]
+name = "UnitTestReadonly"
+kind = "perm"
+condition = "ReadonlyFilesystem"
+reason = "FilesystemIsReadOnly"
+pattern = '^EXT4-fs \(%[3]s\): Remounting filesystem read-only'
+
+[kubernetes]
+# An API server that is down: nothing listens on its port.
+kubeconfig = "/etc/autopilot-health/kubeconfig"
+`
+
+// deadAPIKubeconfig points at a loopback port nothing listens on.
+const deadAPIKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: down
+  cluster:
+    server: https://127.0.0.1:%d
+    insecure-skip-tls-verify: true
+users:
+- name: node
+  user:
+    token: not-used
+contexts:
+- name: down
+  context: {cluster: down, user: node}
+current-context: down
 `
 
 // watchdogDropIn shortens only WatchdogSec (2 min in the unit): the daemon
@@ -266,6 +301,9 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, daemonUnitConfig, metricsPort, kubeletPort, tok), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(s.Root("/etc/autopilot-health/kubeconfig"), fmt.Appendf(nil, deadAPIKubeconfig, freeTCPPort(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	// journald first, so containerd's and the daemon's output land in the
 	// journal (printed when the test fails).
 	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
@@ -432,6 +470,7 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		c := state.get("KubeletUnhealthy")
 		return c.Status == report.StatusTrue && strings.Contains(c.Message, "HTTP 500"), fmt.Sprintf("%+v %v", c, err)
 	})
+	checkStatus(t, s, filepath.Join(usr, "bin", "autopilot-health"), tok)
 	os.Remove(broken)
 	eventually(t, 10*time.Second, "KubeletUnhealthy=False in state.json after recovery", func() (bool, string) {
 		state, err = readState()
@@ -484,6 +523,11 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		t.Errorf("the daemon was restarted: before %+v, now %+v (%v)", daemonUnit, after, err)
 	}
 
+	// The packaged unit's RuntimeDirectory= created the status socket.
+	statusSock := s.Root("/run/autopilot-health/status.sock")
+	if fi, err := os.Stat(statusSock); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("status socket: %v %v", fi, err)
+	}
 	// SIGTERM: STOPPING=1, the state saved, a clean exit.
 	stopAt := time.Now()
 	if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
@@ -496,7 +540,108 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if state, err = readState(); err != nil || state.SavedAt.Before(stopAt.Add(-time.Second)) {
 		t.Errorf("state not saved on stop: saved at %s, stop at %s (%v)", state.SavedAt, stopAt, err)
 	}
+	// Stopped: status says so (systemd removed the runtime directory).
+	out, err := exec.Command(filepath.Join(usr, "bin", "autopilot-health"), "status", "--socket", statusSock).CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "the daemon is not running: nothing answers on "+statusSock) {
+		t.Errorf("status of a stopped daemon: exit %d: %s", code, out)
+	}
 	t.Logf("whole test: %s", time.Since(testStart).Round(time.Millisecond))
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// checkStatus runs the shipped binary's status against the daemon running
+// under its unit, while the kubelet stand-in fails and the API server is
+// down: the evidence shown is what set each condition (the kernel line the
+// test wrote, the units' states as systemd reports them over D-Bus), the
+// repair the daemon made, the kernel log reader, and the failing writes.
+func checkStatus(t *testing.T, s *harness.Systemd, bin, tok string) {
+	t.Helper()
+	ctx := context.Background()
+	line := "EXT4-fs (" + tok + "): Remounting filesystem read-only"
+	if err := harness.WriteKmsg(line); err != nil {
+		t.Fatal(err)
+	}
+	sock := s.Root("/run/autopilot-health/status.sock")
+	var st daemon.StatusReport
+	var out []byte
+	cond := func(ty string) daemon.ConditionStatus {
+		for _, c := range st.Conditions {
+			if c.Type == ty {
+				return c
+			}
+		}
+		return daemon.ConditionStatus{}
+	}
+	eventually(t, 15*time.Second, "status: ReadonlyFilesystem True from the test's line, KubeletUnhealthy True, a failed API call", func() (bool, string) {
+		var err error
+		out, err = exec.Command(bin, "status", "--json", "--socket", sock).Output()
+		if code := exitCode(err); code != 1 {
+			return false, fmt.Sprintf("exit %d (want 1: a condition is True): %s", code, out)
+		}
+		st = daemon.StatusReport{}
+		if err := json.Unmarshal(out, &st); err != nil {
+			return false, err.Error()
+		}
+		return cond("ReadonlyFilesystem").Status == report.StatusTrue && cond("KubeletUnhealthy").Status == report.StatusTrue &&
+			st.Kubernetes.Calls["read"].Failing, string(out)
+	})
+	// The kernel line that set the condition, read by the daemon.
+	if c := cond("ReadonlyFilesystem"); c.Message != line || c.Reason != "FilesystemIsReadOnly" || c.Source != "kmsg" || c.LastTransitionTime.IsZero() {
+		t.Errorf("ReadonlyFilesystem: %+v", c)
+	}
+	if k := st.Kmsg; k == nil || !k.Reading || k.LastRecord == nil || k.LastRecord.Seq == 0 || k.Records < 1 {
+		t.Errorf("kernel log reader: %+v", k)
+	}
+	// The kubelet's state as systemd has it, in ServiceNotRecovering's evidence.
+	u, err := s.Bus.Unit(ctx, "kubelet.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(cond("ServiceNotRecovering").Evidence["services.services"])
+	var units []struct {
+		Name        string `json:"name"`
+		ActiveState string `json:"activeState"`
+		NRestarts   uint32 `json:"restarts"`
+		Invocation  string `json:"invocationID"`
+	}
+	json.Unmarshal(b, &units)
+	found := false
+	for _, x := range units {
+		if x.Name == "kubelet.service" {
+			found = true
+			if x.NRestarts != u.NRestarts || x.Invocation == "" {
+				t.Errorf("kubelet in the evidence %+v, over D-Bus %+v", x, u)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no kubelet.service in ServiceNotRecovering's evidence: %s", b)
+	}
+	if r := st.Repairs["kubelet.service"]; r.Repairs < 1 || r.LastResult != "done" || r.LastRepair.IsZero() {
+		t.Errorf("kubelet repair: %+v", r)
+	}
+	// The API server is down: the daemon answers anyway, and says so.
+	k := st.Kubernetes
+	if k.State != "reporting" || !k.StatusPending || !strings.Contains(k.Calls["read"].LastError, "connection refused") || !k.Calls["read"].LastSuccess.IsZero() {
+		t.Errorf("kubernetes reporting: %+v", k)
+	}
+	text, err := exec.Command(bin, "status", "--socket", sock).Output()
+	for _, want := range []string{"ReadonlyFilesystem=True (FilesystemIsReadOnly) since", "  " + line, "kubelet.service: ", "Kernel log: reading /dev/kmsg, last record #", "Kubernetes: reporting", "FAILING: "} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("status lacks %q", want)
+		}
+	}
+	t.Logf("autopilot-health status (exit %d):\n%s", exitCode(err), text)
 }
 
 func lastBytes(s string, n int) string {

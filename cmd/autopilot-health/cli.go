@@ -38,6 +38,8 @@ Usage:
   autopilot-health kmsg replay [--json] [--config FILE] FILE|-
                                                   what the daemon would do for captured kernel log lines
   autopilot-health kmsg rules [--config FILE]     list the kernel log rules in effect
+  autopilot-health status [--json] [--config FILE] [--socket PATH]
+                                                  what the running daemon believes now (asks it; probes nothing)
   autopilot-health catalog [--markdown]           list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file
@@ -48,9 +50,9 @@ Usage:
 Run "autopilot-health COMMAND --help" for a command's flags.
 
 Exit codes:
-  0  success; for check: no condition is True
-  1  check: at least one condition is True; run: the daemon failed while running
-  2  bad usage, bad configuration, or the command could not run
+  0  success; for check and status: no condition is True
+  1  check, status: at least one condition is True; run: the daemon failed while running
+  2  bad usage, bad configuration, or the command could not run (status: the daemon is not running)
 `
 
 // Main runs the command line and returns the exit code.
@@ -67,6 +69,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdCheck(rest, stdout, stderr)
 	case "kmsg":
 		return cmdKmsg(rest, stdout, stderr)
+	case "status":
+		return cmdStatus(rest, stdout, stderr)
 	case "catalog":
 		return cmdCatalog(rest, stdout, stderr)
 	case "config":

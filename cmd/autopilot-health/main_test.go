@@ -4,14 +4,20 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
 )
 
 var update = flag.Bool("update", false, "rewrite the README's generated catalog")
@@ -252,5 +258,75 @@ func TestKmsgReplayFormsSummary(t *testing.T) {
 	code, out, errs = run(t, "kmsg", "replay", "--json", "--config", "/dev/null", in)
 	if code != 0 || out != "" || errs != `1 lines in an unknown format, first: line 1: "2026-12-02 19:07:04.278 node-1 kernel: INFO: task kubelet:1 blocked for more than 120 seconds."`+"\n" {
 		t.Errorf("exit %d, stderr %q, output:\n%s", code, errs, out)
+	}
+}
+
+// status prints what the daemon's socket answers, one screen: the problem
+// with its evidence first, repairs, the kernel log reader, the reporting.
+// Exit 1 while a condition is True; 2, saying so, when no daemon answers.
+func TestStatusCommand(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	if code, _, errs := run(t, "status", "--socket", sock); code != exitError || !strings.Contains(errs, "the daemon is not running: nothing answers on "+sock) {
+		t.Errorf("no daemon: exit %d, %q", code, errs)
+	}
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	st := daemon.StatusReport{
+		Version: "v1", Node: "node-1", Role: "worker", PID: 42, Started: now.Add(-time.Hour), Now: now, Ready: true,
+		Summary: "2 conditions: 1 ok, 1 problem (KubeletUnhealthy)",
+		Conditions: []daemon.ConditionStatus{
+			{Condition: report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "FilesystemsBelowThreshold", Message: "/ 40% of space used", LastTransitionTime: now.Add(-time.Hour), LastUpdateTime: now.Add(-10 * time.Second)}, Source: "check"},
+			{Condition: report.Condition{Type: "KubeletUnhealthy", Status: report.StatusTrue, Reason: "KubeletHealthzFailed", Message: "GET /healthz: HTTP 500", LastTransitionTime: now.Add(-5 * time.Minute), LastUpdateTime: now.Add(-time.Second)}, Source: "check",
+				Evidence: map[string]any{"services.services": []any{map[string]any{"name": "kubelet.service", "activeState": "active", "restarts": 3}}}},
+		},
+		Repairs: map[string]checks.RepairStatus{"kubelet.service": {Repairs: 2, LastRepair: now.Add(-4 * time.Minute), LastReason: "GET /healthz: HTTP 500", LastResult: "done", Consecutive: 2}},
+		Kmsg:    &daemon.KmsgStatus{Device: "/dev/kmsg", Reading: true, LastRecord: &daemon.KmsgRecord{Seq: 77, Usec: 9595061701, Time: now.Add(-2 * time.Second)}, Records: 1200, Lost: 3},
+		Kubernetes: daemon.KubernetesStatus{State: "reporting", Detail: "to https://10.0.0.1:6443 as node node-1",
+			Reporting: kube.Reporting{StatusPending: true, EventsQueued: 2, Calls: map[string]kube.CallStatus{
+				"status": {LastSuccess: now.Add(-3 * time.Minute), LastError: "connection refused", LastErrorAt: now.Add(-time.Second), Failing: true}}}},
+	}
+	body, _ := json.Marshal(st)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != daemon.StatusPath {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(body)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	code, out, errs := run(t, "status", "--socket", sock)
+	for _, want := range []string{
+		"autopilot-health v1 on node node-1 (worker), pid 42, running since",
+		"Status: 2 conditions: 1 ok, 1 problem (KubeletUnhealthy)",
+		"KubeletUnhealthy=True (KubeletHealthzFailed) since",
+		"  GET /healthz: HTTP 500",
+		`  evidence services.services: [{"activeState":"active","name":"kubelet.service","restarts":3}]`,
+		"  kubelet.service: 2 repairs, last ",
+		": restart done (GET /healthz: HTTP 500), 2 in a row",
+		"Kernel log: reading /dev/kmsg, last record #77 at 9595.061701 s after boot",
+		"; 1200 records, 3 lost, 0 reopens",
+		"Kubernetes: reporting to https://10.0.0.1:6443 as node node-1",
+		"pending: the conditions, 2 events",
+		"  status: last error ",
+		"FAILING: connection refused",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q", want)
+		}
+	}
+	// The problem first in the table.
+	if strings.Index(out, "KubeletUnhealthy") > strings.Index(out, "DiskUsageHigh") {
+		t.Error("the True condition is not listed first")
+	}
+	if code != exitProblem || errs != "" || t.Failed() {
+		t.Errorf("exit %d, stderr %q, output:\n%s", code, errs, out)
+	}
+	code, out, _ = run(t, "status", "--json", "--socket", sock)
+	if code != exitProblem || out != string(body) {
+		t.Errorf("--json: exit %d, %s", code, out)
 	}
 }

@@ -55,6 +55,7 @@ type Config struct {
 	StateDir   string     `toml:"state_dir"`
 	Log        Log        `toml:"log"`
 	Metrics    Metrics    `toml:"metrics"`
+	Status     Status     `toml:"status"`
 	Kubernetes Kubernetes `toml:"kubernetes"`
 	Detect     Detect     `toml:"detect"`
 	Runner     Runner     `toml:"runner"`
@@ -69,6 +70,10 @@ type Log struct {
 
 type Metrics struct {
 	ListenAddress string `toml:"listen_address"`
+}
+
+type Status struct {
+	Socket string `toml:"socket"`
 }
 
 type Kubernetes struct {

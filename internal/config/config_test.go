@@ -60,6 +60,7 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 		got, want any
 	}{
 		{"metrics.listen_address", c.Metrics.ListenAddress, ":20257"},
+		{"status.socket", c.Status.Socket, "/run/autopilot-health/status.sock"},
 		{"kubernetes.report_interval", c.Kubernetes.ReportInterval.Duration, 2 * time.Minute},
 		{"kubernetes.kubeconfig", c.Kubernetes.Kubeconfig, "/etc/kubernetes/kubelet.conf"},
 		{"state_dir", c.StateDir, "/var/lib/autopilot-health"},
@@ -265,6 +266,7 @@ func TestBadConfigs(t *testing.T) {
 		"node-name.toml":               `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
 		"percent-range.toml":           `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
 		"relative-path.toml":           `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
+		"status-socket.toml":           `:2: key status.socket: must be an absolute path, got "run/autopilot-health/status.sock"`,
 		"syntax.toml":                  `:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		"timeout-over-interval.toml":   `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
 		"unit-name.toml":               `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,

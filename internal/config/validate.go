@@ -184,6 +184,12 @@ func (c *Config) validate() *Error {
 	if _, _, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
 		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
 	}
+	if c.Status.Socket != "" {
+		v.absPath("status.socket", c.Status.Socket)
+		if len(c.Status.Socket) > maxSocketPath {
+			v.fail("status.socket", "must be at most %d bytes (a Unix socket path), got %d", maxSocketPath, len(c.Status.Socket))
+		}
+	}
 	if c.Kubernetes.Kubeconfig != "" {
 		v.absPath("kubernetes.kubeconfig", c.Kubernetes.Kubeconfig)
 	}
@@ -332,3 +338,6 @@ var builtinRulesCompile = sync.OnceValue(func() error {
 	_, err := kmsg.Compile(kmsg.DefaultRules, nil)
 	return err
 })
+
+// maxSocketPath is the longest Unix socket path (sun_path less its NUL).
+const maxSocketPath = 107

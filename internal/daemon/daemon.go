@@ -66,6 +66,10 @@ type Daemon struct {
 
 	mu    sync.Mutex
 	ready bool
+	// started is when Run began; kubeState and kubeDetail say how the
+	// daemon reports to Kubernetes (see Status).
+	started               time.Time
+	kubeState, kubeDetail string
 	// replan gets a token when d.runner was replaced (the node's role or
 	// GPU changed); envMu guards d.env and d.runner.
 	replan chan struct{}

@@ -83,6 +83,7 @@ func testConfig(t *testing.T) *config.Config {
 	c.HostRoot = root
 	c.Kubernetes.Kubeconfig = ""
 	c.Kmsg.Enabled = false
+	c.Status.Socket = "" // TestStatusSocket sets one of its own
 	c.StateDir = t.TempDir()
 	c.Runner.FirstRunSpread = config.Duration{}
 	c.NodeName = "test-node"

@@ -23,6 +23,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	path := d.cfg.HostPath(d.cfg.Kubernetes.Kubeconfig)
 	if client == nil && d.cfg.Kubernetes.Kubeconfig == "" {
 		d.log.Warn("not reporting to Kubernetes: kubernetes.kubeconfig is empty; running standalone (logs, metrics, local state)")
+		d.setKubeState("standalone", "kubernetes.kubeconfig is empty")
 		d.kubeM.SetReporting(false)
 		return
 	}
@@ -31,9 +32,11 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version)
 		if err == nil {
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
+			d.setKubeState("reporting", "to "+host+" as node "+d.currentEnv().NodeName+" (kubeconfig "+path+")")
 			client = c
 			break
 		}
+		d.setKubeState("waiting", "for a usable kubeconfig: "+err.Error())
 		if err.Error() != lastErr {
 			if lastErr == "" && errors.Is(err, kube.ErrNoKubeconfig) {
 				d.log.Warn("not reporting to Kubernetes: running standalone (logs, metrics, local state) until the kubeconfig appears", "err", err)
@@ -51,6 +54,9 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		}
 	}
 	d.live.Forget("kube/kubeconfig")
+	if d.kube != nil {
+		d.setKubeState("reporting", "as node "+d.currentEnv().NodeName)
+	}
 	r := kube.New(kube.Options{
 		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role },
 		Evaluated: func(t string) bool { return slices.Contains(d.parts.applicable(d.currentEnv()), t) },

@@ -13,6 +13,9 @@ import (
 // Run runs until ctx is done, then shuts down cleanly: conditions are left
 // as they are (saved, never cleared).
 func (d *Daemon) Run(ctx context.Context) error {
+	d.mu.Lock()
+	d.started = time.Now()
+	d.mu.Unlock()
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(d.ln) }()
@@ -24,6 +27,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.persist(rctx) })
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
 	wg.Go(func() { d.statusLoop(rctx) })
+	wg.Go(func() { d.serveStatus(rctx) })
 	if d.kmsg != nil {
 		// Before the reporter reads the Node: the kernel conditions are in
 		// the store (Unknown until the log is read, or as restored from this

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,11 +29,39 @@ type Metrics struct {
 	coalesced prometheus.Counter
 	reporting prometheus.Gauge
 	lastOK    prometheus.Gauge
+
+	// What status shows: per kind of call, the last success and the last
+	// error; whether a change of the conditions waits to be written; the
+	// events queued.
+	mu            sync.Mutex
+	calls         map[string]*CallStatus
+	statusPending bool
+	queue         *EventQueue
+}
+
+// CallStatus is what happened to one kind of API call.
+type CallStatus struct {
+	LastSuccess time.Time `json:"lastSuccess,omitzero"`
+	LastError   string    `json:"lastError,omitempty"`
+	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
+	// Failing: the last call of this kind failed.
+	Failing bool `json:"failing"`
+}
+
+// Reporting is the state of the Kubernetes reporting, for status.
+type Reporting struct {
+	// Calls by kind (status, event, event_count, annotations, read).
+	Calls map[string]CallStatus `json:"calls"`
+	// StatusPending: a change of the conditions is not on the Node yet.
+	StatusPending bool `json:"statusPending"`
+	// EventsQueued: events waiting to be sent.
+	EventsQueued int `json:"eventsQueued"`
 }
 
 // NewMetrics creates the API metrics and registers them on reg (may be nil).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		calls: map[string]*CallStatus{},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "api_writes_total",
 			Help: "Kubernetes API calls by kind (status, event, event_count, annotations, read) and result (ok, forbidden, not_found, error).",
@@ -71,6 +100,38 @@ func (m *Metrics) observe(kind string, start time.Time, err error) {
 	if err == nil {
 		m.lastOK.SetToCurrentTime()
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.calls[kind]
+	if c == nil {
+		c = &CallStatus{}
+		m.calls[kind] = c
+	}
+	if err == nil {
+		c.LastSuccess, c.Failing = time.Now(), false
+	} else {
+		c.LastError, c.LastErrorAt, c.Failing = err.Error(), time.Now(), true
+	}
+}
+
+func (m *Metrics) setStatusPending(p bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.statusPending = p
+}
+
+// Reporting returns the state of the reporting now.
+func (m *Metrics) Reporting() Reporting {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := Reporting{Calls: make(map[string]CallStatus, len(m.calls)), StatusPending: m.statusPending}
+	for k, c := range m.calls {
+		r.Calls[k] = *c
+	}
+	if m.queue != nil {
+		r.EventsQueued = len(m.queue.ch)
+	}
+	return r
 }
 
 func resultOf(err error) string {

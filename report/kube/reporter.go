@@ -125,7 +125,11 @@ type EventQueue struct {
 
 // NewEventQueue returns an empty queue; register it with the store.
 func NewEventQueue(m *Metrics) *EventQueue {
-	return &EventQueue{ch: make(chan report.Event, eventQueue), m: m}
+	q := &EventQueue{ch: make(chan report.Event, eventQueue), m: m}
+	m.mu.Lock()
+	m.queue = q
+	m.mu.Unlock()
+	return q
 }
 
 // ConditionChanged implements report.Observer.
@@ -202,6 +206,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	const loop = "kube/status"
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := &errorLog{log: r.o.Log, what: "reading node " + r.o.NodeName}
+	r.m.setStatusPending(true) // nothing written yet
 	for {
 		r.progress(loop, backoffMax)
 		err := r.adopt(ctx)
@@ -228,6 +233,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	for {
 		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10, backoffMax))
 		changed := r.o.Store.Changed()
+		r.m.setStatusPending(dirty)
 		if dirty && retry == nil {
 			if err := r.writeStatus(ctx); err != nil {
 				if ctx.Err() != nil {
@@ -240,6 +246,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				el.ok()
 				bo.Reset()
 				dirty = false
+				r.m.setStatusPending(false)
 				hb.Reset(jitter(r.o.HeartbeatPeriod))
 			}
 		}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/report"
+)
+
+const statusSyn = "status [--json] [--config FILE] [--socket PATH]"
+
+// cmdStatus asks the running daemon what it believes now, over its status
+// socket. It runs no probe.
+func cmdStatus(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("status", statusSyn, stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML) naming status.socket; the default path may be absent")
+	socket := fs.String("socket", "", "the daemon's status socket (default: status.socket of the configuration)")
+	asJSON := fs.Bool("json", false, "print the daemon's status document as JSON")
+	if code := parseFlags(fs, args); code >= 0 {
+		return code
+	}
+	path := *socket
+	if path == "" {
+		cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+		if err != nil {
+			fmt.Fprintf(stderr, "autopilot-health status: %v\n", err)
+			return exitError
+		}
+		path = cfg.Status.Socket
+		if path == "" {
+			fmt.Fprintln(stderr, "autopilot-health status: status.socket is empty in the configuration: the daemon serves no status")
+			return exitError
+		}
+	}
+	body, err := fetchStatus(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health status: %v\n", err)
+		return exitError
+	}
+	var st daemon.StatusReport
+	if err := json.Unmarshal(body, &st); err != nil {
+		fmt.Fprintf(stderr, "autopilot-health status: the daemon's answer on %s is not a status document: %v\n", path, err)
+		return exitError
+	}
+	if *asJSON {
+		stdout.Write(body)
+	} else {
+		printStatus(stdout, st)
+	}
+	for _, c := range st.Conditions {
+		if c.Status == report.StatusTrue {
+			return exitProblem
+		}
+	}
+	return exitOK
+}
+
+// fetchStatus reads the status document; an error says whether the daemon
+// is not running.
+func fetchStatus(path string) ([]byte, error) {
+	c := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+	resp, err := c.Get("http://autopilot-health" + daemon.StatusPath)
+	if err != nil {
+		switch {
+		case errors.Is(err, os.ErrNotExist), errors.Is(err, errConnRefused):
+			return nil, fmt.Errorf("the daemon is not running: nothing answers on %s (systemctl status autopilot-health)", path)
+		case errors.Is(err, os.ErrPermission):
+			return nil, fmt.Errorf("%s: permission denied: the status socket is root's (run with sudo)", path)
+		}
+		return nil, fmt.Errorf("asking the daemon on %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading the daemon's answer on %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("the daemon on %s answered %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return b, nil
+}
+
+// printStatus writes the one-screen status: what is wrong, since when, and
+// what the daemon did about it.
+func printStatus(w io.Writer, st daemon.StatusReport) {
+	ago := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return fmt.Sprintf("%s (%s ago)", t.Local().Format("2006-01-02 15:04:05"), st.Now.Sub(t).Round(time.Second))
+	}
+	state := "ready"
+	if !st.Ready {
+		state = "starting (first pass of the checks not done)"
+	}
+	if st.Unhealthy != "" {
+		state += "; UNHEALTHY: " + st.Unhealthy
+	}
+	gpu := ""
+	if st.GPU {
+		gpu = ", GPU"
+	}
+	fmt.Fprintf(w, "autopilot-health %s on node %s (%s%s), pid %d, running since %s, %s\n", st.Version, st.Node, st.Role, gpu, st.PID, ago(st.Started), state)
+	fmt.Fprintf(w, "Status: %s\n\n", st.Summary)
+
+	conds := slices.Clone(st.Conditions)
+	rank := map[report.Status]int{report.StatusTrue: 0, report.StatusUnknown: 1, report.StatusFalse: 2}
+	slices.SortStableFunc(conds, func(a, b daemon.ConditionStatus) int { return rank[a.Status] - rank[b.Status] })
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONDITION\tSTATUS\tREASON\tSINCE\tEVALUATED")
+	for _, c := range conds {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\n", c.Type, c.Status, c.Reason, c.LastTransitionTime.Local().Format("2006-01-02 15:04:05"), st.Now.Sub(c.LastUpdateTime).Round(time.Second))
+	}
+	tw.Flush()
+	for _, c := range conds {
+		if c.Status == report.StatusFalse {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s=%s (%s) since %s:\n  %s\n", c.Type, c.Status, c.Reason, ago(c.LastTransitionTime), c.Message)
+		if c.Source == "kmsg" && c.Status == report.StatusTrue {
+			fmt.Fprintln(w, "  evidence: the kernel line above")
+		}
+		keys := make([]string, 0, len(c.Evidence))
+		for k := range c.Evidence {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b, _ := json.Marshal(c.Evidence[k])
+			fmt.Fprintf(w, "  evidence %s: %s\n", k, shorten(string(b), 400))
+		}
+	}
+
+	fmt.Fprintln(w, "\nRepairs:")
+	units := make([]string, 0, len(st.Repairs))
+	for u := range st.Repairs {
+		units = append(units, u)
+	}
+	slices.Sort(units)
+	if len(units) == 0 {
+		fmt.Fprintln(w, "  none watched")
+	}
+	for _, u := range units {
+		r := st.Repairs[u]
+		if r.Repairs == 0 && r.LastRepair.IsZero() {
+			fmt.Fprintf(w, "  %s: never repaired\n", u)
+			continue
+		}
+		fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", u, r.Repairs, ago(r.LastRepair), r.LastResult, r.LastReason, r.Consecutive)
+	}
+
+	fmt.Fprint(w, "\nKernel log: ")
+	if k := st.Kmsg; k == nil {
+		fmt.Fprintln(w, "not monitored (kmsg.enabled = false)")
+	} else {
+		reading := "reading " + k.Device
+		if !k.Reading {
+			reading = "NOT reading " + k.Device
+		}
+		last := "no record read yet"
+		if r := k.LastRecord; r != nil {
+			last = fmt.Sprintf("last record #%d at %.6f s after boot (%s)", r.Seq, float64(r.Usec)/1e6, ago(r.Time))
+		}
+		fmt.Fprintf(w, "%s, %s; %.0f records, %.0f lost, %.0f reopens\n", reading, last, k.Records, k.Lost, k.Reopens)
+	}
+
+	k := st.Kubernetes
+	fmt.Fprintf(w, "Kubernetes: %s", k.State)
+	if k.Detail != "" {
+		fmt.Fprintf(w, " %s", k.Detail)
+	}
+	fmt.Fprintln(w)
+	if k.State == "reporting" || len(k.Calls) > 0 {
+		pending := "none"
+		if k.StatusPending {
+			pending = "the conditions"
+		}
+		if k.EventsQueued > 0 {
+			pending = strings.TrimPrefix(pending+fmt.Sprintf(", %d events", k.EventsQueued), "none, ")
+		}
+		fmt.Fprintf(w, "  conditions last written: %s; pending: %s\n", ago(k.Calls["status"].LastSuccess), pending)
+		kinds := make([]string, 0, len(k.Calls))
+		for kind := range k.Calls {
+			kinds = append(kinds, kind)
+		}
+		slices.Sort(kinds)
+		for _, kind := range kinds {
+			c := k.Calls[kind]
+			if c.LastError == "" {
+				continue
+			}
+			now := "recovered since"
+			if c.Failing {
+				now = "FAILING"
+			}
+			fmt.Fprintf(w, "  %s: last error %s, %s: %s\n", kind, ago(c.LastErrorAt), now, shorten(c.LastError, 300))
+		}
+	}
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+var errConnRefused = syscall.ECONNREFUSED

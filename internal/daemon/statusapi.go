@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
+)
+
+// StatusPath is the path of the status document on the status socket.
+const StatusPath = "/v1/status"
+
+// StatusReport is what the running daemon believes now, served on its
+// status socket (status.socket) for `autopilot-health status`. It is read
+// from the daemon's memory: no probe runs for it, and it needs neither the
+// API server nor the network.
+type StatusReport struct {
+	Version string    `json:"version"`
+	Node    string    `json:"node"`
+	Role    string    `json:"role"`
+	GPU     bool      `json:"gpu"`
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Now     time.Time `json:"now"`
+	// Ready: the first full pass of the checks is done.
+	Ready bool `json:"ready"`
+	// Healthy is "" when every loop makes progress, else why not.
+	Unhealthy  string            `json:"unhealthy,omitempty"`
+	Summary    string            `json:"summary"`
+	Conditions []ConditionStatus `json:"conditions"`
+	// Repairs by unit: every unit the daemon watches for repair.
+	Repairs    map[string]checks.RepairStatus `json:"repairs"`
+	Kmsg       *KmsgStatus                    `json:"kmsg,omitempty"`
+	Kubernetes KubernetesStatus               `json:"kubernetes"`
+}
+
+// ConditionStatus is one condition with what set it.
+type ConditionStatus struct {
+	report.Condition
+	// Source: "check" (a probe on its interval) or "kmsg" (the kernel
+	// log; the message is the kernel line).
+	Source string `json:"source"`
+	// Evidence: the report fields the check's latest result carried
+	// ("disks.disks": the drives and their SMART fields, "services.services":
+	// the units' states and restart counts, ...).
+	Evidence map[string]any `json:"evidence,omitempty"`
+}
+
+// KmsgStatus is the kernel log reader's health.
+type KmsgStatus struct {
+	Device  string `json:"device"`
+	Reading bool   `json:"reading"`
+	// LastRecord: the last record handled (absent: none yet).
+	LastRecord *KmsgRecord `json:"lastRecord,omitempty"`
+	Records    float64     `json:"records"`
+	Lost       float64     `json:"lost"`
+	Reopens    float64     `json:"reopens"`
+}
+
+// KmsgRecord names one kernel log record.
+type KmsgRecord struct {
+	Seq uint64 `json:"seq"`
+	// Usec: kernel time, microseconds since boot; Time: as wall time.
+	Usec uint64    `json:"usec"`
+	Time time.Time `json:"time"`
+}
+
+// KubernetesStatus is the state of the reporting to the API server.
+type KubernetesStatus struct {
+	// State: "standalone", "waiting" (for the kubeconfig) or "reporting".
+	State  string `json:"state"`
+	Detail string `json:"detail,omitempty"`
+	kube.Reporting
+}
+
+// Status builds the status report now.
+func (d *Daemon) Status(now time.Time) StatusReport {
+	env := d.currentEnv()
+	d.mu.Lock()
+	st := StatusReport{Version: d.version, Node: env.NodeName, Role: string(env.Role), GPU: env.GPU, PID: os.Getpid(),
+		Started: d.started, Now: now, Ready: d.ready,
+		Kubernetes: KubernetesStatus{State: d.kubeState, Detail: d.kubeDetail}}
+	d.mu.Unlock()
+	if err := d.Healthy(); err != nil {
+		st.Unhealthy = err.Error()
+	}
+	conds := d.store.All()
+	st.Summary = Summarize(conds)
+	for _, c := range conds {
+		cs := ConditionStatus{Condition: c, Source: "check"}
+		if desc, ok := report.Lookup(c.Type); ok && desc.Source == report.SourceKmsg {
+			cs.Source = "kmsg"
+		} else if d.details != nil {
+			cs.Evidence = d.details.Evidence(c.Type)
+		}
+		st.Conditions = append(st.Conditions, cs)
+	}
+	st.Repairs = map[string]checks.RepairStatus{}
+	if env.Repair != nil {
+		st.Repairs = env.Repair.All()
+	}
+	if d.kmsg != nil {
+		m := d.kmsg.Metrics()
+		ks := &KmsgStatus{Device: d.cfg.Kmsg.Device, Reading: m.ReaderUp(), Records: m.Records(), Lost: m.Lost(), Reopens: m.Reopens()}
+		if seq, usec, at, ok := d.kmsg.LastRecord(); ok {
+			ks.LastRecord = &KmsgRecord{Seq: seq, Usec: usec, Time: at}
+		}
+		st.Kmsg = ks
+	}
+	st.Kubernetes.Reporting = d.kubeM.Reporting()
+	return st
+}
+
+func (d *Daemon) setKubeState(state, detail string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.kubeState, d.kubeDetail = state, detail
+}
+
+// statusHandler serves the status report.
+func (d *Daemon) statusHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+StatusPath, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(d.Status(time.Now()))
+	})
+	return mux
+}
+
+// listenStatus binds the status socket: a Unix socket, mode 0600 (root
+// only: the report holds kernel lines and unit states, not for the
+// network). Its directory is not created here: the unit's
+// RuntimeDirectory= makes /run/autopilot-health. A socket file left by a daemon that is gone is replaced; one a
+// running daemon answers on is not.
+func listenStatus(path string) (net.Listener, error) {
+	ln, err := net.Listen("unix", path)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: another daemon answers on it", path)
+		}
+		os.Remove(path)
+		ln, err = net.Listen("unix", path)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// serveStatus serves the status socket until ctx is done. A socket that
+// cannot be bound is logged: the daemon's work does not depend on it.
+func (d *Daemon) serveStatus(ctx context.Context) {
+	path := d.cfg.Status.Socket
+	if path == "" {
+		return
+	}
+	ln, err := listenStatus(path)
+	if err != nil {
+		d.log.Error("status socket not served: autopilot-health status will not answer", "socket", path, "err", err)
+		return
+	}
+	d.log.Info("serving status", "socket", path)
+	srv := &http.Server{Handler: d.statusHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		d.log.Error("status socket failed", "socket", path, "err", err)
+	}
+	os.Remove(path)
+}
