@@ -33,7 +33,7 @@ type StatusReport struct {
 	Now     time.Time `json:"now"`
 	// Ready: the first full pass of the checks is done.
 	Ready bool `json:"ready"`
-	// Healthy is "" when every loop makes progress, else why not.
+	// Unhealthy is "" when every loop makes progress, else the stuck loop.
 	Unhealthy  string            `json:"unhealthy,omitempty"`
 	Summary    string            `json:"summary"`
 	Conditions []ConditionStatus `json:"conditions"`
