@@ -86,6 +86,10 @@ func NewMetrics(version string) *Metrics {
 		Help: "Build information; the value is always 1.",
 	}, []string{"version", "goversion"})
 	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	// Both results exist from the start, so that increase() in an alert
+	// sees the first failed write.
+	m.stateWrites.WithLabelValues("ok")
+	m.stateWrites.WithLabelValues("error")
 	r.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns,
 		m.loopProgress, m.stateWrites, m.healthy, m.ready, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

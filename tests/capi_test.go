@@ -298,3 +298,49 @@ func TestShippedClusterAPIObjectsPassKubeconform(t *testing.T) {
 		t.Errorf("kubeconform accepted a v1beta1 field in v1beta2: %v\n%s", err, out)
 	}
 }
+
+// The Prometheus Operator objects (PrometheusRule, ScrapeConfig) on the real
+// kube-apiserver with the Operator's own CRDs, strict field validation.
+func TestShippedPrometheusOperatorObjectsOnARealAPIServer(t *testing.T) {
+	api := apiServer(t)
+	kc, err := api.Kubeconfig("promop-admin", "promop-admin", []string{"system:masters"}, time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds, err := harness.PrometheusOperatorCRDs()
+	if err != nil {
+		t.Fatalf("Prometheus Operator CRDs: %v", err)
+	}
+	installCRDs(t, dyn, crds)
+	for _, kind := range []string{"prometheusrule", "scrapeconfig"} {
+		objs := rendered(t, kind)
+		if len(objs) != 1 {
+			t.Fatalf("%s: %d objects", kind, len(objs))
+		}
+		if err := create(dyn, "default", objs[0]); err != nil {
+			t.Errorf("%s: %v", kind, err)
+		}
+	}
+	// Refused: a for: that is not a Prometheus duration, a role not known.
+	rule := rendered(t, "prometheusrule")[0]
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	rules := groups[0].(map[string]any)["rules"].([]any)
+	rules[0].(map[string]any)["for"] = "5 minutes"
+	unstructured.SetNestedSlice(rule.Object, groups, "spec", "groups")
+	if err := create(dyn, "default", rule); err == nil || !strings.Contains(err.Error(), "for") {
+		t.Errorf("for: \"5 minutes\": %v, want refused", err)
+	}
+	sc := rendered(t, "scrapeconfig")[0]
+	unstructured.SetNestedSlice(sc.Object, []any{map[string]any{"role": "Machine"}}, "spec", "kubernetesSDConfigs")
+	if err := create(dyn, "default", sc); err == nil || !strings.Contains(err.Error(), "role") {
+		t.Errorf("role Machine: %v, want refused", err)
+	}
+}

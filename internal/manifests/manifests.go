@@ -38,6 +38,8 @@ var All = []Manifest{
 		Help: "the same rules as a PrometheusRule (Prometheus Operator, monitoring.coreos.com/v1)", render: renderPrometheusRule},
 	{Kind: "scrape-config", File: "prometheus-scrape-config.yaml",
 		Help: "the Prometheus scrape job for the daemon's metrics on every node (port 20257; the rules expect job=\"autopilot-health\" and a node label)", render: renderScrapeConfig},
+	{Kind: "scrapeconfig", File: "prometheus-scrapeconfig.yaml",
+		Help: "the same scrape job as a Prometheus Operator ScrapeConfig (monitoring.coreos.com/v1alpha1)", render: renderScrapeConfigCR},
 	{Kind: "machinehealthchecks", File: "machinehealthchecks-v1beta2.yaml",
 		Help: "Cluster API MachineHealthChecks (cluster.x-k8s.io/v1beta2) for the spec's pools", render: renderMHCv1beta2},
 	{Kind: "machinehealthchecks-v1beta1", File: "machinehealthchecks-v1beta1.yaml",

@@ -143,7 +143,10 @@ func daemonRules() []rule {
 			Alert: "AutopilotHealthDaemonGone",
 			// Every node kube-state-metrics knows that has no successful
 			// scrape of the daemon: target down, or absent altogether.
-			Expr:   fmt.Sprintf(`kube_node_info unless on (node) (up{job=%q} == 1)`, Job),
+			// One series per node (kube_node_info's other labels, such as
+			// the kubelet version, change on upgrades and would restart
+			// the for:).
+			Expr:   fmt.Sprintf(`max by (node) (kube_node_info) unless on (node) (up{job=%q} == 1)`, Job),
 			For:    promDuration(daemonGoneFor),
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
@@ -152,13 +155,28 @@ func daemonRules() []rule {
 			},
 		},
 		{
-			Alert:  "AutopilotHealthDaemonUnhealthy",
-			Expr:   "autopilot_health_healthy == 0",
-			For:    "5m",
+			Alert: "AutopilotHealthDaemonUnhealthy",
+			// A stuck loop withholds the systemd watchdog ping, so systemd
+			// restarts the daemon within WatchdogSec (2 min) and healthy is
+			// 1 again: a loop that keeps getting stuck shows as 0 now and
+			// then, never for long. Fire when every 15-minute window for
+			// 15 minutes saw it unhealthy.
+			Expr:   "min_over_time(autopilot_health_healthy[15m]) == 0",
+			For:    "15m",
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
-				"summary":     "a loop of autopilot-health is stuck on node {{ $labels.node }}",
-				"description": "autopilot_health_healthy has been 0 for 5 minutes: one of the daemon's loops (autopilot_health_loop_last_progress_timestamp_seconds) makes no progress; the systemd watchdog restarts it if it stays so.",
+				"summary":     "a loop of autopilot-health keeps getting stuck on node {{ $labels.node }}",
+				"description": "autopilot_health_healthy was 0 in every 15-minute window for 15 minutes: one of the daemon's loops (autopilot_health_loop_last_progress_timestamp_seconds) stops making progress again and again; systemd's watchdog restarts the daemon each time. journalctl -u autopilot-health says which loop.",
+			},
+		},
+		{
+			Alert: "AutopilotHealthDaemonRestarting",
+			// process_start_time_seconds changes at every start.
+			Expr:   fmt.Sprintf(`changes(process_start_time_seconds{job=%q}[30m]) >= 3`, Job),
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health restarted 3 times or more in 30 minutes on node {{ $labels.node }}",
+				"description": "The daemon keeps restarting (a crash, a failing start, or the systemd watchdog). While it restarts, its checks run late and its conditions may go stale. systemctl status autopilot-health; journalctl -u autopilot-health -b.",
 			},
 		},
 		{
@@ -182,20 +200,24 @@ func daemonRules() []rule {
 		},
 		{
 			Alert: "AutopilotHealthAPIWritesFailing",
-			// The daemon writes at least a heartbeat every 5 minutes; 15
-			// minutes without a successful call is three missed ones.
-			Expr:   "autopilot_health_kubernetes_reporting == 1 and on (node) (time() - autopilot_health_api_last_success_timestamp_seconds) > 900",
+			// Per kind of call (status, annotations, event, ...): a kind
+			// whose every call failed in the last 15 minutes, however often
+			// it is made (report_interval, heartbeat_period). A kind that is
+			// forbidden (NodeRestriction, RBAC) while others work is caught.
+			Expr:   `sum by (node, kind) (increase(autopilot_health_api_writes_total{result!="ok"}[15m])) > 0 unless on (node, kind) sum by (node, kind) (increase(autopilot_health_api_writes_total{result="ok"}[15m])) > 0`,
 			For:    "5m",
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
-				"summary":     "autopilot-health cannot write to the Kubernetes API from node {{ $labels.node }}",
-				"description": "No successful Kubernetes API call for 15 minutes: the Node's conditions and health report are stale. autopilot_health_api_writes_total{result!=\"ok\"} says which calls fail (forbidden: the node's credentials or NodeRestriction).",
+				"summary":     "autopilot-health's {{ $labels.kind }} calls to the Kubernetes API all fail from node {{ $labels.node }}",
+				"description": "Every {{ $labels.kind }} call in the last 15 minutes failed: what the daemon reports that way (conditions: status; the health report: annotations; events) is stale on the Node. autopilot_health_api_writes_total{kind=\"{{ $labels.kind }}\"} has the result (forbidden: the node's credentials, NodeRestriction or RBAC); autopilot-health status shows the last error.",
 			},
 		},
 		{
-			Alert:  "AutopilotHealthStateWritesFailing",
+			Alert: "AutopilotHealthStateWritesFailing",
+			// The error series exists at 0 from the start, so increase()
+			// sees the first error.
 			Expr:   `increase(autopilot_health_state_writes_total{result="error"}[15m]) > 0`,
-			For:    "15m",
+			For:    "5m",
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health cannot save its state on node {{ $labels.node }}",
@@ -205,9 +227,26 @@ func daemonRules() []rule {
 	}
 }
 
+// readyRule: the kubelet's Ready, which the daemon does not own. The spec:
+// on bare metal Ready=Unknown alerts a human instead of triggering
+// remediation, and "alert on Ready for node gone". 10 minutes: past the
+// cloud pools' MachineHealthCheck (Unknown 600 s, False 300 s).
+func readyRule() rule {
+	return rule{
+		Alert:  "NodeNotReady",
+		Expr:   `kube_node_status_condition{condition="Ready",status=~"false|unknown"} == 1`,
+		For:    "10m",
+		Labels: map[string]string{"severity": "warning", "condition": "Ready"},
+		Annotations: map[string]string{
+			"summary":     "node {{ $labels.node }} is not Ready ({{ $labels.status }})",
+			"description": "The kubelet's Ready condition has been {{ $labels.status }} for 10 minutes. On cloud pools the MachineHealthCheck reboots, then replaces the machine; on bare metal only Ready=False is remediated, so Unknown (the node unreachable) waits for a human. kubectl describe node {{ $labels.node }}.",
+		},
+	}
+}
+
 func ruleGroups() ruleFile {
 	return ruleFile{Groups: []ruleGroup{
-		{Name: "autopilot-health-conditions", Rules: conditionRules()},
+		{Name: "autopilot-health-conditions", Rules: append(conditionRules(), readyRule())},
 		{Name: "autopilot-health-daemon", Rules: daemonRules()},
 	}}
 }
@@ -234,6 +273,12 @@ func renderPrometheusRule() ([]byte, error) {
 // The scrape job: Kubernetes node discovery, the node's address with the
 // daemon's port, and the node's name as the node label (what
 // kube-state-metrics' series carry, so the rules can join on it).
+const (
+	scrapeInterval = "30s"
+	addressRegex   = `(.+?)(?::\d+)?`
+	addressRepl    = "${1}:20257"
+)
+
 func renderScrapeConfig() ([]byte, error) {
 	type relabel struct {
 		SourceLabels []string `yaml:"source_labels,flow"`
@@ -254,11 +299,45 @@ func renderScrapeConfig() ([]byte, error) {
 		ScrapeConfigs []job `yaml:"scrape_configs"`
 	}{[]job{{
 		JobName:        Job,
-		ScrapeInterval: "30s",
+		ScrapeInterval: scrapeInterval,
 		KubernetesSD:   []sd{{Role: "node"}},
 		Relabel: []relabel{
-			{SourceLabels: []string{"__address__"}, Regex: `(.+?)(?::\d+)?`, Replacement: "${1}:20257", TargetLabel: "__address__"},
+			{SourceLabels: []string{"__address__"}, Regex: addressRegex, Replacement: addressRepl, TargetLabel: "__address__"},
 			{SourceLabels: []string{"__meta_kubernetes_node_name"}, TargetLabel: "node"},
 		},
 	}}})
+}
+
+// The same job as a Prometheus Operator ScrapeConfig. jobName is set: the
+// Operator would otherwise name the job scrapeConfig/<namespace>/<name>, and
+// the rules select job="autopilot-health".
+func renderScrapeConfigCR() ([]byte, error) {
+	type relabel struct {
+		SourceLabels []string `yaml:"sourceLabels,flow"`
+		Regex        string   `yaml:"regex,omitempty"`
+		Replacement  string   `yaml:"replacement,omitempty"`
+		TargetLabel  string   `yaml:"targetLabel"`
+		Action       string   `yaml:"action"`
+	}
+	type sd struct {
+		Role string `yaml:"role"`
+	}
+	type spec struct {
+		JobName        string    `yaml:"jobName"`
+		ScrapeInterval string    `yaml:"scrapeInterval"`
+		KubernetesSD   []sd      `yaml:"kubernetesSDConfigs"`
+		Relabelings    []relabel `yaml:"relabelings"`
+	}
+	return yamlDocs("scrapeconfig", struct {
+		APIVersion string     `yaml:"apiVersion"`
+		Kind       string     `yaml:"kind"`
+		Metadata   objectMeta `yaml:"metadata"`
+		Spec       spec       `yaml:"spec"`
+	}{"monitoring.coreos.com/v1alpha1", "ScrapeConfig",
+		objectMeta{Name: Job, Labels: map[string]string{"app.kubernetes.io/name": Job}},
+		spec{JobName: Job, ScrapeInterval: scrapeInterval, KubernetesSD: []sd{{Role: "Node"}},
+			Relabelings: []relabel{
+				{SourceLabels: []string{"__address__"}, Regex: addressRegex, Replacement: addressRepl, TargetLabel: "__address__", Action: "replace"},
+				{SourceLabels: []string{"__meta_kubernetes_node_name"}, TargetLabel: "node", Action: "replace"},
+			}}})
 }

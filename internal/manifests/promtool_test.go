@@ -57,7 +57,7 @@ func TestPromtoolCheckRulesAndConfig(t *testing.T) {
 	rules, _ := Lookup("prometheus-rules")
 	rf := writeRendered(t, dir, rules)
 	out := runPromtool(t, "check", "rules", rf)
-	want := fmt.Sprintf("SUCCESS: %d rules found", len(report.Conditions)+len(daemonRules()))
+	want := fmt.Sprintf("SUCCESS: %d rules found", len(report.Conditions)+1+len(daemonRules()))
 	if !strings.Contains(out, want) {
 		t.Errorf("promtool check rules: want %q in\n%s", want, out)
 	}
@@ -158,12 +158,14 @@ func conditionTests(t *testing.T) promTest {
 }
 
 // daemonTests: the daemon's own alerts on the series its /metrics and the
-// shipped scrape job produce (job="autopilot-health", node=<name>).
+// shipped scrape job produce (job="autopilot-health", node=<name>), and
+// NodeNotReady on kube-state-metrics' Ready series. Each alert fires at the
+// evaluation its for: allows and not the one before.
 func daemonTests() promTest {
-	daemon := func(metric, node string) string {
-		return fmt.Sprintf(`%s{job=%q,instance="%s:20257",node=%q}`, metric, Job, node, node)
+	daemon := func(metric, node, extra string) string {
+		return fmt.Sprintf(`%s{job=%q,instance="%s:20257",node=%q%s}`, metric, Job, node, node, extra)
 	}
-	rules := map[string]rule{}
+	rules := map[string]rule{readyRule().Alert: readyRule()}
 	for _, r := range daemonRules() {
 		rules[r.Alert] = r
 	}
@@ -178,49 +180,102 @@ func daemonTests() promTest {
 		}
 		ann := map[string]string{}
 		for k, v := range r.Annotations {
-			ann[k] = strings.ReplaceAll(v, "{{ $labels.node }}", labels["node"])
+			for _, lk := range []string{"node", "kind", "status"} {
+				v = strings.ReplaceAll(v, "{{ $labels."+lk+" }}", labels[lk])
+			}
+			ann[k] = v
 		}
 		return promAlert{l, ann}
-	}
-	ksmNode := func(node string) map[string]string {
-		return map[string]string{"node": node, "job": "kube-state-metrics", "instance": "10.0.0.9:8080"}
 	}
 	daemonNode := func(node string) map[string]string {
 		return map[string]string{"node": node, "job": Job, "instance": node + ":20257"}
 	}
+	// "flaky": a loop stuck every 5 minutes (healthy 0 at minute 4, 9,
+	// ...), and each time systemd's watchdog restarts the daemon: a new
+	// process_start_time_seconds at minutes 5, 10, 15, ...
+	var healthy, started []string
+	for m := 0; m <= 40; m++ {
+		h := "1"
+		if m%5 == 4 {
+			h = "0"
+		}
+		healthy = append(healthy, h)
+		started = append(started, fmt.Sprint(1000+60*(m/5*5)))
+	}
 	return promTest{
 		Interval: "1m",
 		InputSerie: []promSeries{
-			// Three nodes: "up" runs the daemon, "down" has its target down,
-			// "gone" has no target at all.
-			{ksm("kube_node_info", map[string]string{"node": "up"}), "1+0x40"},
-			{ksm("kube_node_info", map[string]string{"node": "down"}), "1+0x40"},
-			{ksm("kube_node_info", map[string]string{"node": "gone"}), "1+0x40"},
-			{daemon("up", "up"), "1+0x40"},
-			{daemon("up", "down"), "0+0x40"},
-			// "up": healthy, reading the kernel log, writing to the API
-			// until minute 5 (the timestamp stays at 300 s after that),
-			// and it lost 3 kernel records at minute 20.
-			{daemon("autopilot_health_healthy", "up"), "1+0x40"},
-			{daemon("autopilot_health_kmsg_reader_up", "up"), "1+0x40"},
-			{daemon("autopilot_health_kubernetes_reporting", "up"), "1+0x40"},
-			{daemon("autopilot_health_api_last_success_timestamp_seconds", "up"), "0+60x5 300+0x35"},
-			{daemon("autopilot_health_kmsg_lost_records_total", "up"), "0+0x20 3+0x20"},
+			// Three nodes kube-state-metrics knows: "up" runs the daemon,
+			// "down" has its target down, "gone" has no target at all.
+			{ksm("kube_node_info", map[string]string{"node": "up", "kubelet_version": "v1.33.0"}), "1+0x40"},
+			{ksm("kube_node_info", map[string]string{"node": "down", "kubelet_version": "v1.33.0"}), "1+0x40"},
+			{ksm("kube_node_info", map[string]string{"node": "gone", "kubelet_version": "v1.33.0"}), "1+0x40"},
+			{daemon("up", "up", ""), "1+0x40"},
+			{daemon("up", "down", ""), "0+0x40"},
+			// "up": healthy and reading the kernel log; its status calls
+			// are all refused (forbidden) while its annotation calls work;
+			// it lost 3 kernel records at minute 20; its state writes
+			// start failing at minute 10.
+			{daemon("autopilot_health_healthy", "up", ""), "1+0x40"},
+			{daemon("autopilot_health_kmsg_reader_up", "up", ""), "1+0x40"},
+			{daemon("process_start_time_seconds", "up", ""), "1000+0x40"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="status",result="forbidden"`), "0+1x40"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="status",result="ok"`), "5+0x40"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="ok"`), "0+1x40"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="error"`), "2+0x40"},
+			{daemon("autopilot_health_kmsg_lost_records_total", "up", ""), "0+0x20 3+0x20"},
+			{daemon("autopilot_health_state_writes_total", "up", `,result="error"`), "0+0x10 1+0x30"},
+			{daemon("autopilot_health_healthy", "flaky", ""), strings.Join(healthy, " ")},
+			{daemon("process_start_time_seconds", "flaky", ""), strings.Join(started, " ")},
+			{daemon("autopilot_health_kmsg_reader_up", "blind", ""), "0+0x40"},
+			// Ready: "lost" unreachable (Unknown), "ok" Ready.
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "unknown"}), "1+0x40"},
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "true"}), "0+0x40"},
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "ok", "status": "true"}), "1+0x40"},
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "ok", "status": "unknown"}), "0+0x40"},
 		},
 		AlertTests: []promAlertTest{
 			{EvalTime: "9m", Alertname: "AutopilotHealthDaemonGone"},
 			{EvalTime: "10m", Alertname: "AutopilotHealthDaemonGone", ExpAlerts: []promAlert{
-				exp("AutopilotHealthDaemonGone", ksmNode("down")), exp("AutopilotHealthDaemonGone", ksmNode("gone"))}},
-			{EvalTime: "30m", Alertname: "AutopilotHealthDaemonUnhealthy"},
-			{EvalTime: "30m", Alertname: "AutopilotHealthKernelLogUnreadable"},
+				exp("AutopilotHealthDaemonGone", map[string]string{"node": "down"}), exp("AutopilotHealthDaemonGone", map[string]string{"node": "gone"})}},
+			// The first 0 at minute 4: every 15-minute window from then on
+			// holds a 0; 15 minutes later it fires.
+			{EvalTime: "18m", Alertname: "AutopilotHealthDaemonUnhealthy"},
+			{EvalTime: "19m", Alertname: "AutopilotHealthDaemonUnhealthy", ExpAlerts: []promAlert{exp("AutopilotHealthDaemonUnhealthy", daemonNode("flaky"))}},
+			{EvalTime: "14m", Alertname: "AutopilotHealthDaemonRestarting"},
+			{EvalTime: "15m", Alertname: "AutopilotHealthDaemonRestarting", ExpAlerts: []promAlert{exp("AutopilotHealthDaemonRestarting", daemonNode("flaky"))}},
+			{EvalTime: "9m", Alertname: "AutopilotHealthKernelLogUnreadable"},
+			{EvalTime: "10m", Alertname: "AutopilotHealthKernelLogUnreadable", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogUnreadable", daemonNode("blind"))}},
 			{EvalTime: "19m", Alertname: "AutopilotHealthKernelLogLost"},
 			{EvalTime: "21m", Alertname: "AutopilotHealthKernelLogLost", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogLost", daemonNode("up"))}},
-			{EvalTime: "35m", Alertname: "AutopilotHealthKernelLogLost"},
-			// Last success at 300 s: more than 900 s ago from 21m on, and
-			// firing after the 5m for:, at 26m.
-			{EvalTime: "25m", Alertname: "AutopilotHealthAPIWritesFailing"},
-			{EvalTime: "26m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthAPIWritesFailing", daemonNode("up"))}},
+			{EvalTime: "38m", Alertname: "AutopilotHealthKernelLogLost"},
+			// Status calls refused from minute 1 on: firing after the 5m
+			// for:; annotations keep working, so only kind="status" fires.
+			{EvalTime: "5m", Alertname: "AutopilotHealthAPIWritesFailing"},
+			{EvalTime: "6m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			{EvalTime: "15m", Alertname: "AutopilotHealthStateWritesFailing"},
+			{EvalTime: "16m", Alertname: "AutopilotHealthStateWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthStateWritesFailing", map[string]string{"node": "up", "job": Job, "instance": "up:20257", "result": "error"})}},
+			{EvalTime: "9m", Alertname: "NodeNotReady"},
+			{EvalTime: "10m", Alertname: "NodeNotReady", ExpAlerts: []promAlert{exp("NodeNotReady", map[string]string{
+				"condition": "Ready", "node": "lost", "status": "unknown", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"})}},
 		},
+	}
+}
+
+// Every alert of the daemon's group (and NodeNotReady) is asserted to fire
+// in daemonTests.
+func TestEveryDaemonAlertIsTestedFiring(t *testing.T) {
+	fired := map[string]bool{}
+	for _, at := range daemonTests().AlertTests {
+		if len(at.ExpAlerts) > 0 {
+			fired[at.Alertname] = true
+		}
+	}
+	for _, r := range append(daemonRules(), readyRule()) {
+		if !fired[r.Alert] {
+			t.Errorf("%s: no promtool test has it firing", r.Alert)
+		}
 	}
 }
 

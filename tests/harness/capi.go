@@ -17,34 +17,53 @@ const ClusterAPIVersion = "v1.11.3"
 // CRDs the shipped manifests use: MachineHealthCheck, MachineDeployment and
 // KubeadmControlPlane.
 func ClusterAPICRDs() ([]string, error) {
-	dir, err := os.MkdirTemp("", "capi-download-")
+	return moduleFiles("sigs.k8s.io/cluster-api@"+ClusterAPIVersion,
+		"config/crd/bases/cluster.x-k8s.io_machinehealthchecks.yaml",
+		"config/crd/bases/cluster.x-k8s.io_machinedeployments.yaml",
+		"controlplane/kubeadm/config/crd/bases/controlplane.cluster.x-k8s.io_kubeadmcontrolplanes.yaml")
+}
+
+// PrometheusOperatorVersion is the Prometheus Operator release whose CRDs
+// validate the shipped PrometheusRule and ScrapeConfig.
+const PrometheusOperatorVersion = "v0.85.0"
+
+// PrometheusOperatorCRDs returns the paths of the Prometheus Operator's
+// PrometheusRule and ScrapeConfig CRDs, from its module on the proxy.
+func PrometheusOperatorCRDs() ([]string, error) {
+	return moduleFiles("github.com/prometheus-operator/prometheus-operator@"+PrometheusOperatorVersion,
+		"example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+		"example/prometheus-operator-crd/monitoring.coreos.com_scrapeconfigs.yaml")
+}
+
+// moduleFiles downloads module@version into the module cache (once per
+// machine) and returns the paths of the named files in it.
+func moduleFiles(modVersion string, files ...string) ([]string, error) {
+	dir, err := os.MkdirTemp("", "module-download-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	cmd := exec.Command("go", "mod", "download", "-json", "sigs.k8s.io/cluster-api@"+ClusterAPIVersion)
+	cmd := exec.Command("go", "mod", "download", "-json", modVersion)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go mod download sigs.k8s.io/cluster-api@%s: %v\n%s", ClusterAPIVersion, err, out)
+		return nil, fmt.Errorf("go mod download %s: %v\n%s", modVersion, err, out)
 	}
 	var mod struct{ Dir, Error string }
 	if err := json.Unmarshal(out, &mod); err != nil {
 		return nil, err
 	}
 	if mod.Error != "" || mod.Dir == "" {
-		return nil, fmt.Errorf("go mod download sigs.k8s.io/cluster-api@%s: %s", ClusterAPIVersion, mod.Error)
+		return nil, fmt.Errorf("go mod download %s: %s", modVersion, mod.Error)
 	}
-	paths := []string{
-		filepath.Join(mod.Dir, "config/crd/bases/cluster.x-k8s.io_machinehealthchecks.yaml"),
-		filepath.Join(mod.Dir, "config/crd/bases/cluster.x-k8s.io_machinedeployments.yaml"),
-		filepath.Join(mod.Dir, "controlplane/kubeadm/config/crd/bases/controlplane.cluster.x-k8s.io_kubeadmcontrolplanes.yaml"),
-	}
-	for _, p := range paths {
+	var paths []string
+	for _, f := range files {
+		p := filepath.Join(mod.Dir, f)
 		if _, err := os.Stat(p); err != nil {
 			return nil, err
 		}
+		paths = append(paths, p)
 	}
 	return paths, nil
 }
