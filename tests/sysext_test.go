@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -78,60 +76,60 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 		}
 	}
 
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), map[string]string{}, harness.Options{KeepSyslog: true, SharedMounts: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	defer func() {
-		if t.Failed() {
-			t.Logf("journal:\n%s", lastBytes(s.Journal("systemd-sysext.service", "autopilot-health.service"), 10000))
-			t.Logf("console:\n%s", s.Console(4000))
-			mi, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", s.PID))
-			t.Logf("PID 1's mounts:\n%s", mi)
-		}
-	}()
-	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatal(err)
-	}
-	// The namespace's /dev is a tmpfs: the loop devices systemd-sysext
-	// attaches the image to are made there.
-	if err := unix.Mknod(s.Root("/dev/loop-control"), unix.S_IFCHR|0o600, int(unix.Mkdev(10, 237))); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 64 {
-		if err := unix.Mknod(s.Root(fmt.Sprintf("/dev/loop%d", i)), unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(i)))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := os.Stat(s.Root("/usr/bin/autopilot-health")); err == nil {
-		t.Fatal("/usr/bin/autopilot-health exists before the merge")
-	}
-	ext := s.Root("/var/lib/extensions/autopilot-health.raw")
-	if err := os.MkdirAll(filepath.Dir(ext), 0o755); err != nil {
+	// The node OS image: the extension in /usr/lib/extensions (laid over
+	// the host's /usr), systemd-sysext.service and the shipped
+	// sysext-daemon-reload.service enabled (wanted by the default target),
+	// and multi-user.target reached at boot. Nothing starts the daemon
+	// but what the image ships.
+	usr := filepath.Join(dir, "usr")
+	if err := os.MkdirAll(filepath.Join(usr, "lib", "extensions"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := os.ReadFile(img)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(ext, raw, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(usr, "lib", "extensions", "autopilot-health.raw"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reloadUnit, err := harness.RepoFile("packaging/sysext/sysext-daemon-reload.service")
+	if err != nil {
 		t.Fatal(err)
 	}
 	port := freeTCPPort(t)
-	cfg := s.Root("/etc/autopilot-health/config.toml")
-	os.MkdirAll(filepath.Dir(cfg), 0o755)
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "role = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n", port), 0o644); err != nil {
+	units := map[string]string{
+		"sysext-daemon-reload.service": string(reloadUnit),
+		"test.target.d/10-boot.conf":   "[Unit]\nWants=systemd-sysext.service sysext-daemon-reload.service multi-user.target\n",
+		// Masked (empty): a getty on the console would take the terminal
+		// the namespace runs on.
+		"getty.target":          "",
+		"console-getty.service": "",
+		// The test's configuration (a loopback metrics port) by a drop-in:
+		// the namespace's /etc is made at its start.
+		"autopilot-health.service.d/10-test.conf": "[Service]\nExecStart=\nExecStart=/usr/bin/autopilot-health run --config /etc/systemd/system/autopilot-health.test.toml\n",
+		"autopilot-health.test.toml":              fmt.Sprintf("role = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n", port),
+	}
+	// The namespace's /dev is a tmpfs: LoopDevices makes the loop device
+	// nodes systemd-sysext attaches the image to.
+	start := time.Now()
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{KeepSyslog: true, SharedMounts: true, Usr: usr, LoopDevices: true})
+	if err != nil {
 		t.Fatal(err)
 	}
-
-	// What the OS does at boot: systemd-sysext.service merges; systemd 252
-	// does not reload units after a merge, so the image's unit appears only
-	// after a daemon reload.
-	if err := s.StartUnit(ctx, "systemd-sysext.service"); err != nil {
-		t.Fatalf("systemd-sysext.service: %v", err)
-	}
+	defer s.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal:\n%s", lastBytes(s.Journal("systemd-sysext.service", "sysext-daemon-reload.service", "autopilot-health.service"), 10000))
+			t.Logf("console:\n%s", s.Console(6000))
+		}
+	}()
+	ctx := context.Background()
+	// No StartUnit: the boot alone brings the daemon up.
+	eventually(t, 60*time.Second, "autopilot-health.service active after boot", func() (bool, string) {
+		u, err := s.Bus.Unit(ctx, "autopilot-health.service")
+		return err == nil && active(u), fmt.Sprintf("%+v %v", u, err)
+	})
+	t.Logf("autopilot-health.service from the sysext image active %s after systemd started", time.Since(start).Round(time.Millisecond))
 	rel, err := os.ReadFile(s.Root("/usr/lib/extension-release.d/extension-release.autopilot-health"))
 	if err != nil || !bytes.Contains(rel, []byte("ID=_any")) {
 		t.Fatalf("after the merge, the extension-release file: %q %v", rel, err)
@@ -140,15 +138,6 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 	if err != nil || sha256.Sum256(merged) != fileSHA(t, bin) {
 		t.Fatalf("after the merge, /usr/bin/autopilot-health is not the built binary (%v)", err)
 	}
-	if err := s.Reload(ctx); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
-		t.Fatalf("starting autopilot-health.service from the image: %v", err)
-	}
-	waitUnit(t, s, "autopilot-health.service", "active", active)
-	t.Logf("autopilot-health.service from the sysext image active %s after StartUnit", time.Since(start).Round(time.Millisecond))
 	up, err := s.Properties(ctx, "autopilot-health.service", "Unit")
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,13 @@
 #   /usr/lib/systemd/system-preset/80-autopilot-health.preset   (enabled by default)
 #   /usr/share/autopilot-health/config.toml   (the defaults, every key commented out;
 #                                              copy to /etc/autopilot-health/ to change one)
+#   /usr/lib/systemd/system/multi-user.target.d/10-autopilot-health.conf
+#       (Upholds=autopilot-health.service: started once multi-user.target is
+#       active and the units are reloaded after the merge; a sysext cannot
+#       enable a unit through /etc)
 #   /usr/lib/extension-release.d/extension-release.autopilot-health   (ID=_any)
+# The base image must merge and then reload: sysext-daemon-reload.service
+# beside this script (systemd 252 does not reload after a merge).
 # A squashfs image, reproducible: every file owned by root, every time
 # SOURCE_DATE_EPOCH (default: the commit's time).
 # Usage: packaging/sysext/build.sh BINARY OUTDIR [VERSION]   -> OUTDIR/autopilot-health.raw
@@ -22,16 +28,28 @@ fi
 # mksquashfs reads SOURCE_DATE_EPOCH itself: the image's time and every file's.
 : "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || echo 0)}"
 export SOURCE_DATE_EPOCH
-# ARCHITECTURE= in systemd's names (ConditionArchitecture=) for the binary's GOARCH.
-case "${GOARCH:-$(go env GOARCH 2>/dev/null || echo amd64)}" in
+# ARCHITECTURE= in systemd's names (ConditionArchitecture=) for the binary's
+# own GOARCH (as go version -m reads it from the binary).
+goarch=$(go version -m "$bin" 2>/dev/null | awk '$2 ~ /^GOARCH=/ {sub(/^GOARCH=/, "", $2); print $2}')
+case "${goarch:-${GOARCH:-amd64}}" in
 arm64) arch=arm64 ;;
 amd64) arch=x86-64 ;;
-*) echo "sysext: unsupported GOARCH ${GOARCH:-}" >&2; exit 1 ;;
+*) echo "sysext: unsupported GOARCH ${goarch:-${GOARCH:-}}" >&2; exit 1 ;;
 esac
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
 install -D -m 0644 "$top/units/autopilot-health.service" "$root/usr/lib/systemd/system/autopilot-health.service"
 install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<"enable autopilot-health.service"
+install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system/multi-user.target.d/10-autopilot-health.conf" <<'EOU'
+# Shipped in the autopilot-health system extension: the daemon runs whenever
+# the system is up. A wants link in /etc cannot come with an extension, and one
+# under /usr is read only when multi-user.target starts, before the merge.
+# Upholds= starts it as soon as systemd knows the unit (after the reload that
+# follows the merge) and again if it is stopped; to stop it for maintenance:
+#   systemctl mask --runtime --now autopilot-health.service
+[Unit]
+Upholds=autopilot-health.service
+EOU
 mkdir -p "$root/usr/share/autopilot-health"
 {
 	echo "# autopilot-health configuration: the defaults the daemon runs with, every key"
@@ -48,6 +66,7 @@ ID=_any
 ARCHITECTURE=$arch
 NAME="autopilot-health"
 VERSION_ID=$ver
+EXTENSION_RELOAD_MANAGER=1
 EOR
 find "$root" -type d -exec chmod 0755 {} +
 mkdir -p "$out"

@@ -15,6 +15,8 @@
 #                     filesystems finds it before any other mount of its device
 #   NS_USR=DIR        DIR is laid over the host's /usr (read-only overlay), so
 #                     DIR/bin/x is /usr/bin/x inside
+#   NS_LOOP=1         /dev/loop-control and /dev/loop0..63 exist inside (a disk
+#                     image can be attached: systemd-sysext)
 #   NS_SHARED=1       every mount inside is shared, as on a booted host (systemd
 #                     makes / shared at boot, but not in a container): a mount
 #                     made in a unit's own mount namespace (systemd-sysext's
@@ -23,8 +25,8 @@
 set -euo pipefail
 D=${NS_DIR:?}; UNITS=${NS_UNITS:?}; CG=${NS_CGROUP:?}
 R=$D/rootfs; LOGS=$D/logs
-NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}; NS_SHARED=${NS_SHARED:-}
-export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR NS_SHARED
+NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}; NS_SHARED=${NS_SHARED:-}; NS_LOOP=${NS_LOOP:-}
+export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR NS_SHARED NS_LOOP
 
 case "${1:-}" in
 start)
@@ -67,6 +69,10 @@ stage2)
     mknod -m 666 $R/dev/null c 1 3; mknod -m 666 $R/dev/zero c 1 5; mknod -m 666 $R/dev/full c 1 7
     mknod -m 666 $R/dev/random c 1 8; mknod -m 666 $R/dev/urandom c 1 9; mknod -m 666 $R/dev/tty c 5 0
     mknod -m 644 $R/dev/kmsg c 1 11
+    if [ "$NS_LOOP" = 1 ]; then
+        mknod -m 600 $R/dev/loop-control c 10 237
+        for i in $(seq 0 63); do mknod -m 600 $R/dev/loop$i b 7 $i; done
+    fi
     mkdir -p $R/dev/pts $R/dev/shm
     mount -t devpts -o newinstance,ptmxmode=0666,mode=620,gid=5 devpts $R/dev/pts
     ln -s pts/ptmx $R/dev/ptmx

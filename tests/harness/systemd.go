@@ -87,6 +87,9 @@ type Options struct {
 	// a mount a unit makes in its own mount namespace (systemd-sysext's
 	// merge) propagates to PID 1's.
 	SharedMounts bool
+	// LoopDevices makes /dev/loop-control and /dev/loop0..63 inside (the
+	// namespace's /dev is a tmpfs), so a disk image can be attached.
+	LoopDevices bool
 }
 
 // StartSystemd starts a systemd with the given units (file name -> content)
@@ -127,6 +130,9 @@ func StartSystemdWith(dir string, units map[string]string, o Options) (*Systemd,
 	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg, "NS_DATA="+o.Data, "NS_USR="+o.Usr)
 	if o.SharedMounts {
 		s.cmd.Env = append(s.cmd.Env, "NS_SHARED=1")
+	}
+	if o.LoopDevices {
+		s.cmd.Env = append(s.cmd.Env, "NS_LOOP=1")
 	}
 	if o.KeepSyslog {
 		s.cmd.Env = append(s.cmd.Env, "NS_KEEP_SYSLOG=1")
