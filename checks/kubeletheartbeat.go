@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -47,9 +46,7 @@ type kubeletHeartbeatCheck struct {
 	window     time.Duration
 	maxEntries int
 
-	load sync.Once
-	mu   sync.Mutex
-	st   kubeletHeartbeatState
+	st bootValue[kubeletHeartbeatState]
 }
 
 // kubeletHeartbeatState is the saved form of what the check knows.
@@ -68,53 +65,17 @@ type kubeletHeartbeatState struct {
 
 func newKubeletHeartbeatCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.KubeletHeartbeatFailed
-	k := &kubeletHeartbeatCheck{env: env, unit: c.Unit, journalctl: c.Journalctl, window: c.Interval.Duration, maxEntries: c.MaxEntries}
+	k := &kubeletHeartbeatCheck{env: env, unit: c.Unit, journalctl: c.Journalctl, window: c.Interval.Duration, maxEntries: c.MaxEntries,
+		st: bootValue[kubeletHeartbeatState]{key: KubeletHeartbeatKey}}
 	for _, m := range c.Match {
 		k.match = append(k.match, []byte(m))
 	}
 	return k, nil
 }
 
-// restore reads what was saved in this boot, once, and from then on keeps
-// it in the state file. It runs without c.mu held: Memo takes the store's
-// lock, and the store calls snapshot (c.mu) with its lock held.
-func (c *kubeletHeartbeatCheck) restore() {
-	c.load.Do(func() {
-		m := c.env.Memos
-		if m == nil {
-			return
-		}
-		var saved kubeletHeartbeatState
-		if m.Memo(KubeletHeartbeatKey, &saved) {
-			c.mu.Lock()
-			c.st = saved
-			c.mu.Unlock()
-		}
-		m.Keep(KubeletHeartbeatKey, c.snapshot)
-	})
-}
+func (c *kubeletHeartbeatCheck) state() kubeletHeartbeatState { return c.st.get() }
 
-func (c *kubeletHeartbeatCheck) snapshot() any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.st
-}
-
-func (c *kubeletHeartbeatCheck) state() kubeletHeartbeatState {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.st
-}
-
-func (c *kubeletHeartbeatCheck) setState(st kubeletHeartbeatState) {
-	c.mu.Lock()
-	changed := st != c.st
-	c.st = st
-	c.mu.Unlock()
-	if changed && c.env.Memos != nil {
-		c.env.Memos.Touch()
-	}
-}
+func (c *kubeletHeartbeatCheck) setState(st kubeletHeartbeatState) { c.st.set(c.env.Memos, st) }
 
 // matches says whether one of the entry's MESSAGE values contains every
 // configured string.
@@ -135,7 +96,7 @@ func (c *kubeletHeartbeatCheck) matches(e journalEntry) ([]byte, bool) {
 }
 
 func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
-	c.restore()
+	c.st.restore(c.env.Memos)
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -35,9 +34,7 @@ type nodeInfoCheck struct {
 	path   string
 	maxAge time.Duration
 
-	load sync.Once
-	mu   sync.Mutex
-	seen bool
+	seen bootValue[nodeInfoSeen]
 }
 
 // nodeInfoSeen is the saved form of what the check knows.
@@ -47,53 +44,17 @@ type nodeInfoSeen struct {
 
 func newNodeInfoCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.NodeInfoStale
-	return &nodeInfoCheck{env: env, path: c.Path, maxAge: c.MaxAge.Duration}, nil
-}
-
-// restore reads what was saved in this boot, once, and from then on keeps
-// it in the state file. It runs without c.mu held: Memo takes the store's
-// lock, and the store calls snapshot (c.mu) with its lock held.
-func (c *nodeInfoCheck) restore() {
-	c.load.Do(func() {
-		m := c.env.Memos
-		if m == nil {
-			return
-		}
-		var saved nodeInfoSeen
-		if m.Memo(NodeInfoKey, &saved) && saved.Seen {
-			c.mu.Lock()
-			c.seen = true
-			c.mu.Unlock()
-		}
-		m.Keep(NodeInfoKey, c.snapshot)
-	})
-}
-
-func (c *nodeInfoCheck) snapshot() any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return nodeInfoSeen{Seen: c.seen}
+	return &nodeInfoCheck{env: env, path: c.Path, maxAge: c.MaxAge.Duration,
+		seen: bootValue[nodeInfoSeen]{key: NodeInfoKey}}, nil
 }
 
 // markSeen records that the file exists in this boot.
-func (c *nodeInfoCheck) markSeen() {
-	c.mu.Lock()
-	changed := !c.seen
-	c.seen = true
-	c.mu.Unlock()
-	if changed && c.env.Memos != nil {
-		c.env.Memos.Touch()
-	}
-}
+func (c *nodeInfoCheck) markSeen() { c.seen.set(c.env.Memos, nodeInfoSeen{Seen: true}) }
 
-func (c *nodeInfoCheck) wasSeen() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.seen
-}
+func (c *nodeInfoCheck) wasSeen() bool { return c.seen.get().Seen }
 
 func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
-	c.restore()
+	c.seen.restore(c.env.Memos)
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}

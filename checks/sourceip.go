@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -72,9 +71,7 @@ type sourceIPCheck struct {
 
 	busy      chan struct{} // held by the probe in progress (a timed-out one may still run)
 	loggedErr string        // the malformed-line error logged last (under busy)
-	load      sync.Once
-	mu        sync.Mutex
-	cur       auditCursor
+	cur       bootValue[auditCursor]
 }
 
 // auditCursor is where the check left off: the file (device and inode) and
@@ -119,7 +116,8 @@ func (c auditCursor) valid() bool { return c.Ino != 0 }
 func newSourceIPCheck(env *Env) (Check, error) {
 	k := env.Config.Checks.APIServerSourceIPUnavailable
 	c := &sourceIPCheck{env: env, path: k.AuditLog, excluded: slices.Clone(k.ExcludedUserPrefixes),
-		maxRead: k.MaxReadBytes, interval: k.Interval.Duration, busy: make(chan struct{}, 1)}
+		maxRead: k.MaxReadBytes, interval: k.Interval.Duration, busy: make(chan struct{}, 1),
+		cur: bootValue[auditCursor]{key: AuditCursorKey, valid: func(c auditCursor) bool { return c.valid() && c.Offset >= 0 }}}
 	for _, a := range k.ProxyAddresses {
 		p, err := config.ParseAddressOrPrefix(a)
 		if err != nil {
@@ -133,44 +131,9 @@ func newSourceIPCheck(env *Env) (Check, error) {
 	return c, nil
 }
 
-// restore reads the position saved in this boot, once, and from then on
-// keeps it in the state file. It runs without c.mu held (see nodeinfo.go).
-func (c *sourceIPCheck) restore() {
-	c.load.Do(func() {
-		m := c.env.Memos
-		if m == nil {
-			return
-		}
-		var saved auditCursor
-		if m.Memo(AuditCursorKey, &saved) && saved.valid() && saved.Offset >= 0 {
-			c.mu.Lock()
-			c.cur = saved
-			c.mu.Unlock()
-		}
-		m.Keep(AuditCursorKey, c.snapshot)
-	})
-}
+func (c *sourceIPCheck) cursor() auditCursor { return c.cur.get() }
 
-func (c *sourceIPCheck) snapshot() any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cur
-}
-
-func (c *sourceIPCheck) cursor() auditCursor {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cur
-}
-
-func (c *sourceIPCheck) setCursor(cur auditCursor) {
-	c.mu.Lock()
-	c.cur = cur
-	c.mu.Unlock()
-	if c.env.Memos != nil {
-		c.env.Memos.Touch()
-	}
-}
+func (c *sourceIPCheck) setCursor(cur auditCursor) { c.cur.set(c.env.Memos, cur) }
 
 // auditRecord is what the check needs of one audit event.
 type auditRecord struct {
@@ -378,7 +341,7 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 	case <-ctx.Done():
 		return Result{}, fmt.Errorf("an earlier probe is still reading the audit log: %w", ctx.Err())
 	}
-	c.restore()
+	c.cur.restore(c.env.Memos)
 	now := c.env.Now()
 	path := c.env.Path(c.path)
 	f, err := os.Open(path)
