@@ -104,7 +104,8 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	now := c.env.Now()
-	st := c.state()
+	prev := c.state()
+	st := prev
 	q := c.query(&st, now)
 	found := 0
 	read, err := readJournal(ctx, q, func(e journalEntry) {
@@ -140,14 +141,35 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 		note = fmt.Sprintf("; skipped %d lines of journalctl output that are not journal entries (first: %s)", read.Skipped, read.FirstBad)
 	}
 	window := config.ShortDuration(c.window)
-	if !st.Last.IsZero() && now.Sub(st.Last) <= c.window {
+	// True while the last give-up is within the window, and also when this
+	// run is the first to read one that was within the window of the last
+	// successful read: runs are an interval apart plus their own time (more
+	// after a failed run or a restart), and a give-up logged just after one
+	// run must not be first read by the next one as already too old. A time
+	// in the future (the clock stepped back) counts for a minute at most.
+	age := now.Sub(st.Last)
+	recent := !st.Last.IsZero() && age >= -time.Minute && age <= c.window
+	firstRead := found > 0 && !prev.ReadTo.IsZero() && st.Last.After(prev.ReadTo.Add(-c.window))
+	switch {
+	case recent:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeStatusUpdateGaveUp,
 			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (%s ago, within the last %s; %d such entries since the last run): %s%s",
-				c.unit, st.Last.Format(time.RFC3339), now.Sub(st.Last).Round(time.Second), window, found, st.LastMessage, note)}, nil
+				c.unit, st.Last.Format(time.RFC3339), age.Round(time.Second), window, found, st.LastMessage, note)}, nil
+	case firstRead:
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeStatusUpdateGaveUp,
+			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (%s ago, first read in this run, within %s of the last read at %s; %d such entries): %s%s",
+				c.unit, st.Last.Format(time.RFC3339), age.Round(time.Second), window, prev.ReadTo.Format(time.RFC3339), found, st.LastMessage, note)}, nil
 	}
 	if read.Truncated {
 		return Result{}, fmt.Errorf("%s logged more than max_entries (%d) entries since the last run: read the first ones, the rest on the next run%s",
 			c.unit, c.maxEntries, note)
+	}
+	if st.Cursor == "" && read.Entries == 0 {
+		// Not one entry of the unit since reading began: a wrong unit name
+		// or a kubelet that does not log to the journal would otherwise be
+		// a clean window forever.
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
+			Message: fmt.Sprintf("no journal entries of %s since %s: is that kubelet's unit, and does it log to the journal?%s", c.unit, st.Since.Format(time.RFC3339), note)}, nil
 	}
 	last := "none since " + st.Since.Format(time.RFC3339)
 	if !st.Last.IsZero() {

@@ -243,11 +243,13 @@ func TestKubeletHeartbeatBadCursor(t *testing.T) {
 	probeHeartbeatErr(t, c, "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --root="+root+
 		" --after-cursor="+cur+": exit status 1: Failed to seek to cursor: Invalid argument")
 
-	// Twenty minutes later: from the last good read, not only the last window.
+	// Twenty minutes later: from the last good read, not only the last
+	// window; the give-up first read now was within the window of the last
+	// good read, which did not report it: True now, not lost.
 	now = hbLast.Add(20 * time.Minute)
 	fj.serve(t, 3, []int{6})
-	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (1 entries read); the last one at 2026-12-02T19:07:17Z (20m10s ago)`)
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (20m10s ago, first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 	wantArgs(t, fj.args(t, 3), root, fmt.Sprintf("--since=@%d", read1.Unix()))
 }
 
@@ -325,9 +327,11 @@ func TestKubeletHeartbeatStateSurvivesRestartWithinBoot(t *testing.T) {
 	env3 := heartbeatEnv(t, root, fj, &now)
 	env3.Memos = s3
 	c3, _ := newKubeletHeartbeatCheck(env3)
+	// Not one entry of the unit in the new boot yet: no data, not a clean
+	// window (a wrong unit name would otherwise look healthy forever).
 	fj.serve(t, 3, nil)
-	probeHeartbeat(t, c3, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); none since 2026-12-02T19:12:27Z`)
+	probeHeartbeat(t, c3, report.StatusUnknown, report.ReasonNoData,
+		`no journal entries of kubelet.service since 2026-12-02T19:12:27Z: is that kubelet's unit, and does it log to the journal?`)
 	wantArgs(t, fj.args(t, 3), root, fmt.Sprintf("--since=@%d", now.Add(-5*time.Minute).Unix()))
 }
 
@@ -390,4 +394,40 @@ func TestKubeletHeartbeatSurvivesReplan(t *testing.T) {
 	probeHeartbeat(t, c2, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
 		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (6m0s ago)`)
 	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
+}
+
+// A give-up logged just after a run, first read by the next run more than a
+// window later (runs are an interval apart plus their own time), is True:
+// not lost. An old one first read long after is not.
+func TestKubeletHeartbeatGiveUpBetweenRunsIsNotLost(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(-time.Millisecond) // just before entry 10, the give-up
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2})
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (2 entries read); none since 2026-12-02T19:02:27Z`)
+	now = hbLast.Add(5*time.Minute + 2*time.Millisecond)
+	fj.serve(t, 2, []int{10})
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (5m0s ago, first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:04.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+	// The next run, nothing new: the give-up is out of the window.
+	now = now.Add(5 * time.Minute)
+	fj.serve(t, 3, nil)
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (10m0s ago)`)
+}
+
+// A give-up stamped in the future (the clock stepped back) is not True for
+// as long as the clock takes to catch up.
+func TestKubeletHeartbeatFutureEntry(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(-time.Hour)
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 10})
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (2 entries read); the last one at 2026-12-02T19:07:27Z (-1h0m0s ago)`)
 }
