@@ -35,6 +35,10 @@ type checkOutput struct {
 	GPU        bool        `json:"gpu"`
 	Summary    string      `json:"summary"`
 	Conditions []checkRow  `json:"conditions"`
+	// Report is the health report the checks of this run collected, one
+	// document per domain (storage, disks, ...), as the daemon writes them
+	// to the Node's annotations.
+	Report map[string]json.RawMessage `json:"report"`
 }
 
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
@@ -98,6 +102,15 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	out.Summary = daemon.Summarize(all)
 	if *asJSON {
+		docs, err := parts.Details.Documents(time.Now(), env.Role)
+		if err != nil {
+			fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
+			return exitError
+		}
+		out.Report = make(map[string]json.RawMessage, len(docs))
+		for k, v := range docs {
+			out.Report[strings.TrimPrefix(k, report.AnnotationPrefix)] = json.RawMessage(v)
+		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(out)

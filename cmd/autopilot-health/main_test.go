@@ -74,6 +74,20 @@ func TestCheckJSONListsAllConditions(t *testing.T) {
 	if d := byType["DiskUsageHigh"]; d.Status != report.StatusFalse || d.Message != "1 filesystem below 100% space and 100% inodes" {
 		t.Errorf("DiskUsageHigh = %+v", d)
 	}
+	// The report documents of the run, one per domain; storage carries the
+	// filesystem DiskUsageHigh measured.
+	if len(res.Report) != len(report.Domains) {
+		t.Errorf("report has %d domains, want %d: %v", len(res.Report), len(report.Domains), res.Report)
+	}
+	var storage struct {
+		SchemaVersion int `json:"schemaVersion"`
+		Filesystems   []struct {
+			MountPoint string `json:"mountPoint"`
+		} `json:"filesystems"`
+	}
+	if err := json.Unmarshal(res.Report["storage"], &storage); err != nil || storage.SchemaVersion != report.SchemaVersion || len(storage.Filesystems) != 1 || storage.Filesystems[0].MountPoint != "/" {
+		t.Errorf("report.storage = %s (%v)", res.Report["storage"], err)
+	}
 	if c := byType["ClockNotSynchronized"]; c.Status == report.StatusUnknown || c.State != "scheduled" {
 		t.Errorf("ClockNotSynchronized = %+v", c)
 	}

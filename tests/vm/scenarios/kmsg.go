@@ -1,0 +1,286 @@
+package scenarios
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const awaitKmsg = 20 * time.Second
+
+// ext4RemountRO: an ext4 mounted errors=remount-ro hits an error
+// (trigger_fs_error): ReadonlyFilesystem True from the kernel's own line.
+// On 6.1 the mount flags still say rw afterwards; writes fail with EROFS.
+func ext4RemountRO(g *Guest) error {
+	if _, err := g.Await("ReadonlyFilesystem", "False", "FilesystemIsNotReadOnly", awaitKmsg); err != nil {
+		return err
+	}
+	dev, mnt, cleanup, err := g.Ext4("ext4err", 16)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := os.WriteFile("/sys/fs/ext4/"+filepath.Base(dev)+"/trigger_fs_error", []byte("1"), 0); err != nil {
+		return fmt.Errorf("trigger_fs_error: %w", err)
+	}
+	c, err := g.Await("ReadonlyFilesystem", "True", "FilesystemIsReadOnly", awaitKmsg)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, fmt.Sprintf("EXT4-fs (%s): Remounting filesystem read-only", filepath.Base(dev))); err != nil {
+		return err
+	}
+	if err := os.WriteFile(mnt+"/after", []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		return fmt.Errorf("a write after the error: %v, want EROFS", err)
+	}
+	return nil
+}
+
+const hungWriterArg = "vmtest-hung-writer"
+
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == hungWriterArg {
+		// Keep main() on the main thread (thread ID = PID): the kernel
+		// reports the blocked thread by its ID and name.
+		runtime.LockOSThread()
+	}
+}
+
+// hungWriter (a child of /init) names itself and writes to a file on a
+// frozen filesystem, where it blocks in D state until the thaw.
+func hungWriter(args []string) {
+	name := append([]byte(args[0]), 0)
+	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0); err != nil {
+		os.Exit(2)
+	}
+	fd, err := unix.Open(args[1], unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		os.Exit(3)
+	}
+	if _, err := unix.Write(fd, []byte("state\n")); err != nil {
+		os.Exit(4)
+	}
+	os.Exit(0)
+}
+
+const (
+	fiFreeze = 0xC0045877 // _IOWR('X', 119, int)
+	fiThaw   = 0xC0045878 // _IOWR('X', 120, int)
+)
+
+// hungTask: processes blocked on an ext4 frozen with FIFREEZE, with
+// hung_task_timeout_secs=1. One named other than a critical task: a
+// TaskHung event, KernelDeadlock stays False; one named kubelet:
+// KernelDeadlock True.
+func hungTask(g *Guest) error {
+	if _, err := g.Await("KernelDeadlock", "False", "KernelHasNoDeadlock", awaitKmsg); err != nil {
+		return err
+	}
+	_, mnt, cleanup, err := g.Ext4("frozen", 16)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	for f, v := range map[string]string{"hung_task_timeout_secs": "1", "hung_task_warnings": "-1"} {
+		if err := os.WriteFile("/proc/sys/kernel/"+f, []byte(v), 0); err != nil {
+			return err
+		}
+	}
+	defer os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("0"), 0)
+	dfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	if err := unix.IoctlSetInt(dfd, fiFreeze, 0); err != nil {
+		return fmt.Errorf("FIFREEZE: %w", err)
+	}
+	var children []*exec.Cmd
+	defer func() {
+		if err := unix.IoctlSetInt(dfd, fiThaw, 0); err != nil {
+			g.Logf("FITHAW: %v", err)
+		}
+		for _, c := range children {
+			_ = c.Wait()
+		}
+	}()
+	start := func(name string) (int, error) {
+		c := exec.Command("/init", hungWriterArg, name, mnt+"/"+name+".state")
+		c.Stdout, c.Stderr = os.Stdout, os.Stderr
+		if err := c.Start(); err != nil {
+			return 0, err
+		}
+		children = append(children, c)
+		return c.Process.Pid, nil
+	}
+	if _, err := start("sidecar"); err != nil {
+		return err
+	}
+	page, err := g.AwaitMetric(1, awaitKmsg, "problem_counter", "reason", "TaskHung")
+	if err != nil {
+		return err
+	}
+	if s := ConditionStatus(page, "KernelDeadlock"); s != "False" {
+		return fmt.Errorf("after a hung task named sidecar (a TaskHung event): KernelDeadlock %s on /metrics, want False", s)
+	}
+	pid, err := start("kubelet")
+	if err != nil {
+		return err
+	}
+	c, err := g.Await("KernelDeadlock", "True", "CriticalTaskHung", awaitKmsg)
+	if err != nil {
+		return err
+	}
+	return MessageHas(c, fmt.Sprintf("INFO: task kubelet:%d blocked for more than 1 seconds.", pid))
+}
+
+// dmVerity: a dm-verity device over loop devices; a data block corrupted
+// under it and read with O_DIRECT fails with EIO, and the kernel's line
+// sets VerityCorruption True.
+func dmVerity(g *Guest) error {
+	if _, err := g.Await("VerityCorruption", "False", "NoVerityCorruption", awaitKmsg); err != nil {
+		return err
+	}
+	v, err := g.Verity("vroot", 1<<20)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	if err := DirectRead(v.Device, 3*4096, 4096); err != nil {
+		return fmt.Errorf("reading an intact block: %w", err)
+	}
+	f, err := os.OpenFile(v.Data, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt([]byte("CORRUPTED!"), 5*4096+100)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := DirectRead(v.Device, 5*4096, 4096); !errors.Is(err, unix.EIO) {
+		return fmt.Errorf("reading the corrupted block: %v, want EIO", err)
+	}
+	c, err := g.Await("VerityCorruption", "True", "VerityBlockCorrupted", awaitKmsg)
+	if err != nil {
+		return err
+	}
+	return MessageHas(c, "device-mapper: verity: ", ": data block 5 is corrupted")
+}
+
+// VerityDevice is a dm-verity device made by veritysetup over two loop
+// devices (data and hash tree).
+type VerityDevice struct {
+	Name, Device, Data, Hash, RootHash string
+	g                                  *Guest
+}
+
+// Verity formats a data image of size bytes (block n filled with byte n)
+// and opens it as /dev/mapper/<name>.
+func (g *Guest) Verity(name string, size int) (*VerityDevice, error) {
+	dir := "/tmp/" + name
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	v := &VerityDevice{Name: name, Device: "/dev/mapper/" + name, Data: dir + "/data.img", Hash: dir + "/hash.img", g: g}
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i / 4096)
+	}
+	if err := os.WriteFile(v.Data, b, 0o644); err != nil {
+		return nil, err
+	}
+	out, err := g.Run("veritysetup", "format", "--data-block-size=4096", "--hash-block-size=4096", v.Data, v.Hash)
+	if err != nil {
+		return nil, err
+	}
+	m := regexp.MustCompile(`Root hash:\s+([0-9a-f]{64})`).FindStringSubmatch(out)
+	if m == nil {
+		return nil, errors.New("veritysetup format printed no root hash")
+	}
+	v.RootHash = m[1]
+	if _, err := g.Run("veritysetup", "open", v.Data, name, v.Hash, v.RootHash); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Close removes the device.
+func (v *VerityDevice) Close() { _, _ = v.g.Run("veritysetup", "close", v.Name) }
+
+// diskIOErrors: scsi_debug's medium-error injection on a SCSI disk (not
+// device-mapper, not loop): 4 failed reads are 4 disk I/O errors and
+// DisksFailure stays False; the 5th within the window makes it True.
+func diskIOErrors(g *Guest) error {
+	if err := Modprobe("sd_mod", ""); err != nil {
+		return err
+	}
+	const bad = 4096 // first sector with a medium error
+	if err := Modprobe("scsi_debug", fmt.Sprintf("dev_size_mb=8 medium_error_start=%d medium_error_count=16", bad)); err != nil {
+		return err
+	}
+	blocks, err := awaitGlob("/sys/bus/pseudo/drivers/scsi_debug/adapter*/host*/target*/*/block/*", 10*time.Second)
+	if err != nil {
+		return err
+	}
+	disk := filepath.Base(blocks[0])
+	dev := "/dev/" + disk
+	if err := AwaitPath(dev, 5*time.Second); err != nil {
+		return err
+	}
+	// opts bit 1 (SDEBUG_OPT_MEDIUM_ERR): reads of the range fail.
+	if err := os.WriteFile("/sys/bus/pseudo/drivers/scsi_debug/opts", []byte("2"), 0); err != nil {
+		return err
+	}
+	read := func(i int) error {
+		// A medium error is BLK_STS_MEDIUM, ENODATA to the reader.
+		if err := DirectRead(dev, int64(bad+i)*512, 512); !errors.Is(err, unix.ENODATA) {
+			return fmt.Errorf("O_DIRECT read of sector %d of %s: %v, want ENODATA (medium error)", bad+i, dev, err)
+		}
+		return nil
+	}
+	for i := 0; i < 4; i++ {
+		if err := read(i); err != nil {
+			return err
+		}
+	}
+	page, err := g.AwaitMetric(4, awaitKmsg, "autopilot_health_kmsg_matches_total", "rule", "BlockIOError")
+	if err != nil {
+		return err
+	}
+	if n, _ := Metric(page, "autopilot_health_kmsg_matches_total", "rule", "BlockIOError"); n != 4 {
+		return fmt.Errorf("4 failed reads: %v disk I/O errors counted, want 4", n)
+	}
+	if s := ConditionStatus(page, "DisksFailure"); s != "False" {
+		return fmt.Errorf("4 disk I/O errors (threshold 5): DisksFailure %s on /metrics, want False", s)
+	}
+	if err := read(4); err != nil {
+		return err
+	}
+	c, err := g.Await("DisksFailure", "True", "DiskIOErrors", awaitKmsg)
+	if err != nil {
+		return err
+	}
+	return MessageHas(c, "the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on "+disk)
+}
+
+func awaitGlob(pattern string, d time.Duration) ([]string, error) {
+	deadline := time.Now().Add(d)
+	for {
+		if m, _ := filepath.Glob(pattern); len(m) > 0 {
+			return m, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("nothing matched %s within %v", pattern, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

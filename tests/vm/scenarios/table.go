@@ -1,0 +1,124 @@
+// Package scenarios is the VM tier's list of scenarios and the guest side
+// that runs them: each scenario makes a fault happen for real on Debian's
+// kernel inside QEMU and asserts what the daemon (autopilot-health run,
+// started by the guest's /init) answers, from its own state file, its
+// /metrics and `check --json`.
+//
+// To add a scenario: write func(g *Guest) error in a file of this package
+// and add a line to All. Scenarios with the same Machine share one boot and
+// run in the order of All; a scenario that needs other emulated hardware
+// gets a Machine of its own (another boot, about 3 s).
+package scenarios
+
+// Machine is the emulated hardware a boot has: one NVMe drive (256 MiB,
+// serial NVMeSerial) whose SMART critical-warning bits QEMU sets from
+// power-on.
+type Machine struct {
+	NVMeCriticalWarning uint8
+}
+
+// NVMeSerial is the serial number QEMU gives the NVMe drive.
+const NVMeSerial = "vmtest0001"
+
+// Scenario is one fault and the daemon's answer to it.
+type Scenario struct {
+	Name    string
+	Machine Machine
+	// Modules are kernel modules the scenario loads itself (g.Modprobe),
+	// beyond BaseModules; the initramfs carries them with their
+	// dependencies.
+	Modules []string
+	Run     func(g *Guest) error
+}
+
+// All scenarios. Within a boot they run in this order, and kernel
+// conditions are held until reboot: a scenario that asserts a condition
+// False comes before the one that sets it (or gets a Machine of its own).
+var All = []Scenario{
+	{Name: "nvme_healthy", Run: nvmeHealthy},
+	{Name: "nvme_temperature", Run: nvmeTemperature},
+	{Name: "ext4_remount_ro", Run: ext4RemountRO},
+	{Name: "hung_task", Run: hungTask},
+	{Name: "dm_verity", Run: dmVerity},
+	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
+	{Name: "nvme_critical_warning", Machine: Machine{NVMeCriticalWarning: 0x05}, Run: nvmeCriticalWarning},
+}
+
+// BaseModules are loaded at boot, before the daemon starts (it reads the
+// NVMe drive from its first run).
+var BaseModules = []string{"nvme", "loop", "ext4", "crc32c_generic", "crc32c-intel", "dm-mod", "dm-verity", "dm-thin-pool"}
+
+// Tools are the host programs the guest runs (with their libraries).
+var Tools = []string{"/usr/sbin/veritysetup", "/usr/sbin/dmsetup", "/usr/sbin/lvm", "/usr/sbin/mke2fs"}
+
+// DaemonPath, ConfigPath and StateFile are where the guest has the daemon.
+const (
+	DaemonPath = "/usr/bin/autopilot-health"
+	ConfigPath = "/etc/autopilot-health/config.toml"
+	StateDir   = "/var/lib/autopilot-health"
+	StateFile  = StateDir + "/state.json"
+	DaemonLog  = "/run/autopilot-health.log"
+	MetricsURL = "http://127.0.0.1:20257/metrics"
+)
+
+// DaemonConfig is the daemon's configuration in the guest: standalone (no
+// kubeconfig), the checks that need systemd, kubelet or a network off, and
+// the disk checks every second so a scenario does not wait minutes.
+const DaemonConfig = `node_name = "vmtest"
+role = "worker"
+gpu = "false"
+state_dir = "` + StateDir + `"
+
+[log]
+format = "text"
+level = "debug"
+
+[metrics]
+listen_address = "127.0.0.1:20257"
+
+[kubernetes]
+kubeconfig = ""
+
+[runner]
+first_run_spread = "0s"
+
+[checks.KubeletUnhealthy]
+enabled = false
+[checks.ContainerRuntimeUnhealthy]
+enabled = false
+[checks.ServiceNotRecovering]
+enabled = false
+[checks.KubeletHeartbeatFailed]
+enabled = false
+[checks.NodeServiceDown]
+enabled = false
+[checks.NodeInfoStale]
+enabled = false
+[checks.CertRenewalFailing]
+enabled = false
+[checks.ProxyNotServing]
+enabled = false
+[checks.CNIUnhealthy]
+enabled = false
+[checks.TunnelDisconnected]
+enabled = false
+[checks.GpuActivationFailed]
+enabled = false
+[checks.APIServerSourceIPUnavailable]
+enabled = false
+[checks.ClockNotSynchronized]
+enabled = false
+
+[checks.DisksFailure]
+interval = "1s"
+timeout = "1s"
+[checks.DiskWearHigh]
+interval = "1s"
+timeout = "1s"
+[checks.DiskTemperatureHigh]
+interval = "1s"
+timeout = "1s"
+[checks.DiskUsageHigh]
+interval = "2s"
+timeout = "2s"
+`

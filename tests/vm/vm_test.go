@@ -1,0 +1,182 @@
+//go:build integration
+
+// Package vm is the VM tier: the daemon on Debian's own kernel under QEMU
+// (tests/vm/README.md).
+package vm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/tests/vm/scenarios"
+	"github.com/syself/autopilot-health/tests/vm/vmhost"
+)
+
+func repoRoot() string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(f), "..", ".."))
+}
+
+// TestVM boots Debian's kernel with the daemon inside, once per Machine of
+// the scenarios, and turns each scenario's result into a subtest.
+// VMTEST_RUN=a,b runs only those scenarios; VMTEST_ECHO=1 copies the
+// consoles to stderr as they arrive.
+func TestVM(t *testing.T) {
+	for _, tool := range []struct{ bin, pkg string }{
+		{"qemu-system-x86_64", "qemu-system-x86"},
+		{"busybox", "busybox-static"},
+		{"ldd", "libc-bin"},
+	} {
+		if _, err := exec.LookPath(tool.bin); err != nil {
+			testenv.Skip(t, fmt.Sprintf("VM tier: %s not found (Debian package %s)", tool.bin, tool.pkg))
+		}
+	}
+	for _, tool := range scenarios.Tools {
+		if _, err := os.Stat(tool); err != nil {
+			testenv.Skip(t, fmt.Sprintf("VM tier: %s not found (Debian packages cryptsetup-bin, lvm2, dmsetup, e2fsprogs)", tool))
+		}
+	}
+	start := time.Now()
+	kernel, err := vmhost.FetchKernel(filepath.Join(repoRoot(), "tests", ".cache", "vm"))
+	var missing *vmhost.Missing
+	if errors.As(err, &missing) {
+		testenv.Skip(t, "VM tier: "+missing.What)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kernel %s (%s) ready in %v", kernel.Version, filepath.Base(kernel.Image), time.Since(start).Round(time.Millisecond))
+
+	selected := scenarios.All
+	if only := os.Getenv("VMTEST_RUN"); only != "" {
+		names := strings.Split(only, ",")
+		selected = slices.DeleteFunc(slices.Clone(selected), func(s scenarios.Scenario) bool { return !slices.Contains(names, s.Name) })
+		if len(selected) == 0 {
+			t.Fatalf("VMTEST_RUN=%s names no scenario", only)
+		}
+	}
+
+	work := t.TempDir()
+	t0 := time.Now()
+	initrd, err := buildInitramfs(work, kernel, selected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("daemon, /init and initramfs built in %v", time.Since(t0).Round(time.Millisecond))
+
+	// One boot per Machine, in the order the scenarios first name it.
+	var machines []scenarios.Machine
+	groups := map[scenarios.Machine][]scenarios.Scenario{}
+	for _, s := range selected {
+		if _, ok := groups[s.Machine]; !ok {
+			machines = append(machines, s.Machine)
+		}
+		groups[s.Machine] = append(groups[s.Machine], s)
+	}
+	for i, m := range machines {
+		t.Run(fmt.Sprintf("boot%d_cw%#02x", i, m.NVMeCriticalWarning), func(t *testing.T) {
+			bootAndAssert(t, work, i, kernel, initrd, m, groups[m])
+		})
+	}
+}
+
+func buildInitramfs(work string, kernel *vmhost.Kernel, selected []scenarios.Scenario) (string, error) {
+	initBin, daemon := filepath.Join(work, "init"), filepath.Join(work, "autopilot-health")
+	var wg sync.WaitGroup
+	var initErr, daemonErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		initErr = vmhost.BuildStatic(repoRoot(), "./tests/vm/guest", initBin, "")
+	}()
+	go func() {
+		defer wg.Done()
+		daemonErr = vmhost.BuildStatic(repoRoot(), "./cmd/autopilot-health", daemon, "-X main.version=vmtest")
+	}()
+	wg.Wait()
+	if err := errors.Join(initErr, daemonErr); err != nil {
+		return "", err
+	}
+	// The guest's configuration must load: a bad one would fail every
+	// scenario with a less clear message.
+	cfg := filepath.Join(work, "config.toml")
+	if err := os.WriteFile(cfg, []byte(scenarios.DaemonConfig), 0o644); err != nil {
+		return "", err
+	}
+	if out, err := exec.Command(daemon, "config", "validate", cfg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("the guest's daemon configuration: %v\n%s", err, out)
+	}
+	modules := slices.Clone(scenarios.BaseModules)
+	for _, s := range selected {
+		modules = append(modules, s.Modules...)
+	}
+	busybox, _ := exec.LookPath("busybox")
+	initrd := filepath.Join(work, "initrd.cpio")
+	err := vmhost.Build(vmhost.Spec{
+		Kernel:  kernel,
+		Init:    initBin,
+		Files:   map[string]string{scenarios.DaemonPath: daemon},
+		Modules: modules,
+		Tools:   scenarios.Tools,
+		Busybox: busybox,
+		Config:  map[string]string{"/etc/lvm/lvm.conf": scenarios.LVMConf},
+	}, initrd)
+	return initrd, err
+}
+
+func bootAndAssert(t *testing.T, work string, i int, kernel *vmhost.Kernel, initrd string, m scenarios.Machine, group []scenarios.Scenario) {
+	img := filepath.Join(work, fmt.Sprintf("nvme%d.img", i))
+	if err := vmhost.SparseImage(img, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range group {
+		names = append(names, s.Name)
+	}
+	b := vmhost.Boot{
+		Kernel:  kernel,
+		Initrd:  initrd,
+		NVMe:    []vmhost.NVMeDrive{{Image: img, Serial: scenarios.NVMeSerial, CriticalWarning: m.NVMeCriticalWarning}},
+		Append:  "vmtest.run=" + strings.Join(names, ","),
+		Timeout: 3 * time.Minute,
+	}
+	if os.Getenv("VMTEST_ECHO") != "" {
+		b.Echo = os.Stderr
+	}
+	r := b.Run()
+	t.Logf("boot with %s: %v", strings.Join(names, ", "), r.Elapsed.Round(time.Millisecond))
+	failed := false
+	for _, s := range group {
+		t.Run(s.Name, func(t *testing.T) {
+			res, ok := r.Results[s.Name]
+			switch {
+			case !ok:
+				failed = true
+				t.Errorf("the guest reported no result (qemu: %v)", r.Err)
+			case !res.Pass:
+				failed = true
+				t.Errorf("%s\nkernel records while it ran:\n%s", res.Detail, r.Prefixed(scenarios.KmsgPrefix+s.Name+"| "))
+			default:
+				t.Logf("passed in %v", res.Duration)
+			}
+		})
+	}
+	if !r.Done || r.Err != nil {
+		failed = true
+		t.Errorf("the guest did not finish cleanly (done %v, qemu: %v)", r.Done, r.Err)
+	}
+	if failed {
+		t.Logf("console (last 80 lines):\n%s", r.Tail(80, scenarios.DaemonPrefix, scenarios.KmsgPrefix))
+		t.Logf("the daemon's log:\n%s", r.Prefixed(scenarios.DaemonPrefix))
+	}
+}
