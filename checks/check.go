@@ -66,6 +66,9 @@ type Env struct {
 	Repair *Repairer
 	// NVMe reads NVMe drives; nil means the real ioctls on this host.
 	NVMe NVMe
+	// LVM runs LVM's report commands; nil means the host's lvm binary
+	// (checks.DiskUsageHigh.lvm_command), used only when host_root is "/".
+	LVM LVM
 	// Units counts the restarts of the critical units that the readers of
 	// their properties observe (syself_node_unit_restarts{unit}), and keeps
 	// ServiceNotRecovering's baseline; nil: that check keeps its own,

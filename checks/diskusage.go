@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -30,12 +31,18 @@ func init() { Register("DiskUsageHigh", newDiskUsageCheck) }
 // (superblock "rw") and fill up as ever. Only a filesystem whose superblock
 // is read-only (a sealed erofs or squashfs, an ext4 the kernel remounted
 // read-only after an error) cannot fill up and is skipped.
+//
+// The LVM part (lvm.go): each volume group's allocated extents, and each
+// active thin pool's data and metadata use, from `vgs` and `lvs` JSON
+// reports, against their own thresholds.
 type diskUsageCheck struct {
-	env         *Env
-	spacePct    int
-	inodesPct   int
-	excludeMP   *regexp.Regexp
-	excludeType *regexp.Regexp
+	env                      *Env
+	spacePct                 int
+	inodesPct                int
+	vgPct                    int
+	poolDataPct, poolMetaPct int
+	excludeMP                *regexp.Regexp
+	excludeType              *regexp.Regexp
 }
 
 func newDiskUsageCheck(env *Env) (Check, error) {
@@ -48,7 +55,8 @@ func newDiskUsageCheck(env *Env) (Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &diskUsageCheck{env: env, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, excludeMP: mp, excludeType: ft}, nil
+	return &diskUsageCheck{env: env, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, vgPct: c.VolumeGroupPercent,
+		poolDataPct: c.ThinPoolDataPct, poolMetaPct: c.ThinPoolMetaPct, excludeMP: mp, excludeType: ft}, nil
 }
 
 // Mount is one line of /proc/<pid>/mountinfo.
@@ -236,15 +244,19 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if len(usage) == 0 && len(errs) > 0 {
+	vgs, lvmErr := readLVM(ctx, c.env.lvm())
+	if lvmErr != nil {
+		errs = append(errs, lvmErr)
+	}
+	if len(usage) == 0 && len(vgs) == 0 && len(errs) > 0 {
 		return Result{}, errors.Join(errs...)
 	}
-	if len(usage) == 0 {
+	if len(usage) == 0 && len(vgs) == 0 {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 			Message: fmt.Sprintf("no writable filesystem to measure in %s: %d mounts, %d excluded by fs_types_exclude, %d by mount_points_exclude, %d of read-only filesystems",
 				mountinfoPath, sel.total, sel.excludedType, sel.excludedMP, sel.ro)}, nil
 	}
-	var space, inodes []string
+	var space, inodes, vgHigh, poolHigh []string
 	for _, u := range usage {
 		if u.UsedPercent >= c.spacePct {
 			space = append(space, fmt.Sprintf("%s %d%% of space used (threshold %d%%)", u.MountPoint, u.UsedPercent, c.spacePct))
@@ -253,23 +265,59 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			inodes = append(inodes, fmt.Sprintf("%s %d%% of inodes used (threshold %d%%)", u.MountPoint, u.InodesPct, c.inodesPct))
 		}
 	}
+	pools := 0
+	for _, vg := range vgs {
+		if vg.AllocatedPercent >= c.vgPct {
+			vgHigh = append(vgHigh, fmt.Sprintf("volume group %s %d%% of extents allocated (threshold %d%%)", vg.Name, vg.AllocatedPercent, c.vgPct))
+		}
+		for _, p := range vg.ThinPools {
+			if p.Inactive {
+				continue
+			}
+			pools++
+			if p.DataPercent >= float64(c.poolDataPct) {
+				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s%% of data used (threshold %d%%)", vg.Name, p.Name, pct(p.DataPercent), c.poolDataPct))
+			}
+			if p.MetadataPercent >= float64(c.poolMetaPct) {
+				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s%% of metadata used (threshold %d%%)", vg.Name, p.Name, pct(p.MetadataPercent), c.poolMetaPct))
+			}
+		}
+	}
 	details := []report.Detail{{Domain: "storage", Field: "filesystems", Value: usage}}
+	if lvmErr == nil {
+		if vgs == nil {
+			vgs = []VGUsage{} // LVM answered: no volume groups
+		}
+		details = append(details, report.Detail{Domain: "storage", Field: "volumeGroups", Value: vgs})
+	}
 	var notes string
 	if len(errs) > 0 {
 		notes = "; not checked: " + errors.Join(errs...).Error()
 		notes = strings.ReplaceAll(notes, "\n", "; ")
 	}
+	problems := strings.Join(slices.Concat(space, inodes, vgHigh, poolHigh), ", ") + notes
 	switch {
 	case len(space) > 0:
-		return Result{Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
-			Message: strings.Join(append(space, inodes...), ", ") + notes, Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh, Message: problems, Details: details}, nil
 	case len(inodes) > 0:
-		return Result{Status: report.StatusTrue, Reason: report.ReasonFilesystemInodesHigh,
-			Message: strings.Join(inodes, ", ") + notes, Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonFilesystemInodesHigh, Message: problems, Details: details}, nil
+	case len(vgHigh) > 0:
+		return Result{Status: report.StatusTrue, Reason: report.ReasonVolumeGroupSpaceHigh, Message: problems, Details: details}, nil
+	case len(poolHigh) > 0:
+		return Result{Status: report.StatusTrue, Reason: report.ReasonThinPoolSpaceHigh, Message: problems, Details: details}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK,
-		Message: fmt.Sprintf("%d %s below %d%% space and %d%% inodes%s", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct, notes), Details: details}, nil
+	msg := fmt.Sprintf("%d %s below %d%% space and %d%% inodes", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct)
+	if len(vgs) > 0 {
+		msg += fmt.Sprintf(", %d LVM %s below %d%% of extents allocated", len(vgs), plural(len(vgs), "volume group", "volume groups"), c.vgPct)
+	}
+	if pools > 0 {
+		msg += fmt.Sprintf(", %d thin %s below %d%% of data and %d%% of metadata used", pools, plural(pools, "pool", "pools"), c.poolDataPct, c.poolMetaPct)
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK, Message: msg + notes, Details: details}, nil
 }
+
+// pct writes a percentage as LVM does, without trailing zeros (93.75, 10).
+func pct(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
 
 // plural picks the word for a count of n.
 func plural(n int, one, many string) string {

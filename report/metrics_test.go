@@ -36,6 +36,7 @@ problem_gauge{reason="ClockErrorTooLarge",type="ClockNotSynchronized"} 0
 problem_gauge{reason="ClockUnsynchronized",type="ClockNotSynchronized"} 0
 problem_gauge{reason="FilesystemInodesHigh",type="DiskUsageHigh"} 0
 problem_gauge{reason="FilesystemSpaceHigh",type="DiskUsageHigh"} 1
+problem_gauge{reason="ThinPoolSpaceHigh",type="DiskUsageHigh"} 0
 problem_gauge{reason="VolumeGroupSpaceHigh",type="DiskUsageHigh"} 0
 # HELP autopilot_health_condition_status Current status of each condition the daemon owns: 1 for the status it has, 0 for the others.
 # TYPE autopilot_health_condition_status gauge

@@ -36,7 +36,6 @@ var linted = []string{reportPath, modPath + "/checks", modPath + "/kmsg"}
 // by `check` as Unknown/NotImplemented); nothing returns them. Remove a
 // reason from here when its check is written: the test fails until then.
 var notImplemented = []report.Reason{
-	report.ReasonVolumeGroupSpaceHigh,                          // DiskUsageHigh: the LVM (vgs) part
 	report.ReasonSealedOSIntact, report.ReasonRootHashMismatch, // SealedOSTampered
 	report.ReasonNodeIntact, report.ReasonProtectedFileChanged, // NodeTampered
 }

@@ -189,11 +189,16 @@ type DiskTemperatureHigh struct {
 
 type DiskUsageHigh struct {
 	Common
-	SpacePercent       int    `toml:"space_percent"`
-	InodesPercent      int    `toml:"inodes_percent"`
-	VolumeGroupPercent int    `toml:"volume_group_percent"`
-	MountPointsExclude string `toml:"mount_points_exclude"`
-	FSTypesExclude     string `toml:"fs_types_exclude"`
+	SpacePercent       int `toml:"space_percent"`
+	InodesPercent      int `toml:"inodes_percent"`
+	VolumeGroupPercent int `toml:"volume_group_percent"`
+	ThinPoolDataPct    int `toml:"thin_pool_data_percent"`
+	ThinPoolMetaPct    int `toml:"thin_pool_metadata_percent"`
+	// LVMCommand is the lvm binary; "" turns the LVM part off.
+	LVMCommand         string   `toml:"lvm_command"`
+	LVMTimeout         Duration `toml:"lvm_timeout"`
+	MountPointsExclude string   `toml:"mount_points_exclude"`
+	FSTypesExclude     string   `toml:"fs_types_exclude"`
 }
 
 type NodeServiceDown struct {

@@ -243,6 +243,12 @@ func (c *Config) validate() *Error {
 	v.percent("checks.DiskUsageHigh.space_percent", k.DiskUsageHigh.SpacePercent)
 	v.percent("checks.DiskUsageHigh.inodes_percent", k.DiskUsageHigh.InodesPercent)
 	v.percent("checks.DiskUsageHigh.volume_group_percent", k.DiskUsageHigh.VolumeGroupPercent)
+	v.percent("checks.DiskUsageHigh.thin_pool_data_percent", k.DiskUsageHigh.ThinPoolDataPct)
+	v.percent("checks.DiskUsageHigh.thin_pool_metadata_percent", k.DiskUsageHigh.ThinPoolMetaPct)
+	if k.DiskUsageHigh.LVMCommand != "" {
+		v.absPath("checks.DiskUsageHigh.lvm_command", k.DiskUsageHigh.LVMCommand)
+	}
+	v.between("checks.DiskUsageHigh.lvm_timeout", k.DiskUsageHigh.LVMTimeout, time.Second, 5*time.Minute)
 	v.regex("checks.DiskUsageHigh.mount_points_exclude", k.DiskUsageHigh.MountPointsExclude)
 	v.regex("checks.DiskUsageHigh.fs_types_exclude", k.DiskUsageHigh.FSTypesExclude)
 	v.units("checks.NodeServiceDown.controlplane_units", k.NodeServiceDown.ControlPlaneUnits)

@@ -109,12 +109,14 @@ func buildInitramfs(work string, kernel *vmhost.Kernel, selected []scenarios.Sce
 	}
 	// The guest's configuration must load: a bad one would fail every
 	// scenario with a less clear message.
-	cfg := filepath.Join(work, "config.toml")
-	if err := os.WriteFile(cfg, []byte(scenarios.DaemonConfig), 0o644); err != nil {
-		return "", err
-	}
-	if out, err := exec.Command(daemon, "config", "validate", cfg).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("the guest's daemon configuration: %v\n%s", err, out)
+	for name, c := range map[string]string{"config.toml": scenarios.DaemonConfig, "check.toml": scenarios.CheckConfig} {
+		cfg := filepath.Join(work, name)
+		if err := os.WriteFile(cfg, []byte(c), 0o644); err != nil {
+			return "", err
+		}
+		if out, err := exec.Command(daemon, "config", "validate", cfg).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("the guest's daemon configuration %s: %v\n%s", name, err, out)
+		}
 	}
 	modules := slices.Clone(scenarios.BaseModules)
 	for _, s := range selected {

@@ -157,8 +157,10 @@ func setup() ([]string, error) {
 	if err := loopbackUp(); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(ConfigPath, []byte(DaemonConfig), 0o644); err != nil {
-		return nil, err
+	for p, c := range map[string]string{ConfigPath: DaemonConfig, CheckConfigPath: CheckConfig} {
+		if err := os.WriteFile(p, []byte(c), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	for _, m := range BaseModules {
 		if err := Modprobe(m, ""); err != nil {
@@ -458,10 +460,10 @@ type CheckOutput struct {
 }
 
 // Check runs `autopilot-health check --json --only ...` with the guest's
-// configuration.
+// configuration for it (CheckConfig).
 func (g *Guest) Check(only ...string) (CheckOutput, error) {
 	var out CheckOutput
-	b, err := exec.Command(DaemonPath, "check", "--json", "--config", ConfigPath, "--only", strings.Join(only, ",")).Output()
+	b, err := exec.Command(DaemonPath, "check", "--json", "--config", CheckConfigPath, "--only", strings.Join(only, ",")).Output()
 	var ee *exec.ExitError
 	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) {
 		msg := ""

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const awaitKmsg = 20 * time.Second
+const awaitKmsg = 40 * time.Second
 
 // ext4RemountRO: an ext4 mounted errors=remount-ro hits an error
 // (trigger_fs_error): ReadonlyFilesystem True from the kernel's own line.

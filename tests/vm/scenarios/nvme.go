@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-const awaitCheck = 15 * time.Second
+const awaitCheck = 40 * time.Second
 
 // nvmeHealthy: QEMU's NVMe drive without warnings. The three disk
 // conditions are False, and the disks report carries the drive's identity.

@@ -40,6 +40,7 @@ var All = []Scenario{
 	{Name: "ext4_remount_ro", Run: ext4RemountRO},
 	{Name: "hung_task", Run: hungTask},
 	{Name: "dm_verity", Run: dmVerity},
+	{Name: "lvm_usage", Run: lvmUsage},
 	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
 	{Name: "nvme_critical_warning", Machine: Machine{NVMeCriticalWarning: 0x05}, Run: nvmeCriticalWarning},
 }
@@ -52,19 +53,29 @@ var BaseModules = []string{"nvme", "loop", "ext4", "crc32c_generic", "crc32c-int
 var Tools = []string{"/usr/sbin/veritysetup", "/usr/sbin/dmsetup", "/usr/sbin/lvm", "/usr/sbin/mke2fs"}
 
 // DaemonPath, ConfigPath and StateFile are where the guest has the daemon.
+// CheckConfigPath is the configuration of the one-shot `check` (longer
+// timeouts: it reads the report once, whatever the load).
 const (
-	DaemonPath = "/usr/bin/autopilot-health"
-	ConfigPath = "/etc/autopilot-health/config.toml"
-	StateDir   = "/var/lib/autopilot-health"
-	StateFile  = StateDir + "/state.json"
-	DaemonLog  = "/run/autopilot-health.log"
-	MetricsURL = "http://127.0.0.1:20257/metrics"
+	DaemonPath      = "/usr/bin/autopilot-health"
+	ConfigPath      = "/etc/autopilot-health/config.toml"
+	CheckConfigPath = "/etc/autopilot-health/check.toml"
+	StateDir        = "/var/lib/autopilot-health"
+	StateFile       = StateDir + "/state.json"
+	DaemonLog       = "/run/autopilot-health.log"
+	MetricsURL      = "http://127.0.0.1:20257/metrics"
 )
 
 // DaemonConfig is the daemon's configuration in the guest: standalone (no
 // kubeconfig), the checks that need systemd, kubelet or a network off, and
-// the disk checks every second so a scenario does not wait minutes.
-const DaemonConfig = `node_name = "vmtest"
+// the disk checks every few seconds so a scenario does not wait minutes
+// (an LVM report takes 0.3-2 s under TCG, depending on the host's load).
+var DaemonConfig = guestConfig("2s", "5s", "4s")
+
+// CheckConfig is the one-shot check's configuration in the guest.
+var CheckConfig = guestConfig("30s", "30s", "25s")
+
+func guestConfig(nvme, usage, lvm string) string {
+	return `node_name = "vmtest"
 role = "worker"
 gpu = "false"
 state_dir = "` + StateDir + `"
@@ -110,15 +121,17 @@ enabled = false
 enabled = false
 
 [checks.DisksFailure]
-interval = "1s"
-timeout = "1s"
+interval = "` + nvme + `"
+timeout = "` + nvme + `"
 [checks.DiskWearHigh]
-interval = "1s"
-timeout = "1s"
+interval = "` + nvme + `"
+timeout = "` + nvme + `"
 [checks.DiskTemperatureHigh]
-interval = "1s"
-timeout = "1s"
+interval = "` + nvme + `"
+timeout = "` + nvme + `"
 [checks.DiskUsageHigh]
-interval = "2s"
-timeout = "2s"
+interval = "` + usage + `"
+timeout = "` + usage + `"
+lvm_timeout = "` + lvm + `"
 `
+}

@@ -1,0 +1,240 @@
+package checks
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// LVM runs LVM's report commands; injectable for tests.
+type LVM interface {
+	// Report runs `lvm <command> --reportformat json ...` (command vgs or
+	// lvs) and returns its standard output. ErrNoLVM: LVM is not
+	// installed (or turned off), so the node has no volume groups to watch.
+	Report(ctx context.Context, command string, args ...string) ([]byte, error)
+}
+
+// ErrNoLVM says there is no LVM on this node to ask.
+var ErrNoLVM = errors.New("no LVM")
+
+// realLVM runs the host's lvm binary (the spec's one host tool).
+type realLVM struct{ env *Env }
+
+func (e *Env) lvm() LVM {
+	if e.LVM != nil {
+		return e.LVM
+	}
+	return realLVM{e}
+}
+
+func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]byte, error) {
+	c := r.env.Config.Checks.DiskUsageHigh
+	if c.LVMCommand == "" || (r.env.Config.HostRoot != "" && r.env.Config.HostRoot != "/") {
+		// Off, or a host root elsewhere (a fixture tree): lvm would
+		// report the devices of the machine it runs on, not the root's.
+		return nil, ErrNoLVM
+	}
+	if _, err := os.Stat(c.LVMCommand); errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNoLVM
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.LVMTimeout.Duration)
+	defer cancel()
+	// --nolocking: a report needs no lock, and the daemon's sandbox keeps
+	// /run (LVM's lock directory) read-only.
+	full := append([]string{command, "--reportformat", "json", "--units", "b", "--nosuffix", "--nolocking"}, args...)
+	cmd := exec.CommandContext(ctx, c.LVMCommand, full...)
+	cmd.Env = []string{"LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() == context.DeadlineExceeded {
+		return nil, fmt.Errorf("%s %s: no answer within %s", c.LVMCommand, command, c.LVMTimeout)
+	}
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 300 {
+			msg = msg[:300] + "..."
+		}
+		return nil, fmt.Errorf("%s %s: %v: %s", c.LVMCommand, command, err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// The LVM report commands the check runs: volume groups with their
+// extents, and logical volumes with their thin pool use.
+var (
+	vgsArgs = []string{"-o", "vg_name,vg_size,vg_free,vg_extent_count,vg_free_count"}
+	lvsArgs = []string{"-o", "vg_name,lv_name,lv_attr,segtype,lv_size,data_percent,metadata_percent"}
+)
+
+// VGUsage is one LVM volume group in the storage report.
+type VGUsage struct {
+	Name      string `json:"name"`
+	SizeBytes uint64 `json:"sizeBytes"`
+	FreeBytes uint64 `json:"freeBytes"`
+	// AllocatedPercent is the share of extents given to logical volumes,
+	// rounded up.
+	AllocatedPercent int             `json:"allocatedPercent"`
+	ThinPools        []ThinPoolUsage `json:"thinPools,omitempty"`
+}
+
+// ThinPoolUsage is one thin pool of a volume group.
+type ThinPoolUsage struct {
+	Name            string  `json:"name"`
+	SizeBytes       uint64  `json:"sizeBytes"`
+	DataPercent     float64 `json:"dataPercent"`
+	MetadataPercent float64 `json:"metadataPercent"`
+	// Inactive: the pool is not active, so LVM reports no use for it.
+	Inactive bool `json:"inactive,omitempty"`
+}
+
+// lvmReport is the shape of `--reportformat json`: {"report": [{"vg": [...]}]}
+// with every value a string.
+type lvmReport struct {
+	Report []map[string][]map[string]string `json:"report"`
+}
+
+func parseLVMReport(b []byte, section string) ([]map[string]string, error) {
+	var r lvmReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("LVM %s report: %w", section, err)
+	}
+	if len(r.Report) == 0 {
+		return nil, fmt.Errorf("LVM %s report: no \"report\" entries", section)
+	}
+	var rows []map[string]string
+	for _, rep := range r.Report {
+		rows = append(rows, rep[section]...)
+	}
+	return rows, nil
+}
+
+func lvmUint(row map[string]string, key string) (uint64, error) {
+	v, ok := row[key]
+	if !ok {
+		return 0, fmt.Errorf("no %s", key)
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q is not a number of bytes or extents", key, v)
+	}
+	return n, nil
+}
+
+// ParseVGs reads `vgs --reportformat json --units b --nosuffix` with the
+// fields of vgsArgs.
+func ParseVGs(b []byte) ([]VGUsage, error) {
+	rows, err := parseLVMReport(b, "vg")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]VGUsage, 0, len(rows))
+	for i, row := range rows {
+		vg := VGUsage{Name: row["vg_name"]}
+		var extents, free uint64
+		var errs []error
+		for _, f := range []struct {
+			key string
+			dst *uint64
+		}{{"vg_size", &vg.SizeBytes}, {"vg_free", &vg.FreeBytes}, {"vg_extent_count", &extents}, {"vg_free_count", &free}} {
+			n, err := lvmUint(row, f.key)
+			*f.dst = n
+			errs = append(errs, err)
+		}
+		if err := errors.Join(errs...); err != nil || vg.Name == "" || free > extents {
+			if err == nil {
+				err = fmt.Errorf("name %q, %d free of %d extents", vg.Name, free, extents)
+			}
+			return nil, fmt.Errorf("LVM vg report, volume group %d: %w", i+1, err)
+		}
+		vg.AllocatedPercent = percentUp(extents-free, free)
+		out = append(out, vg)
+	}
+	return out, nil
+}
+
+// ThinPool is a thin pool with its volume group's name.
+type ThinPool struct {
+	VG string
+	ThinPoolUsage
+}
+
+// ParseThinPools reads `lvs --reportformat json --units b --nosuffix` with
+// the fields of lvsArgs and returns the thin pools (segment type
+// thin-pool); other volumes are skipped.
+func ParseThinPools(b []byte) ([]ThinPool, error) {
+	rows, err := parseLVMReport(b, "lv")
+	if err != nil {
+		return nil, err
+	}
+	var out []ThinPool
+	for i, row := range rows {
+		if row["segtype"] != "thin-pool" {
+			continue
+		}
+		p := ThinPool{VG: row["vg_name"], ThinPoolUsage: ThinPoolUsage{Name: row["lv_name"]}}
+		size, err := lvmUint(row, "lv_size")
+		if err == nil && (p.VG == "" || p.Name == "") {
+			err = fmt.Errorf("volume group %q, name %q", p.VG, p.Name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("LVM lv report, volume %d: %w", i+1, err)
+		}
+		p.SizeBytes = size
+		data, meta := row["data_percent"], row["metadata_percent"]
+		if data == "" && meta == "" {
+			p.Inactive = true // LVM knows the use of active pools only
+		} else {
+			for _, f := range []struct {
+				v   string
+				dst *float64
+			}{{data, &p.DataPercent}, {meta, &p.MetadataPercent}} {
+				x, err := strconv.ParseFloat(f.v, 64)
+				if err != nil || x < 0 || x > 100 {
+					return nil, fmt.Errorf("LVM lv report, thin pool %s/%s: %q is not a percentage", p.VG, p.Name, f.v)
+				}
+				*f.dst = x
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// readLVM returns the node's volume groups with their thin pools; none
+// (and no error) where LVM is not installed.
+func readLVM(ctx context.Context, l LVM) ([]VGUsage, error) {
+	b, err := l.Report(ctx, "vgs", vgsArgs...)
+	if errors.Is(err, ErrNoLVM) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	vgs, err := ParseVGs(b)
+	if err != nil || len(vgs) == 0 {
+		return vgs, err
+	}
+	if b, err = l.Report(ctx, "lvs", lvsArgs...); err != nil {
+		return vgs, err
+	}
+	pools, err := ParseThinPools(b)
+	if err != nil {
+		return vgs, err
+	}
+	for _, p := range pools {
+		for i := range vgs {
+			if vgs[i].Name == p.VG {
+				vgs[i].ThinPools = append(vgs[i].ThinPools, p.ThinPoolUsage)
+			}
+		}
+	}
+	return vgs, nil
+}

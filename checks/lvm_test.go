@@ -1,0 +1,246 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// The fixtures under testdata/lvm are the output of lvm 2.03.16 (Debian
+// bookworm) in the VM tier's guest (tests/vm, scenario lvm_usage), with the
+// check's own arguments: a volume group on an NVMe drive with every extent
+// allocated, a 16 MiB thin pool holding 15 MiB, a thin volume and a linear
+// one.
+func readFixture(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "lvm", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestParseLVMReports(t *testing.T) {
+	vgs, err := ParseVGs(readFixture(t, "vgs-full.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []VGUsage{{Name: "vgvm", SizeBytes: 264241152, FreeBytes: 0, AllocatedPercent: 100}}; !reflect.DeepEqual(vgs, want) {
+		t.Errorf("vgs = %+v, want %+v", vgs, want)
+	}
+	pools, err := ParseThinPools(readFixture(t, "lvs-thinpool.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []ThinPool{{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "pool", SizeBytes: 16777216, DataPercent: 93.75, MetadataPercent: 10.94}}}; !reflect.DeepEqual(pools, want) {
+		t.Errorf("thin pools = %+v, want %+v (the thin and linear volumes are not pools)", pools, want)
+	}
+	vgs, err = ParseVGs(readFixture(t, "vgs-none.json"))
+	if err != nil || len(vgs) != 0 {
+		t.Errorf("no volume groups: %+v, %v", vgs, err)
+	}
+	vgs, err = ParseVGs(readFixture(t, "vgs-half.json"))
+	if err != nil || len(vgs) != 1 || vgs[0].AllocatedPercent != 10 {
+		t.Errorf("after the filler volume is removed: %+v, %v", vgs, err)
+	}
+}
+
+// Bad input is a clear error naming what is wrong, never a crash or a
+// made-up number.
+func TestParseLVMReportsRejectBadInput(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{``, "LVM vg report: unexpected end of JSON input"},
+		{`{"report": []}`, `LVM vg report: no "report" entries`},
+		{`{"report": [{"vg": [{"vg_name":"a", "vg_size":"1", "vg_free":"x", "vg_extent_count":"1", "vg_free_count":"0"}]}]}`, `volume group 1: vg_free "x" is not a number`},
+		{`{"report": [{"vg": [{"vg_name":"a", "vg_size":"1", "vg_free":"0", "vg_extent_count":"1"}]}]}`, `volume group 1: no vg_free_count`},
+		{`{"report": [{"vg": [{"vg_name":"a", "vg_size":"1", "vg_free":"0", "vg_extent_count":"1", "vg_free_count":"2"}]}]}`, `2 free of 1 extents`},
+		{`{"report": [{"vg": [{"vg_name":"", "vg_size":"1", "vg_free":"0", "vg_extent_count":"1", "vg_free_count":"0"}]}]}`, `name ""`},
+	} {
+		if _, err := ParseVGs([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseVGs(%s): %v, want an error containing %q", tc.in, err, tc.want)
+		}
+	}
+	for _, tc := range []struct{ in, want string }{
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"101", "metadata_percent":"1"}]}]}`, `thin pool a/p: "101" is not a percentage`},
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"5", "metadata_percent":""}]}]}`, `thin pool a/p: "" is not a percentage`},
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "data_percent":"5", "metadata_percent":"1"}]}]}`, `volume 1: no lv_size`},
+	} {
+		if _, err := ParseThinPools([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseThinPools(%s): %v, want an error containing %q", tc.in, err, tc.want)
+		}
+	}
+	// An inactive pool has no use to report: listed, not measured.
+	pools, err := ParseThinPools([]byte(`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"", "metadata_percent":""}]}]}`))
+	if err != nil || len(pools) != 1 || !pools[0].Inactive {
+		t.Errorf("inactive pool: %+v, %v", pools, err)
+	}
+}
+
+func FuzzParseLVMReport(f *testing.F) {
+	for _, n := range []string{"vgs-full.json", "vgs-none.json", "vgs-half.json", "lvs-thinpool.json"} {
+		b, err := os.ReadFile(filepath.Join("testdata", "lvm", n))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if vgs, err := ParseVGs(b); err == nil {
+			for _, vg := range vgs {
+				if vg.AllocatedPercent < 0 || vg.AllocatedPercent > 100 {
+					t.Fatalf("allocated %d%%", vg.AllocatedPercent)
+				}
+			}
+		}
+		if pools, err := ParseThinPools(b); err == nil {
+			for _, p := range pools {
+				if p.DataPercent < 0 || p.DataPercent > 100 || p.MetadataPercent < 0 || p.MetadataPercent > 100 {
+					t.Fatalf("pool %+v", p)
+				}
+			}
+		}
+	})
+}
+
+// fakeLVM answers vgs and lvs from fixtures (or errors).
+type fakeLVM struct {
+	vgs, lvs []byte
+	err      error
+	calls    []string
+}
+
+func (f *fakeLVM) Report(ctx context.Context, command string, args ...string) ([]byte, error) {
+	f.calls = append(f.calls, command+" "+strings.Join(args, " "))
+	if f.err != nil {
+		return nil, f.err
+	}
+	if command == "vgs" {
+		return f.vgs, nil
+	}
+	return f.lvs, nil
+}
+
+func lvmEnv(t *testing.T, l LVM, mutate func(c *config.Config)) *Env {
+	const root = "testdata/roots/node-a"
+	env, _ := diskEnv(t, &fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 10, 100, 10),
+		root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)}})
+	if mutate != nil {
+		mutate(env.Config)
+	}
+	env.LVM = l
+	return env
+}
+
+func TestDiskUsageLVM(t *testing.T) {
+	full, half, none, pool := readFixture(t, "vgs-full.json"), readFixture(t, "vgs-half.json"), readFixture(t, "vgs-none.json"), readFixture(t, "lvs-thinpool.json")
+	for _, tc := range []struct {
+		name       string
+		lvm        *fakeLVM
+		mutate     func(c *config.Config)
+		wantStatus report.Status
+		wantReason report.Reason
+		wantMsg    string
+		wantVGs    int // -1: no volumeGroups field (LVM did not answer)
+	}{
+		{name: "volume group full, thin pool over its data threshold", lvm: &fakeLVM{vgs: full, lvs: pool},
+			wantStatus: report.StatusTrue, wantReason: report.ReasonVolumeGroupSpaceHigh, wantVGs: 1,
+			wantMsg: "volume group vgvm 100% of extents allocated (threshold 90%), thin pool vgvm/pool 93.75% of data used (threshold 90%)"},
+		{name: "thin pool alone", lvm: &fakeLVM{vgs: half, lvs: pool},
+			wantStatus: report.StatusTrue, wantReason: report.ReasonThinPoolSpaceHigh, wantVGs: 1,
+			wantMsg: "thin pool vgvm/pool 93.75% of data used (threshold 90%)"},
+		{name: "metadata threshold", lvm: &fakeLVM{vgs: half, lvs: pool}, mutate: func(c *config.Config) {
+			c.Checks.DiskUsageHigh.ThinPoolDataPct = 95
+			c.Checks.DiskUsageHigh.ThinPoolMetaPct = 10
+		},
+			wantStatus: report.StatusTrue, wantReason: report.ReasonThinPoolSpaceHigh, wantVGs: 1,
+			wantMsg: "thin pool vgvm/pool 10.94% of metadata used (threshold 10%)"},
+		{name: "thresholds above the use", lvm: &fakeLVM{vgs: full, lvs: pool}, mutate: func(c *config.Config) {
+			c.Checks.DiskUsageHigh.VolumeGroupPercent = 100
+			c.Checks.DiskUsageHigh.VolumeGroupPercent = 100
+			c.Checks.DiskUsageHigh.ThinPoolDataPct = 94
+		},
+			wantStatus: report.StatusTrue, wantReason: report.ReasonVolumeGroupSpaceHigh, wantVGs: 1,
+			wantMsg: "volume group vgvm 100% of extents allocated (threshold 100%)"},
+		{name: "healthy", lvm: &fakeLVM{vgs: half, lvs: pool}, mutate: func(c *config.Config) { c.Checks.DiskUsageHigh.ThinPoolDataPct = 94 },
+			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 1,
+			wantMsg: "5 filesystems below 90% space and 90% inodes, 1 LVM volume group below 90% of extents allocated, 1 thin pool below 94% of data and 90% of metadata used"},
+		{name: "no volume groups", lvm: &fakeLVM{vgs: none},
+			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 0,
+			wantMsg: "5 filesystems below 90% space and 90% inodes"},
+		{name: "no LVM", lvm: &fakeLVM{err: ErrNoLVM},
+			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 0,
+			wantMsg: "5 filesystems below 90% space and 90% inodes"},
+		{name: "lvm fails", lvm: &fakeLVM{err: errors.New("/usr/sbin/lvm vgs: no answer within 10s")},
+			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: -1,
+			wantMsg: "5 filesystems below 90% space and 90% inodes; not checked: /usr/sbin/lvm vgs: no answer within 10s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := newDiskUsageCheck(lvmEnv(t, tc.lvm, tc.mutate))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.Probe(context.Background())
+			if err != nil || res.Status != tc.wantStatus || res.Reason != tc.wantReason || res.Message != tc.wantMsg {
+				t.Errorf("got %+v, %v\nwant %s/%s %q", res, err, tc.wantStatus, tc.wantReason, tc.wantMsg)
+			}
+			var vgs []VGUsage
+			found := false
+			for _, d := range res.Details {
+				if d.Domain == "storage" && d.Field == "volumeGroups" {
+					vgs, found = d.Value.([]VGUsage), true
+				}
+			}
+			if tc.wantVGs < 0 && found || tc.wantVGs >= 0 && (!found || len(vgs) != tc.wantVGs) {
+				t.Errorf("storage.volumeGroups: found %v, %+v; want %d", found, vgs, tc.wantVGs)
+			}
+			if tc.wantVGs == 1 && (len(vgs[0].ThinPools) != 1 || vgs[0].ThinPools[0].Name != "pool") {
+				t.Errorf("the storage report does not list the thin pool under its volume group: %+v", vgs)
+			}
+		})
+	}
+}
+
+// The real lvm binary: run with the report arguments, bounded by
+// lvm_timeout, absent means no LVM, and never run for a host root that is
+// not this machine's.
+func TestRealLVMCommand(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "lvm")
+	args := filepath.Join(dir, "args")
+	abs, _ := filepath.Abs(filepath.Join("testdata", "lvm", "vgs-full.json"))
+	os.WriteFile(script, []byte("#!/bin/sh\necho \"$@\" > "+args+"\n[ \"$1\" = hang ] && exec sleep 30\ncat "+abs+"\n"), 0o755)
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = "/"
+		c.Checks.DiskUsageHigh.LVMCommand = script
+		c.Checks.DiskUsageHigh.LVMTimeout = config.Duration{Duration: 200e6}
+	})
+	out, err := env.lvm().Report(context.Background(), "vgs", vgsArgs...)
+	if err != nil || string(out) != string(readFixture(t, "vgs-full.json")) {
+		t.Fatalf("Report: %q, %v", out, err)
+	}
+	b, _ := os.ReadFile(args)
+	if want := "vgs --reportformat json --units b --nosuffix --nolocking -o vg_name,vg_size,vg_free,vg_extent_count,vg_free_count\n"; string(b) != want {
+		t.Errorf("lvm ran with %q, want %q", b, want)
+	}
+	if _, err := env.lvm().Report(context.Background(), "hang"); err == nil || !strings.Contains(err.Error(), "no answer within 200ms") {
+		t.Errorf("a hung lvm: %v", err)
+	}
+	env.Config.Checks.DiskUsageHigh.LVMCommand = filepath.Join(dir, "absent")
+	if _, err := env.lvm().Report(context.Background(), "vgs"); !errors.Is(err, ErrNoLVM) {
+		t.Errorf("absent lvm: %v, want ErrNoLVM", err)
+	}
+	env.Config.Checks.DiskUsageHigh.LVMCommand = script
+	env.Config.HostRoot = "testdata/roots/node-a"
+	if _, err := env.lvm().Report(context.Background(), "vgs"); !errors.Is(err, ErrNoLVM) {
+		t.Errorf("a fixture host root: %v, want ErrNoLVM", err)
+	}
+}
