@@ -250,14 +250,7 @@ func Build(s Spec, out string) error {
 			return err
 		}
 	}
-	if s.Busybox != "" {
-		if err := copyIn("bin/busybox", s.Busybox, 0o755); err != nil {
-			return err
-		}
-		for _, a := range BusyboxApplets {
-			c.Symlink("bin/"+a, "busybox")
-		}
-	}
+
 	if s.Kernel != nil {
 		dep, err := os.Open(filepath.Join(s.Kernel.ModulesDir(), "modules.dep"))
 		if err != nil {
@@ -281,6 +274,21 @@ func Build(s Spec, out string) error {
 		}
 	}
 	libs := map[string]bool{}
+	if s.Busybox != "" {
+		if err := copyIn("bin/busybox", s.Busybox, 0o755); err != nil {
+			return err
+		}
+		for _, a := range BusyboxApplets {
+			c.Symlink("bin/"+a, "busybox")
+		}
+		ls, err := SharedLibs(s.Busybox) // none for busybox-static
+		if err != nil {
+			return err
+		}
+		for _, l := range ls {
+			libs[l] = true
+		}
+	}
 	for _, t := range s.Tools {
 		real, err := filepath.EvalSymlinks(t)
 		if err != nil {
