@@ -66,7 +66,7 @@ func Main() {
 		for _, n := range names {
 			s, ok := byName[n]
 			if !ok {
-				fmt.Printf("%s%s FAIL 0ms no such scenario in this guest\n", "VMTEST RESULT ", n)
+				fmt.Printf("VMTEST RESULT %s FAIL 0ms no such scenario in this guest\n", n)
 				failed++
 				continue
 			}

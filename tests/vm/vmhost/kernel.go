@@ -72,7 +72,8 @@ func FetchKernel(cacheDir string) (*Kernel, error) {
 	// apt-get download as root drops to _apt, which must be able to write here.
 	_ = os.Chmod(tmp, 0o777)
 	if err := runIn(tmp, "apt-get", "download", "-q", pkg); err != nil {
-		return nil, fmt.Errorf("fetching the kernel: %w", err)
+		// No network or no mirror: the tier cannot run here.
+		return nil, &Missing{fmt.Sprintf("could not fetch the kernel package: %v", err)}
 	}
 	debs, _ := filepath.Glob(filepath.Join(tmp, pkg+"_*.deb"))
 	if len(debs) != 1 {
