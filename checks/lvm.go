@@ -21,6 +21,10 @@ type LVM interface {
 	Report(ctx context.Context, command string, args ...string) ([]byte, error)
 }
 
+// lvmSystemDir holds lvm.conf (LVM's default LVM_SYSTEM_DIR); a variable
+// for tests.
+var lvmSystemDir = "/etc/lvm"
+
 // ErrNoLVM says there is no LVM on this node to ask.
 var ErrNoLVM = errors.New("no LVM")
 
@@ -51,6 +55,12 @@ func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]
 	full := append([]string{command, "--reportformat", "json", "--units", "b", "--nosuffix", "--nolocking"}, args...)
 	cmd := exec.CommandContext(ctx, c.LVMCommand, full...)
 	cmd.Env = []string{"LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if _, err := os.Stat(lvmSystemDir + "/lvm.conf"); errors.Is(err, fs.ErrNotExist) {
+		// No configuration to honour: without this, lvm tries to create
+		// its system directory, which the sandbox's read-only /etc refuses
+		// ("Failed to create LVM2 system dir"), and reports nothing.
+		cmd.Env = append(cmd.Env, "LVM_SYSTEM_DIR=")
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

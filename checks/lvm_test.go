@@ -217,7 +217,11 @@ func TestRealLVMCommand(t *testing.T) {
 	script := filepath.Join(dir, "lvm")
 	args := filepath.Join(dir, "args")
 	abs, _ := filepath.Abs(filepath.Join("testdata", "lvm", "vgs-full.json"))
-	os.WriteFile(script, []byte("#!/bin/sh\necho \"$@\" > "+args+"\n[ \"$1\" = hang ] && exec sleep 30\ncat "+abs+"\n"), 0o755)
+	os.WriteFile(script, []byte("#!/bin/sh\necho \"$@\" > "+args+"\nenv | grep ^LVM_SYSTEM_DIR= >> "+args+"\n[ \"$1\" = hang ] && exec sleep 30\ncat "+abs+"\n"), 0o755)
+	// An lvm.conf to honour: lvm's own LVM_SYSTEM_DIR.
+	lvmSystemDir = dir
+	os.WriteFile(filepath.Join(dir, "lvm.conf"), nil, 0o644)
+	defer func() { lvmSystemDir = "/etc/lvm" }()
 	env := testEnv(t, func(c *config.Config) {
 		c.HostRoot = "/"
 		c.Checks.DiskUsageHigh.LVMCommand = script
@@ -230,6 +234,13 @@ func TestRealLVMCommand(t *testing.T) {
 	b, _ := os.ReadFile(args)
 	if want := "vgs --reportformat json --units b --nosuffix --nolocking -o vg_name,vg_size,vg_free,vg_extent_count,vg_free_count\n"; string(b) != want {
 		t.Errorf("lvm ran with %q, want %q", b, want)
+	}
+	// No lvm.conf (a fresh /etc): LVM_SYSTEM_DIR="" so lvm does not try
+	// to create its directory on the sandbox's read-only /etc.
+	os.Remove(filepath.Join(dir, "lvm.conf"))
+	env.lvm().Report(context.Background(), "vgs")
+	if b, _ := os.ReadFile(args); !strings.HasSuffix(string(b), "\nLVM_SYSTEM_DIR=\n") {
+		t.Errorf("without lvm.conf lvm ran with %q, want LVM_SYSTEM_DIR set empty", b)
 	}
 	if _, err := env.lvm().Report(context.Background(), "hang"); err == nil || !strings.Contains(err.Error(), "no answer within 200ms") {
 		t.Errorf("a hung lvm: %v", err)
