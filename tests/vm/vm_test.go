@@ -72,7 +72,11 @@ func TestVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("daemon, /init and initramfs built in %v", time.Since(t0).Round(time.Millisecond))
+	size := int64(0)
+	if st, err := os.Stat(initrd); err == nil {
+		size = st.Size()
+	}
+	t.Logf("daemon, /init and initramfs (%.1f MiB) built in %v", float64(size)/(1<<20), time.Since(t0).Round(time.Millisecond))
 
 	// One boot per Machine, in the order the scenarios first name it.
 	var machines []scenarios.Machine
