@@ -16,10 +16,12 @@ import (
 )
 
 // The fixtures under testdata/lvm are the output of lvm 2.03.16 (Debian
-// bookworm) in the VM tier's guest (tests/vm, scenario lvm_usage), with the
-// check's own arguments: a volume group on an NVMe drive with every extent
-// allocated, a 16 MiB thin pool holding 15 MiB, a thin volume and a linear
-// one.
+// bookworm) in the VM tier's guest (tests/vm, scenario lvm_usage, with
+// `lvm vgs`/`lvs` and the check's own arguments, vgsArgs and lvsArgs, run
+// by the scenario and logged): no volume group yet (vgs-none); a volume
+// group on the NVMe drive with every extent allocated, a 16 MiB thin pool
+// holding 15 MiB, a thin volume and a linear one (vgs-full, lvs-thinpool);
+// the linear volume removed (vgs-half).
 func readFixture(t *testing.T, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", "lvm", name))

@@ -47,6 +47,12 @@ func TestVM(t *testing.T) {
 		}
 	}
 	start := time.Now()
+	work := t.TempDir()
+	// The daemon and /init build while apt is asked for the kernel.
+	var bins binaries
+	built := make(chan struct{})
+	go func() { defer close(built); bins = buildBinaries(work) }()
+	defer func() { <-built }()
 	kernel, err := vmhost.FetchKernel(filepath.Join(repoRoot(), "tests", ".cache", "vm"))
 	var missing *vmhost.Missing
 	if errors.As(err, &missing) {
@@ -66,9 +72,11 @@ func TestVM(t *testing.T) {
 		}
 	}
 
-	work := t.TempDir()
-	t0 := time.Now()
-	initrd, err := buildInitramfs(work, kernel, selected)
+	<-built
+	if bins.err != nil {
+		t.Fatal(bins.err)
+	}
+	initrd, err := buildInitramfs(work, bins, kernel, selected)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +84,7 @@ func TestVM(t *testing.T) {
 	if st, err := os.Stat(initrd); err == nil {
 		size = st.Size()
 	}
-	t.Logf("daemon, /init and initramfs (%.1f MiB) built in %v", float64(size)/(1<<20), time.Since(t0).Round(time.Millisecond))
+	t.Logf("daemon and /init built, initramfs (%.1f MiB) packed: %v after the start", float64(size)/(1<<20), time.Since(start).Round(time.Millisecond))
 
 	// One boot per Machine, in the order the scenarios first name it.
 	var machines []scenarios.Machine
@@ -100,23 +108,32 @@ func TestVM(t *testing.T) {
 	t.Logf("the tier took %v", time.Since(start).Round(time.Millisecond))
 }
 
-func buildInitramfs(work string, kernel *vmhost.Kernel, selected []scenarios.Scenario) (string, error) {
-	initBin, daemon := filepath.Join(work, "init"), filepath.Join(work, "autopilot-health")
+// binaries are the guest's /init and the daemon, built static from this tree.
+type binaries struct {
+	init, daemon string
+	err          error
+}
+
+func buildBinaries(work string) binaries {
+	b := binaries{init: filepath.Join(work, "init"), daemon: filepath.Join(work, "autopilot-health")}
 	var wg sync.WaitGroup
 	var initErr, daemonErr error
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		initErr = vmhost.BuildStatic(repoRoot(), "./tests/vm/guest", initBin, "")
+		initErr = vmhost.BuildStatic(repoRoot(), "./tests/vm/guest", b.init, "")
 	}()
 	go func() {
 		defer wg.Done()
-		daemonErr = vmhost.BuildStatic(repoRoot(), "./cmd/autopilot-health", daemon, "-X main.version=vmtest")
+		daemonErr = vmhost.BuildStatic(repoRoot(), "./cmd/autopilot-health", b.daemon, "-X main.version=vmtest")
 	}()
 	wg.Wait()
-	if err := errors.Join(initErr, daemonErr); err != nil {
-		return "", err
-	}
+	b.err = errors.Join(initErr, daemonErr)
+	return b
+}
+
+func buildInitramfs(work string, bins binaries, kernel *vmhost.Kernel, selected []scenarios.Scenario) (string, error) {
+	daemon := bins.daemon
 	// The guest's configuration must load: a bad one would fail every
 	// scenario with a less clear message.
 	for name, c := range map[string]string{"config.toml": scenarios.DaemonConfig, "check.toml": scenarios.CheckConfig} {
@@ -136,7 +153,7 @@ func buildInitramfs(work string, kernel *vmhost.Kernel, selected []scenarios.Sce
 	initrd := filepath.Join(work, "initrd.cpio")
 	err := vmhost.Build(vmhost.Spec{
 		Kernel:  kernel,
-		Init:    initBin,
+		Init:    bins.init,
 		Files:   map[string]string{scenarios.DaemonPath: daemon},
 		Modules: modules,
 		Tools:   scenarios.Tools,
