@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // LVM runs LVM's report commands; injectable for tests.
@@ -63,6 +64,7 @@ func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = time.Second // a child of lvm holding the pipes cannot keep the check waiting
 	err := cmd.Run()
 	if ctx.Err() == context.DeadlineExceeded {
 		return nil, fmt.Errorf("%s %s: no answer within %s", c.LVMCommand, command, c.LVMTimeout)

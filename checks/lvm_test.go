@@ -227,7 +227,7 @@ func TestRealLVMCommand(t *testing.T) {
 	env := testEnv(t, func(c *config.Config) {
 		c.HostRoot = "/"
 		c.Checks.DiskUsageHigh.LVMCommand = script
-		c.Checks.DiskUsageHigh.LVMTimeout = config.Duration{Duration: 200e6}
+		c.Checks.DiskUsageHigh.LVMTimeout = config.Duration{Duration: 20e9} // a busy machine starts sh slowly
 	})
 	out, err := env.lvm().Report(context.Background(), "vgs", vgsArgs...)
 	if err != nil || string(out) != string(readFixture(t, "vgs-full.json")) {
@@ -244,6 +244,7 @@ func TestRealLVMCommand(t *testing.T) {
 	if b, _ := os.ReadFile(args); !strings.HasSuffix(string(b), "\nLVM_SYSTEM_DIR=\n") {
 		t.Errorf("without lvm.conf lvm ran with %q, want LVM_SYSTEM_DIR set empty", b)
 	}
+	env.Config.Checks.DiskUsageHigh.LVMTimeout = config.Duration{Duration: 200e6}
 	if _, err := env.lvm().Report(context.Background(), "hang"); err == nil || !strings.Contains(err.Error(), "no answer within 200ms") {
 		t.Errorf("a hung lvm: %v", err)
 	}
