@@ -40,10 +40,17 @@ var All = []Scenario{
 	{Name: "ext4_remount_ro", Run: ext4RemountRO},
 	{Name: "hung_task", Run: hungTask},
 	{Name: "dm_verity", Run: dmVerity},
-	{Name: "lvm_usage", Run: lvmUsage},
 	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
-	{Name: "nvme_critical_warning", Machine: Machine{NVMeCriticalWarning: 0x05}, Run: nvmeCriticalWarning},
+	{Name: "nvme_critical_warning", Machine: criticalWarning, Run: nvmeCriticalWarning},
+	// lvm_usage needs only a disk: it shares the boot of the critical
+	// warning, which balances the two boots (the tier takes as long as the
+	// longer one). DiskUsageHigh does not look at SMART.
+	{Name: "lvm_usage", Machine: criticalWarning, Run: lvmUsage},
 }
+
+// criticalWarning is a drive reporting available spare below threshold and
+// reliability degraded (QEMU's smart_critical_warning=0x05).
+var criticalWarning = Machine{NVMeCriticalWarning: 0x05}
 
 // BaseModules are loaded at boot, before the daemon starts (it reads the
 // NVMe drive from its first run).
