@@ -445,7 +445,7 @@ func TestDaemonReportsToRealAPIServer(t *testing.T) {
 	first := run()
 	readyIntact(t, first)
 	if !strings.Contains(first.Annotations[report.AnnotationPrefix+"storage"], `"filesystems":[{`) {
-		t.Errorf("storage report: %s", first.Annotations[report.AnnotationPrefix+"storage"])
+		t.Errorf("storage report: %s (DiskUsageHigh %+v)", first.Annotations[report.AnnotationPrefix+"storage"], cond(first, "DiskUsageHigh"))
 	}
 	second := run()
 	for _, ty := range []string{"DiskUsageHigh", "ClockNotSynchronized"} {

@@ -76,6 +76,9 @@ type Daemon struct {
 	envMu  sync.Mutex
 	// firstPass is done once, by whichever runner completes it.
 	firstPass sync.Once
+	// firstPassDone is closed by becomeReady (the report annotations wait
+	// for it).
+	firstPassDone chan struct{}
 }
 
 // New prepares a daemon: detects the node, restores the state, builds the
@@ -89,7 +92,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll, kmsgOpen: opts.KmsgOpen,
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
-		replan: make(chan struct{}, 1),
+		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}),
 	}
 	if d.poll <= 0 {
 		d.poll = kubeconfigPoll

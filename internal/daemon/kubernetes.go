@@ -63,6 +63,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		Store:     d.store, Details: d.details,
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
+		FirstPass: d.firstPassDone,
 	})
 	r.Run(ctx)
 }

@@ -96,6 +96,7 @@ func (d *Daemon) becomeReady() {
 	d.ready = true
 	d.mu.Unlock()
 	d.metrics.SetReady(true)
+	close(d.firstPassDone)
 	status := d.Summary()
 	d.log.Info("first pass complete", "status", status)
 	if err := d.notify.Ready(status); err != nil {

@@ -53,6 +53,10 @@ type Options struct {
 	// the longest silence expected before the next call (no margin: the
 	// daemon's liveness adds the same slack to every loop).
 	Progress func(loop string, maxSilence time.Duration)
+	// FirstPass, if set, is closed once every check has run once: the
+	// first report annotations wait for it, so they carry what the checks
+	// collect instead of empty domains until the next refresh.
+	FirstPass <-chan struct{}
 }
 
 // Timing constants.
@@ -377,6 +381,13 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	case <-r.written: // after the conditions of this boot (see written)
+	}
+	if r.o.FirstPass != nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.o.FirstPass:
+		}
 	}
 	wait := time.Duration(0)
 	for {

@@ -401,3 +401,39 @@ func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
 		h.stop()
 	})
 }
+
+// The first annotations wait for the checks' first pass (Options.FirstPass)
+// after the conditions are written, so they carry what the checks collect:
+// a check slower than the first status write (an LVM report) no longer
+// leaves its domain empty until the next refresh.
+func TestAnnotationsWaitForTheFirstPass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		det := report.NewDetails()
+		firstPass := make(chan struct{})
+		r := New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil),
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: firstPass})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: "not yet"}, time.Now())
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		h := &harness{client: client}
+		if n := h.node(t); findCond(n, "DiskUsageHigh") == nil {
+			t.Fatal("the conditions were not written")
+		} else if _, ok := n.Annotations[report.AnnotationPrefix+"storage"]; ok {
+			t.Fatalf("annotations written before the first pass: %s", n.Annotations[report.AnnotationPrefix+"storage"])
+		}
+		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/var"}}})
+		close(firstPass)
+		synctest.Wait()
+		if v := h.node(t).Annotations[report.AnnotationPrefix+"storage"]; !strings.Contains(v, `"filesystems":[{"mountPoint":"/var"}]`) {
+			t.Errorf("storage after the first pass: %q", v)
+		}
+		cancel()
+		<-done
+	})
+}
