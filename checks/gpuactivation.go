@@ -29,10 +29,17 @@ func init() { Register("GpuActivationFailed", newGpuActivationCheck) }
 // parse or validate is left out with its error, a device that two specs of
 // the same directory both name is dropped, and the later directory wins.
 //
-// A GPU is named by its index, its position in PCI address order (how NVML,
-// and so nvidia-ctk's "index" device names, number the GPUs), or by its
-// UUID where the driver lists it (/proc/driver/nvidia/gpus/<address>/
-// information); `nvidia-ctk cdi generate` writes both by default, and "all".
+// Only the GPUs meant for containers count (PCIGPU.ForContainers: bound to
+// the nvidia driver, or to none yet); one bound to another driver, vfio-pci
+// for a virtual machine above all, never gets a CDI device: it is left out,
+// and named in the message. Where every GPU is bound to another driver the
+// check is Unknown (NothingToCheck).
+//
+// A GPU is named by its index, its position in PCI address order among the
+// GPUs that count (how NVML, and so nvidia-ctk's "index" device names,
+// number the GPUs the driver sees), or by its UUID where the driver lists
+// it (/proc/driver/nvidia/gpus/<address>/information); `nvidia-ctk cdi
+// generate` writes both by default, and "all".
 type gpuActivationCheck struct {
 	env    *Env
 	marker string
@@ -65,13 +72,30 @@ func (g gpu) String() string {
 }
 
 func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
-	addrs, err := NvidiaGPUs(c.env.Path(PCIDevicesDir))
+	found, err := NvidiaGPUs(c.env.Path(PCIDevicesDir))
 	if err != nil {
 		return Result{}, err
 	}
-	if len(addrs) == 0 {
+	if len(found) == 0 {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 			Message: "no NVIDIA GPU (PCI vendor 0x10de, class 0x0300 or 0x0302) under " + PCIDevicesDir}, nil
+	}
+	var addrs, others []string
+	for _, g := range found {
+		if g.ForContainers() {
+			addrs = append(addrs, g.Addr)
+		} else {
+			others = append(others, g.Addr+" bound to "+g.Driver)
+		}
+	}
+	// leftOut names the GPUs bound to another driver, for the message.
+	leftOut := ""
+	if len(others) > 0 {
+		leftOut = strings.Join(others, ", ") + ", left out"
+	}
+	if len(addrs) == 0 {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+			Message: "no NVIDIA GPU for containers under " + PCIDevicesDir + ": " + leftOut}, nil
 	}
 	gpus := make([]gpu, len(addrs))
 	for i, a := range addrs {
@@ -114,15 +138,23 @@ func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
 		if cdiProblem != "" {
 			msg += "; " + cdiProblem
 		}
-		return Result{Status: report.StatusTrue, Reason: report.ReasonActivationMarkerMissing, Message: msg}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonActivationMarkerMissing, Message: withLeftOut(msg, leftOut)}, nil
 	case cdiProblem != "":
-		return Result{Status: report.StatusTrue, Reason: report.ReasonCDISpecMissing, Message: present + " present; " + cdiProblem}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCDISpecMissing, Message: withLeftOut(present+" present; "+cdiProblem, leftOut)}, nil
 	}
 	msg := fmt.Sprintf("%s activated: marker %s present, each named by a device of kind %s in %s", present, c.marker, c.kind, strings.Join(files, ", "))
 	if len(specs.errs) > 0 {
 		msg += "; other CDI specs left out: " + strings.Join(specs.errs, "; ")
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonGpuActivated, Message: msg}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonGpuActivated, Message: withLeftOut(msg, leftOut)}, nil
+}
+
+// withLeftOut adds the GPUs bound to another driver to a message.
+func withLeftOut(msg, leftOut string) string {
+	if leftOut == "" {
+		return msg
+	}
+	return msg + "; " + leftOut
 }
 
 // describeGPUs says which GPUs are present: "GPU 0000:3b:00.0" or

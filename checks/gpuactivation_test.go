@@ -23,6 +23,16 @@ import (
 //	            its HDMI audio function (NVIDIA, class 0x040300)
 //	pci-4-gpu   the base, plus four H100 (3D controller, 0x030200) and an
 //	            NVSwitch (NVIDIA, bridge class 0x068000)
+//	pci-vfio    pci-4-gpu with 0000:2a:00.0 and 0000:ba:00.0 bound to
+//	            vfio-pci (passed through to a virtual machine) and
+//	            0000:ab:00.0 bound to no driver; the driver lists only
+//	            0000:18:00.0
+//	pci-vfio-only pci-1-gpu with the GPU and its audio function bound to
+//	            vfio-pci, and no NVIDIA driver
+//
+// Each function bound to a driver has the kernel's link to it
+// (<function>/driver -> ../../../bus/pci/drivers/<name>): nvidia for the
+// GPUs and the NVSwitch, snd_hda_intel, igb.
 //
 // The GPU trees also hold the driver's /proc/driver/nvidia/gpus/<address>/
 // information files, with the UUIDs the CDI specs in testdata/cdi use.
@@ -39,11 +49,21 @@ import (
 var fourGPUs = []string{"0000:18:00.0", "0000:2a:00.0", "0000:ab:00.0", "0000:ba:00.0"}
 
 func TestNvidiaGPUs(t *testing.T) {
-	for tree, want := range map[string][]string{
+	bound := func(driver string, addrs ...string) []PCIGPU {
+		var gs []PCIGPU
+		for _, a := range addrs {
+			gs = append(gs, PCIGPU{Addr: a, Driver: driver})
+		}
+		return gs
+	}
+	for tree, want := range map[string][]PCIGPU{
 		"pci-no-gpu": nil,
-		"pci-1-gpu":  {"0000:3b:00.0"},
-		"pci-4-gpu":  fourGPUs,
-		"missing":    nil, // no /sys/bus/pci at all
+		"pci-1-gpu":  bound("nvidia", "0000:3b:00.0"),
+		"pci-4-gpu":  bound("nvidia", fourGPUs...),
+		"pci-vfio": {{"0000:18:00.0", "nvidia"}, {"0000:2a:00.0", "vfio-pci"},
+			{"0000:ab:00.0", ""}, {"0000:ba:00.0", "vfio-pci"}},
+		"pci-vfio-only": bound("vfio-pci", "0000:3b:00.0"),
+		"missing":       nil, // no /sys/bus/pci at all
 	} {
 		got, err := NvidiaGPUs(filepath.Join("testdata/roots", tree, PCIDevicesDir))
 		if err != nil || !slices.Equal(got, want) {
@@ -56,6 +76,14 @@ func TestNvidiaGPUs(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "0000:01:00.0", "vendor"), []byte("0x10de\n"), 0o644)
 	if got, err := NvidiaGPUs(dir); err != nil || got != nil {
 		t.Errorf("no class file: %q %v", got, err)
+	}
+	for _, tc := range []struct {
+		driver string
+		want   bool
+	}{{"nvidia", true}, {"", true}, {"vfio-pci", false}, {"nouveau", false}} {
+		if got := (PCIGPU{Addr: "0000:3b:00.0", Driver: tc.driver}).ForContainers(); got != tc.want {
+			t.Errorf("driver %q: ForContainers %t, want %t", tc.driver, got, tc.want)
+		}
 	}
 }
 
@@ -118,15 +146,16 @@ func probeGPU(t *testing.T, root string, mutate func(*config.GpuActivationFailed
 
 func TestGpuActivation(t *testing.T) {
 	const (
-		four       = "4 GPUs (0000:18:00.0, 0000:2a:00.0, 0000:ab:00.0, 0000:ba:00.0)"
-		dirs       = "/etc/cdi, /var/run/cdi"
-		noMarker   = " present, but the activation marker /run/syself/gpu-activated is missing (gpu-activate has not finished)"
-		g0         = "0000:18:00.0 (index 0, GPU-3f1c2a8e-5b7d-4e19-a6c2-8d9e0f1a2b3c)"
-		g1         = "0000:2a:00.0 (index 1, GPU-7a2e9c41-0d3b-4f58-b1e7-2c6d8a9f0e14)"
-		g2         = "0000:ab:00.0 (index 2, GPU-c4d81f26-93ab-4e07-8f5c-6b1a2d3e4f50)"
-		g3         = "0000:ba:00.0 (index 3, GPU-e9b05d73-1c2f-4a86-9d4e-7f8a0b1c2d36)"
-		tornErr    = `failed to load CDI Spec failed to parse CDI Spec "/etc/cdi/nvidia.yaml": failed to unmarshal CDI Spec: yaml: line 46: found unexpected end of stream`
-		nvidiaYAML = "/var/run/cdi/nvidia.yaml"
+		four        = "4 GPUs (0000:18:00.0, 0000:2a:00.0, 0000:ab:00.0, 0000:ba:00.0)"
+		dirs        = "/etc/cdi, /var/run/cdi"
+		noMarker    = " present, but the activation marker /run/syself/gpu-activated is missing (gpu-activate has not finished)"
+		g0          = "0000:18:00.0 (index 0, GPU-3f1c2a8e-5b7d-4e19-a6c2-8d9e0f1a2b3c)"
+		g1          = "0000:2a:00.0 (index 1, GPU-7a2e9c41-0d3b-4f58-b1e7-2c6d8a9f0e14)"
+		g2          = "0000:ab:00.0 (index 2, GPU-c4d81f26-93ab-4e07-8f5c-6b1a2d3e4f50)"
+		g3          = "0000:ba:00.0 (index 3, GPU-e9b05d73-1c2f-4a86-9d4e-7f8a0b1c2d36)"
+		tornErr     = `failed to load CDI Spec failed to parse CDI Spec "/etc/cdi/nvidia.yaml": failed to unmarshal CDI Spec: yaml: line 46: found unexpected end of stream`
+		nvidiaYAML  = "/var/run/cdi/nvidia.yaml"
+		vfioLeftOut = "0000:2a:00.0 bound to vfio-pci, 0000:ba:00.0 bound to vfio-pci, left out"
 	)
 	conflict := func(dev string) string {
 		return `conflicting device "nvidia.com/gpu=` + dev + `" (specs "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia-copy.yaml")`
@@ -202,6 +231,22 @@ func TestGpuActivation(t *testing.T) {
 			mutate: func(k *config.GpuActivationFailed) { k.CDIKind = "example.com/gpu" },
 			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
 			msg: "GPU 0000:3b:00.0 present; no CDI spec under " + dirs + " names a device of kind example.com/gpu for 0000:3b:00.0 (index 0, GPU-5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f)"},
+		{name: "all GPUs bound to vfio-pci", tree: "pci-vfio-only", marker: true,
+			status: report.StatusUnknown, reason: report.ReasonNothingToCheck,
+			msg: "no NVIDIA GPU for containers under /sys/bus/pci/devices: 0000:3b:00.0 bound to vfio-pci, left out"},
+		// The two GPUs that count are numbered 0 and 1 (NVML's view); the
+		// unbound one counts, and has no UUID (the driver does not list it).
+		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, activated", tree: "pci-vfio", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-2-of-4-gpus.yaml"},
+			status: report.StatusFalse, reason: report.ReasonGpuActivated,
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml; " + vfioLeftOut},
+		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, no marker, no spec", tree: "pci-vfio", driver: true,
+			status: report.StatusTrue, reason: report.ReasonActivationMarkerMissing,
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0)" + noMarker + "; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + g0 + ", 0000:ab:00.0 (index 1); " + vfioLeftOut},
+		{name: "2 of 4 GPUs bound to vfio-pci, the unbound one has no UUID", tree: "pci-vfio", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus-uuid.yaml"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:ab:00.0 (index 1); " + vfioLeftOut},
 		{name: "other paths configured", tree: "pci-1-gpu", marker: false,
 			specs: map[string]string{"/opt/cdi/nvidia.json": "nvidia-1-gpu.json", "/run/gpu/done": "nvidia-1-gpu.json"},
 			mutate: func(k *config.GpuActivationFailed) {

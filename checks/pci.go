@@ -23,13 +23,36 @@ const (
 	class3DControl = "0x0302"
 )
 
-// NvidiaGPUs returns the PCI addresses of the NVIDIA GPUs under dir (the
-// host's /sys/bus/pci/devices), sorted: the order in which the driver's
-// NVML numbers them (nvidia-smi's index). A missing dir is no GPU; a
-// function whose vendor or class cannot be read is not counted. This one
-// scan decides both whether the node is a GPU node (gpu = "auto") and
-// which GPUs GpuActivationFailed expects to be activated.
-func NvidiaGPUs(dir string) ([]string, error) {
+// NvidiaDriver is the name of the NVIDIA kernel driver's PCI driver
+// (/sys/bus/pci/drivers/nvidia).
+const NvidiaDriver = "nvidia"
+
+// PCIGPU is an NVIDIA GPU on PCI and the driver bound to it.
+type PCIGPU struct {
+	Addr string // PCI address, "0000:3b:00.0"
+	// Driver is the name of the driver bound to the function (the last
+	// element of the target of its "driver" link: "nvidia", "vfio-pci"),
+	// "" where none is bound (or the link cannot be read).
+	Driver string
+}
+
+// ForContainers says whether the GPU is meant for containers on this node:
+// bound to the NVIDIA driver, or to no driver yet (the driver not loaded,
+// which is what an activation failure looks like). A GPU bound to another
+// driver, vfio-pci for passthrough to a virtual machine above all, is not
+// for containers: the NVIDIA driver, so NVML and the CDI specs, never see
+// it.
+func (g PCIGPU) ForContainers() bool {
+	return g.Driver == "" || g.Driver == NvidiaDriver
+}
+
+// NvidiaGPUs returns the NVIDIA GPUs under dir (the host's
+// /sys/bus/pci/devices), sorted by PCI address, each with the driver bound
+// to it. A missing dir is no GPU; a function whose vendor or class cannot
+// be read is not counted. This one scan decides both whether the node is a
+// GPU node (gpu = "auto": any of them, whatever its driver) and which GPUs
+// GpuActivationFailed expects to be activated (those ForContainers).
+func NvidiaGPUs(dir string) ([]PCIGPU, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -37,7 +60,7 @@ func NvidiaGPUs(dir string) ([]string, error) {
 		}
 		return nil, fmt.Errorf("listing PCI devices: %w", err)
 	}
-	var gpus []string
+	var gpus []PCIGPU
 	for _, e := range ents {
 		vendor, err1 := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
 		class, err2 := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
@@ -45,11 +68,18 @@ func NvidiaGPUs(dir string) ([]string, error) {
 			continue
 		}
 		c := strings.TrimSpace(string(class))
-		if strings.TrimSpace(string(vendor)) == nvidiaVendor && len(c) == len("0x030200") &&
-			(strings.HasPrefix(c, classVGA) || strings.HasPrefix(c, class3DControl)) {
-			gpus = append(gpus, e.Name())
+		if strings.TrimSpace(string(vendor)) != nvidiaVendor || len(c) != len("0x030200") ||
+			(!strings.HasPrefix(c, classVGA) && !strings.HasPrefix(c, class3DControl)) {
+			continue
 		}
+		g := PCIGPU{Addr: e.Name()}
+		// sysfs: <function>/driver -> ../../../bus/pci/drivers/<name>,
+		// absent while no driver is bound.
+		if t, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil {
+			g.Driver = filepath.Base(t)
+		}
+		gpus = append(gpus, g)
 	}
-	slices.Sort(gpus)
+	slices.SortFunc(gpus, func(a, b PCIGPU) int { return strings.Compare(a.Addr, b.Addr) })
 	return gpus, nil
 }

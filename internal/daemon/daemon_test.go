@@ -406,12 +406,15 @@ func TestDetect(t *testing.T) {
 // "GPU node" is decided by the same PCI scan GpuActivationFailed counts
 // the GPUs with (checks.NvidiaGPUs), on the check's fixture trees: an
 // NVIDIA audio function, an NVSwitch or another vendor's display
-// controller does not make a GPU node.
+// controller does not make a GPU node; a GPU bound to vfio-pci does, even
+// where it is the only one (GpuActivationFailed leaves it out).
 func TestDetectGPUFromPCITrees(t *testing.T) {
 	for tree, want := range map[string]string{
-		"pci-no-gpu": "no NVIDIA GPU on PCI",
-		"pci-1-gpu":  "NVIDIA GPU at PCI 0000:3b:00.0",
-		"pci-4-gpu":  "NVIDIA GPU at PCI 0000:18:00.0, 0000:2a:00.0, 0000:ab:00.0, 0000:ba:00.0",
+		"pci-no-gpu":    "no NVIDIA GPU on PCI",
+		"pci-1-gpu":     "NVIDIA GPU at PCI 0000:3b:00.0",
+		"pci-4-gpu":     "NVIDIA GPU at PCI 0000:18:00.0, 0000:2a:00.0, 0000:ab:00.0, 0000:ba:00.0",
+		"pci-vfio":      "NVIDIA GPU at PCI 0000:18:00.0, 0000:2a:00.0 (bound to vfio-pci), 0000:ab:00.0, 0000:ba:00.0 (bound to vfio-pci)",
+		"pci-vfio-only": "NVIDIA GPU at PCI 0000:3b:00.0 (bound to vfio-pci)",
 	} {
 		cfg := config.Default()
 		cfg.HostRoot, _ = filepath.Abs(filepath.Join("../../checks/testdata/roots", tree))

@@ -71,13 +71,23 @@ func DetectRoleGPU(cfg *config.Config) (role report.Role, roleSource string, gpu
 	case "true", "false":
 		gpu, gpuSource = cfg.GPU == "true", "config gpu"
 	default:
+		// Every NVIDIA GPU makes a GPU node, also one bound to vfio-pci for
+		// a virtual machine: the node has the GPU. GpuActivationFailed
+		// leaves such a GPU out (Unknown where it leaves out all of them).
 		gpus, err := checks.NvidiaGPUs(cfg.HostPath(checks.PCIDevicesDir))
 		gpu = len(gpus) > 0
 		switch {
 		case err != nil:
 			gpuSource = "no PCI devices readable: " + err.Error()
 		case gpu:
-			gpuSource = "NVIDIA GPU at PCI " + strings.Join(gpus, ", ")
+			at := make([]string, len(gpus))
+			for i, g := range gpus {
+				at[i] = g.Addr
+				if !g.ForContainers() {
+					at[i] += " (bound to " + g.Driver + ")"
+				}
+			}
+			gpuSource = "NVIDIA GPU at PCI " + strings.Join(at, ", ")
 		default:
 			gpuSource = "no NVIDIA GPU on PCI"
 		}
