@@ -287,11 +287,13 @@ func fileID(fi fs.FileInfo) (dev, ino uint64) {
 }
 
 // findRotated looks in dir for the file the cursor was taken in (its
-// device, inode and head): the audit log renamed by its rotation.
+// device, inode and head): the audit log renamed by its rotation. No file
+// and no error where it is gone; an error where dir or the file cannot be
+// read.
 func findRotated(dir string, cur auditCursor) (*os.File, fs.FileInfo, error) {
-	f, fi := findInode(dir, cur.Dev, cur.Ino)
-	if f == nil {
-		return nil, nil, nil
+	f, fi, err := findInode(dir, cur.Dev, cur.Ino)
+	if f == nil || err != nil {
+		return nil, nil, err
 	}
 	if ok, err := cur.sameHead(f); err != nil || !ok {
 		f.Close()
@@ -300,11 +302,13 @@ func findRotated(dir string, cur auditCursor) (*os.File, fs.FileInfo, error) {
 	return f, fi, nil
 }
 
-// findInode opens the regular file in dir with the given device and inode.
-func findInode(dir string, dev, ino uint64) (*os.File, fs.FileInfo) {
+// findInode opens the regular file in dir with the given device and inode:
+// nil and no error where dir holds none (or it was renamed again while
+// being opened), an error where dir cannot be listed or the file opened.
+func findInode(dir string, dev, ino uint64) (*os.File, fs.FileInfo, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, nil
+		return nil, nil, fmt.Errorf("looking for the rotated audit log: %w", err)
 	}
 	for _, e := range entries {
 		if !e.Type().IsRegular() {
@@ -312,26 +316,28 @@ func findInode(dir string, dev, ino uint64) (*os.File, fs.FileInfo) {
 		}
 		fi, err := e.Info()
 		if err != nil {
-			continue
+			continue // removed since the listing
 		}
 		if d, i := fileID(fi); d != dev || i != ino {
 			continue
 		}
 		f, err := os.Open(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return nil, nil
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, nil
+		} else if err != nil {
+			return nil, nil, fmt.Errorf("opening the rotated audit log: %w", err)
 		}
 		if fi, err = f.Stat(); err != nil {
 			f.Close()
-			return nil, nil
+			return nil, nil, fmt.Errorf("opening the rotated audit log: %w", err)
 		}
 		if d, i := fileID(fi); d != dev || i != ino { // renamed again in between
 			f.Close()
-			return nil, nil
+			return nil, nil, nil
 		}
-		return f, fi
+		return f, fi, nil
 	}
-	return nil, nil
+	return nil, nil, nil
 }
 
 func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {

@@ -328,6 +328,49 @@ func TestSourceIPRotation(t *testing.T) {
 		auditLogPath+" does not exist (is kube-apiserver started with --audit-log-path="+auditLogPath+"?)")
 }
 
+// A directory that cannot be listed is an error, not a rotated log that
+// is gone (the probe then fails with it instead of saying "no longer in").
+// As root no mode makes a directory unreadable: a regular file in its place
+// fails the listing the same way.
+func TestFindRotatedErrors(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "audit.log")
+	if err := os.WriteFile(log, []byte(auditLine("alice", auT0, "203.0.113.7")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, ino := fileID(fi)
+	f, _, err := findRotated(log, auditCursor{Dev: dev, Ino: ino, HeadLen: 1})
+	if f != nil || err == nil || !strings.Contains(err.Error(), "looking for the rotated audit log: open "+log+": not a directory") {
+		t.Errorf("a file as the directory: %v, %v", f, err)
+	}
+	// Listed, and the inode is not there: gone, no error.
+	f, _, err = findRotated(dir, auditCursor{Dev: dev, Ino: ino + 1, HeadLen: 1})
+	if f != nil || err != nil {
+		t.Errorf("no such inode: %v, %v", f, err)
+	}
+	// Listed, and there.
+	want, _, _ := fileHead(mustOpen(t, log), 10)
+	f, _, err = findRotated(dir, auditCursor{Dev: dev, Ino: ino, HeadLen: 10, Head: want})
+	if f == nil || err != nil {
+		t.Fatalf("the rotated file: %v, %v", f, err)
+	}
+	f.Close()
+}
+
+func mustOpen(t *testing.T, p string) *os.File {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 // More than max_read_bytes since the last probe: the newest part is read,
 // from the first line that starts in it; the rest is said in the message.
 func TestSourceIPReadIsBounded(t *testing.T) {
