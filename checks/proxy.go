@@ -11,7 +11,10 @@ import (
 func init() { Register("ProxyNotServing", newProxyCheck) }
 
 // proxyCheck: the local syself-proxy's ready gauge on its metrics endpoint
-// is 0 or missing, or the endpoint is unreachable (worker nodes only).
+// is 0 or missing, or the endpoint is unreachable (worker nodes only). A
+// page that is not exposition text (or is too long to read) is an error,
+// Unknown, as for TunnelDisconnected: something answered, and what it says
+// is not known.
 type proxyCheck struct {
 	url, metric string
 	client      *http.Client
@@ -25,6 +28,8 @@ func newProxyCheck(env *Env) (Check, error) {
 func (c *proxyCheck) Probe(ctx context.Context) (Result, error) {
 	vals, found, err := scrapeGauge(ctx, c.client, c.url, c.metric)
 	switch {
+	case err != nil && isPageError(err):
+		return Result{}, fmt.Errorf("%s: %w", c.url, err)
 	case err != nil:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonProxyUnreachable, Message: err.Error()}, nil
 	case !found || len(vals) == 0:

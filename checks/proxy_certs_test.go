@@ -42,13 +42,21 @@ func TestProxyCheck(t *testing.T) {
 		{"# TYPE ready gauge\nready 1\nother_total 5\n", 200, report.StatusFalse, "ProxyServing", "/metrics: ready is 1"},
 		{"# TYPE ready gauge\nready 0\n", 200, report.StatusTrue, "ProxyNotReady", "/metrics: ready is 0 (no valid target set)"},
 		{"other 1\n", 200, report.StatusTrue, "ProxyNotReady", "/metrics has no ready gauge"},
-		{"ready{not closed 1\n", 200, report.StatusTrue, "ProxyUnreachable", "metrics page: text format parsing error"},
 		{"", 503, report.StatusTrue, "ProxyUnreachable", "HTTP 503"},
 	} {
 		page, status = tc.page, tc.status
 		r, err := c.Probe(context.Background())
 		if err != nil || r.Status != tc.wantStatus || r.Reason != tc.wantReason || !strings.Contains(r.Message, tc.wantMsg) {
 			t.Errorf("page %q: %+v %v; want %s/%s containing %q", tc.page, r, err, tc.wantStatus, tc.wantReason, tc.wantMsg)
+		}
+	}
+	// A page that is not the proxy's metrics: something answered, and what it
+	// says is not known: an error (Unknown, CheckFailed), as for TunnelDisconnected.
+	for _, p := range []string{"ready{not closed 1\n", "<html><body>502 Bad Gateway</body></html>\n",
+		"# TYPE ready histogram\nready_bucket{le=\"1\"} 1\n"} {
+		page, status = p, 200
+		if r, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), srv.URL+"/metrics: metrics page: ") {
+			t.Errorf("page %q: %+v %v; want a page error", p, r, err)
 		}
 	}
 	srv.Close()

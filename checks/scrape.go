@@ -1,6 +1,7 @@
 package checks
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +13,9 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxMetricsPage bounds what a check reads from a metrics endpoint.
+// maxMetricsPage bounds what a check reads from a metrics endpoint. A
+// longer page is a page error, not a page cut short: the metric could be in
+// the part not read, and "absent" would be a false True.
 const maxMetricsPage = 4 << 20
 
 // pageError: the endpoint answered, but its page is not exposition text
@@ -48,7 +51,14 @@ func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (va
 	if resp.StatusCode != http.StatusOK {
 		return nil, false, fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
 	}
-	return parseMetric(io.LimitReader(resp.Body, maxMetricsPage), name)
+	page, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsPage+1))
+	if err != nil {
+		return nil, false, fmt.Errorf("GET %s: reading the page: %w", url, err)
+	}
+	if len(page) > maxMetricsPage {
+		return nil, false, &pageError{fmt.Errorf("longer than %d bytes, the most a check reads", maxMetricsPage)}
+	}
+	return parseMetric(bytes.NewReader(page), name)
 }
 
 // parseMetric reads Prometheus text exposition and returns the values of one metric.

@@ -1,0 +1,74 @@
+package checks
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// pageOfSize is exposition text of exactly n bytes whose last line is the
+// sample line; comment lines fill the rest.
+func pageOfSize(t *testing.T, n int, sample string) string {
+	t.Helper()
+	var b strings.Builder
+	for b.Len()+len(sample) < n {
+		fill := min(n-len(sample)-b.Len(), 200)
+		if fill < 2 {
+			t.Fatalf("cannot fill %d bytes", fill)
+		}
+		b.WriteString("#" + strings.Repeat("x", fill-2) + "\n")
+	}
+	b.WriteString(sample)
+	if b.Len() != n {
+		t.Fatalf("page of %d bytes, want %d", b.Len(), n)
+	}
+	return b.String()
+}
+
+// A page longer than maxMetricsPage is a page error, not a page cut short
+// (where the metric, past the cut, would look absent: a false True). A page
+// of exactly maxMetricsPage bytes is read whole, the metric at its end
+// included.
+func TestScrapeOversizePage(t *testing.T) {
+	var page string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(page)) }))
+	defer srv.Close()
+	url := srv.URL + "/metrics"
+
+	page = pageOfSize(t, maxMetricsPage, "ready 1\n")
+	vals, found, err := scrapeGauge(context.Background(), srv.Client(), url, "ready")
+	if err != nil || !found || len(vals) != 1 || vals[0] != 1 {
+		t.Errorf("page of %d bytes: %v %v %v; want [1] found", len(page), vals, found, err)
+	}
+
+	// The first maxMetricsPage bytes end at a line and hold no ready: cut
+	// there, the page would parse with the metric absent. One byte over is
+	// too long as well.
+	for _, p := range []string{pageOfSize(t, maxMetricsPage+1, "ready 1\n"), pageOfSize(t, maxMetricsPage, "# cut here\n") + "ready 1\n"} {
+		page = p
+		vals, found, err = scrapeGauge(context.Background(), srv.Client(), url, "ready")
+		if !isPageError(err) || !strings.Contains(err.Error(), "longer than 4194304 bytes") || found || vals != nil {
+			t.Errorf("page of %d bytes: %v %v %v; want a page error", len(page), vals, found, err)
+		}
+	}
+
+	// Both checks that scrape report the page cut at a line as an error
+	// (Unknown), not True ("no ready gauge").
+	env := testEnv(t, func(c *config.Config) {
+		c.Checks.ProxyNotServing.MetricsURL = url
+		c.Checks.TunnelDisconnected.MetricsURL = url
+		c.Checks.TunnelDisconnected.ConnectionsMetric = "ready"
+	})
+	proxy, _ := newProxyCheck(env)
+	tunnel, _ := newTunnelCheck(env)
+	for name, c := range map[string]Check{"ProxyNotServing": proxy, "TunnelDisconnected": tunnel} {
+		if r, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), "longer than") || r.Status != report.Status("") {
+			t.Errorf("%s on an oversize page: %+v %v; want an error", name, r, err)
+		}
+	}
+}
