@@ -25,21 +25,33 @@ func init() { Register("TunnelDisconnected", newTunnelCheck) }
 // The agent runs on worker nodes (NodeServiceDown's worker_units); a
 // control-plane node runs the tunnel server and has no agent to measure:
 // Unknown, NothingToCheck. The catalog row keeps the spec's scope (all).
+// So is a worker without the agent's unit (agent_unit, LoadState
+// "not-found" over D-Bus): an unreachable endpoint there is no agent, not an
+// agent down. Where systemd does not answer, or agent_unit is empty (an
+// agent that is not a systemd unit), the endpoint alone decides.
 type tunnelCheck struct {
-	env         *Env
-	url, metric string
-	client      *http.Client
+	env               *Env
+	url, metric, unit string
+	client            *http.Client
 }
 
 func newTunnelCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.TunnelDisconnected
-	return &tunnelCheck{env: env, url: c.MetricsURL, metric: c.ConnectionsMetric, client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+	return &tunnelCheck{env: env, url: c.MetricsURL, metric: c.ConnectionsMetric, unit: c.AgentUnit,
+		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration)}}, nil
 }
 
 func (c *tunnelCheck) Probe(ctx context.Context) (Result, error) {
 	if c.env.Role == report.RoleControlPlane {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 			Message: "the tunnel agent runs on worker nodes; a control-plane node has no agent connections to count"}, nil
+	}
+	if c.unit != "" && c.env.Systemd != nil {
+		// An error here is systemd not answering: the endpoint decides, as without systemd.
+		if u, err := c.env.Systemd.Unit(ctx, c.unit); err == nil && u.LoadState == "not-found" {
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+				Message: fmt.Sprintf("no tunnel agent unit on this node (%s is not installed)", c.unit)}, nil
+		}
 	}
 	vals, found, err := scrapeGauge(ctx, c.client, c.url, c.metric)
 	return tunnelResult(c.url, c.metric, vals, found, err)

@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -129,6 +131,66 @@ func TestTunnelControlPlaneHasNoAgent(t *testing.T) {
 	c, _ := newTunnelCheck(env)
 	probeTunnel(t, c, report.StatusUnknown, report.ReasonNothingToCheck,
 		"the tunnel agent runs on worker nodes; a control-plane node has no agent connections to count")
+}
+
+// A worker without the agent's unit has no agent: Unknown, NothingToCheck,
+// not True for ever. With the unit installed (down or up), or where systemd
+// does not answer or is not there, or with agent_unit empty, the endpoint
+// decides as before: not answering is True.
+func TestTunnelWithoutAgentUnit(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL + "/metrics"
+	srv.Close() // nothing listens there now
+	const unit = "syself-tunnel-agent.service"
+	if got := config.Default().Checks.TunnelDisconnected.AgentUnit; got != unit {
+		t.Fatalf("default agent_unit %q", got)
+	}
+	unreachable := func(t *testing.T, c Check) {
+		t.Helper()
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != report.StatusTrue || r.Reason != report.ReasonTunnelMetricsUnreachable ||
+			!strings.Contains(r.Message, "connection refused") {
+			t.Errorf("got %+v %v; want True/%s", r, err, report.ReasonTunnelMetricsUnreachable)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		sd      func() systemd.Manager
+		noUnit  bool // agent_unit = ""
+		nothing bool // want Unknown, NothingToCheck
+	}{
+		{name: "unit not found", sd: func() systemd.Manager { return newFakeManager() }, nothing: true},
+		{name: "unit loaded, agent failed", sd: func() systemd.Manager {
+			return newFakeManager(systemd.Unit{Name: unit, LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code"})
+		}},
+		{name: "unit loaded and active", sd: func() systemd.Manager {
+			return newFakeManager(systemd.Unit{Name: unit, LoadState: "loaded", ActiveState: "active", SubState: "running"})
+		}},
+		{name: "no systemd", sd: func() systemd.Manager { return nil }},
+		{name: "systemd does not answer", sd: func() systemd.Manager {
+			m := newFakeManager()
+			m.err = errors.New("dial unix /run/systemd/private: connect: no such file or directory")
+			return m
+		}},
+		{name: "agent_unit empty", sd: func() systemd.Manager { return newFakeManager() }, noUnit: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := tunnelEnv(t, url)
+			if m := tc.sd(); m != nil {
+				env.Systemd = m
+			}
+			if tc.noUnit {
+				env.Config.Checks.TunnelDisconnected.AgentUnit = ""
+			}
+			c, _ := newTunnelCheck(env)
+			if tc.nothing {
+				probeTunnel(t, c, report.StatusUnknown, report.ReasonNothingToCheck,
+					"no tunnel agent unit on this node ("+unit+" is not installed)")
+				return
+			}
+			unreachable(t, c)
+		})
+	}
 }
 
 // The agent's page through the shared parser and the check's reading of it:

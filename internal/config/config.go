@@ -239,6 +239,7 @@ type TunnelDisconnected struct {
 	Common
 	MetricsURL        string `toml:"metrics_url"`
 	ConnectionsMetric string `toml:"connections_metric"`
+	AgentUnit         string `toml:"agent_unit"`
 }
 
 type GpuActivationFailed struct {

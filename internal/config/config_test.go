@@ -84,6 +84,7 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 		{"CertRenewalFailing.renew_within", k.CertRenewalFailing.RenewWithin.Duration, 7 * 24 * time.Hour},
 		{"ProxyNotServing.metrics_url", k.ProxyNotServing.MetricsURL, "http://127.0.0.1:9587/metrics"},
 		{"ProxyNotServing.ready_metric", k.ProxyNotServing.ReadyMetric, "ready"},
+		{"TunnelDisconnected.agent_unit", k.TunnelDisconnected.AgentUnit, "syself-tunnel-agent.service"},
 		{"GpuActivationFailed.marker_path", k.GpuActivationFailed.MarkerPath, "/run/syself/gpu-activated"},
 		{"GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs, []string{"/etc/cdi", "/var/run/cdi"}},
 		{"GpuActivationFailed.cdi_kind", k.GpuActivationFailed.CDIKind, "nvidia.com/gpu"},
@@ -169,6 +170,15 @@ func TestOverrideKeepsOtherDefaults(t *testing.T) {
 	}
 	if d := Default().Checks.ServiceNotRecovering.WorkerUnits; len(d) != 3 {
 		t.Errorf("decoding an override changed the defaults: %v", d)
+	}
+}
+
+// An empty agent_unit is valid: it turns off the look at systemd (an agent
+// that is not a systemd unit).
+func TestTunnelAgentUnitMayBeEmpty(t *testing.T) {
+	c, err := Parse("x.toml", []byte("[checks.TunnelDisconnected]\nagent_unit = \"\"\n"), Default())
+	if err != nil || c.Checks.TunnelDisconnected.AgentUnit != "" {
+		t.Errorf("agent_unit = \"\": %v, %q", err, c.Checks.TunnelDisconnected.AgentUnit)
 	}
 }
 
@@ -272,6 +282,7 @@ func TestBadConfigs(t *testing.T) {
 		"thin-pool-percent.toml":       `:2: key checks.DiskUsageHigh.thin_pool_metadata_percent: must be a percentage between 1 and 100, got 0`,
 		"syntax.toml":                  `:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		"timeout-over-interval.toml":   `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
+		"agent-unit.toml":              `:2: key checks.TunnelDisconnected.agent_unit: must list systemd unit names such as "kubelet.service", got "syself tunnel agent"`,
 		"unit-name.toml":               `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
 		"unknown-key.toml":             `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
 		"unknown-table.toml":           `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,

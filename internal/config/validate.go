@@ -267,6 +267,9 @@ func (c *Config) validate() *Error {
 	if k.TunnelDisconnected.ConnectionsMetric == "" {
 		v.fail("checks.TunnelDisconnected.connections_metric", "must not be empty")
 	}
+	if k.TunnelDisconnected.AgentUnit != "" {
+		v.units("checks.TunnelDisconnected.agent_unit", []string{k.TunnelDisconnected.AgentUnit})
+	}
 	v.absPath("checks.GpuActivationFailed.marker_path", k.GpuActivationFailed.MarkerPath)
 	v.absPaths("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs)
 	if len(k.GpuActivationFailed.CDISpecDirs) == 0 {
