@@ -7,7 +7,7 @@ import "sync"
 // within the boot continues from it), saved with every save of the store,
 // and the store told when it changes. Without Memos (the one-shot check) it
 // only holds the value. Checks that keep something use one (nodeinfo.go:
-// "nodes.json was seen", kubeletheartbeat.go: the journal cursor,
+// "nodes.json was written in this boot", kubeletheartbeat.go: the journal cursor,
 // sourceip.go: the audit log position).
 type bootValue[T comparable] struct {
 	key string

@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -24,11 +25,17 @@ const NodeInfoKey = "nodeinfo"
 const maxNodeInfo = 16 << 20
 
 // nodeInfoCheck: nodes.json, rewritten by the node-info sync loop, is older
-// than max_age, is not valid JSON (a torn write by a stuck writer), or was
-// present earlier in this boot and is gone. While it has not existed in this
-// boot (a node without the sync loop) the condition is Unknown,
-// NodeInfoNotFound. "Seen in this boot" is kept in the state file (Env.Memos),
-// so a daemon restart within the boot does not forget it.
+// than max_age, is not valid JSON (a torn write by a stuck writer), is dated
+// in the future (the clock was stepped back and nothing rewrote it), or was
+// written earlier in this boot and is gone. The file lives on persistent
+// storage, so one left by an earlier boot says nothing about this one: it
+// counts as written in this boot once its mtime is at or after the boot time
+// (btime in /proc/stat), or once it changed (mtime or inode) since the check
+// first found it. Until then (a node without the sync loop, or one whose
+// sync loop has not run yet after a reboot) the condition is Unknown,
+// NodeInfoNotFound, never a True from the old file's age. "Written in this
+// boot" is kept in the state file (Env.Memos), so a daemon restart within
+// the boot does not forget it.
 type nodeInfoCheck struct {
 	env    *Env
 	path   string
@@ -37,9 +44,32 @@ type nodeInfoCheck struct {
 	seen bootValue[nodeInfoSeen]
 }
 
+// nodeInfoSkew is how far in the future the file's mtime may be and still
+// count as now: more than that and its age cannot be told from it (the clock
+// was stepped back since it was written).
+const nodeInfoSkew = time.Minute
+
 // nodeInfoSeen is the saved form of what the check knows.
 type nodeInfoSeen struct {
+	// Seen: the file was written in this boot.
 	Seen bool `json:"seen"`
+	// First is the file as the check first found it while not Seen; a
+	// change to it is a write in this boot.
+	First fileStamp `json:"first,omitzero"`
+}
+
+// fileStamp tells one write of a file from another.
+type fileStamp struct {
+	MtimeNs int64  `json:"mtime_ns"`
+	Ino     uint64 `json:"ino"`
+}
+
+func stampOf(fi fs.FileInfo) fileStamp {
+	s := fileStamp{MtimeNs: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		s.Ino = st.Ino
+	}
+	return s
 }
 
 func newNodeInfoCheck(env *Env) (Check, error) {
@@ -48,7 +78,7 @@ func newNodeInfoCheck(env *Env) (Check, error) {
 		seen: bootValue[nodeInfoSeen]{key: NodeInfoKey}}, nil
 }
 
-// markSeen records that the file exists in this boot.
+// markSeen records that the file was written in this boot.
 func (c *nodeInfoCheck) markSeen() { c.seen.set(c.env.Memos, nodeInfoSeen{Seen: true}) }
 
 func (c *nodeInfoCheck) wasSeen() bool { return c.seen.get().Seen }
@@ -62,9 +92,9 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		if c.wasSeen() {
 			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoMissing,
-				Message: fmt.Sprintf("%s was present earlier in this boot and is gone", c.path)}, nil
+				Message: fmt.Sprintf("%s was written earlier in this boot and is gone", c.path)}, nil
 		}
-		msg := fmt.Sprintf("%s has not existed in this boot (no node-info sync loop on this node yet)", c.path)
+		msg := fmt.Sprintf("%s does not exist and has not been written in this boot (no node-info sync loop on this node yet)", c.path)
 		if c.env.Memos == nil { // the one-shot check: what was seen before it is not known
 			msg = fmt.Sprintf("%s does not exist (no node-info sync loop on this node?)", c.path)
 		}
@@ -81,14 +111,22 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	if fi.IsDir() {
 		return Result{}, fmt.Errorf("%s is a directory", c.path)
 	}
-	c.markSeen()
+	now := c.env.Now()
+	if !c.wasSeen() {
+		if r, written, err := c.writtenThisBoot(fi, now); !written || err != nil {
+			return r, err
+		}
+	}
 	data, err := io.ReadAll(io.LimitReader(f, maxNodeInfo+1))
 	if err != nil {
 		return Result{}, err
 	}
 	mtime := fi.ModTime()
-	age := c.env.Now().Sub(mtime)
+	age := now.Sub(mtime)
 	when := fmt.Sprintf("last written %s, %s ago", mtime.UTC().Format(time.RFC3339), age.Round(time.Second))
+	if age < 0 { // within nodeInfoSkew, or the switch below says so
+		when = fmt.Sprintf("last written %s, %s ahead of the clock", mtime.UTC().Format(time.RFC3339), (-age).Round(time.Second))
+	}
 	switch {
 	case len(data) > maxNodeInfo:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoInvalid,
@@ -96,10 +134,46 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	case !json.Valid(data):
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoInvalid,
 			Message: fmt.Sprintf("%s is not valid JSON (%d bytes; a torn write?) (%s)", c.path, len(data), when)}, nil
+	case age < -nodeInfoSkew:
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoInvalid,
+			Message: fmt.Sprintf("%s is dated %s, %s ahead of the clock: its age cannot be told (the clock was stepped back?) until the sync loop writes it again",
+				c.path, mtime.UTC().Format(time.RFC3339), (-age).Round(time.Second))}, nil
 	case age > c.maxAge:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated,
 			Message: fmt.Sprintf("%s is older than %s (%s)", c.path, c.maxAge, when)}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh,
 		Message: fmt.Sprintf("%s is fresh (%s; max_age %s)", c.path, when, c.maxAge)}, nil
+}
+
+// writtenThisBoot decides whether the file, not yet known to be written in
+// this boot, is: it is when it changed since the check first found it, or
+// when its mtime is at or after the boot time and not in the future. It
+// records a yes; for a no it returns the Unknown result.
+func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, bool, error) {
+	st := stampOf(fi)
+	switch first := c.seen.get().First; {
+	case first == (fileStamp{}):
+		c.seen.set(c.env.Memos, nodeInfoSeen{First: st})
+	case first != st:
+		c.markSeen()
+		return Result{}, true, nil
+	}
+	mtime := fi.ModTime()
+	if ahead := mtime.Sub(now); ahead > nodeInfoSkew {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound,
+			Message: fmt.Sprintf("%s is dated %s, %s ahead of the clock: not known to be written in this boot (the clock was stepped back?) until the sync loop writes it",
+				c.path, mtime.UTC().Format(time.RFC3339), ahead.Round(time.Second))}, false, nil
+	}
+	boot, err := c.env.BootTime()
+	if err != nil {
+		return Result{}, false, err
+	}
+	if !mtime.Before(boot) {
+		c.markSeen()
+		return Result{}, true, nil
+	}
+	return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound,
+		Message: fmt.Sprintf("%s is from before this boot (last written %s, boot at %s) and has not been written in this boot (no node-info sync loop on this node yet?)",
+			c.path, mtime.UTC().Format(time.RFC3339), boot.UTC().Format(time.RFC3339))}, false, nil
 }

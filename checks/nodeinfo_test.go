@@ -2,10 +2,14 @@ package checks
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -35,6 +39,18 @@ func nodeInfoEnv(t *testing.T, root string, now time.Time) *Env {
 	return env
 }
 
+// setBtime writes the host's /proc/stat with the boot at boot.
+func setBtime(t *testing.T, root string, boot time.Time) {
+	t.Helper()
+	stat := fmt.Sprintf("cpu  1657328 0 623613 631556 7059 0 9667 0 0 0\nctxt 61728513\nbtime %d\nprocesses 512774\n", boot.Unix())
+	if err := os.MkdirAll(filepath.Join(root, "proc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, ProcStat), []byte(stat), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func setMtime(t *testing.T, root string, mtime time.Time) {
 	t.Helper()
 	if err := os.Chtimes(filepath.Join(root, nodesJSON), mtime, mtime); err != nil {
@@ -51,6 +67,9 @@ func probeNodeInfo(t *testing.T, c Check, wantStatus report.Status, wantReason r
 }
 
 var niT0 = time.Date(2026, 12, 2, 18, 0, 0, 0, time.UTC)
+
+// niBoot is the boot time in the fixtures' proc/stat (btime 1796230800).
+var niBoot = niT0.Add(-time.Hour)
 
 func TestNodeInfoFreshThenOutdated(t *testing.T) {
 	root := nodeInfoRoot(t, "nodeinfo")
@@ -98,7 +117,7 @@ func TestNodeInfoNeverExistedIsUnknown(t *testing.T) {
 	c, _ := newNodeInfoCheck(env)
 	for range 2 {
 		probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound,
-			"/var/lib/syself/nodes.json has not existed in this boot (no node-info sync loop on this node yet)")
+			"/var/lib/syself/nodes.json does not exist and has not been written in this boot (no node-info sync loop on this node yet)")
 	}
 	// The one-shot check (no memos) does not know what the daemon saw.
 	c2, _ := newNodeInfoCheck(nodeInfoEnv(t, nodeInfoRoot(t, ""), niT0))
@@ -116,7 +135,7 @@ func TestNodeInfoDeletedAfterSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoMissing,
-		"/var/lib/syself/nodes.json was present earlier in this boot and is gone")
+		"/var/lib/syself/nodes.json was written earlier in this boot and is gone")
 }
 
 // A daemon restart within the boot: the fact that the file was seen is kept
@@ -157,7 +176,7 @@ func TestNodeInfoSeenSurvivesRestartWithinBoot(t *testing.T) {
 	env2.Memos = s2
 	c2, _ := newNodeInfoCheck(env2)
 	probeNodeInfo(t, c2, report.StatusTrue, report.ReasonNodeInfoMissing,
-		"/var/lib/syself/nodes.json was present earlier in this boot and is gone")
+		"/var/lib/syself/nodes.json was written earlier in this boot and is gone")
 
 	// And it keeps saving the fact: a third daemon of the same boot knows it too.
 	if err := s2.Save(state, niT0.Add(2*time.Minute)); err != nil {
@@ -177,11 +196,20 @@ func TestNodeInfoSeenSurvivesRestartWithinBoot(t *testing.T) {
 	if _, err := s4.Load(state); err != nil {
 		t.Fatal(err)
 	}
+	setBtime(t, root, niT0.Add(55*time.Minute))
 	env4 := nodeInfoEnv(t, root, niT0.Add(time.Hour))
 	env4.Memos = s4
 	c4, _ := newNodeInfoCheck(env4)
 	probeNodeInfo(t, c4, report.StatusUnknown, report.ReasonNodeInfoNotFound,
-		"/var/lib/syself/nodes.json has not existed in this boot (no node-info sync loop on this node yet)")
+		"/var/lib/syself/nodes.json does not exist and has not been written in this boot (no node-info sync loop on this node yet)")
+
+	// Nor does a file the old boot left on /var/lib count in the new one.
+	if err := os.WriteFile(filepath.Join(root, nodesJSON), []byte(`{"nodes":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	setMtime(t, root, niT0.Add(50*time.Minute))
+	probeNodeInfo(t, c4, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T18:50:00Z, boot at 2026-12-02T18:55:00Z) and has not been written in this boot (no node-info sync loop on this node yet?)")
 }
 
 // A re-plan (the node's role re-detected) builds the check again within the
@@ -206,5 +234,199 @@ func TestNodeInfoSeenSurvivesReplan(t *testing.T) {
 		t.Fatal(err)
 	}
 	probeNodeInfo(t, c2, report.StatusTrue, report.ReasonNodeInfoMissing,
-		"/var/lib/syself/nodes.json was present earlier in this boot and is gone")
+		"/var/lib/syself/nodes.json was written earlier in this boot and is gone")
+}
+
+// The bug this guards against: nodes.json is on persistent /var/lib, so at
+// the first probe of a new boot the file of the previous boot is there with
+// its old mtime. It is not written in this boot, so not True (however old),
+// until the sync loop writes it; then it is judged by its age as always.
+func TestNodeInfoFromBeforeBootIsUnknown(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niBoot.Add(-10*time.Minute)) // the previous boot's last write
+	env := nodeInfoEnv(t, root, niBoot.Add(3*time.Minute))
+	env.Memos = report.NewStore("boot-1")
+	c, _ := newNodeInfoCheck(env)
+	const before = "/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:50:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in this boot (no node-info sync loop on this node yet?)"
+	probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound, before)
+	// The CNI takes minutes: still the old file, still Unknown.
+	env.Now = func() time.Time { return niBoot.Add(9 * time.Minute) }
+	probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound, before)
+
+	// The sync loop writes it: judged by its age from now on.
+	setMtime(t, root, niBoot.Add(9*time.Minute+30*time.Second))
+	env.Now = func() time.Time { return niBoot.Add(10 * time.Minute) }
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T17:09:30Z, 30s ago; max_age 5m0s)")
+	env.Now = func() time.Time { return niBoot.Add(15 * time.Minute) }
+	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoOutdated,
+		"/var/lib/syself/nodes.json is older than 5m0s (last written 2026-12-02T17:09:30Z, 5m30s ago)")
+
+	// The one-shot check knows the boot time too.
+	root2 := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root2, niBoot.Add(-10*time.Minute))
+	c2, _ := newNodeInfoCheck(nodeInfoEnv(t, root2, niBoot.Add(3*time.Minute)))
+	probeNodeInfo(t, c2, report.StatusUnknown, report.ReasonNodeInfoNotFound, before)
+}
+
+// A file written exactly at the boot time (btime has whole seconds) counts.
+func TestNodeInfoWrittenAtBootTime(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niBoot)
+	c, _ := newNodeInfoCheck(nodeInfoEnv(t, root, niBoot.Add(time.Minute)))
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T17:00:00Z, 1m0s ago; max_age 5m0s)")
+}
+
+// A torn file left by a power cut in the previous boot is not this boot's
+// writer's fault: Unknown, not NodeInfoInvalid.
+func TestNodeInfoTornBeforeBootIsUnknown(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo-torn")
+	setMtime(t, root, niBoot.Add(-time.Second))
+	c, _ := newNodeInfoCheck(nodeInfoEnv(t, root, niBoot.Add(time.Minute)))
+	probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:59:59Z, boot at 2026-12-02T17:00:00Z) and has not been written in this boot (no node-info sync loop on this node yet?)")
+}
+
+// A file that changed since the check first found it was written in this
+// boot, whatever its mtime says against the boot time (the clock may have
+// been stepped since); and the first-found file is kept across a daemon
+// restart within the boot.
+func TestNodeInfoChangedSinceFirstFound(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	state := t.TempDir()
+	setMtime(t, root, niBoot.Add(-10*time.Minute))
+	s1 := report.NewStore("boot-1")
+	env := nodeInfoEnv(t, root, niBoot.Add(time.Minute))
+	env.Memos = s1
+	c, _ := newNodeInfoCheck(env)
+	probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:50:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in this boot (no node-info sync loop on this node yet?)")
+	if err := s1.Save(state, niBoot.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The daemon restarts; meanwhile the file is replaced (a new inode)
+	// with an mtime that is still before the boot time.
+	p := filepath.Join(root, nodesJSON)
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(`{"nodes":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	setMtime(t, root, niBoot.Add(-time.Minute))
+	s2 := report.NewStore("boot-1")
+	if _, err := s2.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	env2 := nodeInfoEnv(t, root, niBoot.Add(2*time.Minute))
+	env2.Memos = s2
+	c2, _ := newNodeInfoCheck(env2)
+	probeNodeInfo(t, c2, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T16:59:00Z, 3m0s ago; max_age 5m0s)")
+}
+
+// An mtime in the future (the clock was stepped back after the write) does
+// not count as fresh: up to nodeInfoSkew ahead it is now; beyond it, a file
+// written in this boot is NodeInfoInvalid until the sync loop writes it
+// again, and one not known to be written in this boot stays Unknown.
+func TestNodeInfoFutureMtime(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niT0)
+	env := nodeInfoEnv(t, root, niT0.Add(-30*time.Second))
+	env.Memos = report.NewStore("boot-1")
+	c, _ := newNodeInfoCheck(env)
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T18:00:00Z, 30s ahead of the clock; max_age 5m0s)")
+
+	// The clock is stepped back by an hour and nothing rewrites the file:
+	// not fresh for the hour it would take the clock to catch up.
+	env.Now = func() time.Time { return niT0.Add(-time.Hour + time.Minute) }
+	const ahead = "/var/lib/syself/nodes.json is dated 2026-12-02T18:00:00Z, 59m0s ahead of the clock: its age cannot be told (the clock was stepped back?) until the sync loop writes it again"
+	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoInvalid, ahead)
+
+	// The sync loop writes it again.
+	setMtime(t, root, niT0.Add(-time.Hour+90*time.Second))
+	env.Now = func() time.Time { return niT0.Add(-time.Hour + 2*time.Minute) }
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T17:01:30Z, 30s ago; max_age 5m0s)")
+
+	// Not yet known to be written in this boot, a future mtime does not
+	// tell that it was (nor is the boot time compared with it).
+	root2 := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root2, niT0)
+	c2, _ := newNodeInfoCheck(nodeInfoEnv(t, root2, niT0.Add(-2*time.Minute)))
+	probeNodeInfo(t, c2, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json is dated 2026-12-02T18:00:00Z, 2m0s ahead of the clock: not known to be written in this boot (the clock was stepped back?) until the sync loop writes it")
+}
+
+// Without a readable boot time the check cannot tell whether the file was
+// written in this boot: an error (CheckFailed), not a guess.
+func TestNodeInfoBootTimeUnreadable(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niT0)
+	for name, stat := range map[string]string{
+		"missing":  "",
+		"no btime": "cpu  1 2 3\nctxt 5\n",
+		"garbage":  "btime soon\n",
+	} {
+		if stat == "" {
+			if err := os.Remove(filepath.Join(root, ProcStat)); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+		} else if err := os.WriteFile(filepath.Join(root, ProcStat), []byte(stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, _ := newNodeInfoCheck(nodeInfoEnv(t, root, niT0.Add(time.Minute)))
+		if _, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), "/proc/stat") {
+			t.Errorf("%s: /proc/stat %q: error %v, want one naming /proc/stat", name, stat, err)
+		}
+	}
+}
+
+func TestParseBtime(t *testing.T) {
+	data, err := os.ReadFile("testdata/roots/nodeinfo/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := parseBtime(data); err != nil || !got.Equal(niBoot) {
+		t.Errorf("fixture: got %v, %v; want %v", got, err, niBoot)
+	}
+	for _, bad := range []string{"", "btime\n", "btime 0\n", "btime -5\n", "btime 12x\n", "xbtime 12\n", "btime 99999999999999999999\n"} {
+		if got, err := parseBtime([]byte(bad)); err == nil {
+			t.Errorf("%q: got %v, want an error", bad, got)
+		}
+	}
+}
+
+// The real thing: this host's btime is when CLOCK_BOOTTIME says the boot
+// began (to the second btime has).
+func TestBootTimeOfThisHost(t *testing.T) {
+	env := testEnv(t, nil) // host root /
+	got, err := env.BootTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		t.Fatal(err)
+	}
+	want := time.Now().Add(-time.Duration(ts.Nano()))
+	if d := got.Sub(want); d < -2*time.Second || d > 2*time.Second {
+		t.Errorf("btime %v, CLOCK_BOOTTIME says %v (%v apart)", got, want, d)
+	}
+}
+
+func FuzzParseBtime(f *testing.F) {
+	if data, err := os.ReadFile("testdata/roots/nodeinfo/proc/stat"); err == nil {
+		f.Add(data)
+	}
+	f.Add([]byte("btime 1796230800\n"))
+	f.Add([]byte("btime \n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if got, err := parseBtime(data); err == nil && got.Unix() <= 0 {
+			t.Errorf("%q: accepted %v", data, got)
+		}
+	})
 }

@@ -231,8 +231,9 @@ const (
 	ReasonNodeInfoMissing  Reason = "NodeInfoMissing"
 	// ReasonNodeInfoInvalid: the file is not valid JSON (a torn write).
 	ReasonNodeInfoInvalid Reason = "NodeInfoInvalid"
-	// ReasonNodeInfoNotFound (Unknown): the file has not existed in this
-	// boot; a node without the sync loop must not get a False or a True.
+	// ReasonNodeInfoNotFound (Unknown): the file has not been written in
+	// this boot (absent, or left by an earlier boot); a node without the
+	// sync loop must not get a False or a True.
 	ReasonNodeInfoNotFound Reason = "NodeInfoNotFound"
 )
 
