@@ -16,6 +16,7 @@ import (
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
 )
 
 // Result is what one probe found.
@@ -78,6 +79,15 @@ type Env struct {
 	// (the daemon's condition store); nil: nothing is kept (the one-shot
 	// check).
 	Memos Memos
+	// BootID is the kernel's boot ID (/proc/sys/kernel/random/boot_id).
+	BootID string
+	// Tamper keeps the tamper checks' baseline and findings
+	// (tamper.StateFileName in the state directory); nil: each tamper
+	// check reads that file without writing it (the one-shot check).
+	Tamper *tamper.Keeper
+	// DM reads the device-mapper tables; nil means the ioctls on the
+	// control node checks.SealedOSTampered.dm_control.
+	DM tamper.DM
 }
 
 // Path resolves an absolute host path under the configured host root.

@@ -12,8 +12,22 @@ import (
 	"github.com/syself/autopilot-health/report"
 )
 
+// Watcher is a check that learns of changes between its runs (file
+// notifications). The runner runs Watch beside the check's loop until the
+// loop stops; a call of wake runs the check again soon: at once, but never
+// sooner than minWakeGap after the start of its previous run.
+type Watcher interface {
+	Watch(ctx context.Context, wake func())
+}
+
+// minWakeGap bounds how often wake-ups run a check (a burst of file
+// notifications is one run).
+const minWakeGap = time.Second
+
 type entry struct {
-	cond     string
+	cond string
+	// wake gets a token when the check should run again soon (Watcher, Wake).
+	wake     chan struct{}
 	check    Check
 	interval time.Duration
 	timeout  time.Duration
@@ -109,7 +123,7 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 			part = p.Desc.Source
 		}
 		r.entries = append(r.entries, &entry{
-			cond: p.Desc.Type, check: c, part: part,
+			cond: p.Desc.Type, check: c, part: part, wake: make(chan struct{}, 1),
 			interval: com.Interval.Duration, timeout: com.Timeout.Duration,
 			log: env.Log.With("check", p.Desc.Type),
 		})
@@ -165,20 +179,51 @@ func (r *Runner) Run(ctx context.Context, firstPass func()) {
 				}
 			})
 		})
+		if w, ok := e.check.(Watcher); ok {
+			wg.Go(func() { w.Watch(ctx, e.poke) })
+		}
 	}
 	wg.Wait()
+}
+
+// poke asks for a run soon; it never blocks.
+func (e *entry) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Wake runs the check of a condition again soon (after its first run, and
+// at most once every minWakeGap); it reports whether the runner runs it.
+func (r *Runner) Wake(cond string) bool {
+	for _, e := range r.entries {
+		if e.cond == cond {
+			e.poke()
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Runner) loop(ctx context.Context, e *entry, offset time.Duration, first func()) {
 	t := time.NewTimer(offset)
 	defer t.Stop()
+	var start time.Time
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
+		case <-e.wake:
+			if n > 0 {
+				// Sooner than the interval, not sooner than the gap.
+				t.Reset(max(0, minWakeGap-time.Since(start)))
+			}
+			n--
+			continue
 		case <-t.C:
 		}
-		start := time.Now()
+		start = time.Now()
 		r.runOne(ctx, e)
 		if ctx.Err() != nil {
 			return

@@ -69,8 +69,8 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 				return nil, fmt.Errorf("kmsg rule %s: reason %q is not a reason of %s (want %s)", r.Name, r.Reason, r.Condition, report.JoinReasons(d.ProblemReasons, ", "))
 			}
 		case Temp, DiskIOError:
-			if _, ok := report.LookupEvent(r.Reason); !ok {
-				return nil, fmt.Errorf("kmsg rule %s: event reason %q is not in the catalog (want one of %s)", r.Name, r.Reason, strings.Join(eventReasons(), ", "))
+			if e, ok := report.LookupEvent(r.Reason); !ok || e.Source != report.SourceKmsg {
+				return nil, fmt.Errorf("kmsg rule %s: event reason %q is not a kernel-log event of the catalog (want one of %s)", r.Name, r.Reason, strings.Join(eventReasons(), ", "))
 			}
 		default:
 			return nil, fmt.Errorf("kmsg rule %s: kind %q, want perm or temp", r.Name, r.Kind)
@@ -111,7 +111,9 @@ func kmsgConditions() []string {
 func eventReasons() []string {
 	var out []string
 	for _, e := range report.Events {
-		out = append(out, e.Reason)
+		if e.Source == report.SourceKmsg {
+			out = append(out, e.Reason)
+		}
 	}
 	return out
 }

@@ -21,6 +21,8 @@ const bootSlack = 2 * time.Second
 //     holds);
 //   - a kernel condition the Node shows True from an earlier boot: ignored
 //     (a reboot clears kernel conditions);
+//   - a condition the Node shows True since before an operator cleared it
+//     (Release, SetCleared): ignored;
 //
 // Which boot a True kernel condition on the Node belongs to: nodeBoot is
 // the boot ID of the Node's report annotations, which the daemon writes only
@@ -47,7 +49,12 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	}
 	held := c.Status == StatusTrue && (desc.Hold == HoldForever || desc.Hold == HoldUntilReboot && thisBoot)
 	prev, had := s.conds[c.Type]
+	cleared, wasCleared := s.cleared[c.Type]
 	switch {
+	case c.Status == StatusTrue && wasCleared && !c.LastTransitionTime.After(cleared):
+		// True from before an operator's clear: not this daemon's state.
+		s.mu.Unlock()
+		return false
 	case desc.Hold == HoldUntilReboot && c.Status == StatusTrue && !thisBoot:
 		s.mu.Unlock()
 		return false

@@ -320,14 +320,19 @@ const (
 
 // SealedOSTampered.
 const (
-	ReasonSealedOSIntact   Reason = "SealedOSIntact"
-	ReasonRootHashMismatch Reason = "RootHashMismatch"
+	ReasonSealedOSIntact      Reason = "SealedOSIntact"
+	ReasonRootHashMismatch    Reason = "RootHashMismatch"
+	ReasonSealedLayerMissing  Reason = "SealedLayerMissing"
+	ReasonRecordedHashAltered Reason = "RecordedHashAltered"
 )
 
 // NodeTampered.
 const (
 	ReasonNodeIntact           Reason = "NodeIntact"
 	ReasonProtectedFileChanged Reason = "ProtectedFileChanged"
+	ReasonBaselineCorrupt      Reason = "BaselineCorrupt"
+	// ReasonBaselinePending: this boot has no baseline yet (Unknown).
+	ReasonBaselinePending Reason = "BaselinePending"
 )
 
 // Conditions is the catalog of every condition in the spec, in the spec's order.
@@ -407,10 +412,10 @@ var Conditions = []ConditionDesc{
 
 	// The tamper conditions.
 	{Type: "SealedOSTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
-		HealthyReason: ReasonSealedOSIntact, ProblemReasons: []Reason{ReasonRootHashMismatch},
+		HealthyReason: ReasonSealedOSIntact, ProblemReasons: []Reason{ReasonRootHashMismatch, ReasonSealedLayerMissing, ReasonRecordedHashAltered},
 		Trigger: "a sealed OS layer's integrity hash no longer matches the hash recorded at provisioning", Cause: "a sealed layer was swapped for a different image, or its recorded hash was altered"},
 	{Type: "NodeTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
-		HealthyReason: ReasonNodeIntact, ProblemReasons: []Reason{ReasonProtectedFileChanged},
+		HealthyReason: ReasonNodeIntact, ProblemReasons: []Reason{ReasonProtectedFileChanged, ReasonBaselineCorrupt}, UnknownReasons: []Reason{ReasonBaselinePending},
 		Trigger: "a protected file under /var was added, removed, or changed since the boot baseline", Cause: "a rogue pod, a bad config push, an operator edit, or a userspace rootkit"},
 }
 
@@ -428,7 +433,12 @@ var Events = []EventDesc{
 	{Reason: "UnregisterNetDevice", Source: SourceKmsg, Scope: ScopeAll, Trigger: "unregister_netdevice: waiting for a device to become free"},
 	{Reason: "CperHardwareErrorCorrected", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: corrected"},
 	{Reason: "CperHardwareErrorRecoverable", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: recoverable"},
+	{Reason: EventTamperCleared, Source: SourceTamper, Scope: ScopeAll, Trigger: "an operator cleared the tamper conditions (autopilot-health tamper clear)"},
 }
+
+// EventTamperCleared is the event of an operator's clear of the tamper
+// conditions.
+const EventTamperCleared = "TamperCleared"
 
 var conditionIndex = func() map[string]int {
 	m := make(map[string]int, len(Conditions))

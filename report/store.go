@@ -28,13 +28,37 @@ type Store struct {
 	// dirty gets a token whenever something the state file holds changed
 	// (a condition or a kept value); the persister drains it.
 	dirty chan struct{}
+	// released: conditions held once True whose next Set may lower them
+	// (an operator's clear); cleared: when each was last cleared, so Adopt
+	// does not take back a True from before the clear.
+	released map[string]bool
+	cleared  map[string]time.Time
 }
 
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
 		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
-		dirty: make(chan struct{}, 1)}
+		dirty: make(chan struct{}, 1), released: map[string]bool{}, cleared: map[string]time.Time{}}
+}
+
+// Release lets the next Set of a condition that is held once True (a tamper
+// condition) lower it, and records when it was cleared (SetCleared): an
+// operator's deliberate clear, never automatic. The hold applies again
+// after that Set.
+func (s *Store) Release(condType string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.released[condType] = true
+	s.cleared[condType] = at
+}
+
+// SetCleared records when a condition was last cleared by an operator:
+// Adopt ignores a True on the Node whose transition is not after it.
+func (s *Store) SetCleared(condType string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cleared[condType] = at
 }
 
 // SetBootStart records when this boot began (wall time), for Adopt.
@@ -115,7 +139,9 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
 	prev, had := s.conds[c.Type]
-	if had && prev.Status == StatusTrue && c.Status != StatusTrue {
+	released := s.released[c.Type]
+	delete(s.released, c.Type)
+	if had && prev.Status == StatusTrue && c.Status != StatusTrue && !released {
 		if desc, _ := Lookup(c.Type); desc.Hold != HoldWhileTrue {
 			prev.LastUpdateTime = now
 			s.conds[c.Type] = prev

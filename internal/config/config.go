@@ -287,9 +287,19 @@ type APIServerSourceIPUnavailable struct {
 	MaxReadBytes         int64    `toml:"max_read_bytes"`
 }
 
-type SealedOSTampered struct{ Common }
+type SealedOSTampered struct {
+	Common
+	RecordedHashes string `toml:"recorded_hashes"`
+	DMControl      string `toml:"dm_control"`
+}
 
-type NodeTampered struct{ Common }
+type NodeTampered struct {
+	Common
+	Paths         []string `toml:"paths"`
+	Exclude       []string `toml:"exclude"`
+	BaselineAfter []string `toml:"baseline_after"`
+	Settle        Duration `toml:"settle"`
+}
 
 // Default returns the embedded defaults, decoded afresh on every call: a
 // change to one Config (a list appended to or overwritten) can never reach

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -52,6 +53,20 @@ func (v *validator) absPath(key, val string) {
 func (v *validator) absPaths(key string, vals []string) {
 	for _, p := range vals {
 		v.absPath(key, p)
+	}
+}
+
+// globs requires absolute, clean paths whose globs (path.Match) are well
+// formed; "/" alone is refused (a scan of the whole host).
+func (v *validator) globs(key string, vals []string) {
+	for _, p := range vals {
+		if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			v.fail(key, "must list absolute, clean paths other than /, got %q", p)
+			continue
+		}
+		if _, err := path.Match(p, ""); err != nil {
+			v.fail(key, "bad glob %q: %v", p, err)
+		}
 	}
 }
 
@@ -285,6 +300,15 @@ func (c *Config) validate() *Error {
 	if n := k.APIServerSourceIPUnavailable.MaxReadBytes; n < MinAuditReadBytes || n > MaxAuditReadBytes {
 		v.fail("checks.APIServerSourceIPUnavailable.max_read_bytes", "must be between %d (1 MiB) and %d (1 GiB), got %d", MinAuditReadBytes, MaxAuditReadBytes, n)
 	}
+	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
+	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
+	v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)
+	if len(k.NodeTampered.Paths) == 0 {
+		v.fail("checks.NodeTampered.paths", "must list at least one path (to turn the check off, set enabled = false)")
+	}
+	v.globs("checks.NodeTampered.exclude", k.NodeTampered.Exclude)
+	v.absPaths("checks.NodeTampered.baseline_after", k.NodeTampered.BaselineAfter)
+	v.between("checks.NodeTampered.settle", k.NodeTampered.Settle, 0, time.Hour)
 	v.absPath("kmsg.device", c.Kmsg.Device)
 	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")
 	if len(c.Kmsg.CriticalTasks) == 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
 )
 
 // Purpose says what the parts are assembled for. The commands build their
@@ -88,6 +89,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
 	}
 	env := p.Env
+	if env.BootID == "" {
+		env.BootID = bootID
+	}
 	p.Details = report.NewDetails()
 	p.Details.SetBootID(bootID)
 	p.Store = report.NewStore(bootID)
@@ -103,6 +107,10 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// use, after Load below).
 		env.Memos = p.Store
 		env.Repair.SetUnitWatch(env.Units)
+		// The tamper checks' baseline and findings (tamper.json, 0600).
+		if env.Tamper == nil {
+			env.Tamper = tamper.NewKeeper(cfg.StateDir, bootID, false)
+		}
 	}
 	p.Store.Observe(p.Metrics)
 	if o.Purpose == ForRun {
@@ -133,6 +141,15 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 			log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
 		default:
 			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
+		}
+		if err := env.Tamper.Load(time.Now()); err != nil {
+			log.Error("tamper state unreadable; moved aside, and a finding of NodeTampered", "err", err)
+		}
+		if c := env.Tamper.State().Cleared; c != nil {
+			// A True on the Node from before the operator's clear is not
+			// taken back.
+			p.Store.SetCleared(tamper.CondNode, c.At)
+			p.Store.SetCleared(tamper.CondSealed, c.At)
 		}
 		p.Live = NewLiveness(time.Now)
 		p.Live.OnBeat = p.Metrics.LoopProgress

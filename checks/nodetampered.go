@@ -1,0 +1,314 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
+)
+
+func init() { Register("NodeTampered", newNodeTamperedCheck) }
+
+// TamperMemoKey is the name under which NodeTampered keeps, in the state
+// file, the digest of this boot's baseline: a baseline that is gone from,
+// or replaced in, the tamper state file within the boot is a finding.
+const TamperMemoKey = "tamper"
+
+// nodeTamperedCheck: a protected path (checks.NodeTampered.paths) added,
+// removed or changed since this boot's baseline. The baseline is taken at
+// the first run after boot once the node has joined and the protected files
+// have settled, and kept in the tamper state file (Env.Tamper), so a daemon
+// restart within the boot reuses it. Findings stay until an operator clears
+// them; a revert does not. File notifications wake the check (Watch), the
+// interval's full scan catches what they miss.
+type nodeTamperedCheck struct {
+	env    *Env
+	spec   tamper.Spec
+	gate   []string
+	settle time.Duration
+	keeper *tamper.Keeper
+
+	restoreOnce sync.Once
+	loadLogged  sync.Once
+
+	mu sync.Mutex
+	// candidate is the digest of the protected files while the baseline
+	// settles, since when they have been unchanged.
+	candidate string
+	since     time.Time
+	dirs      []string
+	// watch gets the directories to watch and when to wake for the
+	// baseline, after each run (latest wins).
+	watch chan watchPlan
+}
+
+type watchPlan struct {
+	dirs   []string
+	wakeAt time.Time // zero: no wake planned
+}
+
+// tamperMemo is the saved form of this boot's baseline digest.
+type tamperMemo struct {
+	Digest string `json:"baselineDigest"`
+}
+
+func newNodeTamperedCheck(env *Env) (Check, error) {
+	c := env.Config.Checks.NodeTampered
+	return &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
+		gate: c.BaselineAfter, settle: c.Settle.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1)}, nil
+}
+
+// tamperKeeper returns the daemon's keeper, or one that reads the daemon's
+// tamper state without writing it (the one-shot check).
+func tamperKeeper(env *Env) *tamper.Keeper {
+	if env.Tamper != nil {
+		return env.Tamper
+	}
+	return tamper.NewKeeper(env.Config.StateDir, env.BootID, true)
+}
+
+// load reads the tamper state once, and checks this boot's baseline against
+// the digest kept in the state file: gone or replaced within the boot is a
+// finding (BaselineCorrupt), never a silent new baseline.
+func (c *nodeTamperedCheck) load(now time.Time) {
+	if err := c.keeper.Load(now); err != nil {
+		c.loadLogged.Do(func() {
+			c.env.Log.Error("tamper state unreadable; it is itself a finding", "file", c.keeper.Path(), "err", err)
+		})
+	}
+	c.restoreOnce.Do(func() {
+		m := c.env.Memos
+		if m == nil {
+			return
+		}
+		var saved tamperMemo
+		if m.Memo(TamperMemoKey, &saved) && saved.Digest != "" {
+			st := c.keeper.State()
+			if st.Baseline == nil || st.Baseline.BootID != c.keeper.BootID() || st.Baseline.Digest != saved.Digest {
+				detail := fmt.Sprintf("this boot's baseline %s is gone from the tamper state", saved.Digest)
+				if st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID() {
+					detail = fmt.Sprintf("this boot's baseline %s was replaced by %s", saved.Digest, st.Baseline.Digest)
+				}
+				c.env.Log.Error("baseline of this boot gone or replaced; it is a finding", "file", c.keeper.Path(), "detail", detail)
+				c.keeper.Update(func(s *tamper.State) bool {
+					if s.Cleared != nil && s.Baseline == nil {
+						return false // an operator's clear drops the baseline
+					}
+					return s.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: c.keeper.Path(), Kind: tamper.Corrupt,
+						At: now.UTC(), BootID: c.keeper.BootID(), Detail: detail})
+				})
+			}
+		}
+		m.Keep(TamperMemoKey, c.snapshot)
+	})
+}
+
+func (c *nodeTamperedCheck) snapshot() any {
+	st := c.keeper.State()
+	if st.Baseline == nil || st.Baseline.BootID != c.keeper.BootID() {
+		return tamperMemo{}
+	}
+	return tamperMemo{Digest: st.Baseline.Digest}
+}
+
+func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
+	now := c.env.Now()
+	c.load(now)
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	cur, err := tamper.Scan(c.env.Config.HostRoot, c.spec)
+	if err != nil {
+		return Result{}, err
+	}
+	st := c.keeper.State()
+	pending := ""
+	if st.Baseline == nil || st.Baseline.BootID != c.keeper.BootID() {
+		pending = c.takeBaseline(now, cur)
+	} else {
+		c.record(now, st.Baseline, cur)
+	}
+	c.keeper.SetPending(pending)
+	c.plan(cur, pending, now)
+	res := c.result(c.keeper.State(), pending)
+	res.Details = []report.Detail{{Domain: "tamper", Field: "tamper", Value: c.keeper.Report()}}
+	return res, nil
+}
+
+// takeBaseline takes this boot's baseline when the node is ready for it and
+// returns "", or says why it is not taken yet.
+func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) string {
+	if c.keeper.ReadOnly() {
+		return fmt.Sprintf("%s holds no baseline of this boot (the daemon takes it)", c.keeper.Path())
+	}
+	for _, g := range c.gate {
+		if _, err := os.Lstat(c.env.Path(g)); errors.Is(err, fs.ErrNotExist) {
+			return fmt.Sprintf("waiting for %s before taking this boot's baseline", g)
+		}
+	}
+	b := tamper.NewBaseline(c.keeper.BootID(), now, cur)
+	sum := tamper.EntriesDigest(cur)
+	c.mu.Lock()
+	if c.settle > 0 && (c.candidate != sum || now.Sub(c.since) < c.settle) {
+		if c.candidate != sum {
+			c.candidate, c.since = sum, now
+		}
+		c.mu.Unlock()
+		return fmt.Sprintf("taking this boot's baseline once the protected files are unchanged for %s", config.ShortDuration(c.settle))
+	}
+	c.mu.Unlock()
+	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline = b; return true }); err != nil {
+		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
+	}
+	if c.env.Memos != nil {
+		c.env.Memos.Touch()
+	}
+	c.env.Log.Info("baseline taken", "files", len(cur), "digest", b.Digest)
+	return ""
+}
+
+// record adds a finding for every difference from the baseline not recorded
+// yet.
+func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []tamper.Entry) {
+	diffs := tamper.Diff(base.Entries, cur)
+	if len(diffs) == 0 {
+		return
+	}
+	byPath := map[string]tamper.Entry{}
+	for _, e := range cur {
+		byPath[e.Path] = e
+	}
+	var added []tamper.Finding
+	err := c.keeper.Update(func(s *tamper.State) bool {
+		for _, d := range diffs {
+			f := tamper.Finding{Condition: tamper.CondNode, Path: d.Path, Kind: d.Kind, At: now.UTC(), BootID: c.keeper.BootID()}
+			if e, ok := byPath[d.Path]; ok {
+				f.Detail = e.Describe()
+			}
+			if s.AddFinding(f) {
+				added = append(added, f)
+			}
+		}
+		return len(added) > 0
+	})
+	for _, f := range added {
+		c.env.Log.Warn("protected file changed since the baseline", "path", f.Path, "change", f.Kind, "now", f.Detail)
+	}
+	if err != nil {
+		c.env.Log.Error("saving the tamper state failed", "file", c.keeper.Path(), "err", err)
+	}
+}
+
+// plan hands the watcher the directories to watch and, while the baseline
+// settles, when to run again.
+func (c *nodeTamperedCheck) plan(cur []tamper.Entry, pending string, now time.Time) {
+	p := watchPlan{dirs: tamper.Dirs(c.spec, cur)}
+	c.mu.Lock()
+	if pending != "" && c.candidate != "" {
+		p.wakeAt = c.since.Add(c.settle)
+	}
+	c.mu.Unlock()
+	select {
+	case <-c.watch:
+	default:
+	}
+	c.watch <- p
+}
+
+func (c *nodeTamperedCheck) result(st tamper.State, pending string) Result {
+	fs := st.FindingsFor(tamper.CondNode)
+	if len(fs) > 0 {
+		reason := report.ReasonProtectedFileChanged
+		if slices.ContainsFunc(fs, func(f tamper.Finding) bool { return f.Kind == tamper.Corrupt }) {
+			reason = report.ReasonBaselineCorrupt
+		}
+		return Result{Status: report.StatusTrue, Reason: reason, Message: findingsMessage(fs, st)}
+	}
+	if pending != "" {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonBaselinePending, Message: pending}
+	}
+	b := st.Baseline
+	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact,
+		Message: fmt.Sprintf("%d protected paths unchanged since this boot's baseline (%s, %s)", len(b.Entries), b.TakenAt.UTC().Format(time.RFC3339), b.Digest)}
+}
+
+// findingsMessage lists the most recent findings (the report has them all,
+// up to its cap).
+func findingsMessage(fs []tamper.Finding, st tamper.State) string {
+	const show = 5
+	var parts []string
+	for i := len(fs) - 1; i >= 0 && len(parts) < show; i-- {
+		f := fs[i]
+		parts = append(parts, fmt.Sprintf("%s %s at %s", f.Path, f.Kind, f.At.UTC().Format(time.RFC3339)))
+	}
+	more := ""
+	if n := len(fs) - len(parts); n > 0 {
+		more = fmt.Sprintf(" and %d earlier", n)
+	}
+	since := ""
+	if st.Cleared != nil {
+		since = " since the clear of " + st.Cleared.At.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("%d finding(s)%s: %s%s; stays set until an operator clears it (autopilot-health tamper clear)",
+		len(fs), since, strings.Join(parts, "; "), more)
+}
+
+// minWatchRetry is how long the watcher waits before trying notifications
+// again after they failed.
+const minWatchRetry = time.Minute
+
+// Watch follows file notifications on the protected directories and wakes
+// the check on a relevant one, and when the settling baseline is due.
+func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
+	w, err := tamper.NewWatcher(c.env.Config.HostRoot)
+	if err != nil {
+		c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan", "err", err)
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := w.Run(ctx, func(ev tamper.Event) {
+			if ev.Overflow || c.spec.Relevant(ev.Path) {
+				wake()
+			}
+		})
+		if err != nil {
+			c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan", "err", err)
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var failedBefore []string
+	for {
+		select {
+		case <-ctx.Done():
+			<-done
+			return
+		case <-done:
+			return
+		case p := <-c.watch:
+			if failed := w.Set(p.dirs); !slices.Equal(failed, failedBefore) {
+				if len(failed) > 0 {
+					c.env.Log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", failed)
+				}
+				failedBefore = failed
+			}
+			if !p.wakeAt.IsZero() {
+				timer.Reset(max(0, time.Until(p.wakeAt)))
+			}
+		case <-timer.C:
+			wake()
+		}
+	}
+}
+

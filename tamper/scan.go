@@ -1,0 +1,314 @@
+package tamper
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// Kind is what a protected path is.
+type Kind string
+
+const (
+	KindFile    Kind = "file"
+	KindDir     Kind = "dir"
+	KindSymlink Kind = "symlink"
+	KindOther   Kind = "other"
+)
+
+// Entry is one protected path as the baseline holds it: what a change to
+// its content, mode, owner or link target alters.
+type Entry struct {
+	Path string `json:"path"`
+	Kind Kind   `json:"kind"`
+	// Mode is the permission bits with setuid, setgid and sticky.
+	Mode uint32 `json:"mode"`
+	UID  uint32 `json:"uid"`
+	GID  uint32 `json:"gid"`
+	Size int64  `json:"size,omitempty"`
+	// SHA256 is the content digest of a regular file.
+	SHA256 string `json:"sha256,omitempty"`
+	// Target is a symlink's target, as written (not followed).
+	Target string `json:"target,omitempty"`
+}
+
+// Limits bound a scan: a pattern that matches a huge tree (a typo such as
+// "/var") is an error, not a walk of the disk.
+const (
+	MaxEntries  = 10000
+	MaxFileSize = 64 << 20
+)
+
+// Spec says which host paths are protected.
+type Spec struct {
+	// Patterns are absolute paths or globs (path.Match syntax, in any
+	// component). A matched directory is protected with its whole tree.
+	Patterns []string
+	// Exclude are globs of paths (and trees) left out.
+	Exclude []string
+	// MaxEntries bounds the scan (0: the package's MaxEntries).
+	MaxEntries int
+}
+
+// Scan reads every protected path under root (the host root) and returns the
+// entries sorted by path. Paths are host paths (root not included). A path
+// that vanishes while it is read is left out: the next scan sees it gone.
+func Scan(root string, spec Spec) ([]Entry, error) {
+	seen := map[string]bool{}
+	var out []Entry
+	limit := spec.MaxEntries
+	if limit <= 0 {
+		limit = MaxEntries
+	}
+	add := func(hostPath string) error {
+		if seen[hostPath] || excluded(hostPath, spec.Exclude) {
+			return nil
+		}
+		seen[hostPath] = true
+		if len(out) >= limit {
+			return fmt.Errorf("more than %d protected paths (at %s): narrow the patterns", limit, hostPath)
+		}
+		e, err := readEntry(root, hostPath)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, e)
+		return nil
+	}
+	for _, pat := range spec.Patterns {
+		matches, err := filepath.Glob(hostJoin(root, pat))
+		if err != nil {
+			return nil, fmt.Errorf("pattern %q: %w", pat, err)
+		}
+		for _, m := range matches {
+			hp := hostRel(root, m)
+			if err := add(hp); err != nil {
+				return nil, err
+			}
+			fi, err := os.Lstat(m)
+			if err != nil || !fi.IsDir() {
+				continue
+			}
+			err = filepath.WalkDir(m, func(p string, d fs.DirEntry, err error) error {
+				if err != nil {
+					if errors.Is(err, fs.ErrNotExist) {
+						return nil
+					}
+					return err
+				}
+				hp := hostRel(root, p)
+				if d.IsDir() && excluded(hp, spec.Exclude) {
+					return filepath.SkipDir
+				}
+				return add(hp)
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+	return out, nil
+}
+
+func excluded(hostPath string, exclude []string) bool {
+	for _, x := range exclude {
+		if ok, _ := path.Match(x, hostPath); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func hostJoin(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	return filepath.Join(root, p)
+}
+
+func hostRel(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	r, err := filepath.Rel(root, p)
+	if err != nil {
+		return p
+	}
+	return "/" + r
+}
+
+func readEntry(root, hostPath string) (Entry, error) {
+	full := hostJoin(root, hostPath)
+	fi, err := os.Lstat(full)
+	if err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Path: hostPath, Mode: uint32(fi.Mode().Perm())}
+	if fi.Mode()&fs.ModeSetuid != 0 {
+		e.Mode |= 0o4000
+	}
+	if fi.Mode()&fs.ModeSetgid != 0 {
+		e.Mode |= 0o2000
+	}
+	if fi.Mode()&fs.ModeSticky != 0 {
+		e.Mode |= 0o1000
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.UID, e.GID = st.Uid, st.Gid
+	}
+	switch {
+	case fi.Mode().IsRegular():
+		e.Kind, e.Size = KindFile, fi.Size()
+		sum, err := fileDigest(full)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.SHA256 = sum
+	case fi.IsDir():
+		e.Kind = KindDir
+	case fi.Mode()&fs.ModeSymlink != 0:
+		e.Kind = KindSymlink
+		if e.Target, err = os.Readlink(full); err != nil {
+			return Entry{}, err
+		}
+	default:
+		e.Kind = KindOther
+	}
+	return e, nil
+}
+
+func fileDigest(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return "", err
+	}
+	if n > MaxFileSize {
+		return "", fmt.Errorf("%s: larger than %d bytes, not a configuration file: leave it out of the protected paths", p, MaxFileSize)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ChangeKind says how a protected path differs from the baseline.
+type ChangeKind string
+
+const (
+	Added    ChangeKind = "added"
+	Removed  ChangeKind = "removed"
+	Modified ChangeKind = "modified" // content, or the kind of file
+	Chmod    ChangeKind = "mode"
+	Chown    ChangeKind = "owner"
+	Retarget ChangeKind = "link-target"
+	// Corrupt: the baseline file itself was unreadable or its digest did
+	// not match.
+	Corrupt ChangeKind = "baseline-corrupt"
+)
+
+// Diff returns how cur differs from base, both sorted by path: one change per
+// path (the first that applies of content, link target, mode, owner).
+func Diff(base, cur []Entry) []Difference {
+	var out []Difference
+	i, j := 0, 0
+	for i < len(base) || j < len(cur) {
+		switch {
+		case j == len(cur) || i < len(base) && base[i].Path < cur[j].Path:
+			out = append(out, Difference{Path: base[i].Path, Kind: Removed})
+			i++
+		case i == len(base) || cur[j].Path < base[i].Path:
+			out = append(out, Difference{Path: cur[j].Path, Kind: Added})
+			j++
+		default:
+			if k, ok := differ(base[i], cur[j]); ok {
+				out = append(out, Difference{Path: cur[j].Path, Kind: k})
+			}
+			i++
+			j++
+		}
+	}
+	return out
+}
+
+// Difference is one path that differs from the baseline.
+type Difference struct {
+	Path string
+	Kind ChangeKind
+}
+
+func differ(a, b Entry) (ChangeKind, bool) {
+	switch {
+	case a.Kind != b.Kind || a.SHA256 != b.SHA256 || a.Size != b.Size:
+		return Modified, true
+	case a.Target != b.Target:
+		return Retarget, true
+	case a.Mode != b.Mode:
+		return Chmod, true
+	case a.UID != b.UID || a.GID != b.GID:
+		return Chown, true
+	}
+	return "", false
+}
+
+// Dirs returns the host directories whose notifications cover the protected
+// paths: every directory in the entries (a protected tree) and the parent of
+// every entry and of every pattern's fixed prefix (where an added file
+// appears).
+func Dirs(spec Spec, entries []Entry) []string {
+	set := map[string]bool{}
+	for _, p := range spec.Patterns {
+		set[fixedPrefixDir(p)] = true
+	}
+	for _, e := range entries {
+		if e.Kind == KindDir {
+			set[e.Path] = true
+		}
+		set[path.Dir(e.Path)] = true
+	}
+	out := make([]string, 0, len(set))
+	for d := range set {
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// fixedPrefixDir: the directory of a pattern up to its first component with
+// a glob character ("/etc/systemd/system/*.d/x.conf" -> "/etc/systemd/system").
+func fixedPrefixDir(p string) string {
+	parts := strings.Split(path.Clean(p), "/")
+	for i, c := range parts {
+		if strings.ContainsAny(c, `*?[\`) {
+			return path.Clean("/" + strings.Join(parts[:i], "/"))
+		}
+	}
+	return path.Dir(path.Clean(p))
+}
+
+// Describe is a short form of what the entry is now (a finding's detail).
+func (e Entry) Describe() string {
+	s := fmt.Sprintf("%s mode %04o owner %d:%d", e.Kind, e.Mode, e.UID, e.GID)
+	if e.SHA256 != "" {
+		s += " sha256 " + e.SHA256
+	}
+	if e.Kind == KindSymlink {
+		s += " -> " + e.Target
+	}
+	return s
+}

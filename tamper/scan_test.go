@@ -1,0 +1,132 @@
+package tamper
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// tree writes files (host path -> content) under a new root.
+func tree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for p, content := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+var spec = Spec{Patterns: []string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/systemd/system/*.d/*.conf"}, Exclude: []string{"/etc/cni/net.d/*.bak"}}
+
+func paths(es []Entry) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Path)
+	}
+	return out
+}
+
+func TestScanPatternsTreesAndExcludes(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/var/lib/kubelet/config.yaml":                  "kind: KubeletConfiguration\n",
+		"/var/lib/kubelet/cpu_manager_state":            "{}",
+		"/etc/cni/net.d/05-cilium.conflist":             "{}",
+		"/etc/cni/net.d/10-old.conf.bak":                "{}",
+		"/etc/systemd/system/kubelet.service.d/10.conf": "[Service]\n",
+		"/etc/systemd/system/kubelet.service":           "[Unit]\n",
+	})
+	if err := os.Symlink("05-cilium.conflist", filepath.Join(root, "/etc/cni/net.d/link")); err != nil {
+		t.Fatal(err)
+	}
+	es, err := Scan(root, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/etc/cni/net.d", "/etc/cni/net.d/05-cilium.conflist", "/etc/cni/net.d/link",
+		"/etc/systemd/system/kubelet.service.d/10.conf", "/var/lib/kubelet/config.yaml"}
+	if got := paths(es); !slices.Equal(got, want) {
+		t.Fatalf("scanned %q, want %q", got, want)
+	}
+	link := es[2]
+	if link.Kind != KindSymlink || link.Target != "05-cilium.conflist" || link.SHA256 != "" {
+		t.Errorf("symlink entry %+v", link)
+	}
+	cfg := es[4]
+	sum := sha256.Sum256([]byte("kind: KubeletConfiguration\n"))
+	if cfg.Kind != KindFile || cfg.Mode != 0o644 || cfg.UID != uint32(os.Getuid()) || cfg.GID != uint32(os.Getgid()) || cfg.Size != 27 ||
+		cfg.SHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("file entry %+v", cfg)
+	}
+}
+
+func TestScanRefusesAHugeTree(t *testing.T) {
+	files := map[string]string{}
+	for i := range 11 {
+		files[fmt.Sprintf("/var/big/%d/f", i)] = ""
+	}
+	root := tree(t, files)
+	_, err := Scan(root, Spec{Patterns: []string{"/var/big"}, MaxEntries: 20})
+	if err == nil || !strings.Contains(err.Error(), "more than 20 protected paths") {
+		t.Fatalf("a tree of 23 paths with a limit of 20: err %v", err)
+	}
+	if _, err := Scan(root, Spec{Patterns: []string{"/var/big"}, MaxEntries: 23}); err != nil {
+		t.Fatalf("23 paths with a limit of 23: %v", err)
+	}
+}
+
+func TestDiff(t *testing.T) {
+	f := Entry{Path: "/a", Kind: KindFile, Mode: 0o644, SHA256: "x", Size: 1}
+	l := Entry{Path: "/l", Kind: KindSymlink, Mode: 0o777, Target: "a"}
+	base := []Entry{f, l, {Path: "/r", Kind: KindFile}}
+	for _, tc := range []struct {
+		name string
+		cur  []Entry
+		want []Difference
+	}{
+		{"same", base, nil},
+		{"content", []Entry{{Path: "/a", Kind: KindFile, Mode: 0o644, SHA256: "y", Size: 1}, l, base[2]}, []Difference{{"/a", Modified}}},
+		{"mode", []Entry{{Path: "/a", Kind: KindFile, Mode: 0o666, SHA256: "x", Size: 1}, l, base[2]}, []Difference{{"/a", Chmod}}},
+		{"owner", []Entry{{Path: "/a", Kind: KindFile, Mode: 0o644, SHA256: "x", Size: 1, UID: 1000}, l, base[2]}, []Difference{{"/a", Chown}}},
+		{"retarget", []Entry{f, {Path: "/l", Kind: KindSymlink, Mode: 0o777, Target: "/etc/shadow"}, base[2]}, []Difference{{"/l", Retarget}}},
+		{"file to symlink", []Entry{{Path: "/a", Kind: KindSymlink, Mode: 0o644, Target: "x"}, l, base[2]}, []Difference{{"/a", Modified}}},
+		{"added and removed", []Entry{f, l, {Path: "/new", Kind: KindFile}}, []Difference{{"/new", Added}, {"/r", Removed}}},
+		{"all gone", nil, []Difference{{"/a", Removed}, {"/l", Removed}, {"/r", Removed}}},
+	} {
+		if got := Diff(base, tc.cur); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Diff = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestDirsAndRelevant(t *testing.T) {
+	es := []Entry{{Path: "/etc/cni/net.d", Kind: KindDir}, {Path: "/etc/cni/net.d/x", Kind: KindFile},
+		{Path: "/etc/systemd/system/kubelet.service.d/10.conf", Kind: KindFile}}
+	want := []string{"/etc/cni", "/etc/cni/net.d", "/etc/systemd/system", "/etc/systemd/system/kubelet.service.d", "/var/lib/kubelet"}
+	if got := Dirs(spec, es); !slices.Equal(got, want) {
+		t.Errorf("Dirs = %q, want %q", got, want)
+	}
+	for p, want := range map[string]bool{
+		"/var/lib/kubelet/config.yaml":                    true,
+		"/var/lib/kubelet/cpu_manager_state":              false,
+		"/etc/cni/net.d/evil":                             true,
+		"/etc/cni/net.d/sub/deeper":                       true,
+		"/etc/systemd/system/evil.service.d":              true, // a new drop-in directory
+		"/etc/systemd/system/evil.service.d/x.conf":       true,
+		"/etc/systemd/system/multi-user.target.wants/foo": false,
+	} {
+		if got := spec.Relevant(p); got != want {
+			t.Errorf("Relevant(%s) = %v, want %v", p, got, want)
+		}
+	}
+}

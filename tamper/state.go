@@ -1,0 +1,246 @@
+package tamper
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// StateFileName is the tamper state under the daemon's state directory,
+// root-only (0600), apart from state.json (rewritten on every condition
+// change, and readable): the baseline of this boot, the findings since the
+// last clear, and the recorded root hashes first seen in this boot.
+const StateFileName = "tamper.json"
+
+const stateVersion = 1
+
+// MaxFindings caps the findings kept; later ones are counted
+// (State.FindingsDropped).
+const MaxFindings = 64
+
+// The sealed-layer finding kinds.
+const (
+	HashMismatch  ChangeKind = "root-hash-mismatch"
+	LayerMissing  ChangeKind = "layer-missing"
+	RecordAltered ChangeKind = "recorded-hash-altered"
+)
+
+// Finding is one change seen: a protected file that differs from the
+// baseline, a corrupt baseline, or a sealed layer whose hash does not match.
+// Findings stay until an operator clears them.
+type Finding struct {
+	// Condition is the condition the finding sets.
+	Condition string     `json:"condition"`
+	Path      string     `json:"path"`
+	Kind      ChangeKind `json:"kind"`
+	At        time.Time  `json:"at"`
+	BootID    string     `json:"bootID"`
+	Detail    string     `json:"detail,omitempty"`
+}
+
+// Baseline is the protected files as they were when it was taken.
+type Baseline struct {
+	BootID  string    `json:"bootID"`
+	TakenAt time.Time `json:"takenAt"`
+	Entries []Entry   `json:"entries"`
+	// Digest is "sha256:<hex>" of the canonical JSON of bootID, takenAt and
+	// entries; the report publishes it, so a baseline swapped behind the
+	// daemon's back shows as a new digest.
+	Digest string `json:"digest"`
+}
+
+// ComputeDigest returns the digest of the baseline's content.
+func (b *Baseline) ComputeDigest() string {
+	raw, _ := json.Marshal(struct {
+		BootID  string    `json:"bootID"`
+		TakenAt time.Time `json:"takenAt"`
+		Entries []Entry   `json:"entries"`
+	}{b.BootID, b.TakenAt.UTC(), b.Entries})
+	sum := sha256.Sum256(raw)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// NewBaseline builds a baseline with its digest.
+func NewBaseline(bootID string, at time.Time, entries []Entry) *Baseline {
+	b := &Baseline{BootID: bootID, TakenAt: at.UTC().Truncate(time.Second), Entries: entries}
+	if b.Entries == nil {
+		b.Entries = []Entry{}
+	}
+	b.Digest = b.ComputeDigest()
+	return b
+}
+
+// State is the content of the tamper state file.
+type State struct {
+	Version  int       `json:"version"`
+	Baseline *Baseline `json:"baseline,omitempty"`
+	Findings []Finding `json:"findings"`
+	// FindingsDropped counts the findings beyond MaxFindings.
+	FindingsDropped int `json:"findingsDropped,omitempty"`
+	// Sealed are the recorded root hashes first seen in a boot, per layer.
+	Sealed *SealedSeen `json:"sealed,omitempty"`
+	// Cleared is the last clear by an operator.
+	Cleared *Clear `json:"cleared,omitempty"`
+}
+
+// SealedSeen is the recorded hashes as first read in one boot.
+type SealedSeen struct {
+	BootID   string            `json:"bootID"`
+	Recorded map[string]string `json:"recorded"`
+}
+
+// Clear is an operator's clear of the tamper conditions.
+type Clear struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+	// By says who asked: the uid and pid of the peer, the login user.
+	By string `json:"by"`
+}
+
+// AddFinding records f unless the same condition, path and kind is the last
+// finding of that path; it reports whether it was added.
+func (s *State) AddFinding(f Finding) bool {
+	for i := len(s.Findings) - 1; i >= 0; i-- {
+		if g := s.Findings[i]; g.Condition == f.Condition && g.Path == f.Path {
+			if g.Kind == f.Kind && g.BootID == f.BootID && g.Detail == f.Detail {
+				return false
+			}
+			break
+		}
+	}
+	if len(s.Findings) >= MaxFindings {
+		s.FindingsDropped++
+		return true
+	}
+	s.Findings = append(s.Findings, f)
+	return true
+}
+
+// FindingsFor returns the findings that set a condition.
+func (s *State) FindingsFor(cond string) []Finding {
+	var out []Finding
+	for _, f := range s.Findings {
+		if f.Condition == cond {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Marshal encodes the state.
+func (s *State) Marshal() ([]byte, error) {
+	s.Version = stateVersion
+	if s.Findings == nil {
+		s.Findings = []Finding{}
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// maxStateFile bounds what ParseState reads: the baseline's entries are
+// capped (MaxEntries), so a larger file is not one the daemon wrote.
+const maxStateFile = 16 << 20
+
+// ParseState decodes a tamper state file and checks it: version, known
+// fields only, sorted unique entries, the baseline's digest. Any error means
+// the file is not one the daemon wrote as it is now.
+func ParseState(b []byte) (*State, error) {
+	if len(b) > maxStateFile {
+		return nil, fmt.Errorf("%d bytes, larger than any state the daemon writes (%d)", len(b), maxStateFile)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var s State
+	if err := dec.Decode(&s); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, errors.New("trailing data after the state")
+	}
+	if s.Version != stateVersion {
+		return nil, fmt.Errorf("unsupported version %d", s.Version)
+	}
+	if bl := s.Baseline; bl != nil {
+		if bl.BootID == "" || bl.TakenAt.IsZero() {
+			return nil, errors.New("baseline without boot ID or time")
+		}
+		if len(bl.Entries) > MaxEntries {
+			return nil, fmt.Errorf("baseline has %d entries, more than %d", len(bl.Entries), MaxEntries)
+		}
+		for i, e := range bl.Entries {
+			if e.Path == "" || e.Path[0] != '/' {
+				return nil, fmt.Errorf("baseline entry %d: path %q is not absolute", i, e.Path)
+			}
+			if i > 0 && bl.Entries[i-1].Path >= e.Path {
+				return nil, fmt.Errorf("baseline entry %d: %q is not sorted after %q", i, e.Path, bl.Entries[i-1].Path)
+			}
+			if !slices.Contains([]Kind{KindFile, KindDir, KindSymlink, KindOther}, e.Kind) {
+				return nil, fmt.Errorf("baseline entry %s: unknown kind %q", e.Path, e.Kind)
+			}
+		}
+		if got := bl.ComputeDigest(); got != bl.Digest {
+			return nil, fmt.Errorf("baseline digest is %s, its content's is %s (the file was altered)", bl.Digest, got)
+		}
+	}
+	if len(s.Findings) > MaxFindings {
+		return nil, fmt.Errorf("%d findings, more than %d", len(s.Findings), MaxFindings)
+	}
+	return &s, nil
+}
+
+// LoadState reads the state file in dir. A missing file is (nil, nil). An
+// unreadable or altered file is moved aside to <file>.corrupt (never
+// deleted) and returned as an error of type *CorruptError.
+func LoadState(dir string) (*State, error) {
+	p := filepath.Join(dir, StateFileName)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s, err := ParseState(b)
+	if err != nil {
+		aside := p + ".corrupt"
+		if rerr := os.Rename(p, aside); rerr != nil {
+			aside = ""
+		}
+		return nil, &CorruptError{Path: p, MovedTo: aside, Err: err}
+	}
+	return s, nil
+}
+
+// CorruptError: the state file could not be trusted.
+type CorruptError struct {
+	Path, MovedTo string
+	Err           error
+}
+
+func (e *CorruptError) Error() string {
+	if e.MovedTo == "" {
+		return fmt.Sprintf("%s: %v", e.Path, e.Err)
+	}
+	return fmt.Sprintf("%s: %v (moved aside to %s)", e.Path, e.Err, e.MovedTo)
+}
+
+func (e *CorruptError) Unwrap() error { return e.Err }
+
+// EntriesDigest is the digest of a set of entries (whether the protected
+// files changed between two scans).
+func EntriesDigest(es []Entry) string {
+	raw, _ := json.Marshal(es)
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:])
+}

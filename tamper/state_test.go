@@ -1,0 +1,146 @@
+package tamper
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+
+func sampleState() *State {
+	return &State{
+		Baseline: NewBaseline("boot-1", t0, []Entry{
+			{Path: "/etc/cni/net.d", Kind: KindDir, Mode: 0o755},
+			{Path: "/var/lib/kubelet/config.yaml", Kind: KindFile, Mode: 0o644, Size: 3, SHA256: strings.Repeat("ab", 32)},
+		}),
+		Findings: []Finding{{Condition: CondNode, Path: "/var/lib/kubelet/config.yaml", Kind: Modified, At: t0.Add(time.Minute), BootID: "boot-1"}},
+		Sealed:   &SealedSeen{BootID: "boot-1", Recorded: map[string]string{"root": strings.Repeat("0f", 32)}},
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	b, err := sampleState().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ParseState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Baseline.Digest != sampleState().Baseline.Digest || len(s.Findings) != 1 || s.Sealed.Recorded["root"] == "" {
+		t.Errorf("round trip: %+v", s)
+	}
+}
+
+// An edit of the baseline that does not also recompute its digest is
+// refused; the digest is published, so one that does shows there.
+func TestParseStateRefusesAnAlteredBaseline(t *testing.T) {
+	b, _ := sampleState().Marshal()
+	for _, tc := range []struct{ from, to, want string }{
+		{`"mode": 420`, `"mode": 438`, "the file was altered"},
+		{`"version": 1`, `"version": 2`, "unsupported version 2"},
+		{`"findings": [`, `"extra": 1, "findings": [`, `unknown field "extra"`},
+		{`"/etc/cni/net.d"`, `"etc/cni/net.d"`, "not absolute"},
+		{`"kind": "dir"`, `"kind": "fifo"`, `unknown kind "fifo"`},
+	} {
+		alt := strings.Replace(string(b), tc.from, tc.to, 1)
+		if alt == string(b) {
+			t.Fatalf("%q not in the state", tc.from)
+		}
+		if _, err := ParseState([]byte(alt)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s: %v, want %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+	if _, err := ParseState(append(b, "{}"...)); err == nil {
+		t.Error("trailing data accepted")
+	}
+}
+
+func TestLoadStateMovesACorruptFileAside(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	if err := os.WriteFile(p, []byte(`{"version":1,"baseline":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadState(dir)
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.MovedTo != p+".corrupt" {
+		t.Fatalf("LoadState = %v, want a CorruptError moved aside", err)
+	}
+	if _, err := os.Stat(p + ".corrupt"); err != nil {
+		t.Errorf("not moved aside: %v", err)
+	}
+	if s, err := LoadState(dir); s != nil || err != nil {
+		t.Errorf("after moving aside: %v %v, want nothing", s, err)
+	}
+}
+
+func TestKeeperSavesRootOnly(t *testing.T) {
+	dir := t.TempDir()
+	k := NewKeeper(dir, "boot-1", false)
+	if err := k.Load(t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Update(func(s *State) bool { s.Baseline = NewBaseline("boot-1", t0, nil); return true }); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, StateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("tamper state mode %o, want 0600", fi.Mode().Perm())
+	}
+	ro := NewKeeper(dir, "boot-1", true)
+	ro.Load(t0)
+	ro.Update(func(s *State) bool { s.Baseline = nil; return true })
+	if s, _ := LoadState(dir); s == nil || s.Baseline == nil {
+		t.Error("a read-only keeper wrote the state")
+	}
+}
+
+func TestAddFindingCapsAndDeduplicates(t *testing.T) {
+	var s State
+	f := Finding{Condition: CondNode, Path: "/a", Kind: Modified, BootID: "b", Detail: "x"}
+	if !s.AddFinding(f) || s.AddFinding(f) {
+		t.Error("the same finding twice in a row is one")
+	}
+	f.Detail = "y"
+	if !s.AddFinding(f) {
+		t.Error("a new content of the same path is a new finding")
+	}
+	for i := range MaxFindings + 5 {
+		s.AddFinding(Finding{Condition: CondNode, Path: "/p" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Kind: Added})
+	}
+	if len(s.Findings) != MaxFindings || s.FindingsDropped != 7 {
+		t.Errorf("%d findings, %d dropped; want %d, 7", len(s.Findings), s.FindingsDropped, MaxFindings)
+	}
+}
+
+func FuzzParseState(f *testing.F) {
+	b, _ := sampleState().Marshal()
+	f.Add(b)
+	f.Add([]byte(`{"version":1,"findings":[]}`))
+	f.Add([]byte(`{"version":1,"baseline":{"bootID":"b","takenAt":"2026-01-01T00:00:00Z","entries":[],"digest":""},"findings":null}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s, err := ParseState(in)
+		if err != nil {
+			return
+		}
+		if s.Baseline != nil && s.Baseline.ComputeDigest() != s.Baseline.Digest {
+			t.Errorf("accepted a baseline whose digest does not match")
+		}
+		// What is accepted survives a round trip.
+		out, err := s.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParseState(out); err != nil {
+			t.Errorf("re-parse of an accepted state: %v", err)
+		}
+	})
+}

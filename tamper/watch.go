@@ -1,0 +1,150 @@
+package tamper
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// watchMask: every change to an entry of a watched directory (content,
+// attributes, creation, removal, rename) and to the directory itself.
+const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_MOVED_FROM |
+	unix.IN_MOVED_TO | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW
+
+// Watcher follows file notifications (inotify) on a set of directories.
+// Notifications are a fast path only: a scan still runs on every check
+// interval, for what they miss (a queue overflow, a directory created and
+// filled between two scans, a filesystem that sends none).
+type Watcher struct {
+	f   *os.File
+	fd  int
+	mu  sync.Mutex
+	wds map[int]string // watch descriptor -> host directory
+	dir map[string]int
+	// root is the host root the directories are under.
+	root string
+}
+
+// NewWatcher starts an inotify instance for directories under root.
+func NewWatcher(root string) (*Watcher, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, os.NewSyscallError("inotify_init1", err)
+	}
+	// Non-blocking: os.File reads through the runtime poller, and Close
+	// ends a blocked Read.
+	return &Watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, wds: map[int]string{}, dir: map[string]int{}, root: root}, nil
+}
+
+// Set makes the watched directories dirs (host paths): a directory that does
+// not exist is watched through its nearest existing ancestor, where it
+// would appear. It returns the directories that could not be watched.
+func (w *Watcher) Set(dirs []string) (failed []string) {
+	want := map[string]bool{}
+	for _, d := range dirs {
+		for {
+			fi, err := os.Stat(hostJoin(w.root, d))
+			if err == nil && fi.IsDir() || d == "/" || !errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			d = path.Dir(d)
+		}
+		want[d] = true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for d, wd := range w.dir {
+		if !want[d] {
+			unix.InotifyRmWatch(w.fd, uint32(wd))
+			delete(w.dir, d)
+			delete(w.wds, wd)
+		}
+	}
+	for d := range want {
+		if _, ok := w.dir[d]; ok {
+			continue
+		}
+		wd, err := unix.InotifyAddWatch(w.fd, hostJoin(w.root, d), watchMask)
+		if err != nil {
+			failed = append(failed, d)
+			continue
+		}
+		w.dir[d], w.wds[wd] = wd, d
+	}
+	return failed
+}
+
+// Event is one notification: the host path it concerns ("" when the queue
+// overflowed and events were lost).
+type Event struct {
+	Path     string
+	Overflow bool
+}
+
+// Run reads notifications until ctx is done and calls fn for each.
+func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
+	stop := context.AfterFunc(ctx, func() { w.f.Close() })
+	defer stop()
+	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	for {
+		n, err := w.f.Read(buf)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := ""
+			if ev.Len > 0 && off+unix.SizeofInotifyEvent+int(ev.Len) <= n {
+				raw := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+				name = strings.TrimRight(string(raw), "\x00")
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+				fn(Event{Overflow: true})
+				continue
+			}
+			w.mu.Lock()
+			d, ok := w.wds[int(ev.Wd)]
+			w.mu.Unlock()
+			if !ok {
+				continue
+			}
+			fn(Event{Path: path.Join(d, name)})
+		}
+	}
+}
+
+// Close releases the inotify instance.
+func (w *Watcher) Close() error { return w.f.Close() }
+
+// Relevant reports whether a change at host path p can change what the
+// patterns protect: p matches a pattern, lies in a protected tree, or is a
+// directory on the way to one.
+func (s Spec) Relevant(p string) bool {
+	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+	for _, pat := range s.Patterns {
+		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		n := min(len(pc), len(tc))
+		ok := true
+		for i := range n {
+			if m, _ := path.Match(tc[i], pc[i]); !m {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
