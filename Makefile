@@ -66,6 +66,10 @@ fuzz:
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseState$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseRecorded$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseDMAnswers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 # Regenerate what is generated from report/catalog.go: the README's condition
 # catalog and the shipped manifests under packaging/manifests.

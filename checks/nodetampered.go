@@ -248,7 +248,11 @@ func findingsMessage(fs []tamper.Finding, st tamper.State) string {
 	var parts []string
 	for i := len(fs) - 1; i >= 0 && len(parts) < show; i-- {
 		f := fs[i]
-		parts = append(parts, fmt.Sprintf("%s %s at %s", f.Path, f.Kind, f.At.UTC().Format(time.RFC3339)))
+		part := fmt.Sprintf("%s %s at %s", f.Path, f.Kind, f.At.UTC().Format(time.RFC3339))
+		if f.Kind == tamper.Corrupt {
+			part += " (" + f.Detail + ")"
+		}
+		parts = append(parts, part)
 	}
 	more := ""
 	if n := len(fs) - len(parts); n > 0 {
@@ -311,4 +315,3 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 		}
 	}
 }
-

@@ -373,3 +373,58 @@ func TestRunnerLogsAFailureOncePerChange(t *testing.T) {
 		t.Errorf("want one 'check works again' line after 3 failed runs, got:\n%s", strings.Join(works, "\n"))
 	}
 }
+
+// watchingProbe is a check that wakes itself (a Watcher).
+type watchingProbe struct {
+	probeFunc
+	wake chan func()
+}
+
+func (w watchingProbe) Watch(ctx context.Context, wake func()) { w.wake <- wake; <-ctx.Done() }
+
+// A Watcher's wake runs its check before the interval, never sooner than
+// minWakeGap after its previous run, and a burst of wakes is one run.
+func TestRunnerWakesAWatcher(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var mu sync.Mutex
+		var runs []time.Duration
+		w := watchingProbe{probeFunc: func(context.Context) (Result, error) {
+			mu.Lock()
+			runs = append(runs, time.Since(start))
+			mu.Unlock()
+			return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh}, nil
+		}, wake: make(chan func(), 1)}
+		env := testEnv(t, func(c *config.Config) { c.Runner.FirstRunSpread = config.Duration{} })
+		store := report.NewStore("b")
+		r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(w)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx, nil); close(done) }()
+		wake := <-w.wake
+		synctest.Wait() // the first run, at 0
+		time.Sleep(300 * time.Millisecond)
+		for range 50 {
+			wake()
+		}
+		synctest.Wait()
+		time.Sleep(2 * time.Second) // past the gap
+		synctest.Wait()
+		if !r.Wake("NodeInfoStale") || r.Wake("NodeTampered") {
+			t.Error("Wake: the runner's check is woken, another is not")
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		want := []time.Duration{0, time.Second, 2300 * time.Millisecond}
+		if !slices.Equal(runs, want) {
+			t.Errorf("runs at %v, want %v (interval 1m)", runs, want)
+		}
+	})
+}

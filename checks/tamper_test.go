@@ -1,0 +1,358 @@
+package checks
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
+)
+
+// tamperHost is a host tree with protected files, a state directory and a
+// clock, and builds the daemon's NodeTampered check for a boot as a daemon
+// (re)start does.
+type tamperHost struct {
+	t        *testing.T
+	root     string
+	stateDir string
+	now      time.Time
+	memos    *report.Store
+}
+
+func newTamperHost(t *testing.T) *tamperHost {
+	h := &tamperHost{t: t, root: t.TempDir(), stateDir: t.TempDir(), now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	h.write("/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n")
+	h.write("/etc/cni/net.d/05-cilium.conflist", "{}\n")
+	h.write("/etc/kubernetes/kubelet.conf", "apiVersion: v1\n")
+	if err := os.Symlink("05-cilium.conflist", h.path("/etc/cni/net.d/active")); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *tamperHost) path(p string) string { return filepath.Join(h.root, p) }
+
+func (h *tamperHost) write(p, content string) {
+	h.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(h.path(p)), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.WriteFile(h.path(p), []byte(content), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// start builds the check as a daemon starting in boot does: a new keeper of
+// the same state directory, and the state file's memos of this boot (memos
+// nil: the state file was lost).
+func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck {
+	h.t.Helper()
+	env := testEnv(h.t, func(c *config.Config) {
+		c.HostRoot = h.root
+		c.StateDir = h.stateDir
+		c.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/kubernetes/kubelet.conf"}
+		c.Checks.NodeTampered.BaselineAfter = []string{"/etc/kubernetes/kubelet.conf"}
+		c.Checks.NodeTampered.Settle = config.Duration{}
+	})
+	env.Now = func() time.Time { return h.now }
+	env.BootID = boot
+	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
+	if memos != nil {
+		env.Memos = memos
+	}
+	c, err := newNodeTamperedCheck(env)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return c.(*nodeTamperedCheck)
+}
+
+func (h *tamperHost) probe(c Check, want report.Status, reason report.Reason, msg string) Result {
+	h.t.Helper()
+	h.now = h.now.Add(time.Minute)
+	res, err := c.Probe(context.Background())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if res.Status != want || res.Reason != reason || !strings.Contains(res.Message, msg) {
+		h.t.Fatalf("got %s/%s %q, want %s/%s containing %q", res.Status, res.Reason, res.Message, want, reason, msg)
+	}
+	return res
+}
+
+func TestNodeTamperedChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(h *tamperHost)
+		want   string
+	}{
+		{"add", func(h *tamperHost) { h.write("/etc/cni/net.d/00-evil.conflist", "{}") }, "/etc/cni/net.d/00-evil.conflist added"},
+		{"remove", func(h *tamperHost) { os.Remove(h.path("/var/lib/kubelet/config.yaml")) }, "/var/lib/kubelet/config.yaml removed"},
+		{"modify", func(h *tamperHost) { h.write("/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\nauthentication: {anonymous: {enabled: true}}\n") },
+			"/var/lib/kubelet/config.yaml modified"},
+		{"chmod", func(h *tamperHost) { os.Chmod(h.path("/etc/kubernetes/kubelet.conf"), 0o666) }, "/etc/kubernetes/kubelet.conf mode"},
+		{"symlink retarget", func(h *tamperHost) {
+			os.Remove(h.path("/etc/cni/net.d/active"))
+			os.Symlink("/tmp/evil", h.path("/etc/cni/net.d/active"))
+		}, "/etc/cni/net.d/active link-target"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newTamperHost(t)
+			c := h.start("boot-1", report.NewStore("boot-1"))
+			h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged since this boot's baseline")
+			tc.change(h)
+			h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): "+tc.want)
+		})
+	}
+}
+
+func TestNodeTamperedStaysSet(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	digest := c.keeper.State().Baseline.Digest
+	orig, _ := os.ReadFile(h.path("/var/lib/kubelet/config.yaml"))
+	h.write("/var/lib/kubelet/config.yaml", "evil\n")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "modified")
+
+	// Revert: still set.
+	h.write("/var/lib/kubelet/config.yaml", string(orig))
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s)")
+
+	// A daemon restart in the same boot reuses the baseline, still set.
+	c2 := h.start("boot-1", memos)
+	res := h.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s)")
+	if got := c2.keeper.State().Baseline.Digest; got != digest {
+		t.Errorf("restart in the boot: baseline %s, want the boot's %s", got, digest)
+	}
+	rep := res.Details[0].Value.(tamper.Report)
+	if rep.Baseline == nil || rep.Baseline.Digest != digest || rep.Baseline.Files != 5 || len(rep.Changes) != 1 || rep.Changes[0].Kind != tamper.Modified {
+		t.Errorf("report %+v", rep)
+	}
+
+	// A new boot takes a new baseline; the finding stays.
+	c3 := h.start("boot-2", report.NewStore("boot-2"))
+	h.probe(c3, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s)")
+	b := c3.keeper.State().Baseline
+	if b.BootID != "boot-2" || b.Digest == digest {
+		t.Errorf("new boot: baseline %+v, want a new one for boot-2", b)
+	}
+
+	// Only a clear drops it; the next run takes a new baseline.
+	if err := c3.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c3, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+}
+
+func TestNodeTamperedNewBootNewBaseline(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	first := c.keeper.State().Baseline
+	// Between boots (not seen by any baseline) a file changes: the new
+	// boot's baseline holds it as it is.
+	h.write("/etc/cni/net.d/05-cilium.conflist", `{"new": true}`)
+	c2 := h.start("boot-2", report.NewStore("boot-2"))
+	h.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	second := c2.keeper.State().Baseline
+	if second.BootID != "boot-2" || second.Digest == first.Digest || !second.TakenAt.After(first.TakenAt) {
+		t.Errorf("baselines %+v then %+v", first, second)
+	}
+}
+
+func TestNodeTamperedCorruptBaselineIsAFinding(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	p := filepath.Join(h.stateDir, tamper.StateFileName)
+	b, _ := os.ReadFile(p)
+	// A baseline edited to hide a change, without its digest.
+	os.WriteFile(p, []byte(strings.Replace(string(b), `"mode": 420`, `"mode": 438`, 1)), 0o600)
+	c2 := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "tamper.json baseline-corrupt")
+	if _, err := os.Stat(p + ".corrupt"); err != nil {
+		t.Errorf("the corrupt file was not kept: %v", err)
+	}
+	// Not silently taken again: a new baseline is taken to go on watching,
+	// and the finding stays.
+	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "1 finding(s)")
+}
+
+func TestNodeTamperedBaselineGoneWithinTheBoot(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	if err := memos.Save(h.stateDir, h.now); err != nil { // the state file holds the baseline's digest
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(h.stateDir, tamper.StateFileName))
+	restored := report.NewStore("boot-1")
+	if _, err := restored.Load(h.stateDir); err != nil {
+		t.Fatal(err)
+	}
+	c2 := h.start("boot-1", restored)
+	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "is gone from the tamper state")
+}
+
+func TestNodeTamperedBaselinePending(t *testing.T) {
+	h := newTamperHost(t)
+	os.Remove(h.path("/etc/kubernetes/kubelet.conf"))
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/kubernetes/kubelet.conf before taking this boot's baseline")
+	h.write("/etc/kubernetes/kubelet.conf", "apiVersion: v1\n")
+	c.settle = 90 * time.Second
+	h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "once the protected files are unchanged for 1m30s")
+	h.write("/etc/cni/net.d/06-late.conflist", "{}") // still settling: the settle starts again
+	h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "")
+	h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "") // 1 min unchanged
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths")
+
+	// The one-shot check reads the daemon's baseline, never takes one.
+	ro := testEnv(t, func(cfg *config.Config) {
+		cfg.HostRoot, cfg.StateDir = h.root, t.TempDir()
+	})
+	ro.BootID = "boot-1"
+	oc, _ := newNodeTamperedCheck(ro)
+	res, _ := oc.Probe(context.Background())
+	if res.Status != report.StatusUnknown || res.Reason != report.ReasonBaselinePending || !strings.Contains(res.Message, "holds no baseline of this boot (the daemon takes it)") {
+		t.Errorf("one-shot check without a baseline: %+v", res)
+	}
+}
+
+// fakeDM is the kernel's verity tables.
+type fakeDM struct {
+	targets []tamper.VerityTarget
+	err     error
+}
+
+func (f *fakeDM) VerityTargets() ([]tamper.VerityTarget, error) { return f.targets, f.err }
+
+const (
+	hashA = "4392712ba01368efdf14b05c76f9e4df0d53664630b5d48632ed17a137f39076"
+	hashB = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+)
+
+func sealedEnv(t *testing.T, h *tamperHost, boot string, dm tamper.DM) Check {
+	env := testEnv(t, func(c *config.Config) { c.HostRoot, c.StateDir = h.root, h.stateDir })
+	env.Now = func() time.Time { return h.now }
+	env.BootID = boot
+	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
+	env.DM = dm
+	c, err := newSealedOSCheck(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func verity(name, hash string) tamper.VerityTarget {
+	return tamper.VerityTarget{Device: name, Table: tamper.VerityTable{RootHash: hash}}
+}
+
+func TestSealedOSTampered(t *testing.T) {
+	const rec = "/var/lib/syself/sealed-os/root-hashes"
+	t.Run("match then swapped layer", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}}
+		c := sealedEnv(t, h, "boot-1", dm)
+		res := h.probe(c, report.StatusFalse, report.ReasonSealedOSIntact, "1 sealed layer(s) enforce their recorded root hash: root "+hashA)
+		rep := res.Details[0].Value.(tamper.Report)
+		if len(rep.SealedLayers) != 1 || rep.SealedLayers[0] != (tamper.LayerReport{Name: "root", Expected: hashA, Enforced: hashA, Status: "match"}) {
+			t.Errorf("report layers %+v", rep.SealedLayers)
+		}
+		dm.targets = []tamper.VerityTarget{verity("root", hashB)}
+		h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch, "root root-hash-mismatch (recorded "+hashA+", enforced "+hashB+")")
+		dm.targets = []tamper.VerityTarget{verity("root", hashA)} // back: stays set
+		h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch, "1 finding(s)")
+	})
+	t.Run("layer missing", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\nusr "+hashB+"\n")
+		c := sealedEnv(t, h, "boot-1", &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}})
+		h.probe(c, report.StatusTrue, report.ReasonSealedLayerMissing, "usr layer-missing")
+	})
+	t.Run("recorded hash altered in the boot", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}}
+		c := sealedEnv(t, h, "boot-1", dm)
+		h.probe(c, report.StatusFalse, report.ReasonSealedOSIntact, "")
+		// A swapped layer with the record rewritten to match it.
+		dm.targets = []tamper.VerityTarget{verity("root", hashB)}
+		h.write(rec, "root "+hashB+"\n")
+		// After a restart too: the first value of the boot is kept.
+		c2 := sealedEnv(t, h, "boot-1", dm)
+		h.probe(c2, report.StatusTrue, report.ReasonRootHashMismatch, "recorded-hash-altered (layer root: first read in this boot as \""+hashA+"\", now \""+hashB+"\")")
+	})
+	t.Run("no sealed layers", func(t *testing.T) {
+		h := newTamperHost(t)
+		c := sealedEnv(t, h, "boot-1", &fakeDM{err: tamper.ErrNoDeviceMapper})
+		h.probe(c, report.StatusUnknown, report.ReasonNothingToCheck, "no sealed OS layers on this node: no device-mapper (no device-mapper control node), and no layer recorded in "+rec)
+	})
+	t.Run("enforced but nothing recorded", func(t *testing.T) {
+		h := newTamperHost(t)
+		c := sealedEnv(t, h, "boot-1", &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}})
+		if _, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), "does not exist: nothing recorded to compare them with") {
+			t.Errorf("err %v", err)
+		}
+	})
+}
+
+// The real control node: a host without device-mapper says so (this
+// machine's kernel has none; the VM tier reads a real verity table).
+func TestDMControlWithoutDeviceMapper(t *testing.T) {
+	_, err := tamper.DMControl{Path: filepath.Join(t.TempDir(), "control")}.VerityTargets()
+	if err == nil || !strings.Contains(err.Error(), "no device-mapper control node") {
+		t.Errorf("err %v", err)
+	}
+}
+
+// File notifications wake the check on a change of a protected path (the
+// kernel's inotify on this machine's filesystem).
+func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "") // hands the watcher its directories
+	woken := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Watch(ctx, func() {
+			select {
+			case woken <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	for _, change := range []func(){
+		func() { h.write("/etc/cni/net.d/00-evil.conflist", "{}") },
+		func() { os.Chmod(h.path("/var/lib/kubelet/config.yaml"), 0o600) },
+	} {
+		// The watches are set asynchronously: repeat the change's effect by
+		// probing until the wake arrives, within a deadline.
+		deadline := time.After(10 * time.Second)
+		change()
+	wait:
+		for {
+			select {
+			case <-woken:
+				break wait
+			case <-deadline:
+				t.Fatal("no wake-up within 10s of a change")
+			case <-time.After(50 * time.Millisecond):
+				change()
+			}
+		}
+	}
+}
