@@ -93,7 +93,9 @@ func TestNodeTamperedChanges(t *testing.T) {
 	}{
 		{"add", func(h *tamperHost) { h.write("/etc/cni/net.d/00-evil.conflist", "{}") }, "/etc/cni/net.d/00-evil.conflist added"},
 		{"remove", func(h *tamperHost) { os.Remove(h.path("/var/lib/kubelet/config.yaml")) }, "/var/lib/kubelet/config.yaml removed"},
-		{"modify", func(h *tamperHost) { h.write("/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\nauthentication: {anonymous: {enabled: true}}\n") },
+		{"modify", func(h *tamperHost) {
+			h.write("/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\nauthentication: {anonymous: {enabled: true}}\n")
+		},
 			"/var/lib/kubelet/config.yaml modified"},
 		{"chmod", func(h *tamperHost) { os.Chmod(h.path("/etc/kubernetes/kubelet.conf"), 0o666) }, "/etc/kubernetes/kubelet.conf mode"},
 		{"symlink retarget", func(h *tamperHost) {
