@@ -148,6 +148,9 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 // returns "", or says why it is not taken yet.
 func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) string {
 	if c.keeper.ReadOnly() {
+		if err := c.keeper.Load(now); err != nil {
+			return fmt.Sprintf("cannot read the daemon's baseline: %v", err)
+		}
 		return fmt.Sprintf("%s holds no baseline of this boot (the daemon takes it)", c.keeper.Path())
 	}
 	for _, g := range c.gate {
@@ -157,8 +160,9 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	}
 	b := tamper.NewBaseline(c.keeper.BootID(), now, cur)
 	sum := tamper.EntriesDigest(cur)
+	retake := c.keeper.State().Retake
 	c.mu.Lock()
-	if c.settle > 0 && (c.candidate != sum || now.Sub(c.since) < c.settle) {
+	if c.settle > 0 && !retake && (c.candidate != sum || now.Sub(c.since) < c.settle) {
 		if c.candidate != sum {
 			c.candidate, c.since = sum, now
 		}
@@ -166,7 +170,7 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 		return fmt.Sprintf("taking this boot's baseline once the protected files are unchanged for %s", config.ShortDuration(c.settle))
 	}
 	c.mu.Unlock()
-	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline = b; return true }); err != nil {
+	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake = b, false; return true }); err != nil {
 		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
 	}
 	if c.env.Memos != nil {

@@ -362,3 +362,45 @@ func TestAdoptByTheReportsBoot(t *testing.T) {
 		t.Error("an earlier boot's condition (by the report's boot ID) was adopted")
 	}
 }
+
+// A tamper condition is lowered only by the Set that follows an operator's
+// clear (Release), once; a True on the Node from before the clear is not
+// taken back at a restart, one from after it is.
+func TestReleaseAndClearedAdopt(t *testing.T) {
+	s := NewStore("b1")
+	s.Set(cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "x"), t0)
+	s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), t0.Add(time.Minute))
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Fatalf("lowered without a clear: %+v", c)
+	}
+	clearAt := t0.Add(2 * time.Minute)
+	s.Release("NodeTampered", clearAt)
+	s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt.Add(time.Second))
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusFalse {
+		t.Fatalf("not lowered after the clear: %+v", c)
+	}
+	s.Set(cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "again"), clearAt.Add(2*time.Second))
+	s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt.Add(3*time.Second))
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Fatalf("a clear released more than one Set: %+v", c)
+	}
+
+	// A restart that lost the state: the Node's True from before the clear
+	// is ignored, one from after it is held.
+	s2 := NewStore("b1")
+	s2.SetCleared("NodeTampered", clearAt)
+	s2.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt.Add(time.Hour))
+	old := cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "old")
+	old.LastTransitionTime = t0
+	if s2.Adopt(old, "b1") {
+		t.Error("a True from before the clear was taken back")
+	}
+	late := cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "new")
+	late.LastTransitionTime = clearAt.Add(time.Minute)
+	if !s2.Adopt(late, "b1") {
+		t.Error("a True from after the clear was not held")
+	}
+	if c, _ := s2.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Errorf("after adopting: %+v", c)
+	}
+}

@@ -136,6 +136,7 @@ func (k *Keeper) ClearAll(c Clear) error {
 		s.Baseline, s.Sealed = nil, nil
 		c.At = c.At.UTC()
 		s.Cleared = &c
+		s.Retake = true
 		return true
 	})
 }

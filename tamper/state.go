@@ -89,6 +89,9 @@ type State struct {
 	Sealed *SealedSeen `json:"sealed,omitempty"`
 	// Cleared is the last clear by an operator.
 	Cleared *Clear `json:"cleared,omitempty"`
+	// Retake: the next baseline is taken at once, without settling (after
+	// an operator's clear: the node is running, and accepted as it is).
+	Retake bool `json:"retake,omitempty"`
 }
 
 // SealedSeen is the recorded hashes as first read in one boot.
@@ -218,6 +221,26 @@ func LoadState(dir string) (*State, error) {
 			aside = ""
 		}
 		return nil, &CorruptError{Path: p, MovedTo: aside, Err: err}
+	}
+	return s, nil
+}
+
+// StatePath is the state file in dir.
+func StatePath(dir string) string { return filepath.Join(dir, StateFileName) }
+
+// LoadStateReadOnly reads the state file in dir without moving a corrupt
+// one aside (a reader beside the daemon). A missing file is (nil, nil).
+func LoadStateReadOnly(dir string) (*State, error) {
+	b, err := os.ReadFile(StatePath(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	s, err := ParseState(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", StatePath(dir), err)
 	}
 	return s, nil
 }

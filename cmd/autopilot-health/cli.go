@@ -40,6 +40,9 @@ Usage:
   autopilot-health kmsg rules [--config FILE]     list the kernel log rules in effect
   autopilot-health status [--json] [--config FILE] [--socket PATH]
                                                   what the running daemon believes now (asks it; probes nothing)
+  autopilot-health tamper clear --reason TEXT [--config FILE]
+                                                  clear the tamper conditions on the running daemon (root)
+  autopilot-health tamper status [--config FILE]  print the daemon's tamper baseline and findings
   autopilot-health catalog [--markdown]           list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file
@@ -71,6 +74,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdKmsg(rest, stdout, stderr)
 	case "status":
 		return cmdStatus(rest, stdout, stderr)
+	case "tamper":
+		return cmdTamper(rest, stdout, stderr)
 	case "catalog":
 		return cmdCatalog(rest, stdout, stderr)
 	case "config":

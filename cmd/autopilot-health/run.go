@@ -43,7 +43,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	d, err := daemon.New(cfg, log, daemon.Options{Version: Version()})
+	d, err := daemon.New(cfg, log, daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket})
 	if err != nil {
 		log.Error("refusing to start", "err", err)
 		return exitError

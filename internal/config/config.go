@@ -48,19 +48,21 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // Config is the daemon's whole configuration.
 type Config struct {
-	HostRoot   string     `toml:"host_root"`
-	NodeName   string     `toml:"node_name"`
-	Role       string     `toml:"role"`
-	GPU        string     `toml:"gpu"`
-	StateDir   string     `toml:"state_dir"`
-	Log        Log        `toml:"log"`
-	Metrics    Metrics    `toml:"metrics"`
-	Status     Status     `toml:"status"`
-	Kubernetes Kubernetes `toml:"kubernetes"`
-	Detect     Detect     `toml:"detect"`
-	Runner     Runner     `toml:"runner"`
-	Checks     Checks     `toml:"checks"`
-	Kmsg       Kmsg       `toml:"kmsg"`
+	HostRoot string `toml:"host_root"`
+	NodeName string `toml:"node_name"`
+	Role     string `toml:"role"`
+	GPU      string `toml:"gpu"`
+	StateDir string `toml:"state_dir"`
+	// ControlSocket is the daemon's control socket (tamper clear).
+	ControlSocket string     `toml:"control_socket"`
+	Log           Log        `toml:"log"`
+	Metrics       Metrics    `toml:"metrics"`
+	Status        Status     `toml:"status"`
+	Kubernetes    Kubernetes `toml:"kubernetes"`
+	Detect        Detect     `toml:"detect"`
+	Runner        Runner     `toml:"runner"`
+	Checks        Checks     `toml:"checks"`
+	Kmsg          Kmsg       `toml:"kmsg"`
 }
 
 type Log struct {

@@ -300,6 +300,7 @@ func (c *Config) validate() *Error {
 	if n := k.APIServerSourceIPUnavailable.MaxReadBytes; n < MinAuditReadBytes || n > MaxAuditReadBytes {
 		v.fail("checks.APIServerSourceIPUnavailable.max_read_bytes", "must be between %d (1 MiB) and %d (1 GiB), got %d", MinAuditReadBytes, MaxAuditReadBytes, n)
 	}
+	v.absPath("control_socket", c.ControlSocket)
 	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
 	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
 	v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)

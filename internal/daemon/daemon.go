@@ -37,6 +37,9 @@ type Options struct {
 	// KmsgOpen, if set, opens the kernel log instead of the device at
 	// kmsg.device.
 	KmsgOpen func(path string) (kmsg.Device, error)
+	// ControlSocket, if set, is where the daemon listens for the
+	// operator's requests (control_socket; tamper clear).
+	ControlSocket string
 }
 
 // Daemon is one run of the daemon.
@@ -63,6 +66,8 @@ type Daemon struct {
 	poll    time.Duration
 	// kmsgOpen is Options.KmsgOpen.
 	kmsgOpen func(path string) (kmsg.Device, error)
+	// control is the control socket's listener (nil: none).
+	control net.Listener
 
 	mu    sync.Mutex
 	ready bool
@@ -109,6 +114,12 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.ln, err = net.Listen("tcp", cfg.Metrics.ListenAddress)
 		if err != nil {
 			return nil, fmt.Errorf("metrics listener (metrics.listen_address): %w", err)
+		}
+	}
+	if opts.ControlSocket != "" {
+		if d.control, err = listenControl(opts.ControlSocket); err != nil {
+			d.ln.Close()
+			return nil, fmt.Errorf("control socket (control_socket): %w", err)
 		}
 	}
 	return d, nil

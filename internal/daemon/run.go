@@ -39,6 +39,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.reportToKubernetes(rctx) })
 	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
 	wg.Go(func() { d.runChecks(rctx) })
+	if d.control != nil {
+		wg.Go(func() { d.serveControl(rctx, d.control) })
+	}
 	if d.cfg.Role == "" || d.cfg.GPU == "auto" {
 		wg.Go(func() { d.redetect(rctx, d.cfg.Detect.Interval.Duration) })
 	}

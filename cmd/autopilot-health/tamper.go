@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/tamper"
+)
+
+const tamperUsage = `Usage:
+  autopilot-health tamper clear --reason TEXT [--config FILE]
+      clear NodeTampered and SealedOSTampered on the running daemon (as root):
+      the findings and this boot's baseline are dropped, a new baseline is
+      taken of the files as they are now, the recorded root hashes are read
+      afresh; the clear is logged and sent as a TamperCleared event
+  autopilot-health tamper status [--config FILE]
+      print the daemon's tamper state (tamper.json in state_dir): this boot's
+      baseline, the findings, the last clear
+`
+
+func cmdTamper(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, tamperUsage)
+		return exitError
+	}
+	switch args[0] {
+	case "clear":
+		return cmdTamperClear(args[1:], stdout, stderr)
+	case "status":
+		return cmdTamperStatus(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, tamperUsage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "autopilot-health tamper: unknown command %q\n\n%s", args[0], tamperUsage)
+	return exitError
+}
+
+func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("tamper clear", "tamper clear --reason TEXT [--config FILE]", stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
+	reason := fs.String("reason", "", "why the node is accepted as it is now (required; logged and evented)")
+	if code := parseFlags(fs, args); code >= 0 {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health tamper clear: unexpected argument %q\n", fs.Arg(0))
+		return exitError
+	}
+	if strings.TrimSpace(*reason) == "" {
+		fmt.Fprintln(stderr, "autopilot-health tamper clear: --reason is required: a clear is a deliberate act, and its reason is logged and evented")
+		return exitError
+	}
+	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper clear: %v\n", err)
+		return exitError
+	}
+	conds, err := daemon.RequestTamperClear(cfg.ControlSocket, *reason, operator())
+	for _, c := range conds {
+		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, c.Message)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper clear: %v\n", err)
+		return exitError
+	}
+	fmt.Fprintln(stdout, "cleared")
+	return exitOK
+}
+
+// operator names who runs the command: the user behind sudo, the login
+// user (the audit login uid, which su and sudo keep), the user.
+func operator() string {
+	var parts []string
+	if u := os.Getenv("SUDO_USER"); u != "" {
+		parts = append(parts, "sudo user "+u)
+	}
+	if b, err := os.ReadFile("/proc/self/loginuid"); err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" && id != "4294967295" {
+			name := id
+			if u, err := user.LookupId(id); err == nil {
+				name = u.Username
+			}
+			parts = append(parts, "login user "+name)
+		}
+	}
+	parts = append(parts, "uid "+strconv.Itoa(os.Getuid()))
+	return strings.Join(parts, ", ")
+}
+
+func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("tamper status", "tamper status [--config FILE]", stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
+	if code := parseFlags(fs, args); code >= 0 {
+		return code
+	}
+	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper status: %v\n", err)
+		return exitError
+	}
+	boot, _ := os.ReadFile(cfg.HostPath("/proc/sys/kernel/random/boot_id"))
+	st, err := tamper.LoadStateReadOnly(cfg.StateDir)
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper status: %v\n", err)
+		return exitError
+	}
+	out := map[string]any{"bootID": strings.TrimSpace(string(boot)), "file": tamper.StatePath(cfg.StateDir)}
+	if st == nil {
+		out["state"] = "none yet (the daemon writes it at its first tamper check)"
+	} else {
+		out["findings"] = st.Findings
+		out["cleared"] = st.Cleared
+		if b := st.Baseline; b != nil {
+			out["baseline"] = map[string]any{"bootID": b.BootID, "takenAt": b.TakenAt.Format(time.RFC3339), "digest": b.Digest, "files": len(b.Entries)}
+		}
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(out)
+	return exitOK
+}

@@ -1,0 +1,241 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
+)
+
+// The control socket: one JSON request and one JSON answer per connection,
+// from root only (the peer's credentials, SO_PEERCRED). Its one operation is
+// the operator's clear of the tamper conditions (`autopilot-health tamper
+// clear`): never automatic, always logged and evented.
+
+// ControlRequest is a request on the control socket.
+type ControlRequest struct {
+	Op string `json:"op"` // "tamper-clear"
+	// Reason is why the operator clears (required).
+	Reason string `json:"reason"`
+	// By names the operator as the client knows it (login user); the
+	// daemon adds the peer's uid and pid.
+	By string `json:"by"`
+}
+
+// ControlAnswer is the daemon's answer.
+type ControlAnswer struct {
+	Error string `json:"error,omitempty"`
+	// Conditions are the tamper conditions after the clear's re-evaluation.
+	Conditions []report.Condition `json:"conditions,omitempty"`
+}
+
+// OpTamperClear clears the tamper conditions.
+const OpTamperClear = "tamper-clear"
+
+// maxControlRequest bounds a request.
+const maxControlRequest = 8 << 10
+
+// clearSettle bounds how long a clear waits for the re-evaluation.
+const clearSettle = 30 * time.Second
+
+// listenControl creates the control socket: its directory 0700, the socket
+// 0600, a stale socket of an earlier run replaced.
+func listenControl(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: another daemon is listening", path)
+	}
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// serveControl answers control requests until ctx is done.
+func (d *Daemon) serveControl(ctx context.Context, ln net.Listener) {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Error("control socket failed; tamper clear is not possible until the daemon restarts", "err", err)
+			}
+			return
+		}
+		go d.handleControl(ctx, c.(*net.UnixConn))
+	}
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(clearSettle + 10*time.Second))
+	answer := func(a ControlAnswer) { json.NewEncoder(c).Encode(a) }
+	cred, err := peerCred(c)
+	if err != nil {
+		answer(ControlAnswer{Error: "cannot read the peer's credentials: " + err.Error()})
+		return
+	}
+	var req ControlRequest
+	line, err := bufio.NewReader(&limitedReader{c, maxControlRequest}).ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, &req)
+	}
+	switch {
+	case err != nil:
+		answer(ControlAnswer{Error: "bad request: " + err.Error()})
+	case cred.Uid != 0:
+		d.log.Warn("control request refused: not root", "op", req.Op, "uid", cred.Uid, "pid", cred.Pid)
+		answer(ControlAnswer{Error: fmt.Sprintf("refused: only root may %s (you are uid %d)", req.Op, cred.Uid)})
+	case req.Op != OpTamperClear:
+		answer(ControlAnswer{Error: fmt.Sprintf("unknown operation %q", req.Op)})
+	case strings.TrimSpace(req.Reason) == "":
+		answer(ControlAnswer{Error: "a reason is required (--reason): a clear is a deliberate act, and its reason is logged and evented"})
+	default:
+		by := fmt.Sprintf("%s (uid %d, pid %d)", req.By, cred.Uid, cred.Pid)
+		conds, err := d.ClearTamper(ctx, req.Reason, by)
+		if err != nil {
+			answer(ControlAnswer{Error: err.Error()})
+			return
+		}
+		answer(ControlAnswer{Conditions: conds})
+	}
+}
+
+type limitedReader struct {
+	c *net.UnixConn
+	n int
+}
+
+func (r *limitedReader) Read(b []byte) (int, error) {
+	if r.n <= 0 {
+		return 0, errors.New("request too long")
+	}
+	b = b[:min(len(b), r.n)]
+	n, err := r.c.Read(b)
+	r.n -= n
+	return n, err
+}
+
+// ClearTamper is the operator's clear of the tamper conditions: the
+// findings and the baseline are dropped (a new baseline is taken of the
+// files as they are now, the recorded hashes are read afresh), the
+// conditions may go back to what a new evaluation finds, the clear is
+// logged and evented. It waits (up to 30 s) for the tamper checks to run
+// again and returns the tamper conditions.
+func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.Condition, error) {
+	k := d.env.Tamper
+	if k == nil {
+		return nil, errors.New("this daemon keeps no tamper state")
+	}
+	now := time.Now()
+	if err := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by}); err != nil {
+		return nil, fmt.Errorf("saving the cleared tamper state: %w", err)
+	}
+	types := []string{tamper.CondNode, tamper.CondSealed}
+	for _, t := range types {
+		d.store.Release(t, now)
+	}
+	d.log.Warn("tamper conditions cleared by an operator", "reason", reason, "by", by)
+	d.store.Emit(report.Event{Reason: report.EventTamperCleared, Time: now,
+		Message: fmt.Sprintf("NodeTampered and SealedOSTampered cleared by %s: %s", by, reason)})
+	r := d.currentRunner()
+	var woken []string
+	for _, t := range types {
+		if r.Wake(t) {
+			woken = append(woken, t)
+		}
+	}
+	deadline := time.NewTimer(clearSettle)
+	defer deadline.Stop()
+	for {
+		changed := d.store.Changed()
+		done := true
+		for _, t := range woken {
+			if c, ok := d.store.Get(t); !ok || !c.LastUpdateTime.After(now) {
+				done = false
+			}
+		}
+		if done {
+			break
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Second): // a run that changes nothing
+		case <-deadline.C:
+			return d.tamperConditions(types), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return d.tamperConditions(types), nil
+}
+
+func (d *Daemon) tamperConditions(types []string) []report.Condition {
+	var out []report.Condition
+	for _, t := range types {
+		if c, ok := d.store.Get(t); ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// RequestTamperClear asks the daemon listening on socket to clear the
+// tamper conditions (the client of `autopilot-health tamper clear`).
+func RequestTamperClear(socket, reason, by string) ([]report.Condition, error) {
+	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("the daemon is not running (no control socket at %s): start it (systemctl start autopilot-health) and clear again", socket)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(clearSettle + 15*time.Second))
+	if err := json.NewEncoder(c).Encode(ControlRequest{Op: OpTamperClear, Reason: reason, By: by}); err != nil {
+		return nil, err
+	}
+	var a ControlAnswer
+	if err := json.NewDecoder(c).Decode(&a); err != nil {
+		return nil, fmt.Errorf("reading the daemon's answer: %w", err)
+	}
+	if a.Error != "" {
+		return a.Conditions, errors.New(a.Error)
+	}
+	return a.Conditions, nil
+}
