@@ -1,0 +1,253 @@
+//go:build integration
+
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// NodeTampered against the real API server with the shipped binary: a
+// protected file changed sets it on the Node within seconds (file
+// notifications; the interval is 5 min); a revert, a SIGKILL and a restart
+// with the whole state directory removed (baseline and state file gone)
+// keep it True on the Node with its lastTransitionTime, never a False in
+// between; only `autopilot-health tamper clear` (root) lowers it, and the
+// clear is an Event on the API server. The report annotation carries the
+// baseline digest.
+func TestNodeTamperedHeldAcrossRestartAndCleared(t *testing.T) {
+	s := apiServer(t)
+	name := "tamper-" + harness.Token()
+	registerNode(t, s, name)
+	_, kc := nodeClient(t, s, name)
+	dir := t.TempDir()
+	prot := filepath.Join(dir, "etc", "kubernetes", "kubelet.conf")
+	os.MkdirAll(filepath.Dir(prot), 0o755)
+	if err := os.WriteFile(prot, []byte("apiVersion: v1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state")
+	sock := filepath.Join(dir, "run", "control.sock")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	var checksOff strings.Builder
+	for _, c := range config.Default().Checks.Names() {
+		if c != "NodeTampered" && c != "SealedOSTampered" {
+			fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", c)
+		}
+	}
+	conf := fmt.Sprintf(`node_name = %q
+role = "worker"
+gpu = "false"
+state_dir = %q
+control_socket = %q
+[log]
+level = "debug"
+format = "text"
+[metrics]
+listen_address = "127.0.0.1:%d"
+[kubernetes]
+kubeconfig = %q
+report_interval = "30s"
+[runner]
+first_run_spread = "0s"
+[kmsg]
+enabled = false
+%s
+[checks.NodeTampered]
+paths = [%q]
+baseline_after = []
+settle = "0s"
+[checks.SealedOSTampered]
+recorded_hashes = %q
+dm_control = %q
+`, name, state, sock, port, kc, checksOff.String(), filepath.Dir(prot), filepath.Join(dir, "root-hashes"), filepath.Join(dir, "no-dm-control"))
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := &bytes.Buffer{}
+	var cmd *exec.Cmd
+	var exited chan struct{}
+	start := func() time.Time {
+		cmd = exec.Command(daemonBinary(t), "run", "--config", cfgPath)
+		fmt.Fprintf(logs, "---- start %s\n", time.Now().Format(time.RFC3339Nano))
+		cmd.Stdout, cmd.Stderr = logs, logs
+		at := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited = make(chan struct{})
+		c, e := cmd, exited
+		go func() { c.Wait(); close(e) }()
+		return at
+	}
+	kill := func() {
+		if cmd != nil {
+			cmd.Process.Kill()
+			<-exited
+			cmd = nil
+		}
+	}
+	t.Cleanup(func() {
+		kill()
+		if t.Failed() {
+			t.Logf("daemon logs:\n%s", logs.String())
+		}
+	})
+	w := watchCondition(t, s, name, "NodeTampered")
+
+	start()
+	waitNode(t, s, name, "NodeTampered=False", has("NodeTampered", corev1.ConditionFalse, "NodeIntact"))
+	waitNode(t, s, name, "SealedOSTampered=Unknown (no sealed layers here)", has("SealedOSTampered", corev1.ConditionUnknown, "NothingToCheck"))
+	changed := time.Now()
+	if err := os.WriteFile(prot, []byte("apiVersion: v1\nserver: https://evil.example\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set := waitNode(t, s, name, "NodeTampered=True", has("NodeTampered", corev1.ConditionTrue, "ProtectedFileChanged"))
+	if d := time.Since(changed); d > 20*time.Second {
+		t.Errorf("NodeTampered set %s after the change", d)
+	}
+	ltt := cond(set, "NodeTampered").LastTransitionTime
+	if !strings.Contains(cond(set, "NodeTampered").Message, prot+" modified") {
+		t.Errorf("message %q", cond(set, "NodeTampered").Message)
+	}
+	// The report (refreshed every 30 s here) carries this boot's baseline
+	// and the change.
+	var node *corev1.Node
+	for deadline := time.Now().Add(75 * time.Second); ; {
+		node, err = s.Admin.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && strings.Contains(node.Annotations["autopilot.syself.com/tamper"], prot) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no tamper report with the change within 75 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling the API server for the awaited refresh
+	}
+	var doc struct {
+		Tamper struct {
+			Baseline struct {
+				Digest string `json:"digest"`
+				Files  int    `json:"files"`
+			} `json:"baseline"`
+			Changes []struct{ Path, Kind string } `json:"changes"`
+		} `json:"tamper"`
+	}
+	if err := json.Unmarshal([]byte(node.Annotations["autopilot.syself.com/tamper"]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(doc.Tamper.Baseline.Digest, "sha256:") || doc.Tamper.Baseline.Files != 2 || len(doc.Tamper.Changes) != 1 || doc.Tamper.Changes[0].Kind != "modified" {
+		t.Errorf("tamper report %+v", doc.Tamper)
+	}
+
+	// Revert, SIGKILL, remove all local state, start again.
+	os.WriteFile(prot, []byte("apiVersion: v1\n"), 0o600)
+	kill()
+	if err := os.RemoveAll(state); err != nil {
+		t.Fatal(err)
+	}
+	restarted := start()
+	after := waitNode(t, s, name, "a status write after the restart", func(n *corev1.Node) bool {
+		c := cond(n, "NodeTampered")
+		return c != nil && !c.LastHeartbeatTime.Time.Before(restarted.Truncate(time.Second))
+	})
+	if c := cond(after, "NodeTampered"); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&ltt) {
+		t.Errorf("after the restart without state: %s/%s since %s, want True since %s", c.Status, c.Reason, c.LastTransitionTime, ltt)
+	}
+	if f := w.notTrueAfterTrue(); len(f) > 0 {
+		t.Errorf("NodeTampered was lowered on the Node without a clear: %v", f)
+	}
+
+	// The operator's clear, through the binary.
+	out, err := exec.Command(daemonBinary(t), "tamper", "clear", "--config", cfgPath, "--reason", "reviewed by the test").CombinedOutput()
+	if err != nil {
+		t.Fatalf("tamper clear: %v\n%s", err, out)
+	}
+	waitNode(t, s, name, "NodeTampered=False after the clear", has("NodeTampered", corev1.ConditionFalse, "NodeIntact"))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := s.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("involvedObject.name", name).String()})
+		if err == nil && len(evs.Items) > 0 && evs.Items[0].Reason == "TamperCleared" && strings.HasSuffix(evs.Items[0].Message, ": reviewed by the test") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no TamperCleared event within 30 s: %v %+v", err, evs)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the API server for an awaited event
+	}
+}
+
+// conditionWatch records every status of one condition the API server
+// stores for a node.
+type conditionWatch struct {
+	mu   sync.Mutex
+	seen []corev1.NodeCondition
+}
+
+func watchCondition(t *testing.T, s *harness.APIServer, node, ty string) *conditionWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &conditionWatch{}
+	wi, err := s.Admin.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer wi.Stop()
+		for ev := range wi.ResultChan() {
+			if ev.Type != watch.Added && ev.Type != watch.Modified {
+				continue
+			}
+			if c := cond(ev.Object.(*corev1.Node), ty); c != nil {
+				w.mu.Lock()
+				w.seen = append(w.seen, *c)
+				w.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+// notTrueAfterTrue lists the statuses stored after the condition first
+// turned True that are not True.
+func (w *conditionWatch) notTrueAfterTrue() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	wasTrue := false
+	for _, c := range w.seen {
+		if c.Status == corev1.ConditionTrue {
+			wasTrue = true
+		} else if wasTrue {
+			out = append(out, fmt.Sprintf("%s/%s at %s", c.Status, c.Reason, c.LastHeartbeatTime.Format(time.RFC3339)))
+		}
+	}
+	return out
+}
