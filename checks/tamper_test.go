@@ -217,6 +217,12 @@ func TestNodeTamperedBaselinePending(t *testing.T) {
 	h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "") // 1 min unchanged
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths")
 
+	// After an operator's clear the baseline is taken at once, without
+	// settling.
+	c.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "test"})
+	h.write("/etc/cni/net.d/07-accepted.conflist", "{}")
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "7 protected paths")
+
 	// The one-shot check reads the daemon's baseline, never takes one.
 	ro := testEnv(t, func(cfg *config.Config) {
 		cfg.HostRoot, cfg.StateDir = h.root, t.TempDir()
@@ -275,6 +281,20 @@ func TestSealedOSTampered(t *testing.T) {
 		h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch, "root root-hash-mismatch (recorded "+hashA+", enforced "+hashB+")")
 		dm.targets = []tamper.VerityTarget{verity("root", hashA)} // back: stays set
 		h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch, "1 finding(s)")
+		// A clear while the layer still mismatches: True again at once.
+		dm.targets = []tamper.VerityTarget{verity("root", hashB)}
+		c.(*sealedOSCheck).keeper.ClearAll(tamper.Clear{At: h.now, Reason: "test"})
+		h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch, "1 finding(s): root root-hash-mismatch")
+	})
+	t.Run("unrecorded verity device", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\n")
+		c := sealedEnv(t, h, "boot-1", &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA), verity("extra", hashB)}})
+		res := h.probe(c, report.StatusFalse, report.ReasonSealedOSIntact, "1 sealed layer(s)")
+		layers := res.Details[0].Value.(tamper.Report).SealedLayers
+		if len(layers) != 2 || layers[0].Name != "extra" || layers[0].Status != "not recorded" {
+			t.Errorf("layers %+v", layers)
+		}
 	})
 	t.Run("layer missing", func(t *testing.T) {
 		h := newTamperHost(t)

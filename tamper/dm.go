@@ -44,7 +44,13 @@ const (
 // VerityTargets lists the devices (DM_LIST_DEVICES) and reads each live
 // table (DM_TABLE_STATUS with DM_STATUS_TABLE_FLAG).
 func (c DMControl) VerityTargets() ([]VerityTarget, error) {
+	// dmsetup opens it read-write; the ioctls check CAP_SYS_ADMIN, not the
+	// open mode, so read-only does where a device policy allows only that
+	// (the unit's DeviceAllow=/dev/mapper/control r).
 	f, err := os.OpenFile(c.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrPermission) {
+		f, err = os.OpenFile(c.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%s: %w", c.Path, ErrNoDeviceMapper)
 	}

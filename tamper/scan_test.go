@@ -130,3 +130,13 @@ func TestDirsAndRelevant(t *testing.T) {
 		}
 	}
 }
+
+func TestScanRefusesAHugeFile(t *testing.T) {
+	root := tree(t, map[string]string{"/etc/big": ""})
+	if err := os.Truncate(filepath.Join(root, "/etc/big"), MaxFileSize+1); err != nil { // sparse
+		t.Fatal(err)
+	}
+	if _, err := Scan(root, Spec{Patterns: []string{"/etc/big"}}); err == nil || !strings.Contains(err.Error(), "larger than 67108864 bytes") {
+		t.Errorf("a file over 64 MiB: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package tamper
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,4 +144,19 @@ func FuzzParseState(f *testing.F) {
 			t.Errorf("re-parse of an accepted state: %v", err)
 		}
 	})
+}
+
+func TestReportShowsTheMostRecentChanges(t *testing.T) {
+	k := NewKeeper(t.TempDir(), "boot-1", false)
+	k.Load(t0)
+	k.Update(func(s *State) bool {
+		for i := range MaxReportedChanges + 3 {
+			s.AddFinding(Finding{Condition: CondNode, Path: fmt.Sprintf("/p%02d", i), Kind: Added, At: t0})
+		}
+		return true
+	})
+	r := k.Report()
+	if len(r.Changes) != MaxReportedChanges || r.ChangesOmitted != 3 || r.Changes[0].Path != "/p03" || r.Changes[MaxReportedChanges-1].Path != fmt.Sprintf("/p%02d", MaxReportedChanges+2) {
+		t.Errorf("report changes %d (first %s), omitted %d", len(r.Changes), r.Changes[0].Path, r.ChangesOmitted)
+	}
 }

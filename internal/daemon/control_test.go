@@ -114,3 +114,10 @@ func TestTamperClearOverTheControlSocket(t *testing.T) {
 		t.Errorf("events %+v", rec.events)
 	}
 }
+
+func TestTamperClearWithoutADaemon(t *testing.T) {
+	_, err := RequestTamperClear(filepath.Join(t.TempDir(), "control.sock"), "r", "me")
+	if err == nil || !strings.Contains(err.Error(), "the daemon is not running") {
+		t.Errorf("err %v", err)
+	}
+}
