@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -342,5 +343,31 @@ func TestStatusCommand(t *testing.T) {
 	code, out, _ = run(t, "status", "--json", "--socket", sock)
 	if code != exitProblem || out != string(body) {
 		t.Errorf("--json: exit %d, %s", code, out)
+	}
+}
+
+func TestTamperCommands(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[checks.SealedOSTampered]\ndm_control = %q\n",
+		dir, filepath.Join(dir, "control.sock"), filepath.Join(dir, "control"))), 0o644)
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stderr string
+	}{
+		{[]string{"tamper", "clear", "--config", cfg}, exitError, "--reason is required"},
+		{[]string{"tamper", "clear", "--config", cfg, "--reason", "x"}, exitError, "the daemon is not running (no control socket at " + filepath.Join(dir, "control.sock")},
+		{[]string{"tamper", "layers", "--config", cfg}, exitError, "no device-mapper control node"},
+		{[]string{"tamper", "nope"}, exitError, `unknown command "nope"`},
+	} {
+		code, _, stderr := run(t, tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.stderr) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, stderr, tc.code, tc.stderr)
+		}
+	}
+	code, stdout, _ := run(t, "tamper", "status", "--config", cfg)
+	if code != exitOK || !strings.Contains(stdout, `"state": "none yet`) {
+		t.Errorf("tamper status without a state: %d %s", code, stdout)
 	}
 }

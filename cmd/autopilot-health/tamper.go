@@ -24,6 +24,9 @@ const tamperUsage = `Usage:
   autopilot-health tamper status [--config FILE]
       print the daemon's tamper state (tamper.json in state_dir): this boot's
       baseline, the findings, the last clear
+  autopilot-health tamper layers [--config FILE]
+      print the verity targets the kernel enforces (device-mapper ioctls on
+      checks.SealedOSTampered.dm_control; root): device, root hash, table
 `
 
 func cmdTamper(args []string, stdout, stderr io.Writer) int {
@@ -36,6 +39,8 @@ func cmdTamper(args []string, stdout, stderr io.Writer) int {
 		return cmdTamperClear(args[1:], stdout, stderr)
 	case "status":
 		return cmdTamperStatus(args[1:], stdout, stderr)
+	case "layers":
+		return cmdTamperLayers(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, tamperUsage)
 		return exitOK
@@ -126,5 +131,28 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	enc.Encode(out)
+	return exitOK
+}
+
+func cmdTamperLayers(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("tamper layers", "tamper layers [--config FILE]", stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
+	if code := parseFlags(fs, args); code >= 0 {
+		return code
+	}
+	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper layers: %v\n", err)
+		return exitError
+	}
+	ts, err := tamper.DMControl{Path: cfg.HostPath(cfg.Checks.SealedOSTampered.DMControl)}.VerityTargets()
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper layers: %v\n", err)
+		return exitError
+	}
+	for _, t := range ts {
+		fmt.Fprintf(stdout, "%s\t%s\t%s %s data %s hash %s blocks %d opts %s\n", t.Device, t.Table.RootHash,
+			t.Table.Algorithm, "v"+strconv.Itoa(t.Table.Version), t.Table.DataDev, t.Table.HashDev, t.Table.NumDataBlocks, strings.Join(t.Table.Options, ","))
+	}
 	return exitOK
 }
