@@ -56,6 +56,11 @@ timeout = "2s"
 # Every filesystem measured is over 1 %%: the message names each one.
 space_percent = 1
 
+[checks.NodeTampered]
+paths = ["/etc/autopilot-health-test/protected"]
+baseline_after = []
+settle = "0s"
+
 [kmsg]
 # Lines written by the test have facility user.
 kernel_only = false
@@ -298,6 +303,12 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.MkdirAll(s.Root("/etc/autopilot-health-test/protected"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/10.conf"), []byte("kind: test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, daemonUnitConfig, metricsPort, kubeletPort, tok), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -452,6 +463,31 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	clockProblem, _ := metricValue(page, `autopilot_health_check_runs_total{check="ClockNotSynchronized",result="problem"}`)
 	if clockOK+clockProblem < 1 {
 		t.Errorf("ClockNotSynchronized runs: ok %v, problem %v", clockOK, clockProblem)
+	}
+
+	// NodeTampered through the sandbox: the baseline in the StateDirectory
+	// (tamper.json, 0600), a change found by file notifications (the
+	// interval is 5 min), and the operator's clear over the control socket
+	// in the RuntimeDirectory.
+	eventually(t, 15*time.Second, "NodeTampered=False in state.json", func() (bool, string) {
+		state, err = readState()
+		c := state.get("NodeTampered")
+		return c.Status == report.StatusFalse, fmt.Sprintf("%+v %v", c, err)
+	})
+	if fi, err := os.Stat(s.Root("/var/lib/autopilot-health/tamper.json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("tamper.json: %v %v, want mode 0600", fi, err)
+	}
+	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/evil.conf"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "NodeTampered=True in state.json", func() (bool, string) {
+		state, err = readState()
+		c := state.get("NodeTampered")
+		return c.Status == report.StatusTrue && strings.Contains(c.Message, "/etc/autopilot-health-test/protected/evil.conf added"), fmt.Sprintf("%+v %v", c, err)
+	})
+	conds, err := daemon.RequestTamperClear(s.Root("/run/autopilot-health/control.sock"), "unit test", "tests")
+	if err != nil || len(conds) == 0 || conds[0].Type != "NodeTampered" || conds[0].Status != report.StatusFalse {
+		t.Errorf("tamper clear through the unit's control socket: %+v %v", conds, err)
 	}
 
 	// Repair over D-Bus from inside the sandbox: the kubelet's /healthz
