@@ -193,6 +193,9 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 	}
 	var added []tamper.Finding
 	err := c.keeper.Update(func(s *tamper.State) bool {
+		if s.Baseline == nil || s.Baseline.Digest != base.Digest {
+			return false // cleared (or replaced) since this run read it
+		}
 		for _, d := range diffs {
 			f := tamper.Finding{Condition: tamper.CondNode, Path: d.Path, Kind: d.Kind, At: now.UTC(), BootID: c.keeper.BootID()}
 			if e, ok := byPath[d.Path]; ok {

@@ -42,10 +42,10 @@ func NewStore(bootID string) *Store {
 		dirty: make(chan struct{}, 1), released: map[string]bool{}, cleared: map[string]time.Time{}}
 }
 
-// Release lets the next Set of a condition that is held once True (a tamper
+// Release lets a Set of a condition that is held once True (a tamper
 // condition) lower it, and records when it was cleared (SetCleared): an
 // operator's deliberate clear, never automatic. The hold applies again
-// after that Set.
+// after the first Set that is not True.
 func (s *Store) Release(condType string, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -139,8 +139,12 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
 	prev, had := s.conds[c.Type]
+	// The release lasts until a Set lowers the condition: a run that was
+	// in flight during the clear may still set True first.
 	released := s.released[c.Type]
-	delete(s.released, c.Type)
+	if c.Status != StatusTrue {
+		delete(s.released, c.Type)
+	}
 	if had && prev.Status == StatusTrue && c.Status != StatusTrue && !released {
 		if desc, _ := Lookup(c.Type); desc.Hold != HoldWhileTrue {
 			prev.LastUpdateTime = now

@@ -375,6 +375,9 @@ func TestReleaseAndClearedAdopt(t *testing.T) {
 	}
 	clearAt := t0.Add(2 * time.Minute)
 	s.Release("NodeTampered", clearAt)
+	// A run in flight during the clear still sets True; the release waits
+	// for the first Set that is not True.
+	s.Set(cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "in flight"), clearAt)
 	s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt.Add(time.Second))
 	if c, _ := s.Get("NodeTampered"); c.Status != StatusFalse {
 		t.Fatalf("not lowered after the clear: %+v", c)
