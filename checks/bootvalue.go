@@ -8,7 +8,8 @@ import "sync"
 // and the store told when it changes. Without Memos (the one-shot check) it
 // only holds the value. Checks that keep something use one (nodeinfo.go:
 // "nodes.json was written in this boot", kubeletheartbeat.go: the journal cursor,
-// sourceip.go: the audit log position).
+// sourceip.go: the audit log position, nodetampered.go: this boot's baseline
+// digest).
 type bootValue[T comparable] struct {
 	key string
 	// valid, if set, says whether a saved value may be restored.

@@ -38,7 +38,9 @@ type nodeTamperedCheck struct {
 	keeper *tamper.Keeper
 
 	restoreOnce sync.Once
-	loadLogged  sync.Once
+	// memo is this boot's baseline digest, kept in the state file.
+	memo       bootValue[string]
+	loadLogged sync.Once
 
 	mu sync.Mutex
 	// candidate is the digest of the protected files while the baseline
@@ -56,15 +58,11 @@ type watchPlan struct {
 	wakeAt time.Time // zero: no wake planned
 }
 
-// tamperMemo is the saved form of this boot's baseline digest.
-type tamperMemo struct {
-	Digest string `json:"baselineDigest"`
-}
-
 func newNodeTamperedCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.NodeTampered
 	return &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
-		gate: c.BaselineAfter, settle: c.Settle.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1)}, nil
+		gate: c.BaselineAfter, settle: c.Settle.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1),
+		memo: bootValue[string]{key: TamperMemoKey}}, nil
 }
 
 // tamperKeeper returns the daemon's keeper, or one that reads the daemon's
@@ -86,38 +84,38 @@ func (c *nodeTamperedCheck) load(now time.Time) {
 		})
 	}
 	c.restoreOnce.Do(func() {
-		m := c.env.Memos
-		if m == nil {
+		c.memo.restore(c.env.Memos)
+		saved := c.memo.get()
+		if c.env.Memos == nil || saved == "" {
 			return
 		}
-		var saved tamperMemo
-		if m.Memo(TamperMemoKey, &saved) && saved.Digest != "" {
-			st := c.keeper.State()
-			if st.Baseline == nil || st.Baseline.BootID != c.keeper.BootID() || st.Baseline.Digest != saved.Digest {
-				detail := fmt.Sprintf("this boot's baseline %s is gone from the tamper state", saved.Digest)
-				if st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID() {
-					detail = fmt.Sprintf("this boot's baseline %s was replaced by %s", saved.Digest, st.Baseline.Digest)
-				}
-				c.env.Log.Error("baseline of this boot gone or replaced; it is a finding", "file", c.keeper.Path(), "detail", detail)
-				c.keeper.Update(func(s *tamper.State) bool {
-					if s.Cleared != nil && s.Baseline == nil {
-						return false // an operator's clear drops the baseline
-					}
-					return s.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: c.keeper.Path(), Kind: tamper.Corrupt,
-						At: now.UTC(), BootID: c.keeper.BootID(), Detail: detail})
-				})
-			}
+		st := c.keeper.State()
+		if st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID() && st.Baseline.Digest == saved {
+			return
 		}
-		m.Keep(TamperMemoKey, c.snapshot)
+		detail := fmt.Sprintf("this boot's baseline %s is gone from the tamper state", saved)
+		if st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID() {
+			detail = fmt.Sprintf("this boot's baseline %s was replaced by %s", saved, st.Baseline.Digest)
+		}
+		c.env.Log.Error("baseline of this boot gone or replaced; it is a finding", "file", c.keeper.Path(), "detail", detail)
+		c.keeper.Update(func(s *tamper.State) bool {
+			if s.Cleared != nil && s.Baseline == nil {
+				return false // an operator's clear drops the baseline
+			}
+			return s.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: c.keeper.Path(), Kind: tamper.Corrupt,
+				At: now.UTC(), BootID: c.keeper.BootID(), Detail: detail})
+		})
 	})
 }
 
-func (c *nodeTamperedCheck) snapshot() any {
-	st := c.keeper.State()
-	if st.Baseline == nil || st.Baseline.BootID != c.keeper.BootID() {
-		return tamperMemo{}
+// keepDigest keeps this boot's baseline digest ("" when there is none) in
+// the state file.
+func (c *nodeTamperedCheck) keepDigest(st tamper.State) {
+	d := ""
+	if st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID() {
+		d = st.Baseline.Digest
 	}
-	return tamperMemo{Digest: st.Baseline.Digest}
+	c.memo.set(c.env.Memos, d)
 }
 
 func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
@@ -139,7 +137,9 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	c.keeper.SetPending(pending)
 	c.plan(cur, pending, now)
-	res := c.result(c.keeper.State(), pending)
+	st = c.keeper.State()
+	c.keepDigest(st)
+	res := c.result(st, pending)
 	res.Details = []report.Detail{{Domain: "tamper", Field: "tamper", Value: c.keeper.Report()}}
 	return res, nil
 }
@@ -172,9 +172,6 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	c.mu.Unlock()
 	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake = b, false; return true }); err != nil {
 		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
-	}
-	if c.env.Memos != nil {
-		c.env.Memos.Touch()
 	}
 	c.env.Log.Info("baseline taken", "files", len(cur), "digest", b.Digest)
 	return ""
