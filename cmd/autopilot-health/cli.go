@@ -43,7 +43,7 @@ Usage:
   autopilot-health tamper clear --reason TEXT [--config FILE]
                                                   clear the tamper conditions on the running daemon (root)
   autopilot-health tamper status [--config FILE]  print the daemon's tamper baseline and findings
-  autopilot-health catalog [--markdown]           list every condition and event the daemon owns
+  autopilot-health catalog [--markdown | --json]  list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file
   autopilot-health manifests [--list | KIND]      print the shipped alert rules, MachineHealthChecks,
@@ -92,6 +92,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
+	case "man": // hidden: the manual page, for the package (man.go)
+		return cmdMan(rest, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "autopilot-health: unknown command %q\n\n%s", cmd, usage)
 	return exitError
