@@ -5,7 +5,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 
-.PHONY: all build run test test-unit test-integration test-race bench fuzz vet docs clean k8s-bins deb sysext
+.PHONY: all build run test test-unit test-integration test-race test-arm64 bench fuzz vet docs clean k8s-bins deb sysext
 
 all: build
 
@@ -77,9 +77,25 @@ docs:
 	$(GO) test ./cmd/autopilot-health -run '^TestREADMECatalog$$' -update
 	$(GO) test ./internal/manifests -run '^TestCommittedManifestsAreCurrent$$' -update
 
-# The Debian package for the OS image (bin/autopilot-health_<version>_<arch>.deb).
+# The Debian packages for the OS image (bin/autopilot-health_<version>_<arch>.deb),
+# amd64 and arm64 from the same tree; ARCH=amd64 or ARCH=arm64 builds one.
+# The binary of this machine (GEN) prints the configuration and the man page
+# for both. SOURCE_DATE_EPOCH defaults to the commit's time (build.sh).
+DEB_ARCHES := $(if $(ARCH),$(ARCH),amd64 arm64)
 deb: build
-	bash packaging/deb/build.sh $(BIN) bin
+	@for a in $(DEB_ARCHES); do \
+		case $$a in amd64|arm64) ;; *) echo "ARCH=$$a: amd64 or arm64" >&2; exit 2;; esac; \
+		echo "CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build ... -o bin/linux_$$a/autopilot-health"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/linux_$$a/autopilot-health ./cmd/autopilot-health || exit 1; \
+		GEN=$(BIN) bash packaging/deb/build.sh bin/linux_$$a/autopilot-health bin || exit 1; \
+	done
+
+# The unit tests of the packages whose layouts differ by architecture (the
+# NVMe admin command, adjtimex's struct, statfs, the kernel log records)
+# built for arm64 and run under qemu-user (Debian's qemu-user-static).
+ARM64_PKGS := ./kmsg ./report ./internal/config ./checks
+test-arm64:
+	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static $(ARM64_PKGS)
 
 # The systemd-sysext image for image-based node OSes (bin/autopilot-health.raw).
 sysext: build
