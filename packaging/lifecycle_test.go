@@ -1,0 +1,344 @@
+package packaging
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+)
+
+// dpkgRoot is a throwaway root with only a dpkg database, as an image build
+// has before it installs packages: dpkg --root installs into it, and the
+// maintainer scripts run outside it with DPKG_ROOT set (deb-systemd-helper
+// honours it), the way an image builder runs them without systemd.
+type dpkgRoot struct {
+	t    *testing.T
+	Dir  string
+	arch string
+}
+
+// stubStatus stands in for the image's systemd and dbus (Multi-Arch:
+// foreign, so they satisfy the Depends of a foreign-architecture package as
+// the image's own native ones would).
+const stubStatus = `Package: systemd
+Status: install ok installed
+Priority: optional
+Section: admin
+Maintainer: test <test@example.invalid>
+Architecture: all
+Multi-Arch: foreign
+Version: 252
+Description: stand-in for the host's systemd
+
+Package: dbus
+Status: install ok installed
+Priority: optional
+Section: admin
+Maintainer: test <test@example.invalid>
+Architecture: all
+Multi-Arch: foreign
+Version: 1.14
+Description: stand-in for the host's dbus
+
+`
+
+func newDpkgRoot(t *testing.T, arch string) *dpkgRoot {
+	t.Helper()
+	for _, p := range []string{"dpkg", "dpkg-query", "deb-systemd-helper", "systemctl"} {
+		if _, err := exec.LookPath(p); err != nil {
+			testenv.Skip(t, p+" not installed (apt install dpkg init-system-helpers systemd)")
+		}
+	}
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "dpkg --root installs files owned by root: needs root")
+	}
+	r := &dpkgRoot{t: t, Dir: t.TempDir(), arch: arch}
+	db := filepath.Join(r.Dir, "var", "lib", "dpkg")
+	for _, d := range []string{"info", "updates", "triggers"} {
+		if err := os.MkdirAll(filepath.Join(db, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, os.WriteFile(filepath.Join(db, "status"), []byte(stubStatus), 0o644))
+	must(t, os.WriteFile(filepath.Join(db, "available"), nil, 0o644))
+	for _, p := range []string{"systemd", "dbus"} {
+		must(t, os.WriteFile(filepath.Join(db, "info", p+".list"), nil, 0o644))
+	}
+	if arch != runtime.GOARCH {
+		r.dpkg("--add-architecture", arch)
+	}
+	return r
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *dpkgRoot) path(p string) string { return filepath.Join(r.Dir, p) }
+
+// dpkg runs dpkg on the root; a failure fails the test.
+func (r *dpkgRoot) dpkg(args ...string) string {
+	r.t.Helper()
+	cmd := exec.Command("dpkg", append([]string{"--root=" + r.Dir, "--force-script-chrootless", "--log=/dev/null"}, args...)...)
+	cmd.Stdin = nil // no terminal: a conffile prompt would fail, not hang
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		r.t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// status is dpkg-query's status of the package ("" when it is unknown).
+func (r *dpkgRoot) status() string {
+	out, _ := exec.Command("dpkg-query", "--root="+r.Dir, "-W", "-f=${Status} ${Version}", "autopilot-health").Output()
+	return string(out)
+}
+
+// systemctl runs systemctl --root on the root and returns its stdout.
+func (r *dpkgRoot) systemctl(args ...string) string {
+	r.t.Helper()
+	out, _ := exec.Command("systemctl", append([]string{"--root=" + r.Dir}, args...)...).Output()
+	return strings.TrimSpace(string(out))
+}
+
+func (r *dpkgRoot) exists(p string) bool {
+	_, err := os.Lstat(r.path(p))
+	return err == nil
+}
+
+func (r *dpkgRoot) read(p string) string {
+	r.t.Helper()
+	b, err := os.ReadFile(r.path(p))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return string(b)
+}
+
+const (
+	cfgPath   = "/etc/autopilot-health/config.toml"
+	wantsLink = "/etc/systemd/system/multi-user.target.wants/autopilot-health.service"
+	unitPath  = "/usr/lib/systemd/system/autopilot-health.service"
+	stateFile = "/var/lib/autopilot-health/state.json"
+)
+
+var newer struct {
+	sync.Mutex
+	deb, config string
+}
+
+// newerPackage is deb as version 1.0.1 with a changed default configuration
+// (one more comment line), built the way build.sh builds (once per run).
+func newerPackage(t *testing.T, deb string) (string, string) {
+	t.Helper()
+	newer.Lock()
+	defer newer.Unlock()
+	if newer.deb != "" {
+		return newer.deb, newer.config
+	}
+	x := extract(t, deb)
+	cfg := filepath.Join(x, cfgPath)
+	old, err := os.ReadFile(cfg)
+	must(t, err)
+	newDefault := string(old) + "# a default added in 1.0.1\n"
+	must(t, os.WriteFile(cfg, []byte(newDefault), 0o644))
+	control := filepath.Join(x, "DEBIAN", "control")
+	c, err := os.ReadFile(control)
+	must(t, err)
+	must(t, os.WriteFile(control, bytes.Replace(c, []byte("Version: 1.0.0\n"), []byte("Version: 1.0.1\n"), 1), 0o644))
+	out := filepath.Join(binDir, "autopilot-health_1.0.1.deb")
+	if b, err := exec.Command("dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", x, out).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb --build: %v\n%s", err, b)
+	}
+	newer.deb, newer.config = out, newDefault
+	return out, newDefault
+}
+
+// TestDebianPackageLifecycle installs, upgrades, removes and purges the
+// package in a throwaway root as an image build and a fleet upgrade do:
+//   - install: files in place, the configuration a conffile, the unit
+//     enabled (deb-systemd-helper, as on a running system), and enabled by
+//     the package's preset where the image's policy disables everything else
+//     (systemctl preset);
+//   - upgrade with an edited configuration (--force-confdef --force-confold,
+//     apt's unattended choice): the edit kept, the new default beside it as
+//     config.toml.dpkg-dist, still enabled;
+//   - remove: program and unit gone, configuration and state kept;
+//   - purge: configuration, state and enable state gone.
+//
+// The running daemon's part (started, restarted, stopped) needs a running
+// systemd: tests/ TestDebianPackageUnderSystemd.
+func TestDebianPackageLifecycle(t *testing.T) {
+	needDpkgDeb(t)
+	hostBinary(t)
+	r := newDpkgRoot(t, runtime.GOARCH)
+	v1 := buildDeb(t, runtime.GOARCH, "1.0.0")
+	v2, v2Default := newerPackage(t, v1)
+
+	// Install.
+	r.dpkg("--install", v1)
+	if s := r.status(); s != "install ok installed 1.0.0" {
+		t.Fatalf("after install: %q", s)
+	}
+	for _, p := range []string{"/usr/bin/autopilot-health", unitPath, "/usr/share/man/man8/autopilot-health.8.gz", cfgPath} {
+		if !r.exists(p) {
+			t.Errorf("installed root lacks %s", p)
+		}
+	}
+	conffiles, _ := exec.Command("dpkg-query", "--root="+r.Dir, "-W", "-f=${Conffiles}", "autopilot-health").Output()
+	if !strings.Contains(string(conffiles), " "+cfgPath+" ") {
+		t.Errorf("dpkg does not hold %s as a conffile: %q", cfgPath, conffiles)
+	}
+	if dest, err := os.Readlink(r.path(wantsLink)); err != nil || dest != unitPath {
+		t.Errorf("after install, %s -> %q (%v), want %s", wantsLink, dest, err, unitPath)
+	}
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+		t.Errorf("after install: is-enabled %q", s)
+	}
+	// The image's preset policy disables every unit but those a preset
+	// enables: ours does.
+	must(t, os.MkdirAll(r.path("/etc/systemd/system-preset"), 0o755))
+	must(t, os.WriteFile(r.path("/etc/systemd/system-preset/99-default.preset"), []byte("disable *\n"), 0o644))
+	r.systemctl("disable", "autopilot-health.service")
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "disabled" {
+		t.Fatalf("after disable: is-enabled %q", s)
+	}
+	r.systemctl("preset-all")
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+		t.Errorf("after preset-all: is-enabled %q, want enabled by 80-autopilot-health.preset", s)
+	}
+	// Without our preset, the same policy disables it: the preset is what
+	// enables it.
+	preset := r.path("/usr/lib/systemd/system-preset/80-autopilot-health.preset")
+	must(t, os.Rename(preset, preset+".off"))
+	r.systemctl("preset-all")
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "disabled" {
+		t.Errorf("preset-all without the package's preset: is-enabled %q, want disabled", s)
+	}
+	must(t, os.Rename(preset+".off", preset))
+	r.systemctl("preset-all")
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+		t.Fatalf("after preset-all: is-enabled %q", s)
+	}
+
+	// Upgrade with an edited configuration.
+	edited := r.read(cfgPath) + "\n# edited by the operator\n[metrics]\nlisten_address = \"127.0.0.1:20257\"\n"
+	must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+	must(t, os.MkdirAll(filepath.Dir(r.path(stateFile)), 0o750))
+	must(t, os.WriteFile(r.path(stateFile), []byte("{}\n"), 0o640))
+	r.dpkg("--force-confdef", "--force-confold", "--install", v2)
+	if s := r.status(); s != "install ok installed 1.0.1" {
+		t.Fatalf("after upgrade: %q", s)
+	}
+	if got := r.read(cfgPath); got != edited {
+		t.Errorf("the upgrade did not keep the edited configuration:\n%s", got)
+	}
+	if got := r.read(cfgPath + ".dpkg-dist"); got != v2Default {
+		t.Errorf("config.toml.dpkg-dist is not 1.0.1's default:\n%s", got)
+	}
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+		t.Errorf("after upgrade: is-enabled %q", s)
+	}
+
+	// Remove: configuration and state kept.
+	r.dpkg("--remove", "autopilot-health")
+	if s := r.status(); s != "deinstall ok config-files 1.0.1" {
+		t.Errorf("after remove: %q", s)
+	}
+	for _, p := range []string{"/usr/bin/autopilot-health", unitPath} {
+		if r.exists(p) {
+			t.Errorf("after remove, %s is still there", p)
+		}
+	}
+	for _, p := range []string{cfgPath, stateFile} {
+		if !r.exists(p) {
+			t.Errorf("remove deleted %s", p)
+		}
+	}
+	if got := r.read(cfgPath); got != edited {
+		t.Errorf("after remove the configuration is not the edited one")
+	}
+
+	// Purge: nothing of it left.
+	r.dpkg("--purge", "autopilot-health")
+	if s := r.status(); s != "" && !strings.HasPrefix(s, "unknown ok not-installed") {
+		t.Errorf("after purge: %q", s)
+	}
+	for _, p := range []string{"/etc/autopilot-health", "/var/lib/autopilot-health", wantsLink, "/etc/systemd/system/autopilot-health.service"} {
+		if r.exists(p) {
+			t.Errorf("after purge, %s is still there", p)
+		}
+	}
+	filepath.WalkDir(r.Dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && strings.Contains(d.Name(), "autopilot-health") {
+			t.Errorf("after purge: %s", strings.TrimPrefix(p, r.Dir))
+		}
+		return nil
+	})
+}
+
+// TestDebianPackageUpgradeUnedited: an upgrade of an unedited configuration
+// installs the new default in its place, silently (no prompt, no
+// .dpkg-dist or .dpkg-old beside it).
+func TestDebianPackageUpgradeUnedited(t *testing.T) {
+	needDpkgDeb(t)
+	hostBinary(t)
+	r := newDpkgRoot(t, runtime.GOARCH)
+	v1 := buildDeb(t, runtime.GOARCH, "1.0.0")
+	v2, v2Default := newerPackage(t, v1)
+	r.dpkg("--install", v1)
+	r.dpkg("--install", v2)
+	if s := r.status(); s != "install ok installed 1.0.1" {
+		t.Fatalf("after upgrade: %q", s)
+	}
+	if got := r.read(cfgPath); got != v2Default {
+		t.Errorf("the unedited configuration is not 1.0.1's default:\n%s", got)
+	}
+	for _, suffix := range []string{".dpkg-dist", ".dpkg-old", ".dpkg-new"} {
+		if r.exists(cfgPath + suffix) {
+			t.Errorf("%s%s exists", cfgPath, suffix)
+		}
+	}
+}
+
+// TestDebianPackageForeignArch installs and purges the package of the
+// other architecture in a root that has it as a foreign architecture (an
+// arm64 image built on an amd64 machine): dpkg accepts it, the unit is
+// enabled, and purge leaves nothing.
+func TestDebianPackageForeignArch(t *testing.T) {
+	needDpkgDeb(t)
+	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
+	if other == "" {
+		t.Skipf("no package for %s", runtime.GOARCH)
+	}
+	r := newDpkgRoot(t, other)
+	r.dpkg("--install", buildDeb(t, other, "1.0.0"))
+	if s := r.status(); s != "install ok installed 1.0.0" {
+		t.Fatalf("after install: %q", s)
+	}
+	arch, _ := exec.Command("dpkg-query", "--root="+r.Dir, "-W", "-f=${Architecture}", "autopilot-health").Output()
+	if string(arch) != other {
+		t.Errorf("installed architecture %q, want %s", arch, other)
+	}
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+		t.Errorf("is-enabled %q", s)
+	}
+	r.dpkg("--purge", "autopilot-health")
+	if _, err := os.Lstat(r.path(wantsLink)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after purge %s: %v", wantsLink, err)
+	}
+	if r.exists("/etc/autopilot-health") {
+		t.Error("after purge /etc/autopilot-health is still there")
+	}
+}
