@@ -21,12 +21,14 @@
 #                     makes / shared at boot, but not in a container): a mount
 #                     made in a unit's own mount namespace (systemd-sysext's
 #                     merge) propagates to PID 1's
+#   NS_USR_RW=DIR     /usr is writable instead: an overlay of the host's /usr
+#                     whose writes land in DIR/upper (dpkg installs there)
 # The root is a tmpfs: every disk filesystem inside is one of the mounts above.
 set -euo pipefail
 D=${NS_DIR:?}; UNITS=${NS_UNITS:?}; CG=${NS_CGROUP:?}
 R=$D/rootfs; LOGS=$D/logs
-NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}; NS_SHARED=${NS_SHARED:-}; NS_LOOP=${NS_LOOP:-}
-export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR NS_SHARED NS_LOOP
+NS_KEEP_SYSLOG=${NS_KEEP_SYSLOG:-}; NS_DATA=${NS_DATA:-}; NS_USR=${NS_USR:-}; NS_SHARED=${NS_SHARED:-}; NS_LOOP=${NS_LOOP:-}; NS_USR_RW=${NS_USR_RW:-}
+export D UNITS CG R LOGS NS_KEEP_SYSLOG NS_DATA NS_USR NS_SHARED NS_LOOP NS_USR_RW
 
 case "${1:-}" in
 start)
@@ -49,7 +51,10 @@ stage2)
     mkdir -p $R/{usr,etc,proc,sys,dev,run,tmp,var,root,oldroot}
     for d in bin sbin lib lib64; do ln -sfn usr/$d $R/$d; done
     if [ -n "$NS_DATA" ]; then mkdir -p $R/data; mount --bind "$NS_DATA" $R/data; fi
-    if [ -n "$NS_USR" ]; then
+    if [ -n "$NS_USR_RW" ]; then
+        mkdir -p "$NS_USR_RW/upper" "$NS_USR_RW/work"
+        mount -t overlay -o lowerdir=/usr,upperdir="$NS_USR_RW/upper",workdir="$NS_USR_RW/work" overlay $R/usr
+    elif [ -n "$NS_USR" ]; then
         mount -t overlay -o ro,lowerdir="$NS_USR":/usr overlay $R/usr
     else
         mount --bind /usr $R/usr; mount -o remount,bind,ro $R/usr

@@ -90,6 +90,10 @@ type Options struct {
 	// LoopDevices makes /dev/loop-control and /dev/loop0..63 inside (the
 	// namespace's /dev is a tmpfs), so a disk image can be attached.
 	LoopDevices bool
+	// UsrWritable, a directory, makes /usr writable (Usr is then ignored):
+	// an overlay of the host's /usr whose writes land in UsrWritable/upper,
+	// so dpkg can install a package inside.
+	UsrWritable string
 }
 
 // StartSystemd starts a systemd with the given units (file name -> content)
@@ -127,7 +131,7 @@ func StartSystemdWith(dir string, units map[string]string, o Options) (*Systemd,
 		}
 	}
 	s.cmd = exec.Command("bash", filepath.Join(repoRoot(), "tests", "harness", "systemd-ns.sh"), "start")
-	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg, "NS_DATA="+o.Data, "NS_USR="+o.Usr)
+	s.cmd.Env = append(os.Environ(), "NS_DIR="+dir, "NS_UNITS="+s.Units, "NS_CGROUP="+s.cg, "NS_DATA="+o.Data, "NS_USR="+o.Usr, "NS_USR_RW="+o.UsrWritable)
 	if o.SharedMounts {
 		s.cmd.Env = append(s.cmd.Env, "NS_SHARED=1")
 	}
