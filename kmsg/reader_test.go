@@ -466,11 +466,12 @@ func TestBusyLogIsCaughtUp(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	deadline := time.After(10 * time.Second)
 	for {
+		changed := store.Changed() // before the Get: a change between them still wakes the loop
 		if c, _ := store.Get("KernelDeadlock"); c.Status == report.StatusFalse {
 			return
 		}
 		select {
-		case <-store.Changed():
+		case <-changed:
 		case <-deadline:
 			c, _ := store.Get("KernelDeadlock")
 			t.Fatalf("a busy log was never read to its end: %+v", c)
