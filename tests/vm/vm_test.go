@@ -53,7 +53,7 @@ func TestVM(t *testing.T) {
 	built := make(chan struct{})
 	go func() { defer close(built); bins = buildBinaries(work) }()
 	defer func() { <-built }()
-	kernel, err := vmhost.FetchKernel(filepath.Join(repoRoot(), "tests", ".cache", "vm"))
+	kernel, err := vmhost.FetchKernel(filepath.Join(repoRoot(), "tests", ".cache", "vm"), t.Logf)
 	var missing *vmhost.Missing
 	if errors.As(err, &missing) {
 		testenv.Skip(t, "VM tier: "+missing.What)

@@ -39,15 +39,19 @@ const metaPackage = "linux-image-amd64"
 
 // FetchKernel returns Debian's current kernel (the package linux-image-amd64
 // depends on), fetched once with apt-get download, unpacked with dpkg-deb
-// and depmod'ed under cacheDir/<package>. A cached kernel is used without
-// asking apt (and, where apt knows no kernel, the newest cached one is).
-func FetchKernel(cacheDir string) (*Kernel, error) {
+// and depmod'ed under cacheDir/<package>. apt's package lists are always
+// asked which package that is (apt-cache, no network); a kernel already in
+// the cache under that name is used without downloading. Where apt knows
+// no kernel, or the download fails (no network, the mirror no longer has
+// that ABI), the newest cached kernel is used, said with a line to logf.
+func FetchKernel(cacheDir string, logf func(format string, a ...any)) (*Kernel, error) {
 	if runtime.GOARCH != "amd64" {
 		return nil, &Missing{"the VM tier boots Debian's amd64 kernel; this is " + runtime.GOARCH}
 	}
 	pkg, aptErr := kernelPackage()
 	if aptErr != nil {
 		if k := newestCached(cacheDir); k != nil {
+			logf("%v; using the newest cached kernel %s", aptErr, filepath.Base(k.Root))
 			return k, nil
 		}
 		return nil, aptErr
@@ -56,6 +60,24 @@ func FetchKernel(cacheDir string) (*Kernel, error) {
 	if k, err := openKernel(dir); err == nil {
 		return k, nil
 	}
+	k, err := download(cacheDir, pkg)
+	if err == nil {
+		return k, nil
+	}
+	var missing *Missing
+	if errors.As(err, &missing) {
+		if k := newestCached(cacheDir); k != nil {
+			logf("%v; using the newest cached kernel %s", err, filepath.Base(k.Root))
+			return k, nil
+		}
+	}
+	return nil, err
+}
+
+// download fetches pkg with apt-get download and unpacks it into
+// cacheDir/pkg. A missing tool or a failed download is a *Missing.
+func download(cacheDir, pkg string) (*Kernel, error) {
+	dir := filepath.Join(cacheDir, pkg)
 	for _, tool := range []string{"apt-get", "dpkg-deb", "depmod", "xz"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, &Missing{tool + " not found (Debian packages apt, dpkg, kmod, xz-utils)"}
@@ -72,8 +94,9 @@ func FetchKernel(cacheDir string) (*Kernel, error) {
 	// apt-get download as root drops to _apt, which must be able to write here.
 	_ = os.Chmod(tmp, 0o777)
 	if err := runIn(tmp, "apt-get", "download", "-q", pkg); err != nil {
-		// No network or no mirror: the tier cannot run here.
-		return nil, &Missing{fmt.Sprintf("could not fetch the kernel package: %v", err)}
+		// No network, no mirror, or lists older than the mirror: the
+		// tier cannot run here unless a kernel is cached.
+		return nil, &Missing{fmt.Sprintf("could not fetch the kernel package %s (run apt-get update; no network needs a cached kernel in %s): %v", pkg, cacheDir, err)}
 	}
 	debs, _ := filepath.Glob(filepath.Join(tmp, pkg+"_*.deb"))
 	if len(debs) != 1 {
