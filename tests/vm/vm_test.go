@@ -67,7 +67,7 @@ func TestVM(t *testing.T) {
 	if only := os.Getenv("VMTEST_RUN"); only != "" {
 		names := strings.Split(only, ",")
 		selected = slices.DeleteFunc(slices.Clone(selected), func(s scenarios.Scenario) bool { return !slices.Contains(names, s.Name) })
-		if len(selected) == 0 {
+		if len(selected) == 0 && !slices.Contains(names, scenarios.DeadlineProbe) {
 			t.Fatalf("VMTEST_RUN=%s names no scenario", only)
 		}
 	}
@@ -102,6 +102,12 @@ func TestVM(t *testing.T) {
 			t.Run(fmt.Sprintf("boot%d_cw%#02x", i, m.NVMeCriticalWarning), func(t *testing.T) {
 				t.Parallel()
 				bootAndAssert(t, work, i, kernel, initrd, m, groups[m])
+			})
+		}
+		if os.Getenv("VMTEST_RUN") == "" || slices.Contains(strings.Split(os.Getenv("VMTEST_RUN"), ","), scenarios.DeadlineProbe) {
+			t.Run("deadline", func(t *testing.T) {
+				t.Parallel()
+				bootPastDeadline(t, work, kernel, initrd)
 			})
 		}
 	})
@@ -172,12 +178,15 @@ func bootAndAssert(t *testing.T, work string, i int, kernel *vmhost.Kernel, init
 	for _, s := range group {
 		names = append(names, s.Name)
 	}
+	// The guest stops running scenarios at its deadline and prints the
+	// daemon's log; QEMU is given that long and a margin.
+	deadline, timeout := scenarios.Deadline(len(group))
 	b := vmhost.Boot{
 		Kernel:  kernel,
 		Initrd:  initrd,
 		NVMe:    []vmhost.NVMeDrive{{Image: img, Serial: scenarios.NVMeSerial, CriticalWarning: m.NVMeCriticalWarning}},
-		Append:  "vmtest.run=" + strings.Join(names, ","),
-		Timeout: 3 * time.Minute,
+		Append:  fmt.Sprintf("vmtest.run=%s vmtest.deadline=%d", strings.Join(names, ","), int(deadline/time.Second)),
+		Timeout: timeout,
 	}
 	if os.Getenv("VMTEST_ECHO") != "" {
 		b.Echo = os.Stderr
@@ -207,5 +216,53 @@ func bootAndAssert(t *testing.T, work string, i int, kernel *vmhost.Kernel, init
 	if failed {
 		t.Logf("console (last 80 lines):\n%s", r.Tail(80, scenarios.DaemonPrefix, scenarios.KmsgPrefix))
 		t.Logf("the daemon's log:\n%s", r.Prefixed(scenarios.DaemonPrefix))
+	}
+}
+
+// bootPastDeadline boots a scenario that never ends with a short deadline:
+// the guest must fail it at its deadline, not start the next one, still
+// print the daemon's whole log and power off before the host's timeout.
+func bootPastDeadline(t *testing.T, work string, kernel *vmhost.Kernel, initrd string) {
+	img := filepath.Join(work, "nvme-deadline.img")
+	if err := vmhost.SparseImage(img, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 20 * time.Second
+	guest, host := scenarios.Deadline(1)
+	b := vmhost.Boot{
+		Kernel:  kernel,
+		Initrd:  initrd,
+		NVMe:    []vmhost.NVMeDrive{{Image: img, Serial: scenarios.NVMeSerial}},
+		Append:  fmt.Sprintf("vmtest.run=%s,nvme_healthy vmtest.deadline=%d", scenarios.DeadlineProbe, int(deadline/time.Second)),
+		Timeout: deadline + host - guest,
+	}
+	if os.Getenv("VMTEST_ECHO") != "" {
+		b.Echo = os.Stderr
+	}
+	r := b.Run()
+	t.Logf("boot past its deadline: %v", r.Elapsed.Round(time.Millisecond))
+	ok := true
+	if !r.Done || r.Err != nil {
+		ok = false
+		t.Errorf("the guest did not finish on its own after its deadline (done %v, qemu: %v)", r.Done, r.Err)
+	}
+	// Under a heavy load the deadline may pass before the first scenario
+	// starts: then it is not run either.
+	if res, found := r.Results[scenarios.DeadlineProbe]; !found || res.Pass ||
+		!(strings.HasPrefix(res.Detail, "still running at the guest's deadline (20s after boot)") || strings.HasPrefix(res.Detail, "not run: the guest's deadline (20s after boot) had passed")) {
+		ok = false
+		t.Errorf("%s: %+v (found %v), want a failure at the guest's deadline", scenarios.DeadlineProbe, res, found)
+	}
+	if res, found := r.Results["nvme_healthy"]; !found || res.Pass || !strings.HasPrefix(res.Detail, "not run: the guest's deadline (20s after boot) had passed") {
+		ok = false
+		t.Errorf("nvme_healthy after the deadline: %+v (found %v), want not run", res, found)
+	}
+	log := r.Prefixed(scenarios.DaemonPrefix)
+	if !strings.Contains(log, "msg=starting") || !strings.Contains(log, "msg=stopped") {
+		ok = false
+		t.Errorf("the daemon's log, from its start to its stop, did not come back:\n%s", log)
+	}
+	if !ok {
+		t.Logf("console (last 80 lines):\n%s", r.Tail(80, scenarios.DaemonPrefix, scenarios.KmsgPrefix))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,9 @@ const (
 type Guest struct {
 	daemon *exec.Cmd
 	exited chan error
+	// scenarios replaces All and openKmsg OpenKmsg in the unit tests.
+	scenarios []Scenario
+	openKmsg  func() (*Kmsg, error)
 }
 
 // Logf prints a line on the console (shown with the console tail when a
@@ -39,8 +43,9 @@ func (g *Guest) Logf(format string, a ...any) { fmt.Printf("  "+format+"\n", a..
 
 // Main is the guest's /init: it mounts the API filesystems, loads the base
 // modules, starts the daemon, runs the scenarios the kernel command line
-// names (vmtest.run=a,b,c), prints their results and the daemon's log, and
-// powers the machine off.
+// names (vmtest.run=a,b,c) until the guest's deadline (vmtest.deadline=N,
+// seconds after boot; see Deadline), prints their results and the daemon's
+// log, and powers the machine off.
 func Main() {
 	if len(os.Args) > 1 && os.Args[1] == hungWriterArg {
 		hungWriter(os.Args[2:])
@@ -49,33 +54,20 @@ func Main() {
 	t0 := time.Now()
 	fmt.Printf("VMTEST init at %.3fs of boot\n", boottime())
 	g := &Guest{}
-	names, err := setup()
+	names, deadline, err := setup()
 	if err == nil {
 		fmt.Printf("VMTEST modules loaded in %dms\n", time.Since(t0).Milliseconds())
 		err = g.startDaemon()
 	}
-	passed, failed := 0, 0
+	passed, failed, abandoned := 0, 0, false
 	if err != nil {
 		fmt.Printf("VMTEST setup failed: %v\n", err)
 	} else {
 		fmt.Printf("VMTEST setup done in %dms\n", time.Since(t0).Milliseconds())
-		byName := map[string]Scenario{}
-		for _, s := range All {
-			byName[s.Name] = s
-		}
-		for _, n := range names {
-			s, ok := byName[n]
-			if !ok {
-				fmt.Printf("VMTEST RESULT %s FAIL 0ms no such scenario in this guest\n", n)
-				failed++
-				continue
-			}
-			if g.runScenario(s) {
-				passed++
-			} else {
-				failed++
-			}
-		}
+		// The deadline counts from boot (CLOCK_BOOTTIME), as QEMU's run
+		// does on the host.
+		at := time.Now().Add(deadline - time.Duration(boottime()*float64(time.Second)))
+		passed, failed, abandoned = g.runAll(os.Stdout, names, at, deadline)
 	}
 	g.stopDaemon()
 	if b, err := os.ReadFile(DaemonLog); err == nil {
@@ -84,24 +76,88 @@ func Main() {
 		}
 	}
 	fmt.Printf("VMTEST DONE %d passed, %d failed\n", passed, failed)
-	unix.Sync()
+	// A scenario left running may hold a filesystem frozen: sync would
+	// wait for it, and there is nothing to keep in an initramfs.
+	if !abandoned {
+		unix.Sync()
+	}
 	if os.Getpid() == 1 {
 		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 	}
 }
 
-func (g *Guest) runScenario(s Scenario) (ok bool) {
-	fmt.Printf("VMTEST START %s\n", s.Name)
-	k, kerr := OpenKmsg()
+// runAll runs the named scenarios in order and prints a result line for
+// each on w. At the deadline (after is how it reads: "300s after boot") a
+// scenario still running fails and is left running (abandoned), and the
+// scenarios after it fail without starting: the guest then still prints the
+// daemon's log before the host's timeout (Deadline) ends QEMU.
+func (g *Guest) runAll(w io.Writer, names []string, deadline time.Time, after time.Duration) (passed, failed int, abandoned bool) {
+	byName := map[string]Scenario{}
+	for _, s := range g.all() {
+		byName[s.Name] = s
+	}
+	for _, n := range names {
+		s, known := byName[n]
+		ok := false
+		switch {
+		case !known:
+			fmt.Fprintf(w, "VMTEST RESULT %s FAIL 0ms no such scenario in this guest\n", n)
+		case abandoned || !time.Now().Before(deadline):
+			fmt.Fprintf(w, "VMTEST RESULT %s FAIL 0ms not run: the guest's deadline (%v after boot) had passed\n", n, after)
+		default:
+			var left bool
+			ok, left = g.runScenario(w, s, deadline, after)
+			abandoned = abandoned || left
+		}
+		if ok {
+			passed++
+		} else {
+			failed++
+		}
+	}
+	return passed, failed, abandoned
+}
+
+func (g *Guest) all() []Scenario {
+	if g.scenarios != nil {
+		return g.scenarios
+	}
+	return append(slices.Clone(All), Scenario{Name: DeadlineProbe, Run: func(*Guest) error { select {} }})
+}
+
+// DeadlineProbe is a scenario outside All that never ends: TestVM boots it
+// with a short deadline to see the guest stop at its deadline and still
+// print the daemon's log.
+const DeadlineProbe = "vmtest_deadline_probe"
+
+// runScenario runs one scenario and prints its result; at the deadline it
+// stops waiting for it, fails it and reports it left running.
+func (g *Guest) runScenario(w io.Writer, s Scenario, deadline time.Time, after time.Duration) (ok, abandoned bool) {
+	fmt.Fprintf(w, "VMTEST START %s\n", s.Name)
+	openKmsg := g.openKmsg
+	if openKmsg == nil {
+		openKmsg = OpenKmsg
+	}
+	k, kerr := openKmsg()
 	start := time.Now()
-	err := func() (err error) {
+	done := make(chan error, 1)
+	go func() {
 		defer func() {
 			if p := recover(); p != nil {
-				err = fmt.Errorf("panic: %v", p)
+				done <- fmt.Errorf("panic: %v", p)
 			}
 		}()
-		return s.Run(g)
+		done <- s.Run(g)
 	}()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	var err error
+	select {
+	case err = <-done:
+	case <-timer.C:
+		abandoned = true
+		err = fmt.Errorf("still running at the guest's deadline (%v after boot); the scenarios after it are not run", after)
+	}
 	ms := time.Since(start).Milliseconds()
 	if err == nil && g.daemonExited() != nil {
 		err = fmt.Errorf("the daemon exited: %v", g.daemonExited())
@@ -109,17 +165,17 @@ func (g *Guest) runScenario(s Scenario) (ok bool) {
 	if err != nil {
 		if kerr == nil {
 			for _, r := range k.Drain() {
-				fmt.Printf("%s%s| %s\n", KmsgPrefix, s.Name, r.Raw)
+				fmt.Fprintf(w, "%s%s| %s\n", KmsgPrefix, s.Name, r.Raw)
 			}
 		}
-		fmt.Printf("VMTEST RESULT %s FAIL %dms %s\n", s.Name, ms, oneLine(err.Error()))
+		fmt.Fprintf(w, "VMTEST RESULT %s FAIL %dms %s\n", s.Name, ms, oneLine(err.Error()))
 	} else {
-		fmt.Printf("VMTEST RESULT %s PASS %dms\n", s.Name, ms)
+		fmt.Fprintf(w, "VMTEST RESULT %s PASS %dms\n", s.Name, ms)
 	}
 	if kerr == nil {
 		k.Close()
 	}
-	return err == nil
+	return err == nil, abandoned
 }
 
 func boottime() float64 {
@@ -130,7 +186,7 @@ func boottime() float64 {
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " | ") }
 
-func setup() ([]string, error) {
+func setup() (names []string, deadline time.Duration, err error) {
 	for _, m := range []struct{ src, dst, typ, data string }{
 		{"proc", "/proc", "proc", ""},
 		{"sysfs", "/sys", "sysfs", ""},
@@ -140,12 +196,12 @@ func setup() ([]string, error) {
 	} {
 		_ = os.MkdirAll(m.dst, 0o755)
 		if err := unix.Mount(m.src, m.dst, m.typ, 0, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
-			return nil, fmt.Errorf("mount %s: %w", m.dst, err)
+			return nil, 0, fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
 	for _, d := range []string{"/run/lvm", "/run/lock/lvm", "/run/cryptsetup", "/mnt", StateDir, "/etc/autopilot-health"} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	os.Setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -155,29 +211,46 @@ func setup() ([]string, error) {
 	// cut into the protocol lines.
 	_ = os.WriteFile("/proc/sys/kernel/printk", []byte("1"), 0)
 	if err := loopbackUp(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for p, c := range map[string]string{ConfigPath: DaemonConfig, CheckConfigPath: CheckConfig} {
 		if err := os.WriteFile(p, []byte(c), 0o644); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	for _, m := range BaseModules {
 		if err := Modprobe(m, ""); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var names []string
-	for _, f := range strings.Fields(string(cmdline)) {
-		if v, ok := strings.CutPrefix(f, "vmtest.run="); ok {
+	names, deadline, err = ParseCmdline(string(cmdline))
+	return names, deadline, err
+}
+
+// ParseCmdline reads the guest's parameters from the kernel command line:
+// vmtest.run=a,b (the scenarios, in order) and vmtest.deadline=N (seconds
+// after boot; without it, Deadline of the scenarios named).
+func ParseCmdline(cmdline string) (names []string, deadline time.Duration, err error) {
+	for _, f := range strings.Fields(cmdline) {
+		if v, ok := strings.CutPrefix(f, "vmtest.run="); ok && v != "" {
 			names = strings.Split(v, ",")
 		}
+		if v, ok := strings.CutPrefix(f, "vmtest.deadline="); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return nil, 0, fmt.Errorf("vmtest.deadline=%s: not a positive number of seconds", v)
+			}
+			deadline = time.Duration(n) * time.Second
+		}
 	}
-	return names, nil
+	if deadline == 0 {
+		deadline, _ = Deadline(len(names))
+	}
+	return names, deadline, nil
 }
 
 // loopbackUp brings lo up (the kernel gives it 127.0.0.1): the daemon's

@@ -10,6 +10,8 @@
 // gets a Machine of its own (another boot, about 3 s).
 package scenarios
 
+import "time"
+
 // Machine is the emulated hardware a boot has: one NVMe drive (256 MiB,
 // serial NVMeSerial) whose SMART critical-warning bits QEMU sets from
 // power-on.
@@ -141,4 +143,31 @@ interval = "` + usage + `"
 timeout = "` + usage + `"
 lvm_timeout = "` + lvm + `"
 `
+}
+
+// A boot's time limits. A scenario fails at its first wait that runs out
+// (awaitCheck, awaitKmsg: 40 s each), so a daemon that never answers costs
+// each scenario about one wait; the guest stops at its deadline whatever
+// the scenarios do, and prints the daemon's log (the evidence of a broken
+// daemon) before the host gives up on QEMU.
+const (
+	// setupBudget is the kernel up to /init, the base modules and the
+	// daemon serving /metrics: 10.5 s measured at load 3.5, and TCG
+	// slows down several times on a loaded machine.
+	setupBudget = 60 * time.Second
+	// scenarioBudget is one scenario's share of the guest's deadline:
+	// one wait that runs out, and the work around it.
+	scenarioBudget = 45 * time.Second
+	// hostMargin is what the host waits past the guest's deadline: QEMU's
+	// start before the kernel's clock, stopping the daemon (up to 5 s),
+	// printing its log and powering off.
+	hostMargin = 30 * time.Second
+)
+
+// Deadline is the guest's deadline for a boot running n scenarios (counted
+// from the kernel's boot: vmtest.deadline) and the host's timeout for that
+// QEMU run, which leaves the guest hostMargin to print the daemon's log.
+func Deadline(n int) (guest, host time.Duration) {
+	guest = setupBudget + time.Duration(n)*scenarioBudget
+	return guest, guest + hostMargin
 }
