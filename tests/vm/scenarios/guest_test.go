@@ -32,17 +32,18 @@ func TestDeadlineCoversABrokenDaemon(t *testing.T) {
 		if need := 42*time.Second + time.Duration(n)*perScenario; guest < need {
 			t.Errorf("Deadline(%d): the guest's deadline %v is shorter than boot and %d failed waits of %v (%v)", n, guest, n, perScenario, need)
 		}
-		// Stopping the daemon takes up to 5 s, and its log must come out.
-		if host < guest+15*time.Second {
-			t.Errorf("Deadline(%d): the host's timeout %v leaves the guest less than 15 s after its deadline %v", n, host, guest)
+		// QEMU starts 8.4 s before the kernel's clock at load 11.6,
+		// stopping the daemon takes up to 5 s, and its log must come out.
+		if host < guest+30*time.Second {
+			t.Errorf("Deadline(%d): the host's timeout %v leaves the guest less than 30 s after its deadline %v", n, host, guest)
 		}
 	}
 }
 
-// The limits the README gives: 60 s + 45 s per scenario, and 30 s more on
+// The limits the README gives: 60 s + 45 s per scenario, and 60 s more on
 // the host.
 func TestDeadlineValues(t *testing.T) {
-	for n, want := range map[int][2]time.Duration{1: {105 * time.Second, 135 * time.Second}, 2: {150 * time.Second, 180 * time.Second}, 6: {330 * time.Second, 360 * time.Second}} {
+	for n, want := range map[int][2]time.Duration{1: {105 * time.Second, 165 * time.Second}, 2: {150 * time.Second, 210 * time.Second}, 6: {330 * time.Second, 390 * time.Second}} {
 		if g, h := Deadline(n); g != want[0] || h != want[1] {
 			t.Errorf("Deadline(%d) = %v, %v; want %v, %v", n, g, h, want[0], want[1])
 		}
