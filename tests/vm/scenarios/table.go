@@ -42,6 +42,7 @@ var All = []Scenario{
 	{Name: "ext4_remount_ro", Run: ext4RemountRO},
 	{Name: "hung_task", Run: hungTask},
 	{Name: "dm_verity", Run: dmVerity},
+	{Name: "sealed_os", Run: sealedOS},
 	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
 	{Name: "nvme_critical_warning", Machine: criticalWarning, Run: nvmeCriticalWarning},
 	// lvm_usage needs only a disk: it shares the boot of the critical
@@ -76,8 +77,9 @@ const (
 
 // DaemonConfig is the daemon's configuration in the guest: standalone (no
 // kubeconfig), the checks that need systemd, kubelet or a network off, and
-// the disk checks every few seconds so a scenario does not wait minutes
-// (an LVM report takes 0.3-2 s under TCG, depending on the host's load).
+// the disk checks and SealedOSTampered every few seconds so a scenario does
+// not wait minutes (an LVM report takes 0.3-2 s under TCG, depending on the
+// host's load).
 var DaemonConfig = guestConfig("2s", "5s", "4s")
 
 // CheckConfig is the one-shot check's configuration in the guest.
@@ -142,6 +144,10 @@ timeout = "` + nvme + `"
 interval = "` + usage + `"
 timeout = "` + usage + `"
 lvm_timeout = "` + lvm + `"
+
+[checks.SealedOSTampered]
+interval = "2s"
+timeout = "2s"
 `
 }
 

@@ -1,0 +1,256 @@
+package scenarios
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// SealedRecorded is where the guest's daemon reads the root hashes recorded
+// at provisioning (checks.SealedOSTampered.recorded_hashes, its default).
+const SealedRecorded = "/var/lib/syself/sealed-os/root-hashes"
+
+// sealedOS: SealedOSTampered against the kernel's own verity table, read by
+// the daemon over the device-mapper ioctls. A verity device sealed-root
+// with root hash R: `tamper layers` prints R; the one-shot check (its own
+// state_dir and recorded file) says RootHashMismatch for a recorded hash
+// that is not R and SealedLayerMissing for a recorded layer that has no
+// device; the running daemon says SealedOSIntact for "sealed-root R",
+// SealedLayerMissing once sealed-root is closed, RootHashMismatch once
+// another verity image (root hash R2) is opened as sealed-root, and stays
+// True when the original image is back under its name (the condition stays
+// set until an operator clears it).
+func sealedOS(g *Guest) error {
+	// No verity device and no recorded file: nothing to check, not False.
+	// (dm_verity's device may still be in the daemon's last run.)
+	c, err := g.Await("SealedOSTampered", "Unknown", "NothingToCheck", awaitSealed)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "no sealed OS layers on this node: no device-mapper verity device, and no layer recorded in "+SealedRecorded); err != nil {
+		return err
+	}
+
+	v, err := g.Verity("sealed-root", 1<<20)
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	r := v.RootHash
+	if err := g.enforces("sealed-root", r); err != nil {
+		return err
+	}
+
+	// The one-shot check, read-only, with a state_dir and a recorded file
+	// of its own (the daemon keeps the first recorded file it reads in
+	// this boot, so it must not see these).
+	other := strings.Repeat("ab", 32)
+	c, err = g.checkSealed("sealed-root " + other + "\n")
+	if err != nil {
+		return err
+	}
+	if err := want(c, "True", "RootHashMismatch", "1 finding(s): sealed-root root-hash-mismatch (recorded "+other+", enforced "+r+")",
+		"stays set until an operator clears it"); err != nil {
+		return fmt.Errorf("one-shot check, a recorded hash that is not the enforced one: %w", err)
+	}
+	c, err = g.checkSealed("sealed-root " + r + "\nghost-layer " + other + "\n")
+	if err != nil {
+		return err
+	}
+	if err := want(c, "True", "SealedLayerMissing", "1 finding(s): ghost-layer layer-missing (recorded, but no verity device of that name is active)"); err != nil {
+		return fmt.Errorf("one-shot check, a recorded layer without its device: %w", err)
+	}
+
+	// The daemon: the recorded hash matches the enforced one.
+	if err := writeAtomic(SealedRecorded, "# layer root-hash\nsealed-root "+r+"\n"); err != nil {
+		return err
+	}
+	c, err = g.Await("SealedOSTampered", "False", "SealedOSIntact", awaitSealed)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "1 sealed layer(s) enforce their recorded root hash: sealed-root "+r); err != nil {
+		return err
+	}
+
+	// sealed-root swapped for another verity image. The kernel refuses to
+	// reload a verity device's table (dmsetup reload: EINVAL, the target is
+	// immutable), so a swap is a removal and a new device under the name:
+	// each step is awaited, which makes the findings (newest first in the
+	// message) the same on every run.
+	missing := "sealed-root layer-missing (recorded, but no verity device of that name is active)"
+	v.Close()
+	c, err = g.Await("SealedOSTampered", "True", "SealedLayerMissing", awaitSealed)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "1 finding(s): "+missing+";"); err != nil {
+		return err
+	}
+	alt, err := g.Verity("sealed-alt", 2<<20)
+	if err != nil {
+		return err
+	}
+	alt.Close()
+	r2 := alt.RootHash
+	if r2 == r {
+		return fmt.Errorf("the other image has the original root hash %s", r)
+	}
+	if _, err := g.Run("veritysetup", "open", alt.Data, "sealed-root", alt.Hash, r2); err != nil {
+		return err
+	}
+	if err := g.enforces("sealed-root", r2); err != nil {
+		return err
+	}
+	mismatch := "sealed-root root-hash-mismatch (recorded " + r + ", enforced " + r2 + ")"
+	c, err = g.Await("SealedOSTampered", "True", "RootHashMismatch", awaitSealed)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "2 finding(s): "+mismatch+"; "+missing+";"); err != nil {
+		return err
+	}
+
+	// The original image back under its name: the condition stays set.
+	v.Close()
+	c, err = g.Await("SealedOSTampered", "True", "SealedLayerMissing", awaitSealed)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "3 finding(s): "+missing+"; "+mismatch+"; "+missing+";"); err != nil {
+		return err
+	}
+	if _, err := g.Run("veritysetup", "open", v.Data, "sealed-root", v.Hash, r); err != nil {
+		return err
+	}
+	if err := g.enforces("sealed-root", r); err != nil {
+		return err
+	}
+	if err := g.awaitRuns("SealedOSTampered", 2); err != nil {
+		return err
+	}
+	st, err := g.State()
+	if err != nil {
+		return err
+	}
+	return want(st["SealedOSTampered"], "True", "SealedLayerMissing", "3 finding(s): "+missing+"; "+mismatch+"; "+missing+";",
+		"stays set until an operator clears it")
+}
+
+// awaitSealed bounds a wait for the daemon's SealedOSTampered (every 2 s
+// in the guest) under a loaded host.
+const awaitSealed = 30 * time.Second
+
+// want fails unless the condition has this status and reason and its
+// message every part.
+func want(c Condition, status, reason string, parts ...string) error {
+	if c.Status != status || c.Reason != reason {
+		return fmt.Errorf("%s, want %s %s", c, status, reason)
+	}
+	return MessageHas(c, parts...)
+}
+
+// enforces asserts that `autopilot-health tamper layers` (the
+// device-mapper ioctls) lists the verity device with this root hash.
+func (g *Guest) enforces(name, rootHash string) error {
+	out, err := g.Run(DaemonPath, "tamper", "layers", "--config", ConfigPath)
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, name+"\t") {
+			if f := strings.Split(l, "\t"); len(f) < 2 || f[1] != rootHash {
+				return fmt.Errorf("tamper layers: %q, want root hash %s", l, rootHash)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("tamper layers lists no %s: %q", name, out)
+}
+
+// checkSealed runs `autopilot-health check --json --only SealedOSTampered`
+// with the guest's check configuration, a fresh state_dir and recorded as
+// the recorded hashes, and returns its SealedOSTampered.
+func (g *Guest) checkSealed(recorded string) (Condition, error) {
+	dir, err := os.MkdirTemp("/tmp", "sealed-check")
+	if err != nil {
+		return Condition{}, err
+	}
+	defer os.RemoveAll(dir)
+	file := dir + "/root-hashes"
+	if err := os.WriteFile(file, []byte(recorded), 0o600); err != nil {
+		return Condition{}, err
+	}
+	cfg, err := replaceOnce(CheckConfig, `state_dir = "`+StateDir+`"`, `state_dir = "`+dir+`/state"`)
+	if err == nil {
+		cfg, err = replaceOnce(cfg, "[checks.SealedOSTampered]\n", "[checks.SealedOSTampered]\nrecorded_hashes = \""+file+"\"\n")
+	}
+	if err != nil {
+		return Condition{}, err
+	}
+	if err := os.WriteFile(dir+"/check.toml", []byte(cfg), 0o600); err != nil {
+		return Condition{}, err
+	}
+	cmd := exec.Command(DaemonPath, "check", "--json", "--config", dir+"/check.toml", "--only", "SealedOSTampered")
+	b, err := cmd.Output()
+	var ee *exec.ExitError
+	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) {
+		msg := ""
+		if ee != nil {
+			msg = string(ee.Stderr)
+		}
+		return Condition{}, fmt.Errorf("autopilot-health check: %v %s", err, msg)
+	}
+	var out CheckOutput
+	if err := json.Unmarshal(b, &out); err != nil {
+		return Condition{}, fmt.Errorf("check --json: %w: %s", err, b)
+	}
+	for _, c := range out.Conditions {
+		if c.Type == "SealedOSTampered" {
+			g.Logf("check: %s", c)
+			return c, nil
+		}
+	}
+	return Condition{}, fmt.Errorf("check --json has no SealedOSTampered: %s", b)
+}
+
+func replaceOnce(s, old, new string) (string, error) {
+	if n := strings.Count(s, old); n != 1 {
+		return "", fmt.Errorf("the guest's check configuration has %q %d times, want once", old, n)
+	}
+	return strings.Replace(s, old, new, 1), nil
+}
+
+// writeAtomic writes the file whole (a temporary file renamed over it): the
+// daemon keeps the first content it reads in this boot.
+func writeAtomic(path, content string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// awaitRuns waits until the daemon has finished n more runs of the check
+// (autopilot_health_check_duration_seconds_count): with n = 2, at least one
+// run started after the call.
+func (g *Guest) awaitRuns(check string, n float64) error {
+	page, err := g.Metrics()
+	if err != nil {
+		return err
+	}
+	v, ok := Metric(page, "autopilot_health_check_duration_seconds_count", "check", check)
+	if !ok {
+		return fmt.Errorf("/metrics has no autopilot_health_check_duration_seconds_count for %s", check)
+	}
+	_, err = g.AwaitMetric(v+n, awaitSealed, "autopilot_health_check_duration_seconds_count", "check", check)
+	return err
+}
