@@ -244,10 +244,9 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	vgs, lvmErr := readLVM(ctx, c.env.lvm())
-	if lvmErr != nil {
-		errs = append(errs, lvmErr)
-	}
+	lvm := readLVM(ctx, c.env.lvm())
+	vgs := lvm.VGs
+	errs = append(errs, lvm.Errs...)
 	if len(usage) == 0 && len(vgs) == 0 && len(errs) > 0 {
 		return Result{}, errors.Join(errs...)
 	}
@@ -271,7 +270,14 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			vgHigh = append(vgHigh, fmt.Sprintf("volume group %s %d%% of extents allocated (threshold %d%%)", vg.Name, vg.AllocatedPercent, c.vgPct))
 		}
 		for _, p := range vg.ThinPools {
-			if p.Inactive {
+			switch {
+			case p.Health != "":
+				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s", vg.Name, p.Name, p.Health))
+				continue
+			case p.Inactive:
+				continue
+			case p.Unmeasured:
+				errs = append(errs, fmt.Errorf("thin pool %s/%s: active, but LVM reports no data or metadata use", vg.Name, p.Name))
 				continue
 			}
 			pools++
@@ -284,10 +290,10 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 		}
 	}
 	details := []report.Detail{{Domain: "storage", Field: "filesystems", Value: usage}}
-	if lvmErr == nil {
-		if vgs == nil {
-			vgs = []VGUsage{} // LVM answered: no volume groups
-		}
+	if vgs != nil {
+		// Absent when LVM was not asked (not installed, lvm_command off, a
+		// host root elsewhere) or gave no report: an empty list is an
+		// answer, "no volume groups".
 		details = append(details, report.Detail{Domain: "storage", Field: "volumeGroups", Value: vgs})
 	}
 	var notes string

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -19,6 +20,9 @@ type LVM interface {
 	// Report runs `lvm <command> --reportformat json ...` (command vgs or
 	// lvs) and returns its standard output. ErrNoLVM: LVM is not
 	// installed (or turned off), so the node has no volume groups to watch.
+	// An lvm that exits non-zero after writing its JSON report (vgs exits 5
+	// when one volume group cannot be read but reports the others) returns
+	// the report and an error saying so.
 	Report(ctx context.Context, command string, args ...string) ([]byte, error)
 }
 
@@ -74,6 +78,10 @@ func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]
 		if len(msg) > 300 {
 			msg = msg[:300] + "..."
 		}
+		if out := bytes.TrimSpace(stdout.Bytes()); len(out) > 0 && json.Valid(out) {
+			// A report of what lvm could read: used, and the exit noted.
+			return out, fmt.Errorf("%s %s: %v (its report is used): %s", c.LVMCommand, command, err, msg)
+		}
 		return nil, fmt.Errorf("%s %s: %v: %s", c.LVMCommand, command, err, msg)
 	}
 	return stdout.Bytes(), nil
@@ -103,9 +111,21 @@ type ThinPoolUsage struct {
 	SizeBytes       uint64  `json:"sizeBytes"`
 	DataPercent     float64 `json:"dataPercent"`
 	MetadataPercent float64 `json:"metadataPercent"`
-	// Inactive: the pool is not active, so LVM reports no use for it.
+	// Inactive: the pool is not active (lv_attr's 5th character is not
+	// 'a'), so LVM reports no use for it.
 	Inactive bool `json:"inactive,omitempty"`
+	// Health: lv_attr's 9th character for a thin pool, "failed" (F),
+	// "out of data space" (D) or "metadata read-only" (M); "" when healthy.
+	Health string `json:"health,omitempty"`
+	// Unmeasured: active and healthy, yet LVM reports no data or metadata
+	// use (lvs could not ask device-mapper): the check says it is not
+	// checked.
+	Unmeasured bool `json:"unmeasured,omitempty"`
 }
+
+// thinPoolHealth names lv_attr's 9th character (volume health) for a thin
+// pool, as lvs(8) describes it.
+var thinPoolHealth = map[byte]string{'F': "failed", 'D': "out of data space", 'M': "metadata read-only"}
 
 // lvmReport is the shape of `--reportformat json`: {"report": [{"vg": [...]}]}
 // with every value a string.
@@ -200,16 +220,27 @@ func ParseThinPools(b []byte) ([]ThinPool, error) {
 			return nil, fmt.Errorf("LVM lv report, volume %d: %w", i+1, err)
 		}
 		p.SizeBytes = size
+		// lv_attr: type, permissions, allocation, fixed minor, state (5th,
+		// 'a' active), device open, target type, zero, health (9th), skip.
+		attr := row["lv_attr"]
+		if len(attr) < 9 {
+			return nil, fmt.Errorf("LVM lv report, thin pool %s/%s: lv_attr %q is not LVM's attribute string", p.VG, p.Name, attr)
+		}
+		p.Inactive = attr[4] != 'a'
+		p.Health = thinPoolHealth[attr[8]]
 		data, meta := row["data_percent"], row["metadata_percent"]
-		if data == "" && meta == "" {
-			p.Inactive = true // LVM knows the use of active pools only
-		} else {
+		switch {
+		case p.Inactive:
+			// LVM knows the use of active pools only.
+		case data == "" && meta == "":
+			p.Unmeasured = p.Health == "" // a failed pool has no use to report
+		default:
 			for _, f := range []struct {
 				v   string
 				dst *float64
 			}{{data, &p.DataPercent}, {meta, &p.MetadataPercent}} {
 				x, err := strconv.ParseFloat(f.v, 64)
-				if err != nil || x < 0 || x > 100 {
+				if err != nil || math.IsNaN(x) || x < 0 || x > 100 {
 					return nil, fmt.Errorf("LVM lv report, thin pool %s/%s: %q is not a percentage", p.VG, p.Name, f.v)
 				}
 				*f.dst = x
@@ -220,26 +251,50 @@ func ParseThinPools(b []byte) ([]ThinPool, error) {
 	return out, nil
 }
 
-// readLVM returns the node's volume groups with their thin pools; none
-// (and no error) where LVM is not installed.
-func readLVM(ctx context.Context, l LVM) ([]VGUsage, error) {
+// lvmRead is what the LVM part learnt.
+type lvmRead struct {
+	// Asked: LVM is installed and was asked (not ErrNoLVM).
+	Asked bool
+	// VGs is the volume groups with their thin pools; nil when vgs gave no
+	// report.
+	VGs []VGUsage
+	// Errs: what could not be read, and non-zero exits whose report was used.
+	Errs []error
+}
+
+// readLVM asks LVM for the node's volume groups and their thin pools.
+func readLVM(ctx context.Context, l LVM) lvmRead {
 	b, err := l.Report(ctx, "vgs", vgsArgs...)
 	if errors.Is(err, ErrNoLVM) {
-		return nil, nil
+		return lvmRead{}
 	}
+	r := lvmRead{Asked: true}
 	if err != nil {
-		return nil, err
+		r.Errs = append(r.Errs, err)
+		if b == nil {
+			return r
+		}
 	}
 	vgs, err := ParseVGs(b)
-	if err != nil || len(vgs) == 0 {
-		return vgs, err
+	if err != nil {
+		r.Errs = append(r.Errs, err)
+		return r
 	}
-	if b, err = l.Report(ctx, "lvs", lvsArgs...); err != nil {
-		return vgs, err
+	r.VGs = vgs
+	if len(vgs) == 0 {
+		return r
+	}
+	b, err = l.Report(ctx, "lvs", lvsArgs...)
+	if err != nil {
+		r.Errs = append(r.Errs, err)
+		if b == nil {
+			return r
+		}
 	}
 	pools, err := ParseThinPools(b)
 	if err != nil {
-		return vgs, err
+		r.Errs = append(r.Errs, err)
+		return r
 	}
 	for _, p := range pools {
 		for i := range vgs {
@@ -248,5 +303,5 @@ func readLVM(ctx context.Context, l LVM) ([]VGUsage, error) {
 			}
 		}
 	}
-	return vgs, nil
+	return r
 }

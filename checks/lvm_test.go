@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -21,7 +22,11 @@ import (
 // by the scenario and logged): no volume group yet (vgs-none); a volume
 // group on the NVMe drive with every extent allocated, a 16 MiB thin pool
 // holding 15 MiB, a thin volume and a linear one (vgs-full, lvs-thinpool);
-// the linear volume removed (vgs-half).
+// the linear volume removed (vgs-half). lvs-pool-states is written by hand
+// in the same shape, one thin pool per lv_attr case of lvs(8): active and
+// measured, inactive (5th character '-'), active without percentages, and
+// the health flags (9th character) D out of data space, M metadata
+// read-only, F failed.
 func readFixture(t *testing.T, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", "lvm", name))
@@ -45,6 +50,21 @@ func TestParseLVMReports(t *testing.T) {
 	}
 	if want := []ThinPool{{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "pool", SizeBytes: 16777216, DataPercent: 93.75, MetadataPercent: 10.94}}}; !reflect.DeepEqual(pools, want) {
 		t.Errorf("thin pools = %+v, want %+v (the thin and linear volumes are not pools)", pools, want)
+	}
+	pools, err = ParseThinPools(readFixture(t, "lvs-pool-states.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mib16 = 16777216
+	if want := []ThinPool{
+		{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "pool", SizeBytes: mib16, DataPercent: 93.75, MetadataPercent: 10.94}},
+		{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "off", SizeBytes: mib16, Inactive: true}},
+		{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "nouse", SizeBytes: mib16, Unmeasured: true}},
+		{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "full", SizeBytes: mib16, DataPercent: 100, MetadataPercent: 12.01, Health: "out of data space"}},
+		{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "metaro", SizeBytes: mib16, DataPercent: 40, MetadataPercent: 100, Health: "metadata read-only"}},
+		{VG: "vgvm", ThinPoolUsage: ThinPoolUsage{Name: "broken", SizeBytes: mib16, Health: "failed"}},
+	}; !reflect.DeepEqual(pools, want) {
+		t.Errorf("thin pools = %+v,\nwant %+v", pools, want)
 	}
 	vgs, err = ParseVGs(readFixture(t, "vgs-none.json"))
 	if err != nil || len(vgs) != 0 {
@@ -72,8 +92,12 @@ func TestParseLVMReportsRejectBadInput(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ in, want string }{
-		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"101", "metadata_percent":"1"}]}]}`, `thin pool a/p: "101" is not a percentage`},
-		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"5", "metadata_percent":""}]}]}`, `thin pool a/p: "" is not a percentage`},
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"1", "data_percent":"101", "metadata_percent":"1"}]}]}`, `thin pool a/p: "101" is not a percentage`},
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"1", "data_percent":"5", "metadata_percent":""}]}]}`, `thin pool a/p: "" is not a percentage`},
+		// NaN and Inf parse as floats; json.Marshal refuses them.
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"1", "data_percent":"NaN", "metadata_percent":"1"}]}]}`, `thin pool a/p: "NaN" is not a percentage`},
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"1", "data_percent":"1", "metadata_percent":"-Inf"}]}]}`, `thin pool a/p: "-Inf" is not a percentage`},
+		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"5", "metadata_percent":"1"}]}]}`, `thin pool a/p: lv_attr "" is not LVM's attribute string`},
 		{`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "data_percent":"5", "metadata_percent":"1"}]}]}`, `volume 1: no lv_size`},
 	} {
 		if _, err := ParseThinPools([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -81,7 +105,7 @@ func TestParseLVMReportsRejectBadInput(t *testing.T) {
 		}
 	}
 	// An inactive pool has no use to report: listed, not measured.
-	pools, err := ParseThinPools([]byte(`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "segtype":"thin-pool", "lv_size":"1", "data_percent":"", "metadata_percent":""}]}]}`))
+	pools, err := ParseThinPools([]byte(`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "lv_attr":"twi---tz--", "segtype":"thin-pool", "lv_size":"1", "data_percent":"", "metadata_percent":""}]}]}`))
 	if err != nil || len(pools) != 1 || !pools[0].Inactive {
 		t.Errorf("inactive pool: %+v, %v", pools, err)
 	}
@@ -95,12 +119,16 @@ func FuzzParseLVMReport(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	f.Add([]byte(`{"report": [{"lv": [{"vg_name":"a", "lv_name":"p", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"1", "data_percent":"NaN", "metadata_percent":"1"}]}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if vgs, err := ParseVGs(b); err == nil {
 			for _, vg := range vgs {
 				if vg.AllocatedPercent < 0 || vg.AllocatedPercent > 100 {
 					t.Fatalf("allocated %d%%", vg.AllocatedPercent)
 				}
+			}
+			if _, err := json.Marshal(vgs); err != nil {
+				t.Fatalf("vgs %+v: %v", vgs, err)
 			}
 		}
 		if pools, err := ParseThinPools(b); err == nil {
@@ -109,15 +137,20 @@ func FuzzParseLVMReport(f *testing.F) {
 					t.Fatalf("pool %+v", p)
 				}
 			}
+			// What parses goes into the storage report as JSON.
+			if _, err := json.Marshal(pools); err != nil {
+				t.Fatalf("pools %+v: %v", pools, err)
+			}
 		}
 	})
 }
 
-// fakeLVM answers vgs and lvs from fixtures (or errors).
+// fakeLVM answers vgs and lvs from fixtures (or errors). exit: vgs's
+// report comes with this error (lvm exited non-zero after writing it).
 type fakeLVM struct {
-	vgs, lvs []byte
-	err      error
-	calls    []string
+	vgs, lvs  []byte
+	err, exit error
+	calls     []string
 }
 
 func (f *fakeLVM) Report(ctx context.Context, command string, args ...string) ([]byte, error) {
@@ -126,7 +159,7 @@ func (f *fakeLVM) Report(ctx context.Context, command string, args ...string) ([
 		return nil, f.err
 	}
 	if command == "vgs" {
-		return f.vgs, nil
+		return f.vgs, f.exit
 	}
 	return f.lvs, nil
 }
@@ -151,7 +184,8 @@ func TestDiskUsageLVM(t *testing.T) {
 		wantStatus report.Status
 		wantReason report.Reason
 		wantMsg    string
-		wantVGs    int // -1: no volumeGroups field (LVM did not answer)
+		wantVGs    int // -1: no volumeGroups field (LVM not asked, or no report)
+		wantPools  int // thin pools listed under the one volume group; 0 means 1
 	}{
 		{name: "volume group full, thin pool over its data threshold", lvm: &fakeLVM{vgs: full, lvs: pool},
 			wantStatus: report.StatusTrue, wantReason: report.ReasonVolumeGroupSpaceHigh, wantVGs: 1,
@@ -165,8 +199,8 @@ func TestDiskUsageLVM(t *testing.T) {
 		},
 			wantStatus: report.StatusTrue, wantReason: report.ReasonThinPoolSpaceHigh, wantVGs: 1,
 			wantMsg: "thin pool vgvm/pool 10.94% of metadata used (threshold 10%)"},
-		{name: "thresholds above the use", lvm: &fakeLVM{vgs: full, lvs: pool}, mutate: func(c *config.Config) {
-			c.Checks.DiskUsageHigh.VolumeGroupPercent = 100
+		// A threshold equal to the use is reached: 100% of 100%.
+		{name: "volume group at its threshold, thin pool below its own", lvm: &fakeLVM{vgs: full, lvs: pool}, mutate: func(c *config.Config) {
 			c.Checks.DiskUsageHigh.VolumeGroupPercent = 100
 			c.Checks.DiskUsageHigh.ThinPoolDataPct = 94
 		},
@@ -178,9 +212,25 @@ func TestDiskUsageLVM(t *testing.T) {
 		{name: "no volume groups", lvm: &fakeLVM{vgs: none},
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 0,
 			wantMsg: "5 filesystems below 90% space and 90% inodes"},
+		// Not asked: no volumeGroups at all (an empty list would say "none").
 		{name: "no LVM", lvm: &fakeLVM{err: ErrNoLVM},
-			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 0,
+			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: -1,
 			wantMsg: "5 filesystems below 90% space and 90% inodes"},
+		{name: "thin pool health flags, an active pool without use", lvm: &fakeLVM{vgs: half, lvs: readFixture(t, "lvs-pool-states.json")}, mutate: func(c *config.Config) {
+			c.Checks.DiskUsageHigh.ThinPoolDataPct = 94
+		},
+			wantStatus: report.StatusTrue, wantReason: report.ReasonThinPoolSpaceHigh, wantVGs: 1, wantPools: 6,
+			wantMsg: "thin pool vgvm/full out of data space, thin pool vgvm/metaro metadata read-only, thin pool vgvm/broken failed; not checked: thin pool vgvm/nouse: active, but LVM reports no data or metadata use"},
+		{name: "healthy pools but one active without use", lvm: &fakeLVM{vgs: half, lvs: []byte(`{"report": [{"lv": [
+			{"vg_name":"vgvm", "lv_name":"pool", "lv_attr":"twi-aotz--", "segtype":"thin-pool", "lv_size":"16777216", "data_percent":"10.00", "metadata_percent":"1.00"},
+			{"vg_name":"vgvm", "lv_name":"nouse", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"16777216", "data_percent":"", "metadata_percent":""}]}]}`)},
+			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 1, wantPools: 2,
+			wantMsg: "5 filesystems below 90% space and 90% inodes, 1 LVM volume group below 90% of extents allocated, 1 thin pool below 90% of data and 90% of metadata used; not checked: thin pool vgvm/nouse: active, but LVM reports no data or metadata use"},
+		// vgs exited 5 with a report of the volume groups it could read:
+		// they are checked, and the exit is noted.
+		{name: "lvm exits non-zero with a report", lvm: &fakeLVM{vgs: full, lvs: pool, exit: errors.New("/usr/sbin/lvm vgs: exit status 5 (its report is used): Volume group vgbad has unknown devices")},
+			wantStatus: report.StatusTrue, wantReason: report.ReasonVolumeGroupSpaceHigh, wantVGs: 1,
+			wantMsg: "volume group vgvm 100% of extents allocated (threshold 90%), thin pool vgvm/pool 93.75% of data used (threshold 90%); not checked: /usr/sbin/lvm vgs: exit status 5 (its report is used): Volume group vgbad has unknown devices"},
 		{name: "lvm fails", lvm: &fakeLVM{err: errors.New("/usr/sbin/lvm vgs: no answer within 10s")},
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: -1,
 			wantMsg: "5 filesystems below 90% space and 90% inodes; not checked: /usr/sbin/lvm vgs: no answer within 10s"},
@@ -204,7 +254,10 @@ func TestDiskUsageLVM(t *testing.T) {
 			if tc.wantVGs < 0 && found || tc.wantVGs >= 0 && (!found || len(vgs) != tc.wantVGs) {
 				t.Errorf("storage.volumeGroups: found %v, %+v; want %d", found, vgs, tc.wantVGs)
 			}
-			if tc.wantVGs == 1 && (len(vgs[0].ThinPools) != 1 || vgs[0].ThinPools[0].Name != "pool") {
+			if tc.wantPools == 0 {
+				tc.wantPools = 1
+			}
+			if tc.wantVGs == 1 && (len(vgs[0].ThinPools) != tc.wantPools || vgs[0].ThinPools[0].Name != "pool") {
 				t.Errorf("the storage report does not list the thin pool under its volume group: %+v", vgs)
 			}
 		})
@@ -219,7 +272,7 @@ func TestRealLVMCommand(t *testing.T) {
 	script := filepath.Join(dir, "lvm")
 	args := filepath.Join(dir, "args")
 	abs, _ := filepath.Abs(filepath.Join("testdata", "lvm", "vgs-full.json"))
-	os.WriteFile(script, []byte("#!/bin/sh\necho \"$@\" > "+args+"\nenv | grep ^LVM_SYSTEM_DIR= >> "+args+"\n[ \"$1\" = hang ] && exec sleep 30\ncat "+abs+"\n"), 0o755)
+	os.WriteFile(script, []byte("#!/bin/sh\necho \"$@\" > "+args+"\nenv | grep ^LVM_SYSTEM_DIR= >> "+args+"\n[ \"$1\" = hang ] && exec sleep 30\n[ \"$1\" = partial ] && { cat "+abs+"; echo '  Volume group vgbad has unknown devices' >&2; exit 5; }\n[ \"$1\" = fails ] && { echo '  Device /dev/x not found' >&2; exit 5; }\ncat "+abs+"\n"), 0o755)
 	// An lvm.conf to honour: lvm's own LVM_SYSTEM_DIR.
 	lvmSystemDir = dir
 	os.WriteFile(filepath.Join(dir, "lvm.conf"), nil, 0o644)
@@ -247,6 +300,17 @@ func TestRealLVMCommand(t *testing.T) {
 	env.Config.Checks.DiskUsageHigh.LVMTimeout = config.Duration{Duration: 200e6}
 	if _, err := env.lvm().Report(context.Background(), "hang"); err == nil || !strings.Contains(err.Error(), "no answer within 200ms") {
 		t.Errorf("a hung lvm: %v", err)
+	}
+	// A non-zero exit after a JSON report: the report, and the exit noted.
+	out, err = env.lvm().Report(context.Background(), "partial")
+	if vgs, perr := ParseVGs(out); perr != nil || len(vgs) != 1 || err == nil ||
+		err.Error() != script+" partial: exit status 5 (its report is used): Volume group vgbad has unknown devices" {
+		t.Errorf("exit 5 with a report: %q, %v (parsed %+v, %v)", out, err, vgs, perr)
+	}
+	// Without one: an error alone.
+	out, err = env.lvm().Report(context.Background(), "fails")
+	if out != nil || err == nil || err.Error() != script+" fails: exit status 5: Device /dev/x not found" {
+		t.Errorf("exit 5 without a report: %q, %v", out, err)
 	}
 	env.Config.Checks.DiskUsageHigh.LVMCommand = filepath.Join(dir, "absent")
 	if _, err := env.lvm().Report(context.Background(), "vgs"); !errors.Is(err, ErrNoLVM) {
