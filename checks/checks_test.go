@@ -110,7 +110,13 @@ func TestClockCheckRealAdjtimex(t *testing.T) {
 	if state < timeOK || state > timeError {
 		t.Errorf("clock state %d is not one of timex.h's TIME_OK..TIME_ERROR", state)
 	}
-	if now := time.Unix(tx.Time.Sec, tx.Time.Usec*1000); now.Before(before.Add(-time.Second)) || now.After(time.Now().Add(time.Second)) {
+	// time.tv_usec holds nanoseconds when the kernel is in nanosecond mode
+	// (STA_NANO, set by an NTP daemon with ADJ_NANO).
+	nsec := tx.Time.Usec * 1000
+	if tx.Status&unix.STA_NANO != 0 {
+		nsec = tx.Time.Usec
+	}
+	if now := time.Unix(tx.Time.Sec, nsec); now.Before(before.Add(-time.Second)) || now.After(time.Now().Add(time.Second)) {
 		t.Errorf("adjtimex time %s is not the current time %s: not the kernel's answer", now, before)
 	}
 	if tx.Precision != 1 || tx.Tolerance != tolerance {
