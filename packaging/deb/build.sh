@@ -21,8 +21,7 @@ bin=${1:?binary}; out=${2:?outdir}; ver=${3:-}
 gen=${GEN:-$bin}
 here=$(cd "$(dirname "$0")" && pwd); top=$(cd "$here/../.." && pwd)
 if [ -z "$ver" ]; then
-	ver=$(git -C "$top" describe --tags --match 'v[0-9]*' 2>/dev/null | sed 's/^v//; s/-/+/g') ||
-		ver="0.0.0~git$(git -C "$top" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	ver=$(bash "$here/version.sh" "$top")
 fi
 commit=$(git -C "$top" rev-parse HEAD 2>/dev/null || echo unknown)
 : "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || echo 0)}"
