@@ -125,15 +125,17 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	cur, err := tamper.Scan(c.env.Config.HostRoot, c.spec)
-	if err != nil {
+	var over *tamper.LimitError
+	st := c.keeper.State()
+	haveBase := st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID()
+	if err != nil && (!errors.As(err, &over) || !haveBase) {
 		return Result{}, err
 	}
-	st := c.keeper.State()
 	pending := ""
-	if st.Baseline == nil || st.Baseline.BootID != c.keeper.BootID() {
+	if !haveBase {
 		pending = c.takeBaseline(now, cur)
 	} else {
-		c.record(now, st.Baseline, cur)
+		c.record(now, st.Baseline, cur, over)
 	}
 	c.keeper.SetPending(pending)
 	c.plan(cur, pending, now)
@@ -179,8 +181,16 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 
 // record adds a finding for every difference from the baseline not recorded
 // yet.
-func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []tamper.Entry) {
-	diffs := tamper.Diff(base.Entries, cur)
+// A scan cut at the cap (over) is itself a finding, and the paths it
+// reached are still compared.
+func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []tamper.Entry, over *tamper.LimitError) {
+	var diffs []tamper.Difference
+	if over != nil {
+		diffs = append(diffs, tamper.Difference{Path: over.At, Kind: tamper.OverLimit})
+		diffs = append(diffs, tamper.DiffWithin(base.Entries, cur)...)
+	} else {
+		diffs = tamper.Diff(base.Entries, cur)
+	}
 	if len(diffs) == 0 {
 		return
 	}
@@ -197,6 +207,9 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 			f := tamper.Finding{Condition: tamper.CondNode, Path: d.Path, Kind: d.Kind, At: now.UTC(), BootID: c.keeper.BootID()}
 			if e, ok := byPath[d.Path]; ok {
 				f.Detail = e.Describe()
+			}
+			if d.Kind == tamper.OverLimit {
+				f.Detail = over.Error() + "; paths past the cap are not compared"
 			}
 			if s.AddFinding(f) {
 				added = append(added, f)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 
@@ -146,7 +145,7 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 }
 
 func (c *sealedOSCheck) readRecorded() (map[string]string, error) {
-	f, err := os.Open(c.env.Path(c.recorded))
+	f, err := tamper.OpenRegular(c.env.Path(c.recorded))
 	if err != nil {
 		return nil, err
 	}

@@ -378,3 +378,29 @@ func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeTamperedOverTheCapIsAFinding(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.spec.MaxEntries = 6
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	// Past the cap: a finding, and the paths within it are still compared.
+	h.write("/etc/cni/net.d/00-a", "{}")
+	h.write("/etc/cni/net.d/00-b", "{}")
+	h.write("/var/lib/kubelet/config.yaml", "changed\n")
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "over-limit")
+	for _, want := range []string{"/etc/cni/net.d/00-a added", "/var/lib/kubelet/config.yaml modified"} {
+		if !strings.Contains(res.Message, want) {
+			t.Errorf("message %q lacks %q", res.Message, want)
+		}
+	}
+	// A file over 64 MiB is a finding, not an error.
+	h2 := newTamperHost(t)
+	c2 := h2.start("boot-1", report.NewStore("boot-1"))
+	h2.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "")
+	h2.write("/etc/cni/net.d/big", "")
+	if err := os.Truncate(h2.path("/etc/cni/net.d/big"), tamper.MaxFileSize+1); err != nil {
+		t.Fatal(err)
+	}
+	h2.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/big added")
+}

@@ -39,10 +39,14 @@ type Entry struct {
 	SHA256 string `json:"sha256,omitempty"`
 	// Target is a symlink's target, as written (not followed).
 	Target string `json:"target,omitempty"`
+	// TooLarge: a regular file over MaxFileSize, recorded by size, mode
+	// and owner without a digest (not read).
+	TooLarge bool `json:"too_large,omitempty"`
 }
 
 // Limits bound a scan: a pattern that matches a huge tree (a typo such as
-// "/var") is an error, not a walk of the disk.
+// "/var") stops at MaxEntries (a *LimitError, with the entries within the
+// cap), and a file over MaxFileSize is recorded without its digest.
 const (
 	MaxEntries  = 10000
 	MaxFileSize = 64 << 20
@@ -59,9 +63,23 @@ type Spec struct {
 	MaxEntries int
 }
 
+// LimitError: the protected patterns match more than Limit paths. Scan
+// returns it with the first Limit entries it read.
+type LimitError struct {
+	Limit int
+	// At is the first path beyond the cap.
+	At string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("more than %d protected paths (at %s): narrow the patterns", e.Limit, e.At)
+}
+
 // Scan reads every protected path under root (the host root) and returns the
 // entries sorted by path. Paths are host paths (root not included). A path
 // that vanishes while it is read is left out: the next scan sees it gone.
+// Past spec.MaxEntries it stops and returns the entries read so far, sorted,
+// with a *LimitError.
 func Scan(root string, spec Spec) ([]Entry, error) {
 	seen := map[string]bool{}
 	var out []Entry
@@ -75,7 +93,7 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 		}
 		seen[hostPath] = true
 		if len(out) >= limit {
-			return fmt.Errorf("more than %d protected paths (at %s): narrow the patterns", limit, hostPath)
+			return &LimitError{Limit: limit, At: hostPath}
 		}
 		e, err := readEntry(root, hostPath)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -95,7 +113,7 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 		for _, m := range matches {
 			hp := hostRel(root, m)
 			if err := add(hp); err != nil {
-				return nil, err
+				return limited(out, err)
 			}
 			fi, err := os.Lstat(m)
 			if err != nil || !fi.IsDir() {
@@ -115,12 +133,27 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 				return add(hp)
 			})
 			if err != nil {
-				return nil, err
+				return limited(out, err)
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+	sortEntries(out)
 	return out, nil
+}
+
+func sortEntries(out []Entry) {
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+}
+
+// limited returns the entries read so far with a *LimitError, and nothing
+// with any other error.
+func limited(out []Entry, err error) ([]Entry, error) {
+	var le *LimitError
+	if errors.As(err, &le) {
+		sortEntries(out)
+		return out, err
+	}
+	return nil, err
 }
 
 func excluded(hostPath string, exclude []string) bool {
@@ -172,11 +205,23 @@ func readEntry(root, hostPath string) (Entry, error) {
 	switch {
 	case fi.Mode().IsRegular():
 		e.Kind, e.Size = KindFile, fi.Size()
-		sum, err := fileDigest(full)
-		if err != nil {
-			return Entry{}, err
+		if fi.Size() > MaxFileSize {
+			e.TooLarge = true
+			break
 		}
-		e.SHA256 = sum
+		sum, size, err := fileDigest(full)
+		switch {
+		case errors.Is(err, errNotRegular):
+			// Swapped for something else since the Lstat: recorded as
+			// such, the next scan reads it again.
+			e.Kind, e.Size = KindOther, 0
+		case err != nil:
+			return Entry{}, err
+		case size > MaxFileSize:
+			e.Size, e.TooLarge = size, true
+		default:
+			e.SHA256 = sum
+		}
 	case fi.IsDir():
 		e.Kind = KindDir
 	case fi.Mode()&fs.ModeSymlink != 0:
@@ -190,21 +235,23 @@ func readEntry(root, hostPath string) (Entry, error) {
 	return e, nil
 }
 
-func fileDigest(p string) (string, error) {
-	f, err := os.Open(p)
+// fileDigest returns the SHA-256 of the regular file p and the bytes read
+// (MaxFileSize+1 at most: a file that grew past the cap has no digest).
+func fileDigest(p string) (string, int64, error) {
+	f, err := OpenRegular(p)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer f.Close()
 	h := sha256.New()
 	n, err := io.Copy(h, io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if n > MaxFileSize {
-		return "", fmt.Errorf("%s: larger than %d bytes, not a configuration file: leave it out of the protected paths", p, MaxFileSize)
+		return "", n, nil
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // ChangeKind says how a protected path differs from the baseline.
@@ -220,6 +267,9 @@ const (
 	// Corrupt: the baseline file itself was unreadable or its digest did
 	// not match.
 	Corrupt ChangeKind = "baseline-corrupt"
+	// OverLimit: the protected paths grew past the scan's cap; paths past
+	// it are not compared.
+	OverLimit ChangeKind = "over-limit"
 )
 
 // Diff returns how cur differs from base, both sorted by path: one change per
@@ -246,6 +296,18 @@ func Diff(base, cur []Entry) []Difference {
 	return out
 }
 
+// DiffWithin is Diff for a scan cut at the cap (a *LimitError): a baseline
+// path the cut scan did not reach is not reported removed.
+func DiffWithin(base, cur []Entry) []Difference {
+	var out []Difference
+	for _, d := range Diff(base, cur) {
+		if d.Kind != Removed {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // Difference is one path that differs from the baseline.
 type Difference struct {
 	Path string
@@ -254,7 +316,7 @@ type Difference struct {
 
 func differ(a, b Entry) (ChangeKind, bool) {
 	switch {
-	case a.Kind != b.Kind || a.SHA256 != b.SHA256 || a.Size != b.Size:
+	case a.Kind != b.Kind || a.SHA256 != b.SHA256 || a.Size != b.Size || a.TooLarge != b.TooLarge:
 		return Modified, true
 	case a.Target != b.Target:
 		return Retarget, true
@@ -306,6 +368,9 @@ func (e Entry) Describe() string {
 	s := fmt.Sprintf("%s mode %04o owner %d:%d", e.Kind, e.Mode, e.UID, e.GID)
 	if e.SHA256 != "" {
 		s += " sha256 " + e.SHA256
+	}
+	if e.TooLarge {
+		s += fmt.Sprintf(" size %d (over %d bytes, not digested)", e.Size, MaxFileSize)
 	}
 	if e.Kind == KindSymlink {
 		s += " -> " + e.Target

@@ -3,11 +3,13 @@ package tamper
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -70,15 +72,19 @@ func TestScanPatternsTreesAndExcludes(t *testing.T) {
 	}
 }
 
-func TestScanRefusesAHugeTree(t *testing.T) {
+func TestScanStopsAtTheCap(t *testing.T) {
 	files := map[string]string{}
 	for i := range 11 {
 		files[fmt.Sprintf("/var/big/%d/f", i)] = ""
 	}
 	root := tree(t, files)
-	_, err := Scan(root, Spec{Patterns: []string{"/var/big"}, MaxEntries: 20})
-	if err == nil || !strings.Contains(err.Error(), "more than 20 protected paths") {
+	es, err := Scan(root, Spec{Patterns: []string{"/var/big"}, MaxEntries: 20})
+	var le *LimitError
+	if !errors.As(err, &le) || !strings.Contains(err.Error(), "more than 20 protected paths") {
 		t.Fatalf("a tree of 23 paths with a limit of 20: err %v", err)
+	}
+	if len(es) != 20 || !slices.IsSortedFunc(es, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) }) {
+		t.Fatalf("a scan cut at 20 returned %d entries (sorted: want 20)", len(es))
 	}
 	if _, err := Scan(root, Spec{Patterns: []string{"/var/big"}, MaxEntries: 23}); err != nil {
 		t.Fatalf("23 paths with a limit of 23: %v", err)
@@ -131,12 +137,59 @@ func TestDirsAndRelevant(t *testing.T) {
 	}
 }
 
-func TestScanRefusesAHugeFile(t *testing.T) {
-	root := tree(t, map[string]string{"/etc/big": ""})
+func TestScanRecordsAHugeFileWithoutItsDigest(t *testing.T) {
+	root := tree(t, map[string]string{"/etc/big": "small"})
+	base, err := Scan(root, Spec{Patterns: []string{"/etc/big"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Truncate(filepath.Join(root, "/etc/big"), MaxFileSize+1); err != nil { // sparse
 		t.Fatal(err)
 	}
-	if _, err := Scan(root, Spec{Patterns: []string{"/etc/big"}}); err == nil || !strings.Contains(err.Error(), "larger than 67108864 bytes") {
-		t.Errorf("a file over 64 MiB: %v", err)
+	cur, err := Scan(root, Spec{Patterns: []string{"/etc/big"}})
+	if err != nil {
+		t.Fatalf("a file over 64 MiB: %v", err)
+	}
+	if len(cur) != 1 || !cur[0].TooLarge || cur[0].SHA256 != "" || cur[0].Size != MaxFileSize+1 {
+		t.Fatalf("entry of a file over 64 MiB: %+v", cur)
+	}
+	if !strings.Contains(cur[0].Describe(), "over 67108864 bytes, not digested") {
+		t.Errorf("Describe = %q", cur[0].Describe())
+	}
+	if got, want := Diff(base, cur), []Difference{{"/etc/big", Modified}}; !slices.Equal(got, want) {
+		t.Errorf("Diff = %v, want %v", got, want)
+	}
+	if got, want := Diff(nil, cur), []Difference{{"/etc/big", Added}}; !slices.Equal(got, want) {
+		t.Errorf("Diff from nothing = %v, want %v", got, want)
+	}
+}
+
+func TestScanDoesNotBlockOnAFIFO(t *testing.T) {
+	root := tree(t, map[string]string{"/etc/cni/net.d/a": "{}"})
+	fifo := filepath.Join(root, "/etc/cni/net.d/fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	es, err := Scan(root, Spec{Patterns: []string{"/etc/cni/net.d"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 3 || es[2].Path != "/etc/cni/net.d/fifo" || es[2].Kind != KindOther {
+		t.Fatalf("scan with a FIFO: %+v", es)
+	}
+	// A regular file swapped for a FIFO after the Lstat: the open neither
+	// blocks nor succeeds.
+	if _, _, err := fileDigest(fifo); !errors.Is(err, errNotRegular) {
+		t.Errorf("fileDigest(FIFO) = %v, want not a regular file", err)
+	}
+	if _, err := ReadRegular(fifo, 100); !errors.Is(err, errNotRegular) {
+		t.Errorf("ReadRegular(FIFO) = %v, want not a regular file", err)
+	}
+	link := filepath.Join(root, "/etc/link")
+	if err := os.Symlink(filepath.Join(root, "/etc/cni/net.d/a"), link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenRegular(link); !errors.Is(err, syscall.ELOOP) {
+		t.Errorf("OpenRegular(symlink) = %v, want ELOOP (not followed)", err)
 	}
 }

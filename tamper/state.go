@@ -202,12 +202,16 @@ func ParseState(b []byte) (*State, error) {
 	return &s, nil
 }
 
+// MaxStateFileSize bounds the state file read (a baseline of MaxEntries
+// entries is a few MiB).
+const MaxStateFileSize = 64 << 20
+
 // LoadState reads the state file in dir. A missing file is (nil, nil). An
 // unreadable or altered file is moved aside to <file>.corrupt (never
 // deleted) and returned as an error of type *CorruptError.
 func LoadState(dir string) (*State, error) {
 	p := filepath.Join(dir, StateFileName)
-	b, err := os.ReadFile(p)
+	b, err := ReadRegular(p, MaxStateFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -231,7 +235,7 @@ func StatePath(dir string) string { return filepath.Join(dir, StateFileName) }
 // LoadStateReadOnly reads the state file in dir without moving a corrupt
 // one aside (a reader beside the daemon). A missing file is (nil, nil).
 func LoadStateReadOnly(dir string) (*State, error) {
-	b, err := os.ReadFile(StatePath(dir))
+	b, err := ReadRegular(StatePath(dir), MaxStateFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
