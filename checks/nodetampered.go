@@ -299,7 +299,7 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	go func() {
 		defer close(done)
 		err := w.Run(ctx, func(ev tamper.Event) {
-			if ev.Overflow || c.spec.Relevant(ev.Path) {
+			if ev.Overflow || ev.Gone || c.spec.Relevant(ev.Path) {
 				wake()
 			}
 		})

@@ -86,6 +86,9 @@ func (w *Watcher) Set(dirs []string) (failed []string) {
 type Event struct {
 	Path     string
 	Overflow bool
+	// Gone: the watched directory Path was removed, renamed or unmounted;
+	// its watch is dropped and the next Set watches what is there now.
+	Gone bool
 }
 
 // Run reads notifications until ctx is done and calls fn for each.
@@ -115,8 +118,24 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 			}
 			w.mu.Lock()
 			d, ok := w.wds[int(ev.Wd)]
+			gone := ok && ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0
+			if gone {
+				// A moved directory keeps its watch (it follows the
+				// inode): drop it, the path is watched anew by Set.
+				if ev.Mask&unix.IN_IGNORED == 0 {
+					unix.InotifyRmWatch(w.fd, uint32(ev.Wd))
+				}
+				delete(w.wds, int(ev.Wd))
+				if w.dir[d] == int(ev.Wd) {
+					delete(w.dir, d)
+				}
+			}
 			w.mu.Unlock()
 			if !ok {
+				continue
+			}
+			if gone {
+				fn(Event{Path: d, Gone: true})
 				continue
 			}
 			fn(Event{Path: path.Join(d, name)})
