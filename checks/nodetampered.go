@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -31,11 +30,12 @@ const TamperMemoKey = "tamper"
 // them; a revert does not. File notifications wake the check (Watch), the
 // interval's full scan catches what they miss.
 type nodeTamperedCheck struct {
-	env    *Env
-	spec   tamper.Spec
-	gate   []string
-	settle time.Duration
-	keeper *tamper.Keeper
+	env     *Env
+	spec    tamper.Spec
+	gate    []string
+	settle  time.Duration
+	maxWait time.Duration
+	keeper  *tamper.Keeper
 
 	restoreOnce sync.Once
 	// memo is this boot's baseline digest, kept in the state file.
@@ -47,6 +47,14 @@ type nodeTamperedCheck struct {
 	// settles, since when they have been unchanged.
 	candidate string
 	since     time.Time
+	// candEntries are the entries of candidate; changed is the last path
+	// seen changing while the baseline settles.
+	candEntries []tamper.Entry
+	changed     string
+	// waitSince is this boot's first run without a baseline (the start of
+	// maxWait); unsettled says why a baseline was taken before it settled.
+	waitSince time.Time
+	unsettled string
 	dirs      []string
 	// watch gets the directories to watch and when to wake for the
 	// baseline, after each run (latest wins).
@@ -61,7 +69,7 @@ type watchPlan struct {
 func newNodeTamperedCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.NodeTampered
 	return &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
-		gate: c.BaselineAfter, settle: c.Settle.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1),
+		gate: c.BaselineAfter, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1),
 		memo: bootValue[string]{key: TamperMemoKey}}, nil
 }
 
@@ -142,6 +150,11 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	st = c.keeper.State()
 	c.keepDigest(st)
 	res := c.result(st, pending)
+	c.mu.Lock()
+	if res.Reason == report.ReasonNodeIntact && c.unsettled != "" {
+		res.Message += " (baseline " + c.unsettled + ")"
+	}
+	c.mu.Unlock()
 	res.Details = []report.Detail{{Domain: "tamper", Field: "tamper", Value: c.keeper.Report()}}
 	return res, nil
 }
@@ -155,23 +168,46 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 		}
 		return fmt.Sprintf("%s holds no baseline of this boot (the daemon takes it)", c.keeper.Path())
 	}
+	c.mu.Lock()
+	if c.waitSince.IsZero() {
+		c.waitSince = now
+	}
+	overdue := c.maxWait > 0 && now.Sub(c.waitSince) >= c.maxWait
+	c.mu.Unlock()
+	unsettled := ""
 	for _, g := range c.gate {
-		if _, err := os.Lstat(c.env.Path(g)); errors.Is(err, fs.ErrNotExist) {
-			return fmt.Sprintf("waiting for %s before taking this boot's baseline", g)
+		if m, _ := filepath.Glob(c.env.Path(g)); len(m) == 0 {
+			if !overdue {
+				return fmt.Sprintf("waiting for %s before taking this boot's baseline (at most %s)", g, config.ShortDuration(c.maxWait))
+			}
+			unsettled = fmt.Sprintf("taken unsettled after %s: nothing matched %s", config.ShortDuration(c.maxWait), g)
+			break
 		}
 	}
 	b := tamper.NewBaseline(c.keeper.BootID(), now, cur)
 	sum := tamper.EntriesDigest(cur)
 	retake := c.keeper.State().Retake
 	c.mu.Lock()
-	if c.settle > 0 && !retake && (c.candidate != sum || now.Sub(c.since) < c.settle) {
+	if c.settle > 0 && !retake && unsettled == "" && (c.candidate != sum || now.Sub(c.since) < c.settle) {
 		if c.candidate != sum {
-			c.candidate, c.since = sum, now
+			if c.candEntries != nil || c.candidate != "" {
+				if d := tamper.Diff(c.candEntries, cur); len(d) > 0 {
+					c.changed = d[0].Path
+				}
+			}
+			c.candidate, c.since, c.candEntries = sum, now, cur
 		}
-		c.mu.Unlock()
-		return fmt.Sprintf("taking this boot's baseline once the protected files are unchanged for %s", config.ShortDuration(c.settle))
+		if !overdue {
+			c.mu.Unlock()
+			return fmt.Sprintf("taking this boot's baseline once the protected files are unchanged for %s (at most %s)", config.ShortDuration(c.settle), config.ShortDuration(c.maxWait))
+		}
+		unsettled = fmt.Sprintf("taken unsettled after %s: %s still changing", config.ShortDuration(c.maxWait), c.changed)
 	}
+	c.unsettled = unsettled
 	c.mu.Unlock()
+	if unsettled != "" {
+		c.env.Log.Warn("baseline taken before it settled", "why", unsettled)
+	}
 	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake = b, false; return true }); err != nil {
 		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
 	}
@@ -232,6 +268,11 @@ func (c *nodeTamperedCheck) plan(cur []tamper.Entry, pending string, now time.Ti
 	c.mu.Lock()
 	if pending != "" && c.candidate != "" {
 		p.wakeAt = c.since.Add(c.settle)
+	}
+	if pending != "" && c.maxWait > 0 && !c.waitSince.IsZero() {
+		if at := c.waitSince.Add(c.maxWait); p.wakeAt.IsZero() || at.Before(p.wakeAt) {
+			p.wakeAt = at
+		}
 	}
 	c.mu.Unlock()
 	select {

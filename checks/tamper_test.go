@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -403,4 +404,43 @@ func TestNodeTamperedOverTheCapIsAFinding(t *testing.T) {
 		t.Fatal(err)
 	}
 	h2.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/big added")
+}
+
+func TestNodeTamperedBaselineMaxWait(t *testing.T) {
+	t.Run("a file that keeps changing", func(t *testing.T) {
+		h := newTamperHost(t)
+		c := h.start("boot-1", report.NewStore("boot-1"))
+		c.settle, c.maxWait = 90*time.Second, 5*time.Minute
+		for i := range 5 { // a DaemonSet rewriting it every minute
+			h.write("/etc/cni/net.d/05-cilium.conflist", fmt.Sprintf("{%d}\n", i))
+			h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "unchanged for 1m30s (at most 5m)")
+		}
+		h.write("/etc/cni/net.d/05-cilium.conflist", "{5}\n")
+		h.probe(c, report.StatusFalse, report.ReasonNodeIntact,
+			"(baseline taken unsettled after 5m: /etc/cni/net.d/05-cilium.conflist still changing)")
+		// Later changes are findings.
+		h.write("/etc/cni/net.d/05-cilium.conflist", "{6}\n")
+		h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/05-cilium.conflist modified")
+	})
+	t.Run("a gate never met", func(t *testing.T) {
+		h := newTamperHost(t)
+		c := h.start("boot-1", report.NewStore("boot-1"))
+		c.gate, c.maxWait = []string{"/etc/cni/net.d/*.conflist", "/etc/never"}, 3*time.Minute
+		for range 3 {
+			h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/never before taking this boot's baseline (at most 3m)")
+		}
+		h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "(baseline taken unsettled after 3m: nothing matched /etc/never)")
+	})
+	t.Run("a glob gate", func(t *testing.T) {
+		h := newTamperHost(t)
+		os.Remove(h.path("/etc/cni/net.d/05-cilium.conflist"))
+		c := h.start("boot-1", report.NewStore("boot-1"))
+		c.gate = []string{"/etc/cni/net.d/*.conflist"}
+		h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/cni/net.d/*.conflist")
+		h.write("/etc/cni/net.d/10-calico.conflist", "{}")
+		res := h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+		if strings.Contains(res.Message, "unsettled") {
+			t.Errorf("a settled baseline said unsettled: %q", res.Message)
+		}
+	})
 }

@@ -301,6 +301,10 @@ type NodeTampered struct {
 	Exclude       []string `toml:"exclude"`
 	BaselineAfter []string `toml:"baseline_after"`
 	Settle        Duration `toml:"settle"`
+	// BaselineMaxWait: the baseline is taken this long after the first
+	// run of the boot even when baseline_after is not met or the files
+	// keep changing (the message says so).
+	BaselineMaxWait Duration `toml:"baseline_max_wait"`
 }
 
 // Default returns the embedded defaults, decoded afresh on every call: a

@@ -312,6 +312,8 @@ func TestBadConfigs(t *testing.T) {
 		"cdi-kind.toml":                `:2: key checks.GpuActivationFailed.cdi_kind: must be a CDI kind <vendor>/<class> such as "nvidia.com/gpu", got "nvidia.com"`,
 		"cdi-spec-dirs-none.toml":      `:2: key checks.GpuActivationFailed.cdi_spec_dirs: must list at least one directory: with none, no GPU can ever be named in a CDI spec`,
 		"proxy-addresses.toml":         `:2: key checks.APIServerSourceIPUnavailable.proxy_addresses: must list IP addresses or CIDR prefixes such as "10.0.0.5" or "10.0.0.0/24", got "10.0.0.0/33"`,
+		"tamper-max-wait.toml":         `:2: key checks.NodeTampered.baseline_max_wait: must be between 1m and 24h, got "30s"`,
+		"tamper-gate-relative.toml":    `:2: key checks.NodeTampered.baseline_after: must list absolute, clean paths other than /, got "etc/cni/*.conflist"`,
 		"audit-max-read.toml":          `:2: key checks.APIServerSourceIPUnavailable.max_read_bytes: must be between 1048576 (1 MiB) and 1073741824 (1 GiB), got 4096`,
 		"excluded-users.toml":          `:2: key checks.APIServerSourceIPUnavailable.excluded_user_prefixes: must list user name prefixes, each non-empty and without whitespace, got ""`,
 		"kmsg-rule-reason.toml":        `:4: key kmsg.rules: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
@@ -411,11 +413,13 @@ func TestBoundsAreInclusive(t *testing.T) {
 		"[kubernetes]\nheartbeat_period = \"30s\"\nreport_interval = \"30s\"\n[runner]\nfirst_run_spread = \"0s\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"100ms\"\nrestart_cooldown = \"1s\"\n" +
 			"[checks.ContainerRuntimeUnhealthy]\nrestart_cooldown = \"1s\"\n" +
-			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1048576\n",
+			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1048576\n" +
+			"[checks.NodeTampered]\nbaseline_max_wait = \"1m\"\n",
 		"[kubernetes]\nheartbeat_period = \"1h\"\nreport_interval = \"1h\"\n[runner]\nfirst_run_spread = \"5m\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"24h\"\ntimeout = \"24h\"\n" +
 			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1073741824\n" +
-			"[kmsg]\ncritical_tasks = [\"kubelet\", \"qemu*\"]\nignore_devices = []\n",
+			"[kmsg]\ncritical_tasks = [\"kubelet\", \"qemu*\"]\nignore_devices = []\n" +
+			"[checks.NodeTampered]\nbaseline_max_wait = \"24h\"\n",
 	} {
 		if _, err := Parse("bounds.toml", []byte(src), Default()); err != nil {
 			t.Errorf("%v\n%s", err, src)
@@ -435,6 +439,7 @@ func TestDefaultTOMLStatesTheBounds(t *testing.T) {
 		"# Entries must be non-empty and without whitespace.\ncritical_tasks",
 		"# would match every device) and without whitespace.\nignore_devices",
 		"Allowed: 1 MiB to 1 GiB.\nmax_read_bytes",
+		"Allowed: 1m to 24h, not under\n# settle.\nbaseline_max_wait",
 	} {
 		if !strings.Contains(string(defaultTOML), want) {
 			t.Errorf("default.toml lacks %q", want)

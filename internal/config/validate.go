@@ -308,8 +308,12 @@ func (c *Config) validate() *Error {
 		v.fail("checks.NodeTampered.paths", "must list at least one path (to turn the check off, set enabled = false)")
 	}
 	v.globs("checks.NodeTampered.exclude", k.NodeTampered.Exclude)
-	v.absPaths("checks.NodeTampered.baseline_after", k.NodeTampered.BaselineAfter)
+	v.globs("checks.NodeTampered.baseline_after", k.NodeTampered.BaselineAfter)
 	v.between("checks.NodeTampered.settle", k.NodeTampered.Settle, 0, time.Hour)
+	v.between("checks.NodeTampered.baseline_max_wait", k.NodeTampered.BaselineMaxWait, time.Minute, 24*time.Hour)
+	if k.NodeTampered.BaselineMaxWait.Duration < k.NodeTampered.Settle.Duration {
+		v.fail("checks.NodeTampered.baseline_max_wait", "must not be shorter than settle (%s), got %q", k.NodeTampered.Settle.String(), k.NodeTampered.BaselineMaxWait.String())
+	}
 	v.absPath("kmsg.device", c.Kmsg.Device)
 	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")
 	if len(c.Kmsg.CriticalTasks) == 0 {
