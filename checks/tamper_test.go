@@ -444,3 +444,67 @@ func TestNodeTamperedBaselineMaxWait(t *testing.T) {
 		}
 	})
 }
+
+// TestNodeTamperedWatchFollowsAReplacedDirectory: real inotify; after a
+// watched directory is removed and created again, a new file in the new
+// directory wakes the check.
+func TestNodeTamperedWatchFollowsAReplacedDirectory(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	woken := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Watch(ctx, func() {
+			select {
+			case woken <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	defer func() { cancel(); <-done }()
+	awaitWake := func(what string, again func()) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case <-woken:
+				return
+			case <-deadline:
+				t.Fatalf("no wake-up within 10s of %s", what)
+			case <-time.After(50 * time.Millisecond):
+				again()
+			}
+		}
+	}
+	// The watches are set asynchronously: touch a protected file until the
+	// first wake shows they are in place.
+	awaitWake("a change", func() { os.Chmod(h.path("/etc/cni/net.d/05-cilium.conflist"), 0o600) })
+	// Let the chmods' events pass, then drop their wake.
+	if _, err := c.Probe(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	default:
+	}
+	dir := h.path("/etc/cni/net.d")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	awaitWake("the directory's replacement", func() {})
+	// The run after the wake hands the watcher the directories again.
+	if _, err := c.Probe(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	awaitWake("a new file in the new directory", func() {
+		n++
+		h.write(fmt.Sprintf("/etc/cni/net.d/%02d-evil.conflist", n), "{}")
+	})
+}
