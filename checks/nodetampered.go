@@ -106,10 +106,10 @@ func (c *nodeTamperedCheck) load(now time.Time) {
 			detail = fmt.Sprintf("this boot's baseline %s was replaced by %s", saved, st.Baseline.Digest)
 		}
 		c.env.Log.Error("baseline of this boot gone or replaced; it is a finding", "file", c.keeper.Path(), "detail", detail)
+		// No exception for a clear recorded in the tamper state file: a
+		// forged clear would drop the baseline unseen. A genuine clear
+		// empties the digest kept at the check's next run (woken at once).
 		c.keeper.Update(func(s *tamper.State) bool {
-			if s.Cleared != nil && s.Baseline == nil {
-				return false // an operator's clear drops the baseline
-			}
 			return s.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: c.keeper.Path(), Kind: tamper.Corrupt,
 				At: now.UTC(), BootID: c.keeper.BootID(), Detail: detail})
 		})
@@ -295,6 +295,11 @@ func (c *nodeTamperedCheck) result(st tamper.State, pending string) Result {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonBaselinePending, Message: pending}
 	}
 	b := st.Baseline
+	if b == nil || b.BootID != c.keeper.BootID() {
+		// Cleared (or replaced) between this run's reads: the next run
+		// takes the baseline again.
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonBaselinePending, Message: "this boot's baseline is being taken again after a clear"}
+	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact,
 		Message: fmt.Sprintf("%d protected paths unchanged since this boot's baseline (%s, %s)", len(b.Entries), b.TakenAt.UTC().Format(time.RFC3339), b.Digest)}
 }

@@ -508,3 +508,58 @@ func TestNodeTamperedWatchFollowsAReplacedDirectory(t *testing.T) {
 		h.write(fmt.Sprintf("/etc/cni/net.d/%02d-evil.conflist", n), "{}")
 	})
 }
+
+// A clear forged into the tamper state file (no baseline, retake) is not an
+// operator's clear: the baseline kept in the state file is gone within the
+// boot, a finding.
+func TestNodeTamperedForgedClearIsAFinding(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	if err := memos.Save(h.stateDir, h.now); err != nil {
+		t.Fatal(err)
+	}
+	forged := `{"version":1,"findings":[],"cleared":{"at":"2099-01-01T00:00:00Z","reason":"x","by":"y"},"retake":true}`
+	if err := os.WriteFile(filepath.Join(h.stateDir, tamper.StateFileName), []byte(forged), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restored := report.NewStore("boot-1")
+	if _, err := restored.Load(h.stateDir); err != nil {
+		t.Fatal(err)
+	}
+	c2 := h.start("boot-1", restored)
+	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "is gone from the tamper state")
+}
+
+// A clear while a probe runs never makes the probe fail or panic: it sees
+// the baseline, or reports it pending.
+func TestNodeTamperedClearDuringProbe(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				c.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "race", By: "test"})
+			}
+		}
+	}()
+	for range 300 {
+		res, err := c.Probe(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status == report.StatusTrue {
+			t.Fatalf("got %s/%s %q", res.Status, res.Reason, res.Message)
+		}
+	}
+	close(stop)
+	<-done
+}

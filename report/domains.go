@@ -77,6 +77,25 @@ func ReportBootID(annotations map[string]string) string {
 	return ""
 }
 
+// ReportedClear returns when the tamper conditions were last cleared by an
+// operator, as the daemon published it in the tamper report among a Node's
+// annotations (tamper.cleared.at; zero when there is none). Only the daemon
+// (with the node's credentials) writes that annotation, so unlike the tamper
+// state file on the host it corroborates a clear.
+func ReportedClear(annotations map[string]string) time.Time {
+	var doc struct {
+		Tamper struct {
+			Cleared *struct {
+				At time.Time `json:"at"`
+			} `json:"cleared"`
+		} `json:"tamper"`
+	}
+	if json.Unmarshal([]byte(annotations[AnnotationPrefix+"tamper"]), &doc) != nil || doc.Tamper.Cleared == nil {
+		return time.Time{}
+	}
+	return doc.Tamper.Cleared.At
+}
+
 // NewDetails returns an empty set of report details.
 func NewDetails() *Details {
 	return &Details{data: map[string]map[string]any{}, byCond: map[string]map[string]any{}}

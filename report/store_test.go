@@ -407,3 +407,34 @@ func TestReleaseAndClearedAdopt(t *testing.T) {
 		t.Errorf("after adopting: %+v", c)
 	}
 }
+
+// A restart that lost the state file keeps a tamper True from the Node
+// unless the clear is one the daemon published to the Node (the tamper
+// report's cleared.at); a clear only in the host's tamper state file is not
+// fed to the store at all (internal/daemon assemble).
+func TestAdoptTamperTrustsOnlyAPublishedClear(t *testing.T) {
+	set := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	node := Condition{Type: "NodeTampered", Status: StatusTrue, Reason: ReasonProtectedFileChanged, LastTransitionTime: set}
+
+	s := NewStore("boot-1")
+	if !s.Adopt(node, "boot-1") {
+		t.Fatal("a True from the Node was not taken over")
+	}
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Fatalf("got %s", c.Status)
+	}
+
+	annotations := map[string]string{AnnotationPrefix + "tamper": `{"schemaVersion":1,"tamper":{"cleared":{"at":"2026-12-02T09:30:00Z","reason":"ok","by":"ops"}}}`}
+	at := ReportedClear(annotations)
+	if !at.Equal(set.Add(30 * time.Minute)) {
+		t.Fatalf("ReportedClear = %v", at)
+	}
+	s = NewStore("boot-1")
+	s.SetCleared("NodeTampered", at)
+	if s.Adopt(node, "boot-1") {
+		t.Fatal("a True from before a published clear was taken over")
+	}
+	if !ReportedClear(map[string]string{AnnotationPrefix + "tamper": `{"tamper":{}}`}).IsZero() || !ReportedClear(nil).IsZero() {
+		t.Fatal("a clear without one")
+	}
+}

@@ -145,12 +145,10 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		if err := env.Tamper.Load(time.Now()); err != nil {
 			log.Error("tamper state unreadable; moved aside, and a finding of NodeTampered", "err", err)
 		}
-		if c := env.Tamper.State().Cleared; c != nil {
-			// A True on the Node from before the operator's clear is not
-			// taken back.
-			p.Store.SetCleared(tamper.CondNode, c.At)
-			p.Store.SetCleared(tamper.CondSealed, c.At)
-		}
+		// The clear in the tamper state file is not trusted (anyone who can
+		// write it could forge one): a clear counts for Adopt only when this
+		// process performed it (Store.Release) or published it to the Node
+		// (the tamper report's cleared.at, read back by the reporter).
 		p.Live = NewLiveness(time.Now)
 		p.Live.OnBeat = p.Metrics.LoopProgress
 	}

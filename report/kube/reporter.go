@@ -300,6 +300,16 @@ func (r *Reporter) adopt(ctx context.Context) error {
 	}
 	n := 0
 	nodeBoot := report.ReportBootID(node.Annotations)
+	if at := report.ReportedClear(node.Annotations); !at.IsZero() {
+		// An operator's clear this daemon published to the Node: a True
+		// from before it is not taken back. (The clear in the tamper state
+		// file alone is never trusted.)
+		for _, d := range report.Conditions {
+			if d.Hold == report.HoldForever {
+				r.o.Store.SetCleared(d.Type, at)
+			}
+		}
+	}
 	r.stale = nil
 	for _, c := range node.Status.Conditions {
 		if _, ours := report.Lookup(string(c.Type)); !ours {
