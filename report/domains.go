@@ -2,10 +2,12 @@ package report
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // The health report: one Node annotation per domain, each a self-contained
@@ -155,20 +157,46 @@ func validField(domain, field string) bool {
 	return false
 }
 
+// Shrinker is a report field that knows how to shorten itself when its
+// document is over MaxDocumentBytes (a struct whose lists renderDocument
+// cannot cut): Shrink returns the value with at most limit entries in each
+// of its lists (the number left out recorded in the value).
+type Shrinker interface {
+	Shrink(limit int) any
+}
+
 // Documents renders every domain as its annotation value, keyed by the full
-// annotation key.
+// annotation key. A domain that cannot be rendered does not hold back the
+// others: it gets a small document saying why ("error"), and the returned
+// error names it (for the log); the map is complete either way.
 func (d *Details) Documents(now time.Time, role Role) (map[string]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[string]string, len(Domains))
+	var errs []error
 	for _, dm := range Domains {
 		b, err := renderDocument(now, role, d.bootID, d.data[dm.Name])
 		if err != nil {
-			return nil, fmt.Errorf("report domain %s: %w", dm.Name, err)
+			errs = append(errs, fmt.Errorf("report domain %s: %w", dm.Name, err))
+			b, _ = renderDocument(now, role, d.bootID, map[string]any{"error": truncateString(err.Error(), 512)})
 		}
 		out[AnnotationPrefix+dm.Name] = string(b)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
+}
+
+// truncateString cuts s to at most n bytes (on a rune boundary), ending
+// in "…" when cut.
+func truncateString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ell = "…"
+	cut := n - len(ell)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ell
 }
 
 func renderDocument(now time.Time, role Role, bootID string, fields map[string]any) ([]byte, error) {
@@ -182,6 +210,9 @@ func renderDocument(now time.Time, role Role, bootID string, fields map[string]a
 			doc["bootID"] = bootID
 		}
 		for k, v := range fields {
+			if sh, ok := v.(Shrinker); ok && limit < MaxListLen {
+				v = sh.Shrink(limit)
+			}
 			rv := reflect.ValueOf(v)
 			if rv.Kind() == reflect.Slice && rv.Len() > limit {
 				doc[k+"Truncated"] = rv.Len() - limit

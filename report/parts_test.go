@@ -1,6 +1,7 @@
 package report
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -97,5 +98,26 @@ func TestSetPartNothingToCheck(t *testing.T) {
 	s.SetPart(SourceKmsg, disks(StatusTrue, ReasonDiskIOErrors, "5 errors"), t0)
 	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonDiskIOErrors {
 		t.Errorf("kernel part True: %+v", c)
+	}
+}
+
+// A domain whose document cannot be rendered gets an error document; the
+// other domains are rendered all the same.
+func TestDocumentsOneDomainFailing(t *testing.T) {
+	d := NewDetails()
+	d.Set(Detail{Domain: "storage", Field: "filesystems", Value: strings.Repeat("x", MaxDocumentBytes)})
+	d.Set(Detail{Domain: "certs", Field: "certs", Value: []string{"kubelet"}})
+	docs, err := d.Documents(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC), RoleWorker)
+	if err == nil || !strings.Contains(err.Error(), "report domain storage") {
+		t.Fatalf("err = %v", err)
+	}
+	if len(docs) != len(Domains) {
+		t.Fatalf("%d documents, want %d", len(docs), len(Domains))
+	}
+	if s := docs[AnnotationPrefix+"storage"]; len(s) > MaxDocumentBytes || !strings.Contains(s, `"error":"document is`) {
+		t.Fatalf("storage document: %s", s)
+	}
+	if !strings.Contains(docs[AnnotationPrefix+"certs"], `"kubelet"`) {
+		t.Fatalf("certs document: %s", docs[AnnotationPrefix+"certs"])
 	}
 }

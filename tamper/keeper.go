@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -33,6 +34,22 @@ type Keeper struct {
 	layers []LayerReport
 	// pending says why this boot has no baseline yet ("" once it has one).
 	pending string
+	// clearTrusted: the clear in the state is one this process performed,
+	// or one the daemon published to the Node before (TrustClear). Only
+	// such a clear is reported: the state file alone could be forged.
+	clearTrusted bool
+}
+
+// TrustClear marks the state's clear as genuine when it is the clear the
+// daemon published in the tamper report on the Node (at, read back at
+// start); it reports whether it matched.
+func (k *Keeper) TrustClear(at time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if c := k.state.Cleared; c != nil && c.At.Equal(at) {
+		k.clearTrusted = true
+	}
+	return k.clearTrusted
 }
 
 // NewKeeper returns the keeper of the tamper state in dir for a boot.
@@ -137,6 +154,7 @@ func (k *Keeper) ClearAll(c Clear) error {
 		c.At = c.At.UTC()
 		s.Cleared = &c
 		s.Retake = true
+		k.clearTrusted = true
 		return true
 	})
 }
@@ -160,7 +178,42 @@ type Report struct {
 	Changes         []ChangeReport `json:"changes"`
 	ChangesOmitted  int            `json:"changesOmitted,omitempty"`
 	SealedLayers    []LayerReport  `json:"sealedLayers"`
-	Cleared         *Clear         `json:"cleared,omitempty"`
+	// SealedLayersOmitted counts the layers left out to fit the document.
+	SealedLayersOmitted int    `json:"sealedLayersOmitted,omitempty"`
+	Cleared             *Clear `json:"cleared,omitempty"`
+}
+
+// Shrink returns the report with at most limit changes (the most recent)
+// and sealed layers, for a document over its size limit
+// (report.Shrinker).
+func (r Report) Shrink(limit int) any {
+	if n := len(r.Changes) - limit; n > 0 {
+		r.Changes = slices.Clone(r.Changes[n:])
+		r.ChangesOmitted += n
+	}
+	if n := len(r.SealedLayers) - limit; n > 0 {
+		r.SealedLayers = slices.Clone(r.SealedLayers[:limit])
+		r.SealedLayersOmitted += n
+	}
+	return r
+}
+
+// MaxReportedText caps a path or the clear's reason in the report (bytes,
+// "…" included).
+const MaxReportedText = 256
+
+// clip cuts s to MaxReportedText bytes on a rune boundary, ending in "…"
+// when cut.
+func clip(s string) string {
+	if len(s) <= MaxReportedText {
+		return s
+	}
+	const ell = "…"
+	cut := MaxReportedText - len(ell)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ell
 }
 
 // BaselineReport describes the baseline of this boot.
@@ -187,7 +240,10 @@ const MaxReportedChanges = 16
 func (k *Keeper) Report() Report {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	r := Report{BootID: k.bootID, BaselinePending: k.pending, Changes: []ChangeReport{}, SealedLayers: slices.Clone(k.layers), Cleared: k.state.Cleared}
+	r := Report{BootID: k.bootID, BaselinePending: k.pending, Changes: []ChangeReport{}, SealedLayers: slices.Clone(k.layers)}
+	if c := k.state.Cleared; c != nil && k.clearTrusted {
+		r.Cleared = &Clear{At: c.At, Reason: clip(c.Reason), By: clip(c.By)}
+	}
 	if r.SealedLayers == nil {
 		r.SealedLayers = []LayerReport{}
 	}
@@ -201,7 +257,7 @@ func (k *Keeper) Report() Report {
 	}
 	r.ChangesOmitted += k.state.FindingsDropped
 	for _, f := range fs {
-		r.Changes = append(r.Changes, ChangeReport{Condition: f.Condition, Path: f.Path, Kind: f.Kind, At: f.At})
+		r.Changes = append(r.Changes, ChangeReport{Condition: f.Condition, Path: clip(f.Path), Kind: f.Kind, At: f.At})
 	}
 	return r
 }

@@ -64,6 +64,13 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
 		FirstPass: d.firstPassDone,
+		ReportedClear: func(at time.Time) {
+			// The clear in tamper.json is reported (and so trusted at the
+			// next start) only when it is the one published before.
+			if k := d.currentEnv().Tamper; k != nil {
+				k.TrustClear(at)
+			}
+		},
 	})
 	r.Run(ctx)
 }

@@ -33,9 +33,12 @@ type Options struct {
 	// Node: what an earlier boot or configuration left there must not stand
 	// as this boot's state.
 	Evaluated func(condType string) bool
-	Store     *report.Store
-	Details   *report.Details
-	Log       *slog.Logger
+	// ReportedClear, if set, gets the tamper clear the Node's tamper report
+	// shows (report.ReportedClear), read back at start.
+	ReportedClear func(at time.Time)
+	Store         *report.Store
+	Details       *report.Details
+	Log           *slog.Logger
 	// Metrics, if nil, are created unregistered.
 	Metrics *Metrics
 	// HeartbeatPeriod: conditions are rewritten at least this often (jittered).
@@ -94,6 +97,9 @@ type Reporter struct {
 	// only then are the report annotations written, so a report carrying
 	// this boot's ID means the Node's conditions are this boot's (Adopt).
 	written chan struct{}
+	// renderErr is the last error of rendering the report (annotation loop
+	// only): logged when it changes, not on every write.
+	renderErr string
 	// eventSeq is used by the event loop only.
 	eventSeq uint64
 }
@@ -309,6 +315,9 @@ func (r *Reporter) adopt(ctx context.Context) error {
 				r.o.Store.SetCleared(d.Type, at)
 			}
 		}
+		if r.o.ReportedClear != nil {
+			r.o.ReportedClear(at)
+		}
 	}
 	r.stale = nil
 	for _, c := range node.Status.Conditions {
@@ -427,8 +436,13 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 		role = r.o.RoleOf()
 	}
 	docs, err := r.o.Details.Documents(time.Now(), role)
-	if err != nil {
-		return err
+	// A failing domain carries an error document; the others are written
+	// all the same.
+	if msg := errString(err); msg != r.renderErr {
+		r.renderErr = msg
+		if err != nil {
+			r.o.Log.Error("report domain not rendered; its annotation says why", "err", err)
+		}
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": docs}})
 	if err != nil {
@@ -438,4 +452,11 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 	_, err = r.o.Client.CoreV1().Nodes().Patch(ctx, r.o.NodeName, types.MergePatchType, patch, metav1.PatchOptions{})
 	r.m.observe(KindAnnotations, start, err)
 	return err
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
