@@ -238,6 +238,11 @@ func TestRealContainerdRepair(t *testing.T) {
 	stopped := map[string]bool{}
 	const window = 5 * time.Second
 	hungAt := time.Now()
+	// The condition is sampled with the invocations: at any one instant a
+	// restart may be in flight (the socket gone, "already restarting"), so
+	// what is asserted is that a hung containerd was seen as one.
+	var sawHung bool
+	var last report.Condition
 	for time.Since(hungAt) < window {
 		u := log.sample(s, "containerd.service")
 		if active(u) && !stopped[u.Invocation] {
@@ -246,11 +251,12 @@ func TestRealContainerdRepair(t *testing.T) {
 			}
 			stopped[u.Invocation] = true
 		}
+		last, _ = store.Get("ContainerRuntimeUnhealthy")
+		sawHung = sawHung || (last.Status == report.StatusTrue && strings.Contains(last.Message, "DeadlineExceeded"))
 		time.Sleep(20 * time.Millisecond) // sampling invocations over a fixed window
 	}
-	c, _ = store.Get("ContainerRuntimeUnhealthy")
-	if c.Status != report.StatusTrue || !strings.Contains(c.Message, "DeadlineExceeded") {
-		t.Errorf("hung: condition %s %q, want True with DeadlineExceeded", c.Status, c.Message)
+	if !sawHung {
+		t.Errorf("hung: condition never True with DeadlineExceeded within %s; last %s %q", window, last.Status, last.Message)
 	}
 	// Let the last one run again; wait out a restart job in flight.
 	s.KillMain(context.Background(), "containerd.service", int32(syscall.SIGCONT))
