@@ -135,9 +135,11 @@ func mergeInto(obj, patch map[string]any) {
 	}
 }
 
-func TestShippedClusterAPIObjectsOnARealAPIServer(t *testing.T) {
-	api := apiServer(t)
-	kc, err := api.Kubeconfig("capi-admin", "capi-admin", []string{"system:masters"}, time.Now().Add(time.Hour))
+// adminDynamic is a dynamic client of the real kube-apiserver as a
+// cluster admin (system:masters) named name.
+func adminDynamic(t *testing.T, name string) dynamic.Interface {
+	t.Helper()
+	kc, err := apiServer(t).Kubeconfig(name, name, []string{"system:masters"}, time.Now().Add(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +151,11 @@ func TestShippedClusterAPIObjectsOnARealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dyn
+}
+
+func TestShippedClusterAPIObjectsOnARealAPIServer(t *testing.T) {
+	dyn := adminDynamic(t, "capi-admin")
 	crds, err := harness.ClusterAPICRDs()
 	if err != nil {
 		t.Fatalf("Cluster API CRDs: %v", err)
@@ -302,19 +309,7 @@ func TestShippedClusterAPIObjectsPassKubeconform(t *testing.T) {
 // The Prometheus Operator objects (PrometheusRule, ScrapeConfig) on the real
 // kube-apiserver with the Operator's own CRDs, strict field validation.
 func TestShippedPrometheusOperatorObjectsOnARealAPIServer(t *testing.T) {
-	api := apiServer(t)
-	kc, err := api.Kubeconfig("promop-admin", "promop-admin", []string{"system:masters"}, time.Now().Add(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := adminDynamic(t, "promop-admin")
 	crds, err := harness.PrometheusOperatorCRDs()
 	if err != nil {
 		t.Fatalf("Prometheus Operator CRDs: %v", err)
