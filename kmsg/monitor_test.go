@@ -1,10 +1,8 @@
 package kmsg
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -30,19 +28,7 @@ func rec(usec uint64, msg string) Record {
 // The lines captured from Debian's 6.1 kernel in a VM, replayed: exactly
 // these actions.
 func TestReplayCapturedDebianLines(t *testing.T) {
-	f, err := os.Open("testdata/captured-debian-6.1.kmsg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var got []string
-	st, err := Replay(f, NewMonitor(opts(t, report.NewStore("replay"))), func(a Action) {
-		b, _ := json.Marshal(a)
-		got = append(got, string(b))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got, st := replayFile(t, "testdata/captured-debian-6.1.kmsg")
 	want := []string{
 		`{"kind":"condition","type":"VerityCorruption","status":"True","reason":"VerityBlockCorrupted","message":"device-mapper: verity: 7:1: data block 5 is corrupted"}`,
 		`{"kind":"condition","type":"VerityCorruption","status":"True","reason":"VerityBlockCorrupted","message":"device-mapper: verity: 7:1: metadata block 6 is corrupted"}`,
