@@ -77,22 +77,38 @@ type nvmePassthru struct {
 }
 
 func (r realNVMe) admin(ctrl string, c nvmePassthru, size int) ([]byte, error) {
-	dev := r.env.Path("/dev/" + filepath.Base(ctrl))
+	buf := make([]byte, size)
+	if _, err := adminCommand(r.env.Path("/dev/"+filepath.Base(ctrl)), c, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// NVMeAdminCommand sends one admin command to the NVMe controller device dev
+// (NVME_IOCTL_ADMIN_CMD) with buf, which may be empty, as its data buffer,
+// and returns the completion's result dword. The VM tier's scenarios use it
+// to set features of QEMU's controller.
+func NVMeAdminCommand(dev string, opcode uint8, nsid, cdw10, cdw11 uint32, buf []byte) (uint32, error) {
+	return adminCommand(dev, nvmePassthru{Opcode: opcode, Nsid: nsid, Cdw10: cdw10, Cdw11: cdw11}, buf)
+}
+
+func adminCommand(dev string, c nvmePassthru, buf []byte) (uint32, error) {
 	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: dev, Err: err}
+		return 0, &os.PathError{Op: "open", Path: dev, Err: err}
 	}
 	defer unix.Close(fd)
-	buf := make([]byte, size)
-	c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
-	c.DataLen = uint32(size)
+	if len(buf) > 0 {
+		c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
+		c.DataLen = uint32(len(buf))
+	}
 	c.TimeoutMs = 5000
 	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
 	runtime.KeepAlive(buf)
 	if e != 0 {
-		return nil, fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, c.Opcode, e)
+		return 0, fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, c.Opcode, e)
 	}
-	return buf, nil
+	return c.Result, nil
 }
 
 func (r realNVMe) Identify(ctrl string) ([]byte, error) {

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"runtime"
 	"strings"
 	"time"
-	"unsafe"
+
+	"github.com/syself/autopilot-health/checks"
 
 	"golang.org/x/sys/unix"
 )
@@ -198,46 +198,8 @@ func DirectWrite(dev string, mib int) error {
 	return unix.Fsync(fd)
 }
 
-// nvmePassthru is struct nvme_passthru_cmd (linux/nvme_ioctl.h).
-type nvmePassthru struct {
-	Opcode      uint8
-	Flags       uint8
-	Rsvd1       uint16
-	Nsid        uint32
-	Cdw2, Cdw3  uint32
-	Metadata    uint64
-	Addr        uint64
-	MetadataLen uint32
-	DataLen     uint32
-	Cdw10       uint32
-	Cdw11       uint32
-	Cdw12       uint32
-	Cdw13       uint32
-	Cdw14       uint32
-	Cdw15       uint32
-	TimeoutMs   uint32
-	Result      uint32
-}
-
-const nvmeIoctlAdminCmd = 0xC0484E41
-
 // NVMeAdmin sends an admin command to /dev/nvme0 and returns the
-// completion's result dword.
+// completion's result dword, through the daemon's own NVMe ioctl code.
 func NVMeAdmin(opcode uint8, nsid, cdw10, cdw11 uint32, buf []byte) (uint32, error) {
-	fd, err := unix.Open("/dev/nvme0", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	c := nvmePassthru{Opcode: opcode, Nsid: nsid, Cdw10: cdw10, Cdw11: cdw11, TimeoutMs: 5000}
-	if len(buf) > 0 {
-		c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
-		c.DataLen = uint32(len(buf))
-	}
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
-	runtime.KeepAlive(buf)
-	if e != 0 {
-		return 0, fmt.Errorf("NVMe admin 0x%02x: %w", opcode, e)
-	}
-	return c.Result, nil
+	return checks.NVMeAdminCommand("/dev/nvme0", opcode, nsid, cdw10, cdw11, buf)
 }
