@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,12 +31,16 @@ const TamperMemoKey = "tamper"
 // them; a revert does not. File notifications wake the check (Watch), the
 // interval's full scan catches what they miss.
 type nodeTamperedCheck struct {
-	env     *Env
-	spec    tamper.Spec
-	gate    []string
-	settle  time.Duration
-	maxWait time.Duration
-	keeper  *tamper.Keeper
+	env  *Env
+	spec tamper.Spec
+	gate []string
+	// tolerate are the globs of protected paths whose changes are
+	// reported but set nothing on this node (tolerate, and tolerate_gpu on
+	// a GPU node).
+	tolerate []string
+	settle   time.Duration
+	maxWait  time.Duration
+	keeper   *tamper.Keeper
 
 	restoreOnce sync.Once
 	// memo is this boot's baseline digest, kept in the state file.
@@ -68,8 +73,12 @@ type watchPlan struct {
 
 func newNodeTamperedCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.NodeTampered
+	tolerate := slices.Clone(c.Tolerate)
+	if env.GPU {
+		tolerate = append(tolerate, c.TolerateGPU...)
+	}
 	return &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
-		gate: c.BaselineAfter, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1),
+		gate: c.BaselineAfter, tolerate: tolerate, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1),
 		memo: bootValue[string]{key: TamperMemoKey}}, nil
 }
 
@@ -234,7 +243,7 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 	for _, e := range cur {
 		byPath[e.Path] = e
 	}
-	var added []tamper.Finding
+	var added, tolerated []tamper.Finding
 	err := c.keeper.Update(func(s *tamper.State) bool {
 		if s.Baseline == nil || s.Baseline.Digest != base.Digest {
 			return false // cleared (or replaced) since this run read it
@@ -247,18 +256,40 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 			if d.Kind == tamper.OverLimit {
 				f.Detail = over.Error() + "; paths past the cap are not compared"
 			}
+			if d.Kind != tamper.OverLimit && c.tolerated(d.Path) {
+				f.Condition = ""
+				if s.AddTolerated(f) {
+					tolerated = append(tolerated, f)
+				}
+				continue
+			}
 			if s.AddFinding(f) {
 				added = append(added, f)
 			}
 		}
-		return len(added) > 0
+		return len(added)+len(tolerated) > 0
 	})
 	for _, f := range added {
 		c.env.Log.Warn("protected file changed since the baseline", "path", f.Path, "change", f.Kind, "now", f.Detail)
 	}
+	for _, f := range tolerated {
+		c.env.Log.Info("tolerated path changed since the baseline (checks.NodeTampered.tolerate, tolerate_gpu): reported, sets nothing",
+			"path", f.Path, "change", f.Kind, "now", f.Detail, "gpu", c.env.GPU)
+	}
 	if err != nil {
 		c.env.Log.Error("saving the tamper state failed", "file", c.keeper.Path(), "err", err)
 	}
+}
+
+// tolerated reports whether a change of host path p sets nothing on this
+// node (a known writer's path).
+func (c *nodeTamperedCheck) tolerated(p string) bool {
+	for _, g := range c.tolerate {
+		if ok, _ := path.Match(g, p); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // plan hands the watcher the directories to watch and, while the baseline
@@ -300,8 +331,13 @@ func (c *nodeTamperedCheck) result(st tamper.State, pending string) Result {
 		// takes the baseline again.
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonBaselinePending, Message: "this boot's baseline is being taken again after a clear"}
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact,
-		Message: fmt.Sprintf("%d protected paths unchanged since this boot's baseline (%s, %s)", len(b.Entries), b.TakenAt.UTC().Format(time.RFC3339), b.Digest)}
+	msg := fmt.Sprintf("%d protected paths unchanged since this boot's baseline (%s, %s)", len(b.Entries), b.TakenAt.UTC().Format(time.RFC3339), b.Digest)
+	if n := len(st.Tolerated) + st.ToleratedDropped; n > 0 {
+		last := st.Tolerated[len(st.Tolerated)-1]
+		msg = fmt.Sprintf("no protected path changed since this boot's baseline (%s, %s) but tolerated ones: %d change(s), the last %s %s at %s (tolerate, tolerate_gpu; listed in the tamper report)",
+			b.TakenAt.UTC().Format(time.RFC3339), b.Digest, n, last.Path, last.Kind, last.At.UTC().Format(time.RFC3339))
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact, Message: msg}
 }
 
 // findingsMessage lists the most recent findings (the report has them all,

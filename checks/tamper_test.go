@@ -23,6 +23,11 @@ type tamperHost struct {
 	stateDir string
 	now      time.Time
 	memos    *report.Store
+	// gpu: the node has an NVIDIA GPU; protect adds protected paths;
+	// tolerate replaces checks.NodeTampered.tolerate (nil: the default).
+	gpu      bool
+	protect  []string
+	tolerate []string
 }
 
 func newTamperHost(t *testing.T) *tamperHost {
@@ -56,11 +61,15 @@ func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck 
 	env := testEnv(h.t, func(c *config.Config) {
 		c.HostRoot = h.root
 		c.StateDir = h.stateDir
-		c.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/kubernetes/kubelet.conf"}
+		c.Checks.NodeTampered.Paths = append([]string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/kubernetes/kubelet.conf"}, h.protect...)
+		if h.tolerate != nil {
+			c.Checks.NodeTampered.Tolerate = h.tolerate
+		}
 		c.Checks.NodeTampered.BaselineAfter = []string{"/etc/kubernetes/kubelet.conf"}
 		c.Checks.NodeTampered.Settle = config.Duration{}
 	})
 	env.Now = func() time.Time { return h.now }
+	env.GPU = h.gpu
 	env.BootID = boot
 	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
 	if memos != nil {
@@ -252,6 +261,7 @@ const (
 func sealedEnv(t *testing.T, h *tamperHost, boot string, dm tamper.DM) Check {
 	env := testEnv(t, func(c *config.Config) { c.HostRoot, c.StateDir = h.root, h.stateDir })
 	env.Now = func() time.Time { return h.now }
+	env.GPU = h.gpu
 	env.BootID = boot
 	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
 	env.DM = dm
@@ -562,4 +572,78 @@ func TestNodeTamperedClearDuringProbe(t *testing.T) {
 	}
 	close(stop)
 	<-done
+}
+
+// The NVIDIA container toolkit's writes to containerd's configuration set
+// nothing on a GPU node (checks.NodeTampered.tolerate_gpu, default) and are
+// in the report; the same writes on a node without a GPU set NodeTampered,
+// and so does any other file in the toolkit's drop-in directory on a GPU
+// node. What is written is what nvidia-ctk-installer does (the GPU
+// Operator's toolkit container): a drop-in in a new directory, and the
+// top-level config rewritten with its imports.
+func TestNodeTamperedToleratesTheGPUToolkit(t *testing.T) {
+	toolkit := func(h *tamperHost) {
+		h.write("/etc/containerd/config.d/99-nvidia.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n")
+		h.write("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/config.d/*.toml\"]\n")
+	}
+	for _, tc := range []struct {
+		name   string
+		gpu    bool
+		change func(h *tamperHost)
+		want   report.Status
+		reason report.Reason
+		msg    string
+		// tolerated: how many tolerated changes the report lists
+		tolerated int
+	}{
+		{"GPU node, toolkit", true, toolkit, report.StatusFalse, report.ReasonNodeIntact,
+			"no protected path changed since this boot's baseline (2026-12-02T10:01:00Z, sha256:", 3},
+		{"no GPU, toolkit", false, toolkit, report.StatusTrue, report.ReasonProtectedFileChanged,
+			"3 finding(s): /etc/containerd/config.toml modified at", 0},
+		{"GPU node, another drop-in", true, func(h *tamperHost) {
+			toolkit(h)
+			h.write("/etc/containerd/config.d/50-mirror.toml", "[plugins]\n")
+		}, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/containerd/config.d/50-mirror.toml added", 3},
+		{"GPU node, toolkit stops (drop-in removed)", true, func(h *tamperHost) {
+			toolkit(h)
+			h.now = h.now.Add(time.Minute)
+			os.Remove(h.path("/etc/containerd/config.d/99-nvidia.toml"))
+		}, report.StatusFalse, report.ReasonNodeIntact, "tolerated ones: 2 change(s)", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newTamperHost(t)
+			h.gpu = tc.gpu
+			h.protect = []string{"/etc/containerd"}
+			h.write("/etc/containerd/config.toml", "version = 3\n")
+			c := h.start("boot-1", report.NewStore("boot-1"))
+			h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "7 protected paths unchanged")
+			tc.change(h)
+			res := h.probe(c, tc.want, tc.reason, tc.msg)
+			rep := res.Details[0].Value.(tamper.Report)
+			if len(rep.Tolerated) != tc.tolerated {
+				t.Fatalf("tolerated changes %+v, want %d", rep.Tolerated, tc.tolerated)
+			}
+			// A tolerated change stays reported across a restart and is not
+			// a finding then either.
+			c2 := h.start("boot-1", nil)
+			h.probe(c2, tc.want, tc.reason, "")
+		})
+	}
+}
+
+// tolerate (every node) covers Cilium's CNI file when set: its rewrite is
+// reported, the renames cni.exclusive makes of other CNI files are not
+// tolerated by it.
+func TestNodeTamperedTolerateOnEveryNode(t *testing.T) {
+	h := newTamperHost(t)
+	h.tolerate = []string{"/etc/cni/net.d/05-cilium.conflist"}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	h.write("/etc/cni/net.d/05-cilium.conflist", `{"cniVersion":"0.3.1","name":"cilium"}`)
+	res := h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "1 change(s), the last /etc/cni/net.d/05-cilium.conflist modified")
+	if r := res.Details[0].Value.(tamper.Report); len(r.Tolerated) != 1 || r.Tolerated[0].Condition != "" {
+		t.Fatalf("tolerated %+v", r.Tolerated)
+	}
+	h.write("/etc/cni/net.d/10-other.conflist", "{}")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/10-other.conflist added")
 }

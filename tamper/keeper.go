@@ -122,6 +122,7 @@ func (k *Keeper) State() State {
 func (k *Keeper) copyLocked() State {
 	s := k.state
 	s.Findings = slices.Clone(s.Findings)
+	s.Tolerated = slices.Clone(s.Tolerated)
 	if s.Baseline != nil {
 		b := *s.Baseline
 		s.Baseline = &b
@@ -150,6 +151,7 @@ func (k *Keeper) SetLayers(ls []LayerReport) {
 func (k *Keeper) ClearAll(c Clear) error {
 	return k.Update(func(s *State) bool {
 		s.Findings, s.FindingsDropped = nil, 0
+		s.Tolerated, s.ToleratedDropped = nil, 0
 		s.Baseline, s.Sealed = nil, nil
 		c.At = c.At.UTC()
 		s.Cleared = &c
@@ -177,7 +179,11 @@ type Report struct {
 	BaselinePending string         `json:"baselinePending,omitempty"`
 	Changes         []ChangeReport `json:"changes"`
 	ChangesOmitted  int            `json:"changesOmitted,omitempty"`
-	SealedLayers    []LayerReport  `json:"sealedLayers"`
+	// Tolerated are changes of tolerated paths (known writers, which set
+	// no condition), the most recent last.
+	Tolerated        []ChangeReport `json:"tolerated,omitempty"`
+	ToleratedOmitted int            `json:"toleratedOmitted,omitempty"`
+	SealedLayers     []LayerReport  `json:"sealedLayers"`
 	// SealedLayersOmitted counts the layers left out to fit the document.
 	SealedLayersOmitted int    `json:"sealedLayersOmitted,omitempty"`
 	Cleared             *Clear `json:"cleared,omitempty"`
@@ -190,6 +196,10 @@ func (r Report) Shrink(limit int) any {
 	if n := len(r.Changes) - limit; n > 0 {
 		r.Changes = slices.Clone(r.Changes[n:])
 		r.ChangesOmitted += n
+	}
+	if n := len(r.Tolerated) - limit; n > 0 {
+		r.Tolerated = slices.Clone(r.Tolerated[n:])
+		r.ToleratedOmitted += n
 	}
 	if n := len(r.SealedLayers) - limit; n > 0 {
 		r.SealedLayers = slices.Clone(r.SealedLayers[:limit])
@@ -225,7 +235,8 @@ type BaselineReport struct {
 
 // ChangeReport is one finding in the report.
 type ChangeReport struct {
-	Condition string     `json:"condition"`
+	// Condition is the condition the change set; none for a tolerated one.
+	Condition string     `json:"condition,omitempty"`
 	Path      string     `json:"path"`
 	Kind      ChangeKind `json:"kind"`
 	At        time.Time  `json:"at"`
@@ -258,6 +269,10 @@ func (k *Keeper) Report() Report {
 	r.ChangesOmitted += k.state.FindingsDropped
 	for _, f := range fs {
 		r.Changes = append(r.Changes, ChangeReport{Condition: f.Condition, Path: clip(f.Path), Kind: f.Kind, At: f.At})
+	}
+	r.ToleratedOmitted = k.state.ToleratedDropped
+	for _, f := range k.state.Tolerated {
+		r.Tolerated = append(r.Tolerated, ChangeReport{Path: clip(f.Path), Kind: f.Kind, At: f.At})
 	}
 	return r
 }

@@ -24,6 +24,7 @@ func TestReportFitsItsDocument(t *testing.T) {
 	k.Update(func(s *State) bool {
 		for i := range 16 {
 			s.AddFinding(Finding{Condition: CondNode, Path: fmt.Sprintf("/etc/%03d/%s", i, strings.Repeat("p", 750)), Kind: "modified", At: now, BootID: "boot-1"})
+			s.AddTolerated(Finding{Path: fmt.Sprintf("/etc/containerd/%03d/%s", i, strings.Repeat("t", 750)), Kind: "modified", At: now, BootID: "boot-1"})
 		}
 		return true
 	})
@@ -64,6 +65,9 @@ func TestReportFitsItsDocument(t *testing.T) {
 	}
 	if last := r.Changes[len(r.Changes)-1].Path; !strings.HasPrefix(last, "/etc/015/") {
 		t.Fatalf("the most recent change is not kept: %.12s", last)
+	}
+	if len(r.Tolerated)+r.ToleratedOmitted != 16 || !strings.HasPrefix(r.Tolerated[len(r.Tolerated)-1].Path, "/etc/containerd/015/") {
+		t.Fatalf("%d tolerated + %d omitted, want 16 with the most recent kept", len(r.Tolerated), r.ToleratedOmitted)
 	}
 	if len(r.SealedLayers)+r.SealedLayersOmitted != 40 {
 		t.Fatalf("%d layers + %d omitted, want 40", len(r.SealedLayers), r.SealedLayersOmitted)

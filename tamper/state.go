@@ -85,6 +85,11 @@ type State struct {
 	Findings []Finding `json:"findings"`
 	// FindingsDropped counts the findings beyond MaxFindings.
 	FindingsDropped int `json:"findingsDropped,omitempty"`
+	// Tolerated are changes of tolerated paths (known writers): reported,
+	// setting no condition; the MaxTolerated most recent, older ones
+	// counted (ToleratedDropped).
+	Tolerated        []Finding `json:"tolerated,omitempty"`
+	ToleratedDropped int       `json:"toleratedDropped,omitempty"`
 	// Sealed are the recorded root hashes first seen in a boot, per layer.
 	Sealed *SealedSeen `json:"sealed,omitempty"`
 	// Cleared is the last clear by an operator.
@@ -124,6 +129,30 @@ func (s *State) AddFinding(f Finding) bool {
 		return true
 	}
 	s.Findings = append(s.Findings, f)
+	return true
+}
+
+// MaxTolerated caps the tolerated changes kept (the most recent).
+const MaxTolerated = 16
+
+// AddTolerated records a change of a tolerated path unless it is the last
+// one recorded for that path; it reports whether it was added. Kept apart
+// from the findings, so that a busy tolerated writer can never push a
+// finding out of the capped list.
+func (s *State) AddTolerated(f Finding) bool {
+	for i := len(s.Tolerated) - 1; i >= 0; i-- {
+		if g := s.Tolerated[i]; g.Path == f.Path {
+			if g.Kind == f.Kind && g.BootID == f.BootID && g.Detail == f.Detail {
+				return false
+			}
+			break
+		}
+	}
+	s.Tolerated = append(s.Tolerated, f)
+	if n := len(s.Tolerated) - MaxTolerated; n > 0 {
+		s.Tolerated = slices.Delete(s.Tolerated, 0, n)
+		s.ToleratedDropped += n
+	}
 	return true
 }
 
@@ -198,6 +227,9 @@ func ParseState(b []byte) (*State, error) {
 	}
 	if len(s.Findings) > MaxFindings {
 		return nil, fmt.Errorf("%d findings, more than %d", len(s.Findings), MaxFindings)
+	}
+	if len(s.Tolerated) > MaxTolerated {
+		return nil, fmt.Errorf("%d tolerated changes, more than %d", len(s.Tolerated), MaxTolerated)
 	}
 	return &s, nil
 }

@@ -160,3 +160,49 @@ func TestReportShowsTheMostRecentChanges(t *testing.T) {
 		t.Errorf("report changes %d (first %s), omitted %d", len(r.Changes), r.Changes[0].Path, r.ChangesOmitted)
 	}
 }
+
+// Tolerated changes are kept apart from the findings, the most recent
+// MaxTolerated, so a busy known writer never pushes a finding out; a clear
+// drops them too.
+func TestAddToleratedKeepsTheMostRecent(t *testing.T) {
+	k := NewKeeper(t.TempDir(), "boot-1", false)
+	k.Load(t0)
+	k.Update(func(s *State) bool {
+		f := Finding{Path: "/etc/containerd/config.toml", Kind: Modified, BootID: "boot-1", Detail: "x"}
+		if !s.AddTolerated(f) || s.AddTolerated(f) {
+			t.Error("the same tolerated change twice in a row is one")
+		}
+		for i := range MaxTolerated + 4 {
+			s.AddTolerated(Finding{Path: fmt.Sprintf("/t%02d", i), Kind: Added, At: t0})
+		}
+		s.AddFinding(Finding{Condition: CondNode, Path: "/etc/kubernetes/kubelet.conf", Kind: Modified, At: t0})
+		return true
+	})
+	st := k.State()
+	if len(st.Tolerated) != MaxTolerated || st.ToleratedDropped != 5 || st.Tolerated[MaxTolerated-1].Path != fmt.Sprintf("/t%02d", MaxTolerated+3) {
+		t.Fatalf("%d tolerated (last %s), %d dropped", len(st.Tolerated), st.Tolerated[len(st.Tolerated)-1].Path, st.ToleratedDropped)
+	}
+	if fs := st.FindingsFor(CondNode); len(fs) != 1 {
+		t.Fatalf("findings %+v, want the one finding", fs)
+	}
+	r := k.Report()
+	if len(r.Tolerated) != MaxTolerated || r.ToleratedOmitted != 5 || r.Tolerated[0].Condition != "" {
+		t.Fatalf("report: %d tolerated, %d omitted", len(r.Tolerated), r.ToleratedOmitted)
+	}
+	// The state file round-trips; one with more than MaxTolerated is refused.
+	loaded, err := LoadStateReadOnly(k.dir)
+	if err != nil || len(loaded.Tolerated) != MaxTolerated {
+		t.Fatalf("reload: %v", err)
+	}
+	loaded.Tolerated = append(loaded.Tolerated, loaded.Tolerated[0])
+	b, _ := loaded.Marshal()
+	if _, err := ParseState(b); err == nil || !strings.Contains(err.Error(), "tolerated changes, more than") {
+		t.Fatalf("ParseState accepted %d tolerated changes: %v", len(loaded.Tolerated), err)
+	}
+	if err := k.ClearAll(Clear{At: t0, Reason: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := k.State(); len(st.Tolerated) != 0 || st.ToleratedDropped != 0 {
+		t.Fatalf("after a clear: %+v", st.Tolerated)
+	}
+}

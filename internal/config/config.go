@@ -297,8 +297,13 @@ type SealedOSTampered struct {
 
 type NodeTampered struct {
 	Common
-	Paths         []string `toml:"paths"`
-	Exclude       []string `toml:"exclude"`
+	Paths   []string `toml:"paths"`
+	Exclude []string `toml:"exclude"`
+	// Tolerate (on every node) and TolerateGPU (on GPU nodes): globs of
+	// protected paths whose changes are reported (tamper report,
+	// "tolerated") but do not set the condition: known writers.
+	Tolerate      []string `toml:"tolerate"`
+	TolerateGPU   []string `toml:"tolerate_gpu"`
 	BaselineAfter []string `toml:"baseline_after"`
 	Settle        Duration `toml:"settle"`
 	// BaselineMaxWait: the baseline is taken this long after the first

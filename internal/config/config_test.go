@@ -314,6 +314,7 @@ func TestBadConfigs(t *testing.T) {
 		"proxy-addresses.toml":         `:2: key checks.APIServerSourceIPUnavailable.proxy_addresses: must list IP addresses or CIDR prefixes such as "10.0.0.5" or "10.0.0.0/24", got "10.0.0.0/33"`,
 		"tamper-max-wait.toml":         `:2: key checks.NodeTampered.baseline_max_wait: must be between 1m and 24h, got "30s"`,
 		"tamper-gate-relative.toml":    `:2: key checks.NodeTampered.baseline_after: must list absolute, clean paths other than /, got "etc/cni/*.conflist"`,
+		"tamper-tolerate-glob.toml":    `:2: key checks.NodeTampered.tolerate_gpu: bad glob "/etc/containerd/[conf.d": syntax error in pattern`,
 		"audit-max-read.toml":          `:2: key checks.APIServerSourceIPUnavailable.max_read_bytes: must be between 1048576 (1 MiB) and 1073741824 (1 GiB), got 4096`,
 		"excluded-users.toml":          `:2: key checks.APIServerSourceIPUnavailable.excluded_user_prefixes: must list user name prefixes, each non-empty and without whitespace, got ""`,
 		"kmsg-rule-reason.toml":        `:4: key kmsg.rules: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,

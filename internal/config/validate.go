@@ -308,6 +308,8 @@ func (c *Config) validate() *Error {
 		v.fail("checks.NodeTampered.paths", "must list at least one path (to turn the check off, set enabled = false)")
 	}
 	v.globs("checks.NodeTampered.exclude", k.NodeTampered.Exclude)
+	v.globs("checks.NodeTampered.tolerate", k.NodeTampered.Tolerate)
+	v.globs("checks.NodeTampered.tolerate_gpu", k.NodeTampered.TolerateGPU)
 	v.globs("checks.NodeTampered.baseline_after", k.NodeTampered.BaselineAfter)
 	v.between("checks.NodeTampered.settle", k.NodeTampered.Settle, 0, time.Hour)
 	v.between("checks.NodeTampered.baseline_max_wait", k.NodeTampered.BaselineMaxWait, time.Minute, 24*time.Hour)
