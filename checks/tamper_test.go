@@ -326,6 +326,22 @@ func TestSealedOSTampered(t *testing.T) {
 		c2 := sealedEnv(t, h, "boot-1", dm)
 		h.probe(c2, report.StatusTrue, report.ReasonRootHashMismatch, "recorded-hash-altered (layer root: first read in this boot as \""+hashA+"\", now \""+hashB+"\")")
 	})
+	// A malformed file at its first reading in the boot is an error (the
+	// runner's Unknown, CheckFailed): nothing was recorded to compare with.
+	// Once read, the same file turning malformed is RecordedHashAltered.
+	t.Run("malformed recorded file", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\nusr not-hex\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}}
+		c := sealedEnv(t, h, "boot-1", dm)
+		if _, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), "recorded root hashes "+rec+": line 2") {
+			t.Fatalf("first reading of a malformed file: err %v", err)
+		}
+		h.write(rec, "root "+hashA+"\n")
+		h.probe(c, report.StatusFalse, report.ReasonSealedOSIntact, "")
+		h.write(rec, "root "+hashA+"\nusr not-hex\n")
+		h.probe(c, report.StatusTrue, report.ReasonRecordedHashAltered, rec+" recorded-hash-altered (no longer readable: line 2")
+	})
 	t.Run("no sealed layers", func(t *testing.T) {
 		h := newTamperHost(t)
 		c := sealedEnv(t, h, "boot-1", &fakeDM{err: tamper.ErrNoDeviceMapper})
@@ -646,4 +662,22 @@ func TestNodeTamperedTolerateOnEveryNode(t *testing.T) {
 	}
 	h.write("/etc/cni/net.d/10-other.conflist", "{}")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/10-other.conflist added")
+}
+
+// An operator's clear takes the new baseline at the next run, of the files
+// as they are then, without waiting for them to settle.
+func TestNodeTamperedClearRetakesAtOnce(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.settle = time.Hour
+	c.maxWait = 2 * time.Hour
+	h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "once the protected files are unchanged for 1h")
+	h.now = h.now.Add(time.Hour)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	h.write("/etc/kubernetes/kubelet.conf", "apiVersion: v1\nserver: https://other\n")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/kubelet.conf modified")
+	if err := c.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "reviewed", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged since this boot's baseline (2026-12-02T11:04:00Z")
 }

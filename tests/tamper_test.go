@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -30,8 +31,10 @@ import (
 // notifications; the interval is 5 min); a revert, a SIGKILL and a restart
 // with the whole state directory removed (baseline and state file gone)
 // keep it True on the Node with its lastTransitionTime, never a False in
-// between; only `autopilot-health tamper clear` (root) lowers it, and the
-// clear is an Event on the API server. The report annotation carries the
+// between; so does a clear forged into tamper.json followed by a restart
+// (not reported, not evented); only `autopilot-health tamper clear` (root)
+// lowers it, and the clear is logged, an Event on the API server, and in
+// the tamper report with who cleared. The report annotation carries the
 // baseline digest.
 func TestNodeTamperedHeldAcrossRestartAndCleared(t *testing.T) {
 	s := apiServer(t)
@@ -129,6 +132,8 @@ dm_control = %q
 	set := waitNode(t, s, name, "NodeTampered=True", has("NodeTampered", corev1.ConditionTrue, "ProtectedFileChanged"))
 	if d := time.Since(changed); d > 20*time.Second {
 		t.Errorf("NodeTampered set %s after the change", d)
+	} else {
+		t.Logf("NodeTampered True on the Node %s after the write (polled every 20 ms)", d.Round(time.Millisecond))
 	}
 	ltt := cond(set, "NodeTampered").LastTransitionTime
 	if !strings.Contains(cond(set, "NodeTampered").Message, prot+" modified") {
@@ -181,7 +186,32 @@ dm_control = %q
 		t.Errorf("NodeTampered was lowered on the Node without a clear: %v", f)
 	}
 
-	// The operator's clear, through the binary.
+	// A clear forged into tamper.json (the findings dropped, a clear
+	// added, the baseline and its digest left valid, as root in a pod with
+	// a hostPath mount of the state directory could write it), then a
+	// SIGKILL and a start: the Node keeps NodeTampered True, the forged
+	// clear is neither reported nor evented.
+	waitReport(t, s, name, restarted, "")
+	kill()
+	forgeClear(t, filepath.Join(state, "tamper.json"), "forged by the test")
+	forgedStart := start()
+	rep := waitReport(t, s, name, forgedStart, "")
+	if strings.Contains(rep, "forged by the test") {
+		t.Errorf("the forged clear reached the tamper report: %s", rep)
+	}
+	if c := cond(getNode(t, s, name), "NodeTampered"); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&ltt) {
+		t.Errorf("after a forged clear and a restart: %s/%s %q since %s, want True since %s", c.Status, c.Reason, c.Message, c.LastTransitionTime, ltt)
+	}
+	if f := w.notTrueAfterTrue(); len(f) > 0 {
+		t.Errorf("NodeTampered was lowered on the Node by a forged clear: %v", f)
+	}
+	if evs := tamperClearedEvents(t, s, name); len(evs) > 0 {
+		t.Errorf("TamperCleared event without a clear: %+v", evs)
+	}
+
+	// The operator's clear, through the binary: logged, evented, on the Node
+	// with who cleared.
+	cleared := time.Now()
 	out, err := exec.Command(daemonBinary(t), "tamper", "clear", "--config", cfgPath, "--reason", "reviewed by the test").CombinedOutput()
 	if err != nil {
 		t.Fatalf("tamper clear: %v\n%s", err, out)
@@ -189,15 +219,106 @@ dm_control = %q
 	waitNode(t, s, name, "NodeTampered=False after the clear", has("NodeTampered", corev1.ConditionFalse, "NodeIntact"))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		evs, err := s.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
-			FieldSelector: fields.OneTermEqualSelector("involvedObject.name", name).String()})
-		if err == nil && len(evs.Items) > 0 && evs.Items[0].Reason == "TamperCleared" && strings.HasSuffix(evs.Items[0].Message, ": reviewed by the test") {
+		evs := tamperClearedEvents(t, s, name)
+		if len(evs) > 0 && strings.HasSuffix(evs[0].Message, ": reviewed by the test") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no TamperCleared event within 30 s: %v %+v", err, evs)
+			t.Fatalf("no TamperCleared event within 30 s: %+v", evs)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the API server for an awaited event
+	}
+	if !strings.Contains(logs.String(), `msg="tamper conditions cleared by an operator" reason="reviewed by the test"`) {
+		t.Errorf("the clear is not in the daemon's log")
+	}
+	var after2 struct {
+		Tamper struct {
+			Cleared struct {
+				At         time.Time
+				Reason, By string
+			} `json:"cleared"`
+		} `json:"tamper"`
+	}
+	if err := json.Unmarshal([]byte(waitReport(t, s, name, cleared, "reviewed by the test")), &after2); err != nil {
+		t.Fatal(err)
+	}
+	// Who cleared is visible to whoever reads the Node: the names the
+	// client states, the uid and pid the kernel gives for the peer.
+	if c := after2.Tamper.Cleared; !clearedBy.MatchString(c.By) || c.At.Before(cleared.Truncate(time.Second)) {
+		t.Errorf("cleared on the Node: %+v, want by matching %s", c, clearedBy)
+	}
+}
+
+// clearedBy is what the tamper report's cleared.by holds: the sudo user and
+// the login user when known, the client's uid, then the peer's uid and pid.
+var clearedBy = regexp.MustCompile(`^(sudo user [^,]+, )?(login user [^,]+, )?uid 0 \(uid 0, pid [0-9]+\)$`)
+
+func getNode(t *testing.T, s *harness.APIServer, name string) *corev1.Node {
+	t.Helper()
+	n, err := s.Admin.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitReport waits (up to 75 s: the report is refreshed every 30 s here)
+// for a tamper report written at or after since containing want, and
+// returns it.
+func waitReport(t *testing.T, s *harness.APIServer, name string, since time.Time, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(75 * time.Second)
+	for {
+		raw := getNode(t, s, name).Annotations["autopilot.syself.com/tamper"]
+		var doc struct {
+			UpdatedAt time.Time `json:"updatedAt"`
+		}
+		if json.Unmarshal([]byte(raw), &doc) == nil && !doc.UpdatedAt.Before(since.Truncate(time.Second)) && strings.Contains(raw, want) {
+			return raw
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no tamper report since %s containing %q within 75 s; last: %s", since.Format(time.RFC3339), want, raw)
+		}
+		time.Sleep(200 * time.Millisecond) // polling the API server for the awaited refresh
+	}
+}
+
+func tamperClearedEvents(t *testing.T, s *harness.APIServer, name string) []corev1.Event {
+	t.Helper()
+	evs, err := s.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", name).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Event
+	for _, e := range evs.Items {
+		if e.Reason == "TamperCleared" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// forgeClear rewrites the daemon's tamper.json as an attacker would: no
+// findings, a clear, the baseline (and its digest) untouched.
+func forgeClear(t *testing.T, path, reason string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st["baseline"] == nil {
+		t.Fatalf("no baseline in %s to keep", path)
+	}
+	st["findings"] = []any{}
+	st["cleared"] = map[string]any{"at": time.Now().UTC().Format(time.RFC3339Nano), "reason": reason, "by": "uid 0 (uid 0, pid 1)"}
+	out, _ := json.Marshal(st)
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 

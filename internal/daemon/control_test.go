@@ -1,12 +1,17 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,4 +125,88 @@ func TestTamperClearWithoutADaemon(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the daemon is not running") {
 		t.Errorf("err %v", err)
 	}
+}
+
+// Only root may clear: a peer of another uid that reaches the socket (here
+// made world-writable for the test; the daemon makes it 0600) is refused
+// by its kernel-given credentials (SO_PEERCRED), and the refusal is logged.
+// Run as root (as the integration tier and CI do); as another user
+// TestTamperClearOverTheControlSocket asserts the refusal itself.
+func TestControlRefusesANonRootPeer(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a client as another uid; TestTamperClearOverTheControlSocket covers the refusal as this user")
+	}
+	if sock := os.Getenv("AUTOPILOT_HEALTH_CONTROL_HELPER"); sock != "" {
+		return
+	}
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(dir, "control.sock")
+	ln, err := listenControl(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	d := &Daemon{log: slog.New(slog.NewTextHandler(logs, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.serveControl(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	// The test binary, copied where uid 65534 may run it.
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "daemon.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestControlClientAsNobody$", "-test.v")
+	cmd.Env = append(os.Environ(), "AUTOPILOT_HEALTH_CONTROL_HELPER="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client as uid 65534: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "refused: only root may tamper-clear (you are uid 65534)") {
+		t.Fatalf("client as uid 65534 got:\n%s", out)
+	}
+	if !strings.Contains(logs.String(), `msg="control request refused: not root" op=tamper-clear uid=65534`) {
+		t.Errorf("the refusal is not logged: %s", logs.String())
+	}
+}
+
+// TestControlClientAsNobody is the client TestControlRefusesANonRootPeer
+// runs as uid 65534; on its own it does nothing.
+func TestControlClientAsNobody(t *testing.T) {
+	sock := os.Getenv("AUTOPILOT_HEALTH_CONTROL_HELPER")
+	if sock == "" {
+		return
+	}
+	_, err := RequestTamperClear(sock, "not root", "nobody")
+	fmt.Printf("answer: %v\n", err)
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
