@@ -25,7 +25,10 @@ const SealedRecorded = "/var/lib/syself/sealed-os/root-hashes"
 // SealedLayerMissing once sealed-root is closed, RootHashMismatch once
 // another verity image (root hash R2) is opened as sealed-root, and stays
 // True when the original image is back under its name (the condition stays
-// set until an operator clears it).
+// set until an operator clears it). `tamper clear` brings it back to
+// SealedOSIntact; the recorded file rewritten after that is
+// RecordedHashAltered; a clear with the rewritten file in place is
+// RootHashMismatch again at once.
 func sealedOS(g *Guest) error {
 	// No verity device and no recorded file: nothing to check, not False.
 	// (dm_verity's device may still be in the daemon's last run.)
@@ -152,8 +155,52 @@ func sealedOS(g *Guest) error {
 	if err != nil {
 		return err
 	}
-	return want(st["SealedOSTampered"], "True", "SealedLayerMissing", "3 finding(s): "+missing+"; "+mismatch+"; "+missing+";",
-		"stays set until an operator clears it")
+	if err := want(st["SealedOSTampered"], "True", "SealedLayerMissing", "3 finding(s): "+missing+"; "+mismatch+"; "+missing+";",
+		"stays set until an operator clears it"); err != nil {
+		return err
+	}
+
+	// The operator's clear, through the daemon's control socket: the
+	// recorded hashes are read afresh and the condition falls to what the
+	// new evaluation finds, printed by the command.
+	if err := g.clearTamper("sealed-root back to its recorded image", "SealedOSTampered\tFalse\tSealedOSIntact\t1 sealed layer(s) enforce their recorded root hash: sealed-root "+r); err != nil {
+		return err
+	}
+	c, err = g.Await("SealedOSTampered", "False", "SealedOSIntact", awaitSealed)
+	if err != nil {
+		return err
+	}
+
+	// The recorded file rewritten after its first reading in this boot
+	// (after the clear): RecordedHashAltered, though the image enforced is
+	// still the one recorded at first.
+	if err := writeAtomic(SealedRecorded, "sealed-root "+other+"\n"); err != nil {
+		return err
+	}
+	c, err = g.Await("SealedOSTampered", "True", "RecordedHashAltered", awaitSealed)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "1 finding(s): "+SealedRecorded+" recorded-hash-altered (layer sealed-root: first read in this boot as \""+r+"\", now \""+other+"\");"); err != nil {
+		return err
+	}
+
+	// A clear with the altered file in place takes it as the new record:
+	// the layer mismatches it, so the condition is True again at once.
+	return g.clearTamper("accepting the rewritten record", "SealedOSTampered\tTrue\tRootHashMismatch\t1 finding(s): sealed-root root-hash-mismatch (recorded "+other+", enforced "+r+")")
+}
+
+// clearTamper runs `autopilot-health tamper clear` (as root, over the
+// daemon's control socket) and asserts that what it prints has line.
+func (g *Guest) clearTamper(reason, line string) error {
+	out, err := g.Run(DaemonPath, "tamper", "clear", "--config", ConfigPath, "--reason", reason)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, line) || !strings.HasSuffix(out, "\ncleared") {
+		return fmt.Errorf("tamper clear printed %q, want a line with %q and cleared", out, line)
+	}
+	return nil
 }
 
 // awaitSealed bounds a wait for the daemon's SealedOSTampered (every 2 s
