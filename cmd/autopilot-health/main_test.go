@@ -19,6 +19,7 @@ import (
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
+	"github.com/syself/autopilot-health/tamper"
 )
 
 var update = flag.Bool("update", false, "rewrite the README's generated catalog")
@@ -369,5 +370,27 @@ func TestTamperCommands(t *testing.T) {
 	code, stdout, _ := run(t, "tamper", "status", "--config", cfg)
 	if code != exitOK || !strings.Contains(stdout, `"state": "none yet`) {
 		t.Errorf("tamper status without a state: %d %s", code, stdout)
+	}
+	// With a state: the findings and the tolerated changes (known writers)
+	// apart.
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	st := tamper.State{}
+	st.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: "/etc/kubernetes/kubelet.conf", Kind: tamper.Modified, At: at, BootID: "b"})
+	st.AddTolerated(tamper.Finding{Path: "/etc/containerd/config.toml", Kind: tamper.Modified, At: at, BootID: "b"})
+	raw, err := st.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tamper.StatePath(dir), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, _ = run(t, "tamper", "status", "--config", cfg)
+	var got struct {
+		Findings, Tolerated []tamper.Finding
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil ||
+		len(got.Findings) != 1 || got.Findings[0].Path != "/etc/kubernetes/kubelet.conf" ||
+		len(got.Tolerated) != 1 || got.Tolerated[0].Path != "/etc/containerd/config.toml" {
+		t.Errorf("tamper status: %d %v %s", code, err, stdout)
 	}
 }

@@ -123,6 +123,17 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 		out["state"] = "none yet (the daemon writes it at its first tamper check)"
 	} else {
 		out["findings"] = st.Findings
+		if st.FindingsDropped > 0 {
+			out["findingsDropped"] = st.FindingsDropped
+		}
+		// Changes of tolerated paths (known writers): they set nothing.
+		out["tolerated"] = st.Tolerated
+		if out["tolerated"] == nil {
+			out["tolerated"] = []tamper.Finding{}
+		}
+		if st.ToleratedDropped > 0 {
+			out["toleratedDropped"] = st.ToleratedDropped
+		}
 		out["cleared"] = st.Cleared
 		if b := st.Baseline; b != nil {
 			out["baseline"] = map[string]any{"bootID": b.BootID, "takenAt": b.TakenAt.Format(time.RFC3339), "digest": b.Digest, "files": len(b.Entries)}
