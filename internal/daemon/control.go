@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -126,7 +127,7 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 	case strings.TrimSpace(req.Reason) == "":
 		answer(ControlAnswer{Error: "a reason is required (--reason): a clear is a deliberate act, and its reason is logged and evented"})
 	default:
-		by := fmt.Sprintf("%s (uid %d, pid %d)", req.By, cred.Uid, cred.Pid)
+		by := fmt.Sprintf("%s (uid %d, pid %d)", statedBy(req.By), cred.Uid, cred.Pid)
 		conds, err := d.ClearTamper(ctx, req.Reason, by)
 		if err != nil {
 			answer(ControlAnswer{Error: err.Error()})
@@ -134,6 +135,21 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 		}
 		answer(ControlAnswer{Conditions: conds})
 	}
+}
+
+// operatorForm is what `autopilot-health tamper clear` states as the
+// operator: the sudo user and the login user when known, and its uid.
+var operatorForm = regexp.MustCompile(`^(sudo user [^\s,()]{1,64}, )?(login user [^\s,()]{1,64}, )?uid [0-9]{1,10}$`)
+
+// statedBy returns the operator a client states when it has the form the
+// command writes, else "operator not stated": by is published on the Node
+// (the tamper report's cleared.by), so it carries names and ids only,
+// never free text a client sent.
+func statedBy(by string) string {
+	if operatorForm.MatchString(by) {
+		return by
+	}
+	return "operator not stated"
 }
 
 type limitedReader struct {

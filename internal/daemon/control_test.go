@@ -99,7 +99,7 @@ func TestTamperClearOverTheControlSocket(t *testing.T) {
 	if _, err := RequestTamperClear(sock, "", "test"); err == nil || !strings.Contains(err.Error(), "a reason is required") {
 		t.Errorf("clear without a reason: %v", err)
 	}
-	conds, err := RequestTamperClear(sock, "reviewed: config push by ops", "tester")
+	conds, err := RequestTamperClear(sock, "reviewed: config push by ops", "sudo user alice, login user alice, uid 0")
 	if os.Getuid() != 0 {
 		if err == nil || !strings.Contains(err.Error(), "only root may tamper-clear") {
 			t.Fatalf("clear as uid %d: %v, want refused", os.Getuid(), err)
@@ -115,7 +115,7 @@ func TestTamperClearOverTheControlSocket(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.events) != 1 || rec.events[0].Reason != report.EventTamperCleared ||
-		!strings.Contains(rec.events[0].Message, "cleared by tester (uid 0, pid ") || !strings.HasSuffix(rec.events[0].Message, ": reviewed: config push by ops") {
+		!strings.Contains(rec.events[0].Message, "cleared by sudo user alice, login user alice, uid 0 (uid 0, pid ") || !strings.HasSuffix(rec.events[0].Message, ": reviewed: config push by ops") {
 		t.Errorf("events %+v", rec.events)
 	}
 }
@@ -209,4 +209,23 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Who cleared is published on the Node: only the form the command states
+// (names and a uid) is kept, any other text a client sends is not.
+func TestStatedBy(t *testing.T) {
+	for by, want := range map[string]string{
+		"uid 0":                 "uid 0",
+		"login user bob, uid 0": "login user bob, uid 0",
+		"sudo user alice, login user alice, uid 0": "sudo user alice, login user alice, uid 0",
+		"":                       "operator not stated",
+		"token=eyJhbGciOi uid 0": "operator not stated",
+		"uid 0\nAWS_SECRET=x":    "operator not stated",
+		"sudo user " + strings.Repeat("a", 65) + ", uid 0": "operator not stated",
+		"login user bob (admin), uid 0":                    "operator not stated",
+	} {
+		if got := statedBy(by); got != want {
+			t.Errorf("statedBy(%q) = %q, want %q", by, got, want)
+		}
+	}
 }
