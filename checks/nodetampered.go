@@ -184,7 +184,13 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	overdue := c.maxWait > 0 && now.Sub(c.waitSince) >= c.maxWait
 	c.mu.Unlock()
 	unsettled := ""
+	// After an operator's clear the node is accepted as it is now: neither
+	// the gate nor settling is waited for.
+	retake := c.keeper.State().Retake
 	for _, g := range c.gate {
+		if retake {
+			break
+		}
 		if m, _ := filepath.Glob(c.env.Path(g)); len(m) == 0 {
 			if !overdue {
 				return fmt.Sprintf("waiting for %s before taking this boot's baseline (at most %s)", g, config.ShortDuration(c.maxWait))
@@ -195,7 +201,6 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	}
 	b := tamper.NewBaseline(c.keeper.BootID(), now, cur)
 	sum := tamper.EntriesDigest(cur)
-	retake := c.keeper.State().Retake
 	c.mu.Lock()
 	if c.settle > 0 && !retake && unsettled == "" && (c.candidate != sum || now.Sub(c.since) < c.settle) {
 		if c.candidate != sum {

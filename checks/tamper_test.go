@@ -681,3 +681,20 @@ func TestNodeTamperedClearRetakesAtOnce(t *testing.T) {
 	}
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged since this boot's baseline (2026-12-02T11:04:00Z")
 }
+
+// A clear takes the baseline at the next run even where baseline_after
+// does not match: the operator accepts the node as it is.
+func TestNodeTamperedClearDoesNotWaitForTheGate(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	os.Remove(h.path("/etc/kubernetes/kubelet.conf"))
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/kubelet.conf removed")
+	if err := c.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "reviewed", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "4 protected paths unchanged")
+	// And the gate applies again at the next boot.
+	c2 := h.start("boot-2", report.NewStore("boot-2"))
+	h.probe(c2, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/kubernetes/kubelet.conf")
+}
