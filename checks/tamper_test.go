@@ -598,10 +598,15 @@ func TestNodeTamperedClearDuringProbe(t *testing.T) {
 // Operator's toolkit container): a drop-in in a new directory, and the
 // top-level config rewritten with its imports.
 func TestNodeTamperedToleratesTheGPUToolkit(t *testing.T) {
-	toolkit := func(h *tamperHost) {
-		h.write("/etc/containerd/config.d/99-nvidia.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n")
-		h.write("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/config.d/*.toml\"]\n")
+	// The GPU Operator's drop-in directory (conf.d); the installer on its
+	// own writes config.d.
+	dropIn := func(dir string) func(h *tamperHost) {
+		return func(h *tamperHost) {
+			h.write("/etc/containerd/"+dir+"/99-nvidia.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n")
+			h.write("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/"+dir+"/*.toml\"]\n")
+		}
 	}
+	toolkit := dropIn("conf.d")
 	for _, tc := range []struct {
 		name   string
 		gpu    bool
@@ -614,16 +619,18 @@ func TestNodeTamperedToleratesTheGPUToolkit(t *testing.T) {
 	}{
 		{"GPU node, toolkit", true, toolkit, report.StatusFalse, report.ReasonNodeIntact,
 			"no protected path changed since this boot's baseline (2026-12-02T10:01:00Z, sha256:", 3},
+		{"GPU node, installer's default directory", true, dropIn("config.d"), report.StatusFalse, report.ReasonNodeIntact,
+			"tolerated ones: 3 change(s)", 3},
 		{"no GPU, toolkit", false, toolkit, report.StatusTrue, report.ReasonProtectedFileChanged,
 			"3 finding(s): /etc/containerd/config.toml modified at", 0},
 		{"GPU node, another drop-in", true, func(h *tamperHost) {
 			toolkit(h)
-			h.write("/etc/containerd/config.d/50-mirror.toml", "[plugins]\n")
-		}, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/containerd/config.d/50-mirror.toml added", 3},
+			h.write("/etc/containerd/conf.d/50-mirror.toml", "[plugins]\n")
+		}, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/containerd/conf.d/50-mirror.toml added", 3},
 		{"GPU node, toolkit stops (drop-in removed)", true, func(h *tamperHost) {
 			toolkit(h)
 			h.now = h.now.Add(time.Minute)
-			os.Remove(h.path("/etc/containerd/config.d/99-nvidia.toml"))
+			os.Remove(h.path("/etc/containerd/conf.d/99-nvidia.toml"))
 		}, report.StatusFalse, report.ReasonNodeIntact, "tolerated ones: 2 change(s)", 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
