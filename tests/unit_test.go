@@ -309,6 +309,22 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/10.conf"), []byte("kind: test\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Another user's 0600 file in their 0700 directory: root's mode bits
+	// give no access, the unit's CAP_DAC_READ_SEARCH does (without it the
+	// scan fails, NodeTampered is CheckFailed and the change below unseen).
+	otherDir := s.Root("/etc/autopilot-health-test/protected/other")
+	secret := filepath.Join(otherDir, "secret.conf")
+	if err := os.Mkdir(otherDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(secret, []byte("token: a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{otherDir, secret} {
+		if err := os.Chown(p, 12345, 12345); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, daemonUnitConfig, metricsPort, kubeletPort, tok), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -480,10 +496,14 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/evil.conf"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(secret, []byte("token: b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, 15*time.Second, "NodeTampered=True in state.json", func() (bool, string) {
 		state, err = readState()
 		c := state.get("NodeTampered")
-		return c.Status == report.StatusTrue && strings.Contains(c.Message, "/etc/autopilot-health-test/protected/evil.conf added"), fmt.Sprintf("%+v %v", c, err)
+		return c.Status == report.StatusTrue && strings.Contains(c.Message, "/etc/autopilot-health-test/protected/evil.conf added") &&
+			strings.Contains(c.Message, "/etc/autopilot-health-test/protected/other/secret.conf modified"), fmt.Sprintf("%+v %v", c, err)
 	})
 	conds, err := daemon.RequestTamperClear(s.Root("/run/autopilot-health/control.sock"), "unit test", "tests")
 	if err != nil || len(conds) == 0 || conds[0].Type != "NodeTampered" || conds[0].Status != report.StatusFalse {
