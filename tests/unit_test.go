@@ -3,6 +3,7 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -376,6 +377,9 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if bnd, err := capBounding(s, mainPID); err != nil || bnd != 1<<unix.CAP_SYSLOG|1<<unix.CAP_SYS_ADMIN|1<<unix.CAP_DAC_READ_SEARCH {
 		t.Errorf("the daemon's bounding set: %#x (%v)", bnd, err)
 	}
+	if m := sandboxInEffect(s, mainPID); len(m) > 0 {
+		t.Errorf("the unit's sandbox is not in effect on the daemon: missing %s", strings.Join(m, ", "))
+	}
 
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	var page string
@@ -728,17 +732,18 @@ func fsType(p string) string {
 	return fmt.Sprintf("fs magic %#x", st.Type)
 }
 
-// capBounding returns the bounding set of a process of the namespace,
-// given its PID there (the host knows it by another: look it up by NSpid).
-func capBounding(s *harness.Systemd, nsPID uint32) (uint64, error) {
+// hostStatus returns the host's /proc directory and status file of a
+// process of the namespace, given its PID there (the host knows it by
+// another: look it up by NSpid).
+func hostStatus(s *harness.Systemd, nsPID uint32) (string, []byte, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, err
+		return "", nil, err
 	}
 	nspid := regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+(\d+)$`)
-	capBnd := regexp.MustCompile(`(?m)^CapBnd:\s+([0-9a-f]+)$`)
 	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		dir := filepath.Join("/proc", e.Name())
+		b, err := os.ReadFile(filepath.Join(dir, "status"))
 		if err != nil {
 			continue
 		}
@@ -746,11 +751,53 @@ func capBounding(s *harness.Systemd, nsPID uint32) (uint64, error) {
 		if ns == nil || string(ns[1]) != strconv.Itoa(int(nsPID)) || !sameNS(s.PID, e.Name()) {
 			continue
 		}
-		if m := capBnd.FindSubmatch(b); m != nil {
-			return strconv.ParseUint(string(m[1]), 16, 64)
+		return dir, b, nil
+	}
+	return "", nil, fmt.Errorf("no process with PID %d in the namespace", nsPID)
+}
+
+// capBounding returns the bounding set of a process of the namespace.
+func capBounding(s *harness.Systemd, nsPID uint32) (uint64, error) {
+	_, b, err := hostStatus(s, nsPID)
+	if err != nil {
+		return 0, err
+	}
+	if m := regexp.MustCompile(`(?m)^CapBnd:\s+([0-9a-f]+)$`).FindSubmatch(b); m != nil {
+		return strconv.ParseUint(string(m[1]), 16, 64)
+	}
+	return 0, fmt.Errorf("no CapBnd in the status of PID %d", nsPID)
+}
+
+// sandboxInEffect says what of the unit's sandbox the kernel does not show
+// on the running daemon: no new privileges, a seccomp filter, and its own
+// /proc with other processes hidden (ProtectProc=invisible).
+func sandboxInEffect(s *harness.Systemd, nsPID uint32) []string {
+	dir, status, err := hostStatus(s, nsPID)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var missing []string
+	for _, want := range []string{"NoNewPrivs:\t1", "Seccomp:\t2"} {
+		if !bytes.Contains(status, []byte(want)) {
+			missing = append(missing, want)
 		}
 	}
-	return 0, fmt.Errorf("no process with PID %d in the namespace", nsPID)
+	mi, err := os.ReadFile(filepath.Join(dir, "mountinfo"))
+	if err != nil {
+		return append(missing, err.Error())
+	}
+	hidden := false
+	for _, l := range strings.Split(string(mi), "\n") {
+		// ID parent major:minor root mountpoint options ... - fstype source superoptions
+		f := strings.Fields(l)
+		if len(f) > 4 && f[4] == "/proc" && strings.Contains(l, " - proc ") && strings.Contains(l, "hidepid=invisible") {
+			hidden = true
+		}
+	}
+	if !hidden {
+		missing = append(missing, "/proc mounted with hidepid=invisible")
+	}
+	return missing
 }
 
 func sameNS(pid1 int, pid string) bool {

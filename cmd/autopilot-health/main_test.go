@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -283,6 +284,44 @@ func securityAnalysis(t *testing.T, sa, unit string, threshold int) (pass bool, 
 	return err == nil, summary, exposures
 }
 
+// securityPoints sums what systemd-analyze security shows with
+// SYSTEMD_ANALYZE_DEBUG=1: each setting's weight × badness / range, rounded
+// up, and the weights; the exposure is their ratio (rounded up, in tenths).
+func securityPoints(t *testing.T, sa, unit string) (points, weights uint64) {
+	t.Helper()
+	cmd := exec.Command(sa, "security", "--offline=yes", "--json=short", unit)
+	cmd.Env = append(os.Environ(), "SYSTEMD_ANALYZE_DEBUG=1")
+	out, err := cmd.Output()
+	var rows []struct {
+		Weight  *json.Number `json:"weight"`
+		Badness *json.Number `json:"badness"`
+		Range   *json.Number `json:"range"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &rows)
+	}
+	if err != nil {
+		t.Fatalf("systemd-analyze security --json=short (debug): %v\n%s", err, out)
+	}
+	for _, r := range rows {
+		if r.Weight == nil || r.Badness == nil || r.Range == nil {
+			t.Fatalf("systemd-analyze security --json=short lacks weight, badness or range (SYSTEMD_ANALYZE_DEBUG=1):\n%s", out)
+		}
+		w, e1 := strconv.ParseUint(r.Weight.String(), 10, 64)
+		b, e2 := strconv.ParseUint(r.Badness.String(), 10, 64)
+		rg, e3 := strconv.ParseUint(r.Range.String(), 10, 64)
+		if e1 != nil || e2 != nil || e3 != nil || rg == 0 {
+			t.Fatalf("systemd-analyze security: weight %v, badness %v, range %v", r.Weight, r.Badness, r.Range)
+		}
+		if b > rg {
+			continue // UINT64_MAX: not applicable (root: SupplementaryGroups=, RemoveIPC=)
+		}
+		points += (b*w + rg - 1) / rg
+		weights += w
+	}
+	return points, weights
+}
+
 // unjustified returns the exposures that no comment line of the unit names
 // (the name as systemd-analyze prints it, e.g. "PrivateNetwork=").
 func unjustified(unit []byte, exposures []string) []string {
@@ -333,6 +372,11 @@ func TestUnitSecurity(t *testing.T) {
 	}
 	if m := unjustified(unit, exposures); len(m) > 0 {
 		t.Errorf("exposures no comment in the unit justifies: %s", strings.Join(m, ", "))
+	}
+	// README: what the daemon needs scores 16,265 of 56,160 points; 2.0
+	// would allow 11,232.
+	if points, weights := securityPoints(t, sa, path); points != 16265 || weights != 56160 {
+		t.Errorf("the unit scores %d of %d points, the README says 16,265 of 56,160", points, weights)
 	}
 
 	without := func(line string) string {
