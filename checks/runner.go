@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +41,14 @@ type entry struct {
 	// check evaluates the whole condition.
 	part report.Source
 
+	// settings is the check's table in the configuration
+	// (config.Checks.Section): Apply restarts the check when it differs.
+	settings any
+	// stop ends the check's loop and its Watch; done is closed once both
+	// returned. Set when the loop starts (Run, Apply).
+	stop context.CancelFunc
+	done chan struct{}
+
 	// The last outcome logged: a check that keeps failing the same way
 	// logs once per change, not every interval.
 	logMu   sync.Mutex
@@ -64,16 +74,34 @@ func (e *entry) logOutcome(key string, log func()) {
 	e.logged, e.repeats = key, 1
 }
 
-// Runner schedules the checks and records their results in the store.
+// Runner schedules the checks and records their results in the store. Its
+// plan can change while it runs (Apply): a check whose settings did not
+// change keeps its loop and timer.
 type Runner struct {
 	store   *report.Store
 	details *report.Details
 	metrics *report.Metrics
 	log     *slog.Logger
+	// progress is called after every run of a check (loop name "check/<type>").
+	progress  func(loop string, maxSilence time.Duration)
+	factories map[string]Factory
+	only      []string
+	external  []string
+
+	// applyMu serializes Apply.
+	applyMu sync.Mutex
+	mu      sync.Mutex
 	spread  time.Duration
 	entries []*entry
-	// progress is called after every run of a check (loop name "check/<type>").
-	progress func(loop string, maxSilence time.Duration)
+	// ctx is Run's context (nil before Run); stopped is set once it is done
+	// and Run waits for the loops (wg): no loop starts after that.
+	ctx       context.Context
+	stopped   bool
+	wg        sync.WaitGroup
+	firstPass func()
+	// pending are the checks whose first run the first pass waits for;
+	// nil before Run and once the first pass is done.
+	pending map[*entry]bool
 }
 
 // Options configure a Runner.
@@ -97,12 +125,37 @@ type Options struct {
 // whose interval or timeout is not positive is an error (config validation
 // refuses such a file; this guards configurations built in code).
 func NewRunner(env *Env, opts Options) (*Runner, error) {
-	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress}
-	factories := registry
+	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress,
+		factories: registry, only: opts.Only, external: opts.External}
 	if opts.Factories != nil {
-		factories = opts.Factories
+		r.factories = opts.Factories
 	}
-	for _, p := range plan(env, opts.Only, opts.External, factories) {
+	ps, err := r.scheduled(env)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ps {
+		e, err := r.newEntry(env, p)
+		if err != nil {
+			return nil, err
+		}
+		r.entries = append(r.entries, e)
+	}
+	return r, nil
+}
+
+// scheduledCheck is a check the plan runs, with its settings.
+type scheduledCheck struct {
+	desc     report.ConditionDesc
+	interval time.Duration
+	timeout  time.Duration
+	settings any
+}
+
+// scheduled lists the checks the plan for env runs, in catalog order.
+func (r *Runner) scheduled(env *Env) ([]scheduledCheck, error) {
+	var out []scheduledCheck
+	for _, p := range plan(env, r.only, r.external, r.factories) {
 		if p.State != Scheduled {
 			continue
 		}
@@ -114,25 +167,33 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 			}
 			return nil, fmt.Errorf("check %s: interval (%s) and timeout (%s) must be positive", p.Desc.Type, com.Interval, com.Timeout)
 		}
-		c, err := factories[p.Desc.Type](env)
-		if err != nil {
-			return nil, fmt.Errorf("check %s: %w", p.Desc.Type, err)
-		}
-		var part report.Source
-		if _, ok := p.Desc.Part(p.Desc.Source); ok {
-			part = p.Desc.Source
-		}
-		r.entries = append(r.entries, &entry{
-			cond: p.Desc.Type, check: c, part: part, wake: make(chan struct{}, 1),
-			interval: com.Interval.Duration, timeout: com.Timeout.Duration,
-			log: env.Log.With("check", p.Desc.Type),
-		})
+		settings, _ := env.Config.Checks.Section(p.Desc.Type)
+		out = append(out, scheduledCheck{desc: p.Desc, interval: com.Interval.Duration, timeout: com.Timeout.Duration, settings: settings})
 	}
-	return r, nil
+	return out, nil
+}
+
+// newEntry builds the check of a scheduled condition.
+func (r *Runner) newEntry(env *Env, p scheduledCheck) (*entry, error) {
+	c, err := r.factories[p.desc.Type](env)
+	if err != nil {
+		return nil, fmt.Errorf("check %s: %w", p.desc.Type, err)
+	}
+	var part report.Source
+	if _, ok := p.desc.Part(p.desc.Source); ok {
+		part = p.desc.Source
+	}
+	return &entry{
+		cond: p.desc.Type, check: c, part: part, wake: make(chan struct{}, 1),
+		interval: p.interval, timeout: p.timeout, settings: p.settings,
+		log: env.Log.With("check", p.desc.Type),
+	}, nil
 }
 
 // Checks lists the condition types the runner runs.
 func (r *Runner) Checks() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make([]string, len(r.entries))
 	for i, e := range r.entries {
 		out[i] = e.cond
@@ -140,15 +201,22 @@ func (r *Runner) Checks() []string {
 	return out
 }
 
+func (r *Runner) current() []*entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.entries)
+}
+
 // RunOnce runs every check once, concurrently, and returns their conditions.
 func (r *Runner) RunOnce(ctx context.Context) []report.Condition {
+	es := r.current()
 	var wg sync.WaitGroup
-	for _, e := range r.entries {
+	for _, e := range es {
 		wg.Go(func() { r.runOne(ctx, e) })
 	}
 	wg.Wait()
 	var out []report.Condition
-	for _, e := range r.entries {
+	for _, e := range es {
 		if c, ok := r.store.Get(e.cond); ok {
 			out = append(out, c)
 		}
@@ -158,32 +226,175 @@ func (r *Runner) RunOnce(ctx context.Context) []report.Condition {
 
 // Run runs every check on its interval until ctx is done. The first runs are
 // spread evenly over the configured window; firstPass is called once every
-// check has run once. Run returns when every loop has stopped (a probe that
-// ignores its context is abandoned, not waited for).
+// check has run once (the checks of the plan as Apply changed it). Run
+// returns when every loop has stopped (a probe that ignores its context is
+// abandoned, not waited for).
 func (r *Runner) Run(ctx context.Context, firstPass func()) {
-	var wg sync.WaitGroup
-	var pending atomic.Int64
-	pending.Store(int64(len(r.entries)))
-	if len(r.entries) == 0 && firstPass != nil {
+	r.mu.Lock()
+	r.ctx, r.stopped, r.firstPass = ctx, false, firstPass
+	r.pending = map[*entry]bool{}
+	for _, e := range r.entries {
+		r.pending[e] = true
+	}
+	r.startLocked(r.entries)
+	fire := r.firstPassDoneLocked()
+	r.mu.Unlock()
+	if fire && firstPass != nil {
 		firstPass()
 	}
-	for i, e := range r.entries {
+	<-ctx.Done()
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// startLocked starts the loops of es (those not started yet), their first
+// runs spread evenly over the configured window. r.mu is held.
+func (r *Runner) startLocked(es []*entry) {
+	es = slices.DeleteFunc(slices.Clone(es), func(e *entry) bool { return e.stop != nil })
+	for i, e := range es {
 		offset := time.Duration(0)
-		if n := len(r.entries); n > 1 {
+		if n := len(es); n > 1 {
 			offset = r.spread * time.Duration(i) / time.Duration(n)
 		}
-		wg.Go(func() {
-			r.loop(ctx, e, offset, func() {
-				if pending.Add(-1) == 0 && firstPass != nil {
-					firstPass()
-				}
-			})
+		ctx, cancel := context.WithCancel(r.ctx)
+		e.stop, e.done = cancel, make(chan struct{})
+		r.wg.Go(func() {
+			defer close(e.done)
+			var wg sync.WaitGroup
+			wg.Go(func() { r.loop(ctx, e, offset, func() { r.ranOnce(e) }) })
+			if w, ok := e.check.(Watcher); ok {
+				wg.Go(func() { w.Watch(ctx, e.poke) })
+			}
+			wg.Wait()
 		})
-		if w, ok := e.check.(Watcher); ok {
-			wg.Go(func() { w.Watch(ctx, e.poke) })
+	}
+}
+
+// firstPassDoneLocked reports whether the first pass just completed (every
+// pending check ran or was removed); it then ends the waiting. r.mu is held.
+func (r *Runner) firstPassDoneLocked() bool {
+	if r.pending == nil || len(r.pending) > 0 {
+		return false
+	}
+	r.pending = nil
+	return true
+}
+
+// ranOnce records the first run of a check.
+func (r *Runner) ranOnce(e *entry) {
+	r.mu.Lock()
+	fire := false
+	if r.pending[e] {
+		delete(r.pending, e)
+		fire = r.firstPassDoneLocked()
+	}
+	fp := r.firstPass
+	r.mu.Unlock()
+	if fire && fp != nil {
+		fp()
+	}
+}
+
+// Applied says what Apply changed, by condition type in catalog order.
+type Applied struct {
+	// Changed: checks whose settings changed, stopped and started again
+	// with the new ones.
+	Changed []string
+	// Started: checks the new plan runs and the old one did not.
+	Started []string
+	// Stopped: checks the new plan no longer runs.
+	Stopped []string
+}
+
+// Empty reports whether nothing changed.
+func (a Applied) Empty() bool { return len(a.Changed)+len(a.Started)+len(a.Stopped) == 0 }
+
+// Apply re-plans the checks for env (its configuration changed; its role
+// and GPU are those of the current plan). A check whose settings (its
+// table in the configuration, config.Checks.Section) did not change keeps
+// its loop: its timer and its state are untouched, it is not run sooner.
+// A check whose settings changed is stopped and started again with the new
+// ones (a new instance: what it keeps in the state file carries on); a
+// check no longer scheduled is stopped (its condition is left in the store
+// for the caller); a newly scheduled one starts. The started checks' first
+// runs are spread over runner.first_run_spread, as at the start. A check
+// that cannot be built is an error and nothing changes.
+func (r *Runner) Apply(env *Env) (Applied, error) {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	ps, err := r.scheduled(env)
+	if err != nil {
+		return Applied{}, err
+	}
+	old := r.current()
+	byCond := map[string]*entry{}
+	for _, e := range old {
+		byCond[e.cond] = e
+	}
+	var a Applied
+	var next, fresh []*entry
+	for _, p := range ps {
+		prev := byCond[p.desc.Type]
+		if prev != nil && reflect.DeepEqual(prev.settings, p.settings) {
+			next = append(next, prev)
+			continue
+		}
+		e, err := r.newEntry(env, p)
+		if err != nil {
+			return Applied{}, err
+		}
+		if prev != nil {
+			a.Changed = append(a.Changed, e.cond)
+		} else {
+			a.Started = append(a.Started, e.cond)
+		}
+		next, fresh = append(next, e), append(fresh, e)
+	}
+	var gone []*entry
+	for _, e := range old {
+		if slices.Contains(next, e) {
+			continue
+		}
+		gone = append(gone, e)
+		if !slices.ContainsFunc(next, func(n *entry) bool { return n.cond == e.cond }) {
+			a.Stopped = append(a.Stopped, e.cond)
 		}
 	}
-	wg.Wait()
+	r.mu.Lock()
+	r.entries = next
+	r.spread = env.Config.Runner.FirstRunSpread.Duration
+	for _, e := range gone {
+		if e.stop != nil {
+			e.stop()
+		}
+		delete(r.pending, e)
+	}
+	r.mu.Unlock()
+	// The old loop of a changed check records nothing once it returned:
+	// the new one is alone to set the condition.
+	for _, e := range gone {
+		if e.done != nil {
+			<-e.done
+		}
+	}
+	r.mu.Lock()
+	if r.ctx != nil && !r.stopped {
+		for _, e := range fresh {
+			if r.pending != nil {
+				r.pending[e] = true
+			}
+		}
+		r.startLocked(fresh)
+	}
+	fire := r.firstPassDoneLocked()
+	fp := r.firstPass
+	r.mu.Unlock()
+	if fire && fp != nil {
+		fp()
+	}
+	return a, nil
 }
 
 // poke asks for a run soon; it never blocks.
@@ -197,7 +408,7 @@ func (e *entry) poke() {
 // Wake runs the check of a condition again soon (after its first run, and
 // at most once every minWakeGap); it reports whether the runner runs it.
 func (r *Runner) Wake(cond string) bool {
-	for _, e := range r.entries {
+	for _, e := range r.current() {
 		if e.cond == cond {
 			e.poke()
 			return true
