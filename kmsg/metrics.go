@@ -9,16 +9,17 @@ import (
 // Metrics of the kernel log monitor.
 type Metrics struct {
 	records     prometheus.Counter
-	matched     map[string]prometheus.Counter
+	matchedVec  *prometheus.CounterVec
 	lost        prometheus.Counter
 	parseErrors prometheus.Counter
 	up          prometheus.Gauge
 	reopens     prometheus.Counter
 }
 
-// NewMetrics creates the monitor's metrics with a series per rule, and
-// registers them on reg (may be nil).
-func NewMetrics(reg prometheus.Registerer, rules *RuleSet) *Metrics {
+// NewMetrics creates the monitor's metrics and registers them on reg (may
+// be nil); the match counters' series are those of the monitor's rules
+// (series).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
 	matched := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: report.Namespace, Name: "kmsg_matches_total",
 		Help: "Kernel log records matched, by rule.",
@@ -28,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer, rules *RuleSet) *Metrics {
 			Namespace: report.Namespace, Name: "kmsg_records_total",
 			Help: "Kernel log records read from /dev/kmsg.",
 		}),
-		matched: map[string]prometheus.Counter{},
+		matchedVec: matched,
 		lost: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "kmsg_lost_records_total",
 			Help: "Kernel log records overwritten in the ring buffer before the monitor read them (EPIPE sequence gaps).",
@@ -46,15 +47,22 @@ func NewMetrics(reg prometheus.Registerer, rules *RuleSet) *Metrics {
 			Help: "Times /dev/kmsg was reopened after a read error.",
 		}),
 	}
-	if rules != nil {
-		for _, r := range rules.rules {
-			m.matched[r.Name] = matched.WithLabelValues(r.Name)
-		}
-	}
 	if reg != nil {
 		reg.MustRegister(m.records, matched, m.lost, m.parseErrors, m.up, m.reopens)
 	}
 	return m
+}
+
+// series returns the match counter of each rule of rules (created at 0 for
+// a new rule, the same series for a rule already counted).
+func (m *Metrics) series(rules *RuleSet) map[string]prometheus.Counter {
+	out := map[string]prometheus.Counter{}
+	if rules != nil {
+		for _, r := range rules.rules {
+			out[r.Name] = m.matchedVec.WithLabelValues(r.Name)
+		}
+	}
+	return out
 }
 
 // ReaderUp reports whether the reader has /dev/kmsg open and is reading.

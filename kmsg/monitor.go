@@ -36,8 +36,13 @@ var DefaultIgnoreDevices = []string{"loop", "dm-", "nbd", "zram", "ram", "sr", "
 
 // Monitor turns kernel records into conditions and events.
 type Monitor struct {
-	o       Options
-	m       *Metrics
+	o Options
+	m *Metrics
+	// next are the settings as last given (NewMonitor, Reconfigure); cur
+	// are those the reader's goroutine applies, taken from next as it
+	// handles the next record or tick (see use).
+	next    atomic.Pointer[settings]
+	cur     *settings
 	window  window
 	buf     []byte
 	matches []Match
@@ -65,10 +70,95 @@ func NewMonitor(o Options) *Monitor {
 	if o.IgnoreDevices == nil {
 		o.IgnoreDevices = DefaultIgnoreDevices
 	}
-	mon := &Monitor{o: o, m: NewMetrics(o.Registerer, o.Rules), buf: make([]byte, 0, 1024)}
+	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024)}
+	mon.cur = mon.settingsOf(o)
+	mon.next.Store(mon.cur)
 	mon.window.max = max(o.IOErrorThreshold, 1)
 	mon.gpu.Store(o.GPU)
 	return mon
+}
+
+// settings are what Reconfigure changes: the rules and what they count.
+type settings struct {
+	rules      *RuleSet
+	matched    map[string]prometheus.Counter
+	kernelOnly bool
+	threshold  int
+	window     time.Duration
+	ignore     []string
+}
+
+func (mon *Monitor) settingsOf(o Options) *settings {
+	ignore := o.IgnoreDevices
+	if ignore == nil {
+		ignore = DefaultIgnoreDevices
+	}
+	return &settings{rules: o.Rules, matched: mon.m.series(o.Rules), kernelOnly: o.KernelOnly,
+		threshold: o.IOErrorThreshold, window: o.IOErrorWindow, ignore: ignore}
+}
+
+// RuleChanges says what Reconfigure changed in the rules, by name.
+type RuleChanges struct {
+	Added, Removed, Changed []string
+}
+
+// Reconfigure swaps in the rules, KernelOnly, the I/O error threshold and
+// window and IgnoreDevices of o (the other options cannot change): the
+// record the reader handles next is matched by the new rules, the one
+// before by the old ones; the reader's cursor stays, so no record is lost
+// or read twice. The window keeps the errors it holds (the newest ones,
+// up to the new threshold) and is evaluated with the new threshold at the
+// next record or tick. Each rule's match counter is kept; a removed rule's
+// series is dropped, a new rule's starts at 0.
+func (mon *Monitor) Reconfigure(o Options) RuleChanges {
+	s := mon.settingsOf(o)
+	old := mon.next.Swap(s)
+	var ch RuleChanges
+	tasksChanged := !slices.Equal(old.rules.tasks(), s.rules.tasks())
+	for _, r := range s.rules.list() {
+		i := slices.IndexFunc(old.rules.list(), func(c compiled) bool { return c.Name == r.Name })
+		switch {
+		case i < 0:
+			ch.Added = append(ch.Added, r.Name)
+		case old.rules.list()[i].Rule != r.Rule, tasksChanged && r.taskIdx >= 0:
+			// A rule with a task group matches the critical tasks.
+			ch.Changed = append(ch.Changed, r.Name)
+		}
+	}
+	for _, r := range old.rules.list() {
+		if _, ok := s.matched[r.Name]; !ok {
+			ch.Removed = append(ch.Removed, r.Name)
+			mon.m.matchedVec.DeleteLabelValues(r.Name)
+		}
+	}
+	return ch
+}
+
+func (rs *RuleSet) list() []compiled {
+	if rs == nil {
+		return nil
+	}
+	return rs.rules
+}
+
+func (rs *RuleSet) tasks() []string {
+	if rs == nil {
+		return nil
+	}
+	return rs.criticalTasks
+}
+
+// use returns the settings to apply now, taking the newest ones: called
+// only by the goroutine that handles records (the reader).
+func (mon *Monitor) use() *settings {
+	if s := mon.next.Load(); s != mon.cur {
+		mon.cur = s
+		if m := max(s.threshold, 1); m != mon.window.max {
+			mon.window.resize(m)
+			mon.winGen++
+		}
+	}
+	return mon.cur
 }
 
 // Metrics returns the monitor's metrics.
@@ -179,17 +269,18 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 	mon.lastSeq.Store(r.Seq)
 	mon.lastUsec.Store(r.Usec)
 	mon.lastAt.Store(at.UnixNano())
-	if mon.o.KernelOnly && r.Facility != 0 {
+	set := mon.use()
+	if set.kernelOnly && r.Facility != 0 {
 		return
 	}
 	mon.buf = Unescape(mon.buf[:0], r.Message)
-	mon.matches = mon.o.Rules.Matches(mon.matches[:0], mon.buf)
+	mon.matches = set.rules.Matches(mon.matches[:0], mon.buf)
 	if len(mon.matches) == 0 {
 		return
 	}
 	msg := strings.TrimSpace(string(mon.buf))
 	for _, m := range mon.matches {
-		mon.m.matched[m.Rule.Name].Inc()
+		set.matched[m.Rule.Name].Inc()
 		switch m.Rule.Kind {
 		case Perm:
 			d, _ := report.Lookup(m.Rule.Condition)
@@ -204,7 +295,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
 		case DiskIOError:
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
-			if !mon.ignored(m.Dev) {
+			if !set.ignored(m.Dev) {
 				mon.window.add(r.Usec, m.Dev)
 				mon.winGen++
 				mon.evalWindow(r.Usec, at)
@@ -213,8 +304,8 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 	}
 }
 
-func (mon *Monitor) ignored(dev string) bool {
-	for _, p := range mon.o.IgnoreDevices {
+func (s *settings) ignored(dev string) bool {
+	for _, p := range s.ignore {
 		if strings.HasPrefix(dev, p) {
 			return true
 		}
@@ -229,16 +320,17 @@ func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec
 // evalWindow sets the kernel's part of DisksFailure (the catalog row's part
 // of source kmsg) from the disk I/O errors within the window.
 func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
-	span := uint64(mon.o.IOErrorWindow / time.Microsecond)
+	set := mon.use()
+	span := uint64(set.window / time.Microsecond)
 	n, devs := mon.window.count(nowUsec, span)
-	if n < mon.o.IOErrorThreshold && !mon.caughtUp.Load() {
+	if n < set.threshold && !mon.caughtUp.Load() {
 		return // not known to be healthy before the log is read to its end
 	}
 	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,
-		Message: fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d)", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold)}
-	if n >= mon.o.IOErrorThreshold {
+		Message: fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d)", n, set.window, set.threshold)}
+	if n >= set.threshold {
 		c.Status, c.Reason = report.StatusTrue, report.ReasonDiskIOErrors
-		c.Message = fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d) on %s", n, mon.o.IOErrorWindow, mon.o.IOErrorThreshold, strings.Join(devs, ", "))
+		c.Message = fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d) on %s", n, set.window, set.threshold, strings.Join(devs, ", "))
 	}
 	mon.o.Store.SetPart(report.SourceKmsg, c, now)
 }
@@ -249,6 +341,15 @@ type window struct {
 	max  int
 	usec []uint64
 	devs []string
+}
+
+// resize changes how many errors the window keeps, dropping the oldest
+// ones beyond it.
+func (w *window) resize(m int) {
+	if drop := len(w.usec) - m; drop > 0 {
+		w.usec, w.devs = slices.Clone(w.usec[drop:]), slices.Clone(w.devs[drop:])
+	}
+	w.max = m
 }
 
 func (w *window) add(usec uint64, dev string) {
