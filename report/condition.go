@@ -36,6 +36,12 @@ type Observer interface {
 	EventEmitted(e Event)
 }
 
+// Remover is an Observer that is also told when a condition is removed
+// from the store (Remove: it is no longer evaluated on this node).
+type Remover interface {
+	ConditionRemoved(c Condition)
+}
+
 // Emit records a one-shot event.
 func (s *Store) Emit(e Event) {
 	if _, ok := LookupEvent(e.Reason); !ok {

@@ -144,6 +144,14 @@ func (m *Metrics) setStatus(c Condition) {
 	}
 }
 
+// ConditionRemoved implements Remover: the condition's series are dropped,
+// as for a condition that does not apply to this node (InitConditions
+// never created them).
+func (m *Metrics) ConditionRemoved(c Condition) {
+	m.problemGauge.DeletePartialMatch(prometheus.Labels{"type": c.Type})
+	m.conditionStatus.DeletePartialMatch(prometheus.Labels{"condition": c.Type})
+}
+
 // EventEmitted implements Observer.
 func (m *Metrics) EventEmitted(e Event) {
 	m.problemCounter.WithLabelValues(e.Reason).Inc()

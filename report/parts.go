@@ -30,9 +30,40 @@ func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
 		s.parts[c.Type] = map[string]Condition{}
 	}
 	s.parts[c.Type][part.Name] = c
+	return s.combineLocked(desc, c.Type, now)
+}
+
+// RemovePart drops src's part of a condition (src no longer evaluates it:
+// its check was disabled) and sets the condition from the parts left; with
+// none left the condition is removed (Remove). It reports whether the
+// condition changed.
+func (s *Store) RemovePart(src Source, condType string, now time.Time) bool {
+	desc, _ := Lookup(condType)
+	part, ok := desc.Part(src)
+	if !ok {
+		return false
+	}
+	s.partMu.Lock()
+	defer s.partMu.Unlock()
+	s.mu.Lock()
+	if _, had := s.parts[condType][part.Name]; !had {
+		s.mu.Unlock()
+		return false
+	}
+	delete(s.parts[condType], part.Name)
+	if len(s.parts[condType]) == 0 {
+		s.mu.Unlock()
+		return s.Remove(condType)
+	}
+	return s.combineLocked(desc, condType, now)
+}
+
+// combineLocked sets a condition from its parts; s.mu is held (and
+// released here), and s.partMu.
+func (s *Store) combineLocked(desc ConditionDesc, condType string, now time.Time) bool {
 	var trues, falses, undecided, nothing []Condition
 	for _, n := range desc.Parts {
-		p, seen := s.parts[c.Type][n.Name]
+		p, seen := s.parts[condType][n.Name]
 		if !seen {
 			continue
 		}
@@ -51,7 +82,7 @@ func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
 	// A part that found nothing to check (no NVMe drives) neither makes the
 	// condition healthy nor undecided: the other parts decide, and when no
 	// part checked anything, neither does the condition.
-	out := Condition{Type: c.Type}
+	out := Condition{Type: condType}
 	var pick []Condition
 	switch {
 	case len(trues) > 0:

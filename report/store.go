@@ -178,3 +178,32 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 	}
 	return changed
 }
+
+// Remove drops a condition that is no longer evaluated on this node (its
+// check disabled by a reload): it leaves the store, the state file at the
+// next save and, through the reporter, the Node; observers that are
+// Removers are told. It reports whether the store held it.
+func (s *Store) Remove(condType string) bool {
+	s.notifyMu.Lock()
+	defer s.notifyMu.Unlock()
+	s.mu.Lock()
+	c, had := s.conds[condType]
+	delete(s.conds, condType)
+	delete(s.parts, condType)
+	obs := s.observers
+	if had {
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+	s.mu.Unlock()
+	if !had {
+		return false
+	}
+	s.Touch()
+	for _, o := range obs {
+		if r, ok := o.(Remover); ok {
+			r.ConditionRemoved(c)
+		}
+	}
+	return true
+}

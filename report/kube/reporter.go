@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -93,6 +94,10 @@ type Reporter struct {
 	// stale are the daemon's condition types on the Node that it does not
 	// evaluate here; the status loop removes them (see Options.Evaluated).
 	stale []string
+	// onNode are the condition types the last successful write put on the
+	// Node: one the store no longer holds (removed when a reload disabled
+	// its check) is removed from the Node by the next write.
+	onNode []string
 	// written is closed after the first successful write of the conditions:
 	// only then are the report annotations written, so a report carrying
 	// this boot's ID means the Node's conditions are this boot's (Adopt).
@@ -370,13 +375,19 @@ func (r *Reporter) wroteOnce() {
 
 func (r *Reporter) writeStatus(ctx context.Context) error {
 	conds := r.o.Store.All()
-	if len(conds) == 0 && len(r.stale) == 0 {
+	remove := slices.Clone(r.stale)
+	for _, t := range r.onNode {
+		if !slices.ContainsFunc(conds, func(c report.Condition) bool { return c.Type == t }) && !slices.Contains(remove, t) {
+			remove = append(remove, t)
+		}
+	}
+	if len(conds) == 0 && len(remove) == 0 {
 		// The Node holds none of the daemon's conditions (adoption put any
 		// it holds into the store or stale): nothing of an earlier boot.
 		r.wroteOnce()
 		return nil
 	}
-	patch, err := statusPatch(conds, r.stale, time.Now())
+	patch, err := statusPatch(conds, remove, time.Now())
 	if err != nil {
 		return err
 	}
@@ -385,6 +396,10 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	r.m.observe(KindStatus, start, err)
 	if err == nil {
 		r.stale = nil
+		r.onNode = r.onNode[:0]
+		for _, c := range conds {
+			r.onNode = append(r.onNode, c.Type)
+		}
 		r.wroteOnce()
 	}
 	return err

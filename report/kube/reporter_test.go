@@ -437,3 +437,34 @@ func TestAnnotationsWaitForTheFirstPass(t *testing.T) {
 		<-done
 	})
 }
+
+// A condition the store no longer holds (a reload disabled its check) is
+// removed from the Node by the next write; the others stay.
+func TestConditionRemovedFromTheStoreLeavesTheNode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		store.Set(report.Condition{Type: "NodeInfoStale", Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated}, time.Now())
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if findCond(h.node(t), "NodeInfoStale") == nil {
+			t.Fatal("NodeInfoStale never written")
+		}
+		if !store.Remove("NodeInfoStale") {
+			t.Fatal("Remove: the store did not hold it")
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got := h.node(t)
+		if c := findCond(got, "NodeInfoStale"); c != nil {
+			t.Errorf("still on the Node: %+v", c)
+		}
+		if findCond(got, "DiskUsageHigh") == nil || findCond(got, "Ready") == nil || findCond(got, "SomeoneElses") == nil {
+			t.Errorf("conditions lost: %+v", got.Status.Conditions)
+		}
+		h.stop()
+	})
+}
