@@ -36,6 +36,9 @@ type Metrics struct {
 	stateWrites     *prometheus.CounterVec
 	healthy         prometheus.Gauge
 	ready           prometheus.Gauge
+	configReloads   *prometheus.CounterVec
+	configLastOK    prometheus.Gauge
+	configLastTime  prometheus.Gauge
 }
 
 // NewMetrics creates and registers every metric on a fresh registry.
@@ -81,6 +84,20 @@ func NewMetrics(version string) *Metrics {
 			Help: "1 once every check has run once since the daemon started.",
 		}),
 	}
+	m.configReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "config_reloads_total",
+		Help: "Reloads of the configuration file (SIGHUP, systemctl reload), by result: ok (applied, or nothing changed), error (refused; the running configuration stays).",
+	}, []string{"result"})
+	m.configLastOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "config_last_reload_successful",
+		Help: "1 when the last load of the configuration file (at start or by a reload) succeeded, 0 when the last reload was refused.",
+	})
+	m.configLastTime = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "config_last_reload_success_timestamp_seconds",
+		Help: "Unix time the configuration in effect was loaded (at start, or by the last successful reload).",
+	})
+	m.configReloads.WithLabelValues("ok")
+	m.configReloads.WithLabelValues("error")
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help: "Build information; the value is always 1.",
@@ -91,7 +108,7 @@ func NewMetrics(version string) *Metrics {
 	m.stateWrites.WithLabelValues("ok")
 	m.stateWrites.WithLabelValues("error")
 	r.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns,
-		m.loopProgress, m.stateWrites, m.healthy, m.ready, buildInfo,
+		m.loopProgress, m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -175,6 +192,24 @@ func (m *Metrics) StateWrite(err error) {
 		return
 	}
 	m.stateWrites.WithLabelValues("ok").Inc()
+}
+
+// ConfigLoaded records the configuration loaded at start.
+func (m *Metrics) ConfigLoaded(now time.Time) {
+	m.configLastOK.Set(1)
+	m.configLastTime.Set(float64(now.UnixNano()) / 1e9)
+}
+
+// ConfigReload records a reload of the configuration: err nil, applied
+// (or nothing changed) at now; else refused.
+func (m *Metrics) ConfigReload(err error, now time.Time) {
+	if err != nil {
+		m.configReloads.WithLabelValues("error").Inc()
+		m.configLastOK.Set(0)
+		return
+	}
+	m.configReloads.WithLabelValues("ok").Inc()
+	m.ConfigLoaded(now)
 }
 
 // SetHealthy records the daemon's own health.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -23,6 +24,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health run: unexpected argument %q\n", fs.Arg(0))
 		return exitError
 	}
+	// SIGHUP reloads the configuration (systemctl reload): caught from
+	// here on, so that an early one does not end the process (Go's
+	// default for SIGHUP) but waits for the daemon to run.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	explicit := flagSet(fs, "config")
 	cfg, fromFile, err := loadConfig(*cfgPath, explicit)
 	if err != nil {
@@ -43,7 +50,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	d, err := daemon.New(cfg, log, daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket})
+	d, err := daemon.New(cfg, log, daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket,
+		ConfigPath: *cfgPath, ConfigOptional: !explicit, Reload: hup})
 	if err != nil {
 		log.Error("refusing to start", "err", err)
 		return exitError

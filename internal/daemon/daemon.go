@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -40,6 +41,14 @@ type Options struct {
 	// ControlSocket, if set, is where the daemon listens for the
 	// operator's requests (control_socket; tamper clear).
 	ControlSocket string
+	// ConfigPath is the configuration file the daemon was started with,
+	// read again by Reload; ConfigOptional: it may be absent (the default
+	// path: the embedded defaults apply), as at start.
+	ConfigPath     string
+	ConfigOptional bool
+	// Reload, if set, delivers the signals (SIGHUP) that reload the
+	// configuration.
+	Reload <-chan os.Signal
 }
 
 // Daemon is one run of the daemon.
@@ -68,6 +77,14 @@ type Daemon struct {
 	kmsgOpen func(path string) (kmsg.Device, error)
 	// control is the control socket's listener (nil: none).
 	control net.Listener
+	// cfgPath and cfgOptional: the configuration file (Options.ConfigPath);
+	// reloadSig: Options.Reload.
+	cfgPath     string
+	cfgOptional bool
+	reloadSig   <-chan os.Signal
+	// planMu serializes the re-plans: a reload and a change of the node's
+	// role or GPU (redetect).
+	planMu sync.Mutex
 
 	mu    sync.Mutex
 	ready bool
@@ -98,7 +115,9 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll, kmsgOpen: opts.KmsgOpen,
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}),
+		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload,
 	}
+	d.metrics.ConfigLoaded(time.Now())
 	if d.poll <= 0 {
 		d.poll = kubeconfigPoll
 	}

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"fmt"
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/sys/unix"
 )
 
 // Notifier speaks the sd_notify(3) protocol to systemd over the datagram
@@ -21,6 +23,17 @@ func (n Notifier) Ready(status string) error { return n.send("READY=1\nSTATUS=" 
 
 // Status sets the line `systemctl status` shows.
 func (n Notifier) Status(status string) error { return n.send("STATUS=" + status) }
+
+// Reloading says the daemon is reloading its configuration (systemd's
+// reload protocol: RELOADING=1 with the CLOCK_MONOTONIC time in
+// microseconds, then READY=1 when done, whatever the outcome).
+func (n Notifier) Reloading(status string) error {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return err
+	}
+	return n.send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d\nSTATUS=%s", ts.Nano()/1000, status))
+}
 
 // Watchdog pings the service watchdog.
 func (n Notifier) Watchdog() error { return n.send(sddaemon.SdNotifyWatchdog) }

@@ -42,45 +42,51 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		d.live.Beat(loop, interval)
-		role, roleSource, gpu, gpuSource := DetectRoleGPU(d.cfg)
-		old := d.currentEnv()
-		if role == old.Role && gpu == old.GPU {
+		d.replanIdentity(DetectRoleGPU(d.cfg))
+	}
+}
+
+// replanIdentity re-plans the checks when the node's role or GPU changed.
+func (d *Daemon) replanIdentity(role report.Role, roleSource string, gpu bool, gpuSource string) {
+	d.planMu.Lock()
+	defer d.planMu.Unlock()
+	old := d.currentEnv()
+	if role == old.Role && gpu == old.GPU {
+		return
+	}
+	d.log.Warn("node identity changed; re-planning the checks",
+		"role_from", old.Role, "role", role, "role_source", roleSource,
+		"gpu_from", old.GPU, "gpu", gpu, "gpu_source", gpuSource)
+	env := *old
+	env.Role, env.GPU = role, gpu
+	r, err := d.parts.newRunner(&env)
+	if err != nil {
+		d.log.Error("re-planning the checks failed; keeping the old plan", "err", err)
+		return
+	}
+	for _, c := range d.currentRunner().Checks() {
+		if !slices.Contains(r.Checks(), c) {
+			d.live.Forget("check/" + c)
+		}
+	}
+	d.parts.initMetrics(&env, old)
+	d.envMu.Lock()
+	d.env, d.runner = &env, r
+	d.envMu.Unlock()
+	if d.kmsg != nil {
+		d.kmsg.SetGPU(gpu, time.Now())
+	}
+	now := time.Now()
+	for _, p := range checks.Plan(&env, nil, d.parts.External()) {
+		if p.State != checks.NotApplicable {
 			continue
 		}
-		d.log.Warn("node identity changed; re-planning the checks",
-			"role_from", old.Role, "role", role, "role_source", roleSource,
-			"gpu_from", old.GPU, "gpu", gpu, "gpu_source", gpuSource)
-		env := *old
-		env.Role, env.GPU = role, gpu
-		r, err := d.parts.newRunner(&env)
-		if err != nil {
-			d.log.Error("re-planning the checks failed; keeping the old plan", "err", err)
-			continue
+		if c, ok := d.store.Get(p.Desc.Type); ok && (c.Status != report.StatusUnknown || c.Reason != report.ReasonNotApplicable) {
+			d.store.Set(p.Placeholder, now)
 		}
-		for _, c := range d.currentRunner().Checks() {
-			if !slices.Contains(r.Checks(), c) {
-				d.live.Forget("check/" + c)
-			}
-		}
-		d.parts.initMetrics(&env, old)
-		d.envMu.Lock()
-		d.env, d.runner = &env, r
-		d.envMu.Unlock()
-		if d.kmsg != nil {
-			d.kmsg.SetGPU(gpu, time.Now())
-		}
-		now := time.Now()
-		for _, p := range checks.Plan(&env, nil, d.parts.External()) {
-			if p.State != checks.NotApplicable {
-				continue
-			}
-			if c, ok := d.store.Get(p.Desc.Type); ok && (c.Status != report.StatusUnknown || c.Reason != report.ReasonNotApplicable) {
-				d.store.Set(p.Placeholder, now)
-			}
-		}
-		select {
-		case d.replan <- struct{}{}:
-		default:
-		}
+	}
+	select {
+	case d.replan <- struct{}{}:
+	default:
 	}
 }

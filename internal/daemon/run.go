@@ -42,6 +42,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.control != nil {
 		wg.Go(func() { d.serveControl(rctx, d.control) })
 	}
+	if d.reloadSig != nil {
+		wg.Go(func() { d.reloadLoop(rctx, d.reloadSig) })
+	}
 	if d.cfg.Role == "" || d.cfg.GPU == "auto" {
 		wg.Go(func() { d.redetect(rctx, d.cfg.Detect.Interval.Duration) })
 	}

@@ -150,7 +150,7 @@ func daemonMetrics(t *testing.T) map[string]bool {
 	reg := prometheus.NewRegistry()
 	m := report.NewMetrics("test")
 	kube.NewMetrics(reg)
-	kmsg.NewMetrics(reg, nil)
+	kmsg.NewMetrics(reg)
 	checks.NewRepairer(nil, nil, time.Now, reg)
 	checks.NewUnitWatch(nil, reg)
 	names := map[string]bool{}

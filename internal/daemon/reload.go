@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
+)
+
+// ErrNoConfigFile: the daemon was given no configuration file to read
+// again (Options.ConfigPath is empty).
+var ErrNoConfigFile = errors.New("no configuration file to reload")
+
+// reloadLoop reloads the configuration on each signal (SIGHUP: `systemctl
+// reload`, whose ExecReload= sends it). Once the daemon is ready it speaks
+// systemd's reload protocol: RELOADING=1 before, READY=1 after, whatever
+// the outcome (a refused reload leaves the daemon running as it was).
+// Before the first pass nothing is sent: READY=1 would end the start.
+func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sig:
+		}
+		d.mu.Lock()
+		ready := d.ready
+		d.mu.Unlock()
+		if ready {
+			if err := d.notify.Reloading("reloading the configuration"); err != nil {
+				d.log.Warn("sd_notify RELOADING failed", "err", err)
+			}
+		}
+		status := d.Summary()
+		if _, err := d.Reload(); err != nil {
+			status = "configuration reload failed (running on the previous one): " + err.Error() + "; " + status
+		}
+		if ready {
+			if err := d.notify.Ready(status); err != nil {
+				d.log.Warn("sd_notify READY failed", "err", err)
+			}
+		} else {
+			d.notify.Status(status)
+		}
+	}
+}
+
+// Reloaded says what a reload changed.
+type Reloaded struct {
+	// Keys are the keys that differ from the running configuration.
+	Keys []string
+	// Checks: what the runner changed (checks.Applied).
+	Checks checks.Applied
+	// Rules: what changed in the kernel log rules.
+	Rules kmsg.RuleChanges
+}
+
+// Summary is the log line's account of the changes.
+func (r Reloaded) Summary() string {
+	var parts []string
+	add := func(what string, names []string) {
+		if len(names) > 0 {
+			parts = append(parts, what+": "+strings.Join(names, ", "))
+		}
+	}
+	add("checks changed", r.Checks.Changed)
+	add("started", r.Checks.Started)
+	add("stopped", r.Checks.Stopped)
+	if n := len(r.Rules.Added) + len(r.Rules.Removed) + len(r.Rules.Changed); n > 0 {
+		parts = append(parts, fmt.Sprintf("kmsg rules: +%d -%d ~%d", len(r.Rules.Added), len(r.Rules.Removed), len(r.Rules.Changed)))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "no check or kernel log rule changed")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Reload reads the configuration file again (the same path, the same
+// strict parsing as at start) and applies it in place, all or nothing:
+//
+//   - a file that does not load is refused with its file, line and key
+//     (the text of `config validate`);
+//   - a file that changes a key that needs a restart (config.RestartKeys)
+//     is refused as a whole, naming the keys;
+//   - else the checks are re-planned (checks.Runner.Apply: an unchanged
+//     check keeps its timer, a changed one restarts with its new settings,
+//     a disabled one stops and its condition leaves the store, the state
+//     file and the Node, as a condition not evaluated at start; an enabled
+//     one starts), and the kernel log rules are swapped
+//     (kmsg.Monitor.Reconfigure: the reader's cursor stays).
+//
+// The conditions held in the store are kept: nothing flaps. It logs once:
+// what changed, "no changes", or why it was refused; and counts the reload
+// (config_reloads_total).
+func (d *Daemon) Reload() (Reloaded, error) {
+	d.planMu.Lock()
+	defer d.planMu.Unlock()
+	r, err := d.reload()
+	now := time.Now()
+	d.metrics.ConfigReload(err, now)
+	switch {
+	case err != nil:
+		d.log.Error("configuration reload refused; running on the previous configuration", "err", err)
+	case len(r.Keys) == 0:
+		d.log.Info("config reloaded, no changes", "file", d.cfgPath)
+	default:
+		d.log.Info("config reloaded from "+d.cfgPath+": "+r.Summary(), "keys", strings.Join(r.Keys, ", "))
+	}
+	return r, err
+}
+
+func (d *Daemon) reload() (Reloaded, error) {
+	if d.cfgPath == "" {
+		return Reloaded{}, ErrNoConfigFile
+	}
+	cfg, _, err := config.Load(d.cfgPath, d.cfgOptional)
+	if err != nil {
+		return Reloaded{}, err
+	}
+	old := d.currentEnv()
+	res := Reloaded{Keys: config.Diff(old.Config, cfg)}
+	if len(res.Keys) == 0 {
+		return res, nil
+	}
+	var restart []string
+	for _, k := range res.Keys {
+		if config.NeedsRestart(k) {
+			restart = append(restart, k)
+		}
+	}
+	if len(restart) > 0 {
+		return Reloaded{}, fmt.Errorf("%s: %s %s: %s (systemctl restart autopilot-health); nothing applied",
+			d.cfgPath, plural(len(restart), "key", "keys"), strings.Join(restart, ", "), plural(len(restart), "needs a restart", "need a restart"))
+	}
+	env := *old
+	env.Config = cfg
+	var ko kmsg.Options
+	if d.kmsg != nil {
+		if ko, err = KmsgOptions(cfg, &env, d.store, nil); err != nil {
+			return Reloaded{}, fmt.Errorf("%s: kernel log rules: %w", d.cfgPath, err)
+		}
+	}
+	if res.Checks, err = d.currentRunner().Apply(&env); err != nil {
+		return Reloaded{}, fmt.Errorf("%s: %w", d.cfgPath, err)
+	}
+	if d.kmsg != nil {
+		res.Rules = d.kmsg.Reconfigure(ko)
+	}
+	d.envMu.Lock()
+	d.env = &env
+	d.parts.Config = cfg
+	d.envMu.Unlock()
+
+	// The loops the liveness expects.
+	for _, c := range res.Checks.Stopped {
+		d.live.Forget("check/" + c)
+	}
+	spread := cfg.Runner.FirstRunSpread.Duration
+	for _, c := range slices.Concat(res.Checks.Changed, res.Checks.Started) {
+		com, _ := cfg.Checks.Common(c)
+		d.live.Expect("check/"+c, spread+com.Interval.Duration+com.Timeout.Duration)
+	}
+	// A condition no longer evaluated here is handled as at start, where
+	// it is not evaluated: not in the store nor the state file, removed
+	// from the Node, no series. A check that evaluates one part of its
+	// condition (DisksFailure's SMART part) drops its part: the kernel's
+	// part decides alone, as at a start with the check disabled.
+	now := time.Now()
+	applicable := d.parts.applicable(&env)
+	for _, c := range res.Checks.Stopped {
+		desc, _ := report.Lookup(c)
+		if _, isPart := desc.Part(desc.Source); isPart && slices.Contains(applicable, c) {
+			d.store.RemovePart(desc.Source, c, now)
+			continue
+		}
+		if !slices.Contains(applicable, c) {
+			d.store.Remove(c)
+		}
+	}
+	d.parts.initMetrics(&env, old)
+	return res, nil
+}

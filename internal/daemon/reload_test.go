@@ -1,0 +1,227 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// halfFull is a host whose every filesystem is half full.
+type halfFull struct{ checks.Sys }
+
+func (halfFull) Statfs(path string, st *unix.Statfs_t) error {
+	*st = unix.Statfs_t{Bsize: 4096, Blocks: 1000, Bfree: 500, Bavail: 500, Files: 1000, Ffree: 900}
+	return nil
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// flapWatch records every status change of a condition after the start.
+type flapWatch struct {
+	mu      sync.Mutex
+	changes []string
+}
+
+func (f *flapWatch) ConditionChanged(prev *report.Condition, cur report.Condition) {
+	if prev != nil && prev.Status != cur.Status {
+		f.mu.Lock()
+		f.changes = append(f.changes, fmt.Sprintf("%s %s->%s", cur.Type, prev.Status, cur.Status))
+		f.mu.Unlock()
+	}
+}
+func (f *flapWatch) ConditionRestored(report.Condition) {}
+func (f *flapWatch) EventEmitted(report.Event)          {}
+
+// reloadTOML is testConfig as a file, with extra appended.
+func reloadTOML(cfg *config.Config, listen, extra string) string {
+	return fmt.Sprintf(`host_root = %q
+state_dir = %q
+node_name = %q
+role = "worker"
+gpu = "false"
+[metrics]
+listen_address = %q
+[status]
+socket = ""
+[kubernetes]
+kubeconfig = ""
+[runner]
+first_run_spread = "0s"
+[kmsg]
+enabled = false
+[checks.KubeletUnhealthy]
+enabled = false
+[checks.ContainerRuntimeUnhealthy]
+enabled = false
+[checks.ServiceNotRecovering]
+enabled = false
+[checks.NodeServiceDown]
+enabled = false
+%s`, cfg.HostRoot, cfg.StateDir, cfg.NodeName, listen, extra)
+}
+
+// SIGHUP reloads the configuration in place, over systemd's reload
+// protocol (RELOADING=1 with MONOTONIC_USEC, then READY=1): a changed
+// threshold shows in the check's next result while its condition stays
+// True since the same time (no flap); a check disabled leaves the store
+// and its metric series; a file that does not load, or that changes a key
+// needing a restart, is refused with the file, line and key, counted, and
+// the daemon runs on as it was; a file without changes says so.
+func TestReloadOnSIGHUP(t *testing.T) {
+	sock := notifySocket(t)
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	listen := ln.Addr().String()
+	write := func(extra string) {
+		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	hup := make(chan os.Signal, 1)
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path, Reload: hup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flaps := &flapWatch{}
+	d.Store().Observe(flaps)
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Error(err)
+		}
+	}()
+	next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+	before, _ := d.Store().Get("DiskUsageHigh")
+	if before.Status != report.StatusTrue || !strings.Contains(before.Message, "50% of space used (threshold 40%)") {
+		t.Fatalf("DiskUsageHigh before the reload: %+v", before)
+	}
+	if _, ok := d.Store().Get("NodeInfoStale"); !ok {
+		t.Fatal("NodeInfoStale not evaluated before the reload")
+	}
+	metricsURL := "http://" + listen + "/metrics"
+
+	reload := func() string {
+		t.Helper()
+		hup <- syscall.SIGHUP
+		rel := next(t, sock, "RELOADING=1", func(m string) bool { return strings.HasPrefix(m, "RELOADING=1") })
+		if !regexp.MustCompile(`^RELOADING=1\nMONOTONIC_USEC=\d+\n`).MatchString(rel) {
+			t.Errorf("reload notification %q", rel)
+		}
+		return next(t, sock, "READY=1 after the reload", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+	}
+
+	// A good file: the threshold changed, NodeInfoStale disabled.
+	write("[checks.DiskUsageHigh]\nspace_percent = 45\n[checks.NodeInfoStale]\nenabled = false\n")
+	reload()
+	await(t, d, "the new threshold in DiskUsageHigh's message", func() bool {
+		c, _ := d.Store().Get("DiskUsageHigh")
+		return strings.Contains(c.Message, "(threshold 45%)")
+	})
+	after, _ := d.Store().Get("DiskUsageHigh")
+	if after.Status != report.StatusTrue || !after.LastTransitionTime.Equal(before.LastTransitionTime) {
+		t.Errorf("DiskUsageHigh across the reload: %s since %v, before %s since %v", after.Status, after.LastTransitionTime, before.Status, before.LastTransitionTime)
+	}
+	if _, ok := d.Store().Get("NodeInfoStale"); ok {
+		t.Error("NodeInfoStale, disabled, is still in the store")
+	}
+	if !strings.Contains(logs.String(), "msg=\"config reloaded from "+path+": checks changed: DiskUsageHigh; stopped: NodeInfoStale\"") {
+		t.Errorf("reload log:\n%s", logs.String())
+	}
+	_, page := get(t, metricsURL)
+	for _, want := range []string{`autopilot_health_config_reloads_total{result="ok"} 1`, `autopilot_health_config_last_reload_successful 1`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(page, `condition="NodeInfoStale"`) {
+		t.Error("NodeInfoStale's series are still exposed")
+	}
+
+	// A bad file: refused with the text of `config validate`.
+	write("[checks.DiskUsageHigh]\nspace_percentt = 3\n")
+	_, _, loadErr := config.Load(path, false)
+	if loadErr == nil {
+		t.Fatal("the bad file loads")
+	}
+	ready := reload()
+	if !strings.Contains(ready, "configuration reload failed") {
+		t.Errorf("status after a refused reload: %q", ready)
+	}
+	if want := fmt.Sprintf("err=%q", loadErr.Error()); !strings.Contains(logs.String(), "configuration reload refused; running on the previous configuration\" "+want) {
+		t.Errorf("refusal not logged as %s:\n%s", want, logs.String())
+	}
+	if !strings.Contains(loadErr.Error(), path+":25: key checks.DiskUsageHigh.space_percentt: unknown key") {
+		t.Errorf("the error does not name file, line and key: %v", loadErr)
+	}
+
+	// A key that needs a restart: refused as a whole.
+	write("[checks.DiskUsageHigh]\nspace_percent = 30\n[detect]\ninterval = \"2m\"\n")
+	reload()
+	if !strings.Contains(logs.String(), "key detect.interval: needs a restart (systemctl restart autopilot-health); nothing applied") {
+		t.Errorf("restart key refusal not logged:\n%s", logs.String())
+	}
+	c, _ := d.Store().Get("DiskUsageHigh")
+	if !strings.Contains(c.Message, "(threshold 45%)") {
+		t.Errorf("a refused reload changed the check: %+v", c)
+	}
+	_, page = get(t, metricsURL)
+	for _, want := range []string{`autopilot_health_config_reloads_total{result="error"} 2`, `autopilot_health_config_last_reload_successful 0`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	// The same file again: no changes.
+	write("[checks.DiskUsageHigh]\nspace_percent = 45\n[checks.NodeInfoStale]\nenabled = false\n")
+	reload()
+	if !strings.Contains(logs.String(), "msg=\"config reloaded, no changes\" file="+path) {
+		t.Errorf("no-change reload not logged:\n%s", logs.String())
+	}
+	if len(flaps.changes) != 0 {
+		t.Errorf("conditions flapped: %v", flaps.changes)
+	}
+}
