@@ -221,7 +221,7 @@ func TestUnitFileVerifies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Type=notify", "WatchdogSec=", "Restart=always", "Before=kubelet.service", "StateDirectory=autopilot-health"} {
+	for _, want := range []string{"Type=notify", "WatchdogSec=", "Restart=always", "Before=kubelet.service", "StateDirectory=autopilot-health", "ExecReload=/bin/kill -HUP $MAINPID"} {
 		if !bytes.Contains(unit, []byte(want)) {
 			t.Errorf("unit lacks %s", want)
 		}
