@@ -59,6 +59,12 @@ func (s *Systemd) StopUnit(ctx context.Context, name string) error {
 	return s.job(ctx, name, (*sd.Conn).StopUnitContext)
 }
 
+// ReloadUnit reloads a unit (systemctl reload: its ExecReload=) and waits
+// for the job.
+func (s *Systemd) ReloadUnit(ctx context.Context, name string) error {
+	return s.job(ctx, name, (*sd.Conn).ReloadUnitContext)
+}
+
 // KillMain sends a signal to the unit's main process (a crash, a hang).
 func (s *Systemd) KillMain(ctx context.Context, name string, sig int32) error {
 	return s.manager(ctx, func(c *sd.Conn) error {

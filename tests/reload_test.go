@@ -1,0 +1,281 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// reloadConfig is the daemon's configuration in TestReloadUnderSystemd:
+// DiskUsageHigh alone (True: every filesystem measured is over
+// space_percent), the kernel log read with the test's own rules only, and
+// the real API server.
+const reloadConfig = `# written by tests/reload_test.go
+node_name = %[1]q
+role = "worker"
+gpu = "false"
+
+[metrics]
+listen_address = "127.0.0.1:%[2]d"
+
+[runner]
+first_run_spread = "0s"
+
+[kubernetes]
+kubeconfig = "/etc/autopilot-health/kubeconfig"
+
+%[3]s
+[checks.DiskUsageHigh]
+interval = "1m"
+space_percent = %[4]d
+
+[kmsg]
+kernel_only = false  # the test's lines have facility user
+disable = [%[5]s]
+
+[[kmsg.rules]]
+name = "ReloadTestA"
+kind = "temp"
+reason = "IOError"
+pattern = 'autopilot-health reload test A %[6]s'
+%[7]s`
+
+// systemctl reload of the daemon under its own unit file, in a real
+// systemd (ReloadUnit over D-Bus: ExecReload= sends SIGHUP), reporting to
+// the real API server:
+//   - a changed threshold applies in place: DiskUsageHigh's message on the
+//     Node shows it, its lastTransitionTime on the Node is kept, the unit
+//     keeps its main process (no restart);
+//   - a kernel log rule added by the reload matches the next line, and the
+//     reader's cursor stays (a line matched before the reload is not
+//     matched again);
+//   - a bad file is refused: the daemon runs on with the previous
+//     configuration, the unit stays active, the journal has the file, line
+//     and key.
+func TestReloadUnderSystemd(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	api := apiServer(t)
+	tok := harness.Token()
+	node := "reload-" + tok
+	registerNode(t, api, node)
+	dir, err := os.MkdirTemp("", "autopilot-health-reload-"+tok+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	usr := filepath.Join(dir, "usr")
+	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
+		t.Fatal(err)
+	}
+	unitFile, err := harness.RepoFile("units/autopilot-health.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := harness.StartSystemdWith(dir, map[string]string{}, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal of autopilot-health.service:\n%s", lastBytes(s.Journal("autopilot-health.service"), 20000))
+		}
+	}()
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
+		t.Fatalf("starting journald: %v", err)
+	}
+
+	// The node's credentials, inside the namespace.
+	etc := s.Root("/etc/autopilot-health")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.WriteClientCert(filepath.Join(etc, "client.pem"), "system:node:"+node, []string{"system:nodes"}, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := os.ReadFile(filepath.Join(api.Dir, "pki", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(etc, "ca.crt"), ca, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: %q, certificate-authority: /etc/autopilot-health/ca.crt}
+users:
+- name: node
+  user: {client-certificate: /etc/autopilot-health/client.pem, client-key: /etc/autopilot-health/client.pem}
+contexts:
+- name: test
+  context: {cluster: test, user: node}
+current-context: test
+`, api.URL)
+	if err := os.WriteFile(filepath.Join(etc, "kubeconfig"), []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var checksOff strings.Builder
+	for _, name := range config.Default().Checks.Names() {
+		if name != "DiskUsageHigh" {
+			fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", name)
+		}
+	}
+	var disable []string
+	for _, r := range kmsg.DefaultRules {
+		disable = append(disable, fmt.Sprintf("%q", r.Name))
+	}
+	metricsPort := freeTCPPort(t)
+	cfgPath := filepath.Join(etc, "config.toml")
+	ruleB := fmt.Sprintf("\n[[kmsg.rules]]\nname = \"ReloadTestB\"\nkind = \"temp\"\nreason = \"IOError\"\npattern = 'autopilot-health reload test B %s'\n", tok)
+	writeConfig := func(spacePercent int, extra string) {
+		t.Helper()
+		c := fmt.Sprintf(reloadConfig, node, metricsPort, checksOff.String(), spacePercent, strings.Join(disable, ", "), tok, extra)
+		if err := os.WriteFile(cfgPath, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConfig(1, "")
+
+	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("starting autopilot-health.service: %v", err)
+	}
+	mainPID := func() uint32 {
+		sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := sp["MainPID"].Value().(uint32)
+		return pid
+	}
+	pid := mainPID()
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	metric := func(series string) (float64, string) {
+		page, err := httpGet(metricsURL)
+		if err != nil {
+			return 0, err.Error()
+		}
+		v, ok := metricValue(page, series)
+		if !ok {
+			return 0, series + " not exposed"
+		}
+		return v, fmt.Sprint(series, " ", v)
+	}
+	threshold := func(p int) func(*corev1.Node) bool {
+		return func(n *corev1.Node) bool {
+			c := cond(n, "DiskUsageHigh")
+			return c != nil && c.Status == corev1.ConditionTrue && strings.Contains(c.Message, fmt.Sprintf("(threshold %d%%)", p))
+		}
+	}
+	before := cond(waitNode(t, api, node, "DiskUsageHigh True at 1%", threshold(1)), "DiskUsageHigh")
+
+	eventually(t, 15*time.Second, "the kernel log reader up", func() (bool, string) {
+		v, last := metric("autopilot_health_kmsg_reader_up")
+		return v == 1, last
+	})
+	if err := harness.WriteKmsg("autopilot-health reload test A " + tok); err != nil {
+		t.Fatal(err)
+	}
+	ruleA := `autopilot_health_kmsg_matches_total{rule="ReloadTestA"}`
+	eventually(t, 10*time.Second, "line A matched", func() (bool, string) {
+		v, last := metric(ruleA)
+		return v == 1, last
+	})
+
+	// A good file: a new threshold, one more kernel rule.
+	writeConfig(2, ruleB)
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	eventually(t, 10*time.Second, "the reload counted", func() (bool, string) {
+		v, last := metric(`autopilot_health_config_reloads_total{result="ok"}`)
+		return v == 1, last
+	})
+	// RELOADING=1 then READY=1: the unit is back to active (running), not
+	// left reloading.
+	eventually(t, 10*time.Second, "the unit active after the reload", func() (bool, string) {
+		u, err := s.Bus.Unit(ctx, "autopilot-health.service")
+		return err == nil && active(u), fmt.Sprintf("%+v %v", u, err)
+	})
+	after := cond(waitNode(t, api, node, "DiskUsageHigh True at the new threshold 2%", threshold(2)), "DiskUsageHigh")
+	if !after.LastTransitionTime.Equal(&before.LastTransitionTime) {
+		t.Errorf("DiskUsageHigh's lastTransitionTime on the Node: %v before the reload, %v after", before.LastTransitionTime, after.LastTransitionTime)
+	}
+	if err := harness.WriteKmsg("autopilot-health reload test B " + tok); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "line B matched by the rule the reload added", func() (bool, string) {
+		v, last := metric(`autopilot_health_kmsg_matches_total{rule="ReloadTestB"}`)
+		return v == 1, last
+	})
+	if v, last := metric(ruleA); v != 1 {
+		t.Errorf("line A matched again after the reload (the cursor moved back): %s", last)
+	}
+	if j := s.Journal("autopilot-health.service"); !strings.Contains(j, "config reloaded from /etc/autopilot-health/config.toml: checks changed: DiskUsageHigh; kmsg rules: +1 -0 ~0") {
+		t.Errorf("no reload line in the journal")
+	}
+
+	// A bad file: refused, the daemon runs on as it was.
+	if err := os.WriteFile(cfgPath, []byte(strings.Replace(mustRead(t, cfgPath), "space_percent = 2", "space_percent = 2\nspace_percnt = 3", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("reload of the bad file: %v", err)
+	}
+	eventually(t, 10*time.Second, "the refused reload counted", func() (bool, string) {
+		v, last := metric(`autopilot_health_config_reloads_total{result="error"}`)
+		return v == 1, last
+	})
+	line := regexp.MustCompile(`configuration reload refused; running on the previous configuration" err="/etc/autopilot-health/config\.toml:\d+: key checks\.DiskUsageHigh\.space_percnt: unknown key`)
+	eventually(t, 10*time.Second, "the refusal with file, line and key in the journal", func() (bool, string) {
+		j := s.Journal("autopilot-health.service")
+		return line.MatchString(j), lastBytes(j, 600)
+	})
+	if v, last := metric("autopilot_health_config_last_reload_successful"); v != 0 {
+		t.Errorf("after the refused reload: %s", last)
+	}
+	u, err := s.Bus.Unit(ctx, "autopilot-health.service")
+	if err != nil || !active(u) {
+		t.Errorf("the unit after the refused reload: %+v %v", u, err)
+	}
+	if p := mainPID(); p != pid {
+		t.Errorf("main PID %d, was %d: the daemon restarted", p, pid)
+	}
+	// Still the previous configuration on the Node, since the same time.
+	n := waitNode(t, api, node, "DiskUsageHigh still at 2%", threshold(2))
+	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&before.LastTransitionTime) {
+		t.Errorf("lastTransitionTime changed after the refused reload: %v", c.LastTransitionTime)
+	}
+}
+
+func mustRead(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
