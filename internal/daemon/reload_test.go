@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -143,6 +144,20 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		t.Fatal("NodeInfoStale not evaluated before the reload")
 	}
 	metricsURL := "http://" + listen + "/metrics"
+	loadedAt := func() float64 {
+		t.Helper()
+		_, page := get(t, metricsURL)
+		m := regexp.MustCompile(`(?m)^autopilot_health_config_last_reload_success_timestamp_seconds (\S+)$`).FindStringSubmatch(page)
+		if m == nil {
+			t.Fatal("config_last_reload_success_timestamp_seconds not exposed")
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}
+	started := loadedAt()
+	if started <= 0 {
+		t.Errorf("the configuration loaded at start has no time: %v", started)
+	}
 
 	reload := func() string {
 		t.Helper()
@@ -180,6 +195,10 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if strings.Contains(page, `condition="NodeInfoStale"`) {
 		t.Error("NodeInfoStale's series are still exposed")
 	}
+	reloaded := loadedAt()
+	if reloaded <= started {
+		t.Errorf("config_last_reload_success_timestamp_seconds %v after the reload, %v at start", reloaded, started)
+	}
 
 	// A bad file: refused with the text of `config validate`.
 	write("[checks.DiskUsageHigh]\nspace_percentt = 3\n")
@@ -207,6 +226,9 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	c, _ := d.Store().Get("DiskUsageHigh")
 	if !strings.Contains(c.Message, "(threshold 45%)") {
 		t.Errorf("a refused reload changed the check: %+v", c)
+	}
+	if v := loadedAt(); v != reloaded {
+		t.Errorf("a refused reload moved config_last_reload_success_timestamp_seconds to %v", v)
 	}
 	_, page = get(t, metricsURL)
 	for _, want := range []string{`autopilot_health_config_reloads_total{result="error"} 2`, `autopilot_health_config_last_reload_successful 0`} {
