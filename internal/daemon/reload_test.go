@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -183,6 +185,9 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if _, ok := d.Store().Get("NodeInfoStale"); ok {
 		t.Error("NodeInfoStale, disabled, is still in the store")
 	}
+	if slices.Contains(d.live.Loops(), "check/NodeInfoStale") {
+		t.Error("the liveness still expects NodeInfoStale's loop (the watchdog would stop)")
+	}
 	if !strings.Contains(logs.String(), "msg=\"config reloaded from "+path+": checks changed: DiskUsageHigh; stopped: NodeInfoStale\"") {
 		t.Errorf("reload log:\n%s", logs.String())
 	}
@@ -245,5 +250,53 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	if len(flaps.changes) != 0 {
 		t.Errorf("conditions flapped: %v", flaps.changes)
+	}
+}
+
+// DisksFailure's check disabled by a reload while the kernel log monitor
+// runs: the SMART check's part goes, the kernel's part decides alone, as at
+// a start with the check disabled.
+func TestReloadDisablesOnePartOfACondition(t *testing.T) {
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	write := func(extra string) {
+		toml := strings.Replace(reloadTOML(base, ln.Addr().String(), extra), "[kmsg]\nenabled = false\n", "[kmsg]\n", 1)
+		if err := os.WriteFile(path, []byte(toml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Kmsg.Enabled {
+		t.Fatal("the kernel log monitor is off")
+	}
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ConfigPath: path,
+		KmsgOpen: func(string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() { cancel(); <-runErr }()
+	await(t, d, "DisksFailure from both parts", func() bool {
+		c, _ := d.Store().Get("DisksFailure")
+		return strings.Contains(c.Message, "no NVMe drives") && strings.Contains(c.Message, "the kernel logged 0 disk I/O errors")
+	})
+	write("[checks.DisksFailure]\nenabled = false\n")
+	r, err := d.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.Checks.Stopped, []string{"DisksFailure"}) {
+		t.Errorf("reload stopped %v", r.Checks.Stopped)
+	}
+	c, ok := d.Store().Get("DisksFailure")
+	if !ok || c.Status != report.StatusFalse || strings.Contains(c.Message, "NVMe") || !strings.HasPrefix(c.Message, "the kernel logged 0 disk I/O errors") {
+		t.Errorf("DisksFailure after its check was disabled: %+v (held %v)", c, ok)
 	}
 }
