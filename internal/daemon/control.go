@@ -174,7 +174,7 @@ func (r *limitedReader) Read(b []byte) (int, error) {
 // logged and evented. It waits (up to 30 s) for the tamper checks to run
 // again and returns the tamper conditions.
 func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.Condition, error) {
-	k := d.env.Tamper
+	k := d.currentEnv().Tamper
 	if k == nil {
 		return nil, errors.New("this daemon keeps no tamper state")
 	}
