@@ -473,14 +473,18 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 		defer cancel()
 		done := make(chan outcome, 1)
 		go func() {
-			defer e.running.Store(false)
+			var o outcome
+			// The check is no longer running before its outcome is handed
+			// over: a run right after this one (RunOnce again, a wake)
+			// must not find it still running.
 			defer func() {
 				if p := recover(); p != nil {
-					done <- outcome{panic: p, stack: debug.Stack()}
+					o = outcome{panic: p, stack: debug.Stack()}
 				}
+				e.running.Store(false)
+				done <- o
 			}()
-			res, err := e.check.Probe(cctx)
-			done <- outcome{res: res, err: err}
+			o.res, o.err = e.check.Probe(cctx)
 		}()
 		select {
 		case o := <-done:
