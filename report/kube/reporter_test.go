@@ -51,7 +51,12 @@ type harness struct {
 
 func start(t *testing.T, client *fake.Clientset, store *report.Store) *harness {
 	t.Helper()
-	h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
+	return startWith(t, client, store, report.NewDetails())
+}
+
+func startWith(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details) *harness {
+	t.Helper()
+	h := &harness{client: client, store: store, det: det, m: NewMetrics(nil), done: make(chan struct{})}
 	h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m,
 		HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
@@ -254,8 +259,12 @@ func TestAnnotationsCarryFiveDocuments(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
 		store := report.NewStore("b")
-		h := start(t, client, store)
-		h.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/var", "usedPercent": 42}}})
+		// The detail is there before the reporter starts: set after, it
+		// raced with the first annotation write (an empty store is written
+		// at once).
+		det := report.NewDetails()
+		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/var", "usedPercent": 42}}})
+		h := startWith(t, client, store, det)
 		<-h.r.Adopted()
 		synctest.Wait()
 		check := func() time.Time {
