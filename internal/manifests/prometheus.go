@@ -224,6 +224,19 @@ func daemonRules() []rule {
 				"description": "Writes of /var/lib/autopilot-health/state.json keep failing (disk full or read-only?): a restart of the daemon would lose the kernel log cursor and held conditions' local copy.",
 			},
 		},
+		{
+			Alert: "AutopilotHealthConfigReloadRefused",
+			// 0 after a refused reload until one applies (or a start,
+			// which loads the file: a bad one refuses to start, and
+			// AutopilotHealthDaemonGone fires instead).
+			Expr:   `autopilot_health_config_last_reload_successful == 0`,
+			For:    "15m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health refused to reload its configuration on node {{ $labels.node }}",
+				"description": "The last systemctl reload of autopilot-health was refused: the daemon runs on its previous configuration, and /etc/autopilot-health/config.toml as it is now would stop it from starting again (after a crash or a reboot). journalctl -u autopilot-health names the file, line and key, or the keys that need a restart; autopilot-health config validate checks the file.",
+			},
+		},
 	}
 }
 

@@ -225,6 +225,8 @@ func daemonTests() promTest {
 			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="error"`), "2+0x40"},
 			{daemon("autopilot_health_kmsg_lost_records_total", "up", ""), "0+0x20 3+0x20"},
 			{daemon("autopilot_health_state_writes_total", "up", `,result="error"`), "0+0x10 1+0x30"},
+			// A reload refused at minute 5, one that applies at minute 31.
+			{daemon("autopilot_health_config_last_reload_successful", "up", ""), "1+0x4 0+0x25 1+0x10"},
 			{daemon("autopilot_health_healthy", "flaky", ""), strings.Join(healthy, " ")},
 			{daemon("process_start_time_seconds", "flaky", ""), strings.Join(started, " ")},
 			{daemon("autopilot_health_kmsg_reader_up", "blind", ""), "0+0x40"},
@@ -256,6 +258,9 @@ func daemonTests() promTest {
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
 			{EvalTime: "15m", Alertname: "AutopilotHealthStateWritesFailing"},
 			{EvalTime: "16m", Alertname: "AutopilotHealthStateWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthStateWritesFailing", map[string]string{"node": "up", "job": Job, "instance": "up:20257", "result": "error"})}},
+			{EvalTime: "19m", Alertname: "AutopilotHealthConfigReloadRefused"},
+			{EvalTime: "20m", Alertname: "AutopilotHealthConfigReloadRefused", ExpAlerts: []promAlert{exp("AutopilotHealthConfigReloadRefused", daemonNode("up"))}},
+			{EvalTime: "31m", Alertname: "AutopilotHealthConfigReloadRefused"},
 			{EvalTime: "9m", Alertname: "NodeNotReady"},
 			{EvalTime: "10m", Alertname: "NodeNotReady", ExpAlerts: []promAlert{exp("NodeNotReady", map[string]string{
 				"condition": "Ready", "node": "lost", "status": "unknown", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"})}},
