@@ -403,6 +403,22 @@ func FuzzParse(f *testing.F) {
 			if !strings.HasPrefix(err.Error(), "fuzz.toml") {
 				t.Fatalf("error does not name the file: %v", err)
 			}
+			return
+		}
+		// What a reload compares: a file against itself differs in
+		// nothing, and every key that differs from the defaults is one
+		// the file names (or a list it sets).
+		again, err := Parse("fuzz.toml", data, Default())
+		if err != nil {
+			t.Fatalf("the same file parsed twice: %v", err)
+		}
+		if d := Diff(c, again); len(d) != 0 {
+			t.Fatalf("a file differs from itself in %v", d)
+		}
+		for _, k := range Diff(Default(), c) {
+			if keyLines(data).find(k) == 0 {
+				t.Fatalf("Diff names %s, which the file does not set", k)
+			}
 		}
 	})
 }
