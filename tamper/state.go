@@ -240,17 +240,21 @@ const MaxStateFileSize = 64 << 20
 
 // LoadState reads the state file in dir. A missing file is (nil, nil). An
 // unreadable or altered file is moved aside to <file>.corrupt (never
-// deleted) and returned as an error of type *CorruptError.
+// deleted) and returned as an error of type *CorruptError: that includes
+// what the daemon never writes there (a symlink, a directory, a FIFO, a
+// file over MaxStateFileSize), which would otherwise be an empty state
+// that drops the findings unseen (and a directory would make every save
+// fail).
 func LoadState(dir string) (*State, error) {
 	p := filepath.Join(dir, StateFileName)
 	b, err := ReadRegular(p, MaxStateFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
+	var s *State
+	if err == nil {
+		s, err = ParseState(b)
 	}
-	s, err := ParseState(b)
 	if err != nil {
 		aside := p + ".corrupt"
 		if rerr := os.Rename(p, aside); rerr != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -204,5 +205,69 @@ func TestAddToleratedKeepsTheMostRecent(t *testing.T) {
 	}
 	if st := k.State(); len(st.Tolerated) != 0 || st.ToleratedDropped != 0 {
 		t.Fatalf("after a clear: %+v", st.Tolerated)
+	}
+}
+
+// A state file that is not a regular file, or is larger than any the
+// daemon writes, is one the daemon did not write: moved aside and a
+// CorruptError (so a finding), never an empty state that drops the
+// findings unseen.
+func TestLoadStateRefusesWhatTheDaemonDidNotWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, p string)
+	}{
+		{"symlink", func(t *testing.T, p string) {
+			other := filepath.Join(t.TempDir(), "elsewhere.json")
+			if err := os.WriteFile(other, []byte(`{"version":1,"findings":[]}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(other, p); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"directory", func(t *testing.T, p string) {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"fifo", func(t *testing.T, p string) {
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"oversized", func(t *testing.T, p string) {
+			f, err := os.Create(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(MaxStateFileSize + 1); err != nil { // sparse
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, StateFileName)
+			tc.make(t, p)
+			_, err := LoadState(dir)
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.MovedTo != p+".corrupt" {
+				t.Fatalf("LoadState = %v, want a CorruptError moved aside", err)
+			}
+			if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s still in place (%v): the daemon's saves could not replace it", p, err)
+			}
+			// The keeper: a finding of NodeTampered.
+			dir = t.TempDir()
+			tc.make(t, filepath.Join(dir, StateFileName))
+			k := NewKeeper(dir, "boot-1", false)
+			k.Load(t0)
+			st := k.State()
+			if fs := st.FindingsFor(CondNode); len(fs) != 1 || fs[0].Kind != Corrupt {
+				t.Errorf("findings %+v, want one %s", fs, Corrupt)
+			}
+		})
 	}
 }
