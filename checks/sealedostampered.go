@@ -51,8 +51,17 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
+	// enforced is each device's root hash: the first verity target's, or
+	// the first that differs from the recorded one (read below); a layer
+	// is compared with every verity target of its table, and its table
+	// must hold nothing else (tables).
 	enforced := map[string]string{}
+	tables := map[string]deviceTable{}
 	for _, t := range targets {
+		d := tables[t.Device]
+		d.hashes = append(d.hashes, t.Table.RootHash)
+		d.targets = max(d.targets, t.Targets)
+		tables[t.Device] = d
 		if _, dup := enforced[t.Device]; !dup {
 			enforced[t.Device] = t.Table.RootHash
 		}
@@ -111,9 +120,20 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 			Message: fmt.Sprintf("no sealed OS layers on this node: %s, and no layer recorded in %s", why, c.recorded),
 			Details: c.details()}, nil
 	}
+	for l, d := range tables {
+		if want := expected[l]; want != "" {
+			for _, h := range d.hashes {
+				if h != want {
+					enforced[l] = h
+					break
+				}
+			}
+		}
+	}
 	var layers []tamper.LayerReport
 	for _, l := range sortedUnion(expected, enforced) {
 		lr := tamper.LayerReport{Name: l, Expected: expected[l], Enforced: enforced[l], Status: "match"}
+		d := tables[l]
 		switch {
 		case expected[l] == "":
 			lr.Status = "not recorded"
@@ -123,6 +143,9 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 		case enforced[l] != expected[l]:
 			lr.Status = "mismatch"
 			finding(l, tamper.HashMismatch, fmt.Sprintf("recorded %s, enforced %s", expected[l], enforced[l]))
+		case d.targets > len(d.hashes):
+			lr.Status = "mismatch"
+			finding(l, tamper.HashMismatch, fmt.Sprintf("the table of %s has %d targets, %d of them verity: part of the device is not verified", l, d.targets, len(d.hashes)))
 		}
 		layers = append(layers, lr)
 	}
@@ -183,6 +206,14 @@ func (c *sealedOSCheck) result(layers []tamper.LayerReport) Result {
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonSealedOSIntact, Details: c.details(),
 		Message: fmt.Sprintf("%d sealed layer(s) enforce their recorded root hash: %s", len(ok), strings.Join(ok, ", "))}
+}
+
+// deviceTable is what the check compares of one device's live table: the
+// root hash of each verity target, and how many targets it has in all
+// (0: not known).
+type deviceTable struct {
+	hashes  []string
+	targets int
 }
 
 func sortedUnion(a, b map[string]string) []string {

@@ -307,6 +307,36 @@ func TestSealedOSTampered(t *testing.T) {
 			t.Errorf("layers %+v", layers)
 		}
 	})
+	// A layer's device whose table has more than its verity target: the
+	// recorded hash covers only part of it. The kernel's table of a device
+	// built by hand (dmsetup create with two lines) can hold a verity
+	// target with the recorded hash over the first sectors and another
+	// target (linear, or verity under another hash) over the rest.
+	t.Run("a second target in the layer's table", func(t *testing.T) {
+		for _, tc := range []struct {
+			name    string
+			targets []tamper.VerityTarget
+			want    string
+		}{
+			{"verity under another hash", []tamper.VerityTarget{
+				{Device: "root", Table: tamper.VerityTable{RootHash: hashA}, Targets: 2},
+				{Device: "root", Table: tamper.VerityTable{RootHash: hashB}, Targets: 2}},
+				"root root-hash-mismatch (recorded " + hashA + ", enforced " + hashB + ")"},
+			{"a target that is not verity", []tamper.VerityTarget{
+				{Device: "root", Table: tamper.VerityTable{RootHash: hashA}, Targets: 2}},
+				"root root-hash-mismatch (the table of root has 2 targets, 1 of them verity: part of the device is not verified)"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				h := newTamperHost(t)
+				h.write(rec, "root "+hashA+"\n")
+				c := sealedEnv(t, h, "boot-1", &fakeDM{targets: tc.targets})
+				res := h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch, tc.want)
+				if l := res.Details[0].Value.(tamper.Report).SealedLayers; len(l) != 1 || l[0].Status != "mismatch" {
+					t.Errorf("layers %+v", l)
+				}
+			})
+		}
+	})
 	t.Run("layer missing", func(t *testing.T) {
 		h := newTamperHost(t)
 		h.write(rec, "root "+hashA+"\nusr "+hashB+"\n")

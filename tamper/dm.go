@@ -23,6 +23,10 @@ type VerityTarget struct {
 	// Device is the device-mapper name (the sealed layer's name).
 	Device string
 	Table  VerityTable
+	// Targets is the number of targets in the device's table, of any type
+	// (0: not known). A sealed layer's device has one: a verity target
+	// beside another covers only part of the device.
+	Targets int
 }
 
 // ErrNoDeviceMapper: the control node does not exist (the kernel has no
@@ -88,7 +92,7 @@ func (c DMControl) VerityTargets() ([]VerityTarget, error) {
 			if err != nil {
 				return nil, fmt.Errorf("table of %s: %w", name, err)
 			}
-			out = append(out, VerityTarget{Device: name, Table: vt})
+			out = append(out, VerityTarget{Device: name, Table: vt, Targets: len(ts)})
 		}
 	}
 	return out, nil
