@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
+	"golang.org/x/sys/unix"
 )
 
 // tamperHost is a host tree with protected files, a state directory and a
@@ -734,4 +736,61 @@ func TestNodeTamperedClearDoesNotWaitForTheGate(t *testing.T) {
 	// And the gate applies again at the next boot.
 	c2 := h.start("boot-2", report.NewStore("boot-2"))
 	h.probe(c2, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/kubernetes/kubelet.conf")
+}
+
+// deepTree makes a chain of directories under host path dir whose full
+// path is longer than PATH_MAX (made with mkdirat, one level at a time, as
+// a process inside it would), so that stat of its deepest path fails with
+// ENAMETOOLONG.
+func (h *tamperHost) deepTree(dir string) {
+	h.t.Helper()
+	fd, err := unix.Open(h.path(dir), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	name := strings.Repeat("d", 250)
+	for range 20 {
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			h.t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(fd)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		fd = next
+	}
+	unix.Close(fd)
+	h.t.Cleanup(func() { exec.Command("rm", "-rf", h.path(dir)).Run() })
+}
+
+// A path the scan cannot read (here: longer than PATH_MAX, made by a pod
+// with a hostPath of /etc/cni/net.d) is recorded as unreadable, not an
+// error that stops every scan: a change elsewhere is still a finding, and
+// so is the unreadable path itself.
+func TestNodeTamperedAnUnreadablePathDoesNotBlindTheScan(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	h.deepTree("/etc/cni/net.d")
+	h.write("/var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\nauthentication: {anonymous: {enabled: true}}\n")
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/var/lib/kubelet/config.yaml modified")
+	if !strings.Contains(res.Message, "/etc/cni/net.d/ddd") {
+		t.Errorf("the deep tree is not a finding: %q", res.Message)
+	}
+	var unreadable bool
+	for _, f := range c.keeper.State().Findings {
+		unreadable = unreadable || strings.Contains(f.Detail, "unreadable")
+	}
+	if !unreadable {
+		t.Errorf("no finding says which path could not be read: %+v", c.keeper.State().Findings)
+	}
+
+	// At boot: the baseline is taken all the same, the unreadable path in it.
+	h2 := newTamperHost(t)
+	h2.deepTree("/etc/cni/net.d")
+	c2 := h2.start("boot-1", report.NewStore("boot-1"))
+	h2.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "protected paths unchanged")
+	h2.write("/var/lib/kubelet/config.yaml", "changed\n")
+	h2.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /var/lib/kubelet/config.yaml modified")
 }

@@ -23,6 +23,11 @@ const (
 	KindDir     Kind = "dir"
 	KindSymlink Kind = "symlink"
 	KindOther   Kind = "other"
+	// KindUnreadable: the scan could not read the path (its Error says
+	// why; a path longer than PATH_MAX, an I/O error): recorded as such
+	// rather than stopping the scan, so one path nobody can read neither
+	// hides a change elsewhere nor keeps the baseline from being taken.
+	KindUnreadable Kind = "unreadable"
 )
 
 // Entry is one protected path as the baseline holds it: what a change to
@@ -42,6 +47,9 @@ type Entry struct {
 	// TooLarge: a regular file over MaxFileSize, recorded by size, mode
 	// and owner without a digest (not read).
 	TooLarge bool `json:"too_large,omitempty"`
+	// Error is why a KindUnreadable path could not be read (not compared:
+	// the kind is).
+	Error string `json:"error,omitempty"`
 }
 
 // Limits bound a scan: a pattern that matches a huge tree (a typo such as
@@ -77,8 +85,9 @@ func (e *LimitError) Error() string {
 
 // Scan reads every protected path under root (the host root) and returns the
 // entries sorted by path. Paths are host paths (root not included). A path
-// that vanishes while it is read is left out: the next scan sees it gone.
-// Past spec.MaxEntries it stops and returns the entries read so far, sorted,
+// that vanishes while it is read is left out: the next scan sees it gone. A
+// path that cannot be read (stat, listing, reading or readlink fails) is an
+// entry of KindUnreadable, and the scan goes on. Past spec.MaxEntries it stops and returns the entries read so far, sorted,
 // with a *LimitError.
 func Scan(root string, spec Spec) ([]Entry, error) {
 	seen := map[string]bool{}
@@ -86,6 +95,22 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	limit := spec.MaxEntries
 	if limit <= 0 {
 		limit = MaxEntries
+	}
+	// index of each path in out, to mark one unreadable after the fact
+	// (a directory whose listing fails after its stat succeeded).
+	index := map[string]int{}
+	unreadable := func(hostPath string, err error) {
+		e := Entry{Path: hostPath, Kind: KindUnreadable, Error: errText(err)}
+		if i, ok := index[hostPath]; ok {
+			out[i] = e
+			return
+		}
+		if seen[hostPath] || len(out) >= limit {
+			return // excluded, or past the cap (reported as such)
+		}
+		seen[hostPath] = true
+		index[hostPath] = len(out)
+		out = append(out, e)
 	}
 	add := func(hostPath string) error {
 		if seen[hostPath] || excluded(hostPath, spec.Exclude) {
@@ -100,8 +125,9 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 			return nil
 		}
 		if err != nil {
-			return err
+			e = Entry{Path: hostPath, Kind: KindUnreadable, Error: errText(err)}
 		}
+		index[hostPath] = len(out)
 		out = append(out, e)
 		return nil
 	}
@@ -120,13 +146,16 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 				continue
 			}
 			err = filepath.WalkDir(m, func(p string, d fs.DirEntry, err error) error {
-				if err != nil {
-					if errors.Is(err, fs.ErrNotExist) {
-						return nil
-					}
-					return err
-				}
 				hp := hostRel(root, p)
+				if err != nil {
+					if !errors.Is(err, fs.ErrNotExist) && !excluded(hp, spec.Exclude) {
+						unreadable(hp, err)
+					}
+					if d != nil && d.IsDir() {
+						return filepath.SkipDir
+					}
+					return nil
+				}
 				if d.IsDir() && excluded(hp, spec.Exclude) {
 					return filepath.SkipDir
 				}
@@ -139,6 +168,16 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	}
 	sortEntries(out)
 	return out, nil
+}
+
+// errText is why a path could not be read, without the path (stable from
+// one scan to the next).
+func errText(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
 }
 
 func sortEntries(out []Entry) {
@@ -365,6 +404,9 @@ func fixedPrefixDir(p string) string {
 
 // Describe is a short form of what the entry is now (a finding's detail).
 func (e Entry) Describe() string {
+	if e.Kind == KindUnreadable {
+		return "unreadable: " + e.Error
+	}
 	s := fmt.Sprintf("%s mode %04o owner %d:%d", e.Kind, e.Mode, e.UID, e.GID)
 	if e.SHA256 != "" {
 		s += " sha256 " + e.SHA256

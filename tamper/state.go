@@ -217,7 +217,7 @@ func ParseState(b []byte) (*State, error) {
 			if i > 0 && bl.Entries[i-1].Path >= e.Path {
 				return nil, fmt.Errorf("baseline entry %d: %q is not sorted after %q", i, e.Path, bl.Entries[i-1].Path)
 			}
-			if !slices.Contains([]Kind{KindFile, KindDir, KindSymlink, KindOther}, e.Kind) {
+			if !slices.Contains([]Kind{KindFile, KindDir, KindSymlink, KindOther, KindUnreadable}, e.Kind) {
 				return nil, fmt.Errorf("baseline entry %s: unknown kind %q", e.Path, e.Kind)
 			}
 		}
