@@ -145,12 +145,18 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	var over *tamper.LimitError
 	st := c.keeper.State()
 	haveBase := st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID()
-	if err != nil && (!errors.As(err, &over) || !haveBase) {
+	if err != nil && !errors.As(err, &over) {
 		return Result{}, err
 	}
 	pending := ""
 	if !haveBase {
+		// Past the cap, the baseline is of the paths within it, and the
+		// over-limit is a finding at once (failing every run instead would
+		// never take a baseline, and leave every later change unseen).
 		pending = c.takeBaseline(now, cur)
+		if st = c.keeper.State(); pending == "" && over != nil && st.Baseline != nil {
+			c.record(now, st.Baseline, cur, over)
+		}
 	} else {
 		c.record(now, st.Baseline, cur, over)
 	}

@@ -794,3 +794,22 @@ func TestNodeTamperedAnUnreadablePathDoesNotBlindTheScan(t *testing.T) {
 	h2.write("/var/lib/kubelet/config.yaml", "changed\n")
 	h2.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /var/lib/kubelet/config.yaml modified")
 }
+
+// Past the cap before this boot's baseline (files a pod adds in the settle
+// window after boot): the baseline is taken of the paths within the cap and
+// the over-limit is a finding at once, never a check that fails on every
+// run and so never takes a baseline (which would leave every later change
+// unseen).
+func TestNodeTamperedOverTheCapBeforeTheBaseline(t *testing.T) {
+	h := newTamperHost(t)
+	h.write("/etc/cni/net.d/00-a", "{}")
+	h.write("/etc/cni/net.d/00-b", "{}")
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.spec.MaxEntries = 6
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "over-limit")
+	if b := c.keeper.State().Baseline; b == nil || len(b.Entries) != 6 {
+		t.Fatalf("baseline %+v, want one of the 6 paths within the cap", b)
+	}
+	h.write("/var/lib/kubelet/config.yaml", "changed\n")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/var/lib/kubelet/config.yaml modified")
+}
