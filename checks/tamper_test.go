@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
 	"golang.org/x/sys/unix"
@@ -110,6 +111,11 @@ func TestNodeTamperedChanges(t *testing.T) {
 		},
 			"/var/lib/kubelet/config.yaml modified"},
 		{"chmod", func(h *tamperHost) { os.Chmod(h.path("/etc/kubernetes/kubelet.conf"), 0o666) }, "/etc/kubernetes/kubelet.conf mode"},
+		{"chown", func(h *tamperHost) {
+			if err := os.Lchown(h.path("/etc/kubernetes/kubelet.conf"), 65534, 65534); err != nil {
+				testenv.Skip(h.t, "chown needs root: "+err.Error())
+			}
+		}, "/etc/kubernetes/kubelet.conf owner"},
 		{"symlink retarget", func(h *tamperHost) {
 			os.Remove(h.path("/etc/cni/net.d/active"))
 			os.Symlink("/tmp/evil", h.path("/etc/cni/net.d/active"))
