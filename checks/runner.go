@@ -507,7 +507,9 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 		r.store.SetPart(e.part, c, time.Now())
 		return
 	}
-	r.store.Set(c, time.Now())
+	// The run's start: a run in flight during an operator's clear does not
+	// spend the clear's release (report.Store.SetRun).
+	r.store.SetRun(c, start, time.Now())
 }
 
 func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {

@@ -28,10 +28,12 @@ type Store struct {
 	// dirty gets a token whenever something the state file holds changed
 	// (a condition or a kept value); the persister drains it.
 	dirty chan struct{}
-	// released: conditions held once True whose next Set may lower them
+	// released: conditions held once True whose next Set may lower them,
+	// with when they were cleared (a run started before that does not
+	// spend the release)
 	// (an operator's clear); cleared: when each was last cleared, so Adopt
 	// does not take back a True from before the clear.
-	released map[string]bool
+	released map[string]time.Time
 	cleared  map[string]time.Time
 }
 
@@ -39,7 +41,7 @@ type Store struct {
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
 		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
-		dirty: make(chan struct{}, 1), released: map[string]bool{}, cleared: map[string]time.Time{}}
+		dirty: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}}
 }
 
 // Release lets a Set of a condition that is held once True (a tamper
@@ -49,7 +51,7 @@ func NewStore(bootID string) *Store {
 func (s *Store) Release(condType string, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.released[condType] = true
+	s.released[condType] = at
 	s.cleared[condType] = at
 }
 
@@ -128,7 +130,15 @@ func (s *Store) All() []Condition {
 // time changes only when the status changes. A condition held until reboot or
 // forever (kernel and tamper conditions) stays True once set: a later False
 // does not clear it. Set reports whether status, reason or message changed.
-func (s *Store) Set(c Condition, now time.Time) bool {
+func (s *Store) Set(c Condition, now time.Time) bool { return s.SetRun(c, now, now) }
+
+// SetRun is Set of the result of a run that started at started. After an
+// operator's clear (Release) the first Set of a run started at or after the
+// clear spends the release, whatever its status: its False lowers the
+// condition, its True keeps it held (a later failed run, Unknown, does not
+// lower it). A run started before the clear (in flight during it) spends
+// the release only with a status that is not True.
+func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 	if desc, ok := Lookup(c.Type); !ok {
 		panic(fmt.Sprintf("report: Set of unknown condition %q", c.Type))
 	} else if !desc.ValidReason(c.Status, c.Reason) {
@@ -141,8 +151,8 @@ func (s *Store) Set(c Condition, now time.Time) bool {
 	prev, had := s.conds[c.Type]
 	// The release lasts until a Set lowers the condition: a run that was
 	// in flight during the clear may still set True first.
-	released := s.released[c.Type]
-	if c.Status != StatusTrue {
+	relAt, released := s.released[c.Type]
+	if released && (c.Status != StatusTrue || !started.Before(relAt)) {
 		delete(s.released, c.Type)
 	}
 	if had && prev.Status == StatusTrue && c.Status != StatusTrue && !released {

@@ -375,10 +375,10 @@ func TestReleaseAndClearedAdopt(t *testing.T) {
 	}
 	clearAt := t0.Add(2 * time.Minute)
 	s.Release("NodeTampered", clearAt)
-	// A run in flight during the clear still sets True; the release waits
-	// for the first Set that is not True.
-	s.Set(cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "in flight"), clearAt)
-	s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt.Add(time.Second))
+	// A run in flight during the clear (started before it) still sets
+	// True; the release waits for a run started after the clear.
+	s.SetRun(cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "in flight"), clearAt.Add(-time.Second), clearAt)
+	s.SetRun(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt, clearAt.Add(time.Second))
 	if c, _ := s.Get("NodeTampered"); c.Status != StatusFalse {
 		t.Fatalf("not lowered after the clear: %+v", c)
 	}
@@ -386,6 +386,17 @@ func TestReleaseAndClearedAdopt(t *testing.T) {
 	s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, ""), clearAt.Add(3*time.Second))
 	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
 		t.Fatalf("a clear released more than one Set: %+v", c)
+	}
+
+	// A clear whose own evaluation is True again (a sealed layer that still
+	// mismatches) has spent its release: a later run that fails (Unknown,
+	// CheckFailed) does not lower the True.
+	clear2 := clearAt.Add(time.Hour)
+	s.Release("NodeTampered", clear2)
+	s.SetRun(cond("NodeTampered", StatusTrue, ReasonProtectedFileChanged, "still"), clear2, clear2.Add(time.Second))
+	s.SetRun(cond("NodeTampered", StatusUnknown, ReasonCheckFailed, "scan failed"), clear2.Add(time.Minute), clear2.Add(time.Minute))
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Fatalf("a later failed run lowered the True the clear's own evaluation set: %+v", c)
 	}
 
 	// A restart that lost the state: the Node's True from before the clear
