@@ -25,7 +25,11 @@ type VerityTarget struct {
 	Table  VerityTable
 	// Targets is the number of targets in the device's table, of any type
 	// (0: not known). A sealed layer's device has one: a verity target
-	// beside another covers only part of the device.
+	// beside another covers only part of the device. (The kernel accepts
+	// several verity targets in one table, as the VM tier's sealed_os
+	// shows; it refuses a verity target beside one of another type,
+	// "immutable target type cannot be mixed", which the count guards
+	// against all the same.)
 	Targets int
 }
 

@@ -25,7 +25,9 @@ const SealedRecorded = "/var/lib/syself/sealed-os/root-hashes"
 // SealedLayerMissing once sealed-root is closed, RootHashMismatch once
 // another verity image (root hash R2) is opened as sealed-root, and stays
 // True when the original image is back under its name (the condition stays
-// set until an operator clears it). `tamper clear` brings it back to
+// set until an operator clears it). A device with sealed-root's verity
+// target and another image's in one table is RootHashMismatch for the
+// one-shot check though its first target has the recorded hash. `tamper clear` brings it back to
 // SealedOSIntact; the recorded file rewritten after that is
 // RecordedHashAltered; a clear with the rewritten file in place is
 // RootHashMismatch again at once.
@@ -68,6 +70,13 @@ func sealedOS(g *Guest) error {
 	}
 	if err := want(c, "True", "SealedLayerMissing", "1 finding(s): ghost-layer layer-missing (recorded, but no verity device of that name is active)"); err != nil {
 		return fmt.Errorf("one-shot check, a recorded layer without its device: %w", err)
+	}
+
+	// A device whose table holds sealed-root's verity target (the recorded
+	// hash) and another image's verity target after it: the recorded hash
+	// vouches for only part of the device.
+	if err := g.twoTargets("sealed-two", "sealed-root", r); err != nil {
+		return err
 	}
 
 	// The daemon: the recorded hash matches the enforced one.
@@ -188,6 +197,50 @@ func sealedOS(g *Guest) error {
 	// A clear with the altered file in place takes it as the new record:
 	// the layer mismatches it, so the condition is True again at once.
 	return g.clearTamper("accepting the rewritten record", "SealedOSTampered\tTrue\tRootHashMismatch\t1 finding(s): sealed-root root-hash-mismatch (recorded "+other+", enforced "+r+")")
+}
+
+// twoTargets makes device name with a table of two verity targets: that
+// of device verity (root hash r) and, after it, that of another image, and
+// asserts that the one-shot check with "name r" recorded is
+// RootHashMismatch naming the other image's hash; the devices are removed
+// after. (The kernel refuses a verity target beside a target of another
+// type: "immutable target type cannot be mixed with other target types".)
+func (g *Guest) twoTargets(name, verity, r string) error {
+	other, err := g.Verity(name+"-b", 1<<20)
+	if err != nil {
+		return err
+	}
+	defer other.Close()
+	var lines []string
+	var at uint64
+	for _, dev := range []string{verity, other.Name} {
+		table, err := g.Run("dmsetup", "table", dev)
+		if err != nil {
+			return err
+		}
+		f := strings.Fields(table)
+		if len(f) < 3 || f[2] != "verity" {
+			return fmt.Errorf("dmsetup table %s: %q, want one verity target", dev, table)
+		}
+		var length uint64
+		if _, err := fmt.Sscan(f[1], &length); err != nil {
+			return fmt.Errorf("dmsetup table %s: length %q: %v", dev, f[1], err)
+		}
+		lines = append(lines, fmt.Sprintf("%d %d %s", at, length, strings.Join(f[2:], " ")))
+		at += length
+	}
+	if _, err := g.Run("dmsetup", "--noudevsync", "create", "--readonly", name, "--table", strings.Join(lines, "\n")); err != nil {
+		return err
+	}
+	defer g.Run("dmsetup", "--noudevsync", "remove", name)
+	c, err := g.checkSealed(name + " " + r + "\n")
+	if err != nil {
+		return err
+	}
+	if err := want(c, "True", "RootHashMismatch", "1 finding(s): "+name+" root-hash-mismatch (recorded "+r+", enforced "+other.RootHash+")"); err != nil {
+		return fmt.Errorf("one-shot check, the recorded verity target beside another verity target in one table: %w", err)
+	}
+	return nil
 }
 
 // clearTamper runs `autopilot-health tamper clear` (as root, over the
