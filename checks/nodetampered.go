@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -164,7 +165,13 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	c.plan(cur, pending, now)
 	st = c.keeper.State()
 	c.keepDigest(st)
-	res := c.result(st, pending)
+	var unreadable []tamper.Entry
+	for _, e := range cur {
+		if e.Kind == tamper.KindUnreadable {
+			unreadable = append(unreadable, e)
+		}
+	}
+	res := c.result(st, pending, unreadable)
 	c.mu.Lock()
 	if res.Reason == report.ReasonNodeIntact && c.unsettled != "" {
 		res.Message += " (baseline " + c.unsettled + ")"
@@ -324,7 +331,10 @@ func (c *nodeTamperedCheck) plan(cur []tamper.Entry, pending string, now time.Ti
 	c.watch <- p
 }
 
-func (c *nodeTamperedCheck) result(st tamper.State, pending string) Result {
+// unreadable are the protected paths this run could not read: with no
+// finding, the condition is Unknown (CheckFailed) while there are any, never
+// a False that vouches for paths nobody read.
+func (c *nodeTamperedCheck) result(st tamper.State, pending string, unreadable []tamper.Entry) Result {
 	fs := st.FindingsFor(tamper.CondNode)
 	if len(fs) > 0 {
 		reason := report.ReasonProtectedFileChanged
@@ -342,6 +352,19 @@ func (c *nodeTamperedCheck) result(st tamper.State, pending string) Result {
 		// takes the baseline again.
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonBaselinePending, Message: "this boot's baseline is being taken again after a clear"}
 	}
+	if len(unreadable) > 0 {
+		var parts []string
+		for _, e := range unreadable[:min(len(unreadable), 3)] {
+			parts = append(parts, clipPath(e.Path)+" ("+e.Error+")")
+		}
+		more := ""
+		if n := len(unreadable) - len(parts); n > 0 {
+			more = fmt.Sprintf(" and %d more", n)
+		}
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonCheckFailed,
+			Message: fmt.Sprintf("cannot read %d protected path(s), no other change since this boot's baseline (%s, %s): %s%s",
+				len(unreadable), b.TakenAt.UTC().Format(time.RFC3339), b.Digest, strings.Join(parts, ", "), more)}
+	}
 	msg := fmt.Sprintf("%d protected paths unchanged since this boot's baseline (%s, %s)", len(b.Entries), b.TakenAt.UTC().Format(time.RFC3339), b.Digest)
 	if n := len(st.Tolerated) + st.ToleratedDropped; n > 0 {
 		last := st.Tolerated[len(st.Tolerated)-1]
@@ -349,6 +372,21 @@ func (c *nodeTamperedCheck) result(st tamper.State, pending string) Result {
 			b.TakenAt.UTC().Format(time.RFC3339), b.Digest, n, last.Path, last.Kind, last.At.UTC().Format(time.RFC3339))
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact, Message: msg}
+}
+
+// clipPath cuts a path for a message to at most 128 bytes (on a rune
+// boundary, ending in "…"): a path can be as long as PATH_MAX, the message
+// is capped.
+func clipPath(p string) string {
+	const maxLen, ell = 128, "…"
+	if len(p) <= maxLen {
+		return p
+	}
+	cut := maxLen - len(ell)
+	for cut > 0 && !utf8.RuneStart(p[cut]) {
+		cut--
+	}
+	return p[:cut] + ell
 }
 
 // findingsMessage lists the most recent findings (the report has them all,

@@ -794,11 +794,19 @@ func TestNodeTamperedAnUnreadablePathDoesNotBlindTheScan(t *testing.T) {
 		t.Errorf("no finding says which path could not be read: %+v", c.keeper.State().Findings)
 	}
 
-	// At boot: the baseline is taken all the same, the unreadable path in it.
+	// At boot: the baseline is taken all the same, the unreadable path in
+	// it; while a path cannot be read the check vouches for nothing
+	// (Unknown, not False), and a change elsewhere is True.
 	h2 := newTamperHost(t)
 	h2.deepTree("/etc/cni/net.d")
 	c2 := h2.start("boot-1", report.NewStore("boot-1"))
-	h2.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "protected paths unchanged")
+	res = h2.probe(c2, report.StatusUnknown, report.ReasonCheckFailed, "cannot read 1 protected path(s), no other change since this boot's baseline (")
+	if !strings.Contains(res.Message, ": /etc/cni/net.d/ddd") || !strings.HasSuffix(res.Message, "… (open: file name too long)") {
+		t.Errorf("message %q: want the path, cut, and why", res.Message)
+	}
+	if c2.keeper.State().Baseline == nil {
+		t.Fatal("no baseline taken")
+	}
 	h2.write("/var/lib/kubelet/config.yaml", "changed\n")
 	h2.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /var/lib/kubelet/config.yaml modified")
 }
