@@ -559,3 +559,58 @@ func TestTamperCommands(t *testing.T) {
 		t.Errorf("tamper status: %d %v %s", code, err, stdout)
 	}
 }
+
+// tamper status reads tamper.json, which whoever can write state_dir can
+// rewrite while the daemon runs (it keeps its state in memory and saves it
+// only on a change): it also prints the daemon's own tamper conditions
+// (status socket) and warns when the daemon holds a True whose findings
+// the file no longer has, and says that the file's clear is not verified.
+func TestTamperStatusAgainstTheDaemon(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "status.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir = %q\n[status]\nsocket = %q\n", dir, sock)), 0o644)
+	// The file as an attacker left it: no finding, a clear.
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	forged := tamper.State{Cleared: &tamper.Clear{At: at, Reason: "INC-1 reviewed", By: "sudo user alice"}}
+	raw, _ := forged.Marshal()
+	if err := os.WriteFile(tamper.StatePath(dir), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// No daemon: said so.
+	code, stdout, _ := run(t, "tamper", "status", "--config", cfg)
+	if code != exitOK || !strings.Contains(stdout, `"daemon": "the daemon is not running`) {
+		t.Errorf("without a daemon: %d %s", code, stdout)
+	}
+	st := daemon.StatusReport{Conditions: []daemon.ConditionStatus{
+		{Condition: report.Condition{Type: "NodeTampered", Status: report.StatusTrue, Reason: report.ReasonProtectedFileChanged, Message: "1 finding(s): /etc/kubernetes/kubelet.conf modified"}},
+		{Condition: report.Condition{Type: "KubeletUnhealthy", Status: report.StatusTrue, Reason: "KubeletHealthzFailed"}},
+	}}
+	body, _ := json.Marshal(st)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	code, stdout, _ = run(t, "tamper", "status", "--config", cfg)
+	var got struct {
+		Daemon  map[string]report.Condition
+		Warning string
+		Cleared *tamper.Clear
+		Note    string
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil {
+		t.Fatalf("tamper status: %d %v %s", code, err, stdout)
+	}
+	if c := got.Daemon["NodeTampered"]; c.Status != report.StatusTrue || len(got.Daemon) != 1 {
+		t.Errorf("daemon: %+v, want NodeTampered True alone", got.Daemon)
+	}
+	if !strings.Contains(got.Warning, "the daemon holds NodeTampered True, but tamper.json has no finding of it") {
+		t.Errorf("warning %q", got.Warning)
+	}
+	if got.Cleared == nil || !strings.Contains(got.Note, "not verified") {
+		t.Errorf("cleared %+v, note %q", got.Cleared, got.Note)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
 )
 
@@ -23,7 +24,9 @@ const tamperUsage = `Usage:
       afresh; the clear is logged and sent as a TamperCleared event
   autopilot-health tamper status [--config FILE]
       print the daemon's tamper state (tamper.json in state_dir): this boot's
-      baseline, the findings, the last clear
+      baseline, the findings, the last clear (as the file records it); and
+      the running daemon's tamper conditions (status socket), with a warning
+      when it holds one True that the file has no finding of
   autopilot-health tamper layers [--config FILE]
       print the verity targets the kernel enforces (device-mapper ioctls on
       checks.SealedOSTampered.dm_control; root): device, root hash, table
@@ -135,14 +138,53 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 			out["toleratedDropped"] = st.ToleratedDropped
 		}
 		out["cleared"] = st.Cleared
+		if st.Cleared != nil {
+			out["note"] = "cleared is as recorded in tamper.json, not verified: whoever can write state_dir can rewrite the file; the Node's tamper report shows the clear the daemon published"
+		}
 		if b := st.Baseline; b != nil {
 			out["baseline"] = map[string]any{"bootID": b.BootID, "takenAt": b.TakenAt.Format(time.RFC3339), "digest": b.Digest, "files": len(b.Entries)}
 		}
 	}
+	daemonTamper(cfg, st, out)
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	enc.Encode(out)
 	return exitOK
+}
+
+// daemonTamper adds to out the running daemon's tamper conditions (from its
+// status socket: its state in memory, which the file may no longer match,
+// since the daemon saves the file only on a change) and a warning when the
+// daemon holds one True without a finding of it in the file st.
+func daemonTamper(cfg *config.Config, st *tamper.State, out map[string]any) {
+	if cfg.Status.Socket == "" {
+		out["daemon"] = "status.socket is empty in the configuration: the daemon's conditions cannot be read"
+		return
+	}
+	body, err := fetchStatus(cfg.Status.Socket)
+	var rep daemon.StatusReport
+	if err == nil {
+		err = json.Unmarshal(body, &rep)
+	}
+	if err != nil {
+		out["daemon"] = err.Error()
+		return
+	}
+	conds := map[string]report.Condition{}
+	var warn []string
+	for _, c := range rep.Conditions {
+		if c.Type != tamper.CondNode && c.Type != tamper.CondSealed {
+			continue
+		}
+		conds[c.Type] = c.Condition
+		if c.Status == report.StatusTrue && (st == nil || len(st.FindingsFor(c.Type)) == 0) {
+			warn = append(warn, fmt.Sprintf("the daemon holds %s True, but tamper.json has no finding of it: the file was rewritten or lost since the daemon saved it; the daemon's conditions and the Node's are what counts", c.Type))
+		}
+	}
+	out["daemon"] = conds
+	if len(warn) > 0 {
+		out["warning"] = strings.Join(warn, "; ")
+	}
 }
 
 func cmdTamperLayers(args []string, stdout, stderr io.Writer) int {
