@@ -300,14 +300,36 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 }
 
 // tolerated reports whether a change of host path p sets nothing on this
-// node (a known writer's path).
+// node (a known writer's path, or its temporary file: atomicTemp).
 func (c *nodeTamperedCheck) tolerated(p string) bool {
+	cands := []string{p}
+	if f, ok := atomicTemp(p); ok {
+		cands = append(cands, f)
+	}
 	for _, g := range c.tolerate {
-		if ok, _ := path.Match(g, p); ok {
-			return true
+		for _, q := range cands {
+			if ok, _ := path.Match(g, q); ok {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// atomicTemp: p is the temporary file an atomic replace of file leaves in
+// the same directory for a moment, "." + its name + random digits (what
+// github.com/google/renameio writes, and with it Cilium's CNI configuration;
+// os.CreateTemp's names for the pattern "."+name). A run woken by its
+// creation may see it. Such a name ends in digits, so neither CNI (by
+// extension: .conf, .conflist, .json) nor containerd's imports (*.toml)
+// read it.
+func atomicTemp(p string) (file string, ok bool) {
+	dir, name := path.Split(p)
+	trimmed := strings.TrimRight(name, "0123456789")
+	if !strings.HasPrefix(name, ".") || len(trimmed) == len(name) || len(trimmed) < 2 {
+		return "", false
+	}
+	return dir + trimmed[1:], true
 }
 
 // plan hands the watcher the directories to watch and, while the baseline

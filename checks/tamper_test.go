@@ -829,3 +829,25 @@ func TestNodeTamperedOverTheCapBeforeTheBaseline(t *testing.T) {
 	h.write("/var/lib/kubelet/config.yaml", "changed\n")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/var/lib/kubelet/config.yaml modified")
 }
+
+// A known writer that replaces its file atomically (Cilium writes its CNI
+// configuration with github.com/google/renameio: a temporary file
+// ".05-cilium.conflist<digits>" in the same directory, then a rename over
+// the file) shows the temporary file to a run that the create woke: it is
+// the tolerated path's, so tolerated too. A hidden name that is not that
+// (here one CNI would load: extension .conflist) still sets it.
+func TestNodeTamperedToleratesAKnownWritersTemporaryFile(t *testing.T) {
+	h := newTamperHost(t)
+	h.tolerate = []string{"/etc/cni/net.d/05-cilium.conflist"}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	tmp := "/etc/cni/net.d/.05-cilium.conflist2596996162"
+	h.write(tmp, `{"cniVersion":"0.3.1","name":"cilium"}`)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "the last "+tmp+" added")
+	if err := os.Rename(h.path(tmp), h.path("/etc/cni/net.d/05-cilium.conflist")); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "the last /etc/cni/net.d/05-cilium.conflist modified")
+	h.write("/etc/cni/net.d/.05-cilium.conflist.conflist", "{}")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/.05-cilium.conflist.conflist added")
+}
