@@ -1,7 +1,16 @@
 package kmsg
 
 import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -82,5 +91,86 @@ func BenchmarkParseRecord(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		ParseRecord(rec)
+	}
+}
+
+// memDevice serves records from memory as fast as they are read (1 in 20
+// matching, as in the kmsg-flood harness), each with the next sequence
+// number, and stops the reader after n.
+type memDevice struct {
+	seq, n uint64
+	stop   func()
+}
+
+func (d *memDevice) Read(p []byte) (int, error) {
+	d.seq++
+	if d.seq > d.n {
+		d.stop()
+		return 0, os.ErrDeadlineExceeded
+	}
+	msg := nonMatching[d.seq%uint64(len(nonMatching))]
+	if d.seq%20 == 0 {
+		msg = matching[d.seq/20%uint64(len(matching))]
+	}
+	msg = msg[strings.IndexByte(msg, ';')+1:]
+	b := append(p[:0], "6,"...)
+	b = strconv.AppendUint(b, d.seq, 10)
+	b = append(b, ",812345678,-;"...)
+	b = append(b, msg...)
+	return len(b), nil
+}
+func (d *memDevice) Seek(int64, int) (int64, error)  { return 0, nil }
+func (d *memDevice) SetReadDeadline(time.Time) error { return nil }
+func (d *memDevice) Close() error                    { return nil }
+
+// The reader's loop for each record, without the system calls: read from
+// the device, parse, match, the cursor, progress and the read deadline.
+func BenchmarkReaderLoop(b *testing.B) {
+	mon := benchMonitor(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	dev := &memDevice{n: uint64(b.N), stop: cancel}
+	rd := &Reader{Path: "mem", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ReadTimeout: time.Second,
+		Progress: func(string, time.Duration) {}, Open: func(string) (Device, error) { return dev, nil }}
+	b.ReportAllocs()
+	b.ResetTimer()
+	rd.Run(ctx)
+	b.StopTimer()
+	if got := mon.Metrics().Records(); got != float64(b.N) {
+		b.Fatalf("handled %v records, want %d", got, b.N)
+	}
+}
+
+// One read of a record from the real /dev/kmsg, as the reader reads it:
+// the records in the ring buffer, half of them over and over. Needs the
+// right to read the kernel log (root).
+func BenchmarkDeviceRead(b *testing.B) {
+	dev, err := openDevice("/dev/kmsg")
+	if err != nil {
+		b.Skip("cannot open /dev/kmsg: ", err)
+	}
+	defer dev.Close()
+	buf := make([]byte, BufSize)
+	// How many records the ring holds now (a read that waits ends it).
+	held := 0
+	dev.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	for {
+		if _, err := dev.Read(buf); err != nil && !errors.Is(err, syscall.EPIPE) {
+			break
+		}
+		held++
+	}
+	if held < 20 {
+		b.Skipf("only %d records in the kernel log", held)
+	}
+	dev.SetReadDeadline(time.Now().Add(time.Hour))
+	dev.Seek(0, io.SeekStart)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%(held/2) == 0 {
+			dev.Seek(0, io.SeekStart)
+		}
+		if _, err := dev.Read(buf); err != nil && !errors.Is(err, syscall.EPIPE) {
+			b.Fatal(err)
+		}
 	}
 }

@@ -119,40 +119,6 @@ func errEOF(path string) error {
 // reader works through the backlog: when none comes, the end is reached.
 const catchUpWait = 250 * time.Millisecond
 
-// openDevice opens the kernel log without blocking (a FIFO or a device
-// that would block the open cannot hold up the daemon or its shutdown) and
-// refuses what is not a character device: a directory, a regular file or a
-// FIFO is never the kernel log.
-func openDevice(path string) (Device, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	st, err := f.Stat()
-	if err == nil && st.Mode()&os.ModeCharDevice == 0 {
-		kind := "a " + st.Mode().Type().String()
-		switch {
-		case st.IsDir():
-			kind = "a directory"
-		case st.Mode().IsRegular():
-			kind = "a regular file"
-		case st.Mode()&os.ModeNamedPipe != 0:
-			kind = "a FIFO"
-		}
-		err = fmt.Errorf("%s is %s, not a character device (the kernel log is /dev/kmsg)", path, kind)
-	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); err == nil && ok {
-		if maj, mnr := unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)); maj != 1 || mnr != 11 {
-			err = fmt.Errorf("%s is the character device %d:%d, not the kernel log (/dev/kmsg is 1:11)", path, maj, mnr)
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
-}
-
 // Run reads until ctx is done, reopening the device with backoff after
 // open and read errors. It never returns early: a monitor that cannot read
 // says so in the log (once per change of error) and the metrics, and stops
@@ -228,7 +194,9 @@ func (rd *Reader) Run(ctx context.Context) {
 			continue
 		}
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
-		var beat time.Time
+		var beat, deadlineAt time.Time
+		var deadlineWait time.Duration
+		now := time.Now()
 		var readErr error
 		opened, caughtUp := false, false
 		// A record logged after this open means the backlog is read, even
@@ -241,8 +209,15 @@ func (rd *Reader) Run(ctx context.Context) {
 			if !caughtUp {
 				wait = min(wait, catchUpWait)
 			}
-			f.SetReadDeadline(time.Now().Add(wait))
+			// The deadline is set anew when the wait changes or an eighth
+			// of it has passed, not for every record of a flood: a read
+			// waits between 7/8 of the wait and the whole of it.
+			if wait != deadlineWait || now.Sub(deadlineAt) >= wait/8 {
+				f.SetReadDeadline(now.Add(wait))
+				deadlineAt, deadlineWait = now, wait
+			}
 			n, err := f.Read(buf)
+			now = time.Now()
 			if (err == nil && n == 0) || errors.Is(err, io.EOF) {
 				err = errEOF(rd.Path)
 			}
@@ -269,12 +244,12 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 			// Progress at most once a second: in a flood this loop turns
 			// for every record.
-			if now := time.Now(); rd.Progress != nil && now.Sub(beat) >= time.Second {
+			if rd.Progress != nil && now.Sub(beat) >= time.Second {
 				rd.Progress("kmsg", rd.ReadTimeout)
 				beat = now
 			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				rd.Monitor.Tick(MonotonicNow(), time.Now())
+				rd.Monitor.Tick(MonotonicNow(), now)
 				continue
 			}
 			if errors.Is(err, syscall.EPIPE) {
@@ -333,7 +308,7 @@ func Scan(path string, mon *Monitor) (int, error) {
 		return 0, err
 	}
 	defer dev.Close()
-	f := dev.(*os.File)
+	f := dev.(*kmsgFile)
 	bootWall := BootWall()
 	buf := make([]byte, BufSize)
 	n := 0

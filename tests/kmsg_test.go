@@ -227,7 +227,7 @@ func TestKmsgResumeAfterRestart(t *testing.T) {
 	}
 }
 
-func kmsgOpts(t *testing.T, store *report.Store) kmsg.Options {
+func kmsgOpts(t testing.TB, store *report.Store) kmsg.Options {
 	t.Helper()
 	cfg := config.Default()
 	env := &checks.Env{Config: cfg, Role: report.RoleWorker}
