@@ -44,6 +44,7 @@ type fakeDevice struct {
 	failReads *atomic.Int64 // reads left that fail (shared across opens)
 	readErr   error
 	deadline  time.Time
+	deadlines int         // SetReadDeadline calls
 	onRead    func(i int) // called before record i is returned
 }
 
@@ -80,9 +81,49 @@ func (d *fakeDevice) SetReadDeadline(t time.Time) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.deadline = t
+	d.deadlines++
 	return nil
 }
 func (d *fakeDevice) Close() error { return nil }
+
+// The reader sets its read deadline when the wait changes or an eighth of
+// it has passed, not for every record: a burst of 2,000 records read at
+// once sets it a few times (it set it 2,000 times before).
+func TestReaderSetsTheDeadlineOncePerBurst(t *testing.T) {
+	const n = 2000
+	recs := make([][]byte, n)
+	for i := range recs {
+		recs[i] = fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", i+1, i+1)
+	}
+	dev := &fakeDevice{recs: recs}
+	set := make(chan int, 1)
+	dev.onRead = func(i int) {
+		if i == n-1 {
+			dev.mu.Lock()
+			set <- dev.deadlines
+			dev.mu.Unlock()
+		}
+	}
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(time.Now(), time.Now())
+	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case got := <-set:
+		// A burst read within 31 ms (an eighth of the 250 ms catch-up
+		// wait) sets it once; a slow machine a few times more.
+		if got > 20 {
+			t.Errorf("the read deadline was set %d times for %d records read at once", got, n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the records were not read")
+	}
+}
 
 // countingLog counts the records logged at each level.
 type countingLog struct {
