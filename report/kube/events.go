@@ -32,7 +32,13 @@ type aggregate struct {
 	nextTry         time.Time
 }
 
-type aggKey struct{ reason, message string }
+// aggKey names an aggregate: reason and message, and for one whose dedupe
+// window is over while it still waits to be written, a sequence number
+// (retired) that keeps it apart from the next Event of the same text.
+type aggKey struct {
+	reason, message string
+	retired         uint64
+}
 
 // eventLoop turns the daemon's events into core/v1 Events. The first
 // occurrence is created at once; repeats only raise the count, patched at
@@ -82,12 +88,23 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 }
 
 func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
-	k := aggKey{e.Reason, e.Message}
-	if a, ok := aggs[k]; ok && e.Time.Sub(a.first) < EventDedupeWindow {
-		a.count++
-		a.last = e.Time
-		r.m.coalesced.Inc()
-		return
+	k := aggKey{reason: e.Reason, message: e.Message}
+	if a, ok := aggs[k]; ok {
+		if e.Time.Sub(a.first) < EventDedupeWindow {
+			a.count++
+			a.last = e.Time
+			r.m.coalesced.Inc()
+			return
+		}
+		if a.name == "" || a.count != a.sentCount {
+			// Its window is over but not all of it is on the API server
+			// (an outage longer than the window): keep it under a key of
+			// its own until it is, so the next occurrence starts a new
+			// Event without losing this one's count.
+			r.retired++
+			delete(aggs, k)
+			aggs[aggKey{reason: e.Reason, message: e.Message, retired: r.retired}] = a
+		}
 	}
 	if len(aggs) >= maxAggregates {
 		// Make room: forget the oldest fully sent aggregate.
@@ -129,8 +146,14 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 			if err := r.patchEventCount(ctx, a, now); err != nil {
 				return err
 			}
-		case a.count == a.sentCount && now.Sub(a.first) >= EventDedupeWindow:
+		case a.count == a.sentCount && (now.Sub(a.first) >= EventDedupeWindow || k.retired != 0):
 			delete(aggs, k) // done: the next occurrence starts a new Event
+		case k.retired != 0 && a.count != a.sentCount:
+			// A retired aggregate's last count, without waiting for the
+			// flush period: nothing raises it any more.
+			if err := r.patchEventCount(ctx, a, now); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -105,8 +105,8 @@ type Reporter struct {
 	// renderErr is the last error of rendering the report (annotation loop
 	// only): logged when it changes, not on every write.
 	renderErr string
-	// eventSeq is used by the event loop only.
-	eventSeq uint64
+	// eventSeq and retired are used by the event loop only.
+	eventSeq, retired uint64
 }
 
 // New builds a Reporter. Its events come from Options.Events, a queue the

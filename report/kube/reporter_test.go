@@ -477,3 +477,49 @@ func TestConditionRemovedFromTheStoreLeavesTheNode(t *testing.T) {
 		h.stop()
 	})
 }
+
+// The same event every 10 s through a 25-minute outage, longer than the
+// dedupe window: when the API server returns, every occurrence is counted
+// on an Event, in one Event per window, not one per occurrence. Before,
+// the aggregate of a window that ended before it could be written was
+// replaced by the next one and its count lost (found writing the soak,
+// tests/soak_test.go).
+func TestEventCountsSurviveAnOutageLongerThanTheWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down := true
+		client.PrependReactor("*", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		const fired = 150 // 25 minutes
+		for range fired {
+			store.Emit(report.Event{Reason: "Ext4Warning", Message: "EXT4-fs warning (device sdz1): same text", Time: time.Now()})
+			time.Sleep(10 * time.Second)
+		}
+		mu.Lock()
+		down = false
+		mu.Unlock()
+		time.Sleep(2 * time.Minute) // at most one backoff (≤ 1 min) later
+		synctest.Wait()
+		evs, err := client.CoreV1().Events(EventNamespace).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var total int32
+		for _, e := range evs.Items {
+			total += e.Count
+		}
+		if total != fired || len(evs.Items) != 3 {
+			t.Errorf("%d Events with a total count of %d; want %d occurrences on 3 Events (one per 10-minute window)", len(evs.Items), total, fired)
+		}
+		h.stop()
+	})
+}
