@@ -28,12 +28,16 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		return
 	}
 	lastErr := ""
+	var dial func(context.Context) error
 	for client == nil {
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version)
 		if err == nil {
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
 			d.setKubeState("reporting", "to "+host+" as node "+d.currentEnv().NodeName+" (kubeconfig "+path+")")
 			client = c
+			if dial, err = kube.Dialer(host); err != nil {
+				d.log.Warn("the API server's return after an outage is noticed by the retry backoff alone", "server", host, "err", err)
+			}
 			break
 		}
 		d.setKubeState("waiting", "for a usable kubeconfig: "+err.Error())
@@ -63,7 +67,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		Store:     d.store, Details: d.details,
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
-		FirstPass: d.firstPassDone,
+		FirstPass: d.firstPassDone, Dial: dial,
 		ReportedClear: func(at time.Time) {
 			// The clear in tamper.json is reported (and so trusted at the
 			// next start) only when it is the one published before.

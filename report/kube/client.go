@@ -4,8 +4,11 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"time"
 
@@ -42,4 +45,34 @@ func NewClient(path, userAgent string) (kubernetes.Interface, string, error) {
 		return nil, "", fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return c, cfg.Host, nil
+}
+
+// Dialer returns an Options.Dial for the API server at server (a
+// kubeconfig's server URL): a TCP connection to its host and port (443 when
+// the URL names none), closed at once. Nothing is sent: the API server
+// does not see a request.
+func Dialer(server string) (func(ctx context.Context) error, error) {
+	u, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("server %q names no host", server)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		port := "443"
+		if u.Scheme == "http" {
+			port = "80"
+		}
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	var d net.Dialer
+	return func(ctx context.Context) error {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	}, nil
 }

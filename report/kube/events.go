@@ -48,7 +48,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 	const loop = eventsLoop
 	aggs := map[aggKey]*aggregate{}
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
-	el := &errorLog{log: r.o.Log, what: "writing events of node " + r.o.NodeName}
+	el := r.newErrorLog("writing events of node " + r.o.NodeName)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -68,6 +68,12 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 				}
 			}
 		case <-tick.C:
+		case <-r.apiBack():
+			// The API server is back: what waits for its retry goes now.
+			bo.Reset()
+			for _, a := range aggs {
+				a.nextTry = time.Time{}
+			}
 		}
 		if err := r.flush(ctx, aggs, time.Now()); err != nil {
 			if ctx.Err() != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,6 +62,15 @@ type Options struct {
 	// first report annotations wait for it, so they carry what the checks
 	// collect instead of empty domains until the next refresh.
 	FirstPass <-chan struct{}
+	// Dial, if set, opens a connection to the API server and closes it (a
+	// TCP handshake, no request; see Dialer). While a write is failing it
+	// is tried every second, and when it succeeds after failing (the API
+	// server's port accepts connections again) the writers retry at once
+	// with their backoff reset, instead of at the end of a wait of up to a
+	// minute. Where something always accepts the connection (a load
+	// balancer in front of the API servers) it never fails, and the
+	// backoff alone paces the retries.
+	Dial func(ctx context.Context) error
 }
 
 // Timing constants.
@@ -107,6 +117,13 @@ type Reporter struct {
 	renderErr string
 	// eventSeq and retired are used by the event loop only.
 	eventSeq, retired uint64
+	// failing counts the writers whose last call failed; probeLoop dials
+	// only while it is not 0.
+	failing atomic.Int32
+	// backMu guards back, a channel closed (and replaced) when Dial
+	// succeeds after failing.
+	backMu sync.Mutex
+	back   chan struct{}
 }
 
 // New builds a Reporter. Its events come from Options.Events, a queue the
@@ -125,7 +142,7 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{})}
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), back: make(chan struct{})}
 	r.m.SetReporting(true)
 	return r
 }
@@ -169,7 +186,54 @@ func (r *Reporter) Run(ctx context.Context) {
 	wg.Go(func() { r.statusLoop(ctx) })
 	wg.Go(func() { r.eventLoop(ctx) })
 	wg.Go(func() { r.annotationLoop(ctx) })
+	if r.o.Dial != nil {
+		wg.Go(func() { r.probeLoop(ctx) })
+	}
 	wg.Wait()
+}
+
+// probeInterval is how often probeLoop dials while a write is failing.
+const probeInterval = time.Second
+
+// probeLoop dials the API server every probeInterval while a writer is
+// failing, and tells the writers when it answers again after refusing (or
+// not answering): see Options.Dial.
+func (r *Reporter) probeLoop(ctx context.Context) {
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	down := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if r.failing.Load() == 0 {
+			down = false
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, probeInterval)
+		err := r.o.Dial(dctx)
+		cancel()
+		switch {
+		case err != nil:
+			down = true
+		case down:
+			down = false
+			r.backMu.Lock()
+			close(r.back)
+			r.back = make(chan struct{})
+			r.backMu.Unlock()
+		}
+	}
+}
+
+// apiBack returns a channel closed when the API server accepts connections
+// again after it did not (never closed without Options.Dial).
+func (r *Reporter) apiBack() <-chan struct{} {
+	r.backMu.Lock()
+	defer r.backMu.Unlock()
+	return r.back
 }
 
 // Adopted is closed once the Node's conditions have been read and carried
@@ -190,9 +254,18 @@ type errorLog struct {
 	what     string
 	last     string
 	failures int
+	// failing, if set, counts the loops that are failing (Reporter.failing).
+	failing *atomic.Int32
+}
+
+func (r *Reporter) newErrorLog(what string) *errorLog {
+	return &errorLog{log: r.o.Log, what: what, failing: &r.failing}
 }
 
 func (l *errorLog) fail(err error, retryIn time.Duration) {
+	if l.failures == 0 && l.failing != nil {
+		l.failing.Add(1)
+	}
 	l.failures++
 	msg := err.Error()
 	if msg == l.last {
@@ -210,6 +283,9 @@ func (l *errorLog) fail(err error, retryIn time.Duration) {
 func (l *errorLog) ok() {
 	if l.failures > 0 {
 		l.log.Info(l.what+" recovered", "failed_attempts", l.failures)
+		if l.failing != nil {
+			l.failing.Add(-1)
+		}
 	}
 	l.failures, l.last = 0, ""
 }
@@ -220,7 +296,7 @@ func (l *errorLog) ok() {
 func (r *Reporter) statusLoop(ctx context.Context) {
 	const loop = "kube/status"
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
-	el := &errorLog{log: r.o.Log, what: "reading node " + r.o.NodeName}
+	el := r.newErrorLog("reading node " + r.o.NodeName)
 	r.m.setStatusPending(true) // nothing written yet
 	for {
 		r.progress(loop, backoffMax)
@@ -235,12 +311,14 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
+		case <-r.apiBack():
+			bo.Reset()
 		}
 	}
 	close(r.adopted)
 	bo.Reset()
 
-	el = &errorLog{log: r.o.Log, what: "writing conditions of node " + r.o.NodeName}
+	el = r.newErrorLog("writing conditions of node " + r.o.NodeName)
 	dirty := true
 	hb := time.NewTimer(jitter(r.o.HeartbeatPeriod))
 	defer hb.Stop()
@@ -281,6 +359,11 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			dirty = true
 		case <-retry:
 			retry = nil
+		case <-r.apiBack():
+			if retry != nil {
+				retry = nil
+				bo.Reset()
+			}
 		}
 	}
 }
@@ -410,7 +493,7 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 func (r *Reporter) annotationLoop(ctx context.Context) {
 	const loop = "kube/annotations"
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
-	el := &errorLog{log: r.o.Log, what: "writing the report annotations of node " + r.o.NodeName}
+	el := r.newErrorLog("writing the report annotations of node " + r.o.NodeName)
 	select {
 	case <-ctx.Done():
 		return
@@ -424,12 +507,19 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		}
 	}
 	wait := time.Duration(0)
+	failed := false
 	for {
 		r.progress(loop, max(r.o.ReportInterval, backoffMax))
+		var back <-chan struct{}
+		if failed {
+			back = r.apiBack()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
+		case <-back:
+			bo.Reset()
 		}
 		if err := r.writeAnnotations(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -437,11 +527,12 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			}
 			wait = bo.Next()
 			el.fail(err, wait)
+			failed = true
 			continue
 		}
 		el.ok()
 		bo.Reset()
-		wait = r.o.ReportInterval
+		wait, failed = r.o.ReportInterval, false
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -522,4 +524,113 @@ func TestEventCountsSurviveAnOutageLongerThanTheWindow(t *testing.T) {
 		}
 		h.stop()
 	})
+}
+
+// After a 10-minute outage the writers are in their longest backoff (up to
+// a minute): the probe notices the API server's port accepting connections
+// again, and the Node has the final state within 2 s of its return, with
+// the transition time of the last change. Where the dial always succeeds (a
+// load balancer in front), the probe changes nothing: the retries stay
+// paced by the backoff. Before, the return was noticed up to a minute late
+// (found by the soak, tests/soak_test.go: TestSoakAPIServerDown).
+func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
+	for _, lb := range []bool{false, true} {
+		t.Run(fmt.Sprintf("load balancer %v", lb), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				client := fake.NewClientset(kubeletNode())
+				var mu sync.Mutex
+				down, failed, dials := false, 0, 0
+				client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if down {
+						failed++
+						return true, nil, apierrors.NewServiceUnavailable("connection refused")
+					}
+					return false, nil, nil
+				})
+				store := report.NewStore("b")
+				h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
+				h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+					Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m,
+					HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
+					Dial: func(context.Context) error {
+						mu.Lock()
+						defer mu.Unlock()
+						dials++
+						if down && !lb {
+							return errors.New("connection refused")
+						}
+						return nil
+					}})
+				ctx, cancel := context.WithCancel(context.Background())
+				h.cancel = cancel
+				go func() { h.r.Run(ctx); close(h.done) }()
+				<-h.r.Adopted()
+				time.Sleep(time.Minute)
+				mu.Lock()
+				down = true
+				mu.Unlock()
+				var last time.Time
+				for i := range 10 {
+					last = time.Now()
+					c := report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: fmt.Sprint(i)}
+					if i%2 == 1 {
+						c.Status, c.Reason = report.StatusFalse, "DiskUsageOK"
+					}
+					store.Set(c, last)
+					time.Sleep(time.Minute)
+				}
+				mu.Lock()
+				down = false
+				f := failed
+				mu.Unlock()
+				if f > 40 {
+					t.Errorf("%d failed calls in a 10-minute outage: want them paced by the backoff", f)
+				}
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				c := findCond(h.node(t), "DiskUsageHigh")
+				if lb {
+					// Only the backoff: within a minute.
+					time.Sleep(time.Minute)
+					synctest.Wait()
+					c = findCond(h.node(t), "DiskUsageHigh")
+				}
+				if c == nil || c.Message != "9" || c.Status != corev1.ConditionFalse || !c.LastTransitionTime.Time.Equal(last) {
+					t.Errorf("2 s after the API server's return: %+v; want False, message 9, since %v", c, last)
+				}
+				mu.Lock()
+				d := dials
+				mu.Unlock()
+				if d < 500 || d > 700 {
+					t.Errorf("%d dials during a 10-minute outage: want one a second while the writes fail", d)
+				}
+				h.stop()
+			})
+		})
+	}
+}
+
+// Dialer connects to the server's host and port (443 when none is named)
+// and fails when nothing listens there.
+func TestDialer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial, err := Dialer("https://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(context.Background()); err != nil {
+		t.Errorf("listening: %v", err)
+	}
+	ln.Close()
+	if err := dial(context.Background()); err == nil {
+		t.Error("nothing listens, and the dial succeeded")
+	}
+	if _, err := Dialer("https:///no-host"); err == nil {
+		t.Error("a server without a host was accepted")
+	}
 }
