@@ -65,16 +65,24 @@ type kernelNode struct {
 	cfgPath string
 	state   string
 	logs    *bytes.Buffer
+	// metrics is the daemon's metrics address, status its status socket.
+	metrics string
+	status  string
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	markers int
 }
 
-func newKernelNode(t *testing.T) *kernelNode {
+func newKernelNode(t *testing.T) *kernelNode { return newKernelNodeWith(t, "") }
+
+// newKernelNodeWith is newKernelNode with more [[kmsg.rules]] (TOML, where
+// TOKEN stands for the node's token).
+func newKernelNodeWith(t *testing.T, rules string) *kernelNode {
 	t.Helper()
 	s := apiServer(t)
 	tok := harness.Token()
 	n := &kernelNode{t: t, api: s, name: "kernel-" + tok, tok: tok, state: filepath.Join(t.TempDir(), "state"), logs: &bytes.Buffer{}}
+	n.status = filepath.Join(t.TempDir(), "status.sock")
 	registerNode(t, s, n.name)
 	_, kc := nodeClient(t, s, n.name)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -83,6 +91,7 @@ func newKernelNode(t *testing.T) *kernelNode {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
+	n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
 	var disable []string
 	for _, r := range kmsg.DefaultRules {
 		if r.Name != "ReadonlyFilesystem" && r.Name != "Ext4Warning" {
@@ -101,6 +110,8 @@ state_dir = %q
 [log]
 level = "debug"
 format = "text"
+[status]
+socket = %q
 [metrics]
 listen_address = "127.0.0.1:%d"
 [kubernetes]
@@ -122,7 +133,8 @@ name = "Ext4Warning"
 kind = "temp"
 reason = "Ext4Warning"
 pattern = '^EXT4-fs warning \(device %s\)'
-`, n.name, n.state, port, kc, checksOff.String(), strings.Join(disable, ", "), tok, tok)
+%s
+`, n.name, n.state, n.status, port, kc, checksOff.String(), strings.Join(disable, ", "), tok, tok, strings.ReplaceAll(rules, "TOKEN", tok))
 	n.cfgPath = filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(n.cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,453 @@
+//go:build integration
+
+package tests
+
+// The soak and endurance scenarios (README, "Soak"). Each runs in a short
+// form in make test; make soak sets the SOAK_* variables to the full forms:
+//
+//	SOAK_APIDOWN   how long kube-apiserver is down (short 30s, full 10m)
+//	SOAK_RESTARTS  SIGKILL-and-restart cycles (short 10, full 100)
+//	SOAK_FLOOD     kernel log lines of the flood (short 50000, full 1000000)
+//
+// The 24 simulated hours are internal/daemon's TestSoakSimulatedDay.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/syself/autopilot-health/internal/daemon"
+)
+
+// soakInt and soakDuration read a soak's size from the environment, else
+// the short form.
+func soakInt(t *testing.T, name string, short int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return short
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
+
+func soakDuration(t *testing.T, name string, short time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return short
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
+}
+
+// procMem returns a process's resident set and its peak (VmRSS, VmHWM) in
+// bytes.
+func procMem(t *testing.T, pid int) (rss, hwm int64) {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %q", k, v)
+		}
+		if k == "VmRSS" {
+			rss = kb << 10
+		} else {
+			hwm = kb << 10
+		}
+	}
+	return rss, hwm
+}
+
+// procCPU returns a process's user and system CPU time.
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command (which may hold spaces) in parentheses.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+const mib = 1 << 20
+
+// statusDoc asks the running daemon for its status document over its
+// status socket (what `autopilot-health status --json` prints).
+func (n *kernelNode) statusDoc() daemon.StatusReport {
+	n.t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", n.status)
+	}}}
+	var st daemon.StatusReport
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := c.Get("http://daemon" + daemon.StatusPath)
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if err == nil {
+				return st
+			}
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("status socket %s: %v", n.status, err)
+		}
+		time.Sleep(50 * time.Millisecond) // the socket appears when the daemon is up
+	}
+}
+
+// storeHas polls the daemon's status until its condition ty has status st.
+func (n *kernelNode) storeHas(ty string, st corev1.ConditionStatus) {
+	n.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, c := range n.statusDoc().Conditions {
+			if c.Type == ty && string(c.Status) == string(st) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the daemon did not hold %s=%s within 30 s", ty, st)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the daemon for an awaited state
+	}
+}
+
+// nodeEvents lists the Events about the node whose message contains sub.
+func (n *kernelNode) nodeEvents(sub string) []corev1.Event {
+	n.t.Helper()
+	evs, err := n.api.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", n.name).String()})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	var out []corev1.Event
+	for _, e := range evs.Items {
+		if strings.Contains(e.Message, sub) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// kube-apiserver is down (etcd stays) for SOAK_APIDOWN while two kernel
+// conditions turn True and three kernel warnings repeat once a second; the
+// daemon (its shipped binary, with the node's credentials) answers its
+// status socket throughout. When kube-apiserver is back: both conditions
+// are on the Node within 5 s, with the transition times of the kernel
+// lines (not of the reconnect); every warning is counted on an Event, one
+// Event per message and 10-minute dedupe window; the daemon's resident
+// memory stays within 16 MiB of where it was before the outage.
+func TestSoakAPIServerDown(t *testing.T) {
+	down := soakDuration(t, "SOAK_APIDOWN", 30*time.Second)
+	n := newKernelNodeWith(t, `
+[[kmsg.rules]]
+name = "SoakDeadlock"
+kind = "perm"
+condition = "KernelDeadlock"
+reason = "CriticalTaskHung"
+pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
+`)
+	s := n.api
+	n.start()
+	n.caughtUp()
+	waitNode(t, s, n.name, "both kernel conditions False", func(node *corev1.Node) bool {
+		return has("ReadonlyFilesystem", corev1.ConditionFalse, "FilesystemIsNotReadOnly")(node) && has("KernelDeadlock", corev1.ConditionFalse, "KernelHasNoDeadlock")(node)
+	})
+	pid := n.cmd.Process.Pid
+	base, _ := procMem(t, pid)
+	cpu0 := procCPU(t, pid)
+
+	s.StopKubeAPIServer()
+	up := false
+	t.Cleanup(func() { // the package's other tests need it
+		if !up {
+			if err := s.StartKubeAPIServer(); err != nil {
+				t.Errorf("restarting kube-apiserver: %v", err)
+			}
+		}
+	})
+	began := time.Now()
+	msgs := []string{"soak-a", "soak-b", "soak-c"}
+	fired := map[string]int32{}
+	var rfAt, kdAt time.Time
+	var samples []int64
+	tick := time.NewTicker(time.Second)
+	for i := 0; time.Since(began) < down; i++ {
+		m := msgs[i%len(msgs)]
+		n.line("EXT4-fs warning (device TOKEN): " + m + " repeated through the outage")
+		fired[m]++
+		el := time.Since(began)
+		if rfAt.IsZero() && el >= down/3 {
+			rfAt = time.Now()
+			n.line("EXT4-fs (TOKEN): Remounting filesystem read-only")
+		}
+		if kdAt.IsZero() && el >= 2*down/3 {
+			kdAt = time.Now()
+			n.line("INFO: task TOKEN:4242 blocked for more than 120 seconds.")
+		}
+		if i%5 == 0 {
+			rss, _ := procMem(t, pid)
+			samples = append(samples, rss)
+		}
+		<-tick.C // the outage's pace: one warning a second
+	}
+	tick.Stop()
+	// The daemon read both lines (its status answers without the API).
+	n.storeHas("ReadonlyFilesystem", corev1.ConditionTrue)
+	n.storeHas("KernelDeadlock", corev1.ConditionTrue)
+	if err := s.StartKubeAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	up = true
+	back := time.Now()
+	var node *corev1.Node
+	for {
+		var err error
+		node, err = s.Admin.CoreV1().Nodes().Get(context.Background(), n.name, metav1.GetOptions{})
+		if err == nil && has("ReadonlyFilesystem", corev1.ConditionTrue, "FilesystemIsReadOnly")(node) && has("KernelDeadlock", corev1.ConditionTrue, "CriticalTaskHung")(node) {
+			break
+		}
+		if time.Since(back) > 5*time.Second {
+			t.Fatalf("5 s after kube-apiserver was back the Node has %v (%v)", conditionsOf(node), err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the Node for the awaited state
+	}
+	converged := time.Since(back)
+	for ty, at := range map[string]time.Time{"ReadonlyFilesystem": rfAt, "KernelDeadlock": kdAt} {
+		c := cond(node, ty)
+		if d := c.LastTransitionTime.Sub(at); d < -2*time.Second || d > 2*time.Second {
+			t.Errorf("%s: lastTransitionTime %s, the line was written at %s", ty, c.LastTransitionTime.UTC().Format(time.RFC3339), at.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	readyIntact(t, node)
+
+	// Events: every occurrence counted, one Event per message and window.
+	windows := int(down/(10*time.Minute)) + 1
+	var objects, total int
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		objects, total = 0, 0
+		ok := true
+		for _, m := range msgs {
+			evs := n.nodeEvents(m)
+			var sum int32
+			for _, e := range evs {
+				sum += e.Count
+			}
+			objects += len(evs)
+			total += int(sum)
+			if sum != fired[m] || len(evs) > windows {
+				ok = false
+			}
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, m := range msgs {
+				for _, e := range n.nodeEvents(m) {
+					t.Logf("event %s count %d first %s last %s", e.Message, e.Count, e.FirstTimestamp.UTC().Format(time.RFC3339), e.LastTimestamp.UTC().Format(time.RFC3339))
+				}
+			}
+			t.Fatalf("events after the outage: %d objects counting %d occurrences; want %v occurrences in at most %d objects per message", objects, total, fired, windows)
+		}
+		time.Sleep(200 * time.Millisecond) // the counts are patched every 10 s
+	}
+
+	end, hwm := procMem(t, pid)
+	peak := slices.Max(append(samples, end))
+	if peak-base > 16*mib {
+		t.Errorf("resident memory grew from %.1f MiB to %.1f MiB during the outage (samples %v)", float64(base)/mib, float64(peak)/mib, samples)
+	}
+	t.Logf("soak: kube-apiserver down %s; Node converged %s after its return; %d warnings in %d Events; daemon RSS %.1f MiB before, peak %.1f MiB, %.1f MiB after (VmHWM %.1f MiB); CPU %s during the outage",
+		down, converged.Round(10*time.Millisecond), total, objects, float64(base)/mib, float64(peak)/mib, float64(end)/mib, float64(hwm)/mib, procCPU(t, pid)-cpu0)
+}
+
+// SOAK_RESTARTS cycles of SIGKILL and restart of the daemon's binary while
+// a kernel condition is True: half of the kills come at a random point of
+// the start (from at once to 1.5 s after), half once the daemon has read the
+// log and reported. Across all of them the Node never shows the condition
+// as anything but True after it first was, and its lastTransitionTime never
+// moves.
+func TestSoakKillRestartCycles(t *testing.T) {
+	cycles := soakInt(t, "SOAK_RESTARTS", 10)
+	n := newKernelNode(t)
+	w := watchFlaps(t, n.api, n.name)
+	n.start()
+	n.caughtUp()
+	waitNode(t, n.api, n.name, "ReadonlyFilesystem=False before the line", has("ReadonlyFilesystem", corev1.ConditionFalse, "FilesystemIsNotReadOnly"))
+	n.line("EXT4-fs (TOKEN): Remounting filesystem read-only")
+	set := waitNode(t, n.api, n.name, "ReadonlyFilesystem=True", has("ReadonlyFilesystem", corev1.ConditionTrue, "FilesystemIsReadOnly"))
+	ltt := cond(set, "ReadonlyFilesystem").LastTransitionTime
+	n.caughtUp()
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 0))
+	t.Logf("kill points from seed %d", seed)
+	began := time.Now()
+	for i := range cycles {
+		n.kill()
+		n.start()
+		if i%2 == 0 {
+			time.Sleep(time.Duration(rng.Int64N(int64(1500 * time.Millisecond)))) // the kill point under test, not a wait for a condition
+		} else {
+			n.caughtUp()
+		}
+	}
+	n.kill()
+	restarted := n.start()
+	n.caughtUp()
+	c := n.written(restarted)
+	if c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&ltt) {
+		t.Errorf("after %d kills: %s/%s since %s; want True since %s", cycles, c.Status, c.Reason, c.LastTransitionTime.Format(time.RFC3339), ltt.Format(time.RFC3339))
+	}
+	f := w.flaps()
+	if len(f) > 0 {
+		t.Errorf("ReadonlyFilesystem flapped on the Node across %d kills: %v", cycles, f)
+	}
+	w.mu.Lock()
+	seen := len(w.seen)
+	w.mu.Unlock()
+	t.Logf("soak: %d SIGKILL-and-restart cycles in %s: %d Node updates watched, %d flaps, transition time kept", cycles, time.Since(began).Round(time.Second), seen, len(f))
+}
+
+// floodKmsg writes lines to the real kernel log as fast as user space can:
+// ten lines per open file (the kernel's printk_devkmsg=ratelimit allows a
+// burst of ten per open file), each one record.
+func floodKmsg(t *testing.T, n int, line func(i int) []byte) {
+	t.Helper()
+	var f *os.File
+	for i := range n {
+		if i%10 == 0 {
+			if f != nil {
+				f.Close()
+			}
+			var err error
+			if f, err = os.OpenFile("/dev/kmsg", os.O_WRONLY, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := f.Write(line(i)); err != nil {
+			t.Fatalf("line %d: %v", i, err)
+		}
+	}
+	if f != nil {
+		f.Close()
+	}
+}
+
+// stableKmsg returns the daemon's kernel log figures once two readings in a
+// row agree (the reader is idle: nothing half-counted).
+func (n *kernelNode) stableKmsg() daemon.KmsgStatus {
+	n.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	prev := n.statusDoc().Kmsg
+	for {
+		time.Sleep(100 * time.Millisecond) // two readings apart in time
+		cur := n.statusDoc().Kmsg
+		if prev != nil && cur != nil && prev.LastRecord != nil && cur.LastRecord != nil &&
+			prev.Records == cur.Records && prev.Lost == cur.Lost && prev.LastRecord.Seq == cur.LastRecord.Seq {
+			return *cur
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatal("the daemon's kernel log figures did not settle within 30 s")
+		}
+		prev = cur
+	}
+}
+
+// floodHWMBound is the peak resident memory the daemon may reach in a
+// kernel log flood.
+const floodHWMBound = 64 * mib
+
+// SOAK_FLOOD lines as fast as user space writes them: every record between
+// two readings of the daemon's figures is either read or counted lost, and
+// the lost count is exactly the gap in the sequence numbers; every
+// twentieth-of-the-flood marker line (an Ext4Warning) whose record was not
+// lost becomes an Event; the daemon's peak resident memory stays under
+// floodHWMBound.
+func TestSoakKmsgFlood(t *testing.T) {
+	lines := soakInt(t, "SOAK_FLOOD", 50000)
+	n := newKernelNode(t)
+	n.start()
+	n.caughtUp()
+	pid := n.cmd.Process.Pid
+	before := n.stableKmsg()
+	cpu0 := procCPU(t, pid)
+	every := max(lines/20, 1)
+	markers := 0
+	start := time.Now()
+	floodKmsg(t, lines, func(i int) []byte {
+		if i%every == 0 {
+			markers++
+			return fmt.Appendf(nil, "<5>EXT4-fs warning (device %s): flood marker %d\n", n.tok, i)
+		}
+		return fmt.Appendf(nil, "<5>autopilot-health soak flood %s %d\n", n.tok, i)
+	})
+	wrote := time.Since(start)
+	n.caughtUp()
+	after := n.stableKmsg()
+	cpu := procCPU(t, pid) - cpu0
+	read, lost := int64(after.Records-before.Records), int64(after.Lost-before.Lost)
+	span := int64(after.LastRecord.Seq - before.LastRecord.Seq)
+	if read+lost != span {
+		t.Errorf("sequence numbers %d..%d (%d records): %d read + %d counted lost = %d", before.LastRecord.Seq, after.LastRecord.Seq, span, read, lost, read+lost)
+	}
+	if span < int64(lines) {
+		t.Errorf("only %d records between the readings; %d were written", span, lines)
+	}
+	var got int
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got = len(n.nodeEvents("flood marker"))
+		if int64(got) >= int64(markers)-lost || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // polling the API server for the awaited events
+	}
+	if int64(got) < int64(markers)-lost {
+		t.Errorf("%d of %d marker lines became Events, with %d records lost", got, markers, lost)
+	}
+	_, hwm := procMem(t, pid)
+	if hwm > floodHWMBound {
+		t.Errorf("peak resident memory %.1f MiB in the flood; bound %d MiB", float64(hwm)/mib, floodHWMBound/mib)
+	}
+	t.Logf("soak: %d lines flooded in %s (%.0f lines/s), %d records read, %d lost (%.2f %%), %d/%d markers reported; daemon CPU %s (%.1f µs per record), VmHWM %.1f MiB",
+		lines, wrote.Round(time.Millisecond), float64(lines)/wrote.Seconds(), read, lost, 100*float64(lost)/float64(span), got, markers,
+		cpu, float64(cpu.Microseconds())/float64(max(read, 1)), float64(hwm)/mib)
+}
