@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"context"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+)
+
+// idleListener is a metrics listener with no socket: Accept waits until
+// Close (inside a synctest bubble that wait is durable, so the fake clock
+// moves on).
+type idleListener struct {
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newIdleListener() *idleListener { return &idleListener{closed: make(chan struct{})} }
+
+func (l *idleListener) Accept() (net.Conn, error) { <-l.closed; return nil, net.ErrClosed }
+func (l *idleListener) Close() error              { l.once.Do(func() { close(l.closed) }); return nil }
+func (l *idleListener) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// soakHours is how many simulated hours TestSoakSimulatedDay runs:
+// SOAK_HOURS (make soak: 24), else 3.
+func soakHours(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv("SOAK_HOURS")
+	if v == "" {
+		return 3
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("SOAK_HOURS=%q: want a positive number of hours", v)
+	}
+	return n
+}
+
+// Soak bounds, per node and hour: API writes (30 report refreshes at the
+// 2-minute report_interval, and condition heartbeats every 5 to 5.5 minutes:
+// 11 to 12; a change's write restarts the heartbeat's wait, so a change an
+// hour adds at most one write).
+const (
+	soakAPIWritesMin = 40.5
+	soakAPIWritesMax = 42.5
+)
+
+// The daemon with its default configuration (checks on a fixture host, the
+// Kubernetes writers on client-go's fake clientset) for SOAK_HOURS
+// simulated hours on testing/synctest's fake clock, after an hour to
+// settle: a healthy node, and one whose condition changes once an hour (set
+// into the store as a check sets it). Per hour: the API writes stay at the
+// spec's 30 report refreshes plus 11 to 12 heartbeats (one more write per
+// change), the state file is written only for a change, and the journal is
+// quiet but for the change's line.
+func TestSoakSimulatedDay(t *testing.T) {
+	hours := soakHours(t)
+	for _, changing := range []bool{false, true} {
+		name := "healthy"
+		if changing {
+			name = "one change an hour"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := testConfig(t)
+				// The condition this test changes: no check competes.
+				cfg.Checks.ClockNotSynchronized.Enabled = false
+				// Its watcher blocks in a read of the kernel's file
+				// events, which the fake clock cannot wait out; it
+				// wakes only on a change under the watched paths, so a
+				// quiet node's hours cost it nothing.
+				cfg.Checks.NodeTampered.Enabled = false
+				client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+				var logs testenv.SyncBuffer
+				log, err := NewLogger(&logs, "text", cfg.Log.Level)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d, err := New(cfg, log, Options{Version: "test", Listener: newIdleListener(), Kube: client})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- d.Run(ctx) }()
+				time.Sleep(time.Hour) // settle: first pass, adoption, first report
+				synctest.Wait()
+				client.ClearActions()
+				lines0 := strings.Count(logs.String(), "\n")
+				saves0 := testutil.ToFloat64(d.metrics.StateWritesFor("ok"))
+				for h := range hours {
+					if changing {
+						c := report.Condition{Type: "ClockNotSynchronized", Status: report.StatusFalse, Reason: report.ReasonClockSynchronized}
+						if h%2 == 0 {
+							c.Status, c.Reason = report.StatusTrue, report.ReasonClockUnsynchronized
+						}
+						d.Store().Set(c, time.Now())
+					}
+					time.Sleep(time.Hour)
+				}
+				synctest.Wait()
+				per := func(n float64) float64 { return n / float64(hours) }
+				acts := map[string]int{}
+				for _, a := range client.Actions() {
+					k := a.GetVerb() + " " + a.GetResource().Resource
+					if a.GetSubresource() != "" {
+						k += "/" + a.GetSubresource()
+					}
+					acts[k]++
+				}
+				status, ann := acts["patch nodes/status"], acts["patch nodes"]
+				writes := per(float64(status + ann))
+				saves := per(testutil.ToFloat64(d.metrics.StateWritesFor("ok")) - saves0)
+				all := strings.Split(strings.TrimSpace(logs.String()), "\n")
+				logged := all[min(lines0, len(all)):]
+				lines := per(float64(len(logged)))
+				t.Logf("soak: %d simulated hours, %s: %.2f API writes per hour (%.2f condition writes, %.2f report refreshes; all calls %v), %.2f state file writes per hour, %.2f log lines per hour",
+					hours, name, writes, per(float64(status)), per(float64(ann)), acts, saves, lines)
+				changes := 0.0
+				if changing {
+					changes = 1
+				}
+				if writes < soakAPIWritesMin || writes > soakAPIWritesMax+changes || per(float64(ann)) != 30 || len(client.Actions()) != status+ann {
+					t.Errorf("%.2f API writes per hour, want %.1f to %.1f with 30 report refreshes and nothing else: %v", writes, soakAPIWritesMin, soakAPIWritesMax+changes, acts)
+				}
+				// The state file is written for a change, the journal
+				// gets one line per change, and nothing else.
+				if saves > changes || lines > changes {
+					t.Errorf("per hour: %.2f state file writes, %.2f log lines; want at most %v of each:\n%s", saves, lines, changes, strings.Join(logged, "\n"))
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
+}
