@@ -75,7 +75,8 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 				a.nextTry = time.Time{}
 			}
 		}
-		if err := r.flush(ctx, aggs, time.Now()); err != nil {
+		wrote, err := r.flush(ctx, aggs, time.Now())
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -86,7 +87,9 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 					a.nextTry = time.Now().Add(wait)
 				}
 			}
-		} else {
+		} else if wrote {
+			// Only a write that went through is a recovery: a flush
+			// that found everything waiting for its retry made no call.
 			el.ok()
 			bo.Reset()
 		}
@@ -130,11 +133,12 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 }
 
 // flush creates new Events and patches counts that are due; it stops at the
-// first error (the API is likely down) and returns it.
+// first error (the API is likely down) and returns it. wrote says whether an
+// API call went through.
 // eventsLoop is the event writer's name in the daemon's liveness.
 const eventsLoop = "kube/events"
 
-func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now time.Time) error {
+func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now time.Time) (wrote bool, err error) {
 	for k, a := range aggs {
 		if now.Before(a.nextTry) {
 			continue
@@ -146,23 +150,26 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 		switch {
 		case a.name == "":
 			if err := r.createEvent(ctx, a); err != nil {
-				return err
+				return wrote, err
 			}
+			wrote = true
 		case a.count != a.sentCount && now.Sub(a.lastPatch) >= r.o.EventCountFlush:
 			if err := r.patchEventCount(ctx, a, now); err != nil {
-				return err
+				return wrote, err
 			}
+			wrote = true
 		case a.count == a.sentCount && (now.Sub(a.first) >= EventDedupeWindow || k.retired != 0):
 			delete(aggs, k) // done: the next occurrence starts a new Event
 		case k.retired != 0 && a.count != a.sentCount:
 			// A retired aggregate's last count, without waiting for the
 			// flush period: nothing raises it any more.
 			if err := r.patchEventCount(ctx, a, now); err != nil {
-				return err
+				return wrote, err
 			}
+			wrote = true
 		}
 	}
-	return nil
+	return wrote, nil
 }
 
 func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -633,4 +634,59 @@ func TestDialer(t *testing.T) {
 	if _, err := Dialer("https:///no-host"); err == nil {
 		t.Error("a server without a host was accepted")
 	}
+}
+
+// The same kernel warning once a second through a 10-minute outage of the
+// events API: the event writer backs off (failed calls paced by the
+// backoff, not one a second), the failure is logged once and the recovery
+// once. Before, a flush that found everything waiting for its retry made no
+// call and counted as a recovery: the backoff never grew, and every second
+// logged "failed; will retry" and "recovered" (found by the soak,
+// tests/soak_test.go: TestSoakAPIServerDown with SOAK_APIDOWN=10m).
+func TestEventWriterBacksOffThroughAnOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down, failed := true, 0
+		client.PrependReactor("*", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				failed++
+				return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		var logs testenv.SyncBuffer
+		m := NewMetrics(nil)
+		r := New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+			Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		for range 600 {
+			store.Emit(report.Event{Reason: "Ext4Warning", Message: "EXT4-fs warning (device sdz1): same text", Time: time.Now()})
+			time.Sleep(time.Second)
+		}
+		mu.Lock()
+		f := failed
+		down = false
+		mu.Unlock()
+		if f > 25 {
+			t.Errorf("%d failed event writes in a 10-minute outage; want them paced by the backoff (1 s doubling to 1 min)", f)
+		}
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		out := logs.String()
+		if a, b := strings.Count(out, "writing events of node "+node+" failed"), strings.Count(out, "writing events of node "+node+" recovered"); a != 1 || b != 1 {
+			t.Errorf("the outage logged %d failures and %d recoveries of the event writer; want one of each:\n%s", a, b, out)
+		}
+		evs, _ := client.CoreV1().Events(EventNamespace).List(context.Background(), metav1.ListOptions{})
+		if len(evs.Items) != 1 || evs.Items[0].Count != 600 {
+			t.Errorf("events after the outage: %+v", evs.Items)
+		}
+		cancel()
+		<-done
+	})
 }
