@@ -103,10 +103,13 @@ func newKernelNodeWith(t *testing.T, rules string) *kernelNode {
 	for _, name := range cfg.Checks.Names() {
 		fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", name)
 	}
+	// Its own control socket: the default path is shared with every
+	// other daemon on this machine (and a second one refuses to start).
 	conf := fmt.Sprintf(`node_name = %q
 role = "worker"
 gpu = "false"
 state_dir = %q
+control_socket = %q
 [log]
 level = "debug"
 format = "text"
@@ -134,7 +137,7 @@ kind = "temp"
 reason = "Ext4Warning"
 pattern = '^EXT4-fs warning \(device %s\)'
 %s
-`, n.name, n.state, n.status, port, kc, checksOff.String(), strings.Join(disable, ", "), tok, tok, strings.ReplaceAll(rules, "TOKEN", tok))
+`, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, port, kc, checksOff.String(), strings.Join(disable, ", "), tok, tok, strings.ReplaceAll(rules, "TOKEN", tok))
 	n.cfgPath = filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(n.cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)

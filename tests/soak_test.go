@@ -171,7 +171,9 @@ func (n *kernelNode) nodeEvents(sub string) []corev1.Event {
 // status socket throughout. When kube-apiserver is back: both conditions
 // are on the Node within 5 s, with the transition times of the kernel
 // lines (not of the reconnect); every warning is counted on an Event, one
-// Event per message and 10-minute dedupe window; the daemon's resident
+// Event per message and 10-minute dedupe window (less any the daemon lost
+// to another writer's flood of the shared ring buffer, which it counts);
+// the outage is a few log lines, not one per retry; the daemon's resident
 // memory stays within 16 MiB of where it was before the outage.
 func TestSoakAPIServerDown(t *testing.T) {
 	down := soakDuration(t, "SOAK_APIDOWN", 30*time.Second)
@@ -192,6 +194,7 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	pid := n.cmd.Process.Pid
 	base, _ := procMem(t, pid)
 	cpu0 := procCPU(t, pid)
+	lost0 := n.statusDoc().Kmsg.Lost
 
 	s.StopKubeAPIServer()
 	up := false
@@ -231,6 +234,10 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	// The daemon read both lines (its status answers without the API).
 	n.storeHas("ReadonlyFilesystem", corev1.ConditionTrue)
 	n.storeHas("KernelDeadlock", corev1.ConditionTrue)
+	// Records the daemon lost to another writer's flood of the shared
+	// ring buffer (each may have been one of the warnings).
+	lost := int32(n.statusDoc().Kmsg.Lost - lost0)
+	cpu := procCPU(t, pid) - cpu0
 	if err := s.StartKubeAPIServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -249,6 +256,7 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 		time.Sleep(50 * time.Millisecond) // polling the Node for the awaited state
 	}
 	converged := time.Since(back)
+	t.Logf("soak: kube-apiserver down %s; Node converged %s after its return", down, converged.Round(10*time.Millisecond))
 	for ty, at := range map[string]time.Time{"ReadonlyFilesystem": rfAt, "KernelDeadlock": kdAt} {
 		c := cond(node, ty)
 		if d := c.LastTransitionTime.Sub(at); d < -2*time.Second || d > 2*time.Second {
@@ -260,6 +268,10 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	// Events: every occurrence counted, one Event per message and window.
 	windows := int(down/(10*time.Minute)) + 1
 	var objects, total int
+	var sent int32
+	for _, f := range fired {
+		sent += f
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		objects, total = 0, 0
@@ -272,11 +284,11 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 			}
 			objects += len(evs)
 			total += int(sum)
-			if sum != fired[m] || len(evs) > windows {
+			if sum > fired[m] || sum < fired[m]-lost || len(evs) > windows {
 				ok = false
 			}
 		}
-		if ok {
+		if ok && int32(total) >= sent-lost {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -285,7 +297,7 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 					t.Logf("event %s count %d first %s last %s", e.Message, e.Count, e.FirstTimestamp.UTC().Format(time.RFC3339), e.LastTimestamp.UTC().Format(time.RFC3339))
 				}
 			}
-			t.Fatalf("events after the outage: %d objects counting %d occurrences; want %v occurrences in at most %d objects per message", objects, total, fired, windows)
+			t.Fatalf("events after the outage: %d objects counting %d occurrences; want %v occurrences (less %d kernel records lost) in at most %d objects per message", objects, total, fired, lost, windows)
 		}
 		time.Sleep(200 * time.Millisecond) // the counts are patched every 10 s
 	}
@@ -295,8 +307,16 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	if peak-base > 16*mib {
 		t.Errorf("resident memory grew from %.1f MiB to %.1f MiB during the outage (samples %v)", float64(base)/mib, float64(peak)/mib, samples)
 	}
-	t.Logf("soak: kube-apiserver down %s; Node converged %s after its return; %d warnings in %d Events; daemon RSS %.1f MiB before, peak %.1f MiB, %.1f MiB after (VmHWM %.1f MiB); CPU %s during the outage",
-		down, converged.Round(10*time.Millisecond), total, objects, float64(base)/mib, float64(peak)/mib, float64(end)/mib, float64(hwm)/mib, procCPU(t, pid)-cpu0)
+	// The outage in the journal: a few lines per writer (its first
+	// failure, a changed error, its recovery), not one per retry.
+	n.kill()
+	logs := n.logs.String()
+	failures, recoveries := strings.Count(logs, "failed; will retry"), strings.Count(logs, " recovered")
+	if failures > 12 || recoveries > 8 {
+		t.Errorf("the outage logged %d failures and %d recoveries of the API writers; want a few per writer", failures, recoveries)
+	}
+	t.Logf("soak: %d of %d warnings counted in %d Events (%d kernel records lost to other writers); %d failure and %d recovery log lines; daemon RSS %.1f MiB before, peak %.1f MiB, %.1f MiB after (VmHWM %.1f MiB); CPU %s during the outage",
+		total, sent, objects, lost, failures, recoveries, float64(base)/mib, float64(peak)/mib, float64(end)/mib, float64(hwm)/mib, cpu)
 }
 
 // SOAK_RESTARTS cycles of SIGKILL and restart of the daemon's binary while
