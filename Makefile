@@ -5,7 +5,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.version=$(VERSION)
 PKGS     := ./...
 
-.PHONY: all build run test test-unit test-integration test-race test-arm64 bench fuzz vet docs clean k8s-bins deb sysext
+.PHONY: all build run test test-unit test-integration test-race test-arm64 bench fuzz vet docs clean k8s-bins deb sysext soak
 
 all: build
 
@@ -38,6 +38,19 @@ test-integration: k8s-bins
 # rebuilt only when that module changes (a cold build takes 4-12 minutes).
 k8s-bins:
 	bash tests/tools/k8s/build.sh
+
+# The soak and endurance scenarios in their full forms (README, "Soak"):
+# kube-apiserver down for SOAK_APIDOWN, SOAK_RESTARTS SIGKILL-and-restart
+# cycles, a SOAK_FLOOD-line kernel log flood (it overwrites the machine's
+# whole kernel ring buffer), SOAK_HOURS simulated hours. At least 15 minutes.
+# make test runs the short forms (30s, 10, 50000, 3).
+SOAK_APIDOWN  ?= 10m
+SOAK_RESTARTS ?= 100
+SOAK_FLOOD    ?= 1000000
+SOAK_HOURS    ?= 24
+soak: k8s-bins
+	SOAK_APIDOWN=$(SOAK_APIDOWN) SOAK_RESTARTS=$(SOAK_RESTARTS) SOAK_FLOOD=$(SOAK_FLOOD) SOAK_HOURS=$(SOAK_HOURS) \
+		$(GO) test $(INTEGRATION) -count=1 -timeout 60m -run '^TestSoak' -v ./tests ./internal/daemon
 
 test-race:
 	$(GO) test $(INTEGRATION) -race -count=1 $(PKGS)
