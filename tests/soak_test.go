@@ -467,7 +467,7 @@ func TestSoakKmsgFlood(t *testing.T) {
 	if hwm > floodHWMBound {
 		t.Errorf("peak resident memory %.1f MiB in the flood; bound %d MiB", float64(hwm)/mib, floodHWMBound/mib)
 	}
-	t.Logf("soak: %d lines flooded in %s (%.0f lines/s), %d records read, %d lost (%.2f %%), %d/%d markers reported; daemon CPU %s (%.1f µs per record), VmHWM %.1f MiB",
-		lines, wrote.Round(time.Millisecond), float64(lines)/wrote.Seconds(), read, lost, 100*float64(lost)/float64(span), got, markers,
+	t.Logf("soak: at %s UTC %d lines flooded in %s (%.0f lines/s), %d records read, %d lost (%.2f %%), %d/%d markers reported; daemon CPU %s (%.1f µs per record), VmHWM %.1f MiB",
+		start.UTC().Format(time.TimeOnly), lines, wrote.Round(time.Millisecond), float64(lines)/wrote.Seconds(), read, lost, 100*float64(lost)/float64(span), got, markers,
 		cpu, float64(cpu.Microseconds())/float64(max(read, 1)), float64(hwm)/mib)
 }
