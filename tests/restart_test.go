@@ -193,7 +193,14 @@ func (n *kernelNode) caughtUp() {
 	marker := fmt.Sprintf("marker %d", n.markers)
 	n.line("EXT4-fs warning (device TOKEN): " + marker)
 	deadline := time.Now().Add(30 * time.Second)
+	// Written again every 5 s: another writer's flood of the machine-wide
+	// ring buffer may overwrite the line before the daemon reads it.
+	again := time.Now().Add(5 * time.Second)
 	for {
+		if time.Now().After(again) {
+			n.line("EXT4-fs warning (device TOKEN): " + marker)
+			again = time.Now().Add(5 * time.Second)
+		}
 		evs, err := n.api.Admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("involvedObject.name", n.name).String()})
 		if err == nil {
