@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -75,14 +76,14 @@ type ReplayStats struct {
 // kernel line is one; otherwise a line in no known form is counted as
 // Unknown, not matched, except an indented line after a prefixed one,
 // which continues a multi-line message and is skipped. A first line that
-// begins like a time or priority of no known form is Unknown too.
+// begins like a time or priority of no known form is Unknown too, and so
+// is a line longer than maxLine (it does not end the replay).
 func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	var st ReplayStats
 	base := time.Unix(0, 0).UTC()
 	mon.Start(base, base)
 	mon.o.Store.Observe(actionRecorder{out: func(a Action) { st.Matched++; out(a) }})
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	lr := lineReader{r: bufio.NewReaderSize(r, 64*1024)}
 	var lastUsec uint64
 	const (
 		undecided = iota
@@ -99,9 +100,21 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 			st.FirstUnknown = fmt.Sprintf("line %d: %q", st.Lines, line)
 		}
 	}
-	for sc.Scan() {
+	for {
+		b, long, err := lr.next()
+		if err != nil {
+			return st, fmt.Errorf("reading input: %w", err)
+		}
+		if b == nil {
+			break
+		}
 		st.Lines++
-		l := ParseLine(sc.Bytes())
+		if long {
+			// Longer than any kernel record: no form, not matched.
+			unknown(b)
+			continue
+		}
+		l := ParseLine(b)
 		if l.Skip {
 			st.Skipped++
 			continue
@@ -112,14 +125,14 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 				mode = prefixed
 			}
 		case mode == prefixed:
-			if b := sc.Bytes(); b[0] == ' ' || b[0] == '\t' {
+			if b[0] == ' ' || b[0] == '\t' {
 				st.Skipped++ // a continuation line
 			} else {
-				unknown(sc.Bytes())
+				unknown(b)
 			}
 			continue
 		case mode == undecided && l.LooksPrefixed:
-			unknown(sc.Bytes())
+			unknown(b)
 			continue
 		case mode == undecided:
 			mode = bare
@@ -136,10 +149,49 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 		l.Usec = lastUsec
 		mon.Handle(l.Record, base.Add(time.Duration(l.Usec)*time.Microsecond))
 	}
-	if err := sc.Err(); err != nil {
-		return st, fmt.Errorf("reading input: %w", err)
-	}
 	return st, nil
+}
+
+// maxLine is the longest line Replay parses (a kernel record is at most
+// about 1 KiB, a journal JSON record a few); a longer one is read to its
+// end, kept to its first maxLine bytes and counted as unknown.
+const maxLine = 1 << 20
+
+// lineReader reads lines of any length without holding more than maxLine
+// bytes of one.
+type lineReader struct {
+	r   *bufio.Reader
+	buf []byte
+}
+
+// next returns the next line without its newline (nil at the end of the
+// input) and whether it was longer than maxLine.
+func (lr *lineReader) next() (line []byte, long bool, err error) {
+	lr.buf = lr.buf[:0]
+	n := 0 // the line's length, its newline included
+	for {
+		frag, err := lr.r.ReadSlice('\n')
+		n += len(frag)
+		if room := maxLine + 1 - len(lr.buf); room > 0 {
+			lr.buf = append(lr.buf, frag[:min(len(frag), room)]...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil && err != io.EOF {
+			return nil, false, err
+		}
+		if n == 0 {
+			return nil, false, nil // the end of the input
+		}
+		if bytes.HasSuffix(frag, []byte("\n")) {
+			n--
+		}
+		if n > maxLine {
+			return lr.buf[:maxLine], true, nil
+		}
+		return lr.buf[:n], false, nil
+	}
 }
 
 // maxUsec keeps a replayed time within time.Duration.
