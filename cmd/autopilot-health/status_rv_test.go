@@ -1,0 +1,108 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+)
+
+// TestStatusHelperProcess is `autopilot-health status` run by
+// TestStatusAsAnotherUser in a process of its own.
+func TestStatusHelperProcess(t *testing.T) {
+	sock := os.Getenv("AUTOPILOT_HEALTH_STATUS_HELPER_SOCKET")
+	if sock == "" {
+		t.Skip("run by TestStatusAsAnotherUser")
+	}
+	code, _, errs := run(t, "status", "--socket", sock)
+	fmt.Printf("exit %d: %s", code, errs)
+	os.Exit(0)
+}
+
+// A socket file left by a daemon that is gone: not running, exit 2.
+func TestStatusStaleSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run(t, "status", "--socket", sock); code != exitError || !strings.Contains(errs, "the daemon is not running: nothing answers on "+sock) {
+		t.Errorf("stale socket: exit %d, %q", code, errs)
+	}
+}
+
+// A user other than root, asking the daemon's socket (mode 0600 in a
+// 0750 directory, as the unit makes them): told to use sudo, exit 2; not
+// told that the daemon is not running.
+func TestStatusAsAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root to run a process as another user")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		testenv.Skip(t, "no setpriv (util-linux)")
+	}
+	dir, err := os.MkdirTemp("", "status-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The test binary, where the other user can run it.
+	bin := filepath.Join(dir, "test.bin")
+	src, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(dst, src)
+	src.Close()
+	dst.Close()
+	run := filepath.Join(dir, "run")
+	if err := os.Mkdir(run, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(run, "status.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	os.Chmod(sock, 0o600)
+	for _, s := range []string{sock, filepath.Join(dir, "status.sock")} {
+		if s != sock {
+			// The socket itself 0600 in a directory anyone reads.
+			l2, err := net.Listen("unix", s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l2.Close()
+			os.Chmod(s, 0o600)
+		}
+		cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.run=^TestStatusHelperProcess$")
+		cmd.Env = append(os.Environ(), "AUTOPILOT_HEALTH_STATUS_HELPER_SOCKET="+s)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if want := "exit 2: autopilot-health status: " + s + ": permission denied: the status socket is root's (run with sudo)"; !strings.HasPrefix(string(out), want) {
+			t.Errorf("as nobody, %s:\n%s\nwant %s", s, out, want)
+		}
+	}
+}
