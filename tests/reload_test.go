@@ -269,6 +269,79 @@ current-context: test
 	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&before.LastTransitionTime) {
 		t.Errorf("lastTransitionTime changed after the refused reload: %v", c.LastTransitionTime)
 	}
+
+	// Two reloads at once (systemctl reload twice, quickly): both jobs
+	// end, the unit is active on the same process, the new threshold
+	// applies and the condition keeps its lastTransitionTime.
+	writeConfig(3, ruleB)
+	okBefore, _ := metric(`autopilot_health_config_reloads_total{result="ok"}`)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- s.ReloadUnit(ctx, "autopilot-health.service") }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("one of two reloads at once: %v", err)
+		}
+	}
+	n = waitNode(t, api, node, "DiskUsageHigh True at 3% after two reloads at once", threshold(3))
+	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&before.LastTransitionTime) {
+		t.Errorf("lastTransitionTime changed by two reloads at once: %v", c.LastTransitionTime)
+	}
+	eventually(t, 10*time.Second, "the two reloads counted", func() (bool, string) {
+		v, last := metric(`autopilot_health_config_reloads_total{result="ok"}`)
+		return v >= okBefore+1 && v <= okBefore+2, last
+	})
+	eventually(t, 10*time.Second, "the unit active after two reloads at once", func() (bool, string) {
+		u, err := s.Bus.Unit(ctx, "autopilot-health.service")
+		return err == nil && active(u), fmt.Sprintf("%+v %v", u, err)
+	})
+
+	// A key that needs a restart with another change: refused as a whole,
+	// naming the key; the other change is not applied.
+	writeConfig(4, ruleB+"\n[detect]\ninterval = \"7m\"\n")
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("reload with a key that needs a restart: %v", err)
+	}
+	eventually(t, 10*time.Second, "the restart key named in the journal", func() (bool, string) {
+		j := s.Journal("autopilot-health.service")
+		return strings.Contains(j, "config.toml: key detect.interval: needs a restart (systemctl restart autopilot-health); nothing applied"), lastBytes(j, 600)
+	})
+	if v, last := metric("autopilot_health_config_last_reload_successful"); v != 0 {
+		t.Errorf("after the restart key's refusal: %s", last)
+	}
+
+	// DiskUsageHigh, True on the Node, disabled by a reload: its condition
+	// leaves the Node (README: as a check disabled at start), the daemon
+	// runs on.
+	enabled := func(on bool) {
+		t.Helper()
+		writeConfig(3, ruleB)
+		if !on {
+			c := strings.Replace(mustRead(t, cfgPath), "[checks.DiskUsageHigh]\n", "[checks.DiskUsageHigh]\nenabled = false\n", 1)
+			if err := os.WriteFile(cfgPath, []byte(c), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+			t.Fatalf("reload: %v", err)
+		}
+	}
+	enabled(false)
+	waitNode(t, api, node, "DiskUsageHigh removed from the Node", func(n *corev1.Node) bool { return cond(n, "DiskUsageHigh") == nil })
+	if j := s.Journal("autopilot-health.service"); !strings.Contains(j, "stopped: DiskUsageHigh") {
+		t.Errorf("the reload that disabled DiskUsageHigh is not logged as such:\n%s", lastBytes(j, 600))
+	}
+	// Enabled again: it runs within first_run_spread and is back on the
+	// Node, True since its new first run (a newly enabled check).
+	enabled(true)
+	n = waitNode(t, api, node, "DiskUsageHigh back on the Node", threshold(3))
+	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.After(before.LastTransitionTime.Time) {
+		t.Errorf("DiskUsageHigh enabled again: lastTransitionTime %v, first set %v", c.LastTransitionTime, before.LastTransitionTime)
+	}
+	if p := mainPID(); p != pid {
+		t.Errorf("main PID %d, was %d: the daemon restarted", p, pid)
+	}
 }
 
 func mustRead(t *testing.T, p string) string {
