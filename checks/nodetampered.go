@@ -47,6 +47,9 @@ type nodeTamperedCheck struct {
 	// memo is this boot's baseline digest, kept in the state file.
 	memo       bootValue[string]
 	loadLogged sync.Once
+	// scopeLogged: the protected paths differ from the baseline's (logged
+	// once per instance: a reload that changes them makes a new one).
+	scopeLogged sync.Once
 
 	mu sync.Mutex
 	// candidate is the digest of the protected files while the baseline
@@ -212,7 +215,7 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 			break
 		}
 	}
-	b := tamper.NewBaseline(c.keeper.BootID(), now, cur)
+	b := tamper.NewBaseline(c.keeper.BootID(), now, c.spec, cur)
 	sum := tamper.EntriesDigest(cur)
 	c.mu.Lock()
 	if c.settle > 0 && !retake && unsettled == "" && (c.candidate != sum || now.Sub(c.since) < c.settle) {
@@ -247,12 +250,21 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 // A scan cut at the cap (over) is itself a finding, and the paths it
 // reached are still compared.
 func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []tamper.Entry, over *tamper.LimitError) {
+	// The protected paths changed within the boot (a reload, a restart):
+	// compared where the baseline's scope and today's both reach.
+	baseEntries, inScope, same := tamper.InScope(base, c.spec, cur)
+	if !same {
+		c.scopeLogged.Do(func() {
+			c.env.Log.Warn("the protected paths differ from those of this boot's baseline: compared where both reach; paths newly protected are compared from the next boot's baseline or an operator's clear",
+				"baseline", base.Digest)
+		})
+	}
 	var diffs []tamper.Difference
 	if over != nil {
 		diffs = append(diffs, tamper.Difference{Path: over.At, Kind: tamper.OverLimit})
-		diffs = append(diffs, tamper.DiffWithin(base.Entries, cur)...)
+		diffs = append(diffs, tamper.DiffWithin(baseEntries, inScope)...)
 	} else {
-		diffs = tamper.Diff(base.Entries, cur)
+		diffs = tamper.Diff(baseEntries, inScope)
 	}
 	if len(diffs) == 0 {
 		return

@@ -195,6 +195,36 @@ func limited(out []Entry, err error) ([]Entry, error) {
 	return nil, err
 }
 
+// Covers reports whether a scan with s reads host path p where it exists:
+// p matches a pattern or lies in the tree of one, and neither p nor a
+// directory between the match and p is excluded.
+func (s Spec) Covers(p string) bool {
+	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+	for _, pat := range s.Patterns {
+		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		if len(tc) > len(pc) {
+			continue
+		}
+		ok := true
+		for i := range tc {
+			if m, _ := path.Match(tc[i], pc[i]); !m {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		for k := len(tc); k <= len(pc) && ok; k++ {
+			ok = !excluded("/"+strings.Join(pc[:k], "/"), s.Exclude)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
 func excluded(hostPath string, exclude []string) bool {
 	for _, x := range exclude {
 		if ok, _ := path.Match(x, hostPath); ok {

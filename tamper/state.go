@@ -51,6 +51,13 @@ type Baseline struct {
 	BootID  string    `json:"bootID"`
 	TakenAt time.Time `json:"takenAt"`
 	Entries []Entry   `json:"entries"`
+	// Patterns and Exclude are the scope the baseline was taken with
+	// (Spec's): a baseline compared under another scope (the protected
+	// paths changed by a reload or a restart within the boot) is compared
+	// only where both scopes reach. Absent in a baseline taken before they
+	// were recorded: compared everywhere.
+	Patterns []string `json:"patterns,omitempty"`
+	Exclude  []string `json:"exclude,omitempty"`
 	// Digest is "sha256:<hex>" of the canonical JSON of bootID, takenAt and
 	// entries; the report publishes it, so a baseline swapped behind the
 	// daemon's back shows as a new digest.
@@ -60,17 +67,24 @@ type Baseline struct {
 // ComputeDigest returns the digest of the baseline's content.
 func (b *Baseline) ComputeDigest() string {
 	raw, _ := json.Marshal(struct {
-		BootID  string    `json:"bootID"`
-		TakenAt time.Time `json:"takenAt"`
-		Entries []Entry   `json:"entries"`
-	}{b.BootID, b.TakenAt.UTC(), b.Entries})
+		BootID   string    `json:"bootID"`
+		TakenAt  time.Time `json:"takenAt"`
+		Entries  []Entry   `json:"entries"`
+		Patterns []string  `json:"patterns,omitempty"`
+		Exclude  []string  `json:"exclude,omitempty"`
+	}{b.BootID, b.TakenAt.UTC(), b.Entries, b.Patterns, b.Exclude})
 	sum := sha256.Sum256(raw)
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// NewBaseline builds a baseline with its digest.
-func NewBaseline(bootID string, at time.Time, entries []Entry) *Baseline {
-	b := &Baseline{BootID: bootID, TakenAt: at.UTC().Truncate(time.Second), Entries: entries}
+// NewBaseline builds a baseline of the entries a scan with spec read,
+// with its digest.
+func NewBaseline(bootID string, at time.Time, spec Spec, entries []Entry) *Baseline {
+	b := &Baseline{BootID: bootID, TakenAt: at.UTC().Truncate(time.Second), Entries: entries,
+		Patterns: slices.Clone(spec.Patterns), Exclude: slices.Clone(spec.Exclude)}
+	if b.Patterns == nil {
+		b.Patterns = []string{}
+	}
 	if b.Entries == nil {
 		b.Entries = []Entry{}
 	}
@@ -306,4 +320,36 @@ func EntriesDigest(es []Entry) string {
 	raw, _ := json.Marshal(es)
 	sum := sha256.Sum256(raw)
 	return hex.EncodeToString(sum[:])
+}
+
+// Scope returns the spec the baseline was taken with, and false for a
+// baseline that did not record it.
+func (b *Baseline) Scope() (Spec, bool) {
+	if b.Patterns == nil {
+		return Spec{}, false
+	}
+	return Spec{Patterns: b.Patterns, Exclude: b.Exclude}, true
+}
+
+// InScope keeps the baseline's entries and the current ones where both the
+// baseline's scope and the current spec reach: a path newly protected has
+// no baseline to compare with, and one no longer protected is not read.
+// A baseline without a recorded scope, or taken with the same one, is
+// compared as it is.
+func InScope(b *Baseline, spec Spec, cur []Entry) (base, now []Entry, same bool) {
+	old, ok := b.Scope()
+	if !ok || (slices.Equal(old.Patterns, spec.Patterns) && slices.Equal(old.Exclude, spec.Exclude)) {
+		return b.Entries, cur, true
+	}
+	for _, e := range b.Entries {
+		if spec.Covers(e.Path) {
+			base = append(base, e)
+		}
+	}
+	for _, e := range cur {
+		if old.Covers(e.Path) {
+			now = append(now, e)
+		}
+	}
+	return base, now, false
 }

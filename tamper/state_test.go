@@ -1,6 +1,7 @@
 package tamper
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +16,7 @@ var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 
 func sampleState() *State {
 	return &State{
-		Baseline: NewBaseline("boot-1", t0, []Entry{
+		Baseline: NewBaseline("boot-1", t0, Spec{Patterns: []string{"/etc"}}, []Entry{
 			{Path: "/etc/cni/net.d", Kind: KindDir, Mode: 0o755},
 			{Path: "/var/lib/kubelet/config.yaml", Kind: KindFile, Mode: 0o644, Size: 3, SHA256: strings.Repeat("ab", 32)},
 		}),
@@ -87,7 +88,7 @@ func TestKeeperSavesRootOnly(t *testing.T) {
 	if err := k.Load(t0); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Update(func(s *State) bool { s.Baseline = NewBaseline("boot-1", t0, nil); return true }); err != nil {
+	if err := k.Update(func(s *State) bool { s.Baseline = NewBaseline("boot-1", t0, Spec{}, nil); return true }); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(filepath.Join(dir, StateFileName))
@@ -269,5 +270,53 @@ func TestLoadStateRefusesWhatTheDaemonDidNotWrite(t *testing.T) {
 				t.Errorf("findings %+v, want one %s", fs, Corrupt)
 			}
 		})
+	}
+}
+
+// What a scan with a spec reads: a pattern's match and its tree, less the
+// excluded paths and trees.
+func TestSpecCovers(t *testing.T) {
+	s := Spec{Patterns: []string{"/etc/cni/net.d", "/etc/kubernetes/*.conf"}, Exclude: []string{"/etc/cni/net.d/cache", "/etc/cni/net.d/*.swp"}}
+	for p, want := range map[string]bool{
+		"/etc/cni/net.d":               true,
+		"/etc/cni/net.d/10.conflist":   true,
+		"/etc/cni/net.d/sub/x":         true,
+		"/etc/cni/net.d/cache":         false,
+		"/etc/cni/net.d/cache/x":       false,
+		"/etc/cni/net.d/a.swp":         false,
+		"/etc/cni":                     false,
+		"/etc/kubernetes/kubelet.conf": true,
+		"/etc/kubernetes/manifests":    false,
+		"/var/lib/kubelet/config.yaml": false,
+	} {
+		if got := s.Covers(p); got != want {
+			t.Errorf("Covers(%s) = %v, want %v", p, got, want)
+		}
+	}
+}
+
+// A baseline taken with one scope, compared under another: only where both
+// reach. One without a recorded scope (an older daemon's) is compared as
+// it is, and its digest is what it was.
+func TestInScope(t *testing.T) {
+	e := func(p string) Entry { return Entry{Path: p} }
+	b := NewBaseline("b", time.Unix(0, 0), Spec{Patterns: []string{"/a"}}, []Entry{e("/a"), e("/a/x"), e("/a/y")})
+	base, cur, same := InScope(b, Spec{Patterns: []string{"/a", "/b"}, Exclude: []string{"/a/y"}}, []Entry{e("/a"), e("/a/x"), e("/b"), e("/b/z")})
+	if same || len(base) != 2 || len(cur) != 2 || base[1].Path != "/a/x" || cur[1].Path != "/a/x" {
+		t.Errorf("InScope: base %v cur %v same %v", base, cur, same)
+	}
+	old := &Baseline{BootID: "b", TakenAt: time.Unix(0, 0).UTC(), Entries: []Entry{e("/a")}}
+	want := old.ComputeDigest()
+	raw, _ := json.Marshal(old)
+	var back Baseline
+	json.Unmarshal(raw, &back)
+	if back.ComputeDigest() != want {
+		t.Error("a baseline without a scope changed its digest")
+	}
+	if _, _, same := InScope(&back, Spec{Patterns: []string{"/z"}}, nil); !same {
+		t.Error("a baseline without a scope is not compared as it is")
+	}
+	if b.ComputeDigest() == NewBaseline("b", time.Unix(0, 0), Spec{Patterns: []string{"/b"}}, b.Entries).ComputeDigest() {
+		t.Error("the scope is not in the digest")
 	}
 }
