@@ -1,0 +1,91 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// A SIGHUP before the first pass is done (systemctl reload, or kill -HUP,
+// while the unit starts): the reload applies, no RELOADING=1 is sent (it
+// would end the start), and READY=1 comes once the first pass of the new
+// plan is done: here at once, the reload having left only a check that
+// it restarted with first_run_spread 0s, where the file at start spread
+// the first runs over 2 minutes.
+func TestReloadBeforeReady(t *testing.T) {
+	sock := notifySocket(t)
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	listen := ln.Addr().String()
+	write := func(spread, extra string) {
+		c := strings.Replace(reloadTOML(base, listen, extra), `first_run_spread = "0s"`, fmt.Sprintf("first_run_spread = %q", spread), 1)
+		if err := os.WriteFile(path, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("2m", "[checks.DiskUsageHigh]\nspace_percent = 40\n")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	hup := make(chan os.Signal, 1)
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path, Reload: hup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.currentRunner().Checks()); n < 3 {
+		t.Fatalf("only %d checks: the first pass would not take long", n)
+	}
+	var off strings.Builder
+	for _, name := range config.Default().Checks.Names() {
+		if name != "DiskUsageHigh" && !strings.Contains(reloadTOML(base, listen, ""), "[checks."+name+"]") {
+			fmt.Fprintf(&off, "[checks.%s]\nenabled = false\n", name)
+		}
+	}
+	write("0s", "[checks.DiskUsageHigh]\nspace_percent = 45\n"+off.String())
+	hup <- syscall.SIGHUP
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Error(err)
+		}
+	}()
+	var seen []string
+	next(t, sock, "READY=1", func(m string) bool {
+		seen = append(seen, strings.SplitN(m, "\n", 2)[0])
+		return strings.HasPrefix(m, "READY=1")
+	})
+	for _, m := range seen {
+		if strings.HasPrefix(m, "RELOADING=1") {
+			t.Errorf("RELOADING=1 sent before READY=1: %q", seen)
+		}
+	}
+	if !strings.Contains(logs.String(), "config reloaded from "+path) {
+		t.Errorf("the reload before ready is not logged:\n%s", logs.String())
+	}
+	c, _ := d.Store().Get("DiskUsageHigh")
+	if !strings.Contains(c.Message, "(threshold 45%)") {
+		t.Errorf("DiskUsageHigh at READY=1: %+v", c)
+	}
+	if got := d.currentRunner().Checks(); len(got) != 1 {
+		t.Errorf("checks after the reload: %v", got)
+	}
+}
