@@ -91,3 +91,72 @@ func TestReloadBeforeReady(t *testing.T) {
 		t.Errorf("checks after the reload: %v", got)
 	}
 }
+
+// status answers while reloads apply (each one disabling or enabling a
+// check, changing another's threshold): it never waits for one, and sees
+// either plan whole (go test -race: no data race between them).
+func TestStatusDuringReloads(t *testing.T) {
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	listen := ln.Addr().String()
+	write := func(extra string) {
+		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(&syncBuffer{}, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Error(err)
+		}
+	}()
+	await(t, d, "DiskUsageHigh evaluated", func() bool { _, ok := d.Store().Get("DiskUsageHigh"); return ok })
+	stop := make(chan struct{})
+	answered := make(chan int)
+	go func() {
+		n := 0
+		defer func() { answered <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st := d.Status(time.Now())
+			if st.Node != "test-node" || len(st.Conditions) == 0 {
+				t.Errorf("status during a reload: %+v", st)
+				return
+			}
+			n++
+		}
+	}()
+	for i := range 6 {
+		write(fmt.Sprintf("[checks.DiskUsageHigh]\nspace_percent = %d\n[checks.NodeInfoStale]\nenabled = %t\n", 41+i, i%2 == 0))
+		if _, err := d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	if n := <-answered; n == 0 {
+		t.Error("status never answered during the reloads")
+	}
+	c, _ := d.Store().Get("DiskUsageHigh")
+	if c.Status != report.StatusTrue {
+		t.Errorf("DiskUsageHigh after the reloads: %+v", c)
+	}
+}
