@@ -39,8 +39,11 @@ func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 				d.log.Warn("sd_notify RELOADING failed", "err", err)
 			}
 		}
+		// The summary after the reload: one from before would undo the
+		// status loop's update (a reload that removed a condition).
+		_, err := d.Reload()
 		status := d.Summary()
-		if _, err := d.Reload(); err != nil {
+		if err != nil {
 			status = "configuration reload failed (running on the previous one): " + err.Error() + "; " + status
 		}
 		if ready {

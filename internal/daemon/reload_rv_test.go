@@ -160,3 +160,58 @@ func TestStatusDuringReloads(t *testing.T) {
 		t.Errorf("DiskUsageHigh after the reloads: %+v", c)
 	}
 }
+
+// The STATUS= sent with READY=1 after a reload is the summary after it:
+// a reload that disables the check of the only problem does not leave
+// systemctl status saying "1 problem" (it sent the summary from before the
+// reload, after the status loop had sent the new one).
+func TestReloadStatusIsTheNewSummary(t *testing.T) {
+	sock := notifySocket(t)
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	listen := ln.Addr().String()
+	var off strings.Builder
+	for _, name := range config.Default().Checks.Names() {
+		if name != "DiskUsageHigh" && !strings.Contains(reloadTOML(base, listen, ""), "[checks."+name+"]") {
+			fmt.Fprintf(&off, "[checks.%s]\nenabled = false\n", name)
+		}
+	}
+	write := func(extra string) {
+		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra+off.String())), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(&syncBuffer{}, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	hup := make(chan os.Signal, 1)
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path, Reload: hup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Error(err)
+		}
+	}()
+	ready := next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+	if !strings.Contains(ready, "1 problem (DiskUsageHigh)") {
+		t.Fatalf("before the reload: %q", ready)
+	}
+	write("[checks.DiskUsageHigh]\nenabled = false\n")
+	hup <- syscall.SIGHUP
+	next(t, sock, "RELOADING=1", func(m string) bool { return strings.HasPrefix(m, "RELOADING=1") })
+	ready = next(t, sock, "READY=1 after the reload", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+	if want := "STATUS=" + d.Summary(); !strings.Contains(ready, want) || strings.Contains(ready, "DiskUsageHigh") {
+		t.Errorf("READY=1 after the reload: %q, want %q", ready, want)
+	}
+}
