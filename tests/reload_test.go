@@ -4,10 +4,13 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -236,6 +241,33 @@ current-context: test
 	}
 	if j := s.Journal("autopilot-health.service"); !strings.Contains(j, "config reloaded from /etc/autopilot-health/config.toml: checks changed: DiskUsageHigh; kmsg rules: +1 -0 ~0") {
 		t.Errorf("no reload line in the journal")
+	}
+
+	// status, reporting to the real API server: the condition as on the
+	// Node (since the same time; the Node has whole seconds), its evidence, the last write done and
+	// nothing pending.
+	var st daemon.StatusReport
+	eventually(t, 15*time.Second, "status: DiskUsageHigh True at 2%, the conditions written, nothing pending", func() (bool, string) {
+		out, err := exec.Command(filepath.Join(usr, "bin", "autopilot-health"), "status", "--json", "--socket", s.Root("/run/autopilot-health/status.sock")).Output()
+		if code := exitCode(err); code != 1 {
+			return false, fmt.Sprintf("exit %d (want 1: a condition is True): %s", code, out)
+		}
+		st = daemon.StatusReport{}
+		if err := json.Unmarshal(out, &st); err != nil {
+			return false, err.Error()
+		}
+		k := st.Kubernetes
+		du := slices.IndexFunc(st.Conditions, func(c daemon.ConditionStatus) bool { return c.Type == "DiskUsageHigh" })
+		return du >= 0 && strings.Contains(st.Conditions[du].Message, "(threshold 2%)") && k.State == "reporting" &&
+			!k.StatusPending && !k.Calls["status"].LastSuccess.IsZero() && !k.Calls["status"].Failing, string(out)
+	})
+	for _, c := range st.Conditions {
+		if c.Type != "DiskUsageHigh" {
+			continue
+		}
+		if c.Status != report.StatusTrue || !c.LastTransitionTime.Truncate(time.Second).Equal(before.LastTransitionTime.Time) || c.Evidence["storage.filesystems"] == nil {
+			t.Errorf("status of DiskUsageHigh: %+v; on the Node since %v", c, before.LastTransitionTime)
+		}
 	}
 
 	// A bad file: refused, the daemon runs on as it was.
