@@ -24,7 +24,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/transport"
 
 	"github.com/syself/autopilot-health/internal/config"
@@ -94,7 +93,7 @@ func registerNode(t *testing.T, s *harness.APIServer, name string) {
 	}
 }
 
-func nodeClient(t *testing.T, s *harness.APIServer, node string) (kubernetes.Interface, string) {
+func nodeClient(t *testing.T, s *harness.APIServer, node string) (kube.Client, string) {
 	t.Helper()
 	kc, err := s.NodeKubeconfig(node, time.Now().Add(time.Hour))
 	if err != nil {
@@ -116,7 +115,7 @@ type running struct {
 	done   chan struct{}
 }
 
-func startReporter(t *testing.T, client kubernetes.Interface, node string, store *report.Store) *running {
+func startReporter(t *testing.T, client kube.Client, node string, store *report.Store) *running {
 	t.Helper()
 	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
 	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/kmsg"
@@ -31,7 +29,7 @@ type Options struct {
 	// BootID is used with Env.
 	BootID string
 	// Kube, if set, is used instead of a client from kubernetes.kubeconfig.
-	Kube kubernetes.Interface
+	Kube kube.Client
 	// KubeconfigPoll is how often a daemon without a kubeconfig looks for
 	// it (default 30 s).
 	KubeconfigPoll time.Duration
@@ -68,7 +66,7 @@ type Daemon struct {
 	notify  Notifier
 	ln      net.Listener
 	version string
-	kube    kubernetes.Interface
+	kube    kube.Client
 	kubeM   *kube.Metrics
 	events  *kube.EventQueue
 	kmsg    *kmsg.Monitor

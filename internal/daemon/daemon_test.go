@@ -27,6 +27,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/syself/autopilot-health/report/kube/kubefake"
+
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
@@ -431,7 +433,7 @@ func TestEventsBeforeReporterAreQueued(t *testing.T) {
 	cfg := testConfig(t)
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: client})
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: kubefake.New(client)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,7 +468,7 @@ func TestRoleRedetected(t *testing.T) {
 	var logs testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Kube: client})
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Kube: kubefake.New(client)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/syself/autopilot-health/report/kube/kubefake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
@@ -57,7 +59,7 @@ func TestStatusSocket(t *testing.T) {
 		return true, nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
 	})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := New(cfg, quietLog(), Options{Version: "v9", Listener: ln, Kube: client})
+	d, err := New(cfg, quietLog(), Options{Version: "v9", Listener: ln, Kube: kubefake.New(client)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestStatusSocket(t *testing.T) {
 	// A second daemon with the same socket runs, without taking it.
 	var logs testenv.SyncBuffer
 	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
-	d2, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "second", Listener: ln2, Kube: client})
+	d2, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "second", Listener: ln2, Kube: kubefake.New(client)})
 	if err != nil {
 		t.Fatal(err)
 	}

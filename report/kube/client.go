@@ -12,7 +12,11 @@ import (
 	"os"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -20,13 +24,30 @@ import (
 // standalone.
 var ErrNoKubeconfig = errors.New("no kubeconfig")
 
+// Client is all the daemon asks of the API server: read and patch its own
+// Node, create and patch Events. The daemon's client implements it with a
+// REST client for core/v1 alone, not client-go's clientset: the clientset
+// links and registers every API group (about 10 MiB of the daemon's
+// resident memory, see README, Cost). Tests wrap a fake clientset
+// (kubefake).
+type Client interface {
+	GetNode(ctx context.Context, name string) (*corev1.Node, error)
+	// PatchNodeStatus applies a strategic merge patch to the Node's status.
+	PatchNodeStatus(ctx context.Context, name string, patch []byte) error
+	// PatchNode applies a JSON merge patch to the Node (its metadata).
+	PatchNode(ctx context.Context, name string, patch []byte) error
+	CreateEvent(ctx context.Context, ev *corev1.Event) error
+	// PatchEvent applies a strategic merge patch to an Event.
+	PatchEvent(ctx context.Context, namespace, name string, patch []byte) error
+}
+
 // NewClient builds a client from a node-scoped kubeconfig (the kubelet's
 // /etc/kubernetes/kubelet.conf). When the kubeconfig names its client
 // certificate by path (kubelet-client-current.pem, a symlink the kubelet
 // moves on rotation), client-go reloads the file every
 // transport.CertCallbackRefreshDuration (5 min) and reconnects with the new
 // certificate: no restart needed.
-func NewClient(path, userAgent string) (kubernetes.Interface, string, error) {
+func NewClient(path, userAgent string) (Client, string, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, "", fmt.Errorf("%w: %s does not exist", ErrNoKubeconfig, path)
 	}
@@ -40,7 +61,7 @@ func NewClient(path, userAgent string) (kubernetes.Interface, string, error) {
 	// Our own write pacing (coalescing, heartbeats, event aggregation) keeps
 	// the rate far below this; it only bounds a bug.
 	cfg.QPS, cfg.Burst = 5, 10
-	c, err := kubernetes.NewForConfig(cfg)
+	c, err := newRESTClient(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
@@ -75,4 +96,53 @@ func Dialer(server string) (func(ctx context.Context) error, error) {
 		}
 		return c.Close()
 	}, nil
+}
+
+// coreCodecs decode and encode core/v1 objects (and the metav1 Status of an
+// error) and nothing else.
+var coreCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		panic(err) // static registration: cannot fail
+	}
+	return serializer.NewCodecFactory(s)
+}()
+
+type restClient struct{ c rest.Interface }
+
+func newRESTClient(cfg *rest.Config) (Client, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.APIPath = "/api"
+	cfg.ContentType = runtime.ContentTypeJSON
+	cfg.NegotiatedSerializer = coreCodecs.WithoutConversion()
+	c, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return restClient{c}, nil
+}
+
+func (r restClient) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	n := &corev1.Node{}
+	if err := r.c.Get().Resource("nodes").Name(name).Do(ctx).Into(n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (r restClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	return r.c.Patch(types.StrategicMergePatchType).Resource("nodes").Name(name).SubResource("status").Body(patch).Do(ctx).Error()
+}
+
+func (r restClient) PatchNode(ctx context.Context, name string, patch []byte) error {
+	return r.c.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(patch).Do(ctx).Error()
+}
+
+func (r restClient) CreateEvent(ctx context.Context, ev *corev1.Event) error {
+	return r.c.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(ctx).Error()
+}
+
+func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+	return r.c.Patch(types.StrategicMergePatchType).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx).Error()
 }

@@ -192,7 +192,7 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 		ReportingInstance:   r.o.NodeName,
 	}
 	start := time.Now()
-	_, err := r.o.Client.CoreV1().Events(EventNamespace).Create(ctx, ev, metav1.CreateOptions{})
+	err := r.o.Client.CreateEvent(ctx, ev)
 	r.m.observe(KindEvent, start, err)
 	if err != nil {
 		return err
@@ -204,7 +204,7 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.Time) error {
 	patch, _ := json.Marshal(map[string]any{"count": a.count, "lastTimestamp": metav1.NewTime(a.last)})
 	start := time.Now()
-	_, err := r.o.Client.CoreV1().Events(EventNamespace).Patch(ctx, a.name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	err := r.o.Client.PatchEvent(ctx, EventNamespace, a.name, patch)
 	r.m.observe(KindEventCount, start, err)
 	if apierrors.IsNotFound(err) {
 		// The Event expired (the API server's event TTL): create it anew.

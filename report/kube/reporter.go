@@ -13,8 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
@@ -22,7 +20,7 @@ import (
 
 // Options configure a Reporter.
 type Options struct {
-	Client   kubernetes.Interface
+	Client   Client
 	NodeName string
 	Role     report.Role
 	// RoleOf, if set, returns the node's role now (it can change while the
@@ -384,7 +382,7 @@ func (r *Reporter) finalWrite(dirty bool) {
 // adopt reads the Node and carries its conditions of our types into the store.
 func (r *Reporter) adopt(ctx context.Context) error {
 	start := time.Now()
-	node, err := r.o.Client.CoreV1().Nodes().Get(ctx, r.o.NodeName, metav1.GetOptions{})
+	node, err := r.o.Client.GetNode(ctx, r.o.NodeName)
 	r.m.observe(KindRead, start, err)
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("node %s is not registered (yet): the kubelet creates it: %w", r.o.NodeName, err)
@@ -475,7 +473,7 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	_, err = r.o.Client.CoreV1().Nodes().PatchStatus(ctx, r.o.NodeName, patch)
+	err = r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
 	r.m.observe(KindStatus, start, err)
 	if err == nil {
 		r.stale = nil
@@ -555,7 +553,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	_, err = r.o.Client.CoreV1().Nodes().Patch(ctx, r.o.NodeName, types.MergePatchType, patch, metav1.PatchOptions{})
+	err = r.o.Client.PatchNode(ctx, r.o.NodeName, patch)
 	r.m.observe(KindAnnotations, start, err)
 	return err
 }

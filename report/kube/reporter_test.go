@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/syself/autopilot-health/report/kube/kubefake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -60,7 +62,7 @@ func start(t *testing.T, client *fake.Clientset, store *report.Store) *harness {
 func startWith(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details) *harness {
 	t.Helper()
 	h := &harness{client: client, store: store, det: det, m: NewMetrics(nil), done: make(chan struct{})}
-	h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+	h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m,
 		HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -391,7 +393,7 @@ func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
 		store := report.NewStore("b")
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
 		h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
-		h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+		h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
 			Evaluated: func(ty string) bool { return ty != "ReadonlyFilesystem" }})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -424,7 +426,7 @@ func TestAnnotationsWaitForTheFirstPass(t *testing.T) {
 		store := report.NewStore("b")
 		det := report.NewDetails()
 		firstPass := make(chan struct{})
-		r := New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
+		r := New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil),
 			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: firstPass})
 		ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,45 @@
+// Package kubefake makes a kube.Client of a client-go clientset, for tests:
+// a fake clientset (k8s.io/client-go/kubernetes/fake) records every action
+// the reporter takes, and an admin clientset reaches a real API server. The
+// daemon itself links none of this (see kube.Client).
+package kubefake
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// New returns cs as a kube.Client (it implements the interface without
+// importing kube, so kube's own tests can use it).
+func New(cs kubernetes.Interface) Client { return Client{cs} }
+
+// Client is a kube.Client on a clientset.
+type Client struct{ cs kubernetes.Interface }
+
+func (c Client) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	return c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+}
+
+func (c Client) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	_, err := c.cs.CoreV1().Nodes().PatchStatus(ctx, name, patch)
+	return err
+}
+
+func (c Client) PatchNode(ctx context.Context, name string, patch []byte) error {
+	_, err := c.cs.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+func (c Client) CreateEvent(ctx context.Context, ev *corev1.Event) error {
+	_, err := c.cs.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
+
+func (c Client) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+	_, err := c.cs.CoreV1().Events(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
