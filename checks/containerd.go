@@ -2,12 +2,7 @@ package checks
 
 import (
 	"context"
-	"fmt"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -41,22 +36,4 @@ func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 		c.env.Repair.Healthy(c.unit)
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonContainerRuntimeIsHealthy, Message: "CRI RuntimeService/Status on " + c.socket + ": RuntimeReady"}, nil
-}
-
-func criStatus(ctx context.Context, socket string) error {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return fmt.Errorf("CRI %s: %w", socket, err)
-	}
-	defer conn.Close()
-	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
-	if err != nil {
-		return fmt.Errorf("CRI RuntimeService/Status on %s: %w", socket, err)
-	}
-	for _, cond := range resp.GetStatus().GetConditions() {
-		if cond.GetType() == runtimeapi.RuntimeReady && !cond.GetStatus() {
-			return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", socket, cond.GetReason(), cond.GetMessage())
-		}
-	}
-	return nil
 }

@@ -1,0 +1,257 @@
+package checks
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The CRI probe is one unary gRPC call, RuntimeService/Status, made as the
+// gRPC wire protocol defines it (HTTP/2 without TLS on the runtime's unix
+// socket, a length-prefixed protobuf message each way, the status in the
+// trailers) with net/http and protowire. The daemon does not link grpc-go
+// and the CRI API's generated code for this one call: they cost about 5 MiB
+// of its resident memory (see README, Cost). The tests call a real grpc-go
+// server (checks/cri_test.go) and Debian's containerd (tests/).
+
+const (
+	criStatusPath = "/runtime.v1.RuntimeService/Status"
+	// criRuntimeReady is the condition type kubelet requires to be true
+	// (runtimeapi.RuntimeReady).
+	criRuntimeReady = "RuntimeReady"
+	// criMaxResponse bounds the response read (a Status answer is a few
+	// hundred bytes; grpc-go's own default limit is 4 MiB).
+	criMaxResponse = 1 << 20
+)
+
+// grpcCodes are the names of gRPC status codes, as grpc-go prints them.
+var grpcCodes = [...]string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
+	"AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
+	"Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"}
+
+// rpcError is a failed call, worded as grpc-go words it ("rpc error: code =
+// DeadlineExceeded desc = ...").
+type rpcError struct {
+	code int
+	desc string
+}
+
+func (e *rpcError) Error() string {
+	name := "Code(" + strconv.Itoa(e.code) + ")"
+	if e.code >= 0 && e.code < len(grpcCodes) {
+		name = grpcCodes[e.code]
+	}
+	return "rpc error: code = " + name + " desc = " + e.desc
+}
+
+const (
+	codeCanceled         = 1
+	codeUnknown          = 2
+	codeDeadlineExceeded = 4
+	codeInternal         = 13
+	codeUnavailable      = 14
+)
+
+// criCondition is one RuntimeCondition of a StatusResponse.
+type criCondition struct {
+	Type    string
+	Status  bool
+	Reason  string
+	Message string
+}
+
+func criStatus(ctx context.Context, socket string) error {
+	conds, err := criCall(ctx, socket)
+	if err != nil {
+		return fmt.Errorf("CRI RuntimeService/Status on %s: %w", socket, err)
+	}
+	for _, cond := range conds {
+		if cond.Type == criRuntimeReady && !cond.Status {
+			return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", socket, cond.Reason, cond.Message)
+		}
+	}
+	return nil
+}
+
+// criCall makes the call on a connection of its own (as the grpc-go client
+// did, one per probe) and returns the runtime's conditions.
+func criCall(ctx context.Context, socket string) ([]criCondition, error) {
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{
+		Protocols: &protocols,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		DisableCompression: true,
+	}
+	defer tr.CloseIdleConnections()
+	// The request message (StatusRequest{verbose: false}) is empty: the
+	// frame is its 5-byte prefix alone.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+criStatusPath, bytes.NewReader(make([]byte, 5)))
+	if err != nil {
+		return nil, &rpcError{codeInternal, err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	if dl, ok := ctx.Deadline(); ok {
+		// The server gives up when we do (kubelet's client sends it too).
+		req.Header.Set("Grpc-Timeout", strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10)+"m")
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return nil, transportError(ctx, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, criMaxResponse+1))
+	if err != nil {
+		return nil, transportError(ctx, err)
+	}
+	return parseCRIStatus(resp.StatusCode, resp.Header, resp.Trailer, body)
+}
+
+// transportError maps a failed exchange to the code grpc-go gives it.
+func transportError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+		return &rpcError{codeDeadlineExceeded, "context deadline exceeded"}
+	case errors.Is(err, context.Canceled):
+		return &rpcError{codeCanceled, "context canceled"}
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return &rpcError{codeUnavailable, "connection error: " + op.Error()}
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return &rpcError{codeUnavailable, err.Error()}
+}
+
+// parseCRIStatus reads a unary gRPC response to RuntimeService/Status: the
+// HTTP status, the grpc-status in the headers (a trailers-only answer) or the
+// trailers, and one length-prefixed StatusResponse.
+func parseCRIStatus(httpStatus int, header, trailer http.Header, body []byte) ([]criCondition, error) {
+	if len(body) > criMaxResponse {
+		return nil, &rpcError{codeInternal, fmt.Sprintf("response larger than %d bytes", criMaxResponse)}
+	}
+	if httpStatus != http.StatusOK {
+		// The gRPC spec's mapping of HTTP statuses that are not a gRPC answer.
+		code := codeUnknown
+		switch httpStatus {
+		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests:
+			code = codeUnavailable
+		}
+		return nil, &rpcError{code, "unexpected HTTP status code received from server: " + strconv.Itoa(httpStatus)}
+	}
+	st := trailer.Get("Grpc-Status")
+	msg := trailer.Get("Grpc-Message")
+	if st == "" {
+		st, msg = header.Get("Grpc-Status"), header.Get("Grpc-Message")
+	}
+	if st == "" {
+		return nil, &rpcError{codeInternal, "server closed the stream without sending trailers"}
+	}
+	code, err := strconv.Atoi(st)
+	if err != nil || code < 0 {
+		return nil, &rpcError{codeUnknown, fmt.Sprintf("malformed grpc-status %q", st)}
+	}
+	if code != 0 {
+		if m, err := url.PathUnescape(msg); err == nil {
+			msg = m
+		}
+		return nil, &rpcError{code, msg}
+	}
+	if len(body) < 5 {
+		return nil, &rpcError{codeInternal, fmt.Sprintf("response of %d bytes has no message", len(body))}
+	}
+	if body[0] != 0 {
+		return nil, &rpcError{codeInternal, "compressed response (none was asked for)"}
+	}
+	n := binary.BigEndian.Uint32(body[1:5])
+	if uint64(n) != uint64(len(body)-5) {
+		return nil, &rpcError{codeInternal, fmt.Sprintf("response frame says %d bytes, %d follow", n, len(body)-5)}
+	}
+	conds, err := parseStatusResponse(body[5:])
+	if err != nil {
+		return nil, &rpcError{codeInternal, "parsing StatusResponse: " + err.Error()}
+	}
+	return conds, nil
+}
+
+// parseStatusResponse decodes runtime.v1.StatusResponse (api.proto):
+// status = 1 (RuntimeStatus: conditions = 1, repeated RuntimeCondition:
+// type = 1, status = 2, reason = 3, message = 4); other fields are skipped.
+func parseStatusResponse(b []byte) ([]criCondition, error) {
+	var conds []criCondition
+	err := eachField(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if num != 1 || typ != protowire.BytesType {
+			return nil
+		}
+		return eachField(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+			if num != 1 || typ != protowire.BytesType {
+				return nil
+			}
+			var c criCondition
+			err := eachField(v, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+				switch {
+				case num == 1 && typ == protowire.BytesType:
+					c.Type = string(v)
+				case num == 2 && typ == protowire.VarintType:
+					c.Status = x != 0
+				case num == 3 && typ == protowire.BytesType:
+					c.Reason = string(v)
+				case num == 4 && typ == protowire.BytesType:
+					c.Message = string(v)
+				}
+				return nil
+			})
+			conds = append(conds, c)
+			return err
+		})
+	})
+	return conds, err
+}
+
+// eachField calls f for each field of a protobuf message: v is the payload
+// of a length-delimited field, x the value of a varint.
+func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		var v []byte
+		var x uint64
+		switch typ {
+		case protowire.BytesType:
+			v, n = protowire.ConsumeBytes(b)
+		case protowire.VarintType:
+			x, n = protowire.ConsumeVarint(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if err := f(num, typ, v, x); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package checks
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"net/http"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// criServer is a CRI runtime service on grpc-go's own server: the probe's
+// hand-made gRPC call is checked against the real protocol implementation.
+type criServer struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+	status func(ctx context.Context) (*runtimeapi.StatusResponse, error)
+}
+
+func (s *criServer) Status(ctx context.Context, _ *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	return s.status(ctx)
+}
+
+func serveCRI(t *testing.T, status func(ctx context.Context) (*runtimeapi.StatusResponse, error)) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: status})
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return sock
+}
+
+func conditions(c ...*runtimeapi.RuntimeCondition) *runtimeapi.StatusResponse {
+	return &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: c},
+		Info: map[string]string{"config": `{"containerd": {"snapshotter": "overlayfs"}}`}}
+}
+
+func TestCRIStatusAgainstGRPCServer(t *testing.T) {
+	ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+	netDown := &runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: false, Reason: "NetworkPluginNotReady", Message: "cni plugin not initialized"}
+	for _, tc := range []struct {
+		name   string
+		status func(ctx context.Context) (*runtimeapi.StatusResponse, error)
+		want   string // "" = healthy; else a substring of the error
+	}{
+		{"ready, network not ready (before the CNI)", func(context.Context) (*runtimeapi.StatusResponse, error) {
+			return conditions(ready, netDown), nil
+		}, ""},
+		{"runtime not ready", func(context.Context) (*runtimeapi.StatusResponse, error) {
+			return conditions(&runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: false, Reason: "ShimDown", Message: "shim gone"}, netDown), nil
+		}, "RuntimeReady is false: ShimDown shim gone"},
+		{"gRPC error status", func(context.Context) (*runtimeapi.StatusResponse, error) {
+			return nil, status.Error(codes.Unavailable, "server is shutting down: 100% done")
+		}, "rpc error: code = Unavailable desc = server is shutting down: 100% done"},
+		{"hangs", func(ctx context.Context) (*runtimeapi.StatusResponse, error) {
+			<-ctx.Done() // the grpc-timeout the probe sends ends it on the server too
+			return nil, ctx.Err()
+		}, "code = DeadlineExceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := serveCRI(t, tc.status)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			err := criStatus(ctx, sock)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("healthy runtime: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			case err != nil && !strings.HasPrefix(err.Error(), "CRI RuntimeService/Status on "+sock+": "):
+				t.Errorf("error %q does not name the call and socket", err)
+			}
+		})
+	}
+}
+
+func TestCRIStatusNoServer(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "absent.sock")
+	err := criStatus(context.Background(), sock)
+	if err == nil || !strings.Contains(err.Error(), "code = Unavailable") || !strings.Contains(err.Error(), "no such file or directory") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// Something on the socket that is not a gRPC server (an HTTP/1 server) is a
+// failed probe with an error, not a hang or a crash.
+func TestCRIStatusNotGRPC(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "http.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("hello")) })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := criStatus(ctx, sock); err == nil || !strings.Contains(err.Error(), "rpc error: code = ") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+func frame(msg []byte) []byte {
+	b := make([]byte, 5, 5+len(msg))
+	binary.BigEndian.PutUint32(b[1:], uint32(len(msg)))
+	return append(b, msg...)
+}
+
+func TestParseCRIStatusRejects(t *testing.T) {
+	ok := http.Header{"Grpc-Status": {"0"}}
+	msg, _ := proto.Marshal(conditions(&runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}))
+	for _, tc := range []struct {
+		name          string
+		code          int
+		header, trail http.Header
+		body          []byte
+		want          string
+	}{
+		{"HTTP 503", 503, nil, nil, nil, "code = Unavailable"},
+		{"HTTP 404", 404, nil, nil, nil, "code = Unknown"},
+		{"no trailers", 200, nil, nil, frame(msg), "without sending trailers"},
+		{"trailers-only error", 200, http.Header{"Grpc-Status": {"12"}, "Grpc-Message": {"unknown service runtime.v1.RuntimeService"}}, nil, nil, "code = Unimplemented desc = unknown service"},
+		{"status out of range", 200, nil, http.Header{"Grpc-Status": {"99"}}, frame(msg), "code = Code(99)"},
+		{"malformed status", 200, nil, http.Header{"Grpc-Status": {"x"}}, frame(msg), "malformed grpc-status"},
+		{"no message", 200, nil, ok, nil, "has no message"},
+		{"compressed", 200, nil, ok, append([]byte{1}, frame(msg)[1:]...), "compressed"},
+		{"short frame", 200, nil, ok, frame(msg)[:len(msg)], "frame says"},
+		{"bad protobuf", 200, nil, ok, frame([]byte{0x0a, 0x05, 0x0a}), "parsing StatusResponse"},
+		{"too large", 200, nil, ok, make([]byte, criMaxResponse+1), "larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseCRIStatus(tc.code, tc.header, tc.trail, tc.body)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzCRIStatus: any response body is an error or conditions, never a panic;
+// a StatusResponse marshalled by the CRI API's generated code parses to its
+// conditions.
+func FuzzCRIStatus(f *testing.F) {
+	for _, r := range []*runtimeapi.StatusResponse{
+		conditions(),
+		conditions(&runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true},
+			&runtimeapi.RuntimeCondition{Type: runtimeapi.NetworkReady, Status: false, Reason: "NetworkPluginNotReady", Message: "cni"}),
+		{},
+	} {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0x80})
+	trailer := http.Header{"Grpc-Status": {"0"}}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		got, err := parseCRIStatus(http.StatusOK, nil, trailer, frame(msg))
+		var want runtimeapi.StatusResponse
+		if proto.Unmarshal(msg, &want) != nil {
+			return // what the generated code refuses, ours may read or refuse
+		}
+		if err != nil {
+			t.Fatalf("generated code parses %x, ours: %v", msg, err)
+		}
+		var wantConds []criCondition
+		for _, c := range want.GetStatus().GetConditions() {
+			wantConds = append(wantConds, criCondition{c.GetType(), c.GetStatus(), c.GetReason(), c.GetMessage()})
+		}
+		if !reflect.DeepEqual(got, wantConds) {
+			t.Fatalf("%x: got %+v, generated code %+v", msg, got, wantConds)
+		}
+	})
+}
