@@ -109,7 +109,7 @@ func NewMetrics(version string) *Metrics {
 	m.stateWrites.WithLabelValues("error")
 	r.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns,
 		m.loopProgress, m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), newProcessCollector())
 	return m
 }
 

@@ -68,7 +68,7 @@ func next(t *testing.T, c *net.UnixConn, what string, match func(string) bool) s
 // testConfig is hermetic: the host is a fixture tree (one filesystem, a
 // boot id), there is no kubeconfig and no kernel log (tests/ covers the real
 // /dev/kmsg and API server), so the tests pass the same on a real node.
-func testConfig(t *testing.T) *config.Config {
+func testConfig(t testing.TB) *config.Config {
 	c := config.Default()
 	root := t.TempDir()
 	for p, content := range map[string]string{

@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Addr returns the metrics listener's address.
@@ -15,7 +13,7 @@ func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
 // Handler serves /metrics and /healthz.
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.Registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelError)}))
+	mux.Handle("GET /metrics", d.metrics.Handler(slog.NewLogLogger(d.log.Handler(), slog.LevelError)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if err := d.Healthy(); err != nil {

@@ -1,0 +1,122 @@
+package report
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+func scrape(t *testing.T, h http.Handler, accept, encoding string) (string, http.Header) {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	if encoding != "" {
+		req.Header.Set("Accept-Encoding", encoding)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusOK {
+		t.Fatalf("HTTP %d: %s", w.Code, w.Body)
+	}
+	body := w.Body.Bytes()
+	if w.Header().Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body, err = io.ReadAll(zr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return string(body), w.Header()
+}
+
+// stable drops the go_ and process_ families, which change between any two
+// reads.
+func stable(text string) string {
+	var b strings.Builder
+	for line := range strings.SplitAfterSeq(text, "\n") {
+		if strings.Contains(line, " go_") || strings.HasPrefix(line, "go_") || strings.Contains(line, " process_") || strings.HasPrefix(line, "process_") {
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// The cached exposition serves what promhttp serves, byte for byte, plain
+// and gzipped, before and after metrics change, appear and disappear: a
+// family that changed is encoded again, one that did not is reused.
+func TestExpositionMatchesPromhttp(t *testing.T) {
+	m := NewMetrics("v1")
+	m.InitConditions([]string{"KubeletUnhealthy", "DiskUsageHigh"})
+	m.InitEvents([]string{"OOMKilling"})
+	extra := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extra", Help: "a family that comes and goes"}, []string{"k"})
+	m.Registry.MustRegister(extra)
+	ours := m.Handler(nil)
+	theirs := promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+	check := func(step string) {
+		t.Helper()
+		want, _ := scrape(t, theirs, "", "")
+		for _, enc := range []string{"", "gzip", "gzip;q=1.0, identity;q=0.5"} {
+			got, hdr := scrape(t, ours, "", enc)
+			if stable(got) != stable(want) {
+				t.Fatalf("%s, Accept-Encoding %q: served\n%s\npromhttp serves\n%s", step, enc, stable(got), stable(want))
+			}
+			if wantGzip := enc != ""; (hdr.Get("Content-Encoding") == "gzip") != wantGzip {
+				t.Errorf("%s, Accept-Encoding %q: Content-Encoding %q", step, enc, hdr.Get("Content-Encoding"))
+			}
+			if !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain; version=0.0.4") {
+				t.Errorf("Content-Type %q", hdr.Get("Content-Type"))
+			}
+		}
+		if !strings.Contains(want, "problem_gauge") || !strings.Contains(want, "process_start_time_seconds") {
+			t.Fatalf("%s: the registry lacks families:\n%s", step, want)
+		}
+	}
+	check("start")
+	check("nothing changed")
+	m.ConditionChanged(nil, Condition{Type: "KubeletUnhealthy", Status: StatusTrue, Reason: "KubeletHealthzFailed"})
+	m.CheckRun("KubeletUnhealthy", ResultProblem, 20*time.Millisecond)
+	check("a condition turned True and a check ran")
+	m.CheckRun("KubeletUnhealthy", ResultProblem, 20*time.Millisecond)
+	check("the same check ran again")
+	extra.WithLabelValues("a").Set(1)
+	check("a family appeared")
+	extra.DeleteLabelValues("a")
+	check("the family is gone")
+	if got, _ := scrape(t, ours, "", ""); strings.Contains(got, "extra") {
+		t.Errorf("a gone family is still served:\n%s", got)
+	}
+}
+
+// Prometheus asking for protobuf or OpenMetrics gets what promhttp serves.
+func TestExpositionOtherFormatsArePromhttps(t *testing.T) {
+	m := NewMetrics("v1")
+	const proto = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
+	_, hdr := scrape(t, m.Handler(nil), proto, "")
+	if !strings.HasPrefix(hdr.Get("Content-Type"), "application/vnd.google.protobuf") {
+		t.Errorf("Content-Type %q for %s", hdr.Get("Content-Type"), proto)
+	}
+}
+
+func TestAcceptsGzip(t *testing.T) {
+	for h, want := range map[string]bool{
+		"": false, "gzip": true, "GZIP": true, "deflate, gzip;q=0.5": true, "gzip;q=0": false, "gzip; q=0": false,
+		"identity": false, "x-gzip": false, "zstd,gzip": true,
+	} {
+		if got := acceptsGzip(h); got != want {
+			t.Errorf("acceptsGzip(%q) = %v", h, got)
+		}
+	}
+}
