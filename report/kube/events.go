@@ -49,10 +49,15 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 	aggs := map[aggKey]*aggregate{}
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := r.newErrorLog("writing events of node " + r.o.NodeName)
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	timer := time.NewTimer(eventsIdleBeat)
+	defer timer.Stop()
 	for {
-		r.progress(loop, time.Second)
+		// Asleep until the next write is due (a retry, a count to patch),
+		// or a minute when none is: an idle daemon does not wake this loop
+		// every second.
+		wait := nextFlush(aggs, time.Now(), r.o.EventCountFlush)
+		r.progress(loop, wait)
+		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -67,7 +72,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 					more = false
 				}
 			}
-		case <-tick.C:
+		case <-timer.C:
 		case <-r.apiBack():
 			// The API server is back: what waits for its retry goes now.
 			bo.Reset()
@@ -130,6 +135,34 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 		delete(aggs, *oldest)
 	}
 	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1}
+}
+
+// eventsIdleBeat is how long the event writer sleeps when no write is due:
+// it then drops the aggregates past the dedupe window and beats its
+// liveness.
+const eventsIdleBeat = time.Minute
+
+// nextFlush is how long until a write of aggs is due: a new Event (at its
+// next try), or a count that changed (eventCountFlush after the last patch,
+// and not before the next try); eventsIdleBeat at most.
+func nextFlush(aggs map[aggKey]*aggregate, now time.Time, countFlush time.Duration) time.Duration {
+	wait := eventsIdleBeat
+	for _, a := range aggs {
+		var due time.Time
+		switch {
+		case a.name == "":
+			due = a.nextTry
+		case a.count != a.sentCount:
+			due = a.lastPatch.Add(countFlush)
+			if a.nextTry.After(due) {
+				due = a.nextTry
+			}
+		default:
+			continue
+		}
+		wait = min(wait, max(0, due.Sub(now)))
+	}
+	return wait
 }
 
 // flush creates new Events and patches counts that are due; it stops at the

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -554,7 +555,7 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				})
 				store := report.NewStore("b")
 				h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
-				h.r = New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+				h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
 					Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m,
 					HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
 					Dial: func(context.Context) error {
@@ -662,7 +663,7 @@ func TestEventWriterBacksOffThroughAnOutage(t *testing.T) {
 		store := report.NewStore("b")
 		var logs testenv.SyncBuffer
 		m := NewMetrics(nil)
-		r := New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+		r := New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
 			Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -691,4 +692,35 @@ func TestEventWriterBacksOffThroughAnOutage(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// The event writer sleeps until a write is due, a minute when none is: an
+// idle daemon does not wake it every second.
+func TestEventWriterWakesOnlyWhenAWriteIsDue(t *testing.T) {
+	now := time.Now()
+	const flush = 10 * time.Second
+	for _, tc := range []struct {
+		name string
+		aggs []*aggregate
+		want time.Duration
+	}{
+		{"nothing", nil, time.Minute},
+		{"all sent", []*aggregate{{name: "e1", count: 3, sentCount: 3, lastPatch: now.Add(-time.Hour)}}, time.Minute},
+		{"new, first try", []*aggregate{{count: 1}}, 0},
+		{"new, retry in 4 s", []*aggregate{{count: 1, nextTry: now.Add(4 * time.Second)}}, 4 * time.Second},
+		{"count patched 3 s ago", []*aggregate{{name: "e1", count: 5, sentCount: 2, lastPatch: now.Add(-3 * time.Second)}}, 7 * time.Second},
+		{"count due, retry later", []*aggregate{{name: "e1", count: 5, sentCount: 2, lastPatch: now.Add(-time.Hour), nextTry: now.Add(20 * time.Second)}}, 20 * time.Second},
+		{"the soonest of two", []*aggregate{
+			{name: "e1", count: 5, sentCount: 2, lastPatch: now.Add(-3 * time.Second)},
+			{count: 1, nextTry: now.Add(2 * time.Second)},
+		}, 2 * time.Second},
+	} {
+		aggs := map[aggKey]*aggregate{}
+		for i, a := range tc.aggs {
+			aggs[aggKey{reason: strconv.Itoa(i)}] = a
+		}
+		if got := nextFlush(aggs, now, flush); got != tc.want {
+			t.Errorf("%s: next write in %s, want %s", tc.name, got, tc.want)
+		}
+	}
 }
