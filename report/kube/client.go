@@ -12,8 +12,12 @@ import (
 	"os"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"encoding/json"
+
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -26,17 +30,17 @@ var ErrNoKubeconfig = errors.New("no kubeconfig")
 
 // Client is all the daemon asks of the API server: read and patch its own
 // Node, create and patch Events. The daemon's client implements it with a
-// REST client for core/v1 alone, not client-go's clientset: the clientset
-// links and registers every API group (about 10 MiB of the daemon's
-// resident memory, see README, Cost). Tests wrap a fake clientset
-// (kubefake).
+// REST client that speaks JSON to core/v1 with types of its own (types.go),
+// not client-go's clientset: the clientset links and registers every API
+// group (about 10 MiB of the daemon's resident memory, see README, Cost).
+// Tests wrap a fake clientset (kubefake).
 type Client interface {
-	GetNode(ctx context.Context, name string) (*corev1.Node, error)
+	GetNode(ctx context.Context, name string) (*kubeapi.Node, error)
 	// PatchNodeStatus applies a strategic merge patch to the Node's status.
 	PatchNodeStatus(ctx context.Context, name string, patch []byte) error
 	// PatchNode applies a JSON merge patch to the Node (its metadata).
 	PatchNode(ctx context.Context, name string, patch []byte) error
-	CreateEvent(ctx context.Context, ev *corev1.Event) error
+	CreateEvent(ctx context.Context, ev *kubeapi.Event) error
 	// PatchEvent applies a strategic merge patch to an Event.
 	PatchEvent(ctx context.Context, namespace, name string, patch []byte) error
 }
@@ -98,24 +102,25 @@ func Dialer(server string) (func(ctx context.Context) error, error) {
 	}, nil
 }
 
-// coreCodecs decode and encode core/v1 objects (and the metav1 Status of an
-// error) and nothing else.
-var coreCodecs = func() serializer.CodecFactory {
+// statusCodecs decode the metav1 Status of a refused request (what
+// apierrors.IsNotFound and IsForbidden read); objects are plain JSON.
+var statusCodecs = func() serializer.CodecFactory {
 	s := runtime.NewScheme()
-	if err := corev1.AddToScheme(s); err != nil {
-		panic(err) // static registration: cannot fail
-	}
+	metav1.AddToGroupVersion(s, coreV1)
 	return serializer.NewCodecFactory(s)
 }()
+
+var coreV1 = schema.GroupVersion{Version: "v1"}
 
 type restClient struct{ c rest.Interface }
 
 func newRESTClient(cfg *rest.Config) (Client, error) {
 	cfg = rest.CopyConfig(cfg)
-	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.GroupVersion = &coreV1
 	cfg.APIPath = "/api"
 	cfg.ContentType = runtime.ContentTypeJSON
-	cfg.NegotiatedSerializer = coreCodecs.WithoutConversion()
+	cfg.AcceptContentTypes = runtime.ContentTypeJSON
+	cfg.NegotiatedSerializer = statusCodecs.WithoutConversion()
 	c, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, err
@@ -123,10 +128,14 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 	return restClient{c}, nil
 }
 
-func (r restClient) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
-	n := &corev1.Node{}
-	if err := r.c.Get().Resource("nodes").Name(name).Do(ctx).Into(n); err != nil {
+func (r restClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
+	b, err := r.c.Get().Resource("nodes").Name(name).Do(ctx).Raw()
+	if err != nil {
 		return nil, err
+	}
+	n := &kubeapi.Node{}
+	if err := json.Unmarshal(b, n); err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	return n, nil
 }
@@ -139,8 +148,12 @@ func (r restClient) PatchNode(ctx context.Context, name string, patch []byte) er
 	return r.c.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(patch).Do(ctx).Error()
 }
 
-func (r restClient) CreateEvent(ctx context.Context, ev *corev1.Event) error {
-	return r.c.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(ctx).Error()
+func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return r.c.Post().Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx).Error()
 }
 
 func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {

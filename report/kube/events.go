@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
 
 // EventNamespace is where Events about a Node go (a Node has no namespace;
@@ -210,20 +209,21 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	// two events in the same nanosecond do not collide.
 	r.eventSeq++
 	name := fmt.Sprintf("%s.%x.%d", r.o.NodeName, a.first.UnixNano(), r.eventSeq)
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: EventNamespace},
+	ev := &kubeapi.Event{
+		APIVersion: "v1", Kind: "Event",
 		// kubelet's convention for events about a Node: UID = node name.
-		InvolvedObject:      corev1.ObjectReference{Kind: "Node", Name: r.o.NodeName, UID: types.UID(r.o.NodeName), APIVersion: "v1"},
+		InvolvedObject:      kubeapi.ObjectReference{Kind: "Node", Name: r.o.NodeName, UID: r.o.NodeName, APIVersion: "v1"},
 		Reason:              a.reason,
 		Message:             a.message,
-		Type:                corev1.EventTypeWarning,
-		Source:              corev1.EventSource{Component: Component, Host: r.o.NodeName},
+		Type:                kubeapi.EventTypeWarning,
 		FirstTimestamp:      metav1.NewTime(a.first),
 		LastTimestamp:       metav1.NewTime(a.last),
 		Count:               a.count,
 		ReportingController: Component,
 		ReportingInstance:   r.o.NodeName,
 	}
+	ev.Metadata.Name, ev.Metadata.Namespace = name, EventNamespace
+	ev.Source.Component, ev.Source.Host = Component, r.o.NodeName
 	start := time.Now()
 	err := r.o.Client.CreateEvent(ctx, ev)
 	r.m.observe(KindEvent, start, err)

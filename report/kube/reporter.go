@@ -10,12 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
 
 // Options configure a Reporter.
@@ -391,8 +391,8 @@ func (r *Reporter) adopt(ctx context.Context) error {
 		return err
 	}
 	n := 0
-	nodeBoot := report.ReportBootID(node.Annotations)
-	if at := report.ReportedClear(node.Annotations); !at.IsZero() {
+	nodeBoot := report.ReportBootID(node.Metadata.Annotations)
+	if at := report.ReportedClear(node.Metadata.Annotations); !at.IsZero() {
 		// An operator's clear this daemon published to the Node: a True
 		// from before it is not taken back. (The clear in the tamper state
 		// file alone is never trusted.)
@@ -407,14 +407,14 @@ func (r *Reporter) adopt(ctx context.Context) error {
 	}
 	r.stale = nil
 	for _, c := range node.Status.Conditions {
-		if _, ours := report.Lookup(string(c.Type)); !ours {
+		if _, ours := report.Lookup(c.Type); !ours {
 			continue
 		}
-		if r.o.Evaluated != nil && !r.o.Evaluated(string(c.Type)) {
-			r.stale = append(r.stale, string(c.Type))
+		if r.o.Evaluated != nil && !r.o.Evaluated(c.Type) {
+			r.stale = append(r.stale, c.Type)
 			continue
 		}
-		if r.o.Store.Adopt(report.Condition{Type: string(c.Type), Status: report.Status(c.Status), Reason: report.Reason(c.Reason),
+		if r.o.Store.Adopt(report.Condition{Type: c.Type, Status: report.Status(c.Status), Reason: report.Reason(c.Reason),
 			Message: c.Message, LastTransitionTime: c.LastTransitionTime.Time}, nodeBoot) {
 			n++
 		}
@@ -429,8 +429,8 @@ func (r *Reporter) adopt(ctx context.Context) error {
 func statusPatch(conds []report.Condition, remove []string, now time.Time) ([]byte, error) {
 	out := make([]any, 0, len(conds)+len(remove))
 	for _, c := range conds {
-		out = append(out, corev1.NodeCondition{
-			Type: corev1.NodeConditionType(c.Type), Status: corev1.ConditionStatus(c.Status),
+		out = append(out, kubeapi.NodeCondition{
+			Type: c.Type, Status: string(c.Status),
 			Reason: string(c.Reason), Message: c.Message,
 			LastTransitionTime: metav1.NewTime(c.LastTransitionTime),
 			LastHeartbeatTime:  metav1.NewTime(now),

@@ -6,11 +6,14 @@ package kubefake
 
 import (
 	"context"
+	"encoding/json"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
 
 // New returns cs as a kube.Client (it implements the interface without
@@ -20,8 +23,13 @@ func New(cs kubernetes.Interface) Client { return Client{cs} }
 // Client is a kube.Client on a clientset.
 type Client struct{ cs kubernetes.Interface }
 
-func (c Client) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
-	return c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+func (c Client) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
+	n, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := &kubeapi.Node{}
+	return out, convert(n, out)
 }
 
 func (c Client) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
@@ -34,9 +42,22 @@ func (c Client) PatchNode(ctx context.Context, name string, patch []byte) error 
 	return err
 }
 
-func (c Client) CreateEvent(ctx context.Context, ev *corev1.Event) error {
-	_, err := c.cs.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+func (c Client) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
+	var out corev1.Event
+	if err := convert(ev, &out); err != nil {
+		return err
+	}
+	_, err := c.cs.CoreV1().Events(out.Namespace).Create(ctx, &out, metav1.CreateOptions{})
 	return err
+}
+
+// convert goes through JSON, as the daemon's own client does on the wire.
+func convert(in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
 }
 
 func (c Client) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
