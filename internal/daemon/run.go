@@ -105,6 +105,12 @@ func (d *Daemon) becomeReady() {
 	close(d.firstPassDone)
 	status := d.Summary()
 	d.log.Info("first pass complete", "status", status)
+	// What start-up touched of the binary need not stay resident.
+	if n, err := trimStartupPages(); err != nil {
+		d.log.Debug("not trimming the start-up pages of the binary", "err", err)
+	} else {
+		d.log.Debug("trimmed the start-up pages of the binary", "advised_bytes", n)
+	}
 	if err := d.notify.Ready(status); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
