@@ -41,6 +41,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		return exitError
 	}
+	limitProcs()
 	// client-go logs through klog: route it into the same handler.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	if fromFile {
@@ -56,7 +57,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		log.Error("refusing to start", "err", err)
 		return exitError
 	}
-	if err := d.Run(ctx); err != nil {
+	err = d.Run(ctx)
+	stopProfile()
+	if err != nil {
 		log.Error("stopped with an error", "err", err)
 		return exitProblem
 	}
