@@ -73,8 +73,12 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "An error has occurred while serving metrics:\n\n"+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	// The cache is shared; the texts in it are never modified (a changed
+	// family gets a new one), so the response is written from them after
+	// the lock is released: a slow client does not hold up the next scrape.
 	e.mu.Lock()
-	e.buf.Reset()
+	parts := make([][]byte, 0, len(mfs))
+	size := 0
 	prefix := string(format) + "\x00"
 	for _, mf := range mfs {
 		key := prefix + mf.GetName()
@@ -92,7 +96,8 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.cache[key] = ft
 		}
 		ft.seen = true
-		e.buf.Write(ft.text)
+		parts = append(parts, ft.text)
+		size += len(ft.text)
 	}
 	for k, ft := range e.cache {
 		if !ft.seen && strings.HasPrefix(k, prefix) {
@@ -100,34 +105,40 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ft.seen = false
 	}
-	gz := acceptsGzip(r.Header.Get("Accept-Encoding"))
-	var body []byte
-	if gz {
-		// Compressed here, under the lock, so that a slow client does not
-		// hold up the next scrape.
-		e.zbuf.Reset()
-		if e.gz == nil {
-			e.gz, _ = gzip.NewWriterLevel(&e.zbuf, gzip.BestSpeed)
-		} else {
-			e.gz.Reset(&e.zbuf)
-		}
-		e.gz.Write(e.buf.Bytes())
-		e.gz.Close()
-		body = bytes.Clone(e.zbuf.Bytes())
-	} else {
-		body = bytes.Clone(e.buf.Bytes())
-	}
 	e.mu.Unlock()
+
 	hdr := w.Header()
 	hdr.Set("Content-Type", string(format))
 	hdr.Add("Vary", "Accept")
 	hdr.Add("Vary", "Accept-Encoding")
-	if gz {
-		hdr.Set("Content-Encoding", "gzip")
+	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		hdr.Set("Content-Length", strconv.Itoa(size))
+		for _, p := range parts {
+			if _, err := w.Write(p); err != nil {
+				return
+			}
+		}
+		return
 	}
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	w.Write(body)
+	hdr.Set("Content-Encoding", "gzip")
+	gz, _ := gzipWriters.Get().(*gzip.Writer)
+	if gz == nil {
+		gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+	} else {
+		gz.Reset(w)
+	}
+	defer gzipWriters.Put(gz)
+	for _, p := range parts {
+		if _, err := gz.Write(p); err != nil {
+			return
+		}
+	}
+	gz.Close()
 }
+
+// gzipWriters are reused across scrapes (a flate compressor is ~1 MB of
+// state to allocate).
+var gzipWriters sync.Pool
 
 // acceptsGzip reports whether an Accept-Encoding header allows gzip (and
 // does not refuse it with q=0).
