@@ -18,6 +18,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
 
 // idleListener is a metrics listener with no socket: Accept waits until
@@ -89,7 +90,7 @@ func TestSoakSimulatedDay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d, err := New(cfg, log, Options{Version: "test", Listener: newIdleListener(), Kube: client})
+				d, err := New(cfg, log, Options{Version: "test", Listener: newIdleListener(), Kube: kubefake.New(client)})
 				if err != nil {
 					t.Fatal(err)
 				}
