@@ -42,6 +42,13 @@ func TestProcessCollectorMatchesClientGolang(t *testing.T) {
 	if len(ours) != len(theirs) || len(ours) != 9 {
 		t.Fatalf("%d metrics, client_golang %d", len(ours), len(theirs))
 	}
+	// Under qemu-user (make test-arm64) /proc/self/stat is the emulator's
+	// fake, with zeros where client_golang reads memory and CPU and its own
+	// start time: there only names, help and types can be compared.
+	emulated := value(theirs["process_resident_memory_bytes"]) == 0
+	if emulated {
+		t.Log("client_golang reads a zero RSS (an emulated /proc/self/stat): values not compared")
+	}
 	for name, want := range theirs {
 		got, ok := ours[name]
 		if !ok {
@@ -50,6 +57,9 @@ func TestProcessCollectorMatchesClientGolang(t *testing.T) {
 		}
 		if got.GetHelp() != want.GetHelp() || got.GetType() != want.GetType() {
 			t.Errorf("%s: %s %q, client_golang %s %q", name, got.GetType(), got.GetHelp(), want.GetType(), want.GetHelp())
+		}
+		if emulated {
+			continue
 		}
 		g, w := value(got), value(want)
 		margin := 0.0
