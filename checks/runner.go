@@ -439,11 +439,14 @@ func (r *Runner) loop(ctx context.Context, e *entry, offset time.Duration, first
 		if ctx.Err() != nil {
 			return
 		}
-		if n == 0 {
-			first()
-		}
+		// The run's progress is recorded before the first pass is
+		// reported: what readiness announces (the metrics included) shows
+		// every loop's first run.
 		if r.progress != nil {
 			r.progress("check/"+e.cond, e.interval+e.timeout)
+		}
+		if n == 0 {
+			first()
 		}
 		t.Reset(max(0, e.interval-time.Since(start)))
 	}

@@ -98,10 +98,11 @@ func (d *Daemon) runChecks(ctx context.Context) {
 
 // becomeReady records the first full pass and tells systemd.
 func (d *Daemon) becomeReady() {
+	// The metric first: whoever sees the daemon ready sees it in /metrics.
+	d.metrics.SetReady(true)
 	d.mu.Lock()
 	d.ready = true
 	d.mu.Unlock()
-	d.metrics.SetReady(true)
 	close(d.firstPassDone)
 	status := d.Summary()
 	d.log.Info("first pass complete", "status", status)
