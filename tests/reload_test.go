@@ -5,6 +5,7 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tests/harness"
@@ -59,7 +61,8 @@ pattern = 'autopilot-health reload test A %[6]s'
 %[7]s`
 
 // systemctl reload of the daemon under its own unit file, in a real
-// systemd (ReloadUnit over D-Bus: ExecReload= sends SIGHUP), reporting to
+// systemd (ReloadUnit over D-Bus: ExecReload= asks over the control socket
+// and waits; a refused file fails the job), reporting to
 // the real API server:
 //   - a changed threshold applies in place: DiskUsageHigh's message on the
 //     Node shows it, its lastTransitionTime on the Node is kept, the unit
@@ -274,9 +277,15 @@ current-context: test
 	if err := os.WriteFile(cfgPath, []byte(strings.Replace(mustRead(t, cfgPath), "space_percent = 2", "space_percent = 2\nspace_percnt = 3", 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
-		t.Fatalf("reload of the bad file: %v", err)
+	// systemctl reload fails (ExecReload= waits for the daemon's answer),
+	// with the daemon's reason in the unit's journal.
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); !errors.Is(err, systemd.ErrJobFailed) {
+		t.Errorf("reload of the bad file: %v, want the job failed", err)
 	}
+	eventually(t, 10*time.Second, "ExecReload='s refusal with file, line and key in the journal", func() (bool, string) {
+		j := s.Journal("autopilot-health.service")
+		return regexp.MustCompile(`autopilot-health reload: refused: /etc/autopilot-health/config\.toml:\d+: key checks\.DiskUsageHigh\.space_percnt: unknown key`).MatchString(j), lastBytes(j, 600)
+	})
 	eventually(t, 10*time.Second, "the refused reload counted", func() (bool, string) {
 		v, last := metric(`autopilot_health_config_reloads_total{result="error"}`)
 		return v == 1, last
@@ -332,8 +341,8 @@ current-context: test
 	// A key that needs a restart with another change: refused as a whole,
 	// naming the key; the other change is not applied.
 	writeConfig(4, ruleB+"\n[detect]\ninterval = \"7m\"\n")
-	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
-		t.Fatalf("reload with a key that needs a restart: %v", err)
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); !errors.Is(err, systemd.ErrJobFailed) {
+		t.Errorf("reload with a key that needs a restart: %v, want the job failed", err)
 	}
 	eventually(t, 10*time.Second, "the restart key named in the journal", func() (bool, string) {
 		j := s.Journal("autopilot-health.service")

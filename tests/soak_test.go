@@ -16,11 +16,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,6 +150,63 @@ func (n *kernelNode) storeHas(ty string, st corev1.ConditionStatus) {
 	}
 }
 
+// outageStatus checks `autopilot-health status` (JSON and text) while
+// kube-apiserver is down and ReadonlyFilesystem is True: the condition
+// with the kernel line that set it, the conditions pending and the failing
+// write with its error. The daemon retries with backoff, so the first
+// failed write may take a moment.
+func (n *kernelNode) outageStatus() {
+	n.t.Helper()
+	bin := daemonBinary(n.t)
+	deadline := time.Now().Add(30 * time.Second)
+	var st daemon.StatusReport
+	for {
+		out, err := exec.Command(bin, "status", "--json", "--socket", n.status).Output()
+		if !problemExit(err) {
+			n.t.Fatalf("status --json while kube-apiserver is down: %v\n%s", err, out)
+		}
+		st = daemon.StatusReport{}
+		if err := json.Unmarshal(out, &st); err != nil {
+			n.t.Fatalf("status --json: %v\n%s", err, out)
+		}
+		if c := st.Kubernetes.Calls["status"]; st.Kubernetes.StatusPending && c.Failing && c.LastError != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("status while kube-apiserver is down shows no pending, failing status write:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond) // the next write attempt, on the daemon's backoff
+	}
+	if st.Kubernetes.State != "reporting" {
+		n.t.Errorf("status: kubernetes state %q, want reporting", st.Kubernetes.State)
+	}
+	var rf *daemon.ConditionStatus
+	for i := range st.Conditions {
+		if st.Conditions[i].Type == "ReadonlyFilesystem" {
+			rf = &st.Conditions[i]
+		}
+	}
+	if rf == nil || rf.Status != "True" || rf.Source != "kmsg" || !strings.Contains(rf.Message, "Remounting filesystem read-only") {
+		n.t.Errorf("status: ReadonlyFilesystem = %+v, want True from the kernel line", rf)
+	}
+	text, err := exec.Command(bin, "status", "--socket", n.status).Output()
+	if !problemExit(err) {
+		n.t.Fatalf("status while kube-apiserver is down: %v\n%s", err, text)
+	}
+	for _, want := range []string{"ReadonlyFilesystem=True (FilesystemIsReadOnly)", "Remounting filesystem read-only", "evidence: the kernel line above", "pending: the conditions", "status: last error", "FAILING"} {
+		if !strings.Contains(string(text), want) {
+			n.t.Errorf("status while kube-apiserver is down lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+// problemExit reports whether a status command exited 1: the answer of a
+// daemon that holds a problem.
+func problemExit(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.ExitCode() == 1
+}
+
 // nodeEvents lists the Events about the node whose message contains sub.
 func (n *kernelNode) nodeEvents(sub string) []corev1.Event {
 	n.t.Helper()
@@ -234,6 +293,10 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	// The daemon read both lines (its status answers without the API).
 	n.storeHas("ReadonlyFilesystem", corev1.ConditionTrue)
 	n.storeHas("KernelDeadlock", corev1.ConditionTrue)
+	// What an operator on the node sees while the API server is down: the
+	// shipped binary's status answers from the daemon, with the kernel
+	// line as evidence and the reporting as pending and failing.
+	n.outageStatus()
 	// Records the daemon lost to another writer's flood of the shared
 	// ring buffer (each may have been one of the warnings).
 	lost := int32(n.statusDoc().Kmsg.Lost - lost0)

@@ -40,6 +40,9 @@ Usage:
   autopilot-health kmsg rules [--config FILE]     list the kernel log rules in effect
   autopilot-health status [--json] [--config FILE] [--socket PATH]
                                                   what the running daemon believes now (asks it; probes nothing)
+  autopilot-health reload [--config FILE] [--socket PATH]
+                                                  read the configuration again in the running daemon
+                                                  and wait for the outcome (root; systemctl reload)
   autopilot-health tamper clear --reason TEXT [--config FILE]
                                                   clear the tamper conditions on the running daemon (root)
   autopilot-health tamper status [--config FILE]  print the daemon's tamper baseline and findings
@@ -54,7 +57,8 @@ Run "autopilot-health COMMAND --help" for a command's flags.
 
 Exit codes:
   0  success; for check and status: no condition is True
-  1  check, status: at least one condition is True; run: the daemon failed while running
+  1  check, status: at least one condition is True; run: the daemon failed while running;
+     reload: the daemon refused the file and runs on with the previous configuration
   2  bad usage, bad configuration, or the command could not run (status: the daemon is not running)
 `
 
@@ -74,6 +78,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdKmsg(rest, stdout, stderr)
 	case "status":
 		return cmdStatus(rest, stdout, stderr)
+	case "reload":
+		return cmdReload(rest, stdout, stderr)
 	case "tamper":
 		return cmdTamper(rest, stdout, stderr)
 	case "catalog":

@@ -21,14 +21,16 @@ import (
 )
 
 // The control socket: one JSON request and one JSON answer per connection,
-// from root only (the peer's credentials, SO_PEERCRED). Its one operation is
-// the operator's clear of the tamper conditions (`autopilot-health tamper
-// clear`): never automatic, always logged and evented.
+// from root only (the peer's credentials, SO_PEERCRED). Its operations: the
+// operator's clear of the tamper conditions (`autopilot-health tamper
+// clear`: never automatic, always logged and evented), and a reload of the
+// configuration that answers with its outcome (`autopilot-health reload`,
+// the unit's ExecReload=: a refused file fails `systemctl reload`).
 
 // ControlRequest is a request on the control socket.
 type ControlRequest struct {
-	Op string `json:"op"` // "tamper-clear"
-	// Reason is why the operator clears (required).
+	Op string `json:"op"` // "tamper-clear" or "reload"
+	// Reason is why the operator clears (required for tamper-clear).
 	Reason string `json:"reason"`
 	// By names the operator as the client knows it (login user); the
 	// daemon adds the peer's uid and pid.
@@ -40,10 +42,17 @@ type ControlAnswer struct {
 	Error string `json:"error,omitempty"`
 	// Conditions are the tamper conditions after the clear's re-evaluation.
 	Conditions []report.Condition `json:"conditions,omitempty"`
+	// Reloaded says what a reload changed (Reloaded.Summary, and the keys).
+	Reloaded string `json:"reloaded,omitempty"`
 }
 
-// OpTamperClear clears the tamper conditions.
-const OpTamperClear = "tamper-clear"
+// The operations.
+const (
+	// OpTamperClear clears the tamper conditions.
+	OpTamperClear = "tamper-clear"
+	// OpReload reads the configuration file again (ReloadNotified).
+	OpReload = "reload"
+)
 
 // maxControlRequest bounds a request.
 const maxControlRequest = 8 << 10
@@ -81,7 +90,7 @@ func (d *Daemon) serveControl(ctx context.Context, ln net.Listener) {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() == nil {
-				d.log.Error("control socket failed; tamper clear is not possible until the daemon restarts", "err", err)
+				d.log.Error("control socket failed; tamper clear and reload (systemctl reload) are not possible until the daemon restarts (kill -HUP still reloads)", "err", err)
 			}
 			return
 		}
@@ -122,6 +131,13 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 	case cred.Uid != 0:
 		d.log.Warn("control request refused: not root", "op", req.Op, "uid", cred.Uid, "pid", cred.Pid)
 		answer(ControlAnswer{Error: fmt.Sprintf("refused: only root may %s (you are uid %d)", req.Op, cred.Uid)})
+	case req.Op == OpReload:
+		r, err := d.ReloadNotified()
+		if err != nil {
+			answer(ControlAnswer{Error: err.Error()})
+			return
+		}
+		answer(ControlAnswer{Reloaded: r.Text()})
 	case req.Op != OpTamperClear:
 		answer(ControlAnswer{Error: fmt.Sprintf("unknown operation %q", req.Op)})
 	case strings.TrimSpace(req.Reason) == "":
@@ -231,13 +247,54 @@ func (d *Daemon) tamperConditions(types []string) []report.Condition {
 	return out
 }
 
+// dialControl connects to the daemon's control socket; what fails names
+// the socket and, when the daemon is not there, says so.
+func dialControl(socket, retry string) (*net.UnixConn, error) {
+	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("the daemon is not running (no control socket at %s): start it (systemctl start autopilot-health) and %s", socket, retry)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// RequestReload asks the daemon listening on socket to read its
+// configuration again and returns what changed, or why it was refused
+// (the client of `autopilot-health reload`).
+func RequestReload(socket string) (string, error) {
+	c, err := dialControl(socket, "its configuration is read at start")
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	// A reload waits for the checks it stops (each within its timeout).
+	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	if err := json.NewEncoder(c).Encode(ControlRequest{Op: OpReload}); err != nil {
+		return "", err
+	}
+	var a ControlAnswer
+	if err := json.NewDecoder(c).Decode(&a); err != nil {
+		return "", fmt.Errorf("reading the daemon's answer: %w", err)
+	}
+	if a.Error != "" {
+		return "", RefusedError(a.Error)
+	}
+	return a.Reloaded, nil
+}
+
+// RefusedError is the daemon's refusal of a request it read (a reload of
+// a file it does not accept, a peer not root), as against a daemon that
+// could not be asked.
+type RefusedError string
+
+func (e RefusedError) Error() string { return string(e) }
+
 // RequestTamperClear asks the daemon listening on socket to clear the
 // tamper conditions (the client of `autopilot-health tamper clear`).
 func RequestTamperClear(socket, reason, by string) ([]report.Condition, error) {
-	c, err := net.DialTimeout("unix", socket, 5*time.Second)
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return nil, fmt.Errorf("the daemon is not running (no control socket at %s): start it (systemctl start autopilot-health) and clear again", socket)
-	}
+	c, err := dialControl(socket, "clear again")
 	if err != nil {
 		return nil, err
 	}

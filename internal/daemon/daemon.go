@@ -80,6 +80,9 @@ type Daemon struct {
 	cfgPath     string
 	cfgOptional bool
 	reloadSig   <-chan os.Signal
+	// reloadMu serializes the reloads asked for (a signal, the control
+	// socket): each one's RELOADING=1 ... READY=1 is its own.
+	reloadMu sync.Mutex
 	// planMu serializes the re-plans: a reload and a change of the node's
 	// role or GPU (redetect).
 	planMu sync.Mutex

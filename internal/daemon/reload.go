@@ -19,11 +19,8 @@ import (
 // again (Options.ConfigPath is empty).
 var ErrNoConfigFile = errors.New("no configuration file to reload")
 
-// reloadLoop reloads the configuration on each signal (SIGHUP: `systemctl
-// reload`, whose ExecReload= sends it). Once the daemon is ready it speaks
-// systemd's reload protocol: RELOADING=1 before, READY=1 after, whatever
-// the outcome (a refused reload leaves the daemon running as it was).
-// Before the first pass nothing is sent: READY=1 would end the start.
+// reloadLoop reloads the configuration on each signal (SIGHUP: `kill -HUP`;
+// `systemctl reload` asks over the control socket, see ReloadNotified).
 func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 	for {
 		select {
@@ -31,29 +28,42 @@ func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 			return
 		case <-sig:
 		}
-		d.mu.Lock()
-		ready := d.ready
-		d.mu.Unlock()
-		if ready {
-			if err := d.notify.Reloading("reloading the configuration"); err != nil {
-				d.log.Warn("sd_notify RELOADING failed", "err", err)
-			}
-		}
-		// The summary after the reload: one from before would undo the
-		// status loop's update (a reload that removed a condition).
-		_, err := d.Reload()
-		status := d.Summary()
-		if err != nil {
-			status = "configuration reload failed (running on the previous one): " + err.Error() + "; " + status
-		}
-		if ready {
-			if err := d.notify.Ready(status); err != nil {
-				d.log.Warn("sd_notify READY failed", "err", err)
-			}
-		} else {
-			d.notify.Status(status)
+		d.ReloadNotified()
+	}
+}
+
+// ReloadNotified is Reload wrapped in systemd's reload protocol, for a
+// reload asked for by a signal or on the control socket: once the daemon
+// is ready, RELOADING=1 before and READY=1 after, whatever the outcome (a
+// refused reload leaves the daemon running as it was), with the outcome in
+// STATUS=. Before the first pass only STATUS= is sent: READY=1 would end
+// the start. Reloads asked for at once run one after the other.
+func (d *Daemon) ReloadNotified() (Reloaded, error) {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	d.mu.Lock()
+	ready := d.ready
+	d.mu.Unlock()
+	if ready {
+		if err := d.notify.Reloading("reloading the configuration"); err != nil {
+			d.log.Warn("sd_notify RELOADING failed", "err", err)
 		}
 	}
+	// The summary after the reload: one from before would undo the
+	// status loop's update (a reload that removed a condition).
+	r, err := d.Reload()
+	status := d.Summary()
+	if err != nil {
+		status = "configuration reload failed (running on the previous one): " + err.Error() + "; " + status
+	}
+	if ready {
+		if err := d.notify.Ready(status); err != nil {
+			d.log.Warn("sd_notify READY failed", "err", err)
+		}
+	} else {
+		d.notify.Status(status)
+	}
+	return r, err
 }
 
 // Reloaded says what a reload changed.
@@ -84,6 +94,15 @@ func (r Reloaded) Summary() string {
 		parts = append(parts, "no check or kernel log rule changed")
 	}
 	return strings.Join(parts, "; ")
+}
+
+// Text is what the reload did, for the operator who asked: "no changes",
+// or the changed keys and Summary.
+func (r Reloaded) Text() string {
+	if len(r.Keys) == 0 {
+		return "no changes"
+	}
+	return fmt.Sprintf("%d %s %s changed; %s", len(r.Keys), plural(len(r.Keys), "key", "keys"), strings.Join(r.Keys, ", "), r.Summary())
 }
 
 // Reload reads the configuration file again (the same path, the same

@@ -300,3 +300,89 @@ func TestReloadDisablesOnePartOfACondition(t *testing.T) {
 		t.Errorf("DisksFailure after its check was disabled: %+v (held %v)", c, ok)
 	}
 }
+
+// A reload asked for on the control socket (`autopilot-health reload`, the
+// unit's ExecReload=) answers with its outcome, so that `systemctl reload`
+// fails for a refused file: a good file answers what changed, a bad one
+// its file, line and key, a key that needs a restart names the key; each
+// speaks systemd's reload protocol as a signal's reload does, and counts.
+func TestReloadOverTheControlSocket(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the control socket answers root only (TestControlRefusesANonRootPeer)")
+	}
+	sock := notifySocket(t)
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	listen := ln.Addr().String()
+	write := func(extra string) {
+		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	control := filepath.Join(t.TempDir(), "control.sock")
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path, ControlSocket: control})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Error(err)
+		}
+	}()
+	next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+
+	reload := func() (string, error) {
+		t.Helper()
+		type answer struct {
+			what string
+			err  error
+		}
+		got := make(chan answer, 1)
+		go func() { w, err := RequestReload(control); got <- answer{w, err} }()
+		next(t, sock, "RELOADING=1", func(m string) bool { return strings.HasPrefix(m, "RELOADING=1") })
+		next(t, sock, "READY=1 after the reload", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+		a := <-got
+		return a.what, a.err
+	}
+
+	write("[checks.DiskUsageHigh]\nspace_percent = 45\n")
+	if what, err := reload(); err != nil || what != "1 key checks.DiskUsageHigh.space_percent changed; checks changed: DiskUsageHigh" {
+		t.Errorf("a good file: %q, %v", what, err)
+	}
+	if what, err := reload(); err != nil || what != "no changes" {
+		t.Errorf("the same file again: %q, %v", what, err)
+	}
+	write("[checks.DiskUsageHigh]\nspace_percentt = 3\n")
+	if what, err := reload(); err == nil || !strings.Contains(err.Error(), path+":25: key checks.DiskUsageHigh.space_percentt: unknown key") {
+		t.Errorf("a bad file: %q, %v; want refused with file, line and key", what, err)
+	}
+	write("[checks.DiskUsageHigh]\nspace_percent = 30\n[detect]\ninterval = \"2m\"\n")
+	if what, err := reload(); err == nil || !strings.Contains(err.Error(), "key detect.interval: needs a restart") {
+		t.Errorf("a key that needs a restart: %q, %v", what, err)
+	}
+	if c, _ := d.Store().Get("DiskUsageHigh"); !strings.Contains(c.Message, "(threshold 45%)") {
+		t.Errorf("a refused reload changed the check: %+v", c)
+	}
+	_, page := get(t, "http://"+listen+"/metrics")
+	for _, want := range []string{`autopilot_health_config_reloads_total{result="ok"} 2`, `autopilot_health_config_reloads_total{result="error"} 2`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if n := strings.Count(logs.String(), "configuration reload refused"); n != 2 {
+		t.Errorf("%d refusals logged, want 2:\n%s", n, logs.String())
+	}
+}
