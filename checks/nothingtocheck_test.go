@@ -72,7 +72,7 @@ func TestNodeServiceDownWithoutUnits(t *testing.T) {
 func scrapeRegistry(t *testing.T, m *report.Metrics) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	promhttp.HandlerFor(m.Gatherer(), promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
 }
 

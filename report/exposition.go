@@ -7,6 +7,7 @@ import (
 	"log"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,31 +18,34 @@ import (
 	"github.com/prometheus/common/expfmt"
 )
 
-// Handler serves the registry on /metrics. A scrape in the Prometheus text
+// Handler serves every metric on /metrics. A scrape in the Prometheus text
 // format (what Prometheus asks for unless told otherwise, and curl) does not
-// re-encode what did not change: each metric family's text is kept with a
-// hash of what the text shows (labels, values, buckets, quantiles), and
-// only a family whose hash changed is encoded again. Most of the ~450
-// series (conditions, counters of runs and events, the check histograms)
-// change only when state changes; the process_* and go_* families change
-// every scrape. gzip is at the fastest level (a scrape is ~45 KB of text
-// that compresses ~10:1 even so). Other formats (protobuf, OpenMetrics)
-// are promhttp's, unchanged. Measured by BenchmarkScrape (README, Cost).
+// gather or encode again what did not change: the versioned families
+// (Metrics, ~480 of ~540 series: the conditions, problem counters, check
+// runs and durations, loop progress) are gathered and encoded only when a
+// change moved their version; of the rest (Registry: the go_* and
+// process_* families, which change every scrape, and the kernel log,
+// Kubernetes, repair and unit metrics), each family's text is kept with a
+// hash of what it shows (labels, values, buckets, quantiles), and only a
+// family whose hash changed is encoded again. gzip is at the fastest level.
+// Other formats (protobuf, OpenMetrics) are promhttp's, unchanged. Measured
+// by BenchmarkScrape (README, Cost).
 func (m *Metrics) Handler(errorLog *log.Logger) http.Handler {
-	return newExposition(m.Registry, errorLog)
+	return newExposition(m.Registry, m.fams, m.Gatherer(), errorLog)
 }
 
 type exposition struct {
 	reg      prometheus.Gatherer
+	fams     []*family
 	fallback http.Handler
 	errorLog *log.Logger
 	seed     maphash.Seed
 
 	mu    sync.Mutex
 	cache map[string]*familyText // by format and family name
-	buf   bytes.Buffer           // the text of a scrape
-	zbuf  bytes.Buffer           // and compressed
-	gz    *gzip.Writer
+	// famText: each versioned family's text by format, and the version
+	// it was gathered at.
+	famText map[string]*versionedText
 }
 
 type familyText struct {
@@ -50,12 +54,23 @@ type familyText struct {
 	seen bool // in the last scrape (a family gone is dropped from the cache)
 }
 
-func newExposition(reg prometheus.Gatherer, errorLog *log.Logger) *exposition {
+type versionedText struct {
+	version uint64
+	parts   []namedText // its families, by name
+}
+
+type namedText struct {
+	name string
+	text []byte
+}
+
+func newExposition(reg prometheus.Gatherer, fams []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
 	var opts promhttp.HandlerOpts
 	if errorLog != nil {
 		opts.ErrorLog = errorLog
 	}
-	return &exposition{reg: reg, fallback: promhttp.HandlerFor(reg, opts), errorLog: errorLog, seed: maphash.MakeSeed(), cache: map[string]*familyText{}}
+	return &exposition{reg: reg, fams: fams, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
+		cache: map[string]*familyText{}, famText: map[string]*versionedText{}}
 }
 
 func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -64,40 +79,39 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.fallback.ServeHTTP(w, r)
 		return
 	}
-	mfs, err := e.reg.Gather()
-	if err != nil {
+	failed := func(err error) {
 		// promhttp's default (HTTPErrorOnError) for a failed collection.
 		if e.errorLog != nil {
 			e.errorLog.Println("error gathering metrics:", err)
 		}
 		http.Error(w, "An error has occurred while serving metrics:\n\n"+err.Error(), http.StatusInternalServerError)
+	}
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		failed(err)
 		return
 	}
-	// The cache is shared; the texts in it are never modified (a changed
-	// family gets a new one), so the response is written from them after
-	// the lock is released: a slow client does not hold up the next scrape.
+	// The caches are shared; the texts in them are never modified (a
+	// changed family gets a new one), so the response is written from them
+	// after the lock is released: a slow client does not hold up the next
+	// scrape.
 	e.mu.Lock()
-	parts := make([][]byte, 0, len(mfs))
-	size := 0
+	named := make([]namedText, 0, len(mfs)+2*len(e.fams))
 	prefix := string(format) + "\x00"
 	for _, mf := range mfs {
 		key := prefix + mf.GetName()
 		h := e.hash(mf)
 		ft := e.cache[key]
 		if ft == nil || ft.hash != h {
-			var b bytes.Buffer
-			if err := expfmt.NewEncoder(&b, format).Encode(mf); err != nil {
-				if e.errorLog != nil {
-					e.errorLog.Println("error encoding metric family:", err)
-				}
+			text, err := e.encode(mf, format)
+			if err != nil {
 				continue
 			}
-			ft = &familyText{hash: h, text: b.Bytes()}
+			ft = &familyText{hash: h, text: text}
 			e.cache[key] = ft
 		}
 		ft.seen = true
-		parts = append(parts, ft.text)
-		size += len(ft.text)
+		named = append(named, namedText{mf.GetName(), ft.text})
 	}
 	for k, ft := range e.cache {
 		if !ft.seen && strings.HasPrefix(k, prefix) {
@@ -105,35 +119,91 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ft.seen = false
 	}
+	for i, f := range e.fams {
+		// The version before the gathering: a change made meanwhile
+		// moves it past what is kept, and the next scrape gathers again.
+		v := f.version.Load()
+		key := prefix + strconv.Itoa(i)
+		vt := e.famText[key]
+		if vt == nil || vt.version != v {
+			fmfs, err := f.reg.Gather()
+			if err != nil {
+				e.mu.Unlock()
+				failed(err)
+				return
+			}
+			vt = &versionedText{version: v}
+			for _, mf := range fmfs {
+				if text, err := e.encode(mf, format); err == nil {
+					vt.parts = append(vt.parts, namedText{mf.GetName(), text})
+				}
+			}
+			e.famText[key] = vt
+		}
+		named = append(named, vt.parts...)
+	}
 	e.mu.Unlock()
+	// In the order of the names, as promhttp serves them.
+	slices.SortFunc(named, func(a, b namedText) int { return strings.Compare(a.name, b.name) })
+	parts := make([][]byte, len(named))
+	size := 0
+	for i, n := range named {
+		parts[i] = n.text
+		size += len(n.text)
+	}
 
 	hdr := w.Header()
 	hdr.Set("Content-Type", string(format))
 	hdr.Add("Vary", "Accept")
 	hdr.Add("Vary", "Accept-Encoding")
+	// The response is written with one write: net/http would send the
+	// parts in chunks of its 4 KB buffer, each a system call.
+	buf, _ := respBufs.Get().(*bytes.Buffer)
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	defer func() {
+		if buf.Cap() <= 1<<20 { // a scrape is ~45 KB; an outsized one is not kept
+			buf.Reset()
+			respBufs.Put(buf)
+		}
+	}()
 	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
-		hdr.Set("Content-Length", strconv.Itoa(size))
+		buf.Grow(size)
 		for _, p := range parts {
-			if _, err := w.Write(p); err != nil {
-				return
-			}
+			buf.Write(p)
 		}
-		return
-	}
-	hdr.Set("Content-Encoding", "gzip")
-	gz, _ := gzipWriters.Get().(*gzip.Writer)
-	if gz == nil {
-		gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
 	} else {
-		gz.Reset(w)
-	}
-	defer gzipWriters.Put(gz)
-	for _, p := range parts {
-		if _, err := gz.Write(p); err != nil {
-			return
+		hdr.Set("Content-Encoding", "gzip")
+		gz, _ := gzipWriters.Get().(*gzip.Writer)
+		if gz == nil {
+			gz, _ = gzip.NewWriterLevel(buf, gzip.BestSpeed)
+		} else {
+			gz.Reset(buf)
 		}
+		for _, p := range parts {
+			gz.Write(p)
+		}
+		gz.Close()
+		gzipWriters.Put(gz)
 	}
-	gz.Close()
+	hdr.Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.Write(buf.Bytes())
+}
+
+// respBufs are the response buffers, reused across scrapes.
+var respBufs sync.Pool
+
+// encode is the text of a family in format.
+func (e *exposition) encode(mf *dto.MetricFamily, format expfmt.Format) ([]byte, error) {
+	var b bytes.Buffer
+	if err := expfmt.NewEncoder(&b, format).Encode(mf); err != nil {
+		if e.errorLog != nil {
+			e.errorLog.Println("error encoding metric family:", err)
+		}
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // gzipWriters are reused across scrapes (a flate compressor is ~1 MB of

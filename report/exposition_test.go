@@ -64,7 +64,7 @@ func TestExpositionMatchesPromhttp(t *testing.T) {
 	extra := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extra", Help: "a family that comes and goes"}, []string{"k"})
 	m.Registry.MustRegister(extra)
 	ours := m.Handler(nil)
-	theirs := promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+	theirs := promhttp.HandlerFor(m.Gatherer(), promhttp.HandlerOpts{})
 	check := func(step string) {
 		t.Helper()
 		want, _ := scrape(t, theirs, "", "")
@@ -91,6 +91,34 @@ func TestExpositionMatchesPromhttp(t *testing.T) {
 	check("a condition turned True and a check ran")
 	m.CheckRun("KubeletUnhealthy", ResultProblem, 20*time.Millisecond)
 	check("the same check ran again")
+	m.LoopProgress("check/KubeletUnhealthy", time.Unix(1700000000, 0))
+	check("a loop made progress")
+	m.EventEmitted(Event{Reason: "OOMKilling"})
+	check("an event")
+	m.ConditionChanged(&Condition{Type: "KubeletUnhealthy", Status: StatusTrue, Reason: "KubeletHealthzFailed"}, Condition{Type: "KubeletUnhealthy", Status: StatusFalse, Reason: "KubeletHealthy"})
+	check("the condition turned False")
+	m.ConditionRestored(Condition{Type: "DiskUsageHigh", Status: StatusTrue, Reason: "DiskSpaceLow"})
+	check("a condition restored True")
+	m.ConditionRemoved(Condition{Type: "DiskUsageHigh"})
+	check("a condition removed")
+	m.InitConditions([]string{"DiskUsageHigh"})
+	m.InitEvents([]string{"KernelOops"})
+	check("a condition and an event reason created again")
+	// Changes while scraping: once they stop, the next scrape serves
+	// the last of them.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 300 {
+			m.CheckRun("DiskUsageHigh", ResultOK, time.Duration(i)*time.Millisecond)
+			m.LoopProgress("check/DiskUsageHigh", time.Unix(int64(1700000000+i), 0))
+		}
+	}()
+	for range 20 {
+		scrape(t, ours, "", "")
+	}
+	<-done
+	check("after changes made while scraping")
 	extra.WithLabelValues("a").Set(1)
 	check("a family appeared")
 	extra.DeleteLabelValues("a")

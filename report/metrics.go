@@ -2,6 +2,7 @@ package report
 
 import (
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,8 +25,17 @@ const (
 )
 
 // Metrics holds the daemon's Prometheus metrics.
+//
+// Registry is where other parts register theirs. The six families that make
+// most of a scrape (problem_counter, problem_gauge, condition_status and the
+// check runs, durations and loop progress: ~480 of ~540 series) are not on
+// it: each is a family, on a registry of its own, that changes only through
+// a method of Metrics, which moves its version; a scrape gathers and encodes
+// it again only when its version moved (exposition.go). Gatherer gathers
+// them all.
 type Metrics struct {
 	Registry *prometheus.Registry
+	fams     []*family
 
 	problemCounter  *prometheus.CounterVec
 	problemGauge    *prometheus.GaugeVec
@@ -33,12 +43,15 @@ type Metrics struct {
 	checkDuration   *prometheus.HistogramVec
 	checkRuns       *prometheus.CounterVec
 	loopProgress    *prometheus.GaugeVec
-	stateWrites     *prometheus.CounterVec
-	healthy         prometheus.Gauge
-	ready           prometheus.Gauge
-	configReloads   *prometheus.CounterVec
-	configLastOK    prometheus.Gauge
-	configLastTime  prometheus.Gauge
+	// The versions of the families above (the check runs and durations
+	// change together).
+	vProblemCounter, vProblemGauge, vConditionStatus, vCheck, vLoopProgress *family
+	stateWrites                                                             *prometheus.CounterVec
+	healthy                                                                 prometheus.Gauge
+	ready                                                                   prometheus.Gauge
+	configReloads                                                           *prometheus.CounterVec
+	configLastOK                                                            prometheus.Gauge
+	configLastTime                                                          prometheus.Gauge
 }
 
 // NewMetrics creates and registers every metric on a fresh registry.
@@ -107,10 +120,43 @@ func NewMetrics(version string) *Metrics {
 	// sees the first failed write.
 	m.stateWrites.WithLabelValues("ok")
 	m.stateWrites.WithLabelValues("error")
-	r.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns,
-		m.loopProgress, m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
+	m.vProblemCounter = m.family(m.problemCounter)
+	m.vProblemGauge = m.family(m.problemGauge)
+	m.vConditionStatus = m.family(m.conditionStatus)
+	m.vCheck = m.family(m.checkDuration, m.checkRuns)
+	m.vLoopProgress = m.family(m.loopProgress)
+	r.MustRegister(m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
 		collectors.NewGoCollector(), newProcessCollector())
 	return m
+}
+
+// family is metric families that change only through the methods of
+// Metrics: each change moves version after it is made, so a scrape that
+// read the version before gathering and finds it unchanged later may serve
+// the text it encoded then.
+type family struct {
+	reg     *prometheus.Registry
+	version atomic.Uint64
+}
+
+// family registers cs on a registry of their own, versioned.
+func (m *Metrics) family(cs ...prometheus.Collector) *family {
+	f := &family{reg: prometheus.NewRegistry()}
+	f.reg.MustRegister(cs...)
+	m.fams = append(m.fams, f)
+	return f
+}
+
+// changed records a change made to f's metrics.
+func (f *family) changed() { f.version.Add(1) }
+
+// Gatherer gathers every metric: Registry's and the versioned families'.
+func (m *Metrics) Gatherer() prometheus.Gatherer {
+	g := prometheus.Gatherers{m.Registry}
+	for _, f := range m.fams {
+		g = append(g, f.reg)
+	}
+	return g
 }
 
 // InitConditions creates the series of the conditions that apply to this
@@ -128,6 +174,8 @@ func (m *Metrics) InitConditions(types []string) {
 			m.conditionStatus.WithLabelValues(t, string(st)).Set(0)
 		}
 	}
+	m.vProblemGauge.changed()
+	m.vConditionStatus.changed()
 }
 
 // InitEvents creates the problem_counter series of the given event reasons at zero.
@@ -135,6 +183,7 @@ func (m *Metrics) InitEvents(reasons []string) {
 	for _, r := range reasons {
 		m.problemCounter.WithLabelValues(r).Add(0)
 	}
+	m.vProblemCounter.changed()
 }
 
 // ConditionChanged implements Observer.
@@ -144,6 +193,7 @@ func (m *Metrics) ConditionChanged(prev *Condition, cur Condition) {
 	}
 	if cur.Status == StatusTrue && (prev == nil || prev.Status != StatusTrue) {
 		m.problemCounter.WithLabelValues(string(cur.Reason)).Inc()
+		m.vProblemCounter.changed()
 	}
 	m.setStatus(cur)
 }
@@ -159,6 +209,8 @@ func (m *Metrics) setStatus(c Condition) {
 	for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
 		m.conditionStatus.WithLabelValues(c.Type, string(st)).Set(b2f(st == c.Status))
 	}
+	m.vProblemGauge.changed()
+	m.vConditionStatus.changed()
 }
 
 // ConditionRemoved implements Remover: the condition's series are dropped,
@@ -167,22 +219,27 @@ func (m *Metrics) setStatus(c Condition) {
 func (m *Metrics) ConditionRemoved(c Condition) {
 	m.problemGauge.DeletePartialMatch(prometheus.Labels{"type": c.Type})
 	m.conditionStatus.DeletePartialMatch(prometheus.Labels{"condition": c.Type})
+	m.vProblemGauge.changed()
+	m.vConditionStatus.changed()
 }
 
 // EventEmitted implements Observer.
 func (m *Metrics) EventEmitted(e Event) {
 	m.problemCounter.WithLabelValues(e.Reason).Inc()
+	m.vProblemCounter.changed()
 }
 
 // CheckRun records one run of a check.
 func (m *Metrics) CheckRun(check, result string, d time.Duration) {
 	m.checkRuns.WithLabelValues(check, result).Inc()
 	m.checkDuration.WithLabelValues(check).Observe(d.Seconds())
+	m.vCheck.changed()
 }
 
 // LoopProgress records that a loop made progress.
 func (m *Metrics) LoopProgress(loop string, t time.Time) {
 	m.loopProgress.WithLabelValues(loop).Set(float64(t.UnixNano()) / 1e9)
+	m.vLoopProgress.changed()
 }
 
 // StateWrite records a write of the state file.

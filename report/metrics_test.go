@@ -51,14 +51,14 @@ autopilot_health_condition_status{condition="DiskUsageHigh",status="Unknown"} 0
 autopilot_health_check_runs_total{check="ClockNotSynchronized",result="timeout"} 1
 autopilot_health_check_runs_total{check="DiskUsageHigh",result="problem"} 1
 `
-	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want),
+	if err := testutil.GatherAndCompare(m.Gatherer(), strings.NewReader(want),
 		"problem_counter", "problem_gauge", "autopilot_health_condition_status", "autopilot_health_check_runs_total"); err != nil {
 		t.Error(err)
 	}
 	if n := testutil.CollectAndCount(m.checkDuration); n != 2 {
 		t.Errorf("check_duration_seconds has %d series, want 2", n)
 	}
-	mfs, err := m.Registry.Gather()
+	mfs, err := m.Gatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ autopilot_health_check_runs_total{check="DiskUsageHigh",result="problem"} 1
 	if !found {
 		t.Error("autopilot_health_build_info{version=\"v1.2.3\"} missing")
 	}
-	if problems, err := testutil.GatherAndLint(m.Registry); err != nil || len(problems) > 0 {
+	if problems, err := testutil.GatherAndLint(m.Gatherer()); err != nil || len(problems) > 0 {
 		// problem_counter/problem_gauge keep NPD's names on purpose.
 		for _, p := range problems {
 			if p.Metric != "problem_counter" && p.Metric != "problem_gauge" {

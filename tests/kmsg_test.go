@@ -147,7 +147,7 @@ func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 	}
 	// The hung task line also emits TaskHung (its message has no token):
 	// problem_counter counts it.
-	if n, err := testutil.GatherAndCount(d.Metrics().Registry, "problem_counter"); err != nil || n == 0 {
+	if n, err := testutil.GatherAndCount(d.Metrics().Gatherer(), "problem_counter"); err != nil || n == 0 {
 		t.Errorf("problem_counter: %d series, %v", n, err)
 	}
 	if !strings.Contains(scrape(t, d), `problem_counter{reason="TaskHung"} `) || strings.Contains(scrape(t, d), `problem_counter{reason="TaskHung"} 0`) {
