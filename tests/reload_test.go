@@ -7,11 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -392,4 +395,126 @@ func mustRead(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// A `systemctl reload` asked for while the unit is still activating (the
+// first pass of the checks not over) is folded by systemd into the start
+// job: ExecReload= does not run. The daemon, once ready, reads the file
+// again: a bad file written during the start is refused, logged and
+// counted, and systemctl status keeps the refusal in its status line until
+// a reload applies.
+func TestReloadWhileStartingUnderSystemd(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-reloadstart-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	usr := filepath.Join(dir, "usr")
+	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
+		t.Fatal(err)
+	}
+	unitFile, err := harness.RepoFile("units/autopilot-health.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755)
+	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := harness.StartSystemdWith(dir, map[string]string{}, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal of autopilot-health.service:\n%s", lastBytes(s.Journal("autopilot-health.service"), 20000))
+		}
+	}()
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
+		t.Fatalf("starting journald: %v", err)
+	}
+	etc := s.Root("/etc/autopilot-health")
+	os.MkdirAll(etc, 0o755)
+	var off strings.Builder
+	for _, name := range config.Default().Checks.Names() {
+		if name != "DiskUsageHigh" && name != "NodeInfoStale" {
+			fmt.Fprintf(&off, "[checks.%s]\nenabled = false\n", name)
+		}
+	}
+	port := freeTCPPort(t)
+	cfgPath := filepath.Join(etc, "config.toml")
+	write := func(disk string) {
+		t.Helper()
+		c := fmt.Sprintf("node_name = \"reloadstart\"\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n"+
+			"[runner]\nfirst_run_spread = \"8s\"\n[kubernetes]\nkubeconfig = \"\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\n%s\n", port, off.String(), disk)
+		if err := os.WriteFile(cfgPath, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	statusText := func() string {
+		p, _ := s.Properties(ctx, "autopilot-health.service", "Service")
+		v, _ := p["StatusText"].Value().(string)
+		return v
+	}
+	write("space_percent = 90")
+	started := make(chan error, 1)
+	go func() { started <- s.StartUnit(ctx, "autopilot-health.service") }()
+	eventually(t, 10*time.Second, "the unit activating", func() (bool, string) {
+		st := statusText()
+		return strings.HasPrefix(st, "starting: first pass"), st
+	})
+	write("space_percnt = 55")
+	// Folded into the start: it ends when the start does, with its result.
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Errorf("reload while activating: %v", err)
+	}
+	if err := <-started; err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	eventually(t, 15*time.Second, "the file written during the start refused once the daemon is ready", func() (bool, string) {
+		j := s.Journal("autopilot-health.service")
+		return strings.Contains(j, "the configuration file changed while the daemon started") &&
+			strings.Contains(j, "configuration reload refused; running on the previous configuration") &&
+			strings.Contains(j, "key checks.DiskUsageHigh.space_percnt: unknown key"), lastBytes(j, 800)
+	})
+	eventually(t, 10*time.Second, "the refusal in systemctl status", func() (bool, string) {
+		st := statusText()
+		return strings.HasPrefix(st, "configuration reload refused (running on the previous one): /etc/autopilot-health/config.toml:"), st
+	})
+	if v, last := metricOf(t, port, `autopilot_health_config_reloads_total{result="error"}`); v != 1 {
+		t.Errorf("the refusal is not counted: %s", last)
+	}
+	// A good file, reloaded now that the unit is active: applied, and the
+	// refusal leaves the status line.
+	write("space_percent = 55")
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("reload of the good file: %v", err)
+	}
+	eventually(t, 10*time.Second, "the refusal gone from systemctl status", func() (bool, string) {
+		st := statusText()
+		return strings.Contains(st, "conditions:") && !strings.Contains(st, "refused"), st
+	})
+}
+
+// metricOf reads one sample of the daemon's metrics on port.
+func metricOf(t *testing.T, port int, series string) (float64, string) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return -1, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f, line
+		}
+	}
+	return -1, series + " not exposed"
 }

@@ -467,6 +467,8 @@ func TestStatusCommand(t *testing.T) {
 		Kubernetes: daemon.KubernetesStatus{State: "reporting", Detail: "to https://10.0.0.1:6443 as node node-1",
 			Reporting: kube.Reporting{StatusPending: true, EventsQueued: 2, Calls: map[string]kube.CallStatus{
 				"status": {LastSuccess: now.Add(-3 * time.Minute), LastError: "connection refused", LastErrorAt: now.Add(-time.Second), Failing: true}}}},
+		Config: daemon.ConfigStatus{File: "/etc/autopilot-health/config.toml", Since: now.Add(-time.Hour), LastReload: &daemon.ReloadOutcome{
+			At: now.Add(-time.Minute), Result: "refused", Error: "/etc/autopilot-health/config.toml:12: key checks.DiskUsageHigh.space_percnt: unknown key"}},
 	}
 	body, _ := json.Marshal(st)
 	ln, err := net.Listen("unix", sock)
@@ -493,7 +495,10 @@ func TestStatusCommand(t *testing.T) {
 		": restart done (GET /healthz: HTTP 500), 2 in a row",
 		"Kernel log: reading /dev/kmsg, last record #77 at 9595.061701 s after boot",
 		"; 1200 records, 3 lost, 0 reopens",
-		"Kubernetes: reporting to https://10.0.0.1:6443 as node node-1",
+		"Configuration: /etc/autopilot-health/config.toml, in effect since ",
+		"  last reload 2026-12-02 ",
+		" REFUSED (running on the previous configuration): /etc/autopilot-health/config.toml:12: key checks.DiskUsageHigh.space_percnt: unknown key\n",
+		"Kubernetes: reporting (to https://10.0.0.1:6443 as node node-1)",
 		"pending: the conditions, 2 events",
 		"  status: last error ",
 		"FAILING: connection refused",

@@ -30,17 +30,26 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health reload: unexpected argument %q\n", fs.Arg(0))
 		return exitError
 	}
-	path := *socket
-	if path == "" {
-		path = controlSocketOf(*cfgPath, flagSet(fs, "config"))
+	paths := []string{*socket}
+	if *socket == "" {
+		paths = socketCandidates(*cfgPath, flagSet(fs, "config"), func(c *config.Config) string { return c.ControlSocket })
 	}
-	what, err := daemon.RequestReload(path)
+	var what string
+	var err error
+	for _, p := range paths {
+		if what, err = daemon.RequestReload(p); !errors.Is(err, daemon.ErrNotRunning) {
+			break
+		}
+	}
 	var refused daemon.RefusedError
-	if errors.As(err, &refused) {
+	switch {
+	case errors.As(err, &refused):
 		fmt.Fprintf(stderr, "autopilot-health reload: refused: %v\n", err)
 		return exitProblem
-	}
-	if err != nil {
+	case errors.Is(err, daemon.ErrNotRunning) && len(paths) > 1:
+		fmt.Fprintf(stderr, "autopilot-health reload: %v; nor on %s, which %s names (control_socket needs a restart to change: systemctl restart autopilot-health)\n", err, paths[0], *cfgPath)
+		return exitError
+	case err != nil:
 		fmt.Fprintf(stderr, "autopilot-health reload: %v\n", err)
 		return exitError
 	}
@@ -48,20 +57,41 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// controlSocketOf is the control socket a configuration file names. A file
-// the daemon would refuse is still asked for its control_socket (the
-// daemon's refusal, with file, line and key, is the answer the operator
-// needs, and it counts in the daemon's metrics); a file that names none, or
-// is not TOML at all, gives the default.
-func controlSocketOf(path string, explicit bool) string {
+// socketCandidates are the sockets to ask for a daemon, in order: the one
+// the configuration file names (of), and the default when it differs. The
+// file may name another socket than the running daemon's (the socket keys
+// need a restart to change), and a file the daemon would refuse is still
+// asked for its socket: the daemon's answer (its refusal, with file, line
+// and key) is what the operator needs. A file that is not TOML at all
+// gives the default.
+func socketCandidates(path string, explicit bool, of func(*config.Config) string) []string {
+	def := of(config.Default())
+	named := def
 	if cfg, _, err := loadConfig(path, explicit); err == nil {
-		return cfg.ControlSocket
+		named = of(cfg)
+	} else {
+		// The socket keys alone: a mistake elsewhere does not hide them.
+		var keys struct {
+			ControlSocket *string `toml:"control_socket"`
+			Status        struct {
+				Socket *string `toml:"socket"`
+			} `toml:"status"`
+		}
+		if _, err := toml.DecodeFile(path, &keys); err == nil {
+			partial := config.Default()
+			if keys.ControlSocket != nil {
+				partial.ControlSocket = *keys.ControlSocket
+			}
+			if keys.Status.Socket != nil {
+				partial.Status.Socket = *keys.Status.Socket
+			}
+			if filepath.IsAbs(of(partial)) {
+				named = of(partial)
+			}
+		}
 	}
-	var partial struct {
-		ControlSocket string `toml:"control_socket"`
+	if named == def || named == "" {
+		return []string{def}
 	}
-	if _, err := toml.DecodeFile(path, &partial); err == nil && filepath.IsAbs(partial.ControlSocket) {
-		return partial.ControlSocket
-	}
-	return config.Default().ControlSocket
+	return []string{named, def}
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,19 +62,29 @@ func TestReloadCommand(t *testing.T) {
 
 	bad := filepath.Join(dir, "bad.sock")
 	why := "/etc/autopilot-health/config.toml:12: key checks.DiskUsageHigh.space_percnt: unknown key"
-	fakeControl(t, bad, daemon.ControlAnswer{Error: why})
+	fakeControl(t, bad, daemon.ControlAnswer{Error: why, Refused: true})
 	code, stdout, stderr = run(t, "reload", "--socket", bad)
 	if code != exitProblem || stdout != "" || stderr != "autopilot-health reload: refused: "+why+"\n" {
 		t.Errorf("refused: %d %q %q", code, stdout, stderr)
+	}
+	// A request the daemon does not allow (not root, an older daemon) is
+	// not a refused file: exit 2.
+	old := filepath.Join(dir, "old.sock")
+	fakeControl(t, old, daemon.ControlAnswer{Error: `unknown operation "reload"`})
+	if code, _, stderr := run(t, "reload", "--socket", old); code != exitError || stderr != "autopilot-health reload: unknown operation \"reload\"\n" {
+		t.Errorf("an older daemon: %d %q", code, stderr)
 	}
 }
 
 // Without --socket, reload asks the control socket the file names, even
 // when the daemon would refuse the file (its refusal is the answer the
-// operator needs); a file that is not TOML at all gives the default.
+// operator needs), then the default one: the file may name another socket
+// than the running daemon's (control_socket needs a restart to change). A
+// file that is not TOML at all gives the default.
 func TestReloadFindsTheControlSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "control.sock")
+	def := config.Default().ControlSocket
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
@@ -80,16 +92,57 @@ func TestReloadFindsTheControlSocket(t *testing.T) {
 		}
 		return p
 	}
+	control := func(c *config.Config) string { return c.ControlSocket }
 	good := write("good.toml", "control_socket = \""+sock+"\"\n")
-	refused := write("refused.toml", "control_socket = \""+sock+"\"\n[checks.DiskUsageHigh]\nspace_percnt = 3\n")
+	refused := write("refused.toml", "control_socket = \""+sock+"\"\n[checks.DiskUsageHigh]\nspace_percnt = 3\nspace_percent = \"x\"\n")
 	garbage := write("garbage.toml", "control_socket = \n[[[")
-	for path, want := range map[string]string{good: sock, refused: sock, garbage: config.Default().ControlSocket} {
-		if got := controlSocketOf(path, true); got != want {
+	plain := write("plain.toml", "[checks.DiskUsageHigh]\nspace_percent = 50\n")
+	for path, want := range map[string][]string{good: {sock, def}, refused: {sock, def}, garbage: {def}, plain: {def}} {
+		if got := socketCandidates(path, true, control); !slices.Equal(got, want) {
 			t.Errorf("%s: %q, want %q", filepath.Base(path), got, want)
 		}
 	}
-	fakeControl(t, sock, daemon.ControlAnswer{Error: "refused.toml:3: key checks.DiskUsageHigh.space_percnt: unknown key"})
+	fakeControl(t, sock, daemon.ControlAnswer{Error: "refused.toml:3: key checks.DiskUsageHigh.space_percnt: unknown key", Refused: true})
 	if code, _, stderr := run(t, "reload", "--config", refused); code != exitProblem || !strings.Contains(stderr, "refused: refused.toml:3") {
 		t.Errorf("reload --config refused.toml: %d %q", code, stderr)
+	}
+	// A file that names a socket nothing listens on: the default is
+	// asked too, and the error names both.
+	other := write("other.toml", "control_socket = \""+filepath.Join(dir, "other.sock")+"\"\n")
+	code, _, stderr := run(t, "reload", "--config", other)
+	if _, err := os.Stat(def); err == nil {
+		t.Skipf("a daemon listens on %s on this host", def)
+	}
+	if code != exitError || !strings.Contains(stderr, "no control socket at "+def) || !strings.Contains(stderr, "nor on "+filepath.Join(dir, "other.sock")+", which "+other+" names") {
+		t.Errorf("reload --config other.toml: %d %q", code, stderr)
+	}
+}
+
+// status asks the daemon even when the configuration file does not load
+// (after a refused reload) or names another status socket than the
+// running daemon's, and says why when nothing answers on either.
+func TestStatusFindsTheSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "status.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte("[status]\nsocket = \""+sock+"\"\n[checks.DiskUsageHigh]\nspace_percnt = 3\n"), 0o644)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "n1", Summary: "0 conditions: 0 ok, 0 problems"})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	if code, out, errs := run(t, "status", "--config", cfg); code != exitOK || !strings.Contains(out, "autopilot-health v1 on node n1") {
+		t.Errorf("status with a file the daemon would refuse: %d %q %q", code, out, errs)
+	}
+	other := filepath.Join(dir, "other.toml")
+	os.WriteFile(other, []byte("[status]\nsocket = \""+filepath.Join(dir, "new.sock")+"\"\n"), 0o644)
+	if _, err := os.Stat(config.Default().Status.Socket); err == nil {
+		t.Skip("a daemon serves the default status socket on this host")
+	}
+	if code, _, errs := run(t, "status", "--config", other); code != exitError || !strings.Contains(errs, "nor on "+filepath.Join(dir, "new.sock")+", which "+other+" names (status.socket needs a restart to change)") {
+		t.Errorf("status with a socket nothing serves: %d %q", code, errs)
 	}
 }

@@ -32,21 +32,28 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	if code := parseFlags(fs, args); code >= 0 {
 		return code
 	}
-	path := *socket
-	if path == "" {
-		cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
-		if err != nil {
-			fmt.Fprintf(stderr, "autopilot-health status: %v\n", err)
-			return exitError
-		}
-		path = cfg.Status.Socket
-		if path == "" {
+	paths := []string{*socket}
+	if *socket == "" {
+		if cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config")); err == nil && cfg.Status.Socket == "" {
 			fmt.Fprintln(stderr, "autopilot-health status: status.socket is empty in the configuration: the daemon serves no status")
 			return exitError
 		}
+		// The file may name another socket than the running daemon's, or
+		// not load at all (a refused reload): the daemon is asked anyway.
+		paths = socketCandidates(*cfgPath, flagSet(fs, "config"), func(c *config.Config) string { return c.Status.Socket })
 	}
-	body, err := fetchStatus(path)
+	var body []byte
+	var err error
+	path := ""
+	for _, path = range paths {
+		if body, err = fetchStatus(path); !errors.Is(err, errNotRunning) {
+			break
+		}
+	}
 	if err != nil {
+		if errors.Is(err, errNotRunning) && len(paths) > 1 {
+			err = fmt.Errorf("%w; nor on %s, which %s names (status.socket needs a restart to change)", err, paths[0], *cfgPath)
+		}
 		fmt.Fprintf(stderr, "autopilot-health status: %v\n", err)
 		return exitError
 	}
@@ -81,7 +88,7 @@ func fetchStatus(path string) ([]byte, error) {
 	if err != nil {
 		switch {
 		case errors.Is(err, os.ErrNotExist), errors.Is(err, errConnRefused):
-			return nil, fmt.Errorf("the daemon is not running: nothing answers on %s (systemctl status autopilot-health)", path)
+			return nil, fmt.Errorf("%w: nothing answers on %s (systemctl status autopilot-health)", errNotRunning, path)
 		case errors.Is(err, os.ErrPermission):
 			return nil, fmt.Errorf("%s: permission denied: the status socket is root's (run with sudo)", path)
 		}
@@ -182,10 +189,22 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		fmt.Fprintf(w, "%s, %s; %.0f records, %.0f lost, %.0f reopens\n", reading, last, k.Records, k.Lost, k.Reopens)
 	}
 
+	fmt.Fprint(w, "Configuration: ")
+	if cs := st.Config; cs.File == "" {
+		fmt.Fprintln(w, "embedded defaults")
+	} else {
+		fmt.Fprintf(w, "%s, in effect since %s\n", cs.File, ago(cs.Since))
+		if r := cs.LastReload; r != nil && r.Result == "refused" {
+			fmt.Fprintf(w, "  last reload %s REFUSED (running on the previous configuration): %s\n", ago(r.At), shorten(r.Error, 400))
+		} else if r != nil {
+			fmt.Fprintf(w, "  last reload %s: %s\n", ago(r.At), r.Changed)
+		}
+	}
+
 	k := st.Kubernetes
 	fmt.Fprintf(w, "Kubernetes: %s", k.State)
 	if k.Detail != "" {
-		fmt.Fprintf(w, " %s", k.Detail)
+		fmt.Fprintf(w, " (%s)", k.Detail)
 	}
 	fmt.Fprintln(w)
 	if k.State == "reporting" || len(k.Calls) > 0 {
@@ -224,3 +243,6 @@ func shorten(s string, n int) string {
 }
 
 var errConnRefused = syscall.ECONNREFUSED
+
+// errNotRunning: nothing answers on the status socket.
+var errNotRunning = errors.New("the daemon is not running")

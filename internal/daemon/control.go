@@ -42,8 +42,11 @@ type ControlAnswer struct {
 	Error string `json:"error,omitempty"`
 	// Conditions are the tamper conditions after the clear's re-evaluation.
 	Conditions []report.Condition `json:"conditions,omitempty"`
-	// Reloaded says what a reload changed (Reloaded.Summary, and the keys).
+	// Reloaded says what a reload changed (Reloaded.Text).
 	Reloaded string `json:"reloaded,omitempty"`
+	// Refused: the reload was refused (Error says why: the file's line
+	// and key, or the keys that need a restart); the daemon runs on.
+	Refused bool `json:"refused,omitempty"`
 }
 
 // The operations.
@@ -56,6 +59,10 @@ const (
 
 // maxControlRequest bounds a request.
 const maxControlRequest = 8 << 10
+
+// reloadWait bounds how long a reload over the control socket is waited
+// for.
+const reloadWait = 2 * time.Minute
 
 // clearSettle bounds how long a clear waits for the re-evaluation.
 const clearSettle = 30 * time.Second
@@ -132,14 +139,17 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 		d.log.Warn("control request refused: not root", "op", req.Op, "uid", cred.Uid, "pid", cred.Pid)
 		answer(ControlAnswer{Error: fmt.Sprintf("refused: only root may %s (you are uid %d)", req.Op, cred.Uid)})
 	case req.Op == OpReload:
+		// A reload waits for the checks it stops, each within its
+		// timeout: the client waits as long.
+		c.SetDeadline(time.Now().Add(reloadWait))
 		r, err := d.ReloadNotified()
 		if err != nil {
-			answer(ControlAnswer{Error: err.Error()})
+			answer(ControlAnswer{Error: err.Error(), Refused: true})
 			return
 		}
 		answer(ControlAnswer{Reloaded: r.Text()})
 	case req.Op != OpTamperClear:
-		answer(ControlAnswer{Error: fmt.Sprintf("unknown operation %q", req.Op)})
+		answer(ControlAnswer{Error: fmt.Sprintf("unknown operation %q (this daemon is version %s: restart it if the binary was updated)", req.Op, d.version)})
 	case strings.TrimSpace(req.Reason) == "":
 		answer(ControlAnswer{Error: "a reason is required (--reason): a clear is a deliberate act, and its reason is logged and evented"})
 	default:
@@ -252,13 +262,19 @@ func (d *Daemon) tamperConditions(types []string) []report.Condition {
 func dialControl(socket, retry string) (*net.UnixConn, error) {
 	c, err := net.DialTimeout("unix", socket, 5*time.Second)
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return nil, fmt.Errorf("the daemon is not running (no control socket at %s): start it (systemctl start autopilot-health) and %s", socket, retry)
+		return nil, fmt.Errorf("%w (no control socket at %s): start it (systemctl start autopilot-health) and %s", ErrNotRunning, socket, retry)
+	}
+	if errors.Is(err, syscall.EACCES) {
+		return nil, fmt.Errorf("%s: permission denied: the control socket is root's (run with sudo)", socket)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return c.(*net.UnixConn), nil
 }
+
+// ErrNotRunning: no daemon listens on the socket.
+var ErrNotRunning = errors.New("the daemon is not running")
 
 // RequestReload asks the daemon listening on socket to read its
 // configuration again and returns what changed, or why it was refused
@@ -269,8 +285,7 @@ func RequestReload(socket string) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	// A reload waits for the checks it stops (each within its timeout).
-	c.SetDeadline(time.Now().Add(2 * time.Minute))
+	c.SetDeadline(time.Now().Add(reloadWait + 10*time.Second))
 	if err := json.NewEncoder(c).Encode(ControlRequest{Op: OpReload}); err != nil {
 		return "", err
 	}
@@ -278,15 +293,18 @@ func RequestReload(socket string) (string, error) {
 	if err := json.NewDecoder(c).Decode(&a); err != nil {
 		return "", fmt.Errorf("reading the daemon's answer: %w", err)
 	}
-	if a.Error != "" {
+	if a.Refused {
 		return "", RefusedError(a.Error)
+	}
+	if a.Error != "" {
+		return "", errors.New(a.Error)
 	}
 	return a.Reloaded, nil
 }
 
-// RefusedError is the daemon's refusal of a request it read (a reload of
-// a file it does not accept, a peer not root), as against a daemon that
-// could not be asked.
+// RefusedError is the daemon's refusal of a reload (a file it does not
+// accept, a key that needs a restart), as against a daemon that could not
+// be asked or did not allow the request.
 type RefusedError string
 
 func (e RefusedError) Error() string { return string(e) }

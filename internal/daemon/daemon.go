@@ -80,6 +80,13 @@ type Daemon struct {
 	cfgPath     string
 	cfgOptional bool
 	reloadSig   <-chan os.Signal
+	// reloadReq asks reloadLoop for a reload (becomeReady: the file
+	// changed while the daemon started).
+	reloadReq chan struct{}
+	// cfgSince: when the configuration in effect was loaded; lastReload:
+	// the last reload's outcome (nil: none yet). Under mu.
+	cfgSince   time.Time
+	lastReload *ReloadOutcome
 	// reloadMu serializes the reloads asked for (a signal, the control
 	// socket): each one's RELOADING=1 ... READY=1 is its own.
 	reloadMu sync.Mutex
@@ -116,9 +123,10 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll, kmsgOpen: opts.KmsgOpen,
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}),
-		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload,
+		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1),
+		cfgSince: time.Now(),
 	}
-	d.metrics.ConfigLoaded(time.Now())
+	d.metrics.ConfigLoaded(d.cfgSince)
 	if d.poll <= 0 {
 		d.poll = kubeconfigPoll
 	}

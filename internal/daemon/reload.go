@@ -27,6 +27,7 @@ func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 		case <-ctx.Done():
 			return
 		case <-sig:
+		case <-d.reloadReq:
 		}
 		d.ReloadNotified()
 	}
@@ -49,13 +50,10 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 			d.log.Warn("sd_notify RELOADING failed", "err", err)
 		}
 	}
-	// The summary after the reload: one from before would undo the
-	// status loop's update (a reload that removed a condition).
+	// The status after the reload: one from before would undo the status
+	// loop's update (a reload that removed a condition).
 	r, err := d.Reload()
-	status := d.Summary()
-	if err != nil {
-		status = "configuration reload failed (running on the previous one): " + err.Error() + "; " + status
-	}
+	status := d.StatusLine()
 	if ready {
 		if err := d.notify.Ready(status); err != nil {
 			d.log.Warn("sd_notify READY failed", "err", err)
@@ -64,6 +62,50 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 		d.notify.Status(status)
 	}
 	return r, err
+}
+
+// ReloadOutcome is the outcome of the last reload, for status.
+type ReloadOutcome struct {
+	At time.Time `json:"at"`
+	// Result: "ok" (applied, or nothing changed) or "refused" (the
+	// configuration in effect stays).
+	Result  string `json:"result"`
+	Error   string `json:"error,omitempty"`
+	Changed string `json:"changed,omitempty"`
+}
+
+// StatusLine is systemd's STATUS=: the conditions' summary, after the
+// refusal of the last reload while the daemon runs on the configuration
+// it refused to leave (a later reload that applies drops it).
+func (d *Daemon) StatusLine() string {
+	s := d.Summary()
+	d.mu.Lock()
+	last := d.lastReload
+	d.mu.Unlock()
+	if last != nil && last.Result == "refused" {
+		s = "configuration reload refused (running on the previous one): " + last.Error + "; " + s
+	}
+	return s
+}
+
+// reloadIfChangedDuringStart reloads the configuration file when it no
+// longer says what the daemon runs on: systemd merges a `systemctl reload`
+// asked for while the unit starts into the start job, so the file written
+// then is read here, once the start is over, and applied or refused (and
+// logged and counted) as any reload.
+func (d *Daemon) reloadIfChangedDuringStart() {
+	if d.cfgPath == "" {
+		return
+	}
+	cfg, _, err := config.Load(d.cfgPath, d.cfgOptional)
+	if err == nil && len(config.Diff(d.currentEnv().Config, cfg)) == 0 {
+		return
+	}
+	d.log.Info("the configuration file changed while the daemon started (systemd folds a reload asked for then into the start); reloading it", "file", d.cfgPath)
+	select {
+	case d.reloadReq <- struct{}{}:
+	default:
+	}
 }
 
 // Reloaded says what a reload changed.
@@ -128,6 +170,18 @@ func (d *Daemon) Reload() (Reloaded, error) {
 	r, err := d.reload()
 	now := time.Now()
 	d.metrics.ConfigReload(err, now)
+	out := &ReloadOutcome{At: now, Result: "ok"}
+	if err != nil {
+		out.Result, out.Error = "refused", err.Error()
+	} else {
+		out.Changed = r.Text()
+	}
+	d.mu.Lock()
+	d.lastReload = out
+	if err == nil {
+		d.cfgSince = now
+	}
+	d.mu.Unlock()
 	switch {
 	case err != nil:
 		d.log.Error("configuration reload refused; running on the previous configuration", "err", err)

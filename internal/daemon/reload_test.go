@@ -212,7 +212,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		t.Fatal("the bad file loads")
 	}
 	ready := reload()
-	if !strings.Contains(ready, "configuration reload failed") {
+	if !strings.Contains(ready, "STATUS=configuration reload refused (running on the previous one): "+path+":25: key checks.DiskUsageHigh.space_percentt") {
 		t.Errorf("status after a refused reload: %q", ready)
 	}
 	if want := fmt.Sprintf("err=%q", loadErr.Error()); !strings.Contains(logs.String(), "configuration reload refused; running on the previous configuration\" "+want) {
@@ -384,5 +384,75 @@ func TestReloadOverTheControlSocket(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "configuration reload refused"); n != 2 {
 		t.Errorf("%d refusals logged, want 2:\n%s", n, logs.String())
+	}
+}
+
+// systemd folds a `systemctl reload` asked for while the unit starts into
+// the start job: a file changed before the first pass is over is read once
+// the daemon is ready, and applied (a good one) or refused, logged and
+// counted (a bad one), with the refusal kept in STATUS= until a reload
+// applies.
+func TestReloadOfAFileChangedWhileStarting(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra string
+		ok          bool
+	}{
+		{"good", "[checks.DiskUsageHigh]\nspace_percent = 45\n", true},
+		{"bad", "[checks.DiskUsageHigh]\nspace_percnt = 45\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := notifySocket(t)
+			base := testConfig(t)
+			path := filepath.Join(t.TempDir(), "config.toml")
+			ln, _ := net.Listen("tcp", "127.0.0.1:0")
+			listen := ln.Addr().String()
+			os.WriteFile(path, []byte(reloadTOML(base, listen, "[checks.DiskUsageHigh]\nspace_percent = 40\n")), 0o644)
+			cfg, _, err := config.Load(path, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs := &syncBuffer{}
+			log := slog.New(slog.NewTextHandler(logs, nil))
+			env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+			d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Written while the daemon starts (before its first pass).
+			os.WriteFile(path, []byte(reloadTOML(base, listen, tc.extra)), 0o644)
+			ctx, cancel := context.WithCancel(context.Background())
+			runErr := make(chan error, 1)
+			go func() { runErr <- d.Run(ctx) }()
+			defer func() { cancel(); <-runErr }()
+			next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+			ready := next(t, sock, "READY=1 after the reload", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+			_, page := get(t, "http://"+listen+"/metrics")
+			if tc.ok {
+				await(t, d, "the threshold of the file written while starting", func() bool {
+					c, _ := d.Store().Get("DiskUsageHigh")
+					return strings.Contains(c.Message, "(threshold 45%)")
+				})
+				if !strings.Contains(page, `autopilot_health_config_reloads_total{result="ok"} 1`) {
+					t.Error("the reload is not counted")
+				}
+				return
+			}
+			if !strings.Contains(ready, "STATUS=configuration reload refused (running on the previous one): "+path+":25: key checks.DiskUsageHigh.space_percnt: unknown key") {
+				t.Errorf("STATUS after the refusal: %q", ready)
+			}
+			if !strings.Contains(page, `autopilot_health_config_reloads_total{result="error"} 1`) {
+				t.Error("the refusal is not counted")
+			}
+			if !strings.Contains(logs.String(), "the configuration file changed while the daemon started") || !strings.Contains(logs.String(), "configuration reload refused") {
+				t.Errorf("not logged:\n%s", logs.String())
+			}
+			if st := d.Status(time.Now()); st.Config.LastReload == nil || st.Config.LastReload.Result != "refused" || st.Config.File != path {
+				t.Errorf("status config: %+v", st.Config)
+			}
+			// The refusal stays in STATUS= as conditions change.
+			if s := d.StatusLine(); !strings.HasPrefix(s, "configuration reload refused") {
+				t.Errorf("status line %q", s)
+			}
+		})
 	}
 }

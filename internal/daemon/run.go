@@ -42,7 +42,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.control != nil {
 		wg.Go(func() { d.serveControl(rctx, d.control) })
 	}
-	if d.reloadSig != nil {
+	if d.cfgPath != "" {
 		wg.Go(func() { d.reloadLoop(rctx, d.reloadSig) })
 	}
 	if d.cfg.Role == "" || d.cfg.GPU == "auto" {
@@ -104,7 +104,7 @@ func (d *Daemon) becomeReady() {
 	d.ready = true
 	d.mu.Unlock()
 	close(d.firstPassDone)
-	status := d.Summary()
+	status := d.StatusLine()
 	d.log.Info("first pass complete", "status", status)
 	// What start-up touched of the binary need not stay resident.
 	if n, err := trimStartupPages(); err != nil {
@@ -115,4 +115,5 @@ func (d *Daemon) becomeReady() {
 	if err := d.notify.Ready(status); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
+	d.reloadIfChangedDuringStart()
 }

@@ -22,7 +22,7 @@ func (d *Daemon) statusLoop(ctx context.Context) {
 		d.mu.Lock()
 		ready := d.ready
 		d.mu.Unlock()
-		if s := d.Summary(); ready && s != last {
+		if s := d.StatusLine(); ready && s != last {
 			d.notify.Status(s)
 			last = s
 		}

@@ -41,6 +41,17 @@ type StatusReport struct {
 	Repairs    map[string]checks.RepairStatus `json:"repairs"`
 	Kmsg       *KmsgStatus                    `json:"kmsg,omitempty"`
 	Kubernetes KubernetesStatus               `json:"kubernetes"`
+	Config     ConfigStatus                   `json:"config"`
+}
+
+// ConfigStatus is the configuration in effect and the last reload.
+type ConfigStatus struct {
+	// File: the configuration file ("" when the daemon was given none).
+	File string `json:"file"`
+	// Since: when the configuration in effect was loaded (at start, or by
+	// the last reload that applied).
+	Since      time.Time      `json:"since"`
+	LastReload *ReloadOutcome `json:"lastReload,omitempty"`
 }
 
 // ConditionStatus is one condition with what set it.
@@ -88,7 +99,8 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	d.mu.Lock()
 	st := StatusReport{Version: d.version, Node: env.NodeName, Role: string(env.Role), GPU: env.GPU, PID: os.Getpid(),
 		Started: d.started, Now: now, Ready: d.ready,
-		Kubernetes: KubernetesStatus{State: d.kubeState, Detail: d.kubeDetail}}
+		Kubernetes: KubernetesStatus{State: d.kubeState, Detail: d.kubeDetail},
+		Config:     ConfigStatus{File: d.cfgPath, Since: d.cfgSince, LastReload: d.lastReload}}
 	d.mu.Unlock()
 	if err := d.Healthy(); err != nil {
 		st.Unhealthy = err.Error()
