@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -129,6 +130,12 @@ func transportError(ctx context.Context, err error) error {
 		return &rpcError{codeDeadlineExceeded, "context deadline exceeded"}
 	case errors.Is(err, context.Canceled):
 		return &rpcError{codeCanceled, "context canceled"}
+	}
+	// The server resets the stream (RST_STREAM CANCEL) when the
+	// grpc-timeout we sent runs out, which may be a moment before our own
+	// deadline (the timeout is sent in whole milliseconds, rounded down).
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 100*time.Millisecond && strings.Contains(err.Error(), "; CANCEL; received from peer") {
+		return &rpcError{codeDeadlineExceeded, "context deadline exceeded (the server's grpc-timeout)"}
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {

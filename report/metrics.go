@@ -159,6 +159,15 @@ func (m *Metrics) Gatherer() prometheus.Gatherer {
 	return g
 }
 
+// Describe sends the descriptors of every metric: Registry's and the
+// versioned families' (a vector with no series yet included).
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.Registry.Describe(ch)
+	for _, f := range m.fams {
+		f.reg.Describe(ch)
+	}
+}
+
 // InitConditions creates the series of the conditions that apply to this
 // node at zero, so that alerts can tell "no problem" from "no data".
 func (m *Metrics) InitConditions(types []string) {

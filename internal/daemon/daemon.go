@@ -83,6 +83,9 @@ type Daemon struct {
 	// reloadReq asks reloadLoop for a reload (becomeReady: the file
 	// changed while the daemon started).
 	reloadReq chan struct{}
+	// readySent is closed once the start's READY=1 is sent: the reload
+	// reloadReq asks for speaks after it.
+	readySent chan struct{}
 	// cfgSince: when the configuration in effect was loaded; lastReload:
 	// the last reload's outcome (nil: none yet). Under mu.
 	cfgSince   time.Time
@@ -123,7 +126,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll, kmsgOpen: opts.KmsgOpen,
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}),
-		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1),
+		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1), readySent: make(chan struct{}),
 		cfgSince: time.Now(),
 	}
 	d.metrics.ConfigLoaded(d.cfgSince)

@@ -28,6 +28,11 @@ func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 			return
 		case <-sig:
 		case <-d.reloadReq:
+			select { // asked for by becomeReady, before its READY=1
+			case <-d.readySent:
+			case <-ctx.Done():
+				return
+			}
 		}
 		d.ReloadNotified()
 	}

@@ -112,8 +112,10 @@ func (d *Daemon) becomeReady() {
 	} else {
 		d.log.Debug("trimmed the start-up pages of the binary", "advised_bytes", n)
 	}
+	// Before READY=1: a file written after it is a reload of its own.
+	d.reloadIfChangedDuringStart()
 	if err := d.notify.Ready(status); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
-	d.reloadIfChangedDuringStart()
+	close(d.readySent)
 }

@@ -154,7 +154,7 @@ func daemonMetrics(t *testing.T) map[string]bool {
 	checks.NewRepairer(nil, nil, time.Now, reg)
 	checks.NewUnitWatch(nil, reg)
 	names := map[string]bool{}
-	for _, r := range []*prometheus.Registry{reg, m.Registry} {
+	for _, r := range []interface{ Describe(chan<- *prometheus.Desc) }{reg, m} {
 		ch := make(chan *prometheus.Desc, 1024)
 		r.Describe(ch)
 		close(ch)
