@@ -84,39 +84,8 @@ func TestReloadUnderSystemd(t *testing.T) {
 	tok := harness.Token()
 	node := "reload-" + tok
 	registerNode(t, api, node)
-	dir, err := os.MkdirTemp("", "autopilot-health-reload-"+tok+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	usr := filepath.Join(dir, "usr")
-	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
-		t.Fatal(err)
-	}
-	unitFile, err := harness.RepoFile("units/autopilot-health.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s, err := harness.StartSystemdWith(dir, map[string]string{}, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	defer func() {
-		if t.Failed() {
-			t.Logf("journal of autopilot-health.service:\n%s", lastBytes(s.Journal("autopilot-health.service"), 20000))
-		}
-	}()
+	s, usr := shippedUnitSystemd(t, "autopilot-health-reload-"+tok+"-")
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatalf("starting journald: %v", err)
-	}
 
 	// The node's credentials, inside the namespace.
 	etc := s.Root("/etc/autopilot-health")
@@ -388,6 +357,47 @@ current-context: test
 	}
 }
 
+// shippedUnitSystemd starts a real systemd with the daemon built into its
+// /usr/bin and the shipped unit file, and journald; the journal of the
+// daemon's unit is logged when the test fails. It returns the systemd and
+// its /usr on the host.
+func shippedUnitSystemd(t *testing.T, prefix string) (*harness.Systemd, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	usr := filepath.Join(dir, "usr")
+	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
+		t.Fatal(err)
+	}
+	unitFile, err := harness.RepoFile("units/autopilot-health.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := harness.StartSystemdWith(dir, map[string]string{}, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("journal of autopilot-health.service:\n%s", lastBytes(s.Journal("autopilot-health.service"), 20000))
+		}
+		s.Stop()
+	})
+	if err := s.StartUnit(context.Background(), "systemd-journald.service"); err != nil {
+		t.Fatalf("starting journald: %v", err)
+	}
+	return s, usr
+}
+
 func mustRead(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -407,37 +417,8 @@ func TestReloadWhileStartingUnderSystemd(t *testing.T) {
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
-	dir, err := os.MkdirTemp("", "autopilot-health-reloadstart-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	usr := filepath.Join(dir, "usr")
-	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
-		t.Fatal(err)
-	}
-	unitFile, err := harness.RepoFile("units/autopilot-health.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755)
-	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	s, err := harness.StartSystemdWith(dir, map[string]string{}, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	defer func() {
-		if t.Failed() {
-			t.Logf("journal of autopilot-health.service:\n%s", lastBytes(s.Journal("autopilot-health.service"), 20000))
-		}
-	}()
+	s, _ := shippedUnitSystemd(t, "autopilot-health-reloadstart-")
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatalf("starting journald: %v", err)
-	}
 	etc := s.Root("/etc/autopilot-health")
 	os.MkdirAll(etc, 0o755)
 	var off strings.Builder

@@ -96,35 +96,10 @@ func TestReloadBeforeReady(t *testing.T) {
 // check, changing another's threshold): it never waits for one, and sees
 // either plan whole (go test -race: no data race between them).
 func TestStatusDuringReloads(t *testing.T) {
-	base := testConfig(t)
-	path := filepath.Join(t.TempDir(), "config.toml")
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	listen := ln.Addr().String()
-	write := func(extra string) {
-		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
-	cfg, _, err := config.Load(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(&syncBuffer{}, nil))
-	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
-	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Error(err)
-		}
-	}()
+	f := newFileDaemon(t, "[checks.DiskUsageHigh]\nspace_percent = 40\n", Options{})
+	d := f.Daemon
+	write := func(extra string) { f.write(t, extra) }
+	f.start(t)
 	await(t, d, "DiskUsageHigh evaluated", func() bool { _, ok := d.Store().Get("DiskUsageHigh"); return ok })
 	stop := make(chan struct{})
 	answered := make(chan int)

@@ -95,6 +95,58 @@ enabled = false
 %s`, cfg.HostRoot, cfg.StateDir, cfg.NodeName, listen, extra)
 }
 
+// fileDaemon is a daemon started from a configuration file (reloadTOML with
+// first), as `run --config` starts it, on a host whose every filesystem is
+// half full.
+type fileDaemon struct {
+	*Daemon
+	path, listen string
+	logs         *syncBuffer
+	base         *config.Config
+}
+
+// newFileDaemon builds it; opts gets the listener, the host, the file and
+// a boot id.
+func newFileDaemon(t *testing.T, first string, opts Options) *fileDaemon {
+	t.Helper()
+	f := &fileDaemon{base: testConfig(t), path: filepath.Join(t.TempDir(), "config.toml"), logs: &syncBuffer{}}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	f.listen = ln.Addr().String()
+	f.write(t, first)
+	cfg, _, err := config.Load(f.path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(f.logs, nil))
+	opts.Version, opts.Listener, opts.BootID, opts.ConfigPath = "test", ln, "b1", f.path
+	opts.Env = &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	if f.Daemon, err = New(cfg, log, opts); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// write replaces the file with reloadTOML and extra.
+func (f *fileDaemon) write(t *testing.T, extra string) {
+	t.Helper()
+	if err := os.WriteFile(f.path, []byte(reloadTOML(f.base, f.listen, extra)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs the daemon until the test ends.
+func (f *fileDaemon) start(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 // SIGHUP reloads the configuration in place, over systemd's reload
 // protocol (RELOADING=1 with MONOTONIC_USEC, then READY=1): a changed
 // threshold shows in the check's next result while its condition stays
@@ -104,39 +156,13 @@ enabled = false
 // the daemon runs on as it was; a file without changes says so.
 func TestReloadOnSIGHUP(t *testing.T) {
 	sock := notifySocket(t)
-	base := testConfig(t)
-	path := filepath.Join(t.TempDir(), "config.toml")
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	listen := ln.Addr().String()
-	write := func(extra string) {
-		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
-	cfg, _, err := config.Load(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
 	hup := make(chan os.Signal, 1)
-	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path, Reload: hup})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := newFileDaemon(t, "[checks.DiskUsageHigh]\nspace_percent = 40\n", Options{Reload: hup})
+	d, path, listen, logs := f.Daemon, f.path, f.listen, f.logs
+	write := func(extra string) { f.write(t, extra) }
 	flaps := &flapWatch{}
 	d.Store().Observe(flaps)
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Error(err)
-		}
-	}()
+	f.start(t)
 	next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
 	before, _ := d.Store().Get("DiskUsageHigh")
 	if before.Status != report.StatusTrue || !strings.Contains(before.Message, "50% of space used (threshold 40%)") {
@@ -311,37 +337,11 @@ func TestReloadOverTheControlSocket(t *testing.T) {
 		t.Skip("the control socket answers root only (TestControlRefusesANonRootPeer)")
 	}
 	sock := notifySocket(t)
-	base := testConfig(t)
-	path := filepath.Join(t.TempDir(), "config.toml")
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	listen := ln.Addr().String()
-	write := func(extra string) {
-		if err := os.WriteFile(path, []byte(reloadTOML(base, listen, extra)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("[checks.DiskUsageHigh]\nspace_percent = 40\n")
-	cfg, _, err := config.Load(path, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
 	control := filepath.Join(t.TempDir(), "control.sock")
-	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path, ControlSocket: control})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-runErr; err != nil {
-			t.Error(err)
-		}
-	}()
+	f := newFileDaemon(t, "[checks.DiskUsageHigh]\nspace_percent = 40\n", Options{ControlSocket: control})
+	d, path, listen, logs := f.Daemon, f.path, f.listen, f.logs
+	write := func(extra string) { f.write(t, extra) }
+	f.start(t)
 	next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
 
 	reload := func() (string, error) {
@@ -402,28 +402,11 @@ func TestReloadOfAFileChangedWhileStarting(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := notifySocket(t)
-			base := testConfig(t)
-			path := filepath.Join(t.TempDir(), "config.toml")
-			ln, _ := net.Listen("tcp", "127.0.0.1:0")
-			listen := ln.Addr().String()
-			os.WriteFile(path, []byte(reloadTOML(base, listen, "[checks.DiskUsageHigh]\nspace_percent = 40\n")), 0o644)
-			cfg, _, err := config.Load(path, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			logs := &syncBuffer{}
-			log := slog.New(slog.NewTextHandler(logs, nil))
-			env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
-			d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path})
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := newFileDaemon(t, "[checks.DiskUsageHigh]\nspace_percent = 40\n", Options{})
+			d, path, listen, logs := f.Daemon, f.path, f.listen, f.logs
 			// Written while the daemon starts (before its first pass).
-			os.WriteFile(path, []byte(reloadTOML(base, listen, tc.extra)), 0o644)
-			ctx, cancel := context.WithCancel(context.Background())
-			runErr := make(chan error, 1)
-			go func() { runErr <- d.Run(ctx) }()
-			defer func() { cancel(); <-runErr }()
+			f.write(t, tc.extra)
+			f.start(t)
 			next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
 			ready := next(t, sock, "READY=1 after the reload", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
 			_, page := get(t, "http://"+listen+"/metrics")
