@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 
 	"github.com/BurntSushi/toml"
 
@@ -62,8 +65,8 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 // file may name another socket than the running daemon's (the socket keys
 // need a restart to change), and a file the daemon would refuse is still
 // asked for its socket: the daemon's answer (its refusal, with file, line
-// and key) is what the operator needs. A file that is not TOML at all
-// gives the default.
+// and key) is what the operator needs; in a file that is not TOML at all
+// the keys' own lines are read.
 func socketCandidates(path string, explicit bool, of func(*config.Config) string) []string {
 	def := of(config.Default())
 	named := def
@@ -77,21 +80,58 @@ func socketCandidates(path string, explicit bool, of func(*config.Config) string
 				Socket *string `toml:"socket"`
 			} `toml:"status"`
 		}
-		if _, err := toml.DecodeFile(path, &keys); err == nil {
-			partial := config.Default()
-			if keys.ControlSocket != nil {
-				partial.ControlSocket = *keys.ControlSocket
-			}
-			if keys.Status.Socket != nil {
-				partial.Status.Socket = *keys.Status.Socket
-			}
-			if filepath.IsAbs(of(partial)) {
-				named = of(partial)
-			}
+		if _, err := toml.DecodeFile(path, &keys); err != nil {
+			// Not TOML (a syntax error, a duplicate key): the keys'
+			// own lines, as written.
+			keys.ControlSocket, keys.Status.Socket = scanSocketKeys(path)
+		}
+		partial := config.Default()
+		if keys.ControlSocket != nil {
+			partial.ControlSocket = *keys.ControlSocket
+		}
+		if keys.Status.Socket != nil {
+			partial.Status.Socket = *keys.Status.Socket
+		}
+		if filepath.IsAbs(of(partial)) {
+			named = of(partial)
 		}
 	}
 	if named == def || named == "" {
 		return []string{def}
 	}
 	return []string{named, def}
+}
+
+var (
+	tableLine  = regexp.MustCompile(`^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]`)
+	socketLine = regexp.MustCompile(`^\s*(control_socket|socket)\s*=\s*"([^"\\]*)"\s*(#.*)?$`)
+)
+
+// scanSocketKeys reads control_socket (top level) and [status] socket from
+// the lines of a file that is not valid TOML, as they are written (a basic
+// string without escapes); nil where a key is not found so.
+func scanSocketKeys(path string) (control, status *string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil
+	}
+	table := ""
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if m := tableLine.FindStringSubmatch(line); m != nil {
+			table = m[1]
+			continue
+		}
+		m := socketLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		v := m[2]
+		switch {
+		case table == "" && m[1] == "control_socket":
+			control = &v
+		case table == "status" && m[1] == "socket":
+			status = &v
+		}
+	}
+	return control, status
 }

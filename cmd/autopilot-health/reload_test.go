@@ -97,7 +97,10 @@ func TestReloadFindsTheControlSocket(t *testing.T) {
 	refused := write("refused.toml", "control_socket = \""+sock+"\"\n[checks.DiskUsageHigh]\nspace_percnt = 3\nspace_percent = \"x\"\n")
 	garbage := write("garbage.toml", "control_socket = \n[[[")
 	plain := write("plain.toml", "[checks.DiskUsageHigh]\nspace_percent = 50\n")
-	for path, want := range map[string][]string{good: {sock, def}, refused: {sock, def}, garbage: {def}, plain: {def}} {
+	// A syntax error and a duplicate key: the key's line is read.
+	syntax := write("syntax.toml", "control_socket = \""+sock+"\"  # ours\n[status]\nsocket = \"/x/s.sock\"\nx = [\n")
+	dup := write("dup.toml", "[checks.DiskUsageHigh]\ncontrol_socket = \"/not/top/level.sock\"\n[status]\ncontrol_socket = \"/x/y.sock\"\n")
+	for path, want := range map[string][]string{good: {sock, def}, refused: {sock, def}, garbage: {def}, plain: {def}, syntax: {sock, def}, dup: {def}} {
 		if got := socketCandidates(path, true, control); !slices.Equal(got, want) {
 			t.Errorf("%s: %q, want %q", filepath.Base(path), got, want)
 		}

@@ -31,7 +31,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	explicit := flagSet(fs, "config")
-	cfg, fromFile, err := loadConfig(*cfgPath, explicit)
+	cfg, fromFile, digest, err := config.LoadDigest(*cfgPath, !explicit)
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		return exitError
@@ -52,7 +52,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	d, err := daemon.New(cfg, log, daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket,
-		ConfigPath: *cfgPath, ConfigOptional: !explicit, Reload: hup})
+		ConfigPath: *cfgPath, ConfigOptional: !explicit, ConfigDigest: digest, Reload: hup})
 	if err != nil {
 		log.Error("refusing to start", "err", err)
 		return exitError

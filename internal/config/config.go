@@ -8,7 +8,9 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -337,15 +339,41 @@ var validDefaults = sync.OnceFunc(func() {
 // error when allowMissing is set (the daemon's default path); the returned
 // bool says whether a file was read.
 func Load(path string, allowMissing bool) (*Config, bool, error) {
+	c, fromFile, _, err := LoadDigest(path, allowMissing)
+	return c, fromFile, err
+}
+
+// LoadDigest is Load, with the digest of what it read (FileDigest's).
+func LoadDigest(path string, allowMissing bool) (*Config, bool, string, error) {
 	b, err := os.ReadFile(path)
+	digest := digestOf(b, err)
 	if errors.Is(err, os.ErrNotExist) && allowMissing {
-		return Default(), false, nil
+		return Default(), false, digest, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("config: %w", err)
+		return nil, false, digest, fmt.Errorf("config: %w", err)
 	}
 	c, err := Parse(path, b, Default())
-	return c, true, err
+	return c, true, digest, err
+}
+
+// FileDigest identifies what the file at path holds now: the SHA-256 of its
+// content, "absent", or why it cannot be read. Two reads of an unchanged
+// file give the same digest.
+func FileDigest(path string) string {
+	b, err := os.ReadFile(path)
+	return digestOf(b, err)
+}
+
+func digestOf(b []byte, err error) string {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "absent"
+	case err != nil:
+		return "unreadable: " + err.Error()
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // Parse decodes data over base (nil: an empty Config) and validates the

@@ -44,6 +44,9 @@ type Options struct {
 	// path: the embedded defaults apply), as at start.
 	ConfigPath     string
 	ConfigOptional bool
+	// ConfigDigest identifies the file the configuration was loaded from
+	// (config.LoadDigest); empty: the file as New finds it.
+	ConfigDigest string
 	// Reload, if set, delivers the signals (SIGHUP) that reload the
 	// configuration.
 	Reload <-chan os.Signal
@@ -90,6 +93,9 @@ type Daemon struct {
 	// the last reload's outcome (nil: none yet). Under mu.
 	cfgSince   time.Time
 	lastReload *ReloadOutcome
+	// readDigest identifies the file as the start or the last reload read
+	// it (config.FileDigest). Under mu.
+	readDigest string
 	// reloadMu serializes the reloads asked for (a signal, the control
 	// socket): each one's RELOADING=1 ... READY=1 is its own.
 	reloadMu sync.Mutex
@@ -127,7 +133,10 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}),
 		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1), readySent: make(chan struct{}),
-		cfgSince: time.Now(),
+		cfgSince: time.Now(), readDigest: opts.ConfigDigest,
+	}
+	if d.readDigest == "" && d.cfgPath != "" {
+		d.readDigest = config.FileDigest(d.cfgPath)
 	}
 	d.metrics.ConfigLoaded(d.cfgSince)
 	if d.poll <= 0 {

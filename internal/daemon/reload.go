@@ -47,9 +47,14 @@ func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 func (d *Daemon) ReloadNotified() (Reloaded, error) {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
-	d.mu.Lock()
-	ready := d.ready
-	d.mu.Unlock()
+	// The reload protocol only once the start's READY=1 is out: before,
+	// RELOADING=1 would be a reload of a unit still starting.
+	ready := false
+	select {
+	case <-d.readySent:
+		ready = true
+	default:
+	}
 	if ready {
 		if err := d.notify.Reloading("reloading the configuration"); err != nil {
 			d.log.Warn("sd_notify RELOADING failed", "err", err)
@@ -93,8 +98,8 @@ func (d *Daemon) StatusLine() string {
 	return s
 }
 
-// reloadIfChangedDuringStart reloads the configuration file when it no
-// longer says what the daemon runs on: systemd merges a `systemctl reload`
+// reloadIfChangedDuringStart reloads the configuration file when it is no
+// longer what the start or the last reload read: systemd merges a `systemctl reload`
 // asked for while the unit starts into the start job, so the file written
 // then is read here, once the start is over, and applied or refused (and
 // logged and counted) as any reload.
@@ -102,8 +107,14 @@ func (d *Daemon) reloadIfChangedDuringStart() {
 	if d.cfgPath == "" {
 		return
 	}
-	cfg, _, err := config.Load(d.cfgPath, d.cfgOptional)
-	if err == nil && len(config.Diff(d.currentEnv().Config, cfg)) == 0 {
+	// Against what the start or the last reload read (a reload in flight
+	// included), not what is in effect: a refused file put right again is
+	// read again (it ends the refusal), a refused one left as it was is
+	// not refused twice.
+	d.mu.Lock()
+	read := d.readDigest
+	d.mu.Unlock()
+	if config.FileDigest(d.cfgPath) == read {
 		return
 	}
 	d.log.Info("the configuration file changed while the daemon started (systemd folds a reload asked for then into the start); reloading it", "file", d.cfgPath)
@@ -183,7 +194,7 @@ func (d *Daemon) Reload() (Reloaded, error) {
 	}
 	d.mu.Lock()
 	d.lastReload = out
-	if err == nil {
+	if err == nil && len(r.Keys) > 0 {
 		d.cfgSince = now
 	}
 	d.mu.Unlock()
@@ -202,7 +213,10 @@ func (d *Daemon) reload() (Reloaded, error) {
 	if d.cfgPath == "" {
 		return Reloaded{}, ErrNoConfigFile
 	}
-	cfg, _, err := config.Load(d.cfgPath, d.cfgOptional)
+	cfg, _, digest, err := config.LoadDigest(d.cfgPath, d.cfgOptional)
+	d.mu.Lock()
+	d.readDigest = digest
+	d.mu.Unlock()
 	if err != nil {
 		return Reloaded{}, err
 	}

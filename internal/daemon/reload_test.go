@@ -439,3 +439,47 @@ func TestReloadOfAFileChangedWhileStarting(t *testing.T) {
 		})
 	}
 }
+
+// At ready the file is compared with what the start or the last reload
+// read, not with what is in effect: a file refused during the start and
+// put right again before the first pass ends is read again (the refusal
+// ends, nothing changes); one left as it was is not refused twice.
+func TestReloadAtReadyAfterARefusal(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		putRight bool
+	}{{"put right", true}, {"left bad", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := notifySocket(t)
+			good := "[checks.DiskUsageHigh]\nspace_percent = 40\n"
+			f := newFileDaemon(t, good, Options{})
+			f.write(t, "[checks.DiskUsageHigh]\nspace_percnt = 40\n")
+			if _, err := f.Reload(); err == nil {
+				t.Fatal("the bad file was not refused")
+			}
+			if tc.putRight {
+				f.write(t, good)
+			}
+			f.start(t)
+			ready := next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+			if tc.putRight {
+				next(t, sock, "READY=1 after the reload", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+				if s := f.StatusLine(); strings.Contains(s, "refused") {
+					t.Errorf("the refusal stays after the file was put right: %q", s)
+				}
+				if st := f.Status(time.Now()); st.Config.LastReload == nil || st.Config.LastReload.Result != "ok" || st.Config.LastReload.Changed != "no changes" {
+					t.Errorf("last reload %+v", st.Config.LastReload)
+				}
+			} else if !strings.Contains(ready, "configuration reload refused") {
+				t.Errorf("READY=1 without the refusal: %q", ready)
+			}
+			_, page := get(t, "http://"+f.listen+"/metrics")
+			wantOK := map[bool]string{true: "1", false: "0"}[tc.putRight]
+			for _, want := range []string{`autopilot_health_config_reloads_total{result="error"} 1`, `autopilot_health_config_reloads_total{result="ok"} ` + wantOK} {
+				if !strings.Contains(page, want+"\n") {
+					t.Errorf("metrics lack %s", want)
+				}
+			}
+		})
+	}
+}
