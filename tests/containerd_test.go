@@ -43,7 +43,7 @@ version = 2
 // dependencies, like every other unit of the test systemd.
 var containerdDropIn = map[string]string{"containerd.service.d/10-test.conf": "[Unit]\nDefaultDependencies=no\n"}
 
-func needContainerd(t *testing.T) {
+func needContainerd(t testing.TB) {
 	t.Helper()
 	for _, p := range []string{containerdBin, containerdUnit} {
 		if _, err := os.Stat(p); err != nil {
@@ -55,7 +55,7 @@ func needContainerd(t *testing.T) {
 // startContainerd writes containerd's configuration into the namespace and
 // starts Debian's containerd.service there (Type=notify: the job is done
 // once containerd serves).
-func startContainerd(t *testing.T, s *harness.Systemd) systemd.Unit {
+func startContainerd(t testing.TB, s *harness.Systemd) systemd.Unit {
 	t.Helper()
 	p := s.Root("/etc/containerd/config.toml")
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {

@@ -84,7 +84,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 	tok := harness.Token()
 	node := "reload-" + tok
 	registerNode(t, api, node)
-	s, usr := shippedUnitSystemd(t, "autopilot-health-reload-"+tok+"-")
+	s, usr := shippedUnitSystemd(t, "autopilot-health-reload-"+tok+"-", nil, false)
 	ctx := context.Background()
 
 	// The node's credentials, inside the namespace.
@@ -360,8 +360,9 @@ current-context: test
 // shippedUnitSystemd starts a real systemd with the daemon built into its
 // /usr/bin and the shipped unit file, and journald; the journal of the
 // daemon's unit is logged when the test fails. It returns the systemd and
-// its /usr on the host.
-func shippedUnitSystemd(t *testing.T, prefix string) (*harness.Systemd, string) {
+// its /usr on the host. units are more unit files (name: text); with
+// standin, tests/standin is at /etc/systemd/system/bin/standin for them.
+func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, standin bool) (*harness.Systemd, string) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
@@ -371,6 +372,11 @@ func shippedUnitSystemd(t *testing.T, prefix string) (*harness.Systemd, string) 
 	usr := filepath.Join(dir, "usr")
 	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
 		t.Fatal(err)
+	}
+	if standin {
+		if _, err := harness.BuildStandin(filepath.Join(dir, "units", "bin")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	unitFile, err := harness.RepoFile("units/autopilot-health.service")
 	if err != nil {
@@ -382,7 +388,7 @@ func shippedUnitSystemd(t *testing.T, prefix string) (*harness.Systemd, string) 
 	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s, err := harness.StartSystemdWith(dir, map[string]string{}, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
+	s, err := harness.StartSystemdWith(dir, units, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +423,7 @@ func TestReloadWhileStartingUnderSystemd(t *testing.T) {
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
-	s, _ := shippedUnitSystemd(t, "autopilot-health-reloadstart-")
+	s, _ := shippedUnitSystemd(t, "autopilot-health-reloadstart-", nil, false)
 	ctx := context.Background()
 	etc := s.Root("/etc/autopilot-health")
 	os.MkdirAll(etc, 0o755)

@@ -79,7 +79,7 @@ func realSystemd(t *testing.T) *harness.Systemd {
 	return sdShared
 }
 
-func waitUnit(t *testing.T, s *harness.Systemd, name, what string, ok func(systemd.Unit) bool) systemd.Unit {
+func waitUnit(t testing.TB, s *harness.Systemd, name, what string, ok func(systemd.Unit) bool) systemd.Unit {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

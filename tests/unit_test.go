@@ -111,7 +111,7 @@ const watchdogDropIn = "[Service]\nWatchdogSec=4s\n"
 
 // freeTCPPort returns a loopback port that is free now, for a unit to
 // listen on later.
-func freeTCPPort(t *testing.T) int {
+func freeTCPPort(t testing.TB) int {
 	t.Helper()
 	p, err := freeLoopbackPort()
 	if err != nil {
@@ -137,7 +137,7 @@ func freeLoopbackPort() (int, error) {
 
 // dataDir returns a directory on a disk filesystem (not tmpfs), to be the
 // namespace's /data: the repository's tests/.cache, else the temp dir.
-func dataDir(t *testing.T) string {
+func dataDir(t testing.TB) string {
 	t.Helper()
 	for _, base := range []string{filepath.Join(repoDir(t), "tests", ".cache"), os.TempDir()} {
 		if err := os.MkdirAll(base, 0o755); err != nil {
@@ -158,7 +158,7 @@ func dataDir(t *testing.T) string {
 	return ""
 }
 
-func repoDir(t *testing.T) string {
+func repoDir(t testing.TB) string {
 	t.Helper()
 	wd, err := os.Getwd() // go test runs in the package directory, tests/
 	if err != nil {
@@ -207,7 +207,7 @@ func (f stateFile) get(ty string) report.Condition {
 }
 
 // eventually polls f every 50 ms for at most limit.
-func eventually(t *testing.T, limit time.Duration, what string, f func() (bool, string)) {
+func eventually(t testing.TB, limit time.Duration, what string, f func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {

@@ -1,0 +1,169 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// idleConfig: every check at its default, on a healthy node: the stand-in
+// kubelet answers /healthz, Debian's containerd serves CRI.
+const idleConfig = `# written by tests/idle_bench_test.go
+role = "worker"
+gpu = "false"
+[metrics]
+listen_address = "127.0.0.1:%[1]d"
+[checks.KubeletUnhealthy]
+healthz_url = "http://127.0.0.1:%[2]d/healthz"
+[kubernetes]
+kubeconfig = ""
+`
+
+// BenchmarkIdleOnAHealthyNode measures the daemon's idle CPU under its
+// shipped unit in a real systemd, every check at its default interval, on
+// a node where the checks of the units find nothing: the stand-in kubelet
+// healthy, Debian's containerd serving CRI, D-Bus and journald up, a
+// stand-in tunnel agent unit active. Cilium's API, kube-proxy's metrics,
+// the tunnel agent's page and NTP are not here: those probes (30 s and
+// 1 min) fail at connecting, a little cheaper than a healthy answer would
+// be. The kernel log monitor
+// reads the machine's /dev/kmsg (other work writing there costs it too);
+// no Kubernetes reporting. After the first pass and IDLE_WARMUP (30s), the
+// CPU of the daemon's threads (schedstat) over IDLE_WINDOW (120s), in
+// ms/min, and its VmRSS at the end:
+//
+//	go test -tags integration ./tests -run '^$' -bench IdleOnAHealthyNode -benchtime=1x
+//
+// A profile of the daemon:
+//
+//	GOFLAGS=-tags=profile IDLE_CPUPROFILE=/tmp/idle.prof go test -tags integration ./tests -run '^$' -bench IdleOnAHealthyNode -benchtime=1x
+func BenchmarkIdleOnAHealthyNode(b *testing.B) {
+	if why := harness.SystemdAvailable(); why != "" {
+		b.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	needContainerd(b)
+	warmup, window := envDuration(b, "IDLE_WARMUP", 30*time.Second), envDuration(b, "IDLE_WINDOW", 120*time.Second)
+	kubeletPort, metricsPort := freeTCPPort(b), freeTCPPort(b)
+	units := map[string]string{
+		"kubelet.service":             fmt.Sprintf("[Unit]\nDescription=stand-in kubelet (/healthz)\nDefaultDependencies=no\n\n[Service]\nExecStart=/etc/systemd/system/bin/standin kubelet 127.0.0.1:%d /run/standin/kubelet-broken\n", kubeletPort),
+		"syself-tunnel-agent.service": "[Unit]\nDescription=stand-in tunnel agent\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sleep infinity\n",
+	}
+	for k, v := range containerdDropIn {
+		units[k] = v
+	}
+	// IDLE_CPUPROFILE=FILE with GOFLAGS=-tags=profile (the daemon's build
+	// then writes a CPU profile of its run, README, Cost): the profile,
+	// from start to stop, is copied to FILE.
+	profile := os.Getenv("IDLE_CPUPROFILE")
+	if profile != "" {
+		units["autopilot-health.service.d/20-profile.conf"] = "[Service]\nEnvironment=AUTOPILOT_HEALTH_CPUPROFILE=/var/lib/autopilot-health/cpu.prof\n"
+	}
+	s, _ := shippedUnitSystemd(b, "autopilot-health-idle-", units, true)
+	ctx := context.Background()
+	startContainerd(b, s)
+	for _, u := range []string{"kubelet.service", "syself-tunnel-agent.service"} {
+		if err := s.StartUnit(ctx, u); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cfg := s.Root("/etc/autopilot-health/config.toml")
+	os.MkdirAll(filepath.Dir(cfg), 0o755)
+	// IDLE_EXTRA: more TOML for the configuration (a check disabled, to
+	// see what it costs).
+	if err := os.WriteFile(cfg, fmt.Appendf(fmt.Appendf(nil, idleConfig, metricsPort, kubeletPort), "%s\n", os.Getenv("IDLE_EXTRA")), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
+		b.Fatalf("start: %v\n%s", err, s.Journal("autopilot-health.service"))
+	}
+	p, err := s.Properties(ctx, "autopilot-health.service", "Service")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid, _ := p["MainPID"].Value().(uint32)
+	proc, _, err := hostStatus(s, pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The conditions a healthy node holds False: the probes found nothing.
+	for _, ty := range []string{"KubeletUnhealthy", "ContainerRuntimeUnhealthy", "NodeServiceDown", "ServiceNotRecovering"} {
+		eventually(b, 30*time.Second, ty+" False", func() (bool, string) {
+			page, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+			if err != nil {
+				return false, err.Error()
+			}
+			v, ok := metricValue(page, fmt.Sprintf(`autopilot_health_condition_status{condition=%q,status="False"}`, ty))
+			return ok && v == 1, lastBytes(s.Journal("autopilot-health.service"), 2000)
+		})
+	}
+	time.Sleep(warmup) // the measurement's own pace: nothing to await
+	b.ResetTimer()
+	cpu0, at0 := schedstat(b, proc), time.Now()
+	time.Sleep(window) // idle: the measured time
+	cpu1, at1 := schedstat(b, proc), time.Now()
+	b.StopTimer()
+	status, _ := os.ReadFile(filepath.Join(proc, "status"))
+	var rss float64
+	for line := range strings.SplitSeq(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			rss = kb / 1024
+		}
+	}
+	if profile != "" {
+		if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
+			b.Fatal(err)
+		}
+		raw, err := os.ReadFile(s.Root("/var/lib/autopilot-health/cpu.prof"))
+		if err != nil {
+			b.Fatalf("no profile (was the daemon built with GOFLAGS=-tags=profile?): %v", err)
+		}
+		if err := os.WriteFile(profile, raw, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpu1-cpu0)/1e6/at1.Sub(at0).Minutes(), "cpu-ms/min")
+	b.ReportMetric(rss, "VmRSS-MiB")
+	b.ReportMetric(0, "ns/op")
+}
+
+// schedstat is the CPU time of a process's threads, in ns.
+func schedstat(b *testing.B, proc string) int64 {
+	b.Helper()
+	tasks, err := filepath.Glob(filepath.Join(proc, "task", "*", "schedstat"))
+	if err != nil || len(tasks) == 0 {
+		b.Fatalf("no threads under %s: %v", proc, err)
+	}
+	var sum int64
+	for _, f := range tasks {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread gone
+		}
+		n, _ := strconv.ParseInt(strings.Fields(string(raw))[0], 10, 64)
+		sum += n
+	}
+	return sum
+}
+
+// envDuration is the duration in the environment variable name, or def.
+func envDuration(b *testing.B, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		b.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return d
+}
