@@ -37,7 +37,7 @@ func stopSystemds() {
 // realSystemd starts (once per package) a systemd as PID 1 in fresh
 // namespaces with stand-in units for kubelet, containerd (a CRI server),
 // the failover proxy, a tunnel agent and a unit that ends failed.
-func realSystemd(t *testing.T) *harness.Systemd {
+func realSystemd(t testing.TB) *harness.Systemd {
 	t.Helper()
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)

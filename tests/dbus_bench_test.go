@@ -1,0 +1,60 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// BenchmarkUnitRead is the daemon's cost of reading one unit over D-Bus
+// (systemd.DBus.Unit: what NodeServiceDown, ServiceNotRecovering and the
+// repairer read) from a real systemd 252: time, bytes and allocations on
+// the client's side, per read of a loaded service.
+//
+//	go test -tags integration ./tests -run '^$' -bench UnitRead -benchmem
+func BenchmarkUnitRead(b *testing.B) {
+	s := realSystemd(b)
+	bus := systemd.NewDBusAt(s.BusSocket())
+	ctx := context.Background()
+	if u, err := bus.Unit(ctx, "syself-tunnel-agent.service"); err != nil || u.LoadState != "loaded" || u.ActiveState == "" {
+		b.Fatalf("unit %+v: %v", u, err)
+	}
+	// This process's CPU while it makes no call (the harness's own
+	// goroutines), to subtract.
+	idle0, idleAt := rusageCPU(), time.Now()
+	time.Sleep(time.Second) // the calibration's own pace: nothing to await
+	idlePerNs := float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
+	b.ReportAllocs()
+	cpu0, pid1, at := rusageCPU(), s.PID, time.Now()
+	sys0 := procCPUOf(b, pid1)
+	for b.Loop() {
+		if _, err := bus.Unit(ctx, "syself-tunnel-agent.service"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// The client's CPU (this process: the benchmark's own is negligible
+	// beside the calls) and systemd's (PID 1 of the namespace, which
+	// answers them), per read.
+	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
+	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
+	b.ReportMetric(float64(procCPUOf(b, pid1)-sys0)/1e3/float64(b.N), "systemd-cpu-us/op")
+}
+
+// rusageCPU is this process's CPU time (user+system), in ns.
+func rusageCPU() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// procCPUOf is the CPU time of a host process's threads (schedstat), in ns.
+func procCPUOf(b *testing.B, pid int) int64 {
+	b.Helper()
+	return schedstat(b, fmt.Sprintf("/proc/%d", pid))
+}
