@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -48,7 +49,7 @@ func (c *tunnelCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	if c.unit != "" && c.env.Systemd != nil {
 		// An error here is systemd not answering: the endpoint decides, as without systemd.
-		if u, err := c.env.Systemd.Unit(ctx, c.unit); err == nil && u.LoadState == "not-found" {
+		if ls, err := systemd.LoadStateOf(ctx, c.env.Systemd, c.unit); err == nil && ls == "not-found" {
 			return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 				Message: fmt.Sprintf("no tunnel agent unit on this node (%s is not installed)", c.unit)}, nil
 		}

@@ -58,3 +58,28 @@ func procCPUOf(b *testing.B, pid int) int64 {
 	b.Helper()
 	return schedstat(b, fmt.Sprintf("/proc/%d", pid))
 }
+
+// BenchmarkUnitLoadState is the same for a unit's LoadState alone
+// (systemd.DBus.LoadState: what TunnelDisconnected reads).
+func BenchmarkUnitLoadState(b *testing.B) {
+	s := realSystemd(b)
+	bus := systemd.NewDBusAt(s.BusSocket())
+	ctx := context.Background()
+	for name, want := range map[string]string{"syself-tunnel-agent.service": "loaded", "absent-unit.service": "not-found"} {
+		if ls, err := bus.LoadState(ctx, name); err != nil || ls != want {
+			b.Fatalf("%s: LoadState %q, %v; want %q", name, ls, err, want)
+		}
+	}
+	idle0, idleAt := rusageCPU(), time.Now()
+	time.Sleep(time.Second) // the calibration's own pace: nothing to await
+	idlePerNs := float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
+	b.ReportAllocs()
+	cpu0, at := rusageCPU(), time.Now()
+	for b.Loop() {
+		if _, err := bus.LoadState(ctx, "syself-tunnel-agent.service"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
+	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
+}
