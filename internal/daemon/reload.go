@@ -49,11 +49,13 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 	defer d.reloadMu.Unlock()
 	// The reload protocol only once the start's READY=1 is out: before,
 	// RELOADING=1 would be a reload of a unit still starting.
-	ready := false
-	select {
-	case <-d.readySent:
-		ready = true
-	default:
+	d.mu.Lock()
+	ready := d.ready
+	d.mu.Unlock()
+	if ready {
+		// The first pass is done: becomeReady is sending READY=1 (or
+		// has); the reload's RELOADING=1 comes after it.
+		<-d.readySent
 	}
 	if ready {
 		if err := d.notify.Reloading("reloading the configuration"); err != nil {
