@@ -145,10 +145,8 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.mu.Unlock()
 	// In the order of the names, as promhttp serves them.
 	slices.SortFunc(named, func(a, b namedText) int { return strings.Compare(a.name, b.name) })
-	parts := make([][]byte, len(named))
 	size := 0
-	for i, n := range named {
-		parts[i] = n.text
+	for _, n := range named {
 		size += len(n.text)
 	}
 
@@ -170,8 +168,8 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
 		buf.Grow(size)
-		for _, p := range parts {
-			buf.Write(p)
+		for _, n := range named {
+			buf.Write(n.text)
 		}
 	} else {
 		hdr.Set("Content-Encoding", "gzip")
@@ -181,8 +179,8 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			gz.Reset(buf)
 		}
-		for _, p := range parts {
-			gz.Write(p)
+		for _, n := range named {
+			gz.Write(n.text)
 		}
 		gz.Close()
 		gzipWriters.Put(gz)

@@ -276,27 +276,36 @@ func dialControl(socket, retry string) (*net.UnixConn, error) {
 // ErrNotRunning: no daemon listens on the socket.
 var ErrNotRunning = errors.New("the daemon is not running")
 
+// askControl sends req to the daemon listening on socket and reads its
+// answer, waiting at most wait for it.
+func askControl(socket, retry string, wait time.Duration, req ControlRequest) (ControlAnswer, error) {
+	c, err := dialControl(socket, retry)
+	if err != nil {
+		return ControlAnswer{}, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(wait))
+	if err := json.NewEncoder(c).Encode(req); err != nil {
+		return ControlAnswer{}, err
+	}
+	var a ControlAnswer
+	if err := json.NewDecoder(c).Decode(&a); err != nil {
+		return ControlAnswer{}, fmt.Errorf("reading the daemon's answer: %w", err)
+	}
+	return a, nil
+}
+
 // RequestReload asks the daemon listening on socket to read its
 // configuration again and returns what changed, or why it was refused
 // (the client of `autopilot-health reload`).
 func RequestReload(socket string) (string, error) {
-	c, err := dialControl(socket, "its configuration is read at start")
-	if err != nil {
+	a, err := askControl(socket, "its configuration is read at start", reloadWait+10*time.Second, ControlRequest{Op: OpReload})
+	switch {
+	case err != nil:
 		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(reloadWait + 10*time.Second))
-	if err := json.NewEncoder(c).Encode(ControlRequest{Op: OpReload}); err != nil {
-		return "", err
-	}
-	var a ControlAnswer
-	if err := json.NewDecoder(c).Decode(&a); err != nil {
-		return "", fmt.Errorf("reading the daemon's answer: %w", err)
-	}
-	if a.Refused {
+	case a.Refused:
 		return "", RefusedError(a.Error)
-	}
-	if a.Error != "" {
+	case a.Error != "":
 		return "", errors.New(a.Error)
 	}
 	return a.Reloaded, nil
@@ -312,18 +321,9 @@ func (e RefusedError) Error() string { return string(e) }
 // RequestTamperClear asks the daemon listening on socket to clear the
 // tamper conditions (the client of `autopilot-health tamper clear`).
 func RequestTamperClear(socket, reason, by string) ([]report.Condition, error) {
-	c, err := dialControl(socket, "clear again")
+	a, err := askControl(socket, "clear again", clearSettle+15*time.Second, ControlRequest{Op: OpTamperClear, Reason: reason, By: by})
 	if err != nil {
 		return nil, err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(clearSettle + 15*time.Second))
-	if err := json.NewEncoder(c).Encode(ControlRequest{Op: OpTamperClear, Reason: reason, By: by}); err != nil {
-		return nil, err
-	}
-	var a ControlAnswer
-	if err := json.NewDecoder(c).Decode(&a); err != nil {
-		return nil, fmt.Errorf("reading the daemon's answer: %w", err)
 	}
 	if a.Error != "" {
 		return a.Conditions, errors.New(a.Error)

@@ -27,12 +27,7 @@ func (d *Daemon) reloadLoop(ctx context.Context, sig <-chan os.Signal) {
 		case <-ctx.Done():
 			return
 		case <-sig:
-		case <-d.reloadReq:
-			select { // asked for by becomeReady, before its READY=1
-			case <-d.readySent:
-			case <-ctx.Done():
-				return
-			}
+		case <-d.reloadReq: // becomeReady's; ReloadNotified waits for its READY=1
 		}
 		d.ReloadNotified()
 	}
@@ -56,8 +51,6 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 		// The first pass is done: becomeReady is sending READY=1 (or
 		// has); the reload's RELOADING=1 comes after it.
 		<-d.readySent
-	}
-	if ready {
 		if err := d.notify.Reloading("reloading the configuration"); err != nil {
 			d.log.Warn("sd_notify RELOADING failed", "err", err)
 		}
