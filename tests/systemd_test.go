@@ -310,6 +310,27 @@ func TestNodeServiceDownOverRealSystemd(t *testing.T) {
 	}
 }
 
+// Each check's run has a context of its own, done when the run ends; the
+// connection to the bus outlives it. It used to die with it: godbus closes
+// a connection when the context it was dialed with is done, so every unit
+// read dialed the bus twice, authenticated and said Hello again.
+func TestDBusConnectionOutlivesTheCall(t *testing.T) {
+	s := realSystemd(t)
+	bus := systemd.NewDBusAt(s.BusSocket())
+	defer bus.Close()
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		u, err := bus.Unit(ctx, "kubelet.service")
+		cancel()
+		if err != nil || u.LoadState != "loaded" {
+			t.Fatalf("%+v, %v", u, err)
+		}
+	}
+	if bus.Reconnects != 0 {
+		t.Errorf("%d new connections for 5 reads, each with a context of its own: want the first one kept", bus.Reconnects)
+	}
+}
+
 // The D-Bus connection drops (dbus restarted); the client reconnects.
 func TestDBusReconnect(t *testing.T) {
 	s := realSystemd(t)

@@ -49,6 +49,8 @@ type Manager interface {
 type DBus struct {
 	mu   sync.Mutex
 	conn *sd.Conn
+	// end ends the connection's context (dialFor), after it is closed.
+	end  context.CancelFunc
 	dial func(ctx context.Context) (*sd.Conn, error)
 	// Reconnects counts new connections after the first.
 	Reconnects int
@@ -85,7 +87,7 @@ func DialBus(ctx context.Context, socket string) (*godbus.Conn, error) {
 	return c, nil
 }
 
-// conn returns a live connection, dialing a new one when there is none or
+// get returns a live connection, dialing a new one when there is none or
 // the old one dropped.
 func (d *DBus) get(ctx context.Context) (*sd.Conn, error) {
 	d.mu.Lock()
@@ -94,16 +96,52 @@ func (d *DBus) get(ctx context.Context) (*sd.Conn, error) {
 		return d.conn, nil
 	}
 	if d.conn != nil {
-		d.conn.Close()
-		d.conn = nil
+		d.closeLocked()
 		d.Reconnects++
 	}
-	c, err := d.dial(ctx)
+	c, end, err := dialFor(ctx, d.dial)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to systemd over D-Bus: %w", err)
 	}
-	d.conn = c
+	d.conn, d.end = c, end
 	return c, nil
+}
+
+// dialFor dials a connection that outlives the call that needs it: godbus
+// closes a connection when the context it was dialed with is done, and a
+// check's run has a context of its own, so a connection dialed with it
+// lived for one run (every unit read dialed the bus twice, authenticated
+// and said Hello again). The connection gets a context of its own, ended
+// only to abandon a dial that ctx stopped waiting for (which closes what
+// was half made; one that completes anyway is closed), or by end, which
+// the caller calls once it closed the connection.
+func dialFor(ctx context.Context, dial func(ctx context.Context) (*sd.Conn, error)) (c *sd.Conn, end context.CancelFunc, err error) {
+	type result struct {
+		c   *sd.Conn
+		err error
+	}
+	life, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	ch := make(chan result, 1)
+	go func() {
+		c, err := dial(life)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			abandon()
+			return nil, nil, r.err
+		}
+		return r.c, abandon, nil
+	case <-ctx.Done():
+		abandon()
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.Close()
+			}
+		}()
+		return nil, nil, ctx.Err()
+	}
 }
 
 // drop forgets a connection that failed, so the next call dials again.
@@ -111,8 +149,7 @@ func (d *DBus) drop(c *sd.Conn) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.conn == c && !c.Connected() {
-		c.Close()
-		d.conn = nil
+		d.closeLocked()
 		d.Reconnects++
 	}
 }
@@ -137,9 +174,18 @@ func (d *DBus) call(ctx context.Context, f func(c *sd.Conn) error) error {
 func (d *DBus) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.closeLocked()
+}
+
+// closeLocked closes the connection, if any, and ends its context.
+func (d *DBus) closeLocked() {
 	if d.conn != nil {
 		d.conn.Close()
 		d.conn = nil
+	}
+	if d.end != nil {
+		d.end()
+		d.end = nil
 	}
 }
 

@@ -1,0 +1,47 @@
+package systemd
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A bus that accepts the connection and never answers (a hung
+// dbus-daemon): the call gives up when its context is done, and the
+// half-made connection is closed (the server sees it go).
+func TestDialGivesUpWithTheCallsContext(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "bus")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	bus := NewDBusAt(sock)
+	defer bus.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = bus.Unit(ctx, "kubelet.service")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Unit on a bus that never answers: %v, want the call's deadline", err)
+	}
+	c := <-accepted
+	defer c.Close()
+	// The client's end is closed: reading on the server's end ends (EOF)
+	// instead of waiting (the test's own timeout would end a hang).
+	buf := make([]byte, 256)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			break
+		}
+	}
+}
