@@ -42,7 +42,7 @@ var (
 
 // apiServer starts the package's kube-apiserver + etcd once (building them
 // on first use; a fresh machine pays ~4 minutes once).
-func apiServer(t *testing.T) *harness.APIServer {
+func apiServer(t testing.TB) *harness.APIServer {
 	t.Helper()
 	apiOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "autopilot-health-apiserver-")
@@ -79,7 +79,7 @@ func TestMain(m *testing.M) {
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // registerNode creates a Node as the kubelet would, with kubelet's Ready.
-func registerNode(t *testing.T, s *harness.APIServer, name string) {
+func registerNode(t testing.TB, s *harness.APIServer, name string) {
 	t.Helper()
 	ctx := context.Background()
 	_, err := s.Admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})

@@ -87,37 +87,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 	s, usr := shippedUnitSystemd(t, "autopilot-health-reload-"+tok+"-", nil, false)
 	ctx := context.Background()
 
-	// The node's credentials, inside the namespace.
-	etc := s.Root("/etc/autopilot-health")
-	if err := os.MkdirAll(etc, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := api.WriteClientCert(filepath.Join(etc, "client.pem"), "system:node:"+node, []string{"system:nodes"}, time.Now().Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	ca, err := os.ReadFile(filepath.Join(api.Dir, "pki", "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(etc, "ca.crt"), ca, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: %q, certificate-authority: /etc/autopilot-health/ca.crt}
-users:
-- name: node
-  user: {client-certificate: /etc/autopilot-health/client.pem, client-key: /etc/autopilot-health/client.pem}
-contexts:
-- name: test
-  context: {cluster: test, user: node}
-current-context: test
-`, api.URL)
-	if err := os.WriteFile(filepath.Join(etc, "kubeconfig"), []byte(kc), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	etc := installNodeKubeconfig(t, s, api, node)
 	var checksOff strings.Builder
 	for _, name := range config.Default().Checks.Names() {
 		if name != "DiskUsageHigh" {
@@ -504,4 +474,43 @@ func metricOf(t *testing.T, port int, series string) (float64, string) {
 		}
 	}
 	return -1, series + " not exposed"
+}
+
+// installNodeKubeconfig writes the node's credentials (a client
+// certificate of system:node:<node>) and a kubeconfig for the API server
+// to /etc/autopilot-health/kubeconfig inside s's namespace, and returns
+// that directory on the host.
+func installNodeKubeconfig(t testing.TB, s *harness.Systemd, api *harness.APIServer, node string) string {
+	t.Helper()
+	etc := s.Root("/etc/autopilot-health")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.WriteClientCert(filepath.Join(etc, "client.pem"), "system:node:"+node, []string{"system:nodes"}, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := os.ReadFile(filepath.Join(api.Dir, "pki", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(etc, "ca.crt"), ca, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: %q, certificate-authority: /etc/autopilot-health/ca.crt}
+users:
+- name: node
+  user: {client-certificate: /etc/autopilot-health/client.pem, client-key: /etc/autopilot-health/client.pem}
+contexts:
+- name: test
+  context: {cluster: test, user: node}
+current-context: test
+`, api.URL)
+	if err := os.WriteFile(filepath.Join(etc, "kubeconfig"), []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return etc
 }
