@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -95,7 +96,10 @@ type Runner struct {
 	entries []*entry
 	// ctx is Run's context (nil before Run); stopped is set once it is done
 	// and Run waits for the loops (wg): no loop starts after that.
-	ctx       context.Context
+	ctx context.Context
+	// grid: every check runs on its interval's points of it (nextRun);
+	// Options.Grid, else anchored when Run starts.
+	grid      tick.Grid
 	stopped   bool
 	wg        sync.WaitGroup
 	firstPass func()
@@ -116,6 +120,9 @@ type Options struct {
 	External []string
 	// Factories, if set, replace the registered checks (tests).
 	Factories map[string]Factory
+	// Grid lines the checks' runs up with the daemon's other periodic
+	// wake-ups; zero: a grid anchored when Run starts.
+	Grid tick.Grid
 	// Progress, if set, is called whenever a check's loop completes a run,
 	// with the longest silence expected before the next call.
 	Progress func(loop string, maxSilence time.Duration)
@@ -125,7 +132,7 @@ type Options struct {
 // whose interval or timeout is not positive is an error (config validation
 // refuses such a file; this guards configurations built in code).
 func NewRunner(env *Env, opts Options) (*Runner, error) {
-	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress,
+	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress, grid: opts.Grid,
 		factories: registry, only: opts.Only, external: opts.External}
 	if opts.Factories != nil {
 		r.factories = opts.Factories
@@ -232,6 +239,9 @@ func (r *Runner) RunOnce(ctx context.Context) []report.Condition {
 func (r *Runner) Run(ctx context.Context, firstPass func()) {
 	r.mu.Lock()
 	r.ctx, r.stopped, r.firstPass = ctx, false, firstPass
+	if r.grid.Anchor().IsZero() {
+		r.grid = tick.New(time.Now())
+	}
 	r.pending = map[*entry]bool{}
 	for _, e := range r.entries {
 		r.pending[e] = true
@@ -263,7 +273,7 @@ func (r *Runner) startLocked(es []*entry) {
 		r.wg.Go(func() {
 			defer close(e.done)
 			var wg sync.WaitGroup
-			wg.Go(func() { r.loop(ctx, e, offset, func() { r.ranOnce(e) }) })
+			wg.Go(func() { r.loop(ctx, e, r.grid, offset, func() { r.ranOnce(e) }) })
 			if w, ok := e.check.(Watcher); ok {
 				wg.Go(func() { w.Watch(ctx, e.poke) })
 			}
@@ -417,7 +427,7 @@ func (r *Runner) Wake(cond string) bool {
 	return false
 }
 
-func (r *Runner) loop(ctx context.Context, e *entry, offset time.Duration, first func()) {
+func (r *Runner) loop(ctx context.Context, e *entry, grid tick.Grid, offset time.Duration, first func()) {
 	t := time.NewTimer(offset)
 	defer t.Stop()
 	var start time.Time
@@ -448,8 +458,25 @@ func (r *Runner) loop(ctx context.Context, e *entry, offset time.Duration, first
 		if n == 0 {
 			first()
 		}
-		t.Reset(max(0, e.interval-time.Since(start)))
+		t.Reset(max(0, time.Until(nextRun(grid, start, e.interval))))
 	}
+}
+
+// nextRun is when a check whose run started at start runs next: the first
+// point after start of its interval's grid (tick.Grid), shared by all the
+// checks and the daemon's other periodic loops, so those whose runs fall
+// due together run in one wake-up of the daemon: on a healthy node the
+// 10 s, 30 s and 1 min checks wake it six times a minute, not each at a time
+// of its own. The first run, somewhere in the first-run spread, and a run a
+// notification asked for (Watcher) are off the grid; the check then rejoins
+// it, never more than an interval later, and not sooner than minWakeGap
+// after such a run (then at the point after).
+func nextRun(grid tick.Grid, start time.Time, interval time.Duration) time.Time {
+	next := grid.Next(start, interval)
+	if interval > minWakeGap && next.Sub(start) < minWakeGap {
+		next = next.Add(interval)
+	}
+	return next
 }
 
 type outcome struct {

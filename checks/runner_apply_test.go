@@ -83,11 +83,12 @@ func TestApplyKeepsUnchangedTimers(t *testing.T) {
 			"DiskUsageHigh": {0, 2 * time.Minute},
 			// Disabled at 10s: never again.
 			"NodeInfoStale": {1 * s},
-			// Enabled at 10s: the first of the two started, at once.
-			"ClockNotSynchronized": {10 * s, 70 * s, 130 * s},
-			// Changed at 10s: restarted half the spread later, every 20s.
-			"CNIUnhealthy": {2 * s, 11500 * time.Millisecond, 31500 * time.Millisecond, 51500 * time.Millisecond, 71500 * time.Millisecond,
-				91500 * time.Millisecond, 111500 * time.Millisecond, 131500 * time.Millisecond},
+			// Enabled at 10s: the first of the two started, at once, then
+			// on the grid of its interval from the runner's start.
+			"ClockNotSynchronized": {10 * s, 60 * s, 120 * s},
+			// Changed at 10s: restarted half the spread later, then every
+			// 20s on the grid.
+			"CNIUnhealthy": {2 * s, 11500 * time.Millisecond, 20 * s, 40 * s, 60 * s, 80 * s, 100 * s, 120 * s, 140 * s},
 		}
 		for name, w := range wantRuns {
 			if got := runsOf(&runs, name); !slices.Equal(got, w) {
@@ -171,10 +172,10 @@ func TestApplyThatFailsChangesNothing(t *testing.T) {
 		time.Sleep(60 * time.Second)
 		cancel()
 		<-done
-		if got := runsOf(&runs, "CNIUnhealthy"); !slices.Equal(got, []time.Duration{2 * time.Second, 32 * time.Second, 62 * time.Second}) {
+		if got := runsOf(&runs, "CNIUnhealthy"); !slices.Equal(got, []time.Duration{2 * time.Second, 30 * time.Second, time.Minute}) {
 			t.Errorf("CNIUnhealthy ran at %v, want its old 30s schedule", got)
 		}
-		if got := runsOf(&runs, "NodeInfoStale"); !slices.Equal(got, []time.Duration{time.Second, 61 * time.Second}) {
+		if got := runsOf(&runs, "NodeInfoStale"); !slices.Equal(got, []time.Duration{time.Second, time.Minute}) {
 			t.Errorf("NodeInfoStale ran at %v, want it still running", got)
 		}
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -55,7 +56,9 @@ func recordingFactories(start time.Time, runs *sync.Map) map[string]Factory {
 	return f
 }
 
-func TestRunnerStaggersFirstRunsThenKeepsIntervals(t *testing.T) {
+// The first runs are spread; then every check runs on its interval's grid
+// from the runner's start, so checks due together run together.
+func TestRunnerStaggersFirstRunsThenRunsOnAGrid(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		env := testEnv(t, nil)
 		start := time.Now()
@@ -77,12 +80,12 @@ func TestRunnerStaggersFirstRunsThenKeepsIntervals(t *testing.T) {
 		<-done
 
 		// Catalog order: DiskUsageHigh, NodeInfoStale, ClockNotSynchronized, CNIUnhealthy;
-		// offsets spread evenly over 4s.
+		// first runs spread evenly over 4s, then on the grid.
 		want := map[string][]time.Duration{
 			"DiskUsageHigh":        {0, 2 * time.Minute},
-			"NodeInfoStale":        {1 * time.Second, 61 * time.Second},
-			"ClockNotSynchronized": {2 * time.Second, 62 * time.Second},
-			"CNIUnhealthy":         {3 * time.Second, 33 * time.Second, 63 * time.Second, 93 * time.Second},
+			"NodeInfoStale":        {1 * time.Second, time.Minute, 2 * time.Minute},
+			"ClockNotSynchronized": {2 * time.Second, time.Minute, 2 * time.Minute},
+			"CNIUnhealthy":         {3 * time.Second, 30 * time.Second, time.Minute, 90 * time.Second, 2 * time.Minute},
 		}
 		for name, w := range want {
 			v, ok := runs.Load(name)
@@ -427,4 +430,30 @@ func TestRunnerWakesAWatcher(t *testing.T) {
 			t.Errorf("runs at %v, want %v (interval 1m)", runs, want)
 		}
 	})
+}
+
+func TestNextRun(t *testing.T) {
+	anchor := time.Now()
+	at := func(d time.Duration) time.Time { return anchor.Add(d) }
+	for _, tc := range []struct {
+		start, interval, want time.Duration
+	}{
+		{0, 10 * time.Second, 10 * time.Second},
+		{3 * time.Second, 10 * time.Second, 10 * time.Second},                   // a first run in the spread
+		{10*time.Second + time.Millisecond, 10 * time.Second, 20 * time.Second}, // a timer a little late
+		{19 * time.Second, 10 * time.Second, 20 * time.Second},                  // a woken run, 1 s before the grid
+		{19500 * time.Millisecond, 10 * time.Second, 30 * time.Second},          // 0.5 s before: the point after
+		{45 * time.Second, 30 * time.Second, time.Minute},
+		{7 * time.Second, 2 * time.Second, 8 * time.Second},
+		{7900 * time.Millisecond, time.Second, 8 * time.Second}, // interval not over the gap
+		{-time.Second, 10 * time.Second, 0},
+	} {
+		grid := tick.New(anchor)
+		if got := nextRun(grid, at(tc.start), tc.interval).Sub(anchor); got != tc.want {
+			t.Errorf("start %s, interval %s: next at %s, want %s", tc.start, tc.interval, got, tc.want)
+		}
+		if gap := nextRun(grid, at(tc.start), tc.interval).Sub(at(tc.start)); gap > tc.interval+minWakeGap || gap <= 0 {
+			t.Errorf("start %s, interval %s: next after %s", tc.start, tc.interval, gap)
+		}
+	}
 }

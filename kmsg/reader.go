@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/backoff"
+	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // BufSize is the read buffer: the kernel returns one record per read() and
@@ -45,6 +46,11 @@ type Reader struct {
 	// liveness adds the same slack to every loop.
 	Progress    func(loop string, maxSilence time.Duration)
 	ReadTimeout time.Duration
+	// Grid lines the read timeout up with the daemon's other periodic
+	// wake-ups: a read that waits for a record ends at the next point of
+	// ReadTimeout's grid (at most ReadTimeout). Zero: ReadTimeout from the
+	// read's start.
+	Grid tick.Grid
 	// Open opens the device (default: os.OpenFile read-only); tests replace it.
 	Open func(path string) (Device, error)
 	// Backoff bounds the wait before a reopen after an open or read error
@@ -194,7 +200,9 @@ func (rd *Reader) Run(ctx context.Context) {
 			continue
 		}
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
-		var beat, deadlineAt time.Time
+		// deadlineSet: when the read deadline was last set; deadlineAt: the
+		// deadline on the grid.
+		var beat, deadlineSet, deadlineAt time.Time
 		var deadlineWait time.Duration
 		now := time.Now()
 		var readErr error
@@ -209,12 +217,20 @@ func (rd *Reader) Run(ctx context.Context) {
 			if !caughtUp {
 				wait = min(wait, catchUpWait)
 			}
-			// The deadline is set anew when the wait changes or an eighth
-			// of it has passed, not for every record of a flood: a read
-			// waits between 7/8 of the wait and the whole of it.
-			if wait != deadlineWait || now.Sub(deadlineAt) >= wait/8 {
+			// The deadline is set anew when the wait changes, not for every
+			// record of a flood. Until the backlog is read, it is moved
+			// once an eighth of the wait has passed (a read waits between
+			// 7/8 of the wait and the whole of it: no record for that long
+			// is the end). Then it is the next point of the wait's grid,
+			// set again once passed, so the read timeout wakes the daemon
+			// together with its other periodic work.
+			switch {
+			case !caughtUp && (wait != deadlineWait || now.Sub(deadlineSet) >= wait/8):
+				deadlineSet, deadlineWait = now, wait
 				f.SetReadDeadline(now.Add(wait))
-				deadlineAt, deadlineWait = now, wait
+			case caughtUp && (wait != deadlineWait || !now.Before(deadlineAt)):
+				deadlineAt, deadlineWait = rd.Grid.Next(now, wait), wait
+				f.SetReadDeadline(deadlineAt)
 			}
 			n, err := f.Read(buf)
 			now = time.Now()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -45,6 +47,7 @@ type fakeDevice struct {
 	readErr   error
 	deadline  time.Time
 	deadlines int         // SetReadDeadline calls
+	set       []time.Time // the deadlines set
 	onRead    func(i int) // called before record i is returned
 }
 
@@ -82,6 +85,7 @@ func (d *fakeDevice) SetReadDeadline(t time.Time) error {
 	defer d.mu.Unlock()
 	d.deadline = t
 	d.deadlines++
+	d.set = append(d.set, t)
 	return nil
 }
 func (d *fakeDevice) Close() error { return nil }
@@ -123,6 +127,40 @@ func TestReaderSetsTheDeadlineOncePerBurst(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the records were not read")
 	}
+}
+
+// Once the backlog is read, a read that waits for a record ends at the
+// next point of the read timeout's grid, so the reader's periodic wake-up
+// falls together with the daemon's others (tick.Grid); before, 10 s from
+// whenever it last set one.
+func TestReaderWaitsOnTheGrid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		grid := tick.New(start.Add(-3 * time.Second)) // points at 7 s, 17 s, ... from start
+		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary chatter\n")}}
+		store := report.NewStore("b")
+		mon := NewMonitor(opts(t, store))
+		mon.Start(time.Now(), time.Now())
+		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+			ReadTimeout: 10 * time.Second, Grid: grid, Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		time.Sleep(30 * time.Second)
+		var got []time.Duration
+		dev.mu.Lock()
+		for _, d := range dev.set {
+			got = append(got, d.Sub(start))
+		}
+		dev.mu.Unlock()
+		cancel()
+		<-done
+		// The catch-up wait (250 ms from the start), then the grid.
+		want := []time.Duration{catchUpWait, 7 * time.Second, 17 * time.Second, 27 * time.Second, 37 * time.Second}
+		if !slices.Equal(got, want) {
+			t.Errorf("read deadlines at %v after the start, want %v", got, want)
+		}
+	})
 }
 
 // countingLog counts the records logged at each level.

@@ -9,6 +9,7 @@ import (
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
@@ -63,6 +64,9 @@ type Parts struct {
 	// Live tracks the progress of the daemon's loops (ForRun only; it
 	// already expects each check's loop).
 	Live *Liveness
+	// Grid lines up the daemon's periodic wake-ups (tick), anchored when
+	// the parts are assembled.
+	Grid tick.Grid
 
 	only []string
 }
@@ -72,7 +76,7 @@ type Parts struct {
 // store, the metrics, the kernel log monitor and the runner of the checks.
 // Any error is a reason not to start.
 func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, error) {
-	p := &Parts{Config: cfg, Env: o.Env, only: o.Only}
+	p := &Parts{Config: cfg, Env: o.Env, only: o.Only, Grid: tick.New(time.Now())}
 	bootID := o.BootID
 	switch {
 	case o.Purpose == ForReplay:
@@ -216,7 +220,7 @@ func (p *Parts) initMetrics(env, prev *checks.Env) {
 // (the daemon builds a new one when the node's role or GPU changes), and
 // tells the liveness, if any, which loops to expect.
 func (p *Parts) newRunner(env *checks.Env) (*checks.Runner, error) {
-	o := checks.Options{Store: p.Store, Metrics: p.Metrics, Details: p.Details, Only: p.only, External: p.External()}
+	o := checks.Options{Store: p.Store, Metrics: p.Metrics, Details: p.Details, Only: p.only, External: p.External(), Grid: p.Grid}
 	if p.Live != nil {
 		o.Progress = p.Live.Beat
 	}

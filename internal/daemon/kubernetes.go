@@ -61,7 +61,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	if d.kube != nil {
 		d.setKubeState("reporting", "as node "+d.currentEnv().NodeName)
 	}
-	r := kube.New(kube.Options{
+	r := kube.New(kube.Options{Grid: d.grid(),
 		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role },
 		Evaluated: func(t string) bool { return slices.Contains(d.parts.applicable(d.currentEnv()), t) },
 		Store:     d.store, Details: d.details,

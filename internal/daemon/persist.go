@@ -20,7 +20,7 @@ func (d *Daemon) persist(ctx context.Context) {
 	const loop = "state"
 	d.live.Expect(loop, persistEvery)
 	defer d.live.Forget(loop)
-	t := time.NewTicker(persistEvery)
+	t := d.grid().NewTicker(persistEvery)
 	defer t.Stop()
 	bo := backoff.Backoff{Min: time.Second, Max: persistEvery}
 	var retry <-chan time.Time

@@ -33,7 +33,7 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 	const loop = "detect"
 	d.live.Expect(loop, interval)
 	defer d.live.Forget(loop)
-	t := time.NewTicker(interval)
+	t := d.grid().NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {

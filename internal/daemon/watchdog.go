@@ -4,6 +4,8 @@ import (
 	"context"
 	"regexp"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/tick"
 )
 
 var digits = regexp.MustCompile(`[0-9.]+`)
@@ -15,7 +17,7 @@ func (d *Daemon) watchdog(ctx context.Context, interval time.Duration) {
 	if period <= 0 {
 		period = 15 * time.Second // no systemd watchdog: still refresh the health gauge
 	}
-	t := time.NewTicker(period)
+	t := d.grid().NewTicker(period)
 	defer t.Stop()
 	var lastErr string
 	for {
@@ -38,4 +40,13 @@ func (d *Daemon) watchdog(ctx context.Context, interval time.Duration) {
 			d.notify.Watchdog()
 		}
 	}
+}
+
+// grid lines up the daemon's periodic wake-ups (tick.Grid); the zero Grid
+// (lines nothing up) for a daemon built without its parts (tests).
+func (d *Daemon) grid() tick.Grid {
+	if d.parts == nil {
+		return tick.Grid{}
+	}
+	return d.parts.Grid
 }

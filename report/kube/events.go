@@ -54,8 +54,13 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 		// Asleep until the next write is due (a retry, a count to patch),
 		// or a minute when none is: an idle daemon does not wake this loop
 		// every second.
-		wait := nextFlush(aggs, time.Now(), r.o.EventCountFlush)
+		now := time.Now()
+		wait := nextFlush(aggs, now, r.o.EventCountFlush)
 		r.progress(loop, wait)
+		if wait == eventsIdleBeat {
+			// Nothing due: the beat on the grid (never later).
+			wait = r.o.Grid.Until(now, eventsIdleBeat)
+		}
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():

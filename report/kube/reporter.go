@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/syself/autopilot-health/internal/backoff"
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
@@ -22,7 +23,11 @@ import (
 type Options struct {
 	Client   Client
 	NodeName string
-	Role     report.Role
+	// Grid lines the periodic writes (the report annotations) and the
+	// event writer's idle beat up with the daemon's other periodic
+	// wake-ups; zero: each from its own last write.
+	Grid tick.Grid
+	Role report.Role
 	// RoleOf, if set, returns the node's role now (it can change while the
 	// daemon runs); else Role is used.
 	RoleOf func() report.Role
@@ -118,6 +123,9 @@ type Reporter struct {
 	// failing counts the writers whose last call failed; probeLoop dials
 	// only while it is not 0.
 	failing atomic.Int32
+	// failingNow gets a token when failing leaves 0: probeLoop sleeps on
+	// it while no writer fails (no timer wakes an idle daemon).
+	failingNow chan struct{}
 	// backMu guards back, a channel closed (and replaced) when Dial
 	// succeeds after failing.
 	backMu sync.Mutex
@@ -140,7 +148,7 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), back: make(chan struct{})}
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), back: make(chan struct{}), failingNow: make(chan struct{}, 1)}
 	r.m.SetReporting(true)
 	return r
 }
@@ -197,17 +205,28 @@ const probeInterval = time.Second
 // failing, and tells the writers when it answers again after refusing (or
 // not answering): see Options.Dial.
 func (r *Reporter) probeLoop(ctx context.Context) {
-	t := time.NewTicker(probeInterval)
+	t := time.NewTimer(probeInterval)
 	defer t.Stop()
 	down := false
 	for {
+		if r.failing.Load() == 0 {
+			// Nothing fails: sleep until a writer does.
+			down = false
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.failingNow:
+			}
+			t.Reset(probeInterval)
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		t.Reset(probeInterval)
 		if r.failing.Load() == 0 {
-			down = false
 			continue
 		}
 		dctx, cancel := context.WithTimeout(ctx, probeInterval)
@@ -252,17 +271,22 @@ type errorLog struct {
 	what     string
 	last     string
 	failures int
-	// failing, if set, counts the loops that are failing (Reporter.failing).
-	failing *atomic.Int32
+	// failing, if set, counts the loops that are failing (Reporter.failing);
+	// failingNow gets a token when it leaves 0.
+	failing    *atomic.Int32
+	failingNow chan struct{}
 }
 
 func (r *Reporter) newErrorLog(what string) *errorLog {
-	return &errorLog{log: r.o.Log, what: what, failing: &r.failing}
+	return &errorLog{log: r.o.Log, what: what, failing: &r.failing, failingNow: r.failingNow}
 }
 
 func (l *errorLog) fail(err error, retryIn time.Duration) {
-	if l.failures == 0 && l.failing != nil {
-		l.failing.Add(1)
+	if l.failures == 0 && l.failing != nil && l.failing.Add(1) == 1 && l.failingNow != nil {
+		select {
+		case l.failingNow <- struct{}{}:
+		default:
+		}
 	}
 	l.failures++
 	msg := err.Error()
@@ -530,7 +554,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		}
 		el.ok()
 		bo.Reset()
-		wait, failed = r.o.ReportInterval, false
+		wait, failed = r.o.Grid.Until(time.Now(), r.o.ReportInterval), false
 	}
 }
 
