@@ -19,17 +19,19 @@ type containerdCheck struct {
 	socket      string
 	unit        string
 	cooldown    time.Duration
+	cri         *criClient
 }
 
 func newContainerdCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.ContainerRuntimeUnhealthy
-	return &containerdCheck{env: env, callTimeout: probeTimeout(c.Timeout.Duration), socket: env.Path(c.Socket), unit: c.Unit, cooldown: c.RestartCooldown.Duration}, nil
+	return &containerdCheck{env: env, callTimeout: probeTimeout(c.Timeout.Duration), socket: env.Path(c.Socket), unit: c.Unit, cooldown: c.RestartCooldown.Duration,
+		cri: newCRIClient(env.Path(c.Socket))}, nil
 }
 
 func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
-	if err := criStatus(callCtx, c.socket); err != nil {
+	if err := c.cri.status(callCtx); err != nil {
 		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonCRIProbeFailed, err), nil
 	}
 	if c.env.Repair != nil {

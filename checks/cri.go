@@ -9,10 +9,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -72,38 +74,110 @@ type criCondition struct {
 	Message string
 }
 
+// criClient makes the CRI call over a connection it keeps between probes
+// (HTTP/2, as kubelet's own gRPC client keeps one): a new connection for
+// every probe cost a connect, the HTTP/2 preface and settings, and the
+// transport's goroutines each time. The kept connection is used only while
+// the socket it was made on is still at the path (a runtime that removed
+// or replaced its socket is probed as a new client would find it), and a
+// call whose kept connection fails before an answer (the runtime restarted
+// since the last probe) is made once more on a new connection, so a
+// restart is never taken for an outage.
+type criClient struct {
+	socket string
+	tr     *http.Transport
+	// dialed is the socket file the kept connection was made on.
+	mu     sync.Mutex
+	dialed os.FileInfo
+	// retried counts the calls made again on a new connection (tests).
+	retried int
+}
+
+// criIdle is how long a kept connection may stay unused (a probe every
+// 10 s uses it long before).
+const criIdle = 90 * time.Second
+
+func newCRIClient(socket string) *criClient {
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	c := &criClient{socket: socket}
+	c.tr = &http.Transport{
+		Protocols: &protocols,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "unix", socket)
+			if err == nil {
+				fi, _ := os.Stat(socket)
+				c.mu.Lock()
+				c.dialed = fi
+				c.mu.Unlock()
+			}
+			return conn, err
+		},
+		DisableCompression: true,
+		IdleConnTimeout:    criIdle,
+	}
+	return c
+}
+
+// sameSocket drops the kept connection when the socket at the path is not
+// the one it was made on (removed, or made anew by a restarted runtime).
+func (c *criClient) sameSocket() {
+	fi, err := os.Stat(c.socket)
+	c.mu.Lock()
+	same := err == nil && c.dialed != nil && os.SameFile(fi, c.dialed)
+	c.mu.Unlock()
+	if !same {
+		c.tr.CloseIdleConnections()
+	}
+}
+
+// close closes the kept connection.
+func (c *criClient) close() { c.tr.CloseIdleConnections() }
+
+// criStatus is one probe on a connection of its own (the one-shot check).
 func criStatus(ctx context.Context, socket string) error {
-	conds, err := criCall(ctx, socket)
+	c := newCRIClient(socket)
+	defer c.close()
+	return c.status(ctx)
+}
+
+func (c *criClient) status(ctx context.Context) error {
+	conds, err := c.call(ctx)
 	if err != nil {
-		return fmt.Errorf("CRI RuntimeService/Status on %s: %w", socket, err)
+		return fmt.Errorf("CRI RuntimeService/Status on %s: %w", c.socket, err)
 	}
 	for _, cond := range conds {
 		if cond.Type == criRuntimeReady && !cond.Status {
-			return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", socket, cond.Reason, cond.Message)
+			return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", c.socket, cond.Reason, cond.Message)
 		}
 	}
 	return nil
 }
 
-// criCall makes the call on a connection of its own (as the grpc-go client
-// did, one per probe) and returns the runtime's conditions.
-func criCall(ctx context.Context, socket string) ([]criCondition, error) {
-	var protocols http.Protocols
-	protocols.SetUnencryptedHTTP2(true)
-	tr := &http.Transport{
-		Protocols: &protocols,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-		DisableCompression: true,
+// call makes the call and returns the runtime's conditions: once more on a
+// new connection when a kept one failed without an answer.
+func (c *criClient) call(ctx context.Context) ([]criCondition, error) {
+	c.sameSocket()
+	conds, stale, err := c.callOnce(ctx)
+	if stale && ctx.Err() == nil {
+		c.retried++
+		c.tr.CloseIdleConnections()
+		conds, _, err = c.callOnce(ctx)
 	}
-	defer tr.CloseIdleConnections()
+	return conds, err
+}
+
+// callOnce makes the call; stale says it failed without an answer on a
+// connection kept from an earlier call.
+func (c *criClient) callOnce(ctx context.Context) (conds []criCondition, stale bool, err error) {
+	var reused bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
 	// The request message (StatusRequest{verbose: false}) is empty: the
 	// frame is its 5-byte prefix alone.
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+criStatusPath, bytes.NewReader(make([]byte, 5)))
 	if err != nil {
-		return nil, &rpcError{codeInternal, err.Error()}
+		return nil, false, &rpcError{codeInternal, err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/grpc")
 	req.Header.Set("Te", "trailers")
@@ -111,16 +185,17 @@ func criCall(ctx context.Context, socket string) ([]criCondition, error) {
 		// The server gives up when we do (kubelet's client sends it too).
 		req.Header.Set("Grpc-Timeout", strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10)+"m")
 	}
-	resp, err := tr.RoundTrip(req)
+	resp, err := c.tr.RoundTrip(req)
 	if err != nil {
-		return nil, transportError(ctx, err)
+		return nil, reused, transportError(ctx, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, criMaxResponse+1))
 	if err != nil {
-		return nil, transportError(ctx, err)
+		return nil, reused, transportError(ctx, err)
 	}
-	return parseCRIStatus(resp.StatusCode, resp.Header, resp.Trailer, body)
+	conds, err = parseCRIStatus(resp.StatusCode, resp.Header, resp.Trailer, body)
+	return conds, false, err
 }
 
 // transportError maps a failed exchange to the code grpc-go gives it.

@@ -1,0 +1,168 @@
+package checks
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/syself/autopilot-health/internal/config"
+)
+
+// restartListener counts the connections it accepts; after restart(),
+// those accepted so far are closed by the server as soon as the client
+// sends on them, without an answer: what a kept connection to a service
+// that restarted looks like to a client that has not yet seen it close.
+type restartListener struct {
+	net.Listener
+	accepted atomic.Int32
+	mu       sync.Mutex
+	conns    []*restartConn
+}
+
+type restartConn struct {
+	net.Conn
+	gone atomic.Bool
+}
+
+func (c *restartConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.gone.Load() {
+		c.Conn.Close()
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+func (l *restartListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.accepted.Add(1)
+	rc := &restartConn{Conn: c}
+	l.mu.Lock()
+	l.conns = append(l.conns, rc)
+	l.mu.Unlock()
+	return rc, nil
+}
+
+func (l *restartListener) restart() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		c.gone.Store(true)
+	}
+}
+
+// The CRI probe keeps its connection between probes (one connection for
+// three probes), and a connection the runtime dropped by restarting is not
+// an outage: the call is made once more on a new connection.
+func TestCRIProbeKeepsItsConnection(t *testing.T) {
+	sock := t.TempDir() + "/cri.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &restartListener{Listener: ln}
+	s := grpc.NewServer()
+	ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+	runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
+		return conditions(ready), nil
+	}})
+	go s.Serve(rl)
+	defer s.Stop()
+	c := newCRIClient(sock)
+	defer c.close()
+	probe := func(what string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.status(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	for range 3 {
+		probe("healthy")
+	}
+	if n := rl.accepted.Load(); n != 1 {
+		t.Errorf("%d connections for 3 probes, want 1 kept", n)
+	}
+	rl.restart()
+	probe("after the runtime restarted")
+	if n := rl.accepted.Load(); n != 2 || c.retried != 1 {
+		t.Errorf("after the restart: %d connections, %d calls made again; want 2 and 1", n, c.retried)
+	}
+	probe("on the new connection")
+	if n := rl.accepted.Load(); n != 2 || c.retried != 1 {
+		t.Errorf("then: %d connections, %d calls made again; want 2 and 1", n, c.retried)
+	}
+	// The socket removed while the runtime runs on: the probe fails as a
+	// new client would (kubelet restarted now could not connect), though
+	// the kept connection still works.
+	if err := os.Rename(sock, sock+".away"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.status(ctx); err == nil || !strings.Contains(err.Error(), "no such file or directory") {
+		t.Errorf("socket removed: %v, want the dial's error", err)
+	}
+	if err := os.Rename(sock+".away", sock); err != nil {
+		t.Fatal(err)
+	}
+	probe("socket back")
+	probe("socket back, again")
+	if n := rl.accepted.Load(); n != 3 {
+		t.Errorf("socket back: %d connections, want 3 (one new, kept)", n)
+	}
+}
+
+// The kubelet probe keeps its connection too, and kubelet's restart
+// between two probes is not an outage (net/http makes the GET again on a
+// new connection).
+func TestKubeletProbeKeepsItsConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &restartListener{Listener: ln}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })}
+	go srv.Serve(rl)
+	defer srv.Close()
+	env := testEnv(t, func(c *config.Config) {
+		c.Checks.KubeletUnhealthy.HealthzURL = "http://" + ln.Addr().String() + "/healthz"
+	})
+	ch, err := newKubeletCheck(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := ch.(*kubeletCheck)
+	probe := func(what string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := k.probe(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	for range 3 {
+		probe("healthy")
+	}
+	if n := rl.accepted.Load(); n != 1 {
+		t.Errorf("%d connections for 3 probes, want 1 kept", n)
+	}
+	rl.restart()
+	probe("after kubelet restarted")
+	if n := rl.accepted.Load(); n != 2 {
+		t.Errorf("after the restart: %d connections, want 2", n)
+	}
+}
