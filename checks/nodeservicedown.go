@@ -36,13 +36,12 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 		return Result{}, errNoSystemd
 	}
 	var down []string
-	var states []systemd.Unit
-	for _, name := range c.units {
-		u, err := c.env.Systemd.Unit(ctx, name)
-		if err != nil {
-			return Result{}, err
-		}
-		states = append(states, u)
+	states, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
+	if err != nil {
+		return Result{}, err
+	}
+	for _, u := range states {
+		name := u.Name
 		switch {
 		case u.LoadState == "not-found":
 			down = append(down, name+" is not installed")

@@ -61,11 +61,12 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 	// fails half-way (a later unit unreadable) must not forget the restarts
 	// it saw.
 	marks := map[string]uint64{}
-	for _, name := range c.units {
-		u, err := c.env.Systemd.Unit(ctx, name)
-		if err != nil {
-			return Result{}, err
-		}
+	units, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
+	if err != nil {
+		return Result{}, err
+	}
+	for _, u := range units {
+		name := u.Name
 		c.watch.Observe(u)
 		if u.LoadState == "not-found" {
 			notes = append(notes, name+" is not installed")

@@ -13,9 +13,9 @@ import (
 )
 
 // BenchmarkUnitRead is the daemon's cost of reading one unit over D-Bus
-// (systemd.DBus.Unit: what NodeServiceDown, ServiceNotRecovering and the
-// repairer read) from a real systemd 252: time, bytes and allocations on
-// the client's side, per read of a loaded service.
+// (systemd.DBus.Unit: what the repairer reads) from a real systemd 252:
+// time, bytes and allocations on the client's side, per read of a loaded
+// service.
 //
 //	go test -tags integration ./tests -run '^$' -bench UnitRead -benchmem
 func BenchmarkUnitRead(b *testing.B) {
@@ -44,6 +44,33 @@ func BenchmarkUnitRead(b *testing.B) {
 	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
 	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
 	b.ReportMetric(float64(procCPUOf(b, pid1)-sys0)/1e3/float64(b.N), "systemd-cpu-us/op")
+}
+
+// BenchmarkUnitsRead is the same for three services read at once
+// (systemd.DBus.Units: what ServiceNotRecovering reads on a worker).
+//
+//	go test -tags integration ./tests -run '^$' -bench UnitsRead -benchmem
+func BenchmarkUnitsRead(b *testing.B) {
+	s := realSystemd(b)
+	bus := systemd.NewDBusAt(s.BusSocket())
+	defer bus.Close()
+	ctx := context.Background()
+	names := []string{"syself-tunnel-agent.service", "kubelet.service", "containerd.service"}
+	if us, err := bus.Units(ctx, names...); err != nil || len(us) != 3 || us[2].ActiveState == "" {
+		b.Fatalf("units %+v: %v", us, err)
+	}
+	idle0, idleAt := rusageCPU(), time.Now()
+	time.Sleep(time.Second) // the calibration's own pace: nothing to await
+	idlePerNs := float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
+	b.ReportAllocs()
+	cpu0, at := rusageCPU(), time.Now()
+	for b.Loop() {
+		if _, err := bus.Units(ctx, names...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
+	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
 }
 
 // rusageCPU is this process's CPU time (user+system), in ns.

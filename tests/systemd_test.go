@@ -4,6 +4,7 @@ package tests
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	sd "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
@@ -329,6 +333,93 @@ func TestDBusConnectionOutlivesTheCall(t *testing.T) {
 	if bus.Reconnects != 0 {
 		t.Errorf("%d new connections for 5 reads, each with a context of its own: want the first one kept", bus.Reconnects)
 	}
+}
+
+// Units reads the states with ListUnitsByNames and only the properties the
+// checks use, with Properties.Get: the same values as a read of the whole
+// unit (GetAll of its Unit and Service interfaces, what Unit did before), for
+// an active service, a failed one, one that is stopped, a unit that is not a
+// service and one that does not exist; read one by one and all at once.
+func TestUnitsMatchAFullRead(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	s.StartUnit(ctx, "broken.service") // exits 1: failed (the job's error is expected)
+	waitUnit(t, s, "broken.service", "broken failed", func(u systemd.Unit) bool { return u.ActiveState == "failed" })
+	if err := s.StopUnit(ctx, "syself-proxy.service"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StartUnit(ctx, "syself-proxy.service")
+	names := []string{"kubelet.service", "broken.service", "syself-proxy.service", "dbus.socket", "absent-unit.service"}
+	bus := systemd.NewDBusAt(s.BusSocket())
+	defer bus.Close()
+	full, err := sd.NewConnection(func() (*godbus.Conn, error) { return systemd.DialBus(ctx, s.BusSocket()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	all, err := bus.Units(ctx, names...)
+	if err != nil || len(all) != len(names) {
+		t.Fatalf("Units: %v, %v", all, err)
+	}
+	for i, name := range names {
+		want := fullRead(t, full, name)
+		if want.ActiveState == "active" {
+			// Restart and RestartUSec: read only for a service that is
+			// not active (ServiceNotRecovering's wait for an automatic
+			// restart).
+			want.Restart, want.RestartDelay = "", 0
+		}
+		one, err := bus.Unit(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, got := range []systemd.Unit{one, all[i]} {
+			if got != want {
+				t.Errorf("%s:\n got %+v\nwant %+v", name, got, want)
+			}
+		}
+	}
+	if all[1].ActiveState != "failed" || all[2].ActiveState != "inactive" || all[4].LoadState != "not-found" {
+		t.Errorf("the units are not in the states the test needs: %+v", all)
+	}
+}
+
+// fullRead is how Unit read a unit before Units: every property of its
+// Unit and Service interfaces.
+func fullRead(t *testing.T, c *sd.Conn, name string) systemd.Unit {
+	t.Helper()
+	ctx := context.Background()
+	u := systemd.Unit{Name: name}
+	p, err := c.GetUnitPropertiesContext(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.LoadState, _ = p["LoadState"].(string)
+	u.ActiveState, _ = p["ActiveState"].(string)
+	u.SubState, _ = p["SubState"].(string)
+	if j, ok := p["Job"].([]any); ok && len(j) == 2 {
+		u.Job, _ = j[0].(uint32)
+	}
+	if id, ok := p["InvocationID"].([]byte); ok && len(id) > 0 {
+		u.Invocation = hex.EncodeToString(id)
+	}
+	if u.LoadState != "loaded" || !strings.HasSuffix(name, ".service") {
+		return u
+	}
+	sp, err := c.GetUnitTypePropertiesContext(ctx, name, "Service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Result, _ = sp["Result"].(string)
+	u.NRestarts, _ = sp["NRestarts"].(uint32)
+	u.Restart, _ = sp["Restart"].(string)
+	if us, ok := sp["RestartUSec"].(uint64); ok {
+		u.RestartDelay = time.Duration(us) * time.Microsecond
+	}
+	if us, ok := sp["ExecMainStartTimestamp"].(uint64); ok && us > 0 {
+		u.MainStart = time.UnixMicro(int64(us))
+	}
+	return u
 }
 
 // The D-Bus connection drops (dbus restarted); the client reconnects.

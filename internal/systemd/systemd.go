@@ -8,6 +8,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,9 +52,14 @@ type Manager interface {
 type DBus struct {
 	mu   sync.Mutex
 	conn *sd.Conn
+	// bus is conn's connection for method calls: the reads are made on it
+	// with godbus directly (Units).
+	bus *godbus.Conn
 	// end ends the connection's context (dialFor), after it is closed.
-	end  context.CancelFunc
-	dial func(ctx context.Context) (*sd.Conn, error)
+	end context.CancelFunc
+	// dial opens one authenticated connection to the bus (go-systemd makes
+	// two: one for calls, one for signals).
+	dial func(ctx context.Context) (*godbus.Conn, error)
 	// Reconnects counts new connections after the first.
 	Reconnects int
 }
@@ -59,24 +67,29 @@ type DBus struct {
 // NewDBus returns a Manager that connects on first use to the system bus
 // (DBUS_SYSTEM_BUS_ADDRESS, default /run/dbus/system_bus_socket).
 func NewDBus() *DBus {
-	return &DBus{dial: sd.NewSystemConnectionContext}
+	return &DBus{dial: func(ctx context.Context) (*godbus.Conn, error) {
+		return authHello(godbus.SystemBusPrivate(godbus.WithContext(ctx)))
+	}}
 }
 
 // NewDBusAt connects to the system bus at a unix socket path (tests reach
 // a systemd in another mount namespace this way).
 func NewDBusAt(socket string) *DBus {
-	return &DBus{dial: func(ctx context.Context) (*sd.Conn, error) {
-		return sd.NewConnection(func() (*godbus.Conn, error) { return DialBus(ctx, socket) })
-	}}
+	return &DBus{dial: func(ctx context.Context) (*godbus.Conn, error) { return DialBus(ctx, socket) }}
 }
 
 // DialBus opens an authenticated connection to the bus at a unix socket.
 func DialBus(ctx context.Context, socket string) (*godbus.Conn, error) {
-	c, err := godbus.Dial("unix:path="+socket, godbus.WithContext(ctx))
+	return authHello(godbus.Dial("unix:path="+socket, godbus.WithContext(ctx)))
+}
+
+// authHello authenticates a new connection (EXTERNAL, by uid, as go-systemd
+// does: no user name lookup) and says Hello.
+func authHello(c *godbus.Conn, err error) (*godbus.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Auth(nil); err != nil {
+	if err := c.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -99,11 +112,11 @@ func (d *DBus) get(ctx context.Context) (*sd.Conn, error) {
 		d.closeLocked()
 		d.Reconnects++
 	}
-	c, end, err := dialFor(ctx, d.dial)
+	c, bus, end, err := dialFor(ctx, d.dial)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to systemd over D-Bus: %w", err)
 	}
-	d.conn, d.end = c, end
+	d.conn, d.bus, d.end = c, bus, end
 	return c, nil
 }
 
@@ -115,24 +128,32 @@ func (d *DBus) get(ctx context.Context) (*sd.Conn, error) {
 // only to abandon a dial that ctx stopped waiting for (which closes what
 // was half made; one that completes anyway is closed), or by end, which
 // the caller calls once it closed the connection.
-func dialFor(ctx context.Context, dial func(ctx context.Context) (*sd.Conn, error)) (c *sd.Conn, end context.CancelFunc, err error) {
+func dialFor(ctx context.Context, dial func(ctx context.Context) (*godbus.Conn, error)) (c *sd.Conn, bus *godbus.Conn, end context.CancelFunc, err error) {
 	type result struct {
 		c   *sd.Conn
+		bus *godbus.Conn
 		err error
 	}
 	life, abandon := context.WithCancel(context.WithoutCancel(ctx))
 	ch := make(chan result, 1)
 	go func() {
-		c, err := dial(life)
-		ch <- result{c, err}
+		var r result
+		r.c, r.err = sd.NewConnection(func() (*godbus.Conn, error) {
+			b, err := dial(life)
+			if err == nil && r.bus == nil {
+				r.bus = b // the first: go-systemd's connection for calls
+			}
+			return b, err
+		})
+		ch <- r
 	}()
 	select {
 	case r := <-ch:
 		if r.err != nil {
 			abandon()
-			return nil, nil, r.err
+			return nil, nil, nil, r.err
 		}
-		return r.c, abandon, nil
+		return r.c, r.bus, abandon, nil
 	case <-ctx.Done():
 		abandon()
 		go func() {
@@ -140,7 +161,7 @@ func dialFor(ctx context.Context, dial func(ctx context.Context) (*sd.Conn, erro
 				r.c.Close()
 			}
 		}()
-		return nil, nil, ctx.Err()
+		return nil, nil, nil, ctx.Err()
 	}
 }
 
@@ -157,12 +178,20 @@ func (d *DBus) drop(c *sd.Conn) {
 // call runs f on a live connection; when the connection turns out to be
 // dead it reconnects and tries once more.
 func (d *DBus) call(ctx context.Context, f func(c *sd.Conn) error) error {
+	return d.callBus(ctx, func(c *sd.Conn, _ *godbus.Conn) error { return f(c) })
+}
+
+// callBus is call with the connection for method calls too.
+func (d *DBus) callBus(ctx context.Context, f func(c *sd.Conn, bus *godbus.Conn) error) error {
 	for attempt := 0; ; attempt++ {
 		c, err := d.get(ctx)
 		if err != nil {
 			return err
 		}
-		err = f(c)
+		d.mu.Lock()
+		bus := d.bus
+		d.mu.Unlock()
+		err = f(c, bus)
 		if err == nil || c.Connected() || attempt > 0 {
 			return err
 		}
@@ -181,7 +210,7 @@ func (d *DBus) Close() {
 func (d *DBus) closeLocked() {
 	if d.conn != nil {
 		d.conn.Close()
-		d.conn = nil
+		d.conn, d.bus = nil, nil
 	}
 	if d.end != nil {
 		d.end()
@@ -192,40 +221,117 @@ func (d *DBus) closeLocked() {
 // Unit reads a unit's properties. A unit that does not exist is not an
 // error: systemd reports LoadState "not-found".
 func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
-	u := Unit{Name: name}
-	err := d.call(ctx, func(c *sd.Conn) error {
-		p, err := c.GetUnitPropertiesContext(ctx, name)
+	us, err := d.Units(ctx, name)
+	if err != nil {
+		return Unit{Name: name}, err
+	}
+	return us[0], nil
+}
+
+// Units reads several units at once: one ListUnitsByNames for the states
+// of all of them (LoadState, ActiveState, SubState, job), then the few
+// properties the checks use, each a Properties.Get, all sent before the
+// first answer is read: InvocationID, and for a loaded service Result,
+// NRestarts and ExecMainStartTimestamp, and Restart and RestartUSec when
+// it is not active (what ServiceNotRecovering needs to wait out an
+// automatic restart). It read the whole of each unit before (GetAll of its
+// Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
+// of CPU and 27,158 allocations, now 1.8-1.9 ms and 5,172 (BenchmarkUnitsRead
+// in tests/ against systemd 252, beside the old read, same run).
+func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	var out []Unit
+	err := d.callBus(ctx, func(c *sd.Conn, bus *godbus.Conn) error {
+		st, err := c.ListUnitsByNamesContext(ctx, names)
 		if err != nil {
-			return fmt.Errorf("unit %s: %w", name, err)
+			return fmt.Errorf("units %s: %w", strings.Join(names, ", "), err)
 		}
-		u.LoadState, _ = p["LoadState"].(string)
-		u.ActiveState, _ = p["ActiveState"].(string)
-		u.SubState, _ = p["SubState"].(string)
-		if j, ok := p["Job"].([]any); ok && len(j) == 2 {
-			u.Job, _ = j[0].(uint32)
+		if len(st) != len(names) {
+			return fmt.Errorf("units %s: systemd answered for %d units", strings.Join(names, ", "), len(st))
 		}
-		if id, ok := p["InvocationID"].([]byte); ok && len(id) > 0 {
-			u.Invocation = hex.EncodeToString(id)
+		out = make([]Unit, len(names))
+		type get struct {
+			unit  *Unit
+			path  godbus.ObjectPath
+			iface string
+			prop  string
 		}
-		if u.LoadState != "loaded" || !isService(name) {
+		var gets []get
+		for i, s := range st {
+			u := &out[i]
+			*u = Unit{Name: names[i], LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Job: s.JobId}
+			if u.LoadState != "loaded" {
+				continue
+			}
+			gets = append(gets, get{u, s.Path, "Unit", "InvocationID"})
+			if !isService(u.Name) {
+				continue
+			}
+			for _, p := range []string{"Result", "NRestarts", "ExecMainStartTimestamp"} {
+				gets = append(gets, get{u, s.Path, "Service", p})
+			}
+			if u.ActiveState != "active" {
+				gets = append(gets, get{u, s.Path, "Service", "Restart"}, get{u, s.Path, "Service", "RestartUSec"})
+			}
+		}
+		if len(gets) == 0 {
 			return nil
 		}
-		s, err := c.GetUnitTypePropertiesContext(ctx, name, "Service")
-		if err != nil {
-			return fmt.Errorf("unit %s: %w", name, err)
+		replies := make(chan *godbus.Call, len(gets))
+		calls := make(map[*godbus.Call]get, len(gets))
+		for _, g := range gets {
+			obj := bus.Object(sdService, g.path)
+			calls[obj.GoWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, replies, sdService+"."+g.iface, g.prop)] = g
 		}
-		u.Result, _ = s["Result"].(string)
-		u.NRestarts, _ = s["NRestarts"].(uint32)
-		u.Restart, _ = s["Restart"].(string)
-		if us, ok := s["RestartUSec"].(uint64); ok {
-			u.RestartDelay = time.Duration(us) * time.Microsecond
-		}
-		if us, ok := s["ExecMainStartTimestamp"].(uint64); ok && us > 0 {
-			u.MainStart = time.UnixMicro(int64(us))
+		for range gets {
+			var call *godbus.Call
+			select {
+			case call = <-replies:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			g := calls[call]
+			if call.Err != nil {
+				return fmt.Errorf("unit %s: %s: %w", g.unit.Name, g.prop, call.Err)
+			}
+			var v godbus.Variant
+			if err := call.Store(&v); err != nil {
+				return fmt.Errorf("unit %s: %s: %w", g.unit.Name, g.prop, err)
+			}
+			g.unit.set(g.prop, v.Value())
 		}
 		return nil
 	})
-	return u, err
+	return out, err
+}
+
+// sdService is systemd's bus name and the prefix of its interfaces.
+const sdService = "org.freedesktop.systemd1"
+
+// set records one property read by Units.
+func (u *Unit) set(prop string, v any) {
+	switch prop {
+	case "InvocationID":
+		if id, ok := v.([]byte); ok && len(id) > 0 {
+			u.Invocation = hex.EncodeToString(id)
+		}
+	case "Result":
+		u.Result, _ = v.(string)
+	case "NRestarts":
+		u.NRestarts, _ = v.(uint32)
+	case "ExecMainStartTimestamp":
+		if us, ok := v.(uint64); ok && us > 0 {
+			u.MainStart = time.UnixMicro(int64(us))
+		}
+	case "Restart":
+		u.Restart, _ = v.(string)
+	case "RestartUSec":
+		if us, ok := v.(uint64); ok {
+			u.RestartDelay = time.Duration(us) * time.Microsecond
+		}
+	}
 }
 
 // LoadState reads a unit's LoadState alone ("loaded", "not-found", ...):
@@ -241,6 +347,27 @@ func (d *DBus) LoadState(ctx context.Context, name string) (string, error) {
 		return nil
 	})
 	return state, err
+}
+
+// UnitsReader is a Manager that reads several units in one exchange (DBus).
+type UnitsReader interface {
+	Units(ctx context.Context, names ...string) ([]Unit, error)
+}
+
+// UnitsOf reads units with m: all at once where m can, else one by one.
+func UnitsOf(ctx context.Context, m Manager, names ...string) ([]Unit, error) {
+	if r, ok := m.(UnitsReader); ok {
+		return r.Units(ctx, names...)
+	}
+	out := make([]Unit, 0, len(names))
+	for _, n := range names {
+		u, err := m.Unit(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 // LoadStater is a Manager that reads a unit's LoadState alone (DBus).
