@@ -43,6 +43,8 @@ type diskUsageCheck struct {
 	poolDataPct, poolMetaPct int
 	excludeMP                *regexp.Regexp
 	excludeType              *regexp.Regexp
+	// lvmLast is LVM's last report, reused while it can be (askLVM).
+	lvmLast *lvmAnswer
 }
 
 func newDiskUsageCheck(env *Env) (Check, error) {
@@ -244,7 +246,7 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	lvm := readLVM(ctx, c.env.lvm())
+	lvm := c.askLVM(ctx)
 	vgs := lvm.VGs
 	errs = append(errs, lvm.Errs...)
 	if len(usage) == 0 && len(vgs) == 0 && len(errs) > 0 {

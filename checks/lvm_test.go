@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -321,4 +322,82 @@ func TestRealLVMCommand(t *testing.T) {
 	if _, err := env.lvm().Report(context.Background(), "vgs"); !errors.Is(err, ErrNoLVM) {
 		t.Errorf("a fixture host root: %v, want ErrNoLVM", err)
 	}
+}
+
+// LVM is asked again only when what it reports can have changed: its
+// answer is reused while the same logical volumes are active with the same
+// sizes, there is no thin pool, and it is at most lvmRefresh old.
+func TestDiskUsageReusesLVMsAnswer(t *testing.T) {
+	root := t.TempDir()
+	mountinfo, err := os.ReadFile("testdata/roots/node-a/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(rel, content string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("proc/self/mountinfo", string(mountinfo))
+	write("sys/block/dm-0/dm/uuid", "CRYPT-VERITY-4b1c\n") // the sealed root: not LVM
+	write("sys/block/dm-0/size", "409600\n")
+	write("sys/block/dm-1/dm/uuid", "LVM-abcDEFvol1\n")
+	write("sys/block/dm-1/size", "2097152\n")
+	write("sys/block/sda/size", "10485760\n")
+	now := time.Date(2026, 12, 3, 7, 0, 0, 0, time.UTC)
+	fs := map[string]unix.Statfs_t{}
+	for _, mp := range []string{"", "/var", "/mnt/with space", "/boot", "/var/lib/data"} {
+		fs[root+mp] = st(1000, 50, 100, 10)
+	}
+	lvm := &fakeLVM{vgs: readFixture(t, "vgs-half.json"), lvs: []byte(`{"report": [{"lv": []}]}`)}
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.DiskUsageHigh.ThinPoolDataPct = 95 // the fixture's pool: 93.75%
+	})
+	env.Sys, env.LVM, env.Now = &fakeSys{statfs: fs}, lvm, func() time.Time { return now }
+	c, err := newDiskUsageCheck(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asks := func(what string, want int) {
+		t.Helper()
+		lvm.calls = nil
+		r, err := c.Probe(context.Background())
+		if err != nil || !strings.Contains(r.Message, "1 LVM volume group") {
+			t.Fatalf("%s: %+v, %v", what, r, err)
+		}
+		if got := len(lvm.calls) / 2; got != want { // vgs and lvs
+			t.Errorf("%s: LVM asked %d times, want %d (%v)", what, got, want, lvm.calls)
+		}
+	}
+	asks("first run", 1)
+	now = now.Add(2 * time.Minute)
+	asks("nothing changed", 0)
+	write("sys/block/dm-1/size", "4194304\n") // lvextend
+	asks("a volume extended", 1)
+	now = now.Add(2 * time.Minute)
+	write("sys/block/dm-2/dm/uuid", "LVM-abcDEFvol2\n") // lvcreate
+	write("sys/block/dm-2/size", "2048\n")
+	asks("a volume created", 1)
+	now = now.Add(2 * time.Minute)
+	asks("nothing changed again", 0)
+	now = now.Add(lvmRefresh)
+	asks("the answer too old", 1)
+	// A thin pool: its use moves with every write, so LVM is asked every run.
+	lvm.lvs = readFixture(t, "lvs-thinpool.json")
+	now = now.Add(lvmRefresh)
+	asks("a thin pool appears (the answer too old)", 1)
+	now = now.Add(2 * time.Minute)
+	asks("thin pool", 1)
+	asks("thin pool, again", 1)
+	// No LVM device list (a /sys without block devices): asked every run.
+	lvm.lvs = []byte(`{"report": [{"lv": []}]}`)
+	os.RemoveAll(filepath.Join(root, "sys"))
+	asks("no /sys/block", 1)
+	asks("no /sys/block, again", 1)
 }
