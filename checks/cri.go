@@ -104,10 +104,12 @@ func newCRIClient(socket string) *criClient {
 	c.tr = &http.Transport{
 		Protocols: &protocols,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			// The file before the connect: a socket made anew between the
+			// two is then not taken for the one connected to.
+			fi, _ := os.Stat(socket)
 			var d net.Dialer
 			conn, err := d.DialContext(ctx, "unix", socket)
 			if err == nil {
-				fi, _ := os.Stat(socket)
 				c.mu.Lock()
 				c.dialed = fi
 				c.mu.Unlock()
@@ -135,7 +137,7 @@ func (c *criClient) sameSocket() {
 // close closes the kept connection.
 func (c *criClient) close() { c.tr.CloseIdleConnections() }
 
-// criStatus is one probe on a connection of its own (the one-shot check).
+// criStatus is one probe on a connection of its own.
 func criStatus(ctx context.Context, socket string) error {
 	c := newCRIClient(socket)
 	defer c.close()

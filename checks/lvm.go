@@ -320,14 +320,20 @@ type lvmAnswer struct {
 
 // askLVM asks LVM for the volume groups and thin pools, or reuses its last
 // answer when nothing it reports can have changed: the same logical volumes
-// active in the kernel with the same sizes (lvmVolumes), no thin pool (whose
-// use moves with every write to its volumes), no error, and at most
-// lvmRefresh old (what no device shows: a volume group extended, a volume
-// created inactive). Asking runs lvm twice (vgs, then lvs when there is a
+// active in the kernel with the same sizes (lvmVolumes), the same metadata
+// backups (lvmBackups: LVM writes one after each change of a volume group's
+// metadata on this host, a volume created inactive or a volume group
+// extended included), no thin pool (whose use moves with every write to its
+// volumes), no error, and at most lvmRefresh old (what neither shows: a
+// change made from another host of a shared volume group, or with backups
+// turned off). Asking runs lvm twice (vgs, then lvs when there is a
 // volume group): 10-50 ms of the node's CPU every 2 minutes, and most nodes
 // have no LVM at all.
 func (c *diskUsageCheck) askLVM(ctx context.Context) lvmRead {
 	lvs, lvsErr := lvmVolumes(c.env.Path("/sys/block"))
+	if lvsErr == nil {
+		lvs += lvmBackups(c.env.Path(lvmSystemDir + "/backup"))
+	}
 	now := c.env.Now()
 	if last := c.lvmLast; last != nil && lvsErr == nil && lvs == last.lvs && !last.pools && now.Sub(last.at) < lvmRefresh {
 		return last.read
@@ -372,4 +378,23 @@ func lvmVolumes(sysBlock string) (string, error) {
 		fmt.Fprintf(&b, "%s %s %s\n", e.Name(), bytes.TrimSpace(uuid), bytes.TrimSpace(size))
 	}
 	return b.String(), nil
+}
+
+// lvmBackups lists LVM's metadata backups (one file a volume group, written
+// anew after each change of its metadata) with their sizes and times; ""
+// when there are none or the directory cannot be read.
+func lvmBackups(dir string) string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "backup %s %d %d\n", e.Name(), fi.Size(), fi.ModTime().UnixNano())
+	}
+	return b.String()
 }

@@ -395,6 +395,23 @@ func TestDiskUsageReusesLVMsAnswer(t *testing.T) {
 	now = now.Add(2 * time.Minute)
 	asks("thin pool", 1)
 	asks("thin pool, again", 1)
+	// A change of a volume group's metadata no device shows (a volume
+	// created inactive, the group extended): LVM's backup of it is new.
+	lvm.lvs = []byte(`{"report": [{"lv": []}]}`)
+	now = now.Add(lvmRefresh)
+	asks("no thin pool any more (the answer too old)", 1)
+	asks("nothing changed once more", 0)
+	write("etc/lvm/backup/vgvm", "# metadata, seqno 7\n")
+	asks("a metadata backup written", 1)
+	asks("nothing changed after it", 0)
+	write("etc/lvm/backup/vgvm", "# metadata, seqno 8, a longer one\n")
+	asks("the backup written anew", 1)
+	// An answer with an error is not reused.
+	lvm.exit = errors.New("/usr/sbin/lvm vgs: exit status 5 (its report is used): Volume group vgbad has unknown devices")
+	now = now.Add(lvmRefresh)
+	asks("an answer with an error", 1)
+	asks("after an answer with an error", 1)
+	lvm.exit = nil
 	// No LVM device list (a /sys without block devices): asked every run.
 	lvm.lvs = []byte(`{"report": [{"lv": []}]}`)
 	os.RemoveAll(filepath.Join(root, "sys"))

@@ -47,9 +47,9 @@ type Reader struct {
 	Progress    func(loop string, maxSilence time.Duration)
 	ReadTimeout time.Duration
 	// Grid lines the read timeout up with the daemon's other periodic
-	// wake-ups: a read that waits for a record ends at the next point of
-	// ReadTimeout's grid (at most ReadTimeout). Zero: ReadTimeout from the
-	// read's start.
+	// wake-ups: once the backlog is read, a read that waits for a record
+	// ends at the next point of ReadTimeout's grid (at most ReadTimeout
+	// after the last deadline passed). Zero Grid: ReadTimeout after it.
 	Grid tick.Grid
 	// Open opens the device (default: os.OpenFile read-only); tests replace it.
 	Open func(path string) (Device, error)
@@ -231,6 +231,11 @@ func (rd *Reader) Run(ctx context.Context) {
 			case caughtUp && (wait != deadlineWait || !now.Before(deadlineAt)):
 				deadlineAt, deadlineWait = rd.Grid.Next(now, wait), wait
 				f.SetReadDeadline(deadlineAt)
+			}
+			if ctx.Err() != nil {
+				// The stop set the deadline to now just before the line
+				// above set another: it would wait that out.
+				break
 			}
 			n, err := f.Read(buf)
 			now = time.Now()

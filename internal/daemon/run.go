@@ -45,6 +45,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.cfgPath != "" {
 		wg.Go(func() { d.reloadLoop(rctx, d.reloadSig) })
 	}
+	wg.Go(func() { d.trimAgain(rctx) })
 	if d.cfg.Role == "" || d.cfg.GPU == "auto" {
 		wg.Go(func() { d.redetect(rctx, d.cfg.Detect.Interval.Duration) })
 	}
@@ -93,6 +94,35 @@ func (d *Daemon) runChecks(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// trimAgainAfter is how long after the first pass the start-up pages are
+// let go once more (trimAgain).
+const trimAgainAfter = time.Minute
+
+// trimAgain lets the binary's start-up pages go once more, a minute (and
+// up to 10 s more, on the grid) after the first pass: the report
+// annotations are first written only after the first pass, and the
+// Kubernetes side's start (the kubeconfig read, the TLS handshake, the
+// Node's conditions adopted, the first patches) may end after it too; what
+// they touched once need not stay resident either.
+func (d *Daemon) trimAgain(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-d.firstPassDone:
+	}
+	at := time.Now().Add(trimAgainAfter)
+	t := time.NewTimer(trimAgainAfter + d.grid().Until(at, 10*time.Second))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	if n, err := trimStartupPages(); err == nil {
+		d.log.Debug("trimmed the pages of the binary once more", "advised_bytes", n)
 	}
 }
 

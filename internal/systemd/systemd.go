@@ -48,17 +48,19 @@ type Manager interface {
 	ResetFailed(ctx context.Context, name string) error
 }
 
-// DBus is a Manager over the system bus.
+// DBus is a Manager over the system bus. Its reads and ResetFailedUnit are
+// method calls on one connection it keeps for its life, with no signal
+// subscribed: it wakes only for its own answers. A restart (a job whose end
+// is a JobRemoved signal) uses a go-systemd connection of its own, made for
+// the restart and closed after it: kept open, its match on every JobRemoved
+// would wake the daemon for every job on the node (each container's scope
+// unit is one).
 type DBus struct {
 	mu   sync.Mutex
-	conn *sd.Conn
-	// bus is conn's connection for method calls: the reads are made on it
-	// with godbus directly (Units).
-	bus *godbus.Conn
+	conn *godbus.Conn
 	// end ends the connection's context (dialFor), after it is closed.
 	end context.CancelFunc
-	// dial opens one authenticated connection to the bus (go-systemd makes
-	// two: one for calls, one for signals).
+	// dial opens one authenticated connection to the bus.
 	dial func(ctx context.Context) (*godbus.Conn, error)
 	// Reconnects counts new connections after the first.
 	Reconnects int
@@ -102,7 +104,7 @@ func authHello(c *godbus.Conn, err error) (*godbus.Conn, error) {
 
 // get returns a live connection, dialing a new one when there is none or
 // the old one dropped.
-func (d *DBus) get(ctx context.Context) (*sd.Conn, error) {
+func (d *DBus) get(ctx context.Context) (*godbus.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.conn != nil && d.conn.Connected() {
@@ -112,61 +114,54 @@ func (d *DBus) get(ctx context.Context) (*sd.Conn, error) {
 		d.closeLocked()
 		d.Reconnects++
 	}
-	c, bus, end, err := dialFor(ctx, d.dial)
+	c, end, err := dialFor(ctx, d.dial, func(c *godbus.Conn) { c.Close() })
 	if err != nil {
 		return nil, fmt.Errorf("connecting to systemd over D-Bus: %w", err)
 	}
-	d.conn, d.bus, d.end = c, bus, end
+	d.conn, d.end = c, end
 	return c, nil
 }
 
 // dialFor dials a connection that outlives the call that needs it: godbus
 // closes a connection when the context it was dialed with is done, and a
 // check's run has a context of its own, so a connection dialed with it
-// lived for one run (every unit read dialed the bus twice, authenticated
-// and said Hello again). The connection gets a context of its own, ended
-// only to abandon a dial that ctx stopped waiting for (which closes what
-// was half made; one that completes anyway is closed), or by end, which
-// the caller calls once it closed the connection.
-func dialFor(ctx context.Context, dial func(ctx context.Context) (*godbus.Conn, error)) (c *sd.Conn, bus *godbus.Conn, end context.CancelFunc, err error) {
+// lived for one run (every unit read dialed the bus, authenticated and said
+// Hello again). The connection gets a context of its own, ended only to
+// abandon a dial that ctx stopped waiting for (which closes what was half
+// made; one that completes anyway is closed), or by end, which the caller
+// calls once it closed the connection.
+func dialFor[C any](ctx context.Context, dial func(ctx context.Context) (C, error), closeConn func(C)) (c C, end context.CancelFunc, err error) {
 	type result struct {
-		c   *sd.Conn
-		bus *godbus.Conn
+		c   C
 		err error
 	}
 	life, abandon := context.WithCancel(context.WithoutCancel(ctx))
 	ch := make(chan result, 1)
 	go func() {
-		var r result
-		r.c, r.err = sd.NewConnection(func() (*godbus.Conn, error) {
-			b, err := dial(life)
-			if err == nil && r.bus == nil {
-				r.bus = b // the first: go-systemd's connection for calls
-			}
-			return b, err
-		})
-		ch <- r
+		c, err := dial(life)
+		ch <- result{c, err}
 	}()
+	var zero C
 	select {
 	case r := <-ch:
 		if r.err != nil {
 			abandon()
-			return nil, nil, nil, r.err
+			return zero, nil, r.err
 		}
-		return r.c, r.bus, abandon, nil
+		return r.c, abandon, nil
 	case <-ctx.Done():
 		abandon()
 		go func() {
-			if r := <-ch; r.c != nil {
-				r.c.Close()
+			if r := <-ch; r.err == nil {
+				closeConn(r.c)
 			}
 		}()
-		return nil, nil, nil, ctx.Err()
+		return zero, nil, ctx.Err()
 	}
 }
 
 // drop forgets a connection that failed, so the next call dials again.
-func (d *DBus) drop(c *sd.Conn) {
+func (d *DBus) drop(c *godbus.Conn) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.conn == c && !c.Connected() {
@@ -177,21 +172,13 @@ func (d *DBus) drop(c *sd.Conn) {
 
 // call runs f on a live connection; when the connection turns out to be
 // dead it reconnects and tries once more.
-func (d *DBus) call(ctx context.Context, f func(c *sd.Conn) error) error {
-	return d.callBus(ctx, func(c *sd.Conn, _ *godbus.Conn) error { return f(c) })
-}
-
-// callBus is call with the connection for method calls too.
-func (d *DBus) callBus(ctx context.Context, f func(c *sd.Conn, bus *godbus.Conn) error) error {
+func (d *DBus) call(ctx context.Context, f func(c *godbus.Conn) error) error {
 	for attempt := 0; ; attempt++ {
 		c, err := d.get(ctx)
 		if err != nil {
 			return err
 		}
-		d.mu.Lock()
-		bus := d.bus
-		d.mu.Unlock()
-		err = f(c, bus)
+		err = f(c)
 		if err == nil || c.Connected() || attempt > 0 {
 			return err
 		}
@@ -210,12 +197,39 @@ func (d *DBus) Close() {
 func (d *DBus) closeLocked() {
 	if d.conn != nil {
 		d.conn.Close()
-		d.conn, d.bus = nil, nil
+		d.conn = nil
 	}
 	if d.end != nil {
 		d.end()
 		d.end = nil
 	}
+}
+
+// manager is systemd's manager object on c.
+func manager(c *godbus.Conn) godbus.BusObject {
+	return c.Object(sdService, "/org/freedesktop/systemd1")
+}
+
+// unitStatus is one entry of ListUnitsByNames' answer (a(ssssssouso)).
+type unitStatus struct {
+	Name, Description, LoadState, ActiveState, SubState, Following string
+	Path                                                          godbus.ObjectPath
+	JobID                                                         uint32
+	JobType                                                       string
+	JobPath                                                       godbus.ObjectPath
+}
+
+// listUnits is ListUnitsByNames: the states of the named units, in order
+// (systemd loads a unit it does not know to answer: "not-found").
+func listUnits(ctx context.Context, c *godbus.Conn, names []string) ([]unitStatus, error) {
+	var st []unitStatus
+	if err := manager(c).CallWithContext(ctx, sdService+".Manager.ListUnitsByNames", 0, names).Store(&st); err != nil {
+		return nil, err
+	}
+	if len(st) != len(names) {
+		return nil, fmt.Errorf("systemd answered for %d of %d units", len(st), len(names))
+	}
+	return st, nil
 }
 
 // Unit reads a unit's properties. A unit that does not exist is not an
@@ -231,7 +245,8 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // Units reads several units at once: one ListUnitsByNames for the states
 // of all of them (LoadState, ActiveState, SubState, job), then the few
 // properties the checks use, each a Properties.Get, all sent before the
-// first answer is read: InvocationID, and for a loaded service Result,
+// first answer is read: InvocationID (but of a unit that does not exist and
+// does not run), and for a loaded service Result,
 // NRestarts and ExecMainStartTimestamp, and Restart and RestartUSec when
 // it is not active (what ServiceNotRecovering needs to wait out an
 // automatic restart). It read the whole of each unit before (GetAll of its
@@ -243,13 +258,10 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 		return nil, nil
 	}
 	var out []Unit
-	err := d.callBus(ctx, func(c *sd.Conn, bus *godbus.Conn) error {
-		st, err := c.ListUnitsByNamesContext(ctx, names)
+	err := d.call(ctx, func(bus *godbus.Conn) error {
+		st, err := listUnits(ctx, bus, names)
 		if err != nil {
 			return fmt.Errorf("units %s: %w", strings.Join(names, ", "), err)
-		}
-		if len(st) != len(names) {
-			return fmt.Errorf("units %s: systemd answered for %d units", strings.Join(names, ", "), len(st))
 		}
 		out = make([]Unit, len(names))
 		type get struct {
@@ -261,12 +273,13 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 		var gets []get
 		for i, s := range st {
 			u := &out[i]
-			*u = Unit{Name: names[i], LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Job: s.JobId}
-			if u.LoadState != "loaded" {
-				continue
+			*u = Unit{Name: names[i], LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Job: s.JobID}
+			if u.LoadState != "not-found" || u.ActiveState != "inactive" {
+				// Its last invocation, whatever its unit file says now
+				// (masked, bad-setting, removed while it runs).
+				gets = append(gets, get{u, s.Path, "Unit", "InvocationID"})
 			}
-			gets = append(gets, get{u, s.Path, "Unit", "InvocationID"})
-			if !isService(u.Name) {
+			if u.LoadState != "loaded" || !isService(u.Name) {
 				continue
 			}
 			for _, p := range []string{"Result", "NRestarts", "ExecMainStartTimestamp"} {
@@ -335,15 +348,16 @@ func (u *Unit) set(prop string, v any) {
 }
 
 // LoadState reads a unit's LoadState alone ("loaded", "not-found", ...):
-// one property, where Unit reads them all (BenchmarkUnitRead in tests/).
+// its ListUnitsByNames entry, where Unit reads more (BenchmarkUnitLoadState
+// in tests/).
 func (d *DBus) LoadState(ctx context.Context, name string) (string, error) {
 	var state string
-	err := d.call(ctx, func(c *sd.Conn) error {
-		p, err := c.GetUnitPropertyContext(ctx, name, "LoadState")
+	err := d.call(ctx, func(c *godbus.Conn) error {
+		st, err := listUnits(ctx, c, []string{name})
 		if err != nil {
 			return fmt.Errorf("unit %s: %w", name, err)
 		}
-		state, _ = p.Value.Value().(string)
+		state = st[0].LoadState
 		return nil
 	})
 	return state, err
@@ -405,16 +419,26 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 
 // ResetFailed implements Manager.
 func (d *DBus) ResetFailed(ctx context.Context, name string) error {
-	return d.call(ctx, func(c *sd.Conn) error {
-		if err := c.ResetFailedUnitContext(ctx, name); err != nil {
+	return d.call(ctx, func(c *godbus.Conn) error {
+		if err := manager(c).CallWithContext(ctx, sdService+".Manager.ResetFailedUnit", 0, name).Err; err != nil {
 			return fmt.Errorf("reset-failed %s: %w", name, err)
 		}
 		return nil
 	})
 }
 
+// job runs a job on a go-systemd connection made for it (its JobRemoved
+// match tells the job's end) and closed after it.
 func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
-	return d.call(ctx, func(c *sd.Conn) error { return RunJob(ctx, c, name, f) })
+	c, end, err := dialFor(ctx, func(life context.Context) (*sd.Conn, error) {
+		return sd.NewConnection(func() (*godbus.Conn, error) { return d.dial(life) })
+	}, (*sd.Conn).Close)
+	if err != nil {
+		return fmt.Errorf("connecting to systemd over D-Bus: %w", err)
+	}
+	defer end()
+	defer c.Close()
+	return RunJob(ctx, c, name, f)
 }
 
 // JobFunc is one of go-systemd's job methods (StartUnitContext,
