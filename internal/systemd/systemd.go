@@ -213,10 +213,10 @@ func manager(c *godbus.Conn) godbus.BusObject {
 // unitStatus is one entry of ListUnitsByNames' answer (a(ssssssouso)).
 type unitStatus struct {
 	Name, Description, LoadState, ActiveState, SubState, Following string
-	Path                                                          godbus.ObjectPath
-	JobID                                                         uint32
-	JobType                                                       string
-	JobPath                                                       godbus.ObjectPath
+	Path                                                           godbus.ObjectPath
+	JobID                                                          uint32
+	JobType                                                        string
+	JobPath                                                        godbus.ObjectPath
 }
 
 // listUnits is ListUnitsByNames: the states of the named units, in order
