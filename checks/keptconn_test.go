@@ -63,6 +63,32 @@ func (l *restartListener) restart() {
 	}
 }
 
+// prober makes one probe with f that must succeed.
+func prober(t *testing.T, f func(context.Context) error) func(what string) {
+	return func(what string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := f(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
+// probeRestarted probes three times on one kept connection, then once
+// after the service restarted.
+func probeRestarted(t *testing.T, rl *restartListener, probe func(what string)) {
+	t.Helper()
+	for range 3 {
+		probe("healthy")
+	}
+	if n := rl.accepted.Load(); n != 1 {
+		t.Errorf("%d connections for 3 probes, want 1 kept", n)
+	}
+	rl.restart()
+	probe("after the service restarted")
+}
+
 // The CRI probe keeps its connection between probes (one connection for
 // three probes), and a connection the runtime dropped by restarting is not
 // an outage: the call is made once more on a new connection.
@@ -82,22 +108,8 @@ func TestCRIProbeKeepsItsConnection(t *testing.T) {
 	defer s.Stop()
 	c := newCRIClient(sock)
 	defer c.close()
-	probe := func(what string) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := c.status(ctx); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	for range 3 {
-		probe("healthy")
-	}
-	if n := rl.accepted.Load(); n != 1 {
-		t.Errorf("%d connections for 3 probes, want 1 kept", n)
-	}
-	rl.restart()
-	probe("after the runtime restarted")
+	probe := prober(t, c.status)
+	probeRestarted(t, rl, probe)
 	if n := rl.accepted.Load(); n != 2 || c.retried != 1 {
 		t.Errorf("after the restart: %d connections, %d calls made again; want 2 and 1", n, c.retried)
 	}
@@ -146,22 +158,7 @@ func TestKubeletProbeKeepsItsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := ch.(*kubeletCheck)
-	probe := func(what string) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := k.probe(ctx); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	for range 3 {
-		probe("healthy")
-	}
-	if n := rl.accepted.Load(); n != 1 {
-		t.Errorf("%d connections for 3 probes, want 1 kept", n)
-	}
-	rl.restart()
-	probe("after kubelet restarted")
+	probeRestarted(t, rl, prober(t, k.probe))
 	if n := rl.accepted.Load(); n != 2 {
 		t.Errorf("after the restart: %d connections, want 2", n)
 	}

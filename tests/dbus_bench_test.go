@@ -25,11 +25,7 @@ func BenchmarkUnitRead(b *testing.B) {
 	if u, err := bus.Unit(ctx, "syself-tunnel-agent.service"); err != nil || u.LoadState != "loaded" || u.ActiveState == "" {
 		b.Fatalf("unit %+v: %v", u, err)
 	}
-	// This process's CPU while it makes no call (the harness's own
-	// goroutines), to subtract.
-	idle0, idleAt := rusageCPU(), time.Now()
-	time.Sleep(time.Second) // the calibration's own pace: nothing to await
-	idlePerNs := float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
+	idlePerNs := idleCPU()
 	b.ReportAllocs()
 	cpu0, pid1, at := rusageCPU(), s.PID, time.Now()
 	sys0 := procCPUOf(b, pid1)
@@ -59,9 +55,7 @@ func BenchmarkUnitsRead(b *testing.B) {
 	if us, err := bus.Units(ctx, names...); err != nil || len(us) != 3 || us[2].ActiveState == "" {
 		b.Fatalf("units %+v: %v", us, err)
 	}
-	idle0, idleAt := rusageCPU(), time.Now()
-	time.Sleep(time.Second) // the calibration's own pace: nothing to await
-	idlePerNs := float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
+	idlePerNs := idleCPU()
 	b.ReportAllocs()
 	cpu0, at := rusageCPU(), time.Now()
 	for b.Loop() {
@@ -71,6 +65,14 @@ func BenchmarkUnitsRead(b *testing.B) {
 	}
 	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
 	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
+}
+
+// idleCPU is this process's CPU per ns while it makes no call (the
+// harness's own goroutines), to subtract from a benchmark's.
+func idleCPU() float64 {
+	idle0, idleAt := rusageCPU(), time.Now()
+	time.Sleep(time.Second) // the calibration's own pace: nothing to await
+	return float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
 }
 
 // rusageCPU is this process's CPU time (user+system), in ns.
@@ -97,9 +99,7 @@ func BenchmarkUnitLoadState(b *testing.B) {
 			b.Fatalf("%s: LoadState %q, %v; want %q", name, ls, err, want)
 		}
 	}
-	idle0, idleAt := rusageCPU(), time.Now()
-	time.Sleep(time.Second) // the calibration's own pace: nothing to await
-	idlePerNs := float64(rusageCPU()-idle0) / float64(time.Since(idleAt))
+	idlePerNs := idleCPU()
 	b.ReportAllocs()
 	cpu0, at := rusageCPU(), time.Now()
 	for b.Loop() {
