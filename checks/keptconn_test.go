@@ -136,6 +136,26 @@ func TestCRIProbeKeepsItsConnection(t *testing.T) {
 	if n := rl.accepted.Load(); n != 3 {
 		t.Errorf("socket back: %d connections, want 3 (one new, kept)", n)
 	}
+	// The socket replaced (a new runtime listening at the path while the
+	// old one still answers on its connection): the probe asks the new one.
+	if err := os.Rename(sock, sock+".old"); err != nil {
+		t.Fatal(err)
+	}
+	ln2, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl2 := &restartListener{Listener: ln2}
+	s2 := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(s2, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
+		return conditions(ready), nil
+	}})
+	go s2.Serve(rl2)
+	defer s2.Stop()
+	probe("socket replaced")
+	if n, n2 := rl.accepted.Load(), rl2.accepted.Load(); n != 3 || n2 != 1 {
+		t.Errorf("socket replaced: %d connections to the old runtime, %d to the new; want 3 and 1", n, n2)
+	}
 }
 
 // The kubelet probe keeps its connection too, and kubelet's restart

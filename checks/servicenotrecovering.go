@@ -58,8 +58,8 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 	var failed, flapping, notHelping, notes []string
 	var states []ServiceState
 	// The flapping marks move only when the whole run succeeds: a run that
-	// fails half-way (a later unit unreadable) must not forget the restarts
-	// it saw.
+	// fails half-way (a failed unit's second read, settle) must not forget
+	// the restarts it saw.
 	marks := map[string]uint64{}
 	units, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
 	if err != nil {

@@ -46,9 +46,10 @@ type fakeDevice struct {
 	failReads *atomic.Int64 // reads left that fail (shared across opens)
 	readErr   error
 	deadline  time.Time
-	deadlines int         // SetReadDeadline calls
-	set       []time.Time // the deadlines set
-	onRead    func(i int) // called before record i is returned
+	deadlines int           // SetReadDeadline calls
+	set       []time.Time   // the deadlines set
+	more      chan struct{} // if set, gets a token when a record is appended
+	onRead    func(i int)   // called before record i is returned
 }
 
 func (d *fakeDevice) Read(p []byte) (int, error) {
@@ -65,10 +66,18 @@ func (d *fakeDevice) Read(p []byte) (int, error) {
 		}
 		return copy(p, d.recs[i]), nil
 	}
-	dl := d.deadline
+	dl, more := d.deadline, d.more
 	d.mu.Unlock()
-	time.Sleep(time.Until(dl))
-	return 0, os.ErrDeadlineExceeded
+	if more == nil {
+		time.Sleep(time.Until(dl))
+		return 0, os.ErrDeadlineExceeded
+	}
+	select {
+	case <-time.After(time.Until(dl)):
+		return 0, os.ErrDeadlineExceeded
+	case <-more: // a record appended: read it
+		return d.Read(p)
+	}
 }
 func (d *fakeDevice) Seek(off int64, whence int) (int64, error) {
 	d.mu.Lock()
@@ -137,7 +146,21 @@ func TestReaderWaitsOnTheGrid(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		grid := tick.New(start.Add(-3 * time.Second)) // points at 7 s, 17 s, ... from start
-		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary chatter\n")}}
+		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary chatter\n")}, more: make(chan struct{}, 1)}
+		// A record logged at 12 s, once the backlog is read: read at
+		// once, and the deadline stays on the grid.
+		read12 := make(chan time.Duration, 1)
+		dev.onRead = func(i int) {
+			if i == 1 {
+				read12 <- time.Since(start)
+			}
+		}
+		time.AfterFunc(12*time.Second, func() {
+			dev.mu.Lock()
+			dev.recs = append(dev.recs, []byte("6,2,12000000,-;more chatter\n"))
+			dev.mu.Unlock()
+			dev.more <- struct{}{}
+		})
 		store := report.NewStore("b")
 		mon := NewMonitor(opts(t, store))
 		mon.Start(time.Now(), time.Now())
@@ -155,6 +178,14 @@ func TestReaderWaitsOnTheGrid(t *testing.T) {
 		dev.mu.Unlock()
 		cancel()
 		<-done
+		select {
+		case at := <-read12:
+			if at != 12*time.Second {
+				t.Errorf("the record logged at 12 s was read at %s", at)
+			}
+		default:
+			t.Error("the record logged at 12 s was not read")
+		}
 		// The catch-up wait (250 ms from the start), then the grid.
 		want := []time.Duration{catchUpWait, 7 * time.Second, 17 * time.Second, 27 * time.Second, 37 * time.Second}
 		if !slices.Equal(got, want) {

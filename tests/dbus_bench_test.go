@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	sd "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+
 	"github.com/syself/autopilot-health/internal/systemd"
 )
 
@@ -61,6 +64,29 @@ func BenchmarkUnitsRead(b *testing.B) {
 	for b.Loop() {
 		if _, err := bus.Units(ctx, names...); err != nil {
 			b.Fatal(err)
+		}
+	}
+	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
+	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
+}
+
+// BenchmarkUnitsFullRead is the read Units replaced, for the same three
+// services: the GetAll of each one's Unit and Service interfaces.
+func BenchmarkUnitsFullRead(b *testing.B) {
+	s := realSystemd(b)
+	ctx := context.Background()
+	full, err := sd.NewConnection(func() (*godbus.Conn, error) { return systemd.DialBus(ctx, s.BusSocket()) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer full.Close()
+	names := []string{"syself-tunnel-agent.service", "kubelet.service", "containerd.service"}
+	idlePerNs := idleCPU()
+	b.ReportAllocs()
+	cpu0, at := rusageCPU(), time.Now()
+	for b.Loop() {
+		for _, n := range names {
+			fullRead(b, full, n)
 		}
 	}
 	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))

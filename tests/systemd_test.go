@@ -343,6 +343,7 @@ func TestDBusConnectionOutlivesTheCall(t *testing.T) {
 func TestUnitsMatchAFullRead(t *testing.T) {
 	s := realSystemd(t)
 	ctx := context.Background()
+	waitUnit(t, s, "kubelet.service", "kubelet up", active)
 	s.StartUnit(ctx, "broken.service") // exits 1: failed (the job's error is expected)
 	waitUnit(t, s, "broken.service", "broken failed", func(u systemd.Unit) bool { return u.ActiveState == "failed" })
 	if err := s.StopUnit(ctx, "syself-proxy.service"); err != nil {
@@ -386,7 +387,7 @@ func TestUnitsMatchAFullRead(t *testing.T) {
 
 // fullRead is how Unit read a unit before Units: every property of its
 // Unit and Service interfaces.
-func fullRead(t *testing.T, c *sd.Conn, name string) systemd.Unit {
+func fullRead(t testing.TB, c *sd.Conn, name string) systemd.Unit {
 	t.Helper()
 	ctx := context.Background()
 	u := systemd.Unit{Name: name}

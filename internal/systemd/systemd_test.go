@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -34,13 +35,23 @@ func TestDialGivesUpWithTheCallsContext(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Unit on a bus that never answers: %v, want the call's deadline", err)
 	}
-	c := <-accepted
+	var c net.Conn
+	select {
+	case c = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client never connected")
+	}
 	defer c.Close()
 	// The client's end is closed: reading on the server's end ends (EOF)
-	// instead of waiting (the test's own timeout would end a hang).
+	// instead of waiting.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 256)
 	for {
-		if _, err := c.Read(buf); err != nil {
+		_, err := c.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("the half-made connection was left open")
+		}
+		if err != nil {
 			break
 		}
 	}
