@@ -16,7 +16,6 @@ func init() { Register("ContainerRuntimeUnhealthy", newContainerdCheck) }
 type containerdCheck struct {
 	env         *Env
 	callTimeout time.Duration
-	socket      string
 	unit        string
 	cooldown    time.Duration
 	cri         *criClient
@@ -24,7 +23,7 @@ type containerdCheck struct {
 
 func newContainerdCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.ContainerRuntimeUnhealthy
-	return &containerdCheck{env: env, callTimeout: probeTimeout(c.Timeout.Duration), socket: env.Path(c.Socket), unit: c.Unit, cooldown: c.RestartCooldown.Duration,
+	return &containerdCheck{env: env, callTimeout: probeTimeout(c.Timeout.Duration), unit: c.Unit, cooldown: c.RestartCooldown.Duration,
 		cri: newCRIClient(env.Path(c.Socket))}, nil
 }
 
@@ -37,5 +36,5 @@ func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 	if c.env.Repair != nil {
 		c.env.Repair.Healthy(c.unit)
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonContainerRuntimeIsHealthy, Message: "CRI RuntimeService/Status on " + c.socket + ": RuntimeReady"}, nil
+	return Result{Status: report.StatusFalse, Reason: report.ReasonContainerRuntimeIsHealthy, Message: "CRI RuntimeService/Status on " + c.cri.socket + ": RuntimeReady"}, nil
 }

@@ -93,9 +93,10 @@ type criClient struct {
 	retried int
 }
 
-// criIdle is how long a kept connection may stay unused (a probe every
-// 10 s uses it long before).
-const criIdle = 90 * time.Second
+// keptConnIdle is how long a probe's kept connection (the CRI call's and
+// kubelet's /healthz) may stay unused (a probe every 10 s uses it long
+// before).
+const keptConnIdle = 90 * time.Second
 
 func newCRIClient(socket string) *criClient {
 	var protocols http.Protocols
@@ -117,7 +118,7 @@ func newCRIClient(socket string) *criClient {
 			return conn, err
 		},
 		DisableCompression: true,
-		IdleConnTimeout:    criIdle,
+		IdleConnTimeout:    keptConnIdle,
 	}
 	return c
 }
@@ -136,13 +137,6 @@ func (c *criClient) sameSocket() {
 
 // close closes the kept connection.
 func (c *criClient) close() { c.tr.CloseIdleConnections() }
-
-// criStatus is one probe on a connection of its own.
-func criStatus(ctx context.Context, socket string) error {
-	c := newCRIClient(socket)
-	defer c.close()
-	return c.status(ctx)
-}
 
 func (c *criClient) status(ctx context.Context) error {
 	conds, err := c.call(ctx)

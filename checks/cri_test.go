@@ -43,6 +43,13 @@ func serveCRI(t *testing.T, status func(ctx context.Context) (*runtimeapi.Status
 	return sock
 }
 
+// criStatus is one probe on a connection of its own.
+func criStatus(ctx context.Context, socket string) error {
+	c := newCRIClient(socket)
+	defer c.close()
+	return c.status(ctx)
+}
+
 func conditions(c ...*runtimeapi.RuntimeCondition) *runtimeapi.StatusResponse {
 	return &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: c},
 		Info: map[string]string{"config": `{"containerd": {"snapshotter": "overlayfs"}}`}}

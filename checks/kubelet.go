@@ -30,7 +30,7 @@ func newKubeletCheck(env *Env) (Check, error) {
 		// (criClient): a new one every 10 s cost a connect and the
 		// transport's goroutines each time.
 		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration), Transport: &http.Transport{
-			MaxIdleConnsPerHost: 1, IdleConnTimeout: criIdle, DisableCompression: true}}}, nil
+			MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
 }
 
 func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
