@@ -73,6 +73,7 @@ fuzz:
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzDriverUUID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzCRIStatus$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./report -run '^$$' -fuzz '^FuzzProcFiles$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./report -run '^$$' -fuzz '^FuzzGzipper$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseAuditLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzAuditLog$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseLVMReport$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s

@@ -2,7 +2,6 @@ package report
 
 import (
 	"bytes"
-	"compress/gzip"
 	"hash/maphash"
 	"log"
 	"math"
@@ -27,25 +26,38 @@ import (
 // process_* families, which change every scrape, and the kernel log,
 // Kubernetes, repair and unit metrics), each family's text is kept with a
 // hash of what it shows (labels, values, buckets, quantiles), and only a
-// family whose hash changed is encoded again. gzip is at the fastest level.
-// Other formats (protobuf, OpenMetrics) are promhttp's, unchanged. Measured
-// by BenchmarkScrape (README, Cost).
+// family whose hash changed is encoded again. A gzip response compresses
+// only the parts of the page whose text changed (gzipper). Other formats
+// (protobuf, OpenMetrics) are promhttp's, unchanged. Measured by
+// BenchmarkScrape (README, Cost).
 func (m *Metrics) Handler(errorLog *log.Logger) http.Handler {
-	return newExposition(m.Registry, m.fams, m.Gatherer(), errorLog)
+	return newExposition(m.Registry, m.families, m.Gatherer(), errorLog)
 }
 
 type exposition struct {
 	reg      prometheus.Gatherer
-	fams     []*family
+	families func() []*family
 	fallback http.Handler
 	errorLog *log.Logger
 	seed     maphash.Seed
+	gzipper  gzipper
 
 	mu    sync.Mutex
 	cache map[string]*familyText // by format and family name
 	// famText: each versioned family's text by format, and the version
 	// it was gathered at.
-	famText map[string]*versionedText
+	famText map[famKey]*versionedText
+	// orderKeys are the last scrape's texts as gathered, and order the
+	// order that sorts them.
+	orderKeys []orderKey
+	order     []int
+}
+
+type orderKey struct{ name, part string }
+
+type famKey struct {
+	format expfmt.Format
+	f      *family
 }
 
 type familyText struct {
@@ -61,16 +73,33 @@ type versionedText struct {
 
 type namedText struct {
 	name string
+	// part: for a family that is one part of a metric family (one
+	// check's durations), what orders it among the others (family.part).
+	part string
 	text []byte
 }
 
-func newExposition(reg prometheus.Gatherer, fams []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
+// body is the text without its leading comments (# HELP and # TYPE): what a
+// part adds to the part before it of the same metric family.
+func (n namedText) body() []byte {
+	b := n.text
+	for len(b) > 0 && b[0] == '#' {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return nil
+		}
+		b = b[i+1:]
+	}
+	return b
+}
+
+func newExposition(reg prometheus.Gatherer, families func() []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
 	var opts promhttp.HandlerOpts
 	if errorLog != nil {
 		opts.ErrorLog = errorLog
 	}
-	return &exposition{reg: reg, fams: fams, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
-		cache: map[string]*familyText{}, famText: map[string]*versionedText{}}
+	return &exposition{reg: reg, families: families, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
+		gzipper: newGzipper(), cache: map[string]*familyText{}, famText: map[famKey]*versionedText{}}
 }
 
 func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -95,8 +124,9 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// changed family gets a new one), so the response is written from them
 	// after the lock is released: a slow client does not hold up the next
 	// scrape.
+	fams := e.families()
 	e.mu.Lock()
-	named := make([]namedText, 0, len(mfs)+2*len(e.fams))
+	named := make([]namedText, 0, len(mfs)+2*len(fams))
 	prefix := string(format) + "\x00"
 	for _, mf := range mfs {
 		key := prefix + mf.GetName()
@@ -111,7 +141,7 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.cache[key] = ft
 		}
 		ft.seen = true
-		named = append(named, namedText{mf.GetName(), ft.text})
+		named = append(named, namedText{name: mf.GetName(), text: ft.text})
 	}
 	for k, ft := range e.cache {
 		if !ft.seen && strings.HasPrefix(k, prefix) {
@@ -119,11 +149,11 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ft.seen = false
 	}
-	for i, f := range e.fams {
+	for _, f := range fams {
 		// The version before the gathering: a change made meanwhile
 		// moves it past what is kept, and the next scrape gathers again.
 		v := f.version.Load()
-		key := prefix + strconv.Itoa(i)
+		key := famKey{format, f}
 		vt := e.famText[key]
 		if vt == nil || vt.version != v {
 			fmfs, err := f.reg.Gather()
@@ -135,16 +165,20 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			vt = &versionedText{version: v}
 			for _, mf := range fmfs {
 				if text, err := e.encode(mf, format); err == nil {
-					vt.parts = append(vt.parts, namedText{mf.GetName(), text})
+					vt.parts = append(vt.parts, namedText{name: mf.GetName(), part: f.part, text: text})
 				}
 			}
 			e.famText[key] = vt
 		}
 		named = append(named, vt.parts...)
 	}
+	named = e.sorted(named)
 	e.mu.Unlock()
-	// In the order of the names, as promhttp serves them.
-	slices.SortFunc(named, func(a, b namedText) int { return strings.Compare(a.name, b.name) })
+	for i := 1; i < len(named); i++ {
+		if named[i].name == named[i-1].name {
+			named[i].text = named[i].body()
+		}
+	}
 	size := 0
 	for _, n := range named {
 		size += len(n.text)
@@ -156,16 +190,8 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Add("Vary", "Accept-Encoding")
 	// The response is written with one write: net/http would send the
 	// parts in chunks of its 4 KB buffer, each a system call.
-	buf, _ := respBufs.Get().(*bytes.Buffer)
-	if buf == nil {
-		buf = new(bytes.Buffer)
-	}
-	defer func() {
-		if buf.Cap() <= 1<<20 { // a scrape is ~45 KB; an outsized one is not kept
-			buf.Reset()
-			respBufs.Put(buf)
-		}
-	}()
+	buf := getBuf()
+	defer putBuf(buf)
 	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
 		buf.Grow(size)
 		for _, n := range named {
@@ -173,24 +199,65 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	} else {
 		hdr.Set("Content-Encoding", "gzip")
-		gz, _ := gzipWriters.Get().(*gzip.Writer)
-		if gz == nil {
-			gz, _ = gzip.NewWriterLevel(buf, gzip.BestSpeed)
-		} else {
-			gz.Reset(buf)
-		}
+		plain := getBuf()
+		plain.Grow(size)
 		for _, n := range named {
-			gz.Write(n.text)
+			plain.Write(n.text)
 		}
-		gz.Close()
-		gzipWriters.Put(gz)
+		e.gzipper.gzip(buf, plain.Bytes())
+		putBuf(plain)
 	}
 	hdr.Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.Write(buf.Bytes())
 }
 
+// sorted is named in the order of the names, as promhttp serves them, and
+// the parts of a metric family in the order of their first label's value
+// (the order of its series in promhttp's). The texts are gathered in the
+// same order scrape after scrape, so the order found by the last sort is
+// used again until they are not.
+func (e *exposition) sorted(named []namedText) []namedText {
+	same := len(named) == len(e.orderKeys)
+	for i := 0; same && i < len(named); i++ {
+		same = named[i].name == e.orderKeys[i].name && named[i].part == e.orderKeys[i].part
+	}
+	if !same {
+		e.orderKeys, e.order = e.orderKeys[:0], e.order[:0]
+		for i, n := range named {
+			e.orderKeys = append(e.orderKeys, orderKey{n.name, n.part})
+			e.order = append(e.order, i)
+		}
+		slices.SortFunc(e.order, func(a, b int) int {
+			ka, kb := e.orderKeys[a], e.orderKeys[b]
+			if c := strings.Compare(ka.name, kb.name); c != 0 {
+				return c
+			}
+			return strings.Compare(ka.part, kb.part)
+		})
+	}
+	out := make([]namedText, len(named))
+	for i, j := range e.order {
+		out[i] = named[j]
+	}
+	return out
+}
+
 // respBufs are the response buffers, reused across scrapes.
 var respBufs sync.Pool
+
+func getBuf() *bytes.Buffer {
+	if buf, _ := respBufs.Get().(*bytes.Buffer); buf != nil {
+		return buf
+	}
+	return new(bytes.Buffer)
+}
+
+func putBuf(buf *bytes.Buffer) {
+	if buf.Cap() <= 1<<20 { // a scrape is ~50 KB; an outsized one is not kept
+		buf.Reset()
+		respBufs.Put(buf)
+	}
+}
 
 // encode is the text of a family in format.
 func (e *exposition) encode(mf *dto.MetricFamily, format expfmt.Format) ([]byte, error) {
@@ -203,10 +270,6 @@ func (e *exposition) encode(mf *dto.MetricFamily, format expfmt.Format) ([]byte,
 	}
 	return b.Bytes(), nil
 }
-
-// gzipWriters are reused across scrapes (a flate compressor is ~1 MB of
-// state to allocate).
-var gzipWriters sync.Pool
 
 // acceptsGzip reports whether an Accept-Encoding header allows gzip (and
 // does not refuse it with q=0).

@@ -91,6 +91,16 @@ func TestExpositionMatchesPromhttp(t *testing.T) {
 	check("a condition turned True and a check ran")
 	m.CheckRun("KubeletUnhealthy", ResultProblem, 20*time.Millisecond)
 	check("the same check ran again")
+	// Each check's and loop's series are a family of their own, merged
+	// into one metric family in the order of their labels.
+	for _, c := range []string{"NodeTampered", "ClockNotSynchronized", "ZZZ", "AAA"} {
+		m.CheckRun(c, ResultOK, time.Millisecond)
+		m.CheckRun(c, ResultTimeout, 30*time.Second)
+		m.LoopProgress("check/"+c, time.Unix(1700000000, 0))
+		check("the first run of " + c)
+	}
+	m.CheckRun("AAA", ResultError, 2*time.Second)
+	check("a check ran again")
 	m.LoopProgress("check/KubeletUnhealthy", time.Unix(1700000000, 0))
 	check("a loop made progress")
 	m.EventEmitted(Event{Reason: "OOMKilling"})
@@ -116,6 +126,7 @@ func TestExpositionMatchesPromhttp(t *testing.T) {
 	}()
 	for range 20 {
 		scrape(t, ours, "", "")
+		scrape(t, ours, "", "gzip")
 	}
 	<-done
 	check("after changes made while scraping")

@@ -2,6 +2,7 @@ package report
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,27 +32,48 @@ const (
 // check runs, durations and loop progress: ~480 of ~540 series) are not on
 // it: each is a family, on a registry of its own, that changes only through
 // a method of Metrics, which moves its version; a scrape gathers and encodes
-// it again only when its version moved (exposition.go). Gatherer gathers
-// them all.
+// it again only when its version moved (exposition.go). The check runs and
+// durations and the loop progress change at every check run, so each check's
+// and each loop's series are a family of their own: a run moves the version
+// of its check's and its loop's alone. Gatherer gathers them all.
 type Metrics struct {
 	Registry *prometheus.Registry
-	fams     []*family
+
+	famsMu sync.Mutex
+	fams   []*family // appended to, never changed
 
 	problemCounter  *prometheus.CounterVec
 	problemGauge    *prometheus.GaugeVec
 	conditionStatus *prometheus.GaugeVec
-	checkDuration   *prometheus.HistogramVec
-	checkRuns       *prometheus.CounterVec
-	loopProgress    *prometheus.GaugeVec
-	// The versions of the families above (the check runs and durations
-	// change together).
-	vProblemCounter, vProblemGauge, vConditionStatus, vCheck, vLoopProgress *family
-	stateWrites                                                             *prometheus.CounterVec
-	healthy                                                                 prometheus.Gauge
-	ready                                                                   prometheus.Gauge
-	configReloads                                                           *prometheus.CounterVec
-	configLastOK                                                            prometheus.Gauge
-	configLastTime                                                          prometheus.Gauge
+	// checkDuration, checkRuns and loopProgress have no series: they
+	// describe the families of checkParts and loopParts, made for each
+	// check and loop by its first run.
+	checkDuration *prometheus.HistogramVec
+	checkRuns     *prometheus.CounterVec
+	loopProgress  *prometheus.GaugeVec
+	partsMu       sync.Mutex
+	checkParts    map[string]*checkPart
+	loopParts     map[string]*loopPart
+	// The versions of the families above.
+	vProblemCounter, vProblemGauge, vConditionStatus *family
+	stateWrites                                      *prometheus.CounterVec
+	healthy                                          prometheus.Gauge
+	ready                                            prometheus.Gauge
+	configReloads                                    *prometheus.CounterVec
+	configLastOK                                     prometheus.Gauge
+	configLastTime                                   prometheus.Gauge
+}
+
+// checkPart is one check's runs and durations; loopPart one loop's progress.
+type checkPart struct {
+	f    *family
+	runs *prometheus.CounterVec
+	dur  *prometheus.HistogramVec
+}
+
+type loopPart struct {
+	f *family
+	g *prometheus.GaugeVec
 }
 
 // NewMetrics creates and registers every metric on a fresh registry.
@@ -71,19 +93,9 @@ func NewMetrics(version string) *Metrics {
 			Namespace: Namespace, Name: "condition_status",
 			Help: "Current status of each condition the daemon owns: 1 for the status it has, 0 for the others.",
 		}, []string{"condition", "status"}),
-		checkDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: Namespace, Name: "check_duration_seconds",
-			Help:    "Duration of check runs.",
-			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30},
-		}, []string{"check"}),
-		checkRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "check_runs_total",
-			Help: "Check runs by result: ok, problem, error, timeout, panic.",
-		}, []string{"check", "result"}),
-		loopProgress: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: Namespace, Name: "loop_last_progress_timestamp_seconds",
-			Help: "Unix time each of the daemon's loops last made progress.",
-		}, []string{"loop"}),
+		checkDuration: newCheckDuration(),
+		checkRuns:     newCheckRuns(),
+		loopProgress:  newLoopProgress(),
 		stateWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "state_writes_total",
 			Help: "Writes of the local state file, by result.",
@@ -120,11 +132,11 @@ func NewMetrics(version string) *Metrics {
 	// sees the first failed write.
 	m.stateWrites.WithLabelValues("ok")
 	m.stateWrites.WithLabelValues("error")
-	m.vProblemCounter = m.family(m.problemCounter)
-	m.vProblemGauge = m.family(m.problemGauge)
-	m.vConditionStatus = m.family(m.conditionStatus)
-	m.vCheck = m.family(m.checkDuration, m.checkRuns)
-	m.vLoopProgress = m.family(m.loopProgress)
+	m.vProblemCounter = m.family("", m.problemCounter)
+	m.vProblemGauge = m.family("", m.problemGauge)
+	m.vConditionStatus = m.family("", m.conditionStatus)
+	m.checkParts = map[string]*checkPart{}
+	m.loopParts = map[string]*loopPart{}
 	r.MustRegister(m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
 		collectors.NewGoCollector(), newProcessCollector())
 	return m
@@ -135,16 +147,55 @@ func NewMetrics(version string) *Metrics {
 // read the version before gathering and finds it unchanged later may serve
 // the text it encoded then.
 type family struct {
-	reg     *prometheus.Registry
+	reg *prometheus.Registry
+	// part: for one check's or loop's series, the value of their first
+	// label, which orders them among the other parts of their metric
+	// families; else "".
+	part    string
 	version atomic.Uint64
 }
 
 // family registers cs on a registry of their own, versioned.
-func (m *Metrics) family(cs ...prometheus.Collector) *family {
-	f := &family{reg: prometheus.NewRegistry()}
+func (m *Metrics) family(part string, cs ...prometheus.Collector) *family {
+	f := &family{reg: prometheus.NewRegistry(), part: part}
 	f.reg.MustRegister(cs...)
+	m.famsMu.Lock()
 	m.fams = append(m.fams, f)
+	m.famsMu.Unlock()
 	return f
+}
+
+// families are the versioned families made so far.
+func (m *Metrics) families() []*family {
+	m.famsMu.Lock()
+	defer m.famsMu.Unlock()
+	return m.fams[:len(m.fams):len(m.fams)]
+}
+
+// checkPart is check's runs and durations, made by its first run.
+func (m *Metrics) checkPart(check string) *checkPart {
+	m.partsMu.Lock()
+	defer m.partsMu.Unlock()
+	p := m.checkParts[check]
+	if p == nil {
+		p = &checkPart{runs: newCheckRuns(), dur: newCheckDuration()}
+		p.f = m.family(check, p.dur, p.runs)
+		m.checkParts[check] = p
+	}
+	return p
+}
+
+// loopPart is loop's progress, made by its first.
+func (m *Metrics) loopPart(loop string) *loopPart {
+	m.partsMu.Lock()
+	defer m.partsMu.Unlock()
+	p := m.loopParts[loop]
+	if p == nil {
+		p = &loopPart{g: newLoopProgress()}
+		p.f = m.family(loop, p.g)
+		m.loopParts[loop] = p
+	}
+	return p
 }
 
 // changed records a change made to f's metrics.
@@ -152,19 +203,21 @@ func (f *family) changed() { f.version.Add(1) }
 
 // Gatherer gathers every metric: Registry's and the versioned families'.
 func (m *Metrics) Gatherer() prometheus.Gatherer {
-	g := prometheus.Gatherers{m.Registry}
-	for _, f := range m.fams {
-		g = append(g, f.reg)
-	}
-	return g
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		g := prometheus.Gatherers{m.Registry}
+		for _, f := range m.families() {
+			g = append(g, f.reg)
+		}
+		return g.Gather()
+	})
 }
 
 // Describe sends the descriptors of every metric: Registry's and the
 // versioned families' (a vector with no series yet included).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.Registry.Describe(ch)
-	for _, f := range m.fams {
-		f.reg.Describe(ch)
+	for _, c := range []prometheus.Collector{m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns, m.loopProgress} {
+		c.Describe(ch)
 	}
 }
 
@@ -240,15 +293,17 @@ func (m *Metrics) EventEmitted(e Event) {
 
 // CheckRun records one run of a check.
 func (m *Metrics) CheckRun(check, result string, d time.Duration) {
-	m.checkRuns.WithLabelValues(check, result).Inc()
-	m.checkDuration.WithLabelValues(check).Observe(d.Seconds())
-	m.vCheck.changed()
+	p := m.checkPart(check)
+	p.runs.WithLabelValues(check, result).Inc()
+	p.dur.WithLabelValues(check).Observe(d.Seconds())
+	p.f.changed()
 }
 
 // LoopProgress records that a loop made progress.
 func (m *Metrics) LoopProgress(loop string, t time.Time) {
-	m.loopProgress.WithLabelValues(loop).Set(float64(t.UnixNano()) / 1e9)
-	m.vLoopProgress.changed()
+	p := m.loopPart(loop)
+	p.g.WithLabelValues(loop).Set(float64(t.UnixNano()) / 1e9)
+	p.f.changed()
 }
 
 // StateWrite records a write of the state file.
@@ -311,4 +366,26 @@ func Value(m prometheus.Metric) float64 {
 // ("ok" or "error").
 func (m *Metrics) StateWritesFor(result string) prometheus.Counter {
 	return m.stateWrites.WithLabelValues(result)
+}
+
+func newCheckDuration() *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Name: "check_duration_seconds",
+		Help:    "Duration of check runs.",
+		Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30},
+	}, []string{"check"})
+}
+
+func newCheckRuns() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "check_runs_total",
+		Help: "Check runs by result: ok, problem, error, timeout, panic.",
+	}, []string{"check", "result"})
+}
+
+func newLoopProgress() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "loop_last_progress_timestamp_seconds",
+		Help: "Unix time each of the daemon's loops last made progress.",
+	}, []string{"loop"})
 }

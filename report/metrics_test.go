@@ -55,8 +55,8 @@ autopilot_health_check_runs_total{check="DiskUsageHigh",result="problem"} 1
 		"problem_counter", "problem_gauge", "autopilot_health_condition_status", "autopilot_health_check_runs_total"); err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(m.checkDuration); n != 2 {
-		t.Errorf("check_duration_seconds has %d series, want 2", n)
+	if n, err := testutil.GatherAndCount(m.Gatherer(), "autopilot_health_check_duration_seconds"); err != nil || n != 2 {
+		t.Errorf("check_duration_seconds has %d series, want 2 (%v)", n, err)
 	}
 	mfs, err := m.Gatherer().Gather()
 	if err != nil {
