@@ -219,7 +219,7 @@ func (r *Runner) RunOnce(ctx context.Context) []report.Condition {
 	es := r.current()
 	var wg sync.WaitGroup
 	for _, e := range es {
-		wg.Go(func() { r.runOne(ctx, e) })
+		wg.Go(func() { r.runOne(ctx, e, nil) })
 	}
 	wg.Wait()
 	var out []report.Condition
@@ -430,6 +430,8 @@ func (r *Runner) Wake(cond string) bool {
 func (r *Runner) loop(ctx context.Context, e *entry, grid tick.Grid, offset time.Duration, first func()) {
 	t := time.NewTimer(offset)
 	defer t.Stop()
+	runs := make(chan probeRun)
+	go e.worker(ctx, runs)
 	var start time.Time
 	for n := 0; ; n++ {
 		select {
@@ -445,7 +447,7 @@ func (r *Runner) loop(ctx context.Context, e *entry, grid tick.Grid, offset time
 		case <-t.C:
 		}
 		start = time.Now()
-		r.runOne(ctx, e)
+		r.runOne(ctx, e, runs)
 		if ctx.Err() != nil {
 			return
 		}
@@ -486,8 +488,46 @@ type outcome struct {
 	stack []byte
 }
 
-// runOne runs one probe with its timeout and records the result.
-func (r *Runner) runOne(ctx context.Context, e *entry) {
+// probeRun asks a check's worker for one probe.
+type probeRun struct {
+	ctx  context.Context
+	done chan<- outcome // buffered: the worker never waits on it
+}
+
+// worker probes the check for its loop, one run after another, until ctx
+// is done: one goroutine for the loop's life, whose stack grows once, where
+// a goroutine per run grew a stack of its own each time. A probe that
+// ignores its context keeps the worker until it returns; the runs meanwhile
+// find the check still running (runOne).
+func (e *entry) worker(ctx context.Context, runs <-chan probeRun) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case pr := <-runs:
+			pr.done <- e.probe(pr.ctx)
+		}
+	}
+}
+
+// probe runs the check's probe, a panic recovered as the outcome. The check
+// is no longer running when probe returns, before the outcome is handed
+// over: a run right after this one (RunOnce again, a wake) must not find it
+// still running.
+func (e *entry) probe(ctx context.Context) (o outcome) {
+	defer func() {
+		if p := recover(); p != nil {
+			o = outcome{panic: p, stack: debug.Stack()}
+		}
+		e.running.Store(false)
+	}()
+	o.res, o.err = e.check.Probe(ctx)
+	return o
+}
+
+// runOne runs one probe with its timeout and records the result: on the
+// loop's worker (runs), or with runs nil on a goroutine of its own.
+func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	start := time.Now()
 	var c report.Condition
 	var result string
@@ -502,20 +542,17 @@ func (r *Runner) runOne(ctx context.Context, e *entry) {
 		cctx, cancel := context.WithTimeout(ctx, e.timeout)
 		defer cancel()
 		done := make(chan outcome, 1)
-		go func() {
-			var o outcome
-			// The check is no longer running before its outcome is handed
-			// over: a run right after this one (RunOnce again, a wake)
-			// must not find it still running.
-			defer func() {
-				if p := recover(); p != nil {
-					o = outcome{panic: p, stack: debug.Stack()}
-				}
+		if runs == nil {
+			go func() { done <- e.probe(cctx) }()
+		} else {
+			// Not running: the worker is idle, or about to be.
+			select {
+			case runs <- probeRun{cctx, done}:
+			case <-ctx.Done():
 				e.running.Store(false)
-				done <- o
-			}()
-			o.res, o.err = e.check.Probe(cctx)
-		}()
+				return // shutting down: record nothing
+			}
+		}
 		select {
 		case o := <-done:
 			c, result = r.interpret(e, o)

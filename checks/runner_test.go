@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ func (f probeFunc) Probe(ctx context.Context) (Result, error) { return f(ctx) }
 
 func fixed(c Check) Factory { return func(*Env) (Check, error) { return c, nil } }
 
-func testEnv(t *testing.T, mutate func(c *config.Config)) *Env {
+func testEnv(t testing.TB, mutate func(c *config.Config)) *Env {
 	t.Helper()
 	c := config.Default()
 	c.Runner.FirstRunSpread = config.Duration{Duration: 4 * time.Second}
@@ -234,6 +235,64 @@ func TestRunnerRecoversFromPanicAndKeepsRunning(t *testing.T) {
 			t.Errorf("the loop did not survive the panic: %+v", c)
 		}
 		stop()
+	})
+}
+
+// goroutineID is the calling goroutine's number, from its stack's header.
+func goroutineID() string {
+	var buf [64]byte
+	header := string(buf[:runtime.Stack(buf[:], false)])
+	id, _, _ := strings.Cut(strings.TrimPrefix(header, "goroutine "), " ")
+	return id
+}
+
+// A check's loop probes on one worker goroutine, run after run, through a
+// panic and a probe stuck past its timeout; the worker ends with the loop.
+func TestRunnerProbesOnOneWorker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var ids []string
+		release := make(chan struct{})
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			ids = append(ids, goroutineID())
+			n := len(ids)
+			mu.Unlock()
+			switch n {
+			case 2:
+				panic("boom")
+			case 3:
+				<-release // past the timeout
+			}
+			return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
+		})
+		store, stop := loopNodeInfo(t, probe)
+		for range 3 {
+			time.Sleep(time.Minute)
+			synctest.Wait()
+		}
+		if c, _ := store.Get("NodeInfoStale"); c.Message != "the previous run (timeout 10s) has still not returned" {
+			t.Errorf("while the third probe is stuck: %+v", c)
+		}
+		close(release)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
+			t.Errorf("after the stuck probe returned: %+v", c)
+		}
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ids) != 4 {
+			t.Fatalf("%d probes, want 4", len(ids))
+		}
+		for _, id := range ids {
+			if id != ids[0] {
+				t.Errorf("probes ran on goroutines %v, want one", ids)
+				break
+			}
+		}
+		// synctest.Test fails if the worker outlives the loop.
 	})
 }
 
@@ -455,5 +514,52 @@ func TestNextRun(t *testing.T) {
 		if gap := nextRun(grid, at(tc.start), tc.interval).Sub(at(tc.start)); gap > tc.interval+minWakeGap || gap <= 0 {
 			t.Errorf("start %s, interval %s: next after %s", tc.start, tc.interval, gap)
 		}
+	}
+}
+
+// deep uses about n KB of stack, as a probe deep in net/http, TLS or D-Bus
+// decoding does.
+//
+//go:noinline
+func deep(n int) int {
+	var pad [1000]byte
+	pad[n%len(pad)] = byte(n)
+	if n == 0 {
+		return int(pad[0])
+	}
+	return deep(n-1) + int(pad[n%len(pad)])
+}
+
+// BenchmarkRunOne is one run of a check whose probe uses 32 KB of stack: on
+// the loop's worker, and ("goroutine") on a goroutine of its own, as each
+// run was before, whose stack grew from the start every time.
+func BenchmarkRunOne(b *testing.B) {
+	env := testEnv(b, nil)
+	probe := probeFunc(func(context.Context) (Result, error) {
+		deep(32)
+		return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
+	})
+	r, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := r.current()[0]
+	for _, worker := range []bool{true, false} {
+		name := "worker"
+		if !worker {
+			name = "goroutine"
+		}
+		b.Run(name, func(b *testing.B) {
+			ctx, cancel := context.WithCancel(b.Context())
+			defer cancel()
+			var runs chan probeRun
+			if worker {
+				runs = make(chan probeRun)
+				go e.worker(ctx, runs)
+			}
+			for b.Loop() {
+				r.runOne(ctx, e, runs)
+			}
+		})
 	}
 }

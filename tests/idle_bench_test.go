@@ -43,7 +43,9 @@ kubeconfig = %[4]q
 // After the first pass and IDLE_WARMUP (30s), over IDLE_WINDOW (120s): the
 // CPU of the daemon's threads (schedstat) in ms/min, the times its threads
 // waited (most of an idle daemon's CPU on a VM is waking up) and were
-// preempted per minute, and its VmRSS at the end. Runs of 2 minutes vary by
+// preempted per minute, its VmRSS at the end, and the heap it allocated
+// (MB/min) and its garbage collections per minute (from its go_* metrics,
+// read just outside the window). Runs of 2 minutes vary by
 // a quarter and more: IDLE_WINDOW=10m for figures to keep.
 //
 //	go test -tags integration ./tests -run '^$' -bench IdleOnAHealthyNode -benchtime=1x
@@ -117,12 +119,34 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 			return ok && v == 1, lastBytes(s.Journal("autopilot-health.service"), 2000)
 		})
 	}
-	time.Sleep(warmup) // the measurement's own pace: nothing to await
+	// The heap allocated and the collections, from the daemon's own
+	// metrics, read outside the window (a scrape costs CPU): before the
+	// warm-up and after VmRSS is read.
+	runtimeStats := func() (alloc, gcs float64) {
+		page, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+		if err != nil {
+			b.Fatal(err)
+		}
+		alloc, _ = metricValue(page, "go_memstats_alloc_bytes_total")
+		gcs, _ = metricValue(page, "go_gc_duration_seconds_count")
+		return alloc, gcs
+	}
+	at := time.Now()
+	alloc0, gc0 := runtimeStats()
+	time.Sleep(warmup - time.Since(at)) // the measurement's own pace: nothing to await
 	b.ResetTimer()
+	threads0 := threadStats(proc)
 	cpu0, vol0, pre0, at0 := schedstat(b, proc), switches(proc, "voluntary"), switches(proc, "nonvoluntary"), time.Now()
 	time.Sleep(window) // idle: the measured time
 	cpu1, vol1, pre1, at1 := schedstat(b, proc), switches(proc, "voluntary"), switches(proc, "nonvoluntary"), time.Now()
+	threads1 := threadStats(proc)
 	b.StopTimer()
+	// Each thread's share (the runtime's sysmon is the second thread, the
+	// main thread's id + 1).
+	for tid, t1 := range threads1 {
+		t0 := threads0[tid]
+		b.Logf("thread %s: %.2f ms/min CPU, %.0f waits/min", tid, float64(t1.cpu-t0.cpu)/1e6/at1.Sub(at0).Minutes(), float64(t1.waits-t0.waits)/at1.Sub(at0).Minutes())
+	}
 	status, _ := os.ReadFile(filepath.Join(proc, "status"))
 	var rss float64
 	for line := range strings.SplitSeq(string(status), "\n") {
@@ -131,6 +155,7 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 			rss = kb / 1024
 		}
 	}
+	alloc1, gc1 := runtimeStats()
 	if profile != "" {
 		if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
 			b.Fatal(err)
@@ -147,6 +172,9 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	b.ReportMetric(float64(vol1-vol0)/at1.Sub(at0).Minutes(), "waits/min")
 	b.ReportMetric(float64(pre1-pre0)/at1.Sub(at0).Minutes(), "preempted/min")
 	b.ReportMetric(rss, "VmRSS-MiB")
+	// Over the warm-up and the window.
+	b.ReportMetric((alloc1-alloc0)/1e6/time.Since(at).Minutes(), "alloc-MB/min")
+	b.ReportMetric((gc1-gc0)/time.Since(at).Minutes(), "gc/min")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -189,6 +217,28 @@ func switches(proc, kind string) int64 {
 		}
 	}
 	return sum
+}
+
+type threadStat struct{ cpu, waits int64 }
+
+// threadStats is each thread's CPU (ns) and voluntary switches, by id.
+func threadStats(proc string) map[string]threadStat {
+	out := map[string]threadStat{}
+	tasks, _ := filepath.Glob(filepath.Join(proc, "task", "*"))
+	for _, dir := range tasks {
+		var t threadStat
+		if raw, err := os.ReadFile(filepath.Join(dir, "schedstat")); err == nil {
+			fmt.Sscan(string(raw), &t.cpu)
+		}
+		raw, _ := os.ReadFile(filepath.Join(dir, "status"))
+		for line := range strings.SplitSeq(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				t.waits, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			}
+		}
+		out[filepath.Base(dir)] = t
+	}
+	return out
 }
 
 // envDuration is the duration in the environment variable name, or def.
