@@ -5,16 +5,19 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"encoding/json"
 
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -47,10 +50,10 @@ type Client interface {
 
 // NewClient builds a client from a node-scoped kubeconfig (the kubelet's
 // /etc/kubernetes/kubelet.conf). When the kubeconfig names its client
-// certificate by path (kubelet-client-current.pem, a symlink the kubelet
-// moves on rotation), client-go reloads the file every
-// transport.CertCallbackRefreshDuration (5 min) and reconnects with the new
-// certificate: no restart needed.
+// certificate and key by path (kubelet-client-current.pem, a symlink the
+// kubelet moves on rotation), each call first checks whether either file
+// changed and then uses the new certificate, on new connections: no restart
+// needed (rotatingClient).
 func NewClient(path, userAgent string) (Client, string, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, "", fmt.Errorf("%w: %s does not exist", ErrNoKubeconfig, path)
@@ -65,11 +68,129 @@ func NewClient(path, userAgent string) (Client, string, error) {
 	// Our own write pacing (coalescing, heartbeats, event aggregation) keeps
 	// the rate far below this; it only bounds a bug.
 	cfg.QPS, cfg.Burst = 5, 10
-	c, err := newRESTClient(cfg)
+	var c Client
+	if tc := cfg.TLSClientConfig; tc.CertFile != "" && tc.KeyFile != "" && len(tc.CertData) == 0 && len(tc.KeyData) == 0 {
+		r := &rotatingClient{cfg: cfg, certFile: tc.CertFile, keyFile: tc.KeyFile}
+		_, err = r.client()
+		c = r
+	} else {
+		c, err = newRESTClient(cfg)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return c, cfg.Host, nil
+}
+
+// rotatingClient is the client of a kubeconfig that names its client
+// certificate and key by path. client-go would reload the files itself, but
+// with a controller whose work queue wakes the daemon every 10 s for its
+// whole life (k8s.io/client-go/util/workqueue's heartbeat), off the grid of
+// the daemon's other wake-ups. Instead, the files are read into the
+// configuration, and before each call (a few a minute at most) rotatingClient
+// compares the files' identity and time with those it read: when either
+// changed, and the pair read now is a valid one, it makes a client with it,
+// whose transport dials new connections that present the new certificate.
+// Until then (a half-written file, an unreadable one) the last client stays.
+type rotatingClient struct {
+	cfg               *rest.Config // the files' names, not their contents
+	certFile, keyFile string
+
+	mu    sync.Mutex
+	read  [2]fileStamp // of certFile and keyFile when cur was made
+	cur   Client
+	certs int // clients made, for tests
+}
+
+// fileStamp tells a file apart from the one before it under the same name.
+type fileStamp struct {
+	dev, ino, size uint64
+	mtime          int64
+}
+
+func stampOf(path string) fileStamp {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return fileStamp{}
+	}
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano()}
+}
+
+// client is the client for the certificate in the files now.
+func (r *rotatingClient) client() (Client, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	stamps := [2]fileStamp{stampOf(r.certFile), stampOf(r.keyFile)}
+	if r.cur != nil && stamps == r.read {
+		return r.cur, nil
+	}
+	c, err := r.load()
+	if err != nil {
+		if r.cur != nil {
+			return r.cur, nil // the next call tries again
+		}
+		return nil, err
+	}
+	r.cur, r.read = c, stamps
+	r.certs++
+	return c, nil
+}
+
+func (r *rotatingClient) load() (Client, error) {
+	cert, err := os.ReadFile(r.certFile)
+	if err != nil {
+		return nil, err
+	}
+	key, err := os.ReadFile(r.keyFile)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tls.X509KeyPair(cert, key); err != nil {
+		return nil, fmt.Errorf("client certificate %s and key %s: %w", r.certFile, r.keyFile, err)
+	}
+	cfg := rest.CopyConfig(r.cfg)
+	cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData = "", "", cert, key
+	return newRESTClient(cfg)
+}
+
+func (r *rotatingClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
+	c, err := r.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.GetNode(ctx, name)
+}
+
+func (r *rotatingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	c, err := r.client()
+	if err != nil {
+		return err
+	}
+	return c.PatchNodeStatus(ctx, name, patch)
+}
+
+func (r *rotatingClient) PatchNode(ctx context.Context, name string, patch []byte) error {
+	c, err := r.client()
+	if err != nil {
+		return err
+	}
+	return c.PatchNode(ctx, name, patch)
+}
+
+func (r *rotatingClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
+	c, err := r.client()
+	if err != nil {
+		return err
+	}
+	return c.CreateEvent(ctx, ev)
+}
+
+func (r *rotatingClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+	c, err := r.client()
+	if err != nil {
+		return err
+	}
+	return c.PatchEvent(ctx, namespace, name, patch)
 }
 
 // Dialer returns an Options.Dial for the API server at server (a
