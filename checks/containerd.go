@@ -27,6 +27,9 @@ func newContainerdCheck(env *Env) (Check, error) {
 		cri: newCRIClient(env.Path(c.Socket))}, nil
 }
 
+// Close closes the kept CRI connection (Closer).
+func (c *containerdCheck) Close() { c.cri.close() }
+
 func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()

@@ -156,6 +156,12 @@ func TestCRIProbeKeepsItsConnection(t *testing.T) {
 	if n, n2 := rl.accepted.Load(), rl2.accepted.Load(); n != 3 || n2 != 1 {
 		t.Errorf("socket replaced: %d connections to the old runtime, %d to the new; want 3 and 1", n, n2)
 	}
+	// The check closed (removed by a reload): its connection is let go.
+	(&containerdCheck{cri: c}).Close()
+	probe("after Close")
+	if n2 := rl2.accepted.Load(); n2 != 2 {
+		t.Errorf("after Close: %d connections to the new runtime, want 2", n2)
+	}
 }
 
 // The kubelet probe keeps its connection too, and kubelet's restart
@@ -178,8 +184,16 @@ func TestKubeletProbeKeepsItsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := ch.(*kubeletCheck)
-	probeRestarted(t, rl, prober(t, k.probe))
+	probe := prober(t, k.probe)
+	probeRestarted(t, rl, probe)
 	if n := rl.accepted.Load(); n != 2 {
 		t.Errorf("after the restart: %d connections, want 2", n)
+	}
+	// Closed (the check removed by a reload): the connection is let go,
+	// and a probe still running then may make a new one.
+	k.Close()
+	probe("after Close")
+	if n := rl.accepted.Load(); n != 3 {
+		t.Errorf("after Close: %d connections, want 3", n)
 	}
 }

@@ -33,6 +33,10 @@ func newKubeletCheck(env *Env) (Check, error) {
 			MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
 }
 
+// Close closes the kept connection (Closer): a check a reload replaced does
+// not hold it until its idle timeout.
+func (c *kubeletCheck) Close() { c.client.CloseIdleConnections() }
+
 func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
 	if err := c.probe(ctx); err != nil {
 		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonKubeletHealthzFailed, err), nil

@@ -23,6 +23,22 @@ type Watcher interface {
 	Watch(ctx context.Context, wake func())
 }
 
+// Closer is a check that keeps something open between its runs (a probe's
+// connection). The runner closes it once its loop stopped for good: the
+// check removed or replaced by a reload (Apply), or the runner stopped
+// (Run). A probe still running then (one that ignores its context) may
+// open it again; Close must allow that.
+type Closer interface {
+	Close()
+}
+
+// closeCheck closes e's check if it is a Closer.
+func closeCheck(e *entry) {
+	if c, ok := e.check.(Closer); ok {
+		c.Close()
+	}
+}
+
 // minWakeGap bounds how often wake-ups run a check (a burst of file
 // notifications is one run).
 const minWakeGap = time.Second
@@ -257,6 +273,9 @@ func (r *Runner) Run(ctx context.Context, firstPass func()) {
 	r.stopped = true
 	r.mu.Unlock()
 	r.wg.Wait()
+	for _, e := range r.current() {
+		closeCheck(e)
+	}
 }
 
 // startLocked starts the loops of es (those not started yet), their first
@@ -388,6 +407,7 @@ func (r *Runner) Apply(env *Env) (Applied, error) {
 		if e.done != nil {
 			<-e.done
 		}
+		closeCheck(e)
 	}
 	r.mu.Lock()
 	if r.ctx != nil && !r.stopped {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -177,6 +178,59 @@ func TestApplyThatFailsChangesNothing(t *testing.T) {
 		}
 		if got := runsOf(&runs, "NodeInfoStale"); !slices.Equal(got, []time.Duration{time.Second, time.Minute}) {
 			t.Errorf("NodeInfoStale ran at %v, want it still running", got)
+		}
+	})
+}
+
+// closingCheck counts its Close calls.
+type closingCheck struct {
+	Check
+	closed atomic.Int32
+}
+
+func (c *closingCheck) Close() { c.closed.Add(1) }
+
+// A check that keeps something open is closed when a reload removes or
+// replaces it, and the others when the runner stops.
+func TestApplyClosesTheChecksItStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		made := map[string][]*closingCheck{}
+		var mu sync.Mutex
+		factories := map[string]Factory{}
+		for name, res := range healthy {
+			factories[name] = func(*Env) (Check, error) {
+				c := &closingCheck{Check: probeFunc(func(context.Context) (Result, error) { return res, nil })}
+				mu.Lock()
+				made[name] = append(made[name], c)
+				mu.Unlock()
+				return c, nil
+			}
+		}
+		r, err := NewRunner(reloadEnv(t, nil), Options{Store: report.NewStore("b"), Factories: factories})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { r.Run(ctx, nil); close(done) }()
+		time.Sleep(10 * time.Second)
+		if _, err := r.Apply(reloadEnv(t, func(c *config.Config) {
+			c.Checks.CNIUnhealthy.Interval = config.Duration{Duration: 20 * time.Second} // replaced
+			c.Checks.NodeInfoStale.Enabled = false                                       // removed
+		})); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		closed := func(name string, i int) int32 { return made[name][i].closed.Load() }
+		if closed("NodeInfoStale", 0) != 1 || closed("CNIUnhealthy", 0) != 1 || closed("DiskUsageHigh", 0) != 0 || closed("CNIUnhealthy", 1) != 0 {
+			t.Errorf("after the reload: closed NodeInfoStale %d, the old CNIUnhealthy %d, DiskUsageHigh %d, the new CNIUnhealthy %d; want 1 1 0 0",
+				closed("NodeInfoStale", 0), closed("CNIUnhealthy", 0), closed("DiskUsageHigh", 0), closed("CNIUnhealthy", 1))
+		}
+		mu.Unlock()
+		cancel()
+		<-done
+		if closed("DiskUsageHigh", 0) != 1 || closed("CNIUnhealthy", 1) != 1 {
+			t.Errorf("after the runner stopped: closed DiskUsageHigh %d, the new CNIUnhealthy %d; want 1 1", closed("DiskUsageHigh", 0), closed("CNIUnhealthy", 1))
 		}
 	})
 }

@@ -573,6 +573,9 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				<-h.r.Adopted()
 				time.Sleep(time.Minute)
 				mu.Lock()
+				if dials != 0 {
+					t.Errorf("%d dials in a minute with nothing failing: want the probe asleep", dials)
+				}
 				down = true
 				mu.Unlock()
 				var last time.Time
@@ -610,6 +613,14 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				if d < 500 || d > 700 {
 					t.Errorf("%d dials during a 10-minute outage: want one a second while the writes fail", d)
 				}
+				// Back: once the writes succeed, the probe sleeps again.
+				time.Sleep(10 * time.Minute)
+				synctest.Wait()
+				mu.Lock()
+				if more := dials - d; more > 60 {
+					t.Errorf("%d more dials in the 10 minutes after the return: want the probe asleep", more)
+				}
+				mu.Unlock()
 				h.stop()
 			})
 		})
