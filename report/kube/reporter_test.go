@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -734,4 +735,63 @@ func TestEventWriterWakesOnlyWhenAWriteIsDue(t *testing.T) {
 			t.Errorf("%s: next write in %s, want %s", tc.name, got, tc.want)
 		}
 	}
+}
+
+// The report annotations are refreshed, and the idle event writer beats, on
+// the daemon's grid (tick.Grid): at multiples of their periods from the
+// daemon's start, though the reporter started off it.
+func TestPeriodicWritesOnTheGrid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		grid := tick.New(time.Now())
+		time.Sleep(7 * time.Second)
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		var patches []time.Duration
+		beats := map[string][]time.Duration{}
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if a.GetSubresource() == "" {
+				mu.Lock()
+				patches = append(patches, time.Since(grid.Anchor()))
+				mu.Unlock()
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		r := New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil), Grid: grid,
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
+			Progress: func(loop string, _ time.Duration) {
+				mu.Lock()
+				beats[loop] = append(beats[loop], time.Since(grid.Anchor()))
+				mu.Unlock()
+			}})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		time.Sleep(10 * time.Minute)
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		// The first write at the start, then every 2 minutes on the grid.
+		if len(patches) != 6 || patches[0] != 7*time.Second {
+			t.Fatalf("annotation writes at %v: want the first at 7s, then five on the 2m grid", patches)
+		}
+		for _, p := range patches[1:] {
+			if p%(2*time.Minute) != 0 {
+				t.Errorf("annotation writes at %v: off the 2m grid", patches)
+				break
+			}
+		}
+		ev := beats[eventsLoop]
+		if len(ev) < 10 {
+			t.Fatalf("the event writer beat at %v: want once a minute", ev)
+		}
+		for _, b := range ev[1:] {
+			if b%time.Minute != 0 {
+				t.Errorf("the event writer beat at %v: off the 1m grid", ev)
+				break
+			}
+		}
+	})
 }
