@@ -525,9 +525,26 @@ func (e *entry) worker(ctx context.Context, runs <-chan probeRun) {
 		case <-ctx.Done():
 			return
 		case pr := <-runs:
-			pr.done <- e.probe(pr.ctx)
+			if !e.probeOn(ctx, pr, runs) {
+				return // a new worker took over
+			}
 		}
 	}
+}
+
+// probeOn runs one probe for the worker and hands its outcome over. A probe
+// that ends its goroutine (runtime.Goexit, as a test's FailNow does) ends
+// the worker: the run gets that as its outcome, and a new worker takes the
+// next runs, or the loop would wait on runs forever.
+func (e *entry) probeOn(ctx context.Context, pr probeRun, runs <-chan probeRun) (ok bool) {
+	defer func() {
+		if !ok {
+			pr.done <- outcome{panic: "the probe ended its goroutine (runtime.Goexit)"}
+			go e.worker(ctx, runs)
+		}
+	}()
+	pr.done <- e.probe(pr.ctx)
+	return true
 }
 
 // probe runs the check's probe, a panic recovered as the outcome. The check

@@ -296,6 +296,43 @@ func TestRunnerProbesOnOneWorker(t *testing.T) {
 	})
 }
 
+// A probe that ends its goroutine (runtime.Goexit) is reported like a
+// panic, and the check runs on: a new worker takes its next runs.
+func TestRunnerSurvivesAProbeThatEndsItsGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		n := 0
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			n++
+			first := n == 1
+			mu.Unlock()
+			if first {
+				runtime.Goexit()
+			}
+			return Result{Status: report.StatusFalse, Reason: "NodeInfoFresh"}, nil
+		})
+		store, stop := loopNodeInfo(t, probe)
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Reason != report.ReasonCheckPanicked || !strings.Contains(c.Message, "runtime.Goexit") {
+			t.Errorf("after the probe ended its goroutine: %+v", c)
+		}
+		for range 3 {
+			time.Sleep(time.Minute)
+			synctest.Wait()
+		}
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
+			t.Errorf("the check did not run on: %+v", c)
+		}
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if n != 4 {
+			t.Errorf("%d probes in 3 minutes, want 4", n)
+		}
+	})
+}
+
 func TestRunnerTransitionTimes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		results := []Result{

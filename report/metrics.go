@@ -54,6 +54,8 @@ type Metrics struct {
 	partsMu       sync.Mutex
 	checkParts    map[string]*checkPart
 	loopParts     map[string]*loopPart
+	// versionedAll gathers all the versioned families at once (Gatherer).
+	versionedAll *prometheus.Registry
 	// The versions of the families above.
 	vProblemCounter, vProblemGauge, vConditionStatus *family
 	stateWrites                                      *prometheus.CounterVec
@@ -137,6 +139,8 @@ func NewMetrics(version string) *Metrics {
 	m.vConditionStatus = m.family("", m.conditionStatus)
 	m.checkParts = map[string]*checkPart{}
 	m.loopParts = map[string]*loopPart{}
+	m.versionedAll = prometheus.NewRegistry()
+	m.versionedAll.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, partsCollector{m})
 	r.MustRegister(m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
 		collectors.NewGoCollector(), newProcessCollector())
 	return m
@@ -201,15 +205,36 @@ func (m *Metrics) loopPart(loop string) *loopPart {
 // changed records a change made to f's metrics.
 func (f *family) changed() { f.version.Add(1) }
 
-// Gatherer gathers every metric: Registry's and the versioned families'.
+// Gatherer gathers every metric: Registry's and the versioned families',
+// the latter through one registry of their own (versionedAll), not the
+// registries of each part (one per check and per loop): protobuf scrapes and
+// tests gather this way.
 func (m *Metrics) Gatherer() prometheus.Gatherer {
-	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		g := prometheus.Gatherers{m.Registry}
-		for _, f := range m.families() {
-			g = append(g, f.reg)
-		}
-		return g.Gather()
-	})
+	return prometheus.Gatherers{m.Registry, m.versionedAll}
+}
+
+// partsCollector collects the series of every check's and loop's part.
+type partsCollector struct{ m *Metrics }
+
+func (p partsCollector) Describe(ch chan<- *prometheus.Desc) {
+	p.m.checkDuration.Describe(ch)
+	p.m.checkRuns.Describe(ch)
+	p.m.loopProgress.Describe(ch)
+}
+
+func (p partsCollector) Collect(ch chan<- prometheus.Metric) {
+	p.m.partsMu.Lock()
+	var cs []prometheus.Collector
+	for _, c := range p.m.checkParts {
+		cs = append(cs, c.runs, c.dur)
+	}
+	for _, l := range p.m.loopParts {
+		cs = append(cs, l.g)
+	}
+	p.m.partsMu.Unlock()
+	for _, c := range cs {
+		c.Collect(ch)
+	}
 }
 
 // Describe sends the descriptors of every metric: Registry's and the

@@ -37,7 +37,8 @@ func scrapeDaemon(b testing.TB) *Daemon {
 	return d
 }
 
-// BenchmarkScrape is one GET /metrics as Prometheus makes it (gzip) and as
+// BenchmarkScrape is one GET /metrics as Prometheus makes it (gzip; its
+// Accept header, text by default, protobuf with native histograms on) and as
 // curl makes it (plain text), with nothing changed since the last scrape
 // but the go_* and process_* families, and ("after runs") after the two
 // 10 s checks ran, as between two scrapes 15 s apart on an idle node.
@@ -45,8 +46,12 @@ func scrapeDaemon(b testing.TB) *Daemon {
 func BenchmarkScrape(b *testing.B) {
 	d := scrapeDaemon(b)
 	h := d.Handler()
+	const (
+		text     = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+		protobuf = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6," + text
+	)
 	for _, runs := range []bool{false, true} {
-		for _, enc := range []string{"gzip", "identity"} {
+		for _, enc := range []string{"gzip", "identity", "protobuf"} {
 			name := enc
 			if runs {
 				name += ",after_runs"
@@ -54,13 +59,19 @@ func BenchmarkScrape(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
 				req.Header.Set("Accept-Encoding", enc)
-				req.Header.Set("Accept", "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+				req.Header.Set("Accept", text)
+				if enc == "protobuf" {
+					req.Header.Set("Accept-Encoding", "gzip")
+					req.Header.Set("Accept", protobuf)
+				}
 				size, i := 0, 0
 				for b.Loop() {
 					if runs {
 						i++
-						d.metrics.CheckRun("KubeletUnhealthy", report.ResultOK, time.Duration(i%50)*time.Millisecond)
-						d.metrics.CheckRun("ContainerRuntimeUnhealthy", report.ResultOK, time.Duration(i%70)*time.Millisecond)
+						for _, c := range []string{"KubeletUnhealthy", "ContainerRuntimeUnhealthy"} {
+							d.metrics.CheckRun(c, report.ResultOK, time.Duration(i%50)*time.Millisecond)
+							d.metrics.LoopProgress("check/"+c, time.Now())
+						}
 					}
 					w := httptest.NewRecorder()
 					h.ServeHTTP(w, req)

@@ -30,7 +30,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	lastErr := ""
 	var dial func(context.Context) error
 	for client == nil {
-		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version)
+		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
 		if err == nil {
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
 			d.setKubeState("reporting", "to "+host+" as node "+d.currentEnv().NodeName+" (kubeconfig "+path+")")

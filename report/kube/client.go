@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -53,8 +55,9 @@ type Client interface {
 // certificate and key by path (kubelet-client-current.pem, a symlink the
 // kubelet moves on rotation), each call first checks whether either file
 // changed and then uses the new certificate, on new connections: no restart
-// needed (rotatingClient).
-func NewClient(path, userAgent string) (Client, string, error) {
+// needed (rotatingClient; log, if not nil, says when it reloads them or
+// cannot).
+func NewClient(path, userAgent string, log *slog.Logger) (Client, string, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, "", fmt.Errorf("%w: %s does not exist", ErrNoKubeconfig, path)
 	}
@@ -70,7 +73,7 @@ func NewClient(path, userAgent string) (Client, string, error) {
 	cfg.QPS, cfg.Burst = 5, 10
 	var c Client
 	if tc := cfg.TLSClientConfig; tc.CertFile != "" && tc.KeyFile != "" && len(tc.CertData) == 0 && len(tc.KeyData) == 0 {
-		r := &rotatingClient{cfg: cfg, certFile: tc.CertFile, keyFile: tc.KeyFile}
+		r := &rotatingClient{cfg: cfg, certFile: tc.CertFile, keyFile: tc.KeyFile, log: log}
 		_, err = r.client()
 		c = r
 	} else {
@@ -90,16 +93,20 @@ func NewClient(path, userAgent string) (Client, string, error) {
 // configuration, and before each call (a few a minute at most) rotatingClient
 // compares the files' identity and time with those it read: when either
 // changed, and the pair read now is a valid one, it makes a client with it,
-// whose transport dials new connections that present the new certificate.
-// Until then (a half-written file, an unreadable one) the last client stays.
+// whose transport dials new connections that present the new certificate,
+// and the old client's idle connections are closed. Until then (a
+// half-written file, an unreadable one, a key that does not match) the last
+// client stays, and the failure is logged once for each change of the files.
 type rotatingClient struct {
 	cfg               *rest.Config // the files' names, not their contents
 	certFile, keyFile string
+	log               *slog.Logger
 
-	mu    sync.Mutex
-	read  [2]fileStamp // of certFile and keyFile when cur was made
-	cur   Client
-	certs int // clients made, for tests
+	mu     sync.Mutex
+	read   [2]fileStamp // of certFile and keyFile when cur was made
+	failed [2]fileStamp // of the files that last failed to load (logged)
+	cur    Client
+	certs  int // clients made, for tests
 }
 
 // fileStamp tells a file apart from the one before it under the same name.
@@ -126,12 +133,27 @@ func (r *rotatingClient) client() (Client, error) {
 	}
 	c, err := r.load()
 	if err != nil {
-		if r.cur != nil {
-			return r.cur, nil // the next call tries again
+		if r.cur == nil {
+			return nil, err
 		}
-		return nil, err
+		// The next call tries again.
+		if stamps != r.failed && r.log != nil {
+			r.log.Warn("the client certificate files changed but cannot be used; keeping the certificate read before", "cert", r.certFile, "key", r.keyFile, "err", err)
+		}
+		r.failed = stamps
+		return r.cur, nil
 	}
-	r.cur, r.read = c, stamps
+	if old, ok := r.cur.(restClient); ok {
+		if rc, ok := old.c.(*rest.RESTClient); ok && rc.Client != nil {
+			// Through client-go's wrappers (http.Client's own method
+			// does not unwrap them).
+			utilnet.CloseIdleConnectionsFor(rc.Client.Transport)
+		}
+	}
+	if r.cur != nil && r.log != nil {
+		r.log.Info("client certificate reloaded", "cert", r.certFile, "key", r.keyFile)
+	}
+	r.cur, r.read, r.failed = c, stamps, [2]fileStamp{}
 	r.certs++
 	return c, nil
 }

@@ -11,15 +11,20 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // writeCert writes a self-signed client certificate for cn and its key to
@@ -62,6 +67,12 @@ func TestClientReloadsItsCertificateFiles(t *testing.T) {
 		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
 	}))
 	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	var closed atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			closed.Add(1)
+		}
+	}
 	srv.StartTLS()
 	defer srv.Close()
 	dir := t.TempDir()
@@ -81,7 +92,8 @@ current-context: x
 `, srv.URL), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, _, err := NewClient(kc, "test")
+	var logs testenv.SyncBuffer
+	c, _, err := NewClient(kc, "test", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,28 +108,42 @@ current-context: x
 	}
 	get := func(step string) {
 		t.Helper()
-		// A new connection each call, so that the server sees which
-		// certificate the client presents now.
-		srv.CloseClientConnections()
 		if _, err := c.GetNode(context.Background(), "n1"); err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
 	}
 	get("first")
 	get("unchanged")
-	if r.certs != 1 {
-		t.Errorf("%d clients made for unchanged files", r.certs)
+	if r.certs != 1 || closed.Load() != 0 {
+		t.Errorf("unchanged files: %d clients made, %d connections closed", r.certs, closed.Load())
 	}
 	writeCert(t, cert, key, "second")
 	get("after rotation")
+	// The first client's connection, idle, is closed.
+	for deadline := time.Now().Add(5 * time.Second); closed.Load() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the rotation: %d connections closed, want the first client's", closed.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	os.WriteFile(cert, []byte("-----BEGIN CERTIFICATE-----\nhalf"), 0o600)
 	get("half-written certificate")
+	get("half-written certificate, again")
 	os.Remove(key)
 	get("key gone")
 	if r.certs != 2 {
 		t.Errorf("%d clients made, want 2", r.certs)
 	}
-	if want := "first first second second second"; strings.Join(seen, " ") != want {
+	// Each request on the connection of the client in use: the new
+	// certificate from the rotation on, kept when the files went bad.
+	if want := "first first second second second second"; strings.Join(seen, " ") != want {
 		t.Errorf("the server saw %q, want %q", strings.Join(seen, " "), want)
+	}
+	if n := strings.Count(logs.String(), "client certificate reloaded"); n != 1 {
+		t.Errorf("the reload was logged %d times:\n%s", n, logs.String())
+	}
+	// Once for the half-written certificate, once for the missing key.
+	if n := strings.Count(logs.String(), "cannot be used; keeping the certificate read before"); n != 2 {
+		t.Errorf("the unusable files were logged %d times:\n%s", n, logs.String())
 	}
 }

@@ -618,7 +618,7 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				time.Sleep(10 * time.Minute)
 				synctest.Wait()
 				mu.Lock()
-				if more := dials - d; more > 60 {
+				if more := dials - d; more != 0 {
 					t.Errorf("%d more dials in the 10 minutes after the return: want the probe asleep", more)
 				}
 				mu.Unlock()
