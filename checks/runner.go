@@ -525,26 +525,28 @@ func (e *entry) worker(ctx context.Context, runs <-chan probeRun) {
 		case <-ctx.Done():
 			return
 		case pr := <-runs:
-			if !e.probeOn(ctx, pr, runs) {
-				return // a new worker took over
-			}
+			e.handOver(pr, func() { go e.worker(ctx, runs) })
 		}
 	}
 }
 
-// probeOn runs one probe for the worker and hands its outcome over. A probe
-// that ends its goroutine (runtime.Goexit, as a test's FailNow does) ends
-// the worker: the run gets that as its outcome, and a new worker takes the
-// next runs, or the loop would wait on runs forever.
-func (e *entry) probeOn(ctx context.Context, pr probeRun, runs <-chan probeRun) (ok bool) {
+// handOver runs one probe and hands its outcome over. A probe that ends
+// its goroutine (runtime.Goexit, as a test's FailNow does) ends the
+// goroutine that called handOver too: the run gets that as its outcome (not
+// a timeout), and then goexit is called: the worker starts another worker,
+// or the loop would wait on runs forever.
+func (e *entry) handOver(pr probeRun, goexit func()) {
+	handed := false
 	defer func() {
-		if !ok {
+		if !handed {
 			pr.done <- outcome{panic: "the probe ended its goroutine (runtime.Goexit)"}
-			go e.worker(ctx, runs)
+			if goexit != nil {
+				goexit()
+			}
 		}
 	}()
 	pr.done <- e.probe(pr.ctx)
-	return true
+	handed = true
 }
 
 // probe runs the check's probe, a panic recovered as the outcome. The check
@@ -580,7 +582,7 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 		defer cancel()
 		done := make(chan outcome, 1)
 		if runs == nil {
-			go func() { done <- e.probe(cctx) }()
+			go e.handOver(probeRun{cctx, done}, nil)
 		} else {
 			// Not running: the worker is idle, or about to be.
 			select {

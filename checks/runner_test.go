@@ -333,6 +333,27 @@ func TestRunnerSurvivesAProbeThatEndsItsGoroutine(t *testing.T) {
 	})
 }
 
+// RunOnce (a goroutine per check) reports such a probe at once too, not
+// after its timeout.
+func TestRunOnceReportsAProbeThatEndsItsGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		probe := probeFunc(func(context.Context) (Result, error) {
+			runtime.Goexit()
+			return Result{}, nil
+		})
+		store := report.NewStore("b")
+		r, err := NewRunner(testEnv(t, nil), Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		r.RunOnce(t.Context())
+		if c, _ := store.Get("NodeInfoStale"); c.Reason != report.ReasonCheckPanicked || time.Since(start) != 0 {
+			t.Errorf("after %v: %+v, want CheckPanicked at once", time.Since(start), c)
+		}
+	})
+}
+
 func TestRunnerTransitionTimes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		results := []Result{

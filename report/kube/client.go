@@ -4,6 +4,7 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -102,23 +103,26 @@ type rotatingClient struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
-	mu     sync.Mutex
-	read   [2]fileStamp // of certFile and keyFile when cur was made
-	failed [2]fileStamp // of the files that last failed to load (logged)
-	cur    Client
-	certs  int // clients made, for tests
+	mu        sync.Mutex
+	read      [2]fileStamp // of certFile and keyFile when cur was made
+	cert, key []byte       // what cur was made with
+	failed    [2]fileStamp // of the files that last failed to load (logged)
+	cur       Client
+	certs     int // clients made, for tests
 }
 
-// fileStamp tells a file apart from the one before it under the same name.
+// fileStamp tells a file apart from the one before it under the same name;
+// missing: the name names no file (or stat failed), a state of its own.
 type fileStamp struct {
 	dev, ino, size uint64
 	mtime          int64
+	missing        bool
 }
 
 func stampOf(path string) fileStamp {
 	var st unix.Stat_t
 	if unix.Stat(path, &st) != nil {
-		return fileStamp{}
+		return fileStamp{missing: true}
 	}
 	return fileStamp{dev: st.Dev, ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano()}
 }
@@ -131,7 +135,7 @@ func (r *rotatingClient) client() (Client, error) {
 	if r.cur != nil && stamps == r.read {
 		return r.cur, nil
 	}
-	c, err := r.load()
+	cert, key, err := r.load()
 	if err != nil {
 		if r.cur == nil {
 			return nil, err
@@ -141,6 +145,19 @@ func (r *rotatingClient) client() (Client, error) {
 			r.log.Warn("the client certificate files changed but cannot be used; keeping the certificate read before", "cert", r.certFile, "key", r.keyFile, "err", err)
 		}
 		r.failed = stamps
+		return r.cur, nil
+	}
+	if r.cur != nil && bytes.Equal(cert, r.cert) && bytes.Equal(key, r.key) {
+		r.read, r.failed = stamps, [2]fileStamp{}
+		return r.cur, nil // touched or written again, the same pair
+	}
+	cfg := rest.CopyConfig(r.cfg)
+	cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData = "", "", cert, key
+	c, err := newRESTClient(cfg)
+	if err != nil {
+		if r.cur == nil {
+			return nil, err
+		}
 		return r.cur, nil
 	}
 	if old, ok := r.cur.(restClient); ok {
@@ -153,26 +170,24 @@ func (r *rotatingClient) client() (Client, error) {
 	if r.cur != nil && r.log != nil {
 		r.log.Info("client certificate reloaded", "cert", r.certFile, "key", r.keyFile)
 	}
-	r.cur, r.read, r.failed = c, stamps, [2]fileStamp{}
+	r.cur, r.cert, r.key = c, cert, key
+	r.read, r.failed = stamps, [2]fileStamp{}
 	r.certs++
 	return c, nil
 }
 
-func (r *rotatingClient) load() (Client, error) {
-	cert, err := os.ReadFile(r.certFile)
-	if err != nil {
-		return nil, err
+// load reads the certificate and key files, a valid pair or an error.
+func (r *rotatingClient) load() (cert, key []byte, err error) {
+	if cert, err = os.ReadFile(r.certFile); err != nil {
+		return nil, nil, err
 	}
-	key, err := os.ReadFile(r.keyFile)
-	if err != nil {
-		return nil, err
+	if key, err = os.ReadFile(r.keyFile); err != nil {
+		return nil, nil, err
 	}
 	if _, err := tls.X509KeyPair(cert, key); err != nil {
-		return nil, fmt.Errorf("client certificate %s and key %s: %w", r.certFile, r.keyFile, err)
+		return nil, nil, fmt.Errorf("client certificate %s and key %s: %w", r.certFile, r.keyFile, err)
 	}
-	cfg := rest.CopyConfig(r.cfg)
-	cfg.CertFile, cfg.KeyFile, cfg.CertData, cfg.KeyData = "", "", cert, key
-	return newRESTClient(cfg)
+	return cert, key, nil
 }
 
 func (r *rotatingClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {

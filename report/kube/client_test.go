@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ import (
 )
 
 // writeCert writes a self-signed client certificate for cn and its key to
-// certFile and keyFile.
+// certFile and keyFile (both to one file when they are the same).
 func writeCert(t *testing.T, certFile, keyFile, cn string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -45,27 +46,47 @@ func writeCert(t *testing.T, certFile, keyFile, cn string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	if certFile == keyFile { // as kubelet-client-current.pem holds both
+		certPEM, keyPEM = append(certPEM, keyPEM...), nil
+	}
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
+	if keyPEM != nil {
+		if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
 // The client certificate named by path is read again when its file
-// changes, and then presented on new connections; a file that does not hold
-// a valid pair (half written, gone) leaves the last one in use. No work
-// queue of client-go's runs: its heartbeat woke the daemon every 10 s.
+// changes, and then presented on new connections (the old client's idle
+// one closed); the same pair written again changes nothing; a file that
+// does not hold a valid pair (half written, gone) leaves the last one in
+// use, logged once per change. No work queue of client-go's runs: its
+// heartbeat woke the daemon every 10 s. Over HTTP/2, as the API server
+// speaks; with the certificate and key in two files, and in one.
 func TestClientReloadsItsCertificateFiles(t *testing.T) {
+	for _, oneFile := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one file %v", oneFile), func(t *testing.T) { testClientReloads(t, oneFile) })
+	}
+}
+
+func testClientReloads(t *testing.T, oneFile bool) {
+	var mu sync.Mutex
 	var seen []string
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			seen = append(seen, r.TLS.PeerCertificates[0].Subject.CommonName)
+			mu.Lock()
+			seen = append(seen, fmt.Sprintf("%s/%d", r.TLS.PeerCertificates[0].Subject.CommonName, r.ProtoMajor))
+			mu.Unlock()
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
 	}))
+	srv.EnableHTTP2 = true
 	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
 	var closed atomic.Int32
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
@@ -77,6 +98,9 @@ func TestClientReloadsItsCertificateFiles(t *testing.T) {
 	defer srv.Close()
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	if oneFile {
+		key = cert
+	}
 	writeCert(t, cert, key, "first")
 	ca := filepath.Join(dir, "ca.crt")
 	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
@@ -86,10 +110,10 @@ func TestClientReloadsItsCertificateFiles(t *testing.T) {
 	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: %q, certificate-authority: ca.crt}}]
-users: [{name: u, user: {client-certificate: client.crt, client-key: client.key}}]
+users: [{name: u, user: {client-certificate: %s, client-key: %s}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
-`, srv.URL), 0o600); err != nil {
+`, srv.URL, filepath.Base(cert), filepath.Base(key)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var logs testenv.SyncBuffer
@@ -126,23 +150,34 @@ current-context: x
 		}
 		time.Sleep(time.Millisecond)
 	}
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(cert, later, later); err != nil {
+		t.Fatal(err)
+	}
+	get("touched")
+	// Right after a good pair (the first failure is logged too), then
+	// another change.
+	os.Remove(key)
+	get("key gone")
+	get("key gone, again")
 	os.WriteFile(cert, []byte("-----BEGIN CERTIFICATE-----\nhalf"), 0o600)
 	get("half-written certificate")
 	get("half-written certificate, again")
-	os.Remove(key)
-	get("key gone")
 	if r.certs != 2 {
 		t.Errorf("%d clients made, want 2", r.certs)
 	}
 	// Each request on the connection of the client in use: the new
 	// certificate from the rotation on, kept when the files went bad.
-	if want := "first first second second second second"; strings.Join(seen, " ") != want {
-		t.Errorf("the server saw %q, want %q", strings.Join(seen, " "), want)
+	mu.Lock()
+	got := strings.Join(seen, " ")
+	mu.Unlock()
+	if want := "first/2 first/2 second/2 second/2 second/2 second/2 second/2 second/2"; got != want {
+		t.Errorf("the server saw %q, want %q", got, want)
 	}
 	if n := strings.Count(logs.String(), "client certificate reloaded"); n != 1 {
 		t.Errorf("the reload was logged %d times:\n%s", n, logs.String())
 	}
-	// Once for the half-written certificate, once for the missing key.
+	// Once for the missing key, once for the half-written certificate.
 	if n := strings.Count(logs.String(), "cannot be used; keeping the certificate read before"); n != 2 {
 		t.Errorf("the unusable files were logged %d times:\n%s", n, logs.String())
 	}
