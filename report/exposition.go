@@ -190,25 +190,21 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Add("Vary", "Accept-Encoding")
 	// The response is written with one write: net/http would send the
 	// parts in chunks of its 4 KB buffer, each a system call.
-	buf := getBuf()
-	defer putBuf(buf)
-	if !acceptsGzip(r.Header.Get("Accept-Encoding")) {
-		buf.Grow(size)
-		for _, n := range named {
-			buf.Write(n.text)
-		}
-	} else {
-		hdr.Set("Content-Encoding", "gzip")
-		plain := getBuf()
-		plain.Grow(size)
-		for _, n := range named {
-			plain.Write(n.text)
-		}
-		e.gzipper.gzip(buf, plain.Bytes())
-		putBuf(plain)
+	body := getBuf()
+	defer putBuf(body)
+	body.Grow(size)
+	for _, n := range named {
+		body.Write(n.text)
 	}
-	hdr.Set("Content-Length", strconv.Itoa(buf.Len()))
-	w.Write(buf.Bytes())
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		hdr.Set("Content-Encoding", "gzip")
+		plain := body
+		body = getBuf()
+		defer putBuf(body)
+		e.gzipper.gzip(body, plain.Bytes())
+	}
+	hdr.Set("Content-Length", strconv.Itoa(body.Len()))
+	w.Write(body.Bytes())
 }
 
 // sorted is named in the order of the names, as promhttp serves them, and

@@ -241,9 +241,7 @@ func (p partsCollector) Collect(ch chan<- prometheus.Metric) {
 // versioned families' (a vector with no series yet included).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.Registry.Describe(ch)
-	for _, c := range []prometheus.Collector{m.problemCounter, m.problemGauge, m.conditionStatus, m.checkDuration, m.checkRuns, m.loopProgress} {
-		c.Describe(ch)
-	}
+	m.versionedAll.Describe(ch)
 }
 
 // InitConditions creates the series of the conditions that apply to this

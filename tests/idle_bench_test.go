@@ -135,12 +135,11 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	alloc0, gc0 := runtimeStats()
 	time.Sleep(warmup - time.Since(at)) // the measurement's own pace: nothing to await
 	b.ResetTimer()
-	threads0 := threadStats(proc)
-	cpu0, vol0, pre0, at0 := schedstat(b, proc), switches(proc, "voluntary"), switches(proc, "nonvoluntary"), time.Now()
+	threads0, at0 := threadStats(b, proc), time.Now()
 	time.Sleep(window) // idle: the measured time
-	cpu1, vol1, pre1, at1 := schedstat(b, proc), switches(proc, "voluntary"), switches(proc, "nonvoluntary"), time.Now()
-	threads1 := threadStats(proc)
+	threads1, at1 := threadStats(b, proc), time.Now()
 	b.StopTimer()
+	all0, all1 := total(threads0), total(threads1)
 	// Each thread's share (the runtime's sysmon is the second thread, the
 	// main thread's id + 1).
 	for tid, t1 := range threads1 {
@@ -168,9 +167,9 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(cpu1-cpu0)/1e6/at1.Sub(at0).Minutes(), "cpu-ms/min")
-	b.ReportMetric(float64(vol1-vol0)/at1.Sub(at0).Minutes(), "waits/min")
-	b.ReportMetric(float64(pre1-pre0)/at1.Sub(at0).Minutes(), "preempted/min")
+	b.ReportMetric(float64(all1.cpu-all0.cpu)/1e6/at1.Sub(at0).Minutes(), "cpu-ms/min")
+	b.ReportMetric(float64(all1.waits-all0.waits)/at1.Sub(at0).Minutes(), "waits/min")
+	b.ReportMetric(float64(all1.preempted-all0.preempted)/at1.Sub(at0).Minutes(), "preempted/min")
 	b.ReportMetric(rss, "VmRSS-MiB")
 	// Over the warm-up and the window.
 	b.ReportMetric((alloc1-alloc0)/1e6/time.Since(at).Minutes(), "alloc-MB/min")
@@ -181,64 +180,50 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 // schedstat is the CPU time of a process's threads, in ns.
 func schedstat(b *testing.B, proc string) int64 {
 	b.Helper()
-	tasks, err := filepath.Glob(filepath.Join(proc, "task", "*", "schedstat"))
+	return total(threadStats(b, proc)).cpu
+}
+
+// threadStat is a thread's CPU (ns, schedstat) and how often it was
+// switched out: waits (voluntary: mostly the daemon's own wake-ups) and
+// preempted (nonvoluntary: mostly other work on the machine).
+type threadStat struct{ cpu, waits, preempted int64 }
+
+// threadStats is each of a process's threads' threadStat, by id.
+func threadStats(b *testing.B, proc string) map[string]threadStat {
+	b.Helper()
+	tasks, err := filepath.Glob(filepath.Join(proc, "task", "*"))
 	if err != nil || len(tasks) == 0 {
 		b.Fatalf("no threads under %s: %v", proc, err)
 	}
-	var sum int64
-	for _, f := range tasks {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			continue // a thread gone
-		}
-		n, _ := strconv.ParseInt(strings.Fields(string(raw))[0], 10, 64)
-		sum += n
-	}
-	return sum
-}
-
-// switches is how often a process's threads were switched out, kind
-// "voluntary" (waiting: mostly the daemon's own wake-ups) or
-// "nonvoluntary" (preempted: mostly other work on the machine).
-func switches(proc, kind string) int64 {
-	tasks, _ := filepath.Glob(filepath.Join(proc, "task", "*", "status"))
-	var sum int64
-	for _, f := range tasks {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			continue // a thread gone
-		}
-		for line := range strings.SplitSeq(string(raw), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if ok && k == kind+"_ctxt_switches" {
-				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				sum += n
-			}
-		}
-	}
-	return sum
-}
-
-type threadStat struct{ cpu, waits int64 }
-
-// threadStats is each thread's CPU (ns) and voluntary switches, by id.
-func threadStats(proc string) map[string]threadStat {
 	out := map[string]threadStat{}
-	tasks, _ := filepath.Glob(filepath.Join(proc, "task", "*"))
 	for _, dir := range tasks {
 		var t threadStat
-		if raw, err := os.ReadFile(filepath.Join(dir, "schedstat")); err == nil {
-			fmt.Sscan(string(raw), &t.cpu)
+		raw, err := os.ReadFile(filepath.Join(dir, "schedstat"))
+		if err != nil {
+			continue // a thread gone
 		}
-		raw, _ := os.ReadFile(filepath.Join(dir, "status"))
+		fmt.Sscan(string(raw), &t.cpu)
+		raw, _ = os.ReadFile(filepath.Join(dir, "status"))
 		for line := range strings.SplitSeq(string(raw), "\n") {
-			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+			k, v, _ := strings.Cut(line, ":")
+			switch k {
+			case "voluntary_ctxt_switches":
 				t.waits, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			case "nonvoluntary_ctxt_switches":
+				t.preempted, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			}
 		}
 		out[filepath.Base(dir)] = t
 	}
 	return out
+}
+
+// total is the sum of the threads' stats.
+func total(threads map[string]threadStat) (t threadStat) {
+	for _, s := range threads {
+		t.cpu, t.waits, t.preempted = t.cpu+s.cpu, t.waits+s.waits, t.preempted+s.preempted
+	}
+	return t
 }
 
 // envDuration is the duration in the environment variable name, or def.
