@@ -51,6 +51,11 @@ type Reader struct {
 	// ends at the next point of ReadTimeout's grid (at most ReadTimeout
 	// after the last deadline passed). Zero Grid: ReadTimeout after it.
 	Grid tick.Grid
+	// Gather is how long the reader lets records gather once a wake-up has
+	// read some, before it reads again (0: off; the daemon uses
+	// GatherTime). It applies to the kernel log device, not to what a
+	// test's Open returns.
+	Gather time.Duration
 	// Open opens the device (default: os.OpenFile read-only); tests replace it.
 	Open func(path string) (Device, error)
 	// Backoff bounds the wait before a reopen after an open or read error
@@ -121,6 +126,11 @@ func errEOF(path string) error {
 	return fmt.Errorf("read %s: end of file (the kernel log never ends: is this /dev/kmsg?)", path)
 }
 
+// GatherTime is the daemon's Reader.Gather: a matching line reaches the
+// store at most this much later than it would, and a log written every
+// millisecond wakes the reader about a tenth as often (see kmsgFile).
+const GatherTime = 10 * time.Millisecond
+
 // catchUpWait is how long a read waits for the next record while the
 // reader works through the backlog: when none comes, the end is reached.
 const catchUpWait = 250 * time.Millisecond
@@ -164,6 +174,7 @@ func (rd *Reader) Run(ctx context.Context) {
 	bootWall := BootWall()
 	buf := make([]byte, BufSize)
 	var lastErr string
+	warnedGather := false
 	// fail logs an error once per change of its text and waits out the
 	// backoff; it reports false when ctx ended.
 	fail := func(msg string, err error) bool {
@@ -198,6 +209,12 @@ func (rd *Reader) Run(ctx context.Context) {
 				return
 			}
 			continue
+		}
+		if kf, ok := f.(*kmsgFile); ok && rd.Gather > 0 {
+			if err := kf.gatherFor(rd.Gather); err != nil && !warnedGather {
+				rd.Log.Warn("kernel log records are read as each comes, not gathered", "err", err)
+				warnedGather = true
+			}
 		}
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
 		// deadlineSet: when the read deadline was last set; deadlineAt: the

@@ -22,6 +22,19 @@ import (
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
+// benchGather is the reader's gathering time in BenchmarkKmsgReader: the
+// daemon's unless KMSG_GATHER says otherwise (a duration, 0 for off).
+var benchGather = func() time.Duration {
+	if v := os.Getenv("KMSG_GATHER"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			panic("KMSG_GATHER: " + err.Error())
+		}
+		return d
+	}
+	return kmsg.GatherTime
+}()
+
 // kmsgWriterEnv makes the test binary a kernel log writer (see
 // BenchmarkKmsgReader): "lines,rate,token"; it writes and exits.
 const kmsgWriterEnv = "AUTOPILOT_HEALTH_KMSG_BENCH_WRITER"
@@ -137,19 +150,21 @@ var monoAt, monoBase = func() (time.Time, uint64) {
 	}
 }()
 
-// usage returns this process's CPU time and how often its threads went to
-// sleep (voluntary context switches: the wake-ups that follow).
-func usage() (time.Duration, int64) {
+// usage returns this process's CPU time, the part of it in the kernel, and
+// how often its threads went to sleep (voluntary context switches: the
+// wake-ups that follow).
+func usage() (cpu, sys time.Duration, sleeps int64) {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), time.Duration(ru.Stime.Nano()), ru.Nvcsw
 }
 
 // BenchmarkKmsgReader measures the kernel log reader on the real /dev/kmsg,
 // set up as the daemon runs it (reader, monitor, store, default rules): a
 // separate process (this binary again, so its CPU is not counted) writes
 // lines at a set pace, 1 in 20 matching a rule. It reports the reading
-// process's CPU per line written (cpu-us/line) and the latency from the
+// process's CPU per line written (cpu-us/line; sys-us/line of it in the
+// kernel) and the latency from the
 // writing of a matching line to its event in the store (p50-ms,
 // p99-ms, over the matching lines), and how often its threads went to sleep
 // per line (sleeps/line: each is a wake-up, the cost that batching cuts). Each run writes to the shared kernel
@@ -171,14 +186,15 @@ func BenchmarkKmsgReader(b *testing.B) {
 		{"unthrottled", 20000, 0},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			var cpu, p50, p99 time.Duration
+			var cpu, sys, p50, p99 time.Duration
 			var sleeps int64
 			for range b.N {
-				c1, s1, l50, l99 := kmsgReaderTrial(b, c.lines, c.rate)
-				cpu, sleeps, p50, p99 = cpu+c1, sleeps+s1, p50+l50, p99+l99
+				c1, k1, s1, l50, l99 := kmsgReaderTrial(b, c.lines, c.rate)
+				cpu, sys, sleeps, p50, p99 = cpu+c1, sys+k1, sleeps+s1, p50+l50, p99+l99
 			}
 			runs := b.N
 			b.ReportMetric(float64(cpu.Microseconds())/float64(runs*c.lines), "cpu-us/line")
+			b.ReportMetric(float64(sys.Microseconds())/float64(runs*c.lines), "sys-us/line")
 			b.ReportMetric(float64(sleeps)/float64(runs*c.lines), "sleeps/line")
 			b.ReportMetric(float64(p50.Microseconds())/float64(runs)/1000, "p50-ms")
 			b.ReportMetric(float64(p99.Microseconds())/float64(runs)/1000, "p99-ms")
@@ -186,7 +202,7 @@ func BenchmarkKmsgReader(b *testing.B) {
 	}
 }
 
-func kmsgReaderTrial(b *testing.B, lines int, rate float64) (cpu time.Duration, sleeps int64, p50, p99 time.Duration) {
+func kmsgReaderTrial(b *testing.B, lines int, rate float64) (cpu, sys time.Duration, sleeps int64, p50, p99 time.Duration) {
 	tok := harness.Token()
 	boot, _ := readBootID()
 	store := report.NewStore(boot)
@@ -194,7 +210,7 @@ func kmsgReaderTrial(b *testing.B, lines int, rate float64) (cpu time.Duration, 
 	store.Observe(lat)
 	mon := kmsg.NewMonitor(kmsgOpts(b, store))
 	mon.Start(time.Now(), kmsg.BootWall())
-	rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: quiet(), ReadTimeout: 10 * time.Second}
+	rd := &kmsg.Reader{Path: "/dev/kmsg", Monitor: mon, Log: quiet(), ReadTimeout: 10 * time.Second, Gather: benchGather}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -213,7 +229,7 @@ func kmsgReaderTrial(b *testing.B, lines int, rate float64) (cpu time.Duration, 
 	w := exec.Command(self)
 	w.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%g,%s", kmsgWriterEnv, lines, rate, tok))
 	w.Stderr = os.Stderr
-	cpu0, sleeps0 := usage()
+	cpu0, sys0, sleeps0 := usage()
 	if err := w.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -228,8 +244,8 @@ func kmsgReaderTrial(b *testing.B, lines int, rate float64) (cpu time.Duration, 
 	case <-time.After(30 * time.Second):
 		b.Fatal("the last line did not reach the store in 30 s")
 	}
-	cpu, sleeps = usage()
-	cpu, sleeps = cpu-cpu0, sleeps-sleeps0
+	cpu, sys, sleeps = usage()
+	cpu, sys, sleeps = cpu-cpu0, sys-sys0, sleeps-sleeps0
 	lat.mu.Lock()
 	defer lat.mu.Unlock()
 	if want := lines / 20; len(lat.lat) != want || lat.bad > 0 || mon.Metrics().Lost() > 0 {
@@ -237,5 +253,5 @@ func kmsgReaderTrial(b *testing.B, lines int, rate float64) (cpu time.Duration, 
 	}
 	l := slices.Clone(lat.lat)
 	slices.Sort(l)
-	return cpu, sleeps, l[len(l)/2], l[len(l)*99/100]
+	return cpu, sys, sleeps, l[len(l)/2], l[len(l)*99/100]
 }

@@ -64,6 +64,6 @@ func (d *Daemon) newReader() *kmsg.Reader {
 	os.Remove(filepath.Join(d.cfg.StateDir, "kmsg-cursor.json"))
 	return &kmsg.Reader{
 		Path: d.cfg.HostPath(d.cfg.Kmsg.Device), Monitor: d.kmsg, Log: d.log.With("component", "kmsg"),
-		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: kmsgReadTimeout, Grid: d.grid(), Open: d.kmsgOpen,
+		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: kmsgReadTimeout, Gather: kmsg.GatherTime, Grid: d.grid(), Open: d.kmsgOpen,
 	}
 }
