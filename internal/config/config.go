@@ -13,11 +13,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -345,7 +348,7 @@ func Load(path string, allowMissing bool) (*Config, bool, error) {
 
 // LoadDigest is Load, with the digest of what it read (FileDigest's).
 func LoadDigest(path string, allowMissing bool) (*Config, bool, string, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	digest := digestOf(b, err)
 	if errors.Is(err, os.ErrNotExist) && allowMissing {
 		return Default(), false, digest, nil
@@ -361,8 +364,41 @@ func LoadDigest(path string, allowMissing bool) (*Config, bool, string, error) {
 // content, "absent", or why it cannot be read. Two reads of an unchanged
 // file give the same digest.
 func FileDigest(path string) string {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	return digestOf(b, err)
+}
+
+// maxFileSize bounds what readFile reads: a configuration is a few KB.
+const maxFileSize = 1 << 20
+
+// readFile reads the configuration file at path. A FIFO, a socket or a
+// directory is refused without blocking: a FIFO would block the open until
+// a writer came (the start, or a reload and the reload watcher, for ever).
+// A device is read (--config /dev/null is the defaults), at most
+// maxFileSize bytes of it.
+func readFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	switch t := st.Mode().Type(); {
+	case t&fs.ModeDir != 0:
+		return nil, fmt.Errorf("%s is a directory, not a regular file", path)
+	case t&fs.ModeNamedPipe != 0:
+		return nil, fmt.Errorf("%s is a FIFO, not a regular file", path)
+	case t&fs.ModeSocket != 0:
+		return nil, fmt.Errorf("%s is a socket, not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err == nil && len(b) > maxFileSize {
+		err = fmt.Errorf("%s holds more than a configuration does (more than %d bytes)", path, maxFileSize)
+	}
+	return b, err
 }
 
 func digestOf(b []byte, err error) string {

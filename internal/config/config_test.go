@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -527,5 +528,44 @@ func TestManyUnanchoredKmsgRules(t *testing.T) {
 	}
 	if len(got) != n {
 		t.Errorf("%d rules matched, want %d", len(got), n)
+	}
+}
+
+// A FIFO, a socket or a directory is refused at once with what it is (a
+// FIFO blocked the start, a reload and the reload watcher until a writer
+// came); a device or a file is read up to a bound (/dev/zero would be read
+// without end); /dev/null is the defaults.
+func TestLoadRefusesWhatIsNotAConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.toml")
+	if err := os.WriteFile(big, bytes.Repeat([]byte("# comment\n"), maxFileSize/10+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{
+		fifo:        fifo + " is a FIFO, not a regular file",
+		dir:         dir + " is a directory, not a regular file",
+		"/dev/zero": "/dev/zero holds more than a configuration does",
+		big:         big + " holds more than a configuration does",
+	} {
+		done := make(chan error, 1)
+		go func() { _, _, err := Load(path, false); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Load(%s) = %v, want an error with %q", path, err, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Load(%s) blocked", path)
+		}
+		if d := FileDigest(path); !strings.HasPrefix(d, "unreadable: ") || !strings.Contains(d, want) {
+			t.Errorf("FileDigest(%s) = %q", path, d)
+		}
+	}
+	if _, read, err := Load("/dev/null", false); err != nil || !read {
+		t.Errorf("Load(/dev/null) = read %v, %v; want the defaults", read, err)
 	}
 }
