@@ -54,31 +54,42 @@ func openDevice(path string) (Device, error) {
 // Waiting. The device is not in the runtime's poller, which watches every
 // descriptor edge-triggered for as long as it is open: each record the
 // kernel logs would wake it, waited for or not. It is in an epoll instance
-// of our own (ep) as a one-shot: armed only while the reader waits for a
-// record, so it wakes the process once per wait. The runtime's poller
-// watches ep, which also holds the gathering timer. The read deadline is
-// ep's.
+// of our own (ep) only while the reader waits for a record, as a one-shot:
+// added (or re-armed) when a wait begins, it wakes the process once, and
+// a one-shot that fired wakes nothing more. One that did not fire (a wait
+// that its deadline ended) is taken out of ep before a sleep: re-armed with
+// no events it would still wake the poller's thread at every record (the
+// kernel adds EPOLLERR and EPOLLHUP to every mask, and the kernel log's
+// wake-up carries no mask to filter on). The runtime's poller watches ep,
+// which also holds the gathering timer. The read deadline is ep's.
 //
 // Gathering. Every wake-up of the reader costs far more than a record (on
 // the VM this was measured on, ~50 µs of CPU for the runtime and the
 // kernel to park and wake a thread, against ~3 µs to read and match a
 // record), so a log written every millisecond or two would cost a wake-up
-// per record or two. When the records read since the last wait came at 1.5
-// or more per gathering time, the reader that finds nothing more ready
-// does not wait for the next record: it sleeps for the gathering time,
-// with the device not armed, and then reads all that came meanwhile.
-// Records that come slower than that wake it one by one, as before: a sleep
-// would find at most one, and cost a wake-up of its own. The first record
+// per record or two. The reader keeps an average of the time per record
+// between waits (each wait's time since the last one began, over the
+// records read meanwhile, at most 4 gathering times, which is also what a
+// wait that ended with no record counts as; a moving average over about
+// four waits, so one short gap does not start gathering and a sleep that
+// finds nothing ends it). While it
+// says 1.5 records or more per gathering time, the reader that finds
+// nothing more ready does not wait for the next record: it sleeps for the
+// gathering time with the device out of ep, and then reads all that came
+// meanwhile. Slower records wake it one by one, as before. The first record
 // after a quiet spell is read at once; those of a busy spell wait at most
-// the gathering time. The sleep is a timerfd, not a Go timer: sysmon
-// sleeps until the next Go timer and wakes with it.
+// the gathering time. The sleep is a timerfd, not a Go timer: sysmon sleeps
+// until the next Go timer and wakes with it.
 //
-// Lines are never lost to the ring buffer by the sleep: a sleep after which
-// more than stormRecords records are read without a wait (a log written
-// faster than stormRecords per gathering time, which could fill the ring
-// buffer while the reader sleeps: 128 KiB hold ~1,400 records of 80 bytes)
-// stops gathering for stormCalm, and the reader then reads as fast as the
-// records come.
+// The ring buffer and the sleep: a sleep after which more than stormBytes
+// are read without a wait (a log written at more than 3 MB/s, ~40,000
+// lines of 80 bytes a second, which could fill a ring buffer of 128 KiB,
+// the smallest in common use, while the reader sleeps) stops gathering for
+// stormCalm; the reader then reads as fast as the records come. Only the
+// first sleep of a sudden storm of more than 128 KiB in one gathering time
+// (~160,000 lines a second) can let the ring buffer overrun where a reader
+// that never sleeps, on a free CPU, might have kept up; the records lost
+// are counted by the sequence gap, as any overrun.
 type kmsgFile struct {
 	fd   int
 	name string
@@ -86,50 +97,57 @@ type kmsgFile struct {
 	erc  syscall.RawConn
 	// The wait in progress (a field rather than a closure's captures, so
 	// that a wait does not allocate).
-	waitFn func(fd uintptr) bool
-	events [2]unix.EpollEvent
-	arm    unix.EpollEvent
-	disarm unix.EpollEvent
-	armed  bool
+	waitFn  func(fd uintptr) bool
+	waitErr syscall.Errno
+	events  [2]unix.EpollEvent
+	arm     unix.EpollEvent
+	// inEp: the device is in ep; armed: as a one-shot that has not fired.
+	inEp, armed bool
 
 	// Gathering (gatherFor); tfd is -1 while it is off.
 	tfd    int
 	gather time.Duration
 	spec   unix.ItimerSpec
-	// run counts the records read since the last wait began at waitAt;
-	// gathered says that wait was a gathering sleep; calmAt is when
-	// gathering may start again after a storm.
-	run      int
-	waits    int // waits begun, sleeps among them (for tests)
-	sleeps   int
-	waitAt   time.Time
-	gathered bool
-	calmAt   time.Time
+	// run counts the records read since the last wait began at waitAt,
+	// bytes their bytes; perRecord is the moving average of the time per
+	// record; gathered says the last wait was a gathering sleep; calmAt is
+	// when gathering may start again after a storm.
+	run       int
+	bytes     int
+	perRecord time.Duration
+	waitAt    time.Time
+	gathered  bool
+	calmAt    time.Time
+	waits     int // waits begun, sleeps among them (for tests)
+	sleeps    int
 }
 
 const (
-	stormRecords = 512
-	stormCalm    = time.Second
+	stormBytes = 32 << 10
+	stormCalm  = time.Second
 )
 
 // newKmsgFile takes over fd, a non-blocking descriptor that epoll can
 // watch (the kernel log; a pipe in tests).
 func newKmsgFile(fd int, name string) (*kmsgFile, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err == nil {
-		if err = unix.SetNonblock(epfd, true); err != nil {
-			unix.Close(epfd)
-		}
-	}
 	if err != nil {
 		unix.Close(fd)
 		return nil, os.NewSyscallError("epoll_create1", err)
 	}
+	if err = unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		unix.Close(fd)
+		return nil, os.NewSyscallError("fcntl", err)
+	}
 	f := &kmsgFile{fd: fd, name: name, tfd: -1}
-	// Added disarmed (a one-shot with no events); each wait arms it.
 	f.arm = unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(fd)}
-	f.disarm = unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: int32(fd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &f.disarm); err != nil {
+	// Added and taken out at once: what epoll cannot watch is refused here.
+	err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &f.arm)
+	if err == nil {
+		err = unix.EpollCtl(epfd, unix.EPOLL_CTL_DEL, fd, nil)
+	}
+	if err != nil {
 		unix.Close(epfd)
 		unix.Close(fd)
 		return nil, os.NewSyscallError("epoll_ctl", fmt.Errorf("%s: %w", name, err))
@@ -165,6 +183,7 @@ func (f *kmsgFile) gatherFor(d time.Duration) error {
 	}
 	f.tfd, f.gather = tfd, d
 	f.spec = unix.ItimerSpec{Value: unix.NsecToTimespec(d.Nanoseconds())}
+	f.perRecord = 4 * d // no record seen yet: as slow as it counts
 	return nil
 }
 
@@ -177,11 +196,12 @@ func (f *kmsgFile) harvest(epfd uintptr) bool {
 			continue
 		}
 		if e != 0 {
-			return true // cannot happen for a valid ep; never wait on it
+			f.waitErr = e // cannot happen for a valid ep; Read returns it
+			return true
 		}
 		for _, ev := range f.events[:n] {
 			if int(ev.Fd) == f.fd {
-				f.armed = false // a one-shot
+				f.armed = false // a one-shot: it wakes nothing more
 			}
 			if int(ev.Fd) == f.tfd {
 				var b [8]byte
@@ -192,43 +212,53 @@ func (f *kmsgFile) harvest(epfd uintptr) bool {
 	}
 }
 
-// setArmed arms the device in ep for one wake-up, or disarms it.
-func (f *kmsgFile) setArmed(on bool) syscall.Errno {
-	ev := &f.disarm
-	if on {
-		ev = &f.arm
-	}
-	_, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_CTL, f.ep.Fd(), unix.EPOLL_CTL_MOD, uintptr(f.fd), uintptr(unsafe.Pointer(ev)), 0, 0)
-	f.armed = on && e == 0
+// epollCtl is epoll_ctl on ep, a raw system call.
+func (f *kmsgFile) epollCtl(op int, ev *unix.EpollEvent) syscall.Errno {
+	_, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_CTL, f.ep.Fd(), uintptr(op), uintptr(f.fd), uintptr(unsafe.Pointer(ev)), 0, 0)
 	return e
 }
 
 // wait waits for the next record, or sleeps for the gathering time (see
 // kmsgFile), or until the read deadline.
 func (f *kmsgFile) wait() error {
+	f.waits++
 	if f.tfd >= 0 {
 		now := time.Now()
-		// Records came at 1.5 per gathering time or more (the time since
-		// the last wait began includes the sleep's own, so a sleep that
-		// found two records is 2 per a little more than the gathering time).
-		g := f.run > 0 && 2*time.Duration(f.run)*f.gather >= 3*now.Sub(f.waitAt) && !now.Before(f.calmAt)
-		f.run, f.waitAt, f.gathered = 0, now, g
+		// A wait that ended with no record (its deadline, a sleep that
+		// found nothing) counts as the slowest.
+		per := 4 * f.gather
+		if f.run > 0 {
+			per = min(now.Sub(f.waitAt)/time.Duration(f.run), per)
+		}
+		f.perRecord += (per - f.perRecord) / 4
+		f.run, f.bytes, f.waitAt = 0, 0, now
+		// 1.5 records or more per gathering time.
+		f.gathered = 3*f.perRecord <= 2*f.gather && !now.Before(f.calmAt)
 	}
-	f.waits++
 	var e syscall.Errno
-	if f.gathered {
+	switch {
+	case f.gathered:
 		f.sleeps++
 		if f.armed {
-			// A wait that the deadline ended left the device armed: a
-			// record would end the sleep.
-			f.setArmed(false)
+			// A wait that its deadline ended: out of ep, or every
+			// record would wake the poller's thread during the sleep.
+			if e = f.epollCtl(unix.EPOLL_CTL_DEL, nil); e == 0 {
+				f.inEp, f.armed = false, false
+			}
 		}
-		_, _, e = syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.tfd), 0, uintptr(unsafe.Pointer(&f.spec)), 0, 0, 0)
-	} else {
-		e = f.setArmed(true)
+		if e == 0 {
+			_, _, e = syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.tfd), 0, uintptr(unsafe.Pointer(&f.spec)), 0, 0, 0)
+		}
+	case f.inEp:
+		e = f.epollCtl(unix.EPOLL_CTL_MOD, &f.arm)
+	default:
+		e = f.epollCtl(unix.EPOLL_CTL_ADD, &f.arm)
 	}
 	if e != 0 {
 		return &os.PathError{Op: "wait", Path: f.name, Err: e}
+	}
+	if !f.gathered {
+		f.inEp, f.armed = true, true
 	}
 	err := f.erc.Read(f.waitFn)
 	if err != nil && f.gathered {
@@ -237,6 +267,9 @@ func (f *kmsgFile) wait() error {
 		var off unix.ItimerSpec
 		syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.tfd), 0, uintptr(unsafe.Pointer(&off)), 0, 0, 0)
 		f.gathered = false
+	}
+	if err == nil && f.waitErr != 0 {
+		err, f.waitErr = &os.PathError{Op: "wait", Path: f.name, Err: f.waitErr}, 0
 	}
 	return err
 }
@@ -259,11 +292,12 @@ func (f *kmsgFile) Read(p []byte) (int, error) {
 			}
 			continue
 		}
-		if f.run++; f.gathered && f.run > stormRecords {
-			f.calmAt, f.gathered = time.Now().Add(stormCalm), false
-		}
+		f.run++
 		if e != 0 {
 			return 0, &os.PathError{Op: "read", Path: f.name, Err: e}
+		}
+		if f.bytes += int(r); f.gathered && f.bytes > stormBytes {
+			f.calmAt, f.gathered = time.Now().Add(stormCalm), false
 		}
 		return int(r), nil
 	}
@@ -284,14 +318,20 @@ func (f *kmsgFile) Seek(offset int64, whence int) (int64, error) {
 func (f *kmsgFile) SetReadDeadline(t time.Time) error { return f.ep.SetReadDeadline(t) }
 
 // Close closes the device, the epoll instance and the timer (not while a
-// Read runs: the reader closes the file it reads, when it is done).
+// Read runs: the reader closes the file it reads, when it is done). A
+// second Close does nothing.
 func (f *kmsgFile) Close() error {
+	if f.fd < 0 {
+		return os.ErrClosed
+	}
 	err := f.ep.Close()
 	if f.tfd >= 0 {
 		unix.Close(f.tfd)
+		f.tfd = -1
 	}
 	if e := unix.Close(f.fd); e != nil && err == nil {
 		err = &os.PathError{Op: "close", Path: f.name, Err: e}
 	}
+	f.fd = -1
 	return err
 }

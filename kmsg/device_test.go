@@ -3,10 +3,17 @@ package kmsg
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // kmsgFile reads what is ready at once, one read(2) per Read; with nothing
@@ -15,16 +22,7 @@ import (
 // without blocking (a character device other than /dev/kmsg is refused
 // by openDevice; the real device is read in ./tests).
 func TestKmsgFileReads(t *testing.T) {
-	var p [2]int
-	if err := syscall.Pipe2(p[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	w := os.NewFile(uintptr(p[1]), "pipe-w")
-	kf, err := newKmsgFile(p[0], "pipe-r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kf.Close()
+	kf, w := newPipeFile(t, 0)
 	buf := make([]byte, BufSize)
 
 	w.Write([]byte("6,1,1,-;one\n"))
@@ -84,8 +82,8 @@ func TestKmsgFileReadError(t *testing.T) {
 }
 
 // newPipeFile returns a kmsgFile on the read end of a non-blocking pipe
-// (each Read of an 8-byte buffer takes one "record" of 8 bytes) and the
-// write end.
+// (each Read of an 8-byte buffer takes one "record" of 8 bytes), gathering
+// for gather (0: not), and the write end.
 func newPipeFile(t *testing.T, gather time.Duration) (*kmsgFile, *os.File) {
 	t.Helper()
 	var p [2]int
@@ -157,63 +155,176 @@ func TestKmsgFileGathers(t *testing.T) {
 	}
 }
 
-// A sleep after which more than stormRecords records are ready (a log
-// that could fill the ring buffer while the reader sleeps) stops
-// gathering for stormCalm; a read deadline ends a sleep.
+// prime makes kf's average say that records come fast: waits ended by a
+// 1 ms deadline, two records after each.
+func prime(t *testing.T, kf *kmsgFile, w *os.File) {
+	t.Helper()
+	buf := make([]byte, 8)
+	for range 12 {
+		kf.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read with nothing ready = %v", err)
+		}
+		w.Write([]byte("record.\nrecord.\n"))
+		readRecords(t, kf, 2)
+	}
+	if kf.sleeps == 0 {
+		t.Fatalf("records 1 ms apart, 12 times: no gathering sleep (%v a record on average)", kf.perRecord)
+	}
+}
+
+// A sleep after which more than stormBytes are read without a wait (a log
+// that could fill the ring buffer while the reader sleeps) stops gathering
+// for stormCalm; a read deadline ends a sleep.
 func TestKmsgFileStopsGatheringInAStorm(t *testing.T) {
 	const gather = 500 * time.Millisecond
 	kf, w := newPipeFile(t, gather)
 	buf := make([]byte, 8)
-	rec := []byte("record.\n")
-
-	// A wait, then 3 records right after it: fast enough to gather.
-	kf.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("Read with nothing ready = %v", err)
-	}
-	for range 3 {
-		w.Write(rec)
-	}
-	readRecords(t, kf, 3)
+	prime(t, kf, w)
 
 	// The next wait is a sleep, and a deadline ends it early.
+	sleeps := kf.sleeps
 	kf.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
 	start := time.Now()
 	if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Read during a sleep = %v", err)
 	}
-	if kf.sleeps != 1 {
-		t.Fatalf("%d gathering sleeps, want 1", kf.sleeps)
+	if kf.sleeps != sleeps+1 {
+		t.Fatalf("the wait after fast records was not a sleep")
 	}
 	if waited := time.Since(start); waited > gather*3/4 {
 		t.Errorf("a read deadline 30 ms away ended a %s sleep after %s", gather, waited)
 	}
 
-	// Again fast: 3 records, then a sleep during which 600 come.
-	for range 3 {
-		w.Write(rec)
-	}
-	readRecords(t, kf, 3)
+	// Fast again; then a sleep during which a storm comes.
+	prime(t, kf, w)
+	sleeps = kf.sleeps
+	const storm = stormBytes/8 + 100
 	go func() {
 		time.Sleep(gather / 5)
-		w.Write(bytes.Repeat(rec, stormRecords+100))
+		w.Write(bytes.Repeat([]byte("record.\n"), storm))
 	}()
 	start = time.Now()
-	readRecords(t, kf, stormRecords+100)
+	readRecords(t, kf, storm)
 	if slept := time.Since(start); slept < gather*3/4 {
-		// The first wait ended by its deadline left the device armed:
-		// the sleep must not end at the records that come meanwhile.
 		t.Errorf("the records came %s into a %s sleep and were read after %s", gather/5, gather, slept)
 	}
-	if kf.sleeps != 2 || kf.calmAt.IsZero() {
-		t.Fatalf("%d gathering sleeps (want 2), calm until %v (want set)", kf.sleeps, kf.calmAt)
+	if kf.sleeps != sleeps+1 || kf.calmAt.IsZero() {
+		t.Fatalf("%d gathering sleeps (want 1), calm until %v (want set)", kf.sleeps-sleeps, kf.calmAt)
 	}
 	// Calm: the next wait is in the poller although the records came fast.
 	kf.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Read with nothing ready = %v", err)
 	}
-	if kf.sleeps != 2 {
+	if kf.sleeps != sleeps+1 {
 		t.Fatalf("a gathering sleep right after a storm")
 	}
+}
+
+// voluntarySwitches sums this process's threads' voluntary context
+// switches: each is a thread going to sleep, to be woken.
+func voluntarySwitches(t *testing.T) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/status")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		_, v, _ := strings.Cut(string(b), "voluntary_ctxt_switches:")
+		k, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(v, "\n", 2)[0]))
+		n += k
+	}
+	return n
+}
+
+// During a sleep the device wakes nothing, even after a wait that its
+// deadline ended left it armed. An inotify descriptor stands in for the
+// kernel log: its wake-ups, like the kernel log's, carry no event mask, so
+// a device left in ep with no events would wake the poller's thread at
+// every event (89-105 wake-ups for 100 events, measured), where one out of ep
+// wakes nothing.
+func TestKmsgFileSleepWakesNothing(t *testing.T) {
+	dir := t.TempDir()
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE); err != nil {
+		t.Fatal(err)
+	}
+	kf, err := newKmsgFile(fd, "inotify")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kf.Close()
+	const gather = 300 * time.Millisecond
+	if err := kf.gatherFor(gather); err != nil {
+		t.Fatal(err)
+	}
+	kf.perRecord = 0 // records come fast: the next wait with records before it sleeps
+	buf := make([]byte, BufSize)
+	create := func(name string) {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A wait that its deadline ends leaves the device armed.
+	kf.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+	if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read with nothing ready = %v", err)
+	}
+	kf.perRecord = 0
+	create("first")
+	kf.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := kf.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	// 100 events from another process during the sleep that follows.
+	cmd := exec.Command("sh", "-c", `sleep 0.05; for i in $(seq 100); do : > "$1/e$i"; done`, "sh", dir)
+	before := voluntarySwitches(t)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sleeps := kf.sleeps
+	if _, err := kf.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	woke := voluntarySwitches(t) - before
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if kf.sleeps != sleeps+1 {
+		t.Fatalf("the wait was not a gathering sleep")
+	}
+	if woke > 40 {
+		t.Errorf("100 events during a sleep: this process's threads went to sleep %d times, want a few", woke)
+	}
+	t.Logf("100 events during a sleep: %d times", woke)
+}
+
+// Records at random gaps (exponential, 20 ms on average: a log written
+// 50 times a second) rarely start a sleep with a gathering time of 10 ms:
+// one short gap is not a busy log. Deciding on the last gap alone made
+// about a quarter of the waits sleeps, each found at most a record.
+func TestKmsgFileRandomGapsRarelySleep(t *testing.T) {
+	kf, w := newPipeFile(t, 10*time.Millisecond)
+	const n = 60
+	rng := rand.New(rand.NewPCG(1, 2))
+	go func() {
+		for range n {
+			time.Sleep(time.Duration(rng.ExpFloat64() * float64(20*time.Millisecond)))
+			w.Write([]byte("record.\n"))
+		}
+	}()
+	readRecords(t, kf, n)
+	if kf.sleeps*10 > kf.waits {
+		t.Errorf("%d records at random gaps: %d of %d waits were sleeps, want under a tenth", n, kf.sleeps, kf.waits)
+	}
+	t.Logf("%d sleeps of %d waits", kf.sleeps, kf.waits)
 }

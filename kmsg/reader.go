@@ -56,7 +56,8 @@ type Reader struct {
 	// GatherTime). It applies to the kernel log device, not to what a
 	// test's Open returns.
 	Gather time.Duration
-	// Open opens the device (default: os.OpenFile read-only); tests replace it.
+	// Open opens the device (default: the kernel log device, read-only,
+	// refusing what is not /dev/kmsg); tests replace it.
 	Open func(path string) (Device, error)
 	// Backoff bounds the wait before a reopen after an open or read error
 	// (default 1 s doubling to 1 min).
@@ -126,9 +127,10 @@ func errEOF(path string) error {
 	return fmt.Errorf("read %s: end of file (the kernel log never ends: is this /dev/kmsg?)", path)
 }
 
-// GatherTime is the daemon's Reader.Gather: a matching line reaches the
-// store at most this much later than it would, and a log written every
-// millisecond wakes the reader about a tenth as often (see kmsgFile).
+// GatherTime is the daemon's Reader.Gather: a matching line of a busy log
+// reaches the store at most this much later than it would, and a log
+// written every millisecond wakes the reader once per GatherTime, not once
+// per few records (see kmsgFile).
 const GatherTime = 10 * time.Millisecond
 
 // catchUpWait is how long a read waits for the next record while the
