@@ -83,13 +83,14 @@ func openDevice(path string) (Device, error) {
 //
 // The ring buffer and the sleep: a sleep after which more than stormBytes
 // are read without a wait (a log written at more than 3 MB/s, ~40,000
-// lines of 80 bytes a second, which could fill a ring buffer of 128 KiB,
-// the smallest in common use, while the reader sleeps) stops gathering for
-// stormCalm; the reader then reads as fast as the records come. Only the
-// first sleep of a sudden storm of more than 128 KiB in one gathering time
-// (~160,000 lines a second) can let the ring buffer overrun where a reader
-// that never sleeps, on a free CPU, might have kept up; the records lost
-// are counted by the sequence gap, as any overrun.
+// lines of 80 bytes a second: a quarter of a 128 KiB ring buffer, the
+// smallest in common use, per sleep) stops gathering for stormCalm; the
+// reader then reads as fast as the records come. A storm of more than
+// 128 KiB in one gathering time (~13 MB/s, ~160,000 lines a second) can
+// overrun the ring buffer during the first sleep that meets it, and during
+// one sleep a second while it lasts, where a reader that never sleeps, on a
+// free CPU, might have kept up; the records lost are counted by the
+// sequence gap, as any overrun.
 type kmsgFile struct {
 	fd   int
 	name string
@@ -292,12 +293,14 @@ func (f *kmsgFile) Read(p []byte) (int, error) {
 			}
 			continue
 		}
-		f.run++
+		if f.tfd >= 0 {
+			f.run++
+			if f.bytes += int(r); f.gathered && f.bytes > stormBytes {
+				f.calmAt, f.gathered = time.Now().Add(stormCalm), false
+			}
+		}
 		if e != 0 {
 			return 0, &os.PathError{Op: "read", Path: f.name, Err: e}
-		}
-		if f.bytes += int(r); f.gathered && f.bytes > stormBytes {
-			f.calmAt, f.gathered = time.Now().Add(stormCalm), false
 		}
 		return int(r), nil
 	}
@@ -319,7 +322,7 @@ func (f *kmsgFile) SetReadDeadline(t time.Time) error { return f.ep.SetReadDeadl
 
 // Close closes the device, the epoll instance and the timer (not while a
 // Read runs: the reader closes the file it reads, when it is done). A
-// second Close does nothing.
+// second Close closes nothing and returns os.ErrClosed.
 func (f *kmsgFile) Close() error {
 	if f.fd < 0 {
 		return os.ErrClosed

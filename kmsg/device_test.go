@@ -160,6 +160,7 @@ func TestKmsgFileGathers(t *testing.T) {
 func prime(t *testing.T, kf *kmsgFile, w *os.File) {
 	t.Helper()
 	buf := make([]byte, 8)
+	sleeps := kf.sleeps
 	for range 12 {
 		kf.SetReadDeadline(time.Now().Add(time.Millisecond))
 		if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -168,7 +169,7 @@ func prime(t *testing.T, kf *kmsgFile, w *os.File) {
 		w.Write([]byte("record.\nrecord.\n"))
 		readRecords(t, kf, 2)
 	}
-	if kf.sleeps == 0 {
+	if kf.sleeps == sleeps {
 		t.Fatalf("records 1 ms apart, 12 times: no gathering sleep (%v a record on average)", kf.perRecord)
 	}
 }
@@ -243,12 +244,35 @@ func voluntarySwitches(t *testing.T) int {
 	return n
 }
 
+// epollEvents returns the event mask the epoll instance epfd holds for
+// fd, as /proc/self/fdinfo shows it, and whether fd is in it at all.
+func epollEvents(t *testing.T, epfd, fd int) (uint64, bool) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(epfd))
+	if err != nil {
+		t.Error(err)
+		return 0, false
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == "tfd:" && f[1] == strconv.Itoa(fd) && f[2] == "events:" {
+			ev, err := strconv.ParseUint(f[3], 16, 64)
+			if err != nil {
+				t.Errorf("fdinfo line %q: %v", line, err)
+			}
+			return ev, true
+		}
+	}
+	return 0, false
+}
+
 // During a sleep the device wakes nothing, even after a wait that its
-// deadline ended left it armed. An inotify descriptor stands in for the
-// kernel log: its wake-ups, like the kernel log's, carry no event mask, so
-// a device left in ep with no events would wake the poller's thread at
-// every event (89-105 wake-ups for 100 events, measured), where one out of ep
-// wakes nothing.
+// deadline ended left it armed: it is out of the epoll instance, or a
+// one-shot that fired (no event bit left). Left in with no events, the
+// kernel's EPOLLERR|EPOLLHUP would stay in its mask, and a device whose
+// wake-ups carry no event mask (the kernel log; inotify, which stands in
+// for it here) would wake the poller's thread at every event (12-117
+// wake-ups for 100 events, measured).
 func TestKmsgFileSleepWakesNothing(t *testing.T) {
 	dir := t.TempDir()
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
@@ -263,11 +287,11 @@ func TestKmsgFileSleepWakesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kf.Close()
-	const gather = 300 * time.Millisecond
+	const gather = 500 * time.Millisecond
 	if err := kf.gatherFor(gather); err != nil {
 		t.Fatal(err)
 	}
-	kf.perRecord = 0 // records come fast: the next wait with records before it sleeps
+	epfd := int(kf.ep.Fd())
 	buf := make([]byte, BufSize)
 	create := func(name string) {
 		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
@@ -279,22 +303,38 @@ func TestKmsgFileSleepWakesNothing(t *testing.T) {
 	if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Read with nothing ready = %v", err)
 	}
-	kf.perRecord = 0
+	if ev, in := epollEvents(t, epfd, fd); !in || ev&unix.EPOLLIN == 0 {
+		t.Fatalf("after a wait that its deadline ended: in the epoll instance %v, events %#x; want armed", in, ev)
+	}
+	kf.perRecord = 0 // records come fast: the next wait with records before it sleeps
 	create("first")
 	kf.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := kf.Read(buf); err != nil {
 		t.Fatal(err)
 	}
-	// 100 events from another process during the sleep that follows.
+	// 100 events from another process during the sleep that follows, and
+	// a look at the epoll instance 100 ms into it.
 	cmd := exec.Command("sh", "-c", `sleep 0.05; for i in $(seq 100); do : > "$1/e$i"; done`, "sh", dir)
+	type look struct {
+		ev uint64
+		in bool
+	}
+	looked := make(chan look, 1)
 	before := voluntarySwitches(t)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		ev, in := epollEvents(t, epfd, fd)
+		looked <- look{ev, in}
+	}()
 	sleeps := kf.sleeps
+	start := time.Now()
 	if _, err := kf.Read(buf); err != nil {
 		t.Fatal(err)
 	}
+	slept := time.Since(start)
 	woke := voluntarySwitches(t) - before
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
@@ -302,10 +342,14 @@ func TestKmsgFileSleepWakesNothing(t *testing.T) {
 	if kf.sleeps != sleeps+1 {
 		t.Fatalf("the wait was not a gathering sleep")
 	}
-	if woke > 40 {
-		t.Errorf("100 events during a sleep: this process's threads went to sleep %d times, want a few", woke)
+	l := <-looked
+	if slept < 100*time.Millisecond {
+		t.Fatalf("the sleep ended after %s, before the look at 100 ms", slept)
 	}
-	t.Logf("100 events during a sleep: %d times", woke)
+	if l.in && l.ev&0xffff != 0 {
+		t.Errorf("during the sleep the device is in the epoll instance with events %#x; want none (out of it, or a one-shot that fired)", l.ev)
+	}
+	t.Logf("100 events during a sleep: this process's threads went to sleep %d times", woke)
 }
 
 // Records at random gaps (exponential, 20 ms on average: a log written

@@ -51,10 +51,10 @@ type Reader struct {
 	// ends at the next point of ReadTimeout's grid (at most ReadTimeout
 	// after the last deadline passed). Zero Grid: ReadTimeout after it.
 	Grid tick.Grid
-	// Gather is how long the reader lets records gather once a wake-up has
-	// read some, before it reads again (0: off; the daemon uses
-	// GatherTime). It applies to the kernel log device, not to what a
-	// test's Open returns.
+	// Gather is how long the reader sleeps to let records gather, instead
+	// of waking for each, while they come at 1.5 or more per Gather (0:
+	// off; the daemon uses GatherTime; see kmsgFile). It applies to the
+	// kernel log device, not to what a test's Open returns.
 	Gather time.Duration
 	// Open opens the device (default: the kernel log device, read-only,
 	// refusing what is not /dev/kmsg); tests replace it.

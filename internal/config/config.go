@@ -375,9 +375,16 @@ const maxFileSize = 1 << 20
 // directory is refused without blocking: a FIFO would block the open until
 // a writer came (the start, or a reload and the reload watcher, for ever).
 // A device is read (--config /dev/null is the defaults), at most
-// maxFileSize bytes of it.
+// maxFileSize bytes of it, and one that has nothing to read (a terminal)
+// is given up after readWait.
 func readFile(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, syscall.ENXIO) {
+		// open(2) of a Unix socket.
+		if st, serr := os.Stat(path); serr == nil && st.Mode().Type()&fs.ModeSocket != 0 {
+			return nil, fmt.Errorf("%s is a socket, not a regular file", path)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -394,12 +401,19 @@ func readFile(path string) ([]byte, error) {
 	case t&fs.ModeSocket != 0:
 		return nil, fmt.Errorf("%s is a socket, not a regular file", path)
 	}
+	f.SetReadDeadline(time.Now().Add(readWait)) // ErrNoDeadline for what cannot wait
 	b, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, fmt.Errorf("%s had nothing to read for %s: not a configuration file", path, readWait)
+	}
 	if err == nil && len(b) > maxFileSize {
-		err = fmt.Errorf("%s holds more than a configuration does (more than %d bytes)", path, maxFileSize)
+		err = fmt.Errorf("%s is larger than 1 MiB (%d bytes); a configuration is a few KB", path, maxFileSize)
 	}
 	return b, err
 }
+
+// readWait bounds how long readFile waits for a device to have something.
+const readWait = time.Second
 
 func digestOf(b []byte, err error) string {
 	switch {

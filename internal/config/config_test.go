@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -534,7 +535,8 @@ func TestManyUnanchoredKmsgRules(t *testing.T) {
 // A FIFO, a socket or a directory is refused at once with what it is (a
 // FIFO blocked the start, a reload and the reload watcher until a writer
 // came); a device or a file is read up to a bound (/dev/zero would be read
-// without end); /dev/null is the defaults.
+// without end) and a device with nothing to read for a second is given up
+// (a terminal blocked); /dev/null is the defaults.
 func TestLoadRefusesWhatIsNotAConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "fifo")
@@ -545,12 +547,25 @@ func TestLoadRefusesWhatIsNotAConfigFile(t *testing.T) {
 	if err := os.WriteFile(big, bytes.Repeat([]byte("# comment\n"), maxFileSize/10+1), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for path, want := range map[string]string{
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cases := map[string]string{
+		sock:        sock + " is a socket, not a regular file",
 		fifo:        fifo + " is a FIFO, not a regular file",
 		dir:         dir + " is a directory, not a regular file",
-		"/dev/zero": "/dev/zero holds more than a configuration does",
-		big:         big + " holds more than a configuration does",
-	} {
+		"/dev/zero": "/dev/zero is larger than 1 MiB",
+		big:         big + " is larger than 1 MiB",
+	}
+	// A terminal has nothing to read: given up after a second.
+	if f, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0); err == nil {
+		defer f.Close()
+		cases["/dev/ptmx"] = "/dev/ptmx had nothing to read for 1s"
+	}
+	for path, want := range cases {
 		done := make(chan error, 1)
 		go func() { _, _, err := Load(path, false); done <- err }()
 		select {
