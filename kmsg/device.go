@@ -95,6 +95,7 @@ type kmsgFile struct {
 	fd   int
 	name string
 	ep   *os.File // the epoll instance, in the runtime's poller
+	epfd int      // ep's descriptor, for the raw epoll_ctl calls
 	erc  syscall.RawConn
 	// The wait in progress (a field rather than a closure's captures, so
 	// that a wait does not allocate).
@@ -153,7 +154,7 @@ func newKmsgFile(fd int, name string) (*kmsgFile, error) {
 		unix.Close(fd)
 		return nil, os.NewSyscallError("epoll_ctl", fmt.Errorf("%s: %w", name, err))
 	}
-	f.ep = os.NewFile(uintptr(epfd), "epoll")
+	f.ep, f.epfd = os.NewFile(uintptr(epfd), "epoll"), epfd
 	if f.erc, err = f.ep.SyscallConn(); err != nil {
 		f.ep.Close()
 		unix.Close(fd)
@@ -174,13 +175,9 @@ func (f *kmsgFile) gatherFor(d time.Duration) error {
 		return os.NewSyscallError("timerfd_create", err)
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(tfd)}
-	var cerr error
-	if err := f.erc.Control(func(epfd uintptr) { cerr = unix.EpollCtl(int(epfd), unix.EPOLL_CTL_ADD, tfd, &ev) }); err != nil {
-		cerr = err
-	}
-	if cerr != nil {
+	if err := unix.EpollCtl(f.epfd, unix.EPOLL_CTL_ADD, tfd, &ev); err != nil {
 		unix.Close(tfd)
-		return os.NewSyscallError("epoll_ctl", fmt.Errorf("timerfd: %w", cerr))
+		return os.NewSyscallError("epoll_ctl", fmt.Errorf("timerfd: %w", err))
 	}
 	f.tfd, f.gather = tfd, d
 	f.spec = unix.ItimerSpec{Value: unix.NsecToTimespec(d.Nanoseconds())}
@@ -215,7 +212,14 @@ func (f *kmsgFile) harvest(epfd uintptr) bool {
 
 // epollCtl is epoll_ctl on ep, a raw system call.
 func (f *kmsgFile) epollCtl(op int, ev *unix.EpollEvent) syscall.Errno {
-	_, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_CTL, f.ep.Fd(), uintptr(op), uintptr(f.fd), uintptr(unsafe.Pointer(ev)), 0, 0)
+	_, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(f.epfd), uintptr(op), uintptr(f.fd), uintptr(unsafe.Pointer(ev)), 0, 0)
+	return e
+}
+
+// setTimer starts the timerfd with spec (a zero spec stops it), a raw
+// system call.
+func (f *kmsgFile) setTimer(spec *unix.ItimerSpec) syscall.Errno {
+	_, _, e := syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.tfd), 0, uintptr(unsafe.Pointer(spec)), 0, 0, 0)
 	return e
 }
 
@@ -248,7 +252,7 @@ func (f *kmsgFile) wait() error {
 			}
 		}
 		if e == 0 {
-			_, _, e = syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.tfd), 0, uintptr(unsafe.Pointer(&f.spec)), 0, 0, 0)
+			e = f.setTimer(&f.spec)
 		}
 	case f.inEp:
 		e = f.epollCtl(unix.EPOLL_CTL_MOD, &f.arm)
@@ -265,8 +269,7 @@ func (f *kmsgFile) wait() error {
 	if err != nil && f.gathered {
 		// The deadline passed or the file closed during a sleep: it is
 		// not taken up again.
-		var off unix.ItimerSpec
-		syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.tfd), 0, uintptr(unsafe.Pointer(&off)), 0, 0, 0)
+		f.setTimer(&unix.ItimerSpec{})
 		f.gathered = false
 	}
 	if err == nil && f.waitErr != 0 {

@@ -291,7 +291,7 @@ func TestKmsgFileSleepWakesNothing(t *testing.T) {
 	if err := kf.gatherFor(gather); err != nil {
 		t.Fatal(err)
 	}
-	epfd := int(kf.ep.Fd())
+	epfd := kf.epfd
 	buf := make([]byte, BufSize)
 	create := func(name string) {
 		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
