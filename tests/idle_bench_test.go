@@ -61,7 +61,7 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	warmup, window := envDuration(b, "IDLE_WARMUP", 30*time.Second), envDuration(b, "IDLE_WINDOW", 120*time.Second)
 	kubeletPort, metricsPort := freeTCPPort(b), freeTCPPort(b)
 	units := map[string]string{
-		"kubelet.service":             fmt.Sprintf("[Unit]\nDescription=stand-in kubelet (/healthz)\nDefaultDependencies=no\n\n[Service]\nExecStart=/etc/systemd/system/bin/standin kubelet 127.0.0.1:%d /run/standin/kubelet-broken\n", kubeletPort),
+		"kubelet.service":             fmt.Sprintf("[Unit]\nDescription=stand-in kubelet (/healthz)\nDefaultDependencies=no\n\n[Service]\nExecStart=/usr/bin/standin kubelet 127.0.0.1:%d /run/standin/kubelet-broken\n", kubeletPort),
 		"syself-tunnel-agent.service": "[Unit]\nDescription=stand-in tunnel agent\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sleep infinity\n",
 	}
 	for k, v := range containerdDropIn {
