@@ -30,8 +30,16 @@ const bootSlack = 2 * time.Second
 // every condition on the Node is this boot's. Without one (a Node written by
 // an older version), the transition time is compared with this boot's start
 // (wall clock; a clock stepped since can misjudge it).
-//   - another status in the store: the store wins; it holds a change the
-//     API server has not seen yet.
+//   - another status in the store that is Unknown for want of data (NoData:
+//     the kernel log not read yet after a start without the state file):
+//     the Node wins; the store knows nothing the Node does not;
+//   - another status in the store that changed before the Node's did (a
+//     state file older than the Node: a save that failed, a crash before
+//     the save): the Node wins; it holds the later change. Compared at the
+//     Node's one-second resolution; never for a held condition the store
+//     has True (only an operator's clear lowers it);
+//   - another status in the store, changed since: the store wins; it holds
+//     a change the API server has not seen yet.
 //
 // A condition type or reason outside the catalog is ignored. Adopt reports
 // whether the store changed.
@@ -66,7 +74,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		s.mu.Unlock()
 		s.Touch()
 		return true
-	case held && prev.Status != StatusTrue:
+	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c):
 		c.LastUpdateTime = prev.LastUpdateTime
 		s.conds[c.Type] = c
 		close(s.changed)
@@ -82,4 +90,23 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		o.ConditionRestored(c)
 	}
 	return true
+}
+
+// nodeIsNewer reports whether the Node's condition c, of another status than
+// the store's prev, is the later word on it: prev is Unknown for want of
+// data, or changed before c did (at the Node's one-second resolution: a
+// change within the second c's time names is not known to be older). A
+// held condition the store has True is never lowered this way: only an
+// operator's clear lowers it, and the store knows of those (SetCleared).
+func nodeIsNewer(desc ConditionDesc, prev, c Condition) bool {
+	if prev.Status == c.Status || c.LastTransitionTime.IsZero() {
+		return false
+	}
+	if prev.Status == StatusTrue && desc.Hold != HoldWhileTrue {
+		return false
+	}
+	if prev.Status == StatusUnknown && prev.Reason == ReasonNoData {
+		return true
+	}
+	return prev.LastTransitionTime.Truncate(time.Second).Before(c.LastTransitionTime.Truncate(time.Second))
 }

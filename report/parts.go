@@ -61,7 +61,7 @@ func (s *Store) RemovePart(src Source, condType string, now time.Time) bool {
 // combineLocked sets a condition from its parts; s.mu is held (and
 // released here), and s.partMu.
 func (s *Store) combineLocked(desc ConditionDesc, condType string, now time.Time) bool {
-	var trues, falses, undecided, nothing []Condition
+	var trues, falses, undecided, nothing, nodata []Condition
 	for _, n := range desc.Parts {
 		p, seen := s.parts[condType][n.Name]
 		if !seen {
@@ -74,6 +74,8 @@ func (s *Store) combineLocked(desc ConditionDesc, condType string, now time.Time
 			falses = append(falses, p)
 		case p.Reason == ReasonNothingToCheck:
 			nothing = append(nothing, p)
+		case p.Reason == ReasonNoData:
+			nodata = append(nodata, p)
 		default:
 			undecided = append(undecided, p)
 		}
@@ -81,7 +83,11 @@ func (s *Store) combineLocked(desc ConditionDesc, condType string, now time.Time
 	s.mu.Unlock()
 	// A part that found nothing to check (no NVMe drives) neither makes the
 	// condition healthy nor undecided: the other parts decide, and when no
-	// part checked anything, neither does the condition.
+	// part checked anything, neither does the condition. Nor does a part
+	// that has no data yet (NoData: the kernel log not read yet, for the
+	// second or so after a start): a start whose other part already ran
+	// must not turn a condition the Node holds (adopted) Unknown and back.
+	// With only such parts the condition has no data yet either.
 	out := Condition{Type: condType}
 	var pick []Condition
 	switch {
@@ -91,6 +97,8 @@ func (s *Store) combineLocked(desc ConditionDesc, condType string, now time.Time
 		out.Status, out.Reason, pick = StatusUnknown, undecided[0].Reason, append(undecided, falses...)
 	case len(falses) > 0:
 		out.Status, out.Reason, pick = StatusFalse, desc.HealthyReason, append(falses, nothing...)
+	case len(nodata) > 0:
+		out.Status, out.Reason, pick = StatusUnknown, ReasonNoData, nodata
 	default:
 		out.Status, out.Reason, pick = StatusUnknown, ReasonNothingToCheck, nothing
 	}

@@ -121,3 +121,31 @@ func TestDocumentsOneDomainFailing(t *testing.T) {
 		t.Fatalf("certs document: %s", docs[AnnotationPrefix+"certs"])
 	}
 }
+
+// A part with no data yet (the kernel log not read yet, the second or so
+// after a start) does not decide: the other part does, so a start that
+// adopted DisksFailure=False from the Node and whose SMART run comes first
+// does not turn it Unknown and back. With no other part it has no data.
+func TestSetPartNoDataDoesNotDecide(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	disks := func(st Status, r Reason, msg string) Condition {
+		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
+	}
+	s := NewStore("b")
+	s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusUnknown || c.Reason != ReasonNoData {
+		t.Errorf("only a part without data: %+v", c)
+	}
+	s.SetPart(SourceCheck, disks(StatusUnknown, ReasonNothingToCheck, "no NVMe drives"), t0)
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusUnknown || c.Reason != ReasonNoData {
+		t.Errorf("no data and nothing to check: %+v", c)
+	}
+	s.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "smart ok"), t0.Add(time.Second))
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || c.Message != "smart ok" {
+		t.Errorf("SMART healthy, the kernel part without data yet: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusTrue, ReasonDiskIOErrors, "5 errors"), t0.Add(2*time.Second))
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonDiskIOErrors {
+		t.Errorf("the kernel part True once read: %+v", c)
+	}
+}

@@ -449,3 +449,61 @@ func TestAdoptTamperTrustsOnlyAPublishedClear(t *testing.T) {
 		t.Fatal("a clear without one")
 	}
 }
+
+// The Node has the later word over a store that knows less: a placeholder
+// Unknown (NoData: the kernel log not read yet after a start that lost the
+// state file), or a state file older than the Node (its save failed). A
+// held condition the store has True is never lowered by the Node's time.
+func TestAdoptNodeWinsOverNoDataAndOlderState(t *testing.T) {
+	s := NewStore("b")
+	rec := &recorder{}
+	s.Observe(rec)
+	node := func(ty string, st Status, reason Reason, ltt time.Time) Condition {
+		return Condition{Type: ty, Status: st, Reason: reason, Message: "from the node", LastTransitionTime: ltt}
+	}
+	now := t0.Add(2 * time.Hour)
+	s.Set(Condition{Type: "KernelDeadlock", Status: StatusUnknown, Reason: ReasonNoData, Message: "the kernel log has not been read yet"}, now)
+	if !s.Adopt(node("KernelDeadlock", StatusFalse, "KernelHasNoDeadlock", t0), "b") {
+		t.Error("a placeholder Unknown (NoData) won over the Node's False: the first write would flap it")
+	}
+	if c, _ := s.Get("KernelDeadlock"); c.Status != StatusFalse || !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("KernelDeadlock = %+v; want False since %v", c, t0)
+	}
+	// The reader catches up and finds nothing: no transition.
+	s.Set(Condition{Type: "KernelDeadlock", Status: StatusFalse, Reason: "KernelHasNoDeadlock"}, now.Add(time.Second))
+	if c, _ := s.Get("KernelDeadlock"); !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("after catching up: %+v; want lastTransitionTime %v kept", c, t0)
+	}
+
+	// A state file an hour older than the Node's change.
+	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), t0.Add(-time.Hour))
+	if !s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", t0), "b") {
+		t.Error("an older local False won over the Node's later True")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("DiskUsageHigh = %+v; want True since %v", c, t0)
+	}
+	// A local change within the second the Node names: not known to be
+	// older; the store keeps it.
+	s.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", ""), t0.Add(500*time.Millisecond))
+	if s.Adopt(node("ClockNotSynchronized", StatusFalse, "ClockSynchronized", t0), "b") {
+		t.Error("a local change in the Node's second was overridden")
+	}
+	// No time on the Node: nothing to compare.
+	s.Set(cond("CNIUnhealthy", StatusFalse, "CNIHealthy", ""), t0.Add(-time.Hour))
+	if s.Adopt(node("CNIUnhealthy", StatusTrue, ReasonCiliumNotOk, time.Time{}), "b") {
+		t.Error("a Node condition without a transition time overrode the store")
+	}
+	// Held forever and True in the store: the Node's later False does
+	// not lower it (only an operator's clear does).
+	s.Set(cond("NodeTampered", StatusTrue, "ProtectedFileChanged", "/etc/containerd/config.toml"), t0.Add(-time.Hour))
+	if s.Adopt(node("NodeTampered", StatusFalse, "NodeIntact", t0), "b") {
+		t.Error("the Node's later False lowered a tamper condition the store holds True")
+	}
+	if c, _ := s.Get("NodeTampered"); c.Status != StatusTrue {
+		t.Errorf("NodeTampered = %+v", c)
+	}
+	if len(rec.restored) != 2 || rec.restored[0] != "KernelDeadlock" || rec.restored[1] != "DiskUsageHigh" {
+		t.Errorf("restores seen by observers: %v", rec.restored)
+	}
+}

@@ -795,3 +795,38 @@ func TestPeriodicWritesOnTheGrid(t *testing.T) {
 		}
 	})
 }
+
+// A restart that lost the state file: the kernel log monitor holds its
+// conditions Unknown (NoData) until it has read the log, and the Node's
+// False must win over that placeholder, so that no write flaps the
+// condition to Unknown and back or resets its lastTransitionTime.
+func TestRestartWithoutStateKeepsKernelConditions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		onNode := corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionFalse, Reason: "KernelHasNoDeadlock",
+			Message: "no matching kernel message", LastTransitionTime: metav1.NewTime(t0)}
+		client := fake.NewClientset(kubeletNode(onNode))
+		store := report.NewStore("b")
+		// What kmsg.Monitor.Start sets before the reader opens the log.
+		store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+			Message: "the kernel log has not been read yet"}, time.Now())
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(100 * time.Millisecond) // a write may go out before the reader catches up
+		synctest.Wait()
+		// The reader has read the log: nothing matched.
+		store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusFalse, Reason: "KernelHasNoDeadlock",
+			Message: "no matching kernel message"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		c := findCond(h.node(t), "KernelDeadlock")
+		if c == nil || c.Status != corev1.ConditionFalse || !c.LastTransitionTime.Time.Equal(t0) {
+			t.Errorf("after the restart: %+v; want False since %v", c, t0)
+		}
+		for _, a := range client.Actions() {
+			if p, ok := a.(k8stesting.PatchAction); ok && p.GetSubresource() == "status" && strings.Contains(string(p.GetPatch()), `"status":"Unknown"`) {
+				t.Errorf("a write flapped a condition to Unknown: %s", p.GetPatch())
+			}
+		}
+		h.stop()
+	})
+}
