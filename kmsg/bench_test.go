@@ -3,6 +3,7 @@ package kmsg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -173,4 +174,23 @@ func BenchmarkDeviceRead(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// A flood of disk I/O errors on three devices: each line goes into the
+// window and the window is evaluated (its count must not walk the window,
+// which holds up to windowCap errors).
+func BenchmarkIOErrorFlood(b *testing.B) {
+	mon := benchMonitor(b)
+	recs := make([][]byte, 4096)
+	for i := range recs {
+		recs[i] = fmt.Appendf(nil, "3,%d,%d,-;I/O error, dev sd%c, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", 2000+i, 812400000+i*100, 'a'+i%3)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		r, _ := ParseRecord(recs[i%len(recs)])
+		r.Usec = uint64(812400000 + i*100)
+		mon.Handle(r, t0)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
 }

@@ -3,6 +3,7 @@ package kmsg
 import (
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -73,7 +74,6 @@ func NewMonitor(o Options) *Monitor {
 	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024)}
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)
-	mon.window.max = max(o.IOErrorThreshold, 1)
 	mon.gpu.Store(o.GPU)
 	return mon
 }
@@ -106,10 +106,12 @@ type RuleChanges struct {
 // window and IgnoreDevices of o (the other options cannot change): the
 // record the reader handles next is matched by the new rules, the one
 // before by the old ones; the reader's cursor stays, so no record is lost
-// or read twice. The window keeps the errors it holds (the newest ones,
-// up to the new threshold) and is evaluated with the new threshold at the
-// next record or tick. Each rule's match counter is kept; a removed rule's
-// series is dropped, a new rule's starts at 0.
+// or read twice. The window keeps the errors it holds (every one within
+// the longest span the configuration allows, up to windowCap) and is
+// evaluated with the new threshold and span at the next record or tick,
+// just as a fresh start over the same records would be. Each rule's match
+// counter is kept; a removed rule's series is dropped, a new rule's starts
+// at 0.
 func (mon *Monitor) Reconfigure(o Options) RuleChanges {
 	s := mon.settingsOf(o)
 	old := mon.next.Swap(s)
@@ -153,10 +155,6 @@ func (rs *RuleSet) tasks() []string {
 func (mon *Monitor) use() *settings {
 	if s := mon.next.Load(); s != mon.cur {
 		mon.cur = s
-		if m := max(s.threshold, 1); m != mon.window.max {
-			mon.window.resize(m)
-			mon.winGen++
-		}
 	}
 	return mon.cur
 }
@@ -296,7 +294,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		case DiskIOError:
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
 			if !set.ignored(m.Dev) {
-				mon.window.add(r.Usec, m.Dev)
+				mon.window.add(ioError{Usec: r.Usec, Dev: m.Dev}, set.keep())
 				mon.winGen++
 				mon.evalWindow(r.Usec, at)
 			}
@@ -326,76 +324,150 @@ func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	if n < set.threshold && !mon.caughtUp.Load() {
 		return // not known to be healthy before the log is read to its end
 	}
+	// A full window within the span: errors dropped for room may have been
+	// within it too.
+	atLeast := ""
+	if n >= windowCap {
+		atLeast = "at least "
+	}
 	c := report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,
-		Message: fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d)", n, set.window, set.threshold)}
+		Message: fmt.Sprintf("the kernel logged %s%d disk I/O errors in the last %s (threshold %d)", atLeast, n, set.window, set.threshold)}
 	if n >= set.threshold {
 		c.Status, c.Reason = report.StatusTrue, report.ReasonDiskIOErrors
-		c.Message = fmt.Sprintf("the kernel logged %d disk I/O errors in the last %s (threshold %d) on %s", n, set.window, set.threshold, strings.Join(devs, ", "))
+		c.Message = fmt.Sprintf("the kernel logged %s%d disk I/O errors in the last %s (threshold %d) on %s", atLeast, n, set.window, set.threshold, strings.Join(devs, ", "))
 	}
 	mon.o.Store.SetPart(report.SourceKmsg, c, now)
 }
 
-// window keeps the kernel times of the most recent disk I/O errors; it
-// never holds more than the threshold needs.
+// windowCap bounds the disk I/O errors the window holds, so that a flood
+// of them cannot grow memory (or the state file) without limit. It is at
+// least the largest io_error_threshold the configuration allows (1000), so
+// that every allowed threshold is judged on the errors themselves.
+const windowCap = 1024
+
+// keepSpan is how long the window keeps an error (before the newest one):
+// the longest io_error_window the configuration allows, so that a reload
+// that widens the window counts the errors already seen, as a fresh start
+// over the same records would.
+const keepSpan = 24 * time.Hour
+
+// keep returns how long (in microseconds) the window keeps an error: the
+// longest span allowed, or the span configured if it is longer.
+func (s *settings) keep() uint64 {
+	return uint64(max(s.window, keepSpan) / time.Microsecond)
+}
+
+// window keeps the kernel times and devices of the disk I/O errors, oldest
+// first, in a ring: every error within keep of the newest, at most
+// windowCap of them (the oldest dropped for room). It holds more than any
+// threshold needs so that a changed threshold or span (Reconfigure) is
+// judged on all the errors seen, not only on the newest ones.
 type window struct {
-	max  int
-	usec []uint64
-	devs []string
+	ring []ioError // grows (doubling) up to windowCap, then wraps
+	head int       // index of the oldest error in ring
+	n    int       // errors held
+	devs []string  // reused by count
+	// byDev is, for each device, its errors held and the newest one's
+	// kernel time: count finds the devices within a span without walking
+	// the window.
+	byDev map[string]devErrors
 }
 
-// resize changes how many errors the window keeps, dropping the oldest
-// ones beyond it.
-func (w *window) resize(m int) {
-	if drop := len(w.usec) - m; drop > 0 {
-		w.usec, w.devs = slices.Clone(w.usec[drop:]), slices.Clone(w.devs[drop:])
-	}
-	w.max = m
+// devErrors is one device's errors in the window.
+type devErrors struct {
+	n      int
+	newest uint64
 }
 
-func (w *window) add(usec uint64, dev string) {
-	if len(w.usec) == w.max {
-		copy(w.usec, w.usec[1:])
-		copy(w.devs, w.devs[1:])
-		w.usec, w.devs = w.usec[:w.max-1], w.devs[:w.max-1]
+// at returns the i-th error held, oldest first.
+func (w *window) at(i int) ioError { return w.ring[(w.head+i)%len(w.ring)] }
+
+// drop forgets the oldest error.
+func (w *window) drop() {
+	e := w.ring[w.head]
+	if d := w.byDev[e.Dev]; d.n <= 1 {
+		delete(w.byDev, e.Dev)
+	} else {
+		d.n--
+		w.byDev[e.Dev] = d
 	}
-	w.usec = append(w.usec, usec)
-	w.devs = append(w.devs, dev)
+	w.ring[w.head] = ioError{}
+	w.head = (w.head + 1) % len(w.ring)
+	w.n--
+}
+
+// add appends an error, first dropping those more than keep (µs) older than
+// it and, when the window is full, the oldest one.
+func (w *window) add(e ioError, keep uint64) {
+	for w.n > 0 {
+		if old := w.at(0).Usec; e.Usec > old && e.Usec-old > keep {
+			w.drop()
+			continue
+		}
+		break
+	}
+	if w.n == windowCap {
+		w.drop()
+	}
+	if w.n == len(w.ring) { // grow, below the cap
+		r := make([]ioError, min(max(2*len(w.ring), 8), windowCap))
+		w.entries(r[:0])
+		w.ring, w.head = r, 0
+	}
+	w.ring[(w.head+w.n)%len(w.ring)] = e
+	w.n++
+	if w.byDev == nil {
+		w.byDev = map[string]devErrors{}
+	}
+	d := w.byDev[e.Dev]
+	d.n++
+	d.newest = max(d.newest, e.Usec)
+	w.byDev[e.Dev] = d
+}
+
+// entries appends the errors held, oldest first, to dst.
+func (w *window) entries(dst []ioError) []ioError {
+	for i := range w.n {
+		dst = append(dst, w.at(i))
+	}
+	return dst
 }
 
 // count returns how many errors lie within span before now (now 0: the
-// newest error's time), and their devices.
+// newest error's time), and their devices (valid until the next count).
+// The errors are in the kernel's order, which is its time's: a binary
+// search finds the oldest within the span, and the devices come from each
+// one's newest error, so a full window costs no walk (an I/O error flood
+// evaluates it at every line).
 func (w *window) count(now, span uint64) (int, []string) {
-	if len(w.usec) == 0 {
+	if w.n == 0 {
 		return 0, nil
 	}
-	if now == 0 || now < w.usec[len(w.usec)-1] {
-		now = w.usec[len(w.usec)-1]
+	if newest := w.at(w.n - 1).Usec; now == 0 || now < newest {
+		now = newest
 	}
-	n := 0
-	var devs []string
-	for i := len(w.usec) - 1; i >= 0 && now-w.usec[i] <= span; i-- {
-		n++
-		if !slices.Contains(devs, w.devs[i]) {
-			devs = append(devs, w.devs[i])
+	within := func(usec uint64) bool { return now-usec <= span || usec > now }
+	first := sort.Search(w.n, func(i int) bool { return within(w.at(i).Usec) })
+	w.devs = w.devs[:0]
+	for dev, d := range w.byDev {
+		if within(d.newest) {
+			w.devs = append(w.devs, dev)
 		}
 	}
-	slices.Sort(devs)
-	return n, devs
+	slices.Sort(w.devs)
+	return w.n - first, w.devs
 }
 
-func (mon *Monitor) windowEntries() []ioError {
-	out := make([]ioError, len(mon.window.usec))
-	for i := range mon.window.usec {
-		out[i] = ioError{Usec: mon.window.usec[i], Dev: mon.window.devs[i]}
-	}
-	return out
-}
+// windowEntries appends the errors in the window, oldest first, to dst (the
+// reader reuses its cursor's slice: no allocation per record).
+func (mon *Monitor) windowEntries(dst []ioError) []ioError { return mon.window.entries(dst) }
 
 // restoreWindow puts back the disk I/O errors saved before a restart within
 // the same boot and re-evaluates DisksFailure's kernel part.
 func (mon *Monitor) restoreWindow(es []ioError) {
+	keep := mon.use().keep()
 	for _, e := range es {
-		mon.window.add(e.Usec, e.Dev)
+		mon.window.add(e, keep)
 	}
 	if len(es) > 0 {
 		mon.evalWindow(MonotonicNow(), time.Now())

@@ -323,7 +323,8 @@ func (rd *Reader) Run(ctx context.Context) {
 			rd.cur.Seq, rd.cur.Have = last, true
 			if g := rd.Monitor.winGen; g != winGen {
 				winGen = g
-				rd.cur.IOErrors = rd.Monitor.windowEntries()
+				// snapshot copies it under rd.mu: the slice can be reused.
+				rd.cur.IOErrors = rd.Monitor.windowEntries(rd.cur.IOErrors[:0])
 			}
 			rd.mu.Unlock()
 			store.Touch()

@@ -128,7 +128,8 @@ autopilot_health_kmsg_matches_total{rule="Gamma"} %d
 }
 
 // A lower I/O error threshold applies at the next tick to the errors the
-// window already holds; KernelOnly and the ignored devices follow too.
+// window already holds (all of them counted); KernelOnly and the ignored
+// devices follow too.
 func TestReconfigureThresholdAndFilters(t *testing.T) {
 	store := report.NewStore("b")
 	o := opts(t, store)
@@ -149,18 +150,18 @@ func TestReconfigureThresholdAndFilters(t *testing.T) {
 	mon.Reconfigure(o)
 	mon.Tick(20*sec, t0)
 	c := status()
-	if c.Status != report.StatusTrue || c.Message != "the kernel logged 2 disk I/O errors in the last 5m0s (threshold 2) on sdb, sdc" {
+	if c.Status != report.StatusTrue || c.Message != "the kernel logged 3 disk I/O errors in the last 5m0s (threshold 2) on sda, sdb, sdc" {
 		t.Errorf("threshold 2 after the reload: %+v", c)
 	}
 	user := rec(30*sec, "I/O error, dev sdd, sector 1")
 	user.Facility = 1
 	mon.Handle(user, t0)
 	mon.Handle(rec(31*sec, "I/O error, dev sdz, sector 1"), t0)
-	if c := status(); !strings.HasSuffix(c.Message, "on sdb, sdc") {
+	if c := status(); !strings.HasSuffix(c.Message, "on sda, sdb, sdc") {
 		t.Errorf("a user-space line or an ignored device counted: %+v", c)
 	}
 	mon.Handle(rec(32*sec, "I/O error, dev loop0, sector 1"), t0) // loop is no longer ignored
-	if c := status(); !strings.HasSuffix(c.Message, "on loop0, sdc") {
+	if c := status(); !strings.HasSuffix(c.Message, "logged 4 disk I/O errors in the last 5m0s (threshold 2) on loop0, sda, sdb, sdc") {
 		t.Errorf("loop0 after the reload: %+v", c)
 	}
 }
