@@ -262,6 +262,7 @@ func (r *Runner) Run(ctx context.Context, firstPass func()) {
 	for _, e := range r.entries {
 		r.pending[e] = true
 	}
+	r.dropUnrunLocked()
 	r.startLocked(r.entries)
 	fire := r.firstPassDoneLocked()
 	r.mu.Unlock()
@@ -275,6 +276,22 @@ func (r *Runner) Run(ctx context.Context, firstPass func()) {
 	r.wg.Wait()
 	for _, e := range r.current() {
 		closeCheck(e)
+	}
+}
+
+// dropUnrunLocked removes from the report the fields of every condition
+// the runner does not run: the daemon replaces its runner when the node's
+// role or GPU changes, and what the old one's checks collected is not
+// reported once nothing runs them (the old runner's loops have returned:
+// nothing sets them again). r.mu is held.
+func (r *Runner) dropUnrunLocked() {
+	if r.details == nil {
+		return
+	}
+	for _, d := range report.Conditions {
+		if !slices.ContainsFunc(r.entries, func(e *entry) bool { return e.cond == d.Type }) {
+			r.details.Drop(d.Type)
+		}
 	}
 }
 
@@ -347,9 +364,10 @@ func (a Applied) Empty() bool { return len(a.Changed)+len(a.Started)+len(a.Stopp
 // A check whose settings changed is stopped and started again with the new
 // ones (a new instance: what it keeps in the state file carries on); a
 // check no longer scheduled is stopped (its condition is left in the store
-// for the caller); a newly scheduled one starts. The started checks' first
-// runs are spread over runner.first_run_spread, as at the start. A check
-// that cannot be built is an error and nothing changes.
+// for the caller; its report fields are removed); a newly scheduled one
+// starts. The started checks' first runs are spread over
+// runner.first_run_spread, as at the start. A check that cannot be built
+// is an error and nothing changes.
 func (r *Runner) Apply(env *Env) (Applied, error) {
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
@@ -408,6 +426,14 @@ func (r *Runner) Apply(env *Env) (Applied, error) {
 			<-e.done
 		}
 		closeCheck(e)
+	}
+	// What a stopped check collected is not reported any more (its
+	// condition is the caller's); a changed check's fields stay until its
+	// new instance's first run replaces them.
+	if r.details != nil {
+		for _, c := range a.Stopped {
+			r.details.Drop(c)
+		}
 	}
 	r.mu.Lock()
 	if r.ctx != nil && !r.stopped {
@@ -618,6 +644,27 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	r.store.SetRun(c, start, time.Now())
 }
 
+// recordDetails records the report fields a run of e's check collected.
+// A run that decided (no error, a status and reason of the catalog)
+// replaces what its check's previous run carried: a field it no longer
+// carries (LVM gave no report) leaves the report. A run that failed with an
+// error adds what it collected and leaves the rest as last collected: its
+// condition says the check failed, and a transient error does not blank
+// the report (the tamper document's record of an operator's clear, which
+// a restart trusts, included). A panic, a timeout or a reason outside the
+// catalog changes nothing.
+func (r *Runner) recordDetails(e *entry, o outcome, valid bool) {
+	switch {
+	case r.details == nil:
+	case o.err == nil && valid:
+		r.details.Replace(e.cond, o.res.Details)
+	case o.err != nil:
+		for _, d := range o.res.Details {
+			r.details.SetFor(e.cond, d)
+		}
+	}
+}
+
 func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	if o.panic != nil {
 		e.log.Error("check panicked", "panic", fmt.Sprint(o.panic), "stack", string(o.stack))
@@ -625,13 +672,9 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	}
 	d, _ := report.Lookup(e.cond)
 	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
-	if valid && r.details != nil {
-		// What the probe collected is reported even when it could not
-		// decide (a certificate that is not present, an unreadable drive).
-		for _, d := range o.res.Details {
-			r.details.SetFor(e.cond, d)
-		}
-	}
+	// What the probe collected is reported even when it could not decide
+	// (a certificate that is not present, an unreadable drive).
+	r.recordDetails(e, o, valid)
 	switch {
 	case o.err != nil:
 		e.logOutcome("failed: "+o.err.Error(), func() {

@@ -47,13 +47,32 @@ type Detail struct {
 }
 
 // Details holds the latest value of every report field. Safe for concurrent use.
+//
+// A field a check collects is owned by its condition type (SetFor,
+// Replace): it is in the documents while at least one condition's latest
+// result carries it, and removed once none does (Replace, Drop), so that
+// a document never shows data no check stands for any more under a fresh
+// updatedAt. A field set with Set alone has no owner and stays.
 type Details struct {
 	mu     sync.Mutex
 	data   map[string]map[string]any
 	bootID string
 	// byCond holds, per condition type, the fields its check's latest
-	// result carried ("domain.field": value): the evidence `status` shows.
-	byCond map[string]map[string]any
+	// result carried, with their values: the evidence `status` shows.
+	byCond map[string]map[fieldKey]owned
+	// seq orders the values set (owned.seq).
+	seq uint64
+}
+
+// fieldKey names a report field.
+type fieldKey struct{ domain, field string }
+
+// owned is a field's value as one condition's check last carried it.
+type owned struct {
+	value any
+	// seq: when it was set; of the values the owners of a shared field
+	// carry, the latest set is the field's value.
+	seq uint64
 }
 
 // SetBootID sets the boot the documents are written in (their bootID): a
@@ -100,19 +119,79 @@ func ReportedClear(annotations map[string]string) time.Time {
 
 // NewDetails returns an empty set of report details.
 func NewDetails() *Details {
-	return &Details{data: map[string]map[string]any{}, byCond: map[string]map[string]any{}}
+	return &Details{data: map[string]map[string]any{}, byCond: map[string]map[fieldKey]owned{}}
 }
 
 // SetFor is Set, recording the field as evidence of condType too: the
-// check of that condition collected it (see Evidence).
+// check of that condition collected it (see Evidence). It adds to what
+// condType's check carried; Replace records a whole result.
 func (d *Details) SetFor(condType string, x Detail) {
-	d.Set(x)
+	mustValid(x)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.byCond[condType] == nil {
-		d.byCond[condType] = map[string]any{}
+	d.setForLocked(condType, x)
+}
+
+// Replace records the fields the latest result of condType's check carried
+// (none: the run failed, or collected nothing): they replace those of its
+// previous result. A field the previous result carried and ds does not is
+// no longer condType's evidence, and leaves the documents unless another
+// condition's check still carries it (its value is then the one that
+// check carried). It panics on a field that is not part of the schema
+// (a programming error), before changing anything.
+func (d *Details) Replace(condType string, ds []Detail) {
+	for _, x := range ds {
+		mustValid(x)
 	}
-	d.byCond[condType][x.Domain+"."+x.Field] = x.Value
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := d.byCond[condType]
+	delete(d.byCond, condType)
+	for _, x := range ds {
+		d.setForLocked(condType, x)
+	}
+	for k := range old {
+		if _, still := d.byCond[condType][k]; !still {
+			d.forgetLocked(k)
+		}
+	}
+}
+
+// Drop removes the fields of condType's check (it no longer runs): as
+// Replace with no fields.
+func (d *Details) Drop(condType string) {
+	d.Replace(condType, nil)
+}
+
+// setForLocked records x as the latest value of its field, carried by
+// condType's check. d.mu is held.
+func (d *Details) setForLocked(condType string, x Detail) {
+	d.setLocked(x)
+	if d.byCond[condType] == nil {
+		d.byCond[condType] = map[fieldKey]owned{}
+	}
+	d.seq++
+	d.byCond[condType][fieldKey{x.Domain, x.Field}] = owned{x.Value, d.seq}
+}
+
+// forgetLocked removes field k from the documents once no condition's
+// check carries it; while one does, its value is the latest set of those
+// they carry. d.mu is held.
+func (d *Details) forgetLocked(k fieldKey) {
+	var best *owned
+	for _, fs := range d.byCond {
+		if o, ok := fs[k]; ok && (best == nil || o.seq > best.seq) {
+			best = &o
+		}
+	}
+	if best != nil {
+		d.data[k.domain][k.field] = best.value
+		return
+	}
+	delete(d.data[k.domain], k.field)
+	if len(d.data[k.domain]) == 0 {
+		delete(d.data, k.domain)
+	}
 }
 
 // Evidence returns the report fields the latest result of condType's check
@@ -124,8 +203,8 @@ func (d *Details) Evidence(condType string) map[string]any {
 		return nil
 	}
 	out := make(map[string]any, len(d.byCond[condType]))
-	for k, v := range d.byCond[condType] {
-		out[k] = v
+	for k, o := range d.byCond[condType] {
+		out[k.domain+"."+k.field] = o.value
 	}
 	return out
 }
@@ -133,15 +212,23 @@ func (d *Details) Evidence(condType string) map[string]any {
 // Set records the latest value of a field. It panics on a domain or field
 // that is not part of the schema (a programming error).
 func (d *Details) Set(x Detail) {
-	if !validField(x.Domain, x.Field) {
-		panic(fmt.Sprintf("report: %s.%s is not a report field", x.Domain, x.Field))
-	}
+	mustValid(x)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.setLocked(x)
+}
+
+func (d *Details) setLocked(x Detail) {
 	if d.data[x.Domain] == nil {
 		d.data[x.Domain] = map[string]any{}
 	}
 	d.data[x.Domain][x.Field] = x.Value
+}
+
+func mustValid(x Detail) {
+	if !validField(x.Domain, x.Field) {
+		panic(fmt.Sprintf("report: %s.%s is not a report field", x.Domain, x.Field))
+	}
 }
 
 func validField(domain, field string) bool {

@@ -1,0 +1,240 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// scripted is a check whose runs return what its script says, run by run
+// (the last entry again once the script is done).
+type scripted struct {
+	mu   sync.Mutex
+	runs []func(ctx context.Context) (Result, error)
+}
+
+func (s *scripted) Probe(ctx context.Context) (Result, error) {
+	s.mu.Lock()
+	f := s.runs[0]
+	if len(s.runs) > 1 {
+		s.runs = s.runs[1:]
+	}
+	s.mu.Unlock()
+	return f(ctx)
+}
+
+func returns(res Result, err error) func(context.Context) (Result, error) {
+	return func(context.Context) (Result, error) { return res, err }
+}
+
+// docOf renders the documents of det and returns domain's.
+func docOf(t *testing.T, det *report.Details, domain string) string {
+	t.Helper()
+	docs, err := det.Documents(time.Now(), report.RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return docs[report.AnnotationPrefix+domain]
+}
+
+var (
+	fsDetail = report.Detail{Domain: "storage", Field: "filesystems", Value: []string{"/var"}}
+	vgDetail = report.Detail{Domain: "storage", Field: "volumeGroups", Value: []string{"vg0"}}
+	diskOK   = Result{Status: report.StatusFalse, Reason: "DiskUsageOK"}
+)
+
+// A field the check's previous result carried and its latest does not
+// (DiskUsageHigh's LVM part gave no report this time) leaves the document
+// and the check's evidence.
+func TestRunnerDropsAFieldALaterResultLacks(t *testing.T) {
+	env := testEnv(t, nil)
+	det := report.NewDetails()
+	first, second := diskOK, diskOK
+	first.Details = []report.Detail{fsDetail, vgDetail}
+	second.Details = []report.Detail{fsDetail}
+	c := &scripted{runs: []func(context.Context) (Result, error){returns(first, nil), returns(second, nil)}}
+	r, err := NewRunner(env, Options{Store: report.NewStore("b"), Details: det, Only: []string{"DiskUsageHigh"},
+		Factories: map[string]Factory{"DiskUsageHigh": fixed(c)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(t.Context())
+	if d := docOf(t, det, "storage"); !strings.Contains(d, `"volumeGroups":["vg0"]`) {
+		t.Fatalf("storage document after the first run: %s", d)
+	}
+	r.RunOnce(t.Context())
+	if d := docOf(t, det, "storage"); strings.Contains(d, "volumeGroups") || !strings.Contains(d, `"filesystems":["/var"]`) {
+		t.Errorf("storage document after a run without volume groups: %s", d)
+	}
+	ev := det.Evidence("DiskUsageHigh")
+	if _, ok := ev["storage.volumeGroups"]; ok || ev["storage.filesystems"] == nil {
+		t.Errorf("evidence after a run without volume groups: %v", ev)
+	}
+}
+
+// A run that failed (an error, a panic, a timeout, a reason outside the
+// catalog) leaves the fields its check collected before as they were: its
+// condition says the check failed, and a transient failure does not blank
+// the report. An error that carries details adds them.
+func TestRunnerFailedRunKeepsTheCheckFields(t *testing.T) {
+	certs := report.Detail{Domain: "certs", Field: "certs", Value: []CertInfo{{Path: "/x.pem", DaysLeft: 40}}}
+	ok := Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Details: []report.Detail{certs}}
+	release := make(chan struct{})
+	for _, tc := range []struct {
+		name string
+		run  func(context.Context) (Result, error)
+	}{
+		{"error", returns(Result{}, errors.New("cannot read"))},
+		{"panic", func(context.Context) (Result, error) { panic("boom") }},
+		{"timeout", func(context.Context) (Result, error) { <-release; return ok, nil }},
+		{"invalid reason", returns(Result{Status: report.StatusFalse, Reason: "NoSuchReason"}, nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				release = make(chan struct{})
+				defer close(release)
+				env := testEnv(t, nil)
+				det := report.NewDetails()
+				c := &scripted{runs: []func(context.Context) (Result, error){returns(ok, nil), tc.run}}
+				r, err := NewRunner(env, Options{Store: report.NewStore("b"), Details: det, Only: []string{"CertRenewalFailing"},
+					Factories: map[string]Factory{"CertRenewalFailing": fixed(c)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.RunOnce(t.Context())
+				if d := docOf(t, det, "certs"); !strings.Contains(d, "/x.pem") {
+					t.Fatalf("certs document after a run that collected them: %s", d)
+				}
+				r.RunOnce(t.Context())
+				if cond, _ := r.store.Get("CertRenewalFailing"); cond.Status != report.StatusUnknown {
+					t.Fatalf("condition after the failed run: %+v", cond)
+				}
+				if d := docOf(t, det, "certs"); !strings.Contains(d, "/x.pem") {
+					t.Errorf("certs document after a failed run lost what the check collected before: %s", d)
+				}
+				if ev := det.Evidence("CertRenewalFailing"); ev == nil {
+					t.Error("evidence after a failed run: none")
+				}
+			})
+		})
+	}
+}
+
+// tamper.tamper is carried by both tamper checks: it stays while either
+// carries it, and goes once neither does.
+func TestRunnerKeepsASharedFieldWhileAnOwnerCarriesIt(t *testing.T) {
+	tamperOf := func(v string) []report.Detail {
+		return []report.Detail{{Domain: "tamper", Field: "tamper", Value: v}}
+	}
+	node := &scripted{runs: []func(context.Context) (Result, error){
+		returns(Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact, Details: tamperOf("node-1")}, nil),
+		returns(Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact}, nil),
+	}}
+	sealed := &scripted{runs: []func(context.Context) (Result, error){
+		returns(Result{Status: report.StatusFalse, Reason: report.ReasonSealedOSIntact, Details: tamperOf("sealed-1")}, nil),
+		returns(Result{Status: report.StatusFalse, Reason: report.ReasonSealedOSIntact, Details: tamperOf("sealed-2")}, nil),
+		returns(Result{Status: report.StatusFalse, Reason: report.ReasonSealedOSIntact}, nil),
+	}}
+	det := report.NewDetails()
+	r, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"NodeTampered", "SealedOSTampered"},
+		Factories: map[string]Factory{"NodeTampered": fixed(node), "SealedOSTampered": fixed(sealed)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Checks(); len(got) != 2 {
+		t.Fatalf("checks: %v", got)
+	}
+	r.RunOnce(t.Context())
+	r.RunOnce(t.Context())
+	if d := docOf(t, det, "tamper"); !strings.Contains(d, `"tamper":"sealed-2"`) {
+		t.Errorf("tamper document while SealedOSTampered carries it: %s", d)
+	}
+	if ev := det.Evidence("NodeTampered"); ev != nil {
+		t.Errorf("NodeTampered evidence after a run without it: %v", ev)
+	}
+	r.RunOnce(t.Context())
+	if d := docOf(t, det, "tamper"); strings.Contains(d, `"tamper":`) {
+		t.Errorf("tamper document once neither check carries it: %s", d)
+	}
+}
+
+// A check a reload disables leaves the report.
+func TestApplyRemovesTheStoppedCheckFields(t *testing.T) {
+	det := report.NewDetails()
+	res := diskOK
+	res.Details = []report.Detail{fsDetail}
+	factories := map[string]Factory{}
+	for name, h := range healthy {
+		factories[name] = fixed(probeFunc(func(context.Context) (Result, error) { return h, nil }))
+	}
+	factories["DiskUsageHigh"] = fixed(probeFunc(func(context.Context) (Result, error) { return res, nil }))
+	r, err := NewRunner(reloadEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Factories: factories})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(t.Context())
+	if d := docOf(t, det, "storage"); !strings.Contains(d, "filesystems") {
+		t.Fatalf("storage document before the reload: %s", d)
+	}
+	a, err := r.Apply(reloadEnv(t, func(c *config.Config) { c.Checks.DiskUsageHigh.Enabled = false }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Stopped) != 1 || a.Stopped[0] != "DiskUsageHigh" {
+		t.Fatalf("Apply = %+v", a)
+	}
+	if d := docOf(t, det, "storage"); strings.Contains(d, "filesystems") {
+		t.Errorf("storage document after DiskUsageHigh was disabled: %s", d)
+	}
+	if ev := det.Evidence("DiskUsageHigh"); ev != nil {
+		t.Errorf("evidence of the stopped check: %v", ev)
+	}
+}
+
+// The daemon replaces its runner when the node's role changes: the new
+// runner's Run removes what checks it does not run collected, and keeps
+// the fields of those it runs until their runs replace them.
+func TestRunRemovesTheFieldsOfChecksItDoesNotRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		det := report.NewDetails()
+		certs := Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
+			Details: []report.Detail{{Domain: "certs", Field: "certs", Value: []CertInfo{{Path: "/x.pem"}}}}}
+		disk := diskOK
+		disk.Details = []report.Detail{fsDetail}
+		factories := map[string]Factory{
+			"CertRenewalFailing": fixed(probeFunc(func(context.Context) (Result, error) { return certs, nil })),
+			"DiskUsageHigh":      fixed(probeFunc(func(context.Context) (Result, error) { return disk, nil })),
+		}
+		old, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"CertRenewalFailing", "DiskUsageHigh"}, Factories: factories})
+		if err != nil {
+			t.Fatal(err)
+		}
+		old.RunOnce(t.Context())
+		next, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"DiskUsageHigh"}, Factories: factories})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			next.Run(ctx, nil)
+			close(done)
+		}()
+		synctest.Wait()
+		if d := docOf(t, det, "certs"); strings.Contains(d, "/x.pem") {
+			t.Errorf("certs document once no runner runs CertRenewalFailing: %s", d)
+		}
+		if d := docOf(t, det, "storage"); !strings.Contains(d, `"filesystems":["/var"]`) {
+			t.Errorf("storage document of a check the new runner runs: %s", d)
+		}
+		cancel()
+		<-done
+	})
+}
