@@ -4,11 +4,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // stateFile is the on-disk form of the store.
@@ -97,6 +102,12 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
+		// Named by the file replaced, not the temp file (a new name each
+		// time): the same failure reads the same in every retry's log.
+		var le *os.LinkError
+		if errors.As(err, &le) {
+			err = &os.PathError{Op: "rename", Path: path, Err: le.Err}
+		}
 		return err
 	}
 	d, err := os.Open(dir)
@@ -111,37 +122,45 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 type LoadResult struct {
 	Restored int // conditions restored
 	Dropped  int // conditions dropped: held until reboot, and the boot changed; or no longer in the catalog
-	// Corrupt is set when the file could not be read; it was moved aside to
-	// CorruptPath and the store starts empty.
+	// Corrupt is set when the file could not be read or parsed; the store
+	// starts empty. It was moved aside to CorruptPath (MoveAside); when it
+	// could not be, CorruptPath is empty and MoveErr says why.
 	Corrupt     error
 	CorruptPath string
+	MoveErr     error
 }
+
+// maxStateFile bounds the state file Load reads: the daemon writes a few
+// KiB (one entry per catalog condition, messages capped at MaxMessageLen,
+// a few kept values), so a larger file is not one it wrote.
+const maxStateFile = 4 << 20
 
 // Load restores the store from dir. A missing file is not an error. Kernel
 // conditions (held until reboot) are restored only when the boot is the same;
 // conditions held forever and check conditions are always restored, so that a
-// restart neither flaps them nor resets their transition times. A corrupt file
-// is moved aside (never deleted) and reported in the result.
+// restart neither flaps them nor resets their transition times. Anything
+// else at the path that is not a state file of this version (a read error,
+// a directory, a symlink, a FIFO, a file over maxStateFile, JSON that does
+// not parse) is moved aside (MoveAside: never deleted, never over an earlier
+// one) and reported in the result, and the store starts empty: a daemon that
+// refused to start would leave the node without health reporting. The error
+// is always nil.
 func (s *Store) Load(dir string) (LoadResult, error) {
 	path := filepath.Join(dir, StateFileName)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	b, err := ReadRegular(path, maxStateFile)
+	if errors.Is(err, fs.ErrNotExist) {
 		return LoadResult{}, nil
 	}
-	if err != nil {
-		return LoadResult{}, err
-	}
 	var sf stateFile
-	err = json.Unmarshal(b, &sf)
-	if err == nil && sf.Version != stateVersion {
-		err = fmt.Errorf("unsupported state version %d", sf.Version)
+	if err == nil {
+		err = json.Unmarshal(b, &sf)
+		if err == nil && sf.Version != stateVersion {
+			err = fmt.Errorf("unsupported state version %d", sf.Version)
+		}
 	}
 	if err != nil {
-		aside := path + ".corrupt"
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return LoadResult{}, fmt.Errorf("state file %s unreadable (%v) and cannot be moved aside: %w", path, err, rerr)
-		}
-		return LoadResult{Corrupt: err, CorruptPath: aside}, nil
+		aside, merr := MoveAside(path)
+		return LoadResult{Corrupt: err, CorruptPath: aside, MoveErr: merr}, nil
 	}
 	var res LoadResult
 	var restored []Condition
@@ -175,4 +194,104 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// MaxAside bounds the names MoveAside tries: <file>.corrupt, then
+// <file>.corrupt.1 to <file>.corrupt.<MaxAside-1>.
+const MaxAside = 1000
+
+// MoveAside moves whatever is at p (a file, a directory, a symlink, a FIFO)
+// to the first free name of <p>.corrupt, <p>.corrupt.1, <p>.corrupt.2, ...
+// and returns that name. It never replaces anything: an earlier file moved
+// aside is kept (it may be evidence). It gives up, leaving p in place, when
+// all MaxAside names are taken.
+func MoveAside(p string) (string, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return "", err
+	}
+	for i := 0; i < MaxAside; i++ {
+		dst := p + ".corrupt"
+		if i > 0 {
+			dst += "." + strconv.Itoa(i)
+		}
+		err := renameNoReplace(p, dst, fi.Mode().IsRegular())
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return dst, nil
+	}
+	return "", fmt.Errorf("%s.corrupt to %s.corrupt.%d are all taken; left in place", p, p, MaxAside-1)
+}
+
+// renameNoReplace renames src to dst, failing with an error that matches
+// fs.ErrExist when dst exists. A regular file is hard-linked, then unlinked
+// (link never replaces); a directory, a symlink, a FIFO, or a file on a file
+// system without hard links is renamed when dst does not exist (rename would
+// replace it; only the daemon writes in its state directory, so nothing
+// creates dst in between).
+func renameNoReplace(src, dst string, regular bool) error {
+	if regular {
+		err := os.Link(src, dst)
+		if err == nil {
+			if err := os.Remove(src); err != nil {
+				os.Remove(dst)
+				return err
+			}
+			return nil
+		}
+		if errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return &os.PathError{Op: "rename", Path: dst, Err: fs.ErrExist}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.Rename(src, dst)
+}
+
+var errNotRegular = errors.New("not a regular file")
+
+// ReadRegular reads at most max bytes of the regular file p, and fails on
+// anything else: a symlink in its last component is not followed, a FIFO or
+// device neither blocks nor is read (O_NOFOLLOW|O_NONBLOCK, the kind checked
+// on the open descriptor), and a longer file is an error. A missing file is
+// an error that matches fs.ErrNotExist. For the daemon's own state files:
+// what it never writes there is no state.
+func ReadRegular(p string, max int64) ([]byte, error) {
+	var fd int
+	var err error
+	for {
+		fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "fstat", Path: p, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s: %w (mode %#o)", p, errNotRegular, st.Mode&unix.S_IFMT)
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: larger than %d bytes", p, max)
+	}
+	return b, nil
 }

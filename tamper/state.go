@@ -8,10 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/syself/autopilot-health/report"
 )
 
 // StateFileName is the tamper state under the daemon's state directory,
@@ -253,15 +254,16 @@ func ParseState(b []byte) (*State, error) {
 const MaxStateFileSize = 64 << 20
 
 // LoadState reads the state file in dir. A missing file is (nil, nil). An
-// unreadable or altered file is moved aside to <file>.corrupt (never
-// deleted) and returned as an error of type *CorruptError: that includes
-// what the daemon never writes there (a symlink, a directory, a FIFO, a
-// file over MaxStateFileSize), which would otherwise be an empty state
-// that drops the findings unseen (and a directory would make every save
-// fail).
+// unreadable or altered file is moved aside (report.MoveAside: to
+// <file>.corrupt, or <file>.corrupt.1, .2, ... when that is taken; never
+// deleted, never over an earlier one, which is evidence too) and returned as
+// an error of type *CorruptError: that includes what the daemon never
+// writes there (a symlink, a directory, a FIFO, a file over
+// MaxStateFileSize), which would otherwise be an empty state that drops the
+// findings unseen (and a directory would make every save fail).
 func LoadState(dir string) (*State, error) {
 	p := filepath.Join(dir, StateFileName)
-	b, err := ReadRegular(p, MaxStateFileSize)
+	b, err := report.ReadRegular(p, MaxStateFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -270,11 +272,8 @@ func LoadState(dir string) (*State, error) {
 		s, err = ParseState(b)
 	}
 	if err != nil {
-		aside := p + ".corrupt"
-		if rerr := os.Rename(p, aside); rerr != nil {
-			aside = ""
-		}
-		return nil, &CorruptError{Path: p, MovedTo: aside, Err: err}
+		aside, merr := report.MoveAside(p)
+		return nil, &CorruptError{Path: p, MovedTo: aside, MoveErr: merr, Err: err}
 	}
 	return s, nil
 }
@@ -285,7 +284,7 @@ func StatePath(dir string) string { return filepath.Join(dir, StateFileName) }
 // LoadStateReadOnly reads the state file in dir without moving a corrupt
 // one aside (a reader beside the daemon). A missing file is (nil, nil).
 func LoadStateReadOnly(dir string) (*State, error) {
-	b, err := ReadRegular(StatePath(dir), MaxStateFileSize)
+	b, err := report.ReadRegular(StatePath(dir), MaxStateFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -299,14 +298,19 @@ func LoadStateReadOnly(dir string) (*State, error) {
 	return s, nil
 }
 
-// CorruptError: the state file could not be trusted.
+// CorruptError: the state file could not be trusted. It was moved aside
+// to MovedTo; when it could not be, MovedTo is empty and MoveErr says why.
 type CorruptError struct {
 	Path, MovedTo string
+	MoveErr       error
 	Err           error
 }
 
 func (e *CorruptError) Error() string {
 	if e.MovedTo == "" {
+		if e.MoveErr != nil {
+			return fmt.Sprintf("%s: %v (could not be moved aside: %v)", e.Path, e.Err, e.MoveErr)
+		}
 		return fmt.Sprintf("%s: %v", e.Path, e.Err)
 	}
 	return fmt.Sprintf("%s: %v (moved aside to %s)", e.Path, e.Err, e.MovedTo)

@@ -320,3 +320,57 @@ func TestInScope(t *testing.T) {
 		t.Error("the scope is not in the digest")
 	}
 }
+
+// A second corrupt tamper state never replaces the first (evidence of a
+// finding): both are kept, with their contents, and each is a finding.
+func TestLoadStateKeepsEveryCorruptFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	for i, content := range []string{`{"version":1,"baseline":`, `{"version":7}`} {
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		want := p + ".corrupt"
+		if i > 0 {
+			want += fmt.Sprint(".", i)
+		}
+		_, err := LoadState(dir)
+		var ce *CorruptError
+		if !errors.As(err, &ce) || ce.MovedTo != want || ce.MoveErr != nil {
+			t.Fatalf("LoadState %d = %v, want a CorruptError moved aside to %s", i, err, want)
+		}
+	}
+	for name, want := range map[string]string{".corrupt": `{"version":1,"baseline":`, ".corrupt.1": `{"version":7}`} {
+		if b, err := os.ReadFile(p + name); err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", p+name, b, err, want)
+		}
+	}
+	// Through the keeper: a directory after a corrupt file.
+	if err := os.Mkdir(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	k := NewKeeper(dir, "boot-1", false)
+	if err := k.Load(t0); err == nil || !strings.Contains(err.Error(), p+".corrupt.2") {
+		t.Errorf("Keeper.Load = %v, want moved aside to %s", err, p+".corrupt.2")
+	}
+	if fi, err := os.Lstat(p + ".corrupt.2"); err != nil || !fi.IsDir() {
+		t.Errorf("directory not kept: %v, %v", fi, err)
+	}
+	if b, err := os.ReadFile(p + ".corrupt"); err != nil || string(b) != `{"version":1,"baseline":` {
+		t.Errorf("first corrupt file replaced: %q, %v", b, err)
+	}
+}
+
+// A tamper state that cannot be moved aside (a read error: the state
+// directory is a file) says why in the error.
+func TestLoadStateSaysWhyNotMovedAside(t *testing.T) {
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadState(notDir)
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.MovedTo != "" || ce.MoveErr == nil || !strings.Contains(err.Error(), "could not be moved aside") {
+		t.Errorf("LoadState = %v, want a CorruptError that says why it was not moved aside", err)
+	}
+}

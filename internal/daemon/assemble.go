@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -137,10 +136,14 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 	}
 
 	if o.Purpose == ForRun {
+		// Never fatal: a daemon that refused to start would leave the node
+		// without health reporting.
 		res, err := p.Store.Load(cfg.StateDir)
 		switch {
 		case err != nil:
-			return nil, fmt.Errorf("state: %w", err)
+			log.Error("state not restored; starting with empty state", "dir", cfg.StateDir, "err", err)
+		case res.Corrupt != nil && res.CorruptPath == "":
+			log.Error("state file unreadable and could not be moved aside; starting with empty state", "dir", cfg.StateDir, "err", res.Corrupt, "move_err", res.MoveErr)
 		case res.Corrupt != nil:
 			log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
 		default:

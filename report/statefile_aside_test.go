@@ -1,0 +1,246 @@
+package report
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// loadWithin runs Load, failing the test rather than hanging when it blocks
+// (a FIFO opened for reading without O_NONBLOCK waits for a writer).
+func loadWithin(t *testing.T, s *Store, dir string) (LoadResult, error) {
+	t.Helper()
+	type out struct {
+		res LoadResult
+		err error
+	}
+	ch := make(chan out, 1)
+	go func() {
+		res, err := s.Load(dir)
+		ch <- out{res, err}
+	}()
+	select {
+	case o := <-ch:
+		return o.res, o.err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Load blocked")
+		return LoadResult{}, nil
+	}
+}
+
+// Whatever is at state.json that is not a state file the daemon wrote is
+// moved aside, and the daemon starts empty, never refusing to start.
+func TestLoadMovesAsideWhatIsNotAStateFile(t *testing.T) {
+	// A valid state file elsewhere, for the symlink to point at.
+	good := t.TempDir()
+	s0 := NewStore("b")
+	s0.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0)
+	if err := s0.Save(good, t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, p string)
+		kind fs.FileMode
+	}{
+		{"directory", func(t *testing.T, p string) {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(p, "inside"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, fs.ModeDir},
+		{"symlink", func(t *testing.T, p string) {
+			if err := os.Symlink(filepath.Join(good, StateFileName), p); err != nil {
+				t.Fatal(err)
+			}
+		}, fs.ModeSymlink},
+		{"fifo", func(t *testing.T, p string) {
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, fs.ModeNamedPipe},
+		{"oversized", func(t *testing.T, p string) {
+			b, err := os.ReadFile(filepath.Join(good, StateFileName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b = append(b, strings.Repeat(" ", maxStateFile)...) // valid JSON, too large
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, 0},
+		{"wrong version", func(t *testing.T, p string) {
+			if err := os.WriteFile(p, []byte(`{"version":99}`), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, StateFileName)
+			tc.make(t, p)
+			s := NewStore("b")
+			res, err := loadWithin(t, s, dir)
+			if err != nil || res.Corrupt == nil || res.MoveErr != nil || res.CorruptPath != p+".corrupt" {
+				t.Fatalf("Load = %+v, %v; want Corrupt set, moved aside to %s", res, err, p+".corrupt")
+			}
+			if fi, err := os.Lstat(res.CorruptPath); err != nil || fi.Mode().Type() != tc.kind {
+				t.Errorf("not kept as it was at %s: %v, %v", res.CorruptPath, fi, err)
+			}
+			if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s still in place (%v)", p, err)
+			}
+			if len(s.All()) != 0 {
+				t.Errorf("store not empty: %+v", s.All())
+			}
+			if err := s.Save(dir, t0); err != nil {
+				t.Errorf("Save after moving aside: %v", err)
+			}
+		})
+	}
+}
+
+// A read error (here: the state directory is a file, ENOTDIR) and a file
+// that cannot be moved aside: the daemon still starts empty, the result says
+// why it was not moved, and saving fails with an error that names the state
+// file, the same every time (the save loop logs once per distinct error).
+func TestLoadStartsEmptyWhenItCannotMoveAside(t *testing.T) {
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := NewStore("b").Load(notDir)
+	if err != nil || res.Corrupt == nil || res.CorruptPath != "" || res.MoveErr == nil {
+		t.Errorf("Load(a file as the directory) = %+v, %v; want Corrupt and MoveErr set, no error", res, err)
+	}
+
+	// Every name taken: state.json, a directory, stays where it is.
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	if err := os.Mkdir(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	takeAllAsideNames(t, p)
+	s := NewStore("b")
+	res, err = s.Load(dir)
+	if err != nil || res.Corrupt == nil || res.CorruptPath != "" || res.MoveErr == nil {
+		t.Fatalf("Load = %+v, %v; want Corrupt and MoveErr set, no error", res, err)
+	}
+	if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
+		t.Errorf("%s not left in place: %v, %v", p, fi, err)
+	}
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0)
+	err1 := s.Save(dir, t0)
+	err2 := s.Save(dir, t0.Add(time.Second))
+	if err1 == nil || err2 == nil {
+		t.Fatalf("Save over a directory = %v, %v; want errors", err1, err2)
+	}
+	if err1.Error() != err2.Error() || !strings.Contains(err1.Error(), p) {
+		t.Errorf("save errors %q and %q: want the same, naming %s", err1, err2, p)
+	}
+}
+
+func takeAllAsideNames(t *testing.T, p string) {
+	t.Helper()
+	for i := 0; i < MaxAside; i++ {
+		n := p + ".corrupt"
+		if i > 0 {
+			n += "." + strconv.Itoa(i)
+		}
+		if err := os.WriteFile(n, []byte(strconv.Itoa(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A second corrupt file never replaces the first: both are kept, with their
+// contents.
+func TestCorruptStatesInARowAreAllKept(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	for i, content := range []string{"{first", "{second", "{third"} {
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		res, err := NewStore("b").Load(dir)
+		want := p + ".corrupt"
+		if i > 0 {
+			want += "." + strconv.Itoa(i)
+		}
+		if err != nil || res.Corrupt == nil || res.CorruptPath != want {
+			t.Fatalf("Load %d = %+v, %v; want moved aside to %s", i, res, err, want)
+		}
+	}
+	for name, want := range map[string]string{".corrupt": "{first", ".corrupt.1": "{second", ".corrupt.2": "{third"} {
+		if b, err := os.ReadFile(p + name); err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", p+name, b, err, want)
+		}
+	}
+}
+
+// MoveAside replaces nothing, whatever the kinds: not an empty directory,
+// not a dangling symlink; it takes the first free name, and gives up, leaving
+// the file in place, when all are taken.
+func TestMoveAsideNeverReplaces(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "x.json")
+	if err := os.Mkdir(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(p+".corrupt", 0o755); err != nil { // rename(2) would replace it
+		t.Fatal(err)
+	}
+	if got, err := MoveAside(p); err != nil || got != p+".corrupt.1" {
+		t.Errorf("MoveAside(dir) = %q, %v; want %s", got, err, p+".corrupt.1")
+	}
+
+	if err := os.WriteFile(p, []byte("file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("nowhere", p+".corrupt.2"); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(p + ".corrupt.1") // a gap: the first free name is the one taken
+	if got, err := MoveAside(p); err != nil || got != p+".corrupt.1" {
+		t.Errorf("MoveAside(file) = %q, %v; want %s", got, err, p+".corrupt.1")
+	}
+	if b, err := os.ReadFile(p + ".corrupt.1"); err != nil || string(b) != "file" {
+		t.Errorf("moved file = %q, %v", b, err)
+	}
+	if fi, err := os.Lstat(p + ".corrupt"); err != nil || !fi.IsDir() {
+		t.Errorf("%s.corrupt replaced: %v, %v", p, fi, err)
+	}
+	if l, err := os.Readlink(p + ".corrupt.2"); err != nil || l != "nowhere" {
+		t.Errorf("%s.corrupt.2 replaced: %q, %v", p, l, err)
+	}
+	if err := os.WriteFile(p, []byte("again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := MoveAside(p); err != nil || got != p+".corrupt.3" {
+		t.Errorf("MoveAside = %q, %v; want %s", got, err, p+".corrupt.3")
+	}
+
+	// All names taken.
+	q := filepath.Join(t.TempDir(), "y.json")
+	if err := os.WriteFile(q, []byte("last"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	takeAllAsideNames(t, q)
+	if got, err := MoveAside(q); err == nil {
+		t.Errorf("MoveAside with every name taken = %q, nil; want an error", got)
+	}
+	if b, err := os.ReadFile(q); err != nil || string(b) != "last" {
+		t.Errorf("%s not left in place: %q, %v", q, b, err)
+	}
+	if b, err := os.ReadFile(q + ".corrupt"); err != nil || string(b) != "0" {
+		t.Errorf("%s.corrupt replaced: %q, %v", q, b, err)
+	}
+}
