@@ -35,7 +35,8 @@ const (
 // it again only when its version moved (exposition.go). The check runs and
 // durations and the loop progress change at every check run, so each check's
 // and each loop's series are a family of their own: a run moves the version
-// of its check's and its loop's alone. Gatherer gathers them all.
+// of its check's and its loop's alone; RemoveCheck and RemoveLoop empty
+// them (the family stays, with no series). Gatherer gathers them all.
 type Metrics struct {
 	Registry *prometheus.Registry
 
@@ -326,6 +327,37 @@ func (m *Metrics) CheckRun(check, result string, d time.Duration) {
 func (m *Metrics) LoopProgress(loop string, t time.Time) {
 	p := m.loopPart(loop)
 	p.g.WithLabelValues(loop).Set(float64(t.UnixNano()) / 1e9)
+	p.f.changed()
+}
+
+// RemoveCheck drops a check's runs and durations: the check stopped (a
+// reload disabled it, or the node's role or GPU no longer has it), and
+// leaves the metrics as a check not run at start. Its part stays, empty,
+// among the versioned families (a scrape shows none of its series once
+// the version moved); a later run of the check, started again, makes its
+// series anew, from 0.
+func (m *Metrics) RemoveCheck(check string) {
+	m.partsMu.Lock()
+	p := m.checkParts[check]
+	m.partsMu.Unlock()
+	if p == nil {
+		return
+	}
+	p.runs.Reset()
+	p.dur.Reset()
+	p.f.changed()
+}
+
+// RemoveLoop drops a loop's progress: the loop ended on purpose (a check
+// that stopped). A later progress of the loop makes its series anew.
+func (m *Metrics) RemoveLoop(loop string) {
+	m.partsMu.Lock()
+	p := m.loopParts[loop]
+	m.partsMu.Unlock()
+	if p == nil {
+		return
+	}
+	p.g.Reset()
 	p.f.changed()
 }
 

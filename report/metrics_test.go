@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -99,5 +100,67 @@ func TestRestoredTrueIsNotCountedAgain(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.problemCounter); n != 0 {
 		t.Errorf("restoring counted %d problem occurrences again", n)
+	}
+}
+
+// A check that stopped (a reload disabled it) leaves the metrics: its runs,
+// durations and loop progress are gone from the next scrape, the cached
+// exposition's as from promhttp's, while the other checks' stay; started
+// again, it makes its series anew, from 0.
+func TestRemoveCheckAndLoop(t *testing.T) {
+	m := NewMetrics("v1")
+	ours := m.Handler(nil)
+	theirs := promhttp.HandlerFor(m.Gatherer(), promhttp.HandlerOpts{})
+	for _, c := range []string{"AAA", "NodeInfoStale", "ZZZ"} {
+		m.CheckRun(c, ResultOK, time.Millisecond)
+		m.CheckRun(c, ResultProblem, time.Millisecond)
+		m.LoopProgress("check/"+c, time.Unix(1700000000, 0))
+	}
+	gone := []string{`check="NodeInfoStale"`, `loop="check/NodeInfoStale"`}
+	served := func(step string) string {
+		t.Helper()
+		want, _ := scrape(t, theirs, "", "")
+		for _, enc := range []string{"", "gzip"} {
+			if got, _ := scrape(t, ours, "", enc); stable(got) != stable(want) {
+				t.Fatalf("%s, Accept-Encoding %q: served\n%s\npromhttp serves\n%s", step, enc, stable(got), stable(want))
+			}
+		}
+		return want
+	}
+	page := served("before") // the texts are cached now
+	for _, s := range gone {
+		if !strings.Contains(page, s) {
+			t.Fatalf("before: no %s:\n%s", s, page)
+		}
+	}
+	m.RemoveCheck("NodeInfoStale")
+	m.RemoveLoop("check/NodeInfoStale")
+	m.RemoveCheck("NeverRan") // no series: nothing to do
+	m.RemoveLoop("check/NeverRan")
+	page = served("removed")
+	for _, s := range gone {
+		if strings.Contains(page, s) {
+			t.Errorf("removed: %s still served:\n%s", s, page)
+		}
+	}
+	for _, s := range []string{`autopilot_health_check_runs_total{check="AAA",result="ok"} 1`, `autopilot_health_check_duration_seconds_count{check="ZZZ"} 2`, `loop="check/ZZZ"`} {
+		if !strings.Contains(page, s) {
+			t.Errorf("removed: another check's %s is gone:\n%s", s, page)
+		}
+	}
+	m.CheckRun("NodeInfoStale", ResultOK, time.Millisecond)
+	m.LoopProgress("check/NodeInfoStale", time.Unix(1700000100, 0))
+	page = served("started again")
+	for _, s := range []string{
+		`autopilot_health_check_runs_total{check="NodeInfoStale",result="ok"} 1`,
+		`autopilot_health_check_duration_seconds_count{check="NodeInfoStale"} 1`,
+		`autopilot_health_loop_last_progress_timestamp_seconds{loop="check/NodeInfoStale"} 1.7000001e+09`,
+	} {
+		if !strings.Contains(page, s) {
+			t.Errorf("started again: no %s:\n%s", s, page)
+		}
+	}
+	if strings.Contains(page, `check_runs_total{check="NodeInfoStale",result="problem"}`) {
+		t.Errorf("started again: the run before the stop is still counted:\n%s", page)
 	}
 }

@@ -32,6 +32,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	if code := parseFlags(fs, args); code >= 0 {
 		return code
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health status: unexpected argument %q\n", fs.Arg(0))
+		return exitError
+	}
 	paths := []string{*socket}
 	if *socket == "" {
 		if cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config")); err == nil && cfg.Status.Socket == "" {

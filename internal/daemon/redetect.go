@@ -66,7 +66,7 @@ func (d *Daemon) replanIdentity(role report.Role, roleSource string, gpu bool, g
 	}
 	for _, c := range d.currentRunner().Checks() {
 		if !slices.Contains(r.Checks(), c) {
-			d.live.Forget("check/" + c)
+			d.checkStopped(c)
 		}
 	}
 	d.parts.initMetrics(&env, old)

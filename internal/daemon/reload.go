@@ -168,8 +168,9 @@ func (r Reloaded) Text() string {
 //   - else the checks are re-planned (checks.Runner.Apply: an unchanged
 //     check keeps its timer, a changed one restarts with its new settings,
 //     a disabled one stops and its condition leaves the store, the state
-//     file and the Node, as a condition not evaluated at start; an enabled
-//     one starts), and the kernel log rules are swapped
+//     file and the Node, and its series the metrics, as a condition not
+//     evaluated at start; an enabled one starts), and the kernel log rules
+//     are swapped
 //     (kmsg.Monitor.Reconfigure: the reader's cursor stays).
 //
 // The conditions held in the store are kept: nothing flaps. It logs once:
@@ -187,9 +188,13 @@ func (d *Daemon) Reload() (Reloaded, error) {
 	} else {
 		out.Changed = r.Text()
 	}
+	// The configuration in effect was loaded now by any reload that
+	// applied, one that changed nothing included (README: "at start, or by
+	// the last reload that applied"): status's "in effect since" is
+	// config_last_reload_success_timestamp_seconds (ConfigReload above).
 	d.mu.Lock()
 	d.lastReload = out
-	if err == nil && len(r.Keys) > 0 {
+	if err == nil {
 		d.cfgSince = now
 	}
 	d.mu.Unlock()
@@ -202,6 +207,19 @@ func (d *Daemon) Reload() (Reloaded, error) {
 		d.log.Info("config reloaded from "+d.cfgPath+": "+r.Summary(), "keys", strings.Join(r.Keys, ", "))
 	}
 	return r, err
+}
+
+// checkStopped handles a check that stopped (a reload disabled it, or the
+// node's role or GPU no longer has it): the liveness no longer expects its
+// loop, and its series leave the metrics (its loop's progress, its runs
+// and durations), as for a check not run at start: a progress timestamp
+// left frozen would look like a stuck check. A check started again later
+// makes its series anew.
+func (d *Daemon) checkStopped(c string) {
+	loop := "check/" + c
+	d.live.Forget(loop)
+	d.metrics.RemoveLoop(loop)
+	d.metrics.RemoveCheck(c)
 }
 
 func (d *Daemon) reload() (Reloaded, error) {
@@ -249,9 +267,9 @@ func (d *Daemon) reload() (Reloaded, error) {
 	d.parts.Config = cfg
 	d.envMu.Unlock()
 
-	// The loops the liveness expects.
+	// The loops the liveness expects, and the stopped checks' series.
 	for _, c := range res.Checks.Stopped {
-		d.live.Forget("check/" + c)
+		d.checkStopped(c)
 	}
 	spread := cfg.Runner.FirstRunSpread.Duration
 	for _, c := range slices.Concat(res.Checks.Changed, res.Checks.Started) {

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/daemon"
+)
+
+// status refuses a stray argument as bad usage (exit 2), as reload does,
+// before it asks the daemon anything: `status --config cfg.toml garbage`
+// does not pass for `status --config cfg.toml`.
+func TestStatusRefusesExtraArguments(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "status.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte("[status]\nsocket = \""+sock+"\"\n"), 0o644)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int32
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "n1", Summary: "0 conditions: 0 ok, 0 problems"})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Write(body)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	if code, _, errs := run(t, "status", "--config", cfg); code != exitOK {
+		t.Fatalf("status --config: exit %d, %q", code, errs)
+	}
+	asked.Store(0)
+	for _, args := range [][]string{
+		{"status", "--config", cfg, "garbage"},
+		{"status", "garbage"},
+		{"status", "--json", "--socket", sock, "garbage", "more"},
+	} {
+		code, out, errs := run(t, args...)
+		if code != exitError || out != "" || errs != "autopilot-health status: unexpected argument \"garbage\"\n" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the daemon was asked %d times on bad usage", n)
+	}
+}
