@@ -143,6 +143,11 @@ func TestLifecycleOverRealNotifySocket(t *testing.T) {
 	// watchdog pings stop.
 	// (a negative allowed silence: the loop is overdue at once)
 	d.live.Expect("test/stuck", -loopSlack-time.Second)
+	// A scrape says so by itself, without a /healthz request or a
+	// watchdog tick before it.
+	if _, page := get(t, url+"/metrics"); !strings.Contains(page, "\nautopilot_health_healthy 0\n") {
+		t.Errorf("a scrape while a loop is stuck does not say unhealthy:\n%s", grepLines(page, "autopilot_health_healthy"))
+	}
 	code, body := get(t, url+"/healthz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "test/stuck (no progress for") {
 		t.Errorf("healthz while stuck: %d %q", code, body)
@@ -160,6 +165,9 @@ func TestLifecycleOverRealNotifySocket(t *testing.T) {
 		}
 	}
 	d.live.Forget("test/stuck")
+	if _, page := get(t, url+"/metrics"); !strings.Contains(page, "\nautopilot_health_healthy 1\n") {
+		t.Errorf("a scrape after the loop recovered does not say healthy:\n%s", grepLines(page, "autopilot_health_healthy"))
+	}
 	next(t, sock, "WATCHDOG=1 after recovery", func(m string) bool { return m == "WATCHDOG=1" })
 
 	cancel()
@@ -521,4 +529,15 @@ func await(t *testing.T, d *Daemon, what string, cond func() bool) {
 			t.Fatalf("waiting for %s", what)
 		}
 	}
+}
+
+// grepLines is the lines of page that contain sub.
+func grepLines(page, sub string) string {
+	var out []string
+	for _, l := range strings.Split(page, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

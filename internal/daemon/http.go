@@ -13,7 +13,13 @@ func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
 // Handler serves /metrics and /healthz.
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.metrics.Handler(slog.NewLogLogger(d.log.Handler(), slog.LevelError)))
+	metrics := d.metrics.Handler(slog.NewLogLogger(d.log.Handler(), slog.LevelError))
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		// autopilot_health_healthy says what /healthz would say now, not
+		// what the last /healthz request or watchdog tick found.
+		d.Healthy()
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if err := d.Healthy(); err != nil {

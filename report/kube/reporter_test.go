@@ -830,3 +830,54 @@ func TestRestartWithoutStateKeepsKernelConditions(t *testing.T) {
 		h.stop()
 	})
 }
+
+// syncBuffer is a bytes.Buffer safe for the reporter's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A refused write (403) is logged as an error that says the credentials do
+// not allow it, once, not at every retry.
+func TestForbiddenIsLoggedAsRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, node, errors.New(`node "x" is not allowed to modify node "test-node"`))
+		})
+		var logs syncBuffer
+		store := report.NewStore("b")
+		r := New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+			Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: NewMetrics(nil),
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		cancel()
+		<-done
+		var refused int
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "level=ERROR") && strings.Contains(l, "refused by the API server: the credentials do not allow it") && strings.Contains(l, "conditions") {
+				refused++
+			}
+		}
+		if refused != 1 {
+			t.Errorf("%d error lines saying the status write was refused, want 1:\n%s", refused, logs.String())
+		}
+	})
+}
