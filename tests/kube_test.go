@@ -334,16 +334,30 @@ func TestKubeOutageConverges(t *testing.T) {
 func failures(m *kube.Metrics) float64 { return m.Failures() }
 
 // A node identity cannot write another node: the API refuses, the daemon
-// counts it and says so, the other node is untouched.
+// counts it and says so, the other node is untouched; and what the other
+// node holds (nodes may read other nodes), a tamper finding held forever
+// among it, is not taken over as this node's.
 func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	s := apiServer(t)
 	registerNode(t, s, "node-self")
 	registerNode(t, s, "node-victim")
-	client, _ := nodeClient(t, s, "node-self")
+	victim, err := s.Admin.CoreV1().Nodes().Get(context.Background(), "node-victim", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim.Status.Conditions = append(victim.Status.Conditions, corev1.NodeCondition{Type: "NodeTampered", Status: corev1.ConditionTrue,
+		Reason: "ProtectedFileChanged", Message: "the victim's own finding", LastTransitionTime: metav1.Now(), LastHeartbeatTime: metav1.Now()})
+	if _, err := s.Admin.CoreV1().Nodes().UpdateStatus(context.Background(), victim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client, kc := nodeClient(t, s, "node-self")
+	if id := kube.CredentialsUser(kc); id != "system:node:node-self" {
+		t.Fatalf("the node kubeconfig's user: %q", id)
+	}
 	store := report.NewStore("boot")
 	var logs testenv.SyncBuffer
 	m := kube.NewMetrics(nil)
-	r := kube.New(kube.Options{Client: client, NodeName: "node-victim", Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+	r := kube.New(kube.Options{Client: client, NodeName: "node-victim", Identity: kube.CredentialsUser(kc), Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
 		Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -362,6 +376,12 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	n, _ := s.Admin.CoreV1().Nodes().Get(context.Background(), "node-victim", metav1.GetOptions{})
 	if cond(n, "DiskUsageHigh") != nil {
 		t.Error("wrote a condition on another node")
+	}
+	if c, ok := store.Get("NodeTampered"); ok {
+		t.Errorf("the other node's tamper finding was taken over: %+v", c)
+	}
+	if !strings.Contains(logs.String(), "node_name names another node than the credentials do") {
+		t.Errorf("the daemon did not say node_name names another node:\n%s", logs.String())
 	}
 }
 

@@ -29,9 +29,11 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	}
 	lastErr := ""
 	var dial func(context.Context) error
+	identity := ""
 	for client == nil {
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
 		if err == nil {
+			identity = kube.CredentialsUser(path)
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
 			d.setKubeState("reporting", "to "+host+" as node "+d.currentEnv().NodeName+" (kubeconfig "+path+")")
 			client = c
@@ -62,7 +64,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		d.setKubeState("reporting", "as node "+d.currentEnv().NodeName)
 	}
 	r := kube.New(kube.Options{Grid: d.grid(),
-		Client: client, NodeName: d.currentEnv().NodeName, RoleOf: func() report.Role { return d.currentEnv().Role },
+		Client: client, NodeName: d.currentEnv().NodeName, Identity: identity, RoleOf: func() report.Role { return d.currentEnv().Role },
 		Evaluated: func(t string) bool { return slices.Contains(d.parts.applicable(d.currentEnv()), t) },
 		Store:     d.store, Details: d.details,
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,6 +86,38 @@ func NewClient(path, userAgent string, log *slog.Logger) (Client, string, error)
 		return nil, "", fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return c, cfg.Host, nil
+}
+
+// CredentialsUser returns the user the kubeconfig at path authenticates as
+// by its client certificate (the first certificate's common name, e.g.
+// system:node:<name>), "" when it cannot tell (no client certificate, a
+// token, a file it cannot read).
+func CredentialsUser(path string) string {
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return ""
+	}
+	data := cfg.TLSClientConfig.CertData
+	if len(data) == 0 && cfg.TLSClientConfig.CertFile != "" {
+		if data, err = os.ReadFile(cfg.TLSClientConfig.CertFile); err != nil {
+			return ""
+		}
+	}
+	for {
+		var b *pem.Block
+		if b, data = pem.Decode(data); b == nil {
+			return ""
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return ""
+		}
+		return c.Subject.CommonName
+	}
 }
 
 // rotatingClient is the client of a kubeconfig that names its client

@@ -182,3 +182,39 @@ current-context: x
 		t.Errorf("the unusable files were logged %d times:\n%s", n, logs.String())
 	}
 }
+
+// The kubeconfig's client certificate names the user the daemon writes as:
+// by path (with the key in the same file, before or after it), or none.
+func TestCredentialsUser(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	writeCert(t, cert, key, "system:node:n1")
+	both := filepath.Join(dir, "both.pem")
+	c, _ := os.ReadFile(cert)
+	k, _ := os.ReadFile(key)
+	os.WriteFile(both, append(k, c...), 0o600) // the key first
+	kubeconfig := func(name, user string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {%s}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, user), 0o600)
+		return p
+	}
+	for _, tc := range []struct{ name, user, want string }{
+		{"files.conf", "client-certificate: client.crt, client-key: client.key", "system:node:n1"},
+		{"one-file.conf", "client-certificate: both.pem, client-key: both.pem", "system:node:n1"},
+		{"token.conf", "token: abc", ""},
+		{"missing.conf", "client-certificate: gone.crt, client-key: gone.key", ""},
+	} {
+		if got := CredentialsUser(kubeconfig(tc.name, tc.user)); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	if got := CredentialsUser(filepath.Join(dir, "no-such.conf")); got != "" {
+		t.Errorf("no kubeconfig: %q", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,12 @@ import (
 type Options struct {
 	Client   Client
 	NodeName string
+	// Identity is the user the credentials authenticate as (the client
+	// certificate's common name, CredentialsUser), "" when not known. A
+	// node's is system:node:<its name>: when it names another node than
+	// NodeName, the Node read at start is not this node's (node_name set
+	// to another node's name) and nothing of it is taken over.
+	Identity string
 	// Grid lines the periodic writes (the report annotations) and the
 	// event writer's idle beat up with the daemon's other periodic
 	// wake-ups; zero: each from its own last write.
@@ -405,6 +412,15 @@ func (r *Reporter) finalWrite(dirty bool) {
 
 // adopt reads the Node and carries its conditions of our types into the store.
 func (r *Reporter) adopt(ctx context.Context) error {
+	if id := r.o.Identity; strings.HasPrefix(id, "system:node:") && id != "system:node:"+r.o.NodeName {
+		// Its conditions (a tamper finding held forever among them) are
+		// another node's and must not become this one's; where nodes may
+		// read other nodes (API servers without the Node authorizer's
+		// selectors) the read would succeed. Not read at all.
+		r.o.Log.Error("node_name names another node than the credentials do: nothing is taken over from that Node, and the API server will refuse the writes (NodeRestriction)",
+			"node_name", r.o.NodeName, "credentials", id)
+		return nil
+	}
 	start := time.Now()
 	node, err := r.o.Client.GetNode(ctx, r.o.NodeName)
 	r.m.observe(KindRead, start, err)

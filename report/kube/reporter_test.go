@@ -881,3 +881,45 @@ func TestForbiddenIsLoggedAsRefused(t *testing.T) {
 		}
 	})
 }
+
+// node_name set to another node's name: nodes may read other nodes, but
+// that Node's conditions (a tamper finding held forever among them) are not
+// taken over; the error names both.
+func TestAnotherNodesConditionsAreNotTakenOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		onNode := corev1.NodeCondition{Type: "NodeTampered", Status: corev1.ConditionTrue, Reason: "ProtectedFileChanged",
+			Message: "another node's finding", LastTransitionTime: metav1.NewTime(t0)}
+		client := fake.NewClientset(kubeletNode(onNode))
+		var logs syncBuffer
+		store := report.NewStore("b")
+		r := New(Options{Client: kubefake.New(client), NodeName: node, Identity: "system:node:the-real-one", Role: report.RoleWorker,
+			Store: store, Details: report.NewDetails(), Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: NewMetrics(nil),
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		<-r.Adopted()
+		if c, ok := store.Get("NodeTampered"); ok {
+			t.Errorf("another node's condition was taken over: %+v", c)
+		}
+		if l := logs.String(); !strings.Contains(l, "node_name names another node than the credentials do") || !strings.Contains(l, "system:node:the-real-one") {
+			t.Errorf("log:\n%s", l)
+		}
+		cancel()
+		<-done
+		// Its own credentials: taken over.
+		store2 := report.NewStore("b")
+		r2 := New(Options{Client: kubefake.New(client), NodeName: node, Identity: "system:node:" + node, Role: report.RoleWorker,
+			Store: store2, Details: report.NewDetails(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil),
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		ctx2, cancel2 := context.WithCancel(context.Background())
+		done2 := make(chan struct{})
+		go func() { r2.Run(ctx2); close(done2) }()
+		<-r2.Adopted()
+		if c, ok := store2.Get("NodeTampered"); !ok || c.Status != report.StatusTrue {
+			t.Errorf("this node's own condition: %+v %v", c, ok)
+		}
+		cancel2()
+		<-done2
+	})
+}
