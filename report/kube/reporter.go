@@ -359,6 +359,9 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		if dirty && retry == nil {
 			if err := r.writeStatus(ctx); err != nil {
 				if ctx.Err() != nil {
+					// Shutdown cut the write short: the last change still
+					// gets its one short attempt.
+					r.finalWrite(true)
 					return
 				}
 				wait := bo.Next()

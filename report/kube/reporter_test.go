@@ -923,3 +923,53 @@ func TestAnotherNodesConditionsAreNotTakenOver(t *testing.T) {
 		<-done2
 	})
 }
+
+// slowStatus is a client whose first status write hangs until its context
+// ends (a slow API server), and which records the status writes.
+type slowStatus struct {
+	Client
+	mu     sync.Mutex
+	writes []string
+	hung   chan struct{}
+}
+
+func (c *slowStatus) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	c.mu.Lock()
+	first := len(c.writes) == 0
+	c.writes = append(c.writes, string(patch))
+	c.mu.Unlock()
+	if first {
+		close(c.hung)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return c.Client.PatchNodeStatus(ctx, name, patch)
+}
+
+// SIGTERM while a status write hangs: the write is cut short, and the last
+// change still gets its one short attempt before the reporter returns.
+func TestShutdownDuringAWriteStillWritesTheLastChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		slow := &slowStatus{Client: kubefake.New(client), hung: make(chan struct{})}
+		store := report.NewStore("b")
+		r := New(Options{Client: slow, NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil),
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+		<-slow.hung
+		cancel() // SIGTERM
+		<-done
+		if c := findCond(func() *corev1.Node {
+			n, _ := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", node)
+			return n.(*corev1.Node)
+		}(), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+			slow.mu.Lock()
+			t.Errorf("after a shutdown during the write: DiskUsageHigh %+v; status writes %d", c, len(slow.writes))
+			slow.mu.Unlock()
+		}
+	})
+}
