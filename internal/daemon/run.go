@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -93,6 +94,15 @@ func (d *Daemon) runChecks(ctx context.Context) {
 		<-done
 		if ctx.Err() != nil {
 			return
+		}
+		// The old runner's loops have returned: a run of a check the new
+		// plan dropped that ended after replanIdentity removed its series
+		// cannot bring them back now.
+		next := d.currentRunner().Checks()
+		for _, c := range r.Checks() {
+			if !slices.Contains(next, c) {
+				d.checkStopped(c)
+			}
 		}
 	}
 }
