@@ -255,15 +255,15 @@ func renameNoReplace(src, dst string, regular bool) error {
 	return os.Rename(src, dst)
 }
 
-var errNotRegular = errors.New("not a regular file")
+// ErrNotRegular: the path names something other than a regular file.
+var ErrNotRegular = errors.New("not a regular file")
 
-// ReadRegular reads at most max bytes of the regular file p, and fails on
-// anything else: a symlink in its last component is not followed, a FIFO or
-// device neither blocks nor is read (O_NOFOLLOW|O_NONBLOCK, the kind checked
-// on the open descriptor), and a longer file is an error. A missing file is
-// an error that matches fs.ErrNotExist. For the daemon's own state files:
-// what it never writes there is no state.
-func ReadRegular(p string, max int64) ([]byte, error) {
+// OpenRegular opens p for reading without following a symlink in its last
+// component and without blocking on a FIFO or device (O_NOFOLLOW|O_NONBLOCK),
+// and fails unless it is a regular file (checked on the open descriptor, so
+// a swap after an Lstat cannot slip a FIFO in). A missing file is an error
+// that matches fs.ErrNotExist.
+func OpenRegular(p string) (*os.File, error) {
 	var fd int
 	var err error
 	for {
@@ -282,9 +282,19 @@ func ReadRegular(p string, max int64) ([]byte, error) {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, fmt.Errorf("%s: %w (mode %#o)", p, errNotRegular, st.Mode&unix.S_IFMT)
+		return nil, fmt.Errorf("%s: %w (mode %#o)", p, ErrNotRegular, st.Mode&unix.S_IFMT)
 	}
-	f := os.NewFile(uintptr(fd), p)
+	return os.NewFile(uintptr(fd), p), nil
+}
+
+// ReadRegular reads at most max bytes of the regular file p (OpenRegular);
+// a longer file is an error. For the daemon's own state files: what it
+// never writes there is no state.
+func ReadRegular(p string, max int64) ([]byte, error) {
+	f, err := OpenRegular(p)
+	if err != nil {
+		return nil, err
+	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {

@@ -1,59 +1,19 @@
 package tamper
 
 import (
-	"errors"
-	"fmt"
-	"io"
 	"os"
 
-	"golang.org/x/sys/unix"
+	"github.com/syself/autopilot-health/report"
 )
 
-var errNotRegular = errors.New("not a regular file")
+var errNotRegular = report.ErrNotRegular
 
-// OpenRegular opens p for reading without following a symlink in its last
-// component and without blocking on a FIFO or device (O_NOFOLLOW|O_NONBLOCK),
-// and fails unless it is a regular file (checked on the open descriptor, so
-// a swap after an Lstat cannot slip a FIFO in). A missing file is an error
-// that matches fs.ErrNotExist.
-func OpenRegular(p string) (*os.File, error) {
-	var fd int
-	var err error
-	for {
-		fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: p, Err: err}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, &os.PathError{Op: "fstat", Path: p, Err: err}
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%s: %w (mode %#o)", p, errNotRegular, st.Mode&unix.S_IFMT)
-	}
-	return os.NewFile(uintptr(fd), p), nil
-}
+// OpenRegular opens p for reading only if it is a regular file, never
+// following a symlink in its last component nor blocking on a FIFO or
+// device (report.OpenRegular). A missing file is an error that matches
+// fs.ErrNotExist.
+func OpenRegular(p string) (*os.File, error) { return report.OpenRegular(p) }
 
-// ReadRegular reads at most max bytes of the regular file p (OpenRegular);
-// a longer file is an error.
-func ReadRegular(p string, max int64) ([]byte, error) {
-	f, err := OpenRegular(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s: larger than %d bytes", p, max)
-	}
-	return b, nil
-}
+// ReadRegular reads at most max bytes of the regular file p
+// (report.ReadRegular); a longer file is an error.
+func ReadRegular(p string, max int64) ([]byte, error) { return report.ReadRegular(p, max) }

@@ -63,9 +63,15 @@ func start(t *testing.T, client *fake.Clientset, store *report.Store) *harness {
 
 func startWith(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details) *harness {
 	t.Helper()
+	return startLogged(t, client, store, det, io.Discard)
+}
+
+// startLogged is startWith, logging to logs.
+func startLogged(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details, logs io.Writer) *harness {
+	t.Helper()
 	h := &harness{client: client, store: store, det: det, m: NewMetrics(nil), done: make(chan struct{})}
 	h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m,
+		Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: h.m,
 		HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -209,6 +215,8 @@ func TestOutageConvergesWithoutLosingTransitions(t *testing.T) {
 	})
 }
 
+// A refused write (403) is counted, retried, and logged as an error that
+// says the credentials do not allow it, once, not at every retry.
 func TestForbiddenIsCountedAndKeepsRetrying(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
@@ -216,7 +224,8 @@ func TestForbiddenIsCountedAndKeepsRetrying(t *testing.T) {
 			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, node, errors.New(`node "x" is not allowed to modify node "test-node"`))
 		})
 		store := report.NewStore("b")
-		h := start(t, client, store)
+		var logs testenv.SyncBuffer
+		h := startLogged(t, client, store, report.NewDetails(), &logs)
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
 		time.Sleep(5 * time.Minute)
 		synctest.Wait()
@@ -224,6 +233,15 @@ func TestForbiddenIsCountedAndKeepsRetrying(t *testing.T) {
 			t.Errorf("forbidden status writes counted: %v", v)
 		}
 		h.stop()
+		var refused int
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "level=ERROR") && strings.Contains(l, "refused by the API server: the credentials do not allow it") && strings.Contains(l, "conditions") {
+				refused++
+			}
+		}
+		if refused != 1 {
+			t.Errorf("%d error lines saying the status write was refused, want 1:\n%s", refused, logs.String())
+		}
 	})
 }
 
@@ -837,57 +855,6 @@ func TestRestartWithoutStateKeepsKernelConditions(t *testing.T) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for the reporter's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// A refused write (403) is logged as an error that says the credentials do
-// not allow it, once, not at every retry.
-func TestForbiddenIsLoggedAsRefused(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(kubeletNode())
-		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, node, errors.New(`node "x" is not allowed to modify node "test-node"`))
-		})
-		var logs syncBuffer
-		store := report.NewStore("b")
-		r := New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
-			Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: NewMetrics(nil),
-			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { r.Run(ctx); close(done) }()
-		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
-		time.Sleep(5 * time.Minute)
-		synctest.Wait()
-		cancel()
-		<-done
-		var refused int
-		for _, l := range strings.Split(logs.String(), "\n") {
-			if strings.Contains(l, "level=ERROR") && strings.Contains(l, "refused by the API server: the credentials do not allow it") && strings.Contains(l, "conditions") {
-				refused++
-			}
-		}
-		if refused != 1 {
-			t.Errorf("%d error lines saying the status write was refused, want 1:\n%s", refused, logs.String())
-		}
-	})
-}
-
 // node_name set to another node's name: nodes may read other nodes, but
 // that Node's conditions (a tamper finding held forever among them) are not
 // taken over; the error names both.
@@ -896,7 +863,7 @@ func TestAnotherNodesConditionsAreNotTakenOver(t *testing.T) {
 		onNode := corev1.NodeCondition{Type: "NodeTampered", Status: corev1.ConditionTrue, Reason: "ProtectedFileChanged",
 			Message: "another node's finding", LastTransitionTime: metav1.NewTime(t0)}
 		client := fake.NewClientset(kubeletNode(onNode))
-		var logs syncBuffer
+		var logs testenv.SyncBuffer
 		store := report.NewStore("b")
 		r := New(Options{Client: kubefake.New(client), NodeName: node, Identity: "system:node:the-real-one", Role: report.RoleWorker,
 			Store: store, Details: report.NewDetails(), Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: NewMetrics(nil),
