@@ -154,6 +154,11 @@ func (rs *RuleSet) tasks() []string {
 // only by the goroutine that handles records (the reader).
 func (mon *Monitor) use() *settings {
 	if s := mon.next.Load(); s != mon.cur {
+		if !slices.Equal(s.ignore, mon.cur.ignore) && mon.window.dropDevices(s.ignored) {
+			// A device ignored now: its errors held are not counted,
+			// as a fresh start would not have recorded them.
+			mon.winGen++
+		}
 		mon.cur = s
 	}
 	return mon.cur
@@ -423,6 +428,27 @@ func (w *window) add(e ioError, keep uint64) {
 	d.n++
 	d.newest = max(d.newest, e.Usec)
 	w.byDev[e.Dev] = d
+}
+
+// dropDevices forgets the errors of every device ignore says; it reports
+// whether it forgot any.
+func (w *window) dropDevices(ignore func(dev string) bool) bool {
+	found := false
+	for dev := range w.byDev {
+		if ignore(dev) {
+			found = true
+		}
+	}
+	if !found {
+		return false
+	}
+	kept := w.entries(nil)
+	kept = slices.DeleteFunc(kept, func(e ioError) bool { return ignore(e.Dev) })
+	*w = window{ring: w.ring[:0:0], devs: w.devs}
+	for _, e := range kept {
+		w.add(e, ^uint64(0))
+	}
+	return true
 }
 
 // entries appends the errors held, oldest first, to dst.

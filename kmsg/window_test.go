@@ -152,3 +152,33 @@ func TestIOErrorFloodBoundedByCap(t *testing.T) {
 }
 
 func windowLen(mon *Monitor) int { return mon.window.n }
+
+// Errors older than the window when a later one arrives are still held (up
+// to 24 h): a reload that widens the window counts them, as a fresh start
+// over the same lines would. A device a reload adds to ignore_devices no
+// longer counts, as a fresh start would not have recorded its errors.
+func TestReconfigureWidensAndIgnoresAsAFreshStart(t *testing.T) {
+	sec := uint64(time.Second / time.Microsecond)
+	store := report.NewStore("b")
+	o := opts(t, store)
+	o.IOErrorThreshold, o.IOErrorWindow = 5, 10*time.Minute
+	mon := NewMonitor(o)
+	mon.Start(t0, t0)
+	mon.CaughtUp(0, t0)
+	feedIOErrors(mon, []uint64{10 * sec, 11 * sec, 12 * sec, 13 * sec, 700 * sec}, func(i int) string { return "sda" })
+	if c := disksFailure(store); c.Status != report.StatusFalse {
+		t.Fatalf("1 error in the last 10 minutes: %+v", c)
+	}
+	o.IOErrorWindow = 20 * time.Minute
+	mon.Reconfigure(o)
+	mon.Tick(701*sec, t0)
+	if c := disksFailure(store); c.Status != report.StatusTrue || c.Message != "the kernel logged 5 disk I/O errors in the last 20m0s (threshold 5) on sda" {
+		t.Errorf("the window widened to 20 minutes: %+v", c)
+	}
+	o.IgnoreDevices = []string{"sda"}
+	mon.Reconfigure(o)
+	mon.Tick(702*sec, t0)
+	if c := disksFailure(store); c.Status != report.StatusFalse || c.Message != "the kernel logged 0 disk I/O errors in the last 20m0s (threshold 5)" {
+		t.Errorf("sda ignored: %+v", c)
+	}
+}

@@ -30,16 +30,17 @@ const bootSlack = 2 * time.Second
 // every condition on the Node is this boot's. Without one (a Node written by
 // an older version), the transition time is compared with this boot's start
 // (wall clock; a clock stepped since can misjudge it).
-//   - another status in the store that is Unknown for want of data (NoData:
-//     the kernel log not read yet after a start without the state file):
-//     the Node wins; the store knows nothing the Node does not;
-//   - another status in the store that changed before the Node's did (a
-//     state file older than the Node: a save that failed, a crash before
-//     the save): the Node wins; it holds the later change. Compared at the
-//     Node's one-second resolution; never for a held condition the store
-//     has True (only an operator's clear lowers it);
-//   - another status in the store, changed since: the store wins; it holds
-//     a change the API server has not seen yet.
+//   - another status in the store that is the kernel log monitor's
+//     placeholder (Unknown, NoData: the log not read yet after a start
+//     without the state file): the Node wins; the store knows nothing the
+//     Node does not;
+//   - another status in the store, last evaluated before the Node's status
+//     changed (a state file older than the Node: a save that failed, a
+//     crash before the save): the Node wins; it holds the later word.
+//     Compared at the Node's one-second resolution; never for a held
+//     condition the store has True (only an operator's clear lowers it);
+//   - another status in the store, evaluated since: the store wins; it
+//     holds a change the API server has not seen yet.
 //
 // A condition type or reason outside the catalog is ignored. Adopt reports
 // whether the store changed.
@@ -76,6 +77,9 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		return true
 	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c):
 		c.LastUpdateTime = prev.LastUpdateTime
+		if c.LastUpdateTime.Before(c.LastTransitionTime) {
+			c.LastUpdateTime = c.LastTransitionTime
+		}
 		s.conds[c.Type] = c
 		close(s.changed)
 		s.changed = make(chan struct{})
@@ -93,11 +97,16 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 }
 
 // nodeIsNewer reports whether the Node's condition c, of another status than
-// the store's prev, is the later word on it: prev is Unknown for want of
-// data, or changed before c did (at the Node's one-second resolution: a
-// change within the second c's time names is not known to be older). A
-// held condition the store has True is never lowered this way: only an
-// operator's clear lowers it, and the store knows of those (SetCleared).
+// the store's prev, is the later word on it: prev is the kernel log
+// monitor's placeholder (Unknown, NoData: the log not read yet), or the
+// store last evaluated the condition before the Node's status changed (at
+// the Node's one-second resolution: an evaluation within the second c's
+// time names is not known to be older). What the store knows is as recent
+// as its last evaluation, not its last change: a check that ran after the
+// restart and found the same status as a stale state file is newer than
+// the Node. A held condition the store has True is never lowered this way:
+// only an operator's clear lowers it, and the store knows of those
+// (SetCleared).
 func nodeIsNewer(desc ConditionDesc, prev, c Condition) bool {
 	if prev.Status == c.Status || c.LastTransitionTime.IsZero() {
 		return false
@@ -106,7 +115,9 @@ func nodeIsNewer(desc ConditionDesc, prev, c Condition) bool {
 		return false
 	}
 	if prev.Status == StatusUnknown && prev.Reason == ReasonNoData {
-		return true
+		if _, kernel := desc.Part(SourceKmsg); kernel || desc.Source == SourceKmsg {
+			return true
+		}
 	}
-	return prev.LastTransitionTime.Truncate(time.Second).Before(c.LastTransitionTime.Truncate(time.Second))
+	return prev.LastUpdateTime.Truncate(time.Second).Before(c.LastTransitionTime.Truncate(time.Second))
 }

@@ -80,7 +80,15 @@ func (s *Store) combineLocked(desc ConditionDesc, condType string, now time.Time
 			undecided = append(undecided, p)
 		}
 	}
+	cur, had := s.conds[condType]
 	s.mu.Unlock()
+	if len(trues)+len(falses)+len(undecided) == 0 && len(nodata) > 0 && had && cur.Status != StatusUnknown {
+		// No part has decided anything yet (the kernel log not read, no
+		// NVMe drive to check) and the condition holds a decided status
+		// (taken over from the Node at start): it stays until a part
+		// decides, rather than turning Unknown for a second and back.
+		return false
+	}
 	// A part that found nothing to check (no NVMe drives) neither makes the
 	// condition healthy nor undecided: the other parts decide, and when no
 	// part checked anything, neither does the condition. Nor does a part

@@ -149,3 +149,27 @@ func TestSetPartNoDataDoesNotDecide(t *testing.T) {
 		t.Errorf("the kernel part True once read: %+v", c)
 	}
 }
+
+// A start without the state file on a node without NVMe drives:
+// DisksFailure taken over from the Node (False) stays False while the
+// kernel part has no data and the SMART part finds nothing to check, and
+// the kernel part's False then changes nothing: no flap.
+func TestSetPartNoDataKeepsATakenOverStatus(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	disks := func(st Status, r Reason, msg string) Condition {
+		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
+	}
+	s := NewStore("b")
+	s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0)
+	if !s.Adopt(Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, LastTransitionTime: t0.Add(-time.Hour)}, "b") {
+		t.Fatal("the Node's False was not taken over")
+	}
+	s.SetPart(SourceCheck, disks(StatusUnknown, ReasonNothingToCheck, "no NVMe drives"), t0.Add(time.Second))
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || !c.LastTransitionTime.Equal(t0.Add(-time.Hour)) {
+		t.Errorf("no part decided yet: %+v", c)
+	}
+	s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "the kernel logged 0 disk I/O errors"), t0.Add(2*time.Second))
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || !c.LastTransitionTime.Equal(t0.Add(-time.Hour)) {
+		t.Errorf("after the kernel part decided: %+v", c)
+	}
+}

@@ -507,3 +507,32 @@ func TestAdoptNodeWinsOverNoDataAndOlderState(t *testing.T) {
 		t.Errorf("restores seen by observers: %v", rec.restored)
 	}
 }
+
+// What the store knows is as recent as its last evaluation: a check that
+// ran after the restart and found the same status as a stale state file
+// holds the later word, and a NoData a check decided (not the kernel log
+// monitor's placeholder) is a result like any other.
+func TestAdoptJudgesTheStoreByItsLastEvaluation(t *testing.T) {
+	s := NewStore("b")
+	s.Set(cond("CertRenewalFailing", StatusTrue, ReasonCertificateExpiringSoon, "stale state"), t0.Add(-time.Hour))
+	s.Set(cond("CertRenewalFailing", StatusTrue, ReasonCertificateExpiringSoon, "the first run after the restart"), t0.Add(10*time.Minute))
+	if s.Adopt(Condition{Type: "CertRenewalFailing", Status: StatusFalse, Reason: ReasonCertificatesValid, LastTransitionTime: t0}, "b") {
+		t.Error("the Node's False, older than the store's last run, lowered its True")
+	}
+	if c, _ := s.Get("CertRenewalFailing"); c.Status != StatusTrue {
+		t.Errorf("CertRenewalFailing = %+v", c)
+	}
+	s.Set(Condition{Type: "KubeletHeartbeatFailed", Status: StatusUnknown, Reason: ReasonNoData, Message: "no journal entries"}, t0.Add(10*time.Minute))
+	if s.Adopt(Condition{Type: "KubeletHeartbeatFailed", Status: StatusFalse, Reason: "KubeletHeartbeatOK", LastTransitionTime: t0}, "b") {
+		t.Error("a NoData a check decided after the Node's change lost to the Node")
+	}
+	// The Node's status changed after the store's last evaluation: the
+	// Node wins, and the condition is not shown evaluated before it changed.
+	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), t0.Add(-time.Hour))
+	if !s.Adopt(Condition{Type: "DiskUsageHigh", Status: StatusTrue, Reason: "FilesystemSpaceHigh", LastTransitionTime: t0}, "b") {
+		t.Error("a store last evaluated an hour before the Node's change won")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); c.LastUpdateTime.Before(c.LastTransitionTime) {
+		t.Errorf("evaluated before it changed: %+v", c)
+	}
+}

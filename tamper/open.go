@@ -13,7 +13,3 @@ var errNotRegular = report.ErrNotRegular
 // device (report.OpenRegular). A missing file is an error that matches
 // fs.ErrNotExist.
 func OpenRegular(p string) (*os.File, error) { return report.OpenRegular(p) }
-
-// ReadRegular reads at most max bytes of the regular file p
-// (report.ReadRegular); a longer file is an error.
-func ReadRegular(p string, max int64) ([]byte, error) { return report.ReadRegular(p, max) }

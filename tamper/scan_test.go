@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/syself/autopilot-health/report"
 )
 
 // tree writes files (host path -> content) under a new root.
@@ -182,7 +184,7 @@ func TestScanDoesNotBlockOnAFIFO(t *testing.T) {
 	if _, _, err := fileDigest(fifo); !errors.Is(err, errNotRegular) {
 		t.Errorf("fileDigest(FIFO) = %v, want not a regular file", err)
 	}
-	if _, err := ReadRegular(fifo, 100); !errors.Is(err, errNotRegular) {
+	if _, err := report.ReadRegular(fifo, 100); !errors.Is(err, errNotRegular) {
 		t.Errorf("ReadRegular(FIFO) = %v, want not a regular file", err)
 	}
 	link := filepath.Join(root, "/etc/link")

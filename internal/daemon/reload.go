@@ -188,9 +188,9 @@ func (d *Daemon) Reload() (Reloaded, error) {
 	} else {
 		out.Changed = r.Text()
 	}
-	// The configuration in effect was loaded now by any reload that
-	// applied, one that changed nothing included (README: "at start, or by
-	// the last reload that applied"): status's "in effect since" is
+	// The file was loaded now by any reload not refused, one that changed
+	// nothing included (README: "at start, or by the last reload that was
+	// not refused"): the time status shows is
 	// config_last_reload_success_timestamp_seconds (ConfigReload above).
 	d.mu.Lock()
 	d.lastReload = out
