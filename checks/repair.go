@@ -33,6 +33,10 @@ type RepairStatus struct {
 	LastReason  string    `json:"lastRepairReason,omitempty"`
 	LastResult  string    `json:"lastRepairResult,omitempty"`
 	Consecutive int       `json:"consecutiveRepairs"`
+	// LastAttempt and LastAttemptError: the last repair that could not
+	// even start (systemd not reachable, the unit not readable), and why.
+	LastAttempt      time.Time `json:"lastFailedAttempt,omitzero"`
+	LastAttemptError string    `json:"lastFailedAttemptError,omitempty"`
 }
 
 // Repairer restarts critical units in place, over D-Bus, without fighting
@@ -89,6 +93,13 @@ func (r *Repairer) unitWatch() *UnitWatch {
 func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Duration, reason string) (string, string) {
 	result, msg := r.repair(ctx, unit, cooldown, reason)
 	r.repairs.WithLabelValues(unit, result).Inc()
+	if result == RepairFailed || result == RepairNoSystemd {
+		// Seen in status beside the repairs made, not only as a count.
+		r.mu.Lock()
+		st := r.status(unit)
+		st.LastAttempt, st.LastAttemptError = r.now(), msg
+		r.mu.Unlock()
+	}
 	return result, msg
 }
 

@@ -328,3 +328,23 @@ func TestKubeletNotStartedYetIsUnknown(t *testing.T) {
 		}
 	})
 }
+
+// A repair that cannot even start (the unit cannot be read) is recorded
+// beside the repairs made, so status shows why nothing was restarted.
+func TestRepairThatCannotStartIsRecorded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newFakeManager(running("kubelet.service"))
+		m.err = errors.New("dial unix /run/dbus/system_bus_socket: connect: no such file or directory")
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		if res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairFailed {
+			t.Fatalf("result %s", res)
+		}
+		st := r.Status("kubelet.service")
+		if st.Repairs != 0 || st.LastAttempt.IsZero() || !strings.Contains(st.LastAttemptError, "no such file or directory") {
+			t.Errorf("status %+v", st)
+		}
+		if _, ok := r.All()["kubelet.service"]; !ok {
+			t.Error("the unit is not listed among the watched ones")
+		}
+	})
+}

@@ -173,9 +173,12 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		r := st.Repairs[u]
 		if r.Repairs == 0 && r.LastRepair.IsZero() {
 			fmt.Fprintf(w, "  %s: never repaired\n", u)
-			continue
+		} else {
+			fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", u, r.Repairs, ago(r.LastRepair), r.LastResult, r.LastReason, r.Consecutive)
 		}
-		fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", u, r.Repairs, ago(r.LastRepair), r.LastResult, r.LastReason, r.Consecutive)
+		if r.LastAttemptError != "" && !r.LastAttempt.Before(r.LastRepair) {
+			fmt.Fprintf(w, "    last attempt %s could not start: %s\n", ago(r.LastAttempt), r.LastAttemptError)
+		}
 	}
 
 	fmt.Fprint(w, "\nKernel log: ")
