@@ -348,3 +348,23 @@ func TestRepairThatCannotStartIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// A unit stuck failed whose RestartSec is 5 s or more (Debian's containerd:
+// 5 s; kubeadm's kubelet: 10 s) is reported failed within the run's 10 s
+// timeout: the wait for an automatic restart is cut to fit the run.
+func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, delay := range []time.Duration{5 * time.Second, 10 * time.Second} {
+			u := running("containerd.service")
+			u.ActiveState, u.SubState, u.Result, u.Restart, u.RestartDelay = "failed", "failed", "start-limit-hit", "always", delay
+			m := newFakeManager(running("kubelet.service"), u, running("syself-proxy.service"))
+			c, _ := newServiceNotRecovering(snrEnv(t, m))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the check's default timeout
+			r, err := c.Probe(ctx)
+			cancel()
+			if err != nil || r.Status != report.StatusTrue || r.Reason != "UnitFailed" {
+				t.Errorf("RestartSec=%s, stuck failed: %+v, %v", delay, r, err)
+			}
+		}
+	})
+}

@@ -128,10 +128,21 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		Message: fmt.Sprintf("%s: none failed or restarted %d+ times since the last check%s", strings.Join(c.units, ", "), c.threshold, note), Details: details}, nil
 }
 
+// settleMargin is what settle leaves of the run's timeout for the rest of
+// the run.
+const settleMargin = time.Second
+
 // settle re-reads a failed unit until it leaves the failed state or twice
-// its restart delay (at least a second) has passed.
+// its restart delay (at least a second) has passed, and no longer than the
+// run's timeout allows (less settleMargin): a unit still failed then counts
+// as failed. (With RestartSec=5 or 10, as Debian's containerd and kubeadm's
+// kubelet have, twice the delay is the whole 10 s timeout: the run timed
+// out and a unit stuck failed was never reported.)
 func (c *serviceNotRecovering) settle(ctx context.Context, u systemd.Unit) (systemd.Unit, error) {
 	deadline := time.Now().Add(max(2*u.RestartDelay, time.Second))
+	if d, ok := ctx.Deadline(); ok && d.Add(-settleMargin).Before(deadline) {
+		deadline = d.Add(-settleMargin)
+	}
 	for u.ActiveState == "failed" && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
