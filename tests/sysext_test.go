@@ -96,7 +96,6 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := freeTCPPort(t)
 	units := map[string]string{
 		"sysext-daemon-reload.service": string(reloadUnit),
 		"test.target.d/10-boot.conf":   "[Unit]\nWants=systemd-sysext.service sysext-daemon-reload.service multi-user.target\n",
@@ -104,10 +103,8 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 		// the namespace runs on.
 		"getty.target":          "",
 		"console-getty.service": "",
-		// The test's configuration (a loopback metrics port) by a drop-in:
-		// the namespace's /etc is made at its start.
-		"autopilot-health.service.d/10-test.conf": "[Service]\nExecStart=\nExecStart=/usr/bin/autopilot-health run --config /etc/systemd/system/autopilot-health.test.toml\n",
-		"autopilot-health.test.toml":              fmt.Sprintf("role = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n", port),
+		// No configuration file and no drop-in: the unit as the image ships
+		// it, on the embedded defaults (an extension image has no /etc).
 	}
 	// The namespace's /dev is a tmpfs: LoopDevices makes the loop device
 	// nodes systemd-sysext attaches the image to.
@@ -147,8 +144,12 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 	if fp := up["FragmentPath"].Value(); fp != "/usr/lib/systemd/system/autopilot-health.service" && fp != "/lib/systemd/system/autopilot-health.service" {
 		t.Errorf("unit loaded from %v, want the image's /usr/lib/systemd/system", fp)
 	}
-	page, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	// The default metrics address, :20257.
+	page, err := httpGet("http://127.0.0.1:20257/metrics")
 	if err != nil || !strings.Contains(page, `autopilot_health_build_info{`) {
 		t.Errorf("the daemon's metrics: %v\n%.300s", err, page)
+	}
+	if j := s.Journal("autopilot-health.service"); !strings.Contains(j, "embedded defaults; /etc/autopilot-health/config.toml absent") {
+		t.Errorf("the daemon did not say it runs on the embedded defaults:\n%s", lastBytes(j, 3000))
 	}
 }
