@@ -23,7 +23,8 @@ const StateFileName = "tamper.json"
 
 const stateVersion = 1
 
-// MaxFindings caps the findings kept; later ones are counted
+// MaxFindings caps the findings kept; beyond it the oldest make room (each
+// condition keeping its latest) and are counted
 // (State.FindingsDropped).
 const MaxFindings = 64
 
@@ -98,7 +99,7 @@ type State struct {
 	Version  int       `json:"version"`
 	Baseline *Baseline `json:"baseline,omitempty"`
 	Findings []Finding `json:"findings"`
-	// FindingsDropped counts the findings beyond MaxFindings.
+	// FindingsDropped counts the findings that made room beyond MaxFindings.
 	FindingsDropped int `json:"findingsDropped,omitempty"`
 	// Tolerated are changes of tolerated paths (known writers): reported,
 	// setting no condition; the MaxTolerated most recent, older ones
@@ -140,11 +141,33 @@ func (s *State) AddFinding(f Finding) bool {
 		}
 	}
 	if len(s.Findings) >= MaxFindings {
+		// Full: the oldest finding of a condition that has another one
+		// makes room, so that every condition keeps its latest findings
+		// and a new one always counts (dropping it instead let 64 files
+		// added under a protected path hide a swapped sealed layer:
+		// SealedOSTampered is decided from its findings).
+		i := s.oldestSpare()
+		s.Findings = slices.Delete(s.Findings, i, i+1)
 		s.FindingsDropped++
-		return true
 	}
 	s.Findings = append(s.Findings, f)
 	return true
+}
+
+// oldestSpare is the index of the oldest finding whose condition has a
+// later one too (the list is full, and of two conditions at most, so there
+// is one).
+func (s *State) oldestSpare() int {
+	n := map[string]int{}
+	for _, g := range s.Findings {
+		n[g.Condition]++
+	}
+	for i, g := range s.Findings {
+		if n[g.Condition] > 1 {
+			return i
+		}
+	}
+	return 0
 }
 
 // MaxTolerated caps the tolerated changes kept (the most recent).
