@@ -368,3 +368,33 @@ func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
 		}
 	})
 }
+
+// The repairer reads kubelet every 10 s when its probe fails; the first
+// ServiceNotRecovering run of the boot comes later. Restarts the repairer's
+// reads saw before that run do not make it flapping: the first run only
+// sets the baseline; the next one counts.
+func TestServiceNotRecoveringFirstRunOnlySetsABaseline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := running("kubelet.service")
+		m := newFakeManager(k, running("containerd.service"), running("syself-proxy.service"))
+		env := snrEnv(t, m)
+		env.Units.Observe(k) // the repairer's read
+		for i := 1; i <= 3; i++ {
+			k.Invocation, k.NRestarts = fmt.Sprintf("inv-%d", i), uint32(i)
+			m.set(k)
+			env.Units.Observe(k)
+		}
+		c, _ := newServiceNotRecovering(env)
+		if r, _ := c.Probe(context.Background()); r.Status != report.StatusFalse {
+			t.Errorf("first run after 3 restarts another reader saw: %+v", r)
+		}
+		for i := 4; i <= 6; i++ {
+			k.Invocation, k.NRestarts = fmt.Sprintf("inv-%d", i), uint32(i)
+			m.set(k)
+			env.Units.Observe(k)
+		}
+		if r, _ := c.Probe(context.Background()); r.Status != report.StatusTrue || r.Reason != "UnitFlapping" {
+			t.Errorf("second run after 3 more: %+v", r)
+		}
+	})
+}

@@ -219,7 +219,8 @@ func (w *UnitWatch) AutoSince(consumer, unit string) uint64 {
 }
 
 // PendingAuto returns the automatic restarts of unit counted since
-// consumer's last MarkAuto, and the count to pass to MarkAuto once the
+// consumer's last MarkAuto (none before its first: that sets its
+// baseline), and the count to pass to MarkAuto once the
 // consumer has acted on them (a run that fails half-way must not move its
 // mark, or the restarts it saw are forgotten).
 func (w *UnitWatch) PendingAuto(consumer, unit string) (n, auto uint64) {
@@ -233,7 +234,12 @@ func (w *UnitWatch) PendingAuto(consumer, unit string) (n, auto uint64) {
 	if !ok {
 		return 0, 0
 	}
-	mark := st.Marks[consumer]
+	mark, had := st.Marks[consumer]
+	if !had {
+		// The consumer's first look in this boot: a baseline, whatever
+		// another reader (the repairer, every 10 s) saw before it.
+		return 0, st.Auto
+	}
 	return st.Auto - min(mark, st.Auto), st.Auto
 }
 
