@@ -144,11 +144,15 @@ func (c *criClient) status(ctx context.Context) error {
 		return fmt.Errorf("CRI RuntimeService/Status on %s: %w", c.socket, err)
 	}
 	for _, cond := range conds {
-		if cond.Type == criRuntimeReady && !cond.Status {
-			return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", c.socket, cond.Reason, cond.Message)
+		if cond.Type == criRuntimeReady {
+			if !cond.Status {
+				return fmt.Errorf("CRI RuntimeService/Status on %s: RuntimeReady is false: %s %s", c.socket, cond.Reason, cond.Message)
+			}
+			return nil
 		}
 	}
-	return nil
+	// As kubelet judges it: a runtime that does not say it is ready is not.
+	return fmt.Errorf("CRI RuntimeService/Status on %s: no RuntimeReady condition in the answer", c.socket)
 }
 
 // call makes the call and returns the runtime's conditions: once more on a

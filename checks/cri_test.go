@@ -69,6 +69,9 @@ func TestCRIStatusAgainstGRPCServer(t *testing.T) {
 		{"runtime not ready", func(context.Context) (*runtimeapi.StatusResponse, error) {
 			return conditions(&runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: false, Reason: "ShimDown", Message: "shim gone"}, netDown), nil
 		}, "RuntimeReady is false: ShimDown shim gone"},
+		{"no RuntimeReady condition (kubelet: not ready)", func(context.Context) (*runtimeapi.StatusResponse, error) {
+			return conditions(netDown), nil
+		}, "no RuntimeReady condition in the answer"},
 		{"gRPC error status", func(context.Context) (*runtimeapi.StatusResponse, error) {
 			return nil, status.Error(codes.Unavailable, "server is shutting down: 100% done")
 		}, "rpc error: code = Unavailable desc = server is shutting down: 100% done"},
