@@ -16,6 +16,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
@@ -586,5 +587,64 @@ func TestBusyLogIsCaughtUp(t *testing.T) {
 			c, _ := store.Get("KernelDeadlock")
 			t.Fatalf("a busy log was never read to its end: %+v", c)
 		}
+	}
+}
+
+// overrunDevice is a fakeDevice whose ring buffer overwrote records once:
+// the read at record index at fails with EPIPE, as /dev/kmsg's does, and
+// the next read returns the oldest record left.
+type overrunDevice struct {
+	fakeDevice
+	at   int
+	done bool
+}
+
+func (d *overrunDevice) Read(p []byte) (int, error) {
+	d.mu.Lock()
+	if d.pos == d.at && !d.done {
+		d.done = true
+		d.mu.Unlock()
+		return 0, syscall.EPIPE
+	}
+	d.mu.Unlock()
+	return d.fakeDevice.Read(p)
+}
+
+// Records the ring buffer overwrote before the reader got to them (EPIPE,
+// then a jump in sequence numbers) are counted exactly, by the gap, and
+// logged once; nothing else is lost or counted twice.
+func TestReaderCountsOverwrittenRecordsByTheGap(t *testing.T) {
+	var recs [][]byte
+	for _, seq := range []int{1, 2, 3, 8, 9} { // 4-7 overwritten
+		recs = append(recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, seq))
+	}
+	dev := &overrunDevice{fakeDevice: fakeDevice{recs: recs}, at: 3}
+	read := make(chan struct{})
+	dev.onRead = func(i int) {
+		if i == len(recs)-1 {
+			close(read)
+		}
+	}
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(time.Now(), time.Now())
+	var logs testenv.SyncBuffer
+	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: true,
+		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	select {
+	case <-read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the records were not read")
+	}
+	cancel()
+	<-done
+	if lost, n := mon.Metrics().Lost(), mon.Metrics().Records(); lost != 4 || n != 5 {
+		t.Errorf("lost %v, records %v; want 4 and 5", lost, n)
+	}
+	if c := strings.Count(logs.String(), "kernel log records were overwritten before they could be read"); c != 1 || !strings.Contains(logs.String(), "lost=4 after_seq=3") {
+		t.Errorf("%d warnings:\n%s", c, logs.String())
 	}
 }
