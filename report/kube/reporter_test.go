@@ -69,10 +69,21 @@ func startWith(t *testing.T, client *fake.Clientset, store *report.Store, det *r
 // startLogged is startWith, logging to logs.
 func startLogged(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details, logs io.Writer) *harness {
 	t.Helper()
+	return startOpts(t, client, store, det, logs, nil)
+}
+
+// startOpts is startLogged with the reporter's options changed by opts (if
+// not nil) before it starts.
+func startOpts(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details, logs io.Writer, opts func(*Options)) *harness {
+	t.Helper()
 	h := &harness{client: client, store: store, det: det, m: NewMetrics(nil), done: make(chan struct{})}
-	h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
+	o := Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
 		Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: h.m,
-		HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute}
+	if opts != nil {
+		opts(&o)
+	}
+	h.r = New(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { h.r.Run(ctx); close(h.done) }()
@@ -865,35 +876,23 @@ func TestAnotherNodesConditionsAreNotTakenOver(t *testing.T) {
 		client := fake.NewClientset(kubeletNode(onNode))
 		var logs testenv.SyncBuffer
 		store := report.NewStore("b")
-		r := New(Options{Client: kubefake.New(client), NodeName: node, Identity: "system:node:the-real-one", Role: report.RoleWorker,
-			Store: store, Details: report.NewDetails(), Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: NewMetrics(nil),
-			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { r.Run(ctx); close(done) }()
-		<-r.Adopted()
+		h := startOpts(t, client, store, report.NewDetails(), &logs, func(o *Options) { o.Identity = "system:node:the-real-one" })
+		<-h.r.Adopted()
 		if c, ok := store.Get("NodeTampered"); ok {
 			t.Errorf("another node's condition was taken over: %+v", c)
 		}
 		if l := logs.String(); !strings.Contains(l, "node_name names another node than the credentials do") || !strings.Contains(l, "system:node:the-real-one") {
 			t.Errorf("log:\n%s", l)
 		}
-		cancel()
-		<-done
+		h.stop()
 		// Its own credentials: taken over.
 		store2 := report.NewStore("b")
-		r2 := New(Options{Client: kubefake.New(client), NodeName: node, Identity: "system:node:" + node, Role: report.RoleWorker,
-			Store: store2, Details: report.NewDetails(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil),
-			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
-		ctx2, cancel2 := context.WithCancel(context.Background())
-		done2 := make(chan struct{})
-		go func() { r2.Run(ctx2); close(done2) }()
-		<-r2.Adopted()
+		h2 := startOpts(t, client, store2, report.NewDetails(), io.Discard, func(o *Options) { o.Identity = "system:node:" + node })
+		<-h2.r.Adopted()
 		if c, ok := store2.Get("NodeTampered"); !ok || c.Status != report.StatusTrue {
 			t.Errorf("this node's own condition: %+v %v", c, ok)
 		}
-		cancel2()
-		<-done2
+		h2.stop()
 	})
 }
 
@@ -926,20 +925,11 @@ func TestShutdownDuringAWriteStillWritesTheLastChange(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
 		slow := &slowStatus{Client: kubefake.New(client), hung: make(chan struct{})}
 		store := report.NewStore("b")
-		r := New(Options{Client: slow, NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil),
-			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { r.Run(ctx); close(done) }()
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = slow })
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
 		<-slow.hung
-		cancel() // SIGTERM
-		<-done
-		if c := findCond(func() *corev1.Node {
-			n, _ := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", node)
-			return n.(*corev1.Node)
-		}(), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+		h.stop() // SIGTERM
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
 			slow.mu.Lock()
 			t.Errorf("after a shutdown during the write: DiskUsageHigh %+v; status writes %d", c, len(slow.writes))
 			slow.mu.Unlock()
