@@ -444,7 +444,7 @@ func (w *window) dropDevices(ignore func(dev string) bool) bool {
 	}
 	kept := w.entries(nil)
 	kept = slices.DeleteFunc(kept, func(e ioError) bool { return ignore(e.Dev) })
-	*w = window{ring: w.ring[:0:0], devs: w.devs}
+	*w = window{devs: w.devs}
 	for _, e := range kept {
 		w.add(e, ^uint64(0))
 	}
