@@ -86,6 +86,7 @@ fuzz:
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseRecorded$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseDMAnswers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/systemd -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 # Regenerate what is generated from report/catalog.go: the README's condition
 # catalog and the shipped manifests under packaging/manifests.
