@@ -149,6 +149,17 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		default:
 			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
 		}
+		// A condition no longer evaluated here (its check disabled, the
+		// kernel log monitor off, another role) leaves with the restart as
+		// with a reload: not in the store, the state file, the metrics or
+		// `status` (the reporter removes it from the Node).
+		applicable := p.applicable(env)
+		for _, c := range p.Store.All() {
+			if !slices.Contains(applicable, c.Type) {
+				p.Store.Remove(c.Type)
+				log.Info("condition not evaluated on this node any more; dropped from the restored state", "condition", c.Type)
+			}
+		}
 		if err := env.Tamper.Load(time.Now()); err != nil {
 			log.Error("tamper state unreadable; moved aside, and a finding of NodeTampered", "err", err)
 		}

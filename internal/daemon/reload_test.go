@@ -483,3 +483,54 @@ func TestReloadAtReadyAfterARefusal(t *testing.T) {
 		})
 	}
 }
+
+// A condition whose check was disabled while the daemon was down leaves at
+// the restart, as it leaves at a reload: the state file restores it, and the
+// daemon drops it from the store and the metrics (a True left there would
+// keep an alert firing), while a condition still evaluated is restored.
+func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
+	cfg := testConfig(t)
+	prev := report.NewStore("0f6c4a0e-3b1d-4a57-9a3c-5d1f6f0b2c11")
+	now := time.Now()
+	prev.Set(report.Condition{Type: "ProxyNotServing", Status: report.StatusTrue, Reason: report.ReasonProxyNotReady, Message: "ready 0"}, now)
+	prev.Set(report.Condition{Type: "CertRenewalFailing", Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: "ok"}, now)
+	if err := prev.Save(cfg.StateDir, now); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Checks.ProxyNotServing.Enabled = false
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := d.Store().Get("ProxyNotServing"); ok {
+		t.Errorf("the disabled check's condition was restored: %+v", c)
+	}
+	if c, ok := d.Store().Get("CertRenewalFailing"); !ok || c.Status != report.StatusFalse {
+		t.Errorf("an evaluated condition was not restored: %+v, %v", c, ok)
+	}
+	mfs, err := d.Metrics().Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "autopilot_health_condition_status" && mf.GetName() != "problem_gauge" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "condition" || l.GetName() == "type" {
+					series[mf.GetName()+"/"+l.GetValue()] = true
+				}
+			}
+		}
+	}
+	if series["autopilot_health_condition_status/ProxyNotServing"] || series["problem_gauge/ProxyNotServing"] || !series["autopilot_health_condition_status/CertRenewalFailing"] {
+		t.Errorf("condition series: %v", series)
+	}
+}
