@@ -444,6 +444,13 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 		k := und[0].String()
 		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key" + suggest(k)}
 	}
+	keys := make([][]string, 0, len(md.Keys()))
+	for _, k := range md.Keys() {
+		keys = append(keys, k)
+	}
+	if k := misspeltKey(keys); k != "" {
+		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key: keys are case-sensitive" + suggest(k)}
+	}
 	if verr := c.validate(); verr != nil {
 		verr.File = file
 		verr.Line = lines.find(verr.Key)

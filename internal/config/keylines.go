@@ -1,6 +1,9 @@
 package config
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // keyIndex maps a dotted key to the line that defines it.
 type keyIndex map[string]int
@@ -27,8 +30,10 @@ func (k keyIndex) find(key string) int {
 func keyLines(data []byte) keyIndex {
 	idx := keyIndex{}
 	table := ""
-	depth := 0    // open brackets of a multi-line array
-	inMulti := "" // open multi-line string delimiter
+	plain := ""                // table without an array of tables' index
+	arrays := map[string]int{} // [[name]] headers seen, by name
+	depth := 0                 // open brackets of a multi-line array
+	inMulti := ""              // open multi-line string delimiter
 	for n, raw := range strings.Split(string(data), "\n") {
 		line := strings.TrimSpace(raw)
 		if inMulti != "" {
@@ -46,8 +51,20 @@ func keyLines(data []byte) keyIndex {
 		}
 		if strings.HasPrefix(line, "[") {
 			h := strings.TrimSpace(stripComment(line))
+			array := strings.HasPrefix(h, "[[")
 			h = strings.Trim(h, "[]")
 			table = joinKey(splitKey(h))
+			plain = table
+			if array {
+				// Each element as name[i]; the name alone is its
+				// first element's line.
+				i := arrays[table]
+				arrays[table]++
+				if i == 0 {
+					idx[table] = n + 1
+				}
+				table += "[" + strconv.Itoa(i) + "]"
+			}
 			idx[table] = n + 1
 			continue
 		}
@@ -56,6 +73,13 @@ func keyLines(data []byte) keyIndex {
 			continue
 		}
 		key := joinKey(splitKey(line[:eq]))
+		if table != plain {
+			// In an array of tables: also under the array's name, at
+			// the first element that has the key.
+			if _, ok := idx[plain+"."+key]; !ok {
+				idx[plain+"."+key] = n + 1
+			}
+		}
 		if table != "" {
 			key = table + "." + key
 		}

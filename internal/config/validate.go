@@ -50,6 +50,14 @@ func (v *validator) absPath(key, val string) {
 	}
 }
 
+// socketPath requires an absolute path that fits a Unix socket address.
+func (v *validator) socketPath(key, val string) {
+	v.absPath(key, val)
+	if len(val) > maxSocketPath {
+		v.fail(key, "must be at most %d bytes (a Unix socket path), got %d", maxSocketPath, len(val))
+	}
+}
+
 func (v *validator) absPaths(key string, vals []string) {
 	for _, p := range vals {
 		v.absPath(key, p)
@@ -196,14 +204,13 @@ func (c *Config) validate() *Error {
 	v.absPath("state_dir", c.StateDir)
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "auto", "journal", "text", "json")
-	if _, _, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
+	if _, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
 		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		v.fail("metrics.listen_address", "must be host:port or :port with a port from 0 to 65535, got %q", c.Metrics.ListenAddress)
 	}
 	if c.Status.Socket != "" {
-		v.absPath("status.socket", c.Status.Socket)
-		if len(c.Status.Socket) > maxSocketPath {
-			v.fail("status.socket", "must be at most %d bytes (a Unix socket path), got %d", maxSocketPath, len(c.Status.Socket))
-		}
+		v.socketPath("status.socket", c.Status.Socket)
 	}
 	if c.Kubernetes.Kubeconfig != "" {
 		v.absPath("kubernetes.kubeconfig", c.Kubernetes.Kubeconfig)
@@ -300,7 +307,7 @@ func (c *Config) validate() *Error {
 	if n := k.APIServerSourceIPUnavailable.MaxReadBytes; n < MinAuditReadBytes || n > MaxAuditReadBytes {
 		v.fail("checks.APIServerSourceIPUnavailable.max_read_bytes", "must be between %d (1 MiB) and %d (1 GiB), got %d", MinAuditReadBytes, MaxAuditReadBytes, n)
 	}
-	v.absPath("control_socket", c.ControlSocket)
+	v.socketPath("control_socket", c.ControlSocket)
 	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
 	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
 	v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)
@@ -363,6 +370,12 @@ func (v *validator) kmsgRules(c *Config) {
 	custom := make([]kmsg.Rule, len(c.Kmsg.Rules))
 	for i, r := range c.Kmsg.Rules {
 		custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
+		// Each rule alone first, so that the error names its own
+		// [[kmsg.rules]] table and line.
+		if _, err := kmsg.Compile(custom[i:i+1], c.Kmsg.CriticalTasks); err != nil {
+			v.fail(fmt.Sprintf("kmsg.rules[%d]", i), "%v", err)
+			return
+		}
 	}
 	rules, err := kmsg.BuildRules(c.Kmsg.Disable, custom)
 	if err != nil {
