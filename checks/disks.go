@@ -14,7 +14,8 @@ func init() {
 	Register("DiskTemperatureHigh", newDiskTemp)
 }
 
-// disksFailureSMART: an NVMe SMART critical-warning bit is set (read over
+// disksFailureSMART: an NVMe SMART critical-warning bit other than the
+// temperature bit is set (read over
 // the admin ioctl). The temperature bit is left to DiskTemperatureHigh (an
 // operability problem, not a failing disk). It is DisksFailure's check part
 // (the catalog row's Parts); the kernel's I/O errors are the other.
@@ -28,10 +29,12 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{Details: details}, err
 	}
-	var failing []string
+	var failing, hot []string
 	for _, h := range ok {
 		if w := warnings(h.CriticalWarning, 1<<1); len(w) > 0 {
 			failing = append(failing, fmt.Sprintf("%s (%s): SMART critical warning 0x%02x: %s", h.Controller, h.Model, h.CriticalWarning, strings.Join(w, ", ")))
+		} else if h.CriticalWarning&(1<<1) != 0 {
+			hot = append(hot, h.Controller)
 		}
 	}
 	if len(failing) > 0 {
@@ -44,7 +47,12 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 		r.Message, r.Details = "no NVMe drives", details
 		return r, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: drives(len(ok), "without SMART critical warnings") + unreadableNote(bad), Details: details}, nil
+	msg := drives(len(ok), "without SMART critical warnings")
+	if len(hot) > 0 {
+		// Not "without warnings" when a drive has the temperature one.
+		msg = drives(len(ok), "without SMART critical warnings but temperature") + fmt.Sprintf(" (%s: its temperature warning is DiskTemperatureHigh's)", strings.Join(hot, ", "))
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: msg + unreadableNote(bad), Details: details}, nil
 }
 
 // readableNVMe reads every NVMe drive and splits the readable ones from

@@ -103,6 +103,10 @@ func TestDisksFailureSMART(t *testing.T) {
 		"nvme1": {model: "B", wctempK: 343, tempK: 310, cw: 0x02}, // temperature only: not a failing disk
 	}}
 	c, _ := newDisksFailureSMART(nvmeEnv(t, f))
+	if r := probe(t, c); r.Status != report.StatusFalse || r.Message != "2 NVMe drives without SMART critical warnings but temperature (nvme1: its temperature warning is DiskTemperatureHigh's)" {
+		t.Errorf("temperature only: %+v", r)
+	}
+	f.ctrls["nvme1"] = fakeDrive{model: "B", wctempK: 343, tempK: 310}
 	if r := probe(t, c); r.Status != report.StatusFalse || r.Message != "2 NVMe drives without SMART critical warnings" {
 		t.Errorf("healthy: %+v", r)
 	}
