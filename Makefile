@@ -42,7 +42,7 @@ k8s-bins:
 # The soak and endurance scenarios in their full forms (README, "Soak"):
 # kube-apiserver down for SOAK_APIDOWN, SOAK_RESTARTS SIGKILL-and-restart
 # cycles, a SOAK_FLOOD-line kernel log flood (it overwrites the machine's
-# whole kernel ring buffer), SOAK_HOURS simulated hours. At least 15 minutes.
+# whole kernel ring buffer), SOAK_HOURS simulated hours. About 13 minutes.
 # make test runs the short forms (30s, 10, 50000, 3).
 SOAK_APIDOWN  ?= 10m
 SOAK_RESTARTS ?= 100

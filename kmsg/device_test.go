@@ -213,6 +213,10 @@ func TestKmsgFileStopsGatheringInAStorm(t *testing.T) {
 	if kf.sleeps != sleeps+1 || kf.calmAt.IsZero() {
 		t.Fatalf("%d gathering sleeps (want 1), calm until %v (want set)", kf.sleeps-sleeps, kf.calmAt)
 	}
+	// For a second (README: "turns gathering off for a second").
+	if left := time.Until(kf.calmAt); left < stormCalm/2 || left > stormCalm {
+		t.Errorf("gathering is off for %s more after the storm, want about %s", left, stormCalm)
+	}
 	// Calm: the next wait is in the poller although the records came fast.
 	kf.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 	if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {

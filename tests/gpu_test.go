@@ -18,7 +18,6 @@ import (
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
-	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -31,7 +30,7 @@ var gpuUUIDs = []string{"GPU-3f1c2a8e-5b7d-4e19-a6c2-8d9e0f1a2b3c", "GPU-7a2e9c4
 func genCDI(t *testing.T) string {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
-		testenv.Skip(t, "no C compiler: go-nvml, which NVIDIA's generator links, needs cgo (Debian package gcc)")
+		t.Fatal("no C compiler: go-nvml, which NVIDIA's generator links, needs cgo (Debian package gcc)")
 	}
 	bin := filepath.Join(t.TempDir(), "gen-cdi")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
@@ -74,7 +73,7 @@ func nvidiaDriverRoot(t *testing.T, gpus int) string {
 // DGX H100 mock; the spec files are the generator's own.
 func TestGpuActivationWithNvidiasGenerator(t *testing.T) {
 	if os.Geteuid() != 0 {
-		testenv.Skip(t, "needs root: the driver root's /dev/nvidia* are character devices (mknod)")
+		t.Fatal("needs root: the driver root's /dev/nvidia* are character devices (mknod)")
 	}
 	gen := genCDI(t)
 	drv := nvidiaDriverRoot(t, len(gpuUUIDs))

@@ -149,7 +149,13 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 	if err != nil || !strings.Contains(page, `autopilot_health_build_info{`) {
 		t.Errorf("the daemon's metrics: %v\n%.300s", err, page)
 	}
-	if j := s.Journal("autopilot-health.service"); !strings.Contains(j, "embedded defaults; /etc/autopilot-health/config.toml absent") {
+	j := s.Journal("autopilot-health.service")
+	if !strings.Contains(j, "embedded defaults; /etc/autopilot-health/config.toml absent") {
 		t.Errorf("the daemon did not say it runs on the embedded defaults:\n%s", lastBytes(j, 3000))
+	}
+	// run's one P (README, Cost: "One P"), as shipped: the unit sets no
+	// GOMAXPROCS.
+	if !strings.Contains(j, "gomaxprocs=1") {
+		t.Errorf("the daemon does not run on one P:\n%s", lastBytes(j, 3000))
 	}
 }

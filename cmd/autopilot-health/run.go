@@ -41,13 +41,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		return exitError
 	}
-	limitProcs()
+	procs := limitProcs()
 	// client-go logs through klog: route it into the same handler.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	if fromFile {
-		log.Info("starting", "version", Version(), "config", *cfgPath)
+		log.Info("starting", "version", Version(), "config", *cfgPath, "gomaxprocs", procs)
 	} else {
-		log.Info("starting", "version", Version(), "config", "(embedded defaults; "+*cfgPath+" absent)")
+		log.Info("starting", "version", Version(), "config", "(embedded defaults; "+*cfgPath+" absent)", "gomaxprocs", procs)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -541,3 +541,24 @@ func grepLines(page, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// The daemon lets its start-up pages go after the first pass and once more
+// after trimAgainAfter (README, Cost: "Start-up pages let go"), as Run wires
+// it, not only when trimStartupPages is called by hand (TestTrimStartupPages).
+func TestRunTrimsAfterTheFirstPassAndAgain(t *testing.T) {
+	defer func(after, grid time.Duration) { trimAgainAfter, trimAgainGrid = after, grid }(trimAgainAfter, trimAgainGrid)
+	trimAgainAfter, trimAgainGrid = 50*time.Millisecond, 50*time.Millisecond
+	var logs testenv.SyncBuffer
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(testConfig(t), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() { cancel(); <-runErr }()
+	for _, line := range []string{"trimmed the start-up pages of the binary", "trimmed the pages of the binary once more"} {
+		await(t, d, fmt.Sprintf("%q in the log", line), func() bool { return strings.Contains(logs.String(), line) })
+	}
+}

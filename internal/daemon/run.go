@@ -109,7 +109,10 @@ func (d *Daemon) runChecks(ctx context.Context) {
 
 // trimAgainAfter is how long after the first pass the start-up pages are
 // let go once more (trimAgain).
-const trimAgainAfter = time.Minute
+var trimAgainAfter = time.Minute
+
+// trimAgainGrid is the step of the grid the second trim falls on.
+var trimAgainGrid = 10 * time.Second
 
 // trimAgain lets the binary's start-up pages go once more, a minute (and
 // up to 10 s more, on the grid) after the first pass: the report
@@ -124,7 +127,7 @@ func (d *Daemon) trimAgain(ctx context.Context) {
 	case <-d.firstPassDone:
 	}
 	at := time.Now().Add(trimAgainAfter)
-	t := time.NewTimer(trimAgainAfter + d.grid().Until(at, 10*time.Second))
+	t := time.NewTimer(trimAgainAfter + d.grid().Until(at, trimAgainGrid))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
