@@ -407,7 +407,11 @@ func readFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s had nothing to read for %s: not a configuration file", path, readWait)
 	}
 	if err == nil && len(b) > maxFileSize {
-		err = fmt.Errorf("%s is larger than 1 MiB (%d bytes); a configuration is a few KB", path, maxFileSize)
+		size := "a device"
+		if st.Mode().IsRegular() {
+			size = fmt.Sprintf("%d bytes", st.Size())
+		}
+		err = fmt.Errorf("%s is larger than 1 MiB, the most read (%s); a configuration is a few KB", path, size)
 	}
 	return b, err
 }

@@ -566,8 +566,8 @@ func TestLoadRefusesWhatIsNotAConfigFile(t *testing.T) {
 		sock:        sock + " is a socket, not a regular file",
 		fifo:        fifo + " is a FIFO, not a regular file",
 		dir:         dir + " is a directory, not a regular file",
-		"/dev/zero": "/dev/zero is larger than 1 MiB",
-		big:         big + " is larger than 1 MiB",
+		"/dev/zero": "/dev/zero is larger than 1 MiB, the most read (a device)",
+		big:         big + " is larger than 1 MiB, the most read (1048580 bytes)",
 	}
 	// A terminal has nothing to read: given up after a second.
 	if f, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0); err == nil {
