@@ -421,3 +421,22 @@ func TestUnitsOverAFakeBus(t *testing.T) {
 		t.Errorf("after an error answer: %+v, %v, %d reconnects", u, err, bus.Reconnects)
 	}
 }
+
+func TestSystemBusSocket(t *testing.T) {
+	for addr, want := range map[string]string{
+		"": "/run/dbus/system_bus_socket",
+		"unix:path=/var/run/dbus/system_bus_socket":                 "/var/run/dbus/system_bus_socket",
+		"unix:path=/run/a%20b,guid=0123":                            "/run/a b",
+		"tcp:host=localhost,port=1;unix:abstract=/tmp/dbus-x":       "@/tmp/dbus-x",
+		"unixexec:path=/bin/x;unix:guid=1,path=/run/dbus/other_bus": "/run/dbus/other_bus",
+	} {
+		t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", addr)
+		if got, err := systemBusSocket(); err != nil || got != want {
+			t.Errorf("%q: %q, %v; want %q", addr, got, err, want)
+		}
+	}
+	t.Setenv("DBUS_SYSTEM_BUS_ADDRESS", "tcp:host=localhost,port=1")
+	if got, err := systemBusSocket(); err == nil {
+		t.Errorf("a TCP address alone: %q", got)
+	}
+}
