@@ -385,7 +385,7 @@ var Conditions = []ConditionDesc{
 		Trigger: "local cilium-agent health is not Ok, or its socket is unreachable", Cause: "the cilium-agent crashed or is degraded"},
 	{Type: "TunnelDisconnected", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonTunnelConnected, ProblemReasons: []Reason{ReasonNoTunnelConnections, ReasonTunnelMetricsUnreachable},
-		Trigger: "the tunnel connection count is 0", Cause: "the reverse tunnel to the control plane dropped"},
+		Trigger: "the tunnel connection count is 0 (the worker's tunnel agent; a control-plane node has no agent: `Unknown`, `NothingToCheck`)", Cause: "the reverse tunnel to the control plane dropped"},
 	{Type: "GpuActivationFailed", Source: SourceCheck, Disposition: Operability, Interval: time.Minute, Scope: ScopeGPU, Hold: HoldWhileTrue,
 		HealthyReason: ReasonGpuActivated, ProblemReasons: []Reason{ReasonActivationMarkerMissing, ReasonCDISpecMissing},
 		Trigger: "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},
