@@ -346,7 +346,7 @@ var Conditions = []ConditionDesc{
 		Trigger: "containerd CRI probe fails", Cause: "containerd deadlocked, disk full, corrupt state"},
 	{Type: "ServiceNotRecovering", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonCriticalUnitsRecovering, ProblemReasons: []Reason{ReasonUnitFailed, ReasonUnitFlapping, ReasonRepairNotHelping},
-		Trigger: "a critical unit is failed, or restarted >=3x since the last run", Cause: "repeated repair did not fix kubelet / containerd / proxy"},
+		Trigger: "a critical unit is failed, or restarted >=3x since the last run, or 3 of the daemon's own restarts of it in a row did not help", Cause: "repeated repair did not fix kubelet / containerd / proxy"},
 	{Type: "KubeletHeartbeatFailed", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonKubeletHeartbeatOK, ProblemReasons: []Reason{ReasonNodeStatusUpdateGaveUp},
 		Trigger: "kubelet logged an error meaning it gave up retrying node-status updates to the API server", Cause: "kubelet lost its API connection and could not re-establish it"},
