@@ -18,9 +18,11 @@ import (
 // busConn is a connection to the system bus that makes method calls: a few
 // calls are written at once and their answers read back, one exchange at a
 // time. Nothing but the answers is asked for (no signal is subscribed), so
-// it wakes only for them. An exchange that fails in any way (the bus went,
-// a malformed message, the caller's context ended midway) leaves the
-// connection closed: the caller dials a new one.
+// it wakes only for them. An exchange whose caller's context ends while it
+// reads leaves the connection as it is: what was read of a message stays in
+// the buffer, and the answers that come later are passed over by their
+// serials. One that fails otherwise (the bus went, a malformed message, a
+// write cut short) closes it: the caller dials a new one.
 type busConn struct {
 	c *net.UnixConn
 	// turn holds one token while an exchange runs.
@@ -190,32 +192,56 @@ func (c *busConn) answer(serial uint32) (message, error) {
 }
 
 // bound makes the connection's reads and writes end with ctx: its deadline,
-// or at once when it is done. stop undoes it.
+// or at once when it is done. stop undoes it; it reports false when ctx
+// ended the I/O, and returns only once that is done, so that it never cuts
+// short a later exchange (which sets a deadline of its own).
 func (c *busConn) bound(ctx context.Context) (stop func() bool) {
 	dl, _ := ctx.Deadline()
 	c.c.SetDeadline(dl)
-	return context.AfterFunc(ctx, func() { c.c.SetDeadline(time.Unix(1, 0)) })
+	ended := make(chan struct{})
+	stopEnd := context.AfterFunc(ctx, func() {
+		c.c.SetDeadline(time.Unix(1, 0))
+		close(ended)
+	})
+	return func() bool {
+		if stopEnd() {
+			return true
+		}
+		<-ended
+		return false
+	}
 }
 
 // fail is err, or ctx's error when ctx ended the I/O.
 func (c *busConn) fail(ctx context.Context, err error) error {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	if endedBy(ctx, err) {
 		if e := ctx.Err(); e != nil {
 			return e
 		}
-		// The connection's deadline is ctx's, which may pass a moment
-		// before ctx says it is done.
-		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
-			return context.DeadlineExceeded
-		}
+		return context.DeadlineExceeded
 	}
 	return err
 }
 
+// endedBy reports whether err is the connection's deadline and ctx's end
+// set it: ctx is done, or its deadline (the connection's) passed a moment
+// before ctx says so.
+func endedBy(ctx context.Context, err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
 // exchange writes calls at once and hands each answer to got, with the
 // call's index, in the order they arrive; an error answer comes as a
-// message of type msgError (errorOf). got's error ends the exchange (the
-// connection stays usable only if every answer was read).
+// message of type msgError (errorOf). got's error is returned once every
+// answer is read. On a connection found closed it returns errNotSent: it
+// sent nothing.
 func (c *busConn) exchange(ctx context.Context, calls []busCall, got func(i int, m message) error) error {
 	select {
 	case c.turn <- struct{}{}:
@@ -224,30 +250,30 @@ func (c *busConn) exchange(ctx context.Context, calls []busCall, got func(i int,
 	}
 	defer func() { <-c.turn }()
 	if c.dead.Load() {
-		return net.ErrClosed
+		return errNotSent
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			c.Close()
-		}
-	}()
-	stop := c.bound(ctx)
 	first := c.serial + 1
+	if first == 0 || first+uint32(len(calls)) < first {
+		// Serials wrap after 2^32 calls; 0 is not one. A new
+		// connection starts again from 1.
+		c.Close()
+		return errNotSent
+	}
 	out := c.out[:0]
-	for _, call := range calls {
-		c.serial++
+	for i, call := range calls {
 		var err error
-		if out, err = appendCall(out, c.serial, call); err != nil {
-			stop()
-			c.serial = first - 1
-			ok = true // nothing was sent
-			return err
+		if out, err = appendCall(out, first+uint32(i), call); err != nil {
+			return err // nothing was sent
 		}
 	}
 	c.out = out
-	if _, err := c.c.Write(out); err != nil {
+	c.serial += uint32(len(calls))
+	stop := c.bound(ctx)
+	if n, err := c.c.Write(out); err != nil {
 		stop()
+		if n > 0 || !endedBy(ctx, err) {
+			c.Close() // the stream holds part of a message, or the bus went
+		}
 		return c.fail(ctx, err)
 	}
 	pending := len(calls)
@@ -257,27 +283,33 @@ func (c *busConn) exchange(ctx context.Context, calls []busCall, got func(i int,
 		m, err := c.next()
 		if err != nil {
 			stop()
+			// When ctx ended the wait the connection is sound: a message
+			// read in part stays in the buffer, and the answers still to
+			// come are passed over by their serials.
+			if !endedBy(ctx, err) {
+				c.Close()
+			}
 			return c.fail(ctx, err)
 		}
 		if m.typ != msgReturn && m.typ != msgError {
 			continue
 		}
-		i := int(m.replySerial - first)
-		if m.replySerial < first || i >= len(calls) || seen[i] {
-			continue
+		if m.replySerial < first || m.replySerial-first >= uint32(len(calls)) || seen[m.replySerial-first] {
+			continue // an answer to an earlier exchange, cut short
 		}
-		seen[i] = true
+		seen[m.replySerial-first] = true
 		pending--
 		if gotErr == nil {
-			gotErr = got(i, m)
+			gotErr = got(int(m.replySerial-first), m)
 		}
 	}
-	// When ctx ended just as the last answer came, the deadline that ends
-	// reads may be set: the connection is closed (ok false) though every
-	// answer was read.
-	ok = stop()
+	stop()
 	return gotErr
 }
+
+// errNotSent: the connection was closed (an earlier exchange failed on it)
+// before this one sent anything; the caller may dial and try again.
+var errNotSent = fmt.Errorf("D-Bus connection closed before the call was sent: %w", net.ErrClosed)
 
 // Connected is false once the connection failed or was closed.
 func (c *busConn) Connected() bool { return !c.dead.Load() }

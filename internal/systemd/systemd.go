@@ -61,9 +61,10 @@ type DBus struct {
 	// (a repair's long context dialing a hung bus does not hold up the
 	// checks' reads).
 	dialing chan struct{}
-	// mu guards conn and Reconnects.
-	mu   sync.Mutex
-	conn *busConn
+	// mu guards conn, closed and Reconnects.
+	mu     sync.Mutex
+	conn   *busConn
+	closed bool // by Close: no new connection is made
 	// socket is the bus's socket path.
 	socket func() (string, error)
 	// dial opens one authenticated godbus connection to the bus (jobs).
@@ -127,6 +128,10 @@ func (d *DBus) get(ctx context.Context) (*busConn, error) {
 		return c, nil // dialed while this call waited
 	}
 	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, errDBusClosed
+	}
 	if d.conn != nil {
 		d.conn.Close()
 		d.conn = nil
@@ -142,10 +147,16 @@ func (d *DBus) get(ctx context.Context) (*busConn, error) {
 		return nil, fmt.Errorf("connecting to systemd over D-Bus: %w", err)
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		c.Close()
+		return nil, errDBusClosed
+	}
 	d.conn = c
-	d.mu.Unlock()
 	return c, nil
 }
+
+var errDBusClosed = errors.New("the D-Bus client is closed")
 
 // live is the connection when it is up, else nil.
 func (d *DBus) live() *busConn {
@@ -204,14 +215,23 @@ func (d *DBus) drop(c *busConn) {
 }
 
 // call runs f on a live connection; when the connection turns out to be
-// dead it reconnects and tries once more.
+// dead it reconnects and tries once more. A connection found closed before
+// f sent anything (another caller's exchange failed on it) is not a try:
+// f runs on a new one, up to three times.
 func (d *DBus) call(ctx context.Context, f func(c *busConn) error) error {
+	notSent := 0
 	for attempt := 0; ; attempt++ {
 		c, err := d.get(ctx)
 		if err != nil {
 			return err
 		}
 		err = f(c)
+		if errors.Is(err, errNotSent) && ctx.Err() == nil && notSent < 3 {
+			notSent++
+			attempt--
+			d.drop(c)
+			continue
+		}
 		if err == nil || c.Connected() || attempt > 0 || ctx.Err() != nil {
 			return err
 		}
@@ -219,10 +239,11 @@ func (d *DBus) call(ctx context.Context, f func(c *busConn) error) error {
 	}
 }
 
-// Close closes the connection.
+// Close closes the connection; calls after it fail.
 func (d *DBus) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.closed = true
 	if d.conn != nil {
 		d.conn.Close()
 		d.conn = nil

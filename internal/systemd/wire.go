@@ -480,7 +480,11 @@ func parseVariant(m message) (variant, error) {
 		}
 	default:
 		if d.err == nil {
-			d.skip(v.sig, 0) // a type the daemon does not read: checked, kept as its type alone
+			// A type the daemon does not read: checked (skip's 'v' reads
+			// the signature again and wants one complete type), kept as
+			// its type alone.
+			d.off = 0
+			d.skip("v", 0)
 		}
 	}
 	if d.err != nil {
