@@ -546,19 +546,12 @@ func grepLines(page, sub string) string {
 // after trimAgainAfter (README, Cost: "Start-up pages let go"), as Run wires
 // it, not only when trimStartupPages is called by hand (TestTrimStartupPages).
 func TestRunTrimsAfterTheFirstPassAndAgain(t *testing.T) {
-	defer func(after, grid time.Duration) { trimAgainAfter, trimAgainGrid = after, grid }(trimAgainAfter, trimAgainGrid)
+	after, grid := trimAgainAfter, trimAgainGrid
+	t.Cleanup(func() { trimAgainAfter, trimAgainGrid = after, grid }) // after the daemon stopped
 	trimAgainAfter, trimAgainGrid = 50*time.Millisecond, 50*time.Millisecond
-	var logs testenv.SyncBuffer
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := New(testConfig(t), slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Options{Version: "test", Listener: ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.Run(ctx) }()
-	defer func() { cancel(); <-runErr }()
+	f := newFileDaemon(t, "", Options{})
+	f.start(t)
 	for _, line := range []string{"trimmed the start-up pages of the binary", "trimmed the pages of the binary once more"} {
-		await(t, d, fmt.Sprintf("%q in the log", line), func() bool { return strings.Contains(logs.String(), line) })
+		await(t, f.Daemon, fmt.Sprintf("%q in the log", line), func() bool { return strings.Contains(f.logs.String(), line) })
 	}
 }

@@ -117,7 +117,7 @@ func newFileDaemon(t *testing.T, first string, opts Options) *fileDaemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(f.logs, nil))
+	log := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	opts.Version, opts.Listener, opts.BootID, opts.ConfigPath = "test", ln, "b1", f.path
 	opts.Env = &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
 	if f.Daemon, err = New(cfg, log, opts); err != nil {
