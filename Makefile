@@ -82,6 +82,7 @@ fuzz:
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzDecodeWindow$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseState$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseRecorded$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s

@@ -2,12 +2,15 @@ package kmsg
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -74,16 +77,128 @@ const CursorKey = "kmsg"
 // cursor is where the reader is in this boot's kernel log.
 type cursor struct {
 	// Seq is the last record handled; Have says whether there is one.
-	Seq  uint64 `json:"seq"`
-	Have bool   `json:"have"`
+	Seq  uint64
+	Have bool
 	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
 	// time and device), so a restart within the boot does not forget them.
-	IOErrors []ioError `json:"ioErrors,omitempty"`
+	IOErrors []ioError
 }
 
 type ioError struct {
 	Usec uint64 `json:"usec"`
 	Dev  string `json:"dev"`
+}
+
+// cursorJSON is the cursor in the state file. The window is one string
+// (encodeWindow): as an array of objects, which the state file's indented
+// JSON puts four lines to an entry, a full window of 1,024 errors made the
+// file 85 KB, written up to once a second while a failing disk floods the
+// log; as a string, 1,024 errors of one device a millisecond apart are
+// under 7 KB. ioErrors, the array, is read from a state file written before.
+type cursorJSON struct {
+	Seq      uint64    `json:"seq"`
+	Have     bool      `json:"have"`
+	Window   string    `json:"ioErrorWindow,omitempty"`
+	IOErrors []ioError `json:"ioErrors,omitempty"`
+}
+
+func (c cursor) MarshalJSON() ([]byte, error) {
+	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors)})
+}
+
+func (c *cursor) UnmarshalJSON(b []byte) error {
+	var j cursorJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	es := j.IOErrors
+	if j.Window != "" {
+		var err error
+		if es, err = decodeWindow(j.Window); err != nil {
+			return err
+		}
+	}
+	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: es}
+	return nil
+}
+
+// encodeWindow writes the window in order as space-separated tokens: "@dev"
+// names the device of the entries after it (written when it changes), and
+// each entry is its kernel time in microseconds, the first absolute and
+// each next one as the difference to the one before (signed: "-5").
+func encodeWindow(es []ioError) string {
+	var b []byte
+	dev, prev := "", uint64(0)
+	for i, e := range es {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		if i == 0 || e.Dev != dev {
+			// A name with blanks (a custom rule's dev group may catch
+			// any text) is written with underscores for them.
+			name := strings.Join(strings.Fields(e.Dev), "_")
+			if name == "" {
+				name = "?"
+			}
+			b = append(b, '@')
+			b = append(b, name...)
+			b = append(b, ' ')
+			dev = e.Dev
+		}
+		switch {
+		case i == 0:
+			b = strconv.AppendUint(b, e.Usec, 10)
+		case e.Usec >= prev:
+			b = strconv.AppendUint(b, e.Usec-prev, 10)
+		default:
+			b = append(b, '-')
+			b = strconv.AppendUint(b, prev-e.Usec, 10)
+		}
+		prev = e.Usec
+	}
+	return string(b)
+}
+
+// decodeWindow reads what encodeWindow wrote.
+func decodeWindow(s string) ([]ioError, error) {
+	var es []ioError
+	dev, prev := "", uint64(0)
+	for _, tok := range strings.Fields(s) {
+		if name, ok := strings.CutPrefix(tok, "@"); ok {
+			if name == "" {
+				return nil, fmt.Errorf("I/O error window: a device without a name")
+			}
+			dev = name
+			continue
+		}
+		if dev == "" {
+			return nil, fmt.Errorf("I/O error window: %q before a device", tok)
+		}
+		neg := strings.HasPrefix(tok, "-")
+		v, err := strconv.ParseUint(strings.TrimPrefix(tok, "-"), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("I/O error window: %q: %w", tok, err)
+		}
+		switch {
+		case len(es) == 0:
+			if neg {
+				return nil, fmt.Errorf("I/O error window: a negative first time %q", tok)
+			}
+			prev = v
+		case neg:
+			if v > prev {
+				return nil, fmt.Errorf("I/O error window: %q goes before time 0", tok)
+			}
+			prev -= v
+		default:
+			if prev+v < prev {
+				return nil, fmt.Errorf("I/O error window: %q goes past the largest time", tok)
+			}
+			prev += v
+		}
+		es = append(es, ioError{Usec: prev, Dev: dev})
+	}
+	return es, nil
 }
 
 // snapshot returns a copy of the cursor (called by the store at Save, under
