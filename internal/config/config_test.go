@@ -593,3 +593,29 @@ func TestLoadRefusesWhatIsNotAConfigFile(t *testing.T) {
 		t.Errorf("Load(/dev/null) = read %v, %v; want the defaults", read, err)
 	}
 }
+
+// A custom rule that kmsg.disable turns off is never compiled by the
+// daemon: a pattern of it that does not compile does not refuse the file.
+func TestDisabledCustomRuleIsNotChecked(t *testing.T) {
+	toml := `[kmsg]
+disable = ["B"]
+
+[[kmsg.rules]]
+name = "A"
+kind = "temp"
+reason = "IOError"
+pattern = "^a"
+
+[[kmsg.rules]]
+name = "B"
+kind = "temp"
+reason = "IOError"
+pattern = "^b("
+`
+	if _, err := Parse("f.toml", []byte(toml), Default()); err != nil {
+		t.Errorf("a bad rule that kmsg.disable lists: %v", err)
+	}
+	if _, err := Parse("f.toml", []byte(strings.Replace(toml, `disable = ["B"]`, `disable = []`, 1)), Default()); err == nil || !strings.Contains(err.Error(), "f.toml:10: key kmsg.rules[1]") {
+		t.Errorf("the same rule not disabled: %v", err)
+	}
+}

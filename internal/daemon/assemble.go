@@ -149,15 +149,28 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		default:
 			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
 		}
-		// A condition no longer evaluated here (its check disabled, the
-		// kernel log monitor off, another role) leaves with the restart as
+		// A condition whose check was disabled (or the kernel log
+		// monitor) while the daemon was down leaves with the restart as
 		// with a reload: not in the store, the state file, the metrics or
-		// `status` (the reporter removes it from the Node).
-		applicable := p.applicable(env)
-		for _, c := range p.Store.All() {
-			if !slices.Contains(applicable, c.Type) {
+		// `status` (the reporter removes it from the Node). One that does
+		// not apply to this node's role or GPU now reports Unknown /
+		// NotApplicable, as when the role changes while the daemon runs: a
+		// held True stays (Store.Set does not lower it), so a GPU that is
+		// away across a restart does not lose its GpuFallenOffBus.
+		now := time.Now()
+		for _, pl := range checks.Plan(env, nil, p.External()) {
+			c, ok := p.Store.Get(pl.Desc.Type)
+			if !ok {
+				continue
+			}
+			switch pl.State {
+			case checks.Disabled, checks.NotImplemented:
 				p.Store.Remove(c.Type)
-				log.Info("condition not evaluated on this node any more; dropped from the restored state", "condition", c.Type)
+				log.Info("condition not evaluated any more; dropped from the restored state", "condition", c.Type, "why", pl.Placeholder.Message)
+			case checks.NotApplicable:
+				if c.Status != report.StatusUnknown || c.Reason != report.ReasonNotApplicable {
+					p.Store.Set(pl.Placeholder, now)
+				}
 			}
 		}
 		if err := env.Tamper.Load(time.Now()); err != nil {

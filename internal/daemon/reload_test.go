@@ -487,13 +487,18 @@ func TestReloadAtReadyAfterARefusal(t *testing.T) {
 // A condition whose check was disabled while the daemon was down leaves at
 // the restart, as it leaves at a reload: the state file restores it, and the
 // daemon drops it from the store and the metrics (a True left there would
-// keep an alert firing), while a condition still evaluated is restored.
+// keep an alert firing), while a condition still evaluated is restored. One
+// that does not apply to the node's role or GPU now reports Unknown /
+// NotApplicable, as after a role change while the daemon runs, and a held
+// True stays (a GPU away across a restart keeps its GpuFallenOffBus).
 func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 	cfg := testConfig(t)
 	prev := report.NewStore("0f6c4a0e-3b1d-4a57-9a3c-5d1f6f0b2c11")
 	now := time.Now()
 	prev.Set(report.Condition{Type: "ProxyNotServing", Status: report.StatusTrue, Reason: report.ReasonProxyNotReady, Message: "ready 0"}, now)
 	prev.Set(report.Condition{Type: "CertRenewalFailing", Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: "ok"}, now)
+	prev.Set(report.Condition{Type: "GpuFallenOffBus", Status: report.StatusTrue, Reason: report.ReasonGpuFellOffBus, Message: "NVRM: GPU 0000:01:00.0 has fallen off the bus."}, now)
+	prev.Set(report.Condition{Type: "APIServerSourceIPUnavailable", Status: report.StatusFalse, Reason: report.ReasonSourceIPAvailable, Message: "ok"}, now)
 	if err := prev.Save(cfg.StateDir, now); err != nil {
 		t.Fatal(err)
 	}
@@ -512,6 +517,13 @@ func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 	}
 	if c, ok := d.Store().Get("CertRenewalFailing"); !ok || c.Status != report.StatusFalse {
 		t.Errorf("an evaluated condition was not restored: %+v, %v", c, ok)
+	}
+	// testConfig's node: a worker without a GPU.
+	if c, ok := d.Store().Get("GpuFallenOffBus"); !ok || c.Status != report.StatusTrue || c.Reason != report.ReasonGpuFellOffBus {
+		t.Errorf("a held True of a GPU now away: %+v, %v", c, ok)
+	}
+	if c, ok := d.Store().Get("APIServerSourceIPUnavailable"); !ok || c.Status != report.StatusUnknown || c.Reason != report.ReasonNotApplicable {
+		t.Errorf("a control-plane condition on a worker: %+v, %v", c, ok)
 	}
 	mfs, err := d.Metrics().Gatherer().Gather()
 	if err != nil {

@@ -32,6 +32,9 @@ type busConn struct {
 	out    []byte // the calls of an exchange, encoded
 	buf    []byte // read buffer
 	rd     []byte // what buf holds that is not read yet
+	// skip is what is left to pass over of a message larger than
+	// maxMessage (a peer's signal, not an answer), across exchanges.
+	skip int
 	// Name is the unique name the bus gave the connection (Hello).
 	Name string
 }
@@ -154,18 +157,49 @@ func (c *busConn) fill(n int) error {
 	return nil
 }
 
-// next reads the next message. Its body points into the read buffer: it is
-// good until the next read.
+// next reads the next message of at most maxMessage bytes, passing over
+// larger ones. Its body points into the read buffer: it is good until the
+// next read.
 func (c *busConn) next() (message, error) {
-	if len(c.rd) < 16 {
-		if err := c.fill(16); err != nil {
+	for {
+		if err := c.skipOver(); err != nil {
 			return message{}, err
 		}
+		if len(c.rd) < 16 {
+			if err := c.fill(16); err != nil {
+				return message{}, err
+			}
+		}
+		n, err := messageLen(c.rd)
+		if err != nil {
+			return message{}, err
+		}
+		if n > maxMessage {
+			c.skip = n
+			continue
+		}
+		return c.whole(n)
 	}
-	n, err := messageLen(c.rd)
-	if err != nil {
-		return message{}, err
+}
+
+// skipOver reads past what is left of a message too large to read.
+func (c *busConn) skipOver() error {
+	for c.skip > 0 {
+		if len(c.rd) == 0 {
+			k, err := c.c.Read(c.buf)
+			c.rd = c.buf[:k]
+			if err != nil && k == 0 {
+				return err
+			}
+		}
+		k := min(c.skip, len(c.rd))
+		c.rd, c.skip = c.rd[k:], c.skip-k
 	}
+	return nil
+}
+
+// whole reads the rest of the message of n bytes that starts the buffer.
+func (c *busConn) whole(n int) (message, error) {
 	if len(c.rd) < n {
 		if err := c.fill(n); err != nil {
 			return message{}, err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -397,5 +398,49 @@ func TestCloseDuringCall(t *testing.T) {
 	close(release)
 	if bus.live() != nil || err == nil {
 		t.Errorf("after Close, the call (%v) left a live connection", err)
+	}
+}
+
+// Any peer on the bus may send the daemon a signal, up to the bus's own
+// limit: one larger than the daemon reads is passed over, before an answer
+// and in the middle of an exchange that its context cuts short (the next
+// exchange goes on passing it over), and the connection stays.
+func TestBigMessageFromAPeerIsPassedOver(t *testing.T) {
+	big := encodeReply(t, binary.LittleEndian, godbus.TypeSignal, 77, 0, "", strings.Repeat("x", maxMessage+100))
+	var slow atomic.Bool
+	gaveUp := make(chan struct{})
+	sock := scriptBus(t, func(conn int, c net.Conn, calls []*godbus.Message) {
+		for _, m := range calls {
+			answer := unitsReply(binary.LittleEndian, m.Serial()+1000, m.Serial(), "a.service", "")
+			if slow.Load() {
+				// Half the signal, then, once the caller gave up, the
+				// rest and the answer.
+				c.Write(big[:len(big)/2])
+				<-gaveUp
+				c.Write(append(bytes.Clone(big[len(big)/2:]), answer...))
+				continue
+			}
+			c.Write(append(bytes.Clone(big), answer...))
+		}
+	})
+	bus := NewDBusAt(sock)
+	defer bus.Close()
+	if ls, err := bus.LoadState(context.Background(), "a.service"); err != nil || ls != "loaded" {
+		t.Fatalf("after a big signal: %q, %v", ls, err)
+	}
+	slow.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err := bus.LoadState(ctx, "a.service")
+	cancel()
+	slow.Store(false)
+	close(gaveUp)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call cut short in the middle of a big signal: %v", err)
+	}
+	if ls, err := bus.LoadState(context.Background(), "a.service"); err != nil || ls != "loaded" {
+		t.Fatalf("the call after: %q, %v", ls, err)
+	}
+	if bus.Reconnects != 0 {
+		t.Errorf("%d reconnects: want the connection kept", bus.Reconnects)
 	}
 }

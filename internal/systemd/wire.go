@@ -36,8 +36,12 @@ const (
 
 const (
 	// maxMessage is the largest message read: the answers the daemon asks
-	// for are a few hundred bytes to a few KB; the protocol allows 128 MiB.
+	// for are a few hundred bytes to a few KB. A larger one (the protocol
+	// allows 128 MiB: maxProtocolMessage), which no answer of ours is, is
+	// passed over unread: any peer on the bus may send the daemon a signal.
 	maxMessage = 1 << 20
+	// maxProtocolMessage is the D-Bus Specification's largest message.
+	maxProtocolMessage = 128 << 20
 	// maxDepth bounds the nesting of containers in a value that is skipped.
 	maxDepth = 32
 )
@@ -154,7 +158,8 @@ type message struct {
 
 var errBadMessage = errors.New("malformed D-Bus message")
 
-// messageLen is the length of the message whose first 16 bytes are h.
+// messageLen is the length of the message whose first 16 bytes are h (at
+// most maxProtocolMessage).
 func messageLen(h []byte) (int, error) {
 	order, err := byteOrder(h[0])
 	if err != nil {
@@ -165,8 +170,8 @@ func messageLen(h []byte) (int, error) {
 	}
 	body, fields := uint64(order.Uint32(h[4:])), uint64(order.Uint32(h[12:]))
 	n := (16+fields+7)&^7 + body
-	if n > maxMessage {
-		return 0, fmt.Errorf("%w: %d bytes, more than the %d the daemon reads", errBadMessage, n, maxMessage)
+	if n > maxProtocolMessage {
+		return 0, fmt.Errorf("%w: %d bytes, more than the protocol's %d", errBadMessage, n, maxProtocolMessage)
 	}
 	return int(n), nil
 }

@@ -237,8 +237,11 @@ func TestMalformedMessages(t *testing.T) {
 			t.Errorf("%s: decoded", name)
 		}
 	}
-	if _, err := messageLen(set(4, 0, 0, 0x20, 0)); err == nil {
-		t.Error("a 2 MiB message was framed")
+	if n, err := messageLen(set(4, 0, 0, 0x20, 0)); err != nil || n < 2<<20 {
+		t.Errorf("a 2 MiB message (the connection passes over it): %d, %v", n, err)
+	}
+	if _, err := messageLen(set(4, 0, 0, 0, 0x10)); err == nil {
+		t.Error("a 256 MiB message was framed: the protocol's largest is 128 MiB")
 	}
 	// A variant of a variant ... deeper than maxDepth.
 	v := godbus.MakeVariant("x")
