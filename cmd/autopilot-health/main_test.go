@@ -406,6 +406,23 @@ func TestUnitSecurity(t *testing.T) {
 	}
 }
 
+// README ("Under systemd", Exposure): two units, each under 2.0, if the
+// daemon were split in a networked half and a privileged half without a
+// network (units/drafts: not shipped; the daemon has no such mode).
+func TestSplitDraftsScore(t *testing.T) {
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		testenv.Skip(t, "systemd-analyze not installed (apt install systemd)")
+	}
+	for draft, want := range map[string]string{"split-networked.service": "1.4", "split-host.service": "1.6"} {
+		path := "../../units/drafts/" + draft
+		pass, summary, _ := securityAnalysis(t, sa, path, 20)
+		if !pass || !strings.Contains(summary, ": "+want+" ") {
+			t.Errorf("%s: %s; README says %s", draft, summary, want)
+		}
+	}
+}
+
 func TestKmsgReplayJSON(t *testing.T) {
 	in := filepath.Join(t.TempDir(), "dmesg.txt")
 	os.WriteFile(in, []byte(`[    4.244064] EXT4-fs (sda1): Remounting filesystem read-only
