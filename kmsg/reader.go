@@ -334,6 +334,7 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 		}
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
+		var gaps gapLog
 		// deadlineSet: when the read deadline was last set; deadlineAt: the
 		// deadline on the grid.
 		var beat, deadlineSet, deadlineAt time.Time
@@ -405,6 +406,7 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				rd.Monitor.Tick(MonotonicNow(), now)
+				rd.logGaps(gaps.flush(now))
 				continue
 			}
 			if errors.Is(err, syscall.EPIPE) {
@@ -424,7 +426,7 @@ func (rd *Reader) Run(ctx context.Context) {
 			if haveLast && rec.Seq > last+1 {
 				lost := rec.Seq - last - 1
 				rd.Monitor.m.lost.Add(float64(lost))
-				rd.Log.Warn("kernel log records were overwritten before they could be read", "lost", lost, "after_seq", last)
+				rd.logGaps(gaps.gap(now, lost, last))
 			}
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 			last, haveLast = rec.Seq, true
@@ -498,5 +500,58 @@ func Scan(path string, mon *Monitor) (int, error) {
 			mon.CaughtUp(MonotonicNow(), time.Now())
 			return n, nil
 		}
+	}
+}
+
+// gapLog bounds the warnings about records the ring buffer overwrote before
+// the reader got to them: while a storm overruns the buffer every few
+// records, each gap would be a journal line. The first gap is logged at
+// once; the gaps after it within gapLogEvery are summed into one line,
+// written at the first gap or read timeout after that time. Every lost
+// record is counted in the metric as it is found.
+type gapLog struct {
+	last    time.Time // when a line was last written
+	pending gapSum    // gaps since, not logged yet
+}
+
+// gapSum is what one warning says.
+type gapSum struct {
+	lost, gaps uint64
+	afterSeq   uint64 // where the first of the gaps was
+}
+
+const gapLogEvery = time.Minute
+
+// gap records a gap of lost records after seq afterSeq, and returns what
+// to log now (gaps 0: nothing).
+func (g *gapLog) gap(now time.Time, lost, afterSeq uint64) gapSum {
+	if g.pending.gaps == 0 {
+		g.pending.afterSeq = afterSeq
+	}
+	g.pending.lost += lost
+	g.pending.gaps++
+	return g.flush(now)
+}
+
+// flush returns the gaps not logged yet once gapLogEvery has passed since
+// the last line, and forgets them.
+func (g *gapLog) flush(now time.Time) gapSum {
+	if g.pending.gaps == 0 || (!g.last.IsZero() && now.Sub(g.last) < gapLogEvery) {
+		return gapSum{}
+	}
+	out := g.pending
+	g.pending, g.last = gapSum{}, now
+	return out
+}
+
+// logGaps writes the warning for s, if any.
+func (rd *Reader) logGaps(s gapSum) {
+	switch {
+	case s.gaps == 0:
+	case s.gaps == 1:
+		rd.Log.Warn("kernel log records were overwritten before they could be read", "lost", s.lost, "after_seq", s.afterSeq)
+	default:
+		rd.Log.Warn("kernel log records were overwritten before they could be read", "lost", s.lost, "gaps", s.gaps,
+			"first_after_seq", s.afterSeq)
 	}
 }

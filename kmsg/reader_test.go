@@ -648,3 +648,70 @@ func TestReaderCountsOverwrittenRecordsByTheGap(t *testing.T) {
 		t.Errorf("%d warnings:\n%s", c, logs.String())
 	}
 }
+
+// A storm that overruns the ring buffer every few records: the first gap
+// is a journal line at once, the next ones within a minute are summed into
+// one line written when the minute has passed; every lost record is
+// counted as it is found.
+func TestGapWarningsAreBounded(t *testing.T) {
+	var g gapLog
+	t0 := time.Unix(1_700_000_000, 0)
+	if s := g.gap(t0, 4, 3); s != (gapSum{lost: 4, gaps: 1, afterSeq: 3}) {
+		t.Fatalf("first gap: %+v", s)
+	}
+	for i := range 100 {
+		if s := g.gap(t0.Add(time.Duration(i)*100*time.Millisecond), 2, uint64(100+10*i)); s.gaps != 0 {
+			t.Fatalf("gap %d within the minute logged: %+v", i, s)
+		}
+	}
+	if s := g.flush(t0.Add(59 * time.Second)); s.gaps != 0 {
+		t.Fatalf("flushed before the minute: %+v", s)
+	}
+	if s := g.flush(t0.Add(61 * time.Second)); s != (gapSum{lost: 200, gaps: 100, afterSeq: 100}) {
+		t.Fatalf("after the minute: %+v", s)
+	}
+	if s := g.flush(t0.Add(200 * time.Second)); s.gaps != 0 {
+		t.Fatalf("nothing pending, yet: %+v", s)
+	}
+	if s := g.gap(t0.Add(90*time.Second), 1, 5000); s.gaps != 0 {
+		t.Fatalf("a gap 29 s after the last line: %+v", s)
+	}
+	if s := g.gap(t0.Add(122*time.Second), 1, 6000); s != (gapSum{lost: 2, gaps: 2, afterSeq: 5000}) {
+		t.Fatalf("a gap after the minute: %+v", s)
+	}
+
+	// Through the reader: three gaps in a row are one line, and all 12
+	// lost records are counted.
+	var recs [][]byte
+	for _, seq := range []int{1, 2, 3, 8, 9, 14, 15, 20} {
+		recs = append(recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, seq))
+	}
+	dev := &fakeDevice{recs: recs}
+	read := make(chan struct{})
+	dev.onRead = func(i int) {
+		if i == len(recs)-1 {
+			close(read)
+		}
+	}
+	mon := NewMonitor(opts(t, report.NewStore("b")))
+	mon.Start(time.Now(), time.Now())
+	var logs testenv.SyncBuffer
+	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: true,
+		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	select {
+	case <-read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the records were not read")
+	}
+	cancel()
+	<-done
+	if lost := mon.Metrics().Lost(); lost != 12 {
+		t.Errorf("lost %v, want 12", lost)
+	}
+	if c := strings.Count(logs.String(), "kernel log records were overwritten"); c != 1 || !strings.Contains(logs.String(), "lost=4 after_seq=3") {
+		t.Errorf("%d warnings:\n%s", c, logs.String())
+	}
+}
