@@ -139,7 +139,13 @@ func hungTask(g *Guest) error {
 	if err != nil {
 		return err
 	}
-	return MessageHas(c, fmt.Sprintf("INFO: task kubelet:%d blocked for more than 1 seconds.", pid))
+	// The kernel reports the task again every second (1 s, then 2 s...)
+	// and the condition's message follows the last report: the state read
+	// may be a report later than the first.
+	if want := regexp.MustCompile(fmt.Sprintf(`^INFO: task kubelet:%d blocked for more than \d+ seconds\.$`, pid)); !want.MatchString(c.Message) {
+		return fmt.Errorf("%s: message is not %s", c, want)
+	}
+	return nil
 }
 
 // dmVerity: a dm-verity device over loop devices; a data block corrupted
