@@ -1,11 +1,20 @@
 package kmsg
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
 )
 
 // The cursor's window goes into the state file as one string and comes
@@ -37,11 +46,12 @@ func TestCursorWindowRoundTrip(t *testing.T) {
 			t.Fatalf("%d entries: got %+v", n, back)
 		}
 	}
-	c := cursor{Seq: 1, Have: true, IOErrors: []ioError{{Usec: 5, Dev: "my disk"}, {Usec: 6, Dev: ""}}}
-	b, _ := json.Marshal(c)
+	// Names a custom rule's dev group may catch: blanks, '@', '%', none.
+	names := []ioError{{Usec: 5, Dev: "my disk"}, {Usec: 6, Dev: ""}, {Usec: 7, Dev: "@x%20"}, {Usec: 8, Dev: "a\tb"}}
+	b, _ := json.Marshal(cursor{Seq: 1, Have: true, IOErrors: names})
 	var back cursor
-	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back.IOErrors, []ioError{{Usec: 5, Dev: "my_disk"}, {Usec: 6, Dev: "?"}}) {
-		t.Errorf("blank names: %+v, %v (%s)", back, err, b)
+	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back.IOErrors, names) {
+		t.Errorf("odd names: %+v, %v (%s)", back, err, b)
 	}
 }
 
@@ -55,9 +65,59 @@ func TestCursorReadsTheEarlierWindow(t *testing.T) {
 	if want := (cursor{Seq: 9, Have: true, IOErrors: []ioError{{100, "sda"}, {250, "sdb"}}}); !reflect.DeepEqual(c, want) {
 		t.Errorf("got %+v", c)
 	}
-	for _, bad := range []string{"12 @sda", "@ 12", "@sda x", "@sda 5 -6", "@sda -5", "@sda 18446744073709551615 1"} {
-		if err := json.Unmarshal([]byte(`{"seq":1,"have":true,"ioErrorWindow":"`+bad+`"}`), &c); err == nil {
-			t.Errorf("window %q read", bad)
+	// A window that does not decode costs the window, never the position.
+	for _, bad := range []string{"12 @sda", "@%zz 12", "@sda x", "@sda 5 -6", "@sda -5", "@sda 18446744073709551615 1"} {
+		var c cursor
+		if err := json.Unmarshal([]byte(`{"seq":7,"have":true,"ioErrorWindow":"`+bad+`"}`), &c); err != nil || c.Seq != 7 || !c.Have || c.IOErrors != nil || c.windowErr == nil {
+			t.Errorf("window %q: %+v, %v", bad, c, err)
+		}
+	}
+}
+
+// Through the reader: a state file whose window is malformed resumes after
+// its cursor all the same (records 6-8 of 1-8 after seq 5), whether it
+// reads from the boot's start or not, and says the window was lost.
+func TestMalformedWindowKeepsTheCursor(t *testing.T) {
+	for _, fromStart := range []bool{false, true} {
+		dir := t.TempDir()
+		sf := `{"version":1,"bootID":"b","savedAt":"2026-01-01T00:00:00Z","conditions":[],"memos":{"kmsg":{"seq":5,"have":true,"ioErrorWindow":"@sda 5 x"}}}`
+		if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		store := report.NewStore("b")
+		if res, _ := store.Load(dir); res.Corrupt != nil {
+			t.Fatal(res.Corrupt)
+		}
+		var recs [][]byte
+		for seq := 1; seq <= 8; seq++ {
+			recs = append(recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, seq))
+		}
+		read := make(chan struct{})
+		dev := &fakeDevice{recs: recs, onRead: func(i int) {
+			if i == len(recs)-1 {
+				close(read)
+			}
+		}}
+		mon := NewMonitor(opts(t, store))
+		mon.Start(time.Now(), time.Now())
+		var logs testenv.SyncBuffer
+		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: fromStart,
+			ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		select {
+		case <-read:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the records were not read")
+		}
+		cancel()
+		<-done
+		if n := mon.Metrics().Records(); n != 3 {
+			t.Errorf("from_boot_start %v: %v records handled, want 3 (6-8)", fromStart, n)
+		}
+		if !strings.Contains(logs.String(), "the saved disk I/O error window is unreadable") {
+			t.Errorf("from_boot_start %v: the lost window is not logged:\n%s", fromStart, logs.String())
 		}
 	}
 }

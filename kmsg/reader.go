@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -82,6 +83,8 @@ type cursor struct {
 	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
 	// time and device), so a restart within the boot does not forget them.
 	IOErrors []ioError
+	// windowErr: the saved window could not be read (the cursor could).
+	windowErr error
 }
 
 type ioError struct {
@@ -106,19 +109,22 @@ func (c cursor) MarshalJSON() ([]byte, error) {
 	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors)})
 }
 
+// UnmarshalJSON reads the cursor; a window that does not decode costs the
+// window alone (windowErr says why), never the position.
 func (c *cursor) UnmarshalJSON(b []byte) error {
 	var j cursorJSON
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	es := j.IOErrors
+	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: j.IOErrors}
 	if j.Window != "" {
-		var err error
-		if es, err = decodeWindow(j.Window); err != nil {
-			return err
+		es, err := decodeWindow(j.Window)
+		if err != nil {
+			c.IOErrors, c.windowErr = nil, err
+		} else {
+			c.IOErrors = es
 		}
 	}
-	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: es}
 	return nil
 }
 
@@ -134,14 +140,10 @@ func encodeWindow(es []ioError) string {
 			b = append(b, ' ')
 		}
 		if i == 0 || e.Dev != dev {
-			// A name with blanks (a custom rule's dev group may catch
-			// any text) is written with underscores for them.
-			name := strings.Join(strings.Fields(e.Dev), "_")
-			if name == "" {
-				name = "?"
-			}
+			// Escaped as a URL path: a custom rule's dev group may catch
+			// blanks, or nothing ("@" alone).
 			b = append(b, '@')
-			b = append(b, name...)
+			b = append(b, url.PathEscape(e.Dev)...)
 			b = append(b, ' ')
 			dev = e.Dev
 		}
@@ -162,16 +164,17 @@ func encodeWindow(es []ioError) string {
 // decodeWindow reads what encodeWindow wrote.
 func decodeWindow(s string) ([]ioError, error) {
 	var es []ioError
-	dev, prev := "", uint64(0)
+	dev, prev, haveDev := "", uint64(0), false
 	for _, tok := range strings.Fields(s) {
 		if name, ok := strings.CutPrefix(tok, "@"); ok {
-			if name == "" {
-				return nil, fmt.Errorf("I/O error window: a device without a name")
+			var err error
+			if dev, err = url.PathUnescape(name); err != nil {
+				return nil, fmt.Errorf("I/O error window: device %q: %w", name, err)
 			}
-			dev = name
+			haveDev = true
 			continue
 		}
-		if dev == "" {
+		if !haveDev {
 			return nil, fmt.Errorf("I/O error window: %q before a device", tok)
 		}
 		neg := strings.HasPrefix(tok, "-")
@@ -279,6 +282,10 @@ func (rd *Reader) Run(ctx context.Context) {
 	store := rd.Monitor.o.Store
 	var cur cursor
 	if store.Memo(CursorKey, &cur) {
+		if cur.windowErr != nil {
+			rd.Log.Warn("the saved disk I/O error window is unreadable; DisksFailure counts the errors from now on", "err", cur.windowErr)
+			cur.windowErr = nil
+		}
 		rd.Monitor.restoreWindow(cur.IOErrors)
 	}
 	rd.mu.Lock()
@@ -292,6 +299,10 @@ func (rd *Reader) Run(ctx context.Context) {
 	buf := make([]byte, BufSize)
 	var lastErr string
 	warnedGather := false
+	// gaps: the warnings about overwritten records, kept across reopens;
+	// what is still summed when the reader stops is logged then.
+	var gaps gapLog
+	defer func() { rd.logGaps(gaps.pending) }()
 	// fail logs an error once per change of its text and waits out the
 	// backoff; it reports false when ctx ended.
 	fail := func(msg string, err error) bool {
@@ -334,7 +345,6 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 		}
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
-		var gaps gapLog
 		// deadlineSet: when the read deadline was last set; deadlineAt: the
 		// deadline on the grid.
 		var beat, deadlineSet, deadlineAt time.Time
@@ -448,6 +458,7 @@ func (rd *Reader) Run(ctx context.Context) {
 		}
 		stop()
 		f.Close()
+		rd.logGaps(gaps.flush(time.Now()))
 		rd.Monitor.m.up.Set(0)
 		if readErr != nil {
 			rd.Monitor.m.reopens.Inc()
@@ -505,10 +516,11 @@ func Scan(path string, mon *Monitor) (int, error) {
 
 // gapLog bounds the warnings about records the ring buffer overwrote before
 // the reader got to them: while a storm overruns the buffer every few
-// records, each gap would be a journal line. The first gap is logged at
-// once; the gaps after it within gapLogEvery are summed into one line,
-// written at the first gap or read timeout after that time. Every lost
-// record is counted in the metric as it is found.
+// records, each gap would be a journal line. A gap a minute or more after
+// the last line is logged at once; the gaps within gapLogEvery of a line
+// are summed into one, written at the first gap, read timeout or reopen
+// after that time, or when the reader stops. Every lost record is counted
+// in the metric as it is found.
 type gapLog struct {
 	last    time.Time // when a line was last written
 	pending gapSum    // gaps since, not logged yet

@@ -149,28 +149,19 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		default:
 			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
 		}
-		// A condition whose check was disabled (or the kernel log
-		// monitor) while the daemon was down leaves with the restart as
-		// with a reload: not in the store, the state file, the metrics or
-		// `status` (the reporter removes it from the Node). One that does
-		// not apply to this node's role or GPU now reports Unknown /
-		// NotApplicable, as when the role changes while the daemon runs: a
-		// held True stays (Store.Set does not lower it), so a GPU that is
-		// away across a restart does not lose its GpuFallenOffBus.
-		now := time.Now()
-		for _, pl := range checks.Plan(env, nil, p.External()) {
-			c, ok := p.Store.Get(pl.Desc.Type)
-			if !ok {
-				continue
-			}
-			switch pl.State {
-			case checks.Disabled, checks.NotImplemented:
+		// A condition not evaluated on this node (its check disabled while
+		// the daemon was down, the kernel log monitor off, a condition of
+		// another role or of a GPU node on a node without one) is not
+		// restored: the reporter neither takes it over from the Node nor
+		// keeps it there (README, "Reporting to Kubernetes"), and the store,
+		// the state file, the metrics and `status` say the same. (While the
+		// daemon runs, a role or GPU change leaves the placeholder Unknown /
+		// NotApplicable, or a held True, until the next start.)
+		applicable := p.applicable(env)
+		for _, c := range p.Store.All() {
+			if !slices.Contains(applicable, c.Type) {
 				p.Store.Remove(c.Type)
-				log.Info("condition not evaluated any more; dropped from the restored state", "condition", c.Type, "why", pl.Placeholder.Message)
-			case checks.NotApplicable:
-				if c.Status != report.StatusUnknown || c.Reason != report.ReasonNotApplicable {
-					p.Store.Set(pl.Placeholder, now)
-				}
+				log.Info("condition not evaluated on this node; dropped from the restored state", "condition", c.Type)
 			}
 		}
 		if err := env.Tamper.Load(time.Now()); err != nil {

@@ -487,10 +487,10 @@ func TestReloadAtReadyAfterARefusal(t *testing.T) {
 // A condition whose check was disabled while the daemon was down leaves at
 // the restart, as it leaves at a reload: the state file restores it, and the
 // daemon drops it from the store and the metrics (a True left there would
-// keep an alert firing), while a condition still evaluated is restored. One
-// that does not apply to the node's role or GPU now reports Unknown /
-// NotApplicable, as after a role change while the daemon runs, and a held
-// True stays (a GPU away across a restart keeps its GpuFallenOffBus).
+// keep an alert firing), while a condition still evaluated is restored. A
+// condition of another role or of a GPU node is dropped too, as the
+// reporter removes it from the Node at start (README, "Reporting to
+// Kubernetes"): were it kept, the first patch would both set and delete it.
 func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 	cfg := testConfig(t)
 	prev := report.NewStore("0f6c4a0e-3b1d-4a57-9a3c-5d1f6f0b2c11")
@@ -519,11 +519,10 @@ func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 		t.Errorf("an evaluated condition was not restored: %+v, %v", c, ok)
 	}
 	// testConfig's node: a worker without a GPU.
-	if c, ok := d.Store().Get("GpuFallenOffBus"); !ok || c.Status != report.StatusTrue || c.Reason != report.ReasonGpuFellOffBus {
-		t.Errorf("a held True of a GPU now away: %+v, %v", c, ok)
-	}
-	if c, ok := d.Store().Get("APIServerSourceIPUnavailable"); !ok || c.Status != report.StatusUnknown || c.Reason != report.ReasonNotApplicable {
-		t.Errorf("a control-plane condition on a worker: %+v, %v", c, ok)
+	for _, ty := range []string{"GpuFallenOffBus", "APIServerSourceIPUnavailable"} {
+		if c, ok := d.Store().Get(ty); ok {
+			t.Errorf("%s restored on a worker without a GPU: %+v", ty, c)
+		}
 	}
 	mfs, err := d.Metrics().Gatherer().Gather()
 	if err != nil {
