@@ -1,19 +1,15 @@
 package kmsg
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -92,32 +88,13 @@ func TestMalformedWindowKeepsTheCursor(t *testing.T) {
 		for seq := 1; seq <= 8; seq++ {
 			recs = append(recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, seq))
 		}
-		read := make(chan struct{})
-		dev := &fakeDevice{recs: recs, onRead: func(i int) {
-			if i == len(recs)-1 {
-				close(read)
-			}
-		}}
-		mon := NewMonitor(opts(t, store))
-		mon.Start(time.Now(), time.Now())
-		var logs testenv.SyncBuffer
-		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: fromStart,
-			ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { rd.Run(ctx); close(done) }()
-		select {
-		case <-read:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the records were not read")
-		}
-		cancel()
-		<-done
+		dev := &fakeDevice{recs: recs}
+		mon, logs := readAllThenStop(t, store, dev, dev, fromStart)
 		if n := mon.Metrics().Records(); n != 3 {
 			t.Errorf("from_boot_start %v: %v records handled, want 3 (6-8)", fromStart, n)
 		}
-		if !strings.Contains(logs.String(), "the saved disk I/O error window is unreadable") {
-			t.Errorf("from_boot_start %v: the lost window is not logged:\n%s", fromStart, logs.String())
+		if !strings.Contains(logs, "the saved disk I/O error window is unreadable") {
+			t.Errorf("from_boot_start %v: the lost window is not logged:\n%s", fromStart, logs)
 		}
 	}
 }

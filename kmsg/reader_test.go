@@ -619,33 +619,12 @@ func TestReaderCountsOverwrittenRecordsByTheGap(t *testing.T) {
 		recs = append(recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, seq))
 	}
 	dev := &overrunDevice{fakeDevice: fakeDevice{recs: recs}, at: 3}
-	read := make(chan struct{})
-	dev.onRead = func(i int) {
-		if i == len(recs)-1 {
-			close(read)
-		}
-	}
-	store := report.NewStore("b")
-	mon := NewMonitor(opts(t, store))
-	mon.Start(time.Now(), time.Now())
-	var logs testenv.SyncBuffer
-	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: true,
-		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { rd.Run(ctx); close(done) }()
-	select {
-	case <-read:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the records were not read")
-	}
-	cancel()
-	<-done
+	mon, logs := readAllThenStop(t, report.NewStore("b"), dev, &dev.fakeDevice, true)
 	if lost, n := mon.Metrics().Lost(), mon.Metrics().Records(); lost != 4 || n != 5 {
 		t.Errorf("lost %v, records %v; want 4 and 5", lost, n)
 	}
-	if c := strings.Count(logs.String(), "kernel log records were overwritten before they could be read"); c != 1 || !strings.Contains(logs.String(), "lost=4 after_seq=3") {
-		t.Errorf("%d warnings:\n%s", c, logs.String())
+	if c := strings.Count(logs, "kernel log records were overwritten before they could be read"); c != 1 || !strings.Contains(logs, "lost=4 after_seq=3") {
+		t.Errorf("%d warnings:\n%s", c, logs)
 	}
 }
 
@@ -688,16 +667,31 @@ func TestGapWarningsAreBounded(t *testing.T) {
 		recs = append(recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, seq))
 	}
 	dev := &fakeDevice{recs: recs}
+	mon, logs := readAllThenStop(t, report.NewStore("b"), dev, dev, true)
+	if lost := mon.Metrics().Lost(); lost != 12 {
+		t.Errorf("lost %v, want 12", lost)
+	}
+	if c := strings.Count(logs, "kernel log records were overwritten"); c != 2 || !strings.Contains(logs, "lost=4 after_seq=3") ||
+		!strings.Contains(logs, "lost=8 gaps=2 first_after_seq=9") {
+		t.Errorf("%d warnings:\n%s", c, logs)
+	}
+}
+
+// readAllThenStop runs a reader of store's monitor on dev (its records from
+// the boot's start when fromStart) until the last of dev's records is read,
+// then stops it; it returns the monitor and the reader's log.
+func readAllThenStop(t *testing.T, store *report.Store, dev Device, fd *fakeDevice, fromStart bool) (*Monitor, string) {
+	t.Helper()
 	read := make(chan struct{})
-	dev.onRead = func(i int) {
-		if i == len(recs)-1 {
+	fd.onRead = func(i int) {
+		if i == len(fd.recs)-1 {
 			close(read)
 		}
 	}
-	mon := NewMonitor(opts(t, report.NewStore("b")))
+	mon := NewMonitor(opts(t, store))
 	mon.Start(time.Now(), time.Now())
 	var logs testenv.SyncBuffer
-	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: true,
+	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: fromStart,
 		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -709,11 +703,5 @@ func TestGapWarningsAreBounded(t *testing.T) {
 	}
 	cancel()
 	<-done
-	if lost := mon.Metrics().Lost(); lost != 12 {
-		t.Errorf("lost %v, want 12", lost)
-	}
-	if c := strings.Count(logs.String(), "kernel log records were overwritten"); c != 2 || !strings.Contains(logs.String(), "lost=4 after_seq=3") ||
-		!strings.Contains(logs.String(), "lost=8 gaps=2 first_after_seq=9") {
-		t.Errorf("%d warnings:\n%s", c, logs.String())
-	}
+	return mon, logs.String()
 }
