@@ -14,8 +14,8 @@ import (
 )
 
 // The cursor's window goes into the state file as one string and comes
-// back the same: devices interleaved, equal and decreasing times, a
-// device name with blanks (written with underscores).
+// back the same: devices interleaved, equal and decreasing times, device
+// names with blanks, '@', '%' or nothing (escaped as URL paths).
 func TestCursorWindowRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	devs := []string{"sda", "nvme0n1", "dm-3", "sdb"}
