@@ -35,8 +35,6 @@ type busConn struct {
 	// skip is what is left to pass over of a message larger than
 	// maxMessage (a peer's signal, not an answer), across exchanges.
 	skip int
-	// Name is the unique name the bus gave the connection (Hello).
-	Name string
 }
 
 // systemBusSocket is the system bus's socket: DBUS_SYSTEM_BUS_ADDRESS's
@@ -85,8 +83,24 @@ func dialBusConn(ctx context.Context, socket string) (*busConn, error) {
 }
 
 // hello authenticates and says Hello: the NUL byte, AUTH EXTERNAL with the
-// uid in hex, and once the bus said OK, BEGIN and the Hello call at once.
+// uid in hex, and once the bus said OK, BEGIN and the Hello call (an
+// exchange, as any call).
 func (c *busConn) hello(ctx context.Context) error {
+	if err := c.auth(ctx); err != nil {
+		return err
+	}
+	hello := busCall{dest: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", iface: "org.freedesktop.DBus", member: "Hello"}
+	return c.exchange(ctx, []busCall{hello}, func(_ int, m message) error {
+		if m.typ == msgError {
+			return fmt.Errorf("D-Bus Hello: %w", errorOf(m))
+		}
+		_, err := parseString(m) // the connection's unique name
+		return err
+	})
+}
+
+// auth is the authentication exchange, BEGIN included.
+func (c *busConn) auth(ctx context.Context) error {
 	stop := c.bound(ctx)
 	defer stop()
 	uid := hex.EncodeToString([]byte(strconv.Itoa(os.Getuid())))
@@ -100,23 +114,10 @@ func (c *busConn) hello(ctx context.Context) error {
 	if !strings.HasPrefix(line, "OK ") {
 		return fmt.Errorf("D-Bus authentication refused: %q", line)
 	}
-	c.serial++
-	b, err := appendCall([]byte("BEGIN\r\n"), c.serial, busCall{dest: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", iface: "org.freedesktop.DBus", member: "Hello"})
-	if err != nil {
-		return err
-	}
-	if _, err := c.c.Write(b); err != nil {
+	if _, err := c.c.Write([]byte("BEGIN\r\n")); err != nil {
 		return c.fail(ctx, err)
 	}
-	m, err := c.answer(c.serial)
-	if err != nil {
-		return c.fail(ctx, err)
-	}
-	if m.typ == msgError {
-		return fmt.Errorf("D-Bus Hello: %w", errorOf(m))
-	}
-	c.Name, err = parseString(m)
-	return err
+	return nil
 }
 
 // readLine reads one line of the authentication exchange.
@@ -208,21 +209,6 @@ func (c *busConn) whole(n int) (message, error) {
 	b := c.rd[:n]
 	c.rd = c.rd[n:]
 	return parseMessage(b)
-}
-
-// answer reads messages until the answer (a return or an error) to the
-// call with the given serial; others (the bus's NameAcquired signal) are
-// passed over.
-func (c *busConn) answer(serial uint32) (message, error) {
-	for {
-		m, err := c.next()
-		if err != nil {
-			return message{}, err
-		}
-		if (m.typ == msgReturn || m.typ == msgError) && m.replySerial == serial {
-			return m, nil
-		}
-	}
 }
 
 // bound makes the connection's reads and writes end with ctx: its deadline,
