@@ -20,10 +20,11 @@ import (
 	"github.com/syself/autopilot-health/kmsg"
 )
 
-// knownKeys lists every key of the default configuration.
+// knownKeys lists every key of the configuration as it is spelt (exactKeys),
+// tables included, in order.
 var knownKeys = sync.OnceValue(func() []string {
 	var ks []string
-	for k := range keyLines(defaultTOML) {
+	for k := range exactKeys() {
 		ks = append(ks, k)
 	}
 	sort.Strings(ks)
