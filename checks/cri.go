@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // The CRI probe is one unary gRPC call, RuntimeService/Status, made as the
@@ -86,9 +88,11 @@ type criCondition struct {
 type criClient struct {
 	socket string
 	tr     *http.Transport
-	// dialed is the socket file the kept connection was made on.
-	mu     sync.Mutex
-	dialed os.FileInfo
+	// dialed is the socket file the kept connection was made on (ok:
+	// there is one).
+	mu       sync.Mutex
+	dialed   rawsys.FileID
+	dialedOK bool
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
@@ -107,12 +111,14 @@ func newCRIClient(socket string) *criClient {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			// The file before the connect: a socket made anew between the
 			// two is then not taken for the one connected to.
-			fi, _ := os.Stat(socket)
-			var d net.Dialer
-			conn, err := d.DialContext(ctx, "unix", socket)
+			// The connection's reads and writes, and the stat of every
+			// call (sameSocket), are raw (rawsys): the probe of every 10 s
+			// does not wake the runtime's monitor thread.
+			id, serr := rawsys.Stat(socket)
+			conn, err := rawsys.Dial(ctx, "unix", socket)
 			if err == nil {
 				c.mu.Lock()
-				c.dialed = fi
+				c.dialed, c.dialedOK = id, serr == nil
 				c.mu.Unlock()
 			}
 			return conn, err
@@ -126,9 +132,9 @@ func newCRIClient(socket string) *criClient {
 // sameSocket drops the kept connection when the socket at the path is not
 // the one it was made on (removed, or made anew by a restarted runtime).
 func (c *criClient) sameSocket() {
-	fi, err := os.Stat(c.socket)
+	id, err := rawsys.Stat(c.socket)
 	c.mu.Lock()
-	same := err == nil && c.dialed != nil && os.SameFile(fi, c.dialed)
+	same := err == nil && c.dialedOK && id == c.dialed
 	c.mu.Unlock()
 	if !same {
 		c.tr.CloseIdleConnections()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -29,8 +30,10 @@ func newKubeletCheck(env *Env) (Check, error) {
 		// One connection kept between probes, as for the CRI call
 		// (criClient): a new one every 10 s cost a connect and the
 		// transport's goroutines each time.
+		// Its reads and writes are raw (rawsys): the probe of every 10 s
+		// does not wake the runtime's monitor thread.
 		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration), Transport: &http.Transport{
-			MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
+			DialContext: rawsys.Dial, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
 }
 
 // Close closes the kept connection (Closer): a check a reload replaced does

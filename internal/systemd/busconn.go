@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // busConn is a connection to the system bus that makes method calls: a few
@@ -23,8 +25,12 @@ import (
 // the buffer, and the answers that come later are passed over by their
 // serials. One that fails otherwise (the bus went, a malformed message, a
 // write cut short) closes it: the caller dials a new one.
+//
+// Its reads and writes are raw system calls (rawsys): the reads of the
+// checks that run every 30 s and every minute do not wake the runtime's
+// monitor thread.
 type busConn struct {
-	c *net.UnixConn
+	c net.Conn
 	// turn holds one token while an exchange runs.
 	turn   chan struct{}
 	dead   atomic.Bool
@@ -69,12 +75,11 @@ func systemBusSocket() (string, error) {
 // dialBusConn connects to the bus at socket, authenticates (EXTERNAL, as
 // this process's uid) and says Hello, within ctx.
 func dialBusConn(ctx context.Context, socket string) (*busConn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", socket)
+	nc, err := rawsys.Dial(ctx, "unix", socket)
 	if err != nil {
 		return nil, err
 	}
-	c := &busConn{c: nc.(*net.UnixConn), turn: make(chan struct{}, 1), buf: make([]byte, 4096)}
+	c := &busConn{c: nc, turn: make(chan struct{}, 1), buf: make([]byte, 4096)}
 	if err := c.hello(ctx); err != nil {
 		c.Close()
 		return nil, err

@@ -20,6 +20,7 @@ import (
 
 	"encoding/json"
 
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -313,6 +314,11 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 	cfg.ContentType = runtime.ContentTypeJSON
 	cfg.AcceptContentTypes = runtime.ContentTypeJSON
 	cfg.NegotiatedSerializer = statusCodecs.WithoutConversion()
+	if cfg.Dial == nil && cfg.Transport == nil {
+		// Raw reads and writes (rawsys): the reports and the HTTP/2 pings
+		// on the kept connection do not wake the runtime's monitor thread.
+		cfg.Dial = rawsys.Dial
+	}
 	c, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, err

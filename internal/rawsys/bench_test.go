@@ -1,0 +1,128 @@
+package rawsys
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkProbeGET is a probe's GET on a kept connection, paced as the
+// daemon's probes are (a pause between GETs long enough for the runtime's
+// monitor thread to fall asleep; 10 ms here, 10 s in the daemon), on one
+// processor as the daemon runs: through net/http on a plain connection
+// and on a Conn of this package. It reports the process's CPU per GET
+// (every thread's, from schedstat; the server is a process of its own) and its threads' wake-ups per GET (voluntary switches).
+//
+//	go test ./internal/rawsys -run '^$' -bench ProbeGET -benchtime 200x
+func BenchmarkProbeGET(b *testing.B) {
+	for _, name := range []string{"plain", "raw"} {
+		b.Run(name, func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			addr := startServer(b)
+			tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
+			if name == "raw" {
+				tr.DialContext = Dial
+			}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr}
+			url := "http://" + addr + "/healthz"
+			get := func() {
+				resp, err := client.Get(url)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			get() // the connection is kept from here on
+			cpu0, wakes0 := threadTotals(b)
+			b.ResetTimer()
+			for range b.N {
+				time.Sleep(10 * time.Millisecond) // the pace between probes
+				get()
+			}
+			b.StopTimer()
+			cpu1, wakes1 := threadTotals(b)
+			b.ReportMetric(float64(cpu1-cpu0)/1e3/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(float64(wakes1-wakes0)/float64(b.N), "wakes/op")
+		})
+	}
+}
+
+// serverEnv makes the test binary the benchmark's server (TestMain): in a
+// process of its own, as kubelet is, so that its system calls do not wake
+// this process's monitor thread.
+const serverEnv = "RAWSYS_BENCH_SERVER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(serverEnv) != "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			os.Exit(1)
+		}
+		os.Stdout.WriteString(ln.Addr().String() + "\n")
+		http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// startServer starts the server process and returns its address.
+func startServer(b *testing.B) string {
+	b.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), serverEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		b.Fatalf("the server process said no address: %v", err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// threadTotals is the CPU (ns) and the voluntary switches of every thread
+// of this process.
+func threadTotals(b *testing.B) (cpu, wakes int64) {
+	b.Helper()
+	tasks, err := filepath.Glob("/proc/self/task/*")
+	if err != nil || len(tasks) == 0 {
+		b.Fatalf("no threads: %v", err)
+	}
+	for _, t := range tasks {
+		if raw, err := os.ReadFile(filepath.Join(t, "schedstat")); err == nil {
+			if f := strings.Fields(string(raw)); len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				cpu += n
+			}
+		}
+		f, err := os.Open(filepath.Join(t, "status"))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "voluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				wakes += n
+			}
+		}
+		f.Close()
+	}
+	return cpu, wakes
+}
