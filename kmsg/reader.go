@@ -16,9 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/syself/autopilot-health/internal/backoff"
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/internal/tick"
 )
 
@@ -216,11 +215,7 @@ func (rd *Reader) snapshot() any {
 
 // MonotonicNow returns CLOCK_MONOTONIC in microseconds, the clock of the
 // kernel log's timestamps.
-func MonotonicNow() uint64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Sec)*1e6 + uint64(ts.Nsec)/1e3
-}
+func MonotonicNow() uint64 { return rawsys.MonotonicMicros() }
 
 // BootWall returns the wall time of kernel time 0.
 func BootWall() time.Time {

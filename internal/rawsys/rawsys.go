@@ -163,3 +163,13 @@ func Dial(ctx context.Context, network, address string) (net.Conn, error) {
 	}
 	return Wrap(c), nil
 }
+
+// MonotonicMicros is CLOCK_MONOTONIC in µs (the kernel log's clock), by a
+// raw clock_gettime(2): x/sys's ClockGettime is a system call made the usual
+// way (not the vDSO), which the kernel log reader's read timeout made every
+// 10 s.
+func MonotonicMicros() uint64 {
+	var ts unix.Timespec
+	syscall.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_MONOTONIC, uintptr(unsafe.Pointer(&ts)), 0)
+	return uint64(ts.Sec)*1e6 + uint64(ts.Nsec)/1e3
+}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pair is a connected pair on network ("tcp" or "unix"): the dialed end
@@ -195,5 +197,23 @@ func TestStat(t *testing.T) {
 	}
 	if _, err := Stat("a\x00b"); err == nil {
 		t.Fatal("a path with a NUL byte was stat'ed")
+	}
+}
+
+// MonotonicMicros is the clock the kernel log's timestamps use:
+// CLOCK_MONOTONIC as x/sys reads it, between two readings of that.
+func TestMonotonicMicros(t *testing.T) {
+	read := func() uint64 {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+			t.Fatal(err)
+		}
+		return uint64(ts.Sec)*1e6 + uint64(ts.Nsec)/1e3
+	}
+	before := read()
+	got := MonotonicMicros()
+	after := read()
+	if got < before || got > after {
+		t.Fatalf("MonotonicMicros = %d, not between %d and %d", got, before, after)
 	}
 }
