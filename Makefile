@@ -117,7 +117,7 @@ deb: build
 # NVMe ioctl on /dev/null (ENOTTY), and qemu-user does not pass that ioctl to
 # the kernel (ENOSYS). Both run natively in make test; the NVMe command's
 # layout on arm64 is checked here by TestNVMePassthruLayout.
-ARM64_PKGS := ./kmsg ./report ./internal/config ./checks
+ARM64_PKGS := ./kmsg ./report ./internal/config ./checks ./internal/rawsys
 ARM64_SKIP := ^(TestDiskUsageRealHostUnderReadOnlyRemount|TestRealNVMeReaderHostRoot)$$
 test-arm64:
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static -skip '$(ARM64_SKIP)' $(ARM64_PKGS)

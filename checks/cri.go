@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -90,9 +91,12 @@ type criClient struct {
 	tr     *http.Transport
 	// dialed is the socket file the kept connection was made on (ok:
 	// there is one).
+	// raw: the path's lookup stays in memory (rawsys.InMemory, asked at
+	// the dial), so the stat of every call is a raw one.
 	mu       sync.Mutex
 	dialed   rawsys.FileID
 	dialedOK bool
+	raw      bool
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
@@ -114,11 +118,12 @@ func newCRIClient(socket string) *criClient {
 			// The connection's reads and writes, and the stat of every
 			// call (sameSocket), are raw (rawsys): the probe of every 10 s
 			// does not wake the runtime's monitor thread.
-			id, serr := rawsys.Stat(socket)
+			raw := rawsys.InMemory(socket)
+			id, serr := statID(socket, false)
 			conn, err := rawsys.Dial(ctx, "unix", socket)
 			if err == nil {
 				c.mu.Lock()
-				c.dialed, c.dialedOK = id, serr == nil
+				c.dialed, c.dialedOK, c.raw = id, serr == nil, raw
 				c.mu.Unlock()
 			}
 			return conn, err
@@ -132,13 +137,33 @@ func newCRIClient(socket string) *criClient {
 // sameSocket drops the kept connection when the socket at the path is not
 // the one it was made on (removed, or made anew by a restarted runtime).
 func (c *criClient) sameSocket() {
-	id, err := rawsys.Stat(c.socket)
+	c.mu.Lock()
+	raw := c.raw
+	c.mu.Unlock()
+	id, err := statID(c.socket, raw)
 	c.mu.Lock()
 	same := err == nil && c.dialedOK && id == c.dialed
 	c.mu.Unlock()
 	if !same {
 		c.tr.CloseIdleConnections()
 	}
+}
+
+// statID is the file at path's FileID: by a raw stat where the path's
+// lookup stays in memory (raw), else by os.Stat.
+func statID(path string, raw bool) (rawsys.FileID, error) {
+	if raw {
+		return rawsys.Stat(path)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return rawsys.FileID{}, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return rawsys.FileID{}, fmt.Errorf("stat %s: no device and inode", path)
+	}
+	return rawsys.FileID{Dev: uint64(st.Dev), Ino: st.Ino}, nil
 }
 
 // close closes the kept connection.

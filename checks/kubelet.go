@@ -33,7 +33,9 @@ func newKubeletCheck(env *Env) (Check, error) {
 		// Its reads and writes are raw (rawsys): the probe of every 10 s
 		// does not wake the runtime's monitor thread.
 		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration), Transport: &http.Transport{
-			DialContext: rawsys.Dial, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
+			// A DialContext of its own turns net/http's HTTP/2 over TLS off
+			// unless asked for (an https healthz_url).
+			DialContext: rawsys.Dial, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
 }
 
 // Close closes the kept connection (Closer): a check a reload replaced does

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -215,5 +216,103 @@ func TestMonotonicMicros(t *testing.T) {
 	after := read()
 	if got < before || got > after {
 		t.Fatalf("MonotonicMicros = %d, not between %d and %d", got, before, after)
+	}
+}
+
+// What a raw call could block on, or misread, is left as it is.
+func TestWrapRefusesWhatIsNotSafe(t *testing.T) {
+	c, _ := pair(t, "unix")
+	f, err := c.(*net.UnixConn).File() // a dup, set blocking
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.SetNonblock(int(f.Fd()), false); err != nil {
+		t.Fatal(err)
+	}
+	// The dup shares the file status flags: c's descriptor blocks now.
+	if _, ok := Wrap(c).(*Conn); ok {
+		t.Error("a blocking descriptor was wrapped")
+	}
+	pc, err := net.ListenPacket("unixgram", filepath.Join(t.TempDir(), "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	if _, ok := Wrap(pc.(*net.UnixConn)).(*Conn); ok {
+		t.Error("a datagram socket was wrapped")
+	}
+}
+
+// A Close from another goroutine ends a Read and a Write that wait; a write
+// deadline ends a Write that waits for room.
+func TestCloseAndWriteDeadlineEndWaits(t *testing.T) {
+	c, _ := pair(t, "tcp")
+	rc := Wrap(c)
+	done := make(chan error, 2)
+	go func() {
+		_, err := rc.Read(make([]byte, 8))
+		done <- err
+	}()
+	go func() {
+		_, err := rc.Write(make([]byte, 64<<20)) // more than the buffers hold: waits
+		done <- err
+	}()
+	// Each waits in the poller (the peer neither writes nor reads).
+	for !goroutineWaiting(t) {
+		runtime.Gosched()
+	}
+	rc.Close()
+	for range 2 {
+		if err := <-done; !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("after Close: %v, want net.ErrClosed", err)
+		}
+	}
+	c2, _ := pair(t, "tcp")
+	rc2 := Wrap(c2)
+	rc2.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	n, err := rc2.Write(make([]byte, 64<<20))
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n == 0 || n == 64<<20 {
+		t.Fatalf("Write past its deadline = %d, %v; want part written and os.ErrDeadlineExceeded", n, err)
+	}
+}
+
+// goroutineWaiting reports whether two goroutines wait in the poller ("IO
+// wait" in a dump of every goroutine).
+func goroutineWaiting(t *testing.T) bool {
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	return bytes.Count(buf[:n], []byte("[IO wait")) >= 2
+}
+
+func TestInMemory(t *testing.T) {
+	var fs syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &fs) != nil || fs.Type != 0x01021994 {
+		t.Skip("no tmpfs at /dev/shm")
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "rawsys-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "s")
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !InMemory(sock) {
+		t.Errorf("%s on tmpfs: not in memory", sock)
+	}
+	link := filepath.Join(dir, "l")
+	os.Symlink(sock, link)
+	if InMemory(link) {
+		t.Errorf("%s, a symbolic link: in memory", link)
+	}
+	if InMemory("relative/s") {
+		t.Error("a relative path: in memory")
+	}
+	var tfs syscall.Statfs_t
+	other := t.TempDir()
+	if syscall.Statfs(other, &tfs) == nil && tfs.Type != 0x01021994 && InMemory(filepath.Join(other, "s")) {
+		t.Errorf("%s, not on tmpfs: in memory", other)
 	}
 }

@@ -305,6 +305,10 @@ var statusCodecs = func() serializer.CodecFactory {
 
 var coreV1 = schema.GroupVersion{Version: "v1"}
 
+// apiDial dials the API server: client-go's dialer, the connection's reads
+// and writes raw.
+var apiDial = rawsys.DialWith(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second})
+
 type restClient struct{ c rest.Interface }
 
 func newRESTClient(cfg *rest.Config) (Client, error) {
@@ -317,7 +321,9 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 	if cfg.Dial == nil && cfg.Transport == nil {
 		// Raw reads and writes (rawsys): the reports and the HTTP/2 pings
 		// on the kept connection do not wake the runtime's monitor thread.
-		cfg.Dial = rawsys.Dial
+		// The dialer's settings are client-go's own when Dial is nil
+		// (k8s.io/client-go/transport's cache.go).
+		cfg.Dial = apiDial
 	}
 	c, err := rest.RESTClientFor(cfg)
 	if err != nil {
