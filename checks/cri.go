@@ -115,9 +115,10 @@ func newCRIClient(socket string) *criClient {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			// The file before the connect: a socket made anew between the
 			// two is then not taken for the one connected to.
-			// The connection's reads and writes, and the stat of every
-			// call (sameSocket), are raw (rawsys): the probe of every 10 s
-			// does not wake the runtime's monitor thread.
+			// The connection's reads and writes are raw (rawsys), and so
+			// is the stat of every call (sameSocket) where the socket's
+			// path stays in memory: the probe of every 10 s does not wake
+			// the runtime's monitor thread.
 			raw := rawsys.InMemory(socket)
 			id, serr := statID(socket, false)
 			conn, err := rawsys.Dial(ctx, "unix", socket)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // restartListener counts the connections it accepts; after restart(),
@@ -243,4 +245,62 @@ func TestKubeletProbeKeepsItsConnection(t *testing.T) {
 		k.Close()
 		probe("after Close")
 	}
+}
+
+// The 10 s probes' connections are rawsys ones (their reads and writes do
+// not wake the runtime's sysmon): rawsys.Wrap refuses silently what it
+// cannot wrap, so a change to a dial would otherwise go unnoticed.
+func TestProbeConnectionsAreRaw(t *testing.T) {
+	rawConn := func(t *testing.T) (context.Context, func() bool) {
+		var raw, seen atomic.Bool
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+			_, ok := i.Conn.(*rawsys.Conn)
+			raw.Store(ok)
+			seen.Store(true)
+		}})
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		t.Cleanup(cancel)
+		return ctx, func() bool { return seen.Load() && raw.Load() }
+	}
+	t.Run("kubelet", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })}
+		go srv.Serve(ln)
+		defer srv.Close()
+		env := testEnv(t, func(c *config.Config) {
+			c.Checks.KubeletUnhealthy.HealthzURL = "http://" + ln.Addr().String() + "/healthz"
+		})
+		ch, err := newKubeletCheck(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.(*kubeletCheck).Close()
+		ctx, ok := rawConn(t)
+		if err := ch.(*kubeletCheck).probe(ctx); err != nil || !ok() {
+			t.Fatalf("probe: %v; its connection raw: %v", err, ok())
+		}
+	})
+	t.Run("CRI", func(t *testing.T) {
+		sock := t.TempDir() + "/cri.sock"
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := grpc.NewServer()
+		ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+		runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
+			return conditions(ready), nil
+		}})
+		go s.Serve(ln)
+		defer s.Stop()
+		c := newCRIClient(sock)
+		defer c.close()
+		ctx, ok := rawConn(t)
+		if err := c.status(ctx); err != nil || !ok() {
+			t.Fatalf("call: %v; its connection raw: %v", err, ok())
+		}
+	})
 }

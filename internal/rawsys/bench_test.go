@@ -22,7 +22,7 @@ import (
 // and on a Conn of this package. It reports the process's CPU per GET
 // (every thread's, from schedstat; the server is a process of its own) and its threads' wake-ups per GET (voluntary switches).
 //
-//	go test ./internal/rawsys -run '^$' -bench ProbeGET -benchtime 200x
+//	go test ./internal/rawsys -run '^$' -bench ProbeGET -benchtime 300x
 func BenchmarkProbeGET(b *testing.B) {
 	for _, name := range []string{"plain", "raw"} {
 		b.Run(name, func(b *testing.B) {

@@ -99,8 +99,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 }
 
 // Write writes all of p in one hold of the connection's write lock (the
-// poller's: its callback writes until done, and gives the lock up only to
-// wait for room).
+// poller's, held while it waits for room too): its callback writes until
+// done.
 func (c *Conn) Write(p []byte) (int, error) {
 	written := 0
 	var errno syscall.Errno
