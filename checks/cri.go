@@ -89,10 +89,10 @@ type criCondition struct {
 type criClient struct {
 	socket string
 	tr     *http.Transport
-	// dialed is the socket file the kept connection was made on (ok:
-	// there is one).
-	// raw: the path's lookup stays in memory (rawsys.InMemory, asked at
-	// the dial), so the stat of every call is a raw one.
+	// dialed is the socket file the kept connection was made on
+	// (dialedOK: the stat at the dial found one); raw: the path's lookup
+	// stays in memory (rawsys.InMemory, asked at the dial), so the stat of
+	// every call is a raw one.
 	mu       sync.Mutex
 	dialed   rawsys.FileID
 	dialedOK bool
@@ -139,12 +139,10 @@ func newCRIClient(socket string) *criClient {
 // the one it was made on (removed, or made anew by a restarted runtime).
 func (c *criClient) sameSocket() {
 	c.mu.Lock()
-	raw := c.raw
+	dialed, ok, raw := c.dialed, c.dialedOK, c.raw
 	c.mu.Unlock()
 	id, err := statID(c.socket, raw)
-	c.mu.Lock()
-	same := err == nil && c.dialedOK && id == c.dialed
-	c.mu.Unlock()
+	same := err == nil && ok && id == dialed
 	if !same {
 		c.tr.CloseIdleConnections()
 	}

@@ -159,6 +159,9 @@ func TestCRIProbeKeepsItsConnection(t *testing.T) {
 	if n := rl.accepted.Load(); n != 2 || c.retried != 1 {
 		t.Errorf("then: %d connections, %d calls made again; want 2 and 1", n, c.retried)
 	}
+	if ctx, raw := rawTrace(t); c.status(ctx) != nil || !raw() {
+		t.Errorf("the kept connection is not a rawsys one")
+	}
 	// The socket removed while the runtime runs on: the probe fails as a
 	// new client would (kubelet restarted now could not connect), though
 	// the kept connection still works.
@@ -234,6 +237,9 @@ func TestKubeletProbeKeepsItsConnection(t *testing.T) {
 	if n := rl.accepted.Load(); n != 2 {
 		t.Errorf("after the restart: %d connections, want 2", n)
 	}
+	if ctx, raw := rawTrace(t); k.probe(ctx) != nil || !raw() {
+		t.Errorf("the kept connection is not a rawsys one")
+	}
 	// Closed (the check removed by a reload): the connection is let go,
 	// and a probe still running then may make a new one. (The transport
 	// puts a connection back among the idle ones just after the probe
@@ -247,60 +253,19 @@ func TestKubeletProbeKeepsItsConnection(t *testing.T) {
 	}
 }
 
-// The 10 s probes' connections are rawsys ones (their reads and writes do
-// not wake the runtime's sysmon): rawsys.Wrap refuses silently what it
-// cannot wrap, so a change to a dial would otherwise go unnoticed.
-func TestProbeConnectionsAreRaw(t *testing.T) {
-	rawConn := func(t *testing.T) (context.Context, func() bool) {
-		var raw, seen atomic.Bool
-		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
-			_, ok := i.Conn.(*rawsys.Conn)
-			raw.Store(ok)
-			seen.Store(true)
-		}})
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		t.Cleanup(cancel)
-		return ctx, func() bool { return seen.Load() && raw.Load() }
-	}
-	t.Run("kubelet", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })}
-		go srv.Serve(ln)
-		defer srv.Close()
-		env := testEnv(t, func(c *config.Config) {
-			c.Checks.KubeletUnhealthy.HealthzURL = "http://" + ln.Addr().String() + "/healthz"
-		})
-		ch, err := newKubeletCheck(env)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ch.(*kubeletCheck).Close()
-		ctx, ok := rawConn(t)
-		if err := ch.(*kubeletCheck).probe(ctx); err != nil || !ok() {
-			t.Fatalf("probe: %v; its connection raw: %v", err, ok())
-		}
-	})
-	t.Run("CRI", func(t *testing.T) {
-		sock := t.TempDir() + "/cri.sock"
-		ln, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := grpc.NewServer()
-		ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
-		runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
-			return conditions(ready), nil
-		}})
-		go s.Serve(ln)
-		defer s.Stop()
-		c := newCRIClient(sock)
-		defer c.close()
-		ctx, ok := rawConn(t)
-		if err := c.status(ctx); err != nil || !ok() {
-			t.Fatalf("call: %v; its connection raw: %v", err, ok())
-		}
-	})
+// rawTrace is a context whose GotConn hook records whether the connection
+// a probe got is a rawsys one (its reads and writes do not wake the
+// runtime's sysmon), and the function that says so once one was got:
+// rawsys.Wrap refuses silently what it cannot wrap, so a change to a
+// probe's dial would otherwise go unnoticed.
+func rawTrace(t *testing.T) (context.Context, func() bool) {
+	var raw, seen atomic.Bool
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		_, ok := i.Conn.(*rawsys.Conn)
+		raw.Store(ok)
+		seen.Store(true)
+	}})
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx, func() bool { return seen.Load() && raw.Load() }
 }
