@@ -385,6 +385,44 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	}
 }
 
+// The real API server resumes the node's TLS session on a new connection
+// (the annotation writes each open one: the API server closes a connection
+// idle for 90 s), and a resumed connection still writes as the node, only
+// to its own Node (NodeRestriction).
+func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
+	s := apiServer(t)
+	registerNode(t, s, "node-resume")
+	registerNode(t, s, "node-resume-other")
+	client, _ := nodeClient(t, s, "node-resume")
+	closer, ok := client.(interface{ CloseIdle() })
+	if !ok {
+		t.Fatalf("the daemon's client (%T) cannot close its idle connections", client)
+	}
+	ctx := context.Background()
+	full0, resumed0 := kube.TLSHandshakes()
+	for i := range 3 {
+		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"test.autopilot.syself.com/resume":"%d"}}}`, i)
+		if err := client.PatchNode(ctx, "node-resume", patch); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if err := client.PatchNode(ctx, "node-resume-other", patch); !apierrors.IsForbidden(err) {
+			t.Errorf("write %d to another node: %v, want forbidden", i, err)
+		}
+		closer.CloseIdle()
+	}
+	full, resumed := kube.TLSHandshakes()
+	if full-full0 != 1 || resumed-resumed0 != 2 {
+		t.Errorf("three connections: %d full and %d resumed TLS handshakes, want 1 and 2", full-full0, resumed-resumed0)
+	}
+	n, err := s.Admin.CoreV1().Nodes().Get(ctx, "node-resume", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Annotations["test.autopilot.syself.com/resume"]; got != "2" {
+		t.Errorf("the node's annotation after three writes: %q", got)
+	}
+}
+
 // The kubelet rotates its client certificate by moving the file: the daemon
 // keeps writing after the old certificate expired, without a restart, and
 // without client-go's certificate reloader (whose work queue woke the daemon

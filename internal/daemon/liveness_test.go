@@ -81,8 +81,8 @@ func TestAllowedSilencePerLoop(t *testing.T) {
 		"kmsg":             10*time.Second + slack,
 		"state":            time.Minute + slack,
 		"detect":           cfg.Detect.Interval.Duration + slack,
-		"kube/status":      hb + hb/10 + slack,
-		"kube/events":      time.Minute + slack, // idle: no write due
+		"kube/status":      hb + hb/10 + 10*time.Second + slack, // jittered, then onto the 10 s grid
+		"kube/events":      time.Minute + slack,                 // idle: no write due
 		"kube/annotations": cfg.Kubernetes.ReportInterval.Duration + slack,
 	}
 	for _, c := range d.runner.Checks() {

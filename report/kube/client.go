@@ -13,9 +13,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"encoding/json"
@@ -31,6 +33,7 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/transport"
 )
 
 // ErrNoKubeconfig means the kubeconfig file does not exist: the daemon runs
@@ -196,11 +199,7 @@ func (r *rotatingClient) client() (Client, error) {
 		return r.cur, nil
 	}
 	if old, ok := r.cur.(restClient); ok {
-		if rc, ok := old.c.(*rest.RESTClient); ok && rc.Client != nil {
-			// Through client-go's wrappers (http.Client's own method
-			// does not unwrap them).
-			utilnet.CloseIdleConnectionsFor(rc.Client.Transport)
-		}
+		old.CloseIdle()
 	}
 	if r.cur != nil && r.log != nil {
 		r.log.Info("client certificate reloaded", "cert", r.certFile, "key", r.keyFile)
@@ -223,6 +222,16 @@ func (r *rotatingClient) load() (cert, key []byte, err error) {
 		return nil, nil, fmt.Errorf("client certificate %s and key %s: %w", r.certFile, r.keyFile, err)
 	}
 	return cert, key, nil
+}
+
+// CloseIdle closes the idle connections of the client in use.
+func (r *rotatingClient) CloseIdle() {
+	r.mu.Lock()
+	c := r.cur
+	r.mu.Unlock()
+	if ic, ok := c.(idleCloser); ok {
+		ic.CloseIdle()
+	}
 }
 
 func (r *rotatingClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
@@ -311,8 +320,67 @@ var apiDial = rawsys.DialWith(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 
 
 type restClient struct{ c rest.Interface }
 
+// noResume turns the session cache off (BenchmarkReconnect's "full").
+var noResume bool
+
+// TLS handshakes with the API server since start, full and resumed
+// (TLSHandshakes).
+var fullHandshakes, resumedHandshakes atomic.Int64
+
+// TLSHandshakes returns how many TLS handshakes the daemon's clients made
+// with the API server: in full, and resumed from a session ticket.
+func TLSHandshakes() (full, resumed int64) { return fullHandshakes.Load(), resumedHandshakes.Load() }
+
+// resumeSessions lets the API server's connections resume the TLS session
+// of an earlier one. The API server closes a connection idle for 90 s and
+// the report annotations are written every 2 minutes, so most writes open
+// a new connection; a resumed handshake skips the certificate chains, the
+// client certificate's signature and their checks (the key exchange is
+// still made anew: forward secrecy is kept). The session cache belongs to
+// the transport, so a client made for a rotated certificate (rotatingClient)
+// starts without sessions and presents the new certificate. The API server
+// takes the identity of a resumed session from the certificate of the
+// handshake that made it, and Go's TLS server does not resume the session
+// of a client certificate past its NotAfter.
+func resumeSessions(rt http.RoundTripper) http.RoundTripper {
+	// client-go's transport cache hands its *http.Transport in a wrapper
+	// or two (the cache's, the CA file's reloader).
+	inner := rt
+	for {
+		w, ok := inner.(utilnet.RoundTripperWrapper)
+		if !ok {
+			break
+		}
+		inner = w.WrappedRoundTripper()
+	}
+	t, ok := inner.(*http.Transport)
+	if !ok || t.TLSClientConfig == nil || t.TLSClientConfig.ClientSessionCache != nil {
+		return rt
+	}
+	tc := t.TLSClientConfig
+	if !noResume {
+		tc.ClientSessionCache = tls.NewLRUClientSessionCache(4)
+	}
+	verify := tc.VerifyConnection
+	tc.VerifyConnection = func(cs tls.ConnectionState) error {
+		if cs.DidResume {
+			resumedHandshakes.Add(1)
+		} else {
+			fullHandshakes.Add(1)
+		}
+		if verify != nil {
+			return verify(cs)
+		}
+		return nil
+	}
+	return rt
+}
+
 func newRESTClient(cfg *rest.Config) (Client, error) {
 	cfg = rest.CopyConfig(cfg)
+	// First: it sees client-go's own transport (its TLS settings from the
+	// kubeconfig), not a wrapper.
+	cfg.WrapTransport = transport.Wrappers(resumeSessions, cfg.WrapTransport)
 	cfg.GroupVersion = &coreV1
 	cfg.APIPath = "/api"
 	cfg.ContentType = runtime.ContentTypeJSON
@@ -330,6 +398,16 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 		return nil, err
 	}
 	return restClient{c}, nil
+}
+
+// CloseIdle closes the connections to the API server that carry no
+// request (a reporter whose next write is minutes away; see idleCloser).
+func (r restClient) CloseIdle() {
+	if rc, ok := r.c.(*rest.RESTClient); ok && rc.Client != nil {
+		// Through client-go's wrappers (http.Client's own method does not
+		// unwrap them).
+		utilnet.CloseIdleConnectionsFor(rc.Client.Transport)
+	}
 }
 
 func (r restClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {

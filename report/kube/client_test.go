@@ -30,7 +30,7 @@ import (
 
 // writeCert writes a self-signed client certificate for cn and its key to
 // certFile and keyFile (both to one file when they are the same).
-func writeCert(t *testing.T, certFile, keyFile, cn string) {
+func writeCert(t testing.TB, certFile, keyFile, cn string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -216,5 +216,90 @@ current-context: x
 	}
 	if got := CredentialsUser(filepath.Join(dir, "no-such.conf")); got != "" {
 		t.Errorf("no kubeconfig: %q", got)
+	}
+}
+
+// A new connection to the API server resumes the TLS session of the one
+// before (the annotation writes, 2 minutes apart, each open one: the API
+// server closes a connection idle for 90 s), presenting the identity of the
+// handshake that made the session; a client made for a rotated certificate
+// starts a session of its own, in full.
+func TestClientResumesTLSSessions(t *testing.T) {
+	type seen struct {
+		cn      string
+		resumed bool
+	}
+	var mu sync.Mutex
+	var got []seen
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			mu.Lock()
+			got = append(got, seen{r.TLS.PeerCertificates[0].Subject.CommonName, r.TLS.DidResume})
+			mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
+	}))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	var closed atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	srv.StartTLS()
+	defer srv.Close()
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "client.pem")
+	writeCert(t, cert, cert, "first")
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kubelet.conf")
+	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, certificate-authority: ca.crt}}]
+users: [{name: u, user: {client-certificate: client.pem, client-key: client.pem}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, srv.URL), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := NewClient(kc, "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full0, resumed0 := TLSHandshakes()
+	var wantClosed int32
+	getAndClose := func(step string) {
+		t.Helper()
+		if _, err := c.GetNode(context.Background(), "n1"); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		c.(idleCloser).CloseIdle()
+		wantClosed++
+		for deadline := time.Now().Add(5 * time.Second); closed.Load() != wantClosed; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d connections closed, want %d", step, closed.Load(), wantClosed)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	getAndClose("first")
+	getAndClose("second")
+	getAndClose("third")
+	writeCert(t, cert, cert, "second")
+	getAndClose("after rotation")
+	getAndClose("after rotation, again")
+	mu.Lock()
+	defer mu.Unlock()
+	want := []seen{{"first", false}, {"first", true}, {"first", true}, {"second", false}, {"second", true}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("the server saw (identity, resumed) %v, want %v", got, want)
+	}
+	full, resumed := TLSHandshakes()
+	if full-full0 != 2 || resumed-resumed0 != 3 {
+		t.Errorf("TLSHandshakes counted %d full and %d resumed, want 2 and 3", full-full0, resumed-resumed0)
 	}
 }

@@ -349,11 +349,13 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 
 	el = r.newErrorLog("writing conditions of node " + r.o.NodeName)
 	dirty := true
-	hb := time.NewTimer(jitter(r.o.HeartbeatPeriod))
+	// beat: the write due is a heartbeat's alone (no change to write).
+	beat := false
+	hb := time.NewTimer(r.heartbeatIn())
 	defer hb.Stop()
 	var retry <-chan time.Time
 	for {
-		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10, backoffMax))
+		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10+heartbeatGrid, backoffMax))
 		changed := r.o.Store.Changed()
 		r.m.setStatusPending(dirty)
 		if dirty && retry == nil {
@@ -372,15 +374,21 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				bo.Reset()
 				dirty = false
 				r.m.setStatusPending(false)
-				hb.Reset(jitter(r.o.HeartbeatPeriod))
+				if beat {
+					// The next write is the next heartbeat, minutes away,
+					// unless a change comes first.
+					r.closeIdle()
+				}
+				hb.Reset(r.heartbeatIn())
 			}
+			beat = false
 		}
 		select {
 		case <-ctx.Done():
 			r.finalWrite(dirty)
 			return
 		case <-changed:
-			dirty = true
+			dirty, beat = true, false
 			select {
 			case <-ctx.Done():
 				r.finalWrite(true)
@@ -388,6 +396,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			case <-time.After(coalesce):
 			}
 		case <-hb.C:
+			beat = !dirty
 			dirty = true
 		case <-retry:
 			retry = nil
@@ -529,6 +538,39 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	return err
 }
 
+// idleCloser is a Client that can close its idle connections (the
+// daemon's; restClient).
+type idleCloser interface{ CloseIdle() }
+
+// closeIdle closes the client's idle connections after a periodic write
+// (the report annotations, a heartbeat), whose loop writes next minutes
+// later. The API server would close the connection after 90 s idle all the
+// same, and until then the client's HTTP/2 health check pings it every 30
+// s: three wake-ups of the daemon, off the grid, for a connection no write
+// uses. Closed within the write's own wake-up, it costs none; the next
+// write opens a new one, resuming the TLS session (resumeSessions).
+func (r *Reporter) closeIdle() {
+	if c, ok := r.o.Client.(idleCloser); ok {
+		c.CloseIdle()
+	}
+}
+
+// heartbeatGrid is the step of the grid a heartbeat falls on: that of the
+// 10 s probes, so that a heartbeat wakes the daemon together with them.
+const heartbeatGrid = 10 * time.Second
+
+// heartbeatIn is how long until the next heartbeat: the heartbeat period
+// lengthened by up to 10 % (jitter), then to the next point of the
+// daemon's 10 s grid (whose anchor, the daemon's start, differs from node
+// to node, as the jitter does).
+func (r *Reporter) heartbeatIn() time.Duration {
+	d := jitter(r.o.HeartbeatPeriod)
+	if r.o.Grid.Anchor().IsZero() {
+		return d
+	}
+	return d + r.o.Grid.Until(time.Now().Add(d), heartbeatGrid)
+}
+
 // annotationLoop writes the five report annotations every report interval,
 // in one metadata patch.
 func (r *Reporter) annotationLoop(ctx context.Context) {
@@ -573,6 +615,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		}
 		el.ok()
 		bo.Reset()
+		r.closeIdle()
 		wait, failed = r.o.Grid.Until(time.Now(), r.o.ReportInterval), false
 	}
 }

@@ -936,3 +936,104 @@ func TestShutdownDuringAWriteStillWritesTheLastChange(t *testing.T) {
 		}
 	})
 }
+
+// closingClient records the writes it makes and its CloseIdle calls, with
+// their time since the grid's anchor.
+type closingClient struct {
+	kubefake.Client
+	anchor time.Time
+	mu     sync.Mutex
+	calls  []string
+}
+
+func (c *closingClient) note(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, fmt.Sprintf("%s@%s", what, time.Since(c.anchor)))
+}
+
+func (c *closingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	c.note("status")
+	return c.Client.PatchNodeStatus(ctx, name, patch)
+}
+
+func (c *closingClient) PatchNode(ctx context.Context, name string, patch []byte) error {
+	c.note("annotations")
+	return c.Client.PatchNode(ctx, name, patch)
+}
+
+func (c *closingClient) CloseIdle() { c.note("close") }
+
+// After a periodic write (the report annotations, a heartbeat) the client's
+// idle connection is closed, within the same wake-up: the next such write is
+// minutes away, and a connection kept would be pinged and closed later,
+// off the grid. A write of a change keeps it. The heartbeat falls on the
+// daemon's 10 s grid, 5 to 5.5 minutes (and up to 10 s) after the last
+// write.
+func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		grid := tick.New(time.Now())
+		time.Sleep(3 * time.Second)
+		cs := fake.NewClientset(kubeletNode())
+		client := &closingClient{Client: kubefake.New(cs), anchor: grid.Anchor()}
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		r := New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil), Grid: grid,
+			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		time.Sleep(7*time.Minute + 500*time.Millisecond)
+		// A change: written, the connection kept.
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+		time.Sleep(13 * time.Minute)
+		cancel()
+		<-done
+		client.mu.Lock()
+		calls := client.calls
+		client.mu.Unlock()
+		var beats, changes, anns, closes int
+		for i, c := range calls {
+			what, at, _ := strings.Cut(c, "@")
+			d, err := time.ParseDuration(at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := ""
+			if i+1 < len(calls) {
+				next = calls[i+1]
+			}
+			closed := next == "close@"+at
+			switch {
+			case what == "close":
+				closes++
+			case what == "annotations":
+				anns++
+				if !closed {
+					t.Errorf("annotation write %s not followed by a close at once: %v", c, calls)
+				}
+			// The first write of the conditions (at the start) and the
+			// change's are no heartbeats.
+			case what == "status" && (d == 3*time.Second || d == 7*time.Minute+3700*time.Millisecond):
+				changes++
+				if closed {
+					t.Errorf("the write of a change %s closed the connection: %v", c, calls)
+				}
+			case what == "status":
+				beats++
+				if !closed {
+					t.Errorf("heartbeat %s not followed by a close at once: %v", c, calls)
+				}
+				if d%(10*time.Second) != 0 {
+					t.Errorf("heartbeat %s off the 10 s grid: %v", c, calls)
+				}
+			}
+		}
+		// Heartbeats 5 to 5.5 minutes apart (and up to 10 s for the grid)
+		// over 20 minutes; annotations at the start and every 2 minutes.
+		if changes != 2 || beats < 3 || beats > 4 || anns != 11 || closes != beats+anns {
+			t.Errorf("%d change writes, %d heartbeats, %d annotation writes, %d closes: %v", changes, beats, anns, closes, calls)
+		}
+	})
+}

@@ -1,0 +1,163 @@
+package kube
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// serverEnv makes the test binary BenchmarkReconnect's API server (TestMain):
+// a process of its own, as the API server is, so that its handshakes are
+// not counted as the client's CPU.
+const serverEnv = "KUBE_BENCH_SERVER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(serverEnv) != "" {
+		serveForBench()
+	}
+	os.Exit(m.Run())
+}
+
+// serveForBench serves a Node over HTTP/2 and TLS as the API server does
+// (an ECDSA P-256 certificate, client certificates asked for), and prints
+// its address and its certificate (base64 DER) on one line.
+func serveForBench() {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		os.Exit(1)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kube-apiserver"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		os.Exit(1)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		os.Exit(1)
+	}
+	fmt.Printf("%s %s\n", ln.Addr(), base64.StdEncoding.EncodeToString(der))
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
+	}), TLSConfig: &tls.Config{ClientAuth: tls.RequestClientCert, Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
+	srv.ServeTLS(ln, "", "")
+	os.Exit(1)
+}
+
+// BenchmarkReconnect is a write on a new connection to the API server, as
+// the report annotations' every 2 minutes (the API server closes a
+// connection idle for 90 s): TCP, TLS with the node's client certificate,
+// HTTP/2's preface, one GET, the connection closed. resumed: the TLS
+// session of the connection before is resumed (resumeSessions); full: every
+// handshake in full. On one processor, as the daemon runs; the client's
+// CPU per write (its threads' schedstat; the server is a process of its
+// own).
+//
+//	go test ./report/kube -run '^$' -bench Reconnect -benchtime 200x
+func BenchmarkReconnect(b *testing.B) {
+	for _, name := range []string{"full", "resumed"} {
+		b.Run(name, func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			noResume = name == "full"
+			defer func() { noResume = false }()
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), serverEnv+"=1")
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer func() { cmd.Process.Kill(); cmd.Wait() }()
+			line, err := bufio.NewReader(out).ReadString('\n')
+			addr, cert, ok := strings.Cut(strings.TrimSpace(line), " ")
+			if err != nil || !ok {
+				b.Fatalf("the server process said %q: %v", line, err)
+			}
+			der, err := base64.StdEncoding.DecodeString(cert)
+			if err != nil {
+				b.Fatal(err)
+			}
+			dir := b.TempDir()
+			writeCert(b, filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.pem"), "system:node:n1")
+			if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			kc := filepath.Join(dir, "kubelet.conf")
+			if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://%s", certificate-authority: ca.crt}}]
+users: [{name: u, user: {client-certificate: client.pem, client-key: client.pem}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, addr), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			c, _, err := NewClient(kc, "bench", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			write := func() {
+				if _, err := c.GetNode(context.Background(), "n1"); err != nil {
+					b.Fatal(err)
+				}
+				c.(idleCloser).CloseIdle()
+			}
+			write() // the first session
+			full0, resumed0 := TLSHandshakes()
+			cpu0 := threadCPU(b)
+			b.ResetTimer()
+			for range b.N {
+				time.Sleep(10 * time.Millisecond) // writes apart, as they are
+				write()
+			}
+			b.StopTimer()
+			cpu1 := threadCPU(b)
+			full, resumed := TLSHandshakes()
+			if got := resumed - resumed0; (name == "resumed") != (got == int64(b.N)) || full-full0+got != int64(b.N) {
+				b.Fatalf("%d writes: %d full and %d resumed handshakes", b.N, full-full0, got)
+			}
+			b.ReportMetric(float64(cpu1-cpu0)/1e3/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
+
+// threadCPU is the CPU (ns) of every thread of this process (schedstat).
+func threadCPU(b *testing.B) (cpu int64) {
+	b.Helper()
+	tasks, err := filepath.Glob("/proc/self/task/*")
+	if err != nil || len(tasks) == 0 {
+		b.Fatalf("no threads: %v", err)
+	}
+	for _, t := range tasks {
+		if raw, err := os.ReadFile(filepath.Join(t, "schedstat")); err == nil {
+			if f := strings.Fields(string(raw)); len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				cpu += n
+			}
+		}
+	}
+	return cpu
+}
