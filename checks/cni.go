@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 
 	"github.com/syself/autopilot-health/report"
@@ -15,21 +14,26 @@ func init() { Register("CNIUnhealthy", newCNICheck) }
 
 // cniCheck asks the local cilium-agent for its health over its API socket
 // (GET /v1/healthz, the call `cilium status` makes): True when the agent's
-// own state is not Ok, or the socket does not answer.
+// own state is not Ok, or the socket does not answer. The connection is
+// kept between probes, as the CRI call's (keptSocket): a connection the
+// agent dropped by restarting is not an outage (net/http makes the GET
+// again on a new one), and a socket the agent made anew is probed anew.
 type cniCheck struct {
 	socket string
+	sock   *keptSocket
+	tr     *http.Transport
 	client *http.Client
 }
 
 func newCNICheck(env *Env) (Check, error) {
 	c := env.Config.Checks.CNIUnhealthy
-	socket := env.Path(c.Socket)
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}
-	return &cniCheck{socket: c.Socket, client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+	ks := &keptSocket{path: env.Path(c.Socket)}
+	tr := &http.Transport{DialContext: ks.dial, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}
+	return &cniCheck{socket: c.Socket, sock: ks, tr: tr, client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)}}, nil
 }
+
+// Close closes the kept connection (Closer).
+func (c *cniCheck) Close() { c.tr.CloseIdleConnections() }
 
 // ciliumStatus is the part of cilium's StatusResponse (api/v1/openapi.yaml)
 // the check reads.
@@ -46,6 +50,9 @@ func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	req.Header.Set("brief", "true")
+	if !c.sock.same() {
+		c.tr.CloseIdleConnections()
+	}
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumUnreachable, Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil

@@ -88,15 +88,8 @@ type criCondition struct {
 // restart is never taken for an outage.
 type criClient struct {
 	socket string
+	sock   *keptSocket
 	tr     *http.Transport
-	// dialed is the socket file the kept connection was made on
-	// (dialedOK: the stat at the dial found one); raw: the path's lookup
-	// stays in memory (rawsys.InMemory, asked at the dial), so the stat of
-	// every call is a raw one.
-	mu       sync.Mutex
-	dialed   rawsys.FileID
-	dialedOK bool
-	raw      bool
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
@@ -109,41 +102,66 @@ const keptConnIdle = 90 * time.Second
 func newCRIClient(socket string) *criClient {
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
-	c := &criClient{socket: socket}
+	c := &criClient{socket: socket, sock: &keptSocket{path: socket}}
 	c.tr = &http.Transport{
-		Protocols: &protocols,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			// The file before the connect: a socket made anew between the
-			// two is then not taken for the one connected to.
-			// The connection's reads and writes are raw (rawsys), and so
-			// is the stat of every call (sameSocket) where the socket's
-			// path stays in memory: the probe of every 10 s does not wake
-			// the runtime's monitor thread.
-			raw := rawsys.InMemory(socket)
-			id, serr := statID(socket, false)
-			conn, err := rawsys.Dial(ctx, "unix", socket)
-			if err == nil {
-				c.mu.Lock()
-				c.dialed, c.dialedOK, c.raw = id, serr == nil, raw
-				c.mu.Unlock()
-			}
-			return conn, err
-		},
+		Protocols:          &protocols,
+		DialContext:        c.sock.dial,
 		DisableCompression: true,
 		IdleConnTimeout:    keptConnIdle,
 	}
 	return c
 }
 
+// keptSocket is the unix socket a transport keeps a connection to between
+// probes (the CRI call's, cilium-agent's API): it dials the path and
+// remembers which socket file it reached, and same tells whether that file
+// is still the one at the path. A service that removed or replaced its
+// socket is then probed as a new client would find it, not over the kept
+// connection to what may be its old process.
+//
+// The connection's reads and writes are raw (rawsys), and so is the stat of
+// every probe (same) where the socket's path stays in memory
+// (rawsys.InMemory, asked at the dial): a probe does not wake the runtime's
+// monitor thread.
+type keptSocket struct {
+	path string
+	// dialed is the socket file the kept connection was made on
+	// (dialedOK: the stat at the dial found one); raw: the stat of
+	// every probe is a raw one.
+	mu       sync.Mutex
+	dialed   rawsys.FileID
+	dialedOK bool
+	raw      bool
+}
+
+// dial is the transport's DialContext.
+func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	// The file before the connect: a socket made anew between the two is
+	// then not taken for the one connected to.
+	raw := rawsys.InMemory(k.path)
+	id, serr := statID(k.path, false)
+	conn, err := rawsys.Dial(ctx, "unix", k.path)
+	if err == nil {
+		k.mu.Lock()
+		k.dialed, k.dialedOK, k.raw = id, serr == nil, raw
+		k.mu.Unlock()
+	}
+	return conn, err
+}
+
+// same reports whether the socket at the path is the one last dialed.
+func (k *keptSocket) same() bool {
+	k.mu.Lock()
+	dialed, ok, raw := k.dialed, k.dialedOK, k.raw
+	k.mu.Unlock()
+	id, err := statID(k.path, raw)
+	return err == nil && ok && id == dialed
+}
+
 // sameSocket drops the kept connection when the socket at the path is not
 // the one it was made on (removed, or made anew by a restarted runtime).
 func (c *criClient) sameSocket() {
-	c.mu.Lock()
-	dialed, ok, raw := c.dialed, c.dialedOK, c.raw
-	c.mu.Unlock()
-	id, err := statID(c.socket, raw)
-	same := err == nil && ok && id == dialed
-	if !same {
+	if !c.sock.same() {
 		c.tr.CloseIdleConnections()
 	}
 }

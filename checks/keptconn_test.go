@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/rawsys"
+	"github.com/syself/autopilot-health/report"
 )
 
 // restartListener counts the connections it accepts; after restart(),
@@ -268,4 +270,120 @@ func rawTrace(t *testing.T) (context.Context, func() bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	t.Cleanup(cancel)
 	return ctx, func() bool { return seen.Load() && raw.Load() }
+}
+
+// ciliumAgent serves cilium-agent's /v1/healthz on a unix socket at sock,
+// through a restartListener.
+func ciliumAgent(t *testing.T, sock string) *restartListener {
+	t.Helper()
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &restartListener{Listener: ln}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"cilium":{"state":"Ok"}}`))
+	})}
+	go srv.Serve(rl)
+	t.Cleanup(func() { srv.Close() })
+	return rl
+}
+
+// The CNI probe keeps its connection to cilium-agent's socket as the CRI
+// call does: one for three probes, an agent's restart is not an outage,
+// the connection is a raw one, an agent that made its socket anew is asked
+// on a new connection, and Close lets it go.
+func TestCNIProbeKeepsItsConnection(t *testing.T) {
+	sock := t.TempDir() + "/cilium.sock"
+	rl := ciliumAgent(t, sock)
+	ch, err := newCNICheck(testEnv(t, func(c *config.Config) { c.Checks.CNIUnhealthy.Socket = sock }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ch.(*cniCheck)
+	healthy := func(ctx context.Context) error {
+		r, err := c.Probe(ctx)
+		if err == nil && r.Status != report.StatusFalse {
+			err = fmt.Errorf("%s %s: %s", r.Status, r.Reason, r.Message)
+		}
+		return err
+	}
+	probe := prober(t, healthy)
+	probeRestarted(t, rl, probe)
+	if n := rl.accepted.Load(); n != 2 {
+		t.Errorf("after the restart: %d connections, want 2", n)
+	}
+	if ctx, raw := rawTrace(t); healthy(ctx) != nil || !raw() {
+		t.Errorf("the kept connection is not a rawsys one")
+	}
+	if err := os.Rename(sock, sock+".old"); err != nil {
+		t.Fatal(err)
+	}
+	rl2 := ciliumAgent(t, sock)
+	probe("socket made anew")
+	if n, n2 := rl.accepted.Load(), rl2.accepted.Load(); n != 2 || n2 != 1 {
+		t.Errorf("socket made anew: %d connections to the old agent, %d to the new; want 2 and 1", n, n2)
+	}
+	for i := 0; rl2.accepted.Load() == 1; i++ {
+		if i == 50 {
+			t.Fatal("Close did not let the kept connection go")
+		}
+		c.Close()
+		probe("after Close")
+	}
+}
+
+// ProxyNotServing and TunnelDisconnected keep their connection to the page
+// they scrape: one for three runs, the endpoint's restart is not an
+// outage, the connection is a raw one, and Close lets it go.
+func TestScrapeProbesKeepTheirConnection(t *testing.T) {
+	for _, name := range []string{"ProxyNotServing", "TunnelDisconnected"} {
+		t.Run(name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rl := &restartListener{Listener: ln}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				fmt.Fprint(w, "# TYPE ready gauge\nready 1\n# TYPE konnectivity_network_proxy_agent_open_server_connections gauge\nkonnectivity_network_proxy_agent_open_server_connections 2\n")
+			})}
+			go srv.Serve(rl)
+			defer srv.Close()
+			url := "http://" + ln.Addr().String() + "/metrics"
+			env := testEnv(t, func(c *config.Config) {
+				c.Checks.ProxyNotServing.MetricsURL, c.Checks.ProxyNotServing.ReadyMetric = url, "ready"
+				c.Checks.TunnelDisconnected.MetricsURL, c.Checks.TunnelDisconnected.AgentUnit = url, ""
+			})
+			ch, err := registry[name](env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			healthy := func(ctx context.Context) error {
+				r, err := ch.Probe(ctx)
+				if err == nil && r.Status != report.StatusFalse {
+					err = fmt.Errorf("%s %s: %s", r.Status, r.Reason, r.Message)
+				}
+				return err
+			}
+			probe := prober(t, healthy)
+			probeRestarted(t, rl, probe)
+			if n := rl.accepted.Load(); n != 2 {
+				t.Errorf("after the restart: %d connections, want 2", n)
+			}
+			if ctx, raw := rawTrace(t); healthy(ctx) != nil || !raw() {
+				t.Errorf("the kept connection is not a rawsys one")
+			}
+			closer, ok := ch.(interface{ Close() })
+			if !ok {
+				t.Fatalf("%s keeps a connection it cannot close", name)
+			}
+			for i := 0; rl.accepted.Load() == 2; i++ {
+				if i == 50 {
+					t.Fatal("Close did not let the kept connection go")
+				}
+				closer.Close()
+				probe("after Close")
+			}
+		})
+	}
 }

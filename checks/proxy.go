@@ -22,8 +22,11 @@ type proxyCheck struct {
 
 func newProxyCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.ProxyNotServing
-	return &proxyCheck{url: c.MetricsURL, metric: c.ReadyMetric, client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+	return &proxyCheck{url: c.MetricsURL, metric: c.ReadyMetric, client: scrapeClient(c.Timeout.Duration)}, nil
 }
+
+// Close closes the kept connection (Closer).
+func (c *proxyCheck) Close() { c.client.CloseIdleConnections() }
 
 func (c *proxyCheck) Probe(ctx context.Context) (Result, error) {
 	vals, found, err := scrapeGauge(ctx, c.client, c.url, c.metric)

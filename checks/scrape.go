@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -31,6 +34,18 @@ func (e *pageError) Unwrap() error { return e.err }
 func isPageError(err error) bool {
 	var pe *pageError
 	return errors.As(err, &pe)
+}
+
+// scrapeClient is the client of a check that scrapes a metrics page every
+// run (ProxyNotServing, TunnelDisconnected): one connection kept between
+// runs (a run every 30 s uses it long before keptConnIdle), read and
+// written raw (rawsys), as kubelet's probe. The page is asked for
+// uncompressed: on the node's loopback, gzip costs both ends CPU and saves
+// nothing. An endpoint that restarted between two runs is not taken for
+// one that is down: net/http makes the GET again on a new connection.
+func scrapeClient(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: probeTimeout(timeout), Transport: &http.Transport{
+		DialContext: rawsys.Dial, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}
 }
 
 // scrapeGauge fetches a Prometheus text page and returns the values of the

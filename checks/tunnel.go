@@ -39,8 +39,11 @@ type tunnelCheck struct {
 func newTunnelCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.TunnelDisconnected
 	return &tunnelCheck{env: env, url: c.MetricsURL, metric: c.ConnectionsMetric, unit: c.AgentUnit,
-		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+		client: scrapeClient(c.Timeout.Duration)}, nil
 }
+
+// Close closes the kept connection (Closer).
+func (c *tunnelCheck) Close() { c.client.CloseIdleConnections() }
 
 func (c *tunnelCheck) Probe(ctx context.Context) (Result, error) {
 	if c.env.Role == report.RoleControlPlane {

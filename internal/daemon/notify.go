@@ -2,7 +2,11 @@ package daemon
 
 import (
 	"fmt"
+	"os"
+	"sync"
+	"syscall"
 	"time"
+	"unsafe"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
@@ -14,8 +18,72 @@ import (
 type Notifier struct{}
 
 func (Notifier) send(state string) error {
+	if sendRaw(state) {
+		return nil
+	}
+	// go-systemd: a new connection to the socket, whose error says why.
 	_, err := sddaemon.SdNotify(false, state)
 	return err
+}
+
+// notifySock is a datagram socket kept open for the notifications, sent to
+// NOTIFY_SOCKET by a raw sendto(2): go-systemd dials a new connection for
+// each, whose ordinary system calls (socket, connect, the poller's
+// registration, write, close) wake the runtime's monitor thread (sysmon) with
+// the watchdog's ping every minute (README, Cost). Non-blocking: a full
+// queue at systemd's end (EAGAIN), like any other failure, falls back to
+// go-systemd, which waits and returns the error.
+var notifySock struct {
+	mu   sync.Mutex
+	env  string // the NOTIFY_SOCKET the socket and address are for
+	open bool   // fd is open
+	fd   int
+	addr unix.RawSockaddrUnix
+	alen uintptr
+}
+
+// sendRaw sends state on notifySock; false when it could not (go-systemd
+// is then used).
+func sendRaw(state string) bool {
+	ns := &notifySock
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	env := os.Getenv("NOTIFY_SOCKET")
+	if env == "" || state == "" {
+		return false
+	}
+	if env != ns.env {
+		if ns.open {
+			unix.Close(ns.fd)
+		}
+		ns.env, ns.open = env, false
+		// A path, or a name in the abstract namespace ("@name").
+		if len(env) < len(ns.addr.Path) && (env[0] == '/' || env[0] == '@') {
+			ns.addr = unix.RawSockaddrUnix{Family: unix.AF_UNIX}
+			for i := range len(env) {
+				ns.addr.Path[i] = int8(env[i])
+			}
+			if env[0] == '@' {
+				ns.addr.Path[0] = 0
+			}
+			ns.alen = unsafe.Offsetof(ns.addr.Path) + uintptr(len(env))
+			if fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0); err == nil {
+				ns.fd, ns.open = fd, true
+			}
+		}
+	}
+	if !ns.open {
+		return false
+	}
+	b := unsafe.Slice(unsafe.StringData(state), len(state))
+	for {
+		n, _, e := syscall.RawSyscall6(unix.SYS_SENDTO, uintptr(ns.fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+			unix.MSG_NOSIGNAL, uintptr(unsafe.Pointer(&ns.addr)), ns.alen)
+		if e == syscall.EINTR {
+			continue
+		}
+		return e == 0 && int(n) == len(b)
+	}
 }
 
 // Ready says the daemon finished starting, with a status line.

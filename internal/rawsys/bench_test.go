@@ -19,18 +19,22 @@ import (
 // daemon's probes are (a pause between GETs long enough for the runtime's
 // monitor thread to fall asleep; 10 ms here, 10 s in the daemon), on one
 // processor as the daemon runs: through net/http on a plain connection
-// and on a Conn of this package. It reports the process's CPU per GET
+// and on a Conn of this package; and, as dial, on a new plain connection
+// for each GET (what CNIUnhealthy did before it kept one). It reports the process's CPU per GET
 // (every thread's, from schedstat; the server is a process of its own) and its threads' wake-ups per GET (voluntary switches).
 //
 //	go test ./internal/rawsys -run '^$' -bench ProbeGET -benchtime 300x
 func BenchmarkProbeGET(b *testing.B) {
-	for _, name := range []string{"plain", "raw"} {
+	for _, name := range []string{"dial", "plain", "raw"} {
 		b.Run(name, func(b *testing.B) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 			addr := startServer(b)
 			tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
-			if name == "raw" {
+			switch name {
+			case "raw":
 				tr.DialContext = Dial
+			case "dial":
+				tr.DisableKeepAlives = true
 			}
 			defer tr.CloseIdleConnections()
 			client := &http.Client{Transport: tr}

@@ -1,0 +1,51 @@
+package daemon
+
+import (
+	"errors"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// The notifications reach the socket in NOTIFY_SOCKET, a path or a name in
+// the abstract namespace, by the socket kept open (sendRaw), and follow a
+// change of the variable; where the raw send cannot go (no listener),
+// go-systemd's error is returned.
+func TestNotifierSendsOnTheKeptSocket(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock"), "@autopilot-health-test-" + filepath.Base(dir)} {
+		addr := &net.UnixAddr{Name: name, Net: "unixgram"}
+		c, err := net.ListenUnixgram("unixgram", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("NOTIFY_SOCKET", name)
+		var n Notifier
+		if err := n.Watchdog(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !sendRaw("STATUS=raw") {
+			t.Errorf("%s: not sent on the kept socket", name)
+		}
+		for _, want := range []string{"WATCHDOG=1", "STATUS=raw"} {
+			buf := make([]byte, 64)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			k, err := c.Read(buf)
+			if err != nil || string(buf[:k]) != want {
+				t.Errorf("%s: read %q, %v; want %q", name, buf[:k], err, want)
+			}
+		}
+		c.Close()
+	}
+	gone := filepath.Join(dir, "gone.sock")
+	t.Setenv("NOTIFY_SOCKET", gone)
+	if sendRaw("WATCHDOG=1") {
+		t.Error("sent to a socket nobody listens on")
+	}
+	var n Notifier
+	if err := n.Watchdog(); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("no listener: %v, want go-systemd's error (no such file)", err)
+	}
+}
