@@ -205,13 +205,7 @@ func TestCRIProbeKeepsItsConnection(t *testing.T) {
 	}
 	// The check closed (removed by a reload): its connection is let go
 	// (see the kubelet's test below).
-	for i := 0; rl2.accepted.Load() == 1; i++ {
-		if i == 50 {
-			t.Fatal("Close did not let the kept connection go")
-		}
-		(&containerdCheck{cri: c}).Close()
-		probe("after Close")
-	}
+	closeLetsGo(t, &rl2.accepted, (&containerdCheck{cri: c}).Close, probe)
 }
 
 // The kubelet probe keeps its connection too, and kubelet's restart
@@ -243,16 +237,8 @@ func TestKubeletProbeKeepsItsConnection(t *testing.T) {
 		t.Errorf("the kept connection is not a rawsys one")
 	}
 	// Closed (the check removed by a reload): the connection is let go,
-	// and a probe still running then may make a new one. (The transport
-	// puts a connection back among the idle ones just after the probe
-	// returned: a Close in between finds none to close.)
-	for i := 0; rl.accepted.Load() == 2; i++ {
-		if i == 50 {
-			t.Fatal("Close did not let the kept connection go")
-		}
-		k.Close()
-		probe("after Close")
-	}
+	// and a probe still running then may make a new one.
+	closeLetsGo(t, &rl.accepted, k.Close, probe)
 }
 
 // rawTrace is a context whose GotConn hook records whether the connection
@@ -270,6 +256,34 @@ func rawTrace(t *testing.T) (context.Context, func() bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	t.Cleanup(cancel)
 	return ctx, func() bool { return seen.Load() && raw.Load() }
+}
+
+// healthyProbe is a probe of ch that fails unless ch finds the service
+// healthy (False).
+func healthyProbe(ch Check) func(context.Context) error {
+	return func(ctx context.Context) error {
+		r, err := ch.Probe(ctx)
+		if err == nil && r.Status != report.StatusFalse {
+			err = fmt.Errorf("%s %s: %s", r.Status, r.Reason, r.Message)
+		}
+		return err
+	}
+}
+
+// closeLetsGo closes a check's kept connection (the check removed by a
+// reload) until a probe after it needs a new one: the transport puts a
+// connection back among the idle ones just after the probe returned, so a
+// Close right after a probe may find none to close.
+func closeLetsGo(t *testing.T, accepted *atomic.Int32, close func(), probe func(string)) {
+	t.Helper()
+	n := accepted.Load()
+	for i := 0; accepted.Load() == n; i++ {
+		if i == 50 {
+			t.Fatal("Close did not let the kept connection go")
+		}
+		close()
+		probe("after Close")
+	}
 }
 
 // ciliumAgent serves cilium-agent's /v1/healthz on a unix socket at sock,
@@ -301,13 +315,7 @@ func TestCNIProbeKeepsItsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := ch.(*cniCheck)
-	healthy := func(ctx context.Context) error {
-		r, err := c.Probe(ctx)
-		if err == nil && r.Status != report.StatusFalse {
-			err = fmt.Errorf("%s %s: %s", r.Status, r.Reason, r.Message)
-		}
-		return err
-	}
+	healthy := healthyProbe(c)
 	probe := prober(t, healthy)
 	probeRestarted(t, rl, probe)
 	if n := rl.accepted.Load(); n != 2 {
@@ -324,13 +332,7 @@ func TestCNIProbeKeepsItsConnection(t *testing.T) {
 	if n, n2 := rl.accepted.Load(), rl2.accepted.Load(); n != 2 || n2 != 1 {
 		t.Errorf("socket made anew: %d connections to the old agent, %d to the new; want 2 and 1", n, n2)
 	}
-	for i := 0; rl2.accepted.Load() == 1; i++ {
-		if i == 50 {
-			t.Fatal("Close did not let the kept connection go")
-		}
-		c.Close()
-		probe("after Close")
-	}
+	closeLetsGo(t, &rl2.accepted, c.Close, probe)
 }
 
 // ProxyNotServing and TunnelDisconnected keep their connection to the page
@@ -358,13 +360,7 @@ func TestScrapeProbesKeepTheirConnection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			healthy := func(ctx context.Context) error {
-				r, err := ch.Probe(ctx)
-				if err == nil && r.Status != report.StatusFalse {
-					err = fmt.Errorf("%s %s: %s", r.Status, r.Reason, r.Message)
-				}
-				return err
-			}
+			healthy := healthyProbe(ch)
 			probe := prober(t, healthy)
 			probeRestarted(t, rl, probe)
 			if n := rl.accepted.Load(); n != 2 {
@@ -377,13 +373,7 @@ func TestScrapeProbesKeepTheirConnection(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s keeps a connection it cannot close", name)
 			}
-			for i := 0; rl.accepted.Load() == 2; i++ {
-				if i == 50 {
-					t.Fatal("Close did not let the kept connection go")
-				}
-				closer.Close()
-				probe("after Close")
-			}
+			closeLetsGo(t, &rl.accepted, closer.Close, probe)
 		})
 	}
 }

@@ -7,12 +7,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // BenchmarkProbeGET is a probe's GET on a kept connection, paced as the
@@ -48,14 +48,14 @@ func BenchmarkProbeGET(b *testing.B) {
 				resp.Body.Close()
 			}
 			get() // the connection is kept from here on
-			cpu0, wakes0 := threadTotals(b)
+			cpu0, wakes0 := testenv.Threads(b)
 			b.ResetTimer()
 			for range b.N {
 				time.Sleep(10 * time.Millisecond) // the pace between probes
 				get()
 			}
 			b.StopTimer()
-			cpu1, wakes1 := threadTotals(b)
+			cpu1, wakes1 := testenv.Threads(b)
 			b.ReportMetric(float64(cpu1-cpu0)/1e3/float64(b.N), "cpu-µs/op")
 			b.ReportMetric(float64(wakes1-wakes0)/float64(b.N), "wakes/op")
 		})
@@ -98,35 +98,4 @@ func startServer(b *testing.B) string {
 		b.Fatalf("the server process said no address: %v", err)
 	}
 	return strings.TrimSpace(line)
-}
-
-// threadTotals is the CPU (ns) and the voluntary switches of every thread
-// of this process.
-func threadTotals(b *testing.B) (cpu, wakes int64) {
-	b.Helper()
-	tasks, err := filepath.Glob("/proc/self/task/*")
-	if err != nil || len(tasks) == 0 {
-		b.Fatalf("no threads: %v", err)
-	}
-	for _, t := range tasks {
-		if raw, err := os.ReadFile(filepath.Join(t, "schedstat")); err == nil {
-			if f := strings.Fields(string(raw)); len(f) > 0 {
-				n, _ := strconv.ParseInt(f[0], 10, 64)
-				cpu += n
-			}
-		}
-		f, err := os.Open(filepath.Join(t, "status"))
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "voluntary_ctxt_switches:"); ok {
-				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				wakes += n
-			}
-		}
-		f.Close()
-	}
-	return cpu, wakes
 }

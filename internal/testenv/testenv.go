@@ -5,6 +5,9 @@ package testenv
 import (
 	"bytes"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -41,4 +44,34 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Threads is the CPU (ns, from schedstat) and the voluntary context switches
+// (each a wake-up after a wait) of every thread of this process, for the
+// benchmarks that count what a paced operation costs the whole process.
+func Threads(t testing.TB) (cpu, wakes int64) {
+	t.Helper()
+	tasks, err := filepath.Glob("/proc/self/task/*")
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("no threads: %v", err)
+	}
+	for _, task := range tasks {
+		if raw, err := os.ReadFile(filepath.Join(task, "schedstat")); err == nil {
+			if f := strings.Fields(string(raw)); len(f) > 0 {
+				n, _ := strconv.ParseInt(f[0], 10, 64)
+				cpu += n
+			}
+		}
+		status, err := os.ReadFile(filepath.Join(task, "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(status)) {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				wakes += n
+			}
+		}
+	}
+	return cpu, wakes
 }

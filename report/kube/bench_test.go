@@ -19,10 +19,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // serverEnv makes the test binary BenchmarkReconnect's API server (TestMain):
@@ -127,14 +128,14 @@ current-context: x
 			}
 			write() // the first session
 			full0, resumed0 := TLSHandshakes()
-			cpu0 := threadCPU(b)
+			cpu0, _ := testenv.Threads(b)
 			b.ResetTimer()
 			for range b.N {
 				time.Sleep(10 * time.Millisecond) // writes apart, as they are
 				write()
 			}
 			b.StopTimer()
-			cpu1 := threadCPU(b)
+			cpu1, _ := testenv.Threads(b)
 			full, resumed := TLSHandshakes()
 			if got := resumed - resumed0; (name == "resumed") != (got == int64(b.N)) || full-full0+got != int64(b.N) {
 				b.Fatalf("%d writes: %d full and %d resumed handshakes", b.N, full-full0, got)
@@ -142,22 +143,4 @@ current-context: x
 			b.ReportMetric(float64(cpu1-cpu0)/1e3/float64(b.N), "cpu-µs/op")
 		})
 	}
-}
-
-// threadCPU is the CPU (ns) of every thread of this process (schedstat).
-func threadCPU(b *testing.B) (cpu int64) {
-	b.Helper()
-	tasks, err := filepath.Glob("/proc/self/task/*")
-	if err != nil || len(tasks) == 0 {
-		b.Fatalf("no threads: %v", err)
-	}
-	for _, t := range tasks {
-		if raw, err := os.ReadFile(filepath.Join(t, "schedstat")); err == nil {
-			if f := strings.Fields(string(raw)); len(f) > 0 {
-				n, _ := strconv.ParseInt(f[0], 10, 64)
-				cpu += n
-			}
-		}
-	}
-	return cpu
 }

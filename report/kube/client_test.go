@@ -61,6 +61,52 @@ func writeCert(t testing.TB, certFile, keyFile, cn string) {
 	}
 }
 
+// nodeServer serves Node n1 over HTTP/2 and TLS, asking for a client
+// certificate as the API server does; seen gets each request that came with
+// one. It counts the connections closed.
+func nodeServer(t *testing.T, seen func(*http.Request)) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			seen(r)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
+	}))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	closed := new(atomic.Int32)
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, closed
+}
+
+// kubeconfigFor writes dir/kubelet.conf for srv (its certificate as the CA,
+// in dir/ca.crt) naming the client certificate and key files by path, as
+// kubelet.conf does, and returns its path.
+func kubeconfigFor(t *testing.T, dir string, srv *httptest.Server, cert, key string) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kubelet.conf")
+	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, certificate-authority: ca.crt}}]
+users: [{name: u, user: {client-certificate: %s, client-key: %s}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, srv.URL, filepath.Base(cert), filepath.Base(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
 // The client certificate named by path is read again when its file
 // changes, and then presented on new connections (the old client's idle
 // one closed); the same pair written again changes nothing; a file that
@@ -77,45 +123,18 @@ func TestClientReloadsItsCertificateFiles(t *testing.T) {
 func testClientReloads(t *testing.T, oneFile bool) {
 	var mu sync.Mutex
 	var seen []string
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			mu.Lock()
-			seen = append(seen, fmt.Sprintf("%s/%d", r.TLS.PeerCertificates[0].Subject.CommonName, r.ProtoMajor))
-			mu.Unlock()
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
-	}))
-	srv.EnableHTTP2 = true
-	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
-	var closed atomic.Int32
-	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateClosed {
-			closed.Add(1)
-		}
-	}
-	srv.StartTLS()
-	defer srv.Close()
+	srv, closed := nodeServer(t, func(r *http.Request) {
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%s/%d", r.TLS.PeerCertificates[0].Subject.CommonName, r.ProtoMajor))
+		mu.Unlock()
+	})
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
 	if oneFile {
 		key = cert
 	}
 	writeCert(t, cert, key, "first")
-	ca := filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	kc := filepath.Join(dir, "kubelet.conf")
-	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: %q, certificate-authority: ca.crt}}]
-users: [{name: u, user: {client-certificate: %s, client-key: %s}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`, srv.URL, filepath.Base(cert), filepath.Base(key)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kc := kubeconfigFor(t, dir, srv, cert, key)
 	var logs testenv.SyncBuffer
 	c, _, err := NewClient(kc, "test", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -231,41 +250,15 @@ func TestClientResumesTLSSessions(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var got []seen
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			mu.Lock()
-			got = append(got, seen{r.TLS.PeerCertificates[0].Subject.CommonName, r.TLS.DidResume})
-			mu.Unlock()
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
-	}))
-	srv.EnableHTTP2 = true
-	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
-	var closed atomic.Int32
-	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateClosed {
-			closed.Add(1)
-		}
-	}
-	srv.StartTLS()
-	defer srv.Close()
+	srv, closed := nodeServer(t, func(r *http.Request) {
+		mu.Lock()
+		got = append(got, seen{r.TLS.PeerCertificates[0].Subject.CommonName, r.TLS.DidResume})
+		mu.Unlock()
+	})
 	dir := t.TempDir()
 	cert := filepath.Join(dir, "client.pem")
 	writeCert(t, cert, cert, "first")
-	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	kc := filepath.Join(dir, "kubelet.conf")
-	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: %q, certificate-authority: ca.crt}}]
-users: [{name: u, user: {client-certificate: client.pem, client-key: client.pem}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`, srv.URL), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kc := kubeconfigFor(t, dir, srv, cert, cert)
 	c, _, err := NewClient(kc, "test", nil)
 	if err != nil {
 		t.Fatal(err)
