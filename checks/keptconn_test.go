@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/rawsys"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -375,5 +377,48 @@ func TestScrapeProbesKeepTheirConnection(t *testing.T) {
 			}
 			closeLetsGo(t, &rl.accepted, closer.Close, probe)
 		})
+	}
+}
+
+// A socket reached through a symbolic link (cilium's default
+// /var/run/cilium/cilium.sock, /var/run a link to /run) is stat'ed raw at
+// its real path when that stays in memory, and a socket made anew there is
+// still noticed.
+func TestKeptSocketThroughALink(t *testing.T) {
+	shm, err := os.MkdirTemp("/dev/shm", "keptsocket-")
+	if err != nil {
+		testenv.Skip(t, "no tmpfs at /dev/shm: "+err.Error())
+	}
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	real := filepath.Join(shm, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(shm, "link")); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(real, "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	k := &keptSocket{path: filepath.Join(shm, "link", "agent.sock")}
+	c, err := k.dial(context.Background(), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if !k.raw || k.statPath != filepath.Join(real, "agent.sock") || !k.same() {
+		t.Errorf("through the link: raw %v, stat of %q, same %v; want a raw stat of the real path, the same socket", k.raw, k.statPath, k.same())
+	}
+	ln.Close()
+	os.Remove(filepath.Join(real, "agent.sock"))
+	ln2, err := net.Listen("unix", filepath.Join(real, "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	if k.same() {
+		t.Error("a socket made anew at the path is taken for the one dialed")
 	}
 }

@@ -52,7 +52,9 @@ func sendRaw(state string) bool {
 	if env == "" || state == "" {
 		return false
 	}
-	if env != ns.env {
+	if env != ns.env || !ns.open {
+		// A new NOTIFY_SOCKET, or no socket made yet (one that failed,
+		// EMFILE, is tried again at the next send).
 		if ns.open {
 			unix.Close(ns.fd)
 		}

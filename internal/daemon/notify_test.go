@@ -26,8 +26,9 @@ func TestNotifierSendsOnTheKeptSocket(t *testing.T) {
 		if err := n.Watchdog(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if !sendRaw("STATUS=raw") {
-			t.Errorf("%s: not sent on the kept socket", name)
+		fd := notifySock.fd
+		if !sendRaw("STATUS=raw") || !notifySock.open || notifySock.fd != fd {
+			t.Errorf("%s: not sent on the kept socket (fd %d, then %d)", name, fd, notifySock.fd)
 		}
 		for _, want := range []string{"WATCHDOG=1", "STATUS=raw"} {
 			buf := make([]byte, 64)

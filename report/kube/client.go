@@ -378,9 +378,13 @@ func resumeSessions(rt http.RoundTripper) http.RoundTripper {
 
 func newRESTClient(cfg *rest.Config) (Client, error) {
 	cfg = rest.CopyConfig(cfg)
-	// First: it sees client-go's own transport (its TLS settings from the
-	// kubeconfig), not a wrapper.
-	cfg.WrapTransport = transport.Wrappers(resumeSessions, cfg.WrapTransport)
+	if cfg.ExecProvider == nil && cfg.AuthProvider == nil {
+		// First: it sees client-go's own transport (its TLS settings from
+		// the kubeconfig), not a wrapper. Not with a credential plugin:
+		// client-go keeps one transport when a plugin's client certificate
+		// rotates, and a resumed session would go on presenting the old one.
+		cfg.WrapTransport = transport.Wrappers(resumeSessions, cfg.WrapTransport)
+	}
 	cfg.GroupVersion = &coreV1
 	cfg.APIPath = "/api"
 	cfg.ContentType = runtime.ContentTypeJSON

@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"log/slog"
@@ -294,5 +295,60 @@ func TestClientResumesTLSSessions(t *testing.T) {
 	full, resumed := TLSHandshakes()
 	if full-full0 != 2 || resumed-resumed0 != 3 {
 		t.Errorf("TLSHandshakes counted %d full and %d resumed, want 2 and 3", full-full0, resumed-resumed0)
+	}
+}
+
+// With a credential plugin, whose client certificate client-go rotates on
+// one transport, sessions are not resumed: a resumed session would go on
+// presenting the certificate it was made with.
+func TestClientWithACredentialPluginDoesNotResume(t *testing.T) {
+	var mu sync.Mutex
+	var resumed []bool
+	srv, closed := nodeServer(t, func(r *http.Request) {
+		mu.Lock()
+		resumed = append(resumed, r.TLS.DidResume)
+		mu.Unlock()
+	})
+	dir := t.TempDir()
+	pair := filepath.Join(dir, "client.pem")
+	writeCert(t, pair, pair, "plugin")
+	b, err := os.ReadFile(pair)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, _ := strings.Cut(string(b), "-----BEGIN EC PRIVATE KEY-----")
+	status, _ := json.Marshal(map[string]any{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+		"status": map[string]string{"clientCertificateData": certPEM, "clientKeyData": "-----BEGIN EC PRIVATE KEY-----" + keyPEM}})
+	plugin := filepath.Join(dir, "plugin.sh")
+	if err := os.WriteFile(plugin, fmt.Appendf(nil, "#!/bin/sh\ncat <<'EOF'\n%s\nEOF\n", status), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	kc := kubeconfigFor(t, dir, srv, pair, pair)
+	raw, _ := os.ReadFile(kc)
+	raw = []byte(strings.Replace(string(raw), "{client-certificate: client.pem, client-key: client.pem}",
+		fmt.Sprintf("{exec: {apiVersion: client.authentication.k8s.io/v1, command: %s, interactiveMode: Never}}", plugin), 1))
+	if err := os.WriteFile(kc, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := NewClient(kc, "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := c.GetNode(context.Background(), "n1"); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		c.(idleCloser).CloseIdle()
+		for deadline := time.Now().Add(5 * time.Second); closed.Load() != int32(i+1); {
+			if time.Now().After(deadline) {
+				t.Fatalf("call %d: %d connections closed", i, closed.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(resumed) != "[false false false]" {
+		t.Errorf("connections resumed: %v, want none (and three connections with the plugin's certificate)", resumed)
 	}
 }

@@ -235,6 +235,7 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	if err != nil {
 		return err
 	}
+	r.changeWrote()
 	a.name, a.sentCount, a.lastPatch = name, ev.Count, time.Now()
 	return nil
 }
@@ -252,6 +253,7 @@ func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.T
 	if err != nil {
 		return err
 	}
+	r.changeWrote()
 	a.sentCount, a.lastPatch = a.count, now
 	return nil
 }

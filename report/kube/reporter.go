@@ -125,6 +125,9 @@ type Reporter struct {
 	// renderErr is the last error of rendering the report (annotation loop
 	// only): logged when it changes, not on every write.
 	renderErr string
+	// changeWritten is when the last write of a change or an event
+	// succeeded (UnixNano; closeIdle).
+	changeWritten atomic.Int64
 	// eventSeq and retired are used by the event loop only.
 	eventSeq, retired uint64
 	// failing counts the writers whose last call failed; probeLoop dials
@@ -378,10 +381,12 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 					// The next write is the next heartbeat, minutes away,
 					// unless a change comes first.
 					r.closeIdle()
+				} else {
+					r.changeWrote()
 				}
+				beat = false
 				hb.Reset(r.heartbeatIn())
 			}
-			beat = false
 		}
 		select {
 		case <-ctx.Done():
@@ -549,11 +554,28 @@ type idleCloser interface{ CloseIdle() }
 // s: three wake-ups of the daemon, off the grid, for a connection no write
 // uses. Closed within the write's own wake-up, it costs none; the next
 // write opens a new one, resuming the TLS session (resumeSessions).
+//
+// Not while changes are being written: a connection that carried the write
+// of a change or an event within the last apiIdleClose would stay open at
+// the API server's end, and closing it would make the next change dial and
+// handshake anew (a condition that flaps every minute would otherwise pay
+// a handshake for each of its writes after a periodic one).
 func (r *Reporter) closeIdle() {
+	if last := r.changeWritten.Load(); last != 0 && time.Since(time.Unix(0, last)) < apiIdleClose {
+		return
+	}
 	if c, ok := r.o.Client.(idleCloser); ok {
 		c.CloseIdle()
 	}
 }
+
+// apiIdleClose is how long the API server keeps a connection that carries
+// no request (k8s.io/apiserver's IdleTimeout).
+const apiIdleClose = 90 * time.Second
+
+// changeWrote records that the write of a change or an event succeeded
+// (closeIdle).
+func (r *Reporter) changeWrote() { r.changeWritten.Store(time.Now().UnixNano()) }
 
 // heartbeatGrid is the step of the grid a heartbeat falls on: that of the
 // 10 s probes, so that a heartbeat wakes the daemon together with them.
