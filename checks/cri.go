@@ -12,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,35 +121,31 @@ func newCRIClient(socket string) *criClient {
 //
 // The connection's reads and writes are raw (rawsys), and so is the stat of
 // every probe (same) where the socket's path stays in memory
-// (rawsys.InMemory of the path with its symbolic links resolved, asked at
-// the dial: cilium's /var/run/cilium/cilium.sock is /run/cilium/cilium.sock):
-// a probe does not wake the runtime's monitor thread.
+// (rawsys.InMemory, asked at the dial): a probe does not wake the runtime's
+// monitor thread. A path through a symbolic link (cilium's default
+// /var/run/cilium/cilium.sock) is stat'ed the usual way, following the link
+// as it is at each probe: a link pointed at another socket is noticed.
 type keptSocket struct {
 	path string
 	// dialed is the socket file the kept connection was made on
 	// (dialedOK: the stat at the dial found one); raw: the stat of
-	// every probe is a raw one, of statPath (the path with its symbolic
-	// links resolved at the dial: /var/run is a link to /run).
+	// every probe is a raw one.
 	mu       sync.Mutex
 	dialed   rawsys.FileID
 	dialedOK bool
 	raw      bool
-	statPath string
 }
 
 // dial is the transport's DialContext.
 func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	// The file before the connect: a socket made anew between the two is
 	// then not taken for the one connected to.
-	statPath, raw := k.path, false
-	if real, err := filepath.EvalSymlinks(k.path); err == nil && rawsys.InMemory(real) {
-		statPath, raw = real, true
-	}
+	raw := rawsys.InMemory(k.path)
 	id, serr := statID(k.path, false)
 	conn, err := rawsys.Dial(ctx, "unix", k.path)
 	if err == nil {
 		k.mu.Lock()
-		k.dialed, k.dialedOK, k.raw, k.statPath = id, serr == nil, raw, statPath
+		k.dialed, k.dialedOK, k.raw = id, serr == nil, raw
 		k.mu.Unlock()
 	}
 	return conn, err
@@ -159,13 +154,13 @@ func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 // same reports whether the socket at the path is the one last dialed.
 func (k *keptSocket) same() bool {
 	k.mu.Lock()
-	dialed, ok, raw, path := k.dialed, k.dialedOK, k.raw, k.statPath
+	dialed, ok, raw := k.dialed, k.dialedOK, k.raw
 	k.mu.Unlock()
-	if path == "" {
-		path = k.path // nothing dialed yet
+	if !ok {
+		return false // nothing dialed (or no file found at the dial)
 	}
-	id, err := statID(path, raw)
-	return err == nil && ok && id == dialed
+	id, err := statID(k.path, raw)
+	return err == nil && id == dialed
 }
 
 // sameSocket drops the kept connection when the socket at the path is not

@@ -40,6 +40,7 @@ var notifySock struct {
 	fd   int
 	addr unix.RawSockaddrUnix
 	alen uintptr
+	made int // sockets made (tests)
 }
 
 // sendRaw sends state on notifySock; false when it could not (go-systemd
@@ -71,6 +72,7 @@ func sendRaw(state string) bool {
 			ns.alen = unsafe.Offsetof(ns.addr.Path) + uintptr(len(env))
 			if fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0); err == nil {
 				ns.fd, ns.open = fd, true
+				ns.made++
 			}
 		}
 	}

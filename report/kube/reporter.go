@@ -126,8 +126,8 @@ type Reporter struct {
 	// only): logged when it changes, not on every write.
 	renderErr string
 	// changeWritten is when the last write of a change or an event
-	// succeeded (UnixNano; closeIdle).
-	changeWritten atomic.Int64
+	// succeeded (closeIdle).
+	changeWritten atomic.Pointer[time.Time]
 	// eventSeq and retired are used by the event loop only.
 	eventSeq, retired uint64
 	// failing counts the writers whose last call failed; probeLoop dials
@@ -378,6 +378,15 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				dirty = false
 				r.m.setStatusPending(false)
 				if beat {
+					// A change that came after the loop read the store
+					// (changed) was in this write: it counts as a change's.
+					select {
+					case <-changed:
+						beat = false
+					default:
+					}
+				}
+				if beat {
 					// The next write is the next heartbeat, minutes away,
 					// unless a change comes first.
 					r.closeIdle()
@@ -561,7 +570,7 @@ type idleCloser interface{ CloseIdle() }
 // handshake anew (a condition that flaps every minute would otherwise pay
 // a handshake for each of its writes after a periodic one).
 func (r *Reporter) closeIdle() {
-	if last := r.changeWritten.Load(); last != 0 && time.Since(time.Unix(0, last)) < apiIdleClose {
+	if last := r.changeWritten.Load(); last != nil && time.Since(*last) < apiIdleClose {
 		return
 	}
 	if c, ok := r.o.Client.(idleCloser); ok {
@@ -575,7 +584,10 @@ const apiIdleClose = 90 * time.Second
 
 // changeWrote records that the write of a change or an event succeeded
 // (closeIdle).
-func (r *Reporter) changeWrote() { r.changeWritten.Store(time.Now().UnixNano()) }
+func (r *Reporter) changeWrote() {
+	now := time.Now() // with its monotonic reading: a step of the clock does not count
+	r.changeWritten.Store(&now)
+}
 
 // heartbeatGrid is the step of the grid a heartbeat falls on: that of the
 // 10 s probes, so that a heartbeat wakes the daemon together with them.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -944,6 +946,9 @@ type closingClient struct {
 	anchor time.Time
 	mu     sync.Mutex
 	calls  []string
+	// failStatus: the first status write after this time (since the
+	// anchor) fails, once.
+	failStatus time.Duration
 }
 
 func (c *closingClient) note(what string) {
@@ -953,8 +958,23 @@ func (c *closingClient) note(what string) {
 }
 
 func (c *closingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	c.mu.Lock()
+	fail := c.failStatus > 0 && time.Since(c.anchor) >= c.failStatus
+	if fail {
+		c.failStatus = 0
+	}
+	c.mu.Unlock()
+	if fail {
+		c.note("failed")
+		return errors.New("the API server is away")
+	}
 	c.note("status")
 	return c.Client.PatchNodeStatus(ctx, name, patch)
+}
+
+func (c *closingClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
+	c.note("event")
+	return c.Client.CreateEvent(ctx, ev)
 }
 
 func (c *closingClient) PatchNode(ctx context.Context, name string, patch []byte) error {
@@ -967,9 +987,10 @@ func (c *closingClient) CloseIdle() { c.note("close") }
 // After a periodic write (the report annotations, a heartbeat) the client's
 // idle connection is closed, within the same wake-up: the next such write is
 // minutes away, and a connection kept would be pinged and closed later,
-// off the grid. A write of a change keeps it, and so does a periodic write
-// within 90 s of one (the API server keeps such a connection open; closing
-// it would make the next change dial anew). The heartbeat falls on the
+// off the grid. A write of a change or an event keeps it, and so does a
+// periodic write within 90 s of one (the API server keeps such a connection
+// open; closing it would make the next change dial anew). A heartbeat whose
+// first write failed closes after its retry. The heartbeat falls on the
 // daemon's 10 s grid, 5 to 5.5 minutes (and up to 10 s) after the last
 // write.
 func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
@@ -977,7 +998,9 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 		grid := tick.New(time.Now())
 		time.Sleep(3 * time.Second)
 		cs := fake.NewClientset(kubeletNode())
-		client := &closingClient{Client: kubefake.New(cs), anchor: grid.Anchor()}
+		// The first heartbeat after 17 minutes fails once (the one due
+		// about 5 minutes after the change at 16m40s).
+		client := &closingClient{Client: kubefake.New(cs), anchor: grid.Anchor(), failStatus: 17 * time.Minute}
 		store := report.NewStore("b")
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
 		r := New(Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
@@ -987,9 +1010,16 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 		done := make(chan struct{})
 		go func() { r.Run(ctx); close(done) }()
 		time.Sleep(7*time.Minute + 500*time.Millisecond)
-		// A change: written, the connection kept.
+		// A change: written, the connection kept (and by the annotation
+		// write at 8m, 56 s later).
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
-		time.Sleep(13 * time.Minute)
+		time.Sleep(6*time.Minute + 6500*time.Millisecond) // 13m10s
+		// An event: kept by the annotation write at 14m, 50 s later.
+		store.Emit(report.Event{Reason: "IOError", Message: "Buffer I/O error on dev sda1, logical block 0", Time: time.Now()})
+		time.Sleep(3*time.Minute + 30*time.Second) // 16m40s
+		// Another change: kept by the annotation write at 18m, 80 s later.
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		time.Sleep(8*time.Minute + 20*time.Second) // 25m
 		cancel()
 		<-done
 		client.mu.Lock()
@@ -1003,7 +1033,11 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 			periodic, changes, closes int
 		}
 		at := map[string]*instant{}
-		var beats, changes, anns, closes int
+		var beats, changes, anns, closes, events, failed int
+		// The writes of changes: at the start, then 200 ms after each.
+		changeAt := []time.Duration{3 * time.Second, 7*time.Minute + 3700*time.Millisecond, 16*time.Minute + 40200*time.Millisecond}
+		var eventAt []time.Duration
+		retry := false // the next status write is a retry, off the grid
 		for _, c := range calls {
 			what, when, _ := strings.Cut(c, "@")
 			d, err := time.ParseDuration(when)
@@ -1022,24 +1056,34 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 			case what == "annotations":
 				anns++
 				in.periodic++
+			case what == "event":
+				events++
+				eventAt = append(eventAt, d)
+			case what == "failed":
+				failed++
+				retry = true
 			// The first write of the conditions (at the start) and the
-			// change's are no heartbeats.
-			case what == "status" && (d == 3*time.Second || d == 7*time.Minute+3700*time.Millisecond):
+			// changes' are no heartbeats.
+			case what == "status" && slices.Contains(changeAt, d):
 				changes++
 				in.changes++
 			case what == "status":
 				beats++
 				in.periodic++
-				if d%(10*time.Second) != 0 {
+				if !retry && d%(10*time.Second) != 0 {
 					t.Errorf("heartbeat %s off the 10 s grid: %v", c, calls)
 				}
+				retry = false
 			}
 		}
 		var kept int
 		for when, in := range at {
-			// Within 90 s of a change's write (at 3 s, the start; at
-			// 7m3.7s) the connection stays.
-			afterChange := in.d-3*time.Second < 90*time.Second || (in.d >= 7*time.Minute+3700*time.Millisecond && in.d-(7*time.Minute+3700*time.Millisecond) < 90*time.Second)
+			// Within 90 s of a change's or an event's write the
+			// connection stays.
+			afterChange := false
+			for _, c := range append(changeAt, eventAt...) {
+				afterChange = afterChange || (in.d >= c && in.d-c < 90*time.Second)
+			}
 			want := in.periodic
 			if afterChange {
 				want, kept = 0, kept+in.periodic
@@ -1049,9 +1093,10 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 			}
 		}
 		// Heartbeats 5 to 5.5 minutes apart (and up to 10 s for the grid)
-		// over 20 minutes; annotations at the start and every 2 minutes.
-		// Kept: the annotations at 3 s and at 8 min.
-		if changes != 2 || beats < 3 || beats > 4 || anns != 11 || kept != 2 || closes != beats+anns-kept {
+		// after the last write over 25 minutes, one of them failing once
+		// and written again; annotations at the start and every 2 minutes.
+		// Kept: the annotations at 3 s, 8, 14 and 18 min.
+		if changes != 3 || events != 1 || failed != 1 || beats < 3 || beats > 5 || anns != 13 || kept != 4 || closes != beats+anns-kept {
 			t.Errorf("%d change writes, %d heartbeats, %d annotation writes, %d closes: %v", changes, beats, anns, closes, calls)
 		}
 	})
