@@ -271,6 +271,24 @@ func healthyProbe(ch Check) func(context.Context) error {
 	}
 }
 
+// keepsAndSurvivesARestart probes ch three times on one kept connection to
+// rl's service, then once after the service restarted (a new connection,
+// no outage), and checks that the connection is a rawsys one. It returns
+// the probe.
+func keepsAndSurvivesARestart(t *testing.T, rl *restartListener, ch Check) func(string) {
+	t.Helper()
+	healthy := healthyProbe(ch)
+	probe := prober(t, healthy)
+	probeRestarted(t, rl, probe)
+	if n := rl.accepted.Load(); n != 2 {
+		t.Errorf("after the restart: %d connections, want 2", n)
+	}
+	if ctx, raw := rawTrace(t); healthy(ctx) != nil || !raw() {
+		t.Errorf("the kept connection is not a rawsys one")
+	}
+	return probe
+}
+
 // closeLetsGo closes a check's kept connection (the check removed by a
 // reload) until a probe after it needs a new one: the transport puts a
 // connection back among the idle ones just after the probe returned, so a
@@ -316,15 +334,7 @@ func TestCNIProbeKeepsItsConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := ch.(*cniCheck)
-	healthy := healthyProbe(c)
-	probe := prober(t, healthy)
-	probeRestarted(t, rl, probe)
-	if n := rl.accepted.Load(); n != 2 {
-		t.Errorf("after the restart: %d connections, want 2", n)
-	}
-	if ctx, raw := rawTrace(t); healthy(ctx) != nil || !raw() {
-		t.Errorf("the kept connection is not a rawsys one")
-	}
+	probe := keepsAndSurvivesARestart(t, rl, c)
 	if err := os.Rename(sock, sock+".old"); err != nil {
 		t.Fatal(err)
 	}
@@ -361,15 +371,7 @@ func TestScrapeProbesKeepTheirConnection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			healthy := healthyProbe(ch)
-			probe := prober(t, healthy)
-			probeRestarted(t, rl, probe)
-			if n := rl.accepted.Load(); n != 2 {
-				t.Errorf("after the restart: %d connections, want 2", n)
-			}
-			if ctx, raw := rawTrace(t); healthy(ctx) != nil || !raw() {
-				t.Errorf("the kept connection is not a rawsys one")
-			}
+			probe := keepsAndSurvivesARestart(t, rl, ch)
 			closer, ok := ch.(interface{ Close() })
 			if !ok {
 				t.Fatalf("%s keeps a connection it cannot close", name)

@@ -1,14 +1,11 @@
 package rawsys
 
 import (
-	"bufio"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -83,19 +80,5 @@ func TestMain(m *testing.M) {
 // startServer starts the server process and returns its address.
 func startServer(b *testing.B) string {
 	b.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), serverEnv+"=1")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		b.Fatalf("the server process said no address: %v", err)
-	}
-	return strings.TrimSpace(line)
+	return testenv.HelperProcess(b, serverEnv+"=1")
 }

@@ -3,8 +3,10 @@
 package testenv
 
 import (
+	"bufio"
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -74,4 +76,27 @@ func Threads(t testing.TB) (cpu, wakes int64) {
 		}
 	}
 	return cpu, wakes
+}
+
+// HelperProcess runs the test binary again with env set (its TestMain then
+// serves instead of testing: a server in a process of its own, so that its
+// CPU and system calls are not the benchmark's), killed at the end of t,
+// and returns the first line it prints.
+func HelperProcess(t testing.TB, env string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the helper process printed no line: %v", err)
+	}
+	return strings.TrimSpace(line)
 }

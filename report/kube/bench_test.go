@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -16,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -82,20 +80,10 @@ func BenchmarkReconnect(b *testing.B) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 			noResume = name == "full"
 			defer func() { noResume = false }()
-			cmd := exec.Command(os.Args[0])
-			cmd.Env = append(os.Environ(), serverEnv+"=1")
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				b.Fatal(err)
-			}
-			defer func() { cmd.Process.Kill(); cmd.Wait() }()
-			line, err := bufio.NewReader(out).ReadString('\n')
-			addr, cert, ok := strings.Cut(strings.TrimSpace(line), " ")
-			if err != nil || !ok {
-				b.Fatalf("the server process said %q: %v", line, err)
+			line := testenv.HelperProcess(b, serverEnv+"=1")
+			addr, cert, ok := strings.Cut(line, " ")
+			if !ok {
+				b.Fatalf("the server process said %q", line)
 			}
 			der, err := base64.StdEncoding.DecodeString(cert)
 			if err != nil {
