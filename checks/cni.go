@@ -27,9 +27,9 @@ type cniCheck struct {
 
 func newCNICheck(env *Env) (Check, error) {
 	c := env.Config.Checks.CNIUnhealthy
-	ks := &keptSocket{path: env.Path(c.Socket)}
-	tr := &http.Transport{DialContext: ks.dial, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}
-	return &cniCheck{socket: c.Socket, sock: ks, tr: tr, client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+	tr := &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}
+	return &cniCheck{socket: c.Socket, sock: newKeptSocket(env.Path(c.Socket), tr), tr: tr,
+		client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)}}, nil
 }
 
 // Close closes the kept connection (Closer).
@@ -50,9 +50,7 @@ func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	req.Header.Set("brief", "true")
-	if !c.sock.same() {
-		c.tr.CloseIdleConnections()
-	}
+	c.sock.check()
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumUnreachable, Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil

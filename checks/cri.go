@@ -89,7 +89,7 @@ type criCondition struct {
 type criClient struct {
 	socket string
 	sock   *keptSocket
-	tr     *http.Transport
+	tr     *http.Transport // sock's
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
@@ -102,13 +102,12 @@ const keptConnIdle = 90 * time.Second
 func newCRIClient(socket string) *criClient {
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
-	c := &criClient{socket: socket, sock: &keptSocket{path: socket}}
-	c.tr = &http.Transport{
+	c := &criClient{socket: socket, tr: &http.Transport{
 		Protocols:          &protocols,
-		DialContext:        c.sock.dial,
 		DisableCompression: true,
 		IdleConnTimeout:    keptConnIdle,
-	}
+	}}
+	c.sock = newKeptSocket(socket, c.tr)
 	return c
 }
 
@@ -127,6 +126,7 @@ func newCRIClient(socket string) *criClient {
 // as it is at each probe: a link pointed at another socket is noticed.
 type keptSocket struct {
 	path string
+	tr   *http.Transport // the transport that keeps the connection
 	// dialed is the socket file the kept connection was made on
 	// (dialedOK: the stat at the dial found one); raw: the stat of
 	// every probe is a raw one.
@@ -134,6 +134,13 @@ type keptSocket struct {
 	dialed   rawsys.FileID
 	dialedOK bool
 	raw      bool
+}
+
+// newKeptSocket makes tr dial path through a keptSocket.
+func newKeptSocket(path string, tr *http.Transport) *keptSocket {
+	k := &keptSocket{path: path, tr: tr}
+	tr.DialContext = k.dial
+	return k
 }
 
 // dial is the transport's DialContext.
@@ -163,11 +170,12 @@ func (k *keptSocket) same() bool {
 	return err == nil && id == dialed
 }
 
-// sameSocket drops the kept connection when the socket at the path is not
-// the one it was made on (removed, or made anew by a restarted runtime).
-func (c *criClient) sameSocket() {
-	if !c.sock.same() {
-		c.tr.CloseIdleConnections()
+// check drops the kept connection when the socket at the path is not the
+// one it was made on (removed, or made anew by a restarted service): call
+// it before each probe.
+func (k *keptSocket) check() {
+	if !k.same() {
+		k.tr.CloseIdleConnections()
 	}
 }
 
@@ -211,7 +219,7 @@ func (c *criClient) status(ctx context.Context) error {
 // call makes the call and returns the runtime's conditions: once more on a
 // new connection when a kept one failed without an answer.
 func (c *criClient) call(ctx context.Context) ([]criCondition, error) {
-	c.sameSocket()
+	c.sock.check()
 	conds, stale, err := c.callOnce(ctx)
 	if stale && ctx.Err() == nil {
 		c.retried++

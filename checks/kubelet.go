@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -27,15 +26,7 @@ type kubeletCheck struct {
 func newKubeletCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.KubeletUnhealthy
 	return &kubeletCheck{env: env, url: c.HealthzURL, unit: c.Unit, cooldown: c.RestartCooldown.Duration,
-		// One connection kept between probes, as for the CRI call
-		// (criClient): a new one every 10 s cost a connect and the
-		// transport's goroutines each time.
-		// Its reads and writes are raw (rawsys): the probe of every 10 s
-		// does not wake the runtime's monitor thread.
-		client: &http.Client{Timeout: probeTimeout(c.Timeout.Duration), Transport: &http.Transport{
-			// A DialContext of its own turns net/http's HTTP/2 over TLS off
-			// unless asked for (an https healthz_url).
-			DialContext: rawsys.Dial, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}}, nil
+		client: keptClient(c.Timeout.Duration)}, nil
 }
 
 // Close closes the kept connection (Closer): a check a reload replaced does

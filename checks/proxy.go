@@ -22,7 +22,7 @@ type proxyCheck struct {
 
 func newProxyCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.ProxyNotServing
-	return &proxyCheck{url: c.MetricsURL, metric: c.ReadyMetric, client: scrapeClient(c.Timeout.Duration)}, nil
+	return &proxyCheck{url: c.MetricsURL, metric: c.ReadyMetric, client: keptClient(c.Timeout.Duration)}, nil
 }
 
 // Close closes the kept connection (Closer).

@@ -36,14 +36,18 @@ func isPageError(err error) bool {
 	return errors.As(err, &pe)
 }
 
-// scrapeClient is the client of a check that scrapes a metrics page every
-// run (ProxyNotServing, TunnelDisconnected): one connection kept between
-// runs (a run every 30 s uses it long before keptConnIdle), read and
-// written raw (rawsys), as kubelet's probe. The page is asked for
-// uncompressed: on the node's loopback, gzip costs both ends CPU and saves
-// nothing. An endpoint that restarted between two runs is not taken for
-// one that is down: net/http makes the GET again on a new connection.
-func scrapeClient(timeout time.Duration) *http.Client {
+// keptClient is the HTTP client of a check that GETs a local page every run
+// (KubeletUnhealthy's /healthz, ProxyNotServing's and TunnelDisconnected's
+// metrics): one connection kept between runs (a run every 10 or 30 s uses
+// it long before keptConnIdle; a new one each time cost a connect and the
+// transport's goroutines), read and written raw (rawsys: a run does not
+// wake the runtime's monitor thread). The page is asked for uncompressed:
+// on the node's loopback, gzip costs both ends CPU and saves nothing. An
+// endpoint that restarted between two runs is not taken for one that is
+// down: net/http makes the GET again on a new connection. A DialContext of
+// its own turns net/http's HTTP/2 over TLS off unless asked for (an https
+// URL): ForceAttemptHTTP2.
+func keptClient(timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: probeTimeout(timeout), Transport: &http.Transport{
 		DialContext: rawsys.Dial, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}
 }

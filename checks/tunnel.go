@@ -39,7 +39,7 @@ type tunnelCheck struct {
 func newTunnelCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.TunnelDisconnected
 	return &tunnelCheck{env: env, url: c.MetricsURL, metric: c.ConnectionsMetric, unit: c.AgentUnit,
-		client: scrapeClient(c.Timeout.Duration)}, nil
+		client: keptClient(c.Timeout.Duration)}, nil
 }
 
 // Close closes the kept connection (Closer).

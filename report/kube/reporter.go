@@ -377,14 +377,12 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				bo.Reset()
 				dirty = false
 				r.m.setStatusPending(false)
-				if beat {
-					// A change that came after the loop read the store
-					// (changed) was in this write: it counts as a change's.
-					select {
-					case <-changed:
-						beat = false
-					default:
-					}
+				// A change that came after the loop read the store
+				// (changed) was in this write: it counts as a change's.
+				select {
+				case <-changed:
+					beat = false
+				default:
 				}
 				if beat {
 					// The next write is the next heartbeat, minutes away,
