@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/syself/autopilot-health/internal/config"
 
@@ -193,12 +192,12 @@ func TestDiskWearAndTemperature(t *testing.T) {
 func TestRealNVMeReaderHostRoot(t *testing.T) {
 	root := t.TempDir()
 	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
-	hs, err := readNVMeHealth(realNVMe{env})
+	hs, err := readNVMeHealth(realNVMe{env: env})
 	if err != nil || hs == nil || len(hs) != 0 {
 		t.Fatalf("no /sys/class/nvme: %#v, %v; want an empty list, no error", hs, err)
 	}
 	mkdir(t, root+"/sys/class/nvme")
-	if hs, err := readNVMeHealth(realNVMe{env}); err != nil || len(hs) != 0 {
+	if hs, err := readNVMeHealth(realNVMe{env: env}); err != nil || len(hs) != 0 {
 		t.Fatalf("empty /sys/class/nvme: %+v, %v", hs, err)
 	}
 
@@ -208,7 +207,7 @@ func TestRealNVMeReaderHostRoot(t *testing.T) {
 	if err := os.Symlink("/dev/null", root+"/dev/nvme1"); err != nil { // opens, but is no NVMe controller
 		t.Fatal(err)
 	}
-	hs, err = readNVMeHealth(realNVMe{env})
+	hs, err = readNVMeHealth(realNVMe{env: env})
 	if err != nil || len(hs) != 2 || hs[0].Controller != "nvme0" || hs[1].Controller != "nvme1" {
 		t.Fatalf("two controllers: %+v, %v", hs, err)
 	}
@@ -230,7 +229,7 @@ func TestRealNVMeReaderHostRoot(t *testing.T) {
 // serial from Identify, and a SMART page with plausible values.
 func TestRealNVMeReader(t *testing.T) {
 	env := testEnv(t, nil)
-	hs, err := readNVMeHealth(realNVMe{env})
+	hs, err := readNVMeHealth(realNVMe{env: env})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,16 +270,6 @@ func TestRealNVMeReader(t *testing.T) {
 		if h.TemperatureC < -40 || h.TemperatureC > 150 || h.AvailableSpare > 100 || h.SpareThreshold > 100 {
 			t.Errorf("%s: implausible SMART values: %+v", c, h)
 		}
-	}
-}
-
-func TestNVMePassthruLayout(t *testing.T) {
-	// struct nvme_passthru_cmd is 72 bytes; the ioctl number encodes it.
-	if s := unsafe.Sizeof(nvmePassthru{}); s != 72 || nvmeIoctlAdminCmd>>16&0x3fff != 72 {
-		t.Errorf("nvmePassthru is %d bytes, ioctl says %d", s, nvmeIoctlAdminCmd>>16&0x3fff)
-	}
-	if off := unsafe.Offsetof(nvmePassthru{}.Cdw10); off != 40 {
-		t.Errorf("cdw10 at offset %d, want 40", off)
 	}
 }
 

@@ -9,7 +9,8 @@ import (
 	"io/fs"
 	"math"
 	"os"
-	"os/exec"
+
+	"github.com/syself/autopilot-health/internal/hostio"
 	"strconv"
 	"strings"
 	"time"
@@ -26,21 +27,20 @@ type LVM interface {
 	Report(ctx context.Context, command string, args ...string) ([]byte, error)
 }
 
-// lvmSystemDir holds lvm.conf (LVM's default LVM_SYSTEM_DIR); a variable
-// for tests.
-var lvmSystemDir = "/etc/lvm"
-
 // ErrNoLVM says there is no LVM on this node to ask.
 var ErrNoLVM = errors.New("no LVM")
 
 // realLVM runs the host's lvm binary (the spec's one host tool).
-type realLVM struct{ env *Env }
+type realLVM struct {
+	env *Env
+	run LVMRunner
+}
 
 func (e *Env) lvm() LVM {
 	if e.LVM != nil {
 		return e.LVM
 	}
-	return realLVM{e}
+	return realLVM{env: e}
 }
 
 func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]byte, error) {
@@ -53,46 +53,20 @@ func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]
 	if _, err := os.Stat(c.LVMCommand); errors.Is(err, fs.ErrNotExist) {
 		return nil, ErrNoLVM
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.LVMTimeout.Duration)
-	defer cancel()
-	// --nolocking: a report needs no lock, and the daemon's sandbox keeps
-	// /run (LVM's lock directory) read-only.
-	full := append([]string{command, "--reportformat", "json", "--units", "b", "--nosuffix", "--nolocking"}, args...)
-	cmd := exec.CommandContext(ctx, c.LVMCommand, full...)
-	cmd.Env = []string{"LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	if _, err := os.Stat(lvmSystemDir + "/lvm.conf"); errors.Is(err, fs.ErrNotExist) {
-		// No configuration to honour: without this, lvm tries to create
-		// its system directory, which the sandbox's read-only /etc refuses
-		// ("Failed to create LVM2 system dir"), and reports nothing.
-		cmd.Env = append(cmd.Env, "LVM_SYSTEM_DIR=")
+	if r.run != nil {
+		return r.run.RunLVM(ctx, c.LVMCommand, c.LVMTimeout.Duration, command, args...)
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = time.Second // a child of lvm holding the pipes cannot keep the check waiting
-	err := cmd.Run()
-	if ctx.Err() == context.DeadlineExceeded {
-		return nil, fmt.Errorf("%s %s: no answer within %s", c.LVMCommand, command, c.LVMTimeout)
-	}
-	if err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if len(msg) > 300 {
-			msg = msg[:300] + "..."
-		}
-		if out := bytes.TrimSpace(stdout.Bytes()); len(out) > 0 && json.Valid(out) {
-			// A report of what lvm could read: used, and the exit noted.
-			return out, fmt.Errorf("%s %s: %v (its report is used): %s", c.LVMCommand, command, err, msg)
-		}
-		return nil, fmt.Errorf("%s %s: %v: %s", c.LVMCommand, command, err, msg)
-	}
-	return stdout.Bytes(), nil
+	return hostio.RunLVM(ctx, c.LVMCommand, c.LVMTimeout.Duration, command, args...)
 }
 
-// The LVM report commands the check runs: volume groups with their
-// extents, and logical volumes with their thin pool use.
-var (
-	vgsArgs = []string{"-o", "vg_name,vg_size,vg_free,vg_extent_count,vg_free_count"}
-	lvsArgs = []string{"-o", "vg_name,lv_name,lv_attr,segtype,lv_size,data_percent,metadata_percent"}
-)
+// LVMRunner runs an LVM report command: in process (hostio.RunLVM), or
+// through the privileged helper.
+type LVMRunner interface {
+	RunLVM(ctx context.Context, lvm string, timeout time.Duration, command string, args ...string) ([]byte, error)
+}
+
+// LVMVia runs env's lvm_command through r.
+func LVMVia(env *Env, r LVMRunner) LVM { return realLVM{env: env, run: r} }
 
 // VGUsage is one LVM volume group in the storage report.
 type VGUsage struct {
@@ -264,7 +238,7 @@ type lvmRead struct {
 
 // readLVM asks LVM for the node's volume groups and their thin pools.
 func readLVM(ctx context.Context, l LVM) lvmRead {
-	b, err := l.Report(ctx, "vgs", vgsArgs...)
+	b, err := l.Report(ctx, "vgs", hostio.LVMReportArgs["vgs"]...)
 	if errors.Is(err, ErrNoLVM) {
 		return lvmRead{}
 	}
@@ -284,7 +258,7 @@ func readLVM(ctx context.Context, l LVM) lvmRead {
 	if len(vgs) == 0 {
 		return r
 	}
-	b, err = l.Report(ctx, "lvs", lvsArgs...)
+	b, err = l.Report(ctx, "lvs", hostio.LVMReportArgs["lvs"]...)
 	if err != nil {
 		r.Errs = append(r.Errs, err)
 		if b == nil {
@@ -332,7 +306,7 @@ type lvmAnswer struct {
 func (c *diskUsageCheck) askLVM(ctx context.Context) lvmRead {
 	lvs, lvsErr := lvmVolumes(c.env.Path("/sys/block"))
 	if lvsErr == nil {
-		lvs += lvmBackups(c.env.Path(lvmSystemDir + "/backup"))
+		lvs += lvmBackups(c.env.Path(hostio.LVMSystemDir + "/backup"))
 	}
 	now := c.env.Now()
 	if last := c.lvmLast; last != nil && lvsErr == nil && lvs == last.lvs && !last.pools && now.Sub(last.at) < lvmRefresh {

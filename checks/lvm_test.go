@@ -14,12 +14,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/report"
 )
 
 // The fixtures under testdata/lvm are the output of lvm 2.03.16 (Debian
 // bookworm) in the VM tier's guest (tests/vm, scenario lvm_usage, with
-// `lvm vgs`/`lvs` and the check's own arguments, vgsArgs and lvsArgs, run
+// `lvm vgs`/`lvs` and the check's own arguments, hostio.LVMReportArgs["vgs"] and hostio.LVMReportArgs["lvs"], run
 // by the scenario and logged): no volume group yet (vgs-none); a volume
 // group on the NVMe drive with every extent allocated, a 16 MiB thin pool
 // holding 15 MiB, a thin volume and a linear one (vgs-full, lvs-thinpool);
@@ -275,15 +276,15 @@ func TestRealLVMCommand(t *testing.T) {
 	abs, _ := filepath.Abs(filepath.Join("testdata", "lvm", "vgs-full.json"))
 	os.WriteFile(script, []byte("#!/bin/sh\necho \"$@\" > "+args+"\nenv | grep ^LVM_SYSTEM_DIR= >> "+args+"\n[ \"$1\" = hang ] && exec sleep 30\n[ \"$1\" = partial ] && { cat "+abs+"; echo '  Volume group vgbad has unknown devices' >&2; exit 5; }\n[ \"$1\" = fails ] && { echo '  Device /dev/x not found' >&2; exit 5; }\ncat "+abs+"\n"), 0o755)
 	// An lvm.conf to honour: lvm's own LVM_SYSTEM_DIR.
-	lvmSystemDir = dir
+	hostio.LVMSystemDir = dir
 	os.WriteFile(filepath.Join(dir, "lvm.conf"), nil, 0o644)
-	defer func() { lvmSystemDir = "/etc/lvm" }()
+	defer func() { hostio.LVMSystemDir = "/etc/lvm" }()
 	env := testEnv(t, func(c *config.Config) {
 		c.HostRoot = "/"
 		c.Checks.DiskUsageHigh.LVMCommand = script
 		c.Checks.DiskUsageHigh.LVMTimeout = config.Duration{Duration: 20e9} // a busy machine starts sh slowly
 	})
-	out, err := env.lvm().Report(context.Background(), "vgs", vgsArgs...)
+	out, err := env.lvm().Report(context.Background(), "vgs", hostio.LVMReportArgs["vgs"]...)
 	if err != nil || string(out) != string(readFixture(t, "vgs-full.json")) {
 		t.Fatalf("Report: %q, %v", out, err)
 	}

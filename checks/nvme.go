@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/syself/autopilot-health/internal/hostio"
 )
 
 // NVMe reads NVMe controllers' Identify and SMART/Health pages; injectable
@@ -26,13 +24,16 @@ type NVMe interface {
 
 // realNVMe talks to /dev/nvmeN over NVME_IOCTL_ADMIN_CMD (needs
 // CAP_SYS_ADMIN), finding controllers in /sys/class/nvme under the host root.
-type realNVMe struct{ env *Env }
+type realNVMe struct {
+	env  *Env
+	cmds NVMeCommands
+}
 
 func (e *Env) nvme() NVMe {
 	if e.NVMe != nil {
 		return e.NVMe
 	}
-	return realNVMe{e}
+	return realNVMe{env: e}
 }
 
 func (r realNVMe) Controllers() ([]string, error) {
@@ -53,71 +54,40 @@ func (r realNVMe) Controllers() ([]string, error) {
 	return out, nil
 }
 
-const nvmeIoctlAdminCmd = 0xC0484E41 // _IOWR('N', 0x41, struct nvme_passthru_cmd)
-
-// nvmePassthru is struct nvme_passthru_cmd of linux/nvme_ioctl.h (72 bytes).
-type nvmePassthru struct {
-	Opcode      uint8
-	Flags       uint8
-	Rsvd1       uint16
-	Nsid        uint32
-	Cdw2, Cdw3  uint32
-	Metadata    uint64
-	Addr        uint64
-	MetadataLen uint32
-	DataLen     uint32
-	Cdw10       uint32
-	Cdw11       uint32
-	Cdw12       uint32
-	Cdw13       uint32
-	Cdw14       uint32
-	Cdw15       uint32
-	TimeoutMs   uint32
-	Result      uint32
-}
-
-func (r realNVMe) admin(ctrl string, c nvmePassthru, size int) ([]byte, error) {
-	buf := make([]byte, size)
-	if _, err := adminCommand(r.env.Path("/dev/"+filepath.Base(ctrl)), c, buf); err != nil {
-		return nil, err
-	}
-	return buf, nil
-}
-
 // NVMeAdminCommand sends one admin command to the NVMe controller device dev
 // (NVME_IOCTL_ADMIN_CMD) with buf, which may be empty, as its data buffer,
 // and returns the completion's result dword. The VM tier's scenarios use it
 // to set features of QEMU's controller.
 func NVMeAdminCommand(dev string, opcode uint8, nsid, cdw10, cdw11 uint32, buf []byte) (uint32, error) {
-	return adminCommand(dev, nvmePassthru{Opcode: opcode, Nsid: nsid, Cdw10: cdw10, Cdw11: cdw11}, buf)
+	return hostio.NVMeAdmin(dev, hostio.NVMePassthru{Opcode: opcode, Nsid: nsid, Cdw10: cdw10, Cdw11: cdw11}, buf)
 }
 
-func adminCommand(dev string, c nvmePassthru, buf []byte) (uint32, error) {
-	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, &os.PathError{Op: "open", Path: dev, Err: err}
-	}
-	defer unix.Close(fd)
-	if len(buf) > 0 {
-		c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
-		c.DataLen = uint32(len(buf))
-	}
-	c.TimeoutMs = 5000
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
-	runtime.KeepAlive(buf)
-	if e != 0 {
-		return 0, fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, c.Opcode, e)
-	}
-	return c.Result, nil
+// NVMeCommands sends the two admin commands the disk checks use to a
+// controller (nvme0, ...): in process (hostio), or through the privileged
+// helper.
+type NVMeCommands interface {
+	Identify(ctrl string) ([]byte, error)
+	SMART(ctrl string) ([]byte, error)
 }
+
+// NVMeVia lists the controllers under env's host root and sends the admin
+// commands through c.
+func NVMeVia(env *Env, c NVMeCommands) NVMe { return realNVMe{env: env, cmds: c} }
+
+func (r realNVMe) dev(ctrl string) string { return r.env.Path("/dev/" + filepath.Base(ctrl)) }
 
 func (r realNVMe) Identify(ctrl string) ([]byte, error) {
-	return r.admin(ctrl, nvmePassthru{Opcode: 0x06, Cdw10: 1}, 4096) // Identify, CNS 1: controller
+	if r.cmds != nil {
+		return r.cmds.Identify(ctrl)
+	}
+	return hostio.NVMeIdentify(r.dev(ctrl))
 }
 
 func (r realNVMe) SMART(ctrl string) ([]byte, error) {
-	// Get Log Page, all namespaces, LID 02h, NUMDL = dwords - 1.
-	return r.admin(ctrl, nvmePassthru{Opcode: 0x02, Nsid: 0xffffffff, Cdw10: (512/4-1)<<16 | 0x02}, 512)
+	if r.cmds != nil {
+		return r.cmds.SMART(ctrl)
+	}
+	return hostio.NVMeSMART(r.dev(ctrl))
 }
 
 // NVMeHealth is one drive in the disks report domain.

@@ -3,6 +3,7 @@ package tamper
 import (
 	"bufio"
 	"fmt"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"io"
 	"strings"
 )
@@ -51,7 +52,7 @@ func ParseRecorded(r io.Reader) (map[string]string, error) {
 		if !validLayerName(f[0]) {
 			return nil, fmt.Errorf("line %d: %q is not a device-mapper name", n, f[0])
 		}
-		h, err := normHex(f[1])
+		h, err := hostio.NormHex(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("line %d: layer %s: %w", n, f[0], err)
 		}

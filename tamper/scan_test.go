@@ -181,10 +181,10 @@ func TestScanDoesNotBlockOnAFIFO(t *testing.T) {
 	}
 	// A regular file swapped for a FIFO after the Lstat: the open neither
 	// blocks nor succeeds.
-	if _, _, err := fileDigest(fifo); !errors.Is(err, errNotRegular) {
-		t.Errorf("fileDigest(FIFO) = %v, want not a regular file", err)
+	if _, err := OpenRegular(fifo); !errors.Is(err, report.ErrNotRegular) {
+		t.Errorf("OpenRegular(FIFO) = %v, want not a regular file", err)
 	}
-	if _, err := report.ReadRegular(fifo, 100); !errors.Is(err, errNotRegular) {
+	if _, err := report.ReadRegular(fifo, 100); !errors.Is(err, report.ErrNotRegular) {
 		t.Errorf("ReadRegular(FIFO) = %v, want not a regular file", err)
 	}
 	link := filepath.Join(root, "/etc/link")

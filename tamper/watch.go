@@ -3,6 +3,7 @@ package tamper
 import (
 	"context"
 	"errors"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"io/fs"
 	"os"
 	"path"
@@ -50,7 +51,7 @@ func (w *Watcher) Set(dirs []string) (failed []string) {
 	want := map[string]bool{}
 	for _, d := range dirs {
 		for {
-			fi, err := os.Stat(hostJoin(w.root, d))
+			fi, err := os.Stat(hostio.HostJoin(w.root, d))
 			if err == nil && fi.IsDir() || d == "/" || !errors.Is(err, fs.ErrNotExist) {
 				break
 			}
@@ -71,7 +72,7 @@ func (w *Watcher) Set(dirs []string) (failed []string) {
 		if _, ok := w.dir[d]; ok {
 			continue
 		}
-		wd, err := unix.InotifyAddWatch(w.fd, hostJoin(w.root, d), watchMask)
+		wd, err := unix.InotifyAddWatch(w.fd, hostio.HostJoin(w.root, d), watchMask)
 		if err != nil {
 			failed = append(failed, d)
 			continue
@@ -145,25 +146,3 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 
 // Close releases the inotify instance.
 func (w *Watcher) Close() error { return w.f.Close() }
-
-// Relevant reports whether a change at host path p can change what the
-// patterns protect: p matches a pattern, lies in a protected tree, or is a
-// directory on the way to one.
-func (s Spec) Relevant(p string) bool {
-	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
-	for _, pat := range s.Patterns {
-		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
-		n := min(len(pc), len(tc))
-		ok := true
-		for i := range n {
-			if m, _ := path.Match(tc[i], pc[i]); !m {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return true
-		}
-	}
-	return false
-}

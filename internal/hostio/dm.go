@@ -1,4 +1,4 @@
-package tamper
+package hostio
 
 import (
 	"bytes"

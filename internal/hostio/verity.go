@@ -1,4 +1,4 @@
-package tamper
+package hostio
 
 import (
 	"fmt"
@@ -62,12 +62,12 @@ func ParseVerityTable(line string) (VerityTable, error) {
 	}
 	t.Version = int(v)
 	t.Algorithm = f[7]
-	if t.RootHash, err = normHex(f[8]); err != nil {
+	if t.RootHash, err = NormHex(f[8]); err != nil {
 		return VerityTable{}, fmt.Errorf("verity table: root hash: %w", err)
 	}
 	t.Salt = f[9]
 	if t.Salt != "-" {
-		if _, err := normHex(t.Salt); err != nil {
+		if _, err := NormHex(t.Salt); err != nil {
 			return VerityTable{}, fmt.Errorf("verity table: salt: %w", err)
 		}
 	}
@@ -81,9 +81,9 @@ func ParseVerityTable(line string) (VerityTable, error) {
 	return t, nil
 }
 
-// normHex checks a hex digest (at least 128 bits, whole bytes) and returns it
+// NormHex checks a hex digest (at least 128 bits, whole bytes) and returns it
 // in lower case.
-func normHex(s string) (string, error) {
+func NormHex(s string) (string, error) {
 	if len(s) < 32 || len(s)%2 != 0 || len(s) > 256 {
 		return "", fmt.Errorf("%q is not a hex digest of 16 to 128 bytes", s)
 	}

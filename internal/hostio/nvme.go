@@ -1,0 +1,72 @@
+package hostio
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const nvmeIoctlAdminCmd = 0xC0484E41 // _IOWR('N', 0x41, struct nvme_passthru_cmd)
+
+// NVMePassthru is struct nvme_passthru_cmd of linux/nvme_ioctl.h (72 bytes).
+type NVMePassthru struct {
+	Opcode      uint8
+	Flags       uint8
+	Rsvd1       uint16
+	Nsid        uint32
+	Cdw2, Cdw3  uint32
+	Metadata    uint64
+	Addr        uint64
+	MetadataLen uint32
+	DataLen     uint32
+	Cdw10       uint32
+	Cdw11       uint32
+	Cdw12       uint32
+	Cdw13       uint32
+	Cdw14       uint32
+	Cdw15       uint32
+	TimeoutMs   uint32
+	Result      uint32
+}
+
+// NVMeAdmin sends one admin command to the NVMe controller device dev
+// (NVME_IOCTL_ADMIN_CMD, which needs CAP_SYS_ADMIN) with buf, which may be
+// empty, as its data buffer, and returns the completion's result dword.
+func NVMeAdmin(dev string, c NVMePassthru, buf []byte) (uint32, error) {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: dev, Err: err}
+	}
+	defer unix.Close(fd)
+	if len(buf) > 0 {
+		c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
+		c.DataLen = uint32(len(buf))
+	}
+	c.TimeoutMs = 5000
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
+	runtime.KeepAlive(buf)
+	if e != 0 {
+		return 0, fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, c.Opcode, e)
+	}
+	return c.Result, nil
+}
+
+// NVMeIdentify returns the 4096-byte Identify Controller page of the
+// controller device dev.
+func NVMeIdentify(dev string) ([]byte, error) {
+	buf := make([]byte, 4096)
+	_, err := NVMeAdmin(dev, NVMePassthru{Opcode: 0x06, Cdw10: 1}, buf) // Identify, CNS 1: controller
+	return buf, err
+}
+
+// NVMeSMART returns the 512-byte SMART / Health Information log page of the
+// controller device dev.
+func NVMeSMART(dev string) ([]byte, error) {
+	// Get Log Page, all namespaces, LID 02h, NUMDL = dwords - 1.
+	buf := make([]byte, 512)
+	_, err := NVMeAdmin(dev, NVMePassthru{Opcode: 0x02, Nsid: 0xffffffff, Cdw10: (512/4-1)<<16 | 0x02}, buf)
+	return buf, err
+}

@@ -1,0 +1,365 @@
+package hostio
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// Kind is what a protected path is.
+type Kind string
+
+const (
+	KindFile    Kind = "file"
+	KindDir     Kind = "dir"
+	KindSymlink Kind = "symlink"
+	KindOther   Kind = "other"
+	// KindUnreadable: the scan could not read the path (its Error says
+	// why; a path longer than PATH_MAX, an I/O error): recorded as such
+	// rather than stopping the scan, so one path nobody can read neither
+	// hides a change elsewhere nor keeps the baseline from being taken.
+	KindUnreadable Kind = "unreadable"
+)
+
+// Entry is one protected path as the baseline holds it: what a change to
+// its content, mode, owner or link target alters.
+type Entry struct {
+	Path string `json:"path"`
+	Kind Kind   `json:"kind"`
+	// Mode is the permission bits with setuid, setgid and sticky.
+	Mode uint32 `json:"mode"`
+	UID  uint32 `json:"uid"`
+	GID  uint32 `json:"gid"`
+	Size int64  `json:"size,omitempty"`
+	// SHA256 is the content digest of a regular file.
+	SHA256 string `json:"sha256,omitempty"`
+	// Target is a symlink's target, as written (not followed).
+	Target string `json:"target,omitempty"`
+	// TooLarge: a regular file over MaxFileSize, recorded by size, mode
+	// and owner without a digest (not read).
+	TooLarge bool `json:"too_large,omitempty"`
+	// Error is why a KindUnreadable path could not be read (not compared:
+	// the kind is).
+	Error string `json:"error,omitempty"`
+}
+
+// Limits bound a scan: a pattern that matches a huge tree (a typo such as
+// "/var") stops at MaxEntries (a *LimitError, with the entries within the
+// cap), and a file over MaxFileSize is recorded without its digest.
+const (
+	MaxEntries  = 10000
+	MaxFileSize = 64 << 20
+)
+
+// Spec says which host paths are protected.
+type Spec struct {
+	// Patterns are absolute paths or globs (path.Match syntax, in any
+	// component). A matched directory is protected with its whole tree.
+	Patterns []string
+	// Exclude are globs of paths (and trees) left out.
+	Exclude []string
+	// MaxEntries bounds the scan (0: the package's MaxEntries).
+	MaxEntries int
+}
+
+// LimitError: the protected patterns match more than Limit paths. Scan
+// returns it with the first Limit entries it read.
+type LimitError struct {
+	Limit int
+	// At is the first path beyond the cap.
+	At string
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("more than %d protected paths (at %s): narrow the patterns", e.Limit, e.At)
+}
+
+// Scan reads every protected path under root (the host root) and returns the
+// entries sorted by path. Paths are host paths (root not included). A path
+// that vanishes while it is read is left out: the next scan sees it gone. A
+// path that cannot be read (stat, listing, reading or readlink fails) is an
+// entry of KindUnreadable, and the scan goes on. Past spec.MaxEntries it stops and returns the entries read so far, sorted,
+// with a *LimitError.
+func Scan(root string, spec Spec) ([]Entry, error) {
+	seen := map[string]bool{}
+	var out []Entry
+	limit := spec.MaxEntries
+	if limit <= 0 {
+		limit = MaxEntries
+	}
+	// index of each path in out, to mark one unreadable after the fact
+	// (a directory whose listing fails after its stat succeeded).
+	index := map[string]int{}
+	unreadable := func(hostPath string, err error) {
+		e := Entry{Path: hostPath, Kind: KindUnreadable, Error: errText(err)}
+		if i, ok := index[hostPath]; ok {
+			out[i] = e
+			return
+		}
+		if seen[hostPath] || len(out) >= limit {
+			return // excluded, or past the cap (reported as such)
+		}
+		seen[hostPath] = true
+		index[hostPath] = len(out)
+		out = append(out, e)
+	}
+	add := func(hostPath string) error {
+		if seen[hostPath] || excluded(hostPath, spec.Exclude) {
+			return nil
+		}
+		seen[hostPath] = true
+		if len(out) >= limit {
+			return &LimitError{Limit: limit, At: hostPath}
+		}
+		e, err := readEntry(root, hostPath)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			e = Entry{Path: hostPath, Kind: KindUnreadable, Error: errText(err)}
+		}
+		index[hostPath] = len(out)
+		out = append(out, e)
+		return nil
+	}
+	for _, pat := range spec.Patterns {
+		matches, err := filepath.Glob(HostJoin(root, pat))
+		if err != nil {
+			return nil, fmt.Errorf("pattern %q: %w", pat, err)
+		}
+		for _, m := range matches {
+			hp := hostRel(root, m)
+			if err := add(hp); err != nil {
+				return limited(out, err)
+			}
+			fi, err := os.Lstat(m)
+			if err != nil || !fi.IsDir() {
+				continue
+			}
+			err = filepath.WalkDir(m, func(p string, d fs.DirEntry, err error) error {
+				hp := hostRel(root, p)
+				if err != nil {
+					if !errors.Is(err, fs.ErrNotExist) && !excluded(hp, spec.Exclude) {
+						unreadable(hp, err)
+					}
+					if d != nil && d.IsDir() {
+						return filepath.SkipDir
+					}
+					return nil
+				}
+				if d.IsDir() && excluded(hp, spec.Exclude) {
+					return filepath.SkipDir
+				}
+				return add(hp)
+			})
+			if err != nil {
+				return limited(out, err)
+			}
+		}
+	}
+	sortEntries(out)
+	return out, nil
+}
+
+// errText is why a path could not be read, without the path (stable from
+// one scan to the next).
+func errText(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + ": " + pe.Err.Error()
+	}
+	return err.Error()
+}
+
+func sortEntries(out []Entry) {
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+}
+
+// limited returns the entries read so far with a *LimitError, and nothing
+// with any other error.
+func limited(out []Entry, err error) ([]Entry, error) {
+	var le *LimitError
+	if errors.As(err, &le) {
+		sortEntries(out)
+		return out, err
+	}
+	return nil, err
+}
+
+// Covers reports whether a scan with s reads host path p where it exists:
+// p matches a pattern or lies in the tree of one, and neither p nor a
+// directory between the match and p is excluded.
+func (s Spec) Covers(p string) bool {
+	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+	for _, pat := range s.Patterns {
+		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		if len(tc) > len(pc) {
+			continue
+		}
+		ok := true
+		for i := range tc {
+			if m, _ := path.Match(tc[i], pc[i]); !m {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		for k := len(tc); k <= len(pc) && ok; k++ {
+			ok = !excluded("/"+strings.Join(pc[:k], "/"), s.Exclude)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func excluded(hostPath string, exclude []string) bool {
+	for _, x := range exclude {
+		if ok, _ := path.Match(x, hostPath); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// HostJoin is host path p under root ("" or "/": p itself).
+func HostJoin(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	return filepath.Join(root, p)
+}
+
+func hostRel(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	r, err := filepath.Rel(root, p)
+	if err != nil {
+		return p
+	}
+	return "/" + r
+}
+
+func readEntry(root, hostPath string) (Entry, error) {
+	full := HostJoin(root, hostPath)
+	fi, err := os.Lstat(full)
+	if err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Path: hostPath, Mode: uint32(fi.Mode().Perm())}
+	if fi.Mode()&fs.ModeSetuid != 0 {
+		e.Mode |= 0o4000
+	}
+	if fi.Mode()&fs.ModeSetgid != 0 {
+		e.Mode |= 0o2000
+	}
+	if fi.Mode()&fs.ModeSticky != 0 {
+		e.Mode |= 0o1000
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.UID, e.GID = st.Uid, st.Gid
+	}
+	switch {
+	case fi.Mode().IsRegular():
+		e.Kind, e.Size = KindFile, fi.Size()
+		if fi.Size() > MaxFileSize {
+			e.TooLarge = true
+			break
+		}
+		sum, size, err := fileDigest(full)
+		switch {
+		case errors.Is(err, ErrNotRegular):
+			// Swapped for something else since the Lstat: recorded as
+			// such, the next scan reads it again.
+			e.Kind, e.Size = KindOther, 0
+		case err != nil:
+			return Entry{}, err
+		case size > MaxFileSize:
+			e.Size, e.TooLarge = size, true
+		default:
+			e.SHA256 = sum
+		}
+	case fi.IsDir():
+		e.Kind = KindDir
+	case fi.Mode()&fs.ModeSymlink != 0:
+		e.Kind = KindSymlink
+		if e.Target, err = os.Readlink(full); err != nil {
+			return Entry{}, err
+		}
+	default:
+		e.Kind = KindOther
+	}
+	return e, nil
+}
+
+// fileDigest returns the SHA-256 of the regular file p and the bytes read
+// (MaxFileSize+1 at most: a file that grew past the cap has no digest).
+func fileDigest(p string) (string, int64, error) {
+	f, err := OpenRegular(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return "", 0, err
+	}
+	if n > MaxFileSize {
+		return "", n, nil
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// Describe is a short form of what the entry is now (a finding's detail).
+func (e Entry) Describe() string {
+	if e.Kind == KindUnreadable {
+		return "unreadable: " + e.Error
+	}
+	s := fmt.Sprintf("%s mode %04o owner %d:%d", e.Kind, e.Mode, e.UID, e.GID)
+	if e.SHA256 != "" {
+		s += " sha256 " + e.SHA256
+	}
+	if e.TooLarge {
+		s += fmt.Sprintf(" size %d (over %d bytes, not digested)", e.Size, MaxFileSize)
+	}
+	if e.Kind == KindSymlink {
+		s += " -> " + e.Target
+	}
+	return s
+}
+
+// Relevant reports whether a change at host path p can change what the
+// patterns protect: p matches a pattern, lies in a protected tree, or is a
+// directory on the way to one.
+func (s Spec) Relevant(p string) bool {
+	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+	for _, pat := range s.Patterns {
+		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		n := min(len(pc), len(tc))
+		ok := true
+		for i := range n {
+			if m, _ := path.Match(tc[i], pc[i]); !m {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
