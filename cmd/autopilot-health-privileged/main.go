@@ -1,0 +1,100 @@
+// Command autopilot-health-privileged is the daemon's privileged helper: it
+// does for autopilot-health what needs a capability or a raw device (the
+// kernel log's descriptor, NVMe admin commands, device-mapper tables, LVM
+// reports, the protected-path scan) and nothing else, on a Unix socket only
+// root may use, without a network (internal/privileged;
+// units/autopilot-health-privileged.service).
+//
+// Under systemd it serves the socket its socket unit passes it; with
+// --listen PATH it listens there itself (tests, and a node without the
+// socket unit).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/coreos/go-systemd/v22/activation"
+
+	"github.com/syself/autopilot-health/internal/privileged"
+)
+
+var version = "devel"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("autopilot-health-privileged", flag.ContinueOnError)
+	listen := fs.String("listen", "", "listen on this Unix socket path instead of the one systemd passes")
+	debug := fs.Bool("debug", false, "log each failed request")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *showVersion {
+		fmt.Println(version)
+		return 0
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
+	l, err := listener(*listen)
+	if err != nil {
+		log.Error("no socket to serve", "err", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "version", version)
+	if err := (&privileged.Server{Log: log}).Serve(ctx, l); err != nil {
+		log.Error("serving failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// dropTime leaves the time to the journal.
+func dropTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
+}
+
+func listener(path string) (*net.UnixListener, error) {
+	if path != "" {
+		os.Remove(path)
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(path, 0o600); err != nil {
+			l.Close()
+			return nil, err
+		}
+		return l, nil
+	}
+	ls, err := activation.Listeners()
+	if err != nil {
+		return nil, err
+	}
+	if len(ls) != 1 {
+		return nil, errors.New("systemd passed no socket (or several): start it through autopilot-health-privileged.socket, or give --listen PATH")
+	}
+	u, ok := ls[0].(*net.UnixListener)
+	if !ok {
+		return nil, fmt.Errorf("the socket systemd passed is not a Unix stream socket (%T)", ls[0])
+	}
+	return u, nil
+}

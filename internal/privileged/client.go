@@ -1,0 +1,188 @@
+package privileged
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/hostio"
+)
+
+// Client asks the helper listening at Path.
+type Client struct {
+	Path string
+}
+
+// call sends one request and returns the answer and the descriptor that
+// came with it (-1: none).
+func (c *Client) call(ctx context.Context, req request, timeout time.Duration) (response, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.Path)
+	if err != nil {
+		return response{}, -1, fmt.Errorf("privileged helper: %w", err)
+	}
+	conn := nc.(*net.UnixConn)
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	b, _ := json.Marshal(req)
+	if _, err := conn.Write(b); err != nil {
+		return response{}, -1, fmt.Errorf("privileged helper at %s: %w", c.Path, err)
+	}
+	conn.CloseWrite()
+	var body []byte
+	fd := -1
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+		body = append(body, buf[:n]...)
+		if oobn > 0 {
+			if fds := rights(oob[:oobn]); len(fds) > 0 {
+				for _, extra := range fds[1:] {
+					unix.Close(extra)
+				}
+				if fd >= 0 {
+					unix.Close(fd)
+				}
+				fd = fds[0]
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && n == 0 && oobn == 0) {
+			break
+		}
+		if err != nil {
+			closeFD(fd)
+			return response{}, -1, fmt.Errorf("privileged helper at %s: %w", c.Path, err)
+		}
+		if len(body) > maxResponse {
+			closeFD(fd)
+			return response{}, -1, fmt.Errorf("privileged helper at %s: answer over %d bytes", c.Path, maxResponse)
+		}
+	}
+	var resp response
+	if err := json.Unmarshal(body, &resp); err != nil {
+		closeFD(fd)
+		if len(body) == 0 {
+			return response{}, -1, fmt.Errorf("privileged helper at %s: no answer (refused, or it stopped)", c.Path)
+		}
+		return response{}, -1, fmt.Errorf("privileged helper at %s: malformed answer: %w", c.Path, err)
+	}
+	if !resp.FD && fd >= 0 {
+		unix.Close(fd)
+		fd = -1
+	}
+	return resp, fd, nil
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
+
+func rights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err == nil {
+			out = append(out, fds...)
+		}
+	}
+	return out
+}
+
+// shortCall is the timeout of a request that does not wait on a command.
+const shortCall = 30 * time.Second
+
+// OpenKmsg returns a descriptor of /dev/kmsg, opened by the helper
+// (read-only, non-blocking, close-on-exec).
+func (c *Client) OpenKmsg() (int, error) {
+	resp, fd, err := c.call(context.Background(), request{Op: OpKmsg}, shortCall)
+	if err != nil {
+		return -1, err
+	}
+	if err := resp.err(); err != nil {
+		closeFD(fd)
+		return -1, err
+	}
+	if fd < 0 {
+		return -1, fmt.Errorf("privileged helper at %s: the kernel log's descriptor did not come", c.Path)
+	}
+	unix.CloseOnExec(fd)
+	return fd, nil
+}
+
+func (c *Client) data(req request) ([]byte, error) {
+	resp, fd, err := c.call(context.Background(), req, shortCall)
+	closeFD(fd)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Data, resp.err()
+}
+
+// Identify returns controller ctrl's Identify Controller page.
+func (c *Client) Identify(ctrl string) ([]byte, error) {
+	return c.data(request{Op: OpNVMeIdentify, Ctrl: ctrl})
+}
+
+// SMART returns controller ctrl's SMART / Health Information log page.
+func (c *Client) SMART(ctrl string) ([]byte, error) {
+	return c.data(request{Op: OpNVMeSMART, Ctrl: ctrl})
+}
+
+// RunLVM runs an LVM report in the helper (hostio.RunLVM).
+func (c *Client) RunLVM(ctx context.Context, lvm string, timeout time.Duration, command string, args ...string) ([]byte, error) {
+	resp, fd, err := c.call(ctx, request{Op: OpLVM, LVM: lvm, Timeout: timeout, Command: command, Args: args}, shortCall+timeout)
+	closeFD(fd)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Data, resp.err()
+}
+
+// DM reads the device-mapper tables through the helper, on the control
+// node at path.
+func (c *Client) DM(path string) hostio.DM { return dmVia{c, path} }
+
+type dmVia struct {
+	c    *Client
+	path string
+}
+
+func (d dmVia) VerityTargets() ([]hostio.VerityTarget, error) {
+	resp, fd, err := d.c.call(context.Background(), request{Op: OpDMVerity, Path: d.path}, shortCall)
+	closeFD(fd)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Verity, resp.err()
+}
+
+// Scan scans the protected paths in the helper (hostio.Scan); root must be
+// the host's.
+func (c *Client) Scan(root string, spec hostio.Spec) ([]hostio.Entry, error) {
+	if root != "" && root != "/" {
+		return nil, fmt.Errorf("privileged helper: scans only the host's root, not %s", root)
+	}
+	resp, fd, err := c.call(context.Background(), request{Op: OpScan, Spec: &spec}, 5*time.Minute)
+	closeFD(fd)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Entries, resp.err()
+}

@@ -1,0 +1,275 @@
+package privileged
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/hostio"
+)
+
+// Server answers the daemon's requests.
+type Server struct {
+	Log *slog.Logger
+	// KmsgPath is the kernel log (default /dev/kmsg).
+	KmsgPath string
+	// DevDir holds the NVMe controllers (default /dev).
+	DevDir string
+	// DMControlRdev is the device number the device-mapper control node
+	// must have (default 10:236, MAPPER_CTRL_MINOR); tests change it.
+	DMControlRdev uint64
+	// MaxConcurrent bounds the requests served at once (default 4).
+	MaxConcurrent int
+	// Served counts the requests answered, by operation (for tests).
+	mu     sync.Mutex
+	served map[string]int
+}
+
+// requestTimeout bounds a request's exchange (an LVM report has its own
+// timeout, at most 5 min, on top).
+const requestTimeout = 30 * time.Second
+
+var nvmeCtrl = regexp.MustCompile(`^nvme[0-9]+$`)
+
+// Serve answers on l until ctx ends.
+func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
+	if s.Log == nil {
+		s.Log = slog.New(slog.DiscardHandler)
+	}
+	n := s.MaxConcurrent
+	if n <= 0 {
+		n = 4
+	}
+	sem := make(chan struct{}, n)
+	go func() {
+		<-ctx.Done()
+		l.Close()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s.serveConn(ctx, c)
+		}()
+	}
+}
+
+// Served returns how many requests of op were answered.
+func (s *Server) Served(op string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.served[op]
+}
+
+func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(requestTimeout))
+	uid, err := peerUID(c)
+	if err != nil || (uid != 0 && uid != uint32(os.Getuid())) {
+		s.Log.Warn("refused a request: the peer is not root", "uid", uid, "err", err)
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(c, maxRequest+1))
+	if err != nil {
+		s.Log.Warn("reading a request failed", "err", err)
+		return
+	}
+	var req request
+	var resp response
+	fd := -1
+	switch {
+	case len(b) > maxRequest:
+		resp = response{Error: "request too large"}
+	case json.Unmarshal(b, &req) != nil:
+		resp = response{Error: "malformed request"}
+	default:
+		if req.Op == OpLVM {
+			c.SetDeadline(time.Now().Add(requestTimeout + req.Timeout))
+		}
+		resp, fd = s.handle(ctx, req)
+	}
+	if fd >= 0 {
+		defer unix.Close(fd)
+		resp.FD = true
+	}
+	out, err := json.Marshal(resp)
+	if err != nil {
+		out, _ = json.Marshal(response{Error: "encoding the answer: " + err.Error()})
+		fd = -1
+	}
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	if _, _, err := c.WriteMsgUnix(out, oob, nil); err != nil {
+		s.Log.Warn("answering a request failed", "op", req.Op, "err", err)
+		return
+	}
+	s.mu.Lock()
+	if s.served == nil {
+		s.served = map[string]int{}
+	}
+	s.served[req.Op]++
+	s.mu.Unlock()
+	if resp.Error != "" {
+		s.Log.Debug("request failed", "op", req.Op, "err", resp.Error)
+	}
+}
+
+func peerUID(c *net.UnixConn) (uint32, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return cred.Uid, nil
+}
+
+func (s *Server) handle(ctx context.Context, req request) (response, int) {
+	switch req.Op {
+	case OpKmsg:
+		p := s.KmsgPath
+		if p == "" {
+			p = "/dev/kmsg"
+		}
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return errorResponse(&os.PathError{Op: "open", Path: p, Err: err}), -1
+		}
+		return response{}, fd
+	case OpNVMeIdentify, OpNVMeSMART:
+		if !nvmeCtrl.MatchString(req.Ctrl) {
+			return response{Error: fmt.Sprintf("%q is not an NVMe controller (nvmeN)", req.Ctrl)}, -1
+		}
+		dir := s.DevDir
+		if dir == "" {
+			dir = "/dev"
+		}
+		dev := filepath.Join(dir, req.Ctrl)
+		var b []byte
+		var err error
+		if req.Op == OpNVMeIdentify {
+			b, err = hostio.NVMeIdentify(dev)
+		} else {
+			b, err = hostio.NVMeSMART(dev)
+		}
+		if err != nil {
+			return errorResponse(err), -1
+		}
+		return response{Data: b}, -1
+	case OpDMVerity:
+		if err := s.isDMControl(req.Path); err != nil {
+			return errorResponse(err), -1
+		}
+		ts, err := hostio.DMControl{Path: req.Path}.VerityTargets()
+		if err != nil {
+			return errorResponse(err), -1
+		}
+		return response{Verity: ts}, -1
+	case OpLVM:
+		if err := lvmAllowed(req); err != nil {
+			return response{Error: err.Error()}, -1
+		}
+		b, err := hostio.RunLVM(ctx, req.LVM, req.Timeout, req.Command, req.Args...)
+		r := response{Data: b}
+		if err != nil {
+			e := errorResponse(err)
+			e.Data = b
+			r = e
+		}
+		return r, -1
+	case OpScan:
+		if req.Spec == nil {
+			return response{Error: "a scan without patterns"}, -1
+		}
+		spec := *req.Spec
+		if spec.MaxEntries <= 0 || spec.MaxEntries > hostio.MaxEntries {
+			spec.MaxEntries = hostio.MaxEntries
+		}
+		es, err := hostio.Scan("/", spec)
+		if err != nil {
+			r := errorResponse(err)
+			r.Entries = es
+			return r, -1
+		}
+		return response{Entries: es}, -1
+	}
+	return response{Error: fmt.Sprintf("unknown operation %q", req.Op)}, -1
+}
+
+// isDMControl refuses any path but the device-mapper control node (the
+// character device 10:236, or DMControlRdev); a missing node is
+// hostio.ErrNoDeviceMapper, as in process.
+func (s *Server) isDMControl(p string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("%s: %w", p, hostio.ErrNoDeviceMapper)
+		}
+		return &os.PathError{Op: "stat", Path: p, Err: err}
+	}
+	want := s.DMControlRdev
+	if want == 0 {
+		want = unix.Mkdev(10, 236)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != want {
+		return fmt.Errorf("%s is not the device-mapper control node (%d:%d)", p, unix.Major(want), unix.Minor(want))
+	}
+	return nil
+}
+
+// lvmAllowed refuses what is not one of the disk check's LVM reports, from
+// an lvm binary that only root can have put there.
+func lvmAllowed(req request) error {
+	if !filepath.IsAbs(req.LVM) || filepath.Base(req.LVM) != "lvm" {
+		return fmt.Errorf("the helper runs an absolute path named lvm, not %q", req.LVM)
+	}
+	if !hostio.LVMArgsAllowed(req.Command, req.Args) {
+		return fmt.Errorf("the helper runs only the disk check's LVM reports, not %q %q", req.Command, req.Args)
+	}
+	if req.Timeout <= 0 || req.Timeout > 5*time.Minute {
+		return fmt.Errorf("LVM timeout %s out of range (at most 5m)", req.Timeout)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(req.LVM, &st); err != nil {
+		return &os.PathError{Op: "stat", Path: req.LVM, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != 0 || st.Mode&0o022 != 0 {
+		return fmt.Errorf("%s: not a regular file that only root may change (owner %d, mode %#o)", req.LVM, st.Uid, st.Mode&0o7777)
+	}
+	return nil
+}
