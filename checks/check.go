@@ -88,6 +88,28 @@ type Env struct {
 	// DM reads the device-mapper tables; nil means the ioctls on the
 	// control node checks.SealedOSTampered.dm_control.
 	DM tamper.DM
+	// Helper does what needs privileges that the daemon's own unit does
+	// not give it (internal/privileged: the NVMe admin commands, the LVM
+	// reports, the device-mapper tables, the protected-path scan); nil:
+	// this process does them. NVMe, LVM and DM, where set, come first.
+	Helper Helper
+}
+
+// Helper is the privileged helper as the checks use it
+// (privileged.Client).
+type Helper interface {
+	NVMeCommands
+	LVMRunner
+	DM(path string) tamper.DM
+	Scan(root string, spec tamper.Spec) ([]tamper.Entry, error)
+}
+
+// scan reads the protected paths: through the helper where there is one.
+func (e *Env) scan(spec tamper.Spec) ([]tamper.Entry, error) {
+	if e.Helper != nil {
+		return e.Helper.Scan(e.Config.HostRoot, spec)
+	}
+	return tamper.Scan(e.Config.HostRoot, spec)
 }
 
 // Path resolves an absolute host path under the configured host root.

@@ -40,6 +40,9 @@ func (e *Env) lvm() LVM {
 	if e.LVM != nil {
 		return e.LVM
 	}
+	if e.Helper != nil {
+		return realLVM{env: e, run: e.Helper}
+	}
 	return realLVM{env: e}
 }
 

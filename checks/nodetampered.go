@@ -145,7 +145,7 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	cur, err := tamper.Scan(c.env.Config.HostRoot, c.spec)
+	cur, err := c.env.scan(c.spec)
 	var over *tamper.LimitError
 	st := c.keeper.State()
 	haveBase := st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID()

@@ -33,6 +33,9 @@ func (e *Env) nvme() NVMe {
 	if e.NVMe != nil {
 		return e.NVMe
 	}
+	if e.Helper != nil {
+		return realNVMe{env: e, cmds: e.Helper}
+	}
 	return realNVMe{env: e}
 }
 

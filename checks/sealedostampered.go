@@ -32,7 +32,11 @@ type sealedOSCheck struct {
 func newSealedOSCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.SealedOSTampered
 	dm := env.DM
-	if dm == nil {
+	switch {
+	case dm != nil:
+	case env.Helper != nil:
+		dm = env.Helper.DM(env.Path(c.DMControl))
+	default:
 		dm = tamper.DMControl{Path: env.Path(c.DMControl)}
 	}
 	return &sealedOSCheck{env: env, recorded: c.RecordedHashes, dm: dm, keeper: tamperKeeper(env)}, nil

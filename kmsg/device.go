@@ -15,11 +15,26 @@ import (
 // refuses what is not a character device: a directory, a regular file or a
 // FIFO is never the kernel log.
 func openDevice(path string) (Device, error) {
+	return Open(path)
+}
+
+// Open opens the kernel log at path without blocking, refusing what is not
+// /dev/kmsg (the reader's default Open).
+func Open(path string) (Device, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
+	return FromFD(fd, path)
+}
+
+// FromFD reads the kernel log from fd, a descriptor another process opened
+// (the privileged helper's), read-only and non-blocking; path names it in
+// errors. It refuses, and closes, what is not /dev/kmsg, as the open does.
+// The Device owns fd.
+func FromFD(fd int, path string) (Device, error) {
 	var st unix.Stat_t
+	var err error
 	if err = unix.Fstat(fd, &st); err != nil {
 		err = &os.PathError{Op: "stat", Path: path, Err: err}
 	} else if typ := st.Mode & unix.S_IFMT; typ != unix.S_IFCHR {
@@ -31,6 +46,8 @@ func openDevice(path string) (Device, error) {
 		err = fmt.Errorf("%s is %s, not a character device (the kernel log is /dev/kmsg)", path, kind)
 	} else if maj, mnr := unix.Major(st.Rdev), unix.Minor(st.Rdev); maj != 1 || mnr != 11 {
 		err = fmt.Errorf("%s is the character device %d:%d, not the kernel log (/dev/kmsg is 1:11)", path, maj, mnr)
+	} else if fl, ferr := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); ferr != nil || fl&unix.O_NONBLOCK == 0 {
+		err = fmt.Errorf("%s: the descriptor is not non-blocking (flags %#o, %v)", path, fl, ferr)
 	}
 	if err != nil {
 		unix.Close(fd)

@@ -32,7 +32,9 @@ func Version() string {
 const usage = `autopilot-health: the Syself Autopilot node health daemon.
 
 Usage:
-  autopilot-health run [--config FILE]            run the daemon (under systemd)
+  autopilot-health run [--config FILE] [--privileged-helper SOCKET]
+                                                  run the daemon (under systemd; the helper
+                                                  autopilot-health-privileged does what needs privileges)
   autopilot-health check [--config FILE] [--json] [--only NAME,...]
                                                   run every enabled check once on this host
   autopilot-health kmsg replay [--json] [--config FILE] FILE|-

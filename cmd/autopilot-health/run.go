@@ -12,11 +12,13 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/privileged"
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--config FILE]", stderr)
+	fs := newFlags("run", "run [--config FILE] [--privileged-helper SOCKET]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
+	helper := fs.String("privileged-helper", "", "ask the privileged helper (autopilot-health-privileged) listening on this socket for what needs privileges: /dev/kmsg, NVMe, device-mapper, LVM, the NodeTampered scan")
 	if code := parseFlags(fs, args); code >= 0 {
 		return code
 	}
@@ -51,8 +53,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	d, err := daemon.New(cfg, log, daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket,
-		ConfigPath: *cfgPath, ConfigOptional: !explicit, ConfigDigest: digest, Reload: hup})
+	opts := daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket,
+		ConfigPath: *cfgPath, ConfigOptional: !explicit, ConfigDigest: digest, Reload: hup}
+	if *helper != "" {
+		opts.Helper = &privileged.Client{Path: *helper}
+		log.Info("privileged reads go through the helper", "socket", *helper)
+	}
+	d, err := daemon.New(cfg, log, opts)
 	if err != nil {
 		log.Error("refusing to start", "err", err)
 		return exitError

@@ -44,6 +44,8 @@ type AssembleOptions struct {
 	Env *checks.Env
 	// BootID is used with Env.
 	BootID string
+	// Helper, if set, does what needs privileges (checks.Env.Helper).
+	Helper checks.Helper
 	// Only restricts the checks to these condition types (check --only).
 	Only []string
 }
@@ -92,6 +94,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 			"role", id.Role, "role_source", id.RoleSource, "gpu", id.GPU, "gpu_source", id.GPUSource)
 	}
 	env := p.Env
+	if o.Helper != nil {
+		env.Helper = o.Helper
+	}
 	if env.BootID == "" {
 		env.BootID = bootID
 	}

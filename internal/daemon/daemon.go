@@ -12,6 +12,7 @@ import (
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
@@ -36,6 +37,11 @@ type Options struct {
 	// KmsgOpen, if set, opens the kernel log instead of the device at
 	// kmsg.device.
 	KmsgOpen func(path string) (kmsg.Device, error)
+	// Helper, if set, is the privileged helper: it does what needs
+	// privileges the daemon's unit does not give it (checks.Env.Helper),
+	// and opens /dev/kmsg where kmsg.device is that and KmsgOpen is not
+	// set.
+	Helper *privileged.Client
 	// ControlSocket, if set, is where the daemon listens for the
 	// operator's requests (control_socket; tamper clear).
 	ControlSocket string
@@ -124,7 +130,14 @@ type Daemon struct {
 // checks (Assemble) and binds the metrics listener. Any error here is a
 // reason to refuse to start.
 func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
-	p, err := Assemble(cfg, log, AssembleOptions{Purpose: ForRun, Version: opts.Version, Env: opts.Env, BootID: opts.BootID})
+	ao := AssembleOptions{Purpose: ForRun, Version: opts.Version, Env: opts.Env, BootID: opts.BootID}
+	if opts.Helper != nil {
+		ao.Helper = opts.Helper
+		if opts.KmsgOpen == nil {
+			opts.KmsgOpen = helperKmsgOpen(opts.Helper)
+		}
+	}
+	p, err := Assemble(cfg, log, ao)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 )
@@ -65,5 +66,24 @@ func (d *Daemon) newReader() *kmsg.Reader {
 	return &kmsg.Reader{
 		Path: d.cfg.HostPath(d.cfg.Kmsg.Device), Monitor: d.kmsg, Log: d.log.With("component", "kmsg"),
 		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: kmsgReadTimeout, Gather: kmsg.GatherTime, Grid: d.grid(), Open: d.kmsgOpen,
+	}
+}
+
+// The privileged helper's client is what the checks need of a helper.
+var _ checks.Helper = (*privileged.Client)(nil)
+
+// helperKmsgOpen opens the kernel log through the helper when the
+// configured device is /dev/kmsg (the helper opens that one only), and in
+// this process otherwise (a test's FIFO, a host root elsewhere).
+func helperKmsgOpen(h *privileged.Client) func(path string) (kmsg.Device, error) {
+	return func(path string) (kmsg.Device, error) {
+		if path != "/dev/kmsg" {
+			return kmsg.Open(path)
+		}
+		fd, err := h.OpenKmsg()
+		if err != nil {
+			return nil, err
+		}
+		return kmsg.FromFD(fd, path)
 	}
 }
