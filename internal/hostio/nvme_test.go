@@ -14,4 +14,3 @@ func TestNVMePassthruLayout(t *testing.T) {
 		t.Errorf("cdw10 at offset %d, want 40", off)
 	}
 }
-

@@ -175,11 +175,23 @@ func TestLVMRequests(t *testing.T) {
 		t.Errorf("lvs exiting 5 with a report: %q, %v", b, err)
 	}
 	for name, call := range map[string]func() error{
-		"other args":   func() error { _, err := c.RunLVM(ctx, lvm, time.Second, "vgs", "-o", "vg_name"); return err },
-		"other cmd":    func() error { _, err := c.RunLVM(ctx, lvm, time.Second, "vgremove", hostio.LVMReportArgs["vgs"]...); return err },
-		"relative":     func() error { _, err := c.RunLVM(ctx, "lvm", time.Second, "vgs", hostio.LVMReportArgs["vgs"]...); return err },
-		"not lvm":      func() error { _, err := c.RunLVM(ctx, "/bin/sh", time.Second, "vgs", hostio.LVMReportArgs["vgs"]...); return err },
-		"long timeout": func() error { _, err := c.RunLVM(ctx, lvm, time.Hour, "vgs", hostio.LVMReportArgs["vgs"]...); return err },
+		"other args": func() error { _, err := c.RunLVM(ctx, lvm, time.Second, "vgs", "-o", "vg_name"); return err },
+		"other cmd": func() error {
+			_, err := c.RunLVM(ctx, lvm, time.Second, "vgremove", hostio.LVMReportArgs["vgs"]...)
+			return err
+		},
+		"relative": func() error {
+			_, err := c.RunLVM(ctx, "lvm", time.Second, "vgs", hostio.LVMReportArgs["vgs"]...)
+			return err
+		},
+		"not lvm": func() error {
+			_, err := c.RunLVM(ctx, "/bin/sh", time.Second, "vgs", hostio.LVMReportArgs["vgs"]...)
+			return err
+		},
+		"long timeout": func() error {
+			_, err := c.RunLVM(ctx, lvm, time.Hour, "vgs", hostio.LVMReportArgs["vgs"]...)
+			return err
+		},
 	} {
 		if err := call(); err == nil || !strings.Contains(err.Error(), "the helper runs") && !strings.Contains(err.Error(), "out of range") {
 			t.Errorf("%s: %v, want refused", name, err)
