@@ -11,6 +11,7 @@ all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/autopilot-health
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o bin/autopilot-health-privileged ./cmd/autopilot-health-privileged
 
 # One-shot check of this host with the embedded defaults (exit 1 = a problem
 # was found, which is a result, not a failure of make).
@@ -85,8 +86,8 @@ fuzz:
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzDecodeWindow$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseState$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseRecorded$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
-	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
-	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseDMAnswers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzParseDMAnswers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/systemd -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 # Regenerate what is generated from report/catalog.go: the README's condition
@@ -105,6 +106,7 @@ deb: build
 		case $$a in amd64|arm64) ;; *) echo "ARCH=$$a: amd64 or arm64" >&2; exit 2;; esac; \
 		echo "CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build ... -o bin/linux_$$a/autopilot-health"; \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/linux_$$a/autopilot-health ./cmd/autopilot-health || exit 1; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/linux_$$a/autopilot-health-privileged ./cmd/autopilot-health-privileged || exit 1; \
 		GEN=$(BIN) bash packaging/deb/build.sh bin/linux_$$a/autopilot-health bin || exit 1; \
 	done
 

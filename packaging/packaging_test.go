@@ -49,12 +49,14 @@ func binary(t *testing.T, goarch string) string {
 			return
 		}
 		for _, a := range []string{"amd64", "arm64"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=1.2.3",
-				"-o", filepath.Join(binDir, a, "autopilot-health"), "../cmd/autopilot-health")
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+a)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				binErr = fmt.Errorf("go build for %s: %v\n%s", a, err, out)
-				return
+			for _, c := range []string{"autopilot-health", "autopilot-health-privileged"} {
+				cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X main.version=1.2.3",
+					"-o", filepath.Join(binDir, a, c), "../cmd/"+c)
+				cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+a)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					binErr = fmt.Errorf("go build %s for %s: %v\n%s", c, a, err, out)
+					return
+				}
 			}
 		}
 	})
@@ -173,17 +175,21 @@ var wantEntries = map[string]string{
 	"./usr/lib/systemd/system/autopilot-health.service":          "-rw-r--r--",
 	"./usr/lib/systemd/system-preset/":                           "drwxr-xr-x",
 	"./usr/lib/systemd/system-preset/80-autopilot-health.preset": "-rw-r--r--",
-	"./usr/share/":                                   "drwxr-xr-x",
-	"./usr/share/doc/":                               "drwxr-xr-x",
-	"./usr/share/doc/autopilot-health/":              "drwxr-xr-x",
-	"./usr/share/doc/autopilot-health/changelog.gz":  "-rw-r--r--",
-	"./usr/share/doc/autopilot-health/copyright":     "-rw-r--r--",
-	"./usr/share/lintian/":                           "drwxr-xr-x",
-	"./usr/share/lintian/overrides/":                 "drwxr-xr-x",
-	"./usr/share/lintian/overrides/autopilot-health": "-rw-r--r--",
-	"./usr/share/man/":                               "drwxr-xr-x",
-	"./usr/share/man/man8/":                          "drwxr-xr-x",
-	"./usr/share/man/man8/autopilot-health.8.gz":     "-rw-r--r--",
+	"./usr/share/":                                                 "drwxr-xr-x",
+	"./usr/share/doc/":                                             "drwxr-xr-x",
+	"./usr/share/doc/autopilot-health/":                            "drwxr-xr-x",
+	"./usr/share/doc/autopilot-health/changelog.gz":                "-rw-r--r--",
+	"./usr/share/doc/autopilot-health/copyright":                   "-rw-r--r--",
+	"./usr/share/lintian/":                                         "drwxr-xr-x",
+	"./usr/share/lintian/overrides/":                               "drwxr-xr-x",
+	"./usr/share/lintian/overrides/autopilot-health":               "-rw-r--r--",
+	"./usr/share/man/":                                             "drwxr-xr-x",
+	"./usr/share/man/man8/":                                        "drwxr-xr-x",
+	"./usr/share/man/man8/autopilot-health.8.gz":                   "-rw-r--r--",
+	"./usr/lib/autopilot-health/":                                  "drwxr-xr-x",
+	"./usr/lib/autopilot-health/autopilot-health-privileged":       "-rwxr-xr-x",
+	"./usr/lib/systemd/system/autopilot-health-privileged.service": "-rw-r--r--",
+	"./usr/lib/systemd/system/autopilot-health-privileged.socket":  "-rw-r--r--",
 }
 
 // TestDebianPackage builds the package for amd64 and arm64 (with a umask

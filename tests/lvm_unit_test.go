@@ -92,17 +92,10 @@ func TestLVMUnderTheUnit(t *testing.T) {
 	t.Cleanup(func() { exec.Command("vgremove", "-q", "-f", vg).Run() })
 
 	usr := filepath.Join(dir, "usr")
+	if err := harness.InstallDaemon(usr); err != nil {
+		t.Fatal(err)
+	}
 	bin := filepath.Join(usr, "bin", "autopilot-health")
-	if err := harness.BuildDaemon(bin); err != nil {
-		t.Fatal(err)
-	}
-	unitFile, err := harness.RepoFile("units/autopilot-health.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := writeFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile); err != nil {
-		t.Fatal(err)
-	}
 	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), nil, harness.Options{KeepSyslog: true, Usr: usr, LoopDevices: true})
 	if err != nil {
 		t.Fatal(err)

@@ -342,23 +342,13 @@ func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, st
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	usr := filepath.Join(dir, "usr")
-	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
+	if err := harness.InstallDaemon(usr); err != nil {
 		t.Fatal(err)
 	}
 	if standin {
 		if _, err := harness.BuildStandin(filepath.Join(usr, "bin")); err != nil {
 			t.Fatal(err)
 		}
-	}
-	unitFile, err := harness.RepoFile("units/autopilot-health.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
-		t.Fatal(err)
 	}
 	s, err := harness.StartSystemdWith(dir, units, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
 	if err != nil {

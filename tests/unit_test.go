@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -222,12 +223,16 @@ func eventually(t testing.TB, limit time.Duration, what string, f func() (bool, 
 	}
 }
 
-// The daemon under its own, packaged unit file (units/autopilot-health.service,
-// unchanged but for a shorter WatchdogSec), in a real systemd 252 as PID 1:
-// every check that can run there works through the unit's sandbox.
+// The daemon under its own, packaged unit files (units/autopilot-health.service,
+// unchanged but for a shorter WatchdogSec, and its privileged helper's
+// socket and service), in a real systemd 252 as PID 1: every check that can
+// run there works through the units' sandboxes.
 //   - READY=1: Type=notify, the start job ends and the unit is active.
-//   - /dev/kmsg read (CAP_SYSLOG kept by PID 1): a line written by the test
-//     is read and matched.
+//   - the split: the daemon holds no capability, sees no /dev/kmsg and maps
+//     only root (PrivateUsers=); the helper, started by its socket, holds
+//     the three capabilities and has a network namespace of its own.
+//   - /dev/kmsg read (the helper opens it, CAP_SYSLOG kept by PID 1): a line
+//     written by the test is read and matched.
 //   - the host's filesystems measured despite ProtectSystem=strict: /data, a
 //     host directory on a disk filesystem, is in DiskUsageHigh's message.
 //   - adjtimex read: ClockNotSynchronized evaluated, not CheckFailed.
@@ -257,23 +262,13 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	// over the host's /usr.
 	usr := filepath.Join(dir, "usr")
 	buildStart := time.Now()
-	if err := harness.BuildDaemon(filepath.Join(usr, "bin", "autopilot-health")); err != nil {
+	if err := harness.InstallDaemon(usr); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := harness.BuildStandin(filepath.Join(dir, "units", "bin")); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("daemon and stand-in built in %s", time.Since(buildStart).Round(time.Millisecond))
-	unitFile, err := harness.RepoFile("units/autopilot-health.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(usr, "lib", "systemd", "system"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(usr, "lib", "systemd", "system", "autopilot-health.service"), unitFile, 0o644); err != nil {
-		t.Fatal(err)
-	}
 
 	kubeletPort, metricsPort := freeTCPPort(t), freeTCPPort(t)
 	units := map[string]string{
@@ -311,7 +306,7 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another user's 0600 file in their 0700 directory: root's mode bits
-	// give no access, the unit's CAP_DAC_READ_SEARCH does (without it the
+	// give no access, the helper's CAP_DAC_READ_SEARCH does (without it the
 	// scan fails, NodeTampered is CheckFailed and the change below unseen).
 	otherDir := s.Root("/etc/autopilot-health-test/protected/other")
 	secret := filepath.Join(otherDir, "secret.conf")
@@ -371,14 +366,45 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if st, _ := sp["StatusText"].Value().(string); !strings.Contains(st, "conditions:") {
 		t.Errorf("STATUS= %q", st)
 	}
-	// CapabilityBoundingSet=CAP_SYSLOG CAP_SYS_ADMIN CAP_DAC_READ_SEARCH,
-	// all of them there (PID 1 kept CAP_SYSLOG).
+	// The daemon: CapabilityBoundingSet= (none), PrivateDevices= (no
+	// /dev/kmsg in its /dev), PrivateUsers= (root alone mapped).
 	mainPID, _ := sp["MainPID"].Value().(uint32)
-	if bnd, err := capBounding(s, mainPID); err != nil || bnd != 1<<unix.CAP_SYSLOG|1<<unix.CAP_SYS_ADMIN|1<<unix.CAP_DAC_READ_SEARCH {
-		t.Errorf("the daemon's bounding set: %#x (%v)", bnd, err)
+	if bnd, err := capBounding(s, mainPID); err != nil || bnd != 0 {
+		t.Errorf("the daemon's bounding set: %#x (%v), want none", bnd, err)
 	}
 	if m := sandboxInEffect(s, mainPID); len(m) > 0 {
 		t.Errorf("the unit's sandbox is not in effect on the daemon: missing %s", strings.Join(m, ", "))
+	}
+	if dir, _, err := hostStatus(s, mainPID); err != nil {
+		t.Error(err)
+	} else {
+		if _, err := os.Stat(filepath.Join(dir, "root", "dev", "kmsg")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the daemon's /dev/kmsg: %v, want none (PrivateDevices=)", err)
+		}
+		if um, _ := os.ReadFile(filepath.Join(dir, "uid_map")); strings.Join(strings.Fields(string(um)), " ") != "0 0 1" {
+			t.Errorf("the daemon's uid_map %q, want root alone (PrivateUsers=)", um)
+		}
+	}
+	// The helper: started by the daemon's first request, the three
+	// capabilities (PID 1 kept CAP_SYSLOG), its sandbox, no network.
+	hp, err := s.Properties(ctx, "autopilot-health-privileged.service", "Service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	helperPID, _ := hp["MainPID"].Value().(uint32)
+	if helperPID == 0 {
+		t.Fatalf("autopilot-health-privileged.service is not running\n%s", s.Journal("autopilot-health-privileged.service"))
+	}
+	if bnd, err := capBounding(s, helperPID); err != nil || bnd != 1<<unix.CAP_SYSLOG|1<<unix.CAP_SYS_ADMIN|1<<unix.CAP_DAC_READ_SEARCH {
+		t.Errorf("the helper's bounding set: %#x (%v)", bnd, err)
+	}
+	if m := sandboxInEffect(s, helperPID); len(m) > 0 {
+		t.Errorf("the helper's sandbox is not in effect: missing %s", strings.Join(m, ", "))
+	}
+	if dir, _, err := hostStatus(s, helperPID); err != nil {
+		t.Error(err)
+	} else if a, b := nsLink(dir, "net"), nsLink(fmt.Sprintf("/proc/%d", s.PID), "net"); a == "" || a == b {
+		t.Errorf("the helper's network namespace %q, PID 1's %q: want its own (PrivateNetwork=)", a, b)
 	}
 
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
@@ -395,7 +421,8 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		return v, fmt.Sprint(series, " ", v)
 	}
 
-	// /dev/kmsg, read with CAP_SYSLOG through DeviceAllow=/dev/kmsg r.
+	// /dev/kmsg, opened by the helper (CAP_SYSLOG, DeviceAllow=/dev/kmsg r)
+	// and read by the daemon.
 	eventually(t, 15*time.Second, "the kernel log reader up", func() (bool, string) {
 		v, last := scrapeMetric("autopilot_health_kmsg_reader_up")
 		return v == 1, last
@@ -798,6 +825,13 @@ func sandboxInEffect(s *harness.Systemd, nsPID uint32) []string {
 		missing = append(missing, "/proc mounted with hidepid=invisible")
 	}
 	return missing
+}
+
+// nsLink is the namespace of kind of the process whose /proc directory is
+// dir ("" when unreadable).
+func nsLink(dir, kind string) string {
+	l, _ := os.Readlink(filepath.Join(dir, "ns", kind))
+	return l
 }
 
 func sameNS(pid1 int, pid string) bool {

@@ -2,13 +2,17 @@
 # Builds the Debian package of autopilot-health for the OS image, for Debian 12
 # (bookworm) and 13 (trixie), merged /usr:
 #   /usr/bin/autopilot-health                                   (static; amd64 or arm64, read from its ELF header)
+#   /usr/lib/autopilot-health/autopilot-health-privileged      (the privileged helper, static, the same architecture)
 #   /usr/lib/systemd/system/autopilot-health.service
+#   /usr/lib/systemd/system/autopilot-health-privileged.{socket,service}
 #   /usr/lib/systemd/system-preset/80-autopilot-health.preset   (enabled by default)
 #   /etc/autopilot-health/config.toml                           (conffile; every key commented out)
 #   /usr/share/man/man8/autopilot-health.8.gz                   ("autopilot-health man": its own help and catalog)
 #   /usr/share/doc/autopilot-health/{copyright,changelog.gz}
 #   /usr/share/lintian/overrides/autopilot-health
 # Usage: packaging/deb/build.sh BINARY OUTDIR [VERSION]
+#   HELPER=FILE    the privileged helper (default: autopilot-health-privileged
+#                  beside BINARY)
 #   GEN=FILE       a binary of the same tree that runs here (default: BINARY),
 #                  which prints the default configuration and the man page
 #                  (for a cross-built BINARY)
@@ -20,6 +24,8 @@ export LC_ALL=C TZ=UTC
 bin=${1:?binary}; out=${2:?outdir}; ver=${3:-}
 gen=${GEN:-$bin}
 here=$(cd "$(dirname "$0")" && pwd); top=$(cd "$here/../.." && pwd)
+helper=${HELPER:-$(dirname "$bin")/autopilot-health-privileged}
+[ -f "$helper" ] || { echo "build.sh: no privileged helper at $helper (go build ./cmd/autopilot-health-privileged; HELPER=FILE)" >&2; exit 1; }
 if [ -z "$ver" ]; then
 	ver=$(bash "$here/version.sh" "$top")
 fi
@@ -37,7 +43,10 @@ esac
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 doc=$root/usr/share/doc/autopilot-health
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
-install -D -m 0644 "$top/units/autopilot-health.service" "$root/usr/lib/systemd/system/autopilot-health.service"
+install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
+for u in autopilot-health.service autopilot-health-privileged.socket autopilot-health-privileged.service; do
+	install -D -m 0644 "$top/units/$u" "$root/usr/lib/systemd/system/$u"
+done
 install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<"enable autopilot-health.service"
 install -D -m 0644 "$here/copyright" "$doc/copyright"
 install -D -m 0644 "$here/lintian-overrides" "$root/usr/share/lintian/overrides/autopilot-health"

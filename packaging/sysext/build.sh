@@ -4,7 +4,9 @@
 # /usr/lib/extensions or /var/lib/extensions; systemd-sysext merges it over
 # /usr at boot). Contents, all under /usr:
 #   /usr/bin/autopilot-health
+#   /usr/lib/autopilot-health/autopilot-health-privileged   (the privileged helper)
 #   /usr/lib/systemd/system/autopilot-health.service
+#   /usr/lib/systemd/system/autopilot-health-privileged.{socket,service}
 #   /usr/lib/systemd/system-preset/80-autopilot-health.preset   (enabled by default)
 #   /usr/share/autopilot-health/config.toml   (the defaults, every key commented out;
 #                                              copy to /etc/autopilot-health/ to change one)
@@ -18,9 +20,12 @@
 # A squashfs image, reproducible: every file owned by root, every time
 # SOURCE_DATE_EPOCH (default: the commit's time).
 # Usage: packaging/sysext/build.sh BINARY OUTDIR [VERSION]   -> OUTDIR/autopilot-health.raw
+#   HELPER=FILE   the privileged helper (default: autopilot-health-privileged beside BINARY)
 set -euo pipefail
 bin=${1:?binary}; out=${2:?outdir}; ver=${3:-}
 here=$(cd "$(dirname "$0")" && pwd); top=$(cd "$here/../.." && pwd)
+helper=${HELPER:-$(dirname "$bin")/autopilot-health-privileged}
+[ -f "$helper" ] || { echo "build.sh: no privileged helper at $helper (go build ./cmd/autopilot-health-privileged; HELPER=FILE)" >&2; exit 1; }
 command -v mksquashfs >/dev/null || { echo "sysext: mksquashfs not found (Debian: squashfs-tools)" >&2; exit 1; }
 if [ -z "$ver" ]; then
 	ver=$(git -C "$top" describe --tags --always 2>/dev/null || echo devel)
@@ -38,7 +43,10 @@ amd64) arch=x86-64 ;;
 esac
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
-install -D -m 0644 "$top/units/autopilot-health.service" "$root/usr/lib/systemd/system/autopilot-health.service"
+install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
+for u in autopilot-health.service autopilot-health-privileged.socket autopilot-health-privileged.service; do
+	install -D -m 0644 "$top/units/$u" "$root/usr/lib/systemd/system/$u"
+done
 install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<"enable autopilot-health.service"
 install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system/multi-user.target.d/10-autopilot-health.conf" <<'EOU'
 # Shipped in the autopilot-health system extension: the daemon runs whenever

@@ -246,8 +246,46 @@ func BuildStandin(dir string) (string, error) {
 }
 
 // BuildDaemon builds the daemon (./cmd/autopilot-health, static, as the
-// package ships it) to the path out.
-func BuildDaemon(out string) error { return build(out, "./cmd/autopilot-health") }
+// package ships it) to the path out, and its privileged helper
+// (./cmd/autopilot-health-privileged) beside it, as the packaging scripts
+// find it.
+func BuildDaemon(out string) error {
+	if err := build(out, "./cmd/autopilot-health"); err != nil {
+		return err
+	}
+	return build(filepath.Join(filepath.Dir(out), "autopilot-health-privileged"), "./cmd/autopilot-health-privileged")
+}
+
+// ShippedUnits are the unit files the package installs in
+// /usr/lib/systemd/system, from units/.
+var ShippedUnits = []string{"autopilot-health.service", "autopilot-health-privileged.socket", "autopilot-health-privileged.service"}
+
+// InstallDaemon lays the daemon out under usr (a directory laid over /usr:
+// Options.Usr) as the package installs it: bin/autopilot-health,
+// lib/autopilot-health/autopilot-health-privileged and the shipped units
+// in lib/systemd/system.
+func InstallDaemon(usr string) error {
+	if err := build(filepath.Join(usr, "bin", "autopilot-health"), "./cmd/autopilot-health"); err != nil {
+		return err
+	}
+	if err := build(filepath.Join(usr, "lib", "autopilot-health", "autopilot-health-privileged"), "./cmd/autopilot-health-privileged"); err != nil {
+		return err
+	}
+	dir := filepath.Join(usr, "lib", "systemd", "system")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, u := range ShippedUnits {
+		b, err := RepoFile("units/" + u)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, u), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func build(out, pkg string) error {
 	cmd := exec.Command("go", "build", "-o", out, pkg)
