@@ -524,6 +524,16 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if fi, err := os.Stat(s.Root("/var/lib/autopilot-health/tamper.json")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("tamper.json: %v %v, want mode 0600", fi, err)
 	}
+	// The helper killed: systemd restarts it (or its socket starts it on
+	// the next request), and the scan of the change below goes through
+	// the new one.
+	if dir, _, err := hostStatus(s, helperPID); err != nil {
+		t.Fatal(err)
+	} else if hostPID, err := strconv.Atoi(filepath.Base(dir)); err != nil {
+		t.Fatal(err)
+	} else if err := unix.Kill(hostPID, unix.SIGKILL); err != nil {
+		t.Fatalf("killing the helper: %v", err)
+	}
 	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/evil.conf"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -536,6 +546,11 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		return c.Status == report.StatusTrue && strings.Contains(c.Message, "/etc/autopilot-health-test/protected/evil.conf added") &&
 			strings.Contains(c.Message, "/etc/autopilot-health-test/protected/other/secret.conf modified"), fmt.Sprintf("%+v %v", c, err)
 	})
+	if hp, err := s.Properties(ctx, "autopilot-health-privileged.service", "Service"); err != nil {
+		t.Error(err)
+	} else if p, _ := hp["MainPID"].Value().(uint32); p == helperPID {
+		t.Errorf("the helper's MainPID is still %d after SIGKILL", p)
+	}
 	conds, err := daemon.RequestTamperClear(s.Root("/run/autopilot-health/control.sock"), "unit test", "tests")
 	if err != nil || len(conds) == 0 || conds[0].Type != "NodeTampered" || conds[0].Status != report.StatusFalse {
 		t.Errorf("tamper clear through the unit's control socket: %+v %v", conds, err)
