@@ -548,8 +548,8 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	})
 	if hp, err := s.Properties(ctx, "autopilot-health-privileged.service", "Service"); err != nil {
 		t.Error(err)
-	} else if p, _ := hp["MainPID"].Value().(uint32); p == helperPID {
-		t.Errorf("the helper's MainPID is still %d after SIGKILL", p)
+	} else if p, _ := hp["MainPID"].Value().(uint32); p == helperPID || p == 0 {
+		t.Errorf("the helper's MainPID is %d after SIGKILL of %d: want a new one", p, helperPID)
 	}
 	conds, err := daemon.RequestTamperClear(s.Root("/run/autopilot-health/control.sock"), "unit test", "tests")
 	if err != nil || len(conds) == 0 || conds[0].Type != "NodeTampered" || conds[0].Status != report.StatusFalse {
@@ -643,6 +643,12 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	t.Logf("stopped in %s", time.Since(stopAt).Round(time.Millisecond))
 	if u, _ := s.Bus.Unit(ctx, "autopilot-health.service"); u.Result != "success" || u.ActiveState != "inactive" {
 		t.Errorf("after stop: %+v", u)
+	}
+	// The helper's units are PartOf= the daemon's: stopped with it.
+	for _, name := range []string{"autopilot-health-privileged.service", "autopilot-health-privileged.socket"} {
+		if u, err := s.Bus.Unit(ctx, name); err != nil || u.ActiveState != "inactive" {
+			t.Errorf("%s after the daemon's stop: %+v %v", name, u, err)
+		}
 	}
 	if state, err = readState(); err != nil || state.SavedAt.Before(stopAt.Add(-time.Second)) {
 		t.Errorf("state not saved on stop: saved at %s, stop at %s (%v)", state.SavedAt, stopAt, err)

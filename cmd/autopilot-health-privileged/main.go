@@ -36,6 +36,7 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("autopilot-health-privileged", flag.ContinueOnError)
 	listen := fs.String("listen", "", "listen on this Unix socket path instead of the one systemd passes")
 	debug := fs.Bool("debug", false, "log each failed request")
+	lvm := fs.String("lvm", "/usr/sbin/lvm", "the lvm binary, the one program the helper runs (the daemon's checks.DiskUsageHigh.lvm_command must name it)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -56,8 +57,8 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "version", version)
-	if err := (&privileged.Server{Log: log}).Serve(ctx, l); err != nil {
+	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "lvm", *lvm, "version", version)
+	if err := (&privileged.Server{Log: log, LVM: *lvm}).Serve(ctx, l); err != nil {
 		log.Error("serving failed", "err", err)
 		return 1
 	}

@@ -132,6 +132,9 @@ type Daemon struct {
 func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	ao := AssembleOptions{Purpose: ForRun, Version: opts.Version, Env: opts.Env, BootID: opts.BootID}
 	if opts.Helper != nil {
+		if cfg.HostRoot != "" && cfg.HostRoot != "/" {
+			return nil, fmt.Errorf("host_root = %q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)
+		}
 		ao.Helper = opts.Helper
 		if opts.KmsgOpen == nil {
 			opts.KmsgOpen = helperKmsgOpen(opts.Helper)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -78,7 +79,11 @@ var _ checks.Helper = (*privileged.Client)(nil)
 func helperKmsgOpen(h *privileged.Client) func(path string) (kmsg.Device, error) {
 	return func(path string) (kmsg.Device, error) {
 		if path != "/dev/kmsg" {
-			return kmsg.Open(path)
+			dev, err := kmsg.Open(path)
+			if err != nil {
+				err = fmt.Errorf("%w (kmsg.device is not /dev/kmsg, so this process opens it, not the privileged helper)", err)
+			}
+			return dev, err
 		}
 		fd, err := h.OpenKmsg()
 		if err != nil {

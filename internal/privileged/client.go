@@ -45,7 +45,9 @@ func (c *Client) call(ctx context.Context, req request, timeout time.Duration) (
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
 		n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
-		body = append(body, buf[:n]...)
+		if n > 0 {
+			body = append(body, buf[:n]...)
+		}
 		if oobn > 0 {
 			if fds := rights(oob[:oobn]); len(fds) > 0 {
 				for _, extra := range fds[1:] {
@@ -57,7 +59,7 @@ func (c *Client) call(ctx context.Context, req request, timeout time.Duration) (
 				fd = fds[0]
 			}
 		}
-		if errors.Is(err, io.EOF) || (err == nil && n == 0 && oobn == 0) {
+		if errors.Is(err, io.EOF) || (err == nil && n <= 0 && oobn <= 0) {
 			break
 		}
 		if err != nil {
@@ -179,7 +181,7 @@ func (c *Client) Scan(root string, spec hostio.Spec) ([]hostio.Entry, error) {
 	if root != "" && root != "/" {
 		return nil, fmt.Errorf("privileged helper: scans only the host's root, not %s", root)
 	}
-	resp, fd, err := c.call(context.Background(), request{Op: OpScan, Spec: &spec}, 5*time.Minute)
+	resp, fd, err := c.call(context.Background(), request{Op: OpScan, Spec: &spec}, scanTimeout)
 	closeFD(fd)
 	if err != nil {
 		return nil, err

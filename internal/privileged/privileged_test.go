@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -133,14 +135,19 @@ func TestNVMeRequests(t *testing.T) {
 // ErrNoDeviceMapper on the daemon's side, as in process.
 func TestDMRequests(t *testing.T) {
 	dir := t.TempDir()
-	s := &Server{}
-	c := serve(t, s)
-	if _, err := c.DM(filepath.Join(dir, "control")).VerityTargets(); !errors.Is(err, hostio.ErrNoDeviceMapper) {
+	missing := filepath.Join(dir, "control")
+	c := serve(t, &Server{DMControl: missing})
+	if _, err := c.DM(missing).VerityTargets(); !errors.Is(err, hostio.ErrNoDeviceMapper) {
 		t.Errorf("missing control node: %v, want ErrNoDeviceMapper", err)
 	}
-	if _, err := c.DM("/dev/null").VerityTargets(); err == nil || !strings.Contains(err.Error(), "is not the device-mapper control node") {
+	// Only the helper's own control node, whatever the caller names.
+	if _, err := c.DM("/dev/null").VerityTargets(); err == nil || !strings.Contains(err.Error(), "only, not /dev/null") {
 		t.Errorf("/dev/null as control node: %v, want refused", err)
 	}
+	if _, err := serve(t, &Server{DMControl: "/dev/null"}).DM("/dev/null").VerityTargets(); err == nil || !strings.Contains(err.Error(), "is not the device-mapper control node") {
+		t.Errorf("/dev/null as the helper's control node: %v, want refused", err)
+	}
+	c = serve(t, &Server{})
 	if os.Getuid() != 0 {
 		return
 	}
@@ -164,7 +171,15 @@ func TestLVMRequests(t *testing.T) {
 	dir := t.TempDir()
 	lvm := filepath.Join(dir, "lvm")
 	os.WriteFile(lvm, []byte("#!/bin/sh\necho '{\"report\":[]}'\n[ \"$1\" = lvs ] && { echo '  vgbad unreadable' >&2; exit 5; }\nexit 0\n"), 0o755)
-	c := serve(t, &Server{})
+	other := filepath.Join(t.TempDir(), "lvm")
+	ran := filepath.Join(t.TempDir(), "ran")
+	os.WriteFile(other, []byte("#!/bin/sh\ntouch "+ran+"\n"), 0o755)
+	defer func() {
+		if _, err := os.Stat(ran); err == nil {
+			t.Error("the helper ran a program the caller named")
+		}
+	}()
+	c := serve(t, &Server{LVM: lvm})
 	ctx := context.Background()
 	b, err := c.RunLVM(ctx, lvm, 20*time.Second, "vgs", hostio.LVMReportArgs["vgs"]...)
 	if err != nil || strings.TrimSpace(string(b)) != `{"report":[]}` {
@@ -254,5 +269,132 @@ func TestMalformedRequests(t *testing.T) {
 	// No helper: the error names it.
 	if _, err := (&Client{Path: filepath.Join(t.TempDir(), "none.sock")}).OpenKmsg(); err == nil || !strings.Contains(err.Error(), "privileged helper") {
 		t.Errorf("no helper: %v", err)
+	}
+}
+
+// Peers that connect and send nothing hold connections, not the work
+// slots: a request behind them is answered at once.
+func TestSilentClientsDoNotBlockRequests(t *testing.T) {
+	c := serve(t, &Server{MaxConcurrent: 2})
+	for range 4 {
+		conn, err := net.Dial("unix", c.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+	}
+	done := make(chan error, 1)
+	go func() { _, err := c.Identify("nvme9"); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "nvme9") {
+			t.Errorf("Identify behind silent peers: %v", err)
+		}
+	case <-time.After(10 * time.Second): // the silent peers' deadline is 30 s
+		t.Fatal("a request waited behind peers that send nothing")
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
+
+// A descriptor that comes with an answer that carries none (or several
+// descriptors) is closed, not leaked.
+func TestClientClosesUnexpectedDescriptors(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "fake.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.AcceptUnix()
+			if err != nil {
+				return
+			}
+			io.ReadAll(c)
+			f1, _ := os.Open("/dev/null")
+			f2, _ := os.Open("/dev/null")
+			c.WriteMsgUnix([]byte(`{"data":"AAAA"}`), unix.UnixRights(int(f1.Fd()), int(f2.Fd())), nil)
+			f1.Close()
+			f2.Close()
+			c.Close()
+		}
+	}()
+	c := &Client{Path: p}
+	before := openFDs(t)
+	for range 20 {
+		if b, err := c.SMART("nvme0"); err != nil || len(b) != 3 {
+			t.Fatalf("SMART from the fake: %v %v", b, err)
+		}
+		if _, err := c.OpenKmsg(); err == nil || !strings.Contains(err.Error(), "did not come") {
+			t.Fatalf("OpenKmsg with an answer that says no descriptor: %v", err)
+		}
+	}
+	if after := openFDs(t); after > before+2 {
+		t.Errorf("%d descriptors open after 40 answers with two each, %d before", after, before)
+	}
+}
+
+// A peer that is not root (nor the helper's own user) gets no answer.
+func TestPeerNotRootIsRefused(t *testing.T) {
+	if os.Getenv("PRIVILEGED_TEST_PEER") != "" {
+		// Refused: the helper closes the connection (no answer, or a
+		// broken pipe), never a RemoteError.
+		_, err := (&Client{Path: os.Getenv("PRIVILEGED_TEST_PEER")}).Identify("nvme0")
+		var re *RemoteError
+		if err == nil || errors.As(err, &re) {
+			fmt.Println("ANSWERED:", err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a peer as another user")
+	}
+	// A directory uid 65534 may enter (t.TempDir's parent is root's 0700).
+	dir, err := os.MkdirTemp("", "privileged-peer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	p := filepath.Join(dir, "helper.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(p, 0o777)
+	s := &Server{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	// The test binary where uid 65534 may run it.
+	bin := filepath.Join(dir, "peer.test")
+	if b, err := os.ReadFile(os.Args[0]); err != nil || os.WriteFile(bin, b, 0o755) != nil {
+		t.Fatalf("copying the test binary: %v", err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestPeerNotRootIsRefused$")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PRIVILEGED_TEST_PEER="+p)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the peer as uid 65534: %v\n%s", err, out)
+	}
+	if n := s.Served(OpNVMeIdentify); n != 0 {
+		t.Errorf("answered %d requests of uid 65534", n)
+	}
+	// The same request as root is answered.
+	var re *RemoteError
+	if _, err := (&Client{Path: p}).Identify("nvme0"); !errors.As(err, &re) {
+		t.Errorf("root's request: %v, want the helper's answer (no such controller)", err)
 	}
 }

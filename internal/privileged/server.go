@@ -26,19 +26,29 @@ type Server struct {
 	KmsgPath string
 	// DevDir holds the NVMe controllers (default /dev).
 	DevDir string
-	// DMControlRdev is the device number the device-mapper control node
-	// must have (default 10:236, MAPPER_CTRL_MINOR); tests change it.
+	// DMControl is the device-mapper control node (default
+	// /dev/mapper/control), the only one the helper opens; DMControlRdev
+	// the device number it must have (default 10:236, MAPPER_CTRL_MINOR).
+	DMControl     string
 	DMControlRdev uint64
-	// MaxConcurrent bounds the requests served at once (default 4).
+	// LVM is the lvm binary (default /usr/sbin/lvm), the only program the
+	// helper runs: the daemon's lvm_command must name it.
+	LVM string
+	// MaxConcurrent bounds the requests handled at once (default 4), and
+	// 16 times it the connections open at once.
 	MaxConcurrent int
-	// Served counts the requests answered, by operation (for tests).
-	mu     sync.Mutex
+
+	mu sync.Mutex
+	// served counts the requests answered, by operation (Served).
 	served map[string]int
 }
 
 // requestTimeout bounds a request's exchange (an LVM report has its own
 // timeout, at most 5 min, on top).
 const requestTimeout = 30 * time.Second
+
+// scanTimeout bounds a scan's exchange, on both sides.
+const scanTimeout = 5 * time.Minute
 
 var nvmeCtrl = regexp.MustCompile(`^nvme[0-9]+$`)
 
@@ -51,7 +61,8 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	if n <= 0 {
 		n = 4
 	}
-	sem := make(chan struct{}, n)
+	work := make(chan struct{}, n)
+	conns := make(chan struct{}, 16*n)
 	go func() {
 		<-ctx.Done()
 		l.Close()
@@ -59,8 +70,14 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
+		select {
+		case conns <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
 		c, err := l.AcceptUnix()
 		if err != nil {
+			<-conns
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -69,12 +86,11 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			}
 			return err
 		}
-		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			s.serveConn(ctx, c)
+			defer func() { <-conns }()
+			s.serveConn(ctx, c, work)
 		}()
 	}
 }
@@ -86,7 +102,10 @@ func (s *Server) Served(op string) int {
 	return s.served[op]
 }
 
-func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
+// serveConn checks the peer and reads its request (a peer that sends
+// nothing holds a connection, not one of the work slots), then waits for a
+// work slot to answer it.
+func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struct{}) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(requestTimeout))
 	uid, err := peerUID(c)
@@ -108,8 +127,19 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn) {
 	case json.Unmarshal(b, &req) != nil:
 		resp = response{Error: "malformed request"}
 	default:
-		if req.Op == OpLVM {
+		select {
+		case work <- struct{}{}:
+			defer func() { <-work }()
+		case <-ctx.Done():
+			return
+		}
+		switch req.Op {
+		case OpLVM:
 			c.SetDeadline(time.Now().Add(requestTimeout + req.Timeout))
+		case OpScan:
+			// A scan at its cap digests up to 10,000 files: as long as
+			// the client waits (scanTimeout).
+			c.SetDeadline(time.Now().Add(scanTimeout))
 		}
 		resp, fd = s.handle(ctx, req)
 	}
@@ -192,16 +222,23 @@ func (s *Server) handle(ctx context.Context, req request) (response, int) {
 		}
 		return response{Data: b}, -1
 	case OpDMVerity:
-		if err := s.isDMControl(req.Path); err != nil {
+		p := s.DMControl
+		if p == "" {
+			p = "/dev/mapper/control"
+		}
+		if req.Path != p {
+			return response{Error: fmt.Sprintf("the helper reads the device-mapper tables on %s only, not %s (checks.SealedOSTampered.dm_control)", p, req.Path)}, -1
+		}
+		if err := s.isDMControl(p); err != nil {
 			return errorResponse(err), -1
 		}
-		ts, err := hostio.DMControl{Path: req.Path}.VerityTargets()
+		ts, err := hostio.DMControl{Path: p}.VerityTargets()
 		if err != nil {
 			return errorResponse(err), -1
 		}
 		return response{Verity: ts}, -1
 	case OpLVM:
-		if err := lvmAllowed(req); err != nil {
+		if err := lvmAllowed(req, s.lvm()); err != nil {
 			return response{Error: err.Error()}, -1
 		}
 		b, err := hostio.RunLVM(ctx, req.LVM, req.Timeout, req.Command, req.Args...)
@@ -252,11 +289,21 @@ func (s *Server) isDMControl(p string) error {
 	return nil
 }
 
-// lvmAllowed refuses what is not one of the disk check's LVM reports, from
-// an lvm binary that only root can have put there.
-func lvmAllowed(req request) error {
-	if !filepath.IsAbs(req.LVM) || filepath.Base(req.LVM) != "lvm" {
-		return fmt.Errorf("the helper runs an absolute path named lvm, not %q", req.LVM)
+func (s *Server) lvm() string {
+	if s.LVM != "" {
+		return s.LVM
+	}
+	return "/usr/sbin/lvm"
+}
+
+// lvmAllowed refuses what is not one of the disk check's LVM reports from
+// the helper's own lvm binary (its --lvm), which only root may change. The
+// path is the helper's, not the caller's: a caller that could name the
+// program could have the helper run one it wrote, with the helper's
+// capabilities.
+func lvmAllowed(req request, lvm string) error {
+	if req.LVM != lvm {
+		return fmt.Errorf("the helper runs lvm from %s only (its --lvm), not %q (checks.DiskUsageHigh.lvm_command)", lvm, req.LVM)
 	}
 	if !hostio.LVMArgsAllowed(req.Command, req.Args) {
 		return fmt.Errorf("the helper runs only the disk check's LVM reports, not %q %q", req.Command, req.Args)

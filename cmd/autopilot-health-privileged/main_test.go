@@ -1,0 +1,57 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/privileged"
+)
+
+// Without a socket from systemd and without --listen the helper refuses to
+// start, saying how to start it.
+func TestNoSocketRefuses(t *testing.T) {
+	t.Setenv("LISTEN_PID", "")
+	t.Setenv("LISTEN_FDS", "")
+	if _, err := listener(""); err == nil || !strings.Contains(err.Error(), "autopilot-health-privileged.socket") {
+		t.Errorf("listener with no socket: %v", err)
+	}
+	if code := run([]string{"--bogus"}); code != 2 {
+		t.Errorf("a bad flag: exit %d, want 2", code)
+	}
+}
+
+// --listen PATH serves there, mode 0600, and SIGTERM ends it with 0.
+func TestListenServesAndStops(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "helper.sock")
+	done := make(chan int, 1)
+	go func() { done <- run([]string{"--listen", p}) }()
+	c := &privileged.Client{Path: p}
+	var err error
+	for range 200 { // the helper listens within a few ms; await it
+		if _, err = c.Identify("nvme99"); !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "privileged helper") {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var re *privileged.RemoteError
+	if !errors.As(err, &re) {
+		t.Fatalf("no answer from the helper on %s: %v", p, err)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket %v %v, want mode 0600", fi, err)
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d after SIGTERM", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the helper did not stop on SIGTERM")
+	}
+}
