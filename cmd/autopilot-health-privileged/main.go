@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/coreos/go-systemd/v22/activation"
+	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/privileged"
 )
@@ -50,6 +51,11 @@ func run(args []string) int {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
+	// access(2) honours noexec mounts: an lvm the unit's NoExecPaths=/
+	// ExecPaths= keep from running is named now, not at each report.
+	if err := unix.Access(*lvm, unix.X_OK); err != nil && !errors.Is(err, unix.ENOENT) {
+		log.Warn("cannot execute lvm: the disk check's LVM reports will fail (the unit runs programs from /usr only: ExecPaths=/usr)", "lvm", *lvm, "err", err)
+	}
 	l, err := listener(*listen)
 	if err != nil {
 		log.Error("no socket to serve", "err", err)

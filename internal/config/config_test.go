@@ -298,6 +298,7 @@ func TestBadConfigs(t *testing.T) {
 		"kmsg-rule-first-of-two.toml":  `:1: key kmsg.rules[0]: kmsg rule A: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
 		"kmsg-rule-second-of-two.toml": ":7: key kmsg.rules[1]: kmsg rule B: pattern: error parsing regexp: missing closing ): `^b(`",
 		"url.toml":                     `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
+		"tamper-proc.toml":             `:2: key checks.NodeTampered.paths: scan pattern "/proc/kmsg": under /proc, which the helper does not scan`,
 		"wrong-type.toml":              `:2: key checks.DiskUsageHigh.space_percent: wrong type: TOML value has type string; destination has type integer`,
 		"kmsg-disable.toml":            `:2: key kmsg.disable: unknown rule "Nope"`,
 		"kmsg-rule-pattern.toml":       ":1: key kmsg.rules[0]: kmsg rule ReadonlyFilesystem: pattern: error parsing regexp: missing closing ): `Remounting filesystem read-only (`",

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/syself/autopilot-health/internal/privileged"
 	"net"
 	"net/url"
 	"path"
@@ -316,6 +317,15 @@ func (c *Config) validate() *Error {
 		v.fail("checks.NodeTampered.paths", "must list at least one path (to turn the check off, set enabled = false)")
 	}
 	v.globs("checks.NodeTampered.exclude", k.NodeTampered.Exclude)
+	// What the privileged helper scans (internal/privileged): files, not
+	// /proc, /sys or /dev.
+	for key, ps := range map[string][]string{"checks.NodeTampered.paths": k.NodeTampered.Paths, "checks.NodeTampered.exclude": k.NodeTampered.Exclude} {
+		for _, pat := range ps {
+			if err := privileged.ScanPatternsAllowed([]string{pat}); err != nil && filepath.IsAbs(pat) && filepath.Clean(pat) == pat && pat != "/" {
+				v.fail(key, "%v", err)
+			}
+		}
+	}
 	v.globs("checks.NodeTampered.tolerate", k.NodeTampered.Tolerate)
 	v.globs("checks.NodeTampered.tolerate_gpu", k.NodeTampered.TolerateGPU)
 	v.globs("checks.NodeTampered.baseline_after", k.NodeTampered.BaselineAfter)

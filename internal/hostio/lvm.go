@@ -61,11 +61,14 @@ func RunLVM(ctx context.Context, lvm string, timeout time.Duration, command stri
 		if len(msg) > 300 {
 			msg = msg[:300] + "..."
 		}
+		if msg != "" {
+			msg = ": " + msg
+		}
 		if out := bytes.TrimSpace(stdout.Bytes()); len(out) > 0 && json.Valid(out) {
 			// A report of what lvm could read: used, and the exit noted.
-			return out, fmt.Errorf("%s %s: %v (its report is used): %s", lvm, command, err, msg)
+			return out, fmt.Errorf("%s %s: %v (its report is used)%s", lvm, command, err, msg)
 		}
-		return nil, fmt.Errorf("%s %s: %v: %s", lvm, command, err, msg)
+		return nil, fmt.Errorf("%s %s: %v%s", lvm, command, err, msg)
 	}
 	return stdout.Bytes(), nil
 }

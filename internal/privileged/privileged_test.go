@@ -207,6 +207,12 @@ func TestLVMRequests(t *testing.T) {
 			_, err := c.RunLVM(ctx, lvm, time.Hour, "vgs", hostio.LVMReportArgs["vgs"]...)
 			return err
 		},
+		// Root's, named lvm, written by the caller: not the helper's lvm,
+		// so not run (the deferred check finds no marker).
+		"another lvm": func() error {
+			_, err := c.RunLVM(ctx, other, 20*time.Second, "vgs", hostio.LVMReportArgs["vgs"]...)
+			return err
+		},
 	} {
 		if err := call(); err == nil || !strings.Contains(err.Error(), "the helper runs") && !strings.Contains(err.Error(), "out of range") {
 			t.Errorf("%s: %v, want refused", name, err)
@@ -243,6 +249,16 @@ func TestScanRequests(t *testing.T) {
 	}
 	if _, err := c.Scan(root, spec); err == nil {
 		t.Error("a scan of another root went through")
+	}
+	// Files only: nothing under /proc, /sys or /dev (a read of /proc/kmsg
+	// would take records from the kernel log), nothing relative or unclean.
+	for _, bad := range []string{"/proc/kmsg", "/sys", "/dev/mapper", "etc/cni", "/etc/../proc/kmsg", "/*/kmsg", "/"} {
+		if _, err := c.Scan("/", hostio.Spec{Patterns: []string{bad}}); err == nil || !strings.Contains(err.Error(), "scan pattern") {
+			t.Errorf("scan of %q: %v, want refused", bad, err)
+		}
+	}
+	if _, err := c.Scan("/", hostio.Spec{Patterns: []string{"/etc/cni"}, Exclude: []string{"/proc/1"}}); err == nil {
+		t.Error("a scan excluding /proc/1 went through")
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,7 +108,8 @@ func (s *Server) Served(op string) int {
 // work slot to answer it.
 func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struct{}) {
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(requestTimeout))
+	start := time.Now()
+	c.SetDeadline(start.Add(requestTimeout))
 	uid, err := peerUID(c)
 	if err != nil || (uid != 0 && uid != uint32(os.Getuid())) {
 		s.Log.Warn("refused a request: the peer is not root", "uid", uid, "err", err)
@@ -127,10 +129,17 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 	case json.Unmarshal(b, &req) != nil:
 		resp = response{Error: "malformed request"}
 	default:
+		// A slot, while the client still waits for the answer.
+		wait := time.NewTimer(time.Until(start.Add(requestTimeout)))
 		select {
 		case work <- struct{}{}:
+			wait.Stop()
 			defer func() { <-work }()
+		case <-wait.C:
+			s.Log.Warn("dropped a request that waited for a free slot until its client gave up", "op", req.Op)
+			return
 		case <-ctx.Done():
+			wait.Stop()
 			return
 		}
 		switch req.Op {
@@ -254,6 +263,9 @@ func (s *Server) handle(ctx context.Context, req request) (response, int) {
 			return response{Error: "a scan without patterns"}, -1
 		}
 		spec := *req.Spec
+		if err := ScanPatternsAllowed(append(append([]string(nil), spec.Patterns...), spec.Exclude...)); err != nil {
+			return response{Error: err.Error()}, -1
+		}
 		if spec.MaxEntries <= 0 || spec.MaxEntries > hostio.MaxEntries {
 			spec.MaxEntries = hostio.MaxEntries
 		}
@@ -317,6 +329,28 @@ func lvmAllowed(req request, lvm string) error {
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != 0 || st.Mode&0o022 != 0 {
 		return fmt.Errorf("%s: not a regular file that only root may change (owner %d, mode %#o)", req.LVM, st.Uid, st.Mode&0o7777)
+	}
+	return nil
+}
+
+// ScanPatternsAllowed refuses scan patterns that are not absolute and clean,
+// are /, or lie under /proc, /sys or /dev: the helper digests what it
+// reads with CAP_DAC_READ_SEARCH and CAP_SYSLOG (a read of /proc/kmsg would
+// take records from the kernel log), so it reads files only.
+func ScanPatternsAllowed(patterns []string) error {
+	for _, p := range patterns {
+		if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return fmt.Errorf("scan pattern %q: not an absolute, clean path other than /", p)
+		}
+		for _, fsys := range []string{"/proc", "/sys", "/dev"} {
+			if p == fsys || strings.HasPrefix(p, fsys+"/") {
+				return fmt.Errorf("scan pattern %q: under %s, which the helper does not scan", p, fsys)
+			}
+		}
+		// A glob in the first component could reach them too.
+		if first := strings.SplitN(strings.TrimPrefix(p, "/"), "/", 2)[0]; strings.ContainsAny(first, `*?[\`) {
+			return fmt.Errorf("scan pattern %q: a glob in its first component", p)
+		}
 	}
 	return nil
 }

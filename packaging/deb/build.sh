@@ -39,6 +39,10 @@ case $(od -An -tx1 -j16 -N4 "$bin" | tr -d ' \n') in
 0200b700) arch=arm64 ;;
 *) echo "build.sh: $bin is not a static ELF executable for amd64 or arm64" >&2; exit 1 ;;
 esac
+# The helper must be of the same architecture.
+if [ "$(od -An -tx1 -j16 -N4 "$helper" | tr -d ' \n')" != "$(od -An -tx1 -j16 -N4 "$bin" | tr -d ' \n')" ]; then
+	echo "build.sh: $helper is not an executable of $bin's architecture ($arch)" >&2; exit 1
+fi
 
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 doc=$root/usr/share/doc/autopilot-health

@@ -41,6 +41,8 @@ arm64) arch=arm64 ;;
 amd64) arch=x86-64 ;;
 *) echo "sysext: unsupported GOARCH ${goarch:-${GOARCH:-}}" >&2; exit 1 ;;
 esac
+hgoarch=$(go version -m "$helper" 2>/dev/null | awk '$2 ~ /^GOARCH=/ {sub(/^GOARCH=/, "", $2); print $2}')
+[ "${hgoarch:-x}" = "${goarch:-x}" ] || { echo "sysext: $helper (GOARCH ${hgoarch:-unknown}) is not of $bin's architecture (${goarch:-unknown})" >&2; exit 1; }
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
 install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
