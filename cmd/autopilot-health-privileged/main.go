@@ -15,26 +15,30 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/privileged"
+	"github.com/syself/autopilot-health/internal/trim"
 )
 
 var version = "devel"
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-func run(args []string) int {
+func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("autopilot-health-privileged", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	listen := fs.String("listen", "", "listen on this Unix socket path instead of the one systemd passes")
 	debug := fs.Bool("debug", false, "log each failed request")
 	lvm := fs.String("lvm", "/usr/sbin/lvm", "the lvm binary, the one program the helper runs (the daemon's checks.DiskUsageHigh.lvm_command must name it)")
@@ -50,7 +54,7 @@ func run(args []string) int {
 	if *debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
 	// access(2) honours noexec mounts: an lvm the unit's NoExecPaths=/
 	// ExecPaths= keep from running is named now, not at each report.
 	if err := unix.Access(*lvm, unix.X_OK); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -64,11 +68,29 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "lvm", *lvm, "version", version)
+	// What start-up touched of the binary need not stay resident, nor, a
+	// minute on, what the daemon's first requests touched (internal/trim,
+	// as the daemon does).
+	trimPages(log, "start-up")
+	again := time.AfterFunc(trimAgainAfter, func() { trimPages(log, "first requests") })
+	defer again.Stop()
 	if err := (&privileged.Server{Log: log, LVM: *lvm}).Serve(ctx, l); err != nil {
 		log.Error("serving failed", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// trimAgainAfter is when the helper lets go of its binary's pages a second
+// time: after the daemon's first pass has asked it everything once.
+const trimAgainAfter = time.Minute
+
+func trimPages(log *slog.Logger, after string) {
+	if n, err := trim.StartupPages(); err != nil {
+		log.Debug("not trimming the pages of the binary", "after", after, "err", err)
+	} else {
+		log.Debug("trimmed the pages of the binary", "after", after, "advised_bytes", n)
+	}
 }
 
 // dropTime leaves the time to the journal.

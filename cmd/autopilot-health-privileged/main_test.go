@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,7 +23,7 @@ func TestNoSocketRefuses(t *testing.T) {
 	if _, err := listener(""); err == nil || !strings.Contains(err.Error(), "autopilot-health-privileged.socket") {
 		t.Errorf("listener with no socket: %v", err)
 	}
-	if code := run([]string{"--bogus"}); code != 2 {
+	if code := run([]string{"--bogus"}, io.Discard); code != 2 {
 		t.Errorf("a bad flag: exit %d, want 2", code)
 	}
 }
@@ -29,7 +32,8 @@ func TestNoSocketRefuses(t *testing.T) {
 func TestListenServesAndStops(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "helper.sock")
 	done := make(chan int, 1)
-	go func() { done <- run([]string{"--listen", p}) }()
+	var logs syncBuffer
+	go func() { done <- run([]string{"--listen", p, "--debug"}, &logs) }()
 	c := &privileged.Client{Path: p}
 	var err error
 	for range 200 { // the helper listens within a few ms; await it
@@ -45,6 +49,10 @@ func TestListenServesAndStops(t *testing.T) {
 	if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket %v %v, want mode 0600", fi, err)
 	}
+	// The binary's start-up pages let go, as the daemon does.
+	if l := logs.String(); !strings.Contains(l, `msg="trimmed the pages of the binary" after=start-up`) {
+		t.Errorf("no trim at start in the log:\n%s", l)
+	}
 	syscall.Kill(os.Getpid(), syscall.SIGTERM)
 	select {
 	case code := <-done:
@@ -54,4 +62,22 @@ func TestListenServesAndStops(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the helper did not stop on SIGTERM")
 	}
+}
+
+// syncBuffer is a bytes.Buffer the helper's logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
