@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Kind is what a protected path is.
@@ -313,6 +315,9 @@ func fileDigest(p string) (string, int64, error) {
 		return "", 0, err
 	}
 	defer f.Close()
+	if err := notPseudo(f); err != nil {
+		return "", 0, err
+	}
 	h := sha256.New()
 	n, err := io.Copy(h, io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
@@ -362,4 +367,30 @@ func (s Spec) Relevant(p string) bool {
 		}
 	}
 	return false
+}
+
+// pseudoFS are the kernel's own filesystems, by statfs magic: their
+// "regular files" are interfaces, and some reads act (a read of /proc/kmsg
+// takes records from the kernel log).
+var pseudoFS = map[int64]string{
+	unix.PROC_SUPER_MAGIC: "proc", unix.SYSFS_MAGIC: "sysfs", unix.DEBUGFS_MAGIC: "debugfs",
+	unix.TRACEFS_MAGIC: "tracefs", unix.SECURITYFS_MAGIC: "securityfs", unix.CGROUP_SUPER_MAGIC: "cgroup",
+	unix.CGROUP2_SUPER_MAGIC: "cgroup2", unix.BPF_FS_MAGIC: "bpf", unix.EFIVARFS_MAGIC: "efivarfs",
+	unix.PSTOREFS_MAGIC: "pstore", 0x62656570: "configfs",
+}
+
+// ErrPseudoFile: a file of the kernel's own filesystems (proc, sysfs...),
+// which the scan neither reads nor digests, however it was reached (a
+// symlink in a directory on the way included).
+var ErrPseudoFile = errors.New("a file of a kernel filesystem, not read")
+
+func notPseudo(f *os.File) error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return &os.PathError{Op: "fstatfs", Path: f.Name(), Err: err}
+	}
+	if name, ok := pseudoFS[int64(st.Type)]; ok {
+		return fmt.Errorf("%s: %w (%s)", f.Name(), ErrPseudoFile, name)
+	}
+	return nil
 }

@@ -257,8 +257,15 @@ func TestScanRequests(t *testing.T) {
 			t.Errorf("scan of %q: %v, want refused", bad, err)
 		}
 	}
-	if _, err := c.Scan("/", hostio.Spec{Patterns: []string{"/etc/cni"}, Exclude: []string{"/proc/1"}}); err == nil {
-		t.Error("a scan excluding /proc/1 went through")
+	// Exclusions are only matched, never read.
+	if _, err := c.Scan("/", hostio.Spec{Patterns: []string{filepath.Join(root, "etc/cni")}, Exclude: []string{"/proc/1", "/*/x.bak"}}); err != nil {
+		t.Errorf("a scan with exclusions under /proc and a glob: %v", err)
+	}
+	// A symlink on the way to /proc: the file is listed, not read.
+	os.Symlink("/proc", filepath.Join(root, "p"))
+	es, err := c.Scan("/", hostio.Spec{Patterns: []string{filepath.Join(root, "p/version")}})
+	if err != nil || len(es) != 1 || es[0].Kind != hostio.KindUnreadable || es[0].SHA256 != "" || !strings.Contains(es[0].Error, "kernel filesystem") {
+		t.Errorf("scan of /proc/version through a link: %+v, %v", es, err)
 	}
 }
 

@@ -129,8 +129,16 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 	case json.Unmarshal(b, &req) != nil:
 		resp = response{Error: "malformed request"}
 	default:
-		// A slot, while the client still waits for the answer.
-		wait := time.NewTimer(time.Until(start.Add(requestTimeout)))
+		// A slot, while the client still waits for the answer (as long
+		// as the operation's own deadline below).
+		limit := requestTimeout
+		switch req.Op {
+		case OpLVM:
+			limit = requestTimeout + req.Timeout
+		case OpScan:
+			limit = scanTimeout
+		}
+		wait := time.NewTimer(time.Until(start.Add(limit)))
 		select {
 		case work <- struct{}{}:
 			wait.Stop()
@@ -263,7 +271,7 @@ func (s *Server) handle(ctx context.Context, req request) (response, int) {
 			return response{Error: "a scan without patterns"}, -1
 		}
 		spec := *req.Spec
-		if err := ScanPatternsAllowed(append(append([]string(nil), spec.Patterns...), spec.Exclude...)); err != nil {
+		if err := ScanPatternsAllowed(spec.Patterns); err != nil {
 			return response{Error: err.Error()}, -1
 		}
 		if spec.MaxEntries <= 0 || spec.MaxEntries > hostio.MaxEntries {
@@ -334,9 +342,11 @@ func lvmAllowed(req request, lvm string) error {
 }
 
 // ScanPatternsAllowed refuses scan patterns that are not absolute and clean,
-// are /, or lie under /proc, /sys or /dev: the helper digests what it
-// reads with CAP_DAC_READ_SEARCH and CAP_SYSLOG (a read of /proc/kmsg would
-// take records from the kernel log), so it reads files only.
+// are /, lie under /proc, /sys or /dev, or have a glob in their first
+// component: the helper digests what it reads with CAP_DAC_READ_SEARCH and
+// CAP_SYSLOG (a read of /proc/kmsg would take records from the kernel log),
+// so it reads files only. (A symlink on the way is caught when the file is
+// opened: hostio refuses files of the kernel's filesystems.)
 func ScanPatternsAllowed(patterns []string) error {
 	for _, p := range patterns {
 		if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {

@@ -41,8 +41,9 @@ arm64) arch=arm64 ;;
 amd64) arch=x86-64 ;;
 *) echo "sysext: unsupported GOARCH ${goarch:-${GOARCH:-}}" >&2; exit 1 ;;
 esac
-hgoarch=$(go version -m "$helper" 2>/dev/null | awk '$2 ~ /^GOARCH=/ {sub(/^GOARCH=/, "", $2); print $2}')
-[ "${hgoarch:-x}" = "${goarch:-x}" ] || { echo "sysext: $helper (GOARCH ${hgoarch:-unknown}) is not of $bin's architecture (${goarch:-unknown})" >&2; exit 1; }
+# The helper must be of the binary's architecture (ELF e_machine).
+[ "$(od -An -tx1 -j16 -N4 "$helper" | tr -d ' \n')" = "$(od -An -tx1 -j16 -N4 "$bin" | tr -d ' \n')" ] ||
+	{ echo "sysext: $helper is not an executable of $bin's architecture ($arch)" >&2; exit 1; }
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
 install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
