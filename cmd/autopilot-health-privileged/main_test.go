@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"errors"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,20 +63,5 @@ func TestListenServesAndStops(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer the helper's logger and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer = testenv.Buffer

@@ -1,9 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"log/slog"
 	"net"
 	"os"
@@ -194,22 +194,8 @@ func TestControlClientAsNobody(t *testing.T) {
 	fmt.Printf("answer: %v\n", err)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is a log sink safe for concurrent writes.
+type lockedBuffer = testenv.Buffer
 
 // Who cleared is published on the Node: only the form the command states
 // (names and a uid) is kept, any other text a client sends is not.

@@ -1,9 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"log/slog"
 	"net"
 	"os"
@@ -34,22 +34,7 @@ func (halfFull) Statfs(path string, st *unix.Statfs_t) error {
 }
 
 // syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testenv.Buffer
 
 // flapWatch records every status change of a condition after the start.
 type flapWatch struct {
