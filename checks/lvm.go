@@ -40,10 +40,7 @@ func (e *Env) lvm() LVM {
 	if e.LVM != nil {
 		return e.LVM
 	}
-	if e.Helper != nil {
-		return realLVM{env: e, run: e.Helper}
-	}
-	return realLVM{env: e}
+	return realLVM{env: e, run: e.Helper} // nil without a helper: in process
 }
 
 func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]byte, error) {
@@ -67,9 +64,6 @@ func (r realLVM) Report(ctx context.Context, command string, args ...string) ([]
 type LVMRunner interface {
 	RunLVM(ctx context.Context, lvm string, timeout time.Duration, command string, args ...string) ([]byte, error)
 }
-
-// LVMVia runs env's lvm_command through r.
-func LVMVia(env *Env, r LVMRunner) LVM { return realLVM{env: env, run: r} }
 
 // VGUsage is one LVM volume group in the storage report.
 type VGUsage struct {

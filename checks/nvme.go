@@ -33,10 +33,7 @@ func (e *Env) nvme() NVMe {
 	if e.NVMe != nil {
 		return e.NVMe
 	}
-	if e.Helper != nil {
-		return realNVMe{env: e, cmds: e.Helper}
-	}
-	return realNVMe{env: e}
+	return realNVMe{env: e, cmds: e.Helper} // nil without a helper: in process
 }
 
 func (r realNVMe) Controllers() ([]string, error) {
@@ -72,10 +69,6 @@ type NVMeCommands interface {
 	Identify(ctrl string) ([]byte, error)
 	SMART(ctrl string) ([]byte, error)
 }
-
-// NVMeVia lists the controllers under env's host root and sends the admin
-// commands through c.
-func NVMeVia(env *Env, c NVMeCommands) NVMe { return realNVMe{env: env, cmds: c} }
 
 func (r realNVMe) dev(ctrl string) string { return r.env.Path("/dev/" + filepath.Base(ctrl)) }
 

@@ -544,7 +544,7 @@ func grepLines(page, sub string) string {
 
 // The daemon lets its start-up pages go after the first pass and once more
 // after trimAgainAfter (README, Cost: "Start-up pages let go"), as Run wires
-// it, not only when trimStartupPages is called by hand (TestTrimStartupPages).
+// it, not only when trim.StartupPages is called by hand (TestTrimStartupPages).
 func TestRunTrimsAfterTheFirstPassAndAgain(t *testing.T) {
 	after, grid := trimAgainAfter, trimAgainGrid
 	t.Cleanup(func() { trimAgainAfter, trimAgainGrid = after, grid }) // after the daemon stopped

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/syself/autopilot-health/internal/trim"
 	"net/http"
 	"slices"
 	"sync"
@@ -134,7 +135,7 @@ func (d *Daemon) trimAgain(ctx context.Context) {
 		return
 	case <-t.C:
 	}
-	if n, err := trimStartupPages(); err == nil {
+	if n, err := trim.StartupPages(); err == nil {
 		d.log.Debug("trimmed the pages of the binary once more", "advised_bytes", n)
 	}
 }
@@ -150,7 +151,7 @@ func (d *Daemon) becomeReady() {
 	status := d.StatusLine()
 	d.log.Info("first pass complete", "status", status)
 	// What start-up touched of the binary need not stay resident.
-	if n, err := trimStartupPages(); err != nil {
+	if n, err := trim.StartupPages(); err != nil {
 		d.log.Debug("not trimming the start-up pages of the binary", "err", err)
 	} else {
 		d.log.Debug("trimmed the start-up pages of the binary", "advised_bytes", n)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/internal/tick"
+	"github.com/syself/autopilot-health/internal/trim"
 )
 
 func rssFileKB(t *testing.T) int {
@@ -42,7 +42,7 @@ func rssFileKB(t *testing.T) int {
 // running (this test goes on calling code that was dropped).
 func TestTrimStartupPages(t *testing.T) {
 	before := rssFileKB(t)
-	n, err := trimStartupPages()
+	n, err := trim.StartupPages()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,28 +53,6 @@ func TestTrimStartupPages(t *testing.T) {
 	t.Logf("advised %d bytes; RssFile %d kB -> %d kB", n, before, after)
 	// Still works: a configuration, metrics, a scrape.
 	_ = testConfig(t)
-}
-
-// A file that is not an ELF executable of type EXEC (a script, a
-// position-independent executable) is not trimmed.
-func TestTrimOnlyExecELF(t *testing.T) {
-	dir := t.TempDir()
-	for name, head := range map[string]string{
-		"script": "#!/bin/sh\necho hello world\n",
-		"pie":    "\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00",
-		"short":  "\x7fELF",
-	} {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(head), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := isExecELF(p); ok || err != nil {
-			t.Errorf("%s: isExecELF = %v, %v", name, ok, err)
-		}
-	}
-	if ok, err := isExecELF("/proc/self/exe"); !ok || err != nil {
-		t.Errorf("the test binary: isExecELF = %v, %v", ok, err)
-	}
 }
 
 // The second trim comes a minute after the first pass, then at the next

@@ -128,13 +128,21 @@ func (c *Client) OpenKmsg() (int, error) {
 	return fd, nil
 }
 
-func (c *Client) data(req request) ([]byte, error) {
-	resp, fd, err := c.call(context.Background(), req, shortCall)
+// ask sends a request whose answer carries no descriptor (one that comes
+// anyway is closed) and returns the answer with the helper's error, if any;
+// on a failed exchange the answer is empty.
+func (c *Client) ask(ctx context.Context, req request, timeout time.Duration) (response, error) {
+	resp, fd, err := c.call(ctx, req, timeout)
 	closeFD(fd)
 	if err != nil {
-		return nil, err
+		return response{}, err
 	}
-	return resp.Data, resp.err()
+	return resp, resp.err()
+}
+
+func (c *Client) data(req request) ([]byte, error) {
+	resp, err := c.ask(context.Background(), req, shortCall)
+	return resp.Data, err
 }
 
 // Identify returns controller ctrl's Identify Controller page.
@@ -149,12 +157,8 @@ func (c *Client) SMART(ctrl string) ([]byte, error) {
 
 // RunLVM runs an LVM report in the helper (hostio.RunLVM).
 func (c *Client) RunLVM(ctx context.Context, lvm string, timeout time.Duration, command string, args ...string) ([]byte, error) {
-	resp, fd, err := c.call(ctx, request{Op: OpLVM, LVM: lvm, Timeout: timeout, Command: command, Args: args}, shortCall+timeout)
-	closeFD(fd)
-	if err != nil {
-		return nil, err
-	}
-	return resp.Data, resp.err()
+	resp, err := c.ask(ctx, request{Op: OpLVM, LVM: lvm, Timeout: timeout, Command: command, Args: args}, shortCall+timeout)
+	return resp.Data, err
 }
 
 // DM reads the device-mapper tables through the helper, on the control
@@ -167,12 +171,8 @@ type dmVia struct {
 }
 
 func (d dmVia) VerityTargets() ([]hostio.VerityTarget, error) {
-	resp, fd, err := d.c.call(context.Background(), request{Op: OpDMVerity, Path: d.path}, shortCall)
-	closeFD(fd)
-	if err != nil {
-		return nil, err
-	}
-	return resp.Verity, resp.err()
+	resp, err := d.c.ask(context.Background(), request{Op: OpDMVerity, Path: d.path}, shortCall)
+	return resp.Verity, err
 }
 
 // Scan scans the protected paths in the helper (hostio.Scan); root must be
@@ -181,10 +181,6 @@ func (c *Client) Scan(root string, spec hostio.Spec) ([]hostio.Entry, error) {
 	if root != "" && root != "/" {
 		return nil, fmt.Errorf("privileged helper: scans only the host's root, not %s", root)
 	}
-	resp, fd, err := c.call(context.Background(), request{Op: OpScan, Spec: &spec}, scanTimeout)
-	closeFD(fd)
-	if err != nil {
-		return nil, err
-	}
-	return resp.Entries, resp.err()
+	resp, err := c.ask(context.Background(), request{Op: OpScan, Spec: &spec}, scanTimeout)
+	return resp.Entries, err
 }

@@ -51,6 +51,19 @@ const requestTimeout = 30 * time.Second
 // scanTimeout bounds a scan's exchange, on both sides.
 const scanTimeout = 5 * time.Minute
 
+// opTimeout is how long the client of req waits for its answer: a scan at
+// its cap digests up to 10,000 files; an LVM report has its own timeout on
+// top of the exchange's.
+func opTimeout(req request) time.Duration {
+	switch req.Op {
+	case OpLVM:
+		return requestTimeout + max(req.Timeout, 0) // a bad one is refused, in time
+	case OpScan:
+		return scanTimeout
+	}
+	return requestTimeout
+}
+
 var nvmeCtrl = regexp.MustCompile(`^nvme[0-9]+$`)
 
 // Serve answers on l until ctx ends.
@@ -129,15 +142,8 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 	case json.Unmarshal(b, &req) != nil:
 		resp = response{Error: "malformed request"}
 	default:
-		// A slot, while the client still waits for the answer (as long
-		// as the operation's own deadline below).
-		limit := requestTimeout
-		switch req.Op {
-		case OpLVM:
-			limit = requestTimeout + req.Timeout
-		case OpScan:
-			limit = scanTimeout
-		}
+		// A slot, while the client still waits for the answer.
+		limit := opTimeout(req)
 		wait := time.NewTimer(time.Until(start.Add(limit)))
 		select {
 		case work <- struct{}{}:
@@ -150,13 +156,9 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 			wait.Stop()
 			return
 		}
-		switch req.Op {
-		case OpLVM:
-			c.SetDeadline(time.Now().Add(requestTimeout + req.Timeout))
-		case OpScan:
-			// A scan at its cap digests up to 10,000 files: as long as
-			// the client waits (scanTimeout).
-			c.SetDeadline(time.Now().Add(scanTimeout))
+		if limit != requestTimeout {
+			// An LVM report or a scan: as long as its client waits, from now.
+			c.SetDeadline(time.Now().Add(limit))
 		}
 		resp, fd = s.handle(ctx, req)
 	}
