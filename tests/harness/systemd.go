@@ -334,6 +334,12 @@ func (s *Systemd) Journal(units ...string) string {
 	return string(out)
 }
 
+// Cgroup is the host's directory of the cgroup that PID 1 in s calls rel
+// (a unit's ControlGroup, "/system.slice/x.service").
+func (s *Systemd) Cgroup(rel string) string {
+	return filepath.Join(s.cg, "payload", rel)
+}
+
 // Console returns the tail of PID 1's console output.
 func (s *Systemd) Console(n int) string {
 	b, _ := os.ReadFile(filepath.Join(s.Dir, "logs", "console.log"))
