@@ -68,16 +68,20 @@ func (v *validator) absPaths(key string, vals []string) {
 
 // globs requires absolute, clean paths whose globs (path.Match) are well
 // formed; "/" alone is refused (a scan of the whole host).
-func (v *validator) globs(key string, vals []string) {
+// globs checks a list of path globs, and returns those that are absolute
+// and clean (whatever their glob syntax), for the checks that follow.
+func (v *validator) globs(key string, vals []string) (clean []string) {
 	for _, p := range vals {
 		if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
 			v.fail(key, "must list absolute, clean paths other than /, got %q", p)
 			continue
 		}
+		clean = append(clean, p)
 		if _, err := path.Match(p, ""); err != nil {
 			v.fail(key, "bad glob %q: %v", p, err)
 		}
 	}
+	return clean
 }
 
 func (v *validator) percent(key string, val int) {
@@ -312,15 +316,15 @@ func (c *Config) validate() *Error {
 	v.socketPath("control_socket", c.ControlSocket)
 	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
 	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
-	v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)
+	protected := v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)
 	if len(k.NodeTampered.Paths) == 0 {
 		v.fail("checks.NodeTampered.paths", "must list at least one path (to turn the check off, set enabled = false)")
 	}
 	v.globs("checks.NodeTampered.exclude", k.NodeTampered.Exclude)
 	// What the privileged helper scans (internal/privileged): files, not
 	// /proc, /sys or /dev. (Exclusions are only matched, never read.)
-	for _, pat := range k.NodeTampered.Paths {
-		if err := privileged.ScanPatternsAllowed([]string{pat}); err != nil && filepath.IsAbs(pat) && filepath.Clean(pat) == pat && pat != "/" {
+	for _, pat := range protected {
+		if err := privileged.ScanPatternsAllowed([]string{pat}); err != nil {
 			v.fail("checks.NodeTampered.paths", "%v", err)
 		}
 	}

@@ -20,9 +20,10 @@ type Client struct {
 }
 
 // call sends one request and returns the answer and the descriptor that
-// came with it (-1: none).
-func (c *Client) call(ctx context.Context, req request, timeout time.Duration) (response, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// came with it (-1: none). It waits for the answer as long as the helper
+// may take to give it (opTimeout).
+func (c *Client) call(ctx context.Context, req request) (response, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout(req))
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.Path)
@@ -107,13 +108,10 @@ func rights(oob []byte) []int {
 	return out
 }
 
-// shortCall is the timeout of a request that does not wait on a command.
-const shortCall = 30 * time.Second
-
 // OpenKmsg returns a descriptor of /dev/kmsg, opened by the helper
 // (read-only, non-blocking, close-on-exec).
 func (c *Client) OpenKmsg() (int, error) {
-	resp, fd, err := c.call(context.Background(), request{Op: OpKmsg}, shortCall)
+	resp, fd, err := c.call(context.Background(), request{Op: OpKmsg})
 	if err != nil {
 		return -1, err
 	}
@@ -131,8 +129,8 @@ func (c *Client) OpenKmsg() (int, error) {
 // ask sends a request whose answer carries no descriptor (one that comes
 // anyway is closed) and returns the answer with the helper's error, if any;
 // on a failed exchange the answer is empty.
-func (c *Client) ask(ctx context.Context, req request, timeout time.Duration) (response, error) {
-	resp, fd, err := c.call(ctx, req, timeout)
+func (c *Client) ask(ctx context.Context, req request) (response, error) {
+	resp, fd, err := c.call(ctx, req)
 	closeFD(fd)
 	if err != nil {
 		return response{}, err
@@ -141,7 +139,7 @@ func (c *Client) ask(ctx context.Context, req request, timeout time.Duration) (r
 }
 
 func (c *Client) data(req request) ([]byte, error) {
-	resp, err := c.ask(context.Background(), req, shortCall)
+	resp, err := c.ask(context.Background(), req)
 	return resp.Data, err
 }
 
@@ -157,7 +155,7 @@ func (c *Client) SMART(ctrl string) ([]byte, error) {
 
 // RunLVM runs an LVM report in the helper (hostio.RunLVM).
 func (c *Client) RunLVM(ctx context.Context, lvm string, timeout time.Duration, command string, args ...string) ([]byte, error) {
-	resp, err := c.ask(ctx, request{Op: OpLVM, LVM: lvm, Timeout: timeout, Command: command, Args: args}, shortCall+timeout)
+	resp, err := c.ask(ctx, request{Op: OpLVM, LVM: lvm, Timeout: timeout, Command: command, Args: args})
 	return resp.Data, err
 }
 
@@ -171,7 +169,7 @@ type dmVia struct {
 }
 
 func (d dmVia) VerityTargets() ([]hostio.VerityTarget, error) {
-	resp, err := d.c.ask(context.Background(), request{Op: OpDMVerity, Path: d.path}, shortCall)
+	resp, err := d.c.ask(context.Background(), request{Op: OpDMVerity, Path: d.path})
 	return resp.Verity, err
 }
 
@@ -181,6 +179,6 @@ func (c *Client) Scan(root string, spec hostio.Spec) ([]hostio.Entry, error) {
 	if root != "" && root != "/" {
 		return nil, fmt.Errorf("privileged helper: scans only the host's root, not %s", root)
 	}
-	resp, err := c.ask(context.Background(), request{Op: OpScan, Spec: &spec}, scanTimeout)
+	resp, err := c.ask(context.Background(), request{Op: OpScan, Spec: &spec})
 	return resp.Entries, err
 }
