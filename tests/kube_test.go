@@ -118,7 +118,14 @@ type running struct {
 
 func startReporter(t *testing.T, client kube.Client, node string, store *report.Store) *running {
 	t.Helper()
-	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	return startReporterDetails(t, client, node, store, report.NewDetails())
+}
+
+// startReporterDetails starts a reporter on details the caller filled in
+// first (the reporter may write the annotations as soon as it starts).
+func startReporterDetails(t *testing.T, client kube.Client, node string, store *report.Store, det *report.Details) *running {
+	t.Helper()
+	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
 	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
 		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, EventCountFlush: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -271,8 +278,9 @@ func TestKubeAnnotations(t *testing.T) {
 	const node = "node-annotations"
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
-	x := startReporter(t, client, node, report.NewStore("boot"))
-	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	det := report.NewDetails()
+	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	startReporterDetails(t, client, node, report.NewStore("boot"), det)
 	n := waitNode(t, s, node, "report annotations", func(n *corev1.Node) bool {
 		return len(n.Annotations) >= len(report.Domains) && n.Annotations[report.AnnotationPrefix+"storage"] != ""
 	})
