@@ -449,7 +449,7 @@ func (rd *Reader) Run(ctx context.Context) {
 				rd.cur.IOErrors = rd.Monitor.windowEntries(rd.cur.IOErrors[:0])
 			}
 			rd.mu.Unlock()
-			store.Touch()
+			store.TouchLater()
 		}
 		stop()
 		f.Close()

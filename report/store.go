@@ -26,8 +26,9 @@ type Store struct {
 	memos   map[string]json.RawMessage
 	keepers map[string]func() any
 	// dirty gets a token whenever something the state file holds changed
-	// (a condition or a kept value); the persister drains it.
-	dirty chan struct{}
+	// (a condition or a kept value); the persister drains it. later gets
+	// one when a kept value changed in a way that may wait (TouchLater).
+	dirty, later chan struct{}
 	// released: conditions held once True whose next Set may lower them,
 	// with when they were cleared (a run started before that does not
 	// spend the release)
@@ -41,7 +42,7 @@ type Store struct {
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
 		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
-		dirty: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}}
+		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}}
 }
 
 // Release lets a Set of a condition that is held once True (a tamper
@@ -80,6 +81,24 @@ func (s *Store) Dirty() <-chan struct{} { return s.dirty }
 func (s *Store) Touch() {
 	select {
 	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Later returns a channel that receives a token after TouchLater: a change
+// of a kept value that the state file may take a while later (the
+// persister's PersistLater), with the next save for any reason at the
+// latest. Like Dirty, it has one reader.
+func (s *Store) Later() <-chan struct{} { return s.later }
+
+// TouchLater says that something the state file holds changed where losing
+// the change to a crash costs little: the kernel log's cursor moving past
+// records that are handled again after a restart at no cost but their
+// events, a condition's new message with its status and reason unchanged.
+// It never blocks and does not allocate.
+func (s *Store) TouchLater() {
+	select {
+	case s.later <- struct{}{}:
 	default:
 	}
 }
@@ -177,7 +196,14 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 	}
 	s.mu.Unlock()
 	if changed {
-		s.Touch()
+		// A new message alone (a count, a percentage) may wait for the
+		// state file: after a crash the next evaluation writes it again.
+		// A new status or reason, and the transition time, may not.
+		if had && prev.Status == c.Status && prev.Reason == c.Reason {
+			s.TouchLater()
+		} else {
+			s.Touch()
+		}
 		var p *Condition
 		if had {
 			p = &prev

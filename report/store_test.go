@@ -536,3 +536,45 @@ func TestAdoptJudgesTheStoreByItsLastEvaluation(t *testing.T) {
 		t.Errorf("evaluated before it changed: %+v", c)
 	}
 }
+
+// A new condition, status or reason asks for a save at once (Dirty); a new
+// message alone, or TouchLater, for one that may wait (Later); the same
+// condition again for none.
+func TestStoreSaveUrgency(t *testing.T) {
+	s := NewStore("boot1")
+	got := func() string {
+		out := ""
+		select {
+		case <-s.Dirty():
+			out += "now"
+		default:
+		}
+		select {
+		case <-s.Later():
+			out += "later"
+		default:
+		}
+		return out
+	}
+	steps := []struct {
+		what string
+		c    Condition
+		want string
+	}{
+		{"a new condition", cond("DisksFailure", StatusFalse, ReasonDisksHealthy, "1 error"), "now"},
+		{"a new message", cond("DisksFailure", StatusFalse, ReasonDisksHealthy, "2 errors"), "later"},
+		{"the same again", cond("DisksFailure", StatusFalse, ReasonDisksHealthy, "2 errors"), ""},
+		{"a new status", cond("DisksFailure", StatusTrue, ReasonDiskIOErrors, "3 errors"), "now"},
+		{"a new reason", cond("DisksFailure", StatusTrue, ReasonNVMeCriticalWarning, "3 errors"), "now"},
+	}
+	for i, st := range steps {
+		s.Set(st.c, t0.Add(time.Duration(i)*time.Second))
+		if g := got(); g != st.want {
+			t.Errorf("%s: asked for %q, want %q", st.what, g, st.want)
+		}
+	}
+	s.TouchLater()
+	if g := got(); g != "later" {
+		t.Errorf("TouchLater: asked for %q", g)
+	}
+}

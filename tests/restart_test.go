@@ -178,6 +178,21 @@ func (n *kernelNode) kill() {
 	n.cmd = nil
 }
 
+// stop SIGTERMs the daemon and waits for it to exit: its shutdown runs.
+func (n *kernelNode) stop() {
+	n.t.Helper()
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.exited:
+	case <-time.After(30 * time.Second):
+		n.t.Fatal("the daemon did not exit within 30 s of SIGTERM")
+	}
+	if code := n.cmd.ProcessState.ExitCode(); code != 0 {
+		n.t.Errorf("the daemon exited %d after SIGTERM", code)
+	}
+	n.cmd = nil
+}
+
 // line writes a kernel log line carrying this node's token.
 func (n *kernelNode) line(format string) {
 	n.t.Helper()
@@ -416,5 +431,33 @@ func TestKernelLineBeforeTheFirstStart(t *testing.T) {
 	c := *cond(node, "ReadonlyFilesystem")
 	if d := c.LastTransitionTime.Sub(lineAt); d < -2*time.Second || d > 2*time.Second {
 		t.Errorf("transition time %s: not the line's time %s", c.LastTransitionTime.Format(time.RFC3339), lineAt.Format(time.RFC3339Nano))
+	}
+}
+
+// The kernel log's cursor alone is saved up to 10 s after it moves, and a
+// clean stop saves it: a daemon stopped (SIGTERM) right after it handled a
+// line, then started again, does not handle the line again, so its Event
+// is not sent a second time.
+func TestKernelCursorSavedOnCleanStop(t *testing.T) {
+	n := newKernelNode(t)
+	n.start()
+	n.caughtUp()
+	n.line("EXT4-fs warning (device TOKEN): handled once")
+	deadline := time.Now().Add(30 * time.Second)
+	for len(n.nodeEvents("handled once")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no Event for the line within 30 s")
+		}
+		time.Sleep(50 * time.Millisecond) // polling the API server for an awaited event
+	}
+	n.stop()
+	n.start()
+	n.caughtUp() // the restarted daemon has read past the line
+	total := int32(0)
+	for _, e := range n.nodeEvents("handled once") {
+		total += e.Count
+	}
+	if total != 1 {
+		t.Errorf("the line's Event counted %d times after a clean stop and start; want 1 (the cursor was not saved on stop)", total)
 	}
 }

@@ -94,3 +94,71 @@ func TestSaveErrorKeyIgnoresTheTempName(t *testing.T) {
 		t.Error("another cause reads as the same failure")
 	}
 }
+
+// The kernel log's cursor moving (Store.TouchLater, a record every 100 ms
+// for a minute) is saved once per persistLater, not once a second; a
+// change that may not wait (Store.Touch) is saved within a second and
+// takes the due one with it; nothing is saved while nothing changes.
+func TestPersistCursorMovesWaitForPersistLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		d := &Daemon{cfg: cfg, log: slog.New(slog.DiscardHandler), store: report.NewStore("b"),
+			metrics: report.NewMetrics("test"), live: NewLiveness(time.Now)}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { d.persist(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		saves := func() float64 { return testutil.ToFloat64(d.metrics.StateWritesFor("ok")) }
+
+		start := time.Now()
+		for time.Since(start) < time.Minute {
+			d.store.TouchLater()
+			time.Sleep(100 * time.Millisecond)
+		}
+		synctest.Wait()
+		// 60 s of records: a save 10 s after the first, then one 10 s
+		// after the first record after each save.
+		if n := saves(); n < 5 || n > 7 {
+			t.Fatalf("%v saves in a minute of kernel records; want one per %v (5..7)", n, persistLater)
+		}
+		time.Sleep(persistLater + time.Second)
+		synctest.Wait()
+		base := saves()
+
+		// One record: not saved within a second, saved by persistLater.
+		d.store.TouchLater()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if saves() != base {
+			t.Fatalf("a cursor move was saved within 2 s")
+		}
+		time.Sleep(persistLater)
+		synctest.Wait()
+		if saves() != base+1 {
+			t.Fatalf("a cursor move was not saved within %v (%v saves, want %v)", persistLater, saves(), base+1)
+		}
+
+		// A record, then a condition change: one save, a second after the
+		// change, and none when the record's wait would have ended.
+		d.store.TouchLater()
+		time.Sleep(3 * time.Second)
+		d.store.Touch()
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		if saves() != base+2 {
+			t.Fatalf("a change was not saved within a second (%v saves, want %v)", saves(), base+2)
+		}
+		time.Sleep(persistLater)
+		synctest.Wait()
+		if saves() != base+2 {
+			t.Fatalf("the change's save did not take the cursor's (%v saves, want %v)", saves(), base+2)
+		}
+
+		// Nothing changes for ten minutes: nothing is written.
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if saves() != base+2 {
+			t.Fatalf("%v saves while nothing changed", saves()-base-2)
+		}
+	})
+}
