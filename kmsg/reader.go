@@ -94,8 +94,9 @@ type ioError struct {
 // cursorJSON is the cursor in the state file. The window is one string
 // (encodeWindow): as an array of objects, which the state file's indented
 // JSON puts four lines to an entry, a full window of 1,024 errors made the
-// file 85 KB, written up to once a second while a failing disk floods the
-// log; as a string, 1,024 errors of one device a millisecond apart are
+// file 85 KB, written up to once a second (now once in 10 s while only
+// DisksFailure's count changes) while a failing disk floods the log; as a
+// string, 1,024 errors of one device a millisecond apart are
 // under 7 KB. ioErrors, the array, is read from a state file written before.
 type cursorJSON struct {
 	Seq      uint64    `json:"seq"`

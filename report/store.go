@@ -71,9 +71,10 @@ func (s *Store) SetBootStart(t time.Time) {
 	s.bootStart = t
 }
 
-// Dirty returns a channel that receives a token after something the state
-// file holds changed: a condition, or a value registered with Keep (Touch).
-// It has one reader: the loop that saves the state.
+// Dirty returns a channel that receives a token after a change the state
+// file must take soon: a new condition, a new status or reason, a removal,
+// or a value registered with Keep (Touch). It has one reader: the loop that
+// saves the state.
 func (s *Store) Dirty() <-chan struct{} { return s.dirty }
 
 // Touch says that a value registered with Keep changed. It never blocks and
@@ -86,9 +87,9 @@ func (s *Store) Touch() {
 }
 
 // Later returns a channel that receives a token after TouchLater: a change
-// of a kept value that the state file may take a while later (the
-// persister's PersistLater), with the next save for any reason at the
-// latest. Like Dirty, it has one reader.
+// that the state file may take a while later (the persister's
+// persistLater), or with the next save for any reason. Like Dirty, it has
+// one reader.
 func (s *Store) Later() <-chan struct{} { return s.later }
 
 // TouchLater says that something the state file holds changed where losing

@@ -381,7 +381,7 @@ func TestKernelConditionHeldAcrossRestarts(t *testing.T) {
 }
 
 // The daemon is SIGKILLed at points from right after a kernel error to well
-// after it (the state file is saved at most once a second): however the
+// after it (a condition's new status is saved within a second): however the
 // cursor and the state stood, the restarted daemon holds the condition with
 // its first transition time. Before, a kill about a second after the line
 // left a cursor past it and a state without it: the restart wrote False.

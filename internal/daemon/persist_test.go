@@ -22,6 +22,12 @@ import (
 // of every second, logs the error once, and once when saving works again.
 // Before, a busy kernel log made it log an error every second.
 func TestPersistBacksOffWhenSavingFails(t *testing.T) {
+	for _, kind := range []string{"Touch", "TouchLater"} {
+		t.Run(kind, func(t *testing.T) { testPersistBacksOff(t, kind) })
+	}
+}
+
+func testPersistBacksOff(t *testing.T, kind string) {
 	synctest.Test(t, func(t *testing.T) {
 		base := t.TempDir()
 		blocker := filepath.Join(base, "var")
@@ -36,10 +42,14 @@ func TestPersistBacksOffWhenSavingFails(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { d.persist(ctx); close(done) }()
-		// A kernel record every second for ten minutes (each moves the
-		// cursor, each asks for a save).
+		// A change every second for ten minutes: a value a check keeps
+		// (Touch), or a kernel record moving the cursor (TouchLater).
+		touch := d.store.Touch
+		if kind == "TouchLater" {
+			touch = d.store.TouchLater
+		}
 		for range 600 {
-			d.store.Touch()
+			touch()
 			time.Sleep(time.Second)
 		}
 		failed := testutil.ToFloat64(d.metrics.StateWritesFor("error"))
@@ -51,7 +61,7 @@ func TestPersistBacksOffWhenSavingFails(t *testing.T) {
 		}
 		// /var is writable again: the next retry saves, once logged.
 		os.Remove(blocker)
-		d.store.Touch()
+		touch()
 		time.Sleep(2 * time.Minute)
 		synctest.Wait()
 		if _, err := os.Stat(filepath.Join(cfg.StateDir, report.StateFileName)); err != nil {
@@ -154,11 +164,21 @@ func TestPersistCursorMovesWaitForPersistLater(t *testing.T) {
 			t.Fatalf("the change's save did not take the cursor's (%v saves, want %v)", saves(), base+2)
 		}
 
+		// A condition's change and a record at the same instant (a
+		// record that changed a status): one save, within a second.
+		d.store.Touch()
+		d.store.TouchLater()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		if saves() != base+3 {
+			t.Fatalf("a change and a record at once: %v saves in 30 s, want 1", saves()-base-2)
+		}
+
 		// Nothing changes for ten minutes: nothing is written.
 		time.Sleep(10 * time.Minute)
 		synctest.Wait()
-		if saves() != base+2 {
-			t.Fatalf("%v saves while nothing changed", saves()-base-2)
+		if saves() != base+3 {
+			t.Fatalf("%v saves while nothing changed", saves()-base-3)
 		}
 	})
 }

@@ -3,15 +3,20 @@
 // (README, Cost: "What the daemon's RssFile is").
 //
 //	exepages PID
-//	    the resident pages of /proc/PID/exe's mappings (/proc/PID/pagemap), by section
+//	    the pages of the file /proc/PID/exe that PID has mapped (RssFile's
+//	    part of its binary, from /proc/PID/pagemap), by section, and the
+//	    anonymous (copied-on-write) pages of its writable mapping apart
 //	perf record -c 1 -e minor-faults -e syscalls:sys_enter_madvise -d -p PID -o perf.data -- sleep 300
 //	perf script -i perf.data -F time,event,addr,trace 2>/dev/null | exepages -faults BIN
 //	    the faults into BIN's sections after its last trim (a madvise of its
-//	    first mapping): each page counted once, by section and by 20 s
+//	    first mapping): each page counted once, by section and by 20 s; BIN
+//	    must be a non-relocatable executable (ELF type EXEC, as `make build`
+//	    makes the daemon): perf gives addresses, not file offsets
 //	exepages -touch FILE
 //	    maps FILE privately, reads one byte of 100 pages 37 pages apart, and
 //	    counts the pages the kernel mapped (its fault-around), without and
-//	    with MADV_RANDOM
+//	    then with MADV_RANDOM (the second pass on the page cache the first
+//	    one read)
 package main
 
 import (
@@ -43,7 +48,7 @@ func main() {
 	case flag.NArg() == 1:
 		err = resident(flag.Arg(0))
 	default:
-		fmt.Fprintln(os.Stderr, "usage: exepages PID | exepages -faults BIN < perf-script-output")
+		fmt.Fprintln(os.Stderr, "usage: exepages PID | exepages -faults BIN < perf-script-output | exepages -touch FILE")
 		os.Exit(2)
 	}
 	if err != nil {
@@ -53,31 +58,40 @@ func main() {
 }
 
 type section struct {
-	name     string
-	lo, hi   uint64
-	resident int
+	name string
+	// lo, hi: its addresses (link-time), pages rounded; off, offEnd: its
+	// place in the file, the same way.
+	lo, hi, off, offEnd uint64
+	resident            int
 }
 
-// sections returns the allocated sections of the ELF file, by address.
-func sections(path string) ([]*section, error) {
+// sections returns the allocated sections of the ELF file, by address,
+// and whether the file is an executable of type EXEC (its addresses are
+// the ones it runs at).
+func sections(path string) ([]*section, bool, error) {
 	f, err := elf.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer f.Close()
 	var out []*section
 	for _, s := range f.Sections {
 		if s.Flags&elf.SHF_ALLOC != 0 && s.Addr != 0 && s.Type != elf.SHT_NOBITS {
-			out = append(out, &section{name: s.Name, lo: s.Addr &^ 4095, hi: s.Addr + s.Size})
+			out = append(out, &section{name: s.Name, lo: s.Addr &^ 4095, hi: s.Addr + s.Size, off: s.Offset &^ 4095, offEnd: s.Offset + s.Size})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].lo < out[j].lo })
-	return out, nil
+	return out, f.Type == elf.ET_EXEC, nil
 }
 
-func find(secs []*section, addr uint64) *section {
+// find returns the section at addr (byOffset: at that offset in the file).
+func find(secs []*section, addr uint64, byOffset bool) *section {
 	for _, s := range secs {
-		if addr >= s.lo && addr < s.hi {
+		lo, hi := s.lo, s.hi
+		if byOffset {
+			lo, hi = s.off, s.offEnd
+		}
+		if addr >= lo && addr < hi {
 			return s
 		}
 	}
@@ -101,10 +115,11 @@ func mib(pages int) float64 { return float64(pages) * 4096 / (1 << 20) }
 
 func resident(pid string) error {
 	exe := "/proc/" + pid + "/exe"
-	secs, err := sections(exe)
+	secs, _, err := sections(exe)
 	if err != nil {
 		return err
 	}
+	anon := 0
 	var st, mst os.FileInfo
 	if st, err = os.Stat(exe); err != nil {
 		return err
@@ -136,7 +151,8 @@ func resident(pid string) error {
 		lo, hi, _ := strings.Cut(f[0], "-")
 		a, err1 := strconv.ParseUint(lo, 16, 64)
 		b, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil || b <= a {
+		off, err3 := strconv.ParseUint(f[2], 16, 64)
+		if err1 != nil || err2 != nil || err3 != nil || b <= a {
 			continue
 		}
 		buf := make([]byte, (b-a)/4096*8)
@@ -144,8 +160,13 @@ func resident(pid string) error {
 			return err
 		}
 		for i := range (b - a) / 4096 {
-			if binary.LittleEndian.Uint64(buf[i*8:])&(1<<63) != 0 {
-				if s := find(secs, a+i*4096); s != nil {
+			e := binary.LittleEndian.Uint64(buf[i*8:])
+			switch {
+			case e&(1<<63) == 0: // not present
+			case e&(1<<61) == 0: // present, not the file's: copied on write
+				anon++
+			default:
+				if s := find(secs, off+i*4096, true); s != nil {
 					s.resident++
 				}
 			}
@@ -155,6 +176,7 @@ func resident(pid string) error {
 		return err
 	}
 	report(secs)
+	fmt.Printf("anonymous (copied-on-write) pages in the binary's mappings, not counted above: %d\n", anon)
 	return nil
 }
 
@@ -163,9 +185,12 @@ func resident(pid string) error {
 //	20005.961124: syscalls:sys_enter_madvise: start: 0x00400000, len_in: ...
 //	20006.012345: minor-faults: 7fa83a1c2000
 func countFaults(bin string) error {
-	secs, err := sections(bin)
-	if err != nil || len(secs) == 0 {
-		return fmt.Errorf("%s: %v (no sections)", bin, err)
+	secs, exec, err := sections(bin)
+	if err != nil {
+		return err
+	}
+	if !exec || len(secs) == 0 {
+		return fmt.Errorf("%s: not an executable of type EXEC with sections: perf's addresses cannot be placed in it", bin)
 	}
 	first := secs[0].lo // the first mapping's start, which a trim advises first
 	type fault struct {
@@ -206,13 +231,16 @@ func countFaults(bin string) error {
 	seen := map[uint64]bool{}
 	by20 := map[int]int{}
 	for _, f := range fs {
-		s := find(secs, f.addr)
+		s := find(secs, f.addr, false)
 		if f.t < trim || s == nil || seen[f.addr&^4095] {
 			continue
 		}
 		seen[f.addr&^4095] = true
 		s.resident++
 		by20[int((f.t-trim)/20)]++
+	}
+	if len(seen) == 0 {
+		return fmt.Errorf("no fault of the %d read landed in %s's sections after %.3f", len(fs), bin, trim)
 	}
 	fmt.Printf("faults into the binary's sections after the trim at %.3f, each page once: ", trim)
 	report(secs)
