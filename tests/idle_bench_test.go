@@ -48,7 +48,8 @@ kubeconfig = %[4]q
 // read just outside the window); and its privileged helper's CPU (its
 // slice's cpu.stat, systemd's work to start it included), starts, running
 // share and VmRSS, and the VmRSS of the two. Runs of 2 minutes vary by
-// a quarter and more: IDLE_WINDOW=10m for figures to keep.
+// a quarter and more: IDLE_WINDOW=10m for figures to keep. IDLE_ENV sets
+// environment for the daemon's unit (IDLE_ENV=GOGC=50).
 //
 //	go test -tags integration ./tests -run '^$' -bench IdleOnAHealthyNode -benchtime=1x
 //
@@ -75,6 +76,12 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	profile := os.Getenv("IDLE_CPUPROFILE")
 	if profile != "" {
 		units["autopilot-health.service.d/20-profile.conf"] = "[Service]\nEnvironment=AUTOPILOT_HEALTH_CPUPROFILE=/var/lib/autopilot-health/cpu.prof\n"
+	}
+	// IDLE_ENV: environment for the daemon's unit (a drop-in's
+	// Environment=, e.g. IDLE_ENV=GOGC=50), to see what a runtime setting
+	// costs.
+	if env := os.Getenv("IDLE_ENV"); env != "" {
+		units["autopilot-health.service.d/30-bench-env.conf"] = "[Service]\nEnvironment=" + env + "\n"
 	}
 	// The helper in a slice of its own: the slice's cpu.stat sums the CPU
 	// of all its starts, systemd's setting up of each included, where its
