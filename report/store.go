@@ -25,9 +25,9 @@ type Store struct {
 	// produce the current ones at each Save.
 	memos   map[string]json.RawMessage
 	keepers map[string]func() any
-	// dirty gets a token whenever something the state file holds changed
-	// (a condition or a kept value); the persister drains it. later gets
-	// one when a kept value changed in a way that may wait (TouchLater).
+	// dirty gets a token when something the state file holds changed in a
+	// way that must be saved soon (Touch), later one when the change may
+	// wait (TouchLater); the persister drains both.
 	dirty, later chan struct{}
 	// released: conditions held once True whose next Set may lower them,
 	// with when they were cleared (a run started before that does not
@@ -79,9 +79,12 @@ func (s *Store) Dirty() <-chan struct{} { return s.dirty }
 
 // Touch says that a value registered with Keep changed. It never blocks and
 // does not allocate, so a reader may call it for every record it handles.
-func (s *Store) Touch() {
+func (s *Store) Touch() { signal(s.dirty) }
+
+// signal leaves a token on c (capacity 1) unless one is waiting already.
+func signal(c chan struct{}) {
 	select {
-	case s.dirty <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
@@ -97,12 +100,7 @@ func (s *Store) Later() <-chan struct{} { return s.later }
 // records that are handled again after a restart at no cost but their
 // events, a condition's new message with its status and reason unchanged.
 // It never blocks and does not allocate.
-func (s *Store) TouchLater() {
-	select {
-	case s.later <- struct{}{}:
-	default:
-	}
-}
+func (s *Store) TouchLater() { signal(s.later) }
 
 // Observe registers an observer. Register observers before the first Set.
 func (s *Store) Observe(o Observer) {

@@ -3,12 +3,15 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/coreos/go-systemd/v22/unit"
 
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -32,30 +35,29 @@ func BenchmarkHelperUnitStart(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	sections, err := unit.DeserializeSections(bytes.NewReader(raw))
+	if err != nil {
+		b.Fatal(err)
+	}
 	// The sandbox: the [Service] settings but how it is started and
 	// restarted.
 	var sandbox, noMounts []string
-	inService := false
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, "["):
-			inService = line == "[Service]"
-			continue
-		case !inService || line == "" || strings.HasPrefix(line, "#"):
+	for _, sec := range sections {
+		if sec.Section != "Service" {
 			continue
 		}
-		key, _, _ := strings.Cut(line, "=")
-		key = strings.TrimSpace(key)
-		switch key {
-		case "ExecStart", "Restart", "RestartSec", "TimeoutStopSec":
-			continue
-		}
-		sandbox = append(sandbox, line)
-		switch key {
-		case "ProtectSystem", "ProtectHome", "NoExecPaths", "ExecPaths", "PrivateTmp", "PrivateMounts", "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups", "ProtectProc":
-		default:
-			noMounts = append(noMounts, line)
+		for _, e := range sec.Entries {
+			switch e.Name {
+			case "ExecStart", "Restart", "RestartSec", "TimeoutStopSec":
+				continue
+			}
+			line := e.Name + "=" + e.Value
+			sandbox = append(sandbox, line)
+			switch e.Name {
+			case "ProtectSystem", "ProtectHome", "NoExecPaths", "ExecPaths", "PrivateTmp", "PrivateMounts", "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups", "ProtectProc":
+			default:
+				noMounts = append(noMounts, line)
+			}
 		}
 	}
 	if len(sandbox) < 20 {

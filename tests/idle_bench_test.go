@@ -171,7 +171,7 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 		t0 := threads0[tid]
 		b.Logf("thread %s: %.2f ms/min CPU, %.0f waits/min", tid, float64(t1.cpu-t0.cpu)/1e6/at1.Sub(at0).Minutes(), float64(t1.waits-t0.waits)/at1.Sub(at0).Minutes())
 	}
-	rss := vmRSS(proc)
+	rss := statusMiB(proc, "VmRSS")
 	// What the daemon's VmRSS is made of: memory of its own (heap,
 	// stacks) and pages of its binary (page cache the kernel can take
 	// back).
@@ -276,7 +276,7 @@ func watchHelper(ctx context.Context, s *harness.Systemd, d time.Duration, first
 			continue
 		}
 		running++
-		rss := vmRSS(proc)
+		rss := statusMiB(proc, "VmRSS")
 		rssSum += rss
 		w.maxRSS = max(w.maxRSS, rss)
 	}
@@ -287,22 +287,12 @@ func watchHelper(ctx context.Context, s *harness.Systemd, d time.Duration, first
 	return w
 }
 
-// vmRSS is the VmRSS of the process whose /proc directory is proc, in MiB.
-func vmRSS(proc string) float64 {
-	return statusMiB(proc, "VmRSS")
-}
-
 // statusMiB is the field of /proc/PID/status (a size in kB) of the
-// process whose /proc directory is proc, in MiB.
+// process whose /proc directory is proc, in MiB; 0 when it cannot be read
+// (a helper that has just exited).
 func statusMiB(proc, field string) float64 {
-	status, _ := os.ReadFile(filepath.Join(proc, "status"))
-	for line := range strings.SplitSeq(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
+	kb, _ := statusKB(proc, field)
+	return float64(kb) / 1024
 }
 
 // schedstat is the CPU time of a process's threads, in ns.

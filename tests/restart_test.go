@@ -170,27 +170,32 @@ func (n *kernelNode) start() time.Time {
 
 // kill SIGKILLs the daemon: nothing of its shutdown runs.
 func (n *kernelNode) kill() {
-	if n.cmd == nil {
-		return
+	if n.cmd != nil {
+		n.end(syscall.SIGKILL)
 	}
-	n.cmd.Process.Signal(syscall.SIGKILL)
-	<-n.exited
-	n.cmd = nil
 }
 
-// stop SIGTERMs the daemon and waits for it to exit: its shutdown runs.
+// stop SIGTERMs the daemon: its shutdown runs, and it exits 0.
 func (n *kernelNode) stop() {
 	n.t.Helper()
-	n.cmd.Process.Signal(syscall.SIGTERM)
+	if code := n.end(syscall.SIGTERM); code != 0 {
+		n.t.Errorf("the daemon exited %d after SIGTERM", code)
+	}
+}
+
+// end sends sig to the daemon and waits (30 s at most) for it to exit,
+// returning its exit code (-1 after a signal).
+func (n *kernelNode) end(sig syscall.Signal) int {
+	n.t.Helper()
+	n.cmd.Process.Signal(sig)
 	select {
 	case <-n.exited:
 	case <-time.After(30 * time.Second):
-		n.t.Fatal("the daemon did not exit within 30 s of SIGTERM")
+		n.t.Fatalf("the daemon did not exit within 30 s of %v", sig)
 	}
-	if code := n.cmd.ProcessState.ExitCode(); code != 0 {
-		n.t.Errorf("the daemon exited %d after SIGTERM", code)
-	}
+	code := n.cmd.ProcessState.ExitCode()
 	n.cmd = nil
+	return code
 }
 
 // line writes a kernel log line carrying this node's token.

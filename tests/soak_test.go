@@ -12,7 +12,6 @@ package tests
 // The 24 simulated hours are internal/daemon's TestSoakSimulatedDay.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -24,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,28 +70,37 @@ func soakDuration(t *testing.T, name string, short time.Duration) time.Duration 
 // bytes.
 func procMem(t *testing.T, pid int) (rss, hwm int64) {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || (k != "VmRSS" && k != "VmHWM") {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+	proc := fmt.Sprintf("/proc/%d", pid)
+	for _, f := range []struct {
+		name string
+		to   *int64
+	}{{"VmRSS", &rss}, {"VmHWM", &hwm}} {
+		kb, err := statusKB(proc, f.name)
 		if err != nil {
-			t.Fatalf("%s: %q", k, v)
+			t.Fatal(err)
 		}
-		if k == "VmRSS" {
-			rss = kb << 10
-		} else {
-			hwm = kb << 10
-		}
+		*f.to = kb << 10
 	}
 	return rss, hwm
+}
+
+// statusKB is a field of /proc/PID/status (a size in kB) of the process
+// whose /proc directory is proc.
+func statusKB(proc, field string) (int64, error) {
+	status, err := os.ReadFile(filepath.Join(proc, "status"))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s/status: %s: %q", proc, field, v)
+			}
+			return kb, nil
+		}
+	}
+	return 0, fmt.Errorf("%s/status: no %s", proc, field)
 }
 
 // procCPU returns a process's user and system CPU time.

@@ -67,9 +67,9 @@ func (v *validator) absPaths(key string, vals []string) {
 }
 
 // globs requires absolute, clean paths whose globs (path.Match) are well
-// formed; "/" alone is refused (a scan of the whole host).
-// globs checks a list of path globs, and returns those that are absolute
-// and clean (whatever their glob syntax), for the checks that follow.
+// formed; "/" alone is refused (a scan of the whole host). It returns the
+// absolute, clean ones (whatever their glob syntax), for the checks that
+// follow.
 func (v *validator) globs(key string, vals []string) (clean []string) {
 	for _, p := range vals {
 		if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {

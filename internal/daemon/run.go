@@ -3,12 +3,12 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"github.com/syself/autopilot-health/internal/trim"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/trim"
 	"github.com/syself/autopilot-health/kmsg"
 )
 

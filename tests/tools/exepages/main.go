@@ -29,7 +29,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -120,8 +119,8 @@ func resident(pid string) error {
 		return err
 	}
 	anon := 0
-	var st, mst os.FileInfo
-	if st, err = os.Stat(exe); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(exe, &st); err != nil {
 		return err
 	}
 	pm, err := os.Open("/proc/" + pid + "/pagemap")
@@ -141,12 +140,14 @@ func resident(pid string) error {
 		if len(f) < 6 {
 			continue
 		}
-		if mst, err = os.Stat(f[5]); err != nil || !os.SameFile(st, mst) {
-			// (a path in another mount namespace does not stat here:
-			// compare the inode the line names)
-			if ino, _ := strconv.ParseUint(f[4], 10, 64); ino == 0 || ino != inode(st) {
-				continue
-			}
+		// The binary's mappings: its device and inode (the path may be
+		// one of another mount namespace).
+		maj, mnr, _ := strings.Cut(f[3], ":")
+		dmaj, err1 := strconv.ParseUint(maj, 16, 32)
+		dmnr, err2 := strconv.ParseUint(mnr, 16, 32)
+		ino, err3 := strconv.ParseUint(f[4], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil || unix.Mkdev(uint32(dmaj), uint32(dmnr)) != st.Dev || ino != st.Ino {
+			continue
 		}
 		lo, hi, _ := strings.Cut(f[0], "-")
 		a, err1 := strconv.ParseUint(lo, 16, 64)
@@ -155,18 +156,17 @@ func resident(pid string) error {
 		if err1 != nil || err2 != nil || err3 != nil || b <= a {
 			continue
 		}
-		buf := make([]byte, (b-a)/4096*8)
-		if _, err := pm.ReadAt(buf, int64(a/4096*8)); err != nil {
+		entries, err := pagemap(pm, a, b)
+		if err != nil {
 			return err
 		}
-		for i := range (b - a) / 4096 {
-			e := binary.LittleEndian.Uint64(buf[i*8:])
+		for i, e := range entries {
 			switch {
 			case e&(1<<63) == 0: // not present
 			case e&(1<<61) == 0: // present, not the file's: copied on write
 				anon++
 			default:
-				if s := find(secs, off+i*4096, true); s != nil {
+				if s := find(secs, off+uint64(i)*4096, true); s != nil {
 					s.resident++
 				}
 			}
@@ -257,11 +257,18 @@ func countFaults(bin string) error {
 	return nil
 }
 
-func inode(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Ino
+// pagemap returns the /proc/PID/pagemap entries (pm) of the pages from
+// address a to b.
+func pagemap(pm *os.File, a, b uint64) ([]uint64, error) {
+	buf := make([]byte, (b-a)/4096*8)
+	if _, err := pm.ReadAt(buf, int64(a/4096*8)); err != nil {
+		return nil, err
 	}
-	return 0
+	out := make([]uint64, len(buf)/8)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64(buf[i*8:])
+	}
+	return out, nil
 }
 
 func touch(path string) error {
@@ -300,16 +307,15 @@ func touch(path string) error {
 		for i := range 100 {
 			sum += b[(i*37+5)*4096+100]
 		}
-		addr := uintptr(unsafe.Pointer(&b[0]))
-		buf := make([]byte, size/4096*8)
-		_, err = pm.ReadAt(buf, int64(addr/4096*8))
+		addr := uint64(uintptr(unsafe.Pointer(&b[0])))
+		entries, err := pagemap(pm, addr, addr+uint64(size))
 		unix.Munmap(b)
 		if err != nil {
 			return err
 		}
 		n := 0
-		for i := 0; i < len(buf); i += 8 {
-			if binary.LittleEndian.Uint64(buf[i:])&(1<<63) != 0 {
+		for _, e := range entries {
+			if e&(1<<63) != 0 { // present
 				n++
 			}
 		}
