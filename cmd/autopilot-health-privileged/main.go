@@ -68,22 +68,54 @@ func run(args []string, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "lvm", *lvm, "version", version)
-	// What start-up touched of the binary need not stay resident, nor, a
-	// minute on, what the daemon's first requests touched (internal/trim,
-	// as the daemon does).
+	// What start-up touched of the binary need not stay resident
+	// (internal/trim, as the daemon does), nor what a burst of the daemon's
+	// requests touched, of the binary and of the heap, once it is over.
 	trimPages(log, "start-up")
-	again := time.AfterFunc(trimAgainAfter, func() { trimPages(log, "first requests") })
-	defer again.Stop()
-	if err := (&privileged.Server{Log: log, LVM: *lvm}).Serve(ctx, l); err != nil {
+	q := afterQuiet(quietFor, func() { letGo(log) })
+	defer q.stop()
+	if err := (&privileged.Server{Log: log, LVM: *lvm, Idle: q.poke}).Serve(ctx, l); err != nil {
 		log.Error("serving failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-// trimAgainAfter is when the helper lets go of its binary's pages a second
-// time: after the daemon's first pass has asked it everything once.
-const trimAgainAfter = time.Minute
+// quietFor is how long after its last connection closed the helper lets go
+// of what the requests touched (letGo). The daemon's requests come in
+// bursts: the kernel log's descriptor at its start, the NVMe, verity and
+// tamper checks every 5 minutes, the LVM report on the 2-minute grid of
+// DiskUsageHigh; the requests of one burst follow each other within
+// milliseconds.
+var quietFor = 10 * time.Second // a variable for tests
+
+// letGo lets go of the pages of the binary that a burst of requests
+// touched (internal/trim; they fault back in from the page cache at the
+// next burst). The heap is left to the runtime: returning its free memory
+// as well (debug.FreeOSMemory, before the trim) left more resident, not
+// less (README, Cost: "The privileged helper between bursts").
+func letGo(log *slog.Logger) {
+	trimPages(log, "requests")
+}
+
+// quiet runs f once d has passed since the last poke (and not before the
+// first).
+type quiet struct {
+	t *time.Timer
+	d time.Duration
+}
+
+func afterQuiet(d time.Duration, f func()) quiet {
+	t := time.AfterFunc(d, f)
+	t.Stop()
+	return quiet{t, d}
+}
+
+// poke (re)starts the wait; it never blocks.
+func (q quiet) poke() { q.t.Reset(q.d) }
+
+// stop ends the wait.
+func (q quiet) stop() { q.t.Stop() }
 
 func trimPages(log *slog.Logger, after string) {
 	if n, err := trim.StartupPages(); err != nil {

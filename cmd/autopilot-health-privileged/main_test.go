@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/privileged"
@@ -27,8 +28,11 @@ func TestNoSocketRefuses(t *testing.T) {
 	}
 }
 
-// --listen PATH serves there, mode 0600, and SIGTERM ends it with 0.
+// --listen PATH serves there, mode 0600, lets go of its pages at start and
+// after requests, and SIGTERM ends it with 0.
 func TestListenServesAndStops(t *testing.T) {
+	defer func(d time.Duration) { quietFor = d }(quietFor)
+	quietFor = 50 * time.Millisecond
 	p := filepath.Join(t.TempDir(), "helper.sock")
 	done := make(chan int, 1)
 	var logs syncBuffer
@@ -52,6 +56,12 @@ func TestListenServesAndStops(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, `msg="trimmed the pages of the binary" after=start-up`) {
 		t.Errorf("no trim at start in the log:\n%s", l)
 	}
+	// And, quietFor after the last request, of what the requests touched.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), `msg="trimmed the pages of the binary" after=requests`); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no trim after the requests in the log:\n%s", logs.String())
+		}
+	}
 	syscall.Kill(os.Getpid(), syscall.SIGTERM)
 	select {
 	case code := <-done:
@@ -65,3 +75,38 @@ func TestListenServesAndStops(t *testing.T) {
 
 // syncBuffer is a log sink safe for concurrent writes.
 type syncBuffer = testenv.Buffer
+
+// The helper lets go quietFor after the last poke: not before the first,
+// once for pokes closer together than that, and again after the next.
+func TestQuietAfterTheLastPoke(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		runs := 0
+		q := afterQuiet(10*time.Second, func() { runs++ })
+		defer q.stop()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if runs != 0 {
+			t.Fatalf("%d runs before a poke", runs)
+		}
+		q.poke()
+		time.Sleep(5 * time.Second)
+		q.poke() // a burst's next connection closed
+		time.Sleep(10*time.Second - time.Nanosecond)
+		synctest.Wait()
+		if runs != 0 {
+			t.Fatalf("ran %d times within quietFor of the last poke", runs)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		if runs != 1 {
+			t.Fatalf("%d runs quietFor after the last poke, want 1", runs)
+		}
+		time.Sleep(time.Minute)
+		q.poke()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if runs != 2 {
+			t.Fatalf("%d runs after the next burst, want 2", runs)
+		}
+	})
+}

@@ -421,3 +421,59 @@ func TestPeerNotRootIsRefused(t *testing.T) {
 		t.Errorf("root's request: %v, want the helper's answer (no such controller)", err)
 	}
 }
+
+// Idle is called each time the last open connection closes, and only then:
+// once after a request, once after two connections open together.
+func TestIdleAfterTheLastConnection(t *testing.T) {
+	idle := make(chan struct{}, 8)
+	s := &Server{Idle: func() { idle <- struct{}{} }}
+	c := serve(t, s)
+	awaitIdle := func(what string) {
+		t.Helper()
+		select {
+		case <-idle:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no Idle after %s", what)
+		}
+	}
+	if _, err := c.Identify("nvme9"); err == nil {
+		t.Fatal("Identify of a missing controller answered")
+	}
+	awaitIdle("a request")
+	a, err := net.Dial("unix", c.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := net.Dial("unix", c.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.open
+	}
+	for deadline := time.Now().Add(10 * time.Second); open() != 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open, want 2", open())
+		}
+	}
+	a.Close() // the helper reads an empty request, answers and closes
+	for deadline := time.Now().Add(10 * time.Second); open() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open after one closed, want 1", open())
+		}
+	}
+	select {
+	case <-idle:
+		t.Fatal("Idle with a connection still open")
+	default:
+	}
+	b.Close()
+	awaitIdle("the second connection closed")
+	select {
+	case <-idle:
+		t.Fatal("Idle twice")
+	default:
+	}
+}

@@ -38,10 +38,17 @@ type Server struct {
 	// MaxConcurrent bounds the requests handled at once (default 4), and
 	// 16 times it the connections open at once.
 	MaxConcurrent int
+	// Idle, when set, is called each time the last open connection closes:
+	// the daemon asks in bursts (the kernel log at its start, then its
+	// 2- and 5-minute checks), and the helper lets go between them of what
+	// a burst touched (its main). It must not block.
+	Idle func()
 
 	mu sync.Mutex
 	// served counts the requests answered, by operation (Served).
 	served map[string]int
+	// open counts the connections open.
+	open int
 }
 
 // requestTimeout bounds a request's exchange (an LVM report has its own
@@ -101,11 +108,26 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			return err
 		}
 		wg.Add(1)
+		s.mu.Lock()
+		s.open++
+		s.mu.Unlock()
 		go func() {
 			defer wg.Done()
 			defer func() { <-conns }()
+			defer s.closed()
 			s.serveConn(ctx, c, work)
 		}()
+	}
+}
+
+// closed counts a connection closed and calls Idle when it was the last.
+func (s *Server) closed() {
+	s.mu.Lock()
+	s.open--
+	idle := s.open == 0
+	s.mu.Unlock()
+	if idle && s.Idle != nil {
+		s.Idle()
 	}
 }
 
