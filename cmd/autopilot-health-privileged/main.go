@@ -70,11 +70,13 @@ func run(args []string, stderr io.Writer) int {
 	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "lvm", *lvm, "version", version)
 	// What start-up touched of the binary need not stay resident
 	// (internal/trim, as the daemon does), nor what a burst of the daemon's
-	// requests touched, of the binary and of the heap, once it is over.
+	// requests touched, once it is over.
 	trimPages(log, "start-up")
-	q := afterQuiet(quietFor, func() { letGo(log) })
+	srv := &privileged.Server{Log: log, LVM: *lvm}
+	q := afterQuiet(quietFor, func() { letGo(log, srv.Open) })
 	defer q.stop()
-	if err := (&privileged.Server{Log: log, LVM: *lvm, Idle: q.poke}).Serve(ctx, l); err != nil {
+	srv.Idle = q.poke
+	if err := srv.Serve(ctx, l); err != nil {
 		log.Error("serving failed", "err", err)
 		return 1
 	}
@@ -91,10 +93,17 @@ var quietFor = 10 * time.Second // a variable for tests
 
 // letGo lets go of the pages of the binary that a burst of requests
 // touched (internal/trim; they fault back in from the page cache at the
-// next burst). The heap is left to the runtime: returning its free memory
-// as well (debug.FreeOSMemory, before the trim) left more resident, not
-// less (README, Cost: "The privileged helper between bursts").
-func letGo(log *slog.Logger) {
+// next burst), unless a connection is open: a request that outlasts
+// quietFor (a slow LVM report, a large scan) after another one closed is
+// still the burst, and its close starts the wait again. The heap is left to
+// the runtime: returning its free memory as well (debug.FreeOSMemory)
+// left more resident, not less (README, Cost: "The privileged helper
+// between bursts").
+func letGo(log *slog.Logger, open func() int) {
+	if n := open(); n > 0 {
+		log.Debug("not trimming the pages of the binary: a connection is open", "open", n)
+		return
+	}
 	trimPages(log, "requests")
 }
 

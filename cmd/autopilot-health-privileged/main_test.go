@@ -4,9 +4,11 @@ import (
 	"errors"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -80,33 +82,49 @@ type syncBuffer = testenv.Buffer
 // once for pokes closer together than that, and again after the next.
 func TestQuietAfterTheLastPoke(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		runs := 0
-		q := afterQuiet(10*time.Second, func() { runs++ })
+		var n atomic.Int32
+		runs := func() int { return int(n.Load()) }
+		q := afterQuiet(10*time.Second, func() { n.Add(1) })
 		defer q.stop()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		if runs != 0 {
-			t.Fatalf("%d runs before a poke", runs)
+		if runs() != 0 {
+			t.Fatalf("%d runs before a poke", runs())
 		}
 		q.poke()
 		time.Sleep(5 * time.Second)
 		q.poke() // a burst's next connection closed
 		time.Sleep(10*time.Second - time.Nanosecond)
 		synctest.Wait()
-		if runs != 0 {
-			t.Fatalf("ran %d times within quietFor of the last poke", runs)
+		if runs() != 0 {
+			t.Fatalf("ran %d times within quietFor of the last poke", runs())
 		}
 		time.Sleep(time.Nanosecond)
 		synctest.Wait()
-		if runs != 1 {
-			t.Fatalf("%d runs quietFor after the last poke, want 1", runs)
+		if runs() != 1 {
+			t.Fatalf("%d runs quietFor after the last poke, want 1", runs())
 		}
 		time.Sleep(time.Minute)
 		q.poke()
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
-		if runs != 2 {
-			t.Fatalf("%d runs after the next burst, want 2", runs)
+		if runs() != 2 {
+			t.Fatalf("%d runs after the next burst, want 2", runs())
 		}
 	})
+}
+
+// A request still open when the wait ends (one that outlasted quietFor
+// after another closed) is still the burst: no trim until it closes.
+func TestNoTrimWithAConnectionOpen(t *testing.T) {
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	letGo(log, func() int { return 1 })
+	if l := logs.String(); strings.Contains(l, "trimmed") || !strings.Contains(l, `msg="not trimming the pages of the binary: a connection is open" open=1`) {
+		t.Errorf("with a connection open:\n%s", l)
+	}
+	letGo(log, func() int { return 0 })
+	if l := logs.String(); !strings.Contains(l, `msg="trimmed the pages of the binary" after=requests`) {
+		t.Errorf("with none open:\n%s", l)
+	}
 }

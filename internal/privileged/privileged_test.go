@@ -78,13 +78,15 @@ func TestKmsgDescriptorIsPassed(t *testing.T) {
 	if n, err := unix.Read(fd, buf); err != nil || !strings.Contains(string(buf[:n]), "a line") {
 		t.Errorf("read %q, %v", buf[:n], err)
 	}
-	// A kernel log the helper cannot open: the error, with its errno.
-	s.KmsgPath = filepath.Join(t.TempDir(), "missing")
-	if _, err := c.OpenKmsg(); !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "missing") {
+	// A kernel log the helper cannot open: the error, with its errno. (A
+	// server of its own: the first one's handler may still be reading its
+	// fields after it answered.)
+	s2 := &Server{KmsgPath: filepath.Join(t.TempDir(), "missing")}
+	if _, err := serve(t, s2).OpenKmsg(); !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("OpenKmsg of a missing file: %v", err)
 	}
-	if s.Served(OpKmsg) != 2 {
-		t.Errorf("served %d kmsg requests, want 2", s.Served(OpKmsg))
+	if s.Served(OpKmsg) != 1 || s2.Served(OpKmsg) != 1 {
+		t.Errorf("served %d and %d kmsg requests, want 1 each", s.Served(OpKmsg), s2.Served(OpKmsg))
 	}
 }
 
@@ -423,57 +425,58 @@ func TestPeerNotRootIsRefused(t *testing.T) {
 }
 
 // Idle is called each time the last open connection closes, and only then:
-// once after a request, once after two connections open together.
+// once after a request, once after two connections open together, never
+// with a connection open.
 func TestIdleAfterTheLastConnection(t *testing.T) {
-	idle := make(chan struct{}, 8)
-	s := &Server{Idle: func() { idle <- struct{}{} }}
+	idle := make(chan int, 8) // the connections open at each call
+	s := &Server{}
+	s.Idle = func() { idle <- s.Open() }
 	c := serve(t, s)
 	awaitIdle := func(what string) {
 		t.Helper()
 		select {
-		case <-idle:
+		case n := <-idle:
+			if n != 0 {
+				t.Fatalf("Idle after %s with %d connections open", what, n)
+			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no Idle after %s", what)
+		}
+	}
+	noIdle := func(what string) {
+		t.Helper()
+		select {
+		case n := <-idle:
+			t.Fatalf("Idle %s (%d connections open)", what, n)
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	if _, err := c.Identify("nvme9"); err == nil {
 		t.Fatal("Identify of a missing controller answered")
 	}
 	awaitIdle("a request")
-	a, err := net.Dial("unix", c.Path)
-	if err != nil {
-		t.Fatal(err)
+	var conns [2]net.Conn
+	for i := range conns {
+		conn, err := net.Dial("unix", c.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conns[i] = conn
 	}
-	b, err := net.Dial("unix", c.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	open := func() int {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.open
-	}
-	for deadline := time.Now().Add(10 * time.Second); open() != 2; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); s.Open() != 2; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections open, want 2", open())
+			t.Fatalf("%d connections open, want 2", s.Open())
 		}
 	}
-	a.Close() // the helper reads an empty request, answers and closes
-	for deadline := time.Now().Add(10 * time.Second); open() != 1; time.Sleep(time.Millisecond) {
+	conns[0].Close() // the helper reads an empty request, answers and closes
+	for deadline := time.Now().Add(10 * time.Second); s.Open() != 1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections open after one closed, want 1", open())
+			t.Fatalf("%d connections open after one closed, want 1", s.Open())
 		}
 	}
-	select {
-	case <-idle:
-		t.Fatal("Idle with a connection still open")
-	default:
-	}
-	b.Close()
+	noIdle("with a connection still open")
+	conns[1].Close()
 	awaitIdle("the second connection closed")
-	select {
-	case <-idle:
-		t.Fatal("Idle twice")
-	default:
-	}
+	noIdle("twice")
 }

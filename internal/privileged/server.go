@@ -131,6 +131,13 @@ func (s *Server) closed() {
 	}
 }
 
+// Open returns how many connections are open.
+func (s *Server) Open() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.open
+}
+
 // Served returns how many requests of op were answered.
 func (s *Server) Served(op string) int {
 	s.mu.Lock()

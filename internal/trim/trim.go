@@ -1,5 +1,6 @@
 // Package trim lets go of the pages of a process's own binary that its
-// start-up touched (the daemon's and its privileged helper's).
+// start-up touched (the daemon's and its privileged helper's), and that a
+// burst of requests touched (the helper's, after each).
 package trim
 
 import (
@@ -16,7 +17,8 @@ import (
 
 // StartupPages tells the kernel that the pages of the daemon's own
 // binary that start-up touched (package initialisation, configuration, the
-// first run of every check) need not stay mapped: madvise(MADV_DONTNEED) on
+// first run of every check), or whatever else since the last call, need
+// not stay mapped: madvise(MADV_DONTNEED) on
 // the executable's read-only mappings (code, read-only data) after the first
 // pass. They are clean copies of the file, so nothing is lost: a page the
 // daemon uses again faults back in from the page cache (a minor fault), the

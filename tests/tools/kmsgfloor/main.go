@@ -5,10 +5,11 @@
 //
 //	kmsgfloor [-n N] MODE
 //
-// reads N records (default 2,000) written after it starts, one GOMAXPROCS,
-// and prints the CPU of all its threads (schedstat) from the first record
-// to the last, per record, and how often its threads were switched in. Write
-// the records with the harness, paced:
+// reads N records (default 2,000, at least 2) written after it starts, one
+// GOMAXPROCS, and prints the CPU of all its threads (schedstat) from the
+// first record to the last, per record, and how often its threads were
+// switched in. It reads /dev/kmsg (CAP_SYSLOG, or root) from its end: start
+// it first, then write at least N records with the harness, paced:
 //
 //	kmsgflood -n 2000 -rate 100 -match-file match.txt -no-ring-info -o /dev/null
 //
@@ -42,14 +43,14 @@ import (
 )
 
 func main() {
-	n := flag.Int("n", 2000, "records to read")
+	n := flag.Int("n", 2000, "records to read (at least 2)")
 	flag.Parse()
-	if flag.NArg() != 1 {
+	if flag.NArg() != 1 || *n < 2 {
 		fmt.Fprintln(os.Stderr, "usage: kmsgfloor [-n N] block|poll|epoll")
 		os.Exit(2)
 	}
 	runtime.GOMAXPROCS(1)
-	var next func([]byte) int
+	var next func([]byte) (int, error)
 	var err error
 	switch flag.Arg(0) {
 	case "block":
@@ -69,11 +70,15 @@ func main() {
 	matched := 0
 	var cpu0, sw0 int64
 	for i := 0; i < *n; i++ {
-		r := next(b)
+		r, err := next(b)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kmsgfloor:", err)
+			os.Exit(1)
+		}
 		if i == 0 {
 			cpu0, sw0 = schedstat()
 		}
-		if r > 0 && bytes.Contains(b[:r], []byte("Buffer I/O error")) {
+		if bytes.Contains(b[:r], []byte("Buffer I/O error")) {
 			matched++
 		}
 	}
@@ -112,13 +117,17 @@ func open(flags int) (int, error) {
 	return fd, err
 }
 
-func blocking() (func([]byte) int, error) {
+// retry says whether a read's error is one to read again after: EINTR, and
+// EPIPE, which the kernel log returns once after its reader was overrun.
+func retry(e error) bool { return e == syscall.EINTR || e == syscall.EPIPE }
+
+func blocking() (func([]byte) (int, error), error) {
 	fd, err := open(0)
-	return func(b []byte) int {
+	return func(b []byte) (int, error) {
 		for {
 			r, err := syscall.Read(fd, b)
-			if err == nil || err != syscall.EINTR && err != syscall.EPIPE {
-				return r
+			if err == nil || !retry(err) {
+				return r, err
 			}
 		}
 	}, err
@@ -129,24 +138,28 @@ func rawRead(fd uintptr, b []byte) (int, syscall.Errno) {
 	return int(r), e
 }
 
-func polled() (func([]byte) int, error) {
+func polled() (func([]byte) (int, error), error) {
 	fd, err := open(unix.O_NONBLOCK)
 	if err != nil {
 		return nil, err
 	}
 	rc, err := os.NewFile(uintptr(fd), "/dev/kmsg").SyscallConn()
-	return func(b []byte) int {
+	return func(b []byte) (int, error) {
 		var r int
-		rc.Read(func(fd uintptr) bool {
-			n, e := rawRead(fd, b)
-			r = n
-			return e != syscall.EAGAIN && e != syscall.EINTR
+		var e syscall.Errno
+		err := rc.Read(func(fd uintptr) bool {
+			for r, e = rawRead(fd, b); retry(e); r, e = rawRead(fd, b) {
+			}
+			return e != syscall.EAGAIN
 		})
-		return r
+		if err == nil && e != 0 {
+			err = e
+		}
+		return r, err
 	}, err
 }
 
-func ownEpoll() (func([]byte) int, error) {
+func ownEpoll() (func([]byte) (int, error), error) {
 	fd, err := open(unix.O_NONBLOCK)
 	if err != nil {
 		return nil, err
@@ -172,16 +185,25 @@ func ownEpoll() (func([]byte) int, error) {
 		return int(n) > 0
 	}
 	armed := true
-	return func(b []byte) int {
+	return func(b []byte) (int, error) {
 		for {
 			r, e := rawRead(uintptr(fd), b)
-			if e != syscall.EAGAIN && e != syscall.EINTR {
-				return r
+			switch {
+			case e == 0:
+				return r, nil
+			case retry(e):
+				continue
+			case e != syscall.EAGAIN:
+				return 0, e
 			}
 			if !armed {
-				syscall.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), unix.EPOLL_CTL_MOD, uintptr(fd), uintptr(unsafe.Pointer(&arm)), 0, 0)
+				if _, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), unix.EPOLL_CTL_MOD, uintptr(fd), uintptr(unsafe.Pointer(&arm)), 0, 0); e != 0 {
+					return 0, e
+				}
 			}
-			rc.Read(harvest)
+			if err := rc.Read(harvest); err != nil {
+				return 0, err
+			}
 			armed = false
 		}
 	}, nil
