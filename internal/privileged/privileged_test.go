@@ -451,6 +451,14 @@ func TestIdleAfterTheLastConnection(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	awaitOpen := func(want int, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); s.Open() != want; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections open after %s, want %d", s.Open(), what, want)
+			}
+		}
+	}
 	if _, err := c.Identify("nvme9"); err == nil {
 		t.Fatal("Identify of a missing controller answered")
 	}
@@ -464,17 +472,9 @@ func TestIdleAfterTheLastConnection(t *testing.T) {
 		t.Cleanup(func() { conn.Close() })
 		conns[i] = conn
 	}
-	for deadline := time.Now().Add(10 * time.Second); s.Open() != 2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections open, want 2", s.Open())
-		}
-	}
+	awaitOpen(2, "two dialed")
 	conns[0].Close() // the helper reads an empty request, answers and closes
-	for deadline := time.Now().Add(10 * time.Second); s.Open() != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections open after one closed, want 1", s.Open())
-		}
-	}
+	awaitOpen(1, "one of them closed")
 	noIdle("with a connection still open")
 	conns[1].Close()
 	awaitIdle("the second connection closed")
