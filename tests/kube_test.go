@@ -396,7 +396,7 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 // The real API server resumes the node's TLS session on a new connection
 // (the annotation writes each open one: the API server closes a connection
 // idle for 90 s), and a resumed connection still writes as the node, only
-// to its own Node (NodeRestriction).
+// to its own Node (NodeRestriction), over HTTP/1.1.
 func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	s := apiServer(t)
 	registerNode(t, s, "node-resume")
@@ -421,6 +421,11 @@ func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	full, resumed := kube.TLSHandshakes()
 	if full-full0 != 1 || resumed-resumed0 != 2 {
 		t.Errorf("three connections: %d full and %d resumed TLS handshakes, want 1 and 2", full-full0, resumed-resumed0)
+	}
+	// The API server offers HTTP/2; the daemon asks for HTTP/1.1 only
+	// (README: "HTTP/1.1 to the API server").
+	if p := kube.APIProtocol(); p != "http/1.1" {
+		t.Errorf("the API server's connection speaks %q, want http/1.1", p)
 	}
 	n, err := s.Admin.CoreV1().Nodes().Get(ctx, "node-resume", metav1.GetOptions{})
 	if err != nil {

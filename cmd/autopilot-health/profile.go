@@ -9,9 +9,31 @@ import (
 )
 
 // A binary built with -tags profile writes a CPU profile of `run` to the file
-// named by AUTOPILOT_HEALTH_CPUPROFILE, from start to a clean stop (SIGTERM).
-// The shipped binary has no such code: see README, Cost.
+// named by AUTOPILOT_HEALTH_CPUPROFILE, from start to a clean stop (SIGTERM),
+// and a profile of the heap live at that stop, every allocation sampled, to
+// the file named by AUTOPILOT_HEALTH_HEAPPROFILE. The shipped binary has no
+// such code: see README, Cost.
 func init() {
+	var stops []func()
+	stopProfile = func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
+	if path := os.Getenv("AUTOPILOT_HEALTH_HEAPPROFILE"); path != "" {
+		runtime.MemProfileRate = 1
+		stops = append(stops, func() {
+			f, err := os.Create(path)
+			if err != nil {
+				panic(err)
+			}
+			runtime.GC()
+			if err := pprof.WriteHeapProfile(f); err != nil {
+				panic(err)
+			}
+			f.Close()
+		})
+	}
 	path := os.Getenv("AUTOPILOT_HEALTH_CPUPROFILE")
 	if path == "" {
 		return
@@ -26,5 +48,5 @@ func init() {
 	if err := pprof.StartCPUProfile(f); err != nil {
 		panic(err)
 	}
-	stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+	stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
 }

@@ -331,6 +331,33 @@ var fullHandshakes, resumedHandshakes atomic.Int64
 // with the API server: in full, and resumed from a session ticket.
 func TLSHandshakes() (full, resumed int64) { return fullHandshakes.Load(), resumedHandshakes.Load() }
 
+// lastProtocol is the application protocol the API server agreed to in the
+// last TLS handshake (ALPN; APIProtocol).
+var lastProtocol atomic.Pointer[string]
+
+// APIProtocol returns the protocol of the daemon's last new connection to
+// the API server, as its TLS handshake agreed it ("http/1.1", "h2"; "" for
+// none agreed, which is HTTP/1.1 too, or before the first connection).
+func APIProtocol() string {
+	if p := lastProtocol.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// apiProtocols is what the daemon offers the API server: HTTP/1.1 only.
+// The daemon's writes are a few small requests minutes apart, on a
+// connection closed after each periodic write (closeIdle), so HTTP/2's
+// multiplexing saves little: writes that overlap (a heartbeat and the
+// report annotations on the same 10 s step) each open a connection,
+// resuming the TLS session (resumeSessions). What HTTP/2 costs is memory
+// and wake-ups: its connection runs a read loop that grows its stack and
+// touches more of the binary, and client-go's health check pings a kept
+// connection every 30 s. README's "HTTP/1.1 to the API server" has the
+// figures. apimachinery configures HTTP/2 only where h2 is offered; a
+// kubeconfig cannot offer it (client-go reads no ALPN from one).
+var apiProtocols = []string{"http/1.1"}
+
 // resumeSessions lets the API server's connections resume the TLS session
 // of an earlier one. The API server closes a connection idle for 90 s and
 // the report annotations are written every 2 minutes, so most writes open
@@ -363,6 +390,8 @@ func resumeSessions(rt http.RoundTripper) http.RoundTripper {
 	}
 	verify := tc.VerifyConnection
 	tc.VerifyConnection = func(cs tls.ConnectionState) error {
+		p := cs.NegotiatedProtocol
+		lastProtocol.Store(&p)
 		if cs.DidResume {
 			resumedHandshakes.Add(1)
 		} else {
@@ -385,14 +414,17 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 		// rotates, and a resumed session would go on presenting the old one.
 		cfg.WrapTransport = transport.Wrappers(resumeSessions, cfg.WrapTransport)
 	}
+	if len(cfg.TLSClientConfig.NextProtos) == 0 {
+		cfg.TLSClientConfig.NextProtos = append([]string(nil), apiProtocols...)
+	}
 	cfg.GroupVersion = &coreV1
 	cfg.APIPath = "/api"
 	cfg.ContentType = runtime.ContentTypeJSON
 	cfg.AcceptContentTypes = runtime.ContentTypeJSON
 	cfg.NegotiatedSerializer = statusCodecs.WithoutConversion()
 	if cfg.Dial == nil && cfg.Transport == nil {
-		// Raw reads and writes (rawsys): the reports and the HTTP/2 pings
-		// on the kept connection do not wake the runtime's monitor thread.
+		// Raw reads and writes (rawsys): the reports on the kept
+		// connection do not wake the runtime's monitor thread.
 		// The dialer's settings are client-go's own when Dial is nil
 		// (k8s.io/client-go/transport's cache.go).
 		cfg.Dial = apiDial

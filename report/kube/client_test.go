@@ -62,9 +62,9 @@ func writeCert(t testing.TB, certFile, keyFile, cn string) {
 	}
 }
 
-// nodeServer serves Node n1 over HTTP/2 and TLS, asking for a client
-// certificate as the API server does; seen gets each request that came with
-// one. It counts the connections closed.
+// nodeServer serves Node n1 over TLS, offering HTTP/2 and HTTP/1.1 and
+// asking for a client certificate as the API server does; seen gets each
+// request that came with one. It counts the connections closed.
 func nodeServer(t *testing.T, seen func(*http.Request)) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -75,7 +75,8 @@ func nodeServer(t *testing.T, seen func(*http.Request)) (*httptest.Server, *atom
 		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
 	}))
 	srv.EnableHTTP2 = true
-	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	// Both protocols, as the API server offers them.
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert, NextProtos: []string{"h2", "http/1.1"}}
 	closed := new(atomic.Int32)
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateClosed {
@@ -113,8 +114,9 @@ current-context: x
 // one closed); the same pair written again changes nothing; a file that
 // does not hold a valid pair (half written, gone) leaves the last one in
 // use, logged once per change. No work queue of client-go's runs: its
-// heartbeat woke the daemon every 10 s. Over HTTP/2, as the API server
-// speaks; with the certificate and key in two files, and in one.
+// heartbeat woke the daemon every 10 s. Over HTTP/1.1, as the daemon
+// speaks to a server that offers both; with the certificate and key in two
+// files, and in one.
 func TestClientReloadsItsCertificateFiles(t *testing.T) {
 	for _, oneFile := range []bool{false, true} {
 		t.Run(fmt.Sprintf("one file %v", oneFile), func(t *testing.T) { testClientReloads(t, oneFile) })
@@ -191,7 +193,7 @@ func testClientReloads(t *testing.T, oneFile bool) {
 	mu.Lock()
 	got := strings.Join(seen, " ")
 	mu.Unlock()
-	if want := "first/2 first/2 second/2 second/2 second/2 second/2 second/2 second/2"; got != want {
+	if want := "first/1 first/1 second/1 second/1 second/1 second/1 second/1 second/1"; got != want {
 		t.Errorf("the server saw %q, want %q", got, want)
 	}
 	if n := strings.Count(logs.String(), "client certificate reloaded"); n != 1 {
@@ -236,6 +238,48 @@ current-context: x
 	}
 	if got := CredentialsUser(filepath.Join(dir, "no-such.conf")); got != "" {
 		t.Errorf("no kubeconfig: %q", got)
+	}
+}
+
+// The daemon speaks HTTP/1.1 to an API server that offers HTTP/2 too
+// (apiProtocols), and writes that overlap each get an answer.
+func TestClientSpeaksHTTP1(t *testing.T) {
+	var mu sync.Mutex
+	var protos []string
+	srv, _ := nodeServer(t, func(r *http.Request) {
+		mu.Lock()
+		protos = append(protos, r.Proto)
+		mu.Unlock()
+	})
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "client.pem")
+	writeCert(t, cert, cert, "n1")
+	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for range 3 {
+		wg.Go(func() {
+			_, err := c.GetNode(context.Background(), "n1")
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(protos) != "[HTTP/1.1 HTTP/1.1 HTTP/1.1]" {
+		t.Errorf("the server saw requests in %v, want three in HTTP/1.1", protos)
+	}
+	if p := APIProtocol(); p != "http/1.1" {
+		t.Errorf("APIProtocol() = %q, want http/1.1", p)
 	}
 }
 

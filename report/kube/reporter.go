@@ -557,9 +557,10 @@ type idleCloser interface{ CloseIdle() }
 // closeIdle closes the client's idle connections after a periodic write
 // (the report annotations, a heartbeat), whose loop writes next minutes
 // later. The API server would close the connection after 90 s idle all the
-// same, and until then the client's HTTP/2 health check pings it every 30
-// s: three wake-ups of the daemon, off the grid, for a connection no write
-// uses. Closed within the write's own wake-up, it costs none; the next
+// same, and its close would wake the daemon off the grid for a connection no
+// write uses (over HTTP/2, client-go's health check would also ping it every
+// 30 s; the daemon speaks HTTP/1.1, apiProtocols). Closed within the write's
+// own wake-up, it costs none; the next
 // write opens a new one, resuming the TLS session (resumeSessions).
 //
 // Not while changes are being written: a connection that carried the write
