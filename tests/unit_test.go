@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -375,6 +376,11 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if m := sandboxInEffect(s, mainPID); len(m) > 0 {
 		t.Errorf("the unit's sandbox is not in effect on the daemon: missing %s", strings.Join(m, ", "))
 	}
+	// Fault-around off for its binary's code (internal/trim), the
+	// system call filter notwithstanding.
+	if err := faultAroundOff(s, mainPID, "/bin/autopilot-health"); err != nil {
+		t.Errorf("the daemon: %v", err)
+	}
 	if dir, _, err := hostStatus(s, mainPID); err != nil {
 		t.Error(err)
 	} else {
@@ -400,6 +406,9 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	}
 	if m := sandboxInEffect(s, helperPID); len(m) > 0 {
 		t.Errorf("the helper's sandbox is not in effect: missing %s", strings.Join(m, ", "))
+	}
+	if err := faultAroundOff(s, helperPID, "/autopilot-health-privileged"); err != nil {
+		t.Errorf("the helper: %v", err)
 	}
 	if dir, _, err := hostStatus(s, helperPID); err != nil {
 		t.Error(err)
@@ -819,6 +828,42 @@ func capBounding(s *harness.Systemd, nsPID uint32) (uint64, error) {
 // sandboxInEffect says what of the unit's sandbox the kernel does not show
 // on the running daemon: no new privileges, a seccomp filter, and its own
 // /proc with other processes hidden (ProtectProc=invisible).
+// faultAroundOff checks that the read-only mappings of the process's binary
+// (its path ending in exe) are registered with a userfaultfd for write
+// protection ("uw" in VmFlags), which turns fault-around off for them
+// (trim.NoFaultAround).
+func faultAroundOff(s *harness.Systemd, nsPID uint32, exe string) error {
+	dir, _, err := hostStatus(s, nsPID)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "smaps"))
+	if err != nil {
+		return err
+	}
+	var seen, off int
+	var cur []string
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 6 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
+			cur = f
+		case len(f) > 0 && f[0] == "VmFlags:" && cur != nil:
+			if strings.HasSuffix(cur[5], exe) && (cur[1] == "r-xp" || cur[1] == "r--p") {
+				seen++
+				if slices.Contains(f[1:], "uw") {
+					off++
+				}
+			}
+			cur = nil
+		}
+	}
+	if seen == 0 || off != seen {
+		return fmt.Errorf("fault-around is on: %d of the %d read-only mappings of %s are registered for write protection (VmFlags uw)", off, seen, exe)
+	}
+	return nil
+}
+
 func sandboxInEffect(s *harness.Systemd, nsPID uint32) []string {
 	dir, status, err := hostStatus(s, nsPID)
 	if err != nil {

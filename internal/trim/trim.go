@@ -32,19 +32,39 @@ func StartupPages() (int, error) {
 
 // Mappings trims the read-only mappings of exeLink listed in smapsPath.
 func Mappings(exeLink, smapsPath string) (int, error) {
-	exe, err := os.Readlink(exeLink)
+	cands, err := readOnly(exeLink, smapsPath)
 	if err != nil {
 		return 0, err
 	}
+	total := 0
+	for _, m := range cands {
+		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), unix.MADV_DONTNEED); errno != 0 {
+			return total, errno
+		}
+		total += int(m.end - m.start)
+	}
+	return total, nil
+}
+
+// mapping is an address range of the process.
+type mapping struct{ start, end uint64 }
+
+// readOnly returns the read-only mappings of exeLink's file (code,
+// read-only data) listed in smapsPath, those without anonymous pages; none
+// unless the file is an ELF executable of type EXEC.
+func readOnly(exeLink, smapsPath string) ([]mapping, error) {
+	exe, err := os.Readlink(exeLink)
+	if err != nil {
+		return nil, err
+	}
 	if ok, err := IsExecELF(exeLink); err != nil || !ok {
-		return 0, err
+		return nil, err
 	}
 	f, err := os.Open(smapsPath)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer f.Close()
-	type mapping struct{ start, end uint64 }
 	var cands []mapping
 	var cur *mapping
 	sc := bufio.NewScanner(f)
@@ -79,17 +99,7 @@ func Mappings(exeLink, smapsPath string) (int, error) {
 			cur = nil
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	total := 0
-	for _, m := range cands {
-		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(m.start), uintptr(m.end-m.start), unix.MADV_DONTNEED); errno != 0 {
-			return total, errno
-		}
-		total += int(m.end - m.start)
-	}
-	return total, nil
+	return cands, sc.Err()
 }
 
 // IsExecELF reports whether the file is a little-endian ELF executable of
