@@ -410,6 +410,12 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if err := faultAroundOff(s, helperPID, "/autopilot-health-privileged"); err != nil {
 		t.Errorf("the helper: %v", err)
 	}
+	// And both say so in their first lines, for an operator.
+	for _, unit := range []string{"autopilot-health.service", "autopilot-health-privileged.service"} {
+		if j := s.Journal(unit); !strings.Contains(j, "fault_around=off") {
+			t.Errorf("%s's journal does not say fault_around=off:\n%s", unit, lastBytes(j, 4000))
+		}
+	}
 	if dir, _, err := hostStatus(s, helperPID); err != nil {
 		t.Error(err)
 	} else if a, b := nsLink(dir, "net"), nsLink(fmt.Sprintf("/proc/%d", s.PID), "net"); a == "" || a == b {
@@ -653,11 +659,10 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if u, _ := s.Bus.Unit(ctx, "autopilot-health.service"); u.Result != "success" || u.ActiveState != "inactive" {
 		t.Errorf("after stop: %+v", u)
 	}
-	// The helper's units are PartOf= the daemon's: stopped with it.
+	// The helper's units are PartOf= the daemon's: stopped with it (their
+	// stop jobs may still be queued when the daemon's ends).
 	for _, name := range []string{"autopilot-health-privileged.service", "autopilot-health-privileged.socket"} {
-		if u, err := s.Bus.Unit(ctx, name); err != nil || u.ActiveState != "inactive" {
-			t.Errorf("%s after the daemon's stop: %+v %v", name, u, err)
-		}
+		waitUnit(t, s, name, "the daemon's stop to stop "+name, func(u systemd.Unit) bool { return u.ActiveState == "inactive" })
 	}
 	if state, err = readState(); err != nil || state.SavedAt.Before(stopAt.Add(-time.Second)) {
 		t.Errorf("state not saved on stop: saved at %s, stop at %s (%v)", state.SavedAt, stopAt, err)
@@ -825,9 +830,6 @@ func capBounding(s *harness.Systemd, nsPID uint32) (uint64, error) {
 	return 0, fmt.Errorf("no CapBnd in the status of PID %d", nsPID)
 }
 
-// sandboxInEffect says what of the unit's sandbox the kernel does not show
-// on the running daemon: no new privileges, a seccomp filter, and its own
-// /proc with other processes hidden (ProtectProc=invisible).
 // faultAroundOff checks that the read-only mappings of the process's binary
 // (its path ending in exe) are registered with a userfaultfd for write
 // protection ("uw" in VmFlags), which turns fault-around off for them
@@ -864,6 +866,9 @@ func faultAroundOff(s *harness.Systemd, nsPID uint32, exe string) error {
 	return nil
 }
 
+// sandboxInEffect says what of the unit's sandbox the kernel does not show
+// on the running daemon: no new privileges, a seccomp filter, and its own
+// /proc with other processes hidden (ProtectProc=invisible).
 func sandboxInEffect(s *harness.Systemd, nsPID uint32) []string {
 	dir, status, err := hostStatus(s, nsPID)
 	if err != nil {

@@ -67,16 +67,16 @@ func run(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "lvm", *lvm, "version", version)
 	// What start-up touched of the binary need not stay resident
 	// (internal/trim, as the daemon does), nor what a burst of the daemon's
 	// requests touched, once it is over; and what faults back in is the
 	// pages read, not the 64 KiB around each (fault-around off).
-	if n, err := trim.NoFaultAround(); err != nil {
+	faultAround := "off"
+	if _, err := trim.NoFaultAround(); err != nil {
+		faultAround = "on"
 		log.Debug("fault-around stays on for the binary's pages", "err", err)
-	} else {
-		log.Debug("fault-around off for the binary's pages", "registered_bytes", n)
 	}
+	log.Info("serving the daemon's privileged requests", "socket", l.Addr().String(), "lvm", *lvm, "version", version, "fault_around", faultAround)
 	trimPages(log, "start-up")
 	srv := &privileged.Server{Log: log, LVM: *lvm}
 	q := afterQuiet(quietFor, func() { letGo(log, srv.Open) })

@@ -10,9 +10,12 @@ import (
 
 // A binary built with -tags profile writes a CPU profile of `run` to the file
 // named by AUTOPILOT_HEALTH_CPUPROFILE, from start to a clean stop (SIGTERM),
-// and a profile of the heap live at that stop, every allocation sampled, to
-// the file named by AUTOPILOT_HEALTH_HEAPPROFILE. The shipped binary has no
-// such code: see README, Cost.
+// and a profile of the heap live at that stop to the file named by
+// AUTOPILOT_HEALTH_HEAPPROFILE. The heap profile samples as the runtime does
+// (one allocation in 512 KiB); GODEBUG=memprofilerate=1 samples every
+// allocation, from the runtime's start (setting runtime.MemProfileRate here
+// would miss what the packages' initialisation allocated, and scale it
+// wrongly). The shipped binary has no such code: see README, Cost.
 func init() {
 	var stops []func()
 	stopProfile = func() {
@@ -20,33 +23,31 @@ func init() {
 			stop()
 		}
 	}
+	if path := os.Getenv("AUTOPILOT_HEALTH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			panic(err)
+		}
+		// 1 kHz, not pprof's 100 Hz: an idle daemon runs for a few ms a
+		// minute. (StartCPUProfile then warns that the rate is already set.)
+		runtime.SetCPUProfileRate(1000)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			panic(err)
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
 	if path := os.Getenv("AUTOPILOT_HEALTH_HEAPPROFILE"); path != "" {
-		runtime.MemProfileRate = 1
+		// After the CPU profile's stop: a failure here loses only this one.
 		stops = append(stops, func() {
 			f, err := os.Create(path)
 			if err != nil {
 				panic(err)
 			}
+			defer f.Close()
 			runtime.GC()
 			if err := pprof.WriteHeapProfile(f); err != nil {
 				panic(err)
 			}
-			f.Close()
 		})
 	}
-	path := os.Getenv("AUTOPILOT_HEALTH_CPUPROFILE")
-	if path == "" {
-		return
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		panic(err)
-	}
-	// 1 kHz, not pprof's 100 Hz: an idle daemon runs for a few ms a minute.
-	// (StartCPUProfile then warns that the rate is already set.)
-	runtime.SetCPUProfileRate(1000)
-	if err := pprof.StartCPUProfile(f); err != nil {
-		panic(err)
-	}
-	stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
 }

@@ -48,17 +48,17 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// A page fault in the binary's code maps that page, not the 64 KiB
 	// around it (internal/trim): the idle daemon's resident set is what
 	// it reads of its binary.
-	if n, err := trim.NoFaultAround(); err != nil {
+	faultAround := "off"
+	if _, err := trim.NoFaultAround(); err != nil {
+		faultAround = "on"
 		log.Debug("fault-around stays on for the binary's pages", "err", err)
-	} else {
-		log.Debug("fault-around off for the binary's pages", "registered_bytes", n)
 	}
 	// client-go logs through klog: route it into the same handler.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 	if fromFile {
-		log.Info("starting", "version", Version(), "config", *cfgPath, "gomaxprocs", procs)
+		log.Info("starting", "version", Version(), "config", *cfgPath, "gomaxprocs", procs, "fault_around", faultAround)
 	} else {
-		log.Info("starting", "version", Version(), "config", "(embedded defaults; "+*cfgPath+" absent)", "gomaxprocs", procs)
+		log.Info("starting", "version", Version(), "config", "(embedded defaults; "+*cfgPath+" absent)", "gomaxprocs", procs, "fault_around", faultAround)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

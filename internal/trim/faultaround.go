@@ -15,11 +15,11 @@ const (
 	uffdAPI             = 0xAA
 	uffdioAPI           = 0xC018AA3F // _IOWR(0xAA, 0x3F, struct uffdio_api)
 	uffdioRegister      = 0xC020AA00 // _IOWR(0xAA, 0x00, struct uffdio_register)
-	uffdFeatureWPAsync  = 1 << 15    // Linux 6.7
+	uffdFeatureWPAsync  = 1 << 15    // Linux 6.7 (x86_64)
 	uffdRegisterModeWP  = 1 << 1
 	uffdUserModeOnly    = 1 // Linux 5.11: what a process without CAP_SYS_PTRACE may ask for
 	uffdFlags           = unix.O_CLOEXEC | unix.O_NONBLOCK | uffdUserModeOnly
-	errNoFaultAroundFmt = "userfaultfd (Linux 6.7 or later, and the system call allowed): %s: %w"
+	errNoFaultAroundFmt = "userfaultfd (asynchronous write protection: Linux 6.7 or later on x86_64, and the system call allowed): %s: %w"
 )
 
 var (
@@ -39,16 +39,20 @@ var (
 // (README, "What the daemon's RssFile is").
 //
 // The kernel skips fault-around in a mapping registered with a userfaultfd
-// for write protection (uffd_disable_fault_around, mm/memory.c). The
-// mappings are registered in the asynchronous mode (a write would be let
-// through by the kernel, no thread of ours handles a fault), user mode
-// only, and never written: code and read-only data. Nothing else changes
-// for them: reads fault as before, from the page cache.
+// for write protection (should_fault_around in mm/memory.c asks
+// uffd_disable_fault_around, include/linux/userfaultfd_k.h). The mappings
+// are registered in the asynchronous mode (a write would be let through by
+// the kernel, no thread of ours handles a fault), user mode only, and never
+// written: code and read-only data. Reads fault as before, from the page
+// cache, a page at a time; khugepaged no longer collapses them into huge
+// pages (only kernels with CONFIG_READ_ONLY_THP_FOR_FS would).
 //
 // Only the first call does the work; it returns how many bytes were
 // registered. Where the kernel or the system call filter does not allow it
-// (before Linux 6.7, without the userfaultfd system call) it returns an
-// error and changes nothing: fault-around stays on.
+// (asynchronous write protection came with Linux 6.7 on x86_64, later on
+// other architectures; a kernel without CONFIG_USERFAULTFD; a filter
+// without the userfaultfd system call) it returns an error and changes
+// nothing: fault-around stays on.
 func NoFaultAround() (int, error) {
 	noFaultAroundOnce.Do(func() {
 		noFaultAroundN, noFaultAroundErr = registerNoFaultAround("/proc/self/exe", "/proc/self/smaps")

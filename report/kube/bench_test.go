@@ -78,7 +78,7 @@ func serveForBench() {
 // per write or per three (its threads' schedstat; the server is a process
 // of its own).
 //
-//	go test ./report/kube -run '^$' -bench Reconnect -benchtime 200x
+//	go test ./report/kube -run '^$' -bench Reconnect -benchtime 100x
 func BenchmarkReconnect(b *testing.B) {
 	for _, name := range []string{"full", "resumed", "h2", "overlap", "overlap-h2"} {
 		b.Run(name, func(b *testing.B) {

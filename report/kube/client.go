@@ -338,6 +338,7 @@ var lastProtocol atomic.Pointer[string]
 // APIProtocol returns the protocol of the daemon's last new connection to
 // the API server, as its TLS handshake agreed it ("http/1.1", "h2"; "" for
 // none agreed, which is HTTP/1.1 too, or before the first connection).
+// Recorded where resumeSessions is installed: not with a credential plugin.
 func APIProtocol() string {
 	if p := lastProtocol.Load(); p != nil {
 		return *p
@@ -370,18 +371,8 @@ var apiProtocols = []string{"http/1.1"}
 // handshake that made it, and Go's TLS server does not resume the session
 // of a client certificate past its NotAfter.
 func resumeSessions(rt http.RoundTripper) http.RoundTripper {
-	// client-go's transport cache hands its *http.Transport in a wrapper
-	// or two (the cache's, the CA file's reloader).
-	inner := rt
-	for {
-		w, ok := inner.(utilnet.RoundTripperWrapper)
-		if !ok {
-			break
-		}
-		inner = w.WrappedRoundTripper()
-	}
-	t, ok := inner.(*http.Transport)
-	if !ok || t.TLSClientConfig == nil || t.TLSClientConfig.ClientSessionCache != nil {
+	t := innerTransport(rt)
+	if t == nil || t.TLSClientConfig == nil || t.TLSClientConfig.ClientSessionCache != nil {
 		return rt
 	}
 	tc := t.TLSClientConfig
@@ -405,8 +396,41 @@ func resumeSessions(rt http.RoundTripper) http.RoundTripper {
 	return rt
 }
 
+// innerTransport returns the *http.Transport under client-go's wrappers
+// (the transport cache's, the CA file's reloader), or nil.
+func innerTransport(rt http.RoundTripper) *http.Transport {
+	for {
+		w, ok := rt.(utilnet.RoundTripperWrapper)
+		if !ok {
+			break
+		}
+		rt = w.WrappedRoundTripper()
+	}
+	t, _ := rt.(*http.Transport)
+	return t
+}
+
+// clientIdleClose is how long the daemon keeps an idle connection to the
+// API server: less than the API server keeps it (apiIdleClose). Over
+// HTTP/1.1 a write sent as the API server closes the connection fails (EOF),
+// and neither net/http nor client-go sends a PATCH or a POST again (the
+// reporter would, a second later, with a warning); closing first, the
+// client never sends on a connection the server is closing. client-go's
+// default is the API server's own 90 s.
+const clientIdleClose = apiIdleClose - 10*time.Second
+
+// closeIdleFirst makes client-go's transport close an idle connection
+// after clientIdleClose.
+func closeIdleFirst(rt http.RoundTripper) http.RoundTripper {
+	if t := innerTransport(rt); t != nil && (t.IdleConnTimeout == 0 || t.IdleConnTimeout > clientIdleClose) {
+		t.IdleConnTimeout = clientIdleClose
+	}
+	return rt
+}
+
 func newRESTClient(cfg *rest.Config) (Client, error) {
 	cfg = rest.CopyConfig(cfg)
+	cfg.WrapTransport = transport.Wrappers(closeIdleFirst, cfg.WrapTransport)
 	if cfg.ExecProvider == nil && cfg.AuthProvider == nil {
 		// First: it sees client-go's own transport (its TLS settings from
 		// the kubeconfig), not a wrapper. Not with a credential plugin:

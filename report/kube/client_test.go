@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
@@ -394,5 +396,41 @@ func TestClientWithACredentialPluginDoesNotResume(t *testing.T) {
 	defer mu.Unlock()
 	if fmt.Sprint(resumed) != "[false false false]" {
 		t.Errorf("connections resumed: %v, want none (and three connections with the plugin's certificate)", resumed)
+	}
+}
+
+// The daemon closes an idle connection before the API server would
+// (clientIdleClose < apiIdleClose): over HTTP/1.1 a write sent as the
+// server closes the connection fails, and nothing sends a PATCH again.
+func TestClientClosesIdleConnectionsFirst(t *testing.T) {
+	srv, _ := nodeServer(t, func(*http.Request) {})
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "client.pem")
+	writeCert(t, cert, cert, "n1")
+	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetNode(context.Background(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	rc, ok := c.(*rotatingClient)
+	if !ok {
+		t.Fatalf("a kubeconfig naming its certificate by path got a %T", c)
+	}
+	rc.mu.Lock()
+	cur := rc.cur
+	rc.mu.Unlock()
+	inner, _ := cur.(restClient)
+	r, ok := inner.c.(*rest.RESTClient)
+	if !ok {
+		t.Fatalf("the client in use is a %T", cur)
+	}
+	tr := innerTransport(r.Client.Transport)
+	if tr == nil {
+		t.Fatalf("no *http.Transport under %T", r.Client.Transport)
+	}
+	if tr.IdleConnTimeout <= 0 || tr.IdleConnTimeout >= apiIdleClose {
+		t.Errorf("idle connections closed after %s, want less than the API server's %s", tr.IdleConnTimeout, apiIdleClose)
 	}
 }

@@ -556,20 +556,20 @@ type idleCloser interface{ CloseIdle() }
 
 // closeIdle closes the client's idle connections after a periodic write
 // (the report annotations, a heartbeat), whose loop writes next minutes
-// later. The API server would close the connection after 90 s idle all the
-// same, and its close would wake the daemon off the grid for a connection no
-// write uses (over HTTP/2, client-go's health check would also ping it every
-// 30 s; the daemon speaks HTTP/1.1, apiProtocols). Closed within the write's
-// own wake-up, it costs none; the next
+// later. The transport would close the connection after clientIdleClose
+// (80 s) idle all the same, waking the daemon off the grid for a connection
+// no write uses (over HTTP/2, client-go's health check would also ping it
+// every 30 s; the daemon speaks HTTP/1.1, apiProtocols). Closed within the
+// write's own wake-up, it costs none; the next
 // write opens a new one, resuming the TLS session (resumeSessions).
 //
 // Not while changes are being written: a connection that carried the write
-// of a change or an event within the last apiIdleClose would stay open at
-// the API server's end, and closing it would make the next change dial and
+// of a change or an event within the last clientIdleClose would stay open
+// until then, and closing it would make the next change dial and
 // handshake anew (a condition that flaps every minute would otherwise pay
 // a handshake for each of its writes after a periodic one).
 func (r *Reporter) closeIdle() {
-	if last := r.changeWritten.Load(); last != nil && time.Since(*last) < apiIdleClose {
+	if last := r.changeWritten.Load(); last != nil && time.Since(*last) < clientIdleClose {
 		return
 	}
 	if c, ok := r.o.Client.(idleCloser); ok {

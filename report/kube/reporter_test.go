@@ -1078,11 +1078,11 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 		}
 		var kept int
 		for when, in := range at {
-			// Within 90 s of a change's or an event's write the
-			// connection stays.
+			// Within clientIdleClose of a change's or an event's
+			// write the connection stays.
 			afterChange := false
 			for _, c := range append(changeAt, eventAt...) {
-				afterChange = afterChange || (in.d >= c && in.d-c < 90*time.Second)
+				afterChange = afterChange || (in.d >= c && in.d-c < clientIdleClose)
 			}
 			want := in.periodic
 			if afterChange {
