@@ -243,6 +243,20 @@ current-context: x
 	}
 }
 
+// nodeClient is the daemon's client of srv, as node n1 (its certificate
+// and key in one file, named by path).
+func nodeClient(t *testing.T, srv *httptest.Server) Client {
+	t.Helper()
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "client.pem")
+	writeCert(t, cert, cert, "n1")
+	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // The daemon speaks HTTP/1.1 to an API server that offers HTTP/2 too
 // (apiProtocols), and writes that overlap each get an answer.
 func TestClientSpeaksHTTP1(t *testing.T) {
@@ -253,13 +267,7 @@ func TestClientSpeaksHTTP1(t *testing.T) {
 		protos = append(protos, r.Proto)
 		mu.Unlock()
 	})
-	dir := t.TempDir()
-	cert := filepath.Join(dir, "client.pem")
-	writeCert(t, cert, cert, "n1")
-	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := nodeClient(t, srv)
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
 	for range 3 {
@@ -404,13 +412,7 @@ func TestClientWithACredentialPluginDoesNotResume(t *testing.T) {
 // server closes the connection fails, and nothing sends a PATCH again.
 func TestClientClosesIdleConnectionsFirst(t *testing.T) {
 	srv, _ := nodeServer(t, func(*http.Request) {})
-	dir := t.TempDir()
-	cert := filepath.Join(dir, "client.pem")
-	writeCert(t, cert, cert, "n1")
-	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := nodeClient(t, srv)
 	if _, err := c.GetNode(context.Background(), "n1"); err != nil {
 		t.Fatal(err)
 	}
