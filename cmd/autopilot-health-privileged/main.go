@@ -72,7 +72,7 @@ func run(args []string, stderr io.Writer) int {
 	// requests touched, once it is over; and what faults back in is the
 	// pages read, not the 64 KiB around each (fault-around off).
 	faultAround := "off"
-	if _, err := trim.NoFaultAround(); err != nil {
+	if err := trim.NoFaultAround(); err != nil {
 		faultAround = "on"
 		log.Debug("fault-around stays on for the binary's pages", "err", err)
 	}

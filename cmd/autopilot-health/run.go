@@ -49,17 +49,17 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// around it (internal/trim): the idle daemon's resident set is what
 	// it reads of its binary.
 	faultAround := "off"
-	if _, err := trim.NoFaultAround(); err != nil {
+	if err := trim.NoFaultAround(); err != nil {
 		faultAround = "on"
 		log.Debug("fault-around stays on for the binary's pages", "err", err)
 	}
 	// client-go logs through klog: route it into the same handler.
 	klog.SetSlogLogger(log.With("component", "client-go"))
-	if fromFile {
-		log.Info("starting", "version", Version(), "config", *cfgPath, "gomaxprocs", procs, "fault_around", faultAround)
-	} else {
-		log.Info("starting", "version", Version(), "config", "(embedded defaults; "+*cfgPath+" absent)", "gomaxprocs", procs, "fault_around", faultAround)
+	from := *cfgPath
+	if !fromFile {
+		from = "(embedded defaults; " + *cfgPath + " absent)"
 	}
+	log.Info("starting", "version", Version(), "config", from, "gomaxprocs", procs, "fault_around", faultAround)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	opts := daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket,

@@ -24,11 +24,7 @@ const (
 
 var (
 	noFaultAroundOnce sync.Once
-	noFaultAroundN    int
 	noFaultAroundErr  error
-	// uffd stays open for the process's life: closing it would end the
-	// registration.
-	uffd int = -1
 )
 
 // NoFaultAround makes a page fault in the binary's read-only mappings map
@@ -47,31 +43,33 @@ var (
 // cache, a page at a time; khugepaged no longer collapses them into huge
 // pages (only kernels with CONFIG_READ_ONLY_THP_FOR_FS would).
 //
-// Only the first call does the work; it returns how many bytes were
-// registered. Where the kernel or the system call filter does not allow it
+// Only the first call does the work. Where the kernel or the system call filter does not allow it
 // (asynchronous write protection came with Linux 6.7 on x86_64, later on
 // other architectures; a kernel without CONFIG_USERFAULTFD; a filter
 // without the userfaultfd system call) it returns an error and changes
 // nothing: fault-around stays on.
-func NoFaultAround() (int, error) {
+func NoFaultAround() error {
 	noFaultAroundOnce.Do(func() {
-		noFaultAroundN, noFaultAroundErr = registerNoFaultAround("/proc/self/exe", "/proc/self/smaps")
+		noFaultAroundErr = registerNoFaultAround("/proc/self/exe", "/proc/self/smaps")
 	})
-	return noFaultAroundN, noFaultAroundErr
+	return noFaultAroundErr
 }
 
-func registerNoFaultAround(exeLink, smapsPath string) (int, error) {
+func registerNoFaultAround(exeLink, smapsPath string) error {
 	cands, err := readOnly(exeLink, smapsPath)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if len(cands) == 0 {
-		return 0, errors.New("no read-only mapping of an executable of type EXEC")
+		return errors.New("no read-only mapping of an executable of type EXEC")
 	}
 	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, uffdFlags, 0, 0)
 	if errno != 0 {
-		return 0, fmt.Errorf(errNoFaultAroundFmt, "userfaultfd", errno)
+		return fmt.Errorf(errNoFaultAroundFmt, "userfaultfd", errno)
 	}
+	// On success the descriptor stays open for the process's life:
+	// closing it would end the registration. On failure it is closed,
+	// and with it any mapping registered before: none stays so.
 	ok := false
 	defer func() {
 		if !ok {
@@ -80,19 +78,14 @@ func registerNoFaultAround(exeLink, smapsPath string) (int, error) {
 	}()
 	api := struct{ api, features, ioctls uint64 }{api: uffdAPI, features: uffdFeatureWPAsync}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); errno != 0 {
-		return 0, fmt.Errorf(errNoFaultAroundFmt, "UFFDIO_API with UFFD_FEATURE_WP_ASYNC", errno)
+		return fmt.Errorf(errNoFaultAroundFmt, "UFFDIO_API with UFFD_FEATURE_WP_ASYNC", errno)
 	}
-	total := 0
 	for _, m := range cands {
 		reg := struct{ start, len, mode, ioctls uint64 }{start: m.start, len: m.end - m.start, mode: uffdRegisterModeWP}
 		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioRegister, uintptr(unsafe.Pointer(&reg))); errno != 0 {
-			// The mappings registered before stay so until the
-			// descriptor closes (below): none then.
-			return 0, fmt.Errorf(errNoFaultAroundFmt, fmt.Sprintf("UFFDIO_REGISTER %#x-%#x", m.start, m.end), errno)
+			return fmt.Errorf(errNoFaultAroundFmt, fmt.Sprintf("UFFDIO_REGISTER %#x-%#x", m.start, m.end), errno)
 		}
-		total += int(m.end - m.start)
 	}
 	ok = true
-	uffd = int(fd)
-	return total, nil
+	return nil
 }

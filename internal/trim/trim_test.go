@@ -71,7 +71,7 @@ const window = 64 << 10
 
 func touchAndMeasure(register bool) string {
 	if register {
-		if _, err := NoFaultAround(); err != nil {
+		if err := NoFaultAround(); err != nil {
 			return "unsupported " + err.Error()
 		}
 	}
