@@ -46,6 +46,11 @@ type Metrics struct {
 	problemCounter  *prometheus.CounterVec
 	problemGauge    *prometheus.GaugeVec
 	conditionStatus *prometheus.GaugeVec
+	// problemOn is the reason whose problem_gauge series is 1, by
+	// condition type: a condition has at most one, whatever reached it
+	// (a change, a restore, the Node's word adopted at start).
+	problemMu sync.Mutex
+	problemOn map[string]Reason
 	// checkDuration, checkRuns and loopProgress have no series: they
 	// describe the families of checkParts and loopParts, made for each
 	// check and loop by its first run.
@@ -274,9 +279,6 @@ func (m *Metrics) InitEvents(reasons []string) {
 
 // ConditionChanged implements Observer.
 func (m *Metrics) ConditionChanged(prev *Condition, cur Condition) {
-	if prev != nil && prev.Status == StatusTrue {
-		m.problemGauge.WithLabelValues(prev.Type, string(prev.Reason)).Set(0)
-	}
 	if cur.Status == StatusTrue && (prev == nil || prev.Status != StatusTrue) {
 		m.problemCounter.WithLabelValues(string(cur.Reason)).Inc()
 		m.vProblemCounter.changed()
@@ -289,9 +291,19 @@ func (m *Metrics) ConditionChanged(prev *Condition, cur Condition) {
 func (m *Metrics) ConditionRestored(c Condition) { m.setStatus(c) }
 
 func (m *Metrics) setStatus(c Condition) {
+	m.problemMu.Lock()
+	if on, ok := m.problemOn[c.Type]; ok && (c.Status != StatusTrue || on != c.Reason) {
+		m.problemGauge.WithLabelValues(c.Type, string(on)).Set(0)
+		delete(m.problemOn, c.Type)
+	}
 	if c.Status == StatusTrue {
 		m.problemGauge.WithLabelValues(c.Type, string(c.Reason)).Set(1)
+		if m.problemOn == nil {
+			m.problemOn = map[string]Reason{}
+		}
+		m.problemOn[c.Type] = c.Reason
 	}
+	m.problemMu.Unlock()
 	for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
 		m.conditionStatus.WithLabelValues(c.Type, string(st)).Set(b2f(st == c.Status))
 	}
@@ -303,7 +315,10 @@ func (m *Metrics) setStatus(c Condition) {
 // as for a condition that does not apply to this node (InitConditions
 // never created them).
 func (m *Metrics) ConditionRemoved(c Condition) {
+	m.problemMu.Lock()
+	delete(m.problemOn, c.Type)
 	m.problemGauge.DeletePartialMatch(prometheus.Labels{"type": c.Type})
+	m.problemMu.Unlock()
 	m.conditionStatus.DeletePartialMatch(prometheus.Labels{"condition": c.Type})
 	m.vProblemGauge.changed()
 	m.vConditionStatus.changed()

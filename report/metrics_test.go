@@ -103,6 +103,48 @@ func TestRestoredTrueIsNotCountedAgain(t *testing.T) {
 	}
 }
 
+// problem_gauge is 1 only while the condition is True with that reason,
+// however the condition got where it is: restored True from the state file,
+// then the Node's later False adopted at start (a save that failed before
+// the stop), then the same False from the next run; or restored True and
+// True again with another reason.
+func TestProblemGaugeFollowsAdoptedCondition(t *testing.T) {
+	dir := t.TempDir()
+	s := NewStore("b")
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0)
+	s.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", "off"), t0)
+	if err := s.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics("x")
+	m.InitConditions([]string{"DiskUsageHigh", "ClockNotSynchronized"})
+	s2 := NewStore("b")
+	s2.Observe(m)
+	s2.Load(dir)
+	gauge := func(typ, reason string) float64 {
+		return testutil.ToFloat64(m.problemGauge.WithLabelValues(typ, reason))
+	}
+	if v := gauge("DiskUsageHigh", "FilesystemSpaceHigh"); v != 1 {
+		t.Fatalf("restored True: problem_gauge = %v, want 1", v)
+	}
+	later := Condition{Type: "DiskUsageHigh", Status: StatusFalse, Reason: ReasonDiskUsageOK, LastTransitionTime: t0.Add(5 * time.Minute)}
+	if !s2.Adopt(later, "") {
+		t.Fatal("the Node's later False was not adopted")
+	}
+	if v := gauge("DiskUsageHigh", "FilesystemSpaceHigh"); v != 0 {
+		t.Errorf("after adopting the Node's False: problem_gauge{FilesystemSpaceHigh} = %v, want 0", v)
+	}
+	s2.Set(cond("DiskUsageHigh", StatusFalse, ReasonDiskUsageOK, "ok"), t0.Add(6*time.Minute))
+	if v := gauge("DiskUsageHigh", "FilesystemSpaceHigh"); v != 0 {
+		t.Errorf("after the next run's False: problem_gauge{FilesystemSpaceHigh} = %v, want 0", v)
+	}
+	// True with another reason: the old one goes to 0, the new one to 1.
+	s2.Set(cond("ClockNotSynchronized", StatusTrue, "ClockErrorTooLarge", "far"), t0.Add(time.Minute))
+	if a, b := gauge("ClockNotSynchronized", "ClockUnsynchronized"), gauge("ClockNotSynchronized", "ClockErrorTooLarge"); a != 0 || b != 1 {
+		t.Errorf("True with a new reason: problem_gauge old %v new %v, want 0 and 1", a, b)
+	}
+}
+
 // A check that stopped (a reload disabled it) leaves the metrics: its runs,
 // durations and loop progress are gone from the next scrape, the cached
 // exposition's as from promhttp's, while the other checks' stay; started
