@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 )
@@ -54,15 +55,18 @@ type Repairer struct {
 	wg         sync.WaitGroup
 	log        *slog.Logger
 	now        func() time.Time
-	mu         sync.Mutex
-	units      map[string]*RepairStatus
-	repairs    *prometheus.CounterVec
-	watch      *UnitWatch
+	// sinceBoot reads CLOCK_MONOTONIC, the clock of a unit's
+	// MainStartMono.
+	sinceBoot func() time.Duration
+	mu        sync.Mutex
+	units     map[string]*RepairStatus
+	repairs   *prometheus.CounterVec
+	watch     *UnitWatch
 }
 
 // NewRepairer returns a repairer; mgr may be nil (no systemd reachable).
 func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *Repairer {
-	r := &Repairer{mgr: mgr, log: log, now: now, units: map[string]*RepairStatus{}, inflight: map[string]bool{}, jobTimeout: 5 * time.Minute,
+	r := &Repairer{mgr: mgr, log: log, now: now, sinceBoot: sinceBoot, units: map[string]*RepairStatus{}, inflight: map[string]bool{}, jobTimeout: 5 * time.Minute,
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "repairs_total",
 			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, unit-starting, not-loaded, in-progress, failed, no-systemd).",
@@ -87,6 +91,27 @@ func (r *Repairer) unitWatch() *UnitWatch {
 	defer r.mu.Unlock()
 	return r.watch
 }
+
+// started returns when u's running process started, on now's clock: from
+// its monotonic start where systemd gave one, so that a step of the wall
+// clock since (chrony's makestep at boot, after an RTC that ran ahead)
+// neither holds off repairs for as long as the step nor shortens a
+// cooldown; else from its wall-clock start, where a start in the future
+// (such a step) counts as long ago.
+func (r *Repairer) started(u systemd.Unit, now time.Time) time.Time {
+	if u.MainStartMono > 0 {
+		if since := r.sinceBoot() - u.MainStartMono; since >= 0 {
+			return now.Add(-since)
+		}
+	}
+	if u.MainStart.After(now) {
+		return time.Time{}
+	}
+	return u.MainStart
+}
+
+// sinceBoot is CLOCK_MONOTONIC.
+func sinceBoot() time.Duration { return time.Duration(rawsys.MonotonicMicros()) * time.Microsecond }
 
 // Repair restarts unit if policy allows and returns what it did, in words
 // for the condition message.
@@ -128,8 +153,8 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	st := r.status(unit)
 	last := st.LastRepair
 	r.mu.Unlock()
-	if u.MainStart.After(last) {
-		last = u.MainStart
+	if started := r.started(u, now); started.After(last) {
+		last = started
 	}
 	if !last.IsZero() && now.Sub(last) < cooldown {
 		return RepairCooldown, fmt.Sprintf("not restarted: %s started %s ago, cooldown %s", unit, now.Sub(last).Round(time.Second), cooldown)

@@ -132,6 +132,49 @@ func TestRepairCooldown(t *testing.T) {
 	})
 }
 
+// The wall clock is set back 30 minutes after kubelet started (an RTC that
+// ran ahead, then chrony's makestep at boot): its wall-clock start is then
+// in the future. The cooldown counts from its monotonic start, which the
+// step does not move: one restart per cooldown as before, neither none for
+// half an hour nor one at once. Without a monotonic start, a start in the
+// future does not hold repairs off.
+func TestRepairCooldownAcrossAWallClockStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const step = 30 * time.Minute
+		boot := 100 * time.Second // CLOCK_MONOTONIC at kubelet's start
+		started := time.Now()
+		mono := func() time.Duration { return boot + time.Since(started) }
+		wall := func() time.Time { return time.Now().Add(-step) } // after the step
+		u := running("kubelet.service")
+		u.MainStart, u.MainStartMono = started, boot // read before the step
+		m := newFakeManager(u)
+		r := NewRepairer(m, quietLog(), wall, nil)
+		r.sinceBoot = mono
+		time.Sleep(30 * time.Second) // kubelet has run 30 s
+		var results []string
+		for range 7 { // a minute of probes every 10 s
+			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			r.Wait()
+			results = append(results, res)
+			time.Sleep(10 * time.Second)
+		}
+		want := "cooldown cooldown cooldown restarted cooldown cooldown cooldown"
+		if got := strings.Join(results, " "); got != want {
+			t.Errorf("monotonic start:\n%s\nwant:\n%s", got, want)
+		}
+
+		// No monotonic start: its wall-clock start, in the future, does
+		// not hold the repair off.
+		v := running("containerd.service")
+		v.MainStart = time.Now().Add(-time.Minute) // a minute ago before the step: 29 min ahead now
+		r2 := NewRepairer(newFakeManager(v), quietLog(), wall, nil)
+		if res, msg := r2.Repair(context.Background(), "containerd.service", 2*time.Minute, "cri failed"); res != RepairRestarted {
+			t.Errorf("wall-clock start in the future: %s (%s), want %s", res, msg, RepairRestarted)
+		}
+		r2.Wait()
+	})
+}
+
 func TestRepairDoesNotFightSystemd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		for _, tc := range []struct {

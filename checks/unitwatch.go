@@ -74,6 +74,9 @@ type unitSeen struct {
 	Invocation string    `json:"invocation,omitempty"`
 	NRestarts  uint32    `json:"nRestarts"`
 	MainStart  time.Time `json:"mainStart,omitzero"`
+	// MainStartMono orders reads where both have it (see
+	// systemd.Unit.MainStartMono); MainStart where one does not.
+	MainStartMono time.Duration `json:"mainStartMono,omitempty"`
 	// Queued: NRestarts rose within one invocation, so the next invocation
 	// is the automatic restart already counted.
 	Queued bool `json:"queued,omitempty"`
@@ -161,7 +164,7 @@ func (w *UnitWatch) observe(u systemd.Unit, own bool) {
 func (w *UnitWatch) count(u systemd.Unit, own bool) bool {
 	st, ok := w.units[u.Name]
 	if !ok {
-		w.units[u.Name] = &unitSeen{Invocation: u.Invocation, NRestarts: u.NRestarts, MainStart: u.MainStart}
+		w.units[u.Name] = &unitSeen{Invocation: u.Invocation, NRestarts: u.NRestarts, MainStart: u.MainStart, MainStartMono: u.MainStartMono}
 		w.restarts.WithLabelValues(u.Name).Add(0)
 		return true
 	}
@@ -169,7 +172,7 @@ func (w *UnitWatch) count(u systemd.Unit, own bool) bool {
 		// Not started (yet) in this boot: nothing to compare.
 		return false
 	}
-	if !u.MainStart.IsZero() && u.MainStart.Before(st.MainStart) {
+	if older(u, st) {
 		// An older read than one already applied (two readers at once).
 		return false
 	}
@@ -199,14 +202,26 @@ func (w *UnitWatch) count(u systemd.Unit, own bool) bool {
 		manual, auto = 1, uint64(n1)
 		st.Queued = false
 	}
-	changed := st.Invocation != u.Invocation || st.NRestarts != n1 || !st.MainStart.Equal(u.MainStart) || auto+manual > 0
-	st.Invocation, st.NRestarts, st.MainStart = u.Invocation, n1, u.MainStart
+	changed := st.Invocation != u.Invocation || st.NRestarts != n1 || !st.MainStart.Equal(u.MainStart) || st.MainStartMono != u.MainStartMono || auto+manual > 0
+	st.Invocation, st.NRestarts, st.MainStart, st.MainStartMono = u.Invocation, n1, u.MainStart, u.MainStartMono
 	st.Auto += auto
 	st.Manual += manual
 	if auto+manual > 0 {
 		w.restarts.WithLabelValues(u.Name).Add(float64(auto + manual))
 	}
 	return changed
+}
+
+// older says whether u's process started before the one of st, the last
+// read applied: by the monotonic starts where both have one, which a step
+// of the wall clock does not reorder (a restart after the clock was set
+// back would look older than the start before it, and go uncounted until
+// the clock caught up).
+func older(u systemd.Unit, st *unitSeen) bool {
+	if u.MainStartMono > 0 && st.MainStartMono > 0 {
+		return u.MainStartMono < st.MainStartMono
+	}
+	return !u.MainStart.IsZero() && u.MainStart.Before(st.MainStart)
 }
 
 // AutoSince returns the automatic restarts of unit counted since the last

@@ -95,6 +95,27 @@ func TestUnitWatchCounts(t *testing.T) {
 	}
 }
 
+// The wall clock is set back an hour after kubelet started: its next
+// invocation's wall-clock start is before the last one's. The monotonic
+// starts order them, so the restart is counted, not taken for an older
+// read; a read that is older on the monotonic clock is still ignored.
+func TestUnitWatchCountsAcrossAWallClockStep(t *testing.T) {
+	const k = "kubelet.service"
+	at := time.Date(2025, 1, 1, 1, 0, 0, 0, time.UTC)
+	u := systemd.Unit{Name: k, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "i0", MainStart: at, MainStartMono: 10 * time.Second}
+	w := NewUnitWatch(nil, nil)
+	w.Observe(u)
+	u.Invocation, u.NRestarts, u.MainStart, u.MainStartMono = "i1", 1, at.Add(-time.Hour+time.Minute), 70*time.Second
+	w.Observe(u)
+	if auto, manual := w.Restarts(k); auto != 1 || manual != 0 {
+		t.Errorf("a restart after the clock was set back: %d automatic, %d manual; want 1, 0", auto, manual)
+	}
+	w.Observe(systemd.Unit{Name: k, LoadState: "loaded", Invocation: "i0", MainStart: at, MainStartMono: 10 * time.Second})
+	if auto, manual := w.Restarts(k); auto != 1 || manual != 0 {
+		t.Errorf("an older read applied late: %d automatic, %d manual; want 1, 0", auto, manual)
+	}
+}
+
 // A unit seen before it started (at boot, its start job waiting): its first
 // start is not a restart; automatic restarts of it are.
 func TestUnitWatchFirstStart(t *testing.T) {

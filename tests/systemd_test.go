@@ -16,6 +16,7 @@ import (
 
 	sd "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
+	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
@@ -383,6 +384,13 @@ func TestUnitsMatchAFullRead(t *testing.T) {
 	if all[1].ActiveState != "failed" || all[2].ActiveState != "inactive" || all[4].LoadState != "not-found" {
 		t.Errorf("the units are not in the states the test needs: %+v", all)
 	}
+	// The repair's cooldown and the restart count take the running
+	// service's start from the monotonic clock, which this process shares.
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	if k, now := all[0], time.Duration(ts.Nano()); k.MainStartMono <= 0 || k.MainStartMono > now {
+		t.Errorf("kubelet's monotonic start %v, want within (0, %v]", k.MainStartMono, now)
+	}
 }
 
 // fullRead is how Unit read a unit before Units: every property of its
@@ -419,6 +427,9 @@ func fullRead(t testing.TB, c *sd.Conn, name string) systemd.Unit {
 	}
 	if us, ok := sp["ExecMainStartTimestamp"].(uint64); ok && us > 0 {
 		u.MainStart = time.UnixMicro(int64(us))
+	}
+	if us, ok := sp["ExecMainStartTimestampMonotonic"].(uint64); ok {
+		u.MainStartMono = time.Duration(us) * time.Microsecond
 	}
 	return u
 }

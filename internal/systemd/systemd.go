@@ -28,6 +28,12 @@ type Unit struct {
 	NRestarts   uint32    `json:"restarts"`
 	Invocation  string    `json:"invocationID,omitempty"`
 	MainStart   time.Time `json:"mainStart,omitzero"`
+	// MainStartMono is the same start on CLOCK_MONOTONIC (time since boot;
+	// 0: unknown): unlike MainStart, wall-clock time, it does not move
+	// when the clock is stepped (at boot, an RTC ahead of the time that
+	// chrony's makestep then sets), so ages and orders within the boot are
+	// taken from it.
+	MainStartMono time.Duration `json:"mainStartMono,omitempty"`
 	// RestartDelay is the service's RestartSec (0 for other unit types).
 	RestartDelay time.Duration `json:"-"`
 	// Restart is the service's Restart= setting ("no", "always", ...).
@@ -300,7 +306,7 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // properties the checks use, each a Properties.Get, all sent before the
 // first answer is read: InvocationID (but of a unit that does not exist and
 // does not run), and for a loaded service Result,
-// NRestarts and ExecMainStartTimestamp, and Restart and RestartUSec when
+// NRestarts and ExecMainStartTimestamp (wall and monotonic), and Restart and RestartUSec when
 // it is not active (what ServiceNotRecovering needs to wait out an
 // automatic restart). It read the whole of each unit before (GetAll of its
 // Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
@@ -346,7 +352,7 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 			if u.LoadState != "loaded" || !isService(u.Name) {
 				continue
 			}
-			for _, p := range []string{"Result", "NRestarts", "ExecMainStartTimestamp"} {
+			for _, p := range []string{"Result", "NRestarts", "ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic"} {
 				add("Service", p)
 			}
 			if u.ActiveState != "active" {
@@ -396,6 +402,8 @@ func (u *Unit) set(prop string, v variant) {
 		if v.num > 0 {
 			u.MainStart = time.UnixMicro(int64(v.num))
 		}
+	case prop == "ExecMainStartTimestampMonotonic" && v.sig == "t":
+		u.MainStartMono = time.Duration(v.num) * time.Microsecond
 	case prop == "Restart" && v.sig == "s":
 		u.Restart = v.str
 	case prop == "RestartUSec" && v.sig == "t":

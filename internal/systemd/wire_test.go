@@ -388,10 +388,11 @@ func TestUnitsOverAFakeBus(t *testing.T) {
 		case "ResetFailedUnit":
 			return [][]byte{encodeReply(t, binary.LittleEndian, godbus.TypeError, m.Serial()+1000, m.Serial(), "org.freedesktop.systemd1.NoSuchUnit", "Unit a.service not loaded.")}
 		}
-		if len(pending) < 4 {
+		if len(pending) < 5 {
 			return nil
 		}
-		values := map[string]any{"InvocationID": []byte{0xab, 0xcd}, "Result": "success", "NRestarts": uint32(5), "ExecMainStartTimestamp": uint64(1_700_000_000_000_000)}
+		values := map[string]any{"InvocationID": []byte{0xab, 0xcd}, "Result": "success", "NRestarts": uint32(5), "ExecMainStartTimestamp": uint64(1_700_000_000_000_000),
+			"ExecMainStartTimestampMonotonic": uint64(42_000_123)}
 		var out [][]byte
 		for i := len(pending) - 1; i >= 0; i-- {
 			out = append(out, reply(pending[i], godbus.MakeVariant(values[pending[i].Body[1].(string)])))
@@ -405,7 +406,7 @@ func TestUnitsOverAFakeBus(t *testing.T) {
 	defer bus.Close()
 	ctx := context.Background()
 	want := Unit{Name: "a.service", LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success", NRestarts: 5,
-		Invocation: "abcd", MainStart: time.UnixMicro(1_700_000_000_000_000)}
+		Invocation: "abcd", MainStart: time.UnixMicro(1_700_000_000_000_000), MainStartMono: 42_000_123 * time.Microsecond}
 	if u, err := bus.Unit(ctx, "a.service"); err != nil || u != want {
 		t.Fatalf("%+v, %v", u, err)
 	}
