@@ -90,9 +90,13 @@ var DefaultRules = []Rule{
 		// "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics SM Warp Exception ..."
 		Pattern: `^NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): \d+`},
 	{Name: "MemoryReadError", Kind: Temp, Reason: "MemoryReadError",
-		// drivers/edac/edac_mc.c: "EDAC MC0: 1 CE memory read error on CPU_SrcID#0_MC#0_Chan#0_DIMM#0 (...)",
-		// "EDAC MC1: 1 UE memory read error on ...".
-		Pattern: `^EDAC MC\d+: \d+ [CU]E memory read error`},
+		// drivers/edac/edac_mc.c (edac_ce_error/edac_ue_error via edac_mc_printk, "EDAC MC%d: "):
+		// "%d CE %s%son %s (...)" and "%d UE %s%son %s (...)", the first %s the driver's message:
+		// Intel sb/skx/i10nm the operation, "EDAC MC0: 1 CE memory read error on CPU_SrcID#0_MC#0_Chan#0_DIMM#0 (...)",
+		// "... memory scrubbing error on ..."; amd64_edac "" on a decoded address, "EDAC MC0: 1 CE on mc#0csrow#1channel#0 (...)";
+		// ghes_edac the CPER memory error type, "EDAC MC0: 1 CE single-bit ECC on unknown memory (...)"
+		// ("Single-bit ECC" before 5.18). UE (and fatal) is the same event: a memory error, corrected or not.
+		Pattern: `^EDAC MC\d+: \d+ [CU]E `},
 	{Name: "UnregisterNetDevice", Kind: Temp, Reason: "UnregisterNetDevice",
 		// net/core/dev.c: "unregister_netdevice: waiting for eth0 to become free. Usage count = 1".
 		Pattern: `^unregister_netdevice: waiting for \S+ to become free`},
