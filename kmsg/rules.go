@@ -49,9 +49,11 @@ var DefaultRules = []Rule{
 		// "... metadata block 6 is corrupted", "...: reached maximum errors" is not a corruption by itself.
 		Pattern: `^device-mapper: verity: \S+: (data|metadata) block \d+ is corrupted`},
 	{Name: "CperHardwareErrorFatal", Kind: Perm, Condition: "CperHardwareErrorFatal", Reason: "FatalHardwareError",
-		// drivers/firmware/efi/cper.c via GHES or BERT: "{1}[Hardware Error]: event severity: fatal",
-		// "[Firmware Warn]: event severity: fatal" (BERT, a previous boot's fatal error).
-		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: fatal`},
+		// drivers/firmware/efi/cper.c cper_estatus_print, "%s" "event severity: %s" with the caller's prefix:
+		// GHES "{1}[Hardware Error]: event severity: fatal" ("{%u}" HW_ERR);
+		// BERT (drivers/acpi/apei/bert.c, KERN_INFO HW_ERR, a previous boot's error) "[Hardware Error]: event severity: fatal"
+		// after "BERT: Error records from previous boot:".
+		Pattern: `\[Hardware Error\]: event severity: fatal`},
 	{Name: "GpuFallenOffBus", Kind: Perm, Condition: "GpuFallenOffBus", Reason: "GpuFellOffBus",
 		// NVIDIA driver: "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." and
 		// "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=nvidia-smi, GPU has fallen off the bus."
@@ -101,9 +103,9 @@ var DefaultRules = []Rule{
 		// net/core/dev.c: "unregister_netdevice: waiting for eth0 to become free. Usage count = 1".
 		Pattern: `^unregister_netdevice: waiting for \S+ to become free`},
 	{Name: "CperHardwareErrorCorrected", Kind: Temp, Reason: "CperHardwareErrorCorrected",
-		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: corrected`},
+		Pattern: `\[Hardware Error\]: event severity: corrected`},
 	{Name: "CperHardwareErrorRecoverable", Kind: Temp, Reason: "CperHardwareErrorRecoverable",
-		Pattern: `\[(Hardware Error|Firmware Warn)\]: event severity: recoverable`},
+		Pattern: `\[Hardware Error\]: event severity: recoverable`},
 }
 
 // DefaultCriticalTasks are the processes whose hung task sets KernelDeadlock.
