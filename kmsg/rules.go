@@ -75,8 +75,10 @@ var DefaultRules = []Rule{
 		// block/blk-core.c: "blk_update_request: I/O error, dev sda, sector 2048" (<= 5.2),
 		// "blk_update_request: I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0" (5.3-5.17),
 		// "I/O error, dev nvme0n1, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2" (5.18+, prefixed by the caller);
-		// the status names of blk_errors[]: "critical medium error, dev sdc, sector ...", "timeout error, ...".
-		Pattern: `(I/O|critical medium|critical target|recoverable transport|critical nexus|critical space allocation|protection|timeout) error, dev (?P<dev>[^,\s]+), sector \d+`},
+		// the status names of blk_errors[]: "critical medium error, dev sdc, sector ...", "timeout error, ...",
+		// "device offline error, dev sdb, sector ..." (BLK_STS_OFFLINE, 2022: what SCSI fails a request with once the
+		// device is offline, which error handling does to a disk that no longer recovers; older kernels printed "I/O error").
+		Pattern: `(I/O|critical medium|critical target|recoverable transport|critical nexus|critical space allocation|protection|timeout|device offline) error, dev (?P<dev>[^,\s]+), sector \d+`},
 	{Name: "NvmeError", Kind: Temp, Reason: "NvmeError",
 		// drivers/nvme/host: "nvme nvme0: I/O 123 QID 4 timeout, aborting", "nvme nvme0: I/O tag 12 (100c) opcode 0x2 (Read) QID 4 timeout, reset controller" (6.x),
 		// "nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff", "nvme nvme0: Device not ready; aborting reset, CSTS=0x1",
