@@ -38,9 +38,11 @@ type Rule struct {
 var DefaultRules = []Rule{
 	// Perm: conditions.
 	{Name: "ReadonlyFilesystem", Kind: Perm, Condition: "ReadonlyFilesystem", Reason: "FilesystemIsReadOnly",
-		// ext4/ext3 (fs/ext4/super.c ext4_handle_error): "EXT4-fs (sda1): Remounting filesystem read-only";
+		// ext4, and ext3 mounted by ext4 (fs/ext4/super.c ext4_handle_error): "EXT4-fs (sda1): Remounting filesystem read-only";
+		// ext2 (fs/ext2/super.c ext2_error) and the old ext3 driver (fs/ext3, before 4.3, ext3_handle_error/ext3_abort):
+		// "EXT2-fs (sdb1): error: remounting filesystem read-only";
 		// btrfs: "BTRFS info (device sda1): forced readonly" (4.x-6.x) / "BTRFS error (device sda1 state EA): forced readonly".
-		Pattern: `^(EXT[234]-fs \(\S+\): Remounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly)`},
+		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly)`},
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
 		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x).
 		Pattern: `^INFO: task (?P<task>.+):\d+ blocked for more than \d+ seconds\.`},
