@@ -347,6 +347,9 @@ func (rd *Reader) Run(ctx context.Context) {
 		var deadlineWait time.Duration
 		now := time.Now()
 		var readErr error
+		// unparsed: the records since the last one handled that did not
+		// parse (they took sequence numbers too).
+		var unparsed uint64
 		opened, caughtUp := false, false
 		// A record logged after this open means the backlog is read, even
 		// when the log never pauses long enough for a read to time out.
@@ -423,17 +426,25 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 			rec, perr := ParseRecord(buf[:n])
 			if perr != nil {
+				// Counted as a parse error, not also as lost: the next
+				// record's gap is less the records that did not parse. Its
+				// header's sequence number is not trusted to move last (a
+				// wrong one would skip every record up to it).
 				rd.Monitor.m.parseErrors.Inc()
+				unparsed++
 				continue
 			}
 			if haveLast && rec.Seq <= last {
+				unparsed = 0
 				continue // handled before the restart
 			}
 			if haveLast && rec.Seq > last+1 {
-				lost := rec.Seq - last - 1
-				rd.Monitor.m.lost.Add(float64(lost))
-				rd.logGaps(gaps.gap(now, lost, last))
+				if lost := rec.Seq - last - 1 - min(unparsed, rec.Seq-last-1); lost > 0 {
+					rd.Monitor.m.lost.Add(float64(lost))
+					rd.logGaps(gaps.gap(now, lost, last))
+				}
 			}
+			unparsed = 0
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 			last, haveLast = rec.Seq, true
 			if !caughtUp && rec.Usec >= openUsec {

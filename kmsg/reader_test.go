@@ -628,6 +628,40 @@ func TestReaderCountsOverwrittenRecordsByTheGap(t *testing.T) {
 	}
 }
 
+// A record that does not parse is a parse error, not also lost: its
+// sequence number is no gap (it was counted in both, and logged as
+// overwritten records, though nothing was overrun). A real overrun after one
+// still counts the records overwritten, and only those.
+func TestMalformedRecordIsNotCountedLost(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		recs       []string
+		lost, errs float64
+		warnings   int
+	}{
+		{"bad timestamp", []string{"6,1,1,-;ordinary", "6,2,x,-;bad timestamp", "6,3,3,-;ordinary"}, 0, 1, 0},
+		{"no header", []string{"6,1,1,-;ordinary", "garbage", "6,3,3,-;ordinary"}, 0, 1, 0},
+		{"two in a row", []string{"6,1,1,-;ordinary", "6,2;short header", "6,3,3;short header", "6,4,4,-;ordinary"}, 0, 2, 0},
+		// 4 and 5 overwritten after the malformed 3.
+		{"then an overrun", []string{"6,1,1,-;ordinary", "6,2,2,-;ordinary", "6,3,3;short header", "6,6,6,-;ordinary"}, 2, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var recs [][]byte
+			for _, r := range c.recs {
+				recs = append(recs, []byte(r+"\n"))
+			}
+			dev := &fakeDevice{recs: recs}
+			mon, logs := readAllThenStop(t, report.NewStore("b"), dev, dev, true)
+			if lost, errs := mon.Metrics().Lost(), report.Value(mon.m.parseErrors); lost != c.lost || errs != c.errs {
+				t.Errorf("lost %v, parse errors %v; want %v and %v", lost, errs, c.lost, c.errs)
+			}
+			if n := strings.Count(logs, "kernel log records were overwritten"); n != c.warnings {
+				t.Errorf("%d warnings, want %d:\n%s", n, c.warnings, logs)
+			}
+		})
+	}
+}
+
 // A storm that overruns the ring buffer every few records: the first gap
 // is a journal line at once, the next ones within a minute are summed into
 // one line written when the minute has passed; every lost record is
