@@ -193,6 +193,14 @@ func (mon *Monitor) LastRecord() (seq, usec uint64, at time.Time, ok bool) {
 // Unknown (NoData) until the reader has read the log up to its end
 // (CaughtUp): before that, "no matching line" is not known. A condition
 // restored from this boot keeps its state.
+//
+// The kernel's part of DisksFailure is set in any case (the parts are not
+// saved, only the condition): True as restored when the restored condition
+// is True for the kernel's reason, else NoData (none when it was restored
+// Unknown: it stays so until a part decides). So the other part (NVMe
+// SMART), set before the log is read again, neither lowers a True the
+// kernel set nor, having nothing to check, turns the condition Unknown: no
+// flap on a restart.
 func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	mon.bootWall = bootWall
 	for _, t := range mon.Conditions() {
@@ -202,10 +210,19 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonNoData,
 			Message: "the kernel log has not been read yet"}, now)
 	}
-	if _, ok := mon.o.Store.Get("DisksFailure"); !ok {
-		mon.o.Store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,
-			Message: "the kernel log has not been read yet"}, now)
+	part := report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+		Message: "the kernel log has not been read yet"}
+	c, ok := mon.o.Store.Get("DisksFailure")
+	switch {
+	case ok && c.Status == report.StatusTrue && c.Reason == report.ReasonDiskIOErrors:
+		// The kernel's part is the first in the row: its message is the
+		// first of the joined ones.
+		msg, _, _ := strings.Cut(c.Message, "; ")
+		part.Status, part.Reason, part.Message = c.Status, c.Reason, msg
+	case ok && c.Status == report.StatusUnknown:
+		return // undecided as restored, until a part decides
 	}
+	mon.o.Store.SetPart(report.SourceKmsg, part, now)
 }
 
 // CaughtUp says the reader has read every record the kernel holds for

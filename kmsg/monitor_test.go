@@ -247,3 +247,54 @@ func TestSetGPUNeverFakesFalse(t *testing.T) {
 		t.Errorf("GpuFallenOffBus after a GPU appeared, log read: %+v", c)
 	}
 }
+
+// DisksFailure restored from this boot's state (its parts are not saved)
+// does not flap when the NVMe SMART check sets its part before the reader
+// has read the kernel log again: the kernel's part starts as what the
+// restored condition says of it, so the check's False (or nothing to check)
+// neither lowers a True the kernel set nor turns the condition Unknown, and
+// the kernel's evaluation then keeps the transition time.
+func TestRestoredDisksFailureDoesNotFlapOnRestart(t *testing.T) {
+	sec := uint64(time.Second / time.Microsecond)
+	for _, c := range []struct {
+		name     string
+		restored report.Condition
+		smart    report.Condition
+		ioErrors int
+	}{
+		{"kernel True, SMART False", report.Condition{Status: report.StatusTrue, Reason: report.ReasonDiskIOErrors,
+			Message: "the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on sda"},
+			report.Condition{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: "nvme0: healthy"}, 5},
+		{"kernel True, no NVMe", report.Condition{Status: report.StatusTrue, Reason: report.ReasonDiskIOErrors,
+			Message: "the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on sda"},
+			report.Condition{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: "no NVMe drives"}, 5},
+		{"False, no NVMe", report.Condition{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,
+			Message: "the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5)"},
+			report.Condition{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: "no NVMe drives"}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := report.NewStore("b")
+			c.restored.Type, c.smart.Type = "DisksFailure", "DisksFailure"
+			store.Set(c.restored, t0)
+			mon := NewMonitor(opts(t, store))
+			now := t0.Add(time.Hour)
+			mon.Start(now, t0)
+			check := func(step string) {
+				t.Helper()
+				got, _ := store.Get("DisksFailure")
+				if got.Status != c.restored.Status || got.Reason != c.restored.Reason || !got.LastTransitionTime.Equal(t0) {
+					t.Errorf("%s: %s/%s since %v, want %s/%s since %v (restored)", step, got.Status, got.Reason, got.LastTransitionTime,
+						c.restored.Status, c.restored.Reason, t0)
+				}
+			}
+			check("after Start")
+			store.SetPart(report.SourceCheck, c.smart, now)
+			check("the SMART check's part set before the kernel log was read")
+			for i := range c.ioErrors {
+				mon.Handle(rec(uint64(100+i)*sec, "I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0"), now)
+			}
+			mon.CaughtUp(200*sec, now)
+			check("the kernel log read")
+		})
+	}
+}
