@@ -194,9 +194,11 @@ func (mon *Monitor) LastRecord() (seq, usec uint64, at time.Time, ok bool) {
 // (CaughtUp): before that, "no matching line" is not known. A condition
 // restored from this boot keeps its state.
 //
-// The kernel's part of DisksFailure is set in any case (the parts are not
-// saved, only the condition): True as restored when the restored condition
-// is True for the kernel's reason, else NoData (none when it was restored
+// The kernel's part of DisksFailure, restored with the condition from this
+// boot's state file, is kept as restored. Where it was not (a state file
+// without parts, the condition taken over from the Node or restored from
+// another boot) it is set: True as restored when the restored condition is
+// True for the kernel's reason, else NoData (none when it was restored
 // Unknown: it stays so until a part decides). So the other part (NVMe
 // SMART), set before the log is read again, neither lowers a True the
 // kernel set nor, having nothing to check, turns the condition Unknown: no
@@ -209,6 +211,9 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 		}
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonNoData,
 			Message: "the kernel log has not been read yet"}, now)
+	}
+	if _, ok := mon.o.Store.Part(report.SourceKmsg, "DisksFailure"); ok {
+		return
 	}
 	part := report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,
 		Message: "the kernel log has not been read yet"}

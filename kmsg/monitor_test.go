@@ -298,3 +298,32 @@ func TestRestoredDisksFailureDoesNotFlapOnRestart(t *testing.T) {
 		})
 	}
 }
+
+// The mirror of TestRestoredDisksFailureDoesNotFlapOnRestart: DisksFailure
+// restored True for the NVMe SMART part's reason, the kernel's part False,
+// both parts saved with it. The kernel log read again before the SMART
+// check runs does not lower it: Start keeps the restored kernel part, and
+// the part that reports first does not decide alone.
+func TestRestoredNVMeDisksFailureDoesNotFlapOnRestart(t *testing.T) {
+	dir := t.TempDir()
+	prev := report.NewStore("b")
+	prev.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy,
+		Message: "the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5)"}, t0)
+	prev.SetPart(report.SourceCheck, report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning,
+		Message: "nvme0: available spare below threshold"}, t0)
+	if err := prev.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	store := report.NewStore("b")
+	if _, err := store.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	mon := NewMonitor(opts(t, store))
+	now := t0.Add(time.Hour)
+	mon.Start(now, t0)
+	mon.CaughtUp(200*uint64(time.Second/time.Microsecond), now)
+	if got, _ := store.Get("DisksFailure"); got.Status != report.StatusTrue || got.Reason != report.ReasonNVMeCriticalWarning || !got.LastTransitionTime.Equal(t0) {
+		t.Errorf("the kernel log read before the SMART check ran: %s/%s since %v, want True/NVMeCriticalWarning since %v",
+			got.Status, got.Reason, got.LastTransitionTime, t0)
+	}
+}

@@ -69,6 +69,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		return false
 	case !had:
 		s.conds[c.Type] = c
+		s.dropRestoredPartsLocked(c.Type)
 	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
 		prev.LastTransitionTime = c.LastTransitionTime
 		s.conds[c.Type] = prev
@@ -81,6 +82,9 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 			c.LastUpdateTime = c.LastTransitionTime
 		}
 		s.conds[c.Type] = c
+		// The parts restored from the state file said otherwise: they
+		// are not the Node's (a part set since start stays).
+		s.dropRestoredPartsLocked(c.Type)
 		close(s.changed)
 		s.changed = make(chan struct{})
 	default:

@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -30,7 +31,45 @@ func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
 		s.parts[c.Type] = map[string]Condition{}
 	}
 	s.parts[c.Type][part.Name] = c
+	if rp, ok := s.restoredParts[c.Type]; ok {
+		s.restoredParts[c.Type] = slices.DeleteFunc(rp, func(n string) bool { return n == part.Name })
+	}
 	return s.combineLocked(desc, c.Type, now)
+}
+
+// Part returns src's part of a condition, as last set or restored.
+func (s *Store) Part(src Source, condType string) (Condition, bool) {
+	desc, _ := Lookup(condType)
+	part, ok := desc.Part(src)
+	if !ok {
+		return Condition{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.parts[condType][part.Name]
+	return c, ok
+}
+
+// ForgetPart drops src's part of a condition without setting the condition
+// anew: a part restored from the state file whose source no longer runs
+// here (its check disabled while the daemon was down) must not hold the
+// condition once the source that runs sets its part.
+func (s *Store) ForgetPart(src Source, condType string) {
+	desc, _ := Lookup(condType)
+	if part, ok := desc.Part(src); ok {
+		s.mu.Lock()
+		delete(s.parts[condType], part.Name)
+		s.mu.Unlock()
+	}
+}
+
+// dropRestoredPartsLocked drops the parts of condType that Load restored
+// and their sources have not set since; s.mu is held.
+func (s *Store) dropRestoredPartsLocked(condType string) {
+	for _, n := range s.restoredParts[condType] {
+		delete(s.parts[condType], n)
+	}
+	delete(s.restoredParts, condType)
 }
 
 // RemovePart drops src's part of a condition (src no longer evaluates it:

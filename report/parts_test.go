@@ -173,3 +173,51 @@ func TestSetPartNoDataKeepsATakenOverStatus(t *testing.T) {
 		t.Errorf("after the kernel part decided: %+v", c)
 	}
 }
+
+// The parts of a condition are saved with it and restored in the same boot:
+// after a restart, the part that reports first does not decide alone (the
+// NVMe part's True lowered by the kernel's False until SMART runs again).
+// They are not restored in another boot, and the Node's word, taken over at
+// start for another status, drops them.
+func TestPartsRestoredWithTheirCondition(t *testing.T) {
+	dir := t.TempDir()
+	prev := NewStore("b1")
+	prev.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0)
+	prev.SetPart(SourceCheck, Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonNVMeCriticalWarning, Message: "nvme0: spare below threshold"}, t0)
+	if err := prev.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+
+	s := NewStore("b1")
+	if _, err := s.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := s.Part(SourceCheck, "DisksFailure"); !ok || p.Status != StatusTrue {
+		t.Fatalf("the SMART part was not restored: %+v, %v", p, ok)
+	}
+	// The kernel log read again first: its False does not lower the True
+	// the SMART part holds.
+	s.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0.Add(time.Hour))
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonNVMeCriticalWarning || !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("after the kernel's part: %s/%s since %v, want True/NVMeCriticalWarning since %v", c.Status, c.Reason, c.LastTransitionTime, t0)
+	}
+
+	other := NewStore("b2")
+	if _, err := other.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := other.Part(SourceCheck, "DisksFailure"); ok {
+		t.Errorf("a part of another boot was restored: %+v", p)
+	}
+
+	adopted := NewStore("b1")
+	if _, err := adopted.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	if !adopted.Adopt(Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, LastTransitionTime: t0.Add(time.Minute)}, "b1") {
+		t.Fatal("the Node's later False was not adopted")
+	}
+	if p, ok := adopted.Part(SourceCheck, "DisksFailure"); ok {
+		t.Errorf("a restored part survived the Node's word for another status: %+v", p)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/syself/autopilot-health/internal/hostio"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,12 @@ type stateFile struct {
 	BootID     string      `json:"bootID"`
 	SavedAt    time.Time   `json:"savedAt"`
 	Conditions []Condition `json:"conditions"`
+	// Parts are the parts of the conditions that several sources evaluate
+	// (Store.SetPart), by condition type and part name: restored with
+	// their condition in the same boot, so that the part that reports
+	// first after a restart does not decide alone (a flap: the other
+	// part's True lowered until it runs again).
+	Parts map[string]map[string]Condition `json:"parts,omitempty"`
 	// Memos are the values registered with Keep (this boot's only).
 	Memos map[string]json.RawMessage `json:"memos,omitempty"`
 }
@@ -32,12 +39,22 @@ const StateFileName = "state.json"
 
 // snapshot returns the conditions and the kept values as of one instant:
 // the keepers run under the same lock as the copy of the conditions.
-func (s *Store) snapshot() ([]Condition, map[string]any) {
+func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[string]any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	conds := make([]Condition, 0, len(s.conds))
 	for _, c := range s.conds {
 		conds = append(conds, c)
+	}
+	var parts map[string]map[string]Condition
+	for t, ps := range s.parts {
+		if len(ps) == 0 {
+			continue
+		}
+		if parts == nil {
+			parts = map[string]map[string]Condition{}
+		}
+		parts[t] = maps.Clone(ps)
 	}
 	slices.SortFunc(conds, func(a, b Condition) int { return strings.Compare(a.Type, b.Type) })
 	memos := make(map[string]any, len(s.memos)+len(s.keepers))
@@ -47,14 +64,14 @@ func (s *Store) snapshot() ([]Condition, map[string]any) {
 	for k, fn := range s.keepers {
 		memos[k] = fn()
 	}
-	return conds, memos
+	return conds, parts, memos
 }
 
 // Save writes the conditions and the kept values atomically (temp file,
 // fsync, rename, fsync of the directory) to dir.
 func (s *Store) Save(dir string, now time.Time) error {
-	conds, memos := s.snapshot()
-	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds}
+	conds, parts, memos := s.snapshot()
+	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds, Parts: parts}
 	if len(memos) > 0 {
 		sf.Memos = make(map[string]json.RawMessage, len(memos))
 		for k, v := range memos {
@@ -180,6 +197,28 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	if sf.BootID == s.bootID {
 		for k, raw := range sf.Memos {
 			s.memos[k] = raw
+		}
+		// The parts of a restored condition, this boot's only (the
+		// kernel's part is about this boot's log).
+		for t, ps := range sf.Parts {
+			desc, _ := Lookup(t)
+			if _, ok := s.conds[t]; !ok {
+				continue
+			}
+			for name, pc := range ps {
+				if pc.Type != t || !desc.ValidReason(pc.Status, pc.Reason) ||
+					!slices.ContainsFunc(desc.Parts, func(p Part) bool { return p.Name == name }) {
+					continue
+				}
+				if s.parts[t] == nil {
+					s.parts[t] = map[string]Condition{}
+				}
+				s.parts[t][name] = pc
+				if s.restoredParts == nil {
+					s.restoredParts = map[string][]string{}
+				}
+				s.restoredParts[t] = append(s.restoredParts[t], name)
+			}
 		}
 	}
 	obs := s.observers

@@ -10,14 +10,17 @@ import (
 
 // Store holds the condition state. It is safe for concurrent use.
 type Store struct {
-	mu        sync.Mutex
-	conds     map[string]Condition
-	parts     map[string]map[string]Condition // condition type -> part -> evaluation
-	bootID    string
-	observers []Observer
-	changed   chan struct{} // closed and replaced on every change
-	notifyMu  sync.Mutex    // serializes observer calls
-	partMu    sync.Mutex    // serializes SetPart: combining and setting are one step
+	mu    sync.Mutex
+	conds map[string]Condition
+	parts map[string]map[string]Condition // condition type -> part -> evaluation
+	// restoredParts are the parts Load restored that their source has not
+	// set since (condition type -> part names).
+	restoredParts map[string][]string
+	bootID        string
+	observers     []Observer
+	changed       chan struct{} // closed and replaced on every change
+	notifyMu      sync.Mutex    // serializes observer calls
+	partMu        sync.Mutex    // serializes SetPart: combining and setting are one step
 	// bootStart is when this boot began (wall time): a condition held until
 	// reboot that the Node shows True since then belongs to this boot.
 	bootStart time.Time

@@ -169,6 +169,20 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 				log.Info("condition not evaluated on this node; dropped from the restored state", "condition", c.Type)
 			}
 		}
+		// A restored part whose source does not run here (DisksFailure's
+		// SMART check disabled, or the kernel log monitor off, while the
+		// daemon was down) is dropped: the part that runs decides alone.
+		for _, pl := range checks.Plan(env, nil, p.External()) {
+			for _, part := range pl.Desc.Parts {
+				runs := pl.State == checks.Scheduled
+				if part.Source == report.SourceKmsg {
+					runs = slices.Contains(p.External(), pl.Desc.Type)
+				}
+				if !runs {
+					p.Store.ForgetPart(part.Source, pl.Desc.Type)
+				}
+			}
+		}
 		if err := env.Tamper.Load(time.Now()); err != nil {
 			log.Error("tamper state unreadable; moved aside, and a finding of NodeTampered", "err", err)
 		}

@@ -484,6 +484,9 @@ func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 	prev.Set(report.Condition{Type: "CertRenewalFailing", Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: "ok"}, now)
 	prev.Set(report.Condition{Type: "GpuFallenOffBus", Status: report.StatusTrue, Reason: report.ReasonGpuFellOffBus, Message: "NVRM: GPU 0000:01:00.0 has fallen off the bus."}, now)
 	prev.Set(report.Condition{Type: "APIServerSourceIPUnavailable", Status: report.StatusFalse, Reason: report.ReasonSourceIPAvailable, Message: "ok"}, now)
+	// DisksFailure's two parts; the kernel log monitor is off in this start.
+	prev.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: report.ReasonDiskIOErrors, Message: "5 errors"}, now)
+	prev.SetPart(report.SourceCheck, report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: "nvme0 ok"}, now)
 	if err := prev.Save(cfg.StateDir, now); err != nil {
 		t.Fatal(err)
 	}
@@ -502,6 +505,12 @@ func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 	}
 	if c, ok := d.Store().Get("CertRenewalFailing"); !ok || c.Status != report.StatusFalse {
 		t.Errorf("an evaluated condition was not restored: %+v, %v", c, ok)
+	}
+	if c, ok := d.Store().Part(report.SourceKmsg, "DisksFailure"); ok {
+		t.Errorf("the kernel's part of DisksFailure was restored with the kernel log monitor off: %+v", c)
+	}
+	if c, ok := d.Store().Part(report.SourceCheck, "DisksFailure"); !ok || c.Status != report.StatusFalse {
+		t.Errorf("the SMART check's part of DisksFailure was not restored: %+v, %v", c, ok)
 	}
 	// testConfig's node: a worker without a GPU.
 	for _, ty := range []string{"GpuFallenOffBus", "APIServerSourceIPUnavailable"} {
