@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -289,6 +290,49 @@ func TestListenFailureRefusesToStart(t *testing.T) {
 	_, err := New(cfg, quietLog(), Options{})
 	if err == nil || !strings.Contains(err.Error(), "metrics listener (metrics.listen_address): listen tcp "+busy.Addr().String()) {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// Run's error is what makes `autopilot-health run` exit 1. A final save that
+// fails (a read-only /var; here the state directory's parent is a file) is
+// logged with the directory and the cause and counted, and is not an error:
+// systemd would mark the unit failed on every stop. The metrics server
+// failing still is one.
+func TestRunErrorIsNotTheFinalSave(t *testing.T) {
+	cfg := testConfig(t)
+	blocker := filepath.Join(t.TempDir(), "var")
+	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.StateDir = filepath.Join(blocker, "lib", "autopilot-health")
+	var logs testenv.SyncBuffer
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := d.Run(ctx); err != nil {
+		t.Errorf("Run after a stop whose save failed: %v, want nil", err)
+	}
+	if !strings.Contains(logs.String(), `level=ERROR msg="saving state on shutdown failed; stopping anyway" dir=`+cfg.StateDir+" err=") ||
+		!strings.Contains(logs.String(), "not a directory") {
+		t.Errorf("the failed save is not logged with its directory and cause:\n%s", logs.String())
+	}
+	if n := testutil.ToFloat64(d.metrics.StateWritesFor("error")); n < 1 {
+		t.Errorf("%v failed state writes counted", n)
+	}
+
+	// The metrics server fails (its listener is closed under it).
+	ln, _ = net.Listen("tcp", "127.0.0.1:0")
+	d, err = New(testConfig(t), quietLog(), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	if err := d.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "metrics server: ") {
+		t.Errorf("Run with a failed metrics server: %v", err)
 	}
 }
 
