@@ -134,6 +134,36 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	return d.Sync()
 }
 
+// RemoveTemps removes the temp files WriteFileAtomic left next to path
+// (a crash between their creation and the rename): the regular files
+// named <base of path>.tmp followed by digits, os.CreateTemp's names. Anything
+// else is left alone, a symlink of that name too (never followed). It
+// returns how many it removed. For the start of the only process that
+// writes path: a save running meanwhile would lose its temp file.
+func RemoveTemps(path string) (int, error) {
+	entries, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		return 0, err
+	}
+	prefix := filepath.Base(path) + ".tmp"
+	n := 0
+	var firstErr error
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(filepath.Dir(path), e.Name())); err != nil {
+			if firstErr == nil && !errors.Is(err, fs.ErrNotExist) {
+				firstErr = err
+			}
+			continue
+		}
+		n++
+	}
+	return n, firstErr
+}
+
 // LoadResult says what Load restored.
 type LoadResult struct {
 	Restored int // conditions restored
@@ -144,6 +174,10 @@ type LoadResult struct {
 	Corrupt     error
 	CorruptPath string
 	MoveErr     error
+	// TempsRemoved counts the temp files of the state file a save left
+	// (RemoveTemps); TempsErr says why the directory could not be cleaned.
+	TempsRemoved int
+	TempsErr     error
 }
 
 // maxStateFile bounds the state file Load reads: the daemon writes a few
@@ -159,13 +193,15 @@ const maxStateFile = 4 << 20
 // a directory, a symlink, a FIFO, a file over maxStateFile, JSON that does
 // not parse) is moved aside (MoveAside: never deleted, never over an earlier
 // one) and reported in the result, and the store starts empty: a daemon that
-// refused to start would leave the node without health reporting. The error
-// is always nil.
+// refused to start would leave the node without health reporting. Temp
+// files of the state file that a crash left are removed first
+// (RemoveTemps). The error is always nil.
 func (s *Store) Load(dir string) (LoadResult, error) {
 	path := filepath.Join(dir, StateFileName)
+	removed, rerr := RemoveTemps(path)
 	b, err := ReadRegular(path, maxStateFile)
 	if errors.Is(err, fs.ErrNotExist) {
-		return LoadResult{}, nil
+		return LoadResult{TempsRemoved: removed, TempsErr: rerr}, nil
 	}
 	var sf stateFile
 	if err == nil {
@@ -176,9 +212,9 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	}
 	if err != nil {
 		aside, merr := MoveAside(path)
-		return LoadResult{Corrupt: err, CorruptPath: aside, MoveErr: merr}, nil
+		return LoadResult{Corrupt: err, CorruptPath: aside, MoveErr: merr, TempsRemoved: removed, TempsErr: rerr}, nil
 	}
-	var res LoadResult
+	res := LoadResult{TempsRemoved: removed, TempsErr: rerr}
 	var restored []Condition
 	s.mu.Lock()
 	for _, c := range sf.Conditions {

@@ -244,3 +244,63 @@ func TestMoveAsideNeverReplaces(t *testing.T) {
 		t.Errorf("%s.corrupt replaced: %q, %v", q, b, err)
 	}
 }
+
+// A crash between a save's temp file and its rename leaves the temp file:
+// Load removes the state file's own (state.json.tmp<digits>, regular
+// files) and nothing else: not a symlink of that name (nor what it points
+// to), not a directory, not other files' temps or names that merely start
+// alike.
+func TestLoadRemovesTempFilesLeftByACrash(t *testing.T) {
+	dir := t.TempDir()
+	outside := filepath.Join(t.TempDir(), "target")
+	if err := os.WriteFile(outside, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s0 := NewStore("b")
+	s0.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0)
+	if err := s0.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	leftovers := []string{StateFileName + ".tmp1780316546", StateFileName + ".tmp3923618647"}
+	kept := []string{StateFileName + ".tmp", StateFileName + ".tmp12x", StateFileName + ".corrupt",
+		"tamper.json.tmp1780316546", "other.json.tmp42", "x" + StateFileName + ".tmp7"}
+	for _, n := range append(leftovers, kept...) {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("{half"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := StateFileName + ".tmp55"
+	if err := os.Symlink(outside, filepath.Join(dir, link)); err != nil {
+		t.Fatal(err)
+	}
+	sub := StateFileName + ".tmp66"
+	if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kept = append(kept, link, sub, StateFileName)
+
+	s := NewStore("b")
+	res, err := s.Load(dir)
+	if err != nil || res.TempsRemoved != len(leftovers) || res.TempsErr != nil || res.Restored != 1 {
+		t.Errorf("Load = %+v, %v; want %d temp files removed and the state restored", res, err, len(leftovers))
+	}
+	for _, n := range leftovers {
+		if _, err := os.Lstat(filepath.Join(dir, n)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s left in place: %v", n, err)
+		}
+	}
+	for _, n := range kept {
+		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
+			t.Errorf("%s removed: %v", n, err)
+		}
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Errorf("the symlink's target removed: %v", err)
+	}
+	// Without a state file too (the crash came before the first rename).
+	os.Remove(filepath.Join(dir, StateFileName))
+	os.WriteFile(filepath.Join(dir, leftovers[0]), nil, 0o644)
+	if res, err := NewStore("b").Load(dir); err != nil || res.TempsRemoved != 1 {
+		t.Errorf("Load without a state file = %+v, %v; want 1 temp file removed", res, err)
+	}
+}

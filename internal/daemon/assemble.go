@@ -144,6 +144,12 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// Never fatal: a daemon that refused to start would leave the node
 		// without health reporting.
 		res, err := p.Store.Load(cfg.StateDir)
+		if res.TempsRemoved > 0 {
+			log.Info("removed temp files of the state file left by a crash", "dir", cfg.StateDir, "files", res.TempsRemoved)
+		}
+		if res.TempsErr != nil {
+			log.Debug("temp files of the state file not removed", "dir", cfg.StateDir, "err", res.TempsErr)
+		}
 		switch {
 		case err != nil:
 			log.Error("state not restored; starting with empty state", "dir", cfg.StateDir, "err", err)
