@@ -329,6 +329,14 @@ func TestBadConfigs(t *testing.T) {
 		"tamper-tolerate-glob.toml":    `:2: key checks.NodeTampered.tolerate_gpu: bad glob "/etc/containerd/[conf.d": syntax error in pattern`,
 		"audit-max-read.toml":          `:2: key checks.APIServerSourceIPUnavailable.max_read_bytes: must be between 1048576 (1 MiB) and 1073741824 (1 GiB), got 4096`,
 		"excluded-users.toml":          `:2: key checks.APIServerSourceIPUnavailable.excluded_user_prefixes: must list user name prefixes, each non-empty and without whitespace, got ""`,
+		// A dotted key defines its tables: the timeout's error (a key the
+		// file does not set) is at the line that names its table, as
+		// under a table header.
+		"timeout-over-dotted-interval.toml":   `:1: key checks.KubeletUnhealthy.timeout: must not be longer than interval (2s), got 5s`,
+		"timeout-over-interval-in-table.toml": `:1: key checks.KubeletUnhealthy.timeout: must not be longer than interval (2s), got 5s`,
+		// A rule written inline: at its element's line, not its table's.
+		"kmsg-rule-inline.toml":        ":3: key kmsg.rules[0]: kmsg rule X: pattern: error parsing regexp: missing closing ): `(`",
+		"kmsg-rule-inline-second.toml": ":4: key kmsg.rules[1]: kmsg rule B: pattern: error parsing regexp: missing closing ): `^b(`",
 		"kmsg-rule-reason.toml":        `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
@@ -382,6 +390,38 @@ f = 6
 	}
 	if got := idx.find("a.c.zzz"); got != 10 {
 		t.Errorf("find falls back to the parent table: got %d, want 10", got)
+	}
+
+	// A dotted key defines its parent tables at the first line that
+	// names them; an inline table in an array is an element at its own
+	// line; an element the index does not know falls back to its array,
+	// not to the array's table.
+	idx = keyLines([]byte(`x.y.z = 1
+x.y.w = 2
+[t]
+u.v = 3
+rules = [ { a = "[{" }, # {
+  {b = [1, {c = 2}]},
+  3, {d = 4} ]
+list = ["{", 2]
+after = 5
+`))
+	for key, line := range map[string]int{"x": 1, "x.y": 1, "x.y.z": 1, "x.y.w": 2, "t": 3, "t.u": 4, "t.u.v": 4,
+		"t.rules": 5, "t.rules[0]": 5, "t.rules[1]": 6, "t.rules[2]": 7, "t.list": 8, "t.after": 9} {
+		if idx[key] != line {
+			t.Errorf("line of %s = %d, want %d", key, idx[key], line)
+		}
+	}
+	for _, k := range []string{"t.rules[3]", "t.list[0]", "t.x.c"} {
+		if _, ok := idx[k]; ok {
+			t.Errorf("%s indexed", k)
+		}
+	}
+	if got := idx.find("t.list[0]"); got != 8 {
+		t.Errorf("find of an element falls back to its array: got %d, want 8", got)
+	}
+	if got := idx.find("x.y.q"); got != 1 {
+		t.Errorf("find of a key under a dotted key's table: got %d, want 1", got)
 	}
 }
 

@@ -8,13 +8,18 @@ import (
 // keyIndex maps a dotted key to the line that defines it.
 type keyIndex map[string]int
 
-// find returns the line of key, or of its closest defined parent table.
+// find returns the line of key, or of its closest defined parent: an
+// array's element (name[i]) falls back to the array (name), a key to its
+// table.
 func (k keyIndex) find(key string) int {
 	for key != "" {
 		if l, ok := k[key]; ok {
 			return l
 		}
 		i := strings.LastIndexByte(key, '.')
+		if strings.HasSuffix(key, "]") {
+			i = strings.LastIndexByte(key, '[')
+		}
 		if i < 0 {
 			break
 		}
@@ -23,16 +28,23 @@ func (k keyIndex) find(key string) int {
 	return 0
 }
 
-// keyLines finds the line of every table header and key assignment. It
-// understands the TOML this file needs (tables, bare and quoted keys, dotted
-// keys, multi-line arrays and strings); the decoder has already rejected
-// anything malformed.
+// setFirst records line for key unless a line is recorded for it already.
+func (k keyIndex) setFirst(key string, line int) {
+	if _, ok := k[key]; !ok {
+		k[key] = line
+	}
+}
+
+// keyLines finds the line of every table header, key assignment and inline
+// table in an array (as key[i]). It understands the TOML this file needs
+// (tables, bare and quoted keys, dotted keys, multi-line arrays and
+// strings); the decoder has already rejected anything malformed.
 func keyLines(data []byte) keyIndex {
 	idx := keyIndex{}
 	table := ""
 	plain := ""                // table without an array of tables' index
 	arrays := map[string]int{} // [[name]] headers seen, by name
-	depth := 0                 // open brackets of a multi-line array
+	var arr arrayScan          // the array value being read, over its lines
 	inMulti := ""              // open multi-line string delimiter
 	for n, raw := range strings.Split(string(data), "\n") {
 		line := strings.TrimSpace(raw)
@@ -42,8 +54,8 @@ func keyLines(data []byte) keyIndex {
 			}
 			continue
 		}
-		if depth > 0 {
-			depth += bracketDelta(line)
+		if arr.depth > 0 {
+			arr.scan(idx, line, n+1)
 			continue
 		}
 		if line == "" || line[0] == '#' {
@@ -72,16 +84,24 @@ func keyLines(data []byte) keyIndex {
 		if eq < 0 {
 			continue
 		}
-		key := joinKey(splitKey(line[:eq]))
+		parts := splitKey(line[:eq])
+		key := joinKey(parts)
 		if table != plain {
 			// In an array of tables: also under the array's name, at
 			// the first element that has the key.
-			if _, ok := idx[plain+"."+key]; !ok {
-				idx[plain+"."+key] = n + 1
-			}
+			idx.setFirst(plain+"."+key, n+1)
 		}
 		if table != "" {
 			key = table + "." + key
+		}
+		// A dotted key defines the tables it names (a.b.c = 1 defines a
+		// and a.b): at the first line that names them.
+		for i := 1; i < len(parts); i++ {
+			t := joinKey(parts[:i])
+			if table != "" {
+				t = table + "." + t
+			}
+			idx.setFirst(t, n+1)
 		}
 		idx[key] = n + 1
 		val := strings.TrimSpace(stripComment(line[eq+1:]))
@@ -91,10 +111,38 @@ func keyLines(data []byte) keyIndex {
 			}
 		}
 		if strings.HasPrefix(val, "[") {
-			depth = bracketDelta(val)
+			arr = arrayScan{key: key}
+			arr.scan(idx, val, n+1)
 		}
 	}
 	return idx
+}
+
+// arrayScan reads an array value, over as many lines as it spans, and
+// records the line of each element that is an inline table as key[i] (an
+// array of inline tables is the inline form of an array of tables).
+type arrayScan struct {
+	key   string
+	depth int // open brackets and braces
+	elems int // inline tables seen at the top level of the array
+}
+
+func (a *arrayScan) scan(idx keyIndex, s string, line int) {
+	outsideStrings(stripComment(s), func(_ int, c byte) bool {
+		switch c {
+		case '[':
+			a.depth++
+		case '{':
+			if a.depth == 1 {
+				idx.setFirst(a.key+"["+strconv.Itoa(a.elems)+"]", line)
+				a.elems++
+			}
+			a.depth++
+		case ']', '}':
+			a.depth--
+		}
+		return true
+	})
 }
 
 func splitKey(s string) []string {
@@ -139,18 +187,4 @@ func stripComment(s string) string {
 		return true
 	})
 	return s[:end]
-}
-
-func bracketDelta(s string) int {
-	d := 0
-	outsideStrings(stripComment(s), func(_ int, c byte) bool {
-		switch c {
-		case '[':
-			d++
-		case ']':
-			d--
-		}
-		return true
-	})
-	return d
 }
