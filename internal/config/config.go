@@ -68,7 +68,16 @@ type Config struct {
 	Runner        Runner     `toml:"runner"`
 	Checks        Checks     `toml:"checks"`
 	Kmsg          Kmsg       `toml:"kmsg"`
+
+	// lines is the index of the file Parse read (nil for the defaults).
+	lines keyIndex
 }
+
+// Line returns the line of the file this configuration was parsed from
+// that sets key (a dotted key as Diff names it), or the closest table that
+// holds it; 0 when the file has neither (or the configuration is the
+// defaults).
+func (c *Config) Line(key string) int { return c.lines.find(key) }
 
 type Log struct {
 	Level  string `toml:"level"`
@@ -460,6 +469,7 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 		verr.Line = lines.find(verr.Key)
 		return nil, verr
 	}
+	c.lines = lines
 	return c, nil
 }
 

@@ -115,6 +115,9 @@ func TestDefaultTOMLCoversEveryKey(t *testing.T) {
 	walk = func(prefix []string, rt reflect.Type) {
 		for i := range rt.NumField() {
 			f := rt.Field(i)
+			if !f.IsExported() {
+				continue // not a key (Config.lines)
+			}
 			if f.Anonymous {
 				walk(prefix, f.Type)
 				continue

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -245,8 +246,14 @@ func (d *Daemon) reload() (Reloaded, error) {
 		}
 	}
 	if len(restart) > 0 {
+		// At the line of the first key, as every other configuration
+		// error (none: the file no longer sets it or its table).
+		at := d.cfgPath
+		if l := cfg.Line(restart[0]); l > 0 {
+			at += ":" + strconv.Itoa(l)
+		}
 		return Reloaded{}, fmt.Errorf("%s: %s %s: %s (systemctl restart autopilot-health); nothing applied",
-			d.cfgPath, plural(len(restart), "key", "keys"), strings.Join(restart, ", "), plural(len(restart), "needs a restart", "need a restart"))
+			at, plural(len(restart), "key", "keys"), strings.Join(restart, ", "), plural(len(restart), "needs a restart", "need a restart"))
 	}
 	env := *old
 	env.Config = cfg

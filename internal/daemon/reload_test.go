@@ -236,7 +236,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	// A key that needs a restart: refused as a whole.
 	write("[checks.DiskUsageHigh]\nspace_percent = 30\n[detect]\ninterval = \"2m\"\n")
 	reload()
-	if !strings.Contains(logs.String(), "key detect.interval: needs a restart (systemctl restart autopilot-health); nothing applied") {
+	if !strings.Contains(logs.String(), path+":27: key detect.interval: needs a restart (systemctl restart autopilot-health); nothing applied") {
 		t.Errorf("restart key refusal not logged:\n%s", logs.String())
 	}
 	c, _ := d.Store().Get("DiskUsageHigh")
@@ -355,7 +355,7 @@ func TestReloadOverTheControlSocket(t *testing.T) {
 		t.Errorf("a bad file: %q, %v; want refused with file, line and key", what, err)
 	}
 	write("[checks.DiskUsageHigh]\nspace_percent = 30\n[detect]\ninterval = \"2m\"\n")
-	if what, err := reload(); err == nil || !strings.Contains(err.Error(), "key detect.interval: needs a restart") {
+	if what, err := reload(); err == nil || !strings.Contains(err.Error(), path+":27: key detect.interval: needs a restart") {
 		t.Errorf("a key that needs a restart: %q, %v", what, err)
 	}
 	if c, _ := d.Store().Get("DiskUsageHigh"); !strings.Contains(c.Message, "(threshold 45%)") {
