@@ -5,7 +5,26 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 )
+
+// The metrics listener's timeouts. It listens on every interface by
+// default (:20257): a client that opens connections and leaves them idle, or
+// sends or reads slowly, must not hold them for ever. A scrape is a GET
+// without a body, answered in milliseconds; a connection idle for longer
+// than a scrape interval of a minute is closed (the next scrape opens one).
+const (
+	metricsReadHeaderTimeout = 10 * time.Second
+	metricsReadTimeout       = 10 * time.Second
+	metricsWriteTimeout      = 30 * time.Second
+	metricsIdleTimeout       = 90 * time.Second
+)
+
+// newMetricsServer is the server of /metrics and /healthz (Handler).
+func newMetricsServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: metricsReadHeaderTimeout, ReadTimeout: metricsReadTimeout,
+		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout}
+}
 
 // Addr returns the metrics listener's address.
 func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -18,7 +17,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.started = time.Now()
 	d.mu.Unlock()
-	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := newMetricsServer(d.Handler())
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(d.ln) }()
 	d.log.Info("serving metrics", "addr", d.ln.Addr().String(), "checks", len(d.currentRunner().Checks()))
