@@ -71,9 +71,17 @@ func (k *Keeper) Path() string { return filepath.Join(k.dir, StateFileName) }
 // Load reads the state file once. A corrupt file is itself a finding of
 // NodeTampered (the file was moved aside, never deleted, and the baseline
 // is not silently taken again: the finding stays until cleared); the error
-// is returned, once, for the log.
+// is returned, once, for the log. A keeper that writes first removes the
+// temp files of the state file a crash left (report.RemoveTemps; under its
+// lock, so no save of its own is under way); a read-only one (the one-shot
+// check beside a running daemon) leaves them.
 func (k *Keeper) Load(now time.Time) error {
 	k.load.Do(func() {
+		if !k.readOnly {
+			k.mu.Lock()
+			report.RemoveTemps(k.Path())
+			k.mu.Unlock()
+		}
 		s, err := LoadState(k.dir)
 		k.mu.Lock()
 		defer k.mu.Unlock()

@@ -106,6 +106,33 @@ func TestKeeperSavesRootOnly(t *testing.T) {
 	}
 }
 
+// The temp files of tamper.json a crash left are removed when a keeper
+// that writes loads; a read-only keeper (the one-shot check, beside the
+// running daemon's saves) leaves them, and other files are left.
+func TestKeeperLoadRemovesTempFilesLeftByACrash(t *testing.T) {
+	dir := t.TempDir()
+	left := filepath.Join(dir, StateFileName+".tmp2147483647")
+	other := filepath.Join(dir, "state.json.tmp12")
+	for _, p := range []string{left, other} {
+		if err := os.WriteFile(p, []byte("{half"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	NewKeeper(dir, "boot-1", true).Load(t0)
+	if _, err := os.Stat(left); err != nil {
+		t.Errorf("a read-only keeper removed %s: %v", left, err)
+	}
+	if err := NewKeeper(dir, "boot-1", false).Load(t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left in place: %v", left, err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("another file's temp removed: %v", err)
+	}
+}
+
 func TestAddFindingCapsAndDeduplicates(t *testing.T) {
 	var s State
 	f := Finding{Condition: CondNode, Path: "/a", Kind: Modified, BootID: "b", Detail: "x"}
