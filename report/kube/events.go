@@ -26,9 +26,14 @@ type aggregate struct {
 	first, last     time.Time
 	count           int32
 	name            string // set once created
-	sentCount       int32
-	lastPatch       time.Time
-	nextTry         time.Time
+	// createName is the name its create is sent under, chosen at the
+	// first try and kept across retries: a create the API server saved
+	// but whose answer was lost is found again (AlreadyExists), not made
+	// twice.
+	createName string
+	sentCount  int32
+	lastPatch  time.Time
+	nextTry    time.Time
 }
 
 // aggKey names an aggregate: reason and message, and for one whose dedupe
@@ -210,10 +215,14 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 }
 
 func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
-	// kubelet's naming (<node>.<hex nanoseconds>) plus a sequence number, so
-	// two events in the same nanosecond do not collide.
-	r.eventSeq++
-	name := fmt.Sprintf("%s.%x.%d", r.o.NodeName, a.first.UnixNano(), r.eventSeq)
+	retry := a.createName != ""
+	if !retry {
+		// kubelet's naming (<node>.<hex nanoseconds>) plus a sequence
+		// number, so two events in the same nanosecond do not collide.
+		r.eventSeq++
+		a.createName = fmt.Sprintf("%s.%x.%d", r.o.NodeName, a.first.UnixNano(), r.eventSeq)
+	}
+	name := a.createName
 	ev := &kubeapi.Event{
 		APIVersion: "v1", Kind: "Event",
 		// kubelet's convention for events about a Node: UID = node name.
@@ -231,7 +240,19 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	ev.Source.Component, ev.Source.Host = Component, r.o.NodeName
 	start := time.Now()
 	err := r.o.Client.CreateEvent(ctx, ev)
+	if retry && apierrors.IsAlreadyExists(err) {
+		// An earlier try was saved though its answer was lost (a timeout,
+		// a reset connection): it is this Event. Its count may be that of
+		// the earlier try; the patch sends the whole count.
+		r.m.observe(KindEvent, start, nil)
+		a.name, a.sentCount = name, -1
+		return r.patchEventCount(ctx, a, time.Now())
+	}
 	r.m.observe(KindEvent, start, err)
+	if apierrors.IsAlreadyExists(err) {
+		// Another Event has this name: the retry takes a new one.
+		a.createName = ""
+	}
 	if err != nil {
 		return err
 	}
@@ -247,7 +268,7 @@ func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.T
 	r.m.observe(KindEventCount, start, err)
 	if apierrors.IsNotFound(err) {
 		// The Event expired (the API server's event TTL): create it anew.
-		a.name = ""
+		a.name, a.createName = "", ""
 		return r.createEvent(ctx, a)
 	}
 	if err != nil {

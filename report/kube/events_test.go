@@ -1,0 +1,75 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// events lists the Events in EventNamespace.
+func events(t *testing.T, client *fake.Clientset) []corev1.Event {
+	t.Helper()
+	evs, err := client.CoreV1().Events(EventNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs.Items
+}
+
+// A create the API server saved but whose answer was lost (a timeout, a
+// reset connection) is retried under the same name: the AlreadyExists it
+// gets is the Event, whose count is then patched. Before, the retry took a
+// new name and made a second Event.
+func TestLostCreateAnswerMakesNoSecondEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		lost := 1
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if lost == 0 {
+				return false, nil, nil
+			}
+			lost--
+			ca := a.(k8stesting.CreateAction)
+			if err := client.Tracker().Create(corev1.SchemeGroupVersion.WithResource("events"), ca.GetObject(), ca.GetNamespace()); err != nil {
+				t.Error(err)
+			}
+			return true, nil, errors.New(`Post "https://api:6443/api/v1/namespaces/default/events": context deadline exceeded`)
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		const msg = "Buffer I/O error on dev sda1, logical block 0"
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		synctest.Wait() // the first create, saved, its answer lost
+		// More occurrences before the retry (1 s later).
+		for range 4 {
+			store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		evs := events(t, client)
+		if len(evs) != 1 || evs[0].Count != 5 {
+			for _, e := range evs {
+				t.Logf("Event %s count %d", e.Name, e.Count)
+			}
+			t.Errorf("5 occurrences, one create answer lost: %d Events; want 1 with count 5", len(evs))
+		}
+		if v := h.m.Failures(); v != 1 {
+			t.Errorf("%v failed API calls counted, want 1 (the lost answer)", v)
+		}
+		h.stop()
+	})
+}
