@@ -436,3 +436,57 @@ func TestClientClosesIdleConnectionsFirst(t *testing.T) {
 		t.Errorf("idle connections closed after %s, want less than the API server's %s", tr.IdleConnTimeout, apiIdleClose)
 	}
 }
+
+// An API server that resets each connection (a load balancer with none
+// behind it): every retry's error names another local port, yet it is the
+// same error, logged once (README: "An outage is a few log lines (first
+// failure, a changed error, recovery), not one per retry"); an error that
+// really changes (the API server answers 503, then resets again) is logged
+// again, each line with the error's whole text. Before, the error's text
+// was compared, and each reset was a line of its own.
+func TestResetConnectionsLogOnce(t *testing.T) {
+	var unavailable atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if unavailable.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"etcd is down","reason":"ServiceUnavailable","code":503}`)
+			return
+		}
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		c.(*net.TCPConn).SetLinger(0) // RST
+		c.Close()
+	}))
+	defer srv.Close()
+	c, err := newRESTClient(&rest.Config{Host: srv.URL, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	el := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)), what: "writing conditions of node x"}
+	try := func(n int) {
+		for range n {
+			err := c.PatchNodeStatus(context.Background(), "x", []byte(`{}`))
+			if err == nil {
+				t.Fatal("a write went through")
+			}
+			el.fail(err, time.Minute)
+		}
+	}
+	try(4)
+	lines := func() []string { return strings.Split(strings.TrimSpace(logs.String()), "\n") }
+	if l := lines(); len(l) != 1 || !strings.Contains(l[0], "connection reset by peer") || !strings.Contains(l[0], "->") {
+		t.Errorf("4 resets logged as %d lines, want 1 with the whole error (addresses too):\n%s", len(l), logs.String())
+	}
+	unavailable.Store(true)
+	try(2)
+	unavailable.Store(false)
+	try(2)
+	if l := lines(); len(l) != 3 || !strings.Contains(l[1], "etcd is down") || !strings.Contains(l[2], "connection reset by peer") {
+		t.Errorf("resets, 503s, resets: want 3 lines, one per change:\n%s", logs.String())
+	}
+}

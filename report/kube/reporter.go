@@ -3,8 +3,10 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -279,7 +281,7 @@ func (r *Reporter) progress(loop string, maxSilence time.Duration) {
 type errorLog struct {
 	log      *slog.Logger
 	what     string
-	last     string
+	last     string // errKey of the last error logged
 	failures int
 	// failing, if set, counts the loops that are failing (Reporter.failing);
 	// failingNow gets a token when it leaves 0.
@@ -299,17 +301,42 @@ func (l *errorLog) fail(err error, retryIn time.Duration) {
 		}
 	}
 	l.failures++
-	msg := err.Error()
-	if msg == l.last {
+	k := errKey(err)
+	if k == l.last {
 		return
 	}
-	l.last = msg
-	args := []any{"err", msg, "retry_in", retryIn.Round(time.Millisecond)}
+	l.last = k
+	args := []any{"err", err.Error(), "retry_in", retryIn.Round(time.Millisecond)}
 	if apierrors.IsForbidden(err) {
 		l.log.Error(l.what+" refused by the API server: the credentials do not allow it (is node_name this node's own name?)", args...)
 		return
 	}
 	l.log.Warn(l.what+" failed; will retry", args...)
+}
+
+// errKey is what errorLog compares to tell a changed error from the same
+// one again: for an answer of the API server its code and reason; for any
+// other error its innermost cause (with the operation of a network error),
+// without the addresses around it. A connection reset names the local port
+// (read tcp 10.0.0.5:54778->10.0.0.1:6443), another at each retry: the
+// text alone would make every retry a "changed error".
+func errKey(err error) string {
+	var se apierrors.APIStatus
+	if errors.As(err, &se) {
+		st := se.Status()
+		return fmt.Sprintf("status %d %s", st.Code, st.Reason)
+	}
+	op := ""
+	for {
+		if oe, ok := err.(*net.OpError); ok {
+			op = oe.Op + ": "
+		}
+		inner := errors.Unwrap(err)
+		if inner == nil {
+			return op + err.Error()
+		}
+		err = inner
+	}
 }
 
 func (l *errorLog) ok() {
