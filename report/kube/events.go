@@ -69,6 +69,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
+			r.finalFlush(aggs)
 			return
 		case e := <-r.events:
 			r.fold(aggs, e)
@@ -92,6 +93,9 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 		wrote, err := r.flush(ctx, aggs, time.Now())
 		if err != nil {
 			if ctx.Err() != nil {
+				// Shutdown cut the write short: what waits still gets
+				// its one short attempt.
+				r.finalFlush(aggs)
 				return
 			}
 			wait := bo.Next()
@@ -106,6 +110,39 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			// that found everything waiting for its retry made no call.
 			el.ok()
 			bo.Reset()
+		}
+	}
+}
+
+// finalFlush makes one short attempt (finalWriteTimeout), on shutdown, to
+// send what waits: the events still queued, Events not created yet, and
+// counts not patched yet, without waiting for the count's flush period or
+// a retry's backoff. What does not go out in that time is lost (events are
+// not kept in the state file).
+func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
+	for more := true; more; {
+		select {
+		case e := <-r.events:
+			r.fold(aggs, e)
+		default:
+			more = false
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
+	defer cancel()
+	for _, a := range aggs {
+		var err error
+		switch {
+		case a.name == "":
+			err = r.createEvent(ctx, a)
+		case a.count != a.sentCount:
+			err = r.patchEventCount(ctx, a, time.Now())
+		default:
+			continue
+		}
+		if err != nil {
+			r.o.Log.Warn("last write of events before shutdown failed; what was not sent is lost", "err", err)
+			return
 		}
 	}
 }

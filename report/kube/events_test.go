@@ -73,3 +73,27 @@ func TestLostCreateAnswerMakesNoSecondEvent(t *testing.T) {
 		h.stop()
 	})
 }
+
+// SIGTERM 3 s into a flood of identical events: the count that waits for
+// its 10 s patch is written before the reporter stops (finalFlush), as are
+// events still queued. Before, the Event kept the count of its create (1).
+func TestShutdownFlushesPendingEventCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		for range 100 {
+			store.Emit(report.Event{Reason: "IOError", Message: "same", Time: time.Now()})
+			time.Sleep(30 * time.Millisecond)
+		}
+		store.Emit(report.Event{Reason: "TaskHung", Message: "queued as SIGTERM comes", Time: time.Now()})
+		h.stop()
+		got := map[string]int32{}
+		for _, e := range events(t, client) {
+			got[e.Reason] += e.Count
+		}
+		if got["IOError"] != 100 || got["TaskHung"] != 1 || len(got) != 2 {
+			t.Errorf("after SIGTERM: counts %v, want IOError 100 and TaskHung 1", got)
+		}
+	})
+}

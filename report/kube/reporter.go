@@ -448,13 +448,17 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	}
 }
 
+// finalWriteTimeout bounds the last writes on shutdown (finalWrite,
+// finalFlush), which run side by side.
+const finalWriteTimeout = 2 * time.Second
+
 // finalWrite makes one short attempt, on shutdown, to write a change that
 // is not on the Node yet. The conditions are otherwise left as they are.
 func (r *Reporter) finalWrite(dirty bool) {
 	if !dirty {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
 	defer cancel()
 	if err := r.writeStatus(ctx); err != nil {
 		r.o.Log.Warn("last write of conditions before shutdown failed; the state file keeps them for the next start", "err", err)
