@@ -97,3 +97,39 @@ func TestShutdownFlushesPendingEventCounts(t *testing.T) {
 		}
 	})
 }
+
+// A count patch that finds its Event gone (expired: the API server's event
+// TTL) creates it anew, under a new name, with the count, and is not a
+// failed write: counted as one (not_found), it could fire
+// AutopilotHealthAPIWritesFailing{kind="event_count"} for nothing.
+func TestExpiredEventIsCreatedAnewNotCountedAsAFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		store.Emit(report.Event{Reason: "IOError", Message: "same", Time: time.Now()})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		evs := events(t, client)
+		if len(evs) != 1 {
+			t.Fatalf("%d Events after the first occurrence", len(evs))
+		}
+		first := evs[0].Name
+		if err := client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("events"), EventNamespace, first); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			store.Emit(report.Event{Reason: "IOError", Message: "same", Time: time.Now()})
+		}
+		time.Sleep(30 * time.Second) // past the count's flush period
+		synctest.Wait()
+		evs = events(t, client)
+		if len(evs) != 1 || evs[0].Name == first || evs[0].Count != 4 {
+			t.Errorf("after the Event expired: %d Events (%v); want one under a new name with count 4", len(evs), evs)
+		}
+		if v := h.m.Failures(); v != 0 {
+			t.Errorf("%v failed API calls counted, want 0: an expired Event is not a failure", v)
+		}
+		h.stop()
+	})
+}
