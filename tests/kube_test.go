@@ -410,10 +410,10 @@ func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	full0, resumed0 := kube.TLSHandshakes()
 	for i := range 3 {
 		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"test.autopilot.syself.com/resume":"%d"}}}`, i)
-		if err := client.PatchNode(ctx, "node-resume", patch); err != nil {
+		if _, err := client.PatchNode(ctx, "node-resume", patch); err != nil {
 			t.Fatalf("write %d: %v", i, err)
 		}
-		if err := client.PatchNode(ctx, "node-resume-other", patch); !apierrors.IsForbidden(err) {
+		if _, err := client.PatchNode(ctx, "node-resume-other", patch); !apierrors.IsForbidden(err) {
 			t.Errorf("write %d to another node: %v, want forbidden", i, err)
 		}
 		closer.CloseIdle()

@@ -48,10 +48,12 @@ var ErrNoKubeconfig = errors.New("no kubeconfig")
 // Tests wrap a fake clientset (kubefake).
 type Client interface {
 	GetNode(ctx context.Context, name string) (*kubeapi.Node, error)
-	// PatchNodeStatus applies a strategic merge patch to the Node's status.
-	PatchNodeStatus(ctx context.Context, name string, patch []byte) error
-	// PatchNode applies a JSON merge patch to the Node (its metadata).
-	PatchNode(ctx context.Context, name string, patch []byte) error
+	// PatchNodeStatus applies a strategic merge patch to the Node's status
+	// and returns the Node the API server answered with.
+	PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error)
+	// PatchNode applies a JSON merge patch to the Node (its metadata) and
+	// returns the Node the API server answered with.
+	PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error)
 	CreateEvent(ctx context.Context, ev *kubeapi.Event) error
 	// PatchEvent applies a strategic merge patch to an Event.
 	PatchEvent(ctx context.Context, namespace, name string, patch []byte) error
@@ -242,18 +244,18 @@ func (r *rotatingClient) GetNode(ctx context.Context, name string) (*kubeapi.Nod
 	return c.GetNode(ctx, name)
 }
 
-func (r *rotatingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+func (r *rotatingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
 	c, err := r.client()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return c.PatchNodeStatus(ctx, name, patch)
 }
 
-func (r *rotatingClient) PatchNode(ctx context.Context, name string, patch []byte) error {
+func (r *rotatingClient) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
 	c, err := r.client()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return c.PatchNode(ctx, name, patch)
 }
@@ -471,7 +473,17 @@ func (r restClient) CloseIdle() {
 }
 
 func (r restClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
-	b, err := r.c.Get().Resource("nodes").Name(name).Do(ctx).Raw()
+	return decodeNode(name, r.c.Get().Resource("nodes").Name(name).Do(ctx))
+}
+
+// decodeNode reads the Node in an answer.
+func decodeNode(name string, res rest.Result) (*kubeapi.Node, error) {
+	// Error, not Raw's error: it has the message of a Status the API
+	// server answered with.
+	if err := res.Error(); err != nil {
+		return nil, err
+	}
+	b, err := res.Raw()
 	if err != nil {
 		return nil, err
 	}
@@ -482,12 +494,12 @@ func (r restClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, er
 	return n, nil
 }
 
-func (r restClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
-	return r.c.Patch(types.StrategicMergePatchType).Resource("nodes").Name(name).SubResource("status").Body(patch).Do(ctx).Error()
+func (r restClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	return decodeNode(name, r.c.Patch(types.StrategicMergePatchType).Resource("nodes").Name(name).SubResource("status").Body(patch).Do(ctx))
 }
 
-func (r restClient) PatchNode(ctx context.Context, name string, patch []byte) error {
-	return r.c.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(patch).Do(ctx).Error()
+func (r restClient) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	return decodeNode(name, r.c.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(patch).Do(ctx))
 }
 
 func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {

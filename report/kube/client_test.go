@@ -470,7 +470,7 @@ func TestResetConnectionsLogOnce(t *testing.T) {
 	el := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)), what: "writing conditions of node x"}
 	try := func(n int) {
 		for range n {
-			err := c.PatchNodeStatus(context.Background(), "x", []byte(`{}`))
+			_, err := c.PatchNodeStatus(context.Background(), "x", []byte(`{}`))
 			if err == nil {
 				t.Fatal("a write went through")
 			}

@@ -120,10 +120,22 @@ type Reporter struct {
 	// Node: one the store no longer holds (removed when a reload disabled
 	// its check) is removed from the Node by the next write.
 	onNode []string
+	// nodeMu guards written, nodeUID and nodeTypes, which the status and
+	// annotation loops share.
+	nodeMu sync.Mutex
 	// written is closed after the first successful write of the conditions:
 	// only then are the report annotations written, so a report carrying
 	// this boot's ID means the Node's conditions are this boot's (Adopt).
+	// It is replaced by an open one when the Node turns out to have been
+	// registered anew (nodeAnswered), until the conditions are on it.
 	written chan struct{}
+	// nodeUID is the UID of the Node last read or written ("" before);
+	// nodeTypes the condition types the last status write put on it.
+	nodeUID   string
+	nodeTypes []string
+	// rewrite gets a token when the conditions must be written again (the
+	// Node was registered anew).
+	rewrite chan struct{}
 	// renderErr is the last error of rendering the report (annotation loop
 	// only): logged when it changes, not on every write.
 	renderErr string
@@ -160,7 +172,7 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), back: make(chan struct{}), failingNow: make(chan struct{}, 1)}
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), back: make(chan struct{}), failingNow: make(chan struct{}, 1)}
 	r.m.SetReporting(true)
 	return r
 }
@@ -437,6 +449,10 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		case <-hb.C:
 			beat = !dirty
 			dirty = true
+		case <-r.rewrite:
+			// The Node was registered anew: the conditions go back on it
+			// now, before the next report (nodeAnswered).
+			dirty, beat = true, false
 		case <-retry:
 			retry = nil
 		case <-r.apiBack():
@@ -485,6 +501,9 @@ func (r *Reporter) adopt(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.nodeMu.Lock()
+	r.nodeUID = node.Metadata.UID
+	r.nodeMu.Unlock()
 	n := 0
 	nodeBoot := report.ReportBootID(node.Metadata.Annotations)
 	if at := report.ReportedClear(node.Metadata.Annotations); !at.IsZero() {
@@ -542,11 +561,58 @@ func statusPatch(conds []report.Condition, remove []string, now time.Time) ([]by
 // wroteOnce records that this run's conditions are on the Node (closes
 // written once). Called by the status loop only.
 func (r *Reporter) wroteOnce() {
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
 	select {
 	case <-r.written:
 	default:
 		close(r.written)
 	}
+}
+
+// writtenCh returns written (see there).
+func (r *Reporter) writtenCh() <-chan struct{} {
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	return r.written
+}
+
+// nodeAnswered looks at the Node a write of the report annotations
+// answered with. When it is another Node than the one read or written
+// before (its UID changed: deleted and registered anew by the kubelet), or
+// lacks a condition the last status write put on it, the conditions are
+// written again at once, and the next report waits for them (written):
+// else they would be back only with the next heartbeat, minutes after the
+// report. It reports whether that is the case.
+func (r *Reporter) nodeAnswered(n *kubeapi.Node) bool {
+	if n == nil {
+		return false
+	}
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	uid := n.Metadata.UID
+	anew := uid != "" && r.nodeUID != "" && uid != r.nodeUID
+	if uid != "" {
+		r.nodeUID = uid
+	}
+	for _, t := range r.nodeTypes {
+		if !slices.ContainsFunc(n.Status.Conditions, func(c kubeapi.NodeCondition) bool { return c.Type == t }) {
+			anew = true
+		}
+	}
+	if !anew {
+		return false
+	}
+	select {
+	case <-r.written:
+		r.written = make(chan struct{})
+	default:
+	}
+	select {
+	case r.rewrite <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 func (r *Reporter) writeStatus(ctx context.Context) error {
@@ -568,7 +634,7 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	err = r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
+	n, err := r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
 	r.m.observe(KindStatus, start, err)
 	if err == nil {
 		r.stale = nil
@@ -576,6 +642,12 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 		for _, c := range conds {
 			r.onNode = append(r.onNode, c.Type)
 		}
+		r.nodeMu.Lock()
+		if n != nil && n.Metadata.UID != "" {
+			r.nodeUID = n.Metadata.UID
+		}
+		r.nodeTypes = slices.Clone(r.onNode)
+		r.nodeMu.Unlock()
 		r.wroteOnce()
 	}
 	return err
@@ -644,7 +716,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-r.written: // after the conditions of this boot (see written)
+	case <-r.writtenCh(): // after the conditions of this boot (see written)
 	}
 	if r.o.FirstPass != nil {
 		select {
@@ -667,6 +739,19 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		case <-time.After(wait):
 		case <-back:
 			bo.Reset()
+		}
+		if w := r.writtenCh(); !isClosed(w) {
+			// The Node was registered anew: the report waits for the
+			// conditions (see written), beating while their writer
+			// retries.
+			select {
+			case <-ctx.Done():
+				return
+			case <-w:
+			case <-time.After(r.o.ReportInterval):
+				wait = 0
+				continue
+			}
 		}
 		if err := r.writeAnnotations(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -703,9 +788,21 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	err = r.o.Client.PatchNode(ctx, r.o.NodeName, patch)
+	n, err := r.o.Client.PatchNode(ctx, r.o.NodeName, patch)
 	r.m.observe(KindAnnotations, start, err)
+	if err == nil && r.nodeAnswered(n) {
+		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
+	}
 	return err
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func errString(err error) string {

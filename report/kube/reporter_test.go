@@ -907,7 +907,7 @@ type slowStatus struct {
 	hung   chan struct{}
 }
 
-func (c *slowStatus) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+func (c *slowStatus) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
 	c.mu.Lock()
 	first := len(c.writes) == 0
 	c.writes = append(c.writes, string(patch))
@@ -915,7 +915,7 @@ func (c *slowStatus) PatchNodeStatus(ctx context.Context, name string, patch []b
 	if first {
 		close(c.hung)
 		<-ctx.Done()
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 	return c.Client.PatchNodeStatus(ctx, name, patch)
 }
@@ -957,7 +957,7 @@ func (c *closingClient) note(what string) {
 	c.calls = append(c.calls, fmt.Sprintf("%s@%s", what, time.Since(c.anchor)))
 }
 
-func (c *closingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+func (c *closingClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
 	c.mu.Lock()
 	fail := c.failStatus > 0 && time.Since(c.anchor) >= c.failStatus
 	if fail {
@@ -966,7 +966,7 @@ func (c *closingClient) PatchNodeStatus(ctx context.Context, name string, patch 
 	c.mu.Unlock()
 	if fail {
 		c.note("failed")
-		return errors.New("the API server is away")
+		return nil, errors.New("the API server is away")
 	}
 	c.note("status")
 	return c.Client.PatchNodeStatus(ctx, name, patch)
@@ -977,7 +977,7 @@ func (c *closingClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) erro
 	return c.Client.CreateEvent(ctx, ev)
 }
 
-func (c *closingClient) PatchNode(ctx context.Context, name string, patch []byte) error {
+func (c *closingClient) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
 	c.note("annotations")
 	return c.Client.PatchNode(ctx, name, patch)
 }
@@ -1100,4 +1100,82 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 			t.Errorf("%d change writes, %d heartbeats, %d annotation writes, %d closes: %v", changes, beats, anns, closes, calls)
 		}
 	})
+}
+
+// The Node deleted and registered anew by the kubelet (a new UID, none of
+// the daemon's conditions): the first report write that finds it puts the
+// conditions back at once, not with the next heartbeat minutes later (the
+// reports must not stand on a Node without this boot's conditions, see
+// written). Before, the report came back at its next refresh (2 min) and
+// the conditions only with the heartbeat (5 min).
+func TestNodeRegisteredAnewGetsItsConditionsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.UID = "uid-1"
+		client := fake.NewClientset(n)
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := h.node(t); findCond(n, "DiskUsageHigh") == nil || n.Annotations["autopilot.syself.com/storage"] == "" {
+			t.Fatal("conditions and report not written")
+		}
+		nodes := corev1.SchemeGroupVersion.WithResource("nodes")
+		if err := client.Tracker().Delete(nodes, "", node); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Second)
+		n = kubeletNode()
+		n.UID = "uid-2"
+		if err := client.Tracker().Add(n); err != nil {
+			t.Fatal(err)
+		}
+		for range 10 * 60 {
+			time.Sleep(time.Second)
+			synctest.Wait()
+			n := h.node(t)
+			reported, conds := n.Annotations["autopilot.syself.com/storage"] != "", findCond(n, "DiskUsageHigh") != nil
+			if reported || conds {
+				if !reported || !conds {
+					t.Errorf("on the Node registered anew: report %v, conditions %v; want both back together", reported, conds)
+				}
+				break
+			}
+		}
+		h.stop()
+	})
+}
+
+// nodeAnswered asks for the conditions again for a Node whose UID changed
+// or that lacks a condition the last status write put there, and only then.
+func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
+	answer := func(uid string, types ...string) *kubeapi.Node {
+		n := &kubeapi.Node{}
+		n.Metadata.UID = uid
+		for _, ty := range types {
+			n.Status.Conditions = append(n.Status.Conditions, kubeapi.NodeCondition{Type: ty})
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name string
+		n    *kubeapi.Node
+		want bool
+	}{
+		{"the same Node", answer("uid-1", "Ready", "DiskUsageHigh"), false},
+		{"no UID in the answer", answer("", "DiskUsageHigh"), false},
+		{"another UID", answer("uid-2", "Ready", "DiskUsageHigh"), true},
+		{"the condition missing", answer("uid-1", "Ready"), true},
+	} {
+		r := New(Options{Store: report.NewStore("b")})
+		r.nodeUID, r.nodeTypes = "uid-1", []string{"DiskUsageHigh"}
+		r.wroteOnce()
+		if got := r.nodeAnswered(tc.n); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+		if pending := !isClosed(r.writtenCh()); pending != tc.want || len(r.rewrite) == 1 != tc.want {
+			t.Errorf("%s: report waits %v, rewrite asked %v; want %v", tc.name, pending, len(r.rewrite) == 1, tc.want)
+		}
+	}
 }

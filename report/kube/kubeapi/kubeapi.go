@@ -9,11 +9,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Node is what the reporter reads of its Node: the annotations and the
-// conditions.
+// Node is what the reporter reads of its Node: which Node it is (the UID
+// changes when the Node is deleted and registered again), the annotations
+// and the conditions.
 type Node struct {
 	Metadata struct {
 		Name        string            `json:"name"`
+		UID         string            `json:"uid,omitempty"`
 		Annotations map[string]string `json:"annotations,omitempty"`
 	} `json:"metadata"`
 	Status struct {

@@ -24,22 +24,24 @@ func New(cs kubernetes.Interface) Client { return Client{cs} }
 type Client struct{ cs kubernetes.Interface }
 
 func (c Client) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
-	n, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	return node(c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}))
+}
+
+func (c Client) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	return node(c.cs.CoreV1().Nodes().PatchStatus(ctx, name, patch))
+}
+
+func (c Client) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	return node(c.cs.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}))
+}
+
+// node converts an answer's Node.
+func node(n *corev1.Node, err error) (*kubeapi.Node, error) {
 	if err != nil {
 		return nil, err
 	}
 	out := &kubeapi.Node{}
 	return out, convert(n, out)
-}
-
-func (c Client) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
-	_, err := c.cs.CoreV1().Nodes().PatchStatus(ctx, name, patch)
-	return err
-}
-
-func (c Client) PatchNode(ctx context.Context, name string, patch []byte) error {
-	_, err := c.cs.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-	return err
 }
 
 func (c Client) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
