@@ -12,7 +12,10 @@ const bootSlack = 2 * time.Second
 // nor resets the timers of anything that watches it:
 //   - not in the store: taken over as it is (observers see a restore);
 //   - same status in the store: the Node's lastTransitionTime wins, because
-//     it is the one watchers have been timing;
+//     it is the one watchers have been timing; unless the store saw the
+//     condition change to that status after the Node's time (a change the
+//     API server has not seen: True, False, True through an outage), not
+//     just found it so first (a start without the state file);
 //   - a condition held until reboot (the kernel's) that the Node shows True
 //     since this boot began, or one held forever (tamper) that the Node shows
 //     True: taken over even when the store says otherwise, because such a
@@ -70,6 +73,13 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	case !had:
 		s.conds[c.Type] = c
 		s.dropRestoredPartsLocked(c.Type)
+	case prev.Status == c.Status && s.observed[c.Type] &&
+		prev.LastTransitionTime.Truncate(time.Second).After(c.LastTransitionTime.Truncate(time.Second)):
+		// The store saw the condition change to this status after the
+		// Node's time (True, False, True through an outage): its time is
+		// the later word, written with the next write.
+		s.mu.Unlock()
+		return false
 	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
 		prev.LastTransitionTime = c.LastTransitionTime
 		s.conds[c.Type] = prev

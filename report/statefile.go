@@ -30,6 +30,9 @@ type stateFile struct {
 	Parts map[string]map[string]Condition `json:"parts,omitempty"`
 	// Memos are the values registered with Keep (this boot's only).
 	Memos map[string]json.RawMessage `json:"memos,omitempty"`
+	// Observed are the condition types whose transition time is a change
+	// the store saw (Store.observed).
+	Observed []string `json:"transitionsObserved,omitempty"`
 }
 
 const stateVersion = 1
@@ -39,12 +42,16 @@ const StateFileName = "state.json"
 
 // snapshot returns the conditions and the kept values as of one instant:
 // the keepers run under the same lock as the copy of the conditions.
-func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[string]any) {
+func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[string]any, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	conds := make([]Condition, 0, len(s.conds))
+	var observed []string
 	for _, c := range s.conds {
 		conds = append(conds, c)
+		if s.observed[c.Type] {
+			observed = append(observed, c.Type)
+		}
 	}
 	var parts map[string]map[string]Condition
 	for t, ps := range s.parts {
@@ -57,6 +64,7 @@ func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[st
 		parts[t] = maps.Clone(ps)
 	}
 	slices.SortFunc(conds, func(a, b Condition) int { return strings.Compare(a.Type, b.Type) })
+	slices.Sort(observed)
 	memos := make(map[string]any, len(s.memos)+len(s.keepers))
 	for k, raw := range s.memos { // restored, and not (yet) kept by anyone: carried on
 		memos[k] = raw
@@ -64,14 +72,14 @@ func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[st
 	for k, fn := range s.keepers {
 		memos[k] = fn()
 	}
-	return conds, parts, memos
+	return conds, parts, memos, observed
 }
 
 // Save writes the conditions and the kept values atomically (temp file,
 // fsync, rename, fsync of the directory) to dir.
 func (s *Store) Save(dir string, now time.Time) error {
-	conds, parts, memos := s.snapshot()
-	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds, Parts: parts}
+	conds, parts, memos, observed := s.snapshot()
+	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds, Parts: parts, Observed: observed}
 	if len(memos) > 0 {
 		sf.Memos = make(map[string]json.RawMessage, len(memos))
 		for k, v := range memos {
@@ -228,6 +236,7 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 			continue
 		}
 		s.conds[c.Type] = c
+		s.observed[c.Type] = slices.Contains(sf.Observed, c.Type)
 		restored = append(restored, c)
 	}
 	if sf.BootID == s.bootID {

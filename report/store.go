@@ -39,13 +39,18 @@ type Store struct {
 	// does not take back a True from before the clear.
 	released map[string]time.Time
 	cleared  map[string]time.Time
+	// observed: the condition types whose lastTransitionTime is a change
+	// of status the store saw, not its first sighting of the condition (a
+	// start without the state file): Adopt keeps such a time when it is
+	// later than the Node's (kept in the state file).
+	observed map[string]bool
 }
 
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
 		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
-		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}}
+		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}, observed: map[string]bool{}}
 }
 
 // Release lets a Set of a condition that is held once True (a tamper
@@ -189,6 +194,12 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 	if had && prev.Status == c.Status {
 		c.LastTransitionTime = prev.LastTransitionTime
 	}
+	switch {
+	case !had:
+		delete(s.observed, c.Type)
+	case prev.Status != c.Status:
+		s.observed[c.Type] = true
+	}
 	s.conds[c.Type] = c
 	changed := !had || prev.Status != c.Status || prev.Reason != c.Reason || prev.Message != c.Message
 	obs := s.observers
@@ -228,6 +239,7 @@ func (s *Store) Remove(condType string) bool {
 	c, had := s.conds[condType]
 	delete(s.conds, condType)
 	delete(s.parts, condType)
+	delete(s.observed, condType)
 	obs := s.observers
 	if had {
 		close(s.changed)

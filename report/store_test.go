@@ -578,3 +578,49 @@ func TestStoreSaveUrgency(t *testing.T) {
 		t.Errorf("TouchLater: asked for %q", g)
 	}
 }
+
+// True, False, True through an API outage, then a restart before the API
+// returns: the Node still shows the first True. The store saw the condition
+// turn True again after that (the state file says so), and its later time
+// is kept: taking the Node's older one would make a "True for N minutes"
+// watcher (a MachineHealthCheck) act early. A True the store only found so
+// at its start (the state file lost, then saved) is no such change: the
+// Node's time, the one watchers have been timing, wins.
+func TestAdoptKeepsAChangeTheNodeHasNotSeen(t *testing.T) {
+	nodeTrue := Condition{Type: "DiskUsageHigh", Status: StatusTrue, Reason: "FilesystemSpaceHigh", Message: "on the node", LastTransitionTime: t0}
+	restart := func(t *testing.T, s *Store) *Store {
+		t.Helper()
+		dir := t.TempDir()
+		if err := s.Save(dir, t0.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		s2 := NewStore("b")
+		if _, err := s2.Load(dir); err != nil {
+			t.Fatal(err)
+		}
+		return s2
+	}
+
+	s := NewStore("b")
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "a"), t0)
+	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", "b"), t0.Add(time.Minute))
+	again := t0.Add(2 * time.Minute)
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemInodesHigh", "c"), again)
+	s = restart(t, s)
+	if s.Adopt(nodeTrue, "b") {
+		t.Error("the Node's older True time replaced the change the store saw")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(again) {
+		t.Errorf("after True, False, True and a restart: %+v; want True since %v", c, again)
+	}
+
+	s = NewStore("b") // started without its state file
+	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "a"), t0.Add(time.Hour))
+	s = restart(t, s)
+	if !s.Adopt(nodeTrue, "b") {
+		t.Error("a True first seen at a start won over the Node's time")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("first seen at a start: %+v; want the Node's time %v", c, t0)
+	}
+}
