@@ -429,7 +429,7 @@ var Events = []EventDesc{
 	{Reason: "NvmeError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "nvme controller or I/O error"},
 	{Reason: "AtaError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "ATA bus or device error"},
 	{Reason: "NvidiaXidError", Source: SourceKmsg, Scope: ScopeGPU, Trigger: "NVRM: Xid"},
-	{Reason: "MemoryReadError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "EDAC memory read error"},
+	{Reason: "MemoryReadError", Source: SourceKmsg, Scope: ScopeAll, Trigger: "the EDAC core logged a memory error (corrected or uncorrected)"},
 	{Reason: "UnregisterNetDevice", Source: SourceKmsg, Scope: ScopeAll, Trigger: "unregister_netdevice: waiting for a device to become free"},
 	{Reason: "CperHardwareErrorCorrected", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: corrected"},
 	{Reason: "CperHardwareErrorRecoverable", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: recoverable"},
