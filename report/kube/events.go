@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -228,12 +229,18 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 		r.progress(eventsLoop, time.Second)
 		switch {
 		case a.name == "":
-			if err := r.createEvent(ctx, a); err != nil {
+			if err := r.createEvent(ctx, a); refused(err) {
+				r.dropRefused(aggs, k, a, err)
+				continue
+			} else if err != nil {
 				return wrote, err
 			}
 			wrote = true
 		case a.count != a.sentCount && now.Sub(a.lastPatch) >= r.o.EventCountFlush:
-			if err := r.patchEventCount(ctx, a, now); err != nil {
+			if err := r.patchEventCount(ctx, a, now); refused(err) {
+				r.dropRefused(aggs, k, a, err)
+				continue
+			} else if err != nil {
 				return wrote, err
 			}
 			wrote = true
@@ -242,7 +249,10 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 		case k.retired != 0 && a.count != a.sentCount:
 			// A retired aggregate's last count, without waiting for the
 			// flush period: nothing raises it any more.
-			if err := r.patchEventCount(ctx, a, now); err != nil {
+			if err := r.patchEventCount(ctx, a, now); refused(err) {
+				r.dropRefused(aggs, k, a, err)
+				continue
+			} else if err != nil {
 				return wrote, err
 			}
 			wrote = true
@@ -257,7 +267,7 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 		// kubelet's naming (<node>.<hex nanoseconds>) plus a sequence
 		// number, so two events in the same nanosecond do not collide.
 		r.eventSeq++
-		a.createName = fmt.Sprintf("%s.%x.%d", r.o.NodeName, a.first.UnixNano(), r.eventSeq)
+		a.createName = eventName(r.o.NodeName, a.first, r.eventSeq)
 	}
 	name := a.createName
 	ev := &kubeapi.Event{
@@ -296,6 +306,43 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	r.changeWrote()
 	a.name, a.sentCount, a.lastPatch = name, ev.Count, time.Now()
 	return nil
+}
+
+// maxEventName is the longest object name the API server takes (a DNS
+// subdomain).
+const maxEventName = 253
+
+// eventName is <node>.<hex nanoseconds>.<seq>, the node's name shortened
+// (and its cut end trimmed of '.' and '-') where a long one would make the
+// name longer than the API server takes: every Event of such a node would
+// be refused.
+func eventName(node string, first time.Time, seq uint64) string {
+	suffix := fmt.Sprintf(".%x.%d", first.UnixNano(), seq)
+	if len(node)+len(suffix) > maxEventName {
+		node = strings.TrimRight(node[:maxEventName-len(suffix)], ".-")
+	}
+	return node + suffix
+}
+
+// refused says whether the API server refused a write for what it is (an
+// invalid object, a bad request, one too large): sending it again gets the
+// same answer.
+func refused(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsRequestEntityTooLargeError(err)
+}
+
+// dropRefused drops an aggregate whose write the API server refused for
+// what it is, so that it neither is retried forever nor holds the other
+// Events back behind the retry's backoff; it is counted in events_dropped
+// and logged once per change of the refusal.
+func (r *Reporter) dropRefused(aggs map[aggKey]*aggregate, k aggKey, a *aggregate, err error) {
+	delete(aggs, k)
+	r.m.dropped.Inc()
+	if key := errKey(err); key != r.refusedKey {
+		r.refusedKey = key
+		r.o.Log.Error("event refused by the API server; dropped (logged again only for another refusal)",
+			"reason", a.reason, "count", a.count, "err", err.Error())
+	}
 }
 
 func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.Time) error {

@@ -1,16 +1,24 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -132,4 +140,72 @@ func TestExpiredEventIsCreatedAnewNotCountedAsAFailure(t *testing.T) {
 		}
 		h.stop()
 	})
+}
+
+// An Event the API server refuses for what it is (422 Invalid) is dropped,
+// counted in events_dropped and logged once: it is not retried forever, and
+// the other Events are not held back behind its retry's backoff. Before,
+// every Event waited for the refused one's backoff, which never ended.
+func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		tries := 0
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+			if ev.Reason != "TaskHung" {
+				return false, nil, nil
+			}
+			mu.Lock()
+			tries++
+			mu.Unlock()
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
+		})
+		store := report.NewStore("b")
+		var logs bytes.Buffer
+		h := startLogged(t, client, store, report.NewDetails(), &logs)
+		for i := range 3 {
+			store.Emit(report.Event{Reason: "TaskHung", Message: fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", i), Time: time.Now()})
+			synctest.Wait()
+		}
+		store.Emit(report.Event{Reason: "IOError", Message: "Buffer I/O error on dev sda1, logical block 0", Time: time.Now()})
+		synctest.Wait()
+		if evs := events(t, client); len(evs) != 1 || evs[0].Reason != "IOError" {
+			t.Errorf("the Event after three refused ones: %d Events; want the IOError at once", len(evs))
+		}
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		if tries != 3 {
+			t.Errorf("%d creates of the 3 refused Events in 10 minutes, want 3 (none retried)", tries)
+		}
+		mu.Unlock()
+		if v := testutil.ToFloat64(h.m.dropped); v != 3 {
+			t.Errorf("events_dropped_total %v, want 3", v)
+		}
+		h.stop()
+		if n := strings.Count(logs.String(), "event refused by the API server"); n != 1 {
+			t.Errorf("%d log lines for 3 refusals alike, want 1:\n%s", n, logs.String())
+		}
+	})
+}
+
+// A node name long enough to make <node>.<hex>.<seq> longer than the API
+// server takes is shortened in the Event's name, never past a '.' or '-'
+// at the cut.
+func TestEventNameFitsTheAPIServer(t *testing.T) {
+	at := time.Unix(1700000000, 123)
+	if got := eventName("node-1", at, 7); got != "node-1.17979cfe362a007b.7" {
+		t.Errorf("short name: %s", got)
+	}
+	// The suffix ".17979cfe362a007b.12345" is 23 bytes: the cut at 230
+	// falls just after the '-'.
+	long := strings.Repeat("a", 229) + "-" + strings.Repeat("b", 40)
+	got := eventName(long, at, 12345)
+	if len(got) > maxEventName || got != strings.Repeat("a", 229)+".17979cfe362a007b.12345" {
+		t.Errorf("long name (%d): %s", len(got), got)
+	}
+	if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
+		t.Errorf("%s: %v", got, errs)
+	}
 }

@@ -73,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "events_dropped_total",
-			Help: "Events not sent to the API server because the queue or the aggregation table was full.",
+			Help: "Events not sent to the API server because the queue or the aggregation table was full, or because the API server refused the Event itself (invalid).",
 		}),
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "events_aggregated_total",

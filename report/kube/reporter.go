@@ -144,6 +144,8 @@ type Reporter struct {
 	changeWritten atomic.Pointer[time.Time]
 	// eventSeq and retired are used by the event loop only.
 	eventSeq, retired uint64
+	// refusedKey is the errKey of the last refusal logged (dropRefused).
+	refusedKey string
 	// failing counts the writers whose last call failed; probeLoop dials
 	// only while it is not 0.
 	failing atomic.Int32
