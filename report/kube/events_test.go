@@ -142,8 +142,9 @@ func TestExpiredEventIsCreatedAnewNotCountedAsAFailure(t *testing.T) {
 	})
 }
 
-// An Event the API server refuses for what it is (422 Invalid) is dropped,
-// counted in events_dropped and logged once: it is not retried forever, and
+// An Event the API server refuses for what it is (422 Invalid, 400, 413) is
+// dropped, counted in events_dropped and logged once per kind of refusal
+// (TestRefusedEventsAlikeLogOnce): it is not retried forever, and
 // the other Events are not held back behind its retry's backoff. Before,
 // every Event waited for the refused one's backoff, which never ended.
 func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
@@ -157,9 +158,18 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 				return false, nil, nil
 			}
 			mu.Lock()
+			defer mu.Unlock()
 			tries++
-			mu.Unlock()
-			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
+			// Each refusal the API server gives for the object itself:
+			// 422, 400, 413.
+			switch tries {
+			case 1:
+				return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
+			case 2:
+				return true, nil, apierrors.NewBadRequest("the body of the request was in an unknown format")
+			default:
+				return true, nil, apierrors.NewRequestEntityTooLargeError("limit is 3145728")
+			}
 		})
 		store := report.NewStore("b")
 		var logs bytes.Buffer
@@ -184,8 +194,8 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 			t.Errorf("events_dropped_total %v, want 3", v)
 		}
 		h.stop()
-		if n := strings.Count(logs.String(), "event refused by the API server"); n != 1 {
-			t.Errorf("%d log lines for 3 refusals alike, want 1:\n%s", n, logs.String())
+		if n := strings.Count(logs.String(), "event refused by the API server"); n != 3 {
+			t.Errorf("%d log lines for 3 refusals of 3 kinds, want 3:\n%s", n, logs.String())
 		}
 	})
 }
@@ -208,4 +218,29 @@ func TestEventNameFitsTheAPIServer(t *testing.T) {
 	if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
 		t.Errorf("%s: %v", got, errs)
 	}
+}
+
+// Refusals alike (the same code and reason) are one log line.
+func TestRefusedEventsAlikeLogOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
+		})
+		store := report.NewStore("b")
+		var logs bytes.Buffer
+		h := startLogged(t, client, store, report.NewDetails(), &logs)
+		for i := range 5 {
+			store.Emit(report.Event{Reason: "TaskHung", Message: fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", i), Time: time.Now()})
+			synctest.Wait()
+		}
+		h.stop()
+		if v := testutil.ToFloat64(h.m.dropped); v != 5 {
+			t.Errorf("events_dropped_total %v, want 5", v)
+		}
+		if n := strings.Count(logs.String(), "event refused by the API server"); n != 1 {
+			t.Errorf("%d log lines for 5 refusals alike, want 1:\n%s", n, logs.String())
+		}
+	})
 }
