@@ -40,9 +40,11 @@ type Store struct {
 	released map[string]time.Time
 	cleared  map[string]time.Time
 	// observed: the condition types whose lastTransitionTime is a change
-	// of status the store saw, not its first sighting of the condition (a
-	// start without the state file): Adopt keeps such a time when it is
-	// later than the Node's (kept in the state file).
+	// of status the store saw, from one decided status (True, False) to
+	// another, not its first sighting of the condition (a start without
+	// the state file) nor its first decision after Unknown (a placeholder):
+	// Adopt keeps such a time when it is later than the Node's (kept in
+	// the state file).
 	observed map[string]bool
 }
 
@@ -195,7 +197,10 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 		c.LastTransitionTime = prev.LastTransitionTime
 	}
 	switch {
-	case !had:
+	case !had, prev.Status == StatusUnknown && prev.Status != c.Status:
+		// First seen, or decided after Unknown (the kernel log monitor's
+		// placeholder, a check that could not run): when the status
+		// became what it is is not known.
 		delete(s.observed, c.Type)
 	case prev.Status != c.Status:
 		s.observed[c.Type] = true

@@ -623,4 +623,17 @@ func TestAdoptKeepsAChangeTheNodeHasNotSeen(t *testing.T) {
 	if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(t0) {
 		t.Errorf("first seen at a start: %+v; want the Node's time %v", c, t0)
 	}
+
+	// A start without the state file: the kernel log monitor's placeholder
+	// (Unknown, NoData), then True once the log is read, before the Node
+	// is read. Deciding after a placeholder is no change seen: the Node's
+	// time stays (a lost state file does not reset "True for 120 s").
+	ro := Condition{Type: "ReadonlyFilesystem", Status: StatusTrue, Reason: "FilesystemIsReadOnly", Message: "on the node", LastTransitionTime: t0}
+	s = NewStore("b")
+	s.Set(cond("ReadonlyFilesystem", StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0.Add(time.Hour))
+	s.Set(cond("ReadonlyFilesystem", StatusTrue, "FilesystemIsReadOnly", "EXT4-fs (sda1): Remounting filesystem read-only"), t0.Add(time.Hour+time.Second))
+	s.Adopt(ro, "b")
+	if c, _ := s.Get("ReadonlyFilesystem"); !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("decided after the placeholder: %+v; want the Node's time %v", c, t0)
+	}
 }
