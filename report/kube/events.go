@@ -35,6 +35,10 @@ type aggregate struct {
 	sentCount  int32
 	lastPatch  time.Time
 	nextTry    time.Time
+	// refused: the API server refused it for what it is (dropRefused):
+	// kept until its window ends, so that repeats fold into it (each
+	// counted as dropped) instead of each being sent and refused again.
+	refused bool
 }
 
 // aggKey names an aggregate: reason and message, and for one whose dedupe
@@ -134,6 +138,8 @@ func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
 	for _, a := range aggs {
 		var err error
 		switch {
+		case a.refused:
+			continue
 		case a.name == "":
 			err = r.createEvent(ctx, a)
 		case a.count != a.sentCount:
@@ -154,10 +160,15 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 		if e.Time.Sub(a.first) < EventDedupeWindow {
 			a.count++
 			a.last = e.Time
+			if a.refused {
+				a.sentCount = a.count
+				r.m.dropped.Inc()
+				return
+			}
 			r.m.coalesced.Inc()
 			return
 		}
-		if a.name == "" || a.count != a.sentCount {
+		if !a.refused && (a.name == "" || a.count != a.sentCount) {
 			// Its window is over but not all of it is on the API server
 			// (an outage longer than the window): keep it under a key of
 			// its own until it is, so the next occurrence starts a new
@@ -197,6 +208,8 @@ func nextFlush(aggs map[aggKey]*aggregate, now time.Time, countFlush time.Durati
 	for _, a := range aggs {
 		var due time.Time
 		switch {
+		case a.refused:
+			continue
 		case a.name == "":
 			due = a.nextTry
 		case a.count != a.sentCount:
@@ -228,9 +241,13 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 		// it makes them.
 		r.progress(eventsLoop, time.Second)
 		switch {
+		case a.refused:
+			if now.Sub(a.first) >= EventDedupeWindow || k.retired != 0 {
+				delete(aggs, k) // the next occurrence is tried anew
+			}
 		case a.name == "":
 			if err := r.createEvent(ctx, a); refused(err) {
-				r.dropRefused(aggs, k, a, err)
+				r.dropRefused(a, err)
 				continue
 			} else if err != nil {
 				return wrote, err
@@ -238,7 +255,7 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 			wrote = true
 		case a.count != a.sentCount && now.Sub(a.lastPatch) >= r.o.EventCountFlush:
 			if err := r.patchEventCount(ctx, a, now); refused(err) {
-				r.dropRefused(aggs, k, a, err)
+				r.dropRefused(a, err)
 				continue
 			} else if err != nil {
 				return wrote, err
@@ -250,7 +267,7 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 			// A retired aggregate's last count, without waiting for the
 			// flush period: nothing raises it any more.
 			if err := r.patchEventCount(ctx, a, now); refused(err) {
-				r.dropRefused(aggs, k, a, err)
+				r.dropRefused(a, err)
 				continue
 			} else if err != nil {
 				return wrote, err
@@ -325,19 +342,21 @@ func eventName(node string, first time.Time, seq uint64) string {
 }
 
 // refused says whether the API server refused a write for what it is (an
-// invalid object, a bad request, one too large): sending it again gets the
-// same answer.
+// invalid object, 422; one too large, 413): sending it again gets the same
+// answer. A 400 is not taken as such: a proxy in front of the API server
+// may answer one for a request that would go through later.
 func refused(err error) bool {
-	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsRequestEntityTooLargeError(err)
+	return apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err)
 }
 
-// dropRefused drops an aggregate whose write the API server refused for
-// what it is, so that it neither is retried forever nor holds the other
-// Events back behind the retry's backoff; it is counted in events_dropped
-// and logged once per change of the refusal.
-func (r *Reporter) dropRefused(aggs map[aggKey]*aggregate, k aggKey, a *aggregate, err error) {
-	delete(aggs, k)
-	r.m.dropped.Inc()
+// dropRefused gives up on an aggregate whose write the API server refused
+// for what it is, so that it neither is retried forever nor holds the other
+// Events back behind the retry's backoff: its occurrences not sent are
+// counted in events_dropped, as are its repeats until its window ends (it
+// stays to fold them), and the refusal is logged once per change of it.
+func (r *Reporter) dropRefused(a *aggregate, err error) {
+	r.m.dropped.Add(float64(a.count - a.sentCount))
+	a.refused, a.sentCount = true, a.count
 	if key := errKey(err); key != r.refusedKey {
 		r.refusedKey = key
 		r.o.Log.Error("event refused by the API server; dropped (logged again only for another refusal)",

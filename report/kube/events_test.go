@@ -142,11 +142,11 @@ func TestExpiredEventIsCreatedAnewNotCountedAsAFailure(t *testing.T) {
 	})
 }
 
-// An Event the API server refuses for what it is (422 Invalid, 400, 413) is
-// dropped, counted in events_dropped and logged once per kind of refusal
-// (TestRefusedEventsAlikeLogOnce): it is not retried forever, and
-// the other Events are not held back behind its retry's backoff. Before,
-// every Event waited for the refused one's backoff, which never ended.
+// An Event the API server refuses for what it is (422 Invalid, 413) is
+// given up, counted in events_dropped and logged once per change of
+// refusal: it is not retried forever, and the other Events are not held
+// back behind its retry's backoff. Before, every Event waited for the
+// refused one's backoff, which never ended.
 func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
@@ -160,16 +160,10 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			tries++
-			// Each refusal the API server gives for the object itself:
-			// 422, 400, 413.
-			switch tries {
-			case 1:
-				return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
-			case 2:
-				return true, nil, apierrors.NewBadRequest("the body of the request was in an unknown format")
-			default:
+			if tries == 3 {
 				return true, nil, apierrors.NewRequestEntityTooLargeError("limit is 3145728")
 			}
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
 		})
 		store := report.NewStore("b")
 		var logs bytes.Buffer
@@ -183,19 +177,73 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 		if evs := events(t, client); len(evs) != 1 || evs[0].Reason != "IOError" {
 			t.Errorf("the Event after three refused ones: %d Events; want the IOError at once", len(evs))
 		}
-		time.Sleep(10 * time.Minute)
+		time.Sleep(9 * time.Minute)
 		synctest.Wait()
 		mu.Lock()
 		if tries != 3 {
-			t.Errorf("%d creates of the 3 refused Events in 10 minutes, want 3 (none retried)", tries)
+			t.Errorf("%d creates of the 3 refused Events in 9 minutes, want 3 (none retried)", tries)
 		}
 		mu.Unlock()
 		if v := testutil.ToFloat64(h.m.dropped); v != 3 {
 			t.Errorf("events_dropped_total %v, want 3", v)
 		}
 		h.stop()
-		if n := strings.Count(logs.String(), "event refused by the API server"); n != 3 {
-			t.Errorf("%d log lines for 3 refusals of 3 kinds, want 3:\n%s", n, logs.String())
+		// 422, 422 (alike: not logged again), 413.
+		if n := strings.Count(logs.String(), "event refused by the API server"); n != 2 {
+			t.Errorf("%d log lines for refusals 422, 422, 413; want 2:\n%s", n, logs.String())
+		}
+	})
+}
+
+// A refused Event's repeats fold into it until its 10-minute window ends,
+// each counted as dropped: a kernel line that repeats is not sent (and
+// refused) again at each occurrence, spending the client's rate limit that
+// the condition writes share. After the window, it is tried once more. A
+// 400 is not taken for a refusal of the Event itself (a proxy may answer
+// one).
+func TestRefusedEventRepeatsAreNotSentAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		tries := 0
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+			mu.Lock()
+			tries++
+			mu.Unlock()
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
+		})
+		store := report.NewStore("b")
+		var logs bytes.Buffer
+		h := startLogged(t, client, store, report.NewDetails(), &logs)
+		const msg = "INFO: task kubelet:1 blocked for more than 120 seconds."
+		for range 600 { // 10 a second for a minute
+			store.Emit(report.Event{Reason: "TaskHung", Message: msg, Time: time.Now()})
+			time.Sleep(100 * time.Millisecond)
+		}
+		synctest.Wait()
+		mu.Lock()
+		if tries != 1 {
+			t.Errorf("%d creates for 600 repeats of one refused Event in a minute, want 1", tries)
+		}
+		mu.Unlock()
+		if v := testutil.ToFloat64(h.m.dropped); v != 600 {
+			t.Errorf("events_dropped_total %v, want 600", v)
+		}
+		time.Sleep(10 * time.Minute)
+		store.Emit(report.Event{Reason: "TaskHung", Message: msg, Time: time.Now()})
+		synctest.Wait()
+		mu.Lock()
+		if tries != 2 {
+			t.Errorf("%d creates after the window, want 2 (tried once more)", tries)
+		}
+		mu.Unlock()
+		h.stop()
+		if n := strings.Count(logs.String(), "event refused by the API server"); n != 1 {
+			t.Errorf("%d log lines for one refusal repeated, want 1:\n%s", n, logs.String())
+		}
+		if refused(apierrors.NewBadRequest("bad")) {
+			t.Error("a 400 is taken for a refusal of the Event itself")
 		}
 	})
 }
