@@ -586,7 +586,12 @@ func (r *Reporter) writtenCh() <-chan struct{} {
 // written again at once, and the next report waits for them (written):
 // else they would be back only with the next heartbeat, minutes after the
 // report. It reports whether that is the case.
-func (r *Reporter) nodeAnswered(n *kubeapi.Node) bool {
+//
+// expect are the types the last status write put on the Node as of before
+// the write that got n was sent (expectedTypes): a status write that adds
+// one while that write is in flight is not in its answer, and is no sign of
+// a Node registered anew.
+func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 	if n == nil {
 		return false
 	}
@@ -597,7 +602,7 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node) bool {
 	if uid != "" {
 		r.nodeUID = uid
 	}
-	for _, t := range r.nodeTypes {
+	for _, t := range expect {
 		if !slices.ContainsFunc(n.Status.Conditions, func(c kubeapi.NodeCondition) bool { return c.Type == t }) {
 			anew = true
 		}
@@ -615,6 +620,14 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node) bool {
 	default:
 	}
 	return true
+}
+
+// expectedTypes returns the condition types the last status write put on
+// the Node.
+func (r *Reporter) expectedTypes() []string {
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	return slices.Clone(r.nodeTypes)
 }
 
 func (r *Reporter) writeStatus(ctx context.Context) error {
@@ -789,10 +802,11 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	expect := r.expectedTypes()
 	start := time.Now()
 	n, err := r.o.Client.PatchNode(ctx, r.o.NodeName, patch)
 	r.m.observe(KindAnnotations, start, err)
-	if err == nil && r.nodeAnswered(n) {
+	if err == nil && r.nodeAnswered(n, expect) {
 		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
 	}
 	return err

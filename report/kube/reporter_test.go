@@ -1167,11 +1167,16 @@ func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 		{"no UID in the answer", answer("", "DiskUsageHigh"), false},
 		{"another UID", answer("uid-2", "Ready", "DiskUsageHigh"), true},
 		{"the condition missing", answer("uid-1", "Ready"), true},
+		// A status write added NodeTampered while the annotation write
+		// was in flight: its answer predates it.
+		{"a condition added since the write was sent", answer("uid-1", "Ready", "DiskUsageHigh"), false},
 	} {
 		r := New(Options{Store: report.NewStore("b")})
 		r.nodeUID, r.nodeTypes = "uid-1", []string{"DiskUsageHigh"}
+		expect := r.expectedTypes()
+		r.nodeTypes = append(r.nodeTypes, "NodeTampered")
 		r.wroteOnce()
-		if got := r.nodeAnswered(tc.n); got != tc.want {
+		if got := r.nodeAnswered(tc.n, expect); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 		if pending := !isClosed(r.writtenCh()); pending != tc.want || len(r.rewrite) == 1 != tc.want {
