@@ -72,7 +72,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		return false
 	case !had:
 		s.conds[c.Type] = c
-		s.dropRestoredPartsLocked(c.Type)
+		s.seedPartsLocked(desc, c)
 	case prev.Status == c.Status && s.observed[c.Type] &&
 		prev.LastTransitionTime.Truncate(time.Second).After(c.LastTransitionTime.Truncate(time.Second)):
 		// The store saw the condition change to this status after the
@@ -92,9 +92,9 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 			c.LastUpdateTime = c.LastTransitionTime
 		}
 		s.conds[c.Type] = c
-		// The parts restored from the state file said otherwise: they
-		// are not the Node's (a part set since start stays).
-		s.dropRestoredPartsLocked(c.Type)
+		// The parts restored from the state file said otherwise (a part
+		// decided since the start stays).
+		s.seedPartsLocked(desc, c)
 		close(s.changed)
 		s.changed = make(chan struct{})
 	default:

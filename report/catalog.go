@@ -137,6 +137,10 @@ type Part struct {
 	// in the row's order.
 	Name   string
 	Source Source
+	// Reasons are the condition's problem reasons this part sets: each of
+	// the row's ProblemReasons belongs to one part. A True taken over from
+	// the Node is this part's when its reason is.
+	Reasons []Reason
 }
 
 // Part returns the part of the condition that src evaluates, if the
@@ -354,7 +358,8 @@ var Conditions = []ConditionDesc{
 		HealthyReason: ReasonDisksHealthy, ProblemReasons: []Reason{ReasonNVMeCriticalWarning, ReasonDiskIOErrors},
 		Trigger: "an NVMe SMART critical-warning bit other than the temperature bit (`DiskTemperatureHigh`'s) is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes", Cause: "a physical disk is wearing out or failing",
 		// Two sources, each its own part: the kernel log monitor's I/O error window and the NVMe SMART check.
-		Parts: []Part{{Name: "kernel-io-errors", Source: SourceKmsg}, {Name: "nvme-smart", Source: SourceCheck}}},
+		Parts: []Part{{Name: "kernel-io-errors", Source: SourceKmsg, Reasons: []Reason{ReasonDiskIOErrors}},
+			{Name: "nvme-smart", Source: SourceCheck, Reasons: []Reason{ReasonNVMeCriticalWarning}}}},
 	{Type: "DiskWearHigh", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonDiskWearOK, ProblemReasons: []Reason{ReasonEnduranceMostlyUsed},
 		Trigger: "an NVMe drive has used most of its rated write endurance", Cause: "a drive is approaching end of life"},
@@ -456,6 +461,11 @@ var conditionIndex = func() map[string]int {
 		for j, p := range c.Parts {
 			if p.Name == "" || slices.ContainsFunc(c.Parts[:j], func(q Part) bool { return q.Name == p.Name || q.Source == p.Source }) {
 				panic(fmt.Sprintf("report: condition %q: part %q: a part needs a name, and parts differ in name and source", c.Type, p.Name))
+			}
+		}
+		for _, r := range c.ProblemReasons {
+			if n := len(slices.DeleteFunc(slices.Clone(c.Parts), func(p Part) bool { return !slices.Contains(p.Reasons, r) })); n != 1 {
+				panic(fmt.Sprintf("report: condition %q: reason %s belongs to %d parts, not one", c.Type, r, n))
 			}
 		}
 	}

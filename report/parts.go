@@ -63,13 +63,30 @@ func (s *Store) ForgetPart(src Source, condType string) {
 	}
 }
 
-// dropRestoredPartsLocked drops the parts of condType that Load restored
-// and their sources have not set since; s.mu is held.
-func (s *Store) dropRestoredPartsLocked(condType string) {
-	for _, n := range s.restoredParts[condType] {
-		delete(s.parts[condType], n)
+// seedPartsLocked sets the parts of a condition the Node's word c replaced
+// at start (Adopt) where no source has decided since the start: a part
+// restored from the state file (it said otherwise), one with no data yet
+// (the kernel log not read), or none. The part whose reasons hold c's, when
+// c is True, is c; the others have no data, so that the first part to
+// decide does not lower a True the Node holds for another part, and a
+// condition no part has decided keeps the Node's status. s.mu is held.
+func (s *Store) seedPartsLocked(desc ConditionDesc, c Condition) {
+	t := c.Type
+	for _, p := range desc.Parts {
+		cur, ok := s.parts[t][p.Name]
+		if ok && !slices.Contains(s.restoredParts[t], p.Name) && (cur.Status != StatusUnknown || cur.Reason != ReasonNoData) {
+			continue // decided since the start: newer than the Node
+		}
+		part := Condition{Type: t, Status: StatusUnknown, Reason: ReasonNoData, Message: "taken over from the Node; not evaluated since"}
+		if c.Status == StatusTrue && slices.Contains(p.Reasons, c.Reason) {
+			part.Status, part.Reason, part.Message = c.Status, c.Reason, c.Message
+		}
+		if s.parts[t] == nil {
+			s.parts[t] = map[string]Condition{}
+		}
+		s.parts[t][p.Name] = part
 	}
-	delete(s.restoredParts, condType)
+	delete(s.restoredParts, t)
 }
 
 // RemovePart drops src's part of a condition (src no longer evaluates it:

@@ -217,7 +217,37 @@ func TestPartsRestoredWithTheirCondition(t *testing.T) {
 	if !adopted.Adopt(Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, LastTransitionTime: t0.Add(time.Minute)}, "b1") {
 		t.Fatal("the Node's later False was not adopted")
 	}
-	if p, ok := adopted.Part(SourceCheck, "DisksFailure"); ok {
+	if p, ok := adopted.Part(SourceCheck, "DisksFailure"); !ok || p.Status != StatusUnknown || p.Reason != ReasonNoData {
 		t.Errorf("a restored part survived the Node's word for another status: %+v", p)
+	}
+}
+
+// The Node's word taken over at start replaces the parts no source has
+// decided since (restored ones, no data yet): the part whose reason the
+// Node's True has holds it, so the other part, deciding first, does not
+// lower it. Both parts were saved False; the Node holds a later True for
+// the kernel's I/O errors (the last save failed).
+func TestAdoptSeedsThePartsItReplaces(t *testing.T) {
+	dir := t.TempDir()
+	prev := NewStore("b1")
+	prev.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0)
+	prev.SetPart(SourceCheck, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "nvme0 ok"}, t0)
+	if err := prev.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	s := NewStore("b1")
+	if _, err := s.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	node := Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonDiskIOErrors, Message: "the kernel logged 7 disk I/O errors", LastTransitionTime: t0.Add(time.Minute)}
+	if !s.Adopt(node, "b1") {
+		t.Fatal("the Node's later True was not adopted")
+	}
+	if p, _ := s.Part(SourceKmsg, "DisksFailure"); p.Status != StatusTrue || p.Reason != ReasonDiskIOErrors {
+		t.Errorf("the kernel's part after the Node's True: %+v", p)
+	}
+	s.SetPart(SourceCheck, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "nvme0 ok"}, t0.Add(time.Hour))
+	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(node.LastTransitionTime) {
+		t.Errorf("after the SMART part's False: %s/%s since %v, want True since %v", c.Status, c.Reason, c.LastTransitionTime, node.LastTransitionTime)
 	}
 }
