@@ -78,15 +78,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			return
 		case e := <-r.events:
 			r.fold(aggs, e)
-			// Take everything already queued before writing.
-			for more := true; more; {
-				select {
-				case e := <-r.events:
-					r.fold(aggs, e)
-				default:
-					more = false
-				}
-			}
+			r.foldQueued(aggs) // everything already queued, before writing
 		case <-timer.C:
 		case <-r.apiBack():
 			// The API server is back: what waits for its retry goes now.
@@ -119,20 +111,25 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 	}
 }
 
+// foldQueued folds the events already queued, without waiting for more.
+func (r *Reporter) foldQueued(aggs map[aggKey]*aggregate) {
+	for {
+		select {
+		case e := <-r.events:
+			r.fold(aggs, e)
+		default:
+			return
+		}
+	}
+}
+
 // finalFlush makes one short attempt (finalWriteTimeout), on shutdown, to
 // send what waits: the events still queued, Events not created yet, and
 // counts not patched yet, without waiting for the count's flush period or
 // a retry's backoff. What does not go out in that time is lost (events are
 // not kept in the state file).
 func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
-	for more := true; more; {
-		select {
-		case e := <-r.events:
-			r.fold(aggs, e)
-		default:
-			more = false
-		}
-	}
+	r.foldQueued(aggs)
 	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
 	defer cancel()
 	for _, a := range aggs {

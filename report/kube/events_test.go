@@ -150,20 +150,11 @@ func TestExpiredEventIsCreatedAnewNotCountedAsAFailure(t *testing.T) {
 func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
-		var mu sync.Mutex
-		tries := 0
-		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
-			if ev.Reason != "TaskHung" {
-				return false, nil, nil
+		tries := refuseCreates(client, "TaskHung", func(n int, ev *corev1.Event) error {
+			if n == 3 {
+				return apierrors.NewRequestEntityTooLargeError("limit is 3145728")
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			tries++
-			if tries == 3 {
-				return true, nil, apierrors.NewRequestEntityTooLargeError("limit is 3145728")
-			}
-			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
+			return tooLong(ev)
 		})
 		store := report.NewStore("b")
 		var logs bytes.Buffer
@@ -179,11 +170,9 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 		}
 		time.Sleep(9 * time.Minute)
 		synctest.Wait()
-		mu.Lock()
-		if tries != 3 {
-			t.Errorf("%d creates of the 3 refused Events in 9 minutes, want 3 (none retried)", tries)
+		if n := tries(); n != 3 {
+			t.Errorf("%d creates of the 3 refused Events in 9 minutes, want 3 (none retried)", n)
 		}
-		mu.Unlock()
 		if v := testutil.ToFloat64(h.m.dropped); v != 3 {
 			t.Errorf("events_dropped_total %v, want 3", v)
 		}
@@ -204,15 +193,7 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 func TestRefusedEventRepeatsAreNotSentAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
-		var mu sync.Mutex
-		tries := 0
-		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
-			mu.Lock()
-			tries++
-			mu.Unlock()
-			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
-		})
+		tries := refuseCreates(client, "", func(_ int, ev *corev1.Event) error { return tooLong(ev) })
 		store := report.NewStore("b")
 		var logs bytes.Buffer
 		h := startLogged(t, client, store, report.NewDetails(), &logs)
@@ -222,22 +203,18 @@ func TestRefusedEventRepeatsAreNotSentAgain(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		synctest.Wait()
-		mu.Lock()
-		if tries != 1 {
-			t.Errorf("%d creates for 600 repeats of one refused Event in a minute, want 1", tries)
+		if n := tries(); n != 1 {
+			t.Errorf("%d creates for 600 repeats of one refused Event in a minute, want 1", n)
 		}
-		mu.Unlock()
 		if v := testutil.ToFloat64(h.m.dropped); v != 600 {
 			t.Errorf("events_dropped_total %v, want 600", v)
 		}
 		time.Sleep(10 * time.Minute)
 		store.Emit(report.Event{Reason: "TaskHung", Message: msg, Time: time.Now()})
 		synctest.Wait()
-		mu.Lock()
-		if tries != 2 {
-			t.Errorf("%d creates after the window, want 2 (tried once more)", tries)
+		if n := tries(); n != 2 {
+			t.Errorf("%d creates after the window, want 2 (tried once more)", n)
 		}
-		mu.Unlock()
 		h.stop()
 		if n := strings.Count(logs.String(), "event refused by the API server"); n != 1 {
 			t.Errorf("%d log lines for one refusal repeated, want 1:\n%s", n, logs.String())
@@ -272,10 +249,7 @@ func TestEventNameFitsTheAPIServer(t *testing.T) {
 func TestRefusedEventsAlikeLogOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
-		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
-			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
-		})
+		refuseCreates(client, "", func(_ int, ev *corev1.Event) error { return tooLong(ev) })
 		store := report.NewStore("b")
 		var logs bytes.Buffer
 		h := startLogged(t, client, store, report.NewDetails(), &logs)
@@ -291,4 +265,28 @@ func TestRefusedEventsAlikeLogOnce(t *testing.T) {
 			t.Errorf("%d log lines for 5 refusals alike, want 1:\n%s", n, logs.String())
 		}
 	})
+}
+
+// refuseCreates makes the fake API server refuse the creates of Events of
+// reason (of every reason when ""), the nth with refusal(n, the Event); it
+// returns how many it refused so far.
+func refuseCreates(client *fake.Clientset, reason string, refusal func(n int, ev *corev1.Event) error) func() int {
+	var mu sync.Mutex
+	n := 0
+	client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+		if reason != "" && ev.Reason != reason {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		return true, nil, refusal(n, ev)
+	})
+	return func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+// tooLong is the API server's 422 for an Event whose message is too long.
+func tooLong(ev *corev1.Event) error {
+	return apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
 }
