@@ -406,43 +406,70 @@ func TestDMControlWithoutDeviceMapper(t *testing.T) {
 }
 
 // File notifications wake the check on a change of a protected path (the
-// kernel's inotify on this machine's filesystem).
+// kernel's inotify on this machine's filesystem): a write, and then a chmod,
+// each wake it on their own. A write queues several events (create, modify,
+// close) and the wake token is one: a chmod step watched by the same watcher
+// could pass on a wake the write's later events left. So each change is
+// watched by a watcher (and a wake channel) of its own, and the write's
+// watcher has returned (Watch waits for its reader, so no more wakes can
+// come from it) before the chmod's starts: the chmod step passes only on the
+// chmod's own event (IN_ATTRIB; without it in the watch mask it fails).
 func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 	h := newTamperHost(t)
 	c := h.start("boot-1", report.NewStore("boot-1"))
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "") // hands the watcher its directories
-	woken := make(chan struct{}, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.Watch(ctx, func() {
-			select {
-			case woken <- struct{}{}:
-			default:
+	for _, step := range []struct {
+		name   string
+		change func()
+		// finding: what the run after the change finds (that run also
+		// hands the next watcher its directories).
+		finding string
+	}{
+		{"write", func() { h.write("/etc/cni/net.d/00-evil.conflist", "{}") }, "/etc/cni/net.d/00-evil.conflist added"},
+		{"chmod", func() {
+			if err := os.Chmod(h.path("/var/lib/kubelet/config.yaml"), 0o600); err != nil {
+				t.Fatal(err)
 			}
-		})
-	}()
-	defer func() { cancel(); <-done }()
-	for _, change := range []func(){
-		func() { h.write("/etc/cni/net.d/00-evil.conflist", "{}") },
-		func() { os.Chmod(h.path("/var/lib/kubelet/config.yaml"), 0o600) },
+		}, "/var/lib/kubelet/config.yaml mode"},
 	} {
-		// The watches are set asynchronously: repeat the change's effect by
-		// probing until the wake arrives, within a deadline.
+		woken := make(chan struct{}, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.Watch(ctx, func() {
+				select {
+				case woken <- struct{}{}:
+				default:
+				}
+			})
+		}()
+		// The watches are set asynchronously: repeat the change until the
+		// wake arrives, within a deadline.
 		deadline := time.After(10 * time.Second)
-		change()
+		step.change()
+		ok := false
 	wait:
 		for {
 			select {
 			case <-woken:
+				ok = true
 				break wait
 			case <-deadline:
-				t.Fatal("no wake-up within 10s of a change")
+				break wait
 			case <-time.After(50 * time.Millisecond):
-				change()
+				step.change()
 			}
 		}
+		// Quiet: this watcher's reader has returned, nothing wakes after
+		// this; its channel (and a token the change's later events left
+		// in it) is not the next step's.
+		cancel()
+		<-done
+		if !ok {
+			t.Fatalf("%s: no wake-up within 10s of the change", step.name)
+		}
+		h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, step.finding)
 	}
 }
 
