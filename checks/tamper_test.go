@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,10 +28,14 @@ type tamperHost struct {
 	now      time.Time
 	memos    *report.Store
 	// gpu: the node has an NVIDIA GPU; protect adds protected paths;
-	// tolerate replaces checks.NodeTampered.tolerate (nil: the default).
+	// exclude is checks.NodeTampered.exclude; tolerate replaces
+	// checks.NodeTampered.tolerate (nil: the default).
 	gpu      bool
 	protect  []string
+	exclude  []string
 	tolerate []string
+	// logs, when set, gets the check's log lines (else they are dropped).
+	logs *testenv.SyncBuffer
 }
 
 func newTamperHost(t *testing.T) *tamperHost {
@@ -65,6 +70,7 @@ func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck 
 		c.HostRoot = h.root
 		c.StateDir = h.stateDir
 		c.Checks.NodeTampered.Paths = append([]string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/kubernetes/kubelet.conf"}, h.protect...)
+		c.Checks.NodeTampered.Exclude = h.exclude
 		if h.tolerate != nil {
 			c.Checks.NodeTampered.Tolerate = h.tolerate
 		}
@@ -72,6 +78,9 @@ func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck 
 		c.Checks.NodeTampered.Settle = config.Duration{}
 	})
 	env.Now = func() time.Time { return h.now }
+	if h.logs != nil {
+		env.Log = slog.New(slog.NewTextHandler(h.logs, nil))
+	}
 	env.GPU = h.gpu
 	env.BootID = boot
 	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
@@ -269,6 +278,9 @@ const (
 func sealedEnv(t *testing.T, h *tamperHost, boot string, dm tamper.DM) Check {
 	env := testEnv(t, func(c *config.Config) { c.HostRoot, c.StateDir = h.root, h.stateDir })
 	env.Now = func() time.Time { return h.now }
+	if h.logs != nil {
+		env.Log = slog.New(slog.NewTextHandler(h.logs, nil))
+	}
 	env.GPU = h.gpu
 	env.BootID = boot
 	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
