@@ -1131,7 +1131,13 @@ func TestNodeRegisteredAnewGetsItsConditionsBack(t *testing.T) {
 		if err := client.Tracker().Add(n); err != nil {
 			t.Fatal(err)
 		}
-		for range 10 * 60 {
+		// The conditions and the report were written within 1 s: the
+		// next report write (every 2 minutes) finds the new Node and the
+		// conditions come back with it, in the same second, where the
+		// next heartbeat would bring them 5 minutes after their last write.
+		registered := time.Now()
+		back := time.Duration(-1)
+		for time.Since(registered) < 10*time.Minute {
 			time.Sleep(time.Second)
 			synctest.Wait()
 			n := h.node(t)
@@ -1140,10 +1146,21 @@ func TestNodeRegisteredAnewGetsItsConditionsBack(t *testing.T) {
 				if !reported || !conds {
 					t.Errorf("on the Node registered anew: report %v, conditions %v; want both back together", reported, conds)
 				}
+				back = time.Since(registered)
 				break
 			}
 		}
 		h.stop()
+		if back < 0 {
+			t.Fatal("neither the report nor the conditions came back on the Node registered anew within 10 minutes")
+		}
+		t.Logf("report and conditions back %s after the Node was registered anew", back)
+		// By the first report write after the registration: within the
+		// report interval of it (and a few seconds), minutes before a
+		// heartbeat (5 min after the conditions' write, 10 s before it).
+		if limit := 2*time.Minute + 5*time.Second; back > limit {
+			t.Errorf("back %s after the Node was registered anew, want within %s (the first report write), not with the heartbeat", back, limit)
+		}
 	})
 }
 
