@@ -144,6 +144,31 @@ func (n *kernelNode) statusDoc() daemon.StatusReport {
 	}
 }
 
+// statusAnswer is the longest the status socket may take to answer during
+// the outage (an ask is not retried: the socket must answer each one).
+const statusAnswer = 2 * time.Second
+
+// askStatus asks the daemon's status socket once, within statusAnswer: no
+// retry. It returns how long the answer took.
+func (n *kernelNode) askStatus() (daemon.StatusReport, time.Duration, error) {
+	c := &http.Client{Timeout: statusAnswer, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", n.status)
+	}}}
+	defer c.CloseIdleConnections()
+	var st daemon.StatusReport
+	start := time.Now()
+	resp, err := c.Get("http://daemon" + daemon.StatusPath)
+	if err != nil {
+		return st, time.Since(start), err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, time.Since(start), fmt.Errorf("status socket answered %s", resp.Status)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	return st, time.Since(start), err
+}
+
 // storeHas polls the daemon's status until its condition ty has status st.
 func (n *kernelNode) storeHas(ty string, st corev1.ConditionStatus) {
 	n.t.Helper()
@@ -238,7 +263,8 @@ func (n *kernelNode) nodeEvents(sub string) []corev1.Event {
 // kube-apiserver is down (etcd stays) for SOAK_APIDOWN while two kernel
 // conditions turn True and three kernel warnings repeat once a second; the
 // daemon (its shipped binary, with the node's credentials) answers its
-// status socket throughout. When kube-apiserver is back: both conditions
+// status socket throughout: asked once a second, each ask answered within
+// statusAnswer (2 s), not retried. When kube-apiserver is back: both conditions
 // are on the Node within 5 s, with the transition times of the kernel
 // lines (not of the reconnect); every warning is counted on an Event, one
 // Event per message and 10-minute dedupe window (less any the daemon lost
@@ -280,8 +306,18 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	fired := map[string]int32{}
 	var rfAt, kdAt time.Time
 	var samples []int64
+	var asks int
+	var slowest time.Duration
 	tick := time.NewTicker(time.Second)
 	for i := 0; time.Since(began) < down; i++ {
+		// The status socket answers throughout the outage.
+		if _, took, err := n.askStatus(); err != nil {
+			t.Fatalf("%s into the outage the status socket did not answer within %s: %v (after %d answers, the slowest %s)",
+				time.Since(began).Round(time.Millisecond), statusAnswer, err, asks, slowest)
+		} else {
+			asks++
+			slowest = max(slowest, took)
+		}
 		m := msgs[i%len(msgs)]
 		n.line("EXT4-fs warning (device TOKEN): " + m + " repeated through the outage")
 		fired[m]++
@@ -301,6 +337,7 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 		<-tick.C // the outage's pace: one warning a second
 	}
 	tick.Stop()
+	t.Logf("soak: the status socket answered %d asks during the outage, the slowest in %s", asks, slowest.Round(time.Millisecond))
 	// The daemon read both lines (its status answers without the API).
 	n.storeHas("ReadonlyFilesystem", corev1.ConditionTrue)
 	n.storeHas("KernelDeadlock", corev1.ConditionTrue)
