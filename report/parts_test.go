@@ -1,6 +1,9 @@
 package report
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -206,8 +209,38 @@ func TestPartsRestoredWithTheirCondition(t *testing.T) {
 	if _, err := other.Load(dir); err != nil {
 		t.Fatal(err)
 	}
-	if p, ok := other.Part(SourceCheck, "DisksFailure"); ok {
-		t.Errorf("a part of another boot was restored: %+v", p)
+	// Another boot: the saved parts are not restored (the kernel's False
+	// was about the other boot's log); the parts are what the condition
+	// says, as for a state file without parts.
+	if p, _ := other.Part(SourceKmsg, "DisksFailure"); p.Status != StatusUnknown || p.Reason != ReasonNoData {
+		t.Errorf("the kernel's part in another boot: %+v, want no data", p)
+	}
+	if p, _ := other.Part(SourceCheck, "DisksFailure"); p.Status != StatusTrue || p.Reason != ReasonNVMeCriticalWarning {
+		t.Errorf("the SMART part in another boot: %+v, want the condition's True", p)
+	}
+
+	// A state file of an earlier version, without parts.
+	raw, err := os.ReadFile(filepath.Join(dir, StateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sf map[string]any
+	if err := json.Unmarshal(raw, &sf); err != nil {
+		t.Fatal(err)
+	}
+	delete(sf, "parts")
+	oldDir := t.TempDir()
+	raw, _ = json.Marshal(sf)
+	if err := os.WriteFile(filepath.Join(oldDir, StateFileName), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := NewStore("b1")
+	if _, err := old.Load(oldDir); err != nil {
+		t.Fatal(err)
+	}
+	old.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0.Add(time.Hour))
+	if c, _ := old.Get("DisksFailure"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("a state file without parts, the kernel's part first: %s/%s since %v, want True since %v", c.Status, c.Reason, c.LastTransitionTime, t0)
 	}
 
 	adopted := NewStore("b1")

@@ -266,6 +266,23 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 			}
 		}
 	}
+	// A condition with parts restored without them (a state file of an
+	// earlier version, or of another boot): its parts are what it says,
+	// as when the Node's word replaces it (seedPartsLocked), so the part
+	// that reports first does not decide alone; they count as restored.
+	for _, c := range restored {
+		desc, _ := Lookup(c.Type)
+		if len(desc.Parts) == 0 || len(s.parts[c.Type]) > 0 {
+			continue
+		}
+		s.seedPartsLocked(desc, c)
+		if s.restoredParts == nil {
+			s.restoredParts = map[string][]string{}
+		}
+		for _, p := range desc.Parts {
+			s.restoredParts[c.Type] = append(s.restoredParts[c.Type], p.Name)
+		}
+	}
 	obs := s.observers
 	s.mu.Unlock()
 	res.Restored = len(restored)

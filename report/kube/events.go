@@ -144,6 +144,10 @@ func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
 		default:
 			continue
 		}
+		if refused(err) {
+			r.dropRefused(a, err) // as in flush: the others still go
+			continue
+		}
 		if err != nil {
 			r.o.Log.Warn("last write of events before shutdown failed; what was not sent is lost", "err", err)
 			return

@@ -290,3 +290,44 @@ func refuseCreates(client *fake.Clientset, reason string, refusal func(n int, ev
 func tooLong(ev *corev1.Event) error {
 	return apierrors.NewInvalid(schema.GroupKind{Kind: "Event"}, ev.Name, field.ErrorList{field.TooLong(field.NewPath("message"), "", 1024)})
 }
+
+// A refused Event among those SIGTERM's last attempt sends does not end the
+// attempt: the others still go, and it is counted as dropped. The API
+// server is down (500) while the events come, so all of them wait for the
+// last attempt, by which it is back.
+func TestShutdownSendsTheOthersPastARefusedEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down := true
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			ev := a.(k8stesting.CreateAction).GetObject().(*corev1.Event)
+			switch {
+			case down:
+				return true, nil, apierrors.NewInternalError(errors.New("etcd is down"))
+			case ev.Reason == "TaskHung":
+				return true, nil, tooLong(ev)
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:1 blocked for more than 120 seconds.", Time: time.Now()})
+		for i := range 20 {
+			store.Emit(report.Event{Reason: "IOError", Message: fmt.Sprintf("Buffer I/O error on dev sda1, logical block %d", i), Time: time.Now()})
+			synctest.Wait()
+		}
+		mu.Lock()
+		down = false
+		mu.Unlock()
+		h.stop()
+		if n := len(events(t, client)); n != 20 {
+			t.Errorf("%d of 20 Events sent on SIGTERM past a refused one", n)
+		}
+		if v := testutil.ToFloat64(h.m.dropped); v != 1 {
+			t.Errorf("events_dropped_total %v, want 1", v)
+		}
+	})
+}

@@ -603,7 +603,10 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 		r.nodeUID = uid
 	}
 	for _, t := range expect {
-		if !slices.ContainsFunc(n.Status.Conditions, func(c kubeapi.NodeCondition) bool { return c.Type == t }) {
+		// Missing, and still expected: a status write that removed it
+		// (a reload stopped its check) while this write was in flight is
+		// no sign of a Node registered anew either.
+		if !slices.ContainsFunc(n.Status.Conditions, func(c kubeapi.NodeCondition) bool { return c.Type == t }) && slices.Contains(r.nodeTypes, t) {
 			anew = true
 		}
 	}

@@ -1182,23 +1182,33 @@ func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 		}
 		return n
 	}
+	// before: the types of the last status write when the annotation
+	// write was sent; after: when its answer came (nil: the same).
 	for _, tc := range []struct {
-		name string
-		n    *kubeapi.Node
-		want bool
+		name          string
+		before, after []string
+		n             *kubeapi.Node
+		want          bool
 	}{
-		{"the same Node", answer("uid-1", "Ready", "DiskUsageHigh"), false},
-		{"no UID in the answer", answer("", "DiskUsageHigh"), false},
-		{"another UID", answer("uid-2", "Ready", "DiskUsageHigh"), true},
-		{"the condition missing", answer("uid-1", "Ready"), true},
+		{"the same Node", []string{"DiskUsageHigh"}, nil, answer("uid-1", "Ready", "DiskUsageHigh"), false},
+		{"no UID in the answer", []string{"DiskUsageHigh"}, nil, answer("", "DiskUsageHigh"), false},
+		{"another UID", []string{"DiskUsageHigh"}, nil, answer("uid-2", "Ready", "DiskUsageHigh"), true},
+		{"the condition missing", []string{"DiskUsageHigh"}, nil, answer("uid-1", "Ready"), true},
 		// A status write added NodeTampered while the annotation write
 		// was in flight: its answer predates it.
-		{"a condition added since the write was sent", answer("uid-1", "Ready", "DiskUsageHigh"), false},
+		{"a condition added since the write was sent", []string{"DiskUsageHigh"}, []string{"DiskUsageHigh", "NodeTampered"},
+			answer("uid-1", "Ready", "DiskUsageHigh"), false},
+		// A status write removed KubeletUnhealthy (a reload stopped its
+		// check) while the annotation write was in flight.
+		{"a condition removed since the write was sent", []string{"DiskUsageHigh", "KubeletUnhealthy"}, []string{"DiskUsageHigh"},
+			answer("uid-1", "Ready", "DiskUsageHigh"), false},
 	} {
 		r := New(Options{Store: report.NewStore("b")})
-		r.nodeUID, r.nodeTypes = "uid-1", []string{"DiskUsageHigh"}
+		r.nodeUID, r.nodeTypes = "uid-1", tc.before
 		expect := r.expectedTypes()
-		r.nodeTypes = append(r.nodeTypes, "NodeTampered")
+		if tc.after != nil {
+			r.nodeTypes = tc.after
+		}
 		r.wroteOnce()
 		if got := r.nodeAnswered(tc.n, expect); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
