@@ -1,7 +1,9 @@
 package checks
 
 import (
+	"bytes"
 	"context"
+	"crypto"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -18,9 +20,12 @@ func init() { Register("CertRenewalFailing", newCertCheck) }
 // certCheck: a node certificate expires within renew_within (7 days) and has
 // not been renewed. The renewers (kubelet rotation, tunnel self-renew) renew
 // long before that, so a certificate this close to expiry means the renewer
-// is broken. A configured certificate that does not exist is reported in
-// the certs domain, not as a failure (kubelet-server-current.pem exists only
-// with serverTLSBootstrap).
+// is broken. A file is judged by the certificate in it that expires first,
+// the leaf or its chain. A configured certificate that does not exist is
+// reported in the certs domain, not as a failure (kubelet-server-current.pem
+// exists only with serverTLSBootstrap); one that exists and cannot be read
+// (a symlink to nothing, left by a rotation that broke, or a truncated or
+// garbled file) is an error, Unknown: it may be expiring, so no False.
 type certCheck struct {
 	env    *Env
 	paths  []string
@@ -48,7 +53,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	checked := 0
 	for _, p := range c.paths {
 		info := CertInfo{Path: p}
-		cert, err := FirstCertificate(c.env.Path(p))
+		leaf, first, err := readCertFile(c.env.Path(p))
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			info.Error = "not present"
@@ -58,15 +63,19 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 			unreadable = append(unreadable, fmt.Sprintf("%s: %v", p, err))
 		default:
 			checked++
-			info.Subject, info.NotAfter = cert.Subject.String(), cert.NotAfter.UTC()
-			left := cert.NotAfter.Sub(now)
+			info.Subject, info.NotAfter = first.Subject.String(), first.NotAfter.UTC()
+			left := first.NotAfter.Sub(now)
 			info.DaysLeft = int(left.Hours() / 24)
 			if left < c.within {
 				what := fmt.Sprintf("expires in %s", left.Round(time.Minute))
 				if left <= 0 {
 					what = fmt.Sprintf("expired %s ago", (-left).Round(time.Minute))
 				}
-				expiring = append(expiring, fmt.Sprintf("%s (%s) %s, on %s", p, cert.Subject.CommonName, what, cert.NotAfter.UTC().Format(time.RFC3339)))
+				name := first.Subject.CommonName
+				if first != leaf {
+					name = fmt.Sprintf("%s, in the chain of %s", name, leaf.Subject.CommonName)
+				}
+				expiring = append(expiring, fmt.Sprintf("%s (%s) %s, on %s", p, name, what, first.NotAfter.UTC().Format(time.RFC3339)))
 			}
 		}
 		infos = append(infos, info)
@@ -76,10 +85,17 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonCertificateExpiringSoon,
 			Message: strings.Join(expiring, "; ") + fmt.Sprintf(": not renewed within %s of expiry", c.within), Details: details}, nil
 	}
-	if len(unreadable) > 0 && checked == 0 {
-		return Result{Details: details}, errors.New(strings.Join(unreadable, "; "))
+	if len(unreadable) > 0 {
+		// A certificate that exists and cannot be read (a dangling
+		// symlink left by a broken rotation, a truncated file) may be
+		// expiring: no claim that none is. The others are named.
+		msg := strings.Join(unreadable, "; ")
+		if checked > 0 {
+			msg += fmt.Sprintf(" (%d other %s valid for more than %s)", checked, plural(checked, "certificate", "certificates"), c.within)
+		}
+		return Result{Details: details}, errors.New(msg)
 	}
-	if checked == 0 && len(unreadable) == 0 {
+	if checked == 0 {
 		// Nothing was checked: no certificate that could expire, so no
 		// claim that none does.
 		msg := "no certificates configured (checks.CertRenewalFailing.certificates is empty)"
@@ -89,30 +105,118 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: msg, Details: details}, nil
 	}
 	msg := fmt.Sprintf("%d %s valid for more than %s", checked, plural(checked, "certificate", "certificates"), c.within)
-	if len(unreadable) > 0 {
-		msg += "; not readable: " + strings.Join(unreadable, "; ")
-	}
 	if len(absent) > 0 {
 		msg += "; not present: " + strings.Join(absent, ", ")
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: msg, Details: details}, nil
 }
 
-// FirstCertificate returns the first certificate of a PEM file (the
-// kubelet's *-current.pem files hold the certificate and its key).
-func FirstCertificate(path string) (*x509.Certificate, error) {
-	b, err := os.ReadFile(path)
+// readCertFile reads the certificates of a PEM file (the kubelet's
+// *-current.pem files hold the certificate and its key; a file may hold a
+// chain, in any order). It returns the leaf (LeafCertificate) and the
+// certificate that expires first, the leaf or one of its chain: the file
+// stops working when that one expires. A file that is absent is
+// os.ErrNotExist; a symlink to nothing (a rotation that broke) is not: it is
+// an error that says so.
+func readCertFile(path string) (leaf, first *x509.Certificate, err error) {
+	certs, key, err := parseCertFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	leaf = pickLeaf(certs, key)
+	first = leaf
+	for _, c := range certs {
+		if c.NotAfter.Before(first.NotAfter) {
+			first = c
+		}
+	}
+	return leaf, first, nil
+}
+
+// LeafCertificate returns the leaf certificate of a PEM file: the one whose
+// public key is that of the private key in the same file, else the first
+// that is not a CA, else the first.
+func LeafCertificate(path string) (*x509.Certificate, error) {
+	certs, key, err := parseCertFile(path)
 	if err != nil {
 		return nil, err
 	}
+	return pickLeaf(certs, key), nil
+}
+
+// parseCertFile returns the certificates of a PEM file, in file order, and
+// the public key of its private key (nil if it has none or it cannot be
+// parsed).
+func parseCertFile(path string) ([]*x509.Certificate, crypto.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if target, lerr := os.Readlink(path); lerr == nil {
+			return nil, nil, fmt.Errorf("dangling symlink to %s (a certificate rotation that broke?)", target)
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var certs []*x509.Certificate
+	var pub crypto.PublicKey
 	for {
 		var blk *pem.Block
 		blk, b = pem.Decode(b)
 		if blk == nil {
-			return nil, errors.New("no PEM certificate")
+			break
 		}
-		if blk.Type == "CERTIFICATE" {
-			return x509.ParseCertificate(blk.Bytes)
+		switch {
+		case blk.Type == "CERTIFICATE":
+			c, err := x509.ParseCertificate(blk.Bytes)
+			if err != nil {
+				return nil, nil, fmt.Errorf("certificate %d: %w", len(certs)+1, err)
+			}
+			certs = append(certs, c)
+		case strings.HasSuffix(blk.Type, "PRIVATE KEY") && pub == nil:
+			pub = publicKeyOf(blk)
 		}
 	}
+	if bytes.Contains(b, []byte("-----BEGIN")) {
+		return nil, nil, errors.New("a PEM block is not complete (a truncated file?)")
+	}
+	if len(certs) == 0 {
+		return nil, nil, errors.New("no PEM certificate")
+	}
+	return certs, pub, nil
+}
+
+// publicKeyOf returns the public key of a PEM private key block, or nil.
+func publicKeyOf(blk *pem.Block) crypto.PublicKey {
+	var key any
+	var err error
+	switch blk.Type {
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(blk.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(blk.Bytes)
+	default:
+		key, err = x509.ParsePKCS8PrivateKey(blk.Bytes)
+	}
+	if s, ok := key.(crypto.Signer); ok && err == nil {
+		return s.Public()
+	}
+	return nil
+}
+
+// pickLeaf returns the certificate of the key, else the first that is not a
+// CA, else the first.
+func pickLeaf(certs []*x509.Certificate, pub crypto.PublicKey) *x509.Certificate {
+	if k, ok := pub.(interface{ Equal(crypto.PublicKey) bool }); ok {
+		for _, c := range certs {
+			if k.Equal(c.PublicKey) {
+				return c
+			}
+		}
+	}
+	for _, c := range certs {
+		if !c.IsCA {
+			return c
+		}
+	}
+	return certs[0]
 }

@@ -103,7 +103,7 @@ func readTrim(p string) (string, error) {
 // nodeNameFromCert returns <name> of the certificate in a PEM file whose
 // subject CN is system:node:<name> (the kubelet's client certificate).
 func nodeNameFromCert(path string) (string, error) {
-	c, err := checks.FirstCertificate(path)
+	c, err := checks.LeafCertificate(path)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}

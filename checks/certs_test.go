@@ -1,0 +1,216 @@
+package checks
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// certFixture is a certificate and its key, for building PEM files.
+type certFixture struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// newCertFixture makes a certificate for cn, valid until notAfter, signed by
+// parent (self-signed when parent is nil); ca makes it a CA.
+func newCertFixture(t *testing.T, cn string, notAfter time.Time, ca bool, parent *certFixture) certFixture {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: notAfter.Add(-365 * 24 * time.Hour), NotAfter: notAfter,
+		BasicConstraintsValid: true, IsCA: ca}
+	signer, signerKey := tmpl, key
+	if parent != nil {
+		signer, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certFixture{cert: c, key: key}
+}
+
+func (c certFixture) certPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})
+}
+
+func (c certFixture) keyPEM(t *testing.T) []byte {
+	t.Helper()
+	kb, err := x509.MarshalECPrivateKey(c.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+
+func writeCertFile(t *testing.T, path string, parts ...[]byte) {
+	t.Helper()
+	mkdir(t, filepath.Dir(path))
+	var b []byte
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const (
+	kubeletClientPEM = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+	kubeletServerPEM = "/var/lib/kubelet/pki/kubelet-server-current.pem"
+)
+
+// A certificate file that exists and cannot be read (a symlink to nothing,
+// left by a rotation that broke; a file cut short by a full disk) may be
+// expiring: the condition is Unknown (CheckFailed) naming it, never False
+// because another certificate is valid, and not the "not present" of a
+// certificate the node does not use.
+func TestCertUnreadableIsNotValid(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		setup   func(t *testing.T, root string)
+		wantErr string
+	}{
+		{"dangling symlink", func(t *testing.T, root string) {
+			mkdir(t, root+"/var/lib/kubelet/pki")
+			if err := os.Symlink("kubelet-client-2026-01-01-00-00-00.pem", root+kubeletClientPEM); err != nil {
+				t.Fatal(err)
+			}
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: dangling symlink to kubelet-client-2026-01-01-00-00-00.pem (a certificate rotation that broke?) (1 other certificate valid for more than 168h0m0s)"},
+		{"truncated", func(t *testing.T, root string) {
+			writeCertFile(t, root+kubeletClientPEM, []byte("-----BEGIN CERTIFICATE-----\nMIIB"))
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: a PEM block is not complete (a truncated file?) (1 other certificate valid for more than 168h0m0s)"},
+		{"key whole, certificate cut short", func(t *testing.T, root string) {
+			leaf := newCertFixture(t, "system:node:n1", now.Add(200*24*time.Hour), false, nil)
+			c := leaf.certPEM()
+			writeCertFile(t, root+kubeletClientPEM, leaf.keyPEM(t), c[:len(c)/2])
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: a PEM block is not complete (a truncated file?) (1 other certificate valid for more than 168h0m0s)"},
+		{"empty", func(t *testing.T, root string) {
+			writeCertFile(t, root+kubeletClientPEM)
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: no PEM certificate (1 other certificate valid for more than 168h0m0s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			tc.setup(t, root)
+			srv := newCertFixture(t, "system:node:n1", now.Add(300*24*time.Hour), false, nil)
+			writeCertFile(t, root+kubeletServerPEM, srv.keyPEM(t), srv.certPEM())
+			env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+			env.Now = func() time.Time { return now }
+			c, _ := newCertCheck(env)
+			r, err := c.Probe(context.Background())
+			if err == nil || err.Error() != tc.wantErr {
+				t.Errorf("got %s/%s %q, error %v\nwant the error %q", r.Status, r.Reason, r.Message, err, tc.wantErr)
+			}
+			// The certs domain still says what each file is.
+			if infos, _ := r.Details[0].Value.([]CertInfo); len(infos) != 2 || infos[0].Error == "" || infos[0].Error == "not present" || infos[1].DaysLeft != 300 {
+				t.Errorf("certs domain: %+v", r.Details)
+			}
+
+			// Through the runner: Unknown, CheckFailed.
+			store := report.NewStore("b")
+			runner, err := NewRunner(env, Options{Store: store, Only: []string{"CertRenewalFailing"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runner.RunOnce(context.Background())
+			if got, _ := store.Get("CertRenewalFailing"); got.Status != report.StatusUnknown || got.Reason != report.ReasonCheckFailed {
+				t.Errorf("through the runner: %s/%s %q", got.Status, got.Reason, got.Message)
+			}
+		})
+	}
+}
+
+// A file with a chain is judged by the certificate in it that expires first,
+// whatever the order: the leaf after its CA, or an intermediate that expired
+// before the leaf. A long-lived chain does not hide a leaf about to expire,
+// and a leaf after its CA is still the leaf.
+func TestCertChainIsJudgedByTheFirstToExpire(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	ca := newCertFixture(t, "kubernetes-ca", now.Add(3650*24*time.Hour), true, nil)
+	for _, tc := range []struct {
+		name    string
+		file    func(t *testing.T) []byte
+		wantMsg string
+		wantSub string
+	}{
+		{"CA first, leaf expires in 2 days", func(t *testing.T) []byte {
+			leaf := newCertFixture(t, "system:node:n1", now.Add(48*time.Hour), false, &ca)
+			return append(ca.certPEM(), leaf.certPEM()...)
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires in 48h0m0s, on 2026-12-04T12:00:00Z: not renewed within 168h0m0s of expiry",
+			"CN=system:node:n1"},
+		{"key, CA, then the leaf", func(t *testing.T) []byte {
+			leaf := newCertFixture(t, "system:node:n1", now.Add(48*time.Hour), false, &ca)
+			return append(append(leaf.keyPEM(t), ca.certPEM()...), leaf.certPEM()...)
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires in 48h0m0s, on 2026-12-04T12:00:00Z: not renewed within 168h0m0s of expiry",
+			"CN=system:node:n1"},
+		{"leaf fine, intermediate expired", func(t *testing.T) []byte {
+			inter := newCertFixture(t, "intermediate", now.Add(-time.Hour), true, &ca)
+			leaf := newCertFixture(t, "system:node:n1", now.Add(300*24*time.Hour), false, &inter)
+			return append(append(leaf.keyPEM(t), leaf.certPEM()...), inter.certPEM()...)
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (intermediate, in the chain of system:node:n1) expired 1h0m0s ago, on 2026-12-02T11:00:00Z: not renewed within 168h0m0s of expiry",
+			"CN=intermediate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeCertFile(t, root+kubeletClientPEM, tc.file(t))
+			env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+			env.Now = func() time.Time { return now }
+			c, _ := newCertCheck(env)
+			r, err := c.Probe(context.Background())
+			if err != nil || r.Status != report.StatusTrue || r.Reason != report.ReasonCertificateExpiringSoon || r.Message != tc.wantMsg {
+				t.Errorf("got %s/%s %q, error %v\nwant True/CertificateExpiringSoon %q", r.Status, r.Reason, r.Message, err, tc.wantMsg)
+			}
+			if infos, _ := r.Details[0].Value.([]CertInfo); len(infos) != 2 || infos[0].Subject != tc.wantSub {
+				t.Errorf("certs domain: %+v, want subject %q", r.Details, tc.wantSub)
+			}
+		})
+	}
+}
+
+// The leaf of a file is the certificate of its key, else the first that is
+// not a CA: the node name is read from it (system:node:<name>).
+func TestLeafCertificate(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	ca := newCertFixture(t, "kubernetes-ca", now.Add(3650*24*time.Hour), true, nil)
+	leaf := newCertFixture(t, "system:node:n1", now.Add(300*24*time.Hour), false, &ca)
+	other := newCertFixture(t, "system:node:other", now.Add(300*24*time.Hour), false, &ca)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		parts [][]byte
+		want  string
+	}{
+		{"key and certificate", [][]byte{leaf.keyPEM(t), leaf.certPEM()}, "system:node:n1"},
+		{"CA first", [][]byte{ca.certPEM(), leaf.certPEM()}, "system:node:n1"},
+		{"the key's certificate, not the first that is not a CA", [][]byte{other.certPEM(), ca.certPEM(), leaf.certPEM(), leaf.keyPEM(t)}, "system:node:n1"},
+		{"only a CA", [][]byte{ca.certPEM()}, "kubernetes-ca"},
+	} {
+		p := filepath.Join(dir, "c.pem")
+		writeCertFile(t, p, tc.parts...)
+		c, err := LeafCertificate(p)
+		if err != nil || c.Subject.CommonName != tc.want {
+			t.Errorf("%s: got %v, %v; want CN %q", tc.name, c, err, tc.want)
+		}
+	}
+}
