@@ -33,9 +33,12 @@ const maxNodeInfo = 16 << 20
 // (btime in /proc/stat), or once it changed (mtime or inode) since the check
 // first found it. Until then (a node without the sync loop, or one whose
 // sync loop has not run yet after a reboot) the condition is Unknown,
-// NodeInfoNotFound, never a True from the old file's age. "Written in this
-// boot" is kept in the state file (Env.Memos), so a daemon restart within
-// the boot does not forget it.
+// NodeInfoNotFound, never a True from the old file's age; but a file left by
+// an earlier boot (so the node has a sync loop) that is still not rewritten
+// max_age + nodeInfoBootGrace after the boot is NodeInfoOutdated: the sync
+// loop is stuck in this boot. An absent file stays Unknown. "Written in
+// this boot" is kept in the state file (Env.Memos), so a daemon restart
+// within the boot does not forget it.
 type nodeInfoCheck struct {
 	env    *Env
 	path   string
@@ -48,6 +51,13 @@ type nodeInfoCheck struct {
 // count as now: more than that and its age cannot be told from it (the clock
 // was stepped back since it was written).
 const nodeInfoSkew = time.Minute
+
+// nodeInfoBootGrace is how long after max_age from the boot time the sync
+// loop may take to write the file a first time in a boot (it needs the
+// kubelet and the CNI up). A file left by an earlier boot that is not
+// rewritten by then is NodeInfoOutdated: the node has a sync loop, and it is
+// stuck.
+const nodeInfoBootGrace = 10 * time.Minute
 
 // nodeInfoSeen is the saved form of what the check knows.
 type nodeInfoSeen struct {
@@ -149,7 +159,9 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 // writtenThisBoot decides whether the file, not yet known to be written in
 // this boot, is: it is when it changed since the check first found it, or
 // when its mtime is at or after the boot time and not in the future. It
-// records a yes; for a no it returns the Unknown result.
+// records a yes; for a no it returns the result: Unknown, or NodeInfoOutdated
+// for a file from an earlier boot once max_age + nodeInfoBootGrace have
+// passed since the boot.
 func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, bool, error) {
 	st := stampOf(fi)
 	switch first := c.seen.get().First; {
@@ -172,6 +184,13 @@ func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, 
 	if !mtime.Before(boot) {
 		c.markSeen()
 		return Result{}, true, nil
+	}
+	if since := now.Sub(boot); since > c.maxAge+nodeInfoBootGrace {
+		// The file says this node has a sync loop, and it has not
+		// written in this boot for longer than it may take to start.
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated,
+			Message: fmt.Sprintf("%s is from before this boot (last written %s, boot at %s) and has not been written in the %s since boot (max_age %s + %s to start after a boot): the node-info sync loop has not run in this boot",
+				c.path, mtime.UTC().Format(time.RFC3339), boot.UTC().Format(time.RFC3339), since.Round(time.Second), c.maxAge, nodeInfoBootGrace)}, false, nil
 	}
 	return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound,
 		Message: fmt.Sprintf("%s is from before this boot (last written %s, boot at %s) and has not been written in this boot (no node-info sync loop on this node yet?)",

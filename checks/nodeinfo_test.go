@@ -269,6 +269,60 @@ func TestNodeInfoFromBeforeBootIsUnknown(t *testing.T) {
 	probeNodeInfo(t, c2, report.StatusUnknown, report.ReasonNodeInfoNotFound, before)
 }
 
+// The spec's case: the sync loop is stuck from the start of a boot. The file
+// an earlier boot left says the node has a sync loop; not rewritten by
+// max_age + nodeInfoBootGrace after the boot, it is NodeInfoOutdated, not
+// Unknown for the rest of the boot. Until then, Unknown (a fresh boot is not
+// a stuck sync loop); an absent file stays Unknown however long after boot.
+func TestNodeInfoNotRewrittenAfterBootIsOutdated(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niBoot.Add(-2*time.Minute)) // the previous boot's last write
+	env := nodeInfoEnv(t, root, niBoot.Add(time.Minute))
+	env.Memos = report.NewStore("boot-1")
+	c, _ := newNodeInfoCheck(env)
+	const before = "/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:58:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in this boot (no node-info sync loop on this node yet?)"
+	for _, after := range []time.Duration{time.Minute, 10 * time.Minute, 15 * time.Minute} {
+		env.Now = func() time.Time { return niBoot.Add(after) }
+		probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound, before)
+	}
+	env.Now = func() time.Time { return niBoot.Add(15*time.Minute + time.Second) }
+	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoOutdated,
+		"/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:58:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in the 15m1s since boot (max_age 5m0s + 10m0s to start after a boot): the node-info sync loop has not run in this boot")
+	const sixHours = "/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:58:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in the 6h0m0s since boot (max_age 5m0s + 10m0s to start after a boot): the node-info sync loop has not run in this boot"
+	env.Now = func() time.Time { return niBoot.Add(6 * time.Hour) }
+	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoOutdated, sixHours)
+
+	// A daemon started late in the boot (or the one-shot check) says so at
+	// once: the file unchanged since it first found it proves nothing.
+	c2, _ := newNodeInfoCheck(nodeInfoEnv(t, root, niBoot.Add(6*time.Hour)))
+	probeNodeInfo(t, c2, report.StatusTrue, report.ReasonNodeInfoOutdated, sixHours)
+
+	// The sync loop writes at last: judged by its age from now on.
+	setMtime(t, root, niBoot.Add(6*time.Hour-30*time.Second))
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (last written 2026-12-02T22:59:30Z, 30s ago; max_age 5m0s)")
+
+	// The grace counts from max_age as configured.
+	root3 := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root3, niBoot.Add(-2*time.Minute))
+	env3 := nodeInfoEnv(t, root3, niBoot.Add(11*time.Minute))
+	env3.Config.Checks.NodeInfoStale.MaxAge = config.Duration{Duration: time.Minute}
+	c3, _ := newNodeInfoCheck(env3)
+	probeNodeInfo(t, c3, report.StatusUnknown, report.ReasonNodeInfoNotFound, before)
+	env3.Now = func() time.Time { return niBoot.Add(12 * time.Minute) }
+	probeNodeInfo(t, c3, report.StatusTrue, report.ReasonNodeInfoOutdated,
+		"/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:58:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in the 12m0s since boot (max_age 1m0s + 10m0s to start after a boot): the node-info sync loop has not run in this boot")
+
+	// No file at all, hours after boot: no sync loop known, still Unknown.
+	env4 := nodeInfoEnv(t, nodeInfoRoot(t, "nodeinfo"), niBoot.Add(6*time.Hour))
+	if err := os.Remove(filepath.Join(env4.Config.HostRoot, nodesJSON)); err != nil {
+		t.Fatal(err)
+	}
+	c4, _ := newNodeInfoCheck(env4)
+	probeNodeInfo(t, c4, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json does not exist (no node-info sync loop on this node?)")
+}
+
 // A file written exactly at the boot time (btime has whole seconds) counts.
 func TestNodeInfoWrittenAtBootTime(t *testing.T) {
 	root := nodeInfoRoot(t, "nodeinfo")

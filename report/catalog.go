@@ -236,8 +236,9 @@ const (
 	// ReasonNodeInfoInvalid: the file is not valid JSON (a torn write).
 	ReasonNodeInfoInvalid Reason = "NodeInfoInvalid"
 	// ReasonNodeInfoNotFound (Unknown): the file has not been written in
-	// this boot (absent, or left by an earlier boot); a node without the
-	// sync loop must not get a False or a True.
+	// this boot (absent, or left by an earlier boot less than max_age + 10
+	// minutes ago; after that an earlier boot's file is NodeInfoOutdated);
+	// a node without the sync loop must not get a False or a True.
 	ReasonNodeInfoNotFound Reason = "NodeInfoNotFound"
 )
 
