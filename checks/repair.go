@@ -114,7 +114,9 @@ func (r *Repairer) started(u systemd.Unit, now time.Time) time.Time {
 func sinceBoot() time.Duration { return time.Duration(rawsys.MonotonicMicros()) * time.Microsecond }
 
 // Repair restarts unit if policy allows and returns what it did, in words
-// for the condition message.
+// for the condition message: the same words for as long as the unit's state
+// and the decision stay the same (no clock, no count), so that a unit that
+// stays unhealthy does not change its condition at every probe.
 func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Duration, reason string) (string, string) {
 	result, msg := r.repair(ctx, unit, cooldown, reason)
 	r.repairs.WithLabelValues(unit, result).Inc()
@@ -157,7 +159,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		last = started
 	}
 	if !last.IsZero() && now.Sub(last) < cooldown {
-		return RepairCooldown, fmt.Sprintf("not restarted: %s started %s ago, cooldown %s", unit, now.Sub(last).Round(time.Second), cooldown)
+		return RepairCooldown, repairingMessage(unit, cooldown)
 	}
 	r.mu.Lock()
 	if r.inflight[unit] {
@@ -200,7 +202,17 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		}
 		r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
 	})
-	return RepairRestarted, fmt.Sprintf("restarting %s (repair %d in a row; next no sooner than in %s)", unit, n, cooldown)
+	return RepairRestarted, repairingMessage(unit, cooldown)
+}
+
+// repairingMessage is the message of a restart and of the cooldown after
+// it, the same words for both: the message goes into the condition, and a
+// message that changed at every probe (a cooldown's "started 20s ago", a
+// restart's count) would rewrite the Node's status every 10 s for as long as
+// the unit stays unhealthy. When and how often the unit was repaired is in
+// the services report and autopilot_health_repairs_total.
+func repairingMessage(unit string, cooldown time.Duration) string {
+	return fmt.Sprintf("restarting %s at most once per %s from its last start", unit, cooldown)
 }
 
 // Wait waits for restart jobs in flight (tests, shutdown).

@@ -132,6 +132,62 @@ func TestRepairCooldown(t *testing.T) {
 	})
 }
 
+// kubelet's /healthz fails for 2 minutes, probed every 10 s: the repairer
+// restarts it once a minute and holds off in between, and containerd, which
+// systemd restarts on its own every 30 s, is held off throughout. Each
+// condition keeps one message (the store sees one change, the first), so the
+// reporter writes the Node once, not at every probe: a cooldown's "started
+// 20s ago" or a restart's count changed the message at every probe, and the
+// Node was written every 10 s for as long as the unit stayed unhealthy.
+func TestRepairMessageStaysTheSameWhileTheProbeFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := running("kubelet.service")
+		k.MainStart = time.Now().Add(-time.Hour)
+		m := newFakeManager(k, running("containerd.service"))
+		env := testEnv(t, nil)
+		env.Repair = NewRepairer(m, quietLog(), time.Now, nil)
+		st := report.NewStore("boot")
+		healthz := errors.New(`Get "http://127.0.0.1:10248/healthz": dial tcp 127.0.0.1:10248: connect: connection refused`)
+		cri := errors.New("CRI RuntimeService/Status on /run/containerd/containerd.sock: no RuntimeReady condition in the answer")
+		changes := map[string][]string{}
+		for i := range 13 {
+			if i%3 == 0 {
+				m.crash("containerd.service", 1)
+			}
+			for _, p := range []struct {
+				cond, unit string
+				cooldown   time.Duration
+				reason     report.Reason
+				err        error
+			}{
+				{"KubeletUnhealthy", "kubelet.service", time.Minute, report.ReasonKubeletHealthzFailed, healthz},
+				{"ContainerRuntimeUnhealthy", "containerd.service", 2 * time.Minute, report.ReasonCRIProbeFailed, cri},
+			} {
+				r := repairResult(context.Background(), env, p.unit, p.cooldown, p.reason, p.err)
+				env.Repair.Wait()
+				if r.Status != report.StatusTrue || r.Reason != p.reason {
+					t.Fatalf("probe %d: %s/%s %s", i, r.Status, r.Reason, r.Message)
+				}
+				if st.Set(report.Condition{Type: p.cond, Status: r.Status, Reason: r.Reason, Message: r.Message}, time.Now()) {
+					changes[p.cond] = append(changes[p.cond], r.Message)
+				}
+			}
+			time.Sleep(10 * time.Second)
+		}
+		for cond, msgs := range changes {
+			if len(msgs) != 1 {
+				t.Errorf("%s: %d of 13 probes changed the condition, want 1 (the first):\n%s", cond, len(msgs), strings.Join(msgs, "\n"))
+			}
+		}
+		if got := env.Repair.Status("kubelet.service"); got.Repairs != 3 {
+			t.Errorf("kubelet repaired %d times in 2 minutes with a 1-minute cooldown, want 3", got.Repairs)
+		}
+		if got := env.Repair.Status("containerd.service"); got.Repairs != 0 {
+			t.Errorf("containerd, restarted by systemd every 30 s, repaired %d times, want 0", got.Repairs)
+		}
+	})
+}
+
 // The wall clock is set back 30 minutes after kubelet started (an RTC that
 // ran ahead, then chrony's makestep at boot): its wall-clock start is then
 // in the future. The cooldown counts from its monotonic start, which the
@@ -192,9 +248,9 @@ func TestRepairDoesNotFightSystemd(t *testing.T) {
 				"k.service has not started yet (job 42 queued)"},
 			// systemd restarted it 20 s ago (Restart=always): that starts the cooldown too.
 			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "active", SubState: "running", MainStart: time.Now().Add(-20 * time.Second)}, RepairCooldown,
-				"not restarted: k.service started 20s ago, cooldown 1m0s"},
+				"restarting k.service at most once per 1m0s from its last start"},
 			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "start-limit-hit"}, RepairRestarted,
-				"restarting k.service (repair 1 in a row; next no sooner than in 1m0s)"},
+				"restarting k.service at most once per 1m0s from its last start"},
 		} {
 			m := newFakeManager(tc.unit)
 			r := NewRepairer(m, quietLog(), time.Now, nil)
@@ -322,8 +378,22 @@ func TestServiceNotRecoveringRepairNotHelping(t *testing.T) {
 		}
 		c, _ := newServiceNotRecovering(env)
 		r, _ := c.Probe(context.Background())
-		if r.Reason != "RepairNotHelping" || r.Message != "kubelet.service was repaired 3 times in a row and is still unhealthy" {
+		const want = "kubelet.service was repaired 3+ times in a row and is still unhealthy"
+		if r.Reason != "RepairNotHelping" || r.Message != want {
 			t.Errorf("%+v", r)
+		}
+		// A fourth repair that did not help either: the same message (the
+		// count, in the services report, moves on). With the count in the
+		// message every run while kubelet stayed down changed the
+		// condition, and wrote the Node.
+		env.Repair.Repair(context.Background(), "kubelet.service", time.Minute, "healthz")
+		env.Repair.Wait()
+		r, _ = c.Probe(context.Background())
+		if r.Reason != "RepairNotHelping" || r.Message != want {
+			t.Errorf("after the 4th repair: %+v", r)
+		}
+		if st := r.Details[0].Value.([]ServiceState); st[0].Name != "kubelet.service" || st[0].Repair == nil || st[0].Repair.Consecutive != 4 {
+			t.Errorf("services report: %+v", st)
 		}
 	})
 }

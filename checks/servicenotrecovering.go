@@ -94,7 +94,12 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 			rs := c.env.Repair.Status(name)
 			st.Repair = &rs
 			if rs.Consecutive >= c.threshold {
-				notHelping = append(notHelping, fmt.Sprintf("%s was repaired %d times in a row and is still unhealthy", name, rs.Consecutive))
+				// The threshold, not the count: the count grows by one at
+				// every restart (every cooldown, 1 min for kubelet) for as
+				// long as the unit stays unhealthy, and in the message it
+				// changed the condition, and so the Node's status, at every
+				// run. The count is in the services report (repair).
+				notHelping = append(notHelping, fmt.Sprintf("%s was repaired %d+ times in a row and is still unhealthy", name, c.threshold))
 			}
 		}
 		states = append(states, st)
