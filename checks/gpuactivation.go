@@ -35,11 +35,15 @@ func init() { Register("GpuActivationFailed", newGpuActivationCheck) }
 // and named in the message. Where every GPU is bound to another driver the
 // check is Unknown (NothingToCheck).
 //
-// A GPU is named by its index, its position in PCI address order among the
-// GPUs that count (how NVML, and so nvidia-ctk's "index" device names,
-// number the GPUs the driver sees), or by its UUID where the driver lists
-// it (/proc/driver/nvidia/gpus/<address>/information); `nvidia-ctk cdi
-// generate` writes both by default, and "all".
+// A GPU bound to nvidia is named by its index, its position in PCI address
+// order among the GPUs bound to nvidia (how NVML, and so nvidia-ctk's
+// "index" device names, number the GPUs the driver sees), or by its UUID
+// where the driver lists it (/proc/driver/nvidia/gpus/<address>/information);
+// `nvidia-ctk cdi generate` writes both by default, and "all". A GPU bound
+// to no driver has neither: NVML does not see it, so no spec names it (an
+// index a spec holds belongs to a GPU bound to nvidia), and it is not
+// activated, whatever the marker and the specs say (the driver unloaded
+// after gpu-activate left them in /run, or its bind to this GPU failed).
 type gpuActivationCheck struct {
 	env    *Env
 	marker string
@@ -59,11 +63,14 @@ func newGpuActivationCheck(env *Env) (Check, error) {
 // gpu is one GPU and the CDI device names that would name it.
 type gpu struct {
 	addr  string
-	index int
+	index int    // -1: bound to no driver, so NVML does not number it
 	uuid  string // "" when the driver does not list it
 }
 
 func (g gpu) String() string {
+	if g.index < 0 {
+		return g.addr + " (no driver bound)"
+	}
 	s := fmt.Sprintf("%s (index %d", g.addr, g.index)
 	if g.uuid != "" {
 		s += ", " + g.uuid
@@ -81,12 +88,19 @@ func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
 			Message: "no NVIDIA GPU (PCI vendor 0x10de, class 0x0300 or 0x0302) under " + PCIDevicesDir}, nil
 	}
 	var addrs, others []string
+	var gpus []gpu
 	for _, g := range found {
-		if g.ForContainers() {
-			addrs = append(addrs, g.Addr)
-		} else {
+		switch {
+		case g.Driver == NvidiaDriver:
+			// NVML numbers only the GPUs bound to nvidia.
+			gpus = append(gpus, gpu{addr: g.Addr, index: countBound(gpus), uuid: c.driverUUID(g.Addr)})
+		case g.ForContainers():
+			gpus = append(gpus, gpu{addr: g.Addr, index: -1})
+		default:
 			others = append(others, g.Addr+" bound to "+g.Driver)
+			continue
 		}
+		addrs = append(addrs, g.Addr)
 	}
 	// leftOut names the GPUs bound to another driver, for the message.
 	leftOut := ""
@@ -96,10 +110,6 @@ func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
 	if len(addrs) == 0 {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 			Message: "no NVIDIA GPU for containers under " + PCIDevicesDir + ": " + leftOut}, nil
-	}
-	gpus := make([]gpu, len(addrs))
-	for i, a := range addrs {
-		gpus[i] = gpu{addr: a, index: i, uuid: c.driverUUID(a)}
 	}
 	present := describeGPUs(addrs)
 
@@ -147,6 +157,17 @@ func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
 		msg += "; other CDI specs left out: " + strings.Join(specs.errs, "; ")
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonGpuActivated, Message: withLeftOut(msg, leftOut)}, nil
+}
+
+// countBound returns how many of gpus are bound to nvidia (numbered by NVML).
+func countBound(gpus []gpu) int {
+	n := 0
+	for _, g := range gpus {
+		if g.index >= 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // withLeftOut adds the GPUs bound to another driver to a message.
@@ -201,8 +222,11 @@ type cdiDevices struct {
 }
 
 // spec returns the host path of the spec whose device names the GPU, by
-// its index or its UUID.
+// its index or its UUID. A GPU bound to no driver has neither.
 func (d *cdiDevices) spec(g gpu) (string, bool) {
+	if g.index < 0 {
+		return "", false
+	}
 	for _, n := range []string{strconv.Itoa(g.index), g.uuid} {
 		if p, ok := d.byName[n]; ok && n != "" {
 			return p, true

@@ -44,7 +44,8 @@ import (
 // only; nvidia-1-gpu.json in its JSON format; nvidia-torn.yaml is
 // nvidia-4-gpus.yaml cut off inside a quoted name (it does not parse),
 // nvidia-unknown-version.json nvidia-1-gpu.json with cdiVersion 9.9.9 (it
-// parses and does not validate).
+// parses and does not validate); nvidia-vfio.yaml the generator's spec for
+// pci-vfio, where NVML sees only 0000:18:00.0 (index 0).
 
 var fourGPUs = []string{"0000:18:00.0", "0000:2a:00.0", "0000:ab:00.0", "0000:ba:00.0"}
 
@@ -234,19 +235,26 @@ func TestGpuActivation(t *testing.T) {
 		{name: "all GPUs bound to vfio-pci", tree: "pci-vfio-only", marker: true,
 			status: report.StatusUnknown, reason: report.ReasonNothingToCheck,
 			msg: "no NVIDIA GPU for containers under /sys/bus/pci/devices: 0000:3b:00.0 bound to vfio-pci, left out"},
-		// The two GPUs that count are numbered 0 and 1 (NVML's view); the
-		// unbound one counts, and has no UUID (the driver does not list it).
-		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, activated", tree: "pci-vfio", driver: true, marker: true,
+		// The GPUs that count are the one bound to nvidia and the unbound
+		// one. NVML sees only the first, its index 0, and the generator's
+		// spec names it alone (nvidia-vfio.yaml: "0", its UUID, "all"): the
+		// unbound one is not activated. Before, it was numbered too (0, and
+		// the working GPU 1), and a spec naming "0" and "1" said both were.
+		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, the generator's spec", tree: "pci-vfio", driver: true, marker: true,
+			specs:  map[string]string{nvidiaYAML: "nvidia-vfio.yaml"},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:ab:00.0 (no driver bound); " + vfioLeftOut},
+		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, a spec naming index 1", tree: "pci-vfio", driver: true, marker: true,
 			specs:  map[string]string{nvidiaYAML: "nvidia-2-of-4-gpus.yaml"},
-			status: report.StatusFalse, reason: report.ReasonGpuActivated,
-			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) activated: marker /run/syself/gpu-activated present, each named by a device of kind nvidia.com/gpu in /var/run/cdi/nvidia.yaml; " + vfioLeftOut},
+			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:ab:00.0 (no driver bound); " + vfioLeftOut},
 		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, no marker, no spec", tree: "pci-vfio", driver: true,
 			status: report.StatusTrue, reason: report.ReasonActivationMarkerMissing,
-			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0)" + noMarker + "; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + g0 + ", 0000:ab:00.0 (index 1); " + vfioLeftOut},
-		{name: "2 of 4 GPUs bound to vfio-pci, the unbound one has no UUID", tree: "pci-vfio", driver: true, marker: true,
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0)" + noMarker + "; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for " + g0 + ", 0000:ab:00.0 (no driver bound); " + vfioLeftOut},
+		{name: "2 of 4 GPUs bound to vfio-pci, one unbound, named by UUID only", tree: "pci-vfio", driver: true, marker: true,
 			specs:  map[string]string{nvidiaYAML: "nvidia-4-gpus-uuid.yaml"},
 			status: report.StatusTrue, reason: report.ReasonCDISpecMissing,
-			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:ab:00.0 (index 1); " + vfioLeftOut},
+			msg: "2 GPUs (0000:18:00.0, 0000:ab:00.0) present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:ab:00.0 (no driver bound); " + vfioLeftOut},
 		{name: "other paths configured", tree: "pci-1-gpu", marker: false,
 			specs: map[string]string{"/opt/cdi/nvidia.json": "nvidia-1-gpu.json", "/run/gpu/done": "nvidia-1-gpu.json"},
 			mutate: func(k *config.GpuActivationFailed) {
@@ -262,6 +270,88 @@ func TestGpuActivation(t *testing.T) {
 				t.Errorf("got %s/%s\n%s\nwant %s/%s\n%s", r.Status, r.Reason, r.Message, tc.status, tc.reason, tc.msg)
 			}
 		})
+	}
+}
+
+// unboundGPUHost builds a host root by hand: NVIDIA GPUs at the given PCI
+// addresses, those in bound bound to nvidia with the driver's information
+// file (the one of pci-1-gpu's GPU, its UUID that of nvidia-1-gpu.json), the
+// others bound to no driver; the activation marker and the generator's spec
+// for that one GPU (nvidia-1-gpu.json) in /var/run/cdi.
+func unboundGPUHost(t *testing.T, addrs []string, bound string) string {
+	t.Helper()
+	root := t.TempDir()
+	write := func(p, s string) {
+		p = filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	for _, a := range addrs {
+		write(filepath.Join(PCIDevicesDir, a, "vendor"), "0x10de\n")
+		write(filepath.Join(PCIDevicesDir, a, "class"), "0x030000\n")
+		if a != bound {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Join(root, "sys/bus/pci/drivers/nvidia"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("../../../bus/pci/drivers/nvidia", filepath.Join(root, PCIDevicesDir, a, "driver")); err != nil {
+			t.Fatal(err)
+		}
+		write("/proc/driver/nvidia/gpus/"+a+"/information", read("testdata/roots/pci-1-gpu/proc/driver/nvidia/gpus/0000:3b:00.0/information"))
+	}
+	write("/run/syself/gpu-activated", "")
+	write("/var/run/cdi/nvidia.json", read("testdata/cdi/nvidia-1-gpu.json"))
+	return root
+}
+
+// A GPU bound to no driver is not activated, whatever the marker and the
+// specs say: NVML, and so the generator, number only the GPUs bound to
+// nvidia, so an index in a spec is never the unbound GPU's.
+func TestGpuActivationUnboundGPU(t *testing.T) {
+	const dirs = "/etc/cdi, /var/run/cdi"
+	for _, tc := range []struct {
+		name   string
+		addrs  []string
+		bound  string
+		reason report.Reason
+		msg    string
+	}{
+		// The driver failed to bind the GPU at the lower address: the
+		// generator's spec names the working one "0", by its UUID, and
+		// "all". Before, the unbound GPU took index 0, and the check said
+		// both were activated.
+		{name: "an unbound GPU below a working one", addrs: []string{"0000:0a:00.0", "0000:3b:00.0"}, bound: "0000:3b:00.0",
+			reason: report.ReasonCDISpecMissing,
+			msg:    "2 GPUs (0000:0a:00.0, 0000:3b:00.0) present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:0a:00.0 (no driver bound)"},
+		// The driver unloaded after gpu-activate: the marker and the spec
+		// in /run stay, the GPU has no driver.
+		{name: "the driver unloaded after activation", addrs: []string{"0000:3b:00.0"},
+			reason: report.ReasonCDISpecMissing,
+			msg:    "GPU 0000:3b:00.0 present; no CDI spec under " + dirs + " names a device of kind nvidia.com/gpu for 0000:3b:00.0 (no driver bound)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := probeGPU(t, unboundGPUHost(t, tc.addrs, tc.bound), nil)
+			if r.Status != report.StatusTrue || r.Reason != tc.reason || r.Message != tc.msg {
+				t.Errorf("got %s/%s\n%s\nwant %s/%s\n%s", r.Status, r.Reason, r.Message, report.StatusTrue, tc.reason, tc.msg)
+			}
+		})
+	}
+	// The control: the same GPU bound to nvidia is activated.
+	r := probeGPU(t, unboundGPUHost(t, []string{"0000:3b:00.0"}, "0000:3b:00.0"), nil)
+	if r.Status != report.StatusFalse {
+		t.Errorf("the GPU bound to nvidia: %s/%s %s", r.Status, r.Reason, r.Message)
 	}
 }
 

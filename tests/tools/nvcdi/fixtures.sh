@@ -21,7 +21,9 @@ gen -output "$tmp/nvidia-4-gpus.yaml" -uuids "$four"
 gen -output "$tmp/nvidia-2-of-4-gpus.yaml" -uuids "$(echo $four | cut -d, -f1-2)"
 gen -output "$tmp/nvidia-4-gpus-uuid.yaml" -uuids "$four" -device-name-strategy uuid
 gen -output "$tmp/nvidia-1-gpu.json" -uuids GPU-5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f
-for f in nvidia-4-gpus.yaml nvidia-2-of-4-gpus.yaml nvidia-4-gpus-uuid.yaml nvidia-1-gpu.json; do
+# pci-vfio: NVML sees only the GPU bound to nvidia (0000:18:00.0), its index 0.
+gen -output "$tmp/nvidia-vfio.yaml" -uuids "$(echo $four | cut -d, -f1)"
+for f in nvidia-4-gpus.yaml nvidia-2-of-4-gpus.yaml nvidia-4-gpus-uuid.yaml nvidia-1-gpu.json nvidia-vfio.yaml; do
 	sed -e "s|$drv/|/|g" -e "s|$drv|/|g" "$tmp/$f" > "$out/$f"
 done
 # A torn write: the 4-GPU spec cut off inside the quoted name of the third
