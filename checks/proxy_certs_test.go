@@ -59,6 +59,16 @@ func TestProxyCheck(t *testing.T) {
 			t.Errorf("page %q: %+v %v; want a page error", p, r, err)
 		}
 	}
+	// A ready value that is no readiness (NaN, an infinity, a negative
+	// value; one series of several): an error (Unknown), as TunnelDisconnected
+	// treats such a connection count. Before, each was ProxyServing (False).
+	for _, p := range []string{"# TYPE ready gauge\nready NaN\n", "ready -1\n", "ready +Inf\n", "ready -Inf\n",
+		"# TYPE ready gauge\nready{a=\"x\"} 1\nready{a=\"y\"} NaN\n"} {
+		page, status = p, 200
+		if r, err := c.Probe(context.Background()); err == nil || !strings.Contains(err.Error(), srv.URL+"/metrics: ready is ") || !strings.Contains(err.Error(), ", not a readiness value") {
+			t.Errorf("page %q: %+v %v; want an error", p, r, err)
+		}
+	}
 	srv.Close()
 	if r, _ := c.Probe(context.Background()); r.Reason != "ProxyUnreachable" || !strings.Contains(r.Message, "connection refused") {
 		t.Errorf("endpoint down: %+v", r)
