@@ -163,6 +163,24 @@ func (q journalQuery) args() []string {
 	return a
 }
 
+// describe is the command line for an error: the arguments, less the values
+// that move from run to run (the cursor, the start time). An error that
+// stays the same while journalctl fails the same way is logged once and
+// leaves the condition's message as it is; with --since=@<now-5m> in it,
+// each run's error was new.
+func (q journalQuery) describe() string {
+	a := q.args()
+	for i, s := range a {
+		switch {
+		case strings.HasPrefix(s, "--after-cursor="):
+			a[i] = "--after-cursor=<last cursor read>"
+		case strings.HasPrefix(s, "--since="):
+			a[i] = "--since=<start of the read>"
+		}
+	}
+	return filepath.Base(q.Journalctl) + " " + strings.Join(a, " ")
+}
+
 // journalRead says what one read saw.
 type journalRead struct {
 	Entries   int    // entries read
@@ -174,7 +192,7 @@ type journalRead struct {
 
 // readJournal runs journalctl for q and calls fn with each entry, in journal
 // order. A non-zero exit, or journalctl not starting, is an error with
-// journalctl's own words; a line that is not an entry is skipped and counted.
+// journalctl's own words (and the command line, less its moving values); a line that is not an entry is skipped and counted.
 func readJournal(ctx context.Context, q journalQuery, fn func(journalEntry)) (journalRead, error) {
 	var r journalRead
 	cmd := exec.CommandContext(ctx, q.Journalctl, q.args()...)
@@ -229,7 +247,7 @@ func readJournal(ctx context.Context, q journalQuery, fn func(journalEntry)) (jo
 		if msg == "" {
 			msg = "no message"
 		}
-		return r, fmt.Errorf("%s %s: %w: %s", filepath.Base(q.Journalctl), strings.Join(q.args(), " "), werr, msg)
+		return r, fmt.Errorf("%s: %w: %s", q.describe(), werr, msg)
 	}
 	if readErr != nil {
 		return r, fmt.Errorf("reading the output of %s: %w", q.Journalctl, readErr)

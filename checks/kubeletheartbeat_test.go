@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -241,7 +243,8 @@ func TestKubeletHeartbeatBadCursor(t *testing.T) {
 	fj.fail(t, 2, "Failed to seek to cursor: Invalid argument\n")
 	cur := "s=3a7de8ba767941d7802f48f8d5767386;i=5;b=0e8831569cd045b0a40199f64b37fa93;m=23b02cfc1;t=661ab582d0dab;x=7c28430aa71f07fd"
 	probeHeartbeatErr(t, c, "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --root="+root+
-		" --after-cursor="+cur+": exit status 1: Failed to seek to cursor: Invalid argument")
+		" --after-cursor=<last cursor read>: exit status 1: Failed to seek to cursor: Invalid argument")
+	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cur)
 
 	// Twenty minutes later: from the last good read, not only the last
 	// window; the give-up first read now was within the window of the last
@@ -251,6 +254,47 @@ func TestKubeletHeartbeatBadCursor(t *testing.T) {
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
 		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (20m10s ago, first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 	wantArgs(t, fj.args(t, 3), root, fmt.Sprintf("--since=@%d", read1.Unix()))
+}
+
+// journalctl fails the same way at every run (the sandbox denies the
+// journal), with no cursor to go on from, so each run asks --since a time of
+// its own: the failure is logged once and the condition (CheckFailed) keeps
+// its message. Before, the error named --since=@<now-5m>, so each run's was
+// new: a warning every run and a new message, a Node status write, every 5
+// minutes.
+func TestKubeletHeartbeatSameFailureLoggedOnce(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast
+	env := heartbeatEnv(t, root, fj, &now)
+	var logs testenv.SyncBuffer
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Only: []string{"KubeletHeartbeatFailed"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	for i := 1; i <= 3; i++ {
+		fj.fail(t, i, "Failed to open journal: Permission denied\n")
+		conds := r.RunOnce(t.Context())
+		if len(conds) != 1 || conds[0].Reason != report.ReasonCheckFailed {
+			t.Fatalf("run %d: %+v", i, conds)
+		}
+		msgs = append(msgs, conds[0].Message)
+		wantArgs(t, fj.args(t, i), root, fmt.Sprintf("--since=@%d", now.Add(-5*time.Minute).Unix()))
+		now = now.Add(5 * time.Minute)
+	}
+	want := "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --root=" + root +
+		" --since=<start of the read>: exit status 1: Failed to open journal: Permission denied"
+	for i, m := range msgs {
+		if m != want {
+			t.Errorf("run %d: message %q\nwant %q", i+1, m, want)
+		}
+	}
+	if n := strings.Count(logs.String(), "check failed"); n != 1 {
+		t.Errorf("%d 'check failed' lines for 3 runs failing the same way, want 1:\n%s", n, logs.String())
+	}
 }
 
 // max_entries bounds a run: one that read that many without a match is
