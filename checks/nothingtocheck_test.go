@@ -93,3 +93,39 @@ func TestServiceNotRecoveringWithoutUnits(t *testing.T) {
 		t.Errorf("%+v %v", r, err)
 	}
 }
+
+// A condition whose catalog row says it is evaluated on fewer nodes than it
+// is set on (Evaluated, shown in the README's Nodes column) is Unknown,
+// NothingToCheck, on the others, whatever the node holds: the column says
+// what is true. TunnelDisconnected on a control plane: before, the column
+// said "all" and only the trigger's footnote said it was always Unknown
+// there.
+func TestEvaluatedScopeIsUnknownElsewhere(t *testing.T) {
+	n := 0
+	for _, d := range report.Conditions {
+		if d.Evaluated == "" || d.Evaluated == d.Scope || d.Source != report.SourceCheck {
+			continue
+		}
+		for _, role := range []report.Role{report.RoleWorker, report.RoleControlPlane} {
+			for _, gpu := range []bool{false, true} {
+				if !d.Scope.Applies(role, gpu) || d.Evaluated.Applies(role, gpu) {
+					continue
+				}
+				n++
+				env := testEnv(t, nil)
+				env.Role, env.GPU = role, gpu
+				c, err := NewForTest(d.Type, env)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := c.Probe(context.Background())
+				if err != nil || r.Status != report.StatusUnknown || r.Reason != report.ReasonNothingToCheck {
+					t.Errorf("%s on a %s node (gpu %v), outside %s: %+v %v", d.Type, role, gpu, d.Evaluated, r, err)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("no condition with a narrower Evaluated scope (TunnelDisconnected has one)")
+	}
+}

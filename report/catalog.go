@@ -113,7 +113,12 @@ type ConditionDesc struct {
 	// are set by kernel lines as they arrive.
 	Interval time.Duration
 	Scope    Scope
-	Hold     Hold
+	// Evaluated, when set, is the narrower scope where the condition can be
+	// anything but Unknown: it is set on every node of Scope (the spec's),
+	// and on the others it is always Unknown, NothingToCheck
+	// (TunnelDisconnected: a control-plane node has no tunnel agent).
+	Evaluated Scope `json:",omitempty"`
+	Hold      Hold
 	// HealthyReason is the reason carried with status False.
 	HealthyReason Reason
 	// ProblemReasons are the reasons carried with status True.
@@ -129,6 +134,15 @@ type ConditionDesc struct {
 	// Trigger is the spec's "how it is triggered", Cause its "how it can happen".
 	Trigger string
 	Cause   string
+}
+
+// Nodes says which nodes the condition is set on, for the catalog's
+// readers: Scope, and where it is evaluated when that is narrower.
+func (c ConditionDesc) Nodes() string {
+	if c.Evaluated == "" || c.Evaluated == c.Scope {
+		return string(c.Scope)
+	}
+	return fmt.Sprintf("%s, evaluated on %s nodes (`Unknown` on the others)", c.Scope, c.Evaluated)
 }
 
 // Part is one source's share of a condition that several sources evaluate.
@@ -389,9 +403,9 @@ var Conditions = []ConditionDesc{
 	{Type: "CNIUnhealthy", Source: SourceCheck, Disposition: Alert, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonCNIHealthy, ProblemReasons: []Reason{ReasonCiliumNotOk, ReasonCiliumUnreachable},
 		Trigger: "local cilium-agent health is not Ok, or its socket is unreachable", Cause: "the cilium-agent crashed or is degraded"},
-	{Type: "TunnelDisconnected", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
+	{Type: "TunnelDisconnected", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Evaluated: ScopeWorker, Hold: HoldWhileTrue,
 		HealthyReason: ReasonTunnelConnected, ProblemReasons: []Reason{ReasonNoTunnelConnections, ReasonTunnelMetricsUnreachable},
-		Trigger: "the tunnel connection count is 0 (the worker's tunnel agent; a control-plane node has no agent: `Unknown`, `NothingToCheck`)", Cause: "the reverse tunnel to the control plane dropped"},
+		Trigger: "the tunnel connection count is 0 (the worker's tunnel agent)", Cause: "the reverse tunnel to the control plane dropped"},
 	{Type: "GpuActivationFailed", Source: SourceCheck, Disposition: Operability, Interval: time.Minute, Scope: ScopeGPU, Hold: HoldWhileTrue,
 		HealthyReason: ReasonGpuActivated, ProblemReasons: []Reason{ReasonActivationMarkerMissing, ReasonCDISpecMissing},
 		Trigger: "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},

@@ -121,3 +121,18 @@ func TestScopeApplies(t *testing.T) {
 		}
 	}
 }
+
+// TunnelDisconnected is set on every node (the spec's scope) but evaluated
+// on workers only: the catalog's Nodes column says so.
+func TestTunnelDisconnectedNodes(t *testing.T) {
+	d, _ := Lookup("TunnelDisconnected")
+	if d.Scope != ScopeAll || d.Evaluated != ScopeWorker {
+		t.Errorf("scope %s, evaluated %s", d.Scope, d.Evaluated)
+	}
+	if got, want := d.Nodes(), "all, evaluated on worker nodes (`Unknown` on the others)"; got != want {
+		t.Errorf("Nodes() = %q, want %q", got, want)
+	}
+	if d, _ := Lookup("ProxyNotServing"); d.Nodes() != "worker" {
+		t.Errorf("ProxyNotServing: Nodes() = %q", d.Nodes())
+	}
+}

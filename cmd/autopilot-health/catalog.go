@@ -53,7 +53,7 @@ func CatalogMarkdown() string {
 	b.WriteString("| Condition | Source | Disposition | Interval | Nodes | Reason when False | Reasons when True | Triggered when |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, c := range report.Conditions {
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | `%s` | %s | %s |\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope,
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | `%s` | %s | %s |\n", c.Type, c.Source, c.Disposition, interval(c), c.Nodes(),
 			c.HealthyReason, "`"+report.JoinReasons(c.ProblemReasons, "`, `")+"`", c.Trigger)
 	}
 	b.WriteString("\n| Event reason | Source | Nodes | Emitted when |\n| --- | --- | --- | --- |\n")

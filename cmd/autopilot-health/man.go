@@ -211,6 +211,9 @@ func ManPage(date string) string {
 		p(".TP")
 		p(".B %s", roff(c.Type))
 		p("%s", roff(fmt.Sprintf("%s, %s, %s, %s nodes.", c.Source, c.Disposition, interval(c), c.Scope)))
+		if c.Evaluated != "" && c.Evaluated != c.Scope {
+			p("%s", roff(fmt.Sprintf("Evaluated on %s nodes only; Unknown on the others.", c.Evaluated)))
+		}
 		p("%s", roff("True when "+strings.TrimSuffix(c.Trigger, ".")+"."))
 		p("%s", roff(fmt.Sprintf("Reasons when True: %s; when False: %s.", report.JoinReasons(c.ProblemReasons, ", "), c.HealthyReason)))
 		if len(c.UnknownReasons) > 0 {
