@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,7 +46,27 @@ type diskUsageCheck struct {
 	excludeType              *regexp.Regexp
 	// lvmLast is LVM's last report, reused while it can be (askLVM).
 	lvmLast *lvmAnswer
+	// timeout is the check's: the waits for statfs and LVM are parts of it.
+	timeout time.Duration
+	// statfsStuck: the mounts whose statfs has not returned (keyed by
+	// device and mount point); lvmStuck: an LVM report that has not.
+	statfsStuck, lvmStuck stuckCalls
 }
+
+// statfsTimeout is the longest one mount's statfs is waited for:
+// node_exporter's --collector.filesystem.mount-timeout (5 s), or a sixth of
+// the check's timeout where that is shorter. All mounts are asked at once, so
+// this is also the longest the statfs part of a run takes. A mount that does
+// not answer in time (a hard NFS mount whose server is gone, a hung FUSE
+// daemon) is "not checked" and not asked again until its statfs returns.
+func (c *diskUsageCheck) statfsTimeout() time.Duration { return min(5*time.Second, c.timeout/6) }
+
+// lvmWait is the longest LVM's reports are waited for: two thirds of the
+// check's timeout (20 s of 30 s: the two reports' lvm_timeout of 10 s each).
+// lvm_timeout kills an lvm that does not answer, but an lvm in D state (a
+// dead physical volume) does not die, and exec waits for it; the check
+// returns anyway, with the LVM part "not checked".
+func (c *diskUsageCheck) lvmWait() time.Duration { return c.timeout * 2 / 3 }
 
 func newDiskUsageCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.DiskUsageHigh
@@ -57,8 +78,12 @@ func newDiskUsageCheck(env *Env) (Check, error) {
 	if err != nil {
 		return nil, err
 	}
+	timeout := c.Timeout.Duration
+	if timeout <= 0 {
+		timeout = 30 * time.Second // a configuration built in code; the runner refuses it
+	}
 	return &diskUsageCheck{env: env, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, vgPct: c.VolumeGroupPercent,
-		poolDataPct: c.ThinPoolDataPct, poolMetaPct: c.ThinPoolMetaPct, excludeMP: mp, excludeType: ft}, nil
+		poolDataPct: c.ThinPoolDataPct, poolMetaPct: c.ThinPoolMetaPct, excludeMP: mp, excludeType: ft, timeout: timeout}, nil
 }
 
 // Mount is one line of /proc/<pid>/mountinfo.
@@ -200,11 +225,11 @@ func (c *diskUsageCheck) selectMounts(mounts []Mount) mountSelection {
 
 // Usage returns the use of every filesystem the check watches.
 func (c *diskUsageCheck) Usage() ([]FSUsage, []error, error) {
-	u, errs, _, err := c.usage()
+	u, errs, _, err := c.usage(context.Background())
 	return u, errs, err
 }
 
-func (c *diskUsageCheck) usage() ([]FSUsage, []error, mountSelection, error) {
+func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSelection, error) {
 	f, err := os.Open(c.env.Path(mountinfoPath))
 	if err != nil {
 		return nil, nil, mountSelection{}, err
@@ -217,9 +242,23 @@ func (c *diskUsageCheck) usage() ([]FSUsage, []error, mountSelection, error) {
 	sel := c.selectMounts(mounts)
 	var out []FSUsage
 	var errs []error
-	for _, m := range sel.measure {
+	keys := make([]string, len(sel.measure))
+	for i, m := range sel.measure {
+		keys[i] = m.Device + " " + m.MountPoint // one mount per device
+	}
+	wait := c.statfsTimeout()
+	answers := callEach(ctx, &c.statfsStuck, wait, keys, func(key string) (unix.Statfs_t, error) {
 		var st unix.Statfs_t
-		if err := c.env.Sys.Statfs(c.env.Path(m.MountPoint), &st); err != nil {
+		err := c.env.Sys.Statfs(c.env.Path(key[strings.IndexByte(key, ' ')+1:]), &st)
+		return st, err
+	})
+	for i, m := range sel.measure {
+		st, err := answers[i].v, answers[i].err
+		if answers[i].stuck {
+			errs = append(errs, fmt.Errorf("%s (statfs hung: no answer within %s; asked again once it answers)", m.MountPoint, wait))
+			continue
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("statfs %s: %w", m.MountPoint, err))
 			continue
 		}
@@ -242,7 +281,7 @@ func (c *diskUsageCheck) usage() ([]FSUsage, []error, mountSelection, error) {
 const mountinfoPath = "/proc/self/mountinfo"
 
 func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
-	usage, errs, sel, err := c.usage()
+	usage, errs, sel, err := c.usage(ctx)
 	if err != nil {
 		return Result{}, err
 	}

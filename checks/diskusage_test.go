@@ -1,9 +1,18 @@
 package checks
 
 import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
 )
 
 // mount_points_exclude and fs_types_exclude match anywhere in the value
@@ -61,5 +70,144 @@ func TestDiskUsageExcludePatterns(t *testing.T) {
 	}
 	if !d.excludeType.MatchString("fuse.sshfs") || d.excludeType.MatchString("ext4") {
 		t.Error(`fs_types_exclude = "fuse" does not match inside the type only`)
+	}
+}
+
+// hangingSys: statfs of one path blocks until release is closed (a hard
+// NFS mount whose server is gone); calls counts the statfs of that path
+// begun so far.
+type hangingSys struct {
+	fakeSys
+	hang    string
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func (h *hangingSys) Statfs(path string, st *unix.Statfs_t) error {
+	if path == h.hang {
+		h.calls.Add(1)
+		<-h.release
+	}
+	return h.fakeSys.Statfs(path, st)
+}
+
+// A mount whose statfs hangs does not hide the others: every run decides
+// on / within the statfs deadline (5 s of the 30 s timeout) and names the
+// hung mount as not checked; later runs do not ask it again while its
+// statfs has not returned (one goroutine stuck, however many runs), and
+// ask it again once it answers. Fails when the mounts' statfs run in the
+// probe's goroutine (every run is Unknown/CheckTimeout after 30 s), or when
+// a stuck mount is asked again each run (3 statfs calls hung, not 1).
+func TestDiskUsageHungMountDoesNotHideTheOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		root := t.TempDir()
+		writeFile(t, root+"/proc/self/mountinfo", `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:60 / /mnt/backup rw,relatime shared:20 - nfs4 10.0.0.9:/export rw,vers=4.2,hard
+`)
+		sys := &hangingSys{fakeSys: fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 95, 100, 5), root + "/mnt/backup": st(1000, 10, 100, 5)}},
+			hang: root + "/mnt/backup", release: make(chan struct{})}
+		env := testEnv(t, func(c *config.Config) {
+			c.HostRoot = root
+			c.Checks.DiskUsageHigh.FSTypesExclude = "^tmpfs$" // NFS watched, as an operator may choose
+		})
+		env.Sys = sys
+		store := report.NewStore("b")
+		r, err := NewRunner(env, Options{Store: store, Only: []string{"DiskUsageHigh"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const hung = "; not checked: /mnt/backup (statfs hung: no answer within 5s; asked again once it answers)"
+		run := func(wantTook time.Duration, want report.Condition) {
+			t.Helper()
+			start := time.Now()
+			c := r.RunOnce(t.Context())[0]
+			if took := time.Since(start); took != wantTook || c.Status != want.Status || c.Reason != want.Reason || c.Message != want.Message {
+				t.Errorf("run took %s: %s/%s %q\nwant %s: %s/%s %q", took, c.Status, c.Reason, c.Message, wantTook, want.Status, want.Reason, want.Message)
+			}
+		}
+		full := report.Condition{Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh, Message: "/ 95% of space used (threshold 90%)" + hung}
+		run(5*time.Second, full)
+		run(0, full)
+		run(0, full)
+		if n := sys.calls.Load(); n != 1 {
+			t.Errorf("the hung mount's statfs was called %d times over 3 runs, want once (a goroutine stuck per run)", n)
+		}
+		sys.statfs[root] = st(1000, 20, 100, 5)
+		run(0, report.Condition{Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK, Message: "1 filesystem below 90% space and 90% inodes" + hung})
+		// The server is back: the stuck statfs returns, its goroutine ends,
+		// and the next run measures the mount again.
+		close(sys.release)
+		synctest.Wait()
+		run(0, report.Condition{Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK, Message: "2 filesystems below 90% space and 90% inodes"})
+		if n := sys.calls.Load(); n != 2 {
+			t.Errorf("statfs of the recovered mount called %d times in all, want 2", n)
+		}
+	})
+}
+
+// hangingLVM: the first report blocks until release is closed, whatever
+// its context says (an lvm in D state on a dead physical volume, which
+// SIGKILL does not end and exec.Cmd.Wait waits for); later ones answer
+// "no volume groups".
+type hangingLVM struct {
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func (h *hangingLVM) Report(ctx context.Context, command string, args ...string) ([]byte, error) {
+	if h.calls.Add(1) == 1 {
+		<-h.release
+	}
+	return []byte(`{"report":[{"vg":[]}]}`), nil
+}
+
+// LVM that does not answer costs its own part only: the run returns after
+// the LVM wait (20 s of the 30 s timeout) with the filesystems measured
+// and "LVM not checked"; the next run does not start another lvm while the
+// first has not returned, and asks again once it has. Fails when the probe
+// waits for readLVM itself (Unknown/CheckTimeout after 30 s, the statfs
+// results lost).
+func TestDiskUsageHungLVMKeepsTheFilesystems(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		root := t.TempDir()
+		writeFile(t, root+"/proc/self/mountinfo", "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+		env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+		env.Sys = &fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 97, 100, 5)}}
+		l := &hangingLVM{release: make(chan struct{})}
+		env.LVM = l
+		r, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"DiskUsageHigh"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const want = "/ 97% of space used (threshold 90%); not checked: LVM (no report within 20s: lvm hung; asked again once it returns)"
+		for i, wantTook := range []time.Duration{20 * time.Second, 0} {
+			start := time.Now()
+			c := r.RunOnce(t.Context())[0]
+			if took := time.Since(start); took != wantTook || c.Status != report.StatusTrue || c.Message != want {
+				t.Errorf("run %d took %s: %s/%s %q\nwant %s: True %q", i+1, took, c.Status, c.Reason, c.Message, wantTook, want)
+			}
+		}
+		if n := l.calls.Load(); n != 1 {
+			t.Errorf("lvm asked %d times while the first has not returned, want once", n)
+		}
+		close(l.release)
+		synctest.Wait()
+		if c := r.RunOnce(t.Context())[0]; c.Status != report.StatusTrue || c.Message != "/ 97% of space used (threshold 90%)" {
+			t.Errorf("LVM answering again: %s/%s %q", c.Status, c.Reason, c.Message)
+		}
+		if n := l.calls.Load(); n != 2 {
+			t.Errorf("lvm asked %d times in all, want 2", n)
+		}
+	})
+}
+
+// writeFile writes a fixture file, making its directories.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

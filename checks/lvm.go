@@ -309,7 +309,14 @@ func (c *diskUsageCheck) askLVM(ctx context.Context) lvmRead {
 	if last := c.lvmLast; last != nil && lvsErr == nil && lvs == last.lvs && !last.pools && now.Sub(last.at) < lvmRefresh {
 		return last.read
 	}
-	r := readLVM(ctx, c.env.lvm())
+	l, wait := c.env.lvm(), c.lvmWait()
+	a := callEach(ctx, &c.lvmStuck, wait, []string{"lvm"}, func(string) (lvmRead, error) {
+		return readLVM(ctx, l), nil
+	})[0]
+	r := a.v
+	if a.stuck {
+		r = lvmRead{Asked: true, Errs: []error{fmt.Errorf("LVM (no report within %s: lvm hung; asked again once it returns)", wait)}}
+	}
 	c.lvmLast = nil
 	if lvsErr == nil && r.Asked && len(r.Errs) == 0 && r.VGs != nil {
 		a := &lvmAnswer{read: r, lvs: lvs, at: now}
