@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -19,12 +20,14 @@ func init() {
 // the admin ioctl). The temperature bit is left to DiskTemperatureHigh (an
 // operability problem, not a failing disk). It is DisksFailure's check part
 // (the catalog row's Parts); the kernel's I/O errors are the other.
-type disksFailureSMART struct{ env *Env }
+type disksFailureSMART struct{ nvme *nvmeReader }
 
-func newDisksFailureSMART(env *Env) (Check, error) { return &disksFailureSMART{env: env}, nil }
+func newDisksFailureSMART(env *Env) (Check, error) {
+	return &disksFailureSMART{nvme: newNVMeReader(env, env.Config.Checks.DisksFailure.Timeout.Duration)}, nil
+}
 
 func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
-	hs, ok, bad, err := readableNVMe(c.env)
+	hs, ok, bad, err := c.nvme.read(ctx)
 	details := []report.Detail{{Domain: "disks", Field: "disks", Value: hs}}
 	if err != nil {
 		return Result{Details: details}, err
@@ -32,13 +35,13 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 	var failing, hot []string
 	for _, h := range ok {
 		if w := warnings(h.CriticalWarning, 1<<1); len(w) > 0 {
-			failing = append(failing, fmt.Sprintf("%s (%s): SMART critical warning 0x%02x: %s", h.Controller, h.Model, h.CriticalWarning, strings.Join(w, ", ")))
+			failing = append(failing, fmt.Sprintf("%s: SMART critical warning 0x%02x: %s", h.name(), h.CriticalWarning, strings.Join(w, ", ")))
 		} else if h.CriticalWarning&(1<<1) != 0 {
 			hot = append(hot, h.Controller)
 		}
 	}
 	if len(failing) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: strings.Join(failing, "; "), Details: details}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: strings.Join(failing, "; ") + unreadableNote(bad), Details: details}, nil
 	}
 	if len(ok) == 0 {
 		// No drive: this part checked nothing; the kernel's I/O error part
@@ -52,13 +55,40 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 		// Not "without warnings" when a drive has the temperature one.
 		msg = drives(len(ok), "without SMART critical warnings but temperature") + fmt.Sprintf(" (%s: its temperature warning is DiskTemperatureHigh's)", strings.Join(hot, ", "))
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: msg + unreadableNote(bad), Details: details}, nil
+	if len(bad) > 0 {
+		return unreadable(msg, bad, details), nil
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDisksHealthy, Message: msg, Details: details}, nil
 }
 
-// readableNVMe reads every NVMe drive and splits the readable ones from
-// the errors of the others; it fails when drives exist and none is readable.
-func readableNVMe(env *Env) (all, ok []NVMeHealth, bad []string, err error) {
-	all, err = readNVMeHealth(env.nvme())
+// unreadable is the result of an NVMe check when no readable drive is
+// past its threshold but some drive could not be read: a controller that
+// does not answer may be the failing disk itself, so the check does not
+// say "healthy" (False); it says what it read and which drives it could
+// not (Unknown / CheckFailed). A drive past its threshold decides True
+// all the same.
+func unreadable(msg string, bad []string, details []report.Detail) Result {
+	return Result{Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: msg + unreadableNote(bad), Details: details}
+}
+
+// nvmeReader reads the NVMe drives for one check, each drive's commands
+// waited for at most nvmeTimeout of the check's timeout; stuck are the
+// drives whose commands of an earlier run have not returned.
+type nvmeReader struct {
+	env     *Env
+	timeout time.Duration
+	stuck   stuckCalls
+}
+
+func newNVMeReader(env *Env, checkTimeout time.Duration) *nvmeReader {
+	return &nvmeReader{env: env, timeout: nvmeTimeout(checkTimeout)}
+}
+
+// read reads every NVMe drive and splits the readable ones (their SMART
+// page read) from the others, each named with its error; it fails when
+// drives exist and none is readable.
+func (r *nvmeReader) read(ctx context.Context) (all, ok []NVMeHealth, bad []string, err error) {
+	all, err = readNVMeHealth(ctx, r.env.nvme(), &r.stuck, r.timeout)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -94,48 +124,54 @@ func unreadableNote(bad []string) string {
 // diskWear: an NVMe drive's "percentage used" of its rated endurance is at
 // or above the threshold.
 type diskWear struct {
-	env       *Env
+	nvme      *nvmeReader
 	threshold int
 }
 
 func newDiskWear(env *Env) (Check, error) {
-	return &diskWear{env: env, threshold: env.Config.Checks.DiskWearHigh.PercentageUsedThreshold}, nil
+	c := env.Config.Checks.DiskWearHigh
+	return &diskWear{nvme: newNVMeReader(env, c.Timeout.Duration), threshold: c.PercentageUsedThreshold}, nil
 }
 
 func (c *diskWear) Probe(ctx context.Context) (Result, error) {
-	_, ok, bad, err := readableNVMe(c.env)
+	_, ok, bad, err := c.nvme.read(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	var worn []string
 	for _, h := range ok {
 		if h.PercentageUsed >= c.threshold {
-			worn = append(worn, fmt.Sprintf("%s (%s) has used %d%% of its rated endurance", h.Controller, h.Model, h.PercentageUsed))
+			worn = append(worn, fmt.Sprintf("%s has used %d%% of its rated endurance", h.name(), h.PercentageUsed))
 		}
 	}
 	if len(ok) == 0 {
 		return noDrives, nil
 	}
 	if len(worn) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonEnduranceMostlyUsed, Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold)}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonEnduranceMostlyUsed, Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold) + unreadableNote(bad)}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskWearOK, Message: drives(len(ok), fmt.Sprintf("below %d%% of rated endurance", c.threshold)) + unreadableNote(bad)}, nil
+	msg := drives(len(ok), fmt.Sprintf("below %d%% of rated endurance", c.threshold))
+	if len(bad) > 0 {
+		return unreadable(msg, bad, nil), nil
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskWearOK, Message: msg}, nil
 }
 
 // diskTemp: an NVMe drive is past its temperature threshold: the configured
 // one, or (threshold_celsius = 0) the drive's own warning threshold WCTEMP,
 // or, where the drive reports none, its own temperature warning bit.
 type diskTemp struct {
-	env       *Env
+	nvme      *nvmeReader
 	threshold int
 }
 
 func newDiskTemp(env *Env) (Check, error) {
-	return &diskTemp{env: env, threshold: env.Config.Checks.DiskTemperatureHigh.ThresholdCelsius}, nil
+	c := env.Config.Checks.DiskTemperatureHigh
+	return &diskTemp{nvme: newNVMeReader(env, c.Timeout.Duration), threshold: c.ThresholdCelsius}, nil
 }
 
 func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
-	_, ok, bad, err := readableNVMe(c.env)
+	_, ok, bad, err := c.nvme.read(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -147,16 +183,20 @@ func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
 		}
 		switch {
 		case limit > 0 && h.TemperatureC >= limit:
-			hot = append(hot, fmt.Sprintf("%s (%s) is at %d°C, threshold %d°C", h.Controller, h.Model, h.TemperatureC, limit))
+			hot = append(hot, fmt.Sprintf("%s is at %d°C, threshold %d°C", h.name(), h.TemperatureC, limit))
 		case h.CriticalWarning&(1<<1) != 0:
-			hot = append(hot, fmt.Sprintf("%s (%s) reports its temperature outside its threshold (%d°C)", h.Controller, h.Model, h.TemperatureC))
+			hot = append(hot, fmt.Sprintf("%s reports its temperature outside its threshold (%d°C)", h.name(), h.TemperatureC))
 		}
 	}
 	if len(ok) == 0 {
 		return noDrives, nil
 	}
 	if len(hot) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hot, "; ")}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hot, "; ") + unreadableNote(bad)}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskTemperatureOK, Message: drives(len(ok), "within their temperature thresholds") + unreadableNote(bad)}, nil
+	msg := drives(len(ok), "within their temperature thresholds")
+	if len(bad) > 0 {
+		return unreadable(msg, bad, nil), nil
+	}
+	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskTemperatureOK, Message: msg}, nil
 }

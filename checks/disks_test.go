@@ -8,7 +8,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
 
@@ -27,6 +33,7 @@ type fakeDrive struct {
 	tempK          uint16
 	cw, spare, pct byte
 	smartErr       error
+	identifyErr    error
 }
 
 func (f *fakeNVMe) Controllers() ([]string, error) {
@@ -41,6 +48,9 @@ func (f *fakeNVMe) Controllers() ([]string, error) {
 
 func (f *fakeNVMe) Identify(c string) ([]byte, error) {
 	d := f.ctrls[c]
+	if d.identifyErr != nil {
+		return nil, d.identifyErr
+	}
 	b := make([]byte, 4096)
 	copy(b[4:24], "SN-"+c+"                ")
 	copy(b[24:64], d.model+strings.Repeat(" ", 40))
@@ -81,7 +91,7 @@ func probe(t *testing.T, c Check) Result {
 
 func TestParseNVMePages(t *testing.T) {
 	f := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "QEMU NVMe Ctrl", wctempK: 343, tempK: 323, cw: 0x05, spare: 0, pct: 3}}}
-	hs, err := readNVMeHealth(f)
+	hs, err := readNVMeHealth(context.Background(), f, &stuckCalls{}, time.Minute)
 	if err != nil || len(hs) != 1 {
 		t.Fatal(hs, err)
 	}
@@ -192,12 +202,12 @@ func TestDiskWearAndTemperature(t *testing.T) {
 func TestRealNVMeReaderHostRoot(t *testing.T) {
 	root := t.TempDir()
 	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
-	hs, err := readNVMeHealth(realNVMe{env: env})
+	hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute)
 	if err != nil || hs == nil || len(hs) != 0 {
 		t.Fatalf("no /sys/class/nvme: %#v, %v; want an empty list, no error", hs, err)
 	}
 	mkdir(t, root+"/sys/class/nvme")
-	if hs, err := readNVMeHealth(realNVMe{env: env}); err != nil || len(hs) != 0 {
+	if hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute); err != nil || len(hs) != 0 {
 		t.Fatalf("empty /sys/class/nvme: %+v, %v", hs, err)
 	}
 
@@ -207,14 +217,19 @@ func TestRealNVMeReaderHostRoot(t *testing.T) {
 	if err := os.Symlink("/dev/null", root+"/dev/nvme1"); err != nil { // opens, but is no NVMe controller
 		t.Fatal(err)
 	}
-	hs, err = readNVMeHealth(realNVMe{env: env})
+	hs, err = readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute)
 	if err != nil || len(hs) != 2 || hs[0].Controller != "nvme0" || hs[1].Controller != "nvme1" {
 		t.Fatalf("two controllers: %+v, %v", hs, err)
 	}
 	if want := "open " + root + "/dev/nvme0: no such file or directory"; hs[0].Error != want {
 		t.Errorf("nvme0 without a device: error %q, want %q", hs[0].Error, want)
 	}
-	if want := root + "/dev/nvme1: NVMe admin command 0x06: inappropriate ioctl for device"; hs[1].Error != want {
+	// Identify (0x06) fails, and the SMART page (Get Log Page, 0x02) is
+	// asked for all the same.
+	if want := root + "/dev/nvme1: NVMe admin command 0x06: inappropriate ioctl for device"; hs[1].IdentifyError != want {
+		t.Errorf("nvme1 on /dev/null: Identify error %q, want %q", hs[1].IdentifyError, want)
+	}
+	if want := root + "/dev/nvme1: NVMe admin command 0x02: inappropriate ioctl for device"; hs[1].Error != want {
 		t.Errorf("nvme1 on /dev/null: error %q, want %q", hs[1].Error, want)
 	}
 	c, _ := newDisksFailureSMART(env)
@@ -229,7 +244,7 @@ func TestRealNVMeReaderHostRoot(t *testing.T) {
 // serial from Identify, and a SMART page with plausible values.
 func TestRealNVMeReader(t *testing.T) {
 	env := testEnv(t, nil)
-	hs, err := readNVMeHealth(realNVMe{env: env})
+	hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,4 +299,141 @@ func TestDiskWearAndTemperatureWithoutDrives(t *testing.T) {
 			t.Errorf("%s without drives: %+v", name, r)
 		}
 	}
+}
+
+// A drive whose SMART page cannot be read is not a healthy drive: the
+// three NVMe checks say Unknown / CheckFailed naming it, unless another
+// drive is past a threshold (True, naming the unreadable one too). A drive
+// whose Identify fails is still read: its SMART page decides. Fails when
+// readNVMeHealth skips SMART after a failed Identify (nvme1's read-only
+// media is "not readable", DisksFailure Unknown, not True), or when an
+// unreadable drive only adds a note to False as before (False/DisksHealthy).
+func TestNVMeUnreadableDrive(t *testing.T) {
+	const eio = "not readable: nvme1 (input/output error)"
+	for _, tc := range []struct {
+		name                   string
+		drives                 map[string]fakeDrive
+		failure, wear, temp    report.Status
+		failMsg, wearMsg, tMsg string
+	}{
+		{name: "SMART EIO, the other drive healthy",
+			drives:  map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 310, pct: 3}, "nvme1": {model: "B", smartErr: unix.EIO}},
+			failure: report.StatusUnknown, failMsg: "1 NVMe drive without SMART critical warnings; " + eio,
+			wear: report.StatusUnknown, wearMsg: "1 NVMe drive below 80% of rated endurance; " + eio,
+			temp: report.StatusUnknown, tMsg: "1 NVMe drive within their temperature thresholds; " + eio},
+		{name: "SMART EIO, the other drive past its thresholds",
+			drives:  map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 350, pct: 90, cw: 1 << 3}, "nvme1": {model: "B", smartErr: unix.EIO}},
+			failure: report.StatusTrue, failMsg: "nvme0 (A): SMART critical warning 0x08: media placed in read-only mode; " + eio,
+			wear: report.StatusTrue, wearMsg: "nvme0 (A) has used 90% of its rated endurance (threshold 80%); " + eio,
+			temp: report.StatusTrue, tMsg: "nvme0 (A) is at 77°C, threshold 70°C; " + eio},
+		{name: "Identify EIO, its SMART page past the thresholds",
+			drives:  map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 310, pct: 3}, "nvme1": {identifyErr: unix.EIO, tempK: 400, pct: 85, cw: 1<<3 | 1<<1}},
+			failure: report.StatusTrue, failMsg: "nvme1: SMART critical warning 0x0a: media placed in read-only mode",
+			wear: report.StatusTrue, wearMsg: "nvme1 has used 85% of its rated endurance (threshold 80%)",
+			temp: report.StatusTrue, tMsg: "nvme1 reports its temperature outside its threshold (127°C)"},
+		{name: "Identify EIO, its SMART page healthy",
+			drives:  map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 310, pct: 3}, "nvme1": {identifyErr: unix.EIO, tempK: 310, pct: 3}},
+			failure: report.StatusFalse, failMsg: "2 NVMe drives without SMART critical warnings",
+			wear: report.StatusFalse, wearMsg: "2 NVMe drives below 80% of rated endurance",
+			temp: report.StatusFalse, tMsg: "2 NVMe drives within their temperature thresholds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := nvmeEnv(t, &fakeNVMe{ctrls: tc.drives})
+			for _, c := range []struct {
+				cond   string
+				status report.Status
+				msg    string
+			}{{"DisksFailure", tc.failure, tc.failMsg}, {"DiskWearHigh", tc.wear, tc.wearMsg}, {"DiskTemperatureHigh", tc.temp, tc.tMsg}} {
+				chk, err := registry[c.cond](env)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := probe(t, chk)
+				if d, _ := report.Lookup(c.cond); !d.ValidReason(r.Status, r.Reason) || r.Status != c.status || r.Message != c.msg {
+					t.Errorf("%s: %s/%s %q\nwant %s %q", c.cond, r.Status, r.Reason, r.Message, c.status, c.msg)
+				}
+				if r.Status == report.StatusUnknown && r.Reason != report.ReasonCheckFailed {
+					t.Errorf("%s: Unknown/%s, want CheckFailed", c.cond, r.Reason)
+				}
+			}
+		})
+	}
+}
+
+// hangingNVMe: nvme1's SMART read blocks until release is closed (a
+// controller that does not answer: the kernel waits 60 s for an admin
+// command, longer than the check's 30 s); calls counts those reads begun.
+// mu guards the fake's drives, which the test changes while nvme1's read
+// hangs on a goroutine of the check's.
+type hangingNVMe struct {
+	*fakeNVMe
+	mu      sync.Mutex
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func (h *hangingNVMe) Identify(c string) ([]byte, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fakeNVMe.Identify(c)
+}
+
+func (h *hangingNVMe) SMART(c string) ([]byte, error) {
+	if c == "nvme1" {
+		h.calls.Add(1)
+		<-h.release
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fakeNVMe.SMART(c)
+}
+
+// A drive that does not answer costs itself only: the run returns after
+// half the check's timeout (15 s) with nvme0's critical warning True and
+// nvme1 named as not read; the next run does not ask nvme1 again while
+// its command has not returned (one goroutine stuck, not one per run), and
+// reads it once it has. Fails when the drives are read in the probe's
+// goroutine (Unknown/CheckTimeout after 30 s, nvme0's warning lost), or
+// when a stuck drive is asked again every run (3 reads hung, not 1).
+func TestNVMeHungDriveKeepsTheOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "A", tempK: 310, cw: 1 << 3}, "nvme1": {model: "B", tempK: 310}}}
+		n := &hangingNVMe{fakeNVMe: f, release: make(chan struct{})}
+		env := testEnv(t, nil)
+		env.NVMe = n
+		store := report.NewStore("b")
+		store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusFalse, Reason: "DisksHealthy", Message: "the kernel logged 0 disk I/O errors"}, time.Now())
+		r, err := NewRunner(env, Options{Store: store, Only: []string{"DisksFailure"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const hung = "; not readable: nvme1 (no answer within 15s: admin command hung; read again once it answers)"
+		run := func(wantTook time.Duration, status report.Status, msg string) {
+			t.Helper()
+			start := time.Now()
+			r.RunOnce(t.Context())
+			c, _ := store.Part(report.SourceCheck, "DisksFailure")
+			if took := time.Since(start); took != wantTook || c.Status != status || c.Message != msg {
+				t.Errorf("run took %s: SMART part %s/%s %q\nwant %s: %s %q", took, c.Status, c.Reason, c.Message, wantTook, status, msg)
+			}
+		}
+		run(15*time.Second, report.StatusTrue, "nvme0 (A): SMART critical warning 0x08: media placed in read-only mode"+hung)
+		n.mu.Lock()
+		f.ctrls["nvme0"] = fakeDrive{model: "A", tempK: 310}
+		n.mu.Unlock()
+		run(0, report.StatusUnknown, "1 NVMe drive without SMART critical warnings"+hung)
+		run(0, report.StatusUnknown, "1 NVMe drive without SMART critical warnings"+hung)
+		if c, _ := store.Get("DisksFailure"); c.Status == report.StatusFalse {
+			t.Errorf("DisksFailure %s/%s %q with nvme1 not answering", c.Status, c.Reason, c.Message)
+		}
+		if got := n.calls.Load(); got != 1 {
+			t.Errorf("nvme1's SMART read %d times over 3 runs while the first hung, want once", got)
+		}
+		close(n.release)
+		synctest.Wait()
+		run(0, report.StatusFalse, "2 NVMe drives without SMART critical warnings")
+		if got := n.calls.Load(); got != 2 {
+			t.Errorf("nvme1's SMART read %d times in all, want 2", got)
+		}
+	})
 }

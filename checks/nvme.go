@@ -1,12 +1,14 @@
 package checks
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/hostio"
 )
@@ -102,7 +104,20 @@ type NVMeHealth struct {
 	PowerOnHours    uint64 `json:"powerOnHours"`
 	UnsafeShutdowns uint64 `json:"unsafeShutdowns"`
 	MediaErrors     uint64 `json:"mediaErrors"`
-	Error           string `json:"error,omitempty"`
+	// Error: the SMART page could not be read (or the drive did not answer
+	// in time): its health is not known.
+	Error string `json:"error,omitempty"`
+	// IdentifyError: the Identify page could not be read (no model, serial
+	// or temperature thresholds); the SMART page is read all the same.
+	IdentifyError string `json:"identifyError,omitempty"`
+}
+
+// name is how messages call a drive: its controller and model.
+func (h NVMeHealth) name() string {
+	if h.Model == "" {
+		return h.Controller
+	}
+	return h.Controller + " (" + h.Model + ")"
 }
 
 // Critical warning bits (NVMe base specification, SMART / Health log byte 0).
@@ -163,28 +178,50 @@ func ParseIdentify(h *NVMeHealth, b []byte) error {
 	return nil
 }
 
-// readNVMeHealth reads every controller; a controller that cannot be read
-// carries its error.
-func readNVMeHealth(n NVMe) ([]NVMeHealth, error) {
+// nvmeTimeout is the longest a drive's two admin commands are waited for,
+// as a part of checkTimeout: half of it (15 s of 30 s). The kernel gives a
+// controller 60 s to answer an admin command (nvme_core.admin_timeout), longer
+// than the check's timeout, and no context reaches the ioctl.
+func nvmeTimeout(checkTimeout time.Duration) time.Duration {
+	if checkTimeout <= 0 {
+		checkTimeout = 30 * time.Second // a configuration built in code; the runner refuses it
+	}
+	return checkTimeout / 2
+}
+
+// readNVMeHealth reads every controller, each on a goroutine of its own
+// (stuck: the drives whose commands have not returned, not asked again
+// until they do), waiting for them until timeout. A drive whose Identify
+// fails is still asked for its SMART page; one whose SMART page cannot be
+// read, or that does not answer in time, carries its error.
+func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls, timeout time.Duration) ([]NVMeHealth, error) {
 	ctrls, err := n.Controllers()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]NVMeHealth, 0, len(ctrls))
-	for _, c := range ctrls {
+	answers := callEach(ctx, stuck, timeout, ctrls, func(c string) (NVMeHealth, error) {
 		h := NVMeHealth{Controller: c}
 		id, err := n.Identify(c)
 		if err == nil {
 			err = ParseIdentify(&h, id)
 		}
+		if err != nil {
+			h.IdentifyError = err.Error()
+		}
+		s, err := n.SMART(c)
 		if err == nil {
-			var s []byte
-			if s, err = n.SMART(c); err == nil {
-				err = ParseSMART(&h, s)
-			}
+			err = ParseSMART(&h, s)
 		}
 		if err != nil {
 			h.Error = err.Error()
+		}
+		return h, nil
+	})
+	out := make([]NVMeHealth, 0, len(ctrls))
+	for i, a := range answers {
+		h := a.v
+		if a.stuck {
+			h = NVMeHealth{Controller: ctrls[i], Error: fmt.Sprintf("no answer within %s: admin command hung; read again once it answers", timeout)}
 		}
 		out = append(out, h)
 	}
@@ -195,7 +232,7 @@ func readNVMeHealth(n NVMe) ([]NVMeHealth, error) {
 func nvmeUnreadable(hs []NVMeHealth) (ok []NVMeHealth, bad []string) {
 	for _, h := range hs {
 		if h.Error != "" {
-			bad = append(bad, h.Error)
+			bad = append(bad, h.Controller+" ("+h.Error+")")
 			continue
 		}
 		ok = append(ok, h)
