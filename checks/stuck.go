@@ -98,10 +98,3 @@ wait:
 	}
 	return out
 }
-
-// stuckCount says how many calls have not returned (tests).
-func (s *stuckCalls) stuckCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.inFlight)
-}
