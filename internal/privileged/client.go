@@ -17,13 +17,19 @@ import (
 // Client asks the helper listening at Path.
 type Client struct {
 	Path string
+	// wait, for tests, replaces opTimeout.
+	wait func(request) time.Duration
 }
 
 // call sends one request and returns the answer and the descriptor that
 // came with it (-1: none). It waits for the answer as long as the helper
 // may take to give it (opTimeout).
 func (c *Client) call(ctx context.Context, req request) (response, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout(req))
+	limit := opTimeout(req)
+	if c.wait != nil {
+		limit = c.wait(req)
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.Path)

@@ -49,6 +49,28 @@ type Server struct {
 	served map[string]int
 	// open counts the connections open.
 	open int
+	// inFlight: the call running on each resource (inFlightKey), hung or
+	// not; one at a time per resource.
+	inFlight map[string]*call
+
+	// Tests: hungAfter replaces answerBy; handler replaces handle;
+	// returned is called after a hung call returned and its key is free.
+	hungAfter func(request) time.Duration
+	handler   func(context.Context, request) (response, int)
+	returned  func(key string)
+}
+
+// call is the call in flight on one resource.
+type call struct {
+	what  string // its operation ("nvme-smart", "lvm vgs")
+	since time.Time
+	// done is closed when it returns; hung when it is found hung (under
+	// Server.mu, with abandoned set).
+	done, hung chan struct{}
+	// finished: it returned; abandoned: no one waits for its answer any
+	// more (found hung, or the helper stops), so it cleans up after
+	// itself. Both under Server.mu.
+	finished, abandoned bool
 }
 
 // requestTimeout bounds a request's exchange (an LVM report has its own
@@ -71,7 +93,171 @@ func opTimeout(req request) time.Duration {
 	return requestTimeout
 }
 
+// answerMargin: a call not done this long before its client stops waiting
+// (opTimeout) is hung, and the client is told so while it still listens.
+const answerMargin = 3 * time.Second
+
+// answerBy is how long after its request was read a call may run, slot
+// wait included, before it is found hung (opTimeout less answerMargin).
+func (s *Server) answerBy(req request) time.Duration {
+	if s.hungAfter != nil {
+		return s.hungAfter(req)
+	}
+	return opTimeout(req) - answerMargin
+}
+
 var nvmeCtrl = regexp.MustCompile(`^nvme[0-9]+$`)
+
+// inFlightKey names what req touches that can hang in the kernel, where no
+// context reaches it: the NVMe controller (open and the admin ioctl of a
+// dead drive), the lvm binary (an lvm in D state, which no kill reaps), the
+// device-mapper control node (its ioctls wait on the devices' locks), the
+// host's root for a scan (stat and read of a hung filesystem), the kernel
+// log. "": nothing that can hang (a request refused before any I/O).
+func (s *Server) inFlightKey(req request) string {
+	switch req.Op {
+	case OpKmsg:
+		return s.kmsgPath()
+	case OpNVMeIdentify, OpNVMeSMART:
+		if !nvmeCtrl.MatchString(req.Ctrl) {
+			return ""
+		}
+		return s.nvmeDev(req.Ctrl)
+	case OpDMVerity:
+		if req.Path != s.dmControl() {
+			return ""
+		}
+		return req.Path
+	case OpLVM:
+		return s.lvm()
+	case OpScan:
+		return "/"
+	}
+	return ""
+}
+
+func describe(req request) string {
+	if req.Op == OpLVM && req.Command != "" {
+		return req.Op + " " + req.Command
+	}
+	return req.Op
+}
+
+// claim registers req's call on key, once no other call is in flight there:
+// it waits (holding no work slot) for a call that is running, until
+// deadline. A call already found hung refuses at once: refusal is the
+// answer. No call and no refusal: the client gave up or the helper stops.
+func (s *Server) claim(ctx context.Context, key string, req request, deadline time.Time) (c *call, refusal string) {
+	for {
+		s.mu.Lock()
+		prev := s.inFlight[key]
+		if prev == nil {
+			if s.inFlight == nil {
+				s.inFlight = map[string]*call{}
+			}
+			c = &call{what: describe(req), since: time.Now(), done: make(chan struct{}), hung: make(chan struct{})}
+			s.inFlight[key] = c
+			s.mu.Unlock()
+			return c, ""
+		}
+		s.mu.Unlock()
+		select {
+		case <-prev.hung:
+			return nil, fmt.Sprintf("%s on %s: the previous call (%s) has not returned since %s; not asked again until it does",
+				req.Op, key, prev.what, prev.since.UTC().Format(time.RFC3339))
+		default:
+		}
+		wait := time.NewTimer(time.Until(deadline))
+		select {
+		case <-prev.done:
+		case <-prev.hung:
+		case <-wait.C:
+			return nil, fmt.Sprintf("%s on %s: the previous call (%s, since %s) is still running",
+				req.Op, key, prev.what, prev.since.UTC().Format(time.RFC3339))
+		case <-ctx.Done():
+			wait.Stop()
+			return nil, ""
+		}
+		wait.Stop()
+	}
+}
+
+// run calls handle for req on its own goroutine and waits for it until
+// deadline. A call still running then is hung: it is logged, its key stays
+// in flight (claim refuses it) until it returns, and it closes the
+// descriptor it may return then; the caller gives its work slot back.
+func (s *Server) run(ctx context.Context, key string, c *call, req request, deadline time.Time) (response, int, bool) {
+	type result struct {
+		resp response
+		fd   int
+	}
+	res := make(chan result, 1)
+	handle := s.handle
+	if s.handler != nil {
+		handle = s.handler
+	}
+	go func() {
+		resp, fd := handle(ctx, req)
+		s.mu.Lock()
+		c.finished = true
+		delete(s.inFlight, key)
+		late := c.abandoned
+		if !late {
+			res <- result{resp, fd}
+		}
+		close(c.done)
+		s.mu.Unlock()
+		if !late {
+			return
+		}
+		closeFD(fd)
+		if isClosed(c.hung) {
+			s.Log.Info("a hung call returned; its resource is asked again", "op", c.what, "key", key,
+				"since", c.since, "took", time.Since(c.since).Round(time.Millisecond))
+		}
+		if s.returned != nil {
+			s.returned(key)
+		}
+	}()
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	var stopping bool
+	select {
+	case r := <-res:
+		return r.resp, r.fd, true
+	case <-wait.C:
+	case <-ctx.Done():
+		stopping = true
+	}
+	s.mu.Lock()
+	if c.finished { // it returned meanwhile: its answer is there
+		s.mu.Unlock()
+		r := <-res
+		return r.resp, r.fd, true
+	}
+	c.abandoned = true
+	if !stopping {
+		close(c.hung)
+	}
+	s.mu.Unlock()
+	if stopping {
+		return response{}, -1, false
+	}
+	took := time.Since(c.since).Round(time.Millisecond)
+	s.Log.Warn("a call is hung: its work slot is given back, and its resource is not asked again until it returns",
+		"op", c.what, "key", key, "since", c.since)
+	return response{Error: fmt.Sprintf("%s on %s: no answer within %s; the call is hung in the helper, and %s is not asked again until it returns",
+		req.Op, key, took, key)}, -1, true
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
 
 // Serve answers on l until ctx ends.
 func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
@@ -171,25 +357,10 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 	case json.Unmarshal(b, &req) != nil:
 		resp = response{Error: "malformed request"}
 	default:
-		// A slot, while the client still waits for the answer.
-		limit := opTimeout(req)
-		wait := time.NewTimer(time.Until(start.Add(limit)))
-		select {
-		case work <- struct{}{}:
-			wait.Stop()
-			defer func() { <-work }()
-		case <-wait.C:
-			s.Log.Warn("dropped a request that waited for a free slot until its client gave up", "op", req.Op)
-			return
-		case <-ctx.Done():
-			wait.Stop()
+		var ok bool
+		if resp, fd, ok = s.serveRequest(ctx, c, req, start, work); !ok {
 			return
 		}
-		if limit != requestTimeout {
-			// An LVM report or a scan: as long as its client waits, from now.
-			c.SetDeadline(time.Now().Add(limit))
-		}
-		resp, fd = s.handle(ctx, req)
 	}
 	if fd >= 0 {
 		defer unix.Close(fd)
@@ -219,6 +390,62 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 	}
 }
 
+// serveRequest answers req, read at start: it claims req's resource (a hung
+// one is refused at once, holding no slot), takes a work slot, and runs the
+// call until answerBy from start; a call still running then is hung and
+// gives its slot back (run). Not ok: no answer to give (the helper stops).
+func (s *Server) serveRequest(ctx context.Context, c *net.UnixConn, req request, start time.Time, work chan struct{}) (resp response, fd int, ok bool) {
+	limit := opTimeout(req)
+	deadline := start.Add(s.answerBy(req))
+	key := s.inFlightKey(req)
+	var cl *call
+	if key != "" {
+		var refusal string
+		if cl, refusal = s.claim(ctx, key, req, deadline); cl == nil {
+			if refusal == "" {
+				return response{}, -1, false
+			}
+			return response{Error: refusal}, -1, true
+		}
+	}
+	// A slot, while the client still waits for the answer.
+	wait := time.NewTimer(time.Until(deadline))
+	select {
+	case work <- struct{}{}:
+		wait.Stop()
+		defer func() { <-work }()
+	case <-wait.C:
+		s.unclaim(key, cl)
+		s.Log.Warn("refused a request that waited for a free work slot until its client was about to give up", "op", req.Op)
+		return response{Error: fmt.Sprintf("%s: no free work slot in the helper within %s", req.Op, time.Since(start).Round(time.Millisecond))}, -1, true
+	case <-ctx.Done():
+		wait.Stop()
+		s.unclaim(key, cl)
+		return response{}, -1, false
+	}
+	if limit != requestTimeout {
+		// An LVM report or a scan: as long as its client waits, from now.
+		c.SetDeadline(time.Now().Add(limit))
+	}
+	if cl == nil {
+		resp, fd = s.handle(ctx, req) // refused before any I/O
+		return resp, fd, true
+	}
+	return s.run(ctx, key, cl, req, deadline)
+}
+
+// unclaim frees key of cl, a call that was never made.
+func (s *Server) unclaim(key string, cl *call) {
+	if cl == nil {
+		return
+	}
+	s.mu.Lock()
+	delete(s.inFlight, key)
+	cl.finished = true
+	close(cl.done)
+	s.mu.Unlock()
+}
+
 func peerUID(c *net.UnixConn) (uint32, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -240,10 +467,7 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 func (s *Server) handle(ctx context.Context, req request) (response, int) {
 	switch req.Op {
 	case OpKmsg:
-		p := s.KmsgPath
-		if p == "" {
-			p = "/dev/kmsg"
-		}
+		p := s.kmsgPath()
 		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return errorResponse(&os.PathError{Op: "open", Path: p, Err: err}), -1
@@ -253,11 +477,7 @@ func (s *Server) handle(ctx context.Context, req request) (response, int) {
 		if !nvmeCtrl.MatchString(req.Ctrl) {
 			return response{Error: fmt.Sprintf("%q is not an NVMe controller (nvmeN)", req.Ctrl)}, -1
 		}
-		dir := s.DevDir
-		if dir == "" {
-			dir = "/dev"
-		}
-		dev := filepath.Join(dir, req.Ctrl)
+		dev := s.nvmeDev(req.Ctrl)
 		var b []byte
 		var err error
 		if req.Op == OpNVMeIdentify {
@@ -270,10 +490,7 @@ func (s *Server) handle(ctx context.Context, req request) (response, int) {
 		}
 		return response{Data: b}, -1
 	case OpDMVerity:
-		p := s.DMControl
-		if p == "" {
-			p = "/dev/mapper/control"
-		}
+		p := s.dmControl()
 		if req.Path != p {
 			return response{Error: fmt.Sprintf("the helper reads the device-mapper tables on %s only, not %s (checks.SealedOSTampered.dm_control)", p, req.Path)}, -1
 		}
@@ -338,6 +555,28 @@ func (s *Server) isDMControl(p string) error {
 		return fmt.Errorf("%s is not the device-mapper control node (%d:%d)", p, unix.Major(want), unix.Minor(want))
 	}
 	return nil
+}
+
+func (s *Server) kmsgPath() string {
+	if s.KmsgPath != "" {
+		return s.KmsgPath
+	}
+	return "/dev/kmsg"
+}
+
+func (s *Server) nvmeDev(ctrl string) string {
+	dir := s.DevDir
+	if dir == "" {
+		dir = "/dev"
+	}
+	return filepath.Join(dir, ctrl)
+}
+
+func (s *Server) dmControl() string {
+	if s.DMControl != "" {
+		return s.DMControl
+	}
+	return "/dev/mapper/control"
 }
 
 func (s *Server) lvm() string {
