@@ -243,7 +243,7 @@ func (s *Server) run(ctx context.Context, key string, c *call, req request, dead
 	if stopping {
 		return response{}, -1, false
 	}
-	took := time.Since(c.since).Round(time.Millisecond)
+	took := time.Since(c.since).Round(time.Second)
 	s.Log.Warn("a call is hung: its work slot is given back, and its resource is not asked again until it returns",
 		"op", c.what, "key", key, "since", c.since)
 	return response{Error: fmt.Sprintf("%s on %s: no answer within %s; the call is hung in the helper, and %s is not asked again until it returns",
