@@ -93,6 +93,11 @@ type Env struct {
 	// reports, the device-mapper tables, the protected-path scan); nil:
 	// this process does them. NVMe, LVM and DM, where set, come first.
 	Helper Helper
+	// Stuck keeps the calls that can hang (statfs, lvm, the NVMe admin
+	// commands) for every check built from this Env and its copies, so a
+	// reload or the three NVMe checks do not start a second call where one
+	// hangs; nil: each check keeps its own (an Env built by hand).
+	Stuck *StuckCalls
 }
 
 // Helper is the privileged helper as the checks use it

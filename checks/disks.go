@@ -73,22 +73,24 @@ func unreadable(msg string, bad []string, details []report.Detail) Result {
 
 // nvmeReader reads the NVMe drives for one check, each drive's commands
 // waited for at most nvmeTimeout of the check's timeout; stuck are the
-// drives whose commands of an earlier run have not returned.
+// drives whose commands have not returned, shared with the other NVMe
+// checks and with this check's instances before and after a reload
+// (Env.Stuck).
 type nvmeReader struct {
 	env     *Env
 	timeout time.Duration
-	stuck   stuckCalls
+	stuck   *stuckCalls[NVMeHealth]
 }
 
 func newNVMeReader(env *Env, checkTimeout time.Duration) *nvmeReader {
-	return &nvmeReader{env: env, timeout: nvmeTimeout(checkTimeout)}
+	return &nvmeReader{env: env, timeout: nvmeTimeout(checkTimeout), stuck: &env.stuckCalls().nvme}
 }
 
 // read reads every NVMe drive and splits the readable ones (their SMART
 // page read) from the others, each named with its error; it fails when
 // drives exist and none is readable.
 func (r *nvmeReader) read(ctx context.Context) (all, ok []NVMeHealth, bad []string, err error) {
-	all, err = readNVMeHealth(ctx, r.env.nvme(), &r.stuck, r.timeout)
+	all, err = readNVMeHealth(ctx, r.env.nvme(), r.stuck, r.timeout)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -91,7 +91,7 @@ func probe(t *testing.T, c Check) Result {
 
 func TestParseNVMePages(t *testing.T) {
 	f := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "QEMU NVMe Ctrl", wctempK: 343, tempK: 323, cw: 0x05, spare: 0, pct: 3}}}
-	hs, err := readNVMeHealth(context.Background(), f, &stuckCalls{}, time.Minute)
+	hs, err := readNVMeHealth(context.Background(), f, &stuckCalls[NVMeHealth]{}, time.Minute)
 	if err != nil || len(hs) != 1 {
 		t.Fatal(hs, err)
 	}
@@ -202,12 +202,12 @@ func TestDiskWearAndTemperature(t *testing.T) {
 func TestRealNVMeReaderHostRoot(t *testing.T) {
 	root := t.TempDir()
 	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
-	hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute)
+	hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls[NVMeHealth]{}, time.Minute)
 	if err != nil || hs == nil || len(hs) != 0 {
 		t.Fatalf("no /sys/class/nvme: %#v, %v; want an empty list, no error", hs, err)
 	}
 	mkdir(t, root+"/sys/class/nvme")
-	if hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute); err != nil || len(hs) != 0 {
+	if hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls[NVMeHealth]{}, time.Minute); err != nil || len(hs) != 0 {
 		t.Fatalf("empty /sys/class/nvme: %+v, %v", hs, err)
 	}
 
@@ -217,7 +217,7 @@ func TestRealNVMeReaderHostRoot(t *testing.T) {
 	if err := os.Symlink("/dev/null", root+"/dev/nvme1"); err != nil { // opens, but is no NVMe controller
 		t.Fatal(err)
 	}
-	hs, err = readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute)
+	hs, err = readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls[NVMeHealth]{}, time.Minute)
 	if err != nil || len(hs) != 2 || hs[0].Controller != "nvme0" || hs[1].Controller != "nvme1" {
 		t.Fatalf("two controllers: %+v, %v", hs, err)
 	}
@@ -244,7 +244,7 @@ func TestRealNVMeReaderHostRoot(t *testing.T) {
 // serial from Identify, and a SMART page with plausible values.
 func TestRealNVMeReader(t *testing.T) {
 	env := testEnv(t, nil)
-	hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls{}, time.Minute)
+	hs, err := readNVMeHealth(context.Background(), realNVMe{env: env}, &stuckCalls[NVMeHealth]{}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,5 +435,140 @@ func TestNVMeHungDriveKeepsTheOthers(t *testing.T) {
 		if got := n.calls.Load(); got != 2 {
 			t.Errorf("nvme1's SMART read %d times in all, want 2", got)
 		}
+	})
+}
+
+// The reviewer's case: a reload that changes DisksFailure's settings
+// builds the check again (Runner.Apply), and the new instance must see the
+// old one's hung SMART read, or each reload starts another hung call on
+// the same drive (4 after 3 reloads). The record is Env's (Env.Stuck), and
+// the Env of a reload is a copy of the old one. Fails when the check keeps
+// its own record (newNVMeReader ignoring Env.Stuck): nvme1 read 4 times.
+func TestNVMeHungDriveAskedOnceAcrossReloads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "A", tempK: 310}, "nvme1": {model: "B", tempK: 310}}}
+		n := &hangingNVMe{fakeNVMe: f, release: make(chan struct{})}
+		env := testEnv(t, nil)
+		env.NVMe, env.Stuck = n, &StuckCalls{}
+		store := report.NewStore("b")
+		r, err := NewRunner(env, Options{Store: store, Only: []string{"DisksFailure"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.RunOnce(t.Context())
+		for i := range 3 {
+			next := *env
+			cfg := *env.Config
+			cfg.Checks.DisksFailure.Interval = config.Duration{Duration: time.Duration(2+i) * time.Minute}
+			next.Config = &cfg
+			if a, err := r.Apply(&next); err != nil || len(a.Changed) != 1 {
+				t.Fatalf("Apply: %+v, %v; want DisksFailure changed", a, err)
+			}
+			r.RunOnce(t.Context())
+			if c, _ := store.Part(report.SourceCheck, "DisksFailure"); !strings.Contains(c.Message, "nvme1 (no answer within 15s") {
+				t.Errorf("after reload %d: %s %q, want nvme1 named as hung", i+1, c.Status, c.Message)
+			}
+		}
+		if got := n.calls.Load(); got != 1 {
+			t.Errorf("nvme1's SMART read %d times over 4 runs and 3 reloads while the first hung, want once", got)
+		}
+		close(n.release)
+		synctest.Wait()
+		r.RunOnce(t.Context())
+		if c, _ := store.Part(report.SourceCheck, "DisksFailure"); c.Status != report.StatusFalse || n.calls.Load() != 2 {
+			t.Errorf("after nvme1 answered: %s %q, nvme1 read %d times in all, want False and 2", c.Status, c.Message, n.calls.Load())
+		}
+	})
+}
+
+// slowNVMe: every SMART read takes delay; nvme1's hangs until release is
+// closed. smart counts the SMART reads begun per controller.
+type slowNVMe struct {
+	*fakeNVMe
+	delay   time.Duration
+	release chan struct{}
+	mu      sync.Mutex
+	smart   map[string]int
+}
+
+func (s *slowNVMe) SMART(c string) ([]byte, error) {
+	s.mu.Lock()
+	s.smart[c]++
+	s.mu.Unlock()
+	time.Sleep(s.delay)
+	if c == "nvme1" {
+		<-s.release
+	}
+	return s.fakeNVMe.SMART(c)
+}
+
+func (s *slowNVMe) reads(c string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.smart[c]
+}
+
+// DisksFailure, DiskWearHigh and DiskTemperatureHigh read the same drives:
+// one hung drive costs one call, not one per check, and the checks that
+// run at the same time (the runner's grid wakes them together) share each
+// drive's answer instead of taking a drive that is being read by another
+// check for a hung one. Fails when each check keeps its own record (nvme1
+// read 3 times), or when a call running for another check counts as stuck
+// without being waited for (nvme0, which answers in 1 s, reported hung).
+func TestNVMeChecksShareOneCallPerDrive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := &slowNVMe{fakeNVMe: &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 310, pct: 3}, "nvme1": {model: "B", tempK: 310}}},
+			delay: time.Second, release: make(chan struct{}), smart: map[string]int{}}
+		env := testEnv(t, nil)
+		env.NVMe, env.Stuck = n, &StuckCalls{}
+		var chks []Check
+		for _, cond := range []string{"DisksFailure", "DiskWearHigh", "DiskTemperatureHigh"} {
+			c, err := registry[cond](env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chks = append(chks, c)
+		}
+		const hung = "; not readable: nvme1 (no answer within 15s: admin command hung; read again once it answers)"
+		want := []string{
+			"1 NVMe drive without SMART critical warnings" + hung,
+			"1 NVMe drive below 80% of rated endurance" + hung,
+			"1 NVMe drive within their temperature thresholds" + hung,
+		}
+		probeAll := func(together bool, wantTook time.Duration) {
+			t.Helper()
+			start := time.Now()
+			got := make([]Result, len(chks))
+			errs := make([]error, len(chks))
+			var wg sync.WaitGroup
+			for i, c := range chks {
+				if together {
+					wg.Go(func() { got[i], errs[i] = c.Probe(context.Background()) })
+				} else {
+					got[i], errs[i] = c.Probe(context.Background())
+				}
+			}
+			wg.Wait()
+			if took := time.Since(start); took != wantTook {
+				t.Errorf("the three checks took %s, want %s", took, wantTook)
+			}
+			for i, r := range got {
+				if errs[i] != nil || r.Status != report.StatusUnknown || r.Message != want[i] {
+					t.Errorf("check %d: %s %q, %v\nwant Unknown %q", i, r.Status, r.Message, errs[i], want[i])
+				}
+			}
+		}
+		probeAll(true, 15*time.Second)
+		if n.reads("nvme0") != 1 || n.reads("nvme1") != 1 {
+			t.Errorf("three checks at once read nvme0 %d times and nvme1 %d times, want once each", n.reads("nvme0"), n.reads("nvme1"))
+		}
+		// The next runs, one after another: nvme0 read by each, nvme1 not
+		// asked again while its read hangs.
+		probeAll(false, 3*time.Second)
+		if n.reads("nvme0") != 4 || n.reads("nvme1") != 1 {
+			t.Errorf("nvme0 read %d times, nvme1 %d times in all, want 4 and 1", n.reads("nvme0"), n.reads("nvme1"))
+		}
+		close(n.release)
+		synctest.Wait()
 	})
 }

@@ -48,9 +48,11 @@ type diskUsageCheck struct {
 	lvmLast *lvmAnswer
 	// timeout is the check's: the waits for statfs and LVM are parts of it.
 	timeout time.Duration
-	// statfsStuck: the mounts whose statfs has not returned (keyed by
-	// device and mount point); lvmStuck: an LVM report that has not.
-	statfsStuck, lvmStuck stuckCalls
+	// statfsStuck: the filesystems whose statfs has not returned (keyed
+	// by device); lvmStuck: an LVM report that has not. Both are Env's
+	// (Env.Stuck): a reload's new instance sees the old one's hung calls.
+	statfsStuck *stuckCalls[unix.Statfs_t]
+	lvmStuck    *stuckCalls[lvmRead]
 }
 
 // statfsTimeout is the longest one mount's statfs is waited for:
@@ -82,7 +84,8 @@ func newDiskUsageCheck(env *Env) (Check, error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second // a configuration built in code; the runner refuses it
 	}
-	return &diskUsageCheck{env: env, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, vgPct: c.VolumeGroupPercent,
+	stuck := env.stuckCalls()
+	return &diskUsageCheck{env: env, statfsStuck: &stuck.statfs, lvmStuck: &stuck.lvm, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, vgPct: c.VolumeGroupPercent,
 		poolDataPct: c.ThinPoolDataPct, poolMetaPct: c.ThinPoolMetaPct, excludeMP: mp, excludeType: ft, timeout: timeout}, nil
 }
 
@@ -242,14 +245,19 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 	sel := c.selectMounts(mounts)
 	var out []FSUsage
 	var errs []error
+	// Keyed by the filesystem (device) alone: the mount chosen for a
+	// device may change between runs (a mount of the whole filesystem
+	// appears), and its hung statfs is the filesystem's.
 	keys := make([]string, len(sel.measure))
+	mountOf := make(map[string]string, len(sel.measure))
 	for i, m := range sel.measure {
-		keys[i] = m.Device + " " + m.MountPoint // one mount per device
+		keys[i] = m.Device // one mount per device
+		mountOf[m.Device] = m.MountPoint
 	}
 	wait := c.statfsTimeout()
-	answers := callEach(ctx, &c.statfsStuck, wait, keys, func(key string) (unix.Statfs_t, error) {
+	answers := callEach(ctx, c.statfsStuck, wait, keys, func(dev string) (unix.Statfs_t, error) {
 		var st unix.Statfs_t
-		err := c.env.Sys.Statfs(c.env.Path(key[strings.IndexByte(key, ' ')+1:]), &st)
+		err := c.env.Sys.Statfs(c.env.Path(mountOf[dev]), &st)
 		return st, err
 	})
 	for i, m := range sel.measure {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -73,18 +74,18 @@ func TestDiskUsageExcludePatterns(t *testing.T) {
 	}
 }
 
-// hangingSys: statfs of one path blocks until release is closed (a hard
-// NFS mount whose server is gone); calls counts the statfs of that path
-// begun so far.
+// hangingSys: statfs of the paths hang blocks until release is closed (a
+// hard NFS mount whose server is gone: every mount of it); calls counts the
+// statfs of those paths begun so far.
 type hangingSys struct {
 	fakeSys
-	hang    string
+	hang    []string
 	release chan struct{}
 	calls   atomic.Int32
 }
 
 func (h *hangingSys) Statfs(path string, st *unix.Statfs_t) error {
-	if path == h.hang {
+	if slices.Contains(h.hang, path) {
 		h.calls.Add(1)
 		<-h.release
 	}
@@ -105,7 +106,7 @@ func TestDiskUsageHungMountDoesNotHideTheOthers(t *testing.T) {
 40 22 0:60 / /mnt/backup rw,relatime shared:20 - nfs4 10.0.0.9:/export rw,vers=4.2,hard
 `)
 		sys := &hangingSys{fakeSys: fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 95, 100, 5), root + "/mnt/backup": st(1000, 10, 100, 5)}},
-			hang: root + "/mnt/backup", release: make(chan struct{})}
+			hang: []string{root + "/mnt/backup"}, release: make(chan struct{})}
 		env := testEnv(t, func(c *config.Config) {
 			c.HostRoot = root
 			c.Checks.DiskUsageHigh.FSTypesExclude = "^tmpfs$" // NFS watched, as an operator may choose
@@ -142,6 +143,49 @@ func TestDiskUsageHungMountDoesNotHideTheOthers(t *testing.T) {
 		if n := sys.calls.Load(); n != 2 {
 			t.Errorf("statfs of the recovered mount called %d times in all, want 2", n)
 		}
+	})
+}
+
+// The stuck statfs is the filesystem's (its device), not the mount's: the
+// NFS filesystem 0:60 is measured through /mnt/backup/sub (a bind of a
+// subdirectory) until a mount of the whole of it appears at /mnt/backup,
+// which the selection then prefers; the hung statfs of the first run is
+// that filesystem's, and the second run does not start another through the
+// new mount point. Fails when the key is device plus mount point (2 statfs
+// calls hung on one filesystem).
+func TestDiskUsageHungFilesystemStuckByDevice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		root := t.TempDir()
+		const bind = "40 22 0:60 /sub /mnt/backup/sub rw,relatime shared:20 - nfs4 10.0.0.9:/export rw,vers=4.2,hard\n"
+		writeFile(t, root+"/proc/self/mountinfo", "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"+bind)
+		sys := &hangingSys{fakeSys: fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 20, 100, 5)}},
+			hang: []string{root + "/mnt/backup", root + "/mnt/backup/sub"}, release: make(chan struct{})}
+		env := testEnv(t, func(c *config.Config) {
+			c.HostRoot = root
+			c.Checks.DiskUsageHigh.FSTypesExclude = "^tmpfs$"
+		})
+		env.Sys = sys
+		c, err := newDiskUsageCheck(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := func(mp string) string {
+			return "1 filesystem below 90% space and 90% inodes; not checked: " + mp + " (statfs hung: no answer within 5s; asked again once it answers)"
+		}
+		if r := probe(t, c); r.Message != want("/mnt/backup/sub") {
+			t.Errorf("first run: %s %q", r.Status, r.Message)
+		}
+		writeFile(t, root+"/proc/self/mountinfo", "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"+bind+
+			"41 22 0:60 / /mnt/backup rw,relatime shared:20 - nfs4 10.0.0.9:/export rw,vers=4.2,hard\n")
+		start := time.Now()
+		if r := probe(t, c); r.Message != want("/mnt/backup") || time.Since(start) != 0 {
+			t.Errorf("second run, after %s: %s %q", time.Since(start), r.Status, r.Message)
+		}
+		if n := sys.calls.Load(); n != 1 {
+			t.Errorf("the hung filesystem's statfs was called %d times (through its two mount points), want once", n)
+		}
+		close(sys.release)
+		synctest.Wait()
 	})
 }
 

@@ -310,7 +310,7 @@ func (c *diskUsageCheck) askLVM(ctx context.Context) lvmRead {
 		return last.read
 	}
 	l, wait := c.env.lvm(), c.lvmWait()
-	a := callEach(ctx, &c.lvmStuck, wait, []string{"lvm"}, func(string) (lvmRead, error) {
+	a := callEach(ctx, c.lvmStuck, wait, []string{"lvm"}, func(string) (lvmRead, error) {
 		return readLVM(ctx, l), nil
 	})[0]
 	r := a.v

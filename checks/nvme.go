@@ -194,7 +194,7 @@ func nvmeTimeout(checkTimeout time.Duration) time.Duration {
 // until they do), waiting for them until timeout. A drive whose Identify
 // fails is still asked for its SMART page; one whose SMART page cannot be
 // read, or that does not answer in time, carries its error.
-func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls, timeout time.Duration) ([]NVMeHealth, error) {
+func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], timeout time.Duration) ([]NVMeHealth, error) {
 	ctrls, err := n.Controllers()
 	if err != nil {
 		return nil, err

@@ -100,6 +100,12 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 	if env.BootID == "" {
 		env.BootID = bootID
 	}
+	if env.Stuck == nil {
+		// One record of the calls that hang for the daemon's life: the Env
+		// copies of a reload or a re-detect carry the pointer, so a check
+		// built again does not call a hung drive or mount a second time.
+		env.Stuck = &checks.StuckCalls{}
+	}
 	p.Details = report.NewDetails()
 	p.Details.SetBootID(bootID)
 	p.Store = report.NewStore(bootID)

@@ -539,3 +539,28 @@ func TestStartDropsRestoredConditionsNoLongerEvaluated(t *testing.T) {
 		t.Errorf("condition series: %v", series)
 	}
 }
+
+// The record of the hung calls (checks.Env.Stuck: statfs, lvm, the NVMe
+// commands) is made once, where the parts are assembled, and a reload's
+// Env and a re-detect's Env carry the same one: the checks they build
+// again see the calls still hanging from before. Fails when Assemble makes
+// none (nil: each check instance keeps its own, and a reload starts a
+// second hung call) or when a reload or re-detect makes a new one.
+func TestReloadAndRedetectKeepTheStuckCalls(t *testing.T) {
+	f := newFileDaemon(t, "[checks.DiskUsageHigh]\nspace_percent = 40\n", Options{})
+	first := f.currentEnv().Stuck
+	if first == nil {
+		t.Fatal("Assemble made no record of the stuck calls (Env.Stuck nil)")
+	}
+	f.write(t, "[checks.DiskUsageHigh]\nspace_percent = 45\n")
+	if r, err := f.Reload(); err != nil || len(r.Keys) == 0 {
+		t.Fatalf("Reload: %+v, %v", r, err)
+	}
+	if got := f.currentEnv().Stuck; got != first {
+		t.Errorf("a reload's Env has another record of the stuck calls (%p, want %p)", got, first)
+	}
+	f.replanIdentity(report.RoleControlPlane, "test", true, "test")
+	if env := f.currentEnv(); env.Role != report.RoleControlPlane || env.Stuck != first {
+		t.Errorf("after a re-detect: role %s, record %p, want control-plane and %p", env.Role, env.Stuck, first)
+	}
+}
