@@ -3,11 +3,14 @@ package checks
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/hostio"
@@ -192,8 +195,13 @@ func nvmeTimeout(checkTimeout time.Duration) time.Duration {
 // readNVMeHealth reads every controller, each on a goroutine of its own
 // (stuck: the drives whose commands have not returned, not asked again
 // until they do), waiting for them until timeout. A drive whose Identify
-// fails is still asked for its SMART page; one whose SMART page cannot be
-// read, or that does not answer in time, carries its error.
+// fails with an answer (answered: EIO from a drive that may fail one
+// command and serve another) or whose Identify page is malformed is still
+// asked for its SMART page; after an Identify that timed out or did not
+// reach the drive (the privileged helper's deadline or its socket) it is
+// not, and carries that error. One
+// whose SMART page cannot be read, or that does not answer in time,
+// carries its error.
 func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], timeout time.Duration) ([]NVMeHealth, error) {
 	ctrls, err := n.Controllers()
 	if err != nil {
@@ -202,6 +210,11 @@ func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], 
 	answers := callEach(ctx, stuck, timeout, ctrls, func(c string) (NVMeHealth, error) {
 		h := NVMeHealth{Controller: c}
 		id, err := n.Identify(c)
+		if err != nil && !answered(err) {
+			h.IdentifyError = err.Error()
+			h.Error = "SMART page not asked: Identify failed: " + err.Error()
+			return h, nil
+		}
 		if err == nil {
 			err = ParseIdentify(&h, id)
 		}
@@ -226,6 +239,20 @@ func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], 
 		out = append(out, h)
 	}
 	return out, nil
+}
+
+// answered reports whether a failed admin command was answered: an errno
+// of the open or of the ioctl, in this process or in the privileged helper
+// (EIO from a drive that fails one command and may serve another, ENOTTY,
+// ENOENT), but for ETIMEDOUT. A timeout (ETIMEDOUT, the helper's deadline:
+// "i/o timeout" while its ioctl still hangs) or an error of the way to the
+// helper (its socket: a *net.OpError; no answer, a malformed one) is not:
+// the next command to the drive would go the same way, a second hung call
+// where one hangs.
+func answered(err error) bool {
+	var errno syscall.Errno
+	var op *net.OpError
+	return errors.As(err, &errno) && errno != syscall.ETIMEDOUT && !errors.As(err, &op)
 }
 
 // nvmeUnreadable summarizes controllers that could not be read.
