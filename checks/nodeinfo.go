@@ -133,10 +133,10 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	mtime := fi.ModTime()
 	age := now.Sub(mtime)
-	when := fmt.Sprintf("last written %s, %s ago", mtime.UTC().Format(time.RFC3339), age.Round(time.Second))
-	if age < 0 { // within nodeInfoSkew, or the switch below says so
-		when = fmt.Sprintf("last written %s, %s ahead of the clock", mtime.UTC().Format(time.RFC3339), (-age).Round(time.Second))
-	}
+	// The messages name times, never an age that grows with each run: a
+	// message that changes is a write of the Node's status (report.Store.Set,
+	// the reporter), every run, for as long as the file stays as it is.
+	when := "last written " + mtime.UTC().Format(time.RFC3339)
 	switch {
 	case len(data) > maxNodeInfo:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoInvalid,
@@ -146,14 +146,17 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 			Message: fmt.Sprintf("%s is not valid JSON (%d bytes; a torn write?) (%s)", c.path, len(data), when)}, nil
 	case age < -nodeInfoSkew:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoInvalid,
-			Message: fmt.Sprintf("%s is dated %s, %s ahead of the clock: its age cannot be told (the clock was stepped back?) until the sync loop writes it again",
-				c.path, mtime.UTC().Format(time.RFC3339), (-age).Round(time.Second))}, nil
+			Message: fmt.Sprintf("%s is dated %s, more than %s ahead of the clock: its age cannot be told (the clock was stepped back?) until the sync loop writes it again",
+				c.path, mtime.UTC().Format(time.RFC3339), nodeInfoSkew)}, nil
 	case age > c.maxAge:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated,
 			Message: fmt.Sprintf("%s is older than %s (%s)", c.path, c.maxAge, when)}, nil
 	}
+	// Not even the mtime: the sync loop rewrites the file more often than
+	// the check runs, and a False whose message changes each run is a
+	// Node status write each run for the whole boot.
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh,
-		Message: fmt.Sprintf("%s is fresh (%s; max_age %s)", c.path, when, c.maxAge)}, nil
+		Message: fmt.Sprintf("%s is fresh (written within max_age %s)", c.path, c.maxAge)}, nil
 }
 
 // writtenThisBoot decides whether the file, not yet known to be written in
@@ -174,8 +177,8 @@ func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, 
 	mtime := fi.ModTime()
 	if ahead := mtime.Sub(now); ahead > nodeInfoSkew {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound,
-			Message: fmt.Sprintf("%s is dated %s, %s ahead of the clock: not known to be written in this boot (the clock was stepped back?) until the sync loop writes it",
-				c.path, mtime.UTC().Format(time.RFC3339), ahead.Round(time.Second))}, false, nil
+			Message: fmt.Sprintf("%s is dated %s, more than %s ahead of the clock: not known to be written in this boot (the clock was stepped back?) until the sync loop writes it",
+				c.path, mtime.UTC().Format(time.RFC3339), nodeInfoSkew)}, false, nil
 	}
 	boot, err := c.env.BootTime()
 	if err != nil {
@@ -188,9 +191,10 @@ func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, 
 	if since := now.Sub(boot); since > c.maxAge+nodeInfoBootGrace {
 		// The file says this node has a sync loop, and it has not
 		// written in this boot for longer than it may take to start.
+		// (No time since boot in the message: it would change each run.)
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated,
-			Message: fmt.Sprintf("%s is from before this boot (last written %s, boot at %s) and has not been written in the %s since boot (max_age %s + %s to start after a boot): the node-info sync loop has not run in this boot",
-				c.path, mtime.UTC().Format(time.RFC3339), boot.UTC().Format(time.RFC3339), since.Round(time.Second), c.maxAge, nodeInfoBootGrace)}, false, nil
+			Message: fmt.Sprintf("%s is from before this boot (last written %s, boot at %s) and has not been written in the more than %s since boot (max_age %s + %s to start after a boot): the node-info sync loop has not run in this boot",
+				c.path, mtime.UTC().Format(time.RFC3339), boot.UTC().Format(time.RFC3339), c.maxAge+nodeInfoBootGrace, c.maxAge, nodeInfoBootGrace)}, false, nil
 	}
 	return Result{Status: report.StatusUnknown, Reason: report.ReasonNodeInfoNotFound,
 		Message: fmt.Sprintf("%s is from before this boot (last written %s, boot at %s) and has not been written in this boot (no node-info sync loop on this node yet?)",
