@@ -41,7 +41,7 @@ type fakeDrive struct {
 
 func (f *fakeNVMe) Controllers() ([]string, error) {
 	var out []string
-	for _, name := range []string{"nvme0", "nvme1", "nvme2", "nvme3", "nvme4"} {
+	for _, name := range []string{"nvme0", "nvme1", "nvme2", "nvme3", "nvme4", "nvme5"} {
 		if _, ok := f.ctrls[name]; ok {
 			out = append(out, name)
 		}
@@ -594,10 +594,11 @@ func (c *countingNVMe) SMART(ctrl string) ([]byte, error) {
 // all the same (a drive may fail one command and serve another; ENOENT and
 // ENOTTY too: TestRealNVMeReaderHostRoot). One whose Identify timed out
 // (the privileged helper's deadline while the helper's ioctl still hangs;
-// the kernel's ETIMEDOUT) or never reached it (the helper's socket
+// the kernel's ETIMEDOUT, or its EINTR for a command its timeout cancelled)
+// or never reached it (the helper's socket
 // refused, no answer from it) is not: SMART would be a second hung call on
 // the drive, with the helper a second of its slots. Fails when SMART is
-// asked after any Identify error (nvme1-4 read).
+// asked after any Identify error (nvme1-5 read), or after EINTR (nvme5).
 func TestNVMeSMARTNotAskedAfterAnIdentifyTimeout(t *testing.T) {
 	timeout := fmt.Errorf("privileged helper at /run/autopilot-health/privileged.sock: %w",
 		&net.OpError{Op: "read", Net: "unix", Err: os.ErrDeadlineExceeded})
@@ -605,27 +606,30 @@ func TestNVMeSMARTNotAskedAfterAnIdentifyTimeout(t *testing.T) {
 		&net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
 	noAnswer := errors.New("privileged helper at /run/autopilot-health/privileged.sock: no answer (refused, or it stopped)")
 	kernelTimeout := fmt.Errorf("/dev/nvme4: NVMe admin command 0x06: %w", unix.ETIMEDOUT)
+	// The kernel's answer to a passthrough command its timeout cancelled.
+	cancelled := fmt.Errorf("/dev/nvme5: NVMe admin command 0x06: %w", unix.EINTR)
 	n := &countingNVMe{fakeNVMe: &fakeNVMe{ctrls: map[string]fakeDrive{
 		"nvme0": {identifyErr: fmt.Errorf("/dev/nvme0: NVMe admin command 0x06: %w", unix.EIO), tempK: 310},
 		"nvme1": {identifyErr: timeout, tempK: 310},
 		"nvme2": {identifyErr: refused, tempK: 310},
 		"nvme3": {identifyErr: noAnswer, tempK: 310},
 		"nvme4": {identifyErr: kernelTimeout, tempK: 310},
+		"nvme5": {identifyErr: cancelled, tempK: 310},
 	}}, smart: map[string]int{}}
 	hs, err := readNVMeHealth(context.Background(), n, &stuckCalls[NVMeHealth]{}, time.Minute)
-	if err != nil || len(hs) != 5 {
+	if err != nil || len(hs) != 6 {
 		t.Fatalf("readNVMeHealth: %+v, %v", hs, err)
 	}
 	if hs[0].Error != "" || hs[0].TemperatureC != 37 || !strings.Contains(hs[0].IdentifyError, "input/output error") {
 		t.Errorf("nvme0 (Identify EIO): %+v, want its SMART page read", hs[0])
 	}
-	for i, cause := range []error{timeout, refused, noAnswer, kernelTimeout} {
+	for i, cause := range []error{timeout, refused, noAnswer, kernelTimeout, cancelled} {
 		h := hs[i+1]
 		if want := "SMART page not asked: Identify failed: " + cause.Error(); h.Error != want {
 			t.Errorf("%s: error %q\nwant %q", h.Controller, h.Error, want)
 		}
 	}
 	if n.smart["nvme0"] != 1 || len(n.smart) != 1 {
-		t.Errorf("SMART read %v, want nvme0 once and none of nvme1-4 (Identify timed out or did not reach the drive)", n.smart)
+		t.Errorf("SMART read %v, want nvme0 once and none of nvme1-5 (Identify timed out or did not reach the drive)", n.smart)
 	}
 }

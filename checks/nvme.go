@@ -244,15 +244,17 @@ func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], 
 // answered reports whether a failed admin command was answered: an errno
 // of the open or of the ioctl, in this process or in the privileged helper
 // (EIO from a drive that fails one command and may serve another, ENOTTY,
-// ENOENT), but for ETIMEDOUT. A timeout (ETIMEDOUT, the helper's deadline:
-// "i/o timeout" while its ioctl still hangs) or an error of the way to the
+// ENOENT), but for a timeout's. A timeout (EINTR: the kernel's answer to
+// a passthrough command it cancelled when the command's timeout reset the
+// controller, nvme_execute_rq; ETIMEDOUT; the helper's deadline, "i/o
+// timeout" while its ioctl still hangs) or an error of the way to the
 // helper (its socket: a *net.OpError; no answer, a malformed one) is not:
 // the next command to the drive would go the same way, a second hung call
 // where one hangs.
 func answered(err error) bool {
 	var errno syscall.Errno
 	var op *net.OpError
-	return errors.As(err, &errno) && errno != syscall.ETIMEDOUT && !errors.As(err, &op)
+	return errors.As(err, &errno) && errno != syscall.ETIMEDOUT && errno != syscall.EINTR && !errors.As(err, &op)
 }
 
 // nvmeUnreadable summarizes controllers that could not be read.
