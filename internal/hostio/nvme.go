@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -46,12 +47,28 @@ func NVMeAdmin(dev string, c NVMePassthru, buf []byte) (uint32, error) {
 		c.DataLen = uint32(len(buf))
 	}
 	c.TimeoutMs = 5000
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
+	r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
 	runtime.KeepAlive(buf)
-	if e != 0 {
-		return 0, fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, c.Opcode, e)
+	if err := adminError(dev, c.Opcode, r, e); err != nil {
+		return 0, err
 	}
 	return c.Result, nil
+}
+
+// adminError is the error of an admin command's ioctl that returned r and
+// e. The kernel returns a negative errno for a command it could not send,
+// and the NVMe status (positive) for one the controller completed with an
+// error (nvme_user_cmd): the buffer then holds no page, and a zeroed SMART
+// page would read as a healthy drive at -273 °C.
+func adminError(dev string, opcode uint8, r uintptr, e syscall.Errno) error {
+	if e != 0 {
+		return fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, opcode, e)
+	}
+	if r != 0 {
+		return fmt.Errorf("%s: NVMe admin command 0x%02x: the controller answered status 0x%x (status code type %d, status code 0x%02x%s)",
+			dev, opcode, r, r>>8&0x7, r&0xff, map[bool]string{true: ", do not retry", false: ""}[r&0x4000 != 0])
+	}
+	return nil
 }
 
 // NVMeIdentify returns the 4096-byte Identify Controller page of the

@@ -1,6 +1,9 @@
 package hostio
 
 import (
+	"errors"
+	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 )
@@ -12,5 +15,22 @@ func TestNVMePassthruLayout(t *testing.T) {
 	}
 	if off := unsafe.Offsetof(NVMePassthru{}.Cdw10); off != 40 {
 		t.Errorf("cdw10 at offset %d, want 40", off)
+	}
+}
+
+// An admin command the controller completed with an error status comes back
+// from the ioctl as that status (positive), not as an errno: it is an error,
+// not a page (a zeroed SMART page would read as a healthy drive). 0x4002:
+// Invalid Field in Command, do not retry.
+func TestAdminErrorIncludesTheNVMeStatus(t *testing.T) {
+	if err := adminError("/dev/nvme0", 0x02, 0, 0); err != nil {
+		t.Errorf("status 0: %v", err)
+	}
+	err := adminError("/dev/nvme0", 0x02, 0x4002, 0)
+	if err == nil || !strings.Contains(err.Error(), "status 0x4002 (status code type 0, status code 0x02, do not retry)") {
+		t.Errorf("status 0x4002: %v", err)
+	}
+	if err := adminError("/dev/nvme0", 0x06, 0, syscall.ENOTTY); !errors.Is(err, syscall.ENOTTY) {
+		t.Errorf("ENOTTY: %v", err)
 	}
 }
