@@ -67,15 +67,17 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 			left := first.NotAfter.Sub(now)
 			info.DaysLeft = int(left.Hours() / 24)
 			if left < c.within {
-				what := fmt.Sprintf("expires in %s", left.Round(time.Minute))
+				// No countdown: a message that changed at every run
+				// would be a write of the Node's status each time.
+				what := "expires on"
 				if left <= 0 {
-					what = fmt.Sprintf("expired %s ago", (-left).Round(time.Minute))
+					what = "expired on"
 				}
 				name := first.Subject.CommonName
 				if first != leaf {
 					name = fmt.Sprintf("%s, in the chain of %s", name, leaf.Subject.CommonName)
 				}
-				expiring = append(expiring, fmt.Sprintf("%s (%s) %s, on %s", p, name, what, first.NotAfter.UTC().Format(time.RFC3339)))
+				expiring = append(expiring, fmt.Sprintf("%s (%s) %s %s", p, name, what, first.NotAfter.UTC().Format(time.RFC3339)))
 			}
 		}
 		infos = append(infos, info)

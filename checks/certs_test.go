@@ -157,18 +157,18 @@ func TestCertChainIsJudgedByTheFirstToExpire(t *testing.T) {
 		{"CA first, leaf expires in 2 days", func(t *testing.T) []byte {
 			leaf := newCertFixture(t, "system:node:n1", now.Add(48*time.Hour), false, &ca)
 			return append(ca.certPEM(), leaf.certPEM()...)
-		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires in 48h0m0s, on 2026-12-04T12:00:00Z: not renewed within 168h0m0s of expiry",
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires on 2026-12-04T12:00:00Z: not renewed within 168h0m0s of expiry",
 			"CN=system:node:n1"},
 		{"key, CA, then the leaf", func(t *testing.T) []byte {
 			leaf := newCertFixture(t, "system:node:n1", now.Add(48*time.Hour), false, &ca)
 			return append(append(leaf.keyPEM(t), ca.certPEM()...), leaf.certPEM()...)
-		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires in 48h0m0s, on 2026-12-04T12:00:00Z: not renewed within 168h0m0s of expiry",
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires on 2026-12-04T12:00:00Z: not renewed within 168h0m0s of expiry",
 			"CN=system:node:n1"},
 		{"leaf fine, intermediate expired", func(t *testing.T) []byte {
 			inter := newCertFixture(t, "intermediate", now.Add(-time.Hour), true, &ca)
 			leaf := newCertFixture(t, "system:node:n1", now.Add(300*24*time.Hour), false, &inter)
 			return append(append(leaf.keyPEM(t), leaf.certPEM()...), inter.certPEM()...)
-		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (intermediate, in the chain of system:node:n1) expired 1h0m0s ago, on 2026-12-02T11:00:00Z: not renewed within 168h0m0s of expiry",
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem (intermediate, in the chain of system:node:n1) expired on 2026-12-02T11:00:00Z: not renewed within 168h0m0s of expiry",
 			"CN=intermediate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

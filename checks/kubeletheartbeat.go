@@ -153,12 +153,12 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	switch {
 	case recent:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeStatusUpdateGaveUp,
-			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (%s ago, within the last %s; %d such entries since the last run): %s%s",
-				c.unit, st.Last.Format(time.RFC3339), age.Round(time.Second), window, found, st.LastMessage, note)}, nil
+			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (within the last %s; %d such entries since the last run): %s%s",
+				c.unit, st.Last.Format(time.RFC3339), window, found, st.LastMessage, note)}, nil
 	case firstRead:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeStatusUpdateGaveUp,
-			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (%s ago, first read in this run, within %s of the last read at %s; %d such entries): %s%s",
-				c.unit, st.Last.Format(time.RFC3339), age.Round(time.Second), window, prev.ReadTo.Format(time.RFC3339), found, st.LastMessage, note)}, nil
+			Message: fmt.Sprintf("kubelet gave up updating the node status: %s logged at %s (first read in this run, within %s of the last read at %s; %d such entries): %s%s",
+				c.unit, st.Last.Format(time.RFC3339), window, prev.ReadTo.Format(time.RFC3339), found, st.LastMessage, note)}, nil
 	}
 	if read.Truncated {
 		return Result{}, fmt.Errorf("%s logged more than max_entries (%d) entries since the last run: read the first ones, the rest on the next run%s",
@@ -173,7 +173,7 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	last := "none since " + st.Since.Format(time.RFC3339)
 	if !st.Last.IsZero() {
-		last = fmt.Sprintf("the last one at %s (%s ago)", st.Last.Format(time.RFC3339), now.Sub(st.Last).Round(time.Second))
+		last = "the last one at " + st.Last.Format(time.RFC3339)
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonKubeletHeartbeatOK,
 		Message: fmt.Sprintf("%s logged no entry with %s in the last %s (%d entries read); %s%s", c.unit, c.what(), window, read.Entries, last, note)}, nil

@@ -147,20 +147,20 @@ func TestKubeletHeartbeatCapturedJournal(t *testing.T) {
 
 	fj.serve(t, 1, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (1m0s ago, within the last 5m; 6 such entries since the last run): "+hbKlog10)
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (within the last 5m; 6 such entries since the last run): "+hbKlog10)
 	// The first run reads the last window.
 	wantArgs(t, fj.args(t, 1), root, fmt.Sprintf("--since=@%d", now.Add(-5*time.Minute).Unix()))
 
 	// Nothing new; 4 minutes after the last one it is still within the window.
 	now = hbLast.Add(4 * time.Minute)
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (4m0s ago, within the last 5m; 0 such entries since the last run): "+hbKlog10)
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (within the last 5m; 0 such entries since the last run): "+hbKlog10)
 	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
 
 	// A whole window without one: False, with the time of the last one.
 	now = hbLast.Add(5*time.Minute + time.Second)
 	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (5m1s ago)`)
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z`)
 	wantArgs(t, fj.args(t, 3), root, "--after-cursor="+cursor10)
 }
 
@@ -193,7 +193,7 @@ func TestKubeletHeartbeatMatchIsConfigurable(t *testing.T) {
 	c, _ := newKubeletHeartbeatCheck(env)
 	fj.serve(t, 1, []int{1, 2, 3})
 	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Error updating node status" in the last 1m (3 entries read); the last one at 2026-12-02T19:06:46Z (1m11s ago)`)
+		`kubelet.service logged no entry with "Error updating node status" in the last 1m (3 entries read); the last one at 2026-12-02T19:06:46Z`)
 }
 
 // The journal cannot be read: Unknown (an error), never a clean window.
@@ -252,7 +252,7 @@ func TestKubeletHeartbeatBadCursor(t *testing.T) {
 	now = hbLast.Add(20 * time.Minute)
 	fj.serve(t, 3, []int{6})
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (20m10s ago, first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 	wantArgs(t, fj.args(t, 3), root, fmt.Sprintf("--since=@%d", read1.Unix()))
 }
 
@@ -311,13 +311,13 @@ func TestKubeletHeartbeatMaxEntries(t *testing.T) {
 	cur4 := "s=3a7de8ba767941d7802f48f8d5767386;i=7;b=0e8831569cd045b0a40199f64b37fa93;m=23b02cfc1;t=661ab582d0dab;x=a1f1fa17e241bba1"
 	fj.serve(t, 2, []int{5, 6})
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (10s ago, within the last 5m; 1 such entries since the last run): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (within the last 5m; 1 such entries since the last run): E1202 19:00:01.000000    74 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cur4)
 
 	// A match within the bound is True even when the bound is reached.
 	fj.serve(t, 3, []int{7, 8, 9, 10})
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (10s ago, within the last 5m; 3 such entries since the last run): first of two
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (within the last 5m; 3 such entries since the last run): first of two
 E1202 19:00:03.000000    1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 }
 
@@ -357,7 +357,7 @@ func TestKubeletHeartbeatStateSurvivesRestartWithinBoot(t *testing.T) {
 	c2, _ := newKubeletHeartbeatCheck(env2)
 	fj.serve(t, 2, nil)
 	probeHeartbeat(t, c2, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (10m0s ago)`)
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z`)
 	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
 
 	// A new boot: the saved cursor belongs to the old one.
@@ -436,7 +436,7 @@ func TestKubeletHeartbeatSurvivesReplan(t *testing.T) {
 	c2, _ := newKubeletHeartbeatCheck(&env2)
 	now = hbLast.Add(6 * time.Minute)
 	probeHeartbeat(t, c2, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (6m0s ago)`)
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z`)
 	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cursor10)
 }
 
@@ -455,12 +455,12 @@ func TestKubeletHeartbeatGiveUpBetweenRunsIsNotLost(t *testing.T) {
 	now = hbLast.Add(5*time.Minute + 2*time.Millisecond)
 	fj.serve(t, 2, []int{10})
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (5m0s ago, first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:04.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (first read in this run, within 5m of the last read at 2026-12-02T19:07:27Z; 1 such entries): E1202 19:00:04.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 	// The next run, nothing new: the give-up is out of the window.
 	now = now.Add(5 * time.Minute)
 	fj.serve(t, 3, nil)
 	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z (10m0s ago)`)
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (0 entries read); the last one at 2026-12-02T19:07:27Z`)
 }
 
 // A give-up stamped in the future (the clock stepped back) is not True for
@@ -473,5 +473,5 @@ func TestKubeletHeartbeatFutureEntry(t *testing.T) {
 	c, _ := newKubeletHeartbeatCheck(env)
 	fj.serve(t, 1, []int{1, 10})
 	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (2 entries read); the last one at 2026-12-02T19:07:27Z (-1h0m0s ago)`)
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (2 entries read); the last one at 2026-12-02T19:07:27Z`)
 }
