@@ -120,6 +120,10 @@ type Reporter struct {
 	// Node: one the store no longer holds (removed when a reload disabled
 	// its check) is removed from the Node by the next write.
 	onNode []string
+	// wrote is what the last successful write put on the Node, by type
+	// (the status loop's alone): a change of a message alone waits for
+	// the next heartbeat (messageOnly).
+	wrote map[string]report.Condition
 	// nodeMu guards written, nodeUID and nodeTypes, which the status and
 	// annotation loops share.
 	nodeMu sync.Mutex
@@ -393,8 +397,10 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 
 	el = r.newErrorLog("writing conditions of node " + r.o.NodeName)
 	dirty := true
-	// beat: the write due is a heartbeat's alone (no change to write).
-	beat := false
+	// beat: the write due is a heartbeat's alone (no change to write);
+	// deferred: messages changed since the last write wait for the next
+	// heartbeat (messageOnly), or the last write on a stop.
+	beat, deferred := false, false
 	hb := time.NewTimer(r.heartbeatIn())
 	defer hb.Stop()
 	var retry <-chan time.Time
@@ -416,7 +422,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			} else {
 				el.ok()
 				bo.Reset()
-				dirty = false
+				dirty, deferred = false, false
 				r.m.setStatusPending(false)
 				// A change that came after the loop read the store
 				// (changed) was in this write: it counts as a change's.
@@ -438,16 +444,23 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			r.finalWrite(dirty)
+			r.finalWrite(dirty || deferred)
 			return
 		case <-changed:
-			dirty, beat = true, false
 			select {
 			case <-ctx.Done():
 				r.finalWrite(true)
 				return
 			case <-time.After(coalesce):
 			}
+			if !dirty && r.messageOnly() {
+				// The next heartbeat takes the new messages: a message
+				// that changes at every run of its check (a count, an
+				// estimated error) is not a write each time.
+				deferred = true
+				break
+			}
+			dirty, beat = true, false
 		case <-hb.C:
 			beat = !dirty
 			dirty = true
@@ -625,6 +638,23 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 	return true
 }
 
+// messageOnly says whether the store's conditions differ from what the
+// last write put on the Node in their messages alone: the same types, each
+// with the same status, reason and transition time.
+func (r *Reporter) messageOnly() bool {
+	conds := r.o.Store.All()
+	if r.wrote == nil || len(r.stale) > 0 || len(conds) != len(r.wrote) {
+		return false
+	}
+	for _, c := range conds {
+		w, ok := r.wrote[c.Type]
+		if !ok || w.Status != c.Status || w.Reason != c.Reason || !w.LastTransitionTime.Equal(c.LastTransitionTime) {
+			return false
+		}
+	}
+	return true
+}
+
 // expectedTypes returns the condition types the last status write put on
 // the Node.
 func (r *Reporter) expectedTypes() []string {
@@ -657,8 +687,10 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	if err == nil {
 		r.stale = nil
 		r.onNode = r.onNode[:0]
+		r.wrote = make(map[string]report.Condition, len(conds))
 		for _, c := range conds {
 			r.onNode = append(r.onNode, c.Type)
+			r.wrote[c.Type] = c
 		}
 		r.nodeMu.Lock()
 		if n != nil && n.Metadata.UID != "" {

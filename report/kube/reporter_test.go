@@ -169,8 +169,14 @@ func TestAdoptsNodeConditionsAtStart(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		c := findCond(h.node(t), "DiskUsageHigh")
-		if c == nil || !c.LastTransitionTime.Time.Equal(t0) || c.Message != "/var 96%" {
+		if c == nil || !c.LastTransitionTime.Time.Equal(t0) {
 			t.Errorf("after restart: %+v; want lastTransitionTime %v kept", c, t0)
+		}
+		// Its new message alone goes with the next heartbeat.
+		time.Sleep(6 * time.Minute)
+		synctest.Wait()
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || !c.LastTransitionTime.Time.Equal(t0) || c.Message != "/var 96%" {
+			t.Errorf("after the next heartbeat: %+v; want the new message, lastTransitionTime %v kept", c, t0)
 		}
 		h.stop()
 	})
@@ -381,6 +387,57 @@ func TestSteadyStateWritesPerHour(t *testing.T) {
 			t.Errorf("writes per hour: %v", acts)
 		}
 		h.stop()
+	})
+}
+
+// A condition whose message alone changes (a check's run finds another
+// estimated clock error, another count) is written with the next heartbeat,
+// not at each change: the Node is not rewritten at every run of such a
+// check. A change of status is written at once, with the messages waiting;
+// a stop writes what waits.
+func TestMessageOnlyChangesWaitForTheHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		clock := func(st report.Status, reason, msg string) {
+			store.Set(report.Condition{Type: "ClockNotSynchronized", Status: st, Reason: report.Reason(reason), Message: msg}, time.Now())
+		}
+		clock(report.StatusFalse, "ClockSynchronized", "clock synchronized, estimated error 1ms")
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		client.ClearActions()
+		for i := range 4 { // a run a minute, each finding another error
+			time.Sleep(time.Minute)
+			clock(report.StatusFalse, "ClockSynchronized", fmt.Sprintf("clock synchronized, estimated error %dms", i+2))
+			synctest.Wait()
+		}
+		if n := countActions(client)["patch nodes/status"]; n != 0 {
+			t.Errorf("%d status writes for 4 changes of a message alone in 4 minutes, want 0 before the heartbeat", n)
+		}
+		time.Sleep(90 * time.Second) // past the heartbeat (5 to 5.5 min)
+		synctest.Wait()
+		if c := findCond(h.node(t), "ClockNotSynchronized"); countActions(client)["patch nodes/status"] != 1 || c == nil || c.Message != "clock synchronized, estimated error 5ms" {
+			t.Errorf("after the heartbeat: %d writes, %+v; want 1 with the last message", countActions(client)["patch nodes/status"], c)
+		}
+		client.ClearActions()
+		clock(report.StatusTrue, "ClockUnsynchronized", "the kernel reports the clock as not synchronized")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if c := findCond(h.node(t), "ClockNotSynchronized"); countActions(client)["patch nodes/status"] != 1 || c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("a change of status: %d writes within 1 s, %+v; want 1", countActions(client)["patch nodes/status"], c)
+		}
+		clock(report.StatusTrue, "ClockUnsynchronized", "the kernel reports the clock as not synchronized (again)")
+		time.Sleep(time.Second) // past the coalescing: the message waits
+		synctest.Wait()
+		if c := findCond(h.node(t), "ClockNotSynchronized"); c == nil || c.Message == "the kernel reports the clock as not synchronized (again)" {
+			t.Errorf("a message alone written at once: %+v", c)
+		}
+		h.stop()
+		if c := findCond(h.node(t), "ClockNotSynchronized"); c == nil || c.Message != "the kernel reports the clock as not synchronized (again)" {
+			t.Errorf("after a stop: %+v; want the waiting message written", c)
+		}
 	})
 }
 
