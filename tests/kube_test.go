@@ -218,10 +218,12 @@ func TestKubeConditionsSetHeldChangedAndCarriedOver(t *testing.T) {
 	store2 := report.NewStore("boot")
 	x2 := startReporter(t, client, node, store2)
 	<-x2.r.Adopted()
-	store2.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 96%"}, time.Now())
-	n = waitNode(t, s, node, "message after restart", func(n *corev1.Node) bool {
+	// Another reason, the same status (a message alone would wait for the
+	// next heartbeat).
+	store2.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemInodesHigh", Message: "/var 96% of inodes"}, time.Now())
+	n = waitNode(t, s, node, "reason after restart", func(n *corev1.Node) bool {
 		c := cond(n, "DiskUsageHigh")
-		return c != nil && c.Message == "/var 96%"
+		return c != nil && c.Reason == "FilesystemInodesHigh" && c.Message == "/var 96% of inodes"
 	})
 	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&ltt) {
 		t.Errorf("lastTransitionTime after restart %v, before %v", c.LastTransitionTime, ltt)
