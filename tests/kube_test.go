@@ -143,7 +143,14 @@ func (x *running) stop() {
 // waitNode polls the Node (as admin) until ok, or fails after 30 s.
 func waitNode(t *testing.T, s *harness.APIServer, name, what string, ok func(*corev1.Node) bool) *corev1.Node {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	return waitNodeFor(t, s, name, 30*time.Second, what, ok)
+}
+
+// waitNodeFor is waitNode failing after limit: a change of a condition's
+// message alone reaches the Node with the next heartbeat.
+func waitNodeFor(t *testing.T, s *harness.APIServer, name string, limit time.Duration, what string, ok func(*corev1.Node) bool) *corev1.Node {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for {
 		n, err := s.Admin.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
 		if err == nil && ok(n) {

@@ -46,6 +46,9 @@ first_run_spread = "0s"
 
 [kubernetes]
 kubeconfig = "/etc/autopilot-health/kubeconfig"
+# The shortest allowed: a new message alone (another threshold) reaches
+# the Node with the next heartbeat.
+heartbeat_period = "30s"
 
 %[3]s
 [checks.DiskUsageHigh]
@@ -170,7 +173,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 		u, err := s.Bus.Unit(ctx, "autopilot-health.service")
 		return err == nil && active(u), fmt.Sprintf("%+v %v", u, err)
 	})
-	after := cond(waitNode(t, api, node, "DiskUsageHigh True at the new threshold 2%", threshold(2)), "DiskUsageHigh")
+	after := cond(waitNodeFor(t, api, node, time.Minute, "DiskUsageHigh True at the new threshold 2%", threshold(2)), "DiskUsageHigh")
 	if !after.LastTransitionTime.Equal(&before.LastTransitionTime) {
 		t.Errorf("DiskUsageHigh's lastTransitionTime on the Node: %v before the reload, %v after", before.LastTransitionTime, after.LastTransitionTime)
 	}
@@ -248,7 +251,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 		t.Errorf("main PID %d, was %d: the daemon restarted", p, pid)
 	}
 	// Still the previous configuration on the Node, since the same time.
-	n := waitNode(t, api, node, "DiskUsageHigh still at 2%", threshold(2))
+	n := waitNodeFor(t, api, node, time.Minute, "DiskUsageHigh still at 2%", threshold(2))
 	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&before.LastTransitionTime) {
 		t.Errorf("lastTransitionTime changed after the refused reload: %v", c.LastTransitionTime)
 	}
@@ -267,7 +270,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 			t.Errorf("one of two reloads at once: %v", err)
 		}
 	}
-	n = waitNode(t, api, node, "DiskUsageHigh True at 3% after two reloads at once", threshold(3))
+	n = waitNodeFor(t, api, node, time.Minute, "DiskUsageHigh True at 3% after two reloads at once", threshold(3))
 	if c := cond(n, "DiskUsageHigh"); !c.LastTransitionTime.Equal(&before.LastTransitionTime) {
 		t.Errorf("lastTransitionTime changed by two reloads at once: %v", c.LastTransitionTime)
 	}
