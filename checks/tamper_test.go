@@ -444,18 +444,7 @@ func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 			}
 		}, "/var/lib/kubelet/config.yaml mode"},
 	} {
-		woken := make(chan struct{}, 1)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			c.Watch(ctx, func() {
-				select {
-				case woken <- struct{}{}:
-				default:
-				}
-			})
-		}()
+		woken, stop := watchWakes(c)
 		// The watches are set asynchronously: repeat the change until the
 		// wake arrives, within a deadline.
 		deadline := time.After(10 * time.Second)
@@ -476,8 +465,7 @@ func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 		// Quiet: this watcher's reader has returned, nothing wakes after
 		// this; its channel (and a token the change's later events left
 		// in it) is not the next step's.
-		cancel()
-		<-done
+		stop()
 		if !ok {
 			t.Fatalf("%s: no wake-up within 10s of the change", step.name)
 		}
@@ -557,19 +545,8 @@ func TestNodeTamperedWatchFollowsAReplacedDirectory(t *testing.T) {
 	h := newTamperHost(t)
 	c := h.start("boot-1", report.NewStore("boot-1"))
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
-	woken := make(chan struct{}, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.Watch(ctx, func() {
-			select {
-			case woken <- struct{}{}:
-			default:
-			}
-		})
-	}()
-	defer func() { cancel(); <-done }()
+	woken, stop := watchWakes(c)
+	defer stop()
 	awaitWake := func(what string, again func()) {
 		t.Helper()
 		deadline := time.After(10 * time.Second)
@@ -889,4 +866,24 @@ func TestNodeTamperedToleratesAKnownWritersTemporaryFile(t *testing.T) {
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "the last /etc/cni/net.d/05-cilium.conflist modified")
 	h.write("/etc/cni/net.d/.05-cilium.conflist.conflist", "{}")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/.05-cilium.conflist.conflist added")
+}
+
+// watchWakes runs c's Watch until stop, which returns once Watch has;
+// woken gets a token (one at most waits) at each wake-up.
+func watchWakes(c interface {
+	Watch(context.Context, func())
+}) (woken chan struct{}, stop func()) {
+	woken = make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Watch(ctx, func() {
+			select {
+			case woken <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	return woken, func() { cancel(); <-done }
 }

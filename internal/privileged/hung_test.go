@@ -1,19 +1,18 @@
 package privileged
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // These tests run on real time: the hung calls are real blocking system
@@ -22,30 +21,10 @@ import (
 // (Server.hungAfter), the client's a few seconds (Client.wait), so a helper
 // that holds a hung call's slot or answer fails them fast.
 
-// lockedBuffer is a log the test reads while the helper writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// count returns how many lines hold all of subs.
-func (l *lockedBuffer) count(subs ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// countLines returns how many lines of log hold all of subs.
+func countLines(log *testenv.Buffer, subs ...string) int {
 	n := 0
-	for _, line := range strings.Split(l.b.String(), "\n") {
+	for _, line := range strings.Split(log.String(), "\n") {
 		all := line != ""
 		for _, s := range subs {
 			all = all && strings.Contains(line, s)
@@ -112,7 +91,7 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 	}
 	kmsgFile := filepath.Join(dir, "kmsg")
 	os.WriteFile(kmsgFile, []byte("6,1,2,-;a line\n"), 0o600)
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	returned := make(chan string, 8)
 	s := &Server{
 		Log:           slog.New(slog.NewTextHandler(&logs, nil)),
@@ -179,7 +158,7 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 		}
 	}
 	// Logged once per hung call, not per refused request.
-	if n, m := logs.count("a call is hung", "key="+nvme1, "op=nvme-smart"), logs.count("a call is hung", "key="+nvme2, "op=nvme-identify"); n != 1 || m != 1 {
+	if n, m := countLines(&logs, "a call is hung", "key="+nvme1, "op=nvme-smart"), countLines(&logs, "a call is hung", "key="+nvme2, "op=nvme-identify"); n != 1 || m != 1 {
 		t.Errorf("hung calls logged %d and %d times, want once each:\n%s", n, m, logs.String())
 	}
 
@@ -190,7 +169,7 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 	if _, err := c.SMART("nvme1"); err == nil || !strings.Contains(err.Error(), "NVMe admin command 0x02") {
 		t.Errorf("SMART(nvme1) after its hung call returned: %v, want the ioctl's error", err)
 	}
-	if n := logs.count("a hung call returned", "key="+nvme1); n != 1 {
+	if n := countLines(&logs, "a hung call returned", "key="+nvme1); n != 1 {
 		t.Errorf("the return logged %d times, want once", n)
 	}
 	// nvme2 still hangs.
@@ -205,7 +184,7 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 	unix.Close(w1)
 	unix.Close(w2)
 	awaitFDs(t, s, before)
-	if n := logs.count("a call is hung"); n != 2 {
+	if n := countLines(&logs, "a call is hung"); n != 2 {
 		t.Errorf("%d hung calls logged, want 2", n)
 	}
 }
