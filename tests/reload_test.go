@@ -195,7 +195,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 	// Node (since the same time; the Node has whole seconds), its evidence, the last write done and
 	// nothing pending.
 	var st daemon.StatusReport
-	eventually(t, 15*time.Second, "status: DiskUsageHigh True at 2%, the conditions written, nothing pending", func() (bool, string) {
+	eventually(t, time.Minute, "status: DiskUsageHigh True at 2%, the conditions written (its new message with the next heartbeat), nothing pending", func() (bool, string) {
 		out, err := exec.Command(filepath.Join(usr, "bin", "autopilot-health"), "status", "--json", "--socket", s.Root("/run/autopilot-health/status.sock")).Output()
 		if code := exitCode(err); code != 1 {
 			return false, fmt.Sprintf("exit %d (want 1: a condition is True): %s", code, out)

@@ -52,7 +52,8 @@ type CallStatus struct {
 type Reporting struct {
 	// Calls by kind (status, event, event_count, annotations, read).
 	Calls map[string]CallStatus `json:"calls"`
-	// StatusPending: a change of the conditions is not on the Node yet.
+	// StatusPending: a change of the conditions is not on the Node yet (a
+	// change of messages alone waits for the next heartbeat).
 	StatusPending bool `json:"statusPending"`
 	// EventsQueued: events waiting to be sent.
 	EventsQueued int `json:"eventsQueued"`

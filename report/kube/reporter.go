@@ -407,7 +407,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	for {
 		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10+heartbeatGrid, backoffMax))
 		changed := r.o.Store.Changed()
-		r.m.setStatusPending(dirty)
+		r.m.setStatusPending(dirty || deferred)
 		if dirty && retry == nil {
 			if err := r.writeStatus(ctx); err != nil {
 				if ctx.Err() != nil {
@@ -453,11 +453,12 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				return
 			case <-time.After(coalesce):
 			}
-			if !dirty && r.messageOnly() {
-				// The next heartbeat takes the new messages: a message
+			if now, messages := r.sinceWrite(); !dirty && !now {
+				// The next heartbeat takes new messages: a message
 				// that changes at every run of its check (a count, an
 				// estimated error) is not a write each time.
-				deferred = true
+				deferred = deferred || messages
+				r.m.setStatusPending(deferred)
 				break
 			}
 			dirty, beat = true, false
@@ -638,21 +639,29 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 	return true
 }
 
-// messageOnly says whether the store's conditions differ from what the
-// last write put on the Node in their messages alone: the same types, each
-// with the same status, reason and transition time.
-func (r *Reporter) messageOnly() bool {
+// sinceWrite compares the store's conditions with what the last write put
+// on the Node: now, a difference to write at once (another set of types, a
+// status, reason or transition time, or the message of a condition held
+// forever: a tamper finding's evidence); messages, messages alone differ
+// (they wait for the next heartbeat).
+func (r *Reporter) sinceWrite() (now, messages bool) {
 	conds := r.o.Store.All()
 	if r.wrote == nil || len(r.stale) > 0 || len(conds) != len(r.wrote) {
-		return false
+		return true, false
 	}
 	for _, c := range conds {
 		w, ok := r.wrote[c.Type]
 		if !ok || w.Status != c.Status || w.Reason != c.Reason || !w.LastTransitionTime.Equal(c.LastTransitionTime) {
-			return false
+			return true, false
+		}
+		if w.Message != c.Message {
+			if d, _ := report.Lookup(c.Type); d.Hold == report.HoldForever {
+				return true, false
+			}
+			messages = true
 		}
 	}
-	return true
+	return false, messages
 }
 
 // expectedTypes returns the condition types the last status write put on

@@ -402,7 +402,11 @@ func TestMessageOnlyChangesWaitForTheHeartbeat(t *testing.T) {
 		clock := func(st report.Status, reason, msg string) {
 			store.Set(report.Condition{Type: "ClockNotSynchronized", Status: st, Reason: report.Reason(reason), Message: msg}, time.Now())
 		}
+		disk := func(reason string) {
+			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.Reason(reason), Message: "/var 95%"}, time.Now())
+		}
 		clock(report.StatusFalse, "ClockSynchronized", "clock synchronized, estimated error 1ms")
+		disk("FilesystemSpaceHigh")
 		h := start(t, client, store)
 		<-h.r.Adopted()
 		time.Sleep(time.Second)
@@ -416,12 +420,27 @@ func TestMessageOnlyChangesWaitForTheHeartbeat(t *testing.T) {
 		if n := countActions(client)["patch nodes/status"]; n != 0 {
 			t.Errorf("%d status writes for 4 changes of a message alone in 4 minutes, want 0 before the heartbeat", n)
 		}
+		if !h.m.Reporting().StatusPending {
+			t.Error("status says nothing is pending while a new message waits for the heartbeat")
+		}
 		time.Sleep(90 * time.Second) // past the heartbeat (5 to 5.5 min)
 		synctest.Wait()
+		if h.m.Reporting().StatusPending {
+			t.Error("status says a change is pending after the heartbeat wrote it")
+		}
 		if c := findCond(h.node(t), "ClockNotSynchronized"); countActions(client)["patch nodes/status"] != 1 || c == nil || c.Message != "clock synchronized, estimated error 5ms" {
 			t.Errorf("after the heartbeat: %d writes, %+v; want 1 with the last message", countActions(client)["patch nodes/status"], c)
 		}
+		// A reason that flapped back within the coalescing: nothing
+		// differs from the Node, nothing waits.
 		client.ClearActions()
+		disk("FilesystemInodesHigh")
+		disk("FilesystemSpaceHigh")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if h.m.Reporting().StatusPending || countActions(client)["patch nodes/status"] != 0 {
+			t.Errorf("nothing differs: pending %v, %d writes", h.m.Reporting().StatusPending, countActions(client)["patch nodes/status"])
+		}
 		clock(report.StatusTrue, "ClockUnsynchronized", "the kernel reports the clock as not synchronized")
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -438,6 +457,31 @@ func TestMessageOnlyChangesWaitForTheHeartbeat(t *testing.T) {
 		if c := findCond(h.node(t), "ClockNotSynchronized"); c == nil || c.Message != "the kernel reports the clock as not synchronized (again)" {
 			t.Errorf("after a stop: %+v; want the waiting message written", c)
 		}
+	})
+}
+
+// A condition held forever (a tamper finding) is written at once when its
+// message alone changes: a new finding's evidence is not held back until
+// the heartbeat.
+func TestHeldForeverMessageIsWrittenAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		tampered := func(msg string) {
+			store.Set(report.Condition{Type: "NodeTampered", Status: report.StatusTrue, Reason: report.ReasonProtectedFileChanged, Message: msg}, time.Now())
+		}
+		tampered("1 finding: /etc/cni/net.d/00-evil.conflist added")
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		tampered("2 findings: /usr/bin/kubelet changed; /etc/cni/net.d/00-evil.conflist added")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if c := findCond(h.node(t), "NodeTampered"); c == nil || !strings.HasPrefix(c.Message, "2 findings") {
+			t.Errorf("a new finding's message 1 s later: %+v; want it written at once", c)
+		}
+		h.stop()
 	})
 }
 
