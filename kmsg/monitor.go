@@ -194,15 +194,14 @@ func (mon *Monitor) LastRecord() (seq, usec uint64, at time.Time, ok bool) {
 // (CaughtUp): before that, "no matching line" is not known. A condition
 // restored from this boot keeps its state.
 //
-// The kernel's part of DisksFailure, restored with the condition from this
-// boot's state file, is kept as restored. Where it was not (a state file
-// without parts, the condition taken over from the Node or restored from
-// another boot) it is set: True as restored when the restored condition is
-// True for the kernel's reason, else NoData (none when it was restored
-// Unknown: it stays so until a part decides). So the other part (NVMe
-// SMART), set before the log is read again, neither lowers a True the
-// kernel set nor, having nothing to check, turns the condition Unknown: no
-// flap on a restart.
+// The kernel's part of DisksFailure is kept as restored (report.Store.Load
+// restores the parts with their condition, or sets them from it). A
+// condition the store holds without them has them set from it the same
+// way (report.Store.SeedParts: True for the part that owns its reason, the
+// others no data), so the other part (NVMe SMART), set before the log is
+// read again, neither lowers a True the kernel set nor, having nothing to
+// check, turns the condition Unknown: no flap on a restart. Without the
+// condition, the kernel's part has no data yet.
 func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	mon.bootWall = bootWall
 	for _, t := range mon.Conditions() {
@@ -215,19 +214,12 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	if _, ok := mon.o.Store.Part(report.SourceKmsg, "DisksFailure"); ok {
 		return
 	}
-	part := report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,
-		Message: "the kernel log has not been read yet"}
-	c, ok := mon.o.Store.Get("DisksFailure")
-	switch {
-	case ok && c.Status == report.StatusTrue && c.Reason == report.ReasonDiskIOErrors:
-		// The kernel's part is the first in the row: its message is the
-		// first of the joined ones.
-		msg, _, _ := strings.Cut(c.Message, "; ")
-		part.Status, part.Reason, part.Message = c.Status, c.Reason, msg
-	case ok && c.Status == report.StatusUnknown:
-		return // undecided as restored, until a part decides
+	if _, ok := mon.o.Store.Get("DisksFailure"); ok {
+		mon.o.Store.SeedParts("DisksFailure")
+		return
 	}
-	mon.o.Store.SetPart(report.SourceKmsg, part, now)
+	mon.o.Store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+		Message: "the kernel log has not been read yet"}, now)
 }
 
 // CaughtUp says the reader has read every record the kernel holds for

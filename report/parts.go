@@ -63,6 +63,21 @@ func (s *Store) ForgetPart(src Source, condType string) {
 	}
 }
 
+// SeedParts sets the parts of condType that no source has decided since
+// the start from the condition the store holds, as Load does for a
+// condition restored without its parts (seedPartsLocked); without the
+// condition it does nothing.
+func (s *Store) SeedParts(condType string) {
+	desc, _ := Lookup(condType)
+	s.partMu.Lock()
+	defer s.partMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.conds[condType]; ok && len(desc.Parts) > 0 {
+		s.seedPartsLocked(desc, c)
+	}
+}
+
 // seedPartsLocked sets the parts of a condition the Node's word c replaced
 // at start (Adopt) where no source has decided since the start: a part
 // restored from the state file (it said otherwise), one with no data yet
