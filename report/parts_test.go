@@ -32,9 +32,6 @@ func TestDisksFailureParts(t *testing.T) {
 func TestSetPart(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
 	s := NewStore("b")
-	disks := func(st Status, r Reason, msg string) Condition {
-		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
-	}
 	s.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "smart ok"), t0)
 	if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || c.Message != "smart ok" {
 		t.Errorf("one part seen: %+v", c)
@@ -80,9 +77,6 @@ func TestSetPart(t *testing.T) {
 // off) it is Unknown/NothingToCheck, never a fake False.
 func TestSetPartNothingToCheck(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
-	disks := func(st Status, r Reason, msg string) Condition {
-		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
-	}
 	none := disks(StatusUnknown, ReasonNothingToCheck, "no NVMe drives")
 
 	s := NewStore("b")
@@ -131,9 +125,6 @@ func TestDocumentsOneDomainFailing(t *testing.T) {
 // does not turn it Unknown and back. With no other part it has no data.
 func TestSetPartNoDataDoesNotDecide(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
-	disks := func(st Status, r Reason, msg string) Condition {
-		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
-	}
 	s := NewStore("b")
 	s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0)
 	if c, _ := s.Get("DisksFailure"); c.Status != StatusUnknown || c.Reason != ReasonNoData {
@@ -159,9 +150,6 @@ func TestSetPartNoDataDoesNotDecide(t *testing.T) {
 // the kernel part's False then changes nothing: no flap.
 func TestSetPartNoDataKeepsATakenOverStatus(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
-	disks := func(st Status, r Reason, msg string) Condition {
-		return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
-	}
 	s := NewStore("b")
 	s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0)
 	if !s.Adopt(Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, LastTransitionTime: t0.Add(-time.Hour)}, "b") {
@@ -183,32 +171,23 @@ func TestSetPartNoDataKeepsATakenOverStatus(t *testing.T) {
 // They are not restored in another boot, and the Node's word, taken over at
 // start for another status, drops them.
 func TestPartsRestoredWithTheirCondition(t *testing.T) {
-	dir := t.TempDir()
 	prev := NewStore("b1")
-	prev.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0)
-	prev.SetPart(SourceCheck, Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonNVMeCriticalWarning, Message: "nvme0: spare below threshold"}, t0)
-	if err := prev.Save(dir, t0); err != nil {
-		t.Fatal(err)
-	}
+	prev.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0)
+	prev.SetPart(SourceCheck, disks(StatusTrue, ReasonNVMeCriticalWarning, "nvme0: spare below threshold"), t0)
+	dir := saved(t, prev)
 
-	s := NewStore("b1")
-	if _, err := s.Load(dir); err != nil {
-		t.Fatal(err)
-	}
+	s := loaded(t, "b1", dir)
 	if p, ok := s.Part(SourceCheck, "DisksFailure"); !ok || p.Status != StatusTrue {
 		t.Fatalf("the SMART part was not restored: %+v, %v", p, ok)
 	}
 	// The kernel log read again first: its False does not lower the True
 	// the SMART part holds.
-	s.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0.Add(time.Hour))
+	s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0.Add(time.Hour))
 	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonNVMeCriticalWarning || !c.LastTransitionTime.Equal(t0) {
 		t.Errorf("after the kernel's part: %s/%s since %v, want True/NVMeCriticalWarning since %v", c.Status, c.Reason, c.LastTransitionTime, t0)
 	}
 
-	other := NewStore("b2")
-	if _, err := other.Load(dir); err != nil {
-		t.Fatal(err)
-	}
+	other := loaded(t, "b2", dir)
 	// Another boot: the saved parts are not restored (the kernel's False
 	// was about the other boot's log); the parts are what the condition
 	// says, as for a state file without parts.
@@ -234,19 +213,13 @@ func TestPartsRestoredWithTheirCondition(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(oldDir, StateFileName), raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	old := NewStore("b1")
-	if _, err := old.Load(oldDir); err != nil {
-		t.Fatal(err)
-	}
-	old.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0.Add(time.Hour))
+	old := loaded(t, "b1", oldDir)
+	old.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0.Add(time.Hour))
 	if c, _ := old.Get("DisksFailure"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(t0) {
 		t.Errorf("a state file without parts, the kernel's part first: %s/%s since %v, want True since %v", c.Status, c.Reason, c.LastTransitionTime, t0)
 	}
 
-	adopted := NewStore("b1")
-	if _, err := adopted.Load(dir); err != nil {
-		t.Fatal(err)
-	}
+	adopted := loaded(t, "b1", dir)
 	if !adopted.Adopt(Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, LastTransitionTime: t0.Add(time.Minute)}, "b1") {
 		t.Fatal("the Node's later False was not adopted")
 	}
@@ -261,17 +234,11 @@ func TestPartsRestoredWithTheirCondition(t *testing.T) {
 // lower it. Both parts were saved False; the Node holds a later True for
 // the kernel's I/O errors (the last save failed).
 func TestAdoptSeedsThePartsItReplaces(t *testing.T) {
-	dir := t.TempDir()
 	prev := NewStore("b1")
-	prev.SetPart(SourceKmsg, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "0 errors"}, t0)
-	prev.SetPart(SourceCheck, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "nvme0 ok"}, t0)
-	if err := prev.Save(dir, t0); err != nil {
-		t.Fatal(err)
-	}
-	s := NewStore("b1")
-	if _, err := s.Load(dir); err != nil {
-		t.Fatal(err)
-	}
+	prev.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0)
+	prev.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "nvme0 ok"), t0)
+	dir := saved(t, prev)
+	s := loaded(t, "b1", dir)
 	node := Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonDiskIOErrors, Message: "the kernel logged 7 disk I/O errors", LastTransitionTime: t0.Add(time.Minute)}
 	if !s.Adopt(node, "b1") {
 		t.Fatal("the Node's later True was not adopted")
@@ -279,8 +246,33 @@ func TestAdoptSeedsThePartsItReplaces(t *testing.T) {
 	if p, _ := s.Part(SourceKmsg, "DisksFailure"); p.Status != StatusTrue || p.Reason != ReasonDiskIOErrors {
 		t.Errorf("the kernel's part after the Node's True: %+v", p)
 	}
-	s.SetPart(SourceCheck, Condition{Type: "DisksFailure", Status: StatusFalse, Reason: ReasonDisksHealthy, Message: "nvme0 ok"}, t0.Add(time.Hour))
+	s.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "nvme0 ok"), t0.Add(time.Hour))
 	if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(node.LastTransitionTime) {
 		t.Errorf("after the SMART part's False: %s/%s since %v, want True since %v", c.Status, c.Reason, c.LastTransitionTime, node.LastTransitionTime)
 	}
+}
+
+// disks is a part (or the whole) of DisksFailure.
+func disks(st Status, r Reason, msg string) Condition {
+	return Condition{Type: "DisksFailure", Status: st, Reason: r, Message: msg}
+}
+
+// saved saves s to a new directory and returns it.
+func saved(t *testing.T, s *Store) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := s.Save(dir, t0); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// loaded returns a store of boot loaded from dir.
+func loaded(t *testing.T, boot, dir string) *Store {
+	t.Helper()
+	s := NewStore(boot)
+	if _, err := s.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
