@@ -64,13 +64,12 @@ type Server struct {
 type call struct {
 	what  string // its operation ("nvme-smart", "lvm vgs")
 	since time.Time
-	// done is closed when it returns; hung when it is found hung (under
-	// Server.mu, with abandoned set).
+	// done is closed when it returns; hung when it is found hung (both
+	// under Server.mu, hung with abandoned set).
 	done, hung chan struct{}
-	// finished: it returned; abandoned: no one waits for its answer any
-	// more (found hung, or the helper stops), so it cleans up after
-	// itself. Both under Server.mu.
-	finished, abandoned bool
+	// abandoned: no one waits for its answer any more (found hung, or the
+	// helper stops), so it cleans up after itself. Under Server.mu.
+	abandoned bool
 }
 
 // requestTimeout bounds a request's exchange (an LVM report has its own
@@ -199,7 +198,6 @@ func (s *Server) run(ctx context.Context, key string, c *call, req request, dead
 	go func() {
 		resp, fd := handle(ctx, req)
 		s.mu.Lock()
-		c.finished = true
 		delete(s.inFlight, key)
 		late := c.abandoned
 		if !late {
@@ -230,7 +228,7 @@ func (s *Server) run(ctx context.Context, key string, c *call, req request, dead
 		stopping = true
 	}
 	s.mu.Lock()
-	if c.finished { // it returned meanwhile: its answer is there
+	if isClosed(c.done) { // it returned meanwhile: its answer is there
 		s.mu.Unlock()
 		r := <-res
 		return r.resp, r.fd, true
@@ -441,7 +439,6 @@ func (s *Server) unclaim(key string, cl *call) {
 	}
 	s.mu.Lock()
 	delete(s.inFlight, key)
-	cl.finished = true
 	close(cl.done)
 	s.mu.Unlock()
 }
