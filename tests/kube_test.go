@@ -308,6 +308,70 @@ func TestKubeAnnotations(t *testing.T) {
 	}
 }
 
+// The Node deleted and registered anew (as the kubelet does) while the
+// daemon reports: the report annotations never stand on the new Node
+// without this boot's conditions. The report write carries the UID of the
+// Node it knows, which kube-apiserver refuses on another Node; the
+// conditions go first. A watch on the Node sees every version it takes.
+func TestKubeReportNeverLandsOnANodeRegisteredAnew(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-anew"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	// A report every second: the first write after the registration comes
+	// at once, where the daemon's would come within its 2 minutes.
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: time.Second, EventCountFlush: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+	reported := func(n *corev1.Node) bool { return n.Annotations[report.AnnotationPrefix+"storage"] != "" }
+	first := waitNode(t, s, node, "conditions and report", func(n *corev1.Node) bool {
+		return reported(n) && cond(n, "DiskUsageHigh") != nil
+	})
+
+	w, err := s.Admin.CoreV1().Nodes().Watch(context.Background(), metav1.ListOptions{
+		FieldSelector: "metadata.name=" + node, ResourceVersion: first.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := s.Admin.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	registerNode(t, s, node)
+	deadline := time.After(30 * time.Second)
+	versions := 0
+	for {
+		select {
+		case <-deadline:
+			t.Fatalf("the report and the conditions not both back on the Node registered anew within 30 s (%d versions of it seen)", versions)
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("the watch ended")
+			}
+			n, isNode := ev.Object.(*corev1.Node)
+			if !isNode || n.UID == first.UID || ev.Type == "DELETED" {
+				continue
+			}
+			versions++
+			switch r, c := reported(n), cond(n, "DiskUsageHigh") != nil; {
+			case r && !c:
+				t.Fatalf("version %s of the Node registered anew has the report and not the conditions: %v", n.ResourceVersion, conditionsOf(n))
+			case r && c:
+				t.Logf("back after %d versions of the new Node, the conditions first", versions)
+				return
+			}
+		}
+	}
+}
+
 // kube-apiserver stops for a while (etcd stays): the daemon's state keeps
 // changing; when the API returns the Node converges on the last state, with
 // the transition time of the last change.

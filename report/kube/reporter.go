@@ -627,6 +627,13 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 	if !anew {
 		return false
 	}
+	r.rewriteLocked()
+	return true
+}
+
+// rewriteLocked (under nodeMu) asks for the conditions to be written again
+// and holds the report until they are (written).
+func (r *Reporter) rewriteLocked() {
 	select {
 	case <-r.written:
 		r.written = make(chan struct{})
@@ -636,7 +643,49 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 	case r.rewrite <- struct{}{}:
 	default:
 	}
-	return true
+}
+
+// errRegisteredAnew is a report write the API server refused because the
+// Node is not the one read or written before (its UID precondition).
+var errRegisteredAnew = errors.New("the node was registered anew (another UID): its conditions go first")
+
+// uidRefused reports whether err is the API server refusing a patch whose
+// metadata.uid is not the Node's: 422 Invalid, "metadata.uid: field is
+// immutable" (as kube-apiserver answers a merge patch that carries another
+// UID; TestKubeReportNeverLandsOnANodeRegisteredAnew), or a 409 naming the
+// UID precondition.
+func uidRefused(err error) bool {
+	var se apierrors.APIStatus
+	if !errors.As(err, &se) {
+		return false
+	}
+	st := se.Status()
+	if apierrors.IsConflict(err) {
+		// A storage precondition's words ("Precondition failed: UID in
+		// precondition: ..."), should an API server answer so.
+		return strings.Contains(st.Message, "UID in precondition")
+	}
+	return apierrors.IsInvalid(err) && st.Details != nil &&
+		slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool { return c.Field == "metadata.uid" })
+}
+
+// nodeRefused handles a report write refused for the UID it carried: the
+// Node was deleted and registered anew since it was read or written. The
+// conditions are written again first (their write learns the new UID), and
+// the UID is forgotten, so that the next report write, after them, carries
+// the new one or none: it cannot be refused for the old one again.
+func (r *Reporter) nodeRefused() {
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	r.nodeUID = ""
+	r.rewriteLocked()
+}
+
+// knownUID is the UID of the Node last read or written ("" before).
+func (r *Reporter) knownUID() string {
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	return r.nodeUID
 }
 
 // sinceWrite compares the store's conditions with what the last write put
@@ -816,6 +865,12 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			if errors.Is(err, errRegisteredAnew) {
+				// Not a failure to back off from: the report waits for
+				// the conditions (above), then goes at once.
+				wait = 0
+				continue
+			}
 			wait = bo.Next()
 			el.fail(err, wait)
 			failed = true
@@ -842,7 +897,15 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 			r.o.Log.Error("report domain not rendered; its annotation says why", "err", err)
 		}
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": docs}})
+	// The UID of the Node last read or written is a precondition: a Node
+	// deleted and registered anew since (by the kubelet) refuses the
+	// patch, so the report never stands on it before this boot's
+	// conditions (see written).
+	meta := map[string]any{"annotations": docs}
+	if uid := r.knownUID(); uid != "" {
+		meta["uid"] = uid
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		return err
 	}
@@ -850,7 +913,12 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 	start := time.Now()
 	n, err := r.o.Client.PatchNode(ctx, r.o.NodeName, patch)
 	r.m.observe(KindAnnotations, start, err)
-	if err == nil && r.nodeAnswered(n, expect) {
+	switch {
+	case err != nil && uidRefused(err):
+		r.nodeRefused()
+		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
+		return fmt.Errorf("%w: %v", errRegisteredAnew, err)
+	case err == nil && r.nodeAnswered(n, expect):
 		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
 	}
 	return err

@@ -1236,6 +1236,7 @@ func TestNodeRegisteredAnewGetsItsConditionsBack(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		n = kubeletNode()
 		n.UID = "uid-2"
+		mark := len(client.Actions())
 		if err := client.Tracker().Add(n); err != nil {
 			t.Fatal(err)
 		}
@@ -1261,6 +1262,18 @@ func TestNodeRegisteredAnewGetsItsConditionsBack(t *testing.T) {
 		h.stop()
 		if back < 0 {
 			t.Fatal("neither the report nor the conditions came back on the Node registered anew within 10 minutes")
+		}
+		// Within that second, the conditions went first: the report write
+		// carries the old Node's UID, which the new Node refuses (kubefake,
+		// as kube-apiserver), so no report stands on it before them.
+		var order []string
+		for _, a := range client.Actions()[mark:] {
+			if p, ok := a.(k8stesting.PatchAction); ok && a.GetResource().Resource == "nodes" {
+				order = append(order, "patch "+p.GetSubresource())
+			}
+		}
+		if len(order) < 2 || order[0] != "patch status" {
+			t.Errorf("writes to the Node registered anew, in order: %q; want the conditions (status) first", order)
 		}
 		t.Logf("report and conditions back %s after the Node was registered anew", back)
 		// By the first report write after the registration: within the

@@ -9,8 +9,11 @@ import (
 	"encoding/json"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
@@ -31,7 +34,25 @@ func (c Client) PatchNodeStatus(ctx context.Context, name string, patch []byte) 
 	return node(c.cs.CoreV1().Nodes().PatchStatus(ctx, name, patch))
 }
 
+// PatchNode refuses a patch whose metadata.uid is not the Node's, as
+// kube-apiserver does (422, "metadata.uid: field is immutable"), where the
+// fake clientset would overwrite the UID.
 func (c Client) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	var p struct {
+		Metadata struct {
+			UID types.UID `json:"uid"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(patch, &p); err == nil && p.Metadata.UID != "" {
+		n, err := c.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if n.UID != p.Metadata.UID {
+			return nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, name, field.ErrorList{
+				field.Invalid(field.NewPath("metadata", "uid"), p.Metadata.UID, "field is immutable")})
+		}
+	}
 	return node(c.cs.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}))
 }
 
