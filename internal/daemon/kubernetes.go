@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -34,6 +35,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
 		if err == nil {
 			identity = kube.CredentialsUser(path)
+			d.nameFromCredentials(identity)
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
 			d.setKubeState("reporting", "to "+host+" as node "+d.currentEnv().NodeName+" (kubeconfig "+path+")")
 			client = c
@@ -79,4 +81,30 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		},
 	})
 	r.Run(ctx)
+}
+
+// nameFromCredentials makes the node the one the kubeconfig's credentials
+// name (system:node:<name>, identity) when node_name does not set it: the
+// API server lets those credentials write that Node alone. On a first boot
+// the daemon starts before the kubelet has its client certificate
+// (Before=kubelet.service), so the name detected at start is the kernel
+// hostname's, which need not be the name the kubelet registers
+// (--hostname-override, a cloud provider's name).
+func (d *Daemon) nameFromCredentials(identity string) {
+	name, ok := strings.CutPrefix(identity, "system:node:")
+	if d.cfg.NodeName != "" || !ok || name == "" {
+		return
+	}
+	d.planMu.Lock()
+	defer d.planMu.Unlock()
+	old := d.currentEnv()
+	if old.NodeName == name {
+		return
+	}
+	d.log.Info("node name taken from the kubelet's credentials", "node", name, "detected_at_start", old.NodeName)
+	env := *old
+	env.NodeName = name
+	d.envMu.Lock()
+	d.env = &env
+	d.envMu.Unlock()
 }
