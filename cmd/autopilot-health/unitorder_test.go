@@ -1,0 +1,53 @@
+package main
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// unitDeps returns the units a unit file's [Unit] section names in key
+// (After=, Before=, Wants=), all lines together, as systemd merges them.
+func unitDeps(t *testing.T, path, key string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	section := ""
+	for l := range strings.Lines(string(b)) {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[") {
+			section = l
+			continue
+		}
+		if v, ok := strings.CutPrefix(l, key+"="); ok && section == "[Unit]" {
+			out = append(out, strings.Fields(v)...)
+		}
+	}
+	return out
+}
+
+// At shutdown systemd stops units in the reverse of their start order. The
+// daemon is ordered before kubelet (so kubelet stops first) and writes its
+// last pending change to the API server on SIGTERM: it must be ordered
+// after network.target, so that it stops before the network goes down
+// (systemd.special(7)); unordered, the network's own stop (a DHCP lease
+// released, ifdown) runs beside the daemon's last write. Not after
+// network-online.target: the daemon starts before the network is up and
+// runs standalone until it is.
+func TestUnitStopsBeforeTheNetwork(t *testing.T) {
+	const unit = "../../units/autopilot-health.service"
+	after := unitDeps(t, unit, "After")
+	if !slices.Contains(after, "network.target") {
+		t.Errorf("%s is not ordered After=network.target (After=%v): at shutdown the network may go down while the daemon writes its last change", unit, after)
+	}
+	if slices.Contains(after, "network-online.target") {
+		t.Errorf("%s waits for network-online.target at start (After=%v)", unit, after)
+	}
+	if before := unitDeps(t, unit, "Before"); !slices.Contains(before, "kubelet.service") {
+		t.Errorf("%s is not ordered Before=kubelet.service (Before=%v)", unit, before)
+	}
+}
