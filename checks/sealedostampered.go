@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
@@ -27,6 +28,9 @@ type sealedOSCheck struct {
 	recorded string
 	dm       tamper.DM
 	keeper   *tamper.Keeper
+	// loadLogged: the keeper returns the same load error at every run;
+	// it is logged once (as NodeTampered's).
+	loadLogged sync.Once
 }
 
 func newSealedOSCheck(env *Env) (Check, error) {
@@ -45,7 +49,9 @@ func newSealedOSCheck(env *Env) (Check, error) {
 func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 	now := c.env.Now()
 	if err := c.keeper.Load(now); err != nil {
-		c.env.Log.Error("tamper state unreadable; it is itself a finding of NodeTampered", "file", c.keeper.Path(), "err", err)
+		c.loadLogged.Do(func() {
+			c.env.Log.Error("tamper state unreadable; it is itself a finding of NodeTampered", "file", c.keeper.Path(), "err", err)
+		})
 	}
 	targets, err := c.dm.VerityTargets()
 	noDM := errors.Is(err, tamper.ErrNoDeviceMapper)

@@ -887,3 +887,22 @@ func watchWakes(c interface {
 	}()
 	return woken, func() { cancel(); <-done }
 }
+
+// A tamper state file that does not load (here garbage: moved aside, a
+// finding of NodeTampered) is logged once by SealedOSTampered, not at every
+// run: the keeper returns the same load error for as long as it lives.
+// Before, each run (every 5 min) logged it again at error priority.
+func TestSealedOSTamperedLogsAnUnreadableStateOnce(t *testing.T) {
+	h := newTamperHost(t)
+	h.logs = &testenv.SyncBuffer{}
+	if err := os.WriteFile(filepath.Join(h.stateDir, tamper.StateFileName), []byte("not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := sealedEnv(t, h, "boot-1", &fakeDM{err: tamper.ErrNoDeviceMapper})
+	for range 5 {
+		h.probe(c, report.StatusUnknown, report.ReasonNothingToCheck, "no sealed OS layers")
+	}
+	if n := strings.Count(h.logs.String(), "tamper state unreadable"); n != 1 {
+		t.Errorf("%d 'tamper state unreadable' lines in 5 runs, want 1:\n%s", n, h.logs.String())
+	}
+}
