@@ -667,8 +667,13 @@ func (r *Runner) recordDetails(e *entry, o outcome, valid bool) {
 
 func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	if o.panic != nil {
-		e.log.Error("check panicked", "panic", fmt.Sprint(o.panic), "stack", string(o.stack))
-		return unknown(e.cond, report.ReasonCheckPanicked, fmt.Sprintf("check panicked: %v", o.panic)), report.ResultPanic
+		// The same panic at every run (a bug the host's state triggers) is
+		// one stack trace in the journal, not one per interval.
+		p := fmt.Sprint(o.panic)
+		e.logOutcome("panicked: "+p, func() {
+			e.log.Error("check panicked (logged again only when the panic changes)", "panic", p, "stack", string(o.stack))
+		})
+		return unknown(e.cond, report.ReasonCheckPanicked, "check panicked: "+p), report.ResultPanic
 	}
 	d, _ := report.Lookup(e.cond)
 	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
@@ -682,7 +687,9 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 		})
 		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError
 	case !valid:
-		e.log.Error("check returned a status/reason that is not in the catalog (a bug)", "status", o.res.Status, "reason", o.res.Reason)
+		e.logOutcome(fmt.Sprintf("not in the catalog: %s %s", o.res.Status, o.res.Reason), func() {
+			e.log.Error("check returned a status/reason that is not in the catalog (a bug; logged again only when it changes)", "status", o.res.Status, "reason", o.res.Reason)
+		})
 		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
 	}
 	e.logOutcome("", nil)

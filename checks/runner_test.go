@@ -494,6 +494,60 @@ func TestRunnerLogsAFailureOncePerChange(t *testing.T) {
 	}
 }
 
+// A check that panics at every run, or keeps returning a status and reason
+// outside the catalog, logs it once per change as a failing check does, and
+// once when it works again: not a stack trace at error priority every
+// interval (every 10 s for the repair checks).
+func TestRunnerLogsAPanicOncePerChange(t *testing.T) {
+	var logs testenv.SyncBuffer
+	env := testEnv(t, nil)
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	var mode string
+	probe := probeFunc(func(context.Context) (Result, error) {
+		switch mode {
+		case "nil map":
+			var m map[string]int
+			m["x"]++
+		case "boom":
+			panic("boom")
+		case "bad reason":
+			return Result{Status: report.StatusTrue, Reason: "NotInTheCatalog"}, nil
+		}
+		return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh}, nil
+	})
+	r, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := func(n int, m string) {
+		mode = m
+		for range n {
+			r.RunOnce(t.Context())
+		}
+	}
+	runs(5, "nil map")
+	runs(3, "boom")
+	runs(4, "bad reason")
+	runs(2, "")
+	// The lines without their stack traces.
+	var msgs []string
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		l, _, _ = strings.Cut(l, " stack=")
+		msgs = append(msgs, l)
+	}
+	all := strings.Join(msgs, "\n")
+	count := func(s string) int { return strings.Count(all, s) }
+	if n := count("check panicked"); n != 2 {
+		t.Errorf("%d 'check panicked' lines for 5 runs of one panic and 3 of another, want 2:\n%s", n, all)
+	}
+	if n := count("that is not in the catalog"); n != 1 {
+		t.Errorf("%d 'not in the catalog' lines for 4 runs, want 1:\n%s", n, all)
+	}
+	if n := count("check works again"); n != 1 || !strings.Contains(all, "failed_runs=4") {
+		t.Errorf("want one 'check works again' line after 4 failed runs:\n%s", all)
+	}
+}
+
 // watchingProbe is a check that wakes itself (a Watcher).
 type watchingProbe struct {
 	probeFunc
