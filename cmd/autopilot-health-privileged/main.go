@@ -26,6 +26,7 @@ import (
 	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
 
+	"github.com/syself/autopilot-health/internal/journallog"
 	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/internal/trim"
 )
@@ -54,7 +55,7 @@ func run(args []string, stderr io.Writer) int {
 	if *debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
+	log := newLogger(stderr, level, journallog.StderrIsJournal())
 	// access(2) honours noexec mounts: an lvm the unit's NoExecPaths=/
 	// ExecPaths= keep from running is named now, not at each report.
 	if err := unix.Access(*lvm, unix.X_OK); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -138,6 +139,16 @@ func trimPages(log *slog.Logger, after string) {
 	} else {
 		log.Debug("trimmed the pages of the binary", "after", after, "advised_bytes", n)
 	}
+}
+
+// newLogger logs text lines without their time, which the journal adds;
+// to the journal (journal: stderr is its stream) each line starts with its
+// priority, which journald files it under (journallog), as the daemon's.
+func newLogger(w io.Writer, level slog.Level, journal bool) *slog.Logger {
+	if journal {
+		return slog.New(journallog.NewHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: dropTime}))
 }
 
 // dropTime leaves the time to the journal.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"io"
 	"log/slog"
@@ -129,5 +130,45 @@ func TestNoTrimWithAConnectionOpen(t *testing.T) {
 	letGo(log, func() int { return 0 })
 	if l := logs.String(); !strings.Contains(l, `msg="trimmed the pages of the binary" after=requests`) {
 		t.Errorf("with none open:\n%s", l)
+	}
+}
+
+// Under systemd (stderr the journal stream, JOURNAL_STREAM naming it) each
+// line carries its priority, as the daemon's do: a warning is found by
+// journalctl -u autopilot-health-privileged -p warning, and --debug's lines
+// are debug, not info. Before, the helper wrote plain text lines, which
+// journald files at the unit's SyslogLevel= (info) whatever their level.
+func TestJournalLinesCarryTheirPriority(t *testing.T) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(2, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("JOURNAL_STREAM", fmt.Sprintf("%d:%d", st.Dev, st.Ino))
+	dir := t.TempDir()
+	lvm := filepath.Join(dir, "lvm")
+	if err := os.WriteFile(lvm, nil, 0o644); err != nil { // not executable: a warning
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	// No such directory for the socket: an error, and the helper stops.
+	if code := run([]string{"--debug", "--lvm", lvm, "--listen", filepath.Join(dir, "none", "helper.sock")}, &logs); code != 2 {
+		t.Fatalf("exit %d, want 2", code)
+	}
+	want := []string{`<4>level=WARN msg="cannot execute lvm`, `<3>level=ERROR msg="no socket to serve"`}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("log:\n%s\nwant %d lines", logs.String(), len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: %q, want it to start with %q", i+1, lines[i], w)
+		}
+	}
+	// Outside the journal: text lines, without the prefix.
+	t.Setenv("JOURNAL_STREAM", "")
+	logs = syncBuffer{}
+	run([]string{"--lvm", lvm, "--listen", filepath.Join(dir, "none", "helper.sock")}, &logs)
+	if l := logs.String(); !strings.HasPrefix(l, "level=WARN ") {
+		t.Errorf("outside the journal:\n%s", l)
 	}
 }
