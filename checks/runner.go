@@ -600,7 +600,10 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 		// The previous probe has not returned even after its timeout.
 		c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("the previous run (timeout %s) has still not returned", e.timeout))
 		result = report.ResultTimeout
-		e.logOutcome("still running", func() {
+		// The same failure as the timeout before it (only that run's probe
+		// can still be running): a probe that overruns the interval makes
+		// runs alternate between the two, and that is not a change.
+		e.logOutcome("timed out", func() {
 			e.log.Warn("check still running from an earlier run; not starting another (logged again only when the outcome changes)", "timeout", e.timeout)
 		})
 	} else {

@@ -238,6 +238,55 @@ func TestRunnerRecoversFromPanicAndKeepsRunning(t *testing.T) {
 	})
 }
 
+// A probe that ignores its context and takes longer than the interval
+// (here 75 s, at a 1 min interval and 10 s timeout) makes runs alternate:
+// one times out, the next finds it still running, the one after starts
+// another that times out. That is one situation, not a change at every
+// run: logged once, and once when the check works again.
+func TestRunnerLogsAProbeThatOverrunsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs testenv.SyncBuffer
+		env := testEnv(t, nil)
+		env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		var mu sync.Mutex
+		slow := true
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			s := slow
+			mu.Unlock()
+			if s {
+				time.Sleep(75 * time.Second)
+			}
+			return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh}, nil
+		})
+		store := report.NewStore("b")
+		r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { r.Run(ctx, nil); close(done) }()
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		slow = false
+		mu.Unlock()
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		cancel()
+		<-done
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
+			t.Fatalf("after the probe is fast again: %+v", c)
+		}
+		timedOut, still := strings.Count(logs.String(), "check timed out"), strings.Count(logs.String(), "check still running")
+		if timedOut+still != 1 || strings.Count(logs.String(), "check works again") != 1 {
+			t.Errorf("10 min of a probe overrunning its 1 min interval: %d 'timed out' and %d 'still running' lines, want 1 in all, then one 'works again':\n%s",
+				timedOut, still, logs.String())
+		}
+	})
+}
+
 // goroutineID is the calling goroutine's number, from its stack's header.
 func goroutineID() string {
 	var buf [64]byte
