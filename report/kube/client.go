@@ -77,6 +77,9 @@ func NewClient(path, userAgent string, log *slog.Logger) (Client, string, error)
 	}
 	cfg.UserAgent = userAgent
 	cfg.Timeout = 15 * time.Second
+	if log != nil {
+		cfg.WarningHandlerWithContext = &apiWarnings{log: log}
+	}
 	// Our own write pacing (coalescing, heartbeats, event aggregation) keeps
 	// the rate far below this; it only bounds a bug.
 	cfg.QPS, cfg.Burst = 5, 10
@@ -512,4 +515,36 @@ func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
 
 func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
 	return r.c.Patch(types.StrategicMergePatchType).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx).Error()
+}
+
+// apiWarnings logs the warnings the API server sends with its answers
+// (Warning headers: an admission webhook's "warn" action on Nodes, a
+// deprecation) once per text, at warning priority. The same warning comes
+// with every write of its kind (41 an hour on a quiet node); client-go's
+// default handler logged each one, through klog at info. A text seen
+// again after maxAPIWarnings others is logged again.
+type apiWarnings struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+const maxAPIWarnings = 64
+
+func (w *apiWarnings) HandleWarningHeaderWithContext(_ context.Context, code int, _ string, text string) {
+	if code != 299 || text == "" {
+		return // not a warning of the API server's (RFC 7234 code 299)
+	}
+	w.mu.Lock()
+	logged := w.seen[text]
+	if !logged {
+		if w.seen == nil || len(w.seen) >= maxAPIWarnings {
+			w.seen = map[string]bool{}
+		}
+		w.seen[text] = true
+	}
+	w.mu.Unlock()
+	if !logged {
+		w.log.Warn("the API server warned about a write (logged once per text)", "warning", text)
+	}
 }

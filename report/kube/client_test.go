@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 )
@@ -488,5 +489,56 @@ func TestResetConnectionsLogOnce(t *testing.T) {
 	try(2)
 	if l := lines(); len(l) != 3 || !strings.Contains(l[1], "etcd is down") || !strings.Contains(l[2], "connection reset by peer") {
 		t.Errorf("resets, 503s, resets: want 3 lines, one per change:\n%s", logs.String())
+	}
+}
+
+// A warning the API server sends with its answers (a Warning header: an
+// admission webhook's "warn" action on Nodes, a deprecation) comes with
+// every write of the same kind, 41 an hour on a quiet node: it is logged
+// once per text, at warning priority, not once per write. Before,
+// client-go's default handler logged each one through klog (routed into
+// the daemon's log, as run.go does).
+func TestAPIWarningsLogOncePerText(t *testing.T) {
+	var warning atomic.Value
+	warning.Store(`299 - "policy require-team-label: node n1 has no label team"`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Warning", warning.Load().(string))
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"metadata":{"name":"n1"}}`)
+	}))
+	defer srv.Close()
+	kc := filepath.Join(t.TempDir(), "kubelet.conf")
+	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q}}]
+users: [{name: u, user: {}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, srv.URL), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	t.Cleanup(klog.ClearLogger)
+	c, _, err := NewClient(kc, "test", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(n int) {
+		for range n {
+			if _, err := c.PatchNodeStatus(context.Background(), "n1", []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(5)
+	if n := strings.Count(logs.String(), "has no label team"); n != 1 {
+		t.Errorf("the same warning with 5 writes logged %d times, want 1:\n%s", n, logs.String())
+	}
+	warning.Store(`299 - "policy require-zone-label: node n1 has no label zone"`)
+	write(3)
+	if n := strings.Count(logs.String(), "has no label zone"); n != 1 || !strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("another warning with 3 writes logged %d times, want 1 at warning level:\n%s", n, logs.String())
 	}
 }
