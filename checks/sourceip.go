@@ -70,7 +70,7 @@ type sourceIPCheck struct {
 	interval time.Duration
 
 	busy      chan struct{} // held by the probe in progress (a timed-out one may still run)
-	loggedErr string        // the malformed-line error logged last (under busy)
+	loggedErr string        // the kind of malformed line logged last, "" after a probe without one (under busy)
 	cur       bootValue[auditCursor]
 }
 
@@ -156,18 +156,34 @@ type auditEventJSON struct {
 	StageTimestamp string   `json:"stageTimestamp"`
 }
 
+// malformedLine is why a line of the audit log was skipped: kind is what
+// the once-per-kind log compares (the text carries the offending value,
+// which may differ from line to line), msg what the message says.
+type malformedLine struct{ kind, msg string }
+
+func (e *malformedLine) Error() string { return e.msg }
+
+func malformed(kind, format string, args ...any) error {
+	return &malformedLine{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
 // parseAuditLine parses one line of kube-apiserver's JSON audit log.
 func parseAuditLine(line []byte) (auditRecord, error) {
 	var ev auditEventJSON
 	if err := json.Unmarshal(line, &ev); err != nil {
-		return auditRecord{}, fmt.Errorf("not a JSON object: %v", err)
+		kind := "not JSON"
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			kind = "JSON of another shape"
+		}
+		return auditRecord{}, malformed(kind, "not a JSON object: %v", err)
 	}
 	if ev.Kind != "Event" || ev.APIVersion != "audit.k8s.io/v1" {
-		return auditRecord{}, fmt.Errorf("kind %q apiVersion %q, not an audit.k8s.io/v1 Event", ev.Kind, ev.APIVersion)
+		return auditRecord{}, malformed("not an audit event", "kind %q apiVersion %q, not an audit.k8s.io/v1 Event", ev.Kind, ev.APIVersion)
 	}
 	ts, err := time.Parse(time.RFC3339Nano, ev.StageTimestamp)
 	if err != nil {
-		return auditRecord{}, fmt.Errorf("stageTimestamp %q: not an RFC 3339 time", ev.StageTimestamp)
+		return auditRecord{}, malformed("stageTimestamp", "stageTimestamp %q: not an RFC 3339 time", ev.StageTimestamp)
 	}
 	r := auditRecord{User: ev.User.Username, Stage: ts}
 	if ev.ImpersonatedUser != nil && ev.ImpersonatedUser.Username != "" {
@@ -176,7 +192,7 @@ func parseAuditLine(line []byte) (auditRecord, error) {
 	for _, s := range ev.SourceIPs {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
-			return auditRecord{}, fmt.Errorf("sourceIPs entry %q is not an IP address", s)
+			return auditRecord{}, malformed("sourceIPs", "sourceIPs entry %q is not an IP address", s)
 		}
 		r.Addrs = append(r.Addrs, a.Unmap())
 	}
@@ -205,6 +221,7 @@ type auditTally struct {
 	proxyAddrs  []netip.Addr
 	malformed   int
 	firstErr    string
+	firstKind   string // of firstErr (malformedLine.kind)
 }
 
 func addAddr(list []netip.Addr, a netip.Addr) []netip.Addr {
@@ -252,7 +269,11 @@ func (c *sourceIPCheck) add(t *auditTally, line []byte, since time.Time) {
 	if err != nil {
 		t.malformed++
 		if t.firstErr == "" {
-			t.firstErr = err.Error()
+			t.firstErr, t.firstKind = err.Error(), err.Error()
+			var m *malformedLine
+			if errors.As(err, &m) {
+				t.firstKind = m.kind
+			}
 		}
 		return
 	}
@@ -444,12 +465,14 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	c.setCursor(next)
-	if tally.malformed > 0 {
+	if tally.malformed == 0 && tally.lines > 0 {
+		c.loggedErr = "" // records, none malformed: malformed lines coming back are logged again
+	} else if tally.malformed > 0 {
 		// Logged once per kind of error, not every probe: the message
 		// says it each time.
-		if tally.firstErr != c.loggedErr {
+		if tally.firstKind != c.loggedErr {
 			c.env.Log.Warn("skipped malformed lines of the audit log", "path", c.path, "lines", tally.malformed, "first_error", tally.firstErr)
-			c.loggedErr = tally.firstErr
+			c.loggedErr = tally.firstKind
 		}
 		notes = append(notes, fmt.Sprintf("%d malformed lines skipped (first: %s)", tally.malformed, tally.firstErr))
 	}
@@ -515,7 +538,7 @@ func (c *sourceIPCheck) readSegment(ctx context.Context, s auditSegment, t *audi
 			t.lines++
 			t.malformed++
 			if t.firstErr == "" {
-				t.firstErr = fmt.Sprintf("a line longer than %d bytes", limit)
+				t.firstErr, t.firstKind = fmt.Sprintf("a line longer than %d bytes", limit), "too long"
 			}
 		case len(buf) > 0:
 			c.add(t, append(buf, chunk...), since)

@@ -627,7 +627,9 @@ func BenchmarkSourceIPWindow(b *testing.B) {
 }
 
 // Malformed lines are logged once per kind of error, not at every probe
-// (the message says them each time).
+// (the message says them each time): bad values of one field are one kind
+// (the text names the value); after a probe that read records and none
+// malformed, malformed lines are logged again.
 func TestSourceIPLogsMalformedOnce(t *testing.T) {
 	h := newAuditHost(t)
 	h.append("not json\n")
@@ -635,14 +637,33 @@ func TestSourceIPLogsMalformedOnce(t *testing.T) {
 	var logs bytes.Buffer
 	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	c, _ := newSourceIPCheck(env)
-	for _, line := range []string{"", "nope\n", "[1]\n"} {
-		h.append(line)
+	stamp := func(v string) string {
+		return `{"kind":"Event","apiVersion":"audit.k8s.io/v1","user":{"username":"alice"},"stageTimestamp":"` + v + `"}` + "\n"
+	}
+	good := auditLine("alice", h.now, "203.0.113.7")
+	count := func() int { return strings.Count(logs.String(), "skipped malformed lines of the audit log") }
+	for i, step := range []struct {
+		line string
+		want int // log lines so far
+	}{
+		{"", 1},
+		{"nope\n", 1},         // the same kind (not JSON), another text
+		{"[1]\n", 2},          // another kind
+		{stamp("monday"), 3},  // another kind
+		{stamp("tuesday"), 3}, // the same kind, another value
+		{"", 3},               // nothing new read
+		{good, 3},             // records, none malformed
+		{stamp("friday"), 4},  // back: logged again
+	} {
+		h.append(step.line)
 		if _, err := c.Probe(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+		if got := count(); got != step.want {
+			t.Fatalf("after step %d (%q): %d log lines, want %d:\n%s", i, step.line, got, step.want, logs.String())
+		}
 	}
-	got := strings.Count(logs.String(), "skipped malformed lines of the audit log")
-	if got != 2 || !strings.Contains(logs.String(), "cannot unmarshal array") {
-		t.Errorf("%d log lines, want 2 (the first error, then another kind):\n%s", got, logs.String())
+	if !strings.Contains(logs.String(), "cannot unmarshal array") {
+		t.Errorf("the log does not name the error:\n%s", logs.String())
 	}
 }
