@@ -65,6 +65,9 @@ type Reader struct {
 	// Backoff bounds the wait before a reopen after an open or read error
 	// (default 1 s doubling to 1 min).
 	BackoffMin, BackoffMax time.Duration
+	// Wall reads the wall clock that records' wall times are taken from
+	// (default time.Now); tests step it.
+	Wall func() time.Time
 
 	mu  sync.Mutex
 	cur cursor
@@ -219,8 +222,24 @@ func (rd *Reader) snapshot() any {
 func MonotonicNow() uint64 { return rawsys.MonotonicMicros() }
 
 // BootWall returns the wall time of kernel time 0.
-func BootWall() time.Time {
-	return time.Now().Add(-time.Duration(MonotonicNow()) * time.Microsecond)
+func BootWall() time.Time { return bootWallOf(time.Now()) }
+
+// bootWallOf is the wall time of kernel time 0 by the wall clock's reading
+// now.
+func bootWallOf(now time.Time) time.Time {
+	return now.Add(-time.Duration(MonotonicNow()) * time.Microsecond)
+}
+
+// bootWallEvery is how often at most the reader reads the wall time of
+// kernel time 0 again (see Run's bootWall).
+const bootWallEvery = time.Second
+
+// bootWall is the wall time of kernel time 0 by the reader's wall clock.
+func (rd *Reader) bootWall() time.Time {
+	if rd.Wall != nil {
+		return bootWallOf(rd.Wall())
+	}
+	return BootWall()
 }
 
 // caughtUp: every record the kernel held at the open is read, so what did
@@ -291,7 +310,15 @@ func (rd *Reader) Run(ctx context.Context) {
 	last, haveLast := cur.Seq, cur.Have
 	winGen := rd.Monitor.winGen
 
-	bootWall := BootWall()
+	// bootWall is the wall time of kernel time 0, to which a record's
+	// kernel time is added for its wall time (its condition's transition,
+	// its Event's timestamps). It is read again before a record is handled
+	// once bootWallEvery has passed since it was last read: the wall clock
+	// may be stepped while the daemon runs (chrony's makestep after a boot
+	// whose RTC was off, a VM resumed after a pause), and read once at the
+	// start it dated every later record off by the step. Not for each
+	// record: a flood pays a clock read a second, not one a record.
+	bootWall, bootWallAt := rd.bootWall(), time.Now()
 	buf := make([]byte, BufSize)
 	var lastErr string
 	warnedGather := false
@@ -445,6 +472,9 @@ func (rd *Reader) Run(ctx context.Context) {
 				}
 			}
 			unparsed = 0
+			if now.Sub(bootWallAt) >= bootWallEvery {
+				bootWall, bootWallAt = rd.bootWall(), now
+			}
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 			last, haveLast = rec.Seq, true
 			if !caughtUp && rec.Usec >= openUsec {

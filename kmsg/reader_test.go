@@ -739,3 +739,82 @@ func readAllThenStop(t *testing.T, store *report.Store, dev Device, fd *fakeDevi
 	<-done
 	return mon, logs.String()
 }
+
+// eventTimes records the time of each event emitted.
+type eventTimes struct {
+	mu    sync.Mutex
+	times map[string]time.Time // reason -> time
+}
+
+func (e *eventTimes) ConditionChanged(*report.Condition, report.Condition) {}
+func (e *eventTimes) ConditionRestored(report.Condition)                   {}
+func (e *eventTimes) EventEmitted(ev report.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.times == nil {
+		e.times = map[string]time.Time{}
+	}
+	e.times[ev.Reason] = ev.Time
+}
+
+// A record's wall time (its condition's lastTransitionTime, its Event's
+// timestamps, the status's last record) is the wall clock as it is when the
+// record is handled, less the kernel time since: the wall clock stepped
+// while the daemon runs (chrony's makestep after a boot whose RTC ran
+// ahead, a VM resumed after a pause) does not date every later record off
+// by the step. Before, the wall time of kernel time 0 was read once at the
+// reader's start: after the clock was stepped back an hour, a kernel
+// deadlock found then showed on the Node as True since an hour ahead.
+// (synctest's clock moves while the kernel's does not: the records' kernel
+// time is MonotonicNow as they are logged, and the minutes the fake clock
+// passes add to the step.)
+func TestRecordTimesFollowAWallClockStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var step atomic.Int64 // how far the wall clock was stepped
+		wall := func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary chatter\n")}, more: make(chan struct{}, 1)}
+		store := report.NewStore("b")
+		evs := &eventTimes{}
+		store.Observe(evs)
+		mon := NewMonitor(opts(t, store))
+		mon.Start(wall(), wall())
+		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+			ReadTimeout: 10 * time.Second, Wall: wall, Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		time.Sleep(time.Minute) // caught up
+		step.Store(int64(-time.Hour))
+		time.Sleep(time.Minute)
+		usec := MonotonicNow() // the kernel's time of the records: now
+		dev.mu.Lock()
+		dev.recs = append(dev.recs,
+			fmt.Appendf(nil, "3,2,%d,-;INFO: task kubelet:1234 blocked for more than 120 seconds.\n", usec),
+			fmt.Appendf(nil, "4,3,%d,-;EXT4-fs warning (device vda1): ext4_end_bio:343: I/O error 10 writing to inode 12\n", usec))
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(time.Second)
+		want := wall().Round(0)
+		near := func(what string, got time.Time) {
+			t.Helper()
+			if d := got.Round(0).Sub(want); d < -2*time.Second || d > 2*time.Second {
+				t.Errorf("%s: %s, want about %s (the wall clock when the record was logged)", what, got.Round(0), want)
+			}
+		}
+		c, _ := store.Get("KernelDeadlock")
+		if c.Status != report.StatusTrue {
+			t.Fatalf("KernelDeadlock %s, want True", c.Status)
+		}
+		near("KernelDeadlock's lastTransitionTime", c.LastTransitionTime)
+		evs.mu.Lock()
+		at, ok := evs.times["Ext4Warning"]
+		evs.mu.Unlock()
+		if !ok {
+			t.Fatal("no Ext4Warning event")
+		}
+		near("the Ext4Warning event's time", at)
+		_, _, last, _ := mon.LastRecord()
+		near("the last record's wall time", last)
+	})
+}
