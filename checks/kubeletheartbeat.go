@@ -57,8 +57,8 @@ type kubeletHeartbeatState struct {
 	// the last read ran: without a cursor the next read starts there.
 	Since  time.Time `json:"since,omitzero"`
 	ReadTo time.Time `json:"read_to,omitzero"`
-	// Last is when the last matching entry was logged; LastMessage is its
-	// MESSAGE, shortened.
+	// Last is when the last matching entry read was logged (the journal's
+	// time of it); LastMessage is its MESSAGE, shortened.
 	Last        time.Time `json:"last,omitzero"`
 	LastMessage string    `json:"last_message,omitempty"`
 }
@@ -114,9 +114,11 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 			return
 		}
 		found++
-		if !e.Realtime.Before(st.Last) {
-			st.Last, st.LastMessage = e.Realtime, shorten(string(msg), 300)
-		}
+		// The last one read is the last one logged, whatever its time:
+		// journalctl prints the entries in the journal's order (by
+		// sequence number), and a give-up logged after the clock was set
+		// back is stamped before the one logged before the step.
+		st.Last, st.LastMessage = e.Realtime, shorten(string(msg), 300)
 	})
 	if read.Cursor != "" {
 		st.Cursor = read.Cursor

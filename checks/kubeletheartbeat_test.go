@@ -475,3 +475,41 @@ func TestKubeletHeartbeatFutureEntry(t *testing.T) {
 	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
 		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (2 entries read); the last one at 2026-12-02T19:07:27Z`)
 }
+
+// hbGiveUp is a journal entry of kubelet giving up, logged at at, with a
+// cursor of its own (seq).
+func hbGiveUp(seq int, at time.Time) string {
+	return fmt.Sprintf(`{"__CURSOR":"s=3a7de8ba767941d7802f48f8d5767386;i=%x;b=0e8831569cd045b0a40199f64b37fa93","_BOOT_ID":"0e8831569cd045b0a40199f64b37fa93","MESSAGE":%q,"__REALTIME_TIMESTAMP":"%d","__MONOTONIC_TIMESTAMP":"%d"}`,
+		seq, hbKlog10, at.UnixMicro(), 9620709046+seq)
+}
+
+// A give-up logged after the clock was set back (chrony's makestep after a
+// boot whose RTC ran ahead) is the last one, though its time is before the
+// one logged before the step: the condition says when kubelet last gave up,
+// and stays True for a window after it. Before, the give-up with the later
+// time stayed the last: the message named a time an hour ahead, and the
+// condition went False a run later, a minute and a half after kubelet gave
+// up.
+func TestKubeletHeartbeatGiveUpAfterTheClockWasSetBack(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	ahead := hbLast.Add(time.Hour) // the clock an hour ahead
+	now := ahead
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, nil, hbGiveUp(1, ahead.Add(-10*time.Second)))
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T20:07:17Z (within the last 5m; 1 such entries since the last run): "+hbKlog10)
+
+	// The clock is set back the hour; kubelet gives up again.
+	now = hbLast.Add(time.Minute)
+	fj.serve(t, 2, nil, hbGiveUp(2, hbLast.Add(30*time.Second)))
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:57Z (within the last 5m; 1 such entries since the last run): "+hbKlog10)
+
+	// The next run, nothing new: that give-up is still within the window.
+	now = hbLast.Add(2 * time.Minute)
+	fj.serve(t, 3, nil)
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:57Z (within the last 5m; 0 such entries since the last run): "+hbKlog10)
+}
