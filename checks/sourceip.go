@@ -47,7 +47,8 @@ const auditAddrsShown = 5
 // Each probe reads what kube-apiserver appended to its audit log (JSON lines
 // of audit.k8s.io/v1 Events) since the last probe: that is the window. The
 // first probe without a saved position reads the tail of the log and looks
-// at the records of the last interval (by stageTimestamp). A new file at the
+// at the records of the last interval (by stageTimestamp; not those stamped
+// more than auditSkew ahead of the clock). A new file at the
 // path (kube-apiserver's rotation renames the file within its directory and
 // opens a new one) is followed after the rest of the old one, found in the
 // same directory by its inode and the hash of its start; the same file
@@ -257,8 +258,15 @@ func (c *sourceIPCheck) excludedUser(u string) bool {
 	return false
 }
 
+// auditSkew is how far after the clock a record may be stamped and still be
+// in the first probe's window: kube-apiserver writes while the probe reads.
+// A record stamped later is not in the last interval: the clock was behind
+// when the probe read it (a boot whose RTC lost time, before chrony steps
+// the clock, finds the boot before's records hours ahead).
+const auditSkew = time.Minute
+
 // add tallies one line; since, when not zero, is the start of the window
-// by stageTimestamp.
+// by stageTimestamp, which ends an interval later (and auditSkew).
 func (c *sourceIPCheck) add(t *auditTally, line []byte, since time.Time) {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 {
@@ -278,7 +286,7 @@ func (c *sourceIPCheck) add(t *auditTally, line []byte, since time.Time) {
 		return
 	}
 	switch {
-	case !since.IsZero() && r.Stage.Before(since):
+	case !since.IsZero() && (r.Stage.Before(since) || r.Stage.After(since.Add(c.interval+auditSkew))):
 		return
 	case c.excludedUser(r.User):
 		t.excluded++

@@ -217,6 +217,31 @@ func TestSourceIPWindows(t *testing.T) {
 		"none of the 1 audit records of requests by "+users+" since 2026-12-02T18:04:00Z carries a client address: their sourceIPs hold none (loopback or the proxy's own)")
 }
 
+// The first probe's window is the last interval by the clock: records
+// stamped more than a minute after it are not in it. A node that boots with
+// its clock behind (an RTC that lost time, before chrony steps it) finds the
+// records of the boot before in the log, stamped hours ahead: before, they
+// were "in the last 1m", and the first probe judged this boot's API server
+// by the last records of the one before (here True, an alert, while this
+// boot's API server has served no one yet).
+func TestSourceIPFirstWindowWithTheClockBehind(t *testing.T) {
+	h := newAuditHost(t)
+	h.now = auT0.Add(-2 * time.Hour) // the clock two hours behind
+	// The records of the boot before, its proxy broken.
+	h.append(
+		auditLine("alice", auT0.Add(-3*time.Minute), "127.0.0.1"),
+		auditLine("bob", auT0.Add(-time.Minute), "::1"),
+	)
+	probeAudit(t, h.check(nil), report.StatusUnknown, report.ReasonNoAuditRecords, noRecs+" in the last 1m (no records)")
+
+	// A record stamped up to a minute after the probe's clock (written
+	// while it reads) is in the window; a fresh start reads it.
+	h.append(auditLine("alice", h.now.Add(30*time.Second), "203.0.113.7", "127.0.0.1"))
+	h.store = report.NewStore("boot-1")
+	probeAudit(t, h.check(nil), report.StatusFalse, report.ReasonSourceIPAvailable,
+		"1 of 1 audit records of requests by "+users+" in the last 1m carry a client address (203.0.113.7)")
+}
+
 // A line being written (no newline yet) is left for the next probe; bad
 // lines are counted and skipped, never fatal.
 func TestSourceIPPartialAndMalformedLines(t *testing.T) {
