@@ -10,6 +10,7 @@ package tests
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -556,6 +558,73 @@ func TestKubeClientCertRotation(t *testing.T) {
 	// anew with it: not one call was refused.
 	if f := x.m.Failures(); f != 0 {
 		t.Errorf("%v API calls failed around the rotation", f)
+	}
+}
+
+// kubeadm init writes kubelet.conf with the client certificate embedded
+// (valid a year); its kubelet-finalize phase rewrites it to name
+// kubelet-client-current.pem by path. The daemon that read the first one
+// keeps writing after the embedded certificate expired, without a restart:
+// each call notices the rewritten kubeconfig and connects anew with it.
+func TestKubeconfigRewrittenAfterKubeadmInit(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-kubeadm"
+	registerNode(t, s, node)
+	expires := time.Now().Add(4 * time.Second)
+	kc, err := s.NodeKubeconfig(node, expires)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(kc)
+	pair, err := os.ReadFile(filepath.Join(dir, "client.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPath, err := os.ReadFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As kubeadm init writes it: the certificate and key embedded (the
+	// kubeconfig's CA by path, as the harness has it).
+	embedded := regexp.MustCompile(`client-certificate: .*\n\s*client-key: .*`).ReplaceAllString(string(byPath),
+		fmt.Sprintf("client-certificate-data: %[1]s\n    client-key-data: %[1]s", base64.StdEncoding.EncodeToString(pair)))
+	if embedded == string(byPath) {
+		t.Fatalf("no client certificate by path in\n%s", byPath)
+	}
+	if err := os.WriteFile(kc, []byte(embedded), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, "client.pem"))
+	var logs testenv.SyncBuffer
+	client, _, err := kube.NewClient(kc, "autopilot-health-test", slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := report.NewStore("boot")
+	x := startReporter(t, client, node, store)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "before"}, time.Now())
+	waitNode(t, s, node, "write with the embedded certificate", has("DiskUsageHigh", "False", "DiskUsageOK"))
+
+	// kubelet-finalize: the kubelet's rotated certificate, and kubelet.conf
+	// naming it by path; then the embedded one expires.
+	if err := s.WriteClientCert(filepath.Join(dir, "client.pem"), "system:node:"+node, []string{"system:nodes"}, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kc+".tmp", byPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(kc+".tmp", kc); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(expires) + time.Second)
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "after"}, time.Now())
+	waitNode(t, s, node, "write after the embedded certificate expired", has("DiskUsageHigh", "True", "FilesystemSpaceHigh"))
+	if f := x.m.Failures(); f != 0 {
+		t.Errorf("%v API calls failed around the rewrite:\n%s", f, logs.String())
+	}
+	if n := strings.Count(logs.String(), "kubeconfig reloaded"); n != 1 {
+		t.Errorf("the rewrite was logged %d times, want once:\n%s", n, logs.String())
 	}
 }
 

@@ -60,41 +60,44 @@ type Client interface {
 }
 
 // NewClient builds a client from a node-scoped kubeconfig (the kubelet's
-// /etc/kubernetes/kubelet.conf). When the kubeconfig names its client
-// certificate and key by path (kubelet-client-current.pem, a symlink the
-// kubelet moves on rotation), each call first checks whether either file
-// changed and then uses the new certificate, on new connections: no restart
-// needed (rotatingClient; log, if not nil, says when it reloads them or
-// cannot).
+// /etc/kubernetes/kubelet.conf) and returns it with the API server's URL.
+// Each call first checks whether the kubeconfig changed, and whether the
+// client certificate and key it names by path (kubelet-client-current.pem,
+// a symlink the kubelet moves on rotation) changed, and then uses the new
+// ones, on new connections: no restart needed (kubeconfigClient,
+// rotatingClient; log, if not nil, says when they reload or cannot).
 func NewClient(path, userAgent string, log *slog.Logger) (Client, string, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, "", fmt.Errorf("%w: %s does not exist", ErrNoKubeconfig, path)
 	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, "", fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	cfg.UserAgent = userAgent
-	cfg.Timeout = 15 * time.Second
+	k := &kubeconfigClient{path: path, userAgent: userAgent, log: log}
 	if log != nil {
-		cfg.WarningHandlerWithContext = &apiWarnings{log: log}
+		k.warnings = &apiWarnings{log: log}
 	}
-	// Our own write pacing (coalescing, heartbeats, event aggregation) keeps
-	// the rate far below this; it only bounds a bug.
-	cfg.QPS, cfg.Burst = 5, 10
-	var c Client
-	if tc := cfg.TLSClientConfig; tc.CertFile != "" && tc.KeyFile != "" && len(tc.CertData) == 0 && len(tc.KeyData) == 0 {
-		r := &rotatingClient{cfg: cfg, certFile: tc.CertFile, keyFile: tc.KeyFile, log: log}
-		_, err = r.client()
-		c = r
-	} else {
-		c, err = newRESTClient(cfg)
+	if _, err := k.client(); err != nil {
+		return nil, "", err
 	}
-	if err != nil {
-		return nil, "", fmt.Errorf("kubeconfig %s: %w", path, err)
+	return k, k.cfg.Host, nil
+}
+
+// Source returns the API server that c, a client from NewClient, calls now
+// and the user its client certificate names (CredentialsUser): both
+// change when a call finds the kubeconfig rewritten. "", "" for another
+// client.
+func Source(c Client) (server, user string) {
+	k, ok := c.(*kubeconfigClient)
+	if !ok {
+		return "", ""
 	}
-	return c, cfg.Host, nil
+	k.mu.Lock()
+	cur, server, data := k.cur, k.cfg.Host, k.cfg.CertData
+	k.mu.Unlock()
+	if r, ok := cur.(*rotatingClient); ok {
+		r.mu.Lock()
+		data = r.cert // rotated since
+		r.mu.Unlock()
+	}
+	return server, userOfPEM(data)
 }
 
 // CredentialsUser returns the user the kubeconfig at path authenticates as
@@ -107,12 +110,25 @@ func CredentialsUser(path string) string {
 	if err != nil {
 		return ""
 	}
+	return userOf(cfg)
+}
+
+// userOf returns the user cfg's client certificate names, "" when it
+// cannot tell.
+func userOf(cfg *rest.Config) string {
 	data := cfg.TLSClientConfig.CertData
 	if len(data) == 0 && cfg.TLSClientConfig.CertFile != "" {
+		var err error
 		if data, err = os.ReadFile(cfg.TLSClientConfig.CertFile); err != nil {
 			return ""
 		}
 	}
+	return userOfPEM(data)
+}
+
+// userOfPEM returns the common name of the first certificate in data (PEM),
+// "" when there is none.
+func userOfPEM(data []byte) string {
 	for {
 		var b *pem.Block
 		if b, data = pem.Decode(data); b == nil {
@@ -127,6 +143,170 @@ func CredentialsUser(path string) string {
 		}
 		return c.Subject.CommonName
 	}
+}
+
+// kubeconfigClient is the client of the kubeconfig at path, made again when
+// the file changes. kubeadm init writes kubelet.conf with the client
+// certificate embedded (valid a year), and its kubelet-finalize phase
+// rewrites it to name kubelet-client-current.pem by path; an operator or a
+// tool may rewrite it too (another API server, the CA after a CA rotation).
+// Before each call it compares the file's identity and time with those it
+// read (one stat): when they changed and the file holds another
+// kubeconfig, which makes a usable client, that client is used from then
+// on and the old one's idle connections are closed. Until then (a
+// half-written file, an invalid one, one whose certificate files are not
+// there) the last client stays, and the failure is logged once for each
+// change of the file.
+type kubeconfigClient struct {
+	path, userAgent string
+	log             *slog.Logger
+	warnings        *apiWarnings // shared by the clients made, so a reload does not log a warning again
+
+	mu     sync.Mutex
+	read   fileStamp    // of the kubeconfig when cur was made
+	data   []byte       // what cur was made from
+	failed fileStamp    // of the kubeconfig that last failed to make a client (logged)
+	cur    Client       // a rotatingClient or a restClient
+	cfg    *rest.Config // what cur was made with
+	made   int          // clients made, for tests
+}
+
+// client is the client of the kubeconfig in the file now.
+func (k *kubeconfigClient) client() (Client, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	stamp := stampOf(k.path)
+	if k.cur != nil && stamp == k.read {
+		return k.cur, nil
+	}
+	data, err := os.ReadFile(k.path)
+	if err == nil && k.cur != nil && bytes.Equal(data, k.data) {
+		k.read, k.failed = stamp, fileStamp{}
+		return k.cur, nil // touched or written again, the same kubeconfig
+	}
+	var c Client
+	var cfg *rest.Config
+	if err == nil {
+		if cfg, err = restConfigOf(k.path, data); err == nil {
+			c, err = k.clientFor(cfg)
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("kubeconfig %s: %w", k.path, err)
+		if k.cur == nil {
+			return nil, err
+		}
+		// The next call tries again.
+		if stamp != k.failed && k.log != nil {
+			k.log.Warn("the kubeconfig changed but cannot be used; keeping the client made from it before", "kubeconfig", k.path, "err", err)
+		}
+		k.failed = stamp
+		return k.cur, nil
+	}
+	if old, ok := k.cur.(idleCloser); ok {
+		old.CloseIdle()
+	}
+	if k.cur != nil && k.log != nil {
+		k.log.Info("kubeconfig reloaded; new connections use it", "kubeconfig", k.path, "server", cfg.Host, "user", userOf(cfg))
+	}
+	k.cur, k.data, k.cfg = c, data, cfg
+	k.read, k.failed = stamp, fileStamp{}
+	k.made++
+	return c, nil
+}
+
+// restConfigOf reads the kubeconfig at path whose contents are data, its
+// relative paths taken from path's folder, as client-go's loader does.
+func restConfigOf(path string, data []byte) (*rest.Config, error) {
+	config, err := clientcmd.Load(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range config.AuthInfos {
+		a.LocationOfOrigin = path
+	}
+	for _, c := range config.Clusters {
+		c.LocationOfOrigin = path
+	}
+	for _, c := range config.Contexts {
+		c.LocationOfOrigin = path
+	}
+	if err := clientcmd.ResolveLocalPaths(config); err != nil {
+		return nil, err
+	}
+	return clientcmd.NewNonInteractiveClientConfig(*config, "", &clientcmd.ConfigOverrides{},
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}).ClientConfig()
+}
+
+// clientFor makes the client of cfg: a rotatingClient when it names its
+// client certificate and key by path.
+func (k *kubeconfigClient) clientFor(cfg *rest.Config) (Client, error) {
+	cfg.UserAgent = k.userAgent
+	cfg.Timeout = 15 * time.Second
+	if k.warnings != nil {
+		cfg.WarningHandlerWithContext = k.warnings
+	}
+	// Our own write pacing (coalescing, heartbeats, event aggregation) keeps
+	// the rate far below this; it only bounds a bug.
+	cfg.QPS, cfg.Burst = 5, 10
+	if tc := cfg.TLSClientConfig; tc.CertFile != "" && tc.KeyFile != "" && len(tc.CertData) == 0 && len(tc.KeyData) == 0 {
+		r := &rotatingClient{cfg: cfg, certFile: tc.CertFile, keyFile: tc.KeyFile, log: k.log}
+		if _, err := r.client(); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	return newRESTClient(cfg)
+}
+
+// CloseIdle closes the idle connections of the client in use.
+func (k *kubeconfigClient) CloseIdle() {
+	k.mu.Lock()
+	c := k.cur
+	k.mu.Unlock()
+	if ic, ok := c.(idleCloser); ok {
+		ic.CloseIdle()
+	}
+}
+
+func (k *kubeconfigClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
+	c, err := k.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.GetNode(ctx, name)
+}
+
+func (k *kubeconfigClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	c, err := k.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.PatchNodeStatus(ctx, name, patch)
+}
+
+func (k *kubeconfigClient) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	c, err := k.client()
+	if err != nil {
+		return nil, err
+	}
+	return c.PatchNode(ctx, name, patch)
+}
+
+func (k *kubeconfigClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
+	c, err := k.client()
+	if err != nil {
+		return err
+	}
+	return c.CreateEvent(ctx, ev)
+}
+
+func (k *kubeconfigClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+	c, err := k.client()
+	if err != nil {
+		return err
+	}
+	return c.PatchEvent(ctx, namespace, name, patch)
 }
 
 // rotatingClient is the client of a kubeconfig that names its client
@@ -174,7 +354,10 @@ func stampOf(path string) fileStamp {
 func (r *rotatingClient) client() (Client, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	stamps := [2]fileStamp{stampOf(r.certFile), stampOf(r.keyFile)}
+	stamps := [2]fileStamp{stampOf(r.certFile)}
+	if stamps[1] = stamps[0]; r.keyFile != r.certFile { // kubelet-client-current.pem holds both
+		stamps[1] = stampOf(r.keyFile)
+	}
 	if r.cur != nil && stamps == r.read {
 		return r.cur, nil
 	}

@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -146,9 +147,9 @@ func testClientReloads(t *testing.T, oneFile bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, ok := c.(*rotatingClient)
+	r, ok := c.(*kubeconfigClient).cur.(*rotatingClient)
 	if !ok {
-		t.Fatalf("a kubeconfig naming its certificate by path got a %T", c)
+		t.Fatalf("a kubeconfig naming its certificate by path got a %T", c.(*kubeconfigClient).cur)
 	}
 	var stacks bytes.Buffer
 	pprof.Lookup("goroutine").WriteTo(&stacks, 1)
@@ -417,9 +418,9 @@ func TestClientClosesIdleConnectionsFirst(t *testing.T) {
 	if _, err := c.GetNode(context.Background(), "n1"); err != nil {
 		t.Fatal(err)
 	}
-	rc, ok := c.(*rotatingClient)
+	rc, ok := c.(*kubeconfigClient).cur.(*rotatingClient)
 	if !ok {
-		t.Fatalf("a kubeconfig naming its certificate by path got a %T", c)
+		t.Fatalf("a kubeconfig naming its certificate by path got a %T", c.(*kubeconfigClient).cur)
 	}
 	rc.mu.Lock()
 	cur := rc.cur
@@ -540,5 +541,130 @@ current-context: x
 	write(3)
 	if n := strings.Count(logs.String(), "has no label zone"); n != 1 || !strings.Contains(logs.String(), "level=WARN") {
 		t.Errorf("another warning with 3 writes logged %d times, want 1 at warning level:\n%s", n, logs.String())
+	}
+}
+
+// embeddedKubeconfig writes kc for srv with the client certificate and key
+// embedded (client-certificate-data), as kubeadm init first writes
+// kubelet.conf: a certificate for cn, valid an hour.
+func embeddedKubeconfig(t *testing.T, kc string, srv *httptest.Server, cn string) {
+	t.Helper()
+	pair := kc + ".pair"
+	writeCert(t, pair, pair, cn)
+	b, err := os.ReadFile(pair)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(pair)
+	certPEM, keyPEM, _ := strings.Cut(string(b), "-----BEGIN EC PRIVATE KEY-----")
+	keyPEM = "-----BEGIN EC PRIVATE KEY-----" + keyPEM
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	b64 := func(s []byte) string { return base64.StdEncoding.EncodeToString(s) }
+	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, certificate-authority-data: %s}}]
+users: [{name: u, user: {client-certificate-data: %s, client-key-data: %s}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, srv.URL, b64(ca), b64([]byte(certPEM)), b64([]byte(keyPEM))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The kubeconfig itself is read again when it changes. kubeadm init writes
+// kubelet.conf with the client certificate embedded (valid a year), and
+// its kubelet-finalize phase rewrites it to name
+// kubelet-client-current.pem by path: the calls from then on present the
+// certificate of the file (and follow its rotation), the old client's idle
+// connection closed, the reload logged once. A kubeconfig that names
+// another API server sends the calls there. A kubeconfig half written, or
+// naming a certificate that does not exist, leaves the last client in use,
+// logged once per change of the file; the same kubeconfig written again
+// makes no client.
+func TestClientReloadsItsKubeconfig(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	saw := func(name string) func(*http.Request) {
+		return func(r *http.Request) {
+			mu.Lock()
+			seen = append(seen, name+":"+r.TLS.PeerCertificates[0].Subject.CommonName)
+			mu.Unlock()
+		}
+	}
+	srv, closed := nodeServer(t, saw("a"))
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubelet.conf")
+	embeddedKubeconfig(t, kc, srv, "embedded")
+	var logs testenv.SyncBuffer
+	c, host, err := NewClient(kc, "test", slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != srv.URL {
+		t.Errorf("host %q, want %q", host, srv.URL)
+	}
+	get := func(step string) {
+		t.Helper()
+		if _, err := c.GetNode(context.Background(), "n1"); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	get("embedded")
+	get("embedded, again")
+	if s, u := Source(c); s != srv.URL || u != "embedded" {
+		t.Errorf("Source: %q as %q, want %q as embedded", s, u, srv.URL)
+	}
+
+	// kubelet-finalize: the certificate by path.
+	pair := filepath.Join(dir, "kubelet-client-current.pem")
+	writeCert(t, pair, pair, "file")
+	kubeconfigFor(t, dir, srv, pair, pair)
+	get("by path")
+	for deadline := time.Now().Add(5 * time.Second); closed.Load() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the rewrite: %d connections closed, want the first client's", closed.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	writeCert(t, pair, pair, "rotated")
+	get("rotated")
+
+	// Written again, the same: no new client.
+	b, _ := os.ReadFile(kc)
+	later := time.Now().Add(time.Minute)
+	os.WriteFile(kc, b, 0o600)
+	os.Chtimes(kc, later, later)
+	get("written again")
+
+	// Half written, then naming a certificate that does not exist.
+	os.WriteFile(kc, b[:len(b)/3], 0o600)
+	get("half written")
+	get("half written, again")
+	os.WriteFile(kc, []byte(strings.ReplaceAll(string(b), "kubelet-client-current.pem", "gone.pem")), 0o600)
+	get("no certificate")
+	get("no certificate, again")
+
+	// Another API server.
+	srv2, _ := nodeServer(t, saw("b"))
+	kubeconfigFor(t, dir, srv2, pair, pair)
+	get("other server")
+	if s, u := Source(c); s != srv2.URL || u != "rotated" {
+		t.Errorf("Source: %q as %q, want the new %q as rotated", s, u, srv2.URL)
+	}
+
+	mu.Lock()
+	got := strings.Join(seen, " ")
+	mu.Unlock()
+	if want := "a:embedded a:embedded a:file a:rotated a:rotated a:rotated a:rotated a:rotated a:rotated b:rotated"; got != want {
+		t.Errorf("the servers saw %q,\nwant %q", got, want)
+	}
+	if n := strings.Count(logs.String(), "kubeconfig reloaded"); n != 2 {
+		t.Errorf("the reload was logged %d times, want twice (by path, other server):\n%s", n, logs.String())
+	}
+	if n := strings.Count(logs.String(), "the kubeconfig changed but cannot be used"); n != 2 {
+		t.Errorf("the unusable kubeconfig was logged %d times, want once per change (2):\n%s", n, logs.String())
+	}
+	if k := c.(*kubeconfigClient); k.made != 3 {
+		t.Errorf("%d clients made from the kubeconfig, want 3 (embedded, by path, other server)", k.made)
 	}
 }
