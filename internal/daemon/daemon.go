@@ -115,6 +115,9 @@ type Daemon struct {
 	// daemon reports to Kubernetes (see Status).
 	started               time.Time
 	kubeState, kubeDetail string
+	// kubeSource, once set, makes the detail while reporting through a
+	// kubeconfig's client: its server and credentials may change.
+	kubeSource func() string
 	// replan gets a token when d.runner was replaced (the node's role or
 	// GPU changed); envMu guards d.env and d.runner.
 	replan chan struct{}

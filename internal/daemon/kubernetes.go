@@ -37,10 +37,24 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 			identity = kube.CredentialsUser(path)
 			d.nameFromCredentials(identity)
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
-			d.setKubeState("reporting", "to "+host+" as node "+d.currentEnv().NodeName+" (kubeconfig "+path+")")
+			d.setKubeState("reporting", "")
+			d.mu.Lock()
+			d.kubeSource = func() string { return d.sourceDetail(c, path) }
+			d.mu.Unlock()
 			client = c
-			if dial, err = kube.Dialer(host); err != nil {
+			if _, err = kube.Dialer(host); err != nil {
 				d.log.Warn("the API server's return after an outage is noticed by the retry backoff alone", "server", host, "err", err)
+			} else {
+				dial = func(ctx context.Context) error {
+					// The server of the client in use: a rewritten
+					// kubeconfig may name another.
+					server, _ := kube.Source(c)
+					f, err := kube.Dialer(server)
+					if err != nil {
+						return err
+					}
+					return f(ctx)
+				}
 			}
 			break
 		}
@@ -81,6 +95,20 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		},
 	})
 	r.Run(ctx)
+}
+
+// sourceDetail is the status's detail while reporting through c, a client
+// of the kubeconfig at path: the API server it calls now, and the user its
+// credentials name when that is another node (the API server refuses the
+// writes). Both follow a rewritten kubeconfig.
+func (d *Daemon) sourceDetail(c kube.Client, path string) string {
+	server, user := kube.Source(c)
+	name := d.currentEnv().NodeName
+	s := "to " + server + " as node " + name + " (kubeconfig " + path + ")"
+	if strings.HasPrefix(user, "system:node:") && user != "system:node:"+name {
+		s += "; its credentials name " + user + ", which may not write this Node"
+	}
+	return s
 }
 
 // nameFromCredentials makes the node the one the kubeconfig's credentials

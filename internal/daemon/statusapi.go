@@ -101,7 +101,11 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 		Started: d.started, Now: now, Ready: d.ready,
 		Kubernetes: KubernetesStatus{State: d.kubeState, Detail: d.kubeDetail},
 		Config:     ConfigStatus{File: d.cfgPath, Since: d.cfgSince, LastReload: d.lastReload}}
+	source := d.kubeSource
 	d.mu.Unlock()
+	if source != nil {
+		st.Kubernetes.Detail = source()
+	}
 	if err := d.Healthy(); err != nil {
 		st.Unhealthy = err.Error()
 	}

@@ -1,0 +1,79 @@
+package daemon
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+)
+
+// A kubelet.conf rewritten to name another API server (an operator moved
+// it behind a new address): the daemon's calls go there (the kube client
+// reads the kubeconfig again), and `status` says so, not the server read at
+// start. So does the user the credentials name when it is another node's.
+func TestStatusFollowsARewrittenKubeconfig(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Kubernetes.Kubeconfig = "/etc/kubernetes/kubelet.conf"
+	cfg.Kubernetes.ReportInterval = config.Duration{Duration: 20 * time.Millisecond}
+	server := func(calls *atomic.Int32) *httptest.Server {
+		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"metadata":{"name":"test-node","uid":"u1"}}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	var calls1, calls2 atomic.Int32
+	srv1, srv2 := server(&calls1), server(&calls2)
+	kc := cfg.HostPath(cfg.Kubernetes.Kubeconfig)
+	dir := filepath.Dir(kc)
+	kubeconfig := func(srv *httptest.Server, cert string) {
+		ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+		writeFile(t, kc, fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, certificate-authority-data: %s}}]
+users: [{name: u, user: {client-certificate: %[3]s, client-key: %[3]s}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, srv.URL, ca, cert))
+	}
+	writeFile(t, filepath.Join(dir, "kubelet-client-current.pem"), nodeCertPEM(t, "system:node:test-node"))
+	writeFile(t, filepath.Join(dir, "other.pem"), nodeCertPEM(t, "system:node:other-node"))
+	kubeconfig(srv1, "kubelet-client-current.pem")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	detail := func() string { return d.Status(time.Now()).Kubernetes.Detail }
+	await(t, d, "a call to the first API server", func() bool { return calls1.Load() > 0 })
+	if got := detail(); !strings.Contains(got, "to "+srv1.URL+" as node test-node") {
+		t.Errorf("status before the rewrite: %q", got)
+	}
+
+	kubeconfig(srv2, "kubelet-client-current.pem")
+	await(t, d, "a call to the new API server", func() bool { return calls2.Load() > 0 })
+	if got := detail(); !strings.Contains(got, "to "+srv2.URL+" as node test-node") || strings.Contains(got, "credentials") {
+		t.Errorf("status after the rewrite: %q, want the new server %s", got, srv2.URL)
+	}
+
+	kubeconfig(srv2, "other.pem")
+	await(t, d, "status naming the other node's credentials", func() bool {
+		return strings.Contains(detail(), "system:node:other-node")
+	})
+}
