@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // A kubelet.conf rewritten to name another API server (an operator moved
@@ -76,4 +78,50 @@ current-context: x
 	await(t, d, "status naming the other node's credentials", func() bool {
 		return strings.Contains(detail(), "system:node:other-node")
 	})
+}
+
+// On a node that joins the cluster, the kubelet writes kubelet.conf naming
+// kubelet-client-current.pem before the API server has issued that
+// certificate (its TLS bootstrap: LoadClientConfig, then the CSR): a
+// normal phase, which the daemon waits out with a warning, once, not an
+// error; it reports once the certificate is there.
+func TestKubeconfigBeforeItsCertificateIsAWarning(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Kubernetes.Kubeconfig = "/etc/kubernetes/kubelet.conf"
+	var calls atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"metadata":{"name":"test-node","uid":"u1"}}`)
+	}))
+	defer srv.Close()
+	kc := cfg.HostPath(cfg.Kubernetes.Kubeconfig)
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+	writeFile(t, kc, fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, certificate-authority-data: %s}}]
+users: [{name: u, user: {client-certificate: kubelet-client-current.pem, client-key: kubelet-client-current.pem}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, srv.URL, ca))
+	var logs testenv.SyncBuffer
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: ln, KubeconfigPoll: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	await(t, d, "waiting for the certificate", func() bool { return d.Status(time.Now()).Kubernetes.State == "waiting" })
+	time.Sleep(50 * time.Millisecond) // several polls, to see no second line
+	writeFile(t, filepath.Join(filepath.Dir(kc), "kubelet-client-current.pem"), nodeCertPEM(t, "system:node:test-node"))
+	await(t, d, "a call to the API server", func() bool { return calls.Load() > 0 })
+	if l := grepLines(logs.String(), "level=ERROR"); l != "" {
+		t.Errorf("the wait for the kubelet's certificate logged errors:\n%s", l)
+	}
+	if n := strings.Count(logs.String(), "until the kubelet has its client certificate"); n != 1 {
+		t.Errorf("the wait was logged %d times, want one warning:\n%s", n, logs.String())
+	}
 }

@@ -63,6 +63,10 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 			if lastErr == "" && errors.Is(err, kube.ErrNoKubeconfig) {
 				d.log.Warn("not reporting to Kubernetes: running standalone (logs, metrics, local state) until the kubeconfig appears", "err", err)
 				d.kubeM.SetReporting(false)
+			} else if errors.Is(err, kube.ErrNoCertificate) {
+				// A joining node's kubelet writes kubelet.conf before
+				// its certificate is issued: a phase, not a fault.
+				d.log.Warn("not reporting to Kubernetes until the kubelet has its client certificate (its TLS bootstrap); running standalone (logs, metrics, local state) until then", "err", err)
 			} else {
 				d.log.Error("cannot use the kubeconfig; not reporting to Kubernetes", "err", err)
 			}

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -39,6 +40,12 @@ import (
 // ErrNoKubeconfig means the kubeconfig file does not exist: the daemon runs
 // standalone.
 var ErrNoKubeconfig = errors.New("no kubeconfig")
+
+// ErrNoCertificate means the kubeconfig names its client certificate or key
+// by a path where there is no file yet: on a node that joins the cluster,
+// the kubelet writes kubelet.conf naming kubelet-client-current.pem before
+// the API server has issued that certificate (its TLS bootstrap).
+var ErrNoCertificate = errors.New("the client certificate the kubeconfig names does not exist (yet)")
 
 // Client is all the daemon asks of the API server: read and patch its own
 // Node, create and patch Events. The daemon's client implements it with a
@@ -233,6 +240,15 @@ func restConfigOf(path string, data []byte) (*rest.Config, error) {
 	}
 	if err := clientcmd.ResolveLocalPaths(config); err != nil {
 		return nil, err
+	}
+	if ctx := config.Contexts[config.CurrentContext]; ctx != nil {
+		if a := config.AuthInfos[ctx.AuthInfo]; a != nil {
+			for _, f := range []string{a.ClientCertificate, a.ClientKey} {
+				if _, err := os.Stat(f); f != "" && errors.Is(err, fs.ErrNotExist) {
+					return nil, fmt.Errorf("%w: %w", ErrNoCertificate, err)
+				}
+			}
+		}
 	}
 	return clientcmd.NewNonInteractiveClientConfig(*config, "", &clientcmd.ConfigOverrides{},
 		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}).ClientConfig()
