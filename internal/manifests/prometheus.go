@@ -159,14 +159,19 @@ func daemonRules() []rule {
 			// A stuck loop withholds the systemd watchdog ping, so systemd
 			// restarts the daemon within WatchdogSec (2 min) and healthy is
 			// 1 again: a loop that keeps getting stuck shows as 0 now and
-			// then, never for long. Fire when every 15-minute window for
-			// 15 minutes saw it unhealthy.
-			Expr:   "min_over_time(autopilot_health_healthy[15m]) == 0",
+			// then, never for long. Fire when it went from 1 to 0 in every
+			// 15-minute window for 15 minutes (stuck again within 15
+			// minutes of the last time), or stayed 0 (no watchdog). A
+			// window that held a 0 alone would be true for 15 minutes
+			// after a single stuck loop's last 0, longer than the for:.
+			// resets() counts the drops from 1 to 0; one drop is in the
+			// windows that hold the 1 before it, less than 15 minutes.
+			Expr:   "resets(autopilot_health_healthy[15m]) > 0 or autopilot_health_healthy == 0",
 			For:    "15m",
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "a loop of autopilot-health keeps getting stuck on node {{ $labels.node }}",
-				"description": "autopilot_health_healthy was 0 in every 15-minute window for 15 minutes: one of the daemon's loops (autopilot_health_loop_last_progress_timestamp_seconds) stops making progress again and again; systemd's watchdog restarts the daemon each time. journalctl -u autopilot-health says which loop.",
+				"description": "autopilot_health_healthy dropped from 1 to 0 in every 15-minute window for 15 minutes, or stayed 0 for 15 minutes: one of the daemon's loops (autopilot_health_loop_last_progress_timestamp_seconds) stops making progress again and again and systemd's watchdog restarts the daemon each time, or a loop is stuck and nothing restarts the daemon. journalctl -u autopilot-health says which loop.",
 			},
 		},
 		{

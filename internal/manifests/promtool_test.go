@@ -202,6 +202,12 @@ func daemonTests() promTest {
 		healthy = append(healthy, h)
 		started = append(started, fmt.Sprint(1000+60*(m/5*5)))
 	}
+	// "once": one loop stuck at minute 4, for the 2 minutes the watchdog
+	// allows, then restarted (minute 6) and healthy from then on: no
+	// alert. "wedged": a loop stuck from minute 3 on with no watchdog to
+	// restart the daemon: 0 for good.
+	once := []string{"1+0x3", "0+0x1", "1+0x34"}
+	onceStarted := []string{"1000+0x5", "1360+0x35"}
 	return promTest{
 		Interval: "1m",
 		InputSerie: []promSeries{
@@ -229,6 +235,9 @@ func daemonTests() promTest {
 			{daemon("autopilot_health_config_last_reload_successful", "up", ""), "1+0x4 0+0x25 1+0x10"},
 			{daemon("autopilot_health_healthy", "flaky", ""), strings.Join(healthy, " ")},
 			{daemon("process_start_time_seconds", "flaky", ""), strings.Join(started, " ")},
+			{daemon("autopilot_health_healthy", "once", ""), strings.Join(once, " ")},
+			{daemon("process_start_time_seconds", "once", ""), strings.Join(onceStarted, " ")},
+			{daemon("autopilot_health_healthy", "wedged", ""), "1+0x2 0+0x37"},
 			{daemon("autopilot_health_kmsg_reader_up", "blind", ""), "0+0x40"},
 			// Ready: "lost" unreachable (Unknown), "ok" Ready.
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "unknown"}), "1+0x40"},
@@ -242,8 +251,15 @@ func daemonTests() promTest {
 				exp("AutopilotHealthDaemonGone", map[string]string{"node": "down"}), exp("AutopilotHealthDaemonGone", map[string]string{"node": "gone"})}},
 			// The first 0 at minute 4: every 15-minute window from then on
 			// holds a 0; 15 minutes later it fires.
-			{EvalTime: "18m", Alertname: "AutopilotHealthDaemonUnhealthy"},
-			{EvalTime: "19m", Alertname: "AutopilotHealthDaemonUnhealthy", ExpAlerts: []promAlert{exp("AutopilotHealthDaemonUnhealthy", daemonNode("flaky"))}},
+			// "once" never: one stuck loop, which the watchdog ended, is
+			// not a loop that keeps getting stuck. "wedged" 15 minutes
+			// after its loop got stuck.
+			{EvalTime: "17m", Alertname: "AutopilotHealthDaemonUnhealthy"},
+			{EvalTime: "18m", Alertname: "AutopilotHealthDaemonUnhealthy", ExpAlerts: []promAlert{exp("AutopilotHealthDaemonUnhealthy", daemonNode("wedged"))}},
+			{EvalTime: "19m", Alertname: "AutopilotHealthDaemonUnhealthy", ExpAlerts: []promAlert{
+				exp("AutopilotHealthDaemonUnhealthy", daemonNode("flaky")), exp("AutopilotHealthDaemonUnhealthy", daemonNode("wedged"))}},
+			{EvalTime: "20m", Alertname: "AutopilotHealthDaemonUnhealthy", ExpAlerts: []promAlert{
+				exp("AutopilotHealthDaemonUnhealthy", daemonNode("flaky")), exp("AutopilotHealthDaemonUnhealthy", daemonNode("wedged"))}},
 			{EvalTime: "14m", Alertname: "AutopilotHealthDaemonRestarting"},
 			{EvalTime: "15m", Alertname: "AutopilotHealthDaemonRestarting", ExpAlerts: []promAlert{exp("AutopilotHealthDaemonRestarting", daemonNode("flaky"))}},
 			{EvalTime: "9m", Alertname: "AutopilotHealthKernelLogUnreadable"},
