@@ -3,9 +3,13 @@ package manifests
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -306,5 +310,204 @@ func TestScrapeConfigTargetsTheDaemonPort(t *testing.T) {
 	}
 	if !addr || !node {
 		t.Errorf("the job must rewrite __address__ and set node from the node's name: %+v", cfg.ScrapeConfigs[0].Relabel)
+	}
+}
+
+// The MachineHealthChecks as rendered, in both API versions, say what the
+// spec's "Automatic replacement" tables say, written out here again rather
+// than read from Pools: cloud pools act on Ready and the four daemon
+// conditions, bare-metal pools on Ready=False alone; no other condition of
+// the catalog (report-only, alert, operability, repair) replaces a machine.
+func TestMachineHealthChecksFollowTheSpec(t *testing.T) {
+	type cond struct {
+		Type    string
+		Status  string
+		Seconds int
+	}
+	type want struct {
+		conds            []cond
+		max              int
+		rangeGate        string
+		startup          int
+		remediationKind  string
+		selectsCP        bool
+		deploymentVarSel string
+	}
+	cloud := []cond{
+		{"Ready", "Unknown", 600}, {"Ready", "False", 300},
+		{"ReadonlyFilesystem", "True", 120}, {"KernelDeadlock", "True", 120},
+		{"ServiceNotRecovering", "True", 60}, {"VerityCorruption", "True", 60},
+	}
+	bareMetal := []cond{{"Ready", "False", 300}}
+	spec := map[string]want{
+		"${CLUSTER_NAME}-hcloud-control-plane":    {cloud, 1, "", 1800, "HCloudRemediationTemplate", true, ""},
+		"${CLUSTER_NAME}-hcloud-workers":          {cloud, 0, "[0-2]", 600, "HCloudRemediationTemplate", false, "${HCLOUD_WORKER_DEPLOYMENT}"},
+		"${CLUSTER_NAME}-baremetal-control-plane": {bareMetal, 1, "", 1800, "HetznerBareMetalRemediationTemplate", true, ""},
+		"${CLUSTER_NAME}-baremetal-workers":       {bareMetal, 1, "", 1800, "HetznerBareMetalRemediationTemplate", false, "${BAREMETAL_WORKER_DEPLOYMENT}"},
+	}
+	replaces := map[string]bool{"Ready": true, "ReadonlyFilesystem": true, "KernelDeadlock": true, "ServiceNotRecovering": true, "VerityCorruption": true}
+	secs := func(t *testing.T, s string) int {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("duration %q: %v", s, err)
+		}
+		return int(d / time.Second)
+	}
+	type got struct {
+		want
+		selector map[string]string
+	}
+	check := func(t *testing.T, remaining map[string]want, name string, g got) {
+		t.Helper()
+		w, ok := remaining[name]
+		if !ok {
+			t.Errorf("MachineHealthCheck %s is not one of the spec's pools, or twice", name)
+			return
+		}
+		delete(remaining, name)
+		if !slices.Equal(g.conds, w.conds) {
+			t.Errorf("%s: unhealthy conditions %v, the spec's are %v", name, g.conds, w.conds)
+		}
+		for _, c := range g.conds {
+			if !replaces[c.Type] {
+				t.Errorf("%s: %s replaces machines; the spec does not let it", name, c.Type)
+			}
+		}
+		if g.max != w.max || g.rangeGate != w.rangeGate || g.startup != w.startup || g.remediationKind != w.remediationKind {
+			t.Errorf("%s: gate %d %q, startup %ds, remediation %s; the spec's: %d %q, %ds, %s",
+				name, g.max, g.rangeGate, g.startup, g.remediationKind, w.max, w.rangeGate, w.startup, w.remediationKind)
+		}
+		if g.selector["cluster.x-k8s.io/cluster-name"] != "${CLUSTER_NAME}" {
+			t.Errorf("%s: selector %v does not select the cluster", name, g.selector)
+		}
+		if _, cp := g.selector["cluster.x-k8s.io/control-plane"]; cp != w.selectsCP || g.selector["cluster.x-k8s.io/deployment-name"] != w.deploymentVarSel {
+			t.Errorf("%s: selector %v", name, g.selector)
+		}
+	}
+	docs := func(t *testing.T, kind string) *yaml.Decoder {
+		m, _ := Lookup(kind)
+		b, err := m.Render()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return yaml.NewDecoder(bytes.NewReader(b))
+	}
+	type ref struct {
+		Kind string `yaml:"kind"`
+	}
+	t.Run("v1beta2", func(t *testing.T) {
+		remaining := maps.Clone(spec)
+		defer func() {
+			for name := range remaining {
+				t.Errorf("no MachineHealthCheck %s", name)
+			}
+		}()
+		dec := docs(t, "machinehealthchecks")
+		for {
+			var o struct {
+				Metadata struct{ Name string } `yaml:"metadata"`
+				Spec     struct {
+					Selector struct {
+						MatchLabels map[string]string `yaml:"matchLabels"`
+					} `yaml:"selector"`
+					Checks struct {
+						NodeStartupTimeoutSeconds int `yaml:"nodeStartupTimeoutSeconds"`
+						UnhealthyNodeConditions   []struct {
+							Type           string `yaml:"type"`
+							Status         string `yaml:"status"`
+							TimeoutSeconds int    `yaml:"timeoutSeconds"`
+						} `yaml:"unhealthyNodeConditions"`
+					} `yaml:"checks"`
+					Remediation struct {
+						TriggerIf struct {
+							UnhealthyLessThanOrEqualTo int    `yaml:"unhealthyLessThanOrEqualTo"`
+							UnhealthyInRange           string `yaml:"unhealthyInRange"`
+						} `yaml:"triggerIf"`
+						TemplateRef ref `yaml:"templateRef"`
+					} `yaml:"remediation"`
+				} `yaml:"spec"`
+			}
+			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			var g got
+			for _, c := range o.Spec.Checks.UnhealthyNodeConditions {
+				g.conds = append(g.conds, cond{c.Type, c.Status, c.TimeoutSeconds})
+			}
+			g.max, g.rangeGate = o.Spec.Remediation.TriggerIf.UnhealthyLessThanOrEqualTo, o.Spec.Remediation.TriggerIf.UnhealthyInRange
+			g.startup, g.remediationKind = o.Spec.Checks.NodeStartupTimeoutSeconds, o.Spec.Remediation.TemplateRef.Kind
+			g.selector = o.Spec.Selector.MatchLabels
+			check(t, remaining, o.Metadata.Name, g)
+		}
+	})
+	t.Run("v1beta1", func(t *testing.T) {
+		remaining := maps.Clone(spec)
+		defer func() {
+			for name := range remaining {
+				t.Errorf("no MachineHealthCheck %s", name)
+			}
+		}()
+		dec := docs(t, "machinehealthchecks-v1beta1")
+		for {
+			var o struct {
+				Metadata struct{ Name string } `yaml:"metadata"`
+				Spec     struct {
+					Selector struct {
+						MatchLabels map[string]string `yaml:"matchLabels"`
+					} `yaml:"selector"`
+					UnhealthyConditions []struct {
+						Type    string `yaml:"type"`
+						Status  string `yaml:"status"`
+						Timeout string `yaml:"timeout"`
+					} `yaml:"unhealthyConditions"`
+					MaxUnhealthy        int    `yaml:"maxUnhealthy"`
+					UnhealthyRange      string `yaml:"unhealthyRange"`
+					NodeStartupTimeout  string `yaml:"nodeStartupTimeout"`
+					RemediationTemplate ref    `yaml:"remediationTemplate"`
+				} `yaml:"spec"`
+			}
+			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			var g got
+			for _, c := range o.Spec.UnhealthyConditions {
+				g.conds = append(g.conds, cond{c.Type, c.Status, secs(t, c.Timeout)})
+			}
+			g.max, g.rangeGate = o.Spec.MaxUnhealthy, o.Spec.UnhealthyRange
+			g.startup, g.remediationKind = secs(t, o.Spec.NodeStartupTimeout), o.Spec.RemediationTemplate.Kind
+			g.selector = o.Spec.Selector.MatchLabels
+			check(t, remaining, o.Metadata.Name, g)
+		}
+	})
+}
+
+// The two shipped forms of the rules, the rule file and the Prometheus
+// Operator's PrometheusRule, hold the same groups and rules.
+func TestPrometheusRuleHoldsTheRuleFilesRules(t *testing.T) {
+	read := func(file string, into any) {
+		b, err := os.ReadFile(filepath.Join(shipped, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(b, into); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	var rf ruleFile
+	read("prometheus-rules.yaml", &rf)
+	var cr struct {
+		Kind string   `yaml:"kind"`
+		Spec ruleFile `yaml:"spec"`
+	}
+	read("prometheusrule.yaml", &cr)
+	if len(rf.Groups) == 0 || cr.Kind != "PrometheusRule" {
+		t.Fatalf("rule file %d groups, custom resource kind %q", len(rf.Groups), cr.Kind)
+	}
+	if !reflect.DeepEqual(rf, cr.Spec) {
+		t.Errorf("prometheusrule.yaml's spec is not prometheus-rules.yaml:\n%+v\n%+v", cr.Spec, rf)
 	}
 }
