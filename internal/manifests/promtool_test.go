@@ -219,14 +219,17 @@ func daemonTests() promTest {
 			{daemon("up", "up", ""), "1+0x40"},
 			{daemon("up", "down", ""), "0+0x40"},
 			// "up": healthy and reading the kernel log; its status calls
-			// are all refused (forbidden) while its annotation calls work;
-			// it lost 3 kernel records at minute 20; its state writes
-			// start failing at minute 10.
+			// are all refused (forbidden) until minute 25, and work from
+			// minute 26 on, while its annotation calls work; some of its
+			// event calls fail, the others work; it lost 3 kernel records
+			// at minute 20; its state writes start failing at minute 10.
 			{daemon("autopilot_health_healthy", "up", ""), "1+0x40"},
 			{daemon("autopilot_health_kmsg_reader_up", "up", ""), "1+0x40"},
 			{daemon("process_start_time_seconds", "up", ""), "1000+0x40"},
-			{daemon("autopilot_health_api_writes_total", "up", `,kind="status",result="forbidden"`), "0+1x40"},
-			{daemon("autopilot_health_api_writes_total", "up", `,kind="status",result="ok"`), "5+0x40"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="status",result="forbidden"`), "0+1x25 25+0x15"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="status",result="ok"`), "5+0x25 6+1x14"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="event",result="error"`), "0+1x40"},
+			{daemon("autopilot_health_api_writes_total", "up", `,kind="event",result="ok"`), "0+2x40"},
 			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="ok"`), "0+1x40"},
 			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="error"`), "2+0x40"},
 			{daemon("autopilot_health_kmsg_lost_records_total", "up", ""), "0+0x20 3+0x20"},
@@ -268,10 +271,15 @@ func daemonTests() promTest {
 			{EvalTime: "21m", Alertname: "AutopilotHealthKernelLogLost", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogLost", daemonNode("up"))}},
 			{EvalTime: "38m", Alertname: "AutopilotHealthKernelLogLost"},
 			// Status calls refused from minute 1 on: firing after the 5m
-			// for:; annotations keep working, so only kind="status" fires.
+			// for:; annotations keep working and some events go through,
+			// so only kind="status" fires, until a status call works
+			// again (minute 26).
 			{EvalTime: "5m", Alertname: "AutopilotHealthAPIWritesFailing"},
 			{EvalTime: "6m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			{EvalTime: "25m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			{EvalTime: "26m", Alertname: "AutopilotHealthAPIWritesFailing"},
 			{EvalTime: "15m", Alertname: "AutopilotHealthStateWritesFailing"},
 			{EvalTime: "16m", Alertname: "AutopilotHealthStateWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthStateWritesFailing", map[string]string{"node": "up", "job": Job, "instance": "up:20257", "result": "error"})}},
 			{EvalTime: "19m", Alertname: "AutopilotHealthConfigReloadRefused"},
