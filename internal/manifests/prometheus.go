@@ -248,16 +248,20 @@ func daemonRules() []rule {
 // readyRule: the kubelet's Ready, which the daemon does not own. The spec:
 // on bare metal Ready=Unknown alerts a human instead of triggering
 // remediation, and "alert on Ready for node gone". 10 minutes: past the
-// cloud pools' MachineHealthCheck (Unknown 600 s, False 300 s).
+// cloud pools' MachineHealthCheck (Unknown 600 s, False 300 s). False and
+// Unknown are one state here (max by node): with the status among the
+// alert's labels, a node that went from False to Unknown (the kubelet
+// stopped posting) started its 10 minutes again, and one that moved between
+// the two every few minutes never alerted.
 func readyRule() rule {
 	return rule{
 		Alert:  "NodeNotReady",
-		Expr:   `kube_node_status_condition{condition="Ready",status=~"false|unknown"} == 1`,
+		Expr:   `max by (node) (kube_node_status_condition{condition="Ready",status=~"false|unknown"}) == 1`,
 		For:    "10m",
 		Labels: map[string]string{"severity": "warning", "condition": "Ready"},
 		Annotations: map[string]string{
-			"summary":     "node {{ $labels.node }} is not Ready ({{ $labels.status }})",
-			"description": "The kubelet's Ready condition has been {{ $labels.status }} for 10 minutes. On cloud pools the MachineHealthCheck reboots, then replaces the machine; on bare metal only Ready=False is remediated, so Unknown (the node unreachable) waits for a human. kubectl describe node {{ $labels.node }}.",
+			"summary":     "node {{ $labels.node }} is not Ready",
+			"description": "The kubelet's Ready condition has been False or Unknown for 10 minutes. On cloud pools the MachineHealthCheck reboots, then replaces the machine; on bare metal only Ready=False is remediated, so Unknown (the node unreachable) waits for a human. kubectl describe node {{ $labels.node }}.",
 		},
 	}
 }

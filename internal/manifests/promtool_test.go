@@ -247,6 +247,12 @@ func daemonTests() promTest {
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "true"}), "0+0x40"},
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "ok", "status": "true"}), "1+0x40"},
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "ok", "status": "unknown"}), "0+0x40"},
+			// "wavering": Ready False and Unknown in turn, 3 minutes each
+			// (a kubelet that posts False now and then): not Ready all
+			// along.
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "wavering", "status": "false"}), "1 1 1 0 0 0 1 1 1 0 0 0 1 1 1 0 0 0 1 1 1"},
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "wavering", "status": "unknown"}), "0 0 0 1 1 1 0 0 0 1 1 1 0 0 0 1 1 1 0 0 0"},
+			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "wavering", "status": "true"}), "0+0x20"},
 		},
 		AlertTests: []promAlertTest{
 			{EvalTime: "9m", Alertname: "AutopilotHealthDaemonGone"},
@@ -286,8 +292,9 @@ func daemonTests() promTest {
 			{EvalTime: "20m", Alertname: "AutopilotHealthConfigReloadRefused", ExpAlerts: []promAlert{exp("AutopilotHealthConfigReloadRefused", daemonNode("up"))}},
 			{EvalTime: "31m", Alertname: "AutopilotHealthConfigReloadRefused"},
 			{EvalTime: "9m", Alertname: "NodeNotReady"},
-			{EvalTime: "10m", Alertname: "NodeNotReady", ExpAlerts: []promAlert{exp("NodeNotReady", map[string]string{
-				"condition": "Ready", "node": "lost", "status": "unknown", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"})}},
+			{EvalTime: "10m", Alertname: "NodeNotReady", ExpAlerts: []promAlert{
+				exp("NodeNotReady", map[string]string{"condition": "Ready", "node": "lost"}),
+				exp("NodeNotReady", map[string]string{"condition": "Ready", "node": "wavering"})}},
 		},
 	}
 }
