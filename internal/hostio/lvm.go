@@ -32,9 +32,22 @@ func LVMArgsAllowed(command string, args []string) bool {
 	return ok && slices.Equal(want, args)
 }
 
+// maxLVMReport bounds what RunLVM reads of lvm's standard output: a report
+// is a few hundred bytes per volume group or logical volume (10,000
+// logical volumes are about 2.5 MB), and the helper's answer, which carries
+// it base64-encoded, must stay under its own bound (privileged's
+// maxResponse, 64 MiB). maxLVMStderr bounds what is kept of its standard
+// error (the message names the first 300 bytes).
+const (
+	maxLVMReport = 16 << 20
+	maxLVMStderr = 4 << 10
+)
+
 // RunLVM runs `lvm <command> --reportformat json ... args` within timeout
 // and returns its standard output. An lvm that exits non-zero after writing
-// its JSON report returns the report and an error saying so.
+// its JSON report returns the report and an error saying so. An output
+// longer than maxLVMReport is an error, and lvm is ended there: a report
+// cut short is not a report.
 func RunLVM(ctx context.Context, lvm string, timeout time.Duration, command string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -49,10 +62,18 @@ func RunLVM(ctx context.Context, lvm string, timeout time.Duration, command stri
 		// ("Failed to create LVM2 system dir"), and reports nothing.
 		cmd.Env = append(cmd.Env, "LVM_SYSTEM_DIR=")
 	}
-	var stdout, stderr bytes.Buffer
+	// Past the bound lvm is ended (ctx's cancel: exec kills it), not
+	// waited for: one that goes on after its pipe closed (a shell that
+	// ignores SIGPIPE, a child writing on) would hold the check until
+	// timeout.
+	stdout := cappedBuffer{max: maxLVMReport, fail: true, onOver: cancel}
+	stderr := cappedBuffer{max: maxLVMStderr}
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = time.Second // a child of lvm holding the pipes cannot keep the check waiting
 	err := cmd.Run()
+	if stdout.over {
+		return nil, fmt.Errorf("%s %s: a report longer than %d bytes, the most read", lvm, command, maxLVMReport)
+	}
 	if ctx.Err() == context.DeadlineExceeded {
 		return nil, fmt.Errorf("%s %s: no answer within %s", lvm, command, timeout)
 	}
@@ -72,3 +93,40 @@ func RunLVM(ctx context.Context, lvm string, timeout time.Duration, command stri
 	}
 	return stdout.Bytes(), nil
 }
+
+// cappedBuffer keeps the first max bytes written to it. Past them, a
+// failing one (fail) calls onOver once and refuses the write (exec then
+// closes the pipe); another drops the rest and reads on.
+//
+// The buffer is a field, not embedded: an embedded bytes.Buffer's ReadFrom
+// would be what io.Copy (exec's) calls, past Write and its bound.
+type cappedBuffer struct {
+	buf    bytes.Buffer
+	max    int
+	fail   bool
+	onOver func()
+	over   bool // more than max bytes were written
+}
+
+var errCapped = errors.New("output over its bound")
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	room := b.max - b.buf.Len()
+	if len(p) <= room {
+		return b.buf.Write(p)
+	}
+	if !b.over && b.onOver != nil {
+		b.onOver()
+	}
+	b.over = true
+	if room > 0 {
+		b.buf.Write(p[:room])
+	}
+	if b.fail {
+		return 0, errCapped
+	}
+	return len(p), nil
+}
+
+func (b *cappedBuffer) Bytes() []byte  { return b.buf.Bytes() }
+func (b *cappedBuffer) String() string { return b.buf.String() }
