@@ -3,9 +3,11 @@ package checks
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -63,17 +65,35 @@ func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
 	if resp.StatusCode != http.StatusOK {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: fmt.Sprintf("cilium-agent /v1/healthz: HTTP %d", resp.StatusCode)}, nil
 	}
-	var st ciliumStatus
-	if err := json.Unmarshal(body, &st); err != nil || st.Cilium == nil {
+	state, msg, err := parseCiliumStatus(body)
+	if err != nil {
 		// An answer we cannot read says nothing about cilium's health.
 		return Result{}, fmt.Errorf("cilium-agent /v1/healthz: unreadable answer (%d bytes): %v", len(body), err)
 	}
-	if st.Cilium.State != "Ok" {
-		msg := fmt.Sprintf("cilium-agent state %s", st.Cilium.State)
-		if st.Cilium.Msg != "" {
-			msg += ": " + st.Cilium.Msg
+	if state != "Ok" {
+		m := fmt.Sprintf("cilium-agent state %s", state)
+		if msg != "" {
+			m += ": " + msg
 		}
-		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: msg}, nil
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: m}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonCNIHealthy, Message: "cilium-agent state Ok"}, nil
+}
+
+// parseCiliumStatus reads the agent's own state and message from a
+// /v1/healthz answer. An answer without a cilium object, or whose cilium
+// object has no state (or a blank one), is an error: it says nothing of
+// cilium's health (before, an empty state was a True "cilium-agent state ").
+func parseCiliumStatus(body []byte) (state, msg string, err error) {
+	var st ciliumStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		return "", "", err
+	}
+	if st.Cilium == nil {
+		return "", "", errors.New("no cilium status")
+	}
+	if strings.TrimSpace(st.Cilium.State) == "" {
+		return "", "", errors.New("cilium status without a state")
+	}
+	return st.Cilium.State, st.Cilium.Msg, nil
 }

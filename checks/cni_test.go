@@ -52,6 +52,11 @@ func TestCNICheck(t *testing.T) {
 		{``, 500, report.StatusTrue, "CiliumNotOk", "cilium-agent /v1/healthz: HTTP 500", false},
 		{`<html>nope`, 200, "", "", "", true},
 		{`{"kubernetes":{"state":"Ok"}}`, 200, "", "", "", true},
+		// A cilium object without a state says nothing of cilium's
+		// health: not a True "cilium-agent state " (empty).
+		{`{"cilium":{}}`, 200, "", "", "", true},
+		{`{"cilium":{"state":"","msg":"x"}}`, 200, "", "", "", true},
+		{`{"cilium":{"state":" "}}`, 200, "", "", "", true},
 	} {
 		answer, code = tc.answer, tc.code
 		r, err := c.Probe(context.Background())
