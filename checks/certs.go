@@ -8,8 +8,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -150,7 +152,7 @@ func LeafCertificate(path string) (*x509.Certificate, error) {
 // the public key of its private key (nil if it has none or it cannot be
 // parsed).
 func parseCertFile(path string) ([]*x509.Certificate, crypto.PublicKey, error) {
-	b, err := os.ReadFile(path)
+	b, err := readCertBytes(path)
 	if errors.Is(err, os.ErrNotExist) {
 		if target, lerr := os.Readlink(path); lerr == nil {
 			return nil, nil, fmt.Errorf("dangling symlink to %s (a certificate rotation that broke?)", target)
@@ -185,6 +187,37 @@ func parseCertFile(path string) ([]*x509.Certificate, crypto.PublicKey, error) {
 		return nil, nil, errors.New("no PEM certificate")
 	}
 	return certs, pub, nil
+}
+
+// maxCertFile bounds what is read of a certificate file: a kubelet's
+// *-current.pem is a few KiB, a bundle of every public CA about 200 KiB.
+const maxCertFile = 4 << 20
+
+// readCertBytes reads a certificate file, through symlinks (kubelet's
+// *-current.pem is one), if it is a regular file of at most maxCertFile
+// bytes. It opens without blocking (O_NONBLOCK) and checks the open
+// descriptor: a FIFO is refused at once, not waited on for a writer.
+func readCertBytes(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxCertFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxCertFile {
+		return nil, fmt.Errorf("larger than %d bytes, not a certificate file", maxCertFile)
+	}
+	return b, nil
 }
 
 // publicKeyOf returns the public key of a PEM private key block, or nil.

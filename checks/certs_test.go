@@ -1,6 +1,7 @@
 package checks
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -11,6 +12,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -109,6 +111,16 @@ func TestCertUnreadableIsNotValid(t *testing.T) {
 		{"empty", func(t *testing.T, root string) {
 			writeCertFile(t, root+kubeletClientPEM)
 		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: no PEM certificate (1 other certificate valid for more than 168h0m0s)"},
+		// Not a certificate file whatever it starts with: read up to the
+		// bound, not whole (a path that names a log or an image would
+		// be read into memory at every run).
+		{"larger than the bound", func(t *testing.T, root string) {
+			leaf := newCertFixture(t, "system:node:n1", now.Add(200*24*time.Hour), false, nil)
+			writeCertFile(t, root+kubeletClientPEM, leaf.keyPEM(t), leaf.certPEM(), bytes.Repeat([]byte("\n"), maxCertFile))
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: larger than 4194304 bytes, not a certificate file (1 other certificate valid for more than 168h0m0s)"},
+		{"a directory", func(t *testing.T, root string) {
+			mkdir(t, root+kubeletClientPEM)
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: not a regular file (1 other certificate valid for more than 168h0m0s)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -212,5 +224,37 @@ func TestLeafCertificate(t *testing.T) {
 		if err != nil || c.Subject.CommonName != tc.want {
 			t.Errorf("%s: got %v, %v; want CN %q", tc.name, c, err, tc.want)
 		}
+	}
+}
+
+// A certificate path that names a FIFO (or a device) is refused at once:
+// before, its read waited for a writer that never came, the run was
+// abandoned at its timeout and every later run found it still running.
+func TestCertFIFOIsRefusedAtOnce(t *testing.T) {
+	root := t.TempDir()
+	mkdir(t, root+"/var/lib/kubelet/pki")
+	if err := syscall.Mkfifo(root+kubeletClientPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	c, _ := newCertCheck(env)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Probe(context.Background())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		want := "/var/lib/kubelet/pki/kubelet-client-current.pem: not a regular file"
+		if err == nil || err.Error() != want {
+			t.Errorf("a FIFO: %v; want %q", err, want)
+		}
+	case <-time.After(10 * time.Second):
+		// Let the blocked open return (a writer), then fail.
+		if f, err := os.OpenFile(root+kubeletClientPEM, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		<-done
+		t.Fatal("the probe of a FIFO did not return within 10 s")
 	}
 }
