@@ -98,7 +98,10 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	f, err := os.Open(c.env.Path(c.path))
+	// Without blocking: a FIFO at the path is refused below, not waited
+	// on for a writer (the run abandoned at its timeout, and every later
+	// run finding it still running).
+	f, err := os.OpenFile(c.env.Path(c.path), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		if c.wasSeen() {
 			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoMissing,
@@ -120,6 +123,9 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	if fi.IsDir() {
 		return Result{}, fmt.Errorf("%s is a directory", c.path)
+	}
+	if !fi.Mode().IsRegular() {
+		return Result{}, fmt.Errorf("%s is not a regular file (%s)", c.path, fi.Mode().Type())
 	}
 	now := c.env.Now()
 	if !c.wasSeen() {

@@ -537,3 +537,32 @@ func TestNodeInfoMessageStaysTheSameRunToRun(t *testing.T) {
 		})
 	}
 }
+
+// A FIFO at the path is refused at once (Unknown, CheckFailed): before,
+// the open waited for a writer that never came, the run was abandoned at
+// its timeout and every later run found it still running.
+func TestNodeInfoFIFOIsRefusedAtOnce(t *testing.T) {
+	root := nodeInfoRoot(t, "")
+	mkdir(t, filepath.Join(root, filepath.Dir(nodesJSON)))
+	if err := unix.Mkfifo(filepath.Join(root, nodesJSON), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newNodeInfoCheck(nodeInfoEnv(t, root, niT0))
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Probe(context.Background())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if want := "/var/lib/syself/nodes.json is not a regular file (p---------)"; err == nil || err.Error() != want {
+			t.Errorf("a FIFO: %v; want %q", err, want)
+		}
+	case <-time.After(10 * time.Second):
+		if f, err := os.OpenFile(filepath.Join(root, nodesJSON), os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		<-done
+		t.Fatal("the probe of a FIFO did not return within 10 s")
+	}
+}
