@@ -379,7 +379,10 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 	c.cur.restore(c.env.Memos)
 	now := c.env.Now()
 	path := c.env.Path(c.path)
-	f, err := os.Open(path)
+	// Without blocking: what is not a regular file is refused below, and
+	// the open of a FIFO would wait for a writer (the run abandoned at its
+	// timeout, and every later one refused as "still reading").
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNoAuditRecords,
 			Message: fmt.Sprintf("%s does not exist (is kube-apiserver started with --audit-log-path=%s?)", c.path, c.path)}, nil

@@ -692,3 +692,32 @@ func TestSourceIPLogsMalformedOnce(t *testing.T) {
 		t.Errorf("the log does not name the error:\n%s", logs.String())
 	}
 }
+
+// A FIFO at the audit log's path is refused at once (not a regular file,
+// Unknown): before, the open waited for a writer that never came, the run
+// was abandoned at its timeout and every later one was refused as "an
+// earlier probe is still reading the audit log".
+func TestSourceIPFIFOIsRefusedAtOnce(t *testing.T) {
+	h := newAuditHost(t)
+	if err := syscall.Mkfifo(h.path(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := h.check(nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Probe(context.Background())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if want := auditLogPath + " is not a regular file"; err == nil || err.Error() != want {
+			t.Errorf("a FIFO: %v; want %q", err, want)
+		}
+	case <-time.After(10 * time.Second):
+		if f, err := os.OpenFile(h.path(), os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		<-done
+		t.Fatal("the probe of a FIFO did not return within 10 s")
+	}
+}
