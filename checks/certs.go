@@ -161,6 +161,14 @@ func parseCertFile(path string) ([]*x509.Certificate, crypto.PublicKey, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return parseCertPEM(b)
+}
+
+// parseCertPEM returns the certificates of PEM text, in order, and the
+// public key of its private key (nil if it has none or it cannot be
+// parsed). Text with no certificate, one that does not parse, or a PEM
+// block cut short is an error.
+func parseCertPEM(b []byte) ([]*x509.Certificate, crypto.PublicKey, error) {
 	var certs []*x509.Certificate
 	var pub crypto.PublicKey
 	for {

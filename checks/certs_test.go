@@ -28,7 +28,7 @@ type certFixture struct {
 
 // newCertFixture makes a certificate for cn, valid until notAfter, signed by
 // parent (self-signed when parent is nil); ca makes it a CA.
-func newCertFixture(t *testing.T, cn string, notAfter time.Time, ca bool, parent *certFixture) certFixture {
+func newCertFixture(t testing.TB, cn string, notAfter time.Time, ca bool, parent *certFixture) certFixture {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -56,7 +56,7 @@ func (c certFixture) certPEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})
 }
 
-func (c certFixture) keyPEM(t *testing.T) []byte {
+func (c certFixture) keyPEM(t testing.TB) []byte {
 	t.Helper()
 	kb, err := x509.MarshalECPrivateKey(c.key)
 	if err != nil {
@@ -257,4 +257,28 @@ func TestCertFIFOIsRefusedAtOnce(t *testing.T) {
 		<-done
 		t.Fatal("the probe of a FIFO did not return within 10 s")
 	}
+}
+
+// FuzzParseCertPEM: whatever a certificate file holds, parsing it is an
+// error or at least one certificate (a leaf to judge), never a panic.
+func FuzzParseCertPEM(f *testing.F) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	ca := newCertFixture(f, "kubernetes-ca", now.Add(3650*24*time.Hour), true, nil)
+	leaf := newCertFixture(f, "system:node:n1", now.Add(200*24*time.Hour), false, &ca)
+	f.Add(append(leaf.keyPEM(f), leaf.certPEM()...))
+	f.Add(append(ca.certPEM(), leaf.certPEM()...))
+	f.Add([]byte("-----BEGIN CERTIFICATE-----\nMIIB"))
+	f.Add([]byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		certs, pub, err := parseCertPEM(b)
+		if err != nil {
+			return
+		}
+		if len(certs) == 0 {
+			t.Fatal("no error and no certificate")
+		}
+		if pickLeaf(certs, pub) == nil {
+			t.Fatal("no leaf")
+		}
+	})
 }

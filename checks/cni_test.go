@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -70,4 +71,37 @@ func TestCNICheck(t *testing.T) {
 			t.Errorf("answer %q: %+v %v", tc.answer, r, err)
 		}
 	}
+}
+
+// FuzzCiliumStatus: whatever cilium-agent answers, parseCiliumStatus is an
+// error or a state that is not blank (CNIHealthy only for "Ok" itself),
+// never a panic.
+func FuzzCiliumStatus(f *testing.F) {
+	for _, s := range []string{
+		`{"cilium":{"state":"Ok","msg":""},"kubernetes":{"state":"Ok"}}`,
+		`{"cilium":{"state":"Warning","msg":"1 of 12 controllers failing"}}`,
+		`{"cilium":{}}`,
+		`{"cilium":null}`,
+		`{"cilium":{"state":5}}`,
+		`<html>`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		state, _, err := parseCiliumStatus(b)
+		if err != nil {
+			return
+		}
+		if strings.TrimSpace(state) == "" {
+			t.Fatalf("%q: no error and a blank state", b)
+		}
+		var generic struct {
+			Cilium struct {
+				State string `json:"state"`
+			} `json:"cilium"`
+		}
+		if json.Unmarshal(b, &generic) == nil && generic.Cilium.State != state {
+			t.Fatalf("%q: state %q, encoding/json reads %q", b, state, generic.Cilium.State)
+		}
+	})
 }

@@ -633,3 +633,23 @@ func TestNVMeSMARTNotAskedAfterAnIdentifyTimeout(t *testing.T) {
 		t.Errorf("SMART read %v, want nvme0 once and none of nvme1-5 (Identify timed out or did not reach the drive)", n.smart)
 	}
 }
+
+// FuzzNVMePages: whatever a drive answers to Identify and to the SMART log
+// page, parsing is an error (a page too short) or values, never a panic.
+func FuzzNVMePages(f *testing.F) {
+	d := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "QEMU NVMe Ctrl", wctempK: 343, tempK: 323, cw: 0x05, spare: 0, pct: 3}}}
+	id, _ := d.Identify("nvme0")
+	smart, _ := d.SMART("nvme0")
+	f.Add(id, smart)
+	f.Add([]byte{}, make([]byte, 511))
+	f.Fuzz(func(t *testing.T, id, smart []byte) {
+		var h NVMeHealth
+		if err := ParseIdentify(&h, id); (err == nil) != (len(id) >= 4096) {
+			t.Fatalf("Identify page of %d bytes: %v", len(id), err)
+		}
+		if err := ParseSMART(&h, smart); (err == nil) != (len(smart) >= 512) {
+			t.Fatalf("SMART page of %d bytes: %v", len(smart), err)
+		}
+		h.name()
+	})
+}
