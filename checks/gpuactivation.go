@@ -235,16 +235,53 @@ func (d *cdiDevices) spec(g gpu) (string, bool) {
 	return "", false
 }
 
+// maxCDISpec bounds a CDI spec file: nvidia-ctk's spec for eight GPUs is
+// under 100 KiB.
+const maxCDISpec = 8 << 20
+
+// checkSpecFiles refuses, before the CDI cache reads them (whole, with
+// os.ReadFile), the files of a spec directory that the cache would read
+// (*.json, *.yaml, through a symlink too) and that are not regular files
+// or are larger than maxCDISpec: the read of a FIFO waits for a writer,
+// and a huge file is held in memory whole. dir is the host's path, for
+// the message; hostDir the same under the host root.
+func checkSpecFiles(dir, hostDir string, ents []fs.DirEntry) error {
+	for _, e := range ents {
+		if ext := filepath.Ext(e.Name()); e.IsDir() || (ext != ".json" && ext != ".yaml") {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(hostDir, e.Name()))
+		if err != nil {
+			continue // gone, or a symlink to nothing: the cache reports it
+		}
+		name := filepath.Join(dir, e.Name())
+		switch {
+		case fi.IsDir():
+			// A symlink to a directory: the cache's read fails on it.
+		case !fi.Mode().IsRegular():
+			return fmt.Errorf("CDI spec %s: not a regular file (%s)", name, fi.Mode().Type())
+		case fi.Size() > maxCDISpec:
+			return fmt.Errorf("CDI spec %s: larger than %d bytes, the most read", name, maxCDISpec)
+		}
+	}
+	return nil
+}
+
 // loadCDI reads the spec directories (under the host root) with the CDI
 // cache, refreshed once, without watching them. A directory that does not
 // exist holds no spec; one that cannot be read is an error (the cache would
-// skip it silently).
+// skip it silently), and so is a spec file that is not a regular file or is
+// too large (checkSpecFiles).
 func (c *gpuActivationCheck) loadCDI() (*cdiDevices, error) {
 	dirs := make([]string, len(c.dirs))
 	for i, d := range c.dirs {
 		dirs[i] = c.env.Path(d)
-		if _, err := os.ReadDir(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		ents, err := os.ReadDir(dirs[i])
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("CDI spec directory: %w", err)
+		}
+		if err := checkSpecFiles(d, dirs[i], ents); err != nil {
+			return nil, err
 		}
 	}
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))

@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -426,4 +428,62 @@ func FuzzDriverUUID(f *testing.F) {
 			t.Fatalf("parseDriverUUID(%q) = %q", info, u)
 		}
 	})
+}
+
+// A CDI spec directory entry that is not a regular file (a FIFO), or a spec
+// larger than maxCDISpec, is an error (Unknown) naming it, without reading
+// it: the CDI cache reads every *.json and *.yaml whole, and its read of a
+// FIFO waits for a writer (the run abandoned at its timeout, and every
+// later run finding it still running).
+func TestGpuActivationSpecNotReadable(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		make    func(t *testing.T, p string)
+		wantErr string
+	}{
+		{"a FIFO", func(t *testing.T, p string) {
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "CDI spec /var/run/cdi/zz.yaml: not a regular file (p---------)"},
+		{"larger than the bound", func(t *testing.T, p string) {
+			f, err := os.Create(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(maxCDISpec + 1); err != nil {
+				t.Fatal(err)
+			}
+		}, "CDI spec /var/run/cdi/zz.yaml: larger than 8388608 bytes, the most read"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := gpuHost(t, "pci-1-gpu", true, true, map[string]string{"/var/run/cdi/nvidia.json": "nvidia-1-gpu.json"})
+			p := filepath.Join(root, "/var/run/cdi/zz.yaml")
+			tc.make(t, p)
+			env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+			env.GPU = true
+			c, err := NewForTest("GpuActivationFailed", env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Probe(context.Background())
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || err.Error() != tc.wantErr {
+					t.Errorf("probe: %v; want %q", err, tc.wantErr)
+				}
+			case <-time.After(10 * time.Second):
+				if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					f.Close()
+				}
+				<-done
+				t.Fatal("the probe did not return within 10 s")
+			}
+		})
+	}
 }
