@@ -196,3 +196,61 @@ func FuzzCRIStatus(f *testing.F) {
 		}
 	})
 }
+
+// A runtime that answers with a response body without end (an HTTP/2
+// stream that never closes) is read up to criMaxResponse and refused, well
+// before the call's deadline; one that answers its headers and then never
+// its body is ended by the deadline.
+func TestCRIStatusEndlessOrStalledAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		endless    bool
+	}{
+		{"endless", "response larger than 1048576 bytes", true},
+		{"stalled", "code = DeadlineExceeded", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), "cri.sock")
+			ln, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			var protocols http.Protocols
+			protocols.SetUnencryptedHTTP2(true)
+			srv := &http.Server{Protocols: &protocols, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/grpc")
+				w.WriteHeader(http.StatusOK)
+				w.(http.Flusher).Flush()
+				chunk := make([]byte, 64<<10)
+				for tc.endless {
+					if _, err := w.Write(chunk); err != nil {
+						return
+					}
+				}
+				select {
+				case <-stop:
+				case <-r.Context().Done():
+				}
+			})}
+			go srv.Serve(ln)
+			defer srv.Close()
+			defer close(stop)
+			const deadline = 2 * time.Second
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			err = criStatus(ctx, sock)
+			took := time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v; want %q", err, tc.want)
+			}
+			if tc.endless && took >= deadline {
+				t.Errorf("an endless answer took %s; want it refused at the bound, before the deadline", took)
+			}
+			if !tc.endless && took > 2*deadline {
+				t.Errorf("a stalled answer held the call %s; want about its deadline %s", took, deadline)
+			}
+		})
+	}
+}
