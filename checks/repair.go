@@ -25,6 +25,11 @@ const (
 	RepairFailed     = "failed"
 	RepairInProgress = "in-progress"
 	RepairNoSystemd  = "no-systemd"
+	// RepairUnitStopping: a stop job is queued or running for the unit (a
+	// shutdown, or someone's stop).
+	RepairUnitStopping = "unit-stopping"
+	// RepairShutdown: systemd is shutting the system down.
+	RepairShutdown = "shutting-down"
 )
 
 // RepairStatus is what the repairer knows about one unit.
@@ -43,7 +48,8 @@ type RepairStatus struct {
 // Repairer restarts critical units in place, over D-Bus, without fighting
 // systemd: at most once per cooldown, measured from when the unit last
 // started (by us or by systemd's own Restart=); never while systemd is
-// already (re)starting it; never a unit someone stopped on purpose; and
+// already (re)starting it; never a unit someone stopped on purpose or
+// systemd is stopping; never while systemd shuts the system down; and
 // always after a reset-failed, so our restarts never push it into
 // start-limit-hit.
 type Repairer struct {
@@ -69,7 +75,7 @@ func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, re
 	r := &Repairer{mgr: mgr, log: log, now: now, sinceBoot: sinceBoot, units: map[string]*RepairStatus{}, inflight: map[string]bool{}, jobTimeout: 5 * time.Minute,
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "repairs_total",
-			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, unit-starting, not-loaded, in-progress, failed, no-systemd).",
+			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, unit-starting, unit-stopping, shutting-down, not-loaded, in-progress, failed, no-systemd).",
 		}, []string{"unit", "result"})}
 	if reg != nil {
 		reg.MustRegister(r.repairs)
@@ -143,6 +149,10 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	switch {
 	case u.LoadState != "loaded":
 		return RepairNotLoaded, fmt.Sprintf("not repaired: %s is %s", unit, u.LoadState)
+	case u.Job != 0 && u.JobType == "stop":
+		// A shutdown stops it (the units are stopped in reverse order, and
+		// this daemon is stopped after kubelet), or someone does.
+		return RepairUnitStopping, fmt.Sprintf("not restarted: systemd is stopping %s (%s/%s, stop job queued)", unit, u.ActiveState, u.SubState)
 	case u.ActiveState == "activating" || u.ActiveState == "deactivating" || u.ActiveState == "reloading" || u.SubState == "auto-restart":
 		return RepairSystemd, fmt.Sprintf("not restarted: systemd is already restarting %s (%s/%s)", unit, u.ActiveState, u.SubState)
 	case u.ActiveState == "inactive" && u.Job != 0:
@@ -160,6 +170,13 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	}
 	if !last.IsZero() && now.Sub(last) < cooldown {
 		return RepairCooldown, repairingMessage(unit, cooldown)
+	}
+	// Read only here, before a restart: a unit the shutdown has not
+	// reached yet (or one that failed to stop, and is failed) is not
+	// started again while the system goes down. A read that fails does
+	// not hold the repair off.
+	if stopping, err := systemd.Stopping(ctx, r.mgr); err == nil && stopping {
+		return RepairShutdown, "not restarted: the system is shutting down"
 	}
 	r.mu.Lock()
 	if r.inflight[unit] {

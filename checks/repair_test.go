@@ -24,6 +24,10 @@ type fakeManager struct {
 	resets   []string
 	err      error
 	seq      int
+	// state is the manager's SystemState ("" reads as "running");
+	// stateReads counts its reads.
+	state      string
+	stateReads int
 }
 
 func newFakeManager(units ...systemd.Unit) *fakeManager {
@@ -92,6 +96,24 @@ func (m *fakeManager) ResetFailed(_ context.Context, name string) error {
 	m.resets = append(m.resets, name)
 	return nil
 }
+
+func (m *fakeManager) SystemState(context.Context) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return "", m.err
+	}
+	m.stateReads++
+	if m.state == "" {
+		return "running", nil
+	}
+	return m.state, nil
+}
+
+// setState sets the manager's SystemState.
+func (m *fakeManager) setState(s string) { m.mu.Lock(); m.state = s; m.mu.Unlock() }
+
+func (m *fakeManager) reads() int { m.mu.Lock(); defer m.mu.Unlock(); return m.stateReads }
 
 func (m *fakeManager) restartCount() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.restarts) }
 
@@ -271,6 +293,57 @@ func TestRepairDoesNotFightSystemd(t *testing.T) {
 		m.err = errors.New("bus gone")
 		if res, msg := NewRepairer(m, quietLog(), time.Now, nil).Repair(context.Background(), "k.service", time.Minute, "x"); res != RepairFailed || msg != "not repaired: bus gone" {
 			t.Errorf("bus error: %s %q", res, msg)
+		}
+	})
+}
+
+// At shutdown or reboot systemd stops the units in reverse order, kubelet
+// and containerd before this daemon: a unit with a stop job, or any unit
+// while systemd shuts the system down, is not restarted (systemd refuses
+// the job then, or worse, starts the unit again). A unit the shutdown could
+// not stop cleanly is failed, which the repair restarts otherwise. The
+// system state is read only before a restart.
+func TestRepairLeavesAShutdownAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			state      string
+			unit       systemd.Unit
+			wantResult string
+			wantMsg    string
+			wantReads  int
+		}{
+			{"stopping", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "deactivating", SubState: "stop-sigterm", Job: 9, JobType: "stop"}, RepairUnitStopping,
+				"not restarted: systemd is stopping k.service (deactivating/stop-sigterm, stop job queued)", 0},
+			// Someone's stop (systemctl stop) while kubelet hangs: the same.
+			{"running", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "active", SubState: "running", Job: 9, JobType: "stop"}, RepairUnitStopping,
+				"not restarted: systemd is stopping k.service (active/running, stop job queued)", 0},
+			{"stopping", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "timeout"}, RepairShutdown,
+				"not restarted: the system is shutting down", 1},
+			// Not reached by the shutdown yet, and not answering.
+			{"stopping", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "active", SubState: "running", MainStart: time.Now().Add(-time.Hour)}, RepairShutdown,
+				"not restarted: the system is shutting down", 1},
+			// Stopped by the shutdown: left alone as any stopped unit, no read.
+			{"stopping", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}, RepairStopped,
+				"not restarted: k.service is stopped (inactive/dead); a stopped unit is not started by the repair", 0},
+			{"stopping", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "active", SubState: "running", MainStart: time.Now().Add(-20 * time.Second)}, RepairCooldown,
+				"restarting k.service at most once per 1m0s from its last start", 0},
+			{"running", systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "timeout"}, RepairRestarted,
+				"restarting k.service at most once per 1m0s from its last start", 1},
+		} {
+			m := newFakeManager(tc.unit)
+			m.setState(tc.state)
+			r := NewRepairer(m, quietLog(), time.Now, nil)
+			res, msg := r.Repair(context.Background(), "k.service", time.Minute, "probe failed")
+			r.Wait()
+			if res != tc.wantResult || msg != tc.wantMsg {
+				t.Errorf("%s, %s/%s job %q: %s %q, want %s %q", tc.state, tc.unit.ActiveState, tc.unit.SubState, tc.unit.JobType, res, msg, tc.wantResult, tc.wantMsg)
+			}
+			if (res == RepairRestarted) != (m.restartCount() == 1) {
+				t.Errorf("%s, %s: %d restarts", tc.state, res, m.restartCount())
+			}
+			if m.reads() != tc.wantReads {
+				t.Errorf("%s, %s: SystemState read %d times, want %d", tc.state, res, m.reads(), tc.wantReads)
+			}
 		}
 	})
 }

@@ -41,6 +41,8 @@ type Unit struct {
 	// Job is the id of a job queued or running for the unit (0: none), e.g.
 	// a start job waiting for the units it is ordered after.
 	Job uint32 `json:"job,omitempty"`
+	// JobType is that job's type ("start", "stop", "restart", ...).
+	JobType string `json:"jobType,omitempty"`
 }
 
 // Manager is what the daemon needs from systemd.
@@ -52,6 +54,35 @@ type Manager interface {
 	// start-limit-hit.
 	Restart(ctx context.Context, name string) error
 	ResetFailed(ctx context.Context, name string) error
+	// SystemState is the manager's SystemState: "initializing",
+	// "starting", "running", "degraded", "maintenance" or "stopping" (the
+	// word `systemctl is-system-running` prints).
+	SystemState(ctx context.Context) (string, error)
+}
+
+// Stopping reports whether systemd is shutting the system down (poweroff,
+// reboot, halt, kexec): its SystemState is "stopping". systemd answers
+// "initializing" or "starting" for as long as the boot has not finished,
+// even once a shutdown began (manager_state in src/core/manager.c looks at
+// that first): then shutdown.target is read, and a start job queued for it
+// (or the target reached) is a shutdown too. Read it only where something
+// failed: it is a call to systemd.
+func Stopping(ctx context.Context, m Manager) (bool, error) {
+	state, err := m.SystemState(ctx)
+	if err != nil {
+		return false, err
+	}
+	switch state {
+	case "stopping":
+		return true, nil
+	case "initializing", "starting":
+		u, err := m.Unit(ctx, "shutdown.target")
+		if err != nil {
+			return false, err
+		}
+		return u.ActiveState == "active" || u.JobType == "start", nil
+	}
+	return false, nil
 }
 
 // DBus is a Manager over the system bus. Its reads and ResetFailedUnit are
@@ -338,7 +369,7 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 		var calls []busCall
 		for i, s := range st {
 			u := &out[i]
-			*u = Unit{Name: names[i], LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Job: s.JobID}
+			*u = Unit{Name: names[i], LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Job: s.JobID, JobType: s.JobType}
 			add := func(iface, prop string) {
 				gets = append(gets, get{u, prop})
 				calls = append(calls, busCall{dest: sdService, path: s.Path, iface: "org.freedesktop.DBus.Properties", member: "Get",
@@ -422,6 +453,35 @@ func (d *DBus) LoadState(ctx context.Context, name string) (string, error) {
 			return fmt.Errorf("unit %s: %w", name, err)
 		}
 		state = st[0].LoadState
+		return nil
+	})
+	return state, err
+}
+
+// SystemState implements Manager: a Properties.Get of the manager's
+// SystemState, on the connection the reads share.
+func (d *DBus) SystemState(ctx context.Context) (string, error) {
+	var state string
+	err := d.call(ctx, func(c *busConn) error {
+		get := busCall{dest: sdService, path: "/org/freedesktop/systemd1", iface: "org.freedesktop.DBus.Properties", member: "Get",
+			args: []string{sdService + ".Manager", "SystemState"}}
+		err := c.exchange(ctx, []busCall{get}, func(_ int, m message) error {
+			if m.typ == msgError {
+				return errorOf(m)
+			}
+			v, err := parseVariant(m)
+			if err != nil {
+				return err
+			}
+			if v.sig != "s" {
+				return fmt.Errorf("%w: SystemState of signature %q, want s", errBadMessage, v.sig)
+			}
+			state = v.str
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("systemd's SystemState: %w", err)
+		}
 		return nil
 	})
 	return state, err

@@ -56,3 +56,48 @@ func TestDialGivesUpWithTheCallsContext(t *testing.T) {
 		}
 	}
 }
+
+// stateManager answers SystemState and a read of shutdown.target.
+type stateManager struct {
+	Manager
+	state    string
+	shutdown Unit
+}
+
+func (m stateManager) SystemState(context.Context) (string, error) { return m.state, nil }
+func (m stateManager) Unit(_ context.Context, name string) (Unit, error) {
+	if name != "shutdown.target" {
+		return Unit{}, errors.New("not read here")
+	}
+	return m.shutdown, nil
+}
+
+// The system is stopping when systemd says so, and, before the boot
+// finished (systemd then says "initializing" or "starting" whatever else
+// happens), when shutdown.target is reached or its start job is queued.
+func TestStopping(t *testing.T) {
+	dead := Unit{Name: "shutdown.target", LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}
+	queued := dead
+	queued.Job, queued.JobType = 12, "start"
+	reached := dead
+	reached.ActiveState, reached.SubState = "active", "active"
+	for _, tc := range []struct {
+		state    string
+		shutdown Unit
+		want     bool
+	}{
+		{"stopping", dead, true},
+		{"running", dead, false},
+		{"degraded", dead, false},
+		{"maintenance", dead, false},
+		{"running", queued, false}, // "stopping" is systemd's word once the boot finished
+		{"starting", dead, false},
+		{"starting", queued, true},
+		{"initializing", reached, true},
+	} {
+		got, err := Stopping(context.Background(), stateManager{state: tc.state, shutdown: tc.shutdown})
+		if err != nil || got != tc.want {
+			t.Errorf("%s, shutdown.target %s/%s job %q: %v, %v; want %v", tc.state, tc.shutdown.ActiveState, tc.shutdown.SubState, tc.shutdown.JobType, got, err, tc.want)
+		}
+	}
+}

@@ -444,3 +444,46 @@ func TestSystemBusSocket(t *testing.T) {
 		t.Errorf("a TCP address alone: %q", got)
 	}
 }
+
+// SystemState is a Properties.Get of the manager's SystemState, on the
+// connection the reads share; the stop job of a unit comes with its
+// ListUnitsByNames entry. A value of another type is an error.
+func TestSystemStateOverAFakeBus(t *testing.T) {
+	reply := func(m *godbus.Message, body ...any) []byte {
+		return encodeReply(t, binary.LittleEndian, godbus.TypeMethodReply, m.Serial()+1000, m.Serial(), "", body...)
+	}
+	state := any("stopping")
+	fb := startFakeBus(t, func(conn int, pending []*godbus.Message) [][]byte {
+		m := pending[len(pending)-1]
+		switch m.Headers[godbus.FieldMember].Value() {
+		case "ListUnitsByNames":
+			return [][]byte{reply(m, []godbusUnitStatus{{"k.service", "", "loaded", "deactivating", "stop-sigterm", "", "/u/k", 9, "stop", "/org/freedesktop/systemd1/job/9"}})}
+		case "Get":
+			if m.Headers[godbus.FieldPath].Value() != godbus.ObjectPath("/org/freedesktop/systemd1") || m.Body[0] != "org.freedesktop.systemd1.Manager" || m.Body[1] != "SystemState" {
+				return [][]byte{reply(m, godbus.MakeVariant(""))} // a unit's property: not read here
+			}
+			return [][]byte{reply(m, godbus.MakeVariant(state))}
+		}
+		return nil
+	})
+	bus := NewDBusAt(fb.sock)
+	defer bus.Close()
+	ctx := context.Background()
+	if st, err := bus.SystemState(ctx); err != nil || st != "stopping" {
+		t.Fatalf("SystemState: %q, %v", st, err)
+	}
+	if stopping, err := Stopping(ctx, bus); err != nil || !stopping {
+		t.Errorf("Stopping: %v, %v", stopping, err)
+	}
+	u, err := bus.Unit(ctx, "k.service")
+	if err != nil || u.Job != 9 || u.JobType != "stop" {
+		t.Errorf("a unit with a stop job: %+v, %v", u, err)
+	}
+	state = uint32(3)
+	if st, err := bus.SystemState(ctx); !errors.Is(err, errBadMessage) {
+		t.Errorf("SystemState of type u: %q, %v", st, err)
+	}
+	if fb.conns != 1 {
+		t.Errorf("%d connections: the reads share one", fb.conns)
+	}
+}
