@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
@@ -122,6 +123,11 @@ type Runner struct {
 	// pending are the checks whose first run the first pass waits for;
 	// nil before Run and once the first pass is done.
 	pending map[*entry]bool
+	// sd is the Env's systemd (nil: none), asked whether the system is
+	// shutting down when a run would change a condition (held).
+	sd systemd.Manager
+	// shutdownLogged: the hold at shutdown was logged.
+	shutdownLogged atomic.Bool
 }
 
 // Options configure a Runner.
@@ -149,7 +155,7 @@ type Options struct {
 // refuses such a file; this guards configurations built in code).
 func NewRunner(env *Env, opts Options) (*Runner, error) {
 	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress, grid: opts.Grid,
-		factories: registry, only: opts.Only, external: opts.External}
+		factories: registry, only: opts.Only, external: opts.External, sd: env.Systemd}
 	if opts.Factories != nil {
 		r.factories = opts.Factories
 	}
@@ -412,6 +418,7 @@ func (r *Runner) Apply(env *Env) (Applied, error) {
 	r.mu.Lock()
 	r.entries = next
 	r.spread = env.Config.Runner.FirstRunSpread.Duration
+	r.sd = env.Systemd
 	for _, e := range gone {
 		if e.stop != nil {
 			e.stop()
@@ -596,6 +603,7 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	start := time.Now()
 	var c report.Condition
 	var result string
+	var details func()
 	if !e.running.CompareAndSwap(false, true) {
 		// The previous probe has not returned even after its timeout.
 		c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("the previous run (timeout %s) has still not returned", e.timeout))
@@ -624,6 +632,7 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 		select {
 		case o := <-done:
 			c, result = r.interpret(e, o)
+			details = func() { r.recordDetails(e, o) }
 		case <-cctx.Done():
 			if ctx.Err() != nil {
 				return // shutting down: record nothing
@@ -638,6 +647,12 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	if r.metrics != nil {
 		r.metrics.CheckRun(e.cond, result, time.Since(start))
 	}
+	if r.held(ctx, e, c) {
+		return
+	}
+	if details != nil {
+		details()
+	}
 	if e.part != "" {
 		r.store.SetPart(e.part, c, time.Now())
 		return
@@ -645,6 +660,50 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	// The run's start: a run in flight during an operator's clear does not
 	// spend the clear's release (report.Store.SetRun).
 	r.store.SetRun(c, start, time.Now())
+}
+
+// stoppingTimeout bounds the read of whether the system is shutting down.
+const stoppingTimeout = 2 * time.Second
+
+// held reports whether c, what a run of e's check found, is left
+// unrecorded, condition and report fields, because systemd is shutting the
+// system down. The units stop in reverse order, and this daemon (ordered
+// Before=kubelet.service) after kubelet, the operability units and
+// containerd: in between, its checks find them stopping or stopped, and
+// the Node would keep KubeletUnhealthy=True, NodeServiceDown=True and the
+// like (the daemon's last write on SIGTERM) for as long as the node is
+// off, for a failure that did not happen. Every condition keeps its last
+// state until the daemon stops. systemd is asked only when the run would
+// change the condition (its status, reason or message): a healthy node's
+// runs, and a failure that stays the same, make no call.
+func (r *Runner) held(ctx context.Context, e *entry, c report.Condition) bool {
+	r.mu.Lock()
+	sd := r.sd
+	r.mu.Unlock()
+	if sd == nil {
+		return false
+	}
+	prev, had := r.store.Get(e.cond)
+	if e.part != "" {
+		prev, had = r.store.Part(e.part, e.cond)
+	}
+	if !had || prev.Status == c.Status && prev.Reason == c.Reason && prev.Message == c.Message {
+		return false
+	}
+	sctx, cancel := context.WithTimeout(ctx, stoppingTimeout)
+	defer cancel()
+	stopping, err := systemd.Stopping(sctx, sd)
+	if ctx.Err() != nil {
+		return true // the daemon is stopping: record nothing, as runOne does
+	}
+	if err != nil || !stopping {
+		return false
+	}
+	if !r.shutdownLogged.Swap(true) {
+		r.log.Info("systemd is shutting the system down: the conditions keep their last state until the daemon stops",
+			"check", e.cond, "held_status", c.Status, "held_reason", c.Reason)
+	}
+	return true
 }
 
 // recordDetails records the report fields a run of e's check collected.
@@ -656,7 +715,12 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 // the report (the tamper document's record of an operator's clear, which
 // a restart trusts, included). A panic, a timeout or a reason outside the
 // catalog changes nothing.
-func (r *Runner) recordDetails(e *entry, o outcome, valid bool) {
+func (r *Runner) recordDetails(e *entry, o outcome) {
+	if o.panic != nil {
+		return
+	}
+	d, _ := report.Lookup(e.cond)
+	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
 	switch {
 	case r.details == nil:
 	case o.err == nil && valid:
@@ -680,9 +744,9 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	}
 	d, _ := report.Lookup(e.cond)
 	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
-	// What the probe collected is reported even when it could not decide
-	// (a certificate that is not present, an unreadable drive).
-	r.recordDetails(e, o, valid)
+	// What the probe collected is reported (runOne: recordDetails) even
+	// when it could not decide (a certificate that is not present, an
+	// unreadable drive).
 	switch {
 	case o.err != nil:
 		e.logOutcome("failed: "+o.err.Error(), func() {
