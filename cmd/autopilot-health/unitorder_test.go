@@ -51,3 +51,25 @@ func TestUnitStopsBeforeTheNetwork(t *testing.T) {
 		t.Errorf("%s is not ordered Before=kubelet.service (Before=%v)", unit, before)
 	}
 }
+
+// The daemon talks to systemd over the system bus, and at shutdown it
+// must: until its SIGTERM it asks systemd whether the system is shutting
+// down (SystemState) before recording a change, and its checks read the
+// units. dbus.service is a plain service (Debian's has default
+// dependencies and no ordering against this daemon): unordered, its stop
+// waits only for the units ordered after it, not for this daemon, which
+// waits for kubelet's stop (its graceful shutdown can take minutes), and
+// every read in between fails: the checks that read units turn
+// Unknown (CheckFailed), the hold at shutdown cannot tell the system is
+// stopping, and the last write on SIGTERM carries both. After=dbus.service
+// makes the bus stop after the daemon (After= alone: it does not pull dbus
+// in, and at boot it is up long before).
+func TestUnitStopsBeforeTheBus(t *testing.T) {
+	const unit = "../../units/autopilot-health.service"
+	after := unitDeps(t, unit, "After")
+	for _, u := range []string{"dbus.socket", "dbus.service"} {
+		if !slices.Contains(after, u) {
+			t.Errorf("%s is not ordered After=%s (After=%v): at shutdown the bus may stop while the daemon still reads systemd", unit, u, after)
+		}
+	}
+}
