@@ -491,3 +491,48 @@ func TestQueuedStartJobOverRealSystemd(t *testing.T) {
 	waitUnit(t, s, "late.service", "late started after the gate", active)
 	s.StopUnit(ctx, "late.service")
 }
+
+// At shutdown or reboot systemd stops kubelet before this daemon. Against
+// a real systemd: a unit whose stop job runs (its ExecStop, 3 s) is read
+// with the job's type, "stop", and the repairer leaves it alone ("systemd
+// is stopping", not "systemd is already restarting", and no restart once
+// it stopped); the manager's SystemState, read over the daemon's own
+// connection, is one of systemd's words and not "stopping", so
+// systemd.Stopping is false. (A real "stopping" is not reached here: a
+// start job for shutdown.target stops system.slice, and with it the bus
+// this test reads; TestStopping and TestSystemStateOverAFakeBus cover it.)
+func TestStopJobOverRealSystemd(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	if err := s.AddUnit(ctx, "slowstop.service", "[Unit]\nDefaultDependencies=no\n[Service]\nExecStart=/bin/sleep infinity\nExecStop=/bin/sleep 3\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, "slowstop.service"); err != nil {
+		t.Fatal(err)
+	}
+	waitUnit(t, s, "slowstop.service", "up", active)
+	state, err := s.Bus.SystemState(ctx)
+	if err != nil || (state != "running" && state != "degraded") {
+		t.Errorf("SystemState: %q, %v; want running or degraded", state, err)
+	}
+	if stopping, err := systemd.Stopping(ctx, s.Bus); err != nil || stopping {
+		t.Errorf("Stopping: %v, %v", stopping, err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.StopUnit(ctx, "slowstop.service") })
+	u := waitUnit(t, s, "slowstop.service", "its stop job", func(u systemd.Unit) bool { return u.Job != 0 })
+	if u.JobType != "stop" || u.ActiveState != "deactivating" {
+		t.Errorf("stopping: %+v", u)
+	}
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	if res, msg := r.Repair(ctx, "slowstop.service", 0, "probe failed"); res != checks.RepairUnitStopping {
+		t.Errorf("repair of a unit being stopped: %s %q", res, msg)
+	}
+	r.Wait()
+	// A restart would have replaced the stop job and the unit come back.
+	waitUnit(t, s, "slowstop.service", "stopped", func(u systemd.Unit) bool { return u.ActiveState == "inactive" && u.Job == 0 })
+	if st := r.Status("slowstop.service"); st.Repairs != 0 {
+		t.Errorf("restarted: %+v", st)
+	}
+}
