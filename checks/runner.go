@@ -673,7 +673,8 @@ const stoppingTimeout = 2 * time.Second
 // the Node would keep KubeletUnhealthy=True, NodeServiceDown=True and the
 // like (the daemon's last write on SIGTERM) for as long as the node is
 // off, for a failure that did not happen. Every condition keeps its last
-// state until the daemon stops. systemd is asked only when the run would
+// state until the daemon stops, but for those held forever (the tamper
+// findings). systemd is asked only when the run would
 // change the condition (its status, reason or message): a healthy node's
 // runs, and a failure that stays the same, make no call.
 func (r *Runner) held(ctx context.Context, e *entry, c report.Condition) bool {
@@ -681,6 +682,11 @@ func (r *Runner) held(ctx context.Context, e *entry, c report.Condition) bool {
 	sd := r.sd
 	r.mu.Unlock()
 	if sd == nil {
+		return false
+	}
+	if d, _ := report.Lookup(e.cond); d.Hold != report.HoldWhileTrue {
+		// A security finding (NodeTampered, SealedOSTampered: held
+		// forever) is never what a shutdown causes, and is never hidden.
 		return false
 	}
 	prev, had := r.store.Get(e.cond)

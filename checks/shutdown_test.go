@@ -222,3 +222,34 @@ func TestChangeCutShortByTheDaemonsStopIsNotRecorded(t *testing.T) {
 		t.Errorf("recorded during the daemon's stop: %+v", c)
 	}
 }
+
+// A tamper finding is recorded even while systemd shuts the system down:
+// no shutdown stops what NodeTampered watches, and a finding made then
+// (a file changed on the way down) is never hidden. systemd is not asked.
+func TestTamperFindingIsRecordedWhileSystemdShutsDown(t *testing.T) {
+	found := false
+	probe := probeFunc(func(context.Context) (Result, error) {
+		if !found {
+			return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact, Message: "intact"}, nil
+		}
+		return Result{Status: report.StatusTrue, Reason: report.ReasonProtectedFileChanged, Message: "/var/lib/kubelet/config.yaml changed"}, nil
+	})
+	m := newFakeManager()
+	m.setState("stopping")
+	env := testEnv(t, nil)
+	env.Systemd = m
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeTampered"}, Factories: map[string]Factory{"NodeTampered": fixed(probe)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(t.Context())
+	found = true
+	r.RunOnce(t.Context())
+	if c, _ := store.Get("NodeTampered"); c.Status != report.StatusTrue || c.Reason != report.ReasonProtectedFileChanged {
+		t.Errorf("while systemd shuts down: %+v, want the finding", c)
+	}
+	if m.reads() != 0 {
+		t.Errorf("SystemState read %d times", m.reads())
+	}
+}
