@@ -9,6 +9,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -75,15 +77,33 @@ func TestProxyCheck(t *testing.T) {
 	}
 }
 
-// A garbage metrics page is an error, never a panic.
+// A garbage metrics page is an error, never a panic. parseMetric reads
+// only the lines of the metric's family (family): on a page that expfmt's
+// parser takes whole, it finds what that parser finds.
 func FuzzParseMetric(f *testing.F) {
 	f.Add("# TYPE ready gauge\nready 1\n")
 	f.Add("ready{a=\"b\"} 0 1700000000\n# HELP x y\n")
 	f.Add("# TYPE ready histogram\nready_bucket{le=\"1\"} 1\n")
+	f.Add("# TYPE other counter\nother_total{a=\"}\\\"\"} 3\nready 2\n{\"ready\", a=\"b\"} 4\n")
+	f.Add("# TYPE ready_x gauge\nready_x 1\n# TYPE ready gauge\nready{x=\"1\"} NaN\n  ready{x=\"2\",} +Inf 12\n")
 	f.Fuzz(func(t *testing.T, page string) {
 		vals, found, err := parseMetric(strings.NewReader(page), "ready")
 		if err == nil && !found && len(vals) > 0 {
 			t.Fatal("values without the metric")
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, whole := p.TextToMetricFamilies(strings.NewReader(page))
+		if whole != nil {
+			return // not a page expfmt takes: parseMetric may be more lenient, never less
+		}
+		if err != nil && !strings.Contains(err.Error(), " is a ") {
+			t.Fatalf("expfmt takes the page whole, parseMetric refuses it: %v", err)
+		}
+		if _, ok := fams["ready"]; ok != found {
+			t.Fatalf("found %v, expfmt's families have ready: %v", found, ok)
+		}
+		if err == nil && len(vals) != len(fams["ready"].GetMetric()) {
+			t.Fatalf("%d values, expfmt has %d series", len(vals), len(fams["ready"].GetMetric()))
 		}
 	})
 }
