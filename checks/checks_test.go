@@ -276,14 +276,17 @@ func statfsAll(t *testing.T, root string) *fakeSys {
 }
 
 // The shipped unit's sandbox (ProtectSystem=strict, StateDirectory=,
-// PrivateTmp=, ProtectHome=read-only, ...): the mountinfo a service saw
-// under a real systemd 252 (captured by testdata/roots/protectsystem-strict/
-// capture.sh). Every mount of the service's namespace is read-only, yet
-// the filesystems under them are not: the check measures /var and
-// /var/lib/data (ext4, read-write), and /usr (there the host's disk, bound
-// read-only); not /opt/sealed, an ext4 whose superblock is read-only. /var is
-// named by its own mount, not by the StateDirectory= bind of a subdirectory
-// of it (/var/lib/autopilot-health, the only read-write mount of it).
+// PrivateTmp=, ProtectHome=yes, PrivateDevices=yes, ...): the mountinfo a
+// service saw under a real systemd 252 (captured by
+// testdata/roots/protectsystem-strict/capture.sh). Every mount of the
+// service's namespace is read-only, yet the filesystems under them are not:
+// the check measures /var and /var/lib/data (ext4, read-write), and /usr
+// (there the host's disk, bound read-only); not /opt/sealed, an ext4 whose
+// superblock is read-only. /var is named by its own mount, not by the
+// StateDirectory= bind of a subdirectory of it (/var/lib/autopilot-health,
+// the only read-write mount of it). The host's /home, an ext4 of its own
+// (7:3), is not in the namespace at all: ProtectHome=yes replaced it with
+// systemd's inaccessible directory (README, DiskUsageHigh).
 func TestDiskUsageUnderProtectSystemStrict(t *testing.T) {
 	const root = "testdata/roots/protectsystem-strict"
 	f, err := os.Open(filepath.Join(root, "proc/self/mountinfo"))
@@ -306,6 +309,14 @@ func TestDiskUsageUnderProtectSystemStrict(t *testing.T) {
 	} {
 		if m, ok := shape[mp]; !ok || m.MountReadOnly != want[0] || m.ReadOnly != want[1] {
 			t.Errorf("fixture: %s = %+v, want per-mount ro %v, filesystem ro %v", mp, m, want[0], want[1])
+		}
+	}
+	if m := shape["/home"]; m.Root != "/systemd/inaccessible/dir" || m.FSType != "tmpfs" {
+		t.Errorf("fixture: /home = %+v, want systemd's inaccessible directory (ProtectHome=yes)", m)
+	}
+	for _, m := range ms {
+		if m.Device == "7:3" {
+			t.Errorf("fixture: the host's /home filesystem is in the namespace: %+v", m)
 		}
 	}
 

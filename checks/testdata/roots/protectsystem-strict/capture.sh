@@ -2,10 +2,11 @@
 # Captures proc/self/mountinfo (beside this script) as a service with the
 # shipped unit's sandboxing sees it: a real systemd (252) as PID 1 in fresh
 # namespaces (as tests/harness/systemd-ns.sh, from
-# ../shared/recipes/systemd-in-namespace) starts a oneshot unit with
-# ProtectSystem=strict, ProtectHome=read-only, PrivateTmp=yes,
-# ProtectKernelTunables=yes, ProtectControlGroups=yes and
-# StateDirectory=autopilot-health, which copies its own
+# ../shared/recipes/systemd-in-namespace) starts a oneshot unit with the
+# settings of units/autopilot-health.service that shape its mounts
+# (ProtectSystem=strict, ProtectHome=yes, PrivateTmp=yes, PrivateDevices=yes,
+# ProtectKernel*=yes, ProtectControlGroups=yes, StateDirectory= and
+# RuntimeDirectory=autopilot-health), which copies its own
 # /proc/self/mountinfo into its state directory.
 #
 # The namespace's filesystems, so that "which filesystems were measured" is
@@ -15,6 +16,8 @@
 #   /var           ext4, read-write                        (must be measured)
 #   /var/lib/data  ext4, read-write                        (must be measured)
 #   /opt/sealed    ext4 mounted ro: superblock ro          (a sealed fs: not measured)
+#   /home          ext4, read-write, covered in the service's namespace by
+#                  ProtectHome='s inaccessible directory   (cannot be measured)
 #   /run /tmp /var/tmp /dev ...  tmpfs, proc, sysfs        (excluded by type)
 # Needs root, util-linux, e2fsprogs and systemd. Usage: capture.sh
 set -euo pipefail
@@ -33,7 +36,7 @@ case "${1:-}" in
         rm -rf "$W"
     }
     trap cleanup EXIT
-    for fs in var data sealed; do
+    for fs in var data sealed home; do
         truncate -s 32M "$W/$fs.img"
         mkfs.ext4 -q -L "$fs" "$W/$fs.img"
         LOOPS+=("$(losetup --find --show "$W/$fs.img")")
@@ -47,15 +50,20 @@ Type=oneshot
 RemainAfterExit=yes
 ExecStart=/bin/sh -c 'cat /proc/self/mountinfo > /var/lib/autopilot-health/mountinfo.tmp && mv /var/lib/autopilot-health/mountinfo.tmp /var/lib/autopilot-health/mountinfo'
 StateDirectory=autopilot-health
+RuntimeDirectory=autopilot-health
 ProtectSystem=strict
-ProtectHome=read-only
+ProtectHome=yes
 PrivateTmp=yes
+PrivateMounts=yes
 ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
 ProtectControlGroups=yes
+PrivateDevices=yes
 EOF
     printf '[Unit]\nWants=capture.service\n' > "$W/units/capture.target"
     ln -s capture.target "$W/units/default.target"
-    export W CG LOOP_VAR=${LOOPS[0]} LOOP_DATA=${LOOPS[1]} LOOP_SEALED=${LOOPS[2]}
+    export W CG LOOP_VAR=${LOOPS[0]} LOOP_DATA=${LOOPS[1]} LOOP_SEALED=${LOOPS[2]} LOOP_HOME=${LOOPS[3]}
     unshare --pid --fork --kill-child=SIGKILL --mount --uts --ipc --propagation private "$0" stage1 >"$W/console.log" 2>&1 </dev/null &
     STARTER=$!
     for _ in $(seq 300); do
@@ -96,12 +104,20 @@ stage2)
     mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 $R/sys/fs/cgroup
     mount -t tmpfs -o mode=755,nosuid,size=4m tmpfs $R/dev
     mknod -m 666 $R/dev/null c 1 3; mknod -m 666 $R/dev/zero c 1 5; mknod -m 666 $R/dev/urandom c 1 9
+    # PrivateDevices=yes copies these into the unit's /dev and binds /dev/pts
+    # and /dev/shm there (the unit fails to start without them).
+    mknod -m 666 $R/dev/full c 1 7; mknod -m 666 $R/dev/random c 1 8; mknod -m 666 $R/dev/tty c 5 0
+    mkdir -p $R/dev/pts $R/dev/shm
+    mount -t devpts -o newinstance,ptmxmode=0666,mode=620,gid=5 devpts $R/dev/pts
+    ln -s pts/ptmx $R/dev/ptmx
+    mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs $R/dev/shm
     mount -t tmpfs -o mode=755,nosuid,nodev,size=16m tmpfs $R/run
     mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs $R/tmp
     mount -o noatime "$LOOP_VAR" $R/var
     mkdir -p $R/var/lib/data $R/var/log $R/var/tmp; chmod 1777 $R/var/tmp
     mount -o noatime "$LOOP_DATA" $R/var/lib/data
     mount -o ro "$LOOP_SEALED" $R/opt/sealed
+    mount -o noatime "$LOOP_HOME" $R/home
     cd $R
     pivot_root . oldroot
     umount -l /oldroot
