@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -126,7 +127,7 @@ func ParseMountinfo(r io.Reader) ([]Mount, error) {
 		if len(f) < 6 || sep < 0 || len(f) < sep+3 {
 			return nil, fmt.Errorf("mountinfo line %d: malformed: %q", n, sc.Text())
 		}
-		m := Mount{Device: f[2], Root: unescapeOctal(f[3]), MountPoint: unescapeOctal(f[4]), FSType: f[sep+1], Source: unescapeOctal(f[sep+2])}
+		m := Mount{Device: f[2], Root: hostio.UnescapeMountinfo(f[3]), MountPoint: hostio.UnescapeMountinfo(f[4]), FSType: f[sep+1], Source: hostio.UnescapeMountinfo(f[sep+2])}
 		m.MountReadOnly = hasOption(f[5], "ro")
 		if len(f) > sep+3 {
 			m.ReadOnly = hasOption(f[sep+3], "ro")
@@ -143,26 +144,6 @@ func hasOption(opts, name string) bool {
 		}
 	}
 	return false
-}
-
-// unescapeOctal undoes the kernel's \ooo escaping of spaces, tabs, newlines
-// and backslashes in mountinfo paths.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // FSUsage is the use of one filesystem.

@@ -906,3 +906,29 @@ func TestSealedOSTamperedLogsAnUnreadableStateOnce(t *testing.T) {
 		t.Errorf("%d 'tamper state unreadable' lines in 5 runs, want 1:\n%s", n, h.logs.String())
 	}
 }
+
+// A protected path the unit's sandbox hides is not vouched for. Both units
+// have ProtectHome=yes: in their mount namespaces systemd mounts its
+// inaccessible directory over /home, /root and /run/user (the mountinfo
+// line below is from testdata/roots/protectsystem-strict, captured under a
+// real systemd 252), so the scan finds /root empty. An operator who adds
+// /root/.ssh to the protected paths (`autopilot-health check`, run outside
+// the unit, reads it) must see that it cannot be read there, Unknown /
+// CheckFailed naming it, not NodeIntact over a path nobody looked at, and
+// a change elsewhere is still True. Fails when the scan takes the empty
+// directory for the host's (False, NodeIntact).
+func TestNodeTamperedAPathTheSandboxHidesIsNotVouchedFor(t *testing.T) {
+	h := newTamperHost(t)
+	h.protect = []string{"/root/.ssh"}
+	h.write("/proc/self/mountinfo", "66 49 0:41 / / ro,relatime shared:1 - tmpfs rootfs rw,size=16384k,mode=755\n"+
+		"93 66 0:47 / /run rw,nosuid,nodev,relatime shared:10 - tmpfs tmpfs rw,size=16384k,mode=755\n"+
+		"108 66 0:47 /systemd/inaccessible/dir /root ro,nosuid,nodev,noexec,relatime shared:35 - tmpfs tmpfs rw,size=16384k,mode=755\n")
+	mkdir(t, h.path("/root"))
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	res := h.probe(c, report.StatusUnknown, report.ReasonCheckFailed, "cannot read 1 protected path(s), no other change since this boot's baseline (")
+	if want := ": /root/.ssh (hidden by the sandbox: /root is a systemd inaccessible mount in this mount namespace, as ProtectHome= and InaccessiblePaths= make)"; !strings.HasSuffix(res.Message, want) {
+		t.Errorf("message %q\nwant it to end %q", res.Message, want)
+	}
+	h.write("/var/lib/kubelet/config.yaml", "changed\n")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /var/lib/kubelet/config.yaml modified")
+}

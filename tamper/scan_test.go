@@ -195,3 +195,45 @@ func TestScanDoesNotBlockOnAFIFO(t *testing.T) {
 		t.Errorf("OpenRegular(symlink) = %v, want ELOOP (not followed)", err)
 	}
 }
+
+// Under ProtectHome=yes the helper's /home, /root and /run/user are
+// systemd's inaccessible directory (mountinfo's root
+// /systemd/inaccessible/dir, as captured under systemd 252 in
+// checks/testdata/roots/protectsystem-strict): a pattern there, glob or
+// not, and such a mount inside a protected tree are unreadable entries,
+// never an empty or absent path; the rest is scanned as ever. Fails when
+// the scan reads the empty directories (no /home, /root/.ssh entries and
+// /run/user a directory).
+func TestScanRecordsWhatTheSandboxHidesAsUnreadable(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/etc/kubernetes/kubelet.conf": "apiVersion: v1\n",
+		"/run/syself/marker":           "",
+		"/proc/self/mountinfo": "66 49 0:41 / / ro,relatime shared:1 - tmpfs rootfs rw\n" +
+			"93 66 0:47 / /run rw,nosuid,nodev,relatime shared:10 - tmpfs tmpfs rw\n" +
+			"90 66 0:47 /systemd/inaccessible/dir /home ro,nosuid,nodev,noexec,relatime shared:25 - tmpfs tmpfs rw\n" +
+			"108 66 0:47 /systemd/inaccessible/dir /root ro,nosuid,nodev,noexec,relatime shared:35 - tmpfs tmpfs rw\n" +
+			"110 93 0:47 /systemd/inaccessible/dir /run/user ro,nosuid,nodev,noexec,relatime shared:13 - tmpfs tmpfs rw\n",
+	})
+	for _, d := range []string{"/home", "/root", "/run/user"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := Scan(root, Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf", "/root/.ssh", "/home/*/.ssh/authorized_keys", "/run"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/etc/kubernetes/kubelet.conf", "/home", "/root/.ssh", "/run", "/run/syself", "/run/syself/marker", "/run/user"}
+	if got := paths(es); !slices.Equal(got, want) {
+		t.Fatalf("scanned %q, want %q", got, want)
+	}
+	for _, e := range es {
+		hidden := e.Path == "/home" || e.Path == "/root/.ssh" || e.Path == "/run/user"
+		if got := e.Kind == KindUnreadable; got != hidden {
+			t.Errorf("%s: %+v, unreadable %v, want %v", e.Path, e, got, hidden)
+		}
+	}
+	if e := es[1]; !strings.HasPrefix(e.Error, "hidden by the sandbox: /home is a systemd inaccessible mount") {
+		t.Errorf("why /home is unreadable: %q", e.Error)
+	}
+}

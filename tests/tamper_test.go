@@ -372,3 +372,111 @@ func (w *conditionWatch) notTrueAfterTrue() []string {
 	}
 	return out
 }
+
+// hiddenPathUnitConfig protects a path in root's home directory, which both
+// units hide (ProtectHome=yes), beside one they do not.
+const hiddenPathUnitConfig = `# written by tests/tamper_test.go
+role = "worker"
+gpu = "false"
+
+[metrics]
+listen_address = "127.0.0.1:%[1]d"
+
+[runner]
+first_run_spread = "0s"
+
+[checks.KubeletUnhealthy]
+enabled = false
+
+[checks.ContainerRuntimeUnhealthy]
+enabled = false
+
+[checks.NodeTampered]
+paths = ["/root/.ssh", "/etc/autopilot-health-test/protected"]
+baseline_after = []
+settle = "0s"
+
+[kubernetes]
+kubeconfig = "/etc/autopilot-health/kubeconfig"
+`
+
+// NodeTampered under the packaged units with a protected path in /root:
+// the helper's ProtectHome=yes puts systemd's inaccessible directory over
+// /root in its mount namespace, so the scan cannot see the host's
+// /root/.ssh/authorized_keys; the condition says so (Unknown, CheckFailed,
+// naming /root/.ssh and why) instead of vouching for it, and a change to
+// the other protected path is still found. Before hostio.Scan knew the
+// sandbox's inaccessible mounts, the condition was False, NodeIntact, over
+// an empty directory.
+func TestNodeTamperedPathHiddenByTheUnitIsNotVouchedFor(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-hidden-"+harness.Token()+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	usr := filepath.Join(dir, "usr")
+	if err := harness.InstallDaemon(usr); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(usr, "bin", "autopilot-health")
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), nil, harness.Options{KeepSyslog: true, Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal of the namespace:\n%s", lastBytes(s.Journal("autopilot-health.service", "autopilot-health-privileged.service"), 8000))
+		}
+	}()
+	for p, content := range map[string]string{
+		"/root/.ssh/authorized_keys":                  "ssh-ed25519 AAAA operator\n",
+		"/etc/autopilot-health-test/protected/a.conf": "a\n",
+		"/etc/autopilot-health/config.toml":           fmt.Sprintf(hiddenPathUnitConfig, freeTCPPort(t)),
+		"/etc/autopilot-health/kubeconfig":            fmt.Sprintf(deadAPIKubeconfig, freeTCPPort(t)),
+	} {
+		if err := writeFile(s.Root(p), []byte(content)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
+		t.Fatalf("starting journald: %v", err)
+	}
+	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("starting autopilot-health.service: %v", err)
+	}
+	sock := s.Root("/run/autopilot-health/status.sock")
+	nodeTampered := func() (string, string) {
+		out, _ := exec.Command(bin, "status", "--json", "--socket", sock).Output()
+		var st struct {
+			Conditions []struct{ Type, Status, Reason, Message string } `json:"conditions"`
+		}
+		if err := json.Unmarshal(out, &st); err != nil {
+			return "", fmt.Sprintf("%v: %s", err, out)
+		}
+		for _, c := range st.Conditions {
+			if c.Type == "NodeTampered" {
+				return c.Status + "/" + c.Reason, c.Message
+			}
+		}
+		return "", string(out)
+	}
+	const why = "/root/.ssh (hidden by the sandbox: /root is a systemd inaccessible mount in this mount namespace"
+	eventually(t, 30*time.Second, "NodeTampered Unknown/CheckFailed naming /root/.ssh", func() (bool, string) {
+		sr, msg := nodeTampered()
+		return sr == "Unknown/CheckFailed" && strings.Contains(msg, "cannot read 1 protected path(s)") && strings.Contains(msg, why), sr + " " + msg
+	})
+	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/a.conf"), []byte("b\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "NodeTampered True for the change beside it", func() (bool, string) {
+		sr, msg := nodeTampered()
+		return sr == "True/ProtectedFileChanged" && strings.Contains(msg, "/etc/autopilot-health-test/protected/a.conf modified"), sr + " " + msg
+	})
+	sr, msg := nodeTampered()
+	t.Logf("NodeTampered under the units: %s %s", sr, msg)
+}

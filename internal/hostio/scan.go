@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -133,7 +134,14 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 		out = append(out, e)
 		return nil
 	}
+	hidden := hiddenMounts(root)
 	for _, pat := range spec.Patterns {
+		// A pattern under a mount the sandbox hides matches nothing there,
+		// whatever the host holds: it is unreadable, not absent.
+		if mp := hiddenBy(hidden, globBase(pat)); mp != "" && !excluded(globBase(pat), spec.Exclude) {
+			unreadable(globBase(pat), hiddenError(mp))
+			continue
+		}
 		matches, err := filepath.Glob(HostJoin(root, pat))
 		if err != nil {
 			return nil, fmt.Errorf("pattern %q: %w", pat, err)
@@ -168,8 +176,90 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 			}
 		}
 	}
+	// A hidden mount inside a protected tree: its (empty) directory was
+	// read, the host's tree there was not.
+	for _, mp := range hidden {
+		if spec.Covers(mp) {
+			if _, err := os.Lstat(HostJoin(root, mp)); err == nil {
+				unreadable(mp, hiddenError(mp))
+			}
+		}
+	}
 	sortEntries(out)
 	return out, nil
+}
+
+// hiddenMounts returns the mount points of this process's mount namespace
+// (root's /proc/self/mountinfo) where systemd mounted one of its
+// inaccessible nodes (/run/systemd/inaccessible/*): ProtectHome=yes does so
+// on /home, /root and /run/user in both units, InaccessiblePaths= on each of
+// its paths. What the host has there is out of this process's sight: it
+// finds an empty directory. None where mountinfo cannot be read (a fixture
+// tree without one).
+func hiddenMounts(root string) []string {
+	b, err := os.ReadFile(HostJoin(root, "/proc/self/mountinfo"))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		// A node's namespace holds thousands of pod mounts: split only
+		// the few lines that can be one.
+		if !strings.Contains(line, " /systemd/inaccessible/") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) >= 5 && strings.HasPrefix(UnescapeMountinfo(f[3]), "/systemd/inaccessible/") {
+			out = append(out, path.Clean(UnescapeMountinfo(f[4])))
+		}
+	}
+	return out
+}
+
+// hiddenBy returns the hidden mount point at or above host path p, or "".
+func hiddenBy(hidden []string, p string) string {
+	for _, mp := range hidden {
+		if p == mp || strings.HasPrefix(p, mp+"/") {
+			return mp
+		}
+	}
+	return ""
+}
+
+func hiddenError(mp string) error {
+	return fmt.Errorf("hidden by the sandbox: %s is a systemd inaccessible mount in this mount namespace, as ProtectHome= and InaccessiblePaths= make", mp)
+}
+
+// globBase is a pattern up to its first component with a glob character
+// ("/home/*/.ssh" -> "/home"), the whole pattern where it has none.
+func globBase(p string) string {
+	parts := strings.Split(path.Clean(p), "/")
+	for i, c := range parts {
+		if strings.ContainsAny(c, `*?[\`) {
+			return path.Clean("/" + strings.Join(parts[:i], "/"))
+		}
+	}
+	return path.Clean(p)
+}
+
+// unescapeOctal undoes mountinfo's \ooo escapes (space, tab, newline,
+// backslash).
+func UnescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // errText is why a path could not be read, without the path (stable from
