@@ -467,8 +467,12 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			dirty = true
 		case <-r.rewrite:
 			// The Node was registered anew: the conditions go back on it
-			// now, before the next report (nodeAnswered).
-			dirty, beat = true, false
+			// now, before the next report (nodeAnswered), also when a
+			// retry is pending: the report write just reached the new
+			// Node, where the writes that failed found none (404), and
+			// the report waits for them. One token per report write,
+			// which then waits for this write: no loop.
+			dirty, beat, retry = true, false, nil
 		case <-retry:
 			retry = nil
 		case <-r.apiBack():

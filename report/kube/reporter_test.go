@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
@@ -1331,4 +1332,109 @@ func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 			t.Errorf("%s: report waits %v, rewrite asked %v; want %v", tc.name, pending, len(r.rewrite) == 1, tc.want)
 		}
 	}
+}
+
+// writeTimes is a client that records when each Node write was answered,
+// and how.
+type writeTimes struct {
+	Client
+	mu     sync.Mutex
+	writes []timedWrite
+}
+
+type timedWrite struct {
+	status bool // the conditions; else the report
+	at     time.Time
+	err    error
+}
+
+func (c *writeTimes) note(status bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writes = append(c.writes, timedWrite{status, time.Now(), err})
+}
+
+func (c *writeTimes) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	n, err := c.Client.PatchNodeStatus(ctx, name, patch)
+	c.note(true, err)
+	return n, err
+}
+
+func (c *writeTimes) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	n, err := c.Client.PatchNode(ctx, name, patch)
+	c.note(false, err)
+	return n, err
+}
+
+// The Node deleted, and registered anew only minutes later (the kubelet
+// restarted): meanwhile every write found no Node (404) and both writers
+// backed off to about a minute. When the report write is the first to find
+// the new Node, it is refused (the old UID) and the conditions are written
+// at once, not at the end of the status writer's backoff (up to a minute
+// later, the new Node without the conditions, and without the report, all
+// that time).
+func TestNodeRegisteredAnewAfterAnAbsenceGetsItsConditionsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.UID = "uid-0"
+		client := fake.NewClientset(n)
+		wt := &writeTimes{Client: kubefake.New(client)}
+		store := report.NewStore("b")
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = wt })
+		defer h.stop()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		nodes := corev1.SchemeGroupVersion.WithResource("nodes")
+		// The backoff is random: the report write finds the new Node
+		// first in some rounds, the status write in others.
+		refusals := 0
+		for round := 1; round <= 12 && refusals < 3; round++ {
+			if err := client.Tracker().Delete(nodes, "", node); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Minute) // both writers fail, backing off to a minute
+			n := kubeletNode()
+			n.UID = types.UID("uid-" + strconv.Itoa(round))
+			wt.mu.Lock()
+			mark := len(wt.writes)
+			wt.mu.Unlock()
+			if err := client.Tracker().Add(n); err != nil {
+				t.Fatal(err)
+			}
+			registered := time.Now()
+			for {
+				time.Sleep(time.Second)
+				synctest.Wait()
+				n := h.node(t)
+				if n.Annotations["autopilot.syself.com/storage"] != "" && findCond(n, "DiskUsageHigh") != nil {
+					break
+				}
+				if time.Since(registered) > 5*time.Minute {
+					t.Fatalf("round %d: the report and the conditions not back on the Node registered anew within 5 minutes", round)
+				}
+			}
+			wt.mu.Lock()
+			var refused, status time.Time
+			for _, w := range wt.writes[mark:] {
+				switch {
+				case !w.status && w.err != nil && uidRefused(w.err) && refused.IsZero():
+					refused = w.at
+				case w.status && w.err == nil && status.IsZero():
+					status = w.at
+				}
+			}
+			wt.mu.Unlock()
+			if refused.IsZero() || status.Before(refused) {
+				continue // the conditions found the new Node first
+			}
+			refusals++
+			if d := status.Sub(refused); d > time.Second {
+				t.Errorf("round %d: the conditions written %s after the report write was refused (the Node registered anew), want at once", round, d)
+			}
+		}
+		if refusals == 0 {
+			t.Fatal("in no round did the report write find the Node registered anew first")
+		}
+	})
 }
