@@ -222,15 +222,20 @@ func (s *State) Marshal() ([]byte, error) {
 // capped (MaxEntries), so a larger file is not one the daemon wrote.
 const maxStateFile = 16 << 20
 
-// ParseState decodes a tamper state file and checks it: version, known
-// fields only, sorted unique entries, the baseline's digest. Any error means
-// the file is not one the daemon wrote as it is now.
+// ParseState decodes a tamper state file and checks it: version, sorted
+// unique entries, the baseline's digest. Any error means the file is not
+// one the daemon wrote as it is now. Fields it does not know are ignored:
+// a newer build adds fields without raising the version (it raises it only
+// for a change an older build would misread), and the build it rolls back
+// to reads the rest (refusing the file moved it aside, losing its findings
+// and setting NodeTampered on every node rolled back). An unknown field
+// gains a forger nothing: the baseline's digest covers the fields known,
+// and a finding dropped from the file is not hidden by anything added.
 func ParseState(b []byte) (*State, error) {
 	if len(b) > maxStateFile {
 		return nil, fmt.Errorf("%d bytes, larger than any state the daemon writes (%d)", len(b), maxStateFile)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
 	var s State
 	if err := dec.Decode(&s); err != nil {
 		return nil, err

@@ -1,0 +1,73 @@
+package tamper
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// loadFixture loads the state file testdata/name the way the daemon does at
+// start (Keeper.Load, boot-1), and returns the keeper and Load's error.
+func loadFixture(t *testing.T, name string) (*Keeper, string, error) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, StateFileName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k := NewKeeper(dir, "boot-1", false)
+	return k, dir, k.Load(t0.Add(time.Hour))
+}
+
+// An upgrade: tamper.json as the first build wrote it (3c089ea: no
+// baseline scope, no tolerated changes, no retake) is read whole, its
+// findings and baseline kept (a baseline without a scope is compared
+// everywhere).
+func TestStateOfTheFirstBuild(t *testing.T) {
+	k, _, err := loadFixture(t, "tamper-3c089ea.json")
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	st := k.State()
+	if len(st.FindingsFor(CondNode)) != 1 || len(st.FindingsFor(CondSealed)) != 1 || len(st.Findings) != 2 {
+		t.Errorf("findings: %+v, want the file's two", st.Findings)
+	}
+	if st.Baseline == nil || st.Baseline.BootID != "boot-1" || len(st.Baseline.Entries) != 1 {
+		t.Fatalf("baseline: %+v", st.Baseline)
+	}
+	if _, ok := st.Baseline.Scope(); ok {
+		t.Error("a baseline without patterns has a scope")
+	}
+	if st.Sealed == nil || st.Sealed.Recorded["root"] == "" {
+		t.Errorf("recorded hashes first seen: %+v", st.Sealed)
+	}
+}
+
+// A rollback: tamper.json as a newer build writes it, with fields this
+// build does not know (a newer build adds fields without raising the
+// version), is read for what this build knows. Refusing it moved the file
+// aside: the SealedOSTampered finding was lost and NodeTampered was set
+// (BaselineCorrupt) on every node rolled back.
+func TestStateOfANewerBuildWithNewFields(t *testing.T) {
+	k, dir, err := loadFixture(t, "tamper-newer-fields.json")
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	st := k.State()
+	if fs := st.FindingsFor(CondSealed); len(fs) != 1 || fs[0].Kind != HashMismatch {
+		t.Errorf("SealedOSTampered findings: %+v, want the file's", fs)
+	}
+	if fs := st.FindingsFor(CondNode); len(fs) != 0 {
+		t.Errorf("NodeTampered findings: %+v, want none", fs)
+	}
+	if st.Baseline == nil || st.Baseline.Digest != "sha256:030d0070b354c0f7ccb9b018ad28eae5539ca595482f1fc3b2fe9834cc8a631f" {
+		t.Errorf("baseline: %+v", st.Baseline)
+	}
+	if _, err := os.Stat(filepath.Join(dir, StateFileName+".corrupt")); err == nil {
+		t.Error("moved aside")
+	}
+}
