@@ -71,7 +71,8 @@ func (k *Keeper) Path() string { return filepath.Join(k.dir, StateFileName) }
 // Load reads the state file once. A corrupt file is itself a finding of
 // NodeTampered (the file was moved aside, never deleted, and the baseline
 // is not silently taken again: the finding stays until cleared); the error
-// is returned, once, for the log. A keeper that writes first removes the
+// is returned, once, for the log. The findings of a file a newer build
+// wrote in a higher version (a rollback) are kept before that finding. A keeper that writes first removes the
 // temp files of the state file a crash left (report.RemoveTemps; under its
 // lock, so no save of its own is under way); a read-only one (the one-shot
 // check beside a running daemon) leaves them.
@@ -90,6 +91,9 @@ func (k *Keeper) Load(now time.Time) error {
 		}
 		var ce *CorruptError
 		if errors.As(err, &ce) {
+			for _, f := range ce.Findings {
+				k.state.AddFinding(f)
+			}
 			k.state.AddFinding(Finding{Condition: CondNode, Path: ce.Path, Kind: Corrupt, At: now.UTC(), BootID: k.bootID, Detail: ce.Err.Error()})
 			k.saveLocked()
 		}

@@ -235,6 +235,13 @@ func ParseState(b []byte) (*State, error) {
 	if len(b) > maxStateFile {
 		return nil, fmt.Errorf("%d bytes, larger than any state the daemon writes (%d)", len(b), maxStateFile)
 	}
+	var head struct {
+		Version  int       `json:"version"`
+		Findings []Finding `json:"findings"`
+	}
+	if json.Unmarshal(b, &head) == nil && head.Version > stateVersion {
+		return nil, &NewerError{Version: head.Version, Findings: knownFindings(head.Findings)}
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	var s State
 	if err := dec.Decode(&s); err != nil {
@@ -277,6 +284,34 @@ func ParseState(b []byte) (*State, error) {
 	return &s, nil
 }
 
+// NewerError: the state file is of a higher version than this build's, one
+// a newer build wrote (a rollback) over a change this build would misread.
+// Findings are what the file's findings say: they keep their fields and
+// meaning in every version, so that a rollback never drops one.
+type NewerError struct {
+	Version  int
+	Findings []Finding
+}
+
+func (e *NewerError) Error() string {
+	return fmt.Sprintf("unsupported version %d (a newer build's; this one reads %d)", e.Version, stateVersion)
+}
+
+// knownFindings returns the findings of the conditions this build sets, the
+// most recent MaxFindings.
+func knownFindings(fs []Finding) []Finding {
+	var out []Finding
+	for _, f := range fs {
+		if f.Condition == CondNode || f.Condition == CondSealed {
+			out = append(out, f)
+		}
+	}
+	if n := len(out) - MaxFindings; n > 0 {
+		out = out[n:]
+	}
+	return out
+}
+
 // MaxStateFileSize bounds the state file read (a baseline of MaxEntries
 // entries is a few MiB).
 const MaxStateFileSize = 64 << 20
@@ -301,7 +336,12 @@ func LoadState(dir string) (*State, error) {
 	}
 	if err != nil {
 		aside, merr := report.MoveAside(p)
-		return nil, &CorruptError{Path: p, MovedTo: aside, MoveErr: merr, Err: err}
+		ce := &CorruptError{Path: p, MovedTo: aside, MoveErr: merr, Err: err}
+		var ne *NewerError
+		if errors.As(err, &ne) {
+			ce.Findings = ne.Findings
+		}
+		return nil, ce
 	}
 	return s, nil
 }
@@ -332,6 +372,9 @@ type CorruptError struct {
 	Path, MovedTo string
 	MoveErr       error
 	Err           error
+	// Findings are the file's findings that could be read all the same
+	// (a newer build's file: NewerError); Keeper.Load keeps them.
+	Findings []Finding
 }
 
 func (e *CorruptError) Error() string {

@@ -1,8 +1,10 @@
 package tamper
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -69,5 +71,36 @@ func TestStateOfANewerBuildWithNewFields(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, StateFileName+".corrupt")); err == nil {
 		t.Error("moved aside")
+	}
+}
+
+// A rollback over a change of the format (a higher version): the file is
+// moved aside and is a BaselineCorrupt finding, as any file this build
+// cannot read, but its findings are kept (they keep their meaning in every
+// version), so a rollback never drops a finding.
+func TestStateOfAHigherVersionKeepsItsFindings(t *testing.T) {
+	k, dir, err := loadFixture(t, "tamper-version-2.json")
+	var ce *CorruptError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "version 2") {
+		t.Fatalf("Load: %v, want a CorruptError naming version 2", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, StateFileName+".corrupt")); err != nil {
+		t.Errorf("not moved aside: %v", err)
+	}
+	st := k.State()
+	if fs := st.FindingsFor(CondSealed); len(fs) != 1 || fs[0].Kind != HashMismatch || fs[0].Path != "root" {
+		t.Errorf("SealedOSTampered findings: %+v, want the file's", fs)
+	}
+	fs := st.FindingsFor(CondNode)
+	if len(fs) != 2 || fs[0].Kind != Modified || fs[1].Kind != Corrupt {
+		t.Errorf("NodeTampered findings: %+v, want the file's, then baseline-corrupt", fs)
+	}
+	if st.Baseline != nil {
+		t.Errorf("baseline of a version not known kept: %+v", st.Baseline)
+	}
+	// Saved at once: a restart before the next finding keeps them.
+	s, err := LoadState(dir)
+	if err != nil || s == nil || len(s.Findings) != 3 {
+		t.Errorf("saved state: %+v, %v; want the three findings", s, err)
 	}
 }
