@@ -312,6 +312,61 @@ func TestDebianPackageUpgradeUnedited(t *testing.T) {
 	}
 }
 
+// TestDebianPackageDowngrade: a rollback to the older package (apt install
+// autopilot-health=<older>, as a fleet does when a release misbehaves)
+// keeps the state the newer daemon wrote (state.json, and tamper.json with
+// its findings) and the unit enabled; an edited configuration is kept, the
+// older default written beside it; an unedited one becomes the older
+// default, silently. The daemon of the older package reads the state
+// (tamper's TestStateOfANewerBuildWithNewFields,
+// TestStateOfAHigherVersionKeepsItsFindings; report's
+// TestLoadStateOfANewerBuild).
+func TestDebianPackageDowngrade(t *testing.T) {
+	needDpkgDeb(t)
+	hostBinary(t)
+	v1 := buildDeb(t, runtime.GOARCH, "1.0.0")
+	v2, _ := newerPackage(t, v1)
+	v1Default := func() string {
+		b, err := os.ReadFile(filepath.Join(extract(t, v1), cfgPath))
+		must(t, err)
+		return string(b)
+	}()
+	const tamperFile = "/var/lib/autopilot-health/tamper.json"
+	for _, edit := range []bool{false, true} {
+		r := newDpkgRoot(t, runtime.GOARCH)
+		r.dpkg("--install", v2)
+		must(t, os.MkdirAll(filepath.Dir(r.path(stateFile)), 0o750))
+		must(t, os.WriteFile(r.path(stateFile), []byte(`{"version":1}`+"\n"), 0o644))
+		must(t, os.WriteFile(r.path(tamperFile), []byte(`{"version":1,"findings":[]}`+"\n"), 0o600))
+		edited := r.read(cfgPath) + "[metrics]\nlisten_address = \"127.0.0.1:20257\"\n"
+		if edit {
+			must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+		}
+		r.dpkg("--force-confdef", "--force-confold", "--install", v1)
+		if s := r.status(); s != "install ok installed 1.0.0" {
+			t.Fatalf("edited %v: after the downgrade: %q", edit, s)
+		}
+		for _, p := range []string{stateFile, tamperFile} {
+			if !r.exists(p) {
+				t.Errorf("edited %v: the downgrade deleted %s", edit, p)
+			}
+		}
+		if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+			t.Errorf("edited %v: after the downgrade: is-enabled %q", edit, s)
+		}
+		switch got := r.read(cfgPath); {
+		case edit && got != edited:
+			t.Errorf("the downgrade did not keep the edited configuration:\n%s", got)
+		case edit && (!r.exists(cfgPath+".dpkg-dist") || r.read(cfgPath+".dpkg-dist") != v1Default):
+			t.Errorf("config.toml.dpkg-dist is not 1.0.0's default")
+		case !edit && got != v1Default:
+			t.Errorf("the unedited configuration is not 1.0.0's default:\n%s", got)
+		case !edit && r.exists(cfgPath+".dpkg-dist"):
+			t.Errorf("an unedited configuration left a .dpkg-dist")
+		}
+	}
+}
+
 // TestDebianPackageForeignArch installs and purges the package of the
 // other architecture in a root that has it as a foreign architecture (an
 // arm64 image built on an amd64 machine): dpkg accepts it, the unit is
