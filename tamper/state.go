@@ -21,6 +21,12 @@ import (
 // last clear, and the recorded root hashes first seen in this boot.
 const StateFileName = "tamper.json"
 
+// stateVersion is raised for a change an older build would misread or
+// refuse: a field it knows changing meaning, a new entry kind, a field the
+// baseline's digest covers (an older build's digest would not match, and a
+// file that fails its digest loses its findings). An older build keeps the
+// findings of a file of a higher version (NewerError); their fields never
+// change. A field added elsewhere leaves it as it is: older builds ignore it.
 const stateVersion = 1
 
 // MaxFindings caps the findings kept; beyond it the oldest make room (each
