@@ -693,7 +693,10 @@ func (r *Runner) held(ctx context.Context, e *entry, c report.Condition) bool {
 	if e.part != "" {
 		prev, had = r.store.Part(e.part, e.cond)
 	}
-	if !had || prev.Status == c.Status && prev.Reason == c.Reason && prev.Message == c.Message {
+	// The store keeps a condition's message cut at report.MaxMessageLen (a
+	// part's as the probe said it, until a restart restores it cut): the
+	// same long message is no change.
+	if !had || prev.Status == c.Status && prev.Reason == c.Reason && report.CapMessage(prev.Message) == report.CapMessage(c.Message) {
 		return false
 	}
 	sctx, cancel := context.WithTimeout(ctx, stoppingTimeout)

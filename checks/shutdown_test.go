@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -251,5 +252,43 @@ func TestTamperFindingIsRecordedWhileSystemdShutsDown(t *testing.T) {
 	}
 	if m.reads() != 0 {
 		t.Errorf("SystemState read %d times", m.reads())
+	}
+}
+
+// A failure that stays the same asks systemd nothing, even when its
+// message is longer than the Node's cap (report.MaxMessageLen: the store
+// keeps a condition's message cut, the probe says it whole at every run):
+// a node with many units down, or a long error, must not cost a D-Bus call
+// at every run. The same for a part (DisksFailure's NVMe SMART), which
+// the store keeps as the probe said it.
+func TestLongMessageThatStaysTheSameReadsNoSystemState(t *testing.T) {
+	for _, tc := range []struct {
+		cond   string
+		reason report.Reason
+	}{
+		{"NodeServiceDown", report.ReasonUnitNotActive},
+		{"DisksFailure", report.ReasonNVMeCriticalWarning},
+	} {
+		long := "not what it should be: " + strings.Repeat("x", 2*report.MaxMessageLen)
+		probe := probeFunc(func(context.Context) (Result, error) {
+			return Result{Status: report.StatusTrue, Reason: tc.reason, Message: long}, nil
+		})
+		m := newFakeManager()
+		env := testEnv(t, nil)
+		env.Systemd = m
+		store := report.NewStore("b")
+		r, err := NewRunner(env, Options{Store: store, Only: []string{tc.cond}, Factories: map[string]Factory{tc.cond: fixed(probe)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			r.RunOnce(t.Context())
+		}
+		if c, _ := store.Get(tc.cond); c.Status != report.StatusTrue || !strings.HasSuffix(c.Message, "...(truncated)") {
+			t.Fatalf("%s: recorded %s %q, want True, its message cut", tc.cond, c.Status, c.Message)
+		}
+		if n := m.reads(); n != 0 {
+			t.Errorf("%s: 3 runs of the same failure read SystemState %d times, want 0", tc.cond, n)
+		}
 	}
 }

@@ -58,6 +58,10 @@ func (s *Store) Emit(e Event) {
 	}
 }
 
+// CapMessage is m as the store keeps it: at most MaxMessageLen bytes, cut
+// at a character's start and marked "...(truncated)".
+func CapMessage(m string) string { return capMessage(m) }
+
 func capMessage(m string) string {
 	if len(m) <= MaxMessageLen {
 		return m
