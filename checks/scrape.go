@@ -130,12 +130,13 @@ func parsePage(page []byte, name string) ([]float64, bool, error) {
 }
 
 // family returns the lines of page that name the metric name or a name
-// that starts with it (# HELP and # TYPE lines, samples), as they are. Any
-// line that is not a comment, a blank line or a sample (a metric name,
-// possibly quoted in braces, labels in braces, a number, possibly a
-// timestamp) is an error naming the line: the page is not exposition
-// text. It is never stricter than expfmt's parser on a page that parser
-// takes (FuzzParseMetric).
+// that starts with it (# HELP and # TYPE lines, samples), as they are, and
+// those whose name it cannot tell for sure (quoted), which expfmt's parser
+// reads. Any line that is not a comment, a blank line or a sample (a metric
+// name, possibly quoted, possibly in the braces, labels in braces, a
+// number, possibly a timestamp) is an error naming the line: the page is
+// not exposition text. It is never stricter than expfmt's parser on a page
+// that parser takes (FuzzParseMetric, TestNamesAnywhereInTheBracesAreRead).
 func family(page []byte, name string) ([]byte, error) {
 	var out []byte
 	for n := 1; len(page) > 0; n++ {
@@ -158,13 +159,19 @@ func family(page []byte, name string) ([]byte, error) {
 			if metric, _ = field(rest); len(metric) == 0 {
 				continue
 			}
+			if metric[0] == '"' {
+				metric = nil // a quoted name (it may hold blanks): expfmt's to read
+			}
 		default:
 			var err error
 			if metric, err = sampleName(text); err != nil {
 				return nil, fmt.Errorf("line %d: %v", n, err)
 			}
 		}
-		if bytes.HasPrefix(metric, []byte(name)) {
+		// A line whose name is not plain to see here (nil: a quoted name
+		// outside the braces, an escape in a quoted one) is kept for
+		// expfmt's parser: dropped, it could be a line of the metric.
+		if metric == nil || bytes.HasPrefix(metric, []byte(name)) {
 			out = append(out, line...)
 		}
 	}
@@ -182,30 +189,48 @@ func field(b []byte) (f, rest []byte) {
 }
 
 // sampleName checks that text (a line without its leading blanks and
-// newline) is a sample line and returns its metric name.
+// newline) is a sample line and returns its metric name: the name that
+// starts it, or the element of its braces that is not a label (expfmt's
+// parser takes the name anywhere there, quoted or not: {"name", a="b"},
+// {a="b", name}). A name it cannot tell for sure (quoted outside the
+// braces, or a quoted one it cannot unquote) is nil, with no error.
 func sampleName(text []byte) ([]byte, error) {
 	var name []byte
 	rest := text
+	unsure := false
 	if text[0] != '{' {
 		i := 0
 		for i < len(text) && isNameByte(text[i], i == 0) {
 			i++
 		}
-		if i == 0 {
+		switch {
+		case i < len(text) && text[i] == '"':
+			// A quoted name, or a quoted part of one ("a"b, a"b"):
+			// expfmt's parser reads it.
+			unsure = true
+			j := quotedEnd(text, i)
+			if j < 0 {
+				return nil, fmt.Errorf("%q: a quoted string is not closed", clip(text))
+			}
+			i = j
+			for i < len(text) && text[i] != ' ' && text[i] != '\t' && text[i] != '{' {
+				i++
+			}
+		case i == 0:
 			return nil, fmt.Errorf("%q does not start with a metric name", clip(text))
 		}
 		name, rest = text[:i], bytes.TrimLeft(text[i:], " \t")
 	}
 	if len(rest) > 0 && rest[0] == '{' {
-		end, quoted, err := labelsEnd(rest)
+		end, inner, innerUnsure, err := labelsEnd(rest)
 		if err != nil {
 			return nil, fmt.Errorf("%q: %v", clip(text), err)
 		}
 		if name == nil {
-			if quoted == nil {
+			if inner == nil && !innerUnsure {
 				return nil, fmt.Errorf("%q has no metric name", clip(text))
 			}
-			name = quoted
+			name, unsure = inner, innerUnsure
 		}
 		rest = rest[end:]
 	} else if name == nil {
@@ -219,7 +244,24 @@ func sampleName(text []byte) ([]byte, error) {
 	if bytes.ContainsAny(value, "pP_") || !isFloat(value) {
 		return nil, fmt.Errorf("%q: the value %q is not a number", clip(text), value)
 	}
+	if unsure {
+		return nil, nil
+	}
 	return name, nil
+}
+
+// quotedEnd returns the index just past the quoted string that starts at
+// b[i] (a '"'), skipping escapes; -1 if it is not closed.
+func quotedEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
 }
 
 // isFloat reports whether b is a number strconv.ParseFloat takes, without
@@ -243,43 +285,55 @@ func isFloat(b []byte) bool {
 
 // labelsEnd returns the length of the label set at the start of b ("{"
 // to the matching "}", skipping quoted strings with their escapes) and the
-// quoted metric name that may lead it ({"name", ...}).
-func labelsEnd(b []byte) (end int, quotedName []byte, err error) {
-	first := true
+// metric name it holds: its first element that is not a label (no "="
+// outside quotes), plain or quoted ({"name", a="b"}, {a="b", name}).
+// unsure: that element is one whose name is not plain to see here (a
+// quoted string strconv cannot unquote, a mix of quoted and plain).
+func labelsEnd(b []byte) (end int, name []byte, unsure bool, err error) {
+	start, label := 1, false // the element being read, and whether it has a '='
 	for i := 1; i < len(b); i++ {
 		switch b[i] {
-		case '}':
-			return i + 1, quotedName, nil
+		case '}', ',':
+			if !label && name == nil && !unsure {
+				name, unsure = elementName(b[start:i])
+			}
+			if b[i] == '}' {
+				return i + 1, name, unsure, nil
+			}
+			start, label = i+1, false
+		case '=':
+			label = true
 		case '"':
-			j := i + 1
-			for ; j < len(b) && b[j] != '"'; j++ {
-				if b[j] == '\\' {
-					j++
-				}
+			j := quotedEnd(b, i)
+			if j < 0 {
+				return 0, nil, false, errors.New("a quoted string is not closed")
 			}
-			if j >= len(b) {
-				return 0, nil, errors.New("a quoted string is not closed")
-			}
-			if first {
-				// A quoted name followed by "," or "}": the metric's.
-				k := j + 1
-				for k < len(b) && (b[k] == ' ' || b[k] == '\t') {
-					k++
-				}
-				if k < len(b) && (b[k] == ',' || b[k] == '}') {
-					if u, err := strconv.Unquote(string(b[i : j+1])); err == nil {
-						quotedName = []byte(u)
-					}
-				}
-			}
-			first = false
-			i = j
-		case ' ', '\t':
-		default:
-			first = false
+			i = j - 1
 		}
 	}
-	return 0, nil, errors.New("the labels' braces are not closed")
+	return 0, nil, false, errors.New("the labels' braces are not closed")
+}
+
+// elementName is the metric name an element of a label set without "="
+// names: a plain name, or a quoted one (unquoted); unsure where it is
+// neither (nil for an empty element, which expfmt's parser refuses).
+func elementName(e []byte) (name []byte, unsure bool) {
+	e = bytes.Trim(e, " \t")
+	if len(e) == 0 {
+		return nil, false
+	}
+	if e[0] == '"' && quotedEnd(e, 0) == len(e) {
+		if u, err := strconv.Unquote(string(e)); err == nil {
+			return []byte(u), false
+		}
+		return nil, true
+	}
+	for i, c := range e {
+		if !isNameByte(c, i == 0) {
+			return nil, true
+		}
+	}
+	return e, false
 }
 
 func isNameByte(c byte, first bool) bool {

@@ -134,3 +134,35 @@ func BenchmarkParseMetricLargePage(b *testing.B) {
 		}
 	})
 }
+
+// expfmt's parser takes a metric's name anywhere in its braces, plain or
+// quoted, and a quoted name before them: a page with such lines is one it
+// takes whole, and parseMetric must find what it finds (never refuse it,
+// never drop a line of the metric). FuzzParseMetric found "{A}00" refused.
+func TestNamesAnywhereInTheBracesAreRead(t *testing.T) {
+	for _, tc := range []struct {
+		page  string
+		found bool
+		vals  int
+	}{
+		{"{A}00\n", false, 0},
+		{"{other} 1\n# TYPE ready gauge\nready 0\n", true, 1},
+		{"{ready} 1\n", true, 1},
+		{"{ready,a=\"b\"} 1\n", true, 1},
+		{"{a=\"b\", ready} 1\n", true, 1},
+		{"{a=\"b\",\"ready\"} 1\n", true, 1},
+		{"\"ready\" 1\n", true, 1},
+		{"\"ready\"{a=\"b\"} 1\nready{a=\"c\"} 0\n", true, 2},
+		{"# TYPE \"ready\" gauge\n{\"ready\"} 1\n", true, 1},
+	} {
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(strings.NewReader(tc.page))
+		if err != nil || (fams["ready"] != nil) != tc.found || len(fams["ready"].GetMetric()) != tc.vals {
+			t.Fatalf("%q: expfmt's parser: %v, %v; the test expects it to take the page", tc.page, fams, err)
+		}
+		vals, found, err := parseMetric(strings.NewReader(tc.page), "ready")
+		if err != nil || found != tc.found || len(vals) != tc.vals {
+			t.Errorf("%q: %v %v %v, want found %v with %d values", tc.page, vals, found, err, tc.found, tc.vals)
+		}
+	}
+}
