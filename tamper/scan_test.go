@@ -237,3 +237,36 @@ func TestScanRecordsWhatTheSandboxHidesAsUnreadable(t *testing.T) {
 		t.Errorf("why /home is unreadable: %q", e.Error)
 	}
 }
+
+// A pattern whose wildcard reaches into a mount the sandbox hides
+// ("/*/.ssh/authorized_keys": /root's and every home's, the hidden /home
+// and /root among them) matches nothing there: the hidden mount it passes
+// through is unreadable, not absent, as for a pattern under it.
+func TestScanRecordsAHiddenMountAWildcardReaches(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/srv/.ssh/authorized_keys": "ssh-ed25519 AAAA\n",
+		"/proc/self/mountinfo": "66 49 0:41 / / ro,relatime shared:1 - tmpfs rootfs rw\n" +
+			"93 66 0:47 / /run rw,nosuid,nodev,relatime shared:10 - tmpfs tmpfs rw\n" +
+			"90 66 0:47 /systemd/inaccessible/dir /home ro,nosuid,nodev,noexec,relatime shared:25 - tmpfs tmpfs rw\n" +
+			"108 66 0:47 /systemd/inaccessible/dir /root ro,nosuid,nodev,noexec,relatime shared:35 - tmpfs tmpfs rw\n" +
+			"110 93 0:47 /systemd/inaccessible/dir /run/user ro,nosuid,nodev,noexec,relatime shared:13 - tmpfs tmpfs rw\n",
+	})
+	for _, d := range []string{"/home", "/root", "/run/user"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := Scan(root, Spec{Patterns: []string{"/*/.ssh/authorized_keys"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/home", "/root", "/srv/.ssh/authorized_keys"}
+	if got := paths(es); !slices.Equal(got, want) {
+		t.Fatalf("scanned %q, want %q", got, want)
+	}
+	for _, e := range es {
+		if hidden := e.Path != "/srv/.ssh/authorized_keys"; (e.Kind == KindUnreadable) != hidden {
+			t.Errorf("%s: %+v, want unreadable %v", e.Path, e, hidden)
+		}
+	}
+}

@@ -177,9 +177,10 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 		}
 	}
 	// A hidden mount inside a protected tree: its (empty) directory was
-	// read, the host's tree there was not.
+	// read, the host's tree there was not. So for one a pattern's wildcard
+	// passes through ("/*/.ssh" through /root): it matched nothing there.
 	for _, mp := range hidden {
-		if spec.Covers(mp) {
+		if spec.Covers(mp) || spec.reaches(mp) {
 			if _, err := os.Lstat(HostJoin(root, mp)); err == nil {
 				unreadable(mp, hiddenError(mp))
 			}
@@ -285,6 +286,32 @@ func limited(out []Entry, err error) ([]Entry, error) {
 		return out, err
 	}
 	return nil, err
+}
+
+// reaches reports whether a pattern's wildcard goes on below host path p:
+// p's components match its first ones, it has more, and its fixed prefix
+// is above p (the pattern "/*/.ssh" reaches /root; "/root/.ssh" is under
+// it, which Scan records as such), p not excluded.
+func (s Spec) reaches(p string) bool {
+	p = path.Clean(p)
+	pc := strings.Split(strings.Trim(p, "/"), "/")
+	for _, pat := range s.Patterns {
+		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		if base := globBase(pat); len(tc) <= len(pc) || base == p || strings.HasPrefix(base, p+"/") {
+			continue
+		}
+		ok := true
+		for i := range pc {
+			if m, _ := path.Match(tc[i], pc[i]); !m {
+				ok = false
+				break
+			}
+		}
+		if ok && !excluded(p, s.Exclude) {
+			return true
+		}
+	}
+	return false
 }
 
 // Covers reports whether a scan with s reads host path p where it exists:
