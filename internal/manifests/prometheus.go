@@ -249,14 +249,15 @@ func daemonRules() []rule {
 // on bare metal Ready=Unknown alerts a human instead of triggering
 // remediation, and "alert on Ready for node gone". 10 minutes: past the
 // cloud pools' MachineHealthCheck (Unknown 600 s, False 300 s). False and
-// Unknown are one state here (max by node): with the status among the
-// alert's labels, a node that went from False to Unknown (the kubelet
-// stopped posting) started its 10 minutes again, and one that moved between
-// the two every few minutes never alerted.
+// Unknown are one state here (max without the status label; the series'
+// other labels, a cluster label among them, stay for routing): with the
+// status among the alert's labels, a node that went from False to Unknown
+// (the kubelet stopped posting) started its 10 minutes again, and one that
+// moved between the two every few minutes never alerted.
 func readyRule() rule {
 	return rule{
 		Alert:  "NodeNotReady",
-		Expr:   `max by (node) (kube_node_status_condition{condition="Ready",status=~"false|unknown"}) == 1`,
+		Expr:   `max without (status) (kube_node_status_condition{condition="Ready",status=~"false|unknown"}) == 1`,
 		For:    "10m",
 		Labels: map[string]string{"severity": "warning", "condition": "Ready"},
 		Annotations: map[string]string{

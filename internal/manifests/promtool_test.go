@@ -293,8 +293,8 @@ func daemonTests() promTest {
 			{EvalTime: "31m", Alertname: "AutopilotHealthConfigReloadRefused"},
 			{EvalTime: "9m", Alertname: "NodeNotReady"},
 			{EvalTime: "10m", Alertname: "NodeNotReady", ExpAlerts: []promAlert{
-				exp("NodeNotReady", map[string]string{"condition": "Ready", "node": "lost"}),
-				exp("NodeNotReady", map[string]string{"condition": "Ready", "node": "wavering"})}},
+				exp("NodeNotReady", map[string]string{"condition": "Ready", "node": "lost", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"}),
+				exp("NodeNotReady", map[string]string{"condition": "Ready", "node": "wavering", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"})}},
 		},
 	}
 }
