@@ -34,7 +34,9 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	for client == nil {
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
 		if err == nil {
-			identity = kube.CredentialsUser(path)
+			// The user of the kubeconfig the client was made from, not of a
+			// second read of the file (which may be being rewritten).
+			_, identity = kube.Source(c)
 			d.nameFromCredentials(identity)
 			d.log.Info("reporting to Kubernetes", "server", host, "kubeconfig", path, "node", d.currentEnv().NodeName)
 			d.setKubeState("reporting", "")
