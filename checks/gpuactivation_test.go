@@ -8,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -467,22 +466,8 @@ func TestGpuActivationSpecNotReadable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
-			go func() {
-				_, err := c.Probe(context.Background())
-				done <- err
-			}()
-			select {
-			case err := <-done:
-				if err == nil || err.Error() != tc.wantErr {
-					t.Errorf("probe: %v; want %q", err, tc.wantErr)
-				}
-			case <-time.After(10 * time.Second):
-				if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-					f.Close()
-				}
-				<-done
-				t.Fatal("the probe did not return within 10 s")
+			if err := probeFIFO(t, c, p); err == nil || err.Error() != tc.wantErr {
+				t.Errorf("probe: %v; want %q", err, tc.wantErr)
 			}
 		})
 	}
