@@ -255,10 +255,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 	for !d.readyNow() {
 		<-time.After(5 * time.Millisecond)
 	}
@@ -490,10 +487,7 @@ func TestEventsBeforeReporterAreQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Store().Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:1 blocked for more than 120 seconds.", Time: time.Now()})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		evs, _ := client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
@@ -524,10 +518,7 @@ func TestRoleRedetected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 	roleIn := func(role string) func() bool {
 		return func() bool {
 			n, err := client.CoreV1().Nodes().Get(context.Background(), cfg.NodeName, metav1.GetOptions{})
@@ -598,4 +589,14 @@ func TestRunTrimsAfterTheFirstPassAndAgain(t *testing.T) {
 	for _, line := range []string{"trimmed the start-up pages of the binary", "trimmed the pages of the binary once more"} {
 		await(t, f.Daemon, fmt.Sprintf("%q in the log", line), func() bool { return strings.Contains(f.logs.String(), line) })
 	}
+}
+
+// runDaemon runs d until the test ends, then stops it and waits for Run to
+// return.
+func runDaemon(t *testing.T, d *Daemon) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
@@ -58,10 +57,7 @@ current-context: x
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 	detail := func() string { return d.Status(time.Now()).Kubernetes.Detail }
 	await(t, d, "a call to the first API server", func() bool { return calls1.Load() > 0 })
 	if got := detail(); !strings.Contains(got, "to "+srv1.URL+" as node test-node") {
@@ -110,10 +106,7 @@ current-context: x
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 	await(t, d, "waiting for the certificate", func() bool { return d.Status(time.Now()).Kubernetes.State == "waiting" })
 	time.Sleep(50 * time.Millisecond) // several polls, to see no second line
 	writeFile(t, filepath.Join(filepath.Dir(kc), "kubelet-client-current.pem"), nodeCertPEM(t, "system:node:test-node"))

@@ -89,10 +89,7 @@ func TestAllowedSilencePerLoop(t *testing.T) {
 		want["check/"+c] = checkPeriod(c) + slack
 	}
 	b := trackBeats(d.live)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 	awaitAllowed(t, d.live, b, want)
 
 	// A daemon waiting for its kubeconfig polls for it.

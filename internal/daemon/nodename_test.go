@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/pem"
 	"fmt"
 	"log/slog"
@@ -48,10 +47,7 @@ func TestNodeNameFromCredentialsThatAppearAfterStart(t *testing.T) {
 	if n := d.currentEnv().NodeName; n != "worker-7" {
 		t.Fatalf("before the kubelet's credentials: node %q, want the hostname's worker-7", n)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, d)
 
 	// The kubelet is bootstrapped: its certificate, then kubelet.conf.
 	dir := filepath.Dir(cfg.HostPath(cfg.Kubernetes.Kubeconfig))
