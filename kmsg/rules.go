@@ -41,8 +41,11 @@ var DefaultRules = []Rule{
 		// ext4, and ext3 mounted by ext4 (fs/ext4/super.c ext4_handle_error): "EXT4-fs (sda1): Remounting filesystem read-only";
 		// ext2 (fs/ext2/super.c ext2_error) and the old ext3 driver (fs/ext3, before 4.3, ext3_handle_error/ext3_abort):
 		// "EXT2-fs (sdb1): error: remounting filesystem read-only";
-		// btrfs: "BTRFS info (device sda1): forced readonly" (4.x-6.x) / "BTRFS error (device sda1 state EA): forced readonly".
-		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly)`},
+		// btrfs: "BTRFS info (device sda1): forced readonly" (4.x-6.x) / "BTRFS error (device sda1 state EA): forced readonly";
+		// XFS, which shuts the filesystem down instead (fs/xfs/xfs_fsops.c xfs_do_force_shutdown, every write fails):
+		// "XFS (sdb1): Log I/O Error (0x2) detected at xlog_ioend_work+0x6e/0x70 [xfs] (fs/xfs/xfs_log.c:1378).  Shutting down filesystem." (6.x),
+		// "XFS (sdb1): Log I/O Error Detected. Shutting down filesystem" (4.x), "XFS (sdb1): Corruption of in-memory data detected.  Shutting down filesystem".
+		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly|XFS \([^)]+\): .*Shutting down filesystem)`},
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
 		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x).
 		Pattern: `^INFO: task (?P<task>.+):\d+ blocked for more than \d+ seconds\.`},
