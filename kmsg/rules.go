@@ -83,7 +83,10 @@ var DefaultRules = []Rule{
 		// the status names of blk_errors[]: "critical medium error, dev sdc, sector ...", "timeout error, ...",
 		// "device offline error, dev sdb, sector ..." (BLK_STS_OFFLINE, 2022: what SCSI fails a request with once the
 		// device is offline, which error handling does to a disk that no longer recovers; older kernels printed "I/O error").
-		Pattern: `(I/O|critical medium|critical target|recoverable transport|critical nexus|critical space allocation|protection|timeout|device offline) error, dev (?P<dev>[^,\s]+), sector \d+`},
+		// Not the statuses a healthy disk returns: "critical nexus" (BLK_STS_NEXUS, a persistent reservation another host
+		// holds; "reservation conflict" since 6.5), "critical space allocation" (BLK_STS_NOSPC, a thin-provisioned LUN
+		// whose pool is full), "operation not supported", "kernel resource", the zone and "nonblocking retry" statuses.
+		Pattern: `(I/O|critical medium|critical target|recoverable transport|protection|timeout|device offline) error, dev (?P<dev>[^,\s]+), sector \d+`},
 	{Name: "NvmeError", Kind: Temp, Reason: "NvmeError",
 		// drivers/nvme/host: "nvme nvme0: I/O 123 QID 4 timeout, aborting", "nvme nvme0: I/O tag 12 (100c) opcode 0x2 (Read) QID 4 timeout, reset controller" (6.x),
 		// "nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff", "nvme nvme0: Device not ready; aborting reset, CSTS=0x1",
