@@ -90,10 +90,10 @@ var DefaultRules = []Rule{
 	{Name: "NvmeError", Kind: Temp, Reason: "NvmeError",
 		// drivers/nvme/host: "nvme nvme0: I/O 123 QID 4 timeout, aborting", "nvme nvme0: I/O tag 12 (100c) opcode 0x2 (Read) QID 4 timeout, reset controller" (6.x),
 		// "nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff", "nvme nvme0: Device not ready; aborting reset, CSTS=0x1",
-		// "nvme nvme0: Removing after probe failure status: -19";
+		// "nvme nvme0: Removing after probe failure status: -19" (up to 6.1), "nvme nvme0: Disabling device after reset failure: -19" (6.2+);
 		// nvme_log_error (6.0+): "nvme0n1: Read(0x2) @ LBA 2048, 8 blocks, Unrecovered Read Error (sct 0x2 / sc 0x81) DNR",
 		// on a path of a multipath namespace (nvme_mpath_set_disk_name) "nvme0c0n1: ...".
-		Pattern: `^(nvme nvme\d+: (I/O (tag )?\d+ .*QID \d+ timeout|controller is down|Device not ready|Removing after probe failure)|nvme\d+(c\d+)?n\d+: .* @ LBA \d+, \d+ blocks, .*\(sct 0x[0-9a-f]+ / sc 0x[0-9a-f]+\))`},
+		Pattern: `^(nvme nvme\d+: (I/O (tag )?\d+ .*QID \d+ timeout|controller is down|Device not ready|Removing after probe failure|Disabling device after reset failure)|nvme\d+(c\d+)?n\d+: .* @ LBA \d+, \d+ blocks, .*\(sct 0x[0-9a-f]+ / sc 0x[0-9a-f]+\))`},
 	{Name: "AtaError", Kind: Temp, Reason: "AtaError",
 		// drivers/ata/libata-eh.c: "ata1.00: exception Emask 0x0 SAct 0x0 SErr 0x0 action 0x6 frozen",
 		// "ata1.00: failed command: READ FPDMA QUEUED", "ata1.00: error: { UNC }", "ata1: COMRESET failed (errno=-16)".
