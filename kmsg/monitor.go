@@ -32,8 +32,10 @@ type Options struct {
 
 // DefaultIgnoreDevices are block devices whose I/O errors are not disk
 // failures: loop devices, device-mapper (a dm-verity corruption also fails
-// reads on dm-N), network block devices, RAM disks, optical drives.
-var DefaultIgnoreDevices = []string{"loop", "dm-", "nbd", "zram", "ram", "sr", "md"}
+// reads on dm-N), network block devices (nbd, and Ceph RBD: a PVC of a Ceph
+// cluster that is down or has blocklisted the node fails as "I/O error, dev
+// rbd0"), RAM disks, optical drives, md.
+var DefaultIgnoreDevices = []string{"loop", "dm-", "nbd", "rbd", "zram", "ram", "sr", "md"}
 
 // Monitor turns kernel records into conditions and events.
 type Monitor struct {

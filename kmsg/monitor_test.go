@@ -63,13 +63,16 @@ func TestDiskIOErrorWindow(t *testing.T) {
 	if c := status(); c.Status != report.StatusFalse {
 		t.Fatalf("the log read, no errors: %+v", c)
 	}
-	// Loop and device-mapper errors do not count.
+	// Loop, device-mapper and network block device (nbd, Ceph RBD) errors
+	// do not count.
 	for i := range 10 {
 		ioerr(uint64(i)*sec, "loop0")
 		ioerr(uint64(i)*sec, "dm-0")
+		ioerr(uint64(i)*sec, "nbd0")
+		ioerr(uint64(i)*sec, "rbd0")
 	}
 	if c := status(); c.Status != report.StatusFalse {
-		t.Fatalf("loop/dm errors counted: %+v", c)
+		t.Fatalf("loop/dm/nbd/rbd errors counted: %+v", c)
 	}
 	// 4 errors spread over 12 minutes, then one more: only 4 within 10 min.
 	for i, at := range []uint64{100, 400, 700, 820} {

@@ -85,3 +85,48 @@ func TestBuildRules(t *testing.T) {
 		t.Errorf("custom rule: %+v", ms)
 	}
 }
+
+// The device a disk I/O error names is the whole disk the block layer
+// printed (req->q->disk->disk_name, blk_print_req_error 6.x; rq_disk before
+// 5.18), whatever its driver names it: SCSI, NVMe and an NVMe multipath
+// path, virtio, Xen, MMC, Ceph RBD, device-mapper (request-based, e.g.
+// multipath) and md; "?" when the request had no disk (before 5.18).
+func TestDiskIOErrorDevice(t *testing.T) {
+	rs, err := Compile(DefaultRules, DefaultCriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line, dev := range map[string]string{
+		"I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2":                  "sda",
+		"I/O error, dev nvme0n1, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2":          "nvme0n1",
+		"I/O error, dev nvme1c1n1, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2":        "nvme1c1n1",
+		"I/O error, dev vda, sector 1050624 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 2":            "vda",
+		"timeout error, dev xvdb, sector 4096 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2":             "xvdb",
+		"I/O error, dev mmcblk0, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2":          "mmcblk0",
+		"I/O error, dev rbd0, sector 10485760 op 0x1:(WRITE) flags 0x8800 phys_seg 4 prio class 2":         "rbd0",
+		"I/O error, dev dm-2, sector 0 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2":                    "dm-2",
+		"I/O error, dev md127, sector 0 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2":                   "md127",
+		"blk_update_request: I/O error, dev sdb, sector 0 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0": "sdb",
+		"print_req_error: I/O error, dev sdc, sector 2048":                                                 "sdc",
+		"blk_update_request: I/O error, dev ?, sector 2048":                                                "?",
+	} {
+		var got []string
+		for _, m := range rs.Matches(nil, []byte(line)) {
+			if m.Rule.Kind == DiskIOError {
+				got = append(got, m.Dev)
+			}
+		}
+		if len(got) != 1 || got[0] != dev {
+			t.Errorf("%q: devices %q, want [%q]", line, got, dev)
+		}
+	}
+	set := settings{ignore: DefaultIgnoreDevices}
+	for dev, ignored := range map[string]bool{
+		"sda": false, "nvme0n1": false, "nvme1c1n1": false, "vda": false, "xvdb": false, "mmcblk0": false, "?": false,
+		"loop0": true, "dm-2": true, "md127": true, "nbd0": true, "rbd0": true, "zram0": true, "ram0": true, "sr0": true,
+	} {
+		if got := set.ignored(dev); got != ignored {
+			t.Errorf("ignored(%q) = %v, want %v", dev, got, ignored)
+		}
+	}
+}

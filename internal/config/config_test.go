@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -661,5 +662,17 @@ pattern = "^b("
 	}
 	if _, err := Parse("f.toml", []byte(strings.Replace(toml, `disable = ["B"]`, `disable = []`, 1)), Default()); err == nil || !strings.Contains(err.Error(), "f.toml:10: key kmsg.rules[1]") {
 		t.Errorf("the same rule not disabled: %v", err)
+	}
+}
+
+// default.toml's kernel log lists are the monitor's own defaults (which
+// replay and a monitor built without a configuration use).
+func TestDefaultKmsgListsAreTheMonitors(t *testing.T) {
+	c := Default()
+	if !slices.Equal(c.Kmsg.IgnoreDevices, kmsg.DefaultIgnoreDevices) {
+		t.Errorf("default.toml ignore_devices = %q, kmsg.DefaultIgnoreDevices = %q", c.Kmsg.IgnoreDevices, kmsg.DefaultIgnoreDevices)
+	}
+	if !slices.Equal(c.Kmsg.CriticalTasks, kmsg.DefaultCriticalTasks) {
+		t.Errorf("default.toml critical_tasks = %q, kmsg.DefaultCriticalTasks = %q", c.Kmsg.CriticalTasks, kmsg.DefaultCriticalTasks)
 	}
 }
