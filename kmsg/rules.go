@@ -120,8 +120,10 @@ var DefaultRules = []Rule{
 
 // DefaultCriticalTasks are the processes whose hung task sets KernelDeadlock.
 // The kernel truncates task names to 15 characters (qemu-system-x86_64 is
-// "qemu-system-x86"), hence the prefix patterns.
-var DefaultCriticalTasks = []string{"kubelet", "containerd", "containerd-shim*", "runc", "runc:*", "crun", "qemu*", "virtiofsd"}
+// "qemu-system-x86"), hence the prefix patterns. A Kata VM's QEMU is
+// qemu-system-<arch> or qemu-kvm; the other QEMU tools (qemu-img, qemu-ga,
+// qemu-nbd, qemu-storage-daemon) are not the VM and not critical.
+var DefaultCriticalTasks = []string{"kubelet", "containerd", "containerd-shim*", "runc", "runc:*", "crun", "qemu-system-*", "qemu-kvm", "virtiofsd"}
 
 // BuildRules returns the default rules without the disabled ones, with
 // custom rules replacing defaults of the same name and the rest appended.
