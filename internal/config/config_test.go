@@ -292,6 +292,9 @@ func TestBadConfigs(t *testing.T) {
 		"unit-name.toml":             `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
 		"unknown-key.toml":           `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
 		"unknown-table.toml":         `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
+		// A file saved with a byte order mark (an editor on Windows):
+		// the decoder skips it, and so do the lines.
+		"bom-unknown-key.toml": `:2: key runner.first_run_sprd: unknown key (did you mean runner.first_run_spread?)`,
 		// The decoder matches keys without regard to case; the daemon's
 		// are spelt one way.
 		"case-table.toml":              `:1: key checks.diskusagehigh: unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)`,

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"strconv"
 	"strings"
 )
@@ -38,8 +39,11 @@ func (k keyIndex) setFirst(key string, line int) {
 // keyLines finds the line of every table header, key assignment and inline
 // table in an array (as key[i]). It understands the TOML this file needs
 // (tables, bare and quoted keys, dotted keys, multi-line arrays and
-// strings); the decoder has already rejected anything malformed.
+// strings); the decoder has already rejected anything malformed. A byte
+// order mark before the first line (a file saved by an editor on Windows)
+// is skipped, as the decoder skips it.
 func keyLines(data []byte) keyIndex {
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
 	idx := keyIndex{}
 	table := ""
 	plain := ""                // table without an array of tables' index
