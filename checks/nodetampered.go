@@ -101,6 +101,10 @@ func tamperKeeper(env *Env) *tamper.Keeper {
 func (c *nodeTamperedCheck) load(now time.Time) {
 	if err := c.keeper.Load(now); err != nil {
 		c.loadLogged.Do(func() {
+			if c.keeper.ReadOnly() {
+				c.env.Log.Warn("cannot read the daemon's tamper state; its baseline is not compared", "file", c.keeper.Path(), "err", err)
+				return
+			}
 			c.env.Log.Error("tamper state unreadable; it is itself a finding", "file", c.keeper.Path(), "err", err)
 		})
 	}

@@ -932,3 +932,32 @@ func TestNodeTamperedAPathTheSandboxHidesIsNotVouchedFor(t *testing.T) {
 	h.write("/var/lib/kubelet/config.yaml", "changed\n")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /var/lib/kubelet/config.yaml modified")
 }
+
+// `autopilot-health check` beside the daemon reads the daemon's tamper.json
+// and never writes it: a file it cannot read (here one that does not
+// parse; a non-root operator's permission denied the same) is a baseline it
+// cannot read, Unknown, not a BaselineCorrupt finding of its own, and the
+// file is left where it is for the daemon.
+func TestOneShotNodeTamperedCannotReadTheDaemonsState(t *testing.T) {
+	h := newTamperHost(t)
+	p := filepath.Join(h.stateDir, tamper.StateFileName)
+	if err := os.WriteFile(p, []byte("{half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ro := testEnv(t, func(cfg *config.Config) { cfg.HostRoot, cfg.StateDir = h.root, h.stateDir })
+	ro.BootID = "boot-1"
+	oc, err := newNodeTamperedCheck(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := oc.Probe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != report.StatusUnknown || res.Reason != report.ReasonBaselinePending || !strings.Contains(res.Message, "cannot read the daemon's baseline") {
+		t.Errorf("one-shot check over a tamper.json it cannot read: %s/%s %q", res.Status, res.Reason, res.Message)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "{half" {
+		t.Errorf("the daemon's tamper.json was not left as it was: %q, %v", b, err)
+	}
+}

@@ -75,14 +75,24 @@ func (k *Keeper) Path() string { return filepath.Join(k.dir, StateFileName) }
 // wrote in a higher version (a rollback) are kept before that finding. A keeper that writes first removes the
 // temp files of the state file a crash left (report.RemoveTemps; under its
 // lock, so no save of its own is under way); a read-only one (the one-shot
-// check beside a running daemon) leaves them.
+// check beside a running daemon) leaves them, and leaves a file it cannot
+// read where it is, without a finding: the file is the daemon's (which may
+// be newer, or readable to root only), and the error is returned.
 func (k *Keeper) Load(now time.Time) error {
 	k.load.Do(func() {
-		if !k.readOnly {
+		if k.readOnly {
+			s, err := LoadStateReadOnly(k.dir)
 			k.mu.Lock()
-			report.RemoveTemps(k.Path())
-			k.mu.Unlock()
+			defer k.mu.Unlock()
+			if s != nil {
+				k.state = *s
+			}
+			k.loadErr = err
+			return
 		}
+		k.mu.Lock()
+		report.RemoveTemps(k.Path())
+		k.mu.Unlock()
 		s, err := LoadState(k.dir)
 		k.mu.Lock()
 		defer k.mu.Unlock()

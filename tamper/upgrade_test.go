@@ -104,3 +104,33 @@ func TestStateOfAHigherVersionKeepsItsFindings(t *testing.T) {
 		t.Errorf("saved state: %+v, %v; want the three findings", s, err)
 	}
 }
+
+// A read-only keeper (`autopilot-health check` beside the daemon) that
+// cannot read the daemon's tamper.json, here one of a higher version (the
+// daemon newer than the binary asked), leaves it where it is and adds no
+// finding: the file is the daemon's, and what the one-shot check cannot
+// read is no evidence of tampering.
+func TestReadOnlyKeeperLeavesAFileItCannotRead(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "tamper-version-2.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k := NewKeeper(dir, "boot-1", true)
+	if err := k.Load(t0.Add(time.Hour)); err == nil || !strings.Contains(err.Error(), "version 2") {
+		t.Errorf("Load: %v, want the error naming version 2", err)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != string(b) {
+		t.Errorf("the daemon's tamper.json was not left as it was: %v", err)
+	}
+	if m, _ := filepath.Glob(p + ".corrupt*"); len(m) > 0 {
+		t.Errorf("a read-only keeper moved the file aside: %v", m)
+	}
+	if fs := k.State().Findings; len(fs) != 0 {
+		t.Errorf("findings of a file a read-only keeper cannot read: %+v", fs)
+	}
+}
