@@ -200,7 +200,11 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	if cs := st.Config; cs.File == "" {
 		fmt.Fprintln(w, "embedded defaults")
 	} else {
-		fmt.Fprintf(w, "%s, in effect since %s\n", cs.File, ago(cs.Since))
+		if cs.Absent {
+			fmt.Fprintf(w, "embedded defaults (%s absent), in effect since %s\n", cs.File, ago(cs.Since))
+		} else {
+			fmt.Fprintf(w, "%s, in effect since %s\n", cs.File, ago(cs.Since))
+		}
 		if r := cs.LastReload; r != nil && r.Result == "refused" {
 			fmt.Fprintf(w, "  last reload %s REFUSED (running on the previous configuration): %s\n", ago(r.At), shorten(r.Error, 400))
 		} else if r != nil {

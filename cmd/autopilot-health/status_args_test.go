@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/daemon"
 )
@@ -48,5 +50,16 @@ func TestStatusRefusesExtraArguments(t *testing.T) {
 	}
 	if n := asked.Load(); n != 0 {
 		t.Errorf("the daemon was asked %d times on bad usage", n)
+	}
+}
+
+// A daemon that found no file at the configuration path runs on the
+// embedded defaults: status says so rather than name the path as in effect.
+func TestStatusShowsAnAbsentConfigFile(t *testing.T) {
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	var b strings.Builder
+	printStatus(&b, daemon.StatusReport{Now: now, Config: daemon.ConfigStatus{File: "/etc/autopilot-health/config.toml", Absent: true, Since: now.Add(-time.Hour)}})
+	if want := "Configuration: embedded defaults (/etc/autopilot-health/config.toml absent), in effect since "; !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, b.String())
 	}
 }

@@ -428,10 +428,13 @@ func readFile(path string) ([]byte, error) {
 // readWait bounds how long readFile waits for a device to have something.
 const readWait = time.Second
 
+// AbsentDigest is FileDigest's digest of a file that does not exist.
+const AbsentDigest = "absent"
+
 func digestOf(b []byte, err error) string {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return "absent"
+		return AbsentDigest
 	case err != nil:
 		return "unreadable: " + err.Error()
 	}

@@ -95,9 +95,11 @@ type Daemon struct {
 	// readySent is closed once the start's READY=1 is sent: the reload
 	// reloadReq asks for speaks after it.
 	readySent chan struct{}
-	// cfgSince: when the configuration in effect was loaded; lastReload:
-	// the last reload's outcome (nil: none yet). Under mu.
+	// cfgSince: when the configuration in effect was loaded; cfgAbsent:
+	// the file was absent then (the defaults); lastReload: the last
+	// reload's outcome (nil: none yet). Under mu.
 	cfgSince   time.Time
+	cfgAbsent  bool
 	lastReload *ReloadOutcome
 	// readDigest identifies the file as the start or the last reload read
 	// it (config.FileDigest). Under mu.
@@ -157,6 +159,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	if d.readDigest == "" && d.cfgPath != "" {
 		d.readDigest = config.FileDigest(d.cfgPath)
 	}
+	d.cfgAbsent = d.cfgPath != "" && d.readDigest == config.AbsentDigest
 	d.metrics.ConfigLoaded(d.cfgSince)
 	if d.poll <= 0 {
 		d.poll = kubeconfigPoll

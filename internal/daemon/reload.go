@@ -197,6 +197,7 @@ func (d *Daemon) Reload() (Reloaded, error) {
 	d.lastReload = out
 	if err == nil {
 		d.cfgSince = now
+		d.cfgAbsent = d.readDigest == config.AbsentDigest
 	}
 	d.mu.Unlock()
 	switch {

@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"log/slog"
 	"math"
+	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -10,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -171,5 +176,40 @@ func TestNoChangeReloadMovesConfigSince(t *testing.T) {
 	}
 	if since := agree("after a refused reload"); !since.Equal(before) {
 		t.Errorf("a refused reload moved the configuration's time from %v to %v", before, since)
+	}
+}
+
+// A daemon started on the default path with no file there runs on the
+// embedded defaults, and status says so, not that the path is in effect;
+// once the file is written and reloaded, status names it.
+func TestStatusSaysTheConfigFileIsAbsent(t *testing.T) {
+	f := &fileDaemon{base: testConfig(t), path: filepath.Join(t.TempDir(), "config.toml"), logs: &syncBuffer{}}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	f.listen = ln.Addr().String()
+	f.write(t, "")
+	cfg, _, err := config.Load(f.path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The start found no file (its values stand in for the defaults: the
+	// reload below changes no key).
+	if err := os.Remove(f.path); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(f.logs, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, BootID: "b1", Env: env, ConfigPath: f.path, ConfigOptional: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := d.Status(time.Now()).Config; cs.File != f.path || !cs.Absent {
+		t.Errorf("started without the file: status config %+v, want %s absent", cs, f.path)
+	}
+	f.write(t, "")
+	if _, err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if cs := d.Status(time.Now()).Config; cs.File != f.path || cs.Absent {
+		t.Errorf("reloaded from the file: status config %+v, want %s not absent", cs, f.path)
 	}
 }

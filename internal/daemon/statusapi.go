@@ -48,6 +48,10 @@ type StatusReport struct {
 type ConfigStatus struct {
 	// File: the configuration file ("" when the daemon was given none).
 	File string `json:"file"`
+	// Absent: the file was not there when the configuration in effect was
+	// loaded (the default path may be absent): the embedded defaults are in
+	// effect.
+	Absent bool `json:"absent,omitempty"`
 	// Since: when the configuration in effect was loaded (at start, or by
 	// the last reload that applied).
 	Since      time.Time      `json:"since"`
@@ -100,7 +104,7 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	st := StatusReport{Version: d.version, Node: env.NodeName, Role: string(env.Role), GPU: env.GPU, PID: os.Getpid(),
 		Started: d.started, Now: now, Ready: d.ready,
 		Kubernetes: KubernetesStatus{State: d.kubeState, Detail: d.kubeDetail},
-		Config:     ConfigStatus{File: d.cfgPath, Since: d.cfgSince, LastReload: d.lastReload}}
+		Config:     ConfigStatus{File: d.cfgPath, Absent: d.cfgAbsent, Since: d.cfgSince, LastReload: d.lastReload}}
 	source := d.kubeSource
 	d.mu.Unlock()
 	if source != nil {
