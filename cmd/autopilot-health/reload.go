@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -80,10 +79,14 @@ func socketCandidates(path string, explicit bool, of func(*config.Config) string
 				Socket *string `toml:"socket"`
 			} `toml:"status"`
 		}
-		if _, err := toml.DecodeFile(path, &keys); err != nil {
-			// Not TOML (a syntax error, a duplicate key): the keys'
-			// own lines, as written.
-			keys.ControlSocket, keys.Status.Socket = scanSocketKeys(path)
+		// Read as the configuration is (config.ReadFile): a FIFO is
+		// not opened to wait for a writer.
+		if b, err := config.ReadFile(path); err == nil {
+			if _, err := toml.Decode(string(b), &keys); err != nil {
+				// Not TOML (a syntax error, a duplicate key): the
+				// keys' own lines, as written.
+				keys.ControlSocket, keys.Status.Socket = scanSocketKeys(b)
+			}
 		}
 		partial := config.Default()
 		if keys.ControlSocket != nil {
@@ -110,11 +113,7 @@ var (
 // scanSocketKeys reads control_socket (top level) and [status] socket from
 // the lines of a file that is not valid TOML, as they are written (a basic
 // string without escapes); nil where a key is not found so.
-func scanSocketKeys(path string) (control, status *string) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, nil
-	}
+func scanSocketKeys(b []byte) (control, status *string) {
 	table := ""
 	for line := range strings.SplitSeq(string(b), "\n") {
 		if m := tableLine.FindStringSubmatch(line); m != nil {

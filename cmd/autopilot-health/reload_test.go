@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
@@ -160,4 +162,29 @@ func answers(p string) bool {
 	}
 	c.Close()
 	return true
+}
+
+// status and reload read the file for its socket keys as the configuration
+// is read (README: a FIFO is never opened to wait for a writer): a FIFO
+// given as --config is refused at once, and the default socket asked,
+// instead of waiting for a writer that never comes.
+func TestSocketCandidatesDoNotWaitOnAFIFO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "config.toml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []string, 1)
+	go func() { got <- socketCandidates(fifo, true, func(c *config.Config) string { return c.ControlSocket }) }()
+	select {
+	case g := <-got:
+		if want := []string{config.Default().ControlSocket}; !slices.Equal(g, want) {
+			t.Errorf("%q, want %q", g, want)
+		}
+	case <-time.After(10 * time.Second):
+		// Let the stuck open return, so the test ends.
+		if f, err := os.OpenFile(fifo, os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("socketCandidates waits for a writer of the FIFO")
+	}
 }

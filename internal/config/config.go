@@ -425,6 +425,12 @@ func readFile(path string) ([]byte, error) {
 	return b, err
 }
 
+// ReadFile reads a configuration file as Load does: a FIFO, a socket or a
+// directory is refused at once, a device that has nothing to read is given
+// up after a second, and at most 1 MiB is read (status and reload read the
+// socket keys of a file that does not load with it).
+func ReadFile(path string) ([]byte, error) { return readFile(path) }
+
 // readWait bounds how long readFile waits for a device to have something.
 const readWait = time.Second
 
