@@ -344,7 +344,11 @@ func TestBadConfigs(t *testing.T) {
 		// A rule written inline: at its element's line, not its table's.
 		"kmsg-rule-inline.toml":        ":3: key kmsg.rules[0]: kmsg rule X: pattern: error parsing regexp: missing closing ): `(`",
 		"kmsg-rule-inline-second.toml": ":4: key kmsg.rules[1]: kmsg rule B: pattern: error parsing regexp: missing closing ): `^b(`",
-		"kmsg-rule-reason.toml":        `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
+		// Two rules of one name: at the second (the one a built-in's name
+		// would otherwise drop unseen).
+		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
+		"kmsg-rule-duplicate-builtin.toml": `:6: key kmsg.rules[1]: kmsg rule ReadonlyFilesystem: defined twice (first as kmsg.rules[0])`,
+		"kmsg-rule-reason.toml":            `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
 	if len(files) != len(want) {

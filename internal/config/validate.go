@@ -381,6 +381,7 @@ func (v *validator) kmsgRules(c *Config) {
 		return
 	}
 	custom := make([]kmsg.Rule, len(c.Kmsg.Rules))
+	first := map[string]int{}
 	for i, r := range c.Kmsg.Rules {
 		custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
 		// Each rule alone first, so that the error names its own
@@ -389,6 +390,13 @@ func (v *validator) kmsgRules(c *Config) {
 		if slices.Contains(c.Kmsg.Disable, r.Name) {
 			continue
 		}
+		// A second rule of a name, at its own line: BuildRules would
+		// take the first of a built-in's name and drop the second unseen.
+		if j, dup := first[r.Name]; dup && r.Name != "" {
+			v.fail(fmt.Sprintf("kmsg.rules[%d]", i), "kmsg rule %s: defined twice (first as kmsg.rules[%d])", r.Name, j)
+			return
+		}
+		first[r.Name] = i
 		if _, err := kmsg.Compile(custom[i:i+1], c.Kmsg.CriticalTasks); err != nil {
 			v.fail(fmt.Sprintf("kmsg.rules[%d]", i), "%v", err)
 			return
