@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
@@ -17,7 +18,27 @@ import (
 // call is a no-op.
 type Notifier struct{}
 
+// notifyMax is the most systemd reads of one notification
+// (NOTIFY_BUFFER_MAX, PIPE_BUF): a longer one is ignored whole, READY=1
+// and RELOADING=1 with it.
+const notifyMax = 4096
+
+// fitNotify cuts state to notifyMax bytes (on a rune boundary, ending in
+// "..."): every notification ends with its STATUS=, which is what is cut.
+func fitNotify(state string) string {
+	if len(state) <= notifyMax {
+		return state
+	}
+	const ell = "..."
+	cut := notifyMax - len(ell)
+	for cut > 0 && !utf8.RuneStart(state[cut]) {
+		cut--
+	}
+	return state[:cut] + ell
+}
+
 func (Notifier) send(state string) error {
+	state = fitNotify(state)
 	if sendRaw(state) {
 		return nil
 	}

@@ -5,8 +5,10 @@ import (
 	"io/fs"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // The notifications reach the socket in NOTIFY_SOCKET, a path or a name in
@@ -48,5 +50,25 @@ func TestNotifierSendsOnTheKeptSocket(t *testing.T) {
 	var n Notifier
 	if err := n.Watchdog(); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("no listener: %v, want go-systemd's error (no such file)", err)
+	}
+}
+
+// A notification longer than systemd reads (4096 bytes) would be ignored
+// whole, READY=1 with it: its STATUS= is cut to fit, on a rune boundary.
+func TestNotifierFitsSystemdsBuffer(t *testing.T) {
+	sock := notifySocket(t)
+	var n Notifier
+	if err := n.Ready(strings.Repeat("é", 5000)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	sock.SetReadDeadline(time.Now().Add(5 * time.Second))
+	k, err := sock.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := string(buf[:k])
+	if k > notifyMax || !strings.HasPrefix(m, "READY=1\nSTATUS=éé") || !strings.HasSuffix(m, "é...") || !utf8.ValidString(m) {
+		t.Errorf("a notification of %d bytes: %.40q...%q", k, m, m[max(0, len(m)-10):])
 	}
 }

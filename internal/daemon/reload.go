@@ -89,7 +89,10 @@ func (d *Daemon) StatusLine() string {
 	last := d.lastReload
 	d.mu.Unlock()
 	if last != nil && last.Result == "refused" {
-		s = "configuration reload refused (running on the previous one): " + last.Error + "; " + s
+		// Cut (the journal and status have it whole): the summary
+		// after it is what the line is for, and systemd ignores a
+		// notification over 4096 bytes whole (notifyMax).
+		s = "configuration reload refused (running on the previous one): " + report.CapMessage(last.Error) + "; " + s
 	}
 	return s
 }

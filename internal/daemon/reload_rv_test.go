@@ -190,3 +190,41 @@ func TestReloadStatusIsTheNewSummary(t *testing.T) {
 		t.Errorf("READY=1 after the reload: %q, want %q", ready, want)
 	}
 }
+
+// systemd reads a notification into 4096 bytes (NOTIFY_BUFFER_MAX) and
+// ignores a longer one whole: the READY=1 that ends a reload refused with a
+// long error (a bad regular expression is quoted whole) must fit, or the
+// unit stays "reloading" until its timeout and `systemctl status` keeps the
+// old line. The refusal is cut in STATUS=; the journal and `status` have it.
+func TestRefusedReloadNotifiesWithinSystemdsBuffer(t *testing.T) {
+	sock := notifySocket(t)
+	hup := make(chan os.Signal, 1)
+	f := newFileDaemon(t, "", Options{Reload: hup})
+	f.start(t)
+	next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
+	f.write(t, "[checks.DiskUsageHigh]\nmount_points_exclude = \"^/("+strings.Repeat("a|", 3000)+"\"\n")
+	hup <- syscall.SIGHUP
+	next(t, sock, "RELOADING=1", func(m string) bool { return strings.HasPrefix(m, "RELOADING=1") })
+	buf := make([]byte, 64<<10)
+	sock.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		n, err := sock.Read(buf)
+		if err != nil {
+			t.Fatalf("waiting for READY=1 after the refused reload: %v", err)
+		}
+		m := string(buf[:n])
+		if n > 4096 {
+			t.Fatalf("a notification of %d bytes, which systemd ignores: %.200q...", n, m)
+		}
+		if strings.HasPrefix(m, "READY=1") {
+			if !strings.Contains(m, "STATUS=configuration reload refused (running on the previous one): "+f.path+":") ||
+				!strings.Contains(m, ": key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression") || !strings.HasSuffix(m, f.Summary()) {
+				t.Errorf("READY=1 after the refused reload: %.300q", m)
+			}
+			break
+		}
+	}
+	if got := f.Status(time.Now()).Config.LastReload; got == nil || len(got.Error) < 6000 {
+		t.Errorf("status lost the whole refusal: %+v", got)
+	}
+}
