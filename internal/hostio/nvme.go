@@ -42,17 +42,30 @@ func NVMeAdmin(dev string, c NVMePassthru, buf []byte) (uint32, error) {
 		return 0, &os.PathError{Op: "open", Path: dev, Err: err}
 	}
 	defer unix.Close(fd)
-	if len(buf) > 0 {
-		c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
-		c.DataLen = uint32(len(buf))
-	}
-	c.TimeoutMs = 5000
+	prepareAdmin(&c, buf)
 	r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nvmeIoctlAdminCmd, uintptr(unsafe.Pointer(&c)))
 	runtime.KeepAlive(buf)
 	if err := adminError(dev, c.Opcode, r, e); err != nil {
 		return 0, err
 	}
 	return c.Result, nil
+}
+
+// prepareAdmin points c at buf and leaves its timeout to the kernel
+// (TimeoutMs 0: nvme_core.admin_timeout, 60 s by default), as nvme-cli
+// does. A timeout of the caller's own is no shorter wait: when an admin
+// command times out, the PCIe driver disables and resets the controller
+// (nvme_timeout: "QID 0 timeout, reset controller"), so a drive slow to
+// answer a SMART read (5 s was the value here) was reset by the health
+// daemon, the root disk's among them. The checks stop waiting long
+// before (half their timeout) and do not ask a drive again until its
+// command returns.
+func prepareAdmin(c *NVMePassthru, buf []byte) {
+	if len(buf) > 0 {
+		c.Addr = uint64(uintptr(unsafe.Pointer(&buf[0])))
+		c.DataLen = uint32(len(buf))
+	}
+	c.TimeoutMs = 0
 }
 
 // adminError is the error of an admin command's ioctl that returned r and

@@ -34,3 +34,19 @@ func TestAdminErrorIncludesTheNVMeStatus(t *testing.T) {
 		t.Errorf("ENOTTY: %v", err)
 	}
 }
+
+// An admin command is sent with the kernel's own timeout (TimeoutMs 0,
+// nvme_core.admin_timeout): a shorter one of ours made the PCIe driver
+// reset the controller of a drive slow to answer a SMART read. A caller's
+// timeout, and the buffer, are set as the command goes out.
+func TestNVMeAdminLeavesTheTimeoutToTheKernel(t *testing.T) {
+	buf := make([]byte, 512)
+	c := NVMePassthru{Opcode: 0x02, TimeoutMs: 5000}
+	prepareAdmin(&c, buf)
+	if c.TimeoutMs != 0 {
+		t.Errorf("TimeoutMs %d, want 0 (the kernel's admin_timeout)", c.TimeoutMs)
+	}
+	if c.DataLen != 512 || c.Addr == 0 {
+		t.Errorf("buffer not set: addr %#x, len %d", c.Addr, c.DataLen)
+	}
+}
