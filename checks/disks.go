@@ -161,7 +161,10 @@ func (c *diskWear) Probe(ctx context.Context) (Result, error) {
 
 // diskTemp: an NVMe drive is past its temperature threshold: the configured
 // one, or (threshold_celsius = 0) the drive's own warning threshold WCTEMP,
-// or, where the drive reports none, its own temperature warning bit.
+// or, where the drive reports none, its own temperature warning bit. A
+// drive whose composite temperature is 0 K reports no temperature: only its
+// warning bit can make it hot, and it is named, not counted within its
+// threshold.
 type diskTemp struct {
 	nvme      *nvmeReader
 	threshold int
@@ -177,28 +180,45 @@ func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var hot []string
+	var hot, untold []string
+	within := 0
 	for _, h := range ok {
 		limit := c.threshold
 		if limit == 0 {
 			limit = h.WarningTempC
 		}
 		switch {
-		case limit > 0 && h.TemperatureC >= limit:
-			hot = append(hot, fmt.Sprintf("%s is at %d°C, threshold %d°C", h.name(), h.TemperatureC, limit))
+		case h.TemperatureC != nil && limit > 0 && *h.TemperatureC >= limit:
+			hot = append(hot, fmt.Sprintf("%s is at %d°C, threshold %d°C", h.name(), *h.TemperatureC, limit))
 		case h.CriticalWarning&(1<<1) != 0:
-			hot = append(hot, fmt.Sprintf("%s reports its temperature outside its threshold (%d°C)", h.name(), h.TemperatureC))
+			hot = append(hot, fmt.Sprintf("%s reports its temperature outside its threshold (%s)", h.name(), h.temperature()))
+		case h.TemperatureC == nil:
+			// 0 K: the drive does not report its temperature; it is not
+			// "within" anything.
+			untold = append(untold, h.name())
+		default:
+			within++
 		}
 	}
 	if len(ok) == 0 {
 		return noDrives, nil
 	}
-	if len(hot) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hot, "; ") + unreadableNote(bad)}, nil
+	var untoldNote string
+	if len(untold) > 0 {
+		untoldNote = "; no temperature reported: " + strings.Join(untold, ", ")
 	}
-	msg := drives(len(ok), "within their temperature thresholds")
+	if len(hot) > 0 {
+		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hot, "; ") + untoldNote + unreadableNote(bad)}, nil
+	}
+	msg := drives(within, "within their temperature thresholds") + untoldNote
+	if within == 0 {
+		msg = "no NVMe drive reports its temperature (composite temperature 0 K): " + strings.Join(untold, ", ")
+	}
 	if len(bad) > 0 {
 		return unreadable(msg, bad, nil), nil
+	}
+	if within == 0 {
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: msg}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskTemperatureOK, Message: msg}, nil
 }

@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -99,8 +100,12 @@ func TestParseNVMePages(t *testing.T) {
 		t.Fatal(hs, err)
 	}
 	h := hs[0]
+	if h.TemperatureC == nil || *h.TemperatureC != 50 {
+		t.Errorf("temperature %v, want 50°C", h.temperature())
+	}
+	h.TemperatureC = nil
 	want := NVMeHealth{Controller: "nvme0", Model: "QEMU NVMe Ctrl", Serial: "SN-nvme0", Firmware: "1.0", CriticalWarning: 5,
-		TemperatureC: 50, WarningTempC: 70, CriticalTempC: 80, AvailableSpare: 0, SpareThreshold: 10, PercentageUsed: 3, PowerOnHours: 12345, MediaErrors: 7}
+		WarningTempC: 70, CriticalTempC: 80, AvailableSpare: 0, SpareThreshold: 10, PercentageUsed: 3, PowerOnHours: 12345, MediaErrors: 7}
 	if h != want {
 		t.Errorf("parsed\n%+v\nwant\n%+v", h, want)
 	}
@@ -285,7 +290,7 @@ func TestRealNVMeReader(t *testing.T) {
 		if h.Error != "" || h.Model == "" || h.Serial == "" || h.Firmware == "" {
 			t.Errorf("%s: no model, serial or firmware read: %+v", c, h)
 		}
-		if h.TemperatureC < -40 || h.TemperatureC > 150 || h.AvailableSpare > 100 || h.SpareThreshold > 100 {
+		if h.TemperatureC != nil && (*h.TemperatureC < -40 || *h.TemperatureC > 150) || h.AvailableSpare > 100 || h.SpareThreshold > 100 {
 			t.Errorf("%s: implausible SMART values: %+v", c, h)
 		}
 	}
@@ -620,7 +625,7 @@ func TestNVMeSMARTNotAskedAfterAnIdentifyTimeout(t *testing.T) {
 	if err != nil || len(hs) != 6 {
 		t.Fatalf("readNVMeHealth: %+v, %v", hs, err)
 	}
-	if hs[0].Error != "" || hs[0].TemperatureC != 37 || !strings.Contains(hs[0].IdentifyError, "input/output error") {
+	if hs[0].Error != "" || hs[0].temperature() != "37°C" || !strings.Contains(hs[0].IdentifyError, "input/output error") {
 		t.Errorf("nvme0 (Identify EIO): %+v, want its SMART page read", hs[0])
 	}
 	for i, cause := range []error{timeout, refused, noAnswer, kernelTimeout, cancelled} {
@@ -652,4 +657,59 @@ func FuzzNVMePages(f *testing.F) {
 		}
 		h.name()
 	})
+}
+
+// A composite temperature of 0 K is a drive that does not report its
+// temperature (AWS's EBS and Oxide's propolis answer 0; smartctl
+// prints "-"), not one at -273 °C: DiskTemperatureHigh does not count it
+// "within its thresholds", names it, and is Unknown / NothingToCheck when no
+// drive reports a temperature; its own warning bit still decides; the
+// disks report leaves its temperature out. Fails when 0 K is read as
+// -273 °C (False "1 NVMe drive within their temperature thresholds",
+// "temperatureC":-273).
+func TestDiskTemperatureNotReported(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		threshold int
+		drives    map[string]fakeDrive
+		status    report.Status
+		reason    report.Reason
+		msg       string
+	}{
+		{name: "the only drive reports none",
+			drives: map[string]fakeDrive{"nvme0": {model: "Amazon Elastic Block Store"}},
+			status: report.StatusUnknown, reason: report.ReasonNothingToCheck,
+			msg: "no NVMe drive reports its temperature (composite temperature 0 K): nvme0 (Amazon Elastic Block Store)"},
+		{name: "the only drive reports none, a threshold configured", threshold: 60,
+			drives: map[string]fakeDrive{"nvme0": {model: "Amazon Elastic Block Store"}},
+			status: report.StatusUnknown, reason: report.ReasonNothingToCheck,
+			msg: "no NVMe drive reports its temperature (composite temperature 0 K): nvme0 (Amazon Elastic Block Store)"},
+		{name: "another drive measured",
+			drives: map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 310}, "nvme1": {model: "B"}},
+			status: report.StatusFalse, reason: report.ReasonDiskTemperatureOK,
+			msg: "1 NVMe drive within their temperature thresholds; no temperature reported: nvme1 (B)"},
+		{name: "its warning bit set",
+			drives: map[string]fakeDrive{"nvme0": {model: "A", wctempK: 343, tempK: 310}, "nvme1": {model: "B", cw: 1 << 1}},
+			status: report.StatusTrue, reason: report.ReasonTemperatureAboveThreshold,
+			msg: "nvme1 (B) reports its temperature outside its threshold (temperature not reported)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := nvmeEnv(t, &fakeNVMe{ctrls: tc.drives})
+			env.Config.Checks.DiskTemperatureHigh.ThresholdCelsius = tc.threshold
+			c, _ := newDiskTemp(env)
+			if r := probe(t, c); r.Status != tc.status || r.Reason != tc.reason || r.Message != tc.msg {
+				t.Errorf("%s/%s %q\nwant %s/%s %q", r.Status, r.Reason, r.Message, tc.status, tc.reason, tc.msg)
+			}
+		})
+	}
+	f := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "A"}}}
+	d, _ := newDisksFailureSMART(nvmeEnv(t, f))
+	r := probe(t, d)
+	b, err := json.Marshal(r.Details[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "temperatureC") {
+		t.Errorf("disks report of a drive at 0 K: %s, want no temperatureC", b)
+	}
 }

@@ -98,7 +98,10 @@ type NVMeHealth struct {
 	Serial          string `json:"serial,omitempty"`
 	Firmware        string `json:"firmware,omitempty"`
 	CriticalWarning uint8  `json:"criticalWarning"`
-	TemperatureC    int    `json:"temperatureC"`
+	// TemperatureC is the composite temperature; nil where the drive
+	// reports none (0 K: AWS's EBS, Oxide's propolis; smartctl
+	// prints "-").
+	TemperatureC    *int   `json:"temperatureC,omitempty"`
 	WarningTempC    int    `json:"warningTempC,omitempty"`  // WCTEMP; 0: not reported
 	CriticalTempC   int    `json:"criticalTempC,omitempty"` // CCTEMP
 	AvailableSpare  int    `json:"availableSparePercent"`
@@ -155,7 +158,11 @@ func ParseSMART(h *NVMeHealth, b []byte) error {
 		return fmt.Errorf("SMART log page is %d bytes, want 512", len(b))
 	}
 	h.CriticalWarning = b[0]
-	h.TemperatureC = kelvinToC(binary.LittleEndian.Uint16(b[1:3]))
+	h.TemperatureC = nil
+	if k := binary.LittleEndian.Uint16(b[1:3]); k != 0 {
+		c := kelvinToC(k)
+		h.TemperatureC = &c
+	}
 	h.AvailableSpare, h.SpareThreshold, h.PercentageUsed = int(b[3]), int(b[4]), int(b[5])
 	h.PowerOnHours = binary.LittleEndian.Uint64(b[128:136])
 	h.UnsafeShutdowns = binary.LittleEndian.Uint64(b[144:152])
@@ -267,4 +274,12 @@ func nvmeUnreadable(hs []NVMeHealth) (ok []NVMeHealth, bad []string) {
 		ok = append(ok, h)
 	}
 	return ok, bad
+}
+
+// temperature is the drive's composite temperature in words.
+func (h NVMeHealth) temperature() string {
+	if h.TemperatureC == nil {
+		return "temperature not reported"
+	}
+	return fmt.Sprintf("%d°C", *h.TemperatureC)
 }
