@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -711,5 +712,26 @@ func TestDiskTemperatureNotReported(t *testing.T) {
 	}
 	if strings.Contains(string(b), "temperatureC") {
 		t.Errorf("disks report of a drive at 0 K: %s, want no temperatureC", b)
+	}
+}
+
+// The controllers of NVMe over Fabrics (transport tcp, rdma, fc, loop: a
+// volume of a storage array or of Longhorn's or Mayastor's SPDK target,
+// attached over the network) are not this node's drives: their SMART page
+// is the target's, shared by every node attached to it, and a controller
+// that is reconnecting answers "host path error", which would make the
+// three checks Unknown on each of those nodes. Only the local controllers
+// (pcie, or a transport not known as a fabric) are read. Fails when every
+// entry of /sys/class/nvme is listed (nvme1-nvme4 too).
+func TestNVMeFabricsControllersAreNotDrives(t *testing.T) {
+	root := t.TempDir()
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	for name, transport := range map[string]string{"nvme0": "pcie", "nvme1": "tcp", "nvme2": "rdma", "nvme3": "fc", "nvme4": "loop", "nvme5": "apple-nvme"} {
+		writeFile(t, root+"/sys/class/nvme/"+name+"/transport", transport+"\n")
+	}
+	mkdir(t, root+"/sys/class/nvme/nvme6") // no transport attribute: kept
+	got, err := realNVMe{env: env}.Controllers()
+	if want := []string{"nvme0", "nvme5", "nvme6"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("controllers %v, %v; want %v", got, err, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -19,7 +20,8 @@ import (
 // NVMe reads NVMe controllers' Identify and SMART/Health pages; injectable
 // for tests.
 type NVMe interface {
-	// Controllers lists the NVMe controllers (nvme0, nvme1, ...).
+	// Controllers lists the NVMe controllers of the node's drives (nvme0,
+	// nvme1, ...), not those of NVMe over Fabrics.
 	Controllers() ([]string, error)
 	// Identify returns the 4096-byte Identify Controller page.
 	Identify(ctrl string) ([]byte, error)
@@ -28,7 +30,8 @@ type NVMe interface {
 }
 
 // realNVMe talks to /dev/nvmeN over NVME_IOCTL_ADMIN_CMD (needs
-// CAP_SYS_ADMIN), finding controllers in /sys/class/nvme under the host root.
+// CAP_SYS_ADMIN), finding the local controllers in /sys/class/nvme under
+// the host root.
 type realNVMe struct {
 	env  *Env
 	cmds NVMeCommands
@@ -51,12 +54,28 @@ func (r realNVMe) Controllers() ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "nvme") {
+		if strings.HasPrefix(e.Name(), "nvme") && !r.fabrics(e.Name()) {
 			out = append(out, e.Name())
 		}
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// fabricsTransports are the transports of NVMe over Fabrics, as a
+// controller's sysfs "transport" attribute names them (the kernel's
+// nvme_ctrl_ops name; a local drive's is "pcie", a Mac's "apple-nvme").
+var fabricsTransports = []string{"tcp", "rdma", "fc", "loop"}
+
+// fabrics reports whether ctrl is a controller of NVMe over Fabrics: a
+// volume of a storage array or of an SPDK target (Longhorn's, Mayastor's)
+// attached over the network, not a drive of this node. Its SMART page is
+// the target's, the same on every node attached to it, and one that is
+// reconnecting answers "host path error". A controller whose transport
+// cannot be read is taken for a local drive.
+func (r realNVMe) fabrics(ctrl string) bool {
+	b, err := os.ReadFile(r.env.Path("/sys/class/nvme/" + ctrl + "/transport"))
+	return err == nil && slices.Contains(fabricsTransports, strings.TrimSpace(string(b)))
 }
 
 // NVMeAdminCommand sends one admin command to the NVMe controller device dev
