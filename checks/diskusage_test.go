@@ -51,6 +51,10 @@ func TestDiskUsageExcludePatterns(t *testing.T) {
 		// Network and FUSE filesystems are not the node's disks (and a
 		// hard NFS mount whose server is gone hangs statfs).
 		"nfs": true, "nfs4": true, "cifs": true, "smb3": true, "fuse.sshfs": true, "fuse.lxcfs": true, "fuse.tmpfs": true,
+		// The kernel's CephFS client (Rook's, a shared /mnt/cephfs) and
+		// the parallel filesystems: statfs answers the whole cluster's use,
+		// the same on every node that mounts it.
+		"ceph": true, "lustre": true, "beegfs": true, "gpfs": true,
 		"ext4": false, "xfs": false, "btrfs": false, "fuseblk": false, "fuse": false, "nfsd": false,
 	} {
 		if got := d.excludeType.MatchString(fs); got != want {
