@@ -640,8 +640,26 @@ func TestNVMeSMARTNotAskedAfterAnIdentifyTimeout(t *testing.T) {
 	}
 }
 
+// Identify's text fields padded with NUL bytes (some firmware does, the
+// spec says spaces) or holding other bytes read as printable text.
+func TestIdentifyTextIsPrintable(t *testing.T) {
+	id := make([]byte, 4096)
+	copy(id[4:24], "S5GXNX0T12345\x00\x00\x00\x00\x00\x00\x00")
+	copy(id[24:64], "Samsung SSD 980 PRO\x01 1TB\x00\x00\x00")
+	copy(id[64:72], "5B2QGXA7")
+	var h NVMeHealth
+	if err := ParseIdentify(&h, id); err != nil {
+		t.Fatal(err)
+	}
+	if h.Serial != "S5GXNX0T12345" || h.Model != "Samsung SSD 980 PRO? 1TB" || h.Firmware != "5B2QGXA7" {
+		t.Errorf("serial %q, model %q, firmware %q", h.Serial, h.Model, h.Firmware)
+	}
+}
+
 // FuzzNVMePages: whatever a drive answers to Identify and to the SMART log
-// page, parsing is an error (a page too short) or values, never a panic.
+// page, parsing is an error (a page too short) or values, never a panic;
+// the Identify text fields are printable ASCII (no NUL or control byte for
+// a message).
 func FuzzNVMePages(f *testing.F) {
 	d := &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "QEMU NVMe Ctrl", wctempK: 343, tempK: 323, cw: 0x05, spare: 0, pct: 3}}}
 	id, _ := d.Identify("nvme0")
@@ -657,6 +675,13 @@ func FuzzNVMePages(f *testing.F) {
 			t.Fatalf("SMART page of %d bytes: %v", len(smart), err)
 		}
 		h.name()
+		for _, v := range []string{h.Model, h.Serial, h.Firmware} {
+			for _, c := range []byte(v) {
+				if c < 0x20 || c > 0x7e {
+					t.Fatalf("Identify text %q holds byte %#x", v, c)
+				}
+			}
+		}
 	})
 }
 

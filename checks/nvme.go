@@ -1,6 +1,7 @@
 package checks
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -195,9 +196,9 @@ func ParseIdentify(h *NVMeHealth, b []byte) error {
 	if len(b) < 4096 {
 		return fmt.Errorf("identify page is %d bytes, want 4096", len(b))
 	}
-	h.Serial = strings.TrimSpace(string(b[4:24]))
-	h.Model = strings.TrimSpace(string(b[24:64]))
-	h.Firmware = strings.TrimSpace(string(b[64:72]))
+	h.Serial = idString(b[4:24])
+	h.Model = idString(b[24:64])
+	h.Firmware = idString(b[64:72])
 	if wc := binary.LittleEndian.Uint16(b[266:268]); wc != 0 {
 		h.WarningTempC = kelvinToC(wc)
 	}
@@ -205,6 +206,21 @@ func ParseIdentify(h *NVMeHealth, b []byte) error {
 		h.CriticalTempC = kelvinToC(cc)
 	}
 	return nil
+}
+
+// idString is an ASCII field of the Identify page as text: the spec pads
+// with spaces, some firmware with NUL bytes; a byte that is not printable
+// ASCII becomes '?', so that no NUL or control byte reaches a condition's
+// message or the report.
+func idString(b []byte) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range bytes.TrimRight(b, " \x00") {
+		if c < 0x20 || c > 0x7e {
+			c = '?'
+		}
+		out = append(out, c)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // nvmeTimeout is the longest a drive's two admin commands are waited for,
