@@ -57,9 +57,15 @@ func (c *kubeletCheck) probe(ctx context.Context) error {
 		return err // "Get \"<url>\": <cause>"
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 512))
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: HTTP %d: %s", c.url, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		// A 200 is an answer only once its body came: a kubelet that hung
+		// or died mid-answer is not healthy (the client's timeout ends a
+		// body that never comes, as it ends an answer that never starts).
+		return fmt.Errorf("GET %s: HTTP 200, reading the answer: %w", c.url, err)
 	}
 	return nil
 }
