@@ -43,6 +43,13 @@ type RepairStatus struct {
 	// even start (systemd not reachable, the unit not readable), and why.
 	LastAttempt      time.Time `json:"lastFailedAttempt,omitzero"`
 	LastAttemptError string    `json:"lastFailedAttemptError,omitempty"`
+	// restartFailed: the daemon's last restart of the unit failed, and
+	// the unit was then at invocation failedAt. The reset-failed before a
+	// restart ends a failed unit's failed state, and a start job that
+	// fails without starting it (result "dependency": a unit it requires
+	// did not start) leaves it inactive: the daemon's doing, not a stop.
+	restartFailed bool
+	failedAt      string
 }
 
 // Repairer restarts critical units in place, over D-Bus, without fighting
@@ -157,7 +164,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		return RepairSystemd, fmt.Sprintf("not restarted: systemd is already restarting %s (%s/%s)", unit, u.ActiveState, u.SubState)
 	case u.ActiveState == "inactive" && u.Job != 0:
 		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
-	case u.ActiveState == "inactive":
+	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u):
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
 	}
 	now := r.now()
@@ -197,7 +204,9 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		err := r.mgr.Restart(ctx, unit)
 		// Read the unit again at once: the watch counts this restart
 		// (the new invocation) as ours, once.
+		at := u.Invocation
 		if after, rerr := r.mgr.Unit(ctx, unit); rerr == nil {
+			at = after.Invocation
 			if err == nil {
 				watch.ObserveRestarted(after)
 			} else {
@@ -206,6 +215,9 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		}
 		r.mu.Lock()
 		delete(r.inflight, unit)
+		// A job another replaced (someone's stop) is not a restart that
+		// could not start the unit: what it left is theirs.
+		st.restartFailed, st.failedAt = err != nil && !systemd.JobCanceled(err), at
 		if err != nil {
 			st.LastResult = "failed: " + err.Error()
 		} else {
@@ -220,6 +232,17 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
 	})
 	return RepairRestarted, repairingMessage(unit, cooldown)
+}
+
+// leftByOwnRestart reports whether u, inactive, was left so by the daemon's
+// own restart that failed, and has not run since (the same invocation): it
+// is still the repairer's to restart, at the cooldown. A unit that ran
+// after it, and someone stopped, is not.
+func (r *Repairer) leftByOwnRestart(unit string, u systemd.Unit) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.units[unit]
+	return ok && st.restartFailed && st.failedAt == u.Invocation
 }
 
 // repairingMessage is the message of a restart and of the cooldown after

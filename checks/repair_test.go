@@ -584,3 +584,117 @@ func TestServiceNotRecoveringFirstRunOnlySetsABaseline(t *testing.T) {
 		}
 	})
 }
+
+// dependencyFailing is a manager whose restarts of one unit end as
+// systemd's do when a unit the restarted one requires cannot start: the
+// reset-failed before the restart made the failed unit inactive, the start
+// job ends with result "dependency", and the unit never started, so it
+// stays inactive. With result "canceled", someone's stop replaced the job.
+type dependencyFailing struct {
+	*fakeManager
+	name   string
+	fails  bool
+	result string // "" is "dependency"
+}
+
+func (d *dependencyFailing) Restart(ctx context.Context, name string) error {
+	d.mu.Lock()
+	fails := d.fails
+	d.mu.Unlock()
+	if name != d.name || !fails {
+		return d.fakeManager.Restart(ctx, name)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.resets = append(d.resets, name)
+	d.restarts = append(d.restarts, name)
+	u := d.units[name]
+	u.ActiveState, u.SubState, u.Result, u.NRestarts = "inactive", "dead", "success", 0
+	d.units[name] = u
+	result := d.result
+	if result == "" {
+		result = "dependency"
+	}
+	return fmt.Errorf("restart %s: %w", name, &systemd.JobError{Unit: name, Result: result})
+}
+
+// kubelet is failed and its restart cannot start it (a unit it requires
+// fails to start: the job's result is "dependency"). The reset-failed
+// before the restart left it inactive, not failed: that is the daemon's own
+// doing, not someone's stop, and the repair goes on at the cooldown, no
+// more often, until a restart starts it. Before, the next probe took the
+// unit for stopped on purpose ("a stopped unit is not started by the
+// repair") and kubelet was never repaired again, nor, no longer failed,
+// reported by ServiceNotRecovering. A unit someone stops after a restart
+// that worked is still left alone.
+func TestRepairAfterItsOwnRestartFailedLeavesTheUnitInactive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.ActiveState, u.SubState, u.Result, u.MainStart = "failed", "failed", "exit-code", time.Now().Add(-time.Hour)
+		m := &dependencyFailing{fakeManager: newFakeManager(u, running("containerd.service"), running("syself-proxy.service")), name: "kubelet.service", fails: true}
+		env := testEnv(t, nil)
+		env.Systemd = m
+		env.Repair = NewRepairer(m, quietLog(), time.Now, nil)
+		env.Units = NewUnitWatch(nil, nil)
+		env.Repair.SetUnitWatch(env.Units)
+		probe := func() string {
+			res, _ := env.Repair.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			env.Repair.Wait()
+			time.Sleep(10 * time.Second)
+			return res
+		}
+		var results []string
+		for range 13 { // 2 minutes of probes every 10 s, each restart failing
+			results = append(results, probe())
+		}
+		want := "restarted cooldown cooldown cooldown cooldown cooldown restarted cooldown cooldown cooldown cooldown cooldown restarted"
+		if got := strings.Join(results, " "); got != want {
+			t.Errorf("restarts that cannot start the unit:\n%s\nwant:\n%s", got, want)
+		}
+		if st := env.Repair.Status("kubelet.service"); !strings.HasPrefix(st.LastResult, "failed: ") || st.Consecutive != 3 {
+			t.Errorf("status %+v", st)
+		}
+		c, _ := newServiceNotRecovering(env)
+		if r, _ := c.Probe(context.Background()); r.Reason != report.ReasonRepairNotHelping {
+			t.Errorf("ServiceNotRecovering after 3 restarts that did not start kubelet: %+v", r)
+		}
+		// The unit kubelet needs starts again: the next restart, at the
+		// cooldown, brings kubelet up.
+		m.mu.Lock()
+		m.fails = false
+		m.mu.Unlock()
+		results = results[:0]
+		for range 6 {
+			results = append(results, probe())
+		}
+		if got := strings.Join(results, " "); got != "cooldown cooldown cooldown cooldown cooldown restarted" {
+			t.Errorf("once a restart can start it: %s", got)
+		}
+		if k, _ := m.Unit(context.Background(), "kubelet.service"); k.ActiveState != "active" {
+			t.Errorf("kubelet.service %s/%s after the restart that worked", k.ActiveState, k.SubState)
+		}
+		// Someone stops it: left alone, as any stopped unit.
+		time.Sleep(time.Minute)
+		k, _ := m.Unit(context.Background(), "kubelet.service")
+		k.ActiveState, k.SubState = "inactive", "dead"
+		m.set(k)
+		if res := probe(); res != RepairStopped {
+			t.Errorf("stopped by someone after a restart that worked: %s, want %s", res, RepairStopped)
+		}
+		// Someone's stop replaces the daemon's restart job while it runs
+		// (its result is "canceled"): the unit is theirs, left alone.
+		k.ActiveState, k.SubState = "failed", "failed"
+		m.set(k)
+		m.mu.Lock()
+		m.fails, m.result = true, "canceled"
+		m.mu.Unlock()
+		time.Sleep(time.Minute)
+		if res := probe(); res != RepairRestarted {
+			t.Fatalf("failed again: %s, want %s", res, RepairRestarted)
+		}
+		time.Sleep(time.Minute)
+		if res := probe(); res != RepairStopped {
+			t.Errorf("stopped by someone while the daemon's restart ran: %s, want %s", res, RepairStopped)
+		}
+	})
+}

@@ -530,6 +530,25 @@ func isService(name string) bool {
 // ErrJobFailed means systemd ran the job and it did not succeed.
 var ErrJobFailed = errors.New("systemd job did not succeed")
 
+// JobError is a job that ended with a result other than "done" ("failed",
+// "dependency", "timeout", "canceled", ...); it wraps ErrJobFailed.
+type JobError struct {
+	Unit, Result string
+}
+
+func (e *JobError) Error() string {
+	return fmt.Sprintf("%s: job result %q: %v", e.Unit, e.Result, ErrJobFailed)
+}
+
+func (e *JobError) Unwrap() error { return ErrJobFailed }
+
+// JobCanceled reports whether err is a job that another job replaced
+// (result "canceled": someone's stop while it ran).
+func JobCanceled(err error) bool {
+	var je *JobError
+	return errors.As(err, &je) && je.Result == "canceled"
+}
+
 // Restart implements Manager.
 func (d *DBus) Restart(ctx context.Context, name string) error {
 	if err := d.ResetFailed(ctx, name); err != nil {
@@ -576,7 +595,7 @@ func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
 type JobFunc func(*sd.Conn, context.Context, string, string, chan<- string) (int, error)
 
 // RunJob starts a job for unit name with mode "replace" and waits for its
-// result; a result other than "done" is an error wrapping ErrJobFailed.
+// result; a result other than "done" is a *JobError (wrapping ErrJobFailed).
 func RunJob(ctx context.Context, c *sd.Conn, name string, f JobFunc) error {
 	ch := make(chan string, 1)
 	if _, err := f(c, ctx, name, "replace", ch); err != nil {
@@ -585,7 +604,7 @@ func RunJob(ctx context.Context, c *sd.Conn, name string, f JobFunc) error {
 	select {
 	case res := <-ch:
 		if res != "done" {
-			return fmt.Errorf("%s: job result %q: %w", name, res, ErrJobFailed)
+			return &JobError{Unit: name, Result: res}
 		}
 		return nil
 	case <-ctx.Done():

@@ -3,6 +3,7 @@ package systemd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -99,5 +100,26 @@ func TestStopping(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("%s, shutdown.target %s/%s job %q: %v, %v; want %v", tc.state, tc.shutdown.ActiveState, tc.shutdown.SubState, tc.shutdown.JobType, got, err, tc.want)
 		}
+	}
+}
+
+// A job's result other than "done" is a *JobError: ErrJobFailed for
+// errors.Is, worded as before, and "canceled" (another job replaced it)
+// told apart, through Restart's wrapping.
+func TestJobError(t *testing.T) {
+	for _, tc := range []struct {
+		result   string
+		canceled bool
+	}{{"dependency", false}, {"failed", false}, {"timeout", false}, {"canceled", true}} {
+		err := fmt.Errorf("restart k.service: %w", &JobError{Unit: "k.service", Result: tc.result})
+		if !errors.Is(err, ErrJobFailed) || JobCanceled(err) != tc.canceled {
+			t.Errorf("%s: Is ErrJobFailed %v, JobCanceled %v", tc.result, errors.Is(err, ErrJobFailed), JobCanceled(err))
+		}
+		if want := `restart k.service: k.service: job result "` + tc.result + `": systemd job did not succeed`; err.Error() != want {
+			t.Errorf("%q, want %q", err, want)
+		}
+	}
+	if JobCanceled(errors.New("bus gone")) {
+		t.Error("an error that is not a job's is canceled")
 	}
 }
