@@ -75,7 +75,15 @@ type Repairer struct {
 	units     map[string]*RepairStatus
 	repairs   *prometheus.CounterVec
 	watch     *UnitWatch
+	// memos keeps units in the state file (KeepIn); load reads it back
+	// once.
+	memos Memos
+	load  sync.Once
 }
+
+// RepairKey is the name under which the repairer keeps its status of each
+// unit in the state file.
+const RepairKey = "repairs"
 
 // NewRepairer returns a repairer; mgr may be nil (no systemd reachable).
 func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *Repairer {
@@ -97,6 +105,63 @@ func (r *Repairer) SetUnitWatch(w *UnitWatch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.watch = w
+}
+
+// KeepIn makes the repairer keep what it knows about each unit (repairs,
+// the last one, repairs in a row) in the state file, for this boot: a
+// daemon restart within the boot neither ends a run of repairs that did
+// not help (RepairNotHelping is cleared only by a probe that passes) nor
+// starts the count over. The state saved is read back on first use, so the
+// store must be loaded before then. Call it before the first Repair.
+func (r *Repairer) KeepIn(m Memos) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.memos = m
+}
+
+// restore reads the status saved in this boot, once, and from then on
+// keeps it in the state file. It runs without r.mu held: Memo takes the
+// store's lock, and the store calls snapshot (r.mu) with its lock held.
+func (r *Repairer) restore() {
+	r.load.Do(func() {
+		r.mu.Lock()
+		m := r.memos
+		r.mu.Unlock()
+		if m == nil {
+			return
+		}
+		var saved map[string]RepairStatus
+		m.Memo(RepairKey, &saved)
+		r.mu.Lock()
+		for name, st := range saved {
+			if _, ok := r.units[name]; !ok {
+				r.units[name] = &st
+			}
+		}
+		r.mu.Unlock()
+		m.Keep(RepairKey, r.snapshot)
+	})
+}
+
+// snapshot returns a copy of the status of every unit, for the state file.
+func (r *Repairer) snapshot() any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]RepairStatus, len(r.units))
+	for name, st := range r.units {
+		out[name] = *st
+	}
+	return out
+}
+
+// touch says that the status changed (the state file is written soon).
+func (r *Repairer) touch() {
+	r.mu.Lock()
+	m := r.memos
+	r.mu.Unlock()
+	if m != nil {
+		m.Touch()
+	}
 }
 
 func (r *Repairer) unitWatch() *UnitWatch {
@@ -131,6 +196,7 @@ func sinceBoot() time.Duration { return time.Duration(rawsys.MonotonicMicros()) 
 // and the decision stay the same (no clock, no count), so that a unit that
 // stays unhealthy does not change its condition at every probe.
 func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Duration, reason string) (string, string) {
+	r.restore()
 	result, msg := r.repair(ctx, unit, cooldown, reason)
 	r.repairs.WithLabelValues(unit, result).Inc()
 	if result == RepairFailed || result == RepairNoSystemd {
@@ -139,6 +205,9 @@ func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Durati
 		st := r.status(unit)
 		st.LastAttempt, st.LastAttemptError = r.now(), msg
 		r.mu.Unlock()
+	}
+	if result == RepairRestarted || result == RepairFailed || result == RepairNoSystemd {
+		r.touch()
 	}
 	return result, msg
 }
@@ -172,6 +241,11 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	st := r.status(unit)
 	last := st.LastRepair
 	r.mu.Unlock()
+	if last.After(now) {
+		// Read back from the state file (a wall-clock time), and the
+		// clock was set back since: long ago, as a start in the future.
+		last = time.Time{}
+	}
 	if started := r.started(u, now); started.After(last) {
 		last = started
 	}
@@ -224,6 +298,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 			st.LastResult = "done"
 		}
 		r.mu.Unlock()
+		r.touch()
 		if err != nil {
 			r.repairs.WithLabelValues(unit, RepairFailed).Inc()
 			r.log.Error("repair: restarting unit failed", "unit", unit, "reason", reason, "err", err)
@@ -269,14 +344,21 @@ func (r *Repairer) status(unit string) *RepairStatus {
 
 // Healthy records that the unit's probe passed: the run of repairs ends.
 func (r *Repairer) Healthy(unit string) {
+	r.restore()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.status(unit).Consecutive = 0
+	st := r.status(unit)
+	was := st.Consecutive
+	st.Consecutive = 0
+	r.mu.Unlock()
+	if was != 0 {
+		r.touch()
+	}
 }
 
 // All returns what the repairer knows about every unit it was asked to
 // repair, by unit name.
 func (r *Repairer) All() map[string]RepairStatus {
+	r.restore()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make(map[string]RepairStatus, len(r.units))
@@ -288,6 +370,7 @@ func (r *Repairer) All() map[string]RepairStatus {
 
 // Status returns the repair status of a unit.
 func (r *Repairer) Status(unit string) RepairStatus {
+	r.restore()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return *r.status(unit)

@@ -698,3 +698,99 @@ func TestRepairAfterItsOwnRestartFailedLeavesTheUnitInactive(t *testing.T) {
 		}
 	})
 }
+
+// kubelet runs but stays unhealthy: the daemon's third restart in a row
+// sets RepairNotHelping, which only a probe that passes clears. The daemon
+// itself restarts (an upgrade, its watchdog) within the boot: the repair
+// status is kept in the state file, so the next run still says
+// RepairNotHelping, and the restart count goes on from where it was,
+// instead of ServiceNotRecovering turning False for the next 3 repairs
+// while kubelet stays broken. A new boot starts over.
+func TestRepairNotHelpingSurvivesDaemonRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		k := running("kubelet.service")
+		k.MainStart = time.Now().Add(-time.Hour)
+		m := newFakeManager(k, running("containerd.service"), running("syself-proxy.service"))
+		type daemon struct {
+			store *report.Store
+			env   *Env
+			check Check
+		}
+		start := func(boot string) daemon {
+			t.Helper()
+			d := daemon{store: report.NewStore(boot)}
+			if _, err := d.store.Load(dir); err != nil {
+				t.Fatal(err)
+			}
+			d.env = snrEnv(t, m)
+			d.env.Repair.KeepIn(d.store)
+			d.check, _ = newServiceNotRecovering(d.env)
+			return d
+		}
+		snr := func(d daemon) Result {
+			t.Helper()
+			r, err := d.check.Probe(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		repair := func(d daemon) string {
+			res, _ := d.env.Repair.Repair(context.Background(), "kubelet.service", time.Minute, "healthz")
+			d.env.Repair.Wait()
+			return res
+		}
+		d1 := start("boot-1")
+		for range 3 {
+			if res := repair(d1); res != RepairRestarted {
+				t.Fatalf("repair: %s", res)
+			}
+			time.Sleep(61 * time.Second)
+		}
+		if r := snr(d1); r.Reason != report.ReasonRepairNotHelping {
+			t.Fatalf("after 3 repairs: %+v", r)
+		}
+		if err := d1.store.Save(dir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+
+		d2 := start("boot-1")
+		if r := snr(d2); r.Reason != report.ReasonRepairNotHelping {
+			t.Errorf("after the daemon's restart, kubelet still unhealthy: %s %s %q", r.Status, r.Reason, r.Message)
+		}
+		if st := d2.env.Repair.Status("kubelet.service"); st.Repairs != 3 || st.Consecutive != 3 || st.LastResult != "done" {
+			t.Errorf("repair status after the daemon's restart: %+v", st)
+		}
+		if res := repair(d2); res != RepairRestarted {
+			t.Fatalf("repair: %s", res)
+		}
+		if st := d2.env.Repair.Status("kubelet.service"); st.Repairs != 4 || st.Consecutive != 4 {
+			t.Errorf("after a fourth repair: %+v", st)
+		}
+		d2.env.Repair.Healthy("kubelet.service")
+		if r := snr(d2); r.Status != report.StatusFalse {
+			t.Errorf("after a probe that passed: %+v", r)
+		}
+		if err := d2.store.Save(dir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		d3 := start("boot-1")
+		if r := snr(d3); r.Status != report.StatusFalse {
+			t.Errorf("restarted after a probe that passed: %+v", r)
+		}
+		// The wall clock is then set back 30 minutes (the last repair, read
+		// back as a wall-clock time, is in the future): that does not hold
+		// the next repair off for half an hour.
+		time.Sleep(time.Minute)
+		d3.env.Repair.now = func() time.Time { return time.Now().Add(-30 * time.Minute).Round(0) }
+		if res := repair(d3); res != RepairRestarted {
+			t.Errorf("a minute after the last repair, the clock set back since: %s, want %s", res, RepairRestarted)
+		}
+
+		// A new boot: nothing of the last one's repairs.
+		if st := start("boot-2").env.Repair.Status("kubelet.service"); st.Repairs != 0 || st.Consecutive != 0 {
+			t.Errorf("repair status in a new boot: %+v", st)
+		}
+	})
+}

@@ -121,6 +121,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// use, after Load below).
 		env.Memos = p.Store
 		env.Repair.SetUnitWatch(env.Units)
+		// What the repairer knows of each unit (repairs in a row:
+		// RepairNotHelping), kept in the state file too.
+		env.Repair.KeepIn(p.Store)
 		// The tamper checks' baseline and findings (tamper.json, 0600).
 		if env.Tamper == nil {
 			env.Tamper = tamper.NewKeeper(cfg.StateDir, bootID, false)
