@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -109,7 +110,15 @@ current-context: x
 	runDaemon(t, d)
 	await(t, d, "waiting for the certificate", func() bool { return d.Status(time.Now()).Kubernetes.State == "waiting" })
 	time.Sleep(50 * time.Millisecond) // several polls, to see no second line
-	writeFile(t, filepath.Join(filepath.Dir(kc), "kubelet-client-current.pem"), nodeCertPEM(t, "system:node:test-node"))
+	// As the kubelet does: the certificate written under a name of its
+	// own, then kubelet-client-current.pem made to point at it, so that no
+	// read finds it half-written (a plain write here let a poll read part
+	// of it, an error of another kind).
+	dir := filepath.Dir(kc)
+	writeFile(t, filepath.Join(dir, "kubelet-client-2026-12-05.pem"), nodeCertPEM(t, "system:node:test-node"))
+	if err := os.Symlink("kubelet-client-2026-12-05.pem", filepath.Join(dir, "kubelet-client-current.pem")); err != nil {
+		t.Fatal(err)
+	}
 	await(t, d, "a call to the API server", func() bool { return calls.Load() > 0 })
 	if l := grepLines(logs.String(), "level=ERROR"); l != "" {
 		t.Errorf("the wait for the kubelet's certificate logged errors:\n%s", l)
