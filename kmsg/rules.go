@@ -45,7 +45,11 @@ var DefaultRules = []Rule{
 		// XFS, which shuts the filesystem down instead (fs/xfs/xfs_fsops.c xfs_do_force_shutdown, every write fails):
 		// "XFS (sdb1): Log I/O Error (0x2) detected at xlog_ioend_work+0x6e/0x70 [xfs] (fs/xfs/xfs_log.c:1378).  Shutting down filesystem." (6.x),
 		// "XFS (sdb1): Log I/O Error Detected. Shutting down filesystem" (4.x), "XFS (sdb1): Corruption of in-memory data detected.  Shutting down filesystem".
-		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly|XFS \([^)]+\): .*Shutting down filesystem)`},
+		// Not a shutdown an administrator asked for (XFS_IOC_GOINGDOWN: xfs_io -x -c shutdown), which is no error: its flags
+		// hold SHUTDOWN_FORCE_UMOUNT (0x4), "Metadata I/O Error (0x4) detected at xfs_fs_goingdown..." (0x6 with the log
+		// error flag), and up to 5.15 its line was "User initiated shutdown [(0x4) ]received. Shutting down filesystem".
+		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly|` +
+			`XFS \([^)]+\): ([^.(]* [Dd]etected\.|All device paths lost\.|[^(]*\(0x[0-9a-f]*[0-389ab]\) detected at ).*Shutting down filesystem)`},
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
 		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x).
 		Pattern: `^INFO: task (?P<task>.+):\d+ blocked for more than \d+ seconds\.`},
