@@ -668,8 +668,9 @@ const stoppingTimeout = 2 * time.Second
 // held reports whether c, what a run of e's check found, is left
 // unrecorded, condition and report fields, because systemd is shutting the
 // system down. The units stop in reverse order, and this daemon (ordered
-// Before=kubelet.service) after kubelet, the operability units and
-// containerd: in between, its checks find them stopping or stopped, and
+// Before=kubelet.service) after kubelet; containerd and the operability
+// units, not ordered against it, stop before it or beside it: until its
+// SIGTERM, its checks find them stopping or stopped, and
 // the Node would keep KubeletUnhealthy=True, NodeServiceDown=True and the
 // like (the daemon's last write on SIGTERM) for as long as the node is
 // off, for a failure that did not happen. Every condition keeps its last
