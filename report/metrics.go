@@ -251,7 +251,11 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // InitConditions creates the series of the conditions that apply to this
-// node at zero, so that alerts can tell "no problem" from "no data".
+// node at zero, so that alerts can tell "no problem" from "no data", and
+// problem_counter's of their problem reasons, so that increase() sees the
+// first time one turns True (a series that first appears at 1 is no
+// increase to Prometheus). node-problem-detector does the same for every
+// rule's reason.
 func (m *Metrics) InitConditions(types []string) {
 	for _, t := range types {
 		d, ok := Lookup(t)
@@ -260,11 +264,13 @@ func (m *Metrics) InitConditions(types []string) {
 		}
 		for _, r := range d.ProblemReasons {
 			m.problemGauge.WithLabelValues(t, string(r)).Set(0)
+			m.problemCounter.WithLabelValues(string(r)).Add(0)
 		}
 		for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
 			m.conditionStatus.WithLabelValues(t, string(st)).Set(0)
 		}
 	}
+	m.vProblemCounter.changed()
 	m.vProblemGauge.changed()
 	m.vConditionStatus.changed()
 }
@@ -312,14 +318,21 @@ func (m *Metrics) setStatus(c Condition) {
 }
 
 // ConditionRemoved implements Remover: the condition's series are dropped,
-// as for a condition that does not apply to this node (InitConditions
-// never created them).
+// problem_counter's of its problem reasons (no other condition or event has
+// them) included, as for a condition that does not apply to this node
+// (InitConditions never created them).
 func (m *Metrics) ConditionRemoved(c Condition) {
 	m.problemMu.Lock()
 	delete(m.problemOn, c.Type)
 	m.problemGauge.DeletePartialMatch(prometheus.Labels{"type": c.Type})
 	m.problemMu.Unlock()
+	if d, ok := Lookup(c.Type); ok {
+		for _, r := range d.ProblemReasons {
+			m.problemCounter.DeleteLabelValues(string(r))
+		}
+	}
 	m.conditionStatus.DeletePartialMatch(prometheus.Labels{"condition": c.Type})
+	m.vProblemCounter.changed()
 	m.vProblemGauge.changed()
 	m.vConditionStatus.changed()
 }

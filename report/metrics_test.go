@@ -28,9 +28,13 @@ func TestMetricsExposition(t *testing.T) {
 	want := `
 # HELP problem_counter Number of times a specific type of problem has occurred (events, and conditions turning True).
 # TYPE problem_counter counter
+problem_counter{reason="ClockErrorTooLarge"} 0
 problem_counter{reason="ClockUnsynchronized"} 1
+problem_counter{reason="FilesystemInodesHigh"} 0
 problem_counter{reason="FilesystemSpaceHigh"} 1
 problem_counter{reason="TaskHung"} 2
+problem_counter{reason="ThinPoolSpaceHigh"} 0
+problem_counter{reason="VolumeGroupSpaceHigh"} 0
 # HELP problem_gauge Whether a specific type of problem is affecting the node (1) or not (0).
 # TYPE problem_gauge gauge
 problem_gauge{reason="ClockErrorTooLarge",type="ClockNotSynchronized"} 0
@@ -204,5 +208,37 @@ func TestRemoveCheckAndLoop(t *testing.T) {
 	}
 	if strings.Contains(page, `check_runs_total{check="NodeInfoStale",result="problem"}`) {
 		t.Errorf("started again: the run before the stop is still counted:\n%s", page)
+	}
+}
+
+// problem_counter has a series at 0 for every problem reason of every
+// condition that applies, as for every event reason (and as
+// node-problem-detector makes them for every rule, perm and temp): a
+// series that first appears at 1 is no increase to Prometheus, so an
+// alert or the dashboard's increase(problem_counter[1h]) would miss the
+// first time a condition turns True. The served text, cached before, has
+// them as well.
+func TestProblemCounterOfEachConditionReasonStartsAtZero(t *testing.T) {
+	m := NewMetrics("v1")
+	ours := m.Handler(nil)
+	scrape(t, ours, "", "") // cached before the conditions are initialised
+	m.InitConditions([]string{"ServiceNotRecovering", "ReadonlyFilesystem"})
+	page, _ := scrape(t, ours, "", "")
+	for _, r := range []string{"UnitFailed", "UnitFlapping", "RepairNotHelping", "FilesystemIsReadOnly"} {
+		if want := `problem_counter{reason="` + r + `"} 0`; !strings.Contains(page, want) {
+			t.Errorf("no %s before the first problem:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, `reason="CriticalUnitsRecovering"`) || strings.Contains(page, `reason="FilesystemIsNotReadOnly"`) {
+		t.Errorf("a healthy reason has a problem series:\n%s", page)
+	}
+	// A condition no longer evaluated drops them, as it drops its gauges.
+	m.ConditionRemoved(Condition{Type: "ReadonlyFilesystem", Status: StatusFalse, Reason: ReasonFilesystemIsNotReadOnly})
+	page, _ = scrape(t, ours, "", "")
+	if strings.Contains(page, `reason="FilesystemIsReadOnly"`) {
+		t.Errorf("removed condition: its problem series are still served:\n%s", page)
+	}
+	if !strings.Contains(page, `problem_counter{reason="UnitFailed"} 0`) {
+		t.Errorf("removing a condition dropped another's series:\n%s", page)
 	}
 }
