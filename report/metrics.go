@@ -91,7 +91,7 @@ func NewMetrics(version string) *Metrics {
 		Registry: r,
 		problemCounter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "problem_counter",
-			Help: "Number of times a specific type of problem has occurred (events, and conditions turning True).",
+			Help: "Number of times a specific type of problem has occurred (events, and conditions turning True or True with a new reason).",
 		}, []string{"reason"}),
 		problemGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "problem_gauge",
@@ -283,9 +283,12 @@ func (m *Metrics) InitEvents(reasons []string) {
 	m.vProblemCounter.changed()
 }
 
-// ConditionChanged implements Observer.
+// ConditionChanged implements Observer. problem_counter counts a condition
+// turning True, and one that stays True with another reason (another
+// problem occurred), as node-problem-detector does; a new message alone is
+// no new occurrence.
 func (m *Metrics) ConditionChanged(prev *Condition, cur Condition) {
-	if cur.Status == StatusTrue && (prev == nil || prev.Status != StatusTrue) {
+	if cur.Status == StatusTrue && (prev == nil || prev.Status != StatusTrue || prev.Reason != cur.Reason) {
 		m.problemCounter.WithLabelValues(string(cur.Reason)).Inc()
 		m.vProblemCounter.changed()
 	}

@@ -26,7 +26,7 @@ func TestMetricsExposition(t *testing.T) {
 	m.CheckRun("ClockNotSynchronized", ResultTimeout, 5*time.Second)
 
 	want := `
-# HELP problem_counter Number of times a specific type of problem has occurred (events, and conditions turning True).
+# HELP problem_counter Number of times a specific type of problem has occurred (events, and conditions turning True or True with a new reason).
 # TYPE problem_counter counter
 problem_counter{reason="ClockErrorTooLarge"} 0
 problem_counter{reason="ClockUnsynchronized"} 1
@@ -240,5 +240,25 @@ func TestProblemCounterOfEachConditionReasonStartsAtZero(t *testing.T) {
 	}
 	if !strings.Contains(page, `problem_counter{reason="UnitFailed"} 0`) {
 		t.Errorf("removing a condition dropped another's series:\n%s", page)
+	}
+}
+
+// A condition that stays True with another problem reason is an occurrence
+// of that problem: problem_counter counts it, as node-problem-detector
+// counts a condition whose reason changed. A unit that flapped and then
+// failed (systemd's start limit) is ServiceNotRecovering, UnitFlapping and
+// then UnitFailed: an alert on increase(problem_counter{reason="UnitFailed"})
+// must fire. A new message alone is not a new occurrence.
+func TestProblemCounterCountsANewReasonWhileTrue(t *testing.T) {
+	m := NewMetrics("v1")
+	m.InitConditions([]string{"ServiceNotRecovering"})
+	s := NewStore("b")
+	s.Observe(m)
+	s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFlapping, "kubelet.service restarted 3 times"), t0)
+	s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFlapping, "kubelet.service restarted 4 times"), t0.Add(time.Minute))
+	s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFailed, "kubelet.service failed"), t0.Add(2*time.Minute))
+	count := func(r Reason) float64 { return testutil.ToFloat64(m.problemCounter.WithLabelValues(string(r))) }
+	if f, u := count(ReasonUnitFlapping), count(ReasonUnitFailed); f != 1 || u != 1 {
+		t.Errorf("problem_counter UnitFlapping %v, UnitFailed %v; want 1 and 1", f, u)
 	}
 }
