@@ -39,6 +39,10 @@ type aggregate struct {
 	// kept until its window ends, so that repeats fold into it (each
 	// counted as dropped) instead of each being sent and refused again.
 	refused bool
+	// combined: the Event of a reason's occurrences past maxSimilarEvents
+	// distinct messages in its window; its message is the latest one's,
+	// with combinedPrefix, and goes with each count patch.
+	combined bool
 }
 
 // aggKey names an aggregate: reason and message, and for one whose dedupe
@@ -47,7 +51,20 @@ type aggregate struct {
 type aggKey struct {
 	reason, message string
 	retired         uint64
+	combined        bool // a reason's combined Event (message "")
 }
+
+// maxSimilarEvents is how many Events of one reason with distinct messages
+// are made within EventDedupeWindow; further messages of the reason fold
+// into one Event of it, "(combined from similar events): <the latest>",
+// whose count says how many. client-go's event correlator does the same
+// (10 similar events in 10 minutes): a dying disk logs "I/O error, dev
+// sda, sector N" with another sector each time, about 2 lines a second
+// past the kernel's rate limit, which was 7,200 Events an hour.
+const maxSimilarEvents = 10
+
+// combinedPrefix starts a combined Event's message (client-go's words).
+const combinedPrefix = "(combined from similar events): "
 
 // eventLoop turns the daemon's events into core/v1 Events. The first
 // occurrence is created at once; repeats only raise the count, patched at
@@ -157,10 +174,17 @@ func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
 
 func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 	k := aggKey{reason: e.Reason, message: e.Message}
+	if _, ok := aggs[k]; !ok && similarEvents(aggs, e) >= maxSimilarEvents {
+		k = aggKey{reason: e.Reason, combined: true}
+		e.Message = report.CapMessage(combinedPrefix + e.Message)
+	}
 	if a, ok := aggs[k]; ok {
 		if e.Time.Sub(a.first) < EventDedupeWindow {
 			a.count++
 			a.last = e.Time
+			if a.combined {
+				a.message = e.Message
+			}
 			if a.refused {
 				a.sentCount = a.count
 				r.m.dropped.Inc()
@@ -176,7 +200,7 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 			// Event without losing this one's count.
 			r.retired++
 			delete(aggs, k)
-			aggs[aggKey{reason: e.Reason, message: e.Message, retired: r.retired}] = a
+			aggs[aggKey{reason: e.Reason, message: k.message, retired: r.retired, combined: k.combined}] = a
 		}
 	}
 	if len(aggs) >= maxAggregates {
@@ -193,7 +217,19 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 		}
 		delete(aggs, *oldest)
 	}
-	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1}
+	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1, combined: k.combined}
+}
+
+// similarEvents counts the Events of e's reason with messages of their own
+// (not combined, not retired) whose window holds e.
+func similarEvents(aggs map[aggKey]*aggregate, e report.Event) int {
+	n := 0
+	for k, a := range aggs {
+		if k.reason == e.Reason && !k.combined && k.retired == 0 && e.Time.Sub(a.first) < EventDedupeWindow {
+			n++
+		}
+	}
+	return n
 }
 
 // eventsIdleBeat is how long the event writer sleeps when no write is due:
@@ -366,7 +402,11 @@ func (r *Reporter) dropRefused(a *aggregate, err error) {
 }
 
 func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.Time) error {
-	patch, _ := json.Marshal(map[string]any{"count": a.count, "lastTimestamp": metav1.NewTime(a.last)})
+	fields := map[string]any{"count": a.count, "lastTimestamp": metav1.NewTime(a.last)}
+	if a.combined {
+		fields["message"] = a.message // the latest of the similar events
+	}
+	patch, _ := json.Marshal(fields)
 	start := time.Now()
 	err := r.o.Client.PatchEvent(ctx, EventNamespace, a.name, patch)
 	if apierrors.IsNotFound(err) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -323,11 +324,80 @@ func TestShutdownSendsTheOthersPastARefusedEvent(t *testing.T) {
 		down = false
 		mu.Unlock()
 		h.stop()
-		if n := len(events(t, client)); n != 20 {
-			t.Errorf("%d of 20 Events sent on SIGTERM past a refused one", n)
+		// 10 Events of their own, the other 10 messages in one combined
+		// Event (maxSimilarEvents).
+		evs := events(t, client)
+		var total int32
+		for _, e := range evs {
+			total += e.Count
+		}
+		if len(evs) != 11 || total != 20 {
+			t.Errorf("%d Events with a count of %d sent on SIGTERM past a refused one, want 11 with 20", len(evs), total)
 		}
 		if v := testutil.ToFloat64(h.m.dropped); v != 1 {
 			t.Errorf("events_dropped_total %v, want 1", v)
 		}
+	})
+}
+
+// A reason's events with distinct messages (a dying disk's "I/O error,
+// dev sda, sector N", a new sector each time) make at most
+// maxSimilarEvents Events of their own in a dedupe window; the rest fold
+// into one Event of the reason, "(combined from similar events): " and the
+// latest message, whose count says how many. Another reason is not held
+// back by it. Two lines a second for an hour were 7,200 Events; now 11 a
+// window.
+func TestSimilarEventsAreCombined(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		msg := func(i int) string {
+			return fmt.Sprintf("I/O error, dev sda, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2", 1000+8*i)
+		}
+		for i := range 30 {
+			store.Emit(report.Event{Reason: "BlockIOError", Message: msg(i), Time: time.Now()})
+			time.Sleep(500 * time.Millisecond)
+			synctest.Wait()
+		}
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:1 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		var own, combined []corev1.Event
+		for _, e := range events(t, client) {
+			switch {
+			case e.Reason == "BlockIOError" && strings.HasPrefix(e.Message, combinedPrefix):
+				combined = append(combined, e)
+			case e.Reason == "BlockIOError":
+				own = append(own, e)
+			}
+		}
+		if len(own) != maxSimilarEvents || len(combined) != 1 {
+			t.Fatalf("%d Events of their own and %d combined, want %d and 1", len(own), len(combined), maxSimilarEvents)
+		}
+		if c := combined[0]; c.Count != 20 || c.Message != combinedPrefix+msg(29) {
+			t.Errorf("combined Event: count %d, message %q; want 20 and the latest message", c.Count, c.Message)
+		}
+		if len(events(t, client)) != maxSimilarEvents+2 {
+			t.Errorf("TaskHung not sent beside them: %d Events", len(events(t, client)))
+		}
+
+		// Two lines a second for an hour: 11 Events a window, not 7,200.
+		for range 2 * 3600 {
+			store.Emit(report.Event{Reason: "BlockIOError", Message: msg(rand.IntN(1 << 20)), Time: time.Now()})
+			time.Sleep(500 * time.Millisecond)
+		}
+		synctest.Wait()
+		h.stop()
+		n := 0
+		for _, e := range events(t, client) {
+			if e.Reason == "BlockIOError" {
+				n++
+			}
+		}
+		if n > 8*(maxSimilarEvents+1) {
+			t.Errorf("%d BlockIOError Events for an hour of distinct lines, want at most %d", n, 8*(maxSimilarEvents+1))
+		}
+		t.Logf("%d BlockIOError Events for 2 distinct lines a second over 1 h", n)
 	})
 }
