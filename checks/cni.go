@@ -16,7 +16,9 @@ func init() { Register("CNIUnhealthy", newCNICheck) }
 
 // cniCheck asks the local cilium-agent for its health over its API socket
 // (GET /v1/healthz, the call `cilium status` makes): True when the agent's
-// own state is not Ok, or the socket does not answer. The connection is
+// own state is one cilium itself calls unhealthy (Warning, Failure, or a
+// state that is none of its four; `cilium status` and the agent's liveness
+// endpoint call Ok and Disabled healthy), or the socket does not answer. The connection is
 // kept between probes, as the CRI call's (keptSocket): a connection the
 // agent dropped by restarting is not an outage (net/http makes the GET
 // again on a new one), and a socket the agent made anew is probed anew.
@@ -70,14 +72,26 @@ func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
 		// An answer we cannot read says nothing about cilium's health.
 		return Result{}, fmt.Errorf("cilium-agent /v1/healthz: unreadable answer (%d bytes): %v", len(body), err)
 	}
-	if state != "Ok" {
-		m := fmt.Sprintf("cilium-agent state %s", state)
+	switch state {
+	case "Ok":
+		return Result{Status: report.StatusFalse, Reason: report.ReasonCNIHealthy, Message: "cilium-agent state Ok"}, nil
+	case "Disabled":
+		// Healthy as cilium judges it: `cilium status --brief` exits 0 and
+		// the agent's liveness endpoint answers 200 for Ok and Disabled
+		// alike (their isUnhealthy); the agent reports Disabled for a
+		// component it was told not to use ("Container runtime is
+		// disabled"). Its message is a fixed text, so it is kept.
+		m := "cilium-agent state Disabled"
 		if msg != "" {
 			m += ": " + msg
 		}
-		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: m}, nil
+		return Result{Status: report.StatusFalse, Reason: report.ReasonCNIHealthy, Message: m}, nil
 	}
-	return Result{Status: report.StatusFalse, Reason: report.ReasonCNIHealthy, Message: "cilium-agent state Ok"}, nil
+	m := fmt.Sprintf("cilium-agent state %s", state)
+	if msg != "" {
+		m += ": " + msg
+	}
+	return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumNotOk, Message: m}, nil
 }
 
 // parseCiliumStatus reads the agent's own state and message from a

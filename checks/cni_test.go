@@ -74,8 +74,8 @@ func TestCNICheck(t *testing.T) {
 }
 
 // FuzzCiliumStatus: whatever cilium-agent answers, parseCiliumStatus is an
-// error or a state that is not blank (CNIHealthy only for "Ok" itself),
-// never a panic.
+// error or a state that is not blank (CNIHealthy only for "Ok" and
+// "Disabled" themselves), never a panic.
 func FuzzCiliumStatus(f *testing.F) {
 	for _, s := range []string{
 		`{"cilium":{"state":"Ok","msg":""},"kubernetes":{"state":"Ok"}}`,
@@ -104,4 +104,56 @@ func FuzzCiliumStatus(f *testing.F) {
 			t.Fatalf("%q: state %q, encoding/json reads %q", b, state, generic.Cilium.State)
 		}
 	})
+}
+
+// TestCNIDisabledIsHealthyAsCiliumJudgesIt: cilium's API defines four
+// states for the agent (api/v1/models/status.go: Ok, Warning, Failure,
+// Disabled), and cilium's own consumers of GET /v1/healthz judge two of
+// them healthy: `cilium status --brief` (cilium-dbg/cmd/status.go,
+// statusDaemon's isUnhealthy) exits 0, and the agent's liveness endpoint
+// on :9879 (agentHealthHandler) answers 200, for "Ok" and "Disabled" alike.
+// The agent reports Disabled itself (daemon/cmd/status.go, getStatus: a
+// container runtime that is disabled, "<version>    Container runtime is
+// disabled"): a node whose agent cilium calls healthy is not CNIUnhealthy
+// (before, it was True, CiliumNotOk, an alert on a healthy node).
+func TestCNIDisabledIsHealthyAsCiliumJudgesIt(t *testing.T) {
+	root := t.TempDir()
+	sock := filepath.Join(root, "var/run/cilium/cilium.sock")
+	mkdir(t, filepath.Dir(sock))
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := ""
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The brief answer (header brief: true): cluster, controllers, stale and cilium.
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, answer)
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	c, _ := newCNICheck(testEnv(t, func(c *config.Config) { c.HostRoot = root }))
+	defer c.(*cniCheck).Close()
+	for _, tc := range []struct {
+		answer     string
+		wantStatus report.Status
+		wantReason report.Reason
+		wantMsg    string
+	}{
+		{`{"cilium":{"msg":"1.12.4 (v1.12.4-6eaecaf)    Container runtime is disabled","state":"Disabled"},"cluster":{}}`,
+			report.StatusFalse, report.ReasonCNIHealthy, "cilium-agent state Disabled: 1.12.4 (v1.12.4-6eaecaf)    Container runtime is disabled"},
+		// Warning and Failure stay unhealthy, as cilium judges them.
+		{`{"cilium":{"msg":"Not all probes executed at least once","state":"Warning"},"cluster":{}}`,
+			report.StatusTrue, report.ReasonCiliumNotOk, "cilium-agent state Warning: Not all probes executed at least once"},
+		{`{"cilium":{"msg":"1.16.3 (v1.16.3-f2217191)    Could not write CNI config file: open /host/etc/cni/net.d/05-cilium.conflist: read-only file system","state":"Failure"},"cluster":{}}`,
+			report.StatusTrue, report.ReasonCiliumNotOk, "cilium-agent state Failure: 1.16.3 (v1.16.3-f2217191)    Could not write CNI config file: open /host/etc/cni/net.d/05-cilium.conflist: read-only file system"},
+		// A state that is none of the four is not one cilium calls healthy.
+		{`{"cilium":{"state":"disabled"}}`, report.StatusTrue, report.ReasonCiliumNotOk, "cilium-agent state disabled"},
+	} {
+		answer = tc.answer
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != tc.wantStatus || r.Reason != tc.wantReason || r.Message != tc.wantMsg {
+			t.Errorf("answer %s:\n got %s/%s %q (err %v)\nwant %s/%s %q", tc.answer, r.Status, r.Reason, r.Message, err, tc.wantStatus, tc.wantReason, tc.wantMsg)
+		}
+	}
 }
