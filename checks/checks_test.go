@@ -69,6 +69,16 @@ func TestClockCheck(t *testing.T) {
 		{name: "error above the limit", sys: fakeSys{timex: unix.Timex{Esterror: 5000001}},
 			wantStatus: report.StatusTrue, wantReason: "ClockErrorTooLarge", wantMsg: "estimated clock error 5.000001s is above the limit of 5s"},
 		{name: "syscall fails", sys: fakeSys{timexErr: unix.EPERM}, wantErr: "adjtimex: operation not permitted"},
+		// No NTP client since boot: the kernel's boot values (ntp_clear),
+		// as on a host without one.
+		{name: "no NTP client", sys: fakeSys{timex: unix.Timex{Status: 0x40, Maxerror: 16000000, Esterror: 16000000}, state: 5},
+			wantStatus: report.StatusTrue, wantReason: "ClockUnsynchronized",
+			wantMsg: "the kernel reports the clock as not synchronized (adjtimex state 5, status 0x40, maximum error 16s): is an NTP client running and reaching its servers?"},
+		// The client stopped updating the clock: the kernel grew the
+		// maximum error by 500 µs a second to its 16 s limit.
+		{name: "client stopped updating", sys: fakeSys{timex: unix.Timex{Status: 0x2041, Maxerror: 16000000, Esterror: 1500}, state: 5},
+			wantStatus: report.StatusTrue, wantReason: "ClockUnsynchronized",
+			wantMsg: "the kernel reports the clock as not synchronized (adjtimex state 5, status 0x2041, maximum error 16s): is an NTP client running and reaching its servers?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := testEnv(t, nil)
@@ -88,11 +98,52 @@ func TestClockCheck(t *testing.T) {
 	}
 }
 
+// A synchronized clock whose NTP client keeps STA_UNSYNC set, so that the
+// kernel's 11-minute mode does not write the RTC: chronyd without rtcsync
+// (sys_timex.c set_sync_status clears the flag on Linux only with rtcsync;
+// rtcfile excludes rtcsync) and systemd-timesyncd with the RTC in local time
+// (timesyncd-manager.c manager_adjust_clock). The kernel then answers
+// TIME_ERROR, yet the client writes a maximum error below the kernel's 16 s
+// limit at each update, which is what timedated's NTPSynchronized (and so
+// `timedatectl`) reads. The values are those the clients write.
+func TestClockCheckSynchronizedWithUnsyncFlagKept(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sys     fakeSys
+		wantMsg string
+	}{
+		// chronyd: status STA_UNSYNC, its estimated and maximum error (root
+		// distance) in µs.
+		{name: "chrony without rtcsync", sys: fakeSys{timex: unix.Timex{Status: 0x40, Maxerror: 17288, Esterror: 312}, state: 5},
+			wantMsg: "clock synchronized, estimated error 312µs"},
+		// timesyncd: STA_PLL | STA_UNSYNC | STA_NANO, maximum and estimated
+		// error written as 0, the maximum error grown by the kernel's
+		// 500 µs a second over the 64 s since.
+		{name: "timesyncd with the RTC in local time", sys: fakeSys{timex: unix.Timex{Status: 0x2041, Maxerror: 32000, Esterror: 0}, state: 5},
+			wantMsg: "clock synchronized, estimated error 0s"},
+		// Just under the limit: the kernel sets STA_UNSYNC itself only when
+		// the maximum error passes it.
+		{name: "maximum error just under the limit", sys: fakeSys{timex: unix.Timex{Status: 0x40, Maxerror: 15999999, Esterror: 1500}, state: 5},
+			wantMsg: "clock synchronized, estimated error 1.5ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := testEnv(t, nil)
+			env.Sys = &tc.sys
+			c, _ := newClockCheck(env)
+			res, err := c.Probe(context.Background())
+			if err != nil || res.Status != report.StatusFalse || res.Reason != report.ReasonClockSynchronized || res.Message != tc.wantMsg {
+				t.Errorf("got %+v, %v\nwant False/ClockSynchronized %q", res, err, tc.wantMsg)
+			}
+		})
+	}
+}
+
 // The real adjtimex(2) on this machine, through the check's own system call
 // (RealSys): the kernel's answer is plausible (a clock state of timex.h, the
 // current time, the kernel's fixed precision and tolerance, errors within
 // the kernel's limits), and the check's verdict agrees with the kernel's
-// STA_UNSYNC bit and clock state read directly with unix.Adjtimex.
+// maximum error, STA_UNSYNC bit and clock state read directly with
+// unix.Adjtimex.
 func TestClockCheckRealAdjtimex(t *testing.T) {
 	const (
 		timeOK, timeError = 0, 5        // TIME_OK .. TIME_ERROR (uapi/linux/timex.h)
@@ -142,7 +193,7 @@ func TestClockCheckRealAdjtimex(t *testing.T) {
 		if err != nil || err1 != nil || err2 != nil {
 			t.Fatalf("probe %v, direct %v %v", err, err1, err2)
 		}
-		if s1 != s2 || d1.Status != d2.Status || d1.Esterror != d2.Esterror {
+		if s1 != s2 || d1.Status != d2.Status || d1.Esterror != d2.Esterror || (d1.Maxerror >= ntpPhaseLimit) != (d2.Maxerror >= ntpPhaseLimit) {
 			if try < 3 {
 				continue // the clock's state changed while the check read it
 			}
@@ -150,7 +201,7 @@ func TestClockCheckRealAdjtimex(t *testing.T) {
 		}
 		want := report.Condition{Status: report.StatusFalse, Reason: "ClockSynchronized"}
 		switch {
-		case s1 == timeError || d1.Status&staUnsync != 0:
+		case d1.Maxerror >= ntpPhaseLimit || s1 == timeError && d1.Status&staUnsync == 0:
 			want = report.Condition{Status: report.StatusTrue, Reason: "ClockUnsynchronized"}
 		case d1.Esterror > directMaxError:
 			want = report.Condition{Status: report.StatusTrue, Reason: "ClockErrorTooLarge"}

@@ -12,16 +12,31 @@ import (
 
 func init() { Register("ClockNotSynchronized", newClockCheck) }
 
-// From the kernel's uapi/linux/timex.h; x/sys/unix does not define them.
+// From the kernel's uapi/linux/timex.h and kernel/time/ntp.c; x/sys/unix
+// does not define them.
 const (
-	timeError = 5      // TIME_ERROR: clock not synchronized
-	staUnsync = 0x0040 // STA_UNSYNC: clock unsynchronized
+	timeError     = 5          // TIME_ERROR: clock not synchronized
+	staUnsync     = 0x0040     // STA_UNSYNC: clock unsynchronized
+	ntpPhaseLimit = 16_000_000 // NTP_PHASE_LIMIT: the maximum error's cap, µs
 )
 
 // clockCheck reads the kernel's NTP state with adjtimex(2) (modes 0: read
-// only). The kernel sets STA_UNSYNC until an NTP client (chrony,
-// systemd-timesyncd, ntpd) disciplines the clock, and again when the client
-// stops updating it long enough for the maximum error to pass 16 s.
+// only). The clock is unsynchronized while the kernel's maximum error is at
+// its 16 s limit: where the kernel puts it at boot and at each step of the
+// clock (ntp_clear), and where it gets to, growing 500 µs a second, when no
+// NTP client (chrony, systemd-timesyncd, ntpd) has written a smaller one for
+// long enough. That is how timedated's NTPSynchronized (timedatectl's
+// "System clock synchronized") reads it. The STA_UNSYNC bit alone, and the
+// TIME_ERROR state the kernel answers while it is set, do not count: a
+// client that disciplines the clock keeps the bit set so that the kernel's
+// 11-minute mode leaves the RTC alone (chronyd without rtcsync, or with
+// rtcfile; systemd-timesyncd with the RTC in local time), and the kernel
+// sets it itself once the maximum error reaches the limit. TIME_ERROR with
+// STA_UNSYNC clear (STA_CLOCKERR, a lost PPS signal) still counts. The cost:
+// ntpd releases before 4.2.8 write their unscaled MAXDISPERSE, 16 µs, as the
+// maximum error when they start, so where such an ntpd never reaches a
+// server the clock counts as unsynchronized only once the kernel has grown
+// that to 16 s, about 9 h after ntpd started.
 type clockCheck struct {
 	sys    Sys
 	maxErr time.Duration
@@ -39,7 +54,7 @@ func (c *clockCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	est := time.Duration(tx.Esterror) * time.Microsecond
 	max := time.Duration(tx.Maxerror) * time.Microsecond
-	if state == timeError || tx.Status&staUnsync != 0 {
+	if tx.Maxerror >= ntpPhaseLimit || state == timeError && tx.Status&staUnsync == 0 {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized,
 			Message: fmt.Sprintf("the kernel reports the clock as not synchronized (adjtimex state %d, status %#x, maximum error %s): is an NTP client running and reaching its servers?", state, tx.Status, max)}, nil
 	}
