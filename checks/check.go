@@ -42,12 +42,22 @@ type Factory func(env *Env) (Check, error)
 type Sys interface {
 	Statfs(path string, st *unix.Statfs_t) error
 	Adjtimex(tx *unix.Timex) (state int, err error)
+	// SinceBoot is the time since the kernel booted (CLOCK_BOOTTIME: steps
+	// of the wall clock do not move it).
+	SinceBoot() (time.Duration, error)
 }
 
 type realSys struct{}
 
 func (realSys) Statfs(path string, st *unix.Statfs_t) error { return unix.Statfs(path, st) }
 func (realSys) Adjtimex(tx *unix.Timex) (int, error)        { return unix.Adjtimex(tx) }
+func (realSys) SinceBoot() (time.Duration, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, err
+	}
+	return time.Duration(ts.Nano()), nil
+}
 
 // RealSys returns the host's system calls.
 func RealSys() Sys { return realSys{} }

@@ -25,6 +25,14 @@ type fakeSys struct {
 	timex    unix.Timex
 	state    int
 	timexErr error
+	up       time.Duration // since the boot; 0 is a day
+}
+
+func (f *fakeSys) SinceBoot() (time.Duration, error) {
+	if f.up == 0 {
+		return 24 * time.Hour, nil
+	}
+	return f.up, nil
 }
 
 func (f *fakeSys) Statfs(path string, st *unix.Statfs_t) error {
@@ -45,6 +53,35 @@ func (f *fakeSys) Adjtimex(tx *unix.Timex) (int, error) {
 	}
 	*tx = f.timex
 	return f.state, f.timexErr
+}
+
+// Within clockBootGrace of the boot an unsynchronized clock (the kernel's
+// maximum error at its 16 s cap, as at every boot until the NTP client's
+// first update) is Unknown, NoData, not True: every boot set the condition
+// and cleared it a minute later. After it, the same clock is True; an
+// estimated error above the limit is True at once.
+func TestClockCheckBootGrace(t *testing.T) {
+	unsynced := unix.Timex{Status: 0x40, Maxerror: 16000000, Esterror: 16000000}
+	for _, tc := range []struct {
+		name       string
+		sys        fakeSys
+		wantStatus report.Status
+		wantReason report.Reason
+	}{
+		{"40 s after the boot", fakeSys{timex: unsynced, state: 5, up: 40 * time.Second}, report.StatusUnknown, report.ReasonNoData},
+		{"just before the grace ends", fakeSys{timex: unsynced, state: 5, up: clockBootGrace - time.Second}, report.StatusUnknown, report.ReasonNoData},
+		{"the grace over", fakeSys{timex: unsynced, state: 5, up: clockBootGrace}, report.StatusTrue, "ClockUnsynchronized"},
+		{"synchronized 40 s after the boot", fakeSys{timex: unix.Timex{Status: 0x2001, Maxerror: 20000, Esterror: 1500}, up: 40 * time.Second}, report.StatusFalse, "ClockSynchronized"},
+		{"a large error 40 s after the boot", fakeSys{timex: unix.Timex{Status: 0x2001, Maxerror: 9000000, Esterror: 8000000}, up: 40 * time.Second}, report.StatusTrue, "ClockErrorTooLarge"},
+	} {
+		env := testEnv(t, nil)
+		env.Sys = &tc.sys
+		c, _ := newClockCheck(env)
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != tc.wantStatus || r.Reason != tc.wantReason {
+			t.Errorf("%s: %s/%s %q (%v); want %s/%s", tc.name, r.Status, r.Reason, r.Message, err, tc.wantStatus, tc.wantReason)
+		}
+	}
 }
 
 func TestClockCheck(t *testing.T) {
@@ -203,6 +240,10 @@ func TestClockCheckRealAdjtimex(t *testing.T) {
 		switch {
 		case d1.Maxerror >= ntpPhaseLimit || s1 == timeError && d1.Status&staUnsync == 0:
 			want = report.Condition{Status: report.StatusTrue, Reason: "ClockUnsynchronized"}
+			var ts unix.Timespec
+			if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err == nil && time.Duration(ts.Nano()) < clockBootGrace {
+				want = report.Condition{Status: report.StatusUnknown, Reason: "NoData"} // a host booted minutes ago
+			}
 		case d1.Esterror > directMaxError:
 			want = report.Condition{Status: report.StatusTrue, Reason: "ClockErrorTooLarge"}
 		}

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -14,6 +15,10 @@ func init() { Register("ClockNotSynchronized", newClockCheck) }
 
 // From the kernel's uapi/linux/timex.h and kernel/time/ntp.c; x/sys/unix
 // does not define them.
+// clockBootGrace is how long after the boot an unsynchronized clock is
+// not yet a problem (see clockCheck).
+const clockBootGrace = 10 * time.Minute
+
 const (
 	timeError     = 5          // TIME_ERROR: clock not synchronized
 	staUnsync     = 0x0040     // STA_UNSYNC: clock unsynchronized
@@ -37,6 +42,14 @@ const (
 // maximum error when they start, so where such an ntpd never reaches a
 // server the clock counts as unsynchronized only once the kernel has grown
 // that to 16 s, about 9 h after ntpd started.
+//
+// Right after boot the clock is unsynchronized until the NTP client's first
+// update, which comes once the network is up: a minute or two, after this
+// daemon's first runs (it starts before the network). Within clockBootGrace
+// of the boot an unsynchronized clock is Unknown, NoData ("not synchronized
+// yet in this boot"), not True: every boot would otherwise set the
+// condition and clear it a minute later. An estimated error above the limit
+// is True at once: a client has written it.
 type clockCheck struct {
 	sys    Sys
 	maxErr time.Duration
@@ -55,6 +68,10 @@ func (c *clockCheck) Probe(ctx context.Context) (Result, error) {
 	est := time.Duration(tx.Esterror) * time.Microsecond
 	max := time.Duration(tx.Maxerror) * time.Microsecond
 	if tx.Maxerror >= ntpPhaseLimit || state == timeError && tx.Status&staUnsync == 0 {
+		if up, err := c.sys.SinceBoot(); err == nil && up < clockBootGrace {
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
+				Message: fmt.Sprintf("the clock has not been synchronized yet in this boot (adjtimex state %d, status %#x, maximum error %s); an unsynchronized clock is a problem from %s after the boot", state, tx.Status, max, config.ShortDuration(clockBootGrace))}, nil
+		}
 		return Result{Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized,
 			Message: fmt.Sprintf("the kernel reports the clock as not synchronized (adjtimex state %d, status %#x, maximum error %s): is an NTP client running and reaching its servers?", state, tx.Status, max)}, nil
 	}

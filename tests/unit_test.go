@@ -484,7 +484,9 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		}
 		t.Logf("  %-28s %-7s %-26s %s", c.Type, c.Status, c.Reason, c.Message)
 	}
-	if c := state.get("ClockNotSynchronized"); c.Status == report.StatusUnknown || c.Status == "" {
+	// Unknown, NoData is an evaluation too: adjtimex read, the clock not
+	// synchronized yet on a host booted less than 10 minutes ago.
+	if c := state.get("ClockNotSynchronized"); c.Status == "" || c.Status == report.StatusUnknown && c.Reason != report.ReasonNoData {
 		t.Errorf("ClockNotSynchronized not evaluated (adjtimex): %+v", c)
 	}
 	for _, ty := range []string{"ServiceNotRecovering", "NodeServiceDown"} {
@@ -523,7 +525,7 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	}
 	clockOK, _ := metricValue(page, `autopilot_health_check_runs_total{check="ClockNotSynchronized",result="ok"}`)
 	clockProblem, _ := metricValue(page, `autopilot_health_check_runs_total{check="ClockNotSynchronized",result="problem"}`)
-	if clockOK+clockProblem < 1 {
+	if clockOK+clockProblem < 1 && state.get("ClockNotSynchronized").Reason != report.ReasonNoData {
 		t.Errorf("ClockNotSynchronized runs: ok %v, problem %v", clockOK, clockProblem)
 	}
 
