@@ -179,9 +179,11 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 		e.Message = report.CapMessage(combinedPrefix + e.Message)
 	}
 	if a, ok := aggs[k]; ok {
-		if e.Time.Sub(a.first) < EventDedupeWindow {
+		if inWindow(a, e.Time) {
 			a.count++
-			a.last = e.Time
+			if e.Time.After(a.last) {
+				a.last = e.Time
+			}
 			if a.combined {
 				a.message = e.Message
 			}
@@ -220,12 +222,28 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1, combined: k.combined}
 }
 
+// inWindow reports whether an occurrence at t folds into a: within
+// EventDedupeWindow from its first, and not more than clockStepBack before
+// its last. An occurrence dated well before the last one (the wall clock
+// was set back) starts a new Event: folded, it kept folding for as long as
+// the step, past the window, and could set lastTimestamp before
+// firstTimestamp. A smaller difference (a kernel record's wall time moves
+// by the clock's slew when the reader reads the boot's wall time again) is
+// folded, lastTimestamp not moving back (fold).
+func inWindow(a *aggregate, t time.Time) bool {
+	return a.last.Sub(t) <= clockStepBack && t.Sub(a.first) < EventDedupeWindow
+}
+
+// clockStepBack is how far before an Event's last occurrence a new one may
+// be dated and still be the same Event.
+const clockStepBack = time.Second
+
 // similarEvents counts the Events of e's reason with messages of their own
 // (not combined, not retired) whose window holds e.
 func similarEvents(aggs map[aggKey]*aggregate, e report.Event) int {
 	n := 0
 	for k, a := range aggs {
-		if k.reason == e.Reason && !k.combined && k.retired == 0 && e.Time.Sub(a.first) < EventDedupeWindow {
+		if k.reason == e.Reason && !k.combined && k.retired == 0 && inWindow(a, e.Time) {
 			n++
 		}
 	}

@@ -401,3 +401,38 @@ func TestSimilarEventsAreCombined(t *testing.T) {
 		t.Logf("%d BlockIOError Events for 2 distinct lines a second over 1 h", n)
 	})
 }
+
+// An occurrence dated an hour before the last one (the wall clock was set
+// back) is a new Event: folded, it kept folding for an hour past the
+// window and set lastTimestamp before firstTimestamp. One dated a fraction
+// of a second earlier (a kernel record's wall time after a slew) folds,
+// lastTimestamp not moving back.
+func TestEventAfterTheClockWasSetBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		const msg = "EXT4-fs warning (device sdz1): same text"
+		t0 := time.Now()
+		store.Emit(report.Event{Reason: "Ext4Warning", Message: msg, Time: t0})
+		store.Emit(report.Event{Reason: "Ext4Warning", Message: msg, Time: t0.Add(-300 * time.Millisecond)})
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		store.Emit(report.Event{Reason: "Ext4Warning", Message: msg, Time: t0.Add(-time.Hour)})
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		h.stop()
+		evs := events(t, client)
+		if len(evs) != 2 {
+			t.Fatalf("%d Events, want 2 (the occurrence an hour back a new one)", len(evs))
+		}
+		for _, e := range evs {
+			if e.LastTimestamp.Before(&e.FirstTimestamp) {
+				t.Errorf("Event %s: lastTimestamp %s before firstTimestamp %s", e.Name, e.LastTimestamp, e.FirstTimestamp)
+			}
+			if e.FirstTimestamp.Time.Equal(t0) && e.Count != 2 {
+				t.Errorf("the slewed occurrence did not fold: count %d", e.Count)
+			}
+		}
+	})
+}
