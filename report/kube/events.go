@@ -173,6 +173,14 @@ func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
 }
 
 func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
+	// The wall clock's reading alone: an Event's timestamps are wall times,
+	// and inWindow, like a step back of the clock, is about them. A time
+	// from time.Now (the kernel log reader's) also carries a monotonic
+	// reading, which a step of the wall clock does not move and by which
+	// Sub and After compare two such times: an occurrence after the clock
+	// was set back an hour folded into the Event from before and set its
+	// lastTimestamp an hour before its firstTimestamp.
+	e.Time = e.Time.Round(0)
 	k := aggKey{reason: e.Reason, message: e.Message}
 	if _, ok := aggs[k]; !ok && similarEvents(aggs, e) >= maxSimilarEvents {
 		k = aggKey{reason: e.Reason, combined: true}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -400,6 +401,51 @@ func TestSimilarEventsAreCombined(t *testing.T) {
 		}
 		t.Logf("%d BlockIOError Events for 2 distinct lines a second over 1 h", n)
 	})
+}
+
+// wallStepped is what time.Now returns after the wall clock was stepped by d
+// (whole seconds): its wall clock reading moved, its monotonic one not.
+// time.Time is {wall uint64; ext int64; loc}; with a monotonic reading,
+// wall's bits 30 to 62 are the seconds since 1885 and ext is the monotonic
+// reading. The test checks that this holds.
+func wallStepped(t time.Time, d time.Duration) time.Time {
+	w := (*struct {
+		wall uint64
+		ext  int64
+		loc  *time.Location
+	})(unsafe.Pointer(&t))
+	w.wall += uint64(int64(d/time.Second) << 30)
+	return t
+}
+
+// In the daemon an event's time comes from time.Now (the kernel log
+// reader's wall time of the boot plus the record's kernel time), which
+// carries a monotonic clock reading besides the wall clock's; a step of the
+// wall clock does not move the monotonic one, and Sub, Before and After
+// compare by it where both times have one. Under synctest time.Now has
+// none, so TestEventAfterTheClockWasSetBack did not see it: in the daemon
+// an occurrence after the clock was set back an hour folded into the Event
+// from before and moved its lastTimestamp an hour before its
+// firstTimestamp.
+func TestEventTimesAreComparedByTheWallClock(t *testing.T) {
+	t0 := time.Now()
+	back := wallStepped(t0.Add(5*time.Second), -time.Hour)
+	if back.Sub(t0) != 5*time.Second || back.Round(0).Sub(t0.Round(0)) != 5*time.Second-time.Hour {
+		t.Fatalf("wallStepped: monotonic difference %s, wall difference %s; time.Time's layout changed?", back.Sub(t0), back.Round(0).Sub(t0.Round(0)))
+	}
+	r := &Reporter{m: NewMetrics(nil)}
+	aggs := map[aggKey]*aggregate{}
+	const msg = "EXT4-fs warning (device sdz1): same text"
+	r.fold(aggs, report.Event{Reason: "Ext4Warning", Message: msg, Time: t0})
+	r.fold(aggs, report.Event{Reason: "Ext4Warning", Message: msg, Time: back})
+	for _, a := range aggs {
+		if a.last.UnixNano() < a.first.UnixNano() {
+			t.Errorf("lastTimestamp %s before firstTimestamp %s", a.last.Round(0), a.first.Round(0))
+		}
+	}
+	if len(aggs) != 2 {
+		t.Errorf("%d Events, want 2 (the occurrence after the clock was set back a new one)", len(aggs))
+	}
 }
 
 // An occurrence dated an hour before the last one (the wall clock was set
