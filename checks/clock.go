@@ -13,12 +13,12 @@ import (
 
 func init() { Register("ClockNotSynchronized", newClockCheck) }
 
-// From the kernel's uapi/linux/timex.h and kernel/time/ntp.c; x/sys/unix
-// does not define them.
 // clockBootGrace is how long after the boot an unsynchronized clock is
 // not yet a problem (see clockCheck).
 const clockBootGrace = 10 * time.Minute
 
+// From the kernel's uapi/linux/timex.h and kernel/time/ntp.c; x/sys/unix
+// does not define them.
 const (
 	timeError     = 5          // TIME_ERROR: clock not synchronized
 	staUnsync     = 0x0040     // STA_UNSYNC: clock unsynchronized

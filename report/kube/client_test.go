@@ -348,9 +348,15 @@ func TestClientResumesTLSSessions(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("the server saw (identity, resumed) %v, want %v", got, want)
 	}
+	// The counters are the process's: a dial another test's client left in
+	// flight (TestClientSpeaksHTTP1's concurrent requests: net/http may
+	// finish a dial a request no longer needs) can add a full handshake
+	// here, never a resumed one (a client of its own has no session to
+	// resume with this server). The server's view above is this client's
+	// exactly.
 	full, resumed := TLSHandshakes()
-	if full-full0 != 2 || resumed-resumed0 != 3 {
-		t.Errorf("TLSHandshakes counted %d full and %d resumed, want 2 and 3", full-full0, resumed-resumed0)
+	if full-full0 < 2 || resumed-resumed0 != 3 {
+		t.Errorf("TLSHandshakes counted %d full and %d resumed, want 2 (or more, another test's) and 3", full-full0, resumed-resumed0)
 	}
 }
 
