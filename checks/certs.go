@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -203,18 +202,14 @@ const maxCertFile = 4 << 20
 
 // readCertBytes reads a certificate file, through symlinks (kubelet's
 // *-current.pem is one), if it is a regular file of at most maxCertFile
-// bytes. It opens without blocking (O_NONBLOCK) and checks the open
+// bytes. It opens without blocking (openNoWait) and checks the open
 // descriptor: a FIFO is refused at once, not waited on for a writer.
 func readCertBytes(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, fi, err := openNoWait(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
 	if !fi.Mode().IsRegular() {
 		return nil, errors.New("not a regular file")
 	}

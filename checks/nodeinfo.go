@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"syscall"
 	"time"
 
@@ -99,9 +98,8 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	// Without blocking: a FIFO at the path is refused below, not waited
-	// on for a writer (the run abandoned at its timeout, and every later
-	// run finding it still running).
-	f, err := os.OpenFile(c.env.Path(c.path), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// on for a writer.
+	f, fi, err := openNoWait(c.env.Path(c.path))
 	if errors.Is(err, fs.ErrNotExist) {
 		if c.wasSeen() {
 			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoMissing,
@@ -117,10 +115,6 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Result{}, err
-	}
 	if fi.IsDir() {
 		return Result{}, fmt.Errorf("%s is a directory", c.path)
 	}

@@ -379,10 +379,10 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 	c.cur.restore(c.env.Memos)
 	now := c.env.Now()
 	path := c.env.Path(c.path)
-	// Without blocking: what is not a regular file is refused below, and
-	// the open of a FIFO would wait for a writer (the run abandoned at its
-	// timeout, and every later one refused as "still reading").
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// Without blocking: what is not a regular file is refused below (a
+	// FIFO's open would wait for a writer, and every later probe be refused
+	// as "still reading").
+	f, fi, err := openNoWait(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNoAuditRecords,
 			Message: fmt.Sprintf("%s does not exist (is kube-apiserver started with --audit-log-path=%s?)", c.path, c.path)}, nil
@@ -391,10 +391,6 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Result{}, err
-	}
 	if !fi.Mode().IsRegular() {
 		return Result{}, fmt.Errorf("%s is not a regular file", c.path)
 	}
