@@ -264,21 +264,9 @@ func quotedEnd(b []byte, i int) int {
 	return -1
 }
 
-// isFloat reports whether b is a number strconv.ParseFloat takes, without
-// making a string of it when it is a plain decimal number (the usual case).
+// isFloat reports whether b is a number strconv.ParseFloat takes. The
+// conversion does not escape: a short value is converted on the stack.
 func isFloat(b []byte) bool {
-	plain := len(b) > 0
-	for _, c := range b {
-		if (c < '0' || c > '9') && c != '.' && c != '-' && c != '+' && c != 'e' && c != 'E' {
-			plain = false
-			break
-		}
-	}
-	if plain && len(b) < 24 {
-		var buf [24]byte
-		_, err := strconv.ParseFloat(string(append(buf[:0], b...)), 64)
-		return err == nil
-	}
 	_, err := strconv.ParseFloat(string(b), 64)
 	return err == nil
 }
