@@ -47,7 +47,7 @@ func (s *Store) Emit(e Event) {
 	if _, ok := LookupEvent(e.Reason); !ok {
 		panic(fmt.Sprintf("report: Emit of unknown event reason %q", e.Reason))
 	}
-	e.Message = capMessage(e.Message)
+	e.Message = CapMessage(e.Message)
 	s.notifyMu.Lock()
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
@@ -60,9 +60,7 @@ func (s *Store) Emit(e Event) {
 
 // CapMessage is m as the store keeps it: at most MaxMessageLen bytes, cut
 // at a character's start and marked "...(truncated)".
-func CapMessage(m string) string { return capMessage(m) }
-
-func capMessage(m string) string {
+func CapMessage(m string) string {
 	if len(m) <= MaxMessageLen {
 		return m
 	}

@@ -238,7 +238,7 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		// Capped as Set caps it: a state file the daemon did not write
 		// as it is (by hand, another build) must not put a longer
 		// message on the Node.
-		c.Message = capMessage(c.Message)
+		c.Message = CapMessage(c.Message)
 		s.conds[c.Type] = c
 		s.observed[c.Type] = slices.Contains(sf.Observed, c.Type)
 		restored = append(restored, c)
@@ -262,7 +262,7 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 				if s.parts[t] == nil {
 					s.parts[t] = map[string]Condition{}
 				}
-				pc.Message = capMessage(pc.Message)
+				pc.Message = CapMessage(pc.Message)
 				s.parts[t][name] = pc
 				if s.restoredParts == nil {
 					s.restoredParts = map[string][]string{}

@@ -172,7 +172,7 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 	} else if !desc.ValidReason(c.Status, c.Reason) {
 		panic(fmt.Sprintf("report: condition %s: reason %q is not in the catalog for status %s", c.Type, c.Reason, c.Status))
 	}
-	c.Message = capMessage(c.Message)
+	c.Message = CapMessage(c.Message)
 	s.notifyMu.Lock()
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
