@@ -41,7 +41,7 @@ type RuleSet struct {
 	first [1 << 16 / 64]uint64
 	// always lists the rules without an anchor (run on every line).
 	always []int
-	// criticalTasks for KernelDeadlock; a trailing * matches a prefix.
+	// criticalTasks for KernelDeadlock; a * matches any run of characters.
 	criticalTasks []string
 }
 
@@ -288,15 +288,40 @@ func (rs *RuleSet) match(dst []Match, ri int, msg []byte) []Match {
 
 func (rs *RuleSet) critical(task string) bool {
 	for _, p := range rs.criticalTasks {
-		if pre, ok := strings.CutSuffix(p, "*"); ok {
-			if strings.HasPrefix(task, pre) {
-				return true
-			}
-		} else if task == p {
+		if TaskMatch(p, task) {
 			return true
 		}
 	}
 	return false
+}
+
+// TaskMatch reports whether a task name matches a critical_tasks pattern:
+// each * matches any run of characters (none included), every other
+// character itself ("runc:*" matches "runc:[2:INIT]": brackets are not
+// classes; "CPU */KVM" matches QEMU's vCPU thread "CPU 12/KVM").
+func TaskMatch(pattern, name string) bool {
+	lit, rest, star := strings.Cut(pattern, "*")
+	if !star {
+		return name == pattern
+	}
+	if !strings.HasPrefix(name, lit) {
+		return false
+	}
+	name = name[len(lit):]
+	for {
+		lit, rest, star = strings.Cut(rest, "*")
+		if !star {
+			// The last literal ends the name.
+			return len(name) >= len(lit) && strings.HasSuffix(name, lit)
+		}
+		// A literal between stars: its first occurrence leaves the most
+		// name for the rest.
+		i := strings.Index(name, lit)
+		if i < 0 {
+			return false
+		}
+		name = name[i+len(lit):]
+	}
 }
 
 // Rules returns the compiled rules in order.

@@ -162,3 +162,40 @@ func BenchmarkMatches(b *testing.B) {
 		})
 	}
 }
+
+// A critical_tasks pattern: each * any run of characters, the rest literal.
+func TestTaskMatch(t *testing.T) {
+	for _, c := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"kubelet", "kubelet", true},
+		{"kubelet", "kubeletx", false},
+		{"kubelet", "kube", false},
+		{"containerd-shim*", "containerd-shim", true},
+		{"containerd-shim*", "containerd-shim-runc-v2", true},
+		{"containerd-shim*", "containerd", false},
+		{"runc:*", "runc:[2:INIT]", true},
+		{"runc:[2:INIT]", "runc:[2:INIT]", true},
+		{"runc:[2:INIT]", "runc:2", false},
+		{"CPU */KVM", "CPU 0/KVM", true},
+		{"CPU */KVM", "CPU 127/KVM", true},
+		{"CPU */KVM", "CPU /KVM", true},
+		{"CPU */KVM", "CPU 0/TCG", false},
+		{"CPU */KVM", "CPU/KVM", false},
+		{"CPU */KVM", "CPU 0/KVMx", false},
+		{"*", "anything", true},
+		{"*", "", true},
+		{"*/KVM", "/KVM", true},
+		{"a*b*c", "abc", true},
+		{"a*b*c", "axxbyyc", true},
+		{"a*b*c", "acb", false},
+		{"a*bc*bc", "abcbc", true},
+		{"a*bc*bc", "abc", false},
+		{"ab*ba", "aba", false},
+	} {
+		if got := TaskMatch(c.pattern, c.name); got != c.want {
+			t.Errorf("TaskMatch(%q, %q) = %v, want %v", c.pattern, c.name, got, c.want)
+		}
+	}
+}

@@ -126,8 +126,11 @@ var DefaultRules = []Rule{
 // The kernel truncates task names to 15 characters (qemu-system-x86_64 is
 // "qemu-system-x86"), hence the prefix patterns. A Kata VM's QEMU is
 // qemu-system-<arch> or qemu-kvm; the other QEMU tools (qemu-img, qemu-ga,
-// qemu-nbd, qemu-storage-daemon) are not the VM and not critical.
-var DefaultCriticalTasks = []string{"kubelet", "containerd", "containerd-shim*", "runc", "runc:*", "crun", "qemu-system-*", "qemu-kvm", "virtiofsd"}
+// qemu-nbd, qemu-storage-daemon) are not the VM and not critical. The
+// hung-task line names the thread, not the process: QEMU with
+// debug-threads=on (Kata's and libvirt's command line) names its vCPU
+// threads "CPU <n>/KVM", and a vCPU stuck in the host kernel is the VM hung.
+var DefaultCriticalTasks = []string{"kubelet", "containerd", "containerd-shim*", "runc", "runc:*", "crun", "qemu-system-*", "qemu-kvm", "CPU */KVM", "virtiofsd"}
 
 // BuildRules returns the default rules without the disabled ones, with
 // custom rules replacing defaults of the same name and the rest appended.

@@ -149,6 +149,20 @@ func (v *validator) words(key string, vals []string, what string) {
 	}
 }
 
+// taskNames requires every entry to be a task name pattern as the kernel
+// prints names: inner spaces are part of a name (QEMU's "CPU 0/KVM"), but
+// not leading or trailing whitespace, control characters, or a comma (two
+// names written as one string: "kubelet, containerd").
+func (v *validator) taskNames(key string, vals []string) {
+	for _, w := range vals {
+		bad := w == "" || strings.TrimSpace(w) != w || strings.ContainsRune(w, ',') ||
+			strings.IndexFunc(w, unicode.IsControl) >= 0
+		if bad {
+			v.fail(key, "must list task names (a * matches any run of characters), one per string: non-empty, no comma, no control character, no whitespace at either end, got %q", w)
+		}
+	}
+}
+
 // addresses requires every entry to be an IP address or a CIDR prefix.
 func (v *validator) addresses(key string, vals []string) {
 	for _, a := range vals {
@@ -337,7 +351,7 @@ func (c *Config) validate() *Error {
 		v.fail("checks.NodeTampered.baseline_max_wait", "must not be shorter than settle (%s), got %q", k.NodeTampered.Settle.String(), k.NodeTampered.BaselineMaxWait.String())
 	}
 	v.absPath("kmsg.device", c.Kmsg.Device)
-	v.words("kmsg.critical_tasks", c.Kmsg.CriticalTasks, "task names (a trailing * matches a prefix)")
+	v.taskNames("kmsg.critical_tasks", c.Kmsg.CriticalTasks)
 	if len(c.Kmsg.CriticalTasks) == 0 {
 		v.fail("kmsg.critical_tasks", `must list at least one task: with none, KernelDeadlock can never be set (to turn it off, use kmsg.disable = ["KernelDeadlock"])`)
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -79,7 +80,9 @@ const (
 // hungTask: processes blocked on an ext4 frozen with FIFREEZE, with
 // hung_task_timeout_secs=1. One named other than a critical task: a
 // TaskHung event, KernelDeadlock stays False; one named kubelet:
-// KernelDeadlock True.
+// KernelDeadlock True; then one named as QEMU names a vCPU thread, "CPU
+// 0/KVM" (a space and a slash in the name): the condition's message follows
+// its report.
 func hungTask(g *Guest) error {
 	if _, err := g.Await("KernelDeadlock", "False", "KernelHasNoDeadlock", awaitKmsg); err != nil {
 		return err
@@ -113,7 +116,8 @@ func hungTask(g *Guest) error {
 		}
 	}()
 	start := func(name string) (int, error) {
-		c := exec.Command("/init", hungWriterArg, name, mnt+"/"+name+".state")
+		file := strings.NewReplacer(" ", "_", "/", "_").Replace(name)
+		c := exec.Command("/init", hungWriterArg, name, mnt+"/"+file+".state")
 		c.Stdout, c.Stderr = os.Stdout, os.Stderr
 		if err := c.Start(); err != nil {
 			return 0, err
@@ -145,7 +149,21 @@ func hungTask(g *Guest) error {
 	if want := regexp.MustCompile(fmt.Sprintf(`^INFO: task kubelet:%d blocked for more than \d+ seconds\.$`, pid)); !want.MatchString(c.Message) {
 		return fmt.Errorf("%s: message is not %s", c, want)
 	}
-	return nil
+	if pid, err = start("CPU 0/KVM"); err != nil {
+		return err
+	}
+	want := regexp.MustCompile(fmt.Sprintf(`^INFO: task CPU 0/KVM:%d blocked for more than \d+ seconds\.$`, pid))
+	deadline := time.Now().Add(awaitKmsg)
+	for {
+		st, err := g.State()
+		if err == nil && st["KernelDeadlock"].Status == "True" && want.MatchString(st["KernelDeadlock"].Message) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waiting %v for KernelDeadlock's message to match %s: the state file shows %s (%v)", awaitKmsg, want, st["KernelDeadlock"], err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // dmVerity: a dm-verity device over loop devices; a data block corrupted
