@@ -500,6 +500,7 @@ func TestStatusCommand(t *testing.T) {
 				"status": {LastSuccess: now.Add(-3 * time.Minute), LastError: "connection refused", LastErrorAt: now.Add(-time.Second), Failing: true}}}},
 		Config: daemon.ConfigStatus{File: "/etc/autopilot-health/config.toml", Since: now.Add(-time.Hour), LastReload: &daemon.ReloadOutcome{
 			At: now.Add(-time.Minute), Result: "refused", Error: "/etc/autopilot-health/config.toml:12: key checks.DiskUsageHigh.space_percnt: unknown key"}},
+		Metrics: daemon.MetricsStatus{Address: ":20257", Error: "listen tcp :20257: bind: address already in use", FailingSince: now.Add(-time.Hour), Attempts: 64},
 	}
 	body, _ := json.Marshal(st)
 	ln, err := net.Listen("unix", sock)
@@ -526,6 +527,8 @@ func TestStatusCommand(t *testing.T) {
 		": restart done (GET /healthz: HTTP 500), 2 in a row",
 		"Kernel log: reading /dev/kmsg, last record #77 at 9595.061701 s after boot",
 		"; 1200 records, 3 lost, 0 reopens",
+		"Metrics: NOT serving on :20257 since ",
+		" ago), 64 failed binds, retrying with backoff: listen tcp :20257: bind: address already in use\n",
 		"Configuration: /etc/autopilot-health/config.toml, in effect since ",
 		"  last reload 2026-12-02 ",
 		" REFUSED (running on the previous configuration): /etc/autopilot-health/config.toml:12: key checks.DiskUsageHigh.space_percnt: unknown key\n",

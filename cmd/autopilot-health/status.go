@@ -196,6 +196,12 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		fmt.Fprintf(w, "%s, %s; %.0f records, %.0f lost, %.0f reopens\n", reading, last, k.Records, k.Lost, k.Reopens)
 	}
 
+	if m := st.Metrics; m.Serving {
+		fmt.Fprintf(w, "Metrics: serving on %s\n", m.Address)
+	} else if m.Error != "" {
+		fmt.Fprintf(w, "Metrics: NOT serving on %s since %s, %d failed binds, retrying with backoff: %s\n", m.Address, ago(m.FailingSince), m.Attempts, m.Error)
+	}
+
 	fmt.Fprint(w, "Configuration: ")
 	if cs := st.Config; cs.File == "" {
 		fmt.Fprintln(w, "embedded defaults")

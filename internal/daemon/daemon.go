@@ -73,7 +73,6 @@ type Daemon struct {
 	runner  *checks.Runner
 	details *report.Details
 	notify  Notifier
-	ln      net.Listener
 	version string
 	kube    kube.Client
 	kubeM   *kube.Metrics
@@ -113,6 +112,11 @@ type Daemon struct {
 
 	mu    sync.Mutex
 	ready bool
+	// metricsBind: the metrics listener, or why it is not bound yet.
+	metricsBind metricsBind
+	// statusWake asks statusLoop for a new status line (the metrics
+	// listener's state changed).
+	statusWake chan struct{}
 	// started is when Run began; kubeState and kubeDetail say how the
 	// daemon reports to Kubernetes (see Status).
 	started               time.Time
@@ -133,7 +137,8 @@ type Daemon struct {
 
 // New prepares a daemon: detects the node, restores the state, builds the
 // checks (Assemble) and binds the metrics listener. Any error here is a
-// reason to refuse to start.
+// reason to refuse to start, except a metrics address that cannot be bound
+// (bindMetrics: Run tries again until it can).
 func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	ao := AssembleOptions{Purpose: ForRun, Version: opts.Version, Env: opts.Env, BootID: opts.BootID}
 	if opts.Helper != nil {
@@ -152,7 +157,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: log, parts: p, notify: opts.Notifier, version: opts.Version, kube: opts.Kube, poll: opts.KubeconfigPoll, kmsgOpen: opts.KmsgOpen,
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
-		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}),
+		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}), statusWake: make(chan struct{}, 1),
 		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1), readySent: make(chan struct{}),
 		cfgSince: time.Now(), readDigest: opts.ConfigDigest,
 	}
@@ -171,16 +176,16 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.events = kube.NewEventQueue(d.kubeM)
 		d.store.Observe(d.events)
 	}
-	d.ln = opts.Listener
-	if d.ln == nil {
-		d.ln, err = net.Listen("tcp", cfg.Metrics.ListenAddress)
-		if err != nil {
-			return nil, fmt.Errorf("metrics listener (metrics.listen_address): %w", err)
-		}
+	if opts.Listener != nil {
+		d.metricsBind.ln = opts.Listener
+	} else {
+		d.bindMetrics()
 	}
 	if opts.ControlSocket != "" {
 		if d.control, err = listenControl(opts.ControlSocket); err != nil {
-			d.ln.Close()
+			if ln := d.metricsListener(); ln != nil {
+				ln.Close()
+			}
 			return nil, fmt.Errorf("control socket (control_socket): %w", err)
 		}
 	}

@@ -279,14 +279,27 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 }
 
-func TestListenFailureRefusesToStart(t *testing.T) {
-	busy, _ := net.Listen("tcp", "127.0.0.1:0")
-	defer busy.Close()
+// A metrics address the node does not have (yet: an IP configured after
+// the daemon starts at boot, EADDRNOTAVAIL) is no reason to refuse to
+// start: New records the failure for status and systemd's status line, and
+// Run tries again (TestTakenMetricsPortIsRetried).
+func TestUnboundMetricsAddressDoesNotRefuseToStart(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.Metrics.ListenAddress = busy.Addr().String()
-	_, err := New(cfg, quietLog(), Options{})
-	if err == nil || !strings.Contains(err.Error(), "metrics listener (metrics.listen_address): listen tcp "+busy.Addr().String()) {
-		t.Errorf("err = %v", err)
+	cfg.Metrics.ListenAddress = "192.0.2.1:20257" // TEST-NET-1: on no interface
+	d, err := New(cfg, quietLog(), Options{})
+	if err != nil {
+		t.Fatalf("New: %v, want the daemon to start without the metrics listener", err)
+	}
+	m := d.metricsStatus()
+	if ln := d.metricsListener(); ln != nil {
+		ln.Close()
+		t.Skip("this host binds an address it does not have (net.ipv4.ip_nonlocal_bind)")
+	}
+	if m.Serving || m.Attempts != 1 || !strings.Contains(m.Error, "listen tcp 192.0.2.1:20257: bind: cannot assign requested address") || d.Addr() != nil {
+		t.Errorf("status %+v, Addr %v", m, d.Addr())
+	}
+	if s := d.StatusLine(); !strings.HasPrefix(s, "metrics not served: "+m.Error+" (retrying); ") {
+		t.Errorf("status line %q", s)
 	}
 }
 

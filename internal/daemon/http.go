@@ -26,8 +26,14 @@ func newMetricsServer(h http.Handler) *http.Server {
 		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout}
 }
 
-// Addr returns the metrics listener's address.
-func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
+// Addr returns the metrics listener's address; nil while
+// metrics.listen_address cannot be bound.
+func (d *Daemon) Addr() net.Addr {
+	if ln := d.metricsListener(); ln != nil {
+		return ln.Addr()
+	}
+	return nil
+}
 
 // Handler serves /metrics and /healthz.
 func (d *Daemon) Handler() http.Handler {

@@ -82,7 +82,8 @@ type ReloadOutcome struct {
 
 // StatusLine is systemd's STATUS=: the conditions' summary, after the
 // refusal of the last reload while the daemon runs on the configuration
-// it refused to leave (a later reload that applies drops it).
+// it refused to leave (a later reload that applies drops it), and first
+// the metrics listener's bind failure while it cannot be bound.
 func (d *Daemon) StatusLine() string {
 	s := d.Summary()
 	d.mu.Lock()
@@ -94,7 +95,7 @@ func (d *Daemon) StatusLine() string {
 		// notification over 4096 bytes whole (notifyMax).
 		s = "configuration reload refused (running on the previous one): " + report.CapMessage(last.Error) + "; " + s
 	}
-	return s
+	return d.metricsNote() + s
 }
 
 // reloadIfChangedDuringStart reloads the configuration file when it is no

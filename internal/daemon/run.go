@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -19,12 +20,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Unlock()
 	srv := newMetricsServer(d.Handler())
 	srvErr := make(chan error, 1)
-	go func() { srvErr <- srv.Serve(d.ln) }()
-	d.log.Info("serving metrics", "addr", d.ln.Addr().String(), "checks", len(d.currentRunner().Checks()))
-
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	if ln := d.metricsListener(); ln != nil {
+		serveMetrics(srv, ln, srvErr)
+		d.log.Info("serving metrics", "addr", ln.Addr().String(), "checks", len(d.currentRunner().Checks()))
+	} else {
+		// The address could not be bound (New logged why): the daemon
+		// works on, and the metrics are served once it can be.
+		d.log.Info("starting without the metrics listener", "addr", d.cfg.Metrics.ListenAddress, "checks", len(d.currentRunner().Checks()))
+		wg.Go(func() { d.retryMetrics(rctx, func(ln net.Listener) { serveMetrics(srv, ln, srvErr) }) })
+	}
 	wg.Go(func() { d.persist(rctx) })
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
 	wg.Go(func() { d.statusLoop(rctx) })
@@ -38,7 +45,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
 	wg.Go(func() { d.reportToKubernetes(rctx) })
-	d.notify.Status(fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
+	d.notify.Status(d.metricsNote() + fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
 	wg.Go(func() { d.runChecks(rctx) })
 	if d.control != nil {
 		wg.Go(func() { d.serveControl(rctx, d.control) })

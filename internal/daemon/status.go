@@ -18,6 +18,7 @@ func (d *Daemon) statusLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-d.statusWake: // the metrics listener bound, or failed anew
 		}
 		d.mu.Lock()
 		ready := d.ready

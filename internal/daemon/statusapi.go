@@ -42,6 +42,8 @@ type StatusReport struct {
 	Kmsg       *KmsgStatus                    `json:"kmsg,omitempty"`
 	Kubernetes KubernetesStatus               `json:"kubernetes"`
 	Config     ConfigStatus                   `json:"config"`
+	// Metrics: the metrics listener, served or why not.
+	Metrics MetricsStatus `json:"metrics"`
 }
 
 // ConfigStatus is the configuration in effect and the last reload.
@@ -110,6 +112,7 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	if source != nil {
 		st.Kubernetes.Detail = source()
 	}
+	st.Metrics = d.metricsStatus()
 	if err := d.Healthy(); err != nil {
 		st.Unhealthy = err.Error()
 	}

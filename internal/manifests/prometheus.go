@@ -151,7 +151,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health is not running on node {{ $labels.node }}",
-				"description": "No successful scrape of the node health daemon on {{ $labels.node }} for 10 minutes. Its conditions on the Node are stale (they keep their last value). On the node: systemctl status autopilot-health; journalctl -u autopilot-health.",
+				"description": "No successful scrape of the node health daemon on {{ $labels.node }} for 10 minutes. Either it is not running, and its conditions on the Node are stale (they keep their last value), or it runs without its metrics port (taken by another program, or an address not on the node): its status line then starts with \"metrics not served\". On the node: systemctl status autopilot-health; journalctl -u autopilot-health.",
 			},
 		},
 		{
