@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/kmsg"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -758,5 +759,10 @@ func TestNVMeFabricsControllersAreNotDrives(t *testing.T) {
 	got, err := realNVMe{env: env}.Controllers()
 	if want := []string{"nvme0", "nvme5", "nvme6"}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("controllers %v, %v; want %v", got, err, want)
+	}
+	// The kernel log monitor leaves the same controllers' I/O errors out
+	// of DisksFailure.
+	if !slices.Equal(fabricsTransports, kmsg.FabricsTransports) {
+		t.Errorf("fabrics transports %q, the kernel log monitor's %q", fabricsTransports, kmsg.FabricsTransports)
 	}
 }

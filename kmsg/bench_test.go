@@ -42,7 +42,7 @@ func benchMonitor(b *testing.B) *Monitor {
 		b.Fatal(err)
 	}
 	store := report.NewStore("b")
-	mon := NewMonitor(Options{Rules: rs, Store: store, IOErrorThreshold: 5, IOErrorWindow: 600e9})
+	mon := NewMonitor(Options{Rules: rs, Store: store, IOErrorThreshold: 5, IOErrorWindow: 600e9, Sysfs: fixtureSysfs})
 	mon.Start(t0, t0)
 	return mon
 }
@@ -179,11 +179,17 @@ func BenchmarkDeviceRead(b *testing.B) {
 // A flood of disk I/O errors on three devices: each line goes into the
 // window and the window is evaluated (its count must not walk the window,
 // which holds up to windowCap errors).
-func BenchmarkIOErrorFlood(b *testing.B) {
+func BenchmarkIOErrorFlood(b *testing.B) { ioErrorFlood(b, "sda", "sdb", "sdc") }
+
+// The same on NVMe drives, one of them a namespace of NVMe over Fabrics
+// (not counted): each device is looked up in sysfs once, then cached.
+func BenchmarkIOErrorFloodNVMe(b *testing.B) { ioErrorFlood(b, "nvme0n1", "nvme1n1", "nvme3n1") }
+
+func ioErrorFlood(b *testing.B, devs ...string) {
 	mon := benchMonitor(b)
 	recs := make([][]byte, 4096)
 	for i := range recs {
-		recs[i] = fmt.Appendf(nil, "3,%d,%d,-;I/O error, dev sd%c, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", 2000+i, 812400000+i*100, 'a'+i%3)
+		recs[i] = fmt.Appendf(nil, "3,%d,%d,-;I/O error, dev %s, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", 2000+i, 812400000+i*100, devs[i%len(devs)])
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -27,7 +27,13 @@ type Options struct {
 	// IgnoreDevices: disk I/O errors on these devices (prefix match: loop,
 	// dm-, ...) do not count towards DisksFailure: they are not disks.
 	IgnoreDevices []string
-	Registerer    prometheus.Registerer
+	// Sysfs is the host's sysfs (/sys under the host root): disk I/O
+	// errors of a namespace of NVMe over Fabrics (its controller's
+	// transport tcp, rdma, fc or loop) do not count towards DisksFailure
+	// (see devices.fabrics). "": no lookup (a replay of another host's
+	// lines), every NVMe device counts.
+	Sysfs      string
+	Registerer prometheus.Registerer
 }
 
 // DefaultIgnoreDevices are block devices whose I/O errors are not disk
@@ -47,6 +53,7 @@ type Monitor struct {
 	next    atomic.Pointer[settings]
 	cur     *settings
 	window  window
+	devices devices
 	buf     []byte
 	matches []Match
 	// bootWall is the wall time of usec 0 (for event times).
@@ -73,7 +80,7 @@ func NewMonitor(o Options) *Monitor {
 	if o.IgnoreDevices == nil {
 		o.IgnoreDevices = DefaultIgnoreDevices
 	}
-	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024)}
+	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}}
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)
 	mon.gpu.Store(o.GPU)
@@ -314,7 +321,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
 		case DiskIOError:
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
-			if !set.ignored(m.Dev) {
+			if !set.ignored(m.Dev) && !mon.devices.fabrics(m.Dev, r.Usec) {
 				mon.window.add(ioError{Usec: r.Usec, Dev: m.Dev}, set.keep())
 				mon.winGen++
 				mon.evalWindow(r.Usec, at)

@@ -140,7 +140,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 			return nil, err
 		}
 		if o.Purpose == ForReplay {
-			ko.KernelOnly = false
+			// Captured lines, of another host or time: this host's
+			// devices do not say which of theirs were NVMe over Fabrics.
+			ko.KernelOnly, ko.Sysfs = false, ""
 		}
 		p.Kmsg = kmsg.NewMonitor(ko)
 	}

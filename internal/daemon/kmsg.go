@@ -35,6 +35,7 @@ func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg p
 		IOErrorThreshold: cfg.Checks.DisksFailure.IOErrorThreshold,
 		IOErrorWindow:    cfg.Checks.DisksFailure.IOErrorWindow.Duration,
 		IgnoreDevices:    cfg.Kmsg.IgnoreDevices,
+		Sysfs:            cfg.HostPath("/sys"),
 		Registerer:       reg,
 	}, nil
 }

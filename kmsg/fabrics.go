@@ -1,0 +1,166 @@
+package kmsg
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// FabricsTransports are the transports of NVMe over Fabrics, as a
+// controller's sysfs "transport" attribute names them (the kernel's
+// nvme_ctrl_ops name; a local drive's is "pcie", a Mac's "apple-nvme"):
+// the same list as the NVMe SMART check's (checks/nvme.go).
+var FabricsTransports = []string{"tcp", "rdma", "fc", "loop"}
+
+// fabricsRecheck is how long (kernel time) an answer of the device cache
+// holds before the device is looked up again: a name is reused once its
+// device is gone (a fabrics volume detached, another attached or a drive
+// hot-plugged gets nvme3 again), so no answer is kept for good, and a
+// flood of errors on one device costs one lookup a minute.
+const fabricsRecheck = uint64(time.Minute / time.Microsecond)
+
+// fabricsCacheCap bounds the devices the cache holds (it is emptied when
+// full): a name is added only by a disk I/O error that names it.
+const fabricsCacheCap = 256
+
+// fabricsAnswer is what the cache holds for one device name.
+type fabricsAnswer struct {
+	fabrics bool
+	known   bool   // the device (or its controller) was found in sysfs
+	at      uint64 // kernel time of the lookup
+}
+
+// devices looks up, under sysfs, whether a block device named by a disk
+// I/O error is a namespace of NVMe over Fabrics, and caches the answer.
+// Only the reader's goroutine uses it.
+type devices struct {
+	sysfs string // "": no lookup (every device is taken for a disk)
+	cache map[string]fabricsAnswer
+}
+
+// fabrics reports whether dev is a namespace (nvme3n1) or a multipath
+// path (nvme4c5n1) of NVMe over Fabrics: a volume of a storage array or of
+// an SPDK target (Longhorn's, Mayastor's) attached over the network, whose
+// I/O errors are the target's or the network's, on every node attached to
+// it at once, not a failing disk of this node. usec is the record's kernel
+// time. Any other name is not looked up.
+//
+// A device that is no longer in sysfs when its error line is read (a
+// fabrics volume detached after its controller gave up reconnecting: the
+// kernel fails the I/O held and removes the namespace, then the
+// controller) keeps the answer found for it before, if any; else its
+// controller (nvme3 of nvme3n1, nvme5 of nvme4c5n1, which the kernel
+// removes after the namespace) decides; with neither, it is taken for a
+// disk, as a drive that fails and drops off the bus ("Disabling device
+// after reset failure") is. That answer is cached like the others, and
+// not kept over a later one: the name may come back as another device.
+func (d *devices) fabrics(dev string, usec uint64) bool {
+	if d.sysfs == "" {
+		return false
+	}
+	ctrl, ok := nvmeController(dev)
+	if !ok {
+		return false
+	}
+	// A cached answer costs a map look-up, no allocation.
+	old, cached := d.cache[dev]
+	if cached && (usec < old.at || usec-old.at < fabricsRecheck) {
+		return old.fabrics
+	}
+	a := d.lookup(dev, ctrl)
+	a.at = usec
+	if !a.known && cached && old.known {
+		a.fabrics, a.known = old.fabrics, true
+	}
+	if d.cache == nil || len(d.cache) >= fabricsCacheCap && !cached {
+		d.cache = make(map[string]fabricsAnswer)
+	}
+	d.cache[dev] = a
+	return a.fabrics
+}
+
+// lookup finds dev's controllers in sysfs: /sys/block/<dev>/device is the
+// controller (a namespace without a multipath head, or a path of one,
+// nvme4c5n1), or, for a multipath head, the subsystem (nvme-subsys4),
+// which links each of its controllers (nvme4, nvme5). A head is of NVMe
+// over Fabrics when every controller of its subsystem is (a local drive
+// among them is a disk of this node). Without the device, ctrl (the
+// controller its name holds) decides.
+func (d *devices) lookup(dev, ctrl string) fabricsAnswer {
+	base := filepath.Join(d.sysfs, "block", dev, "device")
+	if t, ok := readTransport(base); ok {
+		return fabricsAnswer{fabrics: slices.Contains(FabricsTransports, t), known: true}
+	}
+	if ents, err := os.ReadDir(base); err == nil {
+		a := fabricsAnswer{}
+		for _, e := range ents {
+			if n, ok := strings.CutPrefix(e.Name(), "nvme"); !ok || !isDigits(n) {
+				continue // not a controller: the head itself (nvme4n1), an attribute
+			}
+			t, ok := readTransport(filepath.Join(base, e.Name()))
+			if !ok {
+				continue
+			}
+			if !slices.Contains(FabricsTransports, t) {
+				return fabricsAnswer{known: true}
+			}
+			a = fabricsAnswer{fabrics: true, known: true}
+		}
+		if a.known {
+			return a
+		}
+	}
+	if t, ok := readTransport(filepath.Join(d.sysfs, "class", "nvme", "nvme"+ctrl)); ok {
+		return fabricsAnswer{fabrics: slices.Contains(FabricsTransports, t), known: true}
+	}
+	return fabricsAnswer{}
+}
+
+func readTransport(dir string) (string, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "transport"))
+	if err != nil {
+		return "", false
+	}
+	return strings.TrimSpace(string(b)), true
+}
+
+// nvmeController returns the instance of the controller (3 for nvme3)
+// that an NVMe namespace's block device name holds (drivers/nvme/host:
+// "nvme%dn%d", the controller's instance or, for a multipath head, its
+// subsystem's, which is its first controller's; "nvme%dc%dn%d" for a path
+// of a head, the controller's instance after the c), and false for any
+// other name.
+func nvmeController(dev string) (string, bool) {
+	rest, ok := strings.CutPrefix(dev, "nvme")
+	if !ok {
+		return "", false
+	}
+	x, rest, ok := strings.Cut(rest, "n")
+	if !ok || !isDigits(rest) {
+		return "", false
+	}
+	if sub, c, path := strings.Cut(x, "c"); path {
+		if !isDigits(sub) || !isDigits(c) {
+			return "", false
+		}
+		return c, true
+	}
+	if !isDigits(x) {
+		return "", false
+	}
+	return x, true
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
