@@ -336,6 +336,15 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	startContainerd(t, s)
 	kubelet := waitUnit(t, s, "kubelet.service", "kubelet up", active)
 
+	// The metrics port is held by another program when the daemon starts:
+	// the daemon starts and works without it, says so in its status line,
+	// and serves the port once it is free (below).
+	squatter, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", metricsPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer squatter.Close()
+
 	// READY=1: a Type=notify start job is done only once the daemon sent it.
 	start = time.Now()
 	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
@@ -364,9 +373,13 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if ty := sp["Type"].Value(); ty != "notify" {
 		t.Errorf("Type=%v", ty)
 	}
-	if st, _ := sp["StatusText"].Value().(string); !strings.Contains(st, "conditions:") {
-		t.Errorf("STATUS= %q", st)
+	if st, _ := sp["StatusText"].Value().(string); !strings.Contains(st, "conditions:") || !strings.Contains(st, "metrics not served: ") || !strings.Contains(st, "address already in use") {
+		t.Errorf("STATUS= %q, want the conditions and the metrics port that cannot be bound", st)
 	}
+	if n, _ := sp["NRestarts"].Value().(uint32); n != 0 {
+		t.Errorf("NRestarts=%d with the metrics port taken, want 0 (the daemon works on without it)", n)
+	}
+	squatter.Close()
 	// The daemon: CapabilityBoundingSet= (none), PrivateDevices= (no
 	// /dev/kmsg in its /dev), PrivateUsers= (root alone mapped).
 	mainPID, _ := sp["MainPID"].Value().(uint32)
@@ -442,6 +455,20 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		v, last := scrapeMetric("autopilot_health_kmsg_reader_up")
 		return v == 1, last
 	})
+	// Served once the port was free: the status line drops its note, and
+	// the unit never restarted.
+	eventually(t, 10*time.Second, "STATUS= without the metrics note", func() (bool, string) {
+		sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+		if err != nil {
+			return false, err.Error()
+		}
+		st, _ := sp["StatusText"].Value().(string)
+		n, _ := sp["NRestarts"].Value().(uint32)
+		return !strings.Contains(st, "metrics not served") && strings.Contains(st, "conditions:") && n == 0, fmt.Sprintf("STATUS=%q NRestarts=%d", st, n)
+	})
+	if j := s.Journal("autopilot-health.service"); strings.Count(j, "cannot bind metrics.listen_address") != 1 || !strings.Contains(j, "metrics listener bound") {
+		t.Errorf("the journal does not say once that the metrics port could not be bound, then that it was:\n%s", lastBytes(j, 4000))
+	}
 	records, _ := scrapeMetric("autopilot_health_kmsg_records_total")
 	if err := harness.WriteKmsg("autopilot-health unit test " + tok); err != nil {
 		t.Fatalf("writing to /dev/kmsg: %v", err)
