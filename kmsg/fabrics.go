@@ -41,8 +41,9 @@ type devices struct {
 }
 
 // fabrics reports whether dev is a namespace (nvme3n1) or a multipath
-// path (nvme4c5n1) of NVMe over Fabrics: a volume of a storage array or of
-// an SPDK target (Longhorn's, Mayastor's) attached over the network, whose
+// path (nvme4c5n1) of NVMe over Fabrics, or a SCSI disk of an iSCSI session
+// (sdb, see lookupSCSI): a volume of a storage array or of an SPDK or
+// iSCSI target (Longhorn's, Mayastor's) attached over the network, whose
 // I/O errors are the target's or the network's, on every node attached to
 // it at once, not a failing disk of this node. usec is the record's kernel
 // time. Any other name is not looked up.
@@ -60,8 +61,8 @@ func (d *devices) fabrics(dev string, usec uint64) bool {
 	if d.sysfs == "" {
 		return false
 	}
-	ctrl, ok := nvmeController(dev)
-	if !ok {
+	ctrl, nvme := nvmeController(dev)
+	if !nvme && !scsiDisk(dev) {
 		return false
 	}
 	// A cached answer costs a map look-up, no allocation.
@@ -69,7 +70,12 @@ func (d *devices) fabrics(dev string, usec uint64) bool {
 	if cached && (usec < old.at || usec-old.at < fabricsRecheck) {
 		return old.fabrics
 	}
-	a := d.lookup(dev, ctrl)
+	var a fabricsAnswer
+	if nvme {
+		a = d.lookup(dev, ctrl)
+	} else {
+		a = d.lookupSCSI(dev)
+	}
 	a.at = usec
 	if !a.known && cached && old.known {
 		a.fabrics, a.known = old.fabrics, true
@@ -116,6 +122,49 @@ func (d *devices) lookup(dev, ctrl string) fabricsAnswer {
 		return fabricsAnswer{fabrics: slices.Contains(FabricsTransports, t), known: true}
 	}
 	return fabricsAnswer{}
+}
+
+// lookupSCSI finds whether a SCSI disk (sdb) is a LUN of an iSCSI
+// session: its device path in sysfs runs through the session
+// (/sys/devices/platform/host3/session1/target3:0:0/3:0:0:0/block/sdb,
+// drivers/scsi/scsi_transport_iscsi.c "session%u"), for iscsi_tcp's
+// software initiator and an iSCSI HBA's alike. Such a disk is a volume of
+// a target reached over the network (Longhorn's v1 engine exposes each
+// volume to its node this way, as do democratic-csi's and NetApp's iSCSI
+// volumes): its I/O errors are the target's or the network's, not a
+// failing disk of this node. /sys/block/<disk> is a link to the device
+// (../devices/...), read as it is: the host root's own path is not looked
+// at. A disk gone from sysfs is not known.
+func (d *devices) lookupSCSI(dev string) fabricsAnswer {
+	link := filepath.Join(d.sysfs, "block", dev)
+	p, err := os.Readlink(link)
+	if err != nil {
+		if _, err := os.Lstat(link); err == nil {
+			return fabricsAnswer{known: true} // a directory: no device path to read
+		}
+		return fabricsAnswer{}
+	}
+	for _, part := range strings.Split(filepath.ToSlash(p), "/") {
+		if n, ok := strings.CutPrefix(part, "session"); ok && isDigits(n) {
+			return fabricsAnswer{fabrics: true, known: true}
+		}
+	}
+	return fabricsAnswer{known: true}
+}
+
+// scsiDisk reports whether dev is a SCSI disk's name (sd_format_disk_name:
+// "sd" and letters, sda to sdzz...), not a partition's.
+func scsiDisk(dev string) bool {
+	rest, ok := strings.CutPrefix(dev, "sd")
+	if !ok || rest == "" {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if rest[i] < 'a' || rest[i] > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 func readTransport(dir string) (string, bool) {

@@ -21,8 +21,10 @@ import (
 // over TCP through nvme5 and nvme10, its first controller nvme4, whose
 // instance the subsystem and the head keep, gone and reconnected as
 // nvme10), which links its controllers. /sys/class/nvme holds nvme8
-// (TCP), whose namespace nvme8n1 is gone. The PCI addresses have _ for :
-// (a Go module's file names cannot hold a colon).
+// (TCP), whose namespace nvme8n1 is gone. sda is a SATA disk; sdb a LUN of
+// the iSCSI session session1 (drivers/scsi/scsi_transport_iscsi.c), as
+// Longhorn's v1 engine attaches each volume. The PCI addresses and SCSI
+// ids have _ for : (a Go module's file names cannot hold a colon).
 const fixtureSysfs = "testdata/sysfs"
 
 // Disk I/O errors of NVMe over Fabrics namespaces (a Longhorn v2 or
@@ -45,21 +47,21 @@ func TestNVMeFabricsIOErrorsAreNotDiskFailures(t *testing.T) {
 	}
 	status := func() report.Condition { c, _ := store.Part(report.SourceKmsg, "DisksFailure"); return c }
 	for range 10 {
-		for _, dev := range []string{"nvme3n1", "nvme4n1", "nvme4c5n1", "nvme4c10n1", "nvme6n1", "nvme8n1"} {
+		for _, dev := range []string{"nvme3n1", "nvme4n1", "nvme4c5n1", "nvme4c10n1", "nvme6n1", "nvme8n1", "sdb"} {
 			ioerr(dev)
 		}
 	}
 	if c := status(); c.Status != report.StatusFalse || !strings.Contains(c.Message, "logged 0 disk I/O errors") {
-		t.Fatalf("60 I/O errors of NVMe over Fabrics namespaces: %+v; want False, none counted", c)
+		t.Fatalf("70 I/O errors of NVMe over Fabrics namespaces and an iSCSI LUN: %+v; want False, none counted", c)
 	}
-	for _, dev := range []string{"nvme0n1", "nvme1n1", "nvme1c1n1", "nvme9n1"} {
+	for _, dev := range []string{"nvme0n1", "nvme1n1", "nvme1c1n1", "sda"} {
 		ioerr(dev)
 	}
 	if c := status(); c.Status != report.StatusFalse || !strings.Contains(c.Message, "logged 4 disk I/O errors") {
 		t.Fatalf("4 I/O errors of local drives: %+v; want False, 4 counted", c)
 	}
-	ioerr("nvme1n1")
-	if c := status(); c.Status != report.StatusTrue || !strings.HasSuffix(c.Message, "on nvme0n1, nvme1c1n1, nvme1n1, nvme9n1") {
+	ioerr("nvme9n1")
+	if c := status(); c.Status != report.StatusTrue || !strings.HasSuffix(c.Message, "on nvme0n1, nvme1c1n1, nvme1n1, nvme9n1, sda") {
 		t.Fatalf("5 I/O errors of local drives: %+v; want True naming them", c)
 	}
 }
@@ -112,9 +114,28 @@ func TestNVMeFabricsLookupCached(t *testing.T) {
 	if d.fabrics("nvme9n1", 5*minute) {
 		t.Fatal("nvme9n1, unknown to sysfs: fabrics")
 	}
-	// Other names are not NVMe namespaces.
-	write("block/sda/device/transport", "tcp")
-	for _, dev := range []string{"sda", "nvme3", "nvme-subsys3", "nvmen1", "nvme1cn1", "nvme1n", "nvme1n1p1"} {
+	// A SCSI disk is looked up by its device path: a LUN of an iSCSI
+	// session is not a disk of this node, a disk behind another host
+	// adapter is; gone, it keeps its answer.
+	if err := os.MkdirAll(filepath.Join(root, "devices/platform/host4/session2/target4_0_0/4_0_0_0/block/sdc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../devices/platform/host4/session2/target4_0_0/4_0_0_0/block/sdc", filepath.Join(root, "block", "sdc")); err != nil {
+		t.Fatal(err)
+	}
+	write("block/sda/device/transport", "tcp") // not a transport SCSI has
+	if !d.fabrics("sdc", 5*minute) {
+		t.Error("sdc of iSCSI session2: not counted as a network volume")
+	}
+	os.Remove(filepath.Join(root, "block", "sdc"))
+	if !d.fabrics("sdc", 7*minute) {
+		t.Error("sdc gone from sysfs: the answer found while it was there not kept")
+	}
+	if d.fabrics("sdd", 5*minute) {
+		t.Error("sdd, unknown to sysfs: taken for a network volume")
+	}
+	// Other names are neither NVMe namespaces nor SCSI disks.
+	for _, dev := range []string{"sda", "sda1", "sd", "sdA", "nvme3", "nvme-subsys3", "nvmen1", "nvme1cn1", "nvme1n", "nvme1n1p1"} {
 		if d.fabrics(dev, 5*minute) {
 			t.Errorf("%s: fabrics", dev)
 		}

@@ -29,9 +29,10 @@ type Options struct {
 	IgnoreDevices []string
 	// Sysfs is the host's sysfs (/sys under the host root): disk I/O
 	// errors of a namespace of NVMe over Fabrics (its controller's
-	// transport tcp, rdma, fc or loop) do not count towards DisksFailure
-	// (see devices.fabrics). "": no lookup (a replay of another host's
-	// lines), every NVMe device counts.
+	// transport tcp, rdma, fc or loop) or of a SCSI disk of an iSCSI
+	// session do not count towards DisksFailure (see devices.fabrics).
+	// "": no lookup (a replay of another host's lines), every NVMe device
+	// and SCSI disk counts.
 	Sysfs      string
 	Registerer prometheus.Registerer
 }

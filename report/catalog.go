@@ -371,7 +371,7 @@ var Conditions = []ConditionDesc{
 		Trigger: "kubelet logged an error meaning it gave up retrying node-status updates to the API server", Cause: "kubelet lost its API connection and could not re-establish it"},
 	{Type: "DisksFailure", Source: SourceCheck, Disposition: Alert, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonDisksHealthy, ProblemReasons: []Reason{ReasonNVMeCriticalWarning, ReasonDiskIOErrors},
-		Trigger: "an NVMe SMART critical-warning bit other than the temperature bit (`DiskTemperatureHigh`'s) is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes, not counting the devices of `kmsg.ignore_devices` (loop, device-mapper, nbd, Ceph RBD, ...) nor NVMe over Fabrics volumes", Cause: "a physical disk is wearing out or failing",
+		Trigger: "an NVMe SMART critical-warning bit other than the temperature bit (`DiskTemperatureHigh`'s) is set (ioctl), or the kernel logged 5 or more disk I/O errors in the last 10 minutes, not counting the devices of `kmsg.ignore_devices` (loop, device-mapper, nbd, Ceph RBD, ...) nor NVMe over Fabrics or iSCSI volumes", Cause: "a physical disk is wearing out or failing",
 		// Two sources, each its own part: the kernel log monitor's I/O error window and the NVMe SMART check.
 		Parts: []Part{{Name: "kernel-io-errors", Source: SourceKmsg, Reasons: []Reason{ReasonDiskIOErrors}},
 			{Name: "nvme-smart", Source: SourceCheck, Reasons: []Reason{ReasonNVMeCriticalWarning}}}},
