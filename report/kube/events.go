@@ -182,7 +182,11 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 	// lastTimestamp an hour before its firstTimestamp.
 	e.Time = e.Time.Round(0)
 	k := aggKey{reason: e.Reason, message: e.Message}
-	if _, ok := aggs[k]; !ok && similarEvents(aggs, e) >= maxSimilarEvents {
+	// A new Event of its own, past the limit, is combined: also for a
+	// message whose Event from before its window ended is still there
+	// (waiting to be written, or not flushed yet): it takes no occurrence
+	// outside its window, so this one would start another Event.
+	if a, ok := aggs[k]; (!ok || !inWindow(a, e.Time)) && similarEvents(aggs, e) >= maxSimilarEvents {
 		k = aggKey{reason: e.Reason, combined: true}
 		e.Message = report.CapMessage(combinedPrefix + e.Message)
 	}

@@ -403,6 +403,69 @@ func TestSimilarEventsAreCombined(t *testing.T) {
 	})
 }
 
+// The limit holds when the messages come back after their window while their
+// Events still wait to be written (an API outage longer than the window):
+// the Event of a message still waiting kept its key, and its next
+// occurrence started an Event of its own without counting the others, so
+// 10 distinct messages, then 10 others, then the first 10 again made 20
+// Events of their own in the new window.
+func TestSimilarEventsLimitHoldsForMessagesStillWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down := true
+		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				return true, nil, errors.New(`Post "https://api:6443/api/v1/namespaces/default/events": connection refused`)
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		msg := func(i int) string {
+			return fmt.Sprintf("I/O error, dev sda, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2", 1000+8*i)
+		}
+		emit := func(from, to int) {
+			for i := from; i < to; i++ {
+				store.Emit(report.Event{Reason: "BlockIOError", Message: msg(i), Time: time.Now()})
+				time.Sleep(100 * time.Millisecond)
+				synctest.Wait()
+			}
+		}
+		emit(0, maxSimilarEvents)
+		time.Sleep(EventDedupeWindow + time.Second)
+		second := time.Now()
+		emit(maxSimilarEvents, 2*maxSimilarEvents)
+		emit(0, maxSimilarEvents) // back after their window, still not written
+		mu.Lock()
+		down = false
+		mu.Unlock()
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		h.stop()
+		var own, combined, first int
+		for _, e := range events(t, client) {
+			switch {
+			case e.Reason != "BlockIOError":
+			case e.FirstTimestamp.Time.Before(second):
+				first++
+			case strings.HasPrefix(e.Message, combinedPrefix):
+				combined++
+			default:
+				own++
+			}
+		}
+		if first != maxSimilarEvents {
+			t.Errorf("%d Events of the first window, want %d", first, maxSimilarEvents)
+		}
+		if own != maxSimilarEvents || combined != 1 {
+			t.Errorf("second window: %d Events of their own and %d combined, want %d and 1", own, combined, maxSimilarEvents)
+		}
+	})
+}
+
 // wallStepped is what time.Now returns after the wall clock was stepped by d
 // (whole seconds): its wall clock reading moved, its monotonic one not.
 // time.Time is {wall uint64; ext int64; loc}; with a monotonic reading,
