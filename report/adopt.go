@@ -43,7 +43,10 @@ const bootSlack = 2 * time.Second
 //     Compared at the Node's one-second resolution; never for a held
 //     condition the store has True (only an operator's clear lowers it);
 //   - another status in the store, evaluated since: the store wins; it
-//     holds a change the API server has not seen yet.
+//     holds a change the API server has not seen yet. An evaluation this
+//     process made is since, whatever the times say: the Node holds what
+//     an earlier run wrote (a clock set back since dates this run's
+//     evaluation before it).
 //
 // A condition type or reason outside the catalog is ignored. Adopt reports
 // whether the store changed.
@@ -73,11 +76,15 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	case !had:
 		s.conds[c.Type] = c
 		s.seedPartsLocked(desc, c)
-	case prev.Status == c.Status && s.observed[c.Type] &&
-		prev.LastTransitionTime.Truncate(time.Second).After(c.LastTransitionTime.Truncate(time.Second)):
+	case prev.Status == c.Status && s.observed[c.Type] && (s.changedHere[c.Type] ||
+		prev.LastTransitionTime.Truncate(time.Second).After(c.LastTransitionTime.Truncate(time.Second))):
 		// The store saw the condition change to this status after the
 		// Node's time (True, False, True through an outage): its time is
-		// the later word, written with the next write.
+		// the later word, written with the next write. A change this
+		// process saw is later than the Node's whatever the wall clock
+		// says (a clock stepped back since the Node's write dates it
+		// earlier); one restored from the state file is judged by the
+		// times.
 		s.mu.Unlock()
 		return false
 	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
@@ -86,7 +93,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		s.mu.Unlock()
 		s.Touch()
 		return true
-	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c):
+	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c, s.evaluatedHere[c.Type]):
 		c.LastUpdateTime = prev.LastUpdateTime
 		if c.LastUpdateTime.Before(c.LastTransitionTime) {
 			c.LastUpdateTime = c.LastTransitionTime
@@ -118,10 +125,13 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 // time names is not known to be older). What the store knows is as recent
 // as its last evaluation, not its last change: a check that ran after the
 // restart and found the same status as a stale state file is newer than
-// the Node. A held condition the store has True is never lowered this way:
-// only an operator's clear lowers it, and the store knows of those
-// (SetCleared).
-func nodeIsNewer(desc ConditionDesc, prev, c Condition) bool {
+// the Node. An evaluation this process made (here) is newer than the Node
+// whatever the times say: the Node holds what an earlier run of the daemon
+// wrote, and a wall clock stepped back since (or this boot's, behind the
+// last boot's) dates the evaluation before it. A held condition the store
+// has True is never lowered this way: only an operator's clear lowers it,
+// and the store knows of those (SetCleared).
+func nodeIsNewer(desc ConditionDesc, prev, c Condition, here bool) bool {
 	if prev.Status == c.Status || c.LastTransitionTime.IsZero() {
 		return false
 	}
@@ -132,6 +142,9 @@ func nodeIsNewer(desc ConditionDesc, prev, c Condition) bool {
 		if _, kernel := desc.Part(SourceKmsg); kernel || desc.Source == SourceKmsg {
 			return true
 		}
+	}
+	if here {
+		return false
 	}
 	return prev.LastUpdateTime.Truncate(time.Second).Before(c.LastTransitionTime.Truncate(time.Second))
 }

@@ -241,6 +241,8 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		c.Message = CapMessage(c.Message)
 		s.conds[c.Type] = c
 		s.observed[c.Type] = slices.Contains(sf.Observed, c.Type)
+		delete(s.evaluatedHere, c.Type)
+		delete(s.changedHere, c.Type)
 		restored = append(restored, c)
 	}
 	if sf.BootID == s.bootID {

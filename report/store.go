@@ -46,13 +46,22 @@ type Store struct {
 	// Adopt keeps such a time when it is later than the Node's (kept in
 	// the state file).
 	observed map[string]bool
+	// evaluatedHere: the condition types this process evaluated (a Set
+	// since its start, not a state file's nor the Node's word);
+	// changedHere: those whose observed change this process saw. Either is
+	// later than anything the Node holds, which an earlier run of the
+	// daemon wrote, whatever the wall clock says: Adopt keeps them even
+	// where the Node's time reads later (the clock was stepped back since
+	// the Node's write, or this boot's clock is behind the last boot's).
+	evaluatedHere, changedHere map[string]bool
 }
 
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
 		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
-		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}, observed: map[string]bool{}}
+		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}, observed: map[string]bool{},
+		evaluatedHere: map[string]bool{}, changedHere: map[string]bool{}}
 }
 
 // Release lets a Set of a condition that is held once True (a tamper
@@ -187,6 +196,7 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 		if desc, _ := Lookup(c.Type); desc.Hold != HoldWhileTrue {
 			prev.LastUpdateTime = now
 			s.conds[c.Type] = prev
+			s.evaluatedHere[c.Type] = true
 			s.mu.Unlock()
 			return false
 		}
@@ -202,10 +212,13 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 		// placeholder, a check that could not run): when the status
 		// became what it is is not known.
 		delete(s.observed, c.Type)
+		delete(s.changedHere, c.Type)
 	case prev.Status != c.Status:
 		s.observed[c.Type] = true
+		s.changedHere[c.Type] = true
 	}
 	s.conds[c.Type] = c
+	s.evaluatedHere[c.Type] = true
 	changed := !had || prev.Status != c.Status || prev.Reason != c.Reason || prev.Message != c.Message
 	obs := s.observers
 	if changed {
@@ -245,6 +258,8 @@ func (s *Store) Remove(condType string) bool {
 	delete(s.conds, condType)
 	delete(s.parts, condType)
 	delete(s.observed, condType)
+	delete(s.evaluatedHere, condType)
+	delete(s.changedHere, condType)
 	obs := s.observers
 	if had {
 		close(s.changed)

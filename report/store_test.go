@@ -455,7 +455,14 @@ func TestAdoptTamperTrustsOnlyAPublishedClear(t *testing.T) {
 // state file), or a state file older than the Node (its save failed). A
 // held condition the store has True is never lowered by the Node's time.
 func TestAdoptNodeWinsOverNoDataAndOlderState(t *testing.T) {
-	s := NewStore("b")
+	// The state file the start reads (the store's evaluations before it,
+	// by an earlier run).
+	prior := NewStore("b")
+	prior.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), t0.Add(-time.Hour))
+	prior.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", ""), t0.Add(500*time.Millisecond))
+	prior.Set(cond("CNIUnhealthy", StatusFalse, "CNIHealthy", ""), t0.Add(-time.Hour))
+	prior.Set(cond("NodeTampered", StatusTrue, "ProtectedFileChanged", "/etc/containerd/config.toml"), t0.Add(-time.Hour))
+	s := restarted(t, prior)
 	rec := &recorder{}
 	s.Observe(rec)
 	node := func(ty string, st Status, reason Reason, ltt time.Time) Condition {
@@ -476,7 +483,6 @@ func TestAdoptNodeWinsOverNoDataAndOlderState(t *testing.T) {
 	}
 
 	// A state file an hour older than the Node's change.
-	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), t0.Add(-time.Hour))
 	if !s.Adopt(node("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", t0), "b") {
 		t.Error("an older local False won over the Node's later True")
 	}
@@ -485,18 +491,15 @@ func TestAdoptNodeWinsOverNoDataAndOlderState(t *testing.T) {
 	}
 	// A local change within the second the Node names: not known to be
 	// older; the store keeps it.
-	s.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", ""), t0.Add(500*time.Millisecond))
 	if s.Adopt(node("ClockNotSynchronized", StatusFalse, "ClockSynchronized", t0), "b") {
 		t.Error("a local change in the Node's second was overridden")
 	}
 	// No time on the Node: nothing to compare.
-	s.Set(cond("CNIUnhealthy", StatusFalse, "CNIHealthy", ""), t0.Add(-time.Hour))
 	if s.Adopt(node("CNIUnhealthy", StatusTrue, ReasonCiliumNotOk, time.Time{}), "b") {
 		t.Error("a Node condition without a transition time overrode the store")
 	}
 	// Held forever and True in the store: the Node's later False does
 	// not lower it (only an operator's clear does).
-	s.Set(cond("NodeTampered", StatusTrue, "ProtectedFileChanged", "/etc/containerd/config.toml"), t0.Add(-time.Hour))
 	if s.Adopt(node("NodeTampered", StatusFalse, "NodeIntact", t0), "b") {
 		t.Error("the Node's later False lowered a tamper condition the store holds True")
 	}
@@ -506,6 +509,66 @@ func TestAdoptNodeWinsOverNoDataAndOlderState(t *testing.T) {
 	if len(rec.restored) != 2 || rec.restored[0] != "KernelDeadlock" || rec.restored[1] != "DiskUsageHigh" {
 		t.Errorf("restores seen by observers: %v", rec.restored)
 	}
+}
+
+// The daemon's conditions on the Node were written by an earlier run of it,
+// so what this process evaluated, or saw change, is later than them
+// whatever the wall clock says. After the clock was set back (chrony's
+// makestep after an RTC that ran ahead; a boot whose clock is behind the
+// last boot's), this run's times read earlier than the Node's: the Node's
+// stale True replaced the False a check had just found (until the check's
+// next run), and the Node's time replaced that of a change the store saw.
+// A state file's evaluations are an earlier run's like the Node's: only
+// their times order them.
+func TestAdoptAfterTheClockWasSetBack(t *testing.T) {
+	ahead := t0.Add(time.Hour) // the Node's times, from before the step
+	nodeTrue := func(ty string, reason Reason) Condition {
+		return Condition{Type: ty, Status: StatusTrue, Reason: reason, Message: "from the node", LastTransitionTime: ahead}
+	}
+	s := NewStore("b")
+	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", "this run"), t0.Add(time.Minute))
+	if s.Adopt(nodeTrue("DiskUsageHigh", "FilesystemSpaceHigh"), "b") {
+		t.Error("the Node's True from before the step replaced the False this run found")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); c.Status != StatusFalse {
+		t.Errorf("DiskUsageHigh = %+v; want this run's False", c)
+	}
+	// True, False, True in this run, before the Node is read (the API
+	// server not reached yet).
+	s.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", "a"), t0.Add(time.Minute))
+	s.Set(cond("ClockNotSynchronized", StatusFalse, "ClockSynchronized", "b"), t0.Add(2*time.Minute))
+	again := t0.Add(3 * time.Minute)
+	s.Set(cond("ClockNotSynchronized", StatusTrue, "ClockUnsynchronized", "c"), again)
+	if s.Adopt(nodeTrue("ClockNotSynchronized", "ClockUnsynchronized"), "b") {
+		t.Error("the Node's time from before the step replaced the change this run saw")
+	}
+	if c, _ := s.Get("ClockNotSynchronized"); !c.LastTransitionTime.Equal(again) {
+		t.Errorf("ClockNotSynchronized = %+v; want True since %v", c, again)
+	}
+
+	// The same from the state file: the times decide.
+	s = restarted(t, s)
+	if !s.Adopt(nodeTrue("DiskUsageHigh", "FilesystemSpaceHigh"), "b") {
+		t.Error("the Node's later True did not replace the state file's older False")
+	}
+	if !s.Adopt(nodeTrue("ClockNotSynchronized", "ClockUnsynchronized"), "b") {
+		t.Error("the Node's later time did not replace the state file's")
+	}
+}
+
+// restarted is the store a restart of the daemon reads from s's state
+// file: what s evaluated is an earlier run's there, not this process's.
+func restarted(t *testing.T, s *Store) *Store {
+	t.Helper()
+	dir := t.TempDir()
+	if err := s.Save(dir, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	s2 := NewStore(s.bootID)
+	if _, err := s2.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	return s2
 }
 
 // What the store knows is as recent as its last evaluation: a check that
@@ -526,9 +589,13 @@ func TestAdoptJudgesTheStoreByItsLastEvaluation(t *testing.T) {
 	if s.Adopt(Condition{Type: "KubeletHeartbeatFailed", Status: StatusFalse, Reason: "KubeletHeartbeatOK", LastTransitionTime: t0}, "b") {
 		t.Error("a NoData a check decided after the Node's change lost to the Node")
 	}
-	// The Node's status changed after the store's last evaluation: the
-	// Node wins, and the condition is not shown evaluated before it changed.
-	s.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), t0.Add(-time.Hour))
+	// The Node's status changed after the store's last evaluation, the
+	// state file's (one this process made is later than anything on the
+	// Node): the Node wins, and the condition is not shown evaluated
+	// before it changed.
+	prior := NewStore("b")
+	prior.Set(cond("DiskUsageHigh", StatusFalse, "DiskUsageOK", ""), t0.Add(-time.Hour))
+	s = restarted(t, prior)
 	if !s.Adopt(Condition{Type: "DiskUsageHigh", Status: StatusTrue, Reason: "FilesystemSpaceHigh", LastTransitionTime: t0}, "b") {
 		t.Error("a store last evaluated an hour before the Node's change won")
 	}
