@@ -15,7 +15,9 @@ const bootSlack = 2 * time.Second
 //     it is the one watchers have been timing; unless the store saw the
 //     condition change to that status after the Node's time (a change the
 //     API server has not seen: True, False, True through an outage), not
-//     just found it so first (a start without the state file);
+//     just found it so first (a start without the state file); never a
+//     kernel condition the Node shows True in this boot, True since then
+//     (the store's False before its change was a lost state);
 //   - a condition held until reboot (the kernel's) that the Node shows True
 //     since this boot began, or one held forever (tamper) that the Node shows
 //     True: taken over even when the store says otherwise, because such a
@@ -62,7 +64,13 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	if nodeBoot != "" {
 		thisBoot = nodeBoot == s.bootID
 	}
-	held := c.Status == StatusTrue && (desc.Hold == HoldForever || desc.Hold == HoldUntilReboot && thisBoot)
+	// bootHeld: a kernel condition True on the Node in this boot has been
+	// True since the Node's time: nothing lowers it before the reboot, so
+	// a False in the store (a start that lost the state file, the line gone
+	// from the ring buffer) was never its status, nor the change from it to
+	// True the store saw afterwards a change.
+	bootHeld := c.Status == StatusTrue && desc.Hold == HoldUntilReboot && thisBoot
+	held := bootHeld || c.Status == StatusTrue && desc.Hold == HoldForever
 	prev, had := s.conds[c.Type]
 	cleared, wasCleared := s.cleared[c.Type]
 	switch {
@@ -76,7 +84,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	case !had:
 		s.conds[c.Type] = c
 		s.seedPartsLocked(desc, c)
-	case prev.Status == c.Status && s.observed[c.Type] && (s.changedHere[c.Type] ||
+	case prev.Status == c.Status && !bootHeld && s.observed[c.Type] && (s.changedHere[c.Type] ||
 		prev.LastTransitionTime.Truncate(time.Second).After(c.LastTransitionTime.Truncate(time.Second))):
 		// The store saw the condition change to this status after the
 		// Node's time (True, False, True through an outage): its time is

@@ -556,6 +556,29 @@ func TestAdoptAfterTheClockWasSetBack(t *testing.T) {
 	}
 }
 
+// A kernel condition the Node shows True in this boot has been True since
+// its time: held until reboot, it never turned False. After a start that
+// lost the state file, with the line gone from the ring buffer (a flood),
+// the reader's catching up decides False, and a later line (a hung task
+// logged again 120 s on) True: a change from one decided status to
+// another, which kept its own time over the Node's while the API server
+// had not answered yet. The Node's lastTransitionTime stays, as it does
+// when the Node is read first.
+func TestAdoptHeldConditionKeepsTheNodesTimeOverALostLine(t *testing.T) {
+	boot := t0
+	since := boot.Add(10 * time.Minute)
+	now := boot.Add(time.Hour)
+	s := NewStore("b")
+	s.SetBootStart(boot)
+	s.Set(cond("KernelDeadlock", StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), now)
+	s.Set(cond("KernelDeadlock", StatusFalse, "KernelHasNoDeadlock", "no matching kernel message"), now.Add(time.Second))
+	s.Set(cond("KernelDeadlock", StatusTrue, ReasonCriticalTaskHung, "INFO: task kubelet:1 blocked for more than 120 seconds."), now.Add(2*time.Minute))
+	s.Adopt(Condition{Type: "KernelDeadlock", Status: StatusTrue, Reason: ReasonCriticalTaskHung, Message: "on the node", LastTransitionTime: since}, "b")
+	if c, _ := s.Get("KernelDeadlock"); c.Status != StatusTrue || !c.LastTransitionTime.Equal(since) {
+		t.Errorf("KernelDeadlock = %+v; want True since the Node's %v", c, since)
+	}
+}
+
 // restarted is the store a restart of the daemon reads from s's state
 // file: what s evaluated is an earlier run's there, not this process's.
 func restarted(t *testing.T, s *Store) *Store {
