@@ -577,36 +577,79 @@ func (d *DBus) ResetFailed(ctx context.Context, name string) error {
 }
 
 // job runs a job on a go-systemd connection made for it (its JobRemoved
-// match tells the job's end) and closed after it.
+// match tells the job's end) and closed after it. The wait for the job's
+// end also ends when that connection does (see RunJob).
 func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
+	var gone <-chan struct{}
 	c, end, err := dialFor(ctx, func(life context.Context) (*sd.Conn, error) {
-		return sd.NewConnection(func() (*godbus.Conn, error) { return d.dial(life) })
+		var dial func() (*godbus.Conn, error)
+		dial, gone = watchConns(func() (*godbus.Conn, error) { return d.dial(life) })
+		return sd.NewConnection(dial)
 	}, (*sd.Conn).Close)
 	if err != nil {
 		return fmt.Errorf("connecting to systemd over D-Bus: %w", err)
 	}
 	defer end()
 	defer c.Close()
-	return RunJob(ctx, c, name, f)
+	return RunJob(ctx, c, gone, name, f)
+}
+
+// watchConns returns dial, which also watches the connections it makes,
+// and gone, closed once one of them is: by its peer (godbus closes a
+// connection on a read error: dbus-daemon stopped or restarted, the socket
+// broke) or by Close. go-systemd's connection is two (calls and signals),
+// and never dials again.
+func watchConns(dial func() (*godbus.Conn, error)) (func() (*godbus.Conn, error), <-chan struct{}) {
+	gone := make(chan struct{})
+	var once sync.Once
+	return func() (*godbus.Conn, error) {
+		c, err := dial()
+		if err == nil {
+			go func() {
+				<-c.Context().Done()
+				once.Do(func() { close(gone) })
+			}()
+		}
+		return c, err
+	}, gone
 }
 
 // JobFunc is one of go-systemd's job methods (StartUnitContext,
 // RestartUnitContext, ...).
 type JobFunc func(*sd.Conn, context.Context, string, string, chan<- string) (int, error)
 
+// ErrJobConnLost means that the connection a job's end was to be told on
+// closed before it was (dbus-daemon restarted, the socket broke): the
+// job's result is unknown, and the job may still run. go-systemd does not
+// dial again, so its JobRemoved would never come.
+var ErrJobConnLost = errors.New("D-Bus connection lost while waiting for the job's result (the job may still be running)")
+
 // RunJob starts a job for unit name with mode "replace" and waits for its
 // result; a result other than "done" is a *JobError (wrapping ErrJobFailed).
-func RunJob(ctx context.Context, c *sd.Conn, name string, f JobFunc) error {
+// It also ends when gone is closed (the job's connection closed, see
+// watchConns; nil: not watched), with ErrJobConnLost unless the result came
+// first.
+func RunJob(ctx context.Context, c *sd.Conn, gone <-chan struct{}, name string, f JobFunc) error {
 	ch := make(chan string, 1)
 	if _, err := f(c, ctx, name, "replace", ch); err != nil {
 		return err
 	}
-	select {
-	case res := <-ch:
+	result := func(res string) error {
 		if res != "done" {
 			return &JobError{Unit: name, Result: res}
 		}
 		return nil
+	}
+	select {
+	case res := <-ch:
+		return result(res)
+	case <-gone:
+		select {
+		case res := <-ch:
+			return result(res)
+		default:
+			return ErrJobConnLost
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -73,5 +73,5 @@ func (s *Systemd) KillMain(ctx context.Context, name string, sig int32) error {
 }
 
 func (s *Systemd) job(ctx context.Context, name string, f systemd.JobFunc) error {
-	return s.manager(ctx, func(c *sd.Conn) error { return systemd.RunJob(ctx, c, name, f) })
+	return s.manager(ctx, func(c *sd.Conn) error { return systemd.RunJob(ctx, c, nil, name, f) })
 }
