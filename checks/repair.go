@@ -279,8 +279,10 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		// Read the unit again at once: the watch counts this restart
 		// (the new invocation) as ours, once.
 		at := u.Invocation
+		running := false
 		if after, rerr := r.mgr.Unit(ctx, unit); rerr == nil {
 			at = after.Invocation
+			running = after.ActiveState != "inactive" && after.ActiveState != "failed"
 			if err == nil {
 				watch.ObserveRestarted(after)
 			} else {
@@ -290,8 +292,11 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		r.mu.Lock()
 		delete(r.inflight, unit)
 		// A job another replaced (someone's stop) is not a restart that
-		// could not start the unit: what it left is theirs.
-		st.restartFailed, st.failedAt = err != nil && !systemd.JobCanceled(err), at
+		// could not start the unit: what it left is theirs. Nor is one whose
+		// unit runs after it, whatever its result says (a result lost with
+		// the D-Bus connection, ErrJobConnLost, of a restart that worked):
+		// a stop of that invocation later is someone's.
+		st.restartFailed, st.failedAt = err != nil && !systemd.JobCanceled(err) && !running, at
 		if err != nil {
 			st.LastResult = "failed: " + err.Error()
 		} else {

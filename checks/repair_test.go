@@ -794,3 +794,48 @@ func TestRepairNotHelpingSurvivesDaemonRestart(t *testing.T) {
 		}
 	})
 }
+
+// resultLost is a manager whose restart of one unit does restart it (a new
+// invocation, running) but whose job result never reaches the daemon: the
+// D-Bus connection dropped mid-job (systemd.ErrJobConnLost).
+type resultLost struct{ *fakeManager }
+
+func (m resultLost) Restart(ctx context.Context, name string) error {
+	if err := m.fakeManager.Restart(ctx, name); err != nil {
+		return err
+	}
+	return fmt.Errorf("restart %s: %w", name, systemd.ErrJobConnLost)
+}
+
+// A restart whose result was lost (the bus dropped mid-job) but that did
+// start the unit is no restart that left the unit inactive: when someone
+// stops the unit afterwards (the invocation systemd keeps after a stop is
+// the one the restart started), the repair leaves it stopped. Before, the
+// lost result counted as a failed restart of that invocation, and the
+// operator's stop was undone at the next probe past the cooldown.
+func TestRepairLeavesAUnitStoppedAfterARestartWhoseResultWasLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := resultLost{newFakeManager(u)}
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		if res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+			t.Fatalf("first repair: %s", res)
+		}
+		r.Wait()
+		if st := r.Status("kubelet.service"); !strings.Contains(st.LastResult, "connection lost") {
+			t.Errorf("status after the lost result: %+v", st)
+		}
+		// The operator stops kubelet on purpose, past the cooldown.
+		time.Sleep(2 * time.Minute)
+		m.mu.Lock()
+		s := m.units["kubelet.service"]
+		s.ActiveState, s.SubState = "inactive", "dead"
+		m.units["kubelet.service"] = s
+		m.mu.Unlock()
+		if res, msg := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairStopped {
+			t.Errorf("a unit stopped after a restart that started it: %s (%s), want %s", res, msg, RepairStopped)
+		}
+		r.Wait()
+	})
+}
