@@ -43,6 +43,9 @@ var All = []Scenario{
 	{Name: "hung_task", Run: hungTask},
 	{Name: "dm_verity", Run: dmVerity},
 	{Name: "sealed_os", Run: sealedOS},
+	// Before disk_io_errors: DisksFailure must be False, and the errors
+	// of the NVMe over Fabrics namespace must not count.
+	{Name: "nvme_fabrics_io_errors", Modules: []string{"nvmet", "nvmet-tcp", "nvme-tcp"}, Run: nvmeFabricsIOErrors},
 	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
 	{Name: "nvme_critical_warning", Machine: criticalWarning, Run: nvmeCriticalWarning},
 	// lvm_usage needs only a disk: it shares the boot of the critical
