@@ -40,18 +40,19 @@ var All = []Scenario{
 	{Name: "nvme_healthy", Run: nvmeHealthy},
 	{Name: "nvme_temperature", Run: nvmeTemperature},
 	{Name: "ext4_remount_ro", Run: ext4RemountRO},
-	{Name: "hung_task", Run: hungTask},
-	{Name: "dm_verity", Run: dmVerity},
 	{Name: "sealed_os", Run: sealedOS},
 	// Before disk_io_errors: DisksFailure must be False, and the errors
 	// of the NVMe over Fabrics namespace must not count.
 	{Name: "nvme_fabrics_io_errors", Modules: []string{"nvmet", "nvmet-tcp", "nvme-tcp"}, Run: nvmeFabricsIOErrors},
 	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
 	{Name: "nvme_critical_warning", Machine: criticalWarning, Run: nvmeCriticalWarning},
-	// lvm_usage needs only a disk: it shares the boot of the critical
+	// These need no healthy drive: they share the boot of the critical
 	// warning, which balances the two boots (the tier takes as long as the
-	// longer one). DiskUsageHigh does not look at SMART.
+	// longer one). DiskUsageHigh, KernelDeadlock and VerityCorruption do not
+	// look at SMART.
 	{Name: "lvm_usage", Machine: criticalWarning, Run: lvmUsage},
+	{Name: "hung_task", Machine: criticalWarning, Run: hungTask},
+	{Name: "dm_verity", Machine: criticalWarning, Run: dmVerity},
 }
 
 // criticalWarning is a drive reporting available spare below threshold and
