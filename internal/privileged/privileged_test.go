@@ -271,6 +271,30 @@ func TestScanRequests(t *testing.T) {
 	}
 }
 
+// A scan's answer at its cap is a few MiB, more than a Unix socket's send
+// buffer holds: it arrives whole, its entries and its LimitError with it
+// (the answer is written in as many writes as it takes, not cut at the
+// first, which the daemon read as "malformed answer").
+func TestLargeAnswerArrivesWhole(t *testing.T) {
+	long := strings.Repeat("x", 200)
+	entries := make([]hostio.Entry, hostio.MaxEntries)
+	for i := range entries {
+		entries[i] = hostio.Entry{Path: fmt.Sprintf("/var/%s/%d", long, i), Kind: hostio.KindFile, Mode: 0o644, SHA256: strings.Repeat("0", 64)}
+	}
+	limit := &hostio.LimitError{Limit: hostio.MaxEntries, At: "/var/z"}
+	s := &Server{handler: func(context.Context, request) (response, int) {
+		r := errorResponse(limit)
+		r.Entries = entries
+		return r, -1
+	}}
+	c := serve(t, s)
+	got, err := c.Scan("/", hostio.Spec{Patterns: []string{"/var"}})
+	var le *hostio.LimitError
+	if !errors.As(err, &le) || le.Limit != hostio.MaxEntries || len(got) != len(entries) || !reflect.DeepEqual(got[len(got)-1], entries[len(entries)-1]) {
+		t.Fatalf("a scan at its cap through the helper: %d entries, %v; want %d and a LimitError", len(got), err, len(entries))
+	}
+}
+
 // What is not a request is answered with an error, and the helper goes on.
 func TestMalformedRequests(t *testing.T) {
 	c := serve(t, &Server{})

@@ -373,7 +373,14 @@ func (s *Server) serveConn(ctx context.Context, c *net.UnixConn, work chan struc
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
 	}
-	if _, _, err := c.WriteMsgUnix(out, oob, nil); err != nil {
+	// One sendmsg on a stream socket writes what the send buffer takes
+	// (about 200 KiB): the descriptor rides with the first part, the rest
+	// follows.
+	n, _, err := c.WriteMsgUnix(out, oob, nil)
+	if err == nil && n < len(out) {
+		_, err = c.Write(out[n:])
+	}
+	if err != nil {
 		s.Log.Warn("answering a request failed", "op", req.Op, "err", err)
 		return
 	}
