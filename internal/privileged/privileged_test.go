@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -24,7 +25,7 @@ import (
 
 // serve starts a helper on a socket in a temporary directory and returns
 // its client.
-func serve(t *testing.T, s *Server) *Client {
+func serve(t testing.TB, s *Server) *Client {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "helper.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
@@ -226,6 +227,30 @@ func TestLVMRequests(t *testing.T) {
 	}
 }
 
+// An LVM request whose timeout is out of range is refused, and the refusal
+// reaches its peer, however large the timeout: one near the largest
+// duration once overflowed the exchange's deadline into the past, and the
+// peer got no answer (or "no free work slot") instead.
+func TestLVMTimeoutOutOfRangeIsAnswered(t *testing.T) {
+	lvm := filepath.Join(t.TempDir(), "lvm")
+	c := serve(t, &Server{LVM: lvm})
+	for _, timeout := range []time.Duration{-time.Second, time.Hour, math.MaxInt64 - time.Second, math.MaxInt64} {
+		conn, err := net.Dial("unix", c.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(request{Op: OpLVM, LVM: lvm, Timeout: timeout, Command: "vgs", Args: hostio.LVMReportArgs["vgs"]})
+		conn.Write(b)
+		conn.(*net.UnixConn).CloseWrite()
+		out, _ := io.ReadAll(conn)
+		conn.Close()
+		var r response
+		if err := json.Unmarshal(out, &r); err != nil || !strings.Contains(r.Error, "out of range") {
+			t.Errorf("LVM timeout %d: answer %q (%v), want refused as out of range", timeout, out, err)
+		}
+	}
+}
+
 // The scan through the helper is the scan in process, cap included.
 func TestScanRequests(t *testing.T) {
 	root := t.TempDir()
@@ -344,7 +369,7 @@ func TestSilentClientsDoNotBlockRequests(t *testing.T) {
 	}
 }
 
-func openFDs(t *testing.T) int {
+func openFDs(t testing.TB) int {
 	t.Helper()
 	es, err := os.ReadDir("/proc/self/fd")
 	if err != nil {

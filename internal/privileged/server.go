@@ -76,6 +76,9 @@ type call struct {
 // timeout, at most 5 min, on top).
 const requestTimeout = 30 * time.Second
 
+// maxLVMTimeout is the longest timeout of an LVM report the helper runs.
+const maxLVMTimeout = 5 * time.Minute
+
 // scanTimeout bounds a scan's exchange, on both sides.
 const scanTimeout = 5 * time.Minute
 
@@ -85,7 +88,9 @@ const scanTimeout = 5 * time.Minute
 func opTimeout(req request) time.Duration {
 	switch req.Op {
 	case OpLVM:
-		return requestTimeout + max(req.Timeout, 0) // a bad one is refused, in time
+		// A bad one is refused, in time: one out of range counts as the
+		// most allowed, not as itself (which could overflow the sum).
+		return requestTimeout + min(max(req.Timeout, 0), maxLVMTimeout)
 	case OpScan:
 		return scanTimeout
 	}
@@ -602,7 +607,7 @@ func lvmAllowed(req request, lvm string) error {
 	if !hostio.LVMArgsAllowed(req.Command, req.Args) {
 		return fmt.Errorf("the helper runs only the disk check's LVM reports, not %q %q", req.Command, req.Args)
 	}
-	if req.Timeout <= 0 || req.Timeout > 5*time.Minute {
+	if req.Timeout <= 0 || req.Timeout > maxLVMTimeout {
 		return fmt.Errorf("LVM timeout %s out of range (at most 5m)", req.Timeout)
 	}
 	var st unix.Stat_t
