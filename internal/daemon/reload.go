@@ -301,8 +301,11 @@ func (d *Daemon) reload() (Reloaded, error) {
 			d.store.RemovePart(desc.Source, c, now)
 			continue
 		}
-		if !slices.Contains(applicable, c) {
-			d.store.Remove(c)
+		if !slices.Contains(applicable, c) && !d.store.Remove(c) {
+			// Not set yet (stopped before its first run, within the
+			// first-run spread): the series the start made for it at 0
+			// go all the same, as the store's removal takes them.
+			d.metrics.ConditionRemoved(report.Condition{Type: c})
 		}
 	}
 	d.parts.initMetrics(&env, old)

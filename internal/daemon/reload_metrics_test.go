@@ -1,12 +1,14 @@
 package daemon
 
 import (
+	"io"
 	"log/slog"
 	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -211,5 +213,84 @@ func TestStatusSaysTheConfigFileIsAbsent(t *testing.T) {
 	}
 	if cs := d.Status(time.Now()).Config; cs.File != f.path || cs.Absent {
 		t.Errorf("reloaded from the file: status config %+v, want %s not absent", cs, f.path)
+	}
+}
+
+// conditionSeries are the series of a condition in a scrape: its status
+// and problem gauges.
+func conditionSeries(page, cond string) []string {
+	var out []string
+	for line := range strings.SplitSeq(page, "\n") {
+		if !strings.HasPrefix(line, "#") && (strings.Contains(line, `condition="`+cond+`"`) || strings.Contains(line, `type="`+cond+`"`)) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// A check a reload disables before its first run (the first runs spread
+// over runner.first_run_spread after a start) had no condition yet, but
+// the start made its condition's series at 0: they leave the metrics as
+// those of a check that ran, and as at a start with the check disabled
+// (README: "it leaves the daemon's conditions, the state file, the
+// metrics and the Node").
+func TestReloadBeforeTheFirstRunDropsTheConditionSeries(t *testing.T) {
+	base := testConfig(t)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	listen := ln.Addr().String()
+	write := func(extra string) {
+		t.Helper()
+		// The first runs spread over 5 minutes: NodeInfoStale's, not the
+		// first check's, is minutes away.
+		c := strings.Replace(reloadTOML(base, listen, extra), `first_run_spread = "0s"`, `first_run_spread = "5m"`, 1)
+		if err := os.WriteFile(path, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	cfg, _, err := config.Load(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	env := &checks.Env{Config: cfg, NodeName: cfg.NodeName, Role: report.RoleWorker, Log: log, Sys: halfFull{checks.RealSys()}, Now: time.Now}
+	d, err := New(cfg, log, Options{Version: "test", Listener: ln, Env: env, BootID: "b1", ConfigPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := d.currentRunner().Checks(); len(cs) < 2 || cs[0] == "NodeInfoStale" || !slices.Contains(cs, "NodeInfoStale") {
+		t.Fatalf("checks %v: NodeInfoStale's first run would not be minutes away", cs)
+	}
+	runDaemon(t, d)
+	metricsURL := "http://" + listen + "/metrics"
+	_, page := get(t, metricsURL)
+	if _, ran := d.Store().Get("NodeInfoStale"); ran {
+		t.Fatal("NodeInfoStale ran already")
+	}
+	if len(conditionSeries(page, "NodeInfoStale")) == 0 {
+		t.Fatalf("before the reload, NodeInfoStale's condition has no series:\n%s", page)
+	}
+
+	write("[checks.NodeInfoStale]\nenabled = false\n")
+	r, err := d.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.Checks.Stopped, []string{"NodeInfoStale"}) {
+		t.Fatalf("the reload stopped %v", r.Checks.Stopped)
+	}
+	_, page = get(t, metricsURL)
+	if left := conditionSeries(page, "NodeInfoStale"); len(left) > 0 {
+		t.Errorf("NodeInfoStale, disabled before its first run, still has series:\n%s", strings.Join(left, "\n"))
+	}
+	desc, _ := report.Lookup("NodeInfoStale")
+	for _, r := range desc.ProblemReasons {
+		if l := grepLines(page, `problem_counter{reason="`+string(r)+`"}`); l != "" {
+			t.Errorf("NodeInfoStale, disabled before its first run, still counts its problems:\n%s", l)
+		}
+	}
+	if len(conditionSeries(page, "DiskUsageHigh")) == 0 {
+		t.Error("a condition the reload kept lost its series")
 	}
 }
