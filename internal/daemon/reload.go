@@ -252,10 +252,15 @@ func (d *Daemon) reload() (Reloaded, error) {
 	}
 	if len(restart) > 0 {
 		// At the line of the first key, as every other configuration
-		// error (none: the file no longer sets it or its table).
+		// error (none: the file no longer sets it or its table). A file
+		// no longer there (the default path) is the embedded defaults,
+		// which a restart would start on: said as the start says it.
 		at := d.cfgPath
 		if l := cfg.Line(restart[0]); l > 0 {
 			at += ":" + strconv.Itoa(l)
+		}
+		if digest == config.AbsentDigest {
+			at = "embedded defaults (" + d.cfgPath + " absent)"
 		}
 		return Reloaded{}, fmt.Errorf("%s: %s %s: %s (systemctl restart autopilot-health); nothing applied",
 			at, plural(len(restart), "key", "keys"), strings.Join(restart, ", "), plural(len(restart), "needs a restart", "need a restart"))

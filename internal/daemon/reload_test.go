@@ -564,3 +564,26 @@ func TestReloadAndRedetectKeepTheStuckCalls(t *testing.T) {
 		t.Errorf("after a re-detect: role %s, record %p, want control-plane and %p", env.Role, env.Stuck, first)
 	}
 }
+
+// The default path with no file there is the embedded defaults, at start
+// and at a reload alike. A file deleted (or moved away) while the daemon
+// runs, then reloaded: the refusal says the file is absent and what the
+// daemon read instead, not only that keys need a restart, since a restart
+// would start on those defaults.
+func TestReloadOfADeletedFileSaysItIsAbsent(t *testing.T) {
+	f := newFileDaemon(t, "[checks.DiskUsageHigh]\nspace_percent = 40\n", Options{ConfigOptional: true})
+	if err := os.Remove(f.path); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.Reload()
+	if err == nil {
+		t.Fatal("the defaults, which change the node's identity keys, applied")
+	}
+	want := "embedded defaults (" + f.path + " absent): keys host_root"
+	if !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "need a restart (systemctl restart autopilot-health); nothing applied") {
+		t.Errorf("refusal %q, want it to start %q", err, want)
+	}
+	if !strings.Contains(f.logs.String(), "configuration reload refused; running on the previous configuration\" err=\""+want) {
+		t.Errorf("refusal not logged so:\n%s", f.logs.String())
+	}
+}
