@@ -34,6 +34,7 @@ func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
 	if rp, ok := s.restoredParts[c.Type]; ok {
 		s.restoredParts[c.Type] = slices.DeleteFunc(rp, func(n string) bool { return n == part.Name })
 	}
+	s.evaluatedLocked(c.Type, part.Name)
 	return s.combineLocked(desc, c.Type, now)
 }
 
@@ -53,13 +54,33 @@ func (s *Store) Part(src Source, condType string) (Condition, bool) {
 // ForgetPart drops src's part of a condition without setting the condition
 // anew: a part restored from the state file whose source no longer runs
 // here (its check disabled while the daemon was down) must not hold the
-// condition once the source that runs sets its part.
+// condition once the source that runs sets its part. Nor does the Node's
+// word set it again (Adopt), until src sets it.
 func (s *Store) ForgetPart(src Source, condType string) {
 	desc, _ := Lookup(condType)
 	if part, ok := desc.Part(src); ok {
 		s.mu.Lock()
 		delete(s.parts[condType], part.Name)
+		s.notEvaluatedLocked(condType, part.Name)
 		s.mu.Unlock()
+	}
+}
+
+// notEvaluatedLocked records that a part's source does not run here; s.mu
+// is held.
+func (s *Store) notEvaluatedLocked(condType, part string) {
+	if s.notEvaluated == nil {
+		s.notEvaluated = map[string][]string{}
+	}
+	if !slices.Contains(s.notEvaluated[condType], part) {
+		s.notEvaluated[condType] = append(s.notEvaluated[condType], part)
+	}
+}
+
+// evaluatedLocked records that a part's source runs (again); s.mu is held.
+func (s *Store) evaluatedLocked(condType, part string) {
+	if ps, ok := s.notEvaluated[condType]; ok {
+		s.notEvaluated[condType] = slices.DeleteFunc(ps, func(n string) bool { return n == part })
 	}
 }
 
@@ -88,6 +109,9 @@ func (s *Store) SeedParts(condType string) {
 func (s *Store) seedPartsLocked(desc ConditionDesc, c Condition) {
 	t := c.Type
 	for _, p := range desc.Parts {
+		if slices.Contains(s.notEvaluated[t], p.Name) {
+			continue // its source does not run here: nothing would set it again
+		}
 		cur, ok := s.parts[t][p.Name]
 		if ok && !slices.Contains(s.restoredParts[t], p.Name) && (cur.Status != StatusUnknown || cur.Reason != ReasonNoData) {
 			continue // decided since the start: newer than the Node
@@ -106,8 +130,8 @@ func (s *Store) seedPartsLocked(desc ConditionDesc, c Condition) {
 
 // RemovePart drops src's part of a condition (src no longer evaluates it:
 // its check was disabled) and sets the condition from the parts left; with
-// none left the condition is removed (Remove). It reports whether the
-// condition changed.
+// none left the condition is removed (Remove). The Node's word does not set
+// the part again (ForgetPart). It reports whether the condition changed.
 func (s *Store) RemovePart(src Source, condType string, now time.Time) bool {
 	desc, _ := Lookup(condType)
 	part, ok := desc.Part(src)
@@ -117,6 +141,7 @@ func (s *Store) RemovePart(src Source, condType string, now time.Time) bool {
 	s.partMu.Lock()
 	defer s.partMu.Unlock()
 	s.mu.Lock()
+	s.notEvaluatedLocked(condType, part.Name)
 	if _, had := s.parts[condType][part.Name]; !had {
 		s.mu.Unlock()
 		return false

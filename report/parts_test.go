@@ -276,3 +276,70 @@ func loaded(t *testing.T, boot, dir string) *Store {
 	}
 	return s
 }
+
+// A part whose source does not run on this node (the kernel log monitor
+// off, or the SMART check disabled: the daemon forgets that part at start,
+// and a reload removes it) is not set again from the Node's word when the
+// condition is taken over (the state file lost, or older than the Node):
+// nothing would ever set it again, and it would hold the condition True for
+// good. The part that runs decides alone, as README says of a check
+// disabled at start.
+func TestAdoptDoesNotSeedAPartNotEvaluatedHere(t *testing.T) {
+	t.Run("kernel log monitor off", func(t *testing.T) {
+		s := NewStore("b1")
+		s.ForgetPart(SourceKmsg, "DisksFailure")
+		node := Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonDiskIOErrors, Message: "the kernel logged 7 disk I/O errors", LastTransitionTime: t0}
+		if !s.Adopt(node, "b0") {
+			t.Fatal("the Node's True was not taken over")
+		}
+		if p, ok := s.Part(SourceKmsg, "DisksFailure"); ok {
+			t.Errorf("the kernel's part, not evaluated here, set from the Node: %+v", p)
+		}
+		s.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "nvme0 ok"), t0.Add(time.Hour))
+		if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse {
+			t.Errorf("after the SMART part's False: %s/%s %q, want False: the SMART check alone decides", c.Status, c.Reason, c.Message)
+		}
+	})
+	t.Run("SMART check disabled", func(t *testing.T) {
+		s := NewStore("b1")
+		s.ForgetPart(SourceCheck, "DisksFailure")
+		// The kernel log monitor's placeholder until it has read the log.
+		s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0)
+		node := Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonNVMeCriticalWarning, Message: "nvme0: spare below threshold", LastTransitionTime: t0}
+		if !s.Adopt(node, "b1") {
+			t.Fatal("the Node's True was not taken over")
+		}
+		s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0.Add(time.Minute))
+		if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse {
+			t.Errorf("after the kernel's part's False: %s/%s %q, want False: the kernel's part alone decides", c.Status, c.Reason, c.Message)
+		}
+	})
+	t.Run("SMART check disabled by a reload before the Node was read", func(t *testing.T) {
+		// The API server was down at start: the Node's conditions are
+		// read after the reload that disabled the check.
+		s := NewStore("b1")
+		s.SetPart(SourceKmsg, disks(StatusUnknown, ReasonNoData, "the kernel log has not been read yet"), t0)
+		s.SetPart(SourceCheck, disks(StatusUnknown, ReasonCheckFailed, "nvme0: timed out"), t0)
+		s.RemovePart(SourceCheck, "DisksFailure", t0)
+		node := Condition{Type: "DisksFailure", Status: StatusTrue, Reason: ReasonNVMeCriticalWarning, Message: "nvme0: spare below threshold", LastTransitionTime: t0.Add(-time.Hour)}
+		s.Adopt(node, "b1")
+		s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0.Add(time.Minute))
+		if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse {
+			t.Errorf("after the kernel's part's False: %s/%s %q, want False: the kernel's part alone decides", c.Status, c.Reason, c.Message)
+		}
+	})
+	t.Run("source back", func(t *testing.T) {
+		// A reload enabled the SMART check again: its part counts again.
+		s := NewStore("b1")
+		s.ForgetPart(SourceCheck, "DisksFailure")
+		s.SetPart(SourceCheck, disks(StatusFalse, ReasonDisksHealthy, "nvme0 ok"), t0)
+		s.SetPart(SourceKmsg, disks(StatusFalse, ReasonDisksHealthy, "0 errors"), t0)
+		if c, _ := s.Get("DisksFailure"); c.Status != StatusFalse || c.Message != "0 errors; nvme0 ok" {
+			t.Errorf("both parts False: %+v", c)
+		}
+		s.SetPart(SourceCheck, disks(StatusTrue, ReasonNVMeCriticalWarning, "nvme0: spare"), t0.Add(time.Minute))
+		if c, _ := s.Get("DisksFailure"); c.Status != StatusTrue || c.Reason != ReasonNVMeCriticalWarning {
+			t.Errorf("the SMART part True again: %+v", c)
+		}
+	})
+}

@@ -54,6 +54,11 @@ type Store struct {
 	// where the Node's time reads later (the clock was stepped back since
 	// the Node's write, or this boot's clock is behind the last boot's).
 	evaluatedHere, changedHere map[string]bool
+	// notEvaluated are the parts whose source does not run here
+	// (ForgetPart, RemovePart; condition type -> part names): the Node's
+	// word does not set them again (seedPartsLocked) until their source
+	// sets them (SetPart: a reload enabled it again).
+	notEvaluated map[string][]string
 }
 
 // NewStore returns an empty store for the given boot.

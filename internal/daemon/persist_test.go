@@ -12,9 +12,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
 
 // The state cannot be saved (here: its directory's parent is a file, as a
@@ -179,6 +184,54 @@ func TestPersistCursorMovesWaitForPersistLater(t *testing.T) {
 		synctest.Wait()
 		if saves() != base+3 {
 			t.Fatalf("%v saves while nothing changed", saves()-base-3)
+		}
+	})
+}
+
+// The state is lost (no state file) on a node whose kernel log monitor is
+// off (kmsg.enabled = false), and the Node still shows DisksFailure True
+// for the kernel's disk I/O errors, from when the monitor ran: the daemon
+// takes the Node's word over at start (README, "When the state is lost"),
+// but the kernel's part of it has no source here, so the SMART check's
+// part decides alone once it runs, as at a start with the state file, not
+// the kernel's part taken from the Node and then held for good.
+func TestStateLostKeepsNoPartWithoutASource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t) // kmsg.enabled = false, no state file
+		// Its watcher blocks in a read of file events the fake clock
+		// cannot wait out.
+		cfg.Checks.NodeTampered.Enabled = false
+		// The first runs spread: the SMART check's first run comes
+		// after the Node's conditions were read.
+		cfg.Runner.FirstRunSpread = config.Duration{Duration: 5 * time.Minute}
+		since := metav1.NewTime(time.Now().Add(-time.Hour))
+		client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: "DisksFailure", Status: corev1.ConditionTrue,
+				Reason: string(report.ReasonDiskIOErrors), Message: "the kernel logged 7 disk I/O errors in the last 10m0s (threshold 5) on sda",
+				LastTransitionTime: since, LastHeartbeatTime: since}}}})
+		d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener(), Kube: kubefake.New(client)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.kmsg != nil {
+			t.Fatal("the kernel log monitor runs")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		c, _ := d.Store().Get("DisksFailure")
+		smart, _ := d.Store().Part(report.SourceCheck, "DisksFailure")
+		if smart.Reason == "" {
+			t.Fatal("the SMART check has not run")
+		}
+		if c.Status == report.StatusTrue {
+			t.Errorf("DisksFailure %s/%s %q with the SMART part %s/%s and no kernel log monitor: held by a part nothing evaluates", c.Status, c.Reason, c.Message, smart.Status, smart.Reason)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
 	})
 }
