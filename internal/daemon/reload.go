@@ -306,7 +306,16 @@ func (d *Daemon) reload() (Reloaded, error) {
 			d.store.RemovePart(desc.Source, c, now)
 			continue
 		}
-		if !slices.Contains(applicable, c) && !d.store.Remove(c) {
+		if slices.Contains(applicable, c) {
+			continue
+		}
+		if cur, ok := d.store.Get(c); ok && cur.Status == report.StatusTrue && desc.Hold == report.HoldForever {
+			// A finding only an operator's clear lowers: its check
+			// disabled takes it off the Node all the same, on the record.
+			d.log.Warn("tamper finding removed: its check is disabled by the configuration; it is not cleared, and comes back if the check is enabled and finds it again",
+				"condition", c, "reason", cur.Reason, "message", cur.Message, "since", cur.LastTransitionTime)
+		}
+		if !d.store.Remove(c) {
 			// Not set yet (stopped before its first run, within the
 			// first-run spread): the series the start made for it at 0
 			// go all the same, as the store's removal takes them.

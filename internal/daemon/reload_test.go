@@ -587,3 +587,32 @@ func TestReloadOfADeletedFileSaysItIsAbsent(t *testing.T) {
 		t.Errorf("refusal not logged so:\n%s", f.logs.String())
 	}
 }
+
+// A tamper finding stays set until an operator's clear ("Tamper
+// conditions"); a reload that disables its check still removes the
+// condition, as any disabled check's, but not silently: the finding it
+// takes off the Node is logged as a warning with its message, for the
+// audit trail a clear's log line and Event give.
+func TestReloadThatDisablesATamperFindingLogsIt(t *testing.T) {
+	f := newFileDaemon(t, "", Options{})
+	f.start(t)
+	await(t, f.Daemon, "the first pass", f.readyNow)
+	f.Store().Set(report.Condition{Type: "NodeTampered", Status: report.StatusTrue, Reason: report.ReasonProtectedFileChanged,
+		Message: "/etc/kubernetes/manifests/evil.yaml added"}, time.Now())
+	f.write(t, "[checks.NodeTampered]\nenabled = false\n")
+	r, err := f.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(r.Checks.Stopped, "NodeTampered") {
+		t.Fatalf("reload stopped %v", r.Checks.Stopped)
+	}
+	if _, ok := f.Store().Get("NodeTampered"); ok {
+		t.Error("NodeTampered still held after its check was disabled")
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "tamper finding removed") ||
+		!strings.Contains(logs, "evil.yaml added") || strings.Count(logs, "tamper finding removed") != 1 {
+		t.Errorf("the removed finding is not logged once as a warning with its message:\n%s", logs)
+	}
+}

@@ -546,6 +546,12 @@ func (r *Reporter) adopt(ctx context.Context) error {
 		}
 		if r.o.Evaluated != nil && !r.o.Evaluated(c.Type) {
 			r.stale = append(r.stale, c.Type)
+			if d, _ := report.Lookup(c.Type); d.Hold == report.HoldForever && report.Status(c.Status) == report.StatusTrue {
+				// A finding only an operator's clear lowers: its check
+				// disabled takes it off the Node all the same, on the record.
+				r.o.Log.Warn("tamper finding removed: its check is disabled by the configuration; it is not cleared, and comes back if the check is enabled and finds it again",
+					"condition", c.Type, "reason", c.Reason, "message", c.Message, "since", c.LastTransitionTime.Time)
+			}
 			continue
 		}
 		if r.o.Store.Adopt(report.Condition{Type: c.Type, Status: report.Status(c.Status), Reason: report.Reason(c.Reason),

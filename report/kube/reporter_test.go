@@ -530,20 +530,25 @@ func TestReportBootIDDecidesKernelAdoption(t *testing.T) {
 // A condition of the daemon's on the Node that it does not evaluate here
 // (the kernel monitor turned off, a GPU condition without a GPU) is not
 // carried over, and the first write removes it: a True left by an earlier
-// boot must not stand under this boot's report.
+// boot must not stand under this boot's report. A tamper finding removed
+// so (its check disabled), which otherwise only an operator's clear
+// lowers, is logged as a warning with its message.
 func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		stale := corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "FilesystemIsReadOnly",
 			LastTransitionTime: metav1.NewTime(t0)}
-		n := kubeletNode(stale)
+		finding := corev1.NodeCondition{Type: "NodeTampered", Status: corev1.ConditionTrue, Reason: "ProtectedFileChanged",
+			Message: "/etc/kubernetes/manifests/evil.yaml added", LastTransitionTime: metav1.NewTime(t0)}
+		n := kubeletNode(stale, finding)
 		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"b"}` // as if of this boot
 		client := fake.NewClientset(n)
 		store := report.NewStore("b")
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
 		h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
+		logs := &testenv.Buffer{}
 		h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: h.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
-			Evaluated: func(ty string) bool { return ty != "ReadonlyFilesystem" }})
+			Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: h.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
+			Evaluated: func(ty string) bool { return ty != "ReadonlyFilesystem" && ty != "NodeTampered" }})
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel = cancel
 		go func() { h.r.Run(ctx); close(h.done) }()
@@ -554,8 +559,13 @@ func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
 			t.Error("a condition not evaluated here was carried into the store")
 		}
 		got := h.node(t)
-		if c := findCond(got, "ReadonlyFilesystem"); c != nil {
-			t.Errorf("still on the Node: %+v", c)
+		for _, ty := range []string{"ReadonlyFilesystem", "NodeTampered"} {
+			if c := findCond(got, ty); c != nil {
+				t.Errorf("still on the Node: %+v", c)
+			}
+		}
+		if l := logs.String(); strings.Count(l, "tamper finding removed") != 1 || !strings.Contains(l, "level=WARN") || !strings.Contains(l, "evil.yaml added") {
+			t.Errorf("the removed tamper finding is not logged once as a warning with its message:\n%s", l)
 		}
 		if findCond(got, "DiskUsageHigh") == nil || findCond(got, "Ready") == nil {
 			t.Errorf("conditions lost: %+v", got.Status.Conditions)
