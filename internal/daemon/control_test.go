@@ -215,3 +215,33 @@ func TestStatedBy(t *testing.T) {
 		}
 	}
 }
+
+// A second `autopilot-health run` on a node whose daemon runs (an operator
+// trying it by hand with the default configuration) refuses at once, before
+// it touches the running daemon's files: the temp files of a save in flight
+// are not taken for a crash's leftovers and removed, and the state file is
+// not read as its own. Before, the control socket was tried after the
+// state directory was cleaned, the tamper state loaded, and the metrics
+// port tried.
+func TestSecondDaemonRefusesBeforeTouchingTheFirstsFiles(t *testing.T) {
+	cfg := testConfig(t)
+	sock := filepath.Join(t.TempDir(), "run", "control.sock")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	first, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ControlSocket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, first)
+	await(t, first, "the first daemon's first pass", first.readyNow)
+	inFlight := filepath.Join(cfg.StateDir, "state.json.tmp4242")
+	if err := os.WriteFile(inFlight, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(cfg, quietLog(), Options{Version: "test", ControlSocket: sock})
+	if err == nil || !strings.Contains(err.Error(), "another daemon is listening") {
+		t.Fatalf("a second daemon: %v, want a refusal naming the running one", err)
+	}
+	if _, err := os.Stat(inFlight); err != nil {
+		t.Errorf("the second daemon removed the first's temp file: %v", err)
+	}
+}

@@ -150,8 +150,21 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 			opts.KmsgOpen = helperKmsgOpen(opts.Helper)
 		}
 	}
+	// The control socket first: a second daemon (one run by hand beside
+	// the unit's) refuses before it touches the running one's files (the
+	// state directory's temp files, which a start removes as a crash's).
+	var control net.Listener
+	if opts.ControlSocket != "" {
+		var err error
+		if control, err = listenControl(opts.ControlSocket); err != nil {
+			return nil, fmt.Errorf("control socket (control_socket): %w", err)
+		}
+	}
 	p, err := Assemble(cfg, log, ao)
 	if err != nil {
+		if control != nil {
+			control.Close()
+		}
 		return nil, err
 	}
 	d := &Daemon{
@@ -181,14 +194,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	} else {
 		d.bindMetrics()
 	}
-	if opts.ControlSocket != "" {
-		if d.control, err = listenControl(opts.ControlSocket); err != nil {
-			if ln := d.metricsListener(); ln != nil {
-				ln.Close()
-			}
-			return nil, fmt.Errorf("control socket (control_socket): %w", err)
-		}
-	}
+	d.control = control
 	return d, nil
 }
 
