@@ -674,8 +674,14 @@ func (r restClient) CloseIdle() {
 	}
 }
 
+// Each request is sent once (MaxRetries(0)): client-go would send one the
+// API server answered with a Retry-After (a 429 of its priority and
+// fairness, a 5xx) up to 10 more times, Retry-After apart (a zero one at
+// once), 11 requests for one failed write of the daemon's, counted as one.
+// The reporter retries instead, with its backoff, waiting at least what
+// the answer asked (retryWait).
 func (r restClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
-	return decodeNode(name, r.c.Get().Resource("nodes").Name(name).Do(ctx))
+	return decodeNode(name, r.c.Get().MaxRetries(0).Resource("nodes").Name(name).Do(ctx))
 }
 
 // decodeNode reads the Node in an answer.
@@ -697,11 +703,11 @@ func decodeNode(name string, res rest.Result) (*kubeapi.Node, error) {
 }
 
 func (r restClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
-	return decodeNode(name, r.c.Patch(types.StrategicMergePatchType).Resource("nodes").Name(name).SubResource("status").Body(patch).Do(ctx))
+	return decodeNode(name, r.c.Patch(types.StrategicMergePatchType).MaxRetries(0).Resource("nodes").Name(name).SubResource("status").Body(patch).Do(ctx))
 }
 
 func (r restClient) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
-	return decodeNode(name, r.c.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(patch).Do(ctx))
+	return decodeNode(name, r.c.Patch(types.MergePatchType).MaxRetries(0).Resource("nodes").Name(name).Body(patch).Do(ctx))
 }
 
 func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
@@ -709,11 +715,11 @@ func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
 	if err != nil {
 		return err
 	}
-	return r.c.Post().Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx).Error()
+	return r.c.Post().MaxRetries(0).Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx).Error()
 }
 
 func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
-	return r.c.Patch(types.StrategicMergePatchType).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx).Error()
+	return r.c.Patch(types.StrategicMergePatchType).MaxRetries(0).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx).Error()
 }
 
 // apiWarnings logs the warnings the API server sends with its answers

@@ -31,6 +31,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
 
 // writeCert writes a self-signed client certificate for cn and its key to
@@ -672,5 +673,65 @@ func TestClientReloadsItsKubeconfig(t *testing.T) {
 	}
 	if k := c.(*kubeconfigClient); k.made != 3 {
 		t.Errorf("%d clients made from the kubeconfig, want 3 (embedded, by path, other server)", k.made)
+	}
+}
+
+// apiServer is an httptest TLS server standing in for the API server with
+// handler h, and the daemon's client of it (as node n1).
+func apiServer(t *testing.T, h http.HandlerFunc) Client {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "client.pem")
+	writeCert(t, cert, cert, "system:node:n1")
+	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// An API server that answers 429 (priority and fairness rejecting, or
+// shutting down) or a 5xx with a Retry-After gets one request per call of
+// the daemon's: the reporter's backoff paces the retries, and counts each.
+// client-go's own retries (up to 10 more, Retry-After apart, a zero one at
+// once) made each failed write of the daemon 11 requests, counted as one.
+func TestClientLeavesRetriesToTheReporter(t *testing.T) {
+	for _, tc := range []struct {
+		code       int
+		retryAfter string
+	}{{429, "0"}, {429, "1"}, {503, "0"}} {
+		var n atomic.Int32
+		c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+			n.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", tc.retryAfter)
+			w.WriteHeader(tc.code)
+			w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","message":"try again later"}`))
+		})
+		ctx := context.Background()
+		calls := []func() error{
+			func() error { _, err := c.GetNode(ctx, "n1"); return err },
+			func() error { _, err := c.PatchNodeStatus(ctx, "n1", []byte(`{}`)); return err },
+			func() error { _, err := c.PatchNode(ctx, "n1", []byte(`{}`)); return err },
+			func() error {
+				ev := &kubeapi.Event{}
+				ev.Metadata.Name, ev.Metadata.Namespace = "e", EventNamespace
+				return c.CreateEvent(ctx, ev)
+			},
+			func() error { return c.PatchEvent(ctx, EventNamespace, "e", []byte(`{}`)) },
+		}
+		for i, call := range calls {
+			n.Store(0)
+			if err := call(); err == nil {
+				t.Errorf("%d Retry-After %s, call %d: no error", tc.code, tc.retryAfter, i)
+			}
+			if got := n.Load(); got != 1 {
+				t.Errorf("%d Retry-After %s, call %d: %d requests, want 1 (the reporter retries, with its backoff)", tc.code, tc.retryAfter, i, got)
+			}
+		}
 	}
 }

@@ -112,7 +112,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 				r.finalFlush(aggs)
 				return
 			}
-			wait := bo.Next()
+			wait := retryWait(&bo, err)
 			el.fail(err, wait)
 			for _, a := range aggs {
 				if a.name == "" || a.count != a.sentCount {

@@ -293,6 +293,20 @@ func (r *Reporter) progress(loop string, maxSilence time.Duration) {
 	}
 }
 
+// retryWait is the wait before the next try of a call that failed with
+// err: the backoff's next, or what the API server's answer asked for
+// where that is longer (its Retry-After: a 429 of its priority and
+// fairness, a 5xx), up to backoffMax, so that an hour's Retry-After does
+// not keep the Node without the final state for an hour. The client sends
+// each request once and leaves the wait to this (restClient).
+func retryWait(bo *backoff.Backoff, err error) time.Duration {
+	wait := bo.Next()
+	if s, ok := apierrors.SuggestsClientDelay(err); ok {
+		wait = max(wait, min(time.Duration(s)*time.Second, backoffMax))
+	}
+	return wait
+}
+
 // errorLog logs the first failure of a kind of call, and again only when
 // the error changes or the call recovers: an API server outage is a few
 // lines in the journal, not one per retry.
@@ -382,7 +396,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			el.ok()
 			break
 		}
-		wait := bo.Next()
+		wait := retryWait(&bo, err)
 		el.fail(err, wait)
 		select {
 		case <-ctx.Done():
@@ -416,7 +430,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 					r.finalWrite(true)
 					return
 				}
-				wait := bo.Next()
+				wait := retryWait(&bo, err)
 				el.fail(err, wait)
 				retry = time.After(wait)
 			} else {
@@ -881,7 +895,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 				wait = 0
 				continue
 			}
-			wait = bo.Next()
+			wait = retryWait(&bo, err)
 			el.fail(err, wait)
 			failed = true
 			continue

@@ -1448,3 +1448,54 @@ func TestNodeRegisteredAnewAfterAnAbsenceGetsItsConditionsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// A write the API server answered with a Retry-After (429, 5xx) is tried
+// again no sooner than it asked, and no later than the backoff's longest
+// wait (a minute): a Retry-After of an hour does not keep the conditions
+// off the Node for an hour. The client does not wait itself
+// (TestClientLeavesRetriesToTheReporter).
+func TestRetryAfterIsAFloorOfTheBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		retryAfter int
+		min, max   time.Duration
+	}{{3600, 30 * time.Second, time.Minute}, {40, 40 * time.Second, time.Minute}} {
+		t.Run(fmt.Sprintf("Retry-After %d", tc.retryAfter), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				client := fake.NewClientset(kubeletNode())
+				var mu sync.Mutex
+				var tries []time.Time
+				client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if a.GetSubresource() != "status" {
+						return false, nil, nil
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					tries = append(tries, time.Now())
+					if len(tries) > 2 {
+						return false, nil, nil
+					}
+					return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", tc.retryAfter)
+				})
+				store := report.NewStore("b")
+				h := start(t, client, store)
+				defer h.stop()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+				time.Sleep(3 * time.Minute)
+				synctest.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if len(tries) < 3 {
+					t.Fatalf("Retry-After %d: %d status writes in 3 minutes, want the third to go through", tc.retryAfter, len(tries))
+				}
+				for i := 1; i < 3; i++ {
+					if gap := tries[i].Sub(tries[i-1]); gap < tc.min || gap > tc.max {
+						t.Errorf("Retry-After %d: try %d came %s after the one before, want %s to %s", tc.retryAfter, i+1, gap, tc.min, tc.max)
+					}
+				}
+				if c := findCond(h.node(t), "DiskUsageHigh"); c == nil {
+					t.Errorf("Retry-After %d: the condition is not on the Node after the API server took the write", tc.retryAfter)
+				}
+			})
+		})
+	}
+}
