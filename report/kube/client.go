@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -632,6 +633,34 @@ func closeIdleFirst(rt http.RoundTripper) http.RoundTripper {
 	return rt
 }
 
+// wholeAnswers reads each answer's body before the transport returns it:
+// an answer cut short (the API server or a load balancer in front of it
+// closing the connection mid-answer) is then the call's error, which the
+// reporter logs once per change (errorLog). Read by client-go, the error
+// was also logged by client-go itself (klog, routed into the daemon's log)
+// at each try.
+func wholeAnswers(rt http.RoundTripper) http.RoundTripper { return wholeAnswersRT{rt} }
+
+type wholeAnswersRT struct{ rt http.RoundTripper }
+
+func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := w.rt.RoundTrip(req)
+	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
+		return resp, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's answer (%s): %w", resp.Status, err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	return resp, nil
+}
+
+// WrappedRoundTripper lets client-go's helpers (CloseIdleConnectionsFor)
+// and innerTransport reach the transport.
+func (w wholeAnswersRT) WrappedRoundTripper() http.RoundTripper { return w.rt }
+
 func newRESTClient(cfg *rest.Config) (Client, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.WrapTransport = transport.Wrappers(closeIdleFirst, cfg.WrapTransport)
@@ -642,6 +671,7 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 		// rotates, and a resumed session would go on presenting the old one.
 		cfg.WrapTransport = transport.Wrappers(resumeSessions, cfg.WrapTransport)
 	}
+	cfg.WrapTransport = transport.Wrappers(cfg.WrapTransport, wholeAnswers)
 	if len(cfg.TLSClientConfig.NextProtos) == 0 {
 		cfg.TLSClientConfig.NextProtos = append([]string(nil), apiProtocols...)
 	}

@@ -735,3 +735,33 @@ func TestClientLeavesRetriesToTheReporter(t *testing.T) {
 		}
 	}
 }
+
+// An answer cut short (the connection closed before the body's
+// Content-Length was read: an API server or a load balancer in front of it
+// going away mid-answer) is an error of the call, logged by the reporter
+// once per change like any other (errorLog). client-go logged each one
+// itself, an error line per try through klog (routed into the daemon's
+// log), whatever the reporter's log said.
+func TestTruncatedAnswersLogOnce(t *testing.T) {
+	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, `{"metadata":{"na`)
+	})
+	var logs testenv.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	t.Cleanup(klog.ClearLogger)
+	el := &errorLog{log: log, what: "writing conditions of node n1"}
+	for range 4 {
+		_, err := c.PatchNodeStatus(context.Background(), "n1", []byte(`{}`))
+		if err == nil {
+			t.Fatal("a write cut short went through")
+		}
+		el.fail(err, time.Minute)
+	}
+	if l := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(l) != 1 || !strings.Contains(l[0], "unexpected EOF") {
+		t.Errorf("4 answers cut short logged as %d lines, want 1 naming the cause:\n%s", len(l), logs.String())
+	}
+}
