@@ -633,7 +633,14 @@ func closeIdleFirst(rt http.RoundTripper) http.RoundTripper {
 	return rt
 }
 
-// wholeAnswers reads each answer's body before the transport returns it:
+// maxAnswer bounds the answers read: a Node or an Event is at most what
+// etcd stores (1.5 MiB by default), a few times that as JSON. A larger
+// answer is not the API server's (a proxy answering with a file, a body
+// without end) and is not read into memory.
+const maxAnswer = 16 << 20
+
+// wholeAnswers reads each answer's body, up to maxAnswer, before the
+// transport returns it:
 // an answer cut short (the API server or a load balancer in front of it
 // closing the connection mid-answer) is then the call's error, which the
 // reporter logs once per change (errorLog). Read by client-go, the error
@@ -648,10 +655,13 @@ func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
 		return resp, err
 	}
-	b, err := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	resp.Body.Close()
 	if err != nil {
 		return nil, fmt.Errorf("reading the API server's answer (%s): %w", resp.Status, err)
+	}
+	if len(b) > maxAnswer {
+		return nil, fmt.Errorf("the API server's answer (%s) is larger than %d MiB: not read", resp.Status, maxAnswer>>20)
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(b))
 	return resp, nil

@@ -765,3 +765,30 @@ func TestTruncatedAnswersLogOnce(t *testing.T) {
 		t.Errorf("4 answers cut short logged as %d lines, want 1 naming the cause:\n%s", len(l), logs.String())
 	}
 }
+
+// An answer larger than any Node or Event the API server holds (etcd takes
+// objects up to 1.5 MiB) is refused after maxAnswer bytes, not read whole
+// into memory: a proxy in front of the API server answering with a file,
+// or a body without end, would have had the daemon read for the whole
+// 15 s of the call (gigabytes at a local network's speed, on a host
+// service without a memory limit).
+func TestHugeAnswerIsRefused(t *testing.T) {
+	var wrote atomic.Int64
+	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"metadata":{"name":"n1","annotations":{"x":"`)
+		chunk := []byte(strings.Repeat("a", 64<<10))
+		for wrote.Load() < maxAnswer+(4<<20) {
+			n, err := w.Write(chunk)
+			wrote.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+		fmt.Fprint(w, `"}}}`)
+	})
+	_, err := c.GetNode(context.Background(), "n1")
+	if err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("an answer of %d MiB: err %v, want it refused as larger than %d MiB", (maxAnswer+(4<<20))>>20, err, maxAnswer>>20)
+	}
+}
