@@ -35,7 +35,9 @@ func TestNodeNameFromCredentialsThatAppearAfterStart(t *testing.T) {
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"metadata":{"name":"n","uid":"u1"}}`)
+		// The Node asked for (an answer naming another is a failed call).
+		name := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/v1/nodes/"), "/status")
+		fmt.Fprintf(w, `{"metadata":{"name":%q,"uid":"u1"}}`, name)
 	}))
 	defer srv.Close()
 	var logs testenv.SyncBuffer

@@ -739,6 +739,17 @@ func decodeNode(name string, res rest.Result) (*kubeapi.Node, error) {
 	if err := json.Unmarshal(b, n); err != nil {
 		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
+	if n.Metadata.Name != name {
+		// Not the Node (a NodeList, another object, another Node: a
+		// proxy or an aggregated API answering for the API server).
+		// Taken as the Node, it would be one without conditions: at
+		// start nothing would be carried over (Reporter.adopt).
+		var kind struct {
+			Kind string `json:"kind"`
+		}
+		_ = json.Unmarshal(b, &kind)
+		return nil, fmt.Errorf("node %s: the answer is not that Node (kind %q, name %q)", name, kind.Kind, n.Metadata.Name)
+	}
 	return n, nil
 }
 

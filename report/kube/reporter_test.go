@@ -8,10 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1497,5 +1499,52 @@ func TestRetryAfterIsAFloorOfTheBackoff(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// An answer to the read of the Node at start that is not that Node (200,
+// but a NodeList, or another Node: a proxy or an aggregated API answering
+// for the API server) is a failed read, retried with the backoff, not a
+// Node without conditions: taken as one, nothing was carried over, and a
+// restart without the state file lowered a NodeTampered the Node held
+// True. With the daemon's client, against a server whose first answer is
+// a NodeList and whose next is the Node.
+func TestWrongAnswerToTheReadIsRetried(t *testing.T) {
+	var gets atomic.Int32
+	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method != http.MethodGet {
+			fmt.Fprint(w, `{"metadata":{"name":"n1","uid":"u1"}}`)
+			return
+		}
+		if gets.Add(1) == 1 {
+			fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[]}`)
+			return
+		}
+		fmt.Fprintf(w, `{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1","uid":"u1"},"status":{"conditions":[`+
+			`{"type":"NodeTampered","status":"True","reason":"ProtectedFileChanged","message":"/etc/kubernetes/kubelet.conf changed","lastTransitionTime":%q}]}}`,
+			t0.Format(time.RFC3339))
+	})
+	store := report.NewStore("b")
+	m := NewMetrics(nil)
+	r := New(Options{Client: c, NodeName: "n1", Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-r.Adopted():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Node's conditions not read within 10 s")
+	}
+	if cond, ok := store.Get("NodeTampered"); !ok || cond.Status != report.StatusTrue || !cond.LastTransitionTime.Equal(t0) {
+		t.Errorf("NodeTampered after the read: %+v %v; want True since %v, taken over from the Node", cond, ok, t0)
+	}
+	if n := gets.Load(); n != 2 {
+		t.Errorf("%d reads, want 2 (the wrong answer, then the Node)", n)
+	}
+	if v := testutil.ToFloat64(m.writes.WithLabelValues(KindRead, "error")); v != 1 {
+		t.Errorf("failed reads counted: %v, want 1", v)
 	}
 }
