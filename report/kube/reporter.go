@@ -858,7 +858,8 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		}
 	}
 	wait := time.Duration(0)
-	failed := false
+	// anew: the last write was refused for the Node's UID (errRegisteredAnew).
+	failed, anew := false, false
 	for {
 		r.progress(loop, max(r.o.ReportInterval, backoffMax))
 		var back <-chan struct{}
@@ -889,12 +890,17 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, errRegisteredAnew) {
+			if errors.Is(err, errRegisteredAnew) && !anew {
 				// Not a failure to back off from: the report waits for
 				// the conditions (above), then goes at once.
-				wait = 0
+				r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
+				wait, anew = 0, true
 				continue
 			}
+			// Refused for the UID again, the one the conditions' write
+			// has just learnt: no Node registered anew but an answer
+			// that does not change. It backs off like any other, or the
+			// two writes would go back and forth without a pause.
 			wait = retryWait(&bo, err)
 			el.fail(err, wait)
 			failed = true
@@ -903,7 +909,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		el.ok()
 		bo.Reset()
 		r.closeIdle()
-		wait, failed = r.o.Grid.Until(time.Now(), r.o.ReportInterval), false
+		wait, failed, anew = r.o.Grid.Until(time.Now(), r.o.ReportInterval), false, false
 	}
 }
 
@@ -939,8 +945,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 	r.m.observe(KindAnnotations, start, err)
 	switch {
 	case err != nil && uidRefused(err):
-		r.nodeRefused()
-		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
+		r.nodeRefused() // logged by annotationLoop
 		return fmt.Errorf("%w: %v", errRegisteredAnew, err)
 	case err == nil && r.nodeAnswered(n, expect):
 		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
@@ -1547,4 +1548,59 @@ func TestWrongAnswerToTheReadIsRetried(t *testing.T) {
 	if v := testutil.ToFloat64(m.writes.WithLabelValues(KindRead, "error")); v != 1 {
 		t.Errorf("failed reads counted: %v, want 1", v)
 	}
+}
+
+// A report write refused for the Node's UID again right after the
+// conditions' write learnt that UID (an API server, or something in front
+// of it, that refuses the UID for another reason than a Node registered
+// anew: 422 on metadata.uid, 409 naming the UID precondition) backs off,
+// counted and logged once, as any failing write does: the refusal had the
+// conditions written again at once and the report follow at once, and
+// the two writes went back and forth without a pause, as fast as the
+// client's rate limiter let them.
+func TestUIDRefusedForeverBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.UID = "uid-1"
+		client := fake.NewClientset(n)
+		var mu sync.Mutex
+		refused := 0
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if a.GetSubresource() == "status" {
+				return false, nil, nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if refused >= 1000 { // ends a spin: the test fails, not hangs
+				return false, nil, nil
+			}
+			refused++
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, node,
+				field.ErrorList{field.Invalid(field.NewPath("metadata", "uid"), "uid-1", "field is immutable")})
+		})
+		store := report.NewStore("b")
+		var logs testenv.SyncBuffer
+		h := startLogged(t, client, store, report.NewDetails(), &logs)
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"}, time.Now())
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		h.stop()
+		mu.Lock()
+		r := refused
+		mu.Unlock()
+		acts := countActions(client)
+		// The backoff: 1 s doubling to a minute, each wait jittered down
+		// to half, is fewer than 30 tries in 10 minutes; each refusal has the
+		// conditions written once more.
+		if r >= 30 || acts["patch nodes/status"] > r+3 {
+			t.Errorf("in 10 minutes: %d report writes refused for the UID, %d status writes; want them paced by the backoff (fewer than 30)", r, acts["patch nodes/status"])
+		}
+		if v := testutil.ToFloat64(h.m.writes.WithLabelValues(KindAnnotations, "error")); v < 2 {
+			t.Errorf("refused report writes counted: %v", v)
+		}
+		out := logs.String()
+		if a, b := strings.Count(out, "node registered anew"), strings.Count(out, "writing the report annotations of node "+node+" failed"); a != 1 || b != 1 {
+			t.Errorf("logged %d times that the node was registered anew and %d that the report failed; want once each:\n%s", a, b, out)
+		}
+	})
 }
