@@ -639,21 +639,32 @@ func closeIdleFirst(rt http.RoundTripper) http.RoundTripper {
 // without end) and is not read into memory.
 const maxAnswer = 16 << 20
 
-// wholeAnswers reads each answer's body, up to maxAnswer, before the
-// transport returns it:
-// an answer cut short (the API server or a load balancer in front of it
-// closing the connection mid-answer) is then the call's error, which the
-// reporter logs once per change (errorLog). Read by client-go, the error
-// was also logged by client-go itself (klog, routed into the daemon's log)
-// at each try.
+// wholeAnswers refuses a redirect (see RoundTrip) and reads each answer's
+// body, up to maxAnswer, before the transport returns it: an answer cut
+// short (the API server or a load balancer in front of it closing the
+// connection mid-answer) is then the call's error, which the reporter logs
+// once per change (errorLog). Read by client-go, the error was also logged
+// by client-go itself (klog, routed into the daemon's log) at each try.
 func wholeAnswers(rt http.RoundTripper) http.RoundTripper { return wholeAnswersRT{rt} }
 
 type wholeAnswersRT struct{ rt http.RoundTripper }
 
 func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := w.rt.RoundTrip(req)
-	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
+	if err != nil {
 		return resp, err
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		// The API server does not redirect the daemon's calls: this is
+		// something in front of it (another host name, a login page).
+		// Followed, a PATCH or a POST would become a GET of the place
+		// named (net/http keeps the method only on 307 and 308), whose
+		// answer would pass for the write's.
+		resp.Body.Close()
+		return nil, fmt.Errorf("the API server's address answered with a redirect (%s to %q): not followed", resp.Status, resp.Header.Get("Location"))
+	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return resp, nil
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	resp.Body.Close()

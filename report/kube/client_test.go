@@ -792,3 +792,34 @@ func TestHugeAnswerIsRefused(t *testing.T) {
 		t.Fatalf("an answer of %d MiB: err %v, want it refused as larger than %d MiB", (maxAnswer+(4<<20))>>20, err, maxAnswer>>20)
 	}
 }
+
+// A redirect (something in front of the API server answering 301, 302 or
+// 303: another host name, a login page) is a failed call, not followed.
+// Followed, a PATCH or a POST became a GET of the place it named (net/http
+// sends another method only on 307 and 308): a status write redirected to
+// the Node's own URL read the Node and counted as written, the conditions
+// never on it, while the daemon and its metrics said they were.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		if r.Method != http.MethodGet {
+			http.Redirect(w, r, "/api/v1/nodes/n1", http.StatusFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1","uid":"u1"}}`)
+	})
+	_, err := c.PatchNodeStatus(context.Background(), "n1", []byte(`{"status":{}}`))
+	mu.Lock()
+	defer mu.Unlock()
+	if err == nil || !strings.Contains(err.Error(), "redirect") {
+		t.Errorf("a status write answered with a redirect: err %v, want a failed write that says so; the server saw %q", err, seen)
+	}
+	if len(seen) != 1 {
+		t.Errorf("the server saw %q, want the PATCH alone", seen)
+	}
+}
