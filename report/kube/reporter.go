@@ -75,8 +75,10 @@ type Options struct {
 	// collect instead of empty domains until the next refresh.
 	FirstPass <-chan struct{}
 	// Dial, if set, opens a connection to the API server and closes it (a
-	// TCP handshake, no request; see Dialer). While a write is failing it
-	// is tried every second, and when it succeeds after failing (the API
+	// TCP handshake, no request; see Dialer). While a write is failing
+	// without an answer (refused, reset, timed out; not a status such as a
+	// 429 or a 503, which says the server is reachable) it is tried every
+	// second, and when it succeeds after failing (the API
 	// server's port accepts connections again) the writers retry at once
 	// with their backoff reset, instead of at the end of a wait of up to a
 	// minute. Where something always accepts the connection (a load
@@ -150,8 +152,8 @@ type Reporter struct {
 	eventSeq, retired uint64
 	// refusedKey is the errKey of the last refusal logged (dropRefused).
 	refusedKey string
-	// failing counts the writers whose last call failed; probeLoop dials
-	// only while it is not 0.
+	// failing counts the writers whose last call failed without an answer
+	// of the API server; probeLoop dials only while it is not 0.
 	failing atomic.Int32
 	// failingNow gets a token when failing leaves 0: probeLoop sleeps on
 	// it while no writer fails (no timer wakes an idle daemon).
@@ -315,10 +317,12 @@ type errorLog struct {
 	what     string
 	last     string // errKey of the last error logged
 	failures int
-	// failing, if set, counts the loops that are failing (Reporter.failing);
-	// failingNow gets a token when it leaves 0.
+	// failing, if set, counts the loops whose last call got no answer
+	// (Reporter.failing; counted: this one is counted); failingNow gets a
+	// token when it leaves 0.
 	failing    *atomic.Int32
 	failingNow chan struct{}
+	counted    bool
 }
 
 func (r *Reporter) newErrorLog(what string) *errorLog {
@@ -326,10 +330,19 @@ func (r *Reporter) newErrorLog(what string) *errorLog {
 }
 
 func (l *errorLog) fail(err error, retryIn time.Duration) {
-	if l.failures == 0 && l.failing != nil && l.failing.Add(1) == 1 && l.failingNow != nil {
-		select {
-		case l.failingNow <- struct{}{}:
-		default:
+	// Only a call the API server did not answer (refused, reset, timed
+	// out) has the probe dial: an answer (a 429 of its priority and
+	// fairness, a 503, a 403) says the server is reachable, and a dial a
+	// second from every node would only add load on its bad day.
+	if unanswered := !answered(err); unanswered != l.counted && l.failing != nil {
+		l.counted = unanswered
+		if !unanswered {
+			l.failing.Add(-1)
+		} else if l.failing.Add(1) == 1 && l.failingNow != nil {
+			select {
+			case l.failingNow <- struct{}{}:
+			default:
+			}
 		}
 	}
 	l.failures++
@@ -374,11 +387,18 @@ func errKey(err error) string {
 func (l *errorLog) ok() {
 	if l.failures > 0 {
 		l.log.Info(l.what+" recovered", "failed_attempts", l.failures)
-		if l.failing != nil {
-			l.failing.Add(-1)
-		}
 	}
-	l.failures, l.last = 0, ""
+	if l.counted && l.failing != nil {
+		l.failing.Add(-1)
+	}
+	l.failures, l.last, l.counted = 0, "", false
+}
+
+// answered reports whether err is an answer of the API server (a status,
+// whatever its code), not a call that got none.
+func answered(err error) bool {
+	var se apierrors.APIStatus
+	return errors.As(err, &se) && se.Status().Code != 0
 }
 
 // statusLoop reads the Node's conditions once, carries them into the

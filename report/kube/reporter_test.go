@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -696,10 +698,18 @@ func TestEventCountsSurviveAnOutageLongerThanTheWindow(t *testing.T) {
 // the transition time of the last change. Where the dial always succeeds (a
 // load balancer in front), the probe changes nothing: the retries stay
 // paced by the backoff. Before, the return was noticed up to a minute late
-// (found by the soak, tests/soak_test.go: TestSoakAPIServerDown).
+// (found by the soak, tests/soak_test.go: TestSoakAPIServerDown). A call
+// the API server answers, if with a refusal (429 Too Many Requests from
+// its priority and fairness, all outage long), has no dial at all: the
+// server is reachable, and a dial a second from every node would only add
+// to its load.
 func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
-	for _, lb := range []bool{false, true} {
-		t.Run(fmt.Sprintf("load balancer %v", lb), func(t *testing.T) {
+	for _, mode := range []struct {
+		name       string
+		lb, answer bool
+	}{{"refused", false, false}, {"load balancer", true, false}, {"answered 429", false, true}} {
+		lb := mode.lb || mode.answer
+		t.Run(mode.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				client := fake.NewClientset(kubeletNode())
 				var mu sync.Mutex
@@ -709,7 +719,12 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 					defer mu.Unlock()
 					if down {
 						failed++
-						return true, nil, apierrors.NewServiceUnavailable("connection refused")
+						if mode.answer {
+							return true, nil, apierrors.NewTooManyRequests("the server has received too many requests", 1)
+						}
+						// What client-go returns when the port refuses.
+						return true, nil, &url.Error{Op: "Patch", URL: "https://10.0.0.1:6443/api/v1/nodes/" + node + "/status",
+							Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
 					}
 					return false, nil, nil
 				})
@@ -770,7 +785,9 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				mu.Lock()
 				d := dials
 				mu.Unlock()
-				if d < 500 || d > 700 {
+				if mode.answer && d != 0 {
+					t.Errorf("%d dials while the API server answered every call with 429: want none", d)
+				} else if !mode.answer && (d < 500 || d > 700) {
 					t.Errorf("%d dials during a 10-minute outage: want one a second while the writes fail", d)
 				}
 				// Back: once the writes succeed, the probe sleeps again.
