@@ -513,11 +513,17 @@ func (w *window) count(now, span uint64) (int, []string) {
 func (mon *Monitor) windowEntries(dst []ioError) []ioError { return mon.window.entries(dst) }
 
 // restoreWindow puts back the disk I/O errors saved before a restart within
-// the same boot and re-evaluates DisksFailure's kernel part.
+// the same boot and re-evaluates DisksFailure's kernel part. The errors of
+// a device ignored now (ignore_devices changed while the daemon was down)
+// are left out, as a fresh start over the same lines would not record
+// them.
 func (mon *Monitor) restoreWindow(es []ioError) {
-	keep := mon.use().keep()
+	set := mon.use()
+	keep := set.keep()
 	for _, e := range es {
-		mon.window.add(e, keep)
+		if !set.ignored(e.Dev) {
+			mon.window.add(e, keep)
+		}
 	}
 	if len(es) > 0 {
 		mon.evalWindow(MonotonicNow(), time.Now())

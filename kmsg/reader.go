@@ -302,6 +302,9 @@ func (rd *Reader) Run(ctx context.Context) {
 			cur.windowErr = nil
 		}
 		rd.Monitor.restoreWindow(cur.IOErrors)
+		// What the window kept (not an ignored device's errors) is what
+		// the next save writes.
+		cur.IOErrors = rd.Monitor.windowEntries(nil)
 	}
 	rd.mu.Lock()
 	rd.cur = cur

@@ -1,9 +1,16 @@
 package kmsg
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -181,4 +188,48 @@ func TestReconfigureWidensAndIgnoresAsAFreshStart(t *testing.T) {
 	if c := disksFailure(store); c.Status != report.StatusFalse || c.Message != "the kernel logged 0 disk I/O errors in the last 20m0s (threshold 5)" {
 		t.Errorf("sda ignored: %+v", c)
 	}
+}
+
+// A restart after ignore_devices gained a device (the configuration edited
+// while the daemon was down, or a reload with no record read since)
+// judges the errors the state file kept as a fresh start over the same
+// lines would: the now ignored device's errors do not count. Before, the
+// saved window was restored as it was: DisksFailure stayed True, naming
+// the device the operator had just told it to ignore, until its errors
+// aged out of the window.
+func TestRestartDropsTheSavedErrorsOfAnIgnoredDevice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		first := MonotonicNow() - uint64(5*time.Minute/time.Microsecond)
+		sf := fmt.Sprintf(`{"version":1,"bootID":"b","savedAt":"2026-01-01T00:00:00Z",`+
+			`"conditions":[{"type":"DisksFailure","status":"True","reason":"DiskIOErrors","message":"the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on sdc","lastTransitionTime":"2026-01-01T00:00:00Z"}],`+
+			`"parts":{"DisksFailure":{"kmsg":{"type":"DisksFailure","status":"True","reason":"DiskIOErrors","message":"the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on sdc","lastTransitionTime":"2026-01-01T00:00:00Z"}}},`+
+			`"memos":{"kmsg":{"seq":5,"have":true,"ioErrorWindow":"@sdc %d 1000000 1000000 1000000 1000000"}}}`, first)
+		if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		store := report.NewStore("b")
+		if res, err := store.Load(dir); err != nil || res.Corrupt != nil || res.Restored != 1 {
+			t.Fatalf("load: %+v, %v", res, err)
+		}
+		o := opts(t, store)
+		o.IgnoreDevices = append(slices.Clone(DefaultIgnoreDevices), "sdc")
+		mon := NewMonitor(o)
+		mon.Start(time.Now(), time.Now())
+		dev := &fakeDevice{recs: [][]byte{[]byte("6,5,1,-;ordinary chatter\n")}}
+		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+			ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		time.Sleep(time.Minute) // caught up
+		cancel()
+		<-done
+		if c := disksFailure(store); c.Status != report.StatusFalse || c.Message != "the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5)" {
+			t.Errorf("sdc ignored since the last run: %s/%s %q", c.Status, c.Reason, c.Message)
+		}
+		if c, _ := rd.snapshot().(cursor); len(c.IOErrors) != 0 {
+			t.Errorf("the cursor still keeps the ignored device's errors: %+v", c.IOErrors)
+		}
+	})
 }
