@@ -73,11 +73,17 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 				return nil, fmt.Errorf("kmsg rule %s: event reason %q is not a kernel-log event of the catalog (want one of %s)", r.Name, r.Reason, strings.Join(eventReasons(), ", "))
 			}
 		default:
-			return nil, fmt.Errorf("kmsg rule %s: kind %q, want perm or temp", r.Name, r.Kind)
+			return nil, fmt.Errorf("kmsg rule %s: kind %q, want perm, temp or disk-io-error", r.Name, r.Kind)
 		}
 		re, err := regexp.Compile(r.Pattern)
 		if err != nil {
 			return nil, fmt.Errorf("kmsg rule %s: pattern: %v", r.Name, err)
+		}
+		// A disk I/O error is judged by its device (ignore_devices, NVMe
+		// over Fabrics, iSCSI): without the group every error would count,
+		// for no device.
+		if r.Kind == DiskIOError && re.SubexpIndex("dev") < 0 {
+			return nil, fmt.Errorf("kmsg rule %s: kind disk-io-error needs the device in a (?P<dev>...) group of its pattern", r.Name)
 		}
 		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), devIdx: re.SubexpIndex("dev"), anchors: anchorsOf(r.Pattern)}
 		i := len(rs.rules)

@@ -25,7 +25,7 @@ func TestCompileRejects(t *testing.T) {
 		{Rule{Name: "X", Kind: Perm, Condition: "KernelDeadlock", Reason: "Nope", Pattern: "x"}, `kmsg rule X: reason "Nope" is not a reason of KernelDeadlock (want CriticalTaskHung)`},
 		{Rule{Name: "X", Kind: Temp, Reason: "OOMKilling", Pattern: "x"}, `kmsg rule X: event reason "OOMKilling" is not a kernel-log event of the catalog`},
 		{Rule{Name: "X", Kind: Temp, Reason: "TamperCleared", Pattern: "x"}, `kmsg rule X: event reason "TamperCleared" is not a kernel-log event of the catalog`},
-		{Rule{Name: "X", Kind: "sometimes", Reason: "IOError", Pattern: "x"}, `kmsg rule X: kind "sometimes", want perm or temp`},
+		{Rule{Name: "X", Kind: "sometimes", Reason: "IOError", Pattern: "x"}, `kmsg rule X: kind "sometimes", want perm, temp or disk-io-error`},
 		{Rule{Name: "X", Kind: Temp, Reason: "IOError", Pattern: "("}, "kmsg rule X: pattern: error parsing regexp"},
 		{Rule{Kind: Temp, Reason: "IOError", Pattern: "x"}, "kmsg rule without a name"},
 	} {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -128,5 +129,27 @@ func TestDiskIOErrorDevice(t *testing.T) {
 		if got := set.ignored(dev); got != ignored {
 			t.Errorf("ignored(%q) = %v, want %v", dev, got, ignored)
 		}
+	}
+}
+
+// A disk-io-error rule (BlockIOError's kind, as `kmsg rules` lists it) must
+// name the device in a (?P<dev>...) group: ignore_devices and the NVMe over
+// Fabrics and iSCSI lookups judge each error by its device. Before, an
+// operator's replacement of BlockIOError without the group was accepted,
+// and every error counted for the device "": a loop device's errors
+// (ignored by default) turned DisksFailure True "... on ".
+func TestDiskIOErrorRuleNeedsADevGroup(t *testing.T) {
+	_, err := Compile([]Rule{{Name: "BlockIOError", Kind: DiskIOError, Reason: "BlockIOError",
+		Pattern: `I/O error, dev \S+, sector \d+`}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "(?P<dev>") {
+		t.Fatalf("a disk-io-error rule without a dev group: %v, want refused naming (?P<dev>...)", err)
+	}
+	if _, err := Compile([]Rule{{Name: "BlockIOError", Kind: DiskIOError, Reason: "BlockIOError",
+		Pattern: `I/O error, dev (?P<dev>[^,\s]+), sector \d+`}}, nil); err != nil {
+		t.Errorf("with the group: %v", err)
+	}
+	_, err = Compile([]Rule{{Name: "X", Kind: "bad", Reason: "IOError", Pattern: `x`}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "disk-io-error") {
+		t.Errorf("an unknown kind: %v, want the three kinds named", err)
 	}
 }
