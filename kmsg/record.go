@@ -51,8 +51,10 @@ func ParseRecord(b []byte) (Record, error) {
 	if n < 4 {
 		return r, fmt.Errorf("%w: %d header fields, want 4", ErrMalformed, n)
 	}
+	// facility<<3 | level: the kernel stores the facility user space
+	// writes ("<N>": N>>3 & 0xff) in a byte, so up to 2047.
 	prio, ok := parseUint(fields[0])
-	if !ok || prio > 1023 {
+	if !ok || prio > 2047 {
 		return r, fmt.Errorf("%w: bad priority", ErrMalformed)
 	}
 	if r.Seq, ok = parseUint(fields[1]); !ok {

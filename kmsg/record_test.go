@@ -3,6 +3,8 @@ package kmsg
 import (
 	"errors"
 	"testing"
+
+	"github.com/syself/autopilot-health/report"
 )
 
 func TestParseRecord(t *testing.T) {
@@ -157,4 +159,37 @@ func FuzzParseLine(f *testing.F) {
 			t.Fatal("message longer than the line")
 		}
 	})
+}
+
+// User space writing to /dev/kmsg sets any facility up to 255 with its
+// "<N>" prefix (the kernel's LOG_FACILITY is N>>3 & 0xff; the record's
+// priority is facility<<3|level, up to 2047). Such a record is well formed:
+// with kernel_only off its line is matched like any other; with it on it is
+// left out as user space's. Before, a priority above 1023 was refused as
+// malformed: counted in parse_errors_total, never matched.
+func TestRecordOfAHighUserFacility(t *testing.T) {
+	in := []byte("2043,52,7000000,-;EXT4-fs (sda1): Remounting filesystem read-only\n")
+	r, err := ParseRecord(in)
+	if err != nil || r.Facility != 255 || r.Level != 3 || r.Seq != 52 {
+		t.Fatalf("ParseRecord(%q) = %+v, %v; want facility 255, level 3", in, r, err)
+	}
+	if _, err := ParseRecord([]byte("2048,1,2,-;m")); !errors.Is(err, ErrMalformed) {
+		t.Errorf("priority 2048 (facility 256, which the kernel cannot store): %v, want ErrMalformed", err)
+	}
+	for _, kernelOnly := range []bool{false, true} {
+		store := report.NewStore("b")
+		o := opts(t, store)
+		o.KernelOnly = kernelOnly
+		mon := NewMonitor(o)
+		mon.Start(t0, t0)
+		mon.CaughtUp(0, t0)
+		mon.Handle(r, t0)
+		want := report.StatusTrue
+		if kernelOnly {
+			want = report.StatusFalse
+		}
+		if c, _ := store.Get("ReadonlyFilesystem"); c.Status != want {
+			t.Errorf("kernel_only %v: ReadonlyFilesystem %s, want %s", kernelOnly, c.Status, want)
+		}
+	}
 }
