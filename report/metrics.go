@@ -70,6 +70,9 @@ type Metrics struct {
 	configReloads                                    *prometheus.CounterVec
 	configLastOK                                     prometheus.Gauge
 	configLastTime                                   prometheus.Gauge
+	// stateBlockedSince: when the state write found blocked in I/O began,
+	// in Unix nanoseconds; 0 while none is (StateWriteBlocked).
+	stateBlockedSince atomic.Int64
 }
 
 // checkPart is one check's runs and durations; loopPart one loop's progress.
@@ -147,7 +150,17 @@ func NewMetrics(version string) *Metrics {
 	m.loopParts = map[string]*loopPart{}
 	m.versionedAll = prometheus.NewRegistry()
 	m.versionedAll.MustRegister(m.problemCounter, m.problemGauge, m.conditionStatus, partsCollector{m})
-	r.MustRegister(m.stateWrites, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
+	stateBlocked := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "state_write_blocked_seconds",
+		Help: "How long the write of the local state file found blocked in I/O has not returned (a failing or hung disk under the state directory); 0 while no write is blocked.",
+	}, func() float64 {
+		since := m.stateBlockedSince.Load()
+		if since == 0 {
+			return 0
+		}
+		return time.Since(time.Unix(0, since)).Seconds()
+	})
+	r.MustRegister(m.stateWrites, stateBlocked, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
 		collectors.NewGoCollector(), newProcessCollector())
 	return m
 }
@@ -399,6 +412,16 @@ func (m *Metrics) StateWrite(err error) {
 		return
 	}
 	m.stateWrites.WithLabelValues("ok").Inc()
+}
+
+// StateWriteBlocked records that the state write begun at since is blocked
+// in I/O; the zero time: no write is (it returned).
+func (m *Metrics) StateWriteBlocked(since time.Time) {
+	if since.IsZero() {
+		m.stateBlockedSince.Store(0)
+		return
+	}
+	m.stateBlockedSince.Store(since.UnixNano())
 }
 
 // ConfigLoaded records the configuration loaded at start.

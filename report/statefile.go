@@ -78,6 +78,18 @@ func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[st
 // Save writes the conditions and the kept values atomically (temp file,
 // fsync, rename, fsync of the directory) to dir.
 func (s *Store) Save(dir string, now time.Time) error {
+	b, err := s.Encode(now)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(dir, StateFileName), b, 0o644)
+}
+
+// Encode returns what Save writes to the state file (StateFileName),
+// saved at now: the daemon's state writer encodes under the store's lock
+// and writes the file on a goroutine of its own (a write that blocks in
+// the kernel then holds nothing but that goroutine).
+func (s *Store) Encode(now time.Time) ([]byte, error) {
 	conds, parts, memos, observed := s.snapshot()
 	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds, Parts: parts, Observed: observed}
 	if len(memos) > 0 {
@@ -85,16 +97,16 @@ func (s *Store) Save(dir string, now time.Time) error {
 		for k, v := range memos {
 			b, err := json.Marshal(v)
 			if err != nil {
-				return fmt.Errorf("state %s: %w", k, err)
+				return nil, fmt.Errorf("state %s: %w", k, err)
 			}
 			sf.Memos[k] = b
 		}
 	}
 	b, err := json.MarshalIndent(sf, "", "  ")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return WriteFileAtomic(filepath.Join(dir, StateFileName), append(b, '\n'), 0o644)
+	return append(b, '\n'), nil
 }
 
 // WriteFileAtomic replaces path with data so that a crash at any moment

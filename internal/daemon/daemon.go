@@ -73,6 +73,8 @@ type Daemon struct {
 	runner  *checks.Runner
 	details *report.Details
 	notify  Notifier
+	// stateW writes the state file (persist, and the final save of Run).
+	stateW  stateWriter
 	version string
 	kube    kube.Client
 	kubeM   *kube.Metrics

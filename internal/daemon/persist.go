@@ -30,6 +30,15 @@ const persistLater = 10 * time.Second
 // made before it, so the requests it answered are dropped. When saving
 // fails (a read-only /var) it retries with backoff (1 s doubling to a
 // minute) and logs once per change of error, and once when it works again.
+//
+// The store is encoded here, and the file written on a goroutine of its
+// own (stateWriter): the loop goes on beating while the write is in the
+// kernel, so a write blocked in I/O (a failing or hung disk under
+// state_dir) is not the daemon stuck; it is logged once, named on the
+// status line, in status and /healthz, and in
+// autopilot_health_state_write_blocked_seconds, and no other write starts
+// until it returns. A loop blocked anywhere else (the store's lock) still
+// stops beating, and is stuck.
 func (d *Daemon) persist(ctx context.Context) {
 	const loop = "state"
 	d.live.Expect(loop, persistEvery)
@@ -37,19 +46,37 @@ func (d *Daemon) persist(ctx context.Context) {
 	t := d.grid().NewTicker(persistEvery)
 	defer t.Stop()
 	bo := backoff.Backoff{Min: time.Second, Max: persistEvery}
-	var retry, laterDue <-chan time.Time
+	var retry, laterDue, blockedDue <-chan time.Time
 	var lastErr string
 	dirty := false
+	// writing: the write in flight; its changes, and those made while it
+	// runs, wait for it.
+	var writing *stateWrite
+	// failed retries a failed save with backoff, logged once per change
+	// of error.
+	failed := func(err error) {
+		wait := bo.Next()
+		if key := saveErrKey(err); key != lastErr {
+			d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
+			lastErr = key
+		}
+		retry = time.After(wait)
+	}
 	for {
-		changes, later := d.store.Dirty(), d.store.Later()
-		if retry != nil {
-			changes, later = nil, nil // the retry saves them
+		changes, later, due := d.store.Dirty(), d.store.Later(), laterDue
+		if retry != nil || writing != nil {
+			changes, later, due = nil, nil, nil // the retry, or the save after the write, saves them
 		}
 		if laterDue != nil {
 			later = nil // a save is already due
 		}
+		var written chan struct{}
+		if writing != nil {
+			written = writing.done
+		}
 		select {
 		case <-ctx.Done():
+			// A write in flight is the final save's to wait for.
 			return
 		case <-changes:
 			dirty = true
@@ -61,28 +88,30 @@ func (d *Daemon) persist(ctx context.Context) {
 			}
 		case <-later:
 			laterDue = time.After(persistLater)
-		case <-laterDue:
+		case <-due:
 			laterDue, dirty = nil, true
 		case <-retry:
 			retry = nil
-		case <-t.C:
-		}
-		if dirty && retry == nil {
-			// The save takes every change made so far: requests for them
-			// need no save of their own (one made after this still
-			// gets one).
-			drainToken(d.store.Dirty())
-			drainToken(d.store.Later())
-			err := d.store.Save(d.cfg.StateDir, time.Now())
+		case <-blockedDue:
+			blockedDue = nil
+			if d.stateW.markBlocked(writing) {
+				d.metrics.StateWriteBlocked(writing.since)
+				d.log.Error("saving state is blocked in I/O; the daemon works on, and starts no other write until this one returns",
+					"path", writing.path, "since", writing.since.UTC().Format(time.RFC3339))
+				d.wakeStatus()
+			}
+		case <-written:
+			err, blocked := writing.err, writing.blocked
+			if blocked {
+				d.metrics.StateWriteBlocked(time.Time{})
+				d.log.Info("the blocked state write returned", "path", writing.path, "took", time.Since(writing.since).Round(time.Second), "err", err)
+				d.wakeStatus()
+			}
+			writing, blockedDue = nil, nil
 			d.metrics.StateWrite(err)
 			switch {
 			case err != nil:
-				wait := bo.Next()
-				if key := saveErrKey(err); key != lastErr {
-					d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
-					lastErr = saveErrKey(err)
-				}
-				retry = time.After(wait)
+				failed(err)
 			default:
 				if lastErr != "" {
 					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
@@ -90,6 +119,26 @@ func (d *Daemon) persist(ctx context.Context) {
 				// This save took what the due one would have.
 				lastErr, dirty, laterDue = "", false, nil
 				bo.Reset()
+			}
+		case <-t.C:
+		}
+		if dirty && retry == nil && writing == nil {
+			// The save takes every change made so far: requests for them
+			// need no save of their own (one made after this still
+			// gets one).
+			drainToken(d.store.Dirty())
+			drainToken(d.store.Later())
+			data, err := d.store.Encode(time.Now())
+			if err == nil {
+				writing = d.stateW.start(d.statePath(), data)
+			}
+			switch {
+			case err != nil:
+				// Not written: counted and retried as a failed write.
+				d.metrics.StateWrite(err)
+				failed(err)
+			case writing != nil:
+				blockedDue = time.After(stateWriteBlockedAfter)
 			}
 		}
 		d.live.Beat(loop, persistEvery)

@@ -82,7 +82,8 @@ type ReloadOutcome struct {
 
 // StatusLine is systemd's STATUS=: the conditions' summary, after the
 // refusal of the last reload while the daemon runs on the configuration
-// it refused to leave (a later reload that applies drops it), and first
+// it refused to leave (a later reload that applies drops it), before that
+// a write of the state file blocked in I/O (stateWriteNote), and first
 // the metrics listener's bind failure while it cannot be bound.
 func (d *Daemon) StatusLine() string {
 	s := d.Summary()
@@ -94,6 +95,9 @@ func (d *Daemon) StatusLine() string {
 		// after it is what the line is for, and systemd ignores a
 		// notification over 4096 bytes whole (notifyMax).
 		s = "configuration reload refused (running on the previous one): " + report.CapMessage(last.Error) + "; " + s
+	}
+	if note := d.stateWriteNote(); note != "" {
+		s = note + "; " + s
 	}
 	return d.metricsNote() + s
 }

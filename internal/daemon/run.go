@@ -71,14 +71,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	shCtx, shCancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer shCancel()
 	srv.Shutdown(shCtx)
-	// A state that cannot be saved (a read-only /var) is logged and
-	// counted, not a failed stop: systemd would mark the unit failed on
-	// every stop and restart, and the persister has said so since the
-	// first failed save. The next start restores the last saved state.
-	if err := d.store.Save(d.cfg.StateDir, time.Now()); err != nil {
-		d.log.Error("saving state on shutdown failed; stopping anyway", "dir", d.cfg.StateDir, "err", err)
-		d.metrics.StateWrite(err)
-	}
+	d.finalSave()
 	return runErr
 }
 

@@ -34,9 +34,13 @@ type StatusReport struct {
 	// Ready: the first full pass of the checks is done.
 	Ready bool `json:"ready"`
 	// Unhealthy is "" when every loop makes progress, else the stuck loop.
-	Unhealthy  string            `json:"unhealthy,omitempty"`
-	Summary    string            `json:"summary"`
-	Conditions []ConditionStatus `json:"conditions"`
+	Unhealthy string `json:"unhealthy,omitempty"`
+	// StateWriteBlocked: the write of the state file that has been
+	// blocked in I/O since then (a failing or hung disk under state_dir);
+	// absent while none is. The daemon works on meanwhile.
+	StateWriteBlocked *BlockedWrite     `json:"stateWriteBlocked,omitempty"`
+	Summary           string            `json:"summary"`
+	Conditions        []ConditionStatus `json:"conditions"`
 	// Repairs by unit: every unit the daemon watches for repair.
 	Repairs    map[string]checks.RepairStatus `json:"repairs"`
 	Kmsg       *KmsgStatus                    `json:"kmsg,omitempty"`
@@ -115,6 +119,9 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	st.Metrics = d.metricsStatus()
 	if err := d.Healthy(); err != nil {
 		st.Unhealthy = err.Error()
+	}
+	if b, ok := d.stateW.blocked(); ok {
+		st.StateWriteBlocked = &b
 	}
 	conds := d.store.All()
 	st.Summary = Summarize(conds)

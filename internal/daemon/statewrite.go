@@ -1,0 +1,169 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// stateWriteBlockedAfter is how long a write of the state file may take
+// before it counts as blocked in I/O. A write is a file of a few KiB and
+// two fsyncs: milliseconds, a second or two on a busy disk. One that has
+// not returned after this is in the kernel on a failing or hung disk (a
+// dying drive, a thin pool out of space that queues I/O, a hung NFS or
+// iSCSI /var), where no context reaches it.
+const stateWriteBlockedAfter = 10 * time.Second
+
+// finalSaveWait bounds the save at SIGTERM (Run): a write that has not
+// returned by then is left to the kernel, and the daemon stops without it.
+const finalSaveWait = 5 * time.Second
+
+// stateWriter writes the state file, each write on a goroutine of its own,
+// so that a write blocked in the kernel holds that goroutine only: the
+// state writer's loop goes on beating (a write blocked in I/O is not the
+// daemon stuck, and systemd's watchdog must not restart, on the day its
+// disk fails, a daemon that cannot even die while the write hangs), and
+// starts no other write until that one returns, as the disk check asks a
+// hung statfs again only once it returned (checks.stuckCalls): one
+// goroutine per hung write at most. The zero value is ready to use.
+type stateWriter struct {
+	// write replaces report.WriteFileAtomic (tests).
+	write func(path string, data []byte, perm os.FileMode) error
+
+	mu  sync.Mutex
+	cur *stateWrite // the write that has not returned; nil when none
+}
+
+// stateWrite is one write of the state file; err is set before done is
+// closed.
+type stateWrite struct {
+	path  string
+	since time.Time
+	done  chan struct{}
+	err   error
+	// blocked: it has not returned within stateWriteBlockedAfter (guarded
+	// by stateWriter.mu).
+	blocked bool
+}
+
+// BlockedWrite is a write of the state file blocked in I/O: since when, on
+// which file (status, /healthz).
+type BlockedWrite struct {
+	Path  string    `json:"path"`
+	Since time.Time `json:"since"`
+}
+
+// start begins writing data to path and returns the write; nil when the
+// previous write has not returned (no second write on top of it).
+func (w *stateWriter) start(path string, data []byte) *stateWrite {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur != nil {
+		return nil
+	}
+	write := w.write
+	if write == nil {
+		write = report.WriteFileAtomic
+	}
+	sw := &stateWrite{path: path, since: time.Now(), done: make(chan struct{})}
+	w.cur = sw
+	go func() {
+		err := write(path, data, 0o644)
+		w.mu.Lock()
+		sw.err = err
+		w.cur = nil
+		w.mu.Unlock()
+		close(sw.done)
+	}()
+	return sw
+}
+
+// pending is the write that has not returned; nil when none.
+func (w *stateWriter) pending() *stateWrite {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cur
+}
+
+// markBlocked records that sw is blocked in I/O; false when it returned
+// meanwhile.
+func (w *stateWriter) markBlocked(sw *stateWrite) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur != sw {
+		return false
+	}
+	sw.blocked = true
+	return true
+}
+
+// blocked is the write blocked in I/O, if any.
+func (w *stateWriter) blocked() (BlockedWrite, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur == nil || !w.cur.blocked {
+		return BlockedWrite{}, false
+	}
+	return BlockedWrite{Path: w.cur.path, Since: w.cur.since}, true
+}
+
+// statePath is the state file.
+func (d *Daemon) statePath() string { return filepath.Join(d.cfg.StateDir, report.StateFileName) }
+
+// stateWriteNote is what systemd's status line and /healthz say of a state
+// write blocked in I/O ("" while none is). It names the time, not a
+// duration: the status line is sent again only when it changes.
+func (d *Daemon) stateWriteNote() string {
+	b, ok := d.stateW.blocked()
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("state not saved: the write of %s has been blocked in I/O since %s", b.Path, b.Since.UTC().Format(time.RFC3339))
+}
+
+// finalSave saves the state at SIGTERM, waiting finalSaveWait at most: for
+// the write in flight (blocked in I/O, or begun just before the stop),
+// then for its own. A save that fails or does not return in time is
+// logged at error level, and the daemon stops anyway: a write blocked in
+// the kernel would otherwise hold the stop until TimeoutStopSec and the
+// SIGKILL, which a task in D state does not answer either.
+func (d *Daemon) finalSave() {
+	t := time.NewTimer(finalSaveWait)
+	defer t.Stop()
+	if prev := d.stateW.pending(); prev != nil {
+		select {
+		case <-prev.done:
+		case <-t.C:
+			d.log.Error("state not saved on shutdown: the previous write is blocked in I/O; stopping anyway", "path", prev.path, "since", prev.since.UTC().Format(time.RFC3339), "waited", finalSaveWait)
+			return
+		}
+	}
+	data, err := d.store.Encode(time.Now())
+	if err == nil {
+		sw := d.stateW.start(d.statePath(), data)
+		if sw == nil {
+			// Another write began (none does once the loops stopped).
+			d.log.Error("state not saved on shutdown: another write is in flight; stopping anyway", "path", d.statePath())
+			return
+		}
+		select {
+		case <-sw.done:
+			err = sw.err
+		case <-t.C:
+			d.log.Error("state not saved on shutdown: the write is blocked in I/O; stopping anyway", "path", sw.path, "waited", finalSaveWait)
+			return
+		}
+	}
+	// A state that cannot be saved (a read-only /var) is logged and
+	// counted, not a failed stop: systemd would mark the unit failed on
+	// every stop and restart, and the persister has said so since the
+	// first failed save. The next start restores the last saved state.
+	if err != nil {
+		d.log.Error("saving state on shutdown failed; stopping anyway", "dir", d.cfg.StateDir, "err", err)
+		d.metrics.StateWrite(err)
+	}
+}

@@ -1,0 +1,320 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+)
+
+// hungDisk is the state writer's file system (stateWriter.write) on a disk
+// whose writes block in the kernel (D state) while hang is set, until the
+// test releases them; then they reach the real file.
+type hungDisk struct {
+	mu                         sync.Mutex
+	calls, inFlight, maxFlight int
+	hang                       bool
+	release                    chan struct{}
+}
+
+func newHungDisk() *hungDisk { return &hungDisk{hang: true, release: make(chan struct{})} }
+
+func (h *hungDisk) write(path string, data []byte, perm os.FileMode) error {
+	h.mu.Lock()
+	h.calls++
+	h.inFlight++
+	h.maxFlight = max(h.maxFlight, h.inFlight)
+	hang, release := h.hang, h.release
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.inFlight--
+		h.mu.Unlock()
+	}()
+	if hang {
+		<-release
+	}
+	return report.WriteFileAtomic(path, data, perm)
+}
+
+// unblock lets the blocked writes return, and the next ones through.
+func (h *hungDisk) unblock() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.hang {
+		h.hang = false
+		close(h.release)
+	}
+}
+
+func (h *hungDisk) counts() (calls, inFlight, maxFlight int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls, h.inFlight, h.maxFlight
+}
+
+// gaugeValue reads a gauge of the daemon's registry (-1: absent).
+func gaugeValue(t *testing.T, d *Daemon, name string) float64 {
+	t.Helper()
+	mfs, err := d.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+func healthz(d *Daemon) (int, string) {
+	rec := httptest.NewRecorder()
+	d.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	return rec.Code, rec.Body.String()
+}
+
+// A write of the state file that blocks in the kernel (a dying disk, a thin
+// pool out of space queueing I/O, a hung NFS /var) is not the daemon stuck:
+// every loop, the state writer's included, goes on making progress, so
+// /healthz answers 200 and the watchdog keeps being pinged (it pings while
+// Healthy is nil), naming the blocked write, as do status, the status line
+// and autopilot_health_state_write_blocked_seconds; no second write starts
+// on top of the hung one, however many changes come; once it returns, the
+// changes made meanwhile are saved and the note clears. Before, the state
+// writer was stuck 90 s into the write, /healthz answered 503, and systemd's
+// watchdog aborted a daemon that a task in D state cannot even end.
+func TestStateWriteBlockedInIOIsNotStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.ClockNotSynchronized.Enabled = false // the condition this test sets
+		cfg.Checks.NodeTampered.Enabled = false         // its watcher blocks in a read the fake clock cannot wait out
+		var logs testenv.SyncBuffer
+		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		disk := newHungDisk()
+		disk.unblock() // the start's writes go through
+		d.stateW.write = disk.write
+		defer disk.unblock() // a failed test ends with no write blocked
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if !d.readyNow() {
+			t.Fatal("not ready after a minute")
+		}
+		base, _, _ := disk.counts()
+
+		// The disk hangs; a condition changes.
+		disk.mu.Lock()
+		disk.hang, disk.release = true, make(chan struct{})
+		disk.mu.Unlock()
+		set := func(s report.Status, r report.Reason) {
+			d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: s, Reason: r}, time.Now())
+		}
+		set(report.StatusTrue, report.ReasonClockUnsynchronized)
+		began := time.Now()
+		// Ten minutes, with changes that want saving.
+		for i := range 10 {
+			time.Sleep(time.Minute)
+			if i%2 == 0 {
+				set(report.StatusFalse, report.ReasonClockSynchronized)
+			} else {
+				set(report.StatusTrue, report.ReasonClockUnsynchronized)
+			}
+		}
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+
+		path := filepath.Join(cfg.StateDir, report.StateFileName)
+		if calls, inFlight, maxFlight := disk.counts(); calls != base+1 || inFlight != 1 || maxFlight != 1 {
+			t.Errorf("%d writes begun while one hangs (%d in flight, at most %d); want exactly one", calls-base, inFlight, maxFlight)
+		}
+		if err := d.Healthy(); err != nil {
+			t.Errorf("a state write blocked in I/O makes the daemon unhealthy (no watchdog ping): %v", err)
+		}
+		if code, body := healthz(d); code != http.StatusOK || !strings.Contains(body, "the write of "+path+" has been blocked in I/O since") {
+			t.Errorf("/healthz %d %q; want 200 naming the blocked write of %s", code, body, path)
+		}
+		st := d.Status(time.Now())
+		if st.Unhealthy != "" || st.StateWriteBlocked == nil || st.StateWriteBlocked.Path != path || st.StateWriteBlocked.Since.Sub(began) > 2*time.Second {
+			t.Errorf("status: unhealthy %q, state write blocked %+v; want the write of %s since %v", st.Unhealthy, st.StateWriteBlocked, path, began)
+		}
+		if s := d.StatusLine(); !strings.HasPrefix(s, "state not saved: the write of "+path+" has been blocked in I/O since ") {
+			t.Errorf("status line %q", s)
+		}
+		if v := gaugeValue(t, d, "autopilot_health_state_write_blocked_seconds"); v < 10*60 || v > 11*60 {
+			t.Errorf("autopilot_health_state_write_blocked_seconds = %v, want about 630", v)
+		}
+		if n := strings.Count(logs.String(), "saving state is blocked in I/O"); n != 1 {
+			t.Errorf("the blocked write logged %d times:\n%s", n, logs.String())
+		}
+
+		// The write returns: the changes made meanwhile are saved, and
+		// the note clears.
+		disk.unblock()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if calls, inFlight, _ := disk.counts(); calls != base+2 || inFlight != 0 {
+			t.Errorf("after the write returned: %d writes (%d in flight); want the one saving what changed meanwhile", calls-base, inFlight)
+		}
+		saved := report.NewStore("x")
+		if _, err := saved.Load(cfg.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := saved.Get("ClockNotSynchronized"); c.Status != report.StatusTrue {
+			t.Errorf("saved %s, want the last change (True)", c.Status)
+		}
+		if _, ok := d.stateW.blocked(); ok || d.Status(time.Now()).StateWriteBlocked != nil || strings.Contains(d.StatusLine(), "state not saved") {
+			t.Errorf("the note stays after the write returned: %q", d.StatusLine())
+		}
+		if code, body := healthz(d); code != http.StatusOK || strings.Contains(body, "blocked") {
+			t.Errorf("/healthz %d %q after the write returned", code, body)
+		}
+		if v := gaugeValue(t, d, "autopilot_health_state_write_blocked_seconds"); v != 0 {
+			t.Errorf("autopilot_health_state_write_blocked_seconds = %v after the write returned", v)
+		}
+		if n := strings.Count(logs.String(), "the blocked state write returned"); n != 1 {
+			t.Errorf("the return logged %d times:\n%s", n, logs.String())
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The state writer blocked anywhere but in its write (here: a value the
+// checks keep whose producer never returns, under the store's lock) is
+// stuck, as before: /healthz names it and the watchdog pings stop.
+func TestStateWriterDeadlockedOutsideTheWriteIsStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &Daemon{cfg: testConfig(t), log: slog.New(slog.DiscardHandler), store: report.NewStore("b"),
+			metrics: report.NewMetrics("test"), live: NewLiveness(time.Now)}
+		block := make(chan struct{})
+		d.store.Keep("deadlock", func() any { <-block; return 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { d.persist(ctx); close(done) }()
+		d.store.Touch()
+		time.Sleep(persistEvery + loopSlack + 5*time.Second)
+		synctest.Wait()
+		if err := d.Healthy(); err == nil || !strings.Contains(err.Error(), "stuck loops: state (no progress for") {
+			t.Errorf("Healthy = %v; want the state writer stuck", err)
+		}
+		if _, ok := d.stateW.blocked(); ok {
+			t.Error("a deadlock outside the write reads as a write blocked in I/O")
+		}
+		close(block)
+		cancel()
+		<-done
+	})
+}
+
+// SIGTERM while the state write hangs, or with the final save hanging: the
+// stop waits finalSaveWait at most, logs that the state was not saved, and
+// exits 0; it does not start a write on top of the hung one. Before, Run
+// waited for the final save for ever: the stop ran into TimeoutStopSec and
+// a SIGKILL that a task in D state does not answer either.
+func TestStopDoesNotWaitForAHungStateWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// inFlight: the disk hangs while the daemon runs (a write is
+		// blocked at SIGTERM); else only the final save hangs.
+		inFlight bool
+		log      string
+	}{
+		{"write blocked at SIGTERM", true, "state not saved on shutdown: the previous write is blocked in I/O; stopping anyway"},
+		{"final save blocks", false, "state not saved on shutdown: the write is blocked in I/O; stopping anyway"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := testConfig(t)
+				cfg.Checks.ClockNotSynchronized.Enabled = false
+				cfg.Checks.NodeTampered.Enabled = false
+				var logs testenv.SyncBuffer
+				d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				disk := newHungDisk()
+				disk.unblock()
+				d.stateW.write = disk.write
+				defer disk.unblock() // a failed test ends with no write blocked
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- d.Run(ctx) }()
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				disk.mu.Lock()
+				disk.hang, disk.release = true, make(chan struct{})
+				disk.mu.Unlock()
+				if tc.inFlight {
+					d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized}, time.Now())
+					time.Sleep(time.Minute)
+					synctest.Wait()
+				}
+				before, _, _ := disk.counts()
+				stop := time.Now()
+				cancel()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("Run: %v, want nil", err)
+					}
+				case <-time.After(time.Minute):
+					t.Fatal("the stop waits for the hung state write")
+				}
+				if took := time.Since(stop); took > finalSaveWait+time.Second {
+					t.Errorf("the stop took %v with the state write hung; want at most %v", took, finalSaveWait)
+				}
+				if !strings.Contains(logs.String(), tc.log) {
+					t.Errorf("the unsaved state is not logged (%q):\n%s", tc.log, logs.String())
+				}
+				calls, _, maxFlight := disk.counts()
+				if maxFlight != 1 || (tc.inFlight && calls != before) {
+					t.Errorf("%d writes at SIGTERM (at most %d at once); want none on top of the hung one", calls-before, maxFlight)
+				}
+			})
+		})
+	}
+}
+
+// The final save with a writable disk still saves (and counts nothing
+// when it works, as before).
+func TestStopSavesTheState(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.NodeTampered.Enabled = false
+		d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := d.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(cfg.StateDir, report.StateFileName)); err != nil {
+			t.Errorf("not saved at the stop: %v", err)
+		}
+		if n := testutil.ToFloat64(d.metrics.StateWritesFor("error")); n != 0 {
+			t.Errorf("%v failed writes", n)
+		}
+	})
+}
