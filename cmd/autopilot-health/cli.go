@@ -48,6 +48,7 @@ Usage:
   autopilot-health tamper clear --reason TEXT [--config FILE]
                                                   clear the tamper conditions on the running daemon (root)
   autopilot-health tamper status [--config FILE]  print the daemon's tamper baseline and findings
+  autopilot-health tamper layers [--config FILE]  print the verity root hashes the kernel enforces (root)
   autopilot-health catalog [--markdown | --json]  list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -161,5 +162,31 @@ func TestManRejectsBadDate(t *testing.T) {
 	}
 	if code, _, _ := run(t, "man", "extra"); code != exitError {
 		t.Errorf("man extra: exit %d", code)
+	}
+}
+
+// TestUsageListsEveryREADMECommand: every command README's "Using it on a
+// node" shows an operator is in the usage (and so in the manual page,
+// which is made from it): `tamper layers` was missing from both.
+func TestUsageListsEveryREADMECommand(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(b), "\n## Using it on a node\n")
+	section, _, _ = strings.Cut(section, "\n### ")
+	var listed []string
+	for _, c := range usageCommands() {
+		listed = append(listed, strings.Join(commandWords(c.Synopsis), " "))
+	}
+	found := 0
+	for _, m := range regexp.MustCompile(`(?m)(?:^\$ |sudo |\| )autopilot-health ([a-z]+(?: [a-z]+)*)`).FindAllStringSubmatch(section, -1) {
+		found++
+		if !slices.Contains(listed, m[1]) {
+			t.Errorf("README shows `autopilot-health %s`; the usage does not list it (it lists %q)", m[1], listed)
+		}
+	}
+	if found < 10 {
+		t.Fatalf("found %d commands in README's \"Using it on a node\"", found)
 	}
 }
