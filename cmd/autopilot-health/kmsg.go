@@ -26,9 +26,18 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 	sub := args[0]
 	fs := newFlags("kmsg "+sub, map[string]string{"replay": "kmsg replay [--json] [--config FILE] FILE|-", "rules": "kmsg rules [--config FILE]"}[sub], stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML) with custom kmsg rules; the default path may be absent")
-	asJSON := fs.Bool("json", false, "replay: one JSON object per line for each action")
+	// --json is replay's alone: rules prints a table, and a --json it
+	// ignored would hand jq that table.
+	asJSON := new(bool)
+	if sub == "replay" {
+		asJSON = fs.Bool("json", false, "one JSON object per line for each action")
+	}
 	if code := parseFlags(fs, args[1:]); code >= 0 {
 		return code
+	}
+	if sub == "rules" && fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health kmsg rules: unexpected argument %q\n", fs.Arg(0))
+		return exitError
 	}
 	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
 	if err != nil {

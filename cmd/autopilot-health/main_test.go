@@ -656,3 +656,24 @@ func TestTamperStatusAgainstTheDaemon(t *testing.T) {
 		t.Errorf("cleared %+v, note %q", got.Cleared, got.Note)
 	}
 }
+
+// kmsg rules prints a table and takes no argument: `kmsg rules --json | jq`
+// and `kmsg rules garbage` are bad usage (exit 2, nothing on stdout), not a
+// table that exits 0.
+func TestKmsgRulesRefusesJSONAndArguments(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"kmsg", "rules", "--config", "/dev/null", "--json"}, "flag provided but not defined: -json\nUsage: autopilot-health kmsg rules [--config FILE]"},
+		{[]string{"kmsg", "rules", "--config", "/dev/null", "garbage"}, "autopilot-health kmsg rules: unexpected argument \"garbage\"\n"},
+	} {
+		code, out, errs := run(t, tc.args...)
+		if code != exitError || out != "" || !strings.HasPrefix(errs, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2, stderr %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+	if _, _, help := run(t, "kmsg", "rules", "--help"); strings.Contains(help, "-json") {
+		t.Errorf("kmsg rules --help offers --json:\n%s", help)
+	}
+}
