@@ -79,10 +79,13 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// statusTimeout is how long status waits for the daemon's answer.
+var statusTimeout = 10 * time.Second
+
 // fetchStatus reads the status document; an error says whether the daemon
 // is not running.
 func fetchStatus(path string) ([]byte, error) {
-	c := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	c := http.Client{Timeout: statusTimeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
@@ -95,11 +98,16 @@ func fetchStatus(path string) ([]byte, error) {
 			return nil, fmt.Errorf("%w: nothing answers on %s (systemctl status autopilot-health)", errNotRunning, path)
 		case errors.Is(err, os.ErrPermission):
 			return nil, fmt.Errorf("%s: permission denied: the status socket is root's (run with sudo)", path)
+		case isTimeout(err):
+			return nil, hungError(path)
 		}
 		return nil, fmt.Errorf("asking the daemon on %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if isTimeout(err) {
+		return nil, hungError(path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the daemon's answer on %s: %w", path, err)
 	}
@@ -107,6 +115,18 @@ func fetchStatus(path string) ([]byte, error) {
 		return nil, fmt.Errorf("the daemon on %s answered %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
 	}
 	return b, nil
+}
+
+// isTimeout: the daemon did not answer within statusTimeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// hungError: a daemon that took the connection and sent no status in
+// time, told apart from one that is not running.
+func hungError(path string) error {
+	return fmt.Errorf("the daemon on %s accepts but does not answer within %s: it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health)", path, statusTimeout)
 }
 
 // printStatus writes the one-screen status: what is wrong, since when, and

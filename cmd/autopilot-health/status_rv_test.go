@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 )
@@ -103,6 +105,47 @@ func TestStatusAsAnotherUser(t *testing.T) {
 		}
 		if want := "exit 2: autopilot-health status: " + s + ": permission denied: the status socket is root's (run with sudo)"; !strings.HasPrefix(string(out), want) {
 			t.Errorf("as nobody, %s:\n%s\nwant %s", s, out, want)
+		}
+	}
+}
+
+// A daemon whose status socket accepts but never answers (hung): status
+// says the daemon is there and does not answer, and what to look at, exit
+// 2; it is not "not running", nor an HTTP client's error text.
+func TestStatusOfAHungDaemon(t *testing.T) {
+	defer func(d time.Duration) { statusTimeout = d }(statusTimeout)
+	statusTimeout = 200 * time.Millisecond
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var conns []net.Conn
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	want := "autopilot-health status: the daemon on " + sock + " accepts but does not answer within 200ms: it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health)\n"
+	for _, args := range [][]string{{"status", "--socket", sock}, {"status", "--json", "--socket", sock}} {
+		code, out, errs := run(t, args...)
+		if code != exitError || out != "" || errs != want {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2, stderr %q", args, code, out, errs, want)
 		}
 	}
 }
