@@ -149,3 +149,90 @@ func TestStatusOfAHungDaemon(t *testing.T) {
 		}
 	}
 }
+
+// TestCLIHelperProcess runs the command line in
+// AUTOPILOT_HEALTH_CLI_HELPER_ARGS (one argument a line) in a process of
+// its own, for tests that run it as another user.
+func TestCLIHelperProcess(t *testing.T) {
+	args := os.Getenv("AUTOPILOT_HEALTH_CLI_HELPER_ARGS")
+	if args == "" {
+		t.Skip("run by the tests that run a command as another user")
+	}
+	code, _, errs := run(t, strings.Split(args, "\n")...)
+	fmt.Printf("exit %d: %s", code, errs)
+	os.Exit(0)
+}
+
+// asNobody runs the command line as uid 65534 (the test binary copied to
+// dir, which that user can read) and returns "exit N: <stderr>".
+func asNobody(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root to run a process as another user")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		testenv.Skip(t, "no setpriv (util-linux)")
+	}
+	bin := filepath.Join(dir, "test.bin")
+	if _, err := os.Stat(bin); err != nil {
+		b, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.run=^TestCLIHelperProcess$")
+	cmd.Env = append(os.Environ(), "AUTOPILOT_HEALTH_CLI_HELPER_ARGS="+strings.Join(args, "\n"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return string(out)
+}
+
+// tamper status and tamper layers run by a user other than root, on a node
+// laid out as the unit makes it (state_dir 0750, tamper.json 0600, the
+// device-mapper control node root's): told to use sudo, exit 2, as status,
+// reload and tamper clear tell them.
+func TestTamperCommandsAsAnotherUser(t *testing.T) {
+	dir, err := os.MkdirTemp("", "tamper-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "tamper.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	control := filepath.Join(dir, "control")
+	if err := os.WriteFile(control, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir = %q\n[status]\nsocket = %q\n[checks.SealedOSTampered]\ndm_control = %q\n",
+		state, filepath.Join(dir, "status.sock"), control)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tamper", "status", "--config", cfg},
+			"exit 2: autopilot-health tamper status: open " + filepath.Join(state, "tamper.json") + ": permission denied: the daemon's state_dir is root's (run with sudo)\n"},
+		{[]string{"tamper", "layers", "--config", cfg},
+			"exit 2: autopilot-health tamper layers: open " + control + ": permission denied: reading the kernel's verity tables needs root (run with sudo)\n"},
+	} {
+		if got := asNobody(t, dir, tc.args...); got != tc.want {
+			t.Errorf("as nobody, %q:\n%s\nwant\n%s", tc.args, got, tc.want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -117,6 +118,9 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	boot, _ := os.ReadFile(cfg.HostPath("/proc/sys/kernel/random/boot_id"))
 	st, err := tamper.LoadStateReadOnly(cfg.StateDir)
+	if errors.Is(err, os.ErrPermission) {
+		err = fmt.Errorf("%w: the daemon's state_dir is root's (run with sudo)", err)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health tamper status: %v\n", err)
 		return exitError
@@ -199,6 +203,10 @@ func cmdTamperLayers(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	ts, err := tamper.DMControl{Path: cfg.HostPath(cfg.Checks.SealedOSTampered.DMControl)}.VerityTargets()
+	if errors.Is(err, os.ErrPermission) {
+		// The open of the control node, or its ioctls (CAP_SYS_ADMIN).
+		err = fmt.Errorf("%w: reading the kernel's verity tables needs root (run with sudo)", err)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health tamper layers: %v\n", err)
 		return exitError
