@@ -18,6 +18,10 @@ func cmdCatalog(args []string, stdout, stderr io.Writer) int {
 	if code := parseFlags(fs, args); code >= 0 {
 		return code
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health catalog: unexpected argument %q\n", fs.Arg(0))
+		return exitError
+	}
 	switch {
 	case *asJSON:
 		enc := json.NewEncoder(stdout)

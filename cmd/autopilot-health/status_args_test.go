@@ -63,3 +63,26 @@ func TestStatusShowsAnAbsentConfigFile(t *testing.T) {
 		t.Errorf("status lacks %q:\n%s", want, b.String())
 	}
 }
+
+// tamper status, tamper layers and catalog refuse a stray argument as bad
+// usage (exit 2, nothing on stdout), as status and tamper clear do:
+// `tamper status /etc/autopilot-health/other.toml` (--config forgotten)
+// does not pass for a read of the default configuration's state.
+func TestTamperAndCatalogRefuseExtraArguments(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte("state_dir = \""+dir+"\"\n[status]\nsocket = \""+filepath.Join(dir, "status.sock")+"\"\n"), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tamper", "status", "--config", cfg, "garbage"}, "autopilot-health tamper status: unexpected argument \"garbage\"\n"},
+		{[]string{"tamper", "layers", "--config", cfg, "garbage"}, "autopilot-health tamper layers: unexpected argument \"garbage\"\n"},
+		{[]string{"catalog", "garbage"}, "autopilot-health catalog: unexpected argument \"garbage\"\n"},
+	} {
+		code, out, errs := run(t, tc.args...)
+		if code != exitError || out != "" || errs != tc.want {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2, stderr %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+}

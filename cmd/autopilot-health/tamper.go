@@ -111,6 +111,10 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 	if code := parseFlags(fs, args); code >= 0 {
 		return code
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health tamper status: unexpected argument %q\n", fs.Arg(0))
+		return exitError
+	}
 	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health tamper status: %v\n", err)
@@ -196,6 +200,10 @@ func cmdTamperLayers(args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
 	if code := parseFlags(fs, args); code >= 0 {
 		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health tamper layers: unexpected argument %q\n", fs.Arg(0))
+		return exitError
 	}
 	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
 	if err != nil {
