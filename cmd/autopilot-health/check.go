@@ -59,7 +59,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		if _, ok := report.Lookup(n); !ok {
-			fmt.Fprintf(stderr, "autopilot-health check: --only: unknown condition %q (see autopilot-health catalog)\n", n)
+			fmt.Fprintf(stderr, "autopilot-health check: --only: unknown condition %q%s\n", n, validConditions(n))
 			return exitError
 		}
 		onlyList = append(onlyList, n)
@@ -128,6 +128,19 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		return exitProblem
 	}
 	return exitOK
+}
+
+// validConditions says what --only takes instead of name: the condition
+// it spells in another case, or else every condition of the catalog.
+func validConditions(name string) string {
+	types := make([]string, len(report.Conditions))
+	for i, c := range report.Conditions {
+		if strings.EqualFold(c.Type, name) {
+			return ": did you mean " + c.Type + "?"
+		}
+		types[i] = c.Type
+	}
+	return "; the conditions are: " + strings.Join(types, ", ")
 }
 
 // flagSet reports whether the flag was given on the command line.

@@ -677,3 +677,23 @@ func TestKmsgRulesRefusesJSONAndArguments(t *testing.T) {
 		t.Errorf("kmsg rules --help offers --json:\n%s", help)
 	}
 }
+
+// A condition in --only that is not the catalog's is bad usage, and the
+// error names what is valid: the condition a case slip meant, or else the
+// catalog's conditions, so the operator does not have to run another
+// command to find the spelling.
+func TestCheckOnlyNamesTheValidConditions(t *testing.T) {
+	code, out, errs := run(t, "check", "--only", "DiskUsageHigh,diskusagehigh", "--config", "/dev/null")
+	if want := "autopilot-health check: --only: unknown condition \"diskusagehigh\": did you mean DiskUsageHigh?\n"; code != exitError || out != "" || errs != want {
+		t.Errorf("case slip: exit %d, stdout %q, stderr %q; want %q", code, out, errs, want)
+	}
+	code, out, errs = run(t, "check", "--only", "DiskFull", "--config", "/dev/null")
+	if code != exitError || out != "" || !strings.HasPrefix(errs, "autopilot-health check: --only: unknown condition \"DiskFull\"; the conditions are: ") {
+		t.Errorf("unknown: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	for _, c := range report.Conditions {
+		if !strings.Contains(errs, c.Type) {
+			t.Errorf("the error does not name %s: %q", c.Type, errs)
+		}
+	}
+}
