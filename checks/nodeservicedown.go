@@ -12,7 +12,10 @@ import (
 func init() { Register("NodeServiceDown", newNodeServiceDown) }
 
 // nodeServiceDown: True when an operability unit (tunnel agent, server,
-// source-IP helper; per role) is not active.
+// source-IP helper; per role) is not active. Active is what `systemctl
+// is-active` calls active: "active", and "reloading" and "refreshing", in
+// which the unit keeps running (its ExecReload=, systemd 255's refresh of
+// its mount namespace).
 type nodeServiceDown struct {
 	env   *Env
 	units []string
@@ -45,7 +48,7 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 		switch {
 		case u.LoadState == "not-found":
 			down = append(down, name+" is not installed")
-		case u.ActiveState != "active":
+		case !isActive(u.ActiveState):
 			what := u.ActiveState + "/" + u.SubState
 			if u.Result != "" && u.Result != "success" {
 				what += ", result " + u.Result
@@ -58,4 +61,11 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonUnitNotActive, Message: strings.Join(down, "; "), Details: details}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeServicesActive, Message: strings.Join(c.units, ", ") + ": active", Details: details}, nil
+}
+
+// isActive reports whether a unit's ActiveState is one `systemctl
+// is-active` answers with success (its verb_is_active: UNIT_ACTIVE,
+// UNIT_RELOADING, UNIT_REFRESHING).
+func isActive(state string) bool {
+	return state == "active" || state == "reloading" || state == "refreshing"
 }
