@@ -24,3 +24,36 @@ func TestNodeServiceDownReloadingIsActive(t *testing.T) {
 		}
 	}
 }
+
+// A unit that is down because it cannot start says why, in the words of
+// its LoadState, and what to look at: a masked unit (systemctl mask), which
+// `systemctl start` refuses, and one whose unit file does not load
+// (bad-setting, error). Before, each was "is not active (inactive/dead)",
+// as a unit someone stopped. A masked unit that still runs (masking does
+// not stop it) is active.
+func TestNodeServiceDownSaysWhyAUnitCannotStart(t *testing.T) {
+	const name = "syself-tunnel-agent.service"
+	for _, tc := range []struct {
+		load, active, sub string
+		status            report.Status
+		msg               string
+	}{
+		{"masked", "inactive", "dead", report.StatusTrue,
+			name + " is masked (inactive/dead): systemd will not start it; systemctl unmask it"},
+		{"bad-setting", "inactive", "dead", report.StatusTrue,
+			name + " does not load (bad-setting, inactive/dead): see systemctl status " + name},
+		{"error", "inactive", "dead", report.StatusTrue,
+			name + " does not load (error, inactive/dead): see systemctl status " + name},
+		{"masked", "active", "running", report.StatusFalse, name + ": active"},
+	} {
+		u := running(name)
+		u.LoadState, u.ActiveState, u.SubState = tc.load, tc.active, tc.sub
+		env := testEnv(t, nil)
+		env.Systemd = newFakeManager(u)
+		c, _ := newNodeServiceDown(env)
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != tc.status || r.Message != tc.msg {
+			t.Errorf("%s %s/%s: %s %q (%v)\nwant %s %q", tc.load, tc.active, tc.sub, r.Status, r.Message, err, tc.status, tc.msg)
+		}
+	}
+}
