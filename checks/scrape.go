@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -65,7 +66,7 @@ func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (va
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, false, err
+		return nil, false, withoutLocalAddr(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -73,12 +74,27 @@ func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (va
 	}
 	page, err := io.ReadAll(io.LimitReader(resp.Body, maxMetricsPage+1))
 	if err != nil {
-		return nil, false, fmt.Errorf("GET %s: reading the page: %w", url, err)
+		return nil, false, fmt.Errorf("GET %s: reading the page: %w", url, withoutLocalAddr(err))
 	}
 	if len(page) > maxMetricsPage {
 		return nil, false, &pageError{fmt.Errorf("longer than %d bytes, the most a check reads", maxMetricsPage)}
 	}
 	return parsePage(page, name)
+}
+
+// withoutLocalAddr returns err with the local address of a connection's
+// read or write error left out: "read tcp 127.0.0.1:41234->127.0.0.1:9587:
+// read: connection reset by peer" says "read tcp 127.0.0.1:9587: ...". The
+// local port is new with each connection, and the error is a condition's
+// message: one that changed at every run was a write of the Node's status
+// at every run. err is the call's own (net/http and rawsys make a new one
+// for each failure), so its *net.OpError is changed in place.
+func withoutLocalAddr(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Addr != nil {
+		oe.Source = nil
+	}
+	return err
 }
 
 // parseMetric reads Prometheus text exposition and returns the values of one metric.

@@ -1,9 +1,11 @@
 package checks
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -163,6 +165,64 @@ func TestNamesAnywhereInTheBracesAreRead(t *testing.T) {
 		vals, found, err := parseMetric(strings.NewReader(tc.page), "ready")
 		if err != nil || found != tc.found || len(vals) != tc.vals {
 			t.Errorf("%q: %v %v %v, want found %v with %d values", tc.page, vals, found, err, tc.found, tc.vals)
+		}
+	}
+}
+
+// resettingPeer reads each request on l and resets the connection (RST,
+// SO_LINGER 0): before answering ("before"), or after the header and part
+// of a body ("mid-body").
+func resettingPeer(t *testing.T, l net.Listener, when string) {
+	t.Helper()
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil && when == "mid-body" {
+				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n# HELP ready")
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	}()
+}
+
+// An endpoint that resets every connection fails each run with the same
+// message: the connection's local port, new at every run, is left out of
+// it ("read tcp 127.0.0.1:9587: read: connection reset by peer"). Before,
+// the message named it ("read tcp 127.0.0.1:41234->127.0.0.1:9587: ..."),
+// and a condition whose message changes at every run is a write of the
+// Node's status (and a look at systemd's state) at every run, every 30 s.
+func TestScrapeFailureMessageStaysTheSame(t *testing.T) {
+	for _, when := range []string{"before", "mid-body"} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resettingPeer(t, l, when)
+		url := "http://" + l.Addr().String() + "/metrics"
+		env := testEnv(t, func(c *config.Config) {
+			c.Checks.ProxyNotServing.MetricsURL = url
+			c.Checks.TunnelDisconnected.MetricsURL = url
+		})
+		proxy, _ := newProxyCheck(env)
+		tunnel, _ := newTunnelCheck(env)
+		for name, c := range map[string]Check{"ProxyNotServing": proxy, "TunnelDisconnected": tunnel} {
+			var msgs []string
+			for range 3 {
+				r, err := c.Probe(context.Background())
+				if err != nil || r.Status != report.StatusTrue || !strings.Contains(r.Message, "connection reset by peer") {
+					t.Fatalf("%s, reset %s: %+v %v", name, when, r, err)
+				}
+				msgs = append(msgs, r.Message)
+			}
+			if msgs[0] != msgs[1] || msgs[1] != msgs[2] || strings.Contains(msgs[0], "->") {
+				t.Errorf("%s, reset %s: the messages name the local port or change:\n%s", name, when, strings.Join(msgs, "\n"))
+			}
+			c.(Closer).Close()
 		}
 	}
 }
