@@ -54,7 +54,9 @@ func (c *kubeletCheck) probe(ctx context.Context) error {
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return err // "Get \"<url>\": <cause>"
+		// "Get \"<url>\": <cause>", without the local port, another at
+		// each new connection (the message would change at every probe).
+		return withoutLocalAddr(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 512))
@@ -65,7 +67,7 @@ func (c *kubeletCheck) probe(ctx context.Context) error {
 		// A 200 is an answer only once its body came: a kubelet that hung
 		// or died mid-answer is not healthy (the client's timeout ends a
 		// body that never comes, as it ends an answer that never starts).
-		return fmt.Errorf("GET %s: HTTP 200, reading the answer: %w", c.url, err)
+		return fmt.Errorf("GET %s: HTTP 200, reading the answer: %w", c.url, withoutLocalAddr(err))
 	}
 	return nil
 }

@@ -92,3 +92,38 @@ func TestKubeletProbeAHungOrCutAnswerFails(t *testing.T) {
 		})
 	}
 }
+
+// A kubelet that resets every connection (before its answer, or mid-body)
+// gives the same message at every probe: the error names the kubelet's
+// address, not the probe's local port, which is another at each new
+// connection (a message that changed at every probe would rewrite the
+// Node's status every 10 s, as ProxyNotServing's did:
+// TestScrapeFailureMessageStaysTheSame).
+func TestKubeletProbeFailureMessageStaysTheSame(t *testing.T) {
+	for _, when := range []string{"before", "mid-body"} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resettingPeer(t, l, when)
+		env := testEnv(t, func(c *config.Config) {
+			c.Checks.KubeletUnhealthy.HealthzURL = "http://" + l.Addr().String() + "/healthz"
+		})
+		ch, err := newKubeletCheck(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msgs []string
+		for range 3 {
+			r, err := ch.Probe(context.Background())
+			if err != nil || r.Status != report.StatusTrue || !strings.Contains(r.Message, "connection reset by peer") {
+				t.Fatalf("reset %s: %+v %v", when, r, err)
+			}
+			msgs = append(msgs, r.Message)
+		}
+		if msgs[0] != msgs[1] || msgs[1] != msgs[2] || strings.Contains(msgs[0], "->") {
+			t.Errorf("reset %s: the messages name the local port or change:\n%s", when, strings.Join(msgs, "\n"))
+		}
+		ch.(*kubeletCheck).Close()
+	}
+}
