@@ -2,6 +2,8 @@ package tamper
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -38,6 +40,81 @@ type Keeper struct {
 	// or one the daemon published to the Node before (TrustClear). Only
 	// such a clear is reported: the state file alone could be forged.
 	clearTrusted bool
+
+	// The writer (save): the state is marshalled under mu and written
+	// outside it, on a goroutine of its own, one write at a time.
+	// write replaces report.WriteFileAtomic (SetWrite, tests); onBlocked is
+	// told when a write is found blocked in I/O and when it returns
+	// (OnWriteBlocked).
+	write     func(path string, data []byte, perm os.FileMode) error
+	onBlocked func(since time.Time, blocked bool, err error)
+	// hookMu keeps onBlocked's calls in order (taken before mu).
+	hookMu sync.Mutex
+	// gen counts the changes to save; written is the gen of the last write
+	// that returned, writeErr its error.
+	gen, written uint64
+	writeErr     error
+	// writing: a write is in flight, begun at writeSince; writeBlocked: it
+	// has not returned within WriteBlockedAfter. wrote is closed when a
+	// write returns (and replaced).
+	writing      bool
+	writeSeq     uint64
+	writeSince   time.Time
+	writeBlocked bool
+	wrote        chan struct{}
+}
+
+// WriteBlockedAfter is how long a write of the tamper state may take
+// before it counts as blocked in I/O (a failing or hung disk under the
+// state directory), as the daemon's state file's.
+const WriteBlockedAfter = 10 * time.Second
+
+// SaveWait bounds how long Update waits for the write of its change: a
+// write of a few hundred KiB and two fsyncs takes milliseconds. Past it,
+// the change is kept in memory and saved when the write returns
+// (NotSavedError); the tamper checks and the operator's clear do not wait
+// on the disk.
+const SaveWait = 5 * time.Second
+
+// NotSavedError: the change is made in memory (the tamper checks report
+// it), but the write of the tamper state has not returned: it is saved
+// once that write returns, with every change made meanwhile.
+type NotSavedError struct {
+	Path  string
+	Since time.Time
+}
+
+func (e *NotSavedError) Error() string {
+	return fmt.Sprintf("not saved yet: the write of %s has not returned since %s (a failing or hung disk?); the change is kept in memory and saved once the write returns",
+		e.Path, e.Since.UTC().Format(time.RFC3339))
+}
+
+// SetWrite replaces the write of the state file (report.WriteFileAtomic;
+// tests). Call it before the keeper is used.
+func (k *Keeper) SetWrite(write func(path string, data []byte, perm os.FileMode) error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.write = write
+}
+
+// OnWriteBlocked sets fn, called when a write of the state file has not
+// returned within WriteBlockedAfter (blocked true) and when that write
+// returns (false, with its error); called without the keeper's lock.
+func (k *Keeper) OnWriteBlocked(fn func(since time.Time, blocked bool, err error)) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.onBlocked = fn
+}
+
+// WriteBlocked reports the write of the state file blocked in I/O: since
+// when; false while none is.
+func (k *Keeper) WriteBlocked() (since time.Time, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.writing || !k.writeBlocked {
+		return time.Time{}, false
+	}
+	return k.writeSince, true
 }
 
 // TrustClear marks the state's clear as genuine when it is the clear the
@@ -74,7 +151,7 @@ func (k *Keeper) Path() string { return filepath.Join(k.dir, StateFileName) }
 // is returned, once, for the log. The findings of a file a newer build
 // wrote in a higher version (a rollback) are kept before that finding. A keeper that writes first removes the
 // temp files of the state file a crash left (report.RemoveTemps; under its
-// lock, so no save of its own is under way); a read-only one (the one-shot
+// lock, and only while no write of its own is in flight); a read-only one (the one-shot
 // check beside a running daemon) leaves them, and leaves a file it cannot
 // read where it is, without a finding: the file is the daemon's (which may
 // be newer, or readable to root only), and the error is returned.
@@ -91,7 +168,9 @@ func (k *Keeper) Load(now time.Time) error {
 			return
 		}
 		k.mu.Lock()
-		report.RemoveTemps(k.Path())
+		if !k.writing { // a write of its own is done outside the lock
+			report.RemoveTemps(k.Path())
+		}
 		k.mu.Unlock()
 		s, err := LoadState(k.dir)
 		k.mu.Lock()
@@ -105,33 +184,134 @@ func (k *Keeper) Load(now time.Time) error {
 				k.state.AddFinding(f)
 			}
 			k.state.AddFinding(Finding{Condition: CondNode, Path: ce.Path, Kind: Corrupt, At: now.UTC(), BootID: k.bootID, Detail: ce.Err.Error()})
-			k.saveLocked()
+			k.waitLocked(k.saveLocked()) // SaveWait at most: the finding is in memory
 		}
 		k.loadErr = err
 	})
 	return k.loadErr
 }
 
-// Update changes the state under the keeper's lock and saves it when fn
-// reports a change.
+// Update changes the state under the keeper's lock and, when fn reports a
+// change, saves it: the file is written outside the lock (readers never
+// wait for the disk), one write at a time, and a change made while a write
+// is in flight is saved by the next one, begun when it returns. Update
+// waits for the write of its change SaveWait at most, from that write's
+// start, and returns its error; a *NotSavedError when it has not returned
+// by then (the change is kept, and saved once it does).
 func (k *Keeper) Update(fn func(s *State) bool) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if !fn(&k.state) {
+	if !fn(&k.state) || k.readOnly {
 		return nil
 	}
-	return k.saveLocked()
+	return k.waitLocked(k.saveLocked())
 }
 
-func (k *Keeper) saveLocked() error {
-	if k.readOnly {
-		return nil
+// waitLocked waits for the write of change gen SaveWait at most from that
+// write's start, and returns its error (a *NotSavedError when it has not
+// returned). Called with mu held; it is released while waiting.
+func (k *Keeper) waitLocked(gen uint64) error {
+	for k.written < gen {
+		wait := SaveWait - time.Since(k.writeSince)
+		if wait <= 0 {
+			return &NotSavedError{Path: k.Path(), Since: k.writeSince}
+		}
+		wrote := k.wrote
+		k.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-wrote:
+		case <-t.C:
+		}
+		t.Stop()
+		k.mu.Lock()
 	}
+	return k.writeErr
+}
+
+// saveLocked marks the state changed and starts its write unless one is in
+// flight (whose return starts the next); it returns the change's number.
+func (k *Keeper) saveLocked() uint64 {
+	k.gen++
+	if !k.writing && !k.readOnly {
+		k.startLocked()
+	}
+	return k.gen
+}
+
+// startLocked begins a write of the state as it is now, on a goroutine of
+// its own; when it returns, the changes made meanwhile are written by the
+// next. A write that has not returned within WriteBlockedAfter is marked
+// blocked in I/O (WriteBlocked, onBlocked).
+func (k *Keeper) startLocked() {
+	gen := k.gen
 	b, err := k.state.Marshal()
-	if err != nil {
-		return err
+	write := k.write
+	if write == nil {
+		write = report.WriteFileAtomic
 	}
-	return report.WriteFileAtomic(k.Path(), b, 0o600)
+	k.writeSeq++
+	k.writing, k.writeSince, k.writeBlocked = true, time.Now(), false
+	if k.wrote == nil {
+		k.wrote = make(chan struct{})
+	}
+	seq, since := k.writeSeq, k.writeSince
+	go func() {
+		t := time.AfterFunc(WriteBlockedAfter, func() {
+			k.hookMu.Lock()
+			defer k.hookMu.Unlock()
+			k.mu.Lock()
+			mine := k.writing && k.writeSeq == seq
+			k.writeBlocked = k.writeBlocked || mine
+			fn := k.onBlocked
+			k.mu.Unlock()
+			if mine && fn != nil {
+				fn(since, true, nil)
+			}
+		})
+		if err == nil {
+			err = write(k.Path(), b, 0o600)
+		}
+		t.Stop()
+		k.hookMu.Lock()
+		defer k.hookMu.Unlock()
+		k.mu.Lock()
+		blocked, fn := k.writeBlocked, k.onBlocked
+		k.written, k.writeErr = gen, err
+		k.writing, k.writeBlocked = false, false
+		close(k.wrote)
+		k.wrote = make(chan struct{})
+		if k.gen > gen {
+			k.startLocked()
+		}
+		k.mu.Unlock()
+		if blocked && fn != nil {
+			fn(since, false, err)
+		}
+	}()
+}
+
+// Flush waits, wait at most, for every change made so far to be written,
+// and returns the last write's error; a *NotSavedError when a write has
+// not returned by then (the daemon's stop: it does not wait for a disk
+// that hangs).
+func (k *Keeper) Flush(wait time.Duration) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for k.written < k.gen {
+		wrote := k.wrote
+		k.mu.Unlock()
+		select {
+		case <-wrote:
+			k.mu.Lock()
+		case <-t.C:
+			k.mu.Lock()
+			return &NotSavedError{Path: k.Path(), Since: k.writeSince}
+		}
+	}
+	return k.writeErr
 }
 
 // State returns a copy of the state.

@@ -148,6 +148,9 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	if b := st.StateWriteBlocked; b != nil {
 		state += fmt.Sprintf("; STATE NOT SAVED: the write of %s blocked in I/O since %s", b.Path, ago(b.Since))
 	}
+	if b := st.TamperWriteBlocked; b != nil {
+		state += fmt.Sprintf("; TAMPER STATE NOT SAVED: the write of %s blocked in I/O since %s", b.Path, ago(b.Since))
+	}
 	gpu := ""
 	if st.GPU {
 		gpu = ", GPU"

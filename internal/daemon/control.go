@@ -205,14 +205,23 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 		return nil, errors.New("this daemon keeps no tamper state")
 	}
 	now := time.Now()
-	if err := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by}); err != nil {
+	// A write of tamper.json that does not return (a failing or hung disk
+	// under state_dir) is not waited for: the clear is applied in memory,
+	// logged and evented (the write that does return later saves it), and
+	// the answer says it is not saved yet.
+	var notSaved *tamper.NotSavedError
+	if err := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by}); err != nil && !errors.As(err, &notSaved) {
 		return nil, fmt.Errorf("saving the cleared tamper state: %w", err)
 	}
 	types := []string{tamper.CondNode, tamper.CondSealed}
 	for _, t := range types {
 		d.store.Release(t, now)
 	}
-	d.log.Warn("tamper conditions cleared by an operator", "reason", reason, "by", by)
+	if notSaved != nil {
+		d.log.Warn("tamper conditions cleared by an operator; the clear is not saved yet", "reason", reason, "by", by, "err", notSaved)
+	} else {
+		d.log.Warn("tamper conditions cleared by an operator", "reason", reason, "by", by)
+	}
 	d.store.Emit(report.Event{Reason: report.EventTamperCleared, Time: now,
 		Message: fmt.Sprintf("NodeTampered and SealedOSTampered cleared by %s: %s", by, reason)})
 	r := d.currentRunner()
@@ -239,12 +248,22 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 		case <-changed:
 		case <-time.After(time.Second): // a run that changes nothing
 		case <-deadline.C:
-			return d.tamperConditions(types), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle)
+			return d.tamperConditions(types), errors.Join(unsaved(notSaved), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
-	return d.tamperConditions(types), nil
+	return d.tamperConditions(types), unsaved(notSaved)
+}
+
+// unsaved is the answer to a clear applied in memory whose write of
+// tamper.json has not returned (nil: saved).
+func unsaved(e *tamper.NotSavedError) error {
+	if e == nil {
+		return nil
+	}
+	return fmt.Errorf("cleared, but not saved: the write of %s has not returned since %s (a failing or hung disk?; journalctl -u autopilot-health); it is saved once that write returns, and a restart of the daemon before then brings the findings back: run the clear again then",
+		e.Path, e.Since.UTC().Format(time.RFC3339))
 }
 
 func (d *Daemon) tamperConditions(types []string) []report.Condition {

@@ -197,6 +197,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.bindMetrics()
 	}
 	d.control = control
+	d.watchTamperWrites()
 	return d, nil
 }
 

@@ -72,6 +72,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer shCancel()
 	srv.Shutdown(shCtx)
 	d.finalSave()
+	d.finalTamperSave()
 	return runErr
 }
 

@@ -1,13 +1,16 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
 )
 
 // stateWriteBlockedAfter is how long a write of the state file may take
@@ -114,15 +117,59 @@ func (w *stateWriter) blocked() (BlockedWrite, bool) {
 // statePath is the state file.
 func (d *Daemon) statePath() string { return filepath.Join(d.cfg.StateDir, report.StateFileName) }
 
-// stateWriteNote is what systemd's status line and /healthz say of a state
-// write blocked in I/O ("" while none is). It names the time, not a
-// duration: the status line is sent again only when it changes.
+// stateWriteNote is what systemd's status line and /healthz say of a write
+// of the state file, or of the tamper state (tamperWriteBlocked), blocked
+// in I/O ("" while none is). It names the time, not a duration: the status
+// line is sent again only when it changes.
 func (d *Daemon) stateWriteNote() string {
-	b, ok := d.stateW.blocked()
-	if !ok {
-		return ""
+	var notes []string
+	if b, ok := d.stateW.blocked(); ok {
+		notes = append(notes, b.note("state"))
 	}
-	return fmt.Sprintf("state not saved: the write of %s has been blocked in I/O since %s", b.Path, b.Since.UTC().Format(time.RFC3339))
+	if b, ok := d.tamperWriteBlocked(); ok {
+		notes = append(notes, b.note("tamper state"))
+	}
+	return strings.Join(notes, "; ")
+}
+
+// note says that what is not saved because its write is blocked in I/O.
+func (b BlockedWrite) note(what string) string {
+	return fmt.Sprintf("%s not saved: the write of %s has been blocked in I/O since %s", what, b.Path, b.Since.UTC().Format(time.RFC3339))
+}
+
+// tamperWriteBlocked is the write of the tamper state (tamper.json)
+// blocked in I/O, if any: the keeper writes it on a goroutine of its own,
+// one write at a time, and the tamper checks and the operator's clear work
+// on from memory meanwhile (tamper.Keeper.Update).
+func (d *Daemon) tamperWriteBlocked() (BlockedWrite, bool) {
+	k := d.currentEnv().Tamper
+	if k == nil {
+		return BlockedWrite{}, false
+	}
+	since, ok := k.WriteBlocked()
+	if !ok {
+		return BlockedWrite{}, false
+	}
+	return BlockedWrite{Path: k.Path(), Since: since}, true
+}
+
+// watchTamperWrites logs a write of the tamper state found blocked in I/O
+// (once, at error level, as the state file's) and its return, and sends
+// the status line again each time.
+func (d *Daemon) watchTamperWrites() {
+	k := d.currentEnv().Tamper
+	if k == nil || k.ReadOnly() {
+		return
+	}
+	k.OnWriteBlocked(func(since time.Time, blocked bool, err error) {
+		if blocked {
+			d.log.Error("saving the tamper state is blocked in I/O; the tamper checks work on from memory (their findings are set on the Node), a clear is applied but not saved, and no other write starts until this one returns",
+				"path", k.Path(), "since", since.UTC().Format(time.RFC3339))
+		} else {
+			d.log.Info("the blocked tamper state write returned; the changes made meanwhile are written now", "path", k.Path(), "took", time.Since(since).Round(time.Second), "err", err)
+		}
+		d.wakeStatus()
+	})
 }
 
 // finalSave saves the state at SIGTERM, waiting finalSaveWait at most: for
@@ -165,5 +212,24 @@ func (d *Daemon) finalSave() {
 	if err != nil {
 		d.log.Error("saving state on shutdown failed; stopping anyway", "dir", d.cfg.StateDir, "err", err)
 		d.metrics.StateWrite(err)
+	}
+}
+
+// finalTamperSave waits, finalSaveWait at most, for the changes of the
+// tamper state not written yet (a write of tamper.json blocked in I/O holds
+// them) and logs, at error level, what it could not save: a finding not in
+// tamper.json is taken back from the Node at the next start, a clear not
+// in it is lost and must be made again.
+func (d *Daemon) finalTamperSave() {
+	k := d.currentEnv().Tamper
+	if k == nil || k.ReadOnly() {
+		return
+	}
+	var ns *tamper.NotSavedError
+	switch err := k.Flush(finalSaveWait); {
+	case errors.As(err, &ns):
+		d.log.Error("tamper state not saved on shutdown: its write is blocked in I/O; stopping anyway (a clear made since its last save must be made again)", "path", ns.Path, "since", ns.Since.UTC().Format(time.RFC3339), "waited", finalSaveWait)
+	case err != nil:
+		d.log.Error("tamper state not saved on shutdown; stopping anyway (a clear made since its last save must be made again)", "path", k.Path(), "err", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
 )
 
 // hungDisk is the state writer's file system (stateWriter.write) on a disk
@@ -315,6 +316,150 @@ func TestStopSavesTheState(t *testing.T) {
 		}
 		if n := testutil.ToFloat64(d.metrics.StateWritesFor("error")); n != 0 {
 			t.Errorf("%v failed writes", n)
+		}
+	})
+}
+
+// A write of tamper.json that blocks in the kernel holds neither the
+// operator's clear nor anything else: `tamper clear` answers within
+// tamper.SaveWait that the clear is applied but not saved yet (a restart
+// before it is would bring the findings back), and so does a retry, at
+// once, without a second write on top of the hung one; the blocked write
+// is logged once and named in status, the status line and /healthz, as the
+// state file's; once it returns, the latest clear is saved and the note
+// clears. Before, the clear wrote tamper.json under the keeper's lock and
+// hung until the connection's deadline (40 s) without a word, each retry
+// leaving one more goroutine on the lock, and the tamper checks behind it.
+func TestTamperClearWhileTheTamperWriteIsBlocked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		// Not run here (no Run); their watcher blocks in a read the fake
+		// clock cannot wait out.
+		cfg.Checks.NodeTampered.Enabled = false
+		cfg.Checks.SealedOSTampered.Enabled = false
+		var logs testenv.SyncBuffer
+		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := d.currentEnv().Tamper
+		disk := newHungDisk()
+		defer func() { disk.unblock(); synctest.Wait() }() // a failed test ends with no write blocked
+		k.SetWrite(disk.write)
+
+		clear := func(reason string) chan error {
+			done := make(chan error, 1)
+			go func() {
+				_, err := d.ClearTamper(context.Background(), reason, "uid 0 (uid 0, pid 1)")
+				done <- err
+			}()
+			return done
+		}
+		answered := func(done chan error, what string) error {
+			t.Helper()
+			select {
+			case err := <-done:
+				return err
+			default:
+				t.Fatalf("%s: no answer while the write of tamper.json hangs", what)
+				return nil
+			}
+		}
+		began := time.Now()
+		done := clear("INC-1: reviewed")
+		time.Sleep(tamper.SaveWait + time.Second)
+		synctest.Wait()
+		err = answered(done, "tamper clear")
+		if err == nil || !strings.Contains(err.Error(), "cleared, but not saved: the write of "+k.Path()+" has not returned since") || !strings.Contains(err.Error(), "run the clear again") {
+			t.Errorf("tamper clear: %v; want cleared but not saved, naming %s", err, k.Path())
+		}
+		if c := k.State().Cleared; c == nil || c.Reason != "INC-1: reviewed" {
+			t.Errorf("clear in memory: %+v", c)
+		}
+		// The operator retries: answered at once, the same way.
+		retry := clear("INC-1: retry")
+		synctest.Wait()
+		err = answered(retry, "the retry")
+		if err == nil || !strings.Contains(err.Error(), "cleared, but not saved") {
+			t.Errorf("retry: %v; want cleared but not saved", err)
+		}
+
+		time.Sleep(tamper.WriteBlockedAfter)
+		synctest.Wait()
+		if calls, inFlight, _ := disk.counts(); calls != 1 || inFlight != 1 {
+			t.Errorf("%d writes of tamper.json begun (%d in flight) while one hangs; want exactly one", calls, inFlight)
+		}
+		st := d.Status(time.Now())
+		if b := st.TamperWriteBlocked; b == nil || b.Path != k.Path() || !b.Since.Equal(began) || st.StateWriteBlocked != nil {
+			t.Errorf("status: tamper write blocked %+v, state write blocked %+v; want the write of %s since %v", b, st.StateWriteBlocked, k.Path(), began)
+		}
+		if s := d.StatusLine(); !strings.HasPrefix(s, "tamper state not saved: the write of "+k.Path()+" has been blocked in I/O since ") {
+			t.Errorf("status line %q", s)
+		}
+		if code, body := healthz(d); code != http.StatusOK || !strings.Contains(body, "the write of "+k.Path()+" has been blocked in I/O since") {
+			t.Errorf("/healthz %d %q; want 200 naming the blocked write", code, body)
+		}
+		if n := strings.Count(logs.String(), "saving the tamper state is blocked in I/O"); n != 1 {
+			t.Errorf("the blocked write logged %d times:\n%s", n, logs.String())
+		}
+
+		// The write returns: the latest clear is saved, the note clears.
+		disk.unblock()
+		synctest.Wait()
+		s, err := tamper.LoadState(cfg.StateDir)
+		if err != nil || s == nil || s.Cleared == nil || s.Cleared.Reason != "INC-1: retry" {
+			t.Errorf("saved: %+v, %v; want the retried clear", s, err)
+		}
+		if b := d.Status(time.Now()).TamperWriteBlocked; b != nil || strings.Contains(d.StatusLine(), "not saved") {
+			t.Errorf("the note stays after the write returned: %+v %q", b, d.StatusLine())
+		}
+		if n := strings.Count(logs.String(), "the blocked tamper state write returned"); n != 1 {
+			t.Errorf("the return logged %d times:\n%s", n, logs.String())
+		}
+	})
+}
+
+// SIGTERM while the write of tamper.json hangs with a clear not saved yet:
+// the stop waits finalSaveWait at most for it, logs that the tamper state
+// was not saved (the clear must be made again after the start), and
+// exits 0.
+func TestStopDoesNotWaitForAHungTamperWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.NodeTampered.Enabled = false // its watcher blocks in a read the fake clock cannot wait out
+		cfg.Checks.SealedOSTampered.Enabled = false
+		var logs testenv.SyncBuffer
+		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := d.currentEnv().Tamper
+		disk := newHungDisk()
+		defer func() { disk.unblock(); synctest.Wait() }() // a failed test ends with no write blocked
+		k.SetWrite(disk.write)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if _, err := d.ClearTamper(context.Background(), "INC-2", "uid 0"); err == nil {
+			t.Fatal("the clear says saved while the write hangs")
+		}
+		stop := time.Now()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v, want nil", err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the stop waits for the hung write of tamper.json")
+		}
+		if took := time.Since(stop); took > 2*finalSaveWait+time.Second {
+			t.Errorf("the stop took %v with the write of tamper.json hung", took)
+		}
+		if !strings.Contains(logs.String(), "tamper state not saved on shutdown: its write is blocked in I/O; stopping anyway") {
+			t.Errorf("the unsaved tamper state is not logged:\n%s", logs.String())
 		}
 	})
 }

@@ -38,9 +38,12 @@ type StatusReport struct {
 	// StateWriteBlocked: the write of the state file that has been
 	// blocked in I/O since then (a failing or hung disk under state_dir);
 	// absent while none is. The daemon works on meanwhile.
-	StateWriteBlocked *BlockedWrite     `json:"stateWriteBlocked,omitempty"`
-	Summary           string            `json:"summary"`
-	Conditions        []ConditionStatus `json:"conditions"`
+	StateWriteBlocked *BlockedWrite `json:"stateWriteBlocked,omitempty"`
+	// TamperWriteBlocked: the same of the tamper state (tamper.json): the
+	// tamper checks' findings and a clear are kept in memory, not saved.
+	TamperWriteBlocked *BlockedWrite     `json:"tamperWriteBlocked,omitempty"`
+	Summary            string            `json:"summary"`
+	Conditions         []ConditionStatus `json:"conditions"`
 	// Repairs by unit: every unit the daemon watches for repair.
 	Repairs    map[string]checks.RepairStatus `json:"repairs"`
 	Kmsg       *KmsgStatus                    `json:"kmsg,omitempty"`
@@ -122,6 +125,9 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	}
 	if b, ok := d.stateW.blocked(); ok {
 		st.StateWriteBlocked = &b
+	}
+	if b, ok := d.tamperWriteBlocked(); ok {
+		st.TamperWriteBlocked = &b
 	}
 	conds := d.store.All()
 	st.Summary = Summarize(conds)
