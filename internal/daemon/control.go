@@ -206,19 +206,22 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 	}
 	now := time.Now()
 	// A write of tamper.json that does not return (a failing or hung disk
-	// under state_dir) is not waited for: the clear is applied in memory,
-	// logged and evented (the write that does return later saves it), and
-	// the answer says it is not saved yet.
+	// under state_dir) is not waited for, and one that fails (a read-only
+	// or full state_dir) is not undone: the keeper has dropped the
+	// findings in memory either way, so the clear is applied, logged and
+	// evented (a write that returns later, or the next one that works,
+	// saves it), and the answer says it is not saved.
 	var notSaved *tamper.NotSavedError
-	if err := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by}); err != nil && !errors.As(err, &notSaved) {
-		return nil, fmt.Errorf("saving the cleared tamper state: %w", err)
+	saveErr := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by})
+	if saveErr != nil && !errors.As(saveErr, &notSaved) {
+		notSaved = nil
 	}
 	types := []string{tamper.CondNode, tamper.CondSealed}
 	for _, t := range types {
 		d.store.Release(t, now)
 	}
-	if notSaved != nil {
-		d.log.Warn("tamper conditions cleared by an operator; the clear is not saved yet", "reason", reason, "by", by, "err", notSaved)
+	if saveErr != nil {
+		d.log.Warn("tamper conditions cleared by an operator; the clear is not saved", "reason", reason, "by", by, "err", saveErr)
 	} else {
 		d.log.Warn("tamper conditions cleared by an operator", "reason", reason, "by", by)
 	}
@@ -248,19 +251,22 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 		case <-changed:
 		case <-time.After(time.Second): // a run that changes nothing
 		case <-deadline.C:
-			return d.tamperConditions(types), errors.Join(unsaved(notSaved), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
+			return d.tamperConditions(types), errors.Join(unsaved(saveErr, notSaved), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
-	return d.tamperConditions(types), unsaved(notSaved)
+	return d.tamperConditions(types), unsaved(saveErr, notSaved)
 }
 
 // unsaved is the answer to a clear applied in memory whose write of
-// tamper.json has not returned (nil: saved).
-func unsaved(e *tamper.NotSavedError) error {
-	if e == nil {
+// tamper.json failed (err) or has not returned (e) (nil: saved).
+func unsaved(err error, e *tamper.NotSavedError) error {
+	if err == nil {
 		return nil
+	}
+	if e == nil {
+		return fmt.Errorf("cleared, but not saved: %w (journalctl -u autopilot-health); the next change of the tamper state that can be written saves it, and a restart of the daemon before then brings the findings back: run the clear again then", err)
 	}
 	return fmt.Errorf("cleared, but not saved: the write of %s has not returned since %s (a failing or hung disk?; journalctl -u autopilot-health); it is saved once that write returns, and a restart of the daemon before then brings the findings back: run the clear again then",
 		e.Path, e.Since.UTC().Format(time.RFC3339))

@@ -7,8 +7,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -460,6 +462,44 @@ func TestStopDoesNotWaitForAHungTamperWrite(t *testing.T) {
 		}
 		if !strings.Contains(logs.String(), "tamper state not saved on shutdown: its write is blocked in I/O; stopping anyway") {
 			t.Errorf("the unsaved tamper state is not logged:\n%s", logs.String())
+		}
+	})
+}
+
+// A clear whose write of tamper.json fails outright (a read-only or full
+// /var, not a hang) is applied all the same, as one whose write hangs: the
+// keeper dropped its findings in memory already, so refusing the clear
+// left the conditions held True over findings that were gone, with no log
+// line or Event, and every retry failed the same way. It is released,
+// logged and evented, and the answer says it is not saved and why.
+func TestTamperClearWhoseWriteFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.NodeTampered.Enabled = false
+		cfg.Checks.SealedOSTampered.Enabled = false
+		var logs testenv.SyncBuffer
+		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &eventRecorder{}
+		d.Store().Observe(rec)
+		k := d.currentEnv().Tamper
+		k.SetWrite(func(string, []byte, os.FileMode) error {
+			return &os.PathError{Op: "open", Path: k.Path() + ".tmp1", Err: syscall.EROFS}
+		})
+		_, err = d.ClearTamper(context.Background(), "INC-2: reviewed", "uid 0 (uid 0, pid 1)")
+		if err == nil || !strings.Contains(err.Error(), "cleared, but not saved") || !strings.Contains(err.Error(), "read-only file system") {
+			t.Errorf("tamper clear with tamper.json not writable: %v; want cleared but not saved, naming the error", err)
+		}
+		if !strings.Contains(logs.String(), "tamper conditions cleared by an operator") {
+			t.Errorf("the clear is not logged:\n%s", logs.String())
+		}
+		rec.mu.Lock()
+		evs := slices.Clone(rec.events)
+		rec.mu.Unlock()
+		if !slices.ContainsFunc(evs, func(e report.Event) bool { return e.Reason == report.EventTamperCleared }) {
+			t.Errorf("no %s Event: %+v", report.EventTamperCleared, evs)
 		}
 	})
 }
