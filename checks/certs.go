@@ -165,17 +165,24 @@ func parseCertFile(path string) ([]*x509.Certificate, crypto.PublicKey, error) {
 
 // parseCertPEM returns the certificates of PEM text, in order, and the
 // public key of its private key (nil if it has none or it cannot be
-// parsed). Text with no certificate, one that does not parse, or a PEM
-// block cut short is an error.
+// parsed). Text with no certificate, one that does not parse, a PEM block
+// that does not decode (garbled, or without its END line) or a PEM block
+// cut short is an error.
 func parseCertPEM(b []byte) ([]*x509.Certificate, crypto.PublicKey, error) {
 	var certs []*x509.Certificate
 	var pub crypto.PublicKey
-	for {
-		var blk *pem.Block
-		blk, b = pem.Decode(b)
+	for n := 1; ; n++ {
+		blk, rest := pem.Decode(b)
 		if blk == nil {
 			break
 		}
+		// pem.Decode skips a block it cannot decode and returns the next
+		// one: a BEGIN line before this block's own is a block skipped,
+		// maybe the certificate that expires first.
+		if skipped := b[:len(b)-len(rest)]; bytes.Count(skipped, pemBegin) > 1 {
+			return nil, nil, fmt.Errorf("PEM block %d (%s) does not decode (a garbled file?)", n, pemType(skipped))
+		}
+		b = rest
 		switch {
 		case blk.Type == "CERTIFICATE":
 			c, err := x509.ParseCertificate(blk.Bytes)
@@ -187,13 +194,25 @@ func parseCertPEM(b []byte) ([]*x509.Certificate, crypto.PublicKey, error) {
 			pub = publicKeyOf(blk)
 		}
 	}
-	if bytes.Contains(b, []byte("-----BEGIN")) {
+	if bytes.Contains(b, pemBegin) {
 		return nil, nil, errors.New("a PEM block is not complete (a truncated file?)")
 	}
 	if len(certs) == 0 {
 		return nil, nil, errors.New("no PEM certificate")
 	}
 	return certs, pub, nil
+}
+
+var pemBegin = []byte("-----BEGIN")
+
+// pemType is the type named by the first BEGIN line of b, shortened.
+func pemType(b []byte) string {
+	_, after, _ := bytes.Cut(b, pemBegin)
+	t, _, _ := bytes.Cut(bytes.TrimLeft(after, " "), []byte("-----"))
+	if i := bytes.IndexByte(t, '\n'); i >= 0 {
+		t = t[:i]
+	}
+	return fmt.Sprintf("%.40s", t)
 }
 
 // maxCertFile bounds what is read of a certificate file: a kubelet's

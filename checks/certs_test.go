@@ -108,6 +108,22 @@ func TestCertUnreadableIsNotValid(t *testing.T) {
 			c := leaf.certPEM()
 			writeCertFile(t, root+kubeletClientPEM, leaf.keyPEM(t), c[:len(c)/2])
 		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: a PEM block is not complete (a truncated file?) (1 other certificate valid for more than 168h0m0s)"},
+		// pem.Decode skips a block it cannot decode and goes on to the
+		// next: a garbled certificate before a whole one was left out,
+		// and the file judged by the others (a CA valid for years).
+		{"garbled certificate, then a whole one", func(t *testing.T, root string) {
+			ca := newCertFixture(t, "kubernetes-ca", now.Add(3650*24*time.Hour), true, nil)
+			leaf := newCertFixture(t, "system:node:n1", now.Add(48*time.Hour), false, &ca)
+			garbled := bytes.Replace(leaf.certPEM(), []byte("M"), []byte("*"), 1)
+			writeCertFile(t, root+kubeletClientPEM, leaf.keyPEM(t), garbled, ca.certPEM())
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: PEM block 2 (CERTIFICATE) does not decode (a garbled file?) (1 other certificate valid for more than 168h0m0s)"},
+		{"a certificate without its END line, then a whole one", func(t *testing.T, root string) {
+			ca := newCertFixture(t, "kubernetes-ca", now.Add(3650*24*time.Hour), true, nil)
+			inter := newCertFixture(t, "intermediate", now.Add(48*time.Hour), true, &ca)
+			leaf := newCertFixture(t, "system:node:n1", now.Add(300*24*time.Hour), false, &inter)
+			cut := bytes.Replace(inter.certPEM(), []byte("-----END CERTIFICATE-----\n"), nil, 1)
+			writeCertFile(t, root+kubeletClientPEM, leaf.certPEM(), cut, leaf.keyPEM(t))
+		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: PEM block 2 (CERTIFICATE) does not decode (a garbled file?) (1 other certificate valid for more than 168h0m0s)"},
 		{"empty", func(t *testing.T, root string) {
 			writeCertFile(t, root+kubeletClientPEM)
 		}, "/var/lib/kubelet/pki/kubelet-client-current.pem: no PEM certificate (1 other certificate valid for more than 168h0m0s)"},
