@@ -24,6 +24,7 @@ import (
 type journalEntry struct {
 	Cursor   string    // __CURSOR: where to continue after this entry
 	Realtime time.Time // __REALTIME_TIMESTAMP: when journald received it
+	BootID   string    // _BOOT_ID: the boot it was logged in ("" when absent)
 	// Messages are the values of MESSAGE: none when the field is absent, or
 	// null (journalctl writes null for a value over 4096 bytes without
 	// --all); several when the entry has the field more than once.
@@ -42,6 +43,7 @@ func parseJournalLine(line []byte) (journalEntry, error) {
 	var raw struct {
 		Cursor   *string         `json:"__CURSOR"`
 		Realtime *string         `json:"__REALTIME_TIMESTAMP"`
+		BootID   string          `json:"_BOOT_ID"`
 		Message  json.RawMessage `json:"MESSAGE"`
 	}
 	if err := json.Unmarshal(line, &raw); err != nil {
@@ -57,7 +59,7 @@ func parseJournalLine(line []byte) (journalEntry, error) {
 	if err != nil || usec < 0 {
 		return journalEntry{}, fmt.Errorf("not a journal entry: __REALTIME_TIMESTAMP %q is not microseconds", *raw.Realtime)
 	}
-	e := journalEntry{Cursor: *raw.Cursor, Realtime: time.UnixMicro(usec).UTC()}
+	e := journalEntry{Cursor: *raw.Cursor, Realtime: time.UnixMicro(usec).UTC(), BootID: raw.BootID}
 	if len(raw.Message) > 0 {
 		if e.Messages, err = journalValues(raw.Message); err != nil {
 			return journalEntry{}, fmt.Errorf("not a journal entry: MESSAGE: %w", err)

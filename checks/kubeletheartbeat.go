@@ -37,7 +37,9 @@ var journalDirs = []string{"/run/log/journal", "/var/log/journal"}
 // last such entry are kept in the state file (Env.Memos), so a daemon restart
 // within the boot continues where it stopped. Without a cursor (the first run
 // of the boot, the one-shot check, a unit that has logged nothing yet) it
-// reads the last window.
+// reads the last window. Entries logged in another boot than this one (the
+// persistent journal keeps them; a quick reboot's first read reaches back
+// into them) are read but never a give-up: that kubelet is gone.
 type kubeletHeartbeatCheck struct {
 	env        *Env
 	unit       string
@@ -45,6 +47,9 @@ type kubeletHeartbeatCheck struct {
 	match      [][]byte
 	window     time.Duration
 	maxEntries int
+	// bootID is this boot's ID as the journal writes it (no dashes), ""
+	// when not known.
+	bootID string
 
 	st bootValue[kubeletHeartbeatState]
 }
@@ -66,7 +71,8 @@ type kubeletHeartbeatState struct {
 func newKubeletHeartbeatCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.KubeletHeartbeatFailed
 	k := &kubeletHeartbeatCheck{env: env, unit: c.Unit, journalctl: c.Journalctl, window: c.Interval.Duration, maxEntries: c.MaxEntries,
-		st: bootValue[kubeletHeartbeatState]{key: KubeletHeartbeatKey}}
+		bootID: strings.ToLower(strings.ReplaceAll(env.BootID, "-", "")),
+		st:     bootValue[kubeletHeartbeatState]{key: KubeletHeartbeatKey}}
 	for _, m := range c.Match {
 		k.match = append(k.match, []byte(m))
 	}
@@ -109,6 +115,12 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	q := c.query(&st, now)
 	found := 0
 	read, err := readJournal(ctx, q, func(e journalEntry) {
+		if c.bootID != "" && e.BootID != "" && e.BootID != c.bootID {
+			// The kubelet of an earlier boot: the persistent journal
+			// holds it, and a quick reboot's first read (the last
+			// window) reaches back into it.
+			return
+		}
 		msg, ok := c.matches(e)
 		if !ok {
 			return

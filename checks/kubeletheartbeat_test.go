@@ -513,3 +513,36 @@ func TestKubeletHeartbeatGiveUpAfterTheClockWasSetBack(t *testing.T) {
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
 		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:57Z (within the last 5m; 0 such entries since the last run): "+hbKlog10)
 }
+
+// hbEntryOfBoot is a journal entry of kubelet logged at at in the boot
+// bootID (journald's form, without dashes), with a cursor of its own (seq).
+func hbEntryOfBoot(seq int, bootID, msg string, at time.Time) string {
+	return fmt.Sprintf(`{"__CURSOR":"s=3a7de8ba767941d7802f48f8d5767386;i=%x;b=%s","_BOOT_ID":"%s","MESSAGE":%q,"__REALTIME_TIMESTAMP":"%d","__MONOTONIC_TIMESTAMP":"%d"}`,
+		seq, bootID, bootID, msg, at.UnixMicro(), 1000000+seq)
+}
+
+// A node rebooted a minute after kubelet gave up (the API server out of
+// reach, the node rebooted to fix it): the first run of the new boot reads
+// the last window, which the persistent journal fills with the boot
+// before's entries too. Kubelet's give-ups of that boot are not this
+// kubelet's: the condition is not True for the new boot's first interval.
+// Before, it was, naming a give-up logged before the reboot.
+func TestKubeletHeartbeatGiveUpOfTheBootBeforeIsNotThisBoots(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(2 * time.Minute) // the fixture's boot, 0e88..., ended a minute after its last give-up
+	env := heartbeatEnv(t, root, fj, &now)
+	env.BootID = "5C1A9E2B-7D4F-4E8A-9B3C-2F6D8E0A1B4C" // as /proc/sys/kernel/random/boot_id writes it, less the case
+	const thisBoot = "5c1a9e2b7d4f4e8a9b3c2f6d8e0a1b4c"
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+		hbEntryOfBoot(1, thisBoot, `I1202 19:09:20.000000    71 server.go:487] "Kubelet version" kubeletVersion="v1.31.0"`, hbLast.Add(110*time.Second)))
+	probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
+		`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (11 entries read); none since 2026-12-02T19:04:27Z`)
+
+	// This boot's kubelet gives up: True.
+	now = now.Add(5 * time.Minute)
+	fj.serve(t, 2, nil, hbEntryOfBoot(2, thisBoot, hbKlog10, now.Add(-time.Minute)))
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:13:27Z (within the last 5m; 1 such entries since the last run): "+hbKlog10)
+}
