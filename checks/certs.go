@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -45,6 +46,19 @@ type CertInfo struct {
 	NotAfter time.Time `json:"notAfter,omitzero"`
 	DaysLeft int       `json:"daysLeft"`
 	Error    string    `json:"error,omitempty"`
+}
+
+// MarshalJSON leaves daysLeft out of a file that was not read (Error set):
+// its 0 would read as a certificate that expires today.
+func (c CertInfo) MarshalJSON() ([]byte, error) {
+	type plain CertInfo
+	if c.Error != "" {
+		return json.Marshal(struct {
+			Path  string `json:"path"`
+			Error string `json:"error"`
+		}{c.Path, c.Error})
+	}
+	return json.Marshal(plain(c))
 }
 
 func (c *certCheck) Probe(ctx context.Context) (Result, error) {

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"os"
@@ -282,4 +283,35 @@ func FuzzParseCertPEM(f *testing.F) {
 			t.Fatal("no leaf")
 		}
 	})
+}
+
+// The certs domain gives daysLeft only for a certificate it read: a file
+// that is absent or cannot be read has its error and no daysLeft, where a
+// 0 read as "expires today" (`jq '.certs[] | select(.daysLeft < 7)'`
+// picked the absent kubelet-server-current.pem of every node without
+// serverTLSBootstrap). A certificate that expires within the day still has
+// its 0.
+func TestCertDomainHasNoDaysLeftForAFileNotRead(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	root := t.TempDir()
+	leaf := newCertFixture(t, "system:node:n1", now.Add(10*time.Hour), false, nil)
+	writeCertFile(t, root+kubeletClientPEM, leaf.keyPEM(t), leaf.certPEM())
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM, kubeletServerPEM, "/etc/garbage.pem"}
+	})
+	writeCertFile(t, root+"/etc/garbage.pem", []byte("not pem"))
+	env.Now = func() time.Time { return now }
+	c, _ := newCertCheck(env)
+	r, _ := c.Probe(context.Background())
+	got, err := json.Marshal(r.Details[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `[{"path":"/var/lib/kubelet/pki/kubelet-client-current.pem","subject":"CN=system:node:n1","notAfter":"2026-12-02T22:00:00Z","daysLeft":0},` +
+		`{"path":"/var/lib/kubelet/pki/kubelet-server-current.pem","error":"not present"},` +
+		`{"path":"/etc/garbage.pem","error":"no PEM certificate"}]`
+	if string(got) != want {
+		t.Errorf("certs domain:\n%s\nwant\n%s", got, want)
+	}
 }
