@@ -156,7 +156,10 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 		by := fmt.Sprintf("%s (uid %d, pid %d)", statedBy(req.By), cred.Uid, cred.Pid)
 		conds, err := d.ClearTamper(ctx, req.Reason, by)
 		if err != nil {
-			answer(ControlAnswer{Error: err.Error()})
+			// A clear applied but not saved, or whose checks did not run
+			// again in time, still answers with the conditions as they
+			// are: the command prints them before the error.
+			answer(ControlAnswer{Error: err.Error(), Conditions: conds})
 			return
 		}
 		answer(ControlAnswer{Conditions: conds})

@@ -245,3 +245,46 @@ func TestSecondDaemonRefusesBeforeTouchingTheFirstsFiles(t *testing.T) {
 		t.Errorf("the second daemon removed the first's temp file: %v", err)
 	}
 }
+
+// A clear whose write of tamper.json fails (a read-only or full state_dir)
+// is applied all the same, and `autopilot-health tamper clear` prints the
+// conditions it re-evaluated before it fails with "cleared, but not saved"
+// (README, "Tamper conditions"): the answer over the control socket carries
+// them with the error. Before, the socket's answer dropped them on any
+// error, so the operator saw only the failure and not whether a layer that
+// still mismatches was True again.
+func TestTamperClearAnswerKeepsTheConditionsWithTheError(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: only root may clear (TestTamperClearOverTheControlSocket asserts the refusal)")
+	}
+	cfg := testConfig(t)
+	prot := filepath.Join(cfg.HostRoot, "var/lib/kubelet/config.yaml")
+	os.MkdirAll(filepath.Dir(prot), 0o755)
+	os.WriteFile(prot, []byte("a\n"), 0o644)
+	cfg.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml"}
+	cfg.Checks.NodeTampered.BaselineAfter = nil
+	cfg.Checks.NodeTampered.Settle.Duration = 0
+	sock := filepath.Join(t.TempDir(), "run", "control.sock")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ControlSocket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	defer func() { cancel(); <-runErr }()
+	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+
+	k := d.currentEnv().Tamper
+	k.SetWrite(func(string, []byte, os.FileMode) error {
+		return &os.PathError{Op: "open", Path: k.Path() + ".tmp1", Err: syscall.EROFS}
+	})
+	conds, err := RequestTamperClear(sock, "INC-3: reviewed", "uid 0")
+	if err == nil || !strings.Contains(err.Error(), "cleared, but not saved") {
+		t.Fatalf("clear with tamper.json not writable: %v; want cleared but not saved", err)
+	}
+	if len(conds) != 2 || conds[0].Type != "NodeTampered" || conds[1].Type != "SealedOSTampered" {
+		t.Errorf("the answer's conditions: %+v; want NodeTampered and SealedOSTampered, printed before the error", conds)
+	}
+}
