@@ -294,12 +294,17 @@ func (k *Keeper) startLocked() {
 // Flush waits, wait at most, for every change made so far to be written,
 // and returns the last write's error; a *NotSavedError when a write has
 // not returned by then (the daemon's stop: it does not wait for a disk
-// that hangs).
+// that hangs). Changes whose write failed (a full or read-only state_dir)
+// are not written yet: Flush writes them again (the disk may have been
+// freed since), rather than report the old failure.
 func (k *Keeper) Flush(wait time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	if k.writeErr != nil && !k.writing && !k.readOnly {
+		k.saveLocked()
+	}
 	for k.written < k.gen {
 		wrote := k.wrote
 		k.mu.Unlock()

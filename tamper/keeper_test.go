@@ -162,3 +162,40 @@ func TestKeeperWriteBlockedInIOHoldsNoReader(t *testing.T) {
 		}
 	})
 }
+
+// A change whose write failed (a full or read-only state_dir) is not
+// written yet: the stop's Flush writes it again rather than report the old
+// failure, so a clear made while /var was full is saved at the stop once
+// space was freed, not lost to the restart (which brings the findings
+// back). Before, Flush returned the failed write's error without a try.
+func TestKeeperFlushRetriesAFailedWrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		k := NewKeeper(dir, "boot-1", false)
+		if err := k.Load(t0); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		full := true
+		k.SetWrite(func(path string, data []byte, perm os.FileMode) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if full {
+				return &os.PathError{Op: "write", Path: path + ".tmp1", Err: errors.New("no space left on device")}
+			}
+			return report.WriteFileAtomic(path, data, perm)
+		})
+		if err := k.ClearAll(Clear{At: t0, Reason: "INC-4", By: "uid 0"}); err == nil {
+			t.Fatal("the clear's write on a full disk: no error")
+		}
+		mu.Lock()
+		full = false // the operator freed space
+		mu.Unlock()
+		if err := k.Flush(SaveWait); err != nil {
+			t.Errorf("Flush once the disk has space: %v; want the clear written", err)
+		}
+		if s, err := LoadState(dir); err != nil || s == nil || s.Cleared == nil || s.Cleared.Reason != "INC-4" {
+			t.Errorf("tamper.json after the Flush: %+v, %v; want the clear saved", s, err)
+		}
+	})
+}

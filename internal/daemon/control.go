@@ -269,7 +269,7 @@ func unsaved(err error, e *tamper.NotSavedError) error {
 		return nil
 	}
 	if e == nil {
-		return fmt.Errorf("cleared, but not saved: %w (journalctl -u autopilot-health); the next change of the tamper state that can be written saves it, and a restart of the daemon before then brings the findings back: run the clear again then", err)
+		return fmt.Errorf("cleared, but not saved: %w (journalctl -u autopilot-health); the next change of the tamper state that can be written saves it, as does the daemon's stop once the file can be written, and a restart while it cannot brings the findings back: run the clear again then", err)
 	}
 	return fmt.Errorf("cleared, but not saved: the write of %s has not returned since %s (a failing or hung disk?; journalctl -u autopilot-health); it is saved once that write returns, and a restart of the daemon before then brings the findings back: run the clear again then",
 		e.Path, e.Since.UTC().Format(time.RFC3339))
