@@ -112,7 +112,7 @@ func TestStateWriteBlockedInIOIsNotStuck(t *testing.T) {
 		disk := newHungDisk()
 		disk.unblock() // the start's writes go through
 		d.stateW.write = disk.write
-		defer disk.unblock() // a failed test ends with no write blocked
+		defer func() { disk.unblock(); synctest.Wait() }() // no write blocked, none left when the temp dir goes
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- d.Run(ctx) }()
@@ -226,6 +226,7 @@ func TestStateWriterDeadlockedOutsideTheWriteIsStuck(t *testing.T) {
 		close(block)
 		cancel()
 		<-done
+		synctest.Wait() // the save begun after the release ends before the temp dir goes
 	})
 }
 
@@ -258,7 +259,10 @@ func TestStopDoesNotWaitForAHungStateWrite(t *testing.T) {
 				disk := newHungDisk()
 				disk.unblock()
 				d.stateW.write = disk.write
-				defer disk.unblock() // a failed test ends with no write blocked
+				// A failed test ends with no write blocked, and every write
+				// ends before the temp dir is removed (RemoveAll would find
+				// the write's temp file: "directory not empty").
+				defer func() { disk.unblock(); synctest.Wait() }()
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan error, 1)
 				go func() { done <- d.Run(ctx) }()
