@@ -697,3 +697,37 @@ func TestCheckOnlyNamesTheValidConditions(t *testing.T) {
 		}
 	}
 }
+
+// A clear the daemon applied but could not save (or whose re-evaluation
+// did not come within its wait) exits 1, not 2: 2 says the command could
+// not run, and a script that reads it so would take the clear for not
+// applied. The conditions the daemon sent back are printed before the
+// error.
+func TestTamperClearAppliedButNotSavedExitsOne(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "control.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n", dir, sock)), 0o644)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var req daemon.ControlRequest
+		json.NewDecoder(c).Decode(&req)
+		json.NewEncoder(c).Encode(daemon.ControlAnswer{
+			Error:      "cleared, but not saved: open /var/lib/autopilot-health/tamper.json.tmp1: read-only file system",
+			Conditions: []report.Condition{{Type: "NodeTampered", Status: report.StatusFalse, Reason: report.ReasonNodeIntact, Message: "baseline retaken"}},
+		})
+	}()
+	code, stdout, stderr := run(t, "tamper", "clear", "--config", cfg, "--reason", "INC-3")
+	if code != exitProblem || !strings.Contains(stdout, "NodeTampered\tFalse") || !strings.Contains(stderr, "cleared, but not saved") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want %d, the conditions, the error", code, stdout, stderr, exitProblem)
+	}
+}

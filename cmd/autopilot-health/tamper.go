@@ -79,6 +79,12 @@ func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health tamper clear: %v\n", err)
+		if len(conds) > 0 {
+			// The daemon applied the clear and answered with the
+			// conditions, with a problem (not saved; not re-evaluated
+			// within its wait): 2 would say the command could not run.
+			return exitProblem
+		}
 		return exitError
 	}
 	fmt.Fprintln(stdout, "cleared")
