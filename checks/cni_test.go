@@ -157,3 +157,31 @@ func TestCNIDisabledIsHealthyAsCiliumJudgesIt(t *testing.T) {
 		}
 	}
 }
+
+// cilium-agent's msg is its own text (an error it met, naming a file):
+// published in the condition's message, a control character in it is
+// written \xNN, never raw into `kubectl describe node`.
+func TestCNIMessageIsPrintable(t *testing.T) {
+	root := t.TempDir()
+	sock := filepath.Join(root, "var/run/cilium/cilium.sock")
+	mkdir(t, filepath.Dir(sock))
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"cilium":{"state":"Failure","msg":"open /host/etc/cni/net.d/\u001b]0;x\u0007.conflist: read-only\nfile system"}}`)
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	store := report.NewStore("b")
+	r, err := NewRunner(testEnv(t, func(c *config.Config) { c.HostRoot = root }), Options{Store: store, Only: []string{"CNIUnhealthy"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds := r.RunOnce(t.Context())
+	want := `cilium-agent state Failure: open /host/etc/cni/net.d/\x1b]0;x\x07.conflist: read-only\x0afile system`
+	if len(conds) != 1 || conds[0].Reason != report.ReasonCiliumNotOk || conds[0].Message != want {
+		t.Errorf("got %+v\nwant the message %q", conds, want)
+	}
+}

@@ -546,3 +546,25 @@ func TestKubeletHeartbeatGiveUpOfTheBootBeforeIsNotThisBoots(t *testing.T) {
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
 		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:13:27Z (within the last 5m; 1 such entries since the last run): "+hbKlog10)
 }
+
+// The give-up's MESSAGE is kubelet's text: published in the condition's
+// message, a control character in it is written \xNN (a newline would
+// forge a line, an escape sequence reach a terminal through kubectl).
+func TestKubeletHeartbeatMessageIsPrintable(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(time.Minute)
+	env := heartbeatEnv(t, root, fj, &now)
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Only: []string{"KubeletHeartbeatFailed"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fj.serve(t, 1, nil, `{"__CURSOR":"s=1;i=1","MESSAGE":"E1202 19:07:27.000000       1 kubelet_node_status.go:536] \"Unable to update node status\" err=\"update node status exceeds retry count\u001b[2J\nI1202 forged\"","__REALTIME_TIMESTAMP":"1796238447647904"}`)
+	conds := r.RunOnce(t.Context())
+	want := `kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (within the last 5m; 1 such entries since the last run): ` +
+		`E1202 19:07:27.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count\x1b[2J\x0aI1202 forged"`
+	if len(conds) != 1 || conds[0].Reason != report.ReasonNodeStatusUpdateGaveUp || conds[0].Message != want {
+		t.Errorf("got %+v\nwant the message %q", conds, want)
+	}
+}

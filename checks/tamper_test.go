@@ -961,3 +961,21 @@ func TestOneShotNodeTamperedCannotReadTheDaemonsState(t *testing.T) {
 		t.Errorf("the daemon's tamper.json was not left as it was: %q, %v", b, err)
 	}
 }
+
+// A file created under a protected directory is named by whoever creates
+// it: a name with a newline and escape sequences is a finding like any
+// other, and the condition's message names it with them written \xNN, as
+// `ls` quotes them, never raw into `kubectl describe node`.
+func TestNodeTamperedFileNamedWithControlCharacters(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged since this boot's baseline")
+	h.write("/etc/cni/net.d/00-\x1b]0;x\x07\n\x1b[2J.conflist", "{}")
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): ")
+	store := report.NewStore("boot-1")
+	store.Set(report.Condition{Type: "NodeTampered", Status: res.Status, Reason: res.Reason, Message: res.Message}, h.now)
+	got, _ := store.Get("NodeTampered")
+	if want := `1 finding(s): /etc/cni/net.d/00-\x1b]0;x\x07\x0a\x1b[2J.conflist added`; !strings.Contains(got.Message, want) {
+		t.Errorf("message %q\nwant it to hold %q", got.Message, want)
+	}
+}

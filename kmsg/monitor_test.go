@@ -330,3 +330,37 @@ func TestRestoredNVMeDisksFailureDoesNotFlapOnRestart(t *testing.T) {
 			got.Status, got.Reason, got.LastTransitionTime, t0)
 	}
 }
+
+// A hung task's line names its thread, which any process names
+// (prctl(PR_SET_NAME)): a pod's thread named with terminal escape sequences
+// ("runc:" matches a critical task) is matched on the kernel's words, and
+// its condition's and its Event's messages carry the sequences as /dev/kmsg
+// and dmesg write them (\x1b), never the raw bytes that `kubectl describe
+// node` or `kubectl get events` would send to an administrator's terminal.
+func TestHungTaskNamedWithEscapesIsPublishedEscaped(t *testing.T) {
+	store := report.NewStore("b")
+	events := &eventMessages{}
+	store.Observe(events)
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	for _, line := range []string{
+		`6,100,5000000,-;INFO: task runc:\x1b[2J\x1b[H:4242 blocked for more than 120 seconds.`,
+		`6,101,5000001,-;INFO: task \x1b]0;pwn\x07\xc2\x9b:4243 blocked for more than 120 seconds.`,
+	} {
+		r, err := ParseRecord([]byte(line))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon.Handle(r, t0)
+	}
+	want := []string{
+		`INFO: task runc:\x1b[2J\x1b[H:4242 blocked for more than 120 seconds.`,
+		`INFO: task \x1b]0;pwn\x07\xc2\x9b:4243 blocked for more than 120 seconds.`,
+	}
+	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusTrue || c.Message != want[0] {
+		t.Errorf("KernelDeadlock: %+v\nwant the message %q", c, want[0])
+	}
+	if strings.Join(events.msgs, "\n") != strings.Join(want, "\n") {
+		t.Errorf("TaskHung events:\n%q\nwant:\n%q", events.msgs, want)
+	}
+}

@@ -58,9 +58,11 @@ func (s *Store) Emit(e Event) {
 	}
 }
 
-// CapMessage is m as the store keeps it: at most MaxMessageLen bytes, cut
-// at a character's start and marked "...(truncated)".
+// CapMessage is m as the store keeps it: Printable (no control character,
+// no invalid UTF-8: \xNN instead), then at most MaxMessageLen bytes, cut at
+// a character's start, not inside a \xNN, and marked "...(truncated)".
 func CapMessage(m string) string {
+	m = Printable(m)
 	if len(m) <= MaxMessageLen {
 		return m
 	}
@@ -68,6 +70,12 @@ func CapMessage(m string) string {
 	cut := MaxMessageLen - len(ell)
 	for cut > 0 && !utf8Start(m[cut]) {
 		cut--
+	}
+	for k := 1; k <= 3 && k <= cut; k++ {
+		if m[cut-k] == '\\' && m[cut-k+1] == 'x' {
+			cut -= k
+			break
+		}
 	}
 	return m[:cut] + ell
 }

@@ -24,6 +24,7 @@ func (s *Store) SetPart(src Source, c Condition, now time.Time) bool {
 	}
 	// Two sources setting their parts at once must not write an outdated
 	// combination last.
+	c.Message = CapMessage(c.Message)
 	s.partMu.Lock()
 	defer s.partMu.Unlock()
 	s.mu.Lock()
