@@ -308,6 +308,9 @@ func renderDocument(now time.Time, role Role, bootID string, fields map[string]a
 			doc[k] = v
 		}
 		b, err := json.Marshal(doc)
+		// A name in the report is anyone's (a file's): its C1 controls
+		// and DEL as \u escapes, not raw into `kubectl describe node`.
+		b = PrintableJSON(b)
 		if err != nil || len(b) <= MaxDocumentBytes {
 			return b, err
 		}

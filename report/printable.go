@@ -3,6 +3,7 @@ package report
 import (
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -61,3 +62,55 @@ func Printable(s string) string {
 }
 
 const hexDigits = "0123456789abcdef"
+
+// PrintableJSON returns the JSON text b (encoding/json's output: valid
+// UTF-8, the C0 control characters already escaped) with every other
+// character that is not printable (DEL, the C1 control characters, the
+// characters neither graphic nor the space) written as a \uXXXX escape: the
+// same JSON value, which a terminal shows as text. encoding/json writes
+// them raw, and a report document or a log line in JSON would carry a C1
+// control such as CSI (U+009B) of a file's name to the terminal that shows
+// it. Outside its strings JSON holds only printable ASCII and whitespace,
+// so only strings change.
+func PrintableJSON(b []byte) []byte {
+	i := 0
+	for i < len(b) && b[i] < utf8.RuneSelf && b[i] != 0x7f {
+		i++
+	}
+	if i == len(b) {
+		return b // ASCII without DEL: the usual case, no copy
+	}
+	out := make([]byte, 0, len(b)+16)
+	out = append(out, b[:i]...)
+	for i < len(b) {
+		c := b[i]
+		if c < utf8.RuneSelf && c != 0x7f {
+			out = append(out, c)
+			i++
+			continue
+		}
+		r, n := rune(c), 1
+		if c >= utf8.RuneSelf {
+			r, n = utf8.DecodeRune(b[i:])
+		}
+		if unicode.IsGraphic(r) && !(r == utf8.RuneError && n == 1) {
+			out = append(out, b[i:i+n]...)
+		} else if r == utf8.RuneError && n == 1 {
+			out = append(out, `\ufffd`...) // not UTF-8: as encoding/json writes it
+		} else {
+			for _, u := range utf16Units(r) {
+				out = append(out, '\\', 'u', hexDigits[u>>12], hexDigits[u>>8&0xf], hexDigits[u>>4&0xf], hexDigits[u&0xf])
+			}
+		}
+		i += n
+	}
+	return out
+}
+
+// utf16Units are r's UTF-16 code units, as a JSON \u escape writes them.
+func utf16Units(r rune) []uint16 {
+	if r1, r2 := utf16.EncodeRune(r); r1 != unicode.ReplacementChar {
+		return []uint16{uint16(r1), uint16(r2)}
+	}
+	return []uint16{uint16(r)}
+}

@@ -1,6 +1,8 @@
 package report
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode"
@@ -127,4 +129,77 @@ func unescapeHex(s string) string {
 		b = append(b, s[i])
 	}
 	return string(b)
+}
+
+// PrintableJSON keeps the JSON value and writes what is not printable as
+// \u escapes: DEL, the C1 controls, a bidi override, a character past the
+// BMP that is not graphic (a tag character) as its surrogate pair.
+func TestPrintableJSON(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"path":"/etc/cni/net.d/x"}`:              `{"path":"/etc/cni/net.d/x"}`,
+		"{\"path\":\"a\x7fb\u009b2J\u202e\"}":      `{"path":"a\u007fb\u009b2J\u202e"}`,
+		"[\"grüße 日本 \U0001F600\",\"\U000E0041\"]": "[\"grüße 日本 \U0001F600\",\"\\udb40\\udc41\"]",
+		"{\n  \"a\": \"\\u001b\"\n}":               "{\n  \"a\": \"\\u001b\"\n}",
+	} {
+		if got := string(PrintableJSON([]byte(in))); got != want {
+			t.Errorf("PrintableJSON(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A report document names files anyone may name (the tamper domain's
+// findings): its annotation value, which `kubectl describe node` prints,
+// holds a C1 control or DEL of a name as a \u escape (encoding/json wrote
+// them raw; the C0 ones it escapes itself), and still decodes to the name.
+func TestDocumentsArePrintable(t *testing.T) {
+	d := NewDetails()
+	name := "/etc/cni/net.d/00-\u009b2J\x1b]0;x\x07\x7f.conflist"
+	d.Set(Detail{Domain: "tamper", Field: "tamper", Value: []map[string]string{{"path": name}}})
+	docs, err := d.Documents(t0, RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := docs[AnnotationPrefix+"tamper"]
+	if want := `"path":"/etc/cni/net.d/00-\u009b2J\u001b]0;x\u0007\u007f.conflist"`; !strings.Contains(doc, want) {
+		t.Errorf("tamper document %s\nwant it to hold %s", doc, want)
+	}
+	var back struct {
+		Tamper []map[string]string `json:"tamper"`
+	}
+	if err := json.Unmarshal([]byte(doc), &back); err != nil || len(back.Tamper) != 1 || back.Tamper[0]["path"] != name {
+		t.Errorf("tamper document decodes to %+v (%v), want the path %q", back, err, name)
+	}
+}
+
+// Whatever string encoding/json writes, PrintableJSON of it is the same
+// value, holds only printable characters and is its own PrintableJSON.
+func FuzzPrintableJSON(f *testing.F) {
+	for _, s := range []string{"", "plain", "a\x1b[2J\nb\x7f", "\u009b\xff\xc3", "日本\u202e", "\U000E0041\U0001F600"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := json.Marshal(map[string]any{"s": s, "l": []string{s, "x"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := PrintableJSON(b)
+		var v1, v2 any
+		if err := json.Unmarshal(b, &v1); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(p, &v2); err != nil {
+			t.Fatalf("PrintableJSON(%s) = %s: %v", b, p, err)
+		}
+		if !reflect.DeepEqual(v1, v2) {
+			t.Fatalf("PrintableJSON(%s) = %s: another value", b, p)
+		}
+		for _, r := range string(p) {
+			if r != ' ' && !unicode.IsGraphic(r) {
+				t.Fatalf("PrintableJSON(%s) = %s holds %U", b, p, r)
+			}
+		}
+		if again := PrintableJSON(p); string(again) != string(p) {
+			t.Fatalf("PrintableJSON of %s is %s", p, again)
+		}
+	})
 }

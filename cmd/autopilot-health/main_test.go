@@ -491,7 +491,9 @@ func TestStatusCommand(t *testing.T) {
 		Conditions: []daemon.ConditionStatus{
 			{Condition: report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "FilesystemsBelowThreshold", Message: "/ 40% of space used", LastTransitionTime: now.Add(-time.Hour), LastUpdateTime: now.Add(-10 * time.Second)}, Source: "check"},
 			{Condition: report.Condition{Type: "KubeletUnhealthy", Status: report.StatusTrue, Reason: "KubeletHealthzFailed", Message: "GET /healthz: HTTP 500", LastTransitionTime: now.Add(-5 * time.Minute), LastUpdateTime: now.Add(-time.Second)}, Source: "check",
-				Evidence: map[string]any{"services.services": []any{map[string]any{"name": "kubelet.service", "activeState": "active", "restarts": 3}}}},
+				Evidence: map[string]any{"services.services": []any{map[string]any{"name": "kubelet.service", "activeState": "active", "restarts": 3}},
+					// A name anyone chose: its C1 control (CSI) as a \u escape, not raw.
+					"tamper.tamper": []any{map[string]any{"path": "/etc/cni/net.d/\u009b2J\x7f"}}}},
 		},
 		Repairs: map[string]checks.RepairStatus{"kubelet.service": {Repairs: 2, LastRepair: now.Add(-4 * time.Minute), LastReason: "GET /healthz: HTTP 500", LastResult: "done", Consecutive: 2}},
 		Kmsg:    &daemon.KmsgStatus{Device: "/dev/kmsg", Reading: true, LastRecord: &daemon.KmsgRecord{Seq: 77, Usec: 9595061701, Time: now.Add(-2 * time.Second)}, Records: 1200, Lost: 3},
@@ -523,6 +525,7 @@ func TestStatusCommand(t *testing.T) {
 		"KubeletUnhealthy=True (KubeletHealthzFailed) since",
 		"  GET /healthz: HTTP 500",
 		`  evidence services.services: [{"activeState":"active","name":"kubelet.service","restarts":3}]`,
+		`  evidence tamper.tamper: [{"path":"/etc/cni/net.d/\u009b2J\u007f"}]`,
 		"  kubelet.service: 2 repairs, last ",
 		": restart done (GET /healthz: HTTP 500), 2 in a row",
 		"Kernel log: reading /dev/kmsg, last record #77 at 9595.061701 s after boot",

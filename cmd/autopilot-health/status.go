@@ -182,6 +182,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		slices.Sort(keys)
 		for _, k := range keys {
 			b, _ := json.Marshal(c.Evidence[k])
+			b = report.PrintableJSON(b)
 			fmt.Fprintf(w, "  evidence %s: %s\n", k, shorten(string(b), 400))
 		}
 	}
