@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -386,6 +387,30 @@ func TestJournalLogFormat(t *testing.T) {
 	}
 	if _, err := NewLogger(&b, "xml", "info"); err == nil {
 		t.Error("bad format accepted")
+	}
+}
+
+// log.format = "json": a value anyone chose (a protected file's name, a
+// line of journalctl's output) keeps no character that is not printable:
+// encoding/json's escapes for the C0 controls, and \u escapes for DEL, the
+// C1 controls and the bidi overrides, which slog's JSON handler writes raw
+// into the journal and onto a terminal that follows it. The text and
+// journal formats quote them already.
+func TestJSONLogFormatIsPrintable(t *testing.T) {
+	var b bytes.Buffer
+	log, err := NewLogger(&b, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "/etc/cni/net.d/00-\x1b]0;x\x07\n\u009b2J\x7f\u202e.conflist"
+	log.Warn("protected file changed since the baseline", "path", name)
+	want := `"path":"/etc/cni/net.d/00-\u001b]0;x\u0007\n\u009b2J\u007f\u202e.conflist"}` + "\n"
+	if !strings.HasSuffix(b.String(), want) || strings.Count(b.String(), "\n") != 1 {
+		t.Errorf("json output %q\nwant it to end in %q", b.String(), want)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(b.Bytes(), &rec); err != nil || rec["path"] != name {
+		t.Errorf("json output decodes to %v (%v), want the path %q", rec, err, name)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/syself/autopilot-health/internal/journallog"
+	"github.com/syself/autopilot-health/report"
 )
 
 // NewLogger builds the daemon's logger. Format "journal" writes one line per
@@ -26,7 +27,7 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	}
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(slog.NewJSONHandler(printableJSON{w}, opts)), nil
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "journal":
@@ -38,3 +39,17 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // StderrIsJournal reports whether stderr is connected to journald, as
 // systemd tells a service in JOURNAL_STREAM=<device>:<inode>.
 func StderrIsJournal() bool { return journallog.StderrIsJournal() }
+
+// printableJSON writes each record of slog's JSON handler (one Write per
+// record) with the characters that are not printable and that
+// encoding/json leaves raw (DEL, the C1 controls, the bidi overrides) as
+// \u escapes: a value anyone chose (a protected file's name) reaches the
+// journal and a terminal as text, as the text and journal formats quote it.
+type printableJSON struct{ w io.Writer }
+
+func (p printableJSON) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(report.PrintableJSON(b)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
