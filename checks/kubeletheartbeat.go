@@ -234,15 +234,23 @@ func (c *kubeletHeartbeatCheck) journalPresent() error {
 	return fmt.Errorf("no journal files in %s: is systemd-journald running?", strings.Join(journalDirs, " or "))
 }
 
-// shorten cuts s to at most n bytes of valid UTF-8 (a MESSAGE that is not
-// UTF-8 has its bad bytes replaced).
+// shorten cuts s to at most n bytes of printable text (report.Printable: a
+// MESSAGE's control characters and the bytes that are not UTF-8 written
+// \xNN, as every message has them), at a character's start and not inside
+// a \xNN.
 func shorten(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = report.Printable(s)
 	if len(s) <= n {
 		return s
 	}
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
+	}
+	for k := 1; k <= 3 && k <= n; k++ {
+		if s[n-k] == '\\' && s[n-k+1] == 'x' {
+			n -= k
+			break
+		}
 	}
 	return s[:n] + "..."
 }

@@ -317,8 +317,7 @@ func TestKubeletHeartbeatMaxEntries(t *testing.T) {
 	// A match within the bound is True even when the bound is reached.
 	fj.serve(t, 3, []int{7, 8, 9, 10})
 	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
-		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (within the last 5m; 3 such entries since the last run): first of two
-E1202 19:00:03.000000    1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
+		`kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:17Z (within the last 5m; 3 such entries since the last run): first of two\x0aE1202 19:00:03.000000    1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count"`)
 }
 
 // A daemon restart within the boot continues after the saved cursor and
@@ -566,5 +565,23 @@ func TestKubeletHeartbeatMessageIsPrintable(t *testing.T) {
 		`E1202 19:07:27.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count\x1b[2J\x0aI1202 forged"`
 	if len(conds) != 1 || conds[0].Reason != report.ReasonNodeStatusUpdateGaveUp || conds[0].Message != want {
 		t.Errorf("got %+v\nwant the message %q", conds, want)
+	}
+}
+
+// A give-up whose MESSAGE is not UTF-8 (journalctl writes it as an array
+// of bytes) names its bad bytes \xNN, as every message does, not as U+FFFD;
+// a MESSAGE shortened to 300 bytes is not cut inside a \xNN.
+func TestKubeletHeartbeatMessageNotUTF8(t *testing.T) {
+	root := journalRoot(t)
+	fj := newFakeJournalctl(t)
+	now := hbLast.Add(time.Minute)
+	env := heartbeatEnv(t, root, fj, &now)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, nil, `{"__CURSOR":"s=1;i=1","MESSAGE":[69,49,50,48,50,32,49,57,58,48,55,58,50,55,46,48,48,48,48,48,48,32,32,32,32,32,32,32,49,32,107,117,98,101,108,101,116,95,110,111,100,101,95,115,116,97,116,117,115,46,103,111,58,53,51,54,93,32,34,85,110,97,98,108,101,32,116,111,32,117,112,100,97,116,101,32,110,111,100,101,32,115,116,97,116,117,115,34,32,101,114,114,61,34,117,112,100,97,116,101,32,110,111,100,101,32,115,116,97,116,117,115,32,101,120,99,101,101,100,115,32,114,101,116,114,121,32,99,111,117,110,116,32,255,254,34],"__REALTIME_TIMESTAMP":"1796238447647904"}`)
+	probeHeartbeat(t, c, report.StatusTrue, report.ReasonNodeStatusUpdateGaveUp,
+		"kubelet gave up updating the node status: kubelet.service logged at 2026-12-02T19:07:27Z (within the last 5m; 1 such entries since the last run): "+
+			`E1202 19:07:27.000000       1 kubelet_node_status.go:536] "Unable to update node status" err="update node status exceeds retry count \xff\xfe"`)
+	if got := shorten(strings.Repeat("x", 298)+"\x1b[2J", 300); got != strings.Repeat("x", 298)+"..." {
+		t.Errorf("shorten cut to %q", got[290:])
 	}
 }
