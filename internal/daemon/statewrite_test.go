@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
@@ -104,11 +105,7 @@ func TestStateWriteBlockedInIOIsNotStuck(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.Checks.ClockNotSynchronized.Enabled = false // the condition this test sets
 		cfg.Checks.NodeTampered.Enabled = false         // its watcher blocks in a read the fake clock cannot wait out
-		var logs testenv.SyncBuffer
-		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, logs := newLoggedDaemon(t, cfg)
 		disk := newHungDisk()
 		disk.unblock() // the start's writes go through
 		d.stateW.write = disk.write
@@ -251,11 +248,7 @@ func TestStopDoesNotWaitForAHungStateWrite(t *testing.T) {
 				cfg := testConfig(t)
 				cfg.Checks.ClockNotSynchronized.Enabled = false
 				cfg.Checks.NodeTampered.Enabled = false
-				var logs testenv.SyncBuffer
-				d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
-				if err != nil {
-					t.Fatal(err)
-				}
+				d, logs := newLoggedDaemon(t, cfg)
 				disk := newHungDisk()
 				disk.unblock()
 				d.stateW.write = disk.write
@@ -343,11 +336,7 @@ func TestTamperClearWhileTheTamperWriteIsBlocked(t *testing.T) {
 		// clock cannot wait out.
 		cfg.Checks.NodeTampered.Enabled = false
 		cfg.Checks.SealedOSTampered.Enabled = false
-		var logs testenv.SyncBuffer
-		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, logs := newLoggedDaemon(t, cfg)
 		k := d.currentEnv().Tamper
 		disk := newHungDisk()
 		defer func() { disk.unblock(); synctest.Wait() }() // a failed test ends with no write blocked
@@ -375,7 +364,7 @@ func TestTamperClearWhileTheTamperWriteIsBlocked(t *testing.T) {
 		done := clear("INC-1: reviewed")
 		time.Sleep(tamper.SaveWait + time.Second)
 		synctest.Wait()
-		err = answered(done, "tamper clear")
+		err := answered(done, "tamper clear")
 		if err == nil || !strings.Contains(err.Error(), "cleared, but not saved: the write of "+k.Path()+" has not returned since") || !strings.Contains(err.Error(), "run the clear again") {
 			t.Errorf("tamper clear: %v; want cleared but not saved, naming %s", err, k.Path())
 		}
@@ -434,11 +423,7 @@ func TestStopDoesNotWaitForAHungTamperWrite(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.Checks.NodeTampered.Enabled = false // its watcher blocks in a read the fake clock cannot wait out
 		cfg.Checks.SealedOSTampered.Enabled = false
-		var logs testenv.SyncBuffer
-		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, logs := newLoggedDaemon(t, cfg)
 		k := d.currentEnv().Tamper
 		disk := newHungDisk()
 		defer func() { disk.unblock(); synctest.Wait() }() // a failed test ends with no write blocked
@@ -481,18 +466,14 @@ func TestTamperClearWhoseWriteFails(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.Checks.NodeTampered.Enabled = false
 		cfg.Checks.SealedOSTampered.Enabled = false
-		var logs testenv.SyncBuffer
-		d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: newIdleListener()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		d, logs := newLoggedDaemon(t, cfg)
 		rec := &eventRecorder{}
 		d.Store().Observe(rec)
 		k := d.currentEnv().Tamper
 		k.SetWrite(func(string, []byte, os.FileMode) error {
 			return &os.PathError{Op: "open", Path: k.Path() + ".tmp1", Err: syscall.EROFS}
 		})
-		_, err = d.ClearTamper(context.Background(), "INC-2: reviewed", "uid 0 (uid 0, pid 1)")
+		_, err := d.ClearTamper(context.Background(), "INC-2: reviewed", "uid 0 (uid 0, pid 1)")
 		if err == nil || !strings.Contains(err.Error(), "cleared, but not saved") || !strings.Contains(err.Error(), "read-only file system") {
 			t.Errorf("tamper clear with tamper.json not writable: %v; want cleared but not saved, naming the error", err)
 		}
@@ -535,4 +516,16 @@ func TestStatusLineNotesInOrder(t *testing.T) {
 	if !slices.IsSorted(at) {
 		t.Errorf("status line %q: notes out of order (at %v)", line, at)
 	}
+}
+
+// newLoggedDaemon is New on cfg with its log in a buffer and a listener
+// that never accepts (the tests that read the log).
+func newLoggedDaemon(t *testing.T, cfg *config.Config) (*Daemon, *testenv.SyncBuffer) {
+	t.Helper()
+	logs := &testenv.SyncBuffer{}
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, logs
 }
