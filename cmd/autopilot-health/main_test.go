@@ -734,3 +734,51 @@ func TestTamperClearAppliedButNotSavedExitsOne(t *testing.T) {
 		t.Errorf("exit %d, stdout %q, stderr %q; want %d, the conditions, the error", code, stdout, stderr, exitProblem)
 	}
 }
+
+// evil is a file name an attacker chose: an OSC that retitles the terminal
+// (ESC ... BEL), a C1 CSI and a right-to-left override.
+const evil = "/etc/cni/net.d/\x1b]0;pwn\x07\u009b2J\u202e.conflist"
+
+// rawControls reports what in out a terminal would act on: an ESC, a BEL,
+// a C1 control or DEL, a bidi override.
+func rawControls(out string) []string {
+	var bad []string
+	for _, c := range []string{"\x1b", "\x07", "\x7f", "\u009b", "\u202e"} {
+		if strings.Contains(out, c) {
+			bad = append(bad, fmt.Sprintf("%q", c))
+		}
+	}
+	return bad
+}
+
+// tamper status prints the findings' file names, which whoever creates a
+// file under a protected directory chooses: as JSON \u escapes, the same
+// value, not raw C1 controls or bidi overrides.
+func TestTamperStatusIsPrintable(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir = %q\n[status]\nsocket = \"\"\n", dir)), 0o644)
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	st := tamper.State{}
+	st.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: evil, Kind: tamper.Added, At: at, BootID: "b"})
+	st.AddTolerated(tamper.Finding{Path: evil, Kind: tamper.Added, At: at, BootID: "b"})
+	raw, err := st.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tamper.StatePath(dir), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, _ := run(t, "tamper", "status", "--config", cfg)
+	if bad := rawControls(stdout); len(bad) > 0 {
+		t.Errorf("tamper status holds %s raw:\n%q", strings.Join(bad, ", "), stdout)
+	}
+	if !strings.Contains(stdout, `"path": "/etc/cni/net.d/\u001b]0;pwn\u0007\u009b2J\u202e.conflist"`) {
+		t.Errorf("the path is not written with \\u escapes:\n%s", stdout)
+	}
+	var got struct{ Findings, Tolerated []tamper.Finding }
+	if err := json.Unmarshal([]byte(stdout), &got); code != exitOK || err != nil ||
+		len(got.Findings) != 1 || got.Findings[0].Path != evil || len(got.Tolerated) != 1 || got.Tolerated[0].Path != evil {
+		t.Errorf("tamper status: exit %d, %v, findings %+v, tolerated %+v", code, err, got.Findings, got.Tolerated)
+	}
+}

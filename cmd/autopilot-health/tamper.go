@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -160,9 +161,13 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	daemonTamper(cfg, st, out)
-	enc := json.NewEncoder(stdout)
+	// A finding's path is a file's name, which whoever created the file
+	// chose: its C1 controls, DEL and bidi overrides as \u escapes.
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
 	enc.Encode(out)
+	stdout.Write(report.PrintableJSON(b.Bytes()))
 	return exitOK
 }
 
