@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -167,9 +168,14 @@ func (d *Daemon) statusHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+StatusPath, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
+		// Evidence holds file names anyone may choose: their DEL, C1
+		// controls and bidi overrides as \u escapes, so that
+		// `status --json` and curl do not print them raw.
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
 		enc.SetIndent("", "  ")
 		enc.Encode(d.Status(time.Now()))
+		w.Write(report.PrintableJSON(b.Bytes()))
 	})
 	return mux
 }

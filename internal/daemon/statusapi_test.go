@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +25,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
 )
 
 func getStatus(t *testing.T, sock string) (StatusReport, error) {
@@ -130,4 +134,42 @@ func TestStatusSocket(t *testing.T) {
 	if _, err := os.Stat(cfg.Status.Socket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left after stop: %v", err)
 	}
+}
+
+// The status document carries a condition's evidence: the tamper findings'
+// paths, which whoever creates a file under a protected directory names.
+// Its DEL, C1 controls and bidi overrides are \u escapes (encoding/json
+// writes them raw), and the value decodes to the same name.
+func TestStatusDocumentIsPrintable(t *testing.T) {
+	const evil = "/etc/cni/net.d/\x1b]0;pwn\x07\u009b2J\x7f\u202e.conflist"
+	d, err := New(testConfig(t), quietLog(), Options{Version: "v9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.store.Set(report.Condition{Type: "NodeTampered", Status: report.StatusTrue, Reason: report.ReasonProtectedFileChanged, Message: "1 finding(s): " + evil + " added"}, time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
+	d.details.SetFor("NodeTampered", report.Detail{Domain: "tamper", Field: "tamper", Value: []map[string]string{{"path": evil}}})
+	rec := httptest.NewRecorder()
+	d.statusHandler().ServeHTTP(rec, httptest.NewRequest("GET", StatusPath, nil))
+	body := rec.Body.String()
+	for _, c := range []string{"\x1b", "\x07", "\x7f", "\u009b", "\u202e"} {
+		if strings.Contains(body, c) {
+			t.Errorf("the status document holds %q raw", c)
+		}
+	}
+	if !strings.Contains(body, `"path": "/etc/cni/net.d/\u001b]0;pwn\u0007\u009b2J\u007f\u202e.conflist"`) {
+		t.Errorf("the evidence's path is not written with \\u escapes:\n%s", body)
+	}
+	var st StatusReport
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range st.Conditions {
+		if c.Type == "NodeTampered" {
+			if p := fmt.Sprint(c.Evidence["tamper.tamper"]); p != "[map[path:"+evil+"]]" {
+				t.Errorf("evidence %q, want the same path back", p)
+			}
+			return
+		}
+	}
+	t.Errorf("no NodeTampered in %s", body)
 }
