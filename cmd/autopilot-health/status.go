@@ -67,7 +67,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if *asJSON {
-		stdout.Write(body)
+		// A daemon started before an upgrade writes the C1 controls, DEL
+		// and bidi overrides of an evidence's file name raw: \u escapes,
+		// the same document (the body is JSON: it unmarshalled above).
+		stdout.Write(report.PrintableJSON(body))
 	} else {
 		printStatus(stdout, st)
 	}
