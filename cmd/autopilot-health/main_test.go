@@ -784,3 +784,35 @@ func TestTamperStatusIsPrintable(t *testing.T) {
 		t.Errorf("tamper status: exit %d, %v, findings %+v, tolerated %+v", code, err, got.Findings, got.Tolerated)
 	}
 }
+
+// status prints a repair's reason, the kubelet's /healthz answer (whatever
+// answers on its port while it is down): its control characters, C1
+// controls and bidi overrides as \xNN, as a condition's message has them.
+func TestStatusRepairReasonIsPrintable(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	reason := "GET http://127.0.0.1:10248/healthz: HTTP 500: \x1b]0;pwn\x07\u009b2J\u202e"
+	st := daemon.StatusReport{Version: "v1", Node: "node-1", Now: now, Started: now,
+		Repairs: map[string]checks.RepairStatus{"kubelet.service": {Repairs: 1, LastRepair: now, LastReason: reason, LastResult: "failed", Consecutive: 1,
+			LastAttempt: now, LastAttemptError: "restart kubelet.service: " + reason}}}
+	body, _ := json.Marshal(st)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	_, out, _ := run(t, "status", "--socket", sock)
+	if bad := rawControls(out); len(bad) > 0 {
+		t.Errorf("status holds %s raw:\n%q", strings.Join(bad, ", "), out)
+	}
+	for _, want := range []string{
+		`: restart failed (GET http://127.0.0.1:10248/healthz: HTTP 500: \x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xae), 1 in a row`,
+		`could not start: restart kubelet.service: GET http://127.0.0.1:10248/healthz: HTTP 500: \x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xae` + "\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -199,15 +199,17 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	if len(units) == 0 {
 		fmt.Fprintln(w, "  none watched")
 	}
+	// A repair's reason holds the kubelet's /healthz answer, whatever
+	// answers on its port: printable, as a condition's message is.
 	for _, u := range units {
 		r := st.Repairs[u]
 		if r.Repairs == 0 && r.LastRepair.IsZero() {
 			fmt.Fprintf(w, "  %s: never repaired\n", u)
 		} else {
-			fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", u, r.Repairs, ago(r.LastRepair), r.LastResult, r.LastReason, r.Consecutive)
+			fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", u, r.Repairs, ago(r.LastRepair), r.LastResult, report.Printable(r.LastReason), r.Consecutive)
 		}
 		if r.LastAttemptError != "" && !r.LastAttempt.Before(r.LastRepair) {
-			fmt.Fprintf(w, "    last attempt %s could not start: %s\n", ago(r.LastAttempt), r.LastAttemptError)
+			fmt.Fprintf(w, "    last attempt %s could not start: %s\n", ago(r.LastAttempt), report.Printable(r.LastAttemptError))
 		}
 	}
 
