@@ -7,6 +7,10 @@ import (
 // bootSlack absorbs the Node's one-second resolution of transition times.
 const bootSlack = 2 * time.Second
 
+// futureSlack is how far after now a transition time read back from the
+// Node or the state file may lie and still be taken as it is (SetClock).
+const futureSlack = time.Minute
+
 // Adopt merges a condition read back from the Node when the daemon starts,
 // so a restart (even one that lost the state file) neither flaps a condition
 // nor resets the timers of anything that watches it:
@@ -50,6 +54,11 @@ const bootSlack = 2 * time.Second
 //     an earlier run wrote (a clock set back since dates this run's
 //     evaluation before it).
 //
+// A transition time more than futureSlack after the store's clock (SetClock)
+// was written while the clock was ahead: it is taken as now (the status and
+// reason kept; Redaters are told), so watchers' timers start now at worst,
+// and it orders nothing against the store (nodeIsNewer).
+//
 // A condition type or reason outside the catalog is ignored. Adopt reports
 // whether the store changed.
 func (s *Store) Adopt(c Condition, nodeBoot string) bool {
@@ -64,6 +73,12 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	if nodeBoot != "" {
 		thisBoot = nodeBoot == s.bootID
 	}
+	// A time in the future (written while the clock was ahead) is taken as
+	// now, and orders nothing against the store (nodeIsNewer); which boot
+	// and which clear it follows are judged by the time as written.
+	was := c.LastTransitionTime
+	var future bool
+	c.LastTransitionTime, future = s.notFutureLocked(was)
 	// bootHeld: a kernel condition True on the Node in this boot has been
 	// True since the Node's time: nothing lowers it before the reboot, so
 	// a False in the store (a start that lost the state file, the line gone
@@ -74,7 +89,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	prev, had := s.conds[c.Type]
 	cleared, wasCleared := s.cleared[c.Type]
 	switch {
-	case c.Status == StatusTrue && wasCleared && !c.LastTransitionTime.After(cleared):
+	case c.Status == StatusTrue && wasCleared && !was.After(cleared):
 		// True from before an operator's clear: not this daemon's state.
 		s.mu.Unlock()
 		return false
@@ -98,10 +113,14 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
 		prev.LastTransitionTime = c.LastTransitionTime
 		s.conds[c.Type] = prev
+		obs := s.observers
 		s.mu.Unlock()
 		s.Touch()
+		if future {
+			redated(obs, prev, was, "node")
+		}
 		return true
-	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c, s.evaluatedHere[c.Type]):
+	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c, s.evaluatedHere[c.Type], future):
 		c.LastUpdateTime = prev.LastUpdateTime
 		if c.LastUpdateTime.Before(c.LastTransitionTime) {
 			c.LastUpdateTime = c.LastTransitionTime
@@ -119,10 +138,35 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	obs := s.observers
 	s.mu.Unlock()
 	s.Touch()
+	if future {
+		redated(obs, c, was, "node")
+	}
 	for _, o := range obs {
 		o.ConditionRestored(c)
 	}
 	return true
+}
+
+// notFutureLocked returns t, or now when t lies more than futureSlack after
+// the store's clock (SetClock), and whether it did.
+func (s *Store) notFutureLocked(t time.Time) (time.Time, bool) {
+	if s.clock == nil {
+		return t, false
+	}
+	if now := s.clock(); t.After(now.Add(futureSlack)) {
+		return now, true
+	}
+	return t, false
+}
+
+// redated tells the Redaters among obs that c's transition time, was as
+// read from from, was taken as now.
+func redated(obs []Observer, c Condition, was time.Time, from string) {
+	for _, o := range obs {
+		if r, ok := o.(Redater); ok {
+			r.TransitionRedated(c, was, from)
+		}
+	}
 }
 
 // nodeIsNewer reports whether the Node's condition c, of another status than
@@ -136,10 +180,12 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 // the Node. An evaluation this process made (here) is newer than the Node
 // whatever the times say: the Node holds what an earlier run of the daemon
 // wrote, and a wall clock stepped back since (or this boot's, behind the
-// last boot's) dates the evaluation before it. A held condition the store
+// last boot's) dates the evaluation before it. A Node time that lay in the
+// future (written while the clock was ahead; c holds it taken as now)
+// orders nothing: it is not known to be later than the store's. A held condition the store
 // has True is never lowered this way: only an operator's clear lowers it,
 // and the store knows of those (SetCleared).
-func nodeIsNewer(desc ConditionDesc, prev, c Condition, here bool) bool {
+func nodeIsNewer(desc ConditionDesc, prev, c Condition, here, future bool) bool {
 	if prev.Status == c.Status || c.LastTransitionTime.IsZero() {
 		return false
 	}
@@ -151,7 +197,7 @@ func nodeIsNewer(desc ConditionDesc, prev, c Condition, here bool) bool {
 			return true
 		}
 	}
-	if here {
+	if here || future {
 		return false
 	}
 	return prev.LastUpdateTime.Truncate(time.Second).Before(c.LastTransitionTime.Truncate(time.Second))

@@ -42,6 +42,14 @@ type Remover interface {
 	ConditionRemoved(c Condition)
 }
 
+// Redater is an Observer that is also told when a transition time read
+// back from the Node (from "node") or the state file (from "state file")
+// lay more than futureSlack after now and was taken as now (c, with its
+// new time; was, the time read). It is told once per condition and read.
+type Redater interface {
+	TransitionRedated(c Condition, was time.Time, from string)
+}
+
 // Emit records a one-shot event.
 func (s *Store) Emit(e Event) {
 	if _, ok := LookupEvent(e.Reason); !ok {

@@ -208,7 +208,9 @@ const maxStateFile = 4 << 20
 // Load restores the store from dir. A missing file is not an error. Kernel
 // conditions (held until reboot) are restored only when the boot is the same;
 // conditions held forever and check conditions are always restored, so that a
-// restart neither flaps them nor resets their transition times. Anything
+// restart neither flaps them nor resets their transition times; a time more
+// than futureSlack after the store's clock (saved while the clock was ahead)
+// is taken as now, and Redaters are told. Anything
 // else at the path that is not a state file of this version (a read error,
 // a directory, a symlink, a FIFO, a file over maxStateFile, JSON that does
 // not parse) is moved aside (MoveAside: never deleted, never over an earlier
@@ -236,6 +238,11 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	}
 	res := LoadResult{TempsRemoved: removed, TempsErr: rerr}
 	var restored []Condition
+	type redate struct {
+		condType string
+		was      time.Time
+	}
+	var redates []redate
 	s.mu.Lock()
 	for _, c := range sf.Conditions {
 		desc, ok := Lookup(c.Type)
@@ -251,6 +258,12 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		// as it is (by hand, another build) must not put a longer
 		// message on the Node.
 		c.Message = CapMessage(c.Message)
+		// Times saved while the clock was ahead are taken as now.
+		if at, future := s.notFutureLocked(c.LastTransitionTime); future {
+			redates = append(redates, redate{c.Type, c.LastTransitionTime})
+			c.LastTransitionTime = at
+		}
+		c.LastUpdateTime, _ = s.notFutureLocked(c.LastUpdateTime)
 		s.conds[c.Type] = c
 		s.observed[c.Type] = slices.Contains(sf.Observed, c.Type)
 		delete(s.evaluatedHere, c.Type)
@@ -307,6 +320,13 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	res.Restored = len(restored)
 	s.notifyMu.Lock()
 	defer s.notifyMu.Unlock()
+	for _, r := range redates {
+		for _, c := range restored {
+			if c.Type == r.condType {
+				redated(obs, c, r.was, "state file")
+			}
+		}
+	}
 	for _, c := range restored {
 		for _, o := range obs {
 			o.ConditionRestored(c)

@@ -59,6 +59,10 @@ type Store struct {
 	// word does not set them again (seedPartsLocked) until their source
 	// sets them (SetPart: a reload enabled it again).
 	notEvaluated map[string][]string
+	// clock is the wall clock (SetClock): a transition time read back
+	// (Adopt, Load) that lies after it is taken as now. Nil: times are
+	// taken as they are.
+	clock func() time.Time
 }
 
 // NewStore returns an empty store for the given boot.
@@ -93,6 +97,15 @@ func (s *Store) SetBootStart(t time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.bootStart = t
+}
+
+// SetClock sets the wall clock by which Adopt and Load judge a transition
+// time read back from the Node or the state file: one more than futureSlack
+// after now was written while the clock was ahead, and is taken as now.
+func (s *Store) SetClock(now func() time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clock = now
 }
 
 // Dirty returns a channel that receives a token after a change the state

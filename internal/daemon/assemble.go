@@ -133,6 +133,7 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 	if o.Purpose == ForRun {
 		p.Store.Observe(newLogObserver(log))
 		p.Store.SetBootStart(BootStart())
+		p.Store.SetClock(time.Now)
 	}
 	if cfg.Kmsg.Enabled || o.Purpose == ForReplay {
 		ko, err := KmsgOptions(cfg, env, p.Store, p.Metrics.Registry)

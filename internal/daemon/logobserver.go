@@ -50,6 +50,14 @@ func (l logObserver) ConditionChanged(prev *report.Condition, cur report.Conditi
 
 func (l logObserver) ConditionRestored(report.Condition) {}
 
+// TransitionRedated implements report.Redater: a transition time read back
+// from the Node or the state file lay in the future (written while the
+// clock was ahead) and was taken as now; once per condition and read.
+func (l logObserver) TransitionRedated(c report.Condition, was time.Time, from string) {
+	l.log.Warn("condition's transition time lay in the future (written while the clock was ahead); taken as now",
+		"condition", c.Type, "status", c.Status, "reason", c.Reason, "from", from, "was", was, "now", c.LastTransitionTime)
+}
+
 func (l logObserver) EventEmitted(e report.Event) {
 	l.ev.mu.Lock()
 	now := time.Now()

@@ -97,6 +97,25 @@ func TestLogOneLinePerChangeOfState(t *testing.T) {
 	}
 }
 
+// A transition time read back from the Node in the future (written while
+// the clock was ahead) is taken as now with one journal line that names the
+// time read and the time taken.
+func TestLogAFutureTransitionTimeTakenAsNow(t *testing.T) {
+	var logs testenv.SyncBuffer
+	s := report.NewStore("b")
+	s.Observe(newLogObserver(slog.New(slog.NewTextHandler(&logs, nil))))
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	s.SetClock(func() time.Time { return now })
+	s.Adopt(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
+		LastTransitionTime: now.Add(time.Hour)}, "b")
+	out := logs.String()
+	if n := strings.Count(out, "taken as now"); n != 1 ||
+		!strings.Contains(out, "condition=DiskUsageHigh") || !strings.Contains(out, "from=node") ||
+		!strings.Contains(out, "was=2026-12-01T11:00:00.000Z") || !strings.Contains(out, "now=2026-12-01T10:00:00.000Z") {
+		t.Errorf("want one line naming the Node's 11:00 taken as 10:00:\n%s", out)
+	}
+}
+
 // A read-only state directory fails each save on a new temp file name: the
 // same failure, logged once.
 func TestSaveErrorKeyIgnoresTheTempName(t *testing.T) {
