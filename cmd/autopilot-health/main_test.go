@@ -816,3 +816,36 @@ func TestStatusRepairReasonIsPrintable(t *testing.T) {
 		}
 	}
 }
+
+// The other free text status prints (an API call's last error, which an
+// API server or a webhook words; the metrics bind error; a refused
+// reload's error; the Kubernetes detail) is printed with \xNN escapes too,
+// as conditions' messages and repairs' reasons are.
+func TestStatusOtherTextIsPrintable(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	bad := "\x1b]0;pwn\x07\u009b2J\u202e"
+	st := daemon.StatusReport{Version: "v1", Node: "node-1", Now: now, Started: now,
+		Kubernetes: daemon.KubernetesStatus{State: "reporting", Detail: "to https://10.0.0.1:6443 " + bad,
+			Reporting: kube.Reporting{Calls: map[string]kube.CallStatus{
+				"status": {LastError: "admission webhook denied: " + bad, LastErrorAt: now, Failing: true}}}},
+		Config: daemon.ConfigStatus{File: "/etc/autopilot-health/config.toml", Since: now, LastReload: &daemon.ReloadOutcome{
+			At: now, Result: "refused", Error: "config.toml:1: " + bad}},
+		Metrics: daemon.MetricsStatus{Address: ":20257", Error: "listen tcp " + bad, FailingSince: now, Attempts: 1},
+	}
+	body, _ := json.Marshal(st)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	_, out, _ := run(t, "status", "--socket", sock)
+	if raw := rawControls(out); len(raw) > 0 {
+		t.Errorf("status holds %s raw:\n%q", strings.Join(raw, ", "), out)
+	}
+	if n := strings.Count(out, `\x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xae`); n != 4 {
+		t.Errorf("%d escaped texts, want 4 (API error, bind error, reload error, detail):\n%s", n, out)
+	}
+}

@@ -231,7 +231,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	if m := st.Metrics; m.Serving {
 		fmt.Fprintf(w, "Metrics: serving on %s\n", m.Address)
 	} else if m.Error != "" {
-		fmt.Fprintf(w, "Metrics: NOT serving on %s since %s, %d failed binds, retrying with backoff: %s\n", m.Address, ago(m.FailingSince), m.Attempts, m.Error)
+		fmt.Fprintf(w, "Metrics: NOT serving on %s since %s, %d failed binds, retrying with backoff: %s\n", m.Address, ago(m.FailingSince), m.Attempts, report.Printable(m.Error))
 	}
 
 	fmt.Fprint(w, "Configuration: ")
@@ -253,7 +253,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	k := st.Kubernetes
 	fmt.Fprintf(w, "Kubernetes: %s", k.State)
 	if k.Detail != "" {
-		fmt.Fprintf(w, " (%s)", k.Detail)
+		fmt.Fprintf(w, " (%s)", report.Printable(k.Detail))
 	}
 	fmt.Fprintln(w)
 	if k.State == "reporting" || len(k.Calls) > 0 {
@@ -284,11 +284,19 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	}
 }
 
+// shorten is s with its control characters and invalid bytes written
+// \xNN (report.Printable: free text a peer worded reaches a terminal),
+// cut to n bytes, not inside an escape.
 func shorten(s string, n int) string {
+	s = report.Printable(s)
 	if len(s) <= n {
 		return s
 	}
-	return s[:n] + "..."
+	cut := n
+	if i := strings.LastIndex(s[max(0, n-3):n], `\x`); i >= 0 {
+		cut = max(0, n-3) + i // not inside \xNN
+	}
+	return s[:cut] + "..."
 }
 
 var errConnRefused = syscall.ECONNREFUSED
