@@ -634,13 +634,7 @@ func TestTamperStatusAgainstTheDaemon(t *testing.T) {
 		{Condition: report.Condition{Type: "KubeletUnhealthy", Status: report.StatusTrue, Reason: "KubeletHealthzFailed"}},
 	}}
 	body, _ := json.Marshal(st)
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
-	go srv.Serve(ln)
-	defer srv.Close()
+	serveStatusBody(t, sock, body)
 	code, stdout, _ = run(t, "tamper", "status", "--config", cfg)
 	var got struct {
 		Daemon  map[string]report.Condition
@@ -796,13 +790,7 @@ func TestStatusRepairReasonIsPrintable(t *testing.T) {
 		Repairs: map[string]checks.RepairStatus{"kubelet.service": {Repairs: 1, LastRepair: now, LastReason: reason, LastResult: "failed", Consecutive: 1,
 			LastAttempt: now, LastAttemptError: "restart kubelet.service: " + reason}}}
 	body, _ := json.Marshal(st)
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
-	go srv.Serve(ln)
-	defer srv.Close()
+	serveStatusBody(t, sock, body)
 	_, out, _ := run(t, "status", "--socket", sock)
 	if bad := rawControls(out); len(bad) > 0 {
 		t.Errorf("status holds %s raw:\n%q", strings.Join(bad, ", "), out)
@@ -834,13 +822,7 @@ func TestStatusOtherTextIsPrintable(t *testing.T) {
 		Metrics: daemon.MetricsStatus{Address: ":20257", Error: "listen tcp " + bad, FailingSince: now, Attempts: 1},
 	}
 	body, _ := json.Marshal(st)
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
-	go srv.Serve(ln)
-	defer srv.Close()
+	serveStatusBody(t, sock, body)
 	_, out, _ := run(t, "status", "--socket", sock)
 	if raw := rawControls(out); len(raw) > 0 {
 		t.Errorf("status holds %s raw:\n%q", strings.Join(raw, ", "), out)
@@ -848,4 +830,17 @@ func TestStatusOtherTextIsPrintable(t *testing.T) {
 	if n := strings.Count(out, `\x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xae`); n != 4 {
 		t.Errorf("%d escaped texts, want 4 (API error, bind error, reload error, detail):\n%s", n, out)
 	}
+}
+
+// serveStatusBody answers every request on the unix socket sock with body,
+// as a daemon's status socket would, until the test ends.
+func serveStatusBody(t *testing.T, sock string, body []byte) {
+	t.Helper()
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
 }
