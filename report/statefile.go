@@ -239,8 +239,8 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	res := LoadResult{TempsRemoved: removed, TempsErr: rerr}
 	var restored []Condition
 	type redate struct {
-		condType string
-		was      time.Time
+		c   Condition // as restored
+		was time.Time // its transition time as saved
 	}
 	var redates []redate
 	s.mu.Lock()
@@ -259,16 +259,18 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		// message on the Node.
 		c.Message = CapMessage(c.Message)
 		// Times saved while the clock was ahead are taken as now.
-		if at, future := s.notFutureLocked(c.LastTransitionTime); future {
-			redates = append(redates, redate{c.Type, c.LastTransitionTime})
-			c.LastTransitionTime = at
-		}
+		was := c.LastTransitionTime
+		var future bool
+		c.LastTransitionTime, future = s.notFutureLocked(was)
 		c.LastUpdateTime, _ = s.notFutureLocked(c.LastUpdateTime)
 		s.conds[c.Type] = c
 		s.observed[c.Type] = slices.Contains(sf.Observed, c.Type)
 		delete(s.evaluatedHere, c.Type)
 		delete(s.changedHere, c.Type)
 		restored = append(restored, c)
+		if future {
+			redates = append(redates, redate{c, was})
+		}
 	}
 	if sf.BootID == s.bootID {
 		for k, raw := range sf.Memos {
@@ -321,11 +323,7 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	s.notifyMu.Lock()
 	defer s.notifyMu.Unlock()
 	for _, r := range redates {
-		for _, c := range restored {
-			if c.Type == r.condType {
-				redated(obs, c, r.was, "state file")
-			}
-		}
+		redated(obs, r.c, r.was, "state file")
 	}
 	for _, c := range restored {
 		for _, o := range obs {
