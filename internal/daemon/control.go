@@ -214,11 +214,7 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 	// findings in memory either way, so the clear is applied, logged and
 	// evented (a write that returns later, or the next one that works,
 	// saves it), and the answer says it is not saved.
-	var notSaved *tamper.NotSavedError
 	saveErr := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by})
-	if saveErr != nil && !errors.As(saveErr, &notSaved) {
-		notSaved = nil
-	}
 	types := []string{tamper.CondNode, tamper.CondSealed}
 	for _, t := range types {
 		d.store.Release(t, now)
@@ -254,21 +250,23 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 		case <-changed:
 		case <-time.After(time.Second): // a run that changes nothing
 		case <-deadline.C:
-			return d.tamperConditions(types), errors.Join(unsaved(saveErr, notSaved), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
+			return d.tamperConditions(types), errors.Join(unsaved(saveErr), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
-	return d.tamperConditions(types), unsaved(saveErr, notSaved)
+	return d.tamperConditions(types), unsaved(saveErr)
 }
 
 // unsaved is the answer to a clear applied in memory whose write of
-// tamper.json failed (err) or has not returned (e) (nil: saved).
-func unsaved(err error, e *tamper.NotSavedError) error {
+// tamper.json failed, or has not returned (a *tamper.NotSavedError), with
+// err (nil: saved).
+func unsaved(err error) error {
 	if err == nil {
 		return nil
 	}
-	if e == nil {
+	var e *tamper.NotSavedError
+	if !errors.As(err, &e) {
 		return fmt.Errorf("cleared, but not saved: %w (journalctl -u autopilot-health); the next change of the tamper state that can be written saves it, as does the daemon's stop once the file can be written, and a restart while it cannot brings the findings back: run the clear again then", err)
 	}
 	return fmt.Errorf("cleared, but not saved: the write of %s has not returned since %s (a failing or hung disk?; journalctl -u autopilot-health); it is saved once that write returns, and a restart of the daemon before then brings the findings back: run the clear again then",
