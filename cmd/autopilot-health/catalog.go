@@ -15,7 +15,7 @@ func cmdCatalog(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("catalog", "catalog [--markdown | --json]", stderr)
 	md := fs.Bool("markdown", false, "print the README's Markdown tables")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {

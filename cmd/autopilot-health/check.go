@@ -46,7 +46,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	only := fs.String("only", "", "comma-separated condition types to check (default: all)")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -108,24 +109,34 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return exitError
 }
 
-// newFlags returns a flag set that prints its usage to stderr and reports
-// --help as flag.ErrHelp.
+// newFlags returns a flag set that prints its errors and usage to stderr
+// and reports --help as flag.ErrHelp.
 func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: autopilot-health %s\n", synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: autopilot-health %s\n", synopsis)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parseFlags parses and maps the outcome to an exit code (-1: go on).
-func parseFlags(fs *flag.FlagSet, args []string) int {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
+// parseFlags parses and maps the outcome to an exit code (-1: go on). The
+// usage asked for with --help goes to stdout with exit 0, as the top-level
+// help does, so "autopilot-health check --help | less" pages it; after a
+// bad flag it goes to stderr with the error, and the exit is 2.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) int {
+	stderr := fs.Output()
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		stdout.Write(out.Bytes())
+		return exitOK
+	}
+	stderr.Write(out.Bytes())
+	if err != nil {
 		return exitError
 	}
 	return -1

@@ -10,11 +10,13 @@ import (
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	const syn = "config default | config validate FILE"
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		fmt.Fprintf(stderr, "Usage: autopilot-health %s\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", syn)
+		// Asked for: stdout and 0; a missing subcommand: stderr and 2.
+		out, code := stdout, exitOK
 		if len(args) == 0 {
-			return exitError
+			out, code = stderr, exitError
 		}
-		return exitOK
+		fmt.Fprintf(out, "Usage: autopilot-health %s\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", syn)
+		return code
 	}
 	switch args[0] {
 	case "default":

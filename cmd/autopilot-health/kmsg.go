@@ -17,11 +17,13 @@ import (
 
 func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || (args[0] != "replay" && args[0] != "rules") {
-		fmt.Fprint(stderr, "Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-\n       autopilot-health kmsg rules [--config FILE]\n")
+		// Asked for: stdout and 0; a missing or unknown subcommand: stderr and 2.
+		out, code := stderr, exitError
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			return exitOK
+			out, code = stdout, exitOK
 		}
-		return exitError
+		fmt.Fprint(out, "Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-\n       autopilot-health kmsg rules [--config FILE]\n")
+		return code
 	}
 	sub := args[0]
 	fs := newFlags("kmsg "+sub, map[string]string{"replay": "kmsg replay [--json] [--config FILE] FILE|-", "rules": "kmsg rules [--config FILE]"}[sub], stderr)
@@ -32,7 +34,7 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 	if sub == "replay" {
 		asJSON = fs.Bool("json", false, "one JSON object per line for each action")
 	}
-	if code := parseFlags(fs, args[1:]); code >= 0 {
+	if code := parseFlags(fs, args[1:], stdout); code >= 0 {
 		return code
 	}
 	if sub == "rules" && fs.NArg() > 0 {

@@ -160,13 +160,35 @@ func TestUsageAndVersion(t *testing.T) {
 	if code, _, errs := run(t, "frobnicate"); code != exitError || !strings.Contains(errs, `unknown command "frobnicate"`) {
 		t.Errorf("unknown command: %d %q", code, errs)
 	}
-	for _, sub := range []string{"run", "check", "catalog"} {
-		if code, _, errs := run(t, sub, "--help"); code != exitOK || !strings.Contains(errs, "Usage: autopilot-health "+sub) {
-			t.Errorf("%s --help: %d %q", sub, code, errs)
-		}
-	}
 	if code, _, _ := run(t, "run", "--bogus"); code != exitError {
 		t.Errorf("run --bogus: %d", code)
+	}
+}
+
+// TestHelpGoesToStdout: a usage asked for with --help or -h is printed on
+// stdout with exit 0 ("autopilot-health check --help | less" pages it, as
+// GNU tools and the top-level help do); a bad flag prints its error and the
+// usage on stderr with exit 2, and nothing on stdout.
+func TestHelpGoesToStdout(t *testing.T) {
+	for _, cmd := range [][]string{
+		{"run"}, {"check"}, {"kmsg"}, {"kmsg", "replay"}, {"kmsg", "rules"}, {"status"}, {"reload"},
+		{"tamper"}, {"tamper", "clear"}, {"tamper", "status"}, {"tamper", "layers"},
+		{"catalog"}, {"config"}, {"manifests"}, {"version"}, {"man"},
+	} {
+		name := strings.Join(cmd, " ")
+		for _, h := range []string{"--help", "-h"} {
+			code, out, errs := run(t, append(append([]string{}, cmd...), h)...)
+			if code != exitOK || errs != "" || !strings.HasPrefix(out, "Usage: autopilot-health "+cmd[0]) && !strings.Contains(out, "\n  autopilot-health "+name) {
+				t.Errorf("%s %s: exit %d, stdout %q, stderr %q", name, h, code, out, errs)
+			}
+		}
+		if cmd[0] == "tamper" && len(cmd) == 1 || cmd[0] == "config" || cmd[0] == "version" || cmd[0] == "kmsg" && len(cmd) == 1 {
+			continue // no flags of their own: a stray word is a subcommand or ignored
+		}
+		code, out, errs := run(t, append(append([]string{}, cmd...), "--no-such-flag")...)
+		if code != exitError || out != "" || !strings.Contains(errs, "flag provided but not defined: -no-such-flag\nUsage: autopilot-health "+name) {
+			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, out, errs)
+		}
 	}
 }
 

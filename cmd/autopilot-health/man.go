@@ -18,7 +18,7 @@ import (
 func cmdMan(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("man", "man [--date YYYY-MM-DD]", stderr)
 	date := fs.String("date", "", "the page's date (the package passes its SOURCE_DATE_EPOCH)")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {

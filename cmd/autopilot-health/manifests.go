@@ -11,7 +11,7 @@ import (
 func cmdManifests(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("manifests", "manifests [--list | KIND]", stderr)
 	list := fs.Bool("list", false, "list the kinds and the file each is shipped as under packaging/manifests")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if *list || fs.NArg() == 0 {

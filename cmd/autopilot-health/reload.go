@@ -25,7 +25,7 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("reload", reloadSyn, stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML) naming control_socket; the default path may be absent")
 	socket := fs.String("socket", "", "the daemon's control socket (default: control_socket of the configuration)")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {

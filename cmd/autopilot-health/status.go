@@ -29,7 +29,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML) naming status.socket; the default path may be absent")
 	socket := fs.String("socket", "", "the daemon's status socket (default: status.socket of the configuration)")
 	asJSON := fs.Bool("json", false, "print the daemon's status document as JSON")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {

@@ -58,7 +58,7 @@ func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("tamper clear", "tamper clear --reason TEXT [--config FILE]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
 	reason := fs.String("reason", "", "why the node is accepted as it is now (required; logged and evented)")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {
@@ -115,7 +115,7 @@ func operator() string {
 func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("tamper status", "tamper status [--config FILE]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {
@@ -209,7 +209,7 @@ func daemonTamper(cfg *config.Config, st *tamper.State, out map[string]any) {
 func cmdTamperLayers(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("tamper layers", "tamper layers [--config FILE]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
-	if code := parseFlags(fs, args); code >= 0 {
+	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {
