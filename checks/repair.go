@@ -130,11 +130,13 @@ func (r *Repairer) restore() {
 		if m == nil {
 			return
 		}
-		var saved map[string]RepairStatus
+		var saved map[string]savedRepair
 		m.Memo(RepairKey, &saved)
 		r.mu.Lock()
-		for name, st := range saved {
+		for name, s := range saved {
 			if _, ok := r.units[name]; !ok {
+				st := s.RepairStatus
+				st.restartFailed, st.failedAt = s.RestartFailed, s.FailedAt
 				r.units[name] = &st
 			}
 		}
@@ -143,13 +145,23 @@ func (r *Repairer) restore() {
 	})
 }
 
+// savedRepair is a unit's status in the state file: with whether the
+// daemon's last restart left the unit inactive, so that a daemon restarted
+// since still restarts it at the cooldown, and does not take it for a unit
+// someone stopped.
+type savedRepair struct {
+	RepairStatus
+	RestartFailed bool   `json:"restartFailed,omitempty"`
+	FailedAt      string `json:"restartFailedAt,omitempty"`
+}
+
 // snapshot returns a copy of the status of every unit, for the state file.
 func (r *Repairer) snapshot() any {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]RepairStatus, len(r.units))
+	out := make(map[string]savedRepair, len(r.units))
 	for name, st := range r.units {
-		out[name] = *st
+		out[name] = savedRepair{RepairStatus: *st, RestartFailed: st.restartFailed, FailedAt: st.failedAt}
 	}
 	return out
 }

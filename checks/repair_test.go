@@ -839,3 +839,61 @@ func TestRepairLeavesAUnitStoppedAfterARestartWhoseResultWasLost(t *testing.T) {
 		r.Wait()
 	})
 }
+
+// kubelet's restart by the daemon cannot start it (result "dependency"), and
+// the daemon itself restarts then (an upgrade, its watchdog), within the
+// boot: kubelet, inactive at the invocation the failed restart left, is
+// still the repairer's, and is restarted again at the cooldown. Before, the
+// state file kept the repairs but not that the last one left the unit
+// inactive: the next daemon took kubelet for stopped on purpose ("a stopped
+// unit is not started by the repair") and never repaired it again in this
+// boot.
+func TestRepairAfterItsOwnFailedRestartSurvivesDaemonRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		u := running("kubelet.service")
+		u.ActiveState, u.SubState, u.Result, u.MainStart = "failed", "failed", "exit-code", time.Now().Add(-time.Hour)
+		m := &dependencyFailing{fakeManager: newFakeManager(u), name: "kubelet.service", fails: true}
+		start := func() (*report.Store, *Repairer) {
+			t.Helper()
+			st := report.NewStore("boot-1")
+			if _, err := st.Load(dir); err != nil {
+				t.Fatal(err)
+			}
+			r := NewRepairer(m, quietLog(), time.Now, nil)
+			r.KeepIn(st)
+			return st, r
+		}
+		st1, r1 := start()
+		if res, _ := r1.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+			t.Fatalf("first repair: %s", res)
+		}
+		r1.Wait()
+		if err := st1.Save(dir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		// The daemon restarts; kubelet's dependency comes back.
+		st2, r2 := start()
+		m.mu.Lock()
+		m.fails = false
+		m.mu.Unlock()
+		time.Sleep(time.Minute)
+		if res, msg := r2.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+			t.Errorf("kubelet left inactive by the last daemon's failed restart, a cooldown later: %s (%s), want %s", res, msg, RepairRestarted)
+		}
+		r2.Wait()
+		if err := st2.Save(dir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		// Someone's stop after a restart that worked is still theirs,
+		// across a daemon restart too.
+		k, _ := m.Unit(context.Background(), "kubelet.service")
+		k.ActiveState, k.SubState = "inactive", "dead"
+		m.set(k)
+		_, r3 := start()
+		time.Sleep(time.Minute)
+		if res, _ := r3.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairStopped {
+			t.Errorf("stopped by someone after a restart that worked: %s, want %s", res, RepairStopped)
+		}
+	})
+}
