@@ -236,7 +236,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	watch.Observe(u)
 	switch {
 	case u.LoadState != "loaded":
-		return RepairNotLoaded, fmt.Sprintf("not repaired: %s is %s", unit, u.LoadState)
+		return RepairNotLoaded, notLoadedMessage(unit, u.LoadState)
 	case u.Job != 0 && u.JobType == "stop":
 		// A shutdown stops it (the units are stopped in reverse order, and
 		// this daemon is stopped after kubelet), or someone does.
@@ -324,6 +324,20 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
 	})
 	return RepairRestarted, repairingMessage(unit, cooldown)
+}
+
+// notLoadedMessage says why a unit that systemd did not load is not
+// repaired, and what to do, in NodeServiceDown's words.
+func notLoadedMessage(unit, loadState string) string {
+	switch loadState {
+	case "masked":
+		// `systemctl restart` refuses it: unmasking is the fix.
+		return fmt.Sprintf("not repaired: %s is masked: systemd will not start it; systemctl unmask it", unit)
+	case "not-found":
+		return fmt.Sprintf("not repaired: %s is not installed (not-found)", unit)
+	}
+	// bad-setting, error: its unit file does not load; status says why.
+	return fmt.Sprintf("not repaired: %s does not load (%s): see systemctl status %s", unit, loadState, unit)
 }
 
 // leftByOwnRestart reports whether u, inactive, was left so by the daemon's

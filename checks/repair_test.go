@@ -264,7 +264,12 @@ func TestRepairDoesNotFightSystemd(t *testing.T) {
 				"not restarted: systemd is already restarting k.service (activating/auto-restart)"},
 			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}, RepairStopped,
 				"not restarted: k.service is stopped (inactive/dead); a stopped unit is not started by the repair"},
-			{systemd.Unit{Name: "k.service", LoadState: "not-found", ActiveState: "inactive"}, RepairNotLoaded, "not repaired: k.service is not-found"},
+			{systemd.Unit{Name: "k.service", LoadState: "not-found", ActiveState: "inactive"}, RepairNotLoaded, "not repaired: k.service is not installed (not-found)"},
+			// Each not-loaded state says what to do, as NodeServiceDown does.
+			{systemd.Unit{Name: "k.service", LoadState: "masked", ActiveState: "inactive"}, RepairNotLoaded,
+				"not repaired: k.service is masked: systemd will not start it; systemctl unmask it"},
+			{systemd.Unit{Name: "k.service", LoadState: "bad-setting", ActiveState: "inactive"}, RepairNotLoaded,
+				"not repaired: k.service does not load (bad-setting): see systemctl status k.service"},
 			// At boot: ordered after this daemon, its start job waits.
 			{systemd.Unit{Name: "k.service", LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Job: 42}, RepairStarting,
 				"k.service has not started yet (job 42 queued)"},
