@@ -28,6 +28,8 @@ type fakeManager struct {
 	// stateReads counts its reads.
 	state      string
 	stateReads int
+	// unitReads counts the reads of each unit.
+	unitReads map[string]int
 }
 
 func newFakeManager(units ...systemd.Unit) *fakeManager {
@@ -43,6 +45,10 @@ func (m *fakeManager) set(u systemd.Unit) { m.mu.Lock(); m.units[u.Name] = u; m.
 func (m *fakeManager) Unit(_ context.Context, name string) (systemd.Unit, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.unitReads == nil {
+		m.unitReads = map[string]int{}
+	}
+	m.unitReads[name]++
 	if m.err != nil {
 		return systemd.Unit{}, m.err
 	}
@@ -555,6 +561,14 @@ func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
 			cancel()
 			if err != nil || r.Status != report.StatusTrue || r.Reason != "UnitFailed" {
 				t.Errorf("RestartSec=%s, stuck failed: %+v, %v", delay, r, err)
+			}
+			// systemd restarts no unit whose start limit was hit: it is
+			// read once, not every 50 ms for the run's whole timeout.
+			m.mu.Lock()
+			reads := m.unitReads["containerd.service"]
+			m.mu.Unlock()
+			if reads != 1 {
+				t.Errorf("RestartSec=%s, start-limit-hit: containerd.service read %d times in one run, want 1", delay, reads)
 			}
 		}
 	})
