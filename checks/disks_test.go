@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/kmsg"
 
 	"github.com/syself/autopilot-health/report"
@@ -638,6 +639,32 @@ func TestNVMeSMARTNotAskedAfterAnIdentifyTimeout(t *testing.T) {
 	}
 	if n.smart["nvme0"] != 1 || len(n.smart) != 1 {
 		t.Errorf("SMART read %v, want nvme0 once and none of nvme1-5 (Identify timed out or did not reach the drive)", n.smart)
+	}
+}
+
+// A drive whose controller completes Identify with an NVMe error status
+// (the kernel returns the status, not an errno: an internal error, a
+// field it refuses) answered, as one that fails it with EIO did: its
+// SMART page is asked all the same, and its critical warning decides
+// DisksFailure (the privileged helper hands the status back:
+// TestNVMeStatusThroughTheHelper). Fails when such
+// an Identify is taken for a timeout: nvme1 is "not readable" ("SMART page
+// not asked") and DisksFailure is Unknown, its read-only warning unseen.
+func TestNVMeSMARTAskedAfterAnIdentifyStatus(t *testing.T) {
+	status := &hostio.NVMeStatusError{Dev: "/dev/nvme1", Opcode: 0x06, Status: 0x4006} // internal error, do not retry
+	n := &countingNVMe{fakeNVMe: &fakeNVMe{ctrls: map[string]fakeDrive{
+		"nvme0": {model: "A", wctempK: 343, tempK: 310},
+		"nvme1": {identifyErr: status, tempK: 310, cw: 1 << 3},
+	}}, smart: map[string]int{}}
+	env := testEnv(t, nil)
+	env.NVMe = n
+	c, _ := newDisksFailureSMART(env)
+	if r := probe(t, c); r.Status != report.StatusTrue || r.Reason != report.ReasonNVMeCriticalWarning ||
+		r.Message != "nvme1: SMART critical warning 0x08: media placed in read-only mode" {
+		t.Errorf("Identify answered with status 0x4006: %s/%s %q, want True/NVMeCriticalWarning from its SMART page", r.Status, r.Reason, r.Message)
+	}
+	if n.smart["nvme1"] != 1 {
+		t.Errorf("nvme1's SMART page read %d times, want once", n.smart["nvme1"])
 	}
 }
 

@@ -238,7 +238,8 @@ func nvmeTimeout(checkTimeout time.Duration) time.Duration {
 // (stuck: the drives whose commands have not returned, not asked again
 // until they do), waiting for them until timeout. A drive whose Identify
 // fails with an answer (answered: EIO from a drive that may fail one
-// command and serve another) or whose Identify page is malformed is still
+// command and serve another, an NVMe status the controller completed it
+// with) or whose Identify page is malformed is still
 // asked for its SMART page; after an Identify that timed out or did not
 // reach the drive (the privileged helper's deadline or its socket) it is
 // not, and carries that error. One
@@ -283,10 +284,12 @@ func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], 
 	return out, nil
 }
 
-// answered reports whether a failed admin command was answered: an errno
-// of the open or of the ioctl, in this process or in the privileged helper
-// (EIO from a drive that fails one command and may serve another, ENOTTY,
-// ENOENT), but for a timeout's. A timeout (EINTR: the kernel's answer to
+// answered reports whether a failed admin command was answered: an NVMe
+// status the command completed with (hostio.ErrNVMeStatus: the kernel
+// returns it, not an errno, for a command the controller failed), or an
+// errno of the open or of the ioctl, in this process or in the privileged
+// helper (EIO from a drive that fails one command and may serve another,
+// ENOTTY, ENOENT), but for a timeout's. A timeout (EINTR: the kernel's answer to
 // a passthrough command it cancelled when the command's timeout reset the
 // controller, nvme_execute_rq; ETIMEDOUT; the helper's deadline, "i/o
 // timeout" while its ioctl still hangs) or an error of the way to the
@@ -294,6 +297,9 @@ func readNVMeHealth(ctx context.Context, n NVMe, stuck *stuckCalls[NVMeHealth], 
 // the next command to the drive would go the same way, a second hung call
 // where one hangs.
 func answered(err error) bool {
+	if errors.Is(err, hostio.ErrNVMeStatus) {
+		return true
+	}
 	var errno syscall.Errno
 	var op *net.OpError
 	return errors.As(err, &errno) && errno != syscall.ETIMEDOUT && errno != syscall.EINTR && !errors.As(err, &op)

@@ -1,6 +1,7 @@
 package hostio
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -78,11 +79,33 @@ func adminError(dev string, opcode uint8, r uintptr, e syscall.Errno) error {
 		return fmt.Errorf("%s: NVMe admin command 0x%02x: %w", dev, opcode, e)
 	}
 	if r != 0 {
-		return fmt.Errorf("%s: NVMe admin command 0x%02x: the controller answered status 0x%x (status code type %d, status code 0x%02x%s)",
-			dev, opcode, r, r>>8&0x7, r&0xff, map[bool]string{true: ", do not retry", false: ""}[r&0x4000 != 0])
+		return &NVMeStatusError{Dev: dev, Opcode: opcode, Status: uint32(r)}
 	}
 	return nil
 }
+
+// ErrNVMeStatus is what errors.Is finds in an NVMeStatusError, here and
+// through the privileged helper: the command was answered, with an error.
+var ErrNVMeStatus = errors.New("NVMe admin command completed with an error status")
+
+// NVMeStatusError is an admin command that the kernel completed with an
+// NVMe status rather than an errno: the controller answered it (or the
+// host did at once for a controller it cannot send to), so another command
+// to the same drive does not hang behind it.
+type NVMeStatusError struct {
+	Dev    string
+	Opcode uint8
+	Status uint32
+}
+
+func (e *NVMeStatusError) Error() string {
+	r := e.Status
+	return fmt.Sprintf("%s: NVMe admin command 0x%02x: the controller answered status 0x%x (status code type %d, status code 0x%02x%s)",
+		e.Dev, e.Opcode, r, r>>8&0x7, r&0xff, map[bool]string{true: ", do not retry", false: ""}[r&0x4000 != 0])
+}
+
+// Is makes errors.Is(err, ErrNVMeStatus) true.
+func (e *NVMeStatusError) Is(target error) bool { return target == ErrNVMeStatus }
 
 // NVMeIdentify returns the 4096-byte Identify Controller page of the
 // controller device dev.

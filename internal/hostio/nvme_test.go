@@ -27,10 +27,10 @@ func TestAdminErrorIncludesTheNVMeStatus(t *testing.T) {
 		t.Errorf("status 0: %v", err)
 	}
 	err := adminError("/dev/nvme0", 0x02, 0x4002, 0)
-	if err == nil || !strings.Contains(err.Error(), "status 0x4002 (status code type 0, status code 0x02, do not retry)") {
-		t.Errorf("status 0x4002: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "status 0x4002 (status code type 0, status code 0x02, do not retry)") || !errors.Is(err, ErrNVMeStatus) {
+		t.Errorf("status 0x4002: %v, want an ErrNVMeStatus", err)
 	}
-	if err := adminError("/dev/nvme0", 0x06, 0, syscall.ENOTTY); !errors.Is(err, syscall.ENOTTY) {
+	if err := adminError("/dev/nvme0", 0x06, 0, syscall.ENOTTY); !errors.Is(err, syscall.ENOTTY) || errors.Is(err, ErrNVMeStatus) {
 		t.Errorf("ENOTTY: %v", err)
 	}
 }

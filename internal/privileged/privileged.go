@@ -89,6 +89,7 @@ var sentinels = map[string]error{
 	"not-exist":        fs.ErrNotExist,
 	"permission":       fs.ErrPermission,
 	"not-regular":      hostio.ErrNotRegular,
+	"nvme-status":      hostio.ErrNVMeStatus,
 }
 
 func errorResponse(err error) response {

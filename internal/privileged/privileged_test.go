@@ -134,6 +134,20 @@ func TestNVMeRequests(t *testing.T) {
 	}
 }
 
+// An admin command the controller completed with an NVMe status comes back
+// from the helper as one (errors.Is hostio.ErrNVMeStatus), as in process:
+// the disk checks read the SMART page of a drive whose Identify was
+// answered so, and not of one whose Identify timed out.
+func TestNVMeStatusThroughTheHelper(t *testing.T) {
+	status := &hostio.NVMeStatusError{Dev: "/dev/nvme1", Opcode: 0x06, Status: 0x4006}
+	c := serve(t, &Server{handler: func(context.Context, request) (response, int) {
+		return errorResponse(status), -1
+	}})
+	if _, err := c.Identify("nvme1"); !errors.Is(err, hostio.ErrNVMeStatus) || err.Error() != status.Error() {
+		t.Errorf("Identify answered with status 0x4006 through the helper: %v, want %q as an ErrNVMeStatus", err, status.Error())
+	}
+}
+
 // The device-mapper tables: the control node only; a missing one is
 // ErrNoDeviceMapper on the daemon's side, as in process.
 func TestDMRequests(t *testing.T) {
