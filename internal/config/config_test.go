@@ -345,6 +345,10 @@ func TestBadConfigs(t *testing.T) {
 		// A rule written inline: at its element's line, not its table's.
 		"kmsg-rule-inline.toml":        ":3: key kmsg.rules[0]: kmsg rule X: pattern: error parsing regexp: missing closing ): `(`",
 		"kmsg-rule-inline-second.toml": ":4: key kmsg.rules[1]: kmsg rule B: pattern: error parsing regexp: missing closing ): `^b(`",
+		// A key of an inline rule the daemon does not know: at its own
+		// line, as in a [[kmsg.rules]] table, not at the array's.
+		"kmsg-rule-inline-unknown-key.toml": `:4: key kmsg.rules.severity: unknown key`,
+		"kmsg-rule-inline-case-key.toml":    `:4: key kmsg.rules.Pattern: unknown key: keys are case-sensitive (did you mean kmsg.rules.pattern?)`,
 		// Two rules of one name: at the second (the one a built-in's name
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
@@ -419,12 +423,15 @@ list = ["{", 2]
 after = 5
 `))
 	for key, line := range map[string]int{"x": 1, "x.y": 1, "x.y.z": 1, "x.y.w": 2, "t": 3, "t.u": 4, "t.u.v": 4,
-		"t.rules": 5, "t.rules[0]": 5, "t.rules[1]": 6, "t.rules[2]": 7, "t.list": 8, "t.after": 9} {
+		"t.rules": 5, "t.rules[0]": 5, "t.rules[1]": 6, "t.rules[2]": 7, "t.list": 8, "t.after": 9,
+		// The keys of an inline element, at its line: under the element,
+		// and under the array at the first element that has the key.
+		"t.rules[0].a": 5, "t.rules.a": 5, "t.rules[1].b": 6, "t.rules.b": 6, "t.rules[2].d": 7, "t.rules.d": 7} {
 		if idx[key] != line {
 			t.Errorf("line of %s = %d, want %d", key, idx[key], line)
 		}
 	}
-	for _, k := range []string{"t.rules[3]", "t.list[0]", "t.x.c"} {
+	for _, k := range []string{"t.rules[3]", "t.list[0]", "t.x.c", "t.rules.c", "t.rules[1].c", "t.rules.3"} {
 		if _, ok := idx[k]; ok {
 			t.Errorf("%s indexed", k)
 		}

@@ -124,7 +124,9 @@ func keyLines(data []byte) keyIndex {
 
 // arrayScan reads an array value, over as many lines as it spans, and
 // records the line of each element that is an inline table as key[i] (an
-// array of inline tables is the inline form of an array of tables).
+// array of inline tables is the inline form of an array of tables), and of
+// each key of such an element as key[i].k, and as key.k at the first
+// element that has it (as in an array of tables).
 type arrayScan struct {
 	key   string
 	depth int // open brackets and braces
@@ -132,7 +134,11 @@ type arrayScan struct {
 }
 
 func (a *arrayScan) scan(idx keyIndex, s string, line int) {
-	outsideStrings(stripComment(s), func(_ int, c byte) bool {
+	s = stripComment(s)
+	// An inline table is on one line (TOML): a key of the element
+	// begins after its '{' or a ',' at its own level.
+	keyFrom := -1
+	outsideStrings(s, func(i int, c byte) bool {
 		switch c {
 		case '[':
 			a.depth++
@@ -140,10 +146,22 @@ func (a *arrayScan) scan(idx keyIndex, s string, line int) {
 			if a.depth == 1 {
 				idx.setFirst(a.key+"["+strconv.Itoa(a.elems)+"]", line)
 				a.elems++
+				keyFrom = i + 1
 			}
 			a.depth++
 		case ']', '}':
 			a.depth--
+		case ',':
+			if a.depth == 2 && keyFrom < 0 {
+				keyFrom = i + 1
+			}
+		case '=':
+			if a.depth == 2 && keyFrom >= 0 {
+				k := joinKey(splitKey(s[keyFrom:i]))
+				idx.setFirst(a.key+"["+strconv.Itoa(a.elems-1)+"]."+k, line)
+				idx.setFirst(a.key+"."+k, line)
+				keyFrom = -1
+			}
 		}
 		return true
 	})
