@@ -473,12 +473,14 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 	if k := misspeltKey(keys); k != "" {
 		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key: keys are case-sensitive" + suggest(k)}
 	}
+	// The index first: a conflict of two keys is named at the one the
+	// file sets.
+	c.lines = lines
 	if verr := c.validate(); verr != nil {
 		verr.File = file
 		verr.Line = lines.find(verr.Key)
 		return nil, verr
 	}
-	c.lines = lines
 	return c, nil
 }
 

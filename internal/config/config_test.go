@@ -354,6 +354,10 @@ func TestBadConfigs(t *testing.T) {
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
 		"kmsg-rule-duplicate-builtin.toml": `:6: key kmsg.rules[1]: kmsg rule ReadonlyFilesystem: defined twice (first as kmsg.rules[0])`,
 		"kmsg-rule-reason.toml":            `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
+		// One path for both sockets: the control socket, bound first,
+		// would answer `autopilot-health status`. At the key the file sets.
+		"status-socket-is-control.toml": `:2: key status.socket: must not be the control socket, control_socket = "/run/autopilot-health/control.sock"`,
+		"control-socket-is-status.toml": `:2: key control_socket: must not be the status socket, status.socket = "/run/autopilot-health/status.sock"`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
 	if len(files) != len(want) {

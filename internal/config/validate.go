@@ -328,6 +328,17 @@ func (c *Config) validate() *Error {
 		v.fail("checks.APIServerSourceIPUnavailable.max_read_bytes", "must be between %d (1 MiB) and %d (1 GiB), got %d", MinAuditReadBytes, MaxAuditReadBytes, n)
 	}
 	v.socketPath("control_socket", c.ControlSocket)
+	// Two sockets, never one path: the control socket is bound first, and
+	// the status socket's bind would find it answering ("another daemon
+	// answers on it"): no status, and `autopilot-health status` asking
+	// the control socket. Named at the key the file sets.
+	if c.Status.Socket != "" && filepath.Clean(c.Status.Socket) == filepath.Clean(c.ControlSocket) {
+		if _, set := c.lines["status.socket"]; set || c.lines["control_socket"] == 0 {
+			v.fail("status.socket", "must not be the control socket, control_socket = %q", c.ControlSocket)
+		} else {
+			v.fail("control_socket", "must not be the status socket, status.socket = %q", c.Status.Socket)
+		}
+	}
 	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
 	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
 	protected := v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)
