@@ -292,6 +292,9 @@ func TestBadConfigs(t *testing.T) {
 		"unit-name.toml":             `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
 		"unknown-key.toml":           `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
 		"unknown-table.toml":         `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
+		// A top-level key after a table header is that table's in TOML.
+		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
+		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,
 		// A file saved with a byte order mark (an editor on Windows):
 		// the decoder skips it, and so do the lines.
 		"bom-unknown-key.toml": `:2: key runner.first_run_sprd: unknown key (did you mean runner.first_run_spread?)`,

@@ -62,10 +62,35 @@ func suggest(key string) string {
 			best, bestD = k, d
 		}
 	}
-	if best == "" {
+	if best != "" {
+		return fmt.Sprintf(" (did you mean %s?)", best)
+	}
+	return misplaced(key)
+}
+
+// misplaced names where a key not known at its place belongs, when its
+// last part is a key of exactly one other place: a top-level key written
+// after a [table] header belongs to that table in TOML ("node_name" after
+// [log] is log.node_name), and a check's key under another check's table.
+func misplaced(key string) string {
+	i := strings.LastIndexByte(key, '.')
+	if i < 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (did you mean %s?)", best)
+	name := key[i+1:]
+	var at []string
+	for _, k := range knownKeys() {
+		if k == name || strings.HasSuffix(k, "."+name) {
+			at = append(at, k)
+		}
+	}
+	switch {
+	case len(at) != 1:
+		return ""
+	case at[0] == name:
+		return fmt.Sprintf(" (%s is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)", name)
+	}
+	return fmt.Sprintf(" (%s is a key of [%s])", name, at[0][:len(at[0])-len(name)-1])
 }
 
 func editDistance(a, b string) int {
