@@ -291,6 +291,16 @@ func (c *Config) validate() *Error {
 		v.absPath("checks.DiskUsageHigh.lvm_command", k.DiskUsageHigh.LVMCommand)
 	}
 	v.between("checks.DiskUsageHigh.lvm_timeout", k.DiskUsageHigh.LVMTimeout, time.Second, 5*time.Minute)
+	// The check waits two thirds of its timeout for LVM's two reports,
+	// lvm_timeout each: a longer lvm_timeout makes an lvm that is slow but
+	// answers "not checked" at every run. Named at the key the file sets.
+	if t, l := k.DiskUsageHigh.Timeout.Duration, k.DiskUsageHigh.LVMTimeout.Duration; t > 0 && 3*l > t {
+		if _, set := c.lines["checks.DiskUsageHigh.lvm_timeout"]; set || c.lines["checks.DiskUsageHigh.timeout"] == 0 {
+			v.fail("checks.DiskUsageHigh.lvm_timeout", "must be at most a third of the check's timeout (%s): its two LVM reports are waited for two thirds of it, got %s", t, l)
+		} else {
+			v.fail("checks.DiskUsageHigh.timeout", "must be at least three times lvm_timeout (%s): the two LVM reports are waited for two thirds of it, got %s", l, t)
+		}
+	}
 	v.regex("checks.DiskUsageHigh.mount_points_exclude", k.DiskUsageHigh.MountPointsExclude)
 	v.regex("checks.DiskUsageHigh.fs_types_exclude", k.DiskUsageHigh.FSTypesExclude)
 	v.units("checks.NodeServiceDown.controlplane_units", k.NodeServiceDown.ControlPlaneUnits)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
 )
 
 // A daemon that never writes its state fails every scenario at its first
@@ -121,5 +123,16 @@ func TestRunAllPastDeadline(t *testing.T) {
 	passed, failed, abandoned := g.runAll(&out, []string{"a"}, time.Now(), time.Minute)
 	if passed != 0 || failed != 1 || abandoned || !strings.Contains(out.String(), "VMTEST RESULT a FAIL 0ms not run: the guest's deadline (1m0s after boot) had passed") {
 		t.Errorf("%d, %d, %v: %s", passed, failed, abandoned, out.String())
+	}
+}
+
+// The guest's configurations are ones the daemon starts on: a key the
+// validation refuses (an lvm_timeout longer than a third of the check's
+// timeout) would fail every boot at its first wait, far from the cause.
+func TestGuestConfigsLoad(t *testing.T) {
+	for name, c := range map[string]string{ConfigPath: DaemonConfig, CheckConfigPath: CheckConfig} {
+		if _, err := config.Parse(name, []byte(c), config.Default()); err != nil {
+			t.Errorf("%v", err)
+		}
 	}
 }

@@ -83,11 +83,13 @@ const (
 // kubeconfig), the checks that need systemd, kubelet or a network off, and
 // the disk checks and SealedOSTampered every few seconds so a scenario does
 // not wait minutes (an LVM report takes 0.3-2 s under TCG, depending on the
-// host's load).
-var DaemonConfig = guestConfig("2s", "5s", "4s")
+// host's load: lvm_timeout 3 s each, and a timeout of three times that, as
+// the configuration requires, since the check waits two thirds of its
+// timeout for the two reports).
+var DaemonConfig = guestConfig("2s", "9s", "3s")
 
 // CheckConfig is the one-shot check's configuration in the guest.
-var CheckConfig = guestConfig("30s", "30s", "25s")
+var CheckConfig = guestConfig("30s", "30s", "10s")
 
 func guestConfig(nvme, usage, lvm string) string {
 	return `node_name = "vmtest"
