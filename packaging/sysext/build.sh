@@ -21,8 +21,11 @@
 # SOURCE_DATE_EPOCH (default: the commit's time).
 # Usage: packaging/sysext/build.sh BINARY OUTDIR [VERSION]   -> OUTDIR/autopilot-health.raw
 #   HELPER=FILE   the privileged helper (default: autopilot-health-privileged beside BINARY)
+#   GEN=FILE      a binary of the same tree that runs here (default: BINARY),
+#                 which prints the default configuration (for a cross-built BINARY)
 set -euo pipefail
 bin=${1:?binary}; out=${2:?outdir}; ver=${3:-}
+gen=${GEN:-$bin}
 here=$(cd "$(dirname "$0")" && pwd); top=$(cd "$here/../.." && pwd)
 helper=${HELPER:-$(dirname "$bin")/autopilot-health-privileged}
 [ -f "$helper" ] || { echo "build.sh: no privileged helper at $helper (go build ./cmd/autopilot-health-privileged; HELPER=FILE)" >&2; exit 1; }
@@ -34,12 +37,12 @@ fi
 : "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || echo 0)}"
 export SOURCE_DATE_EPOCH
 # ARCHITECTURE= in systemd's names (ConditionArchitecture=) for the binary's
-# own GOARCH (as go version -m reads it from the binary).
-goarch=$(go version -m "$bin" 2>/dev/null | awk '$2 ~ /^GOARCH=/ {sub(/^GOARCH=/, "", $2); print $2}')
-case "${goarch:-${GOARCH:-amd64}}" in
-arm64) arch=arm64 ;;
-amd64) arch=x86-64 ;;
-*) echo "sysext: unsupported GOARCH ${goarch:-${GOARCH:-}}" >&2; exit 1 ;;
+# own architecture (ELF e_machine), never the build host's: no Go toolchain
+# needed, and GOARCH of the environment does not count.
+case $(od -An -tx1 -j16 -N4 "$bin" | tr -d ' \n') in
+02003e00) arch=x86-64 ;;
+0200b700) arch=arm64 ;;
+*) echo "sysext: $bin is not a static ELF executable for amd64 or arm64" >&2; exit 1 ;;
 esac
 # The helper must be of the binary's architecture (ELF e_machine).
 [ "$(od -An -tx1 -j16 -N4 "$helper" | tr -d ' \n')" = "$(od -An -tx1 -j16 -N4 "$bin" | tr -d ' \n')" ] ||
@@ -67,7 +70,7 @@ mkdir -p "$root/usr/share/autopilot-health"
 	echo "# commented out. To change one, copy this file to /etc/autopilot-health/config.toml"
 	echo "# and uncomment it; 'autopilot-health config validate FILE' checks it."
 	echo "#"
-	"$bin" config default | sed -E 's/^([^#].*)$/# \1/'
+	"$gen" config default | sed -E 's/^([^#].*)$/# \1/'
 } > "$root/usr/share/autopilot-health/config.toml"
 chmod 0644 "$root/usr/share/autopilot-health/config.toml"
 # The extension matches any host OS (it carries a static binary); the
