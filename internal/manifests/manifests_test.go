@@ -114,6 +114,7 @@ func TestSeverityAndFor(t *testing.T) {
 		{report.ConditionDesc{Source: report.SourceCheck, Interval: 5 * time.Minute}, 10 * time.Minute},
 		{report.ConditionDesc{Source: report.SourceCheck, Interval: time.Hour}, 10 * time.Minute},
 		{report.ConditionDesc{Source: report.SourceCheck, Interval: 2 * time.Minute}, 4 * time.Minute},
+		{report.ConditionDesc{Source: report.SourceCheck, Interval: 5 * time.Minute, Parts: []report.Part{{Source: report.SourceKmsg}, {Source: report.SourceCheck}}}, time.Minute},
 	} {
 		if got := For(tc.c); got != tc.want {
 			t.Errorf("For(%+v) = %s, want %s", tc.c, got, tc.want)

@@ -37,10 +37,20 @@ func Severity(d report.Disposition) string {
 // or for good): they cannot blink, so one minute, time for kube-state-metrics
 // to be scraped, is enough. A check's condition is re-evaluated every
 // interval; it must be True for two evaluations (at least 1 minute, at most
-// 10) so that one transient probe does not page anyone.
+// 10) so that one transient probe does not page anyone. A check's condition
+// with a part the kernel log sets (DisksFailure's disk I/O errors within
+// io_error_window) gets one minute too: that part lowers itself once the
+// errors age out of the window, so a burst holds the condition for the
+// window (10 min) at most, which two check intervals would outlast; its
+// threshold, not the for:, keeps one error from paging.
 func For(c report.ConditionDesc) time.Duration {
 	if c.Source != report.SourceCheck || c.Interval == 0 {
 		return time.Minute
+	}
+	for _, p := range c.Parts {
+		if p.Source == report.SourceKmsg {
+			return time.Minute
+		}
 	}
 	return min(max(2*c.Interval, time.Minute), 10*time.Minute)
 }

@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
@@ -335,5 +336,78 @@ func TestPromtoolAlertsFireAfterTheirForAndNotBefore(t *testing.T) {
 	out := runPromtool(t, "test", "rules", tf)
 	if !strings.Contains(out, "SUCCESS") {
 		t.Errorf("promtool test rules:\n%s", out)
+	}
+}
+
+// A condition with a part the kernel log sets from a window of errors
+// (DisksFailure: io_error_threshold disk I/O errors within io_error_window)
+// is True for at most the window after the errors stop: a burst of errors
+// all at once holds it for the window exactly. Its alert fires within that
+// time, for the node that had the burst, and not for a node where it
+// stayed False.
+func TestKernelWindowConditionAlertsWithinTheWindow(t *testing.T) {
+	window := config.Default().Checks.DisksFailure.IOErrorWindow.Duration
+	if window < 2*time.Minute {
+		t.Fatalf("io_error_window %s: the scenario needs at least two evaluations", window)
+	}
+	pt := promTest{Interval: "1m"}
+	tested := 0
+	for _, r := range conditionRules() {
+		d, _ := report.Lookup(r.Labels["condition"])
+		kernel := false
+		for _, p := range d.Parts {
+			kernel = kernel || p.Source == report.SourceKmsg
+		}
+		if !kernel {
+			continue
+		}
+		tested++
+		held := int(window / time.Minute)
+		// True from 0 to window-1m (held samples a minute apart), False
+		// from the window on: the burst aged out.
+		for node, status := range map[string]string{"burst": "true", "fine": "false"} {
+			for _, s := range []string{"true", "false", "unknown"} {
+				v := fmt.Sprintf("0x%d", 2*held)
+				switch {
+				case s == status && s == "true":
+					v = fmt.Sprintf("1x%d 0x%d", held-1, held)
+				case s == "false" && status == "true":
+					v = fmt.Sprintf("0x%d 1x%d", held-1, held)
+				case s == status:
+					v = fmt.Sprintf("1x%d", 2*held)
+				}
+				pt.InputSerie = append(pt.InputSerie, promSeries{ksm("kube_node_status_condition", map[string]string{"condition": r.Alert, "node": node, "status": s}), v})
+			}
+		}
+		labels := map[string]string{"condition": r.Alert, "node": "burst", "status": "true", "job": "kube-state-metrics", "instance": "10.0.0.9:8080"}
+		for k, v := range r.Labels {
+			labels[k] = v
+		}
+		ann := map[string]string{}
+		for k, v := range r.Annotations {
+			ann[k] = strings.ReplaceAll(v, "{{ $labels.node }}", "burst")
+		}
+		// The last evaluation at which the burst still holds it.
+		pt.AlertTests = append(pt.AlertTests,
+			promAlertTest{EvalTime: minutes(window - time.Minute), Alertname: r.Alert, ExpAlerts: []promAlert{{labels, ann}}})
+	}
+	if tested == 0 {
+		t.Fatal("no condition of the catalog has a kernel log part")
+	}
+	dir := t.TempDir()
+	rules, _ := Lookup("prometheus-rules")
+	rf := writeRendered(t, dir, rules)
+	b, err := yaml.Marshal(map[string]any{"rule_files": []string{rf}, "evaluation_interval": "1m", "tests": []promTest{pt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := filepath.Join(dir, "rules_test.yaml")
+	if err := os.WriteFile(tf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(promtool(t), "test", "rules", tf)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "SUCCESS") {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 }
