@@ -249,10 +249,13 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
 	}
 	now := r.now()
+	// The cooldown and the restart in flight are decided, and the restart
+	// claimed, under one hold of the lock: two probes of the unit at once
+	// (a reload replaced its check, and the old probe still runs beside
+	// the new one's) restart it once, not once each.
 	r.mu.Lock()
 	st := r.status(unit)
 	last := st.LastRepair
-	r.mu.Unlock()
 	if last.After(now) {
 		// Read back from the state file (a wall-clock time), and the
 		// clock was set back since: long ago, as a start in the future.
@@ -262,21 +265,27 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		last = started
 	}
 	if !last.IsZero() && now.Sub(last) < cooldown {
+		r.mu.Unlock()
 		return RepairCooldown, repairingMessage(unit, cooldown)
 	}
-	// Read only here, before a restart: a unit the shutdown has not
-	// reached yet (or one that failed to stop, and is failed) is not
-	// started again while the system goes down. A read that fails does
-	// not hold the repair off.
-	if stopping, err := systemd.Stopping(ctx, r.mgr); err == nil && stopping {
-		return RepairShutdown, "not restarted: the system is shutting down"
-	}
-	r.mu.Lock()
 	if r.inflight[unit] {
 		r.mu.Unlock()
 		return RepairInProgress, fmt.Sprintf("not restarted: the previous restart of %s has not finished", unit)
 	}
 	r.inflight[unit] = true
+	r.mu.Unlock()
+	// Read only here, before a restart: a unit the shutdown has not
+	// reached yet (or one that failed to stop, and is failed) is not
+	// started again while the system goes down. A read that fails does
+	// not hold the repair off. Meanwhile the restart is claimed: another
+	// probe of the unit finds it in progress.
+	if stopping, err := systemd.Stopping(ctx, r.mgr); err == nil && stopping {
+		r.mu.Lock()
+		delete(r.inflight, unit)
+		r.mu.Unlock()
+		return RepairShutdown, "not restarted: the system is shutting down"
+	}
+	r.mu.Lock()
 	st.Repairs++
 	st.Consecutive++
 	st.LastRepair, st.LastReason, st.LastResult = now, reason, "requested"

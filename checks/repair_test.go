@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -913,6 +914,92 @@ func TestRepairAfterItsOwnFailedRestartSurvivesDaemonRestart(t *testing.T) {
 		time.Sleep(time.Minute)
 		if res, _ := r3.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairStopped {
 			t.Errorf("stopped by someone after a restart that worked: %s, want %s", res, RepairStopped)
+		}
+	})
+}
+
+// gatedManager is a manager whose SystemState reads and restarts each wait
+// for a token of the test's: a D-Bus call that takes its time.
+type gatedManager struct {
+	*fakeManager
+	state, restart chan struct{}
+}
+
+func (m gatedManager) SystemState(ctx context.Context) (string, error) {
+	<-m.state
+	return m.fakeManager.SystemState(ctx)
+}
+
+func (m gatedManager) Restart(ctx context.Context, name string) error {
+	<-m.restart
+	return m.fakeManager.Restart(ctx, name)
+}
+
+// Two probes of kubelet at once (a reload replaced KubeletUnhealthy's check,
+// and the old probe still runs beside the new one's) restart it once. Before,
+// both passed the cooldown before either recorded its restart, and the
+// second, its read of the system's state answered after the first restart
+// ended, restarted kubelet again within the cooldown.
+func TestRepairTwoProbesAtOnceRestartOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := gatedManager{newFakeManager(u), make(chan struct{}), make(chan struct{})}
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		results := make([]string, 2)
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Go(func() {
+				results[i], _ = r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			})
+		}
+		synctest.Wait()
+		// One probe's restart runs to its end.
+		m.state <- struct{}{}
+		synctest.Wait()
+		m.restart <- struct{}{}
+		synctest.Wait()
+		// Then the other's read of the system's state answers, if it made one.
+		close(m.state)
+		close(m.restart)
+		wg.Wait()
+		r.Wait()
+		slices.Sort(results)
+		if got := strings.Join(results, " "); got != RepairInProgress+" "+RepairRestarted {
+			t.Errorf("two probes at once: %s, want one %s and one %s", got, RepairRestarted, RepairInProgress)
+		}
+		if n := m.restartCount(); n != 1 {
+			t.Errorf("%d restarts by two probes at once within the cooldown, want 1", n)
+		}
+		if st := r.Status("kubelet.service"); st.Repairs != 1 || st.Consecutive != 1 || st.LastResult != "done" {
+			t.Errorf("status %+v", st)
+		}
+		if res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairCooldown {
+			t.Errorf("the next probe: %s, want %s", res, RepairCooldown)
+		}
+	})
+}
+
+// A restart held off by a shutdown is not left claimed: once the shutdown
+// is called off (its job canceled before the boot finished), the next probe
+// restarts the unit, and does not find a restart in progress.
+func TestRepairAfterAShutdownCalledOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := newFakeManager(u)
+		m.setState("stopping")
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		if res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairShutdown {
+			t.Fatalf("while shutting down: %s", res)
+		}
+		m.setState("running")
+		if res, msg := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+			t.Errorf("after the shutdown was called off: %s (%s), want %s", res, msg, RepairRestarted)
+		}
+		r.Wait()
+		if st := r.Status("kubelet.service"); st.Repairs != 1 {
+			t.Errorf("status %+v", st)
 		}
 	})
 }
