@@ -291,6 +291,17 @@ func TestDiskUsageCheck(t *testing.T) {
 			statErr:    map[string]error{root + "/mnt/with space": unix.EIO},
 			wantStatus: report.StatusTrue, wantReason: "FilesystemInodesHigh",
 			wantMsg: "/ 100% of inodes used (threshold 90%); not checked: statfs /mnt/with space: input/output error"},
+		// A filesystem that reports more free blocks, or free inodes, than
+		// it has (network and FUSE filesystems an operator watches, some
+		// overlay and btrfs versions) uses none of them. Before, the
+		// unsigned used count wrapped round: DiskUsageHigh True, with
+		// billions of percent used.
+		{name: "more free blocks than blocks",
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 10, 100, 10), root + "/mnt/with space": {Bsize: 4096, Blocks: 100, Bfree: 110, Bavail: 110, Files: 10, Ffree: 9}, root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems below 90% space and 90% inodes"},
+		{name: "more free inodes than inodes",
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 10, 100, 10), root + "/mnt/with space": {Bsize: 4096, Blocks: 100, Bfree: 90, Bavail: 90, Files: 10, Ffree: 12}, root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems below 90% space and 90% inodes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env, _ := diskEnv(t, &fakeSys{statfs: tc.statfs, statErr: tc.statErr})

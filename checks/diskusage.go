@@ -167,6 +167,14 @@ func percentUp(used, avail uint64) int {
 	return int((used*100 + total - 1) / total)
 }
 
+// usedOf is total less free, and 0 where free is more than total.
+func usedOf(total, free uint64) uint64 {
+	if free > total {
+		return 0
+	}
+	return total - free
+}
+
 // mountSelection says what became of the mounts of mountinfo: the ones
 // whose filesystems are measured, and how many were left out and why.
 type mountSelection struct {
@@ -252,7 +260,11 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 			continue
 		}
 		bs := uint64(st.Bsize)
-		used := (st.Blocks - st.Bfree) * bs
+		// A filesystem that reports more free blocks (or inodes) than it
+		// has (network and FUSE filesystems, some overlay and btrfs
+		// versions) uses none: the unsigned difference would wrap round
+		// to nearly all of them.
+		used := usedOf(st.Blocks, st.Bfree) * bs
 		u := FSUsage{
 			MountPoint: m.MountPoint, FSType: m.FSType, Source: m.Source,
 			SizeBytes: st.Blocks * bs, AvailBytes: st.Bavail * bs,
@@ -260,7 +272,7 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 			Inodes:      st.Files,
 		}
 		if st.Files > 0 {
-			u.InodesPct = percentUp(st.Files-st.Ffree, st.Ffree)
+			u.InodesPct = percentUp(usedOf(st.Files, st.Ffree), st.Ffree)
 		}
 		out = append(out, u)
 	}
