@@ -276,6 +276,7 @@ func TestBadConfigs(t *testing.T) {
 		"bad-regex.toml":         ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
 		"bad-role.toml":          `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
 		"duplicate-key.toml":     `:2: key host_root: Key 'host_root' has already been defined.`,
+		"duplicate-table.toml":   `:4: key checks.KubeletUnhealthy: Key 'checks.KubeletUnhealthy' has already been defined.`,
 		"listen-address.toml":    `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
 		"log-level.toml":         `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
 		"negative-interval.toml": `:2: key checks.ClockNotSynchronized.interval: must be between 1s and 24h, got "-1m0s"`,

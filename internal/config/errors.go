@@ -34,11 +34,19 @@ func (e *Error) Error() string {
 
 var lastKeyRE = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key "([^"]*)"\): (.*)$`)
 
+// definedKeyRE finds the key a redefinition names whole: the library's
+// LastKey is then the table it was in ("checks" for a second
+// [checks.KubeletUnhealthy]).
+var definedKeyRE = regexp.MustCompile(`^Key '(.+)' (?:has already been defined|was already created)`)
+
 // decodeError turns the TOML library's errors into *Error.
 func decodeError(file string, lines keyIndex, err error) error {
 	var pe toml.ParseError
 	if errors.As(err, &pe) {
 		msg := pe.Message
+		if m := definedKeyRE.FindStringSubmatch(msg); m != nil {
+			pe.LastKey = m[1]
+		}
 		if pe.LastKey == "" || pe.Position.Line == 0 {
 			return &Error{File: file, Line: pe.Position.Line, Key: pe.LastKey, Msg: "syntax error: " + msg}
 		}
