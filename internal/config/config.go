@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,9 +39,18 @@ func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
 // Duration is a time.Duration written as a string ("10s", "2m").
 type Duration struct{ time.Duration }
 
+// durationShape matches what time.ParseDuration parses, whatever its
+// size: an optional sign, then numbers each with a unit.
+var durationShape = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+$`)
+
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (d *Duration) UnmarshalText(b []byte) error {
 	v, err := time.ParseDuration(string(b))
+	if err != nil && durationShape.Match(b) {
+		// time.ParseDuration says "invalid duration" of a number too
+		// large for a time.Duration too: well-formed, out of range.
+		return fmt.Errorf("duration %q is out of range: a duration is at most 2562047h (about 292 years)", string(b))
+	}
 	if err != nil {
 		return fmt.Errorf("invalid duration %q (use a number with a unit, e.g. \"30s\", \"5m\", \"168h\")", string(b))
 	}

@@ -365,6 +365,8 @@ func TestBadConfigs(t *testing.T) {
 		// would answer `autopilot-health status`. At the key the file sets.
 		"status-socket-is-control.toml": `:2: key status.socket: must not be the control socket, control_socket = "/run/autopilot-health/control.sock"`,
 		"control-socket-is-status.toml": `:2: key control_socket: must not be the status socket, status.socket = "/run/autopilot-health/status.sock"`,
+		// A duration of the right shape that a Go duration cannot hold.
+		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
 	if len(files) != len(want) {
@@ -385,6 +387,29 @@ func TestBadConfigs(t *testing.T) {
 				t.Errorf("error\n got: %s\nwant: %s", got, f+want[name])
 			}
 		})
+	}
+}
+
+// A duration too large for time.Duration is out of range; one of the wrong
+// shape wants a unit. time.ParseDuration says "invalid duration" of both.
+func TestDurationOutOfRangeOrMalformed(t *testing.T) {
+	for s, outOfRange := range map[string]bool{
+		"2562048h": true, "-2562048h": true, "+99999999999999999999ns": true, "2562047h47m17s": true, "1.5h2562047h": true,
+		"10 seconds": false, "1d": false, "5": false, "": false, ".": false, "h": false, "1h ": false, "--1h": false,
+	} {
+		var d Duration
+		err := d.UnmarshalText([]byte(s))
+		if err == nil {
+			t.Errorf("%q: parsed as %s", s, d)
+			continue
+		}
+		if got := strings.Contains(err.Error(), "out of range"); got != outOfRange {
+			t.Errorf("%q: %v (out of range: want %v)", s, err, outOfRange)
+		}
+	}
+	var d Duration
+	if err := d.UnmarshalText([]byte("2562047h")); err != nil || d.Duration != 2562047*time.Hour {
+		t.Errorf("2562047h: %v, %v", d, err)
 	}
 }
 
