@@ -365,6 +365,9 @@ func TestBadConfigs(t *testing.T) {
 		// would answer `autopilot-health status`. At the key the file sets.
 		"status-socket-is-control.toml": `:2: key status.socket: must not be the control socket, control_socket = "/run/autopilot-health/control.sock"`,
 		"control-socket-is-status.toml": `:2: key control_socket: must not be the status socket, status.socket = "/run/autopilot-health/status.sock"`,
+		// Names systemd refuses to load: no unit type, a control character.
+		"unit-name-dot.toml":     `:2: key checks.NodeServiceDown.worker_units: must list systemd unit names such as "kubelet.service", got "."`,
+		"unit-name-control.toml": `:3: key checks.KubeletUnhealthy.unit: must list systemd unit names such as "kubelet.service", got "kubelet.service\n"`,
 		// A duration of the right shape that a Go duration cannot hold.
 		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
 	}
@@ -410,6 +413,30 @@ func TestDurationOutOfRangeOrMalformed(t *testing.T) {
 	var d Duration
 	if err := d.UnmarshalText([]byte("2562047h")); err != nil || d.Duration != 2562047*time.Hour {
 		t.Errorf("2562047h: %v, %v", d, err)
+	}
+}
+
+// Unit names are what systemd loads (unit_name_is_valid with a plain name
+// or an instance): a unit type after the last dot, letters, digits and
+// ":-_.\\@" before it, at most 255 bytes; a template is never loaded.
+func TestUnitNames(t *testing.T) {
+	for name, valid := range map[string]bool{
+		"kubelet.service": true, "getty@tty1.service": true, "systemd-fsck@dev-disk-by\\x2dlabel-root.service": true,
+		"-.mount": true, "var-lib-kubelet.mount": true, "system-getty.slice": true, "a:b_c.d.timer": true,
+		strings.Repeat("k", 247) + ".service": true, strings.Repeat("k", 248) + ".service": false,
+		".": false, "kubelet": false, "kubelet.": false, ".service": false, "kubelet.servic": false,
+		"kubelet.service\n": false, "kube\tlet.service": false, "kube let.service": false, "kube/let.service": false,
+		"getty@.service": false, "@tty1.service": false, "kübelet.service": false, "": false,
+	} {
+		if got := validUnitName(name); got != valid {
+			t.Errorf("validUnitName(%q) = %v, want %v", name, got, valid)
+		}
+	}
+	// Every unit key takes them.
+	src := "[checks.KubeletUnhealthy]\nunit = \"getty@tty1.service\"\n[checks.ServiceNotRecovering]\nworker_units = [\"-.mount\", \"kubelet.service\"]\n" +
+		"[checks.NodeServiceDown]\ncontrolplane_units = [\"systemd-fsck@dev-disk-by\\\\x2dlabel-root.service\"]\n"
+	if _, err := Parse("units.toml", []byte(src), Default()); err != nil {
+		t.Errorf("%v\n%s", err, src)
 	}
 }
 

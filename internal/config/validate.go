@@ -181,10 +181,37 @@ func (v *validator) httpURL(key, val string) {
 
 func (v *validator) units(key string, vals []string) {
 	for _, u := range vals {
-		if !strings.Contains(u, ".") || strings.ContainsAny(u, "/ \t") {
+		if !validUnitName(u) {
 			v.fail(key, "must list systemd unit names such as \"kubelet.service\", got %q", u)
 		}
 	}
+}
+
+// unitTypes are the suffixes of systemd's unit types.
+var unitTypes = []string{"service", "mount", "swap", "socket", "target", "device", "automount", "timer", "path", "slice", "scope"}
+
+// validUnitName says whether systemd would load a unit of this name, as
+// its unit_name_is_valid(name, UNIT_NAME_PLAIN|UNIT_NAME_INSTANCE) does:
+// at most 255 bytes, a prefix of letters, digits and ":-_.\\" (an "@"
+// too, not first, with an instance after it: a template, "getty@.service",
+// is never loaded), a dot and a unit type.
+func validUnitName(name string) bool {
+	dot := strings.LastIndexByte(name, '.')
+	if len(name) > 255 || dot <= 0 || !slices.Contains(unitTypes, name[dot+1:]) {
+		return false
+	}
+	prefix := name[:dot]
+	at := strings.IndexByte(prefix, '@')
+	if at == 0 || (at > 0 && at == len(prefix)-1) {
+		return false
+	}
+	for _, r := range prefix {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(":-_.\\@", r)
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func (v *validator) regex(key, val string) {
