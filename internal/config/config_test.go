@@ -325,6 +325,7 @@ func TestBadConfigs(t *testing.T) {
 		"check-timeout.toml":           `:3: key checks.KubeletUnhealthy.timeout: must be between 100ms and interval (10s), got "1ms"`,
 		"first-run-spread.toml":        `:2: key runner.first_run_spread: must be between 0s and 5m, got "10m0s"`,
 		"restart-cooldown.toml":        `:2: key checks.ContainerRuntimeUnhealthy.restart_cooldown: must be at least 1s, got "0s"`,
+		"restart-threshold.toml":       `:2: key checks.ServiceNotRecovering.restart_threshold: must be between 1 and 100, got 1000`,
 		"io-error-threshold.toml":      `:2: key checks.DisksFailure.io_error_threshold: must be between 1 and 1000, got 100000000`,
 		"journalctl-path.toml":         `:2: key checks.KubeletHeartbeatFailed.journalctl: must be an absolute path, got "journalctl"`,
 		"heartbeat-match-none.toml":    `:2: key checks.KubeletHeartbeatFailed.match: must list at least one string`,
@@ -564,10 +565,12 @@ func TestBoundsAreInclusive(t *testing.T) {
 		"[kubernetes]\nheartbeat_period = \"30s\"\nreport_interval = \"30s\"\n[runner]\nfirst_run_spread = \"0s\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"100ms\"\nrestart_cooldown = \"1s\"\n" +
 			"[checks.ContainerRuntimeUnhealthy]\nrestart_cooldown = \"1s\"\n" +
+			"[checks.ServiceNotRecovering]\nrestart_threshold = 1\n" +
 			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1048576\n" +
 			"[checks.NodeTampered]\nbaseline_max_wait = \"1m\"\n",
 		"[kubernetes]\nheartbeat_period = \"1h\"\nreport_interval = \"1h\"\n[runner]\nfirst_run_spread = \"5m\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"24h\"\ntimeout = \"24h\"\n" +
+			"[checks.ServiceNotRecovering]\nrestart_threshold = 100\n" +
 			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1073741824\n" +
 			"[kmsg]\ncritical_tasks = [\"kubelet\", \"qemu*\"]\nignore_devices = []\n" +
 			"[checks.NodeTampered]\nbaseline_max_wait = \"24h\"\n",
@@ -590,6 +593,7 @@ func TestDefaultTOMLStatesTheBounds(t *testing.T) {
 		"# One name per string: non-empty, no comma, no whitespace at either end.\ncritical_tasks",
 		"# would match every device) and without whitespace.\nignore_devices",
 		"Allowed: 1 MiB to 1 GiB.\nmax_read_bytes",
+		"# Allowed: 1 to 100.\nrestart_threshold",
 		"Allowed: 1m to 24h, not under\n# settle.\nbaseline_max_wait",
 	} {
 		if !strings.Contains(string(defaultTOML), want) {

@@ -111,6 +111,8 @@ const (
 	minCheckTimeout    = 100 * time.Millisecond
 	maxFirstRunSpread  = 5 * time.Minute
 	minRestartCooldown = time.Second
+	// ServiceNotRecovering's restarts per run and repairs in a row.
+	maxRestartThreshold = 100
 )
 
 // between requires lo <= d <= hi.
@@ -282,8 +284,11 @@ func (c *Config) validate() *Error {
 	v.atLeast("checks.ContainerRuntimeUnhealthy.restart_cooldown", k.ContainerRuntimeUnhealthy.RestartCooldown, minRestartCooldown)
 	v.units("checks.ServiceNotRecovering.controlplane_units", k.ServiceNotRecovering.ControlPlaneUnits)
 	v.units("checks.ServiceNotRecovering.worker_units", k.ServiceNotRecovering.WorkerUnits)
-	if k.ServiceNotRecovering.RestartThreshold < 1 {
-		v.fail("checks.ServiceNotRecovering.restart_threshold", "must be at least 1, got %d", k.ServiceNotRecovering.RestartThreshold)
+	// Counted per run (a minute by default), and of the daemon's own
+	// repairs one per restart_cooldown: past 100 neither part could ever
+	// say a unit is not recovering in time to matter.
+	if t := k.ServiceNotRecovering.RestartThreshold; t < 1 || t > maxRestartThreshold {
+		v.fail("checks.ServiceNotRecovering.restart_threshold", "must be between 1 and %d, got %d", maxRestartThreshold, t)
 	}
 	v.units("checks.KubeletHeartbeatFailed.unit", []string{k.KubeletHeartbeatFailed.Unit})
 	v.absPath("checks.KubeletHeartbeatFailed.journalctl", k.KubeletHeartbeatFailed.Journalctl)
