@@ -369,6 +369,9 @@ func TestBadConfigs(t *testing.T) {
 		// Names systemd refuses to load: no unit type, a control character.
 		"unit-name-dot.toml":     `:2: key checks.NodeServiceDown.worker_units: must list systemd unit names such as "kubelet.service", got "."`,
 		"unit-name-control.toml": `:3: key checks.KubeletUnhealthy.unit: must list systemd unit names such as "kubelet.service", got "kubelet.service\n"`,
+		// The same unit twice would be reported twice in the condition's message.
+		"unit-listed-twice.toml":        `:2: key checks.ServiceNotRecovering.worker_units: must list each unit once, got "kubelet.service" twice`,
+		"unit-listed-twice-inline.toml": `:2: key checks.NodeServiceDown.controlplane_units: must list each unit once, got "syself-tunnel-server.service" twice`,
 		// A duration of the right shape that a Go duration cannot hold.
 		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
 	}

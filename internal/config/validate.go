@@ -181,10 +181,16 @@ func (v *validator) httpURL(key, val string) {
 	}
 }
 
+// units requires systemd unit names, each listed once: a unit listed
+// twice would be read and reported twice (named twice in the condition's
+// message).
 func (v *validator) units(key string, vals []string) {
-	for _, u := range vals {
+	for i, u := range vals {
 		if !validUnitName(u) {
 			v.fail(key, "must list systemd unit names such as \"kubelet.service\", got %q", u)
+		}
+		if slices.Contains(vals[:i], u) {
+			v.fail(key, "must list each unit once, got %q twice", u)
 		}
 	}
 }
