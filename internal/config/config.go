@@ -483,6 +483,11 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 	if k := misspeltKey(keys); k != "" {
 		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key: keys are case-sensitive" + suggest(k)}
 	}
+	// host_root is compared with "/" (the privileged helper, LVM,
+	// journalctl's --root, a reload's diff): "//" or "/./" must be "/".
+	if filepath.IsAbs(c.HostRoot) {
+		c.HostRoot = filepath.Clean(c.HostRoot)
+	}
 	// The index first: a conflict of two keys is named at the one the
 	// file sets.
 	c.lines = lines

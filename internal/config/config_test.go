@@ -420,6 +420,30 @@ func TestDurationOutOfRangeOrMalformed(t *testing.T) {
 	}
 }
 
+// host_root is compared with "/" (the privileged helper, LVM, journalctl's
+// --root): a root written another way ("//", "/./", "/srv/") is cleaned
+// when the file is read.
+func TestHostRootIsCleaned(t *testing.T) {
+	for in, want := range map[string]string{"//": "/", "/./": "/", "/srv/../": "/", "///": "/", "/srv/": "/srv", "/srv//fixture/.": "/srv/fixture", "/": "/"} {
+		c, err := Parse("x.toml", []byte(fmt.Sprintf("host_root = %q\n", in)), Default())
+		if err != nil {
+			t.Errorf("host_root = %q: %v", in, err)
+			continue
+		}
+		if c.HostRoot != want {
+			t.Errorf("host_root = %q: HostRoot %q, want %q", in, c.HostRoot, want)
+		}
+		if want == "/" {
+			if got := c.HostPath("/etc/kubernetes"); got != "/etc/kubernetes" {
+				t.Errorf("host_root = %q: HostPath = %q", in, got)
+			}
+			if d := Diff(Default(), c); len(d) != 0 {
+				t.Errorf("host_root = %q differs from the default / in %v", in, d)
+			}
+		}
+	}
+}
+
 // Unit names are what systemd loads (unit_name_is_valid with a plain name
 // or an instance): a unit type after the last dot, letters, digits and
 // ":-_.\\@" before it, at most 255 bytes; a template is never loaded.
