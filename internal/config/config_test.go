@@ -372,6 +372,13 @@ func TestBadConfigs(t *testing.T) {
 		// The same unit twice would be reported twice in the condition's message.
 		"unit-listed-twice.toml":        `:2: key checks.ServiceNotRecovering.worker_units: must list each unit once, got "kubelet.service" twice`,
 		"unit-listed-twice-inline.toml": `:2: key checks.NodeServiceDown.controlplane_units: must list each unit once, got "syself-tunnel-server.service" twice`,
+		// Each list that a check names or reads entry by entry: a repeat
+		// would be named, reported or read twice.
+		"certificate-listed-twice.toml":    `:2: key checks.CertRenewalFailing.certificates: must list each certificate once, got "/var/lib/kubelet/pki/kubelet-client-current.pem" twice`,
+		"cdi-spec-dir-listed-twice.toml":   `:2: key checks.GpuActivationFailed.cdi_spec_dirs: must list each directory once, got "/etc/cdi" twice`,
+		"protected-path-listed-twice.toml": `:2: key checks.NodeTampered.paths: must list each path once, got "/etc/kubernetes" twice`,
+		"match-listed-twice.toml":          `:2: key checks.KubeletHeartbeatFailed.match: must list each string once, got "Unable to update node status" twice`,
+		"user-prefix-listed-twice.toml":    `:2: key checks.APIServerSourceIPUnavailable.excluded_user_prefixes: must list each prefix once, got "system:" twice`,
 		// A duration of the right shape that a Go duration cannot hold.
 		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
 	}

@@ -185,13 +185,33 @@ func (v *validator) httpURL(key, val string) {
 // twice would be read and reported twice (named twice in the condition's
 // message).
 func (v *validator) units(key string, vals []string) {
-	for i, u := range vals {
+	for _, u := range vals {
 		if !validUnitName(u) {
 			v.fail(key, "must list systemd unit names such as \"kubelet.service\", got %q", u)
 		}
-		if slices.Contains(vals[:i], u) {
-			v.fail(key, "must list each unit once, got %q twice", u)
+	}
+	v.once(key, vals, "unit", nil)
+}
+
+// once requires each entry of a list once, for the lists a check reads
+// entry by entry into what it says: a repeat would be named twice in a
+// message or a report, or read twice. what names an entry ("unit");
+// norm, if not nil, is what makes two entries the same (filepath.Clean:
+// "/etc/cdi/" is "/etc/cdi"), and the repeat is named as norm writes it.
+// Lists that are only matched against (exclude, tolerate, ignore_devices,
+// critical_tasks, ...) do not call it: a repeat there changes nothing.
+func (v *validator) once(key string, vals []string, what string, norm func(string) string) {
+	if norm == nil {
+		norm = func(s string) string { return s }
+	}
+	seen := make(map[string]bool, len(vals))
+	for _, s := range vals {
+		n := norm(s)
+		if seen[n] {
+			v.fail(key, "must list each %s once, got %q twice", what, n)
+			return
 		}
+		seen[n] = true
 	}
 }
 
@@ -307,6 +327,7 @@ func (c *Config) validate() *Error {
 			break
 		}
 	}
+	v.once("checks.KubeletHeartbeatFailed.match", k.KubeletHeartbeatFailed.Match, "string", nil)
 	if n := k.KubeletHeartbeatFailed.MaxEntries; n < 100 || n > 10_000_000 {
 		v.fail("checks.KubeletHeartbeatFailed.max_entries", "must be between 100 and 10000000, got %d", n)
 	}
@@ -347,6 +368,7 @@ func (c *Config) validate() *Error {
 	v.positive("checks.NodeInfoStale.max_age", k.NodeInfoStale.MaxAge)
 	v.positive("checks.CertRenewalFailing.renew_within", k.CertRenewalFailing.RenewWithin)
 	v.absPaths("checks.CertRenewalFailing.certificates", k.CertRenewalFailing.Certificates)
+	v.once("checks.CertRenewalFailing.certificates", k.CertRenewalFailing.Certificates, "certificate", filepath.Clean)
 	v.httpURL("checks.ProxyNotServing.metrics_url", k.ProxyNotServing.MetricsURL)
 	if k.ProxyNotServing.ReadyMetric == "" {
 		v.fail("checks.ProxyNotServing.ready_metric", "must not be empty")
@@ -362,6 +384,7 @@ func (c *Config) validate() *Error {
 	}
 	v.absPath("checks.GpuActivationFailed.marker_path", k.GpuActivationFailed.MarkerPath)
 	v.absPaths("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs)
+	v.once("checks.GpuActivationFailed.cdi_spec_dirs", k.GpuActivationFailed.CDISpecDirs, "directory", filepath.Clean)
 	if len(k.GpuActivationFailed.CDISpecDirs) == 0 {
 		v.fail("checks.GpuActivationFailed.cdi_spec_dirs", "must list at least one directory: with none, no GPU can ever be named in a CDI spec")
 	}
@@ -371,6 +394,7 @@ func (c *Config) validate() *Error {
 	}
 	v.absPath("checks.APIServerSourceIPUnavailable.audit_log", k.APIServerSourceIPUnavailable.AuditLog)
 	v.words("checks.APIServerSourceIPUnavailable.excluded_user_prefixes", k.APIServerSourceIPUnavailable.ExcludedUserPrefixes, "user name prefixes")
+	v.once("checks.APIServerSourceIPUnavailable.excluded_user_prefixes", k.APIServerSourceIPUnavailable.ExcludedUserPrefixes, "prefix", nil)
 	v.addresses("checks.APIServerSourceIPUnavailable.proxy_addresses", k.APIServerSourceIPUnavailable.ProxyAddresses)
 	if n := k.APIServerSourceIPUnavailable.MaxReadBytes; n < MinAuditReadBytes || n > MaxAuditReadBytes {
 		v.fail("checks.APIServerSourceIPUnavailable.max_read_bytes", "must be between %d (1 MiB) and %d (1 GiB), got %d", MinAuditReadBytes, MaxAuditReadBytes, n)
@@ -390,6 +414,7 @@ func (c *Config) validate() *Error {
 	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
 	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
 	protected := v.globs("checks.NodeTampered.paths", k.NodeTampered.Paths)
+	v.once("checks.NodeTampered.paths", k.NodeTampered.Paths, "path", nil)
 	if len(k.NodeTampered.Paths) == 0 {
 		v.fail("checks.NodeTampered.paths", "must list at least one path (to turn the check off, set enabled = false)")
 	}
