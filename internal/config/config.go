@@ -8,6 +8,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
@@ -493,7 +494,7 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 	c.lines = lines
 	if verr := c.validate(); verr != nil {
 		verr.File = file
-		verr.Line = lines.find(verr.Key)
+		verr.Line = lines.find(cmp.Or(verr.at, verr.Key))
 		return nil, verr
 	}
 	return c, nil

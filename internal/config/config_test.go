@@ -370,11 +370,11 @@ func TestBadConfigs(t *testing.T) {
 		"unit-name-dot.toml":     `:2: key checks.NodeServiceDown.worker_units: must list systemd unit names such as "kubelet.service", got "."`,
 		"unit-name-control.toml": `:3: key checks.KubeletUnhealthy.unit: must list systemd unit names such as "kubelet.service", got "kubelet.service\n"`,
 		// The same unit twice would be reported twice in the condition's message.
-		"unit-listed-twice.toml":        `:2: key checks.ServiceNotRecovering.worker_units: must list each unit once, got "kubelet.service" twice`,
+		"unit-listed-twice.toml":        `:5: key checks.ServiceNotRecovering.worker_units: must list each unit once, got "kubelet.service" twice`,
 		"unit-listed-twice-inline.toml": `:2: key checks.NodeServiceDown.controlplane_units: must list each unit once, got "syself-tunnel-server.service" twice`,
 		// Each list that a check names or reads entry by entry: a repeat
 		// would be named, reported or read twice.
-		"certificate-listed-twice.toml":    `:2: key checks.CertRenewalFailing.certificates: must list each certificate once, got "/var/lib/kubelet/pki/kubelet-client-current.pem" twice`,
+		"certificate-listed-twice.toml":    `:5: key checks.CertRenewalFailing.certificates: must list each certificate once, got "/var/lib/kubelet/pki/kubelet-client-current.pem" twice`,
 		"cdi-spec-dir-listed-twice.toml":   `:2: key checks.GpuActivationFailed.cdi_spec_dirs: must list each directory once, got "/etc/cdi" twice`,
 		"protected-path-listed-twice.toml": `:2: key checks.NodeTampered.paths: must list each path once, got "/etc/kubernetes" twice`,
 		"match-listed-twice.toml":          `:2: key checks.KubeletHeartbeatFailed.match: must list each string once, got "Unable to update node status" twice`,
@@ -539,6 +539,25 @@ after = 5
 	}
 	if got := idx.find("x.y.q"); got != 1 {
 		t.Errorf("find of a key under a dotted key's table: got %d, want 1", got)
+	}
+
+	// A plain element of a multi-line array is at its own line, unless it
+	// is on the array's line: a repeated entry is named where it is.
+	idx = keyLines([]byte(`units = ["a", # "b",
+  "b", 'c,]', # d
+  # "e"
+  [1, 2], "f"]
+one = ["x", "y"]
+`))
+	for key, line := range map[string]int{"units": 1, "units[1]": 2, "units[2]": 2, "units[3]": 4, "units[4]": 4, "one": 5} {
+		if idx[key] != line {
+			t.Errorf("line of %s = %d, want %d", key, idx[key], line)
+		}
+	}
+	for _, k := range []string{"units[0]", "units[5]", "one[0]", "one[1]"} {
+		if _, ok := idx[k]; ok {
+			t.Errorf("%s indexed", k)
+		}
 	}
 }
 

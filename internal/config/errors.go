@@ -16,6 +16,9 @@ type Error struct {
 	Line int // 0 when unknown
 	Key  string
 	Msg  string
+	// at, when set, is the key whose line the error is at (an element,
+	// key[i], of the list Key names); Key otherwise.
+	at string
 }
 
 func (e *Error) Error() string {

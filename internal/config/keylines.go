@@ -115,7 +115,7 @@ func keyLines(data []byte) keyIndex {
 			}
 		}
 		if strings.HasPrefix(val, "[") {
-			arr = arrayScan{key: key}
+			arr = arrayScan{key: key, line: n + 1}
 			arr.scan(idx, val, n+1)
 		}
 	}
@@ -126,11 +126,17 @@ func keyLines(data []byte) keyIndex {
 // records the line of each element that is an inline table as key[i] (an
 // array of inline tables is the inline form of an array of tables), and of
 // each key of such an element as key[i].k, and as key.k at the first
-// element that has it (as in an array of tables).
+// element that has it (as in an array of tables). In an array of plain
+// values (strings, numbers) it records key[i] for each element that
+// begins on a line after the array's own: an error about one entry of a
+// multi-line list names its line (one on the array's line has it already).
 type arrayScan struct {
 	key   string
-	depth int // open brackets and braces
-	elems int // inline tables seen at the top level of the array
+	line  int  // the line the array begins on
+	depth int  // open brackets and braces
+	elems int  // inline tables seen at the top level of the array
+	items int  // elements of any kind seen at the top level of the array
+	want  bool // at the top level, before the next element
 }
 
 func (a *arrayScan) scan(idx keyIndex, s string, line int) {
@@ -139,9 +145,18 @@ func (a *arrayScan) scan(idx keyIndex, s string, line int) {
 	// begins after its '{' or a ',' at its own level.
 	keyFrom := -1
 	outsideStrings(s, func(i int, c byte) bool {
+		if a.depth == 1 && a.want && c != ' ' && c != '\t' && c != ',' && c != ']' {
+			// An element begins (a string at its opening quote).
+			a.want = false
+			if c != '{' && a.elems == 0 && line != a.line {
+				idx.setFirst(a.key+"["+strconv.Itoa(a.items)+"]", line)
+			}
+			a.items++
+		}
 		switch c {
 		case '[':
 			a.depth++
+			a.want = a.depth == 1
 		case '{':
 			if a.depth == 1 {
 				idx.setFirst(a.key+"["+strconv.Itoa(a.elems)+"]", line)
@@ -152,6 +167,9 @@ func (a *arrayScan) scan(idx keyIndex, s string, line int) {
 		case ']', '}':
 			a.depth--
 		case ',':
+			if a.depth == 1 {
+				a.want = true
+			}
 			if a.depth == 2 && keyFrom < 0 {
 				keyFrom = i + 1
 			}
@@ -180,8 +198,8 @@ func splitKey(s string) []string {
 func joinKey(p []string) string { return strings.Join(p, ".") }
 
 // outsideStrings calls visit with each byte of s that is not inside a TOML
-// string ("..." with backslash escapes, or '...'), with its index, until
-// visit returns false.
+// string ("..." with backslash escapes, or '...'), and with the quote that
+// opens a string, with its index, until visit returns false.
 func outsideStrings(s string, visit func(i int, c byte) bool) {
 	inStr := byte(0)
 	for i := 0; i < len(s); i++ {
@@ -193,6 +211,9 @@ func outsideStrings(s string, visit func(i int, c byte) bool) {
 			inStr = 0
 		case inStr == 0 && (c == '"' || c == '\''):
 			inStr = c
+			if !visit(i, c) {
+				return
+			}
 		case inStr == 0 && !visit(i, c):
 			return
 		}

@@ -35,8 +35,14 @@ var knownKeys = sync.OnceValue(func() []string {
 type validator struct{ err *Error }
 
 func (v *validator) fail(key, format string, args ...any) {
+	v.failAt(key, "", format, args...)
+}
+
+// failAt fails key at the line of at (an element of key's list, key[i]),
+// else at key's.
+func (v *validator) failAt(key, at, format string, args ...any) {
 	if v.err == nil {
-		v.err = &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
+		v.err = &Error{Key: key, Msg: fmt.Sprintf(format, args...), at: at}
 	}
 }
 
@@ -197,7 +203,8 @@ func (v *validator) units(key string, vals []string) {
 // entry by entry into what it says: a repeat would be named twice in a
 // message or a report, or read twice. what names an entry ("unit");
 // norm, if not nil, is what makes two entries the same (filepath.Clean:
-// "/etc/cdi/" is "/etc/cdi"), and the repeat is named as norm writes it.
+// "/etc/cdi/" is "/etc/cdi"), and the repeat is named as norm writes it,
+// at its own line in a multi-line list (keyLines), else at the list's.
 // Lists that are only matched against (exclude, tolerate, ignore_devices,
 // critical_tasks, ...) do not call it: a repeat there changes nothing.
 func (v *validator) once(key string, vals []string, what string, norm func(string) string) {
@@ -205,10 +212,10 @@ func (v *validator) once(key string, vals []string, what string, norm func(strin
 		norm = func(s string) string { return s }
 	}
 	seen := make(map[string]bool, len(vals))
-	for _, s := range vals {
+	for i, s := range vals {
 		n := norm(s)
 		if seen[n] {
-			v.fail(key, "must list each %s once, got %q twice", what, n)
+			v.failAt(key, fmt.Sprintf("%s[%d]", key, i), "must list each %s once, got %q twice", what, n)
 			return
 		}
 		seen[n] = true
