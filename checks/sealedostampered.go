@@ -99,10 +99,18 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 		case recErr != nil:
 			finding(c.recorded, tamper.RecordAltered, "no longer readable: "+recErr.Error())
 		default:
+			// One finding of the file, its layers' differences in its
+			// detail: a finding per layer, all of the same path, would
+			// each differ from the path's latest and be added again at
+			// every run (State.AddFinding).
+			var diffs []string
 			for _, l := range sortedUnion(expected, rec) {
 				if rec[l] != expected[l] {
-					finding(c.recorded, tamper.RecordAltered, fmt.Sprintf("layer %s: first read in this boot as %q, now %q", l, expected[l], rec[l]))
+					diffs = append(diffs, fmt.Sprintf("layer %s: first read in this boot as %q, now %q", l, expected[l], rec[l]))
 				}
+			}
+			if len(diffs) > 0 {
+				finding(c.recorded, tamper.RecordAltered, strings.Join(diffs, "; "))
 			}
 		}
 	} else {

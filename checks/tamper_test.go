@@ -378,6 +378,33 @@ func TestSealedOSTampered(t *testing.T) {
 		c2 := sealedEnv(t, h, "boot-1", dm)
 		h.probe(c2, report.StatusTrue, report.ReasonRootHashMismatch, "recorded-hash-altered (layer root: first read in this boot as \""+hashA+"\", now \""+hashB+"\")")
 	})
+	// Two layers swapped with the record rewritten to match both: one
+	// finding of the record, recorded once, however many runs see it.
+	// Before, each layer's difference was a finding of the same path with
+	// its own detail, so each run found the record's latest finding
+	// differing and added them all again: two findings every interval,
+	// the reason turning RecordedHashAltered, and within hours the full
+	// list made room by dropping the layers' mismatches and NodeTampered's
+	// earlier findings.
+	t.Run("recorded hashes of two layers altered", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\nusr "+hashB+"\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA), verity("usr", hashB)}}
+		c := sealedEnv(t, h, "boot-1", dm)
+		h.probe(c, report.StatusFalse, report.ReasonSealedOSIntact, "2 sealed layer(s)")
+		dm.targets = []tamper.VerityTarget{verity("root", hashB), verity("usr", hashA)}
+		h.write(rec, "root "+hashB+"\nusr "+hashA+"\n")
+		for range 3 {
+			h.probe(c, report.StatusTrue, report.ReasonRootHashMismatch,
+				"3 finding(s): usr root-hash-mismatch (recorded "+hashB+", enforced "+hashA+"); root root-hash-mismatch")
+		}
+		st := c.(*sealedOSCheck).keeper.State()
+		fs := st.FindingsFor(tamper.CondSealed)
+		if len(fs) != 3 || fs[0].Kind != tamper.RecordAltered ||
+			fs[0].Detail != `layer root: first read in this boot as "`+hashA+`", now "`+hashB+`"; layer usr: first read in this boot as "`+hashB+`", now "`+hashA+`"` {
+			t.Errorf("findings %+v", fs)
+		}
+	})
 	// A malformed file at its first reading in the boot is an error (the
 	// runner's Unknown, CheckFailed): nothing was recorded to compare with.
 	// Once read, the same file turning malformed is RecordedHashAltered.
