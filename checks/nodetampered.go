@@ -405,9 +405,16 @@ func (c *nodeTamperedCheck) result(st tamper.State, pending string, unreadable [
 	}
 	msg := fmt.Sprintf("%d protected paths unchanged since this boot's baseline (%s, %s)", len(b.Entries), b.TakenAt.UTC().Format(time.RFC3339), b.Digest)
 	if n := len(st.Tolerated) + st.ToleratedDropped; n > 0 {
-		last := st.Tolerated[len(st.Tolerated)-1]
-		msg = fmt.Sprintf("no protected path changed since this boot's baseline (%s, %s) but tolerated ones: %d change(s), the last %s %s at %s (tolerate, tolerate_gpu; listed in the tamper report)",
-			b.TakenAt.UTC().Format(time.RFC3339), b.Digest, n, last.Path, last.Kind, last.At.UTC().Format(time.RFC3339))
+		// The last one named where the state lists one (a file that only
+		// counts them is read as it is: the count is not under the
+		// baseline's digest).
+		last := ""
+		if len(st.Tolerated) > 0 {
+			l := st.Tolerated[len(st.Tolerated)-1]
+			last = fmt.Sprintf(", the last %s %s at %s", l.Path, l.Kind, l.At.UTC().Format(time.RFC3339))
+		}
+		msg = fmt.Sprintf("no protected path changed since this boot's baseline (%s, %s) but tolerated ones: %d change(s)%s (tolerate, tolerate_gpu; listed in the tamper report)",
+			b.TakenAt.UTC().Format(time.RFC3339), b.Digest, n, last)
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeIntact, Message: msg}
 }

@@ -641,6 +641,28 @@ func TestNodeTamperedForgedClearIsAFinding(t *testing.T) {
 	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "is gone from the tamper state")
 }
 
+// A tamper state file that counts dropped tolerated changes but lists
+// none (whoever can write state_dir wrote it: neither is under the
+// baseline's digest) is read as it is: the check says how many, and
+// does not panic on the last one it does not have.
+func TestNodeTamperedToleratedCountWithoutChanges(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	p := filepath.Join(h.stateDir, tamper.StateFileName)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := strings.Replace(string(b), `"version": 1,`, `"version": 1, "toleratedDropped": 3,`, 1)
+	if err := os.WriteFile(p, []byte(forged), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c2 := h.start("boot-1", memos)
+	h.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "but tolerated ones: 3 change(s) (tolerate, tolerate_gpu; listed in the tamper report)")
+}
+
 // A clear while a probe runs never makes the probe fail or panic: it sees
 // the baseline, or reports it pending.
 func TestNodeTamperedClearDuringProbe(t *testing.T) {
