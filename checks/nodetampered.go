@@ -266,7 +266,7 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 	var diffs []tamper.Difference
 	if over != nil {
 		diffs = append(diffs, tamper.Difference{Path: over.At, Kind: tamper.OverLimit})
-		diffs = append(diffs, tamper.DiffWithin(baseEntries, inScope)...)
+		diffs = append(diffs, tamper.DiffWithin(c.spec, over.At, baseEntries, inScope)...)
 	} else {
 		diffs = tamper.Diff(baseEntries, inScope)
 	}

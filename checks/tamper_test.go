@@ -526,6 +526,32 @@ func TestNodeTamperedOverTheCapIsAFinding(t *testing.T) {
 	h2.probe(c2, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/cni/net.d/big added")
 }
 
+// Over the cap, a removal the cut scan would have read is a finding: the
+// scan reads the patterns in order, and config.yaml's pattern is the first,
+// read whole before the cut. A path of the baseline past the cut (the
+// third pattern's kubelet.conf, where the cut fell) is not reported
+// removed. Before, every removal was left out while over the cap, so the
+// findings an operator reviews before a clear did not name it.
+func TestNodeTamperedOverTheCapStillSeesARemoval(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.spec.MaxEntries = 6
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	if err := os.Remove(h.path("/var/lib/kubelet/config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"00-a", "00-b", "00-c"} {
+		h.write("/etc/cni/net.d/"+f, "{}")
+	}
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/kubelet.conf over-limit")
+	if !strings.Contains(res.Message, "/var/lib/kubelet/config.yaml removed") {
+		t.Errorf("message %q does not name the removal within the cap", res.Message)
+	}
+	if strings.Contains(res.Message, "/etc/kubernetes/kubelet.conf removed") {
+		t.Errorf("message %q names a path past the cut as removed", res.Message)
+	}
+}
+
 func TestNodeTamperedBaselineMaxWait(t *testing.T) {
 	t.Run("a file that keeps changing", func(t *testing.T) {
 		h := newTamperHost(t)

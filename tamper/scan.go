@@ -48,12 +48,13 @@ func Diff(base, cur []Entry) []Difference {
 	return out
 }
 
-// DiffWithin is Diff for a scan cut at the cap (a *LimitError): a baseline
-// path the cut scan did not reach is not reported removed.
-func DiffWithin(base, cur []Entry) []Difference {
+// DiffWithin is Diff for a scan with spec cut at the cap at host path at
+// (a *LimitError's At): a baseline path the cut scan did not reach is not
+// reported removed; one it reached and did not find is.
+func DiffWithin(spec Spec, at string, base, cur []Entry) []Difference {
 	var out []Difference
 	for _, d := range Diff(base, cur) {
-		if d.Kind != Removed {
+		if d.Kind != Removed || spec.ReadBefore(d.Path, at) {
 			out = append(out, d)
 		}
 	}

@@ -93,6 +93,53 @@ func TestScanStopsAtTheCap(t *testing.T) {
 	}
 }
 
+// ReadBefore says of every path whether a scan cut at the cap read it, as
+// the cut scan itself does, at every cap: patterns in order (a path met
+// again under a later one read at the first), a tree name by name ("a"
+// and what it holds before "a-b", though "/a-b" sorts before "/a/"),
+// excluded trees skipped. DiffWithin reports a removal of what it read.
+func TestReadBeforeIsWhatTheCutScanRead(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/var/lib/kubelet/config.yaml": "",
+		"/etc/x/a/b":                   "",
+		"/etc/x/a/c/d":                 "",
+		"/etc/x/a-b":                   "",
+		"/etc/x/a.b/e":                 "",
+		"/etc/x/skip/f":                "",
+		"/etc/x/z":                     "",
+		"/etc/systemd/system/kubelet.service.d/10.conf": "",
+		"/etc/systemd/system/a.service.d/20.conf":       "",
+		"/etc/systemd/system/a.service.d/x.txt":         "",
+	})
+	sp := Spec{Patterns: []string{"/var/lib/kubelet/config.yaml", "/etc/x", "/etc/systemd/system/*.d/*.conf", "/etc/x/a"},
+		Exclude: []string{"/etc/x/skip"}}
+	all, err := Scan(root, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for limit := 1; limit < len(all); limit++ {
+		sp.MaxEntries = limit
+		cut, err := Scan(root, sp)
+		var le *LimitError
+		if !errors.As(err, &le) {
+			t.Fatalf("cap %d: err %v", limit, err)
+		}
+		read := paths(cut)
+		for _, e := range all {
+			if got, want := sp.ReadBefore(e.Path, le.At), slices.Contains(read, e.Path); got != want {
+				t.Errorf("cap %d, cut at %s: ReadBefore(%s) = %v, the scan read it: %v", limit, le.At, e.Path, got, want)
+			}
+		}
+		var removed []string
+		for _, d := range DiffWithin(sp, le.At, all, cut) {
+			removed = append(removed, d.Path)
+		}
+		if len(removed) != 0 {
+			t.Errorf("cap %d: a cut scan of an unchanged tree reports %q removed", limit, removed)
+		}
+	}
+}
+
 func TestDiff(t *testing.T) {
 	f := Entry{Path: "/a", Kind: KindFile, Mode: 0o644, SHA256: "x", Size: 1}
 	l := Entry{Path: "/l", Kind: KindSymlink, Mode: 0o777, Target: "a"}

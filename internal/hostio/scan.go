@@ -317,9 +317,14 @@ func (s Spec) reaches(p string) bool {
 // Covers reports whether a scan with s reads host path p where it exists:
 // p matches a pattern or lies in the tree of one, and neither p nor a
 // directory between the match and p is excluded.
-func (s Spec) Covers(p string) bool {
+func (s Spec) Covers(p string) bool { return s.firstCovering(p) >= 0 }
+
+// firstCovering is the index of the first pattern whose match or tree
+// holds host path p, neither p nor a directory between the match and p
+// excluded; -1 when none does.
+func (s Spec) firstCovering(p string) int {
 	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
-	for _, pat := range s.Patterns {
+	for j, pat := range s.Patterns {
 		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
 		if len(tc) > len(pc) {
 			continue
@@ -338,10 +343,39 @@ func (s Spec) Covers(p string) bool {
 			ok = !excluded("/"+strings.Join(pc[:k], "/"), s.Exclude)
 		}
 		if ok {
-			return true
+			return j
 		}
 	}
-	return false
+	return -1
+}
+
+// ReadBefore reports whether a scan with s that stopped at the cap at
+// host path at (LimitError.At) had read where host path p is: Scan reads
+// the patterns in order, and a pattern's matches and their trees in path
+// order, name by name (filepath.Glob sorts its matches, WalkDir walks a
+// directory's names sorted), a path met twice read at its first pattern.
+// So p was read when the first pattern that covers it comes before at's,
+// or is at's and p comes before at in that order. A path no pattern
+// covers is not.
+func (s Spec) ReadBefore(p, at string) bool {
+	ip, ia := s.firstCovering(p), s.firstCovering(at)
+	if ip < 0 || ia < 0 {
+		return false
+	}
+	return ip < ia || ip == ia && comparePathOrder(p, at) < 0
+}
+
+// comparePathOrder orders host paths as a walk meets them: name by name,
+// a directory before what it holds.
+func comparePathOrder(a, b string) int {
+	ac := strings.Split(strings.Trim(path.Clean(a), "/"), "/")
+	bc := strings.Split(strings.Trim(path.Clean(b), "/"), "/")
+	for i := range min(len(ac), len(bc)) {
+		if c := strings.Compare(ac[i], bc[i]); c != 0 {
+			return c
+		}
+	}
+	return len(ac) - len(bc)
 }
 
 func excluded(hostPath string, exclude []string) bool {
