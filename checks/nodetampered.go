@@ -351,7 +351,9 @@ func atomicTemp(p string) (file string, ok bool) {
 // plan hands the watcher the directories to watch and, while the baseline
 // settles, when to run again.
 func (c *nodeTamperedCheck) plan(cur []tamper.Entry, pending string, now time.Time) {
-	p := watchPlan{dirs: tamper.Dirs(c.spec, cur)}
+	// A directory a pattern's wildcard passes through is watched before
+	// it holds a protected file: one written into it wakes the check.
+	p := watchPlan{dirs: append(tamper.Dirs(c.spec, cur), tamper.WildcardDirs(c.env.Config.HostRoot, c.spec)...)}
 	c.mu.Lock()
 	if pending != "" && c.candidate != "" {
 		p.wakeAt = c.since.Add(c.settle)

@@ -500,6 +500,40 @@ func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 	}
 }
 
+// A pattern with a wildcard directory ("/etc/systemd/system/*.d/*.conf"):
+// a file written into a matching directory that holds no protected file
+// yet (a drop-in directory created empty, the file written a while later,
+// as an editor does) wakes the check (real inotify). Before, only the
+// directories of the entries and the pattern's fixed prefix were watched:
+// the new directory was not, and the file waited for the interval's scan.
+func TestNodeTamperedWatchWakesInANewWildcardDirectory(t *testing.T) {
+	h := newTamperHost(t)
+	h.protect = []string{"/etc/systemd/system/*.d/*.conf"}
+	h.write("/etc/systemd/system/kubelet.service.d/10.conf", "[Service]\n")
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths unchanged")
+	if err := os.Mkdir(h.path("/etc/systemd/system/evil.service.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The run the directory's creation wakes: nothing protected in it yet.
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths unchanged")
+	woken, stop := watchWakes(c)
+	defer stop()
+	// The watches are set asynchronously: write until the wake arrives.
+	deadline := time.After(10 * time.Second)
+	for n := 0; ; n++ {
+		h.write("/etc/systemd/system/evil.service.d/x.conf", fmt.Sprintf("[Service]\nExecStart=/evil %d\n", n))
+		select {
+		case <-woken:
+			h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/systemd/system/evil.service.d/x.conf added")
+			return
+		case <-deadline:
+			t.Fatal("no wake-up within 10s of a file written into a new drop-in directory")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 func TestNodeTamperedOverTheCapIsAFinding(t *testing.T) {
 	h := newTamperHost(t)
 	c := h.start("boot-1", report.NewStore("boot-1"))

@@ -34,3 +34,7 @@ func Scan(root string, spec Spec) ([]Entry, error) { return hostio.Scan(root, sp
 
 // ParseVerityTable parses a verity target's table line.
 func ParseVerityTable(line string) (VerityTable, error) { return hostio.ParseVerityTable(line) }
+
+// WildcardDirs returns the directories a pattern's wildcard passes through
+// (hostio.WildcardDirs).
+func WildcardDirs(root string, spec Spec) []string { return hostio.WildcardDirs(root, spec) }

@@ -186,6 +186,29 @@ func TestDirsAndRelevant(t *testing.T) {
 	}
 }
 
+// WildcardDirs: every directory a pattern's wildcard passes through, at
+// each level, an empty one included, excluded ones and files not.
+func TestWildcardDirs(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/etc/systemd/system/kubelet.service.d/10.conf": "",
+		"/etc/systemd/system/not-a-dir.d":               "",
+		"/etc/systemd/system/skip.d/x.conf":             "",
+		"/etc/a/one/b/x.conf":                           "",
+		"/etc/cni/net.d/05.conflist":                    "",
+	})
+	for _, d := range []string{"/etc/systemd/system/empty.d", "/etc/a/two"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp := Spec{Patterns: []string{"/etc/systemd/system/*.d/*.conf", "/etc/a/*/b/*.conf", "/etc/cni/net.d/*.conflist", "/etc/cni/net.d"},
+		Exclude: []string{"/etc/systemd/system/skip.d"}}
+	want := []string{"/etc/a/one", "/etc/a/one/b", "/etc/a/two", "/etc/systemd/system/empty.d", "/etc/systemd/system/kubelet.service.d"}
+	if got := WildcardDirs(root, sp); !slices.Equal(got, want) {
+		t.Errorf("WildcardDirs = %q, want %q", got, want)
+	}
+}
+
 func TestScanRecordsAHugeFileWithoutItsDigest(t *testing.T) {
 	root := tree(t, map[string]string{"/etc/big": "small"})
 	base, err := Scan(root, Spec{Patterns: []string{"/etc/big"}})

@@ -231,6 +231,42 @@ func hiddenError(mp string) error {
 	return fmt.Errorf("hidden by the sandbox: %s is a systemd inaccessible mount in this mount namespace, as ProtectHome= and InaccessiblePaths= make", mp)
 }
 
+// WildcardDirs returns the directories under root (host paths, sorted)
+// that a pattern's wildcard passes through on the way to its last
+// component: for "/etc/systemd/system/*.d/*.conf", each directory matching
+// /etc/systemd/system/*.d. A protected file appears in one that no entry
+// names yet (a drop-in directory created empty), so it is watched too.
+// Excluded directories are left out, and at most MaxEntries are returned
+// (a pattern whose wildcard matches a huge tree).
+func WildcardDirs(root string, spec Spec) []string {
+	set := map[string]bool{}
+	for _, pat := range spec.Patterns {
+		parts := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		for k := range len(parts) - 1 {
+			prefix := "/" + strings.Join(parts[:k+1], "/")
+			if !strings.ContainsAny(prefix, `*?[\`) {
+				continue
+			}
+			matches, _ := filepath.Glob(HostJoin(root, prefix))
+			for _, m := range matches {
+				hp := hostRel(root, m)
+				if len(set) >= MaxEntries || excluded(hp, spec.Exclude) {
+					continue
+				}
+				if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+					set[hp] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for d := range set {
+		out = append(out, d)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // globBase is a pattern up to its first component with a glob character
 // ("/home/*/.ssh" -> "/home"), the whole pattern where it has none.
 func globBase(p string) string {
