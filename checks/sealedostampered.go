@@ -85,6 +85,10 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 	boot := c.keeper.BootID()
 
 	st := c.keeper.State()
+	// clearedSince: an operator's clear since st was read (each clear is
+	// a new *Clear): what this run read before it is neither recorded nor
+	// reported after it, as NodeTampered's record does not either.
+	clearedSince := func(s *tamper.State) bool { return s.Cleared != st.Cleared }
 	var expected map[string]string
 	var findings []tamper.Finding
 	finding := func(layer string, kind tamper.ChangeKind, detail string) {
@@ -123,6 +127,9 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 		case !recMissing:
 			expected = rec
 			c.keeper.Update(func(s *tamper.State) bool {
+				if clearedSince(s) {
+					return false // read afresh by the run the clear wakes
+				}
 				s.Sealed = &tamper.SealedSeen{BootID: boot, Recorded: maps.Clone(rec)}
 				return true
 			})
@@ -173,7 +180,11 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	c.keeper.SetLayers(layers)
 	var added []tamper.Finding
+	cleared := false
 	if err := c.keeper.Update(func(s *tamper.State) bool {
+		if cleared = clearedSince(s); cleared {
+			return false
+		}
 		for _, f := range findings {
 			if s.AddFinding(f) {
 				added = append(added, f)
@@ -185,6 +196,11 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	for _, f := range added {
 		c.env.Log.Warn("sealed OS layer does not match its recorded root hash", "layer", f.Path, "finding", f.Kind, "detail", f.Detail)
+	}
+	if cleared {
+		// Cleared while this run read the tables and the record: the
+		// node as it is after the clear is what this run reports.
+		return c.Probe(ctx)
 	}
 	return c.result(layers), nil
 }

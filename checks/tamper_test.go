@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
@@ -753,6 +754,46 @@ func TestNodeTamperedClearDuringProbe(t *testing.T) {
 	}
 	close(stop)
 	<-done
+}
+
+// An operator's clear while a SealedOSTampered run is in flight: what the
+// run read before the clear is not recorded after it. Here the boot's
+// first run reads a swapped layer; while it saves the recorded hashes it
+// first read, the layer is restored and the operator clears. Before, the
+// run then added its root-hash-mismatch to the cleared state, and the
+// next run (the one the clear wakes, finding the layer intact) was True
+// all the same, until a second clear.
+func TestSealedOSTamperedClearDuringProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const rec = "/var/lib/syself/sealed-os/root-hashes"
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashB)}}
+		c := sealedEnv(t, h, "boot-1", dm)
+		k := c.(*sealedOSCheck).keeper
+		cleared := make(chan error, 1)
+		first := true
+		k.SetWrite(func(path string, data []byte, perm os.FileMode) error {
+			if first { // the save of the recorded hashes first read
+				first = false
+				dm.targets = []tamper.VerityTarget{verity("root", hashA)}
+				go func() { cleared <- k.ClearAll(tamper.Clear{At: h.now, Reason: "layer restored", By: "uid 0"}) }()
+				synctest.Wait() // the clear is applied, waiting for its write
+			}
+			return report.WriteFileAtomic(path, data, perm)
+		})
+		res, err := c.Probe(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-cleared; err != nil {
+			t.Fatal(err)
+		}
+		if res.Status == report.StatusTrue {
+			t.Errorf("the run in flight during the clear: %s/%s %q", res.Status, res.Reason, res.Message)
+		}
+		h.probe(c, report.StatusFalse, report.ReasonSealedOSIntact, "1 sealed layer(s) enforce their recorded root hash: root "+hashA)
+	})
 }
 
 // The NVIDIA container toolkit's writes to containerd's configuration set
