@@ -103,8 +103,10 @@ var DefaultRules = []Rule{
 		// "ata1.00: failed command: READ FPDMA QUEUED", "ata1.00: error: { UNC }", "ata1: COMRESET failed (errno=-16)".
 		Pattern: `^ata\d+(\.\d+)?: (exception Emask|failed command:|error: \{|COMRESET failed)`},
 	{Name: "NvidiaXidError", Kind: Temp, Reason: "NvidiaXidError",
-		// "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics SM Warp Exception ..."
-		Pattern: `^NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): \d+`},
+		// "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics SM Warp Exception ...";
+		// on a MIG GPU the GPU instance, and the compute instance when known (kernel_rc.c krcReportXid):
+		// "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:00): 43, pid=..., name=..., ...", "NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 31, ...".
+		Pattern: `^NVRM: Xid \(PCI:[0-9a-fA-F:.]+( GPU-I:\d+( GPU-CI:\d+)?)?\): \d+`},
 	{Name: "MemoryReadError", Kind: Temp, Reason: "MemoryReadError",
 		// drivers/edac/edac_mc.c (edac_ce_error/edac_ue_error via edac_mc_printk, "EDAC MC%d: "):
 		// "%d CE %s%son %s (...)" and "%d UE %s%son %s (...)", the first %s the driver's message:
