@@ -65,8 +65,10 @@ var DefaultRules = []Rule{
 		Pattern: `\[Hardware Error\]: event severity: fatal`},
 	{Name: "GpuFallenOffBus", Kind: Perm, Condition: "GpuFallenOffBus", Reason: "GpuFellOffBus",
 		// NVIDIA driver: "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." and
-		// "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=nvidia-smi, GPU has fallen off the bus."
-		Pattern: `^NVRM: .*GPU has fallen off the bus`},
+		// "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=nvidia-smi, GPU has fallen off the bus.";
+		// a GPU already lost when the driver probes it (osapi.c rm_is_supported_device), one record of three lines:
+		// "NVRM: The NVIDIA GPU 0000:3b:00.0\nNVRM: (PCI ID: 10de:2330) installed in this system has\nNVRM: fallen off the bus and is not responding to commands."
+		Pattern: `^NVRM: (?s:.*)(GPU has fallen off the bus|fallen off the bus and is not responding to commands)`},
 
 	// Temp: events.
 	{Name: "TaskHung", Kind: Temp, Reason: "TaskHung",
