@@ -102,8 +102,10 @@ var DefaultRules = []Rule{
 		Pattern: `^(nvme nvme\d+: (I/O (tag )?\d+ .*QID \d+ timeout|controller is down|Device not ready|Removing after probe failure|Disabling device after reset failure)|nvme\d+(c\d+)?n\d+: .* @ LBA \d+, \d+ blocks, .*\(sct 0x[0-9a-f]+ / sc 0x[0-9a-f]+\))`},
 	{Name: "AtaError", Kind: Temp, Reason: "AtaError",
 		// drivers/ata/libata-eh.c: "ata1.00: exception Emask 0x0 SAct 0x0 SErr 0x0 action 0x6 frozen",
-		// "ata1.00: failed command: READ FPDMA QUEUED", "ata1.00: error: { UNC }", "ata1: COMRESET failed (errno=-16)".
-		Pattern: `^ata\d+(\.\d+)?: (exception Emask|failed command:|error: \{|COMRESET failed)`},
+		// "ata1.00: failed command: READ FPDMA QUEUED", "ata1.00: error: { UNC }", "ata1: COMRESET failed (errno=-16)" (up to 6.5);
+		// 6.6+ logs a failed link reset once its retries are used up, "ata1: hardreset failed" (ata_eh_reset);
+		// drivers/ata/libahci.c: "ata1: softreset failed (device not ready)".
+		Pattern: `^ata\d+(\.\d+)?: (exception Emask|failed command:|error: \{|COMRESET failed|(hard|soft)reset failed)`},
 	{Name: "NvidiaXidError", Kind: Temp, Reason: "NvidiaXidError",
 		// "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics SM Warp Exception ...";
 		// on a MIG GPU the GPU instance, and the compute instance when known (kernel_rc.c krcReportXid):
