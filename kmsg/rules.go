@@ -84,8 +84,9 @@ var DefaultRules = []Rule{
 		Pattern: `^Buffer I/O error on dev(ice)? \S+, logical block \d+`},
 	{Name: "BlockIOError", Kind: DiskIOError, Reason: "BlockIOError",
 		// block/blk-core.c: "blk_update_request: I/O error, dev sda, sector 2048" (<= 5.2),
-		// "blk_update_request: I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0" (5.3-5.17),
-		// "I/O error, dev nvme0n1, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2" (5.18+, prefixed by the caller);
+		// "blk_update_request: I/O error, dev sda, sector 2048 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0" (5.3-5.15),
+		// "I/O error, dev nvme0n1, sector 2048 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2" (5.16+: print_req_error lost
+		// its caller argument, "block: remove useless caller argument to print_req_error()"; blk_print_req_error in blk-mq.c since 5.18);
 		// the status names of blk_errors[]: "critical medium error, dev sdc, sector ...", "timeout error, ...",
 		// "device offline error, dev sdb, sector ..." (BLK_STS_OFFLINE, 2022: what SCSI fails a request with once the
 		// device is offline, which error handling does to a disk that no longer recovers; older kernels printed "I/O error").
