@@ -83,9 +83,21 @@ func criConditions(t *testing.T, socket string) map[string]bool {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+	// containerd says it is ready (sd_notify) before its CRI plugin is:
+	// until the plugin has initialised, Status answers Unknown "server is
+	// not initialized yet" (the test failed so once in CI, 187 ms after the
+	// start). Asked again until it answers otherwise, 10 s at most.
+	deadline := time.Now().Add(10 * time.Second)
+	var resp *runtimeapi.StatusResponse
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err = runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "server is not initialized yet") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // containerd tells no one when its plugin is up
+	}
 	if err != nil {
 		t.Fatalf("CRI Status on %s: %v", socket, err)
 	}
