@@ -41,8 +41,11 @@ type Options struct {
 // failures: loop devices, device-mapper (a dm-verity corruption also fails
 // reads on dm-N), network block devices (nbd, and Ceph RBD: a PVC of a Ceph
 // cluster that is down or has blocklisted the node fails as "I/O error, dev
-// rbd0"), RAM disks, optical drives, md.
-var DefaultIgnoreDevices = []string{"loop", "dm-", "nbd", "rbd", "zram", "ram", "sr", "md"}
+// rbd0"), RAM disks, optical drives, md, and floppy drives (a VM's
+// emulated floppy controller with no disk in it fails every probe of fd0,
+// "I/O error, dev fd0, sector 0", blkid's and udev's at each boot among
+// them: a VM on QEMU's i440fx machine type, as many clouds run, has one).
+var DefaultIgnoreDevices = []string{"loop", "dm-", "nbd", "rbd", "zram", "ram", "sr", "md", "fd"}
 
 // Monitor turns kernel records into conditions and events.
 type Monitor struct {

@@ -110,6 +110,7 @@ func TestDiskIOErrorDevice(t *testing.T) {
 		"blk_update_request: I/O error, dev sdb, sector 0 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0": "sdb",
 		"print_req_error: I/O error, dev sdc, sector 2048":                                                 "sdc",
 		"blk_update_request: I/O error, dev ?, sector 2048":                                                "?",
+		"I/O error, dev fd0, sector 0 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2":                     "fd0",
 	} {
 		var got []string
 		for _, m := range rs.Matches(nil, []byte(line)) {
@@ -124,7 +125,7 @@ func TestDiskIOErrorDevice(t *testing.T) {
 	set := settings{ignore: DefaultIgnoreDevices}
 	for dev, ignored := range map[string]bool{
 		"sda": false, "nvme0n1": false, "nvme1c1n1": false, "vda": false, "xvdb": false, "mmcblk0": false, "?": false,
-		"loop0": true, "dm-2": true, "md127": true, "nbd0": true, "rbd0": true, "zram0": true, "ram0": true, "sr0": true,
+		"loop0": true, "dm-2": true, "md127": true, "nbd0": true, "rbd0": true, "zram0": true, "ram0": true, "sr0": true, "fd0": true,
 	} {
 		if got := set.ignored(dev); got != ignored {
 			t.Errorf("ignored(%q) = %v, want %v", dev, got, ignored)
