@@ -14,6 +14,10 @@ type bootValue[T comparable] struct {
 	key string
 	// valid, if set, says whether a saved value may be restored.
 	valid func(T) bool
+	// read, if set, is the value saved, read at every save: the value
+	// lives elsewhere (nodetampered.go: the tamper keeper's KeptDigest),
+	// and set only tells the store that it changed.
+	read func() T
 
 	once sync.Once
 	mu   sync.Mutex
@@ -38,7 +42,12 @@ func (b *bootValue[T]) restore(m Memos) {
 	})
 }
 
-func (b *bootValue[T]) snapshot() any { return b.get() }
+func (b *bootValue[T]) snapshot() any {
+	if b.read != nil {
+		return b.read()
+	}
+	return b.get()
+}
 
 func (b *bootValue[T]) get() T {
 	b.mu.Lock()

@@ -44,7 +44,9 @@ type nodeTamperedCheck struct {
 	keeper   *tamper.Keeper
 
 	restoreOnce sync.Once
-	// memo is this boot's baseline digest, kept in the state file.
+	// memo is this boot's baseline digest, kept in the state file: read
+	// from the keeper at every save (KeptDigest), so that the state file
+	// never names a baseline tamper.json does not hold on disk.
 	memo       bootValue[string]
 	loadLogged sync.Once
 	// scopeLogged: the protected paths differ from the baseline's (logged
@@ -81,9 +83,15 @@ func newNodeTamperedCheck(env *Env) (Check, error) {
 	if env.GPU {
 		tolerate = append(tolerate, c.TolerateGPU...)
 	}
-	return &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
-		gate: c.BaselineAfter, tolerate: tolerate, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: tamperKeeper(env), watch: make(chan watchPlan, 1),
-		memo: bootValue[string]{key: TamperMemoKey}}, nil
+	k := tamperKeeper(env)
+	nc := &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
+		gate: c.BaselineAfter, tolerate: tolerate, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: k, watch: make(chan watchPlan, 1),
+		memo: bootValue[string]{key: TamperMemoKey, read: k.KeptDigest}}
+	// The saved digest is read now, and from now on the keeper's is saved:
+	// a clear before the first run (the daemon just started) saves the
+	// state file without the baseline it drops, not the digest restored.
+	nc.memo.restore(env.Memos)
+	return nc, nil
 }
 
 // tamperKeeper returns the daemon's keeper, or one that reads the daemon's
@@ -125,7 +133,9 @@ func (c *nodeTamperedCheck) load(now time.Time) {
 		c.env.Log.Error("baseline of this boot gone or replaced; it is a finding", "file", c.keeper.Path(), "detail", detail)
 		// No exception for a clear recorded in the tamper state file: a
 		// forged clear would drop the baseline unseen. A genuine clear
-		// empties the digest kept at the check's next run (woken at once).
+		// empties the digest kept before it drops the baseline (the
+		// daemon saves the state file first: Keeper.PrepareClear), and
+		// keeps the new one once it is written (KeptDigest).
 		c.keeper.Update(func(s *tamper.State) bool {
 			return s.AddFinding(tamper.Finding{Condition: tamper.CondNode, Path: c.keeper.Path(), Kind: tamper.Corrupt,
 				At: now.UTC(), BootID: c.keeper.BootID(), Detail: detail})
@@ -133,14 +143,12 @@ func (c *nodeTamperedCheck) load(now time.Time) {
 	})
 }
 
-// keepDigest keeps this boot's baseline digest ("" when there is none) in
-// the state file.
-func (c *nodeTamperedCheck) keepDigest(st tamper.State) {
-	d := ""
-	if st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID() {
-		d = st.Baseline.Digest
-	}
-	c.memo.set(c.env.Memos, d)
+// keepDigest tells the state file this boot's baseline digest when it
+// changed: the keeper's KeptDigest, "" while tamper.json does not hold a
+// baseline of this boot on disk (a clear prepared, a baseline whose write
+// has not returned).
+func (c *nodeTamperedCheck) keepDigest() {
+	c.memo.set(c.env.Memos, c.keeper.KeptDigest())
 }
 
 func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
@@ -171,7 +179,7 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	c.keeper.SetPending(pending)
 	c.plan(cur, pending, now)
 	st = c.keeper.State()
-	c.keepDigest(st)
+	c.keepDigest()
 	var unreadable []tamper.Entry
 	for _, e := range cur {
 		if e.Kind == tamper.KindUnreadable {

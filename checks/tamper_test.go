@@ -1129,3 +1129,28 @@ func TestNodeTamperedFileNamedWithControlCharacters(t *testing.T) {
 		t.Errorf("message %q\nwant it to hold %q", got.Message, want)
 	}
 }
+
+// After an operator's clear, the new baseline's digest is kept in the
+// state file once it is written: a tamper.json removed after that is still
+// a BaselineCorrupt finding at the next start, as before the clear.
+func TestNodeTamperedBaselineGoneAfterAClear(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	c.keeper.PrepareClear()
+	if err := c.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "reviewed", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	if err := memos.Save(h.stateDir, h.now); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(h.stateDir, tamper.StateFileName))
+	restored := report.NewStore("boot-1")
+	if _, err := restored.Load(h.stateDir); err != nil {
+		t.Fatal(err)
+	}
+	c2 := h.start("boot-1", restored)
+	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "is gone from the tamper state")
+}

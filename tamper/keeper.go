@@ -40,6 +40,11 @@ type Keeper struct {
 	// or one the daemon published to the Node before (TrustClear). Only
 	// such a clear is reported: the state file alone could be forged.
 	clearTrusted bool
+	// onDisk is the digest of the baseline in the state file as last read
+	// or written ("" when it holds none); clearing: a clear is being
+	// prepared (PrepareClear) and not applied yet. KeptDigest reads both.
+	onDisk   string
+	clearing bool
 
 	// The writer (save): the state is marshalled under mu and written
 	// outside it, on a goroutine of its own, one write at a time.
@@ -177,6 +182,7 @@ func (k *Keeper) Load(now time.Time) error {
 		defer k.mu.Unlock()
 		if s != nil {
 			k.state = *s
+			k.onDisk = baselineDigest(*s)
 		}
 		var ce *CorruptError
 		if errors.As(err, &ce) {
@@ -246,6 +252,7 @@ func (k *Keeper) saveLocked() uint64 {
 func (k *Keeper) startLocked() {
 	gen := k.gen
 	b, err := k.state.Marshal()
+	digest := baselineDigest(k.state)
 	write := k.write
 	if write == nil {
 		write = report.WriteFileAtomic
@@ -278,6 +285,9 @@ func (k *Keeper) startLocked() {
 		k.mu.Lock()
 		blocked, fn := k.writeBlocked, k.onBlocked
 		k.written, k.writeErr = gen, err
+		if err == nil {
+			k.onDisk = digest
+		}
 		k.writing, k.writeBlocked = false, false
 		close(k.wrote)
 		k.wrote = make(chan struct{})
@@ -351,6 +361,43 @@ func (k *Keeper) SetLayers(ls []LayerReport) {
 	k.layers = slices.Clone(ls)
 }
 
+// baselineDigest is the digest of s's baseline, "" when it has none.
+func baselineDigest(s State) string {
+	if s.Baseline == nil {
+		return ""
+	}
+	return s.Baseline.Digest
+}
+
+// KeptDigest is the digest of this boot's baseline that the daemon's state
+// file may keep (NodeTampered compares it with the tamper state at the
+// next start: a baseline gone or replaced within the boot is a finding).
+// It is "" unless the baseline in memory is also the one the state file
+// holds on disk, and while a clear is prepared: the state file never
+// names a baseline the tamper state file does not hold (a restart at any
+// point of a clear, or of a write of the tamper state that failed, finds
+// no false BaselineCorrupt), and names the new baseline once it is
+// written.
+func (k *Keeper) KeptDigest() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	b := k.state.Baseline
+	if k.clearing || b == nil || b.BootID != k.bootID || b.Digest != k.onDisk {
+		return ""
+	}
+	return b.Digest
+}
+
+// PrepareClear makes KeptDigest "" until the clear (ClearAll) is applied
+// and a new baseline written: the daemon saves its state file so, and
+// waits for it, before the clear's write drops the baseline from the
+// tamper state file.
+func (k *Keeper) PrepareClear() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.clearing = true
+}
+
 // ClearAll drops every finding and the baseline (taken again at the next
 // run, of the files as they are now) and forgets the recorded hashes first
 // seen (read again at the next run): the operator has looked at the node
@@ -364,6 +411,7 @@ func (k *Keeper) ClearAll(c Clear) error {
 		s.Cleared = &c
 		s.Retake = true
 		k.clearTrusted = true
+		k.clearing = false // the baseline is gone: KeptDigest stays "" until the next is written
 		return true
 	})
 }

@@ -214,6 +214,18 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 	// findings in memory either way, so the clear is applied, logged and
 	// evented (a write that returns later, or the next one that works,
 	// saves it), and the answer says it is not saved.
+	//
+	// The state file keeps this boot's baseline digest (NodeTampered
+	// compares it with tamper.json at a start): it is saved without it
+	// first, and waited for, so that a restart at any point of the clear
+	// (SIGKILL, a crash, a SIGTERM before the check ran again) never finds
+	// it naming a baseline tamper.json no longer holds, a false
+	// BaselineCorrupt. The new baseline's digest is kept once tamper.json
+	// holds it (Keeper.KeptDigest).
+	k.PrepareClear()
+	if err := d.saveStateNow(tamper.SaveWait); err != nil {
+		d.log.Warn("the state file is not saved before the tamper clear; a restart before it is may find this boot's baseline gone (BaselineCorrupt): clear again then", "path", d.statePath(), "err", err)
+	}
 	saveErr := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by})
 	types := []string{tamper.CondNode, tamper.CondSealed}
 	for _, t := range types {

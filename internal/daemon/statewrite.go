@@ -215,6 +215,39 @@ func (d *Daemon) finalSave() {
 	}
 }
 
+// saveStateNow writes the state file as it is now and waits for the write,
+// wait at most: for the write in flight first (begun before the caller's
+// change), then for its own. The persister's loop, finding a write in
+// flight, leaves its changes for a later save, which this one has taken.
+func (d *Daemon) saveStateNow(wait time.Duration) error {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		if prev := d.stateW.pending(); prev != nil {
+			select {
+			case <-prev.done:
+			case <-t.C:
+				return fmt.Errorf("the write of %s has not returned since %s", prev.path, prev.since.UTC().Format(time.RFC3339))
+			}
+		}
+		data, err := d.store.Encode(time.Now())
+		if err != nil {
+			return err
+		}
+		sw := d.stateW.start(d.statePath(), data)
+		if sw == nil {
+			continue // the persister began one meanwhile: wait for it, then write
+		}
+		select {
+		case <-sw.done:
+			d.metrics.StateWrite(sw.err)
+			return sw.err
+		case <-t.C:
+			return fmt.Errorf("the write of %s has not returned since %s", sw.path, sw.since.UTC().Format(time.RFC3339))
+		}
+	}
+}
+
 // finalTamperSave waits, finalSaveWait at most, for the changes of the
 // tamper state not written yet (a write of tamper.json blocked in I/O holds
 // them) and logs, at error level, what it could not save: a finding not in

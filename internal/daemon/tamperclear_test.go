@@ -1,0 +1,157 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tamper"
+)
+
+// tamperClearConfig is a daemon protecting one file, with no gate and no
+// settling: the baseline is taken at the first run.
+func tamperClearConfig(t *testing.T) *config.Config {
+	cfg := testConfig(t)
+	prot := filepath.Join(cfg.HostRoot, "var/lib/kubelet/config.yaml")
+	os.MkdirAll(filepath.Dir(prot), 0o755)
+	os.WriteFile(prot, []byte("a\n"), 0o644)
+	cfg.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml"}
+	cfg.Checks.NodeTampered.BaselineAfter = nil
+	cfg.Checks.NodeTampered.Settle.Duration = 0
+	cfg.Checks.SealedOSTampered.Enabled = false
+	return cfg
+}
+
+// onDisk is what a daemon started now would compare: the baseline digest
+// state.json keeps for this boot, and the baseline tamper.json holds.
+func onDisk(t *testing.T, dir, boot string) (kept, baseline string) {
+	t.Helper()
+	s := report.NewStore(boot)
+	if _, err := s.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	s.Memo(checks.TamperMemoKey, &kept)
+	st, err := tamper.LoadStateReadOnly(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != nil && st.Baseline != nil && st.Baseline.BootID == boot {
+		baseline = st.Baseline.Digest
+	}
+	return kept, baseline
+}
+
+// A daemon killed (SIGKILL, a crash, a power loss) at any point of an
+// operator's clear finds no false BaselineCorrupt at its start: after each
+// write of state.json and of tamper.json, the digest state.json keeps is
+// none or the baseline tamper.json holds. Before, the clear wrote
+// tamper.json without the baseline while state.json kept the old digest
+// (until the check's next run and the persister's save a second after
+// it), and the check's next run wrote the new baseline with state.json
+// still naming the old one: a restart in either window set NodeTampered
+// True, BaselineCorrupt ("this boot's baseline ... is gone from the tamper
+// state", "... was replaced by ..."), on a node the operator had just
+// cleared. A tamper.json edited after the clear is still detected: the
+// new baseline's digest is kept once it is written.
+func TestTamperClearLeavesNoCrashPointWithAFalseBaselineCorrupt(t *testing.T) {
+	cfg := tamperClearConfig(t)
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := d.currentEnv().Tamper
+	boot := d.currentEnv().BootID
+	var mu sync.Mutex
+	var bad []string
+	writeAndCheck := func(file string) func(string, []byte, os.FileMode) error {
+		return func(path string, data []byte, perm os.FileMode) error {
+			mu.Lock()
+			defer mu.Unlock()
+			err := report.WriteFileAtomic(path, data, perm)
+			if kept, base := onDisk(t, cfg.StateDir, boot); kept != "" && kept != base {
+				bad = append(bad, fmt.Sprintf("after a write of %s: state.json keeps %s, tamper.json holds %q", file, kept, base))
+			}
+			return err
+		}
+	}
+	d.stateW.write = writeAndCheck(report.StateFileName)
+	k.SetWrite(writeAndCheck(tamper.StateFileName))
+	runDaemon(t, d)
+	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	if err := d.saveStateNow(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	first := k.State().Baseline.Digest
+	if kept, _ := onDisk(t, cfg.StateDir, boot); kept != first {
+		t.Fatalf("state.json keeps %q, want the baseline's digest %s", kept, first)
+	}
+
+	if _, err := d.ClearTamper(context.Background(), "INC-7: reviewed", "uid 0 (uid 0, pid 1)"); err != nil {
+		t.Fatal(err)
+	}
+	second := k.State().Baseline
+	if second == nil || second.Digest == first {
+		t.Fatalf("no new baseline after the clear: %+v", second)
+	}
+	if err := d.saveStateNow(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if kept, base := onDisk(t, cfg.StateDir, boot); kept != second.Digest || base != second.Digest {
+		t.Errorf("after the clear state.json keeps %q, tamper.json holds %q; want both the new baseline %s (an edited tamper.json stays detected)", kept, base, second.Digest)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, b := range bad {
+		t.Error(b)
+	}
+}
+
+// SIGTERM after an operator's clear, before NodeTampered ran again (here
+// a daemon that had not run it yet): the stop's save of state.json named
+// the baseline the clear had dropped from tamper.json, and the next start
+// set NodeTampered True, BaselineCorrupt. It takes the new baseline
+// instead.
+func TestTamperClearThenStopBeforeTheCheckRan(t *testing.T) {
+	cfg := tamperClearConfig(t)
+	first, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	waitCond(t, first.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	cancel()
+	<-done
+
+	second, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped, stop := context.WithCancel(context.Background())
+	stop() // the stop comes before the check's run the clear woke
+	second.ClearTamper(stopped, "INC-8: reviewed", "uid 0 (uid 0, pid 1)")
+	second.finalSave()
+	second.finalTamperSave()
+
+	third, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	runDaemon(t, third)
+	await(t, third, "NodeTampered's first run", func() bool {
+		c, ok := third.Store().Get("NodeTampered")
+		return ok && c.LastUpdateTime.After(began) // not the condition restored from state.json
+	})
+	if c, _ := third.Store().Get("NodeTampered"); c.Status != report.StatusFalse || c.Reason != report.ReasonNodeIntact {
+		t.Errorf("after a clear and a stop: NodeTampered %s/%s %q, want False/NodeIntact", c.Status, c.Reason, c.Message)
+	}
+}
