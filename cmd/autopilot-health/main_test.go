@@ -678,6 +678,61 @@ func TestTamperStatusAgainstTheDaemon(t *testing.T) {
 	}
 }
 
+// A tamper.json that does not parse (rewritten by hand: here a baseline
+// whose digest does not match) is said, on stderr and in the output, and
+// the running daemon's tamper conditions are printed all the same, with
+// the warning that the file has no finding of the True it holds; exit 1
+// (a problem found, the command ran). Before, the command exited 2 with
+// the parse error alone, and the operator did not see the daemon's
+// conditions, which are what counts.
+func TestTamperStatusOfAFileThatDoesNotParse(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "status.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir = %q\n[status]\nsocket = %q\n", dir, sock)), 0o644)
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	good := tamper.State{Baseline: tamper.NewBaseline("b", at, tamper.Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf"}},
+		[]tamper.Entry{{Path: "/etc/kubernetes/kubelet.conf", Kind: tamper.KindFile, Mode: 0o600, Size: 3, SHA256: strings.Repeat("a", 64)}})}
+	raw, err := good.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := strings.Replace(string(raw), good.Baseline.Digest, "sha256:"+strings.Repeat("0", 64), 1)
+	if forged == string(raw) {
+		t.Fatal("the digest is not in the file")
+	}
+	if err := os.WriteFile(tamper.StatePath(dir), []byte(forged), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := daemon.StatusReport{Conditions: []daemon.ConditionStatus{
+		{Condition: report.Condition{Type: "NodeTampered", Status: report.StatusTrue, Reason: report.ReasonProtectedFileChanged, Message: "1 finding(s): /etc/kubernetes/kubelet.conf modified"}},
+		{Condition: report.Condition{Type: "SealedOSTampered", Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck}},
+	}}
+	body, _ := json.Marshal(st)
+	serveStatusBody(t, sock, body)
+	code, stdout, stderr := run(t, "tamper", "status", "--config", cfg)
+	var got struct {
+		State   string
+		Daemon  map[string]report.Condition
+		Warning string
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+		t.Fatalf("tamper status: exit %d, stdout %q (%v), stderr %q; want the daemon's conditions", code, stdout, err, stderr)
+	}
+	if code != exitProblem || !strings.Contains(stderr, "digest") {
+		t.Errorf("exit %d, stderr %q; want %d and the parse problem", code, stderr, exitProblem)
+	}
+	if !strings.HasPrefix(got.State, "unreadable: ") || !strings.Contains(got.State, "digest") {
+		t.Errorf("state %q; want the parse problem", got.State)
+	}
+	if c := got.Daemon["NodeTampered"]; c.Status != report.StatusTrue || len(got.Daemon) != 2 {
+		t.Errorf("daemon: %+v; want NodeTampered True and SealedOSTampered", got.Daemon)
+	}
+	if !strings.Contains(got.Warning, "the daemon holds NodeTampered True, but tamper.json has no finding of it") {
+		t.Errorf("warning %q", got.Warning)
+	}
+}
+
 // kmsg rules prints a table and takes no argument: `kmsg rules --json | jq`
 // and `kmsg rules garbage` are bad usage (exit 2, nothing on stdout), not a
 // table that exits 0.

@@ -130,14 +130,20 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 	boot, _ := os.ReadFile(cfg.HostPath("/proc/sys/kernel/random/boot_id"))
 	st, err := tamper.LoadStateReadOnly(cfg.StateDir)
 	if errors.Is(err, os.ErrPermission) {
-		err = fmt.Errorf("%w: the daemon's state_dir is root's (run with sudo)", err)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health tamper status: %v\n", err)
+		fmt.Fprintf(stderr, "autopilot-health tamper status: %v: the daemon's state_dir is root's (run with sudo)\n", err)
 		return exitError
 	}
 	out := map[string]any{"bootID": strings.TrimSpace(string(boot)), "file": tamper.StatePath(cfg.StateDir)}
-	if st == nil {
+	// A file that cannot be read or does not parse (rewritten by hand, a
+	// baseline that does not match its digest) is said, and the running
+	// daemon's conditions are printed all the same: they are what counts,
+	// and the daemon's own state may be intact.
+	code := exitOK
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health tamper status: %v\n", err)
+		out["state"] = "unreadable: " + err.Error()
+		code = exitProblem
+	} else if st == nil {
 		out["state"] = "none yet (the daemon writes it at its first tamper check)"
 	} else {
 		out["findings"] = st.Findings
@@ -168,7 +174,7 @@ func cmdTamperStatus(args []string, stdout, stderr io.Writer) int {
 	enc.SetIndent("", "  ")
 	enc.Encode(out)
 	stdout.Write(report.PrintableJSON(b.Bytes()))
-	return exitOK
+	return code
 }
 
 // daemonTamper adds to out the running daemon's tamper conditions (from its
