@@ -50,8 +50,12 @@ func (d *Daemon) persist(ctx context.Context) {
 	var lastErr string
 	dirty := false
 	// writing: the write in flight; its changes, and those made while it
-	// runs, wait for it.
+	// runs, wait for it. adopted: it is a write another began
+	// (saveStateNow, a tamper clear's save): watched as this loop's own,
+	// so that it too is reported when blocked in I/O, but the changes this
+	// loop holds are saved after it.
 	var writing *stateWrite
+	adopted := false
 	// failed retries a failed save with backoff, logged once per change
 	// of error.
 	failed := func(err error) {
@@ -63,6 +67,12 @@ func (d *Daemon) persist(ctx context.Context) {
 		retry = time.After(wait)
 	}
 	for {
+		if writing == nil {
+			if p := d.stateW.pending(); p != nil {
+				writing, adopted = p, true
+				blockedDue = time.After(max(0, stateWriteBlockedAfter-time.Since(p.since)))
+			}
+		}
 		changes, later, due := d.store.Dirty(), d.store.Later(), laterDue
 		if retry != nil || writing != nil {
 			changes, later, due = nil, nil, nil // the retry, or the save after the write, saves them
@@ -107,11 +117,19 @@ func (d *Daemon) persist(ctx context.Context) {
 				d.log.Info("the blocked state write returned", "path", writing.path, "took", time.Since(writing.since).Round(time.Second), "err", err)
 				d.wakeStatus()
 			}
-			writing, blockedDue = nil, nil
+			wasAdopted := adopted
+			writing, blockedDue, adopted = nil, nil, false
 			d.metrics.StateWrite(err)
 			switch {
 			case err != nil:
 				failed(err)
+			case wasAdopted:
+				// Another's write: what this loop holds is saved next.
+				if lastErr != "" {
+					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
+				}
+				lastErr = ""
+				bo.Reset()
 			default:
 				if lastErr != "" {
 					d.log.Info("saving state works again", "dir", d.cfg.StateDir)

@@ -529,3 +529,79 @@ func newLoggedDaemon(t *testing.T, cfg *config.Config) (*Daemon, *testenv.SyncBu
 	}
 	return d, logs
 }
+
+// A state write another began (saveStateNow: a tamper clear saves the state
+// file before it writes tamper.json) and that blocks in I/O is reported as
+// the persister's own are: once in the log, on the status line, in
+// /healthz and the gauge. Before, the persister found a write in flight,
+// started none, and never said the state was not being saved. When it
+// returns, what changed meanwhile is saved.
+func TestBlockedSaveOfAClearIsReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.ClockNotSynchronized.Enabled = false // the condition this test sets
+		cfg.Checks.NodeTampered.Enabled = false         // its watcher blocks in a read the fake clock cannot wait out
+		d, logs := newLoggedDaemon(t, cfg)
+		disk := newHungDisk()
+		disk.unblock() // the start's writes go through
+		d.stateW.write = disk.write
+		defer func() { disk.unblock(); synctest.Wait() }()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if !d.readyNow() {
+			t.Fatal("not ready after a minute")
+		}
+		base, _, _ := disk.counts()
+
+		disk.mu.Lock()
+		disk.hang, disk.release = true, make(chan struct{})
+		disk.mu.Unlock()
+		if err := d.saveStateNow(5 * time.Second); err == nil {
+			t.Fatal("saveStateNow on a hung disk: no error")
+		}
+		d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized}, time.Now())
+		time.Sleep(time.Minute)
+		synctest.Wait()
+
+		path := filepath.Join(cfg.StateDir, report.StateFileName)
+		if calls, inFlight, _ := disk.counts(); calls != base+1 || inFlight != 1 {
+			t.Errorf("%d writes begun while one hangs (%d in flight); want the clear's one", calls-base, inFlight)
+		}
+		if s := d.StatusLine(); !strings.HasPrefix(s, "state not saved: the write of "+path+" has been blocked in I/O since ") {
+			t.Errorf("status line %q, want the clear's save named as blocked", s)
+		}
+		if code, body := healthz(d); code != http.StatusOK || !strings.Contains(body, "has been blocked in I/O since") {
+			t.Errorf("/healthz %d %q", code, body)
+		}
+		if n := strings.Count(logs.String(), "saving state is blocked in I/O"); n != 1 {
+			t.Errorf("the blocked write logged %d times:\n%s", n, logs.String())
+		}
+		if v := gaugeValue(t, d, "autopilot_health_state_write_blocked_seconds"); v < 60 {
+			t.Errorf("autopilot_health_state_write_blocked_seconds = %v, want over 60", v)
+		}
+
+		disk.unblock()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if calls, inFlight, _ := disk.counts(); calls != base+2 || inFlight != 0 {
+			t.Errorf("after the write returned: %d writes (%d in flight); want the one saving what changed meanwhile", calls-base, inFlight)
+		}
+		saved := report.NewStore("x")
+		if _, err := saved.Load(cfg.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		if c, _ := saved.Get("ClockNotSynchronized"); c.Status != report.StatusTrue {
+			t.Errorf("saved %s, want the change made while the write hung (True)", c.Status)
+		}
+		if strings.Contains(d.StatusLine(), "state not saved") {
+			t.Errorf("status line still says not saved: %q", d.StatusLine())
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
