@@ -53,13 +53,8 @@ func waitCond(t *testing.T, s *report.Store, typ string, want report.Status, rea
 // the operator's clear over the control socket (root only) drops it, and
 // the clear is evented.
 func TestTamperClearOverTheControlSocket(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := protectOneFile(t)
 	prot := filepath.Join(cfg.HostRoot, "var/lib/kubelet/config.yaml")
-	os.MkdirAll(filepath.Dir(prot), 0o755)
-	os.WriteFile(prot, []byte("a\n"), 0o644)
-	cfg.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml"}
-	cfg.Checks.NodeTampered.BaselineAfter = nil
-	cfg.Checks.NodeTampered.Settle.Duration = 0
 	sock := filepath.Join(t.TempDir(), "run", "control.sock")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ControlSocket: sock})
@@ -257,13 +252,7 @@ func TestTamperClearAnswerKeepsTheConditionsWithTheError(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root: only root may clear (TestTamperClearOverTheControlSocket asserts the refusal)")
 	}
-	cfg := testConfig(t)
-	prot := filepath.Join(cfg.HostRoot, "var/lib/kubelet/config.yaml")
-	os.MkdirAll(filepath.Dir(prot), 0o755)
-	os.WriteFile(prot, []byte("a\n"), 0o644)
-	cfg.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml"}
-	cfg.Checks.NodeTampered.BaselineAfter = nil
-	cfg.Checks.NodeTampered.Settle.Duration = 0
+	cfg := protectOneFile(t)
 	sock := filepath.Join(t.TempDir(), "run", "control.sock")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ControlSocket: sock})

@@ -53,6 +53,13 @@ func (h *hungDisk) write(path string, data []byte, perm os.FileMode) error {
 	return report.WriteFileAtomic(path, data, perm)
 }
 
+// hangNow makes the next writes hang until unblock.
+func (h *hungDisk) hangNow() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hang, h.release = true, make(chan struct{})
+}
+
 // unblock lets the blocked writes return, and the next ones through.
 func (h *hungDisk) unblock() {
 	h.mu.Lock()
@@ -102,28 +109,12 @@ func healthz(d *Daemon) (int, string) {
 // watchdog aborted a daemon that a task in D state cannot even end.
 func TestStateWriteBlockedInIOIsNotStuck(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := testConfig(t)
-		cfg.Checks.ClockNotSynchronized.Enabled = false // the condition this test sets
-		cfg.Checks.NodeTampered.Enabled = false         // its watcher blocks in a read the fake clock cannot wait out
-		d, logs := newLoggedDaemon(t, cfg)
-		disk := newHungDisk()
-		disk.unblock() // the start's writes go through
-		d.stateW.write = disk.write
+		cfg, d, logs, disk, stop := runOnADiskThatWillHang(t)
 		defer func() { disk.unblock(); synctest.Wait() }() // no write blocked, none left when the temp dir goes
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- d.Run(ctx) }()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if !d.readyNow() {
-			t.Fatal("not ready after a minute")
-		}
 		base, _, _ := disk.counts()
 
 		// The disk hangs; a condition changes.
-		disk.mu.Lock()
-		disk.hang, disk.release = true, make(chan struct{})
-		disk.mu.Unlock()
+		disk.hangNow()
 		set := func(s report.Status, r report.Reason) {
 			d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: s, Reason: r}, time.Now())
 		}
@@ -167,22 +158,7 @@ func TestStateWriteBlockedInIOIsNotStuck(t *testing.T) {
 
 		// The write returns: the changes made meanwhile are saved, and
 		// the note clears.
-		disk.unblock()
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
-		if calls, inFlight, _ := disk.counts(); calls != base+2 || inFlight != 0 {
-			t.Errorf("after the write returned: %d writes (%d in flight); want the one saving what changed meanwhile", calls-base, inFlight)
-		}
-		saved := report.NewStore("x")
-		if _, err := saved.Load(cfg.StateDir); err != nil {
-			t.Fatal(err)
-		}
-		if c, _ := saved.Get("ClockNotSynchronized"); c.Status != report.StatusTrue {
-			t.Errorf("saved %s, want the last change (True)", c.Status)
-		}
-		if _, ok := d.stateW.blocked(); ok || d.Status(time.Now()).StateWriteBlocked != nil || strings.Contains(d.StatusLine(), "state not saved") {
-			t.Errorf("the note stays after the write returned: %q", d.StatusLine())
-		}
+		unblockAndExpectSaved(t, cfg, d, disk, base)
 		if code, body := healthz(d); code != http.StatusOK || strings.Contains(body, "blocked") {
 			t.Errorf("/healthz %d %q after the write returned", code, body)
 		}
@@ -192,10 +168,7 @@ func TestStateWriteBlockedInIOIsNotStuck(t *testing.T) {
 		if n := strings.Count(logs.String(), "the blocked state write returned"); n != 1 {
 			t.Errorf("the return logged %d times:\n%s", n, logs.String())
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		stop()
 	})
 }
 
@@ -538,27 +511,11 @@ func newLoggedDaemon(t *testing.T, cfg *config.Config) (*Daemon, *testenv.SyncBu
 // returns, what changed meanwhile is saved.
 func TestBlockedSaveOfAClearIsReported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := testConfig(t)
-		cfg.Checks.ClockNotSynchronized.Enabled = false // the condition this test sets
-		cfg.Checks.NodeTampered.Enabled = false         // its watcher blocks in a read the fake clock cannot wait out
-		d, logs := newLoggedDaemon(t, cfg)
-		disk := newHungDisk()
-		disk.unblock() // the start's writes go through
-		d.stateW.write = disk.write
-		defer func() { disk.unblock(); synctest.Wait() }()
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- d.Run(ctx) }()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if !d.readyNow() {
-			t.Fatal("not ready after a minute")
-		}
+		cfg, d, logs, disk, stop := runOnADiskThatWillHang(t)
+		defer func() { disk.unblock(); synctest.Wait() }() // no write blocked, none left when the temp dir goes
 		base, _, _ := disk.counts()
 
-		disk.mu.Lock()
-		disk.hang, disk.release = true, make(chan struct{})
-		disk.mu.Unlock()
+		disk.hangNow()
 		if err := d.saveStateNow(5 * time.Second); err == nil {
 			t.Fatal("saveStateNow on a hung disk: no error")
 		}
@@ -583,25 +540,61 @@ func TestBlockedSaveOfAClearIsReported(t *testing.T) {
 			t.Errorf("autopilot_health_state_write_blocked_seconds = %v, want over 60", v)
 		}
 
-		disk.unblock()
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
-		if calls, inFlight, _ := disk.counts(); calls != base+2 || inFlight != 0 {
-			t.Errorf("after the write returned: %d writes (%d in flight); want the one saving what changed meanwhile", calls-base, inFlight)
-		}
-		saved := report.NewStore("x")
-		if _, err := saved.Load(cfg.StateDir); err != nil {
-			t.Fatal(err)
-		}
-		if c, _ := saved.Get("ClockNotSynchronized"); c.Status != report.StatusTrue {
-			t.Errorf("saved %s, want the change made while the write hung (True)", c.Status)
-		}
-		if strings.Contains(d.StatusLine(), "state not saved") {
-			t.Errorf("status line still says not saved: %q", d.StatusLine())
-		}
+		unblockAndExpectSaved(t, cfg, d, disk, base)
+		stop()
+	})
+}
+
+// runOnADiskThatWillHang runs a daemon (inside synctest.Test) whose state
+// writes go through a hungDisk, let through until the test hangs it, and
+// returns once the daemon is ready; stop ends it. ClockNotSynchronized is
+// off (the tests set it), and so is NodeTampered (its watcher blocks in a
+// read the fake clock cannot wait out).
+func runOnADiskThatWillHang(t *testing.T) (*config.Config, *Daemon, *testenv.SyncBuffer, *hungDisk, func()) {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Checks.ClockNotSynchronized.Enabled = false
+	cfg.Checks.NodeTampered.Enabled = false
+	d, logs := newLoggedDaemon(t, cfg)
+	disk := newHungDisk()
+	disk.unblock() // the start's writes go through
+	d.stateW.write = disk.write
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	time.Sleep(time.Minute)
+	synctest.Wait()
+	if !d.readyNow() {
+		t.Fatal("not ready after a minute")
+	}
+	return cfg, d, logs, disk, func() {
+		t.Helper()
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-	})
+	}
+}
+
+// unblockAndExpectSaved lets the hung write return and checks that the
+// change made meanwhile (ClockNotSynchronized True) is saved by one more
+// write, and that the blocked-write note is gone.
+func unblockAndExpectSaved(t *testing.T, cfg *config.Config, d *Daemon, disk *hungDisk, base int) {
+	t.Helper()
+	disk.unblock()
+	time.Sleep(2 * time.Second)
+	synctest.Wait()
+	if calls, inFlight, _ := disk.counts(); calls != base+2 || inFlight != 0 {
+		t.Errorf("after the write returned: %d writes (%d in flight); want the one saving what changed meanwhile", calls-base, inFlight)
+	}
+	saved := report.NewStore("x")
+	if _, err := saved.Load(cfg.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := saved.Get("ClockNotSynchronized"); c.Status != report.StatusTrue {
+		t.Errorf("saved %s, want the change made while the write hung (True)", c.Status)
+	}
+	if _, ok := d.stateW.blocked(); ok || d.Status(time.Now()).StateWriteBlocked != nil || strings.Contains(d.StatusLine(), "state not saved") {
+		t.Errorf("the note stays after the write returned: %q", d.StatusLine())
+	}
 }

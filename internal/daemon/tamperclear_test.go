@@ -18,6 +18,15 @@ import (
 // tamperClearConfig is a daemon protecting one file, with no gate and no
 // settling: the baseline is taken at the first run.
 func tamperClearConfig(t *testing.T) *config.Config {
+	cfg := protectOneFile(t)
+	cfg.Checks.SealedOSTampered.Enabled = false
+	return cfg
+}
+
+// protectOneFile is the test configuration with NodeTampered protecting
+// one file, /var/lib/kubelet/config.yaml ("a\n"), with no gate and no
+// settling.
+func protectOneFile(t *testing.T) *config.Config {
 	cfg := testConfig(t)
 	prot := filepath.Join(cfg.HostRoot, "var/lib/kubelet/config.yaml")
 	os.MkdirAll(filepath.Dir(prot), 0o755)
@@ -25,7 +34,6 @@ func tamperClearConfig(t *testing.T) *config.Config {
 	cfg.Checks.NodeTampered.Paths = []string{"/var/lib/kubelet/config.yaml"}
 	cfg.Checks.NodeTampered.BaselineAfter = nil
 	cfg.Checks.NodeTampered.Settle.Duration = 0
-	cfg.Checks.SealedOSTampered.Enabled = false
 	return cfg
 }
 
