@@ -34,7 +34,16 @@ func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
 	if err := c.cri.status(callCtx); err != nil {
-		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonCRIProbeFailed, err), nil
+		r := repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonCRIProbeFailed, err)
+		if criNotInitialized(err) && r.repair == RepairCooldown {
+			// Started within the cooldown (at boot, or restarted by
+			// systemd or the repair) and still initialising: starting,
+			// not unhealthy. Past the cooldown it is a failure, and
+			// restarted, as any other.
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
+				Message: c.unit + " is starting: its CRI plugin has not initialised yet (" + err.Error() + ")"}, nil
+		}
+		return r.Result, nil
 	}
 	if c.env.Repair != nil {
 		c.env.Repair.Healthy(c.unit)

@@ -61,6 +61,16 @@ func (e *rpcError) Error() string {
 	return "rpc error: code = " + name + " desc = " + e.desc
 }
 
+// criNotInitialized reports whether err is containerd's answer while its CRI
+// plugin has not initialised yet: containerd tells systemd it is ready
+// (Type=notify) and serves the socket before the plugin has restored its
+// state, which can take seconds on a node with many containers, and until
+// then the CRI's calls fail with Unknown "server is not initialized yet".
+func criNotInitialized(err error) bool {
+	var re *rpcError
+	return errors.As(err, &re) && re.code == codeUnknown && re.desc == "server is not initialized yet"
+}
+
 const (
 	codeCanceled         = 1
 	codeUnknown          = 2

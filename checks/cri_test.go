@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
 )
 
 // criServer is a CRI runtime service on grpc-go's own server: the probe's
@@ -252,5 +255,61 @@ func TestCRIStatusEndlessOrStalledAnswer(t *testing.T) {
 				t.Errorf("a stalled answer held the call %s; want about its deadline %s", took, deadline)
 			}
 		})
+	}
+}
+
+// containerd serves its socket before its CRI plugin has initialised, and
+// until then Status fails with Unknown "server is not initialized yet"
+// (seen 187 ms after a real containerd went active). Within the cooldown
+// of its last start that is containerd starting: Unknown (NoData), not a
+// failure set and cleared at each boot. Past the cooldown it is a
+// failure, and containerd is restarted, as for any other.
+func TestContainerdStartingIsNotUnhealthy(t *testing.T) {
+	sock := serveCRI(t, func(context.Context) (*runtimeapi.StatusResponse, error) {
+		return nil, status.Error(codes.Unknown, "server is not initialized yet")
+	})
+	for _, tc := range []struct {
+		name         string
+		started      time.Duration // ago
+		want         report.Status
+		wantRestarts int
+	}{
+		{"started 10s ago", 10 * time.Second, report.StatusUnknown, 0},
+		{"started 10m ago", 10 * time.Minute, report.StatusTrue, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := running("containerd.service")
+			u.MainStart = time.Now().Add(-tc.started)
+			m := newFakeManager(u)
+			env := testEnv(t, func(c *config.Config) { c.Checks.ContainerRuntimeUnhealthy.Socket = sock })
+			env.Systemd, env.Repair = m, NewRepairer(m, quietLog(), time.Now, nil)
+			c, _ := newContainerdCheck(env)
+			defer c.(*containerdCheck).Close()
+			r, err := c.Probe(context.Background())
+			env.Repair.Wait()
+			if err != nil || r.Status != tc.want {
+				t.Fatalf("%+v %v, want %s", r, err, tc.want)
+			}
+			if tc.want == report.StatusUnknown && (r.Reason != report.ReasonNoData || !strings.HasPrefix(r.Message, "containerd.service is starting: its CRI plugin has not initialised yet (CRI RuntimeService/Status on ")) {
+				t.Errorf("starting: %s %q", r.Reason, r.Message)
+			}
+			if n := m.restartCount(); n != tc.wantRestarts {
+				t.Errorf("%d restarts, want %d", n, tc.wantRestarts)
+			}
+		})
+	}
+	// Any other failure within the cooldown is still a failure.
+	other := serveCRI(t, func(context.Context) (*runtimeapi.StatusResponse, error) {
+		return nil, status.Error(codes.Unknown, "failed to get status: boom")
+	})
+	u := running("containerd.service")
+	u.MainStart = time.Now().Add(-10 * time.Second)
+	m := newFakeManager(u)
+	env := testEnv(t, func(c *config.Config) { c.Checks.ContainerRuntimeUnhealthy.Socket = other })
+	env.Systemd, env.Repair = m, NewRepairer(m, quietLog(), time.Now, nil)
+	c, _ := newContainerdCheck(env)
+	defer c.(*containerdCheck).Close()
+	if r, _ := c.Probe(context.Background()); r.Status != report.StatusTrue {
+		t.Errorf("another failure within the cooldown: %+v, want True", r)
 	}
 }

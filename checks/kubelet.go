@@ -35,7 +35,7 @@ func (c *kubeletCheck) Close() { c.client.CloseIdleConnections() }
 
 func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
 	if err := c.probe(ctx); err != nil {
-		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonKubeletHealthzFailed, err), nil
+		return repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonKubeletHealthzFailed, err).Result, nil
 	}
 	if c.env.Repair != nil {
 		c.env.Repair.Healthy(c.unit)
@@ -76,16 +76,23 @@ func (c *kubeletCheck) probe(ctx context.Context) error {
 // failure and what the repairer did about it; Unknown (NoData) while the
 // unit has not started yet (at boot kubelet waits for this daemon, ordered
 // Before=kubelet.service, so its first probes find it not running).
-func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Duration, reason report.Reason, probeErr error) Result {
+func repairResult(ctx context.Context, env *Env, unit string, cooldown time.Duration, reason report.Reason, probeErr error) repaired {
 	action := "not repaired (only the daemon repairs; autopilot-health check does not)"
+	var res string
 	if env.Repair != nil {
-		var res string
 		res, action = env.Repair.Repair(ctx, unit, cooldown, probeErr.Error())
 		if res == RepairStarting {
-			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: action + "; " + probeErr.Error()}
+			return repaired{Result{Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: action + "; " + probeErr.Error()}, res}
 		}
 	}
-	return Result{Status: report.StatusTrue, Reason: reason, Message: probeErr.Error() + "; " + action}
+	return repaired{Result{Status: report.StatusTrue, Reason: reason, Message: probeErr.Error() + "; " + action}, res}
+}
+
+// repaired is a failed probe's result and what the repairer did ("" when
+// nothing repairs: the one-shot check).
+type repaired struct {
+	Result
+	repair string
 }
 
 // probeTimeout leaves a fifth of the check's timeout for the repair, so a
