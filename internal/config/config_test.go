@@ -299,6 +299,10 @@ func TestBadConfigs(t *testing.T) {
 		// A top-level key after a table header is that table's in TOML.
 		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,
+		// The default file's last table is [kmsg]: a key appended to it
+		// is kmsg's, and its name, known elsewhere, says more than the
+		// nearest spelling (kmsg.rules).
+		"top-level-key-after-kmsg.toml": `:3: key kmsg.role: unknown key (role is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		// A file saved with a byte order mark (an editor on Windows):
 		// the decoder skips it, and so do the lines.
 		"bom-unknown-key.toml": `:2: key runner.first_run_sprd: unknown key (did you mean runner.first_run_spread?)`,

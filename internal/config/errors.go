@@ -65,8 +65,14 @@ func decodeError(file string, lines keyIndex, err error) error {
 	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 }
 
-// suggest proposes the nearest known key for a misspelt one.
+// suggest proposes the nearest known key for a misspelt one: where its
+// name is a key of exactly one other place, that place, which says more
+// than a near spelling ("role" after [kmsg] is the top-level key, not
+// kmsg.rules).
 func suggest(key string) string {
+	if m := misplaced(key); m != "" {
+		return m
+	}
 	best, bestD := "", 4
 	for _, k := range knownKeys() {
 		if d := editDistance(strings.ToLower(k), strings.ToLower(key)); d < bestD {
@@ -76,7 +82,7 @@ func suggest(key string) string {
 	if best != "" {
 		return fmt.Sprintf(" (did you mean %s?)", best)
 	}
-	return misplaced(key)
+	return ""
 }
 
 // misplaced names where a key not known at its place belongs, when its
