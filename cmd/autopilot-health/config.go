@@ -18,6 +18,18 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(out, "Usage: autopilot-health %s\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", syn)
 		return code
 	}
+	// A subcommand's --help is its usage, on stdout with exit 0, as every
+	// command's: not the defaults, nor a file named "--help" to validate.
+	if len(args) > 1 && (args[1] == "--help" || args[1] == "-h") {
+		switch args[0] {
+		case "default":
+			fmt.Fprintln(stdout, "Usage: autopilot-health config default\n  print the default configuration, every key commented")
+			return exitOK
+		case "validate":
+			fmt.Fprintln(stdout, "Usage: autopilot-health config validate FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not")
+			return exitOK
+		}
+	}
 	switch args[0] {
 	case "default":
 		stdout.Write(config.DefaultTOML())

@@ -173,7 +173,7 @@ func TestHelpGoesToStdout(t *testing.T) {
 	for _, cmd := range [][]string{
 		{"run"}, {"check"}, {"kmsg"}, {"kmsg", "replay"}, {"kmsg", "rules"}, {"status"}, {"reload"},
 		{"tamper"}, {"tamper", "clear"}, {"tamper", "status"}, {"tamper", "layers"},
-		{"catalog"}, {"config"}, {"manifests"}, {"version"}, {"man"},
+		{"catalog"}, {"config"}, {"config", "default"}, {"config", "validate"}, {"manifests"}, {"version"}, {"man"},
 	} {
 		name := strings.Join(cmd, " ")
 		for _, h := range []string{"--help", "-h"} {

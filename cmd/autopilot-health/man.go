@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/syself/autopilot-health/internal/config"
@@ -80,8 +81,8 @@ func exitCodes() [][2]string {
 
 // commandHelp returns what "autopilot-health WORDS... --help" prints, for
 // the leading lower-case words of a synopsis ("kmsg replay", "config
-// default"). Where the command's subcommand does not take --help (config
-// default prints the configuration) it falls back to the command's own.
+// default"). Where the command's subcommand does not take --help it falls
+// back to the command's own.
 func commandHelp(syn string) string {
 	var words []string
 	for _, w := range strings.Fields(syn) {
@@ -186,7 +187,8 @@ func ManPage(date string) string {
 			continue
 		}
 		seen[help] = true
-		items := helpItems(help)
+		// A sentence that only repeats the summary above is left out.
+		items := slices.DeleteFunc(helpItems(help), func(it helpItem) bool { return it.Term == "" && it.Text == c.Text })
 		if len(items) == 0 {
 			continue
 		}

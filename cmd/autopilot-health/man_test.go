@@ -93,7 +93,7 @@ func TestManPageAgreesWithHelp(t *testing.T) {
 		}
 		words := commandWords(e[1])
 		help := helpOf(t, words[:1])
-		if len(words) > 1 && words[0] != "config" { // config default --help prints the configuration
+		if len(words) > 1 {
 			help = helpOf(t, words)
 		}
 		for _, line := range strings.Split(help, "\n") {
