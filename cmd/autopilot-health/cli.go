@@ -13,7 +13,7 @@ import (
 // Exit codes.
 const (
 	exitOK      = 0 // success; for check: no condition is True
-	exitProblem = 1 // check: at least one condition is True; run: failed while running
+	exitProblem = 1 // check, status: a condition is True; run: failed while running; reload, tamper: see the usage
 	exitError   = 2 // bad usage, bad configuration, or the command could not run
 )
 
@@ -62,7 +62,9 @@ Run "autopilot-health COMMAND --help" for a command's flags.
 Exit codes:
   0  success; for check and status: no condition is True
   1  check, status: at least one condition is True; run: the daemon failed while running;
-     reload: the daemon refused the file and runs on with the previous configuration
+     reload: the daemon refused the file and runs on with the previous configuration;
+     tamper clear: applied, but not saved or not re-evaluated within 30s;
+     tamper status: tamper.json cannot be read or does not parse
   2  bad usage, bad configuration, or the command could not run (status: the daemon is not running)
 `
 

@@ -66,14 +66,19 @@ func usageCommands() []usageCommand {
 	return cmds
 }
 
-// exitCodes parses the usage's "Exit codes:" block: code and meaning.
+// exitCodes parses the usage's "Exit codes:" block: code and meaning, a
+// meaning's continuation lines (indented past the code) joined to it.
 func exitCodes() [][2]string {
 	_, block, _ := strings.Cut(usage, "Exit codes:\n")
 	var codes [][2]string
 	for _, line := range strings.Split(block, "\n") {
 		code, text, ok := strings.Cut(strings.TrimSpace(line), "  ")
-		if ok {
+		switch {
+		case strings.TrimSpace(line) == "":
+		case ok && !strings.HasPrefix(line, "   "):
 			codes = append(codes, [2]string{code, strings.TrimSpace(text)})
+		case len(codes) > 0:
+			codes[len(codes)-1][1] += " " + strings.TrimSpace(line)
 		}
 	}
 	return codes

@@ -109,7 +109,9 @@ func TestManPageAgreesWithHelp(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range regexp.MustCompile(`(?m)^  ([0-9])  (.*)$`).FindAllStringSubmatch(top, -1) {
+	// Each exit code whole, with the lines that continue its text.
+	_, codes, _ := strings.Cut(top, "Exit codes:\n")
+	for _, m := range regexp.MustCompile(`(?m)^  ([0-9])  (.*(?:\n     .*)*)$`).FindAllStringSubmatch(codes, -1) {
 		has("the exit code", m[1]+" "+m[2])
 	}
 	for _, c := range report.Conditions {
