@@ -638,6 +638,27 @@ func TestBoundsAreInclusive(t *testing.T) {
 	}
 }
 
+// lvm_timeout is bounded by the check's timeout only where there is an LVM
+// part: with lvm_command = "" no lvm runs, and DiskUsageHigh's timeout is
+// bounded as any check's (a config valid before the bound came in still
+// loads).
+func TestLVMTimeoutBoundsOnlyTheLVMPart(t *testing.T) {
+	for _, src := range []string{
+		"[checks.DiskUsageHigh]\nlvm_command = \"\"\ntimeout = \"20s\"\n",
+		"[checks.DiskUsageHigh]\nlvm_command = \"\"\ninterval = \"10s\"\ntimeout = \"5s\"\n",
+		"[checks.DiskUsageHigh]\nlvm_command = \"\"\nlvm_timeout = \"1m\"\n",
+	} {
+		if _, err := Parse("nolvm.toml", []byte(src), Default()); err != nil {
+			t.Errorf("%v\n%s", err, src)
+		}
+	}
+	// With LVM, the bound holds (TestBadConfigs: lvm-timeout-over-wait.toml,
+	// timeout-under-lvm-wait.toml).
+	if _, err := Parse("lvm.toml", []byte("[checks.DiskUsageHigh]\ntimeout = \"20s\"\n"), Default()); err == nil {
+		t.Error("timeout 20s with lvm_timeout 10s and lvm_command set: loaded")
+	}
+}
+
 // default.toml states the allowed range of every bounded key, next to it.
 func TestDefaultTOMLStatesTheBounds(t *testing.T) {
 	for _, want := range []string{

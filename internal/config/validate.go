@@ -360,7 +360,9 @@ func (c *Config) validate() *Error {
 	// The check waits two thirds of its timeout for LVM's two reports,
 	// lvm_timeout each: a longer lvm_timeout makes an lvm that is slow but
 	// answers "not checked" at every run. Named at the key the file sets.
-	if t, l := k.DiskUsageHigh.Timeout.Duration, k.DiskUsageHigh.LVMTimeout.Duration; t > 0 && 3*l > t {
+	// Without an LVM part (lvm_command = "") no lvm runs, and the
+	// check's timeout is bounded as any check's.
+	if t, l := k.DiskUsageHigh.Timeout.Duration, k.DiskUsageHigh.LVMTimeout.Duration; k.DiskUsageHigh.LVMCommand != "" && t > 0 && 3*l > t {
 		if _, set := c.lines["checks.DiskUsageHigh.lvm_timeout"]; set || c.lines["checks.DiskUsageHigh.timeout"] == 0 {
 			v.fail("checks.DiskUsageHigh.lvm_timeout", "must be at most a third of the check's timeout (%s): its two LVM reports are waited for two thirds of it, got %s", t, l)
 		} else {
