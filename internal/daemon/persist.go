@@ -118,8 +118,8 @@ func (d *Daemon) persist(ctx context.Context) {
 				d.wakeStatus()
 			}
 			wasAdopted := adopted
+			d.countWrite(writing)
 			writing, blockedDue, adopted = nil, nil, false
-			d.metrics.StateWrite(err)
 			switch {
 			case err != nil:
 				failed(err)

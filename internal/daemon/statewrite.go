@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -51,6 +52,16 @@ type stateWrite struct {
 	// blocked: it has not returned within stateWriteBlockedAfter (guarded
 	// by stateWriter.mu).
 	blocked bool
+	// counted: its result is in autopilot_health_state_writes_total
+	// (countWrite): the persister and a clear's save may both wait for it.
+	counted atomic.Bool
+}
+
+// countWrite counts sw's result once, whoever waited for it.
+func (d *Daemon) countWrite(sw *stateWrite) {
+	if sw.counted.CompareAndSwap(false, true) {
+		d.metrics.StateWrite(sw.err)
+	}
 }
 
 // BlockedWrite is a write of the state file blocked in I/O: since when, on
@@ -240,7 +251,7 @@ func (d *Daemon) saveStateNow(wait time.Duration) error {
 		}
 		select {
 		case <-sw.done:
-			d.metrics.StateWrite(sw.err)
+			d.countWrite(sw)
 			return sw.err
 		case <-t.C:
 			return fmt.Errorf("the write of %s has not returned since %s", sw.path, sw.since.UTC().Format(time.RFC3339))

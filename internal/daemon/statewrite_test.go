@@ -598,3 +598,59 @@ func unblockAndExpectSaved(t *testing.T, cfg *config.Config, d *Daemon, disk *hu
 		t.Errorf("the note stays after the write returned: %q", d.StatusLine())
 	}
 }
+
+// A clear's save that the persister adopted (it found it in flight) and
+// that returns while the clear still waits for it is counted once in
+// autopilot_health_state_writes_total, not by both: the counter counts
+// writes of the file, as the disk saw them.
+func TestAdoptedSaveIsCountedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, d, _, disk, stop := runOnADiskThatWillHang(t)
+		defer func() { disk.unblock(); synctest.Wait() }()
+		base, _, _ := disk.counts()
+		okBase := stateWritesOK(t, d)
+
+		disk.hangNow()
+		saved := make(chan error, 1)
+		go func() { saved <- d.saveStateNow(30 * time.Second) }()
+		time.Sleep(time.Second)
+		// A change wakes the persister: it finds the clear's write in
+		// flight and adopts it.
+		d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized}, time.Now())
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		disk.unblock() // within the clear's wait: both see the write return
+		if err := <-saved; err != nil {
+			t.Fatalf("saveStateNow: %v", err)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		calls, _, _ := disk.counts()
+		if got, want := stateWritesOK(t, d)-okBase, float64(calls-base); got != want {
+			t.Errorf("state_writes_total{result=\"ok\"} rose by %v for %v writes of the file", got, want)
+		}
+		stop()
+	})
+}
+
+// stateWritesOK is autopilot_health_state_writes_total{result="ok"}.
+func stateWritesOK(t *testing.T, d *Daemon) float64 {
+	t.Helper()
+	mfs, err := d.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "autopilot_health_state_writes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "ok" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
