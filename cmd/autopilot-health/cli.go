@@ -8,6 +8,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"slices"
 )
 
 // Exit codes.
@@ -123,6 +124,9 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
+// isHelp reports whether arg asks for the usage.
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
+
 // parseFlags parses and maps the outcome to an exit code (-1: go on). The
 // usage asked for with --help goes to stdout with exit 0, as the top-level
 // help does, so "autopilot-health check --help | less" pages it; after a
@@ -132,6 +136,12 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) int {
 	var out bytes.Buffer
 	fs.SetOutput(&out)
 	err := fs.Parse(args)
+	if err == nil && slices.ContainsFunc(fs.Args(), isHelp) {
+		// After a positional argument ("manifests alerts --help"), where
+		// the flag package stops reading flags: asked for all the same.
+		fs.Usage()
+		err = flag.ErrHelp
+	}
 	fs.SetOutput(stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		stdout.Write(out.Bytes())

@@ -165,6 +165,21 @@ func TestUsageAndVersion(t *testing.T) {
 	}
 }
 
+// A --help after a positional argument, where Go's flag package stops
+// reading flags, is asked for all the same: usage on stdout, exit 0.
+func TestHelpAfterAnArgument(t *testing.T) {
+	for _, args := range [][]string{
+		{"manifests", "alerts", "--help"},
+		{"kmsg", "replay", "/dev/null", "-h"},
+		{"check", "stray", "--help"},
+	} {
+		code, out, errs := run(t, args...)
+		if code != exitOK || errs != "" || !strings.HasPrefix(out, "Usage: autopilot-health "+args[0]) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+	}
+}
+
 // TestHelpGoesToStdout: a usage asked for with --help or -h is printed on
 // stdout with exit 0 ("autopilot-health check --help | less" pages it, as
 // GNU tools and the top-level help do); a bad flag prints its error and the
