@@ -2,7 +2,9 @@ package packaging
 
 import (
 	"bytes"
+	"debug/elf"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -23,6 +25,9 @@ type dpkgRoot struct {
 	t    *testing.T
 	Dir  string
 	arch string
+	// chrooted: dpkg runs the maintainer scripts chrooted into Dir (its
+	// default; DPKG_ROOT is empty), not outside it with DPKG_ROOT set.
+	chrooted bool
 }
 
 // stubStatus stands in for the image's systemd and dbus (Multi-Arch:
@@ -90,13 +95,25 @@ func (r *dpkgRoot) path(p string) string { return filepath.Join(r.Dir, p) }
 // dpkg runs dpkg on the root; a failure fails the test.
 func (r *dpkgRoot) dpkg(args ...string) string {
 	r.t.Helper()
-	cmd := exec.Command("dpkg", append([]string{"--root=" + r.Dir, "--force-script-chrootless", "--log=/dev/null"}, args...)...)
-	cmd.Stdin = nil // no terminal: a conffile prompt would fail, not hang
-	out, err := cmd.CombinedOutput()
+	out, err := r.tryDpkg(args...)
 	if err != nil {
 		r.t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return out
+}
+
+// tryDpkg runs dpkg on the root and returns what it printed and how it
+// ended, for a run that may fail. Stdin is none: a conffile prompt would
+// fail, not hang.
+func (r *dpkgRoot) tryDpkg(args ...string) (string, error) {
+	opts := []string{"--root=" + r.Dir, "--force-script-chrootless", "--log=/dev/null"}
+	if r.chrooted {
+		opts = []string{"--root=" + r.Dir, "--log=/dev/null"}
+	}
+	cmd := exec.Command("dpkg", append(opts, args...)...)
+	cmd.Stdin = nil
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // status is dpkg-query's status of the package ("" when it is unknown).
@@ -172,8 +189,9 @@ func newerPackage(t *testing.T, deb string) (string, string) {
 //     the package's preset where the image's policy disables everything else
 //     (systemctl preset);
 //   - upgrade with an edited configuration (--force-confdef --force-confold,
-//     apt's unattended choice): the edit kept, the new default beside it as
-//     config.toml.dpkg-dist, still enabled;
+//     apt's unattended choice): the edit, which the new binary accepts
+//     (TestDebianPackageUpgradeRefusedConfiguration: one it refuses), kept,
+//     the new default beside it as config.toml.dpkg-dist, still enabled;
 //   - remove: program and unit gone, configuration and state kept;
 //   - purge: configuration, state and enable state gone.
 //
@@ -312,6 +330,162 @@ func TestDebianPackageUpgradeUnedited(t *testing.T) {
 	}
 }
 
+// refusedEdit appends to base an edit that the package refuses (each
+// release adds validation: an older build may have run on it), and returns
+// it with the validator's file:line: key: problem for it, file named file.
+func refusedEdit(file, base string) (edited, problem string) {
+	edited = base + "\n# edited by the operator\n[checks.ServiceNotRecovering]\nrestart_threshold = 1000\n"
+	line := strings.Count(edited, "\n") // the key's, the last
+	return edited, fmt.Sprintf("%s:%d: key checks.ServiceNotRecovering.restart_threshold: must be between 1 and 100, got 1000", file, line)
+}
+
+// TestDebianPackageUpgradeRefusedConfiguration: an upgrade onto an edited
+// configuration that the new version refuses fails configure before the
+// daemon is restarted (the running one keeps running the previous version,
+// rather than the new one failing to start every 5 s): dpkg fails with the
+// file, the validator's file:line: key: problem and what to do, the package
+// stays half-configured with the edit kept and the unit enabled, and once
+// the file is fixed dpkg --configure -a completes it. A first install onto
+// a refused file (an image build that wrote it first) fails the same way.
+// A valid edit upgrades as before (TestDebianPackageLifecycle).
+func TestDebianPackageUpgradeRefusedConfiguration(t *testing.T) {
+	needDpkgDeb(t)
+	hostBinary(t)
+	v1 := buildDeb(t, runtime.GOARCH, "1.0.0")
+	v2, v2Default := newerPackage(t, v1)
+	fixed := "[metrics]\nlisten_address = \"127.0.0.1:20257\"\n"
+
+	t.Run("upgrade", func(t *testing.T) {
+		r := newDpkgRoot(t, runtime.GOARCH)
+		r.dpkg("--install", v1)
+		edited, problem := refusedEdit(r.path(cfgPath), r.read(cfgPath))
+		must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+		out, err := r.tryDpkg("--force-confdef", "--force-confold", "--install", v2)
+		if err == nil {
+			t.Fatalf("the upgrade onto a refused configuration succeeded:\n%s", out)
+		}
+		for _, want := range []string{
+			"this version refuses the configuration file " + r.path(cfgPath) + ":\n  " + problem + "\n",
+			"The running daemon was not restarted and keeps running the previous version (1.0.0).",
+			"'dpkg --root=" + r.Dir + " --configure -a'",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+			}
+		}
+		if s := r.status(); s != "install ok half-configured 1.0.1" {
+			t.Errorf("after the refused upgrade: %q", s)
+		}
+		if got := r.read(cfgPath); got != edited {
+			t.Errorf("the refused upgrade did not keep the edited configuration:\n%s", got)
+		}
+		if got := r.read(cfgPath + ".dpkg-dist"); got != v2Default {
+			t.Errorf("config.toml.dpkg-dist is not 1.0.1's default:\n%s", got)
+		}
+		if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+			t.Errorf("after the refused upgrade: is-enabled %q", s)
+		}
+		// Still refused: still half-configured.
+		if out, err := r.tryDpkg("--configure", "-a"); err == nil || !strings.Contains(out, problem) {
+			t.Errorf("dpkg --configure -a on the unchanged file: %v\n%s", err, out)
+		}
+		must(t, os.WriteFile(r.path(cfgPath), []byte(fixed), 0o644))
+		r.dpkg("--configure", "-a")
+		if s := r.status(); s != "install ok installed 1.0.1" {
+			t.Errorf("after the fix and dpkg --configure -a: %q", s)
+		}
+	})
+
+	// dpkg --root without --force-script-chrootless runs the postinst
+	// chrooted, DPKG_ROOT empty: the root's own binary checks the root's
+	// own file, named by its path there. The root has a static shell and
+	// sed (busybox) and nothing of systemd.
+	t.Run("chrooted", func(t *testing.T) {
+		r := newDpkgRoot(t, runtime.GOARCH)
+		r.chrooted = true
+		busybox := staticBusybox(t)
+		must(t, os.MkdirAll(r.path("/bin"), 0o755))
+		b, err := os.ReadFile(busybox)
+		must(t, err)
+		must(t, os.WriteFile(r.path("/bin/busybox"), b, 0o755))
+		for _, applet := range []string{"sh", "sed"} {
+			must(t, os.Symlink("busybox", r.path("/bin/"+applet)))
+		}
+		r.dpkg("--install", v1)
+		edited, problem := refusedEdit(cfgPath, r.read(cfgPath))
+		must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+		out, err := r.tryDpkg("--force-confdef", "--force-confold", "--install", v2)
+		if err == nil {
+			t.Fatalf("the upgrade onto a refused configuration succeeded:\n%s", out)
+		}
+		for _, want := range []string{
+			"this version refuses the configuration file " + cfgPath + ":\n  " + problem + "\n",
+			"The running daemon was not restarted and keeps running the previous version (1.0.0).",
+			"'dpkg --configure -a'",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+			}
+		}
+		if s := r.status(); s != "install ok half-configured 1.0.1" {
+			t.Errorf("after the refused upgrade: %q", s)
+		}
+		must(t, os.WriteFile(r.path(cfgPath), []byte(fixed), 0o644))
+		r.dpkg("--configure", "-a")
+		if s := r.status(); s != "install ok installed 1.0.1" {
+			t.Errorf("after the fix and dpkg --configure -a: %q", s)
+		}
+	})
+
+	t.Run("first install", func(t *testing.T) {
+		r := newDpkgRoot(t, runtime.GOARCH)
+		must(t, os.MkdirAll(filepath.Dir(r.path(cfgPath)), 0o755))
+		edited, problem := refusedEdit(r.path(cfgPath), "")
+		must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+		out, err := r.tryDpkg("--force-confdef", "--force-confold", "--install", v1)
+		if err == nil {
+			t.Fatalf("the install onto a refused configuration succeeded:\n%s", out)
+		}
+		for _, want := range []string{"  " + problem + "\n", "The daemon was not started.", "'dpkg --root=" + r.Dir + " --configure -a'"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+			}
+		}
+		if s := r.status(); s != "install ok half-configured 1.0.0" {
+			t.Errorf("after the refused install: %q", s)
+		}
+		if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
+			t.Errorf("after the refused install: is-enabled %q", s)
+		}
+		must(t, os.WriteFile(r.path(cfgPath), []byte(fixed), 0o644))
+		r.dpkg("--configure", "-a")
+		if s := r.status(); s != "install ok installed 1.0.0" {
+			t.Errorf("after the fix and dpkg --configure -a: %q", s)
+		}
+	})
+}
+
+// staticBusybox is a statically linked busybox of this machine (a shell
+// for a chroot with nothing else in it), or skips the test.
+func staticBusybox(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("busybox")
+	if err != nil {
+		testenv.Skip(t, "busybox not installed (apt install busybox-static)")
+	}
+	f, err := elf.Open(p)
+	if err != nil {
+		testenv.Skip(t, p+" is not an ELF executable")
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			testenv.Skip(t, p+" is dynamically linked (apt install busybox-static)")
+		}
+	}
+	return p
+}
+
 // TestDebianPackageDowngrade: a rollback to the older package (apt install
 // autopilot-health=<older>, as a fleet does when a release misbehaves)
 // keeps the state the newer daemon wrote (state.json, and tamper.json with
@@ -370,7 +544,8 @@ func TestDebianPackageDowngrade(t *testing.T) {
 // TestDebianPackageForeignArch installs and purges the package of the
 // other architecture in a root that has it as a foreign architecture (an
 // arm64 image built on an amd64 machine): dpkg accepts it, the unit is
-// enabled, and purge leaves nothing.
+// enabled, and purge leaves nothing. The postinst cannot run the binary to
+// check the configuration: it says so and goes on.
 func TestDebianPackageForeignArch(t *testing.T) {
 	needDpkgDeb(t)
 	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
@@ -378,7 +553,14 @@ func TestDebianPackageForeignArch(t *testing.T) {
 		t.Skipf("no package for %s", runtime.GOARCH)
 	}
 	r := newDpkgRoot(t, other)
-	r.dpkg("--install", buildDeb(t, other, "1.0.0"))
+	// Where the binary cannot run (no emulator registered for it), it
+	// cannot check the configuration: installed all the same (nothing
+	// starts it under dpkg --root), saying so.
+	out := r.dpkg("--install", buildDeb(t, other, "1.0.0"))
+	runs := exec.Command(binary(t, other), "config", "default").Run() == nil
+	if want := "autopilot-health: " + r.path(cfgPath) + " not checked: "; !runs && !strings.Contains(out, want) {
+		t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+	}
 	if s := r.status(); s != "install ok installed 1.0.0" {
 		t.Fatalf("after install: %q", s)
 	}
