@@ -56,7 +56,7 @@ func TestDebianPackageUnderSystemd(t *testing.T) {
 		t.Fatal(err)
 	}
 	debs := map[string]string{}
-	for _, v := range []string{"1.0.0", "1.0.1"} {
+	for _, v := range []string{"1.0.0", "1.0.1", "1.0.2"} {
 		out, err := exec.Command("bash", filepath.Join(repoDir(t), "packaging", "deb", "build.sh"), bin, filepath.Join(dir, v), v).Output()
 		if err != nil {
 			t.Fatalf("build.sh %s: %v", v, err)
@@ -84,16 +84,28 @@ func TestDebianPackageUnderSystemd(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", "/var/lib/dpkg", s.Root("/var/lib/")).CombinedOutput(); err != nil {
 		t.Fatalf("copying the dpkg database: %v\n%s", err, out)
 	}
-	dpkg := func(args ...string) {
+	dpkgOut := func(args ...string) (string, error) {
 		t.Helper()
 		cmd := exec.Command("nsenter", append([]string{"--target", fmt.Sprint(s.PID), "--mount", "--pid", "--root", "--wd", "--",
 			"env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "dpkg", "--log=/dev/null"}, args...)...)
 		start := time.Now()
 		out, err := cmd.CombinedOutput()
-		if err != nil {
+		t.Logf("dpkg %s: %s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+		return string(out), err
+	}
+	dpkg := func(args ...string) {
+		t.Helper()
+		if out, err := dpkgOut(args...); err != nil {
 			t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		t.Logf("dpkg %s: %s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	}
+	dpkgStatus := func() string {
+		out, err := exec.Command("nsenter", "--target", fmt.Sprint(s.PID), "--mount", "--pid", "--root", "--wd", "--",
+			"dpkg-query", "-W", "-f=${Status} ${Version}", "autopilot-health").CombinedOutput()
+		if err != nil {
+			return fmt.Sprintf("dpkg-query: %v: %s", err, out)
+		}
+		return string(out)
 	}
 	deb := func(v string) string {
 		b, err := os.ReadFile(debs[v])
@@ -173,6 +185,49 @@ func TestDebianPackageUnderSystemd(t *testing.T) {
 	if ok, _ := metricsAt("127.0.0.1:20257"); ok {
 		t.Error("after the upgrade the daemon still serves :20257: not running on the edited configuration")
 	}
+
+	// An upgrade onto an edited configuration the new version refuses: the
+	// postinst checks it with the new binary first, fails configure with
+	// the validator's file:line: key, and leaves the running daemon alone
+	// (before, it restarted it onto the refused file, and the node had no
+	// health daemon). Fixed, `dpkg --configure -a` restarts it.
+	refused := edited + "[checks.ServiceNotRecovering]\nrestart_threshold = 1000\n"
+	if err := os.WriteFile(s.Root(cfg), []byte(refused), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := dpkgOut("--force-confdef", "--force-confold", "--install", deb("1.0.2"))
+	if err == nil {
+		t.Errorf("the upgrade onto a refused configuration succeeded:\n%s", out)
+	}
+	for _, w := range []string{
+		cfg + ":", "key checks.ServiceNotRecovering.restart_threshold: must be between 1 and 100, got 1000",
+		"The running daemon was not restarted and keeps running the previous version (1.0.1).",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("dpkg's output lacks %q:\n%s", w, out)
+		}
+	}
+	if st := dpkgStatus(); st != "install ok half-configured 1.0.2" {
+		t.Errorf("after the refused upgrade: %q, want install ok half-configured 1.0.2", st)
+	}
+	if u, err := s.Bus.Unit(ctx, unit); err != nil || !active(u) || u.Invocation != u2.Invocation {
+		t.Errorf("after the refused upgrade the daemon is not the one running before: %+v (%v), want invocation %s active", u, err, u2.Invocation)
+	}
+	if ok, body := metricsAt(fmt.Sprintf("127.0.0.1:%d", port)); !ok {
+		t.Errorf("after the refused upgrade no metrics on :%d: %s", port, body)
+	}
+	if err := os.WriteFile(s.Root(cfg), []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dpkg("--configure", "-a")
+	u3 := waitUnit(t, s, unit, "restarted by the postinst once the file was fixed", func(u systemd.Unit) bool { return active(u) && u.Invocation != u2.Invocation })
+	if st := dpkgStatus(); st != "install ok installed 1.0.2" {
+		t.Errorf("after the fix: %q, want install ok installed 1.0.2", st)
+	}
+	t.Logf("invocation %s after the fix", u3.Invocation)
+	eventually(t, 30*time.Second, fmt.Sprintf("metrics on :%d after the fix", port), func() (bool, string) {
+		return metricsAt(fmt.Sprintf("127.0.0.1:%d", port))
+	})
 
 	// Remove: stopped; configuration and state kept.
 	dpkg("--remove", "autopilot-health")
