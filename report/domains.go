@@ -286,36 +286,61 @@ func truncateString(s string, n int) string {
 	return s[:cut] + ell
 }
 
+// renderDocument renders one domain's document: every list capped at
+// MaxListLen entries, and when that is over MaxDocumentBytes at the largest
+// cap under which it fits (a binary search: the size grows with the cap),
+// so that a document a few entries over keeps all but those few.
 func renderDocument(now time.Time, role Role, bootID string, fields map[string]any) ([]byte, error) {
-	for limit := MaxListLen; ; limit /= 2 {
-		doc := map[string]any{
-			"schemaVersion": SchemaVersion,
-			"updatedAt":     now.UTC().Format(time.RFC3339),
-			"role":          role,
+	b, err := renderCapped(now, role, bootID, fields, MaxListLen)
+	if err != nil || len(b) <= MaxDocumentBytes {
+		return b, err
+	}
+	// fits is the largest cap known to fit (its document fit), over the
+	// smallest known not to.
+	fits, over := -1, MaxListLen
+	var fit []byte
+	overLen := len(b) // the size of the document at the cap over
+	for over-fits > 1 {
+		limit := fits + (over-fits)/2
+		b, err := renderCapped(now, role, bootID, fields, limit)
+		if err != nil {
+			return nil, err
 		}
-		if bootID != "" {
-			doc["bootID"] = bootID
-		}
-		for k, v := range fields {
-			if sh, ok := v.(Shrinker); ok && limit < MaxListLen {
-				v = sh.Shrink(limit)
-			}
-			rv := reflect.ValueOf(v)
-			if rv.Kind() == reflect.Slice && rv.Len() > limit {
-				doc[k+"Truncated"] = rv.Len() - limit
-				v = rv.Slice(0, limit).Interface()
-			}
-			doc[k] = v
-		}
-		b, err := json.Marshal(doc)
-		// A name in the report is anyone's (a file's): its C1 controls
-		// and DEL as \u escapes, not raw into `kubectl describe node`.
-		b = PrintableJSON(b)
-		if err != nil || len(b) <= MaxDocumentBytes {
-			return b, err
-		}
-		if limit == 0 {
-			return nil, fmt.Errorf("document is %d bytes even without list entries (limit %d)", len(b), MaxDocumentBytes)
+		if len(b) <= MaxDocumentBytes {
+			fits, fit = limit, b
+		} else {
+			over, overLen = limit, len(b)
 		}
 	}
+	if fit == nil {
+		return nil, fmt.Errorf("document is %d bytes even without list entries (limit %d)", overLen, MaxDocumentBytes)
+	}
+	return fit, nil
+}
+
+// renderCapped renders a document with at most limit entries in each list.
+func renderCapped(now time.Time, role Role, bootID string, fields map[string]any, limit int) ([]byte, error) {
+	doc := map[string]any{
+		"schemaVersion": SchemaVersion,
+		"updatedAt":     now.UTC().Format(time.RFC3339),
+		"role":          role,
+	}
+	if bootID != "" {
+		doc["bootID"] = bootID
+	}
+	for k, v := range fields {
+		if sh, ok := v.(Shrinker); ok && limit < MaxListLen {
+			v = sh.Shrink(limit)
+		}
+		rv := reflect.ValueOf(v)
+		if rv.Kind() == reflect.Slice && rv.Len() > limit {
+			doc[k+"Truncated"] = rv.Len() - limit
+			v = rv.Slice(0, limit).Interface()
+		}
+		doc[k] = v
+	}
+	b, err := json.Marshal(doc)
+	// A name in the report is anyone's (a file's): its C1 controls
+	// and DEL as \u escapes, not raw into `kubectl describe node`.
+	return PrintableJSON(b), err
 }

@@ -89,3 +89,46 @@ func TestDocumentListLimits(t *testing.T) {
 		t.Errorf("volume groups %+v", doc.VolumeGroups)
 	}
 }
+
+// A document over MaxDocumentBytes keeps as many entries as fit, not half
+// of them: on a node with 24 NVMe drives whose entries come to a little
+// over 8 KiB, one or two drives are left out, not eight (halving the cap
+// from 32 to 16 left a third of the drives, the failing one possibly
+// among them, out of a 5 KiB document).
+func TestDocumentKeepsAsManyEntriesAsFit(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	type disk struct {
+		Controller string `json:"controller"`
+		Model      string `json:"model"`
+		Serial     string `json:"serial"`
+		Pad        string `json:"pad"`
+	}
+	disks := make([]disk, 24)
+	for i := range disks {
+		disks[i] = disk{Controller: "nvme" + strings.Repeat("1", 1+i/10), Model: strings.Repeat("M", 40), Serial: strings.Repeat("S", 20), Pad: strings.Repeat("p", 260)}
+	}
+	entry, _ := json.Marshal(disks[0])
+	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"disks": disks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > MaxDocumentBytes {
+		t.Fatalf("document of %d bytes, over %d", len(b), MaxDocumentBytes)
+	}
+	var doc struct {
+		Disks          []disk `json:"disks"`
+		DisksTruncated int    `json:"disksTruncated"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	kept := len(doc.Disks)
+	if kept+doc.DisksTruncated != len(disks) {
+		t.Errorf("%d kept, %d counted out of %d", kept, doc.DisksTruncated, len(disks))
+	}
+	// One entry more (its bytes and a comma; the count left out one digit
+	// shorter at most) would not have fit.
+	if kept >= len(disks) || len(b)+len(entry)+1-1 <= MaxDocumentBytes {
+		t.Errorf("%d of %d entries kept in %d bytes (an entry is %d): one more fits under %d", kept, len(disks), len(b), len(entry), MaxDocumentBytes)
+	}
+}
