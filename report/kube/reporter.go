@@ -896,7 +896,10 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		if w := r.writtenCh(); !isClosed(w) {
 			// The Node was registered anew: the report waits for the
 			// conditions (see written), beating while their writer
-			// retries.
+			// retries: at the start of the wait too, which may come a
+			// report interval after the beat above (the next report
+			// due), or the loop would be silent for two.
+			r.progress(loop, max(r.o.ReportInterval, backoffMax))
 			select {
 			case <-ctx.Done():
 				return

@@ -1621,3 +1621,81 @@ func TestUIDRefusedForeverBacksOff(t *testing.T) {
 		}
 	})
 }
+
+// The report write that finds the Node without this boot's conditions
+// (registered anew, or a condition gone) holds the next report until the
+// conditions are back; while their writes fail (the API server refusing
+// status writes), the report writer waits beating, within its period
+// (the report interval) plus the daemon's 30 s of slack, as README's
+// "Under systemd" promises. Before, it beat, slept up to a report
+// interval until the next report, then waited up to another for the
+// conditions: silent for about twice the report interval, stuck to the
+// daemon's liveness, and systemd's watchdog restarted a daemon that only
+// waited on the API server.
+func TestReportWaitingForTheConditionsBeatsWithinItsPeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const slack = 30 * time.Second // the daemon's loopSlack
+		n := kubeletNode()
+		n.UID = "uid-1"
+		client := fake.NewClientset(n)
+		var mu sync.Mutex
+		statusDown := false
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if statusDown && a.GetSubresource() == "status" {
+				return true, nil, apierrors.NewServiceUnavailable("etcd is slow")
+			}
+			return false, nil, nil
+		})
+		type beat struct {
+			at      time.Time
+			allowed time.Duration
+		}
+		last := map[string]beat{}
+		var gaps []string
+		checkGap := func(loop string, now time.Time) {
+			if b, ok := last[loop]; ok && now.Sub(b.at) > b.allowed+slack {
+				gaps = append(gaps, fmt.Sprintf("%s silent %s, allowed %s + %s", loop, now.Sub(b.at), b.allowed, slack))
+			}
+		}
+		store := report.NewStore("b")
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) {
+			o.Progress = func(loop string, allowed time.Duration) {
+				mu.Lock()
+				defer mu.Unlock()
+				checkGap(loop, time.Now())
+				last[loop] = beat{time.Now(), allowed}
+			}
+		})
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if findCond(h.node(t), "DiskUsageHigh") == nil {
+			t.Fatal("conditions not written")
+		}
+		// The condition leaves the Node (as on a Node registered anew),
+		// and the status writes fail from now on.
+		mu.Lock()
+		statusDown = true
+		mu.Unlock()
+		cur := h.node(t)
+		cur.Status.Conditions = slices.DeleteFunc(cur.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == "DiskUsageHigh" })
+		if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), cur, ""); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(15 * time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		for _, loop := range []string{"kube/annotations", "kube/status", eventsLoop} {
+			checkGap(loop, time.Now())
+		}
+		mu.Unlock()
+		h.stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(gaps) > 0 {
+			t.Errorf("stuck while waiting on the API server: %s", strings.Join(gaps, "; "))
+		}
+	})
+}
