@@ -252,6 +252,50 @@ type Shrinker interface {
 	Shrink(limit int) any
 }
 
+// Problem is a list entry that knows whether it is a problem (a drive
+// with a critical warning, a filesystem over its threshold, a certificate
+// about to expire, a failed unit): when its list must be cut to fit a
+// document, the problem entries are kept first, so that the entry a
+// condition names is in the report (cut).
+type Problem interface {
+	Problem() bool
+}
+
+// cut returns a list's limit entries to keep: every problem entry (the
+// first limit of them, when there are more), and as many of the others as
+// there is room for, in list order; the kept entries in their order in the
+// list. A list without problem entries keeps its first limit entries.
+func cut(list reflect.Value, limit int) reflect.Value {
+	n := list.Len()
+	problem := make([]bool, n)
+	problems := 0
+	for i := range n {
+		e := list.Index(i)
+		if (e.Kind() == reflect.Pointer || e.Kind() == reflect.Interface) && e.IsNil() {
+			continue
+		}
+		if p, ok := e.Interface().(Problem); ok && p.Problem() {
+			problem[i] = true
+			problems++
+		}
+	}
+	if problems == 0 {
+		return list.Slice(0, limit)
+	}
+	others := max(limit-problems, 0)
+	kept := reflect.MakeSlice(list.Type(), 0, limit)
+	for i := 0; i < n && kept.Len() < limit; i++ {
+		if !problem[i] {
+			if others == 0 {
+				continue
+			}
+			others--
+		}
+		kept = reflect.Append(kept, list.Index(i))
+	}
+	return kept
+}
+
 // Documents renders every domain as its annotation value, keyed by the full
 // annotation key. A domain that cannot be rendered does not hold back the
 // others: it gets a small document saying why ("error"), and the returned
@@ -318,7 +362,8 @@ func renderDocument(now time.Time, role Role, bootID string, fields map[string]a
 	return fit, nil
 }
 
-// renderCapped renders a document with at most limit entries in each list.
+// renderCapped renders a document with at most limit entries in each list,
+// the problem entries kept first (cut).
 func renderCapped(now time.Time, role Role, bootID string, fields map[string]any, limit int) ([]byte, error) {
 	doc := map[string]any{
 		"schemaVersion": SchemaVersion,
@@ -335,7 +380,7 @@ func renderCapped(now time.Time, role Role, bootID string, fields map[string]any
 		rv := reflect.ValueOf(v)
 		if rv.Kind() == reflect.Slice && rv.Len() > limit {
 			doc[k+"Truncated"] = rv.Len() - limit
-			v = rv.Slice(0, limit).Interface()
+			v = cut(rv, limit).Interface()
 		}
 		doc[k] = v
 	}

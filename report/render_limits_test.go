@@ -2,6 +2,8 @@ package report
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +132,106 @@ func TestDocumentKeepsAsManyEntriesAsFit(t *testing.T) {
 	// shorter at most) would not have fit.
 	if kept >= len(disks) || len(b)+len(entry)+1-1 <= MaxDocumentBytes {
 		t.Errorf("%d of %d entries kept in %d bytes (an entry is %d): one more fits under %d", kept, len(disks), len(b), len(entry), MaxDocumentBytes)
+	}
+}
+
+// problemEntry is a list entry that knows whether it is a problem (a
+// failing drive, a full filesystem), as the checks' entries do.
+type problemEntry struct {
+	Name string `json:"name"`
+	Bad  bool   `json:"bad,omitempty"`
+	Pad  string `json:"pad,omitempty"`
+}
+
+func (e problemEntry) Problem() bool { return e.Bad }
+
+// A list that must be cut keeps its problem entries first: a failing
+// drive, a full filesystem listed after the first 32 (or after as many as
+// fit in 8 KiB) is in the document the condition that names it points
+// to; the others fill the rest in list order, and the kept entries keep
+// their order. Nothing is reordered when nothing is cut.
+func TestDocumentCutKeepsProblemEntries(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	names := func(es []problemEntry) []string {
+		var out []string
+		for _, e := range es {
+			out = append(out, e.Name)
+		}
+		return out
+	}
+	render := func(es []problemEntry) ([]problemEntry, int, int) {
+		t.Helper()
+		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"disks": es})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Disks          []problemEntry `json:"disks"`
+			DisksTruncated int            `json:"disksTruncated"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc.Disks, doc.DisksTruncated, len(b)
+	}
+	for _, tc := range []struct {
+		name string
+		n    int
+		pad  int
+		bad  []int // indices of the problem entries
+	}{
+		{"over the list cap", 40, 0, []int{33, 39}},
+		{"over 8 KiB", 24, 360, []int{5, 22, 23}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			es := make([]problemEntry, tc.n)
+			bad := map[string]bool{}
+			for i := range es {
+				es[i] = problemEntry{Name: fmt.Sprintf("nvme%d", i), Pad: strings.Repeat("p", tc.pad)}
+			}
+			for _, i := range tc.bad {
+				es[i].Bad = true
+				bad[es[i].Name] = true
+			}
+			kept, left, size := render(es)
+			if size > MaxDocumentBytes {
+				t.Fatalf("document of %d bytes", size)
+			}
+			if len(kept) >= tc.n || len(kept)+left != tc.n {
+				t.Fatalf("%d kept, %d counted out of %d", len(kept), left, tc.n)
+			}
+			// Every problem entry, then the first others in list order,
+			// written in list order.
+			var want []string
+			others := len(kept) - len(tc.bad)
+			for _, e := range es {
+				if e.Bad {
+					want = append(want, e.Name)
+				} else if others > 0 {
+					want = append(want, e.Name)
+					others--
+				}
+			}
+			if got := names(kept); !slices.Equal(got, want) {
+				t.Errorf("kept %v, want %v (problem entries %v)", got, want, tc.bad)
+			}
+		})
+	}
+
+	// More problem entries than fit: the first of them, in order.
+	es := make([]problemEntry, 40)
+	for i := range es {
+		es[i] = problemEntry{Name: fmt.Sprintf("fs%d", i), Bad: i >= 4}
+	}
+	kept, left, _ := render(es)
+	if len(kept) != MaxListLen || left != 8 || kept[0].Name != "fs4" || kept[MaxListLen-1].Name != "fs35" {
+		t.Errorf("kept %v, %d left out", names(kept), left)
+	}
+
+	// Nothing cut: the list as it is, problem entries where they are.
+	es = es[:10]
+	kept, left, _ = render(es)
+	if !slices.Equal(names(kept), names(es)) || left != 0 {
+		t.Errorf("uncut list written as %v (%d left out), want %v", names(kept), left, names(es))
 	}
 }
