@@ -46,7 +46,19 @@ type CertInfo struct {
 	NotAfter time.Time `json:"notAfter,omitzero"`
 	DaysLeft int       `json:"daysLeft"`
 	Error    string    `json:"error,omitempty"`
+	// Expiring: it expires within the check's renew_within (set by Probe;
+	// not in the report: Problem).
+	Expiring bool `json:"-"`
 }
+
+// Problem reports whether the certificate expires within the renewal
+// window, or exists and could not be read (a file not present is not).
+func (c CertInfo) Problem() bool {
+	return c.Expiring || (c.Error != "" && c.Error != certNotPresent)
+}
+
+// certNotPresent is CertInfo.Error for a file that does not exist.
+const certNotPresent = "not present"
 
 // MarshalJSON leaves daysLeft out of a file that was not read (Error set):
 // its 0 would read as a certificate that expires today.
@@ -71,7 +83,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		leaf, first, err := readCertFile(c.env.Path(p))
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			info.Error = "not present"
+			info.Error = certNotPresent
 			absent = append(absent, p)
 		case err != nil:
 			info.Error = err.Error()
@@ -82,6 +94,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 			left := first.NotAfter.Sub(now)
 			info.DaysLeft = int(left.Hours() / 24)
 			if left < c.within {
+				info.Expiring = true
 				// No countdown: a message that changed at every run
 				// would be a write of the Node's status each time.
 				what := "expires on"

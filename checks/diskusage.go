@@ -156,7 +156,14 @@ type FSUsage struct {
 	UsedPercent int    `json:"usedPercent"`
 	Inodes      uint64 `json:"inodes"`
 	InodesPct   int    `json:"inodesUsedPercent"`
+	// OverThreshold: its space or inodes used are at or over the check's
+	// threshold (set by Probe; not in the report, where the problem
+	// entries are kept first when the list is cut: Problem).
+	OverThreshold bool `json:"-"`
 }
+
+// Problem reports whether the filesystem is at or over its threshold.
+func (u FSUsage) Problem() bool { return u.OverThreshold }
 
 // percentUp returns used/(used+avail) as a percentage, rounded up like df.
 func percentUp(used, avail uint64) int {
@@ -287,7 +294,9 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	lvm := c.askLVM(ctx)
-	vgs := lvm.VGs
+	// A copy: the answer is reused while it can be, and a VGUsage's
+	// OverThreshold is this run's.
+	vgs := slices.Clone(lvm.VGs)
 	errs = append(errs, lvm.Errs...)
 	if len(usage) == 0 && len(vgs) == 0 && len(errs) > 0 {
 		return Result{}, errors.Join(errs...)
@@ -298,23 +307,27 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 				mountinfoPath, sel.total, sel.excludedType, sel.excludedMP, sel.ro)}, nil
 	}
 	var space, inodes, vgHigh, poolHigh []string
-	for _, u := range usage {
+	for i, u := range usage {
 		if u.UsedPercent >= c.spacePct {
 			space = append(space, fmt.Sprintf("%s %d%% of space used (threshold %d%%)", u.MountPoint, u.UsedPercent, c.spacePct))
+			usage[i].OverThreshold = true
 		}
 		if u.Inodes > 0 && u.InodesPct >= c.inodesPct {
 			inodes = append(inodes, fmt.Sprintf("%s %d%% of inodes used (threshold %d%%)", u.MountPoint, u.InodesPct, c.inodesPct))
+			usage[i].OverThreshold = true
 		}
 	}
 	pools := 0
-	for _, vg := range vgs {
+	for i, vg := range vgs {
 		if vg.AllocatedPercent >= c.vgPct {
 			vgHigh = append(vgHigh, fmt.Sprintf("volume group %s %d%% of extents allocated (threshold %d%%)", vg.Name, vg.AllocatedPercent, c.vgPct))
+			vgs[i].OverThreshold = true
 		}
 		for _, p := range vg.ThinPools {
 			switch {
 			case p.Health != "":
 				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s", vg.Name, p.Name, p.Health))
+				vgs[i].OverThreshold = true
 				continue
 			case p.Inactive:
 				continue
@@ -325,9 +338,11 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			pools++
 			if p.DataPercent >= float64(c.poolDataPct) {
 				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s%% of data used (threshold %d%%)", vg.Name, p.Name, pct(p.DataPercent), c.poolDataPct))
+				vgs[i].OverThreshold = true
 			}
 			if p.MetadataPercent >= float64(c.poolMetaPct) {
 				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s%% of metadata used (threshold %d%%)", vg.Name, p.Name, pct(p.MetadataPercent), c.poolMetaPct))
+				vgs[i].OverThreshold = true
 			}
 		}
 	}

@@ -138,6 +138,15 @@ type NVMeHealth struct {
 	IdentifyError string `json:"identifyError,omitempty"`
 }
 
+// Problem reports whether the drive is a problem: a SMART critical
+// warning bit is set (spare below its threshold, temperature, reliability,
+// read-only, ...), its composite temperature is at or over its own warning
+// threshold (WCTEMP), or its SMART page could not be read.
+func (h NVMeHealth) Problem() bool {
+	return h.Error != "" || h.CriticalWarning != 0 ||
+		(h.TemperatureC != nil && h.WarningTempC > 0 && *h.TemperatureC >= h.WarningTempC)
+}
+
 // name is how messages call a drive: its controller and model.
 func (h NVMeHealth) name() string {
 	if h.Model == "" {

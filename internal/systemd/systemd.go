@@ -45,6 +45,10 @@ type Unit struct {
 	JobType string `json:"jobType,omitempty"`
 }
 
+// Problem reports whether the unit is failed (in a report list that must
+// be cut, its entry is kept first).
+func (u Unit) Problem() bool { return u.ActiveState == "failed" }
+
 // Manager is what the daemon needs from systemd.
 type Manager interface {
 	Unit(ctx context.Context, name string) (Unit, error)

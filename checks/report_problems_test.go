@@ -1,0 +1,130 @@
+package checks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
+	"golang.org/x/sys/unix"
+)
+
+// A report list cut to 32 entries keeps the entry its condition names: the
+// certificate about to expire after 39 that are not present, the full
+// filesystem after 39 that are not. Fails when the entries do not say they
+// are a problem (report.Problem): the first 32 are kept.
+func TestReportListCutKeepsTheProblemEntries(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	document := func(t *testing.T, ds []report.Detail, domain string) map[string]json.RawMessage {
+		t.Helper()
+		d := report.NewDetails()
+		for _, x := range ds {
+			d.Set(x)
+		}
+		docs, err := d.Documents(now, report.RoleWorker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(docs[report.AnnotationPrefix+domain]), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+
+	t.Run("certs", func(t *testing.T) {
+		root := t.TempDir()
+		var paths []string
+		for i := range 40 {
+			paths = append(paths, fmt.Sprintf("/etc/pki/c%02d.pem", i))
+		}
+		leaf := newCertFixture(t, "expiring", now.Add(48*time.Hour), false, nil)
+		writeCertFile(t, root+paths[39], leaf.certPEM())
+		env := testEnv(t, func(c *config.Config) {
+			c.HostRoot = root
+			c.Checks.CertRenewalFailing.Certificates = paths
+		})
+		env.Now = func() time.Time { return now }
+		c, _ := newCertCheck(env)
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Reason != report.ReasonCertificateExpiringSoon {
+			t.Fatalf("got %s/%s %q, error %v", r.Status, r.Reason, r.Message, err)
+		}
+		m := document(t, r.Details, "certs")
+		var certs []CertInfo
+		json.Unmarshal(m["certs"], &certs)
+		if len(certs) != report.MaxListLen || string(m["certsTruncated"]) != "8" || certs[len(certs)-1].Path != paths[39] {
+			t.Errorf("certs document keeps %d certificates (last %+v), %s left out; want the expiring %s kept", len(certs), certs[len(certs)-1], m["certsTruncated"], paths[39])
+		}
+	})
+
+	t.Run("filesystems", func(t *testing.T) {
+		root := t.TempDir()
+		var mi strings.Builder
+		sys := &fakeSys{statfs: map[string]unix.Statfs_t{}}
+		for i := range 40 {
+			mp := fmt.Sprintf("/m%02d", i)
+			fmt.Fprintf(&mi, "%d 1 8:%d / %s rw,relatime shared:1 - ext4 /dev/sd%d rw\n", 100+i, i, mp, i)
+			used := uint64(20)
+			if i == 39 {
+				used = 95
+			}
+			sys.statfs[root+mp] = st(1000, used, 100, 5)
+		}
+		writeFile(t, root+"/proc/self/mountinfo", mi.String())
+		env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+		env.Sys = sys
+		c, err := newDiskUsageCheck(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Reason != report.ReasonFilesystemSpaceHigh {
+			t.Fatalf("got %s/%s %q, error %v", r.Status, r.Reason, r.Message, err)
+		}
+		m := document(t, r.Details, "storage")
+		var fss []FSUsage
+		json.Unmarshal(m["filesystems"], &fss)
+		if len(fss) != report.MaxListLen || string(m["filesystemsTruncated"]) != "8" || fss[len(fss)-1].MountPoint != "/m39" {
+			t.Errorf("storage document keeps %d filesystems (last %+v), %s left out; want the full /m39 kept", len(fss), fss[len(fss)-1], m["filesystemsTruncated"])
+		}
+	})
+}
+
+// The entries of the report's lists that know they are a problem.
+func TestReportEntriesKnowTheirProblems(t *testing.T) {
+	temp := func(c int) *int { return &c }
+	for _, tc := range []struct {
+		name  string
+		entry report.Problem
+		want  bool
+	}{
+		{"healthy drive", NVMeHealth{Controller: "nvme0", TemperatureC: temp(40), WarningTempC: 70}, false},
+		{"drive with a critical warning", NVMeHealth{Controller: "nvme5", CriticalWarning: 1 << 2}, true},
+		{"drive with the temperature warning", NVMeHealth{Controller: "nvme5", CriticalWarning: 1 << 1}, true},
+		{"drive at its WCTEMP", NVMeHealth{Controller: "nvme5", TemperatureC: temp(70), WarningTempC: 70}, true},
+		{"drive not read", NVMeHealth{Controller: "nvme5", Error: "timed out"}, true},
+		{"drive without temperature", NVMeHealth{Controller: "nvme0", WarningTempC: 70}, false},
+		{"certificate valid", CertInfo{Path: "/a.pem", DaysLeft: 300}, false},
+		{"certificate not present", CertInfo{Path: "/a.pem", Error: "not present"}, false},
+		{"certificate unreadable", CertInfo{Path: "/a.pem", Error: "no certificate in the file"}, true},
+		{"certificate expiring", CertInfo{Path: "/a.pem", DaysLeft: 2, Expiring: true}, true},
+		{"filesystem", FSUsage{MountPoint: "/"}, false},
+		{"filesystem over its threshold", FSUsage{MountPoint: "/", OverThreshold: true}, true},
+		{"volume group", VGUsage{Name: "vg0"}, false},
+		{"volume group over its threshold", VGUsage{Name: "vg0", OverThreshold: true}, true},
+		{"unit active", systemd.Unit{Name: "kubelet.service", ActiveState: "active"}, false},
+		{"unit failed", systemd.Unit{Name: "kubelet.service", ActiveState: "failed"}, true},
+		{"service failed", ServiceState{Unit: systemd.Unit{Name: "containerd.service", ActiveState: "failed"}}, true},
+		{"service activating", ServiceState{Unit: systemd.Unit{Name: "containerd.service", ActiveState: "activating"}}, false},
+	} {
+		if got := tc.entry.Problem(); got != tc.want {
+			t.Errorf("%s: Problem() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
