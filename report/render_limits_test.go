@@ -11,7 +11,8 @@ import (
 
 // A domain's list is capped at MaxListLen entries, the count left out in
 // <field>Truncated; a document over MaxDocumentBytes is shortened further
-// (halving the cap) until it fits; a list inside an entry is not cut.
+// (the largest cap under which it fits) until it fits; a list inside an
+// entry is not cut.
 func TestDocumentListLimits(t *testing.T) {
 	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	type fs struct {
