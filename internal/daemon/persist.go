@@ -123,20 +123,17 @@ func (d *Daemon) persist(ctx context.Context) {
 			switch {
 			case err != nil:
 				failed(err)
-			case wasAdopted:
-				// Another's write: what this loop holds is saved next.
+			default:
 				if lastErr != "" {
 					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
 				}
 				lastErr = ""
 				bo.Reset()
-			default:
-				if lastErr != "" {
-					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
+				if !wasAdopted {
+					// This save took what the due one would have; after
+					// another's write, what this loop holds is saved next.
+					dirty, laterDue = false, nil
 				}
-				// This save took what the due one would have.
-				lastErr, dirty, laterDue = "", false, nil
-				bo.Reset()
 			}
 		case <-t.C:
 		}

@@ -184,52 +184,48 @@ func (d *Daemon) watchTamperWrites() {
 }
 
 // finalSave saves the state at SIGTERM, waiting finalSaveWait at most: for
-// the write in flight (blocked in I/O, or begun just before the stop),
-// then for its own. A save that fails or does not return in time is
-// logged at error level, and the daemon stops anyway: a write blocked in
-// the kernel would otherwise hold the stop until TimeoutStopSec and the
-// SIGKILL, which a task in D state does not answer either.
+// the write in flight (blocked in I/O, begun just before the stop, or a
+// clear's save still running), then for its own (saveStateNow). A save
+// that fails or does not return in time is logged at error level, and the
+// daemon stops anyway: a write blocked in the kernel would otherwise hold
+// the stop until TimeoutStopSec and the SIGKILL, which a task in D state
+// does not answer either.
 func (d *Daemon) finalSave() {
-	t := time.NewTimer(finalSaveWait)
-	defer t.Stop()
-	if prev := d.stateW.pending(); prev != nil {
-		select {
-		case <-prev.done:
-		case <-t.C:
-			d.log.Error("state not saved on shutdown: the previous write is blocked in I/O; stopping anyway", "path", prev.path, "since", prev.since.UTC().Format(time.RFC3339), "waited", finalSaveWait)
-			return
-		}
-	}
-	data, err := d.store.Encode(time.Now())
-	if err == nil {
-		sw := d.stateW.start(d.statePath(), data)
-		if sw == nil {
-			// Another write began (none does once the loops stopped).
-			d.log.Error("state not saved on shutdown: another write is in flight; stopping anyway", "path", d.statePath())
-			return
-		}
-		select {
-		case <-sw.done:
-			err = sw.err
-		case <-t.C:
-			d.log.Error("state not saved on shutdown: the write is blocked in I/O; stopping anyway", "path", sw.path, "waited", finalSaveWait)
-			return
-		}
-	}
-	// A state that cannot be saved (a read-only /var) is logged and
-	// counted, not a failed stop: systemd would mark the unit failed on
-	// every stop and restart, and the persister has said so since the
-	// first failed save. The next start restores the last saved state.
-	if err != nil {
+	var nr *writeNotReturnedError
+	switch err := d.saveStateNow(finalSaveWait); {
+	case errors.As(err, &nr) && nr.previous:
+		d.log.Error("state not saved on shutdown: the previous write is blocked in I/O; stopping anyway", "path", nr.sw.path, "since", nr.sw.since.UTC().Format(time.RFC3339), "waited", finalSaveWait)
+	case errors.As(err, &nr):
+		d.log.Error("state not saved on shutdown: the write is blocked in I/O; stopping anyway", "path", nr.sw.path, "waited", finalSaveWait)
+	case err != nil:
+		// A state that cannot be saved (a read-only /var) is logged and
+		// counted, not a failed stop: systemd would mark the unit failed
+		// on every stop and restart, and the persister has said so since
+		// the first failed save. The next start restores the last saved
+		// state.
 		d.log.Error("saving state on shutdown failed; stopping anyway", "dir", d.cfg.StateDir, "err", err)
-		d.metrics.StateWrite(err)
 	}
+}
+
+// writeNotReturnedError: a write of the state file did not return within
+// saveStateNow's wait; previous: it is the write that was in flight
+// before, not the save's own.
+type writeNotReturnedError struct {
+	sw       *stateWrite
+	previous bool
+}
+
+func (e *writeNotReturnedError) Error() string {
+	return fmt.Sprintf("the write of %s has not returned since %s", e.sw.path, e.sw.since.UTC().Format(time.RFC3339))
 }
 
 // saveStateNow writes the state file as it is now and waits for the write,
 // wait at most: for the write in flight first (begun before the caller's
 // change), then for its own. The persister's loop, finding a write in
 // flight, leaves its changes for a later save, which this one has taken.
+// The write's result, or a state that does not encode, is counted in
+// autopilot_health_state_writes_total; a write that has not returned in
+// time is a *writeNotReturnedError.
 func (d *Daemon) saveStateNow(wait time.Duration) error {
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -238,23 +234,24 @@ func (d *Daemon) saveStateNow(wait time.Duration) error {
 			select {
 			case <-prev.done:
 			case <-t.C:
-				return fmt.Errorf("the write of %s has not returned since %s", prev.path, prev.since.UTC().Format(time.RFC3339))
+				return &writeNotReturnedError{sw: prev, previous: true}
 			}
 		}
 		data, err := d.store.Encode(time.Now())
 		if err != nil {
+			d.metrics.StateWrite(err)
 			return err
 		}
 		sw := d.stateW.start(d.statePath(), data)
 		if sw == nil {
-			continue // the persister began one meanwhile: wait for it, then write
+			continue // another began one meanwhile: wait for it, then write
 		}
 		select {
 		case <-sw.done:
 			d.countWrite(sw)
 			return sw.err
 		case <-t.C:
-			return fmt.Errorf("the write of %s has not returned since %s", sw.path, sw.since.UTC().Format(time.RFC3339))
+			return &writeNotReturnedError{sw: sw}
 		}
 	}
 }
