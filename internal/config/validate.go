@@ -38,6 +38,17 @@ func (v *validator) fail(key, format string, args ...any) {
 	v.failAt(key, "", format, args...)
 }
 
+// conflict fails one of two keys whose values conflict, at the one the
+// file sets: a, with msgA, unless the file sets b and not a (then b, with
+// msgB).
+func (v *validator) conflict(lines keyIndex, a, msgA, b, msgB string) {
+	if _, set := lines[a]; set || lines[b] == 0 {
+		v.fail(a, "%s", msgA)
+		return
+	}
+	v.fail(b, "%s", msgB)
+}
+
 // failAt fails key at the line of at (an element of key's list, key[i]),
 // else at key's.
 func (v *validator) failAt(key, at, format string, args ...any) {
@@ -363,11 +374,9 @@ func (c *Config) validate() *Error {
 	// Without an LVM part (lvm_command = "") no lvm runs, and the
 	// check's timeout is bounded as any check's.
 	if t, l := k.DiskUsageHigh.Timeout.Duration, k.DiskUsageHigh.LVMTimeout.Duration; k.DiskUsageHigh.LVMCommand != "" && t > 0 && 3*l > t {
-		if _, set := c.lines["checks.DiskUsageHigh.lvm_timeout"]; set || c.lines["checks.DiskUsageHigh.timeout"] == 0 {
-			v.fail("checks.DiskUsageHigh.lvm_timeout", "must be at most a third of the check's timeout (%s): its two LVM reports are waited for two thirds of it, got %s", t, l)
-		} else {
-			v.fail("checks.DiskUsageHigh.timeout", "must be at least three times lvm_timeout (%s): the two LVM reports are waited for two thirds of it, got %s", l, t)
-		}
+		v.conflict(c.lines,
+			"checks.DiskUsageHigh.lvm_timeout", fmt.Sprintf("must be at most a third of the check's timeout (%s): its two LVM reports are waited for two thirds of it, got %s", t, l),
+			"checks.DiskUsageHigh.timeout", fmt.Sprintf("must be at least three times lvm_timeout (%s): the two LVM reports are waited for two thirds of it, got %s", l, t))
 	}
 	v.regex("checks.DiskUsageHigh.mount_points_exclude", k.DiskUsageHigh.MountPointsExclude)
 	v.regex("checks.DiskUsageHigh.fs_types_exclude", k.DiskUsageHigh.FSTypesExclude)
@@ -414,11 +423,9 @@ func (c *Config) validate() *Error {
 	// answers on it"): no status, and `autopilot-health status` asking
 	// the control socket. Named at the key the file sets.
 	if c.Status.Socket != "" && filepath.Clean(c.Status.Socket) == filepath.Clean(c.ControlSocket) {
-		if _, set := c.lines["status.socket"]; set || c.lines["control_socket"] == 0 {
-			v.fail("status.socket", "must not be the control socket, control_socket = %q", c.ControlSocket)
-		} else {
-			v.fail("control_socket", "must not be the status socket, status.socket = %q", c.Status.Socket)
-		}
+		v.conflict(c.lines,
+			"status.socket", fmt.Sprintf("must not be the control socket, control_socket = %q", c.ControlSocket),
+			"control_socket", fmt.Sprintf("must not be the status socket, status.socket = %q", c.Status.Socket))
 	}
 	v.absPath("checks.SealedOSTampered.recorded_hashes", k.SealedOSTampered.RecordedHashes)
 	v.absPath("checks.SealedOSTampered.dm_control", k.SealedOSTampered.DMControl)
