@@ -54,12 +54,8 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 				what += ", result " + u.Result
 			}
 			switch u.LoadState {
-			case "masked":
-				// `systemctl start` refuses it: unmasking is the fix.
-				down = append(down, fmt.Sprintf("%s is masked (%s): systemd will not start it; systemctl unmask it", name, what))
-			case "bad-setting", "error":
-				// Its unit file does not load: status says why.
-				down = append(down, fmt.Sprintf("%s does not load (%s, %s): see systemctl status %s", name, u.LoadState, what, name))
+			case "masked", "bad-setting", "error":
+				down = append(down, unitNotLoadable(name, u.LoadState, what))
 			default:
 				down = append(down, fmt.Sprintf("%s is not active (%s)", name, what))
 			}

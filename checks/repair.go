@@ -336,17 +336,30 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 }
 
 // notLoadedMessage says why a unit that systemd did not load is not
-// repaired, and what to do, in NodeServiceDown's words.
+// repaired, and what to do, in NodeServiceDown's words (unitNotLoadable).
 func notLoadedMessage(unit, loadState string) string {
-	switch loadState {
-	case "masked":
-		// `systemctl restart` refuses it: unmasking is the fix.
-		return fmt.Sprintf("not repaired: %s is masked: systemd will not start it; systemctl unmask it", unit)
-	case "not-found":
+	if loadState == "not-found" {
 		return fmt.Sprintf("not repaired: %s is not installed (not-found)", unit)
 	}
-	// bad-setting, error: its unit file does not load; status says why.
-	return fmt.Sprintf("not repaired: %s does not load (%s): see systemctl status %s", unit, loadState, unit)
+	return "not repaired: " + unitNotLoadable(unit, loadState, "")
+}
+
+// unitNotLoadable says why systemd will not start a unit it did not load,
+// and what to do: a masked one is refused by `systemctl start` (unmasking
+// is the fix); one whose file does not load (bad-setting, error) is
+// explained by `systemctl status`. state, when set, is its state
+// ("inactive/dead, result exit-code"), put beside the load state.
+func unitNotLoadable(unit, loadState, state string) string {
+	if loadState == "masked" {
+		if state != "" {
+			state = " (" + state + ")"
+		}
+		return fmt.Sprintf("%s is masked%s: systemd will not start it; systemctl unmask it", unit, state)
+	}
+	if state != "" {
+		state = ", " + state
+	}
+	return fmt.Sprintf("%s does not load (%s%s): see systemctl status %s", unit, loadState, state, unit)
 }
 
 // leftByOwnRestart reports whether u, inactive, was left so by the daemon's
