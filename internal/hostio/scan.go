@@ -241,7 +241,7 @@ func hiddenError(mp string) error {
 func WildcardDirs(root string, spec Spec) []string {
 	set := map[string]bool{}
 	for _, pat := range spec.Patterns {
-		parts := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		parts := components(pat)
 		for k := range len(parts) - 1 {
 			prefix := "/" + strings.Join(parts[:k+1], "/")
 			if !strings.ContainsAny(prefix, `*?[\`) {
@@ -266,6 +266,10 @@ func WildcardDirs(root string, spec Spec) []string {
 	slices.Sort(out)
 	return out
 }
+
+// components are a host path's names, root first ("/etc/cni/" ->
+// [etc cni]).
+func components(p string) []string { return strings.Split(strings.Trim(path.Clean(p), "/"), "/") }
 
 // globBase is a pattern up to its first component with a glob character
 // ("/home/*/.ssh" -> "/home"), the whole pattern where it has none.
@@ -332,7 +336,7 @@ func (s Spec) reaches(p string) bool {
 	p = path.Clean(p)
 	pc := strings.Split(strings.Trim(p, "/"), "/")
 	for _, pat := range s.Patterns {
-		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		tc := components(pat)
 		if base := globBase(pat); len(tc) <= len(pc) || base == p || strings.HasPrefix(base, p+"/") {
 			continue
 		}
@@ -359,9 +363,9 @@ func (s Spec) Covers(p string) bool { return s.firstCovering(p) >= 0 }
 // holds host path p, neither p nor a directory between the match and p
 // excluded; -1 when none does.
 func (s Spec) firstCovering(p string) int {
-	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+	pc := components(p)
 	for j, pat := range s.Patterns {
-		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		tc := components(pat)
 		if len(tc) > len(pc) {
 			continue
 		}
@@ -404,8 +408,8 @@ func (s Spec) ReadBefore(p, at string) bool {
 // comparePathOrder orders host paths as a walk meets them: name by name,
 // a directory before what it holds.
 func comparePathOrder(a, b string) int {
-	ac := strings.Split(strings.Trim(path.Clean(a), "/"), "/")
-	bc := strings.Split(strings.Trim(path.Clean(b), "/"), "/")
+	ac := components(a)
+	bc := components(b)
 	for i := range min(len(ac), len(bc)) {
 		if c := strings.Compare(ac[i], bc[i]); c != 0 {
 			return c
@@ -538,9 +542,9 @@ func (e Entry) Describe() string {
 // patterns protect: p matches a pattern, lies in a protected tree, or is a
 // directory on the way to one.
 func (s Spec) Relevant(p string) bool {
-	pc := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+	pc := components(p)
 	for _, pat := range s.Patterns {
-		tc := strings.Split(strings.Trim(path.Clean(pat), "/"), "/")
+		tc := components(pat)
 		n := min(len(pc), len(tc))
 		ok := true
 		for i := range n {
