@@ -72,8 +72,7 @@ Exit codes:
 // Main runs the command line and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return exitError
+		return printUsage(false, usage, stdout, stderr)
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
@@ -103,8 +102,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "autopilot-health %s (%s)\n", Version(), runtime.Version())
 		return exitOK
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
+		return printUsage(true, usage, stdout, stderr)
 	case "man": // hidden: the manual page, for the package (man.go)
 		return cmdMan(rest, stdout, stderr)
 	}
@@ -122,6 +120,18 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// printUsage prints a command's usage text: asked for (--help), on stdout with
+// exit 0, so it can be paged; after a missing or unknown subcommand, on
+// stderr with exit 2.
+func printUsage(asked bool, text string, stdout, stderr io.Writer) int {
+	if asked {
+		fmt.Fprint(stdout, text)
+		return exitOK
+	}
+	fmt.Fprint(stderr, text)
+	return exitError
 }
 
 // isHelp reports whether arg asks for the usage.

@@ -10,13 +10,7 @@ import (
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	const syn = "config default | config validate FILE"
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		// Asked for: stdout and 0; a missing subcommand: stderr and 2.
-		out, code := stdout, exitOK
-		if len(args) == 0 {
-			out, code = stderr, exitError
-		}
-		fmt.Fprintf(out, "Usage: autopilot-health %s\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", syn)
-		return code
+		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", stdout, stderr)
 	}
 	// A subcommand's --help is its usage, on stdout with exit 0, as every
 	// command's: not the defaults, nor a file named "--help" to validate.

@@ -17,13 +17,8 @@ import (
 
 func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || (args[0] != "replay" && args[0] != "rules") {
-		// Asked for: stdout and 0; a missing or unknown subcommand: stderr and 2.
-		out, code := stderr, exitError
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			out, code = stdout, exitOK
-		}
-		fmt.Fprint(out, "Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-\n       autopilot-health kmsg rules [--config FILE]\n")
-		return code
+		return printUsage(len(args) > 0 && (args[0] == "--help" || args[0] == "-h"),
+			"Usage: autopilot-health kmsg replay [--json] [--config FILE] FILE|-\n       autopilot-health kmsg rules [--config FILE]\n", stdout, stderr)
 	}
 	sub := args[0]
 	fs := newFlags("kmsg "+sub, map[string]string{"replay": "kmsg replay [--json] [--config FILE] FILE|-", "rules": "kmsg rules [--config FILE]"}[sub], stderr)

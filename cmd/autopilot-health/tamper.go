@@ -36,8 +36,7 @@ const tamperUsage = `Usage:
 
 func cmdTamper(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, tamperUsage)
-		return exitError
+		return printUsage(false, tamperUsage, stdout, stderr)
 	}
 	switch args[0] {
 	case "clear":
@@ -47,8 +46,7 @@ func cmdTamper(args []string, stdout, stderr io.Writer) int {
 	case "layers":
 		return cmdTamperLayers(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, tamperUsage)
-		return exitOK
+		return printUsage(true, tamperUsage, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "autopilot-health tamper: unknown command %q\n\n%s", args[0], tamperUsage)
 	return exitError
