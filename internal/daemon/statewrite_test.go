@@ -243,17 +243,7 @@ func TestStopDoesNotWaitForAHungStateWrite(t *testing.T) {
 					synctest.Wait()
 				}
 				before, _, _ := disk.counts()
-				stop := time.Now()
-				cancel()
-				select {
-				case err := <-done:
-					if err != nil {
-						t.Errorf("Run: %v, want nil", err)
-					}
-				case <-time.After(time.Minute):
-					t.Fatal("the stop waits for the hung state write")
-				}
-				if took := time.Since(stop); took > finalSaveWait+time.Second {
+				if took := stopRun(t, cancel, done, "the hung state write"); took > finalSaveWait+time.Second {
 					t.Errorf("the stop took %v with the state write hung; want at most %v", took, finalSaveWait)
 				}
 				if !strings.Contains(logs.String(), tc.log) {
@@ -409,17 +399,7 @@ func TestStopDoesNotWaitForAHungTamperWrite(t *testing.T) {
 		if _, err := d.ClearTamper(context.Background(), "INC-2", "uid 0"); err == nil {
 			t.Fatal("the clear says saved while the write hangs")
 		}
-		stop := time.Now()
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v, want nil", err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("the stop waits for the hung write of tamper.json")
-		}
-		if took := time.Since(stop); took > 2*finalSaveWait+time.Second {
+		if took := stopRun(t, cancel, done, "the hung write of tamper.json"); took > 2*finalSaveWait+time.Second {
 			t.Errorf("the stop took %v with the write of tamper.json hung", took)
 		}
 		if !strings.Contains(logs.String(), "tamper state not saved on shutdown: its write is blocked in I/O; stopping anyway") {
@@ -653,4 +633,22 @@ func stateWritesOK(t *testing.T, d *Daemon) float64 {
 		}
 	}
 	return 0
+}
+
+// stopRun cancels a daemon's Run and returns how long it took to return,
+// failing the test when it returns an error or has not returned within a
+// minute (waiting for what).
+func stopRun(t *testing.T, cancel context.CancelFunc, done <-chan error, what string) time.Duration {
+	t.Helper()
+	stop := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v, want nil", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the stop waits for %s", what)
+	}
+	return time.Since(stop)
 }
