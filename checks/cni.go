@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -22,18 +24,41 @@ func init() { Register("CNIUnhealthy", newCNICheck) }
 // kept between probes, as the CRI call's (keptSocket): a connection the
 // agent dropped by restarting is not an outage (net/http makes the GET
 // again on a new one), and a socket the agent made anew is probed anew.
+//
+// After a boot cilium-agent is a pod like any other: it starts after the
+// kubelet and the container runtime, a minute or more after this daemon
+// (minutes on a node that joins, while its image is pulled). Until the agent
+// has been healthy once in this boot, and within cniBootGrace of the boot,
+// an unreachable or unhealthy agent is Unknown, NoData ("not healthy yet in
+// this boot"), not True: every boot and every new node would otherwise set
+// the condition, and its alert, for the agent's start. After the grace the
+// same answer is True; once the agent was healthy in this boot, at once.
+// "Healthy in this boot" is kept in the state file (Env.Memos), so a daemon
+// restart within the boot does not give a crashed agent the grace again.
 type cniCheck struct {
+	env    *Env
 	socket string
 	sock   *keptSocket
 	tr     *http.Transport
 	client *http.Client
+	// healthy: the agent answered Ok or Disabled in this boot.
+	healthy bootValue[bool]
 }
+
+// CNIKey is the name under which CNIUnhealthy keeps, in the state file,
+// whether cilium-agent has been healthy in this boot.
+const CNIKey = "cni"
+
+// cniBootGrace is how long after the boot an agent that has not been
+// healthy yet in this boot is not yet a problem (see cniCheck).
+const cniBootGrace = 10 * time.Minute
 
 func newCNICheck(env *Env) (Check, error) {
 	c := env.Config.Checks.CNIUnhealthy
 	tr := &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}
-	return &cniCheck{socket: c.Socket, sock: newKeptSocket(env.Path(c.Socket), tr), tr: tr,
-		client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)}}, nil
+	return &cniCheck{env: env, socket: c.Socket, sock: newKeptSocket(env.Path(c.Socket), tr), tr: tr,
+		client:  &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)},
+		healthy: bootValue[bool]{key: CNIKey}}, nil
 }
 
 // Close closes the kept connection (Closer).
@@ -49,6 +74,22 @@ type ciliumStatus struct {
 }
 
 func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
+	c.healthy.restore(c.env.Memos)
+	r, err := c.probe(ctx)
+	switch {
+	case err != nil:
+	case r.Status == report.StatusFalse:
+		c.healthy.set(c.env.Memos, true)
+	case r.Status == report.StatusTrue && !c.healthy.get():
+		if up, uerr := c.env.Sys.SinceBoot(); uerr == nil && up < cniBootGrace {
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
+				Message: fmt.Sprintf("cilium-agent has not been healthy yet in this boot (%s); it is a problem from %s after the boot", r.Message, config.ShortDuration(cniBootGrace))}, nil
+		}
+	}
+	return r, err
+}
+
+func (c *cniCheck) probe(ctx context.Context) (Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cilium/v1/healthz", nil)
 	if err != nil {
 		return Result{}, err

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -184,4 +186,80 @@ func TestCNIMessageIsPrintable(t *testing.T) {
 	if len(conds) != 1 || conds[0].Reason != report.ReasonCiliumNotOk || conds[0].Message != want {
 		t.Errorf("got %+v\nwant the message %q", conds, want)
 	}
+}
+
+// After a boot cilium-agent starts a minute or more after this daemon (a
+// pod, after the kubelet and containerd; minutes on a node that joins, while
+// its image is pulled). Until it has been healthy once in this boot, within
+// cniBootGrace of the boot, an unreachable or unhealthy agent is Unknown,
+// NoData, not True: before, every boot and every new node set CNIUnhealthy
+// (and its alert, for: 1m) while the agent started. After the grace the same
+// is True; once the agent was healthy in this boot, a crash is True at once,
+// also for the next daemon of the same boot (the state file), and a new boot
+// starts over.
+func TestCNIBootGrace(t *testing.T) {
+	root := t.TempDir()
+	sock := filepath.Join(root, "var/run/cilium/cilium.sock")
+	state := filepath.Join(t.TempDir(), "state.json")
+	sys := &fakeSys{up: 40 * time.Second}
+	newCheck := func(s *report.Store) Check {
+		env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+		env.Sys = sys
+		if s != nil {
+			env.Memos = s
+		}
+		c, _ := newCNICheck(env)
+		return c
+	}
+	expect := func(c Check, when string, status report.Status, reason report.Reason) {
+		t.Helper()
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != status || r.Reason != reason {
+			t.Errorf("%s: %+v %v, want %s %s", when, r, err, status, reason)
+		}
+	}
+	s1 := report.NewStore("boot-1")
+	c := newCheck(s1)
+	r, _ := c.Probe(context.Background())
+	if r.Status != report.StatusUnknown || r.Reason != report.ReasonNoData ||
+		!strings.Contains(r.Message, "not been healthy yet in this boot") || !strings.Contains(r.Message, "/var/run/cilium/cilium.sock") {
+		t.Errorf("no agent 40 s after the boot: %+v", r)
+	}
+	mkdir(t, filepath.Dir(sock))
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer atomic.Value
+	answer.Store(`{"cilium":{"state":"Warning","msg":"Initializing"}}`)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, answer.Load().(string))
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	expect(c, "an agent not Ok yet, 40 s after the boot", report.StatusUnknown, report.ReasonNoData)
+	sys.up = cniBootGrace
+	expect(c, "the same at the grace's end", report.StatusTrue, report.ReasonCiliumNotOk)
+	sys.up = 90 * time.Second
+	answer.Store(`{"cilium":{"state":"Ok"}}`)
+	expect(c, "the agent Ok", report.StatusFalse, report.ReasonCNIHealthy)
+	answer.Store(`{"cilium":{"state":"Failure","msg":"kvstore unreachable"}}`)
+	expect(c, "the agent failing after it was healthy in this boot", report.StatusTrue, report.ReasonCiliumNotOk)
+	if err := s1.Save(state, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon restarts within the boot: the agent was healthy in it.
+	s2 := report.NewStore("boot-1")
+	if _, err := s2.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	expect(newCheck(s2), "the next daemon of the boot", report.StatusTrue, report.ReasonCiliumNotOk)
+	// A new boot starts over.
+	s3 := report.NewStore("boot-2")
+	if _, err := s3.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	expect(newCheck(s3), "a new boot", report.StatusUnknown, report.ReasonNoData)
+	// The one-shot check (no state) judges by the boot's age alone.
+	expect(newCheck(nil), "the one-shot check 90 s after the boot", report.StatusUnknown, report.ReasonNoData)
 }

@@ -33,8 +33,15 @@ func testEnv(t testing.TB, mutate func(c *config.Config)) *Env {
 	if mutate != nil {
 		mutate(c)
 	}
-	return &Env{Config: c, NodeName: "n1", Role: report.RoleWorker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: RealSys(), Now: time.Now}
+	return &Env{Config: c, NodeName: "n1", Role: report.RoleWorker, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: upADay{RealSys()}, Now: time.Now}
 }
+
+// upADay is the host's system calls on a host booted a day ago: checks with
+// a grace after the boot (ClockNotSynchronized, CNIUnhealthy) judge as they
+// do for the life of a node, whenever the machine running the tests booted.
+type upADay struct{ Sys }
+
+func (upADay) SinceBoot() (time.Duration, error) { return 24 * time.Hour, nil }
 
 var healthy = map[string]Result{
 	"ClockNotSynchronized": {Status: report.StatusFalse, Reason: "ClockSynchronized"},
