@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -295,29 +296,40 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	// whole TimeoutStopSec, far longer than a probe may.
 	r.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.jobTimeout)
-		defer cancel()
 		err := r.mgr.Restart(ctx, unit)
-		// Read the unit again at once: the watch counts this restart
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			// The wait ran out, not the job: systemd goes on with it.
+			err = fmt.Errorf("%s: the restart job did not finish within %s (it may still be running)", unit, r.jobTimeout)
+		}
+		cancel()
+		// Read the unit again at once, on a context of its own (the
+		// restart's may have run out): the watch counts this restart
 		// (the new invocation) as ours, once.
-		at := u.Invocation
-		running := false
-		if after, rerr := r.mgr.Unit(ctx, unit); rerr == nil {
-			at = after.Invocation
-			running = after.ActiveState != "inactive" && after.ActiveState != "failed"
+		rctx, rcancel := context.WithTimeout(context.Background(), afterRestartRead)
+		after, rerr := r.mgr.Unit(rctx, unit)
+		rcancel()
+		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err)
+		if rerr == nil {
 			if err == nil {
 				watch.ObserveRestarted(after)
 			} else {
 				watch.Observe(after)
 			}
+			at = after.Invocation
+			// A job another replaced (someone's stop) is not a restart
+			// that could not start the unit: what it left is theirs.
+			// Nor is one whose unit runs after it, whatever its result
+			// says (a result lost with the D-Bus connection,
+			// ErrJobConnLost, of a restart that worked): a stop of that
+			// invocation later is someone's. But a unit that runs only
+			// because the job, its result not come, still stops it (or
+			// its start is still to come) may yet be left inactive at
+			// that invocation by the job: it stays the repairer's.
+			left = left && (!unitRuns(after) || jobOnItsWay(err, u, after))
 		}
 		r.mu.Lock()
 		delete(r.inflight, unit)
-		// A job another replaced (someone's stop) is not a restart that
-		// could not start the unit: what it left is theirs. Nor is one whose
-		// unit runs after it, whatever its result says (a result lost with
-		// the D-Bus connection, ErrJobConnLost, of a restart that worked):
-		// a stop of that invocation later is someone's.
-		st.restartFailed, st.failedAt = err != nil && !systemd.JobCanceled(err) && !running, at
+		st.restartFailed, st.failedAt = left, at
 		if err != nil {
 			st.LastResult = "failed: " + err.Error()
 		} else {
@@ -333,6 +345,30 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
 	})
 	return RepairRestarted, repairingMessage(unit, cooldown)
+}
+
+// afterRestartRead bounds the read of a unit right after its restart job
+// ended (or the wait for it did).
+const afterRestartRead = 10 * time.Second
+
+// unitRuns reports whether u is anything but inactive or failed.
+func unitRuns(u systemd.Unit) bool {
+	return u.ActiveState != "inactive" && u.ActiveState != "failed"
+}
+
+// jobOnItsWay reports whether a restart job whose result did not come (err
+// is no *systemd.JobError: the wait for it ran out, or the bus dropped)
+// may still be to leave the unit: read after it, the unit is at the
+// invocation it had before the restart (u's), with a restart job on it, or
+// the start job a restart job turns into once its stop is done. Its start
+// may yet fail (result "dependency") and leave the unit inactive at that
+// invocation; one that starts it moves it to a new one.
+func jobOnItsWay(err error, u, after systemd.Unit) bool {
+	var je *systemd.JobError
+	if errors.As(err, &je) {
+		return false
+	}
+	return after.Invocation == u.Invocation && after.Job != 0 && (after.JobType == "restart" || after.JobType == "start")
 }
 
 // notLoadedMessage says why a unit that systemd did not load is not

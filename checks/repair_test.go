@@ -1,6 +1,7 @@
 package checks
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -1002,4 +1003,146 @@ func TestRepairAfterAShutdownCalledOff(t *testing.T) {
 			t.Errorf("status %+v", st)
 		}
 	})
+}
+
+// slowJob is a manager whose first restart of a unit starts a job that
+// outlives the daemon's wait for it: the unit, hung, takes its whole
+// TimeoutStopSec to stop, and is deactivating (stop-sigterm) at the
+// invocation it had, with the restart job on it, when Restart returns. With
+// lost set, Restart returns at once with systemd.ErrJobConnLost (the bus
+// dropped mid-job); else it returns when its context ends, with the
+// context's error, as DBus.Restart does. Its reads, as DBus's, fail once
+// their context is done. end ends the job as systemd would.
+type slowJob struct {
+	*fakeManager
+	lost bool
+	done bool // the first restart was made: the next are fakeManager's
+}
+
+func (m *slowJob) Unit(ctx context.Context, name string) (systemd.Unit, error) {
+	if err := ctx.Err(); err != nil {
+		return systemd.Unit{}, fmt.Errorf("reading %s: %w", name, err)
+	}
+	return m.fakeManager.Unit(ctx, name)
+}
+
+func (m *slowJob) Restart(ctx context.Context, name string) error {
+	m.mu.Lock()
+	if m.done {
+		m.mu.Unlock()
+		return m.fakeManager.Restart(ctx, name)
+	}
+	m.done = true
+	m.resets = append(m.resets, name)
+	m.restarts = append(m.restarts, name)
+	u := m.units[name]
+	u.ActiveState, u.SubState, u.Job, u.JobType = "deactivating", "stop-sigterm", 77, "restart"
+	m.units[name] = u
+	m.mu.Unlock()
+	if m.lost {
+		return fmt.Errorf("restart %s: %w", name, systemd.ErrJobConnLost)
+	}
+	<-ctx.Done()
+	return fmt.Errorf("restart %s: %w", name, ctx.Err())
+}
+
+// end ends the slow job: its start fails with result "dependency" (a unit
+// the restarted one requires does not start), leaving the unit inactive at
+// the invocation it had; or the start works (a new invocation, running).
+func (m *slowJob) end(name string, started bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u := m.units[name]
+	u.Job, u.JobType = 0, ""
+	if !started {
+		u.ActiveState, u.SubState, u.Result = "inactive", "dead", "success"
+	} else {
+		m.seq++
+		u.ActiveState, u.SubState, u.NRestarts, u.MainStart = "active", "running", 0, time.Now()
+		u.Invocation = fmt.Sprintf("%s-manual-%d", name, m.seq)
+	}
+	m.units[name] = u
+}
+
+// A restart job whose result does not come while it still runs in systemd
+// (a hung kubelet's stop takes its TimeoutStopSec, longer than the daemon's
+// 5 min wait; or the bus drops mid-job): the job goes on, and either its
+// start fails with result "dependency", leaving kubelet inactive at the
+// invocation it had, which is the daemon's doing and restarted at the
+// cooldown as after any restart that could not start it; or it starts
+// kubelet, and a stop after that is someone's, left alone. Before, the
+// read of the unit after a wait that ran out used the wait's expired
+// context, and the operator read only "context deadline exceeded"; and
+// where the bus dropped while kubelet was still stopping, deactivating
+// counted as running, and kubelet, left inactive by the job's failed
+// start, was never repaired again ("a stopped unit is not started").
+func TestRepairWhenTheRestartJobOutlivesItsWait(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		lost, started bool
+		wantResult    string
+		want          string // the status's LastResult and the log's err
+	}{
+		{"wait ran out, start failed", false, false, RepairRestarted,
+			"failed: kubelet.service: the restart job did not finish within 5m0s (it may still be running)"},
+		{"wait ran out, started, stopped by someone", false, true, RepairStopped,
+			"failed: kubelet.service: the restart job did not finish within 5m0s (it may still be running)"},
+		{"bus dropped, start failed", true, false, RepairRestarted,
+			"failed: restart kubelet.service: " + systemd.ErrJobConnLost.Error()},
+		{"bus dropped, started, stopped by someone", true, true, RepairStopped,
+			"failed: restart kubelet.service: " + systemd.ErrJobConnLost.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const unit = "kubelet.service"
+				u := running(unit)
+				u.MainStart = time.Now().Add(-time.Hour)
+				m := &slowJob{fakeManager: newFakeManager(u), lost: tc.lost}
+				var logs bytes.Buffer
+				r := NewRepairer(m, slog.New(slog.NewTextHandler(&logs, nil)), time.Now, nil)
+				r.SetUnitWatch(NewUnitWatch(nil, nil))
+				probe := func() (string, string) {
+					t.Helper()
+					return r.Repair(context.Background(), unit, time.Minute, "healthz failed")
+				}
+				if res, msg := probe(); res != RepairRestarted {
+					t.Fatalf("first probe: %s (%s)", res, msg)
+				}
+				r.Wait()
+				if st := r.Status(unit); st.LastResult != tc.want {
+					t.Errorf("status after the wait ended: %q, want %q", st.LastResult, tc.want)
+				}
+				if want := strings.TrimPrefix(tc.want, "failed: "); !strings.Contains(logs.String(), want) {
+					t.Errorf("log after the wait ended:\n%s\nwant %q in it", logs.String(), want)
+				}
+				// The job still runs: the unit is systemd's.
+				if res, msg := probe(); res != RepairSystemd {
+					t.Errorf("while the job still stops kubelet: %s (%s), want %s", res, msg, RepairSystemd)
+				}
+				time.Sleep(2 * time.Minute)
+				m.end(unit, tc.started)
+				if tc.started {
+					// Running, unhealthy, within the cooldown of its start;
+					// then someone stops it.
+					if res, msg := probe(); res != RepairCooldown {
+						t.Errorf("started by the job: %s (%s), want %s", res, msg, RepairCooldown)
+					}
+					time.Sleep(2 * time.Minute)
+					k, _ := m.Unit(context.Background(), unit)
+					k.ActiveState, k.SubState = "inactive", "dead"
+					m.set(k)
+				}
+				time.Sleep(time.Minute)
+				if res, msg := probe(); res != tc.wantResult {
+					t.Errorf("after the job ended: %s (%s), want %s", res, msg, tc.wantResult)
+				}
+				r.Wait()
+				if tc.wantResult == RepairRestarted {
+					if k, _ := m.Unit(context.Background(), unit); k.ActiveState != "active" {
+						t.Errorf("%s %s/%s after the repair", unit, k.ActiveState, k.SubState)
+					}
+				}
+			})
+		})
+	}
 }
