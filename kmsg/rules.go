@@ -48,7 +48,13 @@ var DefaultRules = []Rule{
 		// Not a shutdown an administrator asked for (XFS_IOC_GOINGDOWN: xfs_io -x -c shutdown), which is no error: its flags
 		// hold SHUTDOWN_FORCE_UMOUNT (0x4), "Metadata I/O Error (0x4) detected at xfs_fs_goingdown..." (0x6 with the log
 		// error flag), and up to 5.15 its line was "User initiated shutdown [(0x4) ]received. Shutting down filesystem".
+		// f2fs (fs/f2fs/super.c f2fs_handle_critical_error, "F2FS-fs (%s): " from f2fs_printk), after a critical error
+		// that stopped its checkpoints (every later write fails): "F2FS-fs (sdb1): Remounting filesystem read-only"
+		// (errors=remount-ro, 6.6+), "F2FS-fs (sdb1): Stopped filesystem due to reason: 3" (errors=continue, the
+		// default; 6.10+, and 6.6 stable), the reason an enum stop_cp_reason (include/linux/f2fs_fs.h); not reason 0,
+		// a shutdown someone asked for (F2FS_IOC_SHUTDOWN), nor 1, its fault injection (a test).
 		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly|` +
+			`F2FS-fs \(\S+\): (Remounting filesystem read-only|Stopped filesystem due to reason: ([2-9]|[1-9][0-9]+)$)|` +
 			`XFS \([^)]+\): ([^.(]* [Dd]etected\.|All device paths lost\.|[^(]*\(0x[0-9a-f]*[0-389ab]\) detected at ).*Shutting down filesystem)`},
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
 		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x).

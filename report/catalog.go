@@ -416,7 +416,7 @@ var Conditions = []ConditionDesc{
 	// Conditions from the kernel monitor (kmsg).
 	{Type: "ReadonlyFilesystem", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
 		HealthyReason: ReasonFilesystemIsNotReadOnly, ProblemReasons: []Reason{ReasonFilesystemIsReadOnly},
-		Trigger: "kernel: Remounting filesystem read-only, or an XFS shutdown (Shutting down filesystem)", Cause: "the kernel hit an I/O or filesystem error and remounted read-only (XFS: shut the filesystem down) to protect data; writes now fail"},
+		Trigger: "kernel: Remounting filesystem read-only, or an XFS shutdown or f2fs stop after an error (Shutting down filesystem, Stopped filesystem)", Cause: "the kernel hit an I/O or filesystem error and remounted read-only (XFS: shut the filesystem down; f2fs by default: stopped it) to protect data; writes now fail"},
 	{Type: "KernelDeadlock", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
 		HealthyReason: ReasonKernelHasNoDeadlock, ProblemReasons: []Reason{ReasonCriticalTaskHung},
 		Trigger: "kernel: a critical process (kubelet, containerd, runc, crun, qemu and its vCPU threads, virtiofsd) blocked longer than the hung-task threshold", Cause: "a critical process is wedged on stuck I/O or a kernel deadlock"},
