@@ -73,6 +73,10 @@ type Daemon struct {
 	runner  *checks.Runner
 	details *report.Details
 	notify  Notifier
+	// sdMu serializes what is sent with notify (tell); sdStopping: the
+	// daemon said STOPPING=1, and sends nothing more.
+	sdMu       sync.Mutex
+	sdStopping bool
 	// stateW writes the state file (persist, and the final save of Run).
 	stateW  stateWriter
 	version string

@@ -134,6 +134,29 @@ func (n Notifier) Watchdog() error { return n.send(sddaemon.SdNotifyWatchdog) }
 // Stopping says the daemon is shutting down.
 func (n Notifier) Stopping() error { return n.send(sddaemon.SdNotifyStopping) }
 
+// tell sends one notification to systemd (send, with d.notify) unless the
+// daemon has said STOPPING=1: nothing follows that. A reload in flight when
+// SIGTERM came (a SIGHUP's, the control socket's) would send its READY=1
+// after it, a unit reloaded and running to systemd after it was told the
+// unit stops, as would a first pass that ends then. The notifications are
+// sent under the lock, so none passes STOPPING=1 on its way.
+func (d *Daemon) tell(send func(Notifier) error) error {
+	d.sdMu.Lock()
+	defer d.sdMu.Unlock()
+	if d.sdStopping {
+		return nil
+	}
+	return send(d.notify)
+}
+
+// tellStopping sends STOPPING=1, the daemon's last notification.
+func (d *Daemon) tellStopping() {
+	d.sdMu.Lock()
+	defer d.sdMu.Unlock()
+	d.sdStopping = true
+	d.notify.Stopping()
+}
+
 // WatchdogInterval returns the watchdog timeout systemd expects pings within
 // (WatchdogSec=), or 0 when the watchdog is off or meant for another process.
 func WatchdogInterval() time.Duration {

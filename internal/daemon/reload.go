@@ -52,7 +52,7 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 		// The first pass is done: becomeReady is sending READY=1 (or
 		// has); the reload's RELOADING=1 comes after it.
 		<-d.readySent
-		if err := d.notify.Reloading("reloading the configuration"); err != nil {
+		if err := d.tell(func(n Notifier) error { return n.Reloading("reloading the configuration") }); err != nil {
 			d.log.Warn("sd_notify RELOADING failed", "err", err)
 		}
 	}
@@ -61,11 +61,11 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 	r, err := d.Reload()
 	status := d.StatusLine()
 	if ready {
-		if err := d.notify.Ready(status); err != nil {
+		if err := d.tell(func(n Notifier) error { return n.Ready(status) }); err != nil {
 			d.log.Warn("sd_notify READY failed", "err", err)
 		}
 	} else {
-		d.notify.Status(status)
+		d.tell(func(n Notifier) error { return n.Status(status) })
 	}
 	return r, err
 }

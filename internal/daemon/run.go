@@ -45,7 +45,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
 	wg.Go(func() { d.reportToKubernetes(rctx) })
-	d.notify.Status(d.metricsNote() + fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks())))
+	starting := d.metricsNote() + fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks()))
+	d.tell(func(n Notifier) error { return n.Status(starting) })
 	wg.Go(func() { d.runChecks(rctx) })
 	if d.control != nil {
 		wg.Go(func() { d.serveControl(rctx, d.control) })
@@ -64,7 +65,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case err := <-srvErr:
 		runErr = fmt.Errorf("metrics server: %w", err)
 	}
-	d.notify.Stopping()
+	d.tellStopping()
 	d.log.Info("shutting down; conditions are left as they are")
 	cancel()
 	wg.Wait()
@@ -159,7 +160,7 @@ func (d *Daemon) becomeReady() {
 	}
 	// Before READY=1: a file written after it is a reload of its own.
 	d.reloadIfChangedDuringStart()
-	if err := d.notify.Ready(status); err != nil {
+	if err := d.tell(func(n Notifier) error { return n.Ready(status) }); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
 	close(d.readySent)

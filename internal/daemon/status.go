@@ -24,7 +24,7 @@ func (d *Daemon) statusLoop(ctx context.Context) {
 		ready := d.ready
 		d.mu.Unlock()
 		if s := d.StatusLine(); ready && s != last {
-			d.notify.Status(s)
+			d.tell(func(n Notifier) error { return n.Status(s) })
 			last = s
 		}
 	}

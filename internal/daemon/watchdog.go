@@ -37,7 +37,7 @@ func (d *Daemon) watchdog(ctx context.Context, interval time.Duration) {
 		}
 		lastErr = ""
 		if interval > 0 {
-			d.notify.Watchdog()
+			d.tell(Notifier.Watchdog)
 		}
 	}
 }
