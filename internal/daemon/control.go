@@ -77,7 +77,9 @@ func listenControl(path string) (net.Listener, error) {
 		c.Close()
 		return nil, fmt.Errorf("%s: another daemon is listening", path)
 	}
-	os.Remove(path)
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, err
@@ -87,6 +89,39 @@ func listenControl(path string) (net.Listener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+// removeStaleSocket removes the socket file at path that nothing answers
+// on (a daemon that is gone left it). Anything else there (a file, a
+// directory, a symlink: the key set to a path in use) is left as it is,
+// and the error names it: a socket path is never made room for by
+// deleting what holds it.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		what := "a " + fi.Mode().Type().String()
+		switch {
+		case fi.Mode().IsRegular():
+			what = "a regular file"
+		case fi.IsDir():
+			what = "a directory"
+		case fi.Mode()&os.ModeSymlink != 0:
+			what = "a symlink"
+		case fi.Mode()&os.ModeNamedPipe != 0:
+			what = "a FIFO"
+		}
+		return fmt.Errorf("%s: not a socket but %s, left as it is (only a socket file left by a daemon that is gone is replaced): name another path or move it away", path, what)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // serveControl answers control requests until ctx is done.

@@ -192,7 +192,9 @@ func listenStatus(path string) (net.Listener, error) {
 			c.Close()
 			return nil, fmt.Errorf("%s: another daemon answers on it", path)
 		}
-		os.Remove(path)
+		if err := removeStaleSocket(path); err != nil {
+			return nil, err
+		}
 		ln, err = net.Listen("unix", path)
 	}
 	if err != nil {
