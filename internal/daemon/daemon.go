@@ -123,6 +123,9 @@ type Daemon struct {
 	// statusWake asks statusLoop for a new status line (the metrics
 	// listener's state changed).
 	statusWake chan struct{}
+	// statusMu serializes sendStatus; lastStatus is the line it sent last.
+	statusMu   sync.Mutex
+	lastStatus string
 	// started is when Run began; kubeState and kubeDetail say how the
 	// daemon reports to Kubernetes (see Status).
 	started               time.Time

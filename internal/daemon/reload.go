@@ -80,16 +80,24 @@ type ReloadOutcome struct {
 	Changed string `json:"changed,omitempty"`
 }
 
-// StatusLine is systemd's STATUS=: the conditions' summary, after the
+// StatusLine is systemd's STATUS=: the conditions' summary (before the
+// first pass is over, "starting: first pass of N checks"), after the
 // refusal of the last reload while the daemon runs on the configuration
 // it refused to leave (a later reload that applies drops it), before that
 // a write of the state file blocked in I/O (stateWriteNote), and first
 // the metrics listener's bind failure while it cannot be bound.
 func (d *Daemon) StatusLine() string {
-	s := d.Summary()
 	d.mu.Lock()
-	last := d.lastReload
+	last, ready := d.lastReload, d.ready
 	d.mu.Unlock()
+	s := d.Summary()
+	if !ready {
+		// Until the first pass is over (READY=1), what the daemon does,
+		// with the notes in front as once it runs: a note that clears
+		// during the first pass (a minute, with a check's timeout) leaves
+		// the line then, and one that comes is shown then.
+		s = fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks()))
+	}
 	if last != nil && last.Result == "refused" {
 		// Cut (the journal and status have it whole): the summary
 		// after it is what the line is for, and systemd ignores a

@@ -45,8 +45,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
 	wg.Go(func() { d.reportToKubernetes(rctx) })
-	starting := d.metricsNote() + fmt.Sprintf("starting: first pass of %d checks", len(d.currentRunner().Checks()))
-	d.tell(func(n Notifier) error { return n.Status(starting) })
+	d.sendStatus() // starting: first pass of N checks
 	wg.Go(func() { d.runChecks(rctx) })
 	if d.control != nil {
 		wg.Go(func() { d.serveControl(rctx, d.control) })

@@ -444,7 +444,7 @@ func TestTamperClearWhoseWriteFails(t *testing.T) {
 
 // The status line's notes come in README's order ("Under systemd",
 // STATUS=): the metrics port, a write blocked in I/O, a refused reload,
-// then the summary.
+// then the summary (before the first pass is over, the starting line).
 func TestStatusLineNotesInOrder(t *testing.T) {
 	d, err := New(testConfig(t), quietLog(), Options{Version: "test", Listener: newIdleListener()})
 	if err != nil {
@@ -457,17 +457,26 @@ func TestStatusLineNotesInOrder(t *testing.T) {
 	d.stateW.mu.Lock()
 	d.stateW.cur = &stateWrite{path: "/var/lib/autopilot-health/state.json", since: time.Now(), done: make(chan struct{}), blocked: true}
 	d.stateW.mu.Unlock()
-	line := d.StatusLine()
-	var at []int
-	for _, part := range []string{"metrics not served: ", "state not saved: ", "configuration reload refused", d.Summary()} {
-		i := strings.Index(line, part)
-		if i < 0 {
-			t.Fatalf("status line %q lacks %q", line, part)
+	for _, ready := range []bool{false, true} {
+		d.mu.Lock()
+		d.ready = ready
+		d.mu.Unlock()
+		body := d.Summary()
+		if !ready {
+			body = "starting: first pass of "
 		}
-		at = append(at, i)
-	}
-	if !slices.IsSorted(at) {
-		t.Errorf("status line %q: notes out of order (at %v)", line, at)
+		line := d.StatusLine()
+		var at []int
+		for _, part := range []string{"metrics not served: ", "state not saved: ", "configuration reload refused", body} {
+			i := strings.Index(line, part)
+			if i < 0 {
+				t.Fatalf("status line %q lacks %q", line, part)
+			}
+			at = append(at, i)
+		}
+		if !slices.IsSorted(at) {
+			t.Errorf("status line %q: notes out of order (at %v)", line, at)
+		}
 	}
 }
 

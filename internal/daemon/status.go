@@ -9,24 +9,30 @@ import (
 	"github.com/syself/autopilot-health/report"
 )
 
-// statusLoop keeps systemd's STATUS= line current.
+// statusLoop keeps systemd's STATUS= line current, from the start (the
+// first pass's line carries the notes too: StatusLine).
 func (d *Daemon) statusLoop(ctx context.Context) {
-	last := ""
 	for {
 		changed := d.store.Changed()
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-d.statusWake: // the metrics listener bound, or failed anew
+		case <-d.statusWake: // the metrics listener bound, or failed anew; a state write blocked, or returned
 		}
-		d.mu.Lock()
-		ready := d.ready
-		d.mu.Unlock()
-		if s := d.StatusLine(); ready && s != last {
-			d.tell(func(n Notifier) error { return n.Status(s) })
-			last = s
-		}
+		d.sendStatus()
+	}
+}
+
+// sendStatus sends the status line (StatusLine) when it is not the last
+// one sent here: computed and sent under one lock, so that a line computed
+// earlier is never sent after a later one.
+func (d *Daemon) sendStatus() {
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
+	if s := d.StatusLine(); s != d.lastStatus {
+		d.tell(func(n Notifier) error { return n.Status(s) })
+		d.lastStatus = s
 	}
 }
 
