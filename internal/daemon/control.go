@@ -283,6 +283,13 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 	deadline := time.NewTimer(clearSettle)
 	defer deadline.Stop()
 	for {
+		if ctx.Err() != nil {
+			// The daemon stops before the checks ran again: the clear
+			// is applied, logged and evented all the same (and saved as
+			// saveErr says); the answer says so, with the conditions as
+			// they are, and the re-evaluation is the next start's.
+			return d.tamperConditions(types), errors.Join(unsaved(saveErr), errors.New("cleared; the daemon is stopping before the tamper checks ran again: they run when it starts"))
+		}
 		changed := d.store.Changed()
 		done := true
 		for _, t := range woken {
@@ -298,8 +305,7 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 		case <-time.After(time.Second): // a run that changes nothing
 		case <-deadline.C:
 			return d.tamperConditions(types), errors.Join(unsaved(saveErr), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		case <-ctx.Done(): // answered at the top
 		}
 	}
 	return d.tamperConditions(types), unsaved(saveErr)

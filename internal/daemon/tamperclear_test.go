@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,5 +162,30 @@ func TestTamperClearThenStopBeforeTheCheckRan(t *testing.T) {
 	})
 	if c, _ := third.Store().Get("NodeTampered"); c.Status != report.StatusFalse || c.Reason != report.ReasonNodeIntact {
 		t.Errorf("after a clear and a stop: NodeTampered %s/%s %q, want False/NodeIntact", c.Status, c.Reason, c.Message)
+	}
+}
+
+// A clear asked for as the daemon stops (SIGTERM while `autopilot-health
+// tamper clear` waits for the re-evaluation) is applied, logged and
+// evented all the same: the answer says so, with the conditions, and that
+// the re-evaluation is the next start's. Before, it was `context
+// canceled` alone, which the command printed as a clear that could not
+// run (exit 2), on a node whose findings were gone.
+func TestTamperClearAtStopSaysItIsCleared(t *testing.T) {
+	cfg := tamperClearConfig(t)
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	stopping, stop := context.WithCancel(context.Background())
+	stop()
+	conds, err := d.ClearTamper(stopping, "INC-9: reviewed", "uid 0 (uid 0, pid 1)")
+	if err == nil || !strings.Contains(err.Error(), "cleared; the daemon is stopping") {
+		t.Errorf("a clear as the daemon stops: %v; want it said to be cleared", err)
+	}
+	if len(conds) != 1 || conds[0].Type != "NodeTampered" {
+		t.Errorf("the answer's conditions: %+v; want NodeTampered", conds)
 	}
 }
