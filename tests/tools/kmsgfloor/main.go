@@ -22,6 +22,9 @@
 //	epoll  the daemon's scheme (kmsg.kmsgFile): the device in an epoll
 //	       instance of its own, re-armed as a one-shot before each wait, that
 //	       instance in the runtime's poller
+//	sleep  no kernel log: a 100 ms sleep stands for each record, so the
+//	       figure is what one timer wake-up of a Go program costs on this
+//	       machine (README, Cost: "Memory, idle and scrape")
 //
 // c/floor.c is the same reader in C, blocking in read(2): the cost of the
 // kernel's side and a thread's wake-up alone.
@@ -37,6 +40,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +50,7 @@ func main() {
 	n := flag.Int("n", 2000, "records to read (at least 2)")
 	flag.Parse()
 	if flag.NArg() != 1 || *n < 2 {
-		fmt.Fprintln(os.Stderr, "usage: kmsgfloor [-n N] block|poll|epoll")
+		fmt.Fprintln(os.Stderr, "usage: kmsgfloor [-n N] block|poll|epoll|sleep")
 		os.Exit(2)
 	}
 	runtime.GOMAXPROCS(1)
@@ -59,6 +63,8 @@ func main() {
 		next, err = polled()
 	case "epoll":
 		next, err = ownEpoll()
+	case "sleep":
+		next = func([]byte) (int, error) { time.Sleep(100 * time.Millisecond); return 0, nil }
 	default:
 		err = fmt.Errorf("unknown mode %q", flag.Arg(0))
 	}
