@@ -17,6 +17,7 @@ type compiled struct {
 	Rule
 	re      *regexp.Regexp
 	taskIdx int // index of the "task" group, or -1
+	pidIdx  int // index of the "pid" group, or -1
 	devIdx  int // index of the "dev" group, or -1
 	anchors [][]byte
 }
@@ -85,7 +86,7 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 		if r.Kind == DiskIOError && re.SubexpIndex("dev") < 0 {
 			return nil, fmt.Errorf("kmsg rule %s: kind disk-io-error needs the device in a (?P<dev>...) group of its pattern", r.Name)
 		}
-		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), devIdx: re.SubexpIndex("dev"), anchors: anchorsOf(r.Pattern)}
+		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), pidIdx: re.SubexpIndex("pid"), devIdx: re.SubexpIndex("dev"), anchors: anchorsOf(r.Pattern)}
 		i := len(rs.rules)
 		rs.rules = append(rs.rules, c)
 		if minLenBytes(c.anchors) < 2 {
@@ -215,8 +216,9 @@ func minLenBytes(set [][]byte) int {
 // Match is one rule matching a message.
 type Match struct {
 	Rule *Rule
-	// Task is the hung task's name (KernelDeadlock), Dev the device (disk I/O errors).
-	Task, Dev string
+	// Task is the hung task's name and Pid its PID (KernelDeadlock), Dev
+	// the device (disk I/O errors).
+	Task, Pid, Dev string
 }
 
 // stackWords is the size of the candidate bitset Matches keeps on its
@@ -284,6 +286,9 @@ func (rs *RuleSet) match(dst []Match, ri int, msg []byte) []Match {
 		m.Task = string(sub[r.taskIdx])
 		if !rs.critical(m.Task) {
 			return dst
+		}
+		if r.pidIdx >= 0 {
+			m.Pid = string(sub[r.pidIdx])
 		}
 	}
 	if r.devIdx >= 0 {

@@ -33,7 +33,13 @@ type Options struct {
 	// session do not count towards DisksFailure (see devices.fabrics).
 	// "": no lookup (a replay of another host's lines), every NVMe device
 	// and SCSI disk counts.
-	Sysfs      string
+	Sysfs string
+	// Proc is the host's procfs (/proc under the host root): a hung task
+	// named as a node daemon (PodGatedTasks) whose cgroup
+	// (/proc/<pid>/cgroup) is under the kubelet's pod hierarchy is a
+	// pod's, not KernelDeadlock (see pods). "": no lookup (a replay of
+	// another host's lines), every critical task's name counts.
+	Proc       string
 	Registerer prometheus.Registerer
 }
 
@@ -58,6 +64,7 @@ type Monitor struct {
 	cur     *settings
 	window  window
 	devices devices
+	pods    pods
 	buf     []byte
 	matches []Match
 	// bootWall is the wall time of usec 0 (for event times).
@@ -84,7 +91,7 @@ func NewMonitor(o Options) *Monitor {
 	if o.IgnoreDevices == nil {
 		o.IgnoreDevices = DefaultIgnoreDevices
 	}
-	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}}
+	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}, pods: newPods(o.Proc)}
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)
 	mon.gpu.Store(o.GPU)
@@ -309,6 +316,10 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		return
 	}
 	msg := strings.TrimSpace(string(mon.buf))
+	// A node daemon's name hung in a pod's cgroup is the pod's: its
+	// condition match is dropped, and the record's events say so.
+	var note string
+	mon.matches, note = mon.podTasks(mon.matches, r.Usec)
 	for _, m := range mon.matches {
 		set.matched[m.Rule.Name].Inc()
 		switch m.Rule.Kind {
@@ -322,7 +333,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			if e, _ := report.LookupEvent(m.Rule.Reason); !e.Scope.Applies(report.RoleWorker, mon.gpu.Load()) {
 				continue
 			}
-			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
+			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg + note, Time: at})
 		case DiskIOError:
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
 			if !set.ignored(m.Dev) && !mon.devices.fabrics(m.Dev, r.Usec) {
@@ -332,6 +343,24 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			}
 		}
 	}
+}
+
+// podTasks drops from ms the condition matches of a critical task named
+// as a node daemon (PodGatedTasks) whose cgroup is a pod's (pods), and
+// returns what the record's events add to say so ("" when none was).
+func (mon *Monitor) podTasks(ms []Match, usec uint64) ([]Match, string) {
+	var note string
+	out := ms[:0]
+	for _, m := range ms {
+		if m.Rule.Kind == Perm && m.Pid != "" && gated(m.Task) {
+			if cg, ok := mon.pods.podCgroup(m.Pid, usec); ok {
+				note = podNote(m.Task, cg)
+				continue
+			}
+		}
+		out = append(out, m)
+	}
+	return out, note
 }
 
 func (s *settings) ignored(dev string) bool {

@@ -28,8 +28,10 @@ type Rule struct {
 	Condition string
 	Reason    string
 	// Pattern is a Go regular expression matched against the unescaped
-	// message. A named group "task" restricts the rule to the critical tasks;
-	// a named group "dev" names the device for the disk I/O error window.
+	// message. A named group "task" restricts the rule to the critical tasks
+	// (with a group "pid", the task's PID: a node daemon's name in a pod's
+	// cgroup is not critical, see PodGatedTasks); a named group "dev" names
+	// the device for the disk I/O error window.
 	Pattern string
 }
 
@@ -57,8 +59,9 @@ var DefaultRules = []Rule{
 			`F2FS-fs \(\S+\): (Remounting filesystem read-only|Stopped filesystem due to reason: ([2-9]|[1-9][0-9]+)$)|` +
 			`XFS \([^)]+\): ([^.(]* [Dd]etected\.|All device paths lost\.|[^(]*\(0x[0-9a-f]*[0-389ab]\) detected at ).*Shutting down filesystem)`},
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
-		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x).
-		Pattern: `^INFO: task (?P<task>.+):\d+ blocked for more than \d+ seconds\.`},
+		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x),
+		// the thread's name (comm) and its PID in the host's namespace (t->pid).
+		Pattern: `^INFO: task (?P<task>.+):(?P<pid>\d+) blocked for more than \d+ seconds\.`},
 	{Name: "VerityCorruption", Kind: Perm, Condition: "VerityCorruption", Reason: "VerityBlockCorrupted",
 		// drivers/md/dm-verity-target.c: "device-mapper: verity: 7:1: data block 5 is corrupted",
 		// "... metadata block 6 is corrupted", "...: reached maximum errors" is not a corruption by itself.

@@ -20,6 +20,7 @@ import (
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tamper"
@@ -494,6 +495,29 @@ func TestKmsgReplayJSON(t *testing.T) {
 	}
 	if code, out, _ := run(t, "kmsg", "rules", "--config", "/dev/null"); code != 0 || !strings.Contains(out, "VerityCorruption") {
 		t.Errorf("kmsg rules: %d\n%s", code, out)
+	}
+}
+
+// A replay is of another host's lines, or another time's: a hung task's
+// PID is not looked up in this host's /proc (nor under host_root), so a
+// PID that is a pod's process here does not change what the line did
+// there.
+func TestKmsgReplayDoesNotLookUpTasks(t *testing.T) {
+	cfg := fakeHost(t, "")
+	pid := filepath.Join(filepath.Dir(cfg), "proc", "77")
+	os.MkdirAll(pid, 0o755)
+	os.WriteFile(filepath.Join(pid, "cgroup"), []byte("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-1.scope\n"), 0o644)
+	in := filepath.Join(t.TempDir(), "dmesg.txt")
+	// Logged now, by this host's kernel time: a line the daemon would
+	// look its task up for.
+	line := fmt.Sprintf("[%12.6f] INFO: task containerd:77 blocked for more than 120 seconds.\n", float64(kmsg.MonotonicNow())/1e6)
+	os.WriteFile(in, []byte(line), 0o644)
+	code, out, errs := run(t, "kmsg", "replay", "--json", "--config", cfg, in)
+	want := `{"kind":"condition","type":"KernelDeadlock","status":"True","reason":"CriticalTaskHung","message":"INFO: task containerd:77 blocked for more than 120 seconds."}
+{"kind":"event","reason":"TaskHung","message":"INFO: task containerd:77 blocked for more than 120 seconds."}
+`
+	if code != 0 || out != want {
+		t.Errorf("exit %d, stderr %q, output:\n%s\nwant:\n%s", code, errs, out, want)
 	}
 }
 

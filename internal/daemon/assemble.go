@@ -142,8 +142,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		}
 		if o.Purpose == ForReplay {
 			// Captured lines, of another host or time: this host's
-			// devices do not say which of theirs were NVMe over Fabrics.
-			ko.KernelOnly, ko.Sysfs = false, ""
+			// devices do not say which of theirs were NVMe over Fabrics,
+			// nor its processes which of their hung tasks were a pod's.
+			ko.KernelOnly, ko.Sysfs, ko.Proc = false, "", ""
 		}
 		p.Kmsg = kmsg.NewMonitor(ko)
 	}

@@ -36,6 +36,7 @@ func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg p
 		IOErrorWindow:    cfg.Checks.DisksFailure.IOErrorWindow.Duration,
 		IgnoreDevices:    cfg.Kmsg.IgnoreDevices,
 		Sysfs:            cfg.HostPath("/sys"),
+		Proc:             cfg.HostPath("/proc"),
 		Registerer:       reg,
 	}, nil
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 )
@@ -36,5 +38,20 @@ func TestKmsgExternalIsWhatTheMonitorSets(t *testing.T) {
 	}
 	if KmsgExternal(nil) != nil {
 		t.Error("no monitor (kmsg.enabled = false), yet external conditions")
+	}
+}
+
+// The kernel log monitor reads the host under host_root: sysfs for the
+// devices of disk I/O errors, /proc for the cgroup of a hung task named as
+// a node daemon (a pod's own kubelet is not KernelDeadlock).
+func TestKmsgOptionsReadTheHostRoot(t *testing.T) {
+	cfg := config.Default()
+	cfg.HostRoot = "/host"
+	ko, err := KmsgOptions(cfg, &checks.Env{Config: cfg}, report.NewStore("b"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ko.Sysfs != "/host/sys" || ko.Proc != "/host/proc" {
+		t.Errorf("Sysfs %q, Proc %q; want /host/sys, /host/proc", ko.Sysfs, ko.Proc)
 	}
 }

@@ -1,0 +1,152 @@
+package kmsg
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// PodGatedTasks are the critical task names that are node daemons systemd
+// runs, which a pod may run as its own too: a kind node in a CI pod runs
+// its own kubelet and containerd, a Docker-in-Docker runner its own
+// containerd and shims. A hung task of one of these names whose cgroup
+// lies under the kubelet's pod hierarchy is the pod's, not the node's: a
+// TaskHung event, not KernelDeadlock. (containerd starts its runc shims in
+// its own cgroup, system.slice/containerd.service, unless its runtime's
+// ShimCgroup option names another: the node's shims are not in a pod's
+// cgroup.) The other critical names (runc:[2:INIT], crun, a Kata VM's
+// QEMU, its vCPU threads and virtiofsd) run in the pod's cgroup by design
+// and stay critical wherever they are.
+var PodGatedTasks = []string{"kubelet", "containerd", "containerd-shim*"}
+
+// podLookupMaxAge is how old (kernel time) a hung-task line may be for its
+// task to be looked up: the kernel prints the line while the task is
+// blocked, and a task in D state cannot exit, so the PID is still the
+// task's when the line is read at once; a line read later (the backlog of
+// an earlier run of the daemon) may name a PID the task no longer has.
+const podLookupMaxAge = uint64(time.Minute / time.Microsecond)
+
+// podLookupWait is how long the kernel log's reader waits for a task's
+// cgroup. Reading /proc/<pid>/cgroup takes the kernel's cgroup lock, which
+// a hung cgroup operation holds: the very hang the line may report. A read
+// that does not return in time is left to finish on its own goroutine and
+// the line is matched by its name; no other read starts until it returns.
+const podLookupWait = 2 * time.Second
+
+// podCgroupMax bounds what is read of /proc/<pid>/cgroup (one line per
+// hierarchy: a few hundred bytes).
+const podCgroupMax = 64 << 10
+
+// pods looks up whether a hung task is in a pod's cgroup. Only the
+// reader's goroutine uses it.
+type pods struct {
+	// proc is the host's /proc: "" no lookup (a replay of another host's
+	// lines).
+	proc string
+	// now returns the kernel time now (MonotonicNow); read reads a file
+	// (readCgroup): tests replace them.
+	now  func() uint64
+	read func(path string) ([]byte, error)
+	// hung is closed when a read that outlasted podLookupWait returns; nil
+	// while none is pending.
+	hung chan struct{}
+}
+
+func newPods(proc string) pods {
+	return pods{proc: proc, now: MonotonicNow, read: readCgroup}
+}
+
+func readCgroup(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, podCgroupMax))
+}
+
+// gated reports whether task is one of PodGatedTasks.
+func gated(task string) bool {
+	for _, p := range PodGatedTasks {
+		if TaskMatch(p, task) {
+			return true
+		}
+	}
+	return false
+}
+
+// podCgroup returns the cgroup of the task pid when it lies under the
+// kubelet's pod hierarchy; usec is the kernel time of the line that names
+// the task. Not found (the task is gone, /proc is not readable, the read
+// hangs, the line is over podLookupMaxAge old, no lookup configured): ok
+// false, and the line is matched by the task's name alone.
+func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
+	if p.proc == "" || !isDigits(pid) { // a custom rule's group may hold anything
+		return "", false
+	}
+	if now := p.now(); now > usec && now-usec > podLookupMaxAge {
+		return "", false
+	}
+	if p.hung != nil {
+		select {
+		case <-p.hung:
+			p.hung = nil
+		default:
+			return "", false
+		}
+	}
+	type result struct {
+		b   []byte
+		err error
+	}
+	res := make(chan result, 1)
+	done := make(chan struct{})
+	path := filepath.Join(p.proc, pid, "cgroup")
+	read := p.read
+	go func() {
+		b, err := read(path)
+		res <- result{b, err}
+		close(done)
+	}()
+	wait := time.NewTimer(podLookupWait)
+	defer wait.Stop()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return "", false
+		}
+		return parsePodCgroup(r.b)
+	case <-wait.C:
+		p.hung = done
+		return "", false
+	}
+}
+
+// parsePodCgroup returns the first cgroup path of /proc/<pid>/cgroup
+// ("hierarchy-ID:controllers:path" per line; cgroup v2's "0::path") that
+// holds "kubepods": the kubelet's pod hierarchy, as the cgroupfs driver
+// names it (/kubepods/burstable/pod<uid>/<container>) and the systemd
+// driver (/kubepods.slice/kubepods-burstable.slice/...), under any
+// --cgroup-root, on cgroup v1 (a controller's hierarchy) and v2.
+func parsePodCgroup(b []byte) (string, bool) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		_, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		_, path, ok := strings.Cut(rest, ":")
+		if ok && strings.Contains(path, "kubepods") {
+			return path, true
+		}
+	}
+	return "", false
+}
+
+// podNote is what a hung task's events say of a node daemon's name found
+// in a pod's cgroup.
+func podNote(task, cgroup string) string {
+	return fmt.Sprintf(" (the task is in a pod's cgroup, %s: a pod's own %s, not the node's, so not KernelDeadlock)", cgroup, task)
+}
