@@ -777,12 +777,46 @@ func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
 	if err != nil {
 		return err
 	}
-	return r.c.Post().MaxRetries(0).Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx).Error()
+	return checkEvent(ev.Metadata.Name, r.c.Post().MaxRetries(0).Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx))
 }
 
 func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
-	return r.c.Patch(types.StrategicMergePatchType).MaxRetries(0).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx).Error()
+	return checkEvent(name, r.c.Patch(types.StrategicMergePatchType).MaxRetries(0).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx))
 }
+
+// checkEvent reads the answer to an Event's write: the API server answers
+// a create and a patch with the Event it saved. Anything else with a 2xx (a
+// load balancer's or a login page's HTML, an empty body, another object)
+// is not the API server's answer, and the write is a failed one, as a
+// status write answered so is (decodeNode): taken as written, the Event
+// was lost without a word and counted as written.
+func checkEvent(name string, res rest.Result) error {
+	if err := res.Error(); err != nil {
+		return err
+	}
+	b, err := res.Raw()
+	if err != nil {
+		return err
+	}
+	var ev struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(b, &ev); err != nil {
+		return fmt.Errorf("event %s: the answer is not an Event: %w", name, err)
+	}
+	if ev.Metadata.Name != name || (ev.Kind != "" && ev.Kind != "Event") {
+		return fmt.Errorf("event %s: %w (kind %q, name %q)", name, errNotTheEvent, ev.Kind, ev.Metadata.Name)
+	}
+	return nil
+}
+
+// errNotTheEvent is the cause of a failed Event write answered with
+// another object: the innermost error, which errorLog compares (errKey),
+// so that the writes of Events of other names failing alike log once.
+var errNotTheEvent = errors.New("the answer is not that Event")
 
 // apiWarnings logs the warnings the API server sends with its answers
 // (Warning headers: an admission webhook's "warn" action on Nodes, a

@@ -823,3 +823,58 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 		t.Errorf("the server saw %q, want the PATCH alone", seen)
 	}
 }
+
+// An Event write answered with 200 and something that is not the Event (a
+// load balancer's or a login page's HTML, the Status of another object, an
+// empty body) is a failed write, as a status write answered so is
+// (decodeNode): the API server answers a create and a patch with the Event
+// it saved. Taken as written, the Event was lost without a word, counted
+// as written (api_writes_total{kind="event",result="ok"}), and it moved
+// api_last_success_timestamp_seconds on, while not one call reached the API
+// server.
+func TestEventWriteAnsweredWithSomethingElseFails(t *testing.T) {
+	for _, tc := range []struct{ what, contentType, body string }{
+		{"an HTML page", "text/html", "<html><body>Welcome</body></html>"},
+		{"an empty body", "application/json", ""},
+		{"JSON that is not JSON", "application/json", "{\"kind\":"},
+		{"another object", "application/json", `{"kind":"Node","apiVersion":"v1","metadata":{"name":"n1"}}`},
+		{"another Event", "application/json", `{"kind":"Event","apiVersion":"v1","metadata":{"name":"other","namespace":"default"}}`},
+	} {
+		c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.contentType)
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprint(w, tc.body)
+		})
+		ev := &kubeapi.Event{APIVersion: "v1", Kind: "Event"}
+		ev.Metadata.Name, ev.Metadata.Namespace = "n1.1.1", EventNamespace
+		if err := c.CreateEvent(context.Background(), ev); err == nil {
+			t.Errorf("an Event's create answered with %s: no error, want a failed write", tc.what)
+		}
+		err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`))
+		if err == nil {
+			t.Errorf("an Event's count patch answered with %s: no error, want a failed write", tc.what)
+			continue
+		}
+		// Events of other names failing alike are one line in the
+		// journal (errorLog), not one per Event.
+		if err2 := c.PatchEvent(context.Background(), EventNamespace, "n1.2.2", []byte(`{"count":2}`)); err2 == nil || errKey(err2) != errKey(err) {
+			t.Errorf("two Events' patches answered with %s: errors %v and %v, want the same cause (errKey %q, %q)", tc.what, err, err2, errKey(err), errKey(err2))
+		}
+	}
+	// The API server's own answers go through.
+	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			w.WriteHeader(http.StatusCreated)
+		}
+		fmt.Fprint(w, `{"kind":"Event","apiVersion":"v1","metadata":{"name":"n1.1.1","namespace":"default"},"count":2}`)
+	})
+	ev := &kubeapi.Event{APIVersion: "v1", Kind: "Event"}
+	ev.Metadata.Name, ev.Metadata.Namespace = "n1.1.1", EventNamespace
+	if err := c.CreateEvent(context.Background(), ev); err != nil {
+		t.Errorf("an Event's create answered with it: %v", err)
+	}
+	if err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`)); err != nil {
+		t.Errorf("an Event's count patch answered with it: %v", err)
+	}
+}
