@@ -104,7 +104,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 				a.nextTry = time.Time{}
 			}
 		}
-		wrote, err := r.flush(ctx, aggs, time.Now())
+		answered, err := r.flush(ctx, aggs, time.Now())
 		if err != nil {
 			if ctx.Err() != nil {
 				// Shutdown cut the write short: what waits still gets
@@ -119,9 +119,12 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 					a.nextTry = time.Now().Add(wait)
 				}
 			}
-		} else if wrote {
-			// Only a write that went through is a recovery: a flush
+		} else if answered {
+			// Only a call the API server answered is a recovery: a flush
 			// that found everything waiting for its retry made no call.
+			// An Event it refused is one (logged by dropRefused): else,
+			// with no other Event to write, the failure never ended and
+			// the probe dialled the API server every second for good.
 			el.ok()
 			bo.Reset()
 		}
@@ -293,12 +296,13 @@ func nextFlush(aggs map[aggKey]*aggregate, now time.Time, countFlush time.Durati
 }
 
 // flush creates new Events and patches counts that are due; it stops at the
-// first error (the API is likely down) and returns it. wrote says whether an
-// API call went through.
+// first error (the API is likely down) and returns it. answered says whether
+// the API server answered a call: written, or refused for what it is
+// (dropRefused).
 // eventsLoop is the event writer's name in the daemon's liveness.
 const eventsLoop = "kube/events"
 
-func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now time.Time) (wrote bool, err error) {
+func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now time.Time) (answered bool, err error) {
 	for k, a := range aggs {
 		if now.Before(a.nextTry) {
 			continue
@@ -315,19 +319,21 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 		case a.name == "":
 			if err := r.createEvent(ctx, a); refused(err) {
 				r.dropRefused(a, err)
+				answered = true
 				continue
 			} else if err != nil {
-				return wrote, err
+				return answered, err
 			}
-			wrote = true
+			answered = true
 		case a.count != a.sentCount && now.Sub(a.lastPatch) >= r.o.EventCountFlush:
 			if err := r.patchEventCount(ctx, a, now); refused(err) {
 				r.dropRefused(a, err)
+				answered = true
 				continue
 			} else if err != nil {
-				return wrote, err
+				return answered, err
 			}
-			wrote = true
+			answered = true
 		case a.count == a.sentCount && (now.Sub(a.first) >= EventDedupeWindow || k.retired != 0):
 			delete(aggs, k) // done: the next occurrence starts a new Event
 		case k.retired != 0 && a.count != a.sentCount:
@@ -335,14 +341,15 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 			// flush period: nothing raises it any more.
 			if err := r.patchEventCount(ctx, a, now); refused(err) {
 				r.dropRefused(a, err)
+				answered = true
 				continue
 			} else if err != nil {
-				return wrote, err
+				return answered, err
 			}
-			wrote = true
+			answered = true
 		}
 	}
-	return wrote, nil
+	return answered, nil
 }
 
 func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {

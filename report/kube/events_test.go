@@ -5,9 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -543,5 +547,67 @@ func TestEventAfterTheClockWasSetBack(t *testing.T) {
 				t.Errorf("the slewed occurrence did not fold: count %d", e.Count)
 			}
 		}
+	})
+}
+
+// An Event whose create failed without an answer (the API server's port
+// refusing it) and that the API server, once back, refuses for what it is
+// (422) ends the event writer's failure: the probe that dials the API
+// server every second while a write gets no answer goes back to sleep.
+// Before, only a write that went through ended it, and with no other
+// Event to write the probe dialled the API server every second for as
+// long as the daemon ran, every call answered.
+func TestRefusedEventAfterAnOutageStopsTheProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down, dials := true, 0
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				return true, nil, &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/api/v1/namespaces/default/events",
+					Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+			}
+			return true, nil, tooLong(a.(k8stesting.CreateAction).GetObject().(*corev1.Event))
+		})
+		store := report.NewStore("b")
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) {
+			o.Dial = func(context.Context) error {
+				mu.Lock()
+				defer mu.Unlock()
+				dials++
+				if down {
+					return errors.New("connection refused")
+				}
+				return nil
+			}
+		})
+		<-h.r.Adopted()
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		if dials == 0 {
+			t.Error("no dial while the Event's create got no answer: want the probe dialling")
+		}
+		down = false
+		mu.Unlock()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if v := testutil.ToFloat64(h.m.dropped); v != 1 {
+			t.Errorf("events_dropped_total %v after the API server's return refused the Event, want 1", v)
+		}
+		mu.Lock()
+		d := dials
+		mu.Unlock()
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		if more := dials - d; more != 0 {
+			t.Errorf("%d dials in the 10 minutes after the API server answered the Event's create (refused): want the probe asleep", more)
+		}
+		mu.Unlock()
+		h.stop()
 	})
 }
