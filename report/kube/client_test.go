@@ -13,6 +13,8 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"math/big"
 	"net"
@@ -876,5 +878,61 @@ func TestEventWriteAnsweredWithSomethingElseFails(t *testing.T) {
 	}
 	if err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`)); err != nil {
 		t.Errorf("an Event's count patch answered with it: %v", err)
+	}
+}
+
+// An API server whose serving certificate has expired (a kubeadm cluster
+// a year on without a renewal), or a node whose clock is behind its
+// NotBefore (an RTC that lost the time, before chrony steps the clock):
+// every call fails alike, logged once. The verifier's words name the
+// present time ("current time 2026-12-05T10:10:10Z is after ..."), another
+// at each retry a second or more later: each retry of every writer was a
+// "changed error", a warning per retry in the journal all outage long.
+func TestCertificateOutOfItsValidityLogsOnce(t *testing.T) {
+	for _, tc := range []struct {
+		what                string
+		notBefore, notAfter time.Duration
+	}{{"expired", -48 * time.Hour, -24 * time.Hour}, {"not yet valid", 24 * time.Hour, 48 * time.Hour}} {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kube-apiserver"},
+			NotBefore: time.Now().Add(tc.notBefore), NotAfter: time.Now().Add(tc.notAfter),
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // its handshake errors are the test's point
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		dir := t.TempDir()
+		cert := filepath.Join(dir, "client.pem")
+		writeCert(t, cert, cert, "system:node:n1")
+		c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs testenv.SyncBuffer
+		el := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)), what: "writing conditions of node n1"}
+		for i := range 3 {
+			if i > 0 {
+				// The verifier's words name the second: the next try
+				// in the next one, as a retry a second later is.
+				time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+			}
+			_, err := c.PatchNodeStatus(context.Background(), "n1", []byte(`{}`))
+			if err == nil || !strings.Contains(err.Error(), "x509") {
+				t.Fatalf("%s: a call to a server with a certificate %s: err %v, want the verifier's", tc.what, tc.what, err)
+			}
+			el.fail(err, time.Minute)
+		}
+		if l := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(l) != 1 || !strings.Contains(l[0], "certificate") {
+			t.Errorf("%s: 3 calls failing alike over 3 seconds logged as %d lines, want 1:\n%s", tc.what, len(l), logs.String())
+		}
 	}
 }

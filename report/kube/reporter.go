@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -365,11 +366,24 @@ func (l *errorLog) fail(err error, retryIn time.Duration) {
 // without the addresses around it. A connection reset names the local port
 // (read tcp 10.0.0.5:54778->10.0.0.1:6443), another at each retry: the
 // text alone would make every retry a "changed error".
+//
+// A certificate the verifier finds out of its validity (the API server's
+// expired, or not valid yet by a clock that is behind) is named by the
+// reason and the certificate's validity: the verifier's words name the
+// present time ("current time ... is after ..."), another at each retry.
 func errKey(err error) string {
 	var se apierrors.APIStatus
 	if errors.As(err, &se) {
 		st := se.Status()
 		return fmt.Sprintf("status %d %s", st.Code, st.Reason)
+	}
+	var ce x509.CertificateInvalidError
+	if errors.As(err, &ce) {
+		k := fmt.Sprintf("x509: certificate invalid (reason %d)", ce.Reason)
+		if c := ce.Cert; c != nil {
+			k += fmt.Sprintf(" %s valid %s to %s", c.Subject, c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
+		}
+		return k
 	}
 	op := ""
 	for {
