@@ -661,7 +661,7 @@ func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		// named (net/http keeps the method only on 307 and 308), whose
 		// answer would pass for the write's.
 		resp.Body.Close()
-		return nil, fmt.Errorf("the API server's address answered with a redirect (%s to %q): not followed", resp.Status, resp.Header.Get("Location"))
+		return nil, httpAnswer{fmt.Errorf("the API server's address answered with a redirect (%s to %q): not followed", resp.Status, resp.Header.Get("Location"))}
 	}
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return resp, nil
@@ -669,14 +669,25 @@ func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	resp.Body.Close()
 	if err != nil {
-		return nil, fmt.Errorf("reading the API server's answer (%s): %w", resp.Status, err)
+		return nil, httpAnswer{fmt.Errorf("reading the API server's answer (%s): %w", resp.Status, err)}
 	}
 	if len(b) > maxAnswer {
-		return nil, fmt.Errorf("the API server's answer (%s) is larger than %d MiB: not read", resp.Status, maxAnswer>>20)
+		return nil, httpAnswer{fmt.Errorf("the API server's answer (%s) is larger than %d MiB: not read", resp.Status, maxAnswer>>20)}
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(b))
 	return resp, nil
 }
+
+// httpAnswer is the error of a call that got an HTTP answer from the API
+// server's address, if not one of the API server's (a redirect, a page
+// that is not the object, an answer cut short after its headers or too
+// large): something answers there, so the reporter's probe, which dials
+// the address to notice a port that accepts connections again, has
+// nothing to learn from it (answered). errKey sees the error inside.
+type httpAnswer struct{ err error }
+
+func (e httpAnswer) Error() string { return e.err.Error() }
+func (e httpAnswer) Unwrap() error { return e.err }
 
 // WrappedRoundTripper lets client-go's helpers (CloseIdleConnectionsFor)
 // and innerTransport reach the transport.
@@ -748,7 +759,7 @@ func decodeNode(name string, res rest.Result) (*kubeapi.Node, error) {
 	}
 	n := &kubeapi.Node{}
 	if err := json.Unmarshal(b, n); err != nil {
-		return nil, fmt.Errorf("node %s: %w", name, err)
+		return nil, httpAnswer{fmt.Errorf("node %s: %w", name, err)}
 	}
 	if n.Metadata.Name != name {
 		// Not the Node (a NodeList, another object, another Node: a
@@ -759,7 +770,7 @@ func decodeNode(name string, res rest.Result) (*kubeapi.Node, error) {
 			Kind string `json:"kind"`
 		}
 		_ = json.Unmarshal(b, &kind)
-		return nil, fmt.Errorf("node %s: the answer is not that Node (kind %q, name %q)", name, kind.Kind, n.Metadata.Name)
+		return nil, httpAnswer{fmt.Errorf("node %s: the answer is not that Node (kind %q, name %q)", name, kind.Kind, n.Metadata.Name)}
 	}
 	return n, nil
 }
@@ -805,10 +816,10 @@ func checkEvent(name string, res rest.Result) error {
 		} `json:"metadata"`
 	}
 	if err := json.Unmarshal(b, &ev); err != nil {
-		return fmt.Errorf("event %s: the answer is not an Event: %w", name, err)
+		return httpAnswer{fmt.Errorf("event %s: the answer is not an Event: %w", name, err)}
 	}
 	if ev.Metadata.Name != name || (ev.Kind != "" && ev.Kind != "Event") {
-		return fmt.Errorf("event %s: %w (kind %q, name %q)", name, errNotTheEvent, ev.Kind, ev.Metadata.Name)
+		return httpAnswer{fmt.Errorf("event %s: %w (kind %q, name %q)", name, errNotTheEvent, ev.Kind, ev.Metadata.Name)}
 	}
 	return nil
 }

@@ -936,3 +936,85 @@ func TestCertificateOutOfItsValidityLogsOnce(t *testing.T) {
 		}
 	}
 }
+
+// A call that got an HTTP answer from the API server's address, if not
+// one of the API server's (a 200 with a load balancer's page, a redirect,
+// an answer cut short after its headers, one too large), is answered: the
+// probe does not dial the address every second while the writes fail so
+// (Options.Dial). The dial is for a port that refuses connections; where
+// something answers HTTP, it always succeeds and tells nothing, and a
+// connection a second from every node only added to the load of whatever
+// answered. A call that got no answer (refused) is still unanswered.
+func TestAnswersThatAreNotTheAPIServersAreAnswered(t *testing.T) {
+	for _, tc := range []struct {
+		what string
+		h    http.HandlerFunc
+	}{
+		{"a 200 with an HTML page", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html")
+			fmt.Fprint(w, "<html><body>Maintenance</body></html>")
+		}},
+		{"another object", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{},"items":[]}`)
+		}},
+		{"a redirect", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/login", http.StatusFound) }},
+		{"an answer cut short", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "1000")
+			fmt.Fprint(w, `{"metadata":{"na`)
+		}},
+		{"an answer too large", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			chunk := []byte(strings.Repeat("a", 64<<10))
+			for range (maxAnswer >> 16) + 2 {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+			}
+		}},
+	} {
+		c := apiServer(t, tc.h)
+		ctx := context.Background()
+		calls := map[string]func() error{
+			"read":         func() error { _, err := c.GetNode(ctx, "n1"); return err },
+			"status write": func() error { _, err := c.PatchNodeStatus(ctx, "n1", []byte(`{}`)); return err },
+			"report write": func() error { _, err := c.PatchNode(ctx, "n1", []byte(`{}`)); return err },
+			"event create": func() error {
+				ev := &kubeapi.Event{}
+				ev.Metadata.Name, ev.Metadata.Namespace = "n1.1.1", EventNamespace
+				return c.CreateEvent(ctx, ev)
+			},
+			"event patch": func() error { return c.PatchEvent(ctx, EventNamespace, "n1.1.1", []byte(`{}`)) },
+		}
+		for name, call := range calls {
+			err := call()
+			if err == nil {
+				t.Errorf("%s answered with %s: no error", name, tc.what)
+				continue
+			}
+			if !answered(err) {
+				t.Errorf("%s answered with %s: %v taken for a call without an answer (the probe would dial every second)", name, tc.what, err)
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.StartTLS()
+	dir := t.TempDir()
+	cert := filepath.Join(dir, "client.pem")
+	writeCert(t, cert, cert, "system:node:n1")
+	c, _, err := NewClient(kubeconfigFor(t, dir, srv, cert, cert), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close() // the port refuses connections now
+	if _, err := c.GetNode(context.Background(), "n1"); err == nil || answered(err) {
+		t.Errorf("a read the port refused: %v, want a call without an answer", err)
+	}
+}

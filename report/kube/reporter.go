@@ -409,10 +409,13 @@ func (l *errorLog) ok() {
 }
 
 // answered reports whether err is an answer of the API server (a status,
-// whatever its code), not a call that got none.
+// whatever its code), or an HTTP answer from its address that is not the
+// API server's (httpAnswer: a load balancer's page, a redirect), not a
+// call that got none.
 func answered(err error) bool {
 	var se apierrors.APIStatus
-	return errors.As(err, &se) && se.Status().Code != 0
+	var ha httpAnswer
+	return errors.As(err, &se) && se.Status().Code != 0 || errors.As(err, &ha)
 }
 
 // statusLoop reads the Node's conditions once, carries them into the
