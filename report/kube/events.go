@@ -128,7 +128,25 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			el.ok()
 			bo.Reset()
 		}
+		r.m.setEventsWaiting(waiting(aggs))
 	}
+}
+
+// waiting counts the occurrences in aggs not on the API server yet: those
+// of Events not created yet and counts not patched yet, not those of an
+// Event the API server refused (counted as dropped).
+func waiting(aggs map[aggKey]*aggregate) int {
+	n := 0
+	for _, a := range aggs {
+		switch {
+		case a.refused:
+		case a.name == "":
+			n += int(a.count)
+		case a.count > a.sentCount:
+			n += int(a.count - max(a.sentCount, 0))
+		}
+	}
+	return n
 }
 
 // foldQueued folds the events already queued, without waiting for more.

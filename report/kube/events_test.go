@@ -611,3 +611,51 @@ func TestRefusedEventAfterAnOutageStopsTheProbe(t *testing.T) {
 		h.stop()
 	})
 }
+
+// What status shows as the events pending (Reporting.EventsQueued) counts
+// the occurrences not on the API server yet, also those the event writer
+// has taken from the queue into its Events (not created yet, counts not
+// patched yet), as during an outage of the events API. Before, it counted
+// the queue alone, which the writer empties into its Events at once:
+// "pending: none" all outage long, while the occurrences that a SIGTERM
+// before the API server's return loses were waiting.
+func TestStatusCountsTheEventsWaitingForTheAPIServer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down := true
+		client.PrependReactor("*", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				return true, nil, apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		for i := range 3 {
+			store.Emit(report.Event{Reason: "TaskHung", Message: fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", i), Time: time.Now()})
+		}
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:0 blocked for more than 120 seconds.", Time: time.Now()})
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:0 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if n := h.m.Reporting().EventsQueued; n != 5 {
+			t.Errorf("5 occurrences while the events API fails: %d pending, want 5", n)
+		}
+		mu.Lock()
+		down = false
+		mu.Unlock()
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if evs := events(t, client); len(evs) != 3 {
+			t.Errorf("%d Events after the events API's return, want 3", len(evs))
+		}
+		if n := h.m.Reporting().EventsQueued; n != 0 {
+			t.Errorf("%d events pending once all are on the API server, want 0", n)
+		}
+		h.stop()
+	})
+}

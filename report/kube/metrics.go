@@ -37,6 +37,9 @@ type Metrics struct {
 	calls         map[string]*CallStatus
 	statusPending bool
 	queue         *EventQueue
+	// eventsWaiting: occurrences the event writer holds that are not on
+	// the API server yet (setEventsWaiting).
+	eventsWaiting int
 }
 
 // CallStatus is what happened to one kind of API call.
@@ -55,7 +58,9 @@ type Reporting struct {
 	// StatusPending: a change of the conditions is not on the Node yet (a
 	// change of messages alone waits for the next heartbeat).
 	StatusPending bool `json:"statusPending"`
-	// EventsQueued: events waiting to be sent.
+	// EventsQueued: event occurrences not on the API server yet: those
+	// queued, and those the event writer holds in Events not created yet
+	// or counts not patched yet (an outage of the events API).
 	EventsQueued int `json:"eventsQueued"`
 }
 
@@ -129,10 +134,19 @@ func (m *Metrics) Reporting() Reporting {
 	for k, c := range m.calls {
 		r.Calls[k] = *c
 	}
+	r.EventsQueued = m.eventsWaiting
 	if m.queue != nil {
-		r.EventsQueued = len(m.queue.ch)
+		r.EventsQueued += len(m.queue.ch)
 	}
 	return r
+}
+
+// setEventsWaiting records the occurrences the event writer holds that are
+// not on the API server yet.
+func (m *Metrics) setEventsWaiting(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.eventsWaiting = n
 }
 
 func resultOf(err error) string {
