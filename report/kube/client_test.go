@@ -1018,3 +1018,65 @@ func TestAnswersThatAreNotTheAPIServersAreAnswered(t *testing.T) {
 		t.Errorf("a read the port refused: %v, want a call without an answer", err)
 	}
 }
+
+// An API server that takes the connection and the request but does not
+// answer (overloaded, etcd hung) fails every call after the client's 15 s,
+// logged once. Two timers of the same 15 s end such a call, client-go's
+// context (the request's ?timeout=15s) and net/http's Client.Timeout, and
+// which fires first is a race: "context deadline exceeded" one try, "net/http:
+// request canceled (Client.Timeout exceeded while awaiting headers)" the
+// next (the words vary with where the call was). Each was a "changed
+// error": a warning per retry of each writer (4 lines in a minute from the
+// status writer alone, measured against a server that hangs every write).
+func TestTimeoutsLogOnce(t *testing.T) {
+	release := make(chan struct{})
+	var srvURL string
+	c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	defer close(release)
+	k := c.(*kubeconfigClient)
+	k.mu.Lock()
+	srvURL = k.cfg.Host
+	k.mu.Unlock()
+	// client-go's context first: the call's own deadline.
+	ctxTimeout := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := c.PatchNodeStatus(ctx, "n1", []byte(`{}`))
+		return err
+	}
+	// net/http's Client.Timeout first: the error client-go hands on as
+	// net/http made it (a *url.Error).
+	hc := &http.Client{Timeout: 50 * time.Millisecond, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	clientTimeout := func() error {
+		req, err := http.NewRequest(http.MethodPatch, srvURL+"/api/v1/nodes/n1/status?timeout=15s", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	var logs testenv.SyncBuffer
+	el := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)), what: "writing conditions of node n1"}
+	for i := range 4 {
+		call := ctxTimeout
+		if i%2 == 1 {
+			call = clientTimeout
+		}
+		err := call()
+		if err == nil || answered(err) {
+			t.Fatalf("try %d: %v, want a call without an answer", i, err)
+		}
+		el.fail(err, time.Minute)
+	}
+	if l := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(l) != 1 {
+		t.Errorf("4 calls that got no answer in time logged as %d lines, want 1:\n%s", len(l), logs.String())
+	}
+}

@@ -371,11 +371,21 @@ func (l *errorLog) fail(err error, retryIn time.Duration) {
 // expired, or not valid yet by a clock that is behind) is named by the
 // reason and the certificate's validity: the verifier's words name the
 // present time ("current time ... is after ..."), another at each retry.
+//
+// A call that got no answer in time is one error, whichever timer ended
+// it: client-go's context and net/http's Client.Timeout both end a call
+// after the client's 15 s, and which fires first is a race ("context
+// deadline exceeded" one try, "net/http: request canceled (Client.Timeout
+// exceeded while awaiting headers)" the next), as is the dial's own timeout
+// against them where nothing takes the connection.
 func errKey(err error) string {
 	var se apierrors.APIStatus
 	if errors.As(err, &se) {
 		st := se.Status()
 		return fmt.Sprintf("status %d %s", st.Code, st.Reason)
+	}
+	if ne := net.Error(nil); errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return "timeout: no answer in time"
 	}
 	var ce x509.CertificateInvalidError
 	if errors.As(err, &ce) {
