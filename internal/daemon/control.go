@@ -136,7 +136,47 @@ func (d *Daemon) serveControl(ctx context.Context, ln net.Listener) {
 			}
 			return
 		}
-		go d.handleControl(ctx, c.(*net.UnixConn))
+		// Counted before serveControl returns: Run waits for the
+		// handlers (awaitControl) once it has.
+		d.controlN.Add(1)
+		d.controlWG.Go(func() {
+			defer d.controlN.Add(-1)
+			d.handleControl(ctx, c.(*net.UnixConn))
+		})
+	}
+}
+
+// controlStopWait bounds how long a stop waits for the control requests in
+// flight (awaitControl). A variable for tests.
+var controlStopWait = 2 * time.Second
+
+// awaitControl waits, controlStopWait at most, for the control requests in
+// flight to be answered: a reload or a tamper clear asked for as the daemon
+// stops gets its answer before the process exits, not a connection closed
+// under it (the client's "reading the daemon's answer: EOF"). A tamper
+// clear answers soon then (ClearTamper does not wait for the checks once
+// the daemon stops); a reload ends when it has applied or been refused. One that takes longer (a reload waiting on a
+// check that does not stop) does not hold up the stop: it is logged, and
+// its client sees the connection closed. For Run, once serveControl has
+// returned (no request is counted after).
+func (d *Daemon) awaitControl() {
+	n := d.controlN.Load()
+	if n == 0 {
+		return
+	}
+	d.log.Info("waiting for the control requests in flight to be answered before stopping", "requests", n, "at_most", controlStopWait)
+	done := make(chan struct{})
+	go func() {
+		d.controlWG.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(controlStopWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		d.log.Warn("stopping without the answer of the control requests still in flight: their clients see the connection closed",
+			"requests", d.controlN.Load(), "waited", controlStopWait)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
@@ -87,8 +88,12 @@ type Daemon struct {
 	poll    time.Duration
 	// kmsgOpen is Options.KmsgOpen.
 	kmsgOpen func(path string) (kmsg.Device, error)
-	// control is the control socket's listener (nil: none).
-	control net.Listener
+	// control is the control socket's listener (nil: none); controlWG
+	// and controlN: its requests in flight (their handlers), which a stop
+	// waits for a while (awaitControl).
+	control   net.Listener
+	controlWG sync.WaitGroup
+	controlN  atomic.Int32
 	// cfgPath and cfgOptional: the configuration file (Options.ConfigPath);
 	// reloadSig: Options.Reload.
 	cfgPath     string

@@ -68,6 +68,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("shutting down; conditions are left as they are")
 	cancel()
 	wg.Wait()
+	// Before the final save: what a reload or a clear in flight changes
+	// is saved with it.
+	d.awaitControl()
 	shCtx, shCancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer shCancel()
 	srv.Shutdown(shCtx)
