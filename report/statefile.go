@@ -210,7 +210,8 @@ const maxStateFile = 4 << 20
 // conditions held forever and check conditions are always restored, so that a
 // restart neither flaps them nor resets their transition times; a time more
 // than futureSlack after the store's clock (saved while the clock was ahead)
-// is taken as now, and Redaters are told. Anything
+// is taken as now, and Redaters are told; a missing (zero) one is taken as
+// the file's save time, and Redaters are told too. Anything
 // else at the path that is not a state file of this version (a read error,
 // a directory, a symlink, a FIFO, a file over maxStateFile, JSON that does
 // not parse) is moved aside (MoveAside: never deleted, never over an earlier
@@ -263,8 +264,24 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		var future bool
 		c.LastTransitionTime, future = s.notFutureLocked(was)
 		c.LastUpdateTime, _ = s.notFutureLocked(c.LastUpdateTime)
+		observed := slices.Contains(sf.Observed, c.Type)
+		if was.IsZero() {
+			// No transition time (a file edited by hand, the field
+			// dropped): the status held when the file was saved, since
+			// when is not known. Taken as the save time (now, when that
+			// is missing), the latest it can be, once: the next save
+			// keeps it. Not a change the store saw: the Node's time for
+			// the same status is the better word (Adopt). Before, the
+			// zero time stayed while the status held, and the Node's
+			// condition was written without one.
+			c.LastTransitionTime = s.savedAtLocked(sf.SavedAt)
+			if c.LastUpdateTime.Before(c.LastTransitionTime) {
+				c.LastUpdateTime = c.LastTransitionTime
+			}
+			observed, future = false, true
+		}
 		s.conds[c.Type] = c
-		s.observed[c.Type] = slices.Contains(sf.Observed, c.Type)
+		s.observed[c.Type] = observed
 		delete(s.evaluatedHere, c.Type)
 		delete(s.changedHere, c.Type)
 		restored = append(restored, c)
@@ -331,6 +348,19 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// savedAtLocked is the time a state file saved at t says its conditions
+// held: t, or now when t is zero or lies in the future (notFutureLocked).
+func (s *Store) savedAtLocked(t time.Time) time.Time {
+	if !t.IsZero() {
+		t, _ = s.notFutureLocked(t)
+		return t
+	}
+	if s.clock != nil {
+		return s.clock()
+	}
+	return time.Now()
 }
 
 // MaxAside bounds the names MoveAside tries: <file>.corrupt, then

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,4 +101,61 @@ func FuzzLoadStateFile(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A condition of the state file without a transition time (edited by hand,
+// the field dropped) is restored since the file's save time (now when the
+// file has none either), and the Redaters are told; it counts as no change
+// the store saw, so that the Node's time for the same status is adopted,
+// not replaced by the save time (TestRestoredConditionWithoutATransitionTime
+// in internal/daemon: the Node and a restart).
+func TestLoadDatesAConditionWithoutATransitionTime(t *testing.T) {
+	now := t0.Add(time.Hour)
+	saved := now.Add(-10 * time.Minute)
+	for _, tc := range []struct {
+		name    string
+		savedAt time.Time
+		want    time.Time
+	}{
+		{"saved at", saved, saved},
+		{"no save time", time.Time{}, now},
+		{"a save time ahead of the clock", now.Add(time.Hour), now},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeStateFile(t, dir, stateFile{Version: stateVersion, BootID: "b", SavedAt: tc.savedAt,
+				Conditions: []Condition{
+					{Type: "DiskUsageHigh", Status: StatusFalse, Reason: "DiskUsageOK"},
+					{Type: "CNIUnhealthy", Status: StatusFalse, Reason: "CNIHealthy"},
+				},
+				Observed: []string{"CNIUnhealthy", "DiskUsageHigh"},
+			})
+			s := NewStore("b")
+			s.SetBootStart(t0)
+			s.SetClock(func() time.Time { return now })
+			rec := &redateRecorder{}
+			s.Observe(rec)
+			if _, err := s.Load(dir); err != nil {
+				t.Fatal(err)
+			}
+			for _, ty := range []string{"CNIUnhealthy", "DiskUsageHigh"} {
+				if c, _ := s.Get(ty); !c.LastTransitionTime.Equal(tc.want) || c.LastUpdateTime.Before(c.LastTransitionTime) {
+					t.Errorf("%s restored without a transition time: since %v, updated %v; want since %v", ty, c.LastTransitionTime, c.LastUpdateTime, tc.want)
+				}
+			}
+			at := tc.want.Format(time.TimeOnly)
+			if want := []string{"DiskUsageHigh state file 00:00:00>" + at, "CNIUnhealthy state file 00:00:00>" + at}; !slices.Equal(rec.redated, want) {
+				t.Errorf("redated %q; want %q", rec.redated, want)
+			}
+			// The Node holds the same status since an hour before: its
+			// time is the better word.
+			since := t0
+			if !s.Adopt(Condition{Type: "DiskUsageHigh", Status: StatusFalse, Reason: "DiskUsageOK", LastTransitionTime: since}, "b") {
+				t.Error("the Node's time for the same status was not adopted")
+			}
+			if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(since) {
+				t.Errorf("DiskUsageHigh since %v after the Node's word; want the Node's %v", c.LastTransitionTime, since)
+			}
+		})
+	}
 }
