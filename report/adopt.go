@@ -79,6 +79,14 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	was := c.LastTransitionTime
 	var future bool
 	c.LastTransitionTime, future = s.notFutureLocked(was)
+	if was.IsZero() {
+		// No transition time (the Node edited by hand, or written so by
+		// an earlier build, from a state file without one): since when
+		// is not known. Taken as now, once (the next write puts it on
+		// the Node), and, as a time in the future, it orders nothing
+		// (nodeIsNewer) and replaces no time the store has.
+		c.LastTransitionTime, future = s.nowLocked(), true
+	}
 	// bootHeld: a kernel condition True on the Node in this boot has been
 	// True since the Node's time: nothing lowers it before the reboot, so
 	// a False in the store (a start that lost the state file, the line gone
@@ -110,7 +118,7 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 		// times.
 		s.mu.Unlock()
 		return false
-	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !c.LastTransitionTime.IsZero():
+	case prev.Status == c.Status && !prev.LastTransitionTime.Equal(c.LastTransitionTime) && !was.IsZero():
 		prev.LastTransitionTime = c.LastTransitionTime
 		s.conds[c.Type] = prev
 		obs := s.observers

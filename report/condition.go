@@ -45,9 +45,9 @@ type Remover interface {
 // Redater is an Observer that is also told when a transition time read
 // back from the Node (from "node") or the state file (from "state file")
 // lay more than futureSlack after now and was taken as now (c, with its
-// new time; was, the time read), or was missing from the state file (was
-// zero) and was taken as the file's save time. It is told once per
-// condition and read.
+// new time; was, the time read), or was missing (was zero) and was taken
+// as the state file's save time, or as now from the Node. It is told once
+// per condition and read.
 type Redater interface {
 	TransitionRedated(c Condition, was time.Time, from string)
 }

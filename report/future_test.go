@@ -1,6 +1,7 @@
 package report
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -93,5 +94,35 @@ func TestAFutureTransitionTimeIsTakenAsNow(t *testing.T) {
 			t.Errorf("redated %q; want %q", rec.redated, want)
 			break
 		}
+	}
+}
+
+// A condition read from the Node without a transition time (edited by
+// hand, or written so by an earlier build) is taken as now when the store
+// has none of it, the Redaters told, and replaces no time the store has:
+// the store's time for the same status stays, and is written next.
+func TestAdoptDatesANodeConditionWithoutATransitionTime(t *testing.T) {
+	now := t0.Add(time.Hour)
+	s := NewStore("b")
+	s.SetBootStart(t0)
+	s.SetClock(func() time.Time { return now })
+	rec := &redateRecorder{}
+	s.Observe(rec)
+	s.SetRun(Condition{Type: "DiskUsageHigh", Status: StatusFalse, Reason: "DiskUsageOK"}, t0, t0)
+
+	if s.Adopt(Condition{Type: "DiskUsageHigh", Status: StatusFalse, Reason: "DiskUsageOK"}, "b") {
+		t.Error("the Node's DiskUsageHigh without a transition time changed the store's")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); !c.LastTransitionTime.Equal(t0) {
+		t.Errorf("DiskUsageHigh since %v after the Node's word without a time; want the store's %v", c.LastTransitionTime, t0)
+	}
+	if !s.Adopt(Condition{Type: "CNIUnhealthy", Status: StatusFalse, Reason: "CNIHealthy"}, "b") {
+		t.Error("CNIUnhealthy from the Node not adopted")
+	}
+	if c, _ := s.Get("CNIUnhealthy"); c.Status != StatusFalse || !c.LastTransitionTime.Equal(now) {
+		t.Errorf("CNIUnhealthy from the Node without a transition time = %+v; want False since %v", c, now)
+	}
+	if want := []string{"CNIUnhealthy node 00:00:00>11:00:00"}; !slices.Equal(rec.redated, want) {
+		t.Errorf("redated %q; want %q", rec.redated, want)
 	}
 }

@@ -357,6 +357,11 @@ func (s *Store) savedAtLocked(t time.Time) time.Time {
 		t, _ = s.notFutureLocked(t)
 		return t
 	}
+	return s.nowLocked()
+}
+
+// nowLocked is the store's clock (SetClock), or the wall clock.
+func (s *Store) nowLocked() time.Time {
 	if s.clock != nil {
 		return s.clock()
 	}

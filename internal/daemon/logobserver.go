@@ -52,11 +52,12 @@ func (l logObserver) ConditionRestored(report.Condition) {}
 
 // TransitionRedated implements report.Redater: a transition time read back
 // from the Node or the state file lay in the future (written while the
-// clock was ahead) and was taken as now, or was missing from the state
-// file and was taken as its save time; once per condition and read.
+// clock was ahead) and was taken as now, or was missing and was taken as
+// the state file's save time, or as now from the Node; once per condition
+// and read.
 func (l logObserver) TransitionRedated(c report.Condition, was time.Time, from string) {
 	if was.IsZero() {
-		l.log.Warn("condition restored without a transition time (the state file edited by hand?); taken as the file's save time",
+		l.log.Warn("condition read back without a transition time (edited by hand?); taken as the state file's save time, or as now from the Node",
 			"condition", c.Type, "status", c.Status, "reason", c.Reason, "from", from, "now", c.LastTransitionTime)
 		return
 	}

@@ -8,12 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
@@ -97,7 +99,7 @@ func TestRestoredConditionWithoutATransitionTime(t *testing.T) {
 			t.Errorf("%s on the Node without a lastTransitionTime", ty)
 		}
 	}
-	if l := grepLines(logs.String(), "condition=DiskUsageHigh"); !strings.Contains(l, "condition restored without a transition time") {
+	if l := grepLines(logs.String(), "condition=DiskUsageHigh"); !strings.Contains(l, "condition read back without a transition time") {
 		t.Errorf("the time taken for DiskUsageHigh is not logged:\n%s", l)
 	}
 	// Taken once: the next start keeps it.
@@ -105,7 +107,57 @@ func TestRestoredConditionWithoutATransitionTime(t *testing.T) {
 	if a, b := second["DiskUsageHigh"].LastTransitionTime, third["DiskUsageHigh"].LastTransitionTime; !a.Equal(&b) {
 		t.Errorf("DiskUsageHigh's transition time moved from %v to %v at a restart", a.Time, b.Time)
 	}
-	if strings.Contains(logs.String(), "condition restored without a transition time") {
+	if strings.Contains(logs.String(), "condition read back without a transition time") {
 		t.Errorf("the next start found conditions without a transition time again:\n%s", grepLines(logs.String(), "without a transition time"))
 	}
+}
+
+// The same of a condition read from the Node without a lastTransitionTime
+// (the Node edited by hand, or written so by a build before
+// TestRestoredConditionWithoutATransitionTime's fix) where the daemon has
+// no state file: it is taken as now, once, and the Node's condition gets
+// a time. Before, the zero time was adopted and written back (`null`).
+func TestNodeConditionWithoutATransitionTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t) // no state file
+		// Its watcher blocks in a read of file events the fake clock
+		// cannot wait out.
+		cfg.Checks.NodeTampered.Enabled = false
+		// The first runs spread: DiskUsageHigh's first run comes after
+		// the Node's conditions were read.
+		cfg.Runner.FirstRunSpread = config.Duration{Duration: 5 * time.Minute}
+		client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: "DiskUsageHigh", Status: corev1.ConditionFalse,
+				Reason: "DiskUsageOK", Message: "from the node"}}}})
+		logs := &syncBuffer{}
+		d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{Version: "test", Listener: newIdleListener(), Kube: kubefake.New(client)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if c, _ := d.Store().Get("DiskUsageHigh"); !c.LastUpdateTime.After(began.Add(time.Second)) {
+			t.Fatalf("DiskUsageHigh has not run: %+v", c)
+		}
+		n, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == "DiskUsageHigh" && (c.Status != corev1.ConditionFalse || !c.LastTransitionTime.Time.Equal(began)) {
+				t.Errorf("DiskUsageHigh %s/%s read from the Node without a transition time: written back since %v; want since the start, %v", c.Status, c.Reason, c.LastTransitionTime.Time, began)
+			}
+		}
+		if l := grepLines(logs.String(), "condition=DiskUsageHigh"); !strings.Contains(l, "condition read back without a transition time") || !strings.Contains(l, "from=node") {
+			t.Errorf("the time taken for DiskUsageHigh is not logged:\n%s", l)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
 }
