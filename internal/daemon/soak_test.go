@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
@@ -66,7 +69,11 @@ const (
 // into the store as a check sets it). Per hour: the API writes stay at the
 // spec's 30 report refreshes plus 11 to 12 heartbeats (one more write per
 // change), the state file is written only for a change, and the journal is
-// quiet but for the change's line.
+// quiet but for the change's line. Each condition write is a heartbeat
+// period (to its jitter and the 10 s grid) after the one before, or a
+// change's: an extra write an hour restarts the heartbeat's wait and adds
+// less than one write to the hour's count, which the bounds alone would
+// let through.
 func TestSoakSimulatedDay(t *testing.T) {
 	hours := soakHours(t)
 	for _, changing := range []bool{false, true} {
@@ -85,6 +92,17 @@ func TestSoakSimulatedDay(t *testing.T) {
 				// quiet node's hours cost it nothing.
 				cfg.Checks.NodeTampered.Enabled = false
 				client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+				// When (on the fake clock) each write of the conditions was made.
+				var mu sync.Mutex
+				var statusAt []time.Time
+				client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if a.GetSubresource() == "status" {
+						mu.Lock()
+						statusAt = append(statusAt, time.Now())
+						mu.Unlock()
+					}
+					return false, nil, nil
+				})
 				var logs testenv.SyncBuffer
 				log, err := NewLogger(&logs, "text", cfg.Log.Level)
 				if err != nil {
@@ -100,6 +118,10 @@ func TestSoakSimulatedDay(t *testing.T) {
 				time.Sleep(time.Hour) // settle: first pass, adoption, first report
 				synctest.Wait()
 				client.ClearActions()
+				mu.Lock()
+				writes0 := len(statusAt)
+				mu.Unlock()
+				var changedAt []time.Time
 				lines0 := strings.Count(logs.String(), "\n")
 				saves0 := testutil.ToFloat64(d.metrics.StateWritesFor("ok"))
 				for h := range hours {
@@ -109,6 +131,7 @@ func TestSoakSimulatedDay(t *testing.T) {
 							c.Status, c.Reason = report.StatusTrue, report.ReasonClockUnsynchronized
 						}
 						d.Store().Set(c, time.Now())
+						changedAt = append(changedAt, time.Now())
 					}
 					time.Sleep(time.Hour)
 				}
@@ -136,6 +159,21 @@ func TestSoakSimulatedDay(t *testing.T) {
 				}
 				if writes < soakAPIWritesMin || writes > soakAPIWritesMax+changes || per(float64(ann)) != 30 || len(client.Actions()) != status+ann {
 					t.Errorf("%.2f API writes per hour, want %.1f to %.1f with 30 report refreshes and nothing else: %v", writes, soakAPIWritesMin, soakAPIWritesMax+changes, acts)
+				}
+				// Each condition write is a heartbeat, a heartbeat period
+				// after the write before (jittered by up to 10 %, then on
+				// the 10 s grid), or a change's, within a second of it.
+				period := cfg.Kubernetes.HeartbeatPeriod.Duration
+				mu.Lock()
+				at := slices.Clone(statusAt)
+				mu.Unlock()
+				for i := max(writes0, 1); i < len(at); i++ {
+					gap := at[i].Sub(at[i-1])
+					change := slices.ContainsFunc(changedAt, func(c time.Time) bool { return !at[i].Before(c) && at[i].Sub(c) <= time.Second })
+					if (gap < period && !change) || gap > period+period/10+10*time.Second {
+						t.Errorf("condition write %d at %s, %s after the one before (a change's: %v); want a heartbeat %s to %s after it, or a change's",
+							i-writes0+1, at[i].Sub(at[writes0]), gap, change, period, period+period/10+10*time.Second)
+					}
 				}
 				// The state file is written for a change, the journal
 				// gets one line per change, and nothing else.
