@@ -31,6 +31,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -592,8 +593,27 @@ func TestSoakKmsgFlood(t *testing.T) {
 		waited += time.Since(syncAt)
 	}
 	wrote := time.Since(start) - waited
+	// A loss to count: the daemon stopped (SIGSTOP) while twice as many
+	// records as the ring buffer holds are written. In a flood the daemon
+	// keeps up with, the lost count would be 0 whether or not it counted
+	// the gaps.
+	stallLost0 := n.stableKmsg().Lost
+	stall := ringRecords(t) * 2
+	if err := n.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	floodKmsg(t, stall, func(i int) []byte {
+		return fmt.Appendf(nil, "<5>autopilot-health soak stall %s %d\n", n.tok, i)
+	})
+	if err := n.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 	n.caughtUp()
 	after := n.stableKmsg()
+	stallLost := after.Lost - stallLost0
+	if stallLost == 0 {
+		t.Errorf("the daemon counted no record lost while it was stopped and %d records (twice what the ring buffer holds) were written", stall)
+	}
 	cpu := procCPU(t, pid) - cpu0
 	read, lost := int64(after.Records-before.Records), int64(after.Lost-before.Lost)
 	span := int64(after.LastRecord.Seq - before.LastRecord.Seq)
@@ -649,9 +669,21 @@ func TestSoakKmsgFlood(t *testing.T) {
 	if hwm > floodHWMBound {
 		t.Errorf("peak resident memory %.1f MiB in the flood; bound %d MiB", float64(hwm)/mib, floodHWMBound/mib)
 	}
-	t.Logf("soak: at %s UTC %d lines flooded in %s (%.0f lines/s; the waits at the markers left out), %d records read, %d lost (%.2f %%), %d/%d markers reported (%d excused by a loss counted while in the ring); daemon CPU %s (%.1f µs per record), VmHWM %.1f MiB",
-		start.UTC().Format(time.TimeOnly), lines, wrote.Round(time.Millisecond), float64(lines)/wrote.Seconds(), read, lost, 100*float64(lost)/float64(span), got, markers, excused,
+	t.Logf("soak: at %s UTC %d lines flooded in %s (%.0f lines/s; the waits at the markers left out), then %d with the daemon stopped; %d records read, %d lost (%.2f %%; %.0f of them while it was stopped), %d/%d markers reported (%d excused by a loss counted while in the ring); daemon CPU %s (%.1f µs per record), VmHWM %.1f MiB",
+		start.UTC().Format(time.TimeOnly), lines, wrote.Round(time.Millisecond), float64(lines)/wrote.Seconds(), stall, read, lost, 100*float64(lost)/float64(span), stallLost, got, markers, excused,
 		cpu, float64(cpu.Microseconds())/float64(max(read, 1)), float64(hwm)/mib)
+}
+
+// ringRecords is the most records the kernel's ring buffer can hold: one
+// descriptor per 32 bytes of its size (the printk ring buffer's average
+// record size, PRB_AVGBITS), however short the records.
+func ringRecords(t *testing.T) int {
+	t.Helper()
+	size, err := unix.Klogctl(unix.SYSLOG_ACTION_SIZE_BUFFER, nil)
+	if err != nil || size <= 0 {
+		t.Fatalf("the kernel log buffer's size: %d, %v", size, err)
+	}
+	return size / 32
 }
 
 // kmsgSeqOf reads r (a reader of /dev/kmsg just written to) until the record
