@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -261,6 +262,18 @@ func (n *kernelNode) nodeEvents(sub string) []corev1.Event {
 	return out
 }
 
+// outageLinesPerWriter is the most failure lines one API writer may log
+// in an outage: its first failure and a changed error or two (a reset
+// connection while kube-apiserver stops, then a refused one).
+const outageLinesPerWriter = 3
+
+// failedLine and recoveredLine are an API writer's log lines of a failed
+// call and of its recovery (report/kube's errorLog), in the text format.
+var (
+	failedLine    = regexp.MustCompile(`msg="([^"]*) failed; will retry"`)
+	recoveredLine = regexp.MustCompile(`msg="([^"]*) recovered"[^\n]* failed_attempts=(\d+)`)
+)
+
 // kube-apiserver is down (etcd stays) for SOAK_APIDOWN while two kernel
 // conditions turn True and three kernel warnings repeat once a second; the
 // daemon (its shipped binary, with the node's credentials) answers its
@@ -426,6 +439,29 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	failures, recoveries := strings.Count(logs, "failed; will retry"), strings.Count(logs, " recovered")
 	if failures > 12 || recoveries > 8 {
 		t.Errorf("the outage logged %d failures and %d recoveries of the API writers; want a few per writer", failures, recoveries)
+	}
+	// Per writer: at most outageLinesPerWriter failure lines and one
+	// recovery, while it retried more often than that (the count its
+	// recovery line gives): a short outage's dozen retries fit the totals
+	// above even when each is logged.
+	perWriter := map[string]int{}
+	for _, m := range failedLine.FindAllStringSubmatch(logs, -1) {
+		perWriter[m[1]]++
+	}
+	recovered := map[string]int{}
+	retried := 0
+	for _, m := range recoveredLine.FindAllStringSubmatch(logs, -1) {
+		recovered[m[1]]++
+		a, _ := strconv.Atoi(m[2])
+		retried = max(retried, a)
+	}
+	for w, k := range perWriter {
+		if k > outageLinesPerWriter || recovered[w] > 1 {
+			t.Errorf("%q: %d failure and %d recovery log lines in the outage; want at most %d and 1", w, k, recovered[w], outageLinesPerWriter)
+		}
+	}
+	if retried <= outageLinesPerWriter {
+		t.Errorf("no API writer failed more than %d times in the outage (at most %d): its log lines tell nothing of one per retry", outageLinesPerWriter, retried)
 	}
 	t.Logf("soak: %d of %d warnings counted in %d Events (%d kernel records lost to other writers); %d failure and %d recovery log lines; daemon RSS %.1f MiB before, peak %.1f MiB, %.1f MiB after (VmHWM %.1f MiB); CPU %s during the outage",
 		total, sent, objects, lost, failures, recoveries, float64(base)/mib, float64(peak)/mib, float64(end)/mib, float64(hwm)/mib, cpu)
