@@ -633,7 +633,8 @@ func TestSoakKmsgFlood(t *testing.T) {
 	// records as the ring buffer holds are written. In a flood the daemon
 	// keeps up with, the lost count would be 0 whether or not it counted
 	// the gaps.
-	stallLost0 := n.stableKmsg().Lost
+	beforeStall := n.stableKmsg()
+	stallLost0 := beforeStall.Lost
 	stall := ringRecords(t) * 2
 	if err := n.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -649,6 +650,14 @@ func TestSoakKmsgFlood(t *testing.T) {
 	stallLost := after.Lost - stallLost0
 	if stallLost == 0 {
 		t.Errorf("the daemon counted no record lost while it was stopped and %d records (twice what the ring buffer holds) were written", stall)
+	}
+	// None lost that the ring still held: the daemon went on from the
+	// oldest record left, so it lost at most those before the oldest one
+	// the ring holds now (the oldest only moves on; another writer's
+	// flood since moves it on further, which only widens the bound).
+	if oldest := ringOldestSeq(t); float64(oldest)-float64(beforeStall.LastRecord.Seq)-1 < stallLost {
+		t.Errorf("the daemon counted %.0f records lost after seq %d while it was stopped, but the ring still holds every record from seq %d: it skipped %.0f records it could still read",
+			stallLost, beforeStall.LastRecord.Seq, oldest, stallLost-(float64(oldest)-float64(beforeStall.LastRecord.Seq)-1))
 	}
 	cpu := procCPU(t, pid) - cpu0
 	read, lost := int64(after.Records-before.Records), int64(after.Lost-before.Lost)
@@ -720,6 +729,37 @@ func ringRecords(t *testing.T) int {
 		t.Fatalf("the kernel log buffer's size: %d, %v", size, err)
 	}
 	return size / 32
+}
+
+// ringOldestSeq is the sequence number of the oldest record the kernel's
+// ring buffer holds (where a new reader of /dev/kmsg starts).
+func ringOldestSeq(t *testing.T) uint64 {
+	t.Helper()
+	fd, err := unix.Open("/dev/kmsg", unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 8192)
+	for {
+		k, err := unix.Read(fd, buf)
+		if err == unix.EPIPE {
+			continue // overwritten since the open: the next is the oldest now
+		}
+		if err != nil {
+			t.Fatalf("reading the oldest record of /dev/kmsg: %v", err)
+		}
+		head, _, _ := strings.Cut(string(buf[:k]), ";")
+		f := strings.Split(head, ",")
+		if len(f) < 2 {
+			t.Fatalf("record %q", buf[:k])
+		}
+		seq, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			t.Fatalf("record %q: %v", buf[:k], err)
+		}
+		return seq
+	}
 }
 
 // kmsgSeqOf reads r (a reader of /dev/kmsg just written to) until the record
