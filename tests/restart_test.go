@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -282,6 +283,33 @@ func watchFlaps(t *testing.T, s *harness.APIServer, node string) *flapWatch {
 	}()
 	t.Cleanup(func() { cancel(); <-w.done })
 	return w
+}
+
+// sawWrite waits until the watch has delivered the write of c (its
+// heartbeat time and status): the watch delivers in order, so every write
+// before it has been seen too. It fails if the watch ended first.
+func (w *flapWatch) sawWrite(t *testing.T, c corev1.NodeCondition) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w.mu.Lock()
+		seen := slices.ContainsFunc(w.seen, func(s corev1.NodeCondition) bool {
+			return s.Status == c.Status && s.LastHeartbeatTime.Equal(&c.LastHeartbeatTime)
+		})
+		w.mu.Unlock()
+		if seen {
+			return
+		}
+		select {
+		case <-w.done:
+			t.Fatal("the watch on the Node ended before it saw the last write: the flaps after it were not seen")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch on the Node did not deliver the write of %s/%s at %s within 30 s", c.Status, c.Reason, c.LastHeartbeatTime.Format(time.RFC3339))
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the awaited watch event
+	}
 }
 
 // flaps returns what went wrong after ReadonlyFilesystem first turned True.
