@@ -20,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
@@ -37,6 +38,50 @@ func newIdleListener() *idleListener { return &idleListener{closed: make(chan st
 func (l *idleListener) Accept() (net.Conn, error) { <-l.closed; return nil, net.ErrClosed }
 func (l *idleListener) Close() error              { l.once.Do(func() { close(l.closed) }); return nil }
 func (l *idleListener) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// quietKernelLog is a kernel log that logs nothing: a read waits until its
+// deadline (on the fake clock inside a synctest bubble), or forever without
+// one, and a new deadline wakes it.
+type quietKernelLog struct {
+	mu       sync.Mutex
+	deadline time.Time
+	moved    chan struct{} // closed when the deadline is set
+}
+
+func newQuietKernelLog() *quietKernelLog { return &quietKernelLog{moved: make(chan struct{})} }
+
+func (k *quietKernelLog) Read([]byte) (int, error) {
+	for {
+		k.mu.Lock()
+		d, moved := k.deadline, k.moved
+		k.mu.Unlock()
+		var at <-chan time.Time
+		if !d.IsZero() {
+			if !time.Now().Before(d) {
+				return 0, os.ErrDeadlineExceeded
+			}
+			t := time.NewTimer(time.Until(d))
+			defer t.Stop()
+			at = t.C
+		}
+		select {
+		case <-at:
+		case <-moved:
+		}
+	}
+}
+
+func (k *quietKernelLog) SetReadDeadline(t time.Time) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.deadline = t
+	close(k.moved)
+	k.moved = make(chan struct{})
+	return nil
+}
+
+func (*quietKernelLog) Seek(int64, int) (int64, error) { return 0, nil }
+func (*quietKernelLog) Close() error                   { return nil }
 
 // soakHours is how many simulated hours TestSoakSimulatedDay runs:
 // SOAK_HOURS (make soak: 24), else 3.
@@ -63,7 +108,8 @@ const (
 )
 
 // The daemon with its default configuration (checks on a fixture host, the
-// Kubernetes writers on client-go's fake clientset) for SOAK_HOURS
+// kernel log monitor on a kernel log that logs nothing, the Kubernetes
+// writers on client-go's fake clientset) for SOAK_HOURS
 // simulated hours on testing/synctest's fake clock, after an hour to
 // settle: a healthy node, and one whose condition changes once an hour (set
 // into the store as a check sets it). Per hour: the API writes stay at the
@@ -91,6 +137,9 @@ func TestSoakSimulatedDay(t *testing.T) {
 				// wakes only on a change under the watched paths, so a
 				// quiet node's hours cost it nothing.
 				cfg.Checks.NodeTampered.Enabled = false
+				// The kernel log monitor on a quiet kernel log (testConfig
+				// turns it off: the real /dev/kmsg is not on the fake clock).
+				cfg.Kmsg.Enabled = true
 				client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 				// When (on the fake clock) each write of the conditions was made.
 				var mu sync.Mutex
@@ -108,7 +157,8 @@ func TestSoakSimulatedDay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d, err := New(cfg, log, Options{Version: "test", Listener: newIdleListener(), Kube: kubefake.New(client)})
+				d, err := New(cfg, log, Options{Version: "test", Listener: newIdleListener(), Kube: kubefake.New(client),
+					KmsgOpen: func(string) (kmsg.Device, error) { return newQuietKernelLog(), nil }})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -117,6 +167,11 @@ func TestSoakSimulatedDay(t *testing.T) {
 				go func() { done <- d.Run(ctx) }()
 				time.Sleep(time.Hour) // settle: first pass, adoption, first report
 				synctest.Wait()
+				// The kernel log monitor read the (empty) log: its
+				// conditions are decided.
+				if c, ok := d.Store().Get("KernelDeadlock"); !ok || c.Status != report.StatusFalse {
+					t.Fatalf("after the settling hour KernelDeadlock is %+v; want False from the kernel log monitor", c)
+				}
 				client.ClearActions()
 				mu.Lock()
 				writes0 := len(statusAt)
