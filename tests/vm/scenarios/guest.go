@@ -199,7 +199,9 @@ func setup() (names []string, deadline time.Duration, err error) {
 			return nil, 0, fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
-	for _, d := range []string{"/run/lvm", "/run/lock/lvm", "/run/cryptsetup", "/mnt", StateDir, "/etc/autopilot-health"} {
+	// /run/autopilot-health: the status socket's directory, as the unit's
+	// RuntimeDirectory= makes it.
+	for _, d := range []string{"/run/lvm", "/run/lock/lvm", "/run/cryptsetup", "/mnt", StateDir, "/etc/autopilot-health", "/run/autopilot-health"} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, 0, err
 		}

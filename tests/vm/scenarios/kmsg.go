@@ -1,6 +1,7 @@
 package scenarios
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 	"unsafe"
@@ -55,12 +57,18 @@ func init() {
 	}
 }
 
-// hungWriter (a child of /init) names itself and writes to a file on a
-// frozen filesystem, where it blocks in D state until the thaw.
+// hungWriter (a child of /init) names itself, joins the cgroup its third
+// argument names (if any), and writes to a file on a frozen filesystem,
+// where it blocks in D state until the thaw.
 func hungWriter(args []string) {
 	name := append([]byte(args[0]), 0)
 	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0); err != nil {
 		os.Exit(2)
+	}
+	if len(args) > 2 {
+		if err := os.WriteFile(args[2]+"/cgroup.procs", []byte("0\n"), 0); err != nil {
+			os.Exit(5)
+		}
 	}
 	fd, err := unix.Open(args[1], unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
@@ -78,11 +86,16 @@ const (
 )
 
 // hungTask: processes blocked on an ext4 frozen with FIFREEZE, with
-// hung_task_timeout_secs=1. One named other than a critical task: a
-// TaskHung event, KernelDeadlock stays False; one named kubelet:
-// KernelDeadlock True; then one named as QEMU names a vCPU thread, "CPU
-// 0/KVM" (a space and a slash in the name): the condition's message follows
-// its report.
+// hung_task_timeout_secs=1. First, alone, one named kubelet in a cgroup
+// named as the kubelet's systemd driver names a pod's container (a pod's
+// own kubelet, a kind node in a CI pod): a TaskHung event whose message
+// names that cgroup, KernelDeadlock stays False; one named other than a
+// critical task: the same; one named kubelet in the root cgroup (the
+// node's): KernelDeadlock True; then one named as QEMU names a vCPU
+// thread, "CPU 0/KVM" (a space and a slash in the name): the condition's
+// message follows its report. The kernel reports each blocked task again
+// every second: what one report did is read once the daemon has handled
+// it (handled).
 func hungTask(g *Guest) error {
 	if _, err := g.Await("KernelDeadlock", "False", "KernelHasNoDeadlock", awaitKmsg); err != nil {
 		return err
@@ -103,6 +116,11 @@ func hungTask(g *Guest) error {
 		return err
 	}
 	defer unix.Close(dfd)
+	k, err := OpenKmsg()
+	if err != nil {
+		return err
+	}
+	defer k.Close()
 	if err := unix.IoctlSetInt(dfd, fiFreeze, 0); err != nil {
 		return fmt.Errorf("FIFREEZE: %w", err)
 	}
@@ -115,9 +133,9 @@ func hungTask(g *Guest) error {
 			_ = c.Wait()
 		}
 	}()
-	start := func(name string) (int, error) {
+	start := func(name string, cgroup ...string) (int, error) {
 		file := strings.NewReplacer(" ", "_", "/", "_").Replace(name)
-		c := exec.Command("/init", hungWriterArg, name, mnt+"/"+file+".state")
+		c := exec.Command("/init", append([]string{hungWriterArg, name, mnt + "/" + file + ".state"}, cgroup...)...)
 		c.Stdout, c.Stderr = os.Stdout, os.Stderr
 		if err := c.Start(); err != nil {
 			return 0, err
@@ -125,17 +143,49 @@ func hungTask(g *Guest) error {
 		children = append(children, c)
 		return c.Process.Pid, nil
 	}
-	if _, err := start("sidecar"); err != nil {
+	report := func(name string, pid int) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`^INFO: task %s:%d blocked for more than \d+ seconds\.$`, regexp.QuoteMeta(name), pid))
+	}
+	// A pod's own kubelet: its cgroup is under kubepods. The daemon reads
+	// it from /proc/<pid>/cgroup as it reads the kernel's line.
+	pod, err := podCgroup()
+	if err != nil {
 		return err
 	}
-	page, err := g.AwaitMetric(1, awaitKmsg, "problem_counter", "reason", "TaskHung")
+	pid, err := start("kubelet", pod)
 	if err != nil {
+		return err
+	}
+	page, err := g.handled(k, report("kubelet", pid))
+	if err != nil {
+		return err
+	}
+	if s := ConditionStatus(page, "KernelDeadlock"); s != "False" {
+		return fmt.Errorf("after a hung kubelet in a pod's cgroup (%s): KernelDeadlock %s on /metrics, want False", pod, s)
+	}
+	if n, _ := Metric(page, "problem_counter", "reason", "TaskHung"); n < 1 {
+		return fmt.Errorf("after a hung kubelet in a pod's cgroup: problem_counter{reason=TaskHung} %v, want a TaskHung event", n)
+	}
+	if n, _ := Metric(page, "autopilot_health_kmsg_matches_total", "rule", "KernelDeadlock"); n != 0 {
+		return fmt.Errorf("a hung kubelet in a pod's cgroup matched KernelDeadlock %v times", n)
+	}
+	// The first TaskHung event of the daemon is logged at once: its
+	// message names the cgroup the daemon read.
+	event := regexp.MustCompile(fmt.Sprintf(`INFO: task kubelet:%d blocked for more than \d+ seconds\. \(the task is in a pod's cgroup, %s: a pod's own kubelet, not the node's, so not KernelDeadlock\)`,
+		pid, regexp.QuoteMeta(strings.TrimPrefix(pod, cgroupRoot))))
+	if b, err := os.ReadFile(DaemonLog); err != nil || !event.Match(b) {
+		return fmt.Errorf("the daemon's log has no TaskHung event matching %s (%v)", event, err)
+	}
+	if pid, err = start("sidecar"); err != nil {
+		return err
+	}
+	if page, err = g.handled(k, report("sidecar", pid)); err != nil {
 		return err
 	}
 	if s := ConditionStatus(page, "KernelDeadlock"); s != "False" {
 		return fmt.Errorf("after a hung task named sidecar (a TaskHung event): KernelDeadlock %s on /metrics, want False", s)
 	}
-	pid, err := start("kubelet")
+	pid, err = start("kubelet")
 	if err != nil {
 		return err
 	}
@@ -146,13 +196,13 @@ func hungTask(g *Guest) error {
 	// The kernel reports the task again every second (1 s, then 2 s...)
 	// and the condition's message follows the last report: the state read
 	// may be a report later than the first.
-	if want := regexp.MustCompile(fmt.Sprintf(`^INFO: task kubelet:%d blocked for more than \d+ seconds\.$`, pid)); !want.MatchString(c.Message) {
+	if want := report("kubelet", pid); !want.MatchString(c.Message) {
 		return fmt.Errorf("%s: message is not %s", c, want)
 	}
 	if pid, err = start("CPU 0/KVM"); err != nil {
 		return err
 	}
-	want := regexp.MustCompile(fmt.Sprintf(`^INFO: task CPU 0/KVM:%d blocked for more than \d+ seconds\.$`, pid))
+	want := report("CPU 0/KVM", pid)
 	deadline := time.Now().Add(awaitKmsg)
 	for {
 		st, err := g.State()
@@ -161,6 +211,70 @@ func hungTask(g *Guest) error {
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("waiting %v for KernelDeadlock's message to match %s: the state file shows %s (%v)", awaitKmsg, want, st["KernelDeadlock"], err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+const cgroupRoot = "/sys/fs/cgroup"
+
+// podCgroup makes a cgroup as the kubelet's systemd driver names a pod's
+// container, on cgroup v2 (mounted at /sys/fs/cgroup if it is not), and
+// returns its directory.
+func podCgroup() (string, error) {
+	if _, err := os.Stat(cgroupRoot + "/cgroup.procs"); err != nil {
+		if err := unix.Mount("cgroup2", cgroupRoot, "cgroup2", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return "", fmt.Errorf("mount cgroup2 at %s: %w", cgroupRoot, err)
+		}
+	}
+	dir := cgroupRoot + "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e.slice/cri-containerd-4b2d.scope"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// handled waits for the kernel's record whose message matches re (read
+// from k, opened before the task that logs it started), then until the
+// daemon has handled it: its kernel log cursor (autopilot-health status:
+// the last record it took up) is past the record (a hung task's report
+// goes on over several records). It returns the daemon's /metrics page
+// read after that: what the record did to the conditions and counters.
+func (g *Guest) handled(k *Kmsg, re *regexp.Regexp) (string, error) {
+	r, err := k.Await(re, awaitKmsg)
+	if err != nil {
+		return "", err
+	}
+	f := strings.SplitN(r.Raw, ",", 3)
+	if len(f) < 3 {
+		return "", fmt.Errorf("kernel record %q: no sequence number", r.Raw)
+	}
+	seq, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return "", fmt.Errorf("kernel record %q: %w", r.Raw, err)
+	}
+	deadline := time.Now().Add(awaitKmsg)
+	var last string
+	for {
+		var st struct {
+			Kmsg *struct {
+				LastRecord *struct {
+					Seq uint64 `json:"seq"`
+				} `json:"lastRecord"`
+			} `json:"kmsg"`
+		}
+		// Exit 1: a condition is True.
+		out, err := exec.Command(DaemonPath, "status", "--json").Output()
+		if jerr := json.Unmarshal(out, &st); jerr == nil && st.Kmsg != nil && st.Kmsg.LastRecord != nil {
+			if st.Kmsg.LastRecord.Seq > seq {
+				return g.Metrics()
+			}
+			last = fmt.Sprintf("the daemon's last record #%d", st.Kmsg.LastRecord.Seq)
+		} else {
+			last = fmt.Sprintf("autopilot-health status --json: %v %v: %.300s", err, jerr, out)
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("waiting %v for the daemon to handle record #%d %q: %s", awaitKmsg, seq, r.Msg, last)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
