@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/syself/autopilot-health/internal/backoff"
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
@@ -374,7 +375,10 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	retry := a.createName != ""
 	if !retry {
 		// kubelet's naming (<node>.<hex nanoseconds>) plus a sequence
-		// number, so two events in the same nanosecond do not collide.
+		// number, so two events in the same nanosecond do not collide,
+		// unique in the boot (eventSeqStart): an earlier run's Event of
+		// the same first time (a kernel line read again after a crash)
+		// has another name.
 		r.eventSeq++
 		a.createName = eventName(r.o.NodeName, a.first, r.eventSeq)
 	}
@@ -416,6 +420,16 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	a.name, a.sentCount, a.lastPatch = name, ev.Count, time.Now()
 	return nil
 }
+
+// eventSeqStart is where the sequence numbers of a run's Event names start:
+// the time since boot in µs (CLOCK_MONOTONIC, which a restart of the daemon
+// does not reset and nothing sets back). An earlier run of this boot
+// numbered up from its own start, one for each name, and takes far fewer
+// than one a µs (each is an API call, under its client's rate limit of 5
+// a second), so its numbers stay below this run's: a name is never one an
+// earlier run gave an Event (a kernel line read again after a crash keeps
+// its time, the name's other part).
+func eventSeqStart() uint64 { return rawsys.MonotonicMicros() }
 
 // maxEventName is the longest object name the API server takes (a DNS
 // subdomain).

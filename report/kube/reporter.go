@@ -181,7 +181,8 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), back: make(chan struct{}), failingNow: make(chan struct{}, 1)}
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), back: make(chan struct{}), failingNow: make(chan struct{}, 1),
+		eventSeq: eventSeqStart()}
 	r.m.SetReporting(true)
 	return r
 }
