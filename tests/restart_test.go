@@ -494,3 +494,57 @@ func TestKernelCursorSavedOnCleanStop(t *testing.T) {
 		t.Errorf("the line's Event counted %d times after a clean stop and start; want 1 (the cursor was not saved on stop)", total)
 	}
 }
+
+// An identical kernel line before and after a SIGKILL and restart of the
+// shipped daemon is one Event on the real API server, its count 2, as
+// without the restart: the event writer's aggregation is kept in the state
+// file for the boot, and the restarted daemon reads the Event (a patch of
+// nothing: a node's credentials may not get Events) before it patches the
+// count. Before, the aggregation lived in memory only: 2 Events, count 1
+// each.
+func TestEventAggregatedAcrossKillAndRestart(t *testing.T) {
+	n := newKernelNode(t)
+	n.start()
+	n.caughtUp()
+	const text = "ext4_end_bio: I/O error 10 writing to inode 12"
+	n.line("EXT4-fs warning (device TOKEN): " + text)
+	// await polls f every 50 ms (the API server and the state file have no
+	// notice to wait on) until it holds, 30 s at most.
+	await := func(what string, f func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !f() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within 30 s: %s", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	var name string
+	await("the line's Event", func() bool {
+		evs := n.nodeEvents(text)
+		if len(evs) == 1 {
+			name = evs[0].Name
+		}
+		return name != ""
+	})
+	await("the state file to take the Event", func() bool {
+		b, err := os.ReadFile(filepath.Join(n.state, "state.json"))
+		return err == nil && bytes.Contains(b, []byte(`"name": "`+name+`"`))
+	})
+	n.kill()
+	n.start()
+	n.caughtUp()
+	n.line("EXT4-fs warning (device TOKEN): " + text)
+	var evs []corev1.Event
+	await("the Event's count 2", func() bool {
+		evs = n.nodeEvents(text)
+		return len(evs) > 1 || (len(evs) == 1 && evs[0].Count == 2)
+	})
+	if len(evs) != 1 || evs[0].Name != name {
+		for _, e := range evs {
+			t.Logf("Event %s count %d: %s", e.Name, e.Count, e.Message)
+		}
+		t.Errorf("the same line before and after a SIGKILL and restart: %d Events; want 1, %s, with count 2", len(evs), name)
+	}
+}

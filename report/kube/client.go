@@ -63,8 +63,11 @@ type Client interface {
 	// returns the Node the API server answered with.
 	PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error)
 	CreateEvent(ctx context.Context, ev *kubeapi.Event) error
-	// PatchEvent applies a strategic merge patch to an Event.
-	PatchEvent(ctx context.Context, namespace, name string, patch []byte) error
+	// PatchEvent applies a strategic merge patch to an Event and returns
+	// the Event the API server answered with. A patch of nothing ({})
+	// reads the Event: a node's credentials may create and patch Events,
+	// not get them (the Node authorizer).
+	PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*kubeapi.Event, error)
 }
 
 // NewClient builds a client from a node-scoped kubeconfig (the kubelet's
@@ -318,10 +321,10 @@ func (k *kubeconfigClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) e
 	return c.CreateEvent(ctx, ev)
 }
 
-func (k *kubeconfigClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+func (k *kubeconfigClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*kubeapi.Event, error) {
 	c, err := k.client()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return c.PatchEvent(ctx, namespace, name, patch)
 }
@@ -471,10 +474,10 @@ func (r *rotatingClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) err
 	return c.CreateEvent(ctx, ev)
 }
 
-func (r *rotatingClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+func (r *rotatingClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*kubeapi.Event, error) {
 	c, err := r.client()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return c.PatchEvent(ctx, namespace, name, patch)
 }
@@ -788,10 +791,11 @@ func (r restClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
 	if err != nil {
 		return err
 	}
-	return checkEvent(ev.Metadata.Name, r.c.Post().MaxRetries(0).Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx))
+	_, err = checkEvent(ev.Metadata.Name, r.c.Post().MaxRetries(0).Namespace(ev.Metadata.Namespace).Resource("events").Body(b).Do(ctx))
+	return err
 }
 
-func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
+func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*kubeapi.Event, error) {
 	return checkEvent(name, r.c.Patch(types.StrategicMergePatchType).MaxRetries(0).Namespace(namespace).Resource("events").Name(name).Body(patch).Do(ctx))
 }
 
@@ -801,27 +805,22 @@ func (r restClient) PatchEvent(ctx context.Context, namespace, name string, patc
 // is not the API server's answer, and the write is a failed one, as a
 // status write answered so is (decodeNode): taken as written, the Event
 // was lost without a word and counted as written.
-func checkEvent(name string, res rest.Result) error {
+func checkEvent(name string, res rest.Result) (*kubeapi.Event, error) {
 	if err := res.Error(); err != nil {
-		return err
+		return nil, err
 	}
 	b, err := res.Raw()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var ev struct {
-		Kind     string `json:"kind"`
-		Metadata struct {
-			Name string `json:"name"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(b, &ev); err != nil {
-		return httpAnswer{fmt.Errorf("event %s: the answer is not an Event: %w", name, err)}
+	ev := &kubeapi.Event{}
+	if err := json.Unmarshal(b, ev); err != nil {
+		return nil, httpAnswer{fmt.Errorf("event %s: the answer is not an Event: %w", name, err)}
 	}
 	if ev.Metadata.Name != name || (ev.Kind != "" && ev.Kind != "Event") {
-		return httpAnswer{fmt.Errorf("event %s: %w (kind %q, name %q)", name, errNotTheEvent, ev.Kind, ev.Metadata.Name)}
+		return nil, httpAnswer{fmt.Errorf("event %s: %w (kind %q, name %q)", name, errNotTheEvent, ev.Kind, ev.Metadata.Name)}
 	}
-	return nil
+	return ev, nil
 }
 
 // errNotTheEvent is the cause of a failed Event write answered with

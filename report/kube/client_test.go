@@ -724,7 +724,7 @@ func TestClientLeavesRetriesToTheReporter(t *testing.T) {
 				ev.Metadata.Name, ev.Metadata.Namespace = "e", EventNamespace
 				return c.CreateEvent(ctx, ev)
 			},
-			func() error { return c.PatchEvent(ctx, EventNamespace, "e", []byte(`{}`)) },
+			func() error { _, err := c.PatchEvent(ctx, EventNamespace, "e", []byte(`{}`)); return err },
 		}
 		for i, call := range calls {
 			n.Store(0)
@@ -852,14 +852,14 @@ func TestEventWriteAnsweredWithSomethingElseFails(t *testing.T) {
 		if err := c.CreateEvent(context.Background(), ev); err == nil {
 			t.Errorf("an Event's create answered with %s: no error, want a failed write", tc.what)
 		}
-		err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`))
+		_, err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`))
 		if err == nil {
 			t.Errorf("an Event's count patch answered with %s: no error, want a failed write", tc.what)
 			continue
 		}
 		// Events of other names failing alike are one line in the
 		// journal (errorLog), not one per Event.
-		if err2 := c.PatchEvent(context.Background(), EventNamespace, "n1.2.2", []byte(`{"count":2}`)); err2 == nil || errKey(err2) != errKey(err) {
+		if _, err2 := c.PatchEvent(context.Background(), EventNamespace, "n1.2.2", []byte(`{"count":2}`)); err2 == nil || errKey(err2) != errKey(err) {
 			t.Errorf("two Events' patches answered with %s: errors %v and %v, want the same cause (errKey %q, %q)", tc.what, err, err2, errKey(err), errKey(err2))
 		}
 	}
@@ -876,8 +876,9 @@ func TestEventWriteAnsweredWithSomethingElseFails(t *testing.T) {
 	if err := c.CreateEvent(context.Background(), ev); err != nil {
 		t.Errorf("an Event's create answered with it: %v", err)
 	}
-	if err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`)); err != nil {
-		t.Errorf("an Event's count patch answered with it: %v", err)
+	// The Event answered is returned: a patch of nothing reads its count.
+	if got, err := c.PatchEvent(context.Background(), EventNamespace, "n1.1.1", []byte(`{"count":2}`)); err != nil || got.Count != 2 {
+		t.Errorf("an Event's count patch answered with it: %v, %+v", err, got)
 	}
 }
 
@@ -985,7 +986,7 @@ func TestAnswersThatAreNotTheAPIServersAreAnswered(t *testing.T) {
 				ev.Metadata.Name, ev.Metadata.Namespace = "n1.1.1", EventNamespace
 				return c.CreateEvent(ctx, ev)
 			},
-			"event patch": func() error { return c.PatchEvent(ctx, EventNamespace, "n1.1.1", []byte(`{}`)) },
+			"event patch": func() error { _, err := c.PatchEvent(ctx, EventNamespace, "n1.1.1", []byte(`{}`)); return err },
 		}
 		for name, call := range calls {
 			err := call()

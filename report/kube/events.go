@@ -44,6 +44,12 @@ type aggregate struct {
 	// distinct messages in its window; its message is the latest one's,
 	// with combinedPrefix, and goes with each count patch.
 	combined bool
+	// restored: kept in the state file by an earlier run of the daemon in
+	// this boot (restoreEvents), with keptCount its count as kept. Its
+	// first patch reads the Event first (readEvent): a crash can have left
+	// the kept count behind the API server's.
+	restored  bool
+	keptCount int32
 }
 
 // aggKey names an aggregate: reason and message, and for one whose dedupe
@@ -73,7 +79,11 @@ const combinedPrefix = "(combined from similar events): "
 // table is bounded and what does not fit is dropped and counted.
 func (r *Reporter) eventLoop(ctx context.Context) {
 	const loop = eventsLoop
-	aggs := map[aggKey]*aggregate{}
+	// The aggregation of an earlier run in this boot (a restart), kept in
+	// the state file from now on.
+	aggs := r.restoreEvents()
+	r.o.Store.Keep(EventsKey, r.keptEvents)
+	r.m.setEventsWaiting(waiting(aggs))
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := r.newErrorLog("writing events of node " + r.o.NodeName)
 	timer := time.NewTimer(eventsIdleBeat)
@@ -84,6 +94,10 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 		// every second.
 		now := time.Now()
 		wait := nextFlush(aggs, now, r.o.EventCountFlush)
+		if r.eventsChanged {
+			// A change of counts alone waits to be kept (keepEvents).
+			wait = min(wait, max(0, r.keptAt.Add(keepEvery).Sub(now)))
+		}
 		r.progress(loop, wait)
 		if wait == eventsIdleBeat {
 			// Nothing due: the beat on the grid (never later).
@@ -93,6 +107,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			r.finalFlush(aggs)
+			r.keepEvents(aggs, time.Now(), true)
 			return
 		case e := <-r.events:
 			r.fold(aggs, e)
@@ -111,6 +126,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 				// Shutdown cut the write short: what waits still gets
 				// its one short attempt.
 				r.finalFlush(aggs)
+				r.keepEvents(aggs, time.Now(), true)
 				return
 			}
 			wait := retryWait(&bo, err)
@@ -130,6 +146,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			bo.Reset()
 		}
 		r.m.setEventsWaiting(waiting(aggs))
+		r.keepEvents(aggs, time.Now(), false)
 	}
 }
 
@@ -165,8 +182,9 @@ func (r *Reporter) foldQueued(aggs map[aggKey]*aggregate) {
 // finalFlush makes one short attempt (finalWriteTimeout), on shutdown, to
 // send what waits: the events still queued, Events not created yet, and
 // counts not patched yet, without waiting for the count's flush period or
-// a retry's backoff. What does not go out in that time is lost (events are
-// not kept in the state file).
+// a retry's backoff. What does not go out in that time waits in the state
+// file (keepEvents, saved after the reporter stops) for the next run in
+// this boot.
 func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
 	r.foldQueued(aggs)
 	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
@@ -203,6 +221,7 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 	// was set back an hour folded into the Event from before and set its
 	// lastTimestamp an hour before its firstTimestamp.
 	e.Time = e.Time.Round(0)
+	r.eventsChanged = true
 	k := aggKey{reason: e.Reason, message: e.Message}
 	// A new Event of its own, past the limit, is combined: also for a
 	// message whose Event from before its window ended is still there
@@ -334,6 +353,7 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 		case a.refused:
 			if now.Sub(a.first) >= EventDedupeWindow || k.retired != 0 {
 				delete(aggs, k) // the next occurrence is tried anew
+				r.eventsTrimmed = true
 			}
 		case a.name == "":
 			if err := r.createEvent(ctx, a); refused(err) {
@@ -355,6 +375,7 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 			answered = true
 		case a.count == a.sentCount && (now.Sub(a.first) >= EventDedupeWindow || k.retired != 0):
 			delete(aggs, k) // done: the next occurrence starts a new Event
+			r.eventsTrimmed = true
 		case k.retired != 0 && a.count != a.sentCount:
 			// A retired aggregate's last count, without waiting for the
 			// flush period: nothing raises it any more.
@@ -381,6 +402,7 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 		// has another name.
 		r.eventSeq++
 		a.createName = eventName(r.o.NodeName, a.first, r.eventSeq)
+		r.eventsChanged = true
 	}
 	name := a.createName
 	ev := &kubeapi.Event{
@@ -406,18 +428,24 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 		// the earlier try; the patch sends the whole count.
 		r.m.observe(KindEvent, start, nil)
 		a.name, a.sentCount = name, -1
+		r.eventsNamed = true
 		return r.patchEventCount(ctx, a, time.Now())
 	}
 	r.m.observe(KindEvent, start, err)
 	if apierrors.IsAlreadyExists(err) {
 		// Another Event has this name: the retry takes a new one.
 		a.createName = ""
+		r.eventsChanged = true
 	}
 	if err != nil {
 		return err
 	}
 	r.changeWrote()
 	a.name, a.sentCount, a.lastPatch = name, ev.Count, time.Now()
+	a.restored = false // its count on the API server is the one sent
+	// Its name goes to the state file soon (Touch): lost in a crash, the
+	// next run would make a second Event of it.
+	r.eventsNamed = true
 	return nil
 }
 
@@ -427,8 +455,9 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 // numbered up from its own start, one for each name, and takes far fewer
 // than one a µs (each is an API call, under its client's rate limit of 5
 // a second), so its numbers stay below this run's: a name is never one an
-// earlier run gave an Event (a kernel line read again after a crash keeps
-// its time, the name's other part).
+// earlier run gave an Event, also one whose Event the earlier run did not
+// live to keep (a kernel line read again after a crash keeps its time, the
+// name's other part).
 func eventSeqStart() uint64 { return rawsys.MonotonicMicros() }
 
 // maxEventName is the longest object name the API server takes (a DNS
@@ -463,6 +492,7 @@ func refused(err error) bool {
 func (r *Reporter) dropRefused(a *aggregate, err error) {
 	r.m.dropped.Add(float64(a.count - a.sentCount))
 	a.refused, a.sentCount = true, a.count
+	r.eventsChanged = true
 	if key := errKey(err); key != r.refusedKey {
 		r.refusedKey = key
 		r.o.Log.Error("event refused by the API server; dropped (logged again only for another refusal)",
@@ -471,13 +501,26 @@ func (r *Reporter) dropRefused(a *aggregate, err error) {
 }
 
 func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.Time) error {
+	if a.restored {
+		if gone, err := r.readEvent(ctx, a); err != nil {
+			return err
+		} else if gone {
+			// Expired or deleted since: created anew, under a new
+			// name, with the count.
+			a.name, a.createName = "", ""
+			return r.createEvent(ctx, a)
+		}
+		if a.count == a.sentCount {
+			return nil // the API server has it all
+		}
+	}
 	fields := map[string]any{"count": a.count, "lastTimestamp": metav1.NewTime(a.last)}
 	if a.combined {
 		fields["message"] = a.message // the latest of the similar events
 	}
 	patch, _ := json.Marshal(fields)
 	start := time.Now()
-	err := r.o.Client.PatchEvent(ctx, EventNamespace, a.name, patch)
+	_, err := r.o.Client.PatchEvent(ctx, EventNamespace, a.name, patch)
 	if apierrors.IsNotFound(err) {
 		// The Event expired (the API server's event TTL, 1 h by default):
 		// not a failed write (it would count towards the alert on failing
@@ -492,5 +535,6 @@ func (r *Reporter) patchEventCount(ctx context.Context, a *aggregate, now time.T
 	}
 	r.changeWrote()
 	a.sentCount, a.lastPatch = a.count, now
+	r.eventsChanged = true
 	return nil
 }

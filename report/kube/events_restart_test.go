@@ -1,7 +1,11 @@
 package kube
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -16,12 +21,175 @@ import (
 	"github.com/syself/autopilot-health/report"
 )
 
+// restartStore is a daemon's restart within the boot: store saved to the
+// state file as it stands, and a new store of the same boot loaded from it.
+func restartStore(t *testing.T, store *report.Store) *report.Store {
+	t.Helper()
+	dir := t.TempDir()
+	if err := store.Save(dir, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	next := report.NewStore("b")
+	if res, err := next.Load(dir); err != nil || res.Corrupt != nil {
+		t.Fatalf("load: %v %v", err, res.Corrupt)
+	}
+	return next
+}
+
 // logEvents logs the Events on the fake API server.
 func logEvents(t *testing.T, evs []corev1.Event) {
 	t.Helper()
 	for _, e := range evs {
 		t.Logf("Event %s: %s %q count %d", e.Name, e.Reason, e.Message, e.Count)
 	}
+}
+
+// The same event 30 s apart with a restart of the daemon in between is one
+// Event with count 2, as without the restart: the aggregation is kept in
+// the state file for the boot. Before, the table lived in memory only and
+// the restart made a second Event with count 1.
+func TestIdenticalEventAcrossRestartIsOneEvent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		const msg = "Buffer I/O error on dev sda1, logical block 0"
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop()
+		store = restartStore(t, store)
+		time.Sleep(30 * time.Second)
+		h = start(t, client, store)
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		evs := events(t, client)
+		if len(evs) != 1 || evs[0].Count != 2 {
+			logEvents(t, evs)
+			t.Errorf("the same event 30 s apart, a restart in between: %d Events; want 1 with count 2", len(evs))
+		}
+		h.stop()
+	})
+}
+
+// The limit of 10 Events of their own for a reason's distinct messages in
+// 10 minutes holds across a restart: the Events made before it count.
+// Before, a restart started the count again, 10 more Events each time.
+func TestSimilarEventsLimitHoldsAcrossRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		sector := 0
+		emit := func(s *report.Store, n int) {
+			for range n {
+				sector++
+				s.Emit(report.Event{Reason: "IOError", Message: fmt.Sprintf("I/O error, dev sda, sector %d", sector), Time: time.Now()})
+				time.Sleep(time.Second)
+			}
+		}
+		emit(store, maxSimilarEvents)
+		synctest.Wait()
+		h.stop()
+		store = restartStore(t, store)
+		time.Sleep(30 * time.Second)
+		h = start(t, client, store)
+		emit(store, 3)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		evs := events(t, client)
+		var combined []corev1.Event
+		for _, e := range evs {
+			if strings.HasPrefix(e.Message, combinedPrefix) {
+				combined = append(combined, e)
+			}
+		}
+		if len(evs) != maxSimilarEvents+1 || len(combined) != 1 || combined[0].Count != 3 {
+			logEvents(t, evs)
+			t.Errorf("13 distinct messages of a reason in 2 minutes, a restart after 10: %d Events, %d combined; want 11, one combined with count 3", len(evs), len(combined))
+		}
+		h.stop()
+	})
+}
+
+// A crash leaves the count kept in the state file older than the API
+// server's: patches landed after the last save. The restarted writer reads
+// the Event before its first patch and goes on from the larger count,
+// instead of setting the Event's count back to the kept one.
+func TestRestoredEventContinuesFromTheAPIServersCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		const msg = "Buffer I/O error on dev sda1, logical block 0"
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		// The last save before the crash: the Event with count 1.
+		saved := restartStore(t, store)
+		for range 4 {
+			store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		}
+		time.Sleep(15 * time.Second) // the count's patch (5) lands, not saved
+		synctest.Wait()
+		if evs := events(t, client); len(evs) != 1 || evs[0].Count != 5 {
+			logEvents(t, evs)
+			t.Fatalf("before the crash: %d Events; want 1 with count 5", len(evs))
+		}
+		h.stop()
+		h = start(t, client, saved)
+		saved.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		evs := events(t, client)
+		if len(evs) != 1 || evs[0].Count != 6 {
+			logEvents(t, evs)
+			t.Errorf("6 occurrences, the last after a crash that kept count 1: %d Events; want 1 with count 6", len(evs))
+		}
+		if v := h.m.Failures(); v != 0 {
+			t.Errorf("%v failed API calls counted, want 0", v)
+		}
+		h.stop()
+	})
+}
+
+// A kept Event that is gone from the API server when the restarted daemon
+// patches it (expired: the API server's event TTL; deleted) is created
+// anew with the count, and that is not a failed write.
+func TestRestoredEventGoneIsCreatedAnew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		const msg = "Buffer I/O error on dev sda1, logical block 0"
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		h.stop()
+		evs := events(t, client)
+		if len(evs) != 1 {
+			t.Fatalf("%d Events after the first occurrence", len(evs))
+		}
+		first := evs[0].Name
+		if err := client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("events"), EventNamespace, first); err != nil {
+			t.Fatal(err)
+		}
+		store = restartStore(t, store)
+		h = start(t, client, store)
+		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		evs = events(t, client)
+		if len(evs) != 1 || evs[0].Name == first || evs[0].Count != 2 {
+			logEvents(t, evs)
+			t.Errorf("the kept Event deleted, then a restart and its event again: %d Events; want 1 under a new name with count 2", len(evs))
+		}
+		if v := h.m.Failures(); v != 0 {
+			t.Errorf("%v failed API calls counted, want 0: a gone Event is not a failure", v)
+		}
+		h.stop()
+	})
 }
 
 // Event names are unique across restarts of the daemon within the boot. A
@@ -84,4 +252,68 @@ func TestEventNamesDoNotCollideAfterARestart(t *testing.T) {
 		}
 		h.stop()
 	})
+}
+
+// Events kept in the state file that the daemon does not write so (an
+// edited file, another build's) are left out and said so; the valid ones
+// are restored, and a kept value that does not decode costs the kept
+// Events alone: the reporter starts and writes the next Event.
+func TestKeptEventsNotAsWrittenAreLeftOut(t *testing.T) {
+	for _, tc := range []struct {
+		name, kept, log string
+		want            int32 // the count of the kept Event after one more
+	}{
+		{name: "unreadable", kept: `42`, log: "unreadable", want: 1},
+		{name: "one entry bad", kept: `{"node":"` + node + `","seq":5,"events":[
+			{"reason":"IOError","message":"M","first":"FIRST","last":"FIRST","count":4,"name":"NAME","namespace":"default","sentCount":4},
+			{"reason":"IOError","message":"other","first":"FIRST","last":"FIRST","count":0,"sentCount":0}]}`, log: "left_out=1", want: 5},
+		{name: "another node's", kept: `{"node":"other-node","seq":5,"events":[
+			{"reason":"IOError","message":"M","first":"FIRST","last":"FIRST","count":4,"name":"NAME","namespace":"default","sentCount":4}]}`, want: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				client := fake.NewClientset(kubeletNode())
+				first := time.Now()
+				const name = node + ".1.1"
+				ev := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: EventNamespace}, Reason: "IOError", Message: "M", Count: 4}
+				if err := client.Tracker().Create(corev1.SchemeGroupVersion.WithResource("events"), ev, EventNamespace); err != nil {
+					t.Fatal(err)
+				}
+				kept := strings.NewReplacer("FIRST", first.Format(time.RFC3339Nano), "NAME", name).Replace(tc.kept)
+				dir := t.TempDir()
+				state := fmt.Sprintf(`{"version":1,"bootID":"b","savedAt":%q,"conditions":[],"memos":{%q:%s}}`, first.Format(time.RFC3339Nano), EventsKey, kept)
+				if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				store := report.NewStore("b")
+				if res, err := store.Load(dir); err != nil || res.Corrupt != nil {
+					t.Fatalf("load: %v %v", err, res.Corrupt)
+				}
+				var logs bytes.Buffer
+				h := startLogged(t, client, store, report.NewDetails(), &logs)
+				time.Sleep(30 * time.Second)
+				store.Emit(report.Event{Reason: "IOError", Message: "M", Time: time.Now()})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				h.stop()
+				counts := map[string]int32{}
+				for _, e := range events(t, client) {
+					if e.Name != name {
+						counts["new"] += e.Count
+					} else {
+						counts["kept"] = e.Count
+					}
+				}
+				switch {
+				case tc.want > 1 && (counts["kept"] != tc.want || counts["new"] != 0):
+					t.Errorf("counts %v, want the kept Event's %d and no new one", counts, tc.want)
+				case tc.want == 1 && (counts["kept"] != 4 || counts["new"] != 1):
+					t.Errorf("counts %v, want the kept Event's 4 untouched and a new one with 1", counts)
+				}
+				if tc.log != "" && !strings.Contains(logs.String(), tc.log) {
+					t.Errorf("no %q in the log:\n%s", tc.log, logs.String())
+				}
+			})
+		})
+	}
 }

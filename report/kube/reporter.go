@@ -151,6 +151,16 @@ type Reporter struct {
 	changeWritten atomic.Pointer[time.Time]
 	// eventSeq and retired are used by the event loop only.
 	eventSeq, retired uint64
+	// eventsChanged: the event loop changed its aggregation since it was
+	// last kept (keepEvents); eventsNamed: an Event was created since;
+	// eventsTrimmed: aggregates done with were dropped since. keptAt:
+	// when it was last kept.
+	eventsChanged, eventsNamed, eventsTrimmed bool
+	keptAt                                    time.Time
+	// keptMu guards kept, the aggregation as the state file takes it
+	// (keptEvents).
+	keptMu sync.Mutex
+	kept   keptEventsState
 	// refusedKey is the errKey of the last refusal logged (dropRefused).
 	refusedKey string
 	// failing counts the writers whose last call failed without an answer

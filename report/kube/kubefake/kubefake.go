@@ -83,7 +83,11 @@ func convert(in, out any) error {
 	return json.Unmarshal(b, out)
 }
 
-func (c Client) PatchEvent(ctx context.Context, namespace, name string, patch []byte) error {
-	_, err := c.cs.CoreV1().Events(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-	return err
+func (c Client) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*kubeapi.Event, error) {
+	ev, err := c.cs.CoreV1().Events(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := &kubeapi.Event{}
+	return out, convert(ev, out)
 }
