@@ -1,6 +1,7 @@
 package kmsg
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,11 +14,13 @@ import (
 // runs, which a pod may run as its own too: a kind node in a CI pod runs
 // its own kubelet and containerd, a Docker-in-Docker runner its own
 // containerd and shims. A hung task of one of these names whose cgroup
-// lies under the kubelet's pod hierarchy is the pod's, not the node's: a
+// lies under the kubelet's pod hierarchy, and that runs in a PID namespace
+// below the host's (a container's), is the pod's, not the node's: a
 // TaskHung event, not KernelDeadlock. (containerd starts its runc shims in
 // its own cgroup, system.slice/containerd.service, unless its runtime's
-// ShimCgroup option names another: the node's shims are not in a pod's
-// cgroup.) The other critical names (runc:[2:INIT], crun, a Kata VM's
+// ShimCgroup option names another; Kata moves its shim,
+// containerd-shim-kata-v2, into its pod's cgroup, but it runs in the
+// host's PID namespace: a node's shim either way.) The other critical names (runc:[2:INIT], crun, a Kata VM's
 // QEMU, its vCPU threads and virtiofsd) run in the pod's cgroup by design
 // and stay critical wherever they are.
 var PodGatedTasks = []string{"kubelet", "containerd", "containerd-shim*"}
@@ -79,10 +82,13 @@ func gated(task string) bool {
 }
 
 // podCgroup returns the cgroup of the task pid when it lies under the
-// kubelet's pod hierarchy; usec is the kernel time of the line that names
-// the task. Not found (the task is gone, /proc is not readable, the read
-// hangs, the line is over podLookupMaxAge old, no lookup configured): ok
-// false, and the line is matched by the task's name alone.
+// kubelet's pod hierarchy and the task runs in a container's PID namespace
+// (inNestedPIDNS, from /proc/<pid>/status); usec is the kernel time of the
+// line that names the task. Not found (the task is gone, /proc is not
+// readable, the read hangs, the line is over podLookupMaxAge old, no
+// lookup configured, the task in the host's PID namespace or its status
+// without NSpid): ok false, and the line is matched by the task's name
+// alone.
 func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
 	if p.proc == "" || !isDigits(pid) { // a custom rule's group may hold anything
 		return "", false
@@ -106,8 +112,18 @@ func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
 	done := make(chan struct{})
 	path := filepath.Join(p.proc, pid, "cgroup")
 	read := p.read
+	status := filepath.Join(p.proc, pid, "status")
 	go func() {
 		b, err := read(path)
+		if err == nil {
+			if _, ok := parsePodCgroup(b); ok {
+				// Only a task in a pod's cgroup needs its PID namespace.
+				var st []byte
+				if st, err = read(status); err == nil && !inNestedPIDNS(st) {
+					err = errHostPIDNS
+				}
+			}
+		}
 		res <- result{b, err}
 		close(done)
 	}()
@@ -123,6 +139,37 @@ func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
 		p.hung = done
 		return "", false
 	}
+}
+
+// errHostPIDNS: the task in a pod's cgroup runs in the host's PID
+// namespace, or its status does not say which.
+var errHostPIDNS = errors.New("not in a container's PID namespace")
+
+// inNestedPIDNS reports whether /proc/<pid>/status says the task runs in a
+// PID namespace below the one of that procfs: its NSpid line (Linux 4.1+)
+// holds its PID in each namespace from the procfs's down to its own, one
+// PID in the host's, two or more in a container's. A pod's own kubelet or
+// containerd (kind in a CI pod, Docker in Docker) runs in its container's
+// PID namespace; a node daemon that a runtime put in a pod's cgroup runs
+// in the host's: Kata's shim (containerd-shim-kata-v2, "containerd-shim"
+// as the kernel cuts it), which Kata moves into its pod's cgroup, or a
+// node's kubelet that an operator's --kubelet-cgroups put under kubepods.
+// No NSpid line (an older kernel), or one that does not read: false.
+func inNestedPIDNS(status []byte) bool {
+	for line := range strings.SplitSeq(string(status), "\n") {
+		rest, ok := strings.CutPrefix(line, "NSpid:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		for _, x := range f {
+			if !isDigits(x) {
+				return false
+			}
+		}
+		return len(f) >= 2
+	}
+	return false
 }
 
 // parsePodCgroup returns the first cgroup path of /proc/<pid>/cgroup

@@ -3,6 +3,7 @@ package kmsg
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,8 +22,11 @@ func (events) ConditionChanged(*report.Condition, report.Condition) {}
 func (events) ConditionRestored(report.Condition)                   {}
 func (e events) EventEmitted(ev report.Event)                       { *e.got = append(*e.got, ev) }
 
-// fakeProc writes a /proc tree holding <pid>/cgroup for each pid.
-func fakeProc(t *testing.T, cgroups map[string]string) string {
+// fakeProc writes a /proc tree holding <pid>/cgroup for each pid, and its
+// <pid>/status: a task in the host's PID namespace (NSpid: its PID alone)
+// when it is listed in hostNS, else one in a container's (NSpid: its PID
+// and its PID in the container, as a pod's processes are).
+func fakeProc(t *testing.T, cgroups map[string]string, hostNS ...string) string {
 	t.Helper()
 	proc := t.TempDir()
 	for pid, cg := range cgroups {
@@ -32,8 +36,26 @@ func fakeProc(t *testing.T, cgroups map[string]string) string {
 		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte(cg), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		status := statusInPod(pid)
+		if slices.Contains(hostNS, pid) {
+			status = statusOnHost(pid)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "status"), []byte(status), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return proc
+}
+
+// statusInPod and statusOnHost are /proc/<pid>/status of a task in a
+// container's PID namespace (a pod's) and in the host's (5.x-6.x; the
+// lines around NSpid cut).
+func statusInPod(pid string) string {
+	return "Name:\tkubelet\nTgid:\t" + pid + "\nPid:\t" + pid + "\nNStgid:\t" + pid + "\t7\nNSpid:\t" + pid + "\t7\nNSpgid:\t" + pid + "\t7\n"
+}
+
+func statusOnHost(pid string) string {
+	return "Name:\tkubelet\nTgid:\t" + pid + "\nPid:\t" + pid + "\nNStgid:\t" + pid + "\nNSpid:\t" + pid + "\nNSpgid:\t" + pid + "\n"
 }
 
 // nowUsec is the kernel time the tests' monitors take for now: the
@@ -66,6 +88,10 @@ const (
 	podKind     = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod77aa.slice/cri-containerd-9c1f.scope/system.slice/kubelet.service\n"
 	hostKubelet = "0::/system.slice/kubelet.service\n"
 	hostV1      = "12:memory:/system.slice/containerd.service\n1:name=systemd:/system.slice/containerd.service\n"
+	// Kata's shim in its sandbox's cgroup under the pod's
+	// (sandbox_cgroup_only=true), and in its container's (false, cgroup v1).
+	podKataShim   = "0::/kubepods/burstable/pod0f1e/kata_5d1c\n"
+	podKataShimV1 = "12:memory:/kubepods/burstable/pod0f1e/kata_4b2d\n1:name=systemd:/system.slice/containerd.service\n"
 )
 
 // A hung task named as a node daemon that systemd runs (kubelet,
@@ -81,7 +107,8 @@ func TestPodsOwnNodeDaemonIsNotKernelDeadlock(t *testing.T) {
 		"4242": podV2Systemd, "4243": podV1Cgroupfs, "4244": podV2Cgroupfs, "4245": podKind,
 		"100": hostKubelet, "101": hostV1,
 		"4300": podV2Systemd, "4301": podV2Systemd, "4302": podV2Systemd, "4303": podV2Systemd, "4304": podV2Systemd,
-	})
+		"4400": podKataShim, "4401": podKataShimV1, "4402": podV2Systemd,
+	}, "100", "101", "4400", "4401", "4402")
 	line := func(task, pid string) string {
 		return "INFO: task " + task + ":" + pid + " blocked for more than 120 seconds."
 	}
@@ -107,6 +134,18 @@ func TestPodsOwnNodeDaemonIsNotKernelDeadlock(t *testing.T) {
 		{name: "virtiofsd in its pod", task: "virtiofsd", pid: "4302", deadlock: true},
 		{name: "a container's init", task: "runc:[2:INIT]", pid: "4303", deadlock: true},
 		{name: "crun in a pod", task: "crun", pid: "4304", deadlock: true},
+		// Kata's shim, containerd-shim-kata-v2 ("containerd-shim": the
+		// kernel cuts a name to 15 characters), is the node's runtime: it
+		// runs in the host's PID namespace, and Kata puts it in its pod's
+		// cgroup (sandbox_cgroup_only=true, Kata's own for cgroup v2: in
+		// kata_<sandbox> under the pod's; false: each container's shim in
+		// that container's kata_<container>).
+		{name: "a Kata shim in its pod's sandbox cgroup", task: "containerd-shim", pid: "4400", deadlock: true},
+		{name: "a Kata shim in its container's cgroup, cgroup v1", task: "containerd-shim", pid: "4401", deadlock: true},
+		// A node's kubelet in a cgroup under kubepods (an operator's
+		// --kubelet-cgroups, a slice named so): the node's, whose PID
+		// namespace is the host's.
+		{name: "the node's kubelet in a cgroup under kubepods", task: "kubelet", pid: "4402", deadlock: true},
 		{name: "the task is gone", task: "kubelet", pid: "999", deadlock: true},
 		{name: "no /proc to read (a replay)", proc: "-", task: "kubelet", pid: "4242", deadlock: true},
 		{name: "a line from more than a minute ago", task: "kubelet", pid: "4242", usec: nowUsec - 61*sec, deadlock: true},
@@ -173,6 +212,9 @@ func TestHungCgroupReadFailsTowardsKernelDeadlock(t *testing.T) {
 			if hang {
 				<-release
 			}
+			if filepath.Base(path) == "status" {
+				return []byte(statusInPod(filepath.Base(filepath.Dir(path)))), nil
+			}
 			return []byte(podV2Systemd), nil
 		}
 		line := "INFO: task kubelet:4242 blocked for more than 120 seconds."
@@ -202,8 +244,8 @@ func TestHungCgroupReadFailsTowardsKernelDeadlock(t *testing.T) {
 		synctest.Wait()
 		*got = nil
 		mon.Handle(rec(nowUsec-1, "INFO: task kubelet:4244 blocked for more than 120 seconds."), t0)
-		if n := reads.Load(); n != 2 {
-			t.Errorf("%d reads after the hung one returned, want 2", n)
+		if n := reads.Load(); n != 4 {
+			t.Errorf("%d reads after the hung one returned, want 4 (its cgroup, its status once that returned, then the next task's two)", n)
 		}
 		if len(*got) != 1 || !strings.Contains((*got)[0].Message, "a pod's own kubelet") {
 			t.Errorf("events %+v, want a TaskHung event naming the pod's kubelet", *got)
@@ -231,5 +273,39 @@ func TestCustomRulePidIsAPID(t *testing.T) {
 	mon.Handle(rec(nowUsec-1, "hung: kubelet in ../4242"), t0)
 	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusTrue {
 		t.Errorf("KernelDeadlock %+v, want True: ../4242 is no PID", c)
+	}
+}
+
+// A task in a pod's cgroup is a pod's own only when its status says it runs
+// in a container's PID namespace: a status without NSpid (a kernel before
+// 4.1), one that cannot be read, or an NSpid that does not read, leaves
+// the name to decide, KernelDeadlock.
+func TestPodTaskPIDNamespaceUnknownIsTheNode(t *testing.T) {
+	proc := fakeProc(t, map[string]string{"4242": podV2Systemd, "4243": podV2Systemd, "4244": podV2Systemd, "4245": podV2Systemd})
+	for pid, status := range map[string]string{
+		"4242": "Name:\tkubelet\nPid:\t4242\n",
+		"4244": "Name:\tkubelet\nNSpid:\t4244\tx\n",
+		"4245": "Name:\tkubelet\nNSpid:\n",
+	} {
+		if err := os.WriteFile(filepath.Join(proc, pid, "status"), []byte(status), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(proc, "4243", "status")); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []string{"4242", "4243", "4244", "4245"} {
+		mon, store, _ := podMonitor(t, proc)
+		msg := "INFO: task kubelet:" + pid + " blocked for more than 120 seconds."
+		mon.Handle(rec(nowUsec-1, msg), t0)
+		if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusTrue || c.Message != msg {
+			t.Errorf("PID %s: KernelDeadlock %+v, want True: its PID namespace is not known to be a container's", pid, c)
+		}
+	}
+	// The same task with a container's NSpid: the pod's.
+	mon, store, _ := podMonitor(t, fakeProc(t, map[string]string{"4242": podV2Systemd}))
+	mon.Handle(rec(nowUsec-1, "INFO: task kubelet:4242 blocked for more than 120 seconds."), t0)
+	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusFalse {
+		t.Errorf("KernelDeadlock %+v, want False: the task is a pod's", c)
 	}
 }

@@ -419,7 +419,7 @@ var Conditions = []ConditionDesc{
 		Trigger: "kernel: Remounting filesystem read-only, or an XFS shutdown or f2fs stop after an error (Shutting down filesystem, Stopped filesystem)", Cause: "the kernel hit an I/O or filesystem error and remounted read-only (XFS: shut the filesystem down; f2fs by default: stopped it) to protect data; writes now fail"},
 	{Type: "KernelDeadlock", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
 		HealthyReason: ReasonKernelHasNoDeadlock, ProblemReasons: []Reason{ReasonCriticalTaskHung},
-		Trigger: "kernel: a critical process (kubelet, containerd, runc, crun, qemu and its vCPU threads, virtiofsd) blocked longer than the hung-task threshold; not a pod's own kubelet or containerd (its cgroup under kubepods: a TaskHung event)", Cause: "a critical process is wedged on stuck I/O or a kernel deadlock"},
+		Trigger: "kernel: a critical process (kubelet, containerd, runc, crun, qemu and its vCPU threads, virtiofsd) blocked longer than the hung-task threshold; not a pod's own kubelet or containerd (its cgroup under kubepods, its PID namespace a container's: a TaskHung event)", Cause: "a critical process is wedged on stuck I/O or a kernel deadlock"},
 	{Type: "VerityCorruption", Source: SourceKmsg, Disposition: Security, Scope: ScopeAll, Hold: HoldUntilReboot,
 		HealthyReason: ReasonNoVerityCorruption, ProblemReasons: []Reason{ReasonVerityBlockCorrupted},
 		Trigger: "kernel: device-mapper: verity: ... corrupt", Cause: "a block on the sealed read-only OS failed its dm-verity check (disk corruption or tampering)"},

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,9 +29,12 @@ import (
 // process, which holds every capability, through that sandbox.
 //   - a root process named kubelet in a pod's cgroup, as the kubelet's
 //     systemd driver names it (kubepods.slice/kubepods-besteffort.slice/
-//     kubepods-besteffort-pod<uid>.slice): its hung-task line is a TaskHung
-//     event whose message names that cgroup, and KernelDeadlock stays
-//     False;
+//     kubepods-besteffort-pod<uid>.slice), in a PID namespace of its own
+//     (a container's): its hung-task line is a TaskHung event whose
+//     message names that cgroup, and KernelDeadlock stays False;
+//   - a root process named containerd-shim in a pod's cgroup, in the
+//     host's PID namespace (Kata's shim, which Kata moves into its pod's
+//     cgroup): its line sets KernelDeadlock True;
 //   - a root process named kubelet in the node's kubelet.service: its line
 //     sets KernelDeadlock True.
 //
@@ -47,8 +51,13 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 	// Both run as root, without a sandbox, holding every capability PID 1
 	// holds: as the kubelets of a node and of a kind node in a CI pod run.
 	units := map[string]string{
-		"kubelet.service":     "[Unit]\nDescription=the node's kubelet (a stand-in)\nDefaultDependencies=no\n\n[Service]\nExecStart=/etc/systemd/system/bin/kubelet infinity\n",
-		"pod-kubelet.service": "[Unit]\nDescription=a pod's own kubelet (a stand-in)\nDefaultDependencies=no\n\n[Service]\nSlice=" + podSlice + "\nExecStart=/etc/systemd/system/bin/kubelet infinity\n",
+		"kubelet.service": "[Unit]\nDescription=the node's kubelet (a stand-in)\nDefaultDependencies=no\n\n[Service]\nExecStart=/etc/systemd/system/bin/kubelet infinity\n",
+		// In a PID namespace of its own, as a container's processes are:
+		// unshare is the main process, the kubelet its child.
+		"pod-kubelet.service": "[Unit]\nDescription=a pod's own kubelet (a stand-in)\nDefaultDependencies=no\n\n[Service]\nSlice=" + podSlice + "\nExecStart=/usr/bin/unshare --pid --fork /etc/systemd/system/bin/kubelet infinity\n",
+		// Kata's shim (containerd-shim-kata-v2; the kernel names it
+		// containerd-shim) in its pod's cgroup, in the host's PID namespace.
+		"kata-shim.service": "[Unit]\nDescription=Kata's shim (a stand-in)\nDefaultDependencies=no\n\n[Service]\nSlice=" + podSlice + "\nExecStart=/etc/systemd/system/bin/containerd-shim-kata-v2 infinity\n",
 	}
 	s, usr := shippedUnitSystemd(t, "autopilot-health-podtask-"+tok+"-", nil, false)
 	ctx := context.Background()
@@ -61,15 +70,20 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(s.Units, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(s.Units, "bin", "kubelet"), sleep, 0o755); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"kubelet", "containerd-shim-kata-v2"} {
+		if err := os.WriteFile(filepath.Join(s.Units, "bin", name), sleep, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for name, content := range units {
 		if err := s.AddUnit(ctx, name, content); err != nil {
 			t.Fatal(err)
 		}
 	}
-	task := func(unit string) (pid uint32, cgroup string) {
+	// task starts unit and returns the PID, in the namespace, of its
+	// process named comm (its main process, or with child its main
+	// process's child), root's, and the unit's cgroup.
+	task := func(unit, comm string, child bool) (pid uint32, cgroup string) {
 		t.Helper()
 		if err := s.StartUnit(ctx, unit); err != nil {
 			t.Fatalf("starting %s: %v", unit, err)
@@ -78,25 +92,34 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pid, _ = sp["MainPID"].Value().(uint32)
+		main, _ := sp["MainPID"].Value().(uint32)
 		cgroup, _ = sp["ControlGroup"].Value().(string)
 		// Type=simple: the start job ends at the fork, before the exec.
 		var dir string
-		eventually(t, 10*time.Second, unit+"'s main process to be root's kubelet", func() (bool, string) {
+		eventually(t, 10*time.Second, unit+"'s process to be root's "+comm, func() (bool, string) {
 			var status []byte
-			dir, status, err = hostStatus(s, pid)
+			if child {
+				pid, dir, err = nsChild(s, main)
+				if err == nil {
+					status, err = os.ReadFile(filepath.Join(dir, "status"))
+				}
+			} else {
+				pid = main
+				dir, status, err = hostStatus(s, pid)
+			}
 			if err != nil {
 				return false, err.Error()
 			}
 			name, _, _ := strings.Cut(string(status), "\n")
 			uid := regexp.MustCompile(`(?m)^Uid:.*$`).Find(status)
-			return name == "Name:\tkubelet" && string(uid) == "Uid:\t0\t0\t0\t0", name + ", " + string(uid)
+			return name == "Name:\t"+comm && string(uid) == "Uid:\t0\t0\t0\t0", name + ", " + string(uid)
 		})
 		t.Logf("%s: PID %d in the namespace (%s on the host), cgroup %s", unit, pid, filepath.Base(dir), cgroup)
 		return pid, cgroup
 	}
-	podPID, podCgroup := task("pod-kubelet.service")
-	nodePID, nodeCgroup := task("kubelet.service")
+	podPID, podCgroup := task("pod-kubelet.service", "kubelet", true)
+	shimPID, _ := task("kata-shim.service", "containerd-shim", false)
+	nodePID, nodeCgroup := task("kubelet.service", "kubelet", false)
 	if want := "/kubepods.slice/kubepods-besteffort.slice/" + podSlice + "/pod-kubelet.service"; podCgroup != want {
 		t.Fatalf("the pod's kubelet is in %q, want %q", podCgroup, want)
 	}
@@ -198,6 +221,17 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 		return strings.Contains(j, note), lastBytes(j, 2000)
 	})
 
+	// Kata's shim, in a pod's cgroup but the host's PID namespace: the
+	// node's runtime, KernelDeadlock.
+	shimLine := fmt.Sprintf("INFO: task containerd-shim:%d blocked for more than 120 seconds.", shimPID)
+	if err := harness.WriteKmsg(shimLine); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "KernelDeadlock True from Kata's shim", func() (bool, string) {
+		c := kernelDeadlock()
+		return c.Status == report.StatusTrue && c.Reason == "CriticalTaskHung" && c.Message == shimLine, fmt.Sprintf("%+v", c)
+	})
+
 	// The node's kubelet: KernelDeadlock.
 	nodeLine := fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", nodePID)
 	if err := harness.WriteKmsg(nodeLine); err != nil {
@@ -207,4 +241,34 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 		c := kernelDeadlock()
 		return c.Status == report.StatusTrue && c.Reason == "CriticalTaskHung" && c.Message == nodeLine, fmt.Sprintf("%+v", c)
 	})
+}
+
+// nsChild returns the PID, in the namespace, of the child of the
+// namespace's process pid (unshare --fork's: the one child it has), and its
+// directory in the host's /proc.
+func nsChild(s *harness.Systemd, pid uint32) (uint32, string, error) {
+	dir, _, err := hostStatus(s, pid)
+	if err != nil {
+		return 0, "", err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "task", filepath.Base(dir), "children"))
+	if err != nil {
+		return 0, "", err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 1 {
+		return 0, "", fmt.Errorf("PID %d has children %q, want one", pid, f)
+	}
+	child := filepath.Join("/proc", f[0])
+	st, err := os.ReadFile(filepath.Join(child, "status"))
+	if err != nil {
+		return 0, "", err
+	}
+	// NSpid: the host's PID, the namespace's, the child's own namespace's.
+	m := regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+(\d+)\s+\d+$`).FindSubmatch(st)
+	if m == nil {
+		return 0, "", fmt.Errorf("the child %s of PID %d is not in a PID namespace below the namespace's: %s", f[0], pid, st)
+	}
+	n, err := strconv.ParseUint(string(m[1]), 10, 32)
+	return uint32(n), child, err
 }

@@ -507,6 +507,8 @@ func TestKmsgReplayDoesNotLookUpTasks(t *testing.T) {
 	pid := filepath.Join(filepath.Dir(cfg), "proc", "77")
 	os.MkdirAll(pid, 0o755)
 	os.WriteFile(filepath.Join(pid, "cgroup"), []byte("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-1.scope\n"), 0o644)
+	// In its container's PID namespace: a pod's own containerd.
+	os.WriteFile(filepath.Join(pid, "status"), []byte("Name:\tcontainerd\nNSpid:\t77\t1\n"), 0o644)
 	in := filepath.Join(t.TempDir(), "dmesg.txt")
 	// Logged now, by this host's kernel time: a line the daemon would
 	// look its task up for.

@@ -87,8 +87,9 @@ const (
 
 // hungTask: processes blocked on an ext4 frozen with FIFREEZE, with
 // hung_task_timeout_secs=1. First, alone, one named kubelet in a cgroup
-// named as the kubelet's systemd driver names a pod's container (a pod's
-// own kubelet, a kind node in a CI pod): a TaskHung event whose message
+// named as the kubelet's systemd driver names a pod's container, in a PID
+// namespace of its own (a pod's own kubelet, a kind node in a CI pod): a
+// TaskHung event whose message
 // names that cgroup, KernelDeadlock stays False; one named other than a
 // critical task: the same; one named kubelet in the root cgroup (the
 // node's): KernelDeadlock True; then one named as QEMU names a vCPU
@@ -137,6 +138,10 @@ func hungTask(g *Guest) error {
 		file := strings.NewReplacer(" ", "_", "/", "_").Replace(name)
 		c := exec.Command("/init", append([]string{hungWriterArg, name, mnt + "/" + file + ".state"}, cgroup...)...)
 		c.Stdout, c.Stderr = os.Stdout, os.Stderr
+		if len(cgroup) > 0 {
+			// A pod's process: in its container's PID namespace too.
+			c.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWPID}
+		}
 		if err := c.Start(); err != nil {
 			return 0, err
 		}
