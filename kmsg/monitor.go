@@ -353,7 +353,7 @@ func (mon *Monitor) podTasks(ms []Match, usec uint64) ([]Match, string) {
 	out := ms[:0]
 	for _, m := range ms {
 		if m.Rule.Kind == Perm && m.Pid != "" && gated(m.Task) {
-			if cg, ok := mon.pods.podCgroup(m.Pid, usec); ok {
+			if cg, ok := mon.pods.podCgroup(m.Pid, m.Task, usec); ok {
 				note = podNote(m.Task, cg)
 				continue
 			}

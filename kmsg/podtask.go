@@ -82,14 +82,14 @@ func gated(task string) bool {
 }
 
 // podCgroup returns the cgroup of the task pid when it lies under the
-// kubelet's pod hierarchy and the task runs in a container's PID namespace
-// (inNestedPIDNS, from /proc/<pid>/status); usec is the kernel time of the
-// line that names the task. Not found (the task is gone, /proc is not
-// readable, the read hangs, the line is over podLookupMaxAge old, no
-// lookup configured, the task in the host's PID namespace or its status
-// without NSpid): ok false, and the line is matched by the task's name
-// alone.
-func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
+// kubelet's pod hierarchy and the task runs, under its name, in a
+// container's PID namespace (podTask, from /proc/<pid>/status); usec is the kernel time of the
+// line that names the task, task its name. Not found (the task is gone,
+// its PID another process's, /proc is not readable, the read hangs, the
+// line is over podLookupMaxAge old, no lookup configured, the task in the
+// host's PID namespace or its status without NSpid): ok false, and the
+// line is matched by the task's name alone.
+func (p *pods) podCgroup(pid, task string, usec uint64) (cgroup string, ok bool) {
 	if p.proc == "" || !isDigits(pid) { // a custom rule's group may hold anything
 		return "", false
 	}
@@ -119,8 +119,8 @@ func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
 			if _, ok := parsePodCgroup(b); ok {
 				// Only a task in a pod's cgroup needs its PID namespace.
 				var st []byte
-				if st, err = read(status); err == nil && !inNestedPIDNS(st) {
-					err = errHostPIDNS
+				if st, err = read(status); err == nil && !podTask(st, task) {
+					err = errNotPodTask
 				}
 			}
 		}
@@ -141,9 +141,18 @@ func (p *pods) podCgroup(pid string, usec uint64) (cgroup string, ok bool) {
 	}
 }
 
-// errHostPIDNS: the task in a pod's cgroup runs in the host's PID
-// namespace, or its status does not say which.
-var errHostPIDNS = errors.New("not in a container's PID namespace")
+// errNotPodTask: the process in a pod's cgroup is not the task the line
+// names, or runs in the host's PID namespace, or its status does not say.
+var errNotPodTask = errors.New("not the task, in a container's PID namespace")
+
+// podTask reports whether /proc/<pid>/status is of the task named task
+// (its Name, the comm the kernel's line names: a PID that another process
+// took since the line was printed is not the task's) and says it runs in
+// a PID namespace below the one of that procfs (inNestedPIDNS).
+func podTask(status []byte, task string) bool {
+	name, _, _ := strings.Cut(string(status), "\n")
+	return name == "Name:\t"+task && inNestedPIDNS(status)
+}
 
 // inNestedPIDNS reports whether /proc/<pid>/status says the task runs in a
 // PID namespace below the one of that procfs: its NSpid line (Linux 4.1+)

@@ -36,9 +36,13 @@ func fakeProc(t *testing.T, cgroups map[string]string, hostNS ...string) string 
 		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte(cg), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		status := statusInPod(pid)
+		name := fakeProcNames[pid]
+		if name == "" {
+			name = "kubelet"
+		}
+		status := statusInPod(pid, name)
 		if slices.Contains(hostNS, pid) {
-			status = statusOnHost(pid)
+			status = statusOnHost(pid, name)
 		}
 		if err := os.WriteFile(filepath.Join(proc, pid, "status"), []byte(status), 0o644); err != nil {
 			t.Fatal(err)
@@ -47,15 +51,19 @@ func fakeProc(t *testing.T, cgroups map[string]string, hostNS ...string) string 
 	return proc
 }
 
-// statusInPod and statusOnHost are /proc/<pid>/status of a task in a
-// container's PID namespace (a pod's) and in the host's (5.x-6.x; the
+// fakeProcNames are the names of fakeProc's tasks other than kubelet.
+var fakeProcNames = map[string]string{"101": "containerd", "4243": "containerd", "4244": "containerd-shim",
+	"4400": "containerd-shim", "4401": "containerd-shim"}
+
+// statusInPod and statusOnHost are /proc/<pid>/status of a task named name
+// in a container's PID namespace (a pod's) and in the host's (5.x-6.x; the
 // lines around NSpid cut).
-func statusInPod(pid string) string {
-	return "Name:\tkubelet\nTgid:\t" + pid + "\nPid:\t" + pid + "\nNStgid:\t" + pid + "\t7\nNSpid:\t" + pid + "\t7\nNSpgid:\t" + pid + "\t7\n"
+func statusInPod(pid, name string) string {
+	return "Name:\t" + name + "\nTgid:\t" + pid + "\nPid:\t" + pid + "\nNStgid:\t" + pid + "\t7\nNSpid:\t" + pid + "\t7\nNSpgid:\t" + pid + "\t7\n"
 }
 
-func statusOnHost(pid string) string {
-	return "Name:\tkubelet\nTgid:\t" + pid + "\nPid:\t" + pid + "\nNStgid:\t" + pid + "\nNSpid:\t" + pid + "\nNSpgid:\t" + pid + "\n"
+func statusOnHost(pid, name string) string {
+	return "Name:\t" + name + "\nTgid:\t" + pid + "\nPid:\t" + pid + "\nNStgid:\t" + pid + "\nNSpid:\t" + pid + "\nNSpgid:\t" + pid + "\n"
 }
 
 // nowUsec is the kernel time the tests' monitors take for now: the
@@ -213,7 +221,7 @@ func TestHungCgroupReadFailsTowardsKernelDeadlock(t *testing.T) {
 				<-release
 			}
 			if filepath.Base(path) == "status" {
-				return []byte(statusInPod(filepath.Base(filepath.Dir(path)))), nil
+				return []byte(statusInPod(filepath.Base(filepath.Dir(path)), "kubelet")), nil
 			}
 			return []byte(podV2Systemd), nil
 		}
@@ -307,5 +315,24 @@ func TestPodTaskPIDNamespaceUnknownIsTheNode(t *testing.T) {
 	mon.Handle(rec(nowUsec-1, "INFO: task kubelet:4242 blocked for more than 120 seconds."), t0)
 	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusFalse {
 		t.Errorf("KernelDeadlock %+v, want False: the task is a pod's", c)
+	}
+}
+
+// A line is read up to a minute after the kernel printed it (a backlog at a
+// start): the task may have left its D state and exited since, and its PID
+// gone to another process. A PID whose process is not named as the line
+// names the task is not the task: a pod's process of another name there
+// does not make the node's hung kubelet a pod's.
+func TestPodTaskPIDReusedIsNotThePod(t *testing.T) {
+	proc := fakeProc(t, map[string]string{"4242": podV2Systemd})
+	if err := os.WriteFile(filepath.Join(proc, "4242", "status"),
+		[]byte(statusInPod("4242", "nginx")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mon, store, _ := podMonitor(t, proc)
+	msg := "INFO: task kubelet:4242 blocked for more than 120 seconds."
+	mon.Handle(rec(nowUsec-50*uint64(time.Second/time.Microsecond), msg), t0)
+	if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusTrue || c.Message != msg {
+		t.Errorf("KernelDeadlock %+v, want True: PID 4242 is nginx's now, not the hung kubelet's", c)
 	}
 }
