@@ -8,22 +8,26 @@ import (
 	"time"
 )
 
-// The metrics listener's timeouts. It listens on every interface by
-// default (:20257): a client that opens connections and leaves them idle, or
-// sends or reads slowly, must not hold them for ever. A scrape is a GET
-// without a body, answered in milliseconds; a connection idle for longer
-// than a scrape interval of a minute is closed (the next scrape opens one).
+// The timeouts of the daemon's two HTTP servers, the metrics listener and
+// the status socket. The metrics listener listens on every interface by
+// default (:20257), the status socket answers root only: on either, a client
+// that opens connections and leaves them idle, or sends or reads slowly, must
+// not hold them and a goroutine of the daemon for ever. A scrape and
+// `autopilot-health status` are a GET without a body, answered in
+// milliseconds; a connection idle for longer than a scrape interval of a
+// minute is closed (the next scrape opens one).
 const (
-	metricsReadHeaderTimeout = 10 * time.Second
-	metricsReadTimeout       = 10 * time.Second
-	metricsWriteTimeout      = 30 * time.Second
-	metricsIdleTimeout       = 90 * time.Second
+	serverReadHeaderTimeout = 10 * time.Second
+	serverReadTimeout       = 10 * time.Second
+	serverWriteTimeout      = 30 * time.Second
+	serverIdleTimeout       = 90 * time.Second
 )
 
-// newMetricsServer is the server of /metrics and /healthz (Handler).
-func newMetricsServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: metricsReadHeaderTimeout, ReadTimeout: metricsReadTimeout,
-		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout}
+// newServer is the server of /metrics and /healthz (Handler) and of the
+// status socket (statusHandler), with the timeouts above.
+func newServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: serverReadHeaderTimeout, ReadTimeout: serverReadTimeout,
+		WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout}
 }
 
 // Addr returns the metrics listener's address; nil while

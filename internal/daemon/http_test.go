@@ -51,7 +51,7 @@ func (l *pipeListener) Addr() net.Addr { return &net.UnixAddr{Name: "pipe", Net:
 func TestMetricsServerClosesIdleConnections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ln := newPipeListener()
-		srv := newMetricsServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }))
+		srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }))
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
 
@@ -74,8 +74,8 @@ func TestMetricsServerClosesIdleConnections(t *testing.T) {
 		c.SetReadDeadline(idleSince.Add(10 * time.Minute))
 		if _, err := br.ReadByte(); err != io.EOF {
 			t.Errorf("idle connection: %v, want it closed by the server (EOF)", err)
-		} else if idle := time.Since(idleSince); idle != metricsIdleTimeout {
-			t.Errorf("idle connection closed after %v, want %v", idle, metricsIdleTimeout)
+		} else if idle := time.Since(idleSince); idle != serverIdleTimeout {
+			t.Errorf("idle connection closed after %v, want %v", idle, serverIdleTimeout)
 		}
 
 		// A request that never ends its headers.
@@ -85,8 +85,8 @@ func TestMetricsServerClosesIdleConnections(t *testing.T) {
 		fmt.Fprint(c2, "GET /metrics HTTP/1.1\r\nHost: node\r\n")
 		c2.SetReadDeadline(start.Add(10 * time.Minute))
 		b, err := io.ReadAll(c2)
-		if errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > metricsReadTimeout {
-			t.Errorf("a request without the end of its headers: %v, %q after %v; want closed within %v", err, b, time.Since(start), metricsReadTimeout)
+		if errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > serverReadTimeout {
+			t.Errorf("a request without the end of its headers: %v, %q after %v; want closed within %v", err, b, time.Since(start), serverReadTimeout)
 		}
 
 		srv.Close()

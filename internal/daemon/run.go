@@ -18,7 +18,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.started = time.Now()
 	d.mu.Unlock()
-	srv := newMetricsServer(d.Handler())
+	srv := newServer(d.Handler())
 	srvErr := make(chan error, 1)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -207,25 +207,6 @@ func listenStatus(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// The status socket's timeouts, as the metrics listener's: a client (root
-// only, on the socket) that opens a connection and leaves it idle, or sends
-// or reads slowly, must not hold it and a goroutine of the daemon for ever.
-// `autopilot-health status` sends one GET without a body and reads the
-// answer within 10 s; a connection idle for 90 s after an answer is
-// closed.
-const (
-	statusReadHeaderTimeout = 10 * time.Second
-	statusReadTimeout       = 10 * time.Second
-	statusWriteTimeout      = 30 * time.Second
-	statusIdleTimeout       = 90 * time.Second
-)
-
-// newStatusServer is the server of the status socket.
-func newStatusServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: statusReadHeaderTimeout, ReadTimeout: statusReadTimeout,
-		WriteTimeout: statusWriteTimeout, IdleTimeout: statusIdleTimeout}
-}
-
 // serveStatus serves the status socket until ctx is done. A socket that
 // cannot be bound is logged: the daemon's work does not depend on it.
 func (d *Daemon) serveStatus(ctx context.Context) {
@@ -239,7 +220,7 @@ func (d *Daemon) serveStatus(ctx context.Context) {
 		return
 	}
 	d.log.Info("serving status", "socket", path)
-	srv := newStatusServer(d.statusHandler())
+	srv := newServer(d.statusHandler())
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -26,7 +26,7 @@ func TestStatusServerClosesIdleConnections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ln := newPipeListener()
 		answer := strings.Repeat("x", 4096)
-		srv := newStatusServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, answer) }))
+		srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, answer) }))
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
 
@@ -49,8 +49,8 @@ func TestStatusServerClosesIdleConnections(t *testing.T) {
 		c.SetReadDeadline(idleSince.Add(10 * time.Minute))
 		if _, err := br.ReadByte(); err != io.EOF {
 			t.Errorf("idle connection: %v after %v, want it closed by the server (EOF)", err, time.Since(idleSince))
-		} else if idle := time.Since(idleSince); idle != statusIdleTimeout {
-			t.Errorf("idle connection closed after %v, want %v", idle, statusIdleTimeout)
+		} else if idle := time.Since(idleSince); idle != serverIdleTimeout {
+			t.Errorf("idle connection closed after %v, want %v", idle, serverIdleTimeout)
 		}
 
 		// A request that never ends its headers.
@@ -60,8 +60,8 @@ func TestStatusServerClosesIdleConnections(t *testing.T) {
 		fmt.Fprint(c2, "GET "+StatusPath+" HTTP/1.1\r\nHost: x\r\n")
 		c2.SetReadDeadline(start.Add(10 * time.Minute))
 		b, err := io.ReadAll(c2)
-		if errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > statusReadTimeout {
-			t.Errorf("a request without the end of its headers: %v, %q after %v; want closed within %v", err, b, time.Since(start), statusReadTimeout)
+		if errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > serverReadTimeout {
+			t.Errorf("a request without the end of its headers: %v, %q after %v; want closed within %v", err, b, time.Since(start), serverReadTimeout)
 		}
 
 		// A whole request whose client does not read the answer: the
@@ -69,12 +69,12 @@ func TestStatusServerClosesIdleConnections(t *testing.T) {
 		c3 := ln.dial()
 		defer c3.Close()
 		fmt.Fprint(c3, "GET "+StatusPath+" HTTP/1.1\r\nHost: x\r\n\r\n")
-		time.Sleep(statusWriteTimeout + time.Second) // the client reads nothing meanwhile
+		time.Sleep(serverWriteTimeout + time.Second) // the client reads nothing meanwhile
 		synctest.Wait()
 		c3.SetReadDeadline(time.Now().Add(10 * time.Minute))
 		b, err = io.ReadAll(c3)
 		if err != nil || len(b) != 0 {
-			t.Errorf("a client that read nothing for %v: then read %d bytes, %v; want the connection closed without the answer (EOF) after %v", statusWriteTimeout+time.Second, len(b), err, statusWriteTimeout)
+			t.Errorf("a client that read nothing for %v: then read %d bytes, %v; want the connection closed without the answer (EOF) after %v", serverWriteTimeout+time.Second, len(b), err, serverWriteTimeout)
 		}
 
 		srv.Close()
