@@ -242,26 +242,38 @@ func (r *Reporter) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// probeInterval is how often probeLoop dials while a write is failing.
-const probeInterval = time.Second
+// probeInterval is how often probeLoop dials while a write is failing and
+// the API server's address refuses connections; probeAcceptedMax how often
+// at least while it accepts them (see probeLoop).
+const (
+	probeInterval    = time.Second
+	probeAcceptedMax = 30 * time.Second
+)
 
 // probeLoop dials the API server every probeInterval while a writer is
 // failing, and tells the writers when it answers again after refusing (or
-// not answering): see Options.Dial.
+// not answering): see Options.Dial. While the dials succeed and the writes
+// still get no answer (a load balancer that always accepts, an API server
+// that accepts connections and answers none), a dial tells nothing until one
+// is refused: the wait between them doubles, up to probeAcceptedMax, rather
+// than a connection a second from every node on the API server's bad day. A
+// refused dial sets it back to probeInterval, so the return is noticed
+// within a second again.
 func (r *Reporter) probeLoop(ctx context.Context) {
 	t := time.NewTimer(probeInterval)
 	defer t.Stop()
 	down := false
+	wait := probeInterval
 	for {
 		if r.failing.Load() == 0 {
 			// Nothing fails: sleep until a writer does.
-			down = false
+			down, wait = false, probeInterval
 			select {
 			case <-ctx.Done():
 				return
 			case <-r.failingNow:
 			}
-			t.Reset(probeInterval)
+			t.Reset(wait)
 			continue
 		}
 		select {
@@ -269,8 +281,8 @@ func (r *Reporter) probeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		t.Reset(probeInterval)
 		if r.failing.Load() == 0 {
+			t.Reset(wait)
 			continue
 		}
 		dctx, cancel := context.WithTimeout(ctx, probeInterval)
@@ -278,14 +290,17 @@ func (r *Reporter) probeLoop(ctx context.Context) {
 		cancel()
 		switch {
 		case err != nil:
-			down = true
+			down, wait = true, probeInterval
 		case down:
 			down = false
 			r.backMu.Lock()
 			close(r.back)
 			r.back = make(chan struct{})
 			r.backMu.Unlock()
+		default:
+			wait = min(2*wait, probeAcceptedMax)
 		}
+		t.Reset(wait)
 	}
 }
 

@@ -707,13 +707,17 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 	for _, mode := range []struct {
 		name       string
 		lb, answer bool
-	}{{"refused", false, false}, {"load balancer", true, false}, {"answered 429", false, true}} {
+		// thenRefused: behind the load balancer, the address refuses
+		// connections for the outage's last minute.
+		thenRefused bool
+	}{{"refused", false, false, false}, {"load balancer", true, false, false}, {"answered 429", false, true, false},
+		{"load balancer, then refused", true, false, true}} {
 		lb := mode.lb || mode.answer
 		t.Run(mode.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				client := fake.NewClientset(kubeletNode())
 				var mu sync.Mutex
-				down, failed, dials := false, 0, 0
+				down, refused, failed, dials := false, false, 0, 0
 				client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -737,7 +741,7 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 						mu.Lock()
 						defer mu.Unlock()
 						dials++
-						if down && !lb {
+						if down && (!lb || refused) {
 							return errors.New("connection refused")
 						}
 						return nil
@@ -763,6 +767,20 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 					store.Set(c, last)
 					time.Sleep(time.Minute)
 				}
+				if mode.thenRefused {
+					// The dials had waited 30 s each: the first refused
+					// one sets them back to one a second.
+					mu.Lock()
+					refused = true
+					d0 := dials
+					mu.Unlock()
+					time.Sleep(time.Minute)
+					mu.Lock()
+					if n := dials - d0; n < 25 {
+						t.Errorf("%d dials in the minute the address refused connections: want one a second from the first refused one (within 30 s)", n)
+					}
+					mu.Unlock()
+				}
 				mu.Lock()
 				down = false
 				f := failed
@@ -773,7 +791,7 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				time.Sleep(2 * time.Second)
 				synctest.Wait()
 				c := findCond(h.node(t), "DiskUsageHigh")
-				if lb {
+				if lb && !mode.thenRefused {
 					// Only the backoff: within a minute.
 					time.Sleep(time.Minute)
 					synctest.Wait()
@@ -785,9 +803,14 @@ func TestProbeNoticesTheAPIServersReturn(t *testing.T) {
 				mu.Lock()
 				d := dials
 				mu.Unlock()
-				if mode.answer && d != 0 {
+				switch {
+				case mode.answer && d != 0:
 					t.Errorf("%d dials while the API server answered every call with 429: want none", d)
-				} else if !mode.answer && (d < 500 || d > 700) {
+				case mode.lb && !mode.thenRefused && (d < 20 || d > 30):
+					// 1, 2, 4, 8, 16 s, then every 30 s: a dial that
+					// succeeds tells nothing until one is refused.
+					t.Errorf("%d dials during a 10-minute outage behind a load balancer that accepts: want the waits doubling to 30 s (about 24)", d)
+				case !lb && (d < 500 || d > 700):
 					t.Errorf("%d dials during a 10-minute outage: want one a second while the writes fail", d)
 				}
 				// Back: once the writes succeed, the probe sleeps again.
