@@ -117,6 +117,8 @@ type kmsgFile struct {
 	// The wait in progress (a field rather than a closure's captures, so
 	// that a wait does not allocate).
 	waitFn  func(fd uintptr) bool
+	armedFn func(fd uintptr) bool
+	begun   bool // waitArmed's wait has begun (begin)
 	waitErr syscall.Errno
 	events  [2]unix.EpollEvent
 	arm     unix.EpollEvent
@@ -139,6 +141,9 @@ type kmsgFile struct {
 	calmAt    time.Time
 	waits     int // waits begun, sleeps among them (for tests)
 	sleeps    int
+	// readCalls and ctlCalls count the read(2) and epoll_ctl(2) calls on
+	// the device (for tests).
+	readCalls, ctlCalls int
 }
 
 const (
@@ -177,7 +182,7 @@ func newKmsgFile(fd int, name string) (*kmsgFile, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	f.waitFn = f.harvest
+	f.waitFn, f.armedFn = f.harvest, f.harvestArmed
 	return f, nil
 }
 
@@ -229,6 +234,7 @@ func (f *kmsgFile) harvest(epfd uintptr) bool {
 
 // epollCtl is epoll_ctl on ep, a raw system call.
 func (f *kmsgFile) epollCtl(op int, ev *unix.EpollEvent) syscall.Errno {
+	f.ctlCalls++
 	_, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(f.epfd), uintptr(op), uintptr(f.fd), uintptr(unsafe.Pointer(ev)), 0, 0)
 	return e
 }
@@ -243,6 +249,48 @@ func (f *kmsgFile) setTimer(spec *unix.ItimerSpec) syscall.Errno {
 // wait waits for the next record, or sleeps for the gathering time (see
 // kmsgFile), or until the read deadline.
 func (f *kmsgFile) wait() error {
+	f.begin()
+	return f.park()
+}
+
+// waitArmed is Read's wait while the device is still in ep as a one-shot
+// that has not fired (a wait that its deadline ended: the harvest of each
+// wait disarms it when it sees the event). Nothing can be ready to read
+// unless a record came since and fired it, which the harvest tells: no
+// read(2) that would fail with EAGAIN is made, nor an epoll_ctl(2) that
+// would re-arm what is armed. A harvest that finds the event returns at
+// once, as a read that found the record would have (no wait begins); one
+// that finds nothing begins the wait as wait does, and parks in the
+// poller, or, when the wait is to be a gathering sleep, sleeps (park).
+func (f *kmsgFile) waitArmed() error {
+	f.begun = false
+	err := f.erc.Read(f.armedFn)
+	if err == nil && f.waitErr != 0 {
+		err, f.waitErr = &os.PathError{Op: "wait", Path: f.name, Err: f.waitErr}, 0
+	}
+	if err == nil && f.begun && f.gathered {
+		return f.park()
+	}
+	return err
+}
+
+// harvestArmed is waitArmed's callback: the harvest, and the wait begun the
+// first time it finds nothing (true then when the wait is a sleep).
+func (f *kmsgFile) harvestArmed(epfd uintptr) bool {
+	if f.harvest(epfd) {
+		return true
+	}
+	if !f.begun {
+		f.begun = true
+		f.begin()
+		return f.gathered
+	}
+	return false
+}
+
+// begin counts a wait that begins and decides whether it is a gathering
+// sleep (gathered).
+func (f *kmsgFile) begin() {
 	f.waits++
 	if f.tfd >= 0 {
 		now := time.Now()
@@ -257,6 +305,12 @@ func (f *kmsgFile) wait() error {
 		// 1.5 records or more per gathering time.
 		f.gathered = 3*f.perRecord <= 2*f.gather && !now.Before(f.calmAt)
 	}
+}
+
+// park arms the device in ep and waits in the poller, or, for a gathering
+// sleep, takes it out of ep and sleeps on the timer; until the read
+// deadline at the latest.
+func (f *kmsgFile) park() error {
 	var e syscall.Errno
 	switch {
 	case f.gathered:
@@ -303,6 +357,15 @@ func (f *kmsgFile) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	for {
+		if f.armed {
+			// Nothing is ready unless a record fired the one-shot
+			// (waitArmed).
+			if err := f.waitArmed(); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		f.readCalls++
 		r, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(f.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		switch e {
 		case syscall.EINTR:

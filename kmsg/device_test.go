@@ -60,6 +60,57 @@ func TestKmsgFileReads(t *testing.T) {
 	}
 }
 
+// A quiet log costs one system call per read timeout. After a wait that its
+// deadline ended, the device is still in the epoll instance as an armed
+// one-shot that has not fired (the wait's harvest would have seen it), so
+// nothing can be ready: the next Read neither reads the device (a read(2)
+// that would fail with EAGAIN) nor re-arms it (an epoll_ctl), it only
+// harvests the epoll instance and waits. On a paravirtualized VM each
+// kernel entry goes through the hypervisor; the daemon's reader times out
+// every 10 s. A record that comes between two waits is read at once all the
+// same, as one that comes during a wait.
+func TestKmsgFileQuietWaitsMakeNoReadOrRearm(t *testing.T) {
+	for _, gather := range []time.Duration{0, 10 * time.Millisecond} {
+		kf, w := newPipeFile(t, gather)
+		buf := make([]byte, BufSize)
+		quiet := func(what string) {
+			t.Helper()
+			kf.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+			if _, err := kf.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("gather %s: %s: Read with nothing ready = %v, want the deadline exceeded", gather, what, err)
+			}
+		}
+		quiet("the first wait")
+		reads, ctls := kf.readCalls, kf.ctlCalls
+		for i := range 5 {
+			quiet("wait " + strconv.Itoa(i+2))
+		}
+		if r, c := kf.readCalls-reads, kf.ctlCalls-ctls; r != 0 || c != 0 {
+			t.Errorf("gather %s: 5 waits after one that its deadline ended made %d read(2) and %d epoll_ctl(2) calls; want 0 and 0", gather, r, c)
+		}
+		// A record written between two waits is read at once.
+		w.Write([]byte("6,1,1,-;between\n"))
+		kf.SetReadDeadline(time.Now().Add(10 * time.Second))
+		start := time.Now()
+		if n, err := kf.Read(buf); err != nil || string(buf[:n]) != "6,1,1,-;between\n" {
+			t.Fatalf("gather %s: Read after a record written between waits = %q, %v", gather, buf[:n], err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("gather %s: the record written between waits was read after %s", gather, d)
+		}
+		quiet("the wait after the record")
+		// And one that comes during the wait that follows ends it.
+		kf.SetReadDeadline(time.Now().Add(10 * time.Second))
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			w.Write([]byte("6,2,2,-;during\n"))
+		}()
+		if n, err := kf.Read(buf); err != nil || string(buf[:n]) != "6,2,2,-;during\n" {
+			t.Fatalf("gather %s: Read while waiting = %q, %v", gather, buf[:n], err)
+		}
+	}
+}
+
 // A read error is the device's errno inside a *os.PathError naming the
 // device (the reader logs it and tells EPIPE by errors.Is): here the write
 // end of a pipe, which epoll watches and read(2) refuses.
