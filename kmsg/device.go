@@ -119,6 +119,7 @@ type kmsgFile struct {
 	waitFn  func(fd uintptr) bool
 	armedFn func(fd uintptr) bool
 	begun   bool // waitArmed's wait has begun (begin)
+	sought  bool // a Seek since the device was last armed
 	waitErr syscall.Errno
 	events  [2]unix.EpollEvent
 	arm     unix.EpollEvent
@@ -334,7 +335,7 @@ func (f *kmsgFile) park() error {
 		return &os.PathError{Op: "wait", Path: f.name, Err: e}
 	}
 	if !f.gathered {
-		f.inEp, f.armed = true, true
+		f.inEp, f.armed, f.sought = true, true, false
 	}
 	err := f.erc.Read(f.waitFn)
 	if err != nil && f.gathered {
@@ -357,9 +358,9 @@ func (f *kmsgFile) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	for {
-		if f.armed {
+		if f.armed && !f.sought {
 			// Nothing is ready unless a record fired the one-shot
-			// (waitArmed).
+			// (waitArmed); a seek may have made a record readable.
 			if err := f.waitArmed(); err != nil {
 				return 0, err
 			}
@@ -396,6 +397,8 @@ func (f *kmsgFile) Seek(offset int64, whence int) (int64, error) {
 	if err != nil {
 		return 0, &os.PathError{Op: "seek", Path: f.name, Err: err}
 	}
+	// What the seek made readable fires no one-shot: read first.
+	f.sought = true
 	return off, nil
 }
 

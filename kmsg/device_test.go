@@ -3,6 +3,7 @@ package kmsg
 import (
 	"bytes"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -108,6 +109,35 @@ func TestKmsgFileQuietWaitsMakeNoReadOrRearm(t *testing.T) {
 		if n, err := kf.Read(buf); err != nil || string(buf[:n]) != "6,2,2,-;during\n" {
 			t.Fatalf("gather %s: Read while waiting = %q, %v", gather, buf[:n], err)
 		}
+	}
+}
+
+// A Seek moves the reader without a record coming: the one-shot still armed
+// by a wait that its deadline ended does not fire for what the seek made
+// readable, so the next Read reads first. On the real device (as root;
+// BenchmarkDeviceRead seeks so): the ring buffer holds this boot's records.
+func TestKmsgFileReadsAfterASeek(t *testing.T) {
+	dev, err := openDevice("/dev/kmsg")
+	if err != nil {
+		t.Skip("cannot open /dev/kmsg: ", err)
+	}
+	defer dev.Close()
+	buf := make([]byte, BufSize)
+	if _, err := dev.Seek(0, io.SeekEnd); err != nil {
+		t.Fatal(err)
+	}
+	dev.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	for {
+		if _, err := dev.Read(buf); errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+	}
+	if _, err := dev.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	dev.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := dev.Read(buf); err != nil && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("Read after a seek to the start = %v, want a record", err)
 	}
 }
 
