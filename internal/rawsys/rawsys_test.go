@@ -263,6 +263,11 @@ func TestMonotonicMicrosMakesNoSystemCall(t *testing.T) {
 		done <- answer{got: MonotonicMicros(), refusedAs: uint64(e)}
 	}()
 	a := <-done
+	if errors.Is(a.err, unix.EINVAL) {
+		// qemu-user (make test-arm64) refuses every seccomp filter; the
+		// native run (amd64 in CI) proves the property.
+		t.Skipf("seccomp filters cannot be installed here (an emulator?): %v", a.err)
+	}
 	if a.err != nil {
 		t.Fatalf("installing the seccomp filter: %v", a.err)
 	}
