@@ -41,7 +41,9 @@ kubeconfig = %[4]q
 // the daemon reports to the tests' real kube-apiserver with the node's
 // credentials, as on a node (IDLE_STANDALONE=1: no Kubernetes reporting).
 // After the first pass and IDLE_WARMUP (30s), over IDLE_WINDOW (120s): the
-// CPU of the daemon's threads (schedstat) in ms/min, the times its threads
+// CPU of the daemon's threads (schedstat) in ms/min, that of its unit's
+// cgroup (unit-cpu-ms/min: the threads and the processes the daemon starts,
+// journalctl for KubeletHeartbeatFailed), the times its threads
 // waited (most of an idle daemon's CPU on a VM is waking up) and were
 // preempted per minute, its VmRSS at the end, and the heap it allocated
 // (MB/min) and its garbage collections per minute (from its go_* metrics,
@@ -150,16 +152,20 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	alloc0, gc0 := runtimeStats()
 	time.Sleep(warmup - time.Since(at))          // the measurement's own pace: nothing to await
 	helperSlice := s.Cgroup("benchhelper.slice") // no dash: a dash nests a slice
+	// The daemon's unit's cgroup: its threads and the processes it starts
+	// (journalctl for KubeletHeartbeatFailed), which its threads' figures
+	// do not count; systemctl status shows this one.
+	unitCgroup := s.Cgroup("system.slice/autopilot-health.service")
 	b.ResetTimer()
 	threads0, at0 := threadStats(b, proc), time.Now()
 	helperID := helperInvocation(ctx, s)
-	helper0 := cgroupCPU(b, helperSlice)
+	helper0, unit0 := cgroupCPU(b, helperSlice), cgroupCPU(b, unitCgroup)
 	// The helper may come and go (a crash and restart, or a helper that
 	// exits when idle, as a trial had it): once a second, is it running,
 	// is it a new start, its VmRSS.
 	helper := watchHelper(ctx, s, window, helperID)
 	threads1, at1 := threadStats(b, proc), time.Now()
-	helper1 := cgroupCPU(b, helperSlice)
+	helper1, unit1 := cgroupCPU(b, helperSlice), cgroupCPU(b, unitCgroup)
 	if id := helperInvocation(ctx, s); id != "" && id != helper.last {
 		helper.starts++ // in the window's last second
 	}
@@ -190,6 +196,7 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(all1.cpu-all0.cpu)/1e6/at1.Sub(at0).Minutes(), "cpu-ms/min")
+	b.ReportMetric(float64(unit1-unit0)/1e6/at1.Sub(at0).Minutes(), "unit-cpu-ms/min")
 	b.ReportMetric(float64(all1.waits-all0.waits)/at1.Sub(at0).Minutes(), "waits/min")
 	b.ReportMetric(float64(all1.preempted-all0.preempted)/at1.Sub(at0).Minutes(), "preempted/min")
 	b.ReportMetric(rss, "VmRSS-MiB")
