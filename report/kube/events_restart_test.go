@@ -44,32 +44,70 @@ func logEvents(t *testing.T, evs []corev1.Event) {
 	}
 }
 
+// eventDaemon is a node's daemon run after run within one boot, over one
+// fake API server: the harness is the run now. In a synctest bubble.
+type eventDaemon struct {
+	t *testing.T
+	*harness
+}
+
+// startEventDaemon starts the daemon's first run of the boot, with an
+// empty store.
+func startEventDaemon(t *testing.T) *eventDaemon {
+	t.Helper()
+	return &eventDaemon{t: t, harness: start(t, fake.NewClientset(kubeletNode()), report.NewStore("b"))}
+}
+
+// diskError is a kernel line of a failing disk.
+const diskError = "Buffer I/O error on dev sda1, logical block 0"
+
+// ioError emits an IOError event of msg, now.
+func (d *eventDaemon) ioError(msg string) {
+	d.store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+}
+
+// settle lets wait pass and the run settle, and returns the Events
+// on the API server then.
+func (d *eventDaemon) settle(wait time.Duration) []corev1.Event {
+	d.t.Helper()
+	time.Sleep(wait)
+	synctest.Wait()
+	return events(d.t, d.client)
+}
+
+// restart stops the run, saves its state file, and starts the next run
+// over it down later.
+func (d *eventDaemon) restart(down time.Duration) {
+	d.t.Helper()
+	d.stop()
+	d.next(restartStore(d.t, d.store), down)
+}
+
+// next starts the next run over store down later; the run before is
+// stopped.
+func (d *eventDaemon) next(store *report.Store, down time.Duration) {
+	d.t.Helper()
+	time.Sleep(down)
+	d.harness = start(d.t, d.client, store)
+}
+
 // The same event 30 s apart with a restart of the daemon in between is one
 // Event with count 2, as without the restart: the aggregation is kept in
 // the state file for the boot. Before, the table lived in memory only and
 // the restart made a second Event with count 1.
 func TestIdenticalEventAcrossRestartIsOneEvent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(kubeletNode())
-		store := report.NewStore("b")
-		h := start(t, client, store)
-		const msg = "Buffer I/O error on dev sda1, logical block 0"
-		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
-		time.Sleep(time.Second)
-		synctest.Wait()
-		h.stop()
-		store = restartStore(t, store)
-		time.Sleep(30 * time.Second)
-		h = start(t, client, store)
-		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		evs := events(t, client)
+		d := startEventDaemon(t)
+		d.ioError(diskError)
+		d.settle(time.Second)
+		d.restart(30 * time.Second)
+		d.ioError(diskError)
+		evs := d.settle(time.Minute)
 		if len(evs) != 1 || evs[0].Count != 2 {
 			logEvents(t, evs)
 			t.Errorf("the same event 30 s apart, a restart in between: %d Events; want 1 with count 2", len(evs))
 		}
-		h.stop()
+		d.stop()
 	})
 }
 
@@ -78,27 +116,20 @@ func TestIdenticalEventAcrossRestartIsOneEvent(t *testing.T) {
 // Before, a restart started the count again, 10 more Events each time.
 func TestSimilarEventsLimitHoldsAcrossRestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(kubeletNode())
-		store := report.NewStore("b")
-		h := start(t, client, store)
+		d := startEventDaemon(t)
 		sector := 0
-		emit := func(s *report.Store, n int) {
+		emit := func(n int) {
 			for range n {
 				sector++
-				s.Emit(report.Event{Reason: "IOError", Message: fmt.Sprintf("I/O error, dev sda, sector %d", sector), Time: time.Now()})
+				d.ioError(fmt.Sprintf("I/O error, dev sda, sector %d", sector))
 				time.Sleep(time.Second)
 			}
 		}
-		emit(store, maxSimilarEvents)
+		emit(maxSimilarEvents)
 		synctest.Wait()
-		h.stop()
-		store = restartStore(t, store)
-		time.Sleep(30 * time.Second)
-		h = start(t, client, store)
-		emit(store, 3)
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		evs := events(t, client)
+		d.restart(30 * time.Second)
+		emit(3)
+		evs := d.settle(time.Minute)
 		var combined []corev1.Event
 		for _, e := range evs {
 			if strings.HasPrefix(e.Message, combinedPrefix) {
@@ -109,7 +140,7 @@ func TestSimilarEventsLimitHoldsAcrossRestart(t *testing.T) {
 			logEvents(t, evs)
 			t.Errorf("13 distinct messages of a reason in 2 minutes, a restart after 10: %d Events, %d combined; want 11, one combined with count 3", len(evs), len(combined))
 		}
-		h.stop()
+		d.stop()
 	})
 }
 
@@ -119,38 +150,31 @@ func TestSimilarEventsLimitHoldsAcrossRestart(t *testing.T) {
 // instead of setting the Event's count back to the kept one.
 func TestRestoredEventContinuesFromTheAPIServersCount(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(kubeletNode())
-		store := report.NewStore("b")
-		h := start(t, client, store)
-		const msg = "Buffer I/O error on dev sda1, logical block 0"
-		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
-		time.Sleep(time.Second)
-		synctest.Wait()
+		d := startEventDaemon(t)
+		d.ioError(diskError)
+		d.settle(time.Second)
 		// The last save before the crash: the Event with count 1.
-		saved := restartStore(t, store)
+		saved := restartStore(t, d.store)
 		for range 4 {
-			store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
+			d.ioError(diskError)
 		}
-		time.Sleep(15 * time.Second) // the count's patch (5) lands, not saved
-		synctest.Wait()
-		if evs := events(t, client); len(evs) != 1 || evs[0].Count != 5 {
+		// The count's patch (5) lands, not saved.
+		if evs := d.settle(15 * time.Second); len(evs) != 1 || evs[0].Count != 5 {
 			logEvents(t, evs)
 			t.Fatalf("before the crash: %d Events; want 1 with count 5", len(evs))
 		}
-		h.stop()
-		h = start(t, client, saved)
-		saved.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		evs := events(t, client)
+		d.stop()
+		d.next(saved, 0)
+		d.ioError(diskError)
+		evs := d.settle(time.Minute)
 		if len(evs) != 1 || evs[0].Count != 6 {
 			logEvents(t, evs)
 			t.Errorf("6 occurrences, the last after a crash that kept count 1: %d Events; want 1 with count 6", len(evs))
 		}
-		if v := h.m.Failures(); v != 0 {
+		if v := d.m.Failures(); v != 0 {
 			t.Errorf("%v failed API calls counted, want 0", v)
 		}
-		h.stop()
+		d.stop()
 	})
 }
 
@@ -159,36 +183,29 @@ func TestRestoredEventContinuesFromTheAPIServersCount(t *testing.T) {
 // anew with the count, and that is not a failed write.
 func TestRestoredEventGoneIsCreatedAnew(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(kubeletNode())
-		store := report.NewStore("b")
-		h := start(t, client, store)
-		const msg = "Buffer I/O error on dev sda1, logical block 0"
-		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
-		time.Sleep(time.Second)
-		synctest.Wait()
-		h.stop()
-		evs := events(t, client)
+		d := startEventDaemon(t)
+		d.ioError(diskError)
+		d.settle(time.Second)
+		d.stop()
+		evs := events(t, d.client)
 		if len(evs) != 1 {
 			t.Fatalf("%d Events after the first occurrence", len(evs))
 		}
 		first := evs[0].Name
-		if err := client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("events"), EventNamespace, first); err != nil {
+		if err := d.client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("events"), EventNamespace, first); err != nil {
 			t.Fatal(err)
 		}
-		store = restartStore(t, store)
-		h = start(t, client, store)
-		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: time.Now()})
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		evs = events(t, client)
+		d.next(restartStore(t, d.store), 0)
+		d.ioError(diskError)
+		evs = d.settle(time.Minute)
 		if len(evs) != 1 || evs[0].Name == first || evs[0].Count != 2 {
 			logEvents(t, evs)
 			t.Errorf("the kept Event deleted, then a restart and its event again: %d Events; want 1 under a new name with count 2", len(evs))
 		}
-		if v := h.m.Failures(); v != 0 {
+		if v := d.m.Failures(); v != 0 {
 			t.Errorf("%v failed API calls counted, want 0: a gone Event is not a failure", v)
 		}
-		h.stop()
+		d.stop()
 	})
 }
 
@@ -201,18 +218,14 @@ func TestRestoredEventGoneIsCreatedAnew(t *testing.T) {
 // and the earlier run's Event had its count set to this one's.
 func TestEventNamesDoNotCollideAfterARestart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(kubeletNode())
-		store := report.NewStore("b")
-		h := start(t, client, store)
-		const msg = "Buffer I/O error on dev sda1, logical block 0"
+		d := startEventDaemon(t)
 		at := time.Now() // the kernel line's time
 		for range 3 {
-			store.Emit(report.Event{Reason: "IOError", Message: msg, Time: at})
+			d.store.Emit(report.Event{Reason: "IOError", Message: diskError, Time: at})
 		}
-		time.Sleep(time.Second)
-		synctest.Wait()
-		h.stop() // a crash: the state file never took the Event
-		evs := events(t, client)
+		d.settle(time.Second)
+		d.stop() // a crash: the state file never took the Event
+		evs := events(t, d.client)
 		if len(evs) != 1 || evs[0].Count != 3 {
 			logEvents(t, evs)
 			t.Fatalf("before the crash: %d Events; want 1 with count 3", len(evs))
@@ -222,7 +235,7 @@ func TestEventNamesDoNotCollideAfterARestart(t *testing.T) {
 		// API server; its retry goes under the same name.
 		var mu sync.Mutex
 		failFirst := true
-		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		d.client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if failFirst {
@@ -231,12 +244,10 @@ func TestEventNamesDoNotCollideAfterARestart(t *testing.T) {
 			}
 			return false, nil, nil
 		})
-		store = report.NewStore("b")
-		h = start(t, client, store)
-		store.Emit(report.Event{Reason: "IOError", Message: msg, Time: at}) // the line read again
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		evs = events(t, client)
+		d.next(report.NewStore("b"), 0) // with nothing kept
+		// The line read again.
+		d.store.Emit(report.Event{Reason: "IOError", Message: diskError, Time: at})
+		evs = d.settle(time.Minute)
 		counts := map[string]int32{}
 		for _, e := range evs {
 			counts[e.Name] = e.Count
@@ -250,7 +261,7 @@ func TestEventNamesDoNotCollideAfterARestart(t *testing.T) {
 				t.Errorf("Event name %s", name)
 			}
 		}
-		h.stop()
+		d.stop()
 	})
 }
 
