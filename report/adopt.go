@@ -35,8 +35,9 @@ const futureSlack = time.Minute
 //
 // Which boot a True kernel condition on the Node belongs to: nodeBoot is
 // the boot ID of the Node's report annotations, which the daemon writes only
-// after it has written the conditions of that boot; when it is this boot,
-// every condition on the Node is this boot's. Without one (a Node written by
+// with (in the same patch: the first write of a boot's conditions carries
+// them) or after the conditions of that boot; when it is this boot, every
+// condition on the Node is this boot's, and when it is another, none is. Without one (a Node written by
 // an older version), the transition time is compared with this boot's start
 // (wall clock; a clock stepped since can misjudge it).
 //   - another status in the store that is the kernel log monitor's

@@ -84,6 +84,13 @@ func (d *Details) SetBootID(id string) {
 	d.bootID = id
 }
 
+// BootID returns the boot the documents are written in (SetBootID).
+func (d *Details) BootID() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.bootID
+}
+
 // ReportBootID returns the bootID of the report documents among a Node's
 // annotations ("" when there is none, e.g. written by an older version).
 func ReportBootID(annotations map[string]string) string {

@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
@@ -307,6 +308,70 @@ func TestKubeAnnotations(t *testing.T) {
 	}
 	if !strings.Contains(n.Annotations[report.AnnotationPrefix+"storage"], `"filesystems":[{"mountPoint":"/","usedPercent":12}]`) {
 		t.Errorf("storage: %s", n.Annotations[report.AnnotationPrefix+"storage"])
+	}
+}
+
+// A restart before the first report of a boot, against the real API
+// server: the first write of the conditions in a boot carries this boot's
+// report (nodes/status takes the annotations in the same patch), so a
+// daemon back before its first pass, without its state file and without
+// the kernel line, still takes the True it set in this boot for this
+// boot's; before, the report of the boot before stood beside it until the
+// first pass, and the True was lowered.
+func TestKubeRestartBeforeTheFirstReportKeepsTheKernelCondition(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-restart-before-report"
+	ctx := context.Background()
+	registerNode(t, s, node)
+	// The boot before: its report.
+	prev := `{"metadata":{"annotations":{"autopilot.syself.com/storage":"{\"schemaVersion\":1,\"bootID\":\"boot-a\"}"}}}`
+	if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(prev), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client, _ := nodeClient(t, s, node)
+	bootStart := time.Now().Add(-time.Minute)
+	never := make(chan struct{}) // the checks' first pass, not done before the restart
+	run := func() *running {
+		store := report.NewStore("boot-b")
+		store.SetBootStart(bootStart)
+		store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+			Message: "the kernel log has not been read yet"}, time.Now())
+		det := report.NewDetails()
+		det.SetBootID("boot-b")
+		x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
+		x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
+			Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: never})
+		rctx, cancel := context.WithCancel(ctx)
+		x.cancel = cancel
+		go func() { x.r.Run(rctx); close(x.done) }()
+		<-x.r.Adopted()
+		return x
+	}
+	x := run()
+	line := time.Now().Add(-2 * time.Second).Truncate(time.Second)
+	x.store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusTrue, Reason: report.ReasonFilesystemIsReadOnly,
+		Message: "EXT4-fs (sda2): Remounting filesystem read-only"}, line)
+	n := waitNode(t, s, node, "ReadonlyFilesystem True", func(n *corev1.Node) bool {
+		c := cond(n, "ReadonlyFilesystem")
+		return c != nil && c.Status == corev1.ConditionTrue
+	})
+	if got := report.ReportBootID(n.Annotations); got != "boot-b" {
+		t.Errorf("the report's boot beside this boot's conditions: %q; want boot-b", got)
+	}
+	x.stop() // before the first pass: no report written by the annotation loop
+	restart := time.Now()
+
+	x = run()
+	defer x.stop()
+	// The reader has read the ring buffer to its end: the line is gone.
+	x.store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusFalse, Reason: "FilesystemIsNotReadOnly",
+		Message: "no matching kernel message in the records read"}, time.Now())
+	n = waitNode(t, s, node, "the first write after the restart", func(n *corev1.Node) bool {
+		c := cond(n, "ReadonlyFilesystem")
+		return c != nil && !c.LastHeartbeatTime.Time.Before(restart.Truncate(time.Second))
+	})
+	if c := cond(n, "ReadonlyFilesystem"); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(line) {
+		t.Errorf("ReadonlyFilesystem after the restart: %s/%s since %v; want True since %v", c.Status, c.Reason, c.LastTransitionTime.Time, line)
 	}
 }
 

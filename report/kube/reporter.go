@@ -123,6 +123,11 @@ type Reporter struct {
 	// Node: one the store no longer holds (removed when a reload disabled
 	// its check) is removed from the Node by the next write.
 	onNode []string
+	// reportBoot is the bootID of the report on the Node as last read or
+	// answered to a status write (the status loop's alone): until it is
+	// this boot's, each status write carries the report documents too (see
+	// writeStatus).
+	reportBoot string
 	// wrote is what the last successful write put on the Node, by type
 	// (the status loop's alone): a change of a message alone waits for
 	// the next heartbeat (messageOnly).
@@ -131,8 +136,9 @@ type Reporter struct {
 	// annotation loops share.
 	nodeMu sync.Mutex
 	// written is closed after the first successful write of the conditions:
-	// only then are the report annotations written, so a report carrying
-	// this boot's ID means the Node's conditions are this boot's (Adopt).
+	// only then does the annotation loop write the report, so a report
+	// carrying this boot's ID means the Node's conditions are this boot's
+	// (Adopt); before, the status writes carry it (reportBoot).
 	// It is replaced by an open one when the Node turns out to have been
 	// registered anew (nodeAnswered), until the conditions are on it.
 	written chan struct{}
@@ -613,6 +619,7 @@ func (r *Reporter) adopt(ctx context.Context) error {
 	r.nodeMu.Unlock()
 	n := 0
 	nodeBoot := report.ReportBootID(node.Metadata.Annotations)
+	r.reportBoot = nodeBoot
 	if at := report.ReportedClear(node.Metadata.Annotations); !at.IsZero() {
 		// An operator's clear this daemon published to the Node: a True
 		// from before it is not taken back. (The clear in the tamper state
@@ -652,8 +659,10 @@ func (r *Reporter) adopt(ctx context.Context) error {
 
 // statusPatch is the strategic merge patch of Node.status.conditions with
 // the daemon's conditions: the API merges it by condition type, so kubelet's
-// and other writers' conditions are left alone.
-func statusPatch(conds []report.Condition, remove []string, now time.Time) ([]byte, error) {
+// and other writers' conditions are left alone. docs, when not nil, are
+// report annotations written in the same patch (metadata.annotations,
+// merged by key; the nodes/status subresource takes them).
+func statusPatch(conds []report.Condition, remove []string, docs map[string]string, now time.Time) ([]byte, error) {
 	out := make([]any, 0, len(conds)+len(remove))
 	for _, c := range conds {
 		out = append(out, kubeapi.NodeCondition{
@@ -668,7 +677,11 @@ func statusPatch(conds []report.Condition, remove []string, now time.Time) ([]by
 		// with this merge key (type).
 		out = append(out, map[string]string{"type": t, "$patch": "delete"})
 	}
-	return json.Marshal(map[string]any{"status": map[string]any{"conditions": out}})
+	patch := map[string]any{"status": map[string]any{"conditions": out}}
+	if docs != nil {
+		patch["metadata"] = map[string]any{"annotations": docs}
+	}
+	return json.Marshal(patch)
 }
 
 // wroteOnce records that this run's conditions are on the Node (closes
@@ -832,7 +845,19 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 		r.wroteOnce()
 		return nil
 	}
-	patch, err := statusPatch(conds, remove, time.Now())
+	// The Node's report is of another boot (or there is none): its
+	// conditions are this boot's once this write lands, but the report
+	// waits for the checks' first pass, and a restart in between (the
+	// state file and the kernel line gone) would take this boot's True
+	// kernel condition for the earlier boot's (Adopt) and lower it. The
+	// report of this boot, as far as the checks have collected it, goes
+	// in the same patch: the Node never holds this boot's conditions
+	// under another boot's report.
+	var docs map[string]string
+	if boot := r.o.Details.BootID(); boot != "" && r.reportBoot != boot {
+		docs, _ = r.o.Details.Documents(time.Now(), r.role()) // a failing domain carries an error document
+	}
+	patch, err := statusPatch(conds, remove, docs, time.Now())
 	if err != nil {
 		return err
 	}
@@ -840,6 +865,9 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	n, err := r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
 	r.m.observe(KindStatus, start, err)
 	if err == nil {
+		if n != nil {
+			r.reportBoot = report.ReportBootID(n.Metadata.Annotations)
+		}
 		r.stale = nil
 		r.onNode = r.onNode[:0]
 		r.wrote = make(map[string]report.Condition, len(conds))
@@ -989,12 +1017,16 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 	}
 }
 
-func (r *Reporter) writeAnnotations(ctx context.Context) error {
-	role := r.o.Role
+// role is the node's role now (Options.RoleOf, else Options.Role).
+func (r *Reporter) role() report.Role {
 	if r.o.RoleOf != nil {
-		role = r.o.RoleOf()
+		return r.o.RoleOf()
 	}
-	docs, err := r.o.Details.Documents(time.Now(), role)
+	return r.o.Role
+}
+
+func (r *Reporter) writeAnnotations(ctx context.Context) error {
+	docs, err := r.o.Details.Documents(time.Now(), r.role())
 	// A failing domain carries an error document; the others are written
 	// all the same.
 	if msg := errString(err); msg != r.renderErr {

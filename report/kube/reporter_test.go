@@ -1722,3 +1722,148 @@ func TestReportWaitingForTheConditionsBeatsWithinItsPeriod(t *testing.T) {
 		}
 	})
 }
+
+// A restart before the first report of a boot: the report annotations wait
+// for the checks' first pass, so for that long after a reboot the Node
+// holds this boot's conditions under the previous boot's report. The line
+// that set a kernel condition True in this boot is gone when the daemon is
+// back (a flood of I/O errors pushed it out of the ring buffer), and so is
+// the state file (a read-only /var, the very condition): the Node is the
+// only record of the True, and it must be taken over as this boot's, or the
+// condition flaps True, False, and a MachineHealthCheck's "True for 120 s"
+// starts again.
+func TestRestartBeforeTheFirstReportKeepsThisBootsKernelCondition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The previous boot's False and its report.
+		before := corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionFalse, Reason: "FilesystemIsNotReadOnly",
+			LastTransitionTime: metav1.NewTime(t0)}
+		n := kubeletNode(before)
+		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
+		client := fake.NewClientset(n)
+		bootStart := time.Now().Add(-time.Minute)
+		never := make(chan struct{}) // the checks' first pass: not done before the restart
+		run := func() (*harness, *report.Store) {
+			store := report.NewStore("boot-b")
+			store.SetBootStart(bootStart)
+			// kmsg.Monitor.Start's placeholder: no state file for this boot.
+			store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+				Message: "the kernel log has not been read yet"}, time.Now())
+			det := report.NewDetails()
+			det.SetBootID("boot-b")
+			h := startOpts(t, client, store, det, io.Discard, func(o *Options) { o.FirstPass = never })
+			<-h.r.Adopted()
+			return h, store
+		}
+
+		h, store := run()
+		line := time.Now().Truncate(time.Second)
+		store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusTrue, Reason: report.ReasonFilesystemIsReadOnly,
+			Message: "EXT4-fs (sda2): Remounting filesystem read-only"}, line)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if c := findCond(h.node(t), "ReadonlyFilesystem"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Fatalf("ReadonlyFilesystem on the Node before the restart: %+v; want True", c)
+		}
+		h.stop() // the restart, before the first pass (and its report)
+
+		time.Sleep(5 * time.Second) // RestartSec
+		writes := len(client.Actions())
+		h, store = run()
+		// The reader has read the ring buffer to its end: the line is gone.
+		store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusFalse, Reason: "FilesystemIsNotReadOnly",
+			Message: "no matching kernel message in the records read"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		c := findCond(h.node(t), "ReadonlyFilesystem")
+		if c == nil || c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(line) {
+			t.Errorf("ReadonlyFilesystem after the restart: %+v; want True since %v, as before it", c, line)
+		}
+		for _, a := range client.Actions()[writes:] {
+			if p, ok := a.(k8stesting.PatchAction); ok && p.GetSubresource() == "status" &&
+				strings.Contains(string(p.GetPatch()), `"type":"ReadonlyFilesystem"`) && !strings.Contains(string(p.GetPatch()), `"status":"True"`) {
+				t.Errorf("a write after the restart lowered this boot's True: %s", p.GetPatch())
+			}
+		}
+		h.stop()
+	})
+}
+
+// The report that goes with the first write of a boot's conditions stands
+// beside those conditions only: the earlier boot's True kernel condition is
+// replaced in that same patch (by this boot's placeholder), so a restart
+// before the first pass does not take the earlier boot's True for this
+// boot's under this boot's report.
+func TestEarlyReportDoesNotCarryTheEarlierBootsKernelCondition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		earlier := corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionTrue, Reason: "CriticalTaskHung",
+			Message: "INFO: task kubelet:128 blocked for more than 120 seconds.", LastTransitionTime: metav1.NewTime(t0)}
+		n := kubeletNode(earlier)
+		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
+		client := fake.NewClientset(n)
+		never := make(chan struct{})
+		run := func() *harness {
+			store := report.NewStore("boot-b")
+			store.SetBootStart(time.Now().Add(-time.Minute))
+			store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusUnknown, Reason: report.ReasonNoData,
+				Message: "the kernel log has not been read yet"}, time.Now())
+			det := report.NewDetails()
+			det.SetBootID("boot-b")
+			h := startOpts(t, client, store, det, io.Discard, func(o *Options) { o.FirstPass = never })
+			<-h.r.Adopted()
+			time.Sleep(time.Second)
+			synctest.Wait()
+			return h
+		}
+		h := run()
+		got := h.node(t)
+		if b := report.ReportBootID(got.Annotations); b != "boot-b" {
+			t.Errorf("the report after the first write of this boot's conditions: %q; want boot-b", b)
+		}
+		if c := findCond(got, "KernelDeadlock"); c == nil || c.Status == corev1.ConditionTrue {
+			t.Errorf("KernelDeadlock under this boot's report: %+v; want this boot's placeholder", c)
+		}
+		if got.Annotations["other/annotation"] != "keep" {
+			t.Errorf("another writer's annotation: %q", got.Annotations["other/annotation"])
+		}
+		h.stop()
+		h = run()
+		if c, _ := h.store.Get("KernelDeadlock"); c.Status == report.StatusTrue {
+			t.Errorf("the earlier boot's KernelDeadlock taken over after the restart: %+v", c)
+		}
+		if c := findCond(h.node(t), "KernelDeadlock"); c == nil || c.Status == corev1.ConditionTrue {
+			t.Errorf("KernelDeadlock on the Node after the restart: %+v", c)
+		}
+		h.stop()
+	})
+}
+
+// Once the Node's report is this boot's, the status writes are the
+// conditions alone: the report goes with them only until then.
+func TestStatusWritesCarryTheReportOnlyUntilItIsThisBoots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
+		client := fake.NewClientset(n)
+		store := report.NewStore("boot-b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		det := report.NewDetails()
+		det.SetBootID("boot-b")
+		h := startOpts(t, client, store, det, io.Discard, func(o *Options) { o.FirstPass = make(chan struct{}) })
+		<-h.r.Adopted()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		var with []bool
+		for _, a := range client.Actions() {
+			if p, ok := a.(k8stesting.PatchAction); ok && p.GetSubresource() == "status" {
+				with = append(with, strings.Contains(string(p.GetPatch()), `"annotations"`))
+			}
+		}
+		if !slices.Equal(with, []bool{true, false}) {
+			t.Errorf("status writes carrying the report: %v; want the first only", with)
+		}
+		h.stop()
+	})
+}
