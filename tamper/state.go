@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -52,6 +53,50 @@ type Finding struct {
 	At        time.Time  `json:"at"`
 	BootID    string     `json:"bootID"`
 	Detail    string     `json:"detail,omitempty"`
+}
+
+// findingJSON is a Finding as JSON holds it: a path or detail that is not
+// valid UTF-8 (a name in another encoding) is also written as its bytes
+// (rawPath, rawDetail, base64) and read back from them, so a finding read
+// back is the one recorded (a run after a restart that sees the same
+// change again adds nothing); JSON alone would make it U+FFFD.
+type findingJSON struct {
+	plainFinding
+	RawPath   []byte `json:"rawPath,omitempty"`
+	RawDetail []byte `json:"rawDetail,omitempty"`
+}
+
+type plainFinding Finding
+
+// MarshalJSON writes f with its path and detail exactly (findingJSON).
+func (f Finding) MarshalJSON() ([]byte, error) {
+	j := findingJSON{plainFinding: plainFinding(f)}
+	if !utf8.ValidString(f.Path) {
+		j.RawPath = []byte(f.Path)
+	}
+	if !utf8.ValidString(f.Detail) {
+		j.RawDetail = []byte(f.Detail)
+	}
+	if j.RawPath == nil && j.RawDetail == nil {
+		return json.Marshal(j.plainFinding)
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (f *Finding) UnmarshalJSON(b []byte) error {
+	var j findingJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*f = Finding(j.plainFinding)
+	if j.RawPath != nil {
+		f.Path = string(j.RawPath)
+	}
+	if j.RawDetail != nil {
+		f.Detail = string(j.RawDetail)
+	}
+	return nil
 }
 
 // Baseline is the protected files as they were when it was taken.

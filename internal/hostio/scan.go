@@ -1,8 +1,10 @@
 package hostio
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -53,6 +56,56 @@ type Entry struct {
 	// Error is why a KindUnreadable path could not be read (not compared:
 	// the kind is).
 	Error string `json:"error,omitempty"`
+}
+
+// entryJSON is an Entry as JSON holds it. JSON strings are UTF-8: a name
+// in another encoding (a byte such as 0xe9, Latin-1's "é") would be written
+// as U+FFFD and read back as another name, so a path or target that is not
+// valid UTF-8 is also written as its bytes (rawPath, rawTarget, base64),
+// and those are read back. A valid one is written as before, nothing
+// added: a baseline of such names keeps its digest.
+type entryJSON struct {
+	plainEntry
+	RawPath   []byte `json:"rawPath,omitempty"`
+	RawTarget []byte `json:"rawTarget,omitempty"`
+}
+
+type plainEntry Entry
+
+// MarshalJSON writes e with its path and target exactly (entryJSON).
+func (e Entry) MarshalJSON() ([]byte, error) {
+	j := entryJSON{plainEntry: plainEntry(e)}
+	if !utf8.ValidString(e.Path) {
+		j.RawPath = []byte(e.Path)
+	}
+	if !utf8.ValidString(e.Target) {
+		j.RawTarget = []byte(e.Target)
+	}
+	if j.RawPath == nil && j.RawTarget == nil {
+		return json.Marshal(j.plainEntry)
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: the exact path and target
+// where their bytes are given.
+func (e *Entry) UnmarshalJSON(b []byte) error {
+	if !bytes.Contains(b, []byte(`"raw`)) { // the usual entry: no raw bytes
+		*e = Entry{}
+		return json.Unmarshal(b, (*plainEntry)(e))
+	}
+	var j entryJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*e = Entry(j.plainEntry)
+	if j.RawPath != nil {
+		e.Path = string(j.RawPath)
+	}
+	if j.RawTarget != nil {
+		e.Target = string(j.RawTarget)
+	}
+	return nil
 }
 
 // Limits bound a scan: a pattern that matches a huge tree (a typo such as

@@ -543,3 +543,31 @@ func TestIdleAfterTheLastConnection(t *testing.T) {
 	awaitIdle("the second connection closed")
 	noIdle("twice")
 }
+
+// Names in another encoding than UTF-8 (bytes such as 0xa0, 0xfe, 0xff)
+// come through the helper exactly, in the scan's order: JSON alone made
+// each such byte U+FFFD, so two names became one, a symlink retargeted
+// between two such names was the same, and the daemon's entries were no
+// longer sorted (its baseline read back at a restart "not sorted": a
+// BaselineCorrupt finding on a node nobody touched).
+func TestScanThroughTheHelperKeepsNamesInAnotherEncoding(t *testing.T) {
+	root := t.TempDir()
+	for _, name := range []string{"\xa0x.conf", "\xc3\xa9.conf", "\xfe.conf", "\xff.conf"} {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("\xfe.conf", filepath.Join(root, "active")); err != nil {
+		t.Fatal(err)
+	}
+	c := serve(t, &Server{})
+	spec := hostio.Spec{Patterns: []string{root}}
+	want, err := hostio.Scan("/", spec)
+	if err != nil || len(want) != 6 {
+		t.Fatalf("scan in process: %d entries, %v", len(want), err)
+	}
+	got, err := c.Scan("/", spec)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("scan through the helper: %+v, %v\nwant %+v", got, err, want)
+	}
+}
