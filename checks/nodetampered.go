@@ -212,9 +212,10 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	overdue := c.maxWait > 0 && now.Sub(c.waitSince) >= c.maxWait
 	c.mu.Unlock()
 	unsettled := ""
-	// After an operator's clear the node is accepted as it is now: neither
-	// the gate nor settling is waited for.
-	retake := c.keeper.State().Retake
+	// After an operator's clear in this boot the node is accepted as it is
+	// now: neither the gate nor settling is waited for.
+	st := c.keeper.State()
+	retake := st.RetakeNow(c.keeper.BootID())
 	for _, g := range c.gate {
 		if retake {
 			break
@@ -250,7 +251,7 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	if unsettled != "" {
 		c.env.Log.Warn("baseline taken before it settled", "why", unsettled)
 	}
-	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake = b, false; return true }); err != nil {
+	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake, s.RetakeBoot = b, false, ""; return true }); err != nil {
 		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
 	}
 	c.env.Log.Info("baseline taken", "files", len(cur), "digest", b.Digest)

@@ -1154,3 +1154,26 @@ func TestNodeTamperedBaselineGoneAfterAClear(t *testing.T) {
 	c2 := h.start("boot-1", restored)
 	h.probe(c2, report.StatusTrue, report.ReasonBaselineCorrupt, "is gone from the tamper state")
 }
+
+// A clear whose baseline was not taken before the node rebooted (the clear
+// came as the daemon stopped for the reboot, or NodeTampered was disabled
+// then) accepted the files of that boot, not those of the next: the next
+// boot waits for baseline_after and settles as every boot does. Before,
+// the clear's "take it at once" outlived the reboot: the baseline was
+// taken at the boot's first run, before the node joined, and the
+// kubelet's kubeconfig written by the join set NodeTampered True.
+func TestNodeTamperedClearBeforeARebootDoesNotSkipTheNextBootsGate(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	if err := c.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "reviewed", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon stops before NodeTampered ran again; the node reboots,
+	// and the daemon starts before the node has joined.
+	os.Remove(h.path("/etc/kubernetes/kubelet.conf"))
+	c2 := h.start("boot-2", report.NewStore("boot-2"))
+	h.probe(c2, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/kubernetes/kubelet.conf")
+	h.write("/etc/kubernetes/kubelet.conf", "apiVersion: v1\n")
+	h.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+}

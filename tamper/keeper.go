@@ -409,7 +409,7 @@ func (k *Keeper) ClearAll(c Clear) error {
 		s.Baseline, s.Sealed = nil, nil
 		c.At = c.At.UTC()
 		s.Cleared = &c
-		s.Retake = true
+		s.Retake, s.RetakeBoot = true, k.bootID
 		k.clearTrusted = true
 		k.clearing = false // the baseline is gone: KeptDigest stays "" until the next is written
 		return true

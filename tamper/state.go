@@ -162,9 +162,20 @@ type State struct {
 	// Cleared is the last clear by an operator.
 	Cleared *Clear `json:"cleared,omitempty"`
 	// Retake: the next baseline is taken at once, without settling (after
-	// an operator's clear: the node is running, and accepted as it is).
-	Retake bool `json:"retake,omitempty"`
+	// an operator's clear: the node is running, and accepted as it is),
+	// when it is taken in RetakeBoot, the boot of the clear. A clear whose
+	// baseline a reboot came before accepted the files of its boot, not
+	// the next's: that boot's baseline waits for baseline_after and
+	// settles as every boot's (a file of an earlier build, without
+	// RetakeBoot, is so too).
+	Retake     bool   `json:"retake,omitempty"`
+	RetakeBoot string `json:"retakeBoot,omitempty"`
 }
+
+// RetakeNow reports whether this boot's baseline is to be taken at once,
+// without baseline_after and settling: an operator's clear in this boot
+// dropped it (State.Retake).
+func (s *State) RetakeNow(bootID string) bool { return s.Retake && s.RetakeBoot == bootID }
 
 // SealedSeen is the recorded hashes as first read in one boot.
 type SealedSeen struct {
