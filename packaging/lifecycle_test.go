@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
@@ -578,4 +579,118 @@ func TestDebianPackageForeignArch(t *testing.T) {
 	if r.exists("/etc/autopilot-health") {
 		t.Error("after purge /etc/autopilot-health is still there")
 	}
+}
+
+// runningSystemdRoot is a chrooted dpkg root (scripts run inside it, as
+// on a node) that looks like a running systemd to the maintainer scripts:
+// /run/systemd/system exists, and stand-ins for systemctl,
+// deb-systemd-invoke and deb-systemd-helper log every call to /stubs.log;
+// deb-systemd-invoke makes the daemon's runtime directory on start and
+// restart and removes it on stop, as systemd does for its unit's
+// RuntimeDirectory=.
+func runningSystemdRoot(t *testing.T) *dpkgRoot {
+	t.Helper()
+	r := newDpkgRoot(t, runtime.GOARCH)
+	r.chrooted = true
+	b, err := os.ReadFile(staticBusybox(t))
+	must(t, err)
+	for _, d := range []string{"/bin", "/usr/bin", "/run/systemd/system", "/dev"} {
+		must(t, os.MkdirAll(r.path(d), 0o755))
+	}
+	// The scripts send the tools' output to /dev/null.
+	must(t, syscall.Mknod(r.path("/dev/null"), syscall.S_IFCHR|0o666, 1<<8|3))
+	must(t, os.WriteFile(r.path("/bin/busybox"), b, 0o755))
+	for _, applet := range []string{"sh", "sed", "mkdir", "rm"} {
+		must(t, os.Symlink("busybox", r.path("/bin/"+applet)))
+	}
+	stubs := map[string]string{
+		"systemctl": `echo "systemctl $*" >> /stubs.log
+`,
+		"deb-systemd-invoke": `echo "deb-systemd-invoke $*" >> /stubs.log
+case $1 in start|restart) mkdir -p /run/autopilot-health ;; stop) rm -rf /run/autopilot-health ;; esac
+`,
+		"deb-systemd-helper": `echo "deb-systemd-helper $*" >> /stubs.log
+`,
+	}
+	for name, body := range stubs {
+		must(t, os.WriteFile(r.path("/usr/bin/"+name), []byte("#!/bin/sh\n"+body), 0o755))
+	}
+	return r
+}
+
+// runs says whether the stand-in systemd runs the daemon.
+func (r *dpkgRoot) runs() bool { return r.exists("/run/autopilot-health") }
+
+// TestDebianPackageRefusedConfigurationSaysWhetherADaemonRuns: on a node,
+// a configure that the configuration check fails says what runs there. An
+// upgrade of a running daemon leaves it running the previous version, and
+// says so; a reinstall after a remove (the configuration kept, the daemon
+// stopped and its binary gone) starts none, and must not tell the operator
+// that a daemon still runs: the node has none until the file is fixed.
+func TestDebianPackageRefusedConfigurationSaysWhetherADaemonRuns(t *testing.T) {
+	needDpkgDeb(t)
+	hostBinary(t)
+	v1 := buildDeb(t, runtime.GOARCH, "1.0.0")
+	v2, _ := newerPackage(t, v1)
+	const running = "The running daemon was not restarted and keeps running the previous version (1.0.0)."
+
+	t.Run("upgrade of a running daemon", func(t *testing.T) {
+		r := runningSystemdRoot(t)
+		r.dpkg("--install", v1)
+		if !r.runs() {
+			t.Fatalf("the install did not start the daemon: %s", r.read("/stubs.log"))
+		}
+		edited, problem := refusedEdit(cfgPath, r.read(cfgPath))
+		must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+		out, err := r.tryDpkg("--force-confdef", "--force-confold", "--install", v2)
+		if err == nil {
+			t.Fatalf("the upgrade onto a refused configuration succeeded:\n%s", out)
+		}
+		for _, want := range []string{problem, running} {
+			if !strings.Contains(out, want) {
+				t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+			}
+		}
+		if !r.runs() || strings.Contains(r.read("/stubs.log"), "deb-systemd-invoke restart") {
+			t.Errorf("the refused upgrade restarted or stopped the daemon: %s", r.read("/stubs.log"))
+		}
+	})
+
+	t.Run("reinstall after a remove", func(t *testing.T) {
+		r := runningSystemdRoot(t)
+		r.dpkg("--install", v1)
+		r.dpkg("--remove", "autopilot-health")
+		if r.runs() {
+			t.Fatalf("the remove did not stop the daemon: %s", r.read("/stubs.log"))
+		}
+		if r.exists("/usr/bin/autopilot-health") {
+			t.Fatal("the remove left the binary")
+		}
+		edited, problem := refusedEdit(cfgPath, r.read(cfgPath))
+		must(t, os.WriteFile(r.path(cfgPath), []byte(edited), 0o644))
+		out, err := r.tryDpkg("--force-confdef", "--force-confold", "--install", v2)
+		if err == nil {
+			t.Fatalf("the reinstall onto a refused configuration succeeded:\n%s", out)
+		}
+		if !strings.Contains(out, problem) {
+			t.Errorf("dpkg's output lacks %q:\n%s", problem, out)
+		}
+		if strings.Contains(out, "keeps running") {
+			t.Errorf("dpkg says a daemon keeps running where none runs (removed, stopped):\n%s", out)
+		}
+		if want := "The daemon was not started; none is running on this node."; !strings.Contains(out, want) {
+			t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+		}
+		if r.runs() {
+			t.Errorf("the refused reinstall started the daemon: %s", r.read("/stubs.log"))
+		}
+		if s := r.status(); s != "install ok half-configured 1.0.1" {
+			t.Errorf("after the refused reinstall: %q", s)
+		}
+		must(t, os.WriteFile(r.path(cfgPath), []byte("[metrics]\nlisten_address = \"127.0.0.1:20257\"\n"), 0o644))
+		r.dpkg("--configure", "-a")
+		if !r.runs() {
+			t.Errorf("the fixed file and dpkg --configure -a did not start the daemon: %s", r.read("/stubs.log"))
+		}
+	})
 }
