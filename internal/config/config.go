@@ -475,7 +475,11 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		k := und[0].String()
-		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key" + suggest(k)}
+		line := lines.find(k)
+		if header, at := commentedTableAbove(data, line, k); header != "" {
+			return nil, &Error{File: file, Line: line, Key: k, Msg: fmt.Sprintf("unknown key (%s is a key of %s, whose header above it, at line %d, is commented out: uncomment the header too)", k, header, at)}
+		}
+		return nil, &Error{File: file, Line: line, Key: k, Msg: "unknown key" + suggest(k)}
 	}
 	keys := make([][]string, 0, len(md.Keys()))
 	for _, k := range md.Keys() {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -299,6 +300,11 @@ func TestBadConfigs(t *testing.T) {
 		// A top-level key after a table header is that table's in TOML.
 		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,
+		// The shipped file comments out every line, table headers too: a
+		// key uncommented without its header is a top-level key to TOML.
+		"table-header-commented-out.toml": `:2: key listen_address: unknown key (listen_address is a key of [metrics], whose header above it, at line 1, is commented out: uncomment the header too)`,
+		// A table's key above every header.
+		"table-key-at-top-level.toml": `:1: key listen_address: unknown key (listen_address is a key of [metrics]: write it below a [metrics] header)`,
 		// The default file's last table is [kmsg]: a key appended to it
 		// is kmsg's, and its name, known elsewhere, says more than the
 		// nearest spelling (kmsg.rules).
@@ -834,5 +840,61 @@ func TestDefaultKmsgListsAreTheMonitors(t *testing.T) {
 	}
 	if !slices.Equal(c.Kmsg.CriticalTasks, kmsg.DefaultCriticalTasks) {
 		t.Errorf("default.toml critical_tasks = %q, kmsg.DefaultCriticalTasks = %q", c.Kmsg.CriticalTasks, kmsg.DefaultCriticalTasks)
+	}
+}
+
+// shippedText is the configuration file the packages ship
+// (packaging/deb/build.sh, packaging/sysext/build.sh): the default file with
+// every line that is not a comment commented out, table headers included.
+func shippedText() []string {
+	var out []string
+	for l := range strings.Lines(string(DefaultTOML())) {
+		l = strings.TrimSuffix(l, "\n")
+		if l != "" && !strings.HasPrefix(l, "#") {
+			l = "# " + l
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// The shipped file says "uncomment what you change". An operator who
+// uncomments a key's line and not its table's header (commented out too)
+// has written a top-level key: the error must say which table it belongs
+// to, not only that it is unknown (a key the file shows). Each key line of
+// the shipped file, uncommented alone: a top-level key loads, a table's key
+// is refused naming its table.
+func TestUncommentingOneKeyOfTheShippedFile(t *testing.T) {
+	header := regexp.MustCompile(`^\[([A-Za-z0-9_.]+)\]$`)
+	keyLine := regexp.MustCompile(`^([a-z_]+) = (.*)$`)
+	shipped := shippedText()
+	table := ""
+	checked := 0
+	for i, l := range strings.Split(strings.TrimSuffix(string(DefaultTOML()), "\n"), "\n") {
+		if m := header.FindStringSubmatch(l); m != nil {
+			table = m[1]
+			continue
+		}
+		m := keyLine.FindStringSubmatch(l)
+		if m == nil || strings.HasSuffix(m[2], "[") || strings.HasSuffix(m[2], "{") {
+			continue // not a key, or a value over several lines
+		}
+		edited := slices.Clone(shipped)
+		edited[i] = l
+		_, err := Parse("config.toml", []byte(strings.Join(edited, "\n")+"\n"), Default())
+		checked++
+		switch {
+		case table == "" && err != nil:
+			t.Errorf("top-level key %s uncommented: %v", m[1], err)
+		case table == "":
+		case err == nil:
+			t.Errorf("%s.%s uncommented without its header loaded", table, m[1])
+		case !strings.Contains(err.Error(), fmt.Sprintf("key %s: unknown key (%s is a key of [%s], whose header above it", m[1], m[1], table)) ||
+			!strings.Contains(err.Error(), "is commented out: uncomment the header too)"):
+			t.Errorf("%s.%s uncommented without its header: the error does not name [%s] and its commented header: %v", table, m[1], table, err)
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d key lines found in the default file", checked)
 	}
 }

@@ -91,15 +91,15 @@ func suggest(key string) string {
 // [log] is log.node_name), and a check's key under another check's table.
 func misplaced(key string) string {
 	i := strings.LastIndexByte(key, '.')
-	if i < 0 {
-		return ""
-	}
 	name := key[i+1:]
 	var at []string
 	for _, k := range knownKeys() {
 		if k == name || strings.HasSuffix(k, "."+name) {
 			at = append(at, k)
 		}
+	}
+	if i < 0 {
+		return tableOfTopLevel(name, at)
 	}
 	switch {
 	case len(at) != 1:
@@ -108,6 +108,49 @@ func misplaced(key string) string {
 		return fmt.Sprintf(" (%s is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)", name)
 	}
 	return fmt.Sprintf(" (%s is a key of [%s])", name, at[0][:len(at[0])-len(name)-1])
+}
+
+// tableOfTopLevel names the table of a top-level key that is not one but
+// is a table's key (at: where it is known), written above every header
+// (one below a header commented out: commentedTableAbove).
+func tableOfTopLevel(name string, at []string) string {
+	switch len(at) {
+	case 0:
+		return ""
+	case 1:
+		table := at[0][:len(at[0])-len(name)-1]
+		return fmt.Sprintf(" (%s is a key of [%s]: write it below a [%s] header)", name, table, table)
+	}
+	return fmt.Sprintf(" (%s is a key of %d tables, such as [%s]: write it below its table's header)", name, len(at), at[0][:len(at[0])-len(name)-1])
+}
+
+// commentedHeader matches a table header commented out, "# [metrics]" or
+// "# [[kmsg.rules]]".
+var commentedHeader = regexp.MustCompile(`^\s*#+\s*(\[\[?)([A-Za-z0-9_.]+)\]\]?\s*$`)
+
+// commentedTableAbove finds, for a top-level key at line (1-based) that is
+// not one, the nearest table header above it that is commented out, and
+// returns that header ("[metrics]") and its line when key is a key of its
+// table: the key was uncommented without its header (the shipped file
+// comments out both).
+func commentedTableAbove(data []byte, line int, key string) (string, int) {
+	if line <= 0 || strings.Contains(key, ".") {
+		return "", 0
+	}
+	ls := strings.Split(string(data), "\n")
+	for i := min(line-1, len(ls)) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(ls[i])
+		if strings.HasPrefix(l, "[") {
+			return "", 0 // a header in effect: the key is not a top-level one
+		}
+		if m := commentedHeader.FindStringSubmatch(l); m != nil {
+			if exactKeys()[m[2]+"."+key] {
+				return strings.TrimSpace(l[strings.Index(l, "["):]), i + 1
+			}
+			return "", 0
+		}
+	}
+	return "", 0
 }
 
 func editDistance(a, b string) int {
