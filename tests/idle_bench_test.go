@@ -79,6 +79,13 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	if profile != "" {
 		units["autopilot-health.service.d/20-profile.conf"] = "[Service]\nEnvironment=AUTOPILOT_HEALTH_CPUPROFILE=/var/lib/autopilot-health/cpu.prof\n"
 	}
+	// IDLE_TRACE=FILE with GOFLAGS=-tags=profile: an execution trace of
+	// the daemon's 60 s from 90 s after its start (IDLE_WARMUP and
+	// IDLE_WINDOW must reach past them), copied to FILE at the end.
+	traceOut := os.Getenv("IDLE_TRACE")
+	if traceOut != "" {
+		units["autopilot-health.service.d/21-trace.conf"] = "[Service]\nEnvironment=AUTOPILOT_HEALTH_TRACE=/var/lib/autopilot-health/trace.out\n"
+	}
 	// IDLE_ENV: environment for the daemon's unit (a drop-in's
 	// Environment=, e.g. IDLE_ENV=GOGC=50), to see what a runtime setting
 	// costs.
@@ -183,6 +190,15 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	// back).
 	rssAnon, rssFile := statusMiB(proc, "RssAnon"), statusMiB(proc, "RssFile")
 	alloc1, gc1 := runtimeStats()
+	if traceOut != "" {
+		raw, err := os.ReadFile(s.Root("/var/lib/autopilot-health/trace.out"))
+		if err != nil {
+			b.Fatalf("no trace (was the daemon built with GOFLAGS=-tags=profile, and the window long enough?): %v", err)
+		}
+		if err := os.WriteFile(traceOut, raw, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
 	if profile != "" {
 		if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
 			b.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
+	"time"
 )
 
 // A binary built with -tags profile writes a CPU profile of `run` to the file
@@ -36,6 +38,30 @@ func init() {
 		}
 		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
 	}
+	// AUTOPILOT_HEALTH_TRACE=FILE: an execution trace (go tool trace) of
+	// AUTOPILOT_HEALTH_TRACE_FOR (60s) from AUTOPILOT_HEALTH_TRACE_AFTER
+	// (90s) after the start: what each wake-up of the idle daemon runs,
+	// and what woke it.
+	if path := os.Getenv("AUTOPILOT_HEALTH_TRACE"); path != "" {
+		after, err := time.ParseDuration(envOr("AUTOPILOT_HEALTH_TRACE_AFTER", "90s"))
+		if err != nil {
+			panic(err)
+		}
+		span, err := time.ParseDuration(envOr("AUTOPILOT_HEALTH_TRACE_FOR", "60s"))
+		if err != nil {
+			panic(err)
+		}
+		time.AfterFunc(after, func() {
+			f, err := os.Create(path)
+			if err != nil {
+				panic(err)
+			}
+			if err := trace.Start(f); err != nil {
+				panic(err)
+			}
+			time.AfterFunc(span, func() { trace.Stop(); f.Close() })
+		})
+	}
 	if path := os.Getenv("AUTOPILOT_HEALTH_HEAPPROFILE"); path != "" {
 		// After the CPU profile's stop: a failure here loses only this one.
 		stops = append(stops, func() {
@@ -50,4 +76,11 @@ func init() {
 			}
 		})
 	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }
