@@ -271,6 +271,12 @@ func (r *limitedReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// clearStepHook, when set (tests), is called by ClearTamper with its
+// reason at each step: "waiting" when another clear is being applied,
+// "prepared" once the state file is saved without this boot's baseline
+// digest, before the clear is applied.
+var clearStepHook func(step, reason string)
+
 // ClearTamper is the operator's clear of the tamper conditions: the
 // findings and the baseline are dropped (a new baseline is taken of the
 // files as they are now, the recorded hashes are read afresh), the
@@ -281,6 +287,22 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 	k := d.currentEnv().Tamper
 	if k == nil {
 		return nil, errors.New("this daemon keeps no tamper state")
+	}
+	// Clears are applied one at a time, a second one waiting for the
+	// first's preparation, save and application (never for its
+	// re-evaluation): run beside it, the first one's application ended
+	// the second one's preparation (Keeper.PrepareClear), so the baseline
+	// taken after the first was kept in state.json while the second
+	// dropped it from tamper.json, and a restart then found a false
+	// BaselineCorrupt. Waiting, not refusing: both operators mean to
+	// accept the node as it is, each clear is logged and evented with its
+	// own reason, and the wait is short (2 * SaveWait at most, with a hung
+	// disk), where a refusal would fail a deliberate act for nothing.
+	if !d.clearMu.TryLock() {
+		if clearStepHook != nil {
+			clearStepHook("waiting", reason)
+		}
+		d.clearMu.Lock()
 	}
 	now := time.Now()
 	// A write of tamper.json that does not return (a failing or hung disk
@@ -301,7 +323,11 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 	if err := d.saveStateNow(tamper.SaveWait); err != nil {
 		d.log.Warn("the state file is not saved before the tamper clear; a restart before it is may find this boot's baseline gone (BaselineCorrupt): clear again then", "path", d.statePath(), "err", err)
 	}
+	if clearStepHook != nil {
+		clearStepHook("prepared", reason)
+	}
 	saveErr := k.ClearAll(tamper.Clear{At: now, Reason: reason, By: by})
+	d.clearMu.Unlock()
 	types := []string{tamper.CondNode, tamper.CondSealed}
 	for _, t := range types {
 		d.store.Release(t, now)

@@ -94,6 +94,9 @@ type Daemon struct {
 	control   net.Listener
 	controlWG sync.WaitGroup
 	controlN  atomic.Int32
+	// clearMu serializes the operators' tamper clears from their
+	// preparation to their application (ClearTamper).
+	clearMu sync.Mutex
 	// cfgPath and cfgOptional: the configuration file (Options.ConfigPath);
 	// reloadSig: Options.Reload.
 	cfgPath     string

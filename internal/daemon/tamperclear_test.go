@@ -189,3 +189,90 @@ func TestTamperClearAtStopSaysItIsCleared(t *testing.T) {
 		t.Errorf("the answer's conditions: %+v; want NodeTampered", conds)
 	}
 }
+
+// Two operators' clears at the same time: the second one's preparation
+// (state.json saved without this boot's baseline digest) was undone by
+// the first one's clear, so the baseline the check took after the first
+// clear was kept in state.json while the second clear dropped it from
+// tamper.json: a restart then set NodeTampered True, BaselineCorrupt, on a
+// node two operators had just cleared. Here the second clear comes while
+// the first one is prepared; whether it waits for the first one or runs
+// beside it, no write of state.json or tamper.json leaves state.json
+// naming a baseline tamper.json does not hold.
+func TestTwoTamperClearsAtOnceLeaveNoFalseBaselineCorrupt(t *testing.T) {
+	cfg := tamperClearConfig(t)
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := d.currentEnv().Tamper
+	boot := d.currentEnv().BootID
+	var mu sync.Mutex
+	var bad []string
+	writeAndCheck := func(file string) func(string, []byte, os.FileMode) error {
+		return func(path string, data []byte, perm os.FileMode) error {
+			mu.Lock()
+			defer mu.Unlock()
+			err := report.WriteFileAtomic(path, data, perm)
+			if kept, base := onDisk(t, cfg.StateDir, boot); kept != "" && kept != base {
+				bad = append(bad, fmt.Sprintf("after a write of %s: state.json keeps %s, tamper.json holds %q", file, kept, base))
+			}
+			return err
+		}
+	}
+	d.stateW.write = writeAndCheck(report.StateFileName)
+	k.SetWrite(writeAndCheck(tamper.StateFileName))
+	runDaemon(t, d)
+	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	first := k.State().Baseline.Digest
+
+	// The second clear is asked for once the first is prepared; the first
+	// goes on once the second has either begun waiting for it or been
+	// prepared itself. Once prepared, the second goes on after the check
+	// took the baseline after the first clear and state.json was saved.
+	secondArrived := make(chan struct{})
+	var arrived sync.Once
+	secondDone := make(chan error, 1)
+	clearStepHook = func(step, reason string) {
+		switch {
+		case reason == "first" && step == "prepared":
+			go func() {
+				_, err := d.ClearTamper(context.Background(), "second", "uid 0 (uid 0, pid 2)")
+				secondDone <- err
+			}()
+			<-secondArrived
+		case reason == "second":
+			arrived.Do(func() { close(secondArrived) })
+			if step != "prepared" {
+				return
+			}
+			await(t, d, "the baseline after the first clear, on disk", func() bool {
+				_, base := onDisk(t, cfg.StateDir, boot)
+				return base != "" && base != first
+			})
+			if err := d.saveStateNow(5 * time.Second); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(func() { clearStepHook = nil })
+	if _, err := d.ClearTamper(context.Background(), "first", "uid 0 (uid 0, pid 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Fatal(err)
+	}
+	await(t, d, "the baseline after both clears, on disk", func() bool { return k.KeptDigest() != "" })
+	if err := d.saveStateNow(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	last := k.State().Baseline
+	if kept, base := onDisk(t, cfg.StateDir, boot); last == nil || kept != last.Digest || base != last.Digest {
+		t.Errorf("after both clears state.json keeps %q, tamper.json holds %q; want both the last baseline %+v", kept, base, last)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, b := range bad {
+		t.Error(b)
+	}
+}
