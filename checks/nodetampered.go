@@ -164,6 +164,9 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	if err != nil && !errors.As(err, &over) {
 		return Result{}, err
 	}
+	// A baseline larger than the tamper state file may hold is cut as the
+	// scan is at its cap: the paths that fit, and an over-limit finding.
+	cur, over = tamper.FitBaseline(c.keeper.BootID(), c.spec, cur, over)
 	pending := ""
 	if !haveBase {
 		// Past the cap, the baseline is of the paths within it, and the

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -194,6 +195,7 @@ type Clear struct {
 // AddFinding records f unless the same condition, path and kind is the last
 // finding of that path; it reports whether it was added.
 func (s *State) AddFinding(f Finding) bool {
+	f = f.bounded()
 	for i := len(s.Findings) - 1; i >= 0; i-- {
 		if g := s.Findings[i]; g.Condition == f.Condition && g.Path == f.Path {
 			if g.Kind == f.Kind && g.BootID == f.BootID && g.Detail == f.Detail {
@@ -240,6 +242,7 @@ const MaxTolerated = 16
 // from the findings, so that a busy tolerated writer can never push a
 // finding out of the capped list.
 func (s *State) AddTolerated(f Finding) bool {
+	f = f.bounded()
 	for i := len(s.Tolerated) - 1; i >= 0; i-- {
 		if g := s.Tolerated[i]; g.Path == f.Path {
 			if g.Kind == f.Kind && g.BootID == f.BootID && g.Detail == f.Detail {
@@ -267,7 +270,8 @@ func (s *State) FindingsFor(cond string) []Finding {
 	return out
 }
 
-// Marshal encodes the state.
+// Marshal encodes the state; never one larger than MaxStateFileSize,
+// which LoadState would refuse (an error instead: the state is not written).
 func (s *State) Marshal() ([]byte, error) {
 	s.Version = stateVersion
 	if s.Findings == nil {
@@ -277,12 +281,105 @@ func (s *State) Marshal() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(b)+1 > MaxStateFileSize {
+		return nil, fmt.Errorf("the tamper state would be %d bytes, more than the %d it may be (not written)", len(b)+1, MaxStateFileSize)
+	}
 	return append(b, '\n'), nil
 }
 
-// maxStateFile bounds what ParseState reads: the baseline's entries are
-// capped (MaxEntries), so a larger file is not one the daemon wrote.
-const maxStateFile = 16 << 20
+// MaxStateFileSize bounds the tamper state file, the one limit of its
+// writer and its reader: the daemon never writes a larger one (the
+// baseline is cut to MaxBaselineSize as the scan is to MaxEntries,
+// FitBaseline, and the rest is bounded by its caps), and a larger one is
+// not one it wrote (LoadState moves it aside). 16 MiB: what every earlier
+// build reads, so a rollback reads what this one writes.
+const MaxStateFileSize = 16 << 20
+
+// MaxBaselineSize bounds the baseline's part of the state file, its JSON as
+// Marshal writes it (a baseline of MaxEntries paths of a usual length is
+// a few MiB). The rest, each part within its cap (MaxFindings and
+// MaxTolerated findings of maxFindingJSON, the clear's texts clipped to
+// maxClearText, the recorded hashes within maxSealedJSON, the boot of a
+// retake within maxBootID), takes less than MaxStateFileSize -
+// MaxBaselineSize (TestStateAtEveryCapFitsTheFile).
+const MaxBaselineSize = 8 << 20
+
+// maxFindingText caps a finding's path and detail (bytes, "…" included):
+// PATH_MAX and a name, longer than any path the scan returns and any
+// detail it writes (a symlink's target is under PATH_MAX); a longer one,
+// which only a file the daemon did not write holds, is cut.
+const maxFindingText = 4096 + 256
+
+// maxFindingJSON bounds a finding's JSON: its path and detail within
+// maxFindingText, each byte 6 at most (a \u escape) and the bytes of
+// names that are not UTF-8 again in base64, its other fields short. A
+// file with a longer one is not one the daemon wrote.
+const maxFindingJSON = 2*maxFindingText*(6+2) + 1024
+
+// maxClearText caps the clear's reason and who cleared (a control request
+// is 8 KiB at most); a file's longer one is cut.
+const maxClearText = 8 << 10
+
+// maxSealedJSON bounds the recorded hashes first seen (a file of 64 KiB
+// at most, of at most 64 layers); a file with more is not one the daemon
+// wrote.
+const maxSealedJSON = 1 << 20
+
+// maxBootID bounds a boot ID kept (RetakeBoot; the kernel's are 36
+// bytes); a file with a longer one is not one the daemon wrote.
+const maxBootID = 256
+
+// bounded returns f with its path and detail within maxFindingText.
+func (f Finding) bounded() Finding {
+	f.Path = clipTo(f.Path, maxFindingText)
+	f.Detail = clipTo(f.Detail, maxFindingText)
+	return f
+}
+
+// clipTo cuts s to n bytes, ending in "…" when cut (on a rune boundary
+// where s is UTF-8 there).
+func clipTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ell = "…"
+	cut := n - len(ell)
+	for i := cut; i > 0 && i > cut-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			cut = i
+			break
+		}
+	}
+	return s[:cut] + ell
+}
+
+// checkBounds checks what the baseline's digest does not cover against
+// the caps the daemon writes within (MaxStateFileSize - MaxBaselineSize
+// in all), cutting the texts it cuts itself (a file of an earlier build,
+// which did not cut a finding's detail, reads as the same findings).
+func (s *State) checkBounds() error {
+	for _, l := range []*[]Finding{&s.Findings, &s.Tolerated} {
+		for i, f := range *l {
+			f = f.bounded()
+			(*l)[i] = f
+			if b, _ := json.Marshal(f); len(b) > maxFindingJSON {
+				return fmt.Errorf("a finding of %d bytes, more than any the daemon writes (%d)", len(b), maxFindingJSON)
+			}
+		}
+	}
+	if c := s.Cleared; c != nil {
+		c.Reason, c.By = clipTo(c.Reason, maxClearText), clipTo(c.By, maxClearText)
+	}
+	if s.Sealed != nil {
+		if b, _ := json.Marshal(s.Sealed); len(b) > maxSealedJSON {
+			return fmt.Errorf("recorded hashes of %d bytes, more than the daemon keeps (%d)", len(b), maxSealedJSON)
+		}
+	}
+	if len(s.RetakeBoot) > maxBootID {
+		return fmt.Errorf("a boot ID of %d bytes, more than %d", len(s.RetakeBoot), maxBootID)
+	}
+	return nil
+}
 
 // ParseState decodes a tamper state file and checks it: version, sorted
 // unique entries, the baseline's digest. Any error means the file is not
@@ -294,8 +391,8 @@ const maxStateFile = 16 << 20
 // gains a forger nothing: the baseline's digest covers the fields known,
 // and a finding dropped from the file is not hidden by anything added.
 func ParseState(b []byte) (*State, error) {
-	if len(b) > maxStateFile {
-		return nil, fmt.Errorf("%d bytes, larger than any state the daemon writes (%d)", len(b), maxStateFile)
+	if len(b) > MaxStateFileSize {
+		return nil, fmt.Errorf("%d bytes, larger than any state the daemon writes (%d)", len(b), MaxStateFileSize)
 	}
 	var head struct {
 		Version  int       `json:"version"`
@@ -343,6 +440,9 @@ func ParseState(b []byte) (*State, error) {
 	if len(s.Tolerated) > MaxTolerated {
 		return nil, fmt.Errorf("%d tolerated changes, more than %d", len(s.Tolerated), MaxTolerated)
 	}
+	if err := s.checkBounds(); err != nil {
+		return nil, err
+	}
 	return &s, nil
 }
 
@@ -373,10 +473,6 @@ func knownFindings(fs []Finding) []Finding {
 	}
 	return out
 }
-
-// MaxStateFileSize bounds the state file read (a baseline of MaxEntries
-// entries is a few MiB).
-const MaxStateFileSize = 64 << 20
 
 // LoadState reads the state file in dir. A missing file is (nil, nil). An
 // unreadable or altered file is moved aside (report.MoveAside: to
@@ -489,4 +585,54 @@ func InScope(b *Baseline, spec Spec, cur []Entry) (base, now []Entry, same bool)
 		}
 	}
 	return base, now, false
+}
+
+// FitBaseline cuts a scan's entries (cut at the path cap or not: over) to
+// those a baseline of bootID and spec holds within MaxBaselineSize, as
+// the path cap cuts the scan: the entries before the first, in the scan's
+// order, that does not fit, and a *LimitError (Bytes) at that one, which
+// the check reports as over-limit and compares within (DiffWithin). The
+// same files cut at the same path at every run and after a restart.
+// Entries that fit are returned as they are, with over.
+func FitBaseline(bootID string, spec Spec, cur []Entry, over *LimitError) ([]Entry, *LimitError) {
+	size := baselineFixedSize(bootID, spec)
+	bound := size
+	for _, e := range cur {
+		bound += entrySizeBound(e)
+	}
+	if bound <= MaxBaselineSize {
+		return cur, over
+	}
+	order := slices.Clone(cur)
+	spec.SortScanOrder(order)
+	for i, e := range order {
+		if size += entrySize(e); size > MaxBaselineSize {
+			kept := order[:i:i]
+			slices.SortFunc(kept, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+			return kept, &LimitError{Limit: i, At: e.Path, Bytes: MaxBaselineSize}
+		}
+	}
+	return cur, over
+}
+
+// baselineFixedSize is the size a baseline of bootID and spec takes in the
+// state file without its entries (and the brackets and key around them).
+func baselineFixedSize(bootID string, spec Spec) int {
+	b := NewBaseline(bootID, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), spec, nil)
+	raw, _ := json.MarshalIndent(b, "  ", "  ")
+	return len(raw) + len("  \"baseline\": ,\n") + len("\n      ]")
+}
+
+// entrySize is the size an entry takes in the state file's baseline (at
+// its indent, with the comma and newline after it).
+func entrySize(e Entry) int {
+	raw, _ := json.MarshalIndent(e, "      ", "  ")
+	return len("      ") + len(raw) + len(",\n")
+}
+
+// entrySizeBound is at least entrySize(e), without encoding it: each byte
+// of its texts 8 at most (a \u escape, and base64 again for a name that is
+// not UTF-8), its other fields and keys 512.
+func entrySizeBound(e Entry) int {
+	return 8*(len(e.Path)+len(e.Target)+len(e.Error)+len(e.SHA256)+len(e.Kind)) + 512
 }

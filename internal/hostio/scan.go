@@ -128,14 +128,20 @@ type Spec struct {
 }
 
 // LimitError: the protected patterns match more than Limit paths. Scan
-// returns it with the first Limit entries it read.
+// returns it with the first Limit entries it read. With Bytes, the cap is
+// the size of the baseline instead (the tamper state file's bound): the
+// first Limit paths in the scan's order fit in Bytes, At does not.
 type LimitError struct {
 	Limit int
 	// At is the first path beyond the cap.
-	At string
+	At    string
+	Bytes int `json:",omitempty"`
 }
 
 func (e *LimitError) Error() string {
+	if e.Bytes > 0 {
+		return fmt.Sprintf("the protected paths' baseline is larger than %d bytes (at %s): narrow the patterns", e.Bytes, e.At)
+	}
 	return fmt.Sprintf("more than %d protected paths (at %s): narrow the patterns", e.Limit, e.At)
 }
 
@@ -456,6 +462,25 @@ func (s Spec) ReadBefore(p, at string) bool {
 		return false
 	}
 	return ip < ia || ip == ia && comparePathOrder(p, at) < 0
+}
+
+// SortScanOrder sorts entries in the order Scan reads them (ReadBefore:
+// the patterns in order, a pattern's paths name by name); entries no
+// pattern covers come first, by path.
+func (s Spec) SortScanOrder(es []Entry) {
+	rank := make(map[string]int, len(es))
+	for _, e := range es {
+		rank[e.Path] = s.firstCovering(e.Path)
+	}
+	slices.SortStableFunc(es, func(a, b Entry) int {
+		if c := rank[a.Path] - rank[b.Path]; c != 0 {
+			return c
+		}
+		if rank[a.Path] < 0 {
+			return strings.Compare(a.Path, b.Path)
+		}
+		return comparePathOrder(a.Path, b.Path)
+	})
 }
 
 // comparePathOrder orders host paths as a walk meets them: name by name,
