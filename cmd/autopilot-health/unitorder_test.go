@@ -73,3 +73,21 @@ func TestUnitStopsBeforeTheBus(t *testing.T) {
 		}
 	}
 }
+
+// The privileged helper's service is PartOf= the daemon's: a stop or
+// restart of the daemon (systemctl, a package's remove or upgrade) stops
+// it too. Ordered After= it, the daemon stops first and the helper once
+// the daemon has exited; unordered, both stop at once, a helper request in
+// flight fails while the daemon still runs, and the daemon's last write
+// takes the check's CheckFailed to the Node. The order itself, in a real
+// systemd: tests/stoporder_test.go.
+func TestUnitStopsBeforeItsHelper(t *testing.T) {
+	const unit = "../../units/autopilot-health.service"
+	const helper = "autopilot-health-privileged.service"
+	if after := unitDeps(t, unit, "After"); !slices.Contains(after, helper) {
+		t.Errorf("%s is not ordered After=%s (After=%v): a stop or restart of the daemon stops the helper beside it", unit, helper, after)
+	}
+	if before := unitDeps(t, "../../units/"+helper, "Before"); slices.Contains(before, "autopilot-health.service") {
+		t.Errorf("%s is ordered Before= the daemon as well: an ordering cycle", helper)
+	}
+}

@@ -59,6 +59,12 @@ func (s *Systemd) StopUnit(ctx context.Context, name string) error {
 	return s.job(ctx, name, (*sd.Conn).StopUnitContext)
 }
 
+// RestartUnit restarts a unit (systemctl restart; the units PartOf= it
+// are restarted with it) and waits for the job.
+func (s *Systemd) RestartUnit(ctx context.Context, name string) error {
+	return s.job(ctx, name, (*sd.Conn).RestartUnitContext)
+}
+
 // ReloadUnit reloads a unit (systemctl reload: its ExecReload=) and waits
 // for the job.
 func (s *Systemd) ReloadUnit(ctx context.Context, name string) error {
