@@ -193,7 +193,8 @@ func newerPackage(t *testing.T, deb string) (string, string) {
 //     apt's unattended choice): the edit, which the new binary accepts
 //     (TestDebianPackageUpgradeRefusedConfiguration: one it refuses), kept,
 //     the new default beside it as config.toml.dpkg-dist, still enabled;
-//   - remove: program and unit gone, configuration and state kept;
+//   - remove: program and unit gone, the unit masked, configuration and
+//     state kept;
 //   - purge: configuration, state and enable state gone.
 //
 // The running daemon's part (started, restarted, stopped) needs a running
@@ -287,6 +288,17 @@ func TestDebianPackageLifecycle(t *testing.T) {
 	}
 	if got := r.read(cfgPath); got != edited {
 		t.Errorf("after remove the configuration is not the edited one")
+	}
+	// Remove masks the unit (dh_installsystemd's postrm), which would keep
+	// a system extension's autopilot-health.service from starting: README
+	// ("As a system extension") says to purge it; purge unmasks it (below:
+	// no /etc/systemd/system/autopilot-health.service left).
+	const maskLink = "/etc/systemd/system/autopilot-health.service"
+	if dest, err := os.Readlink(r.path(maskLink)); err != nil || dest != "/dev/null" {
+		t.Errorf("after remove, %s -> %q (%v), want /dev/null (masked)", maskLink, dest, err)
+	}
+	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "masked" {
+		t.Errorf("after remove: is-enabled %q, want masked", s)
 	}
 
 	// Purge: nothing of it left.
