@@ -102,3 +102,59 @@ func TestSysextImageOfEachArchitecture(t *testing.T) {
 		})
 	}
 }
+
+// TestSysextVersionIsThePackages: built from one tree with no version given
+// (make sysext, make deb), the extension's VERSION_ID is the Debian
+// package's Version (packaging/deb/version.sh, for both). Before, the
+// extension took git describe --always (a bare hash, or v1.2.3-4-gabc)
+// where the package of the same commit said 0.0.0~git<time>.<hash> or
+// 1.2.3+4.gabc, and an operator could not match one to the other. Both
+// build scripts run as they are; only the archivers, which take most of
+// their time, are stand-ins on PATH that keep the one file this test reads
+// (DEBIAN/control, the extension-release).
+func TestSysextVersionIsThePackages(t *testing.T) {
+	gen := hostBinary(t)
+	stubs := t.TempDir()
+	for name, script := range map[string]string{
+		// dpkg-deb --root-owner-group -Zxz --threads-max=1 --build ROOT DEB
+		"dpkg-deb": `#!/bin/sh
+while [ "$1" != --build ]; do shift; done
+cp "$2/DEBIAN/control" "$3"
+`,
+		// mksquashfs ROOT IMAGE options...
+		"mksquashfs": `#!/bin/sh
+cp "$1/usr/lib/extension-release.d/extension-release.autopilot-health" "$2"
+`,
+	} {
+		must(t, os.WriteFile(filepath.Join(stubs, name), []byte(script), 0o755))
+	}
+	field := func(script, key string) string {
+		t.Helper()
+		cmd := exec.Command("bash", script, gen, t.TempDir())
+		cmd.Env = append(os.Environ(), "PATH="+stubs+string(filepath.ListSeparator)+os.Getenv("PATH"))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", script, err, stderr.String())
+		}
+		b, err := os.ReadFile(strings.TrimSpace(string(out)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, key); ok {
+				return v
+			}
+		}
+		t.Fatalf("%s wrote no %s line:\n%s", script, key, b)
+		return ""
+	}
+	pkg := field("deb/build.sh", "Version: ")
+	ext := field("sysext/build.sh", "VERSION_ID=")
+	if pkg == "" || ext != pkg {
+		t.Errorf("built from one tree, the extension's VERSION_ID is %q and the package's Version %q", ext, pkg)
+	} else {
+		t.Logf("both %s", pkg)
+	}
+}

@@ -20,6 +20,8 @@
 # A squashfs image, reproducible: every file owned by root, every time
 # SOURCE_DATE_EPOCH (default: the commit's time).
 # Usage: packaging/sysext/build.sh BINARY OUTDIR [VERSION]   -> OUTDIR/autopilot-health.raw
+#   VERSION       VERSION_ID of the extension-release (default: the Debian
+#                 package's version of the tree, packaging/deb/version.sh)
 #   HELPER=FILE   the privileged helper (default: autopilot-health-privileged beside BINARY)
 #   GEN=FILE      a binary of the same tree that runs here (default: BINARY),
 #                 which prints the default configuration (for a cross-built BINARY)
@@ -31,7 +33,9 @@ helper=${HELPER:-$(dirname "$bin")/autopilot-health-privileged}
 [ -f "$helper" ] || { echo "build.sh: no privileged helper at $helper (go build ./cmd/autopilot-health-privileged; HELPER=FILE)" >&2; exit 1; }
 command -v mksquashfs >/dev/null || { echo "sysext: mksquashfs not found (Debian: squashfs-tools)" >&2; exit 1; }
 if [ -z "$ver" ]; then
-	ver=$(git -C "$top" describe --tags --always 2>/dev/null || echo devel)
+	# The Debian package's version of this tree (one source: deb/version.sh),
+	# so that an extension and a package of one commit name the same version.
+	ver=$(bash "$top/packaging/deb/version.sh" "$top")
 fi
 # mksquashfs reads SOURCE_DATE_EPOCH itself: the image's time and every file's.
 : "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || echo 0)}"
