@@ -104,8 +104,12 @@ func TestSysextImageOfEachArchitecture(t *testing.T) {
 }
 
 // TestSysextVersionIsThePackages: built from one tree with no version given
-// (make sysext, make deb), the extension's VERSION_ID is the Debian
-// package's Version (packaging/deb/version.sh, for both). Before, the
+// (make sysext, make deb), the extension's SYSEXT_VERSION_ID is the Debian
+// package's Version (packaging/deb/version.sh, for both) in os-release's
+// characters (0-9 a-z . _ -: "~" and ":" as "_", "+" as "."). The
+// extension's own version is SYSEXT_VERSION_ID (os-release(5)); its
+// VERSION_ID would name the host OS version it is built for, which ID=_any
+// leaves out. Before, the
 // extension took git describe --always (a bare hash, or v1.2.3-4-gabc)
 // where the package of the same commit said 0.0.0~git<time>.<hash> or
 // 1.2.3+4.gabc, and an operator could not match one to the other. Both
@@ -151,10 +155,10 @@ cp "$1/usr/lib/extension-release.d/extension-release.autopilot-health" "$2"
 		return ""
 	}
 	pkg := field("deb/build.sh", "Version: ")
-	ext := field("sysext/build.sh", "VERSION_ID=")
-	if pkg == "" || ext != pkg {
-		t.Errorf("built from one tree, the extension's VERSION_ID is %q and the package's Version %q", ext, pkg)
+	ext := field("sysext/build.sh", "SYSEXT_VERSION_ID=")
+	if want := strings.NewReplacer("~", "_", ":", "_", "+", ".").Replace(pkg); pkg == "" || ext != want {
+		t.Errorf("built from one tree, the extension's SYSEXT_VERSION_ID is %q and the package's Version %q (want %q)", ext, pkg, want)
 	} else {
-		t.Logf("both %s", pkg)
+		t.Logf("package %s, extension %s", pkg, ext)
 	}
 }

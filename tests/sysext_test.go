@@ -70,7 +70,7 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("systemd-dissect: %v\n%s", err, out)
 	}
-	for _, want := range []string{"✓ extension for system", "ID=_any", "VERSION_ID=1.2.3", "squashfs"} {
+	for _, want := range []string{"✓ extension for system", "ID=_any", "SYSEXT_VERSION_ID=1.2.3", "squashfs"} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("systemd-dissect does not say %q:\n%s", want, out)
 		}

@@ -20,8 +20,10 @@
 # A squashfs image, reproducible: every file owned by root, every time
 # SOURCE_DATE_EPOCH (default: the commit's time).
 # Usage: packaging/sysext/build.sh BINARY OUTDIR [VERSION]   -> OUTDIR/autopilot-health.raw
-#   VERSION       VERSION_ID of the extension-release (default: the Debian
-#                 package's version of the tree, packaging/deb/version.sh)
+#   VERSION       SYSEXT_VERSION_ID of the extension-release (default: the
+#                 Debian package's version of the tree, packaging/deb/version.sh,
+#                 in os-release's characters: 0-9 a-z . _ -, "~" and ":" as "_",
+#                 "+" as ".")
 #   HELPER=FILE   the privileged helper (default: autopilot-health-privileged beside BINARY)
 #   GEN=FILE      a binary of the same tree that runs here (default: BINARY),
 #                 which prints the default configuration (for a cross-built BINARY)
@@ -37,6 +39,9 @@ if [ -z "$ver" ]; then
 	# so that an extension and a package of one commit name the same version.
 	ver=$(bash "$top/packaging/deb/version.sh" "$top")
 fi
+# os-release(5): a version is lower-case 0-9 a-z . _ - (a Debian version's
+# "~", ":" and "+" are not).
+ver=$(printf '%s' "$ver" | tr 'A-Z~:+' 'a-z__.' | tr -c '0-9a-z._-' '_')
 # mksquashfs reads SOURCE_DATE_EPOCH itself: the image's time and every file's.
 : "${SOURCE_DATE_EPOCH:=$(git -C "$top" log -1 --format=%ct 2>/dev/null || echo 0)}"
 export SOURCE_DATE_EPOCH
@@ -83,7 +88,8 @@ install -D -m 0644 /dev/stdin "$root/usr/lib/extension-release.d/extension-relea
 ID=_any
 ARCHITECTURE=$arch
 NAME="autopilot-health"
-VERSION_ID=$ver
+SYSEXT_ID=autopilot-health
+SYSEXT_VERSION_ID=$ver
 EXTENSION_RELOAD_MANAGER=1
 EOR
 find "$root" -type d -exec chmod 0755 {} +
