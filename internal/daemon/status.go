@@ -11,15 +11,20 @@ import (
 
 // statusLoop keeps systemd's STATUS= line current, from the start (the
 // first pass's line carries the notes too: StatusLine).
+// The store's next change is waited for from before the line is
+// computed: a change that comes while a line is computed and sent wakes
+// the loop again (taken after the send, it was left out: the line of the
+// change before it stayed on systemctl status until another change).
 func (d *Daemon) statusLoop(ctx context.Context) {
+	changed := d.store.Changed()
 	for {
-		changed := d.store.Changed()
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
 		case <-d.statusWake: // the metrics listener bound, or failed anew; a state write blocked, or returned
 		}
+		changed = d.store.Changed()
 		d.sendStatus()
 	}
 }
