@@ -57,15 +57,16 @@ func (d *Daemon) ReloadNotified() (Reloaded, error) {
 		}
 	}
 	// The status after the reload: one from before would undo the status
-	// loop's update (a reload that removed a condition).
+	// loop's update (a reload that removed a condition). Computed and
+	// sent under the status loop's lock: a change the loop sent while the
+	// reload ran is not undone by a line computed before it either.
 	r, err := d.Reload()
-	status := d.StatusLine()
 	if ready {
-		if err := d.tell(func(n Notifier) error { return n.Ready(status) }); err != nil {
+		if err := d.sendReady(); err != nil {
 			d.log.Warn("sd_notify READY failed", "err", err)
 		}
 	} else {
-		d.tell(func(n Notifier) error { return n.Status(status) })
+		d.sendStatus()
 	}
 	return r, err
 }

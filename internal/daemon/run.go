@@ -162,7 +162,9 @@ func (d *Daemon) becomeReady() {
 	}
 	// Before READY=1: a file written after it is a reload of its own.
 	d.reloadIfChangedDuringStart()
-	if err := d.tell(func(n Notifier) error { return n.Ready(status) }); err != nil {
+	// The line of now, not the one logged: a check whose result changed
+	// since has had its line sent by the status loop.
+	if err := d.sendReady(); err != nil {
 		d.log.Warn("sd_notify READY failed", "err", err)
 	}
 	close(d.readySent)

@@ -41,6 +41,21 @@ func (d *Daemon) sendStatus() {
 	}
 }
 
+// sendReady sends READY=1 with the status line (the start's, a reload's
+// end), computed and sent under sendStatus's lock as sendStatus sends
+// one: a line computed before a change the status loop sent meanwhile is
+// never sent after it, and the status loop knows the line systemd has.
+func (d *Daemon) sendReady() error {
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
+	s := d.StatusLine()
+	err := d.tell(func(n Notifier) error { return n.Ready(s) })
+	if err == nil {
+		d.lastStatus = s
+	}
+	return err
+}
+
 // Summary is the one-line status, e.g.
 // "24 conditions: 23 ok, 1 problem (DiskUsageHigh)".
 func (d *Daemon) Summary() string { return Summarize(d.store.All()) }

@@ -19,6 +19,18 @@ func lastStatusOf(m string) (string, bool) {
 	return "", false
 }
 
+// The status line a reload sends with its READY=1 is never older than one
+// the status loop sent meanwhile: a condition that changed while the
+// reload ran is on systemctl status once both are sent, not the summary
+// from before it, kept until the next change (hours on a quiet node).
+func TestReloadNeverLeavesAnOlderStatusLine(t *testing.T) {
+	statusLineSettles(t, func(d *Daemon) {
+		if _, err := d.ReloadNotified(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // The status loop sends the line of every change: one that comes while
 // it sends the line of the change before is not left out (the line
 // systemctl status shows would be the one before it until the next
@@ -28,7 +40,7 @@ func TestStatusLineFollowsChangesThatComeWhileItIsSent(t *testing.T) {
 }
 
 // statusLineSettles changes a condition again and again while during
-// runs, 200 times, and after each, once the changes stopped, expects the
+// runs, 500 times, and after each, once the changes stopped, expects the
 // last STATUS= systemd got to be the daemon's line of now.
 func statusLineSettles(t *testing.T, during func(*Daemon)) {
 	sock := notifySocket(t)
@@ -64,7 +76,7 @@ func statusLineSettles(t *testing.T, during func(*Daemon)) {
 		}
 		d.Store().Set(c, time.Now())
 	}
-	for iter := range 200 {
+	for iter := range 500 {
 		stop := make(chan struct{})
 		toggled := make(chan struct{})
 		go func() {
