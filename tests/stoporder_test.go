@@ -61,22 +61,8 @@ func TestDaemonStopsBeforeItsHelper(t *testing.T) {
 	}
 	const daemonUnit, helperUnit = "autopilot-health.service", "autopilot-health-privileged.service"
 	// Stopped, neither is referenced by a running unit: systemd would
-	// unload both, and a unit loaded again has no timestamps. A reference
-	// held over the bus keeps them (and their timestamps) loaded.
-	bus, err := systemd.DialBus(ctx, s.BusSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bus.Close() })
-	for _, u := range []string{daemonUnit, helperUnit} {
-		var path godbus.ObjectPath
-		if err := bus.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").CallWithContext(ctx, "org.freedesktop.systemd1.Manager.LoadUnit", 0, u).Store(&path); err != nil {
-			t.Fatalf("LoadUnit %s: %v", u, err)
-		}
-		if err := bus.Object("org.freedesktop.systemd1", path).CallWithContext(ctx, "org.freedesktop.systemd1.Unit.Ref", 0).Err; err != nil {
-			t.Fatalf("Ref %s: %v", u, err)
-		}
-	}
+	// unload both, and a unit loaded again has no timestamps.
+	refUnits(ctx, t, s, daemonUnit, helperUnit)
 	if err := s.StartUnit(ctx, daemonUnit); err != nil {
 		t.Fatalf("starting %s: %v", daemonUnit, err)
 	}
@@ -150,6 +136,29 @@ func TestDaemonStopsBeforeItsHelper(t *testing.T) {
 			if err := s.StartUnit(ctx, daemonUnit); err != nil {
 				t.Fatalf("starting %s again: %v", daemonUnit, err)
 			}
+		}
+	}
+}
+
+// refUnits holds a reference to each unit over a bus connection of the
+// test's (closed at its end): systemd unloads a stopped unit nothing
+// references, and one loaded again reads as never run (no timestamps, no
+// invocation, Result "success"), so a check of how it stopped would pass
+// whatever happened.
+func refUnits(ctx context.Context, t *testing.T, s *harness.Systemd, units ...string) {
+	t.Helper()
+	bus, err := systemd.DialBus(ctx, s.BusSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bus.Close() })
+	for _, u := range units {
+		var path godbus.ObjectPath
+		if err := bus.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").CallWithContext(ctx, "org.freedesktop.systemd1.Manager.LoadUnit", 0, u).Store(&path); err != nil {
+			t.Fatalf("LoadUnit %s: %v", u, err)
+		}
+		if err := bus.Object("org.freedesktop.systemd1", path).CallWithContext(ctx, "org.freedesktop.systemd1.Unit.Ref", 0).Err; err != nil {
+			t.Fatalf("Ref %s: %v", u, err)
 		}
 	}
 }

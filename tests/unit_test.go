@@ -679,14 +679,17 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 	if fi, err := os.Stat(statusSock); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
 		t.Errorf("status socket: %v %v", fi, err)
 	}
-	// SIGTERM: STOPPING=1, the state saved, a clean exit.
+	// SIGTERM: STOPPING=1, the state saved, a clean exit. The unit is
+	// referenced first: stopped, systemd would unload it, and the unit
+	// loaded again reads inactive and "success" whatever the exit was.
+	refUnits(ctx, t, s, "autopilot-health.service")
 	stopAt := time.Now()
 	if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("stopped in %s", time.Since(stopAt).Round(time.Millisecond))
-	if u, _ := s.Bus.Unit(ctx, "autopilot-health.service"); u.Result != "success" || u.ActiveState != "inactive" {
-		t.Errorf("after stop: %+v", u)
+	if u, _ := s.Bus.Unit(ctx, "autopilot-health.service"); u.Result != "success" || u.ActiveState != "inactive" || u.Invocation != after.Invocation {
+		t.Errorf("after stop: %+v; want inactive, Result success, the invocation that ran (%s)", u, after.Invocation)
 	}
 	// The helper's units are PartOf= the daemon's: stopped with it (their
 	// stop jobs may still be queued when the daemon's ends).
