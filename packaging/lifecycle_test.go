@@ -226,6 +226,11 @@ func TestDebianPackageLifecycle(t *testing.T) {
 	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
 		t.Errorf("after install: is-enabled %q", s)
 	}
+	// The path unit that starts the daemon when a refused configuration
+	// file changes (README: "Under systemd"): enabled beside it.
+	if s := r.systemctl("is-enabled", "autopilot-health.path"); s != "enabled" {
+		t.Errorf("after install: autopilot-health.path is-enabled %q", s)
+	}
 	// The image's preset policy disables every unit but those a preset
 	// enables: ours does.
 	must(t, os.MkdirAll(r.path("/etc/systemd/system-preset"), 0o755))
@@ -237,6 +242,9 @@ func TestDebianPackageLifecycle(t *testing.T) {
 	r.systemctl("preset-all")
 	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "enabled" {
 		t.Errorf("after preset-all: is-enabled %q, want enabled by 80-autopilot-health.preset", s)
+	}
+	if s := r.systemctl("is-enabled", "autopilot-health.path"); s != "enabled" {
+		t.Errorf("after preset-all: autopilot-health.path is-enabled %q, want enabled by 80-autopilot-health.preset", s)
 	}
 	// Without our preset, the same policy disables it: the preset is what
 	// enables it.
@@ -300,13 +308,16 @@ func TestDebianPackageLifecycle(t *testing.T) {
 	if s := r.systemctl("is-enabled", "autopilot-health.service"); s != "masked" {
 		t.Errorf("after remove: is-enabled %q, want masked", s)
 	}
+	if s := r.systemctl("is-enabled", "autopilot-health.path"); s != "masked" {
+		t.Errorf("after remove: autopilot-health.path is-enabled %q, want masked", s)
+	}
 
 	// Purge: nothing of it left.
 	r.dpkg("--purge", "autopilot-health")
 	if s := r.status(); s != "" && !strings.HasPrefix(s, "unknown ok not-installed") {
 		t.Errorf("after purge: %q", s)
 	}
-	for _, p := range []string{"/etc/autopilot-health", "/var/lib/autopilot-health", wantsLink, "/etc/systemd/system/autopilot-health.service"} {
+	for _, p := range []string{"/etc/autopilot-health", "/var/lib/autopilot-health", wantsLink, "/etc/systemd/system/autopilot-health.service", "/etc/systemd/system/autopilot-health.path", "/etc/systemd/system/multi-user.target.wants/autopilot-health.path"} {
 		if r.exists(p) {
 			t.Errorf("after purge, %s is still there", p)
 		}

@@ -173,6 +173,7 @@ var wantEntries = map[string]string{
 	"./usr/lib/systemd/":                 "drwxr-xr-x",
 	"./usr/lib/systemd/system/":          "drwxr-xr-x",
 	"./usr/lib/systemd/system/autopilot-health.service":          "-rw-r--r--",
+	"./usr/lib/systemd/system/autopilot-health.path":             "-rw-r--r--",
 	"./usr/lib/systemd/system-preset/":                           "drwxr-xr-x",
 	"./usr/lib/systemd/system-preset/80-autopilot-health.preset": "-rw-r--r--",
 	"./usr/share/":                                                 "drwxr-xr-x",

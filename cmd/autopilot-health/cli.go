@@ -62,11 +62,14 @@ Run "autopilot-health COMMAND --help" for a command's flags.
 
 Exit codes:
   0  success; for check and status: no condition is True
-  1  check, status: at least one condition is True; run: the daemon failed while running;
+  1  check, status: at least one condition is True; run: the daemon could not start (not for its
+     configuration: another daemon holds the control socket, the node not detected) or failed while running;
      reload: the daemon refused the file and runs on with the previous configuration;
      tamper clear: applied, but not saved or not re-evaluated within 30s;
      tamper status: tamper.json cannot be read or does not parse
-  2  bad usage, bad configuration, or the command could not run (status: the daemon is not running)
+  2  bad usage, bad configuration, or the command could not run (status: the daemon is not running;
+     run: refused its flags or configuration file, which its unit does not restart on: the file's next
+     change starts it)
 `
 
 // Main runs the command line and returns the exit code.

@@ -34,6 +34,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	explicit := flagSet(fs, "config")
+	// Exit 2 on the file (or a flag) refused: the unit does not restart
+	// that (RestartPreventExitStatus=2; every 5 s for ever, it read the
+	// same file again and spun), autopilot-health.path starts it again
+	// when the file changes (README: "Under systemd").
 	cfg, fromFile, digest, err := config.LoadDigest(*cfgPath, !explicit)
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
@@ -42,6 +46,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	log, err := daemon.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
+		return exitError
+	}
+	// A file that names a host_root does not go with the helper, which
+	// reads this host's root: refused as the file's, exit 2 (daemon.New
+	// says the same, too late for that code).
+	if *helper != "" && cfg.HostRoot != "" && cfg.HostRoot != "/" {
+		fmt.Fprintf(stderr, "autopilot-health: refusing to start: host_root = %q: the privileged helper reads this host's own root only; run without --privileged-helper\n", cfg.HostRoot)
 		return exitError
 	}
 	procs := limitProcs()
@@ -70,8 +81,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	d, err := daemon.New(cfg, log, opts)
 	if err != nil {
-		log.Error("refusing to start", "err", err)
-		return exitError
+		// Not the file's fault (another daemon holds the control socket,
+		// the node not detected): exit 1, which the unit restarts, unlike
+		// a refused file's 2 (RestartPreventExitStatus=2), which only a
+		// change of the file starts again (autopilot-health.path).
+		log.Error("could not start", "err", err)
+		return exitProblem
 	}
 	err = d.Run(ctx)
 	stopProfile()

@@ -3,7 +3,7 @@
 # (bookworm) and 13 (trixie), merged /usr:
 #   /usr/bin/autopilot-health                                   (static; amd64 or arm64, read from its ELF header)
 #   /usr/lib/autopilot-health/autopilot-health-privileged      (the privileged helper, static, the same architecture)
-#   /usr/lib/systemd/system/autopilot-health.service
+#   /usr/lib/systemd/system/autopilot-health.{service,path}
 #   /usr/lib/systemd/system/autopilot-health-privileged.{socket,service}
 #   /usr/lib/systemd/system-preset/80-autopilot-health.preset   (enabled by default)
 #   /etc/autopilot-health/config.toml                           (conffile; every key commented out)
@@ -48,10 +48,10 @@ root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 doc=$root/usr/share/doc/autopilot-health
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
 install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
-for u in autopilot-health.service autopilot-health-privileged.socket autopilot-health-privileged.service; do
+for u in autopilot-health.service autopilot-health.path autopilot-health-privileged.socket autopilot-health-privileged.service; do
 	install -D -m 0644 "$top/units/$u" "$root/usr/lib/systemd/system/$u"
 done
-install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<"enable autopilot-health.service"
+install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<$'enable autopilot-health.service\nenable autopilot-health.path'
 install -D -m 0644 "$here/copyright" "$doc/copyright"
 install -D -m 0644 "$here/lintian-overrides" "$root/usr/share/lintian/overrides/autopilot-health"
 mkdir -p "$root/etc/autopilot-health" "$root/usr/share/man/man8" "$root/DEBIAN"

@@ -5,15 +5,15 @@
 # /usr at boot). Contents, all under /usr:
 #   /usr/bin/autopilot-health
 #   /usr/lib/autopilot-health/autopilot-health-privileged   (the privileged helper)
-#   /usr/lib/systemd/system/autopilot-health.service
+#   /usr/lib/systemd/system/autopilot-health.{service,path}
 #   /usr/lib/systemd/system/autopilot-health-privileged.{socket,service}
 #   /usr/lib/systemd/system-preset/80-autopilot-health.preset   (enabled by default)
 #   /usr/share/autopilot-health/config.toml   (the defaults, every key commented out;
 #                                              copy to /etc/autopilot-health/ to change one)
 #   /usr/lib/systemd/system/multi-user.target.d/10-autopilot-health.conf
-#       (Upholds=autopilot-health.service: started once multi-user.target is
-#       active and the units are reloaded after the merge; a sysext cannot
-#       enable a unit through /etc)
+#       (10-autopilot-health.conf beside this script: Upholds=autopilot-health.path,
+#       which starts the daemon, once multi-user.target is active and the units
+#       are reloaded after the merge; a sysext cannot enable a unit through /etc)
 #   /usr/lib/extension-release.d/extension-release.autopilot-health   (ID=_any)
 # The base image must merge and then reload: sysext-daemon-reload.service
 # beside this script (systemd 252 does not reload after a merge).
@@ -59,20 +59,11 @@ esac
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
 install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
-for u in autopilot-health.service autopilot-health-privileged.socket autopilot-health-privileged.service; do
+for u in autopilot-health.service autopilot-health.path autopilot-health-privileged.socket autopilot-health-privileged.service; do
 	install -D -m 0644 "$top/units/$u" "$root/usr/lib/systemd/system/$u"
 done
-install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<"enable autopilot-health.service"
-install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system/multi-user.target.d/10-autopilot-health.conf" <<'EOU'
-# Shipped in the autopilot-health system extension: the daemon runs whenever
-# the system is up. A wants link in /etc cannot come with an extension, and one
-# under /usr is read only when multi-user.target starts, before the merge.
-# Upholds= starts it as soon as systemd knows the unit (after the reload that
-# follows the merge) and again if it is stopped; to stop it for maintenance:
-#   systemctl mask --runtime --now autopilot-health.service
-[Unit]
-Upholds=autopilot-health.service
-EOU
+install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<$'enable autopilot-health.service\nenable autopilot-health.path'
+install -D -m 0644 "$here/10-autopilot-health.conf" "$root/usr/lib/systemd/system/multi-user.target.d/10-autopilot-health.conf"
 mkdir -p "$root/usr/share/autopilot-health"
 {
 	echo "# autopilot-health configuration: the defaults the daemon runs with, every key"
