@@ -375,6 +375,53 @@ func TestKubeRestartBeforeTheFirstReportKeepsTheKernelCondition(t *testing.T) {
 	}
 }
 
+// A Node whose other writers' annotations leave no room for this boot's
+// report, against the real API server: the status write that carries the
+// report is refused (422, metadata.annotations too long), and the
+// conditions must land all the same, with the earlier boot's report taken
+// off the Node rather than left beside them.
+func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-report-does-not-fit"
+	ctx := context.Background()
+	registerNode(t, s, node)
+	big, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		"tool.example.com/state":            strings.Repeat("x", 255*1024),
+		report.AnnotationPrefix + "storage": `{"schemaVersion":1,"bootID":"boot-a"}`,
+	}}})
+	if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, big, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot-b")
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
+		Message: "/var at 97 %"}, time.Now())
+	det := report.NewDetails()
+	det.SetBootID("boot-b")
+	var fss []map[string]string
+	for i := range 30 {
+		fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
+	}
+	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
+	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: make(chan struct{})})
+	rctx, cancel := context.WithCancel(ctx)
+	x.cancel = cancel
+	go func() { x.r.Run(rctx); close(x.done) }()
+	defer x.stop()
+	n := waitNode(t, s, node, "DiskUsageHigh True", func(n *corev1.Node) bool {
+		c := cond(n, "DiskUsageHigh")
+		return c != nil && c.Status == corev1.ConditionTrue
+	})
+	if b := report.ReportBootID(n.Annotations); b == "boot-a" {
+		t.Errorf("the earlier boot's report beside this boot's conditions")
+	}
+	if n.Annotations["tool.example.com/state"] == "" {
+		t.Errorf("another writer's annotation lost")
+	}
+}
+
 // The Node deleted and registered anew (as the kubelet does) while the
 // daemon reports: the report annotations never stand on the new Node
 // without this boot's conditions. The report write carries the UID of the

@@ -128,6 +128,12 @@ type Reporter struct {
 	// this boot's, each status write carries the report documents too (see
 	// writeStatus).
 	reportBoot string
+	// reportRefused: a status write that carried the report was refused
+	// for its annotations (earlyRefused: the Node's other annotations
+	// leave no room for it); the status writes carry it no more, and take
+	// an earlier boot's report off the Node instead (the status loop's
+	// alone).
+	reportRefused bool
 	// wrote is what the last successful write put on the Node, by type
 	// (the status loop's alone): a change of a message alone waits for
 	// the next heartbeat (messageOnly).
@@ -661,8 +667,9 @@ func (r *Reporter) adopt(ctx context.Context) error {
 // the daemon's conditions: the API merges it by condition type, so kubelet's
 // and other writers' conditions are left alone. docs, when not nil, are
 // report annotations written in the same patch (metadata.annotations,
-// merged by key; the nodes/status subresource takes them).
-func statusPatch(conds []report.Condition, remove []string, docs map[string]string, now time.Time) ([]byte, error) {
+// merged by key, a nil value removing its key; the nodes/status
+// subresource takes them).
+func statusPatch(conds []report.Condition, remove []string, docs map[string]*string, now time.Time) ([]byte, error) {
 	out := make([]any, 0, len(conds)+len(remove))
 	for _, c := range conds {
 		out = append(out, kubeapi.NodeCondition{
@@ -853,9 +860,14 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	// report of this boot, as far as the checks have collected it, goes
 	// in the same patch: the Node never holds this boot's conditions
 	// under another boot's report.
-	var docs map[string]string
+	var docs map[string]*string
 	if boot := r.o.Details.BootID(); boot != "" && r.reportBoot != boot {
-		docs, _ = r.o.Details.Documents(time.Now(), r.role()) // a failing domain carries an error document
+		switch {
+		case !r.reportRefused:
+			docs = r.earlyReport()
+		case r.reportBoot != "":
+			docs = withoutReport()
+		}
 	}
 	patch, err := statusPatch(conds, remove, docs, time.Now())
 	if err != nil {
@@ -864,6 +876,23 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	start := time.Now()
 	n, err := r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
 	r.m.observe(KindStatus, start, err)
+	if err != nil && docs != nil && !r.reportRefused && annotationsRefused(err) {
+		// The report does not fit beside the Node's other annotations
+		// (256 KiB together): the report write will be refused alike, but
+		// the conditions must not be. They go without it, and the earlier
+		// boot's report leaves the Node in the same patch, so the Node
+		// never holds this boot's conditions under it (a restart judges
+		// them by their transition times, as on a Node without a report).
+		r.reportRefused = true
+		r.o.Log.Warn("the report annotations do not fit on the Node beside its other annotations: conditions written without them, and the earlier boot's report removed",
+			"node", r.o.NodeName, "err", err)
+		if patch, err = statusPatch(conds, remove, withoutReport(), time.Now()); err != nil {
+			return err
+		}
+		start = time.Now()
+		n, err = r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
+		r.m.observe(KindStatus, start, err)
+	}
 	if err == nil {
 		if n != nil {
 			r.reportBoot = report.ReportBootID(n.Metadata.Annotations)
@@ -884,6 +913,44 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 		r.wroteOnce()
 	}
 	return err
+}
+
+// earlyReport is the report as far as the checks have collected it, for
+// a status write (a failing domain carries an error document).
+func (r *Reporter) earlyReport() map[string]*string {
+	docs, _ := r.o.Details.Documents(time.Now(), r.role())
+	out := make(map[string]*string, len(docs))
+	for k, v := range docs {
+		out[k] = &v
+	}
+	return out
+}
+
+// withoutReport removes the report annotations (a merge patch's nulls).
+func withoutReport() map[string]*string {
+	out := make(map[string]*string, len(report.Domains))
+	for _, dm := range report.Domains {
+		out[report.AnnotationPrefix+dm.Name] = nil
+	}
+	return out
+}
+
+// annotationsRefused reports whether err is the API server refusing a
+// write for the annotations it would leave on the Node: 422 Invalid on
+// metadata.annotations (kube-apiserver: "Too long: may not be more than
+// 262144 bytes", all annotations together), or a request too large.
+func annotationsRefused(err error) bool {
+	if apierrors.IsRequestEntityTooLargeError(err) {
+		return true
+	}
+	var se apierrors.APIStatus
+	if !errors.As(err, &se) || !apierrors.IsInvalid(err) {
+		return false
+	}
+	st := se.Status()
+	return st.Details != nil && slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool {
+		return strings.HasPrefix(c.Field, "metadata.annotations")
+	})
 }
 
 // idleCloser is a Client that can close its idle connections (the

@@ -1867,3 +1867,97 @@ func TestStatusWritesCarryTheReportOnlyUntilItIsThisBoots(t *testing.T) {
 		h.stop()
 	})
 }
+
+// annotationLimit makes the fake API server refuse, as kube-apiserver's
+// validation does (422, metadata.annotations: Too long), a node patch
+// whose result holds more than 256 KiB of annotations, counted as the API
+// server counts them (keys and values).
+func annotationLimit(client *fake.Clientset) {
+	const limit = 256 * 1024
+	client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		var p struct {
+			Metadata struct {
+				Annotations map[string]*string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(a.(k8stesting.PatchAction).GetPatch(), &p); err != nil || len(p.Metadata.Annotations) == 0 {
+			return false, nil, nil
+		}
+		o, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", node)
+		if err != nil {
+			return false, nil, nil
+		}
+		merged := map[string]string{}
+		for k, v := range o.(*corev1.Node).Annotations {
+			merged[k] = v
+		}
+		for k, v := range p.Metadata.Annotations {
+			if v == nil {
+				delete(merged, k)
+			} else {
+				merged[k] = *v
+			}
+		}
+		total := 0
+		for k, v := range merged {
+			total += len(k) + len(v)
+		}
+		if total <= limit {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, node, field.ErrorList{
+			field.TooLong(field.NewPath("metadata", "annotations"), "", limit)})
+	})
+}
+
+// A Node whose other writers' annotations leave no room for this boot's
+// report (a cluster tool's 255 KiB of annotations): the report cannot be
+// written, and the conditions must be all the same. The early report in
+// the status patch must not take the conditions down with it: the status
+// write that carries it is refused (422, the annotations too long) as
+// the report write is, and the conditions never reached the Node.
+func TestConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 255*1024)
+		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
+		client := fake.NewClientset(n)
+		annotationLimit(client)
+		store := report.NewStore("boot-b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
+		det := report.NewDetails()
+		det.SetBootID("boot-b")
+		// What the checks collected before the first write: a few KiB.
+		var fss []map[string]string
+		for i := range 30 {
+			fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
+		}
+		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
+		h := startOpts(t, client, store, det, io.Discard, nil)
+		<-h.r.Adopted()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		got := h.node(t)
+		if c := findCond(got, "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("DiskUsageHigh on the Node a minute after the start: %+v; want True (the status writes: %v)", c, countActions(client))
+		}
+		// The Node never holds this boot's conditions beside the earlier
+		// boot's report.
+		if b := report.ReportBootID(got.Annotations); b == "boot-a" {
+			t.Errorf("the earlier boot's report beside this boot's conditions")
+		}
+		// The writes that follow are the conditions alone: not one
+		// refused write before each.
+		writes := countActions(client)["patch nodes/status"]
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionFalse {
+			t.Errorf("DiskUsageHigh after the change: %+v; want False", c)
+		}
+		if got := countActions(client)["patch nodes/status"] - writes; got != 1 {
+			t.Errorf("%d status writes for one change; want 1", got)
+		}
+		h.stop()
+	})
+}
