@@ -9,6 +9,7 @@ import (
 
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
+	"github.com/syself/autopilot-health/tamper"
 )
 
 // kubeconfigPoll is how often a standalone daemon looks for a kubeconfig
@@ -95,8 +96,23 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		ReportedClear: func(at time.Time) {
 			// The clear in tamper.json is reported (and so trusted at the
 			// next start) only when it is the one published before.
-			if k := d.currentEnv().Tamper; k != nil {
-				k.TrustClear(at)
+			k := d.currentEnv().Tamper
+			if k == nil || !k.TrustClear(at) {
+				return
+			}
+			// The report a write of the conditions carries before the
+			// tamper checks ran (the first after a reboot, as far as the
+			// checks have collected it) has the tamper document with the
+			// clear: else it took the published clear off the Node, and
+			// a restart before the checks' first pass no longer trusted
+			// it (the Node is its only corroboration). Owned by a tamper
+			// check that runs here, whose first run replaces it.
+			env := d.currentEnv()
+			for _, t := range []string{tamper.CondNode, tamper.CondSealed} {
+				if slices.Contains(d.parts.applicable(env), t) {
+					d.details.SetFor(t, report.Detail{Domain: "tamper", Field: "tamper", Value: k.Report()})
+					break
+				}
 			}
 		},
 	})
