@@ -258,9 +258,12 @@ func (d *DBus) drop(c *busConn) {
 // call runs f on a live connection; when the connection turns out to be
 // dead it reconnects and tries once more. A connection found closed before
 // f sent anything (another caller's exchange failed on it) is not a try:
-// f runs on a new one, up to three times.
+// f runs on a new one, up to three times. A call systemd left without an
+// answer (NoReply: it re-executed, `systemctl daemon-reexec`, while the
+// call waited for it; the connection to the bus stays up) is made once
+// more on the same connection: dbus-daemon holds it until systemd is back.
 func (d *DBus) call(ctx context.Context, f func(c *busConn) error) error {
-	notSent := 0
+	notSent, noReply := 0, false
 	for attempt := 0; ; attempt++ {
 		c, err := d.get(ctx)
 		if err != nil {
@@ -273,11 +276,24 @@ func (d *DBus) call(ctx context.Context, f func(c *busConn) error) error {
 			d.drop(c)
 			continue
 		}
+		if isNoReply(err) && !noReply && c.Connected() && ctx.Err() == nil {
+			noReply = true
+			attempt--
+			continue
+		}
 		if err == nil || c.Connected() || attempt > 0 || ctx.Err() != nil {
 			return err
 		}
 		d.drop(c)
 	}
+}
+
+// isNoReply reports whether err is the bus's NoReply: the peer left the
+// bus without answering the call (systemd re-executing), or did not answer
+// within dbus-daemon's reply timeout.
+func isNoReply(err error) bool {
+	var be *BusError
+	return errors.As(err, &be) && be.Name == "org.freedesktop.DBus.Error.NoReply"
 }
 
 // Close closes the connection; calls after it fail.

@@ -487,3 +487,75 @@ func TestSystemStateOverAFakeBus(t *testing.T) {
 		t.Errorf("%d connections: the reads share one", fb.conns)
 	}
 }
+
+// systemd re-executing (`systemctl daemon-reexec`, run by every upgrade of
+// its package) leaves the bus without answering what it had been sent, and
+// dbus-daemon answers each such call with NoReply ("Message recipient
+// disconnected from message bus without replying"); calls sent after it
+// wait for systemd to be back. The connection stays up: the call is made
+// once more on it, and the check that read does not fail. A second NoReply
+// is the error.
+func TestReadRetriedAfterSystemdDisconnectedWithoutReplying(t *testing.T) {
+	reply := func(m *godbus.Message, body ...any) []byte {
+		return encodeReply(t, binary.LittleEndian, godbus.TypeMethodReply, m.Serial()+1000, m.Serial(), "", body...)
+	}
+	noReply := func(m *godbus.Message) []byte {
+		return encodeReply(t, binary.LittleEndian, godbus.TypeError, m.Serial()+1000, m.Serial(), "org.freedesktop.DBus.Error.NoReply",
+			"Message recipient disconnected from message bus without replying")
+	}
+	noReplies := 1
+	lists := 0
+	fb := startFakeBus(t, func(conn int, pending []*godbus.Message) [][]byte {
+		m := pending[len(pending)-1]
+		switch m.Headers[godbus.FieldMember].Value() {
+		case "ListUnitsByNames":
+			lists++
+			if noReplies > 0 {
+				noReplies--
+				return [][]byte{noReply(m)}
+			}
+			return [][]byte{reply(m, []godbusUnitStatus{{"a.socket", "", "loaded", "active", "listening", "", "/u/a", 0, "", "/"}})}
+		case "Get":
+			if m.Body[1] == "SystemState" {
+				if noReplies > 0 {
+					noReplies--
+					return [][]byte{noReply(m)}
+				}
+				return [][]byte{reply(m, godbus.MakeVariant("running"))}
+			}
+			return [][]byte{reply(m, godbus.MakeVariant([]byte{0xab}))}
+		case "ResetFailedUnit":
+			if noReplies > 0 {
+				noReplies--
+				return [][]byte{noReply(m)}
+			}
+			return [][]byte{reply(m)}
+		}
+		return nil
+	})
+	bus := NewDBusAt(fb.sock)
+	defer bus.Close()
+	ctx := context.Background()
+	if u, err := bus.Unit(ctx, "a.socket"); err != nil || u.ActiveState != "active" || u.Invocation != "ab" {
+		t.Fatalf("a read that systemd's re-exec left unanswered: %+v, %v", u, err)
+	}
+	if lists != 2 {
+		t.Errorf("ListUnitsByNames sent %d times, want 2", lists)
+	}
+	noReplies = 1
+	if st, err := bus.SystemState(ctx); err != nil || st != "running" {
+		t.Errorf("SystemState: %q, %v", st, err)
+	}
+	noReplies = 1
+	if err := bus.ResetFailed(ctx, "a.socket"); err != nil {
+		t.Errorf("ResetFailed: %v", err)
+	}
+	noReplies = 2
+	var be *BusError
+	if _, err := bus.Unit(ctx, "a.socket"); !errors.As(err, &be) || be.Name != "org.freedesktop.DBus.Error.NoReply" {
+		t.Errorf("NoReply twice: %v, want the NoReply", err)
+	}
+	if fb.conns != 1 || bus.Reconnects != 0 {
+		t.Errorf("%d connections, %d reconnects: the connection stays up", fb.conns, bus.Reconnects)
+	}
+}

@@ -1,0 +1,121 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// reexec makes the namespaced systemd re-execute itself (`systemctl
+// daemon-reexec`, which every upgrade of Debian's systemd package runs). It
+// does not answer: it leaves the bus and comes back.
+func reexec(t *testing.T, socket string) {
+	t.Helper()
+	c, err := systemd.DialBus(context.Background(), socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	call := c.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").Call("org.freedesktop.systemd1.Manager.Reexecute", 0)
+	t.Logf("Reexecute: %v", call.Err)
+}
+
+// systemd re-executes while the daemon reads units: a read it had been sent
+// and left unanswered (dbus-daemon's NoReply, "Message recipient
+// disconnected from message bus without replying") is made again, and
+// answered once systemd is back. Before, that read failed, and the check
+// that made it (NodeServiceDown, ServiceNotRecovering, the repairer's read)
+// went Unknown / CheckFailed for a run at each daemon-reexec: a flap of
+// the condition on every node whose systemd was upgraded. Readers on
+// connections of their own, reading back to back, each have a read in
+// flight when systemd leaves.
+func TestReadsAcrossSystemdReexec(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const readers = 4
+	var mu sync.Mutex
+	var errs []string
+	reads := 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range readers {
+		bus := systemd.NewDBusAt(s.BusSocket())
+		defer bus.Close()
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := systemd.UnitsOf(rctx, bus, "kubelet.service", "syself-tunnel-agent.service")
+				cancel()
+				mu.Lock()
+				reads++
+				if err != nil {
+					errs = append(errs, fmt.Sprintf("reader %d: %v", i, err))
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for range 2 {
+		time.Sleep(200 * time.Millisecond) // the readers reading before the re-exec
+		before := waitUnit(t, s, "kubelet.service", "kubelet up", active)
+		reexec(t, s.BusSocket())
+		// systemd is back: its answers carry the unit it kept across the
+		// re-exec.
+		waitUnit(t, s, "kubelet.service", "kubelet, after the re-exec", func(u systemd.Unit) bool { return u.Invocation == before.Invocation })
+	}
+	time.Sleep(200 * time.Millisecond) // the readers reading after it
+	close(stop)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Errorf("%d of %d reads failed across two re-execs of systemd, e.g. %s", len(errs), reads, errs[0])
+	}
+}
+
+// systemd re-executes while the repairer's restart job runs (its stop, 2 s):
+// the job is kept across the re-exec, its JobRemoved comes to the restart's
+// connection (on the bus, which stayed), and the restart ends "done" with
+// the unit running a new invocation, not at the 5 min the repairer waits
+// for a job, which would have held the next restart off as "in progress".
+func TestRepairAcrossSystemdReexec(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	if err := s.AddUnit(ctx, "reexec.service", "[Unit]\nDefaultDependencies=no\n[Service]\nExecStart=/bin/sleep infinity\nExecStop=/bin/sleep 2\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, "reexec.service"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, "reexec.service")
+	before := waitUnit(t, s, "reexec.service", "up", active)
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	if res, msg := r.Repair(ctx, "reexec.service", 0, "probe failed"); res != checks.RepairRestarted {
+		t.Fatalf("repair: %s %q", res, msg)
+	}
+	waitUnit(t, s, "reexec.service", "its restart job stopping it", func(u systemd.Unit) bool { return u.JobType == "restart" && u.ActiveState == "deactivating" })
+	reexec(t, s.BusSocket())
+	done := make(chan struct{})
+	go func() { r.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the restart has not ended 20 s after the re-exec: %+v", r.Status("reexec.service"))
+	}
+	if st := r.Status("reexec.service"); st.LastResult != "done" {
+		t.Errorf("restart across the re-exec: %+v, want done", st)
+	}
+	if u, err := s.Bus.Unit(ctx, "reexec.service"); err != nil || !active(u) || u.Invocation == before.Invocation {
+		t.Errorf("after the restart: %+v, %v; want a new invocation, running", u, err)
+	}
+}
