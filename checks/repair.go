@@ -51,6 +51,13 @@ type RepairStatus struct {
 	// did not start) leaves it inactive: the daemon's doing, not a stop.
 	restartFailed bool
 	failedAt      string
+	// stopSeenAt: the invocation a read found a stop job on (someone's
+	// stop, or a shutdown). A stop that does not end cleanly (the unit
+	// does not stop within its TimeoutStopSec and is killed: result
+	// "timeout") leaves the unit failed, not inactive, and systemd does
+	// not restart a unit that was stopped: it is as stopped as an
+	// inactive one, and not the repairer's to start.
+	stopSeenAt string
 }
 
 // Repairer restarts critical units in place, over D-Bus, without fighting
@@ -137,7 +144,7 @@ func (r *Repairer) restore() {
 		for name, s := range saved {
 			if _, ok := r.units[name]; !ok {
 				st := s.RepairStatus
-				st.restartFailed, st.failedAt = s.RestartFailed, s.FailedAt
+				st.restartFailed, st.failedAt, st.stopSeenAt = s.RestartFailed, s.FailedAt, s.StopSeenAt
 				r.units[name] = &st
 			}
 		}
@@ -154,6 +161,10 @@ type savedRepair struct {
 	RepairStatus
 	RestartFailed bool   `json:"restartFailed,omitempty"`
 	FailedAt      string `json:"restartFailedAt,omitempty"`
+	// StopSeenAt: the invocation a stop job was seen on, so that a daemon
+	// restarted since does not start a unit someone stopped that ended
+	// failed.
+	StopSeenAt string `json:"stopSeenAt,omitempty"`
 }
 
 // snapshot returns a copy of the status of every unit, for the state file.
@@ -162,7 +173,7 @@ func (r *Repairer) snapshot() any {
 	defer r.mu.Unlock()
 	out := make(map[string]savedRepair, len(r.units))
 	for name, st := range r.units {
-		out[name] = savedRepair{RepairStatus: *st, RestartFailed: st.restartFailed, FailedAt: st.failedAt}
+		out[name] = savedRepair{RepairStatus: *st, RestartFailed: st.restartFailed, FailedAt: st.failedAt, StopSeenAt: st.stopSeenAt}
 	}
 	return out
 }
@@ -235,12 +246,17 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	}
 	watch := r.unitWatch()
 	watch.Observe(u)
+	if u.ActiveState == "active" && u.Job == 0 {
+		// A stop seen on this invocation was called off.
+		r.sawStop(unit, "")
+	}
 	switch {
 	case u.LoadState != "loaded":
 		return RepairNotLoaded, notLoadedMessage(unit, u.LoadState)
 	case u.Job != 0 && u.JobType == "stop":
 		// A shutdown stops it (the units are stopped in reverse order, and
 		// this daemon is stopped after kubelet), or someone does.
+		r.sawStop(unit, u.Invocation)
 		return RepairUnitStopping, fmt.Sprintf("not restarted: systemd is stopping %s (%s/%s, stop job queued)", unit, u.ActiveState, u.SubState)
 	case u.ActiveState == "activating" || u.ActiveState == "deactivating" || u.ActiveState == "reloading" || u.SubState == "auto-restart":
 		return RepairSystemd, fmt.Sprintf("not restarted: systemd is already restarting %s (%s/%s)", unit, u.ActiveState, u.SubState)
@@ -248,6 +264,8 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
 	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u):
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
+	case u.ActiveState == "failed" && r.stoppedBySomeone(unit, u):
+		return RepairStopped, fmt.Sprintf("not restarted: %s was stopped and did not stop cleanly (failed/%s, result %s); a stopped unit is not started by the repair", unit, u.SubState, u.Result)
 	}
 	now := r.now()
 	// The cooldown and the restart in flight are decided, and the restart
@@ -407,6 +425,33 @@ func (r *Repairer) leftByOwnRestart(unit string, u systemd.Unit) bool {
 	defer r.mu.Unlock()
 	st, ok := r.units[unit]
 	return ok && st.restartFailed && st.failedAt == u.Invocation
+}
+
+// sawStop records that unit, at invocation inv, has a stop job ("": none,
+// the unit runs with no job).
+func (r *Repairer) sawStop(unit, inv string) {
+	r.mu.Lock()
+	if _, ok := r.units[unit]; !ok && inv == "" {
+		r.mu.Unlock()
+		return
+	}
+	st := r.status(unit)
+	changed := st.stopSeenAt != inv
+	st.stopSeenAt = inv
+	r.mu.Unlock()
+	if changed {
+		r.touch()
+	}
+}
+
+// stoppedBySomeone reports whether u, failed, is at the invocation a stop
+// job was seen on: a stop (someone's) that ended failed, which systemd does
+// not restart. A unit that ran after it, and failed, is the repairer's.
+func (r *Repairer) stoppedBySomeone(unit string, u systemd.Unit) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.units[unit]
+	return ok && u.Invocation != "" && st.stopSeenAt == u.Invocation
 }
 
 // repairingMessage is the message of a restart and of the cooldown after

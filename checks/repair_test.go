@@ -1146,3 +1146,71 @@ func TestRepairWhenTheRestartJobOutlivesItsWait(t *testing.T) {
 		})
 	}
 }
+
+// Someone's stop that does not end cleanly (killed at its TimeoutStopSec:
+// result "timeout") leaves the unit failed at the invocation the stop job
+// was seen on: not restarted, as an inactive unit is not. A stop called off
+// (the unit read running again, no job, at that invocation) is forgotten: a
+// failure of that invocation later is the repairer's.
+func TestRepairLeavesAStopThatEndedFailedAloneFake(t *testing.T) {
+	u := running("kubelet.service")
+	u.MainStart = time.Now().Add(-time.Hour)
+	m := newFakeManager(u)
+	now := time.Now()
+	r := NewRepairer(m, quietLog(), func() time.Time { return now }, nil)
+	repair := func() string {
+		res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+		r.Wait()
+		return res
+	}
+	stopping := u
+	stopping.ActiveState, stopping.SubState, stopping.Job, stopping.JobType = "deactivating", "stop-sigterm", 7, "stop"
+	m.set(stopping)
+	if res := repair(); res != RepairUnitStopping {
+		t.Fatalf("during the stop: %s", res)
+	}
+	failed := u
+	failed.ActiveState, failed.SubState, failed.Result = "failed", "failed", "timeout"
+	m.set(failed)
+	if res := repair(); res != RepairStopped || m.restartCount() != 0 {
+		t.Errorf("a stop that ended failed: %s, %d restarts; want %s, none", res, m.restartCount(), RepairStopped)
+	}
+	// A daemon restarted since (its state file) leaves it alone too.
+	dir := t.TempDir()
+	st1 := report.NewStore("boot-1")
+	if _, err := st1.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	r1 := NewRepairer(m, quietLog(), time.Now, nil)
+	r1.KeepIn(st1)
+	m.set(stopping)
+	r1.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+	if err := st1.Save(dir, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st2 := report.NewStore("boot-1")
+	if _, err := st2.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	r2 := NewRepairer(m, quietLog(), time.Now, nil)
+	r2.KeepIn(st2)
+	m.set(failed)
+	if res, _ := r2.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairStopped || m.restartCount() != 0 {
+		t.Errorf("after a daemon restart: %s, %d restarts; want %s, none", res, m.restartCount(), RepairStopped)
+	}
+	r2.Wait()
+	// The stop called off: read running, no job, at the same invocation
+	// (a probe that fails then restarts it), and that invocation failing
+	// later, past the cooldown.
+	m.set(stopping)
+	repair()
+	m.set(u)
+	if res := repair(); res != RepairRestarted {
+		t.Fatalf("running again: %s", res)
+	}
+	now = now.Add(2 * time.Minute)
+	m.set(failed)
+	if res := repair(); res != RepairRestarted || m.restartCount() != 2 {
+		t.Errorf("a failure after a stop called off: %s, %d restarts; want %s, 2", res, m.restartCount(), RepairRestarted)
+	}
+}

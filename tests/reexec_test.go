@@ -5,6 +5,8 @@ package tests
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,4 +120,71 @@ func TestRepairAcrossSystemdReexec(t *testing.T) {
 	if u, err := s.Bus.Unit(ctx, "reexec.service"); err != nil || !active(u) || u.Invocation == before.Invocation {
 		t.Errorf("after the restart: %+v, %v; want a new invocation, running", u, err)
 	}
+}
+
+// An operator stops a unit for maintenance (`systemctl stop kubelet`) that
+// does not stop within its TimeoutStopSec (a hung kubelet, the very case
+// an operator steps in for): systemd kills it, and the stop leaves it
+// failed (result "timeout"), not inactive, and does not restart it. The
+// probes that fail meanwhile find the stop job ("systemd is stopping"); once
+// it ended failed the unit is as stopped as an inactive one: not restarted
+// ("not restarted: ... was stopped"), and it stays down until someone starts
+// it. Before, the next failed probe restarted it: the daemon fought the
+// operator.
+func TestRepairLeavesAStopThatEndedFailedAlone(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const unit = "hardstop.service"
+	if err := s.AddUnit(ctx, unit, "[Unit]\nDefaultDependencies=no\n[Service]\nExecStartPre=/bin/rm -f /run/hardstop-trapped\nExecStart=/bin/sh -c 'trap \"\" TERM; touch /run/hardstop-trapped; while :; do sleep 0.2; done'\nTimeoutStopSec=1\nRestart=always\nRestartSec=100ms\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, unit)
+	waitUnit(t, s, unit, "up", active)
+	// Its shell ignores SIGTERM only once it ran the trap: a stop before
+	// that stops it cleanly.
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		if _, err := os.Stat(s.Root("/run/hardstop-trapped")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the unit's shell did not set its trap")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a file the unit writes
+	}
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.StopUnit(ctx, unit) }()
+	waitUnit(t, s, unit, "the operator's stop job", func(u systemd.Unit) bool { return u.JobType == "stop" })
+	// A probe fails while the stop runs (every 10 s for kubelet).
+	if res, msg := r.Repair(ctx, unit, 0, "probe failed"); res != checks.RepairUnitStopping {
+		t.Errorf("repair while the operator's stop runs: %s %q", res, msg)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	u := waitUnit(t, s, unit, "the stop ended", func(u systemd.Unit) bool { return u.Job == 0 })
+	if u.ActiveState != "failed" || u.Result != "timeout" {
+		t.Fatalf("a stop that timed out: %+v, want failed with result timeout", u)
+	}
+	res, msg := r.Repair(ctx, unit, 0, "probe failed")
+	r.Wait()
+	if res != checks.RepairStopped || !strings.Contains(msg, "was stopped") {
+		t.Errorf("repair of a unit the operator stopped that ended failed: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+	if after, err := s.Bus.Unit(ctx, unit); err != nil || after.Invocation != u.Invocation || after.ActiveState != "failed" {
+		t.Errorf("after the repair: %+v, %v; want it left failed at %s", after, err, u.Invocation)
+	}
+	// Someone starts it again, and it fails on its own later: the stop is
+	// over, and a failed unit at a new invocation is the repairer's.
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	waitUnit(t, s, unit, "started again", active)
+	if res, msg := r.Repair(ctx, unit, 0, "probe failed"); res != checks.RepairRestarted {
+		t.Errorf("repair of a unit started again since the stop: %s %q", res, msg)
+	}
+	r.Wait()
 }
