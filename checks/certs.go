@@ -92,7 +92,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 			checked++
 			info.Subject, info.NotAfter = first.Subject.String(), first.NotAfter.UTC()
 			left := first.NotAfter.Sub(now)
-			info.DaysLeft = int(left.Hours() / 24)
+			info.DaysLeft = daysLeft(now, first.NotAfter)
 			if left < c.within {
 				info.Expiring = true
 				// No countdown: a message that changed at every run
@@ -139,6 +139,17 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		msg += "; not present: " + strings.Join(absent, ", ")
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: msg, Details: details}, nil
+}
+
+// daysLeft is the whole days from now to t, negative once t is past. It is
+// not counted from t.Sub(now): a time.Duration stops at about 292 years,
+// and RFC 5280's notAfter for a certificate "with no well-defined
+// expiration date", 99991231235959Z, is further than that (the left <
+// within above is right all the same: the saturated Duration is still past
+// the window).
+func daysLeft(now, t time.Time) int {
+	secs := float64(t.Unix()-now.Unix()) + float64(t.Nanosecond()-now.Nanosecond())/1e9
+	return int(secs / (24 * 60 * 60))
 }
 
 // readCertFile reads the certificates of a PEM file (the kubelet's

@@ -315,3 +315,40 @@ func TestCertDomainHasNoDaysLeftForAFileNotRead(t *testing.T) {
 		t.Errorf("certs domain:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// A certificate's daysLeft is the days to its notAfter, however far: RFC
+// 5280 gives 99991231235959Z to a certificate "with no well-defined
+// expiration date", and a time.Duration stops at about 292 years, so a
+// count made of one would say 106751 days of a notAfter 7973 years away
+// (and of one as far past). The report's notAfter and daysLeft agree.
+func TestCertDaysLeftOfAFarDate(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		notAfter time.Time
+		want     int
+	}{
+		// 2026-12-02 to 9999-12-02: 7973 years, 1933 of them leap years
+		// (every 4th of 2028..9996, less the 60 centuries not a 400th).
+		{"no well-defined expiration", time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), 7973*365 + 1933 + 29},
+		{"a year ahead", now.Add(365 * 24 * time.Hour), 365},
+		{"expired 400 years ago", time.Date(1626, 12, 2, 12, 0, 0, 0, time.UTC), -(400*365 + 97)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			leaf := newCertFixture(t, "ca", tc.notAfter, true, nil)
+			writeCertFile(t, root+kubeletClientPEM, leaf.certPEM())
+			env := testEnv(t, func(c *config.Config) {
+				c.HostRoot = root
+				c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
+			})
+			env.Now = func() time.Time { return now }
+			c, _ := newCertCheck(env)
+			r, _ := c.Probe(context.Background())
+			infos, _ := r.Details[0].Value.([]CertInfo)
+			if len(infos) != 1 || !infos[0].NotAfter.Equal(tc.notAfter) || infos[0].DaysLeft != tc.want {
+				t.Errorf("certs domain: %+v, want notAfter %s, daysLeft %d", infos, tc.notAfter.Format(time.RFC3339), tc.want)
+			}
+		})
+	}
+}
