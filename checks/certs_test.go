@@ -352,3 +352,31 @@ func TestCertDaysLeftOfAFarDate(t *testing.T) {
 		})
 	}
 }
+
+// A node with no certificate configured (certificates = []) has a certs
+// document that says so: "certs":[], not null, which jq and a Go client
+// read as the absent field of a check that has not run yet.
+func TestCertDomainOfNoCertificatesIsAnEmptyList(t *testing.T) {
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = t.TempDir()
+		c.Checks.CertRenewalFailing.Certificates = nil
+	})
+	c, _ := newCertCheck(env)
+	r, err := c.Probe(context.Background())
+	if err != nil || r.Reason != report.ReasonNothingToCheck {
+		t.Fatalf("got %s/%s %q, error %v; want Unknown/NothingToCheck", r.Status, r.Reason, r.Message, err)
+	}
+	d := report.NewDetails()
+	d.Replace("CertRenewalFailing", r.Details)
+	docs, err := d.Documents(time.Now(), report.RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(docs[report.AnnotationPrefix+"certs"]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if string(doc["certs"]) != "[]" {
+		t.Errorf("certs document %s, want \"certs\":[]", docs[report.AnnotationPrefix+"certs"])
+	}
+}

@@ -385,6 +385,12 @@ func renderCapped(now time.Time, role Role, bootID string, fields map[string]any
 			v = sh.Shrink(limit)
 		}
 		rv := reflect.ValueOf(v)
+		if rv.Kind() == reflect.Slice && rv.IsNil() {
+			// A list collected empty is [], an answer ("none"): null
+			// reads as the absent field of "no data yet" (jq, a Go
+			// client's slice).
+			v = reflect.MakeSlice(rv.Type(), 0, 0).Interface()
+		}
 		if rv.Kind() == reflect.Slice && rv.Len() > limit {
 			doc[k+"Truncated"] = rv.Len() - limit
 			v = cut(rv, limit).Interface()

@@ -236,3 +236,33 @@ func TestDocumentCutKeepsProblemEntries(t *testing.T) {
 		t.Errorf("uncut list written as %v (%d left out), want %v", names(kept), left, names(es))
 	}
 }
+
+// A list a check collected empty is written [], never null: to jq (.certs,
+// .certs[] | ...) and to a Go client decoding into a slice, null is what an
+// absent field reads as too, so a node with no certificate configured or no
+// filesystem measured would read as "no data yet", and `.certs[]` would
+// stop with "Cannot iterate over null". The field is there: the check
+// answered "none".
+func TestDocumentEmptyListIsNotNull(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for _, limit := range []int{MaxListLen, 0} {
+		b, err := renderCapped(now, RoleWorker, "boot", map[string]any{
+			"filesystems": []problemEntry(nil), "volumeGroups": []problemEntry{},
+		}, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"filesystems", "volumeGroups"} {
+			if string(m[f]) != "[]" {
+				t.Errorf("limit %d: %s = %s, want []\n%s", limit, f, m[f], b)
+			}
+			if _, ok := m[f+"Truncated"]; ok {
+				t.Errorf("limit %d: %sTruncated in %s", limit, f, b)
+			}
+		}
+	}
+}
