@@ -21,6 +21,20 @@ type nodeServiceDown struct {
 	units []string
 }
 
+// OperabilityUnit is one unit in the services report's
+// operabilityServices: the unit as systemd reports it.
+type OperabilityUnit struct {
+	systemd.Unit
+	// Down: it is not active (not installed counts), the check's True
+	// (set by Probe; not in the report: Problem).
+	Down bool `json:"-"`
+}
+
+// Problem reports whether the unit is down: not only a failed unit (the
+// systemd.Unit's Problem) but a stopped or missing one is what the
+// condition names, and its entry is kept when the list is cut.
+func (u OperabilityUnit) Problem() bool { return u.Down }
+
 func newNodeServiceDown(env *Env) (Check, error) {
 	c := env.Config.Checks.NodeServiceDown
 	units := c.WorkerUnits
@@ -39,12 +53,15 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 		return Result{}, errNoSystemd
 	}
 	var down []string
-	states, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
+	units, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
 	if err != nil {
 		return Result{}, err
 	}
-	for _, u := range states {
+	states := make([]OperabilityUnit, 0, len(units))
+	for _, u := range units {
 		name := u.Name
+		// The unit a True names is kept first when the list is cut.
+		states = append(states, OperabilityUnit{Unit: u, Down: u.LoadState == "not-found" || !isActive(u.ActiveState)})
 		switch {
 		case u.LoadState == "not-found":
 			down = append(down, name+" is not installed")

@@ -94,6 +94,65 @@ func TestReportListCutKeepsTheProblemEntries(t *testing.T) {
 			t.Errorf("storage document keeps %d filesystems (last %+v), %s left out; want the full /m39 kept", len(fss), fss[len(fss)-1], m["filesystemsTruncated"])
 		}
 	})
+
+	// ServiceNotRecovering names a critical unit restarted 3 times since
+	// its last run: it is active again (flapping), not failed.
+	t.Run("flapping critical unit", func(t *testing.T) {
+		var units []string
+		var states []systemd.Unit
+		for i := range 40 {
+			units = append(units, fmt.Sprintf("crit%02d.service", i))
+			states = append(states, running(units[i]))
+		}
+		m := newFakeManager(states...)
+		env := testEnv(t, func(c *config.Config) { c.Checks.ServiceNotRecovering.WorkerUnits = units })
+		env.Systemd = m
+		env.Units = NewUnitWatch(nil, nil)
+		c, _ := newServiceNotRecovering(env)
+		if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusFalse {
+			t.Fatalf("baseline: %+v %v", r, err)
+		}
+		m.crash(units[39], 3)
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Reason != report.ReasonUnitFlapping {
+			t.Fatalf("got %s/%s %q, error %v", r.Status, r.Reason, r.Message, err)
+		}
+		m2 := document(t, r.Details, "services")
+		var got []systemd.Unit
+		json.Unmarshal(m2["services"], &got)
+		if len(got) != report.MaxListLen || string(m2["servicesTruncated"]) != "8" || got[len(got)-1].Name != units[39] {
+			t.Errorf("services document keeps %d critical units (last %+v), %s left out; want %s, which the condition names, kept",
+				len(got), got[len(got)-1], m2["servicesTruncated"], units[39])
+		}
+	})
+
+	// NodeServiceDown names an operability unit that is not active, failed
+	// or not: one stopped (inactive/dead) or not installed is its cause.
+	t.Run("operability units", func(t *testing.T) {
+		var units []string
+		var states []systemd.Unit
+		for i := range 40 {
+			units = append(units, fmt.Sprintf("op%02d.service", i))
+			states = append(states, running(units[i]))
+		}
+		states[38].ActiveState, states[38].SubState = "inactive", "dead"
+		states[39].LoadState, states[39].ActiveState, states[39].SubState = "not-found", "inactive", "dead"
+		env := testEnv(t, func(c *config.Config) { c.Checks.NodeServiceDown.WorkerUnits = units })
+		env.Systemd = newFakeManager(states...)
+		c, _ := newNodeServiceDown(env)
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Reason != report.ReasonUnitNotActive {
+			t.Fatalf("got %s/%s %q, error %v", r.Status, r.Reason, r.Message, err)
+		}
+		m := document(t, r.Details, "services")
+		var got []systemd.Unit
+		json.Unmarshal(m["operabilityServices"], &got)
+		if len(got) != report.MaxListLen || string(m["operabilityServicesTruncated"]) != "8" ||
+			got[len(got)-2].Name != units[38] || got[len(got)-1].Name != units[39] {
+			t.Errorf("services document keeps %d operability units (last two %+v), %s left out; want %s and %s, which the condition names, kept",
+				len(got), got[len(got)-2:], m["operabilityServicesTruncated"], units[38], units[39])
+		}
+	})
 }
 
 // The entries of the report's lists that know they are a problem.
@@ -122,6 +181,9 @@ func TestReportEntriesKnowTheirProblems(t *testing.T) {
 		{"unit failed", systemd.Unit{Name: "kubelet.service", ActiveState: "failed"}, true},
 		{"service failed", ServiceState{Unit: systemd.Unit{Name: "containerd.service", ActiveState: "failed"}}, true},
 		{"service activating", ServiceState{Unit: systemd.Unit{Name: "containerd.service", ActiveState: "activating"}}, false},
+		{"service flapping or not helped by its repairs", ServiceState{Unit: systemd.Unit{Name: "containerd.service", ActiveState: "active"}, NotRecovering: true}, true},
+		{"operability unit active", OperabilityUnit{Unit: systemd.Unit{Name: "syself-tunnel-agent.service", ActiveState: "active"}}, false},
+		{"operability unit down", OperabilityUnit{Unit: systemd.Unit{Name: "syself-tunnel-agent.service", ActiveState: "inactive"}, Down: true}, true},
 	} {
 		if got := tc.entry.Problem(); got != tc.want {
 			t.Errorf("%s: Problem() = %v, want %v", tc.name, got, tc.want)

@@ -47,7 +47,16 @@ func newServiceNotRecovering(env *Env) (Check, error) {
 type ServiceState struct {
 	systemd.Unit
 	Repair *RepairStatus `json:"repair,omitempty"`
+	// NotRecovering: the check's True names it, failed or not (restarted
+	// threshold times since the last run, or repaired as often in a row
+	// without help); set by Probe, not in the report: Problem.
+	NotRecovering bool `json:"-"`
 }
+
+// Problem reports whether the unit is one the condition names: failed,
+// flapping or not helped by its repairs. Its entry is kept when the list
+// is cut, though a flapping unit is active again.
+func (s ServiceState) Problem() bool { return s.Unit.Problem() || s.NotRecovering }
 
 var errNoSystemd = errors.New("systemd is not reachable over D-Bus")
 
@@ -89,10 +98,11 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		}
 		n, auto := c.watch.PendingAuto(snrMark, name)
 		marks[name] = auto
+		st := ServiceState{Unit: u}
 		if n >= uint64(max(c.threshold, 1)) {
 			flapping = append(flapping, fmt.Sprintf("%s restarted %d times since the last check", name, n))
+			st.NotRecovering = true
 		}
-		st := ServiceState{Unit: u}
 		if c.env.Repair != nil {
 			rs := c.env.Repair.Status(name)
 			st.Repair = &rs
@@ -103,6 +113,7 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 				// changed the condition, and so the Node's status, at every
 				// run. The count is in the services report (repair).
 				notHelping = append(notHelping, fmt.Sprintf("%s was repaired %d+ times in a row and is still unhealthy", name, c.threshold))
+				st.NotRecovering = true
 			}
 		}
 		states = append(states, st)
