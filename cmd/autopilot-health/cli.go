@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 )
 
 // Exit codes.
@@ -98,9 +99,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "manifests":
 		return cmdManifests(rest, stdout, stderr)
 	case "version", "--version":
-		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help") {
-			fmt.Fprintln(stdout, "Usage: autopilot-health version\n  print the version and the Go version it was built with")
-			return exitOK
+		fs := newFlags("version", "version", stderr)
+		fs.Usage = func() {
+			fmt.Fprintln(fs.Output(), "Usage: autopilot-health version\n  print the version and the Go version it was built with")
+		}
+		if code := parseFlags(fs, rest, stdout); code >= 0 {
+			return code
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "autopilot-health version: unexpected argument %q\n", fs.Arg(0))
+			return exitError
 		}
 		fmt.Fprintf(stdout, "autopilot-health %s (%s)\n", Version(), runtime.Version())
 		return exitOK
@@ -155,6 +163,16 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) int {
 		fs.Usage()
 		err = flag.ErrHelp
 	}
+	if err == nil {
+		// A flag of this command after a positional argument, where the
+		// flag package stops reading flags ("kmsg replay - --json"): named
+		// as such, not left to be taken for a second FILE or KIND.
+		if f, arg := flagAfterArgument(fs, args); f != "" {
+			err = fmt.Errorf("autopilot-health %s: flag %s after the argument %q is not read as a flag: flags go before any argument", fs.Name(), f, arg)
+			fmt.Fprintln(&out, err)
+			fs.Usage()
+		}
+	}
 	fs.SetOutput(stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		stdout.Write(out.Bytes())
@@ -165,4 +183,33 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) int {
 		return exitError
 	}
 	return -1
+}
+
+// flagAfterArgument returns the first of fs's remaining arguments that
+// names one of its flags (-name, --name, --name=value), and the positional
+// argument the flags stopped at; "" when there is none, or when "--" ended
+// the flags on purpose (a file named like a flag).
+func flagAfterArgument(fs *flag.FlagSet, args []string) (string, string) {
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return "", ""
+	}
+	if i := len(args) - len(rest); i > 0 && args[i-1] == "--" {
+		return "", ""
+	}
+	for _, a := range rest[1:] {
+		if a == "--" {
+			break
+		}
+		name, ok := strings.CutPrefix(a, "-")
+		if !ok || name == "" {
+			continue
+		}
+		name = strings.TrimPrefix(name, "-")
+		name, _, _ = strings.Cut(name, "=")
+		if name != "" && fs.Lookup(name) != nil {
+			return a, rest[0]
+		}
+	}
+	return "", ""
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 
 	"github.com/syself/autopilot-health/internal/config"
 )
@@ -12,32 +14,41 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
 		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", stdout, stderr)
 	}
-	// A subcommand's --help is its usage, on stdout with exit 0, as every
-	// command's: not the defaults, nor a file named "--help" to validate.
-	if len(args) > 1 && (args[1] == "--help" || args[1] == "-h") {
-		switch args[0] {
-		case "default":
-			fmt.Fprintln(stdout, "Usage: autopilot-health config default\n  print the default configuration, every key commented")
-			return exitOK
-		case "validate":
-			fmt.Fprintln(stdout, "Usage: autopilot-health config validate FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not")
+	// Each subcommand's flags are parsed as every command's: its --help,
+	// also after FILE, is its usage on stdout with exit 0 (not the defaults,
+	// nor a file named "--help" to validate); a flag it does not take, or
+	// a stray argument, is bad usage (exit 2), not ignored or read as FILE.
+	usages := map[string]string{
+		"default":  "Usage: autopilot-health config default\n  print the default configuration, every key commented",
+		"validate": "Usage: autopilot-health config validate FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not",
+	}
+	if text, ok := usages[args[0]]; ok {
+		fs := newFlags("config "+args[0], "config "+args[0], stderr)
+		fs.Usage = func() { fmt.Fprintln(fs.Output(), text) }
+		if code := parseFlags(fs, args[1:], stdout); code >= 0 {
+			return code
+		}
+		if args[0] == "default" {
+			if fs.NArg() > 0 {
+				fmt.Fprintf(stderr, "autopilot-health config default: unexpected argument %q\n", fs.Arg(0))
+				return exitError
+			}
+			stdout.Write(config.DefaultTOML())
 			return exitOK
 		}
-	}
-	switch args[0] {
-	case "default":
-		stdout.Write(config.DefaultTOML())
-		return exitOK
-	case "validate":
-		if len(args) != 2 {
+		if fs.NArg() != 1 {
+			if fs.NArg() > 1 {
+				fmt.Fprintf(stderr, "autopilot-health config validate: one FILE, got %d: %s\n", fs.NArg(), quoteAll(fs.Args()))
+			}
 			fmt.Fprintln(stderr, "Usage: autopilot-health config validate FILE")
 			return exitError
 		}
-		if _, _, err := config.Load(args[1], false); err != nil {
+		file := fs.Arg(0)
+		if _, _, err := config.Load(file, false); err != nil {
 			fmt.Fprintln(stderr, err)
 			return exitError
 		}
-		fmt.Fprintf(stdout, "%s: valid\n", args[1])
+		fmt.Fprintf(stdout, "%s: valid\n", file)
 		return exitOK
 	}
 	fmt.Fprintf(stderr, "autopilot-health config: unknown subcommand %q (want default or validate)\n", args[0])
@@ -48,4 +59,13 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 // apply); an explicitly named file must exist.
 func loadConfig(path string, explicit bool) (*config.Config, bool, error) {
 	return config.Load(path, !explicit)
+}
+
+// quoteAll writes each argument quoted, separated by spaces.
+func quoteAll(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = strconv.Quote(a)
+	}
+	return strings.Join(q, " ")
 }

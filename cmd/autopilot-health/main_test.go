@@ -173,6 +173,9 @@ func TestHelpAfterAnArgument(t *testing.T) {
 		{"manifests", "alerts", "--help"},
 		{"kmsg", "replay", "/dev/null", "-h"},
 		{"check", "stray", "--help"},
+		{"config", "validate", "/etc/autopilot-health/config.toml", "--help"},
+		{"config", "default", "stray", "-h"},
+		{"version", "stray", "--help"},
 	} {
 		code, out, errs := run(t, args...)
 		if code != exitOK || errs != "" || !strings.HasPrefix(out, "Usage: autopilot-health "+args[0]) {
@@ -198,13 +201,73 @@ func TestHelpGoesToStdout(t *testing.T) {
 				t.Errorf("%s %s: exit %d, stdout %q, stderr %q", name, h, code, out, errs)
 			}
 		}
-		if cmd[0] == "tamper" && len(cmd) == 1 || cmd[0] == "config" || cmd[0] == "version" || cmd[0] == "kmsg" && len(cmd) == 1 {
-			continue // no flags of their own: a stray word is a subcommand or ignored
+		if cmd[0] == "tamper" && len(cmd) == 1 || cmd[0] == "config" && len(cmd) == 1 || cmd[0] == "kmsg" && len(cmd) == 1 {
+			continue // a stray word is a subcommand: TestStrayArgumentsAreRefused
 		}
 		code, out, errs := run(t, append(append([]string{}, cmd...), "--no-such-flag")...)
 		if code != exitError || out != "" || !strings.Contains(errs, "flag provided but not defined: -no-such-flag\nUsage: autopilot-health "+name) {
 			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, out, errs)
 		}
+	}
+}
+
+// TestStrayArgumentsAreRefused: a word or a flag a command does not take is
+// bad usage, exit 2 with nothing on stdout, also where the command has no
+// flags of its own: "config default --json | jq" must not get TOML and exit
+// 0, nor "version --short" a line it did not ask for.
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"version", "extra"}, `autopilot-health version: unexpected argument "extra"`},
+		{[]string{"--version", "--short"}, "flag provided but not defined: -short\nUsage: autopilot-health version"},
+		{[]string{"config", "default", "extra"}, `autopilot-health config default: unexpected argument "extra"`},
+		{[]string{"config", "default", "--json"}, "flag provided but not defined: -json\nUsage: autopilot-health config default"},
+		{[]string{"config", "validate", "--json", "c.toml"}, "flag provided but not defined: -json\nUsage: autopilot-health config validate FILE"},
+		{[]string{"config", "validate", "a.toml", "b.toml"}, `autopilot-health config validate: one FILE, got 2: "a.toml" "b.toml"`},
+		{[]string{"manifests", "--list", "alerts"}, `autopilot-health manifests: unexpected argument "alerts": --list takes none`},
+		{[]string{"tamper", "--bogus"}, `autopilot-health tamper: unknown command "--bogus"`},
+		{[]string{"kmsg", "--bogus"}, "Usage: autopilot-health kmsg replay"},
+		{[]string{"config", "--bogus"}, `autopilot-health config: unknown subcommand "--bogus"`},
+	} {
+		code, out, errs := run(t, c.args...)
+		if code != exitError || out != "" || !strings.Contains(errs, c.err) {
+			t.Errorf("%q: exit %d, stdout %.60q, stderr %q; want exit 2 and %q", c.args, code, out, errs, c.err)
+		}
+	}
+}
+
+// TestFlagAfterAnArgument: a flag written after an argument, where Go's flag
+// package stops reading flags, is named as such (exit 2, the usage on
+// stderr): not taken for a second FILE or KIND and answered with a bare
+// usage or "one KIND at a time", nor read as a file. After "--" it is an
+// argument.
+func TestFlagAfterAnArgument(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"kmsg", "replay", "-", "--json"}, `autopilot-health kmsg replay: flag --json after the argument "-" is not read as a flag: flags go before any argument` + "\nUsage: autopilot-health kmsg replay"},
+		{[]string{"kmsg", "replay", "/dev/null", "--config=/dev/null"}, `autopilot-health kmsg replay: flag --config=/dev/null after the argument "/dev/null" is not read as a flag`},
+		{[]string{"manifests", "alerts", "--list"}, `autopilot-health manifests: flag --list after the argument "alerts" is not read as a flag`},
+		{[]string{"check", "stray", "-json"}, `autopilot-health check: flag -json after the argument "stray" is not read as a flag`},
+	} {
+		code, out, errs := run(t, c.args...)
+		if code != exitError || out != "" || !strings.Contains(errs, c.err) {
+			t.Errorf("%q: exit %d, stdout %.60q, stderr %q; want exit 2 and %q", c.args, code, out, errs, c.err)
+		}
+	}
+	// After "--", a word like a flag is an argument, and is not named as a flag.
+	if code, _, errs := run(t, "manifests", "--", "alerts", "--list"); code != exitError || errs != "autopilot-health manifests: one KIND at a time, got 2\n" {
+		t.Errorf("manifests -- alerts --list: exit %d, stderr %q", code, errs)
+	}
+	dir := t.TempDir()
+	t.Chdir(dir)
+	os.WriteFile(filepath.Join(dir, "--json"), []byte("[    1.000000] hello\n"), 0o644)
+	code, out, errs := run(t, "kmsg", "replay", "--config", "/dev/null", "--", "--json")
+	if code != exitOK || !strings.Contains(errs, "1 lines read") {
+		t.Errorf("kmsg replay -- --json: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
 

@@ -14,6 +14,10 @@ func cmdManifests(args []string, stdout, stderr io.Writer) int {
 	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
 	}
+	if *list && fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autopilot-health manifests: unexpected argument %q: --list takes none\n", fs.Arg(0))
+		return exitError
+	}
 	if *list || fs.NArg() == 0 {
 		out := stdout
 		if !*list {
