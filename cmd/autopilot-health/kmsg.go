@@ -77,16 +77,26 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 		in = f
 	}
 	enc := json.NewEncoder(stdout)
+	// The table is flushed every replayFlushRows rows or replayFlushBytes
+	// bytes: a tabwriter holds every row until it is flushed, so a capture
+	// of millions of matching lines would be held whole in memory, and
+	// nothing printed until its end. Columns line up within each block.
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	rows, pending := 0, 0
 	st, err := kmsg.Replay(in, parts.Kmsg, func(a kmsg.Action) {
 		if *asJSON {
 			enc.Encode(a)
 			return
 		}
+		var n int
 		if a.Kind == "condition" {
-			fmt.Fprintf(tw, "condition\t%s=%s\t%s\t%s\n", a.Type, a.Status, a.Reason, a.Message)
+			n, _ = fmt.Fprintf(tw, "condition\t%s=%s\t%s\t%s\n", a.Type, a.Status, a.Reason, a.Message)
 		} else {
-			fmt.Fprintf(tw, "event\t\t%s\t%s\n", a.Reason, a.Message)
+			n, _ = fmt.Fprintf(tw, "event\t\t%s\t%s\n", a.Reason, a.Message)
+		}
+		if rows, pending = rows+1, pending+n; rows >= replayFlushRows || pending >= replayFlushBytes {
+			tw.Flush()
+			rows, pending = 0, 0
 		}
 	})
 	tw.Flush()
@@ -111,3 +121,9 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 	}
 	return exitOK
 }
+
+// The most rows and bytes of the replay's table held before it is written.
+const (
+	replayFlushRows  = 256
+	replayFlushBytes = 64 << 10
+)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -563,6 +564,56 @@ func TestUnitSecurity(t *testing.T) {
 		if m := unjustified(b, exposures); len(m) != 1 || m[0] != "UMask=" {
 			t.Errorf("%s without UMask=: unjustified exposures %q, want [UMask=]", u.name, m)
 		}
+	}
+}
+
+// firstWrite records how many input lines had been handed to the replay
+// when its first output arrived.
+type firstWrite struct {
+	written *atomic.Int64
+	at      atomic.Int64
+	n       atomic.Int64
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	if w.n.Add(int64(len(p))) == int64(len(p)) {
+		w.at.Store(w.written.Load())
+	}
+	return len(p), nil
+}
+
+// TestKmsgReplayTableStreams: the table of a replay is written while the
+// input is read, not held whole until its end: a capture of millions of
+// matching lines (a journal of a dying disk, 2 GB) would otherwise hold
+// every row in memory (about 4 bytes per byte of input) and print nothing
+// to "| head" until the whole file was read. The input comes through a
+// pipe, which holds a bounded part of it, so the first row must be out
+// while most of the input is still to be written.
+func TestKmsgReplayTableStreams(t *testing.T) {
+	const lines = 20000
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var written atomic.Int64
+	go func() {
+		defer w.Close()
+		for i := range lines {
+			if _, err := fmt.Fprintf(w, "[%d.000000] EXT4-fs error (device sda%d): ext4_find_entry:1455: inode #2: comm ls: reading directory lblock 0\n", i, i%10); err != nil {
+				return
+			}
+			written.Add(1)
+		}
+	}()
+	out := &firstWrite{written: &written}
+	var errb bytes.Buffer
+	code := Main([]string{"kmsg", "replay", "--config", "/dev/null", fmt.Sprintf("/dev/fd/%d", r.Fd())}, out, &errb)
+	if code != exitOK || !strings.Contains(errb.String(), fmt.Sprintf("%d lines read (dmesg), 0 skipped, %d actions", lines, lines)) {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	if at := out.at.Load(); at > lines/4 {
+		t.Errorf("the first row was written when %d of %d lines had been read: the table is held until the end", at, lines)
 	}
 }
 
