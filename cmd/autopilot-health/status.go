@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,12 +48,22 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		paths = socketCandidates(*cfgPath, flagSet(fs, "config"), func(c *config.Config) string { return c.Status.Socket })
 	}
 	var body []byte
-	var err error
+	var err, notSocket error
 	path := ""
 	for _, path = range paths {
-		if body, err = fetchStatus(path); !errors.Is(err, errNotRunning) {
+		body, err = fetchStatus(path)
+		if _, ok := err.(notASocketError); ok {
+			// The other candidate may answer; if none does, this is
+			// what the operator needs to know.
+			notSocket = cmp.Or(notSocket, err)
+			continue
+		}
+		if !errors.Is(err, errNotRunning) {
 			break
 		}
+	}
+	if errors.Is(err, errNotRunning) && notSocket != nil {
+		err = notSocket
 	}
 	if err != nil {
 		if errors.Is(err, errNotRunning) && len(paths) > 1 {
@@ -98,6 +109,11 @@ func fetchStatus(path string) ([]byte, error) {
 	if err != nil {
 		switch {
 		case errors.Is(err, os.ErrNotExist), errors.Is(err, errConnRefused):
+			if what := daemon.NotASocket(path); what != "" {
+				// A daemon that found this at start left it there and
+				// runs on without a status socket: not "not running".
+				return nil, notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there (a daemon that found it at start runs on without one and logged it: journalctl -u autopilot-health)", path, what))
+			}
 			return nil, fmt.Errorf("%w: nothing answers on %s (systemctl status autopilot-health)", errNotRunning, path)
 		case errors.Is(err, os.ErrPermission):
 			return nil, fmt.Errorf("%s: permission denied: the status socket is root's (run with sudo)", path)
@@ -303,3 +319,9 @@ var errConnRefused = syscall.ECONNREFUSED
 
 // errNotRunning: nothing answers on the status socket.
 var errNotRunning = errors.New("the daemon is not running")
+
+// notASocketError: something other than a socket is at the status
+// socket's path.
+type notASocketError string
+
+func (e notASocketError) Error() string { return string(e) }

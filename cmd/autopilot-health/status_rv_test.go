@@ -236,3 +236,28 @@ func TestTamperCommandsAsAnotherUser(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusOfASocketPathThatIsNotASocket: a file, a directory or a
+// symlink at the status socket's path is left there by the daemon, which
+// runs on without serving its status ("status" in README); status then
+// names what is there, never "the daemon is not running", which would be
+// false. Exit 2, as the command could not run.
+func TestStatusOfASocketPathThatIsNotASocket(t *testing.T) {
+	dir := t.TempDir()
+	file, sub, link := filepath.Join(dir, "file.sock"), filepath.Join(dir, "dir.sock"), filepath.Join(dir, "link.sock")
+	os.WriteFile(file, nil, 0o600)
+	os.Mkdir(sub, 0o700)
+	os.Symlink(filepath.Join(dir, "gone"), link)
+	for path, what := range map[string]string{file: "a regular file", sub: "a directory", link: "a symlink"} {
+		code, out, errs := run(t, "status", "--socket", path)
+		want := "autopilot-health status: " + path + " is not a socket but " + what + ": the daemon serves no status there"
+		if code != exitError || out != "" || !strings.HasPrefix(errs, want) || strings.Contains(errs, "not running") {
+			t.Errorf("status --socket %s: exit %d, stdout %q, stderr %q; want exit 2 and %q", path, code, out, errs, want)
+		}
+	}
+	// Nothing there: not running, as before.
+	gone := filepath.Join(dir, "gone.sock")
+	if code, _, errs := run(t, "status", "--socket", gone); code != exitError || !strings.Contains(errs, "the daemon is not running: nothing answers on "+gone) {
+		t.Errorf("status --socket %s: exit %d, stderr %q", gone, code, errs)
+	}
+}

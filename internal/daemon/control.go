@@ -104,18 +104,7 @@ func removeStaleSocket(path string) error {
 	if err != nil {
 		return err
 	}
-	if fi.Mode().Type() != os.ModeSocket {
-		what := "a " + fi.Mode().Type().String()
-		switch {
-		case fi.Mode().IsRegular():
-			what = "a regular file"
-		case fi.IsDir():
-			what = "a directory"
-		case fi.Mode()&os.ModeSymlink != 0:
-			what = "a symlink"
-		case fi.Mode()&os.ModeNamedPipe != 0:
-			what = "a FIFO"
-		}
+	if what := notASocket(fi); what != "" {
 		return fmt.Errorf("%s: not a socket but %s, left as it is (only a socket file left by a daemon that is gone is replaced): name another path or move it away", path, what)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -474,4 +463,32 @@ func RequestTamperClear(socket, reason, by string) ([]report.Condition, error) {
 		return a.Conditions, errors.New(a.Error)
 	}
 	return a.Conditions, nil
+}
+
+// NotASocket says what is at path when it is there and not a socket ("a
+// regular file", "a directory", "a symlink", ...), as the daemon, which
+// leaves it as it is and does not serve that socket, names it; "" when
+// nothing or a socket is there.
+func NotASocket(path string) string {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return ""
+	}
+	return notASocket(fi)
+}
+
+func notASocket(fi os.FileInfo) string {
+	switch {
+	case fi.Mode().Type() == os.ModeSocket:
+		return ""
+	case fi.Mode().IsRegular():
+		return "a regular file"
+	case fi.IsDir():
+		return "a directory"
+	case fi.Mode()&os.ModeSymlink != 0:
+		return "a symlink"
+	case fi.Mode()&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	}
+	return "a " + fi.Mode().Type().String()
 }
