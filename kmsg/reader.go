@@ -231,8 +231,14 @@ func bootWallOf(now time.Time) time.Time {
 }
 
 // bootWallEvery is how often at most the reader reads the wall time of
-// kernel time 0 again (see Run's bootWall).
+// kernel time 0 again (see Run's bootWall), unless the wall clock jumped.
 const bootWallEvery = time.Second
+
+// wallJump is how far the wall clock may move apart from the monotonic one
+// between two reads of the wall time of kernel time 0 before the next
+// record reads it again: a step of the wall clock, or a suspend, which the
+// wall clock counts and the monotonic one (the kernel's times) does not.
+const wallJump = 10 * time.Millisecond
 
 // bootWall is the wall time of kernel time 0 by the reader's wall clock.
 func (rd *Reader) bootWall() time.Time {
@@ -240,6 +246,15 @@ func (rd *Reader) bootWall() time.Time {
 		return bootWallOf(rd.Wall())
 	}
 	return BootWall()
+}
+
+// wallAt is the wall clock's reading at now, a time.Now() (rd.Wall's
+// reading instead when a test sets it).
+func (rd *Reader) wallAt(now time.Time) time.Time {
+	if rd.Wall != nil {
+		return rd.Wall()
+	}
+	return now
 }
 
 // caughtUp: every record the kernel held at the open is read, so what did
@@ -320,8 +335,16 @@ func (rd *Reader) Run(ctx context.Context) {
 	// may be stepped while the daemon runs (chrony's makestep after a boot
 	// whose RTC was off, a VM resumed after a pause), and read once at the
 	// start it dated every later record off by the step. Not for each
-	// record: a flood pays a clock read a second, not one a record.
+	// record: a flood pays a clock read a second, not one a record. Nor
+	// only once a second: the time read after each read(2) (now) holds the
+	// wall and the monotonic clock, and when the wall clock has moved
+	// apart from the monotonic one since the last read (a step; a suspend,
+	// which only the wall clock counts, so that a reader frozen less than a
+	// second after its last read found it "not a second yet" at the resume
+	// and dated the resume's records as long before as the node slept),
+	// the next record reads it again.
 	bootWall, bootWallAt := rd.bootWall(), time.Now()
+	bootWallWall := rd.wallAt(bootWallAt).Round(0)
 	buf := make([]byte, BufSize)
 	var lastErr string
 	warnedGather := false
@@ -475,8 +498,9 @@ func (rd *Reader) Run(ctx context.Context) {
 				}
 			}
 			unparsed = 0
-			if now.Sub(bootWallAt) >= bootWallEvery {
+			if mono := now.Sub(bootWallAt); mono >= bootWallEvery || (rd.wallAt(now).Round(0).Sub(bootWallWall)-mono).Abs() > wallJump {
 				bootWall, bootWallAt = rd.bootWall(), now
+				bootWallWall = rd.wallAt(now).Round(0)
 			}
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
 			last, haveLast = rec.Seq, true

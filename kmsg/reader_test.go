@@ -818,3 +818,52 @@ func TestRecordTimesFollowAWallClockStep(t *testing.T) {
 		near("the last record's wall time", last)
 	})
 }
+
+// A suspend (or a wall clock step) moves the wall clock but not the
+// monotonic one, which the kernel's times and the reader's "once a second"
+// follow: the records read right after the resume (a suspend freezes the
+// daemon just after it read the "PM: suspend entry" lines, so it had read
+// the wall clock less than a second of monotonic time before) were dated by
+// the wall time of kernel time 0 read before the suspend, as long before as
+// the suspend lasted.
+func TestRecordTimesFollowASuspend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var suspended atomic.Int64 // how long the node slept: the wall clock moved, the monotonic clock did not
+		wall := func() time.Time { return time.Now().Add(time.Duration(suspended.Load())) }
+		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;PM: suspend entry (deep)\n")}, more: make(chan struct{}, 1)}
+		store := report.NewStore("b")
+		evs := &eventTimes{}
+		store.Observe(evs)
+		mon := NewMonitor(opts(t, store))
+		mon.Start(wall(), wall())
+		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+			ReadTimeout: 10 * time.Second, Wall: wall, Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		time.Sleep(300 * time.Millisecond) // caught up, well within a second of the last record
+		suspended.Store(int64(8 * time.Hour))
+		usec := MonotonicNow() // the kernel's time of the record: now
+		dev.mu.Lock()
+		dev.recs = append(dev.recs,
+			fmt.Appendf(nil, "3,2,%d,-;ata1.00: exception Emask 0x10 SAct 0x0 SErr 0x4050000 action 0xe frozen\n", usec))
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		synctest.Wait()
+		want := wall().Round(0)
+		evs.mu.Lock()
+		at, ok := evs.times["AtaError"]
+		evs.mu.Unlock()
+		if !ok {
+			t.Fatal("no AtaError event")
+		}
+		if d := at.Round(0).Sub(want); d < -2*time.Second || d > 2*time.Second {
+			t.Errorf("the AtaError event logged after the resume: %s, want about %s (off by %s)", at.Round(0), want, -d)
+		}
+		_, _, last, _ := mon.LastRecord()
+		if d := last.Round(0).Sub(want); d < -2*time.Second || d > 2*time.Second {
+			t.Errorf("the last record's wall time: %s, want about %s", last.Round(0), want)
+		}
+	})
+}
