@@ -75,7 +75,8 @@ type ReplayStats struct {
 // Bare messages (dmesg -t, journalctl -o cat) are expected when the first
 // kernel line is one; otherwise a line in no known form is counted as
 // Unknown, not matched, except an indented line after a prefixed one,
-// which continues a multi-line message and is skipped. A first line that
+// which continues a multi-line record: joined to its message (as the
+// kernel's record has it), and counted skipped. A first line that
 // begins like a time or priority of no known form is Unknown too, and so
 // is a line longer than maxLine (it does not end the replay).
 func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
@@ -91,6 +92,22 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 		bare
 	)
 	mode := undecided
+	// pend is the last prefixed line's record, handled once the next line
+	// is not one of its continuations (dmesg and journalctl print a
+	// record's later lines indented): they are joined to its message as
+	// the kernel's record has them, so that a rule over several lines
+	// (GpuFallenOffBus's three) matches as in the daemon. pendMsg owns the
+	// message (the line's buffer is reused).
+	var pend Record
+	var pendMsg []byte
+	havePend := false
+	handlePend := func() {
+		if havePend {
+			pend.Message = pendMsg
+			mon.Handle(pend, base.Add(time.Duration(pend.Usec)*time.Microsecond))
+			havePend = false
+		}
+	}
 	unknown := func(line []byte) {
 		st.Unknown++
 		if st.FirstUnknown == "" {
@@ -106,11 +123,13 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 			return st, fmt.Errorf("reading input: %w", err)
 		}
 		if b == nil {
+			handlePend()
 			break
 		}
 		st.Lines++
 		if long {
 			// Longer than any kernel record: no form, not matched.
+			handlePend()
 			unknown(b)
 			continue
 		}
@@ -126,8 +145,14 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 			}
 		case mode == prefixed:
 			if b[0] == ' ' || b[0] == '\t' {
-				st.Skipped++ // a continuation line
+				st.Skipped++ // a continuation line, not a record
+				if havePend && len(pendMsg) < BufSize {
+					// The kernel's escape of the newline, as the
+					// record's message has it (Handle decodes it).
+					pendMsg = append(append(pendMsg, `\x0a`...), bytes.TrimLeft(b, " \t")...)
+				}
 			} else {
+				handlePend() // the indented lines after this one are not its
 				unknown(b)
 			}
 			continue
@@ -147,6 +172,12 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 			lastUsec += min(l.Usec, maxUsec-lastUsec)
 		}
 		l.Usec = lastUsec
+		handlePend()
+		if mode == prefixed {
+			pend, havePend = l.Record, true
+			pendMsg = append(pendMsg[:0], l.Message...)
+			continue
+		}
 		mon.Handle(l.Record, base.Add(time.Duration(l.Usec)*time.Microsecond))
 	}
 	return st, nil

@@ -112,6 +112,9 @@ func FuzzReplay(f *testing.F) {
 		b, _ := os.ReadFile("testdata/replay/" + p)
 		f.Add(b)
 	}
+	if b, err := os.ReadFile("testdata/multiline/dmesg-T.txt"); err == nil {
+		f.Add(b) // indented continuation lines
+	}
 	f.Add([]byte("[  +9999999999999.9] x\n[<99999999999999.999999>] y\n1796238424.278559 h kernel: z\n"))
 	o := opts(f, nil)
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -124,4 +127,39 @@ func FuzzReplay(f *testing.F) {
 			t.Fatalf("stats %+v", st)
 		}
 	})
+}
+
+// A record of several lines (the NVIDIA driver's GPU that fell off the bus
+// as it loads, GpuFallenOffBus's three lines) is one record in the kernel
+// log, which the daemon matches whole; dmesg and journalctl print its
+// lines after the first indented. Captured from this machine's real dmesg
+// of the record written to /dev/kmsg (testdata/multiline/): each form
+// sets the condition, as the raw record does, with the kernel's message.
+// Before, the indented lines were skipped, and a replay of the dmesg of a
+// node whose GPU fell off the bus said nothing.
+func TestReplayJoinsAMultiLineRecord(t *testing.T) {
+	const want = `{"kind":"condition","type":"GpuFallenOffBus","status":"True","reason":"GpuFellOffBus","message":"NVRM: The NVIDIA GPU 0000:3b:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands."}`
+	for _, f := range []string{"kmsg-raw.txt", "dmesg.txt", "dmesg-T.txt", "dmesg-x.txt"} {
+		in, err := os.Open(filepath.Join("testdata/multiline", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := opts(t, report.NewStore("replay"))
+		o.GPU = true // as kmsg replay's monitor is
+		var got []string
+		st, err := Replay(in, NewMonitor(o), func(a Action) {
+			b, _ := json.Marshal(a)
+			got = append(got, string(b))
+		})
+		in.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("%s: actions %q, want [%s]", f, got, want)
+		}
+		if st.Unknown != 0 {
+			t.Errorf("%s: %d unknown lines (%s)", f, st.Unknown, st.FirstUnknown)
+		}
+	}
 }
