@@ -14,6 +14,9 @@ type Metrics struct {
 	parseErrors prometheus.Counter
 	up          prometheus.Gauge
 	reopens     prometheus.Counter
+	// hungTaskWarnings has no labels: its one series is absent while the
+	// sysctl cannot be read (Reset).
+	hungTaskWarnings *prometheus.GaugeVec
 }
 
 // NewMetrics creates the monitor's metrics and registers them on reg (may
@@ -46,9 +49,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: report.Namespace, Name: "kmsg_reopens_total",
 			Help: "Times /dev/kmsg was reopened after a read error.",
 		}),
+		hungTaskWarnings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: report.Namespace, Name: "kernel_hung_task_warnings",
+			Help: "kernel.hung_task_warnings: hung-task reports the kernel still prints in this boot (-1 unlimited; at 0 a hung critical task is not logged and KernelDeadlock cannot be set). Absent where it cannot be read.",
+		}, nil),
 	}
 	if reg != nil {
-		reg.MustRegister(m.records, matched, m.lost, m.parseErrors, m.up, m.reopens)
+		reg.MustRegister(m.records, matched, m.lost, m.parseErrors, m.up, m.reopens, m.hungTaskWarnings)
 	}
 	return m
 }

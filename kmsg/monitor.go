@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -39,8 +40,14 @@ type Options struct {
 	// (/proc/<pid>/cgroup) is under the kubelet's pod hierarchy is a
 	// pod's, not KernelDeadlock (see pods). "": no lookup (a replay of
 	// another host's lines), every critical task's name counts.
+	//
+	// The monitor also reads kernel.hung_task_warnings there (see
+	// hungWarnings); "": not read.
 	Proc       string
 	Registerer prometheus.Registerer
+	// Log takes the monitor's own lines (kernel.hung_task_warnings at 0);
+	// nil: discarded.
+	Log *slog.Logger
 }
 
 // DefaultIgnoreDevices are block devices whose I/O errors are not disk
@@ -65,6 +72,7 @@ type Monitor struct {
 	window  window
 	devices devices
 	pods    pods
+	hung    hungWarnings
 	buf     []byte
 	matches []Match
 	// bootWall is the wall time of usec 0 (for event times).
@@ -91,7 +99,11 @@ func NewMonitor(o Options) *Monitor {
 	if o.IgnoreDevices == nil {
 		o.IgnoreDevices = DefaultIgnoreDevices
 	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
 	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}, pods: newPods(o.Proc)}
+	mon.hung = newHungWarnings(o.Proc, o.Log, mon.m)
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)
 	mon.gpu.Store(o.GPU)
@@ -224,6 +236,7 @@ func (mon *Monitor) LastRecord() (seq, usec uint64, at time.Time, ok bool) {
 // condition, the kernel's part has no data yet.
 func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	mon.bootWall = bootWall
+	mon.hung.read(now)
 	for _, t := range mon.Conditions() {
 		if _, ok := mon.o.Store.Get(t); ok {
 			continue
@@ -311,6 +324,10 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		return
 	}
 	mon.buf = Unescape(mon.buf[:0], r.Message)
+	if isHungReport(mon.buf) {
+		// The kernel counted this report down before printing it.
+		mon.hung.read(at)
+	}
 	mon.matches = set.rules.Matches(mon.matches[:0], mon.buf)
 	if len(mon.matches) == 0 {
 		return
@@ -374,7 +391,12 @@ func (s *settings) ignored(dev string) bool {
 
 // Tick re-evaluates the I/O error window at kernel time nowUsec, so that
 // DisksFailure clears once the errors have aged out of the window.
-func (mon *Monitor) Tick(nowUsec uint64, now time.Time) { mon.evalWindow(nowUsec, now) }
+// While kernel.hung_task_warnings is 0 it is read again, at most once a
+// minute.
+func (mon *Monitor) Tick(nowUsec uint64, now time.Time) {
+	mon.evalWindow(nowUsec, now)
+	mon.hung.tick(now)
+}
 
 // evalWindow sets the kernel's part of DisksFailure (the catalog row's part
 // of source kmsg) from the disk I/O errors within the window.

@@ -146,6 +146,7 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 			// nor its processes which of their hung tasks were a pod's.
 			ko.KernelOnly, ko.Sysfs, ko.Proc = false, "", ""
 		}
+		ko.Log = log.With("component", "kmsg")
 		p.Kmsg = kmsg.NewMonitor(ko)
 	}
 	p.initMetrics(env, nil)

@@ -205,6 +205,19 @@ func daemonRules() []rule {
 			},
 		},
 		{
+			// kernel.hung_task_warnings at 0: the kernel prints no more
+			// hung-task reports this boot, so KernelDeadlock cannot turn
+			// True. Absent (not readable) is not 0.
+			Alert:  "AutopilotHealthKernelHungTaskReportsExhausted",
+			Expr:   "autopilot_health_kernel_hung_task_warnings == 0",
+			For:    "10m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "the kernel prints no more hung-task reports on node {{ $labels.node }}",
+				"description": "kernel.hung_task_warnings has been 0 for 10 minutes: the kernel has printed as many hung-task reports as it allows in this boot (10 by default) and prints no more, so a hung kubelet, containerd or runc is not logged and KernelDeadlock stays False until the next boot. Set kernel.hung_task_warnings=-1 (unlimited) in the node image's sysctl.d; on this node: sysctl -w kernel.hung_task_warnings=-1. dmesg shows the hung tasks reported so far.",
+			},
+		},
+		{
 			Alert:  "AutopilotHealthKernelLogLost",
 			Expr:   "increase(autopilot_health_kmsg_lost_records_total[10m]) > 0",
 			Labels: lbl("warning"),

@@ -243,6 +243,12 @@ func daemonTests() promTest {
 			{daemon("process_start_time_seconds", "once", ""), strings.Join(onceStarted, " ")},
 			{daemon("autopilot_health_healthy", "wedged", ""), "1+0x2 0+0x37"},
 			{daemon("autopilot_health_kmsg_reader_up", "blind", ""), "0+0x40"},
+			// kernel.hung_task_warnings: "up" has reports left; "spent"
+			// prints its last one at minute 5 (and an operator sets -1 at
+			// minute 30); "flapped" is 0 for 9 minutes only.
+			{daemon("autopilot_health_kernel_hung_task_warnings", "up", ""), "-1+0x40"},
+			{daemon("autopilot_health_kernel_hung_task_warnings", "spent", ""), "2+0x4 0+0x24 -1+0x10"},
+			{daemon("autopilot_health_kernel_hung_task_warnings", "flapped", ""), "1+0x2 0+0x8 -1+0x28"},
 			// Ready: "lost" unreachable (Unknown), "ok" Ready.
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "unknown"}), "1+0x40"},
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "true"}), "0+0x40"},
@@ -274,6 +280,9 @@ func daemonTests() promTest {
 			{EvalTime: "15m", Alertname: "AutopilotHealthDaemonRestarting", ExpAlerts: []promAlert{exp("AutopilotHealthDaemonRestarting", daemonNode("flaky"))}},
 			{EvalTime: "9m", Alertname: "AutopilotHealthKernelLogUnreadable"},
 			{EvalTime: "10m", Alertname: "AutopilotHealthKernelLogUnreadable", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogUnreadable", daemonNode("blind"))}},
+			{EvalTime: "14m", Alertname: "AutopilotHealthKernelHungTaskReportsExhausted"},
+			{EvalTime: "15m", Alertname: "AutopilotHealthKernelHungTaskReportsExhausted", ExpAlerts: []promAlert{exp("AutopilotHealthKernelHungTaskReportsExhausted", daemonNode("spent"))}},
+			{EvalTime: "30m", Alertname: "AutopilotHealthKernelHungTaskReportsExhausted"},
 			{EvalTime: "19m", Alertname: "AutopilotHealthKernelLogLost"},
 			{EvalTime: "21m", Alertname: "AutopilotHealthKernelLogLost", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogLost", daemonNode("up"))}},
 			{EvalTime: "38m", Alertname: "AutopilotHealthKernelLogLost"},
