@@ -455,6 +455,14 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		v, last := scrapeMetric("autopilot_health_kmsg_reader_up")
 		return v == 1, last
 	})
+	// kernel.hung_task_warnings, read through ProtectKernelTunables= (a
+	// read-only /proc/sys, still readable): the host's value, not absent.
+	if b, err := os.ReadFile("/proc/sys/kernel/hung_task_warnings"); err == nil {
+		want, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		if v, last := scrapeMetric("autopilot_health_kernel_hung_task_warnings"); v != want || strings.HasSuffix(last, " not exposed") {
+			t.Errorf("%s, want %v (the host's kernel.hung_task_warnings)", last, want)
+		}
+	}
 	// Served once the port was free: the status line drops its note, and
 	// the unit never restarted.
 	eventually(t, 10*time.Second, "STATUS= without the metrics note", func() (bool, string) {
