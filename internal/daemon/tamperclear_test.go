@@ -57,26 +57,20 @@ func onDisk(t *testing.T, dir, boot string) (kept, baseline string) {
 	return kept, baseline
 }
 
-// A daemon killed (SIGKILL, a crash, a power loss) at any point of an
-// operator's clear finds no false BaselineCorrupt at its start: after each
-// write of state.json and of tamper.json, the digest state.json keeps is
-// none or the baseline tamper.json holds. Before, the clear wrote
-// tamper.json without the baseline while state.json kept the old digest
-// (until the check's next run and the persister's save a second after
-// it), and the check's next run wrote the new baseline with state.json
-// still naming the old one: a restart in either window set NodeTampered
-// True, BaselineCorrupt ("this boot's baseline ... is gone from the tamper
-// state", "... was replaced by ..."), on a node the operator had just
-// cleared. A tamper.json edited after the clear is still detected: the
-// new baseline's digest is kept once it is written.
-func TestTamperClearLeavesNoCrashPointWithAFalseBaselineCorrupt(t *testing.T) {
-	cfg := tamperClearConfig(t)
+// crashPointDaemon runs a daemon whose every write of state.json and of
+// tamper.json is checked as a crash point: after it, the digest state.json
+// keeps must be none or the baseline tamper.json holds (else a restart
+// there finds a false BaselineCorrupt). It returns once NodeTampered ran
+// (False, NodeIntact); crashPoints lists the writes after which it did not.
+func crashPointDaemon(t *testing.T) (d *Daemon, cfg *config.Config, k *tamper.Keeper, boot string, crashPoints func() []string) {
+	t.Helper()
+	cfg = tamperClearConfig(t)
 	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := d.currentEnv().Tamper
-	boot := d.currentEnv().BootID
+	k = d.currentEnv().Tamper
+	boot = d.currentEnv().BootID
 	var mu sync.Mutex
 	var bad []string
 	writeAndCheck := func(file string) func(string, []byte, os.FileMode) error {
@@ -94,6 +88,27 @@ func TestTamperClearLeavesNoCrashPointWithAFalseBaselineCorrupt(t *testing.T) {
 	k.SetWrite(writeAndCheck(tamper.StateFileName))
 	runDaemon(t, d)
 	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	return d, cfg, k, boot, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), bad...)
+	}
+}
+
+// A daemon killed (SIGKILL, a crash, a power loss) at any point of an
+// operator's clear finds no false BaselineCorrupt at its start: after each
+// write of state.json and of tamper.json, the digest state.json keeps is
+// none or the baseline tamper.json holds. Before, the clear wrote
+// tamper.json without the baseline while state.json kept the old digest
+// (until the check's next run and the persister's save a second after
+// it), and the check's next run wrote the new baseline with state.json
+// still naming the old one: a restart in either window set NodeTampered
+// True, BaselineCorrupt ("this boot's baseline ... is gone from the tamper
+// state", "... was replaced by ..."), on a node the operator had just
+// cleared. A tamper.json edited after the clear is still detected: the
+// new baseline's digest is kept once it is written.
+func TestTamperClearLeavesNoCrashPointWithAFalseBaselineCorrupt(t *testing.T) {
+	d, cfg, k, boot, crashPoints := crashPointDaemon(t)
 	if err := d.saveStateNow(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -115,9 +130,7 @@ func TestTamperClearLeavesNoCrashPointWithAFalseBaselineCorrupt(t *testing.T) {
 	if kept, base := onDisk(t, cfg.StateDir, boot); kept != second.Digest || base != second.Digest {
 		t.Errorf("after the clear state.json keeps %q, tamper.json holds %q; want both the new baseline %s (an edited tamper.json stays detected)", kept, base, second.Digest)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, b := range bad {
+	for _, b := range crashPoints() {
 		t.Error(b)
 	}
 }
@@ -200,30 +213,7 @@ func TestTamperClearAtStopSaysItIsCleared(t *testing.T) {
 // beside it, no write of state.json or tamper.json leaves state.json
 // naming a baseline tamper.json does not hold.
 func TestTwoTamperClearsAtOnceLeaveNoFalseBaselineCorrupt(t *testing.T) {
-	cfg := tamperClearConfig(t)
-	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := d.currentEnv().Tamper
-	boot := d.currentEnv().BootID
-	var mu sync.Mutex
-	var bad []string
-	writeAndCheck := func(file string) func(string, []byte, os.FileMode) error {
-		return func(path string, data []byte, perm os.FileMode) error {
-			mu.Lock()
-			defer mu.Unlock()
-			err := report.WriteFileAtomic(path, data, perm)
-			if kept, base := onDisk(t, cfg.StateDir, boot); kept != "" && kept != base {
-				bad = append(bad, fmt.Sprintf("after a write of %s: state.json keeps %s, tamper.json holds %q", file, kept, base))
-			}
-			return err
-		}
-	}
-	d.stateW.write = writeAndCheck(report.StateFileName)
-	k.SetWrite(writeAndCheck(tamper.StateFileName))
-	runDaemon(t, d)
-	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	d, cfg, k, boot, crashPoints := crashPointDaemon(t)
 	first := k.State().Baseline.Digest
 
 	// The second clear is asked for once the first is prepared; the first
@@ -270,9 +260,7 @@ func TestTwoTamperClearsAtOnceLeaveNoFalseBaselineCorrupt(t *testing.T) {
 	if kept, base := onDisk(t, cfg.StateDir, boot); last == nil || kept != last.Digest || base != last.Digest {
 		t.Errorf("after both clears state.json keeps %q, tamper.json holds %q; want both the last baseline %+v", kept, base, last)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, b := range bad {
+	for _, b := range crashPoints() {
 		t.Error(b)
 	}
 }
