@@ -757,6 +757,28 @@ func (e *eventTimes) EventEmitted(ev report.Event) {
 	e.times[ev.Reason] = ev.Time
 }
 
+// shiftedClockReader runs a Reader (in the test's synctest bubble, stopped
+// at its end) on a fake device holding first, whose wall clock is the
+// bubble's shifted by *shift (a step of the clock, a suspend), with a
+// monitor over a store whose events' times evs records.
+func shiftedClockReader(t *testing.T, shift *atomic.Int64, first string) (wall func() time.Time, dev *fakeDevice, store *report.Store, evs *eventTimes, mon *Monitor) {
+	t.Helper()
+	wall = func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }
+	dev = &fakeDevice{recs: [][]byte{[]byte(first)}, more: make(chan struct{}, 1)}
+	store = report.NewStore("b")
+	evs = &eventTimes{}
+	store.Observe(evs)
+	mon = NewMonitor(opts(t, store))
+	mon.Start(wall(), wall())
+	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+		ReadTimeout: 10 * time.Second, Wall: wall, Open: func(string) (Device, error) { return dev, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return wall, dev, store, evs, mon
+}
+
 // A record's wall time (its condition's lastTransitionTime, its Event's
 // timestamps, the status's last record) is the wall clock as it is when the
 // record is handled, less the kernel time since: the wall clock stepped
@@ -771,19 +793,7 @@ func (e *eventTimes) EventEmitted(ev report.Event) {
 func TestRecordTimesFollowAWallClockStep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var step atomic.Int64 // how far the wall clock was stepped
-		wall := func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
-		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary chatter\n")}, more: make(chan struct{}, 1)}
-		store := report.NewStore("b")
-		evs := &eventTimes{}
-		store.Observe(evs)
-		mon := NewMonitor(opts(t, store))
-		mon.Start(wall(), wall())
-		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-			ReadTimeout: 10 * time.Second, Wall: wall, Open: func(string) (Device, error) { return dev, nil }}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { rd.Run(ctx); close(done) }()
-		defer func() { cancel(); <-done }()
+		wall, dev, store, evs, mon := shiftedClockReader(t, &step, "6,1,1,-;ordinary chatter\n")
 		time.Sleep(time.Minute) // caught up
 		step.Store(int64(-time.Hour))
 		time.Sleep(time.Minute)
@@ -829,19 +839,7 @@ func TestRecordTimesFollowAWallClockStep(t *testing.T) {
 func TestRecordTimesFollowASuspend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var suspended atomic.Int64 // how long the node slept: the wall clock moved, the monotonic clock did not
-		wall := func() time.Time { return time.Now().Add(time.Duration(suspended.Load())) }
-		dev := &fakeDevice{recs: [][]byte{[]byte("6,1,1,-;PM: suspend entry (deep)\n")}, more: make(chan struct{}, 1)}
-		store := report.NewStore("b")
-		evs := &eventTimes{}
-		store.Observe(evs)
-		mon := NewMonitor(opts(t, store))
-		mon.Start(wall(), wall())
-		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-			ReadTimeout: 10 * time.Second, Wall: wall, Open: func(string) (Device, error) { return dev, nil }}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { rd.Run(ctx); close(done) }()
-		defer func() { cancel(); <-done }()
+		wall, dev, _, evs, mon := shiftedClockReader(t, &suspended, "6,1,1,-;PM: suspend entry (deep)\n")
 		time.Sleep(300 * time.Millisecond) // caught up, well within a second of the last record
 		suspended.Store(int64(8 * time.Hour))
 		usec := MonotonicNow() // the kernel's time of the record: now
