@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -141,7 +142,8 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	return Result{Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: msg, Details: details}, nil
 }
 
-// daysLeft is the whole days from now to t, negative once t is past. It is
+// daysLeft is the whole days from now to t, rounded down: 0 in the last day
+// before t, negative once t is past (-1 in the first day after it). It is
 // not counted from t.Sub(now): a time.Duration stops at about 292 years,
 // and RFC 5280's notAfter for a certificate "with no well-defined
 // expiration date", 99991231235959Z, is further than that (the left <
@@ -149,7 +151,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 // the window).
 func daysLeft(now, t time.Time) int {
 	secs := float64(t.Unix()-now.Unix()) + float64(t.Nanosecond()-now.Nanosecond())/1e9
-	return int(secs / (24 * 60 * 60))
+	return int(math.Floor(secs / (24 * 60 * 60)))
 }
 
 // readCertFile reads the certificates of a PEM file (the kubelet's

@@ -333,6 +333,12 @@ func TestCertDaysLeftOfAFarDate(t *testing.T) {
 		{"no well-defined expiration", time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), 7973*365 + 1933 + 29},
 		{"a year ahead", now.Add(365 * 24 * time.Hour), 365},
 		{"expired 400 years ago", time.Date(1626, 12, 2, 12, 0, 0, 0, time.UTC), -(400*365 + 97)},
+		// Less than a day either side: 0 days left before notAfter, -1 once
+		// past (jq's select(.daysLeft < 0) finds the expired ones).
+		{"12 hours left", now.Add(12 * time.Hour), 0},
+		{"expired 12 hours ago", now.Add(-12 * time.Hour), -1},
+		{"expired a second ago", now.Add(-time.Second), -1},
+		{"expired 36 hours ago", now.Add(-36 * time.Hour), -2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
