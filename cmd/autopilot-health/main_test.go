@@ -301,6 +301,17 @@ func TestRunThatCannotStartExitsOne(t *testing.T) {
 	}
 }
 
+// A file that cannot be read for a reason that may pass (an I/O error:
+// here a real EIO, a read of /proc/self/mem at address 0) is not refused:
+// exit 1, which the unit restarts in 5 s. Exit 2 left the node without its
+// daemon until someone edited a file that was good all along.
+func TestRunThatCannotReadTheFileExitsOne(t *testing.T) {
+	code, out, errs := run(t, "run", "--config", "/proc/self/mem")
+	if code != exitProblem || out != "" || errs != "autopilot-health: could not start: cannot read the configuration file: config: read /proc/self/mem: input/output error\n" {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 1, could not start: cannot read the configuration file", code, out, errs)
+	}
+}
+
 // host_root with the helper is the file's: refused, exit 2.
 func TestRunRefusesHostRootWithTheHelper(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.toml")

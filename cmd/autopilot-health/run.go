@@ -39,6 +39,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// same file again and spun), autopilot-health.path starts it again
 	// when the file changes (README: "Under systemd").
 	cfg, fromFile, digest, err := config.LoadDigest(*cfgPath, !explicit)
+	if err != nil && !config.FileFault(err) {
+		// Not the file's (an I/O error reading it, no descriptor left):
+		// exit 1, restarted in 5 s. As a refusal, the node stayed without
+		// its daemon until someone changed a file that was good.
+		fmt.Fprintf(stderr, "autopilot-health: could not start: cannot read the configuration file: %v\n", err)
+		return exitProblem
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		return exitError

@@ -402,7 +402,7 @@ func readFile(path string) ([]byte, error) {
 	if errors.Is(err, syscall.ENXIO) {
 		// open(2) of a Unix socket.
 		if st, serr := os.Stat(path); serr == nil && st.Mode().Type()&fs.ModeSocket != 0 {
-			return nil, fmt.Errorf("%s is a socket, not a regular file", path)
+			return nil, &kindError{fmt.Sprintf("%s is a socket, not a regular file", path)}
 		}
 	}
 	if err != nil {
@@ -415,23 +415,23 @@ func readFile(path string) ([]byte, error) {
 	}
 	switch t := st.Mode().Type(); {
 	case t&fs.ModeDir != 0:
-		return nil, fmt.Errorf("%s is a directory, not a regular file", path)
+		return nil, &kindError{fmt.Sprintf("%s is a directory, not a regular file", path)}
 	case t&fs.ModeNamedPipe != 0:
-		return nil, fmt.Errorf("%s is a FIFO, not a regular file", path)
+		return nil, &kindError{fmt.Sprintf("%s is a FIFO, not a regular file", path)}
 	case t&fs.ModeSocket != 0:
-		return nil, fmt.Errorf("%s is a socket, not a regular file", path)
+		return nil, &kindError{fmt.Sprintf("%s is a socket, not a regular file", path)}
 	}
 	f.SetReadDeadline(time.Now().Add(readWait)) // ErrNoDeadline for what cannot wait
 	b, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return nil, fmt.Errorf("%s had nothing to read for %s: not a configuration file", path, readWait)
+		return nil, &kindError{fmt.Sprintf("%s had nothing to read for %s: not a configuration file", path, readWait)}
 	}
 	if err == nil && len(b) > maxFileSize {
 		size := "a device"
 		if st.Mode().IsRegular() {
 			size = fmt.Sprintf("%d bytes", st.Size())
 		}
-		err = fmt.Errorf("%s is larger than 1 MiB, the most read (%s); a configuration is a few KB", path, size)
+		err = &kindError{fmt.Sprintf("%s is larger than 1 MiB, the most read (%s); a configuration is a few KB", path, size)}
 	}
 	return b, err
 }

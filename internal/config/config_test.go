@@ -898,3 +898,72 @@ func TestUncommentingOneKeyOfTheShippedFile(t *testing.T) {
 		t.Fatalf("only %d key lines found in the default file", checked)
 	}
 }
+
+// An error that only a change of the file (its content, its name, its
+// kind, its mode) ends is the file's: run refuses it with exit 2, which
+// its unit does not restart on. One that may pass with the file as it is
+// (an I/O error reading it, no memory, no descriptor left) is not: run
+// exits 1 and is started again, or the node stays without its daemon
+// until someone edits a good file.
+func TestFileFault(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	syntax := write("syntax.toml", "role = \n")
+	invalid := write("invalid.toml", "role = \"master\"\n")
+	plain := write("plain", "")
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loop := filepath.Join(dir, "loop")
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	big := write("big.toml", strings.Repeat("# comment\n", maxFileSize/10+1))
+	for _, p := range []string{
+		syntax, invalid,
+		filepath.Join(dir, "missing.toml"),  // ENOENT, named with --config
+		filepath.Join(plain, "config.toml"), // ENOTDIR
+		loop,                                // ELOOP
+		filepath.Join(dir, strings.Repeat("x", 300)), // ENAMETOOLONG
+		dir, fifo, sock, big,
+	} {
+		_, _, _, err := LoadDigest(p, false)
+		if err == nil || !FileFault(err) {
+			t.Errorf("LoadDigest(%s) = %v: FileFault %v, want an error of the file", p, err, FileFault(err))
+		}
+	}
+	// Root reads a file of mode 0000; the unit's root, without
+	// CAP_DAC_OVERRIDE, does not: the error open gives it.
+	for _, errno := range []syscall.Errno{syscall.EACCES, syscall.EPERM} {
+		err := fmt.Errorf("config: %w", &os.PathError{Op: "open", Path: "/etc/autopilot-health/config.toml", Err: errno})
+		if !FileFault(err) {
+			t.Errorf("FileFault(%v) = false, want true: a chmod (which starts the path unit) ends it", err)
+		}
+	}
+	// A real EIO: a read of /proc/self/mem at address 0, never mapped.
+	if _, _, _, err := LoadDigest("/proc/self/mem", false); !errors.Is(err, syscall.EIO) || FileFault(err) {
+		t.Errorf("LoadDigest(/proc/self/mem) = %v: FileFault %v, want EIO, not the file's", err, FileFault(err))
+	}
+	for _, errno := range []syscall.Errno{syscall.EIO, syscall.ENOMEM, syscall.EMFILE, syscall.ENFILE, syscall.ESTALE, syscall.ETIMEDOUT, syscall.EAGAIN} {
+		err := fmt.Errorf("config: %w", &os.PathError{Op: "read", Path: "/etc/autopilot-health/config.toml", Err: errno})
+		if FileFault(err) {
+			t.Errorf("FileFault(%v) = true, want false: it may pass with the file as it is", err)
+		}
+	}
+	if FileFault(nil) {
+		t.Error("FileFault(nil) = true")
+	}
+}

@@ -3,9 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/BurntSushi/toml"
 )
@@ -171,4 +173,42 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// kindError refuses what is at the configuration path for what it is, not
+// a configuration file: a directory, a FIFO, a socket, a device with
+// nothing to read, more than 1 MiB.
+type kindError struct{ msg string }
+
+func (e *kindError) Error() string { return e.msg }
+
+// FileFault reports whether err, an error of Load or LoadDigest, is the
+// file's: one that only a change of the file ends, so that reading the
+// same file again gives it again. It is the file's content (a syntax or a
+// validation error, *Error), its kind (kindError), its name (nothing
+// there, named explicitly; a path through a file, a symlink loop, a name
+// too long) and its permissions (EACCES, EPERM: the unit's root holds no
+// CAP_DAC_OVERRIDE; a chmod, a chown or a relabel ends it). Each of those
+// changes the file or its inode, which starts autopilot-health.path.
+//
+// Anything else is not the file's: an I/O error (EIO of a disk or a
+// network filesystem, ESTALE, ETIMEDOUT), no memory or no descriptor left
+// (ENOMEM, EMFILE, ENFILE), and any error not named above. Those may pass
+// with the file as it is, and nothing would change the file to start the
+// daemon again.
+func FileFault(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ce *Error
+	var ke *kindError
+	if errors.As(err, &ce) || errors.As(err, &ke) {
+		return true
+	}
+	for _, target := range []error{fs.ErrNotExist, fs.ErrPermission, syscall.ENOTDIR, syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EISDIR} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
