@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -34,33 +35,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	explicit := flagSet(fs, "config")
-	// Exit 2 on the file (or a flag) refused: the unit does not restart
-	// that (RestartPreventExitStatus=2; every 5 s for ever, it read the
-	// same file again and spun), autopilot-health.path starts it again
-	// when the file changes (README: "Under systemd").
-	cfg, fromFile, digest, err := config.LoadDigest(*cfgPath, !explicit)
-	if err != nil && !config.FileFault(err) {
-		// Not the file's (an I/O error reading it, no descriptor left):
-		// exit 1, restarted in 5 s. As a refusal, the node stayed without
-		// its daemon until someone changed a file that was good.
-		fmt.Fprintf(stderr, "autopilot-health: could not start: cannot read the configuration file: %v\n", err)
-		return exitProblem
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
-		return exitError
-	}
-	log, err := daemon.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
-	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
-		return exitError
-	}
-	// A file that names a host_root does not go with the helper, which
-	// reads this host's root: refused as the file's, exit 2 (daemon.New
-	// says the same, too late for that code).
-	if *helper != "" && cfg.HostRoot != "" && cfg.HostRoot != "/" {
-		fmt.Fprintf(stderr, "autopilot-health: refusing to start: host_root = %q: the privileged helper reads this host's own root only; run without --privileged-helper\n", cfg.HostRoot)
-		return exitError
+	cfg, fromFile, digest, log, code := loadForRun(*cfgPath, explicit, *helper, stderr)
+	if code >= 0 {
+		return code
 	}
 	procs := limitProcs()
 	// A page fault in the binary's code maps that page, not the 64 KiB
@@ -103,4 +80,62 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped")
 	return exitOK
+}
+
+// afterRefusal runs between a refusal and the look at the file again
+// (tests change the file there).
+var afterRefusal = func() {}
+
+// refusalRereads bounds how many times a start reads a file again that
+// changed while it was refused.
+const refusalRereads = 3
+
+// loadForRun loads the configuration file and the logger it sets for run:
+// code is -1 to go on, else run's exit status, the reason said on stderr.
+//
+// Exit 2 on the file refused (or a flag that does not go with it): the
+// unit does not restart that (RestartPreventExitStatus=2; every 5 s for
+// ever, it read the same file again and spun), autopilot-health.path
+// starts it again when the file changes (README: "Under systemd"). A
+// change made while the refusing daemon still runs is not one to the path
+// unit: its start of a unit activating is a no-op, and once the unit is
+// failed nothing starts it. So before the exit the file is looked at
+// again: changed since the read that was refused, it is read again, at
+// most refusalRereads times; a file that kept changing is exit 1, which
+// the unit restarts in 5 s, rather than a change lost.
+func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*config.Config, bool, string, *slog.Logger, int) {
+	for n := 0; ; n++ {
+		cfg, fromFile, digest, err := config.LoadDigest(path, !explicit)
+		if err != nil && !config.FileFault(err) {
+			// Not the file's (an I/O error reading it, no descriptor
+			// left): exit 1, restarted in 5 s. As a refusal, the node
+			// stayed without its daemon until someone changed a file
+			// that was good.
+			fmt.Fprintf(stderr, "autopilot-health: could not start: cannot read the configuration file: %v\n", err)
+			return nil, false, "", nil, exitProblem
+		}
+		var log *slog.Logger
+		if err == nil {
+			log, err = daemon.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
+		}
+		// A file that names a host_root does not go with the helper,
+		// which reads this host's root: refused as the file's, exit 2
+		// (daemon.New says the same, too late for that code).
+		if err == nil && helper != "" && cfg.HostRoot != "" && cfg.HostRoot != "/" {
+			err = fmt.Errorf("host_root = %q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)
+		}
+		if err == nil {
+			return cfg, fromFile, digest, log, -1
+		}
+		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
+		afterRefusal()
+		if config.FileDigest(path) == digest {
+			return nil, false, "", nil, exitError
+		}
+		if n == refusalRereads {
+			fmt.Fprintf(stderr, "autopilot-health: could not start: the configuration file kept changing while it was refused (read %d times); exiting to be started again\n", n+1)
+			return nil, false, "", nil, exitProblem
+		}
+		fmt.Fprintln(stderr, "autopilot-health: the configuration file changed while it was refused; reading it again")
+	}
 }

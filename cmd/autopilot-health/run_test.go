@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,5 +93,77 @@ func TestStopWithUnwritableStateDirExitsZero(t *testing.T) {
 	}
 	if strings.Contains(all, "stopped with an error") || !strings.Contains(all, "msg=stopped") {
 		t.Errorf("the stop is not logged as a clean stop:\n%s", all)
+	}
+}
+
+// refusedThenChanged runs `run` on a file holding first, calling change
+// between each refusal and the exit (a write to the file there, while the
+// unit is still activating, starts nothing: autopilot-health.path's start
+// of a unit that runs is a no-op). It returns the exit status, stderr and
+// how many times change ran.
+func refusedThenChanged(t *testing.T, first string, change func(p string, n int)) (int, string, int) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(first), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	old := afterRefusal
+	afterRefusal = func() { n++; change(p, n) }
+	defer func() { afterRefusal = old }()
+	code, out, errs := run(t, "run", "--config", p)
+	if out != "" {
+		t.Errorf("stdout %q", out)
+	}
+	return code, errs, n
+}
+
+// A file changed between its read and the refused start's exit is read
+// again: the path unit, whose start of the still-activating unit was a
+// no-op, starts nothing more once it is failed, and the change was lost
+// (a fix written then left the node without its daemon).
+func TestRunRereadsAFileChangedWhileRefusing(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "control.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	good := fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock)
+	// Fixed meanwhile: the good file is started (here as far as the
+	// control socket another daemon holds, exit 1).
+	code, errs, n := refusedThenChanged(t, "role = \"master\"\n", func(p string, n int) {
+		if n == 1 {
+			os.WriteFile(p, []byte(good), 0o644)
+		}
+	})
+	if code != exitProblem || n != 1 || !strings.Contains(errs, `key role: must be one of`) ||
+		!strings.Contains(errs, "the configuration file changed while it was refused; reading it again") ||
+		!strings.Contains(errs, "another daemon is listening") {
+		t.Errorf("fixed while refused: exit %d, %d refusals, stderr %q; want the fixed file started (exit 1: the control socket is taken)", code, n, errs)
+	}
+	// Changed to another refused file: refused again, for what it holds
+	// now, exit 2.
+	code, errs, n = refusedThenChanged(t, "role = \"master\"\n", func(p string, n int) {
+		if n == 1 {
+			os.WriteFile(p, []byte("gpu = \"maybe\"\n"), 0o644)
+		}
+	})
+	if code != exitError || n != 2 || !strings.Contains(errs, "key role: must be one of") || !strings.Contains(errs, "key gpu:") {
+		t.Errorf("changed to another bad file: exit %d, %d refusals, stderr %q; want 2, both refused", code, n, errs)
+	}
+	// Unchanged: one refusal, exit 2, nothing more said.
+	code, errs, n = refusedThenChanged(t, "role = \"master\"\n", func(string, int) {})
+	if code != exitError || n != 1 || strings.Count(errs, "\n") != 1 {
+		t.Errorf("unchanged: exit %d, %d refusals, stderr %q; want 2, one refusal", code, n, errs)
+	}
+	// Changed at every read: read a bounded number of times, then exit 1,
+	// which the unit restarts (5 s later) rather than lose the last change.
+	code, errs, n = refusedThenChanged(t, "role = \"master\"\n", func(p string, n int) {
+		os.WriteFile(p, fmt.Appendf(nil, "role = \"master%d\"\n", n), 0o644)
+	})
+	if code != exitProblem || n != refusalRereads+1 || !strings.Contains(errs, "kept changing") {
+		t.Errorf("changed at every read: exit %d, %d refusals, stderr %q; want 1 after %d refusals", code, n, errs, refusalRereads+1)
 	}
 }
