@@ -64,6 +64,11 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		}
 		onlyList = append(onlyList, n)
 	}
+	if len(onlyList) == 0 && flagSet(fs, "only") {
+		// Not every check: that is --only left out.
+		fmt.Fprintf(stderr, "autopilot-health check: --only %q names no condition: name one, or leave the flag out for every check\n", *only)
+		return exitError
+	}
 	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)

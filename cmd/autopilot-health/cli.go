@@ -174,6 +174,12 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) int {
 			fs.Usage()
 		}
 	}
+	if err == nil {
+		if name := emptyFlag(fs); name != "" {
+			err = fmt.Errorf("autopilot-health %s: --%s is empty: give it a value, or leave the flag out for its default", fs.Name(), name)
+			fmt.Fprintln(&out, err)
+		}
+	}
 	fs.SetOutput(stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		stdout.Write(out.Bytes())
@@ -184,6 +190,28 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) int {
 		return exitError
 	}
 	return -1
+}
+
+// emptyJudged names the flags whose command refuses an empty value in
+// words of its own ("command --flag").
+var emptyJudged = map[string]bool{"tamper clear --reason": true}
+
+// emptyFlag returns the first flag given an empty value (--socket "",
+// --only=): bad usage, not its default taken silently (status asked the
+// default socket, check ran every check, run went without its helper, man
+// printed an undated page). No flag's empty value means anything its
+// omission does not; "" when there is none.
+func emptyFlag(fs *flag.FlagSet) string {
+	name := ""
+	fs.Visit(func(f *flag.Flag) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			return
+		}
+		if name == "" && f.Value.String() == "" && !emptyJudged[fs.Name()+" --"+f.Name] {
+			name = f.Name
+		}
+	})
+	return name
 }
 
 // flagAfterArgument returns the first of fs's remaining arguments that

@@ -86,3 +86,65 @@ func TestTamperAndCatalogRefuseExtraArguments(t *testing.T) {
 		}
 	}
 }
+
+// An empty value given to a flag is bad usage (exit 2, the flag named,
+// nothing on stdout, nothing asked or run), not its default taken
+// silently: `status --socket ""` asked the default socket, `check --only
+// ""` ran every check, `run --privileged-helper=$UNSET` ran without the
+// helper, `man --date "$(date ... failed)"` printed an undated page.
+func TestEmptyFlagValuesAreBadUsage(t *testing.T) {
+	dir := t.TempDir()
+	var asked atomic.Int32
+	listen := func(name string) string {
+		p := filepath.Join(dir, name)
+		ln, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Add(1) })}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		return p
+	}
+	status, control := listen("status.sock"), listen("control.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, []byte("state_dir = \""+dir+"\"\ncontrol_socket = \""+control+"\"\n[status]\nsocket = \""+status+"\"\n"), 0o644)
+	bad := filepath.Join(dir, "bad.toml")
+	os.WriteFile(bad, []byte("role = \"master\"\n"), 0o644)
+	empty := func(cmd, flag string) string {
+		return "autopilot-health " + cmd + ": --" + flag + " is empty: give it a value, or leave the flag out for its default\n"
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--config", cfg, "--socket", ""}, empty("status", "socket")},
+		{[]string{"status", "--config", cfg, "--socket="}, empty("status", "socket")},
+		{[]string{"status", "--config", ""}, empty("status", "config")},
+		{[]string{"reload", "--config", cfg, "--socket", ""}, empty("reload", "socket")},
+		{[]string{"reload", "--config", ""}, empty("reload", "config")},
+		{[]string{"check", "--config", cfg, "--only", ""}, empty("check", "only")},
+		{[]string{"check", "--config", cfg, "--only", " , "}, "autopilot-health check: --only \" , \" names no condition: name one, or leave the flag out for every check\n"},
+		{[]string{"check", "--config", ""}, empty("check", "config")},
+		{[]string{"run", "--config", bad, "--privileged-helper", ""}, empty("run", "privileged-helper")},
+		{[]string{"run", "--config", ""}, empty("run", "config")},
+		{[]string{"kmsg", "rules", "--config", ""}, empty("kmsg rules", "config")},
+		{[]string{"kmsg", "replay", "--config", "", "-"}, empty("kmsg replay", "config")},
+		{[]string{"tamper", "status", "--config", ""}, empty("tamper status", "config")},
+		{[]string{"tamper", "layers", "--config", ""}, empty("tamper layers", "config")},
+		{[]string{"tamper", "clear", "--config", "", "--reason", "x"}, empty("tamper clear", "config")},
+		{[]string{"man", "--date", ""}, empty("man", "date")},
+	} {
+		code, out, errs := run(t, tc.args...)
+		if code != exitError || out != "" || errs != tc.want {
+			t.Errorf("%q: exit %d, stdout %.80q, stderr %q; want exit 2, stderr %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+	// tamper clear's --reason keeps its own word: a clear is deliberate.
+	if code, out, errs := run(t, "tamper", "clear", "--config", cfg, "--reason", ""); code != exitError || out != "" || !strings.Contains(errs, "--reason is required") {
+		t.Errorf("tamper clear --reason \"\": exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the daemon was asked %d times on bad usage", n)
+	}
+}
