@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -305,10 +306,29 @@ func TestRunThatCannotStartExitsOne(t *testing.T) {
 // here a real EIO, a read of /proc/self/mem at address 0) is not refused:
 // exit 1, which the unit restarts in 5 s. Exit 2 left the node without its
 // daemon until someone edited a file that was good all along.
+//
+// Before that exit the read is tried again in the process, backing off
+// (about a minute in all): exit 1 is restarted 5 s later, and a file that
+// keeps failing restarted the daemon 12 times a minute for ever.
 func TestRunThatCannotReadTheFileExitsOne(t *testing.T) {
+	var slept []time.Duration
+	oldWaits, oldSleep := readRetryWaits, readRetrySleep
+	readRetryWaits = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
+	readRetrySleep = func(d time.Duration) { slept = append(slept, d) }
+	t.Cleanup(func() { readRetryWaits, readRetrySleep = oldWaits, oldSleep })
 	code, out, errs := run(t, "run", "--config", "/proc/self/mem")
-	if code != exitProblem || out != "" || errs != "autopilot-health: could not start: cannot read the configuration file: config: read /proc/self/mem: input/output error\n" {
-		t.Errorf("exit %d, stdout %q, stderr %q; want 1, could not start: cannot read the configuration file", code, out, errs)
+	want := "autopilot-health: cannot read the configuration file, trying again for 7s: config: read /proc/self/mem: input/output error\n" +
+		"autopilot-health: could not start: cannot read the configuration file: config: read /proc/self/mem: input/output error\n"
+	if code != exitProblem || out != "" || errs != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 1, %q", code, out, errs, want)
+	}
+	if !slices.Equal(slept, readRetryWaits) {
+		t.Errorf("waited %v between reads, want %v", slept, readRetryWaits)
+	}
+	// The shipped waits add up to about a minute, within the unit's
+	// TimeoutStartSec (3 min).
+	if s := sumWaits(oldWaits); s < 45*time.Second || s > 90*time.Second {
+		t.Errorf("the read is tried again for %s, want about a minute", s)
 	}
 }
 
@@ -1116,4 +1136,39 @@ func serveStatusBody(t *testing.T, sock string, body []byte) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
+}
+
+// A read that fails for a reason that passes, and then succeeds while run
+// tries again, starts the daemon with the file (here as far as the control
+// socket another daemon holds, exit 1): the path is a link to
+// /proc/self/mem (EIO) repointed to a good file during the first wait.
+func TestRunReadsAgainAFileThatCouldNotBeRead(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "control.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	good := filepath.Join(dir, "good.toml")
+	os.WriteFile(good, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock), 0o644)
+	link := filepath.Join(dir, "config.toml")
+	if err := os.Symlink("/proc/self/mem", link); err != nil {
+		t.Fatal(err)
+	}
+	waits := 0
+	oldWaits, oldSleep := readRetryWaits, readRetrySleep
+	readRetryWaits = []time.Duration{time.Second, time.Second, time.Second}
+	readRetrySleep = func(time.Duration) {
+		if waits++; waits == 1 {
+			os.Remove(link)
+			os.Symlink(good, link)
+		}
+	}
+	t.Cleanup(func() { readRetryWaits, readRetrySleep = oldWaits, oldSleep })
+	code, _, errs := run(t, "run", "--config", link)
+	if code != exitProblem || waits != 1 || !strings.Contains(errs, "trying again") ||
+		strings.Contains(errs, "could not start: cannot read") || !strings.Contains(errs, "another daemon is listening") {
+		t.Errorf("exit %d after %d waits, stderr %q; want the file read on the second try and started (exit 1: the control socket is taken)", code, waits, errs)
+	}
 }

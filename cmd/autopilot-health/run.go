@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"k8s.io/klog/v2"
 
@@ -86,6 +87,22 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 // (tests change the file there).
 var afterRefusal = func() {}
 
+// readRetryWaits are the waits between the reads of a file that could not
+// be read for a reason that may pass (an I/O error), before run gives up
+// with exit 1; readRetrySleep waits (tests replace both).
+var (
+	readRetryWaits = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 15 * time.Second, 30 * time.Second}
+	readRetrySleep = time.Sleep
+)
+
+func sumWaits(w []time.Duration) time.Duration {
+	var d time.Duration
+	for _, x := range w {
+		d += x
+	}
+	return d
+}
+
 // refusalRereads bounds how many times a start reads a file again that
 // changed while it was refused.
 const refusalRereads = 3
@@ -106,6 +123,17 @@ const refusalRereads = 3
 func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*config.Config, bool, string, *slog.Logger, int) {
 	for n := 0; ; n++ {
 		cfg, fromFile, digest, err := config.LoadDigest(path, !explicit)
+		for i := 0; err != nil && !config.FileFault(err) && i < len(readRetryWaits); i++ {
+			// A read that may pass is tried again in the process,
+			// backing off, before the exit that systemd restarts 5 s
+			// later: a file that keeps failing so costs a start about
+			// a minute, not every 5 s.
+			if i == 0 {
+				fmt.Fprintf(stderr, "autopilot-health: cannot read the configuration file, trying again for %s: %v\n", sumWaits(readRetryWaits), err)
+			}
+			readRetrySleep(readRetryWaits[i])
+			cfg, fromFile, digest, err = config.LoadDigest(path, !explicit)
+		}
 		if err != nil && !config.FileFault(err) {
 			// Not the file's (an I/O error reading it, no descriptor
 			// left): exit 1, restarted in 5 s. As a refusal, the node
