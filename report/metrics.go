@@ -268,7 +268,10 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // problem_counter's of their problem reasons, so that increase() sees the
 // first time one turns True (a series that first appears at 1 is no
 // increase to Prometheus). node-problem-detector does the same for every
-// rule's reason.
+// rule's reason. A series that exists keeps its value: a condition the
+// store kept while it did not apply (held True, or set aside as not
+// applicable) applies again after a change of the node's role or GPU, and
+// its gauges say what the store holds.
 func (m *Metrics) InitConditions(types []string) {
 	for _, t := range types {
 		d, ok := Lookup(t)
@@ -276,11 +279,11 @@ func (m *Metrics) InitConditions(types []string) {
 			continue
 		}
 		for _, r := range d.ProblemReasons {
-			m.problemGauge.WithLabelValues(t, string(r)).Set(0)
-			m.problemCounter.WithLabelValues(string(r)).Add(0)
+			m.problemGauge.WithLabelValues(t, string(r))
+			m.problemCounter.WithLabelValues(string(r))
 		}
 		for _, st := range []Status{StatusTrue, StatusFalse, StatusUnknown} {
-			m.conditionStatus.WithLabelValues(t, string(st)).Set(0)
+			m.conditionStatus.WithLabelValues(t, string(st))
 		}
 	}
 	m.vProblemCounter.changed()
@@ -291,7 +294,7 @@ func (m *Metrics) InitConditions(types []string) {
 // InitEvents creates the problem_counter series of the given event reasons at zero.
 func (m *Metrics) InitEvents(reasons []string) {
 	for _, r := range reasons {
-		m.problemCounter.WithLabelValues(r).Add(0)
+		m.problemCounter.WithLabelValues(r)
 	}
 	m.vProblemCounter.changed()
 }
