@@ -134,3 +134,37 @@ func TestIdentityChangedBackKeepsTheGaugesOfTheHeldConditions(t *testing.T) {
 	d.replanIdentity(report.RoleWorker, "test", true, "test")
 	agreeWithStore(t, d, "the GPU detected again", "GpuFallenOffBus")
 }
+
+// A GPU detected after the start (README, "a GPU may be added or
+// activated later") makes the series of its kernel log condition at 0,
+// as a start on a GPU node does: problem_counter{reason="GpuFellOffBus"}
+// so that increase() sees the first time the GPU falls off the bus, and
+// GpuFallenOffBus's problem_gauge. The daemon made them with the kernel
+// log monitor still on the node without a GPU, which evaluated no
+// GpuFallenOffBus then, so they were never made.
+func TestGPUDetectedAfterTheStartMakesItsConditionSeries(t *testing.T) {
+	d := identityDaemon(t, false)
+	if _, ok := gauges(t, d, "problem_gauge", "reason", "type", "GpuFallenOffBus")[string(report.ReasonGpuFellOffBus)]; ok {
+		t.Fatal("no GPU, yet GpuFallenOffBus has a problem_gauge series")
+	}
+	d.replanIdentity(report.RoleWorker, "test", true, "test")
+	if _, ok := d.Store().Get("GpuFallenOffBus"); !ok {
+		t.Fatal("the GPU detected after the start: GpuFallenOffBus not evaluated")
+	}
+	counter, ok := 0.0, false
+	mfs, err := d.Metrics().Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() == "problem_counter" && label(m, "reason") == string(report.ReasonGpuFellOffBus) {
+				counter, ok = m.GetCounter().GetValue(), true
+			}
+		}
+	}
+	if !ok || counter != 0 {
+		t.Errorf("the GPU detected after the start: problem_counter{reason=%q} %v (exists %v), want 0", report.ReasonGpuFellOffBus, counter, ok)
+	}
+	agreeWithStore(t, d, "the GPU detected after the start", "GpuFallenOffBus")
+}

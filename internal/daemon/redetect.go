@@ -69,13 +69,17 @@ func (d *Daemon) replanIdentity(role report.Role, roleSource string, gpu bool, g
 			d.checkStopped(c)
 		}
 	}
+	// The kernel log monitor's GPU first: what it evaluates (External)
+	// says which of its conditions apply to the new plan, and
+	// initMetrics creates the series of those that apply now (a GPU
+	// activated after the start: GpuFallenOffBus).
+	if d.kmsg != nil {
+		d.kmsg.SetGPU(gpu, time.Now())
+	}
 	d.parts.initMetrics(&env, old)
 	d.envMu.Lock()
 	d.env, d.runner = &env, r
 	d.envMu.Unlock()
-	if d.kmsg != nil {
-		d.kmsg.SetGPU(gpu, time.Now())
-	}
 	now := time.Now()
 	for _, p := range checks.Plan(&env, nil, d.parts.External()) {
 		if p.State != checks.NotApplicable {
