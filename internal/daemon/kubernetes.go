@@ -82,7 +82,10 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		case <-time.After(d.poll):
 		}
 	}
+	// The waiting is over: the loop's progress leaves the metrics too (a
+	// timestamp left frozen would look like a stuck loop).
 	d.live.Forget("kube/kubeconfig")
+	d.metrics.RemoveLoop("kube/kubeconfig")
 	if d.kube != nil {
 		d.setKubeState("reporting", "as node "+d.currentEnv().NodeName)
 	}
