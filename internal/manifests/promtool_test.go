@@ -235,6 +235,18 @@ func daemonTests() promTest {
 			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="error"`), "2+0x40"},
 			{daemon("autopilot_health_kmsg_lost_records_total", "up", ""), "0+0x20 3+0x20"},
 			{daemon("autopilot_health_state_writes_total", "up", `,result="error"`), "0+0x10 1+0x30"},
+			// "outage": the daemon restarted (a reboot: no scrape at
+			// minutes 10 and 11) into an API server it cannot reach: the
+			// Node's read, made once per start and retried, fails from
+			// minute 12 to 19 and works at minute 20; the status writes
+			// start after it. The new process exports every kind's ok
+			// series at 0 from its start, so the read that works is an
+			// increase Prometheus sees. The earlier process had read the
+			// Node once, after 2 failures.
+			{daemon("process_start_time_seconds", "outage", ""), "0+0x9 _ _ 690+0x28"},
+			{daemon("autopilot_health_api_writes_total", "outage", `,kind="read",result="ok"`), "1+0x9 _ _ 0+0x7 1+0x20"},
+			{daemon("autopilot_health_api_writes_total", "outage", `,kind="read",result="error"`), "2+0x9 _ _ 1+1x7 8+0x20"},
+			{daemon("autopilot_health_api_writes_total", "outage", `,kind="status",result="ok"`), "0+1x9 _ _ 0+0x8 1+1x19"},
 			// A reload refused at minute 5, one that applies at minute 31.
 			{daemon("autopilot_health_config_last_reload_successful", "up", ""), "1+0x4 0+0x25 1+0x10"},
 			{daemon("autopilot_health_healthy", "flaky", ""), strings.Join(healthy, " ")},
@@ -292,6 +304,18 @@ func daemonTests() promTest {
 			// again (minute 26).
 			{EvalTime: "5m", Alertname: "AutopilotHealthAPIWritesFailing"},
 			{EvalTime: "6m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			// "outage": its reads all fail from minute 12 on, for 5
+			// minutes at 17; no longer once one works (minute 20).
+			{EvalTime: "16m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			{EvalTime: "17m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"}),
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "outage", "kind": "read"})}},
+			{EvalTime: "19m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"}),
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "outage", "kind": "read"})}},
+			{EvalTime: "20m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
 			{EvalTime: "25m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},

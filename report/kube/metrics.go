@@ -21,6 +21,9 @@ const (
 	KindRead        = "read"
 )
 
+// kinds are the write kinds: the values of the kind label.
+var kinds = []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead}
+
 // Metrics are the reporter's Prometheus metrics.
 type Metrics struct {
 	writes    *prometheus.CounterVec
@@ -93,6 +96,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: report.Namespace, Name: "api_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful Kubernetes API call.",
 		}),
+	}
+	// Every kind's ok series is there at 0 from the start: increase() does
+	// not see a series that first appears at 1, and the alert on failing
+	// calls (AutopilotHealthAPIWritesFailing) takes a kind whose ok count
+	// did not rise in 15 minutes for failing. The Node's read, made once
+	// per start and retried while the API server cannot be reached, would
+	// count as failing for 15 minutes after it worked. The failures'
+	// series still appear with the first failure.
+	for _, kind := range kinds {
+		m.writes.WithLabelValues(kind, "ok")
 	}
 	if reg != nil {
 		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK)
@@ -177,7 +190,7 @@ func (m *Metrics) SetReporting(on bool) {
 // status lines).
 func (m *Metrics) Failures() float64 {
 	var n float64
-	for _, kind := range []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead} {
+	for _, kind := range kinds {
 		for _, res := range []string{"error", "forbidden", "not_found"} {
 			n += report.Value(m.writes.WithLabelValues(kind, res))
 		}
@@ -188,7 +201,7 @@ func (m *Metrics) Failures() float64 {
 // Forbidden returns the number of API calls refused as forbidden.
 func (m *Metrics) Forbidden() float64 {
 	var n float64
-	for _, kind := range []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead} {
+	for _, kind := range kinds {
 		n += report.Value(m.writes.WithLabelValues(kind, "forbidden"))
 	}
 	return n
