@@ -232,7 +232,18 @@ func daemonRules() []rule {
 			// whose every call failed in the last 15 minutes, however often
 			// it is made (report_interval, heartbeat_period). A kind that is
 			// forbidden (NodeRestriction, RBAC) while others work is caught.
-			Expr:   `sum by (node, kind) (increase(autopilot_health_api_writes_total{result!="ok"}[15m])) > 0 unless on (node, kind) sum by (node, kind) (increase(autopilot_health_api_writes_total{result="ok"}[15m])) > 0`,
+			// A kind works when its ok count rose in the window (its
+			// series is there at 0 from the start, so a first success
+			// counts), or when the daemon restarted in the window and the
+			// new process's ok count is above 0: a success before the new
+			// process's first scrape does not show as a rise where the
+			// count starts where the earlier process's ended (the Node's
+			// read, made once per start: 1 and 1), while failures before
+			// it do (a count of 1 after the earlier start's 2 is a reset,
+			// an increase of 1).
+			Expr: fmt.Sprintf(`sum by (node, kind) (increase(autopilot_health_api_writes_total{result!="ok"}[15m])) > 0 `+
+				`unless on (node, kind) (sum by (node, kind) (increase(autopilot_health_api_writes_total{result="ok"}[15m])) > 0 `+
+				`or sum by (node, kind) (autopilot_health_api_writes_total{result="ok"}) > 0 and on (node) changes(process_start_time_seconds{job=%q}[15m]) > 0)`, Job),
 			For:    "5m",
 			Labels: lbl("warning"),
 			Annotations: map[string]string{

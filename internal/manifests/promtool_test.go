@@ -247,6 +247,23 @@ func daemonTests() promTest {
 			{daemon("autopilot_health_api_writes_total", "outage", `,kind="read",result="ok"`), "1+0x9 _ _ 0+0x7 1+0x20"},
 			{daemon("autopilot_health_api_writes_total", "outage", `,kind="read",result="error"`), "2+0x9 _ _ 1+1x7 8+0x20"},
 			{daemon("autopilot_health_api_writes_total", "outage", `,kind="status",result="ok"`), "0+1x9 _ _ 0+0x8 1+1x19"},
+			// "rebooted": a restart (minute 12) whose Node read failed once
+			// and then worked, both before the new process's first
+			// scrape; the earlier process's start had 2 failures: the
+			// error count goes from 2 to 1 (a reset, an increase of 1 to
+			// increase()), the ok count from 1 to 1. Every call works.
+			{daemon("process_start_time_seconds", "rebooted", ""), "0+0x9 _ _ 690+0x28"},
+			{daemon("autopilot_health_api_writes_total", "rebooted", `,kind="read",result="ok"`), "1+0x9 _ _ 1+0x28"},
+			{daemon("autopilot_health_api_writes_total", "rebooted", `,kind="read",result="error"`), "2+0x9 _ _ 1+0x28"},
+			{daemon("autopilot_health_api_writes_total", "rebooted", `,kind="status",result="ok"`), "0+1x9 _ _ 1+1x28"},
+			// "denied": restarted at minute 12 into a status write that is
+			// forbidden from then on (its Node read works): the earlier
+			// process's status writes that worked are in the window until
+			// minute 24, then every status call of the window failed.
+			{daemon("process_start_time_seconds", "denied", ""), "0+0x9 _ _ 690+0x28"},
+			{daemon("autopilot_health_api_writes_total", "denied", `,kind="read",result="ok"`), "1+0x9 _ _ 1+0x28"},
+			{daemon("autopilot_health_api_writes_total", "denied", `,kind="status",result="ok"`), "0+1x9 _ _ 0+0x28"},
+			{daemon("autopilot_health_api_writes_total", "denied", `,kind="status",result="forbidden"`), "_ _ _ _ _ _ _ _ _ _ _ _ 1+1x28"},
 			// A reload refused at minute 5, one that applies at minute 31.
 			{daemon("autopilot_health_config_last_reload_successful", "up", ""), "1+0x4 0+0x25 1+0x10"},
 			{daemon("autopilot_health_healthy", "flaky", ""), strings.Join(healthy, " ")},
@@ -320,6 +337,13 @@ func daemonTests() promTest {
 			{EvalTime: "25m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
 			{EvalTime: "26m", Alertname: "AutopilotHealthAPIWritesFailing"},
+			// "denied": every status call failed in the window from minute
+			// 24 on; firing 5 minutes later, the restart no excuse.
+			{EvalTime: "28m", Alertname: "AutopilotHealthAPIWritesFailing"},
+			{EvalTime: "29m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "denied", "kind": "status"})}},
+			{EvalTime: "40m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "denied", "kind": "status"})}},
 			{EvalTime: "15m", Alertname: "AutopilotHealthStateWritesFailing"},
 			{EvalTime: "16m", Alertname: "AutopilotHealthStateWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthStateWritesFailing", map[string]string{"node": "up", "job": Job, "instance": "up:20257", "result": "error"})}},
 			{EvalTime: "19m", Alertname: "AutopilotHealthConfigReloadRefused"},
