@@ -140,13 +140,36 @@ func (fs *fakeSystemd) expect(t *testing.T, member, unit string) *godbus.Message
 	return m
 }
 
-// restart answers the reset-failed and the restart of unit (job 42), and
+// read answers a read of unit (ListUnitsByNames, then a Properties.Get of
+// each property Units reads of a running service): running, at invocation
+// ab.
+func (fs *fakeSystemd) read(t *testing.T, unit string) {
+	t.Helper()
+	m := fs.next(t)
+	if names, ok := m.Body[0].([]string); m.Headers[godbus.FieldMember].Value() != "ListUnitsByNames" || !ok || len(names) != 1 || names[0] != unit {
+		t.Fatalf("got %v, want a ListUnitsByNames of %s", m, unit)
+	}
+	fs.answer(t, m, []godbusUnitStatus{{unit, "", "loaded", "active", "running", "", "/org/freedesktop/systemd1/unit/u", 0, "", "/"}})
+	props := map[string]any{"InvocationID": []byte{0xab}, "Result": "success", "NRestarts": uint32(0), "ExecMainStartTimestamp": uint64(1), "ExecMainStartTimestampMonotonic": uint64(1)}
+	for range props {
+		m := fs.next(t)
+		v, ok := props[m.Body[1].(string)]
+		if m.Headers[godbus.FieldMember].Value() != "Get" || !ok {
+			t.Fatalf("got %v, want a Properties.Get of one of %v", m, props)
+		}
+		fs.answer(t, m, godbus.MakeVariant(v))
+	}
+}
+
+// restart answers the reset-failed, the read of the unit and the restart
+// of unit (job 42), and
 // returns once the client read the answer: its answer to a Ping sent after
 // it came back (the bus keeps the order of one connection's messages, and
 // the client reads its messages in order).
 func (fs *fakeSystemd) restart(t *testing.T, unit string) godbus.ObjectPath {
 	t.Helper()
 	fs.answer(t, fs.expect(t, "ResetFailedUnit", unit))
+	fs.read(t, unit)
 	call := fs.expect(t, "RestartUnit", unit)
 	job := godbus.ObjectPath("/org/freedesktop/systemd1/job/42")
 	fs.answer(t, call, job)

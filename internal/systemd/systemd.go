@@ -290,10 +290,13 @@ func (d *DBus) call(ctx context.Context, f func(c *busConn) error) error {
 
 // isNoReply reports whether err is the bus's NoReply: the peer left the
 // bus without answering the call (systemd re-executing), or did not answer
-// within dbus-daemon's reply timeout.
+// within dbus-daemon's reply timeout. err is our connection's (*BusError)
+// or go-systemd's (godbus.Error).
 func isNoReply(err error) bool {
+	const noReply = "org.freedesktop.DBus.Error.NoReply"
 	var be *BusError
-	return errors.As(err, &be) && be.Name == "org.freedesktop.DBus.Error.NoReply"
+	var ge godbus.Error
+	return errors.As(err, &be) && be.Name == noReply || errors.As(err, &ge) && ge.Name == noReply
 }
 
 // Close closes the connection; calls after it fail.
@@ -569,16 +572,44 @@ func JobCanceled(err error) bool {
 	return errors.As(err, &je) && je.Result == "canceled"
 }
 
-// Restart implements Manager.
+// Restart implements Manager. A RestartUnit that systemd left without an
+// answer (NoReply: it re-executed, `systemctl daemon-reexec`, with the call
+// on its way) is sent once more when systemd did not take it: the unit,
+// read once systemd is back, is as it was before the call (its invocation
+// and state) with no job. One it took (a job on the unit, or the unit
+// moved on) is not sent again, which would run the restart twice (a
+// restart merged into a running job runs it again): the restart ends with
+// ErrJobReplyLost.
 func (d *DBus) Restart(ctx context.Context, name string) error {
 	if err := d.ResetFailed(ctx, name); err != nil {
 		return err
 	}
-	if err := d.job(ctx, name, (*sd.Conn).RestartUnitContext); err != nil {
+	// Read for a NoReply only: a read that fails leaves the restart as it
+	// was, not retried.
+	before, berr := d.Unit(ctx, name)
+	restart := func(c *sd.Conn, ctx context.Context, name, mode string, ch chan<- string) (int, error) {
+		id, err := c.RestartUnitContext(ctx, name, mode, ch)
+		if !isNoReply(err) || berr != nil || ctx.Err() != nil {
+			return id, err
+		}
+		after, aerr := d.Unit(ctx, name)
+		if aerr != nil {
+			return id, err
+		}
+		if after.Job != 0 || after.Invocation != before.Invocation || after.ActiveState != before.ActiveState || after.SubState != before.SubState {
+			return id, ErrJobReplyLost
+		}
+		return c.RestartUnitContext(ctx, name, mode, ch)
+	}
+	if err := d.job(ctx, name, restart); err != nil {
 		return fmt.Errorf("restart %s: %w", name, err)
 	}
 	return nil
 }
+
+// ErrJobReplyLost means that systemd re-executed before it answered a
+// job's call, and took the job: its result is unknown, and it may still run.
+var ErrJobReplyLost = errors.New("systemd re-executed before it answered, and took the job: its result is unknown (the job may still be running)")
 
 // ResetFailed implements Manager.
 func (d *DBus) ResetFailed(ctx context.Context, name string) error {
