@@ -264,7 +264,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
 	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u):
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
-	case u.ActiveState == "failed" && r.stoppedBySomeone(unit, u):
+	case u.ActiveState == "failed" && (r.stoppedBySomeone(unit, u) || u.StopEndedFailed() && !r.leftByOwnRestart(unit, u)):
 		return RepairStopped, fmt.Sprintf("not restarted: %s was stopped and did not stop cleanly (failed/%s, result %s); a stopped unit is not started by the repair", unit, u.SubState, u.Result)
 	}
 	now := r.now()

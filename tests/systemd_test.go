@@ -369,7 +369,7 @@ func TestUnitsMatchAFullRead(t *testing.T) {
 			// Restart and RestartUSec: read only for a service that is
 			// not active (ServiceNotRecovering's wait for an automatic
 			// restart).
-			want.Restart, want.RestartDelay = "", 0
+			want.Restart, want.RestartDelay, want.ActiveExitMono, want.MainExitMono = "", 0, 0, 0
 		}
 		one, err := bus.Unit(ctx, name)
 		if err != nil {
@@ -418,6 +418,12 @@ func fullRead(t testing.TB, c *sd.Conn, name string) systemd.Unit {
 	sp, err := c.GetUnitTypePropertiesContext(ctx, name, "Service")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if us, ok := p["ActiveExitTimestampMonotonic"].(uint64); ok {
+		u.ActiveExitMono = time.Duration(us) * time.Microsecond
+	}
+	if us, ok := sp["ExecMainExitTimestampMonotonic"].(uint64); ok {
+		u.MainExitMono = time.Duration(us) * time.Microsecond
 	}
 	u.Result, _ = sp["Result"].(string)
 	u.NRestarts, _ = sp["NRestarts"].(uint32)

@@ -123,3 +123,31 @@ func TestJobError(t *testing.T) {
 		t.Error("an error that is not a job's is canceled")
 	}
 }
+
+// A failed service whose unit left the active state in its current run
+// before its main process exited, with a result a stop ends with, was
+// failed by a stop; the rest was failed by its process or by systemd's own
+// kill.
+func TestStopEndedFailed(t *testing.T) {
+	stop := Unit{ActiveState: "failed", Result: "timeout", MainStartMono: 10 * time.Second, ActiveExitMono: 20 * time.Second, MainExitMono: 21 * time.Second}
+	for _, tc := range []struct {
+		name string
+		edit func(*Unit)
+		want bool
+	}{
+		{"killed at its stop timeout", func(*Unit) {}, true},
+		{"exited 1 on SIGTERM", func(u *Unit) { u.Result = "exit-code" }, true},
+		{"crashed: its process exited first", func(u *Unit) { u.Result, u.MainExitMono = "signal", u.ActiveExitMono }, false},
+		{"its watchdog", func(u *Unit) { u.Result = "watchdog" }, false},
+		{"OOM kill under OOMPolicy=stop", func(u *Unit) { u.Result = "oom-kill" }, false},
+		{"a start timeout: left active in a run before", func(u *Unit) { u.ActiveExitMono = 5 * time.Second }, false},
+		{"not failed", func(u *Unit) { u.ActiveState = "inactive" }, false},
+		{"timestamps not read", func(u *Unit) { u.ActiveExitMono, u.MainExitMono = 0, 0 }, false},
+	} {
+		u := stop
+		tc.edit(&u)
+		if got := u.StopEndedFailed(); got != tc.want {
+			t.Errorf("%s: %+v: StopEndedFailed %v, want %v", tc.name, u, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// waitFile waits for a file a unit writes once it is ready.
+func waitFile(t *testing.T, p, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		if _, err := os.Stat(p); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: no %s", what, p)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a file the unit writes
+	}
+}
+
+// An operator's `systemctl stop` that ends the unit failed before any
+// probe saw its stop job: a service that exits non-zero on SIGTERM (result
+// exit-code, at once), or one killed at a TimeoutStopSec shorter than the
+// probe interval (result timeout). systemd does not restart a stopped unit,
+// whatever its Restart=; the repairer must not either, though no read of
+// it saw the stop (43e5da1 relied on that). Before, the next failed probe
+// restarted it: the daemon fought the operator. A unit that crashed on its
+// own (killed, Restart=no) and sits failed is still restarted.
+func TestRepairLeavesAStopNoProbeSawAlone(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	units := map[string]string{
+		// exits 1 on SIGTERM: the stop ends failed at once.
+		"stopexit.service": "ExecStart=/bin/sh -c 'trap \"exit 1\" TERM; touch /run/stopexit-ready; while :; do sleep 0.2; done'\nRestart=always\nRestartSec=100ms\n",
+		// ignores SIGTERM: killed at its TimeoutStopSec, 1 s (< 10 s).
+		"stoptimeout.service": "ExecStart=/bin/sh -c 'trap \"\" TERM; touch /run/stoptimeout-ready; while :; do sleep 0.2; done'\nTimeoutStopSec=1\nRestart=always\nRestartSec=100ms\n",
+	}
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	for unit, svc := range units {
+		ready := "/run/" + strings.TrimSuffix(unit, ".service") + "-ready"
+		if err := s.AddUnit(ctx, unit, "[Unit]\nDefaultDependencies=no\n[Service]\nExecStartPre=/bin/rm -f "+ready+"\n"+svc); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.StartUnit(ctx, unit); err != nil {
+			t.Fatal(err)
+		}
+		defer s.StopUnit(ctx, unit)
+		waitUnit(t, s, unit, "up", active)
+		waitFile(t, s.Root(ready), unit+"'s trap")
+		// A read of the unit while it runs (a probe that failed earlier,
+		// ServiceNotRecovering's minute): the repairer knows it.
+		r.Repair(ctx, unit, time.Hour, "probe failed")
+		if err := s.StopUnit(ctx, unit); err != nil {
+			t.Fatal(err)
+		}
+		u := waitUnit(t, s, unit, "the operator's stop ended", func(u systemd.Unit) bool { return u.Job == 0 && u.ActiveState == "failed" })
+		res, msg := r.Repair(ctx, unit, 0, "probe failed")
+		r.Wait()
+		if res != checks.RepairStopped || !strings.Contains(msg, "was stopped") {
+			t.Errorf("repair of %s, stopped by the operator, ended failed (result %s): %s %q, want %s", unit, u.Result, res, msg, checks.RepairStopped)
+		}
+		if after, err := s.Bus.Unit(ctx, unit); err != nil || after.Invocation != u.Invocation || after.ActiveState != "failed" {
+			t.Errorf("%s after the repair: %+v, %v; want it left failed at %s", unit, after, err, u.Invocation)
+		}
+	}
+	// A crash (killed, Restart=no) is no stop: restarted.
+	const crash = "crashes.service"
+	if err := s.AddUnit(ctx, crash, "[Unit]\nDefaultDependencies=no\n[Service]\nExecStart=/bin/sleep infinity\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, crash); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, crash)
+	waitUnit(t, s, crash, "up", active)
+	if err := s.KillMain(ctx, crash, int32(syscall.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	u := waitUnit(t, s, crash, "failed", func(u systemd.Unit) bool { return u.ActiveState == "failed" })
+	if res, msg := r.Repair(ctx, crash, 0, "probe failed"); res != checks.RepairRestarted {
+		t.Errorf("repair of a unit that crashed (failed, result %s): %s %q, want %s", u.Result, res, msg, checks.RepairRestarted)
+	}
+	r.Wait()
+	waitUnit(t, s, crash, "restarted", func(n systemd.Unit) bool { return active(n) && n.Invocation != u.Invocation })
+}
