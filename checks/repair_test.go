@@ -576,6 +576,33 @@ func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
 	})
 }
 
+// A unit an operator's stop left failed (killed at its TimeoutStopSec)
+// stays failed: systemd restarts no unit that was stopped, whatever its
+// Restart=. It is read once per run, not every 50 ms for the run's whole
+// timeout (twice its RestartSec, up to 9 s of every minute for as long as
+// the operator keeps it stopped).
+func TestServiceNotRecoveringDoesNotWaitOnAStoppedUnit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.ActiveState, u.SubState, u.Result, u.Restart, u.RestartDelay = "failed", "failed", "timeout", "always", 10*time.Second
+		u.MainStartMono, u.ActiveExitMono, u.MainExitMono = time.Minute, 2*time.Minute, 2*time.Minute+90*time.Second
+		m := newFakeManager(u, running("containerd.service"), running("syself-proxy.service"))
+		c, _ := newServiceNotRecovering(snrEnv(t, m))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the check's default timeout
+		r, err := c.Probe(ctx)
+		cancel()
+		if err != nil || r.Status != report.StatusTrue || r.Reason != "UnitFailed" {
+			t.Errorf("stopped, failed: %+v, %v", r, err)
+		}
+		m.mu.Lock()
+		reads := m.unitReads["kubelet.service"]
+		m.mu.Unlock()
+		if reads != 1 {
+			t.Errorf("a unit a stop left failed: read %d times in one run, want 1", reads)
+		}
+	})
+}
+
 // The repairer reads kubelet every 10 s when its probe fails; the first
 // ServiceNotRecovering run of the boot comes later. Restarts the repairer's
 // reads saw before that run do not make it flapping: the first run only

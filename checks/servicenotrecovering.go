@@ -82,12 +82,13 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 			states = append(states, ServiceState{Unit: u})
 			continue
 		}
-		if u.ActiveState == "failed" && u.Restart != "" && u.Restart != "no" && u.Result != "start-limit-hit" {
+		if u.ActiveState == "failed" && u.Restart != "" && u.Restart != "no" && u.Result != "start-limit-hit" && !u.StopEndedFailed() {
 			// Possibly the failed state systemd passes through right before
 			// an automatic restart: look again after the restart delay.
-			// Not after start-limit-hit: systemd restarts no unit whose
-			// start limit was hit, and re-reading it every 50 ms for the
-			// whole wait, at every run, would only load the bus.
+			// Not after start-limit-hit, nor after a stop that ended
+			// failed: systemd restarts neither, and re-reading it every
+			// 50 ms for the whole wait, at every run, would only load the
+			// bus.
 			u, err = c.settle(ctx, u)
 			if err != nil {
 				return Result{}, err
