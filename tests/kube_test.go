@@ -35,6 +35,7 @@ import (
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -373,6 +374,109 @@ func TestKubeRestartBeforeTheFirstReportKeepsTheKernelCondition(t *testing.T) {
 	if c := cond(n, "ReadonlyFilesystem"); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Time.Equal(line) {
 		t.Errorf("ReadonlyFilesystem after the restart: %s/%s since %v; want True since %v", c.Status, c.Reason, c.LastTransitionTime.Time, line)
 	}
+}
+
+// foldRecorder is the node's client, recording each status write that
+// carries the report annotations (a report refresh with the heartbeat):
+// the Node as admin read it just before, and the API server's answer.
+type foldRecorder struct {
+	kube.Client
+	s    *harness.APIServer
+	node string
+	mu   sync.Mutex
+	got  []foldWrite
+}
+
+type foldWrite struct {
+	before *corev1.Node
+	answer *kubeapi.Node
+	err    error
+}
+
+func (c *foldRecorder) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	if !bytes.Contains(patch, []byte(`"annotations"`)) {
+		return c.Client.PatchNodeStatus(ctx, name, patch)
+	}
+	before, err := c.s.Admin.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	n, err := c.Client.PatchNodeStatus(ctx, name, patch)
+	c.mu.Lock()
+	c.got = append(c.got, foldWrite{before: before, answer: n, err: err})
+	c.mu.Unlock()
+	return n, err
+}
+
+func (c *foldRecorder) writes() []foldWrite {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]foldWrite(nil), c.got...)
+}
+
+// The heartbeat rides on the report refresh before it falls due, against
+// the real API server with NodeRestriction, as the node's own credentials:
+// the one nodes/status patch that carries the conditions and the report
+// annotations is accepted, and moves both the documents' updatedAt and
+// every condition's lastHeartbeatTime. (A heartbeat period of 3 s and a
+// report interval of 2 s: the refresh 2 s after the first write carries the
+// heartbeat due at 3 to 3.3 s.)
+func TestKubeHeartbeatRidesOnTheReportRefresh(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-heartbeat-with-report"
+	registerNode(t, s, node)
+	nc, _ := nodeClient(t, s, node)
+	client := &foldRecorder{Client: nc, s: s, node: node}
+	store := report.NewStore("boot")
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+	store.Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusFalse, Reason: report.ReasonClockSynchronized}, time.Now())
+	det := report.NewDetails()
+	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 3 * time.Second, ReportInterval: 2 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	defer x.stop()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(client.writes()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no report refresh carried the heartbeat in 30 s (writes: %v)", x.m.Reporting().Calls)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w := client.writes()[0]
+	if w.err != nil {
+		t.Fatalf("the status patch with the report, as the node: %v", w.err)
+	}
+	updatedAt := func(annotations map[string]string) time.Time {
+		var doc struct {
+			UpdatedAt time.Time `json:"updatedAt"`
+		}
+		json.Unmarshal([]byte(annotations[report.AnnotationPrefix+"storage"]), &doc)
+		return doc.UpdatedAt
+	}
+	before, after := updatedAt(w.before.Annotations), updatedAt(w.answer.Metadata.Annotations)
+	if before.IsZero() || !after.After(before) {
+		t.Errorf("the report's updatedAt: %v before the write, %v after; want it moved on (the report written before: %q)", before, after, w.before.Annotations[report.AnnotationPrefix+"storage"])
+	}
+	if !strings.Contains(w.answer.Metadata.Annotations[report.AnnotationPrefix+"storage"], `"filesystems":[{"mountPoint":"/","usedPercent":12}]`) {
+		t.Errorf("the report written with the heartbeat: %s", w.answer.Metadata.Annotations[report.AnnotationPrefix+"storage"])
+	}
+	for _, ty := range []string{"DiskUsageHigh", "ClockNotSynchronized"} {
+		b := cond(w.before, ty)
+		var a *kubeapi.NodeCondition
+		for i, c := range w.answer.Status.Conditions {
+			if c.Type == ty {
+				a = &w.answer.Status.Conditions[i]
+			}
+		}
+		if b == nil || a == nil || !a.LastHeartbeatTime.Time.After(b.LastHeartbeatTime.Time) || !a.LastTransitionTime.Time.Equal(b.LastTransitionTime.Time) {
+			t.Errorf("%s before the write %+v, after %+v; want its heartbeat moved on, its transition time kept", ty, b, a)
+		}
+	}
+	readyIntact(t, waitNode(t, s, node, "the Node after the write", func(*corev1.Node) bool { return true }))
 }
 
 // A Node whose other writers' annotations leave no room for this boot's

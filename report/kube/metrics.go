@@ -119,6 +119,13 @@ func (m *Metrics) observe(kind string, start time.Time, err error) {
 	if err == nil {
 		m.lastOK.SetToCurrentTime()
 	}
+	m.called(kind, err)
+}
+
+// called records the outcome of a call of kind for status (its last
+// success, its last error), not counted: a status write that carries the
+// report refresh is counted once, as status, and is the refresh's call too.
+func (m *Metrics) called(kind string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.calls[kind]

@@ -155,6 +155,10 @@ type Reporter struct {
 	// rewrite gets a token when the conditions must be written again (the
 	// Node was registered anew).
 	rewrite chan struct{}
+	// refreshes takes the annotation loop's report refresh to the status loop,
+	// which writes it with the heartbeat in one status patch when the
+	// heartbeat would fall due before the next refresh (see foldOffer).
+	refreshes chan foldOffer
 	// renderErr is the last error of rendering the report (annotation loop
 	// only): logged when it changes, not on every write.
 	renderErr string
@@ -203,7 +207,7 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), back: make(chan struct{}), failingNow: make(chan struct{}, 1),
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), refreshes: make(chan foldOffer), back: make(chan struct{}), failingNow: make(chan struct{}, 1),
 		eventSeq: eventSeqStart()}
 	r.m.SetReporting(true)
 	return r
@@ -500,15 +504,21 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	// deferred: messages changed since the last write wait for the next
 	// heartbeat (messageOnly), or the last write on a stop.
 	beat, deferred := false, false
-	hb := time.NewTimer(r.heartbeatIn())
+	// hbAt is when the next heartbeat falls due (hb fires then).
+	hbAt := time.Now().Add(r.heartbeatIn())
+	hb := time.NewTimer(time.Until(hbAt))
 	defer hb.Stop()
+	resetBeat := func() {
+		hbAt = time.Now().Add(r.heartbeatIn())
+		hb.Reset(time.Until(hbAt))
+	}
 	var retry <-chan time.Time
 	for {
 		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10+heartbeatGrid, backoffMax))
 		changed := r.o.Store.Changed()
 		r.m.setStatusPending(dirty || deferred)
 		if dirty && retry == nil {
-			if err := r.writeStatus(ctx); err != nil {
+			if err := r.writeStatus(ctx, nil); err != nil {
 				if ctx.Err() != nil {
 					// Shutdown cut the write short: the last change still
 					// gets its one short attempt.
@@ -538,7 +548,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 					r.changeWrote()
 				}
 				beat = false
-				hb.Reset(r.heartbeatIn())
+				resetBeat()
 			}
 		}
 		select {
@@ -572,6 +582,27 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			// the report waits for them. One token per report write,
 			// which then waits for this write: no loop.
 			dirty, beat, retry = true, false, nil
+		case o := <-r.refreshes:
+			// A report refresh: when the heartbeat falls due before the
+			// next one, this write is the heartbeat too (one write, not
+			// two), and the heartbeat's wait starts again from it. Not
+			// while a write of the conditions waits (a change, a retry):
+			// the refresh is written alone, and the heartbeat as before.
+			if dirty || retry != nil || !hbAt.Before(o.next) {
+				o.answer <- foldAnswer{}
+				break
+			}
+			err := r.writeStatus(ctx, o.docs)
+			if errors.Is(err, errNoConditions) {
+				o.answer <- foldAnswer{}
+				break
+			}
+			o.answer <- foldAnswer{folded: true, err: err}
+			if err == nil {
+				deferred = false
+				r.m.setStatusPending(false)
+				resetBeat()
+			}
 		case <-retry:
 			retry = nil
 		case <-r.apiBack():
@@ -595,7 +626,7 @@ func (r *Reporter) finalWrite(dirty bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
 	defer cancel()
-	if err := r.writeStatus(ctx); err != nil {
+	if err := r.writeStatus(ctx, nil); err != nil {
 		r.o.Log.Warn("last write of conditions before shutdown failed; the state file keeps them for the next start", "err", err)
 	}
 }
@@ -838,7 +869,12 @@ func (r *Reporter) expectedTypes() []string {
 	return slices.Clone(r.nodeTypes)
 }
 
-func (r *Reporter) writeStatus(ctx context.Context) error {
+// writeStatus writes the store's conditions, every one's heartbeat with
+// them. refresh, if not nil, is a report refresh the same patch carries
+// (the annotation loop's, folded in: see foldOffer); a refusal of it is the
+// refresh's failure, and the conditions are not written without it (the
+// heartbeat, still due, goes on its own).
+func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) error {
 	conds := r.o.Store.All()
 	remove := slices.Clone(r.stale)
 	for _, t := range r.onNode {
@@ -847,6 +883,10 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 		}
 	}
 	if len(conds) == 0 && len(remove) == 0 {
+		if refresh != nil {
+			// No heartbeat to carry: the refresh goes alone.
+			return errNoConditions
+		}
 		// The Node holds none of the daemon's conditions (adoption put any
 		// it holds into the store or stale): nothing of an earlier boot.
 		r.wroteOnce()
@@ -860,8 +900,8 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	// report of this boot, as far as the checks have collected it, goes
 	// in the same patch: the Node never holds this boot's conditions
 	// under another boot's report.
-	var docs map[string]*string
-	if boot := r.o.Details.BootID(); boot != "" && r.reportBoot != boot {
+	docs := refresh
+	if boot := r.o.Details.BootID(); refresh == nil && boot != "" && r.reportBoot != boot {
 		switch {
 		case !r.reportRefused:
 			docs = r.earlyReport()
@@ -876,7 +916,12 @@ func (r *Reporter) writeStatus(ctx context.Context) error {
 	start := time.Now()
 	n, err := r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
 	r.m.observe(KindStatus, start, err)
-	if err != nil && docs != nil && !r.reportRefused && annotationsRefused(err) {
+	if refresh != nil {
+		// One write that is the report refresh too: status shows it as
+		// that call's (its count is status's: one call).
+		r.m.called(KindAnnotations, err)
+	}
+	if err != nil && refresh == nil && docs != nil && !r.reportRefused && annotationsRefused(err) {
 		// The report does not fit beside the Node's other annotations
 		// (256 KiB together): the report write will be refused alike, but
 		// the conditions must not be. They go without it, and the earlier
@@ -1057,7 +1102,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 				continue
 			}
 		}
-		if err := r.writeAnnotations(ctx); err != nil {
+		if err := r.writeAnnotations(ctx, !failed); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -1092,7 +1137,60 @@ func (r *Reporter) role() report.Role {
 	return r.o.Role
 }
 
-func (r *Reporter) writeAnnotations(ctx context.Context) error {
+// foldOffer is a report refresh the annotation loop offers the status
+// loop: when the heartbeat falls due before next (the refresh after this
+// one), the status loop writes the conditions with their heartbeat and
+// docs in one nodes/status patch, a heartbeat whose wait starts again from
+// it, instead of the refresh now and the heartbeat on its own a minute or
+// two later (30 writes an hour, not 42, at the 2 min report_interval and
+// the 5 min heartbeat_period). It answers on answer (buffered).
+type foldOffer struct {
+	docs   map[string]*string
+	next   time.Time
+	answer chan foldAnswer
+}
+
+// errNoConditions: a report refresh offered to the status loop finds no
+// conditions to write (none evaluated, none to remove): it goes alone.
+var errNoConditions = errors.New("no conditions to write with the report")
+
+// foldAnswer: folded, the refresh was written with the heartbeat (err its
+// outcome); else the annotation loop writes it alone.
+type foldAnswer struct {
+	folded bool
+	err    error
+}
+
+// offerFold offers the refresh of docs to the status loop (foldOffer),
+// where the heartbeat period is not shorter than the report interval (else
+// the heartbeat falls due between every two refreshes and goes alone). It
+// reports whether the status loop wrote it, and the write's error.
+func (r *Reporter) offerFold(ctx context.Context, docs map[string]string) (bool, error) {
+	if r.o.ReportInterval > r.o.HeartbeatPeriod {
+		return false, nil
+	}
+	now := time.Now()
+	o := foldOffer{docs: make(map[string]*string, len(docs)), next: r.o.Grid.Next(now, r.o.ReportInterval), answer: make(chan foldAnswer, 1)}
+	for k, v := range docs {
+		o.docs[k] = &v
+	}
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case r.refreshes <- o:
+	}
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case a := <-o.answer:
+		return a.folded, a.err
+	}
+}
+
+// writeAnnotations writes the report refresh; fold: it may be the status
+// loop's heartbeat too (offerFold), not when it is a retry of a refresh
+// that failed (the heartbeat is not held back by a failing refresh).
+func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	docs, err := r.o.Details.Documents(time.Now(), r.role())
 	// A failing domain carries an error document; the others are written
 	// all the same.
@@ -1100,6 +1198,11 @@ func (r *Reporter) writeAnnotations(ctx context.Context) error {
 		r.renderErr = msg
 		if err != nil {
 			r.o.Log.Error("report domain not rendered; its annotation says why", "err", err)
+		}
+	}
+	if fold {
+		if folded, err := r.offerFold(ctx, docs); folded || ctx.Err() != nil {
+			return err
 		}
 	}
 	// The UID of the Node last read or written is a precondition: a Node

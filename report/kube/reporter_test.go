@@ -370,6 +370,7 @@ func TestAnnotationsCarryFiveDocuments(t *testing.T) {
 func TestSteadyStateWritesPerHour(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
+		hb := watchHeartbeats(client)
 		store := report.NewStore("b")
 		for _, c := range []report.Condition{
 			{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"},
@@ -382,15 +383,158 @@ func TestSteadyStateWritesPerHour(t *testing.T) {
 		time.Sleep(10 * time.Minute) // settle
 		synctest.Wait()
 		client.ClearActions()
+		hb.reset()
 		time.Sleep(time.Hour)
 		synctest.Wait()
 		acts := countActions(client)
 		status, ann := acts["patch nodes/status"], acts["patch nodes"]
-		t.Logf("steady state: %d API writes per node per hour (%d condition heartbeats, %d report refreshes), %d other calls",
-			status+ann, status, ann, len(client.Actions())-status-ann)
-		// Heartbeats every 5 to 5.5 minutes (never more often than configured).
-		if status < 10 || status > 12 || ann != 30 || len(client.Actions()) != status+ann {
-			t.Errorf("writes per hour: %v", acts)
+		folded := statusWritesWithReport(client)
+		worst := hb.oldest()
+		t.Logf("steady state: %d API writes per node per hour (%d condition writes, %d of them a report refresh too; %d report refreshes in all), %d other calls; the oldest heartbeat on the Node %s",
+			status+ann, status, folded, ann+folded, len(client.Actions())-status-ann, worst)
+		// The heartbeat rides on the report refresh before it falls due:
+		// the 30 report refreshes are all the writes, and no condition's
+		// heartbeat on the Node is ever older than the period and its
+		// jitter (a second more: lastHeartbeatTime is to the second). A
+		// refresh carries it only when it would fall due before the next
+		// one: every other refresh (at 4 min, the next 5 to 5.5 after).
+		if status+ann != 30 || ann+folded != 30 || folded != status || folded != 15 || len(client.Actions()) != status+ann {
+			t.Errorf("writes per hour: %v, %d status writes carrying the report; want 30 writes, all report refreshes, 15 of them with the heartbeat", acts, folded)
+		}
+		if limit := 5*time.Minute + 30*time.Second + time.Second; worst > limit || worst == 0 {
+			t.Errorf("the oldest heartbeat on the Node: %s; want within %s", worst, limit)
+		}
+		h.stop()
+	})
+}
+
+// heartbeatAges follows how old the daemon's conditions' lastHeartbeatTime
+// on the Node get: it looks just before each write to the Node (a
+// heartbeat's age only grows until a write) and when asked.
+type heartbeatAges struct {
+	client *fake.Clientset
+	mu     sync.Mutex
+	worst  time.Duration
+}
+
+func watchHeartbeats(client *fake.Clientset) *heartbeatAges {
+	w := &heartbeatAges{client: client}
+	client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		w.look()
+		return false, nil, nil
+	})
+	return w
+}
+
+func (w *heartbeatAges) look() {
+	o, err := w.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", node)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range o.(*corev1.Node).Status.Conditions {
+		if _, ours := report.Lookup(string(c.Type)); ours && !c.LastHeartbeatTime.IsZero() {
+			w.worst = max(w.worst, time.Since(c.LastHeartbeatTime.Time))
+		}
+	}
+}
+
+// reset forgets what was seen so far.
+func (w *heartbeatAges) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.worst = 0
+}
+
+// oldest is the oldest heartbeat seen, now included.
+func (w *heartbeatAges) oldest() time.Duration {
+	w.look()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.worst
+}
+
+// statusWritesWithReport counts the status writes that carry the report
+// annotations.
+func statusWritesWithReport(c *fake.Clientset) int {
+	n := 0
+	for _, a := range c.Actions() {
+		if p, ok := a.(k8stesting.PatchAction); ok && p.GetSubresource() == "status" && strings.Contains(string(p.GetPatch()), `"annotations"`) {
+			n++
+		}
+	}
+	return n
+}
+
+// A report interval longer than the heartbeat period: the heartbeats are
+// written on their own, each within its period, as the report refresh
+// after it would come too late.
+func TestHeartbeatsAloneWhenTheReportIntervalIsLonger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		hb := watchHeartbeats(client)
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.ReportInterval = 10 * time.Minute })
+		<-h.r.Adopted()
+		time.Sleep(30 * time.Minute)
+		synctest.Wait()
+		client.ClearActions()
+		hb.reset()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		acts := countActions(client)
+		if folded := statusWritesWithReport(client); folded != 0 || acts["patch nodes"] != 6 || acts["patch nodes/status"] < 10 || acts["patch nodes/status"] > 12 {
+			t.Errorf("writes in an hour: %v, %d status writes carrying the report; want 6 report refreshes alone and 10 to 12 heartbeats", acts, folded)
+		}
+		if limit := 5*time.Minute + 30*time.Second + time.Second; hb.oldest() > limit {
+			t.Errorf("the oldest heartbeat on the Node: %s; want within %s", hb.oldest(), limit)
+		}
+		h.stop()
+	})
+}
+
+// A report refresh that cannot carry the heartbeat (the report no longer
+// fits beside the Node's other annotations: every write with it is
+// refused) does not hold the heartbeat back: it is written on its own, on
+// time, and the conditions' writes are not refused for the report.
+func TestHeartbeatOnTimeWhenTheReportRefreshFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		annotationLimit(client)
+		hb := watchHeartbeats(client)
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if statusWritesWithReport(client) == 0 {
+			h.stop()
+			t.Fatalf("no report refresh carried the heartbeat before another tool filled the annotations: %v", countActions(client))
+		}
+		// Another tool's annotations leave no room for the report.
+		n := h.node(t)
+		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-100)
+		if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+			t.Fatal(err)
+		}
+		client.ClearActions()
+		hb.reset()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		conds := 0
+		for _, a := range client.Actions() {
+			if p, ok := a.(k8stesting.PatchAction); ok && p.GetSubresource() == "status" && !strings.Contains(string(p.GetPatch()), `"annotations"`) {
+				conds++
+			}
+		}
+		if conds < 10 || conds > 12 {
+			t.Errorf("%d heartbeats alone in the hour the report was refused; want 10 to 12 (%v)", conds, countActions(client))
+		}
+		if limit := 5*time.Minute + 30*time.Second + time.Second; hb.oldest() > limit {
+			t.Errorf("the oldest heartbeat on the Node: %s; want within %s", hb.oldest(), limit)
 		}
 		h.stop()
 	})
@@ -418,23 +562,25 @@ func TestMessageOnlyChangesWaitForTheHeartbeat(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		client.ClearActions()
-		for i := range 4 { // a run a minute, each finding another error
+		for i := range 3 { // a run a minute, each finding another error
 			time.Sleep(time.Minute)
 			clock(report.StatusFalse, "ClockSynchronized", fmt.Sprintf("clock synchronized, estimated error %dms", i+2))
 			synctest.Wait()
 		}
 		if n := countActions(client)["patch nodes/status"]; n != 0 {
-			t.Errorf("%d status writes for 4 changes of a message alone in 4 minutes, want 0 before the heartbeat", n)
+			t.Errorf("%d status writes for 3 changes of a message alone in 3 minutes, want 0 before the heartbeat", n)
 		}
 		if !h.m.Reporting().StatusPending {
 			t.Error("status says nothing is pending while a new message waits for the heartbeat")
 		}
-		time.Sleep(90 * time.Second) // past the heartbeat (5 to 5.5 min)
+		// Past the heartbeat: it rides on the report refresh at 4 min, the
+		// last before it falls due (5 to 5.5 min).
+		time.Sleep(90 * time.Second)
 		synctest.Wait()
 		if h.m.Reporting().StatusPending {
 			t.Error("status says a change is pending after the heartbeat wrote it")
 		}
-		if c := findCond(h.node(t), "ClockNotSynchronized"); countActions(client)["patch nodes/status"] != 1 || c == nil || c.Message != "clock synchronized, estimated error 5ms" {
+		if c := findCond(h.node(t), "ClockNotSynchronized"); countActions(client)["patch nodes/status"] != 1 || c == nil || c.Message != "clock synchronized, estimated error 4ms" {
 			t.Errorf("after the heartbeat: %d writes, %+v; want 1 with the last message", countActions(client)["patch nodes/status"], c)
 		}
 		// A reason that flapped back within the coalescing: nothing
@@ -957,7 +1103,8 @@ func TestPeriodicWritesOnTheGrid(t *testing.T) {
 		var patches []time.Duration
 		beats := map[string][]time.Duration{}
 		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			if a.GetSubresource() == "" {
+			// A report refresh alone, or with the heartbeat (status).
+			if a.GetSubresource() == "" || strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), `"annotations"`) {
 				mu.Lock()
 				patches = append(patches, time.Since(grid.Anchor()))
 				mu.Unlock()
@@ -965,6 +1112,8 @@ func TestPeriodicWritesOnTheGrid(t *testing.T) {
 			return false, nil, nil
 		})
 		store := report.NewStore("b")
+		// A condition to write: every other refresh carries its heartbeat.
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
 		r := New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics: NewMetrics(nil), Grid: grid,
 			HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
@@ -1139,7 +1288,11 @@ func (c *closingClient) PatchNodeStatus(ctx context.Context, name string, patch 
 		c.note("failed")
 		return nil, errors.New("the API server is away")
 	}
-	c.note("status")
+	if strings.Contains(string(patch), `"annotations"`) {
+		c.note("folded") // a heartbeat and a report refresh in one write
+	} else {
+		c.note("status")
+	}
 	return c.Client.PatchNodeStatus(ctx, name, patch)
 }
 
@@ -1204,7 +1357,7 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 			periodic, changes, closes int
 		}
 		at := map[string]*instant{}
-		var beats, changes, anns, closes, events, failed int
+		var beats, changes, anns, folds, closes, events, failed int
 		// The writes of changes: at the start, then 200 ms after each.
 		changeAt := []time.Duration{3 * time.Second, 7*time.Minute + 3700*time.Millisecond, 16*time.Minute + 40200*time.Millisecond}
 		var eventAt []time.Duration
@@ -1227,6 +1380,17 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 			case what == "annotations":
 				anns++
 				in.periodic++
+			case what == "folded":
+				// One write, the heartbeat and the report refresh: on
+				// the report's 2-minute grid.
+				beats++
+				anns++
+				folds++
+				in.periodic++
+				if d%(2*time.Minute) != 0 {
+					t.Errorf("a heartbeat with the report %s off the 2 min grid: %v", c, calls)
+				}
+				retry = false
 			case what == "event":
 				events++
 				eventAt = append(eventAt, d)
@@ -1263,12 +1427,12 @@ func TestPeriodicWritesCloseTheIdleConnection(t *testing.T) {
 				t.Errorf("at %s: %d periodic writes, %d closes, want %d: %v", when, in.periodic, in.closes, want, calls)
 			}
 		}
-		// Heartbeats 5 to 5.5 minutes apart (and up to 10 s for the grid)
-		// after the last write over 25 minutes, one of them failing once
-		// and written again; annotations at the start and every 2 minutes.
-		// Kept: the annotations at 3 s, 8, 14 and 18 min.
-		if changes != 3 || events != 1 || failed != 1 || beats < 3 || beats > 5 || anns != 13 || kept != 4 || closes != beats+anns-kept {
-			t.Errorf("%d change writes, %d heartbeats, %d annotation writes, %d closes: %v", changes, beats, anns, closes, calls)
+		// Heartbeats over 25 minutes, one write failing once and written
+		// again; annotations at the start and every 2 minutes, the
+		// heartbeat riding on the refresh before it falls due (one write,
+		// one close). Kept: the annotations at 3 s, 8, 14 and 18 min.
+		if changes != 3 || events != 1 || failed != 1 || beats < 3 || beats > 5 || folds < 2 || anns != 13 || kept != 4 || closes != beats+anns-folds-kept {
+			t.Errorf("%d change writes, %d heartbeats (%d with the report), %d annotation writes, %d closes: %v", changes, beats, folds, anns, closes, calls)
 		}
 	})
 }
