@@ -281,6 +281,14 @@ func errEOF(path string) error {
 // per few records (see kmsgFile).
 const GatherTime = 10 * time.Millisecond
 
+// startSlack is how long before the start a record may be stamped and
+// still be read after a reopen of a reader that started at the end of the
+// log before it handled a record (see Run): the kernel stamps its records
+// with its own clock (local_clock), which runs a little apart from
+// CLOCK_MONOTONIC (a millisecond or so), so a record logged just after the
+// start is never taken for one of before it.
+const startSlack = time.Second
+
 // catchUpWait is how long a read waits for the next record while the
 // reader works through the backlog: when none comes, the end is reached.
 const catchUpWait = 250 * time.Millisecond
@@ -326,6 +334,8 @@ func (rd *Reader) Run(ctx context.Context) {
 	rd.mu.Unlock()
 	store.Keep(CursorKey, rd.snapshot)
 	last, haveLast := cur.Seq, cur.Have
+	// handled: a record was handled since the start (last is one).
+	handled := haveLast
 	winGen := rd.Monitor.winGen
 
 	// bootWall is the wall time of kernel time 0, to which a record's
@@ -369,18 +379,37 @@ func (rd *Reader) Run(ctx context.Context) {
 			return true
 		}
 	}
+	// A start at the end (from_boot_start false, no cursor) seeks to the
+	// end at the first open only. A reopen before a record was handled (a
+	// read that failed, a first open that failed) reads from the start of
+	// the ring and skips the records stamped before skipBefore, the kernel
+	// time of the start less startSlack: it sought to the end again
+	// before, and the records logged during the failure and its backoff
+	// were lost, counted nowhere.
+	atEnd := !haveLast && !rd.FromStart
+	startedAtEnd := atEnd
+	var skipBefore uint64
+	if atEnd {
+		now := MonotonicNow()
+		skipBefore = now - min(now, uint64(startSlack/time.Microsecond))
+	}
 	for ctx.Err() == nil {
+		// skipping: this open reads the records of before the start too
+		// (from the ring's start, or after one of them), which are not
+		// handled.
+		skipping := startedAtEnd && !atEnd && !handled
 		f, err := rd.Open(rd.Path)
 		if err == nil {
-			if haveLast || rd.FromStart {
-				_, err = f.Seek(0, io.SeekStart)
-			} else {
+			if atEnd {
 				_, err = f.Seek(0, io.SeekEnd)
+			} else {
+				_, err = f.Seek(0, io.SeekStart)
 			}
 			if err != nil {
 				f.Close()
 			}
 		}
+		atEnd = false
 		if err != nil {
 			if !fail("cannot open the kernel log", err) {
 				return
@@ -491,6 +520,12 @@ func (rd *Reader) Run(ctx context.Context) {
 				unparsed = 0
 				continue // handled before the restart
 			}
+			if skipping && !handled && rec.Usec < skipBefore {
+				// Logged before the start: left, as the first open left
+				// it; its sequence number is where a gap is counted from.
+				last, haveLast, unparsed = rec.Seq, true, 0
+				continue
+			}
 			if haveLast && rec.Seq > last+1 {
 				if lost := rec.Seq - last - 1 - min(unparsed, rec.Seq-last-1); lost > 0 {
 					rd.Monitor.m.lost.Add(float64(lost))
@@ -503,7 +538,7 @@ func (rd *Reader) Run(ctx context.Context) {
 				bootWallWall = rd.wallAt(now).Round(0)
 			}
 			rd.Monitor.Handle(rec, bootWall.Add(time.Duration(rec.Usec)*time.Microsecond))
-			last, haveLast = rec.Seq, true
+			last, haveLast, handled = rec.Seq, true, true
 			if !caughtUp && rec.Usec >= openUsec {
 				caughtUp = true
 				rd.caughtUp(&bo, &lastErr)

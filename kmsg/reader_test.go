@@ -227,7 +227,10 @@ func TestReaderBacksOffWhenEveryReadFails(t *testing.T) {
 		var beats, opens atomic.Int64
 		lg := &countingLog{}
 		dir := t.TempDir()
-		rd := &Reader{Path: dir, Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second,
+		// From the start: a directory sought to its end reads EINVAL, to
+		// its start EISDIR, and each error text is logged once; every
+		// reopen seeks to the start (see Run).
+		rd := &Reader{Path: dir, Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second, FromStart: true,
 			Progress: func(string, time.Duration) { beats.Add(1) },
 			Open: func(p string) (Device, error) {
 				opens.Add(1)
@@ -864,4 +867,81 @@ func TestRecordTimesFollowASuspend(t *testing.T) {
 			t.Errorf("the last record's wall time: %s, want about %s", last.Round(0), want)
 		}
 	})
+}
+
+// With from_boot_start false the reader starts at the end of the log; when
+// it must reopen the device before it has handled a record (a read that
+// failed, a device it could not open at first), the records logged since
+// the start, during the failure and its backoff, are read after the
+// reopen, and those logged before the start are still not. Before, the
+// reopen sought to the end again: the kernel error logged meanwhile was
+// lost, and counted nowhere.
+func TestReopenWithoutACursorKeepsTheRecordsSinceTheStart(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		openFails int64 // opens that fail first
+		readFails int64 // reads that fail after the open
+		// overwritten: the ring overwrote the first two records logged
+		// since the start (seq 3 and 4) before the reopen read them: the
+		// gap after the last record of before the start counts them.
+		overwritten bool
+	}{
+		{"a read fails", 0, 1, false},
+		{"the first open fails", 1, 0, false},
+		{"records since the start overwritten", 0, 1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := report.NewStore("b")
+				mon := NewMonitor(opts(t, store))
+				mon.Start(t0, t0)
+				var readFails, openFails atomic.Int64
+				readFails.Store(c.readFails)
+				openFails.Store(c.openFails)
+				// Logged before the daemon started (kernel times 1 and 2 µs):
+				// from_boot_start false leaves them.
+				od := &overrunDevice{fakeDevice: fakeDevice{failReads: &readFails, readErr: syscall.EIO, recs: [][]byte{
+					[]byte("3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.\n"),
+					[]byte("6,2,2,-;ordinary chatter\n"),
+				}}, at: -1}
+				dev := &od.fakeDevice
+				seq, lost := 3, 0.0
+				if c.overwritten {
+					od.at = 2 // EPIPE, then seq 5
+					seq, lost = 5, 2
+				}
+				rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+					ReadTimeout: 10 * time.Second,
+					Open: func(string) (Device, error) {
+						if openFails.Add(-1) >= 0 {
+							return nil, syscall.ENOENT
+						}
+						return od, nil
+					}}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { rd.Run(ctx); close(done) }()
+				synctest.Wait() // the reader waits out its backoff
+				usec := MonotonicNow()
+				dev.mu.Lock()
+				dev.recs = append(dev.recs,
+					fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", seq, usec),
+					fmt.Appendf(nil, "3,%d,%d,-;EXT4-fs (sda1): Remounting filesystem read-only\n", seq+1, usec+1))
+				dev.mu.Unlock()
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				cancel()
+				<-done
+				if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue {
+					t.Errorf("the remount logged during the backoff: ReadonlyFilesystem %s (%s)", c.Status, c.Message)
+				}
+				if c, _ := store.Get("KernelDeadlock"); c.Status != report.StatusFalse {
+					t.Errorf("a line logged before the start: KernelDeadlock %s, want False (from_boot_start false)", c.Status)
+				}
+				if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 2 || l != lost {
+					t.Errorf("%v records handled, %v lost; want 2 (seq %d and %d) and %v", n, l, seq, seq+1, lost)
+				}
+			})
+		})
+	}
 }
