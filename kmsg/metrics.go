@@ -17,6 +17,9 @@ type Metrics struct {
 	// hungTaskWarnings has no labels: its one series is absent while the
 	// sysctl cannot be read (Reset).
 	hungTaskWarnings *prometheus.GaugeVec
+	// suppressed counts the kernel's "<function>: N callbacks
+	// suppressed" lines by function (see countSuppressed).
+	suppressed *prometheus.CounterVec
 }
 
 // NewMetrics creates the monitor's metrics and registers them on reg (may
@@ -53,9 +56,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: report.Namespace, Name: "kernel_hung_task_warnings",
 			Help: "kernel.hung_task_warnings: hung-task reports the kernel still prints in this boot (-1 unlimited; at 0 a hung critical task is not logged and KernelDeadlock cannot be set). Absent where it cannot be read.",
 		}, nil),
+		suppressed: newSuppressedVec(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.records, matched, m.lost, m.parseErrors, m.up, m.reopens, m.hungTaskWarnings)
+		reg.MustRegister(m.records, matched, m.lost, m.parseErrors, m.up, m.reopens, m.hungTaskWarnings, m.suppressed)
 	}
 	return m
 }

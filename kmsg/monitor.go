@@ -77,6 +77,13 @@ type Monitor struct {
 	matches []Match
 	// bootWall is the wall time of usec 0 (for event times).
 	bootWall time.Time
+	// suppressedIO are the I/O error lines the kernel's rate limit
+	// dropped (see countSuppressed), oldest first; lastSiteUsec is the
+	// kernel time of the last I/O error line (of any device) handled;
+	// suppressedFns are the metric's series by function.
+	suppressedIO  []suppression
+	lastSiteUsec  uint64
+	suppressedFns map[string]prometheus.Counter
 	// winGen counts changes of the I/O error window (the reader saves the
 	// window with its cursor when it changed).
 	winGen uint64
@@ -102,7 +109,8 @@ func NewMonitor(o Options) *Monitor {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}, pods: newPods(o.Proc)}
+	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}, pods: newPods(o.Proc),
+		suppressedFns: map[string]prometheus.Counter{}}
 	mon.hung = newHungWarnings(o.Proc, o.Log, mon.m)
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)
@@ -328,6 +336,13 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		// The kernel counted this report down before printing it.
 		mon.hung.read(at)
 	}
+	if fn, n, ok := parseSuppressed(mon.buf); ok {
+		if mon.countSuppressed(fn, n, r.Usec, set.keep()) {
+			mon.winGen++
+			mon.evalWindow(r.Usec, at)
+		}
+		return
+	}
 	mon.matches = set.rules.Matches(mon.matches[:0], mon.buf)
 	if len(mon.matches) == 0 {
 		return
@@ -352,6 +367,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 			}
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg + note, Time: at})
 		case DiskIOError:
+			mon.lastSiteUsec = r.Usec
 			mon.o.Store.Emit(report.Event{Reason: m.Rule.Reason, Message: msg, Time: at})
 			if !set.ignored(m.Dev) && !mon.devices.fabrics(m.Dev, r.Usec) {
 				mon.window.add(ioError{Usec: r.Usec, Dev: m.Dev}, set.keep())
@@ -418,6 +434,14 @@ func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	if n >= set.threshold {
 		c.Status, c.Reason = report.StatusTrue, report.ReasonDiskIOErrors
 		c.Message = fmt.Sprintf("the kernel logged %s%d disk I/O errors in the last %s (threshold %d) on %s", atLeast, n, set.window, set.threshold, strings.Join(devs, ", "))
+	}
+	// The kernel's rate limit dropped I/O error lines in the window: some
+	// may have been a disk's. Said, not counted: which device's they were
+	// is not known.
+	if now := max(nowUsec, mon.window.newest()); len(mon.suppressedIO) > 0 {
+		if k := mon.suppressedWithin(now, span); k > 0 {
+			c.Message += fmt.Sprintf("; the kernel suppressed %d I/O error lines in that time (its rate limit, shared by every device): the count is a lower bound", k)
+		}
 	}
 	mon.o.Store.SetPart(report.SourceKmsg, c, now)
 }
@@ -529,6 +553,14 @@ func (w *window) dropDevices(ignore func(dev string) bool) bool {
 	return true
 }
 
+// newest is the kernel time of the newest error held (0: none).
+func (w *window) newest() uint64 {
+	if w.n == 0 {
+		return 0
+	}
+	return w.at(w.n - 1).Usec
+}
+
 // entries appends the errors held, oldest first, to dst.
 func (w *window) entries(dst []ioError) []ioError {
 	for i := range w.n {
@@ -571,7 +603,7 @@ func (mon *Monitor) windowEntries(dst []ioError) []ioError { return mon.window.e
 // a device ignored now (ignore_devices changed while the daemon was down)
 // are left out, as a fresh start over the same lines would not record
 // them.
-func (mon *Monitor) restoreWindow(es []ioError) {
+func (mon *Monitor) restoreWindow(es []ioError, suppressed []suppression) {
 	set := mon.use()
 	keep := set.keep()
 	for _, e := range es {
@@ -579,7 +611,10 @@ func (mon *Monitor) restoreWindow(es []ioError) {
 			mon.window.add(e, keep)
 		}
 	}
-	if len(es) > 0 {
+	for _, s := range suppressed {
+		mon.addSuppressed(s, keep)
+	}
+	if len(es) > 0 || len(suppressed) > 0 {
 		mon.evalWindow(MonotonicNow(), time.Now())
 	}
 }

@@ -85,6 +85,10 @@ type cursor struct {
 	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
 	// time and device), so a restart within the boot does not forget them.
 	IOErrors []ioError
+	// Suppressed are the I/O error lines the kernel's rate limit dropped
+	// in the window (see countSuppressed), so that a restart still says
+	// the count is a lower bound.
+	Suppressed []suppression
 	// windowErr: the saved window could not be read (the cursor could).
 	windowErr error
 }
@@ -106,10 +110,42 @@ type cursorJSON struct {
 	Have     bool      `json:"have"`
 	Window   string    `json:"ioErrorWindow,omitempty"`
 	IOErrors []ioError `json:"ioErrors,omitempty"`
+	// Suppressed: "usec:n" for each count of suppressed I/O error lines,
+	// space-separated.
+	Suppressed string `json:"ioErrorSuppressed,omitempty"`
 }
 
 func (c cursor) MarshalJSON() ([]byte, error) {
-	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors)})
+	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors), Suppressed: encodeSuppressed(c.Suppressed)})
+}
+
+// encodeSuppressed writes the suppressions as "usec:n" tokens.
+func encodeSuppressed(ss []suppression) string {
+	var b []byte
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = strconv.AppendUint(b, s.Usec, 10)
+		b = append(b, ':')
+		b = strconv.AppendUint(b, s.N, 10)
+	}
+	return string(b)
+}
+
+// decodeSuppressed reads what encodeSuppressed wrote.
+func decodeSuppressed(str string) ([]suppression, error) {
+	var ss []suppression
+	for _, tok := range strings.Fields(str) {
+		u, n, ok := strings.Cut(tok, ":")
+		usec, err1 := strconv.ParseUint(u, 10, 64)
+		cnt, err2 := strconv.ParseUint(n, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("suppressed I/O error lines: %q is not usec:count", tok)
+		}
+		ss = append(ss, suppression{Usec: usec, N: cnt})
+	}
+	return ss, nil
 }
 
 // UnmarshalJSON reads the cursor; a window that does not decode costs the
@@ -127,6 +163,11 @@ func (c *cursor) UnmarshalJSON(b []byte) error {
 		} else {
 			c.IOErrors = es
 		}
+	}
+	if ss, err := decodeSuppressed(j.Suppressed); err != nil {
+		c.windowErr = errors.Join(c.windowErr, err)
+	} else {
+		c.Suppressed = ss
 	}
 	return nil
 }
@@ -214,6 +255,7 @@ func (rd *Reader) snapshot() any {
 	defer rd.mu.Unlock()
 	c := rd.cur
 	c.IOErrors = slices.Clone(c.IOErrors)
+	c.Suppressed = slices.Clone(c.Suppressed)
 	return c
 }
 
@@ -324,10 +366,11 @@ func (rd *Reader) Run(ctx context.Context) {
 			rd.Log.Warn("the saved disk I/O error window is unreadable; DisksFailure counts the errors from now on", "err", cur.windowErr)
 			cur.windowErr = nil
 		}
-		rd.Monitor.restoreWindow(cur.IOErrors)
+		rd.Monitor.restoreWindow(cur.IOErrors, cur.Suppressed)
 		// What the window kept (not an ignored device's errors) is what
 		// the next save writes.
 		cur.IOErrors = rd.Monitor.windowEntries(nil)
+		cur.Suppressed = slices.Clone(rd.Monitor.suppressedIO)
 	}
 	rd.mu.Lock()
 	rd.cur = cur
@@ -551,6 +594,7 @@ func (rd *Reader) Run(ctx context.Context) {
 				winGen = g
 				// snapshot copies it under rd.mu: the slice can be reused.
 				rd.cur.IOErrors = rd.Monitor.windowEntries(rd.cur.IOErrors[:0])
+				rd.cur.Suppressed = append(rd.cur.Suppressed[:0], rd.Monitor.suppressedIO...)
 			}
 			rd.mu.Unlock()
 			store.TouchLater()

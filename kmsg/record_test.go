@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/syself/autopilot-health/report"
@@ -121,7 +122,9 @@ func TestParseLineLooksPrefixed(t *testing.T) {
 }
 
 func FuzzParseRecord(f *testing.F) {
-	for _, s := range []string{"3,379,3463590,-;device-mapper: verity: 7:1: data block 5 is corrupted\n", "6,399,6531168,-;x\n SUBSYSTEM=block\n", "4,5,6,c;fragment", "0,0,0,-;"} {
+	for _, s := range []string{"3,379,3463590,-;device-mapper: verity: 7:1: data block 5 is corrupted\n", "6,399,6531168,-;x\n SUBSYSTEM=block\n", "4,5,6,c;fragment", "0,0,0,-;",
+		// lib/ratelimit.c's count of the lines it dropped.
+		"4,400,6531170,-;blk_print_req_error: 37 callbacks suppressed\n", "4,401,6531171,-;: 1 callbacks suppressed\n"} {
 		f.Add([]byte(s))
 	}
 	rs, _ := Compile(DefaultRules, DefaultCriticalTasks)
@@ -136,7 +139,11 @@ func FuzzParseRecord(f *testing.F) {
 		if r.Level > 7 {
 			t.Fatalf("level %d", r.Level)
 		}
-		rs.Matches(nil, Unescape(nil, r.Message))
+		msg := Unescape(nil, r.Message)
+		rs.Matches(nil, msg)
+		if fn, _, ok := parseSuppressed(msg); ok && (len(fn) == 0 || !strings.HasSuffix(strings.TrimRight(string(msg), " \n"), " callbacks suppressed")) {
+			t.Fatalf("%q: function %q", msg, fn)
+		}
 	})
 }
 
