@@ -419,7 +419,23 @@ func diskIOErrors(g *Guest) error {
 	if err != nil {
 		return err
 	}
-	return MessageHas(c, "the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on "+disk)
+	if err := MessageHas(c, "the kernel logged 5 disk I/O errors in the last 10m0s (threshold 5) on "+disk); err != nil {
+		return err
+	}
+	if !fabricsFloodedTheRateLimit {
+		return nil
+	}
+	// nvme_fabrics_io_errors' flood made the kernel drop I/O error lines;
+	// the first line here was preceded by their count.
+	if page, err = g.Metrics(); err != nil {
+		return err
+	}
+	n, _ := Metric(page, "autopilot_health_kernel_suppressed_messages_total", "function", "blk_print_req_error")
+	g.Logf("the kernel suppressed %v I/O error lines (blk_print_req_error)", n)
+	if n < 1 {
+		return fmt.Errorf("after 25 failed reads at once: autopilot_health_kernel_suppressed_messages_total{function=\"blk_print_req_error\"} %v, want 1 or more", n)
+	}
+	return MessageHas(c, fmt.Sprintf("; the kernel suppressed %d I/O error lines in that time (its rate limit, shared by every device): the count is a lower bound", int(n)))
 }
 
 func awaitGlob(pattern string, d time.Duration) ([]string, error) {
