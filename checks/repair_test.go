@@ -584,7 +584,7 @@ func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
 func TestServiceNotRecoveringDoesNotWaitOnAStoppedUnit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		u := running("kubelet.service")
-		u.ActiveState, u.SubState, u.Result, u.Restart, u.RestartDelay = "failed", "failed", "timeout", "always", 10*time.Second
+		u.ActiveState, u.SubState, u.Result, u.Restart, u.RestartDelay, u.NotifyAccess = "failed", "failed", "timeout", "always", 10*time.Second, "none"
 		u.MainStartMono, u.ActiveExitMono, u.MainExitMono = time.Minute, 2*time.Minute, 2*time.Minute+90*time.Second
 		m := newFakeManager(u, running("containerd.service"), running("syself-proxy.service"))
 		c, _ := newServiceNotRecovering(snrEnv(t, m))

@@ -93,3 +93,47 @@ func TestRepairLeavesAStopNoProbeSawAlone(t *testing.T) {
 	r.Wait()
 	waitUnit(t, s, crash, "restarted", func(n systemd.Unit) bool { return active(n) && n.Invocation != u.Invocation })
 }
+
+// A Type=notify service (containerd) that ends a run on its own: it tells
+// systemd STOPPING=1 (containerd does on a signal it was sent, then shuts
+// down), which takes the unit out of the active state before its process
+// exits, as a stop's SIGTERM does, and then exits 1. With no stop job:
+// systemd restarts it (Restart=always) until its start limit, and leaves
+// it failed, result exit-code (systemd 252 keeps the last run's result, not
+// start-limit-hit). It is down for good unless someone restarts it: the
+// repairer must. Before, its timestamps read as an operator's stop that
+// ended failed, and it was left down ("was stopped"): the node NotReady.
+func TestRepairRestartsAServiceThatStoppedItselfAndFailed(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const unit = "selfstop.service"
+	flag := "/run/selfstop-fails"
+	if err := writeFile(s.Root(flag), nil); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(s.Root(flag))
+	svc := "[Unit]\nDefaultDependencies=no\nStartLimitBurst=3\nStartLimitIntervalSec=60\n[Service]\nType=notify\nNotifyAccess=all\n" +
+		"ExecStart=/bin/sh -c 'systemd-notify --ready; if test -e " + flag + "; then sleep 0.3; systemd-notify STOPPING=1; sleep 0.3; exit 1; fi; exec sleep infinity'\n" +
+		"Restart=always\nRestartSec=100ms\n"
+	if err := s.AddUnit(ctx, unit, svc); err != nil {
+		t.Fatal(err)
+	}
+	s.StartUnit(ctx, unit) // it stops itself: the job may end either way
+	defer s.StopUnit(ctx, unit)
+	// Failed, and no more restarts to come: the restart its third run's
+	// failure asked for (NRestarts 3) was refused at its start limit.
+	u := waitUnit(t, s, unit, "its own stops ended failed at its start limit", func(u systemd.Unit) bool { return u.Job == 0 && u.ActiveState == "failed" && u.NRestarts >= 3 })
+	if u.Result != "exit-code" || u.ActiveExitMono < u.MainStartMono || u.MainExitMono <= u.ActiveExitMono {
+		t.Fatalf("%s is not as a stop that ended failed leaves a unit (result exit-code, left active before its process exited): %+v", unit, u)
+	}
+	if err := os.Remove(s.Root(flag)); err != nil {
+		t.Fatal(err)
+	}
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	res, msg := r.Repair(ctx, unit, 0, "probe failed")
+	r.Wait()
+	if res != checks.RepairRestarted {
+		t.Fatalf("repair of %s, failed by its own STOPPING=1 and exit 1 (result %s, no stop job): %s %q, want %s", unit, u.Result, res, msg, checks.RepairRestarted)
+	}
+	waitUnit(t, s, unit, "restarted", func(n systemd.Unit) bool { return active(n) && n.Invocation != u.Invocation })
+}

@@ -369,7 +369,7 @@ func TestUnitsMatchAFullRead(t *testing.T) {
 			// Restart and RestartUSec: read only for a service that is
 			// not active (ServiceNotRecovering's wait for an automatic
 			// restart).
-			want.Restart, want.RestartDelay, want.ActiveExitMono, want.MainExitMono = "", 0, 0, 0
+			want.Restart, want.RestartDelay, want.ActiveExitMono, want.MainExitMono, want.NotifyAccess = "", 0, 0, 0, ""
 		}
 		one, err := bus.Unit(ctx, name)
 		if err != nil {
@@ -428,6 +428,7 @@ func fullRead(t testing.TB, c *sd.Conn, name string) systemd.Unit {
 	u.Result, _ = sp["Result"].(string)
 	u.NRestarts, _ = sp["NRestarts"].(uint32)
 	u.Restart, _ = sp["Restart"].(string)
+	u.NotifyAccess, _ = sp["NotifyAccess"].(string)
 	if us, ok := sp["RestartUSec"].(uint64); ok {
 		u.RestartDelay = time.Duration(us) * time.Microsecond
 	}

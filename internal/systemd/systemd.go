@@ -42,6 +42,11 @@ type Unit struct {
 	// after; a process that exits on its own does so first.
 	ActiveExitMono time.Duration `json:"-"`
 	MainExitMono   time.Duration `json:"-"`
+	// NotifyAccess is the service's NotifyAccess= ("none", "main", "exec",
+	// "all"; "" when not read), read for a service that is not active:
+	// one that may notify can leave the active state on its own
+	// (STOPPING=1), before its process exits, as a stop makes it.
+	NotifyAccess string `json:"-"`
 	// RestartDelay is the service's RestartSec (0 for other unit types).
 	RestartDelay time.Duration `json:"-"`
 	// Restart is the service's Restart= setting ("no", "always", ...).
@@ -64,9 +69,14 @@ type Unit struct {
 // does so before the unit leaves the active state; systemd's own kills
 // that come first (its watchdog, an OOM kill under OOMPolicy=stop) end with
 // "watchdog" and "oom-kill". A RuntimeMaxSec= reached ("timeout") reads as
-// a stop too.
+// a stop too. Only for a service that cannot notify systemd (NotifyAccess
+// none, the default but for Type=notify): one that can (containerd) leaves
+// the active state on its own with STOPPING=1, before its process exits,
+// and ends failed when it then exits non-zero, with no stop; systemd 252
+// keeps nothing that tells that from a stop, and a failure must not be
+// taken for a stop (the unit would stay down).
 func (u Unit) StopEndedFailed() bool {
-	if u.ActiveState != "failed" || u.MainStartMono <= 0 || u.ActiveExitMono < u.MainStartMono || u.MainExitMono <= u.ActiveExitMono {
+	if u.ActiveState != "failed" || u.NotifyAccess != "none" || u.MainStartMono <= 0 || u.ActiveExitMono < u.MainStartMono || u.MainExitMono <= u.ActiveExitMono {
 		return false
 	}
 	switch u.Result {
@@ -393,9 +403,9 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // does not run), and for a loaded service Result,
 // NRestarts and ExecMainStartTimestamp (wall and monotonic), and Restart and RestartUSec when
 // it is not active (what ServiceNotRecovering needs to wait out an
-// automatic restart), with ActiveExitTimestampMonotonic and
-// ExecMainExitTimestampMonotonic (the repairer's tell of a stop that ended
-// failed). It read the whole of each unit before (GetAll of its
+// automatic restart), with ActiveExitTimestampMonotonic,
+// ExecMainExitTimestampMonotonic and NotifyAccess (the repairer's tell of a
+// stop that ended failed). It read the whole of each unit before (GetAll of its
 // Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
 // of CPU and 27,158 allocations; with these calls through godbus 2.0-2.4 ms
 // and 5,136; encoded and decoded by hand (busConn) 0.32-0.78 ms and 102
@@ -447,6 +457,7 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 				add("Service", "RestartUSec")
 				add("Unit", "ActiveExitTimestampMonotonic")
 				add("Service", "ExecMainExitTimestampMonotonic")
+				add("Service", "NotifyAccess")
 			}
 		}
 		if len(calls) == 0 {
@@ -497,6 +508,8 @@ func (u *Unit) set(prop string, v variant) {
 		u.ActiveExitMono = time.Duration(v.num) * time.Microsecond
 	case prop == "ExecMainExitTimestampMonotonic" && v.sig == "t":
 		u.MainExitMono = time.Duration(v.num) * time.Microsecond
+	case prop == "NotifyAccess" && v.sig == "s":
+		u.NotifyAccess = v.str
 	case prop == "Restart" && v.sig == "s":
 		u.Restart = v.str
 	case prop == "RestartUSec" && v.sig == "t":

@@ -129,7 +129,7 @@ func TestJobError(t *testing.T) {
 // failed by a stop; the rest was failed by its process or by systemd's own
 // kill.
 func TestStopEndedFailed(t *testing.T) {
-	stop := Unit{ActiveState: "failed", Result: "timeout", MainStartMono: 10 * time.Second, ActiveExitMono: 20 * time.Second, MainExitMono: 21 * time.Second}
+	stop := Unit{ActiveState: "failed", Result: "timeout", NotifyAccess: "none", MainStartMono: 10 * time.Second, ActiveExitMono: 20 * time.Second, MainExitMono: 21 * time.Second}
 	for _, tc := range []struct {
 		name string
 		edit func(*Unit)
@@ -143,6 +143,10 @@ func TestStopEndedFailed(t *testing.T) {
 		{"a start timeout: left active in a run before", func(u *Unit) { u.ActiveExitMono = 5 * time.Second }, false},
 		{"not failed", func(u *Unit) { u.ActiveState = "inactive" }, false},
 		{"timestamps not read", func(u *Unit) { u.ActiveExitMono, u.MainExitMono = 0, 0 }, false},
+		// STOPPING=1, then exit 1: left active before its process exited,
+		// with no stop.
+		{"a service that may notify (Type=notify)", func(u *Unit) { u.Result, u.NotifyAccess = "exit-code", "main" }, false},
+		{"NotifyAccess not read", func(u *Unit) { u.NotifyAccess = "" }, false},
 	} {
 		u := stop
 		tc.edit(&u)
