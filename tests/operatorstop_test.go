@@ -137,3 +137,33 @@ func TestRepairRestartsAServiceThatStoppedItselfAndFailed(t *testing.T) {
 	}
 	waitUnit(t, s, unit, "restarted", func(n systemd.Unit) bool { return active(n) && n.Invocation != u.Invocation })
 }
+
+// A service whose RuntimeMaxSec= ran out: systemd takes it out of the
+// active state (SIGTERM) before its process exits, as a stop does, and it
+// ends failed, result timeout, with no stop job; systemd restarts it only
+// if its Restart= says so (here no). It ended on its own, as a crash does:
+// the repairer restarts it. Before, it was read as an operator's stop that
+// ended failed and left down.
+func TestRepairRestartsAServiceWhoseRuntimeMaxRanOut(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const unit = "runtimemax.service"
+	if err := s.AddUnit(ctx, unit, "[Unit]\nDefaultDependencies=no\n[Service]\nExecStart=/bin/sleep infinity\nRuntimeMaxSec=1\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, unit)
+	u := waitUnit(t, s, unit, "its RuntimeMaxSec ran out", func(u systemd.Unit) bool { return u.Job == 0 && u.ActiveState == "failed" })
+	if u.Result != "timeout" || u.ActiveExitMono < u.MainStartMono || u.MainExitMono <= u.ActiveExitMono {
+		t.Fatalf("%s is not as a stop killed at its timeout leaves a unit (result timeout, left active before its process exited): %+v", unit, u)
+	}
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	res, msg := r.Repair(ctx, unit, 0, "probe failed")
+	r.Wait()
+	if res != checks.RepairRestarted {
+		t.Fatalf("repair of %s, failed at its RuntimeMaxSec (no stop job): %s %q, want %s", unit, res, msg, checks.RepairRestarted)
+	}
+	waitUnit(t, s, unit, "restarted", func(n systemd.Unit) bool { return n.Invocation != u.Invocation && n.MainStartMono > u.MainExitMono })
+}

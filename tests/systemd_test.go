@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -369,7 +370,7 @@ func TestUnitsMatchAFullRead(t *testing.T) {
 			// Restart and RestartUSec: read only for a service that is
 			// not active (ServiceNotRecovering's wait for an automatic
 			// restart).
-			want.Restart, want.RestartDelay, want.ActiveExitMono, want.MainExitMono, want.NotifyAccess = "", 0, 0, 0, ""
+			want.Restart, want.RestartDelay, want.ActiveExitMono, want.MainExitMono, want.NotifyAccess, want.RuntimeMax = "", 0, 0, 0, "", 0
 		}
 		one, err := bus.Unit(ctx, name)
 		if err != nil {
@@ -429,6 +430,9 @@ func fullRead(t testing.TB, c *sd.Conn, name string) systemd.Unit {
 	u.NRestarts, _ = sp["NRestarts"].(uint32)
 	u.Restart, _ = sp["Restart"].(string)
 	u.NotifyAccess, _ = sp["NotifyAccess"].(string)
+	if us, ok := sp["RuntimeMaxUSec"].(uint64); ok && us != math.MaxUint64 {
+		u.RuntimeMax = time.Duration(us) * time.Microsecond
+	}
 	if us, ok := sp["RestartUSec"].(uint64); ok {
 		u.RestartDelay = time.Duration(us) * time.Microsecond
 	}

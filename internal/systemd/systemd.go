@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -47,6 +48,11 @@ type Unit struct {
 	// one that may notify can leave the active state on its own
 	// (STOPPING=1), before its process exits, as a stop makes it.
 	NotifyAccess string `json:"-"`
+	// RuntimeMax is the service's RuntimeMaxSec= (0: none, infinity, or
+	// not read), read for a service that is not active: one that reaches
+	// it is taken out of the active state before its process exits, as
+	// a stop makes it, and ends failed, result "timeout", with no stop.
+	RuntimeMax time.Duration `json:"-"`
 	// RestartDelay is the service's RestartSec (0 for other unit types).
 	RestartDelay time.Duration `json:"-"`
 	// Restart is the service's Restart= setting ("no", "always", ...).
@@ -68,8 +74,8 @@ type Unit struct {
 // process or ExecStop= failed on the stop). A process that exits on its own
 // does so before the unit leaves the active state; systemd's own kills
 // that come first (its watchdog, an OOM kill under OOMPolicy=stop) end with
-// "watchdog" and "oom-kill". A RuntimeMaxSec= reached ("timeout") reads as
-// a stop too. Only for a service that cannot notify systemd (NotifyAccess
+// "watchdog" and "oom-kill". A "timeout" of a service with a RuntimeMaxSec=
+// is none: it may be that limit reached. Only for a service that cannot notify systemd (NotifyAccess
 // none, the default but for Type=notify): one that can (containerd) leaves
 // the active state on its own with STOPPING=1, before its process exits,
 // and ends failed when it then exits non-zero, with no stop; systemd 252
@@ -80,7 +86,9 @@ func (u Unit) StopEndedFailed() bool {
 		return false
 	}
 	switch u.Result {
-	case "timeout", "exit-code", "signal", "core-dump":
+	case "timeout":
+		return u.RuntimeMax == 0
+	case "exit-code", "signal", "core-dump":
 		return true
 	}
 	return false
@@ -404,8 +412,8 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // NRestarts and ExecMainStartTimestamp (wall and monotonic), and Restart and RestartUSec when
 // it is not active (what ServiceNotRecovering needs to wait out an
 // automatic restart), with ActiveExitTimestampMonotonic,
-// ExecMainExitTimestampMonotonic and NotifyAccess (the repairer's tell of a
-// stop that ended failed). It read the whole of each unit before (GetAll of its
+// ExecMainExitTimestampMonotonic, NotifyAccess and RuntimeMaxUSec (the
+// repairer's tell of a stop that ended failed). It read the whole of each unit before (GetAll of its
 // Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
 // of CPU and 27,158 allocations; with these calls through godbus 2.0-2.4 ms
 // and 5,136; encoded and decoded by hand (busConn) 0.32-0.78 ms and 102
@@ -458,6 +466,7 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 				add("Unit", "ActiveExitTimestampMonotonic")
 				add("Service", "ExecMainExitTimestampMonotonic")
 				add("Service", "NotifyAccess")
+				add("Service", "RuntimeMaxUSec")
 			}
 		}
 		if len(calls) == 0 {
@@ -510,6 +519,10 @@ func (u *Unit) set(prop string, v variant) {
 		u.MainExitMono = time.Duration(v.num) * time.Microsecond
 	case prop == "NotifyAccess" && v.sig == "s":
 		u.NotifyAccess = v.str
+	case prop == "RuntimeMaxUSec" && v.sig == "t":
+		if v.num != math.MaxUint64 {
+			u.RuntimeMax = time.Duration(v.num) * time.Microsecond
+		}
 	case prop == "Restart" && v.sig == "s":
 		u.Restart = v.str
 	case prop == "RestartUSec" && v.sig == "t":

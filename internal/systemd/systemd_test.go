@@ -147,6 +147,8 @@ func TestStopEndedFailed(t *testing.T) {
 		// with no stop.
 		{"a service that may notify (Type=notify)", func(u *Unit) { u.Result, u.NotifyAccess = "exit-code", "main" }, false},
 		{"NotifyAccess not read", func(u *Unit) { u.NotifyAccess = "" }, false},
+		{"its RuntimeMaxSec reached", func(u *Unit) { u.RuntimeMax = time.Second }, false},
+		{"exited 1 on SIGTERM, with a RuntimeMaxSec", func(u *Unit) { u.Result, u.RuntimeMax = "exit-code", time.Hour }, true},
 	} {
 		u := stop
 		tc.edit(&u)
