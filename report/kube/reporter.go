@@ -513,9 +513,14 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		hb.Reset(time.Until(hbAt))
 	}
 	var retry <-chan time.Time
+	// changed is closed by the store's next change after it was read; it is
+	// read again only once the loop took that change (case <-changed), so
+	// that a change is never lost to a wake-up that wrote without it: a
+	// report refresh carrying the heartbeat, whose write may be on its way
+	// when the change comes, a wake-up the select chose over it.
+	changed := r.o.Store.Changed()
 	for {
 		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10+heartbeatGrid, backoffMax))
-		changed := r.o.Store.Changed()
 		r.m.setStatusPending(dirty || deferred)
 		if dirty && retry == nil {
 			if err := r.writeStatus(ctx, nil); err != nil {
@@ -562,6 +567,8 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				return
 			case <-time.After(coalesce):
 			}
+			// A change from here on is one the comparison below may miss.
+			changed = r.o.Store.Changed()
 			if now, messages := r.sinceWrite(); !dirty && !now {
 				// The next heartbeat takes new messages: a message
 				// that changes at every run of its check (a count, an

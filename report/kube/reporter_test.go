@@ -2134,3 +2134,65 @@ func TestConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 		h.stop()
 	})
 }
+
+// A change that comes while a report refresh carrying the heartbeat is in
+// flight (after the write read the conditions, before it is answered) is
+// not in that write: it is written within the coalescing, as any change,
+// not with the next heartbeat minutes later, and status says it is pending
+// until then.
+func TestChangeDuringTheFoldedWriteIsWrittenAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		var mu sync.Mutex
+		var armed bool
+		var changedAt time.Time
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if armed && a.GetSubresource() == "status" && strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), `"annotations"`) {
+				// The check finds the disk full while the write is on
+				// its way to the API server.
+				armed, changedAt = false, time.Now()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+			}
+			return false, nil, nil
+		})
+		h := start(t, client, store)
+		<-h.r.Adopted()
+		time.Sleep(10 * time.Minute) // settle
+		synctest.Wait()
+		mu.Lock()
+		armed = true
+		mu.Unlock()
+		// The next refresh that carries the heartbeat comes within 4 min.
+		for range 5 * 60 {
+			time.Sleep(time.Second)
+			synctest.Wait()
+			mu.Lock()
+			at := changedAt
+			mu.Unlock()
+			if !at.IsZero() {
+				break
+			}
+		}
+		mu.Lock()
+		at := changedAt
+		mu.Unlock()
+		if at.IsZero() {
+			h.stop()
+			t.Fatalf("no report refresh carried the heartbeat in 5 min: %v", countActions(client))
+		}
+		time.Sleep(time.Until(at.Add(time.Second)))
+		synctest.Wait()
+		c := findCond(h.node(t), "DiskUsageHigh")
+		if c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("a change made during the write that carried the heartbeat, 1 s later on the Node: %+v; want True", c)
+			if !h.m.Reporting().StatusPending {
+				t.Error("status says nothing is pending while the change is not on the Node")
+			}
+		}
+		h.stop()
+	})
+}
