@@ -558,7 +558,11 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			r.finalWrite(dirty || deferred)
+			// Also a change the loop has not taken yet (changed closed
+			// beside the stop): one that came while a report refresh
+			// carrying the heartbeat was on its way, cut short by the stop.
+			now, messages := r.sinceWrite()
+			r.finalWrite(dirty || deferred || now || messages)
 			return
 		case <-changed:
 			select {

@@ -2196,3 +2196,56 @@ func TestChangeDuringTheFoldedWriteIsWrittenAtOnce(t *testing.T) {
 		h.stop()
 	})
 }
+
+// hangingFold is a client whose status writes carrying the report (a report
+// refresh with the heartbeat) hang until their context ends once armed.
+type hangingFold struct {
+	Client
+	mu    sync.Mutex
+	armed bool
+	hung  chan struct{}
+}
+
+func (c *hangingFold) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	c.mu.Lock()
+	hang := c.armed && strings.Contains(string(patch), `"annotations"`)
+	if hang {
+		c.armed = false
+	}
+	c.mu.Unlock()
+	if hang {
+		close(c.hung)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return c.Client.PatchNodeStatus(ctx, name, patch)
+}
+
+// SIGTERM while a report refresh carrying the heartbeat hangs, after a
+// change came that the write does not carry: the change still gets its one
+// short attempt, as when SIGTERM cuts any other write of the conditions
+// short. (The loop's choice between the stop and the change is the
+// runtime's: it is tried 30 times; a test stops at its first failure.)
+func TestShutdownDuringTheFoldedWriteStillWritesTheLastChange(t *testing.T) {
+	for i := range 30 {
+		synctest.Test(t, func(t *testing.T) {
+			client := fake.NewClientset(kubeletNode())
+			hang := &hangingFold{Client: kubefake.New(client), hung: make(chan struct{})}
+			store := report.NewStore("b")
+			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+			h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = hang })
+			<-h.r.Adopted()
+			time.Sleep(10 * time.Minute) // settle
+			synctest.Wait()
+			hang.mu.Lock()
+			hang.armed = true
+			hang.mu.Unlock()
+			<-hang.hung // within 4 min
+			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+			h.stop() // SIGTERM, within the coalescing
+			if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+				t.Errorf("try %d: after a shutdown during the write that carried the heartbeat: DiskUsageHigh %+v; want the change written", i, c)
+			}
+		})
+	}
+}
