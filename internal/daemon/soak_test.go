@@ -101,8 +101,9 @@ func soakHours(t *testing.T) int {
 // the 2-minute report_interval and nothing else: each condition heartbeat
 // (every 5 to 5.5 minutes) rides on the report refresh before it falls due,
 // one nodes/status write; a change's write restarts the heartbeat's wait,
-// so a change an hour adds at most one write (none when it comes as a
-// refresh is written: that write carries it).
+// so a change an hour adds at most one write (none when it comes before a
+// refresh carrying the heartbeat reads the conditions: that write carries
+// it; one that comes while that write is on its way is written after it).
 const (
 	soakAPIWritesMin = 30.0
 	soakAPIWritesMax = 30.0
@@ -115,8 +116,9 @@ const (
 // settle: a healthy node, and one whose condition changes once an hour (set
 // into the store as a check sets it). Per hour: the API writes stay at the
 // spec's 30 report refreshes, the heartbeats riding on them (at most one more write
-// per change), the state file is written only for a change, and the
-// journal is quiet but for the change's line. No condition's
+// per change), each change is on the Node within a second, the state file
+// is written only for a change, and the journal is quiet but for the
+// change's line. No condition's
 // lastHeartbeatTime on the Node is ever older than the heartbeat period
 // (to its jitter and the 10 s grid): looked at just before every write
 // (until a write it only grows older) and at the end.
@@ -195,6 +197,27 @@ func TestSoakSimulatedDay(t *testing.T) {
 							c.Status, c.Reason = report.StatusTrue, report.ReasonClockUnsynchronized
 						}
 						d.Store().Set(c, time.Now())
+						// On the Node within the second, as any change:
+						// also when it comes as a report refresh carrying
+						// the heartbeat is written (the same instant here,
+						// the hour being a multiple of the 2 min grid).
+						time.Sleep(time.Second)
+						synctest.Wait()
+						o, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", cfg.NodeName)
+						if err != nil {
+							t.Fatal(err)
+						}
+						var on *corev1.NodeCondition
+						for i, nc := range o.(*corev1.Node).Status.Conditions {
+							if nc.Type == "ClockNotSynchronized" {
+								on = &o.(*corev1.Node).Status.Conditions[i]
+							}
+						}
+						if on == nil || string(on.Status) != string(c.Status) {
+							t.Errorf("hour %d: ClockNotSynchronized %s in the store, 1 s later on the Node %+v", h, c.Status, on)
+						}
+						time.Sleep(time.Hour - time.Second)
+						continue
 					}
 					time.Sleep(time.Hour)
 				}
