@@ -288,14 +288,8 @@ func TestRunRefusesBadConfig(t *testing.T) {
 // exit 2 here would leave the node without its daemon once the other is gone.
 func TestRunThatCannotStartExitsOne(t *testing.T) {
 	dir := t.TempDir()
-	sock := filepath.Join(dir, "control.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	cfg := filepath.Join(dir, "config.toml")
-	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock), 0o644)
+	os.WriteFile(cfg, []byte(heldSocketConfig(t, dir)), 0o644)
 	code, _, errs := run(t, "run", "--config", cfg)
 	if code != exitProblem || !strings.Contains(errs, "another daemon is listening") || !strings.Contains(errs, "could not start") {
 		t.Errorf("exit %d, stderr %q; want 1, could not start: another daemon is listening", code, errs)
@@ -1144,14 +1138,8 @@ func serveStatusBody(t *testing.T, sock string, body []byte) {
 // /proc/self/mem (EIO) repointed to a good file during the first wait.
 func TestRunReadsAgainAFileThatCouldNotBeRead(t *testing.T) {
 	dir := t.TempDir()
-	sock := filepath.Join(dir, "control.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	good := filepath.Join(dir, "good.toml")
-	os.WriteFile(good, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock), 0o644)
+	os.WriteFile(good, []byte(heldSocketConfig(t, dir)), 0o644)
 	link := filepath.Join(dir, "config.toml")
 	if err := os.Symlink("/proc/self/mem", link); err != nil {
 		t.Fatal(err)
@@ -1171,4 +1159,18 @@ func TestRunReadsAgainAFileThatCouldNotBeRead(t *testing.T) {
 		strings.Contains(errs, "could not start: cannot read") || !strings.Contains(errs, "another daemon is listening") {
 		t.Errorf("exit %d after %d waits, stderr %q; want the file read on the second try and started (exit 1: the control socket is taken)", code, waits, errs)
 	}
+}
+
+// heldSocketConfig is a good configuration file's text whose state and
+// control socket are in dir, the socket held by a listener of the test's
+// (another daemon): run goes as far as daemon.New and exits 1 there.
+func heldSocketConfig(t *testing.T, dir string) string {
+	t.Helper()
+	sock := filepath.Join(dir, "control.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock)
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,14 +122,7 @@ func refusedThenChanged(t *testing.T, first string, change func(p string, n int)
 // no-op, starts nothing more once it is failed, and the change was lost
 // (a fix written then left the node without its daemon).
 func TestRunRereadsAFileChangedWhileRefusing(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "control.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	good := fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock)
+	good := heldSocketConfig(t, t.TempDir())
 	// Fixed meanwhile: the good file is started (here as far as the
 	// control socket another daemon holds, exit 1).
 	code, errs, n := refusedThenChanged(t, "role = \"master\"\n", func(p string, n int) {
