@@ -1218,21 +1218,27 @@ func TestAnotherNodesConditionsAreNotTakenOver(t *testing.T) {
 	})
 }
 
-// slowStatus is a client whose first status write hangs until its context
-// ends (a slow API server), and which records the status writes.
+// slowStatus is a client that records the status writes and whose first
+// status write that when accepts (when nil: the first of all) hangs until
+// its context ends (a slow API server). when is called with mu held.
 type slowStatus struct {
 	Client
 	mu     sync.Mutex
 	writes []string
 	hung   chan struct{}
+	when   func(patch string) bool
+	done   bool
 }
 
 func (c *slowStatus) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
 	c.mu.Lock()
-	first := len(c.writes) == 0
 	c.writes = append(c.writes, string(patch))
+	hang := !c.done && (c.when == nil || c.when(string(patch)))
+	if hang {
+		c.done = true
+	}
 	c.mu.Unlock()
-	if first {
+	if hang {
 		close(c.hung)
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -2197,30 +2203,6 @@ func TestChangeDuringTheFoldedWriteIsWrittenAtOnce(t *testing.T) {
 	})
 }
 
-// hangingFold is a client whose status writes carrying the report (a report
-// refresh with the heartbeat) hang until their context ends once armed.
-type hangingFold struct {
-	Client
-	mu    sync.Mutex
-	armed bool
-	hung  chan struct{}
-}
-
-func (c *hangingFold) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
-	c.mu.Lock()
-	hang := c.armed && strings.Contains(string(patch), `"annotations"`)
-	if hang {
-		c.armed = false
-	}
-	c.mu.Unlock()
-	if hang {
-		close(c.hung)
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return c.Client.PatchNodeStatus(ctx, name, patch)
-}
-
 // SIGTERM while a report refresh carrying the heartbeat hangs, after a
 // change came that the write does not carry: the change still gets its one
 // short attempt, as when SIGTERM cuts any other write of the conditions
@@ -2230,7 +2212,11 @@ func TestShutdownDuringTheFoldedWriteStillWritesTheLastChange(t *testing.T) {
 	for i := range 30 {
 		synctest.Test(t, func(t *testing.T) {
 			client := fake.NewClientset(kubeletNode())
-			hang := &hangingFold{Client: kubefake.New(client), hung: make(chan struct{})}
+			// Armed, the first status write carrying the report (a
+			// report refresh with the heartbeat) hangs.
+			armed := false
+			hang := &slowStatus{Client: kubefake.New(client), hung: make(chan struct{}),
+				when: func(p string) bool { return armed && strings.Contains(p, `"annotations"`) }}
 			store := report.NewStore("b")
 			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
 			h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = hang })
@@ -2238,7 +2224,7 @@ func TestShutdownDuringTheFoldedWriteStillWritesTheLastChange(t *testing.T) {
 			time.Sleep(10 * time.Minute) // settle
 			synctest.Wait()
 			hang.mu.Lock()
-			hang.armed = true
+			armed = true
 			hang.mu.Unlock()
 			<-hang.hung // within 4 min
 			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
