@@ -230,6 +230,21 @@ func (r *Runner) Checks() []string {
 	return out
 }
 
+// FirstPassBound is the longest a first pass of the runner (Run's
+// firstPass) can take from Run's start: the last first run starts within
+// runner.first_run_spread, and a run that has not returned within its
+// check's timeout is recorded as timed out, which counts as run (the hold
+// at shutdown may add up to stoppingTimeout to it).
+func (r *Runner) FirstPassBound() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var longest time.Duration
+	for _, e := range r.entries {
+		longest = max(longest, e.timeout)
+	}
+	return r.spread + longest + stoppingTimeout
+}
+
 func (r *Runner) current() []*entry {
 	r.mu.Lock()
 	defer r.mu.Unlock()

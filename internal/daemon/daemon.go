@@ -78,6 +78,9 @@ type Daemon struct {
 	// daemon said STOPPING=1, and sends nothing more.
 	sdMu       sync.Mutex
 	sdStopping bool
+	// sdExtendedFor is the runner whose first pass systemd was last told
+	// the length of (extendStart); under sdMu.
+	sdExtendedFor *checks.Runner
 	// stateW writes the state file (persist, and the final save of Run).
 	stateW  stateWriter
 	version string

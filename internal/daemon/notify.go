@@ -128,6 +128,13 @@ func (n Notifier) Reloading(status string) error {
 	return n.send(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d\nSTATUS=%s", ts.Nano()/1000, status))
 }
 
+// ExtendStart tells systemd that the start may take d more from now
+// (EXTEND_TIMEOUT_USEC=): a start timeout (TimeoutStartSec=) that ends
+// earlier is moved to then; a later one stays as it is.
+func (n Notifier) ExtendStart(d time.Duration) error {
+	return n.send(fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d", d.Microseconds()))
+}
+
 // Watchdog pings the service watchdog.
 func (n Notifier) Watchdog() error { return n.send(sddaemon.SdNotifyWatchdog) }
 

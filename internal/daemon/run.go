@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/trim"
 	"github.com/syself/autopilot-health/kmsg"
 )
@@ -45,6 +46,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() { d.newReader().Run(rctx) })
 	}
 	wg.Go(func() { d.reportToKubernetes(rctx) })
+	// Before the starting line: how long the start may take.
+	d.extendStart(d.currentRunner())
 	d.sendStatus() // starting: first pass of N checks
 	wg.Go(func() { d.runChecks(rctx) })
 	if d.control != nil {
@@ -85,6 +88,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) runChecks(ctx context.Context) {
 	for {
 		r := d.currentRunner()
+		d.extendStart(r)
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() {
@@ -109,6 +113,39 @@ func (d *Daemon) runChecks(ctx context.Context) {
 				d.checkStopped(c)
 			}
 		}
+	}
+}
+
+// firstPassSlack is added to a runner's FirstPassBound for what a first
+// pass waits on besides its checks (the scheduler of a loaded node).
+const firstPassSlack = 30 * time.Second
+
+// extendStart tells systemd, until the first pass is over, how long the
+// first pass of r may take: READY=1 waits for every check's first run,
+// which runner.first_run_spread (up to 5 min) and a check's timeout (up to
+// its interval) may put past the unit's TimeoutStartSec= (3 min), and
+// systemd would stop the daemon and start it again, each time before it
+// is ready. A runner of a new plan (redetect) starts its first runs again;
+// one already told of is not told again.
+func (d *Daemon) extendStart(r *checks.Runner) {
+	select {
+	case <-d.firstPassDone:
+		return
+	default:
+	}
+	bound := r.FirstPassBound() + firstPassSlack
+	sent := false
+	err := d.tell(func(n Notifier) error {
+		if d.sdExtendedFor == r {
+			return nil // Run's, before the starting line
+		}
+		d.sdExtendedFor, sent = r, true
+		return n.ExtendStart(bound)
+	})
+	if err != nil {
+		d.log.Warn("sd_notify EXTEND_TIMEOUT_USEC failed", "err", err)
+	} else if sent {
+		d.log.Debug("the first pass may take up to this long; systemd's start timeout is extended to it", "bound", bound)
 	}
 }
 

@@ -1,0 +1,95 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// longFirstPassConfig: the defaults but for a loopback metrics port and a
+// first-run spread longer than the drop-in's TimeoutStartSec= below.
+const longFirstPassConfig = "# written by tests/starttimeout_test.go\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n\n[runner]\nfirst_run_spread = \"%s\"\n"
+
+// TestFirstPassLongerThanTimeoutStartSec: READY=1 comes once every check has
+// run once, and a valid configuration makes that first pass longer than the
+// unit's TimeoutStartSec= (3 min): runner.first_run_spread may be up to 5 min,
+// a check's timeout up to its interval. The daemon tells systemd how long its
+// first pass may take (EXTEND_TIMEOUT_USEC=), so the start is not timed out:
+// the unit becomes active, once, without a restart. Scaled down in time: a
+// drop-in sets TimeoutStartSec=10s and the spread is 25 s (the shipped unit's
+// 3 min against a spread of 5 min is the same). Before, systemd timed the
+// start out, stopped the daemon and started it again, every time, for ever:
+// the unit never became active.
+func TestFirstPassLongerThanTimeoutStartSec(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-starttimeout-"+harness.Token()+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	usr := filepath.Join(dir, "usr")
+	if err := harness.InstallDaemon(usr); err != nil {
+		t.Fatal(err)
+	}
+	const unit = "autopilot-health.service"
+	const timeoutStart, spread = 10 * time.Second, 25 * time.Second
+	units := map[string]string{
+		"getty.target":           "",
+		"console-getty.service":  "",
+		unit + ".d/50-test.conf": fmt.Sprintf("[Service]\nTimeoutStartSec=%s\n", timeoutStart),
+	}
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("journal:\n%s", lastBytes(s.Journal(unit), 8000))
+		}
+	}()
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := s.Root("/etc/autopilot-health/config.toml")
+	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, longFirstPassConfig, freeTCPPort(t), spread), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	// The postinst's start: the job ends when the daemon is ready, or
+	// fails when systemd times the start out.
+	jobErr := s.StartUnit(ctx, unit)
+	took := time.Since(started)
+	u, err := s.Bus.Unit(ctx, unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("start job: %v after %s; unit %s/%s result %s, NRestarts=%d", jobErr, took.Round(time.Millisecond), u.ActiveState, u.SubState, u.Result, u.NRestarts)
+	if jobErr != nil {
+		t.Errorf("the start job failed after %s (TimeoutStartSec=%s, first_run_spread %s): %v", took.Round(time.Millisecond), timeoutStart, spread, jobErr)
+	}
+	if !active(u) || u.NRestarts != 0 {
+		t.Errorf("after the start job: %s/%s result %s, NRestarts=%d; want active/running, not restarted", u.ActiveState, u.SubState, u.Result, u.NRestarts)
+	}
+	j := s.Journal(unit)
+	if n := strings.Count(j, "first pass complete"); n != 1 {
+		t.Errorf("%d first passes complete in the journal, want 1", n)
+	}
+	if strings.Contains(j, "Start operation timed out") {
+		t.Errorf("systemd timed the start out:\n%s", lastBytes(j, 3000))
+	}
+}
