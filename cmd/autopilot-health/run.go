@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -18,7 +19,17 @@ import (
 	"github.com/syself/autopilot-health/internal/trim"
 )
 
+// crashBySignal makes the Go runtime end the process by SIGABRT, after its
+// goroutine dump, where it exits 2 by default: on SIGABRT (systemd's
+// watchdog, WatchdogSignal=) and on a fatal error (a panic no one
+// recovers, concurrent map writes, out of memory). Exit 2 is a refused
+// configuration file, which the unit does not restart
+// (RestartPreventExitStatus=2): a daemon the watchdog stopped, or one that
+// crashed, stayed down until its file changed.
+func crashBySignal() { debug.SetTraceback("crash") }
+
 func cmdRun(args []string, stdout, stderr io.Writer) int {
+	crashBySignal()
 	fs := newFlags("run", "run [--config FILE] [--privileged-helper SOCKET]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
 	helper := fs.String("privileged-helper", "", "ask the privileged helper (autopilot-health-privileged) listening on this socket for what needs privileges: /dev/kmsg, NVMe, device-mapper, LVM, the NodeTampered scan")
