@@ -308,6 +308,44 @@ func TestScanRecordsWhatTheSandboxHidesAsUnreadable(t *testing.T) {
 	}
 }
 
+// PrivateTmp=yes mounts the unit's own directory over /tmp and /var/tmp
+// (mountinfo's root .../systemd-private-<boot id>-<unit>-<random>/tmp, as
+// captured under systemd 252 in checks/testdata/roots/protectsystem-strict):
+// a pattern there is unreadable, never the unit's empty directory vouched
+// for. Fails when the scan reads the private directories (no /var/tmp/app
+// entry, /tmp/x absent).
+func TestScanRecordsThePrivateTmpAsUnreadable(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/etc/kubernetes/kubelet.conf": "apiVersion: v1\n",
+		"/proc/self/mountinfo": "66 49 0:41 / / ro,relatime shared:1 - tmpfs rootfs rw\n" +
+			"115 66 0:48 /systemd-private-1b2d41f34baf442b83032cf8f130eff8-capture.service-rYSQ13/tmp /tmp rw,nosuid,nodev,relatime shared:16 - tmpfs tmpfs rw\n" +
+			"117 66 7:0 /tmp/systemd-private-1b2d41f34baf442b83032cf8f130eff8-capture.service-upwdDh/tmp /var/tmp rw,noatime shared:20 - ext4 /dev/loop0 rw\n" +
+			"118 66 7:0 /srv/tmp /srv/tmp rw,noatime shared:21 - ext4 /dev/loop0 rw\n",
+	})
+	for _, d := range []string{"/tmp", "/var/tmp", "/srv/tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := Scan(root, Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf", "/var/tmp/app", "/tmp/x", "/srv/tmp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/etc/kubernetes/kubelet.conf", "/srv/tmp", "/tmp/x", "/var/tmp/app"}
+	if got := paths(es); !slices.Equal(got, want) {
+		t.Fatalf("scanned %q, want %q", got, want)
+	}
+	for _, e := range es {
+		hidden := e.Path == "/tmp/x" || e.Path == "/var/tmp/app"
+		if got := e.Kind == KindUnreadable; got != hidden {
+			t.Errorf("%s: %+v, unreadable %v, want %v", e.Path, e, got, hidden)
+		}
+	}
+	if e := es[3]; e.Error != "hidden by the sandbox: /var/tmp is the unit's private /var/tmp in this mount namespace, as PrivateTmp= makes" {
+		t.Errorf("why /var/tmp/app is unreadable: %q", e.Error)
+	}
+}
+
 // A pattern whose wildcard reaches into a mount the sandbox hides
 // ("/*/.ssh/authorized_keys": /root's and every home's, the hidden /home
 // and /root among them) matches nothing there: the hidden mount it passes

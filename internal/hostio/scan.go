@@ -197,8 +197,8 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	for _, pat := range spec.Patterns {
 		// A pattern under a mount the sandbox hides matches nothing there,
 		// whatever the host holds: it is unreadable, not absent.
-		if mp := hiddenBy(hidden, globBase(pat)); mp != "" && !excluded(globBase(pat), spec.Exclude) {
-			unreadable(globBase(pat), hiddenError(mp))
+		if h, ok := hiddenBy(hidden, globBase(pat)); ok && !excluded(globBase(pat), spec.Exclude) {
+			unreadable(globBase(pat), hiddenError(h))
 			continue
 		}
 		matches, err := filepath.Glob(HostJoin(root, pat))
@@ -238,10 +238,10 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	// A hidden mount inside a protected tree: its (empty) directory was
 	// read, the host's tree there was not. So for one a pattern's wildcard
 	// passes through ("/*/.ssh" through /root): it matched nothing there.
-	for _, mp := range hidden {
-		if spec.Covers(mp) || spec.reaches(mp) {
-			if _, err := os.Lstat(HostJoin(root, mp)); err == nil {
-				unreadable(mp, hiddenError(mp))
+	for _, h := range hidden {
+		if spec.Covers(h.point) || spec.reaches(h.point) {
+			if _, err := os.Lstat(HostJoin(root, h.point)); err == nil {
+				unreadable(h.point, hiddenError(h))
 			}
 		}
 	}
@@ -249,45 +249,66 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	return out, nil
 }
 
+// hiddenMount is a mount point of this process's mount namespace over
+// which the sandbox put something of its own; private: PrivateTmp='s
+// directory, else one of systemd's inaccessible nodes.
+type hiddenMount struct {
+	point   string
+	private bool
+}
+
 // hiddenMounts returns the mount points of this process's mount namespace
 // (root's /proc/self/mountinfo) where systemd mounted one of its
 // inaccessible nodes (/run/systemd/inaccessible/*): ProtectHome=yes does so
 // on /home, /root and /run/user in both units, InaccessiblePaths= on each of
-// its paths. What the host has there is out of this process's sight: it
-// finds an empty directory. None where mountinfo cannot be read (a fixture
-// tree without one).
-func hiddenMounts(root string) []string {
+// its paths; and those where it mounted the unit's private temporary
+// directory (<tmp>/systemd-private-<boot id>-<unit>-<random>/tmp):
+// PrivateTmp=yes does so on /tmp and /var/tmp in both units. What the host
+// has there is out of this process's sight: it finds an empty directory, or
+// the unit's own files. None where mountinfo cannot be read (a fixture tree
+// without one).
+func hiddenMounts(root string) []hiddenMount {
 	b, err := os.ReadFile(HostJoin(root, "/proc/self/mountinfo"))
 	if err != nil {
 		return nil
 	}
-	var out []string
+	var out []hiddenMount
 	for line := range strings.Lines(string(b)) {
 		// A node's namespace holds thousands of pod mounts: split only
 		// the few lines that can be one.
-		if !strings.Contains(line, " /systemd/inaccessible/") {
+		if !strings.Contains(line, " /systemd/inaccessible/") && !strings.Contains(line, "/systemd-private-") {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) >= 5 && strings.HasPrefix(UnescapeMountinfo(f[3]), "/systemd/inaccessible/") {
-			out = append(out, path.Clean(UnescapeMountinfo(f[4])))
+		if len(f) < 5 {
+			continue
+		}
+		mroot, mp := UnescapeMountinfo(f[3]), path.Clean(UnescapeMountinfo(f[4]))
+		switch {
+		case strings.HasPrefix(mroot, "/systemd/inaccessible/"):
+			out = append(out, hiddenMount{point: mp})
+		case (mp == "/tmp" || mp == "/var/tmp") && path.Base(mroot) == "tmp" && strings.HasPrefix(path.Base(path.Dir(mroot)), "systemd-private-"):
+			out = append(out, hiddenMount{point: mp, private: true})
 		}
 	}
 	return out
 }
 
-// hiddenBy returns the hidden mount point at or above host path p, or "".
-func hiddenBy(hidden []string, p string) string {
-	for _, mp := range hidden {
-		if p == mp || strings.HasPrefix(p, mp+"/") {
-			return mp
+// hiddenBy returns the hidden mount at or above host path p, if any.
+func hiddenBy(hidden []hiddenMount, p string) (hiddenMount, bool) {
+	for _, h := range hidden {
+		if p == h.point || strings.HasPrefix(p, h.point+"/") {
+			return h, true
 		}
 	}
-	return ""
+	return hiddenMount{}, false
 }
 
-func hiddenError(mp string) error {
-	return fmt.Errorf("hidden by the sandbox: %s is a systemd inaccessible mount in this mount namespace, as ProtectHome= and InaccessiblePaths= make", mp)
+func hiddenError(h hiddenMount) error {
+	if h.private {
+		return fmt.Errorf("hidden by the sandbox: %s is the unit's private %s in this mount namespace, as PrivateTmp= makes", h.point, h.point)
+	}
+	return fmt.Errorf("hidden by the sandbox: %s is a systemd inaccessible mount in this mount namespace, as ProtectHome= and InaccessiblePaths= make", h.point)
 }
 
 // WildcardDirs returns the directories under root (host paths, sorted)
