@@ -89,6 +89,13 @@ fuzz:
 	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzParseDMAnswers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/systemd -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./checks -run '^$$' -fuzz '^FuzzCiliumStatus$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./checks -run '^$$' -fuzz '^FuzzNVMePages$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseCertPEM$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./report -run '^$$' -fuzz '^FuzzLoadStateFile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./report -run '^$$' -fuzz '^FuzzPrintable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./report -run '^$$' -fuzz '^FuzzPrintableJSON$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/privileged -run '^$$' -fuzz '^FuzzWire$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 
 # Regenerate what is generated from report/catalog.go: the README's condition
 # catalog and the shipped manifests under packaging/manifests.

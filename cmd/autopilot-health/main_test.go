@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -1173,4 +1174,51 @@ func heldSocketConfig(t *testing.T, dir string) string {
 	}
 	t.Cleanup(func() { l.Close() })
 	return fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock)
+}
+
+// `make fuzz` runs every fuzz target of the module (README: "each parser"):
+// a Fuzz function added without its line in the Makefile was never fuzzed
+// but by its seeds (seven were so).
+func TestMakeFuzzRunsEveryFuzzTarget(t *testing.T) {
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]string{} // target -> package
+	for _, m := range regexp.MustCompile(`test (\./\S+) -run '\^\$\$' -fuzz '\^(Fuzz\w+)\$\$'`).FindAllStringSubmatch(string(mk), -1) {
+		listed[m[2]] = m[1]
+	}
+	decl := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(`)
+	found := 0
+	err = filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == ".cache" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		pkg := "./" + filepath.ToSlash(filepath.Dir(strings.TrimPrefix(p, "../../")))
+		for _, m := range decl.FindAllSubmatch(b, -1) {
+			found++
+			if got, ok := listed[string(m[1])]; !ok {
+				t.Errorf("%s (%s) is not in the Makefile's fuzz target", m[1], p)
+			} else if got != pkg {
+				t.Errorf("the Makefile fuzzes %s in %s, it is in %s", m[1], got, pkg)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found < 20 {
+		t.Errorf("found %d fuzz targets in the module; the walk is broken", found)
+	}
 }
