@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
@@ -14,8 +13,7 @@ import (
 func init() { Register("ServiceNotRecovering", newServiceNotRecovering) }
 
 // serviceNotRecovering watches the critical units (kubelet, containerd, and
-// on a worker the failover proxy): True when one is failed (not the
-// transient failed systemd passes through before an automatic restart), when
+// on a worker the failover proxy): True when one is failed, when
 // systemd restarted it automatically the threshold number of times or more
 // since the last run (counted by the UnitWatch, whose state, this check's
 // baseline included, is kept in the state file), or when the daemon's own
@@ -66,9 +64,7 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 	}
 	var failed, flapping, notHelping, notes []string
 	var states []ServiceState
-	// The flapping marks move only when the whole run succeeds: a run that
-	// fails half-way (a failed unit's second read, settle) must not forget
-	// the restarts it saw.
+	// The flapping marks move only once the run has looked at every unit.
 	marks := map[string]uint64{}
 	units, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
 	if err != nil {
@@ -82,18 +78,16 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 			states = append(states, ServiceState{Unit: u})
 			continue
 		}
-		if u.ActiveState == "failed" && u.Restart != "" && u.Restart != "no" && u.Result != "start-limit-hit" && !u.StopEndedFailed() {
-			// Possibly the failed state systemd passes through right before
-			// an automatic restart: look again after the restart delay.
-			// Not after start-limit-hit, nor after a stop that ended
-			// failed: systemd restarts neither, and re-reading it every
-			// 50 ms for the whole wait, at every run, would only load the
-			// bus.
-			u, err = c.settle(ctx, u)
-			if err != nil {
-				return Result{}, err
-			}
-		}
+		// A failed read is lasting, whatever the unit's Restart=: systemd
+		// sets failed and then auto-restart (failed-before-auto-restart
+		// and auto-restart from 254) in one step of its one thread, and
+		// answers a read only between such steps, so no read sees the
+		// failed a unit passes through before an automatic restart (only
+		// a PropertiesChanged signal tells it). A unit read failed is one
+		// systemd will not restart on its own: its start limit hit (252
+		// keeps the last run's result, exit-code, not start-limit-hit), a
+		// result its Restart= does not restart, a stop that ended failed
+		// (TestFailedIsNeverSeenBeforeAnAutomaticRestart in tests/).
 		if u.ActiveState == "failed" {
 			failed = append(failed, fmt.Sprintf("%s is failed (%s)", name, u.Result))
 		}
@@ -146,34 +140,4 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonCriticalUnitsRecovering,
 		Message: fmt.Sprintf("%s: none failed or restarted %d+ times since the last check%s", strings.Join(c.units, ", "), c.threshold, note), Details: details}, nil
-}
-
-// settleMargin is what settle leaves of the run's timeout for the rest of
-// the run.
-const settleMargin = time.Second
-
-// settle re-reads a failed unit until it leaves the failed state or twice
-// its restart delay (at least a second) has passed, and no longer than the
-// run's timeout allows (less settleMargin): a unit still failed then counts
-// as failed. (With RestartSec=5 or 10, as Debian's containerd and kubeadm's
-// kubelet have, twice the delay is the whole 10 s timeout: the run timed
-// out and a unit stuck failed was never reported.)
-func (c *serviceNotRecovering) settle(ctx context.Context, u systemd.Unit) (systemd.Unit, error) {
-	deadline := time.Now().Add(max(2*u.RestartDelay, time.Second))
-	if d, ok := ctx.Deadline(); ok && d.Add(-settleMargin).Before(deadline) {
-		deadline = d.Add(-settleMargin)
-	}
-	for u.ActiveState == "failed" && time.Now().Before(deadline) {
-		select {
-		case <-ctx.Done():
-			return u, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		var err error
-		if u, err = c.env.Systemd.Unit(ctx, u.Name); err != nil {
-			return u, err
-		}
-		c.watch.Observe(u)
-	}
-	return u, nil
 }

@@ -410,8 +410,7 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // first answer is read: InvocationID (but of a unit that does not exist and
 // does not run), and for a loaded service Result,
 // NRestarts and ExecMainStartTimestamp (wall and monotonic), and Restart and RestartUSec when
-// it is not active (what ServiceNotRecovering needs to wait out an
-// automatic restart), with ActiveExitTimestampMonotonic,
+// it is not active, with ActiveExitTimestampMonotonic,
 // ExecMainExitTimestampMonotonic, NotifyAccess and RuntimeMaxUSec (the
 // repairer's tell of a stop that ended failed). It read the whole of each unit before (GetAll of its
 // Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
