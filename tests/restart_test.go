@@ -72,6 +72,8 @@ type kernelNode struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	markers int
+	// bin is the daemon's binary start runs (empty: this build's).
+	bin string
 }
 
 func newKernelNode(t *testing.T) *kernelNode { return newKernelNodeWith(t, "") }
@@ -155,7 +157,11 @@ pattern = '^EXT4-fs warning \(device %s\)'
 // start starts the daemon's binary.
 func (n *kernelNode) start() time.Time {
 	n.t.Helper()
-	n.cmd = exec.Command(daemonBinary(n.t), "run", "--config", n.cfgPath)
+	bin := n.bin
+	if bin == "" {
+		bin = daemonBinary(n.t)
+	}
+	n.cmd = exec.Command(bin, "run", "--config", n.cfgPath)
 	fmt.Fprintf(n.logs, "---- start %s\n", time.Now().Format(time.RFC3339Nano))
 	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
 	n.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
