@@ -28,7 +28,11 @@ const StateFileName = "tamper.json"
 // baseline's digest covers (an older build's digest would not match, and a
 // file that fails its digest loses its findings). An older build keeps the
 // findings of a file of a higher version (NewerError); their fields never
-// change. A field added elsewhere leaves it as it is: older builds ignore it.
+// change. A field added elsewhere leaves it as it is: older builds ignore it,
+// except those before 5040d15, which refuse the whole file (moved aside: a
+// BaselineCorrupt finding, its findings lost); a field the daemon writes
+// while it runs must then be one they know, or omitted while it is empty
+// (TestStateReadByBuildsThatRefuseUnknownFields).
 const stateVersion = 1
 
 // MaxFindings caps the findings kept; beyond it the oldest make room (each
