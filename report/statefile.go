@@ -35,6 +35,12 @@ type stateFile struct {
 	Observed []string `json:"transitionsObserved,omitempty"`
 }
 
+// stateVersion is the state file's format. It has been 1 in every build,
+// and every build ignores the fields it does not know: a build adds fields
+// without raising it (an older build, after a rollback, reads the rest), and
+// raises it only for a change an older build would misread, which every
+// build before moves aside as corrupt (the conditions then taken over from
+// the Node, the kept values lost).
 const stateVersion = 1
 
 // StateFileName is the file under the state directory.
