@@ -52,7 +52,7 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 	if c.env.Systemd == nil {
 		return Result{}, errNoSystemd
 	}
-	var down []string
+	var down, starting []string
 	units, err := systemd.UnitsOf(ctx, c.env.Systemd, c.units...)
 	if err != nil {
 		return Result{}, err
@@ -60,11 +60,17 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 	states := make([]OperabilityUnit, 0, len(units))
 	for _, u := range units {
 		name := u.Name
+		// A unit systemd is (re)starting is coming back, whatever its
+		// state: `systemctl restart` (or the start half of one, waiting
+		// for the units it is ordered after) is no outage (ComingBack).
+		comingBack := u.LoadState == "loaded" && !isActive(u.ActiveState) && u.ComingBack()
 		// The unit a True names is kept first when the list is cut.
-		states = append(states, OperabilityUnit{Unit: u, Down: u.LoadState == "not-found" || !isActive(u.ActiveState)})
+		states = append(states, OperabilityUnit{Unit: u, Down: u.LoadState == "not-found" || !isActive(u.ActiveState) && !comingBack})
 		switch {
 		case u.LoadState == "not-found":
 			down = append(down, name+" is not installed")
+		case comingBack:
+			starting = append(starting, fmt.Sprintf("%s is being started (%s/%s, %s job queued)", name, u.ActiveState, u.SubState, u.JobType))
 		case !isActive(u.ActiveState):
 			what := u.ActiveState + "/" + u.SubState
 			if u.Result != "" && u.Result != "success" {
@@ -81,6 +87,10 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 	details := []report.Detail{{Domain: "services", Field: "operabilityServices", Value: states}}
 	if len(down) > 0 {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonUnitNotActive, Message: strings.Join(down, "; "), Details: details}, nil
+	}
+	if len(starting) > 0 {
+		// Neither down nor up yet: the next run tells.
+		return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: strings.Join(starting, "; "), Details: details}, nil
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeServicesActive, Message: strings.Join(c.units, ", ") + ": active", Details: details}, nil
 }

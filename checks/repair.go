@@ -260,7 +260,11 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		return RepairUnitStopping, fmt.Sprintf("not restarted: systemd is stopping %s (%s/%s, stop job queued)", unit, u.ActiveState, u.SubState)
 	case u.ActiveState == "activating" || u.ActiveState == "deactivating" || u.ActiveState == "reloading" || u.SubState == "auto-restart":
 		return RepairSystemd, fmt.Sprintf("not restarted: systemd is already restarting %s (%s/%s)", unit, u.ActiveState, u.SubState)
-	case u.ActiveState == "inactive" && u.Job != 0:
+	case (u.ActiveState == "inactive" || u.ActiveState == "failed") && u.Job != 0:
+		// A start job queued (at boot, kubelet's waits for this daemon),
+		// or the start half of a restart whose stop left the unit
+		// inactive, or failed when it did not end cleanly (ComingBack):
+		// not a stop, and not to be restarted again.
 		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
 	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u):
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)

@@ -14,6 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 )
@@ -1246,5 +1247,68 @@ func TestRepairLeavesAStopThatEndedFailedAloneFake(t *testing.T) {
 	m.set(failed)
 	if res := repair(); res != RepairRestarted || m.restartCount() != 2 {
 		t.Errorf("a failure after a stop called off: %s, %d restarts; want %s, 2", res, m.restartCount(), RepairRestarted)
+	}
+}
+
+// A unit read between the halves of a restart (its stop done, inactive or
+// failed when the stop did not end cleanly, and the start job the restart
+// turned into still to run; TestARestartBetweenItsHalvesIsComingBack in
+// tests/ reads it so from systemd 252), or in its stop half, is coming
+// back: NodeServiceDown is Unknown, not True; ServiceNotRecovering does
+// not count it failed; the repairer leaves it to systemd's start, neither
+// taking a stop that ended failed for someone's stop nor restarting it.
+func TestARestartBetweenItsHalvesIsComingBackFake(t *testing.T) {
+	ctx := context.Background()
+	for _, st := range []struct{ active, sub, result, job string }{
+		{"inactive", "dead", "success", "start"},
+		{"failed", "failed", "exit-code", "start"},
+		{"failed", "failed", "timeout", "restart"},
+		{"deactivating", "stop-sigterm", "success", "restart"},
+	} {
+		what := fmt.Sprintf("%s/%s, result %s, %s job", st.active, st.sub, st.result, st.job)
+		for _, notify := range []string{"none", "main"} {
+			// Its last stop as a stop's: left active, then its process exited.
+			u := running("kubelet.service")
+			u.ActiveState, u.SubState, u.Result, u.Job, u.JobType = st.active, st.sub, st.result, 7, st.job
+			u.NotifyAccess, u.MainStartMono, u.ActiveExitMono, u.MainExitMono = notify, time.Second, 2*time.Second, 3*time.Second
+			m := newFakeManager(u, running("containerd.service"), running("syself-proxy.service"))
+			r := NewRepairer(m, quietLog(), time.Now, nil)
+			r.sinceBoot = func() time.Duration { return time.Hour }
+			res, msg := r.Repair(ctx, "kubelet.service", time.Millisecond, "healthz failed")
+			r.Wait()
+			want := RepairStarting
+			if st.active == "deactivating" {
+				want = RepairSystemd
+			}
+			if res != want || m.restartCount() != 0 {
+				t.Errorf("repair, %s, NotifyAccess=%s: %s %q, %d restarts; want %s and none", what, notify, res, msg, m.restartCount(), want)
+			}
+			snr, _ := newServiceNotRecovering(snrEnv(t, m))
+			if res, err := snr.Probe(ctx); err != nil || res.Status == report.StatusTrue {
+				t.Errorf("ServiceNotRecovering, %s: %s %q (%v), want not True", what, res.Status, res.Message, err)
+			}
+		}
+		a := running("syself-tunnel-agent.service")
+		a.ActiveState, a.SubState, a.Result, a.Job, a.JobType = st.active, st.sub, st.result, 7, st.job
+		env := testEnv(t, nil)
+		env.Systemd = newFakeManager(a)
+		nsd, _ := newNodeServiceDown(env)
+		wantMsg := fmt.Sprintf("syself-tunnel-agent.service is being started (%s/%s, %s job queued)", st.active, st.sub, st.job)
+		if res, err := nsd.Probe(ctx); err != nil || res.Status != report.StatusUnknown || res.Reason != report.ReasonNoData || res.Message != wantMsg {
+			t.Errorf("NodeServiceDown, %s: %s %s %q (%v), want Unknown NoData %q", what, res.Status, res.Reason, res.Message, err, wantMsg)
+		}
+	}
+	// Another unit down is still True, the one coming back left out of it.
+	a := running("syself-tunnel-agent.service")
+	a.ActiveState, a.SubState, a.Job, a.JobType = "inactive", "dead", 7, "start"
+	b := running("syself-source-ip.service")
+	b.ActiveState, b.SubState = "inactive", "dead"
+	env := testEnv(t, func(c *config.Config) {
+		c.Checks.NodeServiceDown.WorkerUnits = []string{a.Name, b.Name}
+	})
+	env.Systemd = newFakeManager(a, b)
+	nsd, _ := newNodeServiceDown(env)
+	if res, err := nsd.Probe(ctx); err != nil || res.Status != report.StatusTrue || res.Message != "syself-source-ip.service is not active (inactive/dead)" {
+		t.Errorf("NodeServiceDown, one down and one coming back: %s %q (%v)", res.Status, res.Message, err)
 	}
 }

@@ -88,7 +88,9 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		// keeps the last run's result, exit-code, not start-limit-hit), a
 		// result its Restart= does not restart, a stop that ended failed
 		// (TestFailedIsNeverSeenBeforeAnAutomaticRestart in tests/).
-		if u.ActiveState == "failed" {
+		// But one with a start job is coming back: a restart whose stop
+		// ended failed, read before its start half ran (ComingBack).
+		if u.ActiveState == "failed" && !u.ComingBack() {
 			failed = append(failed, fmt.Sprintf("%s is failed (%s)", name, u.Result))
 		}
 		n, auto := c.watch.PendingAuto(snrMark, name)

@@ -94,6 +94,19 @@ func (u Unit) StopEndedFailed() bool {
 	return false
 }
 
+// ComingBack reports whether a start or restart job is queued or running
+// for u: systemd is (re)starting it, whatever its state. A restart job is
+// two halves: once its stop left the unit inactive (or failed, a stop that
+// did not end cleanly), it turns into a start job that runs from systemd's
+// run queue, and a read answered in between sees the unit inactive/dead or
+// failed/failed with that start job; the start also waits, so read, for
+// the units it is ordered after that have jobs of their own
+// (TestARestartBetweenItsHalvesIsComingBack in tests/). The job ends by
+// its unit's timeouts; a start that fails leaves the unit with no job.
+func (u Unit) ComingBack() bool {
+	return u.Job != 0 && (u.JobType == "start" || u.JobType == "restart")
+}
+
 // Problem reports whether the unit is failed (in a report list that must
 // be cut, its entry is kept first).
 func (u Unit) Problem() bool { return u.ActiveState == "failed" }
