@@ -127,7 +127,7 @@ func (m *fakeManager) reads() int { m.mu.Lock(); defer m.mu.Unlock(); return m.s
 func (m *fakeManager) restartCount() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.restarts) }
 
 func running(name string) systemd.Unit {
-	return systemd.Unit{Name: name, LoadState: "loaded", ActiveState: "active", SubState: "running", Restart: "always", RestartDelay: 100 * time.Millisecond, MainStart: time.Now(), Invocation: name + "-boot"}
+	return systemd.Unit{Name: name, LoadState: "loaded", ActiveState: "active", SubState: "running", MainStart: time.Now(), Invocation: name + "-boot"}
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -424,7 +424,7 @@ func TestServiceNotRecoveringFailed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Restart=no: failed is final.
 		u := running("containerd.service")
-		u.ActiveState, u.SubState, u.Result, u.Restart = "failed", "failed", "exit-code", "no"
+		u.ActiveState, u.SubState, u.Result = "failed", "failed", "exit-code"
 		m := newFakeManager(running("kubelet.service"), u, running("syself-proxy.service"))
 		c, _ := newServiceNotRecovering(snrEnv(t, m))
 		r, _ := c.Probe(context.Background())
@@ -559,26 +559,24 @@ func TestRepairThatCannotStartIsRecorded(t *testing.T) {
 // minute's run, for as long as it stayed failed.
 func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		for _, delay := range []time.Duration{5 * time.Second, 10 * time.Second} {
-			for _, result := range []string{"start-limit-hit", "exit-code"} {
-				u := running("containerd.service")
-				u.ActiveState, u.SubState, u.Result, u.Restart, u.RestartDelay, u.NRestarts = "failed", "failed", result, "always", delay, 3
-				m := newFakeManager(running("kubelet.service"), u, running("syself-proxy.service"))
-				c, _ := newServiceNotRecovering(snrEnv(t, m))
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the check's default timeout
-				began := time.Now()
-				r, err := c.Probe(ctx)
-				took := time.Since(began)
-				cancel()
-				if err != nil || r.Status != report.StatusTrue || r.Reason != "UnitFailed" || r.Message != "containerd.service is failed ("+result+")" {
-					t.Errorf("RestartSec=%s, %s: %+v, %v", delay, result, r, err)
-				}
-				m.mu.Lock()
-				reads := m.unitReads["containerd.service"]
-				m.mu.Unlock()
-				if reads != 1 || took != 0 {
-					t.Errorf("RestartSec=%s, at its start limit (%s): containerd.service read %d times in one run of %s, want 1 and no wait", delay, result, reads, took)
-				}
+		for _, result := range []string{"start-limit-hit", "exit-code"} {
+			u := running("containerd.service")
+			u.ActiveState, u.SubState, u.Result, u.NRestarts = "failed", "failed", result, 3
+			m := newFakeManager(running("kubelet.service"), u, running("syself-proxy.service"))
+			c, _ := newServiceNotRecovering(snrEnv(t, m))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // the check's default timeout
+			began := time.Now()
+			r, err := c.Probe(ctx)
+			took := time.Since(began)
+			cancel()
+			if err != nil || r.Status != report.StatusTrue || r.Reason != "UnitFailed" || r.Message != "containerd.service is failed ("+result+")" {
+				t.Errorf("%s: %+v, %v", result, r, err)
+			}
+			m.mu.Lock()
+			reads := m.unitReads["containerd.service"]
+			m.mu.Unlock()
+			if reads != 1 || took != 0 {
+				t.Errorf("at its start limit (%s): containerd.service read %d times in one run of %s, want 1 and no wait", result, reads, took)
 			}
 		}
 	})
@@ -592,7 +590,7 @@ func TestServiceNotRecoveringFailedWithALongRestartDelay(t *testing.T) {
 func TestServiceNotRecoveringDoesNotWaitOnAStoppedUnit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		u := running("kubelet.service")
-		u.ActiveState, u.SubState, u.Result, u.Restart, u.RestartDelay, u.NotifyAccess = "failed", "failed", "timeout", "always", 10*time.Second, "none"
+		u.ActiveState, u.SubState, u.Result, u.NotifyAccess = "failed", "failed", "timeout", "none"
 		u.MainStartMono, u.ActiveExitMono, u.MainExitMono = time.Minute, 2*time.Minute, 2*time.Minute+90*time.Second
 		m := newFakeManager(u, running("containerd.service"), running("syself-proxy.service"))
 		c, _ := newServiceNotRecovering(snrEnv(t, m))

@@ -93,7 +93,7 @@ func TestConditionsKeepTheirStateWhileSystemdShutsDown(t *testing.T) {
 			return func() {
 				// Its stop timed out; systemd restarts nothing at shutdown.
 				u := running("syself-proxy.service")
-				u.ActiveState, u.SubState, u.Result, u.Restart = "failed", "failed", "timeout", "no"
+				u.ActiveState, u.SubState, u.Result = "failed", "failed", "timeout"
 				m.set(u)
 			}
 		}},

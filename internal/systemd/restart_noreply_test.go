@@ -119,7 +119,7 @@ func (fs *reexecSystemd) serve(conn *godbus.Conn, in chan *godbus.Message, done 
 			fs.record(member)
 			answer(m, []godbusUnitStatus{fs.unit})
 		case "Get":
-			props := map[string]any{"InvocationID": fs.inv, "Result": "success", "NRestarts": uint32(0), "Restart": "always"}
+			props := map[string]any{"InvocationID": fs.inv, "Result": "success", "NRestarts": uint32(0)}
 			v, ok := props[m.Body[1].(string)]
 			if !ok {
 				v = uint64(1)

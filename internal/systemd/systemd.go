@@ -53,10 +53,6 @@ type Unit struct {
 	// it is taken out of the active state before its process exits, as
 	// a stop makes it, and ends failed, result "timeout", with no stop.
 	RuntimeMax time.Duration `json:"-"`
-	// RestartDelay is the service's RestartSec (0 for other unit types).
-	RestartDelay time.Duration `json:"-"`
-	// Restart is the service's Restart= setting ("no", "always", ...).
-	Restart string `json:"-"`
 	// Job is the id of a job queued or running for the unit (0: none), e.g.
 	// a start job waiting for the units it is ordered after.
 	Job uint32 `json:"job,omitempty"`
@@ -422,8 +418,8 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // properties the checks use, each a Properties.Get, all sent before the
 // first answer is read: InvocationID (but of a unit that does not exist and
 // does not run), and for a loaded service Result,
-// NRestarts and ExecMainStartTimestamp (wall and monotonic), and Restart and RestartUSec when
-// it is not active, with ActiveExitTimestampMonotonic,
+// NRestarts and ExecMainStartTimestamp (wall and monotonic), and when
+// it is not active ActiveExitTimestampMonotonic,
 // ExecMainExitTimestampMonotonic, NotifyAccess and RuntimeMaxUSec (the
 // repairer's tell of a stop that ended failed). It read the whole of each unit before (GetAll of its
 // Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
@@ -473,8 +469,6 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 				add("Service", p)
 			}
 			if u.ActiveState != "active" {
-				add("Service", "Restart")
-				add("Service", "RestartUSec")
 				add("Unit", "ActiveExitTimestampMonotonic")
 				add("Service", "ExecMainExitTimestampMonotonic")
 				add("Service", "NotifyAccess")
@@ -535,10 +529,6 @@ func (u *Unit) set(prop string, v variant) {
 		if v.num != math.MaxUint64 {
 			u.RuntimeMax = time.Duration(v.num) * time.Microsecond
 		}
-	case prop == "Restart" && v.sig == "s":
-		u.Restart = v.str
-	case prop == "RestartUSec" && v.sig == "t":
-		u.RestartDelay = time.Duration(v.num) * time.Microsecond
 	}
 }
 
