@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
@@ -19,7 +20,17 @@ func init() { Register("NodeServiceDown", newNodeServiceDown) }
 type nodeServiceDown struct {
 	env   *Env
 	units []string
+	// comingSince: since when each unit has been read coming back (a
+	// start or restart job on it, not active), run after run. One that
+	// has been so for comingBackLimit is down: a start job that never
+	// ends (TimeoutStartSec=infinity, a job waiting on another that
+	// hangs) would otherwise hold the condition Unknown for ever.
+	comingSince map[string]time.Time
 }
+
+// comingBackLimit is how long a unit may be read coming back, run after
+// run, before NodeServiceDown counts it down.
+const comingBackLimit = 5 * time.Minute
 
 // OperabilityUnit is one unit in the services report's
 // operabilityServices: the unit as systemd reports it.
@@ -41,7 +52,7 @@ func newNodeServiceDown(env *Env) (Check, error) {
 	if env.Role == report.RoleControlPlane {
 		units = c.ControlPlaneUnits
 	}
-	return &nodeServiceDown{env: env, units: units}, nil
+	return &nodeServiceDown{env: env, units: units, comingSince: map[string]time.Time{}}, nil
 }
 
 func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
@@ -58,12 +69,24 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	states := make([]OperabilityUnit, 0, len(units))
+	now := c.env.Now()
 	for _, u := range units {
 		name := u.Name
 		// A unit systemd is (re)starting is coming back, whatever its
 		// state: `systemctl restart` (or the start half of one, waiting
 		// for the units it is ordered after) is no outage (ComingBack).
 		comingBack := u.LoadState == "loaded" && !isActive(u.ActiveState) && u.ComingBack()
+		if !comingBack {
+			delete(c.comingSince, name)
+		} else if since, ok := c.comingSince[name]; !ok {
+			c.comingSince[name] = now
+		} else if now.Sub(since) >= comingBackLimit {
+			// Being started for too long: down, as its message says.
+			comingBack = false
+			down = append(down, fmt.Sprintf("%s has been starting since %s (%s/%s, %s job queued)", name, since.UTC().Format(time.RFC3339), u.ActiveState, u.SubState, u.JobType))
+			states = append(states, OperabilityUnit{Unit: u, Down: true})
+			continue
+		}
 		// The unit a True names is kept first when the list is cut.
 		states = append(states, OperabilityUnit{Unit: u, Down: u.LoadState == "not-found" || !isActive(u.ActiveState) && !comingBack})
 		switch {

@@ -1296,6 +1296,37 @@ func TestARestartBetweenItsHalvesIsComingBackFake(t *testing.T) {
 			t.Errorf("NodeServiceDown, %s: %s %s %q (%v), want Unknown NoData %q", what, res.Status, res.Reason, res.Message, err, wantMsg)
 		}
 	}
+	// A unit read coming back, run after run, for comingBackLimit (a start
+	// job that never ends) is down.
+	{
+		a := running("syself-tunnel-agent.service")
+		a.ActiveState, a.SubState, a.Job, a.JobType = "activating", "start", 7, "start"
+		now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+		env := testEnv(t, nil)
+		env.Now = func() time.Time { return now }
+		env.Systemd = newFakeManager(a)
+		nsd, _ := newNodeServiceDown(env)
+		for _, step := range []struct {
+			after time.Duration
+			want  report.Status
+		}{{0, report.StatusUnknown}, {comingBackLimit - time.Second, report.StatusUnknown}, {time.Second, report.StatusTrue}} {
+			now = now.Add(step.after)
+			if res, err := nsd.Probe(ctx); err != nil || res.Status != step.want {
+				t.Errorf("NodeServiceDown, starting for %s: %s %q (%v), want %s", now.Sub(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)), res.Status, res.Message, err, step.want)
+			} else if step.want == report.StatusTrue && res.Message != "syself-tunnel-agent.service has been starting since 2026-12-05T12:00:00Z (activating/start, start job queued)" {
+				t.Errorf("NodeServiceDown, starting too long: %q", res.Message)
+			}
+		}
+		// Read active once: the count starts again.
+		a.ActiveState, a.SubState, a.Job, a.JobType = "active", "running", 0, ""
+		env.Systemd.(*fakeManager).set(a)
+		nsd.Probe(ctx)
+		a.ActiveState, a.SubState, a.Job, a.JobType = "activating", "start", 8, "start"
+		env.Systemd.(*fakeManager).set(a)
+		if res, err := nsd.Probe(ctx); err != nil || res.Status != report.StatusUnknown {
+			t.Errorf("NodeServiceDown, starting again after it ran: %s %q (%v), want Unknown", res.Status, res.Message, err)
+		}
+	}
 	// Another unit down is still True, the one coming back left out of it.
 	a := running("syself-tunnel-agent.service")
 	a.ActiveState, a.SubState, a.Job, a.JobType = "inactive", "dead", 7, "start"
