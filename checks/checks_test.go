@@ -565,7 +565,7 @@ func TestDiskUsageRealHostUnderReadOnlyRemount(t *testing.T) {
 		want = append(want, m.MountPoint)
 	}
 	if len(want) == 0 {
-		t.Skip("no writable filesystem on this machine to measure")
+		testenv.Skip(t, "no writable filesystem on this machine to measure")
 	}
 
 	// ProtectSystem=strict: every mount read-only, its other flags kept.

@@ -26,6 +26,8 @@ import (
 	"github.com/syself/autopilot-health/kmsg"
 
 	"github.com/syself/autopilot-health/report"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // fakeNVMe serves Identify and SMART pages built by the test.
@@ -268,7 +270,7 @@ func TestRealNVMeReader(t *testing.T) {
 	}
 	if len(ctrls) == 0 {
 		if len(hs) != 0 {
-			t.Skipf("no /dev/nvmeN, yet /sys/class/nvme lists %+v: devices hidden from this machine", hs)
+			testenv.Skip(t, fmt.Sprintf("no /dev/nvmeN, yet /sys/class/nvme lists %+v: devices hidden from this machine", hs))
 		}
 		if ok, bad := nvmeUnreadable(hs); len(ok) != 0 || len(bad) != 0 || drives(len(ok), "") != "no NVMe drives" {
 			t.Errorf("no drives: %+v %v", ok, bad)
@@ -287,7 +289,7 @@ func TestRealNVMeReader(t *testing.T) {
 			continue
 		}
 		if h.Error != "" && os.Geteuid() != 0 {
-			t.Skipf("%s: %s (the admin ioctl needs CAP_SYS_ADMIN)", c, h.Error)
+			testenv.Skip(t, fmt.Sprintf("%s: %s (the admin ioctl needs CAP_SYS_ADMIN)", c, h.Error))
 		}
 		t.Logf("%s: %+v", c, h)
 		if h.Error != "" || h.Model == "" || h.Serial == "" || h.Firmware == "" {

@@ -574,7 +574,7 @@ func TestDebianPackageForeignArch(t *testing.T) {
 	needDpkgDeb(t)
 	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
 	if other == "" {
-		t.Skipf("no package for %s", runtime.GOARCH)
+		testenv.Skip(t, "no package for "+runtime.GOARCH)
 	}
 	r := newDpkgRoot(t, other)
 	// Where the binary cannot run (no emulator registered for it), it

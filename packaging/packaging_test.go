@@ -76,7 +76,7 @@ func needDpkgDeb(t *testing.T) {
 // hostBinary is the binary this machine runs (build.sh's GEN).
 func hostBinary(t *testing.T) string {
 	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
-		t.Skipf("no package for %s", runtime.GOARCH)
+		testenv.Skip(t, "no package for "+runtime.GOARCH)
 	}
 	return binary(t, runtime.GOARCH)
 }

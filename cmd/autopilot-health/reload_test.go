@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // fakeControl answers each connection on sock with answer and records the
@@ -116,7 +119,7 @@ func TestReloadFindsTheControlSocket(t *testing.T) {
 	other := write("other.toml", "control_socket = \""+filepath.Join(dir, "other.sock")+"\"\n")
 	code, _, stderr := run(t, "reload", "--config", other)
 	if answers(def) {
-		t.Skipf("a daemon listens on %s on this host", def)
+		testenv.Skip(t, fmt.Sprintf("a daemon listens on %s on this host", def))
 	}
 	if code != exitError || !strings.Contains(stderr, "no control socket at "+def) || !strings.Contains(stderr, "nor on "+filepath.Join(dir, "other.sock")+", which "+other+" names") {
 		t.Errorf("reload --config other.toml: %d %q", code, stderr)
@@ -145,7 +148,7 @@ func TestStatusFindsTheSocket(t *testing.T) {
 	other := filepath.Join(dir, "other.toml")
 	os.WriteFile(other, []byte("[status]\nsocket = \""+filepath.Join(dir, "new.sock")+"\"\n"), 0o644)
 	if answers(config.Default().Status.Socket) {
-		t.Skip("a daemon serves the default status socket on this host")
+		testenv.Skip(t, "a daemon serves the default status socket on this host")
 	}
 	if code, _, errs := run(t, "status", "--config", other); code != exitError || !strings.Contains(errs, "nor on "+filepath.Join(dir, "new.sock")+", which "+other+" names (status.socket needs a restart to change)") {
 		t.Errorf("status with a socket nothing serves: %d %q", code, errs)

@@ -84,3 +84,48 @@ func TestMakeTestArm64SkipsWhatREADMESays(t *testing.T) {
 		t.Errorf("the Makefile's comment above ARM64_SKIP does not say %q", want)
 	}
 }
+
+// A test that cannot run on this machine skips through testenv.Skip, which
+// fails it under CI=true (README, "Tests": "skip where it is missing, and
+// fail instead under CI=true"; the tiers in tests/ are never skipped): a
+// plain t.Skip is a skip that CI takes silently. The only plain skips are
+// those of a helper test that another test runs in a process of its own
+// (its reason says "run by ..."), and a benchmark's (b.Skip: make test runs
+// no benchmark). Nor is testing.Short used: CI runs no -short.
+func TestSkipsFailUnderCI(t *testing.T) {
+	skip := regexp.MustCompile(`\b(?:t|tb|testing\.TB)\.(?:Skip|Skipf|SkipNow)\(([^\n]*)`)
+	short := regexp.MustCompile(`\btesting\.Short\(\)`)
+	n := 0
+	err := filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == ".cache" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		rel := filepath.ToSlash(strings.TrimPrefix(p, "../../"))
+		if d.IsDir() || !strings.HasSuffix(p, ".go") || rel == "internal/testenv/testenv.go" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		n++
+		for i, line := range strings.Split(string(b), "\n") {
+			if m := skip.FindStringSubmatch(line); m != nil && !strings.HasPrefix(m[1], `"run by `) {
+				t.Errorf("%s:%d: %s: a skip that CI=true would take silently; use testenv.Skip", rel, i+1, strings.TrimSpace(line))
+			}
+			if short.MatchString(line) {
+				t.Errorf("%s:%d: %s: CI runs no -short; a test that leaves a part out in a -short run has no run in make test that is not -short", rel, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 200 {
+		t.Fatalf("read %d Go files; the walk is broken", n)
+	}
+}

@@ -129,7 +129,7 @@ func TestTamperClearWithoutADaemon(t *testing.T) {
 // TestTamperClearOverTheControlSocket asserts the refusal itself.
 func TestControlRefusesANonRootPeer(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("needs root to run a client as another uid; TestTamperClearOverTheControlSocket covers the refusal as this user")
+		testenv.Skip(t, "needs root to run a client as another uid; TestTamperClearOverTheControlSocket covers the refusal as this user")
 	}
 	if sock := os.Getenv("AUTOPILOT_HEALTH_CONTROL_HELPER"); sock != "" {
 		return
@@ -250,7 +250,7 @@ func TestSecondDaemonRefusesBeforeTouchingTheFirstsFiles(t *testing.T) {
 // still mismatches was True again.
 func TestTamperClearAnswerKeepsTheConditionsWithTheError(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("needs root: only root may clear (TestTamperClearOverTheControlSocket asserts the refusal)")
+		testenv.Skip(t, "needs root: only root may clear (TestTamperClearOverTheControlSocket asserts the refusal)")
 	}
 	cfg := protectOneFile(t)
 	sock := filepath.Join(t.TempDir(), "run", "control.sock")

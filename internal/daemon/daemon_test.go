@@ -306,7 +306,7 @@ func TestUnboundMetricsAddressDoesNotRefuseToStart(t *testing.T) {
 	m := d.metricsStatus()
 	if ln := d.metricsListener(); ln != nil {
 		ln.Close()
-		t.Skip("this host binds an address it does not have (net.ipv4.ip_nonlocal_bind)")
+		testenv.Skip(t, "this host binds an address it does not have (net.ipv4.ip_nonlocal_bind)")
 	}
 	if m.Serving || m.Attempts != 1 || !strings.Contains(m.Error, "listen tcp 192.0.2.1:20257: bind: cannot assign requested address") || d.Addr() != nil {
 		t.Errorf("status %+v, Addr %v", m, d.Addr())

@@ -319,7 +319,7 @@ func TestReloadDisablesOnePartOfACondition(t *testing.T) {
 // speaks systemd's reload protocol as a signal's reload does, and counts.
 func TestReloadOverTheControlSocket(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("the control socket answers root only (TestControlRefusesANonRootPeer)")
+		testenv.Skip(t, "the control socket answers root only (TestControlRefusesANonRootPeer)")
 	}
 	sock := notifySocket(t)
 	control := filepath.Join(t.TempDir(), "control.sock")

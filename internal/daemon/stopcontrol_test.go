@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/report"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // stopWithReloadInFlight starts a daemon with a control socket, asks it
@@ -21,7 +23,7 @@ import (
 func stopWithReloadInFlight(t *testing.T) (f *fileDaemon, runErr, answered chan error) {
 	t.Helper()
 	if os.Getuid() != 0 {
-		t.Skip("the control socket answers root only (TestControlRefusesANonRootPeer)")
+		testenv.Skip(t, "the control socket answers root only (TestControlRefusesANonRootPeer)")
 	}
 	sock := notifySocket(t)
 	control := filepath.Join(t.TempDir(), "control.sock")
@@ -142,7 +144,7 @@ func (h holdLog) WithGroup(name string) slog.Handler {
 // wait for checks that no longer run.
 func TestTamperClearInFlightAtStopIsAnswered(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("the control socket answers root only (TestControlRefusesANonRootPeer)")
+		testenv.Skip(t, "the control socket answers root only (TestControlRefusesANonRootPeer)")
 	}
 	saved := controlStopWait
 	t.Cleanup(func() { controlStopWait = saved })

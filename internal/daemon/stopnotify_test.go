@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // A reload in flight when SIGTERM arrives (a SIGHUP's, or the control
@@ -19,7 +21,7 @@ import (
 // (the re-plan's lock) until the daemon said STOPPING=1.
 func TestReloadInFlightAtStopNotifiesNothingAfterStopping(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("the control socket answers root only (TestControlRefusesANonRootPeer)")
+		testenv.Skip(t, "the control socket answers root only (TestControlRefusesANonRootPeer)")
 	}
 	for _, via := range []string{"SIGHUP", "control socket"} {
 		t.Run(via, func(t *testing.T) {

@@ -21,6 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // serve starts a helper on a socket in a temporary directory and returns
@@ -94,10 +96,10 @@ func TestKmsgDescriptorIsPassed(t *testing.T) {
 // The real /dev/kmsg through the helper (root: CAP_SYSLOG).
 func TestRealKmsgThroughTheHelper(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("needs root")
+		testenv.Skip(t, "needs root")
 	}
 	if _, err := os.Stat("/dev/kmsg"); err != nil {
-		t.Skip(err)
+		testenv.Skip(t, err.Error())
 	}
 	fd, err := serve(t, &Server{}).OpenKmsg()
 	if err != nil {
@@ -183,7 +185,7 @@ func TestDMRequests(t *testing.T) {
 // may change; a report with a non-zero exit comes back with its error.
 func TestLVMRequests(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("the lvm binary must be root's")
+		testenv.Skip(t, "needs root: the lvm binary must be root's")
 	}
 	dir := t.TempDir()
 	lvm := filepath.Join(dir, "lvm")
@@ -445,7 +447,7 @@ func TestPeerNotRootIsRefused(t *testing.T) {
 		os.Exit(0)
 	}
 	if os.Getuid() != 0 {
-		t.Skip("needs root to run a peer as another user")
+		testenv.Skip(t, "needs root to run a peer as another user")
 	}
 	// A directory uid 65534 may enter (t.TempDir's parent is root's 0700).
 	dir, err := os.MkdirTemp("", "privileged-peer-")

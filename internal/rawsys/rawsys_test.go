@@ -356,7 +356,7 @@ func goroutineWaiting(t *testing.T) bool {
 func TestInMemory(t *testing.T) {
 	var fs syscall.Statfs_t
 	if syscall.Statfs("/dev/shm", &fs) != nil || fs.Type != 0x01021994 {
-		t.Skip("no tmpfs at /dev/shm")
+		testenv.Skip(t, "no tmpfs at /dev/shm")
 	}
 	dir, err := os.MkdirTemp("/dev/shm", "rawsys-")
 	if err != nil {
