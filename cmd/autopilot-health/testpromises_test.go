@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -127,5 +128,91 @@ func TestSkipsFailUnderCI(t *testing.T) {
 	}
 	if n < 200 {
 		t.Fatalf("read %d Go files; the walk is broken", n)
+	}
+}
+
+// Every test, benchmark and fuzz target README names is one the module
+// has (a name in a -run pattern, 'TestSoak', may be a prefix of some), a
+// `go test ... -run '^TestX$' ... ./pkg` that README quotes runs TestX in
+// one of the packages it names, each VMTEST_RUN=name a scenario of the VM
+// tier, and each environment variable a test reads (SOAK_FLOOD, VMTEST_ECHO,
+// ...) one that some test does read: a renamed test or variable leaves
+// README's command running nothing, and go test says ok.
+func TestREADMENamesTestsThatExist(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	declared := declaredTests(t)
+	prefix := func(p string) bool {
+		for n := range declared {
+			if strings.HasPrefix(n, p) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, m := range regexp.MustCompile(`(-run |-bench |-fuzz )?'?\^?\b((?:Test|Benchmark|Fuzz)[A-Z]\w*)`).FindAllStringSubmatch(readme, -1) {
+		if _, ok := declared[m[2]]; ok || (m[1] != "" || strings.Contains(m[0], "'")) && prefix(m[2]) {
+			continue
+		}
+		t.Errorf("README names %s (%q), which is no test, benchmark or fuzz target of the module", m[2], m[0])
+	}
+	// go test ... -run '^TestX$' ... ./a ./b: TestX is in ./a or ./b.
+	for _, m := range regexp.MustCompile("go test [^`]*?-run '\\^(Test\\w+)\\$'[^`]*?((?: \\./[\\w/.]+)+)`").FindAllStringSubmatch(readme, -1) {
+		in := false
+		for _, pkg := range strings.Fields(m[2]) {
+			in = in || slices.Contains(declared[m[1]], strings.TrimSuffix(pkg, "/..."))
+		}
+		if !in {
+			t.Errorf("README runs %s in %s; it is in %q", m[1], strings.TrimSpace(m[2]), declared[m[1]])
+		}
+	}
+	table, err := os.ReadFile("../../tests/vm/scenarios/table.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`VMTEST_RUN=([\w,]+)`).FindAllStringSubmatch(readme, -1) {
+		for _, s := range strings.Split(m[1], ",") {
+			if !strings.Contains(string(table), `{Name: "`+s+`"`) {
+				t.Errorf("README runs VMTEST_RUN=%s: no VM scenario has that name", s)
+			}
+		}
+	}
+	// The variables that README sets for a test (SOAK_*, VMTEST_*, IDLE_*,
+	// KMSG_*): some Go file of the module reads each.
+	read := map[string]bool{}
+	err = filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == ".cache") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range regexp.MustCompile(`"([A-Z][A-Z0-9]*_[A-Z0-9_]+)"`).FindAllSubmatch(b, -1) {
+			read[string(m[1])] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := 0
+	for _, m := range regexp.MustCompile(`\b((?:SOAK|VMTEST|IDLE|KMSG)_[A-Z0-9_]+)=`).FindAllStringSubmatch(readme, -1) {
+		vars++
+		if !read[m[1]] {
+			t.Errorf("README sets %s for a test; no Go file of the module reads it", m[1])
+		}
+	}
+	if vars < 6 {
+		t.Errorf("found %d test variables in README (SOAK_FLOOD, SOAK_RESTARTS, SOAK_APIDOWN, SOAK_HOURS, VMTEST_RUN, VMTEST_ECHO at least): the pattern is broken", vars)
 	}
 }
