@@ -10,7 +10,12 @@
 // gets a Machine of its own (another boot, about 3 s).
 package scenarios
 
-import "time"
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
 
 // Machine is the emulated hardware a boot has: one NVMe drive (256 MiB,
 // serial NVMeSerial) whose SMART critical-warning bits QEMU sets from
@@ -53,6 +58,28 @@ var All = []Scenario{
 	{Name: "lvm_usage", Machine: criticalWarning, Run: lvmUsage},
 	{Name: "hung_task", Machine: criticalWarning, Run: hungTask},
 	{Name: "dm_verity", Machine: criticalWarning, Run: dmVerity},
+}
+
+// Select is the scenarios of All that VMTEST_RUN names (only: names
+// separated by commas; empty: all of them), in All's order; DeadlineProbe
+// is a name too, booted apart by TestVM. A name that is no scenario is an
+// error naming it: left out, a typo's scenario would not run and the tier
+// would pass.
+func Select(only string) ([]Scenario, error) {
+	if only == "" {
+		return slices.Clone(All), nil
+	}
+	var known []string
+	for _, s := range All {
+		known = append(known, s.Name)
+	}
+	names := strings.Split(only, ",")
+	for _, n := range names {
+		if n != DeadlineProbe && !slices.Contains(known, n) {
+			return nil, fmt.Errorf("VMTEST_RUN=%s: no scenario named %q (scenarios: %s; and %s)", only, n, strings.Join(known, ", "), DeadlineProbe)
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(All), func(s Scenario) bool { return !slices.Contains(names, s.Name) }), nil
 }
 
 // criticalWarning is a drive reporting available spare below threshold and
