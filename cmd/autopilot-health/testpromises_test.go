@@ -78,6 +78,9 @@ func TestMakeTestArm64SkipsWhatREADMESays(t *testing.T) {
 		t.Fatalf("ARM64_SKIP names %d tests", len(names))
 	}
 	flat := strings.Join(strings.Fields(string(readme)), " ")
+	if want := "the unit tests of `" + string(pkgs[1]) + "`"; !strings.Contains(flat, want) {
+		t.Errorf("README does not say %q (ARM64_PKGS)", want)
+	}
 	if want := words[len(names)] + " tests of this machine's kernel that qemu-user cannot run are skipped there by name"; !strings.Contains(flat, want) {
 		t.Errorf("README does not say %q: ARM64_SKIP names %d tests (%s)", want, len(names), skip[1])
 	}
