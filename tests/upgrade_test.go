@@ -38,12 +38,12 @@ func previousBinary(t *testing.T) string {
 	}
 	root, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
 	if err != nil {
-		t.Skipf("no git checkout to build %s from (set AUTOPILOT_HEALTH_PREVIOUS_BINARY): %v", previousRelease, err)
+		t.Skipf("needs the git history: no git checkout to build %s from (set AUTOPILOT_HEALTH_PREVIOUS_BINARY): %v", previousRelease, err)
 	}
 	src := t.TempDir()
 	arch := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", strings.TrimSpace(string(root)), previousRelease, src)
 	if out, err := arch.CombinedOutput(); err != nil {
-		t.Skipf("the checkout does not hold %s (set AUTOPILOT_HEALTH_PREVIOUS_BINARY): %v\n%s", previousRelease, err, out)
+		t.Skipf("needs the git history: the checkout does not hold %s (a shallow clone?; set AUTOPILOT_HEALTH_PREVIOUS_BINARY): %v\n%s", previousRelease, err, out)
 	}
 	bin := filepath.Join(t.TempDir(), "autopilot-health")
 	for _, pkg := range []string{"./cmd/autopilot-health", "./cmd/autopilot-health-privileged"} {
