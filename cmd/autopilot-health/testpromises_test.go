@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -219,5 +221,54 @@ func TestREADMENamesTestsThatExist(t *testing.T) {
 	}
 	if vars < 6 {
 		t.Errorf("found %d test variables in README (SOAK_FLOOD, SOAK_RESTARTS, SOAK_APIDOWN, SOAK_HOURS, VMTEST_RUN, VMTEST_ECHO at least): the pattern is broken", vars)
+	}
+}
+
+// The API server binaries in tests/.cache are rebuilt when tests/tools/k8s
+// changes (README, "Tests"): build.sh itself included, which holds the
+// version baked into kube-apiserver; its stamp left it out, so a new
+// version there kept the old binaries. Run on a copy of the folder with a
+// `go` of the test's that only says it was called.
+func TestK8sBinariesRebuiltWhenBuildScriptChanges(t *testing.T) {
+	src := "../../tests/tools/k8s"
+	dir := t.TempDir()
+	for _, f := range []string{"build.sh", "go.mod", "go.sum", "cmd/etcd/main.go"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, bin := filepath.Join(dir, "out"), filepath.Join(dir, "fakebin")
+	os.MkdirAll(out, 0o755)
+	os.MkdirAll(bin, 0o755)
+	calls := filepath.Join(dir, "go-calls")
+	os.WriteFile(filepath.Join(bin, "go"), fmt.Appendf(nil, "#!/bin/sh\necho built >> %q\n", calls), 0o755)
+	for _, f := range []string{"kube-apiserver", "etcd"} {
+		os.WriteFile(filepath.Join(out, f), []byte("#!/bin/sh\n"), 0o755)
+	}
+	build := func() int {
+		t.Helper()
+		cmd := exec.Command("bash", filepath.Join(dir, "build.sh"), out)
+		cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build.sh: %v\n%s", err, b)
+		}
+		b, _ := os.ReadFile(calls)
+		return strings.Count(string(b), "built")
+	}
+	if n := build(); n != 1 {
+		t.Fatalf("first build: go called %d times, want 1", n)
+	}
+	if n := build(); n != 1 {
+		t.Fatalf("nothing changed: go called again (%d in all)", n)
+	}
+	script, _ := os.ReadFile(filepath.Join(dir, "build.sh"))
+	os.WriteFile(filepath.Join(dir, "build.sh"), append(script, []byte("\n# the version baked in changed\n")...), 0o755)
+	if n := build(); n != 2 {
+		t.Errorf("build.sh changed: go called %d times in all, want 2 (the binaries rebuilt)", n)
 	}
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver and etcd from this tools module into DIR (default
-# ../../.cache/bin), skipping the build when DIR/stamp matches go.sum.
+# ../../.cache/bin), skipping the build when DIR/stamp matches this script,
+# go.mod, go.sum and cmd/etcd/main.go (the version baked in is in this script).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../../.cache/bin}
 mkdir -p "$out"; out=$(cd "$out" && pwd)
-stamp=$(sha256sum "$here/go.mod" "$here/go.sum" "$here/cmd/etcd/main.go" | sha256sum | cut -c1-16)
+stamp=$(sha256sum "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/cmd/etcd/main.go" | sha256sum | cut -c1-16)
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
 	exit 0
 fi
