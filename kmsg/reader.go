@@ -89,6 +89,10 @@ type cursor struct {
 	// in the window (see countSuppressed), so that a restart still says
 	// the count is a lower bound.
 	Suppressed []suppression
+	// LastSite is the kernel time of the last I/O error line handled (of
+	// any device; 0: none), which dates a count of suppressed lines that
+	// comes after a restart (see countSuppressed).
+	LastSite uint64
 	// windowErr: the saved window could not be read (the cursor could).
 	windowErr error
 }
@@ -113,10 +117,12 @@ type cursorJSON struct {
 	// Suppressed: "usec:n" for each count of suppressed I/O error lines,
 	// space-separated.
 	Suppressed string `json:"ioErrorSuppressed,omitempty"`
+	// LastSite: the kernel time (µs) of the last I/O error line handled.
+	LastSite uint64 `json:"ioErrorLastLine,omitempty"`
 }
 
 func (c cursor) MarshalJSON() ([]byte, error) {
-	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors), Suppressed: encodeSuppressed(c.Suppressed)})
+	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors), Suppressed: encodeSuppressed(c.Suppressed), LastSite: c.LastSite})
 }
 
 // encodeSuppressed writes the suppressions as "usec:n" tokens.
@@ -155,7 +161,7 @@ func (c *cursor) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: j.IOErrors}
+	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: j.IOErrors, LastSite: j.LastSite}
 	if j.Window != "" {
 		es, err := decodeWindow(j.Window)
 		if err != nil {
@@ -367,6 +373,7 @@ func (rd *Reader) Run(ctx context.Context) {
 			cur.windowErr = nil
 		}
 		rd.Monitor.restoreWindow(cur.IOErrors, cur.Suppressed)
+		rd.Monitor.lastSiteUsec = cur.LastSite
 		// What the window kept (not an ignored device's errors) is what
 		// the next save writes.
 		cur.IOErrors = rd.Monitor.windowEntries(nil)
@@ -590,6 +597,9 @@ func (rd *Reader) Run(ctx context.Context) {
 			// the store (see Run's doc).
 			rd.mu.Lock()
 			rd.cur.Seq, rd.cur.Have = last, true
+			// An ignored device's I/O error line moves it too, and not
+			// the window.
+			rd.cur.LastSite = rd.Monitor.lastSiteUsec
 			if g := rd.Monitor.winGen; g != winGen {
 				winGen = g
 				// snapshot copies it under rd.mu: the slice can be reused.

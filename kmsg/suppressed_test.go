@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -197,4 +198,64 @@ func TestSuppressedFunctionsBounded(t *testing.T) {
 	if v := testutil.ToFloat64(mon.m.suppressed.WithLabelValues("fn_3")); v != 3 {
 		t.Errorf("fn_3: %v, want 3", v)
 	}
+}
+
+// A count of suppressed lines read after a restart is dated as one read
+// without it: by the last I/O error line before it, which the run before
+// the restart handled (saved with the cursor, ioErrorLastLine). The
+// kernel prints the count at the site's next call after its 5 s interval,
+// which may be long after the dropped lines: here a minute, six times the
+// window. Before, a restart between the two forgot that line and dated the
+// count by its own line, and DisksFailure's message said the kernel had
+// suppressed 37 I/O error lines in its last 10 s, where the run without
+// the restart said nothing.
+func TestSuppressedIOErrorLinesDatedAcrossARestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		now := MonotonicNow()
+		burst := [][]byte{
+			fmt.Appendf(nil, "3,1,%d,-;I/O error, dev loop0, sector 8 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2\n", now-60_000_000),
+			fmt.Appendf(nil, "3,2,%d,-;I/O error, dev loop0, sector 16 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2\n", now-59_999_000),
+		}
+		later := append(slices.Clone(burst),
+			fmt.Appendf(nil, "4,3,%d,-;blk_print_req_error: 37 callbacks suppressed\n", now-2000),
+			fmt.Appendf(nil, "3,4,%d,-;I/O error, dev sda, sector 8 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0\n", now-1000))
+		want := "the kernel logged 1 disk I/O errors in the last 10s (threshold 5)"
+		// run reads recs from the cursor saved in dir (none at first) and
+		// returns DisksFailure's message.
+		run := func(dir string, recs [][]byte) string {
+			store := report.NewStore("b")
+			if _, err := store.Load(dir); err != nil {
+				t.Fatal(err)
+			}
+			o := opts(t, store)
+			o.IOErrorWindow = 10 * time.Second
+			mon := NewMonitor(o)
+			mon.Start(time.Now(), time.Now())
+			dev := &fakeDevice{recs: recs}
+			rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
+				ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { rd.Run(ctx); close(done) }()
+			time.Sleep(time.Minute) // caught up
+			synctest.Wait()
+			if !mon.caughtUp.Load() {
+				t.Fatal("not caught up")
+			}
+			cancel()
+			<-done
+			if err := store.Save(dir, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			return disksFailure(store).Message
+		}
+		if got := run(t.TempDir(), later); got != want {
+			t.Errorf("without a restart: DisksFailure %q, want %q", got, want)
+		}
+		dir := t.TempDir()
+		run(dir, burst)
+		if got := run(dir, later); got != want {
+			t.Errorf("with a restart between the burst and the count: DisksFailure %q, want %q", got, want)
+		}
+	})
 }
