@@ -576,6 +576,13 @@ func (rd *Reader) Run(ctx context.Context) {
 				last, haveLast, unparsed = rec.Seq, true, 0
 				continue
 			}
+			if skipping && !handled && !haveLast && rec.Seq > 0 {
+				// The ring holds no record of before the start: the
+				// overrun took the gap's base too, so what it took of
+				// the records since the start is not known (once: the
+				// record is handled next).
+				rd.Log.Warn("kernel log records logged since the start may have been overwritten before they could be read; how many is not known (the ring buffer holds no record of before the start)", "path", rd.Path, "first_seq", rec.Seq)
+			}
 			if haveLast && rec.Seq > last+1 {
 				if lost := rec.Seq - last - 1 - min(unparsed, rec.Seq-last-1); lost > 0 {
 					rd.Monitor.m.lost.Add(float64(lost))

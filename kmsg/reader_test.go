@@ -945,3 +945,54 @@ func TestReopenWithoutACursorKeepsTheRecordsSinceTheStart(t *testing.T) {
 		})
 	}
 }
+
+// A reopen without a cursor (from_boot_start false) that finds no record of
+// before the start left in the ring buffer cannot tell how many records
+// logged since the start the ring overwrote before they were read (the
+// gap's base is gone too): it says so, once, rather than nothing. Before,
+// the lost records were neither counted nor said.
+func TestReopenWithoutACursorSaysWhenTheGapBaseIsGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mon := NewMonitor(opts(t, report.NewStore("b")))
+		mon.Start(t0, t0)
+		var readFails atomic.Int64
+		readFails.Store(1)
+		dev := &fakeDevice{failReads: &readFails, readErr: syscall.EIO, recs: [][]byte{
+			[]byte("6,1,1,-;ordinary chatter\n"),
+			[]byte("6,2,2,-;ordinary chatter\n"),
+		}}
+		lg := &countingLog{}
+		rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second,
+			Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		synctest.Wait() // the reader waits out its backoff
+		// Meanwhile the ring overwrote everything up to seq 8: 1 and 2 of
+		// before the start, 3 to 8 of since.
+		usec := MonotonicNow()
+		dev.mu.Lock()
+		dev.recs = [][]byte{
+			fmt.Appendf(nil, "6,9,%d,-;ordinary chatter\n", usec),
+			fmt.Appendf(nil, "3,10,%d,-;EXT4-fs (sda1): Remounting filesystem read-only\n", usec+1),
+		}
+		dev.pos = 0
+		dev.mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		cancel()
+		<-done
+		if n := mon.Metrics().Records(); n != 2 {
+			t.Errorf("%v records handled, want 2 (seq 9 and 10)", n)
+		}
+		var said int
+		for _, l := range lg.all() {
+			if strings.Contains(l, "WARN") && strings.Contains(l, "overwritten") {
+				said++
+			}
+		}
+		if said != 1 {
+			t.Errorf("%d warnings that records since the start may be overwritten, want 1:\n%s", said, strings.Join(lg.all(), "\n"))
+		}
+	})
+}
