@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"bytes"
+	"math"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,11 +119,16 @@ func (mon *Monitor) addSuppressed(s suppression, keep uint64) {
 }
 
 // suppressedWithin sums the I/O error lines suppressed within span before
-// now (as window.count judges the errors).
+// now (as window.count judges the errors), at most the largest uint64: a
+// count read back from a state file edited by hand may be any uint64, and
+// a sum that wrapped around said a small one.
 func (mon *Monitor) suppressedWithin(now, span uint64) uint64 {
 	var n uint64
 	for _, s := range mon.suppressedIO {
 		if s.Usec > now || now-s.Usec <= span {
+			if n+s.N < n {
+				return math.MaxUint64
+			}
 			n += s.N
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -258,4 +259,19 @@ func TestSuppressedIOErrorLinesDatedAcrossARestart(t *testing.T) {
 			t.Errorf("with a restart between the burst and the count: DisksFailure %q, want %q", got, want)
 		}
 	})
+}
+
+// Counts whose sum passes the largest uint64 (a state file edited by hand:
+// the kernel's counts are at most 2^32-1) say the largest, never a sum
+// that wrapped around to a small one.
+func TestSuppressedSumDoesNotWrap(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	now := MonotonicNow()
+	mon.CaughtUp(now, t0)
+	mon.restoreWindow(nil, []suppression{{Usec: now - 2000, N: math.MaxUint64}, {Usec: now - 1000, N: 2}})
+	if c := disksFailure(store); !strings.Contains(c.Message, fmt.Sprintf("the kernel suppressed %d I/O error lines", uint64(math.MaxUint64))) {
+		t.Errorf("DisksFailure %q, want the largest count", c.Message)
+	}
 }
