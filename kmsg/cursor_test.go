@@ -73,10 +73,22 @@ func TestCursorReadsTheEarlierWindow(t *testing.T) {
 // Through the reader: a state file whose window is malformed resumes after
 // its cursor all the same (records 6-8 of 1-8 after seq 5), whether it
 // reads from the boot's start or not, and says the window was lost.
+//
+// Counts of suppressed lines that do not decode cost those counts alone:
+// the log says so, and not that the window (read whole) was lost.
 func TestMalformedWindowKeepsTheCursor(t *testing.T) {
-	for _, fromStart := range []bool{false, true} {
+	for _, tc := range []struct {
+		fromStart  bool
+		memo, want string
+		notWant    string
+	}{
+		{false, `"ioErrorWindow":"@sda 5 x"`, "the saved disk I/O error window is unreadable", ""},
+		{true, `"ioErrorWindow":"@sda 5 x"`, "the saved disk I/O error window is unreadable", ""},
+		{false, `"ioErrorWindow":"@sda 5","ioErrorSuppressed":"12:x"`, "the saved counts of I/O error lines the kernel suppressed are unreadable", "window is unreadable"},
+	} {
+		fromStart := tc.fromStart
 		dir := t.TempDir()
-		sf := `{"version":1,"bootID":"b","savedAt":"2026-01-01T00:00:00Z","conditions":[],"memos":{"kmsg":{"seq":5,"have":true,"ioErrorWindow":"@sda 5 x"}}}`
+		sf := `{"version":1,"bootID":"b","savedAt":"2026-01-01T00:00:00Z","conditions":[],"memos":{"kmsg":{"seq":5,"have":true,` + tc.memo + `}}}`
 		if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -93,8 +105,8 @@ func TestMalformedWindowKeepsTheCursor(t *testing.T) {
 		if n := mon.Metrics().Records(); n != 3 {
 			t.Errorf("from_boot_start %v: %v records handled, want 3 (6-8)", fromStart, n)
 		}
-		if !strings.Contains(logs, "the saved disk I/O error window is unreadable") {
-			t.Errorf("from_boot_start %v: the lost window is not logged:\n%s", fromStart, logs)
+		if !strings.Contains(logs, tc.want) || tc.notWant != "" && strings.Contains(logs, tc.notWant) {
+			t.Errorf("from_boot_start %v, %s: want %q logged (and not %q):\n%s", fromStart, tc.memo, tc.want, tc.notWant, logs)
 		}
 	}
 }

@@ -93,8 +93,10 @@ type cursor struct {
 	// any device; 0: none), which dates a count of suppressed lines that
 	// comes after a restart (see countSuppressed).
 	LastSite uint64
-	// windowErr: the saved window could not be read (the cursor could).
-	windowErr error
+	// windowErr: the saved window could not be read (the cursor could);
+	// suppressedErr: the saved counts of suppressed I/O error lines could
+	// not be (the window could).
+	windowErr, suppressedErr error
 }
 
 type ioError struct {
@@ -171,7 +173,7 @@ func (c *cursor) UnmarshalJSON(b []byte) error {
 		}
 	}
 	if ss, err := decodeSuppressed(j.Suppressed); err != nil {
-		c.windowErr = errors.Join(c.windowErr, err)
+		c.suppressedErr = err
 	} else {
 		c.Suppressed = ss
 	}
@@ -371,6 +373,10 @@ func (rd *Reader) Run(ctx context.Context) {
 		if cur.windowErr != nil {
 			rd.Log.Warn("the saved disk I/O error window is unreadable; DisksFailure counts the errors from now on", "err", cur.windowErr)
 			cur.windowErr = nil
+		}
+		if cur.suppressedErr != nil {
+			rd.Log.Warn("the saved counts of I/O error lines the kernel suppressed are unreadable; DisksFailure's message counts those it reads from now on", "err", cur.suppressedErr)
+			cur.suppressedErr = nil
 		}
 		rd.Monitor.restoreWindow(cur.IOErrors, cur.Suppressed)
 		rd.Monitor.lastSiteUsec = cur.LastSite

@@ -168,7 +168,7 @@ func TestParseSuppressed(t *testing.T) {
 func TestCursorBadSuppressedKeepsThePosition(t *testing.T) {
 	var c cursor
 	if err := json.Unmarshal([]byte(`{"seq":7,"have":true,"ioErrorWindow":"@sda 5","ioErrorSuppressed":"12:x"}`), &c); err != nil ||
-		c.Seq != 7 || !c.Have || len(c.IOErrors) != 1 || c.Suppressed != nil || c.windowErr == nil {
+		c.Seq != 7 || !c.Have || len(c.IOErrors) != 1 || c.Suppressed != nil || c.windowErr != nil || c.suppressedErr == nil {
 		t.Errorf("%+v, %v", c, err)
 	}
 	b, _ := json.Marshal(cursor{Seq: 1, Have: true, Suppressed: []suppression{{5, 37}, {9, 2}}})
