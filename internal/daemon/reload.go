@@ -286,8 +286,13 @@ func (d *Daemon) reload() (Reloaded, error) {
 			return Reloaded{}, fmt.Errorf("%s: kernel log rules: %w", d.cfgPath, err)
 		}
 	}
-	if res.Checks, err = d.currentRunner().Apply(&env); err != nil {
+	r := d.currentRunner()
+	if res.Checks, err = r.Apply(&env); err != nil {
 		return Reloaded{}, fmt.Errorf("%s: %w", d.cfgPath, err)
+	}
+	if len(res.Checks.Changed)+len(res.Checks.Started) > 0 {
+		// During the first pass, their first runs are from now.
+		d.extendStartAgain(r)
 	}
 	if d.kmsg != nil {
 		res.Rules = d.kmsg.Reconfigure(ko)

@@ -126,8 +126,18 @@ const firstPassSlack = 30 * time.Second
 // its interval) may put past the unit's TimeoutStartSec= (3 min), and
 // systemd would stop the daemon and start it again, each time before it
 // is ready. A runner of a new plan (redetect) starts its first runs again;
-// one already told of is not told again.
-func (d *Daemon) extendStart(r *checks.Runner) {
+// one already told of is not told again, unless again: a reload's Apply
+// started first runs of r anew, from now (extendStartAgain).
+func (d *Daemon) extendStart(r *checks.Runner) { d.tellFirstPassBound(r, false) }
+
+// extendStartAgain tells systemd the first pass's length again from now,
+// when a reload during the first pass started or changed checks of r:
+// their first runs start from now, with their new timeouts, and READY=1
+// waits for them. Told at the start only, a timeout raised past what
+// systemd was told timed the start out.
+func (d *Daemon) extendStartAgain(r *checks.Runner) { d.tellFirstPassBound(r, true) }
+
+func (d *Daemon) tellFirstPassBound(r *checks.Runner, again bool) {
 	select {
 	case <-d.firstPassDone:
 		return
@@ -136,7 +146,7 @@ func (d *Daemon) extendStart(r *checks.Runner) {
 	bound := r.FirstPassBound() + firstPassSlack
 	sent := false
 	err := d.tell(func(n Notifier) error {
-		if d.sdExtendedFor == r {
+		if d.sdExtendedFor == r && !again {
 			return nil // Run's, before the starting line
 		}
 		d.sdExtendedFor, sent = r, true
