@@ -138,14 +138,19 @@ func (d *Daemon) extendStart(r *checks.Runner) { d.tellFirstPassBound(r, false) 
 func (d *Daemon) extendStartAgain(r *checks.Runner) { d.tellFirstPassBound(r, true) }
 
 func (d *Daemon) tellFirstPassBound(r *checks.Runner, again bool) {
-	select {
-	case <-d.firstPassDone:
-		return
-	default:
-	}
 	bound := r.FirstPassBound() + firstPassSlack
 	sent := false
 	err := d.tell(func(n Notifier) error {
+		// Looked at under the lock READY=1 is sent under (becomeReady
+		// closes firstPassDone before it): looked at before it, a first
+		// pass that ended in between had sent READY=1 already, and an
+		// extension after it pushes the running unit's watchdog
+		// deadline out.
+		select {
+		case <-d.firstPassDone:
+			return nil
+		default:
+		}
 		if d.sdExtendedFor == r && !again {
 			return nil // Run's, before the starting line
 		}
