@@ -71,6 +71,9 @@ type Reader struct {
 
 	mu  sync.Mutex
 	cur cursor
+	// skipFor bounds the first open's read of the ring buffer to its end
+	// (default ringSkipLimit; see skipRing); tests shorten it.
+	skipFor time.Duration
 }
 
 // CursorKey is the name under which the reader's cursor is kept in the
@@ -333,11 +336,89 @@ const GatherTime = 10 * time.Millisecond
 
 // startSlack is how long before the start a record may be stamped and
 // still be read after a reopen of a reader that started at the end of the
-// log before it handled a record (see Run): the kernel stamps its records
-// with its own clock (local_clock), which runs a little apart from
+// log before it handled a record, where the first open did not read the
+// ring buffer to its end (it failed; see Run): the kernel stamps its
+// records with its own clock (local_clock), which runs a little apart from
 // CLOCK_MONOTONIC (a millisecond or so), so a record logged just after the
-// start is never taken for one of before it.
+// start is not taken for one of before it. It is the fallback only: the
+// two clocks may drift apart by more than that on a host up for long.
 const startSlack = time.Second
+
+// ringSkipLimit bounds how long the first open of a reader that starts at
+// the end of the log reads the ring buffer to its end (see skipRing): a
+// record costs ~2 µs (2,334 records, a 6.x kernel's, in 4 ms), so a ring
+// of a few thousand takes a few milliseconds and the bound about a million;
+// a log written faster than it is read has no end to reach, and the reader
+// then seeks to the end.
+const ringSkipLimit = 2 * time.Second
+
+// ringBase is what the first open of a reader that starts at the end of the
+// log learned of the records it left (skipRing).
+type ringBase struct {
+	// seq is the last record read and left (have: there was one).
+	seq  uint64
+	have bool
+	// exact: seq is the last record in the ring buffer at the first open
+	// (it read to the end); every later record is one of since the start.
+	exact bool
+	// pending: the read stopped at its bound and sought to the end; the
+	// record before the first one read next is the base.
+	pending bool
+}
+
+// skipRing reads the ring buffer from where f is (its start) to the first
+// read that would wait, handling nothing: the records in it at the first
+// open of a reader that starts at the end of the log (from_boot_start
+// false). The sequence number of the last is the base: a reopen before a
+// record was handled leaves every record up to it and reads every one
+// after it, counting a gap from it as lost. Sequence numbers, not the
+// kernel's timestamps, which may run apart from CLOCK_MONOTONIC by more
+// than any slack. A read of the ring that has not reached its end after
+// rd.skipFor (a log written faster than it is read) seeks to the end
+// instead: the record before the next one read is the base (pending).
+func (rd *Reader) skipRing(ctx context.Context, f Device, buf []byte) (ringBase, error) {
+	var b ringBase
+	limit := rd.skipFor
+	if limit == 0 {
+		limit = ringSkipLimit
+	}
+	// A deadline that has passed: a read with no record ready returns at
+	// once.
+	f.SetReadDeadline(time.Now())
+	began := MonotonicNow()
+	for i := 1; ; i++ {
+		n, err := f.Read(buf)
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			b.exact = true
+			return b, nil
+		case errors.Is(err, syscall.EPIPE):
+			// Overwritten before read: older than what comes next.
+			continue
+		case (err == nil && n == 0) || errors.Is(err, io.EOF):
+			return b, errEOF(rd.Path)
+		case err != nil:
+			return b, err
+		}
+		// A record that does not parse is left uncounted, as the
+		// records before the start always were; it moves nothing.
+		if rec, perr := ParseRecord(buf[:n]); perr == nil {
+			b.seq, b.have = rec.Seq, true
+		}
+		if i%64 == 0 {
+			if ctx.Err() != nil {
+				return b, ctx.Err()
+			}
+			if MonotonicNow()-began >= uint64(limit/time.Microsecond) {
+				if _, err := f.Seek(0, io.SeekEnd); err != nil {
+					return b, err
+				}
+				b.pending = true
+				return b, nil
+			}
+		}
+	}
+}
 
 // catchUpWait is how long a read waits for the next record while the
 // reader works through the backlog: when none comes, the end is reached.
@@ -435,39 +516,61 @@ func (rd *Reader) Run(ctx context.Context) {
 			return true
 		}
 	}
-	// A start at the end (from_boot_start false, no cursor) seeks to the
-	// end at the first open only. A reopen before a record was handled (a
-	// read that failed, a first open that failed) reads from the start of
-	// the ring and skips the records stamped before skipBefore, the kernel
-	// time of the start less startSlack: it sought to the end again
-	// before, and the records logged during the failure and its backoff
-	// were lost, counted nowhere.
+	// A start at the end (from_boot_start false, no cursor) reads the
+	// ring buffer to its end at the first open, handling nothing, and
+	// takes the last record's sequence number for the base (skipRing):
+	// last is set to it, so a reopen before a record was handled (a read
+	// that failed) reads from the start of the ring and leaves every
+	// record up to the base, as a restart with a cursor does, and a gap
+	// after it is counted lost. It sought to the end again before, and the
+	// records logged during the failure and its backoff were lost, counted
+	// nowhere. Where the first open did not reach the end (it failed, a
+	// read failed during it), a reopen leaves, of the records after what
+	// it read, those stamped before skipBefore, the kernel time of the
+	// start less startSlack: no sequence number says where the start was.
 	atEnd := !haveLast && !rd.FromStart
 	startedAtEnd := atEnd
+	var base ringBase
 	var skipBefore uint64
 	if atEnd {
 		now := MonotonicNow()
 		skipBefore = now - min(now, uint64(startSlack/time.Microsecond))
 	}
 	for ctx.Err() == nil {
-		// skipping: this open reads the records of before the start too
-		// (from the ring's start, or after one of them), which are not
-		// handled.
-		skipping := startedAtEnd && !atEnd && !handled
+		// skipping: this open reads records of before the start that no
+		// sequence number tells (the first open did not reach the end),
+		// which are not handled.
+		skipping := startedAtEnd && !atEnd && !handled && !base.exact
+		// A reopen reads from the start: its first record is not the one
+		// after a seek to the end.
+		base.pending = false
+		var skipErr error
 		f, err := rd.Open(rd.Path)
 		if err == nil {
-			if atEnd {
-				_, err = f.Seek(0, io.SeekEnd)
-			} else {
-				_, err = f.Seek(0, io.SeekStart)
+			_, err = f.Seek(0, io.SeekStart)
+			if err == nil && atEnd {
+				base, skipErr = rd.skipRing(ctx, f, buf)
+				if base.have {
+					last, haveLast = base.seq, true
+				}
 			}
-			if err != nil {
+			if err != nil || skipErr != nil {
 				f.Close()
 			}
 		}
 		atEnd = false
 		if err != nil {
 			if !fail("cannot open the kernel log", err) {
+				return
+			}
+			continue
+		}
+		if skipErr != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			rd.Monitor.m.reopens.Inc()
+			if !fail("reading the kernel log failed", skipErr) {
 				return
 			}
 			continue
@@ -535,7 +638,7 @@ func (rd *Reader) Run(ctx context.Context) {
 				rd.Monitor.m.up.Set(1)
 				switch {
 				case lastErr != "":
-				case haveLast:
+				case handled:
 					rd.Log.Info("kernel log monitor resuming after the last record handled", "seq", last)
 				case rd.FromStart:
 					rd.Log.Info("kernel log monitor reading this boot's records still in the ring buffer")
@@ -572,9 +675,15 @@ func (rd *Reader) Run(ctx context.Context) {
 				unparsed++
 				continue
 			}
+			if base.pending {
+				// The first record after the seek to the end that ended
+				// skipRing: the one before it is the base.
+				last, haveLast = rec.Seq-1, true
+				base.pending, base.exact = false, true
+			}
 			if haveLast && rec.Seq <= last {
 				unparsed = 0
-				continue // handled before the restart
+				continue // handled before the restart, or left at the start
 			}
 			if skipping && !handled && rec.Usec < skipBefore {
 				// Logged before the start: left, as the first open left

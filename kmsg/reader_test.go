@@ -875,7 +875,11 @@ func TestRecordTimesFollowASuspend(t *testing.T) {
 // the start, during the failure and its backoff, are read after the
 // reopen, and those logged before the start are still not. Before, the
 // reopen sought to the end again: the kernel error logged meanwhile was
-// lost, and counted nowhere.
+// lost, and counted nowhere. Here the first open never reads the ring
+// buffer to its end (it fails, or its first read does), so no sequence
+// number says where the start was: the records' stamps do (see
+// TestReopenWithoutACursorTellsTheStartBySequence for the first open that
+// reads it).
 func TestReopenWithoutACursorKeepsTheRecordsSinceTheStart(t *testing.T) {
 	for _, c := range []struct {
 		name      string
@@ -950,7 +954,9 @@ func TestReopenWithoutACursorKeepsTheRecordsSinceTheStart(t *testing.T) {
 // before the start left in the ring buffer cannot tell how many records
 // logged since the start the ring overwrote before they were read (the
 // gap's base is gone too): it says so, once, rather than nothing. Before,
-// the lost records were neither counted nor said.
+// the lost records were neither counted nor said. (The first read of the
+// first open fails here: a first open that read the ring to its end knows
+// the base's sequence number, and counts the gap from it.)
 func TestReopenWithoutACursorSaysWhenTheGapBaseIsGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mon := NewMonitor(opts(t, report.NewStore("b")))
@@ -995,4 +1001,151 @@ func TestReopenWithoutACursorSaysWhenTheGapBaseIsGone(t *testing.T) {
 			t.Errorf("%d warnings that records since the start may be overwritten, want 1:\n%s", said, strings.Join(lg.all(), "\n"))
 		}
 	})
+}
+
+// With from_boot_start false, which records a reopen before any record was
+// handled reads is told by sequence number, not by the kernel's timestamps:
+// the first open reads the ring buffer to its end without handling it, and
+// the last record there is the base. The kernel's clock (local_clock) may
+// run apart from CLOCK_MONOTONIC by more than a second on a host that has
+// been up long (and the two may count a suspend apart): a record logged
+// after the first open but stamped before the start is handled, one in the
+// ring at the first open but stamped after the start is not, and what the
+// ring overwrote after the base is counted lost, even when the base itself
+// was overwritten. Before, the reopen compared the stamps with the start
+// (less a second): the first was skipped uncounted, the second set a stale
+// condition against from_boot_start = false.
+func TestReopenWithoutACursorTellsTheStartBySequence(t *testing.T) {
+	ahead := MonotonicNow() + uint64(time.Hour/time.Microsecond)
+	for _, c := range []struct {
+		name string
+		// ring: in the ring buffer at the first open; after: the ring
+		// when the reader reopens (after a read failed).
+		ring, after          []string
+		readonly, deadlock   report.Status
+		records, lost, warns float64
+	}{
+		{
+			name: "logged after the first open, stamped before the start",
+			ring: []string{"3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter"},
+			after: []string{"3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter",
+				"6,3,3,-;ordinary chatter", "3,4,4,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			readonly: report.StatusTrue, deadlock: report.StatusFalse, records: 2,
+		},
+		{
+			name: "in the ring at the first open, stamped after the start",
+			ring: []string{fmt.Sprintf("3,1,%d,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", ahead),
+				fmt.Sprintf("3,2,%d,-;EXT4-fs (sda1): Remounting filesystem read-only", ahead+1)},
+			after: []string{fmt.Sprintf("3,1,%d,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", ahead),
+				fmt.Sprintf("3,2,%d,-;EXT4-fs (sda1): Remounting filesystem read-only", ahead+1),
+				fmt.Sprintf("6,3,%d,-;ordinary chatter", ahead+2)},
+			readonly: report.StatusFalse, deadlock: report.StatusFalse, records: 1,
+		},
+		{
+			name: "the base overwritten too",
+			ring: []string{"6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"},
+			// 1 and 2 (of before the start) and 3 and 4 (of since) gone.
+			after:    []string{"6,5,5,-;ordinary chatter", "3,6,6,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			readonly: report.StatusTrue, deadlock: report.StatusFalse, records: 2, lost: 2, warns: 1,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := report.NewStore("b")
+				mon := NewMonitor(opts(t, store))
+				mon.Start(t0, t0)
+				var readFails atomic.Int64
+				recs := func(lines []string) (rs [][]byte) {
+					for _, l := range lines {
+						rs = append(rs, []byte(l+"\n"))
+					}
+					return rs
+				}
+				dev := &fakeDevice{failReads: &readFails, readErr: syscall.EIO, recs: recs(c.ring)}
+				lg := &countingLog{}
+				rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second,
+					Open: func(string) (Device, error) { return dev, nil }}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { rd.Run(ctx); close(done) }()
+				synctest.Wait() // the first open is done: the reader waits for a record
+				// The next read fails; meanwhile the kernel logs (and
+				// overwrites).
+				readFails.Store(1)
+				dev.mu.Lock()
+				dev.recs = recs(c.after)
+				dev.pos = min(dev.pos, len(dev.recs))
+				dev.mu.Unlock()
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				cancel()
+				<-done
+				if got, _ := store.Get("ReadonlyFilesystem"); got.Status != c.readonly {
+					t.Errorf("ReadonlyFilesystem %s (%s), want %s", got.Status, got.Message, c.readonly)
+				}
+				if got, _ := store.Get("KernelDeadlock"); got.Status != c.deadlock {
+					t.Errorf("KernelDeadlock %s (%s), want %s (a line in the ring at the first open)", got.Status, got.Message, c.deadlock)
+				}
+				if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != c.records || l != c.lost {
+					t.Errorf("%v records handled, %v lost; want %v and %v", n, l, c.records, c.lost)
+				}
+				var warns, unknown float64
+				for _, l := range lg.all() {
+					if strings.Contains(l, "WARN kernel log records were overwritten") {
+						warns++
+					}
+					if strings.Contains(l, "how many is not known") {
+						unknown++
+					}
+				}
+				if warns != c.warns || unknown != 0 {
+					t.Errorf("%v warnings of overwritten records, %v that how many is not known; want %v and 0:\n%s", warns, unknown, c.warns, strings.Join(lg.all(), "\n"))
+				}
+			})
+		})
+	}
+}
+
+// busyRing is a busyDevice whose ring buffer holds a thousand records past
+// where a read of it stands: a seek to the end passes them.
+type busyRing struct{ busyDevice }
+
+func (d *busyRing) Seek(_ int64, whence int) (int64, error) {
+	if whence == io.SeekEnd {
+		d.seq += 1000
+	}
+	return 0, nil
+}
+
+// A reader that starts at the end of a log written faster than it is read
+// (from_boot_start false) does not read the ring buffer to its end forever
+// at its first open: after its bound it seeks to the end, and the record
+// before the first one read after the seek is the base, so the records the
+// seek passed are not counted lost.
+func TestFirstOpenOfABusyLogEnds(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(time.Now(), time.Now())
+	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ReadTimeout: time.Second, skipFor: 20 * time.Millisecond, Open: func(string) (Device, error) { return &busyRing{}, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.After(10 * time.Second)
+	for {
+		changed := store.Changed()
+		if c, _ := store.Get("KernelDeadlock"); c.Status == report.StatusFalse {
+			break
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			c, _ := store.Get("KernelDeadlock")
+			t.Fatalf("the first open of a busy log never ended: %+v", c)
+		}
+	}
+	if l := mon.Metrics().Lost(); l != 0 {
+		t.Errorf("%v records counted lost; the seek to the end passed records of before the start, none lost", l)
+	}
 }
