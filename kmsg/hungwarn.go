@@ -2,7 +2,9 @@ package kmsg
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -79,9 +81,17 @@ func (h *hungWarnings) read(now time.Time) {
 	if err != nil {
 		h.known = false
 		h.clear()
+		// A warning: with the gauge absent the shipped rules fire
+		// AutopilotHealthKernelDeadlockUndetectable, and this line says
+		// why.
 		if e := err.Error(); e != h.lastErr {
 			h.lastErr = e
-			h.log.Info("kernel.hung_task_warnings not readable: how many hung-task reports the kernel still prints is not known (autopilot_health_kernel_hung_task_warnings absent)", "err", err)
+			if errors.Is(err, fs.ErrNotExist) {
+				h.log.Warn("kernel.hung_task_warnings does not exist: this kernel has no hung-task detector (CONFIG_DETECT_HUNG_TASK) and reports no hung task, so KernelDeadlock can never turn True on this node (autopilot_health_kernel_hung_task_warnings absent)",
+					"path", h.path)
+			} else {
+				h.log.Warn("kernel.hung_task_warnings not readable: how many hung-task reports the kernel still prints is not known, and KernelDeadlock may never turn True (autopilot_health_kernel_hung_task_warnings absent)", "err", err)
+			}
 		}
 		return
 	}

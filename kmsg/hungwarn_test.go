@@ -192,3 +192,29 @@ func TestHungTaskWarningsAbsentWhereUnreadable(t *testing.T) {
 		t.Fatalf("replay: %d series (%v), want none", n, err)
 	}
 }
+
+// A kernel without the hung-task detector (CONFIG_DETECT_HUNG_TASK) has no
+// /proc/sys/kernel/hung_task_warnings and never prints a hung-task report:
+// KernelDeadlock can never turn True. The start says so as a warning, once,
+// naming the condition and the kernel option, not as an Info line an
+// operator filters out.
+func TestHungTaskWarningsMissingFileIsAWarning(t *testing.T) {
+	h := newHungWarnHost(t, "")
+	h.mon.Start(t0, t0)
+	log := h.log.String()
+	if n := strings.Count(log, "level=WARN"); n != 1 {
+		t.Fatalf("no hung_task_warnings file: %d warnings, want 1:\n%s", n, log)
+	}
+	for _, want := range []string{"CONFIG_DETECT_HUNG_TASK", "KernelDeadlock can never turn True", h.file} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the warning does not name %q:\n%s", want, log)
+		}
+	}
+	// A value that is no number: a warning too (the gauge is absent and
+	// AutopilotHealthKernelDeadlockUndetectable fires), naming the value.
+	h.set(t, "lots")
+	h.mon.Handle(rec(1, hungLine), t0)
+	if n := strings.Count(h.log.String(), "level=WARN"); n != 2 || !strings.Contains(h.log.String(), `\"lots\"`) {
+		t.Fatalf("a value that is no number: want a second warning naming it:\n%s", h.log)
+	}
+}

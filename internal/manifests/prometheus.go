@@ -218,6 +218,23 @@ func daemonRules() []rule {
 			},
 		},
 		{
+			// The gauge absent where the kernel log monitor runs (its
+			// reader_up series is exported from its start, whether the
+			// log can be read or not): the sysctl cannot be read, a
+			// kernel without CONFIG_DETECT_HUNG_TASK, which prints no
+			// hung-task reports at all. Not where the daemon is not
+			// scraped (no reader_up: AutopilotHealthDaemonGone's) or
+			// runs without the monitor (kmsg.enabled = false).
+			Alert:  "AutopilotHealthKernelDeadlockUndetectable",
+			Expr:   "autopilot_health_kmsg_reader_up unless on (node) autopilot_health_kernel_hung_task_warnings",
+			For:    "30m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "KernelDeadlock cannot be detected on this kernel on node {{ $labels.node }}",
+				"description": "autopilot-health has run its kernel log monitor for 30 minutes without reading /proc/sys/kernel/hung_task_warnings (autopilot_health_kernel_hung_task_warnings is absent): most likely a kernel built without CONFIG_DETECT_HUNG_TASK, which never reports a hung task, so a hung kubelet, containerd or runc is not logged and KernelDeadlock can never turn True on this node. journalctl -u autopilot-health says why the file could not be read. Use a node image whose kernel has CONFIG_DETECT_HUNG_TASK=y (ls /proc/sys/kernel/hung_task_timeout_secs on the node), or silence this alert for nodes where that is accepted.",
+			},
+		},
+		{
 			Alert:  "AutopilotHealthKernelLogLost",
 			Expr:   "increase(autopilot_health_kmsg_lost_records_total[10m]) > 0",
 			Labels: lbl("warning"),

@@ -272,12 +272,24 @@ func daemonTests() promTest {
 			{daemon("process_start_time_seconds", "once", ""), strings.Join(onceStarted, " ")},
 			{daemon("autopilot_health_healthy", "wedged", ""), "1+0x2 0+0x37"},
 			{daemon("autopilot_health_kmsg_reader_up", "blind", ""), "0+0x40"},
+			{daemon("autopilot_health_kernel_hung_task_warnings", "blind", ""), "10+0x40"},
 			// kernel.hung_task_warnings: "up" has reports left; "spent"
 			// prints its last one at minute 5 (and an operator sets -1 at
 			// minute 30); "flapped" is 0 for 9 minutes only.
 			{daemon("autopilot_health_kernel_hung_task_warnings", "up", ""), "-1+0x40"},
 			{daemon("autopilot_health_kernel_hung_task_warnings", "spent", ""), "2+0x4 0+0x24 -1+0x10"},
 			{daemon("autopilot_health_kernel_hung_task_warnings", "flapped", ""), "1+0x2 0+0x8 -1+0x28"},
+			// The gauge absent where the kernel log monitor runs: "nohung"
+			// (a kernel without CONFIG_DETECT_HUNG_TASK) all along;
+			// "departed" until its daemon went away at minute 20 (no
+			// scrape since: AutopilotHealthDaemonGone's); "nokmsg" runs
+			// the daemon without the kernel log monitor (kmsg.enabled =
+			// false: no KernelDeadlock to miss).
+			{daemon("autopilot_health_kmsg_reader_up", "nohung", ""), "1+0x40"},
+			{daemon("up", "nohung", ""), "1+0x40"},
+			{daemon("autopilot_health_kmsg_reader_up", "departed", ""), "1+0x20"},
+			{daemon("up", "departed", ""), "1+0x20 0+0x20"},
+			{daemon("up", "nokmsg", ""), "1+0x40"},
 			// Ready: "lost" unreachable (Unknown), "ok" Ready.
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "unknown"}), "1+0x40"},
 			{ksm("kube_node_status_condition", map[string]string{"condition": "Ready", "node": "lost", "status": "true"}), "0+0x40"},
@@ -312,6 +324,14 @@ func daemonTests() promTest {
 			{EvalTime: "14m", Alertname: "AutopilotHealthKernelHungTaskReportsExhausted"},
 			{EvalTime: "15m", Alertname: "AutopilotHealthKernelHungTaskReportsExhausted", ExpAlerts: []promAlert{exp("AutopilotHealthKernelHungTaskReportsExhausted", daemonNode("spent"))}},
 			{EvalTime: "30m", Alertname: "AutopilotHealthKernelHungTaskReportsExhausted"},
+			// Where the daemon is scraped with its kernel log monitor and
+			// without the gauge, for 30 minutes: "nohung" only, not
+			// "blind" (the kernel log unreadable, the sysctl read), nor
+			// "departed" (its daemon gone before 30 minutes), nor
+			// "nokmsg", nor the nodes with the gauge at any value.
+			{EvalTime: "29m", Alertname: "AutopilotHealthKernelDeadlockUndetectable"},
+			{EvalTime: "30m", Alertname: "AutopilotHealthKernelDeadlockUndetectable", ExpAlerts: []promAlert{exp("AutopilotHealthKernelDeadlockUndetectable", daemonNode("nohung"))}},
+			{EvalTime: "40m", Alertname: "AutopilotHealthKernelDeadlockUndetectable", ExpAlerts: []promAlert{exp("AutopilotHealthKernelDeadlockUndetectable", daemonNode("nohung"))}},
 			{EvalTime: "19m", Alertname: "AutopilotHealthKernelLogLost"},
 			{EvalTime: "21m", Alertname: "AutopilotHealthKernelLogLost", ExpAlerts: []promAlert{exp("AutopilotHealthKernelLogLost", daemonNode("up"))}},
 			{EvalTime: "38m", Alertname: "AutopilotHealthKernelLogLost"},
