@@ -212,6 +212,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// (the tamper report's cleared.at, read back by the reporter).
 		p.Live = NewLiveness(time.Now)
 		p.Live.OnBeat = p.Metrics.LoopProgress
+		// A loop's series from its start, at the time its silence is
+		// counted from (TestEveryLoopHasItsProgressSeriesFromTheStart).
+		p.Live.OnExpect = p.Metrics.LoopProgress
 	}
 	var err error
 	if p.Runner, err = p.newRunner(env); err != nil {

@@ -18,6 +18,12 @@ type Liveness struct {
 	loops map[string]*loopState
 	// OnBeat, if set, is called on every beat (for the progress metric).
 	OnBeat func(loop string, t time.Time)
+	// OnExpect, if set, is called when Expect starts tracking a loop it
+	// did not track, with the time its silence is counted from: the
+	// loop's progress series is there from then on, not only from its
+	// first beat (a loop that beats first after its period, such as
+	// detect, would be missing from the metrics while /healthz counts it).
+	OnExpect func(loop string, t time.Time)
 }
 
 type loopState struct {
@@ -31,11 +37,17 @@ func NewLiveness(now func() time.Time) *Liveness {
 }
 
 // Expect registers a loop that must beat within period (+ loopSlack) from
-// now on.
+// now on. A loop not tracked yet is reported to OnExpect; one tracked
+// already (a check a reload changed) keeps its progress series as it is.
 func (l *Liveness) Expect(loop string, period time.Duration) {
+	now := l.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.loops[loop] = &loopState{last: l.now(), maxSilence: period + loopSlack}
+	_, tracked := l.loops[loop]
+	l.loops[loop] = &loopState{last: now, maxSilence: period + loopSlack}
+	l.mu.Unlock()
+	if !tracked && l.OnExpect != nil {
+		l.OnExpect(loop, now)
+	}
 }
 
 // Forget stops tracking a loop (it ended on purpose).

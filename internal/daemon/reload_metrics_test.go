@@ -90,13 +90,14 @@ func TestReloadDropsTheStoppedCheckSeries(t *testing.T) {
 		t.Errorf("after the reload: %v", err)
 	}
 
-	// Enabled again: fresh series, from its first run since.
+	// Enabled again: fresh series, from its first run since (its loop's
+	// progress from the reload that started it).
 	f.write(t, "")
 	reload()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, page = get(t, metricsURL)
-		if strings.Contains(page, `loop="check/NodeInfoStale"`) {
+		if strings.Contains(page, `loop="check/NodeInfoStale"`) && checkRuns(page, "NodeInfoStale") > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
