@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -20,14 +21,48 @@ func init() {
 // the admin ioctl). The temperature bit is left to DiskTemperatureHigh (an
 // operability problem, not a failing disk). It is DisksFailure's check part
 // (the catalog row's Parts); the kernel's I/O errors are the other.
-type disksFailureSMART struct{ nvme *nvmeReader }
+// It collects the disks report list, whose drives it marks with the
+// thresholds of the other disk conditions (nvmeThresholds).
+type disksFailureSMART struct {
+	nvme       *nvmeReader
+	thresholds nvmeThresholds
+}
 
 func newDisksFailureSMART(env *Env) (Check, error) {
-	return &disksFailureSMART{nvme: newNVMeReader(env, env.Config.Checks.DisksFailure.Timeout.Duration)}, nil
+	return &disksFailureSMART{nvme: newNVMeReader(env, env.Config.Checks.DisksFailure.Timeout.Duration),
+		thresholds: nvmeThresholdsOf(env.Config)}, nil
+}
+
+// nvmeThresholds are the settings of DiskWearHigh and DiskTemperatureHigh
+// that decide which drives they name: the disks check marks those drives
+// (NVMeHealth.OverThreshold), so that a disks list cut to fit its document
+// keeps them first. A disabled check names no drive. They are part of the
+// disks check's settings (alsoReads): a reload that changes them builds it
+// again.
+type nvmeThresholds struct {
+	wearOn, tempOn bool
+	wear, temp     int
+}
+
+func nvmeThresholdsOf(c *config.Config) nvmeThresholds {
+	w, t := c.Checks.DiskWearHigh, c.Checks.DiskTemperatureHigh
+	return nvmeThresholds{wearOn: w.Enabled, wear: w.PercentageUsedThreshold, tempOn: t.Enabled, temp: t.ThresholdCelsius}
+}
+
+// over reports whether DiskWearHigh or DiskTemperatureHigh names the
+// readable drive h.
+func (t nvmeThresholds) over(h NVMeHealth) bool {
+	if h.Error != "" {
+		return false
+	}
+	return (t.wearOn && worn(h, t.wear)) || (t.tempOn && hot(h, t.temp))
 }
 
 func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 	hs, ok, bad, err := c.nvme.read(ctx)
+	for i := range hs {
+		hs[i].OverThreshold = c.thresholds.over(hs[i])
+	}
 	details := []report.Detail{{Domain: "disks", Field: "disks", Value: hs}}
 	if err != nil {
 		return Result{Details: details}, err
@@ -140,23 +175,45 @@ func (c *diskWear) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var worn []string
+	var wornOut []string
 	for _, h := range ok {
-		if h.PercentageUsed >= c.threshold {
-			worn = append(worn, fmt.Sprintf("%s has used %d%% of its rated endurance", h.name(), h.PercentageUsed))
+		if worn(h, c.threshold) {
+			wornOut = append(wornOut, fmt.Sprintf("%s has used %d%% of its rated endurance", h.name(), h.PercentageUsed))
 		}
 	}
 	if len(ok) == 0 {
 		return noDrives, nil
 	}
-	if len(worn) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonEnduranceMostlyUsed, Message: strings.Join(worn, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold) + unreadableNote(bad)}, nil
+	if len(wornOut) > 0 {
+		return Result{Status: report.StatusTrue, Reason: report.ReasonEnduranceMostlyUsed, Message: strings.Join(wornOut, "; ") + fmt.Sprintf(" (threshold %d%%)", c.threshold) + unreadableNote(bad)}, nil
 	}
 	msg := drives(len(ok), fmt.Sprintf("below %d%% of rated endurance", c.threshold))
 	if len(bad) > 0 {
 		return unreadable(msg, bad, nil), nil
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskWearOK, Message: msg}, nil
+}
+
+// worn reports whether the drive has used threshold percent or more of
+// its rated endurance (DiskWearHigh names it).
+func worn(h NVMeHealth, threshold int) bool { return h.PercentageUsed >= threshold }
+
+// tempLimit is the temperature at which DiskTemperatureHigh names the
+// drive: the configured threshold, or (0) the drive's own WCTEMP; 0 when
+// it has neither.
+func tempLimit(h NVMeHealth, threshold int) int {
+	if threshold == 0 {
+		return h.WarningTempC
+	}
+	return threshold
+}
+
+// hot reports whether the drive's temperature is at or over its limit
+// (tempLimit). Its temperature warning bit, which DiskTemperatureHigh
+// also names it for, is a critical warning (NVMeHealth.Problem).
+func hot(h NVMeHealth, threshold int) bool {
+	limit := tempLimit(h, threshold)
+	return h.TemperatureC != nil && limit > 0 && *h.TemperatureC >= limit
 }
 
 // diskTemp: an NVMe drive is past its temperature threshold: the configured
@@ -180,18 +237,15 @@ func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var hot, untold []string
+	var hotOut, untold []string
 	within := 0
 	for _, h := range ok {
-		limit := c.threshold
-		if limit == 0 {
-			limit = h.WarningTempC
-		}
+		limit := tempLimit(h, c.threshold)
 		switch {
-		case h.TemperatureC != nil && limit > 0 && *h.TemperatureC >= limit:
-			hot = append(hot, fmt.Sprintf("%s is at %d°C, threshold %d°C", h.name(), *h.TemperatureC, limit))
+		case hot(h, c.threshold):
+			hotOut = append(hotOut, fmt.Sprintf("%s is at %d°C, threshold %d°C", h.name(), *h.TemperatureC, limit))
 		case h.CriticalWarning&(1<<1) != 0:
-			hot = append(hot, fmt.Sprintf("%s reports its temperature outside its threshold (%s)", h.name(), h.temperature()))
+			hotOut = append(hotOut, fmt.Sprintf("%s reports its temperature outside its threshold (%s)", h.name(), h.temperature()))
 		case h.TemperatureC == nil:
 			// 0 K: the drive does not report its temperature; it is not
 			// "within" anything.
@@ -207,8 +261,8 @@ func (c *diskTemp) Probe(ctx context.Context) (Result, error) {
 	if len(untold) > 0 {
 		untoldNote = "; no temperature reported: " + strings.Join(untold, ", ")
 	}
-	if len(hot) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hot, "; ") + untoldNote + unreadableNote(bad)}, nil
+	if len(hotOut) > 0 {
+		return Result{Status: report.StatusTrue, Reason: report.ReasonTemperatureAboveThreshold, Message: strings.Join(hotOut, "; ") + untoldNote + unreadableNote(bad)}, nil
 	}
 	msg := drives(within, "within their temperature thresholds") + untoldNote
 	if within == 0 {

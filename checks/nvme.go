@@ -136,14 +136,21 @@ type NVMeHealth struct {
 	// IdentifyError: the Identify page could not be read (no model, serial
 	// or temperature thresholds); the SMART page is read all the same.
 	IdentifyError string `json:"identifyError,omitempty"`
+	// OverThreshold: its percentage used is at or over DiskWearHigh's
+	// threshold, or its temperature at or over DiskTemperatureHigh's, so
+	// that one of those conditions names it (set by the disks check's
+	// Probe from their settings: nvmeThresholds; not in the report:
+	// Problem).
+	OverThreshold bool `json:"-"`
 }
 
 // Problem reports whether the drive is a problem: a SMART critical
 // warning bit is set (spare below its threshold, temperature, reliability,
 // read-only, ...), its composite temperature is at or over its own warning
-// threshold (WCTEMP), or its SMART page could not be read.
+// threshold (WCTEMP), it is over DiskWearHigh's or DiskTemperatureHigh's
+// threshold (OverThreshold), or its SMART page could not be read.
 func (h NVMeHealth) Problem() bool {
-	return h.Error != "" || h.CriticalWarning != 0 ||
+	return h.Error != "" || h.CriticalWarning != 0 || h.OverThreshold ||
 		(h.TemperatureC != nil && h.WarningTempC > 0 && *h.TemperatureC >= h.WarningTempC)
 }
 

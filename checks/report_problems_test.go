@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -155,6 +156,73 @@ func TestReportListCutKeepsTheProblemEntries(t *testing.T) {
 	})
 }
 
+// manyNVMe is a node with more NVMe controllers than fakeNVMe lists.
+type manyNVMe struct {
+	*fakeNVMe
+	names []string
+}
+
+func (m manyNVMe) Controllers() ([]string, error) { return m.names, nil }
+
+// The disks list cut to 32 entries keeps every drive a disks condition
+// names, not only those with a SMART critical warning: of 40 drives, the
+// worn one DiskWearHigh names (percentage used at its threshold) and the
+// hot one DiskTemperatureHigh names (at its configured threshold_celsius,
+// under its own WCTEMP) are in the disks document the conditions point to.
+// Fails when the disks check does not mark them: the first 32 are kept.
+func TestDisksListCutKeepsTheDrivesTheConditionsName(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	f := &fakeNVMe{ctrls: map[string]fakeDrive{}}
+	var names []string
+	for i := range 40 {
+		c := fmt.Sprintf("nvme%d", i)
+		names = append(names, c)
+		// 40°C, WCTEMP 85°C, 10% used.
+		f.ctrls[c] = fakeDrive{model: "M", wctempK: 273 + 85, tempK: 273 + 40, spare: 100, pct: 10}
+	}
+	worn, hot := f.ctrls["nvme37"], f.ctrls["nvme39"]
+	worn.pct = 80 // the default percentage_used_threshold
+	hot.tempK = 273 + 72
+	f.ctrls["nvme37"], f.ctrls["nvme39"] = worn, hot
+	env := testEnv(t, func(c *config.Config) { c.Checks.DiskTemperatureHigh.ThresholdCelsius = 70 })
+	env.NVMe = manyNVMe{f, names}
+
+	// The conditions name them.
+	wear, _ := newDiskWear(env)
+	if r := probe(t, wear); r.Reason != report.ReasonEnduranceMostlyUsed || !strings.Contains(r.Message, "nvme37 ") {
+		t.Fatalf("DiskWearHigh: %s/%s %q", r.Status, r.Reason, r.Message)
+	}
+	temp, _ := newDiskTemp(env)
+	if r := probe(t, temp); r.Reason != report.ReasonTemperatureAboveThreshold || !strings.Contains(r.Message, "nvme39 ") {
+		t.Fatalf("DiskTemperatureHigh: %s/%s %q", r.Status, r.Reason, r.Message)
+	}
+
+	smart, _ := newDisksFailureSMART(env)
+	r := probe(t, smart)
+	d := report.NewDetails()
+	for _, x := range r.Details {
+		d.Set(x)
+	}
+	docs, err := d.Documents(now, report.RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Disks          []NVMeHealth `json:"disks"`
+		DisksTruncated int          `json:"disksTruncated"`
+	}
+	if err := json.Unmarshal([]byte(docs[report.AnnotationPrefix+"disks"]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, h := range doc.Disks {
+		kept = append(kept, h.Controller)
+	}
+	if len(kept)+doc.DisksTruncated != 40 || !slices.Contains(kept, "nvme37") || !slices.Contains(kept, "nvme39") {
+		t.Errorf("disks document keeps %v (%d left out); want nvme37 (worn, DiskWearHigh) and nvme39 (hot, DiskTemperatureHigh) kept", kept, doc.DisksTruncated)
+	}
+}
+
 // The entries of the report's lists that know they are a problem.
 func TestReportEntriesKnowTheirProblems(t *testing.T) {
 	temp := func(c int) *int { return &c }
@@ -169,6 +237,7 @@ func TestReportEntriesKnowTheirProblems(t *testing.T) {
 		{"drive at its WCTEMP", NVMeHealth{Controller: "nvme5", TemperatureC: temp(70), WarningTempC: 70}, true},
 		{"drive not read", NVMeHealth{Controller: "nvme5", Error: "timed out"}, true},
 		{"drive without temperature", NVMeHealth{Controller: "nvme0", WarningTempC: 70}, false},
+		{"drive DiskWearHigh or DiskTemperatureHigh names", NVMeHealth{Controller: "nvme5", OverThreshold: true}, true},
 		{"certificate valid", CertInfo{Path: "/a.pem", DaysLeft: 300}, false},
 		{"certificate not present", CertInfo{Path: "/a.pem", Error: "not present"}, false},
 		{"certificate unreadable", CertInfo{Path: "/a.pem", Error: "no certificate in the file"}, true},
@@ -187,6 +256,48 @@ func TestReportEntriesKnowTheirProblems(t *testing.T) {
 	} {
 		if got := tc.entry.Problem(); got != tc.want {
 			t.Errorf("%s: Problem() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The disks check marks the drives by DiskWearHigh's and
+// DiskTemperatureHigh's settings: a reload that changes one of them builds
+// it again, as a change of its own table does, so that it does not keep
+// marking by the thresholds of the file before. Fails when its settings are
+// its table alone: Apply keeps its instance.
+func TestReloadOfADiskThresholdRebuildsTheDisksCheck(t *testing.T) {
+	only := []string{"DisksFailure", "DiskWearHigh", "DiskTemperatureHigh"}
+	env := testEnv(t, nil)
+	env.NVMe = &fakeNVMe{}
+	r, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: only})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *config.Config)
+		want   []string
+	}{
+		{"wear threshold", func(c *config.Config) { c.Checks.DiskWearHigh.PercentageUsedThreshold = 90 }, []string{"DisksFailure", "DiskWearHigh"}},
+		{"temperature threshold", func(c *config.Config) { c.Checks.DiskTemperatureHigh.ThresholdCelsius = 60 }, []string{"DisksFailure", "DiskTemperatureHigh"}},
+		{"temperature check disabled", func(c *config.Config) { c.Checks.DiskTemperatureHigh.Enabled = false }, []string{"DisksFailure"}},
+		{"the others' intervals", func(c *config.Config) {
+			c.Checks.DiskWearHigh.Interval = config.Duration{Duration: time.Hour}
+			c.Checks.DiskTemperatureHigh.Interval = config.Duration{Duration: time.Hour}
+		}, []string{"DiskWearHigh", "DiskTemperatureHigh"}},
+	} {
+		next := testEnv(t, tc.mutate)
+		next.NVMe = env.NVMe
+		a, err := r.Apply(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(a.Changed, tc.want) {
+			t.Errorf("%s: Apply changed %v, want %v", tc.name, a.Changed, tc.want)
+		}
+		// Back to the defaults for the next case.
+		if _, err := r.Apply(env); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
@@ -173,6 +174,14 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 	return r, nil
 }
 
+// alsoReads gives, by condition type, the settings outside its own table
+// that a check reads: they are part of its settings, so that a reload that
+// changes them builds it again (Apply), as a change of its own table does.
+var alsoReads = map[string]func(*config.Config) any{
+	// The disks check marks the drives the other disk conditions name.
+	"DisksFailure": func(c *config.Config) any { return nvmeThresholdsOf(c) },
+}
+
 // scheduledCheck is a check the plan runs, with its settings.
 type scheduledCheck struct {
 	desc     report.ConditionDesc
@@ -197,6 +206,9 @@ func (r *Runner) scheduled(env *Env) ([]scheduledCheck, error) {
 			return nil, fmt.Errorf("check %s: interval (%s) and timeout (%s) must be positive", p.Desc.Type, com.Interval, com.Timeout)
 		}
 		settings, _ := env.Config.Checks.Section(p.Desc.Type)
+		if also := alsoReads[p.Desc.Type]; also != nil {
+			settings = [2]any{settings, also(env.Config)}
+		}
 		out = append(out, scheduledCheck{desc: p.Desc, interval: com.Interval.Duration, timeout: com.Timeout.Duration, settings: settings})
 	}
 	return out, nil
