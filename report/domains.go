@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
@@ -24,6 +25,14 @@ const (
 	// it fits. The API server limits all annotations of an object to 256 KiB
 	// together.
 	MaxDocumentBytes = 8 * 1024
+	// MaxEntryBytes: in a document over MaxDocumentBytes, a list entry
+	// larger than this (a mount point or an error of kilobytes) has its
+	// long strings shortened until it is not, before any list is cut, so
+	// that it costs the room of about one entry, not entries of every list
+	// in its document (shortenEntries).
+	MaxEntryBytes = 512
+	// minShortString: a string is never shortened below this many bytes.
+	minShortString = 64
 )
 
 // Domains are the report's domains, in annotation order, with the fields
@@ -338,13 +347,23 @@ func truncateString(s string, n int) string {
 }
 
 // renderDocument renders one domain's document: every list capped at
-// MaxListLen entries, and when that is over MaxDocumentBytes at the largest
-// cap under which it fits (a binary search: the size grows with the cap),
-// so that a document a few entries over keeps all but those few.
+// MaxListLen entries, and when that is over MaxDocumentBytes, with its
+// entries over MaxEntryBytes shortened (shortenEntries) and, when still
+// over, at the largest cap under which it fits (a binary search: the size
+// grows with the cap), so that a document a few entries over keeps all but
+// those few.
 func renderDocument(now time.Time, role Role, bootID string, fields map[string]any) ([]byte, error) {
 	b, err := renderCapped(now, role, bootID, fields, MaxListLen)
 	if err != nil || len(b) <= MaxDocumentBytes {
 		return b, err
+	}
+	// Over: an oversized entry gives up its long strings first.
+	if short, changed := shortenEntries(fields); changed {
+		fields = short
+		b, err = renderCapped(now, role, bootID, fields, MaxListLen)
+		if err != nil || len(b) <= MaxDocumentBytes {
+			return b, err
+		}
 	}
 	// fits is the largest cap known to fit (its document fit), over the
 	// smallest known not to.
@@ -401,4 +420,171 @@ func renderCapped(now time.Time, role Role, bootID string, fields map[string]any
 	// A name in the report is anyone's (a file's): its C1 controls
 	// and DEL as \u escapes, not raw into `kubectl describe node`.
 	return PrintableJSON(b), err
+}
+
+// shortenEntries returns fields with every list entry over MaxEntryBytes
+// (as the document writes it) shortened by shortenEntry; the values it
+// changes are copies (fields and its lists are the Details' own), and
+// changed reports whether there were any.
+func shortenEntries(fields map[string]any) (out map[string]any, changed bool) {
+	out = fields
+	for k, v := range fields {
+		rv := reflect.ValueOf(v)
+		if rv.Kind() != reflect.Slice {
+			continue
+		}
+		var list reflect.Value
+		for i := range rv.Len() {
+			e, ok := shortenEntry(rv.Index(i))
+			if !ok {
+				continue
+			}
+			if !list.IsValid() {
+				list = reflect.MakeSlice(rv.Type(), rv.Len(), rv.Len())
+				reflect.Copy(list, rv)
+			}
+			list.Index(i).Set(e)
+		}
+		if !list.IsValid() {
+			continue
+		}
+		if !changed {
+			out = maps.Clone(fields)
+			changed = true
+		}
+		out[k] = list.Interface()
+	}
+	return out, changed
+}
+
+// shortenEntry returns a list entry over MaxEntryBytes with its strings
+// cut to the longest length (not under minShortString bytes) at which the
+// entry fits, ending in "…" (truncateString): the longest strings are cut,
+// the short ones (a device, a state) kept whole. ok is false for an entry
+// that is not over, or has no string to shorten.
+func shortenEntry(e reflect.Value) (reflect.Value, bool) {
+	if entrySize(e) <= MaxEntryBytes {
+		return e, false
+	}
+	longest := longestString(e)
+	if longest <= minShortString {
+		return e, false
+	}
+	// The longest cap under which the entry fits, between minShortString
+	// (used when none does) and longest (over: the entry as it is).
+	lo, hi := minShortString, longest
+	best, _ := shortenStrings(e, lo)
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		c, _ := shortenStrings(e, mid)
+		if entrySize(c) <= MaxEntryBytes {
+			lo, best = mid, c
+		} else {
+			hi = mid
+		}
+	}
+	return best, true
+}
+
+// entrySize is the size of a list entry as its document writes it.
+func entrySize(e reflect.Value) int {
+	b, err := json.Marshal(e.Interface())
+	if err != nil {
+		return 0 // the document's render reports it
+	}
+	return len(PrintableJSON(b))
+}
+
+// longestString is the length in bytes of the longest string in v.
+func longestString(v reflect.Value) int {
+	n := 0
+	switch v.Kind() {
+	case reflect.String:
+		n = v.Len()
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				n = max(n, longestString(v.Field(i)))
+			}
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			n = max(n, longestString(v.Index(i)))
+		}
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			n = longestString(v.Elem())
+		}
+	}
+	return n
+}
+
+// shortenStrings returns v with every string in it (in its exported
+// fields, lists, pointers) longer than n bytes cut to n (truncateString);
+// what it changes is a copy, v is left as it is. changed reports whether
+// any string was cut.
+func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
+	switch v.Kind() {
+	case reflect.String:
+		if v.Len() <= n {
+			return v, false
+		}
+		c := reflect.New(v.Type()).Elem()
+		c.SetString(truncateString(v.String(), n))
+		return c, true
+	case reflect.Struct:
+		var c reflect.Value
+		for i := range v.NumField() {
+			if !v.Type().Field(i).IsExported() {
+				continue
+			}
+			f, ok := shortenStrings(v.Field(i), n)
+			if !ok {
+				continue
+			}
+			if !c.IsValid() {
+				c = reflect.New(v.Type()).Elem()
+				c.Set(v)
+			}
+			c.Field(i).Set(f)
+		}
+		if c.IsValid() {
+			return c, true
+		}
+	case reflect.Slice:
+		var c reflect.Value
+		for i := range v.Len() {
+			e, ok := shortenStrings(v.Index(i), n)
+			if !ok {
+				continue
+			}
+			if !c.IsValid() {
+				c = reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+				reflect.Copy(c, v)
+			}
+			c.Index(i).Set(e)
+		}
+		if c.IsValid() {
+			return c, true
+		}
+	case reflect.Pointer:
+		if v.IsNil() {
+			break
+		}
+		if e, ok := shortenStrings(v.Elem(), n); ok {
+			p := reflect.New(v.Type().Elem())
+			p.Elem().Set(e)
+			return p, true
+		}
+	case reflect.Interface:
+		if v.IsNil() {
+			break
+		}
+		if e, ok := shortenStrings(v.Elem(), n); ok {
+			c := reflect.New(v.Type()).Elem()
+			c.Set(e)
+			return c, true
+		}
+	}
+	return v, false
 }

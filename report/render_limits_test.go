@@ -266,3 +266,125 @@ func TestDocumentEmptyListIsNotNull(t *testing.T) {
 		}
 	}
 }
+
+// One oversized entry (a mount point of kilobytes, a drive's error of
+// kilobytes) costs only itself: its long strings are shortened, ending in
+// "…", instead of the cap of every list in its document being lowered
+// until it fits. Fails when the document is cut to the common cap: 20
+// filesystems and 20 volume groups that fit in 8 KiB lost their last ones
+// to a 3,000-byte mount point, and a failing drive with a 9,000-byte error,
+// kept first, left no drive at all in the disks document.
+func TestOneHugeEntryCostsOnlyItself(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	type fs struct {
+		MountPoint  string `json:"mountPoint"`
+		FSType      string `json:"fsType"`
+		Source      string `json:"source"`
+		SizeBytes   uint64 `json:"sizeBytes"`
+		AvailBytes  uint64 `json:"availBytes"`
+		UsedPercent int    `json:"usedPercent"`
+	}
+	type vg struct {
+		Name      string `json:"name"`
+		SizeBytes uint64 `json:"sizeBytes"`
+		FreeBytes uint64 `json:"freeBytes"`
+	}
+	type doc struct {
+		Filesystems           []fs           `json:"filesystems"`
+		FilesystemsTruncated  int            `json:"filesystemsTruncated"`
+		VolumeGroups          []vg           `json:"volumeGroups"`
+		VolumeGroupsTruncated int            `json:"volumeGroupsTruncated"`
+		Disks                 []problemEntry `json:"disks"`
+		DisksTruncated        int            `json:"disksTruncated"`
+	}
+	render := func(t *testing.T, fields map[string]any) (doc, int) {
+		t.Helper()
+		b, err := renderDocument(now, RoleWorker, "boot", fields)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d doc
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > MaxDocumentBytes {
+			t.Fatalf("document of %d bytes, over %d", len(b), MaxDocumentBytes)
+		}
+		return d, len(b)
+	}
+
+	t.Run("a long mount point", func(t *testing.T) {
+		fss := make([]fs, 20)
+		for i := range fss {
+			fss[i] = fs{MountPoint: fmt.Sprintf("/var/lib/kubelet/pods/%02d", i), FSType: "ext4", Source: fmt.Sprintf("/dev/sd%c1", 'a'+i),
+				SizeBytes: 1 << 40, AvailBytes: 1 << 39, UsedPercent: 50}
+		}
+		vgs := make([]vg, 20)
+		for i := range vgs {
+			vgs[i] = vg{Name: fmt.Sprintf("vg%02d", i), SizeBytes: 1 << 40, FreeBytes: 1 << 30}
+		}
+		// Without the long one, everything fits.
+		if d, _ := render(t, map[string]any{"filesystems": fss, "volumeGroups": vgs}); len(d.Filesystems) != 20 || len(d.VolumeGroups) != 20 {
+			t.Fatalf("without the long mount point: %d filesystems, %d volume groups kept", len(d.Filesystems), len(d.VolumeGroups))
+		}
+		long := "/mnt/" + strings.Repeat("deep/", 800) // under PATH_MAX (4,096)
+		fss[7].MountPoint = long
+		d, size := render(t, map[string]any{"filesystems": fss, "volumeGroups": vgs})
+		if len(d.Filesystems) != 20 || d.FilesystemsTruncated != 0 || len(d.VolumeGroups) != 20 || d.VolumeGroupsTruncated != 0 {
+			t.Fatalf("a %d-byte mount point: %d filesystems (%d left out), %d volume groups (%d left out) kept in %d bytes; want all 20 and 20",
+				len(long), len(d.Filesystems), d.FilesystemsTruncated, len(d.VolumeGroups), d.VolumeGroupsTruncated, size)
+		}
+		got := d.Filesystems[7].MountPoint
+		if len(got) >= len(long) || !strings.HasSuffix(got, "…") || !strings.HasPrefix(long, strings.TrimSuffix(got, "…")) || len(got) < 64 {
+			t.Errorf("the long mount point written as %q (%d bytes), want its start, shortened, ending in …", got, len(got))
+		}
+		if fss[7].MountPoint != long {
+			t.Error("the collected entry was changed: the document's shortening must work on a copy")
+		}
+		for i, f := range d.Filesystems {
+			if i != 7 && f != fss[i] {
+				t.Errorf("filesystem %d written as %+v, want %+v", i, f, fss[i])
+			}
+		}
+	})
+
+	// Strings in an embedded struct and behind a pointer (a unit's
+	// fields in ServiceState) are shortened too, on copies.
+	t.Run("nested", func(t *testing.T) {
+		type Unit struct {
+			Name string `json:"name"`
+		}
+		type svc struct {
+			Unit
+			Why *string `json:"why,omitempty"`
+		}
+		why := strings.Repeat("w", 5000)
+		svcs := []svc{{Unit{strings.Repeat("u", 5000)}, &why}, {Unit{"b.service"}, nil}}
+		short, changed := shortenEntries(map[string]any{"services": svcs})
+		got := short["services"].([]svc)
+		if !changed || len(got[0].Name) > MaxEntryBytes || len(*got[0].Why) > MaxEntryBytes || got[1].Name != "b.service" {
+			t.Errorf("shortened to %d-byte name, %d-byte why; second %+v", len(got[0].Name), len(*got[0].Why), got[1])
+		}
+		if b, _ := json.Marshal(got[0]); len(b) > MaxEntryBytes {
+			t.Errorf("entry of %d bytes after shortening", len(b))
+		}
+		if len(svcs[0].Name) != 5000 || len(why) != 5000 || svcs[0].Why != &why {
+			t.Error("the collected entry was changed")
+		}
+	})
+
+	t.Run("a failing drive's long error", func(t *testing.T) {
+		disks := make([]problemEntry, 10)
+		for i := range disks {
+			disks[i] = problemEntry{Name: fmt.Sprintf("nvme%d", i)}
+		}
+		disks[4] = problemEntry{Name: "nvme4", Bad: true, Pad: "SMART page not read: " + strings.Repeat("x", 9000)}
+		d, _ := render(t, map[string]any{"disks": disks})
+		if len(d.Disks) != 10 || d.DisksTruncated != 0 {
+			t.Fatalf("%d drives kept, %d left out; want all 10", len(d.Disks), d.DisksTruncated)
+		}
+		if got := d.Disks[4]; !got.Bad || !strings.HasPrefix(got.Pad, "SMART page not read: x") || !strings.HasSuffix(got.Pad, "…") {
+			t.Errorf("the failing drive written as %+v", got)
+		}
+	})
+}
