@@ -373,8 +373,8 @@ func (w *conditionWatch) notTrueAfterTrue() []string {
 	return out
 }
 
-// hiddenPathUnitConfig protects a path in root's home directory, which both
-// units hide (ProtectHome=yes), beside one they do not.
+// hiddenPathUnitConfig protects a path the units hide (%[2]q) beside one they
+// do not.
 const hiddenPathUnitConfig = `# written by tests/tamper_test.go
 role = "worker"
 gpu = "false"
@@ -392,7 +392,7 @@ enabled = false
 enabled = false
 
 [checks.NodeTampered]
-paths = ["/root/.ssh", "/etc/autopilot-health-test/protected"]
+paths = [%[2]q, "/etc/autopilot-health-test/protected"]
 baseline_after = []
 settle = "0s"
 
@@ -400,15 +400,14 @@ settle = "0s"
 kubeconfig = "/etc/autopilot-health/kubeconfig"
 `
 
-// NodeTampered under the packaged units with a protected path in /root:
-// the helper's ProtectHome=yes puts systemd's inaccessible directory over
-// /root in its mount namespace, so the scan cannot see the host's
-// /root/.ssh/authorized_keys; the condition says so (Unknown, CheckFailed,
-// naming /root/.ssh and why) instead of vouching for it, and a change to
-// the other protected path is still found. Before hostio.Scan knew the
-// sandbox's inaccessible mounts, the condition was False, NodeIntact, over
-// an empty directory.
-func TestNodeTamperedPathHiddenByTheUnitIsNotVouchedFor(t *testing.T) {
+// hiddenProtectedPath runs the daemon under the packaged units in a real
+// systemd with NodeTampered protecting hidden (a directory the units'
+// sandbox hides from the helper's scan; file, a file in it, is written on
+// the host) beside /etc/autopilot-health-test/protected, and awaits
+// NodeTampered Unknown/CheckFailed naming hidden with why. It returns the
+// namespace and a reader of NodeTampered's status/reason and message.
+func hiddenProtectedPath(t *testing.T, hidden, file, why string) (*harness.Systemd, func() (string, string)) {
+	t.Helper()
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
@@ -427,15 +426,15 @@ func TestNodeTamperedPathHiddenByTheUnitIsNotVouchedFor(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	defer func() {
+	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("journal of the namespace:\n%s", lastBytes(s.Journal("autopilot-health.service", "autopilot-health-privileged.service"), 8000))
 		}
-	}()
+	})
 	for p, content := range map[string]string{
-		"/root/.ssh/authorized_keys":                  "ssh-ed25519 AAAA operator\n",
+		file: "a protected file the scan cannot see\n",
 		"/etc/autopilot-health-test/protected/a.conf": "a\n",
-		"/etc/autopilot-health/config.toml":           fmt.Sprintf(hiddenPathUnitConfig, freeTCPPort(t)),
+		"/etc/autopilot-health/config.toml":           fmt.Sprintf(hiddenPathUnitConfig, freeTCPPort(t), hidden),
 		"/etc/autopilot-health/kubeconfig":            fmt.Sprintf(deadAPIKubeconfig, freeTCPPort(t)),
 	} {
 		if err := writeFile(s.Root(p), []byte(content)); err != nil {
@@ -465,11 +464,24 @@ func TestNodeTamperedPathHiddenByTheUnitIsNotVouchedFor(t *testing.T) {
 		}
 		return "", string(out)
 	}
-	const why = "/root/.ssh (hidden by the sandbox: /root is a systemd inaccessible mount in this mount namespace"
-	eventually(t, 30*time.Second, "NodeTampered Unknown/CheckFailed naming /root/.ssh", func() (bool, string) {
+	eventually(t, 30*time.Second, "NodeTampered Unknown/CheckFailed naming "+hidden, func() (bool, string) {
 		sr, msg := nodeTampered()
 		return sr == "Unknown/CheckFailed" && strings.Contains(msg, "cannot read 1 protected path(s)") && strings.Contains(msg, why), sr + " " + msg
 	})
+	return s, nodeTampered
+}
+
+// NodeTampered under the packaged units with a protected path in /root:
+// the helper's ProtectHome=yes puts systemd's inaccessible directory over
+// /root in its mount namespace, so the scan cannot see the host's
+// /root/.ssh/authorized_keys; the condition says so (Unknown, CheckFailed,
+// naming /root/.ssh and why) instead of vouching for it, and a change to
+// the other protected path is still found. Before hostio.Scan knew the
+// sandbox's inaccessible mounts, the condition was False, NodeIntact, over
+// an empty directory.
+func TestNodeTamperedPathHiddenByTheUnitIsNotVouchedFor(t *testing.T) {
+	s, nodeTampered := hiddenProtectedPath(t, "/root/.ssh", "/root/.ssh/authorized_keys",
+		"/root/.ssh (hidden by the sandbox: /root is a systemd inaccessible mount in this mount namespace")
 	if err := os.WriteFile(s.Root("/etc/autopilot-health-test/protected/a.conf"), []byte("b\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
