@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -44,46 +42,7 @@ func TestRunAbortedEndsBySignalNotExitTwo(t *testing.T) {
 		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock")))
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRunAbortedEndsBySignalNotExitTwo$")
 	cmd.Env = append(os.Environ(), abortChildEnv+"="+cfg)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	var log []string
-	timeout := time.After(30 * time.Second)
-	for ready := false; !ready; {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				cmd.Wait()
-				t.Fatalf("the daemon ended before its first pass:\n%s", strings.Join(log, "\n"))
-			}
-			log = append(log, l)
-			ready = strings.Contains(l, "first pass complete")
-		case <-timeout:
-			cmd.Process.Kill()
-			t.Fatalf("no 'first pass complete' in 30 s:\n%s", strings.Join(log, "\n"))
-		}
-	}
-	if err := cmd.Process.Signal(syscall.SIGABRT); err != nil {
-		t.Fatal(err)
-	}
-	for l := range lines {
-		log = append(log, l)
-	}
-	err = cmd.Wait()
-	all := strings.Join(log, "\n")
+	all, err := signalAfter(t, cmd, "first pass complete", syscall.SIGABRT)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		t.Fatalf("the aborted daemon ended with %v, want an abort:\n%s", err, lastLines(all, 20))

@@ -40,46 +40,8 @@ func TestStopWithUnwritableStateDirExitsZero(t *testing.T) {
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestStopWithUnwritableStateDirExitsZero$")
 	cmd.Env = append(os.Environ(), runChildEnv+"="+cfg)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	var log []string
-	timeout := time.After(30 * time.Second)
 	// "serving metrics" is logged after the daemon catches SIGTERM.
-	for serving := false; !serving; {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				cmd.Wait()
-				t.Fatalf("the daemon ended before serving:\n%s", strings.Join(log, "\n"))
-			}
-			log = append(log, l)
-			serving = strings.Contains(l, "serving metrics")
-		case <-timeout:
-			cmd.Process.Kill()
-			t.Fatalf("no 'serving metrics' in 30 s:\n%s", strings.Join(log, "\n"))
-		}
-	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	for l := range lines {
-		log = append(log, l)
-	}
-	err = cmd.Wait()
-	all := strings.Join(log, "\n")
+	all, err := signalAfter(t, cmd, "serving metrics", syscall.SIGTERM)
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		t.Fatal(err)
@@ -158,4 +120,51 @@ func TestRunRereadsAFileChangedWhileRefusing(t *testing.T) {
 	if code != exitProblem || n != refusalRereads+1 || !strings.Contains(errs, "kept changing") {
 		t.Errorf("changed at every read: exit %d, %d refusals, stderr %q; want 1 after %d refusals", code, n, errs, refusalRereads+1)
 	}
+}
+
+// signalAfter starts cmd (a daemon in a process of its own), waits up to
+// 30 s for a line of its stderr that contains marker, sends it sig, and
+// returns all it wrote to stderr and its Wait's error.
+func signalAfter(t *testing.T, cmd *exec.Cmd, marker string, sig syscall.Signal) (string, error) {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var log []string
+	timeout := time.After(30 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				cmd.Wait()
+				t.Fatalf("the daemon ended before %q:\n%s", marker, strings.Join(log, "\n"))
+			}
+			log = append(log, l)
+			seen = strings.Contains(l, marker)
+		case <-timeout:
+			cmd.Process.Kill()
+			t.Fatalf("no %q in 30 s:\n%s", marker, strings.Join(log, "\n"))
+		}
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	for l := range lines {
+		log = append(log, l)
+	}
+	err = cmd.Wait()
+	return strings.Join(log, "\n"), err
 }
