@@ -5,14 +5,11 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/systemd"
-	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // TestWatchdogAbortIsRestarted: systemd's watchdog stops a stuck daemon with
@@ -27,44 +24,9 @@ import (
 // status=2 until the configuration file changed: a stuck or crashed daemon
 // left the node without its health daemon.
 func TestWatchdogAbortIsRestarted(t *testing.T) {
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-abort-"+harness.Token()+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	usr := filepath.Join(dir, "usr")
-	if err := harness.InstallDaemon(usr); err != nil {
-		t.Fatal(err)
-	}
 	const unit = "autopilot-health.service"
-	units := map[string]string{
-		"getty.target":          "",
-		"console-getty.service": "",
-	}
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{Usr: usr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	defer func() {
-		if t.Failed() {
-			t.Logf("journal:\n%s", lastBytes(s.Journal(unit), 6000))
-		}
-	}()
+	s := daemonNamespace(t, "abort", nil, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit)
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatal(err)
-	}
-	cfgPath := s.Root("/etc/autopilot-health/config.toml")
-	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	if err := s.StartUnit(ctx, unit); err != nil {
 		t.Fatal(err)
 	}

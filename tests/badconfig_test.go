@@ -77,49 +77,15 @@ func TestRefusedConfigurationDoesNotSpin(t *testing.T) {
 }
 
 func refusedConfiguration(t *testing.T, how string) {
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-badconfig-"+harness.Token()+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	usr := filepath.Join(dir, "usr")
-	if err := harness.InstallDaemon(usr); err != nil {
-		t.Fatal(err)
-	}
-	units := map[string]string{
-		"getty.target":          "",
-		"console-getty.service": "",
-	}
+	units := map[string]string{}
 	if how == "sysext" {
 		// multi-user.target reached at boot; the extension's drop-in
 		// comes with the merge, below.
 		units["test.target.d/10-boot.conf"] = "[Unit]\nWants=multi-user.target\n"
 	}
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{Usr: usr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	defer func() {
-		if t.Failed() {
-			t.Logf("journal:\n%s", lastBytes(s.Journal("autopilot-health.service", "autopilot-health.path"), 8000))
-			t.Logf("console:\n%s", s.Console(4000))
-		}
-	}()
+	s := daemonNamespace(t, "badconfig", units, badConfigs[0], "autopilot-health.service", "autopilot-health.path")
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatal(err)
-	}
 	cfgPath := s.Root("/etc/autopilot-health/config.toml")
-	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgPath, []byte(badConfigs[0]), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	const unit = "autopilot-health.service"
 	refusals := func() int {
 		return strings.Count(s.Journal(unit), "refusing to start")
@@ -220,4 +186,54 @@ func waitUnitFor(t testing.TB, s *harness.Systemd, name string, limit time.Durat
 		return err == nil && ok(u), fmt.Sprintf("%+v %v", u, err)
 	})
 	return u
+}
+
+// daemonNamespace boots a real systemd in fresh namespaces with the shipped
+// daemon installed under /usr (harness.InstallDaemon), the getty units
+// stubbed and units added (name -> content), starts journald, and writes
+// config (if not "") to /etc/autopilot-health/config.toml. On a failure the
+// journal of the units named in journalOf is logged. name tells the
+// namespace's temporary directory.
+func daemonNamespace(t *testing.T, name string, units map[string]string, config string, journalOf ...string) *harness.Systemd {
+	t.Helper()
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-"+name+"-"+harness.Token()+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	usr := filepath.Join(dir, "usr")
+	if err := harness.InstallDaemon(usr); err != nil {
+		t.Fatal(err)
+	}
+	all := map[string]string{"getty.target": "", "console-getty.service": ""}
+	for k, v := range units {
+		all[k] = v
+	}
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), all, harness.Options{Usr: usr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("journal:\n%s", lastBytes(s.Journal(journalOf...), 8000))
+			t.Logf("console:\n%s", s.Console(4000))
+		}
+	})
+	if err := s.StartUnit(context.Background(), "systemd-journald.service"); err != nil {
+		t.Fatal(err)
+	}
+	if config != "" {
+		cfgPath := s.Root("/etc/autopilot-health/config.toml")
+		if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
 }

@@ -5,13 +5,9 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // longFirstPassConfig: the defaults but for a loopback metrics port and a
@@ -29,46 +25,12 @@ const longFirstPassConfig = "# written by tests/starttimeout_test.go\n[metrics]\
 // start out, stopped the daemon and started it again, every time, for ever:
 // the unit never became active.
 func TestFirstPassLongerThanTimeoutStartSec(t *testing.T) {
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-starttimeout-"+harness.Token()+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	usr := filepath.Join(dir, "usr")
-	if err := harness.InstallDaemon(usr); err != nil {
-		t.Fatal(err)
-	}
 	const unit = "autopilot-health.service"
 	const timeoutStart, spread = 10 * time.Second, 25 * time.Second
-	units := map[string]string{
-		"getty.target":           "",
-		"console-getty.service":  "",
+	s := daemonNamespace(t, "starttimeout", map[string]string{
 		unit + ".d/50-test.conf": fmt.Sprintf("[Service]\nTimeoutStartSec=%s\n", timeoutStart),
-	}
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{Usr: usr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	defer func() {
-		if t.Failed() {
-			t.Logf("journal:\n%s", lastBytes(s.Journal(unit), 8000))
-		}
-	}()
+	}, fmt.Sprintf(longFirstPassConfig, freeTCPPort(t), spread), unit)
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatal(err)
-	}
-	cfgPath := s.Root("/etc/autopilot-health/config.toml")
-	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfgPath, fmt.Appendf(nil, longFirstPassConfig, freeTCPPort(t), spread), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	started := time.Now()
 	// The postinst's start: the job ends when the daemon is ready, or
 	// fails when systemd times the start out.
