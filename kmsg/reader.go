@@ -387,6 +387,20 @@ func (rd *Reader) skipRing(ctx context.Context, f Device, buf []byte) (ringBase,
 	f.SetReadDeadline(time.Now())
 	began := MonotonicNow()
 	for i := 1; ; i++ {
+		// Every 64th read, whatever the last ones returned: a ring
+		// overrun between every two reads makes every other one EPIPE.
+		if i%64 == 0 {
+			if ctx.Err() != nil {
+				return b, ctx.Err()
+			}
+			if MonotonicNow()-began >= uint64(limit/time.Microsecond) {
+				if _, err := f.Seek(0, io.SeekEnd); err != nil {
+					return b, err
+				}
+				b.pending = true
+				return b, nil
+			}
+		}
 		n, err := f.Read(buf)
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
@@ -404,18 +418,6 @@ func (rd *Reader) skipRing(ctx context.Context, f Device, buf []byte) (ringBase,
 		// records before the start always were; it moves nothing.
 		if rec, perr := ParseRecord(buf[:n]); perr == nil {
 			b.seq, b.have = rec.Seq, true
-		}
-		if i%64 == 0 {
-			if ctx.Err() != nil {
-				return b, ctx.Err()
-			}
-			if MonotonicNow()-began >= uint64(limit/time.Microsecond) {
-				if _, err := f.Seek(0, io.SeekEnd); err != nil {
-					return b, err
-				}
-				b.pending = true
-				return b, nil
-			}
 		}
 	}
 }

@@ -1149,3 +1149,93 @@ func TestFirstOpenOfABusyLogEnds(t *testing.T) {
 		t.Errorf("%v records counted lost; the seek to the end passed records of before the start, none lost", l)
 	}
 }
+
+// overrunFlood is a log written so much faster than it is read that the
+// ring buffer overwrites records between every two reads: a record, then
+// EPIPE (the next read returns the oldest record left), and so on. After
+// quit every read ends the file, so a reader that never stopped still
+// ends once the test is over.
+type overrunFlood struct {
+	seq, reads uint64
+	quit       atomic.Bool
+	reading    chan struct{} // if set, closed at the first read
+}
+
+func (d *overrunFlood) Read(p []byte) (int, error) {
+	if d.quit.Load() {
+		return 0, io.EOF
+	}
+	d.reads++
+	if d.reads == 1 && d.reading != nil {
+		close(d.reading)
+	}
+	d.seq++
+	if d.reads%2 == 0 {
+		return 0, syscall.EPIPE
+	}
+	return copy(p, fmt.Sprintf("6,%d,%d,-;ordinary chatter\n", d.seq, MonotonicNow())), nil
+}
+func (d *overrunFlood) Seek(int64, int) (int64, error)  { return 0, nil }
+func (d *overrunFlood) SetReadDeadline(time.Time) error { return nil }
+func (d *overrunFlood) Close() error                    { return nil }
+
+// The first open of a reader that starts at the end of the log ends at its
+// bound (and stops when the daemon does) even when the ring buffer is
+// overrun between every two reads, so that every other read fails with
+// EPIPE: the bound is looked at every so many reads, not every so many
+// records read.
+func TestFirstOpenOfAnOverrunLogEnds(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(time.Now(), time.Now())
+	dev := &overrunFlood{}
+	defer dev.quit.Store(true)
+	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ReadTimeout: time.Second, skipFor: 20 * time.Millisecond, Open: func(string) (Device, error) { return dev, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	deadline := time.After(10 * time.Second)
+	for {
+		changed := store.Changed()
+		if c, _ := store.Get("KernelDeadlock"); c.Status == report.StatusFalse {
+			break
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			c, _ := store.Get("KernelDeadlock")
+			t.Fatalf("the first open of an overrun log never ended: %+v", c)
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not stop when its context ended")
+	}
+}
+
+// A daemon that stops while the first open reads an overrun log to its end
+// (every other read EPIPE) stops its reader: it does not read on until the
+// bound.
+func TestReaderStopsDuringTheFirstOpenOfAnOverrunLog(t *testing.T) {
+	store := report.NewStore("b")
+	mon := NewMonitor(opts(t, store))
+	mon.Start(time.Now(), time.Now())
+	dev := &overrunFlood{reading: make(chan struct{})}
+	defer dev.quit.Store(true)
+	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ReadTimeout: time.Second, skipFor: time.Hour, Open: func(string) (Device, error) { return dev, nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { rd.Run(ctx); close(done) }()
+	<-dev.reading // the first open reads the ring
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not stop when its context ended, during its first open")
+	}
+}
