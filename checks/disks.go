@@ -36,9 +36,10 @@ func newDisksFailureSMART(env *Env) (Check, error) {
 // nvmeThresholds are the settings of DiskWearHigh and DiskTemperatureHigh
 // that decide which drives they name: the disks check marks those drives
 // (NVMeHealth.OverThreshold), so that a disks list cut to fit its document
-// keeps them first. A disabled check names no drive. They are part of the
-// disks check's settings (alsoReads): a reload that changes them builds it
-// again.
+// keeps them first. A disabled check names no drive, and its threshold is
+// left out (0): it decides nothing. They are part of the disks check's
+// settings (alsoReads): a reload that changes them builds it again, and
+// one that changes only a disabled check's threshold does not.
 type nvmeThresholds struct {
 	wearOn, tempOn bool
 	wear, temp     int
@@ -46,7 +47,14 @@ type nvmeThresholds struct {
 
 func nvmeThresholdsOf(c *config.Config) nvmeThresholds {
 	w, t := c.Checks.DiskWearHigh, c.Checks.DiskTemperatureHigh
-	return nvmeThresholds{wearOn: w.Enabled, wear: w.PercentageUsedThreshold, tempOn: t.Enabled, temp: t.ThresholdCelsius}
+	th := nvmeThresholds{wearOn: w.Enabled, tempOn: t.Enabled}
+	if th.wearOn {
+		th.wear = w.PercentageUsedThreshold
+	}
+	if th.tempOn {
+		th.temp = t.ThresholdCelsius
+	}
+	return th
 }
 
 // over reports whether DiskWearHigh or DiskTemperatureHigh names the

@@ -301,3 +301,42 @@ func TestReloadOfADiskThresholdRebuildsTheDisksCheck(t *testing.T) {
 		}
 	}
 }
+
+// A threshold of a disabled DiskWearHigh or DiskTemperatureHigh marks no
+// drive (nvmeThresholds): an operator who edits it while the check is off
+// changes nothing that runs, and the disks check (DisksFailure's SMART
+// part) is not stopped and started again for it: no extra read of every
+// drive, no "checks changed: DisksFailure" in the reload's line.
+func TestReloadOfADisabledChecksThresholdKeepsTheDisksCheck(t *testing.T) {
+	only := []string{"DisksFailure", "DiskWearHigh", "DiskTemperatureHigh"}
+	off := func(c *config.Config) {
+		c.Checks.DiskWearHigh.Enabled = false
+		c.Checks.DiskTemperatureHigh.Enabled = false
+	}
+	env := testEnv(t, off)
+	env.NVMe = &fakeNVMe{}
+	r, err := NewRunner(env, Options{Store: report.NewStore("b"), Only: only})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *config.Config)
+	}{
+		{"wear threshold", func(c *config.Config) { c.Checks.DiskWearHigh.PercentageUsedThreshold = 90 }},
+		{"temperature threshold", func(c *config.Config) { c.Checks.DiskTemperatureHigh.ThresholdCelsius = 60 }},
+	} {
+		next := testEnv(t, func(c *config.Config) { off(c); tc.mutate(c) })
+		next.NVMe = env.NVMe
+		a, err := r.Apply(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !a.Empty() {
+			t.Errorf("%s of a disabled check: Apply changed %v, started %v, stopped %v; want nothing", tc.name, a.Changed, a.Started, a.Stopped)
+		}
+		if _, err := r.Apply(env); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
