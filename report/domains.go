@@ -333,15 +333,27 @@ func (d *Details) Documents(now time.Time, role Role) (map[string]string, error)
 }
 
 // truncateString cuts s to at most n bytes (on a rune boundary), ending
-// in "…" when cut.
+// in "…" when cut. The cut steps back over at most the continuation bytes
+// of one rune: in a string that is not valid UTF-8 (a name in Latin-1,
+// whose "°" is the byte 0xB0), a run of such bytes is not a rune, and
+// stepping back over all of it left nothing of the string but its start
+// (TestShortenedInvalidUTF8KeepsItsStart).
 func truncateString(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
 	const ell = "…"
-	cut := n - len(ell)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	cut := max(n-len(ell), 0)
+	for back := 1; back < utf8.UTFMax && cut-back >= 0; back++ {
+		if utf8.RuneStart(s[cut-back+1]) {
+			break
+		}
+		if b := s[cut-back]; utf8.RuneStart(b) {
+			if b >= 0xC0 { // the lead byte of a rune of several bytes
+				cut -= back
+			}
+			break
+		}
 	}
 	return s[:cut] + ell
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // A domain's list is capped at MaxListLen entries, the count left out in
@@ -387,4 +388,50 @@ func TestOneHugeEntryCostsOnlyItself(t *testing.T) {
 			t.Errorf("the failing drive written as %+v", got)
 		}
 	})
+}
+
+// A long string that is not valid UTF-8 (a mount point a tool wrote in
+// Latin-1: "°" is the byte 0xB0, which UTF-8 reads as a continuation
+// byte) keeps its start when an oversized entry is shortened: the cut
+// steps back to a rune's start only over the bytes one rune can have, not
+// over the whole run of such bytes, which left "/srv/…" of a 4,000-byte
+// name, under the 64 bytes README promises, and every such name the same.
+func TestShortenedInvalidUTF8KeepsItsStart(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	type fs struct {
+		MountPoint string `json:"mountPoint"`
+		Source     string `json:"source"`
+	}
+	long := "/srv/" + strings.Repeat("\xb0", 4000)
+	fss := []fs{{MountPoint: long, Source: "/dev/sda1"}, {MountPoint: "/var", Source: "/dev/sdb1"}}
+	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": fss})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Filesystems []fs `json:"filesystems"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Filesystems) != 2 {
+		t.Fatalf("%d filesystems kept, want 2", len(d.Filesystems))
+	}
+	// The document writes each invalid byte as U+FFFD.
+	got := []rune(strings.TrimSuffix(d.Filesystems[0].MountPoint, "…"))
+	if kept := len(got) - len("/srv/"); kept < minShortString-2*utf8.UTFMax {
+		t.Errorf("the %d-byte mount point written as %q: %d of its bytes kept, want about %d (not under %d bytes)",
+			len(long), d.Filesystems[0].MountPoint, kept, minShortString, minShortString)
+	}
+	for _, s := range []string{strings.Repeat("\xb0", 300), "ab" + strings.Repeat("€", 100), "a" + strings.Repeat("😀é", 60), strings.Repeat("\xe2\x82", 100), "x" + strings.Repeat("é\xb0\xb0", 60)} {
+		for n := minShortString; n < 80; n++ {
+			c := truncateString(s, n)
+			if len(c) > n || len(c) < n-utf8.UTFMax || !strings.HasSuffix(c, "…") || !strings.HasPrefix(s, strings.TrimSuffix(c, "…")) {
+				t.Errorf("truncateString(%q..., %d) = %q (%d bytes)", s[:8], n, c, len(c))
+			}
+			if utf8.ValidString(s) && !utf8.ValidString(c) {
+				t.Errorf("truncateString of valid UTF-8 cut a rune: %q", c)
+			}
+		}
+	}
 }
