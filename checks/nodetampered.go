@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -436,17 +435,7 @@ func (c *nodeTamperedCheck) result(st tamper.State, pending string, unreadable [
 // clipPath cuts a path for a message to at most 128 bytes (on a rune
 // boundary, ending in "…"): a path can be as long as PATH_MAX, the message
 // is capped.
-func clipPath(p string) string {
-	const maxLen, ell = 128, "…"
-	if len(p) <= maxLen {
-		return p
-	}
-	cut := maxLen - len(ell)
-	for cut > 0 && !utf8.RuneStart(p[cut]) {
-		cut--
-	}
-	return p[:cut] + ell
-}
+func clipPath(p string) string { return report.Cut(p, 128, "…") }
 
 // findingsMessage lists the most recent findings (the report has them all,
 // up to its cap).

@@ -333,16 +333,19 @@ func (d *Details) Documents(now time.Time, role Role) (map[string]string, error)
 }
 
 // truncateString cuts s to at most n bytes (on a rune boundary), ending
-// in "…" when cut. The cut steps back over at most the continuation bytes
-// of one rune: in a string that is not valid UTF-8 (a name in Latin-1,
-// whose "°" is the byte 0xB0), a run of such bytes is not a rune, and
-// stepping back over all of it left nothing of the string but its start
-// (TestShortenedInvalidUTF8KeepsItsStart).
-func truncateString(s string, n int) string {
+// in "…" when cut (Cut).
+func truncateString(s string, n int) string { return Cut(s, n, "…") }
+
+// Cut cuts s to at most n bytes, ending in ell when cut, on a rune
+// boundary. The cut steps back over at most the continuation bytes of one
+// rune: in a string that is not valid UTF-8 (a name in Latin-1, whose "°"
+// is the byte 0xB0), a run of such bytes is not a rune, and stepping back
+// over all of it left nothing of the string but its start
+// (TestShortenedInvalidUTF8KeepsItsStart, TestCutKeepsTheStartOfInvalidUTF8).
+func Cut(s string, n int, ell string) string {
 	if len(s) <= n {
 		return s
 	}
-	const ell = "…"
 	cut := max(n-len(ell), 0)
 	for back := 1; back < utf8.UTFMax && cut-back >= 0; back++ {
 		if utf8.RuneStart(s[cut-back+1]) {

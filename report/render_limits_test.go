@@ -435,3 +435,26 @@ func TestShortenedInvalidUTF8KeepsItsStart(t *testing.T) {
 		}
 	}
 }
+
+// Cut is what every cut of a string for a message, a report or systemd's
+// status line uses (tamper's paths, NodeTampered's message, STATUS=): a
+// path that is not UTF-8, a run of bytes 0x80-0xBF (Latin-1's "°"), keeps
+// its start up to the cut; the copies of the cut it replaced stepped back
+// over the whole run, so every such name read "/etc/…".
+func TestCutKeepsTheStartOfInvalidUTF8(t *testing.T) {
+	s := "/etc/protected/" + strings.Repeat("\xb0", 300)
+	for _, n := range []int{64, 128, 256} {
+		for _, ell := range []string{"…", "..."} {
+			c := Cut(s, n, ell)
+			if len(c) > n || len(c) < n-len(ell)-3 || !strings.HasSuffix(c, ell) || !strings.HasPrefix(c, "/etc/protected/\xb0") {
+				t.Errorf("Cut(%d, %q) = %q (%d bytes), want about %d bytes of the start", n, ell, c, len(c), n)
+			}
+		}
+	}
+	// Valid UTF-8 is never cut inside a rune.
+	for n := 10; n < 20; n++ {
+		if c := Cut("/etc/"+strings.Repeat("°", 20), n, "…"); !utf8.ValidString(c) || len(c) > n {
+			t.Errorf("Cut(%d) = %q", n, c)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -469,17 +468,7 @@ const MaxReportedText = 256
 
 // clip cuts s to MaxReportedText bytes on a rune boundary, ending in "…"
 // when cut.
-func clip(s string) string {
-	if len(s) <= MaxReportedText {
-		return s
-	}
-	const ell = "…"
-	cut := MaxReportedText - len(ell)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + ell
-}
+func clip(s string) string { return report.Cut(s, MaxReportedText, "…") }
 
 // BaselineReport describes the baseline of this boot.
 type BaselineReport struct {

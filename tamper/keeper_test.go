@@ -3,6 +3,7 @@ package tamper
 import (
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -198,4 +199,15 @@ func TestKeeperFlushRetriesAFailedWrite(t *testing.T) {
 			t.Errorf("tamper.json after the Flush: %+v, %v; want the clear saved", s, err)
 		}
 	})
+}
+
+// A finding's path that is not UTF-8 and over MaxReportedText keeps its
+// start in the report (report.Cut): the cut stepped back over a whole run
+// of 0x80-0xBF bytes, and every such file read as its directory and "…".
+func TestClipKeepsTheStartOfAPathNotUTF8(t *testing.T) {
+	p := "/etc/protected/" + strings.Repeat("\xb0", 400)
+	c := clip(p)
+	if len(c) > MaxReportedText || len(c) < MaxReportedText-len("…")-3 || !strings.HasPrefix(c, "/etc/protected/\xb0\xb0\xb0") {
+		t.Errorf("clip = %q (%d bytes), want about %d bytes of the path", c, len(c), MaxReportedText)
+	}
 }

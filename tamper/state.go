@@ -342,20 +342,7 @@ func (f Finding) bounded() Finding {
 
 // clipTo cuts s to n bytes, ending in "…" when cut (on a rune boundary
 // where s is UTF-8 there).
-func clipTo(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const ell = "…"
-	cut := n - len(ell)
-	for i := cut; i > 0 && i > cut-utf8.UTFMax; i-- {
-		if utf8.RuneStart(s[i]) {
-			cut = i
-			break
-		}
-	}
-	return s[:cut] + ell
-}
+func clipTo(s string, n int) string { return report.Cut(s, n, "…") }
 
 // checkBounds checks what the baseline's digest does not cover against
 // the caps the daemon writes within (MaxStateFileSize - MaxBaselineSize

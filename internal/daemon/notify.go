@@ -6,11 +6,12 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/report"
 )
 
 // Notifier speaks the sd_notify(3) protocol to systemd over the datagram
@@ -25,17 +26,7 @@ const notifyMax = 4096
 
 // fitNotify cuts state to notifyMax bytes (on a rune boundary, ending in
 // "..."): every notification ends with its STATUS=, which is what is cut.
-func fitNotify(state string) string {
-	if len(state) <= notifyMax {
-		return state
-	}
-	const ell = "..."
-	cut := notifyMax - len(ell)
-	for cut > 0 && !utf8.RuneStart(state[cut]) {
-		cut--
-	}
-	return state[:cut] + ell
-}
+func fitNotify(state string) string { return report.Cut(state, notifyMax, "...") }
 
 func (Notifier) send(state string) error {
 	state = fitNotify(state)
