@@ -73,6 +73,104 @@ type entry struct {
 	logMu   sync.Mutex
 	logged  string
 	repeats int
+
+	// failMu guards the failed runs in a row (holdTrue).
+	failMu sync.Mutex
+	// failedRuns: the check's failed runs in a row (holdTrue) since its
+	// last run that decided; failedSince: the start of the first of them.
+	failedRuns  int
+	failedSince time.Time
+	// holding: the last failed run, while the condition's True is held
+	// through it (holdTrue); nil while none is.
+	holding *HeldFailure
+}
+
+// maxHeldFailures is how many failed runs of a check in a row its
+// condition's True is held through: the next one makes it Unknown.
+const maxHeldFailures = 2
+
+// HeldFailure is what a failed run of a check would have set its
+// condition to (Unknown), while the condition's True is held through it.
+type HeldFailure struct {
+	// Runs: the failed runs in a row (1 to maxHeldFailures).
+	Runs int `json:"runs"`
+	// Since: when the first of them started.
+	Since   time.Time     `json:"since"`
+	Reason  report.Reason `json:"reason"`
+	Message string        `json:"message"`
+}
+
+// holdTrue counts the failed runs of e's check in a row and reports
+// whether c, a run's result that started at start, is left unrecorded
+// because the run failed (an error, a timeout, a previous run not
+// returned, a panic, a reason outside the catalog: the runner's Unknown)
+// and the condition (or e's part of it) is True, held
+// while true (report.HoldWhileTrue): up to maxHeldFailures failed runs in
+// a row keep the True, its reason, message and transition time; the next
+// one records c. One failed run (a D-Bus call answered NoReply, a SMART
+// read that timed out, a timeout on a loaded node) must not make the Node's
+// condition True, Unknown, True again: two transitions, each restarting a
+// MachineHealthCheck's timeout and every alert's `for:`. A run that
+// decided resets the count, whatever its status (an Unknown of the probe's
+// own, such as an NVMe drive that did not answer beside one that did, is
+// the probe's word); a False or Unknown condition is not held; the
+// tamper conditions (held forever) keep what the store does with them.
+// After a start the count starts at 0, whatever the state file restored.
+func (r *Runner) holdTrue(e *entry, c report.Condition, failed bool, start time.Time) bool {
+	e.failMu.Lock()
+	defer e.failMu.Unlock()
+	e.holding = nil
+	if !failed {
+		e.failedRuns = 0
+		return false
+	}
+	if e.failedRuns++; e.failedRuns == 1 {
+		e.failedSince = start
+	}
+	if e.failedRuns > maxHeldFailures {
+		return false
+	}
+	if d, _ := report.Lookup(e.cond); d.Hold != report.HoldWhileTrue {
+		return false
+	}
+	prev, had := r.store.Get(e.cond)
+	if e.part != "" {
+		prev, had = r.store.Part(e.part, e.cond)
+	}
+	if !had || prev.Status != report.StatusTrue {
+		return false
+	}
+	e.holding = &HeldFailure{Runs: e.failedRuns, Since: e.failedSince, Reason: c.Reason, Message: report.CapMessage(c.Message)}
+	return true
+}
+
+// inheritFailures carries prev's failed runs in a row over to e, the
+// check built again by a reload (Apply): a reload does not give a failing
+// check more failed runs before its True turns Unknown.
+func (e *entry) inheritFailures(prev *entry) {
+	prev.failMu.Lock()
+	n, since, h := prev.failedRuns, prev.failedSince, prev.holding
+	prev.failMu.Unlock()
+	e.failMu.Lock()
+	e.failedRuns, e.failedSince, e.holding = n, since, h
+	e.failMu.Unlock()
+}
+
+// Holding returns the failed run that the True of a condition the runner
+// checks is held through (holdTrue), if it is held.
+func (r *Runner) Holding(cond string) (HeldFailure, bool) {
+	for _, e := range r.current() {
+		if e.cond != cond {
+			continue
+		}
+		e.failMu.Lock()
+		h := e.holding
+		e.failMu.Unlock()
+		if h != nil {
+			return *h, true
+		}
+	}
+	return HeldFailure{}, false
 }
 
 // logOutcome logs a failing outcome (key: what went wrong, the same key for
@@ -454,12 +552,18 @@ func (r *Runner) Apply(env *Env) (Applied, error) {
 	}
 	r.mu.Unlock()
 	// The old loop of a changed check records nothing once it returned:
-	// the new one is alone to set the condition.
+	// the new one is alone to set the condition, and carries on its
+	// count of failed runs in a row.
 	for _, e := range gone {
 		if e.done != nil {
 			<-e.done
 		}
 		closeCheck(e)
+		for _, n := range fresh {
+			if n.cond == e.cond {
+				n.inheritFailures(e)
+			}
+		}
 	}
 	// What a stopped check collected is not reported any more (its
 	// condition is the caller's); a changed check's fields stay until its
@@ -631,6 +735,8 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	var c report.Condition
 	var result string
 	var details func()
+	// failed: the run did not decide (holdTrue).
+	failed := true
 	if !e.running.CompareAndSwap(false, true) {
 		// The previous probe has not returned even after its timeout.
 		c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("the previous run (timeout %s) has still not returned", e.timeout))
@@ -658,7 +764,7 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 		}
 		select {
 		case o := <-done:
-			c, result = r.interpret(e, o)
+			c, result, failed = r.interpret(e, o)
 			details = func() { r.recordDetails(e, o) }
 		case <-cctx.Done():
 			if ctx.Err() != nil {
@@ -673,6 +779,14 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 	}
 	if r.metrics != nil {
 		r.metrics.CheckRun(e.cond, result, time.Since(start))
+	}
+	if r.holdTrue(e, c, failed, start) {
+		// The report's fields as a failed run leaves them
+		// (recordDetails): a True held is not blanked either.
+		if details != nil {
+			details()
+		}
+		return
 	}
 	if r.held(ctx, e, c) {
 		return
@@ -769,7 +883,10 @@ func (r *Runner) recordDetails(e *entry, o outcome) {
 	}
 }
 
-func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
+// interpret is the condition a run's outcome sets, its result for the
+// metrics, and whether the run failed (did not decide: a panic, an error,
+// a status and reason outside the catalog).
+func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string, bool) {
 	if o.panic != nil {
 		// The same panic at every run (a bug the host's state triggers) is
 		// one stack trace in the journal, not one per interval.
@@ -777,7 +894,7 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 		e.logOutcome("panicked: "+p, func() {
 			e.log.Error("check panicked (logged again only when the panic changes)", "panic", p, "stack", string(o.stack))
 		})
-		return unknown(e.cond, report.ReasonCheckPanicked, "check panicked: "+p), report.ResultPanic
+		return unknown(e.cond, report.ReasonCheckPanicked, "check panicked: "+p), report.ResultPanic, true
 	}
 	d, _ := report.Lookup(e.cond)
 	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
@@ -789,12 +906,12 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 		e.logOutcome("failed: "+o.err.Error(), func() {
 			e.log.Warn("check failed (logged again only when the error changes)", "err", o.err)
 		})
-		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError
+		return unknown(e.cond, report.ReasonCheckFailed, o.err.Error()), report.ResultError, true
 	case !valid:
 		e.logOutcome(fmt.Sprintf("not in the catalog: %s %s", o.res.Status, o.res.Reason), func() {
 			e.log.Error("check returned a status/reason that is not in the catalog (a bug; logged again only when it changes)", "status", o.res.Status, "reason", o.res.Reason)
 		})
-		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError
+		return unknown(e.cond, report.ReasonCheckFailed, fmt.Sprintf("internal error: check returned status %q with reason %q, not in the catalog", o.res.Status, o.res.Reason)), report.ResultError, true
 	}
 	e.logOutcome("", nil)
 	result := report.ResultOK
@@ -804,5 +921,5 @@ func (r *Runner) interpret(e *entry, o outcome) (report.Condition, string) {
 	case o.res.Status == report.StatusUnknown && o.res.Reason != report.ReasonNothingToCheck:
 		result = report.ResultError
 	}
-	return report.Condition{Type: e.cond, Status: o.res.Status, Reason: o.res.Reason, Message: o.res.Message}, result
+	return report.Condition{Type: e.cond, Status: o.res.Status, Reason: o.res.Reason, Message: o.res.Message}, result, false
 }

@@ -51,6 +51,21 @@ func interval(c report.ConditionDesc) string {
 	return config.ShortDuration(c.Interval)
 }
 
+// heldThroughFailures is the runner's rule for a True whose check fails
+// (checks.maxHeldFailures), as the README's catalog and the man page say
+// it, in Markdown.
+func heldThroughFailures() string {
+	var forever []string
+	for _, c := range report.Conditions {
+		if c.Source != report.SourceKmsg && c.Hold == report.HoldForever {
+			forever = append(forever, "`"+c.Type+"`")
+		}
+	}
+	return fmt.Sprintf("a condition a check evaluates that is `True` (but for %s, held forever) stays `True`, with its reason, message and transition time, "+
+		"through up to 2 failed runs of its check in a row (an error, a timeout, a previous run not returned, a panic: the runner's `CheckFailed`, `CheckTimeout`, `CheckPanicked`); "+
+		"the 3rd failed run in a row makes it `Unknown`, and a run that decides starts the count again", strings.Join(forever, " and "))
+}
+
 // CatalogMarkdown renders the catalog as the README's tables.
 func CatalogMarkdown() string {
 	var b strings.Builder
@@ -64,8 +79,8 @@ func CatalogMarkdown() string {
 	for _, e := range report.Events {
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", e.Reason, e.Source, e.Scope, e.Trigger)
 	}
-	fmt.Fprintf(&b, "\nWhile a condition cannot be evaluated its status is `Unknown` with one of the reasons %s.\n",
-		"`"+report.JoinReasons(report.UnknownReasons, "`, `")+"`")
+	fmt.Fprintf(&b, "\nWhile a condition cannot be evaluated its status is `Unknown` with one of the reasons %s, except that %s (`TestRunnerHoldsATrueThroughTwoFailedRuns`, `TestRunnerHoldsATrueThroughAStuckProbe`).\n",
+		"`"+report.JoinReasons(report.UnknownReasons, "`, `")+"`", heldThroughFailures())
 	for _, c := range report.Conditions {
 		if len(c.UnknownReasons) > 0 {
 			fmt.Fprintf(&b, "`%s` is also `Unknown` with %s.\n", c.Type, "`"+report.JoinReasons(c.UnknownReasons, "`, `")+"`")

@@ -228,8 +228,8 @@ func ManPage(date string) string {
 		}
 	}
 	p(".PP")
-	p("%s", roff(fmt.Sprintf("While a condition cannot be evaluated its status is Unknown with one of the reasons %s.",
-		report.JoinReasons(report.UnknownReasons, ", "))))
+	p("%s", roff(fmt.Sprintf("While a condition cannot be evaluated its status is Unknown with one of the reasons %s, except that %s.",
+		report.JoinReasons(report.UnknownReasons, ", "), strings.ReplaceAll(heldThroughFailures(), "`", ""))))
 	p(".SH EVENTS")
 	for _, e := range report.Events {
 		p(".TP")

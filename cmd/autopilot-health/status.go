@@ -191,6 +191,16 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s=%s (%s) since %s:\n  %s\n", c.Type, c.Status, c.Reason, ago(c.LastTransitionTime), c.Message)
+		if h := c.Held; h != nil {
+			// Not what the check last found: what it found before its
+			// last runs failed, held through them.
+			runs := "1 failed run"
+			if h.Runs != 1 {
+				runs = fmt.Sprintf("%d failed runs", h.Runs)
+			}
+			fmt.Fprintf(w, "  held through %s of its check in a row since %s (%s: %s); a 3rd makes it Unknown\n",
+				runs, ago(h.Since), h.Reason, report.Printable(h.Message))
+		}
 		if c.Source == "kmsg" && c.Status == report.StatusTrue {
 			fmt.Fprintln(w, "  evidence: the kernel line above")
 		}

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/report"
 )
 
 // status refuses a stray argument as bad usage (exit 2), as reload does,
@@ -61,6 +63,28 @@ func TestStatusShowsAnAbsentConfigFile(t *testing.T) {
 	printStatus(&b, daemon.StatusReport{Now: now, Config: daemon.ConfigStatus{File: "/etc/autopilot-health/config.toml", Absent: true, Since: now.Add(-time.Hour)}})
 	if want := "Configuration: embedded defaults (/etc/autopilot-health/config.toml absent), in effect since "; !strings.Contains(b.String(), want) {
 		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
+}
+
+// A True held through failed runs of its check says so beside its
+// message, with the failure the check would have set: the operator is not
+// told the check found it True a minute ago when its last runs failed.
+func TestStatusShowsATrueHeldThroughAFailedRun(t *testing.T) {
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	c := daemon.ConditionStatus{Condition: report.Condition{Type: "ServiceNotRecovering", Status: report.StatusTrue, Reason: report.ReasonUnitFailed,
+		Message: "kubelet.service failed", LastTransitionTime: now.Add(-time.Hour), LastUpdateTime: now.Add(-2 * time.Minute)}, Source: "check",
+		Held: &checks.HeldFailure{Runs: 2, Since: now.Add(-time.Minute - 30*time.Second), Reason: report.ReasonCheckFailed, Message: "Message recipient disconnected from message bus without replying"}}
+	var b strings.Builder
+	printStatus(&b, daemon.StatusReport{Now: now, Conditions: []daemon.ConditionStatus{c}})
+	if want := "  kubelet.service failed\n  held through 2 failed runs of its check in a row since " + now.Add(-time.Minute-30*time.Second).Local().Format("2006-01-02 15:04:05") +
+		" (1m30s ago) (CheckFailed: Message recipient disconnected from message bus without replying); a 3rd makes it Unknown\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
+	c.Held = nil
+	b.Reset()
+	printStatus(&b, daemon.StatusReport{Now: now, Conditions: []daemon.ConditionStatus{c}})
+	if strings.Contains(b.String(), "held through") {
+		t.Errorf("a True not held says it is:\n%s", b.String())
 	}
 }
 

@@ -78,6 +78,10 @@ type ConditionStatus struct {
 	// ("disks.disks": the drives and their SMART fields, "services.services":
 	// the units' states and restart counts, ...).
 	Evidence map[string]any `json:"evidence,omitempty"`
+	// Held: the status is a True held through the check's last failed
+	// runs in a row (at most 2; the 3rd makes it Unknown), and what the
+	// last of them would have set; absent otherwise.
+	Held *checks.HeldFailure `json:"heldThroughFailure,omitempty"`
 }
 
 // KmsgStatus is the kernel log reader's health.
@@ -132,12 +136,18 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	}
 	conds := d.store.All()
 	st.Summary = Summarize(conds)
+	runner := d.currentRunner()
 	for _, c := range conds {
 		cs := ConditionStatus{Condition: c, Source: "check"}
 		if desc, ok := report.Lookup(c.Type); ok && desc.Source == report.SourceKmsg {
 			cs.Source = "kmsg"
 		} else if d.details != nil {
 			cs.Evidence = d.details.Evidence(c.Type)
+		}
+		if runner != nil && c.Status == report.StatusTrue {
+			if h, ok := runner.Holding(c.Type); ok {
+				cs.Held = &h
+			}
 		}
 		st.Conditions = append(st.Conditions, cs)
 	}

@@ -1,0 +1,373 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/report"
+)
+
+// outdated is NodeInfoStale's True with a message of its own per run.
+func outdated(msg string) probeFunc {
+	return func(context.Context) (Result, error) {
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: msg}, nil
+	}
+}
+
+// failures are the ways a run of a check fails (the previous run not
+// returned: TestRunnerHoldsATrueThroughAStuckProbe), each with the reason, the
+// message and the result (autopilot_health_check_runs_total) it has, and
+// how long after the run's start it is recorded.
+var failures = []struct {
+	name    string
+	probe   probeFunc
+	reason  report.Reason
+	message string
+	result  string
+	after   time.Duration
+}{
+	{"error", func(context.Context) (Result, error) { return Result{}, errors.New("dbus: NoReply") },
+		report.ReasonCheckFailed, "dbus: NoReply", report.ResultError, 0},
+	{"timeout", func(ctx context.Context) (Result, error) { <-ctx.Done(); return Result{}, ctx.Err() },
+		report.ReasonCheckTimeout, "check did not finish within its timeout of 10s", report.ResultTimeout, 10 * time.Second},
+	{"panic", func(context.Context) (Result, error) { panic("boom") },
+		report.ReasonCheckPanicked, "check panicked: boom", report.ResultPanic, 0},
+}
+
+// A True condition is held, status, reason, message and transition time,
+// through up to 2 failed runs of its check in a row (an error, a timeout, a
+// panic): one D-Bus call answered NoReply must
+// not make the Node's condition True -> Unknown -> True, which restarts the
+// MachineHealthCheck's timeout and every alert's `for:`. A run that decides
+// resets the count; the 3rd failed run in a row makes it Unknown with the
+// failure's reason and message. Each failed run is counted in
+// autopilot_health_check_runs_total at once.
+func TestRunnerHoldsATrueThroughTwoFailedRuns(t *testing.T) {
+	for _, f := range failures {
+		t.Run(f.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				script := []probeFunc{
+					outdated("age 6m"), // 0
+					f.probe,            // 1: held
+					f.probe,            // 2: held
+					outdated("age 9m"), // 3: decides, the count starts again
+					f.probe,            // 4: held
+					f.probe,            // 5: held
+					f.probe,            // 6: the 3rd in a row: Unknown
+					outdated("age 7m"), // 7: True again, a new transition
+				}
+				var mu sync.Mutex
+				i := 0
+				probe := probeFunc(func(ctx context.Context) (Result, error) {
+					mu.Lock()
+					p := script[min(i, len(script)-1)]
+					i++
+					mu.Unlock()
+					return p(ctx)
+				})
+				env := testEnv(t, nil)
+				store := report.NewStore("b")
+				m := report.NewMetrics("test")
+				r, err := NewRunner(env, Options{Store: store, Metrics: m, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan struct{})
+				start := time.Now()
+				go func() { r.Run(ctx, nil); close(done) }()
+				type want struct {
+					status report.Status
+					reason report.Reason
+					msg    string
+					ltt    time.Duration
+					failed int // failed runs counted so far
+				}
+				true0 := want{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 6m", 0, 0}
+				wants := []want{
+					true0,
+					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 6m", 0, 1},
+					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 6m", 0, 2},
+					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 9m", 0, 2},
+					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 9m", 0, 3},
+					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 9m", 0, 4},
+					{report.StatusUnknown, f.reason, f.message, 6*time.Minute + f.after, 5},
+					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 7m", 7 * time.Minute, 5},
+				}
+				for k, w := range wants {
+					// Past run k's timeout: its outcome is recorded.
+					time.Sleep(time.Until(start.Add(time.Duration(k)*time.Minute + 11*time.Second)))
+					synctest.Wait()
+					c, _ := store.Get("NodeInfoStale")
+					if c.Status != w.status || c.Reason != w.reason || c.Message != w.msg || c.LastTransitionTime.Sub(start) != w.ltt {
+						t.Errorf("after run %d: %s/%s %q since %v, want %s/%s %q since %v",
+							k, c.Status, c.Reason, c.Message, c.LastTransitionTime.Sub(start), w.status, w.reason, w.msg, w.ltt)
+					}
+					body := scrapeRegistry(t, m)
+					series := `autopilot_health_check_runs_total{check="NodeInfoStale",result="` + f.result + `"} `
+					if got := metricValue(body, series); got != w.failed {
+						t.Errorf("after run %d: %s%d, want %d", k, series, got, w.failed)
+					}
+				}
+				cancel()
+				<-done
+			})
+		})
+	}
+}
+
+// metricValue is the value of the series (its name and labels, then a
+// space) in an exposition page; 0 when absent.
+func metricValue(body, series string) int {
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, series); ok {
+			var n int
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return 0
+}
+
+// A probe that ignores its context holds a True through its timeout and
+// the next run that finds it still running; the third such run in a row
+// makes it Unknown, and the check's next decision sets it again.
+func TestRunnerHoldsATrueThroughAStuckProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		n := 0
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			n++
+			k := n
+			mu.Unlock()
+			if k == 2 {
+				<-release // run 1, and runs 2 and 3 find it running
+			}
+			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: fmt.Sprintf("probe %d", k)}, nil
+		})
+		start := time.Now()
+		store, stop := loopNodeInfo(t, probe)
+		check := func(at time.Duration, status report.Status, msg string, ltt time.Duration) {
+			t.Helper()
+			time.Sleep(time.Until(start.Add(at)))
+			synctest.Wait()
+			c, _ := store.Get("NodeInfoStale")
+			if c.Status != status || c.Message != msg || c.LastTransitionTime.Sub(start) != ltt {
+				t.Errorf("at %v: %s %q since %v, want %s %q since %v", at, c.Status, c.Message, c.LastTransitionTime.Sub(start), status, msg, ltt)
+			}
+		}
+		check(time.Second, report.StatusTrue, "probe 1", 0)
+		check(time.Minute+11*time.Second, report.StatusTrue, "probe 1", 0) // timed out: held
+		check(2*time.Minute+time.Second, report.StatusTrue, "probe 1", 0)  // still running: held
+		check(3*time.Minute+time.Second, report.StatusUnknown, "the previous run (timeout 10s) has still not returned", 3*time.Minute)
+		close(release)
+		check(4*time.Minute+time.Second, report.StatusTrue, "probe 3", 4*time.Minute)
+		stop()
+	})
+}
+
+// An Unknown of the probe's own (an NVMe drive that did not answer beside
+// one that did: TestNVMeHungDriveKeepsTheOthers) is a run that decided:
+// it is set at once, a True not held through it.
+func TestRunnerDoesNotHoldATrueThroughTheProbesOwnUnknown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		unknown := false
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if unknown {
+				return Result{Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: "not readable: nvme1"}, nil
+			}
+			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: "age 6m"}, nil
+		})
+		store, stop := loopNodeInfo(t, probe)
+		synctest.Wait()
+		mu.Lock()
+		unknown = true
+		mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Message != "not readable: nvme1" {
+			t.Errorf("after the probe's own Unknown: %+v, want it set at once", c)
+		}
+		stop()
+	})
+}
+
+// A False or Unknown condition turns Unknown at the first failed run, as
+// before: only a True is held.
+func TestRunnerDoesNotHoldAFalseThroughAFailedRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		fail := false
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return Result{}, errors.New("permission denied")
+			}
+			return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh, Message: "fresh"}, nil
+		})
+		store, stop := loopNodeInfo(t, probe)
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
+			t.Fatalf("first run: %+v", c)
+		}
+		mu.Lock()
+		fail = true
+		mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed || c.Message != "permission denied" {
+			t.Errorf("a False after one failed run: %+v, want Unknown/CheckFailed at once", c)
+		}
+		stop()
+	})
+}
+
+// A check that evaluates one part of its condition (DisksFailure's NVMe
+// SMART part) holds its part's True the same way: the condition does not
+// turn Unknown, nor get a new transition time, for one failed SMART read.
+func TestRunnerHoldsATruePartThroughTwoFailedRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		fail := false
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return Result{}, errors.New("nvme0: input/output error")
+			}
+			return Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: "nvme0: SMART critical warning 0x04"}, nil
+		})
+		store := report.NewStore("b")
+		r, err := NewRunner(testEnv(t, nil), Options{Store: store, Only: []string{"DisksFailure"}, Factories: map[string]Factory{"DisksFailure": fixed(probe)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		r.RunOnce(t.Context())
+		mu.Lock()
+		fail = true
+		mu.Unlock()
+		for k := 1; k <= 3; k++ {
+			time.Sleep(5 * time.Minute)
+			r.RunOnce(t.Context())
+			c, _ := store.Get("DisksFailure")
+			p, _ := store.Part(report.SourceCheck, "DisksFailure")
+			if k < 3 {
+				if c.Status != report.StatusTrue || c.LastTransitionTime != start || p.Status != report.StatusTrue || p.Message != "nvme0: SMART critical warning 0x04" {
+					t.Errorf("failed run %d: condition %+v, part %+v; want both held True since the start", k, c, p)
+				}
+				continue
+			}
+			if c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed || p.Status != report.StatusUnknown || !c.LastTransitionTime.Equal(time.Now()) {
+				t.Errorf("failed run 3: condition %+v, part %+v; want Unknown/CheckFailed now", c, p)
+			}
+		}
+	})
+}
+
+// A True restored from the state file at a restart is held the same way:
+// the first failed run after the start counts 1, so a restart in the
+// middle of a run of failures does not give the check more failed runs
+// before Unknown than 2, and a single failure after a restart does not
+// flap the condition.
+func TestRunnerHoldsATrueRestoredFromTheStateFile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		before := report.NewStore("b")
+		set := time.Now()
+		before.Set(report.Condition{Type: "ServiceNotRecovering", Status: report.StatusTrue, Reason: report.ReasonUnitFailed, Message: "kubelet.service failed"}, set)
+		if err := before.Save(dir, set); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour) // the daemon restarts an hour later
+		store := report.NewStore("b")
+		if _, err := store.Load(dir); err != nil {
+			t.Fatal(err)
+		}
+		probe := probeFunc(func(context.Context) (Result, error) {
+			return Result{}, errors.New("Message recipient disconnected from message bus without replying")
+		})
+		r, err := NewRunner(testEnv(t, nil), Options{Store: store, Only: []string{"ServiceNotRecovering"}, Factories: map[string]Factory{"ServiceNotRecovering": fixed(probe)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 1; k <= 3; k++ {
+			r.RunOnce(t.Context())
+			c, _ := store.Get("ServiceNotRecovering")
+			held := c.Status == report.StatusTrue && c.Reason == report.ReasonUnitFailed && c.LastTransitionTime.Equal(set)
+			if held != (k < 3) {
+				t.Errorf("failed run %d after the restart: %+v (held %v, want %v)", k, c, held, k < 3)
+			}
+			time.Sleep(time.Minute)
+		}
+	})
+}
+
+// A reload that builds the check again (its settings changed) carries on
+// its count of failed runs in a row: the True is held through 2 failed runs
+// in all, not 2 before the reload and 2 more after it. Holding says what a
+// held True is held through (the status command shows it), and nothing
+// once the check decides again or the condition turned Unknown.
+func TestRunnerHoldCountsFailuresAcrossAReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		fail := false
+		probe := probeFunc(func(context.Context) (Result, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail {
+				return Result{}, errors.New("nodes.json: input/output error")
+			}
+			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: "age 6m"}, nil
+		})
+		setFail := func(f bool) { mu.Lock(); fail = f; mu.Unlock() }
+		store := report.NewStore("b")
+		factories := map[string]Factory{"NodeInfoStale": fixed(probe)}
+		r, err := NewRunner(testEnv(t, nil), Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: factories})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		r.RunOnce(t.Context())
+		if _, ok := r.Holding("NodeInfoStale"); ok {
+			t.Error("held after a run that decided")
+		}
+		setFail(true)
+		time.Sleep(time.Minute)
+		r.RunOnce(t.Context())
+		h, ok := r.Holding("NodeInfoStale")
+		if want := (HeldFailure{Runs: 1, Since: start.Add(time.Minute), Reason: report.ReasonCheckFailed, Message: "nodes.json: input/output error"}); !ok || h != want {
+			t.Errorf("after a failed run: Holding = %+v, %v; want %+v", h, ok, want)
+		}
+		a, err := r.Apply(testEnv(t, func(c *config.Config) { c.Checks.NodeInfoStale.MaxAge = config.Duration{Duration: 7 * time.Minute} }))
+		if err != nil || len(a.Changed) != 1 {
+			t.Fatalf("Apply = %+v, %v; want NodeInfoStale changed", a, err)
+		}
+		time.Sleep(time.Minute)
+		r.RunOnce(t.Context())
+		if h, ok := r.Holding("NodeInfoStale"); !ok || h.Runs != 2 || !h.Since.Equal(start.Add(time.Minute)) {
+			t.Errorf("the 2nd failed run, after the reload: Holding = %+v, %v; want 2 runs since the first", h, ok)
+		}
+		time.Sleep(time.Minute)
+		r.RunOnce(t.Context())
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || !c.LastTransitionTime.Equal(time.Now()) {
+			t.Errorf("the 3rd failed run in a row, across a reload: %+v, want Unknown now", c)
+		}
+		if h, ok := r.Holding("NodeInfoStale"); ok {
+			t.Errorf("Unknown, still held through %+v", h)
+		}
+	})
+}
