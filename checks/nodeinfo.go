@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,7 +45,21 @@ type nodeInfoCheck struct {
 	maxAge time.Duration
 
 	seen bootValue[nodeInfoSeen]
+
+	// What the last run found, in memory only (see bootAge); mu guards
+	// it (a run abandoned at its timeout may still be going).
+	mu           sync.Mutex
+	last         fileStamp     // the file at the last run
+	lastUp       time.Duration // CLOCK_BOOTTIME at the last run; 0: no run yet
+	lastBootWall time.Time     // the boot's wall time at the last run (the clock less CLOCK_BOOTTIME)
+	writtenUp    time.Duration // CLOCK_BOOTTIME of the write of last, where known
+	writtenKnown bool
 }
+
+// nodeInfoWriteSlack is how far an mtime may lie outside the time between
+// two runs and still be a write between them: the kernel stamps a file
+// with its coarse clock, a tick behind.
+const nodeInfoWriteSlack = 2 * time.Second
 
 // nodeInfoSkew is how far in the future the file's mtime may be and still
 // count as now: more than that and its age cannot be told from it (the clock
@@ -122,6 +137,7 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, fmt.Errorf("%s is not a regular file (%s)", c.path, fi.Mode().Type())
 	}
 	now := c.env.Now()
+	bootAge, byBoot := c.bootAge(stampOf(fi), fi.ModTime(), now)
 	if !c.wasSeen() {
 		if r, written, err := c.writtenThisBoot(fi, now); !written || err != nil {
 			return r, err
@@ -133,6 +149,9 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	mtime := fi.ModTime()
 	age := now.Sub(mtime)
+	if byBoot {
+		age = bootAge
+	}
 	// The messages name times, never an age that grows with each run: a
 	// message that changes is a write of the Node's status (report.Store.Set,
 	// the reporter), every run, for as long as the file stays as it is.
@@ -157,6 +176,43 @@ func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	// Node status write each run for the whole boot.
 	return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh,
 		Message: fmt.Sprintf("%s is fresh (written within max_age %s)", c.path, c.maxAge)}, nil
+}
+
+// bootAge tells how long ago the file was written by CLOCK_BOOTTIME, which
+// a step of the clock does not move, where the daemon saw the write: the
+// file changed (mtime or inode) since the last run, and its mtime, on the
+// clock as it was at that run or is at this one (a step in between), falls
+// between the two runs. Its age then counts on from that write, whatever
+// the clock is stepped to later: a step forward does not make it look
+// older than max_age, nor a step back dated ahead, until the sync loop
+// writes it again (a run later). ok is false where the write was not seen
+// (the first run, a file put in place with an older mtime: renamed from
+// elsewhere, touch -d): the mtime against the clock decides.
+func (c *nodeInfoCheck) bootAge(st fileStamp, mtime, now time.Time) (age time.Duration, ok bool) {
+	up, err := c.env.Sys.SinceBoot()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil || up <= 0 {
+		c.lastUp, c.writtenKnown = 0, false
+		return 0, false
+	}
+	bootWall := now.Add(-up)
+	if st != c.last {
+		c.last, c.writtenKnown = st, false
+		if c.lastUp > 0 && up >= c.lastUp {
+			for _, base := range []time.Time{bootWall, c.lastBootWall} {
+				if w := mtime.Sub(base); w >= c.lastUp-nodeInfoWriteSlack && w <= up+nodeInfoWriteSlack {
+					c.writtenUp, c.writtenKnown = min(w, up), true
+					break
+				}
+			}
+		}
+	}
+	c.lastUp, c.lastBootWall = up, bootWall
+	if !c.writtenKnown {
+		return 0, false
+	}
+	return up - c.writtenUp, true
 }
 
 // writtenThisBoot decides whether the file, not yet known to be written in

@@ -552,3 +552,100 @@ func TestNodeInfoFIFOIsRefusedAtOnce(t *testing.T) {
 		t.Errorf("a FIFO: %v; want %q", err, want)
 	}
 }
+
+// hostClock is a host whose wall clock can be stepped: up is the time since
+// the boot (CLOCK_BOOTTIME), which a step does not move, and the wall clock
+// is the boot's wall time plus up plus the steps so far.
+type hostClock struct {
+	Sys
+	boot time.Time
+	up   time.Duration
+	step time.Duration
+}
+
+func (h *hostClock) SinceBoot() (time.Duration, error) { return h.up, nil }
+func (h *hostClock) now() time.Time                    { return h.boot.Add(h.up + h.step) }
+
+// A step of the clock between the sync loop's write and the next run does
+// not make the file look old (a step forward) or dated ahead (a step back):
+// the daemon saw it written since its last run, a minute ago by
+// CLOCK_BOOTTIME, and the sync loop writes it again within the next
+// minute. Before, each step of the clock (chrony's makestep, a VM resumed
+// or migrated) set NodeInfoStale True for a run and cleared it the next, an
+// alert for nothing. A file put in place with an old mtime (renamed from
+// elsewhere, touch -d) is still judged by its mtime.
+func TestNodeInfoWrittenBeforeAClockStep(t *testing.T) {
+	const fresh = "/var/lib/syself/nodes.json is fresh (written within max_age 5m0s)"
+	for _, tc := range []struct {
+		name string
+		step time.Duration
+	}{
+		{"stepped forward 10 minutes", 10 * time.Minute},
+		{"stepped back an hour", -time.Hour},
+		{"stepped back 2 minutes", -2 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := nodeInfoRoot(t, "nodeinfo")
+			h := &hostClock{boot: niBoot, up: time.Hour}
+			env := nodeInfoEnv(t, root, niT0)
+			env.Sys, env.Now, env.Memos = h, h.now, report.NewStore("boot-1")
+			c, _ := newNodeInfoCheck(env)
+
+			setMtime(t, root, h.now().Add(-30*time.Second))
+			probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+			// The sync loop writes 30 s later; the clock is stepped 15 s
+			// after that; the check runs 15 s later.
+			h.up += 30 * time.Second
+			writeNodesJSON(t, root, h.now())
+			h.up += 15 * time.Second
+			h.step += tc.step
+			h.up += 15 * time.Second
+			probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+			// Not written again (a sync loop writing every 2 minutes):
+			// its age counts on from the write, not from the stepped clock.
+			h.up += time.Minute
+			probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+			// The sync loop is stuck from then on: older than max_age by
+			// CLOCK_BOOTTIME is outdated, whatever the clock says.
+			h.up += 4 * time.Minute
+			r, err := c.Probe(context.Background())
+			if err != nil || r.Status != report.StatusTrue || r.Reason != report.ReasonNodeInfoOutdated {
+				t.Errorf("6 min after the write, not written since: %s/%s %q, %v; want True/NodeInfoOutdated", r.Status, r.Reason, r.Message, err)
+			}
+			// It writes again, with the stepped clock.
+			writeNodesJSON(t, root, h.now())
+			h.up += 30 * time.Second
+			probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+		})
+	}
+
+	// A file put in place between two runs with an mtime from long ago is
+	// not taken for a write since the last run: still its mtime decides.
+	root := nodeInfoRoot(t, "nodeinfo")
+	h := &hostClock{boot: niBoot, up: time.Hour}
+	env := nodeInfoEnv(t, root, niT0)
+	env.Sys, env.Now, env.Memos = h, h.now, report.NewStore("boot-1")
+	c, _ := newNodeInfoCheck(env)
+	setMtime(t, root, h.now().Add(-30*time.Second))
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+	writeNodesJSON(t, root, h.now().Add(-20*time.Minute))
+	h.up += time.Minute
+	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoOutdated,
+		"/var/lib/syself/nodes.json is older than 5m0s (last written 2026-12-02T17:40:00Z)")
+}
+
+// writeNodesJSON writes nodes.json as the sync loop does, by rename (a new
+// inode), with the mtime at.
+func writeNodesJSON(t *testing.T, root string, at time.Time) {
+	t.Helper()
+	p := filepath.Join(root, nodesJSON)
+	if err := os.WriteFile(p+".tmp", []byte(`{"nodes":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p+".tmp", at, at); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		t.Fatal(err)
+	}
+}
