@@ -12,6 +12,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -81,7 +82,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	checked := 0
 	for _, p := range c.paths {
 		info := CertInfo{Path: p}
-		leaf, first, err := readCertFile(c.env.Path(p))
+		leaf, first, err := readCertFile(c.env.Config.HostRoot, p)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			info.Error = certNotPresent
@@ -160,9 +161,10 @@ func daysLeft(now, t time.Time) int {
 // certificate that expires first, the leaf or one of its chain: the file
 // stops working when that one expires. A file that is absent is
 // os.ErrNotExist; a symlink to nothing (a rotation that broke) is not: it is
-// an error that says so.
-func readCertFile(path string) (leaf, first *x509.Certificate, err error) {
-	certs, key, err := parseCertFile(path)
+// an error that says so. p is a host path, read under the host root root
+// (its links resolved as the host resolves them: openNoWaitIn).
+func readCertFile(root, p string) (leaf, first *x509.Certificate, err error) {
+	certs, key, err := parseCertFile(root, p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -180,20 +182,20 @@ func readCertFile(path string) (leaf, first *x509.Certificate, err error) {
 // public key is that of the private key in the same file, else the first
 // that is not a CA, else the first.
 func LeafCertificate(path string) (*x509.Certificate, error) {
-	certs, key, err := parseCertFile(path)
+	certs, key, err := parseCertFile("/", path)
 	if err != nil {
 		return nil, err
 	}
 	return pickLeaf(certs, key), nil
 }
 
-// parseCertFile returns the certificates of a PEM file, in file order, and
-// the public key of its private key (nil if it has none or it cannot be
-// parsed).
-func parseCertFile(path string) ([]*x509.Certificate, crypto.PublicKey, error) {
-	b, err := readCertBytes(path)
+// parseCertFile returns the certificates of the PEM file at the host path p
+// under root, in file order, and the public key of its private key (nil if
+// it has none or it cannot be parsed).
+func parseCertFile(root, p string) ([]*x509.Certificate, crypto.PublicKey, error) {
+	b, err := readCertBytes(root, p)
 	if errors.Is(err, os.ErrNotExist) {
-		if target, lerr := os.Readlink(path); lerr == nil {
+		if target, lerr := os.Readlink(filepath.Join(root, p)); lerr == nil {
 			return nil, nil, fmt.Errorf("dangling symlink to %s (a certificate rotation that broke?)", target)
 		}
 	}
@@ -262,9 +264,10 @@ const maxCertFile = 4 << 20
 // readCertBytes reads a certificate file, through symlinks (kubelet's
 // *-current.pem is one), if it is a regular file of at most maxCertFile
 // bytes. It opens without blocking (openNoWait) and checks the open
-// descriptor: a FIFO is refused at once, not waited on for a writer.
-func readCertBytes(path string) ([]byte, error) {
-	f, fi, err := openNoWait(path)
+// descriptor: a FIFO is refused at once, not waited on for a writer. p is
+// a host path under root (openNoWaitIn).
+func readCertBytes(root, p string) ([]byte, error) {
+	f, fi, err := openNoWaitIn(root, p)
 	if err != nil {
 		return nil, err
 	}

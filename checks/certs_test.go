@@ -386,3 +386,62 @@ func TestCertDomainOfNoCertificatesIsAnEmptyList(t *testing.T) {
 		t.Errorf("certs document %s, want \"certs\":[]", docs[report.AnnotationPrefix+"certs"])
 	}
 }
+
+// kubelet's certificate store points kubelet-client-current.pem at the
+// dated file with an absolute target
+// (/var/lib/kubelet/pki/kubelet-client-<date>.pem). Under a host_root
+// other than / that target is the host's file under the root, not one
+// under the daemon's own /: before, the check found "a dangling symlink
+// (a certificate rotation that broke?)" where the host's certificate was
+// valid, and a certificate by that name under the daemon's own / would
+// have been judged in its place. A link that leaves the root by ".." stays
+// in it, as the host would resolve it.
+func TestCertKubeletsAbsoluteSymlinkUnderHostRoot(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	const dated = "/var/lib/kubelet/pki/kubelet-client-2026-06-01-00-00-00.pem"
+	for _, tc := range []struct {
+		name, target string
+		wantStatus   report.Status
+		wantMsg      string
+	}{
+		{"absolute, as kubelet writes it", dated, report.StatusTrue,
+			"/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires on 2026-12-05T12:00:00Z: not renewed within 168h0m0s of expiry"},
+		{"up and out of the root", "../../../../../../../.." + dated, report.StatusTrue,
+			"/var/lib/kubelet/pki/kubelet-client-current.pem (system:node:n1) expires on 2026-12-05T12:00:00Z: not renewed within 168h0m0s of expiry"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			leaf := newCertFixture(t, "system:node:n1", now.Add(72*time.Hour), false, nil)
+			writeCertFile(t, root+dated, leaf.certPEM(), leaf.keyPEM(t))
+			if err := os.Symlink(tc.target, root+kubeletClientPEM); err != nil {
+				t.Fatal(err)
+			}
+			env := testEnv(t, func(c *config.Config) {
+				c.HostRoot = root
+				c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
+			})
+			env.Now = func() time.Time { return now }
+			c, _ := newCertCheck(env)
+			r, err := c.Probe(context.Background())
+			if err != nil || r.Status != tc.wantStatus || r.Message != tc.wantMsg {
+				t.Errorf("got %s/%s %q, %v\nwant %s %q", r.Status, r.Reason, r.Message, err, tc.wantStatus, tc.wantMsg)
+			}
+		})
+	}
+
+	// Gone from the root, it is the dangling link it is.
+	root := t.TempDir()
+	mkdir(t, root+"/var/lib/kubelet/pki")
+	if err := os.Symlink(dated, root+kubeletClientPEM); err != nil {
+		t.Fatal(err)
+	}
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
+	})
+	c, _ := newCertCheck(env)
+	_, err := c.Probe(context.Background())
+	if want := "/var/lib/kubelet/pki/kubelet-client-current.pem: dangling symlink to " + dated + " (a certificate rotation that broke?)"; err == nil || err.Error() != want {
+		t.Errorf("a link to nothing under the root: %v\nwant %q", err, want)
+	}
+}
