@@ -81,6 +81,10 @@ type sourceIPCheck struct {
 // truncated and written past the offset again, or a new file that got a
 // freed inode number, does not match it.
 type auditCursor struct {
+	// Path is the audit_log the position is in (absent in a state file of
+	// an earlier version: taken for the configured one). Another path
+	// (audit_log changed by a reload or a restart) is a first probe.
+	Path    string    `json:"path,omitempty"`
 	Dev     uint64    `json:"dev"`
 	Ino     uint64    `json:"ino"`
 	Offset  int64     `json:"offset"`
@@ -398,6 +402,13 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 	size := fi.Size()
 
 	prev := c.cursor()
+	if prev.Path != "" && prev.Path != c.path {
+		// audit_log was changed (a reload, or a restart with the state
+		// file): the position is in the file the old path named; the new
+		// one is read as a first probe reads it, not taken for the old
+		// one rotated.
+		prev = auditCursor{}
+	}
 	var notes []string
 	var segs []auditSegment
 	var since time.Time // the window's start by timestamp: only without a position
@@ -457,7 +468,7 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	var tally auditTally
 
-	next := auditCursor{Dev: dev, Ino: ino, Offset: 0, At: now}
+	next := auditCursor{Path: c.path, Dev: dev, Ino: ino, Offset: 0, At: now}
 	for _, s := range segs {
 		end, err := c.readSegment(ctx, s, &tally, since)
 		if err != nil {

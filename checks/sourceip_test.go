@@ -707,3 +707,46 @@ func TestSourceIPFIFOIsRefusedAtOnce(t *testing.T) {
 		t.Errorf("a FIFO: %v; want %q", err, want)
 	}
 }
+
+// audit_log is applied by a reload (and by a restart with the state file):
+// the position kept is in the file the old path named, so the new path's
+// file is read as a first probe reads, its last interval. Before, the new
+// file was taken for the old one rotated: "the log was rotated and the old
+// file is no longer in ..." and every record in it, hours old, up to
+// max_read_bytes, judged the first window.
+func TestSourceIPAuditLogMovedByAReload(t *testing.T) {
+	const moved = "/var/log/kube-audit/audit.log"
+	h := newAuditHost(t)
+	h.append(auditLine("alice", auT0.Add(-10*time.Second), "203.0.113.7"))
+	probeAudit(t, h.check(nil), report.StatusFalse, report.ReasonSourceIPAvailable,
+		"1 of 1 audit records of requests by "+users+" in the last 1m carry a client address (203.0.113.7)")
+
+	// kube-apiserver now writes to another path, with records of hours
+	// ago that carried a client address, and one of the last minute that
+	// does not; the operator sets audit_log to it and reloads.
+	p := filepath.Join(h.root, moved)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.now = auT0.Add(time.Minute)
+	if err := os.WriteFile(p, []byte(auditLine("alice", auT0.Add(-3*time.Hour), "198.51.100.1")+
+		auditLine("bob", h.now.Add(-10*time.Second), "127.0.0.1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := h.check(func(k *config.APIServerSourceIPUnavailable) { k.AuditLog = moved })
+	probeAudit(t, c, report.StatusTrue, report.ReasonSourceIPMissingInAudit,
+		"none of the 1 audit records of requests by "+users+" in the last 1m carries a client address: their sourceIPs hold only 127.0.0.1 (loopback or the proxy's own)")
+
+	// From then on it reads on from where it left off in the new file.
+	h.now = auT0.Add(2 * time.Minute)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(auditLine("carol", h.now.Add(-5*time.Second), "203.0.113.8")); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	probeAudit(t, c, report.StatusFalse, report.ReasonSourceIPAvailable,
+		"1 of 1 audit records of requests by "+users+" since 2026-12-02T18:01:00Z carry a client address (203.0.113.8)")
+}
