@@ -75,6 +75,10 @@ const nodeInfoBootGrace = 10 * time.Minute
 
 // nodeInfoSeen is the saved form of what the check knows.
 type nodeInfoSeen struct {
+	// Path is the file this is about (absent in a state file of an
+	// earlier version: taken for the configured one). Another path (path
+	// changed by a reload or a restart) knows nothing yet.
+	Path string `json:"path,omitempty"`
 	// Seen: the file was written in this boot.
 	Seen bool `json:"seen"`
 	// First is the file as the check first found it while not Seen; a
@@ -103,12 +107,22 @@ func newNodeInfoCheck(env *Env) (Check, error) {
 }
 
 // markSeen records that the file was written in this boot.
-func (c *nodeInfoCheck) markSeen() { c.seen.set(c.env.Memos, nodeInfoSeen{Seen: true}) }
+func (c *nodeInfoCheck) markSeen() { c.seen.set(c.env.Memos, nodeInfoSeen{Path: c.path, Seen: true}) }
 
 func (c *nodeInfoCheck) wasSeen() bool { return c.seen.get().Seen }
 
+// forgetOtherPath drops what was kept about another file than the one
+// configured: path was changed by a reload, or by a restart that loaded
+// the state file.
+func (c *nodeInfoCheck) forgetOtherPath() {
+	if p := c.seen.get().Path; p != "" && p != c.path {
+		c.seen.set(c.env.Memos, nodeInfoSeen{})
+	}
+}
+
 func (c *nodeInfoCheck) Probe(ctx context.Context) (Result, error) {
 	c.seen.restore(c.env.Memos)
+	c.forgetOtherPath()
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
@@ -225,7 +239,7 @@ func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, 
 	st := stampOf(fi)
 	switch first := c.seen.get().First; {
 	case first == (fileStamp{}):
-		c.seen.set(c.env.Memos, nodeInfoSeen{First: st})
+		c.seen.set(c.env.Memos, nodeInfoSeen{Path: c.path, First: st})
 	case first != st:
 		c.markSeen()
 		return Result{}, true, nil

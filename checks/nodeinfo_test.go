@@ -649,3 +649,52 @@ func writeNodesJSON(t *testing.T, root string, at time.Time) {
 		t.Fatal(err)
 	}
 }
+
+// path is applied by a reload (and by a restart with the state file): what
+// the check knows of the file the old path named ("written in this boot",
+// the file first found) is not the new path's. Before, a new path with no
+// file yet was NodeInfoMissing, "written earlier in this boot and is gone",
+// True at once, for a file that never was there; and a file an earlier
+// boot left at the new path counted as written in this boot (the old
+// path's "seen") and was judged by its mtime as one.
+func TestNodeInfoPathChangedByAReload(t *testing.T) {
+	const moved = "/var/lib/syself/v2/nodes.json"
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niT0.Add(-30*time.Second))
+	env := nodeInfoEnv(t, root, niT0)
+	env.Memos = report.NewStore("boot-1")
+	c, _ := newNodeInfoCheck(env)
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh,
+		"/var/lib/syself/nodes.json is fresh (written within max_age 5m0s)")
+
+	// The operator points the check at the new path and reloads; the new
+	// sync loop has not written there yet.
+	env2 := *env
+	cfg := *env.Config
+	cfg.Checks.NodeInfoStale.Path = moved
+	env2.Config = &cfg
+	c2, _ := newNodeInfoCheck(&env2)
+	probeNodeInfo(t, c2, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		moved+" does not exist and has not been written in this boot (no node-info sync loop on this node yet)")
+
+	// A file an earlier boot left there is not this boot's write: an hour
+	// after the boot, the sync loop has not written it in this boot (not
+	// "older than 5m0s", a write of this boot judged by its age).
+	p := filepath.Join(root, moved)
+	mkdir(t, filepath.Dir(p))
+	if err := os.WriteFile(p, []byte(`{"nodes":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, niBoot.Add(-time.Hour), niBoot.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	probeNodeInfo(t, c2, report.StatusTrue, report.ReasonNodeInfoOutdated,
+		moved+" is from before this boot (last written 2026-12-02T16:00:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in the more than 15m0s since boot (max_age 5m0s + 10m0s to start after a boot): the node-info sync loop has not run in this boot")
+
+	// The sync loop writes it: judged by its age from then on.
+	if err := os.Chtimes(p, niT0, niT0); err != nil {
+		t.Fatal(err)
+	}
+	probeNodeInfo(t, c2, report.StatusFalse, report.ReasonNodeInfoFresh,
+		moved+" is fresh (written within max_age 5m0s)")
+}
