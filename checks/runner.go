@@ -115,10 +115,35 @@ type HeldFailure struct {
 // own, such as an NVMe drive that did not answer beside one that did, is
 // the probe's word); a False or Unknown condition is not held; the
 // tamper conditions (held forever) keep what the store does with them.
-// After a start the count starts at 0, whatever the state file restored.
+// The count is kept in the state file for the boot (keptFailures): a
+// restart of the daemon carries it on, as a reload and a re-plan do.
 func (r *Runner) holdTrue(e *entry, c report.Condition, failed bool, start time.Time) bool {
+	// The condition as the store holds it, read before e.failMu is taken:
+	// the store calls keptFailures (e.failMu) with its lock held.
+	var prev report.Condition
+	var had bool
+	if failed {
+		prev, had = r.store.Get(e.cond)
+		if e.part != "" {
+			prev, had = r.store.Part(e.part, e.cond)
+		}
+	}
 	e.failMu.Lock()
-	defer e.failMu.Unlock()
+	kept := keptRuns(e.failedRuns)
+	hold := e.countLocked(c, failed, start, had && prev.Status == report.StatusTrue)
+	changed := keptRuns(e.failedRuns) != kept
+	e.failMu.Unlock()
+	if changed && r.memos != nil {
+		// Saved soon, not with the next change that may wait: the count
+		// lost to a crash is a restart's failed runs more.
+		r.memos.Touch()
+	}
+	return hold
+}
+
+// countLocked is holdTrue's count and decision, given whether the
+// condition (or e's part of it) is True; e.failMu is held.
+func (e *entry) countLocked(c report.Condition, failed bool, start time.Time, isTrue bool) bool {
 	e.holding = nil
 	if !failed {
 		e.failedRuns = 0
@@ -133,15 +158,80 @@ func (r *Runner) holdTrue(e *entry, c report.Condition, failed bool, start time.
 	if d, _ := report.Lookup(e.cond); d.Hold != report.HoldWhileTrue {
 		return false
 	}
-	prev, had := r.store.Get(e.cond)
-	if e.part != "" {
-		prev, had = r.store.Part(e.part, e.cond)
-	}
-	if !had || prev.Status != report.StatusTrue {
+	if !isTrue {
 		return false
 	}
 	e.holding = &HeldFailure{Runs: e.failedRuns, Since: e.failedSince, Reason: c.Reason, Message: report.CapMessage(c.Message)}
 	return true
+}
+
+// HeldFailuresKey is the name under which the runner keeps its checks'
+// failed runs in a row (holdTrue) in the state file.
+const HeldFailuresKey = "heldfailures"
+
+// keptFailure is a check's failed runs in a row as the state file keeps
+// them, by condition type: a daemon restarted in the middle of a run of
+// failures (systemctl restart, a crash, an OOM kill, each restarted by
+// Restart=always) carries the count on. Counted from 0 at every start, a
+// check failing at every run on a daemon restarted every 2 runs kept a
+// stale True on the Node for ever.
+type keptFailure struct {
+	// Runs: the failed runs in a row, at most maxHeldFailures+1 (more
+	// change nothing, and are not a save each).
+	Runs  int       `json:"runs"`
+	Since time.Time `json:"since"`
+	// Held: the failed run the True is held through (Holding), if any.
+	Held *HeldFailure `json:"held,omitempty"`
+}
+
+// keptRuns is the count of failed runs in a row the state file keeps.
+func keptRuns(n int) int { return min(n, maxHeldFailures+1) }
+
+// keptFailures is the value kept under HeldFailuresKey. The store calls it
+// with its lock held: it takes r.mu and each entry's failMu, never held
+// while the store is called.
+func (r *Runner) keptFailures() any {
+	out := map[string]keptFailure{}
+	for _, e := range r.current() {
+		e.failMu.Lock()
+		if e.failedRuns > 0 {
+			k := keptFailure{Runs: keptRuns(e.failedRuns), Since: e.failedSince}
+			if e.holding != nil {
+				h := *e.holding
+				k.Held = &h
+			}
+			out[e.cond] = k
+		}
+		e.failMu.Unlock()
+	}
+	return out
+}
+
+// restoreFailures sets the entries' failed runs in a row from what is kept
+// under HeldFailuresKey in this boot: the state file's at a start, or the
+// runner's that registered the key last (the runner of the old plan, at a
+// re-plan). A value out of bounds (a hand-edited file) is taken as none.
+// It must run without r.mu held: Memo calls the registered keptFailures.
+func (r *Runner) restoreFailures() {
+	if r.memos == nil {
+		return
+	}
+	var saved map[string]keptFailure
+	if !r.memos.Memo(HeldFailuresKey, &saved) {
+		return
+	}
+	for _, e := range r.current() {
+		k := saved[e.cond]
+		if k.Runs < 0 || k.Runs > maxHeldFailures+1 {
+			k = keptFailure{}
+		}
+		if h := k.Held; h != nil && (h.Runs != k.Runs || k.Runs > maxHeldFailures) {
+			k.Held = nil
+		}
+		e.failMu.Lock()
+		e.failedRuns, e.failedSince, e.holding = k.Runs, k.Since, k.Held
+		e.failMu.Unlock()
+	}
 }
 
 // inheritFailures carries prev's failed runs in a row over to e, the
@@ -227,6 +317,9 @@ type Runner struct {
 	sd systemd.Manager
 	// shutdownLogged: the hold at shutdown was logged.
 	shutdownLogged atomic.Bool
+	// memos keeps the checks' failed runs in a row in the state file
+	// (keptFailures; Env.Memos); nil: not kept (the one-shot check).
+	memos Memos
 }
 
 // Options configure a Runner.
@@ -254,7 +347,7 @@ type Options struct {
 // refuses such a file; this guards configurations built in code).
 func NewRunner(env *Env, opts Options) (*Runner, error) {
 	r := &Runner{store: opts.Store, details: opts.Details, metrics: opts.Metrics, log: env.Log, spread: env.Config.Runner.FirstRunSpread.Duration, progress: opts.Progress, grid: opts.Grid,
-		factories: registry, only: opts.Only, external: opts.External, sd: env.Systemd}
+		factories: registry, only: opts.Only, external: opts.External, sd: env.Systemd, memos: env.Memos}
 	if opts.Factories != nil {
 		r.factories = opts.Factories
 	}
@@ -269,6 +362,7 @@ func NewRunner(env *Env, opts Options) (*Runner, error) {
 		}
 		r.entries = append(r.entries, e)
 	}
+	r.restoreFailures()
 	return r, nil
 }
 
@@ -384,6 +478,13 @@ func (r *Runner) RunOnce(ctx context.Context) []report.Condition {
 // returns when every loop has stopped (a probe that ignores its context is
 // abandoned, not waited for).
 func (r *Runner) Run(ctx context.Context, firstPass func()) {
+	// The failed runs in a row as the runner of the old plan left them
+	// (a re-plan builds this runner while the old one still runs), then
+	// this runner's kept in the state file.
+	r.restoreFailures()
+	if r.memos != nil {
+		r.memos.Keep(HeldFailuresKey, r.keptFailures)
+	}
 	r.mu.Lock()
 	r.ctx, r.stopped, r.firstPass = ctx, false, firstPass
 	if r.grid.Anchor().IsZero() {

@@ -279,10 +279,10 @@ func TestRunnerHoldsATruePartThroughTwoFailedRuns(t *testing.T) {
 }
 
 // A True restored from the state file at a restart is held the same way:
-// the first failed run after the start counts 1, so a restart in the
-// middle of a run of failures does not give the check more failed runs
-// before Unknown than 2, and a single failure after a restart does not
-// flap the condition.
+// with no failed runs kept (a state file without them), the first failed
+// run after the start counts 1, and a single failure after a restart does
+// not flap the condition. A restart in the middle of a run of failures
+// carries the count on: TestRunnerHoldCountsFailuresAcrossARestart.
 func TestRunnerHoldsATrueRestoredFromTheStateFile(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dir := t.TempDir()
@@ -369,5 +369,122 @@ func TestRunnerHoldCountsFailuresAcrossAReload(t *testing.T) {
 		if h, ok := r.Holding("NodeInfoStale"); ok {
 			t.Errorf("Unknown, still held through %+v", h)
 		}
+	})
+}
+
+// runHoldDaemon runs NodeInfoStale's loop as the daemon does, its count of
+// failed runs kept in store (Env.Memos), until stop is called.
+func runHoldDaemon(t *testing.T, store *report.Store, probe Check) (stop func()) {
+	t.Helper()
+	env := testEnv(t, nil)
+	env.Memos = store
+	r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { r.Run(ctx, nil); close(done) }()
+	return func() { cancel(); <-done }
+}
+
+// failingAfter is NodeInfoStale's True until fail is set, then an error.
+func failingAfter() (probeFunc, func(bool)) {
+	var mu sync.Mutex
+	fail := false
+	probe := probeFunc(func(context.Context) (Result, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return Result{}, errors.New("nodes.json: input/output error")
+		}
+		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: "age 6m"}, nil
+	})
+	return probe, func(f bool) { mu.Lock(); fail = f; mu.Unlock() }
+}
+
+// A daemon restarted in the middle of a run of failed runs (systemctl
+// restart, a crash, an OOM kill: Restart=always) carries the count on
+// through the state file: the True is held through 2 failed runs in all,
+// not 2 more after every start. Otherwise a check that fails at every run
+// on a daemon restarted every 2 runs kept a stale True on the Node for
+// ever. Each failed run has the state saved soon (Store.Touch), so a crash
+// keeps the count too.
+func TestRunnerHoldCountsFailuresAcrossARestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		probe, setFail := failingAfter()
+		start := time.Now()
+		store := report.NewStore("b")
+		stop := runHoldDaemon(t, store, probe)
+		synctest.Wait()
+		setFail(true)
+		for k := 1; k <= 2; k++ {
+			select {
+			case <-store.Dirty():
+			default:
+			}
+			time.Sleep(time.Until(start.Add(time.Duration(k)*time.Minute + time.Second)))
+			synctest.Wait()
+			if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusTrue || !c.LastTransitionTime.Equal(start) {
+				t.Fatalf("failed run %d before the restart: %+v, want held True", k, c)
+			}
+			select {
+			case <-store.Dirty():
+			default:
+				t.Errorf("failed run %d: the state file is not told (Store.Touch): a crash loses the count", k)
+			}
+		}
+		stop()
+		if err := store.Save(dir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second) // RestartSec=5s
+		for restart := 1; restart <= 3; restart++ {
+			store = report.NewStore("b")
+			if _, err := store.Load(dir); err != nil {
+				t.Fatal(err)
+			}
+			began := time.Now()
+			stop = runHoldDaemon(t, store, probe)
+			synctest.Wait()
+			if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed {
+				t.Errorf("restart %d: the 3rd failed run in a row or later, after a restart: %+v, want Unknown/CheckFailed", restart, c)
+			}
+			time.Sleep(time.Until(began.Add(time.Minute + time.Second)))
+			synctest.Wait()
+			stop()
+			if err := store.Save(dir, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Second)
+		}
+	})
+}
+
+// A re-plan for a new role or GPU (the daemon's redetect) builds a new
+// runner, whose checks carry on the count of the old one's: a role or GPU
+// detected again does not give a failing check more failed runs before
+// its True turns Unknown.
+func TestRunnerHoldCountsFailuresAcrossAReplan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		probe, setFail := failingAfter()
+		start := time.Now()
+		store := report.NewStore("b")
+		stop := runHoldDaemon(t, store, probe)
+		synctest.Wait()
+		setFail(true)
+		time.Sleep(time.Until(start.Add(2*time.Minute + time.Second)))
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusTrue {
+			t.Fatalf("2 failed runs: %+v, want held True", c)
+		}
+		stop()
+		stop = runHoldDaemon(t, store, probe) // the new plan's runner
+		synctest.Wait()
+		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || !c.LastTransitionTime.Equal(time.Now()) {
+			t.Errorf("the 3rd failed run in a row, the first of the new plan's runner: %+v, want Unknown now", c)
+		}
+		stop()
 	})
 }
