@@ -142,7 +142,8 @@ func journalBytes(nums []json.RawMessage) ([]byte, error) {
 	return b, nil
 }
 
-// journalQuery is one read of a unit's entries.
+// journalQuery is one read of a unit's entries (those whose _SYSTEMD_UNIT
+// is Unit).
 type journalQuery struct {
 	Journalctl string // path of journalctl
 	Root       string // --root (the host root), "" for this system's journal
@@ -153,7 +154,7 @@ type journalQuery struct {
 }
 
 func (q journalQuery) args() []string {
-	a := []string{"--no-pager", "--quiet", "--output=json", "--output-fields=MESSAGE", "--unit=" + q.Unit}
+	a := []string{"--no-pager", "--quiet", "--output=json", "--output-fields=MESSAGE"}
 	if q.Root != "" {
 		a = append(a, "--root="+q.Root)
 	}
@@ -162,7 +163,10 @@ func (q journalQuery) args() []string {
 	} else {
 		a = append(a, "--since=@"+strconv.FormatInt(q.Since.Unix(), 10))
 	}
-	return a
+	// The unit's own entries, as the native reader reads them
+	// (readJournalNative): not --unit=, which also matches what PID 1 and
+	// systemd-coredump log about the unit.
+	return append(a, "_SYSTEMD_UNIT="+q.Unit)
 }
 
 // describe is the command line for an error: the arguments, less the values

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -52,6 +54,11 @@ type kubeletHeartbeatCheck struct {
 	bootID string
 
 	st bootValue[kubeletHeartbeatState]
+
+	// fallback is why the last run read the journal with journalctl and
+	// not natively (its numbers left out), "" when it did not: logged
+	// when it changes.
+	fallback string
 }
 
 // kubeletHeartbeatState is the saved form of what the check knows.
@@ -114,7 +121,7 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	st := prev
 	q := c.query(&st, now)
 	found := 0
-	read, err := readJournal(ctx, q, func(e journalEntry) {
+	read, err := c.readJournal(ctx, q, func(e journalEntry) {
 		if c.bootID != "" && e.BootID != "" && e.BootID != c.bootID {
 			// The kubelet of an earlier boot: the persistent journal
 			// holds it, and a quick reboot's first read (the last
@@ -192,6 +199,52 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	return Result{Status: report.StatusFalse, Reason: report.ReasonKubeletHeartbeatOK,
 		Message: fmt.Sprintf("%s logged no entry with %s in the last %s (%d entries read); %s%s", c.unit, c.what(), window, read.Entries, last, note)}, nil
 }
+
+// readJournal reads q from the journal files natively (readJournalNative)
+// and, where that meets something it does not handle, with journalctl from
+// where the native read stopped: the entries it already gave are not read
+// again. Why it fell back is logged once per change, and once when it reads
+// natively again.
+func (c *kubeletHeartbeatCheck) readJournal(ctx context.Context, q journalQuery, fn func(journalEntry)) (journalRead, error) {
+	root := c.env.Path("/")
+	nr, err := readJournalNative(ctx, root, q, fn)
+	if err == nil {
+		if c.fallback != "" {
+			c.env.Log.Info("reading the journal files natively again, without journalctl", "unit", c.unit)
+			c.fallback = ""
+		}
+		return nr, nil
+	}
+	if ctx.Err() != nil {
+		return nr, ctx.Err()
+	}
+	why := err.Error()
+	if key := journalNumbers.ReplaceAllString(why, "N"); key != c.fallback {
+		c.fallback = key
+		level := slog.LevelWarn
+		if errors.Is(err, errJournalUnsupported) {
+			level = slog.LevelInfo
+		}
+		c.env.Log.Log(ctx, level, "reading the journal with journalctl: the native reader cannot", "unit", c.unit, "why", why, "entries_read_natively", nr.Entries)
+	}
+	jq := q
+	if nr.Cursor != "" {
+		jq.After = nr.Cursor
+	}
+	if q.Max > 0 {
+		jq.Max = q.Max - nr.Entries
+	}
+	jr, err := readJournal(ctx, jq, fn)
+	jr.Entries += nr.Entries
+	if jr.Cursor == "" {
+		jr.Cursor = nr.Cursor
+	}
+	return jr, err
+}
+
+// journalNumbers are the offsets, sizes and counts in a native reader's
+// error, which may move from run to run while the reason stays.
+var journalNumbers = regexp.MustCompile(`[0-9]+`)
 
 // query is the next read: after the cursor, else from the last read or the
 // last window (which then is where reading began, st.Since).

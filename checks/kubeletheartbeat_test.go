@@ -129,7 +129,7 @@ const hbKlog10 = `E1202 19:00:04.000000       1 kubelet_node_status.go:536] "Una
 
 func wantArgs(t *testing.T, got []string, root, from string) {
 	t.Helper()
-	want := []string{"--no-pager", "--quiet", "--output=json", "--output-fields=MESSAGE", "--unit=kubelet.service", "--root=" + root, from}
+	want := []string{"--no-pager", "--quiet", "--output=json", "--output-fields=MESSAGE", "--root=" + root, from, "_SYSTEMD_UNIT=kubelet.service"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("journalctl %q\nwant %q", got, want)
 	}
@@ -242,8 +242,8 @@ func TestKubeletHeartbeatBadCursor(t *testing.T) {
 	now = hbLast.Add(5 * time.Minute)
 	fj.fail(t, 2, "Failed to seek to cursor: Invalid argument\n")
 	cur := "s=3a7de8ba767941d7802f48f8d5767386;i=5;b=0e8831569cd045b0a40199f64b37fa93;m=23b02cfc1;t=661ab582d0dab;x=7c28430aa71f07fd"
-	probeHeartbeatErr(t, c, "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --root="+root+
-		" --after-cursor=<last cursor read>: exit status 1: Failed to seek to cursor: Invalid argument")
+	probeHeartbeatErr(t, c, "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --root="+root+
+		" --after-cursor=<last cursor read> _SYSTEMD_UNIT=kubelet.service: exit status 1: Failed to seek to cursor: Invalid argument")
 	wantArgs(t, fj.args(t, 2), root, "--after-cursor="+cur)
 
 	// Twenty minutes later: from the last good read, not only the last
@@ -285,8 +285,8 @@ func TestKubeletHeartbeatSameFailureLoggedOnce(t *testing.T) {
 		wantArgs(t, fj.args(t, i), root, fmt.Sprintf("--since=@%d", now.Add(-5*time.Minute).Unix()))
 		now = now.Add(5 * time.Minute)
 	}
-	want := "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --root=" + root +
-		" --since=<start of the read>: exit status 1: Failed to open journal: Permission denied"
+	want := "journalctl --no-pager --quiet --output=json --output-fields=MESSAGE --root=" + root +
+		" --since=<start of the read> _SYSTEMD_UNIT=kubelet.service: exit status 1: Failed to open journal: Permission denied"
 	for i, m := range msgs {
 		if m != want {
 			t.Errorf("run %d: message %q\nwant %q", i+1, m, want)
@@ -386,7 +386,7 @@ func TestKubeletHeartbeatHostJournalHasNoRoot(t *testing.T) {
 		c, _ := newKubeletHeartbeatCheck(env)
 		var st kubeletHeartbeatState
 		q := c.(*kubeletHeartbeatCheck).query(&st, now)
-		if got := strings.Join(q.args(), " "); got != "--no-pager --quiet --output=json --output-fields=MESSAGE --unit=kubelet.service --since=@1796238147" {
+		if got := strings.Join(q.args(), " "); got != "--no-pager --quiet --output=json --output-fields=MESSAGE --since=@1796238147 _SYSTEMD_UNIT=kubelet.service" {
 			t.Errorf("host_root %q: args %s", root, got)
 		}
 		if q.Journalctl != "/usr/bin/journalctl" {

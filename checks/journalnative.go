@@ -1,0 +1,598 @@
+package checks
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// readJournalNative reads q from the journal files under root (journalDirs)
+// without journalctl, and yields what readJournal yields for q: the same
+// entries in the same order, with the same cursors, times, boot IDs and
+// MESSAGE values. It follows what journalctl 252 (sd-journal) does for a
+// single field match: each file is positioned at its first entry of the
+// match at or after the start (by sequence number in a file of the cursor's
+// sequence, else by wall-clock time, with journald's array bisection), the
+// files are merged by sd-journal's order, and an entry equal to the last one
+// yielded is skipped. Where journalctl's result would depend on something
+// this reader does not follow (a file of another sequence holding the
+// cursor's boot: sd-journal seeks it by monotonic time; the same entry in
+// two files; an order that depends on the order of the directory's
+// entries), it returns an error wrapping errJournalUnsupported, and the
+// caller asks journalctl.
+func readJournalNative(ctx context.Context, root string, q journalQuery, fn func(journalEntry)) (journalRead, error) {
+	var r journalRead
+	match := []byte("_SYSTEMD_UNIT=" + q.Unit)
+	var cur *journalCursor
+	if q.After != "" {
+		c, err := parseJournalCursor(q.After)
+		if err != nil {
+			return r, err
+		}
+		cur = &c
+	}
+	paths, err := journalFiles(root)
+	if err != nil {
+		return r, err
+	}
+	var srcs []*nativeSource
+	defer func() {
+		for _, s := range srcs {
+			s.fd.Close()
+		}
+	}()
+	for _, p := range paths {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		s, err := openNativeSource(p, match, cur, q.Since)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", p, err)
+		}
+		if s != nil {
+			srcs = append(srcs, s)
+		}
+	}
+
+	var last *nativeCand // the location: the last entry yielded (or skipped as the cursor's)
+	first := true
+	for {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		// Each file moves past what is not after the location.
+		if last != nil {
+			for _, s := range srcs {
+				for s.cand != nil && compareWithLocation(s.cand, last, s == last.src) <= 0 {
+					if err := s.advance(); err != nil {
+						return r, fmt.Errorf("%s: %w", s.f.path, err)
+					}
+				}
+			}
+		}
+		best, err := pickNext(srcs)
+		if err != nil {
+			return r, err
+		}
+		if best == nil {
+			return r, nil
+		}
+		c := best.cand
+		if err := best.advance(); err != nil {
+			return r, fmt.Errorf("%s: %w", best.f.path, err)
+		}
+		last = c
+		if first && cur != nil && cur.matches(c) {
+			first = false
+			continue // --after-cursor: the cursor's own entry
+		}
+		first = false
+		e, err := c.src.journalEntry(c)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", c.src.f.path, err)
+		}
+		r.Entries++
+		r.Cursor = e.Cursor
+		fn(e)
+		if q.Max > 0 && r.Entries >= q.Max {
+			r.Truncated = true
+			return r, nil
+		}
+	}
+}
+
+// journalCursor is a cursor as journalctl prints it.
+type journalCursor struct {
+	seqnumID  [16]byte
+	seqnum    uint64
+	bootID    [16]byte
+	monotonic uint64
+	realtime  uint64
+	xorHash   uint64
+}
+
+// parseJournalCursor reads s=..;i=..;b=..;m=..;t=..;x=.. (all six, as
+// sd_journal_get_cursor writes them); anything else is left to journalctl.
+func parseJournalCursor(s string) (journalCursor, error) {
+	var c journalCursor
+	parts := strings.Split(s, ";")
+	if len(parts) != 6 {
+		return c, unsupportedf("a cursor not of the form s=;i=;b=;m=;t=;x=")
+	}
+	for i, key := range []string{"s", "i", "b", "m", "t", "x"} {
+		k, v, ok := strings.Cut(parts[i], "=")
+		if !ok || k != key || v == "" {
+			return c, unsupportedf("a cursor not of the form s=;i=;b=;m=;t=;x=")
+		}
+		var err error
+		switch key {
+		case "s":
+			err = parseID128(v, &c.seqnumID)
+		case "b":
+			err = parseID128(v, &c.bootID)
+		case "i":
+			c.seqnum, err = strconv.ParseUint(v, 16, 64)
+		case "m":
+			c.monotonic, err = strconv.ParseUint(v, 16, 64)
+		case "t":
+			c.realtime, err = strconv.ParseUint(v, 16, 64)
+		case "x":
+			c.xorHash, err = strconv.ParseUint(v, 16, 64)
+		}
+		if err != nil {
+			return c, unsupportedf("a cursor not of the form s=;i=;b=;m=;t=;x=")
+		}
+	}
+	return c, nil
+}
+
+func parseID128(s string, id *[16]byte) error {
+	if len(s) != 32 || strings.ToLower(s) != s {
+		return errors.New("not an ID")
+	}
+	_, err := hex.Decode(id[:], []byte(s))
+	return err
+}
+
+// matches is sd_journal_test_cursor: the entry is the cursor's.
+func (c *journalCursor) matches(e *nativeCand) bool {
+	return c.seqnumID == e.src.f.hdr.seqnumID && c.seqnum == e.seqnum && c.bootID == e.bootID &&
+		c.monotonic == e.monotonic && c.realtime == e.realtime && c.xorHash == e.xorHash
+}
+
+// journalFiles lists the journal files journalctl reads: *.journal and
+// *.journal~ (journald's name for a file it found unclean) in the machine
+// directories of /run/log/journal and /var/log/journal. Layouts whose
+// reading by journalctl this reader does not follow are errJournalUnsupported.
+func journalFiles(root string) ([]string, error) {
+	var out []string
+	machines := map[string]bool{}
+	for _, d := range journalDirs {
+		dir := filepath.Join(root, d)
+		ents, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, de := range ents {
+			name := de.Name()
+			if !de.IsDir() {
+				if journalFileName(name) {
+					return nil, unsupportedf("a journal file outside a machine directory (%s)", filepath.Join(dir, name))
+				}
+				continue
+			}
+			var id [16]byte
+			if parseID128(name, &id) != nil {
+				continue // a journal namespace (<machine-id>.<namespace>) or other: journalctl does not read it either
+			}
+			machines[name] = true
+			files, err := os.ReadDir(filepath.Join(dir, name))
+			if err != nil {
+				return nil, err
+			}
+			for _, fe := range files {
+				if journalFileName(fe.Name()) && fe.Type().IsRegular() {
+					out = append(out, filepath.Join(dir, name, fe.Name()))
+				}
+			}
+		}
+	}
+	if len(machines) > 1 {
+		return nil, unsupportedf("journal directories of %d machines", len(machines))
+	}
+	return out, nil
+}
+
+func journalFileName(n string) bool {
+	return strings.HasSuffix(n, ".journal") || strings.HasSuffix(n, ".journal~")
+}
+
+// nativeSource is one file's entries of the match, from the start.
+type nativeSource struct {
+	f    *journalFile
+	fd   *os.File
+	it   entryIter
+	cand *nativeCand // the next entry, nil at the end
+}
+
+// nativeCand is an entry of a source.
+type nativeCand struct {
+	jEntry
+	src  *nativeSource
+	size uint64
+}
+
+// openNativeSource opens the file and positions it: nil when it holds no
+// entry of the match after the start.
+func openNativeSource(path string, match []byte, cur *journalCursor, since time.Time) (*nativeSource, error) {
+	f, fd, err := osJournalFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s, err := positionNativeSource(f, match, cur, since)
+	if s == nil || err != nil {
+		fd.Close()
+		return nil, err
+	}
+	s.fd = fd
+	return s, nil
+}
+
+// positionNativeSource positions an open file at its first entry of the
+// match after the start: nil when it has none.
+func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, since time.Time) (*nativeSource, error) {
+	s := &nativeSource{f: f}
+	bySeqnum := cur != nil && cur.seqnumID == f.hdr.seqnumID
+	if bySeqnum && f.hdr.tailEntrySeqnum < cur.seqnum {
+		return nil, nil // the file ends before the cursor
+	}
+	d, ok, err := f.findData(match)
+	if err != nil || !ok {
+		return nil, err
+	}
+	s.it = entryIter{f: f, d: d}
+	switch {
+	case bySeqnum:
+		err = s.it.seek(func(e jEntry) bool { return e.seqnum >= cur.seqnum })
+	case cur != nil:
+		// sd-journal seeks a file of another sequence by monotonic time
+		// when it holds entries of the cursor's boot (with its own
+		// intersection of the boot's entries and the match's): not
+		// followed here.
+		_, has, err := f.findData([]byte("_BOOT_ID=" + idHex(cur.bootID)))
+		if err != nil {
+			return nil, err
+		}
+		if has {
+			return nil, unsupportedf("a journal file of another sequence than the cursor's holds entries of the cursor's boot")
+		}
+		err = s.it.seek(func(e jEntry) bool { return e.realtime >= cur.realtime })
+	default:
+		t := uint64(since.Unix()) * 1e6 // --since=@<seconds>
+		if since.Unix() < 0 {
+			t = 0
+		}
+		err = s.it.seek(func(e jEntry) bool { return e.realtime >= t })
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.advance(); err != nil {
+		return nil, err
+	}
+	if s.cand == nil {
+		return nil, nil
+	}
+	return s, nil
+}
+
+// advance moves the source to its next entry.
+func (s *nativeSource) advance() error {
+	e, size, ok, err := s.it.next()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		s.cand = nil
+		return nil
+	}
+	s.cand = &nativeCand{jEntry: e, src: s, size: size}
+	return nil
+}
+
+// pickNext is the source whose candidate sd-journal yields next: the one
+// before all others by compareEntryOrder. Two candidates that are the same
+// entry (the same boot, times and hash: a copy in two files), or no single
+// first one (the order mixes sequence numbers and times and is not
+// transitive: sd-journal's pick then depends on the directory's order), are
+// errJournalUnsupported.
+func pickNext(srcs []*nativeSource) (*nativeSource, error) {
+	var best *nativeSource
+	for _, s := range srcs {
+		if s.cand == nil {
+			continue
+		}
+		if best == nil || compareEntryOrder(s.cand, best.cand) < 0 {
+			best = s
+		}
+	}
+	if best == nil {
+		return nil, nil
+	}
+	for _, s := range srcs {
+		if s == best || s.cand == nil {
+			continue
+		}
+		if compareEntryOrder(best.cand, s.cand) >= 0 {
+			if sameEntry(best.cand, s.cand) {
+				return nil, unsupportedf("the same entry in two journal files")
+			}
+			return nil, unsupportedf("journal files whose entries sd-journal orders by the directory's order")
+		}
+	}
+	return best, nil
+}
+
+func sameEntry(a, b *nativeCand) bool {
+	return a.bootID == b.bootID && a.monotonic == b.monotonic && a.realtime == b.realtime && a.xorHash == b.xorHash
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// compareEntryOrder is sd-journal's compare_entry_order.
+func compareEntryOrder(a, b *nativeCand) int {
+	if sameEntry(a, b) {
+		return 0
+	}
+	if a.src.f.hdr.seqnumID == b.src.f.hdr.seqnumID {
+		if r := cmpU64(a.seqnum, b.seqnum); r != 0 {
+			return r
+		}
+	}
+	if a.bootID == b.bootID {
+		if r := cmpU64(a.monotonic, b.monotonic); r != 0 {
+			return r
+		}
+	}
+	if r := cmpU64(a.realtime, b.realtime); r != 0 {
+		return r
+	}
+	return cmpU64(a.xorHash, b.xorHash)
+}
+
+// compareWithLocation is sd-journal's compare_with_location, the location
+// being the last entry yielded (all its fields set).
+func compareWithLocation(e, l *nativeCand, sameFile bool) int {
+	sameSeq := e.src.f.hdr.seqnumID == l.src.f.hdr.seqnumID
+	if sameEntry(e, l) && sameSeq && e.seqnum == l.seqnum && !sameFile {
+		return 0
+	}
+	if sameSeq {
+		if r := cmpU64(e.seqnum, l.seqnum); r != 0 {
+			return r
+		}
+	}
+	if e.bootID == l.bootID {
+		if r := cmpU64(e.monotonic, l.monotonic); r != 0 {
+			return r
+		}
+	}
+	if r := cmpU64(e.realtime, l.realtime); r != 0 {
+		return r
+	}
+	return cmpU64(e.xorHash, l.xorHash)
+}
+
+// journalEntry reads the candidate's MESSAGE values and makes the entry
+// journalctl --output=json --output-fields=MESSAGE prints for it.
+func (s *nativeSource) journalEntry(c *nativeCand) (journalEntry, error) {
+	f := s.f
+	e := journalEntry{
+		Cursor: fmt.Sprintf("s=%s;i=%x;b=%s;m=%x;t=%x;x=%x", idHex(f.hdr.seqnumID), c.seqnum, idHex(c.bootID), c.monotonic, c.realtime, c.xorHash),
+		// journalctl prints the boot ID of the entry's header.
+		Realtime: time.UnixMicro(int64(c.realtime)).UTC(),
+		BootID:   idHex(c.bootID),
+	}
+	items, err := f.entryItems(c.offset, c.size)
+	if err != nil {
+		return e, err
+	}
+	const field = "MESSAGE="
+	for _, off := range items {
+		d, err := f.dataObject(off)
+		if err != nil {
+			return e, err
+		}
+		if d.flags == 0 {
+			// Look at the field's name before reading the value.
+			start := off + f.dataPayloadOffset()
+			n := off + d.size - start
+			if n < uint64(len(field)) {
+				continue
+			}
+			b, err := f.read(start, uint64(len(field)))
+			if err != nil {
+				return e, err
+			}
+			if string(b) != field {
+				continue
+			}
+		}
+		p, over, err := f.payload(d, jsonValueMax)
+		if err != nil {
+			return e, err
+		}
+		if over || !bytes.HasPrefix(p, []byte(field)) {
+			continue // null in journalctl's JSON (a value over 4096 bytes), or another field
+		}
+		e.Messages = append(e.Messages, p[len(field):])
+	}
+	return e, nil
+}
+
+// entryIter walks a DATA object's entries: its first entry (entry_offset),
+// then the items of its entry-array chain, n_entries in all. Entry offsets
+// strictly increase, and so do the arrays' offsets: a corrupt chain is an
+// error, never a loop.
+type entryIter struct {
+	f *journalFile
+	d jData
+
+	pos      uint64   // logical index of the next entry (0: entry_offset)
+	items    []uint64 // the current array's items
+	base     uint64   // the logical index of items[0]
+	nextArr  uint64   // the next array's offset
+	lastArr  uint64   // the current array's offset
+	lastEnt  uint64   // the offset of the last entry read
+	finished bool
+}
+
+// loadArray reads the array at off, whose first item has logical index base.
+func (it *entryIter) loadArray(off, base uint64) error {
+	if off <= it.lastArr || off == 0 {
+		return corruptf("entry array chain goes from %d to %d", it.lastArr, off)
+	}
+	next, items, err := it.f.entryArray(off)
+	if err != nil {
+		return err
+	}
+	it.items, it.base, it.nextArr, it.lastArr = items, base, next, off
+	return nil
+}
+
+// seek positions the iterator at the first entry for which right holds, as
+// sd-journal's generic_array_bisect_plus_one looks for it: the first entry,
+// then each array by its last used item, then a bisection within the array.
+func (it *entryIter) seek(right func(jEntry) bool) error {
+	n := it.d.nEntries
+	if n == 0 || it.d.entryOffset == 0 {
+		it.finished = true
+		return nil
+	}
+	e, _, err := it.f.entry(it.d.entryOffset)
+	if err != nil {
+		return err
+	}
+	if right(e) {
+		it.pos = 0
+		return nil
+	}
+	remaining := n - 1
+	a := it.d.entryArrayOffset
+	var base, prev uint64
+	for a != 0 {
+		if a <= prev {
+			return corruptf("entry array chain goes from %d to %d", prev, a)
+		}
+		prev = a
+		next, slots, err := it.f.entryArrayHeader(a)
+		if err != nil {
+			return err
+		}
+		k := min(slots, remaining)
+		if k == 0 {
+			break
+		}
+		lastOff, err := it.f.entryArrayItem(a, k-1)
+		if err != nil {
+			return err
+		}
+		if lastOff == 0 {
+			return corruptf("entry array at %d: item %d is 0", a, k-1)
+		}
+		e, _, err := it.f.entry(lastOff)
+		if err != nil {
+			return err
+		}
+		if right(e) {
+			it.lastArr = 0 // the chain up to a was checked above
+			if err := it.loadArray(a, base); err != nil {
+				return err
+			}
+			lo, hi := uint64(0), k-1
+			for lo < hi {
+				mid := (lo + hi) / 2
+				off := it.items[mid]
+				if off == 0 {
+					return corruptf("entry array at %d: item %d is 0", a, mid)
+				}
+				e, _, err := it.f.entry(off)
+				if err != nil {
+					return err
+				}
+				if right(e) {
+					hi = mid
+				} else {
+					lo = mid + 1
+				}
+			}
+			it.pos = 1 + base + lo
+			it.lastEnt = 0
+			if lo > 0 {
+				it.lastEnt = it.items[lo-1]
+			}
+			return nil
+		}
+		if slots >= remaining {
+			break
+		}
+		remaining -= slots
+		base += slots
+		a = next
+	}
+	it.finished = true
+	return nil
+}
+
+// next returns the next entry.
+func (it *entryIter) next() (jEntry, uint64, bool, error) {
+	if it.finished || it.pos >= it.d.nEntries {
+		return jEntry{}, 0, false, nil
+	}
+	var off uint64
+	if it.pos == 0 {
+		off = it.d.entryOffset
+	} else {
+		i := it.pos - 1
+		if it.items == nil {
+			if err := it.loadArray(it.d.entryArrayOffset, 0); err != nil {
+				return jEntry{}, 0, false, err
+			}
+		}
+		for i >= it.base+uint64(len(it.items)) {
+			if err := it.loadArray(it.nextArr, it.base+uint64(len(it.items))); err != nil {
+				return jEntry{}, 0, false, err
+			}
+		}
+		off = it.items[i-it.base]
+	}
+	if off <= it.lastEnt {
+		return jEntry{}, 0, false, corruptf("entry offsets go from %d to %d", it.lastEnt, off)
+	}
+	e, size, err := it.f.entry(off)
+	if err != nil {
+		return jEntry{}, 0, false, err
+	}
+	it.lastEnt = off
+	it.pos++
+	return e, size, true, nil
+}
