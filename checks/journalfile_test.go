@@ -1,0 +1,295 @@
+package checks
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+)
+
+// nativeJournalRoot unpacks the journal files a real journald (systemd 252)
+// wrote for TestNativeJournalReaderMatchesJournalctl (tests/) into a host
+// root, and returns it with journalctl's reading of them: kubelet.service's
+// entries, everything.
+func nativeJournalRoot(t testing.TB) (string, []journalEntry) {
+	t.Helper()
+	root := t.TempDir()
+	f, err := os.Open("testdata/journalfile/journal.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(root, h.Name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jf, err := os.Open("testdata/journalfile/journalctl.json.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer jf.Close()
+	jz, err := gzip.NewReader(jf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []journalEntry
+	sc := bufio.NewScanner(jz)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var e journalEntry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, e)
+	}
+	if len(want) < 1900 {
+		t.Fatalf("%d entries in journalctl.json.gz", len(want))
+	}
+	return root, want
+}
+
+func readNative(t testing.TB, root string, q journalQuery) ([]journalEntry, journalRead, error) {
+	t.Helper()
+	q.Unit = "kubelet.service"
+	var got []journalEntry
+	r, err := readJournalNative(context.Background(), root, q, func(e journalEntry) { got = append(got, e) })
+	return got, r, err
+}
+
+// The native reader on a real journald's files (compact, keyed hash, zstd,
+// three files after rotations) gives what journalctl gave: everything, after
+// cursors, with a bound.
+func TestNativeJournalReadsRealFiles(t *testing.T) {
+	root, want := nativeJournalRoot(t)
+	got, r, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)})
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("everything: %d entries (%v), want %d", len(got), err, len(want))
+	}
+	if r.Entries != len(want) || r.Cursor != want[len(want)-1].Cursor || r.Truncated {
+		t.Errorf("read %+v", r)
+	}
+	for i := 0; i < len(want); i += 101 {
+		got, _, err := readNative(t, root, journalQuery{After: want[i].Cursor})
+		if err != nil || !reflect.DeepEqual(got, want[i+1:]) {
+			t.Fatalf("after entry %d: %d entries (%v), want %d", i, len(got), err, len(want)-i-1)
+		}
+	}
+	got, r, err = readNative(t, root, journalQuery{After: want[10].Cursor, Max: 7})
+	if err != nil || !reflect.DeepEqual(got, want[11:18]) || !r.Truncated || r.Cursor != want[17].Cursor {
+		t.Errorf("bounded: %d entries, %+v, %v", len(got), r, err)
+	}
+}
+
+// journalCorruption changes a copy of the archived file with the most
+// arrays; each is an error of the native reader, never a panic or a hang.
+func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
+	root, _ := nativeJournalRoot(t)
+	files, _ := filepath.Glob(filepath.Join(root, "run/log/journal/*/system@*-0000000000000001-*.journal"))
+	if len(files) != 1 {
+		t.Fatalf("archived file: %v", files)
+	}
+	orig, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	jf, err := openJournalFile(files[0], bytes.NewReader(orig), int64(len(orig)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err := jf.findData([]byte("_SYSTEMD_UNIT=kubelet.service"))
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var arrays []uint64
+	for a := d.entryArrayOffset; a != 0; {
+		arrays = append(arrays, a)
+		next, _, err := jf.entryArrayHeader(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a = next
+	}
+	if len(arrays) < 4 {
+		t.Fatalf("%d entry arrays", len(arrays))
+	}
+	le := binary.LittleEndian
+	put64 := func(b []byte, off uint64, v uint64) { le.PutUint64(b[off:], v) }
+	cases := map[string]struct {
+		change func(b []byte) []byte
+		want   error
+	}{
+		"truncated": {func(b []byte) []byte { return b[:len(b)/2] }, errJournalCorrupt},
+		"empty":     {func(b []byte) []byte { return nil }, errJournalCorrupt},
+		"unknown incompatible flag": {func(b []byte) []byte {
+			le.PutUint32(b[12:], le.Uint32(b[12:])|1<<9)
+			return b
+		}, errJournalUnsupported},
+		"not keyed-hashed": {func(b []byte) []byte {
+			le.PutUint32(b[12:], le.Uint32(b[12:])&^jIncompatKeyedHash)
+			return b
+		}, errJournalUnsupported},
+		"entry array out of bounds":     {func(b []byte) []byte { put64(b, d.offset+48, uint64(len(b))+4096); return b }, errJournalCorrupt},
+		"entry array of the wrong type": {func(b []byte) []byte { put64(b, d.offset+48, d.offset); return b }, errJournalCorrupt},
+		"entry-array chain cycle":       {func(b []byte) []byte { put64(b, arrays[3]+16, arrays[1]); return b }, errJournalCorrupt},
+		"entry array chain backwards":   {func(b []byte) []byte { put64(b, arrays[2]+16, arrays[0]); return b }, errJournalCorrupt},
+		"entry offsets backwards": {func(b []byte) []byte {
+			// The second array's first two items swapped (compact: le32).
+			p := arrays[1] + jEntryArrayFixed
+			x, y := le.Uint32(b[p:]), le.Uint32(b[p+4:])
+			le.PutUint32(b[p:], y)
+			le.PutUint32(b[p+4:], x)
+			return b
+		}, errJournalCorrupt},
+		"hash chain out of bounds": {func(b []byte) []byte { put64(b, d.offset+24, 1<<40); return b }, nil},
+		"zstd value corrupt": {func(b []byte) []byte {
+			i := bytes.Index(b, []byte{0x28, 0xb5, 0x2f, 0xfd}) // a zstd frame's magic
+			b[i+5] ^= 0xff
+			b[i+9] ^= 0xff
+			return b
+		}, errJournalCorrupt},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := c.change(bytes.Clone(orig))
+			if err := os.WriteFile(files[0], b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			defer os.WriteFile(files[0], orig, 0o644)
+			_, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)})
+			if c.want == nil {
+				return // may or may not be reached by this read: no panic, no hang
+			}
+			if !errors.Is(err, c.want) {
+				t.Errorf("error %v, want %v", err, c.want)
+			}
+		})
+	}
+
+	// The check falls back to journalctl, and says why once.
+	if err := os.WriteFile(files[0], orig[:len(orig)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fj := newFakeJournalctl(t)
+	now := time.Now()
+	env := heartbeatEnv(t, root, fj, &now)
+	var logs testenv.SyncBuffer
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	c, _ := newKubeletHeartbeatCheck(env)
+	for i := 1; i <= 2; i++ {
+		fj.serve(t, i, []int{1})
+		if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusFalse {
+			t.Fatalf("run %d: %+v %v", i, r, err)
+		}
+		fj.args(t, i) // journalctl ran
+	}
+	if n := strings.Count(logs.String(), "reading the journal with journalctl"); n != 1 || !strings.Contains(logs.String(), "journal file inconsistent") {
+		t.Errorf("%d fallback lines for 2 runs falling back the same way, want 1:\n%s", n, logs.String())
+	}
+	// The file mended: native again, said once, journalctl not run.
+	if err := os.WriteFile(files[0], orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Probe(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(fj.dir, "args.3")); err == nil {
+		t.Error("journalctl ran although the files are readable")
+	}
+	if !strings.Contains(logs.String(), "reading the journal files natively again") {
+		t.Errorf("no line for reading natively again:\n%s", logs.String())
+	}
+}
+
+// FuzzJournalFile: no journal file makes the native reader panic or loop;
+// each read ends, with entries or an error.
+func FuzzJournalFile(f *testing.F) {
+	root, _ := nativeJournalRoot(f)
+	files, _ := filepath.Glob(filepath.Join(root, "run/log/journal/*/*.journal"))
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		if len(b) < 100000 {
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		jf, err := openJournalFile("fuzz", bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			return
+		}
+		s, err := positionNativeSource(jf, []byte("_SYSTEMD_UNIT=kubelet.service"), nil, time.Unix(0, 0))
+		for n := 0; err == nil && s != nil && s.cand != nil; n++ {
+			if n > len(b) {
+				t.Fatalf("%d entries from %d bytes", n, len(b))
+			}
+			if _, err = s.journalEntry(s.cand); err == nil {
+				err = s.advance()
+			}
+		}
+	})
+}
+
+// BenchmarkNativeJournalRead is one steady-state read of the check: kubelet's
+// last 10 entries after the cursor before them, from the real files (three,
+// after rotations). BenchmarkJournalctlJournalRead is the same read with
+// journalctl (the command the check ran before), where it is installed.
+func BenchmarkNativeJournalRead(b *testing.B) {
+	root, want := nativeJournalRoot(b)
+	q := journalQuery{Unit: "kubelet.service", After: want[len(want)-11].Cursor}
+	for b.Loop() {
+		n := 0
+		if _, err := readJournalNative(context.Background(), root, q, func(journalEntry) { n++ }); err != nil || n != 10 {
+			b.Fatal(n, err)
+		}
+	}
+}
+
+func BenchmarkJournalctlJournalRead(b *testing.B) {
+	if _, err := os.Stat("/usr/bin/journalctl"); err != nil {
+		b.Skip("no journalctl")
+	}
+	root, want := nativeJournalRoot(b)
+	q := journalQuery{Journalctl: "/usr/bin/journalctl", Root: root, Unit: "kubelet.service", After: want[len(want)-11].Cursor}
+	for b.Loop() {
+		n := 0
+		if _, err := readJournal(context.Background(), q, func(journalEntry) { n++ }); err != nil || n != 10 {
+			b.Fatal(n, err)
+		}
+	}
+}
