@@ -198,7 +198,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			if h.Runs != 1 {
 				runs = fmt.Sprintf("%d failed runs", h.Runs)
 			}
-			fmt.Fprintf(w, "  held through %s of its check in a row since %s (%s: %s); a 3rd makes it Unknown\n",
+			fmt.Fprintf(w, "  held through %s of its check in a row since %s (%s: %s); a 3rd makes what its check found Unknown\n",
 				runs, ago(h.Since), h.Reason, report.Printable(h.Message))
 		}
 		if c.Source == "kmsg" && c.Status == report.StatusTrue {

@@ -77,7 +77,7 @@ func TestStatusShowsATrueHeldThroughAFailedRun(t *testing.T) {
 	var b strings.Builder
 	printStatus(&b, daemon.StatusReport{Now: now, Conditions: []daemon.ConditionStatus{c}})
 	if want := "  kubelet.service failed\n  held through 2 failed runs of its check in a row since " + now.Add(-time.Minute-30*time.Second).Local().Format("2006-01-02 15:04:05") +
-		" (1m30s ago) (CheckFailed: Message recipient disconnected from message bus without replying); a 3rd makes it Unknown\n"; !strings.Contains(b.String(), want) {
+		" (1m30s ago) (CheckFailed: Message recipient disconnected from message bus without replying); a 3rd makes what its check found Unknown\n"; !strings.Contains(b.String(), want) {
 		t.Errorf("status lacks %q:\n%s", want, b.String())
 	}
 	c.Held = nil
