@@ -10,9 +10,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -44,12 +46,34 @@ func init() { Register("GpuActivationFailed", newGpuActivationCheck) }
 // index a spec holds belongs to a GPU bound to nvidia), and it is not
 // activated, whatever the marker and the specs say (the driver unloaded
 // after gpu-activate left them in /run, or its bind to this GPU failed).
+//
+// The daemon starts early in the boot, before the kubelet; gpu-activate
+// loads the driver and writes the CDI spec and the marker (on /run: gone at
+// every boot) after it. Until activation has been seen complete once in this
+// boot, and within gpuBootGrace of the boot, a missing marker or CDI spec is
+// Unknown, NoData ("GPU activation has not finished yet in this boot"), not
+// True: every boot of every GPU node would otherwise set the condition, and
+// its alert, for gpu-activate's run. After the grace the same answer is
+// True; once activation was seen complete in this boot, at once. "Seen
+// complete in this boot" is kept in the state file (Env.Memos), so a daemon
+// restart within the boot does not give a lost marker or spec the grace
+// again.
 type gpuActivationCheck struct {
 	env    *Env
 	marker string
 	dirs   []string
 	kind   string
+	// activated: activation was seen complete (GpuActivated) in this boot.
+	activated bootValue[bool]
 }
+
+// GpuKey is the name under which GpuActivationFailed keeps, in the state
+// file, whether GPU activation has been seen complete in this boot.
+const GpuKey = "gpu"
+
+// gpuBootGrace is how long after the boot a GPU activation not seen complete
+// yet in this boot is not yet a problem (see gpuActivationCheck).
+const gpuBootGrace = 10 * time.Minute
 
 func newGpuActivationCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.GpuActivationFailed
@@ -57,7 +81,8 @@ func newGpuActivationCheck(env *Env) (Check, error) {
 	for i, d := range c.CDISpecDirs {
 		dirs[i] = filepath.Clean(d) // as the CDI cache keeps them
 	}
-	return &gpuActivationCheck{env: env, marker: c.MarkerPath, dirs: dirs, kind: c.CDIKind}, nil
+	return &gpuActivationCheck{env: env, marker: c.MarkerPath, dirs: dirs, kind: c.CDIKind,
+		activated: bootValue[bool]{key: GpuKey}}, nil
 }
 
 // gpu is one GPU and the CDI device names that would name it.
@@ -79,6 +104,22 @@ func (g gpu) String() string {
 }
 
 func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
+	c.activated.restore(c.env.Memos)
+	r, err := c.probe(ctx)
+	switch {
+	case err != nil:
+	case r.Status == report.StatusFalse:
+		c.activated.set(c.env.Memos, true)
+	case r.Status == report.StatusTrue && !c.activated.get():
+		if up, uerr := c.env.Sys.SinceBoot(); uerr == nil && up < gpuBootGrace {
+			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
+				Message: fmt.Sprintf("GPU activation has not finished yet in this boot (%s); it is a problem from %s after the boot", r.Message, config.ShortDuration(gpuBootGrace))}, nil
+		}
+	}
+	return r, err
+}
+
+func (c *gpuActivationCheck) probe(ctx context.Context) (Result, error) {
 	found, err := NvidiaGPUs(c.env.Path(PCIDevicesDir))
 	if err != nil {
 		return Result{}, err

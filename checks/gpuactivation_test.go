@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -471,4 +472,104 @@ func TestGpuActivationSpecNotReadable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The daemon starts early in the boot, before gpu-activate has loaded the
+// driver and written the CDI spec and the marker (the marker is on /run, gone
+// at every boot). Until activation has been seen complete once in this boot,
+// within gpuBootGrace of the boot, a missing marker or CDI spec is Unknown,
+// NoData, not True: before, every boot of every GPU node set
+// GpuActivationFailed (an event, a write of the Node, and its alert's for:
+// started) until gpu-activate finished. After the grace the same is True;
+// once activation was seen complete in this boot, a marker or spec that goes
+// missing is True at once, also for the next daemon of the same boot (the
+// state file), and a new boot starts over.
+func TestGpuActivationBootGrace(t *testing.T) {
+	const spec = "/var/run/cdi/nvidia.json"
+	root := gpuHost(t, "pci-1-gpu", true, false, nil)
+	state := filepath.Join(t.TempDir(), "state.json")
+	sys := &fakeSys{up: 40 * time.Second}
+	newCheck := func(s *report.Store) Check {
+		env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+		env.GPU = true
+		env.Sys = sys
+		if s != nil {
+			env.Memos = s
+		}
+		c, err := NewForTest("GpuActivationFailed", env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	expect := func(c Check, when string, status report.Status, reason report.Reason, msgParts ...string) {
+		t.Helper()
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status != status || r.Reason != reason {
+			t.Errorf("%s: %+v %v, want %s %s", when, r, err, status, reason)
+		}
+		for _, p := range msgParts {
+			if !strings.Contains(r.Message, p) {
+				t.Errorf("%s: message %q lacks %q", when, r.Message, p)
+			}
+		}
+	}
+	write := func(p string, b []byte) {
+		t.Helper()
+		mkdir(t, filepath.Dir(filepath.Join(root, p)))
+		if err := os.WriteFile(filepath.Join(root, p), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remove := func(p string) {
+		t.Helper()
+		if err := os.Remove(filepath.Join(root, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	specBytes, err := os.ReadFile("testdata/cdi/nvidia-1-gpu.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const notYet = "GPU activation has not finished yet in this boot"
+	s1 := report.NewStore("boot-1")
+	c := newCheck(s1)
+	expect(c, "neither marker nor spec 40 s after the boot", report.StatusUnknown, report.ReasonNoData,
+		notYet, "the activation marker /run/syself/gpu-activated is missing", "it is a problem from 10m after the boot")
+	write("/run/syself/gpu-activated", nil)
+	expect(c, "the marker but no spec yet, 40 s after the boot", report.StatusUnknown, report.ReasonNoData,
+		notYet, "no CDI spec under /etc/cdi, /var/run/cdi")
+	sys.up = gpuBootGrace - time.Second
+	expect(c, "the same just before the grace's end", report.StatusUnknown, report.ReasonNoData, notYet)
+	sys.up = gpuBootGrace
+	expect(c, "the same at the grace's end", report.StatusTrue, report.ReasonCDISpecMissing)
+	remove("/run/syself/gpu-activated")
+	expect(c, "no marker at the grace's end", report.StatusTrue, report.ReasonActivationMarkerMissing)
+	sys.up = 90 * time.Second
+	write("/run/syself/gpu-activated", nil)
+	write(spec, specBytes)
+	expect(c, "activated", report.StatusFalse, report.ReasonGpuActivated)
+	remove(spec)
+	expect(c, "the spec gone after activation in this boot", report.StatusTrue, report.ReasonCDISpecMissing)
+	remove("/run/syself/gpu-activated")
+	expect(c, "the marker gone too", report.StatusTrue, report.ReasonActivationMarkerMissing)
+	if err := s1.Save(state, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon restarts within the boot: activation was seen complete in it.
+	s2 := report.NewStore("boot-1")
+	if _, err := s2.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	expect(newCheck(s2), "the next daemon of the boot", report.StatusTrue, report.ReasonActivationMarkerMissing)
+	// A new boot starts over.
+	s3 := report.NewStore("boot-2")
+	if _, err := s3.Load(state); err != nil {
+		t.Fatal(err)
+	}
+	expect(newCheck(s3), "a new boot", report.StatusUnknown, report.ReasonNoData, notYet)
+	// The one-shot check (no state) judges by the boot's age alone.
+	expect(newCheck(nil), "the one-shot check 90 s after the boot", report.StatusUnknown, report.ReasonNoData, notYet)
+	sys.up = 0 // a day
+	expect(newCheck(nil), "the one-shot check a day after the boot", report.StatusTrue, report.ReasonActivationMarkerMissing)
 }

@@ -65,6 +65,13 @@ func nvidiaDriverRoot(t *testing.T, gpus int) string {
 	return root
 }
 
+// bootedADayAgo is the host's system calls on a host booted a day ago:
+// GpuActivationFailed judges as it does past its grace after the boot
+// (TestGpuActivationBootGrace), whenever the machine running the test booted.
+type bootedADayAgo struct{ checks.Sys }
+
+func (bootedADayAgo) SinceBoot() (time.Duration, error) { return 24 * time.Hour, nil }
+
 // GpuActivationFailed on the 4-GPU host tree, reading specs that NVIDIA's
 // generator writes into the host's CDI directories as the node's
 // activation would: none, one for 2 of the 4 GPUs, one for all four (YAML,
@@ -92,7 +99,7 @@ func TestGpuActivationWithNvidiasGenerator(t *testing.T) {
 	cfg := config.Default()
 	cfg.HostRoot = host
 	env := &checks.Env{Config: cfg, NodeName: "gpu-1", Role: report.RoleWorker, GPU: true,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: checks.RealSys(), Now: time.Now}
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: bootedADayAgo{checks.RealSys()}, Now: time.Now}
 	c, err := checks.NewForTest("GpuActivationFailed", env)
 	if err != nil {
 		t.Fatal(err)
