@@ -637,9 +637,10 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		return c.Status == report.StatusFalse, fmt.Sprintf("%+v %v", c, err)
 	})
 
-	// journalctl under the sandbox reads the journal: the restarted
-	// kubelet's first line is an entry of kubelet.service, and
-	// KubeletHeartbeatFailed keeps its cursor in the state file.
+	// The daemon under the sandbox reads the journal's files itself (the
+	// native reader, not journalctl): the restarted kubelet's first line is
+	// an entry of kubelet.service, and KubeletHeartbeatFailed keeps its
+	// cursor in the state file.
 	eventually(t, 15*time.Second, "KubeletHeartbeatFailed read kubelet's entries (a cursor in state.json)", func() (bool, string) {
 		var raw struct {
 			Memos struct {
@@ -656,6 +657,12 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 		c := state.get("KubeletHeartbeatFailed")
 		return err == nil && raw.Memos.Heartbeat.Cursor != "" && c.Status == report.StatusFalse, fmt.Sprintf("%+v %+v %v", raw, c, err)
 	})
+	// ... and did so without falling back to journalctl (which it logs).
+	if j := s.Journal("autopilot-health.service"); strings.Contains(j, "reading the journal with journalctl") {
+		t.Errorf("the daemon under its unit fell back to journalctl to read kubelet's entries:\n%s", j)
+	} else if !strings.Contains(j, "autopilot-health") {
+		t.Errorf("the daemon's journal is empty, so the fallback cannot be told: %q", j)
+	}
 
 	// WATCHDOG=1 every WatchdogSec/2 (2 s here): the timestamp advances, and
 	// systemd never kills the daemon for a missed ping.
