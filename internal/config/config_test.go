@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -367,6 +368,11 @@ func TestBadConfigs(t *testing.T) {
 		// line, as in a [[kmsg.rules]] table, not at the array's.
 		"kmsg-rule-inline-unknown-key.toml": `:4: key kmsg.rules.severity: unknown key`,
 		"kmsg-rule-inline-case-key.toml":    `:4: key kmsg.rules.Pattern: unknown key: keys are case-sensitive (did you mean kmsg.rules.pattern?)`,
+		// An inline table over several lines (TOML 1.1, which the decoder
+		// reads): each key at its own line, not the line of the table's {.
+		"kmsg-rule-multiline-inline-unknown-key.toml": `:8: key kmsg.rules.severity: unknown key`,
+		"multiline-inline-table-unknown-key.toml":     `:4: key checks.DiskUsageHigh.space_percnt: unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
+		"multiline-inline-table-bad-value.toml":       `:4: key checks.NodeInfoStale.max_age: must be a positive duration, got "0s"`,
 		// Two rules of one name: at the second (the one a built-in's name
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
@@ -567,6 +573,55 @@ one = ["x", "y"]
 	for _, k := range []string{"units[0]", "units[5]", "one[0]", "one[1]"} {
 		if _, ok := idx[k]; ok {
 			t.Errorf("%s indexed", k)
+		}
+	}
+
+	// An inline table over several lines (TOML 1.1, which the decoder
+	// reads): each key at its own line, at any depth, dotted keys
+	// defining their tables; in an array, under the element and the
+	// array's name; in an array of tables' element, under the array's
+	// name too. A one-line inline table's keys are at its line.
+	idx = keyLines([]byte(`checks = {
+  A = { x = 1 },
+  B = {
+    y.z = "{[",   # }]
+    w = [ { v = 1,
+            u = 2 },
+    ],
+  },
+}
+after = 1
+[[arr]]
+t = {
+  s = 1 }
+`))
+	for key, line := range map[string]int{"checks": 1, "checks.A": 2, "checks.A.x": 2, "checks.B": 3, "checks.B.y": 4, "checks.B.y.z": 4,
+		"checks.B.w": 5, "checks.B.w[0]": 5, "checks.B.w[0].v": 5, "checks.B.w.v": 5, "checks.B.w[0].u": 6, "checks.B.w.u": 6,
+		"after": 10, "arr[0].t": 12, "arr.t": 12, "arr[0].t.s": 13, "arr.t.s": 13} {
+		if idx[key] != line {
+			t.Errorf("line of %s = %d, want %d", key, idx[key], line)
+		}
+	}
+}
+
+// keyLines reads a value nested deeper than any key of the configuration
+// (a file of brackets, up to the 1 MiB read) at a cost linear in its
+// depth: a key built for each level of it would allocate the square of the
+// depth (gigabytes for a 100 KB file, and minutes of a start or a reload).
+func TestKeyLinesOfADeepValueIsLinear(t *testing.T) {
+	const depth = 20000
+	for _, open := range []string{"[", "{a = ", "[{a = "} {
+		close := strings.NewReplacer("[", "]", "{a = ", "}").Replace(open)
+		src := []byte("x = " + strings.Repeat(open, depth) + "1" + strings.Repeat(close, depth) + "\ny = 2\n")
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		idx := keyLines(src)
+		runtime.ReadMemStats(&after)
+		if n := after.TotalAlloc - before.TotalAlloc; n > 32<<20 {
+			t.Errorf("%q %d deep: keyLines allocated %d MiB", open, depth, n>>20)
+		}
+		if idx["y"] != 2 {
+			t.Errorf("%q %d deep: the key after it at line %d, want 2", open, depth, idx["y"])
 		}
 	}
 }

@@ -38,17 +38,18 @@ func (k keyIndex) setFirst(key string, line int) {
 
 // keyLines finds the line of every table header, key assignment and inline
 // table in an array (as key[i]). It understands the TOML this file needs
-// (tables, bare and quoted keys, dotted keys, multi-line arrays and
-// strings); the decoder has already rejected anything malformed. A byte
-// order mark before the first line (a file saved by an editor on Windows)
-// is skipped, as the decoder skips it.
+// (tables, bare and quoted keys, dotted keys, multi-line arrays, inline
+// tables on one line or, as TOML 1.1 allows, over several, and multi-line
+// strings); it also runs on a file the decoder rejects. A byte order mark
+// before the first line (a file saved by an editor on Windows) is skipped,
+// as the decoder skips it.
 func keyLines(data []byte) keyIndex {
 	data = bytes.TrimPrefix(data, []byte("\ufeff"))
 	idx := keyIndex{}
 	table := ""
 	plain := ""                // table without an array of tables' index
 	arrays := map[string]int{} // [[name]] headers seen, by name
-	var arr arrayScan          // the array value being read, over its lines
+	var vs valueScan           // the array or inline table value being read, over its lines
 	inMulti := ""              // open multi-line string delimiter
 	for n, raw := range strings.Split(string(data), "\n") {
 		line := strings.TrimSpace(raw)
@@ -58,8 +59,8 @@ func keyLines(data []byte) keyIndex {
 			}
 			continue
 		}
-		if arr.depth > 0 {
-			arr.scan(idx, line, n+1)
+		if vs.open() {
+			vs.scan(idx, line, n+1)
 			continue
 		}
 		if line == "" || line[0] == '#' {
@@ -114,71 +115,131 @@ func keyLines(data []byte) keyIndex {
 				inMulti = q
 			}
 		}
-		if strings.HasPrefix(val, "[") {
-			arr = arrayScan{key: key, line: n + 1}
-			arr.scan(idx, val, n+1)
+		if strings.HasPrefix(val, "[") || strings.HasPrefix(val, "{") {
+			vs = valueScan{key: key}
+			if table != plain {
+				vs.alias = plain + "." + joinKey(parts)
+			}
+			vs.scan(idx, val, n+1)
 		}
 	}
 	return idx
 }
 
-// arrayScan reads an array value, over as many lines as it spans, and
-// records the line of each element that is an inline table as key[i] (an
-// array of inline tables is the inline form of an array of tables), and of
-// each key of such an element as key[i].k, and as key.k at the first
-// element that has it (as in an array of tables). In an array of plain
-// values (strings, numbers) it records key[i] for each element that
-// begins on a line after the array's own: an error about one entry of a
-// multi-line list names its line (one on the array's line has it already).
-type arrayScan struct {
-	key   string
-	line  int  // the line the array begins on
-	depth int  // open brackets and braces
-	elems int  // inline tables seen at the top level of the array
-	items int  // elements of any kind seen at the top level of the array
-	want  bool // at the top level, before the next element
+// valueScan reads an array or inline table value, over as many lines as
+// it spans (TOML 1.1, which the decoder reads, lets an inline table span
+// lines too), and records lines:
+//
+//   - in an array, the line of each element that is an inline table as
+//     key[i] (an array of inline tables is the inline form of an array of
+//     tables), and of each key of such an element as key[i].k, and as key.k
+//     at the first element that has it (as in an array of tables). In an
+//     array of plain values (strings, numbers) it records key[i] for each
+//     element that begins on a line after the array's own: an error about
+//     one entry of a multi-line list names its line (one on the array's
+//     line has it already).
+//   - in an inline table, the line of each of its keys, key.k (a dotted key
+//     defines the tables it names there, as in a [table]), and of the keys
+//     of an inline table within it, at any depth.
+type valueScan struct {
+	key   string // the key whose value is read
+	alias string // in an array of tables: the key under the array's name, else ""
+	stack []scanFrame
 }
 
-func (a *arrayScan) scan(idx keyIndex, s string, line int) {
+// scanFrame is one open array or inline table of a value.
+type scanFrame struct {
+	table bool   // an inline table; else an array
+	key   string // the array's key, or the inline table's (its keys' prefix)
+	alias string // an inline table's key under its array's name (key.k besides key[i].k), or ""
+	line  int    // the line the frame begins on
+	// An array's:
+	elems int  // inline tables seen at its top level
+	items int  // elements of any kind seen at its top level
+	want  bool // before the next element
+	// An inline table's:
+	wantKey bool   // before the next key
+	val     string // the key whose value is being read (after its '='), or ""
+	valA    string // val under the alias, or ""
+}
+
+// maxScanDepth is how deep in a value keys are recorded: the
+// configuration's deepest is 2 (kmsg.rules = [{ k = ... }]), or one more
+// written as checks = { Name = { k = ... } }.
+const maxScanDepth = 8
+
+// open reports whether a value is still being read.
+func (a *valueScan) open() bool { return len(a.stack) > 0 }
+
+func (a *valueScan) scan(idx keyIndex, s string, line int) {
 	s = stripComment(s)
-	// An inline table is on one line (TOML): a key of the element
-	// begins after its '{' or a ',' at its own level.
-	keyFrom := -1
+	keyFrom := -1 // where the key being read began, on this line
 	outsideStrings(s, func(i int, c byte) bool {
-		if a.depth == 1 && a.want && c != ' ' && c != '\t' && c != ',' && c != ']' {
+		var top *scanFrame
+		if len(a.stack) > 0 {
+			top = &a.stack[len(a.stack)-1]
+		}
+		blank := c == ' ' || c == '\t'
+		if top != nil && !top.table && top.want && !blank && c != ',' && c != ']' {
 			// An element begins (a string at its opening quote).
-			a.want = false
-			if c != '{' && a.elems == 0 && line != a.line {
-				idx.setFirst(a.key+"["+strconv.Itoa(a.items)+"]", line)
+			top.want = false
+			if c != '{' && top.elems == 0 && line != top.line && top.key != "" {
+				idx.setFirst(top.key+"["+strconv.Itoa(top.items)+"]", line)
 			}
-			a.items++
+			top.items++
+		}
+		if top != nil && top.table && top.wantKey && !blank && c != ',' && c != '}' {
+			// A key begins (a quoted one at its quote).
+			top.wantKey = false
+			keyFrom = i
 		}
 		switch c {
-		case '[':
-			a.depth++
-			a.want = a.depth == 1
-		case '{':
-			if a.depth == 1 {
-				idx.setFirst(a.key+"["+strconv.Itoa(a.elems)+"]", line)
-				a.elems++
-				keyFrom = i + 1
+		case '[', '{':
+			f := scanFrame{table: c == '{', line: line, want: c == '[', wantKey: c == '{'}
+			switch {
+			case top == nil:
+				f.key, f.alias = a.key, a.alias
+			case top.key == "" || len(a.stack) >= maxScanDepth:
+				// Deeper than any key of the configuration: nothing
+				// is recorded in it, and no key is built for it (a
+				// key per level would cost the square of the depth).
+			case top.table:
+				f.key, f.alias = top.val, top.valA
+			case c == '{':
+				f.key, f.alias = top.key+"["+strconv.Itoa(top.elems)+"]", top.key
+				idx.setFirst(f.key, line)
+				top.elems++
+			default:
+				// An array in an array: nothing in it is named.
 			}
-			a.depth++
+			a.stack = append(a.stack, f)
 		case ']', '}':
-			a.depth--
-		case ',':
-			if a.depth == 1 {
-				a.want = true
+			if top != nil {
+				a.stack = a.stack[:len(a.stack)-1]
 			}
-			if a.depth == 2 && keyFrom < 0 {
-				keyFrom = i + 1
+		case ',':
+			if top != nil && top.table {
+				top.wantKey, top.val, top.valA = true, "", ""
+			}
+			if top != nil && !top.table {
+				top.want = true
 			}
 		case '=':
-			if a.depth == 2 && keyFrom >= 0 {
-				k := joinKey(splitKey(s[keyFrom:i]))
-				idx.setFirst(a.key+"["+strconv.Itoa(a.elems-1)+"]."+k, line)
-				idx.setFirst(a.key+"."+k, line)
-				keyFrom = -1
+			if top == nil || !top.table || keyFrom < 0 || top.key == "" {
+				break
+			}
+			parts := splitKey(s[keyFrom:i])
+			keyFrom = -1
+			for j := 1; j <= len(parts); j++ {
+				k := joinKey(parts[:j])
+				idx.setFirst(top.key+"."+k, line)
+				if top.alias != "" {
+					idx.setFirst(top.alias+"."+k, line)
+				}
+			}
+			top.val = top.key + "." + joinKey(parts)
+			if top.alias != "" {
+				top.valA = top.alias + "." + joinKey(parts)
 			}
 		}
 		return true
