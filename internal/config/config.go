@@ -481,11 +481,7 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 		}
 		return nil, &Error{File: file, Line: line, Key: k, Msg: "unknown key" + suggest(k)}
 	}
-	keys := make([][]string, 0, len(md.Keys()))
-	for _, k := range md.Keys() {
-		keys = append(keys, k)
-	}
-	if k := misspeltKey(keys); k != "" {
+	if k := misspeltKey(md.Keys()); k != "" {
 		return nil, &Error{File: file, Line: lines.find(k), Key: k, Msg: "unknown key: keys are case-sensitive" + suggest(k)}
 	}
 	// host_root is compared with "/" (the privileged helper, LVM,

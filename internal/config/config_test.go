@@ -373,6 +373,11 @@ func TestBadConfigs(t *testing.T) {
 		"kmsg-rule-multiline-inline-unknown-key.toml": `:8: key kmsg.rules.severity: unknown key`,
 		"multiline-inline-table-unknown-key.toml":     `:4: key checks.DiskUsageHigh.space_percnt: unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
 		"multiline-inline-table-bad-value.toml":       `:4: key checks.NodeInfoStale.max_age: must be a positive duration, got "0s"`,
+		// A key that TOML must quote (a dot or a space in it) at its own
+		// line, named as the decoder names it.
+		"quoted-table-name.toml": `:4: key "checks.DiskUsageHigh": unknown key (did you mean checks.DiskUsageHigh?)`,
+		"quoted-key.toml":        `:3: key checks.DiskUsageHigh."space percent": unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
+		"quoted-case-table.toml": ":4: key checks.\"Dis\u212aUsageHigh\": unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)",
 		// Two rules of one name: at the second (the one a built-in's name
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
@@ -510,7 +515,7 @@ e = 5
 f = 6
 `
 	idx := keyLines([]byte(src))
-	for key, line := range map[string]int{"top": 1, "a": 2, "a.b": 3, "a.list": 4, "a.quoted.key": 8, "a.after": 9, "a.c": 10, "a.c.s": 11, "a.c.e": 14, "arr": 15, "arr.f": 16} {
+	for key, line := range map[string]int{"top": 1, "a": 2, "a.b": 3, "a.list": 4, `a."quoted.key"`: 8, "a.after": 9, "a.c": 10, "a.c.s": 11, "a.c.e": 14, "arr": 15, "arr.f": 16} {
 		if idx[key] != line {
 			t.Errorf("line of %s = %d, want %d", key, idx[key], line)
 		}

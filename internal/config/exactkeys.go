@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+
+	"github.com/BurntSushi/toml"
 )
 
 // The TOML decoder matches a key to a field without regard to case
@@ -45,11 +47,13 @@ var exactKeys = sync.OnceValue(func() map[string]bool {
 })
 
 // misspeltKey is the first key in keys (as the file spells them) that is
-// not a key of Config as it is spelt, or "".
-func misspeltKey(keys [][]string) string {
+// not a key of Config as it is spelt, or "". It is written as the decoder
+// writes a key (toml.Key's String, as keyLines indexes it): a part that is
+// not a bare key quoted.
+func misspeltKey(keys []toml.Key) string {
 	for _, k := range keys {
-		if p := strings.Join(k, "."); !exactKeys()[p] {
-			return p
+		if !exactKeys()[strings.Join(k, ".")] {
+			return k.String()
 		}
 	}
 	return ""

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+
+	"github.com/BurntSushi/toml"
 )
 
 // keyIndex maps a dotted key to the line that defines it.
@@ -246,17 +248,47 @@ func (a *valueScan) scan(idx keyIndex, s string, line int) {
 	})
 }
 
+// splitKey splits a TOML key (bare, quoted or dotted, with whitespace
+// around its dots) into its parts: a dot inside a quoted part is the
+// part's ("checks.DiskUsageHigh" quoted whole is one part), a basic
+// string's escapes are read as Go reads them, and a literal string is
+// taken as it is.
 func splitKey(s string) []string {
 	var parts []string
-	for _, p := range strings.Split(s, ".") {
-		p = strings.TrimSpace(p)
-		p = strings.Trim(p, `"'`)
-		parts = append(parts, p)
+	var cur strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case ' ', '\t':
+			// Around a part or a dot; a bare key has none in it.
+		case '.':
+			parts = append(parts, cur.String())
+			cur.Reset()
+		case '"', '\'':
+			end := i + 1
+			for end < len(s) && s[end] != c {
+				if c == '"' && s[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			q := s[i:min(end+1, len(s))]
+			if u, err := strconv.Unquote(q); c == '"' && err == nil {
+				cur.WriteString(u)
+			} else {
+				cur.WriteString(strings.Trim(q, `"'`))
+			}
+			i = end
+		default:
+			cur.WriteByte(c)
+		}
 	}
-	return parts
+	return append(parts, cur.String())
 }
 
-func joinKey(p []string) string { return strings.Join(p, ".") }
+// joinKey writes a key's parts as the decoder names the key (toml.Key's
+// String: a part that is not a bare key quoted), so that its errors and
+// undecoded keys are found in the index as they are written.
+func joinKey(p []string) string { return toml.Key(p).String() }
 
 // outsideStrings calls visit with each byte of s that is not inside a TOML
 // string ("..." with backslash escapes, or '...'), and with the quote that
