@@ -375,9 +375,10 @@ func TestBadConfigs(t *testing.T) {
 		"multiline-inline-table-bad-value.toml":       `:4: key checks.NodeInfoStale.max_age: must be a positive duration, got "0s"`,
 		// A key that TOML must quote (a dot or a space in it) at its own
 		// line, named as the decoder names it.
-		"quoted-table-name.toml": `:4: key "checks.DiskUsageHigh": unknown key (did you mean checks.DiskUsageHigh?)`,
-		"quoted-key.toml":        `:3: key checks.DiskUsageHigh."space percent": unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
-		"quoted-case-table.toml": ":4: key checks.\"Dis\u212aUsageHigh\": unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)",
+		"quoted-table-name.toml":            `:4: key "checks.DiskUsageHigh": unknown key (did you mean checks.DiskUsageHigh?)`,
+		"quoted-key.toml":                   `:3: key checks.DiskUsageHigh."space percent": unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
+		"quoted-case-table.toml":            ":4: key checks.\"Dis\u212aUsageHigh\": unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)",
+		"quoted-case-table-wrong-type.toml": ":5: key checks.\"Dis\u212aUsageHigh\".space_percent: wrong type: TOML value has type string; destination has type integer",
 		// Two rules of one name: at the second (the one a built-in's name
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,

@@ -37,7 +37,9 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-var lastKeyRE = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key "([^"]*)"\): (.*)$`)
+// lastKeyRE reads the decoder's "toml: line N (last key %q): ..." errors;
+// the key is Go-quoted (a key part TOML quotes has its quotes escaped).
+var lastKeyRE = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key ("(?:[^"\\]|\\.)*")\): (.*)$`)
 
 // definedKeyRE finds the key a redefinition names whole: the library's
 // LastKey is then the table it was in ("checks" for a second
@@ -59,10 +61,11 @@ func decodeError(file string, lines keyIndex, err error) error {
 	}
 	if m := lastKeyRE.FindStringSubmatch(err.Error()); m != nil {
 		line, _ := strconv.Atoi(m[1])
+		key, _ := strconv.Unquote(m[2])
 		if line == 0 {
-			line = lines.find(m[2])
+			line = lines.find(key)
 		}
-		return &Error{File: file, Line: line, Key: m[2], Msg: strings.Replace(m[3], "incompatible types: ", "wrong type: ", 1)}
+		return &Error{File: file, Line: line, Key: key, Msg: strings.Replace(m[3], "incompatible types: ", "wrong type: ", 1)}
 	}
 	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 }
