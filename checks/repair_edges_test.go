@@ -1,0 +1,201 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// jobPhase is the unit as systemd shows it from `from` after a restart job
+// was taken until the next phase.
+type jobPhase struct {
+	from                     time.Duration
+	active, sub, jobType     string
+	newInvocation, mainStart bool // at a new invocation; its process started at from
+}
+
+// timedJob is a manager whose first restart systemd takes but whose answer
+// is lost (systemd re-executed: systemd.ErrJobReplyLost, returned at once)
+// or held (block: the restart's caller waits until the test releases it);
+// the job then goes on by phases, on the (fake) clock. Later restarts are
+// fakeManager's.
+type timedJob struct {
+	*fakeManager
+	phases  []jobPhase
+	block   chan struct{} // nil: the answer is lost at once
+	started time.Time     // when the first restart was taken; zero: not yet
+	inv     string        // the invocation before it
+	taken   []time.Time   // when each restart was requested
+	// stopFailed: the job's stop did not end cleanly (killed at its
+	// TimeoutStopSec): a failed phase ends with result "timeout", the unit
+	// having left active at the job's start, its process exited at the
+	// phase's.
+	stopFailed *stopFailure
+}
+
+type stopFailure struct{ boot time.Time }
+
+func (m *timedJob) Unit(ctx context.Context, name string) (systemd.Unit, error) {
+	m.mu.Lock()
+	if !m.started.IsZero() && name == "kubelet.service" {
+		m.phaseUnitLocked(name)
+	}
+	m.mu.Unlock()
+	return m.fakeManager.Unit(ctx, name)
+}
+
+// phaseUnitLocked moves the unit to the phase of the job the clock is in,
+// unless a later restart (fakeManager's) moved it on.
+func (m *timedJob) phaseUnitLocked(name string) {
+	u := m.units[name]
+	if len(m.taken) > 1 {
+		return
+	}
+	el := time.Since(m.started)
+	var p jobPhase
+	for _, q := range m.phases {
+		if el >= q.from {
+			p = q
+		}
+	}
+	u.ActiveState, u.SubState, u.JobType = p.active, p.sub, p.jobType
+	u.Job = 0
+	if p.jobType != "" {
+		u.Job = 7
+	}
+	u.Invocation = m.inv
+	if p.newInvocation {
+		u.Invocation = m.inv + "-job"
+	}
+	if p.mainStart {
+		u.MainStart, u.NRestarts = m.started.Add(p.from), 0
+		if u.MainStartMono > 0 {
+			u.MainStartMono = u.MainStart.Sub(m.startedBoot())
+		}
+	}
+	if m.stopFailed != nil && p.active == "failed" {
+		u.Result = "timeout"
+		u.ActiveExitMono = m.started.Sub(m.stopFailed.boot)
+		u.MainExitMono = m.started.Add(p.from).Sub(m.stopFailed.boot)
+	}
+	m.units[name] = u
+}
+
+// startedBoot is the boot's start on the fake clock, where the test set
+// one (stopFailed), else the zero time.
+func (m *timedJob) startedBoot() time.Time {
+	if m.stopFailed != nil {
+		return m.stopFailed.boot
+	}
+	return time.Time{}
+}
+
+func (m *timedJob) Restart(ctx context.Context, name string) error {
+	m.mu.Lock()
+	m.taken = append(m.taken, time.Now())
+	if len(m.taken) > 1 {
+		m.mu.Unlock()
+		return m.fakeManager.Restart(ctx, name)
+	}
+	m.started, m.inv = time.Now(), m.units[name].Invocation
+	m.resets = append(m.resets, name)
+	m.restarts = append(m.restarts, name)
+	m.phaseUnitLocked(name)
+	block := m.block
+	m.mu.Unlock()
+	if block != nil {
+		<-block
+		return nil
+	}
+	return fmt.Errorf("restart %s: %w", name, systemd.ErrJobReplyLost)
+}
+
+func (m *timedJob) requests() []time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]time.Time(nil), m.taken...)
+}
+
+// Restart jobs as systemd runs them, from the moment it takes one.
+var (
+	// A restart of a kubelet that stops in 3 s and starts in 5 s.
+	quickRestart = []jobPhase{
+		{0, "deactivating", "stop-sigterm", "restart", false, false},
+		{3 * time.Second, "inactive", "dead", "start", false, false},
+		{5 * time.Second, "activating", "start-pre", "start", true, true},
+		{8 * time.Second, "active", "running", "", true, true},
+	}
+	// A hung kubelet killed at its TimeoutStopSec (90 s): failed, then
+	// started.
+	hungStop = []jobPhase{
+		{0, "deactivating", "stop-sigterm", "restart", false, false},
+		{90 * time.Second, "failed", "failed", "start", false, false},
+		{92 * time.Second, "active", "running", "", true, true},
+	}
+	// Its start fails (a unit it requires does not start): result
+	// "dependency", the unit left inactive at the invocation it had.
+	startFails = []jobPhase{
+		{0, "deactivating", "stop-sigterm", "restart", false, false},
+		{3 * time.Second, "inactive", "dead", "start", false, false},
+		{20 * time.Second, "inactive", "dead", "", false, false},
+	}
+)
+
+// A restart systemd took while it re-executed (its answer lost:
+// ErrJobReplyLost, which ends the repairer's wait at once, the job still
+// running) is not made again while the job runs, nor within the cooldown of
+// the request or of the start the job made: probed every 10 s with kubelet
+// unhealthy throughout, in each way the job can go on (a quick restart, a
+// stop that takes 90 s, a start that fails). The job's unit is never taken
+// for one someone stopped, and one the job left inactive is restarted at the
+// cooldown of the request.
+func TestRepairAfterARestartWhoseReplyWasLost(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		phases []jobPhase
+		// want: the results of the probes, every 10 s from the first.
+		want string
+	}{
+		{"quick restart", quickRestart,
+			"restarted cooldown cooldown cooldown cooldown cooldown cooldown restarted cooldown cooldown cooldown cooldown cooldown restarted"},
+		{"hung stop", hungStop,
+			"restarted systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting unit-starting cooldown cooldown cooldown cooldown cooldown cooldown restarted"},
+		{"start fails", startFails,
+			"restarted unit-starting cooldown cooldown cooldown cooldown restarted cooldown cooldown cooldown cooldown cooldown restarted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				u := running("kubelet.service")
+				u.MainStart = time.Now().Add(-time.Hour)
+				m := &timedJob{fakeManager: newFakeManager(u), phases: tc.phases}
+				r := NewRepairer(m, quietLog(), time.Now, nil)
+				r.SetUnitWatch(NewUnitWatch(nil, nil))
+				begin := time.Now()
+				var results []string
+				for range len(strings.Fields(tc.want)) {
+					res, msg := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+					r.Wait()
+					if res == RepairStopped {
+						t.Errorf("at %s: %s (%s): the job's unit taken for one someone stopped", time.Since(begin), res, msg)
+					}
+					results = append(results, res)
+					time.Sleep(10 * time.Second)
+				}
+				if got := strings.Join(results, " "); got != tc.want {
+					t.Errorf("probes every 10 s:\n%s\nwant:\n%s", got, tc.want)
+				}
+				taken := m.requests()
+				for i := 1; i < len(taken); i++ {
+					if d := taken[i].Sub(taken[i-1]); d < time.Minute {
+						t.Errorf("restart %d %s after the one before, within the 1m cooldown", i+1, d)
+					}
+				}
+			})
+		})
+	}
+}
