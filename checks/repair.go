@@ -312,6 +312,13 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	st.Repairs++
 	st.Consecutive++
 	st.LastRepair, st.LastReason, st.LastResult = now, reason, "requested"
+	// Until the job's result comes, the unit at this invocation is the
+	// repairer's, as for a result that never comes (jobOnItsWay): kept so
+	// in the state file, so that a daemon restarted while the job runs
+	// (an upgrade, a crash) does not take the unit the job's failed start
+	// left inactive (or failed, a stop that did not end cleanly) at that
+	// invocation for one someone stopped, and leave it down.
+	st.restartFailed, st.failedAt = true, u.Invocation
 	n := st.Consecutive
 	r.mu.Unlock()
 	// The restart job runs on its own: stopping a hung unit can take its

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/report"
 )
 
 // jobPhase is the unit as systemd shows it from `from` after a restart job
@@ -195,6 +196,99 @@ func TestRepairAfterARestartWhoseReplyWasLost(t *testing.T) {
 						t.Errorf("restart %d %s after the one before, within the 1m cooldown", i+1, d)
 					}
 				}
+			})
+		})
+	}
+}
+
+// The daemon itself restarts (an upgrade's `systemctl restart
+// autopilot-health`, a crash) while its restart job of kubelet runs: the
+// old daemon's state file was saved with the restart requested, its result
+// never came to it. The new daemon reads kubelet mid-job and after, probed
+// every 10 s with kubelet unhealthy: it restarts kubelet neither while the
+// job runs nor within the cooldown of the old daemon's request (kept in the
+// state file) or of the job's start; and a job whose start fails (result
+// "dependency": a unit kubelet requires does not start), leaving kubelet
+// inactive at the invocation it had, or failed where its stop did not end
+// cleanly (killed at TimeoutStopSec: result "timeout"), is the repairer's:
+// restarted at the cooldown, not taken for an operator's stop and left down.
+func TestRepairAfterTheDaemonRestartedMidJob(t *testing.T) {
+	// A stop killed at its TimeoutStopSec (90 s) whose start then fails:
+	// failed, result "timeout", left active before its process exited.
+	stopFailedStartFails := []jobPhase{
+		{0, "deactivating", "stop-sigterm", "restart", false, false},
+		{90 * time.Second, "failed", "failed", "start", false, false},
+		{92 * time.Second, "failed", "failed", "", false, false},
+	}
+	for _, tc := range []struct {
+		name   string
+		phases []jobPhase
+		// want: the new daemon's probes, every 10 s from 10 s after the
+		// old daemon's request.
+		want string
+	}{
+		{"quick restart", quickRestart,
+			"cooldown cooldown cooldown cooldown cooldown cooldown restarted"},
+		{"start fails", startFails,
+			"unit-starting cooldown cooldown cooldown cooldown restarted"},
+		{"stop ended failed, start fails", stopFailedStartFails,
+			"systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting systemd-restarting unit-starting restarted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				boot := time.Now().Add(-2 * time.Hour)
+				u := running("kubelet.service")
+				u.MainStart = time.Now().Add(-time.Hour)
+				u.MainStartMono = u.MainStart.Sub(boot)
+				u.NotifyAccess = "none"
+				m := &timedJob{fakeManager: newFakeManager(u), phases: tc.phases, block: make(chan struct{})}
+				if strings.Contains(tc.name, "stop ended failed") {
+					m.stopFailed = &stopFailure{boot: boot}
+				}
+				start := func() (*report.Store, *Repairer) {
+					t.Helper()
+					st := report.NewStore("boot-1")
+					if _, err := st.Load(dir); err != nil {
+						t.Fatal(err)
+					}
+					r := NewRepairer(m, quietLog(), time.Now, nil)
+					r.sinceBoot = func() time.Duration { return time.Since(boot) }
+					r.KeepIn(st)
+					return st, r
+				}
+				st1, r1 := start()
+				if res, msg := r1.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+					t.Fatalf("the old daemon's repair: %s (%s)", res, msg)
+				}
+				// The old daemon stops with its restart's result to come:
+				// its last save.
+				synctest.Wait()
+				if err := st1.Save(dir, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				_, r2 := start()
+				var results []string
+				for range len(strings.Fields(tc.want)) {
+					time.Sleep(10 * time.Second)
+					res, msg := r2.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+					r2.Wait()
+					if res == RepairStopped {
+						t.Errorf("at %s: %s (%s): the old daemon's restart job taken for someone's stop", time.Since(m.started), res, msg)
+					}
+					results = append(results, res)
+				}
+				if got := strings.Join(results, " "); got != tc.want {
+					t.Errorf("the new daemon's probes every 10 s:\n%s\nwant:\n%s", got, tc.want)
+				}
+				taken := m.requests()
+				for i := 1; i < len(taken); i++ {
+					if d := taken[i].Sub(taken[i-1]); d < time.Minute {
+						t.Errorf("restart %d %s after the one before, within the 1m cooldown", i+1, d)
+					}
+				}
+				close(m.block)
+				r1.Wait()
 			})
 		})
 	}
