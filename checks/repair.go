@@ -266,7 +266,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		// inactive, or failed when it did not end cleanly (ComingBack):
 		// not a stop, and not to be restarted again.
 		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
-	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u):
+	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u) && !r.stoppedWithBound(ctx, u):
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
 	case u.ActiveState == "failed" && (r.stoppedBySomeone(unit, u) || u.StopEndedFailed() && !r.leftByOwnRestart(unit, u)):
 		return RepairStopped, fmt.Sprintf("not restarted: %s was stopped and did not stop cleanly (failed/%s, result %s); a stopped unit is not started by the repair", unit, u.SubState, u.Result)
@@ -436,6 +436,32 @@ func (r *Repairer) leftByOwnRestart(unit string, u systemd.Unit) bool {
 	defer r.mu.Unlock()
 	st, ok := r.units[unit]
 	return ok && st.restartFailed && st.failedAt == u.Invocation
+}
+
+// stoppedWithBound reports whether u, inactive, was stopped by systemd
+// because a unit it BindsTo= (kubelet's containerd.service, on images
+// that bind them) crashed and was brought back by its Restart= since
+// (systemd.StoppedWithBound): nothing starts u again, and no one stopped
+// it; it is the repairer's to start. Read only for an inactive unit the
+// repairer's own restart did not leave so; a read that fails leaves it
+// stopped.
+func (r *Repairer) stoppedWithBound(ctx context.Context, u systemd.Unit) bool {
+	br, ok := r.mgr.(systemd.BindsToReader)
+	if !ok {
+		return false
+	}
+	bound, err := br.BindsTo(ctx, u.Name)
+	if err != nil {
+		r.log.Warn("repair: reading the units a stopped unit BindsTo= failed; taking it for stopped", "unit", u.Name, "err", err)
+		return false
+	}
+	for _, b := range bound {
+		if systemd.StoppedWithBound(u, b) {
+			r.log.Info("repair: unit stopped by systemd because a unit it BindsTo= went down and came back; not someone's stop", "unit", u.Name, "bound", b.Name)
+			return true
+		}
+	}
+	return false
 }
 
 // sawStop records that unit, at invocation inv, has a stop job ("": none,

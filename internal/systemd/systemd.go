@@ -577,6 +577,112 @@ func (d *DBus) SystemState(ctx context.Context) (string, error) {
 	return state, err
 }
 
+// Bound is a unit that another BindsTo=, as much of it as tells a stop
+// systemd made of the other because this one went down (BindsTo= stops the
+// unit bound to it when it leaves the active state, a crash that its
+// Restart= brings back included, and nothing starts that unit again).
+type Bound struct {
+	Name        string
+	ActiveState string
+	// ActiveEnterMono and ActiveExitMono (CLOCK_MONOTONIC; 0: never):
+	// when it last entered and last left the active state.
+	ActiveEnterMono, ActiveExitMono time.Duration
+}
+
+// BindsToReader is a Manager that reads the units a unit BindsTo= (DBus).
+type BindsToReader interface {
+	BindsTo(ctx context.Context, name string) ([]Bound, error)
+}
+
+// BindsTo implements BindsToReader: the unit's BindsTo= (its BindsTo
+// property), then each of those units' state and
+// Active{Enter,Exit}TimestampMonotonic, read only where the repairer finds
+// a unit inactive and not its own doing.
+func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
+	var names []string
+	err := d.call(ctx, func(c *busConn) error {
+		st, err := listUnits(ctx, c, []string{name})
+		if err != nil {
+			return fmt.Errorf("unit %s: %w", name, err)
+		}
+		get := busCall{dest: sdService, path: st[0].Path, iface: "org.freedesktop.DBus.Properties", member: "Get",
+			args: []string{sdService + ".Unit", "BindsTo"}}
+		return c.exchange(ctx, []busCall{get}, func(_ int, m message) error {
+			if m.typ == msgError {
+				return fmt.Errorf("unit %s: BindsTo: %w", name, errorOf(m))
+			}
+			v, err := parseVariant(m)
+			if err != nil {
+				return fmt.Errorf("unit %s: BindsTo: %w", name, err)
+			}
+			if v.sig != "as" {
+				return fmt.Errorf("unit %s: %w: BindsTo of signature %q, want as", name, errBadMessage, v.sig)
+			}
+			names = v.strs
+			return nil
+		})
+	})
+	if err != nil || len(names) == 0 {
+		return nil, err
+	}
+	var out []Bound
+	err = d.call(ctx, func(c *busConn) error {
+		st, err := listUnits(ctx, c, names)
+		if err != nil {
+			return fmt.Errorf("units %s: %w", strings.Join(names, ", "), err)
+		}
+		out = make([]Bound, len(names))
+		type get struct {
+			b    *Bound
+			prop string
+		}
+		var gets []get
+		var calls []busCall
+		for i, s := range st {
+			b := &out[i]
+			*b = Bound{Name: names[i], ActiveState: s.ActiveState}
+			add := func(iface, prop string) {
+				gets = append(gets, get{b, prop})
+				calls = append(calls, busCall{dest: sdService, path: s.Path, iface: "org.freedesktop.DBus.Properties", member: "Get",
+					args: []string{sdService + "." + iface, prop}})
+			}
+			add("Unit", "ActiveEnterTimestampMonotonic")
+			add("Unit", "ActiveExitTimestampMonotonic")
+		}
+		return c.exchange(ctx, calls, func(i int, m message) error {
+			g := gets[i]
+			if m.typ == msgError {
+				return fmt.Errorf("unit %s: %s: %w", g.b.Name, g.prop, errorOf(m))
+			}
+			v, err := parseVariant(m)
+			if err != nil {
+				return fmt.Errorf("unit %s: %s: %w", g.b.Name, g.prop, err)
+			}
+			switch {
+			case g.prop == "ActiveEnterTimestampMonotonic" && v.sig == "t":
+				g.b.ActiveEnterMono = time.Duration(v.num) * time.Microsecond
+			case g.prop == "ActiveExitTimestampMonotonic" && v.sig == "t":
+				g.b.ActiveExitMono = time.Duration(v.num) * time.Microsecond
+			}
+			return nil
+		})
+	})
+	return out, err
+}
+
+// StoppedWithBound reports whether u, inactive, was stopped by systemd
+// because b, a unit it BindsTo=, went down, and b runs again since (its
+// Restart=, or someone's start): u left the active state (ActiveExitMono)
+// at or after b last left it, and before b last entered it. Nothing starts
+// u again (BindsTo= starts nothing), and no one stopped u: someone's stop
+// of u leaves it before b goes down, or after b came back; someone's stop
+// of b stops u first, where u is ordered after b (After=, as kubelet is
+// after containerd), so that u leaves the active state before b does.
+func StoppedWithBound(u Unit, b Bound) bool {
+	return u.ActiveState == "inactive" && u.ActiveExitMono > 0 && b.ActiveState == "active" &&
+		b.ActiveExitMono > 0 && b.ActiveExitMono <= u.ActiveExitMono && u.ActiveExitMono <= b.ActiveEnterMono
+}
+
 // UnitsReader is a Manager that reads several units in one exchange (DBus).
 type UnitsReader interface {
 	Units(ctx context.Context, names ...string) ([]Unit, error)

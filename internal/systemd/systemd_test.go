@@ -157,3 +157,38 @@ func TestStopEndedFailed(t *testing.T) {
 		}
 	}
 }
+
+// StoppedWithBound: a unit stopped by systemd because a unit it BindsTo=
+// went down (it left active at or after that unit did, before that unit
+// became active again), that unit running again, is no one's stop; one
+// stopped by hand before the bound unit went down or after it came back,
+// or stopped first by someone's stop of the bound unit (ordered after it),
+// is; and none while the bound unit is down.
+func TestStoppedWithBound(t *testing.T) {
+	s := time.Second
+	stopped := func(exit time.Duration) Unit {
+		return Unit{Name: "kubelet.service", ActiveState: "inactive", ActiveExitMono: exit}
+	}
+	// containerd crashed at 100 s and its Restart= brought it back at 101 s.
+	crashed := Bound{Name: "containerd.service", ActiveState: "active", ActiveExitMono: 100 * s, ActiveEnterMono: 101 * s}
+	for _, tc := range []struct {
+		name string
+		u    Unit
+		b    Bound
+		want bool
+	}{
+		{"stopped by the crash", stopped(100*s + 20*time.Millisecond), crashed, true},
+		{"stopped at the crash's microsecond", stopped(100 * s), crashed, true},
+		{"stopped by hand before the crash", stopped(50 * s), crashed, false},
+		{"stopped by hand after containerd came back", stopped(200 * s), crashed, false},
+		{"stopped first by someone's stop of containerd", stopped(99*s + 900*time.Millisecond), crashed, false},
+		{"containerd still down", stopped(100*s + 20*time.Millisecond), Bound{Name: "containerd.service", ActiveState: "activating", ActiveExitMono: 100 * s, ActiveEnterMono: 10 * s}, false},
+		{"containerd never left active", stopped(100 * s), Bound{Name: "containerd.service", ActiveState: "active", ActiveEnterMono: 10 * s}, false},
+		{"kubelet never left active (not started)", stopped(0), crashed, false},
+		{"kubelet running", Unit{Name: "kubelet.service", ActiveState: "active", ActiveExitMono: 100*s + 20*time.Millisecond}, crashed, false},
+	} {
+		if got := StoppedWithBound(tc.u, tc.b); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -461,6 +461,7 @@ type variant struct {
 	str   string
 	num   uint64
 	bytes []byte
+	strs  []string // "as"
 }
 
 // parseVariant decodes a body of signature "v".
@@ -482,6 +483,15 @@ func parseVariant(m message) (variant, error) {
 		if d.need(int(n)) {
 			v.bytes = append([]byte(nil), d.b[d.off:d.off+int(n)]...)
 			d.off += int(n)
+		}
+	case "as":
+		n := d.u32()
+		if n > maxMessage || !d.need(int(n)) {
+			d.fail("an array of %d bytes past the body", n)
+			break
+		}
+		for end := d.off + int(n); d.err == nil && d.off < end; {
+			v.strs = append(v.strs, d.str())
 		}
 	default:
 		if d.err == nil {

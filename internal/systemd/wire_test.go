@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -161,7 +162,8 @@ func TestAnswersDecodeAsGodbusWritesThem(t *testing.T) {
 			{[]byte{0xde, 0xad, 0, 1}, variant{sig: "ay", bytes: []byte{0xde, 0xad, 0, 1}}},
 			{[]byte{}, variant{sig: "ay", bytes: []byte{}}},
 			{true, variant{sig: "b", num: 1}},
-			{[]string{"a", "b"}, variant{sig: "as"}},
+			{[]string{"containerd.service", "b"}, variant{sig: "as", strs: []string{"containerd.service", "b"}}},
+			{[]string{}, variant{sig: "as"}},
 			{map[string]godbus.Variant{"k": godbus.MakeVariant(int16(-3))}, variant{sig: "a{sv}"}},
 			{struct {
 				A uint64
@@ -174,7 +176,7 @@ func TestAnswersDecodeAsGodbusWritesThem(t *testing.T) {
 				t.Errorf("%v: %#v: %v", order, tc.v, err)
 				continue
 			}
-			if got.sig != tc.want.sig || got.str != tc.want.str || got.num != tc.want.num || !bytes.Equal(got.bytes, tc.want.bytes) {
+			if got.sig != tc.want.sig || got.str != tc.want.str || got.num != tc.want.num || !bytes.Equal(got.bytes, tc.want.bytes) || !slices.Equal(got.strs, tc.want.strs) {
 				t.Errorf("%v: %#v: %+v, want %+v", order, tc.v, got, tc.want)
 			}
 		}

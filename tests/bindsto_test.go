@@ -1,0 +1,120 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// kubelet with BindsTo=containerd.service (and After=), as Bottlerocket's
+// kubelet.service has it: when containerd crashes, systemd stops kubelet
+// (cleanly: inactive/dead, result success, no job), and when containerd's
+// Restart= brings it back, nothing starts kubelet again (BindsTo= starts
+// nothing; with PartOf=, Requires= or Requisite= instead, kubelet runs on or
+// is restarted: systemd 252). That stop is systemd's, not an operator's: the
+// repairer starts kubelet again at its next failed probe. Before, it read
+// kubelet inactive as stopped on purpose ("not restarted: ... is stopped"),
+// and the node stayed NotReady until someone started kubelet. An operator's
+// stops stay theirs: kubelet stopped by hand (also when containerd crashes
+// and comes back after that), and kubelet stopped with containerd by hand
+// (systemd stops kubelet first, it is ordered after containerd) and
+// containerd started again by hand.
+func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const rt, kl, node = "bound-runtime.service", "bound-kubelet.service", "bound-node.target"
+	if err := s.AddUnit(ctx, rt, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=1\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, kl, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\nBindsTo="+rt+"\nAfter="+rt+"\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=100ms\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Wanted by a target that runs, as an enabled kubelet is by
+	// multi-user.target: systemd keeps the unit (and its timestamps) once
+	// it is inactive, where it unloads one nothing refers to.
+	if err := s.AddUnit(ctx, node, "[Unit]\nDefaultDependencies=no\nWants="+kl+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, node)
+	defer s.StopUnit(ctx, kl)
+	defer s.StopUnit(ctx, rt)
+	up := func() {
+		t.Helper()
+		if err := s.StartUnit(ctx, rt); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.StartUnit(ctx, kl); err != nil {
+			t.Fatal(err)
+		}
+		waitUnit(t, s, kl, "kubelet up", active)
+	}
+	if err := s.StartUnit(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	up()
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	repair := func() (string, string) {
+		t.Helper()
+		res, msg := r.Repair(ctx, kl, time.Millisecond, "healthz failed")
+		r.Wait()
+		return res, msg
+	}
+	stopped := func(u systemd.Unit) bool { return u.ActiveState == "inactive" && u.Job == 0 }
+	crash := func() {
+		t.Helper()
+		before, err := s.Bus.Unit(ctx, rt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.KillMain(ctx, rt, int32(syscall.SIGKILL)); err != nil {
+			t.Fatal(err)
+		}
+		waitUnit(t, s, rt, "the runtime back by its Restart=", func(u systemd.Unit) bool {
+			return active(u) && u.Invocation != before.Invocation && u.NRestarts > before.NRestarts
+		})
+	}
+
+	// The runtime crashes and comes back: kubelet, stopped by systemd, is
+	// started again.
+	crash()
+	u := waitUnit(t, s, kl, "kubelet stopped by its BindsTo=", stopped)
+	t.Logf("%s after %s crashed and came back: %s/%s, result %s", kl, rt, u.ActiveState, u.SubState, u.Result)
+	if res, msg := repair(); res != checks.RepairRestarted {
+		t.Errorf("kubelet stopped by systemd because %s, which it BindsTo=, crashed: %s %q, want %s", rt, res, msg, checks.RepairRestarted)
+	}
+	waitUnit(t, s, kl, "kubelet started again by the repair", active)
+
+	// An operator stops kubelet: left stopped, also once the runtime
+	// crashes and comes back after that.
+	if err := s.StopUnit(ctx, kl); err != nil {
+		t.Fatal(err)
+	}
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped by hand: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+	crash()
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped by hand, the runtime crashed since: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+	up()
+
+	// An operator stops the runtime (kubelet with it) and starts it again
+	// by hand: kubelet's stop is theirs.
+	if err := s.StopUnit(ctx, rt); err != nil {
+		t.Fatal(err)
+	}
+	waitUnit(t, s, kl, "kubelet stopped with the runtime", stopped)
+	if err := s.StartUnit(ctx, rt); err != nil {
+		t.Fatal(err)
+	}
+	waitUnit(t, s, rt, "the runtime started by hand", active)
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped with its runtime by hand, the runtime started again by hand: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+}
