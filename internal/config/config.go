@@ -463,7 +463,16 @@ func digestOf(b []byte, err error) string {
 // result. The decoder writes into base (a list in data may reuse the
 // array of base's list), so pass a base of its own: Default() is one.
 // Errors are *Error values naming file, line and key.
+// A file over a bound of its shape (MaxNesting, MaxKeyParts, MaxKeyBytes)
+// is refused before it is decoded.
 func Parse(file string, data []byte, base *Config) (*Config, error) {
+	return parse(file, data, base, fileLimits)
+}
+
+func parse(file string, data []byte, base *Config, lim limits) (*Config, error) {
+	if err := checkBounds(file, data, lim); err != nil {
+		return nil, err
+	}
 	c := base
 	if c == nil {
 		c = &Config{}

@@ -632,16 +632,22 @@ func TestKeyLinesOfADeepValueIsLinear(t *testing.T) {
 	}
 }
 
+// fuzzSeeds are FuzzParse's seeds. Small: the fuzzer minimizes every new
+// interesting input, which on the whole 7 KiB default file takes minutes per
+// input.
+var fuzzSeeds = []string{
+	"host_root = \"/\"\nrole = \"worker\"\n",
+	"[checks.DiskUsageHigh]\nenabled = true\ninterval = \"2m\"\nspace_percent = 90\nmount_points_exclude = \"^/(dev|proc)($|/)\"\n",
+	"[checks.ServiceNotRecovering]\nworker_units = [\"kubelet.service\", \"containerd.service\"]\n",
+	"[kmsg]\ndisable = [\"NvmeError\"]\n[[kmsg.rules]]\nname = \"X\"\nkind = \"temp\"\nreason = \"IOError\"\npattern = \"^x\"\n",
+	"[metrics]\nlisten_address = \":20257\"\n[kubernetes]\nheartbeat_period = \"5m\"\n",
+	// Nested values, dotted keys and strings for the bounds' scan.
+	"kmsg = { rules = [ { name = \"X\", kind = \"temp\", reason = \"IOError\", pattern = '''[{\"x''' } ] }\n",
+	"checks.NodeTampered.paths = [\"/etc\", \"\"\"\n[[\"\"\"] # {{\n[\"checks\".'DiskUsageHigh']\nenabled = false\n",
+}
+
 func FuzzParse(f *testing.F) {
-	// Small seeds: the fuzzer minimizes every new interesting input, which
-	// on the whole 7 KiB default file takes minutes per input.
-	for _, seed := range []string{
-		"host_root = \"/\"\nrole = \"worker\"\n",
-		"[checks.DiskUsageHigh]\nenabled = true\ninterval = \"2m\"\nspace_percent = 90\nmount_points_exclude = \"^/(dev|proc)($|/)\"\n",
-		"[checks.ServiceNotRecovering]\nworker_units = [\"kubelet.service\", \"containerd.service\"]\n",
-		"[kmsg]\ndisable = [\"NvmeError\"]\n[[kmsg.rules]]\nname = \"X\"\nkind = \"temp\"\nreason = \"IOError\"\npattern = \"^x\"\n",
-		"[metrics]\nlisten_address = \":20257\"\n[kubernetes]\nheartbeat_period = \"5m\"\n",
-	} {
+	for _, seed := range fuzzSeeds {
 		f.Add([]byte(seed))
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
@@ -650,6 +656,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		boundsProperty(t, data)
 		c, err := Parse("fuzz.toml", data, Default())
 		if err == nil && c == nil {
 			t.Fatal("nil config without error")
