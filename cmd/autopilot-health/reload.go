@@ -82,7 +82,12 @@ func socketCandidates(path string, explicit bool, of func(*config.Config) string
 		// Read as the configuration is (config.ReadFile): a FIFO is
 		// not opened to wait for a writer.
 		if b, err := config.ReadFile(path); err == nil {
-			if _, err := toml.Decode(string(b), &keys); err != nil {
+			if config.CheckBounds(path, b) != nil {
+				// A file of odd shape (nesting, a key of many
+				// parts) the decoder would take a minute and
+				// gigabytes over: its keys' own lines.
+				keys.ControlSocket, keys.Status.Socket = scanSocketKeys(b)
+			} else if _, err := toml.Decode(string(b), &keys); err != nil {
 				// Not TOML (a syntax error, a duplicate key): the
 				// keys' own lines, as written.
 				keys.ControlSocket, keys.Status.Socket = scanSocketKeys(b)

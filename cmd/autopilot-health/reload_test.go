@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -189,5 +190,30 @@ func TestSocketCandidatesDoNotWaitOnAFIFO(t *testing.T) {
 			f.Close()
 		}
 		t.Fatal("socketCandidates waits for a writer of the FIFO")
+	}
+}
+
+// A file of odd shape (10,000 nested inline tables: the decoder's cost is
+// the square of the depth, 12 GB and most of a minute) is refused by
+// config.CheckBounds before decoding; the socket keys are then read from
+// their own lines, not by decoding the file anyway: `reload` and `status`
+// answer at once.
+func TestSocketCandidatesOfAnOddFileAreCheap(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "ctl.sock")
+	body := "control_socket = \"" + sock + "\"\nx = " + strings.Repeat("{a=", 10000) + "1" + strings.Repeat("}", 10000) + "\n"
+	path := filepath.Join(dir, "odd.toml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got := socketCandidates(path, true, func(c *config.Config) string { return c.ControlSocket })
+	runtime.ReadMemStats(&after)
+	if want := []string{sock, config.Default().ControlSocket}; !slices.Equal(got, want) {
+		t.Errorf("socketCandidates: %q, want %q", got, want)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 8<<20 {
+		t.Errorf("socketCandidates of a 40 KB file of 10,000 nested inline tables allocated %d MiB, want it read by lines after config.CheckBounds refused it", n>>20)
 	}
 }
