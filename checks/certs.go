@@ -12,7 +12,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -195,7 +194,7 @@ func LeafCertificate(path string) (*x509.Certificate, error) {
 func parseCertFile(root, p string) ([]*x509.Certificate, crypto.PublicKey, error) {
 	b, err := readCertBytes(root, p)
 	if errors.Is(err, os.ErrNotExist) {
-		if target, lerr := os.Readlink(filepath.Join(root, p)); lerr == nil {
+		if target, lerr := readlinkIn(root, p); lerr == nil {
 			return nil, nil, fmt.Errorf("dangling symlink to %s (a certificate rotation that broke?)", target)
 		}
 	}

@@ -445,3 +445,44 @@ func TestCertKubeletsAbsoluteSymlinkUnderHostRoot(t *testing.T) {
 		t.Errorf("a link to nothing under the root: %v\nwant %q", err, want)
 	}
 }
+
+// kubelet's directory moved to a larger disk and left as an absolute
+// symbolic link (/var/lib/kubelet -> /data/kubelet), under a host_root
+// other than /: the certificate through it resolves under the root, and so
+// must the link left to nothing by a rotation that broke. Before, the
+// dangling link was looked up from the daemon's own / (os.Readlink of the
+// joined path follows /var/lib/kubelet out of the root), not found, and
+// taken for an absent certificate: Unknown, NothingToCheck, "none of the 1
+// configured certificates exists", where the host has a broken rotation
+// (CheckFailed, naming it).
+func TestCertDanglingSymlinkUnderALinkedDirectoryUnderHostRoot(t *testing.T) {
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	const dated = "/var/lib/kubelet/pki/kubelet-client-2026-06-01-00-00-00.pem"
+	root := t.TempDir()
+	mkdir(t, root+"/var/lib")
+	mkdir(t, root+"/data/kubelet/pki")
+	if err := os.Symlink("/data/kubelet", root+"/var/lib/kubelet"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dated, root+"/data/kubelet/pki/kubelet-client-current.pem"); err != nil {
+		t.Fatal(err)
+	}
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
+	})
+	env.Now = func() time.Time { return now }
+	c, _ := newCertCheck(env)
+	r, err := c.Probe(context.Background())
+	if want := kubeletClientPEM + ": dangling symlink to " + dated + " (a certificate rotation that broke?)"; err == nil || err.Error() != want {
+		t.Errorf("a link to nothing through a linked directory: %s/%s %q, %v\nwant the error %q", r.Status, r.Reason, r.Message, err, want)
+	}
+
+	// The rotation writes the dated file: it is read through both links.
+	leaf := newCertFixture(t, "system:node:n1", now.Add(72*time.Hour), false, nil)
+	writeCertFile(t, root+"/data/kubelet/pki/kubelet-client-2026-06-01-00-00-00.pem", leaf.certPEM(), leaf.keyPEM(t))
+	r, err = c.Probe(context.Background())
+	if want := kubeletClientPEM + " (system:node:n1) expires on 2026-12-05T12:00:00Z: not renewed within 168h0m0s of expiry"; err != nil || r.Status != report.StatusTrue || r.Message != want {
+		t.Errorf("the dated file written: %s/%s %q, %v\nwant True %q", r.Status, r.Reason, r.Message, err, want)
+	}
+}

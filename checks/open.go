@@ -41,25 +41,12 @@ func openNoWaitIn(root, p string) (*os.File, fs.FileInfo, error) {
 	if root == "" || root == "/" {
 		return openNoWait(p)
 	}
-	dir, err := os.Open(root)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer dir.Close()
-	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT}
-	rel := strings.TrimLeft(p, "/")
-	var fd int
-	for range 8 { // EAGAIN: a rename raced the resolution
-		fd, err = unix.Openat2(int(dir.Fd()), rel, &how)
-		if err != unix.EAGAIN && err != unix.EINTR {
-			break
-		}
-	}
+	fd, refused, err := openat2In(root, p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, "open")
 	switch {
-	case err == unix.ENOSYS || err == unix.EPERM:
+	case refused:
 		return openNoWait(filepath.Join(root, p))
 	case err != nil:
-		return nil, nil, &fs.PathError{Op: "open", Path: filepath.Join(root, p), Err: err}
+		return nil, nil, err
 	}
 	f := os.NewFile(uintptr(fd), filepath.Join(root, p))
 	fi, err := f.Stat()
@@ -68,4 +55,63 @@ func openNoWaitIn(root, p string) (*os.File, fs.FileInfo, error) {
 		return nil, nil, err
 	}
 	return f, fi, nil
+}
+
+// readlinkIn is os.Readlink of the host path p under the host root root,
+// the directories on the way resolved as the host resolves them (an
+// absolute link among them, /var/lib/kubelet -> /data/kubelet, under root:
+// openat2's RESOLVE_IN_ROOT), the link itself not followed. With root "/"
+// (or "") it is os.Readlink(p); where openat2 is refused, os.Readlink of p
+// under root (openNoWaitIn's fallback).
+func readlinkIn(root, p string) (string, error) {
+	if root == "" || root == "/" {
+		return os.Readlink(p)
+	}
+	fd, refused, err := openat2In(root, p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, "readlink")
+	switch {
+	case refused:
+		return os.Readlink(filepath.Join(root, p))
+	case err != nil:
+		return "", err
+	}
+	defer unix.Close(fd)
+	for n := 256; ; n *= 2 {
+		buf := make([]byte, n)
+		// An empty path: the link the O_PATH descriptor is (readlinkat(2)).
+		m, err := unix.Readlinkat(fd, "", buf)
+		if err != nil {
+			return "", &fs.PathError{Op: "readlink", Path: filepath.Join(root, p), Err: err}
+		}
+		if m < n {
+			return string(buf[:m]), nil
+		}
+	}
+}
+
+// openat2In opens the host path p under root with openat2's
+// RESOLVE_IN_ROOT and the open flags flags, and returns the descriptor.
+// refused: the kernel has no openat2 (before 5.6) or a filter refuses it
+// (ENOSYS, EPERM); the caller falls back to the plain call. An error of
+// openat2 is an fs.PathError of op and p under root.
+func openat2In(root, p string, flags uint64, op string) (fd int, refused bool, err error) {
+	dir, err := os.Open(root)
+	if err != nil {
+		return -1, false, err
+	}
+	defer dir.Close()
+	how := unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_IN_ROOT}
+	rel := strings.TrimLeft(p, "/")
+	for range 8 { // EAGAIN: a rename raced the resolution
+		fd, err = unix.Openat2(int(dir.Fd()), rel, &how)
+		if err != unix.EAGAIN && err != unix.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == unix.ENOSYS || err == unix.EPERM:
+		return -1, true, err
+	case err != nil:
+		return -1, false, &fs.PathError{Op: op, Path: filepath.Join(root, p), Err: err}
+	}
+	return fd, false, nil
 }
