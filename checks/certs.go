@@ -177,11 +177,12 @@ func readCertFile(root, p string) (leaf, first *x509.Certificate, err error) {
 	return leaf, first, nil
 }
 
-// LeafCertificate returns the leaf certificate of a PEM file: the one whose
-// public key is that of the private key in the same file, else the first
-// that is not a CA, else the first.
-func LeafCertificate(path string) (*x509.Certificate, error) {
-	certs, key, err := parseCertFile("/", path)
+// LeafCertificate returns the leaf certificate of the PEM file at the host
+// path p under the host root root (its links resolved as the host resolves
+// them: openNoWaitIn): the one whose public key is that of the private key
+// in the same file, else the first that is not a CA, else the first.
+func LeafCertificate(root, p string) (*x509.Certificate, error) {
+	certs, key, err := parseCertFile(root, p)
 	if err != nil {
 		return nil, err
 	}

@@ -237,7 +237,7 @@ func TestLeafCertificate(t *testing.T) {
 	} {
 		p := filepath.Join(dir, "c.pem")
 		writeCertFile(t, p, tc.parts...)
-		c, err := LeafCertificate(p)
+		c, err := LeafCertificate("/", p)
 		if err != nil || c.Subject.CommonName != tc.want {
 			t.Errorf("%s: got %v, %v; want CN %q", tc.name, c, err, tc.want)
 		}

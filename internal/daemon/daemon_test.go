@@ -504,6 +504,31 @@ func TestDetect(t *testing.T) {
 	}
 }
 
+// kubelet's kubelet-client-current.pem is an absolute link to the dated
+// file (/var/lib/kubelet/pki/kubelet-client-<date>.pem): under a host_root
+// other than / the node name is the CN of the host's certificate under the
+// root, as CertRenewalFailing reads it, not the kernel hostname because
+// the link was followed from the daemon's own / and found nothing.
+func TestDetectNodeNameThroughKubeletsAbsoluteLink(t *testing.T) {
+	const dated = "/var/lib/kubelet/pki/kubelet-client-2026-06-01-00-00-00.pem"
+	root := t.TempDir()
+	writeFile(t, root+"/proc/sys/kernel/random/boot_id", "0f2e\n")
+	writeFile(t, root+"/proc/sys/kernel/hostname", "host-7\n")
+	writeFile(t, root+dated, nodeCertPEM(t, "system:node:worker-7.example"))
+	if err := os.Symlink(dated, root+"/var/lib/kubelet/pki/kubelet-client-current.pem"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.HostRoot = root
+	id, err := Detect(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "kubelet client certificate /var/lib/kubelet/pki/kubelet-client-current.pem"; id.NodeName != "worker-7.example" || id.NodeNameSource != want {
+		t.Errorf("node name %q from %q; want \"worker-7.example\" from %q", id.NodeName, id.NodeNameSource, want)
+	}
+}
+
 // "GPU node" is decided by the same PCI scan GpuActivationFailed counts
 // the GPUs with (checks.NvidiaGPUs), on the check's fixture trees: an
 // NVIDIA audio function, an NVSwitch or another vendor's display

@@ -32,8 +32,7 @@ func Detect(cfg *config.Config) (Identity, error) {
 	case cfg.NodeName != "":
 		id.NodeName, id.NodeNameSource = cfg.NodeName, "config node_name"
 	default:
-		p := cfg.HostPath(cfg.Detect.KubeletClientCert)
-		if n, err := nodeNameFromCert(p); err == nil {
+		if n, err := nodeNameFromCert(cfg.HostRoot, cfg.Detect.KubeletClientCert); err == nil {
 			id.NodeName, id.NodeNameSource = n, "kubelet client certificate "+cfg.Detect.KubeletClientCert
 		} else if h, err := readTrim(cfg.HostPath("/proc/sys/kernel/hostname")); err == nil && h != "" {
 			id.NodeName, id.NodeNameSource = strings.ToLower(h), "kernel hostname"
@@ -101,9 +100,12 @@ func readTrim(p string) (string, error) {
 }
 
 // nodeNameFromCert returns <name> of the certificate in a PEM file whose
-// subject CN is system:node:<name> (the kubelet's client certificate).
-func nodeNameFromCert(path string) (string, error) {
-	c, err := checks.LeafCertificate(path)
+// subject CN is system:node:<name> (the kubelet's client certificate): the
+// host path path under the host root root, its links resolved under the
+// root (kubelet's kubelet-client-current.pem is an absolute link to the
+// dated file).
+func nodeNameFromCert(root, path string) (string, error) {
+	c, err := checks.LeafCertificate(root, path)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}
