@@ -60,7 +60,11 @@ func TestKubeletProbeAHungOrCutAnswerFails(t *testing.T) {
 			srv := &http.Server{Handler: tc.handler}
 			go srv.Serve(ln)
 			defer srv.Close()
-			const timeout = time.Second
+			// 4 s, not 1: the probe's own bound is four fifths of it
+			// (probeTimeout), and on a loaded machine (load 8, a whole
+			// `go test ./...` beside other builds) 1 s left 0.2 s of
+			// slack and a 0.8 s bound took 1.95 s of wall time.
+			const timeout = 4 * time.Second
 			env := testEnv(t, func(c *config.Config) {
 				c.Checks.KubeletUnhealthy.HealthzURL = "http://" + ln.Addr().String() + "/healthz"
 				c.Checks.KubeletUnhealthy.Timeout = config.Duration{Duration: timeout}
