@@ -293,3 +293,90 @@ func BenchmarkJournalctlJournalRead(b *testing.B) {
 		}
 	}
 }
+
+// tornTildeRoot is the real files with the first archived one as journald
+// leaves it after a crash of the node (power cut, kernel panic, hard reset):
+// renamed *.journal~ when journald next opened it (it was not closed), of an
+// earlier boot and sequence, and with a torn tail: its last pages not all
+// written back, so the last used items of kubelet's last entry array are 0
+// ("items") or the last entries' objects are zeros ("entries") while the
+// DATA object's n_entries counts them. It returns the root, journalctl's
+// reading of the untouched files, and the ~ file (the file under its own
+// name where tilde is false).
+func tornTildeRoot(t *testing.T, torn string, tilde bool) (string, []journalEntry, string) {
+	t.Helper()
+	root, want := nativeJournalRoot(t)
+	files, _ := filepath.Glob(filepath.Join(root, "run/log/journal/*/system@*-0000000000000001-*.journal"))
+	if len(files) != 1 {
+		t.Fatalf("archived file: %v", files)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	jf, err := openJournalFile(files[0], bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err := jf.findData([]byte("_SYSTEMD_UNIT=kubelet.service"))
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	// The last array and its used items.
+	a, remaining := d.entryArrayOffset, d.nEntries-1
+	for {
+		next, slots, err := jf.entryArrayHeader(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slots >= remaining || next == 0 {
+			break
+		}
+		remaining -= slots
+		a = next
+	}
+	if remaining < 4 {
+		t.Fatalf("%d items used in the last array", remaining)
+	}
+	le := binary.LittleEndian
+	for i := remaining - 3; i < remaining; i++ {
+		p := a + jEntryArrayFixed + i*4 // compact: le32 items
+		switch torn {
+		case "items":
+			le.PutUint32(b[p:], 0)
+		case "entries":
+			e := uint64(le.Uint32(b[p:]))
+			size := le.Uint64(b[e+8:])
+			clear(b[e : e+size])
+		}
+	}
+	// Another boot and sequence: the boot's _BOOT_ID= value and the
+	// header's seqnum_id changed.
+	boot := []byte("_BOOT_ID=" + want[0].BootID)
+	if bytes.Count(b, boot) != 1 {
+		t.Fatalf("%d %s", bytes.Count(b, boot), boot)
+	}
+	copy(b[bytes.Index(b, boot)+len("_BOOT_ID="):], "0123456789abcdef0123456789abcdef")
+	copy(b[72:88], "earlier sequence")
+	name := files[0]
+	if tilde {
+		name += "~"
+		os.Remove(files[0])
+	}
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root, want, name
+}
+
+// A file of another sequence than the cursor's whose kubelet chain is
+// corrupt is an error of the native reader (the check asks journalctl),
+// never read from its first entry: a failed seek in it was dropped, and the
+// read after the cursor gave that file's old entries as new ones.
+func TestNativeJournalOtherSequenceSeekError(t *testing.T) {
+	root, want, _ := tornTildeRoot(t, "items", false)
+	got, r, err := readNative(t, root, journalQuery{After: want[len(want)-3].Cursor})
+	if !errors.Is(err, errJournalCorrupt) || len(got) != 0 || r.Cursor != "" {
+		t.Fatalf("%d entries (the first %v), cursor %q, error %v; want none and journal file inconsistent", len(got), got[:min(1, len(got))], r.Cursor, err)
+	}
+}

@@ -270,8 +270,8 @@ func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, sinc
 		// when it holds entries of the cursor's boot (with its own
 		// intersection of the boot's entries and the match's): not
 		// followed here.
-		_, has, err := f.findData([]byte("_BOOT_ID=" + idHex(cur.bootID)))
-		if err != nil {
+		var has bool
+		if _, has, err = f.findData([]byte("_BOOT_ID=" + idHex(cur.bootID))); err != nil {
 			return nil, err
 		}
 		if has {
