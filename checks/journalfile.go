@@ -98,6 +98,9 @@ type journalFile struct {
 	r    io.ReaderAt
 	size int64 // the readable end: the smaller of the file size and header + arena
 	hdr  journalHeader
+	// tilde: a *.journal~ file, read as sd-journal reads one with a torn
+	// tail (openNativeSource).
+	tilde bool
 
 	cache blockCache
 }

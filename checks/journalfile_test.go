@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -298,12 +299,13 @@ func BenchmarkJournalctlJournalRead(b *testing.B) {
 // leaves it after a crash of the node (power cut, kernel panic, hard reset):
 // renamed *.journal~ when journald next opened it (it was not closed), of an
 // earlier boot and sequence, and with a torn tail: its last pages not all
-// written back, so the last used items of kubelet's last entry array are 0
-// ("items") or the last entries' objects are zeros ("entries") while the
-// DATA object's n_entries counts them. It returns the root, journalctl's
+// written back, so the items of kubelet's entry arrays from its from'th
+// entry on are 0 ("items") or those entries' objects are zeros ("entries")
+// while the DATA object's n_entries counts them, or the file is cut to half
+// its size ("truncated"). It returns the root, journalctl's
 // reading of the untouched files, and the ~ file (the file under its own
 // name where tilde is false).
-func tornTildeRoot(t *testing.T, torn string, tilde bool) (string, []journalEntry, string) {
+func tornTildeRoot(t *testing.T, torn string, from int, tilde bool) (string, []journalEntry, string) {
 	t.Helper()
 	root, want := nativeJournalRoot(t)
 	files, _ := filepath.Glob(filepath.Join(root, "run/log/journal/*/system@*-0000000000000001-*.journal"))
@@ -322,33 +324,36 @@ func tornTildeRoot(t *testing.T, torn string, tilde bool) (string, []journalEntr
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	// The last array and its used items.
-	a, remaining := d.entryArrayOffset, d.nEntries-1
-	for {
+	// The tear: kubelet's entries from the from'th on (0 being the DATA
+	// object's entry_offset, the rest its arrays' items).
+	if from < 0 || uint64(from) >= d.nEntries {
+		t.Fatalf("tear from %d of %d", from, d.nEntries)
+	}
+	le := binary.LittleEndian
+	if from == 0 && torn == "entries" {
+		clear(b[d.entryOffset : d.entryOffset+jEntryFixedSize])
+	}
+	logical := uint64(1)
+	for a := d.entryArrayOffset; a != 0 && logical < d.nEntries; {
 		next, slots, err := jf.entryArrayHeader(a)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if slots >= remaining || next == 0 {
-			break
+		for i := uint64(0); i < slots && logical < d.nEntries; i, logical = i+1, logical+1 {
+			if logical < uint64(from) {
+				continue
+			}
+			p := a + jEntryArrayFixed + i*4 // compact: le32 items
+			switch torn {
+			case "items":
+				le.PutUint32(b[p:], 0)
+			case "entries":
+				e := uint64(le.Uint32(b[p:]))
+				size := le.Uint64(b[e+8:])
+				clear(b[e : e+size])
+			}
 		}
-		remaining -= slots
 		a = next
-	}
-	if remaining < 4 {
-		t.Fatalf("%d items used in the last array", remaining)
-	}
-	le := binary.LittleEndian
-	for i := remaining - 3; i < remaining; i++ {
-		p := a + jEntryArrayFixed + i*4 // compact: le32 items
-		switch torn {
-		case "items":
-			le.PutUint32(b[p:], 0)
-		case "entries":
-			e := uint64(le.Uint32(b[p:]))
-			size := le.Uint64(b[e+8:])
-			clear(b[e : e+size])
-		}
 	}
 	// Another boot and sequence: the boot's _BOOT_ID= value and the
 	// header's seqnum_id changed.
@@ -358,6 +363,9 @@ func tornTildeRoot(t *testing.T, torn string, tilde bool) (string, []journalEntr
 	}
 	copy(b[bytes.Index(b, boot)+len("_BOOT_ID="):], "0123456789abcdef0123456789abcdef")
 	copy(b[72:88], "earlier sequence")
+	if torn == "truncated" {
+		b = b[:len(b)/2]
+	}
 	name := files[0]
 	if tilde {
 		name += "~"
@@ -374,9 +382,57 @@ func tornTildeRoot(t *testing.T, torn string, tilde bool) (string, []journalEntr
 // never read from its first entry: a failed seek in it was dropped, and the
 // read after the cursor gave that file's old entries as new ones.
 func TestNativeJournalOtherSequenceSeekError(t *testing.T) {
-	root, want, _ := tornTildeRoot(t, "items", false)
+	root, want, _ := tornTildeRoot(t, "items", 1421, false)
 	got, r, err := readNative(t, root, journalQuery{After: want[len(want)-3].Cursor})
 	if !errors.Is(err, errJournalCorrupt) || len(got) != 0 || r.Cursor != "" {
 		t.Fatalf("%d entries (the first %v), cursor %q, error %v; want none and journal file inconsistent", len(got), got[:min(1, len(got))], r.Cursor, err)
+	}
+}
+
+// A ~ file with a torn tail, of an earlier boot: run after run, the read
+// after the cursor (every run of the check but a boot's first) reads
+// natively what it would read without it, as journalctl does (sd-journal
+// cuts its bisection short at an invalid entry and leaves out a file it
+// cannot read on), instead of falling back to journalctl every run until
+// journald vacuums the file, weeks later. A read from a time before the
+// tear gives what journalctl gives.
+func TestNativeJournalTornTildeFile(t *testing.T) {
+	// Its last 3 entries torn, or from the 1050th (of 1424): its second last
+	// array's last 3 and all of its last one (kubelet's entries from the
+	// second 36 on start in the second last array), or all of them, or the
+	// file cut short: the file left out.
+	for _, c := range []struct {
+		torn string
+		from int
+	}{{"items", 1421}, {"entries", 1421}, {"items", 1050}, {"entries", 1050}, {"entries", 0}, {"truncated", 0}} {
+		t.Run(fmt.Sprint(c.torn, c.from), func(t *testing.T) {
+			root, want, _ := tornTildeRoot(t, c.torn, c.from, true)
+			for _, back := range []int{1, 10, 400} {
+				got, _, err := readNative(t, root, journalQuery{After: want[len(want)-back-1].Cursor})
+				if err != nil || !reflect.DeepEqual(got, want[len(want)-back:]) {
+					t.Fatalf("after the %dth last entry: %d entries (%v), want %d", back+1, len(got), err, back)
+				}
+			}
+			jctl := "/usr/bin/journalctl"
+			if _, err := os.Stat(jctl); err != nil {
+				t.Skip("no journalctl to compare with")
+			}
+			var viaJctl []journalEntry
+			for _, since := range []time.Time{time.Unix(0, 0), want[300].Realtime.Truncate(time.Second), want[1040].Realtime.Truncate(time.Second), want[len(want)-1].Realtime.Truncate(time.Second)} {
+				q := journalQuery{Journalctl: jctl, Root: root, Unit: "kubelet.service", Since: since}
+				viaJctl = viaJctl[:0]
+				if _, err := readJournal(context.Background(), q, func(e journalEntry) { viaJctl = append(viaJctl, e) }); err != nil {
+					t.Fatal(err)
+				}
+				got, _, err := readNative(t, root, journalQuery{Since: since})
+				t.Logf("since %s: %d native (%v), %d journalctl", since, len(got), err, len(viaJctl))
+				if since.Unix() == 0 && len(viaJctl) >= len(want) {
+					t.Errorf("journalctl read %d entries of the torn files, %d of the whole ones", len(viaJctl), len(want))
+				}
+				if err != nil || !reflect.DeepEqual(got, viaJctl) {
+					t.Errorf("since %s: %d entries native (%v), %d from journalctl", since, len(got), err, len(viaJctl))
+				}
+			}
+		})
 	}
 }

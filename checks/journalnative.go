@@ -235,12 +235,30 @@ type nativeCand struct {
 
 // openNativeSource opens the file and positions it: nil when it holds no
 // entry of the match after the start.
+//
+// A *.journal~ file is one journald found not closed (journald or the node
+// crashed) and will never write again; after a power cut or a kernel panic
+// its tail is often torn (pages of it never written back). sd-journal reads
+// such a file as far as it can: its bisection stops short of an invalid
+// entry, and a file it cannot open, seek or iterate on is left out, the
+// entries already read from it kept ("Can't iterate through ..., ignoring").
+// So does this reader for a ~ file's inconsistencies (errJournalCorrupt):
+// the file is left out, or ends there. Any other file's are errors, the
+// run reads with journalctl.
 func openNativeSource(path string, match []byte, cur *journalCursor, since time.Time) (*nativeSource, error) {
+	tilde := strings.HasSuffix(path, ".journal~")
 	f, fd, err := osJournalFile(path)
 	if err != nil {
+		if tilde && errors.Is(err, errJournalCorrupt) {
+			return nil, nil
+		}
 		return nil, err
 	}
+	f.tilde = tilde
 	s, err := positionNativeSource(f, match, cur, since)
+	if tilde && errors.Is(err, errJournalCorrupt) {
+		s, err = nil, nil
+	}
 	if s == nil || err != nil {
 		fd.Close()
 		return nil, err
@@ -261,7 +279,7 @@ func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, sinc
 	if err != nil || !ok {
 		return nil, err
 	}
-	s.it = entryIter{f: f, d: d}
+	s.it = entryIter{f: f, d: d, cutShort: f.tilde}
 	switch {
 	case bySeqnum:
 		err = s.it.seek(func(e jEntry) bool { return e.seqnum >= cur.seqnum })
@@ -297,9 +315,15 @@ func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, sinc
 	return s, nil
 }
 
-// advance moves the source to its next entry.
+// advance moves the source to its next entry; a ~ file ends at an
+// inconsistency (openNativeSource).
 func (s *nativeSource) advance() error {
 	e, size, ok, err := s.it.next()
+	if s.f.tilde && errors.Is(err, errJournalCorrupt) {
+		s.it.finished = true
+		s.cand = nil
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -464,6 +488,12 @@ type entryIter struct {
 	lastArr  uint64   // the current array's offset
 	lastEnt  uint64   // the offset of the last entry read
 	finished bool
+	// cutShort: seek takes an invalid last item of an array (0, or not a
+	// valid entry) for the end of the entries, as sd-journal's
+	// generic_array_bisect does ("cutting algorithm short"): a ~ file's
+	// torn tail. An invalid item met while bisecting within an array (a
+	// hole, not a torn tail) stays an error: the ~ file is left out.
+	cutShort bool
 }
 
 // loadArray reads the array at off, whose first item has logical index base.
@@ -516,10 +546,19 @@ func (it *entryIter) seek(right func(jEntry) bool) error {
 		if err != nil {
 			return err
 		}
+		var e jEntry
 		if lastOff == 0 {
-			return corruptf("entry array at %d: item %d is 0", a, k-1)
+			err = corruptf("entry array at %d: item %d is 0", a, k-1)
+		} else {
+			e, _, err = it.f.entry(lastOff)
 		}
-		e, _, err := it.f.entry(lastOff)
+		if it.cutShort && errors.Is(err, errJournalCorrupt) {
+			// The entries end before this item: the same array again,
+			// with k-1 items.
+			remaining = k - 1
+			prev = a - 1
+			continue
+		}
 		if err != nil {
 			return err
 		}
