@@ -1,0 +1,239 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// standinKubeletSeq logs numbered lines until told to stop, then its last
+// number.
+const standinKubeletSeq = `#!/bin/sh
+i=0
+while [ ! -e /run/stop-kubelet ]; do i=$((i+1)); echo "kseq $i"; sleep 0.01; done
+echo "kseq-last $i"
+exec sleep infinity
+`
+
+// churnReader reads kubelet's entries as KubeletHeartbeatFailed does, run
+// after run: natively, and on an error of the native reader with journalctl
+// after the last entry it gave (the check's readJournal). It records each
+// fallback's reason and checks that the numbered lines arrive once each, in
+// order.
+type churnReader struct {
+	t          *testing.T
+	root       string
+	journalctl string
+	cursor     string
+	last       int // the last kseq number read
+	runs       int
+	fallbacks  map[string]int
+	gaps       []string
+	lastSeen   int // kseq-last, 0 before
+}
+
+var kseq = regexp.MustCompile(`^kseq (\d+)$`)
+var kseqLast = regexp.MustCompile(`^kseq-last (\d+)$`)
+var digits = regexp.MustCompile(`[0-9]+`)
+
+func (r *churnReader) take(es []checks.JournalEntryForTest, phase string) {
+	for _, e := range es {
+		r.cursor = e.Cursor
+		for _, m := range e.Messages {
+			if g := kseqLast.FindSubmatch(m); g != nil {
+				r.lastSeen, _ = strconv.Atoi(string(g[1]))
+				continue
+			}
+			g := kseq.FindSubmatch(m)
+			if g == nil {
+				continue
+			}
+			n, _ := strconv.Atoi(string(g[1]))
+			if n != r.last+1 {
+				r.gaps = append(r.gaps, fmt.Sprintf("%s: kseq %d after %d", phase, n, r.last))
+			}
+			r.last = n
+		}
+	}
+}
+
+// read is one run: it returns the native reader's error ("" when none).
+func (r *churnReader) read(ctx context.Context, phase string) string {
+	r.t.Helper()
+	r.runs++
+	since := time.Unix(0, 0)
+	es, err := checks.ReadJournalForTest(ctx, "", r.root, "kubelet.service", r.cursor, since, 0)
+	r.take(es, phase)
+	if err == nil {
+		return ""
+	}
+	why := phase + ": " + digits.ReplaceAllString(strings.ReplaceAll(err.Error(), r.root, ""), "N")
+	r.fallbacks[why]++
+	es, err = checks.ReadJournalForTest(ctx, r.journalctl, r.root, "kubelet.service", r.cursor, since, 0)
+	if err != nil {
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			r.t.Fatalf("journalctl after %q: %v", r.cursor, err)
+		}
+		r.fallbacks[phase+": journalctl failed too: "+digits.ReplaceAllString(err.Error(), "N")]++
+	}
+	r.take(es, phase)
+	return why
+}
+
+// TestNativeJournalReaderUnderJournaldChurn: the native reader, run after
+// run while journald does what it does on a node (rotates, vacuums archived
+// files while they are read, is restarted, is killed and starts over with
+// a ~ file, flushes /run to /var), reads each of kubelet's lines exactly
+// once and in order, and falls back to journalctl only around an event,
+// not run after run once it has passed.
+func TestNativeJournalReaderUnderJournaldChurn(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	journalctl, err := findJournalctl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-jchurn-"+harness.Token()+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	s, err := harness.StartSystemd(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
+		t.Fatalf("starting journald: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(s.Units, "kubelet.sh"), []byte(standinKubeletSeq), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, "kubelet.service", "[Unit]\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sh /etc/systemd/system/kubelet.sh\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, "kubelet.service"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, "kubelet.service")
+
+	r := &churnReader{t: t, root: s.Root("/"), journalctl: journalctl, fallbacks: map[string]int{}}
+	eventually(t, 30*time.Second, "kubelet's first lines read", func() (bool, string) {
+		r.read(ctx, "start")
+		return r.last > 10, fmt.Sprint(r.last)
+	})
+	runDir := func() string {
+		m, _ := filepath.Glob(s.Root("/run/log/journal/*"))
+		if len(m) != 1 {
+			t.Fatalf("machine directories: %v", m)
+		}
+		return m[0]
+	}
+	jdir := runDir()
+	vacuum := func(d string) {
+		if out, err := exec.Command(journalctl, "-D", d, "--vacuum-files=3").CombinedOutput(); err != nil {
+			t.Fatalf("vacuum: %v: %s", err, out)
+		}
+	}
+	// settled: after an event, runs until one reads natively; the number of
+	// runs that fell back.
+	settled := func(phase string, limit int) int {
+		t.Helper()
+		for i := 0; i < limit; i++ {
+			if r.read(ctx, phase) == "" {
+				return i
+			}
+		}
+		t.Errorf("%s: %d runs in a row fell back: %v", phase, limit, r.fallbacks)
+		return limit
+	}
+
+	// Rotations and vacuums between and during reads.
+	for i := 0; i < 60; i++ {
+		if err := s.KillMain(ctx, "systemd-journald.service", int32(syscall.SIGUSR2)); err != nil {
+			t.Fatal(err)
+		}
+		r.read(ctx, "rotate")
+		vacuum(jdir)
+		r.read(ctx, "rotate")
+	}
+	settled("after rotations", 3)
+
+	// journald restarted (systemctl restart), a few times.
+	for i := 0; i < 3; i++ {
+		if err := s.RestartUnit(ctx, "systemd-journald.service"); err != nil {
+			t.Fatal(err)
+		}
+		r.read(ctx, "restart")
+		settled("after a restart", 3)
+	}
+
+	// journald killed: it finds system.journal not closed cleanly and
+	// starts a new one, the old one renamed *.journal~.
+	before := r.last
+	if err := s.KillMain(ctx, "systemd-journald.service", int32(syscall.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a ~ file and new lines", func() (bool, string) {
+		r.read(ctx, "kill")
+		m, _ := filepath.Glob(filepath.Join(jdir, "*.journal~"))
+		return len(m) > 0 && r.last > before+10, fmt.Sprint(m, r.last)
+	})
+	settled("after a kill", 3)
+
+	// Flush to /var/log/journal (systemd-journal-flush.service at boot).
+	if err := os.MkdirAll(s.Root("/var/log/journal"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before = r.last
+	if err := s.KillMain(ctx, "systemd-journald.service", int32(syscall.SIGUSR1)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "flushed to /var and new lines", func() (bool, string) {
+		r.read(ctx, "flush")
+		m, _ := filepath.Glob(s.Root("/var/log/journal/*/system.journal"))
+		return len(m) > 0 && r.last > before+10, fmt.Sprint(m, r.last)
+	})
+	settled("after the flush", 3)
+
+	// The end: kubelet's last line, read.
+	if err := os.WriteFile(s.Root("/run/stop-kubelet"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "kubelet's last line", func() (bool, string) {
+		r.read(ctx, "end")
+		return r.lastSeen > 0, fmt.Sprint(r.last)
+	})
+	var fb []string
+	total := 0
+	for k, v := range r.fallbacks {
+		fb = append(fb, fmt.Sprintf("%4d %s", v, k))
+		total += v
+	}
+	sort.Strings(fb)
+	t.Logf("%d runs, %d fell back, %d lines:\n%s", r.runs, total, r.last, strings.Join(fb, "\n"))
+	if r.last != r.lastSeen {
+		t.Errorf("last line read kseq %d, kubelet's last %d", r.last, r.lastSeen)
+	}
+	if len(r.gaps) > 0 {
+		t.Errorf("lines lost or read twice: %v", r.gaps)
+	}
+}
