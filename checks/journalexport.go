@@ -2,6 +2,9 @@ package checks
 
 import (
 	"context"
+	"io"
+	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,4 +33,22 @@ func ReadJournalForTest(ctx context.Context, journalctl, root, unit, after strin
 		_, err = readJournal(ctx, q, fn)
 	}
 	return out, err
+}
+
+// CountJournalReadsForTest makes the native reader count its reads (preads)
+// of journal files in n; the returned function undoes it.
+func CountJournalReadsForTest(n *atomic.Int64) func() {
+	old := journalReaderAt
+	journalReaderAt = func(fd *os.File) io.ReaderAt { return countingReaderAt{fd, n} }
+	return func() { journalReaderAt = old }
+}
+
+type countingReaderAt struct {
+	r io.ReaderAt
+	n *atomic.Int64
+}
+
+func (c countingReaderAt) ReadAt(b []byte, off int64) (int, error) {
+	c.n.Add(1)
+	return c.r.ReadAt(b, off)
 }

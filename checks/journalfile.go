@@ -562,6 +562,10 @@ func siphash24(key [16]byte, data []byte) uint64 {
 	return v0 ^ v1 ^ v2 ^ v3
 }
 
+// journalReaderAt is what the native reader reads an open file through:
+// the file itself; a benchmark counts the reads.
+var journalReaderAt = func(fd *os.File) io.ReaderAt { return fd }
+
 // osJournalFile opens path for the native reader.
 func osJournalFile(path string) (*journalFile, *os.File, error) {
 	fd, err := os.Open(path)
@@ -573,7 +577,7 @@ func osJournalFile(path string) (*journalFile, *os.File, error) {
 		fd.Close()
 		return nil, nil, err
 	}
-	f, err := openJournalFile(path, fd, st.Size())
+	f, err := openJournalFile(path, journalReaderAt(fd), st.Size())
 	if err != nil {
 		fd.Close()
 		return nil, nil, err
