@@ -436,3 +436,60 @@ func TestNativeJournalTornTildeFile(t *testing.T) {
 		})
 	}
 }
+
+// A node's /var/log/journal that also holds another machine's directory (an
+// image built with a persistent journal and given a new machine ID at first
+// boot, a disk moved from another node): journalctl, run without --root as
+// the check runs it where host_root is "/", reads only this machine's
+// directory under /var/log/journal (sd-journal's SD_JOURNAL_LOCAL_ONLY: the
+// directory named by /etc/machine-id, and any under /run), so the native
+// reader reads the same and does not fall back every run. With --root
+// (host_root not "/") journalctl is asked, as before; so it is where this
+// machine's ID cannot be read.
+func TestNativeJournalOtherMachineDirectory(t *testing.T) {
+	root, want := nativeJournalRoot(t)
+	run := filepath.Join(root, "run/log/journal")
+	dirs, _ := filepath.Glob(filepath.Join(run, "*"))
+	if len(dirs) != 1 {
+		t.Fatalf("machine directories: %v", dirs)
+	}
+	id := filepath.Base(dirs[0])
+	varDir := filepath.Join(root, "var/log/journal")
+	os.MkdirAll(varDir, 0o755)
+	if err := os.Rename(run, varDir); err != nil {
+		os.RemoveAll(varDir)
+		if err := os.Rename(run, varDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another machine's directory, with a copy of a file of this one (its
+	// entries would be read twice if it were read).
+	other := filepath.Join(varDir, "0123456789abcdef0123456789abcdef")
+	os.MkdirAll(other, 0o755)
+	b, err := os.ReadFile(filepath.Join(varDir, id, "system.journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(other, "system.journal"), b, 0o644)
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	machineID := filepath.Join(root, "etc/machine-id")
+	if err := os.WriteFile(machineID, []byte(id+"\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+
+	got, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)})
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("this machine's entries: %d (%v), want %d", len(got), err, len(want))
+	}
+	got, _, err = readNative(t, root, journalQuery{After: want[len(want)-4].Cursor})
+	if err != nil || !reflect.DeepEqual(got, want[len(want)-3:]) {
+		t.Fatalf("after a cursor: %d (%v), want 3", len(got), err)
+	}
+	if _, _, err := readNative(t, root, journalQuery{Root: root, Since: time.Unix(0, 0)}); !errors.Is(err, errJournalUnsupported) {
+		t.Errorf("with --root: %v, want the journalctl's reading", err)
+	}
+	os.Remove(machineID)
+	if _, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)}); !errors.Is(err, errJournalUnsupported) {
+		t.Errorf("without /etc/machine-id: %v, want the journalctl's reading", err)
+	}
+}

@@ -39,7 +39,7 @@ func readJournalNative(ctx context.Context, root string, q journalQuery, fn func
 		}
 		cur = &c
 	}
-	paths, err := journalFiles(root)
+	paths, err := journalFiles(root, q.Root == "")
 	if err != nil {
 		return r, err
 	}
@@ -172,9 +172,27 @@ func (c *journalCursor) matches(e *nativeCand) bool {
 // *.journal~ (journald's name for a file it found unclean) in the machine
 // directories of /run/log/journal and /var/log/journal. Layouts whose
 // reading by journalctl this reader does not follow are errJournalUnsupported.
-func journalFiles(root string) ([]string, error) {
+//
+// localOnly is journalctl without --root (host_root "/"): sd-journal opened
+// with SD_JOURNAL_LOCAL_ONLY reads, under /var/log/journal, only the
+// directory of this machine's ID (/etc/machine-id), and under /run all.
+// Another machine's directory there (an image built with a persistent
+// journal and given a new machine ID at first boot) is not read; where
+// this machine's ID cannot be read, journalctl is asked.
+func journalFiles(root string, localOnly bool) ([]string, error) {
 	var out []string
 	machines := map[string]bool{}
+	var localID string
+	var localErr error
+	if localOnly {
+		b, err := os.ReadFile(filepath.Join(root, "/etc/machine-id"))
+		localID = strings.TrimSpace(string(b))
+		var id [16]byte
+		if err == nil {
+			err = parseID128(localID, &id)
+		}
+		localErr = err
+	}
 	for _, d := range journalDirs {
 		dir := filepath.Join(root, d)
 		ents, err := os.ReadDir(dir)
@@ -195,6 +213,14 @@ func journalFiles(root string) ([]string, error) {
 			var id [16]byte
 			if parseID128(name, &id) != nil {
 				continue // a journal namespace (<machine-id>.<namespace>) or other: journalctl does not read it either
+			}
+			if localOnly && d == "/var/log/journal" {
+				if localErr != nil {
+					return nil, unsupportedf("this machine's ID (/etc/machine-id) not read: %v", localErr)
+				}
+				if name != localID {
+					continue // another machine's: journalctl does not read it
+				}
 			}
 			machines[name] = true
 			files, err := os.ReadDir(filepath.Join(dir, name))
