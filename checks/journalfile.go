@@ -115,9 +115,18 @@ type jEntry struct {
 	xorHash   uint64
 }
 
-// openJournalFile reads and checks the header of a journal file.
+// openJournalFile reads and checks the header of a journal file of
+// fileSize bytes.
 func openJournalFile(path string, r io.ReaderAt, fileSize int64) (*journalFile, error) {
-	f := &journalFile{path: path, r: r, size: fileSize}
+	return openGrowingJournalFile(path, r, func() (int64, error) { return fileSize, nil })
+}
+
+// openGrowingJournalFile is openJournalFile for a file journald may be
+// growing: journal_file_allocate extends the file, then sets arena_size in
+// the header, so its size is taken after the header is read (before, a
+// growth in between would be a header and arena beyond the file).
+func openGrowingJournalFile(path string, r io.ReaderAt, sizeNow func() (int64, error)) (*journalFile, error) {
+	f := &journalFile{path: path, r: r}
 	f.cache.init()
 	b := make([]byte, 272)
 	n, err := r.ReadAt(b, 0)
@@ -128,6 +137,11 @@ func openJournalFile(path string, r io.ReaderAt, fileSize int64) (*journalFile, 
 		return nil, err
 	}
 	b = b[:n]
+	fileSize, err := sizeNow()
+	if err != nil {
+		return nil, err
+	}
+	f.size = fileSize
 	if string(b[:8]) != "LPKSHHRH" {
 		return nil, corruptf("no journal signature")
 	}
@@ -572,12 +586,13 @@ func osJournalFile(path string) (*journalFile, *os.File, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := fd.Stat()
-	if err != nil {
-		fd.Close()
-		return nil, nil, err
-	}
-	f, err := openJournalFile(path, journalReaderAt(fd), st.Size())
+	f, err := openGrowingJournalFile(path, journalReaderAt(fd), func() (int64, error) {
+		st, err := fd.Stat()
+		if err != nil {
+			return 0, err
+		}
+		return st.Size(), nil
+	})
 	if err != nil {
 		fd.Close()
 		return nil, nil, err

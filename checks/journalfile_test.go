@@ -498,3 +498,61 @@ func TestNativeJournalOtherMachineDirectory(t *testing.T) {
 		t.Errorf("without /etc/machine-id: %v, want the journalctl's reading", err)
 	}
 }
+
+// growOnHeaderRead is a journal file that journald grows (fallocate, then
+// arena_size in the header: journal_file_allocate's order) just before the
+// reader reads its header, once.
+type growOnHeaderRead struct {
+	fd    *os.File
+	path  string
+	grown *bool
+	t     *testing.T
+}
+
+func (g growOnHeaderRead) ReadAt(b []byte, off int64) (int, error) {
+	if off == 0 && !*g.grown && g.fd.Name() == g.path {
+		*g.grown = true
+		w, err := os.OpenFile(g.path, os.O_RDWR, 0)
+		if err != nil {
+			g.t.Fatal(err)
+		}
+		defer w.Close()
+		st, _ := w.Stat()
+		var h [8]byte
+		if _, err := w.ReadAt(h[:], 88); err != nil { // header_size
+			g.t.Fatal(err)
+		}
+		size := st.Size() + 8<<20
+		if err := w.Truncate(size); err != nil {
+			g.t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint64(h[:], uint64(size)-binary.LittleEndian.Uint64(h[:]))
+		if _, err := w.WriteAt(h[:], 96); err != nil { // arena_size
+			g.t.Fatal(err)
+		}
+	}
+	return g.fd.ReadAt(b, off)
+}
+
+// journald grows system.journal by 8 MiB at a time (FILE_SIZE_INCREASE),
+// the file first and arena_size after it; a read that opens the file in
+// between is not "header and arena beyond the file" (a fallback to
+// journalctl): the file's size is taken after its header is read.
+func TestNativeJournalFileGrowsWhileOpened(t *testing.T) {
+	root, want := nativeJournalRoot(t)
+	files, _ := filepath.Glob(filepath.Join(root, "run/log/journal/*/system.journal"))
+	if len(files) != 1 {
+		t.Fatalf("system.journal: %v", files)
+	}
+	grown := false
+	old := journalReaderAt
+	journalReaderAt = func(fd *os.File) io.ReaderAt { return growOnHeaderRead{fd, files[0], &grown, t} }
+	defer func() { journalReaderAt = old }()
+	got, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)})
+	if !grown {
+		t.Fatal("the file did not grow")
+	}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("%d entries (%v), want %d", len(got), err, len(want))
+	}
+}
