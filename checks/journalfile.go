@@ -101,6 +101,9 @@ type journalFile struct {
 	// tilde: a *.journal~ file, read as sd-journal reads one with a torn
 	// tail (openNativeSource).
 	tilde bool
+	// creating: a file journald has just created, its header alone (no
+	// hash tables, no entries): it holds nothing to read.
+	creating bool
 
 	cache blockCache
 }
@@ -182,6 +185,12 @@ func openGrowingJournalFile(path string, r io.ReaderAt, sizeNow func() (int64, e
 		return nil, corruptf("header and arena (%d bytes) beyond the file's %d", end, fileSize)
 	}
 	f.size = int64(end)
+	if h.nEntries == 0 && h.dataHashOffset == 0 && h.dataHashSize == 0 {
+		// A file journald is creating (journal_file_init_header wrote the
+		// header; the hash tables come next): no entry yet.
+		f.creating = true
+		return f, nil
+	}
 	if h.dataHashSize == 0 || h.dataHashSize%16 != 0 || h.dataHashOffset < h.headerSize+jObjectHeaderSize ||
 		h.dataHashOffset+h.dataHashSize < h.dataHashOffset || h.dataHashOffset+h.dataHashSize > end {
 		return nil, corruptf("data hash table at %d, %d bytes", h.dataHashOffset, h.dataHashSize)

@@ -297,6 +297,9 @@ func openNativeSource(path string, match []byte, cur *journalCursor, since time.
 // match after the start: nil when it has none.
 func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, since time.Time) (*nativeSource, error) {
 	s := &nativeSource{f: f}
+	if f.creating {
+		return nil, nil
+	}
 	bySeqnum := cur != nil && cur.seqnumID == f.hdr.seqnumID
 	if bySeqnum && f.hdr.tailEntrySeqnum < cur.seqnum {
 		return nil, nil // the file ends before the cursor
