@@ -430,12 +430,16 @@ func unitNotLoadable(unit, loadState, state string) string {
 // leftByOwnRestart reports whether u, inactive, was left so by the daemon's
 // own restart that failed, and has not run since (the same invocation): it
 // is still the repairer's to restart, at the cooldown. A unit that ran
-// after it, and someone stopped, is not.
+// after it, and someone stopped, is not; nor is one a probe saw a stop job
+// on at this invocation: a restart job shows as "restart", then "start",
+// never "stop", so that stop (someone's, or a shutdown's) replaced the
+// restart, whose result, "canceled", did not come to this daemon (it was
+// itself restarted mid-job, or the answer was lost).
 func (r *Repairer) leftByOwnRestart(unit string, u systemd.Unit) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, ok := r.units[unit]
-	return ok && st.restartFailed && st.failedAt == u.Invocation
+	return ok && st.restartFailed && st.failedAt == u.Invocation && st.stopSeenAt != u.Invocation
 }
 
 // stoppedWithBound reports whether u, inactive, was stopped by systemd

@@ -293,3 +293,81 @@ func TestRepairAfterTheDaemonRestartedMidJob(t *testing.T) {
 		})
 	}
 }
+
+// An operator's `systemctl stop kubelet` replaces the repairer's restart job
+// while its result is not to come to the daemon that probes (the daemon
+// itself restarted mid-job, the old one's request and mark in the state
+// file; or the job's answer lost, ErrJobReplyLost): the repairer's mark at
+// the request, the unit's invocation then, still names the invocation the
+// stop leaves kubelet inactive at. A probe saw that stop job (a restart job
+// shows as "restart", then "start", never "stop"): the stop is the
+// operator's, and kubelet stays stopped, not restarted at the cooldown.
+func TestRepairLeavesAStopThatReplacedItsJobAlone(t *testing.T) {
+	// The restart job stops kubelet slowly; at 15 s the operator's stop
+	// replaces it (result "canceled", told to no one), and kubelet is
+	// stopped at 25 s.
+	replaced := []jobPhase{
+		{0, "deactivating", "stop-sigterm", "restart", false, false},
+		{15 * time.Second, "deactivating", "stop-sigterm", "stop", false, false},
+		{25 * time.Second, "inactive", "dead", "", false, false},
+	}
+	for _, restarted := range []bool{true, false} {
+		name := "the daemon restarted mid-job"
+		if !restarted {
+			name = "the job's answer lost"
+		}
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				u := running("kubelet.service")
+				u.MainStart = time.Now().Add(-time.Hour)
+				m := &timedJob{fakeManager: newFakeManager(u), phases: replaced}
+				if restarted {
+					m.block = make(chan struct{})
+				}
+				start := func() (*report.Store, *Repairer) {
+					t.Helper()
+					st := report.NewStore("boot-1")
+					if _, err := st.Load(dir); err != nil {
+						t.Fatal(err)
+					}
+					r := NewRepairer(m, quietLog(), time.Now, nil)
+					r.KeepIn(st)
+					return st, r
+				}
+				st1, r1 := start()
+				if res, msg := r1.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+					t.Fatalf("the repair: %s (%s)", res, msg)
+				}
+				r := r1
+				if restarted {
+					synctest.Wait()
+					if err := st1.Save(dir, time.Now()); err != nil {
+						t.Fatal(err)
+					}
+					_, r = start()
+				} else {
+					r1.Wait()
+				}
+				var results []string
+				for range 12 {
+					time.Sleep(10 * time.Second)
+					res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+					r.Wait()
+					results = append(results, res)
+				}
+				want := "systemd-restarting unit-stopping unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped"
+				if got := strings.Join(results, " "); got != want {
+					t.Errorf("probes every 10 s after the request:\n%s\nwant:\n%s", got, want)
+				}
+				if n := len(m.requests()); n != 1 {
+					t.Errorf("%d restarts requested, want 1: the operator's stop fought", n)
+				}
+				if restarted {
+					close(m.block)
+					r1.Wait()
+				}
+			})
+		})
+	}
+}
