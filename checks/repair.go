@@ -337,7 +337,12 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		rctx, rcancel := context.WithTimeout(context.Background(), afterRestartRead)
 		after, rerr := r.mgr.Unit(rctx, unit)
 		rcancel()
-		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err)
+		// A request systemd refused (ErrJobRefused: a stop someone
+		// queued, which mode "fail" does not cancel) made no job: a unit
+		// that ran then and is stopped now was stopped by someone, not
+		// left so by the repairer (only its reset-failed of a unit not
+		// running may have left one inactive).
+		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err) && !(errors.Is(err, systemd.ErrJobRefused) && unitRuns(u))
 		if rerr == nil {
 			if err == nil {
 				watch.ObserveRestarted(after)

@@ -371,3 +371,46 @@ func TestRepairLeavesAStopThatReplacedItsJobAlone(t *testing.T) {
 		})
 	}
 }
+
+// refusingStop is a manager whose restart systemd refuses: an operator's
+// `systemctl stop kubelet` was queued between the repairer's read and its
+// request (mode "fail": ErrJobRefused, no job made), and the stop is done
+// by the time the repairer reads the unit after the refusal.
+type refusingStop struct{ *fakeManager }
+
+func (m refusingStop) Restart(_ context.Context, name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.restarts = append(m.restarts, name)
+	u := m.units[name]
+	u.ActiveState, u.SubState = "inactive", "dead"
+	m.units[name] = u
+	return fmt.Errorf("restart %s: %w: Transaction for %s/restart is destructive (%s has 'stop' job queued, but 'restart' is included in transaction)", name, systemd.ErrJobRefused, name, name)
+}
+
+// A restart request systemd refused because an operator's stop was queued
+// made no job: kubelet, running when it was requested and stopped by that
+// stop, is the operator's, left stopped, not restarted at the cooldown as
+// one the repairer's failed restart left inactive.
+func TestRepairAfterARefusedRestartLeavesTheOperatorsStopAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := refusingStop{newFakeManager(u)}
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		var results []string
+		for range 10 {
+			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			r.Wait()
+			results = append(results, res)
+			time.Sleep(10 * time.Second)
+		}
+		want := "restarted unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped"
+		if got := strings.Join(results, " "); got != want {
+			t.Errorf("probes every 10 s:\n%s\nwant:\n%s", got, want)
+		}
+		if n := len(m.restarts); n != 1 {
+			t.Errorf("%d restarts requested, want 1: the operator's stop fought", n)
+		}
+	})
+}

@@ -110,10 +110,12 @@ func (u Unit) Problem() bool { return u.ActiveState == "failed" }
 // Manager is what the daemon needs from systemd.
 type Manager interface {
 	Unit(ctx context.Context, name string) (Unit, error)
-	// Restart restarts a unit (RestartUnit, mode "replace") and waits for
-	// the job. The unit is reset first (ResetFailedUnit, which also resets
-	// its start rate limit), so our restarts never push it into
-	// start-limit-hit.
+	// Restart restarts a unit (RestartUnit, mode "fail": a stop job
+	// queued for it or a unit its start pulls in, someone's `systemctl
+	// stop`, is not canceled, the request refused: ErrJobRefused) and
+	// waits for the job. The unit is reset first (ResetFailedUnit, which
+	// also resets its start rate limit), so our restarts never push it
+	// into start-limit-hit.
 	Restart(ctx context.Context, name string) error
 	ResetFailed(ctx context.Context, name string) error
 	// SystemState is the manager's SystemState: "initializing",
@@ -760,8 +762,18 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 	// Read for a NoReply only: a read that fails leaves the restart as it
 	// was, not retried.
 	before, berr := d.Unit(ctx, name)
-	restart := func(c *sd.Conn, ctx context.Context, name, mode string, ch chan<- string) (int, error) {
+	restart := func(c *sd.Conn, ctx context.Context, name, _ string, ch chan<- string) (int, error) {
+		// Mode "fail", not RunJob's "replace": a stop someone queued
+		// between the repairer's read of the unit and this request
+		// (`systemctl stop kubelet`, `systemctl stop containerd
+		// kubelet`) is theirs; "replace" would cancel it (its result
+		// "canceled") and start the unit against it. systemd refuses
+		// the request instead ("Transaction ... is destructive").
+		const mode = "fail"
 		id, err := c.RestartUnitContext(ctx, name, mode, ch)
+		if refused(err) {
+			return id, fmt.Errorf("%w: %w", ErrJobRefused, err)
+		}
 		if !isNoReply(err) || berr != nil || ctx.Err() != nil {
 			return id, err
 		}
@@ -772,12 +784,29 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 		if after.Job != 0 || after.Invocation != before.Invocation || after.ActiveState != before.ActiveState || after.SubState != before.SubState {
 			return id, ErrJobReplyLost
 		}
-		return c.RestartUnitContext(ctx, name, mode, ch)
+		id, err = c.RestartUnitContext(ctx, name, mode, ch)
+		if refused(err) {
+			err = fmt.Errorf("%w: %w", ErrJobRefused, err)
+		}
+		return id, err
 	}
 	if err := d.job(ctx, name, restart); err != nil {
 		return fmt.Errorf("restart %s: %w", name, err)
 	}
 	return nil
+}
+
+// ErrJobRefused means that systemd answered a job's request with an error
+// (a stop job queued that the job would cancel, a unit masked since it was
+// read): no job was made, and the unit was not touched by it.
+var ErrJobRefused = errors.New("systemd refused the job")
+
+// refused reports whether err is systemd's error answer to a job's
+// request (a godbus.Error but NoReply, which leaves it unknown whether
+// systemd took the job).
+func refused(err error) bool {
+	var ge godbus.Error
+	return errors.As(err, &ge) && !isNoReply(err)
 }
 
 // ErrJobReplyLost means that systemd re-executed before it answered a
