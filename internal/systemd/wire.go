@@ -490,8 +490,13 @@ func parseVariant(m message) (variant, error) {
 			d.fail("an array of %d bytes past the body", n)
 			break
 		}
-		for end := d.off + int(n); d.err == nil && d.off < end; {
+		end := d.off + int(n)
+		for d.err == nil && d.off < end {
 			v.strs = append(v.strs, d.str())
+		}
+		if d.err == nil && d.off != end {
+			// Its last string runs past the array's length.
+			d.fail("an array of %d bytes whose strings take %d", n, int(n)+d.off-end)
 		}
 	default:
 		if d.err == nil {

@@ -284,6 +284,7 @@ func FuzzParseMessage(f *testing.F) {
 	for _, order := range []binary.ByteOrder{binary.LittleEndian, binary.BigEndian} {
 		f.Add(encodeReply(f, order, godbus.TypeMethodReply, 3, 2, "", []godbusUnitStatus{{Name: "a", Path: "/a", JobPath: "/"}}))
 		f.Add(encodeReply(f, order, godbus.TypeMethodReply, 3, 2, "", godbus.MakeVariant([]byte{1, 2})))
+		f.Add(encodeReply(f, order, godbus.TypeMethodReply, 3, 2, "", godbus.MakeVariant([]string{"containerd.service", "b"})))
 		f.Add(encodeReply(f, order, godbus.TypeMethodReply, 3, 2, "", godbus.MakeVariant(map[string]godbus.Variant{"k": godbus.MakeVariant(uint64(1))})))
 		f.Add(encodeReply(f, order, godbus.TypeError, 4, 3, "org.example.E", "m"))
 		f.Add(encodeReply(f, order, godbus.TypeSignal, 5, 0, "", ":1.1"))
@@ -559,5 +560,33 @@ func TestReadRetriedAfterSystemdDisconnectedWithoutReplying(t *testing.T) {
 	}
 	if fb.conns != 1 || bus.Reconnects != 0 {
 		t.Errorf("%d connections, %d reconnects: the connection stays up", fb.conns, bus.Reconnects)
+	}
+}
+
+// An "as" (a unit's BindsTo) whose array length does not end where its
+// strings do is malformed: refused, not decoded as the strings read past
+// (or short of) its end. One of many entries decodes as godbus wrote it.
+func TestArrayOfStringsEndsAtItsLength(t *testing.T) {
+	for _, order := range []binary.ByteOrder{binary.LittleEndian, binary.BigEndian} {
+		many := []string{"containerd.service", "dev-disk-by\\x2duuid-1.device", "getty@tty1.service", "", "x.mount"}
+		m := parse(t, encodeReply(t, order, godbus.TypeMethodReply, 3, 2, "", godbus.MakeVariant(many)))
+		if v, err := parseVariant(m); err != nil || !slices.Equal(v.strs, many) {
+			t.Errorf("%v: %d entries: %+v, %v", order, len(many), v, err)
+		}
+		one := parse(t, encodeReply(t, order, godbus.TypeMethodReply, 3, 2, "", godbus.MakeVariant([]string{"containerd.service"})))
+		// The body: the signature (1, "as", NUL), then the array's length
+		// at offset 4, then its one string (4 + 18 + 1 bytes).
+		if got := order.Uint32(one.body[4:]); got != 23 {
+			t.Fatalf("%v: the array's length %d, want 23", order, got)
+		}
+		for _, n := range []uint32{4, 22} {
+			b := append([]byte(nil), one.body...)
+			order.PutUint32(b[4:], n)
+			bad := one
+			bad.body = b
+			if v, err := parseVariant(bad); !errors.Is(err, errBadMessage) {
+				t.Errorf("%v: an array of %d bytes holding a string of 23: %+v, %v, want %v", order, n, v, err, errBadMessage)
+			}
+		}
 	}
 }
