@@ -338,11 +338,12 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		after, rerr := r.mgr.Unit(rctx, unit)
 		rcancel()
 		// A request systemd refused (ErrJobRefused: a stop someone
-		// queued, which mode "fail" does not cancel) made no job: a unit
-		// that ran then and is stopped now was stopped by someone, not
-		// left so by the repairer (only its reset-failed of a unit not
-		// running may have left one inactive).
-		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err) && !(errors.Is(err, systemd.ErrJobRefused) && unitRuns(u))
+		// queued, of the unit or of one its start pulls in, which mode
+		// "fail" does not cancel) made no job: a unit that ran then, or
+		// was inactive (one its own failed restart left so, retried), and
+		// is stopped now is the stop's, not left so by the repairer. Only
+		// its reset-failed of a failed unit left that one inactive.
+		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err) && !(errors.Is(err, systemd.ErrJobRefused) && u.ActiveState != "failed")
 		if rerr == nil {
 			if err == nil {
 				watch.ObserveRestarted(after)

@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -411,6 +412,68 @@ func TestRepairAfterARefusedRestartLeavesTheOperatorsStopAlone(t *testing.T) {
 		}
 		if n := len(m.restarts); n != 1 {
 			t.Errorf("%d restarts requested, want 1: the operator's stop fought", n)
+		}
+	})
+}
+
+// scriptedRestarts is a manager whose restarts end, in turn, as errs says
+// (nil: fakeManager's restart); one that ends with a *systemd.JobError
+// leaves the unit inactive at its invocation (its stop done, its start
+// failed), one that ends otherwise does not move it.
+type scriptedRestarts struct {
+	*fakeManager
+	errs []error
+}
+
+func (m *scriptedRestarts) Restart(ctx context.Context, name string) error {
+	m.mu.Lock()
+	n := len(m.restarts)
+	if n >= len(m.errs) || m.errs[n] == nil {
+		m.mu.Unlock()
+		return m.fakeManager.Restart(ctx, name)
+	}
+	m.restarts = append(m.restarts, name)
+	var je *systemd.JobError
+	if errors.As(m.errs[n], &je) {
+		u := m.units[name]
+		u.ActiveState, u.SubState = "inactive", "dead"
+		m.units[name] = u
+	}
+	m.mu.Unlock()
+	return m.errs[n]
+}
+
+// The repairer's restart of kubelet failed (result "dependency": containerd,
+// which it requires, did not start) and left it inactive: its to restart at
+// the cooldown. The operator then stops containerd for maintenance
+// (`systemctl stop containerd`, its stop job queued), and the repairer's
+// next restart, which would start containerd again, is refused (mode
+// "fail", ErrJobRefused). That refusal made no job and left nothing: kubelet,
+// inactive at the same invocation, is no longer the repairer's, and is not
+// restarted again at the next cooldown (which would start containerd against
+// the operator's stop).
+func TestRepairAfterARefusedRetryOfAnInactiveUnitStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := &scriptedRestarts{fakeManager: newFakeManager(u), errs: []error{
+			&systemd.JobError{Unit: "kubelet.service", Result: "dependency"},
+			fmt.Errorf("restart kubelet.service: %w: Transaction for kubelet.service/restart is destructive (containerd.service has 'stop' job queued, but 'start' is included in transaction)", systemd.ErrJobRefused),
+		}}
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		var results []string
+		for range 16 {
+			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			r.Wait()
+			results = append(results, res)
+			time.Sleep(10 * time.Second)
+		}
+		want := "restarted cooldown cooldown cooldown cooldown cooldown restarted unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped"
+		if got := strings.Join(results, " "); got != want {
+			t.Errorf("probes every 10 s:\n%s\nwant:\n%s", got, want)
+		}
+		if n := len(m.restarts); n != 2 {
+			t.Errorf("%d restarts requested, want 2: the operator's stop of containerd fought", n)
 		}
 	})
 }
