@@ -87,6 +87,9 @@ type Repairer struct {
 	// once.
 	memos Memos
 	load  sync.Once
+	// bindsErr is the last failed read of a stopped unit's BindsTo=
+	// (stoppedWithBound), logged once per change, not at every probe.
+	bindsErr string
 }
 
 // RepairKey is the name under which the repairer keeps its status of each
@@ -461,8 +464,18 @@ func (r *Repairer) stoppedWithBound(ctx context.Context, u systemd.Unit) bool {
 		return false
 	}
 	bound, err := br.BindsTo(ctx, u.Name)
+	r.mu.Lock()
+	key := ""
 	if err != nil {
-		r.log.Warn("repair: reading the units a stopped unit BindsTo= failed; taking it for stopped", "unit", u.Name, "err", err)
+		key = u.Name + ": " + err.Error()
+	}
+	changed := key != r.bindsErr
+	r.bindsErr = key
+	r.mu.Unlock()
+	if err != nil {
+		if changed {
+			r.log.Warn("repair: reading the units a stopped unit BindsTo= failed; taking it for stopped (logged again only when the error changes)", "unit", u.Name, "err", err)
+		}
 		return false
 	}
 	for _, b := range bound {
