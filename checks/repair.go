@@ -340,13 +340,16 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		rctx, rcancel := context.WithTimeout(context.Background(), afterRestartRead)
 		after, rerr := r.mgr.Unit(rctx, unit)
 		rcancel()
-		// A request systemd refused (ErrJobRefused: a stop someone
-		// queued, of the unit or of one its start pulls in, which mode
-		// "fail" does not cancel) made no job: a unit that ran then, or
-		// was inactive (one its own failed restart left so, retried), and
-		// is stopped now is the stop's, not left so by the repairer. Only
-		// its reset-failed of a failed unit left that one inactive.
-		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err) && !(errors.Is(err, systemd.ErrJobRefused) && u.ActiveState != "failed")
+		// A request systemd refused because of a stop someone queued
+		// (systemd.StopQueued: of the unit or of one its start pulls in,
+		// which mode "fail" does not cancel) made no job: a unit that ran
+		// then, or was inactive (one its own failed restart left so,
+		// retried), and is stopped now is the stop's, not left so by the
+		// repairer. Only its reset-failed of a failed unit left that one
+		// inactive. A refusal for any other reason (a unit its start
+		// needs masked or not loadable for a while) is no one's stop:
+		// the unit stays the repairer's, retried at the cooldown.
+		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err) && !(systemd.StopQueued(err) && u.ActiveState != "failed")
 		if rerr == nil {
 			if err == nil {
 				watch.ObserveRestarted(after)

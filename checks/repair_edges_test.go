@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	godbus "github.com/godbus/dbus/v5"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -386,7 +387,13 @@ func (m refusingStop) Restart(_ context.Context, name string) error {
 	u := m.units[name]
 	u.ActiveState, u.SubState = "inactive", "dead"
 	m.units[name] = u
-	return fmt.Errorf("restart %s: %w: Transaction for %s/restart is destructive (%s has 'stop' job queued, but 'restart' is included in transaction)", name, systemd.ErrJobRefused, name, name)
+	return fmt.Errorf("restart %s: %w: %w", name, systemd.ErrJobRefused, destructive(fmt.Sprintf("Transaction for %s/restart is destructive (%s has 'stop' job queued, but 'restart' is included in transaction).", name, name)))
+}
+
+// destructive is systemd's answer to a request in mode "fail" that would
+// cancel a stop job queued, as systemd 252 sends it.
+func destructive(msg string) godbus.Error {
+	return godbus.Error{Name: "org.freedesktop.systemd1.TransactionIsDestructive", Body: []any{msg}}
 }
 
 // A restart request systemd refused because an operator's stop was queued
@@ -458,7 +465,7 @@ func TestRepairAfterARefusedRetryOfAnInactiveUnitStops(t *testing.T) {
 		u.MainStart = time.Now().Add(-time.Hour)
 		m := &scriptedRestarts{fakeManager: newFakeManager(u), errs: []error{
 			&systemd.JobError{Unit: "kubelet.service", Result: "dependency"},
-			fmt.Errorf("restart kubelet.service: %w: Transaction for kubelet.service/restart is destructive (containerd.service has 'stop' job queued, but 'start' is included in transaction)", systemd.ErrJobRefused),
+			fmt.Errorf("restart kubelet.service: %w: %w", systemd.ErrJobRefused, destructive("Transaction for kubelet.service/restart is destructive (containerd.service has 'stop' job queued, but 'start' is included in transaction).")),
 		}}
 		r := NewRepairer(m, quietLog(), time.Now, nil)
 		var results []string
@@ -474,6 +481,44 @@ func TestRepairAfterARefusedRetryOfAnInactiveUnitStops(t *testing.T) {
 		}
 		if n := len(m.restarts); n != 2 {
 			t.Errorf("%d restarts requested, want 2: the operator's stop of containerd fought", n)
+		}
+	})
+}
+
+// The repairer's restart of kubelet failed (result "dependency": containerd
+// did not start) and left it inactive: its to restart at the cooldown. Its
+// retry is refused by systemd for a reason that is no one's stop:
+// containerd's unit cannot be loaded for a while (masked, or removed and
+// installed again by a package switch: "Unit containerd.service is masked.",
+// org.freedesktop.systemd1.UnitMasked, as systemd 252 answers). That refusal
+// made no job, and no one stopped kubelet: it stays the repairer's, retried
+// at the next cooldown (and restarted once containerd loads again), not
+// left down for good as a unit someone stopped.
+func TestRepairRetriesARefusalThatIsNoStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := &scriptedRestarts{fakeManager: newFakeManager(u), errs: []error{
+			&systemd.JobError{Unit: "kubelet.service", Result: "dependency"},
+			fmt.Errorf("restart kubelet.service: %w: %w", systemd.ErrJobRefused, godbus.Error{Name: "org.freedesktop.systemd1.UnitMasked", Body: []any{"Unit containerd.service is masked."}}),
+		}}
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		var results []string
+		for range 13 {
+			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+			r.Wait()
+			results = append(results, res)
+			time.Sleep(10 * time.Second)
+		}
+		want := "restarted cooldown cooldown cooldown cooldown cooldown restarted cooldown cooldown cooldown cooldown cooldown restarted"
+		if got := strings.Join(results, " "); got != want {
+			t.Errorf("probes every 10 s:\n%s\nwant:\n%s", got, want)
+		}
+		if n := len(m.restarts); n != 3 {
+			t.Errorf("%d restarts requested, want 3: kubelet left down after a refusal that was no one's stop", n)
+		}
+		if got, err := m.Unit(context.Background(), "kubelet.service"); err != nil || got.ActiveState != "active" {
+			t.Errorf("kubelet at the end: %+v, %v; want active", got, err)
 		}
 	})
 }

@@ -4,6 +4,8 @@ package tests
 
 import (
 	"context"
+	"errors"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -93,4 +95,52 @@ func TestRepairDoesNotCancelAnOperatorsQueuedStop(t *testing.T) {
 		t.Errorf("the next probe: %s %q, want %s", res, msg, checks.RepairStopped)
 	}
 	r.Wait()
+}
+
+// systemd 252 refuses kubelet's restart in mode "fail" when containerd,
+// which kubelet requires, is masked: a refusal (ErrJobRefused) that is no
+// one's queued stop (not systemd.StopQueued), so the repairer keeps a
+// kubelet its own failed restart left inactive, to retry at the cooldown.
+func TestRestartRefusedForAMaskedDependencyIsNoStop(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const kl, ctd, node = "mask-kubelet.service", "mask-containerd.service", "mask-node.target"
+	if err := s.AddUnit(ctx, ctd, "[Unit]\nDefaultDependencies=no\n[Service]\nExecStart=/bin/sleep infinity\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, kl, "[Unit]\nDefaultDependencies=no\nRequires="+ctd+"\nAfter="+ctd+"\n[Service]\nExecStart=/bin/sleep infinity\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, node, "[Unit]\nDefaultDependencies=no\nWants="+kl+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, node)
+	defer s.StopUnit(ctx, kl)
+	defer s.StopUnit(ctx, ctd)
+	if err := s.StartUnit(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	waitUnit(t, s, kl, "kubelet up", active)
+	if err := s.StopUnit(ctx, ctd); err != nil { // stops kubelet too
+		t.Fatal(err)
+	}
+	p := s.Root("/etc/systemd/system/" + ctd)
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/null", p); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Reload(ctx)
+	defer os.Remove(p)
+	if err := s.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Bus.Restart(ctx, kl)
+	if !errors.Is(err, systemd.ErrJobRefused) || systemd.StopQueued(err) {
+		t.Errorf("kubelet's restart with containerd masked: %v; want refused (%v), and not for a stop queued", err, systemd.ErrJobRefused)
+	}
+	if u := waitUnit(t, s, kl, "kubelet", func(systemd.Unit) bool { return true }); u.ActiveState != "inactive" || u.Job != 0 {
+		t.Errorf("kubelet after the refused restart: %s/%s job %d, want inactive: no job made", u.ActiveState, u.SubState, u.Job)
+	}
 }

@@ -797,9 +797,19 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 }
 
 // ErrJobRefused means that systemd answered a job's request with an error
-// (a stop job queued that the job would cancel, a unit masked since it was
-// read): no job was made, and the unit was not touched by it.
+// (a stop job queued that the job would cancel, StopQueued; a unit it needs
+// masked since it was read): no job was made, and the unit was not touched
+// by it.
 var ErrJobRefused = errors.New("systemd refused the job")
+
+// StopQueued reports whether err is a job's request that systemd refused
+// because it would cancel a stop job queued (someone's `systemctl stop`,
+// or a shutdown's): "Transaction ... is destructive". Any other refusal (a
+// unit it needs masked or not loadable for a while) is no one's stop.
+func StopQueued(err error) bool {
+	var ge godbus.Error
+	return errors.Is(err, ErrJobRefused) && errors.As(err, &ge) && ge.Name == "org.freedesktop.systemd1.TransactionIsDestructive"
+}
 
 // refused reports whether err is systemd's error answer to a job's
 // request (a godbus.Error but NoReply, which leaves it unknown whether
