@@ -420,7 +420,7 @@ func TestNativeJournalTornTildeFile(t *testing.T) {
 			}
 			jctl := "/usr/bin/journalctl"
 			if _, err := os.Stat(jctl); err != nil {
-				t.Skip("no journalctl to compare with")
+				testenv.Skip(t, "no journalctl to compare with")
 			}
 			var viaJctl []journalEntry
 			for _, since := range []time.Time{time.Unix(0, 0), want[300].Realtime.Truncate(time.Second), want[1040].Realtime.Truncate(time.Second), want[len(want)-1].Realtime.Truncate(time.Second)} {
