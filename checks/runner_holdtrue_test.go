@@ -79,10 +79,8 @@ func TestRunnerHoldsATrueThroughTwoFailedRuns(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ctx, cancel := context.WithCancel(t.Context())
-				done := make(chan struct{})
 				start := time.Now()
-				go func() { r.Run(ctx, nil); close(done) }()
+				stop := runLoop(t, r)
 				type want struct {
 					status report.Status
 					reason report.Reason
@@ -90,16 +88,19 @@ func TestRunnerHoldsATrueThroughTwoFailedRuns(t *testing.T) {
 					ltt    time.Duration
 					failed int // failed runs counted so far
 				}
-				true0 := want{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 6m", 0, 0}
+				// isOutdated is NodeInfoStale's True with msg, since ltt.
+				isOutdated := func(msg string, ltt time.Duration, failed int) want {
+					return want{report.StatusTrue, report.ReasonNodeInfoOutdated, msg, ltt, failed}
+				}
 				wants := []want{
-					true0,
-					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 6m", 0, 1},
-					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 6m", 0, 2},
-					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 9m", 0, 2},
-					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 9m", 0, 3},
-					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 9m", 0, 4},
+					isOutdated("age 6m", 0, 0),
+					isOutdated("age 6m", 0, 1),
+					isOutdated("age 6m", 0, 2),
+					isOutdated("age 9m", 0, 2),
+					isOutdated("age 9m", 0, 3),
+					isOutdated("age 9m", 0, 4),
 					{report.StatusUnknown, f.reason, f.message, 6*time.Minute + f.after, 5},
-					{report.StatusTrue, report.ReasonNodeInfoOutdated, "age 7m", 7 * time.Minute, 5},
+					isOutdated("age 7m", 7*time.Minute, 5),
 				}
 				for k, w := range wants {
 					// Past run k's timeout: its outcome is recorded.
@@ -116,8 +117,7 @@ func TestRunnerHoldsATrueThroughTwoFailedRuns(t *testing.T) {
 						t.Errorf("after run %d: %s%d, want %d", k, series, got, w.failed)
 					}
 				}
-				cancel()
-				<-done
+				stop()
 			})
 		})
 	}
@@ -180,21 +180,11 @@ func TestRunnerHoldsATrueThroughAStuckProbe(t *testing.T) {
 // it is set at once, a True not held through it.
 func TestRunnerDoesNotHoldATrueThroughTheProbesOwnUnknown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		unknown := false
-		probe := probeFunc(func(context.Context) (Result, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if unknown {
-				return Result{Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: "not readable: nvme1"}, nil
-			}
-			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: "age 6m"}, nil
-		})
+		probe, setUnknown := switchedProbe(outdated("age 6m"),
+			returns(Result{Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: "not readable: nvme1"}, nil))
 		store, stop := loopNodeInfo(t, probe)
 		synctest.Wait()
-		mu.Lock()
-		unknown = true
-		mu.Unlock()
+		setUnknown(true)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Message != "not readable: nvme1" {
@@ -208,24 +198,14 @@ func TestRunnerDoesNotHoldATrueThroughTheProbesOwnUnknown(t *testing.T) {
 // before: only a True is held.
 func TestRunnerDoesNotHoldAFalseThroughAFailedRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		fail := false
-		probe := probeFunc(func(context.Context) (Result, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if fail {
-				return Result{}, errors.New("permission denied")
-			}
-			return Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh, Message: "fresh"}, nil
-		})
+		probe, setFail := switchedProbe(returns(Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh, Message: "fresh"}, nil),
+			returns(Result{}, errors.New("permission denied")))
 		store, stop := loopNodeInfo(t, probe)
 		synctest.Wait()
 		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
 			t.Fatalf("first run: %+v", c)
 		}
-		mu.Lock()
-		fail = true
-		mu.Unlock()
+		setFail(true)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed || c.Message != "permission denied" {
@@ -240,16 +220,8 @@ func TestRunnerDoesNotHoldAFalseThroughAFailedRun(t *testing.T) {
 // turn Unknown, nor get a new transition time, for one failed SMART read.
 func TestRunnerHoldsATruePartThroughTwoFailedRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		fail := false
-		probe := probeFunc(func(context.Context) (Result, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if fail {
-				return Result{}, errors.New("nvme0: input/output error")
-			}
-			return Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: "nvme0: SMART critical warning 0x04"}, nil
-		})
+		probe, setFail := switchedProbe(returns(Result{Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning, Message: "nvme0: SMART critical warning 0x04"}, nil),
+			returns(Result{}, errors.New("nvme0: input/output error")))
 		store := report.NewStore("b")
 		r, err := NewRunner(testEnv(t, nil), Options{Store: store, Only: []string{"DisksFailure"}, Factories: map[string]Factory{"DisksFailure": fixed(probe)}})
 		if err != nil {
@@ -257,9 +229,7 @@ func TestRunnerHoldsATruePartThroughTwoFailedRuns(t *testing.T) {
 		}
 		start := time.Now()
 		r.RunOnce(t.Context())
-		mu.Lock()
-		fail = true
-		mu.Unlock()
+		setFail(true)
 		for k := 1; k <= 3; k++ {
 			time.Sleep(5 * time.Minute)
 			r.RunOnce(t.Context())
@@ -323,17 +293,7 @@ func TestRunnerHoldsATrueRestoredFromTheStateFile(t *testing.T) {
 // once the check decides again or the condition turned Unknown.
 func TestRunnerHoldCountsFailuresAcrossAReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var mu sync.Mutex
-		fail := false
-		probe := probeFunc(func(context.Context) (Result, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if fail {
-				return Result{}, errors.New("nodes.json: input/output error")
-			}
-			return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: "age 6m"}, nil
-		})
-		setFail := func(f bool) { mu.Lock(); fail = f; mu.Unlock() }
+		probe, setFail := failingAfter()
 		store := report.NewStore("b")
 		factories := map[string]Factory{"NodeInfoStale": fixed(probe)}
 		r, err := NewRunner(testEnv(t, nil), Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: factories})
@@ -378,29 +338,29 @@ func runHoldDaemon(t *testing.T, store *report.Store, probe Check) (stop func())
 	t.Helper()
 	env := testEnv(t, nil)
 	env.Memos = store
-	r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { r.Run(ctx, nil); close(done) }()
-	return func() { cancel(); <-done }
+	return loopNodeInfoIn(t, env, store, probe)
 }
 
 // failingAfter is NodeInfoStale's True until fail is set, then an error.
 func failingAfter() (probeFunc, func(bool)) {
+	return switchedProbe(outdated("age 6m"), returns(Result{}, errors.New("nodes.json: input/output error")))
+}
+
+// switchedProbe is before's probe until switched on (set(true)), then
+// after's; set(false) switches it back.
+func switchedProbe(before, after probeFunc) (probe probeFunc, set func(bool)) {
 	var mu sync.Mutex
-	fail := false
-	probe := probeFunc(func(context.Context) (Result, error) {
+	on := false
+	probe = func(ctx context.Context) (Result, error) {
 		mu.Lock()
-		defer mu.Unlock()
-		if fail {
-			return Result{}, errors.New("nodes.json: input/output error")
+		p := before
+		if on {
+			p = after
 		}
-		return Result{Status: report.StatusTrue, Reason: report.ReasonNodeInfoOutdated, Message: "age 6m"}, nil
-	})
-	return probe, func(f bool) { mu.Lock(); fail = f; mu.Unlock() }
+		mu.Unlock()
+		return p(ctx)
+	}
+	return probe, func(v bool) { mu.Lock(); on = v; mu.Unlock() }
 }
 
 // A daemon restarted in the middle of a run of failed runs (systemctl

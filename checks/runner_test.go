@@ -168,14 +168,26 @@ func loopNodeInfo(t *testing.T, probe Check) (*report.Store, func()) {
 	t.Helper()
 	env := testEnv(t, nil)
 	store := report.NewStore("b")
+	return store, loopNodeInfoIn(t, env, store, probe)
+}
+
+// loopNodeInfoIn runs NodeInfoStale's loop with env, probe its probe and
+// store its conditions, until stop is called.
+func loopNodeInfoIn(t *testing.T, env *Env, store *report.Store, probe Check) (stop func()) {
+	t.Helper()
 	r, err := NewRunner(env, Options{Store: store, Only: []string{"NodeInfoStale"}, Factories: map[string]Factory{"NodeInfoStale": fixed(probe)}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runLoop(t, r)
+}
+
+// runLoop runs r's loop until stop is called, which waits for it to return.
+func runLoop(t *testing.T, r *Runner) (stop func()) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { r.Run(ctx, nil); close(done) }()
-	return store, func() { cancel(); <-done }
+	return func() { cancel(); <-done }
 }
 
 // A probe that ignores its context is abandoned at the timeout; while it is
