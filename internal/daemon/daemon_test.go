@@ -675,3 +675,18 @@ func runDaemon(t *testing.T, d *Daemon) {
 	go func() { done <- d.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
+
+// startDaemon runs d until stop is called, which stops it, waits for Run
+// to return and fails the test if Run returned an error.
+func startDaemon(t *testing.T, d *Daemon) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}

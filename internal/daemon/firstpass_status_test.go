@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"net"
 	"strings"
 	"testing"
@@ -34,15 +33,8 @@ func TestStatusLineDuringTheFirstPassFollowsTheNotes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	stop := startDaemon(t, d)
+	defer stop()
 
 	starting := next(t, sock, "the starting status", func(m string) bool { return strings.HasPrefix(m, "STATUS=") })
 	failure := "listen tcp " + addr + ": bind: address already in use"

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,15 +34,8 @@ func TestStatusShowsATrueHeldThroughAFailedRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	stop := startDaemon(t, d)
+	defer stop()
 	nodeInfo := func() ConditionStatus {
 		for _, c := range d.Status(time.Now()).Conditions {
 			if c.Type == "NodeInfoStale" {

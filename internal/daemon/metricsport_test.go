@@ -44,15 +44,8 @@ func TestTakenMetricsPortIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New with the metrics port taken: %v; want the daemon to start without it", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	stop := startDaemon(t, d)
+	defer stop()
 
 	failure := "listen tcp " + addr + ": bind: address already in use"
 	ready := next(t, sock, "READY=1", func(m string) bool { return strings.HasPrefix(m, "READY=1") })
