@@ -416,7 +416,15 @@ func compareEntryOrder(a, b *nativeCand) int {
 	if sameEntry(a, b) {
 		return 0
 	}
-	if a.src.f.hdr.seqnumID == b.src.f.hdr.seqnumID {
+	return compareOrder(a, b, a.src.f.hdr.seqnumID == b.src.f.hdr.seqnumID)
+}
+
+// compareOrder is what compareEntryOrder and compareWithLocation compare
+// once the entries are not the same: the sequence numbers when sameSeq,
+// the monotonic times within one boot, then the realtimes, then the xor
+// hashes.
+func compareOrder(a, b *nativeCand, sameSeq bool) int {
+	if sameSeq {
 		if r := cmpU64(a.seqnum, b.seqnum); r != 0 {
 			return r
 		}
@@ -439,20 +447,7 @@ func compareWithLocation(e, l *nativeCand, sameFile bool) int {
 	if sameEntry(e, l) && sameSeq && e.seqnum == l.seqnum && !sameFile {
 		return 0
 	}
-	if sameSeq {
-		if r := cmpU64(e.seqnum, l.seqnum); r != 0 {
-			return r
-		}
-	}
-	if e.bootID == l.bootID {
-		if r := cmpU64(e.monotonic, l.monotonic); r != 0 {
-			return r
-		}
-	}
-	if r := cmpU64(e.realtime, l.realtime); r != 0 {
-		return r
-	}
-	return cmpU64(e.xorHash, l.xorHash)
+	return compareOrder(e, l, sameSeq)
 }
 
 // journalEntry reads the candidate's MESSAGE values and makes the entry
