@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
-	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // BenchmarkNativeJournalReadLarge is KubeletHeartbeatFailed's steady-state
@@ -28,23 +27,7 @@ import (
 // the hash bucket, kubelet's entry-array chain by its last items, the last
 // array, the new entries.
 func BenchmarkNativeJournalReadLarge(b *testing.B) {
-	if why := harness.SystemdAvailable(); why != "" {
-		b.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	journalctl, err := findJournalctl()
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-jbench-"+harness.Token()+"-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	s, err := harness.StartSystemd(dir, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Stop()
+	s, journalctl := journalSystemd(b, "jbench")
 	ctx := context.Background()
 	conf := "[Journal]\nStorage=persistent\nSystemMaxFileSize=1G\nSystemMaxUse=4G\nSystemKeepFree=0\nRateLimitIntervalSec=0\n"
 	if err := os.WriteFile(s.Root("/etc/systemd/journald.conf"), []byte(conf), 0o644); err != nil {

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
-	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // standinKubeletSeq logs numbered lines until told to stop, then its last
@@ -103,37 +102,9 @@ func (r *churnReader) read(ctx context.Context, phase string) string {
 // once and in order, and falls back to journalctl only around an event,
 // not run after run once it has passed.
 func TestNativeJournalReaderUnderJournaldChurn(t *testing.T) {
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	journalctl, err := findJournalctl()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-jchurn-"+harness.Token()+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	s, err := harness.StartSystemd(dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, journalctl := startJournald(t, "jchurn")
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatalf("starting journald: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(s.Units, "kubelet.sh"), []byte(standinKubeletSeq), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddUnit(ctx, "kubelet.service", "[Unit]\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sh /etc/systemd/system/kubelet.sh\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.StartUnit(ctx, "kubelet.service"); err != nil {
-		t.Fatal(err)
-	}
-	defer s.StopUnit(ctx, "kubelet.service")
+	startStandinKubelet(t, s, standinKubeletSeq, "")
 
 	r := &churnReader{t: t, root: s.Root("/"), journalctl: journalctl, fallbacks: map[string]int{}}
 	eventually(t, 30*time.Second, "kubelet's first lines read", func() (bool, string) {

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
-	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // standinKubeletJournal logs what the native journal reader must read as
@@ -61,33 +60,8 @@ exec sleep infinity
 // matched PID 1's entries about the unit too) are read natively, and the
 // native reader's are accepted by journalctl --after-cursor.
 func TestNativeJournalReaderMatchesJournalctl(t *testing.T) {
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	journalctl, err := findJournalctl()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-njournal-"+harness.Token()+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	s, err := harness.StartSystemd(dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, journalctl := startJournald(t, "njournal")
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatalf("starting journald: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(s.Units, "kubelet.sh"), []byte(standinKubeletJournal), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddUnit(ctx, "kubelet.service", "[Unit]\nDescription=stand-in kubelet (journal formats)\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sh /etc/systemd/system/kubelet.sh\n"); err != nil {
-		t.Fatal(err)
-	}
 	// Another unit logs beside it: entries of the journal not of kubelet.
 	if err := s.AddUnit(ctx, "other.service", "[Unit]\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sh -c 'for i in $(seq 1 40); do echo other $i; sleep 0.01; done'\n"); err != nil {
 		t.Fatal(err)
@@ -95,10 +69,7 @@ func TestNativeJournalReaderMatchesJournalctl(t *testing.T) {
 	if err := s.StartUnit(ctx, "other.service"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.StartUnit(ctx, "kubelet.service"); err != nil {
-		t.Fatal(err)
-	}
-	defer s.StopUnit(ctx, "kubelet.service")
+	startStandinKubelet(t, s, standinKubeletJournal, "stand-in kubelet (journal formats)")
 	eventually(t, 30*time.Second, "the first phase in the journal", func() (bool, string) {
 		j := s.Journal("kubelet.service")
 		return strings.Contains(j, "phase1-done"), tailLines(j, 5)

@@ -41,42 +41,14 @@ while :; do sleep infinity & s=$!; wait $s; kill $s 2>/dev/null; done
 // restarted within the boot continues after the saved cursor: the old
 // give-up is not counted again, a new one is.
 func TestKubeletHeartbeatRealJournald(t *testing.T) {
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	journalctl, err := findJournalctl()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "autopilot-health-journal-"+harness.Token()+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	s, err := harness.StartSystemd(dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, journalctl := startJournald(t, "journal")
 	defer func() {
 		if t.Failed() {
 			t.Logf("journal of kubelet.service:\n%s", s.Journal("kubelet.service"))
 		}
 	}()
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, "systemd-journald.service"); err != nil {
-		t.Fatalf("starting journald: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(s.Units, "kubelet.sh"), []byte(standinKubeletLog), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddUnit(ctx, "kubelet.service", "[Unit]\nDescription=stand-in kubelet (klog lines)\nDefaultDependencies=no\n\n[Service]\nExecStart=/bin/sh /etc/systemd/system/kubelet.sh\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.StartUnit(ctx, "kubelet.service"); err != nil {
-		t.Fatal(err)
-	}
-	defer s.StopUnit(ctx, "kubelet.service")
+	startStandinKubelet(t, s, standinKubeletLog, "stand-in kubelet (klog lines)")
 
 	const window = 2 * time.Second
 	state := t.TempDir()
@@ -186,6 +158,66 @@ func TestKubeletHeartbeatRealJournald(t *testing.T) {
 	if !strings.Contains(r.Message, "; 1 such entries since the last run)") {
 		t.Errorf("second give-up: %q", r.Message)
 	}
+}
+
+// journalSystemd starts a real systemd in a namespace (the test fails where
+// this machine cannot run one), in a new directory named for prefix, and
+// finds journalctl; the systemd is stopped and the directory removed at the
+// test's end. Its journald is not started: startJournald starts it, a test
+// that sets journald.conf first starts it itself.
+func journalSystemd(tb testing.TB, prefix string) (*harness.Systemd, string) {
+	tb.Helper()
+	if why := harness.SystemdAvailable(); why != "" {
+		tb.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	journalctl, err := findJournalctl()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-"+prefix+"-"+harness.Token()+"-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	s, err := harness.StartSystemd(dir, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Stop)
+	return s, journalctl
+}
+
+// startJournald is journalSystemd's systemd with its journald started.
+func startJournald(tb testing.TB, prefix string) (*harness.Systemd, string) {
+	tb.Helper()
+	s, journalctl := journalSystemd(tb, prefix)
+	if err := s.StartUnit(context.Background(), "systemd-journald.service"); err != nil {
+		tb.Fatalf("starting journald: %v", err)
+	}
+	return s, journalctl
+}
+
+// startStandinKubelet runs script as kubelet.service in s, its unit
+// described as description (no Description= where it is ""), until the
+// test's end.
+func startStandinKubelet(tb testing.TB, s *harness.Systemd, script, description string) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := os.WriteFile(filepath.Join(s.Units, "kubelet.sh"), []byte(script), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	unit := "[Unit]\n"
+	if description != "" {
+		unit += "Description=" + description + "\n"
+	}
+	unit += "DefaultDependencies=no\n\n[Service]\nExecStart=/bin/sh /etc/systemd/system/kubelet.sh\n"
+	if err := s.AddUnit(ctx, "kubelet.service", unit); err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, "kubelet.service"); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.StopUnit(ctx, "kubelet.service") })
 }
 
 // findJournalctl is systemd's journalctl on this machine.
