@@ -445,20 +445,11 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		out = make([]Unit, len(names))
-		type get struct {
-			unit *Unit
-			prop string
-		}
-		var gets []get
-		var calls []busCall
+		var gets propGets[*Unit]
 		for i, s := range st {
 			u := &out[i]
 			*u = Unit{Name: names[i], LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Job: s.JobID, JobType: s.JobType}
-			add := func(iface, prop string) {
-				gets = append(gets, get{u, prop})
-				calls = append(calls, busCall{dest: sdService, path: s.Path, iface: "org.freedesktop.DBus.Properties", member: "Get",
-					args: []string{sdService + "." + iface, prop}})
-			}
+			add := func(iface, prop string) { gets.add(u, s.Path, iface, prop) }
 			if u.LoadState != "not-found" || u.ActiveState != "inactive" {
 				// Its last invocation, whatever its unit file says now
 				// (masked, bad-setting, removed while it runs).
@@ -477,18 +468,16 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 				add("Service", "RuntimeMaxUSec")
 			}
 		}
-		if len(calls) == 0 {
+		if len(gets.calls) == 0 {
 			return nil
 		}
 		var answerErr error
-		err = bus.exchange(ctx, calls, func(i int, m message) error {
-			g := gets[i]
-			if m.typ == msgError {
-				answerErr = fmt.Errorf("unit %s: %s: %w", g.unit.Name, g.prop, errorOf(m))
-			} else if v, err := parseVariant(m); err != nil {
-				answerErr = fmt.Errorf("unit %s: %s: %w", g.unit.Name, g.prop, err)
+		err = bus.exchange(ctx, gets.calls, func(i int, m message) error {
+			g := gets.gets[i]
+			if v, err := propValue(m); err != nil {
+				answerErr = fmt.Errorf("unit %s: %s: %w", g.of.Name, g.prop, err)
 			} else {
-				g.unit.set(g.prop, v)
+				g.of.set(g.prop, v)
 			}
 			return answerErr
 		})
@@ -502,6 +491,41 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 
 // sdService is systemd's bus name and the prefix of its interfaces.
 const sdService = "org.freedesktop.systemd1"
+
+// propCall is a Properties.Get of the property prop of systemd's interface
+// iface ("Unit", "Service", "Manager") of the object at path.
+func propCall(path, iface, prop string) busCall {
+	return busCall{dest: sdService, path: path, iface: "org.freedesktop.DBus.Properties", member: "Get",
+		args: []string{sdService + "." + iface, prop}}
+}
+
+// propValue is the value a Properties.Get was answered with, or the error
+// it was answered with, or the error of reading the answer.
+func propValue(m message) (variant, error) {
+	if m.typ == msgError {
+		return variant{}, errorOf(m)
+	}
+	return parseVariant(m)
+}
+
+// propGets is a batch of Properties.Get calls of units' properties, for one
+// exchange: the answer to calls[i] is gets[i]'s, its property of its unit.
+type propGets[T any] struct {
+	calls []busCall
+	gets  []propGet[T]
+}
+
+// propGet is what one call of a propGets asks for: prop of the unit of.
+type propGet[T any] struct {
+	of   T
+	prop string
+}
+
+// add asks for iface's property prop of the unit at path, the answer of.
+func (g *propGets[T]) add(of T, path, iface, prop string) {
+	g.gets = append(g.gets, propGet[T]{of, prop})
+	g.calls = append(g.calls, propCall(path, iface, prop))
+}
 
 // set records one property read by Units; a value of another type than
 // systemd's is left out.
@@ -555,13 +579,9 @@ func (d *DBus) LoadState(ctx context.Context, name string) (string, error) {
 func (d *DBus) SystemState(ctx context.Context) (string, error) {
 	var state string
 	err := d.call(ctx, func(c *busConn) error {
-		get := busCall{dest: sdService, path: "/org/freedesktop/systemd1", iface: "org.freedesktop.DBus.Properties", member: "Get",
-			args: []string{sdService + ".Manager", "SystemState"}}
+		get := propCall("/org/freedesktop/systemd1", "Manager", "SystemState")
 		err := c.exchange(ctx, []busCall{get}, func(_ int, m message) error {
-			if m.typ == msgError {
-				return errorOf(m)
-			}
-			v, err := parseVariant(m)
+			v, err := propValue(m)
 			if err != nil {
 				return err
 			}
@@ -607,13 +627,9 @@ func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
 		if err != nil {
 			return fmt.Errorf("unit %s: %w", name, err)
 		}
-		get := busCall{dest: sdService, path: st[0].Path, iface: "org.freedesktop.DBus.Properties", member: "Get",
-			args: []string{sdService + ".Unit", "BindsTo"}}
+		get := propCall(st[0].Path, "Unit", "BindsTo")
 		return c.exchange(ctx, []busCall{get}, func(_ int, m message) error {
-			if m.typ == msgError {
-				return fmt.Errorf("unit %s: BindsTo: %w", name, errorOf(m))
-			}
-			v, err := parseVariant(m)
+			v, err := propValue(m)
 			if err != nil {
 				return fmt.Errorf("unit %s: BindsTo: %w", name, err)
 			}
@@ -634,37 +650,24 @@ func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
 			return fmt.Errorf("units %s: %w", strings.Join(names, ", "), err)
 		}
 		out = make([]Bound, len(names))
-		type get struct {
-			b    *Bound
-			prop string
-		}
-		var gets []get
-		var calls []busCall
+		var gets propGets[*Bound]
 		for i, s := range st {
 			b := &out[i]
 			*b = Bound{Name: names[i], ActiveState: s.ActiveState}
-			add := func(iface, prop string) {
-				gets = append(gets, get{b, prop})
-				calls = append(calls, busCall{dest: sdService, path: s.Path, iface: "org.freedesktop.DBus.Properties", member: "Get",
-					args: []string{sdService + "." + iface, prop}})
-			}
-			add("Unit", "ActiveEnterTimestampMonotonic")
-			add("Unit", "ActiveExitTimestampMonotonic")
+			gets.add(b, s.Path, "Unit", "ActiveEnterTimestampMonotonic")
+			gets.add(b, s.Path, "Unit", "ActiveExitTimestampMonotonic")
 		}
-		return c.exchange(ctx, calls, func(i int, m message) error {
-			g := gets[i]
-			if m.typ == msgError {
-				return fmt.Errorf("unit %s: %s: %w", g.b.Name, g.prop, errorOf(m))
-			}
-			v, err := parseVariant(m)
+		return c.exchange(ctx, gets.calls, func(i int, m message) error {
+			g := gets.gets[i]
+			v, err := propValue(m)
 			if err != nil {
-				return fmt.Errorf("unit %s: %s: %w", g.b.Name, g.prop, err)
+				return fmt.Errorf("unit %s: %s: %w", g.of.Name, g.prop, err)
 			}
 			switch {
 			case g.prop == "ActiveEnterTimestampMonotonic" && v.sig == "t":
-				g.b.ActiveEnterMono = time.Duration(v.num) * time.Microsecond
+				g.of.ActiveEnterMono = time.Duration(v.num) * time.Microsecond
 			case g.prop == "ActiveExitTimestampMonotonic" && v.sig == "t":
-				g.b.ActiveExitMono = time.Duration(v.num) * time.Microsecond
+				g.of.ActiveExitMono = time.Duration(v.num) * time.Microsecond
 			}
 			return nil
 		})
