@@ -180,38 +180,43 @@ func TestRunnerHoldsATrueThroughAStuckProbe(t *testing.T) {
 // it is set at once, a True not held through it.
 func TestRunnerDoesNotHoldATrueThroughTheProbesOwnUnknown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		probe, setUnknown := switchedProbe(outdated("age 6m"),
+		_, c := acrossASwitch(t, outdated("age 6m"),
 			returns(Result{Status: report.StatusUnknown, Reason: report.ReasonCheckFailed, Message: "not readable: nvme1"}, nil))
-		store, stop := loopNodeInfo(t, probe)
-		synctest.Wait()
-		setUnknown(true)
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Message != "not readable: nvme1" {
+		if c.Status != report.StatusUnknown || c.Message != "not readable: nvme1" {
 			t.Errorf("after the probe's own Unknown: %+v, want it set at once", c)
 		}
-		stop()
 	})
+}
+
+// acrossASwitch runs NodeInfoStale's loop with before's probe, then with
+// after's from the next run (a minute later), and is the condition after
+// each of the two runs.
+func acrossASwitch(t *testing.T, before, after probeFunc) (first, then report.Condition) {
+	t.Helper()
+	probe, set := switchedProbe(before, after)
+	store, stop := loopNodeInfo(t, probe)
+	defer stop()
+	synctest.Wait()
+	first, _ = store.Get("NodeInfoStale")
+	set(true)
+	time.Sleep(time.Minute)
+	synctest.Wait()
+	then, _ = store.Get("NodeInfoStale")
+	return first, then
 }
 
 // A False or Unknown condition turns Unknown at the first failed run, as
 // before: only a True is held.
 func TestRunnerDoesNotHoldAFalseThroughAFailedRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		probe, setFail := switchedProbe(returns(Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh, Message: "fresh"}, nil),
+		first, c := acrossASwitch(t, returns(Result{Status: report.StatusFalse, Reason: report.ReasonNodeInfoFresh, Message: "fresh"}, nil),
 			returns(Result{}, errors.New("permission denied")))
-		store, stop := loopNodeInfo(t, probe)
-		synctest.Wait()
-		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusFalse {
-			t.Fatalf("first run: %+v", c)
+		if first.Status != report.StatusFalse {
+			t.Fatalf("first run: %+v", first)
 		}
-		setFail(true)
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if c, _ := store.Get("NodeInfoStale"); c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed || c.Message != "permission denied" {
+		if c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed || c.Message != "permission denied" {
 			t.Errorf("a False after one failed run: %+v, want Unknown/CheckFailed at once", c)
 		}
-		stop()
 	})
 }
 
