@@ -327,16 +327,7 @@ func TestRepairLeavesAStopThatReplacedItsJobAlone(t *testing.T) {
 				if restarted {
 					m.block = make(chan struct{})
 				}
-				start := func() (*report.Store, *Repairer) {
-					t.Helper()
-					st := report.NewStore("boot-1")
-					if _, err := st.Load(dir); err != nil {
-						t.Fatal(err)
-					}
-					r := NewRepairer(m, quietLog(), time.Now, nil)
-					r.KeepIn(st)
-					return st, r
-				}
+				start := func() (*report.Store, *Repairer) { return keptRepairer(t, m, dir) }
 				st1, r1 := start()
 				if res, msg := r1.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
 					t.Fatalf("the repair: %s (%s)", res, msg)
@@ -406,15 +397,9 @@ func TestRepairAfterARefusedRestartLeavesTheOperatorsStopAlone(t *testing.T) {
 		u.MainStart = time.Now().Add(-time.Hour)
 		m := refusingStop{newFakeManager(u)}
 		r := NewRepairer(m, quietLog(), time.Now, nil)
-		var results []string
-		for range 10 {
-			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
-			r.Wait()
-			results = append(results, res)
-			time.Sleep(10 * time.Second)
-		}
+		got := probesEvery10s(r, 10)
 		want := "restarted unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped"
-		if got := strings.Join(results, " "); got != want {
+		if got != want {
 			t.Errorf("probes every 10 s:\n%s\nwant:\n%s", got, want)
 		}
 		if n := len(m.restarts); n != 1 {
@@ -468,15 +453,9 @@ func TestRepairAfterARefusedRetryOfAnInactiveUnitStops(t *testing.T) {
 			fmt.Errorf("restart kubelet.service: %w: %w", systemd.ErrJobRefused, destructive("Transaction for kubelet.service/restart is destructive (containerd.service has 'stop' job queued, but 'start' is included in transaction).")),
 		}}
 		r := NewRepairer(m, quietLog(), time.Now, nil)
-		var results []string
-		for range 16 {
-			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
-			r.Wait()
-			results = append(results, res)
-			time.Sleep(10 * time.Second)
-		}
+		got := probesEvery10s(r, 16)
 		want := "restarted cooldown cooldown cooldown cooldown cooldown restarted unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped unit-stopped"
-		if got := strings.Join(results, " "); got != want {
+		if got != want {
 			t.Errorf("probes every 10 s:\n%s\nwant:\n%s", got, want)
 		}
 		if n := len(m.restarts); n != 2 {

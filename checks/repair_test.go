@@ -132,6 +132,33 @@ func running(name string) systemd.Unit {
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// probesEvery10s is the results of n probes of kubelet.service that fail
+// and ask r for a repair, one every 10 s (each repair's restart awaited),
+// joined by spaces.
+func probesEvery10s(r *Repairer, n int) string {
+	var results []string
+	for range n {
+		res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+		r.Wait()
+		results = append(results, res)
+		time.Sleep(10 * time.Second)
+	}
+	return strings.Join(results, " ")
+}
+
+// keptRepairer is a daemon's start: a store loaded from the state in dir
+// (boot "boot-1"), and a repairer of m that keeps its memory in it.
+func keptRepairer(t *testing.T, m systemd.Manager, dir string) (*report.Store, *Repairer) {
+	t.Helper()
+	st := report.NewStore("boot-1")
+	if _, err := st.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	r := NewRepairer(m, quietLog(), time.Now, nil)
+	r.KeepIn(st)
+	return st, r
+}
+
 // A broken /healthz every 10 s leads to exactly one restart per cooldown.
 func TestRepairCooldown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -139,16 +166,10 @@ func TestRepairCooldown(t *testing.T) {
 		u.MainStart = time.Now().Add(-time.Hour)
 		m := newFakeManager(u)
 		r := NewRepairer(m, quietLog(), time.Now, nil)
-		var results []string
-		for range 13 { // 2 minutes of probes every 10 s
-			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
-			r.Wait()
-			results = append(results, res)
-			time.Sleep(10 * time.Second)
-		}
+		got := probesEvery10s(r, 13) // 2 minutes of probes every 10 s
 		want := "restarted cooldown cooldown cooldown cooldown cooldown restarted cooldown cooldown cooldown cooldown cooldown restarted"
-		if strings.Join(results, " ") != want {
-			t.Errorf("results:\n%s\nwant:\n%s", strings.Join(results, " "), want)
+		if got != want {
+			t.Errorf("results:\n%s\nwant:\n%s", got, want)
 		}
 		if m.restartCount() != 3 {
 			t.Errorf("%d restarts in 2 minutes with a 1-minute cooldown", m.restartCount())
@@ -238,15 +259,9 @@ func TestRepairCooldownAcrossAWallClockStep(t *testing.T) {
 		r := NewRepairer(m, quietLog(), wall, nil)
 		r.sinceBoot = mono
 		time.Sleep(30 * time.Second) // kubelet has run 30 s
-		var results []string
-		for range 7 { // a minute of probes every 10 s
-			res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
-			r.Wait()
-			results = append(results, res)
-			time.Sleep(10 * time.Second)
-		}
+		got := probesEvery10s(r, 7)  // a minute of probes every 10 s
 		want := "cooldown cooldown cooldown restarted cooldown cooldown cooldown"
-		if got := strings.Join(results, " "); got != want {
+		if got != want {
 			t.Errorf("monotonic start:\n%s\nwant:\n%s", got, want)
 		}
 
@@ -908,16 +923,7 @@ func TestRepairAfterItsOwnFailedRestartSurvivesDaemonRestart(t *testing.T) {
 		u := running("kubelet.service")
 		u.ActiveState, u.SubState, u.Result, u.MainStart = "failed", "failed", "exit-code", time.Now().Add(-time.Hour)
 		m := &dependencyFailing{fakeManager: newFakeManager(u), name: "kubelet.service", fails: true}
-		start := func() (*report.Store, *Repairer) {
-			t.Helper()
-			st := report.NewStore("boot-1")
-			if _, err := st.Load(dir); err != nil {
-				t.Fatal(err)
-			}
-			r := NewRepairer(m, quietLog(), time.Now, nil)
-			r.KeepIn(st)
-			return st, r
-		}
+		start := func() (*report.Store, *Repairer) { return keptRepairer(t, m, dir) }
 		st1, r1 := start()
 		if res, _ := r1.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
 			t.Fatalf("first repair: %s", res)
