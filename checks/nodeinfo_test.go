@@ -585,14 +585,7 @@ func TestNodeInfoWrittenBeforeAClockStep(t *testing.T) {
 		{"stepped back 2 minutes", -2 * time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			root := nodeInfoRoot(t, "nodeinfo")
-			h := &hostClock{boot: niBoot, up: time.Hour}
-			env := nodeInfoEnv(t, root, niT0)
-			env.Sys, env.Now, env.Memos = h, h.now, report.NewStore("boot-1")
-			c, _ := newNodeInfoCheck(env)
-
-			setMtime(t, root, h.now().Add(-30*time.Second))
-			probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+			root, h, c := freshOnAHostClock(t, fresh)
 			// The sync loop writes 30 s later; the clock is stepped 15 s
 			// after that; the check runs 15 s later.
 			h.up += 30 * time.Second
@@ -621,17 +614,26 @@ func TestNodeInfoWrittenBeforeAClockStep(t *testing.T) {
 
 	// A file put in place between two runs with an mtime from long ago is
 	// not taken for a write since the last run: still its mtime decides.
-	root := nodeInfoRoot(t, "nodeinfo")
-	h := &hostClock{boot: niBoot, up: time.Hour}
-	env := nodeInfoEnv(t, root, niT0)
-	env.Sys, env.Now, env.Memos = h, h.now, report.NewStore("boot-1")
-	c, _ := newNodeInfoCheck(env)
-	setMtime(t, root, h.now().Add(-30*time.Second))
-	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+	root, h, c := freshOnAHostClock(t, fresh)
 	writeNodesJSON(t, root, h.now().Add(-20*time.Minute))
 	h.up += time.Minute
 	probeNodeInfo(t, c, report.StatusTrue, report.ReasonNodeInfoOutdated,
 		"/var/lib/syself/nodes.json is older than 5m0s (last written 2026-12-02T17:40:00Z)")
+}
+
+// freshOnAHostClock is a NodeInfoStale check on the host clock h (booted
+// an hour ago), its memory kept, over a nodes.json under root written 30 s
+// ago and probed once: False/NodeInfoFresh with the message fresh.
+func freshOnAHostClock(t *testing.T, fresh string) (root string, h *hostClock, c Check) {
+	t.Helper()
+	root = nodeInfoRoot(t, "nodeinfo")
+	h = &hostClock{boot: niBoot, up: time.Hour}
+	env := nodeInfoEnv(t, root, niT0)
+	env.Sys, env.Now, env.Memos = h, h.now, report.NewStore("boot-1")
+	c, _ = newNodeInfoCheck(env)
+	setMtime(t, root, h.now().Add(-30*time.Second))
+	probeNodeInfo(t, c, report.StatusFalse, report.ReasonNodeInfoFresh, fresh)
+	return root, h, c
 }
 
 // writeNodesJSON writes nodes.json as the sync loop does, by rename (a new
