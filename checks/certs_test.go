@@ -66,6 +66,22 @@ func (c certFixture) keyPEM(t testing.TB) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
 
+// probeKubeletCert is a run of CertRenewalFailing on kubelet's client
+// certificate under the host root root, at now (the clock's time where now
+// is zero).
+func probeKubeletCert(t *testing.T, root string, now time.Time) (Result, error) {
+	t.Helper()
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
+	})
+	if !now.IsZero() {
+		env.Now = func() time.Time { return now }
+	}
+	c, _ := newCertCheck(env)
+	return c.Probe(context.Background())
+}
+
 func writeCertFile(t *testing.T, path string, parts ...[]byte) {
 	t.Helper()
 	mkdir(t, filepath.Dir(path))
@@ -344,13 +360,7 @@ func TestCertDaysLeftOfAFarDate(t *testing.T) {
 			root := t.TempDir()
 			leaf := newCertFixture(t, "ca", tc.notAfter, true, nil)
 			writeCertFile(t, root+kubeletClientPEM, leaf.certPEM())
-			env := testEnv(t, func(c *config.Config) {
-				c.HostRoot = root
-				c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
-			})
-			env.Now = func() time.Time { return now }
-			c, _ := newCertCheck(env)
-			r, _ := c.Probe(context.Background())
+			r, _ := probeKubeletCert(t, root, now)
 			infos, _ := r.Details[0].Value.([]CertInfo)
 			if len(infos) != 1 || !infos[0].NotAfter.Equal(tc.notAfter) || infos[0].DaysLeft != tc.want {
 				t.Errorf("certs domain: %+v, want notAfter %s, daysLeft %d", infos, tc.notAfter.Format(time.RFC3339), tc.want)
@@ -416,13 +426,7 @@ func TestCertKubeletsAbsoluteSymlinkUnderHostRoot(t *testing.T) {
 			if err := os.Symlink(tc.target, root+kubeletClientPEM); err != nil {
 				t.Fatal(err)
 			}
-			env := testEnv(t, func(c *config.Config) {
-				c.HostRoot = root
-				c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
-			})
-			env.Now = func() time.Time { return now }
-			c, _ := newCertCheck(env)
-			r, err := c.Probe(context.Background())
+			r, err := probeKubeletCert(t, root, now)
 			if err != nil || r.Status != tc.wantStatus || r.Message != tc.wantMsg {
 				t.Errorf("got %s/%s %q, %v\nwant %s %q", r.Status, r.Reason, r.Message, err, tc.wantStatus, tc.wantMsg)
 			}
@@ -435,12 +439,7 @@ func TestCertKubeletsAbsoluteSymlinkUnderHostRoot(t *testing.T) {
 	if err := os.Symlink(dated, root+kubeletClientPEM); err != nil {
 		t.Fatal(err)
 	}
-	env := testEnv(t, func(c *config.Config) {
-		c.HostRoot = root
-		c.Checks.CertRenewalFailing.Certificates = []string{kubeletClientPEM}
-	})
-	c, _ := newCertCheck(env)
-	_, err := c.Probe(context.Background())
+	_, err := probeKubeletCert(t, root, time.Time{})
 	if want := "/var/lib/kubelet/pki/kubelet-client-current.pem: dangling symlink to " + dated + " (a certificate rotation that broke?)"; err == nil || err.Error() != want {
 		t.Errorf("a link to nothing under the root: %v\nwant %q", err, want)
 	}
