@@ -497,11 +497,19 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 		case <-done:
 			return
 		case p := <-c.watch:
-			if failed := w.Set(p.dirs); !slices.Equal(failed, failedBefore) {
+			added, failed := w.Set(p.dirs)
+			if !slices.Equal(failed, failedBefore) {
 				if len(failed) > 0 {
 					c.env.Log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", failed)
 				}
 				failedBefore = failed
+			}
+			if len(added) > 0 {
+				// The run that handed these over scanned them before
+				// their watch: what was written there since sent no
+				// notification. One more run reads it (it hands over the
+				// same directories: nothing is added, no loop).
+				wake()
 			}
 			if !p.wakeAt.IsZero() {
 				timer.Reset(max(0, time.Until(p.wakeAt)))

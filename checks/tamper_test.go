@@ -473,22 +473,15 @@ func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 		}, "/var/lib/kubelet/config.yaml mode"},
 	} {
 		woken, stop := watchWakes(c)
-		// The watches are set asynchronously: repeat the change until the
-		// wake arrives, within a deadline.
-		deadline := time.After(10 * time.Second)
+		// The run its new watches ask for says they are in place; then
+		// one change must wake the check.
+		awaitWatching(t, woken)
 		step.change()
 		ok := false
-	wait:
-		for {
-			select {
-			case <-woken:
-				ok = true
-				break wait
-			case <-deadline:
-				break wait
-			case <-time.After(50 * time.Millisecond):
-				step.change()
-			}
+		select {
+		case <-woken:
+			ok = true
+		case <-time.After(10 * time.Second):
 		}
 		// Quiet: this watcher's reader has returned, nothing wakes after
 		// this; its channel (and a token the change's later events left
@@ -520,18 +513,14 @@ func TestNodeTamperedWatchWakesInANewWildcardDirectory(t *testing.T) {
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths unchanged")
 	woken, stop := watchWakes(c)
 	defer stop()
-	// The watches are set asynchronously: write until the wake arrives.
-	deadline := time.After(10 * time.Second)
-	for n := 0; ; n++ {
-		h.write("/etc/systemd/system/evil.service.d/x.conf", fmt.Sprintf("[Service]\nExecStart=/evil %d\n", n))
-		select {
-		case <-woken:
-			h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/systemd/system/evil.service.d/x.conf added")
-			return
-		case <-deadline:
-			t.Fatal("no wake-up within 10s of a file written into a new drop-in directory")
-		case <-time.After(50 * time.Millisecond):
-		}
+	// The run its new watches ask for says they are in place.
+	awaitWatching(t, woken)
+	h.write("/etc/systemd/system/evil.service.d/x.conf", "[Service]\nExecStart=/evil\n")
+	select {
+	case <-woken:
+		h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/systemd/system/evil.service.d/x.conf added")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of a file written into a new drop-in directory")
 	}
 }
 
@@ -649,9 +638,12 @@ func TestNodeTamperedWatchFollowsAReplacedDirectory(t *testing.T) {
 			}
 		}
 	}
-	// The watches are set asynchronously: touch a protected file until the
-	// first wake shows they are in place.
-	awaitWake("a change", func() { os.Chmod(h.path("/etc/cni/net.d/05-cilium.conflist"), 0o600) })
+	// The run its new watches ask for says they are in place.
+	awaitWatching(t, woken)
+	if err := os.Chmod(h.path("/etc/cni/net.d/05-cilium.conflist"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	awaitWake("a change", func() {})
 	// Let the chmods' events pass, then drop their wake.
 	if _, err := c.Probe(context.Background()); err != nil {
 		t.Fatal(err)
@@ -668,15 +660,29 @@ func TestNodeTamperedWatchFollowsAReplacedDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitWake("the directory's replacement", func() {})
-	// The run after the wake hands the watcher the directories again.
+	// The run after the wake hands the watcher the directories again: the
+	// new directory is watched (and read again by the run that asks for).
 	if _, err := c.Probe(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	awaitWake("a new file in the new directory", func() {
-		n++
-		h.write(fmt.Sprintf("/etc/cni/net.d/%02d-evil.conflist", n), "{}")
-	})
+	awaitWake("the new directory's watch", func() {})
+	select {
+	case <-woken:
+	default:
+	}
+	h.write("/etc/cni/net.d/01-evil.conflist", "{}")
+	awaitWake("a new file in the new directory", func() {})
+}
+
+// awaitWatching waits for the wake a watcher asks for once it has set its
+// first watches (Watch: a run after them reads what came before them).
+func awaitWatching(t *testing.T, woken <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of the watcher setting its watches")
+	}
 }
 
 // A clear forged into the tamper state file (no baseline, retake) is not an
@@ -1176,4 +1182,38 @@ func TestNodeTamperedClearBeforeARebootDoesNotSkipTheNextBootsGate(t *testing.T)
 	h.probe(c2, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/kubernetes/kubelet.conf")
 	h.write("/etc/kubernetes/kubelet.conf", "apiVersion: v1\n")
 	h.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+}
+
+// A directory the check starts watching after a run's scan (here one a
+// protected path appears in, created a moment before) is read again once
+// its watch is set: what was written there between the scan and the watch
+// sent no notification, and without that run it waited for the interval's
+// scan (5 min). The order is forced by starting the watcher after the
+// write: the run that the directory's creation woke has scanned, the
+// watcher has not yet watched it (as at every start, and after every run
+// that finds a new directory).
+func TestNodeTamperedWatchSeesWhatCameBeforeItsWatch(t *testing.T) {
+	h := newTamperHost(t)
+	h.protect = []string{"/opt/evil/manifests"}
+	if err := os.MkdirAll(h.path("/opt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	// The run the directory's creation wakes: nothing protected in it, and
+	// it hands the watcher /opt/evil, where manifests would appear.
+	if err := os.Mkdir(h.path("/opt/evil"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	// Written after that run's scan, before the watch on /opt/evil is set.
+	h.write("/opt/evil/manifests/evil.yaml", "kind: Pod\n")
+	woken, stop := watchWakes(c)
+	defer stop()
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up within 10s of watching a directory a protected path was written into before its watch")
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/opt/evil/manifests added")
 }

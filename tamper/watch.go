@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"unsafe"
@@ -46,8 +47,11 @@ func NewWatcher(root string) (*Watcher, error) {
 
 // Set makes the watched directories dirs (host paths): a directory that does
 // not exist is watched through its nearest existing ancestor, where it
-// would appear. It returns the directories that could not be watched.
-func (w *Watcher) Set(dirs []string) (failed []string) {
+// would appear. It returns the directories it watches now and did not
+// before (added: a change made there before this call sent no
+// notification, so whoever scanned them before it reads them again), and
+// those that could not be watched.
+func (w *Watcher) Set(dirs []string) (added, failed []string) {
 	want := map[string]bool{}
 	for _, d := range dirs {
 		for {
@@ -78,8 +82,10 @@ func (w *Watcher) Set(dirs []string) (failed []string) {
 			continue
 		}
 		w.dir[d], w.wds[wd] = wd, d
+		added = append(added, d)
 	}
-	return failed
+	slices.Sort(added)
+	return added, failed
 }
 
 // Event is one notification: the host path it concerns ("" when the queue

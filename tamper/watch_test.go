@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -36,7 +37,7 @@ func TestWatcherFollowsAReplacedDirectory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if failed := w.Set([]string{"/etc/cni/net.d"}); len(failed) > 0 {
+			if _, failed := w.Set([]string{"/etc/cni/net.d"}); len(failed) > 0 {
 				t.Fatalf("Set failed for %q", failed)
 			}
 			events := make(chan Event, 64)
@@ -56,7 +57,7 @@ func TestWatcherFollowsAReplacedDirectory(t *testing.T) {
 			if still {
 				t.Fatal("the dead watch is still in the maps")
 			}
-			if failed := w.Set([]string{"/etc/cni/net.d"}); len(failed) > 0 {
+			if _, failed := w.Set([]string{"/etc/cni/net.d"}); len(failed) > 0 {
 				t.Fatalf("Set failed for %q", failed)
 			}
 			if err := os.WriteFile(filepath.Join(dir, "00-evil.conflist"), []byte("{}"), 0o644); err != nil {
@@ -79,5 +80,38 @@ func await(t *testing.T, events <-chan Event, want Event) {
 		case <-deadline:
 			t.Fatalf("no event %+v within 10s", want)
 		}
+	}
+}
+
+// Set reports the directories it watches anew, and only those: the check
+// runs once more after a Set that added one (what was written there before
+// its watch), and that run's Set of the same directories adds none, so the
+// two never wake each other in a loop. A directory it cannot watch is not
+// added.
+func TestWatcherSetReportsOnlyNewWatches(t *testing.T) {
+	root := tree(t, map[string]string{"/etc/cni/net.d/05-cilium.conflist": "{}", "/etc/containerd/config.toml": ""})
+	w, err := NewWatcher(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	dirs := []string{"/etc/cni/net.d", "/etc/containerd/conf.d"} // conf.d does not exist: watched through /etc/containerd
+	if added, failed := w.Set(dirs); !slices.Equal(added, []string{"/etc/cni/net.d", "/etc/containerd"}) || len(failed) > 0 {
+		t.Fatalf("first Set: added %q, failed %q", added, failed)
+	}
+	if added, failed := w.Set(dirs); len(added) > 0 || len(failed) > 0 {
+		t.Fatalf("the same Set again: added %q, failed %q; want nothing", added, failed)
+	}
+	if err := os.Mkdir(filepath.Join(root, "/etc/containerd/conf.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if added, _ := w.Set(dirs); !slices.Equal(added, []string{"/etc/containerd/conf.d"}) {
+		t.Fatalf("after conf.d was created: added %q, want it", added)
+	}
+	if err := os.WriteFile(filepath.Join(root, "/etc/file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if added, failed := w.Set([]string{"/etc/file"}); len(added) > 0 || !slices.Equal(failed, []string{"/etc/file"}) {
+		t.Fatalf("a file: added %q, failed %q; want it failed, not added", added, failed)
 	}
 }
