@@ -23,6 +23,18 @@ func init() { Register("NodeTampered", newNodeTamperedCheck) }
 // or replaced in, the tamper state file within the boot is a finding.
 const TamperMemoKey = "tamper"
 
+// TamperUnsettledMemoKey is the name under which NodeTampered keeps, in the
+// state file, why this boot's baseline was taken before it settled (with
+// the baseline's digest): a daemon restart within the boot still says so.
+const TamperUnsettledMemoKey = "tamper/unsettled"
+
+// unsettledNote is why the baseline of digest Digest was taken before it
+// settled ("" Why: it settled).
+type unsettledNote struct {
+	Digest string `json:"digest"`
+	Why    string `json:"why"`
+}
+
 // nodeTamperedCheck: a protected path (checks.NodeTampered.paths) added,
 // removed or changed since this boot's baseline. The baseline is taken at
 // the first run after boot once the node has joined and the protected files
@@ -46,7 +58,11 @@ type nodeTamperedCheck struct {
 	// memo is this boot's baseline digest, kept in the state file: read
 	// from the keeper at every save (KeptDigest), so that the state file
 	// never names a baseline tamper.json does not hold on disk.
-	memo       bootValue[string]
+	memo bootValue[string]
+	// unsettled says why this boot's baseline was taken before it
+	// settled, kept in the state file: a restart (or a reload) within the
+	// boot does not drop it from the False message.
+	unsettled  bootValue[unsettledNote]
 	loadLogged sync.Once
 	// scopeLogged: the protected paths differ from the baseline's (logged
 	// once per instance: a reload that changes them makes a new one).
@@ -62,9 +78,8 @@ type nodeTamperedCheck struct {
 	candEntries []tamper.Entry
 	changed     string
 	// waitSince is this boot's first run without a baseline (the start of
-	// maxWait); unsettled says why a baseline was taken before it settled.
+	// maxWait).
 	waitSince time.Time
-	unsettled string
 	dirs      []string
 	// watch gets the directories to watch and when to wake for the
 	// baseline, after each run (latest wins).
@@ -85,11 +100,12 @@ func newNodeTamperedCheck(env *Env) (Check, error) {
 	k := tamperKeeper(env)
 	nc := &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
 		gate: c.BaselineAfter, tolerate: tolerate, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: k, watch: make(chan watchPlan, 1),
-		memo: bootValue[string]{key: TamperMemoKey, read: k.KeptDigest}}
+		memo: bootValue[string]{key: TamperMemoKey, read: k.KeptDigest}, unsettled: bootValue[unsettledNote]{key: TamperUnsettledMemoKey}}
 	// The saved digest is read now, and from now on the keeper's is saved:
 	// a clear before the first run (the daemon just started) saves the
 	// state file without the baseline it drops, not the digest restored.
 	nc.memo.restore(env.Memos)
+	nc.unsettled.restore(env.Memos)
 	return nc, nil
 }
 
@@ -189,11 +205,9 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 		}
 	}
 	res := c.result(st, pending, unreadable)
-	c.mu.Lock()
-	if res.Reason == report.ReasonNodeIntact && c.unsettled != "" {
-		res.Message += " (baseline " + c.unsettled + ")"
+	if n := c.unsettled.get(); res.Reason == report.ReasonNodeIntact && n.Why != "" && st.Baseline != nil && n.Digest == st.Baseline.Digest {
+		res.Message += " (baseline " + n.Why + ")"
 	}
-	c.mu.Unlock()
 	res.Details = []report.Detail{{Domain: "tamper", Field: "tamper", Value: c.keeper.Report()}}
 	return res, nil
 }
@@ -248,11 +262,11 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 		}
 		unsettled = fmt.Sprintf("taken unsettled after %s: %s still changing", config.ShortDuration(c.maxWait), c.changed)
 	}
-	c.unsettled = unsettled
 	c.mu.Unlock()
 	if unsettled != "" {
 		c.env.Log.Warn("baseline taken before it settled", "why", unsettled)
 	}
+	c.unsettled.set(c.env.Memos, unsettledNote{Digest: b.Digest, Why: unsettled})
 	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake, s.RetakeBoot = b, false, ""; return true }); err != nil {
 		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
 	}

@@ -1217,3 +1217,49 @@ func TestNodeTamperedWatchSeesWhatCameBeforeItsWatch(t *testing.T) {
 	}
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/opt/evil/manifests added")
 }
+
+// A baseline taken unsettled (baseline_max_wait) is still said to be so
+// after a daemon restart within the boot: the note is kept in the state
+// file with the baseline's digest. Before, the restarted daemon's False
+// message dropped it (a Node status write, and the operator no longer told
+// that the baseline may hold a change made while it was taken). A clear's
+// baseline, and the next boot's, do not carry it.
+func TestNodeTamperedUnsettledBaselineSaidSoAfterARestart(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	c.gate, c.maxWait = []string{"/etc/never"}, 3*time.Minute
+	for range 3 {
+		h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/never")
+	}
+	const note = "(baseline taken unsettled after 3m: nothing matched /etc/never)"
+	want := h.probe(c, report.StatusFalse, report.ReasonNodeIntact, note).Message
+	if err := memos.Save(h.stateDir, h.now); err != nil {
+		t.Fatal(err)
+	}
+	restored := report.NewStore("boot-1")
+	if _, err := restored.Load(h.stateDir); err != nil {
+		t.Fatal(err)
+	}
+	c2 := h.start("boot-1", restored)
+	if got := h.probe(c2, report.StatusFalse, report.ReasonNodeIntact, note).Message; got != want {
+		t.Errorf("after the restart: %q, want the same message as before it, %q", got, want)
+	}
+	// A clear retakes the baseline at once, settled by the operator's word.
+	if err := c2.keeper.ClearAll(tamper.Clear{At: h.now, Reason: "reviewed", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if res := h.probe(c2, report.StatusFalse, report.ReasonNodeIntact, "unchanged"); strings.Contains(res.Message, "unsettled") {
+		t.Errorf("the clear's baseline said unsettled: %q", res.Message)
+	}
+	if err := restored.Save(h.stateDir, h.now); err != nil {
+		t.Fatal(err)
+	}
+	again := report.NewStore("boot-1")
+	if _, err := again.Load(h.stateDir); err != nil {
+		t.Fatal(err)
+	}
+	if res := h.probe(h.start("boot-1", again), report.StatusFalse, report.ReasonNodeIntact, "unchanged"); strings.Contains(res.Message, "unsettled") {
+		t.Errorf("the clear's baseline said unsettled after a restart: %q", res.Message)
+	}
+}
