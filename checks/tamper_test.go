@@ -1263,3 +1263,34 @@ func TestNodeTamperedUnsettledBaselineSaidSoAfterARestart(t *testing.T) {
 		t.Errorf("the clear's baseline said unsettled after a restart: %q", res.Message)
 	}
 }
+
+// A protected path that is a symlink is recorded as the link (README,
+// "Tamper conditions"): what it points to is not read, so a change there is
+// no finding unless that path is protected too; pointing the link
+// elsewhere is one. This pins what README tells the operator.
+func TestNodeTamperedASymlinkedProtectedPathIsRecordedAsTheLink(t *testing.T) {
+	h := newTamperHost(t)
+	h.write("/opt/real/kubelet.conf", "apiVersion: v1\n")
+	h.write("/opt/manifests/etcd.yaml", "kind: Pod\n")
+	if err := os.Remove(h.path("/etc/kubernetes/kubelet.conf")); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{"/etc/kubernetes/kubelet.conf": "../../opt/real/kubelet.conf", "/etc/kubernetes/manifests": "../../opt/manifests"} {
+		if err := os.Symlink(target, h.path(link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.protect = []string{"/etc/kubernetes/manifests"}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths unchanged")
+	h.write("/opt/real/kubelet.conf", "server: https://evil\n")
+	h.write("/opt/manifests/evil.yaml", "kind: Pod\n")
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "6 protected paths unchanged")
+	if err := os.Remove(h.path("/etc/kubernetes/manifests")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../opt/real", h.path("/etc/kubernetes/manifests")); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/manifests link-target")
+}
