@@ -1294,3 +1294,37 @@ func TestNodeTamperedASymlinkedProtectedPathIsRecordedAsTheLink(t *testing.T) {
 	}
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/manifests link-target")
 }
+
+// An OS upgrade (README, "Tamper conditions"): recorded hashes rewritten
+// for the next image within a boot are RecordedHashAltered there, and that
+// finding is held after the reboot into the image they match, until a
+// clear; recorded hashes the new image's boot holds before the first run
+// in it are that boot's first reading, and its layers match them.
+func TestSealedOSTamperedAcrossAnOSUpgrade(t *testing.T) {
+	const rec = "/var/lib/syself/sealed-os/root-hashes"
+	t.Run("record rewritten before the reboot", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}}
+		h.probe(sealedEnv(t, h, "boot-1", dm), report.StatusFalse, report.ReasonSealedOSIntact, "root "+hashA)
+		c := sealedEnv(t, h, "boot-1", dm)
+		h.write(rec, "root "+hashB+"\n") // the upgrade stages the next image
+		h.probe(c, report.StatusTrue, report.ReasonRecordedHashAltered, "recorded-hash-altered")
+		dm.targets = []tamper.VerityTarget{verity("root", hashB)} // the reboot into it
+		c2 := sealedEnv(t, h, "boot-2", dm)
+		h.probe(c2, report.StatusTrue, report.ReasonRecordedHashAltered, "1 finding(s)")
+		if err := c2.(*sealedOSCheck).keeper.ClearAll(tamper.Clear{At: h.now, Reason: "os upgrade", By: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		h.probe(c2, report.StatusFalse, report.ReasonSealedOSIntact, "root "+hashB)
+	})
+	t.Run("record written in the new image's boot", func(t *testing.T) {
+		h := newTamperHost(t)
+		h.write(rec, "root "+hashA+"\n")
+		dm := &fakeDM{targets: []tamper.VerityTarget{verity("root", hashA)}}
+		h.probe(sealedEnv(t, h, "boot-1", dm), report.StatusFalse, report.ReasonSealedOSIntact, "root "+hashA)
+		dm.targets = []tamper.VerityTarget{verity("root", hashB)}
+		h.write(rec, "root "+hashB+"\n")
+		h.probe(sealedEnv(t, h, "boot-2", dm), report.StatusFalse, report.ReasonSealedOSIntact, "root "+hashB)
+	})
+}
