@@ -61,7 +61,9 @@ type nodeTamperedCheck struct {
 	memo bootValue[string]
 	// unsettled says why this boot's baseline was taken before it
 	// settled, kept in the state file: a restart (or a reload) within the
-	// boot does not drop it from the False message.
+	// boot does not drop it from the False message. Like memo, it is read
+	// from the keeper (Keeper.Unsettled), shared by the instances a reload
+	// builds: the state file keeps the note of whichever took the baseline.
 	unsettled  bootValue[unsettledNote]
 	loadLogged sync.Once
 	// scopeLogged: the protected paths differ from the baseline's (logged
@@ -100,12 +102,18 @@ func newNodeTamperedCheck(env *Env) (Check, error) {
 	k := tamperKeeper(env)
 	nc := &nodeTamperedCheck{env: env, spec: tamper.Spec{Patterns: c.Paths, Exclude: c.Exclude},
 		gate: c.BaselineAfter, tolerate: tolerate, settle: c.Settle.Duration, maxWait: c.BaselineMaxWait.Duration, keeper: k, watch: make(chan watchPlan, 1),
-		memo: bootValue[string]{key: TamperMemoKey, read: k.KeptDigest}, unsettled: bootValue[unsettledNote]{key: TamperUnsettledMemoKey}}
+		memo: bootValue[string]{key: TamperMemoKey, read: k.KeptDigest}, unsettled: bootValue[unsettledNote]{key: TamperUnsettledMemoKey, read: func() unsettledNote {
+			d, why := k.Unsettled()
+			return unsettledNote{Digest: d, Why: why}
+		}}}
 	// The saved digest is read now, and from now on the keeper's is saved:
 	// a clear before the first run (the daemon just started) saves the
 	// state file without the baseline it drops, not the digest restored.
 	nc.memo.restore(env.Memos)
 	nc.unsettled.restore(env.Memos)
+	if n := nc.unsettled.get(); n.Digest != "" {
+		k.RestoreUnsettled(n.Digest, n.Why)
+	}
 	return nc, nil
 }
 
@@ -205,8 +213,8 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 		}
 	}
 	res := c.result(st, pending, unreadable)
-	if n := c.unsettled.get(); res.Reason == report.ReasonNodeIntact && n.Why != "" && st.Baseline != nil && n.Digest == st.Baseline.Digest {
-		res.Message += " (baseline " + n.Why + ")"
+	if d, why := c.keeper.Unsettled(); res.Reason == report.ReasonNodeIntact && why != "" && st.Baseline != nil && d == st.Baseline.Digest {
+		res.Message += " (baseline " + why + ")"
 	}
 	res.Details = []report.Detail{{Domain: "tamper", Field: "tamper", Value: c.keeper.Report()}}
 	return res, nil
@@ -266,7 +274,9 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 	if unsettled != "" {
 		c.env.Log.Warn("baseline taken before it settled", "why", unsettled)
 	}
-	c.unsettled.set(c.env.Memos, unsettledNote{Digest: b.Digest, Why: unsettled})
+	if c.keeper.SetUnsettled(b.Digest, unsettled) && c.env.Memos != nil {
+		c.env.Memos.Touch()
+	}
 	if err := c.keeper.Update(func(s *tamper.State) bool { s.Baseline, s.Retake, s.RetakeBoot = b, false, ""; return true }); err != nil {
 		c.env.Log.Error("saving the baseline failed", "file", c.keeper.Path(), "err", err)
 	}

@@ -1264,6 +1264,47 @@ func TestNodeTamperedUnsettledBaselineSaidSoAfterARestart(t *testing.T) {
 	}
 }
 
+// A reload builds the check's new instance before the old one's loop has
+// stopped (Runner.Apply: the old run in flight finishes first), and a
+// reload that another check fails keeps the old instance running after its
+// successor was built and dropped: the baseline the old instance then takes
+// unsettled is still said to be so by the new instance, and after a
+// restart. Before, the note lived in the instance that took the baseline,
+// while the state file kept the value of the instance built last (restored
+// before the baseline was taken: none): the new instance's False message
+// dropped it, and so did every later restart in the boot.
+func TestNodeTamperedUnsettledBaselineSaidSoByTheInstanceOfAReload(t *testing.T) {
+	h := newTamperHost(t)
+	memos := report.NewStore("boot-1")
+	c := h.start("boot-1", memos)
+	c.gate, c.maxWait = []string{"/etc/never"}, 3*time.Minute
+	for range 3 {
+		h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/never")
+	}
+	env := *c.env // a reload's env: the same keeper and state file
+	built, err := newNodeTamperedCheck(&env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reloaded := built.(*nodeTamperedCheck)
+	const note = "(baseline taken unsettled after 3m: nothing matched /etc/never)"
+	// The old instance's run, in flight during the reload, takes it.
+	want := h.probe(c, report.StatusFalse, report.ReasonNodeIntact, note).Message
+	if got := h.probe(reloaded, report.StatusFalse, report.ReasonNodeIntact, "unchanged").Message; got != want {
+		t.Errorf("the reload's instance: %q, want the same message as the instance that took the baseline, %q", got, want)
+	}
+	if err := memos.Save(h.stateDir, h.now); err != nil {
+		t.Fatal(err)
+	}
+	restored := report.NewStore("boot-1")
+	if _, err := restored.Load(h.stateDir); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.probe(h.start("boot-1", restored), report.StatusFalse, report.ReasonNodeIntact, "unchanged").Message; got != want {
+		t.Errorf("after a restart: %q, want the same message as before it, %q", got, want)
+	}
+}
+
 // A protected path that is a symlink is recorded as the link (README,
 // "Tamper conditions"): what it points to is not read, so a change there is
 // no finding unless that path is protected too; pointing the link

@@ -35,6 +35,12 @@ type Keeper struct {
 	layers []LayerReport
 	// pending says why this boot has no baseline yet ("" once it has one).
 	pending string
+	// unsettled says why the baseline of digest unsettledFor was taken
+	// before it settled ("" why: it settled). Not in the tamper state
+	// file: the daemon keeps it in its own (checks.TamperUnsettledMemoKey).
+	// It is the keeper's, not a check instance's: a reload's new instance,
+	// built while the old one's run takes the baseline, says it too.
+	unsettled, unsettledFor string
 	// clearTrusted: the clear in the state is one this process performed,
 	// or one the daemon published to the Node before (TrustClear). Only
 	// such a clear is reported: the state file alone could be forged.
@@ -351,6 +357,35 @@ func (k *Keeper) SetPending(why string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.pending = why
+}
+
+// SetUnsettled records why the baseline of digest was taken before it
+// settled ("" why: it settled), and reports whether that changed.
+func (k *Keeper) SetUnsettled(digest, why string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	changed := k.unsettledFor != digest || k.unsettled != why
+	k.unsettledFor, k.unsettled = digest, why
+	return changed
+}
+
+// RestoreUnsettled records a note read back from where it was kept (a
+// daemon restart), unless one is recorded already (a reload: the keeper's
+// is the latest).
+func (k *Keeper) RestoreUnsettled(digest, why string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.unsettledFor == "" {
+		k.unsettledFor, k.unsettled = digest, why
+	}
+}
+
+// Unsettled returns the digest of the baseline the note is about and why
+// it was taken before it settled ("" why: it settled, or no note).
+func (k *Keeper) Unsettled() (digest, why string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.unsettledFor, k.unsettled
 }
 
 // SetLayers records the latest comparison of the sealed layers.
