@@ -115,3 +115,53 @@ func TestWatcherSetReportsOnlyNewWatches(t *testing.T) {
 		t.Fatalf("a file: added %q, failed %q; want it failed, not added", added, failed)
 	}
 }
+
+// A directory under a protected wildcard that comes and goes (a pod's
+// directory under /var/lib/kubelet/pods/*) costs the check one extra run
+// per creation (its watch is new: Set adds it, once) and none per removal
+// (the directory is no longer handed over; its parent, watched all along,
+// is not added again): the directories handed over are those a run plans
+// (Dirs and WildcardDirs, as NodeTampered's plan). A Set that added again
+// on every run, or on the removal, would run the check in a loop or twice
+// per churn.
+func TestWatcherSetAddsAChurningWildcardDirectoryOncePerCreation(t *testing.T) {
+	root := tree(t, map[string]string{"/var/lib/kubelet/pods/.keep": ""})
+	spec := Spec{Patterns: []string{"/var/lib/kubelet/pods/*/etc-hosts"}}
+	w, err := NewWatcher(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	plan := func() []string {
+		t.Helper()
+		cur, err := Scan(root, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(Dirs(spec, cur), WildcardDirs(root, spec)...)
+	}
+	if added, failed := w.Set(plan()); !slices.Equal(added, []string{"/var/lib/kubelet/pods"}) || len(failed) > 0 {
+		t.Fatalf("first Set: added %q, failed %q", added, failed)
+	}
+	pod := filepath.Join(root, "/var/lib/kubelet/pods/uid-1")
+	adds := 0
+	for cycle := range 3 {
+		if err := os.Mkdir(pod, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		added, _ := w.Set(plan()) // the run the creation woke
+		adds += len(added)
+		if again, _ := w.Set(plan()); len(again) > 0 { // the run that Set's wake asked for
+			t.Fatalf("cycle %d: the extra run's Set added %q; want nothing (no loop)", cycle, again)
+		}
+		if err := os.RemoveAll(pod); err != nil {
+			t.Fatal(err)
+		}
+		if added, _ := w.Set(plan()); len(added) > 0 { // the run the removal woke
+			t.Fatalf("cycle %d: the removal's run added %q; want nothing", cycle, added)
+		}
+	}
+	if adds != 3 {
+		t.Fatalf("3 creations added %d watches; want 3 (one extra run each)", adds)
+	}
+}
