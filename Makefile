@@ -121,12 +121,12 @@ deb: build
 # The unit tests of the packages whose layouts differ by architecture (the
 # NVMe admin command, adjtimex's struct, statfs, the kernel log records)
 # built for arm64 and run under qemu-user (Debian's qemu-user-static).
-# Three tests of this machine's kernel cannot run there: one re-executes the
+# Five tests of this machine's kernel cannot run there: one re-executes the
 # test binary under unshare(1), which the kernel cannot start without a
 # binfmt_misc entry for qemu; one expects the kernel's answer to the NVMe
 # ioctl on /dev/null (ENOTTY), and qemu-user does not pass that ioctl to the
 # kernel (ENOSYS); one installs a seccomp filter on a thread, which qemu-user
-# refuses (EINVAL: the filter would apply to the emulator itself). Two more
+# refuses (EINVAL: the filter would apply to the emulator itself); two
 # open kubelet's certificate through its absolute link under a host root
 # with openat2(RESOLVE_IN_ROOT), which qemu-user 7.2 does not emulate
 # (ENOSYS: the check then opens the path as before, through the daemon's
