@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -41,8 +40,8 @@ type cniCheck struct {
 	sock   *keptSocket
 	tr     *http.Transport
 	client *http.Client
-	// healthy: the agent answered Ok or Disabled in this boot.
-	healthy bootValue[bool]
+	// grace: the agent answered Ok or Disabled in this boot (bootGrace).
+	grace bootGrace
 }
 
 // CNIKey is the name under which CNIUnhealthy keeps, in the state file,
@@ -57,8 +56,8 @@ func newCNICheck(env *Env) (Check, error) {
 	c := env.Config.Checks.CNIUnhealthy
 	tr := &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}
 	return &cniCheck{env: env, socket: c.Socket, sock: newKeptSocket(env.Path(c.Socket), tr), tr: tr,
-		client:  &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)},
-		healthy: bootValue[bool]{key: CNIKey}}, nil
+		client: &http.Client{Transport: tr, Timeout: probeTimeout(c.Timeout.Duration)},
+		grace:  newBootGrace(CNIKey, cniBootGrace, "cilium-agent has not been healthy yet in this boot")}, nil
 }
 
 // Close closes the kept connection (Closer).
@@ -74,19 +73,7 @@ type ciliumStatus struct {
 }
 
 func (c *cniCheck) Probe(ctx context.Context) (Result, error) {
-	c.healthy.restore(c.env.Memos)
-	r, err := c.probe(ctx)
-	switch {
-	case err != nil:
-	case r.Status == report.StatusFalse:
-		c.healthy.set(c.env.Memos, true)
-	case r.Status == report.StatusTrue && !c.healthy.get():
-		if up, uerr := c.env.Sys.SinceBoot(); uerr == nil && up < cniBootGrace {
-			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
-				Message: fmt.Sprintf("cilium-agent has not been healthy yet in this boot (%s); it is a problem from %s after the boot", r.Message, config.ShortDuration(cniBootGrace))}, nil
-		}
-	}
-	return r, err
+	return c.grace.probe(ctx, c.env, c.probe)
 }
 
 func (c *cniCheck) probe(ctx context.Context) (Result, error) {

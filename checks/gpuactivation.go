@@ -14,7 +14,6 @@ import (
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -63,8 +62,8 @@ type gpuActivationCheck struct {
 	marker string
 	dirs   []string
 	kind   string
-	// activated: activation was seen complete (GpuActivated) in this boot.
-	activated bootValue[bool]
+	// grace: activation seen complete (GpuActivated) in this boot (bootGrace).
+	grace bootGrace
 }
 
 // GpuKey is the name under which GpuActivationFailed keeps, in the state
@@ -82,7 +81,7 @@ func newGpuActivationCheck(env *Env) (Check, error) {
 		dirs[i] = filepath.Clean(d) // as the CDI cache keeps them
 	}
 	return &gpuActivationCheck{env: env, marker: c.MarkerPath, dirs: dirs, kind: c.CDIKind,
-		activated: bootValue[bool]{key: GpuKey}}, nil
+		grace: newBootGrace(GpuKey, gpuBootGrace, "GPU activation has not finished yet in this boot")}, nil
 }
 
 // gpu is one GPU and the CDI device names that would name it.
@@ -104,19 +103,7 @@ func (g gpu) String() string {
 }
 
 func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
-	c.activated.restore(c.env.Memos)
-	r, err := c.probe(ctx)
-	switch {
-	case err != nil:
-	case r.Status == report.StatusFalse:
-		c.activated.set(c.env.Memos, true)
-	case r.Status == report.StatusTrue && !c.activated.get():
-		if up, uerr := c.env.Sys.SinceBoot(); uerr == nil && up < gpuBootGrace {
-			return Result{Status: report.StatusUnknown, Reason: report.ReasonNoData,
-				Message: fmt.Sprintf("GPU activation has not finished yet in this boot (%s); it is a problem from %s after the boot", r.Message, config.ShortDuration(gpuBootGrace))}, nil
-		}
-	}
-	return r, err
+	return c.grace.probe(ctx, c.env, c.probe)
 }
 
 func (c *gpuActivationCheck) probe(ctx context.Context) (Result, error) {
