@@ -9,12 +9,7 @@ import (
 )
 
 // JournalEntryForTest is a journal entry as KubeletHeartbeatFailed reads it.
-type JournalEntryForTest struct {
-	Cursor   string
-	Realtime time.Time
-	BootID   string
-	Messages [][]byte
-}
+type JournalEntryForTest = journalEntry
 
 // ReadJournalForTest reads a unit's entries under root as
 // KubeletHeartbeatFailed does, natively (journalctl "") or with that
@@ -23,9 +18,7 @@ type JournalEntryForTest struct {
 func ReadJournalForTest(ctx context.Context, journalctl, root, unit, after string, since time.Time, max int) ([]JournalEntryForTest, error) {
 	q := journalQuery{Journalctl: journalctl, Root: root, Unit: unit, After: after, Since: since, Max: max}
 	var out []JournalEntryForTest
-	fn := func(e journalEntry) {
-		out = append(out, JournalEntryForTest{Cursor: e.Cursor, Realtime: e.Realtime, BootID: e.BootID, Messages: e.Messages})
-	}
+	fn := func(e journalEntry) { out = append(out, e) }
 	var err error
 	if journalctl == "" {
 		_, err = readJournalNative(ctx, root, q, fn)
