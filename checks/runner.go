@@ -100,6 +100,15 @@ type HeldFailure struct {
 	Message string        `json:"message"`
 }
 
+// stored is e's condition as the store holds it: its part of the
+// condition where e evaluates one (DisksFailure's SMART part).
+func (r *Runner) stored(e *entry) (report.Condition, bool) {
+	if e.part != "" {
+		return r.store.Part(e.part, e.cond)
+	}
+	return r.store.Get(e.cond)
+}
+
 // holdTrue counts the failed runs of e's check in a row and reports
 // whether c, a run's result that started at start, is left unrecorded
 // because the run failed (an error, a timeout, a previous run not
@@ -123,10 +132,7 @@ func (r *Runner) holdTrue(e *entry, c report.Condition, failed bool, start time.
 	var prev report.Condition
 	var had bool
 	if failed {
-		prev, had = r.store.Get(e.cond)
-		if e.part != "" {
-			prev, had = r.store.Part(e.part, e.cond)
-		}
+		prev, had = r.stored(e)
 	}
 	e.failMu.Lock()
 	kept := keptRuns(e.failedRuns)
@@ -932,10 +938,7 @@ func (r *Runner) held(ctx context.Context, e *entry, c report.Condition) bool {
 		// forever) is never what a shutdown causes, and is never hidden.
 		return false
 	}
-	prev, had := r.store.Get(e.cond)
-	if e.part != "" {
-		prev, had = r.store.Part(e.part, e.cond)
-	}
+	prev, had := r.stored(e)
 	// The store keeps a condition's message cut at report.MaxMessageLen (a
 	// part's as the probe said it, until a restart restores it cut): the
 	// same long message is no change.
