@@ -21,6 +21,12 @@ func openNoWait(path string) (*os.File, fs.FileInfo, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return withInfo(f)
+}
+
+// withInfo returns the opened f with what it is (fstat), or closes it
+// and returns the error.
+func withInfo(f *os.File) (*os.File, fs.FileInfo, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
@@ -48,13 +54,7 @@ func openNoWaitIn(root, p string) (*os.File, fs.FileInfo, error) {
 	case err != nil:
 		return nil, nil, err
 	}
-	f := os.NewFile(uintptr(fd), filepath.Join(root, p))
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return f, fi, nil
+	return withInfo(os.NewFile(uintptr(fd), filepath.Join(root, p)))
 }
 
 // readlinkIn is os.Readlink of the host path p under the host root root,
