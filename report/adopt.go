@@ -60,13 +60,19 @@ const futureSlack = time.Minute
 // reason kept; Redaters are told), so watchers' timers start now at worst,
 // and it orders nothing against the store (nodeIsNewer).
 //
-// A condition type or reason outside the catalog is ignored. Adopt reports
-// whether the store changed.
+// A condition type or reason outside the catalog is ignored. The message is
+// taken as the store keeps every message (CapMessage). Adopt reports whether
+// the store changed.
 func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	desc, ok := Lookup(c.Type)
 	if !ok || !desc.ValidReason(c.Status, c.Reason) {
 		return false
 	}
+	// The Node's message is made printable and capped as every message
+	// the store holds: an earlier build wrote the kernel's line raw (a
+	// hung task named with a terminal escape sequence), which status, the
+	// state file and every later write carried on for the boot.
+	c.Message = CapMessage(c.Message)
 	s.notifyMu.Lock()
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()

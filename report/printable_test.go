@@ -35,7 +35,8 @@ func TestPrintable(t *testing.T) {
 }
 
 // The store publishes every message so: a condition's (Set and a part's,
-// SetPart), an Event's, and one restored from the state file.
+// SetPart), an Event's, one carried over from the Node (Adopt), and one
+// restored from the state file.
 func TestStoreKeepsMessagesPrintable(t *testing.T) {
 	s := NewStore("boot1")
 	var evs []Event
@@ -54,6 +55,11 @@ func TestStoreKeepsMessagesPrintable(t *testing.T) {
 	s.Emit(Event{Reason: "TaskHung", Message: "INFO: task \x1b[2J:1 blocked for more than 120 seconds.", Time: t0})
 	if len(evs) != 1 || evs[0].Message != `INFO: task \x1b[2J:1 blocked for more than 120 seconds.` {
 		t.Errorf("Emit: %q", evs)
+	}
+	// One carried over from the Node at start (an earlier build wrote it raw).
+	s.Adopt(cond("KernelDeadlock", StatusTrue, "CriticalTaskHung", "INFO: task \x1b[2J:1 blocked\n"), "")
+	if c, _ := s.Get("KernelDeadlock"); c.Message != `INFO: task \x1b[2J:1 blocked\x0a` {
+		t.Errorf("Adopt: %q", c.Message)
 	}
 	// Escaping comes before the cap: the cap still holds, and it does not
 	// cut a \xNN in two.

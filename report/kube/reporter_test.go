@@ -2235,3 +2235,44 @@ func TestShutdownDuringTheFoldedWriteStillWritesTheLastChange(t *testing.T) {
 		})
 	}
 }
+
+// A message read back from the Node at start is one line of printable text
+// like any other the store holds: an earlier build wrote the kernel's line
+// raw (a hung task named with a terminal escape sequence), and a restart
+// without the state file (or one whose state file the Node's word
+// replaces) carried it over as it was, into status (whose output the
+// administrator's terminal acts on), the state file, and back onto the
+// Node with every write, for the whole boot: a kernel condition True is
+// held until the reboot, and its line may be gone from the ring buffer.
+// Longer than the store's cap, it is capped as a new message is.
+func TestAdoptedMessagesArePrintable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		raw := "INFO: task runc:\x1b[2J:4242 blocked for more than 120 seconds.\nforged: line"
+		want := `INFO: task runc:\x1b[2J:4242 blocked for more than 120 seconds.\x0aforged: line`
+		long := strings.Repeat("x", 3*report.MaxMessageLen)
+		client := fake.NewClientset(kubeletNode(
+			corev1.NodeCondition{Type: "KernelDeadlock", Status: corev1.ConditionTrue, Reason: "CriticalTaskHung",
+				Message: raw, LastTransitionTime: metav1.NewTime(t0)},
+			corev1.NodeCondition{Type: "DiskUsageHigh", Status: corev1.ConditionTrue, Reason: "FilesystemSpaceHigh",
+				Message: long, LastTransitionTime: metav1.NewTime(t0)},
+		))
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		defer h.stop()
+		<-h.r.Adopted()
+		if c, ok := store.Get("KernelDeadlock"); !ok || c.Message != want {
+			t.Errorf("carried over from the Node: %q; want %q", c.Message, want)
+		}
+		if c, ok := store.Get("DiskUsageHigh"); !ok || len(c.Message) > report.MaxMessageLen {
+			t.Errorf("carried over from the Node: a message of %d bytes; want at most %d", len(c.Message), report.MaxMessageLen)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if c := findCond(h.node(t), "KernelDeadlock"); c == nil || c.Message != want || !c.LastTransitionTime.Time.Equal(t0) {
+			t.Errorf("on the Node after the first write: %+v; want the message %q, since %v", c, want, t0)
+		}
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || len(c.Message) > report.MaxMessageLen {
+			t.Errorf("on the Node after the first write: a message of %d bytes; want at most %d", len(c.Message), report.MaxMessageLen)
+		}
+	})
+}
