@@ -108,6 +108,11 @@ type Env struct {
 	// reload or the three NVMe checks do not start a second call where one
 	// hangs; nil: each check keeps its own (an Env built by hand).
 	Stuck *StuckCalls
+	// JournalFallbacks counts KubeletHeartbeatFailed's runs that read the
+	// journal with journalctl, not natively
+	// (autopilot_health_journal_fallbacks_total); nil: not counted (the
+	// one-shot check).
+	JournalFallbacks *JournalFallbacks
 }
 
 // Helper is the privileged helper as the checks use it

@@ -32,8 +32,10 @@ var (
 	errJournalCorrupt     = errors.New("journal file inconsistent")
 )
 
-func unsupportedf(format string, a ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{errJournalUnsupported}, a...)...)
+// unsupportedf is an errJournalUnsupported, for reason (the label of
+// autopilot_health_journal_fallbacks_total).
+func unsupportedf(reason JournalFallbackReason, format string, a ...any) error {
+	return &nativeUnsupported{reason: reason, err: fmt.Errorf("%w: "+format, append([]any{errJournalUnsupported}, a...)...)}
 }
 
 func corruptf(format string, a ...any) error {
@@ -168,13 +170,13 @@ func openGrowingJournalFile(path string, r io.ReaderAt, sizeNow func() (int64, e
 	h.tailEntryRealtime = le.Uint64(b[192:])
 
 	if unknown := h.incompat &^ jIncompatKnown; unknown != 0 {
-		return nil, unsupportedf("unknown incompatible header flags %#x", unknown)
+		return nil, unsupportedf(FallbackUnknownFormat, "unknown incompatible header flags %#x", unknown)
 	}
 	if h.incompat&(jIncompatXZ|jIncompatLZ4) != 0 {
-		return nil, unsupportedf("file compressed with XZ or LZ4 (flags %#x)", h.incompat)
+		return nil, unsupportedf(FallbackCompression, "file compressed with XZ or LZ4 (flags %#x)", h.incompat)
 	}
 	if h.incompat&jIncompatKeyedHash == 0 {
-		return nil, unsupportedf("file not keyed-hashed (Jenkins hash)")
+		return nil, unsupportedf(FallbackNotKeyedHash, "file not keyed-hashed (Jenkins hash)")
 	}
 	if h.headerSize < jHeaderMinSize || h.headerSize > 1<<20 || h.headerSize%8 != 0 {
 		return nil, corruptf("header size %d", h.headerSize)
@@ -312,7 +314,7 @@ func (f *journalFile) payload(d jData, max int) (p []byte, over bool, err error)
 		}
 		return out, false, nil
 	default:
-		return nil, false, unsupportedf("DATA object at %d compressed with flags %#x (XZ or LZ4)", d.offset, d.flags)
+		return nil, false, unsupportedf(FallbackCompression, "DATA object at %d compressed with flags %#x (XZ or LZ4)", d.offset, d.flags)
 	}
 }
 

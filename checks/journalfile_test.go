@@ -19,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
@@ -152,21 +155,30 @@ func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
 	cases := map[string]struct {
 		change func(b []byte) []byte
 		want   error
+		reason JournalFallbackReason // the label of autopilot_health_journal_fallbacks_total
 	}{
-		"truncated": {func(b []byte) []byte { return b[:len(b)/2] }, errJournalCorrupt},
-		"empty":     {func(b []byte) []byte { return nil }, errJournalCorrupt},
+		"truncated": {func(b []byte) []byte { return b[:len(b)/2] }, errJournalCorrupt, FallbackInconsistent},
+		"empty":     {func(b []byte) []byte { return nil }, errJournalCorrupt, FallbackInconsistent},
 		"unknown incompatible flag": {func(b []byte) []byte {
 			le.PutUint32(b[12:], le.Uint32(b[12:])|1<<9)
 			return b
-		}, errJournalUnsupported},
+		}, errJournalUnsupported, FallbackUnknownFormat},
 		"not keyed-hashed": {func(b []byte) []byte {
 			le.PutUint32(b[12:], le.Uint32(b[12:])&^jIncompatKeyedHash)
 			return b
-		}, errJournalUnsupported},
-		"entry array out of bounds":     {func(b []byte) []byte { put64(b, d.offset+48, uint64(len(b))+4096); return b }, errJournalCorrupt},
-		"entry array of the wrong type": {func(b []byte) []byte { put64(b, d.offset+48, d.offset); return b }, errJournalCorrupt},
-		"entry-array chain cycle":       {func(b []byte) []byte { put64(b, arrays[3]+16, arrays[1]); return b }, errJournalCorrupt},
-		"entry array chain backwards":   {func(b []byte) []byte { put64(b, arrays[2]+16, arrays[0]); return b }, errJournalCorrupt},
+		}, errJournalUnsupported, FallbackNotKeyedHash},
+		"XZ-compressed": {func(b []byte) []byte {
+			le.PutUint32(b[12:], le.Uint32(b[12:])|jIncompatXZ)
+			return b
+		}, errJournalUnsupported, FallbackCompression},
+		"LZ4-compressed": {func(b []byte) []byte {
+			le.PutUint32(b[12:], le.Uint32(b[12:])|jIncompatLZ4)
+			return b
+		}, errJournalUnsupported, FallbackCompression},
+		"entry array out of bounds":     {func(b []byte) []byte { put64(b, d.offset+48, uint64(len(b))+4096); return b }, errJournalCorrupt, FallbackInconsistent},
+		"entry array of the wrong type": {func(b []byte) []byte { put64(b, d.offset+48, d.offset); return b }, errJournalCorrupt, FallbackInconsistent},
+		"entry-array chain cycle":       {func(b []byte) []byte { put64(b, arrays[3]+16, arrays[1]); return b }, errJournalCorrupt, FallbackInconsistent},
+		"entry array chain backwards":   {func(b []byte) []byte { put64(b, arrays[2]+16, arrays[0]); return b }, errJournalCorrupt, FallbackInconsistent},
 		"entry offsets backwards": {func(b []byte) []byte {
 			// The second array's first two items swapped (compact: le32).
 			p := arrays[1] + jEntryArrayFixed
@@ -174,14 +186,14 @@ func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
 			le.PutUint32(b[p:], y)
 			le.PutUint32(b[p+4:], x)
 			return b
-		}, errJournalCorrupt},
-		"hash chain out of bounds": {func(b []byte) []byte { put64(b, d.offset+24, 1<<40); return b }, nil},
+		}, errJournalCorrupt, FallbackInconsistent},
+		"hash chain out of bounds": {func(b []byte) []byte { put64(b, d.offset+24, 1<<40); return b }, nil, ""},
 		"zstd value corrupt": {func(b []byte) []byte {
 			i := bytes.Index(b, []byte{0x28, 0xb5, 0x2f, 0xfd}) // a zstd frame's magic
 			b[i+5] ^= 0xff
 			b[i+9] ^= 0xff
 			return b
-		}, errJournalCorrupt},
+		}, errJournalCorrupt, FallbackInconsistent},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -197,10 +209,14 @@ func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
 			if !errors.Is(err, c.want) {
 				t.Errorf("error %v, want %v", err, c.want)
 			}
+			if r := fallbackReason(err); r != c.reason {
+				t.Errorf("fallback reason %q, want %q (%v)", r, c.reason, err)
+			}
 		})
 	}
 
-	// The check falls back to journalctl, and says why once.
+	// The check falls back to journalctl, says why once, and counts each
+	// run that fell back by its reason.
 	if err := os.WriteFile(files[0], orig[:len(orig)/2], 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +225,24 @@ func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
 	env := heartbeatEnv(t, root, fj, &now)
 	var logs testenv.SyncBuffer
 	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	reg := prometheus.NewRegistry()
+	env.JournalFallbacks = NewJournalFallbacks(reg)
+	fallbacks := func(inconsistent int) {
+		t.Helper()
+		exp := "# HELP autopilot_health_journal_fallbacks_total Runs of KubeletHeartbeatFailed that read the journal with journalctl because the native reader of journald's files could not, by reason (compression, not-keyed-hash, unknown-format, cursor, layout, order, inconsistent, error).\n" +
+			"# TYPE autopilot_health_journal_fallbacks_total counter\n"
+		for _, r := range []string{"compression", "cursor", "error", "inconsistent", "layout", "not-keyed-hash", "order", "unknown-format"} {
+			n := 0
+			if r == "inconsistent" {
+				n = inconsistent
+			}
+			exp += fmt.Sprintf("autopilot_health_journal_fallbacks_total{reason=%q} %d\n", r, n)
+		}
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "autopilot_health_journal_fallbacks_total"); err != nil {
+			t.Error(err)
+		}
+	}
+	fallbacks(0) // every reason's series from the start
 	c, _ := newKubeletHeartbeatCheck(env)
 	for i := 1; i <= 2; i++ {
 		fj.serve(t, i, []int{1})
@@ -216,6 +250,7 @@ func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
 			t.Fatalf("run %d: %+v %v", i, r, err)
 		}
 		fj.args(t, i) // journalctl ran
+		fallbacks(i)
 	}
 	if n := strings.Count(logs.String(), "reading the journal with journalctl"); n != 1 || !strings.Contains(logs.String(), "journal file inconsistent") {
 		t.Errorf("%d fallback lines for 2 runs falling back the same way, want 1:\n%s", n, logs.String())
@@ -233,6 +268,7 @@ func TestNativeJournalCorruptFilesFallBack(t *testing.T) {
 	if !strings.Contains(logs.String(), "reading the journal files natively again") {
 		t.Errorf("no line for reading natively again:\n%s", logs.String())
 	}
+	fallbacks(2) // a run that read natively is not counted
 }
 
 // FuzzJournalFile: no journal file makes the native reader panic or loop;
@@ -490,12 +526,12 @@ func TestNativeJournalOtherMachineDirectory(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want[len(want)-3:]) {
 		t.Fatalf("after a cursor: %d (%v), want 3", len(got), err)
 	}
-	if _, _, err := readNative(t, root, journalQuery{Root: root, Since: time.Unix(0, 0)}); !errors.Is(err, errJournalUnsupported) {
-		t.Errorf("with --root: %v, want the journalctl's reading", err)
+	if _, _, err := readNative(t, root, journalQuery{Root: root, Since: time.Unix(0, 0)}); !errors.Is(err, errJournalUnsupported) || fallbackReason(err) != FallbackLayout {
+		t.Errorf("with --root: %v (%s), want the journalctl's reading for the layout", err, fallbackReason(err))
 	}
 	os.Remove(machineID)
-	if _, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)}); !errors.Is(err, errJournalUnsupported) {
-		t.Errorf("without /etc/machine-id: %v, want the journalctl's reading", err)
+	if _, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)}); !errors.Is(err, errJournalUnsupported) || fallbackReason(err) != FallbackLayout {
+		t.Errorf("without /etc/machine-id: %v (%s), want the journalctl's reading for the layout", err, fallbackReason(err))
 	}
 }
 

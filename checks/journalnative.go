@@ -125,12 +125,12 @@ func parseJournalCursor(s string) (journalCursor, error) {
 	var c journalCursor
 	parts := strings.Split(s, ";")
 	if len(parts) != 6 {
-		return c, unsupportedf("a cursor not of the form s=;i=;b=;m=;t=;x=")
+		return c, unsupportedf(FallbackCursor, "a cursor not of the form s=;i=;b=;m=;t=;x=")
 	}
 	for i, key := range []string{"s", "i", "b", "m", "t", "x"} {
 		k, v, ok := strings.Cut(parts[i], "=")
 		if !ok || k != key || v == "" {
-			return c, unsupportedf("a cursor not of the form s=;i=;b=;m=;t=;x=")
+			return c, unsupportedf(FallbackCursor, "a cursor not of the form s=;i=;b=;m=;t=;x=")
 		}
 		var err error
 		switch key {
@@ -148,7 +148,7 @@ func parseJournalCursor(s string) (journalCursor, error) {
 			c.xorHash, err = strconv.ParseUint(v, 16, 64)
 		}
 		if err != nil {
-			return c, unsupportedf("a cursor not of the form s=;i=;b=;m=;t=;x=")
+			return c, unsupportedf(FallbackCursor, "a cursor not of the form s=;i=;b=;m=;t=;x=")
 		}
 	}
 	return c, nil
@@ -206,7 +206,7 @@ func journalFiles(root string, localOnly bool) ([]string, error) {
 			name := de.Name()
 			if !de.IsDir() {
 				if journalFileName(name) {
-					return nil, unsupportedf("a journal file outside a machine directory (%s)", filepath.Join(dir, name))
+					return nil, unsupportedf(FallbackLayout, "a journal file outside a machine directory (%s)", filepath.Join(dir, name))
 				}
 				continue
 			}
@@ -216,7 +216,7 @@ func journalFiles(root string, localOnly bool) ([]string, error) {
 			}
 			if localOnly && d == "/var/log/journal" {
 				if localErr != nil {
-					return nil, unsupportedf("this machine's ID (/etc/machine-id) not read: %v", localErr)
+					return nil, unsupportedf(FallbackLayout, "this machine's ID (/etc/machine-id) not read: %v", localErr)
 				}
 				if name != localID {
 					continue // another machine's: journalctl does not read it
@@ -235,7 +235,7 @@ func journalFiles(root string, localOnly bool) ([]string, error) {
 		}
 	}
 	if len(machines) > 1 {
-		return nil, unsupportedf("journal directories of %d machines", len(machines))
+		return nil, unsupportedf(FallbackLayout, "journal directories of %d machines", len(machines))
 	}
 	return out, nil
 }
@@ -322,7 +322,7 @@ func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, sinc
 			return nil, err
 		}
 		if has {
-			return nil, unsupportedf("a journal file of another sequence than the cursor's holds entries of the cursor's boot")
+			return nil, unsupportedf(FallbackCursor, "a journal file of another sequence than the cursor's holds entries of the cursor's boot")
 		}
 		err = s.it.seek(func(e jEntry) bool { return e.realtime >= cur.realtime })
 	default:
@@ -389,9 +389,9 @@ func pickNext(srcs []*nativeSource) (*nativeSource, error) {
 		}
 		if compareEntryOrder(best.cand, s.cand) >= 0 {
 			if sameEntry(best.cand, s.cand) {
-				return nil, unsupportedf("the same entry in two journal files")
+				return nil, unsupportedf(FallbackOrder, "the same entry in two journal files")
 			}
-			return nil, unsupportedf("journal files whose entries sd-journal orders by the directory's order")
+			return nil, unsupportedf(FallbackOrder, "journal files whose entries sd-journal orders by the directory's order")
 		}
 	}
 	return best, nil

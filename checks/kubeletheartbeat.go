@@ -204,7 +204,8 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 // and, where that meets something it does not handle, with journalctl from
 // where the native read stopped: the entries it already gave are not read
 // again. Why it fell back is logged once per change, and once when it reads
-// natively again.
+// natively again; each run that falls back is counted by its reason
+// (Env.JournalFallbacks).
 func (c *kubeletHeartbeatCheck) readJournal(ctx context.Context, q journalQuery, fn func(journalEntry)) (journalRead, error) {
 	root := c.env.Path("/")
 	nr, err := readJournalNative(ctx, root, q, fn)
@@ -218,6 +219,7 @@ func (c *kubeletHeartbeatCheck) readJournal(ctx context.Context, q journalQuery,
 	if ctx.Err() != nil {
 		return nr, ctx.Err()
 	}
+	c.env.JournalFallbacks.add(fallbackReason(err))
 	why := err.Error()
 	if key := journalNumbers.ReplaceAllString(why, "N"); key != c.fallback {
 		c.fallback = key

@@ -117,6 +117,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// observes them (syself_node_unit_restarts), kept in the state file
 		// (read back on first use, after Load below).
 		env.Units = checks.NewUnitWatch(p.Store, p.Metrics.Registry)
+		// KubeletHeartbeatFailed's reads of the journal with journalctl
+		// (autopilot_health_journal_fallbacks_total).
+		env.JournalFallbacks = checks.NewJournalFallbacks(p.Metrics.Registry)
 		// Other values the checks keep for this boot (read back on first
 		// use, after Load below).
 		env.Memos = p.Store

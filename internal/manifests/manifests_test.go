@@ -158,6 +158,7 @@ func daemonMetrics(t *testing.T) map[string]bool {
 	kmsg.NewMetrics(reg)
 	checks.NewRepairer(nil, nil, time.Now, reg)
 	checks.NewUnitWatch(nil, reg)
+	checks.NewJournalFallbacks(reg)
 	names := map[string]bool{}
 	for _, r := range []interface{ Describe(chan<- *prometheus.Desc) }{reg, m} {
 		ch := make(chan *prometheus.Desc, 1024)
