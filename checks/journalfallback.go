@@ -25,8 +25,8 @@ const (
 	// does not know (a newer systemd's format).
 	FallbackUnknownFormat JournalFallbackReason = "unknown-format"
 	// FallbackCursor: a saved cursor not of journalctl's form, or one
-	// whose boot another sequence's file holds (sd-journal seeks that file
-	// by monotonic time).
+	// whose boot another sequence's file holds but no file its entry
+	// (sd-journal seeks that file by monotonic time).
 	FallbackCursor JournalFallbackReason = "cursor"
 	// FallbackLayout: journal directories journalctl reads otherwise than
 	// this reader (a file outside a machine directory, several machines'

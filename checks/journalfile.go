@@ -101,8 +101,11 @@ type journalFile struct {
 	size int64 // the readable end: the smaller of the file size and header + arena
 	hdr  journalHeader
 	// tilde: a *.journal~ file, read as sd-journal reads one with a torn
-	// tail (openNativeSource).
+	// tail (openNativeFile).
 	tilde bool
+	// fd is the open file the native reader closes after its read (nil in
+	// tests that read bytes).
+	fd *os.File
 	// creating: a file journald has just created, its header alone (no
 	// hash tables, no entries): it holds nothing to read.
 	creating bool

@@ -631,3 +631,42 @@ func TestNativeJournalNewFileBeingCreated(t *testing.T) {
 		t.Fatalf("after a cursor: %d entries (%v), want 2", len(got), err)
 	}
 }
+
+// A cursor of a file that is gone, whose entry another sequence's files
+// hold a copy of (journald's flush of /run/log/journal to /var/log/journal
+// copies the boot's entries into a file of a new sequence, then removes
+// /run's): read natively, not with journalctl once a boot, the entries after
+// the copy, each once: also within a burst of lines that share the cursor's
+// time (lines 0-19 of the captured journal, and the bursts of "line N", one
+// of them across a rotation), where journalctl --after-cursor gives the
+// burst's lines before the cursor's again. A cursor of the boot whose entry
+// no file holds is journalctl's to read, as before.
+func TestNativeJournalCursorOfAnotherSequence(t *testing.T) {
+	root, want := nativeJournalRoot(t)
+	other := func(cursor string, plus uint64) string {
+		c, err := parseJournalCursor(cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.seqnumID[0] ^= 0xff
+		return fmt.Sprintf("s=%s;i=%x;b=%s;m=%x;t=%x;x=%x", idHex(c.seqnumID), c.seqnum+1000, idHex(c.bootID), c.monotonic+plus, c.realtime, c.xorHash)
+	}
+	c0, _ := parseJournalCursor(want[0].Cursor)
+	c5, _ := parseJournalCursor(want[5].Cursor)
+	if c0.monotonic != c5.monotonic {
+		t.Fatal("the captured journal's first lines do not share a time: the burst this test is about is gone")
+	}
+	for _, i := range []int{0, 5, 19, 20, 101, 202, 303, 404, 505, 606, 707, 808, 909, 1010, 1111, 1212, 1313, 1414, 1515, 1616, 1717, 1818, len(want) - 2, len(want) - 1} {
+		got, r, err := readNative(t, root, journalQuery{After: other(want[i].Cursor, 0)})
+		if err != nil || len(got) != len(want[i+1:]) || len(got) > 0 && !reflect.DeepEqual(got, want[i+1:]) {
+			t.Fatalf("after the copy of entry %d: %d entries (%v), want %d", i, len(got), err, len(want)-i-1)
+		}
+		if len(got) > 0 && r.Cursor != want[len(want)-1].Cursor {
+			t.Fatalf("after the copy of entry %d: cursor %q, want the files' own", i, r.Cursor)
+		}
+	}
+	_, _, err := readNative(t, root, journalQuery{After: other(want[1515].Cursor, 1)})
+	if !errors.Is(err, errJournalUnsupported) || fallbackReason(err) != FallbackCursor {
+		t.Errorf("after a time of the boot that no entry has: %v (%s), want journalctl's reading", err, fallbackReason(err))
+	}
+}

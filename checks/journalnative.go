@@ -22,12 +22,14 @@ import (
 // match at or after the start (by sequence number in a file of the cursor's
 // sequence, else by wall-clock time, with journald's array bisection), the
 // files are merged by sd-journal's order, and an entry equal to the last one
-// yielded is skipped. Where journalctl's result would depend on something
+// yielded is skipped. A cursor whose file is gone, its entry copied into a
+// file of another sequence (journald's flush to /var), goes on after the
+// copy (copiedCursor). Where journalctl's result would depend on something
 // this reader does not follow (a file of another sequence holding the
-// cursor's boot: sd-journal seeks it by monotonic time; the same entry in
-// two files; an order that depends on the order of the directory's
-// entries), it returns an error wrapping errJournalUnsupported, and the
-// caller asks journalctl.
+// cursor's boot but no copy of its entry: sd-journal seeks it by monotonic
+// time; the same entry in two files; an order that depends on the order of
+// the directory's entries), it returns an error wrapping
+// errJournalUnsupported, and the caller asks journalctl.
 func readJournalNative(ctx context.Context, root string, q journalQuery, fn func(journalEntry)) (journalRead, error) {
 	var r journalRead
 	match := []byte("_SYSTEMD_UNIT=" + q.Unit)
@@ -43,19 +45,37 @@ func readJournalNative(ctx context.Context, root string, q journalQuery, fn func
 	if err != nil {
 		return r, err
 	}
-	var srcs []*nativeSource
+	var files []*journalFile
 	defer func() {
-		for _, s := range srcs {
-			s.fd.Close()
+		for _, f := range files {
+			f.fd.Close()
 		}
 	}()
 	for _, p := range paths {
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		s, err := openNativeSource(p, match, cur, q.Since)
+		f, err := openNativeFile(p)
 		if err != nil {
 			return r, fmt.Errorf("%s: %w", p, err)
+		}
+		if f != nil {
+			files = append(files, f)
+		}
+	}
+	if cur != nil {
+		if cur, err = copiedCursor(files, cur); err != nil {
+			return r, err
+		}
+	}
+	var srcs []*nativeSource
+	for _, f := range files {
+		s, err := positionNativeSource(f, match, cur, q.Since)
+		if f.tilde && errors.Is(err, errJournalCorrupt) {
+			s, err = nil, nil
+		}
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", f.path, err)
 		}
 		if s != nil {
 			srcs = append(srcs, s)
@@ -247,7 +267,6 @@ func journalFileName(n string) bool {
 // nativeSource is one file's entries of the match, from the start.
 type nativeSource struct {
 	f    *journalFile
-	fd   *os.File
 	it   entryIter
 	cand *nativeCand // the next entry, nil at the end
 }
@@ -259,8 +278,8 @@ type nativeCand struct {
 	size uint64
 }
 
-// openNativeSource opens the file and positions it: nil when it holds no
-// entry of the match after the start.
+// openNativeFile opens the file (its fd kept in the journalFile, to close):
+// nil for a ~ file left out.
 //
 // A *.journal~ file is one journald found not closed (journald or the node
 // crashed) and will never write again; after a power cut or a kernel panic
@@ -269,9 +288,9 @@ type nativeCand struct {
 // entry, and a file it cannot open, seek or iterate on is left out, the
 // entries already read from it kept ("Can't iterate through ..., ignoring").
 // So does this reader for a ~ file's inconsistencies (errJournalCorrupt):
-// the file is left out, or ends there. Any other file's are errors, the
-// run reads with journalctl.
-func openNativeSource(path string, match []byte, cur *journalCursor, since time.Time) (*nativeSource, error) {
+// the file is left out (here, or where readJournalNative positions it), or
+// ends there. Any other file's are errors, the run reads with journalctl.
+func openNativeFile(path string) (*journalFile, error) {
 	tilde := strings.HasSuffix(path, ".journal~")
 	f, fd, err := osJournalFile(path)
 	if err != nil {
@@ -280,17 +299,65 @@ func openNativeSource(path string, match []byte, cur *journalCursor, since time.
 		}
 		return nil, err
 	}
-	f.tilde = tilde
-	s, err := positionNativeSource(f, match, cur, since)
-	if tilde && errors.Is(err, errJournalCorrupt) {
-		s, err = nil, nil
+	f.tilde, f.fd = tilde, fd
+	return f, nil
+}
+
+// copiedCursor is, where no file is of the cursor's sequence and one holds
+// a copy of the cursor's entry, the cursor of that copy; else cur.
+// journald's flush of /run/log/journal to /var/log/journal (at
+// systemd-journal-flush.service, every boot) copies the boot's entries into
+// a file of a new sequence (the same boot, times and hashes) and removes
+// /run's files, the cursor's among them. With the copy's cursor the read
+// goes on after the copy, by sequence number, each line once. journalctl
+// seeks such a file by the cursor's boot and monotonic time, at the first
+// of the entries of that time, and skips one: journald stamps the lines it
+// reads from a stream at once with one time, so after a cursor within such
+// a burst journalctl gives the burst's lines before it again.
+func copiedCursor(files []*journalFile, cur *journalCursor) (*journalCursor, error) {
+	for _, f := range files {
+		if f.hdr.seqnumID == cur.seqnumID {
+			return cur, nil
+		}
 	}
-	if s == nil || err != nil {
-		fd.Close()
-		return nil, err
+	for _, f := range files {
+		e, ok, err := f.findCopy(cur)
+		if f.tilde && errors.Is(err, errJournalCorrupt) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.path, err)
+		}
+		if ok {
+			c := *cur
+			c.seqnumID, c.seqnum = f.hdr.seqnumID, e.seqnum
+			return &c, nil
+		}
 	}
-	s.fd = fd
-	return s, nil
+	return cur, nil
+}
+
+// findCopy finds the entry of the cursor's boot, monotonic time, wall-clock
+// time and hash: among the boot's entries of that monotonic time (several
+// for a burst of lines), found by journald's bisection.
+func (f *journalFile) findCopy(cur *journalCursor) (jEntry, bool, error) {
+	boot, ok, err := f.findData([]byte("_BOOT_ID=" + idHex(cur.bootID)))
+	if err != nil || !ok {
+		return jEntry{}, false, err
+	}
+	it := entryIter{f: f, d: boot, cutShort: f.tilde}
+	if err := it.seek(func(e jEntry) bool { return e.monotonic >= cur.monotonic }); err != nil {
+		return jEntry{}, false, err
+	}
+	for {
+		e, _, ok, err := it.next()
+		if err != nil || !ok || e.bootID != cur.bootID || e.monotonic != cur.monotonic {
+			return jEntry{}, false, err
+		}
+		if e.realtime == cur.realtime && e.xorHash == cur.xorHash {
+			return e, true, nil
+		}
+	}
 }
 
 // positionNativeSource positions an open file at its first entry of the
@@ -316,13 +383,15 @@ func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, sinc
 		// sd-journal seeks a file of another sequence by monotonic time
 		// when it holds entries of the cursor's boot (with its own
 		// intersection of the boot's entries and the match's): not
-		// followed here.
+		// followed here. Where a file holds a copy of the cursor's entry
+		// (journald's flush to /var), copiedCursor made the cursor that
+		// copy's, of the file's sequence.
 		var has bool
 		if _, has, err = f.findData([]byte("_BOOT_ID=" + idHex(cur.bootID))); err != nil {
 			return nil, err
 		}
 		if has {
-			return nil, unsupportedf(FallbackCursor, "a journal file of another sequence than the cursor's holds entries of the cursor's boot")
+			return nil, unsupportedf(FallbackCursor, "a journal file of another sequence than the cursor's holds entries of the cursor's boot, and none holds the cursor's entry")
 		}
 		err = s.it.seek(func(e jEntry) bool { return e.realtime >= cur.realtime })
 	default:
@@ -345,7 +414,7 @@ func positionNativeSource(f *journalFile, match []byte, cur *journalCursor, sinc
 }
 
 // advance moves the source to its next entry; a ~ file ends at an
-// inconsistency (openNativeSource).
+// inconsistency (openNativeFile).
 func (s *nativeSource) advance() error {
 	e, size, ok, err := s.it.next()
 	if s.f.tilde && errors.Is(err, errJournalCorrupt) {
