@@ -38,8 +38,8 @@ func TestRunAbortedEndsBySignalNotExitTwo(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfg := fakeHost(t, fmt.Sprintf("node_name = \"n\"\nrole = \"worker\"\ngpu = \"false\"\ncontrol_socket = %q\n"+
-		"[metrics]\nlisten_address = \"127.0.0.1:0\"\n[status]\nsocket = \"\"\n[kubernetes]\nkubeconfig = \"\"\n"+
-		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock")))
+		"[metrics]\nlisten_address = %q\n[status]\nsocket = \"\"\n[kubernetes]\nkubeconfig = \"\"\n"+
+		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock"), freeMetricsAddress(t)))
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRunAbortedEndsBySignalNotExitTwo$")
 	cmd.Env = append(os.Environ(), abortChildEnv+"="+cfg)
 	all, err := signalAfter(t, cmd, "first pass complete", syscall.SIGABRT)

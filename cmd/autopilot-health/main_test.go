@@ -1173,7 +1173,21 @@ func heldSocketConfig(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	return fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = \"127.0.0.1:0\"\n", dir, sock)
+	return fmt.Sprintf("state_dir = %q\ncontrol_socket = %q\n[metrics]\nlisten_address = %q\n", dir, sock, freeMetricsAddress(t))
+}
+
+// freeMetricsAddress is a loopback address with a port free now, for a
+// daemon's metrics.listen_address (the configuration refuses port 0,
+// which Prometheus could never find). Taken meanwhile by another
+// program, it only delays the metrics: the daemon retries the bind.
+func freeMetricsAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // `make fuzz` runs every fuzz target of the module (README: "each parser"):

@@ -32,8 +32,8 @@ func TestStopWithUnwritableStateDirExitsZero(t *testing.T) {
 	}
 	stateDir := filepath.Join(blocker, "lib", "autopilot-health")
 	cfg := fakeHost(t, fmt.Sprintf("node_name = \"n\"\nrole = \"worker\"\ngpu = \"false\"\ncontrol_socket = %q\n"+
-		"[metrics]\nlisten_address = \"127.0.0.1:0\"\n[status]\nsocket = \"\"\n[kubernetes]\nkubeconfig = \"\"\n"+
-		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock")))
+		"[metrics]\nlisten_address = %q\n[status]\nsocket = \"\"\n[kubernetes]\nkubeconfig = \"\"\n"+
+		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock"), freeMetricsAddress(t)))
 	// fakeHost's state_dir, replaced by the unwritable one.
 	b, _ := os.ReadFile(cfg)
 	os.WriteFile(cfg, []byte(strings.Replace(string(b), filepath.Join(filepath.Dir(cfg), "state"), stateDir, 1)), 0o644)

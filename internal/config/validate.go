@@ -299,8 +299,12 @@ func (c *Config) validate() *Error {
 	v.oneOf("log.format", c.Log.Format, "auto", "journal", "text", "json")
 	if _, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
 		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
-	} else if _, err := net.LookupPort("tcp", port); err != nil {
-		v.fail("metrics.listen_address", "must be host:port or :port with a port from 0 to 65535, got %q", c.Metrics.ListenAddress)
+	} else if n, err := net.LookupPort("tcp", port); err != nil {
+		v.fail("metrics.listen_address", "must be host:port or :port with a port from 1 to 65535, got %q", c.Metrics.ListenAddress)
+	} else if n == 0 {
+		// The kernel would pick a port at each start: the cluster's
+		// Prometheus scrapes <node IP>:<port> at a port it is told.
+		v.fail("metrics.listen_address", "must not be port 0 (a port the kernel picks at each start, which Prometheus cannot find): give the port it scrapes, such as \":20257\", got %q", c.Metrics.ListenAddress)
 	}
 	if c.Status.Socket != "" {
 		v.socketPath("status.socket", c.Status.Socket)
