@@ -285,9 +285,14 @@ func TestBadConfigs(t *testing.T) {
 		"node-name.toml":         `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
 		"percent-range.toml":     `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
 		"relative-path.toml":     `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
-		"status-socket.toml":     `:2: key status.socket: must be an absolute path, got "run/autopilot-health/status.sock"`,
-		"lvm-command.toml":       `:2: key checks.DiskUsageHigh.lvm_command: must be an absolute path, got "lvm"`,
-		"lvm-timeout.toml":       `:2: key checks.DiskUsageHigh.lvm_timeout: must be between 1s and 5m, got "10m0s"`,
+		// The daemon writes, moves aside and removes files of its own
+		// names there: never in a directory the system shares.
+		"state-dir-root.toml":         `:1: key state_dir: must be a directory of the daemon's own (it writes state.json and tamper.json there, moves aside a state.json it cannot read and removes their temp files), not /, which the system and other programs share, got "/"`,
+		"state-dir-root-unclean.toml": `:1: key state_dir: must be a directory of the daemon's own (it writes state.json and tamper.json there, moves aside a state.json it cannot read and removes their temp files), not /, which the system and other programs share, got "/./"`,
+		"state-dir-shared.toml":       `:2: key state_dir: must be a directory of the daemon's own (it writes state.json and tamper.json there, moves aside a state.json it cannot read and removes their temp files), not /var/lib, which the system and other programs share, got "/var/lib/"`,
+		"status-socket.toml":          `:2: key status.socket: must be an absolute path, got "run/autopilot-health/status.sock"`,
+		"lvm-command.toml":            `:2: key checks.DiskUsageHigh.lvm_command: must be an absolute path, got "lvm"`,
+		"lvm-timeout.toml":            `:2: key checks.DiskUsageHigh.lvm_timeout: must be between 1s and 5m, got "10m0s"`,
 		// The check waits two thirds of its timeout for the two reports.
 		"lvm-timeout-over-wait.toml":  `:2: key checks.DiskUsageHigh.lvm_timeout: must be at most a third of the check's timeout (30s): its two LVM reports are waited for two thirds of it, got 20s`,
 		"timeout-under-lvm-wait.toml": `:2: key checks.DiskUsageHigh.timeout: must be at least three times lvm_timeout (10s): the two LVM reports are waited for two thirds of it, got 20s`,

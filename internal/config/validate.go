@@ -295,6 +295,9 @@ func (c *Config) validate() *Error {
 	v.oneOf("role", c.Role, "", "controlplane", "worker")
 	v.oneOf("gpu", c.GPU, "auto", "true", "false")
 	v.absPath("state_dir", c.StateDir)
+	if d := filepath.Clean(c.StateDir); filepath.IsAbs(c.StateDir) && sharedDirs[d] {
+		v.fail("state_dir", "must be a directory of the daemon's own (it writes state.json and tamper.json there, moves aside a state.json it cannot read and removes their temp files), not %s, which the system and other programs share, got %q", d, c.StateDir)
+	}
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "auto", "journal", "text", "json")
 	if _, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
@@ -534,6 +537,23 @@ var builtinRulesCompile = sync.OnceValue(func() error {
 	_, err := kmsg.Compile(kmsg.DefaultRules, nil)
 	return err
 })
+
+// sharedDirs are the directories of the filesystem hierarchy (FHS) that
+// the system and other programs share: a state_dir there would have the
+// daemon write its state files among theirs, move aside a state.json of
+// another program as one it cannot read, and remove files of its temp
+// names (and, under the shipped unit, whose ProtectSystem=strict leaves
+// only the StateDirectory= writable, fail every save: a restart would
+// then lose every condition).
+var sharedDirs = map[string]bool{
+	"/": true, "/bin": true, "/boot": true, "/dev": true, "/etc": true, "/home": true,
+	"/lib": true, "/lib32": true, "/lib64": true, "/libx32": true, "/media": true, "/mnt": true,
+	"/opt": true, "/proc": true, "/root": true, "/run": true, "/sbin": true, "/srv": true,
+	"/sys": true, "/tmp": true, "/usr": true, "/usr/bin": true, "/usr/lib": true,
+	"/usr/local": true, "/usr/sbin": true, "/usr/share": true, "/var": true, "/var/cache": true,
+	"/var/lib": true, "/var/local": true, "/var/lock": true, "/var/log": true, "/var/mail": true,
+	"/var/opt": true, "/var/run": true, "/var/spool": true, "/var/tmp": true,
+}
 
 // maxSocketPath is the longest Unix socket path (sun_path less its NUL).
 const maxSocketPath = 107
