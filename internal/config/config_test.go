@@ -333,7 +333,7 @@ func TestBadConfigs(t *testing.T) {
 		"kmsg-rule-second-of-two.toml":   ":7: key kmsg.rules[1]: kmsg rule B: pattern: error parsing regexp: missing closing ): `^b(`",
 		"url.toml":                       `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
 		"tamper-proc.toml":               `:2: key checks.NodeTampered.paths: scan pattern "/proc/kmsg": under /proc, which the helper does not scan`,
-		"wrong-type.toml":                `:2: key checks.DiskUsageHigh.space_percent: wrong type: TOML value has type string; destination has type integer`,
+		"wrong-type.toml":                `:2: key checks.DiskUsageHigh.space_percent: wrong type: must be an integer, got a string`,
 		"kmsg-disable.toml":              `:2: key kmsg.disable: unknown rule "Nope"`,
 		"kmsg-rule-pattern.toml":         ":1: key kmsg.rules[0]: kmsg rule ReadonlyFilesystem: pattern: error parsing regexp: missing closing ): `Remounting filesystem read-only (`",
 		"heartbeat-period.toml":          `:2: key kubernetes.heartbeat_period: must be between 30s and 1h, got "1ms"`,
@@ -387,7 +387,7 @@ func TestBadConfigs(t *testing.T) {
 		"quoted-table-name.toml":            `:4: key "checks.DiskUsageHigh": unknown key (did you mean checks.DiskUsageHigh?)`,
 		"quoted-key.toml":                   `:3: key checks.DiskUsageHigh."space percent": unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
 		"quoted-case-table.toml":            ":4: key checks.\"Dis\u212aUsageHigh\": unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)",
-		"quoted-case-table-wrong-type.toml": ":5: key checks.\"Dis\u212aUsageHigh\".space_percent: wrong type: TOML value has type string; destination has type integer",
+		"quoted-case-table-wrong-type.toml": ":5: key checks.\"Dis\u212aUsageHigh\".space_percent: wrong type: must be an integer, got a string",
 		// Two rules of one name: at the second (the one a built-in's name
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,

@@ -1,9 +1,11 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -54,6 +56,7 @@ func decodeError(file string, lines keyIndex, err error) error {
 		if m := definedKeyRE.FindStringSubmatch(msg); m != nil {
 			pe.LastKey = m[1]
 		}
+		msg = outOfRangeWords(msg)
 		if pe.LastKey == "" || pe.Position.Line == 0 {
 			return &Error{File: file, Line: pe.Position.Line, Key: pe.LastKey, Msg: "syntax error: " + msg}
 		}
@@ -65,7 +68,7 @@ func decodeError(file string, lines keyIndex, err error) error {
 		if line == 0 {
 			line = lines.find(key)
 		}
-		return &Error{File: file, Line: line, Key: key, Msg: strings.Replace(m[3], "incompatible types: ", "wrong type: ", 1)}
+		return &Error{File: file, Line: line, Key: key, Msg: typeWords(key, m[3])}
 	}
 	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 }
@@ -214,4 +217,165 @@ func FileFault(err error) bool {
 		}
 	}
 	return false
+}
+
+// The decoder's errors about a value's type speak Go: "TOML value has type
+// int64; destination has type slice", "type mismatch for config.Log:
+// expected table but found map[string]interface {}", "is out of range for
+// int64". An operator writes TOML: typeWords and outOfRangeWords say what
+// the key takes and what the file gives in TOML's words (string, integer,
+// float, boolean, date or time, array, table).
+var (
+	badTypeRE    = regexp.MustCompile(`^incompatible types: TOML value has type (.+); destination has type (.+)$`)
+	notTableRE   = regexp.MustCompile(`^type mismatch for .+: expected table but found (.+)$`)
+	outOfRangeRE = regexp.MustCompile(`^(\S+) is out of range for (int64|float64)$`)
+)
+
+// typeWords rewrites the decoder's message about key's value (msg) in
+// TOML's words; a message of another kind is returned as it is.
+func typeWords(key, msg string) string {
+	if m := badTypeRE.FindStringSubmatch(msg); m != nil {
+		got := valueWords(m[1])
+		t := typeOfKey(key)
+		switch {
+		case t == nil:
+			return "wrong type: must be " + destWords(m[2]) + ", got " + got
+		case t.Kind() == reflect.Slice && m[2] != "slice":
+			// An entry of the list, not the list.
+			return "wrong type: each entry must be " + wantWords(t.Elem()) + ", got " + got
+		}
+		return "wrong type: must be " + wantWords(t) + ", got " + got
+	}
+	if m := notTableRE.FindStringSubmatch(msg); m != nil {
+		if t := typeOfKey(key); t != nil && t.Kind() == reflect.Slice && !strings.HasPrefix(m[1], "[]") {
+			return "wrong type: each entry must be a table, got " + valueWords(m[1])
+		}
+		return "wrong type: must be a table, got " + valueWords(m[1])
+	}
+	return outOfRangeWords(msg)
+}
+
+// outOfRangeWords rewrites the parser's "N is out of range for int64"
+// (a number no TOML integer or float holds).
+func outOfRangeWords(msg string) string {
+	m := outOfRangeRE.FindStringSubmatch(msg)
+	switch {
+	case m == nil:
+		return msg
+	case m[2] == "int64":
+		return m[1] + " is out of range: a TOML integer is from -9223372036854775808 to 9223372036854775807"
+	}
+	return m[1] + " is out of range: a TOML float is at most about 1.8e308 either side of 0"
+}
+
+// valueWords names the TOML type of a value of the Go type the decoder
+// names (fmtType: interface{} written any).
+func valueWords(goType string) string {
+	switch strings.ReplaceAll(goType, "interface {}", "any") {
+	case "int64":
+		return "an integer"
+	case "float64":
+		return "a float"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "time.Time":
+		return "a date or time"
+	case "[]any":
+		return "an array"
+	case "[]map[string]any":
+		return "an array of tables"
+	case "map[string]any":
+		return "a table"
+	}
+	return "a value of another type"
+}
+
+// destWords names what the decoder's destination takes, for a key whose
+// field typeOfKey does not find.
+func destWords(dst string) string {
+	switch dst {
+	case "integer":
+		return "an integer"
+	case "float", "string", "boolean":
+		return "a " + dst
+	case "slice":
+		return "an array"
+	case "primitive (string-like)":
+		return "a string"
+	}
+	return "another type"
+}
+
+// wantWords names what a field of type t takes, in TOML's words.
+func wantWords(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[Duration]():
+		return `a duration string such as "30s"`
+	case reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]()):
+		return "a string"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a float"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Struct, reflect.Map:
+		return "a table"
+	case reflect.Slice, reflect.Array:
+		// "a string" -> "an array of strings"; an entry of more words
+		// (a duration) -> "an array".
+		if _, one, _ := strings.Cut(wantWords(t.Elem()), " "); !strings.Contains(one, " ") {
+			return "an array of " + one + "s"
+		}
+		return "an array"
+	}
+	return "another type"
+}
+
+// typeOfKey is the type of the field of Config that key (as the decoder
+// names it, its parts quoted where TOML quotes them) sets, its parts
+// matched to the fields as the decoder matches them, without regard to
+// case; nil if key names none.
+func typeOfKey(key string) reflect.Type {
+	t := reflect.TypeFor[Config]()
+	for _, part := range splitKey(key) {
+		if t.Kind() == reflect.Slice {
+			t = t.Elem() // a key of an array of tables' entry
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+		f, ok := fieldOf(t, part)
+		if !ok {
+			return nil
+		}
+		t = f
+	}
+	return t
+}
+
+// fieldOf finds the field of struct t whose toml tag is name (without
+// regard to case), in an embedded struct (Common) too.
+func fieldOf(t reflect.Type, name string) (reflect.Type, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct {
+			if ft, ok := fieldOf(f.Type, name); ok {
+				return ft, true
+			}
+			continue
+		}
+		if f.IsExported() && tag != "" && tag != "-" && strings.EqualFold(tag, name) {
+			return f.Type, true
+		}
+	}
+	return nil, false
 }
