@@ -53,8 +53,17 @@ func CheckBounds(file string, data []byte) error {
 // tables of values. It reads every byte once. A file that is not TOML is
 // scanned as far as it reads as TOML; the decoder refuses it afterwards.
 func checkBounds(file string, data []byte, lim limits) *Error {
+	err, _ := scanBounds(file, data, lim)
+	return err
+}
+
+// scanBounds is checkBounds, with where the statement (a table header, or
+// a key and its value) that it refuses begins in data: what comes before
+// is whole statements within the bounds.
+func scanBounds(file string, data []byte, lim limits) (*Error, int) {
 	s := boundScan{data: data, line: 1, lim: lim, file: file}
-	return s.run()
+	err := s.run()
+	return err, s.stmt
 }
 
 type boundScan struct {
@@ -68,6 +77,9 @@ type boundScan struct {
 	key   name    // the top-level key of the value being read, with its table
 	// Where the table header and the top-level key are written in data.
 	tableAt, keyAt [2]int
+	// stmt is where the statement being read began, a table header or a
+	// top-level key (its value included).
+	stmt int
 }
 
 // name is the size of a key's full name as written, its table's and its
@@ -117,6 +129,7 @@ func (s *boundScan) run() *Error {
 		}
 		switch mode {
 		case lineStart:
+			s.stmt = s.i
 			header := c == '['
 			if header {
 				s.i++

@@ -470,7 +470,14 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 }
 
 func parse(file string, data []byte, base *Config, lim limits) (*Config, error) {
-	if err := checkBounds(file, data, lim); err != nil {
+	if err, stmt := scanBounds(file, data, lim); err != nil {
+		// A syntax error before the statement over a bound is what the
+		// decoder would have stopped at: the file's first mistake, at
+		// its line (the rest may read as over a bound only because of
+		// it). What comes before is within the bounds: cheap to decode.
+		if serr := syntaxError(file, data[:stmt]); serr != nil {
+			return nil, serr
+		}
 		return nil, err
 	}
 	c := base
@@ -507,6 +514,17 @@ func parse(file string, data []byte, base *Config, lim limits) (*Config, error) 
 		return nil, verr
 	}
 	return c, nil
+}
+
+// syntaxError is the decoder's refusal of data as TOML (a syntax error, a
+// key defined twice), nil if it reads.
+func syntaxError(file string, data []byte) error {
+	var doc map[string]any
+	_, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&doc)
+	if err == nil {
+		return nil
+	}
+	return decodeError(file, keyLines(data), err)
 }
 
 // HostPath resolves an absolute host path under HostRoot.
