@@ -3,13 +3,16 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
 
 // The bounds of a configuration file's shape, checked by a lexical scan
-// before the file is decoded. The TOML decoder, and keyLines, cost the
-// square of a value's nesting and of a dotted key's parts: a 40 KB file of
+// before the file is decoded (the same scan finds the keys' lines for the
+// errors: scanFile). The TOML decoder costs the square of a value's
+// nesting and of a dotted key's parts: a 40 KB file of
 // 10,000 nested inline tables took 20-53 s and 4 GB to refuse, one dotted
 // key of 10,000 parts 9-13 s and 1.4 GB, and a start or a reload reads the
 // file. Each bound is far above any valid file: the configuration's deepest
@@ -53,17 +56,30 @@ func CheckBounds(file string, data []byte) error {
 // tables of values. It reads every byte once. A file that is not TOML is
 // scanned as far as it reads as TOML; the decoder refuses it afterwards.
 func checkBounds(file string, data []byte, lim limits) *Error {
-	err, _ := scanBounds(file, data, lim)
-	return err
+	s := boundScan{data: data, line: 1, lim: lim, file: file}
+	return s.run()
 }
 
-// scanBounds is checkBounds, with where the statement (a table header, or
-// a key and its value) that it refuses begins in data: what comes before
-// is whole statements within the bounds.
-func scanBounds(file string, data []byte, lim limits) (*Error, int) {
-	s := boundScan{data: data, line: 1, lim: lim, file: file}
+// scanFile is checkBounds and keyLines in one pass over data: the index of
+// the keys' lines (as far as the scan read), the refusal of a file over a
+// bound, and where the statement (a table header, or a key and its value)
+// it refuses begins in data: what comes before is whole statements within
+// the bounds.
+func scanFile(file string, data []byte, lim limits) (keyIndex, *Error, int) {
+	s := boundScan{data: data, line: 1, lim: lim, file: file, idx: keyIndex{}}
 	err := s.run()
-	return err, s.stmt
+	return s.idx, err, s.stmt
+}
+
+// keyLines finds the line of every table header, key assignment and inline
+// table in an array (as key[i]), and of an array's entries (indexOpen,
+// element), with no bound: the scan of checkBounds, recording. It also runs
+// on a file the decoder rejects, as far as it reads as TOML. A byte order
+// mark before the first line (a file saved by an editor on Windows) is
+// skipped, as the decoder skips it.
+func keyLines(data []byte) keyIndex {
+	idx, _, _ := scanFile("", data, limits{nesting: math.MaxInt, parts: math.MaxInt, keyBytes: math.MaxInt})
+	return idx
 }
 
 type boundScan struct {
@@ -80,6 +96,17 @@ type boundScan struct {
 	// stmt is where the statement being read began, a table header or a
 	// top-level key (its value included).
 	stmt int
+
+	// The index of the keys' lines, when one is built (else nil), and
+	// what it needs: the table header in effect by name (with an array
+	// of tables' index, name[i]), that name without the index (plain),
+	// the [[name]] headers seen by name, and the top-level key whose
+	// value is being read by name, and by the name under its array of
+	// tables (alias; "" outside one).
+	idx          keyIndex
+	tname, plain string
+	arrays       map[string]int
+	vkey, valias string
 }
 
 // name is the size of a key's full name as written, its table's and its
@@ -101,7 +128,27 @@ type frame struct {
 	c    byte
 	name name // the array's or inline table's
 	last name // an inline table's key whose value is being read
+
+	// For the index: the array's or inline table's key ("" where
+	// nothing in it is named), and its key under its array of tables'
+	// name (key.k besides key[i].k), or "".
+	key, alias string
+	line       int // the line it begins on
+	// An array's: inline tables seen at its top level, elements of any
+	// kind seen there, and whether the next element is yet to begin.
+	elems, items int
+	want         bool
+	// An inline table's key whose value is being read (after its '='),
+	// by name and under the alias, or "".
+	val, valA string
 }
+
+// maxScanDepth is how deep in a value keys are indexed: the
+// configuration's deepest is 2 (kmsg.rules = [{ k = ... }]), or one more
+// written as checks = { Name = { k = ... } }. Deeper, nothing is recorded
+// and no key is built (a key per level would cost the square of the
+// depth of a value nested without a bound, in keyLines).
+const maxScanDepth = 8
 
 func (s *boundScan) run() *Error {
 	const (
@@ -110,6 +157,9 @@ func (s *boundScan) run() *Error {
 		inlineKey        // in an inline table, before its next key
 	)
 	mode := lineStart
+	// A byte order mark is not a key's; the decoder skips it.
+	s.i = len(s.data) - len(bytes.TrimPrefix(s.data, []byte("\ufeff")))
+	s.arrays = map[string]int{}
 	for s.i < len(s.data) {
 		c := s.data[s.i]
 		switch {
@@ -131,9 +181,11 @@ func (s *boundScan) run() *Error {
 		case lineStart:
 			s.stmt = s.i
 			header := c == '['
+			line := s.line
 			if header {
 				s.i++
-				if s.i < len(s.data) && s.data[s.i] == '[' {
+				array := s.i < len(s.data) && s.data[s.i] == '['
+				if array {
 					s.i++
 				}
 				at := s.i
@@ -146,6 +198,7 @@ func (s *boundScan) run() *Error {
 				if stop == ']' {
 					s.i++
 				}
+				s.indexHeader(array, line)
 			} else {
 				at := s.i
 				n, stop, err := s.readKey(false, s.table, s.written(s.tableAt))
@@ -157,14 +210,21 @@ func (s *boundScan) run() *Error {
 				if stop == '=' {
 					s.i++
 				}
+				s.indexKey(stop == '=', line)
 			}
 			mode = value
 		case value:
+			if s.idx != nil {
+				s.element(c)
+			}
 			switch c {
 			case '"', '\'':
 				s.skipString(true)
 			case '[', '{':
-				f := frame{c: c, name: s.valueName()}
+				f := frame{c: c, name: s.valueName(), line: s.line, want: c == '['}
+				if s.idx != nil {
+					s.indexOpen(&f)
+				}
 				s.stack = append(s.stack, f)
 				s.i++
 				if len(s.stack) > s.lim.nesting {
@@ -179,8 +239,12 @@ func (s *boundScan) run() *Error {
 				}
 				s.i++
 			case ',':
-				if top := s.top(); top != nil && top.c == '{' {
+				switch top := s.top(); {
+				case top != nil && top.c == '{':
 					mode = inlineKey
+					top.val, top.valA = "", ""
+				case top != nil:
+					top.want = true
 				}
 				s.i++
 			default:
@@ -193,18 +257,131 @@ func (s *boundScan) run() *Error {
 				continue
 			}
 			top := s.top()
+			at := s.i
 			n, stop, err := s.readKey(false, top.name, s.keyName())
 			if err != nil {
 				return err
 			}
 			top.last = n
 			if stop == '=' {
+				if s.idx != nil && top.key != "" {
+					s.indexInlineKey(top, s.written([2]int{at, s.i}))
+				}
 				s.i++
 			}
 			mode = value
 		}
 	}
 	return nil
+}
+
+// indexHeader records a table header (array: [[name]]) read at line.
+func (s *boundScan) indexHeader(array bool, line int) {
+	if s.idx == nil {
+		return
+	}
+	s.tname = joinKey(splitKey(s.written(s.tableAt)))
+	s.plain = s.tname
+	if array {
+		// Each element as name[i]; the name alone is its first
+		// element's line.
+		i := s.arrays[s.tname]
+		s.arrays[s.tname]++
+		if i == 0 {
+			s.idx[s.tname] = line
+		}
+		s.tname += "[" + strconv.Itoa(i) + "]"
+	}
+	s.idx[s.tname] = line
+}
+
+// indexKey records the top-level key read at line (assigned: its '='
+// read; a key without one is not recorded), and the tables a dotted key
+// defines, at the first line that names them.
+func (s *boundScan) indexKey(assigned bool, line int) {
+	if s.idx == nil {
+		return
+	}
+	s.vkey, s.valias = "", ""
+	if !assigned {
+		return
+	}
+	parts := splitKey(s.written(s.keyAt))
+	key := joinKey(parts)
+	if s.tname != s.plain {
+		// In an array of tables: also under the array's name, at the
+		// first element that has the key.
+		s.valias = s.plain + "." + key
+		s.idx.setFirst(s.valias, line)
+	}
+	for i := 1; i < len(parts); i++ {
+		s.idx.setFirst(s.under(joinKey(parts[:i])), line)
+	}
+	s.vkey = s.under(key)
+	s.idx[s.vkey] = line
+}
+
+// under is key under the table header in effect.
+func (s *boundScan) under(key string) string {
+	if s.tname == "" {
+		return key
+	}
+	return s.tname + "." + key
+}
+
+// element records, where c (not a blank) begins an element of the array
+// being read, the element's line: an inline table's (key[i]) as
+// indexOpen does; another kind's only in an array of plain values (no
+// inline table in it) and on a line after the array's own, so that an
+// error about one entry of a multi-line list names its line (one on the
+// array's line has it already).
+func (s *boundScan) element(c byte) {
+	top := s.top()
+	if top == nil || top.c != '[' || !top.want || c == ',' || c == ']' {
+		return
+	}
+	top.want = false
+	if c != '{' && top.elems == 0 && s.line != top.line && top.key != "" {
+		s.idx.setFirst(top.key+"["+strconv.Itoa(top.items)+"]", s.line)
+	}
+	top.items++
+}
+
+// indexOpen names the array or inline table f that opens in the value
+// being read: at the top, the value's key; in an inline table, its key
+// whose value it is; an inline table in an array, its element key[i]
+// (recorded at its line). An array in an array, and anything deeper than
+// maxScanDepth, is not named, nor is anything in it.
+func (s *boundScan) indexOpen(f *frame) {
+	switch top := s.top(); {
+	case top == nil:
+		f.key, f.alias = s.vkey, s.valias
+	case top.key == "" || len(s.stack) >= maxScanDepth:
+	case top.c == '{':
+		f.key, f.alias = top.val, top.valA
+	case f.c == '{':
+		f.key, f.alias = top.key+"["+strconv.Itoa(top.elems)+"]", top.key
+		s.idx.setFirst(f.key, s.line)
+		top.elems++
+	}
+}
+
+// indexInlineKey records the key (as written) of inline table top, at
+// its line, and the tables a dotted one defines; under the alias too.
+func (s *boundScan) indexInlineKey(top *frame, written string) {
+	parts := splitKey(written)
+	for j := 1; j <= len(parts); j++ {
+		k := joinKey(parts[:j])
+		s.idx.setFirst(top.key+"."+k, s.line)
+		if top.alias != "" {
+			s.idx.setFirst(top.alias+"."+k, s.line)
+		}
+	}
+	key := joinKey(parts)
+	top.val, top.valA = top.key+"."+key, ""
+	if top.alias != "" {
+		top.valA = top.alias + "." + key
+	}
 }
 
 func (s *boundScan) top() *frame {

@@ -89,6 +89,29 @@ func BenchmarkLoadDeepFile(b *testing.B) {
 	}
 }
 
+// Load refuses a file over a bound for the cost of its read and of one
+// scan, which also indexes its keys' lines: neither the decoder nor the
+// defaults (default.toml decoded, about 200 KB) are run for it.
+func TestLoadOfARefusedFileIsItsScan(t *testing.T) {
+	src := []byte(oddFiles()["inline tables 10000 deep"].src)
+	p := filepath.Join(t.TempDir(), "deep.toml")
+	if err := os.WriteFile(p, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	Load(p, false) // the defaults' validation, once per process
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, err := Load(p, false)
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "nested more than") {
+		t.Fatalf("loaded the deep file, or refused it for another reason: %v", err)
+	}
+	// The read (the file, 40 KB, in a growing buffer) and the scan.
+	if n := after.TotalAlloc - before.TotalAlloc; n > 160<<10 {
+		t.Errorf("Load of a refused 40 KB file allocated %d KB", n>>10)
+	}
+}
+
 // The bounds of the shape are inclusive and far above a valid file: a value nested
 // MaxNesting deep, a key and a header of MaxKeyParts parts and of
 // MaxKeyBytes bytes pass the scan (and are refused by the decoder or the
@@ -241,7 +264,7 @@ func boundsProperty(t *testing.T, data []byte) {
 	if checkBounds("fuzz.toml", data, fileLimits) != nil {
 		return
 	}
-	free, ferr := parse("fuzz.toml", data, Default(), limits{nesting: 1 << 30, parts: 1 << 30, keyBytes: 1 << 30})
+	free, ferr := parse("fuzz.toml", data, Default, limits{nesting: 1 << 30, parts: 1 << 30, keyBytes: 1 << 30})
 	if fmt.Sprint(berr) != fmt.Sprint(ferr) {
 		t.Fatalf("error with the bounds %v, without %v", berr, ferr)
 	}

@@ -376,7 +376,9 @@ func LoadDigest(path string, allowMissing bool) (*Config, bool, string, error) {
 	if err != nil {
 		return nil, false, digest, fmt.Errorf("config: %w", err)
 	}
-	c, err := Parse(path, b, Default())
+	// The defaults are decoded only for a file within the bounds: a
+	// refused one costs its scan alone.
+	c, err := parse(path, b, Default, fileLimits)
 	return c, true, digest, err
 }
 
@@ -466,26 +468,29 @@ func digestOf(b []byte, err error) string {
 // A file over a bound of its shape (MaxNesting, MaxKeyParts, MaxKeyBytes)
 // is refused before it is decoded.
 func Parse(file string, data []byte, base *Config) (*Config, error) {
-	return parse(file, data, base, fileLimits)
+	return parse(file, data, func() *Config { return base }, fileLimits)
 }
 
-func parse(file string, data []byte, base *Config, lim limits) (*Config, error) {
-	if err, stmt := scanBounds(file, data, lim); err != nil {
+// parse is Parse under the bounds lim, over the configuration base returns
+// (called once the file is within the bounds).
+func parse(file string, data []byte, base func() *Config, lim limits) (*Config, error) {
+	// One scan: the bounds, and the index of the keys' lines.
+	lines, berr, stmt := scanFile(file, data, lim)
+	if berr != nil {
 		// A syntax error before the statement over a bound is what the
 		// decoder would have stopped at: the file's first mistake, at
 		// its line (the rest may read as over a bound only because of
 		// it). What comes before is within the bounds: cheap to decode.
-		if serr := syntaxError(file, data[:stmt]); serr != nil {
+		if serr := syntaxError(file, data[:stmt], lines); serr != nil {
 			return nil, serr
 		}
-		return nil, err
+		return nil, berr
 	}
-	c := base
+	c := base()
 	if c == nil {
 		c = &Config{}
 	}
 	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(c)
-	lines := keyLines(data)
 	if err != nil {
 		return nil, decodeError(file, lines, err)
 	}
@@ -518,13 +523,14 @@ func parse(file string, data []byte, base *Config, lim limits) (*Config, error) 
 
 // syntaxError is the decoder's refusal of data as TOML (a syntax error, a
 // key defined twice), nil if it reads.
-func syntaxError(file string, data []byte) error {
+// lines indexes data (or more).
+func syntaxError(file string, data []byte, lines keyIndex) error {
 	var doc map[string]any
 	_, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&doc)
 	if err == nil {
 		return nil
 	}
-	return decodeError(file, keyLines(data), err)
+	return decodeError(file, lines, err)
 }
 
 // HostPath resolves an absolute host path under HostRoot.

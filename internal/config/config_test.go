@@ -410,6 +410,10 @@ func TestBadConfigs(t *testing.T) {
 		"protected-path-listed-twice.toml": `:2: key checks.NodeTampered.paths: must list each path once, got "/etc/kubernetes" twice`,
 		"match-listed-twice.toml":          `:2: key checks.KubeletHeartbeatFailed.match: must list each string once, got "Unable to update node status" twice`,
 		"user-prefix-listed-twice.toml":    `:2: key checks.APIServerSourceIPUnavailable.excluded_user_prefixes: must list each prefix once, got "system:" twice`,
+		// A multi-line string in a list: the keys after it at their lines
+		// (the line scanner took the string's end for a line of the list,
+		// and named no line).
+		"multiline-string-in-list-then-table.toml": `:5: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
 		// A duration of the right shape that a Go duration cannot hold.
 		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
 	}
