@@ -283,11 +283,11 @@ func TestSyntaxErrorBeforeABoundIsNamedFirst(t *testing.T) {
 	deepKey := strings.Repeat("a.", MaxKeyParts) + "a = 1\n"
 	deepValue := "x = " + strings.Repeat("[", MaxNesting+1) + strings.Repeat("]", MaxNesting+1) + "\n"
 	for in, want := range map[string]string{
-		"[log\n" + deepKey:                                        `f.toml:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"[log\n" + deepKey:                                        `f.toml:1: key log: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		"host_root = \"/\n" + deepValue:                           `f.toml:1: key host_root: strings cannot contain newlines`,
 		"role = = \"worker\"\n" + deepValue:                       `f.toml:1: key role: expected value but found '=' instead`,
 		"role = \"worker\"\nrole = \"\"\n" + deepKey:              `f.toml:2: key role: Key 'role' has already been defined.`,
-		"# fine\n[log]\nlevel = \"info\"\n[metrics\n" + deepValue: `f.toml:5: key log: expected '.' or ']' to end table name, but got '\n' instead`,
+		"# fine\n[log]\nlevel = \"info\"\n[metrics\n" + deepValue: `f.toml:4: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		// The bound first, then the syntax error: the bound.
 		deepValue + "[log\n":                  `f.toml:1: key x: arrays and inline tables nested more than 32 deep: not read (a configuration's deepest value is 3 levels)`,
 		"[log]\n" + deepKey + "level = = 1\n": `f.toml:2: key log.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a....: a key of more than 16 dotted parts with its table's: not read (a configuration's keys have at most 3)`,

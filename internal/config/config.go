@@ -492,7 +492,7 @@ func parse(file string, data []byte, base func() *Config, lim limits) (*Config, 
 	}
 	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(c)
 	if err != nil {
-		return nil, decodeError(file, lines, err)
+		return nil, decodeError(file, data, lines, err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		k := und[0].String()
@@ -530,7 +530,7 @@ func syntaxError(file string, data []byte, lines keyIndex) error {
 	if err == nil {
 		return nil
 	}
-	return decodeError(file, lines, err)
+	return decodeError(file, data, lines, err)
 }
 
 // HostPath resolves an absolute host path under HostRoot.

@@ -297,12 +297,16 @@ func TestBadConfigs(t *testing.T) {
 		"lvm-timeout-over-wait.toml":  `:2: key checks.DiskUsageHigh.lvm_timeout: must be at most a third of the check's timeout (30s): its two LVM reports are waited for two thirds of it, got 20s`,
 		"timeout-under-lvm-wait.toml": `:2: key checks.DiskUsageHigh.timeout: must be at least three times lvm_timeout (10s): the two LVM reports are waited for two thirds of it, got 20s`,
 		"thin-pool-percent.toml":      `:2: key checks.DiskUsageHigh.thin_pool_metadata_percent: must be a percentage between 1 and 100, got 0`,
-		"syntax.toml":                 `:2: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
-		"timeout-over-interval.toml":  `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
-		"agent-unit.toml":             `:2: key checks.TunnelDisconnected.agent_unit: must list systemd unit names such as "kubelet.service", got "syself tunnel agent"`,
-		"unit-name.toml":              `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
-		"unknown-key.toml":            `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
-		"unknown-table.toml":          `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
+		"syntax.toml":                 `:1: key kubernetes: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		// An unclosed header at its own line, named itself (the decoder
+		// said the next line, and the table before it).
+		"syntax-header-after-table.toml": `:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"syntax-array-header.toml":       `:3: key kmsg.rules: syntax error: expected end of table array name delimiter ']', but got '\n' instead`,
+		"timeout-over-interval.toml":     `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
+		"agent-unit.toml":                `:2: key checks.TunnelDisconnected.agent_unit: must list systemd unit names such as "kubelet.service", got "syself tunnel agent"`,
+		"unit-name.toml":                 `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
+		"unknown-key.toml":               `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
+		"unknown-table.toml":             `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
 		// A top-level key after a table header is that table's in TOML.
 		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,

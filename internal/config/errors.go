@@ -48,13 +48,31 @@ var lastKeyRE = regexp.MustCompile(`^toml: (?:line (\d+) )?\(last key ("(?:[^"\\
 // [checks.KubeletUnhealthy]).
 var definedKeyRE = regexp.MustCompile(`^Key '(.+)' (?:has already been defined|was already created)`)
 
-// decodeError turns the TOML library's errors into *Error.
-func decodeError(file string, lines keyIndex, err error) error {
+// unclosedHeaderRE matches the lexer's errors about a table header not
+// closed where its line (or the file) ends or something else follows its
+// name: its last key is the table before; at a line's end it has read the
+// newline, and counts the next line.
+var unclosedHeaderRE = regexp.MustCompile(`(?:to end table name|table array name delimiter ']'), but got '(.+)' instead$`)
+
+// decodeError turns the TOML library's errors into *Error; data is what
+// was decoded.
+func decodeError(file string, data []byte, lines keyIndex, err error) error {
 	var pe toml.ParseError
 	if errors.As(err, &pe) {
 		msg := pe.Message
 		if m := definedKeyRE.FindStringSubmatch(msg); m != nil {
 			pe.LastKey = m[1]
+		}
+		if m := unclosedHeaderRE.FindStringSubmatch(msg); m != nil {
+			// At a line's end the header is on the line before; named
+			// as written there.
+			line := pe.Position.Line
+			if m[1] == `\n` {
+				line--
+			}
+			if h := headerAt(data, line); h != "" {
+				return &Error{File: file, Line: line, Key: h, Msg: "syntax error: " + msg}
+			}
 		}
 		msg = outOfRangeWords(msg)
 		if pe.LastKey == "" || pe.Position.Line == 0 {
@@ -71,6 +89,25 @@ func decodeError(file string, lines keyIndex, err error) error {
 		return &Error{File: file, Line: line, Key: key, Msg: typeWords(key, m[3])}
 	}
 	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+}
+
+// headerAt is the name of the table header at line (1-based) of data, as
+// the decoder names a key, or "" where the line holds none.
+func headerAt(data []byte, line int) string {
+	ls := strings.SplitN(string(data), "\n", line+1)
+	if line < 1 || line > len(ls) {
+		return ""
+	}
+	l := strings.TrimSpace(strings.TrimPrefix(ls[line-1], "\ufeff"))
+	if !strings.HasPrefix(l, "[") {
+		return ""
+	}
+	name, _, _ := strings.Cut(strings.TrimLeft(l, "["), "#")
+	name = strings.TrimRight(strings.TrimSpace(name), "].")
+	if strings.TrimSpace(name) == "" {
+		return ""
+	}
+	return joinKey(splitKey(name))
 }
 
 // suggest proposes the nearest known key for a misspelt one: where its

@@ -1,0 +1,27 @@
+package config
+
+import "testing"
+
+// A table header its line ends in (unclosed) is refused at its own line,
+// naming the table it opens: the decoder, having read the newline, said
+// the next line, and named the table before it.
+func TestUnclosedHeaderIsNamedAtItsLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"[log]\nlevel = \"info\"\n[metrics\nlisten_address = \":20257\"\n":     `c.toml:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"[log]\nlevel = \"info\"\n[metrics\r\nlisten_address = \":20257\"\r\n": `c.toml:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\r' instead`,
+		"[log]\nlevel = \"info\"\n[metrics.\n":                                 `c.toml:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"[log]\nlevel = \"info\"\n[[kmsg.rules]\nname = \"X\"\n":               `c.toml:3: key kmsg.rules: syntax error: expected end of table array name delimiter ']', but got '\n' instead`,
+		"# the end\n[log]\n\n  [ checks . \"DiskUsageHigh\"  # c\n":            `c.toml:4: key checks.DiskUsageHigh: syntax error: expected '.' or ']' to end table name, but got '#' instead`,
+		// At the end of the file, the line is the decoder's.
+		"[log]\nlevel = \"info\"\n[metrics": `c.toml:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\x00' instead`,
+	} {
+		_, err := Parse("c.toml", []byte(in), Default())
+		if err == nil {
+			t.Errorf("%q: loaded", in)
+			continue
+		}
+		if err.Error() != want {
+			t.Errorf("%q:\n got: %v\nwant: %s", in, err, want)
+		}
+	}
+}
