@@ -25,10 +25,15 @@ const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.IN_ATT
 // interval, for what they miss (a queue overflow, a directory created and
 // filled between two scans, a filesystem that sends none).
 type Watcher struct {
-	f   *os.File
-	fd  int
-	mu  sync.Mutex
-	wds map[int]string // watch descriptor -> host directory
+	f  *os.File
+	fd int
+	mu sync.Mutex
+	// wds: watch descriptor -> the host directories it watches. Two names
+	// of one directory (a symlinked directory on the way, a bind mount) are
+	// one inode, and the kernel gives them one descriptor: it is removed
+	// when neither name is watched any more, and its notifications are
+	// reported under each name.
+	wds map[int][]string
 	dir map[string]int
 	// root is the host root the directories are under.
 	root string
@@ -42,7 +47,7 @@ func NewWatcher(root string) (*Watcher, error) {
 	}
 	// Non-blocking: os.File reads through the runtime poller, and Close
 	// ends a blocked Read.
-	return &Watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, wds: map[int]string{}, dir: map[string]int{}, root: root}, nil
+	return &Watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, wds: map[int][]string{}, dir: map[string]int{}, root: root}, nil
 }
 
 // Set makes the watched directories dirs (host paths): a directory that does
@@ -67,8 +72,12 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 	defer w.mu.Unlock()
 	for d, wd := range w.dir {
 		if !want[d] {
-			unix.InotifyRmWatch(w.fd, uint32(wd))
 			delete(w.dir, d)
+			if names := slices.DeleteFunc(w.wds[wd], func(n string) bool { return n == d }); len(names) > 0 {
+				w.wds[wd] = names // another name of the same directory keeps the watch
+				continue
+			}
+			unix.InotifyRmWatch(w.fd, uint32(wd))
 			delete(w.wds, wd)
 		}
 	}
@@ -81,7 +90,7 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 			failed = append(failed, d)
 			continue
 		}
-		w.dir[d], w.wds[wd] = wd, d
+		w.dir[d], w.wds[wd] = wd, append(w.wds[wd], d)
 		added = append(added, d)
 	}
 	slices.Sort(added)
@@ -124,28 +133,29 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 				continue
 			}
 			w.mu.Lock()
-			d, ok := w.wds[int(ev.Wd)]
-			gone := ok && ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0
+			names := slices.Clone(w.wds[int(ev.Wd)])
+			gone := len(names) > 0 && ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0
 			if gone {
 				// A moved directory keeps its watch (it follows the
-				// inode): drop it, the path is watched anew by Set.
+				// inode): drop it, its names are watched anew by Set.
 				if ev.Mask&unix.IN_IGNORED == 0 {
 					unix.InotifyRmWatch(w.fd, uint32(ev.Wd))
 				}
 				delete(w.wds, int(ev.Wd))
-				if w.dir[d] == int(ev.Wd) {
-					delete(w.dir, d)
+				for _, d := range names {
+					if w.dir[d] == int(ev.Wd) {
+						delete(w.dir, d)
+					}
 				}
 			}
 			w.mu.Unlock()
-			if !ok {
-				continue
+			for _, d := range names {
+				if gone {
+					fn(Event{Path: d, Gone: true})
+					continue
+				}
+				fn(Event{Path: path.Join(d, name)})
 			}
-			if gone {
-				fn(Event{Path: d, Gone: true})
-				continue
-			}
-			fn(Event{Path: path.Join(d, name)})
 		}
 	}
 }

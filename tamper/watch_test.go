@@ -165,3 +165,76 @@ func TestWatcherSetAddsAChurningWildcardDirectoryOncePerCreation(t *testing.T) {
 		t.Fatalf("3 creations added %d watches; want 3 (one extra run each)", adds)
 	}
 }
+
+// Two watched names of one directory (a symlinked directory on the way to
+// one of them, as README's "a symlinked directory on the way to a protected
+// path is followed"; a bind mount is the same) are one inode, so the kernel
+// gives them one watch descriptor. Each name's changes are reported under
+// that name (the check tells by the name whether a change is relevant), and
+// dropping one name from the watched set leaves the other watched: before,
+// the second name's watch overwrote the first's in the descriptor's map
+// (its changes came under the other name), and dropping either removed the
+// kernel's watch for both, so the other's changes waited for the interval's
+// scan.
+func TestWatcherTwoNamesOfOneDirectory(t *testing.T) {
+	real, alias := "/srv/real/d", "/srv/alias/d"
+	for _, drop := range []string{alias, real} {
+		t.Run("drop "+drop, func(t *testing.T) {
+			root := tree(t, map[string]string{"/srv/real/d/a.conf": ""})
+			if err := os.Symlink("real", filepath.Join(root, "/srv/alias")); err != nil {
+				t.Fatal(err)
+			}
+			keep := real
+			if drop == real {
+				keep = alias
+			}
+			w, err := NewWatcher(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if added, failed := w.Set([]string{real, alias}); len(added) != 2 || len(failed) > 0 {
+				t.Fatalf("Set: added %q, failed %q; want both", added, failed)
+			}
+			events := make(chan Event, 64)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- w.Run(ctx, func(ev Event) { events <- ev }) }()
+			defer func() { cancel(); <-done }()
+
+			write := func(name string) {
+				t.Helper()
+				if err := os.WriteFile(filepath.Join(root, "/srv/real/d", name), []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("b.conf")
+			await(t, events, Event{Path: real + "/b.conf"})
+			write("c.conf")
+			await(t, events, Event{Path: alias + "/c.conf"})
+
+			if added, failed := w.Set([]string{keep}); len(added) > 0 || len(failed) > 0 {
+				t.Fatalf("Set without %s: added %q, failed %q; want nothing", drop, added, failed)
+			}
+			write("evil.conf")
+			await(t, events, Event{Path: keep + "/evil.conf"})
+
+			// The directory replaced: both names are gone, and are watched
+			// anew by the next Set.
+			if err := os.Rename(filepath.Join(root, "/srv/real/d"), filepath.Join(root, "/srv/real/d.old")); err != nil {
+				t.Fatal(err)
+			}
+			await(t, events, Event{Path: keep, Gone: true})
+			if err := os.Mkdir(filepath.Join(root, "/srv/real/d"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if added, failed := w.Set([]string{real, alias}); len(added) != 2 || len(failed) > 0 {
+				t.Fatalf("Set after the replace: added %q, failed %q; want both", added, failed)
+			}
+			if added, _ := w.Set([]string{drop}); len(added) > 0 {
+				t.Fatalf("Set of %s alone: added %q; want nothing", drop, added)
+			}
+			write("later.conf")
+			await(t, events, Event{Path: drop + "/later.conf"})
+		})
+	}
+}
