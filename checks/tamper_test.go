@@ -1369,3 +1369,59 @@ func TestSealedOSTamperedAcrossAnOSUpgrade(t *testing.T) {
 		h.probe(sealedEnv(t, h, "boot-2", dm), report.StatusFalse, report.ReasonSealedOSIntact, "root "+hashB)
 	})
 }
+
+// unprivilegedScan scans as a process without the DAC capabilities
+// (testenv.Unprivileged): the daemon's own scan where it has no helper, or
+// the one-shot check run by another user.
+type unprivilegedScan struct {
+	Helper
+	t *testing.T
+}
+
+func (u unprivilegedScan) Scan(root string, spec tamper.Spec) (es []tamper.Entry, err error) {
+	testenv.Unprivileged(u.t, func() { es, err = tamper.Scan(root, spec) })
+	return es, err
+}
+
+// A protected file the scan cannot reach, for another reason than that it
+// is not there, is unreadable, never removed: after the baseline a
+// directory on the way that the scan may not search (EACCES) is the file
+// modified, "unreadable: lstat: permission denied", not "removed" (a false
+// finding that stays until a clear); at the baseline a symlink loop on the
+// way (ELOOP) is Unknown naming the path, never a False that vouches for
+// it. Before, filepath.Glob read either as no match: the file absent.
+func TestNodeTamperedAPathItCannotReachIsNotRemoved(t *testing.T) {
+	h := newTamperHost(t)
+	for _, d := range []string{filepath.Dir(h.root), h.root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.env.Helper = unprivilegedScan{t: t}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	if err := os.Chmod(h.path("/etc/kubernetes"), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(h.path("/etc/kubernetes"), 0o755) })
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/kubelet.conf modified")
+	if strings.Contains(res.Message, "removed") {
+		t.Errorf("a file that is there reported removed: %q", res.Message)
+	}
+	if fs := c.keeper.State().Findings; len(fs) != 1 || fs[0].Detail != "unreadable: lstat: permission denied" {
+		t.Errorf("findings %+v, want the file unreadable, with why", fs)
+	}
+
+	h2 := newTamperHost(t)
+	if err := os.Rename(h2.path("/var/lib/kubelet"), h2.path("/var/lib/kubelet.real")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("kubelet", h2.path("/var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	c2 := h2.start("boot-1", report.NewStore("boot-1"))
+	res = h2.probe(c2, report.StatusUnknown, report.ReasonCheckFailed, "cannot read 1 protected path(s), no other change since this boot's baseline (")
+	if !strings.HasSuffix(res.Message, ": /var/lib/kubelet/config.yaml (lstat: too many levels of symbolic links)") {
+		t.Errorf("message %q: want the path and why", res.Message)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -376,5 +377,83 @@ func TestScanRecordsAHiddenMountAWildcardReaches(t *testing.T) {
 		if hidden := e.Path != "/srv/.ssh/authorized_keys"; (e.Kind == KindUnreadable) != hidden {
 			t.Errorf("%s: %+v, want unreadable %v", e.Path, e, hidden)
 		}
+	}
+}
+
+// A protected path the scan cannot reach for another reason than that it is
+// not there (EACCES: a directory on the way it may not search, or a glob's
+// directory it may not list; ELOOP: a symlink loop on the way) is an
+// unreadable entry with the error, never an absent path: absent, a file
+// that is there would be reported removed (a finding that stays until a
+// clear), and at the baseline a tree nobody read would be vouched for.
+// filepath.Glob, which the scan used, reads every such error as "no
+// match". A path that names nothing (ENOENT; ENOTDIR: a component on the
+// way is a file) is absent, as before. The scan runs without the DAC
+// capabilities (testenv.Unprivileged), as a daemon without them, or the
+// one-shot check run by another user, reads the host.
+func TestScanTellsAPathItCannotReachFromOneThatIsNotThere(t *testing.T) {
+	root := tree(t, map[string]string{
+		"/etc/kubernetes/kubelet.conf":        "apiVersion: v1\n",
+		"/etc/cni/net.d/05-cilium.conflist":   "{}\n",
+		"/var/lib/kubelet.real/config.yaml":   "kind: KubeletConfiguration\n",
+		"/etc/containerd/config.toml":         "",
+		"/etc/systemd/system/kubelet.service": "",
+	})
+	// The fixture's own directories are searchable by anyone, as /etc is.
+	for _, d := range []string{filepath.Dir(root), root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for d, mode := range map[string]os.FileMode{"/etc/kubernetes": 0, "/etc/cni/net.d": 0o300} {
+		if err := os.Chmod(filepath.Join(root, d), mode); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(filepath.Join(root, d), 0o755) })
+	}
+	for link, target := range map[string]string{"/var/lib/kubelet": "kubelet", "/opt/loop": "loop"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, link)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := Spec{Patterns: []string{
+		"/etc/kubernetes/kubelet.conf",                 // EACCES on the way
+		"/etc/cni/net.d/*.conflist",                    // its directory not listable
+		"/var/lib/kubelet/config.yaml",                 // ELOOP on the way
+		"/opt/loop/*.conf",                             // the glob's directory a loop
+		"/etc/containerd/config.toml/x",                // ENOTDIR: not there
+		"/etc/systemd/system/kubelet.service.d/*.conf", // ENOENT: not there
+		"/etc/systemd/system/kubelet.service",          // read
+	}}
+	var es []Entry
+	var err error
+	testenv.Unprivileged(t, func() { es, err = Scan(root, spec) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"/etc/kubernetes/kubelet.conf": "lstat: permission denied",
+		"/etc/cni/net.d":               "open: permission denied",
+		"/var/lib/kubelet/config.yaml": "lstat: too many levels of symbolic links",
+		"/opt/loop":                    "stat: too many levels of symbolic links",
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, e.Path)
+		if e.Path == "/etc/systemd/system/kubelet.service" {
+			if e.Kind != KindFile {
+				t.Errorf("%s: %+v, want the file read", e.Path, e)
+			}
+			continue
+		}
+		if why, ok := want[e.Path]; !ok || e.Kind != KindUnreadable || e.Error != why {
+			t.Errorf("%s: %+v, want unreadable: %q", e.Path, e, why)
+		}
+	}
+	if wantPaths := []string{"/etc/cni/net.d", "/etc/kubernetes/kubelet.conf", "/etc/systemd/system/kubelet.service", "/opt/loop", "/var/lib/kubelet/config.yaml"}; !slices.Equal(got, wantPaths) {
+		t.Fatalf("scanned %q, want %q", got, wantPaths)
 	}
 }

@@ -201,9 +201,14 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 			unreadable(globBase(pat), hiddenError(h))
 			continue
 		}
-		matches, err := filepath.Glob(HostJoin(root, pat))
+		matches, failed, err := glob(HostJoin(root, pat))
 		if err != nil {
 			return nil, fmt.Errorf("pattern %q: %w", pat, err)
+		}
+		for _, f := range failed {
+			if hp := hostRel(root, f.path); !excluded(hp, spec.Exclude) {
+				unreadable(hp, f.err)
+			}
 		}
 		for _, m := range matches {
 			hp := hostRel(root, m)
@@ -248,6 +253,87 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	sortEntries(out)
 	return out, nil
 }
+
+// globFailure is a path glob could not read, and why.
+type globFailure struct {
+	path string
+	err  error
+}
+
+// absent reports whether err says a path names nothing: it is not there
+// (ENOENT), or a component on the way is not a directory (ENOTDIR). Any
+// other error (EACCES, EIO, ELOOP) says nothing of what is there.
+func absent(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+// glob is filepath.Glob (the same matches, in the same order) that tells a
+// path it cannot read from one that is not there: filepath.Glob reads any
+// error of a stat, open or listing as "no match", so a protected file
+// behind a directory it may not search, or a glob's directory it may not
+// list, would be absent (reported removed, or left out of a baseline that
+// then vouches for it). failed are the paths that could not be read (the
+// pattern where it has no wildcard, else a directory it passes through)
+// with the error; a path that is absent is neither matched nor failed.
+func glob(pattern string) (matches []string, failed []globFailure, err error) {
+	if _, err := filepath.Match(pattern, ""); err != nil {
+		return nil, nil, err
+	}
+	if !hasMeta(pattern) {
+		if _, err := os.Lstat(pattern); err != nil {
+			if !absent(err) {
+				failed = append(failed, globFailure{pattern, err})
+			}
+			return nil, failed, nil
+		}
+		return []string{pattern}, nil, nil
+	}
+	dir, file := filepath.Split(pattern)
+	if dir == "" {
+		dir = "."
+	} else if dir != string(filepath.Separator) {
+		dir = dir[:len(dir)-1] // the trailing separator
+	}
+	dirs := []string{dir}
+	if hasMeta(dir) {
+		if dir == pattern {
+			return nil, nil, filepath.ErrBadPattern
+		}
+		if dirs, failed, err = glob(dir); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		if err == nil && fi.IsDir() {
+			var names []string
+			var f *os.File
+			if f, err = os.Open(d); err == nil {
+				names, err = f.Readdirnames(-1)
+				f.Close()
+			}
+			slices.Sort(names)
+			for _, n := range names {
+				ok, merr := filepath.Match(file, n)
+				if merr != nil {
+					return nil, nil, merr
+				}
+				if ok {
+					matches = append(matches, filepath.Join(d, n))
+				}
+			}
+		}
+		// A directory not there, or not a directory, holds no match; one
+		// that cannot be stat'ed, opened or listed (whole) is unreadable.
+		if err != nil && !absent(err) {
+			failed = append(failed, globFailure{d, err})
+		}
+	}
+	return matches, failed, nil
+}
+
+// hasMeta reports whether p holds a glob character (as filepath.Glob's).
+func hasMeta(p string) bool { return strings.ContainsAny(p, `*?[\`) }
 
 // hiddenMount is a mount point of this process's mount namespace over
 // which the sandbox put something of its own; private: PrivateTmp='s

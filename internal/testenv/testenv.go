@@ -5,13 +5,17 @@ package testenv
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // CI reports whether the tests run in CI (CI=true), where every tier is
@@ -99,4 +103,38 @@ func HelperProcess(t testing.TB, env string) string {
 		t.Fatalf("the helper process printed no line: %v", err)
 	}
 	return strings.TrimSpace(line)
+}
+
+// Unprivileged runs fn where the file permissions hold for it: on a thread
+// of its own whose file-system user and group are nobody's (65534) where the
+// test runs as root (setfsuid drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+// from that thread only), as it is where the test runs as another user. The
+// thread is locked and never unlocked, so it ends with fn and no other
+// goroutine runs on it. fn runs in another goroutine: it must not call
+// t.Fatal; it returns what the test checks.
+func Unprivileged(t testing.TB, fn func()) {
+	t.Helper()
+	failed := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		if os.Geteuid() == 0 {
+			if err := unix.Setfsgid(65534); err != nil {
+				failed <- fmt.Errorf("setfsgid: %w", err)
+				return
+			}
+			if err := unix.Setfsuid(65534); err != nil {
+				failed <- fmt.Errorf("setfsuid: %w", err)
+				return
+			}
+			if uid, _ := unix.SetfsuidRetUid(-1); uid != 65534 {
+				failed <- fmt.Errorf("setfsuid: the thread's file-system user is %d, not 65534", uid)
+				return
+			}
+		}
+		fn()
+		failed <- nil
+	}()
+	if err := <-failed; err != nil {
+		t.Fatal(err)
+	}
 }
