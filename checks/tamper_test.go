@@ -1425,3 +1425,27 @@ func TestNodeTamperedAPathItCannotReachIsNotRemoved(t *testing.T) {
 		t.Errorf("message %q: want the path and why", res.Message)
 	}
 }
+
+// A protected directory the scan can stat but not list (EACCES on its
+// listing) is the finding, unreadable with why; the files in it are not
+// reported removed: nobody read whether they are there. Before, each file
+// of the baseline under it was a "removed" finding beside the directory's.
+func TestNodeTamperedFilesInADirectoryItCannotListAreNotRemoved(t *testing.T) {
+	h := newTamperHost(t)
+	for _, d := range []string{filepath.Dir(h.root), h.root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.env.Helper = unprivilegedScan{t: t}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	if err := os.Chmod(h.path("/etc/cni/net.d"), 0o311); err != nil { // search, no listing
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(h.path("/etc/cni/net.d"), 0o755) })
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/cni/net.d modified")
+	if fs := c.keeper.State().Findings; len(fs) != 1 || fs[0].Detail != "unreadable: open: permission denied" {
+		t.Errorf("findings %+v, want the directory unreadable, with why, and nothing under it", fs)
+	}
+}

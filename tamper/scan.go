@@ -25,14 +25,26 @@ const (
 )
 
 // Diff returns how cur differs from base, both sorted by path: one change per
-// path (the first that applies of content, link target, mode, owner).
+// path (the first that applies of content, link target, mode, owner). A
+// path of base under one cur holds as unreadable (a directory that could
+// not be listed) is not reported removed: nobody read whether it is there,
+// and the unreadable path is itself a difference.
 func Diff(base, cur []Entry) []Difference {
+	var blind []string
+	for _, e := range cur {
+		if e.Kind == KindUnreadable {
+			blind = append(blind, e.Path+"/")
+		}
+	}
 	var out []Difference
 	i, j := 0, 0
 	for i < len(base) || j < len(cur) {
 		switch {
 		case j == len(cur) || i < len(base) && base[i].Path < cur[j].Path:
-			out = append(out, Difference{Path: base[i].Path, Kind: Removed})
+			p := base[i].Path
+			if !slices.ContainsFunc(blind, func(b string) bool { return strings.HasPrefix(p, b) }) {
+				out = append(out, Difference{Path: p, Kind: Removed})
+			}
 			i++
 		case i == len(base) || cur[j].Path < base[i].Path:
 			out = append(out, Difference{Path: cur[j].Path, Kind: Added})
