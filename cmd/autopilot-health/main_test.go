@@ -1074,7 +1074,7 @@ func TestStatusRepairReasonIsPrintable(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "status.sock")
 	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
 	reason := "GET http://127.0.0.1:10248/healthz: HTTP 500: \x1b]0;pwn\x07\u009b2J\u202e"
-	st := daemon.StatusReport{Version: "v1", Node: "node-1", Now: now, Started: now,
+	st := daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Now: now, Started: now,
 		Repairs: map[string]checks.RepairStatus{"kubelet.service": {Repairs: 1, LastRepair: now, LastReason: reason, LastResult: "failed", Consecutive: 1,
 			LastAttempt: now, LastAttemptError: "restart kubelet.service: " + reason}}}
 	body, _ := json.Marshal(st)
@@ -1101,7 +1101,7 @@ func TestStatusOtherTextIsPrintable(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "status.sock")
 	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
 	bad := "\x1b]0;pwn\x07\u009b2J\u202e"
-	st := daemon.StatusReport{Version: "v1", Node: "node-1", Now: now, Started: now,
+	st := daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Now: now, Started: now,
 		Kubernetes: daemon.KubernetesStatus{State: "reporting", Detail: "to https://10.0.0.1:6443 " + bad,
 			Reporting: kube.Reporting{Calls: map[string]kube.CallStatus{
 				"status": {LastError: "admission webhook denied: " + bad, LastErrorAt: now, Failing: true}}}},

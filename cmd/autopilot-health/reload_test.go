@@ -139,7 +139,7 @@ func TestStatusFindsTheSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "n1", Summary: "0 conditions: 0 ok, 0 problems"})
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "n1", PID: 42, Now: time.Now(), Summary: "0 conditions: 0 ok, 0 problems"})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) })}
 	go srv.Serve(ln)
 	defer srv.Close()

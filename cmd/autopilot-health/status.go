@@ -77,6 +77,13 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "autopilot-health status: the daemon's answer on %s is not a status document: %v\n", path, err)
 		return exitError
 	}
+	if st.PID <= 0 || st.Now.IsZero() {
+		// JSON, but not what a daemon sends (every one sends its pid
+		// and its time): null or {} read as a daemon with no condition
+		// True would exit 0, a healthy node to a script.
+		fmt.Fprintf(stderr, "autopilot-health status: the daemon's answer on %s is not a status document: it has no pid and time of a daemon: %s\n", path, shorten(string(body), 200))
+		return exitError
+	}
 	if *asJSON {
 		// A daemon started before an upgrade writes the C1 controls, DEL
 		// and bidi overrides of an evidence's file name raw: \u escapes,

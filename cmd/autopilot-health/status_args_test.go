@@ -29,7 +29,7 @@ func TestStatusRefusesExtraArguments(t *testing.T) {
 		t.Fatal(err)
 	}
 	var asked atomic.Int32
-	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "n1", Summary: "0 conditions: 0 ok, 0 problems"})
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "n1", PID: 42, Now: time.Now(), Summary: "0 conditions: 0 ok, 0 problems"})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
 		w.Write(body)

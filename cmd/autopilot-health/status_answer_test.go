@@ -1,0 +1,52 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/daemon"
+)
+
+// An answer that is JSON but not a status document (null, an empty
+// object, a document without the daemon's pid and time: another program on
+// the socket, or a daemon's answer cut to a valid prefix) is refused as
+// such, exit 2, nothing on stdout: it is not read as a daemon with no
+// condition True (exit 0, an empty screen or `null` on stdout, which a
+// script takes for a healthy node). Garbage and a truncated document are
+// refused the same way; with --json too.
+func TestStatusOfAnAnswerThatIsNotAStatusDocument(t *testing.T) {
+	for name, body := range map[string]string{
+		"null":       "null",
+		"empty":      "{}",
+		"array":      "[]",
+		"string":     `"ok"`,
+		"other":      `{"status":"ok"}`,
+		"truncated":  `{"version":"v1","pid":42,"conditions":[{"type":"DiskUsageHigh","status":"True"`,
+		"garbage":    "\x1b[2Jhello",
+		"conditions": `{"conditions":[]}`,
+		"no pid":     `{"version":"v1","now":"2026-12-02T19:00:00Z","conditions":[]}`,
+		"no now":     `{"version":"v1","pid":42,"conditions":[]}`,
+	} {
+		sock := filepath.Join(t.TempDir(), "status.sock")
+		serveStatusBody(t, sock, []byte(body))
+		for _, args := range [][]string{{"status", "--socket", sock}, {"status", "--json", "--socket", sock}} {
+			code, out, errs := run(t, args...)
+			want := "autopilot-health status: the daemon's answer on " + sock + " is not a status document"
+			if code != exitError || out != "" || !strings.HasPrefix(errs, want) || len(rawControls(errs)) > 0 {
+				t.Errorf("%s, %q: exit %d, stdout %q, stderr %q; want exit 2, nothing on stdout, %q", name, args, code, out, errs, want)
+			}
+		}
+	}
+	// A daemon's document, even before its first pass (no condition yet):
+	// taken.
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Started: now, Now: now})
+	serveStatusBody(t, sock, body)
+	if code, out, errs := run(t, "status", "--socket", sock); code != exitOK || errs != "" || !strings.Contains(out, "starting (first pass of the checks not done)") {
+		t.Errorf("a starting daemon's document: exit %d, stderr %q, stdout %q", code, errs, out)
+	}
+}
