@@ -138,7 +138,9 @@ func fetchStatus(path string) ([]byte, error) {
 		return nil, fmt.Errorf("reading the daemon's answer on %s: %w", path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("the daemon on %s answered %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
+		// Whatever answers on the socket words the body: printable, and
+		// not megabytes of it on the terminal.
+		return nil, fmt.Errorf("the daemon on %s answered %s: %s", path, report.Printable(resp.Status), shorten(strings.TrimSpace(string(b)), 400))
 	}
 	return b, nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,5 +50,27 @@ func TestStatusOfAnAnswerThatIsNotAStatusDocument(t *testing.T) {
 	serveStatusBody(t, sock, body)
 	if code, out, errs := run(t, "status", "--socket", sock); code != exitOK || errs != "" || !strings.Contains(out, "starting (first pass of the checks not done)") {
 		t.Errorf("a starting daemon's document: exit %d, stderr %q, stdout %q", code, errs, out)
+	}
+}
+
+// An error answer's body (whatever answers on the socket words it) is
+// written with its control characters as \xNN and cut short: not a
+// terminal escape sequence on stderr, nor megabytes of it.
+func TestStatusOfAnErrorAnswerIsPrintableAndShort(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		w.Write([]byte("\x1b]0;pwn\x07\u009b2J\u202e" + strings.Repeat("x", 1<<20)))
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	code, out, errs := run(t, "status", "--socket", sock)
+	want := "autopilot-health status: the daemon on " + sock + ` answered 500 Internal Server Error: \x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xaexxx`
+	if code != exitError || out != "" || !strings.HasPrefix(errs, want) || len(rawControls(errs)) > 0 || len(errs) > 1024 {
+		t.Errorf("exit %d, stdout %q, stderr (%d bytes) %.300q; want exit 2 and %q, under 1 KiB", code, out, len(errs), errs, want)
 	}
 }
