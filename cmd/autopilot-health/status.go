@@ -160,6 +160,11 @@ func hungError(path string) error {
 // printStatus writes the one-screen status: what is wrong, since when, and
 // what the daemon did about it.
 func printStatus(w io.Writer, st daemon.StatusReport) {
+	// Every text is the daemon's, and much of it a peer's words (a kernel
+	// line, an API error, a file name): the daemon sends it printable, but
+	// one started before an upgrade, or whatever answers on the socket, may
+	// not; a terminal does not act on an escape sequence in it.
+	p := report.Printable
 	ago := func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
@@ -171,20 +176,20 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		state = "starting (first pass of the checks not done)"
 	}
 	if st.Unhealthy != "" {
-		state += "; UNHEALTHY: " + st.Unhealthy
+		state += "; UNHEALTHY: " + p(st.Unhealthy)
 	}
 	if b := st.StateWriteBlocked; b != nil {
-		state += fmt.Sprintf("; STATE NOT SAVED: the write of %s blocked in I/O since %s", b.Path, ago(b.Since))
+		state += fmt.Sprintf("; STATE NOT SAVED: the write of %s blocked in I/O since %s", p(b.Path), ago(b.Since))
 	}
 	if b := st.TamperWriteBlocked; b != nil {
-		state += fmt.Sprintf("; TAMPER STATE NOT SAVED: the write of %s blocked in I/O since %s", b.Path, ago(b.Since))
+		state += fmt.Sprintf("; TAMPER STATE NOT SAVED: the write of %s blocked in I/O since %s", p(b.Path), ago(b.Since))
 	}
 	gpu := ""
 	if st.GPU {
 		gpu = ", GPU"
 	}
-	fmt.Fprintf(w, "autopilot-health %s on node %s (%s%s), pid %d, running since %s, %s\n", st.Version, st.Node, st.Role, gpu, st.PID, ago(st.Started), state)
-	fmt.Fprintf(w, "Status: %s\n\n", st.Summary)
+	fmt.Fprintf(w, "autopilot-health %s on node %s (%s%s), pid %d, running since %s, %s\n", p(st.Version), p(st.Node), p(st.Role), gpu, st.PID, ago(st.Started), state)
+	fmt.Fprintf(w, "Status: %s\n\n", p(st.Summary))
 
 	conds := slices.Clone(st.Conditions)
 	rank := map[report.Status]int{report.StatusTrue: 0, report.StatusUnknown: 1, report.StatusFalse: 2}
@@ -192,14 +197,14 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONDITION\tSTATUS\tREASON\tSINCE\tEVALUATED")
 	for _, c := range conds {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\n", c.Type, c.Status, c.Reason, c.LastTransitionTime.Local().Format("2006-01-02 15:04:05"), st.Now.Sub(c.LastUpdateTime).Round(time.Second))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\n", p(c.Type), p(string(c.Status)), p(string(c.Reason)), c.LastTransitionTime.Local().Format("2006-01-02 15:04:05"), st.Now.Sub(c.LastUpdateTime).Round(time.Second))
 	}
 	tw.Flush()
 	for _, c := range conds {
 		if c.Status == report.StatusFalse {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s=%s (%s) since %s:\n  %s\n", c.Type, c.Status, c.Reason, ago(c.LastTransitionTime), c.Message)
+		fmt.Fprintf(w, "\n%s=%s (%s) since %s:\n  %s\n", p(c.Type), p(string(c.Status)), p(string(c.Reason)), ago(c.LastTransitionTime), p(c.Message))
 		if h := c.Held; h != nil {
 			// Not what the check last found: what it found before its
 			// last runs failed, held through them.
@@ -208,7 +213,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 				runs = fmt.Sprintf("%d failed runs", h.Runs)
 			}
 			fmt.Fprintf(w, "  held through %s of its check in a row since %s (%s: %s); a 3rd makes what its check found Unknown\n",
-				runs, ago(h.Since), h.Reason, report.Printable(h.Message))
+				runs, ago(h.Since), p(string(h.Reason)), p(h.Message))
 		}
 		if c.Source == "kmsg" && c.Status == report.StatusTrue {
 			fmt.Fprintln(w, "  evidence: the kernel line above")
@@ -221,7 +226,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		for _, k := range keys {
 			b, _ := json.Marshal(c.Evidence[k])
 			b = report.PrintableJSON(b)
-			fmt.Fprintf(w, "  evidence %s: %s\n", k, shorten(string(b), 400))
+			fmt.Fprintf(w, "  evidence %s: %s\n", p(k), shorten(string(b), 400))
 		}
 	}
 
@@ -239,9 +244,9 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	for _, u := range units {
 		r := st.Repairs[u]
 		if r.Repairs == 0 && r.LastRepair.IsZero() {
-			fmt.Fprintf(w, "  %s: never repaired\n", u)
+			fmt.Fprintf(w, "  %s: never repaired\n", p(u))
 		} else {
-			fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", u, r.Repairs, ago(r.LastRepair), r.LastResult, report.Printable(r.LastReason), r.Consecutive)
+			fmt.Fprintf(w, "  %s: %d repairs, last %s: restart %s (%s), %d in a row\n", p(u), r.Repairs, ago(r.LastRepair), p(r.LastResult), p(r.LastReason), r.Consecutive)
 		}
 		if r.LastAttemptError != "" && !r.LastAttempt.Before(r.LastRepair) {
 			fmt.Fprintf(w, "    last attempt %s could not start: %s\n", ago(r.LastAttempt), report.Printable(r.LastAttemptError))
@@ -252,9 +257,9 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	if k := st.Kmsg; k == nil {
 		fmt.Fprintln(w, "not monitored (kmsg.enabled = false)")
 	} else {
-		reading := "reading " + k.Device
+		reading := "reading " + p(k.Device)
 		if !k.Reading {
-			reading = "NOT reading " + k.Device
+			reading = "NOT reading " + p(k.Device)
 		}
 		last := "no record read yet"
 		if r := k.LastRecord; r != nil {
@@ -264,9 +269,9 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	}
 
 	if m := st.Metrics; m.Serving {
-		fmt.Fprintf(w, "Metrics: serving on %s\n", m.Address)
+		fmt.Fprintf(w, "Metrics: serving on %s\n", p(m.Address))
 	} else if m.Error != "" {
-		fmt.Fprintf(w, "Metrics: NOT serving on %s since %s, %d failed binds, retrying with backoff: %s\n", m.Address, ago(m.FailingSince), m.Attempts, report.Printable(m.Error))
+		fmt.Fprintf(w, "Metrics: NOT serving on %s since %s, %d failed binds, retrying with backoff: %s\n", p(m.Address), ago(m.FailingSince), m.Attempts, report.Printable(m.Error))
 	}
 
 	fmt.Fprint(w, "Configuration: ")
@@ -274,19 +279,19 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		fmt.Fprintln(w, "embedded defaults")
 	} else {
 		if cs.Absent {
-			fmt.Fprintf(w, "embedded defaults (%s absent), in effect since %s\n", cs.File, ago(cs.Since))
+			fmt.Fprintf(w, "embedded defaults (%s absent), in effect since %s\n", p(cs.File), ago(cs.Since))
 		} else {
-			fmt.Fprintf(w, "%s, in effect since %s\n", cs.File, ago(cs.Since))
+			fmt.Fprintf(w, "%s, in effect since %s\n", p(cs.File), ago(cs.Since))
 		}
 		if r := cs.LastReload; r != nil && r.Result == "refused" {
 			fmt.Fprintf(w, "  last reload %s REFUSED (running on the previous configuration): %s\n", ago(r.At), shorten(r.Error, 400))
 		} else if r != nil {
-			fmt.Fprintf(w, "  last reload %s: %s\n", ago(r.At), r.Changed)
+			fmt.Fprintf(w, "  last reload %s: %s\n", ago(r.At), p(r.Changed))
 		}
 	}
 
 	k := st.Kubernetes
-	fmt.Fprintf(w, "Kubernetes: %s", k.State)
+	fmt.Fprintf(w, "Kubernetes: %s", p(k.State))
 	if k.Detail != "" {
 		fmt.Fprintf(w, " (%s)", report.Printable(k.Detail))
 	}
@@ -314,7 +319,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			if c.Failing {
 				now = "FAILING"
 			}
-			fmt.Fprintf(w, "  %s: last error %s, %s: %s\n", kind, ago(c.LastErrorAt), now, shorten(c.LastError, 300))
+			fmt.Fprintf(w, "  %s: last error %s, %s: %s\n", p(kind), ago(c.LastErrorAt), now, shorten(c.LastError, 300))
 		}
 	}
 }

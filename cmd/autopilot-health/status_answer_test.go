@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/report"
 )
 
 // An answer that is JSON but not a status document (null, an empty
@@ -72,5 +73,36 @@ func TestStatusOfAnErrorAnswerIsPrintableAndShort(t *testing.T) {
 	want := "autopilot-health status: the daemon on " + sock + ` answered 500 Internal Server Error: \x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xaexxx`
 	if code != exitError || out != "" || !strings.HasPrefix(errs, want) || len(rawControls(errs)) > 0 || len(errs) > 1024 {
 		t.Errorf("exit %d, stdout %q, stderr (%d bytes) %.300q; want exit 2 and %q, under 1 KiB", code, out, len(errs), errs, want)
+	}
+}
+
+// The screen's other texts (a condition's type, reason and message, the
+// summary, the node's name, the stuck loop, the configuration file, a
+// reload's change, a held failure's reason) are written with \xNN escapes
+// too, also from a daemon that sends them raw (one started before an
+// upgrade, which took over a Node's raw message): none reaches the
+// terminal as an escape sequence.
+func TestStatusScreenIsPrintableFromADaemonThatSendsRawText(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	bad := "\x1b]0;pwn\x07\u009b2J\u202e"
+	st := daemon.StatusReport{Version: "v1" + bad, Node: "node-1" + bad, Role: "worker" + bad, PID: 42, Started: now, Now: now, Ready: true,
+		Unhealthy: "loop checks" + bad, Summary: "1 conditions: 1 problem (X" + bad + ")",
+		Conditions: []daemon.ConditionStatus{{Condition: report.Condition{Type: "KernelDeadlock" + bad, Status: report.StatusTrue, Reason: report.Reason("TaskHung" + bad),
+			Message: "INFO: task runc:" + bad + ":4242 blocked", LastTransitionTime: now, LastUpdateTime: now}, Source: "kmsg"}},
+		Kmsg:    &daemon.KmsgStatus{Device: "/dev/kmsg" + bad, Reading: true},
+		Config:  daemon.ConfigStatus{File: "/etc/autopilot-health/config" + bad + ".toml", Since: now, LastReload: &daemon.ReloadOutcome{At: now, Result: "applied", Changed: "checks.X" + bad}},
+		Metrics: daemon.MetricsStatus{Address: ":20257" + bad, Serving: true},
+	}
+	body, _ := json.Marshal(st)
+	// encoding/json writes C1 controls and bidi overrides raw; ESC and BEL
+	// as \u escapes, which decode to them.
+	serveStatusBody(t, sock, body)
+	code, out, errs := run(t, "status", "--socket", sock)
+	if raw := rawControls(out); len(raw) > 0 || code != exitProblem || errs != "" {
+		t.Errorf("exit %d, stderr %q; status holds %s raw:\n%q", code, errs, strings.Join(raw, ", "), out)
+	}
+	if !strings.Contains(out, `INFO: task runc:\x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xae:4242 blocked`) {
+		t.Errorf("the message is not written escaped:\n%s", out)
 	}
 }
