@@ -124,6 +124,12 @@ func fetchStatus(path string) ([]byte, error) {
 			return nil, fmt.Errorf("%w: nothing answers on %s (systemctl status autopilot-health)", errNotRunning, path)
 		case errors.Is(err, os.ErrPermission):
 			return nil, fmt.Errorf("%s: permission denied: the status socket is root's (run with sudo)", path)
+		case errors.Is(err, syscall.EAGAIN):
+			// The socket's backlog is full: connections the daemon
+			// did not accept (its accepting goroutine stopped, the
+			// process frozen). Not "within 10s": the connect fails
+			// at once (EAGAIN is a net.Error Timeout too).
+			return nil, fmt.Errorf("the daemon on %s takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health)", path)
 		case isTimeout(err):
 			return nil, hungError(path)
 		}

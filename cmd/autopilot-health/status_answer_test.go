@@ -2,14 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -104,5 +107,47 @@ func TestStatusScreenIsPrintableFromADaemonThatSendsRawText(t *testing.T) {
 	}
 	if !strings.Contains(out, `INFO: task runc:\x1b]0;pwn\x07\xc2\x9b2J\xe2\x80\xae:4242 blocked`) {
 		t.Errorf("the message is not written escaped:\n%s", out)
+	}
+}
+
+// A daemon that does not even take the connection (its listen backlog
+// full: its accepting goroutine stopped, the process frozen, while status
+// was asked again and again) is named as one that may be hung, exit 2, as
+// one that takes it and does not answer is: not an HTTP client's
+// "connect: resource temporarily unavailable", nor "not running".
+func TestStatusOfADaemonThatAcceptsNoConnection(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the backlog: connections nobody accepts.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 8 {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			break
+		}
+		held = append(held, c)
+	}
+	if len(held) == 0 || len(held) == 8 {
+		testenv.Skip(t, fmt.Sprintf("%d connections taken into a backlog of 0: not a full backlog", len(held)))
+	}
+	code, out, errs := run(t, "status", "--socket", sock)
+	want := "autopilot-health status: the daemon on " + sock + " takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health)\n"
+	if code != exitError || out != "" || errs != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 2, %q", code, out, errs, want)
 	}
 }
