@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -34,7 +35,35 @@ import (
 var version = "devel"
 
 func main() {
+	crashBySignal()
 	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// crashBySignal makes the Go runtime end the process by SIGABRT, after its
+// goroutine dump, where it exits 2 by default: on SIGABRT and on a fatal
+// error (a panic no one recovers). Exit 2 is a refused command line, which
+// the unit does not restart (RestartPreventExitStatus=2); a crash is.
+func crashBySignal() { debug.SetTraceback("crash") }
+
+// unitName is the helper's unit, named in a refusal's answer.
+const unitName = "autopilot-health-privileged.service"
+
+// refuse ends a helper that refuses its command line (exit 2, which its
+// unit does not restart): under its socket unit, the requests already
+// queued are answered with the reason (privileged.Refuse). Left queued, one
+// would start the helper again at once, to refuse again, for ever; and the
+// daemon would wait for its answer until it timed out, not knowing why.
+// The next request of the daemon starts the helper again, which refuses it
+// the same way: one refusal per request, and the daemon's requests back
+// off.
+func refuse(reason string, listen string) int {
+	if listen == "" && os.Getenv("LISTEN_FDS") != "" {
+		if l, err := listener(""); err == nil {
+			privileged.Refuse(l, "the privileged helper refuses to start: "+reason+
+				" (its command line: ExecStart= of "+unitName+" or a drop-in; journalctl -u "+unitName+")")
+		}
+	}
+	return 2
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -45,7 +74,13 @@ func run(args []string, stderr io.Writer) int {
 	lvm := fs.String("lvm", "/usr/sbin/lvm", "the lvm binary, the one program the helper runs (the daemon's checks.DiskUsageHigh.lvm_command must name it)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		// The flag package has written the error and the usage.
+		return refuse(err.Error(), *listen)
+	}
+	if fs.NArg() > 0 {
+		err := fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+		fmt.Fprintln(stderr, "autopilot-health-privileged: "+err)
+		return refuse(err, *listen)
 	}
 	if *showVersion {
 		fmt.Println(version)

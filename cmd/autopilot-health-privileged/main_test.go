@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -170,5 +171,46 @@ func TestJournalLinesCarryTheirPriority(t *testing.T) {
 	run([]string{"--lvm", lvm, "--listen", filepath.Join(dir, "none", "helper.sock")}, &logs)
 	if l := logs.String(); !strings.HasPrefix(l, "level=WARN ") {
 		t.Errorf("outside the journal:\n%s", l)
+	}
+}
+
+// panicChildEnv marks the re-executed test binary that panics as the
+// helper's process would.
+const panicChildEnv = "AUTOPILOT_HEALTH_PRIVILEGED_TEST_PANIC_CHILD"
+
+// Exit 2 is a refused command line, which the unit does not restart
+// (RestartPreventExitStatus=2); the Go runtime ends a process on a panic
+// no one recovers with exit 2 too by default. The helper ends it by
+// SIGABRT, which the unit restarts.
+func TestPanicEndsBySignalNotExitTwo(t *testing.T) {
+	if os.Getenv(panicChildEnv) != "" {
+		syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{})
+		crashBySignal() // as main does first
+		done := make(chan struct{})
+		go func() { panic("a bug in a goroutine of the helper") }()
+		<-done
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPanicEndsBySignalNotExitTwo$")
+	cmd.Env = append(os.Environ(), panicChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("the panicking helper ended with %v, want an abort:\n%s", err, out)
+	}
+	if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGABRT {
+		t.Errorf("the panicking helper ended with %v (exit status %d), want killed by SIGABRT", err, ws.ExitStatus())
+	}
+	if !strings.Contains(string(out), "panic: a bug in a goroutine of the helper") {
+		t.Errorf("the panic is not on stderr:\n%s", out)
+	}
+}
+
+// A positional argument is refused like a bad flag: exit 2, said.
+func TestUnexpectedArgumentRefuses(t *testing.T) {
+	t.Setenv("LISTEN_PID", "")
+	t.Setenv("LISTEN_FDS", "")
+	var b strings.Builder
+	if code := run([]string{"--lvm=/usr/sbin/lvm", "extra"}, &b); code != 2 || !strings.Contains(b.String(), `unexpected argument "extra"`) {
+		t.Errorf("an extra argument: exit %d, %q; want 2 and the argument named", code, b.String())
 	}
 }
