@@ -45,7 +45,7 @@ type Reader struct {
 	// Progress is called at most once a second while reads succeed (a read
 	// that waits ReadTimeout for a record counts); a reader that cannot open
 	// or read the device stops calling it, which fails /healthz and the
-	// watchdog. Its maxSilence is ReadTimeout, with no margin: the daemon's
+	// watchdog (but see Refused). Its maxSilence is ReadTimeout, with no margin: the daemon's
 	// liveness adds the same slack to every loop.
 	Progress    func(loop string, maxSilence time.Duration)
 	ReadTimeout time.Duration
@@ -62,6 +62,14 @@ type Reader struct {
 	// Open opens the device (default: the kernel log device, read-only,
 	// refusing what is not /dev/kmsg); tests replace it.
 	Open func(path string) (Device, error)
+	// Refused, if set, tells an open error that no restart of the daemon
+	// ends (the privileged helper refusing its command line: it is
+	// refused again at each start). While the open fails with one, the
+	// reader is down as for any other error (its metric 0, the kernel
+	// conditions Unknown with the error), but its loop reports progress
+	// through each backoff: /healthz and the watchdog would restart the
+	// daemon for it every few minutes, to no end.
+	Refused func(error) bool
 	// Backoff bounds the wait before a reopen after an open or read error
 	// (default 1 s doubling to 1 min).
 	BackoffMin, BackoffMax time.Duration
@@ -507,6 +515,9 @@ func (rd *Reader) Run(ctx context.Context) {
 		rd.Monitor.m.up.Set(0)
 		rd.Monitor.Blind(err, time.Now())
 		wait := bo.Next()
+		if rd.Refused != nil && rd.Progress != nil && rd.Refused(err) {
+			rd.Progress("kmsg", wait+rd.ReadTimeout)
+		}
 		if text := msg + ": " + err.Error(); text != lastErr {
 			rd.Log.Error(msg+"; kernel conditions are not being evaluated", "path", rd.Path, "err", err, "retry_in", wait.Round(time.Millisecond))
 			lastErr = text

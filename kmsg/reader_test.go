@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -1237,5 +1238,62 @@ func TestReaderStopsDuringTheFirstOpenOfAnOverrunLog(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the reader did not stop when its context ended, during its first open")
+	}
+}
+
+// An open that fails with an error no restart of the daemon ends (the
+// privileged helper refusing its command line: Reader.Refused) leaves the
+// reader down, its metric 0, but its loop still reports progress, each
+// beat within the silence the last one allowed (its backoff): /healthz and
+// the watchdog do not restart the daemon for it every few minutes, to be
+// refused again. Any other open error still stops the progress.
+func TestReaderRefusedOpenKeepsProgress(t *testing.T) {
+	refused := errors.New("the privileged helper refuses to start: flag provided but not defined: -lvmm")
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{{"refused", refused, true}, {"other", errors.New("connection refused"), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := report.NewStore("b")
+				mon := NewMonitor(opts(t, store))
+				type beat struct {
+					at      time.Time
+					silence time.Duration
+				}
+				var mu sync.Mutex
+				var beats []beat
+				rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+					Progress: func(_ string, d time.Duration) {
+						mu.Lock()
+						beats = append(beats, beat{time.Now(), d})
+						mu.Unlock()
+					}, ReadTimeout: 10 * time.Second,
+					Open:    func(string) (Device, error) { return nil, tc.err },
+					Refused: func(err error) bool { return errors.Is(err, refused) }}
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+				defer cancel()
+				rd.Run(ctx)
+				mu.Lock()
+				defer mu.Unlock()
+				if got := len(beats) > 0; got != tc.want {
+					t.Fatalf("progress reported %d times in 10 min of failed opens (%v), want progress %v", len(beats), tc.err, tc.want)
+				}
+				if tc.want {
+					last := beat{start, 0}
+					for i, b := range append(beats, beat{time.Now(), 0}) {
+						if i > 0 && b.at.Sub(last.at) > last.silence {
+							t.Errorf("beat %d came %s after the one before, which allowed %s: the loop is stuck", i, b.at.Sub(last.at), last.silence)
+						}
+						last = b
+					}
+				}
+				if mon.Metrics().ReaderUp() {
+					t.Errorf("the reader is up with its device refused")
+				}
+			})
+		})
 	}
 }

@@ -4,6 +4,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -118,4 +119,60 @@ func TestHelperRefusedFlagDoesNotSpin(t *testing.T) {
 	waitUnitFor(t, s, svc, 30*time.Second, "the helper restarted after SIGABRT", func(u systemd.Unit) bool {
 		return active(u) && u.Invocation != up.Invocation && u.NRestarts > up.NRestarts
 	})
+}
+
+// TestDaemonWithARefusingHelperRunsOn: the daemon under its shipped unit
+// (WatchdogSec shortened to 4 s) with its helper refusing its command line
+// (an operator's drop-in with a bad flag), in a real systemd 252. The
+// daemon starts and runs on: its kernel log cannot be opened (the helper's
+// refusal, no restart of the daemon ends it), which reads Unknown with the
+// refusal in the kernel conditions, but the kernel log reader is not stuck,
+// so the watchdog does not restart the daemon for it every few minutes, to
+// be refused again (before: the reader stuck 40 s after its last beat, a
+// SIGABRT with its goroutine dump, a restart, for ever).
+func TestDaemonWithARefusingHelperRunsOn(t *testing.T) {
+	const (
+		unit = "autopilot-health.service"
+		svc  = "autopilot-health-privileged.service"
+	)
+	s := daemonNamespace(t, "helperflagd", map[string]string{
+		svc + ".d/50-operator.conf":  badHelperDropIn,
+		unit + ".d/50-watchdog.conf": watchdogDropIn,
+	}, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit, svc)
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	up := waitUnitFor(t, s, unit, 2*time.Minute, "the daemon ready", active)
+	statePath := s.Root("/var/lib/autopilot-health/state.json")
+	eventually(t, 30*time.Second, "KernelDeadlock Unknown with the helper's refusal in the state file", func() (bool, string) {
+		var f stateFile
+		b, err := os.ReadFile(statePath)
+		if err == nil {
+			err = json.Unmarshal(b, &f)
+		}
+		c := f.get("KernelDeadlock")
+		return err == nil && c.Status == "Unknown" && strings.Contains(c.Message, "refuses to start") && strings.Contains(c.Message, "-lvmm"),
+			fmt.Sprintf("%+v %v", c, err)
+	})
+	// The window: the reader would be stuck 40 s after its last beat, and
+	// the watchdog fires 4 s later.
+	time.Sleep(60 * time.Second) // nothing is to happen: a window of time is the measure
+	u, err := s.Bus.Unit(ctx, unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusals := strings.Count(s.Journal(svc), "flag provided but not defined: -lvmm")
+	t.Logf("over 60 s: the daemon %s/%s NRestarts=%d, the helper refused %d requests", u.ActiveState, u.SubState, u.NRestarts, refusals)
+	if !active(u) || u.Invocation != up.Invocation || u.NRestarts != 0 {
+		t.Errorf("the daemon with a refusing helper: %s/%s NRestarts %d, invocation changed %v; want it running on, not restarted",
+			u.ActiveState, u.SubState, u.NRestarts, u.Invocation != up.Invocation)
+	}
+	if j := s.Journal(unit); strings.Contains(j, "SIGABRT") || strings.Contains(j, "watchdog") {
+		t.Errorf("the daemon was aborted:\n%s", lastBytes(j, 3000))
+	}
+	// The reader's backoff (1 s doubling to 1 min) bounds the requests.
+	if refusals > 10 {
+		t.Errorf("the helper refused %d requests in about 90 s: the daemon's requests do not back off", refusals)
+	}
 }

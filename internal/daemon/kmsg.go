@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,6 +70,9 @@ func (d *Daemon) newReader() *kmsg.Reader {
 	return &kmsg.Reader{
 		Path: d.cfg.HostPath(d.cfg.Kmsg.Device), Monitor: d.kmsg, Log: d.log.With("component", "kmsg"),
 		FromStart: d.cfg.Kmsg.FromBootStart, Progress: d.live.Beat, ReadTimeout: kmsgReadTimeout, Gather: kmsg.GatherTime, Grid: d.grid(), Open: d.kmsgOpen,
+		// A helper that refuses its command line refuses every start of
+		// the daemon too: the watchdog would restart it for nothing.
+		Refused: func(err error) bool { return errors.Is(err, privileged.ErrRefused) },
 	}
 }
 

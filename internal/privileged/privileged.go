@@ -83,8 +83,13 @@ type response struct {
 	FD bool `json:"fd,omitempty"`
 }
 
+// ErrRefused is the answer of a helper that refuses to start (its command
+// line, Refuse): every start refuses it again, until its unit is fixed.
+var ErrRefused = errors.New("the privileged helper refuses to start")
+
 // sentinels are the errors the daemon tells apart, by name on the wire.
 var sentinels = map[string]error{
+	"refused":          ErrRefused,
 	"no-device-mapper": hostio.ErrNoDeviceMapper,
 	"not-exist":        fs.ErrNotExist,
 	"permission":       fs.ErrPermission,

@@ -16,7 +16,8 @@ const refuseLinger = 200 * time.Millisecond
 const refuseRead = time.Second
 
 // Refuse answers every connection queued on l, and each that comes within
-// refuseLinger of the last, with reason as the helper's error, and returns
+// refuseLinger of the last, with reason as the helper's error (ErrRefused
+// on the daemon's side), and returns
 // how many it answered. A helper that refuses to start (its command line)
 // calls it before it exits, under its socket unit: a connection left in the
 // queue would start it again as soon as it exited, and the daemon's request
@@ -24,7 +25,7 @@ const refuseRead = time.Second
 // request is read to its end before the answer (closed with unread data,
 // the daemon's read would end on a reset, not on the answer).
 func Refuse(l *net.UnixListener, reason string) int {
-	out, _ := json.Marshal(response{Error: reason})
+	out, _ := json.Marshal(response{Error: reason, Sentinel: "refused"})
 	n := 0
 	for {
 		l.SetDeadline(time.Now().Add(refuseLinger))

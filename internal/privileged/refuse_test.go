@@ -2,6 +2,7 @@ package privileged
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"path/filepath"
@@ -48,8 +49,8 @@ func TestRefuseAnswersEveryQueuedRequest(t *testing.T) {
 			t.Errorf("request %d: answer %q: %v", i, b, err)
 			continue
 		}
-		if err := resp.err(); err == nil || err.Error() != reason {
-			t.Errorf("request %d: answered %v, want %q", i, err, reason)
+		if err := resp.err(); err == nil || err.Error() != reason || !errors.Is(err, ErrRefused) {
+			t.Errorf("request %d: answered %v, want %q, ErrRefused", i, err, reason)
 		}
 	}
 	// Nothing is left queued, and a client sees the reason as the helper's
