@@ -191,6 +191,7 @@ var wantEntries = map[string]string{
 	"./usr/lib/autopilot-health/autopilot-health-privileged":       "-rwxr-xr-x",
 	"./usr/lib/systemd/system/autopilot-health-privileged.service": "-rw-r--r--",
 	"./usr/lib/systemd/system/autopilot-health-privileged.socket":  "-rw-r--r--",
+	"./usr/lib/systemd/system/autopilot-health-refused.service":    "-rw-r--r--",
 }
 
 // TestDebianPackage builds the package for amd64 and arm64 (with a umask

@@ -55,6 +55,9 @@ Usage:
   autopilot-health catalog [--markdown | --json]  list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
   autopilot-health config validate FILE           validate a configuration file
+  autopilot-health config refused-changed [--state-dir DIR]
+                                                  exit 0 when the file run last refused changed since
+                                                  (autopilot-health-refused.service, the unit's OnFailure=)
   autopilot-health manifests [--list | KIND]      print the shipped alert rules, MachineHealthChecks,
                                                   remediation templates or Grafana dashboard
   autopilot-health version                        print the version
@@ -68,7 +71,8 @@ Exit codes:
      the file) or failed while running;
      reload: the daemon refused the file and runs on with the previous configuration;
      tamper clear: applied, but not saved or not re-evaluated within 30s;
-     tamper status: tamper.json cannot be read or does not parse
+     tamper status: tamper.json cannot be read or does not parse;
+     config refused-changed: the file run refused is unchanged since, or none was refused
   2  bad usage, bad configuration, or the command could not run (status, reload, tamper clear: the
      daemon is not running, or its socket refused the caller, not root; run: refused its flags or
      configuration file, which its unit does not restart on: the file's next change starts it)

@@ -10,9 +10,25 @@ import (
 )
 
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
-	const syn = "config default | config validate FILE"
+	const syn = "config default | config validate FILE | config refused-changed [--state-dir DIR]"
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n", stdout, stderr)
+		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not or none was\n", stdout, stderr)
+	}
+	if args[0] == "refused-changed" {
+		fs := newFlags("config refused-changed", "config refused-changed [--state-dir DIR]", stderr)
+		def := stateDirectory()
+		if def == "" {
+			def = "/var/lib/autopilot-health"
+		}
+		dir := fs.String("state-dir", def, "the daemon's state directory, where run records the file it refused ($STATE_DIRECTORY under systemd)")
+		if code := parseFlags(fs, args[1:], stdout); code >= 0 {
+			return code
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "autopilot-health config refused-changed: unexpected argument %q\n", fs.Arg(0))
+			return exitError
+		}
+		return refusedChanged(*dir, stdout, stderr)
 	}
 	// Each subcommand's flags are parsed as every command's: its --help,
 	// also after FILE, is its usage on stdout with exit 0 (not the defaults,
@@ -51,7 +67,7 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s: valid\n", file)
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "autopilot-health config: unknown subcommand %q (want default or validate)\n", args[0])
+	fmt.Fprintf(stderr, "autopilot-health config: unknown subcommand %q (want default, validate or refused-changed)\n", args[0])
 	return exitError
 }
 

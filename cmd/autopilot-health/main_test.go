@@ -405,7 +405,7 @@ func TestUnitFileVerifies(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var paths []string
-	for _, name := range []string{"autopilot-health.service", "autopilot-health-privileged.socket", "autopilot-health-privileged.service"} {
+	for _, name := range []string{"autopilot-health.service", "autopilot-health-refused.service", "autopilot-health-privileged.socket", "autopilot-health-privileged.service"} {
 		b, err := os.ReadFile("../../units/" + name)
 		if err != nil {
 			t.Fatal(err)

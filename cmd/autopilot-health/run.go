@@ -30,6 +30,10 @@ func crashBySignal() { debug.SetTraceback("crash") }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
 	crashBySignal()
+	// This start reads the file again: an earlier refusal is not one to
+	// start the daemon for (config refused-changed), and a refused flag
+	// records none.
+	forgetRefusal()
 	fs := newFlags("run", "run [--config FILE] [--privileged-helper SOCKET]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
 	helper := fs.String("privileged-helper", "", "ask the privileged helper (autopilot-health-privileged) listening on this socket for what needs privileges: /dev/kmsg, NVMe, device-mapper, LVM, the NodeTampered scan")
@@ -130,7 +134,9 @@ const refusalRereads = 3
 // failed nothing starts it. So before the exit the file is looked at
 // again: changed since the read that was refused, it is read again, at
 // most refusalRereads times; a file that kept changing is exit 1, which
-// the unit restarts in 5 s, rather than a change lost.
+// the unit restarts in 5 s, rather than a change lost. A change after that
+// last look is autopilot-health-refused.service's, once the unit failed:
+// the refusal is recorded (recordRefusal) with the file as last read.
 func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*config.Config, bool, string, *slog.Logger, int) {
 	for n := 0; ; n++ {
 		cfg, fromFile, digest, err := config.LoadDigest(path, !explicit)
@@ -169,6 +175,7 @@ func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*c
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		afterRefusal()
 		if config.FileDigest(path) == digest {
+			recordRefusal(path, digest, stderr)
 			return nil, false, "", nil, exitError
 		}
 		if n == refusalRereads {

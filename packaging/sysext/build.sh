@@ -59,7 +59,7 @@ esac
 root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/usr/bin/autopilot-health"
 install -D -m 0755 "$helper" "$root/usr/lib/autopilot-health/autopilot-health-privileged"
-for u in autopilot-health.service autopilot-health.path autopilot-health-privileged.socket autopilot-health-privileged.service; do
+for u in autopilot-health.service autopilot-health.path autopilot-health-refused.service autopilot-health-privileged.socket autopilot-health-privileged.service; do
 	install -D -m 0644 "$top/units/$u" "$root/usr/lib/systemd/system/$u"
 done
 install -D -m 0644 /dev/stdin "$root/usr/lib/systemd/system-preset/80-autopilot-health.preset" <<<$'enable autopilot-health.service\nenable autopilot-health.path'

@@ -258,7 +258,7 @@ func BuildDaemon(out string) error {
 
 // ShippedUnits are the unit files the package installs in
 // /usr/lib/systemd/system, from units/.
-var ShippedUnits = []string{"autopilot-health.service", "autopilot-health.path", "autopilot-health-privileged.socket", "autopilot-health-privileged.service"}
+var ShippedUnits = []string{"autopilot-health.service", "autopilot-health.path", "autopilot-health-refused.service", "autopilot-health-privileged.socket", "autopilot-health-privileged.service"}
 
 // InstallDaemon lays the daemon out under usr (a directory laid over /usr:
 // Options.Usr) as the package installs it: bin/autopilot-health,

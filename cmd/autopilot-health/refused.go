@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/syself/autopilot-health/internal/config"
+)
+
+// The record of a refused configuration file: `run` under systemd writes
+// it in its state directory ($STATE_DIRECTORY, the unit's StateDirectory=)
+// when it exits 2 on the file, and removes it at each start.
+// autopilot-health-refused.service (the daemon's OnFailure=) runs `config
+// refused-changed` once the unit is failed: a file changed since that last
+// read (a fix written after the refusing daemon's last look, before
+// systemd had its exit: autopilot-health.path watched nothing then, and
+// its PathChanged= is not a state its watch would see afterwards) starts
+// the daemon; an unchanged one, or no record (a refused flag, another
+// failure), starts nothing.
+const refusedRecordName = "refused-config.json"
+
+type refusedRecord struct {
+	Path   string `json:"path"`
+	Digest string `json:"digest"`
+}
+
+// stateDirectory is the first of systemd's $STATE_DIRECTORY, or "".
+func stateDirectory() string {
+	dir, _, _ := strings.Cut(os.Getenv("STATE_DIRECTORY"), ":")
+	return dir
+}
+
+// forgetRefusal removes the record of an earlier refusal (run's start).
+func forgetRefusal() {
+	if dir := stateDirectory(); dir != "" {
+		os.Remove(filepath.Join(dir, refusedRecordName))
+	}
+}
+
+// recordRefusal records that the file at path, as digest says it was at
+// the last read, was refused.
+func recordRefusal(path, digest string, stderr io.Writer) {
+	dir := stateDirectory()
+	if dir == "" {
+		return
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	b, _ := json.Marshal(refusedRecord{Path: path, Digest: digest})
+	tmp := filepath.Join(dir, "."+refusedRecordName+".tmp")
+	err := os.WriteFile(tmp, b, 0o600)
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, refusedRecordName))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		fmt.Fprintf(stderr, "autopilot-health: cannot record the refusal (a fix written as this process exits is not seen; `systemctl start autopilot-health` starts it): %v\n", err)
+	}
+}
+
+// refusedChanged is `config refused-changed [--state-dir DIR]`: exit 0
+// when the refused file recorded in DIR changed since its refusal, 1 when
+// it did not or nothing was refused.
+func refusedChanged(dir string, stdout, stderr io.Writer) int {
+	b, err := os.ReadFile(filepath.Join(dir, refusedRecordName))
+	if os.IsNotExist(err) {
+		fmt.Fprintln(stdout, "no refused configuration file recorded")
+		return exitProblem
+	}
+	var r refusedRecord
+	if err == nil {
+		err = json.Unmarshal(b, &r)
+	}
+	if err != nil || r.Path == "" {
+		fmt.Fprintf(stderr, "autopilot-health config refused-changed: unreadable record %s: %v\n", filepath.Join(dir, refusedRecordName), err)
+		return exitProblem
+	}
+	if config.FileDigest(r.Path) == r.Digest {
+		fmt.Fprintf(stdout, "%s: unchanged since it was refused\n", r.Path)
+		return exitProblem
+	}
+	fmt.Fprintf(stdout, "%s: changed since it was refused\n", r.Path)
+	return exitOK
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Under systemd ($STATE_DIRECTORY) run records the file it refuses, as it
+// last read it, and `config refused-changed` (autopilot-health-refused.service,
+// the unit's OnFailure=) says whether the file changed since: a fix written
+// after the refusing daemon's last look starts it, an unchanged file does
+// not. Each start of run removes the record first, so a flag refused
+// afterwards (no file to blame) starts nothing, and neither does an absent
+// record.
+func TestRunRecordsARefusedFile(t *testing.T) {
+	state := t.TempDir()
+	t.Setenv("STATE_DIRECTORY", state)
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	os.WriteFile(cfg, []byte("role = \"master\"\n"), 0o644)
+	changed := func() (int, string) {
+		code, out, errs := run(t, "config", "refused-changed")
+		return code, out + errs
+	}
+	if code, out := changed(); code != exitProblem || !strings.Contains(out, "no refused configuration file recorded") {
+		t.Errorf("before any refusal: exit %d, %q; want 1, none recorded", code, out)
+	}
+	if code, _, errs := run(t, "run", "--config", cfg); code != exitError {
+		t.Fatalf("run on a refused file: exit %d, %s", code, errs)
+	}
+	if _, err := os.Stat(filepath.Join(state, refusedRecordName)); err != nil {
+		t.Fatalf("no record of the refusal: %v", err)
+	}
+	if code, out := changed(); code != exitProblem || !strings.Contains(out, "unchanged since it was refused") {
+		t.Errorf("the refused file unchanged: exit %d, %q; want 1, unchanged", code, out)
+	}
+	os.WriteFile(cfg, []byte("role = \"worker\"\n"), 0o644)
+	if code, out := changed(); code != exitOK || !strings.Contains(out, cfg+": changed since it was refused") {
+		t.Errorf("the refused file changed: exit %d, %q; want 0, changed", code, out)
+	}
+	os.Remove(cfg)
+	if code, out := changed(); code != exitOK {
+		t.Errorf("the refused file removed: exit %d, %q; want 0, changed", code, out)
+	}
+	// A refused flag: the record of the earlier refusal is gone, none new.
+	if code, _, errs := run(t, "run", "--config", cfg, "--bogus"); code != exitError {
+		t.Fatalf("run with a bad flag: exit %d, %s", code, errs)
+	}
+	if code, out := changed(); code != exitProblem || !strings.Contains(out, "no refused configuration file recorded") {
+		t.Errorf("after a refused flag: exit %d, %q; want 1, none recorded", code, out)
+	}
+	if code, _, errs := run(t, "config", "refused-changed", "extra"); code != exitError || !strings.Contains(errs, `unexpected argument "extra"`) {
+		t.Errorf("an extra argument: exit %d, %q", code, errs)
+	}
+}

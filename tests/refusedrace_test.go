@@ -1,0 +1,59 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRefusedFileFixedAsTheDaemonExitsIsStarted: under the shipped units in
+// a real systemd 252, a configuration file fixed after the refusing
+// daemon's last look at it and before systemd has taken its exit (here: by
+// the unit's own ExecStopPost=, a rename onto the file, as an editor's save
+// or dpkg does, after the main process exited and before the unit is
+// failed) starts the daemon, without anyone's systemctl: the path unit
+// watches nothing while the unit is activating or deactivating, and its
+// PathChanged= is not a level the re-watch would see.
+func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
+	const unit = "autopilot-health.service"
+	fixed := "/etc/autopilot-health/fixed.toml"
+	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[1]s ]; then mv %[1]s /etc/autopilot-health/config.toml; fi'\n", fixed)
+	s := daemonNamespace(t, "refusedrace", map[string]string{unit + ".d/50-fix-as-it-exits.conf": dropIn},
+		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
+	if err := os.WriteFile(s.Root(fixed), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err == nil {
+		t.Errorf("the start job of a refused configuration succeeded")
+	}
+	eventually(t, 30*time.Second, "the fixed file in place", func() (bool, string) {
+		_, err := os.Stat(s.Root(fixed))
+		return os.IsNotExist(err), fmt.Sprint(err)
+	})
+	eventually(t, 10*time.Second, "the daemon started on the file fixed as it exited", func() (bool, string) {
+		j := s.Journal(unit)
+		return strings.Contains(j, `msg=starting`), lastBytes(j, 600)
+	})
+	waitUnitFor(t, s, unit, 2*time.Minute, "active on the fixed file", active)
+	if j := s.Journal("autopilot-health-refused.service"); !strings.Contains(j, "/etc/autopilot-health/config.toml: changed since it was refused") {
+		t.Errorf("autopilot-health-refused.service did not find the change:\n%s", lastBytes(j, 2000))
+	}
+	if n := strings.Count(s.Journal(unit), "refusing to start"); n != 1 {
+		t.Errorf("%d refusals, want 1", n)
+	}
+	// The fixed daemon's exit (a stop) starts nothing: the record of the
+	// refusal went with its start.
+	if err := s.StopUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // nothing is to happen: a window of time is the measure
+	if u, err := s.Bus.Unit(ctx, unit); err != nil || u.ActiveState != "inactive" {
+		t.Errorf("the daemon stopped by hand: %+v %v, want inactive", u, err)
+	}
+}
