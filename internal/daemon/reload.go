@@ -330,7 +330,7 @@ func (d *Daemon) reload() (Reloaded, error) {
 		if cur, ok := d.store.Get(c); ok && cur.Status == report.StatusTrue && desc.Hold == report.HoldForever {
 			// A finding only an operator's clear lowers: its check
 			// disabled takes it off the Node all the same, on the record.
-			d.log.Warn("tamper finding removed: its check is disabled by the configuration; it is not cleared, and comes back if the check is enabled and finds it again",
+			d.log.Warn(report.TamperFindingRemovedLog,
 				"condition", c, "reason", cur.Reason, "message", cur.Message, "since", cur.LastTransitionTime)
 		}
 		if !d.store.Remove(c) {

@@ -612,7 +612,7 @@ func TestReloadThatDisablesATamperFindingLogsIt(t *testing.T) {
 	}
 	logs := f.logs.String()
 	if !strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "tamper finding removed") ||
-		!strings.Contains(logs, "evil.yaml added") || strings.Count(logs, "tamper finding removed") != 1 {
+		!strings.Contains(logs, "evil.yaml added") || strings.Count(logs, report.TamperFindingRemovedLog) != 1 {
 		t.Errorf("the removed finding is not logged once as a warning with its message:\n%s", logs)
 	}
 }

@@ -691,7 +691,7 @@ func (r *Reporter) adopt(ctx context.Context) error {
 			if d, _ := report.Lookup(c.Type); d.Hold == report.HoldForever && report.Status(c.Status) == report.StatusTrue {
 				// A finding only an operator's clear lowers: its check
 				// disabled takes it off the Node all the same, on the record.
-				r.o.Log.Warn("tamper finding removed: its check is disabled by the configuration; it is not cleared, and comes back if the check is enabled and finds it again",
+				r.o.Log.Warn(report.TamperFindingRemovedLog,
 					"condition", c.Type, "reason", c.Reason, "message", c.Message, "since", c.LastTransitionTime.Time)
 			}
 			continue

@@ -715,7 +715,7 @@ func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
 				t.Errorf("still on the Node: %+v", c)
 			}
 		}
-		if l := logs.String(); strings.Count(l, "tamper finding removed") != 1 || !strings.Contains(l, "level=WARN") || !strings.Contains(l, "evil.yaml added") {
+		if l := logs.String(); strings.Count(l, report.TamperFindingRemovedLog) != 1 || !strings.Contains(l, "level=WARN") || !strings.Contains(l, "evil.yaml added") {
 			t.Errorf("the removed tamper finding is not logged once as a warning with its message:\n%s", l)
 		}
 		if findCond(got, "DiskUsageHigh") == nil || findCond(got, "Ready") == nil {
