@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -31,8 +32,14 @@ type tamperHost struct {
 	// gpu: the node has an NVIDIA GPU; protect adds protected paths;
 	// exclude is checks.NodeTampered.exclude; tolerate replaces
 	// checks.NodeTampered.tolerate (nil: the default).
-	gpu      bool
-	protect  []string
+	gpu     bool
+	protect []string
+	// paths, when set, replaces the three default protected paths.
+	paths []string
+	// keeper, when set, is the daemon's keeper the check is built with (a
+	// reload builds it again with the same one); nil: a new keeper of the
+	// state directory, as a start makes.
+	keeper   *tamper.Keeper
 	exclude  []string
 	tolerate []string
 	// logs, when set, gets the check's log lines (else they are dropped).
@@ -70,7 +77,11 @@ func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck 
 	env := testEnv(h.t, func(c *config.Config) {
 		c.HostRoot = h.root
 		c.StateDir = h.stateDir
-		c.Checks.NodeTampered.Paths = append([]string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/kubernetes/kubelet.conf"}, h.protect...)
+		paths := []string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d", "/etc/kubernetes/kubelet.conf"}
+		if h.paths != nil {
+			paths = slices.Clone(h.paths)
+		}
+		c.Checks.NodeTampered.Paths = append(paths, h.protect...)
 		c.Checks.NodeTampered.Exclude = h.exclude
 		if h.tolerate != nil {
 			c.Checks.NodeTampered.Tolerate = h.tolerate
@@ -84,7 +95,10 @@ func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck 
 	}
 	env.GPU = h.gpu
 	env.BootID = boot
-	env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
+	env.Tamper = h.keeper
+	if env.Tamper == nil {
+		env.Tamper = tamper.NewKeeper(h.stateDir, boot, false)
+	}
 	if memos != nil {
 		env.Memos = memos
 	}
@@ -1447,5 +1461,57 @@ func TestNodeTamperedFilesInADirectoryItCannotListAreNotRemoved(t *testing.T) {
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/cni/net.d modified")
 	if fs := c.keeper.State().Findings; len(fs) != 1 || fs[0].Detail != "unreadable: open: permission denied" {
 		t.Errorf("findings %+v, want the directory unreadable, with why, and nothing under it", fs)
+	}
+}
+
+// A reload (or a restart within the boot) that narrows the protected paths
+// compares where the baseline's paths and the new ones both reach; a
+// pattern's directory the scan then cannot list (EACCES) hides the
+// baseline's files there, which both reach: they are not reported removed,
+// as with the paths unchanged (TestNodeTamperedFilesInADirectoryItCannotListAreNotRemoved),
+// and the directory is the finding. Before, the directory (no pattern's
+// match: /etc/cni/net.d for /etc/cni/net.d/*.conflist) was left out of the
+// comparison as a path the baseline's scope does not cover, and each CNI
+// file under it was a "removed" finding, held until a clear.
+func TestNodeTamperedNarrowedPathsAndADirectoryItCannotList(t *testing.T) {
+	for _, how := range []string{"unchanged", "reload", "restart"} {
+		t.Run(how, func(t *testing.T) {
+			h := newTamperHost(t)
+			for _, d := range []string{filepath.Dir(h.root), h.root} {
+				if err := os.Chmod(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.write("/etc/cni/net.d/10-other.conflist", "{}\n")
+			h.paths = []string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d/*.conflist", "/etc/kubernetes/kubelet.conf"}
+			memos := report.NewStore("boot-1")
+			c := h.start("boot-1", memos)
+			c.env.Helper = unprivilegedScan{t: t}
+			h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "4 protected paths unchanged")
+
+			// Narrowed: the kubelet's configuration protected no more ("unchanged":
+			// the same paths, the finding the narrowed ones must match).
+			if how != "unchanged" {
+				h.paths = []string{"/etc/cni/net.d/*.conflist", "/etc/kubernetes/kubelet.conf"}
+				if how == "reload" {
+					h.keeper = c.keeper
+				}
+				c = h.start("boot-1", memos)
+				c.env.Helper = unprivilegedScan{t: t}
+				h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "4 protected paths unchanged")
+			}
+
+			if err := os.Chmod(h.path("/etc/cni/net.d"), 0o311); err != nil { // search, no listing
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Chmod(h.path("/etc/cni/net.d"), 0o755) })
+			res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/cni/net.d added")
+			if strings.Contains(res.Message, "removed") {
+				t.Errorf("files nobody read reported removed: %q", res.Message)
+			}
+			if fs := c.keeper.State().Findings; len(fs) != 1 || fs[0].Detail != "unreadable: open: permission denied" {
+				t.Errorf("findings %+v, want the directory unreadable, with why, and nothing under it", fs)
+			}
+		})
 	}
 }

@@ -559,7 +559,11 @@ func (b *Baseline) Scope() (Spec, bool) {
 // baseline's scope and the current spec reach: a path newly protected has
 // no baseline to compare with, and one no longer protected is not read.
 // A baseline without a recorded scope, or taken with the same one, is
-// compared as it is.
+// compared as it is. A path the current scan could not read that holds
+// baseline entries both reach (a pattern's directory it cannot list,
+// which no pattern covers: /etc/cni/net.d for /etc/cni/net.d/*.conflist)
+// is kept: it is the difference, and Diff does not report removed the
+// entries under it, which nobody read.
 func InScope(b *Baseline, spec Spec, cur []Entry) (base, now []Entry, same bool) {
 	old, ok := b.Scope()
 	if !ok || (slices.Equal(old.Patterns, spec.Patterns) && slices.Equal(old.Exclude, spec.Exclude)) {
@@ -571,11 +575,17 @@ func InScope(b *Baseline, spec Spec, cur []Entry) (base, now []Entry, same bool)
 		}
 	}
 	for _, e := range cur {
-		if old.Covers(e.Path) {
+		if old.Covers(e.Path) || e.Kind == KindUnreadable && holdsAny(e.Path, base) {
 			now = append(now, e)
 		}
 	}
 	return base, now, false
+}
+
+// holdsAny reports whether directory p holds one of es's paths.
+func holdsAny(p string, es []Entry) bool {
+	dir := strings.TrimSuffix(p, "/") + "/"
+	return slices.ContainsFunc(es, func(e Entry) bool { return strings.HasPrefix(e.Path, dir) })
 }
 
 // FitBaseline cuts a scan's entries (cut at the path cap or not: over) to
