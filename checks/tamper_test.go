@@ -1515,3 +1515,52 @@ func TestNodeTamperedNarrowedPathsAndADirectoryItCannotList(t *testing.T) {
 		})
 	}
 }
+
+// A symlinked directory on the way to a protected path (/etc/kubernetes ->
+// /srv/k8s-a) retargeted to another directory (/srv/k8s-b, by rename, as
+// `ln -sfn` does): the scan follows the link, and so must the watch. The
+// retarget wakes the check, whose run watches the new target: a static pod
+// written there then wakes it (real inotify). Before, the directories were
+// watched through the link once, on the old target's inodes: the retarget
+// sent no notification and a file written in the new target waited for the
+// interval's scan.
+func TestNodeTamperedWatchFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
+	h := newTamperHost(t)
+	for _, d := range []string{"/srv/k8s-a", "/srv/k8s-b"} {
+		h.write(d+"/manifests/etcd.yaml", "kind: Pod\n")
+	}
+	if err := os.RemoveAll(h.path("/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../srv/k8s-a", h.path("/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	h.paths = []string{"/etc/kubernetes/manifests"}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.gate = nil
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
+	woken, stop := watchWakes(c)
+	defer stop()
+	awaitWatching(t, woken)
+
+	if err := os.Symlink("../srv/k8s-b", h.path("/etc/kubernetes.new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(h.path("/etc/kubernetes.new"), h.path("/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the symlink on the way retargeted: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
+	awaitWatching(t, woken) // the new target's directories watched
+	h.write("/srv/k8s-b/manifests/evil.yaml", "kind: Pod\n")
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a static pod written in the new target: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
+}

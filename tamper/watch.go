@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -35,6 +36,10 @@ type Watcher struct {
 	// reported under each name.
 	wds map[int][]string
 	dir map[string]int
+	// ids: the directory (device, inode) each name of dir was watched on.
+	// A name that leads to another directory now (a symlink on the way
+	// retargeted) is watched anew: the kernel's watch stays on the inode.
+	ids map[string]dirID
 	// root is the host root the directories are under.
 	root string
 }
@@ -47,32 +52,60 @@ func NewWatcher(root string) (*Watcher, error) {
 	}
 	// Non-blocking: os.File reads through the runtime poller, and Close
 	// ends a blocked Read.
-	return &Watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, wds: map[int][]string{}, dir: map[string]int{}, root: root}, nil
+	return &Watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, wds: map[int][]string{}, dir: map[string]int{}, ids: map[string]dirID{}, root: root}, nil
+}
+
+// dirID is a directory's device and inode.
+type dirID struct{ dev, ino uint64 }
+
+func idOf(fi fs.FileInfo) dirID {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return dirID{dev: uint64(st.Dev), ino: st.Ino}
+	}
+	return dirID{}
 }
 
 // Set makes the watched directories dirs (host paths): a directory that does
 // not exist is watched through its nearest existing ancestor, where it
-// would appear. It returns the directories it watches now and did not
-// before (added: a change made there before this call sent no
-// notification, so whoever scanned them before it reads them again), and
-// those that could not be watched.
+// would appear. The directory that holds a symlink on the way to one is
+// watched too (a retarget of the link notifies it), and a name that leads
+// to another directory than the one it was watched on is watched anew. It
+// returns the directories it watches now and did not before (added: a
+// change made there before this call sent no notification, so whoever
+// scanned them before it reads them again), and those that could not be
+// watched.
 func (w *Watcher) Set(dirs []string) (added, failed []string) {
-	want := map[string]bool{}
+	want := map[string]dirID{}
+	links := map[string]bool{} // host paths checked for a symlink
 	for _, d := range dirs {
+		var id dirID
 		for {
 			fi, err := os.Stat(hostio.HostJoin(w.root, d))
+			if err == nil {
+				id = idOf(fi)
+			}
 			if err == nil && fi.IsDir() || d == "/" || !errors.Is(err, fs.ErrNotExist) {
 				break
 			}
 			d = path.Dir(d)
 		}
-		want[d] = true
+		want[d] = id
+		for p := d; p != "/" && p != "." && !links[p]; p = path.Dir(p) {
+			links[p] = true
+			if fi, err := os.Lstat(hostio.HostJoin(w.root, p)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+				if _, ok := want[path.Dir(p)]; !ok {
+					want[path.Dir(p)] = dirID{} // its identity is checked when it is a dirs' own
+				}
+			}
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for d, wd := range w.dir {
-		if !want[d] {
+		id, ok := want[d]
+		if !ok || id != (dirID{}) && id != w.ids[d] {
 			delete(w.dir, d)
+			delete(w.ids, d)
 			if names := slices.DeleteFunc(w.wds[wd], func(n string) bool { return n == d }); len(names) > 0 {
 				w.wds[wd] = names // another name of the same directory keeps the watch
 				continue
@@ -91,6 +124,11 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 			continue
 		}
 		w.dir[d], w.wds[wd] = wd, append(w.wds[wd], d)
+		if id := want[d]; id != (dirID{}) {
+			w.ids[d] = id
+		} else if fi, err := os.Stat(hostio.HostJoin(w.root, d)); err == nil {
+			w.ids[d] = idOf(fi)
+		}
 		added = append(added, d)
 	}
 	slices.Sort(added)
@@ -145,6 +183,7 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 				for _, d := range names {
 					if w.dir[d] == int(ev.Wd) {
 						delete(w.dir, d)
+						delete(w.ids, d)
 					}
 				}
 			}

@@ -192,8 +192,9 @@ func TestWatcherTwoNamesOfOneDirectory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if added, failed := w.Set([]string{real, alias}); len(added) != 2 || len(failed) > 0 {
-				t.Fatalf("Set: added %q, failed %q; want both", added, failed)
+			// And /srv, which holds the symlink on the way to alias.
+			if added, failed := w.Set([]string{real, alias}); !slices.Equal(added, []string{"/srv", alias, real}) || len(failed) > 0 {
+				t.Fatalf("Set: added %q, failed %q; want both and /srv", added, failed)
 			}
 			events := make(chan Event, 64)
 			ctx, cancel := context.WithCancel(context.Background())
@@ -227,8 +228,14 @@ func TestWatcherTwoNamesOfOneDirectory(t *testing.T) {
 			if err := os.Mkdir(filepath.Join(root, "/srv/real/d"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if added, failed := w.Set([]string{real, alias}); len(added) != 2 || len(failed) > 0 {
-				t.Fatalf("Set after the replace: added %q, failed %q; want both", added, failed)
+			// /srv too where the Set of real alone dropped it (no link on
+			// the way to real).
+			want := []string{alias, real}
+			if keep == real {
+				want = []string{"/srv", alias, real}
+			}
+			if added, failed := w.Set([]string{real, alias}); !slices.Equal(added, want) || len(failed) > 0 {
+				t.Fatalf("Set after the replace: added %q, failed %q; want %q", added, failed, want)
 			}
 			if added, _ := w.Set([]string{drop}); len(added) > 0 {
 				t.Fatalf("Set of %s alone: added %q; want nothing", drop, added)
@@ -236,5 +243,57 @@ func TestWatcherTwoNamesOfOneDirectory(t *testing.T) {
 			write("later.conf")
 			await(t, events, Event{Path: drop + "/later.conf"})
 		})
+	}
+}
+
+// A symlink on the way to a watched directory (/etc/kubernetes ->
+// ../srv/a): the directory holding it is watched, so its retarget (a rename
+// over it, as `ln -sfn` does) is a notification, and the next Set watches
+// the directory the name leads to now (added: once; the Set after it adds
+// nothing), where a new file is seen. Before, the link's directory was not
+// watched, and the name stayed watched on the old target's inode.
+func TestWatcherFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
+	root := tree(t, map[string]string{"/srv/a/manifests/etcd.yaml": "", "/srv/b/manifests/etcd.yaml": "", "/etc/hosts": ""})
+	if err := os.Symlink("../srv/a", filepath.Join(root, "/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := []string{"/etc/kubernetes/manifests"}
+	if added, _ := w.Set(dirs); !slices.Equal(added, []string{"/etc", "/etc/kubernetes/manifests"}) {
+		t.Fatalf("Set added %q, want the link's directory and the directory", added)
+	}
+	events := make(chan Event, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, func(ev Event) { events <- ev }) }()
+	defer func() { cancel(); <-done }()
+
+	if err := os.Symlink("../srv/b", filepath.Join(root, "/etc/kubernetes.new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(root, "/etc/kubernetes.new"), filepath.Join(root, "/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/kubernetes"})
+	if added, _ := w.Set(dirs); !slices.Equal(added, dirs) {
+		t.Fatalf("Set after the retarget added %q, want %q (the new target)", added, dirs)
+	}
+	if added, _ := w.Set(dirs); len(added) > 0 {
+		t.Fatalf("Set again added %q, want nothing", added)
+	}
+	if err := os.WriteFile(filepath.Join(root, "/srv/b/manifests/evil.yaml"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/kubernetes/manifests/evil.yaml"})
+
+	// The link itself as a watched directory (a file protected directly
+	// in /etc/kubernetes) is not watched: the watch does not follow a link
+	// at the name it is set on. It is reported failed (logged; the
+	// interval's scan reads it), never taken as watched.
+	if _, failed := w.Set(append(dirs, "/etc/kubernetes")); !slices.Equal(failed, []string{"/etc/kubernetes"}) {
+		t.Errorf("Set of the link: failed %q, want it", failed)
 	}
 }
