@@ -284,7 +284,9 @@ func typeWords(key, msg string) string {
 		return "wrong type: must be " + wantWords(t) + ", got " + got
 	}
 	if m := notTableRE.FindStringSubmatch(msg); m != nil {
-		if t := typeOfKey(key); t != nil && t.Kind() == reflect.Slice && !strings.HasPrefix(m[1], "[]") {
+		// A list's (an array of tables') mismatch is one of its
+		// entries', whatever that entry is: an array in it too.
+		if t := typeOfKey(key); t != nil && t.Kind() == reflect.Slice {
 			return "wrong type: each entry must be a table, got " + valueWords(m[1])
 		}
 		return "wrong type: must be a table, got " + valueWords(m[1])

@@ -26,11 +26,15 @@ func TestWrongTypeInTOMLWords(t *testing.T) {
 		"[kmsg]\ncritical_tasks = [\"kubelet\", 1]\n":                         `c.toml:2: key kmsg.critical_tasks: wrong type: each entry must be a string, got an integer`,
 		"[kmsg]\nrules = 5\n":                                                 `c.toml:2: key kmsg.rules: wrong type: must be an array of tables, got an integer`,
 		"[kmsg]\nrules = [1]\n":                                               `c.toml:2: key kmsg.rules: wrong type: each entry must be a table, got an integer`,
-		"log = 5\n":                                                           `c.toml:1: key log: wrong type: must be a table, got an integer`,
-		"[[log]]\nlevel = \"info\"\n":                                         `c.toml:1: key log: wrong type: must be a table, got an array of tables`,
-		"[checks]\nKubeletUnhealthy = \"on\"\n":                               `c.toml:2: key checks.KubeletUnhealthy: wrong type: must be a table, got a string`,
-		"[checks.KubeletUnhealthy]\ninterval = { a = 1 }\n":                   `c.toml:2: key checks.KubeletUnhealthy.interval: wrong type: must be a duration string such as "30s", got a table`,
-		"[checks.KubeletUnhealthy]\ninterval = [\"1s\"]\n":                    `c.toml:2: key checks.KubeletUnhealthy.interval: wrong type: must be a duration string such as "30s", got an array`,
+		// An entry that is an array, not the list: kmsg.rules is an
+		// array of tables, not "a table".
+		"[kmsg]\nrules = [[{ name = \"x\" }]]\n":        `c.toml:2: key kmsg.rules: wrong type: each entry must be a table, got an array`,
+		"[kmsg]\nrules = [{ name = \"x\" }, [\"y\"]]\n": `c.toml:2: key kmsg.rules: wrong type: each entry must be a table, got an array`,
+		"log = 5\n":                                         `c.toml:1: key log: wrong type: must be a table, got an integer`,
+		"[[log]]\nlevel = \"info\"\n":                       `c.toml:1: key log: wrong type: must be a table, got an array of tables`,
+		"[checks]\nKubeletUnhealthy = \"on\"\n":             `c.toml:2: key checks.KubeletUnhealthy: wrong type: must be a table, got a string`,
+		"[checks.KubeletUnhealthy]\ninterval = { a = 1 }\n": `c.toml:2: key checks.KubeletUnhealthy.interval: wrong type: must be a duration string such as "30s", got a table`,
+		"[checks.KubeletUnhealthy]\ninterval = [\"1s\"]\n":  `c.toml:2: key checks.KubeletUnhealthy.interval: wrong type: must be a duration string such as "30s", got an array`,
 		// A key of an array of tables' entry, and of a table written inline.
 		"[[kmsg.rules]]\nname = 5\n":                              `c.toml:2: key kmsg.rules.name: wrong type: must be a string, got an integer`,
 		"checks = { NodeTampered = { paths = [\"/etc\", 2] } }\n": `c.toml:1: key checks.NodeTampered.paths: wrong type: each entry must be a string, got an integer`,
