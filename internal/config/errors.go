@@ -70,7 +70,7 @@ func decodeError(file string, data []byte, lines keyIndex, err error) error {
 			if m[1] == `\n` {
 				line--
 			}
-			if h := headerAt(data, line); h != "" {
+			if h, ok := headerAt(data, line); ok {
 				return &Error{File: file, Line: line, Key: h, Msg: "syntax error: " + msg}
 			}
 		}
@@ -91,23 +91,44 @@ func decodeError(file string, data []byte, lines keyIndex, err error) error {
 	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 }
 
-// headerAt is the name of the table header at line (1-based) of data, as
-// the decoder names a key, or "" where the line holds none.
-func headerAt(data []byte, line int) string {
+// headerAt reads the table header at line (1-based) of data: ok where
+// the line holds one, and its name as the decoder names a key, or "" where
+// what is written there is no key (nothing yet, "met rics"): the header
+// is not named as another table. A '#' in a quoted part is the part's.
+func headerAt(data []byte, line int) (string, bool) {
 	ls := strings.SplitN(string(data), "\n", line+1)
 	if line < 1 || line > len(ls) {
-		return ""
+		return "", false
 	}
 	l := strings.TrimSpace(strings.TrimPrefix(ls[line-1], "\ufeff"))
 	if !strings.HasPrefix(l, "[") {
-		return ""
+		return "", false
 	}
-	name, _, _ := strings.Cut(strings.TrimLeft(l, "["), "#")
+	name := strings.TrimLeft(l, "[")
+	var q byte // the quote of the part being read, 0 outside one
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case q == '"' && c == '\\':
+			i++
+		case q != 0 && c == q:
+			q = 0
+		case q == 0 && (c == '"' || c == '\''):
+			q = c
+		case q == 0 && c == '#':
+			name = name[:i]
+		}
+	}
 	name = strings.TrimRight(strings.TrimSpace(name), "].")
 	if strings.TrimSpace(name) == "" {
-		return ""
+		return "", true
 	}
-	return joinKey(splitKey(name))
+	// The decoder decides what the name is, if it is one.
+	md, err := toml.Decode("["+name+"]", &map[string]any{})
+	if err != nil || len(md.Keys()) == 0 {
+		return "", true
+	}
+	k := md.Keys()
+	return k[len(k)-1].String(), true
 }
 
 // suggest proposes the nearest known key for a misspelt one: where its

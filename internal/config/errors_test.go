@@ -12,6 +12,16 @@ func TestUnclosedHeaderIsNamedAtItsLine(t *testing.T) {
 		"[log]\nlevel = \"info\"\n[metrics.\n":                                 `c.toml:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		"[log]\nlevel = \"info\"\n[[kmsg.rules]\nname = \"X\"\n":               `c.toml:3: key kmsg.rules: syntax error: expected end of table array name delimiter ']', but got '\n' instead`,
 		"# the end\n[log]\n\n  [ checks . \"DiskUsageHigh\"  # c\n":            `c.toml:4: key checks.DiskUsageHigh: syntax error: expected '.' or ']' to end table name, but got '#' instead`,
+		// A header with no name yet is at its own line too, and names
+		// no key: the table above it is not the one in error.
+		"[log]\nlevel = \"info\"\n[\nlisten_address = \":20257\"\n":     `c.toml:3: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"[log]\nlevel = \"info\"\n[[\nname = \"X\"\n":                   `c.toml:3: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"[log]\nlevel = \"info\"\n[ # metrics\nlisten_address = \"\"\n": `c.toml:3: syntax error: expected '.' or ']' to end table name, but got '#' instead`,
+		// A header written as no key is not named as another one
+		// ("met rics" is not metrics), and a '#' in a quoted part is
+		// the part's, not a comment.
+		"[log]\nlevel = \"info\"\n[met rics]\n":       `c.toml:3: syntax error: expected '.' or ']' to end table name, but got 'r' instead`,
+		"[log]\nlevel = \"info\"\n[metrics.\"a#b\"\n": `c.toml:3: key metrics."a#b": syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		// At the end of the file, the line is the decoder's.
 		"[log]\nlevel = \"info\"\n[metrics": `c.toml:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\x00' instead`,
 	} {
