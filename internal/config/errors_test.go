@@ -35,3 +35,28 @@ func TestUnclosedHeaderIsNamedAtItsLine(t *testing.T) {
 		}
 	}
 }
+
+// A quoted key with an escape TOML has and Go's strconv.Unquote has not
+// (\e, the escape character, and \xHH, U+00HH where Go reads a byte: TOML
+// 1.1, which the decoder reads) is found
+// at its line: the index names it as the decoder does.
+func TestKeyWithTOMLEscapeIsAtItsLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"[log]\nlevel = \"info\"\n\"a\\eb\" = 1\n":          `c.toml:3: key log."a\u001bb": unknown key`,
+		"[log]\nlevel = \"info\"\n[\"ch\\eecks\"]\nx = 1\n": `c.toml:3: key "ch\u001becks": unknown key`,
+		// \xHH is TOML's U+00HH (1.1), a byte in Go.
+		"[log]\nlevel = \"info\"\n\"caf\\xe9\" = 1\n":         `c.toml:3: key log."café": unknown key`,
+		"[log]\nlevel = \"info\"\n\"a\\\\e\" = 1\n":           `c.toml:3: key log."a\\e": unknown key`,
+		"[log]\nlevel = \"info\"\nx = { \"\\e\" = 1 }\n":      `c.toml:3: key log.x: unknown key (did you mean log?)`,
+		"[log]\nlevel = \"info\"\n[checks]\n\"a\\e\".b = 1\n": `c.toml:4: key checks."a\u001b".b: unknown key`,
+	} {
+		_, err := Parse("c.toml", []byte(in), Default())
+		if err == nil {
+			t.Errorf("%q: loaded", in)
+			continue
+		}
+		if err.Error() != want {
+			t.Errorf("%q:\n got: %v\nwant: %s", in, err, want)
+		}
+	}
+}

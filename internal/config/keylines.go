@@ -61,7 +61,7 @@ func splitKey(s string) []string {
 				end++
 			}
 			q := s[i:min(end+1, len(s))]
-			if u, err := strconv.Unquote(q); c == '"' && err == nil {
+			if u, err := strconv.Unquote(goEscapes(q)); c == '"' && err == nil {
 				cur.WriteString(u)
 			} else {
 				cur.WriteString(strings.Trim(q, `"'`))
@@ -72,6 +72,33 @@ func splitKey(s string) []string {
 		}
 	}
 	return append(parts, cur.String())
+}
+
+// goEscapes writes a basic string's escapes that TOML reads otherwise
+// than Go, or that Go has not, as Go's, for strconv.Unquote: \e (the
+// escape character) and \xHH (TOML 1.1: U+00HH; a byte in Go). A
+// backslash escaped (\\) stays one.
+func goEscapes(q string) string {
+	if !strings.Contains(q, `\e`) && !strings.Contains(q, `\x`) {
+		return q
+	}
+	var b strings.Builder
+	for i := 0; i < len(q); i++ {
+		if q[i] == '\\' && i+1 < len(q) {
+			switch q[i+1] {
+			case 'e':
+				b.WriteString(`\x1b`)
+			case 'x':
+				b.WriteString(`\u00`)
+			default:
+				b.WriteString(q[i : i+2])
+			}
+			i++
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
 }
 
 // joinKey writes a key's parts as the decoder names the key (toml.Key's
