@@ -68,7 +68,10 @@ func checkBounds(file string, data []byte, lim limits) *Error {
 func scanFile(file string, data []byte, lim limits) (keyIndex, *Error, int) {
 	s := boundScan{data: data, line: 1, lim: lim, file: file, idx: keyIndex{}}
 	err := s.run()
-	return s.idx, err, s.stmt
+	// What comes before the statement is whole statements; where the
+	// statement is not TOML before the bound, up to there too (the
+	// decoder stops at its first mistake, before what is over the bound).
+	return s.idx, err, max(s.stmt, s.bad)
 }
 
 // keyLines finds the line of every table header, key assignment and inline
@@ -96,6 +99,11 @@ type boundScan struct {
 	// stmt is where the statement being read began, a table header or a
 	// top-level key (its value included).
 	stmt int
+	// bad, where set (> 0), is just past the first place the scan found
+	// the file not TOML, within a statement: a closing bracket of the
+	// other kind than the open one, a single-line string its line ends
+	// in (its newline included). The decoder stops there.
+	bad int
 
 	// The index of the keys' lines, when one is built (else nil), and
 	// what it needs: the table header in effect by name (with an array
@@ -234,7 +242,10 @@ func (s *boundScan) run() *Error {
 					mode = inlineKey
 				}
 			case ']', '}':
-				if len(s.stack) > 0 {
+				if top := s.top(); top != nil {
+					if (top.c == '[') != (c == ']') {
+						s.notTOML(s.i + 1)
+					}
 					s.stack = s.stack[:len(s.stack)-1]
 				}
 				s.i++
@@ -542,6 +553,7 @@ func (s *boundScan) skipString(multi bool) {
 	for s.i < len(s.data) {
 		switch c := s.data[s.i]; {
 		case c == '\n':
+			s.notTOML(s.i + 1)
 			return
 		case c == '\\' && q == '"':
 			s.i++
@@ -554,6 +566,14 @@ func (s *boundScan) skipString(multi bool) {
 		default:
 			s.i++
 		}
+	}
+}
+
+// notTOML records at, just past where the file is found not TOML, if it
+// is the first such place.
+func (s *boundScan) notTOML(at int) {
+	if s.bad == 0 {
+		s.bad = at
 	}
 }
 

@@ -288,6 +288,13 @@ func TestSyntaxErrorBeforeABoundIsNamedFirst(t *testing.T) {
 		"role = = \"worker\"\n" + deepValue:                       `f.toml:1: key role: expected value but found '=' instead`,
 		"role = \"worker\"\nrole = \"\"\n" + deepKey:              `f.toml:2: key role: Key 'role' has already been defined.`,
 		"# fine\n[log]\nlevel = \"info\"\n[metrics\n" + deepValue: `f.toml:4: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		// A syntax error within the statement the bound is over, before
+		// the part over it (a value written over several lines, as an
+		// inline table may be in TOML 1.1): the syntax error, at its
+		// line. A closing bracket of the other kind, a string its line
+		// ends in.
+		"[log]\nlevel = \"info\"\nx = { a = 1,\n b = [ }\n" + deepValue:   `f.toml:4: key log.x.b: expected value but found '}' instead`,
+		"[log]\nlevel = \"info\"\nx = { a = \"abc\n b = " + deepValue[4:]: `f.toml:3: key log.x.a: strings cannot contain newlines`,
 		// The bound first, then the syntax error: the bound.
 		deepValue + "[log\n":                  `f.toml:1: key x: arrays and inline tables nested more than 32 deep: not read (a configuration's deepest value is 3 levels)`,
 		"[log]\n" + deepKey + "level = = 1\n": `f.toml:2: key log.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a....: a key of more than 16 dotted parts with its table's: not read (a configuration's keys have at most 3)`,
