@@ -340,6 +340,13 @@ func copiedCursor(files []*journalFile, cur *journalCursor) (*journalCursor, err
 // findCopy finds the entry of the cursor's boot, monotonic time, wall-clock
 // time and hash: among the boot's entries of that monotonic time (several
 // for a burst of lines), found by journald's bisection.
+//
+// Lines alike (the same line twice in one burst: the same fields, time and
+// hash) have copies alike; the cursor's is the one at its place in the
+// flush: journald's /run sequence starts at 1 with the boot, and the flush
+// copies it in order, so entry i is the copy at the boot's first entry's
+// sequence number + i - 1 here. Where that is not one of them (the /run
+// file vacuumed before the flush), the first of them.
 func (f *journalFile) findCopy(cur *journalCursor) (jEntry, bool, error) {
 	boot, ok, err := f.findData([]byte("_BOOT_ID=" + idHex(cur.bootID)))
 	if err != nil || !ok {
@@ -349,15 +356,36 @@ func (f *journalFile) findCopy(cur *journalCursor) (jEntry, bool, error) {
 	if err := it.seek(func(e jEntry) bool { return e.monotonic >= cur.monotonic }); err != nil {
 		return jEntry{}, false, err
 	}
+	var alike []jEntry
 	for {
 		e, _, ok, err := it.next()
-		if err != nil || !ok || e.bootID != cur.bootID || e.monotonic != cur.monotonic {
+		if err != nil {
 			return jEntry{}, false, err
 		}
+		if !ok || e.bootID != cur.bootID || e.monotonic != cur.monotonic {
+			break
+		}
 		if e.realtime == cur.realtime && e.xorHash == cur.xorHash {
+			alike = append(alike, e)
+		}
+	}
+	switch len(alike) {
+	case 0:
+		return jEntry{}, false, nil
+	case 1:
+		return alike[0], true, nil
+	}
+	first := entryIter{f: f, d: boot, cutShort: f.tilde}
+	e0, _, ok, err := first.next()
+	if err != nil || !ok {
+		return alike[0], true, err
+	}
+	for _, e := range alike {
+		if e.seqnum-e0.seqnum == cur.seqnum-1 {
 			return e, true, nil
 		}
 	}
+	return alike[0], true, nil
 }
 
 // positionNativeSource positions an open file at its first entry of the

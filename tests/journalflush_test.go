@@ -3,11 +3,13 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -117,4 +119,50 @@ func TestNativeJournalReaderAfterFlushToVar(t *testing.T) {
 		}
 	}
 	t.Logf("%d entries before the flush, %d after; %d cursors of the /run file read after it natively: the entries after their copies", len(before), len(all), len(cursors))
+}
+
+// TestNativeJournalReaderAfterFlushToVarLinesAlike: kubelet's same line
+// twice in one burst (one write: journald stamps both with one time, and
+// their fields, so their hash, are the same) has two copies alike after the
+// flush. After either line's cursor the native reader goes on after that
+// line's own copy: the second line is not read again after the second's
+// cursor, nor left out after the first's.
+func TestNativeJournalReaderAfterFlushToVarLinesAlike(t *testing.T) {
+	s, _ := startJournald(t, "jalike")
+	ctx := context.Background()
+	startStandinKubelet(t, s, "#!/bin/sh\nprintf 'burst a\\nsame\\nsame\\nburst z\\n'\nexec sleep infinity\n", "")
+	root := s.Root("/")
+	const unit = "kubelet.service"
+	var before []checks.JournalEntryForTest
+	eventually(t, 30*time.Second, "kubelet's four lines read natively from /run", func() (bool, string) {
+		var err error
+		before, err = checks.ReadJournalForTest(ctx, "", root, unit, "", time.Unix(0, 0), 0)
+		return err == nil && len(before) == 4, fmt.Sprint(len(before), err)
+	})
+	alike := func(c string) string { return c[strings.Index(c, ";b="):] } // boot, times, hash
+	if string(before[1].Messages[0]) != "same" || alike(before[1].Cursor) != alike(before[2].Cursor) {
+		t.Fatalf("the two same lines are not alike but for their sequence numbers: %s, %s", before[1].Cursor, before[2].Cursor)
+	}
+
+	if err := os.MkdirAll(s.Root("/var/log/journal"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.KillMain(ctx, "systemd-journald.service", int32(syscall.SIGUSR1)); err != nil { // flush
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "/run/log/journal flushed to /var and removed", func() (bool, string) {
+		v, _ := filepath.Glob(s.Root("/var/log/journal/*/system.journal"))
+		run, _ := filepath.Glob(s.Root("/run/log/journal/*/*.journal*"))
+		return len(v) == 1 && len(run) == 0, fmt.Sprint(v, run)
+	})
+	for i, want := range map[int][]string{1: {"same", "burst z"}, 2: {"burst z"}} {
+		got, err := checks.ReadJournalForTest(ctx, "", root, unit, before[i].Cursor, time.Time{}, 0)
+		var msgs []string
+		for _, e := range got {
+			msgs = append(msgs, string(bytes.Join(e.Messages, nil)))
+		}
+		if err != nil || !reflect.DeepEqual(msgs, want) {
+			t.Errorf("after the copy of line %d (%s): %q (%v), want %q", i, before[i].Cursor, msgs, err, want)
+		}
+	}
 }
