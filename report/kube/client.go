@@ -100,15 +100,29 @@ func Source(c Client) (server, user string) {
 	if !ok {
 		return "", ""
 	}
-	k.mu.Lock()
-	cur, server, data := k.cur, k.cfg.Host, k.cfg.CertData
-	k.mu.Unlock()
-	if r, ok := cur.(*rotatingClient); ok {
-		r.mu.Lock()
-		data = r.cert // rotated since
-		r.mu.Unlock()
+	// Not under k.mu nor the rotating client's lock: a call holds them
+	// across its read of the kubeconfig and the certificate files, which
+	// a hung disk does not return from, and `autopilot-health status`
+	// asks for this.
+	sh := k.shown.Load()
+	if sh == nil {
+		return "", ""
 	}
-	return server, userOfPEM(data)
+	data := sh.certData
+	if r, ok := sh.cur.(*rotatingClient); ok {
+		if cert := r.shownCert.Load(); cert != nil {
+			data = *cert // rotated since
+		}
+	}
+	return sh.host, userOfPEM(data)
+}
+
+// shownClient is what Source tells of a kubeconfigClient's client in use:
+// set with it, read without its lock.
+type shownClient struct {
+	cur      Client
+	host     string
+	certData []byte
 }
 
 // CredentialsUser returns the user the kubeconfig at path authenticates as
@@ -180,6 +194,9 @@ type kubeconfigClient struct {
 	cur    Client       // a rotatingClient or a restClient
 	cfg    *rest.Config // what cur was made with
 	made   int          // clients made, for tests
+	// shown: cur, cfg's server and embedded certificate, for Source; set
+	// with cur.
+	shown atomic.Pointer[shownClient]
 }
 
 // client is the client of the kubeconfig in the file now.
@@ -221,6 +238,7 @@ func (k *kubeconfigClient) client() (Client, error) {
 		k.log.Info("kubeconfig reloaded; new connections use it", "kubeconfig", k.path, "server", cfg.Host, "user", userOf(cfg))
 	}
 	k.cur, k.data, k.cfg = c, data, cfg
+	k.shown.Store(&shownClient{cur: c, host: cfg.Host, certData: cfg.CertData})
 	k.read, k.failed = stamp, fileStamp{}
 	k.made++
 	return c, nil
@@ -352,6 +370,8 @@ type rotatingClient struct {
 	failed    [2]fileStamp // of the files that last failed to load (logged)
 	cur       Client
 	certs     int // clients made, for tests
+	// shownCert: cert, for Source; set with it.
+	shownCert atomic.Pointer[[]byte]
 }
 
 // fileStamp tells a file apart from the one before it under the same name;
@@ -413,6 +433,7 @@ func (r *rotatingClient) client() (Client, error) {
 		r.log.Info("client certificate reloaded", "cert", r.certFile, "key", r.keyFile)
 	}
 	r.cur, r.cert, r.key = c, cert, key
+	r.shownCert.Store(&cert)
 	r.read, r.failed = stamps, [2]fileStamp{}
 	r.certs++
 	return c, nil
