@@ -181,6 +181,11 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	if !st.Ready {
 		state = "starting (first pass of the checks not done)"
 	}
+	if st.Stopping {
+		// Between SIGTERM and the final save: systemd shows the unit
+		// deactivating; the socket goes away once the daemon is done.
+		state = "STOPPING (ending its loops and saving its state)"
+	}
 	if st.Unhealthy != "" {
 		state += "; UNHEALTHY: " + p(st.Unhealthy)
 	}

@@ -129,6 +129,8 @@ type Daemon struct {
 
 	mu    sync.Mutex
 	ready bool
+	// stopping: Run got its stop (Status).
+	stopping bool
 	// metricsBind: the metrics listener, or why it is not bound yet.
 	metricsBind metricsBind
 	// statusWake asks statusLoop for a new status line (the metrics

@@ -36,7 +36,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 	wg.Go(func() { d.persist(rctx) })
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })
 	wg.Go(func() { d.statusLoop(rctx) })
-	wg.Go(func() { d.serveStatus(rctx) })
+	// The status socket answers through the stop, until the final save
+	// is done: meanwhile systemd shows the unit deactivating, and
+	// `autopilot-health status` says so, not "not running".
+	statusCtx, stopStatus := context.WithCancel(context.Background())
+	statusDone := make(chan struct{})
+	go func() {
+		defer close(statusDone)
+		d.serveStatus(statusCtx)
+	}()
+	defer func() {
+		stopStatus()
+		<-statusDone
+	}()
 	if d.kmsg != nil {
 		// Before the reporter reads the Node: the kernel conditions are in
 		// the store (Unknown until the log is read, or as restored from this
@@ -68,6 +80,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("metrics server: %w", err)
 	}
 	d.tellStopping()
+	d.mu.Lock()
+	d.stopping = true
+	d.mu.Unlock()
 	d.log.Info("shutting down; conditions are left as they are")
 	cancel()
 	wg.Wait()

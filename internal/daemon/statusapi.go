@@ -34,6 +34,10 @@ type StatusReport struct {
 	Now     time.Time `json:"now"`
 	// Ready: the first full pass of the checks is done.
 	Ready bool `json:"ready"`
+	// Stopping: the daemon got its stop (SIGTERM) and is ending its loops
+	// and saving its state; the socket answers until the final save is
+	// done.
+	Stopping bool `json:"stopping,omitempty"`
 	// Unhealthy is "" when every loop makes progress, else the stuck loop.
 	Unhealthy string `json:"unhealthy,omitempty"`
 	// StateWriteBlocked: the write of the state file that has been
@@ -116,7 +120,7 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	env := d.currentEnv()
 	d.mu.Lock()
 	st := StatusReport{Version: d.version, Node: env.NodeName, Role: string(env.Role), GPU: env.GPU, PID: os.Getpid(),
-		Started: d.started, Now: now, Ready: d.ready,
+		Started: d.started, Now: now, Ready: d.ready, Stopping: d.stopping,
 		Kubernetes: KubernetesStatus{State: d.kubeState, Detail: d.kubeDetail},
 		Config:     ConfigStatus{File: d.cfgPath, Absent: d.cfgAbsent, Since: d.cfgSince, LastReload: d.lastReload}}
 	source := d.kubeSource
@@ -217,7 +221,8 @@ func listenStatus(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// serveStatus serves the status socket until ctx is done. A socket that
+// serveStatus serves the status socket until ctx is done (Run: once the
+// final save is done, not at the stop's start). A socket that
 // cannot be bound is logged: the daemon's work does not depend on it.
 func (d *Daemon) serveStatus(ctx context.Context) {
 	path := d.cfg.Status.Socket
