@@ -85,7 +85,7 @@ const (
 // TamperFindingRemovedLog is the warning logged, with the condition's
 // reason, message and transition time, when a tamper finding (a True held
 // forever) is taken off because its check is disabled (a reload, or a start
-// that finds it on the Node). The findings stay in tamper.json: the check's
+// that finds it in the state file or on the Node: once). The findings stay in tamper.json: the check's
 // first run once it is enabled again sets the condition True from them.
 const TamperFindingRemovedLog = "tamper finding removed: its check is disabled by the configuration; it is not cleared: its findings stay in tamper.json, " +
 	"and the check's first run once it is enabled again sets the condition True from them, nothing changed again needed, with a new lastTransitionTime"

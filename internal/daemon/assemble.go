@@ -70,6 +70,18 @@ type Parts struct {
 	Grid tick.Grid
 
 	only []string
+	// removedFindings are the tamper findings (True, held forever) the
+	// state file restored and the start dropped, its check disabled: the
+	// start logged each (report.TamperFindingRemovedLog), and the reporter
+	// does not log the same finding again where it finds it on the Node.
+	removedFindings map[string]report.Condition
+}
+
+// removedAtStart says whether the start dropped and logged this tamper
+// finding (same condition, reason and message).
+func (p *Parts) removedAtStart(condType, reason, message string) bool {
+	c, ok := p.removedFindings[condType]
+	return ok && string(c.Reason) == reason && c.Message == message
 }
 
 // Assemble builds the parts of a command from a configuration (already
@@ -187,10 +199,24 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// NotApplicable, or a held True, until the next start.)
 		applicable := p.applicable(env)
 		for _, c := range p.Store.All() {
-			if !slices.Contains(applicable, c.Type) {
-				p.Store.Remove(c.Type)
-				log.Info("condition not evaluated on this node; dropped from the restored state", "condition", c.Type)
+			if slices.Contains(applicable, c.Type) {
+				continue
 			}
+			p.Store.Remove(c.Type)
+			if d, _ := report.Lookup(c.Type); d.Hold == report.HoldForever && c.Status == report.StatusTrue {
+				// A finding only an operator's clear lowers: its check
+				// disabled takes it off all the same, on the record, here
+				// and not only where the reporter finds it on the Node
+				// (no Kubernetes, or none reached, logs it all the same).
+				log.Warn(report.TamperFindingRemovedLog,
+					"condition", c.Type, "reason", c.Reason, "message", c.Message, "since", c.LastTransitionTime)
+				if p.removedFindings == nil {
+					p.removedFindings = map[string]report.Condition{}
+				}
+				p.removedFindings[c.Type] = c
+				continue
+			}
+			log.Info("condition not evaluated on this node; dropped from the restored state", "condition", c.Type)
 		}
 		// A restored part whose source does not run here (DisksFailure's
 		// SMART check disabled, or the kernel log monitor off, while the

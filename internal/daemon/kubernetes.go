@@ -91,8 +91,9 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	}
 	r := kube.New(kube.Options{Grid: d.grid(),
 		Client: client, NodeName: d.currentEnv().NodeName, Identity: identity, RoleOf: func() report.Role { return d.currentEnv().Role },
-		Evaluated: func(t string) bool { return slices.Contains(d.parts.applicable(d.currentEnv()), t) },
-		Store:     d.store, Details: d.details,
+		Evaluated:     func(t string) bool { return slices.Contains(d.parts.applicable(d.currentEnv()), t) },
+		RemovedLogged: d.parts.removedAtStart,
+		Store:         d.store, Details: d.details,
 		Log: d.log, Metrics: d.kubeM, Events: d.events, Progress: d.live.Beat,
 		HeartbeatPeriod: d.cfg.Kubernetes.HeartbeatPeriod.Duration, ReportInterval: d.cfg.Kubernetes.ReportInterval.Duration,
 		FirstPass: d.firstPassDone, Dial: dial,

@@ -48,6 +48,12 @@ type Options struct {
 	// Node: what an earlier boot or configuration left there must not stand
 	// as this boot's state.
 	Evaluated func(condType string) bool
+	// RemovedLogged, if set, says whether the daemon's start already
+	// logged the removal of this tamper finding (report.TamperFindingRemovedLog:
+	// the state file restored it, its check disabled): the reporter, which
+	// takes a finding not evaluated here off the Node, does not log the
+	// same one a second time.
+	RemovedLogged func(condType, reason, message string) bool
 	// ReportedClear, if set, gets the tamper clear the Node's tamper report
 	// shows (report.ReportedClear), read back at start.
 	ReportedClear func(at time.Time)
@@ -688,7 +694,8 @@ func (r *Reporter) adopt(ctx context.Context) error {
 		}
 		if r.o.Evaluated != nil && !r.o.Evaluated(c.Type) {
 			r.stale = append(r.stale, c.Type)
-			if d, _ := report.Lookup(c.Type); d.Hold == report.HoldForever && report.Status(c.Status) == report.StatusTrue {
+			if d, _ := report.Lookup(c.Type); d.Hold == report.HoldForever && report.Status(c.Status) == report.StatusTrue &&
+				(r.o.RemovedLogged == nil || !r.o.RemovedLogged(c.Type, c.Reason, c.Message)) {
 				// A finding only an operator's clear lowers: its check
 				// disabled takes it off the Node all the same, on the record.
 				r.o.Log.Warn(report.TamperFindingRemovedLog,
