@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -57,6 +58,19 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	}
 	d.Duration = v
 	return nil
+}
+
+// UnmarshalTOML implements toml.Unmarshaler: a duration is a string; a
+// value of another type (an integer, a float, a boolean, a date or time,
+// an array, a table) is refused in TOML's words, not as the text the
+// decoder would make of it for UnmarshalText ("5", "1.500000", a local
+// date as a UTC time).
+func (d *Duration) UnmarshalTOML(v any) error {
+	s, ok := v.(string)
+	if !ok {
+		return errors.New("wrong type: must be " + wantWords(reflect.TypeFor[Duration]()) + ", got " + valueWordsOf(v))
+	}
+	return d.UnmarshalText([]byte(s))
 }
 
 // MarshalText implements encoding.TextMarshaler.

@@ -352,6 +352,10 @@ func valueWords(goType string) string {
 	return "a value of another type"
 }
 
+// valueWordsOf names the TOML type of a value as the decoder hands it to
+// a toml.Unmarshaler.
+func valueWordsOf(v any) string { return valueWords(fmt.Sprintf("%T", v)) }
+
 // destWords names what the decoder's destination takes, for a key whose
 // field typeOfKey does not find.
 func destWords(dst string) string {

@@ -35,6 +35,16 @@ func TestWrongTypeInTOMLWords(t *testing.T) {
 		"[checks]\nKubeletUnhealthy = \"on\"\n":             `c.toml:2: key checks.KubeletUnhealthy: wrong type: must be a table, got a string`,
 		"[checks.KubeletUnhealthy]\ninterval = { a = 1 }\n": `c.toml:2: key checks.KubeletUnhealthy.interval: wrong type: must be a duration string such as "30s", got a table`,
 		"[checks.KubeletUnhealthy]\ninterval = [\"1s\"]\n":  `c.toml:2: key checks.KubeletUnhealthy.interval: wrong type: must be a duration string such as "30s", got an array`,
+		// A duration given another value than a string: named in TOML's
+		// words, not as the text the decoder made of it ("5", "1.500000",
+		// a local date written as a UTC time).
+		"[checks.DiskUsageHigh]\ninterval = 5\n":                    `c.toml:2: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got an integer`,
+		"[checks.DiskUsageHigh]\ninterval = 1.5\n":                  `c.toml:2: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got a float`,
+		"[checks.DiskUsageHigh]\ninterval = true\n":                 `c.toml:2: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got a boolean`,
+		"[checks.DiskUsageHigh]\ninterval = 1979-05-27T00:00:00Z\n": `c.toml:2: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got a date or time`,
+		"[checks.DiskUsageHigh]\ninterval = 1979-05-27\n":           `c.toml:2: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got a date or time`,
+		"[checks.DiskUsageHigh]\ninterval = 07:32:00\n":             `c.toml:2: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got a date or time`,
+		"checks = { DiskUsageHigh = { interval = 5 } }\n":           `c.toml:1: key checks.DiskUsageHigh.interval: wrong type: must be a duration string such as "30s", got an integer`,
 		// A key of an array of tables' entry, and of a table written inline.
 		"[[kmsg.rules]]\nname = 5\n":                              `c.toml:2: key kmsg.rules.name: wrong type: must be a string, got an integer`,
 		"checks = { NodeTampered = { paths = [\"/etc\", 2] } }\n": `c.toml:1: key checks.NodeTampered.paths: wrong type: each entry must be a string, got an integer`,
