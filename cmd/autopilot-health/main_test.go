@@ -403,9 +403,27 @@ func TestUnitFileVerifies(t *testing.T) {
 	if !bytes.Contains(socket, []byte("ListenStream="+privileged.DefaultSocket+"\n")) || !bytes.Contains(unit, []byte("="+privileged.DefaultSocket)) {
 		t.Errorf("the socket unit and the daemon's unit do not name %s", privileged.DefaultSocket)
 	}
+	// Every file under units/, read from the directory: a unit added there
+	// is verified without this list being edited (the .path unit was not).
+	entries, err := os.ReadDir("../../units")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			names = append(names, e.Name())
+		}
+	}
+	for _, want := range []string{"autopilot-health.service", "autopilot-health-refused.service", "autopilot-health-privileged.socket",
+		"autopilot-health-privileged.service", "autopilot-health.path"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("units/ lacks %s (it has %v)", want, names)
+		}
+	}
 	dir := t.TempDir()
 	var paths []string
-	for _, name := range []string{"autopilot-health.service", "autopilot-health-refused.service", "autopilot-health-privileged.socket", "autopilot-health-privileged.service"} {
+	for _, name := range names {
 		b, err := os.ReadFile("../../units/" + name)
 		if err != nil {
 			t.Fatal(err)
