@@ -42,7 +42,7 @@ func TestRunAbortedEndsBySignalNotExitTwo(t *testing.T) {
 		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock"), freeMetricsAddress(t)))
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRunAbortedEndsBySignalNotExitTwo$")
 	cmd.Env = append(os.Environ(), abortChildEnv+"="+cfg)
-	all, err := signalAfter(t, cmd, "first pass complete", syscall.SIGABRT)
+	all, err := signalAfter(t, cmd, syscall.SIGABRT, "first pass complete")
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		t.Fatalf("the aborted daemon ended with %v, want an abort:\n%s", err, lastLines(all, 20))

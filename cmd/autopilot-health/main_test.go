@@ -1197,7 +1197,10 @@ func heldSocketConfig(t *testing.T, dir string) string {
 // freeMetricsAddress is a loopback address with a port free now, for a
 // daemon's metrics.listen_address (the configuration refuses port 0,
 // which Prometheus could never find). Taken meanwhile by another
-// program, it only delays the metrics: the daemon retries the bind.
+// program, it only delays the metrics: the daemon starts without the
+// listener and retries the bind. A test that waits for the daemon to run
+// waits for either line ("serving metrics", "starting without the
+// metrics listener"; TestStopWithUnwritableStateDirExitsZero).
 func freeMetricsAddress(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

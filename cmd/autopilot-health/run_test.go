@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,10 +23,50 @@ const runChildEnv = "AUTOPILOT_HEALTH_TEST_RUN_CHILD"
 // save is logged with the directory and the cause, and the unit is not left
 // failed on every stop and restart. The daemon runs as its own process (the
 // test binary, re-executed), so the signal and the exit status are real.
+//
+// The metrics port does not matter here: the same holds with the port of
+// metrics.listen_address held by another program (as one can take the free
+// port freeMetricsAddress found before the daemon binds it). Before, the
+// test waited for "serving metrics", which a daemon that cannot bind the
+// port does not log (it starts without the listener, retrying with
+// backoff): it failed after 30 s.
 func TestStopWithUnwritableStateDirExitsZero(t *testing.T) {
 	if cfg := os.Getenv(runChildEnv); cfg != "" {
 		os.Exit(Main([]string{"run", "--config", cfg}, os.Stdout, os.Stderr))
 	}
+	t.Run("metrics served", func(t *testing.T) {
+		// A port another program took after freeMetricsAddress found it
+		// free is the other subtest's case: tried again on another port.
+		var all string
+		for try := 1; try <= 3; try++ {
+			all = stopWithUnwritableStateDir(t, freeMetricsAddress(t))
+			if !strings.Contains(all, "cannot bind metrics.listen_address") {
+				break
+			}
+			t.Logf("try %d: the free port was taken before the daemon bound it; another port", try)
+		}
+		if !strings.Contains(all, `msg="serving metrics"`) {
+			t.Errorf("the metrics are not served on a free port (3 tries):\n%s", all)
+		}
+	})
+	t.Run("metrics port held by another program", func(t *testing.T) {
+		held, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
+		all := stopWithUnwritableStateDir(t, held.Addr().String())
+		if !strings.Contains(all, "cannot bind metrics.listen_address") {
+			t.Errorf("the held port was bound:\n%s", all)
+		}
+	})
+}
+
+// stopWithUnwritableStateDir runs the daemon with its metrics on addr and
+// an unwritable state directory, stops it by SIGTERM once it runs, checks
+// the exit and the log, and returns its stderr.
+func stopWithUnwritableStateDir(t *testing.T, addr string) string {
+	t.Helper()
 	dir := t.TempDir()
 	blocker := filepath.Join(dir, "var")
 	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
@@ -33,15 +75,18 @@ func TestStopWithUnwritableStateDirExitsZero(t *testing.T) {
 	stateDir := filepath.Join(blocker, "lib", "autopilot-health")
 	cfg := fakeHost(t, fmt.Sprintf("node_name = \"n\"\nrole = \"worker\"\ngpu = \"false\"\ncontrol_socket = %q\n"+
 		"[metrics]\nlisten_address = %q\n[status]\nsocket = \"\"\n[kubernetes]\nkubeconfig = \"\"\n"+
-		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock"), freeMetricsAddress(t)))
+		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock"), addr))
 	// fakeHost's state_dir, replaced by the unwritable one.
 	b, _ := os.ReadFile(cfg)
 	os.WriteFile(cfg, []byte(strings.Replace(string(b), filepath.Join(filepath.Dir(cfg), "state"), stateDir, 1)), 0o644)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestStopWithUnwritableStateDirExitsZero$")
 	cmd.Env = append(os.Environ(), runChildEnv+"="+cfg)
-	// "serving metrics" is logged after the daemon catches SIGTERM.
-	all, err := signalAfter(t, cmd, "serving metrics", syscall.SIGTERM)
+	// Either line is logged by the daemon's Run, after run catches
+	// SIGTERM: "serving metrics" where the port is bound, "starting
+	// without the metrics listener" where it is not (another program
+	// holds it).
+	all, err := signalAfter(t, cmd, syscall.SIGTERM, `msg="serving metrics"`, `msg="starting without the metrics listener"`)
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		t.Fatal(err)
@@ -55,6 +100,7 @@ func TestStopWithUnwritableStateDirExitsZero(t *testing.T) {
 	if strings.Contains(all, "stopped with an error") || !strings.Contains(all, "msg=stopped") {
 		t.Errorf("the stop is not logged as a clean stop:\n%s", all)
 	}
+	return all
 }
 
 // refusedThenChanged runs `run` on a file holding first, calling change
@@ -123,9 +169,9 @@ func TestRunRereadsAFileChangedWhileRefusing(t *testing.T) {
 }
 
 // signalAfter starts cmd (a daemon in a process of its own), waits up to
-// 30 s for a line of its stderr that contains marker, sends it sig, and
-// returns all it wrote to stderr and its Wait's error.
-func signalAfter(t *testing.T, cmd *exec.Cmd, marker string, sig syscall.Signal) (string, error) {
+// 30 s for a line of its stderr that contains one of markers, sends it
+// sig, and returns all it wrote to stderr and its Wait's error.
+func signalAfter(t *testing.T, cmd *exec.Cmd, sig syscall.Signal, markers ...string) (string, error) {
 	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -150,13 +196,13 @@ func signalAfter(t *testing.T, cmd *exec.Cmd, marker string, sig syscall.Signal)
 		case l, ok := <-lines:
 			if !ok {
 				cmd.Wait()
-				t.Fatalf("the daemon ended before %q:\n%s", marker, strings.Join(log, "\n"))
+				t.Fatalf("the daemon ended before %q:\n%s", markers, strings.Join(log, "\n"))
 			}
 			log = append(log, l)
-			seen = strings.Contains(l, marker)
+			seen = slices.ContainsFunc(markers, func(m string) bool { return strings.Contains(l, m) })
 		case <-timeout:
 			cmd.Process.Kill()
-			t.Fatalf("no %q in 30 s:\n%s", marker, strings.Join(log, "\n"))
+			t.Fatalf("none of %q in 30 s:\n%s", markers, strings.Join(log, "\n"))
 		}
 	}
 	if err := cmd.Process.Signal(sig); err != nil {
