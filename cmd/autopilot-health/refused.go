@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -72,12 +73,14 @@ func refusedChanged(dir string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "no refused configuration file recorded")
 		return exitProblem
 	}
-	var r refusedRecord
-	if err == nil {
-		err = json.Unmarshal(b, &r)
+	if err != nil {
+		fmt.Fprintf(stderr, "autopilot-health config refused-changed: cannot read the record %s: %v\n", filepath.Join(dir, refusedRecordName), err)
+		return exitProblem
 	}
-	if err != nil || r.Path == "" {
-		fmt.Fprintf(stderr, "autopilot-health config refused-changed: unreadable record %s: %v\n", filepath.Join(dir, refusedRecordName), err)
+	r, problem := parseRefusedRecord(b)
+	if problem != "" {
+		// Not a record run writes: nothing to start the daemon for.
+		fmt.Fprintf(stderr, "autopilot-health config refused-changed: the record %s %s; not starting the daemon for it\n", filepath.Join(dir, refusedRecordName), problem)
 		return exitProblem
 	}
 	if config.FileDigest(r.Path) == r.Digest {
@@ -86,4 +89,27 @@ func refusedChanged(dir string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s: changed since it was refused\n", r.Path)
 	return exitOK
+}
+
+// parseRefusedRecord reads a record as recordRefusal writes it: an
+// absolute path and the file's digest (never empty). Anything else is
+// named (problem), not read as a change: an empty digest would differ from
+// every file's, and a relative path would be another file.
+func parseRefusedRecord(b []byte) (r refusedRecord, problem string) {
+	if err := json.Unmarshal(b, &r); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) {
+			return r, `does not parse: want {"path": "/the/file", "digest": "..."}`
+		}
+		return r, "does not parse as JSON: " + err.Error()
+	}
+	switch {
+	case r.Path == "":
+		return r, "names no file (no \"path\")"
+	case !filepath.IsAbs(r.Path):
+		return r, fmt.Sprintf("names %q, not absolute", r.Path)
+	case r.Digest == "":
+		return r, fmt.Sprintf("holds no digest of %s", r.Path)
+	}
+	return r, ""
 }

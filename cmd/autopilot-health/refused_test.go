@@ -54,3 +54,33 @@ func TestRunRecordsARefusedFile(t *testing.T) {
 		t.Errorf("an extra argument: exit %d, %q", code, errs)
 	}
 }
+
+// A record run did not write (hand-made, cut short, another version's) is
+// named for what is wrong with it, never "<nil>", and starts nothing: exit
+// 1, as tamper status's tamper.json that does not parse. A record without
+// a digest, or with a relative path, is not one run writes (its digest is
+// never empty, its path absolute): read as "changed", it would start the
+// daemon for a change no one made.
+func TestRefusedChangedOddRecord(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	os.WriteFile(cfg, []byte("role = \"worker\"\n"), 0o644)
+	for _, tc := range []struct{ record, want string }{
+		{`{}`, "names no file"},
+		{`null`, "names no file"},
+		{`{"digest":"abc"}`, "names no file"},
+		{`{"path":"` + cfg + `"}`, "holds no digest"},
+		{`{"path":"` + cfg + `","digest":""}`, "holds no digest"},
+		{`{"path":"config.toml","digest":"abc"}`, "not absolute"},
+		{`[]`, "does not parse"},
+		{`garbage`, "does not parse"},
+		{``, "does not parse"},
+	} {
+		state := t.TempDir()
+		rec := filepath.Join(state, refusedRecordName)
+		os.WriteFile(rec, []byte(tc.record), 0o600)
+		code, out, errs := run(t, "config", "refused-changed", "--state-dir", state)
+		if code != exitProblem || strings.Contains(errs, "<nil>") || !strings.Contains(errs, rec) || !strings.Contains(errs, tc.want) || out != "" {
+			t.Errorf("record %q: exit %d, stdout %q, stderr %q; want 1, %q naming %s, nothing on stdout", tc.record, code, out, errs, tc.want, rec)
+		}
+	}
+}
