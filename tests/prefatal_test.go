@@ -1,0 +1,56 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRuntimeFatalBeforeMainIsRestarted: a fatal error of the Go runtime
+// before main runs (here: no thread for the runtime's monitor, the start of
+// a daemon restarted while the node is out of processes; a limit of one
+// process stands in for it) ends the process as every other crash does, by
+// SIGABRT, and the shipped unit restarts it. debug.SetTraceback("crash")
+// (run's crashBySignal) takes effect only once main runs; before it the
+// runtime exits 2, the status of a refused configuration file, which the
+// unit does not restart (RestartPreventExitStatus=2): the node stayed
+// without its health daemon after the shortage was over, `failed` with
+// status=2/INVALIDARGUMENT, until someone started it or the configuration
+// file changed. GOTRACEBACK=crash in the unit's environment is read by the
+// runtime before it starts a thread.
+func TestRuntimeFatalBeforeMainIsRestarted(t *testing.T) {
+	const unit = "autopilot-health.service"
+	// "+": setpriv needs the privileges the unit's sandbox drops; the
+	// unit's Environment= applies all the same. A user of its own, so that
+	// RLIMIT_NPROC (which spares root) counts.
+	dropIn := "[Service]\nExecStart=\nExecStart=+/usr/bin/prlimit --nproc=1:1 /usr/bin/setpriv --reuid=4242 --regid=4242 --clear-groups /usr/bin/autopilot-health run --privileged-helper=/run/autopilot-health-privileged/helper.sock\n"
+	s := daemonNamespace(t, "prefatal", map[string]string{unit + ".d/50-no-threads.conf": dropIn},
+		fmt.Sprintf(goodConfig, freeTCPPort(t)), unit, "autopilot-health-refused.service")
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err == nil {
+		t.Errorf("the start job of a daemon that cannot start a thread succeeded")
+	}
+	eventually(t, 30*time.Second, "the runtime's fatal error before main in the journal", func() (bool, string) {
+		j := s.Journal(unit)
+		return strings.Contains(j, "fatal error: newosproc"), lastBytes(j, 600)
+	})
+	eventually(t, 30*time.Second, "the daemon restarted after its runtime's fatal error", func() (bool, string) {
+		u, err := s.Bus.Unit(ctx, unit)
+		if err != nil {
+			return false, err.Error()
+		}
+		sp, _ := s.Properties(ctx, unit, "Service")
+		var code, status int32
+		if sp != nil {
+			code, _ = sp["ExecMainCode"].Value().(int32)
+			status, _ = sp["ExecMainStatus"].Value().(int32)
+		}
+		// CLD_KILLED 2, CLD_DUMPED 3; SIGABRT 6.
+		return u.NRestarts >= 1 && code != 1 && status == 6,
+			fmt.Sprintf("%s/%s result %s NRestarts=%d, last exit code %d status %d; want restarted, killed by SIGABRT (6)", u.ActiveState, u.SubState, u.Result, u.NRestarts, code, status)
+	})
+}
