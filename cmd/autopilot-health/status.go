@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
@@ -337,7 +338,8 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 
 // shorten is s with its control characters and invalid bytes written
 // \xNN (report.Printable: free text a peer worded reaches a terminal),
-// cut to n bytes, not inside an escape.
+// cut to n bytes, not inside an escape nor inside a character (half of
+// its UTF-8 bytes would be bytes that are not text).
 func shorten(s string, n int) string {
 	s = report.Printable(s)
 	if len(s) <= n {
@@ -346,6 +348,9 @@ func shorten(s string, n int) string {
 	cut := n
 	if i := strings.LastIndex(s[max(0, n-3):n], `\x`); i >= 0 {
 		cut = max(0, n-3) + i // not inside \xNN
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
 	}
 	return s[:cut] + "..."
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/internal/testenv"
@@ -149,5 +150,35 @@ func TestStatusOfADaemonThatAcceptsNoConnection(t *testing.T) {
 	want := "autopilot-health status: the daemon on " + sock + " takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health)\n"
 	if code != exitError || out != "" || errs != want {
 		t.Errorf("exit %d, stdout %q, stderr %q; want exit 2, %q", code, out, errs, want)
+	}
+}
+
+// A text cut short on the screen is cut between characters: a body (or a
+// message, an evidence, an error) in another script than Latin, cut in the
+// middle of a character, left half of its UTF-8 bytes on the terminal, a
+// byte that is not text (Printable writes such a byte \xNN), shown as a
+// replacement glyph or taken by the terminal with what follows.
+func TestStatusCutsATextBetweenCharacters(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		w.Write([]byte("a" + strings.Repeat("ü", 1000)))
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	code, out, errs := run(t, "status", "--socket", sock)
+	if code != exitError || out != "" || !utf8.ValidString(errs) || !strings.Contains(errs, "aüüü") || !strings.HasSuffix(errs, "ü...\n") {
+		t.Errorf("exit %d, stdout %q, stderr %q: want exit 2, valid UTF-8 cut after a whole ü", code, out, errs)
+	}
+	for n := 0; n <= 12; n++ {
+		for _, s := range []string{"ab€€€€€", "é\x1bé", "€\u202e€€"} {
+			if got := shorten(s, n); !utf8.ValidString(got) || report.Printable(got) != got {
+				t.Errorf("shorten(%q, %d) = %q: not printable text", s, n, got)
+			}
+		}
 	}
 }
