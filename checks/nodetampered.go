@@ -325,7 +325,11 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 			if d.Kind == tamper.OverLimit {
 				f.Detail = over.Error() + "; paths past the cap are not compared"
 			}
-			if d.Kind != tamper.OverLimit && c.tolerated(d.Path) {
+			// A path the scan could not read is not a known writer's
+			// change that was read: a directory that cannot be listed
+			// hides what is in it (its files are not reported removed,
+			// Diff), which its tolerance does not cover.
+			if d.Kind != tamper.OverLimit && c.tolerated(d.Path) && byPath[d.Path].Kind != tamper.KindUnreadable {
 				f.Condition = ""
 				if s.AddTolerated(f) {
 					tolerated = append(tolerated, f)

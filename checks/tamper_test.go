@@ -1564,3 +1564,53 @@ func TestNodeTamperedWatchFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 	}
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
 }
+
+// A tolerated directory (tolerate_gpu's /etc/containerd/conf.d on a GPU
+// node) that the scan cannot list hides what is in it: its files are not
+// reported removed (nobody read whether they are there), so the directory
+// is the finding, tolerated or not. Before, its change was tolerated (it
+// set nothing), and a protected drop-in removed from it with the directory
+// made unlistable set no finding: NodeTampered was Unknown (CheckFailed),
+// its message "no other change since this boot's baseline", though another
+// path of a tolerated path's directory stays protected (README).
+func TestNodeTamperedAnUnlistableToleratedDirectoryIsAFinding(t *testing.T) {
+	h := newTamperHost(t)
+	for _, d := range []string{filepath.Dir(h.root), h.root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.gpu = true
+	h.protect = []string{"/etc/containerd"}
+	h.write("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n")
+	h.write("/etc/containerd/conf.d/50-mirror.toml", "[plugins]\n")
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.env.Helper = unprivilegedScan{t: t}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "9 protected paths unchanged")
+
+	h.now = h.now.Add(time.Minute)
+	if err := os.Remove(h.path("/etc/containerd/conf.d/50-mirror.toml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(h.path("/etc/containerd/conf.d"), 0o311); err != nil { // search, no listing
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(h.path("/etc/containerd/conf.d"), 0o755) })
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/containerd/conf.d modified")
+	if fs := c.keeper.State().Findings; len(fs) != 1 || fs[0].Detail != "unreadable: open: permission denied" {
+		t.Errorf("findings %+v, want the directory unreadable, with why", fs)
+	}
+
+	// Listable again: the drop-in's removal is a finding too, and the
+	// toolkit's own change of the directory (its mode) stays tolerated.
+	h.now = h.now.Add(time.Minute)
+	if err := os.Chmod(h.path("/etc/containerd/conf.d"), 0o775); err != nil {
+		t.Fatal(err)
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "2 finding(s): /etc/containerd/conf.d/50-mirror.toml removed")
+	if tol := c.keeper.State().Tolerated; !slices.ContainsFunc(tol, func(f tamper.Finding) bool {
+		return f.Path == "/etc/containerd/conf.d" && f.Kind == tamper.Chmod
+	}) {
+		t.Errorf("tolerated %+v, want the directory's mode change", tol)
+	}
+}
