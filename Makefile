@@ -89,6 +89,7 @@ fuzz:
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzParseRecorded$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzParseVerityTable$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzParseDMAnswers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzGlobIsFilepathGlob$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/systemd -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzCiliumStatus$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzNVMePages$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
