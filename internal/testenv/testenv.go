@@ -109,11 +109,19 @@ func HelperProcess(t testing.TB, env string) string {
 // of its own whose file-system user and group are nobody's (65534) where the
 // test runs as root (setfsuid drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
 // from that thread only), as it is where the test runs as another user. The
-// thread is locked and never unlocked, so it ends with fn and no other
-// goroutine runs on it. fn runs in another goroutine: it must not call
-// t.Fatal; it returns what the test checks.
+// thread is locked and never unlocked, so no other goroutine runs on it:
+// it ends with fn, or, where it is the process's main thread (which Go
+// never ends), it is parked for good (TestUnprivilegedDiscardsItsThread).
+// fn runs in another goroutine: it must not call t.Fatal; it returns what
+// the test checks.
 func Unprivileged(t testing.TB, fn func()) {
 	t.Helper()
+	// Changing a thread's file-system user makes the whole process not
+	// dumpable (no core; another user's tool may not read its /proc
+	// files): put back what was.
+	if dumpable, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err == nil {
+		defer unix.Prctl(unix.PR_SET_DUMPABLE, uintptr(dumpable), 0, 0, 0)
+	}
 	failed := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine

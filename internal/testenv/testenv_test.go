@@ -1,10 +1,14 @@
 package testenv
 
 import (
+	"errors"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSkipHelper is Skip called by a test, run by TestSkipFailsUnderCI in
@@ -40,5 +44,87 @@ func TestSkipFailsUnderCI(t *testing.T) {
 		if !strings.Contains(string(out), tc.want) || !strings.Contains(string(out), tc.inResult) || strings.Contains(string(out), "Skip returned") {
 			t.Errorf("CI=%q: output lacks %q and %q:\n%s", tc.ci, tc.inResult, tc.want, out)
 		}
+	}
+}
+
+// fsUID is the file-system user of the calling thread (the fourth field
+// of the Uid: line of /proc/thread-self/status).
+func fsUID() (string, error) {
+	b, err := os.ReadFile("/proc/thread-self/status")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			if f := strings.Fields(v); len(f) == 4 {
+				return f[3], nil
+			}
+		}
+	}
+	return "", errors.New("no Uid: line")
+}
+
+// Unprivileged's file-system user stays on the thread that ran fn, which
+// no other goroutine ever runs on (Go ends a thread whose goroutine exits
+// locked to it, or parks it for good where it is the main thread): the
+// code under test, the test's own reads and the next test run as root.
+// fn runs as nobody; then as many goroutines as the process has threads
+// and more, each locked to a thread of its own at once, so that every
+// idle thread of the runtime's pool runs one, find root's file-system
+// user. Were fn's thread unlocked, it would go back to the pool as
+// nobody's, and one of them would run on it.
+func TestUnprivilegedDiscardsItsThread(t *testing.T) {
+	if os.Geteuid() != 0 {
+		Skip(t, "the file-system user is changed only where the test runs as root")
+	}
+	var inside string
+	var err error
+	Unprivileged(t, func() { inside, err = fsUID() })
+	if err != nil || inside != "65534" {
+		t.Fatalf("fn's file-system user %q (%v), want 65534", inside, err)
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(tasks) + 4
+	release := make(chan struct{})
+	uids := make(chan string, n)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			uid, err := fsUID()
+			if err != nil {
+				uid = err.Error()
+			}
+			uids <- uid
+			<-release // keep this thread, so the next goroutine takes another
+		}()
+	}
+	for range n {
+		if uid := <-uids; uid != "0" {
+			t.Errorf("a goroutine after Unprivileged runs with file-system user %q, want 0", uid)
+		}
+	}
+	close(release)
+}
+
+// The kernel makes a process that changes a thread's file-system user not
+// dumpable (suid_dumpable, 0 by default), the whole process: after
+// Unprivileged a test binary that crashed left no core, and another user's
+// tool (a profiler, a debugger, a test's helper process as nobody) could
+// not read its /proc/PID files. Unprivileged puts back what it found.
+func TestUnprivilegedKeepsTheProcessDumpable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		Skip(t, "the file-system user is changed only where the test runs as root")
+	}
+	before, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Unprivileged(t, func() {})
+	if after, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || after != before {
+		t.Errorf("dumpable %d (%v) after Unprivileged, %d before", after, err, before)
 	}
 }
