@@ -2,11 +2,16 @@ package tamper
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"golang.org/x/sys/unix"
 )
 
 // TestWatcherFollowsAReplacedDirectory: after a watched directory is removed
@@ -296,4 +301,79 @@ func TestWatcherFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 	if _, failed := w.Set(append(dirs, "/etc/kubernetes")); !slices.Equal(failed, []string{"/etc/kubernetes"}) {
 		t.Errorf("Set of the link: failed %q, want it", failed)
 	}
+}
+
+// inotifyWatches counts the kernel's watches of the Watcher's inotify
+// instance (the "inotify wd:" lines of its fdinfo).
+func inotifyWatches(t *testing.T, w *Watcher) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", w.fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "inotify wd:")
+}
+
+// A filesystem mounted over a watched directory sends no notification,
+// and the watch stays on the directory beneath it; but the name now leads
+// to another directory (the mount's root, another device and inode), so
+// the next Set (the next run: the interval's scan at the latest) watches
+// it there: a change in the mount then wakes the check. Unmounted, the
+// mount's watch is Gone and the next Set watches the directory beneath
+// again. One kernel watch throughout: the one beneath is removed.
+func TestWatcherWatchesAFilesystemMountedOverItAtTheNextSet(t *testing.T) {
+	root := tree(t, map[string]string{"/etc/cni/net.d/05-cilium.conflist": "{}"})
+	dir := filepath.Join(root, "/etc/cni/net.d")
+	w, err := NewWatcher(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := []string{"/etc/cni/net.d"}
+	if added, _ := w.Set(dirs); !slices.Equal(added, dirs) {
+		t.Fatalf("Set added %q, want %q", added, dirs)
+	}
+	events := make(chan Event, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, func(ev Event) { events <- ev }) }()
+	defer func() { cancel(); <-done }()
+
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "mode=0755"); err != nil {
+		testenv.Skip(t, "cannot mount a tmpfs (root in a mount namespace that allows it): "+err.Error())
+	}
+	mounted := true
+	t.Cleanup(func() { // before t.TempDir's removal, which a mount would keep busy
+		if mounted {
+			unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+	if added, _ := w.Set(dirs); !slices.Equal(added, dirs) {
+		t.Fatalf("Set after the mount added %q, want %q (the mount's root)", added, dirs)
+	}
+	if n := inotifyWatches(t, w); n != 1 {
+		t.Errorf("%d kernel watches after the mount's Set, want 1 (the one beneath removed)", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "evil.conflist"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/cni/net.d/evil.conflist"})
+	if added, _ := w.Set(dirs); len(added) > 0 {
+		t.Fatalf("Set again added %q, want nothing", added)
+	}
+
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	await(t, events, Event{Path: "/etc/cni/net.d", Gone: true})
+	if added, _ := w.Set(dirs); !slices.Equal(added, dirs) {
+		t.Fatalf("Set after the unmount added %q, want %q (the directory beneath)", added, dirs)
+	}
+	if n := inotifyWatches(t, w); n != 1 {
+		t.Errorf("%d kernel watches after the unmount's Set, want 1", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "b.conflist"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/cni/net.d/b.conflist"})
 }
