@@ -1614,3 +1614,66 @@ func TestNodeTamperedAnUnlistableToleratedDirectoryIsAFinding(t *testing.T) {
 		t.Errorf("tolerated %+v, want the directory's mode change", tol)
 	}
 }
+
+// A directory that holds protected files and is itself a symlink
+// (/var/lib/kubelet -> /data/kubelet, README's layout of a kubelet moved
+// to a data disk; the scan follows it, as the kubelet does) is watched
+// through the link: a change of the kubelet's config.yaml wakes the check
+// within seconds, and after the link is retargeted (the retarget wakes
+// it: the directory holding the link is watched) so does a change in the
+// new target. Before, the watch was set without following the link at its
+// name (ENOTDIR, "cannot watch these directories" logged), and a change of
+// a default protected file there waited for the interval's scan (5 min).
+func TestNodeTamperedWatchFollowsAWatchedDirectoryThatIsASymlink(t *testing.T) {
+	h := newTamperHost(t)
+	for _, d := range []string{"/data/kubelet", "/data/kubelet-2"} {
+		h.write(d+"/config.yaml", "kind: KubeletConfiguration\n")
+	}
+	if err := os.RemoveAll(h.path("/var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../data/kubelet", h.path("/var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	h.protect = []string{"/var/lib/kubelet/kubeadm-flags.env"}
+	h.logs = &testenv.SyncBuffer{}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.gate = nil
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+	woken, stop := watchWakes(c)
+	defer stop()
+	awaitWatching(t, woken)
+
+	h.now = h.now.Add(time.Minute)
+	h.write("/data/kubelet/config.yaml", "kind: KubeletConfiguration\nauthentication: {anonymous: {enabled: true}}\n")
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("config.yaml written through the linked /var/lib/kubelet: no wake-up within 10s; log:\n%s", h.logs)
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /var/lib/kubelet/config.yaml modified")
+	if l := h.logs.String(); strings.Contains(l, "cannot watch") {
+		t.Errorf("a directory was not watched:\n%s", l)
+	}
+
+	if err := os.Symlink("../../data/kubelet-2", h.path("/var/lib/kubelet.new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(h.path("/var/lib/kubelet.new"), h.path("/var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("/var/lib/kubelet retargeted: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "")
+	awaitWatching(t, woken) // the new target watched
+	h.write("/data/kubelet-2/kubeadm-flags.env", "KUBELET_KUBEADM_ARGS=--anonymous-auth=true\n")
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("kubeadm-flags.env written in the new target: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/var/lib/kubelet/kubeadm-flags.env added")
+}

@@ -17,9 +17,14 @@ import (
 )
 
 // watchMask: every change to an entry of a watched directory (content,
-// attributes, creation, removal, rename) and to the directory itself.
+// attributes, creation, removal, rename) and to the directory itself. A
+// watched name that is a symlink to a directory is followed, as every
+// other link on the way is: the names handed over are directories the
+// scan reaches through their links (a protected path that is itself a
+// link is recorded as the link, and is never one), and the directory
+// holding the link is watched for its retarget (Set).
 const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_MOVED_FROM |
-	unix.IN_MOVED_TO | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW
+	unix.IN_MOVED_TO | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 
 // Watcher follows file notifications (inotify) on a set of directories.
 // Notifications are a fast path only: a scan still runs on every check

@@ -295,11 +295,38 @@ func TestWatcherFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 	await(t, events, Event{Path: "/etc/kubernetes/manifests/evil.yaml"})
 
 	// The link itself as a watched directory (a file protected directly
-	// in /etc/kubernetes) is not watched: the watch does not follow a link
-	// at the name it is set on. It is reported failed (logged; the
-	// interval's scan reads it), never taken as watched.
-	if _, failed := w.Set(append(dirs, "/etc/kubernetes")); !slices.Equal(failed, []string{"/etc/kubernetes"}) {
-		t.Errorf("Set of the link: failed %q, want it", failed)
+	// in /etc/kubernetes) is watched through it, as the scan reads it: a
+	// file written in the target is reported under the link's name, and
+	// after a retarget the next Set watches the new target (once). Before,
+	// the watch was set without following the link at its name: ENOTDIR,
+	// reported failed, changes there left to the interval's scan.
+	dirs = append(dirs, "/etc/kubernetes")
+	if added, failed := w.Set(dirs); !slices.Equal(added, []string{"/etc/kubernetes"}) || len(failed) > 0 {
+		t.Fatalf("Set of the link: added %q, failed %q; want it added", added, failed)
+	}
+	if err := os.WriteFile(filepath.Join(root, "/srv/b/admin.conf"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/kubernetes/admin.conf"})
+	if err := os.Symlink("../srv/a", filepath.Join(root, "/etc/kubernetes.new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(root, "/etc/kubernetes.new"), filepath.Join(root, "/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/kubernetes"})
+	if added, _ := w.Set(dirs); !slices.Equal(added, []string{"/etc/kubernetes", "/etc/kubernetes/manifests"}) {
+		t.Fatalf("Set after the link's retarget added %q, want the link and the directory under it", added)
+	}
+	if added, _ := w.Set(dirs); len(added) > 0 {
+		t.Fatalf("Set again added %q, want nothing", added)
+	}
+	if err := os.WriteFile(filepath.Join(root, "/srv/a/admin.conf"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	await(t, events, Event{Path: "/etc/kubernetes/admin.conf"})
+	if n := inotifyWatches(t, w); n != 3 {
+		t.Errorf("%d kernel watches, want 3 (/etc, /srv/a, /srv/a/manifests): the old target's removed", n)
 	}
 }
 
