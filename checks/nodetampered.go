@@ -506,7 +506,9 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	go func() {
 		defer close(done)
 		err := w.Run(ctx, func(ev tamper.Event) {
-			if ev.Overflow || ev.Gone || c.spec.Relevant(ev.Path) {
+			// Link: a symlink on the way to a watched directory changed
+			// (retargeted); its run watches where it leads now.
+			if ev.Overflow || ev.Gone || ev.Link || c.spec.Relevant(ev.Path) {
 				wake()
 			}
 		})

@@ -1677,3 +1677,54 @@ func TestNodeTamperedWatchFollowsAWatchedDirectoryThatIsASymlink(t *testing.T) {
 	}
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/var/lib/kubelet/kubeadm-flags.env added")
 }
+
+// A symlink met on the way through another's target (/etc/kubernetes ->
+// static/kubernetes, /etc/static -> ../srv/gen-1: a generated /etc that
+// switches generations by retargeting one link) is followed as the scan
+// follows it: its retarget wakes the check, whose run watches the new
+// generation, where a static pod written then wakes it. Before, only the
+// links on the watched directory's own path were watched: /etc/static's
+// retarget is no protected path's, it woke nothing, and the new
+// generation's changes waited for the interval's scan.
+func TestNodeTamperedWatchFollowsALinkInALinksTarget(t *testing.T) {
+	h := newTamperHost(t)
+	for _, d := range []string{"/srv/gen-1/kubernetes", "/srv/gen-2/kubernetes"} {
+		h.write(d+"/manifests/etcd.yaml", "kind: Pod\n")
+	}
+	if err := os.RemoveAll(h.path("/etc/kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{"/etc/kubernetes": "static/kubernetes", "/etc/static": "../srv/gen-1"} {
+		if err := os.Symlink(target, h.path(link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.paths = []string{"/etc/kubernetes/manifests"}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.gate = nil
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
+	woken, stop := watchWakes(c)
+	defer stop()
+	awaitWatching(t, woken)
+
+	if err := os.Symlink("../srv/gen-2", h.path("/etc/static.new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(h.path("/etc/static.new"), h.path("/etc/static")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("/etc/static retargeted: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
+	awaitWatching(t, woken) // the new generation's directories watched
+	h.write("/srv/gen-2/kubernetes/manifests/evil.yaml", "kind: Pod\n")
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a static pod written in the new generation: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
+}

@@ -45,6 +45,9 @@ type Watcher struct {
 	// A name that leads to another directory now (a symlink on the way
 	// retargeted) is watched anew: the kernel's watch stays on the inode.
 	ids map[string]dirID
+	// links: the symlinks on the way to the watched directories, whose
+	// directories are watched: a change of one (a retarget) is Link.
+	links map[string]bool
 	// root is the host root the directories are under.
 	root string
 }
@@ -81,7 +84,8 @@ func idOf(fi fs.FileInfo) dirID {
 // watched.
 func (w *Watcher) Set(dirs []string) (added, failed []string) {
 	want := map[string]dirID{}
-	links := map[string]bool{} // host paths checked for a symlink
+	links := map[string]bool{} // the symlinks met on the way to dirs
+	memo := map[string]resolved{}
 	for _, d := range dirs {
 		var id dirID
 		for {
@@ -95,17 +99,16 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 			d = path.Dir(d)
 		}
 		want[d] = id
-		for p := d; p != "/" && p != "." && !links[p]; p = path.Dir(p) {
-			links[p] = true
-			if fi, err := os.Lstat(hostio.HostJoin(w.root, p)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-				if _, ok := want[path.Dir(p)]; !ok {
-					want[path.Dir(p)] = dirID{} // its identity is checked when it is a dirs' own
-				}
+		for _, l := range w.linksOnTheWay(d, memo) {
+			links[l] = true
+			if _, ok := want[path.Dir(l)]; !ok {
+				want[path.Dir(l)] = dirID{} // its identity is checked when it is a dirs' own
 			}
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.links = links
 	for d, wd := range w.dir {
 		id, ok := want[d]
 		if !ok || id != (dirID{}) && id != w.ids[d] {
@@ -140,10 +143,75 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 	return added, failed
 }
 
+// maxLinks bounds the symlinks followed resolving one watched directory
+// (the kernel's own bound, MAXSYMLINKS): a loop ends there.
+const maxLinks = 40
+
+// linksOnTheWay returns the symlinks (host paths) the kernel follows
+// resolving host path d: those on its own path, and those on the way
+// through their targets (/etc/kubernetes -> static/kubernetes, with
+// /etc/static -> /srv/gen-1: both). Retargeting any of them leads d to
+// another directory. memo holds what a prefix of d resolved to (one Set's
+// directories share most of theirs: each name is read once).
+func (w *Watcher) linksOnTheWay(d string, memo map[string]resolved) []string {
+	comps := strings.Split(strings.Trim(path.Clean(d), "/"), "/")
+	r, i := resolved{cur: "/"}, 0
+	for k := len(comps); k > 0; k-- {
+		if m, ok := memo["/"+strings.Join(comps[:k], "/")]; ok {
+			r, i = m, k
+			break
+		}
+	}
+	for ; i < len(comps); i++ {
+		if comps[i] == "" || comps[i] == "." {
+			continue
+		}
+		r = w.step(r, comps[i])
+		memo["/"+strings.Join(comps[:i+1], "/")] = r
+	}
+	return r.links
+}
+
+// resolved is where a path's resolution stands: the directory reached
+// (no symlink in it) and the symlinks followed to reach it.
+type resolved struct {
+	cur   string
+	links []string
+}
+
+// step resolves name in r.cur, following a symlink there through its
+// target, maxLinks in all.
+func (w *Watcher) step(r resolved, name string) resolved {
+	next := path.Join(r.cur, name)
+	if len(r.links) >= maxLinks {
+		return resolved{cur: next, links: r.links}
+	}
+	fi, err := os.Lstat(hostio.HostJoin(w.root, next))
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return resolved{cur: next, links: r.links}
+	}
+	links := append(slices.Clip(r.links), next)
+	target, err := os.Readlink(hostio.HostJoin(w.root, next))
+	if err != nil {
+		return resolved{cur: next, links: links}
+	}
+	t := resolved{cur: r.cur, links: links}
+	if path.IsAbs(target) {
+		t.cur = "/"
+	}
+	for _, c := range strings.Split(target, "/") {
+		if c != "" && c != "." {
+			t = w.step(t, c)
+		}
+	}
+	return t
+}
+
 // Event is one notification: the host path it concerns ("" when the queue
 // overflowed and events were lost).
 type Event struct {
 	Path     string
+	Link     bool // Path is a symlink on the way to a watched directory (linksOnTheWay)
 	Overflow bool
 	// Gone: the watched directory Path was removed, renamed or unmounted;
 	// its watch is dropped and the next Set watches what is there now.
@@ -177,6 +245,7 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 			}
 			w.mu.Lock()
 			names := slices.Clone(w.wds[int(ev.Wd)])
+			links := w.links
 			gone := len(names) > 0 && ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0
 			if gone {
 				// A moved directory keeps its watch (it follows the
@@ -198,7 +267,8 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 					fn(Event{Path: d, Gone: true})
 					continue
 				}
-				fn(Event{Path: path.Join(d, name)})
+				p := path.Join(d, name)
+				fn(Event{Path: p, Link: name != "" && links[p]})
 			}
 		}
 	}

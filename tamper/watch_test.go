@@ -282,7 +282,7 @@ func TestWatcherFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 	if err := os.Rename(filepath.Join(root, "/etc/kubernetes.new"), filepath.Join(root, "/etc/kubernetes")); err != nil {
 		t.Fatal(err)
 	}
-	await(t, events, Event{Path: "/etc/kubernetes"})
+	await(t, events, Event{Path: "/etc/kubernetes", Link: true})
 	if added, _ := w.Set(dirs); !slices.Equal(added, dirs) {
 		t.Fatalf("Set after the retarget added %q, want %q (the new target)", added, dirs)
 	}
@@ -314,7 +314,7 @@ func TestWatcherFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 	if err := os.Rename(filepath.Join(root, "/etc/kubernetes.new"), filepath.Join(root, "/etc/kubernetes")); err != nil {
 		t.Fatal(err)
 	}
-	await(t, events, Event{Path: "/etc/kubernetes"})
+	await(t, events, Event{Path: "/etc/kubernetes", Link: true})
 	if added, _ := w.Set(dirs); !slices.Equal(added, []string{"/etc/kubernetes", "/etc/kubernetes/manifests"}) {
 		t.Fatalf("Set after the link's retarget added %q, want the link and the directory under it", added)
 	}
@@ -403,4 +403,48 @@ func TestWatcherWatchesAFilesystemMountedOverItAtTheNextSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	await(t, events, Event{Path: "/etc/cni/net.d/b.conflist"})
+}
+
+// The symlinks a watched directory is reached through, as the kernel
+// follows them: on its own path, through a link's target (relative, with
+// "..", or absolute from the host root), a link to nothing; a loop ends
+// at the kernel's bound, and a Set through it fails without spinning.
+func TestWatcherLinksOnTheWay(t *testing.T) {
+	root := tree(t, map[string]string{"/srv/gen-1/kubernetes/manifests/etcd.yaml": "", "/data/kubelet/config.yaml": ""})
+	for link, target := range map[string]string{
+		"/etc/kubernetes": "static/kubernetes", "/etc/static": "../srv/gen-1",
+		"/var/lib/kubelet": "/data/kubelet", "/var/lib/gone": "../../nothing",
+		"/etc/loop-a": "loop-b", "/etc/loop-b": "loop-a",
+	} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, link)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := NewWatcher(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	memo := map[string]resolved{}
+	for d, want := range map[string][]string{
+		"/etc/kubernetes/manifests": {"/etc/kubernetes", "/etc/static"},
+		"/etc/kubernetes":           {"/etc/kubernetes", "/etc/static"},
+		"/srv/gen-1/kubernetes":     nil,
+		"/var/lib/kubelet":          {"/var/lib/kubelet"},
+		"/var/lib/gone/x":           {"/var/lib/gone"},
+	} {
+		if got := w.linksOnTheWay(d, memo); !slices.Equal(got, want) {
+			t.Errorf("linksOnTheWay(%s) = %q, want %q", d, got, want)
+		}
+	}
+	if got := w.linksOnTheWay("/etc/loop-a/x", memo); len(got) != maxLinks {
+		t.Errorf("a loop: %d links, want the bound %d", len(got), maxLinks)
+	}
+	if added, failed := w.Set([]string{"/etc/loop-a/x", "/etc/kubernetes/manifests"}); !slices.Equal(failed, []string{"/etc/loop-a/x"}) ||
+		!slices.Equal(added, []string{"/etc", "/etc/kubernetes/manifests"}) {
+		t.Errorf("Set: added %q, failed %q; want the loop failed, the rest watched", added, failed)
+	}
 }
