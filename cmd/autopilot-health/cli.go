@@ -75,8 +75,9 @@ Exit codes:
      config refused-changed: the file run refused is unchanged since, none was refused, or the record of
      the refusal cannot be read or is not one run writes (named on stderr)
   2  bad usage, bad configuration, or the command could not run (status, reload, tamper clear: the
-     daemon is not running, or its socket refused the caller, not root; run: refused its flags or
-     configuration file, which its unit does not restart on: the file's next change starts it)
+     daemon is not running (status: or still starting), or its socket refused the caller, not root;
+     run: refused its flags or configuration file, which its unit does not restart on: the file's next
+     change starts it)
 `
 
 // Main runs the command line and returns the exit code.

@@ -732,7 +732,7 @@ func TestKmsgReplayFormsSummary(t *testing.T) {
 // Exit 1 while a condition is True; 2, saying so, when no daemon answers.
 func TestStatusCommand(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "status.sock")
-	if code, _, errs := run(t, "status", "--socket", sock); code != exitError || !strings.Contains(errs, "the daemon is not running: nothing answers on "+sock) {
+	if code, _, errs := run(t, "status", "--socket", sock); code != exitError || !strings.Contains(errs, "the daemon is not running, or still starting: nothing answers on "+sock) {
 		t.Errorf("no daemon: exit %d, %q", code, errs)
 	}
 	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)

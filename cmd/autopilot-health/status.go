@@ -122,7 +122,11 @@ func fetchStatus(path string) ([]byte, error) {
 				// runs on without a status socket: not "not running".
 				return nil, notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there (a daemon that found it at start runs on without one and logged it: journalctl -u autopilot-health)", path, what))
 			}
-			return nil, fmt.Errorf("%w: nothing answers on %s (systemctl status autopilot-health)", errNotRunning, path)
+			// Also a daemon starting: its socket is bound once New is
+			// done (the state file read, on a disk blocked in I/O as
+			// long as the read takes) and Run begins; systemd shows the
+			// unit activating meanwhile.
+			return nil, fmt.Errorf("%w: nothing answers on %s (systemctl status autopilot-health says which: activating while it starts)", errNotRunning, path)
 		case errors.Is(err, os.ErrPermission):
 			return nil, fmt.Errorf("%s: permission denied: the status socket is root's (run with sudo)", path)
 		case errors.Is(err, syscall.EAGAIN):
@@ -357,8 +361,9 @@ func shorten(s string, n int) string {
 
 var errConnRefused = syscall.ECONNREFUSED
 
-// errNotRunning: nothing answers on the status socket.
-var errNotRunning = errors.New("the daemon is not running")
+// errNotRunning: nothing answers on the status socket: no daemon, or one
+// that has not bound it yet.
+var errNotRunning = errors.New("the daemon is not running, or still starting")
 
 // notASocketError: something other than a socket is at the status
 // socket's path.

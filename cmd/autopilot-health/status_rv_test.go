@@ -39,7 +39,7 @@ func TestStatusStaleSocket(t *testing.T) {
 	if _, err := os.Stat(sock); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, errs := run(t, "status", "--socket", sock); code != exitError || !strings.Contains(errs, "the daemon is not running: nothing answers on "+sock) {
+	if code, _, errs := run(t, "status", "--socket", sock); code != exitError || !strings.Contains(errs, "the daemon is not running, or still starting: nothing answers on "+sock) {
 		t.Errorf("stale socket: exit %d, %q", code, errs)
 	}
 }
@@ -257,7 +257,7 @@ func TestStatusOfASocketPathThatIsNotASocket(t *testing.T) {
 	}
 	// Nothing there: not running, as before.
 	gone := filepath.Join(dir, "gone.sock")
-	if code, _, errs := run(t, "status", "--socket", gone); code != exitError || !strings.Contains(errs, "the daemon is not running: nothing answers on "+gone) {
+	if code, _, errs := run(t, "status", "--socket", gone); code != exitError || !strings.Contains(errs, "the daemon is not running, or still starting: nothing answers on "+gone) {
 		t.Errorf("status --socket %s: exit %d, stderr %q", gone, code, errs)
 	}
 }
