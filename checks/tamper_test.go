@@ -1728,3 +1728,46 @@ func TestNodeTamperedWatchFollowsALinkInALinksTarget(t *testing.T) {
 	}
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
 }
+
+// A symlink on the way to a protected path whose target is not there yet
+// (/etc/kubernetes/pki -> ../../srv/pki, the data disk's directory created
+// later) is watched where its target would appear: creating the target
+// wakes the check, whose run watches it, and a protected file written there
+// is a finding within seconds. Before, the watch stopped at the link's
+// nearest existing ancestor on the link's side (/etc/kubernetes), which the
+// target's creation does not notify: the file waited for the interval's
+// scan (5 min).
+func TestNodeTamperedWatchFollowsADanglingSymlinkWhoseTargetAppears(t *testing.T) {
+	h := newTamperHost(t)
+	if err := os.MkdirAll(h.path("/srv"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../srv/pki", h.path("/etc/kubernetes/pki")); err != nil {
+		t.Fatal(err)
+	}
+	h.paths = []string{"/etc/kubernetes/kubelet.conf", "/etc/kubernetes/pki/ca.crt"}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.gate = nil
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "1 protected paths unchanged")
+	woken, stop := watchWakes(c)
+	defer stop()
+	awaitWatching(t, woken)
+
+	if err := os.Mkdir(h.path("/srv/pki"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dangling symlink's target created: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "1 protected paths unchanged")
+	awaitWatching(t, woken) // the target's directory watched
+	h.write("/srv/pki/ca.crt", "cert\n")
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a protected file written in the new target: no wake-up within 10s")
+	}
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/pki/ca.crt added")
+}

@@ -75,7 +75,8 @@ func idOf(fi fs.FileInfo) dirID {
 
 // Set makes the watched directories dirs (host paths): a directory that does
 // not exist is watched through its nearest existing ancestor, where it
-// would appear. The directory that holds a symlink on the way to one is
+// would appear (a dangling symlink's target through the nearest existing
+// ancestor of where it resolves). The directory that holds a symlink on the way to one is
 // watched too (a retarget of the link notifies it), and a name that leads
 // to another directory than the one it was watched on is watched anew. It
 // returns the directories it watches now and did not before (added: a
@@ -86,8 +87,17 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 	want := map[string]dirID{}
 	links := map[string]bool{} // the symlinks met on the way to dirs
 	memo := map[string]resolved{}
+	addLinks := func(ls []string) {
+		for _, l := range ls {
+			links[l] = true
+			if _, ok := want[path.Dir(l)]; !ok {
+				want[path.Dir(l)] = dirID{} // its identity is checked when it is a dirs' own
+			}
+		}
+	}
 	for _, d := range dirs {
 		var id dirID
+		missing := "" // the name below d that is not there
 		for {
 			fi, err := os.Stat(hostio.HostJoin(w.root, d))
 			if err == nil {
@@ -96,13 +106,33 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 			if err == nil && fi.IsDir() || d == "/" || !errors.Is(err, fs.ErrNotExist) {
 				break
 			}
-			d = path.Dir(d)
+			missing, d = d, path.Dir(d)
 		}
 		want[d] = id
-		for _, l := range w.linksOnTheWay(d, memo) {
-			links[l] = true
-			if _, ok := want[path.Dir(l)]; !ok {
-				want[path.Dir(l)] = dirID{} // its identity is checked when it is a dirs' own
+		addLinks(w.linksOnTheWay(d, memo))
+		if missing == "" {
+			continue
+		}
+		// A dangling symlink: its target appears elsewhere, where it would
+		// be, and that creation notifies no directory on the link's side.
+		// The nearest existing ancestor of where it resolves is watched,
+		// and the name there on the way to it is a Link.
+		if fi, err := os.Lstat(hostio.HostJoin(w.root, missing)); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			continue
+		}
+		r := w.resolve(missing, memo)
+		addLinks(r.links)
+		for t := r.cur; t != "/"; t = path.Dir(t) {
+			fi, err := os.Stat(hostio.HostJoin(w.root, path.Dir(t)))
+			if err == nil && fi.IsDir() {
+				links[t] = true
+				if cur, ok := want[path.Dir(t)]; !ok || cur == (dirID{}) {
+					want[path.Dir(t)] = idOf(fi)
+				}
+				break
+			}
+			if !errors.Is(err, fs.ErrNotExist) {
+				break
 			}
 		}
 	}
@@ -154,6 +184,12 @@ const maxLinks = 40
 // another directory. memo holds what a prefix of d resolved to (one Set's
 // directories share most of theirs: each name is read once).
 func (w *Watcher) linksOnTheWay(d string, memo map[string]resolved) []string {
+	return w.resolve(d, memo).links
+}
+
+// resolve is where host path d leads (linksOnTheWay): the directory the
+// kernel reaches, and the symlinks it follows on the way.
+func (w *Watcher) resolve(d string, memo map[string]resolved) resolved {
 	comps := strings.Split(strings.Trim(path.Clean(d), "/"), "/")
 	r, i := resolved{cur: "/"}, 0
 	for k := len(comps); k > 0; k-- {
@@ -169,7 +205,7 @@ func (w *Watcher) linksOnTheWay(d string, memo map[string]resolved) []string {
 		r = w.step(r, comps[i])
 		memo["/"+strings.Join(comps[:i+1], "/")] = r
 	}
-	return r.links
+	return r
 }
 
 // resolved is where a path's resolution stands: the directory reached
@@ -210,8 +246,11 @@ func (w *Watcher) step(r resolved, name string) resolved {
 // Event is one notification: the host path it concerns ("" when the queue
 // overflowed and events were lost).
 type Event struct {
-	Path     string
-	Link     bool // Path is a symlink on the way to a watched directory (linksOnTheWay)
+	Path string
+	// Link: Path is a symlink on the way to a watched directory
+	// (linksOnTheWay), or the name where a dangling one's target would
+	// appear.
+	Link     bool
 	Overflow bool
 	// Gone: the watched directory Path was removed, renamed or unmounted;
 	// its watch is dropped and the next Set watches what is there now.
