@@ -50,6 +50,9 @@ type Watcher struct {
 	links map[string]bool
 	// root is the host root the directories are under.
 	root string
+	// closed: Close ran; the descriptor number may be another file's now,
+	// and nothing uses it.
+	closed bool
 }
 
 // NewWatcher starts an inotify instance for directories under root.
@@ -138,6 +141,9 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.closed {
+		return nil, nil
+	}
 	w.links = links
 	for d, wd := range w.dir {
 		id, ok := want[d]
@@ -257,10 +263,13 @@ type Event struct {
 	Gone bool
 }
 
-// Run reads notifications until ctx is done and calls fn for each.
+// Run reads notifications until ctx is done and calls fn for each. It
+// closes the watcher when it returns, at a read error too: nothing reads
+// its queue any more.
 func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
-	stop := context.AfterFunc(ctx, func() { w.f.Close() })
+	stop := context.AfterFunc(ctx, func() { w.Close() })
 	defer stop()
+	defer w.Close()
 	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
 	for {
 		n, err := w.f.Read(buf)
@@ -289,7 +298,7 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 			if gone {
 				// A moved directory keeps its watch (it follows the
 				// inode): drop it, its names are watched anew by Set.
-				if ev.Mask&unix.IN_IGNORED == 0 {
+				if ev.Mask&unix.IN_IGNORED == 0 && !w.closed {
 					unix.InotifyRmWatch(w.fd, uint32(ev.Wd))
 				}
 				delete(w.wds, int(ev.Wd))
@@ -313,5 +322,11 @@ func (w *Watcher) Run(ctx context.Context, fn func(Event)) error {
 	}
 }
 
-// Close releases the inotify instance.
-func (w *Watcher) Close() error { return w.f.Close() }
+// Close releases the inotify instance (once: a second Close is
+// os.ErrClosed).
+func (w *Watcher) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	return w.f.Close()
+}

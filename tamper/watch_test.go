@@ -448,3 +448,37 @@ func TestWatcherLinksOnTheWay(t *testing.T) {
 		t.Errorf("Set: added %q, failed %q; want the loop failed, the rest watched", added, failed)
 	}
 }
+
+// A read error ends Run (the check then logs "file notifications stopped"
+// and leaves changes to the interval's scan): the inotify instance is
+// closed with it, its descriptor and its watches released. Before, only
+// the end of Run's context closed it, and each such error (one per check
+// instance: a reload builds another) left the descriptor open, its watches
+// counted against the user's inotify limits, for the daemon's lifetime.
+func TestWatcherRunClosesItOnAReadError(t *testing.T) {
+	w, err := NewWatcher("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	// The watcher's descriptor now reads a directory: EISDIR.
+	if err := unix.Dup3(int(dir.Fd()), w.fd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := w.Run(ctx, func(Event) {}); err == nil {
+		t.Fatal("Run returned no error on a read error")
+	}
+	if _, err := unix.FcntlInt(uintptr(w.fd), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Errorf("descriptor %d after Run returned on a read error: fcntl error %v, want EBADF (closed)", w.fd, err)
+	}
+	if added, failed := w.Set([]string{t.TempDir()}); len(added) > 0 || len(failed) > 0 {
+		t.Errorf("Set on a closed watcher: added %q, failed %q, want nothing (no descriptor to use)", added, failed)
+	}
+}
