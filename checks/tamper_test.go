@@ -699,6 +699,29 @@ func awaitWatching(t *testing.T, woken <-chan struct{}) {
 	}
 }
 
+// awaitWake waits for the check's watch to wake it, 10 s at most; what
+// says what should have woken it.
+func awaitWake(t *testing.T, woken <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-woken:
+	case <-time.After(10 * time.Second):
+		t.Fatal(what + ": no wake-up within 10s")
+	}
+}
+
+// retarget points the host's symlink link at target by rename over it, as
+// `ln -sfn` does (one step: the link is never missing).
+func (h *tamperHost) retarget(link, target string) {
+	h.t.Helper()
+	if err := os.Symlink(target, h.path(link+".new")); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(h.path(link+".new"), h.path(link)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // A clear forged into the tamper state file (no baseline, retake) is not an
 // operator's clear: the baseline kept in the state file is gone within the
 // boot, a finding.
@@ -1543,25 +1566,12 @@ func TestNodeTamperedWatchFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 	defer stop()
 	awaitWatching(t, woken)
 
-	if err := os.Symlink("../srv/k8s-b", h.path("/etc/kubernetes.new")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(h.path("/etc/kubernetes.new"), h.path("/etc/kubernetes")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the symlink on the way retargeted: no wake-up within 10s")
-	}
+	h.retarget("/etc/kubernetes", "../srv/k8s-b")
+	awaitWake(t, woken, "the symlink on the way retargeted")
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
 	awaitWatching(t, woken) // the new target's directories watched
 	h.write("/srv/k8s-b/manifests/evil.yaml", "kind: Pod\n")
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a static pod written in the new target: no wake-up within 10s")
-	}
+	awaitWake(t, woken, "a static pod written in the new target")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
 }
 
@@ -1656,25 +1666,12 @@ func TestNodeTamperedWatchFollowsAWatchedDirectoryThatIsASymlink(t *testing.T) {
 		t.Errorf("a directory was not watched:\n%s", l)
 	}
 
-	if err := os.Symlink("../../data/kubelet-2", h.path("/var/lib/kubelet.new")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(h.path("/var/lib/kubelet.new"), h.path("/var/lib/kubelet")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("/var/lib/kubelet retargeted: no wake-up within 10s")
-	}
+	h.retarget("/var/lib/kubelet", "../../data/kubelet-2")
+	awaitWake(t, woken, "/var/lib/kubelet retargeted")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "")
 	awaitWatching(t, woken) // the new target watched
 	h.write("/data/kubelet-2/kubeadm-flags.env", "KUBELET_KUBEADM_ARGS=--anonymous-auth=true\n")
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("kubeadm-flags.env written in the new target: no wake-up within 10s")
-	}
+	awaitWake(t, woken, "kubeadm-flags.env written in the new target")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/var/lib/kubelet/kubeadm-flags.env added")
 }
 
@@ -1707,25 +1704,12 @@ func TestNodeTamperedWatchFollowsALinkInALinksTarget(t *testing.T) {
 	defer stop()
 	awaitWatching(t, woken)
 
-	if err := os.Symlink("../srv/gen-2", h.path("/etc/static.new")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(h.path("/etc/static.new"), h.path("/etc/static")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("/etc/static retargeted: no wake-up within 10s")
-	}
+	h.retarget("/etc/static", "../srv/gen-2")
+	awaitWake(t, woken, "/etc/static retargeted")
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
 	awaitWatching(t, woken) // the new generation's directories watched
 	h.write("/srv/gen-2/kubernetes/manifests/evil.yaml", "kind: Pod\n")
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a static pod written in the new generation: no wake-up within 10s")
-	}
+	awaitWake(t, woken, "a static pod written in the new generation")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
 }
 
@@ -1756,18 +1740,10 @@ func TestNodeTamperedWatchFollowsADanglingSymlinkWhoseTargetAppears(t *testing.T
 	if err := os.Mkdir(h.path("/srv/pki"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the dangling symlink's target created: no wake-up within 10s")
-	}
+	awaitWake(t, woken, "the dangling symlink's target created")
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "1 protected paths unchanged")
 	awaitWatching(t, woken) // the target's directory watched
 	h.write("/srv/pki/ca.crt", "cert\n")
-	select {
-	case <-woken:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a protected file written in the new target: no wake-up within 10s")
-	}
+	awaitWake(t, woken, "a protected file written in the new target")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/pki/ca.crt added")
 }
