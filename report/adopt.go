@@ -60,14 +60,23 @@ const futureSlack = time.Minute
 // reason kept; Redaters are told), so watchers' timers start now at worst,
 // and it orders nothing against the store (nodeIsNewer).
 //
-// A condition type or reason outside the catalog is ignored. The message is
+// A condition type outside the catalog is ignored. One with a reason this
+// build does not know (an upgrade past a renamed reason, a rollback past an
+// added one) is never taken: for a condition the store holds with the same
+// status, its time is taken as above (the store's reason kept); for one the
+// store does not hold, its status and time are set aside for the first Set
+// of its type (asideCond), which keeps the time when it sets the same status. The message is
 // taken as the store keeps every message (CapMessage). Adopt reports whether
 // the store changed.
 func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	desc, ok := Lookup(c.Type)
-	if !ok || !desc.ValidReason(c.Status, c.Reason) {
+	if !ok || !knownStatus(c.Status) {
 		return false
 	}
+	// A reason this build does not know (an upgrade past a renamed one, a
+	// rollback past an added one): the condition is not taken, but its
+	// time is, for the same status (asideCond).
+	unknownReason := !desc.ValidReason(c.Status, c.Reason)
 	// The Node's message is made printable and capped as every message
 	// the store holds: an earlier build wrote the kernel's line raw (a
 	// hung task named with a terminal escape sequence), which status, the
@@ -111,7 +120,16 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	case desc.Hold == HoldUntilReboot && c.Status == StatusTrue && !thisBoot:
 		s.mu.Unlock()
 		return false
+	case !had && unknownReason:
+		// Not the store's (this build cannot name it): its status and
+		// time go to the first Set of its type.
+		s.adoptAsideLocked(desc, c, was, held, future)
+		s.mu.Unlock()
+		return false
 	case !had:
+		// The Node's word replaces what the state file held with a
+		// reason this build does not know.
+		delete(s.aside, c.Type)
 		s.conds[c.Type] = c
 		s.seedPartsLocked(desc, c)
 	case prev.Status == c.Status && !bootHeld && s.observed[c.Type] && (s.changedHere[c.Type] ||
@@ -135,6 +153,11 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 			redated(obs, prev, was, "node")
 		}
 		return true
+	case unknownReason:
+		// Another status, with a reason this build cannot name: the
+		// store keeps its word.
+		s.mu.Unlock()
+		return false
 	case held && prev.Status != StatusTrue, nodeIsNewer(desc, prev, c, s.evaluatedHere[c.Type], future):
 		c.LastUpdateTime = prev.LastUpdateTime
 		if c.LastUpdateTime.Before(c.LastTransitionTime) {

@@ -69,6 +69,9 @@ func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[st
 		}
 		parts[t] = maps.Clone(ps)
 	}
+	asideConds, asideObserved := s.savedAsideLocked()
+	conds = append(conds, asideConds...)
+	observed = append(observed, asideObserved...)
 	slices.SortFunc(conds, func(a, b Condition) int { return strings.Compare(a.Type, b.Type) })
 	slices.Sort(observed)
 	memos := make(map[string]any, len(s.memos)+len(s.keepers))
@@ -193,7 +196,11 @@ func RemoveTemps(path string) (int, error) {
 // LoadResult says what Load restored.
 type LoadResult struct {
 	Restored int // conditions restored
-	Dropped  int // conditions dropped: held until reboot, and the boot changed; or no longer in the catalog
+	Dropped  int // conditions dropped: held until reboot, and the boot changed; or a type (or status) not in the catalog
+	// Aside counts the conditions of a known type whose reason this build
+	// does not know: not restored, their status and transition time kept
+	// for the first evaluation of their type (asideCond).
+	Aside int
 	// Corrupt is set when the file could not be read or parsed; the store
 	// starts empty. It was moved aside to CorruptPath (MoveAside); when it
 	// could not be, CorruptPath is empty and MoveErr says why.
@@ -253,7 +260,7 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	s.mu.Lock()
 	for _, c := range sf.Conditions {
 		desc, ok := Lookup(c.Type)
-		if !ok || !desc.ValidReason(c.Status, c.Reason) {
+		if !ok || !knownStatus(c.Status) {
 			res.Dropped++
 			continue
 		}
@@ -261,6 +268,8 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 			res.Dropped++
 			continue
 		}
+		raw := c
+		unknownReason := !desc.ValidReason(c.Status, c.Reason)
 		// Capped as Set caps it: a state file the daemon did not write
 		// as it is (by hand, another build) must not put a longer
 		// message on the Node.
@@ -285,6 +294,25 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 				c.LastUpdateTime = c.LastTransitionTime
 			}
 			observed, future = false, true
+		}
+		if unknownReason {
+			// Not restored (this build cannot name it), but its status
+			// and transition time go to the first Set of its type, and
+			// it is saved back as read until then (asideCond).
+			if _, ok := s.conds[c.Type]; ok {
+				res.Dropped++ // the type twice: the known reason stays
+				continue
+			}
+			if _, ok := s.aside[c.Type]; !ok {
+				res.Aside++
+			}
+			s.loadAsideLocked(raw, c, observed)
+			continue
+		}
+		if _, ok := s.aside[c.Type]; ok {
+			delete(s.aside, c.Type) // the type twice: the known reason stays
+			res.Aside--
+			res.Dropped++
 		}
 		s.conds[c.Type] = c
 		s.observed[c.Type] = observed

@@ -63,6 +63,9 @@ type Store struct {
 	// (Adopt, Load) that lies after it is taken as now. Nil: times are
 	// taken as they are.
 	clock func() time.Time
+	// aside: the conditions read back with a reason this build does not
+	// know (see asideCond), until the first Set of their type.
+	aside map[string]asideCond
 }
 
 // NewStore returns an empty store for the given boot.
@@ -204,6 +207,7 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
 	prev, had := s.conds[c.Type]
+	aside, hadAside := s.takeAsideLocked(c.Type)
 	// The release lasts until a Set lowers the condition: a run that was
 	// in flight during the clear may still set True first.
 	relAt, released := s.released[c.Type]
@@ -225,6 +229,14 @@ func (s *Store) SetRun(c Condition, started, now time.Time) bool {
 		c.LastTransitionTime = prev.LastTransitionTime
 	}
 	switch {
+	case !had && hadAside && aside.c.Status == c.Status:
+		// Read back with a reason this build does not know (an upgrade
+		// past a renamed reason, a rollback past an added one): the
+		// status holds since the time read, as it would have with the
+		// reason known.
+		c.LastTransitionTime = aside.c.LastTransitionTime
+		s.observed[c.Type] = aside.observed
+		delete(s.changedHere, c.Type)
 	case !had, prev.Status == StatusUnknown && prev.Status != c.Status:
 		// First seen, or decided after Unknown (the kernel log monitor's
 		// placeholder, a check that could not run): when the status
@@ -273,6 +285,7 @@ func (s *Store) Remove(condType string) bool {
 	defer s.notifyMu.Unlock()
 	s.mu.Lock()
 	c, had := s.conds[condType]
+	_, hadAside := s.takeAsideLocked(condType)
 	delete(s.conds, condType)
 	delete(s.parts, condType)
 	delete(s.observed, condType)
@@ -285,6 +298,9 @@ func (s *Store) Remove(condType string) bool {
 	}
 	s.mu.Unlock()
 	if !had {
+		if hadAside {
+			s.Touch()
+		}
 		return false
 	}
 	s.Touch()

@@ -185,9 +185,22 @@ func TestUnknownConditionsInStateAreDropped(t *testing.T) {
 	 {"type":"Gone","status":"True","reason":"X"},
 	 {"type":"DiskUsageHigh","status":"True","reason":"Renamed"},
 	 {"type":"ClockNotSynchronized","status":"False","reason":"ClockSynchronized"}]}`), 0o644)
-	res, err := NewStore("b").Load(dir)
-	if err != nil || res.Restored != 1 || res.Dropped != 2 {
+	s := NewStore("b")
+	res, err := s.Load(dir)
+	if err != nil || res.Restored != 1 || res.Dropped != 1 || res.Aside != 1 {
 		t.Errorf("Load = %+v, %v", res, err)
+	}
+	// A reason this build does not know is never shown as current, nor
+	// written to the Node: only its time is kept, for the first Set
+	// (TestUnknownReasonKeepsTheTransitionTimeOfATrue).
+	if c, ok := s.Get("DiskUsageHigh"); ok {
+		t.Errorf("restored with a reason this build does not know: %+v", c)
+	}
+	if all := s.All(); len(all) != 1 || all[0].Type != "ClockNotSynchronized" {
+		t.Errorf("All = %+v", all)
+	}
+	if got := s.Aside(); len(got) != 1 || got[0] != "DiskUsageHigh" {
+		t.Errorf("Aside = %v", got)
 	}
 }
 

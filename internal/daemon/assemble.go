@@ -187,7 +187,7 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		case res.Corrupt != nil:
 			log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
 		default:
-			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped)
+			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped, "unknown_reason", res.Aside)
 		}
 		// A condition not evaluated on this node (its check disabled while
 		// the daemon was down, the kernel log monitor off, a condition of
@@ -217,6 +217,13 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 				continue
 			}
 			log.Info("condition not evaluated on this node; dropped from the restored state", "condition", c.Type)
+		}
+		// Nor is one read back with a reason this build does not know:
+		// its time is kept for a first evaluation that never comes.
+		for _, t := range p.Store.Aside() {
+			if !slices.Contains(applicable, t) {
+				p.Store.Remove(t)
+			}
 		}
 		// A restored part whose source does not run here (DisksFailure's
 		// SMART check disabled, or the kernel log monitor off, while the

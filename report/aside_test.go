@@ -1,0 +1,151 @@
+package report
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A condition restored with a reason this build does not know (a rollback
+// past an added reason, an upgrade past a renamed one) is never shown,
+// written to the Node or counted with that reason, but its status and
+// lastTransitionTime are kept for the first evaluation: a True that stays
+// True keeps the time its watchers (a MachineHealthCheck's timeout, an
+// alert's `for:`) have been timing.
+func TestUnknownReasonKeepsTheTransitionTimeOfATrue(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	state := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
+	 {"type":"ServiceNotRecovering","status":"True","reason":"UnitSomethingNew","message":"kubelet.service: new","lastTransitionTime":"` +
+		since.Format(time.RFC3339) + `","lastUpdateTime":"` + t0.Format(time.RFC3339) + `"}]}`
+	node := Condition{Type: "ServiceNotRecovering", Status: StatusTrue, Reason: "UnitSomethingNew", Message: "kubelet.service: new", LastTransitionTime: since}
+	now := t0.Add(time.Minute)
+	for _, tc := range []struct {
+		name            string
+		fromState, node bool
+	}{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := NewStore("b")
+			s.SetClock(func() time.Time { return now })
+			if tc.fromState {
+				if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if res, err := s.Load(dir); err != nil || res.Restored != 0 {
+					t.Fatalf("Load = %+v, %v", res, err)
+				}
+			}
+			if tc.node && s.Adopt(node, "b") {
+				t.Error("Adopt of a reason this build does not know changed the store")
+			}
+			// Never shown as current with a reason this build cannot name.
+			if c, ok := s.Get("ServiceNotRecovering"); ok || len(s.All()) != 0 {
+				t.Fatalf("the unknown reason is current: %+v", c)
+			}
+			s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFailed, "kubelet.service failed"), now)
+			if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(since) || c.Reason != ReasonUnitFailed {
+				t.Errorf("True stayed True: lastTransitionTime %v, want %v (reason %s)", c.LastTransitionTime, since, c.Reason)
+			}
+		})
+	}
+}
+
+// A different status at the first evaluation is a real transition: now.
+func TestUnknownReasonAnotherStatusIsATransition(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	now := t0.Add(time.Minute)
+	s := NewStore("b")
+	s.SetClock(func() time.Time { return now })
+	s.Adopt(Condition{Type: "ServiceNotRecovering", Status: StatusTrue, Reason: "UnitSomethingNew", LastTransitionTime: since}, "b")
+	s.Set(cond("ServiceNotRecovering", StatusFalse, ReasonCriticalUnitsRecovering, ""), now)
+	if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(now) {
+		t.Errorf("True to False: lastTransitionTime %v, want now %v", c.LastTransitionTime, now)
+	}
+	// Spent: a later True is a transition of its own.
+	s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFailed, ""), now.Add(time.Minute))
+	if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(now.Add(time.Minute)) {
+		t.Errorf("False to True: lastTransitionTime %v, want %v", c.LastTransitionTime, now.Add(time.Minute))
+	}
+}
+
+// Until the first evaluation, a save writes the condition back as it was
+// read (a restart before the first run keeps it, a rollback to the build
+// that knows the reason finds it); the first evaluation replaces it.
+func TestUnknownReasonIsSavedBackAsReadUntilTheFirstSet(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	raw := Condition{Type: "ServiceNotRecovering", Status: StatusTrue, Reason: "UnitSomethingNew", Message: "m",
+		LastTransitionTime: since, LastUpdateTime: t0}
+	dir := t.TempDir()
+	b, _ := json.Marshal(stateFile{Version: stateVersion, BootID: "b", SavedAt: t0, Conditions: []Condition{raw}})
+	os.WriteFile(filepath.Join(dir, StateFileName), b, 0o644)
+	now := t0.Add(time.Minute)
+	s := NewStore("b")
+	s.SetClock(func() time.Time { return now })
+	s.Load(dir)
+	if err := s.Save(dir, now); err != nil {
+		t.Fatal(err)
+	}
+	var sf stateFile
+	b, _ = os.ReadFile(filepath.Join(dir, StateFileName))
+	if err := json.Unmarshal(b, &sf); err != nil || len(sf.Conditions) != 1 || sf.Conditions[0] != raw {
+		t.Fatalf("saved before the first Set: %+v, %v; want %+v", sf.Conditions, err, raw)
+	}
+	// A restart before the first run keeps it.
+	s = NewStore("b")
+	s.SetClock(func() time.Time { return now })
+	s.Load(dir)
+	s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFlapping, ""), now)
+	if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(since) {
+		t.Errorf("after a restart before the first run: lastTransitionTime %v, want %v", c.LastTransitionTime, since)
+	}
+	s.Save(dir, now)
+	b, _ = os.ReadFile(filepath.Join(dir, StateFileName))
+	if strings.Contains(string(b), "UnitSomethingNew") || !strings.Contains(string(b), string(ReasonUnitFlapping)) {
+		t.Errorf("saved after the first Set:\n%s", b)
+	}
+}
+
+// The Node read after the first run: its time for the same status is taken
+// as for a reason this build knows (the store's reason kept); another
+// status with a reason this build cannot name changes nothing.
+func TestUnknownReasonOnTheNodeAfterTheFirstSet(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	now := t0.Add(time.Minute)
+	s := NewStore("b")
+	s.SetClock(func() time.Time { return now })
+	s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFailed, ""), now)
+	s.Set(cond("DiskUsageHigh", StatusFalse, ReasonDiskUsageOK, ""), now)
+	if !s.Adopt(Condition{Type: "ServiceNotRecovering", Status: StatusTrue, Reason: "UnitSomethingNew", LastTransitionTime: since}, "b") {
+		t.Error("the Node's time for the same status not taken")
+	}
+	if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(since) || c.Reason != ReasonUnitFailed {
+		t.Errorf("ServiceNotRecovering = %+v, want since %v with reason UnitFailed", c, since)
+	}
+	if s.Adopt(Condition{Type: "DiskUsageHigh", Status: StatusTrue, Reason: "Renamed", LastTransitionTime: t0.Add(30 * time.Second)}, "b") {
+		t.Error("another status with an unknown reason changed the store")
+	}
+	if c, _ := s.Get("DiskUsageHigh"); c.Status != StatusFalse || c.Reason != ReasonDiskUsageOK {
+		t.Errorf("DiskUsageHigh = %+v", c)
+	}
+	if len(s.Aside()) != 0 {
+		t.Errorf("Aside = %v", s.Aside())
+	}
+}
+
+// A condition no longer evaluated here (Remove) is not saved back.
+func TestUnknownReasonRemoved(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, StateFileName), []byte(`{"version":1,"bootID":"b","conditions":[
+	 {"type":"DiskUsageHigh","status":"True","reason":"Renamed","lastTransitionTime":"2026-12-01T07:00:00Z"}]}`), 0o644)
+	s := NewStore("b")
+	s.Load(dir)
+	s.Remove("DiskUsageHigh")
+	s.Save(dir, t0)
+	b, _ := os.ReadFile(filepath.Join(dir, StateFileName))
+	if strings.Contains(string(b), "Renamed") || len(s.Aside()) != 0 {
+		t.Errorf("saved after Remove:\n%s", b)
+	}
+}
