@@ -5,6 +5,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,52 @@ func TestRuntimeFatalBeforeMainIsRestarted(t *testing.T) {
 			return false, err.Error()
 		}
 		sp, _ := s.Properties(ctx, unit, "Service")
+		var code, status int32
+		if sp != nil {
+			code, _ = sp["ExecMainCode"].Value().(int32)
+			status, _ = sp["ExecMainStatus"].Value().(int32)
+		}
+		// CLD_KILLED 2, CLD_DUMPED 3; SIGABRT 6.
+		return u.NRestarts >= 1 && code != 1 && status == 6,
+			fmt.Sprintf("%s/%s result %s NRestarts=%d, last exit code %d status %d; want restarted, killed by SIGABRT (6)", u.ActiveState, u.SubState, u.Result, u.NRestarts, code, status)
+	})
+}
+
+// TestHelperRuntimeFatalBeforeMainIsRestarted: the privileged helper's
+// runtime failing before main (no thread for it, a limit of one process
+// standing in for a node out of processes) ends it by SIGABRT, and its unit
+// restarts it as every crash. Before, it exited 2, the status of a refused
+// command line, which the helper's unit does not restart
+// (RestartPreventExitStatus=2): it stayed failed with
+// status=2/INVALIDARGUMENT after the shortage, the request that started it
+// left unanswered on its socket.
+func TestHelperRuntimeFatalBeforeMainIsRestarted(t *testing.T) {
+	const (
+		svc  = "autopilot-health-privileged.service"
+		sock = "autopilot-health-privileged.socket"
+	)
+	dropIn := "[Service]\nExecStart=\nExecStart=+/usr/bin/prlimit --nproc=1:1 /usr/bin/setpriv --reuid=4242 --regid=4242 --clear-groups /usr/lib/autopilot-health/autopilot-health-privileged\n"
+	s := daemonNamespace(t, "helperprefatal", map[string]string{svc + ".d/50-no-threads.conf": dropIn}, "", svc, sock)
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, sock); err != nil {
+		t.Fatal(err)
+	}
+	// A request of the daemon starts the helper.
+	conn, err := net.Dial("unix", s.Root("/run/autopilot-health-privileged/helper.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	eventually(t, 30*time.Second, "the helper's runtime's fatal error before main in the journal", func() (bool, string) {
+		j := s.Journal(svc)
+		return strings.Contains(j, "fatal error: newosproc"), lastBytes(j, 600)
+	})
+	eventually(t, 30*time.Second, "the helper restarted after its runtime's fatal error", func() (bool, string) {
+		u, err := s.Bus.Unit(ctx, svc)
+		if err != nil {
+			return false, err.Error()
+		}
+		sp, _ := s.Properties(ctx, svc, "Service")
 		var code, status int32
 		if sp != nil {
 			code, _ = sp["ExecMainCode"].Value().(int32)
