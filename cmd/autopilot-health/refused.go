@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/syself/autopilot-health/internal/config"
 )
@@ -28,6 +30,10 @@ type refusedRecord struct {
 	Path   string `json:"path"`
 	Digest string `json:"digest"`
 }
+
+// maxRefusedRecord bounds what refusedChanged reads: a record is a path
+// (at most PATH_MAX, 4096 bytes, each escaped in at most 6) and a digest.
+const maxRefusedRecord = 64 << 10
 
 // stateDirectory is the first of systemd's $STATE_DIRECTORY, or "".
 func stateDirectory() string {
@@ -68,13 +74,14 @@ func recordRefusal(path, digest string, stderr io.Writer) {
 // when the refused file recorded in DIR changed since its refusal, 1 when
 // it did not or nothing was refused.
 func refusedChanged(dir string, stdout, stderr io.Writer) int {
-	b, err := os.ReadFile(filepath.Join(dir, refusedRecordName))
-	if os.IsNotExist(err) {
+	rec := filepath.Join(dir, refusedRecordName)
+	b, err := readRefusedRecord(rec)
+	if errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintln(stdout, "no refused configuration file recorded")
 		return exitProblem
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health config refused-changed: cannot read the record %s: %v\n", filepath.Join(dir, refusedRecordName), err)
+		fmt.Fprintf(stderr, "autopilot-health config refused-changed: cannot read the record %s: %v; not starting the daemon for it\n", rec, err)
 		return exitProblem
 	}
 	r, problem := parseRefusedRecord(b)
@@ -89,6 +96,49 @@ func refusedChanged(dir string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s: changed since it was refused\n", r.Path)
 	return exitOK
+}
+
+// readRefusedRecord reads the record at path as the small regular file
+// recordRefusal writes. It opens it without blocking (a FIFO there, with
+// no writer, would hold the unit's condition until its start timeout) and
+// refuses what is not a regular file or is larger than any record, without
+// reading it.
+func readRefusedRecord(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", fileKind(fi.Mode()))
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxRefusedRecord+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxRefusedRecord {
+		return nil, fmt.Errorf("larger than a record (over %d bytes)", maxRefusedRecord)
+	}
+	return b, nil
+}
+
+// fileKind names what a file that is not a regular one is.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "mode " + m.Type().String()
 }
 
 // parseRefusedRecord reads a record as recordRefusal writes it: an

@@ -4,7 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // Under systemd ($STATE_DIRECTORY) run records the file it refuses, as it
@@ -82,5 +84,54 @@ func TestRefusedChangedOddRecord(t *testing.T) {
 		if code != exitProblem || strings.Contains(errs, "<nil>") || !strings.Contains(errs, rec) || !strings.Contains(errs, tc.want) || out != "" {
 			t.Errorf("record %q: exit %d, stdout %q, stderr %q; want 1, %q naming %s, nothing on stdout", tc.record, code, out, errs, tc.want, rec)
 		}
+	}
+}
+
+// The record is opened without blocking and read only as the small
+// regular file run writes (a path and a digest): a FIFO there (no writer)
+// is refused at once, not waited on until the unit's start timeout; a
+// directory, or a file larger than any record, is refused without reading
+// it all. Each is named, exit 1, and starts nothing.
+func TestRefusedChangedRecordNotAFile(t *testing.T) {
+	big := strings.Repeat("x", maxRefusedRecord+1)
+	for _, tc := range []struct {
+		name, want string
+		make       func(rec string) error
+	}{
+		{"fifo", "not a regular file", func(rec string) error { return syscall.Mkfifo(rec, 0o600) }},
+		{"directory", "not a regular file", func(rec string) error { return os.Mkdir(rec, 0o700) }},
+		{"too large", "larger than a record", func(rec string) error {
+			return os.WriteFile(rec, []byte(`{"path":"/`+big+`","digest":"abc"}`), 0o600)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			state := t.TempDir()
+			rec := filepath.Join(state, refusedRecordName)
+			if err := tc.make(rec); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				code      int
+				out, errs string
+			}
+			done := make(chan result, 1)
+			go func() {
+				code, out, errs := run(t, "config", "refused-changed", "--state-dir", state)
+				done <- result{code, out, errs}
+			}()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				// Unblock the open for the test's end.
+				if f, err := os.OpenFile(rec, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					f.Close()
+				}
+				t.Fatalf("config refused-changed still waiting on the record after 10s")
+			}
+			if r.code != exitProblem || r.out != "" || !strings.Contains(r.errs, rec) || !strings.Contains(r.errs, tc.want) || !strings.Contains(r.errs, "not starting the daemon for it") {
+				t.Errorf("exit %d, stdout %.300q, stderr %.300q; want 1, %q naming %s, not starting the daemon", r.code, r.out, r.errs, tc.want, rec)
+			}
+		})
 	}
 }
