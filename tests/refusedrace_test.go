@@ -57,3 +57,44 @@ func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 		t.Errorf("the daemon stopped by hand: %+v %v, want inactive", u, err)
 	}
 }
+
+// TestRefusedRecordOfAnotherStartStartsNothing: a record that is not the
+// failed start's own (as one a start could not remove, left from an
+// earlier refusal: here the unit's ExecStopPost= rewrites the record's
+// start after the refusing process wrote it) starts nothing, though the
+// file it names changed: the record names another start than the daemon
+// unit's last (its InvocationID; systemd 252 gives an OnFailure= unit's
+// ExecCondition= no $MONITOR_INVOCATION_ID, so refused-changed asks
+// systemd). Before, a stale record started the daemon on any
+// later failure of its unit (a stop that timed out), against the
+// operator's stop.
+func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
+	const unit = "autopilot-health.service"
+	const stale = "00000000000000000000000000000000"
+	fixed := "/etc/autopilot-health/fixed.toml"
+	rec := "/var/lib/autopilot-health/refused-config.json"
+	// The unit file says \\1, which systemd unescapes to the sed's \1.
+	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'sed -E -i \"s/(invocation.:.)[0-9a-f]+/\\\\1%s/\" %s && mv %s /etc/autopilot-health/config.toml'\n", stale, rec, fixed)
+	s := daemonNamespace(t, "refusedstale", map[string]string{unit + ".d/50-stale-record.conf": dropIn},
+		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
+	if err := os.WriteFile(s.Root(fixed), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err == nil {
+		t.Errorf("the start job of a refused configuration succeeded")
+	}
+	eventually(t, 30*time.Second, "autopilot-health-refused.service refusing the record of another start", func() (bool, string) {
+		j := s.Journal("autopilot-health-refused.service")
+		return strings.Contains(j, "another start of the daemon (invocation "+stale+"), not by its last start (invocation "), lastBytes(j, 1000)
+	})
+	if j := s.Journal("autopilot-health-refused.service"); strings.Contains(j, "changed since it was refused") {
+		t.Errorf("the record of another start was read as a change:\n%s", lastBytes(j, 2000))
+	}
+	if u, err := s.Bus.Unit(ctx, unit); err != nil || u.ActiveState != "failed" {
+		t.Errorf("the daemon after a record of another start: %+v %v, want failed", u, err)
+	}
+	if n := strings.Count(s.Journal(unit), "msg=starting"); n != 0 {
+		t.Errorf("the daemon started %d times on a record of another start", n)
+	}
+}

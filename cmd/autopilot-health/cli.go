@@ -73,7 +73,8 @@ Exit codes:
      tamper clear: applied, but not saved or not re-evaluated within 30s;
      tamper status: tamper.json cannot be read or does not parse;
      config refused-changed: the file run refused is unchanged since, none was refused, or the record of
-     the refusal cannot be read (not a regular file, over 64 KiB) or is not one run writes (named on stderr)
+     the refusal cannot be read (not a regular file, over 64 KiB), is not one run writes, or is one of
+     another start of the daemon's unit than its last (named on stderr)
   2  bad usage, bad configuration, or the command could not run (status, reload, tamper clear: the
      daemon is not running (status: or still starting), or its socket refused the caller, not root;
      run: refused its flags or configuration file, which its unit does not restart on: the file's next

@@ -12,7 +12,7 @@ import (
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	const syn = "config default | config validate FILE | config refused-changed [--state-dir DIR]"
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not, none was, or\n                  the record cannot be read or is not one run writes\n", stdout, stderr)
+		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not, none was, or\n                  the record cannot be read, is not one run writes, or is another start's than the unit's last\n", stdout, stderr)
 	}
 	if args[0] == "refused-changed" {
 		fs := newFlags("config refused-changed", "config refused-changed [--state-dir DIR]", stderr)

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 )
@@ -29,6 +32,10 @@ const refusedRecordName = "refused-config.json"
 type refusedRecord struct {
 	Path   string `json:"path"`
 	Digest string `json:"digest"`
+	// Invocation is the refusing process's $INVOCATION_ID, the start of
+	// the daemon's unit that wrote it: a record of another start than the
+	// unit's last (one that start could not remove) is not its failure's.
+	Invocation string `json:"invocation,omitempty"`
 }
 
 // maxRefusedRecord bounds what refusedChanged reads: a record is a path
@@ -42,10 +49,19 @@ func stateDirectory() string {
 }
 
 // forgetRefusal removes the record of an earlier refusal (run's start).
-func forgetRefusal() {
-	if dir := stateDirectory(); dir != "" {
-		os.Remove(filepath.Join(dir, refusedRecordName))
+// A record it cannot remove (a read-only state directory, an immutable
+// file) is returned, for run to log: it stays, but names an earlier start
+// (refusedRecord.Invocation), which refusedChanged does not start the
+// daemon for.
+func forgetRefusal() error {
+	dir := stateDirectory()
+	if dir == "" {
+		return nil
 	}
+	if err := os.Remove(filepath.Join(dir, refusedRecordName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // recordRefusal records that the file at path, as digest says it was at
@@ -58,7 +74,7 @@ func recordRefusal(path, digest string, stderr io.Writer) {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	b, _ := json.Marshal(refusedRecord{Path: path, Digest: digest})
+	b, _ := json.Marshal(refusedRecord{Path: path, Digest: digest, Invocation: os.Getenv("INVOCATION_ID")})
 	tmp := filepath.Join(dir, "."+refusedRecordName+".tmp")
 	err := os.WriteFile(tmp, b, 0o600)
 	if err == nil {
@@ -73,6 +89,12 @@ func recordRefusal(path, digest string, stderr io.Writer) {
 // refusedChanged is `config refused-changed [--state-dir DIR]`: exit 0
 // when the refused file recorded in DIR changed since its refusal, 1 when
 // it did not or nothing was refused.
+//
+// A record written by another start than the daemon unit's last one
+// (daemonInvocation) is refused: one that start could not remove
+// (forgetRefusal), left from a refusal before it, would start the daemon
+// on a later failure that was not a refusal (a stop that timed out),
+// against the operator's stop.
 func refusedChanged(dir string, stdout, stderr io.Writer) int {
 	rec := filepath.Join(dir, refusedRecordName)
 	b, err := readRefusedRecord(rec)
@@ -85,6 +107,13 @@ func refusedChanged(dir string, stdout, stderr io.Writer) int {
 		return exitProblem
 	}
 	r, problem := parseRefusedRecord(b)
+	if last := daemonInvocation(); problem == "" && last != "" && r.Invocation != last {
+		was := "no start of the daemon"
+		if r.Invocation != "" {
+			was = "another start of the daemon (invocation " + r.Invocation + ")"
+		}
+		problem = fmt.Sprintf("was written by %s, not by its last start (invocation %s), which could not remove it", was, last)
+	}
 	if problem != "" {
 		// Not a record run writes: nothing to start the daemon for.
 		fmt.Fprintf(stderr, "autopilot-health config refused-changed: the record %s %s; not starting the daemon for it\n", filepath.Join(dir, refusedRecordName), problem)
@@ -97,6 +126,29 @@ func refusedChanged(dir string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "%s: changed since it was refused\n", r.Path)
 	return exitOK
 }
+
+// daemonInvocation is the invocation ID of the last start of the daemon's
+// unit, or "" where it cannot be told (not under systemd, no such unit).
+// An OnFailure= unit's ExecStart= is given it as $MONITOR_INVOCATION_ID,
+// but its ExecCondition= (where refused-changed runs) is not, in systemd
+// 252: there systemd is asked, as autopilot-health-refused.service's own
+// ExecStart= asks it to start the daemon (systemctl, its private socket).
+var daemonInvocation = func() string {
+	if id := os.Getenv("MONITOR_INVOCATION_ID"); id != "" {
+		return id
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "systemctl", "show", "--property=InvocationID", "--value", daemonUnit).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// daemonUnit is the daemon's unit, whose failure starts
+// autopilot-health-refused.service.
+const daemonUnit = "autopilot-health.service"
 
 // readRefusedRecord reads the record at path as the small regular file
 // recordRefusal writes. It opens it without blocking (a FIFO there, with

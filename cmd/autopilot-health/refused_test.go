@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -19,6 +22,10 @@ import (
 func TestRunRecordsARefusedFile(t *testing.T) {
 	state := t.TempDir()
 	t.Setenv("STATE_DIRECTORY", state)
+	// The record's start is the daemon unit's last (as under
+	// autopilot-health-refused.service), whatever this machine runs.
+	t.Setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+	t.Setenv("MONITOR_INVOCATION_ID", "0123456789abcdef0123456789abcdef")
 	cfg := filepath.Join(t.TempDir(), "config.toml")
 	os.WriteFile(cfg, []byte("role = \"master\"\n"), 0o644)
 	changed := func() (int, string) {
@@ -133,5 +140,88 @@ func TestRefusedChangedRecordNotAFile(t *testing.T) {
 				t.Errorf("exit %d, stdout %.300q, stderr %.300q; want 1, %q naming %s, not starting the daemon", r.code, r.out, r.errs, tc.want, rec)
 			}
 		})
+	}
+}
+
+// A record that the daemon's start could not remove (a read-only state
+// directory, an immutable file) is one of an earlier start: it names
+// another $INVOCATION_ID than the daemon unit's last start
+// (daemonInvocation: $MONITOR_INVOCATION_ID where systemd gives it, else
+// systemd's InvocationID of the unit) and is refused, so that a later
+// failure of a daemon that ran (a stop that timed out) does not start it
+// against the operator's stop. The record of the failed run itself is
+// read as before.
+func TestRefusedChangedStaleRecord(t *testing.T) {
+	state := t.TempDir()
+	t.Setenv("STATE_DIRECTORY", state)
+	t.Setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	os.WriteFile(cfg, []byte("role = \"master\"\n"), 0o644)
+	if code, _, errs := run(t, "run", "--config", cfg); code != exitError {
+		t.Fatalf("run on a refused file: exit %d, %s", code, errs)
+	}
+	os.WriteFile(cfg, []byte("role = \"worker\"\n"), 0o644)
+	t.Setenv("MONITOR_INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+	if code, out, errs := run(t, "config", "refused-changed"); code != exitOK || !strings.Contains(out, "changed since it was refused") {
+		t.Errorf("the failed run's own record: exit %d, %q %q; want 0, changed", code, out, errs)
+	}
+	t.Setenv("MONITOR_INVOCATION_ID", "fedcba9876543210fedcba9876543210")
+	code, out, errs := run(t, "config", "refused-changed")
+	if code != exitProblem || out != "" || !strings.Contains(errs, "0123456789abcdef0123456789abcdef") || !strings.Contains(errs, "fedcba9876543210fedcba9876543210") || !strings.Contains(errs, "not starting the daemon for it") {
+		t.Errorf("a record of another start: exit %d, stdout %q, stderr %q; want 1, both starts named, not starting the daemon", code, out, errs)
+	}
+	// One without the start that wrote it (hand-made, an older version's)
+	// cannot be told to be this failure's either.
+	os.WriteFile(filepath.Join(state, refusedRecordName), []byte(`{"path":"`+cfg+`","digest":"abc"}`), 0o600)
+	if code, out, errs := run(t, "config", "refused-changed"); code != exitProblem || out != "" || !strings.Contains(errs, "not starting the daemon for it") {
+		t.Errorf("a record naming no start: exit %d, stdout %q, stderr %q; want 1, not starting the daemon", code, out, errs)
+	}
+}
+
+// A record run's start cannot remove (here a non-empty directory in its
+// place, as an immutable file refuses the unlink) is named, not ignored.
+func TestForgetRefusalFailureIsReturned(t *testing.T) {
+	state := t.TempDir()
+	t.Setenv("STATE_DIRECTORY", state)
+	if err := forgetRefusal(); err != nil {
+		t.Errorf("no record: %v, want nil", err)
+	}
+	rec := filepath.Join(state, refusedRecordName)
+	os.MkdirAll(filepath.Join(rec, "x"), 0o700)
+	if err := forgetRefusal(); err == nil || !strings.Contains(err.Error(), rec) {
+		t.Errorf("a record that cannot be removed: %v, want its error naming %s", err, rec)
+	}
+}
+
+// A daemon that starts with a record it cannot remove says so at warning
+// level (journalctl -p warning), naming the record and the cause, and runs.
+func TestRunWarnsOfARecordItCannotRemove(t *testing.T) {
+	if cfg := os.Getenv(runChildEnv + "_FORGET"); cfg != "" {
+		os.Exit(Main([]string{"run", "--config", cfg}, os.Stdout, os.Stderr))
+	}
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state-directory")
+	rec := filepath.Join(state, refusedRecordName)
+	if err := os.MkdirAll(filepath.Join(rec, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fakeHost(t, fmt.Sprintf("node_name = \"n\"\nrole = \"worker\"\ngpu = \"false\"\ncontrol_socket = %q\n"+
+		"[metrics]\nlisten_address = %q\n[status]\nsocket = \"\"\n[kubernetes]\nkubeconfig = \"\"\n"+
+		"[kmsg]\nenabled = false\n[runner]\nfirst_run_spread = \"0s\"\n", filepath.Join(dir, "control.sock"), freeMetricsAddress(t)))
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRunWarnsOfARecordItCannotRemove$")
+	cmd.Env = append(os.Environ(), runChildEnv+"_FORGET="+cfg, "STATE_DIRECTORY="+state)
+	all, err := signalAfter(t, cmd, syscall.SIGTERM, `msg="serving metrics"`, `msg="starting without the metrics listener"`)
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	var warn string
+	for _, l := range strings.Split(all, "\n") {
+		if strings.Contains(l, "cannot remove the record of an earlier refusal") {
+			warn = l
+		}
+	}
+	if !strings.Contains(warn, "level=WARN") || !strings.Contains(warn, rec) || !strings.Contains(warn, "directory not empty") {
+		t.Errorf("no warning naming the record %s and its cause:\n%s", rec, all)
 	}
 }

@@ -32,8 +32,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	crashBySignal()
 	// This start reads the file again: an earlier refusal is not one to
 	// start the daemon for (config refused-changed), and a refused flag
-	// records none.
-	forgetRefusal()
+	// records none. A record it cannot remove is logged once the logger
+	// is set (a refusal replaces it anyway); it names an earlier start,
+	// which config refused-changed does not start the daemon for.
+	forgetErr := forgetRefusal()
 	fs := newFlags("run", "run [--config FILE] [--privileged-helper SOCKET]", stderr)
 	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
 	helper := fs.String("privileged-helper", "", "ask the privileged helper (autopilot-health-privileged) listening on this socket for what needs privileges: /dev/kmsg, NVMe, device-mapper, LVM, the NodeTampered scan")
@@ -54,6 +56,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	cfg, fromFile, digest, log, code := loadForRun(*cfgPath, explicit, *helper, stderr)
 	if code >= 0 {
 		return code
+	}
+	if forgetErr != nil {
+		log.Warn("cannot remove the record of an earlier refusal of the configuration file; autopilot-health-refused.service will not start the daemon for it (it names an earlier start)", "err", forgetErr)
 	}
 	procs := limitProcs()
 	// A page fault in the binary's code maps that page, not the 64 KiB
