@@ -98,3 +98,66 @@ func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
 		t.Errorf("the daemon started %d times on a record of another start", n)
 	}
 }
+
+// TestRefusedUnitHasNoStartLimit: six refusals of the daemon within 10 s
+// (an operator's or a tool's writes of a bad file, each started by the
+// path unit or a systemctl start) run autopilot-health-refused.service six
+// times. With systemd's default start limit (5 in 10 s) the sixth was
+// refused ("Start request repeated too quickly"; in systemd 252 a unit
+// whose last run was a skipped condition stays inactive, one whose last
+// run started the daemon is left `failed (Result: start-limit-hit)` in
+// `systemctl --failed`), and a fix written as the daemon exited then was
+// seen by no one. After the burst, a file fixed as the refusing daemon
+// exits still starts it.
+func TestRefusedUnitHasNoStartLimit(t *testing.T) {
+	const unit, refused = "autopilot-health.service", "autopilot-health-refused.service"
+	fixed := "/etc/autopilot-health/fixed.toml"
+	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[1]s ]; then mv %[1]s /etc/autopilot-health/config.toml; fi'\n", fixed)
+	s := daemonNamespace(t, "refusedlimit", map[string]string{unit + ".d/50-fix-as-it-exits.conf": dropIn},
+		badConfigs[0], unit, "autopilot-health.path", refused)
+	ctx := context.Background()
+	// systemd logs the limit on its console, not in the unit's journal.
+	limited := func() bool {
+		return strings.Contains(s.Console(1<<20), refused+": Start request repeated too quickly")
+	}
+	result := func() string {
+		sp, _ := s.Properties(ctx, refused, "Service")
+		r, _ := sp["Result"].Value().(string)
+		return r
+	}
+	start := time.Now()
+	for i := 1; i <= 6; i++ {
+		if err := s.StartUnit(ctx, unit); err == nil {
+			t.Fatalf("start %d: the start job of a refused configuration succeeded", i)
+		}
+		eventually(t, 30*time.Second, fmt.Sprintf("autopilot-health-refused.service's run %d (or its start limit)", i), func() (bool, string) {
+			j := s.Journal(refused)
+			n := strings.Count(j, "unchanged since it was refused")
+			return n >= i || limited() || result() == "start-limit-hit", fmt.Sprintf("%d runs, result %s:\n%s", n, result(), lastBytes(j, 600))
+		})
+	}
+	if d := time.Since(start); d >= 10*time.Second {
+		t.Errorf("six refusals took %s, not within the default start limit's 10 s: no test of it", d)
+	}
+	u, err := s.Bus.Unit(ctx, refused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := s.Journal(refused); u.ActiveState == "failed" || result() == "start-limit-hit" || limited() {
+		t.Errorf("after six refusals within 10 s %s is %s/%s, result %s; want not failed, no start limit:\n%s", refused, u.ActiveState, u.SubState, result(), lastBytes(j, 1000))
+	}
+	if n := strings.Count(s.Journal(refused), "unchanged since it was refused"); n != 6 {
+		t.Errorf("%s ran its condition %d times for 6 refusals", refused, n)
+	}
+	// A seventh, fixed as the refusing daemon exits, is started.
+	if err := os.WriteFile(s.Root(fixed), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, unit); err == nil {
+		t.Errorf("the seventh start job of a refused configuration succeeded")
+	}
+	waitUnitFor(t, s, unit, 2*time.Minute, "active on the file fixed as it exited after the burst", active)
+	if j := s.Journal(refused); !strings.Contains(j, "/etc/autopilot-health/config.toml: changed since it was refused") {
+		t.Errorf("%s did not find the change after the burst:\n%s", refused, lastBytes(j, 2000))
+	}
+}
