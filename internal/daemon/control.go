@@ -35,6 +35,14 @@ type ControlRequest struct {
 	// By names the operator as the client knows it (login user); the
 	// daemon adds the peer's uid and pid.
 	By string `json:"by"`
+	// Until is when the client stops waiting for the answer (the
+	// client's clock: it runs on the daemon's host). A request waits in
+	// the socket's backlog while the daemon starts (the socket is bound
+	// in New, served once Run begins) or is frozen; one the daemon gets
+	// to after its client gave up, and told the operator it failed, is
+	// not applied (a clear with too little time left to be applied and
+	// answered neither): it is logged. Zero (an older client): applied.
+	Until time.Time `json:"until,omitzero"`
 }
 
 // ControlAnswer is the daemon's answer.
@@ -66,6 +74,17 @@ const reloadWait = 2 * time.Minute
 
 // clearSettle bounds how long a clear waits for the re-evaluation.
 const clearSettle = 30 * time.Second
+
+// clearApply bounds how long a clear takes to be applied (the state file's
+// save and tamper.json's, tamper.SaveWait each) and answered: a clear
+// whose client waits less than this longer is not applied.
+const clearApply = 2*tamper.SaveWait + time.Second
+
+// The clients' waits for the answer (askControl); variables for tests.
+var (
+	reloadClientWait = reloadWait + 10*time.Second
+	clearClientWait  = clearSettle + 15*time.Second
+)
 
 // listenControl creates the control socket: its directory 0700, the socket
 // 0600, a stale socket of an earlier run replaced.
@@ -202,6 +221,14 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 	case cred.Uid != 0:
 		d.log.Warn("control request refused: not root", "op", req.Op, "uid", cred.Uid, "pid", cred.Pid)
 		answer(ControlAnswer{Error: fmt.Sprintf("refused: only root may %s (you are uid %d)", req.Op, cred.Uid)})
+	case !req.Until.IsZero() && time.Until(req.Until) < needed(req.Op):
+		// Its client has given up (or is about to) and told the
+		// operator the request failed: applied now, a clear would drop
+		// the findings behind the back of an operator who believes it
+		// did not run.
+		d.log.Warn("control request not applied: its client stopped waiting for the answer before the daemon got to it (sent while the daemon was starting, or was not answering)",
+			"op", req.Op, "client_waited_until", req.Until.UTC().Format(time.RFC3339Nano), "uid", cred.Uid, "pid", cred.Pid)
+		answer(ControlAnswer{Error: "not applied: the daemon got to the request after its client stopped waiting; ask again"})
 	case req.Op == OpReload:
 		// A reload waits for the checks it stops, each within its
 		// timeout: the client waits as long.
@@ -218,7 +245,10 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 		answer(ControlAnswer{Error: "a reason is required (--reason): a clear is a deliberate act, and its reason is logged and evented"})
 	default:
 		by := fmt.Sprintf("%s (uid %d, pid %d)", statedBy(req.By), cred.Uid, cred.Pid)
-		conds, err := d.ClearTamper(ctx, req.Reason, by)
+		if !req.Until.IsZero() {
+			c.SetDeadline(req.Until)
+		}
+		conds, err := d.clearTamper(ctx, req.Reason, by, req.Until)
 		if err != nil {
 			// A clear applied but not saved, or whose checks did not run
 			// again in time, still answers with the conditions as they
@@ -273,6 +303,25 @@ var clearStepHook func(step, reason string)
 // logged and evented. It waits (up to 30 s) for the tamper checks to run
 // again and returns the tamper conditions.
 func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.Condition, error) {
+	return d.clearTamper(ctx, reason, by, time.Time{})
+}
+
+// needed is how long before its client stops waiting the daemon must get
+// to a request of op for it to be applied and answered in time: a reload
+// ends when it has applied or been refused (its client waits reloadWait
+// and more from the send), a clear may take clearApply.
+func needed(op string) time.Duration {
+	if op == OpTamperClear {
+		return clearApply
+	}
+	return 0
+}
+
+// clearTamper is ClearTamper answering by answerBy (zero: no bound), when
+// its client stops waiting: the wait for the re-evaluation ends a second
+// before, so that a clear applied is answered, never one its client
+// reports as failed.
+func (d *Daemon) clearTamper(ctx context.Context, reason, by string, answerBy time.Time) ([]report.Condition, error) {
 	k := d.currentEnv().Tamper
 	if k == nil {
 		return nil, errors.New("this daemon keeps no tamper state")
@@ -335,7 +384,11 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 			woken = append(woken, t)
 		}
 	}
-	deadline := time.NewTimer(clearSettle)
+	settle := clearSettle
+	if !answerBy.IsZero() {
+		settle = max(0, min(settle, time.Until(answerBy)-time.Second))
+	}
+	deadline := time.NewTimer(settle)
 	defer deadline.Stop()
 	for {
 		if ctx.Err() != nil {
@@ -359,7 +412,7 @@ func (d *Daemon) ClearTamper(ctx context.Context, reason, by string) ([]report.C
 		case <-changed:
 		case <-time.After(time.Second): // a run that changes nothing
 		case <-deadline.C:
-			return d.tamperConditions(types), errors.Join(unsaved(saveErr), fmt.Errorf("cleared; the tamper checks did not run again within %s", clearSettle))
+			return d.tamperConditions(types), errors.Join(unsaved(saveErr), fmt.Errorf("cleared; the tamper checks did not run again within %s", settle.Round(time.Second)))
 		case <-ctx.Done(): // answered at the top
 		}
 	}
@@ -418,12 +471,21 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 		return ControlAnswer{}, err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(wait))
+	req.Until = time.Now().Add(wait)
+	c.SetDeadline(req.Until)
 	if err := json.NewEncoder(c).Encode(req); err != nil {
 		return ControlAnswer{}, err
 	}
 	var a ControlAnswer
-	if err := json.NewDecoder(c).Decode(&a); err != nil {
+	err = json.NewDecoder(c).Decode(&a)
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		// Connected, so a daemon holds the socket: still starting (the
+		// socket is bound at the start's beginning and served once it
+		// is done) or hung. The request carries this deadline: the
+		// daemon does not apply it once it is past.
+		return ControlAnswer{}, fmt.Errorf("the daemon on %s did not answer within %s: it may be still starting (it answers once the start is done; systemctl status autopilot-health says activating meanwhile) or hung (journalctl -u autopilot-health); a request the daemon has not got to by now is not applied: ask again", socket, wait)
+	}
+	if err != nil {
 		return ControlAnswer{}, fmt.Errorf("reading the daemon's answer: %w", err)
 	}
 	return a, nil
@@ -433,7 +495,7 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 // configuration again and returns what changed, or why it was refused
 // (the client of `autopilot-health reload`).
 func RequestReload(socket string) (string, error) {
-	a, err := askControl(socket, "its configuration is read at start", reloadWait+10*time.Second, ControlRequest{Op: OpReload})
+	a, err := askControl(socket, "its configuration is read at start", reloadClientWait, ControlRequest{Op: OpReload})
 	switch {
 	case err != nil:
 		return "", err
@@ -455,7 +517,7 @@ func (e RefusedError) Error() string { return string(e) }
 // RequestTamperClear asks the daemon listening on socket to clear the
 // tamper conditions (the client of `autopilot-health tamper clear`).
 func RequestTamperClear(socket, reason, by string) ([]report.Condition, error) {
-	a, err := askControl(socket, "clear again", clearSettle+15*time.Second, ControlRequest{Op: OpTamperClear, Reason: reason, By: by})
+	a, err := askControl(socket, "clear again", clearClientWait, ControlRequest{Op: OpTamperClear, Reason: reason, By: by})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,127 @@
+package daemon
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// sendAndLeave writes req on the control socket and closes the connection
+// without reading the answer: a client that stopped waiting (its timeout
+// passed while the daemon was starting, or frozen) before the daemon
+// accepted the connection from its backlog.
+func sendAndLeave(t *testing.T, sock string, req any) {
+	t.Helper()
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := json.NewEncoder(c).Encode(req); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A `tamper clear` sent while the daemon starts waits in the control
+// socket's backlog (bound in New, served once Run begins; a start whose
+// state file's disk is blocked in I/O takes up to TimeoutStartSec=3min).
+// Its client waits 45 s and fails (exit 2, "could not run"). The daemon
+// then got to the request and applied it all the same: the findings
+// dropped, logged and evented behind the back of an operator told that
+// the clear had not run. A request carries the time its client waits
+// until; one the daemon gets to after that is not applied, and is logged.
+func TestControlRequestWhoseClientGaveUpIsNotApplied(t *testing.T) {
+	cfg := tamperClearConfig(t)
+	sock := t.TempDir() + "/control.sock"
+	logs := &syncBuffer{}
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)), Options{Version: "test", Listener: newIdleListener(), ControlSocket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &eventRecorder{}
+	d.Store().Observe(rec)
+	// During the start (New done, Run not begun): the client's wait is
+	// over before the daemon serves the socket.
+	sendAndLeave(t, sock, map[string]any{"op": OpTamperClear, "reason": "INC-7: reviewed", "by": "uid 0",
+		"until": time.Now().Add(-time.Second)})
+	sendAndLeave(t, sock, map[string]any{"op": OpReload, "until": time.Now().Add(-time.Second)})
+	// One whose client still waits, but less than a clear takes to be
+	// applied (two saves on a hung disk) and answered.
+	sendAndLeave(t, sock, map[string]any{"op": OpTamperClear, "reason": "INC-7: reviewed", "by": "uid 0",
+		"until": time.Now().Add(clearApply / 2)})
+	runDaemon(t, d)
+	await(t, d, "both requests handled", func() bool {
+		return strings.Count(logs.String(), "control request") >= 3 || strings.Contains(logs.String(), "cleared by an operator")
+	})
+	if strings.Contains(logs.String(), "cleared by an operator") {
+		t.Fatalf("a clear whose client had stopped waiting was applied:\n%s", grepLines(logs.String(), "level=WARN"))
+	}
+	for want, n := range map[string]int{`op=tamper-clear`: 2, `op=reload`: 1} {
+		if l := grepLines(logs.String(), want); strings.Count(l, "control request not applied: its client stopped waiting") != n {
+			t.Errorf("the log of the %s requests: %q; want %d said not applied", want, l, n)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, e := range rec.events {
+		if e.Reason == report.EventTamperCleared {
+			t.Errorf("event %+v; want no clear", e)
+		}
+	}
+}
+
+// A request whose client still waits is applied, during the start too:
+// sent before Run begins (it waits in the backlog), answered once it does.
+func TestControlRequestDuringTheStartIsAppliedOnceTheDaemonRuns(t *testing.T) {
+	cfg := tamperClearConfig(t)
+	sock := t.TempDir() + "/control.sock"
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener(), ControlSocket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := json.NewEncoder(c).Encode(ControlRequest{Op: OpTamperClear, Reason: "INC-8: reviewed", By: "uid 0", Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	var a ControlAnswer
+	if err := json.NewDecoder(c).Decode(&a); err != nil {
+		t.Fatalf("the clear sent during the start: %v; want an answer once the daemon runs", err)
+	}
+	if a.Error != "" || len(a.Conditions) != 1 || a.Conditions[0].Type != "NodeTampered" {
+		t.Errorf("the clear sent during the start: %+v; want applied, NodeTampered", a)
+	}
+}
+
+// A daemon that holds the control socket but does not answer (still
+// starting: the socket is bound at the start's beginning; or frozen): the
+// command says what it may be and that the request is not applied later,
+// not "reading the daemon's answer: ... i/o timeout".
+func TestControlClientOfADaemonThatDoesNotAnswer(t *testing.T) {
+	rw, cw := reloadClientWait, clearClientWait
+	t.Cleanup(func() { reloadClientWait, clearClientWait = rw, cw })
+	reloadClientWait, clearClientWait = 200*time.Millisecond, 200*time.Millisecond
+	sock := t.TempDir() + "/control.sock"
+	ln, err := net.Listen("unix", sock) // never accepts: the connections wait in its backlog
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	want := "the daemon on " + sock + " did not answer within 200ms: it may be still starting (it answers once the start is done; systemctl status autopilot-health says activating meanwhile) or hung (journalctl -u autopilot-health); a request the daemon has not got to by now is not applied: ask again"
+	if _, err := RequestReload(sock); err == nil || err.Error() != want {
+		t.Errorf("reload: %v\nwant %s", err, want)
+	}
+	if _, err := RequestTamperClear(sock, "INC-1: reviewed", "uid 0"); err == nil || err.Error() != want {
+		t.Errorf("tamper clear: %v\nwant %s", err, want)
+	}
+}
