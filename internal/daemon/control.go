@@ -454,6 +454,11 @@ func dialControl(socket, retry string) (*net.UnixConn, error) {
 	if errors.Is(err, syscall.EACCES) {
 		return nil, fmt.Errorf("%s: permission denied: the control socket is root's (run with sudo)", socket)
 	}
+	if errors.Is(err, syscall.EAGAIN) {
+		// Connections the daemon did not accept fill the backlog (the
+		// process frozen); the connect fails at once. Nothing was sent.
+		return nil, fmt.Errorf("the daemon on %s takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health); nothing was sent", socket)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -118,6 +121,46 @@ func TestControlClientOfADaemonThatDoesNotAnswer(t *testing.T) {
 	}
 	defer ln.Close()
 	want := "the daemon on " + sock + " did not answer within 200ms: it may be still starting (it answers once the start is done; systemctl status autopilot-health says activating meanwhile) or hung (journalctl -u autopilot-health); a request the daemon has not got to by now is not applied: ask again"
+	if _, err := RequestReload(sock); err == nil || err.Error() != want {
+		t.Errorf("reload: %v\nwant %s", err, want)
+	}
+	if _, err := RequestTamperClear(sock, "INC-1: reviewed", "uid 0"); err == nil || err.Error() != want {
+		t.Errorf("tamper clear: %v\nwant %s", err, want)
+	}
+}
+
+// A frozen daemon whose control socket's backlog is full: the connect
+// fails at once (EAGAIN), named for what it is, as `status` names it.
+func TestControlClientOfADaemonThatTakesNoConnection(t *testing.T) {
+	sock := t.TempDir() + "/control.sock"
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 8 {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			break
+		}
+		held = append(held, c)
+	}
+	if len(held) == 0 || len(held) == 8 {
+		testenv.Skip(t, fmt.Sprintf("%d connections taken into a backlog of 0: not a full backlog", len(held)))
+	}
+	want := "the daemon on " + sock + " takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health); nothing was sent"
 	if _, err := RequestReload(sock); err == nil || err.Error() != want {
 		t.Errorf("reload: %v\nwant %s", err, want)
 	}
