@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -243,6 +244,13 @@ func (d *Daemon) handleControl(ctx context.Context, c *net.UnixConn) {
 		answer(ControlAnswer{Error: fmt.Sprintf("unknown operation %q (this daemon is version %s: restart it if the binary was updated)", req.Op, d.version)})
 	case strings.TrimSpace(req.Reason) == "":
 		answer(ControlAnswer{Error: "a reason is required (--reason): a clear is a deliberate act, and its reason is logged and evented"})
+	case ctx.Err() != nil:
+		// The daemon stops (SIGTERM; the request waited in the backlog,
+		// or was read after): applied now, the tamper checks would not
+		// run again, the clear would reach no Node, and the next start
+		// would hold the conditions True as saved.
+		d.log.Warn("tamper clear refused: the daemon is stopping", "reason", req.Reason, "uid", cred.Uid, "pid", cred.Pid)
+		answer(ControlAnswer{Error: "not applied: the daemon is stopping (SIGTERM); clear again once it runs (systemctl status autopilot-health)"})
 	default:
 		by := fmt.Sprintf("%s (uid %d, pid %d)", statedBy(req.By), cred.Uid, cred.Pid)
 		if !req.Until.IsZero() {
@@ -395,8 +403,16 @@ func (d *Daemon) clearTamper(ctx context.Context, reason, by string, answerBy ti
 			// The daemon stops before the checks ran again: the clear
 			// is applied, logged and evented all the same (and saved as
 			// saveErr says); the answer says so, with the conditions as
-			// they are, and the re-evaluation is the next start's.
-			return d.tamperConditions(types), errors.Join(unsaved(saveErr), errors.New("cleared; the daemon is stopping before the tamper checks ran again: they run when it starts"))
+			// they are. A condition is lowered only by a clear this
+			// process made or one the Node shows (Store.Adopt): the next
+			// start holds them True as saved, unless the reporter
+			// published the clear before the stop.
+			conds := d.tamperConditions(types)
+			stopErr := errors.New("cleared; the daemon is stopping before the tamper checks ran again: they run when it starts")
+			if slices.ContainsFunc(conds, func(c report.Condition) bool { return c.Status == report.StatusTrue }) {
+				stopErr = errors.New("cleared; the daemon is stopping before the tamper checks ran again: the next start brings the findings back (the conditions True as saved) unless the Node shows this clear (its tamper report's cleared.at): once it runs, see autopilot-health status, and clear again")
+			}
+			return conds, errors.Join(unsaved(saveErr), stopErr)
 		}
 		changed := d.store.Changed()
 		done := true
