@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -505,6 +506,12 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 		// is done) or hung. The request carries this deadline: the
 		// daemon does not apply it once it is past.
 		return ControlAnswer{}, fmt.Errorf("the daemon on %s did not answer within %s: it may be still starting (it answers once the start is done; systemctl status autopilot-health says activating meanwhile) or hung (journalctl -u autopilot-health); a request the daemon has not got to by now is not applied: ask again", socket, wait)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		// The daemon's stop: its listener closed with this connection
+		// in the backlog (ECONNRESET), or a request in flight given up
+		// on after controlStopWait (EOF), and the process gone.
+		return ControlAnswer{}, fmt.Errorf("the daemon on %s closed the connection without an answer: it stopped, or is stopping (systemctl status autopilot-health); a request it had not read is not applied, one it had is in journalctl -u autopilot-health: ask again once it runs", socket)
 	}
 	if err != nil {
 		return ControlAnswer{}, fmt.Errorf("reading the daemon's answer: %w", err)

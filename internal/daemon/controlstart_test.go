@@ -168,3 +168,42 @@ func TestControlClientOfADaemonThatTakesNoConnection(t *testing.T) {
 		t.Errorf("tamper clear: %v\nwant %s", err, want)
 	}
 }
+
+// A daemon that closes the connection without an answer: at its stop the
+// listener is closed with the requests in its backlog unread (the client
+// reads ECONNRESET), or a request in flight is given up on after
+// controlStopWait (EOF). The command says the daemon stops, not "reading
+// the daemon's answer: read unix ...: connection reset by peer".
+func TestControlClientOfADaemonThatClosesWithoutAnswer(t *testing.T) {
+	for _, unread := range []bool{true, false} {
+		sock := t.TempDir() + "/control.sock"
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			if !unread {
+				c.Read(make([]byte, 4096))
+				return
+			}
+			// The request arrived, unread: the close resets the
+			// connection, as a listener's close does to its backlog.
+			raw, _ := c.(*net.UnixConn).SyscallConn()
+			raw.Read(func(fd uintptr) bool {
+				_, _, err := syscall.Recvfrom(int(fd), make([]byte, 1), syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+				return err != syscall.EAGAIN
+			})
+		}()
+		_, err = RequestTamperClear(sock, "INC-1: reviewed", "uid 0")
+		ln.Close()
+		want := "the daemon on " + sock + " closed the connection without an answer: it stopped, or is stopping (systemctl status autopilot-health); a request it had not read is not applied, one it had is in journalctl -u autopilot-health: ask again once it runs"
+		if err == nil || err.Error() != want {
+			t.Errorf("request unread %v: %v\nwant %s", unread, err, want)
+		}
+	}
+}
