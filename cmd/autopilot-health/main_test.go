@@ -821,7 +821,7 @@ func TestTamperCommands(t *testing.T) {
 		stderr string
 	}{
 		{[]string{"tamper", "clear", "--config", cfg}, exitError, "--reason is required"},
-		{[]string{"tamper", "clear", "--config", cfg, "--reason", "x"}, exitError, "the daemon is not running (no control socket at " + filepath.Join(dir, "control.sock")},
+		{[]string{"tamper", "clear", "--config", cfg, "--reason", "x"}, exitError, "the daemon is not running, or still starting or stopping (no control socket at " + filepath.Join(dir, "control.sock")},
 		{[]string{"tamper", "layers", "--config", cfg}, exitError, "no device-mapper control node"},
 		{[]string{"tamper", "nope"}, exitError, `unknown command "nope"`},
 	} {

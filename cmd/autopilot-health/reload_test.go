@@ -52,7 +52,7 @@ func fakeControl(t *testing.T, sock string, answer daemon.ControlAnswer) <-chan 
 func TestReloadCommand(t *testing.T) {
 	dir := t.TempDir()
 	code, _, stderr := run(t, "reload", "--socket", filepath.Join(dir, "none.sock"))
-	if code != exitError || !strings.Contains(stderr, "the daemon is not running (no control socket at "+filepath.Join(dir, "none.sock")) {
+	if code != exitError || !strings.Contains(stderr, "the daemon is not running, or still starting or stopping (no control socket at "+filepath.Join(dir, "none.sock")) {
 		t.Errorf("without a daemon: %d %q", code, stderr)
 	}
 

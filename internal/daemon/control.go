@@ -466,7 +466,11 @@ func (d *Daemon) tamperConditions(types []string) []report.Condition {
 func dialControl(socket, retry string) (*net.UnixConn, error) {
 	c, err := net.DialTimeout("unix", socket, 5*time.Second)
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return nil, fmt.Errorf("%w (no control socket at %s): start it (systemctl start autopilot-health) and %s", ErrNotRunning, socket, retry)
+		// Also a daemon starting (the socket is bound once its
+		// configuration is read, which retries for up to a minute on an
+		// I/O error) or stopping (the socket is removed as the stop
+		// begins, before the final saves).
+		return nil, fmt.Errorf("%w, or still starting or stopping (no control socket at %s; systemctl status autopilot-health says which: activating or deactivating while it does): if it is inactive, start it (systemctl start autopilot-health) and %s", ErrNotRunning, socket, retry)
 	}
 	if errors.Is(err, syscall.EACCES) {
 		return nil, fmt.Errorf("%s: permission denied: the control socket is root's (run with sudo)", socket)

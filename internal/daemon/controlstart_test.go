@@ -207,3 +207,17 @@ func TestControlClientOfADaemonThatClosesWithoutAnswer(t *testing.T) {
 		}
 	}
 }
+
+// No control socket: the daemon is not running, or it is starting (the
+// socket is bound once the configuration is read, which retries for up to
+// a minute on an I/O error) or stopping (the socket is removed as the stop
+// begins, before the final saves). The command says so, as `status` does,
+// not "not running: start it" to an operator whose unit is activating.
+func TestControlClientWithNoSocketMayBeStartingOrStopping(t *testing.T) {
+	sock := t.TempDir() + "/control.sock"
+	_, err := RequestTamperClear(sock, "INC-1: reviewed", "uid 0")
+	want := "the daemon is not running, or still starting or stopping (no control socket at " + sock + "; systemctl status autopilot-health says which: activating or deactivating while it does): if it is inactive, start it (systemctl start autopilot-health) and clear again"
+	if err == nil || err.Error() != want {
+		t.Errorf("tamper clear: %v\nwant %s", err, want)
+	}
+}
