@@ -73,6 +73,10 @@ func (s *Store) Adopt(c Condition, nodeBoot string) bool {
 	if !ok || !knownStatus(c.Status) {
 		return false
 	}
+	// A held True (kernel, tamper) is taken under a reason this build
+	// knows (heldUnderAKnownReason); whether it is taken is decided below
+	// as for any held True (its boot, a clear).
+	c, _ = heldUnderAKnownReason(desc, c)
 	// A reason this build does not know (an upgrade past a renamed one, a
 	// rollback past an added one): the condition is not taken, but its
 	// time is, for the same status (asideCond).

@@ -29,6 +29,25 @@ type asideCond struct {
 	savedObserved bool
 }
 
+// heldUnderAKnownReason returns c, a condition read back (the state file,
+// the Node), under a reason this build knows when c is a held True (a
+// kernel condition's, until the reboot; a tamper condition's, until a
+// clear) whose reason it does not know: the type's first problem reason,
+// the other build's reason named in the message. Such a True is not set
+// aside: nothing this build evaluates may lower it (a kernel condition's
+// line lies behind the saved cursor and is not read again; a tamper
+// condition's findings may be gone with tamper.json), and the first Set of
+// its type would (the kernel log monitor's start placeholder, a False).
+// ok is false, and c returned as it is, for any other condition.
+func heldUnderAKnownReason(desc ConditionDesc, c Condition) (Condition, bool) {
+	if c.Status != StatusTrue || desc.Hold == HoldWhileTrue || len(desc.ProblemReasons) == 0 || desc.ValidReason(c.Status, c.Reason) {
+		return c, false
+	}
+	c.Message = "reported by another build as " + string(c.Reason) + ": " + c.Message
+	c.Reason = desc.ProblemReasons[0]
+	return c, true
+}
+
 // knownStatus reports whether st is one of the three statuses.
 func knownStatus(st Status) bool {
 	return st == StatusTrue || st == StatusFalse || st == StatusUnknown

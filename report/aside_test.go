@@ -149,3 +149,48 @@ func TestUnknownReasonRemoved(t *testing.T) {
 		t.Errorf("saved after Remove:\n%s", b)
 	}
 }
+
+// A tamper condition (held True until an operator's clear) restored with a
+// reason this build does not know, from the state file or the Node: its
+// check's first runs without the findings (tamper.json lost or refused, a
+// baseline taken again: Unknown, then False) do not lower it, as they do
+// not lower one restored with a reason this build knows. It stays True,
+// since the other build's time, under this build's first reason for it and
+// with the other build's reason in its message.
+func TestUnknownReasonTamperTrueIsHeld(t *testing.T) {
+	since := t0.Add(-30 * time.Hour)
+	state := `{"version":1,"bootID":"a","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
+	 {"type":"NodeTampered","status":"True","reason":"ProtectedFileReplaced","message":"/var/lib/kubelet/config.yaml replaced","lastTransitionTime":"` +
+		since.Format(time.RFC3339) + `","lastUpdateTime":"` + t0.Format(time.RFC3339) + `"}]}`
+	node := Condition{Type: "NodeTampered", Status: StatusTrue, Reason: "ProtectedFileReplaced", Message: "/var/lib/kubelet/config.yaml replaced", LastTransitionTime: since}
+	now := t0.Add(time.Minute)
+	for _, tc := range []struct {
+		name            string
+		fromState, node bool
+	}{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := NewStore("b")
+			s.SetClock(func() time.Time { return now })
+			if tc.fromState {
+				if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Load(dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Set(cond("NodeTampered", StatusUnknown, ReasonBaselinePending, "this boot's baseline is being taken"), now)
+			if tc.node {
+				s.Adopt(node, "a")
+			}
+			s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, "no protected file changed"), now.Add(time.Minute))
+			c, _ := s.Get("NodeTampered")
+			if c.Status != StatusTrue || c.Reason != ReasonProtectedFileChanged || !c.LastTransitionTime.Equal(since) ||
+				!strings.Contains(c.Message, "config.yaml replaced") || !strings.Contains(c.Message, "ProtectedFileReplaced") {
+				t.Errorf("after Unknown and False runs: %s/%s since %v (%q), want True/ProtectedFileChanged since %v with the other build's reason and message",
+					c.Status, c.Reason, c.LastTransitionTime, c.Message, since)
+			}
+		})
+	}
+}

@@ -268,6 +268,9 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 			res.Dropped++
 			continue
 		}
+		// A held True (a kernel condition of this boot, a tamper
+		// condition) is restored under a reason this build knows.
+		c, _ = heldUnderAKnownReason(desc, c)
 		raw := c
 		unknownReason := !desc.ValidReason(c.Status, c.Reason)
 		// Capped as Set caps it: a state file the daemon did not write
