@@ -242,11 +242,18 @@ func (mon *Monitor) LastRecord() (seq, usec uint64, at time.Time, ok bool) {
 // read again, neither lowers a True the kernel set nor, having nothing to
 // check, turns the condition Unknown: no flap on a restart. Without the
 // condition, the kernel's part has no data yet.
+//
+// A condition read back with a reason this build does not know
+// (report.Store.Aside) gets no placeholder, nor does its kernel part: the
+// placeholder would be the first evaluation of its type and spend the
+// status and time kept for it; the first decision (the log read to its
+// end, the other part of DisksFailure) takes them.
 func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	mon.bootWall = bootWall
 	mon.hung.read(now)
+	aside := mon.o.Store.Aside()
 	for _, t := range mon.Conditions() {
-		if _, ok := mon.o.Store.Get(t); ok {
+		if _, ok := mon.o.Store.Get(t); ok || slices.Contains(aside, t) {
 			continue
 		}
 		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonNoData,
@@ -257,6 +264,9 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 	}
 	if _, ok := mon.o.Store.Get("DisksFailure"); ok {
 		mon.o.Store.SeedParts("DisksFailure")
+		return
+	}
+	if slices.Contains(aside, "DisksFailure") {
 		return
 	}
 	mon.o.Store.SetPart(report.SourceKmsg, report.Condition{Type: "DisksFailure", Status: report.StatusUnknown, Reason: report.ReasonNoData,

@@ -56,3 +56,59 @@ func TestRestoredKernelTrueWithAnUnknownReasonIsHeldForTheBoot(t *testing.T) {
 		})
 	}
 }
+
+// DisksFailure True in the state file with a reason this build does not
+// know (a newer build's SMART reason): the kernel log monitor's start (its
+// part: no data yet) and the SMART check's True must keep the other build's
+// time, as for any condition with such a reason (a True that stays True).
+func TestRestoredDisksFailureWithAnUnknownReasonKeepsItsTime(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	dir := t.TempDir()
+	store := report.NewStore("b")
+	now := t0.Add(time.Hour)
+	store.SetClock(func() time.Time { return now })
+	sf := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
+	 {"type":"DisksFailure","status":"True","reason":"NVMeSomethingNew","message":"nvme0: new","lastTransitionTime":"` +
+		since.Format(time.RFC3339) + `","lastUpdateTime":"` + since.Format(time.RFC3339) + `"}]}`
+	if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	mon := NewMonitor(opts(t, store))
+	mon.Start(now, t0.Add(-4*time.Hour))
+	store.SetPart(report.SourceCheck, report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning,
+		Message: "nvme0: available spare below threshold"}, now)
+	mon.CaughtUp(200*uint64(time.Second/time.Microsecond), now)
+	if got, _ := store.Get("DisksFailure"); got.Status != report.StatusTrue || !got.LastTransitionTime.Equal(since) {
+		t.Errorf("after the start: %s/%s since %v, want True since %v", got.Status, got.Reason, got.LastTransitionTime, since)
+	}
+}
+
+// A kernel condition False in the state file with a healthy reason this
+// build does not know (renamed): the start's placeholder (Unknown, NoData)
+// does not spend its time, and the log read to its end keeps it False since
+// the other build's time.
+func TestRestoredKernelFalseWithAnUnknownReasonKeepsItsTime(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	dir := t.TempDir()
+	store := report.NewStore("b")
+	now := t0.Add(time.Hour)
+	store.SetClock(func() time.Time { return now })
+	sf := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
+	 {"type":"KernelDeadlock","status":"False","reason":"NoKernelDeadlock","message":"none","lastTransitionTime":"` +
+		since.Format(time.RFC3339) + `","lastUpdateTime":"` + since.Format(time.RFC3339) + `"}]}`
+	if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	mon := NewMonitor(opts(t, store))
+	mon.Start(now, t0.Add(-4*time.Hour))
+	mon.CaughtUp(200*uint64(time.Second/time.Microsecond), now)
+	if got, _ := store.Get("KernelDeadlock"); got.Status != report.StatusFalse || got.Reason != report.ReasonKernelHasNoDeadlock || !got.LastTransitionTime.Equal(since) {
+		t.Errorf("after the start: %s/%s since %v, want False/KernelHasNoDeadlock since %v", got.Status, got.Reason, got.LastTransitionTime, since)
+	}
+}
