@@ -1548,31 +1548,12 @@ func TestNodeTamperedNarrowedPathsAndADirectoryItCannotList(t *testing.T) {
 // sent no notification and a file written in the new target waited for the
 // interval's scan.
 func TestNodeTamperedWatchFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
-	h := newTamperHost(t)
-	for _, d := range []string{"/srv/k8s-a", "/srv/k8s-b"} {
-		h.write(d+"/manifests/etcd.yaml", "kind: Pod\n")
-	}
-	if err := os.RemoveAll(h.path("/etc/kubernetes")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("../srv/k8s-a", h.path("/etc/kubernetes")); err != nil {
-		t.Fatal(err)
-	}
-	h.paths = []string{"/etc/kubernetes/manifests"}
-	c := h.start("boot-1", report.NewStore("boot-1"))
-	c.gate = nil
-	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
-	woken, stop := watchWakes(c)
-	defer stop()
-	awaitWatching(t, woken)
-
-	h.retarget("/etc/kubernetes", "../srv/k8s-b")
-	awaitWake(t, woken, "the symlink on the way retargeted")
-	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
-	awaitWatching(t, woken) // the new target's directories watched
-	h.write("/srv/k8s-b/manifests/evil.yaml", "kind: Pod\n")
-	awaitWake(t, woken, "a static pod written in the new target")
-	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
+	watchFollowsARetarget(t, linkRetarget{
+		dirs:  []string{"/srv/k8s-a", "/srv/k8s-b"},
+		links: map[string]string{"/etc/kubernetes": "../srv/k8s-a"},
+		link:  "/etc/kubernetes", to: "../srv/k8s-b", retargeted: "the symlink on the way retargeted",
+		written: "a static pod written in the new target",
+	})
 }
 
 // A tolerated directory (tolerate_gpu's /etc/containerd/conf.d on a GPU
@@ -1684,14 +1665,38 @@ func TestNodeTamperedWatchFollowsAWatchedDirectoryThatIsASymlink(t *testing.T) {
 // retarget is no protected path's, it woke nothing, and the new
 // generation's changes waited for the interval's scan.
 func TestNodeTamperedWatchFollowsALinkInALinksTarget(t *testing.T) {
+	watchFollowsARetarget(t, linkRetarget{
+		dirs:  []string{"/srv/gen-1/kubernetes", "/srv/gen-2/kubernetes"},
+		links: map[string]string{"/etc/kubernetes": "static/kubernetes", "/etc/static": "../srv/gen-1"},
+		link:  "/etc/static", to: "../srv/gen-2", retargeted: "/etc/static retargeted",
+		written: "a static pod written in the new generation",
+	})
+}
+
+// linkRetarget is a story of the link-following watch tests: /etc/kubernetes
+// (protected: its manifests) reached through links, one of them retargeted.
+type linkRetarget struct {
+	dirs       []string          // each holds manifests/etcd.yaml; the last is the new target
+	links      map[string]string // link -> target, /etc/kubernetes among them
+	link, to   string            // the link retargeted, and to what
+	retargeted string            // the wake-up awaited after the retarget
+	written    string            // the wake-up awaited after evil.yaml is written in the new target
+}
+
+// watchFollowsARetarget runs a linkRetarget story: the check watches
+// through the links; the retarget wakes it and its run (still intact)
+// watches the new target; a static pod written there wakes it and is a
+// finding (real inotify).
+func watchFollowsARetarget(t *testing.T, s linkRetarget) {
+	t.Helper()
 	h := newTamperHost(t)
-	for _, d := range []string{"/srv/gen-1/kubernetes", "/srv/gen-2/kubernetes"} {
+	for _, d := range s.dirs {
 		h.write(d+"/manifests/etcd.yaml", "kind: Pod\n")
 	}
 	if err := os.RemoveAll(h.path("/etc/kubernetes")); err != nil {
 		t.Fatal(err)
 	}
-	for link, target := range map[string]string{"/etc/kubernetes": "static/kubernetes", "/etc/static": "../srv/gen-1"} {
+	for link, target := range s.links {
 		if err := os.Symlink(target, h.path(link)); err != nil {
 			t.Fatal(err)
 		}
@@ -1704,12 +1709,12 @@ func TestNodeTamperedWatchFollowsALinkInALinksTarget(t *testing.T) {
 	defer stop()
 	awaitWatching(t, woken)
 
-	h.retarget("/etc/static", "../srv/gen-2")
-	awaitWake(t, woken, "/etc/static retargeted")
+	h.retarget(s.link, s.to)
+	awaitWake(t, woken, s.retargeted)
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "2 protected paths unchanged")
-	awaitWatching(t, woken) // the new generation's directories watched
-	h.write("/srv/gen-2/kubernetes/manifests/evil.yaml", "kind: Pod\n")
-	awaitWake(t, woken, "a static pod written in the new generation")
+	awaitWatching(t, woken) // the new target's directories watched
+	h.write(s.dirs[len(s.dirs)-1]+"/manifests/evil.yaml", "kind: Pod\n")
+	awaitWake(t, woken, s.written)
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/manifests/evil.yaml added")
 }
 
