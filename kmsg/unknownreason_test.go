@@ -25,20 +25,9 @@ func TestRestoredKernelTrueWithAnUnknownReasonIsHeldForTheBoot(t *testing.T) {
 		fromState, node bool
 	}{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			store := report.NewStore("b")
-			now := t0.Add(time.Hour)
-			store.SetClock(func() time.Time { return now })
+			store, now := storeAtAnHour()
 			if tc.fromState {
-				sf := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
-				 {"type":"KernelDeadlock","status":"True","reason":"CriticalTaskHungInGuest","message":"task qemu-kvm:1234 blocked for more than 120 seconds","lastTransitionTime":"` +
-					since.Format(time.RFC3339) + `","lastUpdateTime":"` + since.Format(time.RFC3339) + `"}]}`
-				if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := store.Load(dir); err != nil {
-					t.Fatal(err)
-				}
+				loadState(t, store, `"type":"KernelDeadlock","status":"True","reason":"CriticalTaskHungInGuest","message":"task qemu-kvm:1234 blocked for more than 120 seconds"`, since)
 			}
 			mon := NewMonitor(opts(t, store))
 			mon.Start(now, t0.Add(-4*time.Hour))
@@ -63,19 +52,8 @@ func TestRestoredKernelTrueWithAnUnknownReasonIsHeldForTheBoot(t *testing.T) {
 // time, as for any condition with such a reason (a True that stays True).
 func TestRestoredDisksFailureWithAnUnknownReasonKeepsItsTime(t *testing.T) {
 	since := t0.Add(-3 * time.Hour)
-	dir := t.TempDir()
-	store := report.NewStore("b")
-	now := t0.Add(time.Hour)
-	store.SetClock(func() time.Time { return now })
-	sf := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
-	 {"type":"DisksFailure","status":"True","reason":"NVMeSomethingNew","message":"nvme0: new","lastTransitionTime":"` +
-		since.Format(time.RFC3339) + `","lastUpdateTime":"` + since.Format(time.RFC3339) + `"}]}`
-	if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Load(dir); err != nil {
-		t.Fatal(err)
-	}
+	store, now := storeAtAnHour()
+	loadState(t, store, `"type":"DisksFailure","status":"True","reason":"NVMeSomethingNew","message":"nvme0: new"`, since)
 	mon := NewMonitor(opts(t, store))
 	mon.Start(now, t0.Add(-4*time.Hour))
 	store.SetPart(report.SourceCheck, report.Condition{Type: "DisksFailure", Status: report.StatusTrue, Reason: report.ReasonNVMeCriticalWarning,
@@ -92,23 +70,36 @@ func TestRestoredDisksFailureWithAnUnknownReasonKeepsItsTime(t *testing.T) {
 // the other build's time.
 func TestRestoredKernelFalseWithAnUnknownReasonKeepsItsTime(t *testing.T) {
 	since := t0.Add(-3 * time.Hour)
-	dir := t.TempDir()
-	store := report.NewStore("b")
-	now := t0.Add(time.Hour)
-	store.SetClock(func() time.Time { return now })
-	sf := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
-	 {"type":"KernelDeadlock","status":"False","reason":"NoKernelDeadlock","message":"none","lastTransitionTime":"` +
-		since.Format(time.RFC3339) + `","lastUpdateTime":"` + since.Format(time.RFC3339) + `"}]}`
-	if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Load(dir); err != nil {
-		t.Fatal(err)
-	}
+	store, now := storeAtAnHour()
+	loadState(t, store, `"type":"KernelDeadlock","status":"False","reason":"NoKernelDeadlock","message":"none"`, since)
 	mon := NewMonitor(opts(t, store))
 	mon.Start(now, t0.Add(-4*time.Hour))
 	mon.CaughtUp(200*uint64(time.Second/time.Microsecond), now)
 	if got, _ := store.Get("KernelDeadlock"); got.Status != report.StatusFalse || got.Reason != report.ReasonKernelHasNoDeadlock || !got.LastTransitionTime.Equal(since) {
 		t.Errorf("after the start: %s/%s since %v, want False/KernelHasNoDeadlock since %v", got.Status, got.Reason, got.LastTransitionTime, since)
+	}
+}
+
+// storeAtAnHour is boot "b"'s store and its clock's time, t0 plus an hour
+// (the start after a restart).
+func storeAtAnHour() (*report.Store, time.Time) {
+	store, now := report.NewStore("b"), t0.Add(time.Hour)
+	store.SetClock(func() time.Time { return now })
+	return store, now
+}
+
+// loadState loads into store a state file of boot "b", saved at t0, that
+// holds one condition: its JSON fields (type, status, reason, message)
+// and, for both its times, since.
+func loadState(t *testing.T, store *report.Store, fields string, since time.Time) {
+	t.Helper()
+	dir := t.TempDir()
+	sf := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
+	 {` + fields + `,"lastTransitionTime":"` + since.Format(time.RFC3339) + `","lastUpdateTime":"` + since.Format(time.RFC3339) + `"}]}`
+	if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(sf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Load(dir); err != nil {
+		t.Fatal(err)
 	}
 }
