@@ -17,25 +17,15 @@ import (
 // alert's `for:`) have been timing.
 func TestUnknownReasonKeepsTheTransitionTimeOfATrue(t *testing.T) {
 	since := t0.Add(-3 * time.Hour)
-	state := `{"version":1,"bootID":"b","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
-	 {"type":"ServiceNotRecovering","status":"True","reason":"UnitSomethingNew","message":"kubelet.service: new","lastTransitionTime":"` +
-		since.Format(time.RFC3339) + `","lastUpdateTime":"` + t0.Format(time.RFC3339) + `"}]}`
 	node := Condition{Type: "ServiceNotRecovering", Status: StatusTrue, Reason: "UnitSomethingNew", Message: "kubelet.service: new", LastTransitionTime: since}
 	now := t0.Add(time.Minute)
-	for _, tc := range []struct {
-		name            string
-		fromState, node bool
-	}{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}} {
+	for _, tc := range restoreSources {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
 			s := NewStore("b")
 			s.SetClock(func() time.Time { return now })
 			if tc.fromState {
-				if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(state), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				if res, err := s.Load(dir); err != nil || res.Restored != 0 {
-					t.Fatalf("Load = %+v, %v", res, err)
+				if res := loadOne(t, s, "b", node); res.Restored != 0 {
+					t.Fatalf("Load = %+v", res)
 				}
 			}
 			if tc.node && s.Adopt(node, "b") {
@@ -159,26 +149,14 @@ func TestUnknownReasonRemoved(t *testing.T) {
 // with the other build's reason in its message.
 func TestUnknownReasonTamperTrueIsHeld(t *testing.T) {
 	since := t0.Add(-30 * time.Hour)
-	state := `{"version":1,"bootID":"a","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
-	 {"type":"NodeTampered","status":"True","reason":"ProtectedFileReplaced","message":"/var/lib/kubelet/config.yaml replaced","lastTransitionTime":"` +
-		since.Format(time.RFC3339) + `","lastUpdateTime":"` + t0.Format(time.RFC3339) + `"}]}`
 	node := Condition{Type: "NodeTampered", Status: StatusTrue, Reason: "ProtectedFileReplaced", Message: "/var/lib/kubelet/config.yaml replaced", LastTransitionTime: since}
 	now := t0.Add(time.Minute)
-	for _, tc := range []struct {
-		name            string
-		fromState, node bool
-	}{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}} {
+	for _, tc := range restoreSources {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
 			s := NewStore("b")
 			s.SetClock(func() time.Time { return now })
 			if tc.fromState {
-				if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(state), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := s.Load(dir); err != nil {
-					t.Fatal(err)
-				}
+				loadOne(t, s, "a", node)
 			}
 			s.Set(cond("NodeTampered", StatusUnknown, ReasonBaselinePending, "this boot's baseline is being taken"), now)
 			if tc.node {
@@ -193,4 +171,30 @@ func TestUnknownReasonTamperTrueIsHeld(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restoreSources are the ways a condition saved by another build comes
+// back at the start: from the state file and the Node, the state file
+// only, the Node only.
+var restoreSources = []struct {
+	name            string
+	fromState, node bool
+}{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}}
+
+// loadOne loads into s a state file of boot, saved at t0, that holds c as
+// the Node holds it, with lastUpdateTime t0.
+func loadOne(t *testing.T, s *Store, boot string, c Condition) LoadResult {
+	t.Helper()
+	dir := t.TempDir()
+	state := `{"version":1,"bootID":"` + boot + `","savedAt":"` + t0.Format(time.RFC3339) + `","conditions":[
+	 {"type":"` + c.Type + `","status":"` + string(c.Status) + `","reason":"` + string(c.Reason) + `","message":"` + c.Message + `","lastTransitionTime":"` +
+		c.LastTransitionTime.Format(time.RFC3339) + `","lastUpdateTime":"` + t0.Format(time.RFC3339) + `"}]}`
+	if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(state), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Load(dir)
+	if err != nil {
+		t.Fatalf("Load = %+v, %v", res, err)
+	}
+	return res
 }
