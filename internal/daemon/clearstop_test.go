@@ -22,43 +22,17 @@ import (
 func TestTamperClearAtStopSaysTheStartBringsTheFindingsBack(t *testing.T) {
 	cfg := tamperClearConfig(t)
 	prot := filepath.Join(cfg.HostRoot, "var/lib/kubelet/config.yaml")
-	first, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- first.Run(ctx) }()
-	waitCond(t, first.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
-	os.WriteFile(prot, []byte("b\n"), 0o644)
-	first.currentRunner().Wake("NodeTampered")
-	waitCond(t, first.Store(), "NodeTampered", report.StatusTrue, report.ReasonProtectedFileChanged)
-	cancel()
-	<-done
+	runIntactThenStop(t, newClearDaemon(t, cfg), func(first *Daemon) {
+		os.WriteFile(prot, []byte("b\n"), 0o644)
+		first.currentRunner().Wake("NodeTampered")
+		waitCond(t, first.Store(), "NodeTampered", report.StatusTrue, report.ReasonProtectedFileChanged)
+	})
 
 	// The clear as the daemon stops: its context is done before the
 	// tamper checks ran again, then the final saves.
-	stopping, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped, stop := context.WithCancel(context.Background())
-	stop()
-	_, clearErr := stopping.ClearTamper(stopped, "INC-9: reviewed", "uid 0 (uid 0, pid 1)")
-	stopping.finalSave()
-	stopping.finalTamperSave()
+	clearErr := clearAsItStops(newClearDaemon(t, cfg), "INC-9: reviewed")
 
-	second, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	began := time.Now()
-	runDaemon(t, second)
-	await(t, second, "NodeTampered's first run", func() bool {
-		c, ok := second.Store().Get("NodeTampered")
-		return ok && c.LastUpdateTime.After(began)
-	})
-	c, _ := second.Store().Get("NodeTampered")
+	c := firstRunAfterTheStart(t, newClearDaemon(t, cfg))
 	const back = "the next start brings the findings back"
 	if c.Status == report.StatusTrue && (clearErr == nil || !strings.Contains(clearErr.Error(), back)) {
 		t.Errorf("the answer of a clear at stop: %v; NodeTampered after the next start: %s/%s; want the answer to say %q", clearErr, c.Status, c.Reason, back)

@@ -142,38 +142,9 @@ func TestTamperClearLeavesNoCrashPointWithAFalseBaselineCorrupt(t *testing.T) {
 // instead.
 func TestTamperClearThenStopBeforeTheCheckRan(t *testing.T) {
 	cfg := tamperClearConfig(t)
-	first, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- first.Run(ctx) }()
-	waitCond(t, first.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
-	cancel()
-	<-done
-
-	second, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped, stop := context.WithCancel(context.Background())
-	stop() // the stop comes before the check's run the clear woke
-	second.ClearTamper(stopped, "INC-8: reviewed", "uid 0 (uid 0, pid 1)")
-	second.finalSave()
-	second.finalTamperSave()
-
-	third, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	began := time.Now()
-	runDaemon(t, third)
-	await(t, third, "NodeTampered's first run", func() bool {
-		c, ok := third.Store().Get("NodeTampered")
-		return ok && c.LastUpdateTime.After(began) // not the condition restored from state.json
-	})
-	if c, _ := third.Store().Get("NodeTampered"); c.Status != report.StatusFalse || c.Reason != report.ReasonNodeIntact {
+	runIntactThenStop(t, newClearDaemon(t, cfg), nil)
+	clearAsItStops(newClearDaemon(t, cfg), "INC-8: reviewed") // the stop comes before the check's run the clear woke
+	if c := firstRunAfterTheStart(t, newClearDaemon(t, cfg)); c.Status != report.StatusFalse || c.Reason != report.ReasonNodeIntact {
 		t.Errorf("after a clear and a stop: NodeTampered %s/%s %q, want False/NodeIntact", c.Status, c.Reason, c.Message)
 	}
 }
@@ -263,4 +234,58 @@ func TestTwoTamperClearsAtOnceLeaveNoFalseBaselineCorrupt(t *testing.T) {
 	for _, b := range crashPoints() {
 		t.Error(b)
 	}
+}
+
+// newClearDaemon is a daemon of cfg (tamperClearConfig's) that serves no
+// status socket.
+func newClearDaemon(t *testing.T, cfg *config.Config) *Daemon {
+	t.Helper()
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// runIntactThenStop runs d until NodeTampered is False (NodeIntact), then
+// runs then (when not nil) while d still runs, and stops d: its Run has
+// returned, its state saved.
+func runIntactThenStop(t *testing.T, d *Daemon, then func(d *Daemon)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	waitCond(t, d.Store(), "NodeTampered", report.StatusFalse, report.ReasonNodeIntact)
+	if then != nil {
+		then(d)
+	}
+	cancel()
+	<-done
+}
+
+// clearAsItStops asks d, a daemon not run, for a tamper clear with its
+// context already done (the stop comes before the tamper checks run
+// again), then makes d's final saves, as its stop does. It returns the
+// clear's answer.
+func clearAsItStops(d *Daemon, ticket string) error {
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	_, err := d.ClearTamper(stopped, ticket, "uid 0 (uid 0, pid 1)")
+	d.finalSave()
+	d.finalTamperSave()
+	return err
+}
+
+// firstRunAfterTheStart runs d and returns NodeTampered as its first run
+// in d set it (not the condition restored from state.json).
+func firstRunAfterTheStart(t *testing.T, d *Daemon) report.Condition {
+	t.Helper()
+	began := time.Now()
+	runDaemon(t, d)
+	await(t, d, "NodeTampered's first run", func() bool {
+		c, ok := d.Store().Get("NodeTampered")
+		return ok && c.LastUpdateTime.After(began)
+	})
+	c, _ := d.Store().Get("NodeTampered")
+	return c
 }
