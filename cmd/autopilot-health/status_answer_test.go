@@ -2,12 +2,10 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -118,34 +116,7 @@ func TestStatusScreenIsPrintableFromADaemonThatSendsRawText(t *testing.T) {
 // "connect: resource temporarily unavailable", nor "not running".
 func TestStatusOfADaemonThatAcceptsNoConnection(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "status.sock")
-	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fd)
-	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	// Fill the backlog: connections nobody accepts.
-	var held []net.Conn
-	defer func() {
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	for range 8 {
-		c, err := net.DialTimeout("unix", sock, time.Second)
-		if err != nil {
-			break
-		}
-		held = append(held, c)
-	}
-	if len(held) == 0 || len(held) == 8 {
-		testenv.Skip(t, fmt.Sprintf("%d connections taken into a backlog of 0: not a full backlog", len(held)))
-	}
+	testenv.FullBacklogSocket(t, sock)
 	code, out, errs := run(t, "status", "--socket", sock)
 	want := "autopilot-health status: the daemon on " + sock + " takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health)\n"
 	if code != exitError || out != "" || errs != want {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -133,33 +132,7 @@ func TestControlClientOfADaemonThatDoesNotAnswer(t *testing.T) {
 // fails at once (EAGAIN), named for what it is, as `status` names it.
 func TestControlClientOfADaemonThatTakesNoConnection(t *testing.T) {
 	sock := t.TempDir() + "/control.sock"
-	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fd)
-	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: sock}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	var held []net.Conn
-	defer func() {
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	for range 8 {
-		c, err := net.DialTimeout("unix", sock, time.Second)
-		if err != nil {
-			break
-		}
-		held = append(held, c)
-	}
-	if len(held) == 0 || len(held) == 8 {
-		testenv.Skip(t, fmt.Sprintf("%d connections taken into a backlog of 0: not a full backlog", len(held)))
-	}
+	testenv.FullBacklogSocket(t, sock)
 	want := "the daemon on " + sock + " takes no connection (its listen backlog is full): it may be hung (systemctl status autopilot-health; journalctl -u autopilot-health); nothing was sent"
 	if _, err := RequestReload(sock); err == nil || err.Error() != want {
 		t.Errorf("reload: %v\nwant %s", err, want)

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -144,5 +146,39 @@ func Unprivileged(t testing.TB, fn func()) {
 	}()
 	if err := <-failed; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// FullBacklogSocket binds a Unix stream socket at path that listens with a
+// backlog of 0 and accepts nothing, and fills its backlog: a frozen
+// daemon's socket, where a connect fails at once (EAGAIN). It skips (a
+// failure under CI) where the kernel took no connection or did not stop
+// taking them. The socket and the held connections are closed at the
+// test's end.
+func FullBacklogSocket(t testing.TB, path string) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the backlog: connections nobody accepts.
+	held := 0
+	for range 8 {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+		held++
+	}
+	if held == 0 || held == 8 {
+		Skip(t, fmt.Sprintf("%d connections taken into a backlog of 0: not a full backlog", held))
 	}
 }
