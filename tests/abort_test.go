@@ -45,12 +45,7 @@ func TestWatchdogAbortIsRestarted(t *testing.T) {
 			return false, err.Error()
 		}
 		last = u
-		sp, _ := s.Properties(ctx, unit, "Service")
-		var code, status int32
-		if sp != nil {
-			code, _ = sp["ExecMainCode"].Value().(int32)
-			status, _ = sp["ExecMainStatus"].Value().(int32)
-		}
+		code, status := mainExit(ctx, s, unit)
 		return active(u) && u.Invocation != up.Invocation && u.NRestarts > up.NRestarts,
 			fmt.Sprintf("%s/%s result %s NRestarts=%d, last exit code %d status %d", u.ActiveState, u.SubState, u.Result, u.NRestarts, code, status)
 	})

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // TestRuntimeFatalBeforeMainIsRestarted: a fatal error of the Go runtime
@@ -35,25 +37,7 @@ func TestRuntimeFatalBeforeMainIsRestarted(t *testing.T) {
 	if err := s.StartUnit(ctx, unit); err == nil {
 		t.Errorf("the start job of a daemon that cannot start a thread succeeded")
 	}
-	eventually(t, 30*time.Second, "the runtime's fatal error before main in the journal", func() (bool, string) {
-		j := s.Journal(unit)
-		return strings.Contains(j, "fatal error: newosproc"), lastBytes(j, 600)
-	})
-	eventually(t, 30*time.Second, "the daemon restarted after its runtime's fatal error", func() (bool, string) {
-		u, err := s.Bus.Unit(ctx, unit)
-		if err != nil {
-			return false, err.Error()
-		}
-		sp, _ := s.Properties(ctx, unit, "Service")
-		var code, status int32
-		if sp != nil {
-			code, _ = sp["ExecMainCode"].Value().(int32)
-			status, _ = sp["ExecMainStatus"].Value().(int32)
-		}
-		// CLD_KILLED 2, CLD_DUMPED 3; SIGABRT 6.
-		return u.NRestarts >= 1 && code != 1 && status == 6,
-			fmt.Sprintf("%s/%s result %s NRestarts=%d, last exit code %d status %d; want restarted, killed by SIGABRT (6)", u.ActiveState, u.SubState, u.Result, u.NRestarts, code, status)
-	})
+	awaitRestartedAfterFatal(t, s, unit, "the daemon")
 }
 
 // TestHelperRuntimeFatalBeforeMainIsRestarted: the privileged helper's
@@ -81,23 +65,40 @@ func TestHelperRuntimeFatalBeforeMainIsRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	eventually(t, 30*time.Second, "the helper's runtime's fatal error before main in the journal", func() (bool, string) {
-		j := s.Journal(svc)
+	awaitRestartedAfterFatal(t, s, svc, "the helper")
+}
+
+// awaitRestartedAfterFatal waits for the Go runtime's fatal error before
+// main ("fatal error: newosproc") in unit's journal, then for systemd to
+// have restarted unit after it ended by SIGABRT; who names the unit in the
+// failures.
+func awaitRestartedAfterFatal(t *testing.T, s *harness.Systemd, unit, who string) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, 30*time.Second, who+"'s runtime's fatal error before main in the journal", func() (bool, string) {
+		j := s.Journal(unit)
 		return strings.Contains(j, "fatal error: newosproc"), lastBytes(j, 600)
 	})
-	eventually(t, 30*time.Second, "the helper restarted after its runtime's fatal error", func() (bool, string) {
-		u, err := s.Bus.Unit(ctx, svc)
+	eventually(t, 30*time.Second, who+" restarted after its runtime's fatal error", func() (bool, string) {
+		u, err := s.Bus.Unit(ctx, unit)
 		if err != nil {
 			return false, err.Error()
 		}
-		sp, _ := s.Properties(ctx, svc, "Service")
-		var code, status int32
-		if sp != nil {
-			code, _ = sp["ExecMainCode"].Value().(int32)
-			status, _ = sp["ExecMainStatus"].Value().(int32)
-		}
+		code, status := mainExit(ctx, s, unit)
 		// CLD_KILLED 2, CLD_DUMPED 3; SIGABRT 6.
 		return u.NRestarts >= 1 && code != 1 && status == 6,
 			fmt.Sprintf("%s/%s result %s NRestarts=%d, last exit code %d status %d; want restarted, killed by SIGABRT (6)", u.ActiveState, u.SubState, u.Result, u.NRestarts, code, status)
 	})
+}
+
+// mainExit is how unit's main process last ended, as systemd has it:
+// ExecMainCode (CLD_EXITED 1, CLD_KILLED 2, CLD_DUMPED 3) and
+// ExecMainStatus (the exit status or the signal); zero when unread.
+func mainExit(ctx context.Context, s *harness.Systemd, unit string) (code, status int32) {
+	sp, _ := s.Properties(ctx, unit, "Service")
+	if sp != nil {
+		code, _ = sp["ExecMainCode"].Value().(int32)
+		status, _ = sp["ExecMainStatus"].Value().(int32)
+	}
+	return code, status
 }
