@@ -1420,6 +1420,26 @@ func (u unprivilegedScan) Scan(root string, spec tamper.Spec) (es []tamper.Entry
 	return es, err
 }
 
+// searchableByAll lets every user search the host root and its parent (a
+// test's temporary directories are 0700), so that an unprivileged scan
+// meets only the permissions a test sets under the root.
+func (h *tamperHost) searchableByAll() {
+	h.t.Helper()
+	for _, d := range []string{filepath.Dir(h.root), h.root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+// startUnprivileged is h.start with the check's scan run as a process
+// without the DAC capabilities (unprivilegedScan).
+func (h *tamperHost) startUnprivileged(bootID string, memos *report.Store) *nodeTamperedCheck {
+	c := h.start(bootID, memos)
+	c.env.Helper = unprivilegedScan{t: h.t}
+	return c
+}
+
 // A protected file the scan cannot reach, for another reason than that it
 // is not there, is unreadable, never removed: after the baseline a
 // directory on the way that the scan may not search (EACCES) is the file
@@ -1429,13 +1449,8 @@ func (u unprivilegedScan) Scan(root string, spec tamper.Spec) (es []tamper.Entry
 // it. Before, filepath.Glob read either as no match: the file absent.
 func TestNodeTamperedAPathItCannotReachIsNotRemoved(t *testing.T) {
 	h := newTamperHost(t)
-	for _, d := range []string{filepath.Dir(h.root), h.root} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := h.start("boot-1", report.NewStore("boot-1"))
-	c.env.Helper = unprivilegedScan{t: t}
+	h.searchableByAll()
+	c := h.startUnprivileged("boot-1", report.NewStore("boot-1"))
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
 	if err := os.Chmod(h.path("/etc/kubernetes"), 0); err != nil {
 		t.Fatal(err)
@@ -1469,13 +1484,8 @@ func TestNodeTamperedAPathItCannotReachIsNotRemoved(t *testing.T) {
 // of the baseline under it was a "removed" finding beside the directory's.
 func TestNodeTamperedFilesInADirectoryItCannotListAreNotRemoved(t *testing.T) {
 	h := newTamperHost(t)
-	for _, d := range []string{filepath.Dir(h.root), h.root} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := h.start("boot-1", report.NewStore("boot-1"))
-	c.env.Helper = unprivilegedScan{t: t}
+	h.searchableByAll()
+	c := h.startUnprivileged("boot-1", report.NewStore("boot-1"))
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
 	if err := os.Chmod(h.path("/etc/cni/net.d"), 0o311); err != nil { // search, no listing
 		t.Fatal(err)
@@ -1500,16 +1510,11 @@ func TestNodeTamperedNarrowedPathsAndADirectoryItCannotList(t *testing.T) {
 	for _, how := range []string{"unchanged", "reload", "restart"} {
 		t.Run(how, func(t *testing.T) {
 			h := newTamperHost(t)
-			for _, d := range []string{filepath.Dir(h.root), h.root} {
-				if err := os.Chmod(d, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
+			h.searchableByAll()
 			h.write("/etc/cni/net.d/10-other.conflist", "{}\n")
 			h.paths = []string{"/var/lib/kubelet/config.yaml", "/etc/cni/net.d/*.conflist", "/etc/kubernetes/kubelet.conf"}
 			memos := report.NewStore("boot-1")
-			c := h.start("boot-1", memos)
-			c.env.Helper = unprivilegedScan{t: t}
+			c := h.startUnprivileged("boot-1", memos)
 			h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "4 protected paths unchanged")
 
 			// Narrowed: the kubelet's configuration protected no more ("unchanged":
@@ -1519,8 +1524,7 @@ func TestNodeTamperedNarrowedPathsAndADirectoryItCannotList(t *testing.T) {
 				if how == "reload" {
 					h.keeper = c.keeper
 				}
-				c = h.start("boot-1", memos)
-				c.env.Helper = unprivilegedScan{t: t}
+				c = h.startUnprivileged("boot-1", memos)
 				h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "4 protected paths unchanged")
 			}
 
@@ -1566,17 +1570,12 @@ func TestNodeTamperedWatchFollowsARetargetedSymlinkOnTheWay(t *testing.T) {
 // path of a tolerated path's directory stays protected (README).
 func TestNodeTamperedAnUnlistableToleratedDirectoryIsAFinding(t *testing.T) {
 	h := newTamperHost(t)
-	for _, d := range []string{filepath.Dir(h.root), h.root} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	h.searchableByAll()
 	h.gpu = true
 	h.protect = []string{"/etc/containerd"}
 	h.write("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n")
 	h.write("/etc/containerd/conf.d/50-mirror.toml", "[plugins]\n")
-	c := h.start("boot-1", report.NewStore("boot-1"))
-	c.env.Helper = unprivilegedScan{t: t}
+	c := h.startUnprivileged("boot-1", report.NewStore("boot-1"))
 	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "9 protected paths unchanged")
 
 	h.now = h.now.Add(time.Minute)
