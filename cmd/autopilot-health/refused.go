@@ -8,13 +8,13 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/systemd"
 )
 
 // The record of a refused configuration file: `run` under systemd writes
@@ -128,22 +128,24 @@ func refusedChanged(dir string, stdout, stderr io.Writer) int {
 }
 
 // daemonInvocation is the invocation ID of the last start of the daemon's
-// unit, or "" where it cannot be told (not under systemd, no such unit).
-// An OnFailure= unit's ExecStart= is given it as $MONITOR_INVOCATION_ID,
-// but its ExecCondition= (where refused-changed runs) is not, in systemd
-// 252: there systemd is asked, as autopilot-health-refused.service's own
-// ExecStart= asks it to start the daemon (systemctl, its private socket).
+// unit, or "" where it cannot be told (not under systemd, no such unit, no
+// system bus). An OnFailure= unit's ExecStart= is given it as
+// $MONITOR_INVOCATION_ID, but its ExecCondition= (where refused-changed
+// runs) is not, in systemd 252: there systemd is asked over D-Bus, as the
+// daemon reads its units.
 var daemonInvocation = func() string {
 	if id := os.Getenv("MONITOR_INVOCATION_ID"); id != "" {
 		return id
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "systemctl", "show", "--property=InvocationID", "--value", daemonUnit).Output()
+	bus := systemd.NewDBus()
+	defer bus.Close()
+	u, err := bus.Unit(ctx, daemonUnit)
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(out))
+	return u.Invocation
 }
 
 // daemonUnit is the daemon's unit, whose failure starts
