@@ -328,6 +328,12 @@ func TestBadConfigs(t *testing.T) {
 		"case-key.toml":             `:2: key checks.DiskUsageHigh.SPACE_PERCENT: unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh.space_percent?)`,
 		"case-duplicate-table.toml": `:4: key checks.diskusagehigh: unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)`,
 		"listen-port.toml":          `:2: key metrics.listen_address: must be host:port or :port with a port from 1 to 65535, got "127.0.0.1:99999"`,
+		// A port is a decimal number: a service name would be looked up
+		// in /etc/services (":http" bound port 80), a sign dropped, and
+		// no port at all was refused as port 0.
+		"listen-port-service-name.toml": `:2: key metrics.listen_address: must have a port that is a decimal number from 1 to 65535 such as ":20257" (a service name such as "http" is not looked up), got ":http"`,
+		"listen-port-signed.toml":       `:2: key metrics.listen_address: must have a port that is a decimal number from 1 to 65535 such as ":20257" (a service name such as "http" is not looked up), got "127.0.0.1:+80"`,
+		"listen-port-empty.toml":        `:2: key metrics.listen_address: must name a port after the colon, a decimal number from 1 to 65535 such as ":20257", got ":"`,
 		// Port 0 is one the kernel picks at each start: Prometheus,
 		// which scrapes a fixed <node IP>:port, could never find it.
 		"listen-port-zero.toml":          `:2: key metrics.listen_address: must not be port 0 (a port the kernel picks at each start, which Prometheus cannot find): give the port it scrapes, such as ":20257", got ":0"`,

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -300,9 +301,16 @@ func (c *Config) validate() *Error {
 	}
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "auto", "journal", "text", "json")
+	// The port is a decimal number, not one net.LookupPort would find:
+	// it reads a service name from /etc/services (":http" bound port 80),
+	// drops a sign, and takes no port at all for port 0.
 	if _, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
 		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
-	} else if n, err := net.LookupPort("tcp", port); err != nil {
+	} else if port == "" {
+		v.fail("metrics.listen_address", "must name a port after the colon, a decimal number from 1 to 65535 such as \":20257\", got %q", c.Metrics.ListenAddress)
+	} else if strings.Trim(port, "0123456789") != "" {
+		v.fail("metrics.listen_address", "must have a port that is a decimal number from 1 to 65535 such as \":20257\" (a service name such as \"http\" is not looked up), got %q", c.Metrics.ListenAddress)
+	} else if n, err := strconv.Atoi(port); err != nil || n > 65535 {
 		v.fail("metrics.listen_address", "must be host:port or :port with a port from 1 to 65535, got %q", c.Metrics.ListenAddress)
 	} else if n == 0 {
 		// The kernel would pick a port at each start: the cluster's
