@@ -10,10 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/smallfile"
 	"github.com/syself/autopilot-health/internal/systemd"
 )
 
@@ -155,44 +155,19 @@ const daemonUnit = "autopilot-health.service"
 // readRefusedRecord reads the record at path as the small regular file
 // recordRefusal writes. It opens it without blocking (a FIFO there, with
 // no writer, would hold the unit's condition until its start timeout) and
-// refuses what is not a regular file or is larger than any record, without
-// reading it.
+// refuses what is not a regular file (a device too) or is larger than any
+// record, without reading it.
 func readRefusedRecord(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", fileKind(fi.Mode()))
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxRefusedRecord+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxRefusedRecord {
+	b, err := smallfile.Read(path, smallfile.Limits{Max: maxRefusedRecord})
+	var notRegular *smallfile.NotRegularError
+	var tooLarge *smallfile.TooLargeError
+	switch {
+	case errors.As(err, &notRegular):
+		return nil, fmt.Errorf("not a regular file (%s)", notRegular.Kind)
+	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("larger than a record (over %d bytes)", maxRefusedRecord)
 	}
-	return b, nil
-}
-
-// fileKind names what a file that is not a regular one is.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	}
-	return "mode " + m.Type().String()
+	return b, err
 }
 
 // parseRefusedRecord reads a record as recordRefusal writes it: an

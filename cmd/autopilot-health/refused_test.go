@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,6 +108,15 @@ func TestRefusedChangedRecordNotAFile(t *testing.T) {
 	}{
 		{"fifo", "not a regular file", func(rec string) error { return syscall.Mkfifo(rec, 0o600) }},
 		{"directory", "not a regular file", func(rec string) error { return os.Mkdir(rec, 0o700) }},
+		// open(2) of a socket fails (ENXIO): named for what it is, not
+		// "no such device or address".
+		{"socket", "not a regular file (a socket)", func(rec string) error {
+			ln, err := net.Listen("unix", rec)
+			if err == nil {
+				t.Cleanup(func() { ln.Close() })
+			}
+			return err
+		}},
 		{"too large", "larger than a record", func(rec string) error {
 			return os.WriteFile(rec, []byte(`{"path":"/`+big+`","digest":"abc"}`), 0o600)
 		}},

@@ -14,8 +14,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -23,10 +21,11 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/syself/autopilot-health/internal/smallfile"
 )
 
 // DefaultPath is where the daemon looks for its configuration.
@@ -414,40 +413,21 @@ const maxFileSize = 1 << 20
 // maxFileSize bytes of it, and one that has nothing to read (a terminal)
 // is given up after readWait.
 func readFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if errors.Is(err, syscall.ENXIO) {
-		// open(2) of a Unix socket.
-		if st, serr := os.Stat(path); serr == nil && st.Mode().Type()&fs.ModeSocket != 0 {
-			return nil, &kindError{fmt.Sprintf("%s is a socket, not a regular file", path)}
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	switch t := st.Mode().Type(); {
-	case t&fs.ModeDir != 0:
-		return nil, &kindError{fmt.Sprintf("%s is a directory, not a regular file", path)}
-	case t&fs.ModeNamedPipe != 0:
-		return nil, &kindError{fmt.Sprintf("%s is a FIFO, not a regular file", path)}
-	case t&fs.ModeSocket != 0:
-		return nil, &kindError{fmt.Sprintf("%s is a socket, not a regular file", path)}
-	}
-	f.SetReadDeadline(time.Now().Add(readWait)) // ErrNoDeadline for what cannot wait
-	b, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return nil, &kindError{fmt.Sprintf("%s had nothing to read for %s: not a configuration file", path, readWait)}
-	}
-	if err == nil && len(b) > maxFileSize {
+	b, err := smallfile.Read(path, smallfile.Limits{Max: maxFileSize, DeviceWait: readWait})
+	var notRegular *smallfile.NotRegularError
+	var tooLarge *smallfile.TooLargeError
+	var nothing *smallfile.NothingToReadError
+	switch {
+	case errors.As(err, &notRegular):
+		return nil, &kindError{fmt.Sprintf("%s is %s, not a regular file", path, notRegular.Kind)}
+	case errors.As(err, &nothing):
+		return nil, &kindError{fmt.Sprintf("%s had nothing to read for %s: not a configuration file", path, nothing.Wait)}
+	case errors.As(err, &tooLarge):
 		size := "a device"
-		if st.Mode().IsRegular() {
-			size = fmt.Sprintf("%d bytes", st.Size())
+		if tooLarge.Size >= 0 {
+			size = fmt.Sprintf("%d bytes", tooLarge.Size)
 		}
-		err = &kindError{fmt.Sprintf("%s is larger than 1 MiB, the most read (%s); a configuration is a few KB", path, size)}
+		return nil, &kindError{fmt.Sprintf("%s is larger than 1 MiB, the most read (%s); a configuration is a few KB", path, size)}
 	}
 	return b, err
 }
