@@ -52,7 +52,10 @@ type Keeper struct {
 	clearing bool
 
 	// The writer (save): the state is marshalled under mu and written
-	// outside it, on a goroutine of its own, one write at a time.
+	// outside it, on a goroutine of its own, one write at a time. The
+	// write is report.WriteFileAtomic, as the daemon's state file's; the
+	// bookkeeping around it is this file's own (the daemon's stateWriter
+	// says why the two differ).
 	// write replaces report.WriteFileAtomic (SetWrite, tests); onBlocked is
 	// told when a write is found blocked in I/O and when it returns
 	// (OnWriteBlocked).

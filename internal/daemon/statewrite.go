@@ -34,6 +34,21 @@ const finalSaveWait = 5 * time.Second
 // starts no other write until that one returns, as the disk check asks a
 // hung statfs again only once it returned (checks.stuckCalls): one
 // goroutine per hung write at most. The zero value is ready to use.
+//
+// The write itself (a temp file in the same directory, fsync, rename,
+// fsync of the directory) is report.WriteFileAtomic, the one the tamper
+// state's writer (tamper.Keeper) calls too, and report.RemoveTemps removes
+// both files' temps at a start. The two writers around it differ for
+// what drives each file's saves: the state file is the whole store encoded
+// afresh at each save by the persister's loop, which holds the changes
+// made while a write is in flight (the store's Dirty signal) and saves them
+// once it returns, retries a failed save with backoff, and finds a write
+// blocked in I/O itself (markBlocked), counting and logging it. tamper.json
+// has no such loop: the keeper numbers its changes, and a write's return
+// starts the next with those made meanwhile; a change waits
+// tamper.SaveWait for its own write (NotSavedError), the next change or
+// Flush writes again after a failed write, and a timer of its own marks
+// the write blocked. It is written 0600, the state file 0644.
 type stateWriter struct {
 	// write replaces report.WriteFileAtomic (tests).
 	write func(path string, data []byte, perm os.FileMode) error
