@@ -181,6 +181,11 @@ type EventDesc struct {
 	Source  Source
 	Scope   Scope
 	Trigger string
+	// Operator: the event records an operator's action, not a problem
+	// (TamperCleared). It is an Event on the Node, but problem_counter,
+	// which counts problems (the spec's temp rules, and conditions
+	// turning True), has no series for it.
+	Operator bool `json:",omitempty"`
 }
 
 // The reasons of each condition, in catalog order, declared next to one
@@ -461,7 +466,7 @@ var Events = []EventDesc{
 	{Reason: "UnregisterNetDevice", Source: SourceKmsg, Scope: ScopeAll, Trigger: "unregister_netdevice: waiting for a device to become free"},
 	{Reason: "CperHardwareErrorCorrected", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: corrected"},
 	{Reason: "CperHardwareErrorRecoverable", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: recoverable"},
-	{Reason: EventTamperCleared, Source: SourceTamper, Scope: ScopeAll, Trigger: "an operator cleared the tamper conditions (autopilot-health tamper clear)"},
+	{Reason: EventTamperCleared, Source: SourceTamper, Scope: ScopeAll, Operator: true, Trigger: "an operator cleared the tamper conditions (autopilot-health tamper clear)"},
 }
 
 // EventTamperCleared is the event of an operator's clear of the tamper

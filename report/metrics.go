@@ -291,9 +291,14 @@ func (m *Metrics) InitConditions(types []string) {
 	m.vConditionStatus.changed()
 }
 
-// InitEvents creates the problem_counter series of the given event reasons at zero.
+// InitEvents creates the problem_counter series of the given event reasons
+// at zero, but for an operator's action (EventDesc.Operator), which is no
+// problem.
 func (m *Metrics) InitEvents(reasons []string) {
 	for _, r := range reasons {
+		if operatorEvent(r) {
+			continue
+		}
 		m.problemCounter.WithLabelValues(r)
 	}
 	m.vProblemCounter.changed()
@@ -356,8 +361,19 @@ func (m *Metrics) ConditionRemoved(c Condition) {
 	m.vConditionStatus.changed()
 }
 
-// EventEmitted implements Observer.
+// operatorEvent reports whether reason is the event of an operator's
+// action (EventDesc.Operator), not a problem.
+func operatorEvent(reason string) bool {
+	d, ok := LookupEvent(reason)
+	return ok && d.Operator
+}
+
+// EventEmitted implements Observer: a problem's event counts in
+// problem_counter; an operator's action (a tamper clear) does not.
 func (m *Metrics) EventEmitted(e Event) {
+	if operatorEvent(e.Reason) {
+		return
+	}
 	m.problemCounter.WithLabelValues(e.Reason).Inc()
 	m.vProblemCounter.changed()
 }
