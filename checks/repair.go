@@ -90,6 +90,13 @@ type Repairer struct {
 	// bindsErr is the last failed read of a stopped unit's BindsTo=
 	// (stoppedWithBound), logged once per change, not at every probe.
 	bindsErr string
+	// upSeen: for each unit, the other units as the unit watch last read
+	// them (NRestarts, when) at the unit's last healthy probe (Healthy),
+	// so that a stop of the unit by systemd, because a unit it BindsTo=
+	// went down, is told after that unit went down twice since
+	// (systemd.StoppedWithBoundCrashes). In memory only: a daemon
+	// restarted since leaves such a unit stopped, as before.
+	upSeen map[string]map[string]systemd.BoundSeen
 }
 
 // RepairKey is the name under which the repairer keeps its status of each
@@ -99,6 +106,7 @@ const RepairKey = "repairs"
 // NewRepairer returns a repairer; mgr may be nil (no systemd reachable).
 func NewRepairer(mgr systemd.Manager, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *Repairer {
 	r := &Repairer{mgr: mgr, log: log, now: now, sinceBoot: sinceBoot, units: map[string]*RepairStatus{}, inflight: map[string]bool{}, jobTimeout: 5 * time.Minute,
+		upSeen: map[string]map[string]systemd.BoundSeen{},
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "repairs_total",
 			Help: "In-place repair attempts by unit and result (restarted, cooldown, systemd-restarting, unit-stopped, unit-starting, unit-stopping, shutting-down, not-loaded, in-progress, failed, no-systemd).",
@@ -486,7 +494,25 @@ func (r *Repairer) stoppedWithBound(ctx context.Context, u systemd.Unit) bool {
 			r.log.Info("repair: unit stopped by systemd because a unit it BindsTo= went down and came back; not someone's stop", "unit", u.Name, "bound", b.Name)
 			return true
 		}
+		r.mu.Lock()
+		seen, ok := r.upSeen[u.Name][b.Name]
+		r.mu.Unlock()
+		if ok && systemd.StoppedWithBoundCrashes(u, b, seen) {
+			r.log.Info("repair: unit stopped by systemd because a unit it BindsTo= went down, which went down and came back more than once since the unit was last seen healthy; not someone's stop", "unit", u.Name, "bound", b.Name, "restarts", b.NRestarts-seen.NRestarts)
+			return true
+		}
 	}
+	// A unit u BindsTo= that runs now and did not stop u: its later stops
+	// come after u's, and cannot be why u stopped. u's stop is someone's
+	// for good (until u runs again and is seen healthy): a stop of u by
+	// hand followed by crashes of that unit is not taken for systemd's.
+	r.mu.Lock()
+	for _, b := range bound {
+		if b.ActiveState == "active" {
+			delete(r.upSeen[u.Name], b.Name)
+		}
+	}
+	r.mu.Unlock()
 	return false
 }
 
@@ -539,13 +565,20 @@ func (r *Repairer) status(unit string) *RepairStatus {
 	return st
 }
 
-// Healthy records that the unit's probe passed: the run of repairs ends.
+// Healthy records that the unit's probe passed: the run of repairs ends,
+// and the other units as the unit watch last read them are kept (upSeen),
+// with no read of its own.
 func (r *Repairer) Healthy(unit string) {
 	r.restore()
 	r.mu.Lock()
 	st := r.status(unit)
 	was := st.Consecutive
 	st.Consecutive = 0
+	if r.watch != nil {
+		// The units the watch read, as unit was healthy: whether one
+		// unit BindsTo= went down twice since (stoppedWithBound).
+		r.upSeen[unit] = r.watch.seenInto(unit, r.upSeen[unit])
+	}
 	r.mu.Unlock()
 	if was != 0 {
 		r.touch()

@@ -12,13 +12,23 @@ import (
 	"github.com/syself/autopilot-health/internal/systemd"
 )
 
-// bindsToManager answers BindsTo with err (nil: none bound).
+// bindsToManager answers BindsTo with bound, or err.
 type bindsToManager struct {
 	*fakeManager
-	err error
+	err   error
+	bound []systemd.Bound
 }
 
-func (m *bindsToManager) BindsTo(context.Context, string) ([]systemd.Bound, error) { return nil, m.err }
+func (m *bindsToManager) BindsTo(context.Context, string) ([]systemd.Bound, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return nil, m.err
+	}
+	return m.bound, nil
+}
+
+func (m *bindsToManager) setBound(b ...systemd.Bound) { m.mu.Lock(); m.bound = b; m.mu.Unlock() }
 
 var _ systemd.BindsToReader = (*bindsToManager)(nil)
 
@@ -50,5 +60,92 @@ func TestStoppedWithBoundReadFailureLoggedOncePerChange(t *testing.T) {
 	r.stoppedWithBound(t.Context(), u)
 	if n := count(); n != 3 {
 		t.Errorf("the error again after a read that worked logged %d times in all, want 3", n)
+	}
+}
+
+// containerd crashed twice between two kubelet probes: kubelet, bound to
+// it, stopped at the first crash, and systemd keeps the times of the second
+// only. The repairer starts kubelet again from what the daemon saw when
+// kubelet was last healthy (containerd's NRestarts, read by the unit watch
+// during kubelet's run); not a daemon restarted since (that is in memory
+// only), and not once a probe read kubelet stopped while containerd ran
+// (someone's stop: containerd's crashes after it are not why kubelet
+// stopped). The same rule against systemd 252:
+// TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed in tests/.
+func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashedTwice(t *testing.T) {
+	s := time.Second
+	const kl, rt = "kubelet.service", "containerd.service"
+	running := systemd.Unit{Name: kl, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "k1", MainStartMono: 50 * s}
+	runtime := systemd.Unit{Name: rt, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "c1", NRestarts: 3, MainStartMono: 10 * s}
+	setup := func() (*bindsToManager, *Repairer) {
+		m := &bindsToManager{fakeManager: newFakeManager(running, runtime)}
+		w := NewUnitWatch(nil, nil)
+		w.sinceBoot = func() time.Duration { return 90 * s }
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		r.SetUnitWatch(w)
+		// ServiceNotRecovering's read, then a kubelet probe that passed.
+		for _, name := range []string{kl, rt} {
+			w.Observe(mustUnit(t, m.fakeManager, name))
+		}
+		r.Healthy(kl)
+		return m, r
+	}
+	stoppedAt := func(exit time.Duration) systemd.Unit {
+		u := running
+		u.ActiveState, u.SubState, u.ActiveExitMono = "inactive", "dead", exit
+		return u
+	}
+	// Down at 100 s (kubelet stopped 20 ms after), back at 101 s, down at
+	// 102 s, back at 103 s.
+	twice := systemd.Bound{Name: rt, ActiveState: "active", ActiveExitMono: 102 * s, ActiveEnterMono: 103 * s, NRestarts: 5}
+	repair := func(r *Repairer) string {
+		res, _ := r.Repair(t.Context(), kl, time.Millisecond, "healthz failed")
+		r.Wait()
+		return res
+	}
+
+	m, r := setup()
+	m.set(stoppedAt(100*s + 20*time.Millisecond))
+	m.setBound(twice)
+	if res := repair(r); res != RepairRestarted {
+		t.Errorf("kubelet stopped by containerd's first of two crashes: %s, want %s", res, RepairRestarted)
+	}
+
+	// A daemon restarted since knows no healthy kubelet: left stopped.
+	m, _ = setup()
+	m.set(stoppedAt(100*s + 20*time.Millisecond))
+	m.setBound(twice)
+	r = NewRepairer(m, quietLog(), time.Now, nil)
+	r.SetUnitWatch(NewUnitWatch(nil, nil))
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("the daemon restarted since kubelet was last healthy: %s, want %s", res, RepairStopped)
+	}
+
+	// Someone stops kubelet at 95 s; a probe reads it stopped while
+	// containerd runs (up since 10 s): their stop, also once containerd
+	// crashed twice after it.
+	m, r = setup()
+	m.set(stoppedAt(95 * s))
+	m.setBound(systemd.Bound{Name: rt, ActiveState: "active", ActiveEnterMono: 10 * s, NRestarts: 3})
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped by hand: %s, want %s", res, RepairStopped)
+	}
+	m.setBound(twice)
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped by hand, read so while containerd ran, containerd crashed twice since: %s, want %s", res, RepairStopped)
+	}
+
+	// A probe that reads kubelet stopped while containerd is down (its
+	// Restart= to come) decides nothing: kubelet is started once
+	// containerd is back.
+	m, r = setup()
+	m.set(stoppedAt(100*s + 20*time.Millisecond))
+	m.setBound(systemd.Bound{Name: rt, ActiveState: "activating", ActiveExitMono: 102 * s, ActiveEnterMono: 101 * s, NRestarts: 5})
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped, containerd down: %s, want %s", res, RepairStopped)
+	}
+	m.setBound(twice)
+	if res := repair(r); res != RepairRestarted {
+		t.Errorf("kubelet stopped by containerd's first of two crashes, read once while containerd was down: %s, want %s", res, RepairRestarted)
 	}
 }

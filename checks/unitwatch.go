@@ -67,6 +67,9 @@ type UnitWatch struct {
 	load     sync.Once
 	mu       sync.Mutex
 	units    map[string]*unitSeen
+	// sinceBoot reads CLOCK_MONOTONIC, the clock of systemd's
+	// timestamps, when a read is taken in.
+	sinceBoot func() time.Duration
 }
 
 // unitSeen is what the watch knows about one unit (and its saved form).
@@ -86,13 +89,17 @@ type unitSeen struct {
 	Manual uint64 `json:"manual"`
 	// Marks are Auto as of each consumer's last AutoSince.
 	Marks map[string]uint64 `json:"marks,omitempty"`
+	// at is when the read applied last was taken in (CLOCK_MONOTONIC;
+	// 0: read back from the state file), in memory only: saved, it
+	// would change the state file at every read.
+	at time.Duration
 }
 
 // NewUnitWatch returns a watch. memos may be nil (the one-shot check keeps
 // no state); reg may be nil (no metrics). The state saved in this boot is
 // read on first use, so the store must be loaded before then.
 func NewUnitWatch(memos Memos, reg prometheus.Registerer) *UnitWatch {
-	w := &UnitWatch{memos: memos, units: map[string]*unitSeen{},
+	w := &UnitWatch{memos: memos, units: map[string]*unitSeen{}, sinceBoot: sinceBoot,
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "syself_node_unit_restarts",
 			Help: "Restarts of each critical unit observed by the daemon in this boot: systemd's automatic restarts (NRestarts) and manual starts and restarts (a new invocation that reset NRestarts), the daemon's own repairs included. Several manual restarts between two reads count as one.",
@@ -164,7 +171,7 @@ func (w *UnitWatch) observe(u systemd.Unit, own bool) {
 func (w *UnitWatch) count(u systemd.Unit, own bool) bool {
 	st, ok := w.units[u.Name]
 	if !ok {
-		w.units[u.Name] = &unitSeen{Invocation: u.Invocation, NRestarts: u.NRestarts, MainStart: u.MainStart, MainStartMono: u.MainStartMono}
+		w.units[u.Name] = &unitSeen{Invocation: u.Invocation, NRestarts: u.NRestarts, MainStart: u.MainStart, MainStartMono: u.MainStartMono, at: w.sinceBoot()}
 		w.restarts.WithLabelValues(u.Name).Add(0)
 		return true
 	}
@@ -203,7 +210,7 @@ func (w *UnitWatch) count(u systemd.Unit, own bool) bool {
 		st.Queued = false
 	}
 	changed := st.Invocation != u.Invocation || st.NRestarts != n1 || !st.MainStart.Equal(u.MainStart) || st.MainStartMono != u.MainStartMono || auto+manual > 0
-	st.Invocation, st.NRestarts, st.MainStart, st.MainStartMono = u.Invocation, n1, u.MainStart, u.MainStartMono
+	st.Invocation, st.NRestarts, st.MainStart, st.MainStartMono, st.at = u.Invocation, n1, u.MainStart, u.MainStartMono, w.sinceBoot()
 	st.Auto += auto
 	st.Manual += manual
 	if auto+manual > 0 {
@@ -279,6 +286,26 @@ func (w *UnitWatch) MarkAuto(consumer, unit string, auto uint64) {
 	if (old != auto || !had) && w.memos != nil {
 		w.memos.Touch()
 	}
+}
+
+// seenInto fills m (cleared; a new map where nil) with each unit's
+// NRestarts as last read and when it was taken in, but for unit itself
+// and the units read back from the state file only (when is not kept
+// there), and returns it. It takes no other lock than w.mu (the repairer
+// calls it with its own held) and reads no state file.
+func (w *UnitWatch) seenInto(unit string, m map[string]systemd.BoundSeen) map[string]systemd.BoundSeen {
+	if m == nil {
+		m = map[string]systemd.BoundSeen{}
+	}
+	clear(m)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name, st := range w.units {
+		if name != unit && st.at > 0 {
+			m[name] = systemd.BoundSeen{NRestarts: st.NRestarts, At: st.at}
+		}
+	}
+	return m
 }
 
 // Restarts returns the restarts of unit counted in this boot: automatic,

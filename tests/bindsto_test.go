@@ -24,7 +24,12 @@ import (
 // stops stay theirs: kubelet stopped by hand (also when containerd crashes
 // and comes back after that), and kubelet stopped with containerd by hand
 // (systemd stops kubelet first, it is ordered after containerd) and
-// containerd started again by hand.
+// containerd started again by hand (also once containerd crashed after
+// those stops, once or twice). Also when containerd crashed twice before a
+// probe read kubelet (systemd keeps the times of its last stop only, and
+// kubelet stopped at the first): told by containerd's NRestarts as the
+// daemon read it while kubelet ran, kept at kubelet's last passing probe;
+// before, kubelet stayed stopped.
 func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 	s := realSystemd(t)
 	ctx := context.Background()
@@ -59,6 +64,25 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 	}
 	up()
 	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	// The daemon's unit watch, fed what ServiceNotRecovering reads every
+	// minute (kubelet and the runtime in one read), and the repairer told
+	// of each kubelet probe that passed (Healthy).
+	w := checks.NewUnitWatch(nil, nil)
+	r.SetUnitWatch(w)
+	seenHealthy := func() {
+		t.Helper()
+		for _, name := range []string{kl, rt} {
+			u, err := s.Bus.Unit(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !active(u) {
+				t.Fatalf("%s not active when the daemon saw the node healthy: %s/%s", name, u.ActiveState, u.SubState)
+			}
+			w.Observe(u)
+		}
+		r.Healthy(kl)
+	}
 	repair := func() (string, string) {
 		t.Helper()
 		res, msg := r.Repair(ctx, kl, time.Millisecond, "healthz failed")
@@ -90,8 +114,31 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 	}
 	waitUnit(t, s, kl, "kubelet started again by the repair", active)
 
+	// The runtime crashes twice between two probes (a crash loop that
+	// settles): systemd keeps the times of its last stop only, which
+	// came after kubelet's (stopped at the first). The daemon saw kubelet
+	// healthy at its last probe, with the runtime's NRestarts then: the
+	// runtime went down twice since, by its Restart=, and kubelet left
+	// active no later than its last stop. Before, kubelet stayed stopped.
+	seenHealthy()
+	crash()
+	crash()
+	u = waitUnit(t, s, kl, "kubelet stopped by its BindsTo=", stopped)
+	b, err := s.Bus.Unit(ctx, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s after %s crashed twice: %s/%s, left active at %s; %s last left active at %s, NRestarts %d", kl, rt, u.ActiveState, u.SubState, u.ActiveExitMono, rt, b.ActiveExitMono, b.NRestarts)
+	if res, msg := repair(); res != checks.RepairRestarted {
+		t.Errorf("kubelet stopped by systemd because %s, which it BindsTo=, crashed twice before a probe: %s %q, want %s", rt, res, msg, checks.RepairRestarted)
+	}
+	waitUnit(t, s, kl, "kubelet started again by the repair", active)
+
 	// An operator stops kubelet: left stopped, also once the runtime
-	// crashes and comes back after that.
+	// crashes and comes back after that, once or twice (a probe read
+	// kubelet stopped while the runtime ran: the stop is theirs, whatever
+	// the runtime does after).
+	seenHealthy()
 	if err := s.StopUnit(ctx, kl); err != nil {
 		t.Fatal(err)
 	}
@@ -102,10 +149,17 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 	if res, msg := repair(); res != checks.RepairStopped {
 		t.Errorf("kubelet stopped by hand, the runtime crashed since: %s %q, want %s", res, msg, checks.RepairStopped)
 	}
+	crash()
+	crash()
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped by hand, the runtime crashed three times since: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
 	up()
 
 	// An operator stops the runtime (kubelet with it) and starts it again
-	// by hand: kubelet's stop is theirs.
+	// by hand: kubelet's stop is theirs, also once the runtime crashes
+	// twice after that.
+	seenHealthy()
 	if err := s.StopUnit(ctx, rt); err != nil {
 		t.Fatal(err)
 	}
@@ -116,5 +170,10 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 	waitUnit(t, s, rt, "the runtime started by hand", active)
 	if res, msg := repair(); res != checks.RepairStopped {
 		t.Errorf("kubelet stopped with its runtime by hand, the runtime started again by hand: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+	crash()
+	crash()
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped with its runtime by hand, the runtime started again by hand and crashed twice: %s %q, want %s", res, msg, checks.RepairStopped)
 	}
 }

@@ -609,6 +609,10 @@ type Bound struct {
 	// ActiveEnterMono and ActiveExitMono (CLOCK_MONOTONIC; 0: never):
 	// when it last entered and last left the active state.
 	ActiveEnterMono, ActiveExitMono time.Duration
+	// NRestarts is a loaded service's count of its Restart= restarts
+	// (0 for any other unit): with what the daemon read of it before,
+	// how many times it went down and came back since.
+	NRestarts uint32
 }
 
 // BindsToReader is a Manager that reads the units a unit BindsTo= (DBus).
@@ -617,9 +621,10 @@ type BindsToReader interface {
 }
 
 // BindsTo implements BindsToReader: the unit's BindsTo= (its BindsTo
-// property), then each of those units' state and
-// Active{Enter,Exit}TimestampMonotonic, read only where the repairer finds
-// a unit inactive and not its own doing.
+// property), then each of those units' state,
+// Active{Enter,Exit}TimestampMonotonic and, for a loaded service,
+// NRestarts, read only where the repairer finds a unit inactive and not
+// its own doing.
 func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
 	var names []string
 	err := d.call(ctx, func(c *busConn) error {
@@ -656,6 +661,9 @@ func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
 			*b = Bound{Name: names[i], ActiveState: s.ActiveState}
 			gets.add(b, s.Path, "Unit", "ActiveEnterTimestampMonotonic")
 			gets.add(b, s.Path, "Unit", "ActiveExitTimestampMonotonic")
+			if s.LoadState == "loaded" && isService(b.Name) {
+				gets.add(b, s.Path, "Service", "NRestarts")
+			}
 		}
 		return c.exchange(ctx, gets.calls, func(i int, m message) error {
 			g := gets.gets[i]
@@ -668,6 +676,8 @@ func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
 				g.of.ActiveEnterMono = time.Duration(v.num) * time.Microsecond
 			case g.prop == "ActiveExitTimestampMonotonic" && v.sig == "t":
 				g.of.ActiveExitMono = time.Duration(v.num) * time.Microsecond
+			case g.prop == "NRestarts" && v.sig == "u":
+				g.of.NRestarts = uint32(v.num)
 			}
 			return nil
 		})
@@ -686,6 +696,33 @@ func (d *DBus) BindsTo(ctx context.Context, name string) ([]Bound, error) {
 func StoppedWithBound(u Unit, b Bound) bool {
 	return u.ActiveState == "inactive" && u.ActiveExitMono > 0 && b.ActiveState == "active" &&
 		b.ActiveExitMono > 0 && b.ActiveExitMono <= u.ActiveExitMono && u.ActiveExitMono <= b.ActiveEnterMono
+}
+
+// BoundSeen is a unit another BindsTo= as the daemon read it while the
+// other ran: its NRestarts, and when it was read (CLOCK_MONOTONIC).
+type BoundSeen struct {
+	NRestarts uint32
+	At        time.Duration
+}
+
+// StoppedWithBoundCrashes reports whether u, inactive, was stopped by
+// systemd because b, a unit it BindsTo=, went down, where b went down more
+// than once since: systemd keeps the times of b's last stop only, which
+// came after u's (StoppedWithBound cannot tell). seen is b as the daemon
+// read it during u's last run (at or after u's main process started,
+// before u left the active state), with u running then: b's Restart= has
+// brought it back at least twice since (NRestarts), it runs again, and u
+// left the active state no later than b last did. u ran from before seen
+// until it left; BindsTo= stops u at b's first stop after seen, so u left
+// at that stop or before it. Before it is someone's stop (of u, or of b,
+// which stops u first, and a start of b by hand) followed by b's crashes,
+// which this cannot tell apart: the caller rules that out where it read u
+// stopped while b ran (then b's later stops cannot be why u stopped).
+func StoppedWithBoundCrashes(u Unit, b Bound, seen BoundSeen) bool {
+	return u.ActiveState == "inactive" && u.MainStartMono > 0 && u.ActiveExitMono > 0 &&
+		seen.At >= u.MainStartMono && seen.At < u.ActiveExitMono &&
+		b.ActiveState == "active" && b.NRestarts > seen.NRestarts && b.NRestarts-seen.NRestarts >= 2 &&
+		b.ActiveExitMono >= u.ActiveExitMono && u.ActiveExitMono <= b.ActiveEnterMono
 }
 
 // UnitsReader is a Manager that reads several units in one exchange (DBus).

@@ -192,3 +192,50 @@ func TestStoppedWithBound(t *testing.T) {
 		}
 	}
 }
+
+// StoppedWithBoundCrashes: kubelet ran from 50 s, the daemon read
+// containerd (NRestarts 3) at 90 s while kubelet ran; containerd crashed at
+// 100 s (kubelet stopped by its BindsTo= at 100.02 s), came back at 101 s,
+// crashed again at 102 s and came back at 103 s: systemd keeps only the
+// second stop's times. Taken for systemd's stop only with containerd gone
+// down twice since that read, running again, its last stop not before
+// kubelet's, and the read made during kubelet's last run, before it left.
+func TestStoppedWithBoundCrashes(t *testing.T) {
+	s := time.Second
+	kubelet := Unit{Name: "kubelet.service", ActiveState: "inactive", MainStartMono: 50 * s, ActiveExitMono: 100*s + 20*time.Millisecond}
+	twice := Bound{Name: "containerd.service", ActiveState: "active", ActiveExitMono: 102 * s, ActiveEnterMono: 103 * s, NRestarts: 5}
+	seen := BoundSeen{NRestarts: 3, At: 90 * s}
+	with := func(f func(u *Unit, b *Bound, s *BoundSeen)) (Unit, Bound, BoundSeen) {
+		u, b, s := kubelet, twice, seen
+		f(&u, &b, &s)
+		return u, b, s
+	}
+	for _, tc := range []struct {
+		name string
+		f    func(u *Unit, b *Bound, s *BoundSeen)
+		want bool
+	}{
+		{"containerd crashed twice", func(*Unit, *Bound, *BoundSeen) {}, true},
+		{"containerd crashed three times", func(_ *Unit, b *Bound, _ *BoundSeen) { b.NRestarts = 6 }, true},
+		{"containerd crashed once (StoppedWithBound's)", func(_ *Unit, b *Bound, _ *BoundSeen) { b.NRestarts = 4 }, false},
+		{"containerd not restarted since", func(_ *Unit, b *Bound, _ *BoundSeen) { b.NRestarts = 3 }, false},
+		{"containerd's NRestarts reset since (a start by hand)", func(_ *Unit, b *Bound, _ *BoundSeen) { b.NRestarts = 1 }, false},
+		{"NRestarts near its top", func(_ *Unit, b *Bound, s *BoundSeen) { s.NRestarts, b.NRestarts = 1<<32-2, 1<<32-1 }, false},
+		{"containerd down again", func(_ *Unit, b *Bound, _ *BoundSeen) { b.ActiveState = "activating" }, false},
+		{"kubelet stopped after containerd's last stop", func(u *Unit, _ *Bound, _ *BoundSeen) { u.ActiveExitMono = 102*s + time.Millisecond }, false},
+		{"kubelet stopped after containerd came back", func(u *Unit, _ *Bound, _ *BoundSeen) { u.ActiveExitMono = 200 * s }, false},
+		{"kubelet left active at containerd's last stop", func(u *Unit, _ *Bound, _ *BoundSeen) { u.ActiveExitMono = 102 * s }, true},
+		{"read before kubelet's last run started", func(_ *Unit, _ *Bound, sn *BoundSeen) { sn.At = 40 * s }, false},
+		{"read after kubelet left active", func(_ *Unit, _ *Bound, sn *BoundSeen) { sn.At = 101 * s }, false},
+		{"no read (at 0)", func(_ *Unit, _ *Bound, s *BoundSeen) { s.At = 0 }, false},
+		{"kubelet's start not read", func(u *Unit, _ *Bound, _ *BoundSeen) { u.MainStartMono = 0 }, false},
+		{"kubelet never left active", func(u *Unit, _ *Bound, _ *BoundSeen) { u.ActiveExitMono = 0 }, false},
+		{"kubelet failed", func(u *Unit, _ *Bound, _ *BoundSeen) { u.ActiveState = "failed" }, false},
+		{"kubelet running", func(u *Unit, _ *Bound, _ *BoundSeen) { u.ActiveState = "active" }, false},
+	} {
+		u, b, sn := with(tc.f)
+		if got := StoppedWithBoundCrashes(u, b, sn); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
