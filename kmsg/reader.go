@@ -90,9 +90,19 @@ const CursorKey = "kmsg"
 
 // cursor is where the reader is in this boot's kernel log.
 type cursor struct {
-	// Seq is the last record handled; Have says whether there is one.
+	// Seq is the last record handled, or, before the first one, the last
+	// record in the ring buffer when a start at the end (from_boot_start
+	// false) first read it to its end (those it left); Have says whether
+	// there is one.
 	Seq  uint64
 	Have bool
+	// Start is the kernel time before which a start at the end took the
+	// records for ones of before it (skipBefore; HaveStart: there is one),
+	// kept until Have: a restart before the first open read the ring
+	// buffer to its end leaves the records stamped before it, as a reopen
+	// does, not those logged since.
+	Start     uint64
+	HaveStart bool
 	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
 	// time and device), so a restart within the boot does not forget them.
 	IOErrors []ioError
@@ -132,10 +142,16 @@ type cursorJSON struct {
 	Suppressed string `json:"ioErrorSuppressed,omitempty"`
 	// LastSite: the kernel time (µs) of the last I/O error line handled.
 	LastSite uint64 `json:"ioErrorLastLine,omitempty"`
+	// Start: cursor.Start, where HaveStart.
+	Start *uint64 `json:"startUsec,omitempty"`
 }
 
 func (c cursor) MarshalJSON() ([]byte, error) {
-	return json.Marshal(cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors), Suppressed: encodeSuppressed(c.Suppressed), LastSite: c.LastSite})
+	j := cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors), Suppressed: encodeSuppressed(c.Suppressed), LastSite: c.LastSite}
+	if c.HaveStart && !c.Have {
+		j.Start = &c.Start
+	}
+	return json.Marshal(j)
 }
 
 // encodeSuppressed writes the suppressions as "usec:n" tokens.
@@ -175,6 +191,9 @@ func (c *cursor) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: j.IOErrors, LastSite: j.LastSite}
+	if j.Start != nil && !j.Have {
+		c.Start, c.HaveStart = *j.Start, true
+	}
 	if j.Window != "" {
 		es, err := decodeWindow(j.Window)
 		if err != nil {
@@ -476,6 +495,11 @@ func (rd *Reader) Run(ctx context.Context) {
 		cur.IOErrors = rd.Monitor.windowEntries(nil)
 		cur.Suppressed = slices.Clone(rd.Monitor.suppressedIO)
 	}
+	if rd.FromStart {
+		// A start at the end's kept start (see below) is not a position
+		// from_boot_start true resumes at: it reads the ring buffer.
+		cur.Start, cur.HaveStart = 0, false
+	}
 	rd.mu.Lock()
 	rd.cur = cur
 	rd.mu.Unlock()
@@ -541,13 +565,32 @@ func (rd *Reader) Run(ctx context.Context) {
 	// read failed during it), a reopen leaves, of the records after what
 	// it read, those stamped before skipBefore, the kernel time of the
 	// start less startSlack: no sequence number says where the start was.
+	//
+	// Both are kept in the cursor, saved soon (Touch) like a handled
+	// record's: the base as its Seq, the start until then as its Start. A
+	// restart (a crash, SIGKILL, systemctl restart) before a record was
+	// handled resumes after the base, as a reopen does, or leaves the
+	// records stamped before the kept start, as a reopen whose first open
+	// did not reach the end does. Before, both lived in memory alone: the
+	// restart had no cursor and started at the end again, and the records
+	// logged between the two starts were neither read nor counted lost.
 	atEnd := !haveLast && !rd.FromStart
 	startedAtEnd := atEnd
 	var base ringBase
 	var skipBefore uint64
-	if atEnd {
+	switch {
+	case atEnd && cur.HaveStart:
+		// An earlier start in this boot began at the end and stopped
+		// before its first open read the ring buffer to its end: this one
+		// goes on from it as a reopen.
+		skipBefore, atEnd = cur.Start, false
+	case atEnd:
 		now := MonotonicNow()
 		skipBefore = now - min(now, uint64(startSlack/time.Microsecond))
+		rd.mu.Lock()
+		rd.cur.Start, rd.cur.HaveStart = skipBefore, true
+		rd.mu.Unlock()
+		store.Touch()
 	}
 	for ctx.Err() == nil {
 		// skipping: this open reads records of before the start that no
@@ -565,6 +608,14 @@ func (rd *Reader) Run(ctx context.Context) {
 				base, skipErr = rd.skipRing(ctx, f, buf)
 				if base.have {
 					last, haveLast = base.seq, true
+				}
+				if base.have && base.exact {
+					// The start's position, kept as a record's is:
+					// a restart resumes after it (see above).
+					rd.mu.Lock()
+					rd.cur.Seq, rd.cur.Have = base.seq, true
+					rd.mu.Unlock()
+					store.Touch()
 				}
 			}
 			if err != nil || skipErr != nil {
@@ -652,7 +703,7 @@ func (rd *Reader) Run(ctx context.Context) {
 				switch {
 				case lastErr != "":
 				case handled:
-					rd.Log.Info("kernel log monitor resuming after the last record handled", "seq", last)
+					rd.Log.Info("kernel log monitor resuming after its saved cursor (the last record handled, or left at the start)", "seq", last)
 				case rd.FromStart:
 					rd.Log.Info("kernel log monitor reading this boot's records still in the ring buffer")
 				}

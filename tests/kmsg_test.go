@@ -326,3 +326,81 @@ func TestKmsgIOErrorWindowSurvivesRestart(t *testing.T) {
 		return c.Status == report.StatusTrue
 	})
 }
+
+// kmsg.from_boot_start = false, through the daemon: a daemon stopped
+// before it handled any record (it started at the end of the log, and
+// nothing was logged since), then started again, reads the lines logged
+// while it was down: the start's position is its cursor, saved like a
+// handled record's. Before, it was kept in memory only: the second start
+// had no cursor, started at the end again, and the line written between
+// the two starts was never read nor counted lost.
+func TestKmsgRestartBeforeARecordReadsWhatWasLoggedBetween(t *testing.T) {
+	tok := harness.Token()
+	cfg := config.Default()
+	cfg.NodeName, cfg.Role, cfg.GPU = "kmsg-node", "worker", "false"
+	cfg.StateDir = t.TempDir()
+	cfg.Kubernetes.Kubeconfig = ""
+	cfg.Runner.FirstRunSpread = config.Duration{}
+	cfg.Kmsg.KernelOnly = false // lines written by this test have facility user
+	cfg.Kmsg.FromBootStart = false
+	noHostSystemd(cfg)
+	// start runs the daemon until its reader has read the log to its end;
+	// the returned func stops it (cleanly: its final save).
+	start := func(ev *eventLog) (*daemon.Daemon, func()) {
+		t.Helper()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Store().Observe(ev)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		stop := func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		}
+		waitFor(t, d.Store(), nil, 10*time.Second, "the reader to read /dev/kmsg to its end", func() bool {
+			c, ok := d.Store().Get("ReadonlyFilesystem")
+			return ok && c.Status != report.StatusUnknown && strings.Contains(scrape(t, d), "autopilot_health_kmsg_reader_up 1")
+		})
+		return d, stop
+	}
+	ev1 := newEventLog(tok)
+	_, stop := start(ev1)
+	stop()
+	if n := ev1.count(); n != 0 {
+		t.Fatalf("the first start handled %d of this test's lines; none was written yet", n)
+	}
+
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): written while down", tok))
+	ev2 := newEventLog(tok)
+	d, stop := start(ev2)
+	defer stop()
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): after restart", tok))
+	waitFor(t, d.Store(), ev2, 10*time.Second, "the line written after the restart", func() bool {
+		ev2.mu.Lock()
+		defer ev2.mu.Unlock()
+		for _, e := range ev2.events {
+			if strings.HasSuffix(e.Message, ": after restart") {
+				return true
+			}
+		}
+		return false
+	})
+	ev2.mu.Lock()
+	defer ev2.mu.Unlock()
+	var got []string
+	for _, e := range ev2.events {
+		got = append(got, e.Message[strings.Index(e.Message, ": ")+2:])
+	}
+	if strings.Join(got, "|") != "written while down|after restart" {
+		t.Errorf("after the restart the daemon handled %q; want the line written while it was down, then the one after", got)
+	}
+}

@@ -1,0 +1,197 @@
+package kmsg
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// With from_boot_start false, the first start reads the ring buffer to its
+// end without handling it, and that end is where a restart resumes, as a
+// cursor of a handled record is: a daemon stopped (cleanly, or SIGKILLed
+// after the state file's next save) before it handled any record, then
+// started again, reads the records logged between the two starts (a
+// read-only remount during the restart), and counts lost what the ring
+// overwrote of them. Before, the end was kept in memory only: the restart
+// had no cursor, started at the end again, and those records were never
+// read nor counted lost. A record of before the first start is still left.
+// Where the first start's open failed (no sequence number says where it
+// was), the restart leaves the records stamped before the first start, as
+// a reopen would, and reads those logged since. The start's position is
+// saved soon even when no condition changes at the start (the state file
+// holds them False already, from a start of this boot that kept no cursor,
+// as every one did before).
+func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// openFails: the first start's open fails (the device not there
+		// yet).
+		openFails bool
+		// saved: the state file holds this boot's kernel conditions, and
+		// no cursor, when the first start begins: "False", or "Unknown"
+		// as the failed open leaves them.
+		saved string
+		// after: the ring buffer at the restart ("NOW": the kernel time
+		// as the restart is prepared).
+		after             []string
+		records, lost     float64
+		readonly, deadlck report.Status
+	}{
+		{
+			name: "logged while stopped",
+			after: []string{"3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter",
+				"6,3,3,-;ordinary chatter", "3,4,4,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			records: 2, readonly: report.StatusTrue, deadlck: report.StatusFalse,
+		},
+		{
+			name: "conditions saved before without a cursor", saved: "False",
+			after: []string{"3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter",
+				"6,3,3,-;ordinary chatter", "3,4,4,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			records: 2, readonly: report.StatusTrue, deadlck: report.StatusFalse,
+		},
+		{
+			name: "some of them overwritten",
+			// 1 and 2 (of before the first start) and 3 and 4 (of
+			// between the starts) gone.
+			after:   []string{"6,5,5,-;ordinary chatter", "3,6,6,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			records: 2, lost: 2, readonly: report.StatusTrue, deadlck: report.StatusFalse,
+		},
+		{
+			name: "the first start's open failed", openFails: true,
+			after: []string{"3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter",
+				"3,3,NOW,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			records: 1, readonly: report.StatusTrue, deadlck: report.StatusFalse,
+		},
+		{
+			name: "the first start's open failed, as before it", openFails: true, saved: "Unknown",
+			after: []string{"3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter",
+				"3,3,NOW,-;EXT4-fs (sda1): Remounting filesystem read-only"},
+			records: 1, readonly: report.StatusTrue, deadlck: report.StatusFalse,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				dev := &fakeDevice{recs: lines("3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter")}
+				if c.saved != "" {
+					st := report.NewStore("b")
+					m := NewMonitor(opts(t, st))
+					m.Start(t0, t0)
+					if c.saved == "False" {
+						m.CaughtUp(MonotonicNow(), t0)
+					} else {
+						m.Blind(syscall.ENOENT, t0)
+					}
+					if err := st.Save(dir, t0); err != nil {
+						t.Fatal(err)
+					}
+				}
+				openFails := c.openFails
+				// run starts a reader of a store loaded from dir, saved as
+				// the daemon's persister does (each change the state file
+				// must take soon; saved gets a token after each save);
+				// stop ends it with no save of its own (a SIGKILL after
+				// the last save).
+				saved := make(chan struct{}, 1)
+				run := func() (mon *Monitor, store *report.Store, stop func()) {
+					store = report.NewStore("b")
+					if _, err := store.Load(dir); err != nil {
+						t.Fatal(err)
+					}
+					mon = NewMonitor(opts(t, store))
+					mon.Start(t0, t0)
+					rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+						ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) {
+							if openFails {
+								return nil, syscall.ENOENT
+							}
+							return dev, nil
+						}}
+					ctx, cancel := context.WithCancel(context.Background())
+					done := make(chan struct{}, 2)
+					go func() { rd.Run(ctx); done <- struct{}{} }()
+					go func() {
+						defer func() { done <- struct{}{} }()
+						for {
+							select {
+							case <-ctx.Done():
+								return
+							case <-store.Dirty():
+								if err := store.Save(dir, time.Now()); err != nil {
+									t.Error(err)
+								}
+								select {
+								case saved <- struct{}{}:
+								default:
+								}
+							}
+						}
+					}()
+					return mon, store, func() { cancel(); <-done; <-done }
+				}
+				if c.saved == "False" {
+					// The state file takes the start before the first
+					// open has read the ring to its end (a ring read for
+					// longer than the persister gathers changes, a
+					// second): the end must be saved on its own.
+					dev.onRead = func(i int) {
+						if i == 0 {
+							select {
+							case <-saved:
+							case <-time.After(time.Minute): // the start not saved
+							}
+						}
+					}
+				}
+				mon, store, stop := run()
+				time.Sleep(time.Second) // read to the end: the reader waits for a record
+				synctest.Wait()
+				if got, _ := store.Get("KernelDeadlock"); (got.Status != report.StatusFalse) != c.openFails || mon.Metrics().Records() != 0 {
+					t.Errorf("first start: KernelDeadlock %s, %v records handled; want False (Unknown where the open fails) and 0 (from_boot_start false)", got.Status, mon.Metrics().Records())
+				}
+				stop()
+
+				now := strconv.FormatUint(MonotonicNow(), 10)
+				var after []string
+				for _, l := range c.after {
+					after = append(after, strings.Replace(l, "NOW", now, 1))
+				}
+				dev.mu.Lock()
+				dev.recs, dev.pos, dev.onRead = lines(after...), 0, nil
+				dev.mu.Unlock()
+				openFails = false
+				mon, store, stop = run()
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				stop()
+				if got, _ := store.Get("ReadonlyFilesystem"); got.Status != c.readonly {
+					t.Errorf("the remount logged between the two starts: ReadonlyFilesystem %s (%s), want %s", got.Status, got.Message, c.readonly)
+				}
+				if got, _ := store.Get("KernelDeadlock"); got.Status != c.deadlck {
+					t.Errorf("a line logged before the first start: KernelDeadlock %s (%s), want %s", got.Status, got.Message, c.deadlck)
+				}
+				if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != c.records || l != c.lost {
+					t.Errorf("after the restart %v records handled, %v lost; want %v and %v", n, l, c.records, c.lost)
+				}
+			})
+		})
+	}
+}
+
+// lines are kernel log records, one per line given.
+func lines(ls ...string) [][]byte {
+	rs := make([][]byte, len(ls))
+	for i, l := range ls {
+		rs[i] = fmt.Appendf(nil, "%s\n", l)
+	}
+	return rs
+}
