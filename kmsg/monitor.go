@@ -308,10 +308,17 @@ func (mon *Monitor) Blind(err error, now time.Time) {
 // read to its end ("since the GPU was detected": GPU lines before that were
 // not evaluated), else Unknown until it is. The other kernel conditions are
 // not touched.
+//
+// One read back with a reason this build does not know (report.Store.Aside)
+// gets no Unknown placeholder, as at Start: it would be the first Set of its
+// type and spend the status and time kept for it (a False since hours
+// would be False since the log is read to its end); the log read to its
+// end (CaughtUp) takes them, or the False here when it is read already.
 func (mon *Monitor) SetGPU(gpu bool, now time.Time) {
 	if mon.gpu.Swap(gpu) == gpu || !gpu {
 		return
 	}
+	aside := mon.o.Store.Aside()
 	for _, t := range mon.Conditions() {
 		d, _ := report.Lookup(t)
 		if d.Scope != report.ScopeGPU {
@@ -320,8 +327,12 @@ func (mon *Monitor) SetGPU(gpu bool, now time.Time) {
 		if c, ok := mon.o.Store.Get(t); ok && c.Status != report.StatusUnknown {
 			continue
 		}
+		caughtUp := mon.caughtUp.Load()
+		if !caughtUp && slices.Contains(aside, t) {
+			continue
+		}
 		c := report.Condition{Type: t, Status: report.StatusUnknown, Reason: report.ReasonNoData, Message: "the kernel log has not been read yet"}
-		if mon.caughtUp.Load() {
+		if caughtUp {
 			c.Status, c.Reason, c.Message = report.StatusFalse, d.HealthyReason, "no matching kernel message since the GPU was detected"
 		}
 		mon.o.Store.Set(c, now)

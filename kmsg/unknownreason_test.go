@@ -1,6 +1,7 @@
 package kmsg
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,5 +102,56 @@ func loadState(t *testing.T, store *report.Store, fields string, since time.Time
 	}
 	if _, err := store.Load(dir); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A GPU kernel condition read back False with a healthy reason this build
+// does not know (renamed), on a node whose GPU is found only after the start
+// (its driver loaded later, the reader blind meanwhile): SetGPU's placeholder
+// (Unknown, NoData), set before the log is read to its end, must not spend
+// the time kept for it, as Start's does not; the log read to its end keeps
+// it False since the other build's time. Before, the placeholder was the
+// first Set of its type: the kept time was gone, and the False that
+// followed was a transition of now (a MachineHealthCheck's timeout and an
+// alert's `for:` started over).
+func TestGPUFoundAfterTheStartKeepsTheTimeOfAConditionWithAnUnknownReason(t *testing.T) {
+	since := t0.Add(-3 * time.Hour)
+	for _, tc := range []struct {
+		name            string
+		fromState, node bool
+		blind           bool // the reader cannot read the log when the GPU is found
+		read            bool // the log is read to its end when the GPU is found
+	}{
+		{"state file, found before the log is read", true, false, false, false},
+		{"Node, found before the log is read", false, true, false, false},
+		{"state file, found while the log cannot be read", true, false, true, false},
+		{"state file, found after the log is read", true, false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, now := storeAtAnHour()
+			if tc.fromState {
+				loadState(t, store, `"type":"GpuFallenOffBus","status":"False","reason":"GpuStillOnBus","message":"none"`, since)
+			}
+			mon := NewMonitor(opts(t, store)) // no GPU at the start
+			mon.Start(now, t0.Add(-4*time.Hour))
+			if tc.node {
+				store.Adopt(report.Condition{Type: "GpuFallenOffBus", Status: report.StatusFalse, Reason: "GpuStillOnBus",
+					Message: "none", LastTransitionTime: since}, "b")
+			}
+			if tc.blind {
+				mon.Blind(errors.New("no device"), now)
+			}
+			if tc.read {
+				mon.CaughtUp(200*uint64(time.Second/time.Microsecond), now)
+			}
+			mon.SetGPU(true, now.Add(time.Minute))
+			if !tc.read {
+				mon.CaughtUp(200*uint64(time.Second/time.Microsecond), now.Add(2*time.Minute))
+			}
+			if got, _ := store.Get("GpuFallenOffBus"); got.Status != report.StatusFalse || got.Reason != report.ReasonGpuOnBus || !got.LastTransitionTime.Equal(since) {
+				t.Errorf("after the GPU was found and the log read: %s/%s since %v, want False/GpuOnBus since %v",
+					got.Status, got.Reason, got.LastTransitionTime, since)
+			}
+		})
 	}
 }
