@@ -502,13 +502,17 @@ func (r *Repairer) stoppedWithBound(ctx context.Context, u systemd.Unit) bool {
 			return true
 		}
 	}
-	// A unit u BindsTo= that runs now and did not stop u: its later stops
-	// come after u's, and cannot be why u stopped. u's stop is someone's
-	// for good (until u runs again and is seen healthy): a stop of u by
-	// hand followed by crashes of that unit is not taken for systemd's.
+	// A unit u BindsTo= that runs now and did not stop u, or one down
+	// whose every stop since u was seen healthy came after u's
+	// (systemd.StoppedBeforeBound: read while it waits for its Restart=,
+	// or stopped by hand after u): its later stops come after u's, and
+	// cannot be why u stopped. u's stop is someone's for good (until u
+	// runs again and is seen healthy): a stop of u by hand followed by
+	// crashes of that unit is not taken for systemd's.
 	r.mu.Lock()
 	for _, b := range bound {
-		if b.ActiveState == "active" {
+		seen, ok := r.upSeen[u.Name][b.Name]
+		if b.ActiveState == "active" || ok && systemd.StoppedBeforeBound(u, b, seen) {
 			delete(r.upSeen[u.Name], b.Name)
 		}
 	}

@@ -149,3 +149,68 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashedTwice(t *testing.T) {
 		t.Errorf("kubelet stopped by containerd's first of two crashes, read once while containerd was down: %s, want %s", res, RepairRestarted)
 	}
 }
+
+// Someone's stop of kubelet read by a probe while containerd was down
+// (crashed after that stop, its Restart= to come; or stopped by hand with
+// kubelet, for maintenance) is theirs: containerd's last stop came after
+// kubelet's, and its Restart= had not brought it back since the daemon
+// last saw kubelet healthy, so no stop of containerd came at or before
+// kubelet's. Before, only a probe that read containerd running made the
+// stop someone's, and containerd's next two crashes (a crash loop after
+// the maintenance) had kubelet started against the operator's stop.
+func TestRepairLeavesKubeletStoppedByHandReadWhileContainerdDown(t *testing.T) {
+	s := time.Second
+	const kl, rt = "kubelet.service", "containerd.service"
+	running := systemd.Unit{Name: kl, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "k1", MainStartMono: 50 * s}
+	setup := func(nrestarts uint32) (*bindsToManager, *Repairer) {
+		runtime := systemd.Unit{Name: rt, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "c1", NRestarts: nrestarts, MainStartMono: 10 * s}
+		m := &bindsToManager{fakeManager: newFakeManager(running, runtime)}
+		w := NewUnitWatch(nil, nil)
+		w.sinceBoot = func() time.Duration { return 90 * s }
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		r.SetUnitWatch(w)
+		for _, name := range []string{kl, rt} {
+			w.Observe(mustUnit(t, m.fakeManager, name))
+		}
+		r.Healthy(kl)
+		return m, r
+	}
+	stoppedAt := func(exit time.Duration) systemd.Unit {
+		u := running
+		u.ActiveState, u.SubState, u.ActiveExitMono = "inactive", "dead", exit
+		return u
+	}
+	repair := func(r *Repairer) string {
+		res, _ := r.Repair(t.Context(), kl, time.Millisecond, "healthz failed")
+		r.Wait()
+		return res
+	}
+
+	// kubelet stopped by hand at 95 s; containerd crashes at 97 s and is
+	// read in its auto-restart (NRestarts not yet counted); then it comes
+	// back at 102 s, crashes at 104 s and is back at 109 s.
+	m, r := setup(3)
+	m.set(stoppedAt(95 * s))
+	m.setBound(systemd.Bound{Name: rt, ActiveState: "activating", ActiveEnterMono: 10 * s, ActiveExitMono: 97 * s, NRestarts: 3})
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped by hand, containerd down since: %s, want %s", res, RepairStopped)
+	}
+	m.setBound(systemd.Bound{Name: rt, ActiveState: "active", ActiveEnterMono: 109 * s, ActiveExitMono: 104 * s, NRestarts: 5})
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped by hand, read so while containerd was down after a crash, containerd crashed twice in all: %s, want %s", res, RepairStopped)
+	}
+
+	// containerd stopped by hand (systemd stops kubelet first, at 95 s,
+	// containerd at 95.1 s), read so while both are stopped; started by
+	// hand at 300 s (NRestarts back to 0), it crashes twice and runs.
+	m, r = setup(0)
+	m.set(stoppedAt(95 * s))
+	m.setBound(systemd.Bound{Name: rt, ActiveState: "inactive", ActiveEnterMono: 10 * s, ActiveExitMono: 95*s + 100*time.Millisecond})
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped with containerd by hand: %s, want %s", res, RepairStopped)
+	}
+	m.setBound(systemd.Bound{Name: rt, ActiveState: "active", ActiveEnterMono: 312 * s, ActiveExitMono: 306 * s, NRestarts: 2})
+	if res := repair(r); res != RepairStopped {
+		t.Errorf("kubelet stopped with containerd by hand, read so while both were stopped, containerd started by hand and crashed twice: %s, want %s", res, RepairStopped)
+	}
+}

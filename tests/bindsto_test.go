@@ -177,3 +177,138 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 		t.Errorf("kubelet stopped with its runtime by hand, the runtime started again by hand and crashed twice: %s %q, want %s", res, msg, checks.RepairStopped)
 	}
 }
+
+// An operator's stop of kubelet that a probe read while containerd was
+// down stays theirs, whatever containerd does after: kubelet stopped by
+// hand, then containerd crashed and the probe came while containerd waited
+// for its Restart= (RestartSec=5 in containerd's own unit); and containerd
+// stopped by hand (kubelet with it, first) for maintenance, read so, then
+// started by hand. In both, containerd crashes twice more and runs; before,
+// kubelet was then started against the operator's stop (its NRestarts two
+// above the daemon's read during kubelet's run). The stops of a runtime
+// down since kubelet's stop all came after kubelet's where its Restart=
+// has not brought it back since that read (systemd 252's timestamps and
+// NRestarts, read here).
+func TestRepairLeavesAUnitStoppedByHandReadWhileItsBindsToWasDown(t *testing.T) {
+	s := realSystemd(t)
+	ctx := context.Background()
+	const rt, kl, node = "bound2-runtime.service", "bound2-kubelet.service", "bound2-node.target"
+	// RestartSec long enough that a probe reads the runtime waiting for
+	// its Restart= (auto-restart), as one does with containerd's 5 s.
+	if err := s.AddUnit(ctx, rt, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=2\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, kl, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\nBindsTo="+rt+"\nAfter="+rt+"\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=100ms\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, node, "[Unit]\nDefaultDependencies=no\nWants="+kl+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopUnit(ctx, node)
+	defer s.StopUnit(ctx, kl)
+	defer s.StopUnit(ctx, rt)
+	if err := s.StartUnit(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	up := func() {
+		t.Helper()
+		for _, name := range []string{rt, kl} {
+			if err := s.StartUnit(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitUnit(t, s, kl, "kubelet up", active)
+	}
+	up()
+	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	w := checks.NewUnitWatch(nil, nil)
+	r.SetUnitWatch(w)
+	read := func(name string) systemd.Unit {
+		t.Helper()
+		u, err := s.Bus.Unit(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	seenHealthy := func() {
+		t.Helper()
+		for _, name := range []string{kl, rt} {
+			u := read(name)
+			if !active(u) {
+				t.Fatalf("%s not active when the daemon saw the node healthy: %s/%s", name, u.ActiveState, u.SubState)
+			}
+			w.Observe(u)
+		}
+		r.Healthy(kl)
+	}
+	repair := func() (string, string) {
+		t.Helper()
+		res, msg := r.Repair(ctx, kl, time.Millisecond, "healthz failed")
+		r.Wait()
+		return res, msg
+	}
+	stopped := func(u systemd.Unit) bool { return u.ActiveState == "inactive" && u.Job == 0 }
+	kill := func() systemd.Unit {
+		t.Helper()
+		before := read(rt)
+		if err := s.KillMain(ctx, rt, int32(syscall.SIGKILL)); err != nil {
+			t.Fatal(err)
+		}
+		return before
+	}
+	back := func(before systemd.Unit) {
+		t.Helper()
+		waitUnit(t, s, rt, "the runtime back by its Restart=", func(u systemd.Unit) bool {
+			return active(u) && u.Invocation != before.Invocation && u.NRestarts > before.NRestarts
+		})
+	}
+
+	// kubelet stopped by hand; the runtime crashes, and a probe reads
+	// kubelet stopped while the runtime waits for its Restart=.
+	seenHealthy()
+	if err := s.StopUnit(ctx, kl); err != nil {
+		t.Fatal(err)
+	}
+	before := kill()
+	b := waitUnit(t, s, rt, "the runtime waiting for its Restart=", func(u systemd.Unit) bool { return u.SubState == "auto-restart" })
+	u := read(kl)
+	t.Logf("%s stopped by hand, left active at %s; %s crashed since: %s/%s, left active at %s, NRestarts %d", kl, u.ActiveExitMono, rt, b.ActiveState, b.SubState, b.ActiveExitMono, b.NRestarts)
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped by hand, the runtime down since: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+	back(before)
+	back(kill())
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped by hand, read so while the runtime waited for its Restart=, the runtime crashed twice in all: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+
+	// The runtime stopped by hand (kubelet with it), read so, started by
+	// hand: its NRestarts is 0 again, as at the daemon's read after a
+	// start by hand.
+	for _, f := range []func(context.Context, string) error{s.StopUnit, s.StartUnit} {
+		if err := f(ctx, rt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up()
+	seenHealthy()
+	if err := s.StopUnit(ctx, rt); err != nil {
+		t.Fatal(err)
+	}
+	u = waitUnit(t, s, kl, "kubelet stopped with the runtime", stopped)
+	b = read(rt)
+	t.Logf("%s and %s stopped by hand: %s left active at %s, %s at %s (NRestarts %d)", rt, kl, kl, u.ActiveExitMono, rt, b.ActiveExitMono, b.NRestarts)
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped with its runtime by hand: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+	if err := s.StartUnit(ctx, rt); err != nil {
+		t.Fatal(err)
+	}
+	waitUnit(t, s, rt, "the runtime started by hand", active)
+	back(kill())
+	back(kill())
+	if res, msg := repair(); res != checks.RepairStopped {
+		t.Errorf("kubelet stopped with its runtime by hand, read so while both were stopped, the runtime started by hand and crashed twice: %s %q, want %s", res, msg, checks.RepairStopped)
+	}
+}

@@ -725,6 +725,20 @@ func StoppedWithBoundCrashes(u Unit, b Bound, seen BoundSeen) bool {
 		b.ActiveExitMono >= u.ActiveExitMono && u.ActiveExitMono <= b.ActiveEnterMono
 }
 
+// StoppedBeforeBound reports whether u, stopped, left the active state
+// before every stop of b, a unit it BindsTo=, since seen (b as the daemon
+// read it during u's last run): b last left the active state after u did,
+// and b's Restart= has not brought it back since seen (NRestarts no
+// higher), so that last stop is b's only one since, or b was started by
+// hand, which resets NRestarts and is no crash. b may be down (waiting
+// for its Restart=, or stopped by hand after u: systemd stops u first, it
+// is ordered after b) or running again. No stop of b stopped u: u's stop
+// is someone's, whatever b does after (StoppedWithBoundCrashes must not
+// count b's later crashes).
+func StoppedBeforeBound(u Unit, b Bound, seen BoundSeen) bool {
+	return u.ActiveExitMono > 0 && b.ActiveExitMono > u.ActiveExitMono && b.NRestarts <= seen.NRestarts
+}
+
 // UnitsReader is a Manager that reads several units in one exchange (DBus).
 type UnitsReader interface {
 	Units(ctx context.Context, names ...string) ([]Unit, error)

@@ -239,3 +239,33 @@ func TestStoppedWithBoundCrashes(t *testing.T) {
 		}
 	}
 }
+
+// StoppedBeforeBound: kubelet ran from 50 s and was stopped at 95 s; the
+// daemon read containerd (NRestarts 3) at 90 s while kubelet ran. No stop
+// of containerd stopped kubelet where containerd last left active after
+// kubelet did and its Restart= has not brought it back since that read.
+func TestStoppedBeforeBound(t *testing.T) {
+	s := time.Second
+	kubelet := Unit{Name: "kubelet.service", ActiveState: "inactive", MainStartMono: 50 * s, ActiveExitMono: 95 * s}
+	seen := BoundSeen{NRestarts: 3, At: 90 * s}
+	for _, tc := range []struct {
+		name string
+		b    Bound
+		want bool
+	}{
+		{"containerd crashed after kubelet's stop, its Restart= to come", Bound{ActiveState: "activating", ActiveExitMono: 97 * s, NRestarts: 3}, true},
+		{"containerd stopped by hand after kubelet (ordered after it)", Bound{ActiveState: "inactive", ActiveExitMono: 95*s + 100*time.Millisecond, NRestarts: 3}, true},
+		{"containerd started by hand since (NRestarts reset)", Bound{ActiveState: "active", ActiveExitMono: 97 * s, ActiveEnterMono: 98 * s}, true},
+		{"containerd's crash stopped kubelet, its Restart= to come", Bound{ActiveState: "activating", ActiveExitMono: 95*s - 20*time.Millisecond, NRestarts: 3}, false},
+		{"containerd left active with kubelet", Bound{ActiveState: "activating", ActiveExitMono: 95 * s, NRestarts: 3}, false},
+		{"containerd back once by its Restart=, down again after kubelet's stop", Bound{ActiveState: "activating", ActiveExitMono: 97 * s, NRestarts: 4}, false},
+		{"containerd never left active", Bound{ActiveState: "active", ActiveEnterMono: 10 * s, NRestarts: 3}, false},
+	} {
+		if got := StoppedBeforeBound(kubelet, tc.b, seen); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if StoppedBeforeBound(Unit{ActiveState: "inactive"}, Bound{ActiveExitMono: 97 * s}, seen) {
+		t.Error("kubelet never left active (no exit time): true, want false")
+	}
+}
