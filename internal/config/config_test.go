@@ -334,6 +334,11 @@ func TestBadConfigs(t *testing.T) {
 		"listen-port-service-name.toml": `:2: key metrics.listen_address: must have a port that is a decimal number from 1 to 65535 such as ":20257" (a service name such as "http" is not looked up), got ":http"`,
 		"listen-port-signed.toml":       `:2: key metrics.listen_address: must have a port that is a decimal number from 1 to 65535 such as ":20257" (a service name such as "http" is not looked up), got "127.0.0.1:+80"`,
 		"listen-port-empty.toml":        `:2: key metrics.listen_address: must name a port after the colon, a decimal number from 1 to 65535 such as ":20257", got ":"`,
+		// A host is an IP address or a host name: a space in it is no
+		// host net.Listen can find ("lookup 0.0.0.0 : no such host"), and
+		// the daemon ran on without /metrics, retrying for ever.
+		"listen-host-space.toml":         `:2: key metrics.listen_address: must have a host that is an IP address or a host name (letters, digits, '-', '.', '_'), or none (":20257", every address), got "0.0.0.0 :20257"`,
+		"listen-host-leading-space.toml": `:2: key metrics.listen_address: must have a host that is an IP address or a host name (letters, digits, '-', '.', '_'), or none (":20257", every address), got " :20257"`,
 		// Port 0 is one the kernel picks at each start: Prometheus,
 		// which scrapes a fixed <node IP>:port, could never find it.
 		"listen-port-zero.toml":          `:2: key metrics.listen_address: must not be port 0 (a port the kernel picks at each start, which Prometheus cannot find): give the port it scrapes, such as ":20257", got ":0"`,
@@ -1056,5 +1061,16 @@ func TestFileFault(t *testing.T) {
 	}
 	if FileFault(nil) {
 		t.Error("FileFault(nil) = true")
+	}
+}
+
+// The forms of metrics.listen_address that name a port and an address
+// net.Listen binds load: IPv6 in brackets (a zone too), a host name, a
+// port with leading zeros (decimal, the port 20257).
+func TestListenAddressForms(t *testing.T) {
+	for _, addr := range []string{":20257", "127.0.0.1:20257", "[::1]:20257", "[::]:20257", "[fe80::1%eth0]:20257", "localhost:20257", "node-1.example_int:20257", ":020257"} {
+		if _, err := Parse("x.toml", []byte(fmt.Sprintf("[metrics]\nlisten_address = %q\n", addr)), Default()); err != nil {
+			t.Errorf("%q: %v, want it loaded", addr, err)
+		}
 	}
 }

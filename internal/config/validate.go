@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/syself/autopilot-health/internal/privileged"
 	"net"
+	"net/netip"
 	"net/url"
 	"path"
 	"path/filepath"
@@ -304,8 +305,13 @@ func (c *Config) validate() *Error {
 	// The port is a decimal number, not one net.LookupPort would find:
 	// it reads a service name from /etc/services (":http" bound port 80),
 	// drops a sign, and takes no port at all for port 0.
-	if _, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
+	// The host is none, an IP address or a host name: net.Listen looks
+	// anything else up as a name it never finds ("0.0.0.0 :20257"), and
+	// the daemon would run on without /metrics, retrying for ever.
+	if host, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
 		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
+	} else if !listenHost(host) {
+		v.fail("metrics.listen_address", "must have a host that is an IP address or a host name (letters, digits, '-', '.', '_'), or none (\":20257\", every address), got %q", c.Metrics.ListenAddress)
 	} else if port == "" {
 		v.fail("metrics.listen_address", "must name a port after the colon, a decimal number from 1 to 65535 such as \":20257\", got %q", c.Metrics.ListenAddress)
 	} else if strings.Trim(port, "0123456789") != "" {
@@ -565,3 +571,16 @@ var sharedDirs = map[string]bool{
 
 // maxSocketPath is the longest Unix socket path (sun_path less its NUL).
 const maxSocketPath = 107
+
+// listenHost reports whether host, of metrics.listen_address, is one
+// net.Listen can bind: none (every address), an IP address (with a zone),
+// or a host name of letters, digits, '-', '.' and '_'.
+func listenHost(host string) bool {
+	if host == "" {
+		return true
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	return strings.Trim(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") == ""
+}
