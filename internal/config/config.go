@@ -423,8 +423,11 @@ func readFile(path string) ([]byte, error) {
 	case errors.As(err, &nothing):
 		return nil, &kindError{fmt.Sprintf("%s had nothing to read for %s: not a configuration file", path, nothing.Wait)}
 	case errors.As(err, &tooLarge):
-		size := "a device"
-		if tooLarge.Size >= 0 {
+		size := "its size not known: stat gave less than was read"
+		switch {
+		case tooLarge.Device:
+			size = "a device"
+		case tooLarge.Size >= 0:
 			size = fmt.Sprintf("%d bytes", tooLarge.Size)
 		}
 		return nil, &kindError{fmt.Sprintf("%s is larger than 1 MiB, the most read (%s); a configuration is a few KB", path, size)}

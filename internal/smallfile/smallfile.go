@@ -38,8 +38,13 @@ func (e *NotRegularError) Error() string { return "not a regular file (" + e.Kin
 // byte more was read.
 type TooLargeError struct {
 	Max int64
-	// Size is the regular file's size; -1 for a device.
+	// Size is the regular file's size as fstat gives it after the read;
+	// -1 where that is not more than Max (a device; a file whose stat
+	// says less than it holds, as /proc's say 0 bytes), which is not
+	// the file's size.
 	Size int64
+	// Device: what was read is a device.
+	Device bool
 }
 
 func (e *TooLargeError) Error() string { return fmt.Sprintf("larger than %d bytes", e.Max) }
@@ -89,9 +94,12 @@ func Read(path string, l Limits) ([]byte, error) {
 	if int64(len(b)) > l.Max {
 		size := int64(-1)
 		if m.IsRegular() {
-			size = st.Size()
+			// Stat again: the file may have grown since the first.
+			if st, err := f.Stat(); err == nil && st.Size() > l.Max {
+				size = st.Size()
+			}
 		}
-		return nil, &TooLargeError{Max: l.Max, Size: size}
+		return nil, &TooLargeError{Max: l.Max, Size: size, Device: device}
 	}
 	return b, nil
 }

@@ -74,6 +74,16 @@ func TestRead(t *testing.T) {
 	if _, err := Read("/dev/zero", device); !errors.As(err, &tl) || tl.Size != -1 {
 		t.Errorf("a device over the bound: %#v; want no size, -1", err)
 	}
+	// A regular file whose stat says less than it holds (as /proc's
+	// files say 0 bytes; a file that grew while read): its size is not
+	// known, not the stat's (the configuration said "larger than 1 MiB,
+	// the most read (0 bytes)").
+	if _, err := Read("/proc/self/status", Limits{Max: 16}); !errors.As(err, &tl) || tl.Size != -1 || tl.Device {
+		t.Errorf("/proc/self/status over the bound: %#v; want no size, -1, not a device", err)
+	}
+	if _, err := Read("/dev/zero", device); !errors.As(err, &tl) || !tl.Device {
+		t.Errorf("a device over the bound: %#v; want Device", err)
+	}
 	if _, err := Read(filepath.Join(dir, "absent"), device); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("absent: %v; want fs.ErrNotExist", err)
 	}
