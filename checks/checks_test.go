@@ -281,11 +281,17 @@ func TestDiskUsageCheck(t *testing.T) {
 	}{
 		{name: "all fine",
 			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 89, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
-			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems below 90% space and 90% inodes"},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems not over 90% space and 90% inodes"},
+		// Over the threshold, as the spec's catalog says, not at it: /var's
+		// space and /'s inodes exactly 90 % used are not a problem (this
+		// case asserted True before, the rule of >=).
+		{name: "exactly at the thresholds",
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 90), root + "/var": st(1000, 90, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems not over 90% space and 90% inodes"},
 		{name: "var full, root inodes",
-			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 95), root + "/var": st(1000, 90, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
+			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 95), root + "/var": st(1000, 91, 100, 10), root + "/mnt/with space": st(100, 1, 0, 0), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
 			wantStatus: report.StatusTrue, wantReason: "FilesystemSpaceHigh",
-			wantMsg: "/var 90% of space used (threshold 90%), / 95% of inodes used (threshold 90%)"},
+			wantMsg: "/var 91% of space used (threshold 90%), / 95% of inodes used (threshold 90%)"},
 		{name: "inodes only, and a statfs error",
 			statfs:     map[string]unix.Statfs_t{root: st(1000, 10, 100, 100), root + "/var": st(1000, 10, 100, 10), root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
 			statErr:    map[string]error{root + "/mnt/with space": unix.EIO},
@@ -298,10 +304,10 @@ func TestDiskUsageCheck(t *testing.T) {
 		// billions of percent used.
 		{name: "more free blocks than blocks",
 			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 10, 100, 10), root + "/mnt/with space": {Bsize: 4096, Blocks: 100, Bfree: 110, Bavail: 110, Files: 10, Ffree: 9}, root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
-			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems below 90% space and 90% inodes"},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems not over 90% space and 90% inodes"},
 		{name: "more free inodes than inodes",
 			statfs:     map[string]unix.Statfs_t{root: st(1000, 50, 100, 10), root + "/var": st(1000, 10, 100, 10), root + "/mnt/with space": {Bsize: 4096, Blocks: 100, Bfree: 90, Bavail: 90, Files: 10, Ffree: 12}, root + "/boot": st(100, 1, 10, 1), root + "/var/lib/data": st(100, 1, 10, 1)},
-			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems below 90% space and 90% inodes"},
+			wantStatus: report.StatusFalse, wantReason: "DiskUsageOK", wantMsg: "5 filesystems not over 90% space and 90% inodes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env, _ := diskEnv(t, &fakeSys{statfs: tc.statfs, statErr: tc.statErr})

@@ -27,6 +27,15 @@ func init() { Register("DiskUsageHigh", newDiskUsageCheck) }
 // the thresholds. Space is computed as df does: used / (used + available to
 // unprivileged users), rounded up.
 //
+// A part is a problem when its use is over its threshold T, as the spec's
+// catalog says ("over the space or inode threshold"), not at it: kubelet
+// evicts below 10 % free, over 90 % used. A percent rounded up (space,
+// inodes, a volume group's extents) is over T exactly when the real use is
+// (ceil(x) > T iff x > T, T whole), so 900 of 1000 blocks used (90 %) is
+// not over 90, and 901 (90.1 %, shown 91) is. A thin pool's use is LVM's
+// own percent, rounded to two decimals (never to 100.00 short of full):
+// over T when LVM's figure is.
+//
 // Writable means the filesystem, not this mount: the shipped unit's
 // ProtectSystem=strict remounts every mount read-only in the daemon's mount
 // namespace (per-mount "ro") while the filesystems under them stay read-write
@@ -156,13 +165,13 @@ type FSUsage struct {
 	UsedPercent int    `json:"usedPercent"`
 	Inodes      uint64 `json:"inodes"`
 	InodesPct   int    `json:"inodesUsedPercent"`
-	// OverThreshold: its space or inodes used are at or over the check's
+	// OverThreshold: its space or inodes used are over the check's
 	// threshold (set by Probe; not in the report, where the problem
 	// entries are kept first when the list is cut: Problem).
 	OverThreshold bool `json:"-"`
 }
 
-// Problem reports whether the filesystem is at or over its threshold.
+// Problem reports whether the filesystem is over its threshold.
 func (u FSUsage) Problem() bool { return u.OverThreshold }
 
 // percentUp returns used/(used+avail) as a percentage, rounded up like df.
@@ -308,18 +317,18 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	var space, inodes, vgHigh, poolHigh []string
 	for i, u := range usage {
-		if u.UsedPercent >= c.spacePct {
+		if u.UsedPercent > c.spacePct {
 			space = append(space, fmt.Sprintf("%s %d%% of space used (threshold %d%%)", u.MountPoint, u.UsedPercent, c.spacePct))
 			usage[i].OverThreshold = true
 		}
-		if u.Inodes > 0 && u.InodesPct >= c.inodesPct {
+		if u.Inodes > 0 && u.InodesPct > c.inodesPct {
 			inodes = append(inodes, fmt.Sprintf("%s %d%% of inodes used (threshold %d%%)", u.MountPoint, u.InodesPct, c.inodesPct))
 			usage[i].OverThreshold = true
 		}
 	}
 	pools := 0
 	for i, vg := range vgs {
-		if vg.AllocatedPercent >= c.vgPct {
+		if vg.AllocatedPercent > c.vgPct {
 			vgHigh = append(vgHigh, fmt.Sprintf("volume group %s %d%% of extents allocated (threshold %d%%)", vg.Name, vg.AllocatedPercent, c.vgPct))
 			vgs[i].OverThreshold = true
 		}
@@ -336,11 +345,11 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 				continue
 			}
 			pools++
-			if p.DataPercent >= float64(c.poolDataPct) {
+			if p.DataPercent > float64(c.poolDataPct) {
 				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s%% of data used (threshold %d%%)", vg.Name, p.Name, pct(p.DataPercent), c.poolDataPct))
 				vgs[i].OverThreshold = true
 			}
-			if p.MetadataPercent >= float64(c.poolMetaPct) {
+			if p.MetadataPercent > float64(c.poolMetaPct) {
 				poolHigh = append(poolHigh, fmt.Sprintf("thin pool %s/%s %s%% of metadata used (threshold %d%%)", vg.Name, p.Name, pct(p.MetadataPercent), c.poolMetaPct))
 				vgs[i].OverThreshold = true
 			}
@@ -369,12 +378,12 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	case len(poolHigh) > 0:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonThinPoolSpaceHigh, Message: problems, Details: details}, nil
 	}
-	msg := fmt.Sprintf("%d %s below %d%% space and %d%% inodes", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct)
+	msg := fmt.Sprintf("%d %s not over %d%% space and %d%% inodes", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct)
 	if len(vgs) > 0 {
-		msg += fmt.Sprintf(", %d LVM %s below %d%% of extents allocated", len(vgs), plural(len(vgs), "volume group", "volume groups"), c.vgPct)
+		msg += fmt.Sprintf(", %d LVM %s not over %d%% of extents allocated", len(vgs), plural(len(vgs), "volume group", "volume groups"), c.vgPct)
 	}
 	if pools > 0 {
-		msg += fmt.Sprintf(", %d thin %s below %d%% of data and %d%% of metadata used", pools, plural(pools, "pool", "pools"), c.poolDataPct, c.poolMetaPct)
+		msg += fmt.Sprintf(", %d thin %s not over %d%% of data and %d%% of metadata used", pools, plural(pools, "pool", "pools"), c.poolDataPct, c.poolMetaPct)
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK, Message: msg + notes, Details: details}, nil
 }

@@ -75,13 +75,13 @@ type VGUsage struct {
 	AllocatedPercent int             `json:"allocatedPercent"`
 	ThinPools        []ThinPoolUsage `json:"thinPools,omitempty"`
 	// OverThreshold: its extents, or a thin pool's data or metadata, are
-	// at or over the check's threshold, or a thin pool is unhealthy (set
+	// over the check's threshold, or a thin pool is unhealthy (set
 	// by DiskUsageHigh's Probe; not in the report: Problem).
 	OverThreshold bool `json:"-"`
 }
 
-// Problem reports whether the volume group or one of its thin pools is at
-// or over its threshold or unhealthy.
+// Problem reports whether the volume group or one of its thin pools is
+// over its threshold or unhealthy.
 func (v VGUsage) Problem() bool { return v.OverThreshold }
 
 // ThinPoolUsage is one thin pool of a volume group.

@@ -201,23 +201,26 @@ func TestDiskUsageLVM(t *testing.T) {
 		},
 			wantStatus: report.StatusTrue, wantReason: report.ReasonThinPoolSpaceHigh, wantVGs: 1,
 			wantMsg: "thin pool vgvm/pool 10.94% of metadata used (threshold 10%)"},
-		// A threshold equal to the use is reached: 100% of 100%.
-		{name: "volume group at its threshold, thin pool below its own", lvm: &fakeLVM{vgs: full, lvs: pool}, mutate: func(c *config.Config) {
-			c.Checks.DiskUsageHigh.VolumeGroupPercent = 100
+		// The highest threshold the configuration allows, 99, is exceeded
+		// by a full volume group; the thin pool's 93.75 % is not over 94.
+		// (Exactly at a threshold is not over it:
+		// TestDiskUsageFiresOverTheThresholdNotAt.)
+		{name: "volume group over its threshold, thin pool not over its own", lvm: &fakeLVM{vgs: full, lvs: pool}, mutate: func(c *config.Config) {
+			c.Checks.DiskUsageHigh.VolumeGroupPercent = 99
 			c.Checks.DiskUsageHigh.ThinPoolDataPct = 94
 		},
 			wantStatus: report.StatusTrue, wantReason: report.ReasonVolumeGroupSpaceHigh, wantVGs: 1,
-			wantMsg: "volume group vgvm 100% of extents allocated (threshold 100%)"},
+			wantMsg: "volume group vgvm 100% of extents allocated (threshold 99%)"},
 		{name: "healthy", lvm: &fakeLVM{vgs: half, lvs: pool}, mutate: func(c *config.Config) { c.Checks.DiskUsageHigh.ThinPoolDataPct = 94 },
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 1,
-			wantMsg: "5 filesystems below 90% space and 90% inodes, 1 LVM volume group below 90% of extents allocated, 1 thin pool below 94% of data and 90% of metadata used"},
+			wantMsg: "5 filesystems not over 90% space and 90% inodes, 1 LVM volume group not over 90% of extents allocated, 1 thin pool not over 94% of data and 90% of metadata used"},
 		{name: "no volume groups", lvm: &fakeLVM{vgs: none},
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 0,
-			wantMsg: "5 filesystems below 90% space and 90% inodes"},
+			wantMsg: "5 filesystems not over 90% space and 90% inodes"},
 		// Not asked: no volumeGroups at all (an empty list would say "none").
 		{name: "no LVM", lvm: &fakeLVM{err: ErrNoLVM},
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: -1,
-			wantMsg: "5 filesystems below 90% space and 90% inodes"},
+			wantMsg: "5 filesystems not over 90% space and 90% inodes"},
 		{name: "thin pool health flags, an active pool without use", lvm: &fakeLVM{vgs: half, lvs: readFixture(t, "lvs-pool-states.json")}, mutate: func(c *config.Config) {
 			c.Checks.DiskUsageHigh.ThinPoolDataPct = 94
 		},
@@ -227,7 +230,7 @@ func TestDiskUsageLVM(t *testing.T) {
 			{"vg_name":"vgvm", "lv_name":"pool", "lv_attr":"twi-aotz--", "segtype":"thin-pool", "lv_size":"16777216", "data_percent":"10.00", "metadata_percent":"1.00"},
 			{"vg_name":"vgvm", "lv_name":"nouse", "lv_attr":"twi-a-tz--", "segtype":"thin-pool", "lv_size":"16777216", "data_percent":"", "metadata_percent":""}]}]}`)},
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: 1, wantPools: 2,
-			wantMsg: "5 filesystems below 90% space and 90% inodes, 1 LVM volume group below 90% of extents allocated, 1 thin pool below 90% of data and 90% of metadata used; not checked: thin pool vgvm/nouse: active, but LVM reports no data or metadata use"},
+			wantMsg: "5 filesystems not over 90% space and 90% inodes, 1 LVM volume group not over 90% of extents allocated, 1 thin pool not over 90% of data and 90% of metadata used; not checked: thin pool vgvm/nouse: active, but LVM reports no data or metadata use"},
 		// vgs exited 5 with a report of the volume groups it could read:
 		// they are checked, and the exit is noted.
 		{name: "lvm exits non-zero with a report", lvm: &fakeLVM{vgs: full, lvs: pool, exit: errors.New("/usr/sbin/lvm vgs: exit status 5 (its report is used): Volume group vgbad has unknown devices")},
@@ -235,7 +238,7 @@ func TestDiskUsageLVM(t *testing.T) {
 			wantMsg: "volume group vgvm 100% of extents allocated (threshold 90%), thin pool vgvm/pool 93.75% of data used (threshold 90%); not checked: /usr/sbin/lvm vgs: exit status 5 (its report is used): Volume group vgbad has unknown devices"},
 		{name: "lvm fails", lvm: &fakeLVM{err: errors.New("/usr/sbin/lvm vgs: no answer within 10s")},
 			wantStatus: report.StatusFalse, wantReason: report.ReasonDiskUsageOK, wantVGs: -1,
-			wantMsg: "5 filesystems below 90% space and 90% inodes; not checked: /usr/sbin/lvm vgs: no answer within 10s"},
+			wantMsg: "5 filesystems not over 90% space and 90% inodes; not checked: /usr/sbin/lvm vgs: no answer within 10s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := newDiskUsageCheck(lvmEnv(t, tc.lvm, tc.mutate))

@@ -396,7 +396,7 @@ var Conditions = []ConditionDesc{
 		Trigger: "an NVMe drive is past its temperature threshold", Cause: "a cooling or airflow problem"},
 	{Type: "DiskUsageHigh", Source: SourceCheck, Disposition: Operability, Interval: 2 * time.Minute, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonDiskUsageOK, ProblemReasons: []Reason{ReasonFilesystemSpaceHigh, ReasonFilesystemInodesHigh, ReasonVolumeGroupSpaceHigh, ReasonThinPoolSpaceHigh},
-		Trigger: "statfs or LVM vgs at or over the space or inode threshold (LVM: volume group extents allocated, thin pool data or metadata used)", Cause: "logs, images, or data filled a filesystem"},
+		Trigger: "statfs or LVM vgs over the space or inode threshold (LVM: volume group extents allocated, thin pool data or metadata used)", Cause: "logs, images, or data filled a filesystem"},
 	{Type: "NodeServiceDown", Source: SourceCheck, Disposition: Operability, Interval: 30 * time.Second, Scope: ScopeAll, Hold: HoldWhileTrue,
 		HealthyReason: ReasonNodeServicesActive, ProblemReasons: []Reason{ReasonUnitNotActive},
 		Trigger: "an operability unit is not active", Cause: "the tunnel agent, server, or source-IP helper crashed and did not restart"},

@@ -59,7 +59,7 @@ func fakeHost(t *testing.T, extra string) string {
 }
 
 func TestCheckJSONListsAllConditions(t *testing.T) {
-	cfg := fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 100\ninodes_percent = 100\n")
+	cfg := fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 99\ninodes_percent = 99\n")
 	code, out, stderr := run(t, "check", "--json", "--config", cfg)
 	var res checkOutput
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
@@ -80,7 +80,7 @@ func TestCheckJSONListsAllConditions(t *testing.T) {
 			t.Errorf("%s is not implemented but says %s/%s", r.Type, r.Status, r.Reason)
 		}
 	}
-	if d := byType["DiskUsageHigh"]; d.Status != report.StatusFalse || d.Message != "1 filesystem below 100% space and 100% inodes" {
+	if d := byType["DiskUsageHigh"]; d.Status != report.StatusFalse || d.Message != "1 filesystem not over 99% space and 99% inodes" {
 		t.Errorf("DiskUsageHigh = %+v", d)
 	}
 	// The report documents of the run, one per domain; storage carries the
@@ -121,7 +121,7 @@ func TestCheckExitCodes(t *testing.T) {
 	if !strings.Contains(out, "1 conditions: 0 ok, 1 problem (DiskUsageHigh)") {
 		t.Errorf("summary missing:\n%s", out)
 	}
-	cfg = fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 100\ninodes_percent = 100\n")
+	cfg = fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 99\ninodes_percent = 99\n")
 	if code, out, _ := run(t, "check", "--only", "DiskUsageHigh,GpuActivationFailed", "--config", cfg); code != exitOK {
 		t.Errorf("healthy: exit %d\n%s", code, out)
 	}

@@ -283,7 +283,7 @@ func TestBadConfigs(t *testing.T) {
 		"log-level.toml":         `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
 		"negative-interval.toml": `:2: key checks.ClockNotSynchronized.interval: must be between 1s and 24h, got "-1m0s"`,
 		"node-name.toml":         `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
-		"percent-range.toml":     `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
+		"percent-range.toml":     `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 120`,
 		"relative-path.toml":     `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
 		// The daemon writes, moves aside and removes files of its own
 		// names there: never in a directory the system shares.
@@ -296,8 +296,15 @@ func TestBadConfigs(t *testing.T) {
 		// The check waits two thirds of its timeout for the two reports.
 		"lvm-timeout-over-wait.toml":  `:2: key checks.DiskUsageHigh.lvm_timeout: must be at most a third of the check's timeout (30s): its two LVM reports are waited for two thirds of it, got 20s`,
 		"timeout-under-lvm-wait.toml": `:2: key checks.DiskUsageHigh.timeout: must be at least three times lvm_timeout (10s): the two LVM reports are waited for two thirds of it, got 20s`,
-		"thin-pool-percent.toml":      `:2: key checks.DiskUsageHigh.thin_pool_metadata_percent: must be a percentage between 1 and 100, got 0`,
-		"syntax.toml":                 `:1: key kubernetes: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
+		"thin-pool-percent.toml":      `:2: key checks.DiskUsageHigh.thin_pool_metadata_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 0`,
+		// DiskUsageHigh is set over its thresholds: one of 100 would
+		// never be exceeded, and the condition never set.
+		"over-threshold-space_percent.toml":              `:3: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 100`,
+		"over-threshold-inodes_percent.toml":             `:3: key checks.DiskUsageHigh.inodes_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 100`,
+		"over-threshold-volume_group_percent.toml":       `:3: key checks.DiskUsageHigh.volume_group_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 100`,
+		"over-threshold-thin_pool_data_percent.toml":     `:3: key checks.DiskUsageHigh.thin_pool_data_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 100`,
+		"over-threshold-thin_pool_metadata_percent.toml": `:3: key checks.DiskUsageHigh.thin_pool_metadata_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 100`,
+		"syntax.toml": `:1: key kubernetes: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		// An unclosed header at its own line, named itself (the decoder
 		// said the next line, and the table before it).
 		"syntax-header-after-table.toml": `:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
@@ -428,7 +435,7 @@ func TestBadConfigs(t *testing.T) {
 		// A multi-line string in a list: the keys after it at their lines
 		// (the line scanner took the string's end for a line of the list,
 		// and named no line).
-		"multiline-string-in-list-then-table.toml": `:5: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 100, got 120`,
+		"multiline-string-in-list-then-table.toml": `:5: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 120`,
 		// A duration of the right shape that a Go duration cannot hold.
 		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
 	}
@@ -774,6 +781,7 @@ func TestDefaultTOMLStatesTheBounds(t *testing.T) {
 		"# would match every device) and without whitespace.\nignore_devices",
 		"Allowed: 1 MiB to 1 GiB.\nmax_read_bytes",
 		"# Allowed: 1 to 100.\nrestart_threshold",
+		"# Allowed: 1 to 99.\nspace_percent",
 		"Allowed: 1m to 24h, not under\n# settle.\nbaseline_max_wait",
 	} {
 		if !strings.Contains(string(defaultTOML), want) {

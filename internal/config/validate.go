@@ -109,6 +109,15 @@ func (v *validator) percent(key string, val int) {
 	}
 }
 
+// overPercent bounds a threshold a condition is set over (DiskUsageHigh's:
+// use over it, as the spec's catalog says): 1 to 99, since no use is over
+// 100 % and a threshold of 100 would never set the condition.
+func (v *validator) overPercent(key string, val int) {
+	if val < 1 || val > 99 {
+		v.fail(key, "must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got %d", val)
+	}
+}
+
 func (v *validator) positive(key string, d Duration) {
 	if d.Duration <= 0 {
 		v.fail(key, "must be a positive duration, got %q", d.String())
@@ -380,11 +389,11 @@ func (c *Config) validate() *Error {
 	if t := k.DiskTemperatureHigh.ThresholdCelsius; t < 0 || t > 150 {
 		v.fail("checks.DiskTemperatureHigh.threshold_celsius", "must be between 0 (the drive's own threshold) and 150, got %d", t)
 	}
-	v.percent("checks.DiskUsageHigh.space_percent", k.DiskUsageHigh.SpacePercent)
-	v.percent("checks.DiskUsageHigh.inodes_percent", k.DiskUsageHigh.InodesPercent)
-	v.percent("checks.DiskUsageHigh.volume_group_percent", k.DiskUsageHigh.VolumeGroupPercent)
-	v.percent("checks.DiskUsageHigh.thin_pool_data_percent", k.DiskUsageHigh.ThinPoolDataPct)
-	v.percent("checks.DiskUsageHigh.thin_pool_metadata_percent", k.DiskUsageHigh.ThinPoolMetaPct)
+	v.overPercent("checks.DiskUsageHigh.space_percent", k.DiskUsageHigh.SpacePercent)
+	v.overPercent("checks.DiskUsageHigh.inodes_percent", k.DiskUsageHigh.InodesPercent)
+	v.overPercent("checks.DiskUsageHigh.volume_group_percent", k.DiskUsageHigh.VolumeGroupPercent)
+	v.overPercent("checks.DiskUsageHigh.thin_pool_data_percent", k.DiskUsageHigh.ThinPoolDataPct)
+	v.overPercent("checks.DiskUsageHigh.thin_pool_metadata_percent", k.DiskUsageHigh.ThinPoolMetaPct)
 	if k.DiskUsageHigh.LVMCommand != "" {
 		v.absPath("checks.DiskUsageHigh.lvm_command", k.DiskUsageHigh.LVMCommand)
 	}
