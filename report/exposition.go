@@ -22,20 +22,23 @@ import (
 // gather or encode again what did not change: the versioned families
 // (Metrics, ~480 of ~540 series: the conditions, problem counters, check
 // runs and durations, loop progress) are gathered and encoded only when a
-// change moved their version; of the rest (Registry: the go_* and
-// process_* families, which change every scrape, and the kernel log,
-// Kubernetes, repair and unit metrics), each family's text is kept with a
-// hash of what it shows (labels, values, buckets, quantiles), and only a
-// family whose hash changed is encoded again. A gzip response compresses
+// change moved their version; the go_* and process_* families, which
+// change every scrape, are read in the scraping goroutine and their values
+// written into text made once (runtimeCollector); of the rest (Registry:
+// the kernel log, Kubernetes, repair and unit metrics), each family's text
+// is kept with a hash of what it shows (labels, values, buckets,
+// quantiles), and only a family whose hash changed is encoded again. A gzip response compresses
 // only the parts of the page whose text changed (gzipper). Other formats
 // (protobuf, OpenMetrics) are promhttp's, unchanged. Measured by
 // BenchmarkScrape (README, Cost).
 func (m *Metrics) Handler(errorLog *log.Logger) http.Handler {
-	return newExposition(m.Registry, m.families, m.Gatherer(), errorLog)
+	return newExposition(m.Registry, m.runtime, m.families, m.Gatherer(), errorLog)
 }
 
 type exposition struct {
-	reg      prometheus.Gatherer
+	reg prometheus.Gatherer
+	// runtime write their families' text themselves, every scrape.
+	runtime  []runtimeCollector
 	families func() []*family
 	fallback http.Handler
 	errorLog *log.Logger
@@ -93,12 +96,12 @@ func (n namedText) body() []byte {
 	return b
 }
 
-func newExposition(reg prometheus.Gatherer, families func() []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
+func newExposition(reg prometheus.Gatherer, runtime []runtimeCollector, families func() []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
 	var opts promhttp.HandlerOpts
 	if errorLog != nil {
 		opts.ErrorLog = errorLog
 	}
-	return &exposition{reg: reg, families: families, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
+	return &exposition{reg: reg, runtime: runtime, families: families, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
 		gzipper: newGzipper(), cache: map[string]*familyText{}, famText: map[famKey]*versionedText{}}
 }
 
@@ -120,13 +123,22 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		failed(err)
 		return
 	}
+	// The go_* and process_* families, which change every scrape, are
+	// read and written as text here, in this goroutine.
+	rt := getText()
+	defer putText(rt)
+	var rtNamed []namedText
+	for _, c := range e.runtime {
+		*rt, rtNamed = c.appendText(*rt, rtNamed)
+	}
 	// The caches are shared; the texts in them are never modified (a
 	// changed family gets a new one), so the response is written from them
 	// after the lock is released: a slow client does not hold up the next
 	// scrape.
 	fams := e.families()
 	e.mu.Lock()
-	named := make([]namedText, 0, len(mfs)+2*len(fams))
+	named := make([]namedText, 0, len(mfs)+len(rtNamed)+2*len(fams))
+	named = append(named, rtNamed...)
 	prefix := string(format) + "\x00"
 	for _, mf := range mfs {
 		key := prefix + mf.GetName()
@@ -236,6 +248,24 @@ func (e *exposition) sorted(named []namedText) []namedText {
 		out[i] = named[j]
 	}
 	return out
+}
+
+// textBufs hold the text of the runtime families of a scrape.
+var textBufs sync.Pool
+
+func getText() *[]byte {
+	if b, _ := textBufs.Get().(*[]byte); b != nil {
+		return b
+	}
+	b := make([]byte, 0, 16<<10)
+	return &b
+}
+
+func putText(b *[]byte) {
+	if cap(*b) <= 1<<20 {
+		*b = (*b)[:0]
+		textBufs.Put(b)
+	}
 }
 
 // respBufs are the response buffers, reused across scrapes.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -27,7 +26,8 @@ const (
 
 // Metrics holds the daemon's Prometheus metrics.
 //
-// Registry is where other parts register theirs. The six families that make
+// Registry is where other parts register theirs; the go_* and process_*
+// families are not on it (runtime). The six families that make
 // most of a scrape (problem_counter, problem_gauge, condition_status and the
 // check runs, durations and loop progress: ~480 of ~540 series) are not on
 // it: each is a family, on a registry of its own, that changes only through
@@ -62,6 +62,11 @@ type Metrics struct {
 	loopParts     map[string]*loopPart
 	// versionedAll gathers all the versioned families at once (Gatherer).
 	versionedAll *prometheus.Registry
+	// runtime are the go_* and process_* collectors, which a text scrape
+	// has write their text itself (runtimeCollector); runtimeReg gathers
+	// them for Gatherer.
+	runtime    []runtimeCollector
+	runtimeReg *prometheus.Registry
 	// The versions of the families above.
 	vProblemCounter, vProblemGauge, vConditionStatus *family
 	stateWrites                                      *prometheus.CounterVec
@@ -160,8 +165,12 @@ func NewMetrics(version string) *Metrics {
 		}
 		return time.Since(time.Unix(0, since)).Seconds()
 	})
-	r.MustRegister(m.stateWrites, stateBlocked, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo,
-		collectors.NewGoCollector(), newProcessCollector())
+	r.MustRegister(m.stateWrites, stateBlocked, m.healthy, m.ready, m.configReloads, m.configLastOK, m.configLastTime, buildInfo)
+	m.runtime = []runtimeCollector{newGoCollector(), newProcessCollector()}
+	m.runtimeReg = prometheus.NewRegistry()
+	for _, c := range m.runtime {
+		m.runtimeReg.MustRegister(c)
+	}
 	return m
 }
 
@@ -224,12 +233,12 @@ func (m *Metrics) loopPart(loop string) *loopPart {
 // changed records a change made to f's metrics.
 func (f *family) changed() { f.version.Add(1) }
 
-// Gatherer gathers every metric: Registry's and the versioned families',
-// the latter through one registry of their own (versionedAll), not the
-// registries of each part (one per check and per loop): protobuf scrapes and
-// tests gather this way.
+// Gatherer gathers every metric: Registry's, the go_* and process_*
+// families' and the versioned families', the latter through one registry of
+// their own (versionedAll), not the registries of each part (one per check
+// and per loop): protobuf scrapes and tests gather this way.
 func (m *Metrics) Gatherer() prometheus.Gatherer {
-	return prometheus.Gatherers{m.Registry, m.versionedAll}
+	return prometheus.Gatherers{m.Registry, m.runtimeReg, m.versionedAll}
 }
 
 // partsCollector collects the series of every check's and loop's part.
@@ -256,10 +265,12 @@ func (p partsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Describe sends the descriptors of every metric: Registry's and the
-// versioned families' (a vector with no series yet included).
+// Describe sends the descriptors of every metric: Registry's, the go_* and
+// process_* families' and the versioned families' (a vector with no series
+// yet included).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.Registry.Describe(ch)
+	m.runtimeReg.Describe(ch)
 	m.versionedAll.Describe(ch)
 }
 

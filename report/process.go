@@ -19,31 +19,48 @@ import (
 // thirds of a scrape's CPU (BenchmarkScrape). Here the start time is read
 // once, CPU and limits come from getrusage and getrlimit, memory from
 // /proc/self/statm, and the network counters from the IpExt lines of
-// /proc/self/net/netstat read into a reused buffer.
+// /proc/self/net/netstat read into a reused buffer. A text scrape has its
+// values appended to text made once (runtimeCollector).
 type processCollector struct {
-	cpuTotal, openFDs, maxFDs, vsize, maxVsize, rss, startTime, inBytes, outBytes *prometheus.Desc
-	start                                                                         float64
-	procDir                                                                       string // /proc/self
+	fams    []runtimeFamily
+	start   float64
+	procDir string // /proc/self
 
-	mu    sync.Mutex
-	buf   []byte
-	files map[string]int // open descriptors of the files read
+	mu      sync.Mutex
+	buf     []byte
+	files   map[string]int // open descriptors of the files read
+	vals    []float64
+	present []bool
 }
 
+// The values of processCollector.vals, one per family.
+const (
+	procCPU = iota
+	procOpenFDs
+	procMaxFDs
+	procVsize
+	procMaxVsize
+	procRSS
+	procStart
+	procIn
+	procOut
+	procValues
+)
+
 func newProcessCollector() *processCollector {
-	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
-	c := &processCollector{
-		cpuTotal:  d("process_cpu_seconds_total", "Total user and system CPU time spent in seconds."),
-		openFDs:   d("process_open_fds", "Number of open file descriptors."),
-		maxFDs:    d("process_max_fds", "Maximum number of open file descriptors."),
-		vsize:     d("process_virtual_memory_bytes", "Virtual memory size in bytes."),
-		maxVsize:  d("process_virtual_memory_max_bytes", "Maximum amount of virtual memory available in bytes."),
-		rss:       d("process_resident_memory_bytes", "Resident memory size in bytes."),
-		startTime: d("process_start_time_seconds", "Start time of the process since unix epoch in seconds."),
-		inBytes:   d("process_network_receive_bytes_total", "Number of bytes received by the process over the network."),
-		outBytes:  d("process_network_transmit_bytes_total", "Number of bytes sent by the process over the network."),
-		procDir:   "/proc/self",
+	c := &processCollector{procDir: "/proc/self", vals: make([]float64, procValues), present: make([]bool, procValues)}
+	f := func(at int, name, help string, kind valueKind) {
+		c.fams = append(c.fams, newRuntimeFamily(name, help, kind, at, prometheus.NewDesc(name, help, nil, nil)))
 	}
+	f(procCPU, "process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", kindCounter)
+	f(procOpenFDs, "process_open_fds", "Number of open file descriptors.", kindGauge)
+	f(procMaxFDs, "process_max_fds", "Maximum number of open file descriptors.", kindGauge)
+	f(procVsize, "process_virtual_memory_bytes", "Virtual memory size in bytes.", kindGauge)
+	f(procMaxVsize, "process_virtual_memory_max_bytes", "Maximum amount of virtual memory available in bytes.", kindGauge)
+	f(procRSS, "process_resident_memory_bytes", "Resident memory size in bytes.", kindGauge)
+	f(procStart, "process_start_time_seconds", "Start time of the process since unix epoch in seconds.", kindGauge)
+	f(procIn, "process_network_receive_bytes_total", "Number of bytes received by the process over the network.", kindCounter)
+	f(procOut, "process_network_transmit_bytes_total", "Number of bytes sent by the process over the network.", kindCounter)
 	// The start time, as client_golang computes it (the process's start in
 	// clock ticks after the boot time of /proc/stat), once: it does not change.
 	c.start = float64(time.Now().UnixNano()) / 1e9
@@ -59,8 +76,8 @@ func newProcessCollector() *processCollector {
 
 // Describe implements prometheus.Collector.
 func (c *processCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.cpuTotal, c.openFDs, c.maxFDs, c.vsize, c.maxVsize, c.rss, c.startTime, c.inBytes, c.outBytes} {
-		ch <- d
+	for i := range c.fams {
+		ch <- c.fams[i].desc
 	}
 }
 
@@ -69,40 +86,52 @@ func (c *processCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
-	counter := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
-	}
+	c.readValues()
+	collectFamilies(c.fams, c.vals, c.present, ch)
+}
+
+func (c *processCollector) appendText(b []byte, named []namedText) ([]byte, []namedText) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.readValues()
+	return appendFamilies(b, named, c.fams, c.vals, c.present)
+}
+
+// readValues takes a snapshot of the values into c.vals and c.present.
+// c.mu is held.
+func (c *processCollector) readValues() {
+	clear(c.present)
+	set := func(i int, v float64) { c.vals[i], c.present[i] = v, true }
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
-		counter(c.cpuTotal, float64(ru.Utime.Nano()+ru.Stime.Nano())/1e9)
+		set(procCPU, float64(ru.Utime.Nano()+ru.Stime.Nano())/1e9)
 	}
 	if b, err := c.read("statm"); err == nil {
 		if size, res, ok := parseStatm(b); ok {
 			page := float64(os.Getpagesize())
-			gauge(c.vsize, float64(size)*page)
-			gauge(c.rss, float64(res)*page)
+			set(procVsize, float64(size)*page)
+			set(procRSS, float64(res)*page)
 		}
 	}
-	gauge(c.startTime, c.start)
+	set(procStart, c.start)
 	if f, err := os.Open(c.procDir + "/fd"); err == nil {
 		names, err := f.Readdirnames(-1)
 		f.Close()
 		if err == nil {
-			gauge(c.openFDs, float64(len(names))) // with the one reading the directory, as client_golang counts
+			set(procOpenFDs, float64(len(names))) // with the one reading the directory, as client_golang counts
 		}
 	}
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
-		gauge(c.maxFDs, float64(lim.Cur))
+		set(procMaxFDs, float64(lim.Cur))
 	}
 	if unix.Getrlimit(unix.RLIMIT_AS, &lim) == nil {
-		gauge(c.maxVsize, float64(lim.Cur))
+		set(procMaxVsize, float64(lim.Cur))
 	}
 	if b, err := c.read("net/netstat"); err == nil {
 		in, out := parseNetstatOctets(b)
-		counter(c.inBytes, in)
-		counter(c.outBytes, out)
+		set(procIn, in)
+		set(procOut, out)
 	}
 }
 
