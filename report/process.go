@@ -2,6 +2,8 @@ package report
 
 import (
 	"bytes"
+	"encoding/binary"
+	"io"
 	"os"
 	"strconv"
 	"sync"
@@ -28,6 +30,7 @@ type processCollector struct {
 
 	mu      sync.Mutex
 	buf     []byte
+	dents   []byte         // a buffer for the entries of /proc/self/fd
 	files   map[string]int // open descriptors of the files read
 	vals    []float64
 	present []bool
@@ -114,12 +117,8 @@ func (c *processCollector) readValues() {
 		}
 	}
 	set(procStart, c.start)
-	if f, err := os.Open(c.procDir + "/fd"); err == nil {
-		names, err := f.Readdirnames(-1)
-		f.Close()
-		if err == nil {
-			set(procOpenFDs, float64(len(names))) // with the one reading the directory, as client_golang counts
-		}
+	if n, err := c.countFDs(); err == nil {
+		set(procOpenFDs, float64(n))
 	}
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil {
@@ -179,6 +178,72 @@ func (c *processCollector) read(name string) ([]byte, error) {
 	}
 	c.buf = b
 	return b, nil
+}
+
+// countFDs counts the entries of /proc/self/fd. The directory stays open
+// and is read again from its start each time (the kernel lists the
+// descriptors open at that read), without an open, a close and a string per
+// entry per scrape. The count includes the descriptor reading the
+// directory, as client_golang's does (it opens the directory to count).
+func (c *processCollector) countFDs() (int, error) {
+	const name = "fd/"
+	if c.files == nil {
+		c.files = map[string]int{}
+	}
+	fd, ok := c.files[name]
+	if !ok {
+		var err error
+		fd, err = unix.Open(c.procDir+"/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, err
+		}
+		c.files[name] = fd
+	}
+	if c.dents == nil {
+		c.dents = make([]byte, 8192)
+	}
+	fail := func(err error) (int, error) {
+		unix.Close(fd)
+		delete(c.files, name)
+		return 0, err
+	}
+	if _, err := unix.Seek(fd, 0, io.SeekStart); err != nil {
+		return fail(err)
+	}
+	count := 0
+	for {
+		n, err := unix.Getdents(fd, c.dents)
+		if err != nil {
+			return fail(err)
+		}
+		if n <= 0 {
+			return count, nil
+		}
+		count += countDirents(c.dents[:n])
+	}
+}
+
+// countDirents counts the entries of a getdents64 buffer but . and ..
+func countDirents(b []byte) int {
+	count := 0
+	// struct linux_dirent64: d_ino (8 bytes), d_off (8), d_reclen (2),
+	// d_type (1), d_name (NUL-terminated).
+	const nameAt = 19
+	for len(b) >= nameAt {
+		reclen := int(binary.NativeEndian.Uint16(b[16:18]))
+		if reclen < nameAt || reclen > len(b) {
+			break
+		}
+		name := b[nameAt:reclen]
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		if string(name) != "." && string(name) != ".." {
+			count++
+		}
+		b = b[reclen:]
+	}
+	return count
 }
 
 // parseStatm returns the first two fields of /proc/PID/statm: the virtual

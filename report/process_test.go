@@ -106,3 +106,56 @@ func FuzzProcFiles(f *testing.F) {
 		parseNetstatOctets(b)
 	})
 }
+
+// process_open_fds counts the descriptors open at each scrape: the
+// directory kept open is listed anew, from its start, every time.
+func TestProcessOpenFDsFollowsDescriptors(t *testing.T) {
+	c := newProcessCollector()
+	count := func() float64 { t.Helper(); return value(gatherOne(t, c)["process_open_fds"]) }
+	count() // the first opens the files the collector keeps open
+	before := count()
+	if before < 4 { // stdin, stdout, stderr and the directory itself at least
+		t.Fatalf("process_open_fds %v", before)
+	}
+	var files []*os.File
+	for range 5 {
+		f, err := os.Open("/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	if got := count(); got != before+5 {
+		t.Errorf("with 5 more files open: %v, before %v", got, before)
+	}
+	for _, f := range files {
+		f.Close()
+	}
+	if got := count(); got != before {
+		t.Errorf("with them closed again: %v, before %v", got, before)
+	}
+}
+
+func TestCountDirents(t *testing.T) {
+	ent := func(name string) []byte {
+		reclen := (19 + len(name) + 1 + 7) &^ 7
+		b := make([]byte, reclen)
+		b[16], b[17] = byte(reclen), byte(reclen>>8) // little endian, as on amd64 and arm64
+		copy(b[19:], name)
+		return b
+	}
+	var buf []byte
+	for _, n := range []string{".", "..", "0", "1", "2", "10", "255"} {
+		buf = append(buf, ent(n)...)
+	}
+	if got := countDirents(buf); got != 5 {
+		t.Errorf("%d entries, want 5", got)
+	}
+	// A truncated or malformed record ends the count, no panic.
+	if got := countDirents(buf[:len(buf)-3]); got != 4 {
+		t.Errorf("truncated: %d entries, want 4", got)
+	}
+	if got := countDirents(make([]byte, 40)); got != 0 {
+		t.Errorf("zero reclen: %d", got)
+	}
+}
