@@ -36,7 +36,7 @@ func (m *Metrics) Handler(errorLog *log.Logger) http.Handler {
 }
 
 type exposition struct {
-	reg prometheus.Gatherer
+	reg *Registry
 	// runtime write their families' text themselves, every scrape.
 	runtime  []runtimeCollector
 	families func() []*family
@@ -96,7 +96,7 @@ func (n namedText) body() []byte {
 	return b
 }
 
-func newExposition(reg prometheus.Gatherer, runtime []runtimeCollector, families func() []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
+func newExposition(reg *Registry, runtime []runtimeCollector, families func() []*family, all prometheus.Gatherer, errorLog *log.Logger) *exposition {
 	var opts promhttp.HandlerOpts
 	if errorLog != nil {
 		opts.ErrorLog = errorLog
@@ -118,7 +118,7 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		http.Error(w, "An error has occurred while serving metrics:\n\n"+err.Error(), http.StatusInternalServerError)
 	}
-	mfs, err := e.reg.Gather()
+	mfs, err := e.reg.gatherText()
 	if err != nil {
 		failed(err)
 		return

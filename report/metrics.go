@@ -38,7 +38,7 @@ const (
 // of its check's and its loop's alone; RemoveCheck and RemoveLoop empty
 // them (the family stays, with no series). Gatherer gathers them all.
 type Metrics struct {
-	Registry *prometheus.Registry
+	Registry *Registry
 
 	famsMu sync.Mutex
 	fams   []*family // appended to, never changed
@@ -94,7 +94,7 @@ type loopPart struct {
 
 // NewMetrics creates and registers every metric on a fresh registry.
 func NewMetrics(version string) *Metrics {
-	r := prometheus.NewRegistry()
+	r := NewRegistry()
 	m := &Metrics{
 		Registry: r,
 		problemCounter: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -1,0 +1,114 @@
+package report
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+)
+
+func textOf(t *testing.T, mfs []*dto.MetricFamily) string {
+	t.Helper()
+	var b bytes.Buffer
+	for _, mf := range mfs {
+		if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
+}
+
+// badCollector sends what it is told: series twice, a metric that fails to
+// write.
+type badCollector struct {
+	desc *prometheus.Desc
+	ms   []prometheus.Metric
+}
+
+func (c badCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c badCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.ms {
+		ch <- m
+	}
+}
+
+type failingMetric struct{ desc *prometheus.Desc }
+
+func (m failingMetric) Desc() *prometheus.Desc  { return m.desc }
+func (m failingMetric) Write(*dto.Metric) error { return errors.New("cannot write") }
+
+// A text scrape's own gathering of the registry gathers what
+// prometheus.(*Registry).Gather does: the same families, help, types, series
+// and order, byte for byte once encoded; and where Gather fails, it fails
+// with Gather's error.
+func TestRegistryGatherTextMatchesGather(t *testing.T) {
+	r := NewRegistry()
+	check := func(step string) {
+		t.Helper()
+		want, werr := r.Registry.Gather()
+		got, gerr := r.gatherText()
+		if (werr == nil) != (gerr == nil) || (werr != nil && werr.Error() != gerr.Error()) {
+			t.Fatalf("%s: error %v, Gather's %v", step, gerr, werr)
+		}
+		if g, w := textOf(t, got), textOf(t, want); g != w {
+			t.Fatalf("%s: gathered\n%s\nGather gathers\n%s", step, g, w)
+		}
+	}
+	check("empty")
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "a \\ help\nwith \"escapes\""}, []string{"b", "a"})
+	gv := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "g", Help: "gauge", ConstLabels: prometheus.Labels{"k": "v"}}, []string{"x"})
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "h_seconds", Help: "hist", Buckets: []float64{.1, 1}}, []string{"check"})
+	s := prometheus.NewSummary(prometheus.SummaryOpts{Name: "s", Help: "sum", Objectives: map[float64]float64{0.5: 0.05}})
+	u := prometheus.NewUntypedFunc(prometheus.UntypedOpts{Name: "u", Help: "untyped"}, func() float64 { return 3 })
+	gf := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "a_first", Help: "func", Unit: "bytes"}, func() float64 { return 1e21 })
+	r.MustRegister(vec, gv, h, s, u, gf)
+	check("vectors without series")
+	for _, lv := range [][2]string{{"z", "1"}, {"a", "2"}, {"m", "0"}, {"a", "1"}, {"", "x"}} {
+		vec.WithLabelValues(lv[0], lv[1]).Add(float64(len(lv[0]) + 1))
+	}
+	gv.WithLabelValues("y").Set(-1)
+	gv.WithLabelValues("b").Set(0.25)
+	h.WithLabelValues("Z").Observe(0.5)
+	h.WithLabelValues("A").Observe(5)
+	s.Observe(2)
+	check("series in every kind of family")
+	gv.DeleteLabelValues("y")
+	gv.DeleteLabelValues("b")
+	check("a family emptied")
+
+	// Where Gather fails, so does it, with Gather's error; the registry
+	// serves again once the collector is gone.
+	d := prometheus.NewDesc("dup", "twice", []string{"l"}, nil)
+	twice := badCollector{d, []prometheus.Metric{
+		prometheus.MustNewConstMetric(d, prometheus.GaugeValue, 1, "a"),
+		prometheus.MustNewConstMetric(d, prometheus.GaugeValue, 2, "a"),
+	}}
+	r.MustRegister(twice)
+	if _, err := r.gatherText(); err == nil {
+		t.Fatal("a series twice: no error")
+	}
+	check("a series twice")
+	r.Unregister(twice)
+	check("after an unregistration")
+
+	r2 := NewRegistry()
+	fd := prometheus.NewDesc("fails", "fails", nil, nil)
+	r2.MustRegister(badCollector{fd, []prometheus.Metric{failingMetric{fd}}})
+	if _, err := r2.gatherText(); err == nil {
+		t.Fatal("a metric that fails to write: no error")
+	}
+	// A family whose name collides with another's series (x and
+	// x_count of a summary x): Gather's error (which of the two it names
+	// first depends on the order Gather collects in).
+	r3 := NewRegistry()
+	r3.MustRegister(prometheus.NewSummary(prometheus.SummaryOpts{Name: "x", Help: "x"}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x_count", Help: "x count"}, func() float64 { return 1 }))
+	_, werr := r3.Registry.Gather()
+	if _, err := r3.gatherText(); werr == nil || err == nil || !strings.Contains(err.Error(), "collides with previously collected") {
+		t.Fatalf("a suffix collision: error %v, Gather's %v", err, werr)
+	}
+}
