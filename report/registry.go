@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -78,9 +79,10 @@ func (r *Registry) Unregister(c prometheus.Collector) bool {
 
 // gatherText gathers what a text scrape shows of the registry's metrics:
 // the families Gather returns, with the same names, help, types, series and
-// order. Where Gather would find something wrong (a metric that does not
-// write, families that disagree, a series twice, a family set it has not
-// checked), it is what gathers, and its error is returned.
+// order. Where Gather would find something wrong (a collector that panics,
+// a metric that does not write, families that disagree, a series twice, a
+// family set it has not checked), it is what gathers, and its error is
+// returned.
 func (r *Registry) gatherText() ([]*dto.MetricFamily, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -89,10 +91,20 @@ func (r *Registry) gatherText() ([]*dto.MetricFamily, error) {
 	}
 	cs := r.collectors
 	ch := make(chan prometheus.Metric, 64)
+	var panicked atomic.Bool
 	go func() {
 		defer close(ch)
 		for _, c := range cs {
-			c.Collect(ch)
+			// A collector that panics is an error of the scrape, as
+			// Gather makes it, not the daemon's end.
+			func() {
+				defer func() {
+					if recover() != nil {
+						panicked.Store(true)
+					}
+				}()
+				c.Collect(ch)
+			}()
 		}
 	}()
 	byName := map[string]*dto.MetricFamily{}
@@ -103,7 +115,7 @@ func (r *Registry) gatherText() ([]*dto.MetricFamily, error) {
 		}
 		ok = r.add(byName, m)
 	}
-	if !ok {
+	if !ok || panicked.Load() {
 		return r.Registry.Gather()
 	}
 	mfs := make([]*dto.MetricFamily, 0, len(byName))

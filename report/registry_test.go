@@ -36,6 +36,11 @@ func (c badCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+type panicking struct{ desc *prometheus.Desc }
+
+func (c panicking) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c panicking) Collect(chan<- prometheus.Metric)    { panic("collector bug") }
+
 type failingMetric struct{ desc *prometheus.Desc }
 
 func (m failingMetric) Desc() *prometheus.Desc  { return m.desc }
@@ -100,6 +105,12 @@ func TestRegistryGatherTextMatchesGather(t *testing.T) {
 	r2.MustRegister(badCollector{fd, []prometheus.Metric{failingMetric{fd}}})
 	if _, err := r2.gatherText(); err == nil {
 		t.Fatal("a metric that fails to write: no error")
+	}
+	// A collector that panics: an error, as Gather makes it, not a crash.
+	r4 := NewRegistry()
+	r4.MustRegister(panicking{prometheus.NewDesc("p", "p", nil, nil)}, prometheus.NewGauge(prometheus.GaugeOpts{Name: "ok", Help: "ok"}))
+	if _, err := r4.gatherText(); err == nil || !strings.Contains(err.Error(), "panic") {
+		t.Fatalf("a collector that panics: error %v", err)
 	}
 	// A family whose name collides with another's series (x and
 	// x_count of a summary x): Gather's error (which of the two it names
