@@ -23,12 +23,16 @@ import (
 type Registry struct {
 	*prometheus.Registry
 
-	mu         sync.Mutex
+	mu         sync.Mutex // guards collectors and unregistered
 	collectors []prometheus.Collector
 	// unregistered: a collector was unregistered (nothing in the daemon
 	// does): gatherText gathers through the prometheus.Registry from then on.
 	unregistered bool
-	descs        map[*prometheus.Desc]descText
+
+	// gatherMu serializes gatherText and guards what follows; a
+	// registration does not wait for a gathering's collectors.
+	gatherMu sync.Mutex
+	descs    map[*prometheus.Desc]descText
 	// validated: the families (name and type) of the last gathering whose
 	// families the prometheus.Registry found consistent.
 	validated []famShape
@@ -84,12 +88,14 @@ func (r *Registry) Unregister(c prometheus.Collector) bool {
 // family set it has not checked), it is what gathers, and its error is
 // returned.
 func (r *Registry) gatherText() ([]*dto.MetricFamily, error) {
+	r.gatherMu.Lock()
+	defer r.gatherMu.Unlock()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.unregistered {
+	unregistered, cs := r.unregistered, r.collectors[:len(r.collectors):len(r.collectors)]
+	r.mu.Unlock()
+	if unregistered {
 		return r.Registry.Gather()
 	}
-	cs := r.collectors
 	ch := make(chan prometheus.Metric, 64)
 	var panicked atomic.Bool
 	go func() {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -121,5 +123,40 @@ func TestRegistryGatherTextMatchesGather(t *testing.T) {
 	_, werr := r3.Registry.Gather()
 	if _, err := r3.gatherText(); werr == nil || err == nil || !strings.Contains(err.Error(), "collides with previously collected") {
 		t.Fatalf("a suffix collision: error %v, Gather's %v", err, werr)
+	}
+}
+
+// A registration does not wait for a text scrape's collectors: a collector
+// that waits on a registration made meanwhile does not hang the scrape.
+func TestRegistrationDuringGatherText(t *testing.T) {
+	r := NewRegistry()
+	var once sync.Once
+	registered := make(chan struct{})
+	r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "waits", Help: "waits on a registration"}, func() float64 {
+		once.Do(func() {
+			go func() {
+				r.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "late", Help: "registered while gathering"}))
+				close(registered)
+			}()
+			<-registered
+		})
+		return 1
+	}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.gatherText()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second): // a bound on a hang, not a wait for a condition
+		t.Fatal("the gathering and the registration wait on each other")
+	}
+	mfs, err := r.gatherText()
+	if err != nil || len(mfs) != 2 {
+		t.Fatalf("after the registration: %d families, error %v", len(mfs), err)
 	}
 }
