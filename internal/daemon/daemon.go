@@ -70,6 +70,8 @@ type Daemon struct {
 	env     *checks.Env
 	store   *report.Store
 	metrics *report.Metrics
+	// gate bounds the metrics listener's connections.
+	gate    *metricsGate
 	live    *Liveness
 	runner  *checks.Runner
 	details *report.Details
@@ -205,6 +207,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.poll = kubeconfigPoll
 	}
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
+	d.gate = newMetricsGate(log, d.metrics.Registry)
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
 		// Queue events from the start: the kubeconfig may appear later
 		// (the kubelet writes it when the node joins).

@@ -19,19 +19,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.started = time.Now()
 	d.mu.Unlock()
-	srv := newServer(d.Handler())
+	srv := d.gate.server(d.Handler())
 	srvErr := make(chan error, 1)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	if ln := d.metricsListener(); ln != nil {
-		serveMetrics(srv, ln, srvErr)
+		serveMetrics(srv, d.gate.listener(ln), srvErr)
 		d.log.Info("serving metrics", "addr", ln.Addr().String(), "checks", len(d.currentRunner().Checks()))
 	} else {
 		// The address could not be bound (New logged why): the daemon
 		// works on, and the metrics are served once it can be.
 		d.log.Info("starting without the metrics listener", "addr", d.cfg.Metrics.ListenAddress, "checks", len(d.currentRunner().Checks()))
-		wg.Go(func() { d.retryMetrics(rctx, func(ln net.Listener) { serveMetrics(srv, ln, srvErr) }) })
+		wg.Go(func() { d.retryMetrics(rctx, func(ln net.Listener) { serveMetrics(srv, d.gate.listener(ln), srvErr) }) })
 	}
 	wg.Go(func() { d.persist(rctx) })
 	wg.Go(func() { d.watchdog(rctx, WatchdogInterval()) })

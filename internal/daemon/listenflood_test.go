@@ -1,0 +1,155 @@
+package daemon
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+)
+
+// floodDaemon runs a daemon whose metrics listener is a real TCP listener
+// on 127.0.0.1, served as Run serves it, until the test ends; it returns
+// the daemon, its address and its log, once /healthz answers.
+func floodDaemon(t *testing.T) (*Daemon, string, *testenv.SyncBuffer) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	d, err := New(testConfig(t), slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	addr := ln.Addr().String()
+	await(t, d, "/healthz answering", func() bool {
+		code, _, err := probe(addr, "127.0.0.1", "/healthz")
+		return err == nil && code == http.StatusOK
+	})
+	return d, addr, &logs
+}
+
+// probe sends one GET for path to addr from the local address from (a
+// loopback address other than 127.0.0.1 is another peer) on a new
+// connection and reads the answer, within 5 s.
+func probe(addr, from, path string) (int, string, error) {
+	dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := dl.Dial("tcp", addr)
+	if err != nil {
+		return 0, "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n", path); err != nil {
+		return 0, "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// heapAndGoroutines are the live heap and the goroutines' stacks after a
+// collection, and the goroutines of the test process.
+func heapAndGoroutines() (uint64, int) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc + ms.StackInuse, runtime.NumGoroutine()
+}
+
+// The metrics listener is on every interface of every node. A client that
+// opens connections and sends each request slowly, within the 10 s the
+// server allows it (a scanner, a sidecar opening connections in a loop, a
+// slowloris), held a goroutine, its buffers and a file descriptor of the
+// daemon per connection, without bound: 1,000 such connections were 1,000
+// goroutines and megabytes of heap, on the daemon's one P. Now at most
+// metricsMaxConns are open at once; a new connection over the bound closes
+// the oldest one whose request is not being answered, so a probe of
+// /healthz, which sends its request at once, is answered through the flood;
+// each such close is counted, and the flood is logged once.
+func TestMetricsListenerBoundsSlowConnections(t *testing.T) {
+	d, addr, logs := floodDaemon(t)
+	heap0, gr0 := heapAndGoroutines()
+
+	const n = 1000
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		// From 10 peers: more than any one peer's share.
+		from := fmt.Sprintf("127.0.0.%d", 10+i%10)
+		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := dl.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		slow = append(slow, c)
+		// Headers that never end (the server waits up to 10 s).
+		fmt.Fprint(c, "GET /metrics HTTP/1.1\r\nHost: node\r\nX-Slow: ")
+	}
+	// The listener accepts in order: a probe after the flood is accepted
+	// after all of it.
+	code, body, err := probe(addr, "127.0.0.2", "/healthz")
+	if err != nil || code != http.StatusOK || !strings.HasPrefix(body, "ok: ") {
+		t.Errorf("/healthz after %d slow connections: %d %q, %v; want 200 ok", n, code, body, err)
+	}
+	heap1, gr1 := heapAndGoroutines()
+	t.Logf("%d slow connections: goroutines %d -> %d, heap and stacks %.1f -> %.1f MiB", n, gr0, gr1, float64(heap0)/(1<<20), float64(heap1)/(1<<20))
+	if grown := gr1 - gr0; grown > metricsMaxConns+16 {
+		t.Errorf("%d slow connections grew the goroutines by %d, want at most the %d connections the listener keeps (+16)", n, grown, metricsMaxConns)
+	}
+	if grown := int64(heap1) - int64(heap0); grown > 6<<20 {
+		t.Errorf("%d slow connections grew the heap and stacks by %.1f MiB, want at most 6 MiB", n, float64(grown)/(1<<20))
+	}
+	// Those closed are closed at once (the rest wait for their 10 s).
+	var closed atomic.Int32
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for _, c := range slow {
+		wg.Go(func() {
+			c.SetReadDeadline(deadline)
+			// EOF, or a reset where the daemon closed it with the
+			// request's bytes unread.
+			if _, err := c.Read(make([]byte, 1)); err == io.EOF || errors.Is(err, syscall.ECONNRESET) {
+				closed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if want := n - metricsMaxConns; int(closed.Load()) < want {
+		t.Errorf("%d of %d slow connections closed by the daemon, want at least %d", closed.Load(), n, want)
+	}
+	_, page, _ := probe(addr, "127.0.0.2", "/metrics")
+	if got := grepLines(page, "autopilot_health_http_refused_total{reason=\"connections\"}"); got == "" || strings.HasSuffix(got, " 0") {
+		t.Errorf("closed connections not counted: %q", got)
+	}
+	if n := strings.Count(logs.String(), "metrics listener at its bound of open connections"); n != 1 {
+		t.Errorf("the flood logged %d times, want once:\n%s", n, logs.String())
+	}
+	for _, c := range slow {
+		c.Close()
+	}
+	await(t, d, "the end of the flood logged", func() bool {
+		return strings.Contains(logs.String(), `msg="metrics listener back under its bound of open connections" open_max=256 closed=`)
+	})
+}

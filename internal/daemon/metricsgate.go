@@ -1,0 +1,205 @@
+package daemon
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// metricsMaxConns bounds the connections of the metrics listener open at
+// once. The listener is on every interface of every node: a client that
+// opens connections in a loop and sends each request slowly (within the
+// 10 s the server allows) held a goroutine and ~10 KiB of heap of the
+// daemon per connection, without bound. Prometheus keeps one connection
+// per scraper; 256 is far more than the scrapers of a cluster, and ~3 MiB
+// at most (README, "Metrics (port 20257)").
+const metricsMaxConns = 256
+
+// metricsGate bounds what the clients of the metrics listener can hold:
+// the open connections (metricsMaxConns). A new connection over the bound
+// closes the oldest open one whose request is not being answered (one
+// still sending its request, or idle between requests): a flood of slow
+// or idle connections costs only its own, while a request sent at once
+// (a scrape, a probe of /healthz) is answered. Only when every open
+// connection is being answered is the new one refused, with a 503.
+type metricsGate struct {
+	log     *slog.Logger
+	refused *prometheus.CounterVec
+
+	mu    sync.Mutex
+	conns list.List // of *gateConn, oldest first
+	// over: the bound was reached and connections closed for it, since
+	// the last time the open connections fell to half of it; closed: how
+	// many since.
+	over   bool
+	closed int
+}
+
+// The reasons of autopilot_health_http_refused_total.
+const refusedConnections = "connections"
+
+func newMetricsGate(log *slog.Logger, reg prometheus.Registerer) *metricsGate {
+	g := &metricsGate{log: log, refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: report.Namespace, Name: "http_refused_total",
+		Help: "Connections and requests of the metrics listener closed or refused unanswered for a bound, by reason: connections (more than 256 open: the oldest without a request being answered closed, or the new one refused with a 503).",
+	}, []string{"reason"})}
+	g.refused.WithLabelValues(refusedConnections)
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: report.Namespace, Name: "http_connections_open",
+		Help: "Connections of the metrics listener open now (at most 256).",
+	}, func() float64 {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return float64(g.conns.Len())
+	})
+	if reg != nil {
+		reg.MustRegister(g.refused, open)
+	}
+	return g
+}
+
+// gateConn is a connection the gate counts.
+type gateConn struct {
+	net.Conn
+	g    *metricsGate
+	elem *list.Element // nil once out of the gate's list (under g.mu)
+	// busy: a request of it is being answered, from the handler's start
+	// until the server has written the whole answer (StateIdle); under g.mu.
+	busy bool
+	once sync.Once
+}
+
+func (c *gateConn) Close() error {
+	c.once.Do(c.g.release(c))
+	return c.Conn.Close()
+}
+
+// release takes c out of the gate's count.
+func (g *metricsGate) release(c *gateConn) func() {
+	return func() {
+		g.mu.Lock()
+		if c.elem != nil {
+			g.conns.Remove(c.elem)
+			c.elem = nil
+		}
+		var done bool
+		var closed int
+		if g.over && g.conns.Len() <= metricsMaxConns/2 {
+			done, closed, g.over, g.closed = true, g.closed, false, 0
+		}
+		g.mu.Unlock()
+		if done {
+			g.log.Info("metrics listener back under its bound of open connections", "open_max", metricsMaxConns, "closed", closed)
+		}
+	}
+}
+
+// gateListener is a listener whose connections the gate bounds.
+type gateListener struct {
+	net.Listener
+	g *metricsGate
+}
+
+// listener bounds the connections of ln.
+func (g *metricsGate) listener(ln net.Listener) net.Listener { return &gateListener{ln, g} }
+
+// refusal is the answer to a connection refused: all open ones are being
+// answered.
+var refusal = fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
+	len(refusalText), refusalText)
+
+const refusalText = "autopilot-health: too many connections open, try again later\n"
+
+func (l *gateListener) Accept() (net.Conn, error) {
+	g := l.g
+	for {
+		nc, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		c := &gateConn{Conn: nc, g: g}
+		var victim *gateConn
+		g.mu.Lock()
+		full := g.conns.Len() >= metricsMaxConns
+		if full {
+			for e := g.conns.Front(); e != nil; e = e.Next() {
+				if o := e.Value.(*gateConn); !o.busy {
+					victim = o
+					break
+				}
+			}
+			if victim != nil {
+				g.conns.Remove(victim.elem)
+				victim.elem = nil
+			}
+		}
+		if !full || victim != nil {
+			c.elem = g.conns.PushBack(c)
+		}
+		first := full && !g.over
+		if full {
+			g.over = true
+			g.closed++
+		}
+		g.mu.Unlock()
+		if full {
+			g.refused.WithLabelValues(refusedConnections).Inc()
+			if first {
+				g.log.Warn("metrics listener at its bound of open connections: closing the oldest one not being answered for each new one; logged again when under half of it",
+					"open_max", metricsMaxConns, "from", nc.RemoteAddr().String())
+			}
+		}
+		if victim != nil {
+			victim.Close()
+			return c, nil
+		}
+		if full {
+			// Every open connection is being answered: the new one is
+			// refused. A new socket's send buffer is empty: the write
+			// does not block.
+			nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			nc.Write([]byte(refusal))
+			nc.Close()
+			continue
+		}
+		return c, nil
+	}
+}
+
+// gateKey is the context key of a request's connection.
+type gateKey struct{}
+
+// server is the metrics listener's server: newServer's, whose handler
+// marks its connection busy while a request of it is being answered.
+func (g *metricsGate) server(h http.Handler) *http.Server {
+	srv := newServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, _ := r.Context().Value(gateKey{}).(*gateConn); c != nil {
+			g.mu.Lock()
+			c.busy = true
+			g.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, gateKey{}, c)
+	}
+	srv.ConnState = func(nc net.Conn, st http.ConnState) {
+		// StateIdle: the answer is written whole; the connection waits for
+		// the next request.
+		if c, _ := nc.(*gateConn); c != nil && st == http.StateIdle {
+			g.mu.Lock()
+			c.busy = false
+			g.mu.Unlock()
+		}
+	}
+	return srv
+}
