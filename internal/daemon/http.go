@@ -21,13 +21,19 @@ const (
 	serverReadTimeout       = 10 * time.Second
 	serverWriteTimeout      = 30 * time.Second
 	serverIdleTimeout       = 90 * time.Second
+	// serverMaxHeaderBytes bounds a request's headers (net/http reads 4 KiB
+	// more before it answers 431). A scrape's are a few hundred bytes, a
+	// bearer token a few KB; net/http's default, 1 MiB, let each
+	// connection hold a MiB of the daemon's heap for the 10 s its headers
+	// may take (TestMetricsListenerBoundsHeaderBytes).
+	serverMaxHeaderBytes = 8 << 10
 )
 
 // newServer is the server of /metrics and /healthz (Handler) and of the
-// status socket (statusHandler), with the timeouts above.
+// status socket (statusHandler), with the timeouts and the bound above.
 func newServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: serverReadHeaderTimeout, ReadTimeout: serverReadTimeout,
-		WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout}
+		WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout, MaxHeaderBytes: serverMaxHeaderBytes}
 }
 
 // Addr returns the metrics listener's address; nil while

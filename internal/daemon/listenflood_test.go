@@ -153,3 +153,70 @@ func TestMetricsListenerBoundsSlowConnections(t *testing.T) {
 		return strings.Contains(logs.String(), `msg="metrics listener back under its bound of open connections" open_max=256 closed=`)
 	})
 }
+
+// A request's headers were read up to net/http's default MaxHeaderBytes,
+// 1 MiB (and 4 KiB more), before the server gave up on them: each of the
+// connections a client may hold at once could hold a MiB of the daemon's
+// heap for the 10 s its headers may take, 256 MiB for the 256 connections
+// the listener keeps. A scrape's headers are a few hundred bytes (a bearer
+// token a few KB); more than serverMaxHeaderBytes is answered 431 at once.
+func TestMetricsListenerBoundsHeaderBytes(t *testing.T) {
+	_, addr, _ := floodDaemon(t)
+	heap0, _ := heapAndGoroutines()
+
+	const n, size = 64, 256 << 10
+	line := "X-Pad: " + strings.Repeat("a", 1000) + "\r\n"
+	pad := []byte(strings.Repeat(line, size/len(line)))
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() {
+			deadline := time.Now().Add(2 * time.Second)
+			c.SetDeadline(deadline)
+			// Headers that do not end; the write fails once the server
+			// has closed the connection.
+			fmt.Fprint(c, "GET /metrics HTTP/1.1\r\nHost: node\r\n")
+			c.Write(pad)
+			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+				codes[i] = resp.StatusCode
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	heap1, _ := heapAndGoroutines()
+	t.Logf("%d connections sending %d KiB of headers: heap and stacks %.1f -> %.1f MiB", n, size>>10, float64(heap0)/(1<<20), float64(heap1)/(1<<20))
+	if grown := int64(heap1) - int64(heap0); grown > 4<<20 {
+		t.Errorf("%d connections with %d KiB of headers each grew the heap and stacks by %.1f MiB, want at most 4 MiB", n, size>>10, float64(grown)/(1<<20))
+	}
+	for i, code := range codes {
+		if code != http.StatusRequestHeaderFieldsTooLarge {
+			t.Errorf("connection %d, %d KiB of headers: answered %d (0: nothing within 2 s), want 431", i, size>>10, code)
+			break
+		}
+	}
+	// Headers of the size a scrape sends are answered.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer %s\r\n\r\n", strings.Repeat("t", 4096))
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz with a 4 KiB bearer token: %v, %v; want 200", resp, err)
+	}
+}
