@@ -220,3 +220,84 @@ func TestMetricsListenerBoundsHeaderBytes(t *testing.T) {
 		t.Errorf("/healthz with a 4 KiB bearer token: %v, %v; want 200", resp, err)
 	}
 }
+
+// rawExchange sends req on a new connection to addr and reads one answer.
+func rawExchange(t *testing.T, addr, req string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: strings.Fields(req)[0]})
+	if err != nil {
+		rest, _ := io.ReadAll(br)
+		t.Fatalf("%q: %v (then %q)", req, err, rest)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// The metrics listener, on every interface, serves its three pages to GET
+// and HEAD and nothing else: other methods are 405 naming GET and HEAD,
+// other paths 404 (net/http/pprof's /debug/pprof/ and expvar's /debug/vars,
+// which register on net/http's DefaultServeMux, are not served: expvar is
+// linked into the binary by a dependency), and it speaks HTTP/1.1 only: no
+// h2c, neither by prior knowledge (HTTP/2's preface) nor by an Upgrade
+// header, which would bring HTTP/2's per-connection state and its own
+// flood surface (streams, SETTINGS, CONTINUATION) to the node network.
+func TestMetricsListenerServesOnlyItsPages(t *testing.T) {
+	_, addr, _ := floodDaemon(t)
+	for _, tc := range []struct {
+		req        string
+		code       int
+		allow      string
+		bodyPrefix string
+	}{
+		{req: "GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 200, bodyPrefix: "# HELP "},
+		{req: "HEAD /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 200},
+		{req: "GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n", code: 200, bodyPrefix: "ok: "},
+		{req: "HEAD /healthz HTTP/1.1\r\nHost: n\r\n\r\n", code: 200},
+		{req: "GET / HTTP/1.1\r\nHost: n\r\n\r\n", code: 200, bodyPrefix: "autopilot-health: "},
+		{req: "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: 2\r\n\r\nab", code: 405, allow: "GET, HEAD"},
+		{req: "PUT /healthz HTTP/1.1\r\nHost: n\r\nContent-Length: 0\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "DELETE /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "TRACE /healthz HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "OPTIONS /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "GET /debug/pprof/ HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
+		{req: "GET /debug/pprof/goroutine?debug=2 HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
+		{req: "GET /debug/vars HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
+		{req: "GET /metrics/x HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
+		// An Upgrade to h2c is ignored: the answer is HTTP/1.1's.
+		{req: "GET /healthz HTTP/1.1\r\nHost: n\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n", code: 200, bodyPrefix: "ok: "},
+	} {
+		resp, body := rawExchange(t, addr, tc.req)
+		line := strings.SplitN(tc.req, "\r\n", 2)[0]
+		if resp.StatusCode != tc.code || resp.ProtoMajor != 1 || resp.Header.Get("Allow") != tc.allow || !strings.HasPrefix(body, tc.bodyPrefix) {
+			t.Errorf("%s: %s %s, Allow %q, body %.40q; want HTTP/1.x %d, Allow %q, a body starting %q", line, resp.Proto, resp.Status, resp.Header.Get("Allow"), body, tc.code, tc.allow, tc.bodyPrefix)
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			t.Errorf("%s: switched protocols to %q", line, resp.Header.Get("Upgrade"))
+		}
+	}
+	// HTTP/2 by prior knowledge: the preface is refused, not answered with
+	// HTTP/2's SETTINGS frame.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	b, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(b), "HTTP/1.1 ") {
+		t.Errorf("HTTP/2's preface answered %q, want an HTTP/1.1 refusal", b)
+	}
+	t.Logf("HTTP/2's preface: %.60q", b)
+}
