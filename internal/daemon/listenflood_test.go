@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
@@ -300,4 +303,72 @@ func TestMetricsListenerServesOnlyItsPages(t *testing.T) {
 		t.Errorf("HTTP/2's preface answered %q, want an HTTP/1.1 refusal", b)
 	}
 	t.Logf("HTTP/2's preface: %.60q", b)
+}
+
+// A connection whose request is being answered is never closed for the
+// bound: with all metricsMaxConns open ones being answered (a handler that
+// waits), a new connection is refused with a 503 that says why, and
+// counted; the answers in progress are all written once the handler goes
+// on. The gate's server and listener, as Run serves them, with a handler
+// of the test's.
+func TestMetricsGateRefusesWhenAllAreBeingAnswered(t *testing.T) {
+	var logs testenv.SyncBuffer
+	reg := prometheus.NewRegistry()
+	g := newMetricsGate(slog.New(slog.NewTextHandler(&logs, nil)), reg)
+	release := make(chan struct{})
+	var answering atomic.Int32
+	allAnswering := make(chan struct{})
+	srv := g.server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if answering.Add(1) == metricsMaxConns {
+			close(allAnswering)
+		}
+		<-release
+		fmt.Fprintln(w, "answered")
+	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(g.listener(ln)) }()
+	defer func() {
+		srv.Close()
+		<-served
+	}()
+	addr := ln.Addr().String()
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range metricsMaxConns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+		fmt.Fprint(c, "GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+	}
+	<-allAnswering // every connection's request is being answered
+
+	resp, body := rawExchange(t, addr, "GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+	if resp.StatusCode != http.StatusServiceUnavailable || body != refusalText || !resp.Close {
+		t.Errorf("a connection over the bound with all being answered: %s %q, close %v; want 503 %q and the connection closed", resp.Status, body, resp.Close, refusalText)
+	}
+	close(release)
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("connection %d, being answered when the bound was reached: %v, %v; want its answer", i, resp, err)
+		}
+	}
+	if v := testutil.ToFloat64(g.refused.WithLabelValues(refusedConnections)); v != 1 {
+		t.Errorf("refused counted %v, want 1", v)
+	}
+	if n := strings.Count(logs.String(), "metrics listener at its bound of open connections"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logs.String())
+	}
 }
