@@ -312,13 +312,19 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		fmt.Fprintf(w, " (%s)", report.Printable(k.Detail))
 	}
 	fmt.Fprintln(w)
-	if k.State == "reporting" || len(k.Calls) > 0 {
+	// Waiting for the kubeconfig, the events are queued all the same (a
+	// stop before it comes loses them): pending is shown then too.
+	if k.State == "reporting" || len(k.Calls) > 0 || k.StatusPending || k.EventsQueued > 0 {
 		pending := "none"
 		if k.StatusPending {
 			pending = "the conditions"
 		}
 		if k.EventsQueued > 0 {
-			pending = strings.TrimPrefix(pending+fmt.Sprintf(", %d events", k.EventsQueued), "none, ")
+			events := "events"
+			if k.EventsQueued == 1 {
+				events = "event"
+			}
+			pending = strings.TrimPrefix(pending+fmt.Sprintf(", %d %s", k.EventsQueued, events), "none, ")
 		}
 		fmt.Fprintf(w, "  conditions last written: %s; pending: %s\n", ago(k.Calls["status"].LastSuccess), pending)
 		kinds := make([]string, 0, len(k.Calls))
