@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -286,7 +289,38 @@ func (c *kubeletHeartbeatCheck) journalPresent() error {
 			}
 		}
 	}
+	// Glob passes over a directory it may not read: a journal that is
+	// there but not the reader's (`autopilot-health check` without sudo:
+	// journald's machine directory is root:systemd-journal, 2750) is no
+	// missing journald.
+	var denied []string
+	for _, d := range journalDirs {
+		dir := c.env.Path(d)
+		if notPermitted(dir) {
+			denied = append(denied, d)
+			continue
+		}
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() && notPermitted(filepath.Join(dir, e.Name())) {
+				denied = append(denied, path.Join(d, e.Name()))
+			}
+		}
+	}
+	if len(denied) > 0 {
+		return fmt.Errorf("cannot read the journal: %s: permission denied (run it as root, or as a member of the systemd-journal group)", strings.Join(denied, ", "))
+	}
 	return fmt.Errorf("no journal files in %s: is systemd-journald running?", strings.Join(journalDirs, " or "))
+}
+
+// notPermitted reports whether the directory dir may not be listed.
+func notPermitted(dir string) bool {
+	f, err := os.Open(dir)
+	if err == nil {
+		_, err = f.Readdirnames(1)
+		f.Close()
+	}
+	return errors.Is(err, fs.ErrPermission)
 }
 
 // shorten cuts s to at most n bytes of printable text (report.Printable: a

@@ -226,6 +226,42 @@ func TestKubeletHeartbeatJournalUnreadable(t *testing.T) {
 	})
 }
 
+// A journal the reader may not list (`autopilot-health check` without sudo:
+// journald's machine directory is root:systemd-journal, mode 2750) is no
+// missing journal: the error says it cannot be read and why, not "is
+// systemd-journald running?", which sent an operator to a journald that ran.
+func TestKubeletHeartbeatJournalNotReadableByTheUser(t *testing.T) {
+	now := hbLast
+	root := journalRoot(t)
+	// The host root and its parent searchable by all (a test's temporary
+	// directories are 0700): only the machine directory's mode is met.
+	for _, d := range []string{filepath.Dir(root), root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	machine := filepath.Join(root, "run/log/journal/73bee9439449423da2f8c4806e805444")
+	if err := os.Chmod(machine, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	fj := newFakeJournalctl(t)
+	c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, root, fj, &now))
+	var err error
+	testenv.Unprivileged(t, func() { _, err = c.Probe(context.Background()) })
+	want := "cannot read the journal: /run/log/journal/73bee9439449423da2f8c4806e805444: permission denied (run it as root, or as a member of the systemd-journal group)"
+	if err == nil || err.Error() != want {
+		t.Errorf("error %v\nwant %q", err, want)
+	}
+	// Readable by the user: its files are found, as root finds them.
+	if err := os.Chmod(machine, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Unprivileged(t, func() { err = c.(*kubeletHeartbeatCheck).journalPresent() })
+	if err != nil {
+		t.Errorf("a journal the user may read: %v", err)
+	}
+}
+
 // journalctl refuses a cursor it cannot seek to: Unknown with its words, and
 // the next run reads from the last successful run's time instead.
 func TestKubeletHeartbeatBadCursor(t *testing.T) {
