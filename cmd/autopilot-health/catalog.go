@@ -36,10 +36,13 @@ func cmdCatalog(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Type, c.Source, c.Disposition, interval(c), c.Scope, report.JoinReasons(c.ProblemReasons, ","))
 		}
 		tw.Flush()
-		fmt.Fprintln(stdout, "\nEVENT\tSOURCE\tNODES")
+		fmt.Fprintln(stdout)
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "EVENT\tSOURCE\tNODES")
 		for _, e := range report.Events {
-			fmt.Fprintf(stdout, "%s\t%s\t%s\n", e.Reason, e.Source, e.Scope)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Reason, e.Source, e.Scope)
 		}
+		tw.Flush()
 	}
 	return exitOK
 }
