@@ -232,6 +232,11 @@ func sinceBoot() time.Duration { return time.Duration(rawsys.MonotonicMicros()) 
 // stays unhealthy does not change its condition at every probe.
 func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Duration, reason string) (string, string) {
 	r.restore()
+	// Every unit asked for is listed (All: status's "Repairs:"), also one
+	// never restarted because systemd did not load it.
+	r.mu.Lock()
+	r.status(unit)
+	r.mu.Unlock()
 	result, msg := r.repair(ctx, unit, cooldown, reason)
 	r.repairs.WithLabelValues(unit, result).Inc()
 	if result == RepairFailed || result == RepairNoSystemd {

@@ -563,6 +563,30 @@ func TestRepairThatCannotStartIsRecorded(t *testing.T) {
 	})
 }
 
+// A unit the repair was asked for but systemd did not load (not installed,
+// masked, a unit file in error) is listed among the watched ones too, never
+// repaired: status's "Repairs:" named containerd.service and left out a
+// kubelet.service that was not installed, whose KubeletUnhealthy said "not
+// repaired: kubelet.service is not installed (not-found)".
+func TestRepairOfAUnitNotLoadedIsListed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, load := range []string{"not-found", "masked", "bad-setting"} {
+			m := newFakeManager(systemd.Unit{Name: "kubelet.service", LoadState: load, ActiveState: "inactive", SubState: "dead"})
+			r := NewRepairer(m, quietLog(), time.Now, nil)
+			if res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairNotLoaded {
+				t.Fatalf("%s: result %s", load, res)
+			}
+			st, ok := r.All()["kubelet.service"]
+			if !ok {
+				t.Errorf("%s: the unit is not listed among the watched ones: %v", load, r.All())
+			}
+			if st.Repairs != 0 || !st.LastRepair.IsZero() || st.LastAttemptError != "" {
+				t.Errorf("%s: status %+v, want never repaired", load, st)
+			}
+		}
+	})
+}
+
 // A unit stuck failed whose RestartSec is 5 s or more (Debian's containerd:
 // 5 s; kubeadm's kubelet: 10 s) is reported failed within the run's 10 s
 // timeout, and read once per run: systemd does not restart a unit a read
