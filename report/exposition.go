@@ -111,16 +111,12 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.fallback.ServeHTTP(w, r)
 		return
 	}
-	failed := func(err error) {
-		// promhttp's default (HTTPErrorOnError) for a failed collection.
-		if e.errorLog != nil {
-			e.errorLog.Println("error gathering metrics:", err)
-		}
-		http.Error(w, "An error has occurred while serving metrics:\n\n"+err.Error(), http.StatusInternalServerError)
-	}
+	// A gathering that fails is answered by promhttp (gathering again):
+	// its status, its error as it words it (through the Gatherers of every
+	// registry, naming the one that failed) and its log line.
 	mfs, err := e.reg.gatherText()
 	if err != nil {
-		failed(err)
+		e.fallback.ServeHTTP(w, r)
 		return
 	}
 	// The go_* and process_* families, which change every scrape, are
@@ -171,7 +167,7 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmfs, err := f.reg.Gather()
 			if err != nil {
 				e.mu.Unlock()
-				failed(err)
+				e.fallback.ServeHTTP(w, r)
 				return
 			}
 			vt = &versionedText{version: v}
