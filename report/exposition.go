@@ -40,6 +40,9 @@ type exposition struct {
 	// runtime write their families' text themselves, every scrape.
 	runtime  []runtimeCollector
 	families func() []*family
+	// all gathers every registry (Gatherers); fallback is promhttp's
+	// handler over it.
+	all      prometheus.Gatherer
 	fallback http.Handler
 	errorLog *log.Logger
 	seed     maphash.Seed
@@ -54,6 +57,9 @@ type exposition struct {
 	// order that sorts them.
 	orderKeys []orderKey
 	order     []int
+	// checkedNames: the names of the last page whose families all
+	// passed the Gatherers' checks across registries.
+	checkedNames []string
 }
 
 type orderKey struct{ name, part string }
@@ -80,6 +86,9 @@ type namedText struct {
 	// check's durations), what orders it among the others (family.part).
 	part string
 	text []byte
+	// versioned: one part of a versioned family, merged with the other
+	// parts of the same name.
+	versioned bool
 }
 
 // body is the text without its leading comments (# HELP and # TYPE): what a
@@ -101,7 +110,7 @@ func newExposition(reg *Registry, runtime []runtimeCollector, families func() []
 	if errorLog != nil {
 		opts.ErrorLog = errorLog
 	}
-	return &exposition{reg: reg, runtime: runtime, families: families, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
+	return &exposition{reg: reg, runtime: runtime, families: families, all: all, fallback: promhttp.HandlerFor(all, opts), errorLog: errorLog, seed: maphash.MakeSeed(),
 		gzipper: newGzipper(), cache: map[string]*familyText{}, famText: map[famKey]*versionedText{}}
 }
 
@@ -173,7 +182,7 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			vt = &versionedText{version: v}
 			for _, mf := range fmfs {
 				if text, err := e.encode(mf, format); err == nil {
-					vt.parts = append(vt.parts, namedText{name: mf.GetName(), part: f.part, text: text})
+					vt.parts = append(vt.parts, namedText{name: mf.GetName(), part: f.part, text: text, versioned: true})
 				}
 			}
 			e.famText[key] = vt
@@ -181,6 +190,11 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		named = append(named, vt.parts...)
 	}
 	named = e.sorted(named)
+	if !e.consistent(named) {
+		e.mu.Unlock()
+		e.fallback.ServeHTTP(w, r)
+		return
+	}
 	e.mu.Unlock()
 	for i := 1; i < len(named); i++ {
 		if named[i].name == named[i-1].name {
@@ -244,6 +258,47 @@ func (e *exposition) sorted(named []namedText) []namedText {
 		out[i] = named[j]
 	}
 	return out
+}
+
+// consistent reports whether the page's families, gathered from several
+// registries, are what the Gatherers of them all would serve without merging
+// or refusing any: no name twice but among the parts of versioned families
+// (a family of the main registry named as a go_*, process_* or versioned
+// one the Gatherers merge, or refuse for its help, type or a series twice),
+// and, whenever the set of names changes, no collision the Gatherers find
+// across registries (a summary's or histogram's suffix). Where it is not,
+// promhttp answers. e.mu is held; named is sorted.
+func (e *exposition) consistent(named []namedText) bool {
+	for i := 1; i < len(named); i++ {
+		if named[i].name == named[i-1].name && !(named[i].versioned && named[i-1].versioned) {
+			return false
+		}
+	}
+	j := 0
+	same := true
+	for i, n := range named {
+		if i > 0 && n.name == named[i-1].name {
+			continue
+		}
+		if j >= len(e.checkedNames) || e.checkedNames[j] != n.name {
+			same = false
+			break
+		}
+		j++
+	}
+	if same && j == len(e.checkedNames) {
+		return true
+	}
+	if _, err := e.all.Gather(); err != nil {
+		return false
+	}
+	e.checkedNames = e.checkedNames[:0]
+	for i, n := range named {
+		if i == 0 || n.name != named[i-1].name {
+			e.checkedNames = append(e.checkedNames, n.name)
+		}
+	}
+	return true
 }
 
 // textBufs hold the text of the runtime families of a scrape.

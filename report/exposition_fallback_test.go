@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -106,4 +107,35 @@ func TestExpositionFailsAsPromhttp(t *testing.T) {
 	m.Registry.Unregister(g)
 	m.Registry.MustRegister(twice())
 	compareAnswers(t, "a series twice after an Unregister", m)
+}
+
+// A family of the main registry named as a go_*, process_* or versioned
+// family, or colliding with one by a summary's suffix: each scrape answers
+// as promhttp does (an error where the Gatherers refuse the pair, one
+// family where they merge it), never two families of one name on a page.
+func TestExpositionSameNameAsPromhttp(t *testing.T) {
+	gauge := func(name, help string) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return 7 })
+	}
+	labelled := func(name, help string) prometheus.Collector {
+		v := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"x"})
+		v.WithLabelValues("a").Set(3)
+		return v
+	}
+	for step, c := range map[string]prometheus.Collector{
+		// (A family whose value does not move: Gatherers' error names
+		// the series it found twice, with its value.)
+		"process_start_time_seconds, the same help":  gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds."),
+		"go_goroutines, another help":                gauge("go_goroutines", "other"),
+		"process_open_fds with a label":              labelled("process_open_fds", "Number of open file descriptors."),
+		"problem_gauge, another help":                gauge("problem_gauge", "other"),
+		"the check runs, with a label":               labelled("autopilot_health_check_runs_total", "x"),
+		"a suffix of go_gc_duration_seconds' series": gauge("go_gc_duration_seconds_count", "x"),
+	} {
+		m := NewMetrics("v1")
+		m.InitConditions([]string{"KubeletUnhealthy"})
+		m.CheckRun("KubeletUnhealthy", ResultOK, time.Millisecond)
+		m.Registry.MustRegister(c)
+		compareAnswers(t, step, m)
+	}
 }
