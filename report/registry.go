@@ -7,9 +7,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 )
 
 // Registry is the registry other parts of the daemon register their metrics
@@ -173,6 +175,20 @@ func (r *Registry) add(byName map[string]*dto.MetricFamily, m prometheus.Metric)
 	pb := &dto.Metric{}
 	if m.Write(pb) != nil {
 		return false
+	}
+	// Gather's checks of a series' labels (checkMetricConsistency): a
+	// name twice, an invalid or reserved name, a summary's own quantile
+	// label, a value that is not UTF-8; and labels written out of order,
+	// which Gather puts in order. Where it would refuse or reorder, it
+	// gathers.
+	prev := ""
+	for i, lp := range pb.Label {
+		name := lp.GetName()
+		if i > 0 && name <= prev || !model.UTF8Validation.IsValidLabelName(name) || strings.HasPrefix(name, "__") ||
+			pb.Summary != nil && name == "quantile" || !utf8.ValidString(lp.GetValue()) {
+			return false
+		}
+		prev = name
 	}
 	var typ dto.MetricType
 	switch {

@@ -160,3 +160,71 @@ func TestRegistrationDuringGatherText(t *testing.T) {
 		t.Fatalf("after the registration: %d families, error %v", len(mfs), err)
 	}
 }
+
+// labelled is a gauge that writes the labels it is given, in that order,
+// whatever its descriptor says (a Metric of its own, as a collector may
+// have).
+type labelled struct {
+	desc   *prometheus.Desc
+	labels [][2]string
+}
+
+func (m labelled) Desc() *prometheus.Desc { return m.desc }
+func (m labelled) Write(pb *dto.Metric) error {
+	for _, l := range m.labels {
+		pb.Label = append(pb.Label, &dto.LabelPair{Name: new(l[0]), Value: new(l[1])})
+	}
+	pb.Gauge = &dto.Gauge{Value: new(1.0)}
+	return nil
+}
+
+// later sends good, and bad too once on.
+type later struct {
+	good, bad []prometheus.Metric
+	on        *bool
+}
+
+func (c later) Describe(chan<- *prometheus.Desc) {}
+func (c later) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.good {
+		ch <- m
+	}
+	if *c.on {
+		for _, m := range c.bad {
+			ch <- m
+		}
+	}
+}
+
+// A series whose labels Gather refuses (a name twice, an invalid name, a
+// value that is not UTF-8, a summary's own quantile label) or puts in order
+// (written out of order), appearing in a family set already checked: the text scrape's gathering is still
+// Gather's, its error or its order.
+func TestRegistryGatherTextChecksSeriesAsGather(t *testing.T) {
+	g := prometheus.NewDesc("g", "g", nil, nil)
+	good := []prometheus.Metric{labelled{g, [][2]string{{"a", "x"}, {"b", "y"}}}, prometheus.MustNewConstSummary(prometheus.NewDesc("s", "s", nil, nil), 1, 1, nil)}
+	for step, bad := range map[string]prometheus.Metric{
+		"a label name twice":         labelled{g, [][2]string{{"a", "1"}, {"a", "2"}}},
+		"a reserved label name":      labelled{g, [][2]string{{"__a", "1"}, {"b", "2"}}},
+		"a label value not UTF-8":    labelled{g, [][2]string{{"a", "\xff"}, {"b", "2"}}},
+		"labels out of order":        labelled{g, [][2]string{{"b", "2"}, {"a", "1"}}},
+		"a summary's quantile label": prometheus.MustNewConstSummary(prometheus.NewDesc("s", "s", []string{"quantile"}, nil), 1, 1, nil, "0.5"),
+	} {
+		r := NewRegistry()
+		on := false
+		r.MustRegister(later{good, []prometheus.Metric{bad}, &on})
+		if _, err := r.gatherText(); err != nil { // the family set checked
+			t.Fatal(err)
+		}
+		on = true
+		want, werr := r.Registry.Gather()
+		got, gerr := r.gatherText()
+		if (werr == nil) != (gerr == nil) || (werr != nil && werr.Error() != gerr.Error()) {
+			t.Errorf("%s: error %v, Gather's %v", step, gerr, werr)
+			continue
+		}
+		if g, w := textOf(t, got), textOf(t, want); g != w {
+			t.Errorf("%s: gathered\n%s\nGather gathers\n%s", step, g, w)
+		}
+	}
+}
