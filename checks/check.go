@@ -91,6 +91,10 @@ type Env struct {
 	Memos Memos
 	// BootID is the kernel's boot ID (/proc/sys/kernel/random/boot_id).
 	BootID string
+	// GPUsSeen are the NVIDIA GPUs seen on PCI in this boot (kept in the
+	// state file); nil: only the GPUs on PCI now are known (the one-shot
+	// check).
+	GPUsSeen *GPUsSeen
 	// Tamper keeps the tamper checks' baseline and findings
 	// (tamper.StateFileName in the state directory); nil: each tamper
 	// check reads that file without writing it (the one-shot check).

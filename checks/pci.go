@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // PCIDevicesDir is where the kernel lists the PCI functions, one entry per
@@ -82,4 +84,94 @@ func NvidiaGPUs(dir string) ([]PCIGPU, error) {
 	}
 	slices.SortFunc(gpus, func(a, b PCIGPU) int { return strings.Compare(a.Addr, b.Addr) })
 	return gpus, nil
+}
+
+// GPUsSeenKey is the name under which the NVIDIA GPUs seen on PCI in this
+// boot are kept in the state file.
+const GPUsSeenKey = "gpusSeen"
+
+// maxGPUsSeen bounds the addresses kept: far more GPUs than a host holds,
+// so that a state file edited by hand cannot make the list unbounded.
+const maxGPUsSeen = 256
+
+// pciAddr is a PCI function's address as sysfs names it
+// (domain:bus:device.function, "0000:3b:00.0").
+var pciAddr = regexp.MustCompile(`^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$`)
+
+// GPUsSeen are the PCI addresses of the NVIDIA GPUs seen on PCI in this
+// boot (NvidiaGPUs, whatever the driver), kept in the state file for the
+// boot (Env.Memos): a GPU that falls off the bus can leave the PCI bus too
+// (the kernel removes a function whose link went down, pciehp or DPC; an
+// operator's `echo 1 > /sys/bus/pci/devices/<address>/remove`), and its
+// node stays a GPU node until the next boot, also across a restart of the
+// daemon within the boot. A nil *GPUsSeen (the one-shot check) remembers
+// nothing.
+type GPUsSeen struct {
+	memos Memos
+	mu    sync.Mutex
+	addrs []string // sorted
+}
+
+// NewGPUsSeen returns the GPUs seen in this boot as m holds them (nil:
+// none; call it after the state file is loaded), and keeps them in m from
+// now on. An entry that is not a PCI address is not restored.
+func NewGPUsSeen(m Memos) *GPUsSeen {
+	s := &GPUsSeen{memos: m}
+	if m == nil {
+		return s
+	}
+	var saved []string
+	if m.Memo(GPUsSeenKey, &saved) {
+		for _, a := range saved {
+			if pciAddr.MatchString(a) && !slices.Contains(s.addrs, a) && len(s.addrs) < maxGPUsSeen {
+				s.addrs = append(s.addrs, a)
+			}
+		}
+		slices.Sort(s.addrs)
+	}
+	m.Keep(GPUsSeenKey, s.snapshot)
+	return s
+}
+
+func (s *GPUsSeen) snapshot() any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.addrs)
+}
+
+// Saw records the GPUs of a scan of PCI and returns those seen in this boot
+// that the scan did not find, sorted.
+func (s *GPUsSeen) Saw(found []PCIGPU) (gone []string) {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	changed := false
+	for _, g := range found {
+		if _, ok := slices.BinarySearch(s.addrs, g.Addr); !ok && len(s.addrs) < maxGPUsSeen {
+			s.addrs = append(s.addrs, g.Addr)
+			slices.Sort(s.addrs)
+			changed = true
+		}
+	}
+	for _, a := range s.addrs {
+		if !slices.ContainsFunc(found, func(g PCIGPU) bool { return g.Addr == a }) {
+			gone = append(gone, a)
+		}
+	}
+	s.mu.Unlock()
+	if changed && s.memos != nil {
+		s.memos.Touch()
+	}
+	return gone
+}
+
+// All returns the addresses of the GPUs seen in this boot, sorted.
+func (s *GPUsSeen) All() []string {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.addrs)
 }

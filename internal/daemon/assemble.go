@@ -145,10 +145,31 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		}
 	}
 	p.Store.Observe(p.Metrics)
+	var (
+		loaded  report.LoadResult
+		loadErr error
+	)
 	if o.Purpose == ForRun {
 		p.Store.Observe(newLogObserver(log))
 		p.Store.SetBootStart(BootStart())
 		p.Store.SetClock(time.Now)
+		// Never fatal: a daemon that refused to start would leave the node
+		// without health reporting (logged below). Read before the kernel
+		// log monitor is built: the GPUs seen in this boot decide whether
+		// its GPU rules apply.
+		loaded, loadErr = p.Store.Load(cfg.StateDir)
+		if env.GPUsSeen == nil {
+			env.GPUsSeen = checks.NewGPUsSeen(p.Store)
+		}
+		// A node seen with a GPU in this boot stays a GPU node until the
+		// next boot, its GPUs gone from PCI or not (a GPU that fell off
+		// the bus may leave it): a restart within the boot does not drop
+		// GpuFallenOffBus as not applicable. Only ever raised: a node
+		// given as a GPU node stays one.
+		if gpu, source, _ := detectGPU(cfg, env.GPUsSeen); gpu && !env.GPU {
+			env.GPU = true
+			log.Warn("a GPU seen on PCI in this boot: a GPU node until the next boot", "gpu", true, "gpu_source", source)
+		}
 	}
 	if cfg.Kmsg.Enabled || o.Purpose == ForReplay {
 		ko, err := KmsgOptions(cfg, env, p.Store, p.Metrics.Registry)
@@ -170,9 +191,7 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 	}
 
 	if o.Purpose == ForRun {
-		// Never fatal: a daemon that refused to start would leave the node
-		// without health reporting.
-		res, err := p.Store.Load(cfg.StateDir)
+		res, err := loaded, loadErr
 		if res.TempsRemoved > 0 {
 			log.Info("removed temp files of the state file left by a crash", "dir", cfg.StateDir, "files", res.TempsRemoved)
 		}

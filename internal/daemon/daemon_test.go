@@ -544,7 +544,7 @@ func TestDetectGPUFromPCITrees(t *testing.T) {
 	} {
 		cfg := config.Default()
 		cfg.HostRoot, _ = filepath.Abs(filepath.Join("../../checks/testdata/roots", tree))
-		_, _, gpu, source := DetectRoleGPU(cfg)
+		_, _, gpu, source := DetectRoleGPU(cfg, nil)
 		if gpu != (tree != "pci-no-gpu") || source != want {
 			t.Errorf("%s: gpu %t, %q; want %q", tree, gpu, source, want)
 		}

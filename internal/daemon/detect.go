@@ -42,7 +42,7 @@ func Detect(cfg *config.Config) (Identity, error) {
 			return id, fmt.Errorf("cannot detect the node name; set node_name in the configuration: %w", err)
 		}
 	}
-	id.Role, id.RoleSource, id.GPU, id.GPUSource = DetectRoleGPU(cfg)
+	id.Role, id.RoleSource, id.GPU, id.GPUSource = DetectRoleGPU(cfg, nil)
 	b, err := readTrim(cfg.HostPath("/proc/sys/kernel/random/boot_id"))
 	if err != nil {
 		return id, fmt.Errorf("cannot read the boot id: %w", err)
@@ -54,8 +54,12 @@ func Detect(cfg *config.Config) (Identity, error) {
 // DetectRoleGPU works out the node's role and whether it has an NVIDIA GPU
 // (each unless the configuration fixes it), and where each answer came
 // from. Both can change while the daemon runs: on a first boot the
-// kube-apiserver manifest appears after the daemon starts.
-func DetectRoleGPU(cfg *config.Config) (role report.Role, roleSource string, gpu bool, gpuSource string) {
+// kube-apiserver manifest appears after the daemon starts, and a GPU may be
+// added or activated later. seen (nil: none) are the GPUs seen on PCI in
+// this boot: the scan's GPUs are added to them, and a node seen with a GPU
+// in this boot stays a GPU node until the next boot, its GPUs gone from PCI
+// or not (a GPU that fell off the bus can leave it).
+func DetectRoleGPU(cfg *config.Config, seen *checks.GPUsSeen) (role report.Role, roleSource string, gpu bool, gpuSource string) {
 	switch {
 	case cfg.Role != "":
 		role, roleSource = report.Role(cfg.Role), "config role"
@@ -66,32 +70,55 @@ func DetectRoleGPU(cfg *config.Config) (role report.Role, roleSource string, gpu
 			role, roleSource = report.RoleWorker, cfg.Detect.ControlPlaneManifest+" absent"
 		}
 	}
-	switch cfg.GPU {
-	case "true", "false":
-		gpu, gpuSource = cfg.GPU == "true", "config gpu"
-	default:
-		// Every NVIDIA GPU makes a GPU node, also one bound to vfio-pci for
-		// a virtual machine: the node has the GPU. GpuActivationFailed
-		// leaves such a GPU out (Unknown where it leaves out all of them).
-		gpus, err := checks.NvidiaGPUs(cfg.HostPath(checks.PCIDevicesDir))
-		gpu = len(gpus) > 0
-		switch {
-		case err != nil:
-			gpuSource = "no PCI devices readable: " + err.Error()
-		case gpu:
-			at := make([]string, len(gpus))
-			for i, g := range gpus {
-				at[i] = g.Addr
-				if !g.ForContainers() {
-					at[i] += " (bound to " + g.Driver + ")"
-				}
-			}
-			gpuSource = "NVIDIA GPU at PCI " + strings.Join(at, ", ")
-		default:
-			gpuSource = "no NVIDIA GPU on PCI"
-		}
-	}
+	gpu, gpuSource, _ = detectGPU(cfg, seen)
 	return role, roleSource, gpu, gpuSource
+}
+
+// gpuFixed says whether the configuration fixes the node's GPU presence
+// (gpu = "true" or "false"), so that it is not detected.
+func gpuFixed(cfg *config.Config) bool { return cfg.GPU == "true" || cfg.GPU == "false" }
+
+// detectGPU is DetectRoleGPU's GPU part, and the GPUs on PCI it found.
+func detectGPU(cfg *config.Config, seen *checks.GPUsSeen) (gpu bool, gpuSource string, found []checks.PCIGPU) {
+	if gpuFixed(cfg) {
+		return cfg.GPU == "true", "config gpu", nil
+	}
+	// Every NVIDIA GPU makes a GPU node, also one bound to vfio-pci for
+	// a virtual machine: the node has the GPU. GpuActivationFailed
+	// leaves such a GPU out (Unknown where it leaves out all of them).
+	found, err := checks.NvidiaGPUs(cfg.HostPath(checks.PCIDevicesDir))
+	gpu = len(found) > 0
+	switch {
+	case err != nil:
+		gpuSource = "no PCI devices readable: " + err.Error()
+	case gpu:
+		at := make([]string, len(found))
+		for i, g := range found {
+			at[i] = g.Addr
+			if !g.ForContainers() {
+				at[i] += " (bound to " + g.Driver + ")"
+			}
+		}
+		gpuSource = "NVIDIA GPU at PCI " + strings.Join(at, ", ")
+	default:
+		gpuSource = "no NVIDIA GPU on PCI"
+	}
+	if err == nil {
+		// A scan that failed says nothing of which GPUs are there.
+		if gone := seen.Saw(found); len(gone) > 0 {
+			gpu = true
+			gpuSource += "; " + goneText(gone)
+		}
+	} else if all := seen.All(); len(all) > 0 {
+		gpu = true
+		gpuSource += "; NVIDIA GPU at PCI " + strings.Join(all, ", ") + " seen in this boot"
+	}
+	return gpu, gpuSource, found
+}
+
+// goneText says which GPUs seen in this boot are gone from PCI.
+func goneText(gone []string) string {
+	return "NVIDIA GPU at PCI " + strings.Join(gone, ", ") + " seen in this boot, gone from PCI since (a GPU node until the next boot)"
 }
 
 func readTrim(p string) (string, error) {

@@ -28,7 +28,10 @@ func (d *Daemon) currentRunner() *checks.Runner {
 // manifest appears after the daemon started, and a GPU may be added or
 // activated later. A change is logged once, re-plans the checks (a check
 // that no longer applies reports Unknown/NotApplicable), and the report
-// annotations carry the new role from their next refresh.
+// annotations carry the new role from their next refresh. A node seen with
+// a GPU in this boot stays a GPU node until the next boot (DetectRoleGPU):
+// a GPU that fell off the bus may leave the PCI bus, and its conditions
+// must not turn not applicable.
 func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 	const loop = "detect"
 	d.live.Expect(loop, interval)
@@ -42,8 +45,13 @@ func (d *Daemon) redetect(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		d.live.Beat(loop, interval)
-		d.replanIdentity(DetectRoleGPU(d.cfg))
+		d.detectOnce()
 	}
+}
+
+// detectOnce is one round of redetect.
+func (d *Daemon) detectOnce() {
+	d.replanIdentity(DetectRoleGPU(d.cfg, d.currentEnv().GPUsSeen))
 }
 
 // replanIdentity re-plans the checks when the node's role or GPU changed.
