@@ -30,6 +30,13 @@ func init() { Register("GpuActivationFailed", newGpuActivationCheck) }
 // parse or validate is left out with its error, a device that two specs of
 // the same directory both name is dropped, and the later directory wins.
 //
+// A GPU seen on PCI earlier in this boot (Env.GPUsSeen) and gone from it
+// since (fallen off the bus, its link down, removed in sysfs) is not left
+// out silently: a True of the GPUs still there names it too; anything else
+// (the GPUs still there activated, or none left) is Unknown, GpuGoneFromPCI,
+// naming it. Not True: whether it was activated cannot be checked, and its
+// loss is hardware, GpuFallenOffBus's alert, not gpu-activate's failure.
+//
 // Only the GPUs meant for containers count (PCIGPU.ForContainers: bound to
 // the nvidia driver, or to none yet); one bound to another driver, vfio-pci
 // for a virtual machine above all, never gets a CDI device: it is left out,
@@ -111,6 +118,30 @@ func (c *gpuActivationCheck) probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	r, err := c.probeFound(ctx, found)
+	if err != nil {
+		return r, err
+	}
+	// The GPUs seen on PCI earlier in this boot and gone from it since
+	// are not left out silently: a True of the GPUs still there names
+	// them too; anything else is Unknown, GpuGoneFromPCI.
+	if gone := c.env.GPUsSeen.Saw(found); len(gone) > 0 {
+		msg := fmt.Sprintf("NVIDIA GPU at PCI %s seen in this boot, gone from %s since (fallen off the bus, its link down, or removed): its activation cannot be checked",
+			strings.Join(gone, ", "), PCIDevicesDir)
+		switch {
+		case r.Status == report.StatusTrue:
+			r.Message += "; " + msg
+		case len(found) == 0:
+			r = Result{Status: report.StatusUnknown, Reason: report.ReasonGpuGoneFromPCI, Message: msg}
+		default:
+			r = Result{Status: report.StatusUnknown, Reason: report.ReasonGpuGoneFromPCI, Message: msg + "; " + r.Message}
+		}
+	}
+	return r, nil
+}
+
+// probeFound judges the activation of the GPUs found on PCI.
+func (c *gpuActivationCheck) probeFound(ctx context.Context, found []PCIGPU) (Result, error) {
 	if len(found) == 0 {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 			Message: "no NVIDIA GPU (PCI vendor 0x10de, class 0x0300 or 0x0302) under " + PCIDevicesDir}, nil

@@ -308,6 +308,11 @@ const (
 	ReasonGpuActivated            Reason = "GpuActivated"
 	ReasonActivationMarkerMissing Reason = "ActivationMarkerMissing"
 	ReasonCDISpecMissing          Reason = "CDISpecMissing"
+	// ReasonGpuGoneFromPCI (Unknown): a GPU seen on PCI earlier in this
+	// boot is gone from it (fallen off the bus, its link down, removed):
+	// whether it is activated cannot be checked, and the GPUs still there
+	// being activated does not make the node's GPUs healthy.
+	ReasonGpuGoneFromPCI Reason = "GpuGoneFromPCI"
 )
 
 // APIServerSourceIPUnavailable.
@@ -421,7 +426,8 @@ var Conditions = []ConditionDesc{
 		Trigger: "the tunnel connection count is 0 (the worker's tunnel agent)", Cause: "the reverse tunnel to the control plane dropped"},
 	{Type: "GpuActivationFailed", Source: SourceCheck, Disposition: Operability, Interval: time.Minute, Scope: ScopeGPU, Hold: HoldWhileTrue,
 		HealthyReason: ReasonGpuActivated, ProblemReasons: []Reason{ReasonActivationMarkerMissing, ReasonCDISpecMissing},
-		Trigger: "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},
+		UnknownReasons: []Reason{ReasonGpuGoneFromPCI},
+		Trigger:        "an NVIDIA GPU is present but has no activation marker or CDI spec", Cause: "gpu-activate did not finish, so containerd cannot use the GPU"},
 	{Type: "APIServerSourceIPUnavailable", Source: SourceCheck, Disposition: Alert, Interval: time.Minute, Scope: ScopeControlPlane, Hold: HoldWhileTrue,
 		HealthyReason: ReasonSourceIPAvailable, ProblemReasons: []Reason{ReasonSourceIPMissingInAudit}, UnknownReasons: []Reason{ReasonNoAuditRecords},
 		Trigger: "the API server's audit records stop carrying the real client IP", Cause: "KubeGate can no longer record the real client source IP; contact support"},
