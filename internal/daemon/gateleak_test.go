@@ -609,3 +609,44 @@ func (g gatheredGauge) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// A request the server will not read (headers over 8 KiB: 431; a body too
+// large to read: 405 with Connection: close) is answered, then the
+// connection closed with the request's bytes unread, which resets it.
+// net/http ends its answer first (CloseWrite, a FIN) and waits 500 ms
+// before the close, so the client reads the answer whole and then its end.
+// The gate's connection hid CloseWrite from net/http: the 431's body, which
+// runs to the connection's end, was read as "connection reset by peer"
+// after 500 ms (curl: "Recv failure", exit 56), and a 405's connection
+// ended in a reset, not an end.
+func TestMetricsListenerEndsTheAnswerToAnUnreadRequest(t *testing.T) {
+	_, addr, _ := floodDaemon(t)
+
+	c := dialTCP(t, addr)
+	defer c.Close()
+	io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: n\r\nX-Pad: "+strings.Repeat("a", 64<<10)+"\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("64 KiB of headers: %v, %v; want 431", resp, err)
+	}
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "431 Request Header Fields Too Large" {
+		t.Errorf("64 KiB of headers: the 431's body read %q, %v; want it whole, to the connection's end", b, err)
+	}
+
+	c2 := dialTCP(t, addr)
+	defer c2.Close()
+	const size = 1 << 20
+	go func() {
+		fmt.Fprintf(c2, "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: %d\r\n\r\n", size)
+		c2.Write(make([]byte, size)) // fails once the server has closed
+	}()
+	br := bufio.NewReader(c2)
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed || !resp.Close {
+		t.Fatalf("POST of 1 MiB: %v, %v; want 405, Connection: close", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("POST of 1 MiB: after the 405, read %d bytes, %v; want the connection's end (EOF)", n, err)
+	}
+}

@@ -83,6 +83,19 @@ func (c *gateConn) Close() error {
 	return c.Conn.Close()
 }
 
+// CloseWrite ends what c sends (a TCP connection's FIN), as net/http does
+// before it closes a connection whose request it has not read (431, a body
+// too large): the client reads the answer whole, then its end, before the
+// close resets the connection. Not promoted from the embedded net.Conn:
+// without it net/http skipped the FIN, and the client read a reset where
+// the answer ended.
+func (c *gateConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // release takes c out of the gate's count.
 func (g *metricsGate) release(c *gateConn) func() {
 	return func() {
