@@ -36,6 +36,20 @@ func (g *metricsGate) gateOpen() (open, busy int) {
 	return g.conns.Len(), busy
 }
 
+// stalled is how many of the gate's connections have waited
+// metricsStallAfter or more in a write for their client to read.
+func (g *metricsGate) stalled() (n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	for e := g.conns.Front(); e != nil; e = e.Next() {
+		if e.Value.(*gateConn).stalledAt(now) {
+			n++
+		}
+	}
+	return n
+}
+
 // awaitGateEmpty waits until the daemon's gate counts no connection open
 // (the server closes its side once it sees the client's close).
 func awaitGateEmpty(t *testing.T, d *Daemon, after string) {
@@ -649,4 +663,117 @@ func TestMetricsListenerEndsTheAnswerToAnUnreadRequest(t *testing.T) {
 	if n, err := br.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("POST of 1 MiB: after the 405, read %d bytes, %v; want the connection's end (EOF)", n, err)
 	}
+}
+
+// A client that asks for pages and does not read them (200 requests
+// pipelined on each connection, its receive buffer small) keeps each of its
+// connections being answered for the 30 s a write may take: 256 such
+// connections, opened again every 30 s (9 a second, 7 KiB each), had every
+// other connection refused with a 503, every scrape and /healthz: the daemon
+// dark to Prometheus while healthy. A connection whose answer has waited
+// metricsStallAfter for its client to read it is not being answered, and is
+// closed for a new one like one that sends slowly.
+func TestMetricsListenerClosesAnswersTheClientDoesNotRead(t *testing.T) {
+	stallAfter := metricsStallAfter
+	t.Cleanup(func() { metricsStallAfter = stallAfter }) // after the daemon stopped
+	metricsStallAfter = 100 * time.Millisecond
+	d, addr, _ := floodDaemon(t)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range metricsMaxConns {
+		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("127.0.0.%d", 10+i%10))}}
+		c, err := dl.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		c.(*net.TCPConn).SetReadBuffer(1024)
+		conns = append(conns, c)
+		io.WriteString(c, strings.Repeat("GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n", 200))
+	}
+	// Each connection's first pages fill the sockets' buffers before its
+	// answer waits: hundreds of pages, seconds on 2 loaded cores.
+	start := time.Now()
+	for deadline := start.Add(30 * time.Second); ; {
+		open, busy := d.gate.gateOpen()
+		stalled := d.gate.stalled()
+		if open == metricsMaxConns && busy == metricsMaxConns && stalled == metricsMaxConns {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s: %d open, %d being answered, %d waiting for their clients; want %d each", open, busy, stalled, metricsMaxConns)
+		}
+		time.Sleep(10 * time.Millisecond) // polled, as await does
+	}
+	t.Logf("256 connections' answers waiting for their clients after %v", time.Since(start).Round(time.Millisecond))
+	code, body, err := probe(addr, "127.0.0.2", "/healthz")
+	if err != nil || code != http.StatusOK {
+		t.Errorf("/healthz with %d connections whose answers are not read: %d %q, %v; want 200", metricsMaxConns, code, body, err)
+	}
+	if open, _ := d.gate.gateOpen(); open > metricsMaxConns {
+		t.Errorf("%d open, want at most %d", open, metricsMaxConns)
+	}
+	if v := testutil.ToFloat64(d.gate.refused.WithLabelValues(refusedConnections)); v != 1 {
+		t.Errorf("closed for the bound counted %v, want 1", v)
+	}
+}
+
+// With every open connection being answered, one whose answer has waited
+// less than metricsStallAfter for its client (flow control of a moment)
+// is not closed for a new one: the new one is refused with a 503. Once the
+// answers have waited metricsStallAfter, the oldest is closed and the new
+// one answered. The gate's server and listener, on the bubble's clock.
+func TestMetricsGateClosesOnlyAnswersStalledLong(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newMetricsGate(slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+		srv := g.server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }))
+		ln := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(g.listener(ln)) }()
+		defer func() {
+			srv.Close()
+			<-served
+		}()
+		// Clients that ask and do not read: a pipe's write waits for
+		// the reader.
+		var conns []net.Conn
+		for range metricsMaxConns {
+			c := ln.dial()
+			defer c.Close()
+			io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n")
+			conns = append(conns, c)
+		}
+		synctest.Wait()
+		time.Sleep(metricsStallAfter - time.Millisecond)
+		if open, busy := g.gateOpen(); open != metricsMaxConns || busy != metricsMaxConns || g.stalled() != 0 {
+			t.Fatalf("%d open, %d being answered, %d stalled; want %d, %d, 0", open, busy, g.stalled(), metricsMaxConns, metricsMaxConns)
+		}
+		ask := func() (*http.Response, error) {
+			c := ln.dial()
+			defer c.Close()
+			// A pipe's write waits for the reader: the 503 is written
+			// before the request is read.
+			go io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n")
+			return http.ReadResponse(bufio.NewReader(c), nil)
+		}
+		if resp, err := ask(); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("all answers waiting for less than %v: a new connection answered %v, %v; want 503", metricsStallAfter, resp, err)
+		}
+		time.Sleep(time.Millisecond)
+		if resp, err := ask(); err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("all answers waiting for %v: a new connection answered %v, %v; want 200", metricsStallAfter, resp, err)
+		}
+		// The oldest was closed: its answer cut short, the connection's end.
+		conns[0].SetReadDeadline(time.Now().Add(time.Minute))
+		if b, err := io.ReadAll(conns[0]); err != nil || len(b) != 0 {
+			t.Errorf("the oldest connection: read %q, %v; want it closed", b, err)
+		}
+		synctest.Wait()
+		if n, _ := g.gateOpen(); n != metricsMaxConns-1 {
+			t.Errorf("%d open, want %d (the oldest closed, the new one done)", n, metricsMaxConns-1)
+		}
+	})
 }

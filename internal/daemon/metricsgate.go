@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,13 +25,23 @@ import (
 // at most (README, "Metrics (port 20257)").
 const metricsMaxConns = 256
 
+// metricsStallAfter is how long an answer may wait in a write for its
+// client to read it before its connection counts as not being answered. A
+// scrape's page is tens of KB, in the socket's buffers at once; a client
+// that asks and does not read (many requests pipelined, a small receive
+// buffer) held its connection being answered for the 30 s a write may
+// take. A variable for tests.
+var metricsStallAfter = time.Second
+
 // metricsGate bounds what the clients of the metrics listener can hold:
 // the open connections (metricsMaxConns). A new connection over the bound
 // closes the oldest open one whose request is not being answered (one
 // still sending its request, or idle between requests): a flood of slow
 // or idle connections costs only its own, while a request sent at once
-// (a scrape, a probe of /healthz) is answered. Only when every open
-// connection is being answered is the new one refused, with a 503.
+// (a scrape, a probe of /healthz) is answered. An answer that has waited
+// metricsStallAfter in a write for its client to read it is not being
+// answered. Only when every open connection is being answered is the new
+// one refused, with a 503.
 type metricsGate struct {
 	log     *slog.Logger
 	refused *prometheus.CounterVec
@@ -75,7 +86,23 @@ type gateConn struct {
 	// busy: a request of it is being answered, from the handler's start
 	// until the server has written the whole answer (StateIdle); under g.mu.
 	busy bool
-	once sync.Once
+	// writing: since when (UnixNano) a Write of c waits for the client
+	// to read; 0 while none.
+	writing atomic.Int64
+	once    sync.Once
+}
+
+func (c *gateConn) Write(p []byte) (int, error) {
+	c.writing.Store(time.Now().UnixNano())
+	defer c.writing.Store(0)
+	return c.Conn.Write(p)
+}
+
+// stalledAt: at now, a Write of c has waited metricsStallAfter or more for
+// the client to read.
+func (c *gateConn) stalledAt(now time.Time) bool {
+	w := c.writing.Load()
+	return w != 0 && now.Sub(time.Unix(0, w)) >= metricsStallAfter
 }
 
 func (c *gateConn) Close() error {
@@ -148,6 +175,18 @@ func (l *gateListener) Accept() (net.Conn, error) {
 				if o := e.Value.(*gateConn); !o.busy {
 					victim = o
 					break
+				}
+			}
+			if victim == nil {
+				// All are being answered: the oldest whose answer has
+				// waited metricsStallAfter for its client to read it
+				// is not.
+				now := time.Now()
+				for e := g.conns.Front(); e != nil; e = e.Next() {
+					if o := e.Value.(*gateConn); o.stalledAt(now) {
+						victim = o
+						break
+					}
 				}
 			}
 			if victim != nil {
