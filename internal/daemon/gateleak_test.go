@@ -777,3 +777,69 @@ func TestMetricsGateClosesOnlyAnswersStalledLong(t *testing.T) {
 		}
 	})
 }
+
+// A client that reads its answers, but slowly (a few KiB every 300 ms), has
+// no write of the server wait a second, and yet keeps its connection being
+// answered for the 30 s a write may take: 256 such connections had every
+// other one refused with a 503. The writes of an answer that have waited
+// metricsStallAfter in all count as one that waits: the oldest such
+// connection is closed for a new one. On the bubble's clock.
+func TestMetricsGateClosesAnswersReadTooSlowly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newMetricsGate(slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+		piece := []byte(strings.Repeat("x", 4<<10))
+		srv := g.server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/healthz" {
+				fmt.Fprintln(w, "ok")
+				return
+			}
+			rc := http.NewResponseController(w)
+			for range 1000 { // 4 MiB, in pieces
+				if _, err := w.Write(piece); err != nil {
+					return
+				}
+				if rc.Flush() != nil {
+					return
+				}
+			}
+		}))
+		ln := newPipeListener()
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(g.listener(ln)) }()
+		defer func() {
+			srv.Close()
+			<-served
+		}()
+		done := make(chan struct{})
+		defer close(done)
+		for range metricsMaxConns {
+			c := ln.dial()
+			defer c.Close()
+			io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n")
+			go func() {
+				b := make([]byte, 64<<10)
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(300 * time.Millisecond):
+					}
+					if _, err := c.Read(b); err != nil {
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if open, busy := g.gateOpen(); open != metricsMaxConns || busy != metricsMaxConns {
+			t.Fatalf("%d open, %d being answered; want %d each", open, busy, metricsMaxConns)
+		}
+		c := ln.dial()
+		defer c.Close()
+		go io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: n\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("%d answers read a few KiB every 300 ms for 3 s: a new connection answered %v, %v; want 200", metricsMaxConns, resp, err)
+		}
+	})
+}

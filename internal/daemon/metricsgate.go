@@ -25,8 +25,9 @@ import (
 // at most (README, "Metrics (port 20257)").
 const metricsMaxConns = 256
 
-// metricsStallAfter is how long an answer may wait in a write for its
-// client to read it before its connection counts as not being answered. A
+// metricsStallAfter is how long the writes of an answer may wait for its
+// client to read it, in all, before its connection counts as not being
+// answered. A
 // scrape's page is tens of KB, in the socket's buffers at once; a client
 // that asks and does not read (many requests pipelined, a small receive
 // buffer) held its connection being answered for the 30 s a write may
@@ -38,8 +39,8 @@ var metricsStallAfter = time.Second
 // closes the oldest open one whose request is not being answered (one
 // still sending its request, or idle between requests): a flood of slow
 // or idle connections costs only its own, while a request sent at once
-// (a scrape, a probe of /healthz) is answered. An answer that has waited
-// metricsStallAfter in a write for its client to read it is not being
+// (a scrape, a probe of /healthz) is answered. An answer whose writes have
+// waited metricsStallAfter in all for its client to read it is not being
 // answered. Only when every open connection is being answered is the new
 // one refused, with a 503.
 type metricsGate struct {
@@ -87,22 +88,34 @@ type gateConn struct {
 	// until the server has written the whole answer (StateIdle); under g.mu.
 	busy bool
 	// writing: since when (UnixNano) a Write of c waits for the client
-	// to read; 0 while none.
+	// to read; 0 while none. waited: how long (ns) the finished writes of
+	// the answer in progress have waited, from the handler's start.
 	writing atomic.Int64
+	waited  atomic.Int64
 	once    sync.Once
 }
 
 func (c *gateConn) Write(p []byte) (int, error) {
-	c.writing.Store(time.Now().UnixNano())
-	defer c.writing.Store(0)
-	return c.Conn.Write(p)
+	start := time.Now()
+	c.writing.Store(start.UnixNano())
+	n, err := c.Conn.Write(p)
+	// writing 0 first: stalledAt may miss this write a moment, never
+	// count it twice.
+	c.writing.Store(0)
+	c.waited.Add(int64(time.Since(start)))
+	return n, err
 }
 
-// stalledAt: at now, a Write of c has waited metricsStallAfter or more for
-// the client to read.
+// stalledAt: at now, the writes of the answer in progress of c have waited
+// metricsStallAfter or more for the client to read, in all: one client that
+// does not read, or one that reads a few KiB now and then, holding its
+// connection being answered for the 30 s a write may take.
 func (c *gateConn) stalledAt(now time.Time) bool {
-	w := c.writing.Load()
-	return w != 0 && now.Sub(time.Unix(0, w)) >= metricsStallAfter
+	d := time.Duration(c.waited.Load())
+	if w := c.writing.Load(); w != 0 {
+		d += now.Sub(time.Unix(0, w))
+	}
+	return d >= metricsStallAfter
 }
 
 func (c *gateConn) Close() error {
@@ -178,8 +191,8 @@ func (l *gateListener) Accept() (net.Conn, error) {
 				}
 			}
 			if victim == nil {
-				// All are being answered: the oldest whose answer has
-				// waited metricsStallAfter for its client to read it
+				// All are being answered: the oldest whose answer's
+				// writes have waited metricsStallAfter for its client
 				// is not.
 				now := time.Now()
 				for e := g.conns.Front(); e != nil; e = e.Next() {
@@ -237,6 +250,7 @@ func (g *metricsGate) server(h http.Handler) *http.Server {
 		if c, _ := r.Context().Value(gateKey{}).(*gateConn); c != nil {
 			g.mu.Lock()
 			c.busy = true
+			c.waited.Store(0)
 			g.mu.Unlock()
 		}
 		h.ServeHTTP(w, r)
