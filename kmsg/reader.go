@@ -762,10 +762,15 @@ func (rd *Reader) Run(ctx context.Context) {
 				// record is handled next).
 				rd.Log.Warn("kernel log records logged since the start may have been overwritten before they could be read; how many is not known (the ring buffer holds no record of before the start)", "path", rd.Path, "first_seq", rec.Seq)
 			}
+			// counted: a gap before this record was counted lost; its
+			// move is saved within a second, not with the 10 s of a
+			// handled record's (below).
+			counted := false
 			if haveLast && rec.Seq > last+1 {
 				if lost := rec.Seq - last - 1 - min(unparsed, rec.Seq-last-1); lost > 0 {
 					rd.Monitor.m.lost.Add(float64(lost))
 					rd.logGaps(gaps.gap(now, lost, last))
+					counted = true
 				}
 			}
 			unparsed = 0
@@ -793,7 +798,16 @@ func (rd *Reader) Run(ctx context.Context) {
 				rd.cur.Suppressed = append(rd.cur.Suppressed[:0], rd.Monitor.suppressedIO...)
 			}
 			rd.mu.Unlock()
-			store.TouchLater()
+			if counted {
+				// A restart from the cursor of before the gap would
+				// count the same records lost again (an alert on the
+				// lost counter fires twice for one loss): the move past
+				// it is saved soon, as the start's position is. Gaps are
+				// rare; a quiet, healthy log writes nothing for them.
+				store.Touch()
+			} else {
+				store.TouchLater()
+			}
 		}
 		stop()
 		f.Close()

@@ -195,3 +195,82 @@ func lines(ls ...string) [][]byte {
 	}
 	return rs
 }
+
+// A gap counted lost is counted once, across a SIGKILL: the cursor's move
+// past the record after the gap is saved within a second (the saver here
+// writes on Dirty, as the daemon's persister does within a second), not
+// with the 10 s of a handled record's move. Before, that move waited up to
+// 10 s, and a SIGKILL in them made the restart resume from the cursor of
+// before the gap and count the same records lost again: an alert on
+// autopilot_health_kmsg_lost_records_total fired for losses that happened
+// once. The records after the gap are still handled again after the
+// restart (the replay of up to 10 s that README states).
+func TestLostRecordsAreNotCountedAgainAfterASIGKILL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
+		// run starts a reader of a store loaded from dir, saved on each
+		// Dirty (no TouchLater save: the 10 s had not passed); stop ends it
+		// with no save of its own (a SIGKILL).
+		run := func() (mon *Monitor, stop func()) {
+			store := report.NewStore("b")
+			if _, err := store.Load(dir); err != nil {
+				t.Fatal(err)
+			}
+			mon = NewMonitor(opts(t, store))
+			mon.Start(t0, t0)
+			rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{}, 2)
+			go func() { rd.Run(ctx); done <- struct{}{} }()
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-store.Dirty():
+						if err := store.Save(dir, time.Now()); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+			}()
+			return mon, func() { cancel(); <-done; <-done }
+		}
+		mon, stop := run()
+		time.Sleep(time.Second) // the ring read to its end, the start saved
+		synctest.Wait()
+		// The ring overwrites 3 and 4 before the reader gets to them.
+		dev.mu.Lock()
+		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		// A record after it, whose move alone waits for persistLater.
+		dev.mu.Lock()
+		dev.recs = append(dev.recs, lines("6,6,6,-;ordinary chatter")...)
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(4 * time.Second) // 5 s after the gap: under persistLater
+		synctest.Wait()
+		if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 2 || l != 2 {
+			t.Fatalf("before the SIGKILL: %v records handled, %v lost; want 2 and 2", n, l)
+		}
+		stop()
+
+		// The ring as the restart finds it: 1 and 2 overwritten too.
+		dev.mu.Lock()
+		dev.recs, dev.pos = lines("6,5,5,-;ordinary chatter", "6,6,6,-;ordinary chatter"), 0
+		dev.mu.Unlock()
+		mon, stop = run()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 1 || l != 0 {
+			t.Errorf("after the restart: %v records handled, %v lost; want 1 (6, handled again) and 0 (3 and 4 were counted before the SIGKILL)", n, l)
+		}
+	})
+}
