@@ -308,10 +308,22 @@ func (c *kubeletHeartbeatCheck) journalPresent() error {
 		}
 	}
 	if len(denied) > 0 {
+		if journalReaderUID() == 0 {
+			// Root, and refused: the daemon under its unit holds no
+			// capability (CapabilityBoundingSet= empty), so a directory
+			// root does not own, or an ACL, refuses it; SELinux and
+			// AppArmor refuse root with every capability too. "Run it as
+			// root" would send the operator nowhere.
+			return fmt.Errorf("cannot read the journal: %s: permission denied to root (the daemon's unit gives it no capability to pass over a directory's owner, mode or ACL; or SELinux or AppArmor refuses it)", strings.Join(denied, ", "))
+		}
 		return fmt.Errorf("cannot read the journal: %s: permission denied (run it as root, or as a member of the systemd-journal group)", strings.Join(denied, ", "))
 	}
 	return fmt.Errorf("no journal files in %s: is systemd-journald running?", strings.Join(journalDirs, " or "))
 }
+
+// journalReaderUID is the user the journal is read as (tests that read it
+// as another user through setfsuid, with the process still root, say so).
+var journalReaderUID = os.Geteuid
 
 // notPermitted reports whether the directory dir may not be listed.
 func notPermitted(dir string) bool {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
+	"golang.org/x/sys/unix"
 )
 
 // fakeJournalctl is a journalctl stand-in: a shell script that records its
@@ -246,6 +248,10 @@ func TestKubeletHeartbeatJournalNotReadableByTheUser(t *testing.T) {
 	}
 	fj := newFakeJournalctl(t)
 	c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, root, fj, &now))
+	// Unprivileged reads as nobody through setfsuid: the process stays
+	// root, the reader is not.
+	defer func(f func() int) { journalReaderUID = f }(journalReaderUID)
+	journalReaderUID = func() int { return 65534 }
 	var err error
 	testenv.Unprivileged(t, func() { _, err = c.Probe(context.Background()) })
 	want := "cannot read the journal: /run/log/journal/73bee9439449423da2f8c4806e805444: permission denied (run it as root, or as a member of the systemd-journal group)"
@@ -260,6 +266,58 @@ func TestKubeletHeartbeatJournalNotReadableByTheUser(t *testing.T) {
 	if err != nil {
 		t.Errorf("a journal the user may read: %v", err)
 	}
+}
+
+// The daemon runs as root under its unit with no capability at all
+// (CapabilityBoundingSet= empty): a journal directory root does not own and
+// may not list (its mode, an ACL; or SELinux or AppArmor, which refuse root
+// with every capability too) refuses it. "run it as root" sent the operator
+// of a daemon that is root nowhere; the error says that root was refused
+// and what may refuse it.
+func TestKubeletHeartbeatJournalNotReadableByRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root: the reader is root without the capabilities that override a directory's permissions")
+	}
+	now := hbLast
+	root := journalRoot(t)
+	machine := filepath.Join(root, "run/log/journal/73bee9439449423da2f8c4806e805444")
+	if err := os.Chown(machine, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(machine, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fj := newFakeJournalctl(t)
+	c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, root, fj, &now))
+	err := rootWithoutCapabilities(t, c.(*kubeletHeartbeatCheck).journalPresent)
+	want := "cannot read the journal: /run/log/journal/73bee9439449423da2f8c4806e805444: permission denied to root " +
+		"(the daemon's unit gives it no capability to pass over a directory's owner, mode or ACL; or SELinux or AppArmor refuses it)"
+	if err == nil || err.Error() != want {
+		t.Errorf("error %v\nwant %q", err, want)
+	}
+}
+
+// rootWithoutCapabilities runs fn on a thread of its own that is root with
+// no capability, as the daemon under its unit is, and returns its error.
+func rootWithoutCapabilities(t *testing.T, fn func() error) error {
+	t.Helper()
+	type result struct{ err, setup error }
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			done <- result{setup: fmt.Errorf("capset: %w", err)}
+			return
+		}
+		done <- result{err: fn()}
+	}()
+	r := <-done
+	if r.setup != nil {
+		t.Fatal(r.setup)
+	}
+	return r.err
 }
 
 // journalctl refuses a cursor it cannot seek to: Unknown with its words, and
