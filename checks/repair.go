@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
@@ -97,6 +98,10 @@ type Repairer struct {
 	// (systemd.StoppedWithBoundCrashes). In memory only: a daemon
 	// restarted since leaves such a unit stopped, as before.
 	upSeen map[string]map[string]systemd.BoundSeen
+	// watched: the units the configuration names (Watch); nil: every unit
+	// asked about is kept. The status of any other is dropped, and never
+	// listed nor saved.
+	watched map[string]bool
 }
 
 // RepairKey is the name under which the repairer keeps its status of each
@@ -138,6 +143,61 @@ func (r *Repairer) KeepIn(m Memos) {
 	r.memos = m
 }
 
+// Watch sets the units the configuration names for repair and for
+// ServiceNotRecovering (WatchedUnits): the status of every other unit is
+// dropped now, and from what is read back from the state file, and a unit
+// a check of the configuration before asks about while a reload replaces
+// it is neither listed (All) nor saved. Without it, a unit the
+// configuration no longer names (renamed, a typo fixed, its check
+// disabled) stayed in status's "Repairs:" and the state file for the rest
+// of the boot, and each reload that named another unit added one. Call it
+// at the start and after each reload.
+func (r *Repairer) Watch(units []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watched = make(map[string]bool, len(units))
+	for _, u := range units {
+		r.watched[u] = true
+	}
+	r.prune()
+}
+
+// prune drops the status of the units not watched (r.mu held).
+func (r *Repairer) prune() {
+	if r.watched == nil {
+		return
+	}
+	for name := range r.units {
+		if !r.watched[name] {
+			delete(r.units, name)
+			delete(r.upSeen, name)
+		}
+	}
+}
+
+// kept reports whether unit's status is listed and saved (r.mu held).
+func (r *Repairer) kept(unit string) bool { return r.watched == nil || r.watched[unit] }
+
+// WatchedUnits are the units cfg names whose repair status is kept:
+// KubeletUnhealthy's and ContainerRuntimeUnhealthy's unit, and
+// ServiceNotRecovering's units (of both roles: a redetected role keeps
+// them), of the checks enabled.
+func WatchedUnits(cfg *config.Config) []string {
+	k := &cfg.Checks
+	var units []string
+	if k.KubeletUnhealthy.Enabled {
+		units = append(units, k.KubeletUnhealthy.Unit)
+	}
+	if k.ContainerRuntimeUnhealthy.Enabled {
+		units = append(units, k.ContainerRuntimeUnhealthy.Unit)
+	}
+	if k.ServiceNotRecovering.Enabled {
+		units = append(units, k.ServiceNotRecovering.ControlPlaneUnits...)
+		units = append(units, k.ServiceNotRecovering.WorkerUnits...)
+	}
+	return units
+}
+
 // restore reads the status saved in this boot, once, and from then on
 // keeps it in the state file. It runs without r.mu held: Memo takes the
 // store's lock, and the store calls snapshot (r.mu) with its lock held.
@@ -159,6 +219,7 @@ func (r *Repairer) restore() {
 				r.units[name] = &st
 			}
 		}
+		r.prune()
 		r.mu.Unlock()
 		m.Keep(RepairKey, r.snapshot)
 	})
@@ -184,6 +245,9 @@ func (r *Repairer) snapshot() any {
 	defer r.mu.Unlock()
 	out := make(map[string]savedRepair, len(r.units))
 	for name, st := range r.units {
+		if !r.kept(name) {
+			continue
+		}
 		out[name] = savedRepair{RepairStatus: *st, RestartFailed: st.restartFailed, FailedAt: st.failedAt, StopSeenAt: st.stopSeenAt}
 	}
 	return out
@@ -602,6 +666,9 @@ func (r *Repairer) All() map[string]RepairStatus {
 	defer r.mu.Unlock()
 	out := make(map[string]RepairStatus, len(r.units))
 	for name, st := range r.units {
+		if !r.kept(name) {
+			continue
+		}
 		out[name] = *st
 	}
 	return out

@@ -139,6 +139,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// What the repairer knows of each unit (repairs in a row:
 		// RepairNotHelping), kept in the state file too.
 		env.Repair.KeepIn(p.Store)
+		// Only the units the configuration names are listed and kept
+		// (a reload sets them again).
+		env.Repair.Watch(checks.WatchedUnits(cfg))
 		// The tamper checks' baseline and findings (tamper.json, 0600).
 		if env.Tamper == nil {
 			env.Tamper = tamper.NewKeeper(cfg.StateDir, bootID, false)

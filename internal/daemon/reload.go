@@ -290,6 +290,10 @@ func (d *Daemon) reload() (Reloaded, error) {
 	if res.Checks, err = r.Apply(&env); err != nil {
 		return Reloaded{}, fmt.Errorf("%s: %w", d.cfgPath, err)
 	}
+	if env.Repair != nil {
+		// A unit the file no longer names leaves status's "Repairs:".
+		env.Repair.Watch(checks.WatchedUnits(cfg))
+	}
 	if len(res.Checks.Changed)+len(res.Checks.Started) > 0 {
 		// During the first pass, their first runs are from now.
 		d.extendStartAgain(r)
