@@ -74,78 +74,53 @@ func TestStoppedWithBoundReadFailureLoggedOncePerChange(t *testing.T) {
 // TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed in tests/.
 func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashedTwice(t *testing.T) {
 	s := time.Second
-	const kl, rt = "kubelet.service", "containerd.service"
-	running := systemd.Unit{Name: kl, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "k1", MainStartMono: 50 * s}
-	runtime := systemd.Unit{Name: rt, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "c1", NRestarts: 3, MainStartMono: 10 * s}
-	setup := func() (*bindsToManager, *Repairer) {
-		m := &bindsToManager{fakeManager: newFakeManager(running, runtime)}
-		w := NewUnitWatch(nil, nil)
-		w.sinceBoot = func() time.Duration { return 90 * s }
-		r := NewRepairer(m, quietLog(), time.Now, nil)
-		r.SetUnitWatch(w)
-		// ServiceNotRecovering's read, then a kubelet probe that passed.
-		for _, name := range []string{kl, rt} {
-			w.Observe(mustUnit(t, m.fakeManager, name))
-		}
-		r.Healthy(kl)
-		return m, r
-	}
-	stoppedAt := func(exit time.Duration) systemd.Unit {
-		u := running
-		u.ActiveState, u.SubState, u.ActiveExitMono = "inactive", "dead", exit
-		return u
-	}
+	const rt = "containerd.service"
 	// Down at 100 s (kubelet stopped 20 ms after), back at 101 s, down at
 	// 102 s, back at 103 s.
 	twice := systemd.Bound{Name: rt, ActiveState: "active", ActiveExitMono: 102 * s, ActiveEnterMono: 103 * s, NRestarts: 5}
-	repair := func(r *Repairer) string {
-		res, _ := r.Repair(t.Context(), kl, time.Millisecond, "healthz failed")
-		r.Wait()
-		return res
-	}
 
-	m, r := setup()
-	m.set(stoppedAt(100*s + 20*time.Millisecond))
+	m, r := kubeletBoundToContainerd(t, 3)
+	m.set(kubeletStoppedAt(100*s + 20*time.Millisecond))
 	m.setBound(twice)
-	if res := repair(r); res != RepairRestarted {
+	if res := repairKubelet(t, r); res != RepairRestarted {
 		t.Errorf("kubelet stopped by containerd's first of two crashes: %s, want %s", res, RepairRestarted)
 	}
 
 	// A daemon restarted since knows no healthy kubelet: left stopped.
-	m, _ = setup()
-	m.set(stoppedAt(100*s + 20*time.Millisecond))
+	m, _ = kubeletBoundToContainerd(t, 3)
+	m.set(kubeletStoppedAt(100*s + 20*time.Millisecond))
 	m.setBound(twice)
 	r = NewRepairer(m, quietLog(), time.Now, nil)
 	r.SetUnitWatch(NewUnitWatch(nil, nil))
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("the daemon restarted since kubelet was last healthy: %s, want %s", res, RepairStopped)
 	}
 
 	// Someone stops kubelet at 95 s; a probe reads it stopped while
 	// containerd runs (up since 10 s): their stop, also once containerd
 	// crashed twice after it.
-	m, r = setup()
-	m.set(stoppedAt(95 * s))
+	m, r = kubeletBoundToContainerd(t, 3)
+	m.set(kubeletStoppedAt(95 * s))
 	m.setBound(systemd.Bound{Name: rt, ActiveState: "active", ActiveEnterMono: 10 * s, NRestarts: 3})
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped by hand: %s, want %s", res, RepairStopped)
 	}
 	m.setBound(twice)
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped by hand, read so while containerd ran, containerd crashed twice since: %s, want %s", res, RepairStopped)
 	}
 
 	// A probe that reads kubelet stopped while containerd is down (its
 	// Restart= to come) decides nothing: kubelet is started once
 	// containerd is back.
-	m, r = setup()
-	m.set(stoppedAt(100*s + 20*time.Millisecond))
+	m, r = kubeletBoundToContainerd(t, 3)
+	m.set(kubeletStoppedAt(100*s + 20*time.Millisecond))
 	m.setBound(systemd.Bound{Name: rt, ActiveState: "activating", ActiveExitMono: 102 * s, ActiveEnterMono: 101 * s, NRestarts: 5})
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped, containerd down: %s, want %s", res, RepairStopped)
 	}
 	m.setBound(twice)
-	if res := repair(r); res != RepairRestarted {
+	if res := repairKubelet(t, r); res != RepairRestarted {
 		t.Errorf("kubelet stopped by containerd's first of two crashes, read once while containerd was down: %s, want %s", res, RepairRestarted)
 	}
 }
@@ -160,57 +135,73 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashedTwice(t *testing.T) {
 // the maintenance) had kubelet started against the operator's stop.
 func TestRepairLeavesKubeletStoppedByHandReadWhileContainerdDown(t *testing.T) {
 	s := time.Second
-	const kl, rt = "kubelet.service", "containerd.service"
-	running := systemd.Unit{Name: kl, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "k1", MainStartMono: 50 * s}
-	setup := func(nrestarts uint32) (*bindsToManager, *Repairer) {
-		runtime := systemd.Unit{Name: rt, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "c1", NRestarts: nrestarts, MainStartMono: 10 * s}
-		m := &bindsToManager{fakeManager: newFakeManager(running, runtime)}
-		w := NewUnitWatch(nil, nil)
-		w.sinceBoot = func() time.Duration { return 90 * s }
-		r := NewRepairer(m, quietLog(), time.Now, nil)
-		r.SetUnitWatch(w)
-		for _, name := range []string{kl, rt} {
-			w.Observe(mustUnit(t, m.fakeManager, name))
-		}
-		r.Healthy(kl)
-		return m, r
-	}
-	stoppedAt := func(exit time.Duration) systemd.Unit {
-		u := running
-		u.ActiveState, u.SubState, u.ActiveExitMono = "inactive", "dead", exit
-		return u
-	}
-	repair := func(r *Repairer) string {
-		res, _ := r.Repair(t.Context(), kl, time.Millisecond, "healthz failed")
-		r.Wait()
-		return res
-	}
-
+	const rt = "containerd.service"
 	// kubelet stopped by hand at 95 s; containerd crashes at 97 s and is
 	// read in its auto-restart (NRestarts not yet counted); then it comes
 	// back at 102 s, crashes at 104 s and is back at 109 s.
-	m, r := setup(3)
-	m.set(stoppedAt(95 * s))
+	m, r := kubeletBoundToContainerd(t, 3)
+	m.set(kubeletStoppedAt(95 * s))
 	m.setBound(systemd.Bound{Name: rt, ActiveState: "activating", ActiveEnterMono: 10 * s, ActiveExitMono: 97 * s, NRestarts: 3})
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped by hand, containerd down since: %s, want %s", res, RepairStopped)
 	}
 	m.setBound(systemd.Bound{Name: rt, ActiveState: "active", ActiveEnterMono: 109 * s, ActiveExitMono: 104 * s, NRestarts: 5})
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped by hand, read so while containerd was down after a crash, containerd crashed twice in all: %s, want %s", res, RepairStopped)
 	}
 
 	// containerd stopped by hand (systemd stops kubelet first, at 95 s,
 	// containerd at 95.1 s), read so while both are stopped; started by
 	// hand at 300 s (NRestarts back to 0), it crashes twice and runs.
-	m, r = setup(0)
-	m.set(stoppedAt(95 * s))
+	m, r = kubeletBoundToContainerd(t, 0)
+	m.set(kubeletStoppedAt(95 * s))
 	m.setBound(systemd.Bound{Name: rt, ActiveState: "inactive", ActiveEnterMono: 10 * s, ActiveExitMono: 95*s + 100*time.Millisecond})
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped with containerd by hand: %s, want %s", res, RepairStopped)
 	}
 	m.setBound(systemd.Bound{Name: rt, ActiveState: "active", ActiveEnterMono: 312 * s, ActiveExitMono: 306 * s, NRestarts: 2})
-	if res := repair(r); res != RepairStopped {
+	if res := repairKubelet(t, r); res != RepairStopped {
 		t.Errorf("kubelet stopped with containerd by hand, read so while both were stopped, containerd started by hand and crashed twice: %s, want %s", res, RepairStopped)
 	}
+}
+
+// runningKubelet is kubelet.service running since 50 s.
+func runningKubelet() systemd.Unit {
+	return systemd.Unit{Name: "kubelet.service", LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "k1", MainStartMono: 50 * time.Second}
+}
+
+// kubeletStoppedAt is runningKubelet stopped at exit.
+func kubeletStoppedAt(exit time.Duration) systemd.Unit {
+	u := runningKubelet()
+	u.ActiveState, u.SubState, u.ActiveExitMono = "inactive", "dead", exit
+	return u
+}
+
+// kubeletBoundToContainerd is a Repairer whose unit watch saw, at 90 s,
+// runningKubelet and containerd.service running since 10 s with nrestarts
+// restarts (ServiceNotRecovering's read), after which a kubelet probe
+// passed.
+func kubeletBoundToContainerd(t *testing.T, nrestarts uint32) (*bindsToManager, *Repairer) {
+	t.Helper()
+	const kl, rt = "kubelet.service", "containerd.service"
+	runtime := systemd.Unit{Name: rt, LoadState: "loaded", ActiveState: "active", SubState: "running", Invocation: "c1", NRestarts: nrestarts, MainStartMono: 10 * time.Second}
+	m := &bindsToManager{fakeManager: newFakeManager(runningKubelet(), runtime)}
+	w := NewUnitWatch(nil, nil)
+	w.sinceBoot = func() time.Duration { return 90 * time.Second }
+	r := NewRepairer(m, quietLog(), time.Now, nil)
+	r.SetUnitWatch(w)
+	for _, name := range []string{kl, rt} {
+		w.Observe(mustUnit(t, m.fakeManager, name))
+	}
+	r.Healthy(kl)
+	return m, r
+}
+
+// repairKubelet runs a repair of kubelet.service for a failed healthz and
+// waits for it; it returns the repair's result.
+func repairKubelet(t *testing.T, r *Repairer) string {
+	t.Helper()
+	res, _ := r.Repair(t.Context(), "kubelet.service", time.Millisecond, "healthz failed")
+	r.Wait()
+	return res
 }
