@@ -97,46 +97,17 @@ func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) 
 				}
 				openFails := c.openFails
 				// run starts a reader of a store loaded from dir, saved as
-				// the daemon's persister does (each change the state file
-				// must take soon; saved gets a token after each save);
-				// stop ends it with no save of its own (a SIGKILL after
-				// the last save).
+				// the daemon's persister does (saved gets a token after
+				// each save); stop ends it with no save of its own (a
+				// SIGKILL after the last save).
 				saved := make(chan struct{}, 1)
 				run := func() (mon *Monitor, store *report.Store, stop func()) {
-					store = report.NewStore("b")
-					if _, err := store.Load(dir); err != nil {
-						t.Fatal(err)
-					}
-					mon = NewMonitor(opts(t, store))
-					mon.Start(t0, t0)
-					rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-						ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) {
-							if openFails {
-								return nil, syscall.ENOENT
-							}
-							return dev, nil
-						}}
-					ctx, cancel := context.WithCancel(context.Background())
-					done := make(chan struct{}, 2)
-					go func() { rd.Run(ctx); done <- struct{}{} }()
-					go func() {
-						defer func() { done <- struct{}{} }()
-						for {
-							select {
-							case <-ctx.Done():
-								return
-							case <-store.Dirty():
-								if err := store.Save(dir, time.Now()); err != nil {
-									t.Error(err)
-								}
-								select {
-								case saved <- struct{}{}:
-								default:
-								}
-							}
+					return startFromStateFile(t, dir, func(string) (Device, error) {
+						if openFails {
+							return nil, syscall.ENOENT
 						}
-					}()
-					return mon, store, func() { cancel(); <-done; <-done }
+						return dev, nil
+					}, saved)
 				}
 				if c.saved == "False" {
 					// The state file takes the start before the first
@@ -187,6 +158,46 @@ func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) 
 	}
 }
 
+// startFromStateFile starts a monitor of a store loaded from dir, a
+// reader of the device open gives, and a saver that saves the store to dir
+// on each Dirty, as the daemon's persister does (each change the state file
+// must take soon); saved, where not nil, gets a token after each save.
+// stop ends them with no save of its own (a SIGKILL after the last save).
+func startFromStateFile(t *testing.T, dir string, open func(string) (Device, error), saved chan<- struct{}) (mon *Monitor, store *report.Store, stop func()) {
+	t.Helper()
+	store = report.NewStore("b")
+	if _, err := store.Load(dir); err != nil {
+		t.Fatal(err)
+	}
+	mon = NewMonitor(opts(t, store))
+	mon.Start(t0, t0)
+	rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ReadTimeout: 10 * time.Second, Open: open}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { rd.Run(ctx); done <- struct{}{} }()
+	go func() {
+		defer func() { done <- struct{}{} }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-store.Dirty():
+				if err := store.Save(dir, time.Now()); err != nil {
+					t.Error(err)
+				}
+				if saved != nil {
+					select {
+					case saved <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	return mon, store, func() { cancel(); <-done; <-done }
+}
+
 // lines are kernel log records, one per line given.
 func lines(ls ...string) [][]byte {
 	rs := make([][]byte, len(ls))
@@ -213,31 +224,8 @@ func TestLostRecordsAreNotCountedAgainAfterASIGKILL(t *testing.T) {
 		// Dirty (no TouchLater save: the 10 s had not passed); stop ends it
 		// with no save of its own (a SIGKILL).
 		run := func() (mon *Monitor, stop func()) {
-			store := report.NewStore("b")
-			if _, err := store.Load(dir); err != nil {
-				t.Fatal(err)
-			}
-			mon = NewMonitor(opts(t, store))
-			mon.Start(t0, t0)
-			rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{}, 2)
-			go func() { rd.Run(ctx); done <- struct{}{} }()
-			go func() {
-				defer func() { done <- struct{}{} }()
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case <-store.Dirty():
-						if err := store.Save(dir, time.Now()); err != nil {
-							t.Error(err)
-						}
-					}
-				}
-			}()
-			return mon, func() { cancel(); <-done; <-done }
+			mon, _, stop = startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
+			return mon, stop
 		}
 		mon, stop := run()
 		time.Sleep(time.Second) // the ring read to its end, the start saved
