@@ -100,6 +100,16 @@ func dialTCP(t *testing.T, addr string) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
+// postTooLarge writes a POST of /metrics with a body of 1 MiB on c, in a
+// goroutine of its own: the write fails once the server has closed.
+func postTooLarge(c net.Conn) {
+	const size = 1 << 20
+	go func() {
+		fmt.Fprintf(c, "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: %d\r\n\r\n", size)
+		c.Write(make([]byte, size))
+	}()
+}
+
 // resetClose closes c with a reset (SO_LINGER 0).
 func resetClose(c *net.TCPConn) {
 	c.SetLinger(0)
@@ -130,6 +140,15 @@ func TestMetricsGateForgetsEveryClosedConnection(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
+	}
+	// answers is a kind that sends req on a connection of its own and
+	// wants code for it; what names the request in the error.
+	answers := func(req string, code int, what string) func(*testing.T) {
+		return func(t *testing.T) {
+			if resp := exchange(t, req); resp.StatusCode != code {
+				t.Errorf("%s answered %d", what, resp.StatusCode)
+			}
+		}
 	}
 	for _, tc := range []struct {
 		name string
@@ -195,50 +214,22 @@ func TestMetricsGateForgetsEveryClosedConnection(t *testing.T) {
 				t.Errorf("Connection: close answered %d, close %v", resp.StatusCode, resp.Close)
 			}
 		}},
-		{"HEAD", func(t *testing.T) {
-			if resp := exchange(t, "HEAD /metrics HTTP/1.1\r\nHost: n\r\n\r\n"); resp.StatusCode != 200 {
-				t.Errorf("HEAD answered %d", resp.StatusCode)
-			}
-		}},
-		{"431", func(t *testing.T) {
-			req := "GET /metrics HTTP/1.1\r\nHost: n\r\nX-Pad: " + strings.Repeat("a", 16<<10) + "\r\n\r\n"
-			if resp := exchange(t, req); resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
-				t.Errorf("16 KiB of headers answered %d", resp.StatusCode)
-			}
-		}},
-		{"405 with a small body", func(t *testing.T) {
-			if resp := exchange(t, "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: 2\r\n\r\nab"); resp.StatusCode != http.StatusMethodNotAllowed {
-				t.Errorf("POST answered %d", resp.StatusCode)
-			}
-		}},
+		{"HEAD", answers("HEAD /metrics HTTP/1.1\r\nHost: n\r\n\r\n", http.StatusOK, "HEAD")},
+		{"431", answers("GET /metrics HTTP/1.1\r\nHost: n\r\nX-Pad: "+strings.Repeat("a", 16<<10)+"\r\n\r\n",
+			http.StatusRequestHeaderFieldsTooLarge, "16 KiB of headers")},
+		{"405 with a small body", answers("POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: 2\r\n\r\nab", http.StatusMethodNotAllowed, "POST")},
 		{"405 with a body too large to read", func(t *testing.T) {
 			c := dialTCP(t, addr)
 			defer c.Close()
-			const size = 1 << 20
-			go func() {
-				fmt.Fprintf(c, "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: %d\r\n\r\n", size)
-				c.Write(make([]byte, size)) // fails once the server has closed
-			}()
+			postTooLarge(c)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
 				t.Fatalf("POST of 1 MiB: %v, %v; want 405", resp, err)
 			}
 		}},
-		{"400", func(t *testing.T) {
-			if resp := exchange(t, "GET /metrics HTTP/1.1\r\nHost: n\r\nBad Header\r\n\r\n"); resp.StatusCode != http.StatusBadRequest {
-				t.Errorf("a malformed header answered %d", resp.StatusCode)
-			}
-		}},
-		{"501", func(t *testing.T) {
-			if resp := exchange(t, "POST /metrics HTTP/1.1\r\nHost: n\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"); resp.StatusCode != http.StatusNotImplemented {
-				t.Errorf("an unknown transfer coding answered %d", resp.StatusCode)
-			}
-		}},
-		{"417", func(t *testing.T) {
-			if resp := exchange(t, "GET /metrics HTTP/1.1\r\nHost: n\r\nExpect: nothing\r\n\r\n"); resp.StatusCode != http.StatusExpectationFailed {
-				t.Errorf("Expect: nothing answered %d", resp.StatusCode)
-			}
-		}},
+		{"400", answers("GET /metrics HTTP/1.1\r\nHost: n\r\nBad Header\r\n\r\n", http.StatusBadRequest, "a malformed header")},
+		{"501", answers("POST /metrics HTTP/1.1\r\nHost: n\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", http.StatusNotImplemented, "an unknown transfer coding")},
+		{"417", answers("GET /metrics HTTP/1.1\r\nHost: n\r\nExpect: nothing\r\n\r\n", http.StatusExpectationFailed, "Expect: nothing")},
 		{"HTTP/2's preface", func(t *testing.T) {
 			c := dialTCP(t, addr)
 			defer c.Close()
@@ -454,31 +445,27 @@ func TestMetricsGateForgetsConnectionsTheServerEnds(t *testing.T) {
 			}
 			io.Copy(io.Discard, resp.Body)
 		}
+		// send writes req on a new connection.
+		send := func(req string) net.Conn {
+			c := ln.dial()
+			io.WriteString(c, req)
+			return c
+		}
 		for _, tc := range []struct {
 			name  string
 			after time.Duration // for the server to close it
 			start func(t *testing.T) net.Conn
 		}{
 			{"nothing sent", serverReadHeaderTimeout, func(t *testing.T) net.Conn { return ln.dial() }},
-			{"half the headers", serverReadHeaderTimeout, func(t *testing.T) net.Conn {
-				c := ln.dial()
-				io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: n")
-				return c
-			}},
+			{"half the headers", serverReadHeaderTimeout, func(t *testing.T) net.Conn { return send("GET /metrics HTTP/1.1\r\nHost: n") }},
 			{"half the body", serverReadTimeout, func(t *testing.T) net.Conn {
-				c := ln.dial()
-				io.WriteString(c, "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: 10\r\n\r\nab")
+				c := send("POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: 10\r\n\r\nab")
 				go io.Copy(io.Discard, c)
 				return c
 			}},
-			{"the answer not read", serverWriteTimeout, func(t *testing.T) net.Conn {
-				c := ln.dial()
-				io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n")
-				return c
-			}},
+			{"the answer not read", serverWriteTimeout, func(t *testing.T) net.Conn { return send("GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n") }},
 			{"idle after an answer", serverIdleTimeout, func(t *testing.T) net.Conn {
-				c := ln.dial()
-				io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n")
+				c := send("GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n")
 				if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != 200 {
 					t.Fatalf("a scrape: %v, %v", resp, err)
 				}
@@ -649,11 +636,7 @@ func TestMetricsListenerEndsTheAnswerToAnUnreadRequest(t *testing.T) {
 
 	c2 := dialTCP(t, addr)
 	defer c2.Close()
-	const size = 1 << 20
-	go func() {
-		fmt.Fprintf(c2, "POST /metrics HTTP/1.1\r\nHost: n\r\nContent-Length: %d\r\n\r\n", size)
-		c2.Write(make([]byte, size)) // fails once the server has closed
-	}()
+	postTooLarge(c2)
 	br := bufio.NewReader(c2)
 	resp, err = http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed || !resp.Close {
