@@ -4,12 +4,14 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // kubelet with BindsTo=containerd.service (and After=), as Bottlerocket's
@@ -32,77 +34,11 @@ import (
 // before, kubelet stayed stopped.
 func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 	s := realSystemd(t)
-	ctx := context.Background()
-	const rt, kl, node = "bound-runtime.service", "bound-kubelet.service", "bound-node.target"
-	if err := s.AddUnit(ctx, rt, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=1\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddUnit(ctx, kl, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\nBindsTo="+rt+"\nAfter="+rt+"\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=100ms\n"); err != nil {
-		t.Fatal(err)
-	}
-	// Wanted by a target that runs, as an enabled kubelet is by
-	// multi-user.target: systemd keeps the unit (and its timestamps) once
-	// it is inactive, where it unloads one nothing refers to.
-	if err := s.AddUnit(ctx, node, "[Unit]\nDefaultDependencies=no\nWants="+kl+"\n"); err != nil {
-		t.Fatal(err)
-	}
-	defer s.StopUnit(ctx, node)
-	defer s.StopUnit(ctx, kl)
-	defer s.StopUnit(ctx, rt)
-	up := func() {
-		t.Helper()
-		if err := s.StartUnit(ctx, rt); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.StartUnit(ctx, kl); err != nil {
-			t.Fatal(err)
-		}
-		waitUnit(t, s, kl, "kubelet up", active)
-	}
-	if err := s.StartUnit(ctx, node); err != nil {
-		t.Fatal(err)
-	}
-	up()
-	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
-	// The daemon's unit watch, fed what ServiceNotRecovering reads every
-	// minute (kubelet and the runtime in one read), and the repairer told
-	// of each kubelet probe that passed (Healthy).
-	w := checks.NewUnitWatch(nil, nil)
-	r.SetUnitWatch(w)
-	seenHealthy := func() {
-		t.Helper()
-		for _, name := range []string{kl, rt} {
-			u, err := s.Bus.Unit(ctx, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !active(u) {
-				t.Fatalf("%s not active when the daemon saw the node healthy: %s/%s", name, u.ActiveState, u.SubState)
-			}
-			w.Observe(u)
-		}
-		r.Healthy(kl)
-	}
-	repair := func() (string, string) {
-		t.Helper()
-		res, msg := r.Repair(ctx, kl, time.Millisecond, "healthz failed")
-		r.Wait()
-		return res, msg
-	}
-	stopped := func(u systemd.Unit) bool { return u.ActiveState == "inactive" && u.Job == 0 }
-	crash := func() {
-		t.Helper()
-		before, err := s.Bus.Unit(ctx, rt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.KillMain(ctx, rt, int32(syscall.SIGKILL)); err != nil {
-			t.Fatal(err)
-		}
-		waitUnit(t, s, rt, "the runtime back by its Restart=", func(u systemd.Unit) bool {
-			return active(u) && u.Invocation != before.Invocation && u.NRestarts > before.NRestarts
-		})
-	}
+	// The runtime comes back 1 s after a crash.
+	f := newBoundKubelet(t, s, "bound", 1)
+	ctx, rt, kl := f.ctx, f.rt, f.kl
+	seenHealthy, repair, up := f.seenHealthy, f.repair, f.up
+	crash := func() { t.Helper(); f.back(f.kill()) }
 
 	// The runtime crashes and comes back: kubelet, stopped by systemd, is
 	// started again.
@@ -191,78 +127,11 @@ func TestRepairStartsAUnitStoppedBecauseItsBindsToCrashed(t *testing.T) {
 // NRestarts, read here).
 func TestRepairLeavesAUnitStoppedByHandReadWhileItsBindsToWasDown(t *testing.T) {
 	s := realSystemd(t)
-	ctx := context.Background()
-	const rt, kl, node = "bound2-runtime.service", "bound2-kubelet.service", "bound2-node.target"
 	// RestartSec long enough that a probe reads the runtime waiting for
 	// its Restart= (auto-restart), as one does with containerd's 5 s.
-	if err := s.AddUnit(ctx, rt, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=2\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddUnit(ctx, kl, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\nBindsTo="+rt+"\nAfter="+rt+"\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=100ms\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddUnit(ctx, node, "[Unit]\nDefaultDependencies=no\nWants="+kl+"\n"); err != nil {
-		t.Fatal(err)
-	}
-	defer s.StopUnit(ctx, node)
-	defer s.StopUnit(ctx, kl)
-	defer s.StopUnit(ctx, rt)
-	if err := s.StartUnit(ctx, node); err != nil {
-		t.Fatal(err)
-	}
-	up := func() {
-		t.Helper()
-		for _, name := range []string{rt, kl} {
-			if err := s.StartUnit(ctx, name); err != nil {
-				t.Fatal(err)
-			}
-		}
-		waitUnit(t, s, kl, "kubelet up", active)
-	}
-	up()
-	r := checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
-	w := checks.NewUnitWatch(nil, nil)
-	r.SetUnitWatch(w)
-	read := func(name string) systemd.Unit {
-		t.Helper()
-		u, err := s.Bus.Unit(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return u
-	}
-	seenHealthy := func() {
-		t.Helper()
-		for _, name := range []string{kl, rt} {
-			u := read(name)
-			if !active(u) {
-				t.Fatalf("%s not active when the daemon saw the node healthy: %s/%s", name, u.ActiveState, u.SubState)
-			}
-			w.Observe(u)
-		}
-		r.Healthy(kl)
-	}
-	repair := func() (string, string) {
-		t.Helper()
-		res, msg := r.Repair(ctx, kl, time.Millisecond, "healthz failed")
-		r.Wait()
-		return res, msg
-	}
-	stopped := func(u systemd.Unit) bool { return u.ActiveState == "inactive" && u.Job == 0 }
-	kill := func() systemd.Unit {
-		t.Helper()
-		before := read(rt)
-		if err := s.KillMain(ctx, rt, int32(syscall.SIGKILL)); err != nil {
-			t.Fatal(err)
-		}
-		return before
-	}
-	back := func(before systemd.Unit) {
-		t.Helper()
-		waitUnit(t, s, rt, "the runtime back by its Restart=", func(u systemd.Unit) bool {
-			return active(u) && u.Invocation != before.Invocation && u.NRestarts > before.NRestarts
-		})
-	}
+	f := newBoundKubelet(t, s, "bound2", 2)
+	ctx, rt, kl := f.ctx, f.rt, f.kl
+	seenHealthy, repair, up, read, kill, back := f.seenHealthy, f.repair, f.up, f.read, f.kill, f.back
 
 	// kubelet stopped by hand; the runtime crashes, and a probe reads
 	// kubelet stopped while the runtime waits for its Restart=.
@@ -286,8 +155,8 @@ func TestRepairLeavesAUnitStoppedByHandReadWhileItsBindsToWasDown(t *testing.T) 
 	// The runtime stopped by hand (kubelet with it), read so, started by
 	// hand: its NRestarts is 0 again, as at the daemon's read after a
 	// start by hand.
-	for _, f := range []func(context.Context, string) error{s.StopUnit, s.StartUnit} {
-		if err := f(ctx, rt); err != nil {
+	for _, op := range []func(context.Context, string) error{s.StopUnit, s.StartUnit} {
+		if err := op(ctx, rt); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -312,3 +181,117 @@ func TestRepairLeavesAUnitStoppedByHandReadWhileItsBindsToWasDown(t *testing.T) 
 		t.Errorf("kubelet stopped with its runtime by hand, read so while both were stopped, the runtime started by hand and crashed twice: %s %q, want %s", res, msg, checks.RepairStopped)
 	}
 }
+
+// boundKubelet is a runtime (PREFIX-runtime.service, Restart=always after
+// restartSec seconds) and a kubelet (PREFIX-kubelet.service) with
+// BindsTo= and After= the runtime, on real systemd, both running, with the
+// daemon's repairer and its unit watch.
+type boundKubelet struct {
+	t      *testing.T
+	s      *harness.Systemd
+	ctx    context.Context
+	rt, kl string
+	r      *checks.Repairer
+	w      *checks.UnitWatch
+}
+
+func newBoundKubelet(t *testing.T, s *harness.Systemd, prefix string, restartSec int) *boundKubelet {
+	t.Helper()
+	ctx := context.Background()
+	f := &boundKubelet{t: t, s: s, ctx: ctx, rt: prefix + "-runtime.service", kl: prefix + "-kubelet.service"}
+	node := prefix + "-node.target"
+	if err := s.AddUnit(ctx, f.rt, fmt.Sprintf("[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=%d\n", restartSec)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddUnit(ctx, f.kl, "[Unit]\nDefaultDependencies=no\nStartLimitIntervalSec=0\nBindsTo="+f.rt+"\nAfter="+f.rt+"\n[Service]\nExecStart=/bin/sleep infinity\nRestart=always\nRestartSec=100ms\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Wanted by a target that runs, as an enabled kubelet is by
+	// multi-user.target: systemd keeps the unit (and its timestamps) once
+	// it is inactive, where it unloads one nothing refers to.
+	if err := s.AddUnit(ctx, node, "[Unit]\nDefaultDependencies=no\nWants="+f.kl+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.StopUnit(ctx, f.rt)
+		s.StopUnit(ctx, f.kl)
+		s.StopUnit(ctx, node)
+	})
+	if err := s.StartUnit(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	f.up()
+	f.r = checks.NewRepairer(s.Bus, quiet(), time.Now, nil)
+	// The daemon's unit watch, fed what ServiceNotRecovering reads every
+	// minute (kubelet and the runtime in one read), and the repairer told
+	// of each kubelet probe that passed (Healthy).
+	f.w = checks.NewUnitWatch(nil, nil)
+	f.r.SetUnitWatch(f.w)
+	return f
+}
+
+// up starts the runtime, then kubelet, and waits for kubelet to run.
+func (f *boundKubelet) up() {
+	f.t.Helper()
+	for _, name := range []string{f.rt, f.kl} {
+		if err := f.s.StartUnit(f.ctx, name); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	waitUnit(f.t, f.s, f.kl, "kubelet up", active)
+}
+
+// read is systemd's unit name now.
+func (f *boundKubelet) read(name string) systemd.Unit {
+	f.t.Helper()
+	u, err := f.s.Bus.Unit(f.ctx, name)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return u
+}
+
+// seenHealthy is the daemon's read of both units, running, then a kubelet
+// probe that passed.
+func (f *boundKubelet) seenHealthy() {
+	f.t.Helper()
+	for _, name := range []string{f.kl, f.rt} {
+		u := f.read(name)
+		if !active(u) {
+			f.t.Fatalf("%s not active when the daemon saw the node healthy: %s/%s", name, u.ActiveState, u.SubState)
+		}
+		f.w.Observe(u)
+	}
+	f.r.Healthy(f.kl)
+}
+
+// repair is the repair of kubelet after a failed probe, waited for.
+func (f *boundKubelet) repair() (string, string) {
+	f.t.Helper()
+	res, msg := f.r.Repair(f.ctx, f.kl, time.Millisecond, "healthz failed")
+	f.r.Wait()
+	return res, msg
+}
+
+// kill crashes the runtime (SIGKILL to its main process); it returns the
+// unit as read before.
+func (f *boundKubelet) kill() systemd.Unit {
+	f.t.Helper()
+	before := f.read(f.rt)
+	if err := f.s.KillMain(f.ctx, f.rt, int32(syscall.SIGKILL)); err != nil {
+		f.t.Fatal(err)
+	}
+	return before
+}
+
+// back waits for the runtime, read as before when kill crashed it, to be
+// running again by its Restart=.
+func (f *boundKubelet) back(before systemd.Unit) {
+	f.t.Helper()
+	waitUnit(f.t, f.s, f.rt, "the runtime back by its Restart=", func(u systemd.Unit) bool {
+		return active(u) && u.Invocation != before.Invocation && u.NRestarts > before.NRestarts
+	})
+}
+
+// stopped: inactive, with no job queued.
+func stopped(u systemd.Unit) bool { return u.ActiveState == "inactive" && u.Job == 0 }

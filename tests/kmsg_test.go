@@ -76,6 +76,25 @@ func waitFor(t *testing.T, store *report.Store, ev *eventLog, limit time.Duratio
 	}
 }
 
+// kmsgDaemonConfig is the configuration of a daemon that reads the real
+// /dev/kmsg: no Kubernetes, no host systemd, no first-run spread, a state
+// directory of the test's own; kmsg.kernel_only off (lines written by the
+// tests have facility user) and kmsg.from_boot_start off (start at the end:
+// earlier tests' lines in the ring, user-written, so they count with
+// kernel_only off, would set the conditions first).
+func kmsgDaemonConfig(t *testing.T) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.NodeName, cfg.Role, cfg.GPU = "kmsg-node", "worker", "false"
+	cfg.StateDir = t.TempDir()
+	cfg.Kubernetes.Kubeconfig = ""
+	cfg.Runner.FirstRunSpread = config.Duration{}
+	cfg.Kmsg.KernelOnly = false
+	cfg.Kmsg.FromBootStart = false
+	noHostSystemd(cfg)
+	return cfg
+}
+
 func write(t *testing.T, line string) {
 	t.Helper()
 	if err := harness.WriteKmsg(line); err != nil {
@@ -87,16 +106,7 @@ func write(t *testing.T, line string) {
 // them into conditions and events through the runner's state.
 func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 	tok := harness.Token()
-	cfg := config.Default()
-	cfg.NodeName, cfg.Role, cfg.GPU = "kmsg-node", "worker", "false"
-	cfg.StateDir = t.TempDir()
-	cfg.Kubernetes.Kubeconfig = ""
-	cfg.Runner.FirstRunSpread = config.Duration{}
-	cfg.Kmsg.KernelOnly = false // lines written by this test have facility user
-	// Start at the end: earlier tests' lines in the ring (user-written, so
-	// they count with kernel_only off) would set the conditions first.
-	cfg.Kmsg.FromBootStart = false
-	noHostSystemd(cfg)
+	cfg := kmsgDaemonConfig(t)
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
 	if err != nil {
@@ -336,14 +346,7 @@ func TestKmsgIOErrorWindowSurvivesRestart(t *testing.T) {
 // the two starts was never read nor counted lost.
 func TestKmsgRestartBeforeARecordReadsWhatWasLoggedBetween(t *testing.T) {
 	tok := harness.Token()
-	cfg := config.Default()
-	cfg.NodeName, cfg.Role, cfg.GPU = "kmsg-node", "worker", "false"
-	cfg.StateDir = t.TempDir()
-	cfg.Kubernetes.Kubeconfig = ""
-	cfg.Runner.FirstRunSpread = config.Duration{}
-	cfg.Kmsg.KernelOnly = false // lines written by this test have facility user
-	cfg.Kmsg.FromBootStart = false
-	noHostSystemd(cfg)
+	cfg := kmsgDaemonConfig(t)
 	// start runs the daemon until its reader has read the log to its end;
 	// the returned func stops it (cleanly: its final save).
 	start := func(ev *eventLog) (*daemon.Daemon, func()) {
