@@ -62,7 +62,7 @@ const refusedConnections = "connections"
 func newMetricsGate(log *slog.Logger, reg prometheus.Registerer) *metricsGate {
 	g := &metricsGate{log: log, refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: report.Namespace, Name: "http_refused_total",
-		Help: "Connections and requests of the metrics listener closed or refused unanswered for a bound, by reason: connections (more than 256 open: the oldest without a request being answered closed, or the new one refused with a 503).",
+		Help: "Connections of the metrics listener closed or refused unanswered for a bound, by reason: connections (more than 256 open: the oldest without a request being answered closed, or the new one refused with a 503).",
 	}, []string{"reason"})}
 	g.refused.WithLabelValues(refusedConnections)
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
