@@ -142,8 +142,17 @@ func TestGPUGoneFromPCIStaysAGPUNodeForTheBoot(t *testing.T) {
 	// `gpu = "false"` wins over what was seen.
 	off := *cfg
 	off.GPU = "false"
-	if d3 := gpuGoneDaemon(t, &off); d3.currentEnv().GPU {
+	d3 := gpuGoneDaemon(t, &off)
+	if d3.currentEnv().GPU {
 		t.Error(`gpu = "false": a GPU node`)
+	}
+	// Nor are the GPU conditions carried over there, the GPUs seen in this
+	// boot notwithstanding (README, "Reporting to Kubernetes": not carried
+	// over).
+	for _, ct := range []string{"GpuFallenOffBus", "GpuActivationFailed"} {
+		if c, ok := d3.Store().Get(ct); ok {
+			t.Errorf(`gpu = "false", a GPU seen in this boot: %s %+v carried over`, ct, c)
+		}
 	}
 
 	// A new boot detects afresh: no GPU on PCI, no GPU node.
