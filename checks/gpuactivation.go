@@ -114,7 +114,9 @@ func (c *gpuActivationCheck) Probe(ctx context.Context) (Result, error) {
 }
 
 func (c *gpuActivationCheck) probe(ctx context.Context) (Result, error) {
-	found, err := NvidiaGPUs(c.env.Path(PCIDevicesDir))
+	// gone: the GPUs seen on PCI before this scan in this boot and not
+	// found by it (not one another scan found meanwhile: Scan).
+	found, gone, err := c.env.GPUsSeen.Scan(c.env.Path(PCIDevicesDir))
 	if err != nil {
 		return Result{}, err
 	}
@@ -125,7 +127,7 @@ func (c *gpuActivationCheck) probe(ctx context.Context) (Result, error) {
 	// The GPUs seen on PCI earlier in this boot and gone from it since
 	// are not left out silently: a True of the GPUs still there names
 	// them too; anything else is Unknown, GpuGoneFromPCI.
-	if gone := c.env.GPUsSeen.Saw(found); len(gone) > 0 {
+	if len(gone) > 0 {
 		msg := fmt.Sprintf("NVIDIA GPU at PCI %s seen in this boot, gone from %s since (fallen off the bus, its link down, or removed): its activation cannot be checked",
 			strings.Join(gone, ", "), PCIDevicesDir)
 		switch {

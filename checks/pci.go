@@ -140,7 +140,8 @@ func (s *GPUsSeen) snapshot() any {
 }
 
 // Saw records the GPUs of a scan of PCI and returns those seen in this boot
-// that the scan did not find, sorted.
+// that the scan did not find, sorted, also one first seen by another scan
+// after this one began: Scan is the scan that names only the GPUs gone.
 func (s *GPUsSeen) Saw(found []PCIGPU) (gone []string) {
 	if s == nil {
 		return nil
@@ -164,6 +165,27 @@ func (s *GPUsSeen) Saw(found []PCIGPU) (gone []string) {
 		s.memos.Touch()
 	}
 	return gone
+}
+
+// Scan lists the NVIDIA GPUs under dir (NvidiaGPUs), adds them to the GPUs
+// seen in this boot (Saw), and returns those seen before the scan began
+// that it did not find, sorted. A GPU that another scan found meanwhile
+// (the detect loop's beside a check's, a GPU added to PCI after this scan
+// read the directory) is not gone: this scan says nothing of it. A scan
+// that fails adds nothing. A nil *GPUsSeen (the one-shot check) scans
+// only.
+func (s *GPUsSeen) Scan(dir string) (found []PCIGPU, gone []string, err error) {
+	before := s.All()
+	found, err = NvidiaGPUs(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, a := range s.Saw(found) {
+		if _, ok := slices.BinarySearch(before, a); ok {
+			gone = append(gone, a)
+		}
+	}
+	return found, gone, nil
 }
 
 // All returns the addresses of the GPUs seen in this boot, sorted.

@@ -86,7 +86,7 @@ func detectGPU(cfg *config.Config, seen *checks.GPUsSeen) (gpu bool, gpuSource s
 	// Every NVIDIA GPU makes a GPU node, also one bound to vfio-pci for
 	// a virtual machine: the node has the GPU. GpuActivationFailed
 	// leaves such a GPU out (Unknown where it leaves out all of them).
-	found, err := checks.NvidiaGPUs(cfg.HostPath(checks.PCIDevicesDir))
+	found, gone, err := seen.Scan(cfg.HostPath(checks.PCIDevicesDir))
 	gpu = len(found) > 0
 	switch {
 	case err != nil:
@@ -105,7 +105,7 @@ func detectGPU(cfg *config.Config, seen *checks.GPUsSeen) (gpu bool, gpuSource s
 	}
 	if err == nil {
 		// A scan that failed says nothing of which GPUs are there.
-		if gone := seen.Saw(found); len(gone) > 0 {
+		if len(gone) > 0 {
 			gpu = true
 			gpuSource += "; " + goneText(gone)
 		}
