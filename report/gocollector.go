@@ -4,7 +4,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,13 +24,10 @@ import (
 // sample slice and, for a text scrape, appends the values to text made once
 // (appendText).
 type goCollector struct {
-	fams []runtimeFamily
+	runtimeSnapshot // present: all true, every value is always read
 
-	mu      sync.Mutex
 	samples []metrics.Sample // goSample* in order
 	gc      debug.GCStats
-	vals    []float64
-	present []bool // all true: every value is always read
 }
 
 // The runtime/metrics samples the collector reads, in the order of
@@ -172,6 +168,7 @@ const (
 
 func newGoCollector() *goCollector {
 	c := &goCollector{samples: make([]metrics.Sample, goSamples)}
+	c.take = c.read
 	for i := range c.samples {
 		c.samples[i].Name = goSampleNames[i]
 	}
@@ -248,26 +245,4 @@ func (c *goCollector) read() {
 		v[at] = float64(m.value(&s))
 		at++
 	}
-}
-
-// Describe implements prometheus.Collector.
-func (c *goCollector) Describe(ch chan<- *prometheus.Desc) {
-	for i := range c.fams {
-		ch <- c.fams[i].desc
-	}
-}
-
-// Collect implements prometheus.Collector.
-func (c *goCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.read()
-	collectFamilies(c.fams, c.vals, c.present, ch)
-}
-
-func (c *goCollector) appendText(b []byte, named []namedText) ([]byte, []namedText) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.read()
-	return appendFamilies(b, named, c.fams, c.vals, c.present)
 }

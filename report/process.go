@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,16 +23,14 @@ import (
 // /proc/self/net/netstat read into a reused buffer. A text scrape has its
 // values appended to text made once (runtimeCollector).
 type processCollector struct {
-	fams    []runtimeFamily
+	runtimeSnapshot
 	start   float64
 	procDir string // /proc/self
 
-	mu      sync.Mutex
-	buf     []byte
-	dents   []byte         // a buffer for the entries of /proc/self/fd
-	files   map[string]int // open descriptors of the files read
-	vals    []float64
-	present []bool
+	// Used with mu held.
+	buf   []byte
+	dents []byte         // a buffer for the entries of /proc/self/fd
+	files map[string]int // open descriptors of the files read
 }
 
 // The values of processCollector.vals, one per family.
@@ -51,7 +48,8 @@ const (
 )
 
 func newProcessCollector() *processCollector {
-	c := &processCollector{procDir: "/proc/self", vals: make([]float64, procValues), present: make([]bool, procValues)}
+	c := &processCollector{procDir: "/proc/self"}
+	c.vals, c.present, c.take = make([]float64, procValues), make([]bool, procValues), c.readValues
 	f := func(at int, name, help string, kind valueKind) {
 		c.fams = append(c.fams, newRuntimeFamily(name, help, kind, at, prometheus.NewDesc(name, help, nil, nil)))
 	}
@@ -75,29 +73,6 @@ func newProcessCollector() *processCollector {
 		}
 	}
 	return c
-}
-
-// Describe implements prometheus.Collector.
-func (c *processCollector) Describe(ch chan<- *prometheus.Desc) {
-	for i := range c.fams {
-		ch <- c.fams[i].desc
-	}
-}
-
-// Collect implements prometheus.Collector. A value that cannot be read is
-// left out, as client_golang's collector does.
-func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.readValues()
-	collectFamilies(c.fams, c.vals, c.present, ch)
-}
-
-func (c *processCollector) appendText(b []byte, named []namedText) ([]byte, []namedText) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.readValues()
-	return appendFamilies(b, named, c.fams, c.vals, c.present)
 }
 
 // readValues takes a snapshot of the values into c.vals and c.present.

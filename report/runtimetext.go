@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -116,6 +117,43 @@ func summaryMetric(desc *prometheus.Desc, v []float64) prometheus.Metric {
 	}
 	n := len(summaryQuantiles)
 	return prometheus.MustNewConstSummary(desc, uint64(v[n+1]), v[n], q)
+}
+
+// runtimeSnapshot is what the two runtime collectors (goCollector,
+// processCollector) share: their families, the snapshot of their values, and
+// Describe, Collect and appendText, each of which takes a snapshot (take, set
+// by the collector: fills vals and present, with mu held) and sends or writes
+// it.
+type runtimeSnapshot struct {
+	fams []runtimeFamily
+	take func()
+
+	mu      sync.Mutex
+	vals    []float64
+	present []bool
+}
+
+// Describe implements prometheus.Collector.
+func (s *runtimeSnapshot) Describe(ch chan<- *prometheus.Desc) {
+	for i := range s.fams {
+		ch <- s.fams[i].desc
+	}
+}
+
+// Collect implements prometheus.Collector. A value that cannot be read is
+// left out, as client_golang's collectors do.
+func (s *runtimeSnapshot) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.take()
+	collectFamilies(s.fams, s.vals, s.present, ch)
+}
+
+func (s *runtimeSnapshot) appendText(b []byte, named []namedText) ([]byte, []namedText) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.take()
+	return appendFamilies(b, named, s.fams, s.vals, s.present)
 }
 
 // collectFamilies sends the families whose values are present.
