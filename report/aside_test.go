@@ -19,28 +19,22 @@ func TestUnknownReasonKeepsTheTransitionTimeOfATrue(t *testing.T) {
 	since := t0.Add(-3 * time.Hour)
 	node := Condition{Type: "ServiceNotRecovering", Status: StatusTrue, Reason: "UnitSomethingNew", Message: "kubelet.service: new", LastTransitionTime: since}
 	now := t0.Add(time.Minute)
-	for _, tc := range restoreSources {
-		t.Run(tc.name, func(t *testing.T) {
-			s := NewStore("b")
-			s.SetClock(func() time.Time { return now })
-			if tc.fromState {
-				if res := loadOne(t, s, "b", node); res.Restored != 0 {
-					t.Fatalf("Load = %+v", res)
-				}
-			}
-			if tc.node && s.Adopt(node, "b") {
-				t.Error("Adopt of a reason this build does not know changed the store")
-			}
-			// Never shown as current with a reason this build cannot name.
-			if c, ok := s.Get("ServiceNotRecovering"); ok || len(s.All()) != 0 {
-				t.Fatalf("the unknown reason is current: %+v", c)
-			}
-			s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFailed, "kubelet.service failed"), now)
-			if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(since) || c.Reason != ReasonUnitFailed {
-				t.Errorf("True stayed True: lastTransitionTime %v, want %v (reason %s)", c.LastTransitionTime, since, c.Reason)
-			}
-		})
-	}
+	eachRestoreSource(t, now, node, "b", func(t *testing.T, s *Store, fromState func() LoadResult, fromNode func() bool) {
+		if res := fromState(); res.Restored != 0 {
+			t.Fatalf("Load = %+v", res)
+		}
+		if fromNode() {
+			t.Error("Adopt of a reason this build does not know changed the store")
+		}
+		// Never shown as current with a reason this build cannot name.
+		if c, ok := s.Get("ServiceNotRecovering"); ok || len(s.All()) != 0 {
+			t.Fatalf("the unknown reason is current: %+v", c)
+		}
+		s.Set(cond("ServiceNotRecovering", StatusTrue, ReasonUnitFailed, "kubelet.service failed"), now)
+		if c, _ := s.Get("ServiceNotRecovering"); !c.LastTransitionTime.Equal(since) || c.Reason != ReasonUnitFailed {
+			t.Errorf("True stayed True: lastTransitionTime %v, want %v (reason %s)", c.LastTransitionTime, since, c.Reason)
+		}
+	})
 }
 
 // A different status at the first evaluation is a real transition: now.
@@ -151,26 +145,18 @@ func TestUnknownReasonTamperTrueIsHeld(t *testing.T) {
 	since := t0.Add(-30 * time.Hour)
 	node := Condition{Type: "NodeTampered", Status: StatusTrue, Reason: "ProtectedFileReplaced", Message: "/var/lib/kubelet/config.yaml replaced", LastTransitionTime: since}
 	now := t0.Add(time.Minute)
-	for _, tc := range restoreSources {
-		t.Run(tc.name, func(t *testing.T) {
-			s := NewStore("b")
-			s.SetClock(func() time.Time { return now })
-			if tc.fromState {
-				loadOne(t, s, "a", node)
-			}
-			s.Set(cond("NodeTampered", StatusUnknown, ReasonBaselinePending, "this boot's baseline is being taken"), now)
-			if tc.node {
-				s.Adopt(node, "a")
-			}
-			s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, "no protected file changed"), now.Add(time.Minute))
-			c, _ := s.Get("NodeTampered")
-			if c.Status != StatusTrue || c.Reason != ReasonProtectedFileChanged || !c.LastTransitionTime.Equal(since) ||
-				!strings.Contains(c.Message, "config.yaml replaced") || !strings.Contains(c.Message, "ProtectedFileReplaced") {
-				t.Errorf("after Unknown and False runs: %s/%s since %v (%q), want True/ProtectedFileChanged since %v with the other build's reason and message",
-					c.Status, c.Reason, c.LastTransitionTime, c.Message, since)
-			}
-		})
-	}
+	eachRestoreSource(t, now, node, "a", func(t *testing.T, s *Store, fromState func() LoadResult, fromNode func() bool) {
+		fromState()
+		s.Set(cond("NodeTampered", StatusUnknown, ReasonBaselinePending, "this boot's baseline is being taken"), now)
+		fromNode()
+		s.Set(cond("NodeTampered", StatusFalse, ReasonNodeIntact, "no protected file changed"), now.Add(time.Minute))
+		c, _ := s.Get("NodeTampered")
+		if c.Status != StatusTrue || c.Reason != ReasonProtectedFileChanged || !c.LastTransitionTime.Equal(since) ||
+			!strings.Contains(c.Message, "config.yaml replaced") || !strings.Contains(c.Message, "ProtectedFileReplaced") {
+			t.Errorf("after Unknown and False runs: %s/%s since %v (%q), want True/ProtectedFileChanged since %v with the other build's reason and message",
+				c.Status, c.Reason, c.LastTransitionTime, c.Message, since)
+		}
+	})
 }
 
 // restoreSources are the ways a condition saved by another build comes
@@ -180,6 +166,26 @@ var restoreSources = []struct {
 	name            string
 	fromState, node bool
 }{{"state file and Node", true, true}, {"state file only", true, false}, {"Node only", false, true}}
+
+// eachRestoreSource runs f once for each of restoreSources, as a subtest,
+// with a new store of boot "b" whose clock says now: fromState loads a state
+// file of boot that holds c (a LoadResult of nothing where the source has no
+// state file), fromNode adopts c as the Node of boot holds it (false where
+// the source has no Node); f calls each once, in the order it tests.
+func eachRestoreSource(t *testing.T, now time.Time, c Condition, boot string, f func(t *testing.T, s *Store, fromState func() LoadResult, fromNode func() bool)) {
+	for _, tc := range restoreSources {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore("b")
+			s.SetClock(func() time.Time { return now })
+			f(t, s, func() LoadResult {
+				if !tc.fromState {
+					return LoadResult{}
+				}
+				return loadOne(t, s, boot, c)
+			}, func() bool { return tc.node && s.Adopt(c, boot) })
+		})
+	}
+}
 
 // loadOne loads into s a state file of boot, saved at t0, that holds c as
 // the Node holds it, with lastUpdateTime t0.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // TestRefusedFileFixedAsTheDaemonExitsIsStarted: under the shipped units in
@@ -21,13 +23,9 @@ import (
 // PathChanged= is not a level the re-watch would see.
 func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 	const unit = "autopilot-health.service"
-	fixed := "/etc/autopilot-health/fixed.toml"
-	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[1]s ]; then mv %[1]s /etc/autopilot-health/config.toml; fi'\n", fixed)
-	s := daemonNamespace(t, "refusedrace", map[string]string{unit + ".d/50-fix-as-it-exits.conf": dropIn},
-		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
-	if err := os.WriteFile(s.Root(fixed), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	s := fixedAsItExitsNamespace(t, "refusedrace")
+	fixed := fixedAsItExits
+	writeFixedConfig(t, s)
 	ctx := context.Background()
 	if err := s.StartUnit(ctx, unit); err == nil {
 		t.Errorf("the start job of a refused configuration succeeded")
@@ -71,15 +69,13 @@ func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
 	const unit = "autopilot-health.service"
 	const stale = "00000000000000000000000000000000"
-	fixed := "/etc/autopilot-health/fixed.toml"
+	fixed := fixedAsItExits
 	rec := "/var/lib/autopilot-health/refused-config.json"
 	// The unit file says \\1, which systemd unescapes to the sed's \1.
 	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'sed -E -i \"s/(invocation.:.)[0-9a-f]+/\\\\1%s/\" %s && mv %s /etc/autopilot-health/config.toml'\n", stale, rec, fixed)
 	s := daemonNamespace(t, "refusedstale", map[string]string{unit + ".d/50-stale-record.conf": dropIn},
 		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
-	if err := os.WriteFile(s.Root(fixed), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFixedConfig(t, s)
 	ctx := context.Background()
 	if err := s.StartUnit(ctx, unit); err == nil {
 		t.Errorf("the start job of a refused configuration succeeded")
@@ -111,10 +107,7 @@ func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
 // exits still starts it.
 func TestRefusedUnitHasNoStartLimit(t *testing.T) {
 	const unit, refused = "autopilot-health.service", "autopilot-health-refused.service"
-	fixed := "/etc/autopilot-health/fixed.toml"
-	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[1]s ]; then mv %[1]s /etc/autopilot-health/config.toml; fi'\n", fixed)
-	s := daemonNamespace(t, "refusedlimit", map[string]string{unit + ".d/50-fix-as-it-exits.conf": dropIn},
-		badConfigs[0], unit, "autopilot-health.path", refused)
+	s := fixedAsItExitsNamespace(t, "refusedlimit")
 	ctx := context.Background()
 	// systemd logs the limit on its console, not in the unit's journal.
 	limited := func() bool {
@@ -150,14 +143,37 @@ func TestRefusedUnitHasNoStartLimit(t *testing.T) {
 		t.Errorf("%s ran its condition %d times for 6 refusals", refused, n)
 	}
 	// A seventh, fixed as the refusing daemon exits, is started.
-	if err := os.WriteFile(s.Root(fixed), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFixedConfig(t, s)
 	if err := s.StartUnit(ctx, unit); err == nil {
 		t.Errorf("the seventh start job of a refused configuration succeeded")
 	}
 	waitUnitFor(t, s, unit, 2*time.Minute, "active on the file fixed as it exited after the burst", active)
 	if j := s.Journal(refused); !strings.Contains(j, "/etc/autopilot-health/config.toml: changed since it was refused") {
 		t.Errorf("%s did not find the change after the burst:\n%s", refused, lastBytes(j, 2000))
+	}
+}
+
+// fixedAsItExits is where these tests write a good configuration for the
+// unit's ExecStopPost= to rename onto the refused one.
+const fixedAsItExits = "/etc/autopilot-health/fixed.toml"
+
+// fixedAsItExitsNamespace starts a real systemd with the shipped units, a
+// refused configuration, and a drop-in whose ExecStopPost= renames
+// fixedAsItExits, if it exists, onto the configuration file (as an editor's
+// save or dpkg does) after the refusing daemon exited and before systemd
+// has taken its exit.
+func fixedAsItExitsNamespace(t *testing.T, name string) *harness.Systemd {
+	t.Helper()
+	const unit = "autopilot-health.service"
+	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[1]s ]; then mv %[1]s /etc/autopilot-health/config.toml; fi'\n", fixedAsItExits)
+	return daemonNamespace(t, name, map[string]string{unit + ".d/50-fix-as-it-exits.conf": dropIn},
+		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
+}
+
+// writeFixedConfig writes a good configuration at fixedAsItExits.
+func writeFixedConfig(t *testing.T, s *harness.Systemd) {
+	t.Helper()
+	if err := os.WriteFile(s.Root(fixedAsItExits), fmt.Appendf(nil, goodConfig, freeTCPPort(t)), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
