@@ -79,6 +79,15 @@ type Reader struct {
 
 	mu  sync.Mutex
 	cur cursor
+	// unsaved are the gaps of lost records found while the state file's
+	// writes are told (report.Store.WritesReported) and not yet in
+	// autopilot_health_kmsg_lost_records_total: each is counted once a
+	// write that holds the cursor's move past the record after it ended
+	// (written), so that a restart from the state file (a SIGKILL, a crash)
+	// either finds the move and does not count the gap again, or finds the
+	// cursor of before it and counts it, which this run then never did.
+	// Guarded by mu.
+	unsaved []unsavedGap
 	// skipFor bounds the first open's read of the ring buffer to its end
 	// (default ringSkipLimit; see skipRing); tests shorten it.
 	skipFor time.Duration
@@ -118,6 +127,59 @@ type cursor struct {
 	// suppressedErr: the saved counts of suppressed I/O error lines could
 	// not be (the window could).
 	windowErr, suppressedErr error
+}
+
+// unsavedGap is a gap of lost records before the record seq, not counted
+// yet (Reader.unsaved).
+type unsavedGap struct {
+	seq, lost uint64
+}
+
+// maxUnsaved bounds Reader.unsaved: a storm that overruns the ring buffer
+// every few records finds many gaps in the second before a save; past this
+// many, a gap is summed into the last one (counted with the later of the
+// two records: still once).
+const maxUnsaved = 64
+
+// written is told the end of a write of the state file that held the
+// cursor c (report.Store.OnWritten): the gaps before the records it
+// handled up to c.Seq are counted now. A write that failed counts them
+// too: a state file that cannot be written would hold them from the
+// counter for good, and a restart from it counts them again, as a start
+// without a state file would.
+func (rd *Reader) written(v any, _ error) {
+	c, ok := v.(cursor)
+	if !ok || !c.Have {
+		return
+	}
+	rd.mu.Lock()
+	var lost uint64
+	n := 0
+	for n < len(rd.unsaved) && rd.unsaved[n].seq <= c.Seq {
+		lost += rd.unsaved[n].lost
+		n++
+	}
+	rd.unsaved = append(rd.unsaved[:0], rd.unsaved[n:]...)
+	rd.mu.Unlock()
+	if lost > 0 {
+		rd.Monitor.m.lost.Add(float64(lost))
+	}
+}
+
+// countUnsaved counts the gaps not counted yet, as the reader stops: a
+// reader built again within the run (a reload) resumes from the cursor in
+// memory, past them, and would never count them.
+func (rd *Reader) countUnsaved() {
+	rd.mu.Lock()
+	var lost uint64
+	for _, g := range rd.unsaved {
+		lost += g.lost
+	}
+	rd.unsaved = rd.unsaved[:0]
+	rd.mu.Unlock()
+	if lost > 0 {
+		rd.Monitor.m.lost.Add(float64(lost))
+	}
 }
 
 type ioError struct {
@@ -504,6 +566,10 @@ func (rd *Reader) Run(ctx context.Context) {
 	rd.cur = cur
 	rd.mu.Unlock()
 	store.Keep(CursorKey, rd.snapshot)
+	// Gaps are counted once the state file holds the move past them, where
+	// its writes are told (see unsaved); else as they are found.
+	store.OnWritten(CursorKey, rd.written)
+	defer rd.countUnsaved()
 	last, haveLast := cur.Seq, cur.Have
 	// handled: a record was handled since the start (last is one).
 	handled := haveLast
@@ -768,7 +834,18 @@ func (rd *Reader) Run(ctx context.Context) {
 			counted := false
 			if haveLast && rec.Seq > last+1 {
 				if lost := rec.Seq - last - 1 - min(unparsed, rec.Seq-last-1); lost > 0 {
-					rd.Monitor.m.lost.Add(float64(lost))
+					if store.WritesReported() {
+						rd.mu.Lock()
+						if len(rd.unsaved) == maxUnsaved {
+							g := &rd.unsaved[len(rd.unsaved)-1]
+							g.seq, g.lost = rec.Seq, g.lost+lost
+						} else {
+							rd.unsaved = append(rd.unsaved, unsavedGap{seq: rec.Seq, lost: lost})
+						}
+						rd.mu.Unlock()
+					} else {
+						rd.Monitor.m.lost.Add(float64(lost))
+					}
 					rd.logGaps(gaps.gap(now, lost, last))
 					counted = true
 				}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -165,10 +166,18 @@ func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) 
 // stop ends them with no save of its own (a SIGKILL after the last save).
 func startFromStateFile(t *testing.T, dir string, open func(string) (Device, error), saved chan<- struct{}) (mon *Monitor, store *report.Store, stop func()) {
 	t.Helper()
+	return startFromStateFileHeld(t, dir, open, saved, nil)
+}
+
+// startFromStateFileHeld is startFromStateFile whose saver drops the save
+// requests while hold is set (a SIGKILL in the second before the save).
+func startFromStateFileHeld(t *testing.T, dir string, open func(string) (Device, error), saved chan<- struct{}, hold *atomic.Bool) (mon *Monitor, store *report.Store, stop func()) {
+	t.Helper()
 	store = report.NewStore("b")
 	if _, err := store.Load(dir); err != nil {
 		t.Fatal(err)
 	}
+	store.ReportWrites() // as the daemon's: its saves tell each write's end
 	mon = NewMonitor(opts(t, store))
 	mon.Start(t0, t0)
 	rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -183,6 +192,9 @@ func startFromStateFile(t *testing.T, dir string, open func(string) (Device, err
 			case <-ctx.Done():
 				return
 			case <-store.Dirty():
+				if hold != nil && hold.Load() {
+					continue
+				}
 				if err := store.Save(dir, time.Now()); err != nil {
 					t.Error(err)
 				}
@@ -259,6 +271,55 @@ func TestLostRecordsAreNotCountedAgainAfterASIGKILL(t *testing.T) {
 		stop()
 		if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 1 || l != 0 {
 			t.Errorf("after the restart: %v records handled, %v lost; want 1 (6, handled again) and 0 (3 and 4 were counted before the SIGKILL)", n, l)
+		}
+	})
+}
+
+// A gap is counted once also when the daemon is SIGKILLed in the second
+// before the save of the move past it: it is counted in
+// autopilot_health_kmsg_lost_records_total only once a state file write
+// that holds that move ended, so the run that found it either saved the
+// move (and the restart does not count it again) or never counted it (and
+// the restart, resuming from the cursor of before it, does). Before, the
+// run counted it as found, and a SIGKILL before the save counted it twice.
+func TestLostRecordsAreCountedOnceWhenKilledBeforeTheSave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
+		var hold atomic.Bool
+		run := func() (mon *Monitor, stop func()) {
+			mon, _, stop = startFromStateFileHeld(t, dir, func(string) (Device, error) { return dev, nil }, nil, &hold)
+			return mon, stop
+		}
+		mon, stop := run()
+		time.Sleep(time.Second) // the ring read to its end, the start saved
+		synctest.Wait()
+		// The ring overwrites 3 and 4 before the reader gets to them; the
+		// SIGKILL comes before the save of the move past 5.
+		hold.Store(true)
+		dev.mu.Lock()
+		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		before := mon.Metrics().Lost()
+		if n := mon.Metrics().Records(); n != 1 {
+			t.Fatalf("before the SIGKILL: %v records handled, want 1", n)
+		}
+		stop()
+		hold.Store(false)
+
+		mon, stop = run()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		after := mon.Metrics().Lost()
+		if before+after != 2 {
+			t.Errorf("lost %v before the SIGKILL and %v after the restart; want 2 in all (3 and 4, counted once)", before, after)
+		}
+		if after != 2 {
+			t.Errorf("after the restart: %v lost, want 2 (the restart resumes before the gap and counts it)", after)
 		}
 	})
 }

@@ -48,7 +48,7 @@ const StateFileName = "state.json"
 
 // snapshot returns the conditions and the kept values as of one instant:
 // the keepers run under the same lock as the copy of the conditions.
-func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[string]any, []string) {
+func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[string]any, []string, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	conds := make([]Condition, 0, len(s.conds))
@@ -81,17 +81,20 @@ func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[st
 	for k, fn := range s.keepers {
 		memos[k] = fn()
 	}
-	return conds, parts, memos, observed
+	return conds, parts, memos, observed, s.encodedLocked(memos)
 }
 
 // Save writes the conditions and the kept values atomically (temp file,
 // fsync, rename, fsync of the directory) to dir.
 func (s *Store) Save(dir string, now time.Time) error {
-	b, err := s.Encode(now)
+	s.ReportWrites()
+	b, gen, err := s.EncodeWrite(now)
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(filepath.Join(dir, StateFileName), b, 0o644)
+	err = WriteFileAtomic(filepath.Join(dir, StateFileName), b, 0o644)
+	s.WriteEnded(gen, err)
+	return err
 }
 
 // Encode returns what Save writes to the state file (StateFileName),
@@ -99,23 +102,30 @@ func (s *Store) Save(dir string, now time.Time) error {
 // and writes the file on a goroutine of its own (a write that blocks in
 // the kernel then holds nothing but that goroutine).
 func (s *Store) Encode(now time.Time) ([]byte, error) {
-	conds, parts, memos, observed := s.snapshot()
+	b, _, err := s.EncodeWrite(now)
+	return b, err
+}
+
+// EncodeWrite is Encode for a write whose end its writer tells WriteEnded
+// with the generation returned here (see OnWritten).
+func (s *Store) EncodeWrite(now time.Time) ([]byte, uint64, error) {
+	conds, parts, memos, observed, gen := s.snapshot()
 	sf := stateFile{Version: stateVersion, BootID: s.bootID, SavedAt: now, Conditions: conds, Parts: parts, Observed: observed}
 	if len(memos) > 0 {
 		sf.Memos = make(map[string]json.RawMessage, len(memos))
 		for k, v := range memos {
 			b, err := json.Marshal(v)
 			if err != nil {
-				return nil, fmt.Errorf("state %s: %w", k, err)
+				return nil, gen, fmt.Errorf("state %s: %w", k, err)
 			}
 			sf.Memos[k] = b
 		}
 	}
 	b, err := json.MarshalIndent(sf, "", "  ")
 	if err != nil {
-		return nil, err
+		return nil, gen, err
 	}
-	return append(b, '\n'), nil
+	return append(b, '\n'), gen, nil
 }
 
 // WriteFileAtomic replaces path with data so that a crash at any moment

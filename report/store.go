@@ -28,6 +28,16 @@ type Store struct {
 	// produce the current ones at each Save.
 	memos   map[string]json.RawMessage
 	keepers map[string]func() any
+	// onWritten are the hooks told of the end of each write (OnWritten);
+	// inWrite, the values their keepers returned into the writes encoded
+	// and not ended yet (by generation, the last few: a write whose end
+	// is never told, an encoding that failed, is dropped in time);
+	// writesReported: whoever writes the state file tells the store of
+	// each write's end (ReportWrites, Save).
+	onWritten      map[string]func(v any, err error)
+	inWrite        []encodedWrite
+	writeGen       uint64
+	writesReported bool
 	// dirty gets a token when something the state file holds changed in a
 	// way that must be saved soon (Touch), later one when the change may
 	// wait (TouchLater); the persister drains both.
@@ -71,7 +81,7 @@ type Store struct {
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
-		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{},
+		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{}, onWritten: map[string]func(any, error){},
 		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}, observed: map[string]bool{},
 		evaluatedHere: map[string]bool{}, changedHere: map[string]bool{}}
 }

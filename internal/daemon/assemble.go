@@ -123,6 +123,10 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 	p.Store = report.NewStore(bootID)
 	p.Metrics = report.NewMetrics(o.Version)
 	if o.Purpose == ForRun {
+		// The persister and saveStateNow tell the store each write's end
+		// (countWrite): the kernel log reader counts a gap of lost records
+		// once the move past it is on disk.
+		p.Store.ReportWrites()
 		// In-place repair (only the daemon repairs; the one-shot check does not).
 		env.Repair = checks.NewRepairer(env.Systemd, log, time.Now, p.Metrics.Registry)
 		// Restarts of the critical units, as every reader of their properties

@@ -143,9 +143,9 @@ func (d *Daemon) persist(ctx context.Context) {
 			// gets one).
 			drainToken(d.store.Dirty())
 			drainToken(d.store.Later())
-			data, err := d.store.Encode(time.Now())
+			data, gen, err := d.store.EncodeWrite(time.Now())
 			if err == nil {
-				writing = d.stateW.start(d.statePath(), data)
+				writing = d.stateW.start(d.statePath(), data, gen)
 			}
 			switch {
 			case err != nil:

@@ -60,7 +60,10 @@ type stateWriter struct {
 // stateWrite is one write of the state file; err is set before done is
 // closed.
 type stateWrite struct {
-	path  string
+	path string
+	// gen numbers the store's encoding it writes (Store.EncodeWrite),
+	// whose end countWrite tells the store (Store.WriteEnded).
+	gen   uint64
 	since time.Time
 	done  chan struct{}
 	err   error
@@ -72,10 +75,12 @@ type stateWrite struct {
 	counted atomic.Bool
 }
 
-// countWrite counts sw's result once, whoever waited for it.
+// countWrite counts sw's result once, whoever waited for it, and tells
+// the store that the write ended.
 func (d *Daemon) countWrite(sw *stateWrite) {
 	if sw.counted.CompareAndSwap(false, true) {
 		d.metrics.StateWrite(sw.err)
+		d.store.WriteEnded(sw.gen, sw.err)
 	}
 }
 
@@ -88,7 +93,7 @@ type BlockedWrite struct {
 
 // start begins writing data to path and returns the write; nil when the
 // previous write has not returned (no second write on top of it).
-func (w *stateWriter) start(path string, data []byte) *stateWrite {
+func (w *stateWriter) start(path string, data []byte, gen uint64) *stateWrite {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cur != nil {
@@ -98,7 +103,7 @@ func (w *stateWriter) start(path string, data []byte) *stateWrite {
 	if write == nil {
 		write = report.WriteFileAtomic
 	}
-	sw := &stateWrite{path: path, since: time.Now(), done: make(chan struct{})}
+	sw := &stateWrite{path: path, gen: gen, since: time.Now(), done: make(chan struct{})}
 	w.cur = sw
 	go func() {
 		err := write(path, data, 0o644)
@@ -252,12 +257,12 @@ func (d *Daemon) saveStateNow(wait time.Duration) error {
 				return &writeNotReturnedError{sw: prev, previous: true}
 			}
 		}
-		data, err := d.store.Encode(time.Now())
+		data, gen, err := d.store.EncodeWrite(time.Now())
 		if err != nil {
 			d.metrics.StateWrite(err)
 			return err
 		}
-		sw := d.stateW.start(d.statePath(), data)
+		sw := d.stateW.start(d.statePath(), data, gen)
 		if sw == nil {
 			continue // another began one meanwhile: wait for it, then write
 		}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -660,4 +662,60 @@ func stopRun(t *testing.T, cancel context.CancelFunc, done <-chan error, what st
 		t.Fatalf("the stop waits for %s", what)
 	}
 	return time.Since(stop)
+}
+
+// The daemon tells the store the end of each of its state file writes,
+// with the values the write held (report.Store.OnWritten): the kernel log
+// reader counts a gap of lost records only once the move past it is on
+// disk. A failed write is told too, with its error.
+func TestStateWritesTellTheStoreTheirEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.NodeTampered.Enabled = false
+		d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.store.WritesReported() {
+			t.Fatal("the daemon's store does not say that its writes are told")
+		}
+		var mu sync.Mutex
+		value := 1
+		d.store.Keep("probe", func() any { mu.Lock(); defer mu.Unlock(); return value })
+		type end struct {
+			v   any
+			err error
+		}
+		var ends []end
+		d.store.OnWritten("probe", func(v any, err error) { mu.Lock(); ends = append(ends, end{v, err}); mu.Unlock() })
+		fail := errors.New("disk full")
+		var failing atomic.Bool
+		d.stateW.write = func(path string, data []byte, perm os.FileMode) error {
+			if failing.Load() {
+				return fail
+			}
+			return report.WriteFileAtomic(path, data, perm)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { d.persist(ctx); close(done) }()
+		d.store.Touch()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		value = 2
+		mu.Unlock()
+		failing.Store(true)
+		d.store.Touch()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		// The failed write is retried with backoff: each try is told.
+		if len(ends) < 2 || ends[0] != (end{1, nil}) || slices.ContainsFunc(ends[1:], func(e end) bool { return e.v != 2 || !errors.Is(e.err, fail) }) {
+			t.Errorf("ends told: %+v; want value 1 written, then value 2 failed with %v", ends, fail)
+		}
+	})
 }
