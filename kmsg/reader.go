@@ -133,7 +133,15 @@ type cursor struct {
 // yet (Reader.unsaved).
 type unsavedGap struct {
 	seq, lost uint64
+	at        time.Time // when it was found
 }
+
+// unsavedFor bounds how long a gap waits for its save (countStale): a
+// write of the state file blocked in I/O (a hung disk under state_dir), or
+// writes that are no longer told, must not hold the lost records from
+// the counter, and the alerts on it, for as long as they last. A crash
+// after that counts such a gap again, as before.
+const unsavedFor = 10 * time.Second
 
 // maxUnsaved bounds Reader.unsaved: a storm that overruns the ring buffer
 // every few records finds many gaps in the second before a save; past this
@@ -160,6 +168,25 @@ func (rd *Reader) written(v any, _ error) {
 		n++
 	}
 	rd.unsaved = append(rd.unsaved[:0], rd.unsaved[n:]...)
+	rd.mu.Unlock()
+	if lost > 0 {
+		rd.Monitor.m.lost.Add(float64(lost))
+	}
+}
+
+// countStale counts the gaps found unsavedFor or longer before now whose
+// save has not ended.
+func (rd *Reader) countStale(now time.Time) {
+	rd.mu.Lock()
+	var lost uint64
+	n := 0
+	for n < len(rd.unsaved) && now.Sub(rd.unsaved[n].at) >= unsavedFor {
+		lost += rd.unsaved[n].lost
+		n++
+	}
+	if n > 0 {
+		rd.unsaved = append(rd.unsaved[:0], rd.unsaved[n:]...)
+	}
 	rd.mu.Unlock()
 	if lost > 0 {
 		rd.Monitor.m.lost.Add(float64(lost))
@@ -787,6 +814,7 @@ func (rd *Reader) Run(ctx context.Context) {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				rd.Monitor.Tick(MonotonicNow(), now)
 				rd.logGaps(gaps.flush(now))
+				rd.countStale(now)
 				continue
 			}
 			if errors.Is(err, syscall.EPIPE) {
@@ -840,9 +868,10 @@ func (rd *Reader) Run(ctx context.Context) {
 							g := &rd.unsaved[len(rd.unsaved)-1]
 							g.seq, g.lost = rec.Seq, g.lost+lost
 						} else {
-							rd.unsaved = append(rd.unsaved, unsavedGap{seq: rec.Seq, lost: lost})
+							rd.unsaved = append(rd.unsaved, unsavedGap{seq: rec.Seq, lost: lost, at: now})
 						}
 						rd.mu.Unlock()
+						rd.countStale(now) // a storm's reads never time out
 					} else {
 						rd.Monitor.m.lost.Add(float64(lost))
 					}

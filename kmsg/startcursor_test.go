@@ -323,3 +323,34 @@ func TestLostRecordsAreCountedOnceWhenKilledBeforeTheSave(t *testing.T) {
 		}
 	})
 }
+
+// A gap whose save does not end (a state file write blocked in I/O) is
+// counted unsavedFor after it was found all the same, at the reader's next
+// tick: the lost records and the alert on them are not held for as long
+// as the disk hangs.
+func TestLostRecordsCountedWhenTheirSaveDoesNotEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
+		var hold atomic.Bool
+		mon, _, stop := startFromStateFileHeld(t, dir, func(string) (Device, error) { return dev, nil }, nil, &hold)
+		defer stop()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		hold.Store(true)
+		dev.mu.Lock()
+		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if l := mon.Metrics().Lost(); l != 0 {
+			t.Fatalf("%v lost before the save; want 0 (counted once saved)", l)
+		}
+		time.Sleep(unsavedFor + 10*time.Second) // and the next tick
+		synctest.Wait()
+		if l := mon.Metrics().Lost(); l != 2 {
+			t.Errorf("%v lost %v after the gap with its save never ended; want 2", l, unsavedFor+11*time.Second)
+		}
+	})
+}
