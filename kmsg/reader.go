@@ -749,6 +749,10 @@ func (rd *Reader) Run(ctx context.Context) {
 		// parse (they took sequence numbers too).
 		var unparsed uint64
 		opened, caughtUp := false, false
+		// maxRead: the largest sequence number of a record this open read
+		// and parsed (readAny: one was).
+		var maxRead uint64
+		readAny := false
 		// A record logged after this open means the backlog is read, even
 		// when the log never pauses long enough for a read to time out.
 		openUsec := MonotonicNow()
@@ -803,6 +807,21 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 			if !caughtUp && errors.Is(err, os.ErrDeadlineExceeded) {
 				caughtUp = true
+				if readAny && haveLast && maxRead < last {
+					// The ring buffer is read to its end and its last
+					// record is before the cursor: a cursor of this
+					// boot that is ahead of the kernel's log (a state file
+					// edited or put back by hand) would leave every record
+					// until the kernel's numbers pass it. Go on after the
+					// last record instead.
+					rd.Log.Warn("the saved kernel log cursor is ahead of the last record in the kernel's ring buffer (the state file was edited or put back); reading on after that record",
+						"path", rd.Path, "saved_seq", last, "last_seq", maxRead)
+					last = maxRead
+					rd.mu.Lock()
+					rd.cur.Seq = last
+					rd.mu.Unlock()
+					store.Touch()
+				}
 				rd.caughtUp(&bo, &lastErr)
 			}
 			// Progress at most once a second: in a flood this loop turns
@@ -832,6 +851,9 @@ func (rd *Reader) Run(ctx context.Context) {
 				rd.Monitor.m.parseErrors.Inc()
 				unparsed++
 				continue
+			}
+			if !readAny || rec.Seq > maxRead {
+				maxRead, readAny = rec.Seq, true
 			}
 			if base.pending {
 				// The first record after the seek to the end that ended

@@ -354,3 +354,39 @@ func TestLostRecordsCountedWhenTheirSaveDoesNotEnd(t *testing.T) {
 		}
 	})
 }
+
+// A saved cursor of this boot ahead of the kernel's last record (a state
+// file edited, or put back from another copy, by hand) is not waited out:
+// once the ring buffer is read to its end, the reader goes on after its
+// last record. Before, every record was left as handled before the
+// restart until the kernel's numbers passed the cursor, and no condition
+// of the kernel log was evaluated meanwhile, with no word of it.
+func TestCursorAheadOfTheKernelIsNotWaitedOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		ahead := &fakeDevice{recs: lines("6,1000,1,-;ordinary chatter")}
+		_, store, stop := startFromStateFile(t, dir, func(string) (Device, error) { return ahead, nil }, nil)
+		time.Sleep(time.Minute) // the ring read to its end, the start (1000) saved
+		synctest.Wait()
+		stop()
+		var c cursor
+		if !store.Memo(CursorKey, &c) || c.Seq != 1000 {
+			t.Fatalf("the first run's cursor: %+v, want seq 1000", c)
+		}
+
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
+		mon, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		dev.mu.Lock()
+		dev.recs = append(dev.recs, lines("3,3,3,-;INFO: task kubelet:1234 blocked for more than 120 seconds.")...)
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		stop()
+		if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 1 || l != 0 {
+			t.Errorf("with a saved cursor (1000) ahead of the kernel's last record (2): %v records handled, %v lost; want 1 (3) and 0", n, l)
+		}
+	})
+}
