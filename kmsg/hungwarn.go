@@ -17,10 +17,15 @@ import (
 // still prints in this boot (kernel/hung_task.c decrements it before each
 // report; -1 is unlimited, 10 the default). At 0 the kernel prints none: a
 // hung kubelet is never logged and KernelDeadlock stays False for the rest
-// of the boot. The value is read at the start and after each hung-task
-// record the monitor handles (the only moments the kernel changes it), and
-// while it is 0 on the reader's ticks, at most once a minute (an operator
-// who sets it again logs nothing): no wake-up of its own.
+// of the boot. The value is read at the start, after each hung-task record
+// the monitor handles (the kernel counts it down before printing one), and
+// on the reader's ticks at most once a minute, whatever it was: the kernel
+// is not the only one to change it (an operator's `sysctl -w
+// kernel.hung_task_warnings=0`, a `sysctl --system` of a new sysctl.d file),
+// and a report the ring buffer overwrote before it was read was counted
+// down unseen; read only while 0, the gauge kept the value of the start
+// and AutopilotHealthKernelHungTaskReportsExhausted never fired. No wake-up
+// of its own.
 type hungWarnings struct {
 	path string // "" : not read (a replay of another host's lines)
 	log  *slog.Logger
@@ -40,7 +45,7 @@ type hungWarnings struct {
 // hungWarningsPath is the sysctl under the host's procfs.
 const hungWarningsPath = "sys/kernel/hung_task_warnings"
 
-// hungWarningsRecheck is how often the ticks read the value while it is 0.
+// hungWarningsRecheck is how often the ticks read the value.
 const hungWarningsRecheck = time.Minute
 
 func newHungWarnings(proc string, log *slog.Logger, m *Metrics) hungWarnings {
@@ -62,10 +67,10 @@ func isHungReport(msg []byte) bool {
 	return bytes.HasPrefix(msg, hungPrefix) && bytes.Contains(msg, hungAnchor)
 }
 
-// tick reads the value again when it was 0 and the last read is a minute
-// old or more.
+// tick reads the value again when the last read is a minute old or more.
+// A read that fails again logs nothing new (lastErr).
 func (h *hungWarnings) tick(now time.Time) {
-	if h.known && h.value == 0 && now.Sub(h.readAt) >= hungWarningsRecheck {
+	if now.Sub(h.readAt) >= hungWarningsRecheck {
 		h.read(now)
 	}
 }

@@ -124,17 +124,24 @@ func TestHungTaskWarningsGaugeAndWarning(t *testing.T) {
 	}
 }
 
-// At 0 no record comes to say an operator set it again (sysctl -w
-// kernel.hung_task_warnings=-1): while it is 0 the monitor reads it on its
-// ticks, at most once a minute, so the gauge (and an alert on it) clears.
-// Otherwise the ticks do not read it.
-func TestHungTaskWarningsReadOnTicksOnlyAtZero(t *testing.T) {
+// The ticks read the value again at most once a minute, whatever it was:
+// the kernel's count-down is not the only change. An operator's `sysctl -w
+// kernel.hung_task_warnings=0` (or a `sysctl --system` of a new sysctl.d
+// file), or a hung-task report the ring buffer overwrote before it was
+// read, leaves the kernel at 0 with no record to read it after; read only
+// while 0, the gauge stayed at its start value and
+// AutopilotHealthKernelHungTaskReportsExhausted never fired.
+func TestHungTaskWarningsReadOnTicksOnceAMinute(t *testing.T) {
 	h := newHungWarnHost(t, "10")
 	h.mon.Start(t0, t0)
-	h.set(t, "7")
-	h.mon.Tick(1, t0.Add(time.Hour))
+	h.set(t, "0") // sysctl -w kernel.hung_task_warnings=0
+	h.mon.Tick(1, t0.Add(59*time.Second))
 	if g := h.gauge(t); g != "10" {
-		t.Fatalf("a tick read it while reports are left: gauge %q", g)
+		t.Fatalf("read again within a minute: gauge %q", g)
+	}
+	h.mon.Tick(1, t0.Add(time.Minute))
+	if g := h.gauge(t); g != "0" || h.warnings() != 1 {
+		t.Fatalf("set to 0 while 10 were left: a minute after, gauge %q, want 0, warned once; log:\n%s", g, h.log)
 	}
 
 	h = newHungWarnHost(t, "0")
@@ -156,6 +163,20 @@ func TestHungTaskWarningsReadOnTicksOnlyAtZero(t *testing.T) {
 	h.mon.Handle(rec(2, hungLine), t0.Add(2*time.Minute))
 	if g := h.gauge(t); g != "0" || h.warnings() != 2 {
 		t.Fatalf("exhausted again: gauge %q, log:\n%s", g, h.log)
+	}
+
+	// A file that cannot be read is read again too, and its warning is
+	// not repeated while the error stays the same.
+	h = newHungWarnHost(t, "")
+	h.mon.Start(t0, t0)
+	h.mon.Tick(1, t0.Add(time.Minute))
+	if g, n := h.gauge(t), strings.Count(h.log.String(), "does not exist"); g != "" || n != 1 {
+		t.Fatalf("no file, read again: gauge %q, %d warnings, want absent and 1:\n%s", g, n, h.log)
+	}
+	h.set(t, "4")
+	h.mon.Tick(1, t0.Add(2*time.Minute))
+	if g := h.gauge(t); g != "4" {
+		t.Fatalf("the file there a minute after: gauge %q, want 4", g)
 	}
 }
 

@@ -428,8 +428,7 @@ func (s *settings) ignored(dev string) bool {
 
 // Tick re-evaluates the I/O error window at kernel time nowUsec, so that
 // DisksFailure clears once the errors have aged out of the window.
-// While kernel.hung_task_warnings is 0 it is read again, at most once a
-// minute.
+// kernel.hung_task_warnings is read again, at most once a minute.
 func (mon *Monitor) Tick(nowUsec uint64, now time.Time) {
 	mon.evalWindow(nowUsec, now)
 	mon.hung.tick(now)
