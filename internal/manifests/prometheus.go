@@ -281,6 +281,19 @@ func daemonRules() []rule {
 			},
 		},
 		{
+			Alert: "AutopilotHealthStateWriteBlocked",
+			// A write that blocks in I/O does not fail, and no other
+			// write starts until it returns: the gauge is 0 until it has
+			// been blocked 10 s, then its age.
+			Expr:   `autopilot_health_state_write_blocked_seconds > 0`,
+			For:    "5m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health's write of its state hangs on node {{ $labels.node }}",
+				"description": "A write of /var/lib/autopilot-health/state.json has not returned (the disk or filesystem under it hangs in I/O): no other save starts until it does, so the conditions' local copy and the kernel log cursor are not saved, and a restart of the daemon now would start from the last saved state. The kernel log (dmesg) and autopilot-health status say more.",
+			},
+		},
+		{
 			Alert: "AutopilotHealthConfigReloadRefused",
 			// 0 after a refused reload until one applies (or a start,
 			// which loads the file: a bad one refuses to start, and

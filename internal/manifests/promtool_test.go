@@ -235,6 +235,9 @@ func daemonTests() promTest {
 			{daemon("autopilot_health_api_writes_total", "up", `,kind="annotations",result="error"`), "2+0x40"},
 			{daemon("autopilot_health_kmsg_lost_records_total", "up", ""), "0+0x20 3+0x20"},
 			{daemon("autopilot_health_state_writes_total", "up", `,result="error"`), "0+0x10 1+0x30"},
+			// A state write blocked in I/O from minute 29, its gauge
+			// from minute 30 (10 s blocked and more), returned at 37.
+			{daemon("autopilot_health_state_write_blocked_seconds", "up", ""), "0+0x29 50+60x6 0+0x4"},
 			// "outage": the daemon restarted (a reboot: no scrape at
 			// minutes 10 and 11) into an API server it cannot reach: the
 			// Node's read, made once per start and retried, fails from
@@ -366,6 +369,10 @@ func daemonTests() promTest {
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "denied", "kind": "status"})}},
 			{EvalTime: "15m", Alertname: "AutopilotHealthStateWritesFailing"},
 			{EvalTime: "16m", Alertname: "AutopilotHealthStateWritesFailing", ExpAlerts: []promAlert{exp("AutopilotHealthStateWritesFailing", map[string]string{"node": "up", "job": Job, "instance": "up:20257", "result": "error"})}},
+			{EvalTime: "34m", Alertname: "AutopilotHealthStateWriteBlocked"},
+			{EvalTime: "35m", Alertname: "AutopilotHealthStateWriteBlocked", ExpAlerts: []promAlert{exp("AutopilotHealthStateWriteBlocked", daemonNode("up"))}},
+			{EvalTime: "36m", Alertname: "AutopilotHealthStateWriteBlocked", ExpAlerts: []promAlert{exp("AutopilotHealthStateWriteBlocked", daemonNode("up"))}},
+			{EvalTime: "37m", Alertname: "AutopilotHealthStateWriteBlocked"},
 			{EvalTime: "19m", Alertname: "AutopilotHealthConfigReloadRefused"},
 			{EvalTime: "20m", Alertname: "AutopilotHealthConfigReloadRefused", ExpAlerts: []promAlert{exp("AutopilotHealthConfigReloadRefused", daemonNode("up"))}},
 			{EvalTime: "31m", Alertname: "AutopilotHealthConfigReloadRefused"},
