@@ -568,7 +568,12 @@ func (rd *Reader) Run(ctx context.Context) {
 	}
 	store := rd.Monitor.o.Store
 	var cur cursor
-	if store.Memo(CursorKey, &cur) {
+	kept, err := store.MemoErr(CursorKey, &cur)
+	if kept && err != nil {
+		rd.Log.Warn("the saved kernel log cursor is unreadable; reading as a start without one does", "err", err, "from_boot_start", rd.FromStart)
+		cur = cursor{}
+	}
+	if kept && err == nil {
 		if cur.windowErr != nil {
 			rd.Log.Warn("the saved disk I/O error window is unreadable; DisksFailure counts the errors from now on", "err", cur.windowErr)
 			cur.windowErr = nil

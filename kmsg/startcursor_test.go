@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -387,6 +389,49 @@ func TestCursorAheadOfTheKernelIsNotWaitedOut(t *testing.T) {
 		stop()
 		if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 1 || l != 0 {
 			t.Errorf("with a saved cursor (1000) ahead of the kernel's last record (2): %v records handled, %v lost; want 1 (3) and 0", n, l)
+		}
+	})
+}
+
+// A saved cursor that does not decode is said once, at warning, and the
+// reader starts as one without a cursor does (here from the boot's start:
+// both records handled). Before, it was dropped without a word, and the
+// boot's records were handled again with nothing in the journal to say why.
+func TestUnreadableCursorIsSaid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		state := `{"version":1,"bootID":"b","memos":{"kmsg":{"seq":"abc","have":true}}}`
+		if err := os.WriteFile(filepath.Join(dir, report.StateFileName), []byte(state), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		store := report.NewStore("b")
+		if _, err := store.Load(dir); err != nil {
+			t.Fatal(err)
+		}
+		mon := NewMonitor(opts(t, store))
+		mon.Start(t0, t0)
+		log := &countingLog{}
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter")}
+		rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(log), ReadTimeout: 10 * time.Second,
+			FromStart: true, Open: func(string) (Device, error) { return dev, nil }}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { rd.Run(ctx); close(done) }()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		cancel()
+		<-done
+		if n := mon.Metrics().Records(); n != 2 {
+			t.Errorf("%v records handled, want 2 (from the boot's start)", n)
+		}
+		var said int
+		for _, l := range log.all() {
+			if strings.HasPrefix(l, "WARN the saved kernel log cursor is unreadable") {
+				said++
+			}
+		}
+		if said != 1 {
+			t.Errorf("the unreadable cursor said %d times, want once:\n%s", said, strings.Join(log.all(), "\n"))
 		}
 	})
 }

@@ -25,14 +25,24 @@ func (s *Store) Keep(key string, fn func() any) {
 // run, a check re-planned, resumes where the one it replaces was), else the
 // value Load restored.
 func (s *Store) Memo(key string, v any) bool {
+	ok, err := s.MemoErr(key, v)
+	return ok && err == nil
+}
+
+// MemoErr is Memo that tells a value kept under key that does not decode
+// into v (ok, with the error) from no value (not ok).
+func (s *Store) MemoErr(key string, v any) (ok bool, err error) {
 	s.mu.Lock()
 	raw, ok := s.memos[key]
 	if fn := s.keepers[key]; fn != nil {
-		b, err := json.Marshal(fn())
-		raw, ok = b, err == nil
+		raw, err = json.Marshal(fn())
+		ok = err == nil
 	}
 	s.mu.Unlock()
-	return ok && json.Unmarshal(raw, v) == nil
+	if !ok {
+		return false, nil
+	}
+	return true, json.Unmarshal(raw, v)
 }
 
 // encodedWrite is what the keepers with an OnWritten hook returned into
