@@ -516,6 +516,26 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 			c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan", "err", err)
 		}
 	}()
+	// A mount over a protected file or directory, or one on the way to
+	// them, sends inotify nothing: the mount table's changes wake the
+	// check instead (tamper.WatchMounts).
+	// Read before the first watch is set (whose wake-up runs the check
+	// again): a mount before the reading is read by that run, one after
+	// it is reported.
+	mctx, mcancel := context.WithCancel(ctx)
+	mountsDone := make(chan struct{})
+	if m, err := tamper.NewMountWatcher(c.env.Config.HostRoot, c.spec.Relevant); err != nil {
+		c.env.Log.Warn("mount notifications unavailable; a mount over a protected path is found by the interval's scan", "err", err)
+		close(mountsDone)
+	} else {
+		go func() {
+			defer close(mountsDone)
+			if err := m.Run(mctx, func(string) { wake() }); err != nil {
+				c.env.Log.Warn("mount notifications stopped; a mount over a protected path is found by the interval's scan", "err", err)
+			}
+		}()
+	}
+	defer func() { mcancel(); <-mountsDone }()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var failedBefore []string

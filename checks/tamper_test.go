@@ -508,6 +508,58 @@ func TestNodeTamperedWatchWakesOnAChange(t *testing.T) {
 	}
 }
 
+// A mount over a protected file (a bind mount of another file) or over a
+// directory on the way to one (a tmpfs over /var/lib/kubelet) sends
+// inotify nothing, yet changes what the scan reads: the mount table's
+// change wakes the check (real mounts, real inotify). Before, both waited
+// for the interval's scan, up to 5 min.
+func TestNodeTamperedWatchWakesOnAMountOverAProtectedPath(t *testing.T) {
+	h := newTamperHost(t)
+	h.write("/srv/evil", "apiVersion: v1\nclusters: [{cluster: {server: https://evil}}]\n")
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	var mounted []string
+	t.Cleanup(func() { // before t.TempDir's removal, which a mount keeps busy
+		for _, p := range slices.Backward(mounted) {
+			unix.Unmount(p, unix.MNT_DETACH)
+		}
+	})
+	for _, step := range []struct {
+		name    string
+		mount   func() (string, error)
+		finding string
+	}{
+		{"a bind mount over a protected file", func() (string, error) {
+			p := h.path("/etc/kubernetes/kubelet.conf")
+			return p, unix.Mount(h.path("/srv/evil"), p, "", unix.MS_BIND, "")
+		}, "/etc/kubernetes/kubelet.conf modified"},
+		{"a tmpfs over a directory on the way", func() (string, error) {
+			p := h.path("/var/lib/kubelet")
+			return p, unix.Mount("tmpfs", p, "tmpfs", 0, "mode=0755")
+		}, "/var/lib/kubelet/config.yaml removed"},
+	} {
+		woken, stop := watchWakes(c)
+		awaitWatching(t, woken)
+		p, err := step.mount()
+		if err != nil {
+			stop()
+			testenv.Skip(t, "cannot mount (root in a mount namespace that allows it): "+err.Error())
+		}
+		mounted = append(mounted, p)
+		ok := false
+		select {
+		case <-woken:
+			ok = true
+		case <-time.After(10 * time.Second):
+		}
+		stop()
+		if !ok {
+			t.Fatalf("%s: no wake-up within 10s of the mount", step.name)
+		}
+		h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, step.finding)
+	}
+}
+
 // A pattern with a wildcard directory ("/etc/systemd/system/*.d/*.conf"):
 // a file written into a matching directory that holds no protected file
 // yet (a drop-in directory created empty, the file written a while later,

@@ -406,7 +406,7 @@ kubeconfig = "/etc/autopilot-health/kubeconfig"
 // the host) beside /etc/autopilot-health-test/protected, and awaits
 // NodeTampered Unknown/CheckFailed naming hidden with why. It returns the
 // namespace and a reader of NodeTampered's status/reason and message.
-func hiddenProtectedPath(t *testing.T, hidden, file, why string) (*harness.Systemd, func() (string, string)) {
+func hiddenProtectedPath(t *testing.T, hidden, file, why string, opts ...func(*harness.Options)) (*harness.Systemd, func() (string, string)) {
 	t.Helper()
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
@@ -421,7 +421,11 @@ func hiddenProtectedPath(t *testing.T, hidden, file, why string) (*harness.Syste
 		t.Fatal(err)
 	}
 	bin := filepath.Join(usr, "bin", "autopilot-health")
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), nil, harness.Options{KeepSyslog: true, Usr: usr})
+	o := harness.Options{KeepSyslog: true, Usr: usr}
+	for _, f := range opts {
+		f(&o)
+	}
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), nil, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,4 +495,56 @@ func TestNodeTamperedPathHiddenByTheUnitIsNotVouchedFor(t *testing.T) {
 	})
 	sr, msg := nodeTampered()
 	t.Logf("NodeTampered under the units: %s %s", sr, msg)
+}
+
+// A bind mount over a protected file on the host (mounts shared, as on a
+// booted host), under the packaged units: it propagates into the daemon's
+// and the helper's mount namespaces (PrivateMounts=yes takes the host's
+// mounts), sends inotify nothing, and wakes the check through the mount
+// table: NodeTampered True within 20 s, the interval being 5 min. Before,
+// it waited for the interval's scan.
+func TestNodeTamperedBindMountOverAProtectedFileUnderTheUnits(t *testing.T) {
+	s, nodeTampered := hiddenProtectedPath(t, "/root/.ssh", "/root/.ssh/authorized_keys",
+		"/root/.ssh (hidden by the sandbox: /root is a systemd inaccessible mount in this mount namespace",
+		func(o *harness.Options) { o.SharedMounts = true })
+	if err := writeFile(s.Root("/etc/autopilot-health-test/evil.conf"), []byte("evil\n")); err != nil {
+		t.Fatal(err)
+	}
+	// The start's runs are over before the mount, so no run but the one
+	// the mount wakes can find it before the interval's: the first, and
+	// the one the first watches ask for (they watch nothing new, and the
+	// check waits for a notification or its interval).
+	conf, err := os.ReadFile(s.Root("/etc/autopilot-health/config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var port int
+	if _, after, ok := strings.Cut(string(conf), `listen_address = "127.0.0.1:`); ok {
+		fmt.Sscanf(after, "%d", &port)
+	}
+	runs := func() (float64, string) {
+		n, lines := 0.0, ""
+		for _, r := range []string{"ok", "problem", "error", "timeout"} {
+			if v, line := metricOf(t, port, `autopilot_health_check_runs_total{check="NodeTampered",result="`+r+`"}`); v > 0 {
+				n, lines = n+v, lines+line+"; "
+			}
+		}
+		return n, lines
+	}
+	eventually(t, 30*time.Second, "the start's two NodeTampered runs", func() (bool, string) {
+		n, lines := runs()
+		return n >= 2, lines
+	})
+	before, _ := runs()
+	out, err := exec.Command("nsenter", "--target", fmt.Sprint(s.PID), "--mount", "--root", "--wd", "--",
+		"mount", "--bind", "/etc/autopilot-health-test/evil.conf", "/etc/autopilot-health-test/protected/a.conf").CombinedOutput()
+	if err != nil {
+		t.Fatalf("bind mount in the namespace: %v: %s", err, out)
+	}
+	mounted := time.Now()
+	eventually(t, 20*time.Second, "NodeTampered True for the bind mount", func() (bool, string) {
+		sr, msg := nodeTampered()
+		return sr == "True/ProtectedFileChanged" && strings.Contains(msg, "/etc/autopilot-health-test/protected/a.conf modified"), sr + " " + msg
+	})
+	t.Logf("from the bind mount to True in the daemon: %s (NodeTampered runs before the mount: %v)", time.Since(mounted).Round(10*time.Millisecond), before)
 }
