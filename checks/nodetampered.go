@@ -524,7 +524,7 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	// it is reported.
 	mctx, mcancel := context.WithCancel(ctx)
 	mountsDone := make(chan struct{})
-	if m, err := tamper.NewMountWatcher(c.env.Config.HostRoot, c.spec.Relevant); err != nil {
+	if m, err := tamper.NewMountWatcher(c.env.Config.HostRoot, c.spec); err != nil {
 		c.env.Log.Warn("mount notifications unavailable; a mount over a protected path is found by the interval's scan", "err", err)
 		close(mountsDone)
 	} else {

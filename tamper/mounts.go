@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/hostio"
 	"golang.org/x/sys/unix"
@@ -16,6 +17,12 @@ import (
 // mount namespace, where the scan reads the protected paths (the packaged
 // units' namespaces receive the host's mounts).
 var MountsFile = "/proc/self/mountinfo"
+
+// MinMountReading is the least time between two readings of the mount
+// table: a reading of a node's (thousands of pod and container mounts)
+// takes milliseconds, and a storm of mounts is read at most four times a
+// second.
+const MinMountReading = 250 * time.Millisecond
 
 // MountWatcher follows the mount table of this process's mount namespace.
 // A mount sends the directories it covers no file notification: a
@@ -27,22 +34,32 @@ var MountsFile = "/proc/self/mountinfo"
 // elsewhere (a pod's volumes, a container's root) cost a reading and wake
 // nothing.
 type MountWatcher struct {
-	fd       int
-	root     string
-	relevant func(hostPath string) bool
-	// prev are the relevant mounts of the last reading (relevantMounts).
+	fd   int
+	root string
+	spec Spec
+	// bases are the patterns' fixed parts under root, as mountinfo
+	// writes a mount point (mayBeRelevant).
+	bases [][]byte
+	// prev are the relevant mounts of the last reading (read); buf is
+	// the reading's buffer, kept for the next.
 	prev map[string]string
+	buf  []byte
 }
 
 // NewMountWatcher opens the mount table and reads it: a mount made after
-// it returns is reported by Run. relevant says which mount points (host
-// paths under root) are reported.
-func NewMountWatcher(root string, relevant func(hostPath string) bool) (*MountWatcher, error) {
+// it returns is reported by Run. The mount points reported are those (host
+// paths under root) where a change can change what spec protects
+// (Spec.Relevant: a protected path, one in a protected tree, a directory
+// on the way to one).
+func NewMountWatcher(root string, spec Spec) (*MountWatcher, error) {
 	fd, err := unix.Open(MountsFile, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: MountsFile, Err: err}
 	}
-	m := &MountWatcher{fd: fd, root: root, relevant: relevant}
+	m := &MountWatcher{fd: fd, root: root, spec: spec}
+	for _, p := range spec.Patterns {
+		m.bases = append(m.bases, []byte(hostio.HostJoin(root, hostio.GlobBase(p))))
+	}
 	if m.prev, err = m.read(); err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -70,6 +87,7 @@ func (m *MountWatcher) Run(ctx context.Context, fn func(hostPath string)) error 
 		case <-done:
 		}
 	}()
+	var last time.Time
 	for {
 		fds := []unix.PollFd{{Fd: int32(m.fd), Events: unix.POLLPRI}, {Fd: int32(stop), Events: unix.POLLIN}}
 		if _, err := unix.Poll(fds, -1); err != nil {
@@ -84,6 +102,18 @@ func (m *MountWatcher) Run(ctx context.Context, fn func(hostPath string)) error 
 		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) == 0 {
 			continue
 		}
+		// A storm of mounts (pods starting) is read MinMountReading
+		// apart: the changes made meanwhile are in the next reading.
+		if wait := MinMountReading - time.Since(last); wait > 0 {
+			quiet := []unix.PollFd{{Fd: int32(stop), Events: unix.POLLIN}}
+			if _, err := unix.Poll(quiet, int(wait.Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+				return os.NewSyscallError("poll", err)
+			}
+			if quiet[0].Revents != 0 || ctx.Err() != nil {
+				return nil
+			}
+		}
+		last = time.Now()
 		cur, err := m.read()
 		if err != nil {
 			return err
@@ -104,15 +134,19 @@ func (m *MountWatcher) Run(ctx context.Context, fn func(hostPath string)) error 
 
 // read reads the mount table from its start and returns the mounts whose
 // mount point is relevant: the line's mount ID, root and mount point -> the
-// mount point as a host path.
+// mount point as a host path. A node's table holds thousands of pod and
+// container mounts: a line is split only where its mount point can be on
+// the way to or under a pattern's fixed part (bases).
 func (m *MountWatcher) read() (map[string]string, error) {
 	if _, err := unix.Seek(m.fd, 0, 0); err != nil {
 		return nil, &os.PathError{Op: "seek", Path: MountsFile, Err: err}
 	}
-	var buf bytes.Buffer
-	chunk := make([]byte, 64<<10)
+	m.buf = m.buf[:0]
 	for {
-		n, err := unix.Read(m.fd, chunk)
+		if len(m.buf) == cap(m.buf) {
+			m.buf = append(m.buf, make([]byte, max(64<<10, cap(m.buf)))...)[:len(m.buf)]
+		}
+		n, err := unix.Read(m.fd, m.buf[len(m.buf):cap(m.buf)])
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -122,22 +156,52 @@ func (m *MountWatcher) read() (map[string]string, error) {
 		if n == 0 {
 			break
 		}
-		buf.Write(chunk[:n])
+		m.buf = m.buf[:len(m.buf)+n]
 	}
 	out := map[string]string{}
-	for line := range strings.Lines(buf.String()) {
-		f := strings.Fields(line)
-		if len(f) < 5 {
+	for rest := m.buf; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		// id parent major:minor root mountpoint ...
+		var f [5][]byte
+		for i := range f {
+			line = bytes.TrimLeft(line, " ")
+			j := bytes.IndexByte(line, ' ')
+			if j < 0 {
+				j = len(line)
+			}
+			f[i], line = line[:j], line[j:]
+		}
+		if len(f[4]) == 0 || !m.mayBeRelevant(f[4]) {
 			continue
 		}
-		mp := path.Clean(hostio.UnescapeMountinfo(f[4]))
+		mp := path.Clean(hostio.UnescapeMountinfo(string(f[4])))
 		hp, ok := underRoot(m.root, mp)
-		if !ok || !m.relevant(hp) {
+		if !ok || !m.spec.Relevant(hp) {
 			continue
 		}
-		out[f[0]+" "+f[3]+" "+f[4]] = hp
+		out[string(f[0])+" "+string(f[3])+" "+string(f[4])] = hp
 	}
 	return out, nil
+}
+
+// mayBeRelevant is false for a mount point (as mountinfo writes it) that
+// is neither on the way to a pattern's fixed part nor under it: neither is
+// a prefix of the other. An escaped name is left to Relevant.
+func (m *MountWatcher) mayBeRelevant(raw []byte) bool {
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		return true
+	}
+	for _, b := range m.bases {
+		if bytes.HasPrefix(raw, b) || bytes.HasPrefix(b, raw) {
+			return true
+		}
+	}
+	return false
 }
 
 // underRoot is mount point mp as a host path under root, and whether it

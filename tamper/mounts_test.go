@@ -21,7 +21,7 @@ func TestMountWatcherReportsMountsOverProtectedPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf"}}
-	m, err := NewMountWatcher(root, s.Relevant)
+	m, err := NewMountWatcher(root, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,5 +71,23 @@ func TestMountWatcherReportsMountsOverProtectedPaths(t *testing.T) {
 	}
 	if p := next("its unmount"); p != "/etc/kubernetes/kubelet.conf" {
 		t.Fatalf("reported %q after the unmounts, want /etc/kubernetes/kubelet.conf (the volume's mount is no protected path)", p)
+	}
+}
+
+// The cost of one reading of this process's mount table with the default
+// protected paths (README: measured in a mount namespace of 2,000 tmpfs
+// mounts, as a node with many pods holds).
+func BenchmarkMountWatcherReading(b *testing.B) {
+	s := Spec{Patterns: []string{"/var/lib/kubelet/config.yaml", "/var/lib/kubelet/kubeadm-flags.env", "/etc/kubernetes/kubelet.conf",
+		"/etc/kubernetes/manifests", "/etc/containerd", "/etc/cni/net.d", "/etc/systemd/system", "/var/lib/syself/sealed-os"}}
+	m, err := NewMountWatcher("/", s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(m.fd)
+	for b.Loop() {
+		if _, err := m.read(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -197,8 +197,8 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 	for _, pat := range spec.Patterns {
 		// A pattern under a mount the sandbox hides matches nothing there,
 		// whatever the host holds: it is unreadable, not absent.
-		if h, ok := hiddenBy(hidden, globBase(pat)); ok && !excluded(globBase(pat), spec.Exclude) {
-			unreadable(globBase(pat), hiddenError(h))
+		if h, ok := hiddenBy(hidden, GlobBase(pat)); ok && !excluded(GlobBase(pat), spec.Exclude) {
+			unreadable(GlobBase(pat), hiddenError(h))
 			continue
 		}
 		matches, failed, err := glob(HostJoin(root, pat))
@@ -437,9 +437,9 @@ func WildcardDirs(root string, spec Spec) []string {
 // [etc cni]).
 func components(p string) []string { return strings.Split(strings.Trim(path.Clean(p), "/"), "/") }
 
-// globBase is a pattern up to its first component with a glob character
+// GlobBase is a pattern up to its first component with a glob character
 // ("/home/*/.ssh" -> "/home"), the whole pattern where it has none.
-func globBase(p string) string {
+func GlobBase(p string) string {
 	parts := strings.Split(path.Clean(p), "/")
 	for i, c := range parts {
 		if strings.ContainsAny(c, `*?[\`) {
@@ -503,7 +503,7 @@ func (s Spec) reaches(p string) bool {
 	pc := strings.Split(strings.Trim(p, "/"), "/")
 	for _, pat := range s.Patterns {
 		tc := components(pat)
-		if base := globBase(pat); len(tc) <= len(pc) || base == p || strings.HasPrefix(base, p+"/") {
+		if base := GlobBase(pat); len(tc) <= len(pc) || base == p || strings.HasPrefix(base, p+"/") {
 			continue
 		}
 		ok := true
