@@ -328,8 +328,11 @@ func (c *nodeTamperedCheck) record(now time.Time, base *tamper.Baseline, cur []t
 			// A path the scan could not read is not a known writer's
 			// change that was read: a directory that cannot be listed
 			// hides what is in it (its files are not reported removed,
-			// Diff), which its tolerance does not cover.
-			if d.Kind != tamper.OverLimit && c.tolerated(d.Path) && byPath[d.Path].Kind != tamper.KindUnreadable {
+			// Diff), which its tolerance does not cover. Nor is a
+			// symlink, whose target the scan never reads: a tolerated
+			// directory swapped for a link to another hides every file
+			// in it, which its readers (containerd's imports) follow.
+			if k := byPath[d.Path].Kind; d.Kind != tamper.OverLimit && c.tolerated(d.Path) && k != tamper.KindUnreadable && k != tamper.KindSymlink {
 				f.Condition = ""
 				if s.AddTolerated(f) {
 					tolerated = append(tolerated, f)

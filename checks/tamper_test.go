@@ -955,6 +955,35 @@ func TestNodeTamperedToleratesTheGPUToolkit(t *testing.T) {
 	}
 }
 
+// A tolerated path that is a symlink is not tolerated: the scan records the
+// link, never what it points to, so a tolerated directory (the toolkit's
+// conf.d on a GPU node) swapped for a link to a directory of the attacker's
+// would hide every file in it, each of which containerd imports through the
+// link and each a finding where the directory is one. Before, the swap was
+// two tolerated changes (conf.d modified, 99-nvidia.toml removed) and the
+// condition False, with containerd importing evil.toml.
+func TestNodeTamperedAToleratedPathSwappedForASymlinkIsAFinding(t *testing.T) {
+	h := newTamperHost(t)
+	h.gpu = true
+	h.protect = []string{"/etc/containerd"}
+	h.write("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n")
+	h.write("/etc/containerd/conf.d/99-nvidia.toml", "version = 3\n")
+	h.write("/srv/evil/evil.toml", "[plugins.'io.containerd.cri.v1.images'.registry]\nconfig_path = \"/srv/evil/certs.d\"\n")
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "9 protected paths unchanged")
+	if err := os.RemoveAll(h.path("/etc/containerd/conf.d")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/srv/evil", h.path("/etc/containerd/conf.d")); err != nil {
+		t.Fatal(err)
+	}
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/containerd/conf.d modified")
+	// The drop-in the link hides is the toolkit's: tolerated, reported.
+	if rep := res.Details[0].Value.(tamper.Report); len(rep.Tolerated) != 1 || rep.Tolerated[0].Path != "/etc/containerd/conf.d/99-nvidia.toml" {
+		t.Errorf("tolerated changes %+v, want the drop-in's removal", rep.Tolerated)
+	}
+}
+
 // tolerate (every node) covers Cilium's CNI file when set: its rewrite is
 // reported, the renames cni.exclusive makes of other CNI files are not
 // tolerated by it.
