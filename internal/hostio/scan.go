@@ -631,11 +631,18 @@ func hostRel(root, p string) string {
 	return "/" + r
 }
 
+// afterLstat, where set (tests), runs between readEntry's Lstat and its
+// read of the file: a writer's change in that moment.
+var afterLstat func(full string)
+
 func readEntry(root, hostPath string) (Entry, error) {
 	full := HostJoin(root, hostPath)
 	fi, err := os.Lstat(full)
 	if err != nil {
 		return Entry{}, err
+	}
+	if afterLstat != nil {
+		afterLstat(full)
 	}
 	e := Entry{Path: hostPath, Mode: uint32(fi.Mode().Perm())}
 	if fi.Mode()&fs.ModeSetuid != 0 {
@@ -668,7 +675,11 @@ func readEntry(root, hostPath string) (Entry, error) {
 		case size > MaxFileSize:
 			e.Size, e.TooLarge = size, true
 		default:
-			e.SHA256 = sum
+			// The size of the bytes digested, not the Lstat's: a file
+			// that grew or shrank in between would record a size and a
+			// digest of two contents, and a later scan that reads one
+			// content would find it changed.
+			e.SHA256, e.Size = sum, size
 		}
 	case fi.IsDir():
 		e.Kind = KindDir
