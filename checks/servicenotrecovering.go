@@ -75,8 +75,13 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		c.watch.Observe(u)
 		if u.LoadState == "not-found" {
 			notes = append(notes, name+" is not installed")
-			states = append(states, ServiceState{Unit: u})
-			continue
+			if u.ActiveState != "failed" {
+				states = append(states, ServiceState{Unit: u})
+				continue
+			}
+			// Failed, and its unit file removed since (systemctl
+			// daemon-reload): systemd keeps it failed (systemctl
+			// --failed lists it) until a reset-failed; it is failed.
 		}
 		// A failed read is lasting, whatever the unit's Restart=: systemd
 		// sets failed and then auto-restart (failed-before-auto-restart

@@ -419,7 +419,8 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // of all of them (LoadState, ActiveState, SubState, job), then the few
 // properties the checks use, each a Properties.Get, all sent before the
 // first answer is read: InvocationID (but of a unit that does not exist and
-// does not run), and for a loaded service Result,
+// does not run), for a failed service that is not loaded (masked, or its
+// file removed since it failed) Result, and for a loaded service Result,
 // NRestarts and ExecMainStartTimestamp (wall and monotonic), and when
 // it is not active ActiveExitTimestampMonotonic,
 // ExecMainExitTimestampMonotonic, NotifyAccess and RuntimeMaxUSec (the
@@ -455,7 +456,15 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 				// (masked, bad-setting, removed while it runs).
 				add("Unit", "InvocationID")
 			}
-			if u.LoadState != "loaded" || !isService(u.Name) {
+			if !isService(u.Name) {
+				continue
+			}
+			if u.LoadState != "loaded" {
+				if u.ActiveState == "failed" {
+					// Why it failed, which systemd keeps for a unit
+					// masked or whose file was removed since.
+					add("Service", "Result")
+				}
 				continue
 			}
 			for _, p := range []string{"Result", "NRestarts", "ExecMainStartTimestamp", "ExecMainStartTimestampMonotonic"} {
