@@ -116,6 +116,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 		case <-r.apiBack():
 			// The API server is back: what waits for its retry goes now.
 			bo.Reset()
+			r.eventsHold = time.Time{}
 			for _, a := range aggs {
 				a.nextTry = time.Time{}
 			}
@@ -131,9 +132,10 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			}
 			wait := retryWait(&bo, err)
 			el.fail(err, wait)
+			r.eventsHold = time.Now().Add(wait)
 			for _, a := range aggs {
 				if a.name == "" || a.count != a.sentCount {
-					a.nextTry = time.Now().Add(wait)
+					a.nextTry = r.eventsHold
 				}
 			}
 		} else if answered {
@@ -144,6 +146,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			// the probe dialled the API server every second for good.
 			el.ok()
 			bo.Reset()
+			r.eventsHold = time.Time{}
 		}
 		r.m.setEventsWaiting(waiting(aggs))
 		r.keepEvents(aggs, time.Now(), false)
@@ -272,7 +275,10 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 		}
 		delete(aggs, *oldest)
 	}
-	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1, combined: k.combined}
+	// A new Event waits out the wait after a failed write, as the Events
+	// that failed do (eventsHold): sent at once, it went into a 429 that
+	// asked for a minute's rest, one create for each new message.
+	aggs[k] = &aggregate{reason: e.Reason, message: e.Message, first: e.Time, last: e.Time, count: 1, combined: k.combined, nextTry: r.eventsHold}
 }
 
 // inWindow reports whether an occurrence at t folds into a: within

@@ -659,3 +659,60 @@ func TestStatusCountsTheEventsWaitingForTheAPIServer(t *testing.T) {
 		h.stop()
 	})
 }
+
+// A new Event (another reason or message) that comes while the event writer
+// waits out a failed write is not sent before that wait ends: the API
+// server answered 429 with a Retry-After (its priority and fairness), and
+// every Event the writer holds waits at least what it asked. Before, each
+// new Event's create went out at once, however long the answer asked to
+// wait: a dying disk's "I/O error, ..., sector N", another sector each
+// time, was a create every few seconds (up to 11 a window of one reason)
+// into a 429 storm that asked for a minute's rest.
+func TestNewEventsWaitOutTheRetryAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		var tries []time.Time
+		down := true
+		client.PrependReactor("create", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			tries = append(tries, time.Now())
+			if down {
+				return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		defer h.stop()
+		<-h.r.Adopted()
+		first := time.Now()
+		for i := range 12 {
+			store.Emit(report.Event{Reason: "IOError", Message: fmt.Sprintf("I/O error, dev sda, sector %d", 1000+i), Time: time.Now()})
+			time.Sleep(4 * time.Second)
+		}
+		synctest.Wait()
+		mu.Lock()
+		var early int
+		for _, at := range tries {
+			if at.Sub(first) < 60*time.Second {
+				early++
+			}
+		}
+		down = false
+		mu.Unlock()
+		if early != 1 {
+			t.Errorf("%d Event creates within the minute the 429's Retry-After asked to wait, want 1 (the first)", early)
+		}
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		var count int32
+		for _, ev := range events(t, client) {
+			count += ev.Count
+		}
+		if count != 12 {
+			t.Errorf("after the API server's return the Events count %d occurrences, want 12", count)
+		}
+	})
+}

@@ -173,6 +173,11 @@ type Reporter struct {
 	changeWritten atomic.Pointer[time.Time]
 	// eventSeq and retired are used by the event loop only.
 	eventSeq, retired uint64
+	// eventsHold is when the event loop's wait after a failed write ends
+	// (zero when none is under way; the event loop's alone): an Event that
+	// comes before then waits for it too (fold), as those that failed do,
+	// not sent at once into a 429 whose Retry-After asked for a minute.
+	eventsHold time.Time
 	// eventsChanged: the event loop changed its aggregation since it was
 	// last kept (keepEvents); eventsNamed: an Event was created since;
 	// eventsTrimmed: aggregates done with were dropped since. keptAt:
