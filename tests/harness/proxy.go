@@ -1,0 +1,202 @@
+package harness
+
+import (
+	"bytes"
+	"crypto/tls"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Fault is what a Proxy does with one request instead of passing it on.
+type Fault struct {
+	// Code, when not 0, answers the request with it, Header and Body,
+	// without passing it on.
+	Code   int
+	Header http.Header
+	Body   string
+	// LoseAnswer passes the request on to the API server and then drops
+	// the client's connection without an answer: a write the API server
+	// saved whose answer a reset connection lost.
+	LoseAnswer bool
+	// Reset drops the client's connection without passing the request on.
+	Reset bool
+}
+
+// ProxyRequest is a request the Proxy saw.
+type ProxyRequest struct {
+	At           time.Time
+	Method, Path string
+	Body         string
+	Fault        bool // answered by a fault, not by the API server
+}
+
+// Proxy stands between a client and the real kube-apiserver, as a load
+// balancer does: it terminates TLS with a certificate of the cluster's CA
+// and calls the API server with a client certificate of its own user (the
+// node's: the API server sees the node's identity). Faults injects answers
+// the API server would give on its bad day; Refuse closes the port.
+type Proxy struct {
+	URL   string
+	addr  string
+	srv   *http.Server
+	cfg   *tls.Config
+	rp    *httputil.ReverseProxy
+	mu    sync.Mutex
+	ln    net.Listener
+	fault func(*http.Request) *Fault
+	seen  []ProxyRequest
+}
+
+// StartProxy starts a proxy to s that calls it as user (in groups).
+func (s *APIServer) StartProxy(user string, groups []string) (*Proxy, error) {
+	up, err := url.Parse(s.URL)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.HTTPClient(user, groups)
+	if err != nil {
+		return nil, err
+	}
+	cert, key, err := s.CA.Issue("proxy", nil, true, time.Now().Add(24*time.Hour))
+	if err != nil {
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{cfg: &tls.Config{Certificates: []tls.Certificate{pair}, NextProtos: []string{"http/1.1"}}}
+	p.rp = httputil.NewSingleHostReverseProxy(up)
+	p.rp.Transport = c.Transport
+	quiet := log.New(io.Discard, "", 0) // the faults' handshakes and cut requests: expected
+	p.rp.ErrorLog = quiet
+	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ErrorLog: quiet}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p.addr = ln.Addr().String()
+	p.URL = "https://" + p.addr
+	p.serveOn(ln)
+	return p, nil
+}
+
+func (p *Proxy) serveOn(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go p.srv.Serve(tls.NewListener(ln, p.cfg))
+}
+
+// SetFault sets what the proxy does with each request from now on (nil, or
+// a func answering nil: pass it on).
+func (p *Proxy) SetFault(f func(*http.Request) *Fault) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fault = f
+}
+
+// Refuse closes the proxy's port: connections are refused, and those open
+// are closed.
+func (p *Proxy) Refuse() {
+	p.mu.Lock()
+	ln := p.ln
+	p.ln = nil
+	p.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	// Connections open: closed as a stopped API server closes them.
+	p.srv.SetKeepAlivesEnabled(false)
+	p.srv.SetKeepAlivesEnabled(true)
+}
+
+// Accept opens the proxy's port again (after Refuse).
+func (p *Proxy) Accept() error {
+	var ln net.Listener
+	var err error
+	for range 50 {
+		if ln, err = net.Listen("tcp", p.addr); err == nil {
+			p.serveOn(ln)
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond) // the port just closed: rebinding it
+	}
+	return err
+}
+
+// Requests returns the requests the proxy saw whose path contains sub.
+func (p *Proxy) Requests(sub string) []ProxyRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []ProxyRequest
+	for _, r := range p.seen {
+		if strings.Contains(r.Path, sub) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Close stops the proxy.
+func (p *Proxy) Close() { p.Refuse(); p.srv.Close() }
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	p.mu.Lock()
+	f := p.fault
+	p.mu.Unlock()
+	var fault *Fault
+	if f != nil {
+		fault = f(r)
+	}
+	p.mu.Lock()
+	p.seen = append(p.seen, ProxyRequest{At: time.Now(), Method: r.Method, Path: r.URL.Path, Body: string(body),
+		Fault: fault != nil && !fault.LoseAnswer})
+	p.mu.Unlock()
+	switch {
+	case fault == nil:
+		p.rp.ServeHTTP(w, r)
+	case fault.Code != 0:
+		for k, v := range fault.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(fault.Code)
+		io.WriteString(w, fault.Body)
+	case fault.LoseAnswer:
+		rec := &discard{h: http.Header{}}
+		p.rp.ServeHTTP(rec, r)
+		hangUp(w)
+	case fault.Reset:
+		hangUp(w)
+	}
+}
+
+// hangUp closes the client's connection without an answer.
+func hangUp(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if tc, ok := conn.(*tls.Conn); ok {
+		if nc, ok := tc.NetConn().(*net.TCPConn); ok {
+			nc.SetLinger(0) // a reset, not an orderly close
+		}
+	}
+	conn.Close()
+}
+
+// discard is a ResponseWriter that keeps nothing.
+type discard struct{ h http.Header }
+
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) Write(b []byte) (int, error) { return len(b), nil }
+func (d *discard) WriteHeader(int)             {}
