@@ -159,6 +159,115 @@ func TestKubeLostAnswersThroughAProxy(t *testing.T) {
 	}
 }
 
+// The API server's bad day answers every request for 12 s, while conditions
+// change and distinct events come: a 429 storm of its priority and fairness
+// (text/plain and a Retry-After, as kube-apiserver answers it), the same
+// as a Status (as a proxy in front of it may answer), a 503 with a
+// Retry-After, a 409 Conflict, a 500, a 200 that is a load balancer's page.
+// Each writer tries again no sooner than a Retry-After asked, and otherwise
+// with its backoff (not more often); nothing dials the address (it
+// answers); and when the day ends the Node holds the last state since the
+// last change and the Events count every occurrence.
+func TestKubeBadAnswersThroughAProxy(t *testing.T) {
+	s := apiServer(t)
+	status := func(code int, reason string) string {
+		return fmt.Sprintf(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"bad day","reason":%q,"code":%d}`, reason, code)
+	}
+	for i, tc := range []struct {
+		name       string
+		fault      harness.Fault
+		retryAfter time.Duration
+	}{
+		{"429 of priority and fairness", harness.Fault{Code: 429, Body: "Too many requests, please try again later.\n",
+			Header: http.Header{"Retry-After": {"5"}, "Content-Type": {"text/plain; charset=utf-8"}}}, 5 * time.Second},
+		{"429 Status with Retry-After", harness.Fault{Code: 429, Body: status(429, "TooManyRequests"),
+			Header: http.Header{"Retry-After": {"5"}, "Content-Type": {"application/json"}}}, 5 * time.Second},
+		{"503 Status with Retry-After", harness.Fault{Code: 503, Body: status(503, "ServiceUnavailable"),
+			Header: http.Header{"Retry-After": {"5"}, "Content-Type": {"application/json"}}}, 5 * time.Second},
+		{"409 Conflict", harness.Fault{Code: 409, Body: status(409, "Conflict"),
+			Header: http.Header{"Content-Type": {"application/json"}}}, 0},
+		{"500", harness.Fault{Code: 500, Body: status(500, "InternalError"),
+			Header: http.Header{"Content-Type": {"application/json"}}}, 0},
+		{"200 of a load balancer's page", harness.Fault{Code: 200, Body: "<html><body>maintenance</body></html>",
+			Header: http.Header{"Content-Type": {"text/html"}}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := fmt.Sprintf("node-bad-answers-%d", i)
+			p, client := proxied(t, s, node)
+			store := report.NewStore("boot")
+			var dials countDials
+			x := startProxied(t, p, client, node, store, &dials)
+			<-x.r.Adopted()
+			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+			waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
+
+			fault := tc.fault
+			p.SetFault(func(*http.Request) *harness.Fault { return &fault })
+			began := time.Now()
+			var last time.Time
+			for i := range 12 {
+				st, reason := report.StatusTrue, report.Reason("FilesystemSpaceHigh")
+				if i%2 == 1 {
+					st, reason = report.StatusFalse, "DiskUsageOK"
+				}
+				last = time.Now()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: st, Reason: reason}, last)
+				store.Emit(report.Event{Reason: "TaskHung", Message: fmt.Sprintf("INFO: task worker:%d blocked for more than 120 seconds.", 100+i), Time: time.Now()})
+				time.Sleep(time.Second) // a change a second through the bad day
+			}
+			p.SetFault(nil)
+			for _, kind := range []struct{ what, sub, method string }{
+				{"status writes", "/status", http.MethodPatch},
+				{"Event creates", "/events", http.MethodPost},
+			} {
+				var tries []time.Time
+				for _, r := range p.Requests(kind.sub) {
+					if r.Method == kind.method && r.Fault && r.At.After(began) {
+						tries = append(tries, r.At)
+					}
+				}
+				if len(tries) == 0 {
+					t.Errorf("no %s through the bad day", kind.what)
+				}
+				// The backoff: 1 s doubling, jittered; 12 s take 4 tries
+				// or so, not one a change.
+				if len(tries) > 6 {
+					t.Errorf("%d %s in 12 s of answers refusing them, one a change: want the backoff to pace them", len(tries), kind.what)
+				}
+				for i := 1; i < len(tries) && tc.retryAfter > 0; i++ {
+					if gap := tries[i].Sub(tries[i-1]); gap < tc.retryAfter-100*time.Millisecond {
+						t.Errorf("%s %d came %s after the one before; the answer asked for %s", kind.what, i+1, gap.Round(time.Millisecond), tc.retryAfter)
+					}
+				}
+				t.Logf("%d %s answered by the fault in 12 s", len(tries), kind.what)
+			}
+			if d := dials.get(); d != 0 {
+				t.Errorf("%d dials of the API server's address while it answered, want none", d)
+			}
+			// The status the Node held before, since the last change.
+			waitNodeFor(t, s, node, 90*time.Second, "the last state since the last change", func(n *corev1.Node) bool {
+				c := cond(n, "DiskUsageHigh")
+				return has("DiskUsageHigh", "False", "DiskUsageOK")(n) && c.LastTransitionTime.Unix() == last.Unix()
+			})
+			deadline := time.Now().Add(90 * time.Second)
+			for {
+				evs := nodeEvents(t, s, node)
+				var count int32
+				for _, e := range evs {
+					count += e.Count
+				}
+				if count == 12 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after the bad day the Events count %d occurrences in %d Events, want 12", count, len(evs))
+				}
+				time.Sleep(100 * time.Millisecond) // polling the API server for the awaited Events
+			}
+		})
+	}
+}
+
 // The daemon restarted while the API server cannot be reached, its state
 // file lost: the restarted daemon finds the condition True again (a first
 // sighting, now), and when the API server returns the Node keeps the

@@ -18,6 +18,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -699,7 +701,46 @@ func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, httpAnswer{fmt.Errorf("the API server's answer (%s) is larger than %d MiB: not read", resp.Status, maxAnswer>>20)}
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(b))
+	if resp.StatusCode >= 400 {
+		b = retryAfterInStatus(resp, b)
+		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	}
 	return resp, nil
+}
+
+// retryAfterInStatus returns the body of a failed call's answer, a Status
+// with the answer's Retry-After (whole seconds) as its
+// details.retryAfterSeconds where the Status has none. client-go takes the
+// error of an answer that is a Status from the Status alone: a Retry-After
+// header beside a Status without that detail (a 429 or a 503 of a proxy in
+// front of the API server, as Status objects) was lost, and the reporter
+// tried again after a second of its backoff, not after what the answer
+// asked (retryWait). An answer that is not a Status (kube-apiserver's 429
+// of its priority and fairness is text) keeps its header in client-go's
+// error, and is returned as it is.
+func retryAfterInStatus(resp *http.Response, body []byte) []byte {
+	secs, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After")))
+	if err != nil || secs <= 0 {
+		return body
+	}
+	var st map[string]any
+	if json.Unmarshal(body, &st) != nil || st["kind"] != "Status" {
+		return body
+	}
+	details, _ := st["details"].(map[string]any)
+	if details == nil {
+		details = map[string]any{}
+	}
+	if n, _ := details["retryAfterSeconds"].(float64); n > 0 {
+		return body
+	}
+	details["retryAfterSeconds"] = secs
+	st["details"] = details
+	out, err := json.Marshal(st)
+	if err != nil {
+		return body
+	}
+	return out
 }
 
 // httpAnswer is the error of a call that got an HTTP answer from the API

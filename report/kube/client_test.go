@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -1079,5 +1080,38 @@ func TestTimeoutsLogOnce(t *testing.T) {
 	}
 	if l := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(l) != 1 {
 		t.Errorf("4 calls that got no answer in time logged as %d lines, want 1:\n%s", len(l), logs.String())
+	}
+}
+
+// An answer with a Retry-After is one whose error asks the reporter to
+// wait that long (apierrors.SuggestsClientDelay, retryWait), whatever its
+// body: also a Status without details.retryAfterSeconds beside the header
+// (a 429 or a 503 of a proxy in front of the API server), whose header
+// client-go's error dropped, so that the reporter tried again after a
+// second of its backoff. A Status's own retryAfterSeconds stays.
+func TestRetryAfterOfAnyAnswerIsKept(t *testing.T) {
+	for _, tc := range []struct {
+		name, ctype, body string
+		code, want        int
+	}{
+		{"429 Status", "application/json", `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"try again later","reason":"TooManyRequests","code":429}`, 429, 40},
+		{"503 Status", "application/json", `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"unavailable","reason":"ServiceUnavailable","code":503}`, 503, 40},
+		{"503 Status with its own", "application/json", `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"unavailable","reason":"ServiceUnavailable","code":503,"details":{"retryAfterSeconds":7}}`, 503, 7},
+		{"429 of priority and fairness", "text/plain; charset=utf-8", "Too many requests, please try again later.\n", 429, 40},
+		{"503 page", "text/html", "<html>down</html>", 503, 40},
+	} {
+		c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.ctype)
+			w.Header().Set("Retry-After", "40")
+			w.WriteHeader(tc.code)
+			w.Write([]byte(tc.body))
+		})
+		_, err := c.PatchNodeStatus(context.Background(), "n1", []byte(`{}`))
+		if s, ok := apierrors.SuggestsClientDelay(err); !ok || s != tc.want {
+			t.Errorf("%s with Retry-After 40: the error (%v) asks for %d s (%v), want %d", tc.name, err, s, ok, tc.want)
+		}
+		if tc.code == 429 && !apierrors.IsTooManyRequests(err) {
+			t.Errorf("%s: %v is not a 429's error", tc.name, err)
+		}
 	}
 }
