@@ -209,7 +209,7 @@ func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
 			continue
 		}
 		if err != nil {
-			r.o.Log.Warn("last write of events before shutdown failed; what was not sent is lost", "err", err)
+			r.o.Log.Warn("last write of events before shutdown failed; what was not sent is kept in the state file for the next start in this boot", "err", err)
 			return
 		}
 	}

@@ -716,3 +716,34 @@ func TestNewEventsWaitOutTheRetryAfter(t *testing.T) {
 		}
 	})
 }
+
+// SIGTERM while the API server cannot take the Events: the last attempt
+// fails, and what it did not send is kept for the next start in this boot
+// (the state file's Events), as the journal then says. It said "what was
+// not sent is lost", and an operator took the occurrences for gone.
+func TestShutdownInAnOutageSaysWhatWaitsIsKept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
+		})
+		store := report.NewStore("b")
+		var logs bytes.Buffer
+		h := startLogged(t, client, store, report.NewDetails(), &logs)
+		<-h.r.Adopted()
+		for range 3 {
+			store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+			time.Sleep(time.Second)
+		}
+		synctest.Wait()
+		h.stop()
+		kept := h.r.keptEvents().(keptEventsState)
+		if len(kept.Events) != 1 || kept.Events[0].Count != 3 || kept.Events[0].Name != "" {
+			t.Fatalf("kept for the next start after SIGTERM in the outage: %+v, want the Event not created, count 3", kept.Events)
+		}
+		out := logs.String()
+		if strings.Contains(out, "lost") || !strings.Contains(out, "kept in the state file") {
+			t.Errorf("the journal at SIGTERM says of the Events not sent:\n%s\nwant that they are kept in the state file for the next start", out)
+		}
+	})
+}
