@@ -333,3 +333,59 @@ func TestKubeRestartInAnOutageNeitherFlapsNorResets(t *testing.T) {
 		}
 	}
 }
+
+// The API server's port refuses connections for 35 s (the writers' backoff
+// grows past 16 s) while the conditions change and events come: the probe
+// dials about once a second, not more; once the port takes connections
+// again, the Node has the last state and the Events their counts within
+// seconds, not at the end of the writers' backoff.
+func TestKubeRefusedPortThroughAProxy(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-refused-port"
+	p, client := proxied(t, s, node)
+	store := report.NewStore("boot")
+	var dials countDials
+	x := startProxied(t, p, client, node, store, &dials)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+	waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
+
+	p.Refuse()
+	down := time.Now()
+	var last time.Time
+	for i := range 35 {
+		st, reason := report.StatusTrue, report.Reason("FilesystemSpaceHigh")
+		if i%2 == 1 {
+			st, reason = report.StatusFalse, "DiskUsageOK"
+		}
+		last = time.Now()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: st, Reason: reason}, last)
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(time.Second) // a change a second through the outage
+	}
+	if d, secs := dials.get(), int(time.Since(down).Seconds()); d > secs+2 {
+		t.Errorf("%d dials in a %d s outage, want about one a second", d, secs)
+	} else {
+		t.Logf("%d dials in a %d s outage", d, secs)
+	}
+	if err := p.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	waitNodeFor(t, s, node, 10*time.Second, "the last state since the last change", func(n *corev1.Node) bool {
+		c := cond(n, "DiskUsageHigh")
+		return c != nil && c.Status == corev1.ConditionTrue && c.LastTransitionTime.Unix() == last.Unix()
+	})
+	t.Logf("the Node has the last state %s after the port took connections again", time.Since(back).Round(time.Millisecond))
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		evs := nodeEvents(t, s, node)
+		if len(evs) == 1 && evs[0].Count == 35 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Events 10 s after the return: %d, want one with count 35", len(evs))
+		}
+		time.Sleep(100 * time.Millisecond) // polling the API server for the awaited count
+	}
+	t.Logf("the Event has every occurrence %s after the return", time.Since(back).Round(time.Millisecond))
+}
