@@ -248,6 +248,11 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 				r.m.dropped.Inc()
 				return
 			}
+			// Its count patch, too, waits out the wait after a failed
+			// write (eventsHold), also for an Event all sent before it.
+			if a.nextTry.Before(r.eventsHold) {
+				a.nextTry = r.eventsHold
+			}
 			r.m.coalesced.Inc()
 			return
 		}

@@ -747,3 +747,60 @@ func TestShutdownInAnOutageSaysWhatWaitsIsKept(t *testing.T) {
 		}
 	})
 }
+
+// A new occurrence of an Event already on the API server that comes while
+// the event writer waits out a failed write (a 429's Retry-After) waits
+// too: its count patch went out at the next count flush, into the 429
+// that had asked for a minute.
+func TestCountPatchesWaitOutTheRetryAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		var down time.Time
+		var early []string
+		client.PrependReactor("*", "events", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down.IsZero() {
+				return false, nil, nil
+			}
+			if time.Since(down) < 60*time.Second {
+				early = append(early, a.GetVerb())
+			}
+			return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		defer h.stop()
+		<-h.r.Adopted()
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := len(events(t, client)); n != 1 {
+			t.Fatalf("%d Events before the 429s, want 1", n)
+		}
+		mu.Lock()
+		down = time.Now()
+		mu.Unlock()
+		store.Emit(report.Event{Reason: "IOError", Message: "I/O error, dev sda, sector 1000", Time: time.Now()})
+		time.Sleep(5 * time.Second)
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		if len(early) != 1 {
+			t.Errorf("Event writes within the minute the 429's Retry-After asked to wait: %v, want the one create it answered", early)
+		}
+		down = time.Time{}
+		mu.Unlock()
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		got := map[string]int32{}
+		for _, e := range events(t, client) {
+			got[e.Reason] += e.Count
+		}
+		if got["TaskHung"] != 2 || got["IOError"] != 1 {
+			t.Errorf("after the 429s: counts %v, want TaskHung 2 and IOError 1", got)
+		}
+	})
+}

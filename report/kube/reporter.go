@@ -176,7 +176,8 @@ type Reporter struct {
 	// eventsHold is when the event loop's wait after a failed write ends
 	// (zero when none is under way; the event loop's alone): an Event that
 	// comes before then waits for it too (fold), as those that failed do,
-	// not sent at once into a 429 whose Retry-After asked for a minute.
+	// not sent at once into a 429 whose Retry-After asked for a minute;
+	// so does the count patch of a new occurrence of an Event sent before.
 	eventsHold time.Time
 	// eventsChanged: the event loop changed its aggregation since it was
 	// last kept (keepEvents); eventsNamed: an Event was created since;
