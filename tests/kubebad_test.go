@@ -389,3 +389,44 @@ func TestKubeRefusedPortThroughAProxy(t *testing.T) {
 	}
 	t.Logf("the Event has every occurrence %s after the return", time.Since(back).Round(time.Millisecond))
 }
+
+// Another writer takes the daemon's condition off the Node and changes its
+// report annotation: the next report refresh finds the condition missing
+// and has the conditions written again at once, and puts its report back.
+func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-another-writer"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	// A report every 3 s: the daemon's comes every 2 minutes.
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second, EventCountFlush: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+	key := report.AnnotationPrefix + "storage"
+	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool {
+		return cond(n, "DiskUsageHigh") != nil && strings.Contains(n.Annotations[key], `"mountPoint":"/"`)
+	})
+	since := cond(n, "DiskUsageHigh").LastTransitionTime
+
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"{}"}},"status":{"conditions":[{"type":"DiskUsageHigh","$patch":"delete"}]}}`, key)
+	if m, err := s.Admin.CoreV1().Nodes().PatchStatus(context.Background(), node, []byte(patch)); err != nil {
+		t.Fatal(err)
+	} else if cond(m, "DiskUsageHigh") != nil || m.Annotations[key] != "{}" {
+		t.Fatalf("the other writer's patch did not land: %v, report %s", conditionsOf(m), m.Annotations[key])
+	}
+	n = waitNode(t, s, node, "the condition and the report back", func(n *corev1.Node) bool {
+		return cond(n, "DiskUsageHigh") != nil && strings.Contains(n.Annotations[key], `"mountPoint":"/"`)
+	})
+	if c := cond(n, "DiskUsageHigh"); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&since) {
+		t.Errorf("DiskUsageHigh back as %+v, want True since %v", c, since)
+	}
+	readyIntact(t, n)
+}
