@@ -81,6 +81,7 @@ fuzz:
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseLVMReport$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseBtime$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzMountWatcherRead$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
