@@ -497,31 +497,19 @@ func findingsMessage(fs []tamper.Finding, st tamper.State) string {
 // again after they failed.
 const minWatchRetry = time.Minute
 
+// newFileWatcher opens the file notifications Watch follows (a test makes
+// it fail, as inotify_init1 does on a node out of inotify instances).
+var newFileWatcher = tamper.NewWatcher
+
 // Watch follows file notifications on the protected directories and wakes
-// the check on a relevant one, and when the settling baseline is due.
+// the check on a relevant one, and when the settling baseline is due. The
+// mount table is followed whether file notifications work or not: a node out
+// of inotify instances (fs.inotify.max_user_instances) still has its mounts
+// over protected paths wake the check.
 func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
-	w, err := tamper.NewWatcher(c.env.Config.HostRoot)
-	if err != nil {
-		c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan", "err", err)
-		return
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		err := w.Run(ctx, func(ev tamper.Event) {
-			// Link: a symlink on the way to a watched directory changed
-			// (retargeted); its run watches where it leads now.
-			if ev.Overflow || ev.Gone || ev.Link || c.spec.Relevant(ev.Path) {
-				wake()
-			}
-		})
-		if err != nil {
-			c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan", "err", err)
-		}
-	}()
 	// A mount over a protected file or directory, or one on the way to
 	// them, sends inotify nothing: the mount table's changes wake the
-	// check instead (tamper.WatchMounts).
+	// check instead (tamper.MountWatcher).
 	// Read before the first watch is set (whose wake-up runs the check
 	// again): a mount before the reading is read by that run, one after
 	// it is reported.
@@ -539,18 +527,47 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 		}()
 	}
 	defer func() { mcancel(); <-mountsDone }()
+	// done is closed when file notifications stop (nil while they run:
+	// a nil channel's receive waits); w is nil without them.
+	var done chan struct{}
+	w, err := newFileWatcher(c.env.Config.HostRoot)
+	if err != nil {
+		c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan", "err", err)
+	} else {
+		done = make(chan struct{})
+		go func() {
+			defer close(done)
+			err := w.Run(ctx, func(ev tamper.Event) {
+				// Link: a symlink on the way to a watched directory changed
+				// (retargeted); its run watches where it leads now.
+				if ev.Overflow || ev.Gone || ev.Link || c.spec.Relevant(ev.Path) {
+					wake()
+				}
+			})
+			if err != nil {
+				c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan", "err", err)
+			}
+		}()
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var failedBefore []string
 	for {
 		select {
 		case <-ctx.Done():
-			<-done
+			if done != nil {
+				<-done
+			}
 			return
 		case <-done:
-			return
+			// File notifications stopped: the mount table and the
+			// settling baseline's timer still wake the check.
+			w, done = nil, nil
 		case p := <-c.watch:
-			added, failed := w.Set(p.dirs)
+			var added, failed []string
+			if w != nil {
+				added, failed = w.Set(p.dirs)
+			}
 			if !slices.Equal(failed, failedBefore) {
 				if len(failed) > 0 {
 					c.env.Log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", failed)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -1831,4 +1832,39 @@ func TestNodeTamperedWatchFollowsADanglingSymlinkWhoseTargetAppears(t *testing.T
 	h.write("/srv/pki/ca.crt", "cert\n")
 	awaitWake(t, woken, "a protected file written in the new target")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): /etc/kubernetes/pki/ca.crt added")
+}
+
+// A node out of inotify instances (inotify_init1 fails: EMFILE at
+// fs.inotify.max_user_instances, common on a node with many pods) still has a
+// bind mount over a protected file wake the check through the mount table.
+// Before, Watch returned when file notifications were unavailable, before
+// its mount watcher was started: the mount waited for the interval's scan.
+func TestNodeTamperedMountWakesWithoutFileNotifications(t *testing.T) {
+	h := newTamperHost(t)
+	h.logs = &testenv.SyncBuffer{}
+	h.write("/srv/evil", "apiVersion: v1\nclusters: [{cluster: {server: https://evil}}]\n")
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	orig := newFileWatcher
+	newFileWatcher = func(string) (*tamper.Watcher, error) {
+		return nil, os.NewSyscallError("inotify_init1", unix.EMFILE)
+	}
+	t.Cleanup(func() { newFileWatcher = orig })
+	woken, stop := watchWakes(c)
+	defer stop()
+	// The warning is logged once the mount table was read: a mount after
+	// it is a change of that reading.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(h.logs.String(), "file notifications unavailable"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning within 10s that file notifications are unavailable; log:\n%s", h.logs.String())
+		}
+		runtime.Gosched()
+	}
+	p := h.path("/etc/kubernetes/kubelet.conf")
+	if err := unix.Mount(h.path("/srv/evil"), p, "", unix.MS_BIND, ""); err != nil {
+		testenv.Skip(t, "cannot mount (root in a mount namespace that allows it): "+err.Error())
+	}
+	t.Cleanup(func() { unix.Unmount(p, unix.MNT_DETACH) })
+	awaitWake(t, woken, "a bind mount over a protected file without file notifications")
+	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/kubelet.conf modified")
 }
