@@ -493,9 +493,12 @@ func findingsMessage(fs []tamper.Finding, st tamper.State) string {
 		len(fs), since, strings.Join(parts, "; "), more)
 }
 
-// minWatchRetry is how long the watcher waits before trying notifications
-// again after they failed.
-const minWatchRetry = time.Minute
+// minWatchRetry and maxWatchRetry bound how long Watch waits before it
+// opens file notifications again after they were unavailable (a node out
+// of inotify instances, fs.inotify.max_user_instances) or stopped: the
+// first wait, doubled at each failure up to the second. Variables: tests
+// shorten them.
+var minWatchRetry, maxWatchRetry = time.Minute, 10 * time.Minute
 
 // newFileWatcher opens the file notifications Watch follows (a test makes
 // it fail, as inotify_init1 does on a node out of inotify instances).
@@ -528,30 +531,75 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	}
 	defer func() { mcancel(); <-mountsDone }()
 	// done is closed when file notifications stop (nil while they run:
-	// a nil channel's receive waits); w is nil without them.
+	// a nil channel's receive waits); w is nil without them. Without them
+	// the retry timer opens them again (minWatchRetry, doubling up to
+	// maxWatchRetry), so a node that ran out of inotify instances for a
+	// while (pods starting, each holding some) gets them back.
 	var done chan struct{}
-	w, err := newFileWatcher(c.env.Config.HostRoot)
-	if err != nil {
-		c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan", "err", err)
-	} else {
-		done = make(chan struct{})
-		go func() {
+	var w *tamper.Watcher
+	var dirs, failedBefore []string
+	retryIn := minWatchRetry
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	unavailable := "" // the last open's error, logged once per change
+	// stopErr: why the running notifications stopped (set before done is
+	// closed); stopped, the last such reason logged.
+	var stopErr error
+	stopped := ""
+	// watchDirs watches dirs (the last run's hand-over) and wakes the
+	// check when directories were added: the run that handed them over
+	// scanned them before their watch, and what was written there since
+	// sent no notification. One more run reads it (it hands over the same
+	// directories: nothing is added, no loop).
+	watchDirs := func() {
+		var added, failed []string
+		if w != nil {
+			added, failed = w.Set(dirs)
+		}
+		if !slices.Equal(failed, failedBefore) {
+			if len(failed) > 0 {
+				c.env.Log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", failed)
+			}
+			failedBefore = failed
+		}
+		if len(added) > 0 {
+			wake()
+		}
+	}
+	open := func() {
+		nw, err := newFileWatcher(c.env.Config.HostRoot)
+		if err != nil {
+			if err.Error() != unavailable {
+				c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan until they can be opened again", "err", err, "retry_in", retryIn)
+				unavailable = err.Error()
+			}
+			retry.Reset(retryIn)
+			retryIn = min(2*retryIn, maxWatchRetry)
+			return
+		}
+		if unavailable != "" {
+			c.env.Log.Info("file notifications available again")
+			unavailable = ""
+		}
+		w, done = nw, make(chan struct{})
+		go func(w *tamper.Watcher, done chan struct{}) {
 			defer close(done)
-			err := w.Run(ctx, func(ev tamper.Event) {
+			stopErr = w.Run(ctx, func(ev tamper.Event) {
 				// Link: a symlink on the way to a watched directory changed
 				// (retargeted); its run watches where it leads now.
 				if ev.Overflow || ev.Gone || ev.Link || c.spec.Relevant(ev.Path) {
 					wake()
 				}
 			})
-			if err != nil {
-				c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan", "err", err)
-			}
-		}()
+		}(w, done)
+		if dirs != nil {
+			watchDirs()
+		}
 	}
+	open()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	var failedBefore []string
 	for {
 		select {
 		case <-ctx.Done():
@@ -561,26 +609,22 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 			return
 		case <-done:
 			// File notifications stopped: the mount table and the
-			// settling baseline's timer still wake the check.
-			w, done = nil, nil
-		case p := <-c.watch:
-			var added, failed []string
-			if w != nil {
-				added, failed = w.Set(p.dirs)
-			}
-			if !slices.Equal(failed, failedBefore) {
-				if len(failed) > 0 {
-					c.env.Log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", failed)
+			// settling baseline's timer still wake the check, and the
+			// retry opens them again.
+			w, done, failedBefore = nil, nil, nil
+			if ctx.Err() == nil {
+				if stopErr != nil && stopErr.Error() != stopped {
+					c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan until they can be opened again", "err", stopErr, "retry_in", retryIn)
+					stopped = stopErr.Error()
 				}
-				failedBefore = failed
+				retry.Reset(retryIn)
+				retryIn = min(2*retryIn, maxWatchRetry)
 			}
-			if len(added) > 0 {
-				// The run that handed these over scanned them before
-				// their watch: what was written there since sent no
-				// notification. One more run reads it (it hands over the
-				// same directories: nothing is added, no loop).
-				wake()
-			}
+		case <-retry.C:
+			open()
+		case p := <-c.watch:
+			dirs = p.dirs
+			watchDirs()
 			if !p.wakeAt.IsZero() {
 				timer.Reset(max(0, time.Until(p.wakeAt)))
 			}

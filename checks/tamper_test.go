@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1867,4 +1868,44 @@ func TestNodeTamperedMountWakesWithoutFileNotifications(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(p, unix.MNT_DETACH) })
 	awaitWake(t, woken, "a bind mount over a protected file without file notifications")
 	h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "/etc/kubernetes/kubelet.conf modified")
+}
+
+// File notifications that were unavailable at the start (a node out of
+// inotify instances) are opened again on the retry timer: once they can be,
+// a write to a protected file wakes the check at once again, and the return
+// is logged once. Before, a failed open was never retried: the node's
+// protected files waited for the interval's scan until the daemon restarted.
+func TestNodeTamperedFileNotificationsOpenedAgain(t *testing.T) {
+	h := newTamperHost(t)
+	h.logs = &testenv.SyncBuffer{}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	orig, min0, max0 := newFileWatcher, minWatchRetry, maxWatchRetry
+	var fails atomic.Int32
+	newFileWatcher = func(root string) (*tamper.Watcher, error) {
+		if fails.Add(1) <= 3 {
+			return nil, os.NewSyscallError("inotify_init1", unix.EMFILE)
+		}
+		return orig(root)
+	}
+	minWatchRetry, maxWatchRetry = 10*time.Millisecond, 40*time.Millisecond
+	t.Cleanup(func() { newFileWatcher, minWatchRetry, maxWatchRetry = orig, min0, max0 })
+	woken, stop := watchWakes(c)
+	defer stop()
+	// The open after three failures watches the directories the probe
+	// handed over and wakes the check for them (their scan came before
+	// their watch).
+	awaitWake(t, woken, "file notifications opened again")
+	if n := fails.Load(); n != 4 {
+		t.Errorf("%d opens, want 4 (3 failed)", n)
+	}
+	h.write("/etc/kubernetes/kubelet.conf", "apiVersion: v1\nclusters: [{cluster: {server: https://evil}}]\n")
+	awaitWake(t, woken, "a write to a protected file after file notifications came back")
+	logs := h.logs.String()
+	if n := strings.Count(logs, "file notifications unavailable"); n != 1 {
+		t.Errorf("the same open error logged %d times, want once:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, "file notifications available again") {
+		t.Errorf("the return not logged:\n%s", logs)
+	}
 }
