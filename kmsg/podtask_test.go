@@ -213,11 +213,12 @@ func TestHungCgroupReadFailsTowardsKernelDeadlock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var reads atomic.Int32
-		hang := true
+		var hang atomic.Bool
+		hang.Store(true)
 		mon, store, got := podMonitor(t, "/proc")
 		mon.pods.read = func(path string) ([]byte, error) {
 			reads.Add(1)
-			if hang {
+			if hang.Load() {
 				<-release
 			}
 			if filepath.Base(path) == "status" {
@@ -247,7 +248,7 @@ func TestHungCgroupReadFailsTowardsKernelDeadlock(t *testing.T) {
 			t.Errorf("KernelDeadlock %+v, want the second line's", c)
 		}
 		// The read returns: the next line is looked up (and is a pod's).
-		hang = false
+		hang.Store(false)
 		close(release)
 		synctest.Wait()
 		*got = nil
