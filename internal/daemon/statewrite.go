@@ -55,6 +55,9 @@ type stateWriter struct {
 
 	mu  sync.Mutex
 	cur *stateWrite // the write that has not returned; nil when none
+	// started is the generation of the newest encoding whose write began
+	// (Store.EncodeWrite numbers them): an older one is not written.
+	started uint64
 }
 
 // stateWrite is one write of the state file; err is set before done is
@@ -91,14 +94,21 @@ type BlockedWrite struct {
 	Since time.Time `json:"since"`
 }
 
-// start begins writing data to path and returns the write; nil when the
-// previous write has not returned (no second write on top of it).
+// start begins writing data, the store's encoding gen, to path and
+// returns the write; nil when the previous write has not returned (no
+// second write on top of it), or when a newer encoding's write began: the
+// persister encodes, then starts, and a save of another (saveStateNow)
+// can encode, write and end in between; the older bytes written after it
+// took the state file back (a tamper clear's save undone, a lost-records
+// gap told saved while the file held the cursor of before it) until the
+// next save. The newer write holds all the older one did.
 func (w *stateWriter) start(path string, data []byte, gen uint64) *stateWrite {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.cur != nil {
+	if w.cur != nil || gen <= w.started {
 		return nil
 	}
+	w.started = gen
 	write := w.write
 	if write == nil {
 		write = report.WriteFileAtomic
