@@ -1006,7 +1006,8 @@ func Scan(path string, mon *Monitor) (int, error) {
 // the last line is logged at once; the gaps within gapLogEvery of a line
 // are summed into one, written at the first gap, read timeout or reopen
 // after that time, or when the reader stops. Every lost record is counted
-// in the metric as it is found.
+// in the metric, once the state file holds the move past its gap where
+// the store's writes are told (Reader.unsaved), else as it is found.
 type gapLog struct {
 	last    time.Time // when a line was last written
 	pending gapSum    // gaps since, not logged yet
