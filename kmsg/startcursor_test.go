@@ -435,3 +435,33 @@ func TestUnreadableCursorIsSaid(t *testing.T) {
 		}
 	})
 }
+
+// A reader that stops (the daemon's clean stop, or a reader built again
+// within a run, which resumes from the cursor in memory, past the gap)
+// counts the gaps whose save had not ended: none waits for a write that
+// would tell it, and none is left out of
+// autopilot_health_kmsg_lost_records_total.
+func TestLostRecordsCountedWhenTheReaderStopsBeforeTheirSave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
+		var hold atomic.Bool
+		mon, _, stop := startFromStateFileHeld(t, dir, func(string) (Device, error) { return dev, nil }, nil, &hold)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		hold.Store(true)
+		dev.mu.Lock()
+		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
+		dev.mu.Unlock()
+		dev.more <- struct{}{}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if l := mon.Metrics().Lost(); l != 0 {
+			t.Fatalf("%v lost before the save; want 0 (counted once saved)", l)
+		}
+		stop()
+		if l := mon.Metrics().Lost(); l != 2 {
+			t.Errorf("%v lost once the reader stopped with the gap's save not ended; want 2 (3 and 4)", l)
+		}
+	})
+}
