@@ -390,6 +390,10 @@ func (f *kmsgFile) Read(p []byte) (int, error) {
 	}
 }
 
+// waitsBegun counts the reads that found no record ready and waited
+// (waitCounter).
+func (f *kmsgFile) waitsBegun() int { return f.waits }
+
 // Seek moves to the start or the end of the log (the ABI's SEEK_SET,
 // SEEK_END and SEEK_DATA).
 func (f *kmsgFile) Seek(offset int64, whence int) (int64, error) {

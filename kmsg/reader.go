@@ -538,6 +538,11 @@ func (rd *Reader) skipRing(ctx context.Context, f Device, buf []byte) (ringBase,
 	}
 }
 
+// waitCounter is a Device that counts its reads that found no record
+// ready and waited (kmsgFile.waits): one had read the ring buffer to its
+// end.
+type waitCounter interface{ waitsBegun() int }
+
 // catchUpWait is how long a read waits for the next record while the
 // reader works through the backlog: when none comes, the end is reached.
 const catchUpWait = 250 * time.Millisecond
@@ -743,6 +748,14 @@ func (rd *Reader) Run(ctx context.Context) {
 				warnedGather = true
 			}
 		}
+		// waited: the reads of this open that found no record ready
+		// (waitCounter), where the device tells them: such a read had
+		// reached the end of the ring buffer.
+		wc, _ := f.(waitCounter)
+		waitsAtOpen := 0
+		if wc != nil {
+			waitsAtOpen = wc.waitsBegun()
+		}
 		stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
 		// deadlineSet: when the read deadline was last set; deadlineAt: the
 		// deadline on the grid.
@@ -761,6 +774,20 @@ func (rd *Reader) Run(ctx context.Context) {
 		// A record logged after this open means the backlog is read, even
 		// when the log never pauses long enough for a read to time out.
 		openUsec := MonotonicNow()
+		// goOnAfter takes the cursor back to the ring buffer's last record,
+		// to: a cursor of this boot that is ahead of the kernel's log (a
+		// state file edited or put back by hand) would leave every record
+		// until the kernel's numbers pass it. The reader goes on after
+		// that record instead.
+		goOnAfter := func(to uint64) {
+			rd.Log.Warn("the saved kernel log cursor is ahead of the last record in the kernel's ring buffer (the state file was edited or put back); reading on after that record",
+				"path", rd.Path, "saved_seq", last, "last_seq", to)
+			last = to
+			rd.mu.Lock()
+			rd.cur.Seq = last
+			rd.mu.Unlock()
+			store.Touch()
+		}
 		for ctx.Err() == nil {
 			// Until the backlog is read, a short wait for the next record
 			// tells that the end is reached.
@@ -814,18 +841,8 @@ func (rd *Reader) Run(ctx context.Context) {
 				caughtUp = true
 				if readAny && haveLast && maxRead < last {
 					// The ring buffer is read to its end and its last
-					// record is before the cursor: a cursor of this
-					// boot that is ahead of the kernel's log (a state file
-					// edited or put back by hand) would leave every record
-					// until the kernel's numbers pass it. Go on after the
-					// last record instead.
-					rd.Log.Warn("the saved kernel log cursor is ahead of the last record in the kernel's ring buffer (the state file was edited or put back); reading on after that record",
-						"path", rd.Path, "saved_seq", last, "last_seq", maxRead)
-					last = maxRead
-					rd.mu.Lock()
-					rd.cur.Seq = last
-					rd.mu.Unlock()
-					store.Touch()
+					// record is before the cursor.
+					goOnAfter(maxRead)
 				}
 				rd.caughtUp(&bo, &lastErr)
 			}
@@ -857,6 +874,7 @@ func (rd *Reader) Run(ctx context.Context) {
 				unparsed++
 				continue
 			}
+			prevMax, prevAny := maxRead, readAny
 			if !readAny || rec.Seq > maxRead {
 				maxRead, readAny = rec.Seq, true
 			}
@@ -867,8 +885,21 @@ func (rd *Reader) Run(ctx context.Context) {
 				base.pending, base.exact = false, true
 			}
 			if haveLast && rec.Seq <= last {
-				unparsed = 0
-				continue // handled before the restart, or left at the start
+				if wc == nil || wc.waitsBegun() == waitsAtOpen {
+					unparsed = 0
+					continue // handled before the restart, or left at the start
+				}
+				// A read of this open waited for a record: it had read
+				// the ring buffer to its end, and this record, at or
+				// before the cursor, was logged since. A log that never
+				// pauses for catchUpWait would not tell it by the read
+				// timeout: the cursor is ahead, and this record is the
+				// first after the ring's last one.
+				to := rec.Seq - 1
+				if prevAny {
+					to = prevMax
+				}
+				goOnAfter(to)
 			}
 			if skipping && !handled && rec.Usec < skipBefore {
 				// Logged before the start: left, as the first open left

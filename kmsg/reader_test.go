@@ -52,6 +52,14 @@ type fakeDevice struct {
 	set       []time.Time   // the deadlines set
 	more      chan struct{} // if set, gets a token when a record is appended
 	onRead    func(i int)   // called before record i is returned
+	waits     int           // reads that found no record ready and waited
+}
+
+// waitsBegun: as the kernel log device's (kmsgFile.waits).
+func (d *fakeDevice) waitsBegun() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.waits
 }
 
 func (d *fakeDevice) Read(p []byte) (int, error) {
@@ -69,6 +77,7 @@ func (d *fakeDevice) Read(p []byte) (int, error) {
 		return copy(p, d.recs[i]), nil
 	}
 	dl, more := d.deadline, d.more
+	d.waits++
 	d.mu.Unlock()
 	if more == nil {
 		time.Sleep(time.Until(dl))

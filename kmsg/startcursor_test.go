@@ -465,3 +465,42 @@ func TestLostRecordsCountedWhenTheReaderStopsBeforeTheirSave(t *testing.T) {
 		}
 	})
 }
+
+// A saved cursor ahead of the kernel's last record is not waited out on a
+// chatty log either, one that never pauses for the 250 ms that tell the end
+// of the ring buffer by the read timeout: a read that found no record ready
+// had reached the end, and a record at or before the cursor read after it
+// was logged since. Before, every record was left as handled before the
+// restart for as long as the log went on without a pause (none evaluated,
+// none counted lost), and those it left were left for good.
+func TestCursorAheadOfTheKernelIsNotWaitedOutOnAChattyLog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		ahead := &fakeDevice{recs: lines("6,1000,1,-;ordinary chatter")}
+		_, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return ahead, nil }, nil)
+		time.Sleep(time.Minute) // the ring read to its end, the start (1000) saved
+		synctest.Wait()
+		stop()
+
+		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
+		mon, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
+		defer stop()
+		// A line every 100 ms from the start, for 30 s.
+		const n = 300
+		for i := range n {
+			time.Sleep(100 * time.Millisecond)
+			dev.mu.Lock()
+			dev.recs = append(dev.recs, fmt.Appendf(nil, "6,%d,%d,-;ordinary chatter\n", 3+i, MonotonicNow()))
+			dev.mu.Unlock()
+			select {
+			case dev.more <- struct{}{}:
+			default:
+			}
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got, l := mon.Metrics().Records(), mon.Metrics().Lost(); got != n || l != 0 {
+			t.Errorf("with a saved cursor (1000) ahead of the kernel's last record (2) and a line every 100 ms: %v records handled, %v lost; want %d and 0", got, l, n)
+		}
+	})
+}
