@@ -16,9 +16,9 @@ import (
 type compiled struct {
 	Rule
 	re      *regexp.Regexp
-	taskIdx int // index of the "task" group, or -1
-	pidIdx  int // index of the "pid" group, or -1
-	devIdx  int // index of the "dev" group, or -1
+	taskIdx int   // index of the "task" group, or -1
+	pidIdx  int   // index of the "pid" group, or -1
+	devIdx  []int // indices of the groups named "dev"
 	anchors [][]byte
 }
 
@@ -83,10 +83,16 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 		// A disk I/O error is judged by its device (ignore_devices, NVMe
 		// over Fabrics, iSCSI): without the group every error would count,
 		// for no device.
-		if r.Kind == DiskIOError && re.SubexpIndex("dev") < 0 {
+		var devIdx []int
+		for i, n := range re.SubexpNames() {
+			if n == "dev" {
+				devIdx = append(devIdx, i)
+			}
+		}
+		if r.Kind == DiskIOError && len(devIdx) == 0 {
 			return nil, fmt.Errorf("kmsg rule %s: kind disk-io-error needs the device in a (?P<dev>...) group of its pattern", r.Name)
 		}
-		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), pidIdx: re.SubexpIndex("pid"), devIdx: re.SubexpIndex("dev"), anchors: anchorsOf(r.Pattern)}
+		c := compiled{Rule: r, re: re, taskIdx: re.SubexpIndex("task"), pidIdx: re.SubexpIndex("pid"), devIdx: devIdx, anchors: anchorsOf(r.Pattern)}
 		i := len(rs.rules)
 		rs.rules = append(rs.rules, c)
 		if minLenBytes(c.anchors) < 2 {
@@ -217,7 +223,7 @@ func minLenBytes(set [][]byte) int {
 type Match struct {
 	Rule *Rule
 	// Task is the hung task's name and Pid its PID (KernelDeadlock), Dev
-	// the device (disk I/O errors).
+	// the device (disk I/O errors, a read-only filesystem's).
 	Task, Pid, Dev string
 }
 
@@ -271,7 +277,7 @@ func (rs *RuleSet) Matches(dst []Match, msg []byte) []Match {
 // match appends the match of rule ri on msg, if any.
 func (rs *RuleSet) match(dst []Match, ri int, msg []byte) []Match {
 	r := &rs.rules[ri]
-	if r.taskIdx < 0 && r.devIdx < 0 {
+	if r.taskIdx < 0 && len(r.devIdx) == 0 {
 		if r.re.Match(msg) {
 			dst = append(dst, Match{Rule: &r.Rule})
 		}
@@ -291,8 +297,11 @@ func (rs *RuleSet) match(dst []Match, ri int, msg []byte) []Match {
 			m.Pid = string(sub[r.pidIdx])
 		}
 	}
-	if r.devIdx >= 0 {
-		m.Dev = string(sub[r.devIdx])
+	for _, i := range r.devIdx {
+		if len(sub[i]) > 0 {
+			m.Dev = string(sub[i])
+			break
+		}
 	}
 	return append(dst, m)
 }

@@ -43,8 +43,17 @@ type Options struct {
 	//
 	// The monitor also reads kernel.hung_task_warnings there (see
 	// hungWarnings); "": not read.
-	Proc       string
-	Registerer prometheus.Registerer
+	Proc string
+	// PodVolumeDirs are the directories, as the mount table
+	// (Proc/self/mountinfo) writes a mount point, below which the
+	// kubelet mounts pods' volumes (DefaultPodVolumeDirs under the host
+	// root): a ReadonlyFilesystem line whose device (looked up under
+	// Sysfs) is mounted only below them is a pod volume's, an event
+	// (PodVolumeReadOnly), not the condition (see volumes). nil:
+	// DefaultPodVolumeDirs; Sysfs or Proc "": no lookup, every such line
+	// sets the condition.
+	PodVolumeDirs []string
+	Registerer    prometheus.Registerer
 	// Log takes the monitor's own lines (kernel.hung_task_warnings at 0);
 	// nil: discarded.
 	Log *slog.Logger
@@ -72,6 +81,7 @@ type Monitor struct {
 	window  window
 	devices devices
 	pods    pods
+	volumes volumes
 	hung    hungWarnings
 	buf     []byte
 	matches []Match
@@ -111,6 +121,10 @@ func NewMonitor(o Options) *Monitor {
 	}
 	mon := &Monitor{o: o, m: NewMetrics(o.Registerer), buf: make([]byte, 0, 1024), devices: devices{sysfs: o.Sysfs}, pods: newPods(o.Proc),
 		suppressedFns: map[string]prometheus.Counter{}}
+	if o.PodVolumeDirs == nil {
+		o.PodVolumeDirs = DefaultPodVolumeDirs
+	}
+	mon.volumes = newVolumes(o.Sysfs, o.Proc, o.PodVolumeDirs)
 	mon.hung = newHungWarnings(o.Proc, o.Log, mon.m)
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)
@@ -373,6 +387,9 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 	// condition match is dropped, and the record's events say so.
 	var note string
 	mon.matches, note = mon.podTasks(mon.matches, r.Usec)
+	// A filesystem remounted read-only on a pod's volume is the volume's:
+	// an event instead of the condition.
+	mon.matches = mon.podVolumes(mon.matches, r.Usec, msg, at)
 	for _, m := range mon.matches {
 		set.matched[m.Rule.Name].Inc()
 		switch m.Rule.Kind {
@@ -415,6 +432,23 @@ func (mon *Monitor) podTasks(ms []Match, usec uint64) ([]Match, string) {
 		out = append(out, m)
 	}
 	return out, note
+}
+
+// podVolumes drops from ms the ReadonlyFilesystem matches whose device
+// is a pod's volume (volumes), emitting a PodVolumeReadOnly event for each,
+// its message the line's and the device with its mount points.
+func (mon *Monitor) podVolumes(ms []Match, usec uint64, msg string, at time.Time) []Match {
+	out := ms[:0]
+	for _, m := range ms {
+		if m.Rule.Kind == Perm && m.Rule.Condition == "ReadonlyFilesystem" && m.Dev != "" {
+			if pv, ok := mon.volumes.podVolume(m.Dev, usec); ok {
+				mon.o.Store.Emit(report.Event{Reason: report.EventPodVolumeReadOnly, Message: msg + pv.note(), Time: at})
+				continue
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 func (s *settings) ignored(dev string) bool {

@@ -31,7 +31,10 @@ type Rule struct {
 	// message. A named group "task" restricts the rule to the critical tasks
 	// (with a group "pid", the task's PID: a node daemon's name in a pod's
 	// cgroup is not critical, see PodGatedTasks); a named group "dev" names
-	// the device for the disk I/O error window.
+	// the device for the disk I/O error window, and in a rule of
+	// ReadonlyFilesystem the filesystem's device (a pod's volume is not the
+	// node's, see volumes). Several groups may be named "dev" (one in each
+	// branch of an alternation): the first that matched names the device.
 	Pattern string
 }
 
@@ -55,9 +58,10 @@ var DefaultRules = []Rule{
 		// (errors=remount-ro, 6.6+), "F2FS-fs (sdb1): Stopped filesystem due to reason: 3" (errors=continue, the
 		// default; 6.10+, and 6.6 stable), the reason an enum stop_cp_reason (include/linux/f2fs_fs.h); not reason 0,
 		// a shutdown someone asked for (F2FS_IOC_SHUTDOWN), nor 1, its fault injection (a test).
-		Pattern: `^(EXT[234]-fs \(\S+\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device [^)]+\): forced readonly|` +
-			`F2FS-fs \(\S+\): (Remounting filesystem read-only|Stopped filesystem due to reason: ([2-9]|[1-9][0-9]+)$)|` +
-			`XFS \([^)]+\): ([^.(]* [Dd]etected\.|All device paths lost\.|[^(]*\(0x[0-9a-f]*[0-389ab]\) detected at ).*Shutting down filesystem)`},
+		// Each form names the filesystem's device in a "dev" group: a pod's volume is no ReadonlyFilesystem (see volumes).
+		Pattern: `^(EXT[234]-fs \((?P<dev>\S+)\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device (?P<dev>[^):\s]+)[^)]*\): forced readonly|` +
+			`F2FS-fs \((?P<dev>\S+)\): (Remounting filesystem read-only|Stopped filesystem due to reason: ([2-9]|[1-9][0-9]+)$)|` +
+			`XFS \((?P<dev>[^)]+)\): ([^.(]* [Dd]etected\.|All device paths lost\.|[^(]*\(0x[0-9a-f]*[0-389ab]\) detected at ).*Shutting down filesystem)`},
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
 		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x),
 		// the thread's name (comm) and its PID in the host's namespace (t->pid).

@@ -435,7 +435,7 @@ var Conditions = []ConditionDesc{
 	// Conditions from the kernel monitor (kmsg).
 	{Type: "ReadonlyFilesystem", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
 		HealthyReason: ReasonFilesystemIsNotReadOnly, ProblemReasons: []Reason{ReasonFilesystemIsReadOnly},
-		Trigger: "kernel: Remounting filesystem read-only, or an XFS shutdown or f2fs stop after an error (Shutting down filesystem, Stopped filesystem)", Cause: "the kernel hit an I/O or filesystem error and remounted read-only (XFS: shut the filesystem down; f2fs by default: stopped it) to protect data; writes now fail"},
+		Trigger: "kernel: Remounting filesystem read-only, or an XFS shutdown or f2fs stop after an error (Shutting down filesystem, Stopped filesystem); not a pod's volume (its device mounted only under the kubelet's pods and plugins directories: a PodVolumeReadOnly event)", Cause: "the kernel hit an I/O or filesystem error and remounted read-only (XFS: shut the filesystem down; f2fs by default: stopped it) to protect data; writes now fail"},
 	{Type: "KernelDeadlock", Source: SourceKmsg, Disposition: Alert, Scope: ScopeAll, Hold: HoldUntilReboot,
 		HealthyReason: ReasonKernelHasNoDeadlock, ProblemReasons: []Reason{ReasonCriticalTaskHung},
 		Trigger: "kernel: a critical process (kubelet, containerd, runc, crun, qemu and its vCPU threads, virtiofsd) blocked longer than the hung-task threshold; not a pod's own kubelet or containerd (its cgroup under kubepods, its PID namespace a container's: a TaskHung event)", Cause: "a critical process is wedged on stuck I/O or a kernel deadlock"},
@@ -472,8 +472,14 @@ var Events = []EventDesc{
 	{Reason: "UnregisterNetDevice", Source: SourceKmsg, Scope: ScopeAll, Trigger: "unregister_netdevice: waiting for a device to become free"},
 	{Reason: "CperHardwareErrorCorrected", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: corrected"},
 	{Reason: "CperHardwareErrorRecoverable", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: recoverable"},
+	{Reason: EventPodVolumeReadOnly, Source: SourceKmsg, Scope: ScopeAll, Trigger: "a ReadonlyFilesystem line (remounted read-only, an XFS shutdown, an f2fs stop) on a device mounted only under the kubelet's pod volume directories (/var/lib/kubelet/pods, /var/lib/kubelet/plugins): a pod's volume, not the node's filesystem, so not the condition"},
 	{Reason: EventTamperCleared, Source: SourceTamper, Scope: ScopeAll, Operator: true, Trigger: "an operator cleared the tamper conditions (autopilot-health tamper clear)"},
 }
+
+// EventPodVolumeReadOnly is the event of a filesystem on a pod's volume
+// that the kernel remounted read-only (or shut down, or stopped): the
+// volume's problem, not ReadonlyFilesystem.
+const EventPodVolumeReadOnly = "PodVolumeReadOnly"
 
 // EventTamperCleared is the event of an operator's clear of the tamper
 // conditions.

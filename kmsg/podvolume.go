@@ -1,0 +1,218 @@
+package kmsg
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/hostio"
+)
+
+// DefaultPodVolumeDirs are the kubelet's directories under which it mounts
+// a pod's volumes (its root directory's pods/<uid>/volumes/...) and the
+// staging mounts of them (plugins/kubernetes.io/csi/<driver>/<hash>/globalmount,
+// the in-tree plugins' plugins/kubernetes.io/<plugin>/mounts/...).
+var DefaultPodVolumeDirs = []string{"/var/lib/kubelet/pods", "/var/lib/kubelet/plugins"}
+
+// mountinfoMax bounds what is read of the mount table (a node with
+// hundreds of pods holds a few thousand mounts of ~200 bytes); a table
+// longer than that is not judged: the line sets its condition.
+const mountinfoMax = 16 << 20
+
+// devAttrMax bounds what is read of /sys/class/block/<name>/dev ("8:1\n").
+const devAttrMax = 64
+
+// volumes looks up whether the filesystem a read-only line names is a
+// pod's volume: its device mounted only under the kubelet's pod volume
+// directories. Only the reader's goroutine uses it.
+type volumes struct {
+	// sysfs and mountinfo are the host's /sys and the daemon's mount
+	// table: either "" no lookup (a replay of another host's lines).
+	sysfs, mountinfo string
+	// dirs are the pod volume directories, as the mount table writes a
+	// mount point (host paths under host_root).
+	dirs []string
+	// now returns the kernel time now (MonotonicNow); read reads at most
+	// max bytes of a file, and fails on a longer one (readBounded): tests
+	// replace them.
+	now  func() uint64
+	read func(path string, max int) ([]byte, error)
+	// hung is closed when a lookup that outlasted podLookupWait returns;
+	// nil while none is pending.
+	hung chan struct{}
+}
+
+func newVolumes(sysfs, proc string, dirs []string) volumes {
+	v := volumes{sysfs: sysfs, dirs: dirs, now: MonotonicNow, read: readBounded}
+	if proc != "" {
+		v.mountinfo = filepath.Join(proc, "self", "mountinfo")
+	}
+	return v
+}
+
+var errTooLong = errors.New("longer than the bound")
+
+func readBounded(path string, max int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err == nil && len(b) > max {
+		err = errTooLong
+	}
+	return b, err
+}
+
+// podVolume is a filesystem found to be a pod's volume.
+type podVolume struct {
+	dev, majMin string
+	mounts      []string
+}
+
+// podVolume reports whether the filesystem on the block device dev (as a
+// read-only line names it: sda1, rbd0, dm-3, nvme1n1) is a pod's volume:
+// its device number (/sys/class/block/<dev>/dev) is that of mounts in the
+// mount table (or the table names /dev/<dev> as their source: btrfs,
+// whose mounts carry an anonymous device number), and every one of them
+// lies below one of the pod volume directories. usec is the kernel time
+// of the line. Not known (no lookup configured, a name that is no block
+// device's, the device gone or not mounted, the line over
+// podLookupMaxAge old, a read that fails or does not answer within
+// podLookupWait, a mount table over mountinfoMax): ok false, and the line
+// is the node's, as any mount outside the directories makes it (the root
+// disk, with a pod's subPath bind mounts below pods/ among its mounts).
+func (v *volumes) podVolume(dev string, usec uint64) (podVolume, bool) {
+	if v.sysfs == "" || v.mountinfo == "" || len(v.dirs) == 0 || !blockName(dev) {
+		return podVolume{}, false
+	}
+	if now := v.now(); now > usec && now-usec > podLookupMaxAge {
+		return podVolume{}, false
+	}
+	if v.hung != nil {
+		select {
+		case <-v.hung:
+			v.hung = nil
+		default:
+			return podVolume{}, false
+		}
+	}
+	type result struct {
+		pv podVolume
+		ok bool
+	}
+	res := make(chan result, 1)
+	done := make(chan struct{})
+	read, attr, table, dirs := v.read, filepath.Join(v.sysfs, "class", "block", dev, "dev"), v.mountinfo, v.dirs
+	go func() {
+		defer close(done)
+		b, err := read(attr, devAttrMax)
+		if err != nil {
+			res <- result{}
+			return
+		}
+		majMin := strings.TrimSpace(string(b))
+		if !validMajMin(majMin) {
+			res <- result{}
+			return
+		}
+		mi, err := read(table, mountinfoMax)
+		if err != nil {
+			res <- result{}
+			return
+		}
+		mounts, ok := podVolumeMounts(mi, majMin, dev, dirs)
+		res <- result{podVolume{dev: dev, majMin: majMin, mounts: mounts}, ok}
+	}()
+	wait := time.NewTimer(podLookupWait)
+	defer wait.Stop()
+	select {
+	case r := <-res:
+		return r.pv, r.ok
+	case <-wait.C:
+		v.hung = done
+		return podVolume{}, false
+	}
+}
+
+// blockName reports whether s can name an entry of /sys/class/block: a
+// single path element (a name with a slash is written with "!" there).
+func blockName(s string) bool {
+	return s != "" && s != "." && s != ".." && len(s) <= 255 && !strings.ContainsAny(s, "/\x00")
+}
+
+// validMajMin reports whether s is "major:minor".
+func validMajMin(s string) bool {
+	a, b, ok := strings.Cut(s, ":")
+	return ok && isDigits(a) && isDigits(b)
+}
+
+// podVolumeMounts returns the mount points, in the order of the mount
+// table mi (/proc/<pid>/mountinfo), of the filesystem on the device
+// majMin, named dev: the mounts whose device number (field 3) is majMin
+// or whose source is /dev/<dev>; ok when there is one at least and every
+// one lies strictly below one of dirs. A line that does not parse makes
+// the table not judged (ok false).
+func podVolumeMounts(mi []byte, majMin, dev string, dirs []string) (mounts []string, ok bool) {
+	src := "/dev/" + dev
+	for len(mi) > 0 {
+		var line []byte
+		line, mi, _ = bytes.Cut(mi, []byte{'\n'})
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		f := strings.Fields(string(line))
+		sep := -1
+		for i := 6; i < len(f); i++ {
+			if f[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || len(f) < sep+3 {
+			return nil, false
+		}
+		if f[2] != majMin && hostio.UnescapeMountinfo(f[sep+2]) != src {
+			continue
+		}
+		mp := hostio.UnescapeMountinfo(f[4])
+		if !below(mp, dirs) {
+			return nil, false
+		}
+		mounts = append(mounts, mp)
+	}
+	return mounts, len(mounts) > 0
+}
+
+// below reports whether the mount point mp (the kernel writes it
+// resolved: no "..", no link) lies strictly below one of dirs.
+func below(mp string, dirs []string) bool {
+	for _, d := range dirs {
+		d = strings.TrimSuffix(d, "/")
+		if d != "" && strings.HasPrefix(mp, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// podVolumeMountsShown bounds the mount points an event names.
+const podVolumeMountsShown = 4
+
+// note is what the event of a read-only line on a pod's volume adds to it.
+func (pv podVolume) note() string {
+	shown := pv.mounts
+	more := ""
+	if len(shown) > podVolumeMountsShown {
+		more = fmt.Sprintf(" and %d more", len(shown)-podVolumeMountsShown)
+		shown = shown[:podVolumeMountsShown]
+	}
+	return fmt.Sprintf(" (the device %s, %s, is mounted only under the kubelet's pod volume directories: %s%s; a pod's volume, not the node's filesystem, so not ReadonlyFilesystem)",
+		pv.dev, pv.majMin, strings.Join(shown, ", "), more)
+}

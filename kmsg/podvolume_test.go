@@ -1,0 +1,292 @@
+package kmsg
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// podVolumeRoot is a fixture host: /sys/class/block/<name>/dev of its block
+// devices and the daemon's mount table, proc/self/mountinfo (a node with
+// its root disk sda1, a pod's subPath of it bind-mounted below pods/, an
+// LVM volume at /data, Ceph RBD volumes, a cloud volume, an iSCSI disk and
+// a btrfs volume of pods, one RBD volume also mounted by hand outside).
+const podVolumeRoot = "testdata/podvolume"
+
+// volumeMonitor is a monitor that looks devices up in the fixture host (sys
+// and proc "" none), the log read to its end, with the events it emits in
+// got.
+func volumeMonitor(t *testing.T, sys, proc string) (*Monitor, *report.Store, *[]report.Event) {
+	t.Helper()
+	store := report.NewStore("b")
+	var got []report.Event
+	store.Observe(events{&got})
+	o := opts(t, store)
+	o.Sysfs, o.Proc = sys, proc
+	mon := NewMonitor(o)
+	mon.volumes.now = func() uint64 { return nowUsec }
+	mon.pods.now = mon.volumes.now
+	mon.Start(t0, t0)
+	mon.CaughtUp(0, t0)
+	return mon, store, &got
+}
+
+// A filesystem the kernel remounted read-only (shut down, stopped) whose
+// device is mounted only below the kubelet's pod volume directories is a
+// pod's volume (Ceph RBD, iSCSI, a cloud volume attached for one pod):
+// replacing the node does not fix it, the volume follows its pod, and one
+// storage outage would replace every node attached to it. Such a line is a
+// PodVolumeReadOnly event naming the device and its mounts, not
+// ReadonlyFilesystem. A mount anywhere else (the root disk, whose pods'
+// subPath bind mounts lie below pods/; a volume also mounted by hand), a
+// device that is not mounted or not in sysfs, a line more than a minute
+// old, no sysfs (a replay): ReadonlyFilesystem as before.
+func TestPodVolumeReadOnlyIsNotReadonlyFilesystem(t *testing.T) {
+	sys, proc := filepath.Join(podVolumeRoot, "sys"), filepath.Join(podVolumeRoot, "proc")
+	const sec = uint64(time.Second / time.Microsecond)
+	const (
+		rbd0Global = "/var/lib/kubelet/plugins/kubernetes.io/csi/rbd.csi.ceph.com/0d9a3c4b5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f80/globalmount/0001-0009-rook-ceph-0000000000000002-4c1f2a3b"
+		rbd0Pod    = "/var/lib/kubelet/pods/6f1c5a8e-1b2d-4c3e-9f40-5a6b7c8d9e0f/volumes/kubernetes.io~csi/pvc-2b7e41c3-9a1d-4f52-8c6e-0d3f5a7b9c11/mount"
+	)
+	for _, tc := range []struct {
+		name, sys, line string
+		usec            uint64
+		pod             bool
+		note            string // the event's, after the line
+	}{
+		{name: "ext4 on a Ceph RBD volume", line: "EXT4-fs (rbd0): Remounting filesystem read-only", pod: true,
+			note: " (the device rbd0, 252:0, is mounted only under the kubelet's pod volume directories: " + rbd0Global + ", " + rbd0Pod +
+				"; a pod's volume, not the node's filesystem, so not ReadonlyFilesystem)"},
+		{name: "ext4 on a cloud volume", line: "EXT4-fs (nvme1n1): Remounting filesystem read-only", pod: true},
+		{name: "an XFS shutdown on an iSCSI disk", pod: true,
+			line: "XFS (sdc): Log I/O Error (0x2) detected at xlog_ioend_work+0x6e/0x70 [xfs] (fs/xfs/xfs_log.c:1378).  Shutting down filesystem."},
+		{name: "btrfs, its mount's anonymous device number, its source /dev/sdb2", line: "BTRFS error (device sdb2 state EA): forced readonly", pod: true},
+		{name: "the root disk, a pod's subPath of it below pods/", line: "EXT4-fs (sda1): Remounting filesystem read-only"},
+		{name: "an LVM volume at /data", line: "XFS (dm-3): Metadata I/O Error (0x1) detected at xfs_trans_read_buf_map+0x2a1/0x310 [xfs] (fs/xfs/xfs_trans_buf.c:296).  Shutting down filesystem."},
+		{name: "a pod's volume also mounted outside", line: "EXT4-fs (rbd1): Remounting filesystem read-only"},
+		{name: "a mount beside pods/ whose name starts the same", line: "EXT4-fs (sdd): Remounting filesystem read-only"},
+		{name: "a device not mounted", line: "EXT4-fs (loop0): Remounting filesystem read-only"},
+		{name: "a device gone from sysfs", line: "EXT4-fs (rbd7): Remounting filesystem read-only"},
+		{name: "a line from more than a minute ago", line: "EXT4-fs (rbd0): Remounting filesystem read-only", usec: nowUsec - 61*sec},
+		{name: "a line from a minute ago", line: "EXT4-fs (rbd0): Remounting filesystem read-only", usec: nowUsec - 60*sec, pod: true},
+		{name: "no sysfs (a replay)", sys: "-", line: "EXT4-fs (rbd0): Remounting filesystem read-only"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, p := sys, proc
+			if tc.sys == "-" {
+				s = ""
+			}
+			mon, store, got := volumeMonitor(t, s, p)
+			usec := tc.usec
+			if usec == 0 {
+				usec = nowUsec - sec
+			}
+			mon.Handle(rec(usec, tc.line), t0)
+			c, _ := store.Get("ReadonlyFilesystem")
+			if !tc.pod {
+				if c.Status != report.StatusTrue || c.Reason != report.ReasonFilesystemIsReadOnly || c.Message != tc.line {
+					t.Errorf("ReadonlyFilesystem %+v, want True with the line", c)
+				}
+				if len(*got) != 0 {
+					t.Errorf("events %+v, want none", *got)
+				}
+				return
+			}
+			if c.Status != report.StatusFalse {
+				t.Errorf("ReadonlyFilesystem %+v, want False: the filesystem is a pod's volume", c)
+			}
+			if len(*got) != 1 || (*got)[0].Reason != report.EventPodVolumeReadOnly {
+				t.Fatalf("events %+v, want one PodVolumeReadOnly", *got)
+			}
+			ev := (*got)[0].Message
+			if !strings.HasPrefix(ev, tc.line+" (the device ") || !strings.Contains(ev, "/var/lib/kubelet/") {
+				t.Errorf("event message %q, want the line, the device and its mounts", ev)
+			}
+			if tc.note != "" && ev != tc.line+tc.note {
+				t.Errorf("event message\n%q, want\n%q", ev, tc.line+tc.note)
+			}
+			if n := testutil.ToFloat64(mon.cur.matched["ReadonlyFilesystem"]); n != 0 {
+				t.Errorf("ReadonlyFilesystem counted %v matches, want 0", n)
+			}
+		})
+	}
+}
+
+// The mount table is read as the line is: a device mounted below pods/
+// when one line is read and outside by the next is the node's then; a
+// mount table that cannot be read, or does not parse, leaves the line to
+// set the condition.
+func TestPodVolumeMountTableFailsTowardsTheNode(t *testing.T) {
+	sys := filepath.Join(podVolumeRoot, "sys")
+	fixture, err := os.ReadFile(filepath.Join(podVolumeRoot, "proc", "self", "mountinfo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := "EXT4-fs (rbd0): Remounting filesystem read-only"
+	for _, tc := range []struct {
+		name string
+		mi   []byte // nil: no mount table
+	}{
+		{name: "no mount table"},
+		{name: "a line without the separator", mi: append(append([]byte{}, fixture...), "600 22 8:64 / /x rw\n"...)},
+		{name: "a mount of the device outside, added", mi: append(append([]byte{}, fixture...),
+			"600 22 252:0 / /var/lib/kubelet rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
+		{name: "a mount of the device by its source only, outside", mi: append(append([]byte{}, fixture...),
+			"600 22 0:77 / /srv rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
+		{name: "a mount of the device at the pods directory itself", mi: append(append([]byte{}, fixture...),
+			"600 22 252:0 / /var/lib/kubelet/pods rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proc := t.TempDir()
+			if tc.mi != nil {
+				if err := os.MkdirAll(filepath.Join(proc, "self"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(proc, "self", "mountinfo"), tc.mi, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mon, store, got := volumeMonitor(t, sys, proc)
+			mon.Handle(rec(nowUsec-1, line), t0)
+			if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue || c.Message != line {
+				t.Errorf("ReadonlyFilesystem %+v, want True", c)
+			}
+			if len(*got) != 0 {
+				t.Errorf("events %+v, want none", *got)
+			}
+		})
+	}
+}
+
+// A mount table longer than the bound is not judged: a mount outside may
+// be in the part not read.
+func TestPodVolumeMountTableOverTheBound(t *testing.T) {
+	mon, store, _ := volumeMonitor(t, filepath.Join(podVolumeRoot, "sys"), filepath.Join(podVolumeRoot, "proc"))
+	read := mon.volumes.read
+	mon.volumes.read = func(path string, max int) ([]byte, error) {
+		if filepath.Base(path) == "mountinfo" {
+			max = 512 // the fixture is longer
+		}
+		return read(path, max)
+	}
+	line := "EXT4-fs (rbd0): Remounting filesystem read-only"
+	mon.Handle(rec(nowUsec-1, line), t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue {
+		t.Errorf("ReadonlyFilesystem %+v, want True: the table was cut", c)
+	}
+	if _, err := readBounded(filepath.Join(podVolumeRoot, "proc", "self", "mountinfo"), 512); !errors.Is(err, errTooLong) {
+		t.Errorf("readBounded over the bound: %v, want errTooLong", err)
+	}
+}
+
+// A lookup that does not answer (the mount table waits for the kernel's
+// namespace lock, a sysfs read for a device being torn down) holds the
+// reader for podLookupWait at most: the line then sets ReadonlyFilesystem.
+// While it hangs no other lookup starts; once it returns, devices are
+// looked up again.
+func TestHungVolumeLookupFailsTowardsTheNode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var reads atomic.Int32
+		hang := true
+		mon, store, got := volumeMonitor(t, filepath.Join(podVolumeRoot, "sys"), filepath.Join(podVolumeRoot, "proc"))
+		read := mon.volumes.read
+		mon.volumes.read = func(path string, max int) ([]byte, error) {
+			reads.Add(1)
+			if hang {
+				<-release
+			}
+			return read(path, max)
+		}
+		line := "EXT4-fs (rbd0): Remounting filesystem read-only"
+		start := time.Now()
+		mon.Handle(rec(nowUsec-1, line), t0)
+		if waited := time.Since(start); waited != podLookupWait {
+			t.Errorf("the reader waited %v for the hung lookup, want %v", waited, podLookupWait)
+		}
+		if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue {
+			t.Errorf("ReadonlyFilesystem %+v after a hung lookup, want True", c)
+		}
+		start = time.Now()
+		mon.Handle(rec(nowUsec-1, "EXT4-fs (nvme1n1): Remounting filesystem read-only"), t0)
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("a line while the lookup hangs waited %v, want none", waited)
+		}
+		if n := reads.Load(); n != 1 {
+			t.Errorf("%d reads while the first hangs, want 1", n)
+		}
+		if c, _ := store.Get("ReadonlyFilesystem"); !strings.HasPrefix(c.Message, "EXT4-fs (nvme1n1)") {
+			t.Errorf("ReadonlyFilesystem %+v, want the second line's", c)
+		}
+		hang = false
+		close(release)
+		synctest.Wait()
+		mon.Handle(rec(nowUsec-1, "XFS (sdc): Log I/O Error Detected. Shutting down filesystem"), t0)
+		if len(*got) != 1 || (*got)[0].Reason != report.EventPodVolumeReadOnly {
+			t.Errorf("events %+v, want a PodVolumeReadOnly once the hung lookup returned", *got)
+		}
+	})
+}
+
+// Every form of the ReadonlyFilesystem rule names its device; a custom
+// rule's dev group may hold anything, and only a name of /sys/class/block
+// is looked up, never a path out of it; a custom rule without one sets the
+// condition as before.
+func TestReadonlyFilesystemDevice(t *testing.T) {
+	rs, err := Compile(DefaultRules, DefaultCriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line, dev := range map[string]string{
+		"EXT4-fs (rbd0): Remounting filesystem read-only":          "rbd0",
+		"EXT2-fs (sdb1): error: remounting filesystem read-only":   "sdb1",
+		"BTRFS info (device sda2): forced readonly":                "sda2",
+		"BTRFS error (device nvme0n1p2 state EA): forced readonly": "nvme0n1p2",
+		"BTRFS info (device dm-2: state EA): forced readonly":      "dm-2",
+		"F2FS-fs (sdb1): Stopped filesystem due to reason: 3":      "sdb1",
+		"F2FS-fs (mmcblk0p2): Remounting filesystem read-only":     "mmcblk0p2",
+		"XFS (dm-3): Metadata I/O Error (0x1) detected at xfs_trans_read_buf_map+0x2a1/0x310 [xfs] (fs/xfs/xfs_trans_buf.c:296).  Shutting down filesystem.": "dm-3",
+		"XFS (sda3): Log I/O Error Detected. Shutting down filesystem":                                                                                       "sda3",
+	} {
+		ms := rs.Matches(nil, []byte(line))
+		if len(ms) != 1 || ms[0].Rule.Name != "ReadonlyFilesystem" || ms[0].Dev != dev {
+			t.Errorf("%q: matches %+v, want ReadonlyFilesystem on %s", line, ms, dev)
+		}
+	}
+
+	sys := t.TempDir()
+	// A dev file out of /sys/class/block, where "../x" would lead.
+	if err := os.MkdirAll(filepath.Join(sys, "class", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sys, "class", "x", "dev"), []byte("252:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, pattern := range []string{`^ro: (?P<dev>.+)$`, `^ro: .+$`} {
+		store := report.NewStore("b")
+		rs, err := Compile([]Rule{{Name: "ReadonlyFilesystem", Kind: Perm, Condition: "ReadonlyFilesystem", Reason: "FilesystemIsReadOnly",
+			Pattern: pattern}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon := NewMonitor(Options{Rules: rs, Store: store, Sysfs: sys, Proc: filepath.Join(podVolumeRoot, "proc")})
+		mon.volumes.now = func() uint64 { return nowUsec }
+		mon.Start(t0, t0)
+		mon.CaughtUp(0, t0)
+		for _, dev := range []string{"../x", "..", "rbd0"} {
+			mon.Handle(rec(nowUsec-1, "ro: "+dev), t0)
+			if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue || c.Message != "ro: "+dev {
+				t.Errorf("pattern %s, device %q: ReadonlyFilesystem %+v, want True", pattern, dev, c)
+			}
+		}
+	}
+}
