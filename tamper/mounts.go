@@ -37,9 +37,14 @@ type MountWatcher struct {
 	fd   int
 	root string
 	spec Spec
-	// bases are the patterns' fixed parts under root, as mountinfo
-	// writes a mount point (mayBeRelevant).
-	bases [][]byte
+	// ways are, at the last reading, the patterns' fixed parts under
+	// root and where each leads through the symlinks on its way
+	// (resolveWays), as mountinfo writes a mount point (mayBeRelevant).
+	ways []way
+	// fixed are the patterns' fixed parts (resolveWays); kernel and host
+	// its resolutions' memos, kept for the next reading's.
+	fixed        []fixedPart
+	kernel, host map[string]resolved
 	// prev are the relevant mounts of the last reading (read); buf is
 	// the reading's buffer, kept for the next.
 	prev map[string]string
@@ -50,16 +55,15 @@ type MountWatcher struct {
 // it returns is reported by Run. The mount points reported are those (host
 // paths under root) where a change can change what spec protects
 // (Spec.Relevant: a protected path, one in a protected tree, a directory
-// on the way to one).
+// on the way to one), by their names or by where a symlinked directory on
+// their way leads (resolveWays: a path of this process where it leads out
+// of root).
 func NewMountWatcher(root string, spec Spec) (*MountWatcher, error) {
 	fd, err := unix.Open(MountsFile, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: MountsFile, Err: err}
 	}
 	m := &MountWatcher{fd: fd, root: root, spec: spec}
-	for _, p := range spec.Patterns {
-		m.bases = append(m.bases, []byte(hostio.HostJoin(root, hostio.GlobBase(p))))
-	}
 	if m.prev, err = m.read(); err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -134,10 +138,12 @@ func (m *MountWatcher) Run(ctx context.Context, fn func(hostPath string)) error 
 
 // read reads the mount table from its start and returns the mounts whose
 // mount point is relevant: the line's mount ID, root and mount point -> the
-// mount point as a host path. A node's table holds thousands of pod and
-// container mounts: a line is split only where its mount point can be on
-// the way to or under a pattern's fixed part (bases).
+// mount point as a host path (as this process's path where a link led out
+// of root). A node's table holds thousands of pod and container mounts: a
+// line is split only where its mount point can be on the way to or under a
+// pattern's fixed part, or where it leads (ways).
 func (m *MountWatcher) read() (map[string]string, error) {
+	m.resolveWays()
 	if _, err := unix.Seek(m.fd, 0, 0); err != nil {
 		return nil, &os.PathError{Op: "seek", Path: MountsFile, Err: err}
 	}
@@ -182,7 +188,12 @@ func (m *MountWatcher) read() (map[string]string, error) {
 		mp := path.Clean(hostio.UnescapeMountinfo(string(f[4])))
 		hp, ok := underRoot(m.root, mp)
 		if !ok || !m.spec.Relevant(hp) {
-			continue
+			if !m.throughLink(mp) {
+				continue
+			}
+			if !ok {
+				hp = mp
+			}
 		}
 		out[string(f[0])+" "+string(f[3])+" "+string(f[4])] = hp
 	}
@@ -190,14 +201,114 @@ func (m *MountWatcher) read() (map[string]string, error) {
 }
 
 // mayBeRelevant is false for a mount point (as mountinfo writes it) that
-// is neither on the way to a pattern's fixed part nor under it: neither is
-// a prefix of the other. An escaped name is left to Relevant.
+// is neither on the way to a pattern's fixed part, or to where it leads,
+// nor under it: neither is a prefix of the other. An escaped name is left
+// to Relevant and throughLink.
 func (m *MountWatcher) mayBeRelevant(raw []byte) bool {
 	if bytes.IndexByte(raw, '\\') >= 0 {
 		return true
 	}
-	for _, b := range m.bases {
-		if bytes.HasPrefix(raw, b) || bytes.HasPrefix(b, raw) {
+	for _, w := range m.ways {
+		// string(raw[:n]) == at: compared without a copy
+		if n := min(len(raw), len(w.at)); string(raw[:n]) == w.at[:n] {
+			return true
+		}
+	}
+	return false
+}
+
+// way is a pattern's fixed part (base, a host path) and a path it leads
+// to in this process's mount namespace (at, as mountinfo names a mount
+// point); linked where at is not base under root.
+type way struct {
+	base, at string
+	linked   bool
+}
+
+// fixedPart is what resolveWays resolves of a pattern's fixed part
+// (base): the directory whose links are followed (dir, a host path; in,
+// the same under root), and the name after it (last, "" where the whole
+// fixed part is followed); lexical is base under root.
+type fixedPart struct {
+	base, dir, in, last, lexical string
+}
+
+// resolveWays sets the ways of this reading. A symlinked directory on the
+// way to a protected path (/var/lib/kubelet -> /data/kubelet) is followed
+// by the scan, as by the kubelet, and a mount over the path it leads to
+// shows in mountinfo under the link's target (/data/kubelet/config.yaml),
+// not the pattern's name: each fixed part is resolved at each reading (a
+// link retargeted since leads elsewhere), twice where root is not "/":
+// as the kernel resolves it under this process's "/" (an absolute link
+// leads out of root: what the scan reads) and as the host does (an
+// absolute link is a host path, under root). A pattern's last name is not
+// followed where it has no wildcard: the scan records a link there as the
+// link, and a mount over its target changes nothing it reads.
+func (m *MountWatcher) resolveWays() {
+	if m.fixed == nil {
+		for _, p := range m.spec.Patterns {
+			f := fixedPart{base: hostio.GlobBase(p)}
+			f.dir, f.lexical = f.base, hostio.HostJoin(m.root, f.base)
+			if !strings.ContainsAny(p, `*?[\`) && f.base != "/" {
+				f.dir, f.last = path.Dir(f.base), path.Base(f.base)
+			}
+			f.in = hostio.HostJoin(m.root, f.dir)
+			m.fixed = append(m.fixed, f)
+		}
+	}
+	m.ways = m.ways[:0]
+	add := func(base, at string, linked bool) {
+		for _, w := range m.ways {
+			if w.base == base && w.at == at {
+				return
+			}
+		}
+		m.ways = append(m.ways, way{base: base, at: at, linked: linked})
+	}
+	for _, f := range m.fixed {
+		add(f.base, f.lexical, false)
+	}
+	// what each prefix resolved to in this reading, one map for each
+	// meaning
+	if m.kernel == nil {
+		m.kernel, m.host = map[string]resolved{}, map[string]resolved{}
+	}
+	clear(m.kernel)
+	clear(m.host)
+	inRoot := m.root != "" && m.root != "/"
+	for _, f := range m.fixed {
+		if at := resolveIn("/", f.in, m.kernel).cur; at != f.in {
+			add(f.base, path.Join(at, f.last), true)
+		}
+		if !inRoot {
+			continue
+		}
+		if at := resolveIn(m.root, f.dir, m.host).cur; at != f.dir {
+			add(f.base, path.Join(m.root, at, f.last), true)
+		}
+	}
+}
+
+// throughLink reports whether mount point mp (a path of this process)
+// is, through a symlinked directory on the way to a pattern's fixed part,
+// on the way to it or under it where the pattern reaches (Spec.Relevant
+// of the same path by the pattern's name). "/" and root itself are on
+// the way to everything and are not taken, as Relevant takes neither.
+func (m *MountWatcher) throughLink(mp string) bool {
+	if mp == "/" || mp == path.Clean(m.root) {
+		return false
+	}
+	for _, w := range m.ways {
+		if !w.linked {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(mp, w.at); ok && (rest == "" || rest[0] == '/' || w.at == "/") {
+			if m.spec.Relevant(path.Join(w.base, rest)) {
+				return true
+			}
+			continue
+		}
+		if strings.HasPrefix(w.at, mp+"/") {
 			return true
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,13 +54,17 @@ func FuzzMountWatcherRead(f *testing.F) {
 		}
 		defer unix.Close(fd)
 		m := &MountWatcher{fd: fd, root: root, spec: spec}
-		for _, pat := range spec.Patterns {
-			m.bases = append(m.bases, []byte(hostio.HostJoin(root, hostio.GlobBase(pat))))
-		}
 		m.buf = make([]byte, 0, 7) // smaller than most tables: grown while read
 		got, err := m.read()
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The reference knows no link: it holds where no pattern's
+		// directory under root is a symlink on this machine.
+		for _, w := range m.ways {
+			if w.linked {
+				testenv.Skip(t, w.base+" leads to "+w.at+" on this machine")
+			}
 		}
 		want := map[string]string{}
 		for _, l := range strings.Split(table, "\n") {

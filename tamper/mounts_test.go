@@ -2,9 +2,12 @@ package tamper
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,5 +133,155 @@ func TestMountWatcherStopLeavesNothing(t *testing.T) {
 	}
 	if g, f := runtime.NumGoroutine(), fds(); g > g0 || f != f0 {
 		t.Fatalf("after 20 watchers stopped: %d goroutines (before %d), %d descriptors (before %d)", g, g0, f, f0)
+	}
+}
+
+// A mount over a protected path reached through a symlinked directory on
+// the way (/var/lib/kubelet -> /data/kubelet) shows in the mount table
+// under the link's target (/data/kubelet/config.yaml), and is reported as
+// one over the protected path is, and so is its unmount; a mount elsewhere
+// under the target (a pod's volume) is not. The link is relative, or
+// absolute, meaning a host path under the root as the host follows it, or
+// one out of the root, where the kernel follows it from this process's
+// "/" (what the scan reads there), or a chain of both. Before, the mount
+// was no protected path's name, and waited for the interval's scan, while
+// a read through the link returned the mount's content.
+func TestMountWatcherReportsMountsThroughASymlinkedDirectory(t *testing.T) {
+	out := t.TempDir() // a directory out of the root, for a link that leads there
+	for _, c := range []struct {
+		name  string
+		links map[string]string // host path -> target, under the root
+		pat   string
+		// make are the links' targets (paths of this process: R is the
+		// root; a name ending in "/" a directory, else a file). mount
+		// (over a file: a bind mount; a directory: a tmpfs) and unrelated
+		// (a tmpfs) are paths of this process; want is the report.
+		make                   []string
+		mount, unrelated, want string
+		// through, where set, is a protected host path this process
+		// reads through the link (not an absolute link under a root other
+		// than "/"), and seen what it reads there with the mount ("":
+		// nothing, hidden by it).
+		through, seen string
+	}{
+		{name: "relative link", links: map[string]string{"/var/lib/kubelet": "../../data/kubelet"}, pat: "/var/lib/kubelet/config.yaml",
+			make: []string{"R/data/kubelet/config.yaml", "R/data/kubelet/pods/volume/"}, through: "/var/lib/kubelet/config.yaml", seen: "evil\n",
+			mount: "R/var/lib/kubelet/config.yaml", unrelated: "R/data/kubelet/pods/volume", want: "/data/kubelet/config.yaml"},
+		{name: "absolute link under the root", links: map[string]string{"/var/lib/kubelet": "/data/kubelet"}, pat: "/var/lib/kubelet/config.yaml",
+			make:  []string{"R/data/kubelet/config.yaml", "R/data/kubelet/pods/volume/"},
+			mount: "R/data/kubelet/config.yaml", unrelated: "R/data/kubelet/pods/volume", want: "/data/kubelet/config.yaml"},
+		{name: "directory on the way to the target", links: map[string]string{"/var/lib/kubelet": "../../data/kubelet"}, pat: "/var/lib/kubelet/config.yaml",
+			make:  []string{"R/data/kubelet/config.yaml", "R/srv/volume/"},
+			mount: "R/data", unrelated: "R/srv/volume", want: "/data"},
+		{name: "protected tree", links: map[string]string{"/etc/kubernetes": "../srv/kubernetes"}, pat: "/etc/kubernetes/manifests",
+			make: []string{"R/srv/kubernetes/manifests/pki/ca.crt", "R/srv/kubernetes/pods/volume/"}, through: "/etc/kubernetes/manifests/pki/ca.crt",
+			mount: "R/srv/kubernetes/manifests/pki", unrelated: "R/srv/kubernetes/pods/volume", want: "/srv/kubernetes/manifests/pki"},
+		{name: "wildcard", links: map[string]string{"/etc/systemd": "../srv/systemd"}, pat: "/etc/systemd/system/*.d/*.conf",
+			make:    []string{"R/srv/systemd/system/kubelet.service.d/10-kubeadm.conf", "R/srv/systemd/system/multi-user.target.wants/"},
+			through: "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", seen: "evil\n",
+			mount: "R/srv/systemd/system/kubelet.service.d/10-kubeadm.conf", unrelated: "R/srv/systemd/system/multi-user.target.wants",
+			want: "/srv/systemd/system/kubelet.service.d/10-kubeadm.conf"},
+		{name: "chain of links", links: map[string]string{"/etc/kubernetes": "static/kubernetes", "/etc/static": "/srv/gen-1"}, pat: "/etc/kubernetes/kubelet.conf",
+			make:  []string{"R/srv/gen-1/kubernetes/kubelet.conf", "R/srv/gen-1/kubernetes/pods/volume/"},
+			mount: "R/srv/gen-1/kubernetes/kubelet.conf", unrelated: "R/srv/gen-1/kubernetes/pods/volume", want: "/srv/gen-1/kubernetes/kubelet.conf"},
+		{name: "absolute link out of the root", links: map[string]string{"/var/lib/kubelet": out + "/kubelet"}, pat: "/var/lib/kubelet/config.yaml",
+			make: []string{out + "/kubelet/config.yaml", out + "/kubelet/pods/volume/"}, through: "/var/lib/kubelet/config.yaml", seen: "evil\n",
+			mount: "R/var/lib/kubelet/config.yaml", unrelated: out + "/kubelet/pods/volume", want: out + "/kubelet/config.yaml"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := tree(t, map[string]string{"/srv/evil": "evil\n"})
+			full := func(p string) string {
+				if rest, ok := strings.CutPrefix(p, "R"); ok {
+					return filepath.Join(root, rest)
+				}
+				return p
+			}
+			for _, p := range c.make {
+				var err error
+				if err := os.MkdirAll(filepath.Dir(full(p)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if strings.HasSuffix(p, "/") {
+					err = os.MkdirAll(full(p), 0o755)
+				} else {
+					err = os.WriteFile(full(p), []byte("apiVersion: v1\n"), 0o644)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for link, target := range c.links {
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(root, link)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m, err := NewMountWatcher(root, Spec{Patterns: []string{c.pat}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			events := make(chan string, 16)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
+			mounted := map[string]bool{}
+			t.Cleanup(func() {
+				for p := range mounted {
+					unix.Unmount(p, unix.MNT_DETACH)
+				}
+			})
+			if err := unix.Mount("tmpfs", full(c.unrelated), "tmpfs", 0, ""); err != nil {
+				testenv.Skip(t, "cannot mount a tmpfs (root in a mount namespace that allows it): "+err.Error())
+			}
+			mounted[full(c.unrelated)] = true
+			over := full(c.mount)
+			if fi, err := os.Stat(over); err != nil {
+				t.Fatal(err)
+			} else if fi.IsDir() {
+				err = unix.Mount("tmpfs", over, "tmpfs", 0, "")
+			} else {
+				err = unix.Mount(filepath.Join(root, "/srv/evil"), over, "", unix.MS_BIND, "")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			mounted[over] = true
+			if c.through != "" {
+				b, err := os.ReadFile(filepath.Join(root, c.through))
+				if c.seen == "" && !errors.Is(err, fs.ErrNotExist) || c.seen != "" && (err != nil || string(b) != c.seen) {
+					t.Fatalf("read through %s: %q, %v; want %q", c.through, b, err, c.seen)
+				}
+			}
+			next := func(what string) string {
+				t.Helper()
+				select {
+				case p := <-events:
+					return p
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s: not reported within 10s", what)
+					return ""
+				}
+			}
+			if p := next("the mount over " + c.mount); p != c.want {
+				t.Fatalf("reported %q first, want %q (the unrelated mount is no protected path)", p, c.want)
+			}
+			for _, p := range []string{full(c.unrelated), over} {
+				if err := unix.Unmount(p, 0); err != nil {
+					t.Fatal(err)
+				}
+				delete(mounted, p)
+			}
+			if p := next("its unmount"); p != c.want {
+				t.Fatalf("reported %q after the unmounts, want %q (the unrelated mount is no protected path)", p, c.want)
+			}
+		})
 	}
 }

@@ -196,20 +196,35 @@ func (w *Watcher) linksOnTheWay(d string, memo map[string]resolved) []string {
 // resolve is where host path d leads (linksOnTheWay): the directory the
 // kernel reaches, and the symlinks it follows on the way.
 func (w *Watcher) resolve(d string, memo map[string]resolved) resolved {
-	comps := strings.Split(strings.Trim(path.Clean(d), "/"), "/")
-	r, i := resolved{cur: "/"}, 0
-	for k := len(comps); k > 0; k-- {
-		if m, ok := memo["/"+strings.Join(comps[:k], "/")]; ok {
-			r, i = m, k
+	return resolveIn(w.root, d, memo)
+}
+
+// resolveIn is where host path d leads under root, as the host follows
+// it (an absolute link's target is a host path, under root too): the path
+// reached (no symlink on it) and the symlinks followed to reach it. A name
+// that is not there, or no link, is taken as it is. memo holds what a
+// prefix of d resolved to, under the same root.
+func resolveIn(root, d string, memo map[string]resolved) resolved {
+	d = path.Clean("/" + d)
+	// The longest prefix of d resolved before (d[:end], a whole name),
+	// then the names after it, each prefix kept: substrings of d.
+	r, from := resolved{cur: "/"}, 1
+	for end := len(d); end > 1; end = strings.LastIndexByte(d[:end], '/') {
+		if m, ok := memo[d[:end]]; ok {
+			r, from = m, end+1
 			break
 		}
 	}
-	for ; i < len(comps); i++ {
-		if comps[i] == "" || comps[i] == "." {
-			continue
+	for from < len(d) {
+		end := strings.IndexByte(d[from:], '/')
+		if end < 0 {
+			end = len(d)
+		} else {
+			end += from
 		}
-		r = w.step(r, comps[i])
-		memo["/"+strings.Join(comps[:i+1], "/")] = r
+		r = step(root, r, d[from:end])
+		memo[d[:end]] = r
+		from = end + 1
 	}
 	return r
 }
@@ -221,19 +236,29 @@ type resolved struct {
 	links []string
 }
 
-// step resolves name in r.cur, following a symlink there through its
-// target, maxLinks in all.
-func (w *Watcher) step(r resolved, name string) resolved {
-	next := path.Join(r.cur, name)
+// step resolves name in r.cur under root, following a symlink there
+// through its target, maxLinks in all.
+func step(root string, r resolved, name string) resolved {
+	// path.Join(r.cur, name), r.cur clean, with one copy (a reading of
+	// the mount table resolves its patterns' directories each time)
+	var next string
+	switch {
+	case name == "..":
+		next = path.Dir(r.cur)
+	case r.cur == "/":
+		next = "/" + name
+	default:
+		next = r.cur + "/" + name
+	}
 	if len(r.links) >= maxLinks {
 		return resolved{cur: next, links: r.links}
 	}
-	fi, err := os.Lstat(hostio.HostJoin(w.root, next))
-	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+	var st unix.Stat_t
+	if err := unix.Lstat(hostio.HostJoin(root, next), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
 		return resolved{cur: next, links: r.links}
 	}
 	links := append(slices.Clip(r.links), next)
-	target, err := os.Readlink(hostio.HostJoin(w.root, next))
+	target, err := os.Readlink(hostio.HostJoin(root, next))
 	if err != nil {
 		return resolved{cur: next, links: links}
 	}
@@ -243,7 +268,7 @@ func (w *Watcher) step(r resolved, name string) resolved {
 	}
 	for _, c := range strings.Split(target, "/") {
 		if c != "" && c != "." {
-			t = w.step(t, c)
+			t = step(root, t, c)
 		}
 	}
 	return t
