@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -702,10 +703,42 @@ func (w wholeAnswersRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(b))
 	if resp.StatusCode >= 400 {
+		retryAfterAsSeconds(resp.Header, time.Now())
 		b = retryAfterInStatus(resp, b)
 		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
 	}
 	return resp, nil
+}
+
+// retryAfterAsSeconds rewrites a failed call's Retry-After as the whole
+// seconds client-go reads (decimal seconds only, kept as an int32): an
+// HTTP date (RFC 9110 allows one; a proxy or a load balancer in front of
+// the API server may send it) as the seconds until then, rounded up, and
+// a number past an int32 as the largest one (retryWait waits a minute at
+// most). Either was lost: the date ignored, the number wrapped round (an
+// int32 of 2147483648 is negative) or, written into a Status
+// (retryAfterInStatus), making it undecodable, the next try after a
+// second of the backoff. A date gone by or a negative number is 0; what
+// is neither a number nor a date is left as it is (no wait asked).
+func retryAfterAsSeconds(h http.Header, now time.Time) {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return
+	}
+	var secs int64
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		secs = n
+	} else if errors.Is(err, strconv.ErrRange) {
+		secs = math.MaxInt32 // past an int64
+		if v[0] == '-' {
+			secs = 0
+		}
+	} else if t, err := http.ParseTime(v); err == nil {
+		secs = int64(math.Ceil(t.Sub(now).Seconds()))
+	} else {
+		return
+	}
+	h.Set("Retry-After", strconv.FormatInt(min(max(secs, 0), math.MaxInt32), 10))
 }
 
 // retryAfterInStatus returns the body of a failed call's answer, a Status

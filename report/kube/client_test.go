@@ -16,6 +16,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math"
 	"math/big"
 	"net"
 	"net/http"
@@ -1112,6 +1113,53 @@ func TestRetryAfterOfAnyAnswerIsKept(t *testing.T) {
 		}
 		if tc.code == 429 && !apierrors.IsTooManyRequests(err) {
 			t.Errorf("%s: %v is not a 429's error", tc.name, err)
+		}
+	}
+}
+
+// A Retry-After that is an HTTP date (RFC 9110 allows one: a proxy or a
+// load balancer in front of the API server may send it) or a number of
+// seconds past what an int32 holds asks the reporter to wait too, as
+// whole seconds: client-go reads only a Retry-After of decimal seconds
+// and keeps them as an int32. The date was dropped (the next try after a
+// second of the backoff), and a Status given 2147483648 s by
+// retryAfterInStatus no longer decoded: its message was gone and the wait
+// too. 0 and negative ask for none.
+func TestRetryAfterAsADateOrTooLargeIsKept(t *testing.T) {
+	status := `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"try again later","reason":"TooManyRequests","code":429}`
+	text := "Too many requests, please try again later.\n"
+	date := time.Now().Add(2 * time.Minute).UTC().Format(http.TimeFormat)
+	for _, tc := range []struct {
+		name, ctype, body, retryAfter string
+		min, max                      int // the delay asked, 0 0: none
+	}{
+		{"Status, a date 2 min ahead", "application/json", status, date, 118, 120},
+		{"text, a date 2 min ahead", "text/plain; charset=utf-8", text, date, 118, 120},
+		{"Status, a date gone by", "application/json", status, "Sun, 06 Nov 1994 08:49:37 GMT", 0, 0},
+		{"Status, 2147483648", "application/json", status, "2147483648", 60, math.MaxInt32},
+		{"text, 2147483648", "text/plain; charset=utf-8", text, "2147483648", 60, math.MaxInt32},
+		{"Status, 99999999999999999999", "application/json", status, "99999999999999999999", 60, math.MaxInt32},
+		{"Status, 0", "application/json", status, "0", 0, 0},
+		{"Status, -5", "application/json", status, "-5", 0, 0},
+		{"Status, 3600", "application/json", status, "3600", 3600, 3600},
+		{"Status, not a time", "application/json", status, "soon", 0, 0},
+	} {
+		c := apiServer(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.ctype)
+			w.Header().Set("Retry-After", tc.retryAfter)
+			w.WriteHeader(http.StatusTooManyRequests)
+			w.Write([]byte(tc.body))
+		})
+		_, err := c.PatchNodeStatus(context.Background(), "n1", []byte(`{}`))
+		s, ok := apierrors.SuggestsClientDelay(err)
+		if tc.max == 0 && ok || tc.max > 0 && (!ok || s < tc.min || s > tc.max) {
+			t.Errorf("%s: the error (%v) asks for %d s (%v), want %d to %d", tc.name, err, s, ok, tc.min, tc.max)
+		}
+		if !apierrors.IsTooManyRequests(err) {
+			t.Errorf("%s: %v is not a 429's error", tc.name, err)
+		}
+		if tc.ctype == "application/json" && err != nil && err.Error() != "try again later" {
+			t.Errorf("%s: the error says %q, want the Status's message", tc.name, err)
 		}
 	}
 }
