@@ -804,3 +804,45 @@ func TestCountPatchesWaitOutTheRetryAfter(t *testing.T) {
 		}
 	})
 }
+
+// A 429 on the Events (a Retry-After of a minute, eventsHold) holds the
+// Events alone: a condition's change that comes while the event writer
+// waits it out, and the change after, are each on the Node within a
+// second, the status writer's backoff untouched by the event writer's.
+func TestEventsRetryAfterDoesNotHoldTheConditions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		creates := 0
+		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			creates++
+			return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		defer h.stop()
+		<-h.r.Adopted()
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		synctest.Wait()
+		for i, c := range []report.Condition{
+			{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"},
+			{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "b"},
+		} {
+			time.Sleep(5 * time.Second)
+			store.Set(c, time.Now())
+			store.Emit(report.Event{Reason: "IOError", Message: fmt.Sprintf("I/O error, dev sda, sector %d", i), Time: time.Now()})
+			time.Sleep(time.Second)
+			synctest.Wait()
+			if got := findCond(h.node(t), "DiskUsageHigh"); got == nil || string(got.Status) != string(c.Status) || got.Reason != string(c.Reason) {
+				t.Errorf("a second after change %d, while the Events wait out a 429's minute: the Node has %+v, want %s/%s", i+1, got, c.Status, c.Reason)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if creates != 1 {
+			t.Errorf("%d Event creates in the 429's minute, want 1", creates)
+		}
+	})
+}
