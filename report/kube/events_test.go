@@ -846,3 +846,58 @@ func TestEventsRetryAfterDoesNotHoldTheConditions(t *testing.T) {
 		}
 	})
 }
+
+// An Event storm while the event writer waits out a 429's Retry-After:
+// every reason of the catalog, 100 distinct messages each, none written
+// for three minutes. Aggregated as without the wait: per reason 10 Events
+// of their own and one combined (maxSimilarEvents), every occurrence
+// counted on the API server after its return, none dropped, and the table
+// no larger than that.
+func TestEventStormWhileTheWriterWaitsIsAggregated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		down := true
+		client.PrependReactor("*", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if down {
+				return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := start(t, client, store)
+		defer h.stop()
+		<-h.r.Adopted()
+		const messages = 100
+		for i := range messages {
+			for _, d := range report.Events {
+				store.Emit(report.Event{Reason: d.Reason, Message: fmt.Sprintf("message %d", i), Time: time.Now()})
+			}
+			time.Sleep(time.Second)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		mu.Lock()
+		down = false
+		mu.Unlock()
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		evs := events(t, client)
+		per := map[string]int{}
+		var total int32
+		for _, e := range evs {
+			total += e.Count
+			per[e.Reason]++
+		}
+		for _, d := range report.Events {
+			if per[d.Reason] != maxSimilarEvents+1 {
+				t.Errorf("%s: %d Events, want %d of their own and one combined", d.Reason, per[d.Reason], maxSimilarEvents)
+			}
+		}
+		if want := len(report.Events) * messages; int(total) != want || testutil.ToFloat64(h.m.dropped) != 0 {
+			t.Errorf("after the storm: Events counting %d, %v dropped; want %d, none dropped", total, testutil.ToFloat64(h.m.dropped), want)
+		}
+	})
+}
