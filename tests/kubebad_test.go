@@ -184,6 +184,11 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 			Header: http.Header{"Retry-After": {"5"}, "Content-Type": {"application/json"}}}, 5 * time.Second},
 		{"503 Status with Retry-After", harness.Fault{Code: 503, Body: status(503, "ServiceUnavailable"),
 			Header: http.Header{"Retry-After": {"5"}, "Content-Type": {"application/json"}}}, 5 * time.Second},
+		// A Retry-After as an HTTP date, 6 s ahead when the fault answers
+		// (dated below): RFC 9110 allows one, and client-go reads only
+		// seconds (the date was a second of the backoff).
+		{"429 Status with Retry-After as an HTTP date", harness.Fault{Code: 429, Body: status(429, "TooManyRequests"),
+			Header: http.Header{"Retry-After": {"date"}, "Content-Type": {"application/json"}}}, 4 * time.Second},
 		{"409 Conflict", harness.Fault{Code: 409, Body: status(409, "Conflict"),
 			Header: http.Header{"Content-Type": {"application/json"}}}, 0},
 		{"500", harness.Fault{Code: 500, Body: status(500, "InternalError"),
@@ -201,8 +206,14 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
 			waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
 
-			fault := tc.fault
-			p.SetFault(func(*http.Request) *harness.Fault { return &fault })
+			p.SetFault(func(*http.Request) *harness.Fault {
+				fault := tc.fault
+				if fault.Header.Get("Retry-After") == "date" {
+					fault.Header = fault.Header.Clone()
+					fault.Header.Set("Retry-After", time.Now().Add(6*time.Second).UTC().Format(http.TimeFormat))
+				}
+				return &fault
+			})
 			began := time.Now()
 			var last time.Time
 			for i := range 12 {
