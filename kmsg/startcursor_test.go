@@ -245,17 +245,11 @@ func TestLostRecordsAreNotCountedAgainAfterASIGKILL(t *testing.T) {
 		time.Sleep(time.Second) // the ring read to its end, the start saved
 		synctest.Wait()
 		// The ring overwrites 3 and 4 before the reader gets to them.
-		dev.mu.Lock()
-		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
-		dev.mu.Unlock()
-		dev.more <- struct{}{}
+		dev.log("6,5,5,-;ordinary chatter")
 		time.Sleep(time.Second)
 		synctest.Wait()
 		// A record after it, whose move alone waits for persistLater.
-		dev.mu.Lock()
-		dev.recs = append(dev.recs, lines("6,6,6,-;ordinary chatter")...)
-		dev.mu.Unlock()
-		dev.more <- struct{}{}
+		dev.log("6,6,6,-;ordinary chatter")
 		time.Sleep(4 * time.Second) // 5 s after the gap: under persistLater
 		synctest.Wait()
 		if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != 2 || l != 2 {
@@ -299,10 +293,7 @@ func TestLostRecordsAreCountedOnceWhenKilledBeforeTheSave(t *testing.T) {
 		// The ring overwrites 3 and 4 before the reader gets to them; the
 		// SIGKILL comes before the save of the move past 5.
 		hold.Store(true)
-		dev.mu.Lock()
-		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
-		dev.mu.Unlock()
-		dev.more <- struct{}{}
+		dev.log("6,5,5,-;ordinary chatter")
 		time.Sleep(time.Second)
 		synctest.Wait()
 		before := mon.Metrics().Lost()
@@ -340,10 +331,7 @@ func TestLostRecordsCountedWhenTheirSaveDoesNotEnd(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		hold.Store(true)
-		dev.mu.Lock()
-		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
-		dev.mu.Unlock()
-		dev.more <- struct{}{}
+		dev.log("6,5,5,-;ordinary chatter")
 		time.Sleep(time.Second)
 		synctest.Wait()
 		if l := mon.Metrics().Lost(); l != 0 {
@@ -380,10 +368,7 @@ func TestCursorAheadOfTheKernelIsNotWaitedOut(t *testing.T) {
 		mon, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		dev.mu.Lock()
-		dev.recs = append(dev.recs, lines("3,3,3,-;INFO: task kubelet:1234 blocked for more than 120 seconds.")...)
-		dev.mu.Unlock()
-		dev.more <- struct{}{}
+		dev.log("3,3,3,-;INFO: task kubelet:1234 blocked for more than 120 seconds.")
 		time.Sleep(time.Second)
 		synctest.Wait()
 		stop()
@@ -450,10 +435,7 @@ func TestLostRecordsCountedWhenTheReaderStopsBeforeTheirSave(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		hold.Store(true)
-		dev.mu.Lock()
-		dev.recs = append(dev.recs, lines("6,5,5,-;ordinary chatter")...)
-		dev.mu.Unlock()
-		dev.more <- struct{}{}
+		dev.log("6,5,5,-;ordinary chatter")
 		time.Sleep(time.Second)
 		synctest.Wait()
 		if l := mon.Metrics().Lost(); l != 0 {
@@ -503,4 +485,13 @@ func TestCursorAheadOfTheKernelIsNotWaitedOutOnAChattyLog(t *testing.T) {
 			t.Errorf("with a saved cursor (1000) ahead of the kernel's last record (2) and a line every 100 ms: %v records handled, %v lost; want %d and 0", got, l, n)
 		}
 	})
+}
+
+// log appends the records of the lines given, as the kernel logs them, and
+// wakes a read waiting for one (d.more must be set).
+func (d *fakeDevice) log(ls ...string) {
+	d.mu.Lock()
+	d.recs = append(d.recs, lines(ls...)...)
+	d.mu.Unlock()
+	d.more <- struct{}{}
 }
