@@ -215,17 +215,9 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 				return &fault
 			})
 			began := time.Now()
-			var last time.Time
-			for i := range 12 {
-				st, reason := report.StatusTrue, report.Reason("FilesystemSpaceHigh")
-				if i%2 == 1 {
-					st, reason = report.StatusFalse, "DiskUsageOK"
-				}
-				last = time.Now()
-				store.Set(report.Condition{Type: "DiskUsageHigh", Status: st, Reason: reason}, last)
-				store.Emit(report.Event{Reason: "TaskHung", Message: fmt.Sprintf("INFO: task worker:%d blocked for more than 120 seconds.", 100+i), Time: time.Now()})
-				time.Sleep(time.Second) // a change a second through the bad day
-			}
+			last := changeEverySecond(store, 12, func(i int) string {
+				return fmt.Sprintf("INFO: task worker:%d blocked for more than 120 seconds.", 100+i)
+			})
 			p.SetFault(nil)
 			for _, kind := range []struct{ what, sub, method string }{
 				{"status writes", "/status", http.MethodPatch},
@@ -363,17 +355,7 @@ func TestKubeRefusedPortThroughAProxy(t *testing.T) {
 
 	p.Refuse()
 	down := time.Now()
-	var last time.Time
-	for i := range 35 {
-		st, reason := report.StatusTrue, report.Reason("FilesystemSpaceHigh")
-		if i%2 == 1 {
-			st, reason = report.StatusFalse, "DiskUsageOK"
-		}
-		last = time.Now()
-		store.Set(report.Condition{Type: "DiskUsageHigh", Status: st, Reason: reason}, last)
-		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
-		time.Sleep(time.Second) // a change a second through the outage
-	}
+	last := changeEverySecond(store, 35, func(int) string { return "INFO: task kubelet:4242 blocked for more than 120 seconds." })
 	if d, secs := dials.get(), int(time.Since(down).Seconds()); d > secs+2 {
 		t.Errorf("%d dials in a %d s outage, want about one a second", d, secs)
 	} else {
@@ -440,4 +422,22 @@ func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
 		t.Errorf("DiskUsageHigh back as %+v, want True since %v", c, since)
 	}
 	readyIntact(t, n)
+}
+
+// changeEverySecond turns DiskUsageHigh True and False in turn, n times a
+// second apart (the first True), each with a TaskHung Event of message(i),
+// as a node's changes come through an API server's bad day, and returns
+// when the last change was set.
+func changeEverySecond(store *report.Store, n int, message func(i int) string) (last time.Time) {
+	for i := range n {
+		st, reason := report.StatusTrue, report.Reason("FilesystemSpaceHigh")
+		if i%2 == 1 {
+			st, reason = report.StatusFalse, "DiskUsageOK"
+		}
+		last = time.Now()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: st, Reason: reason}, last)
+		store.Emit(report.Event{Reason: "TaskHung", Message: message(i), Time: time.Now()})
+		time.Sleep(time.Second) // a change a second through the bad day
+	}
+	return last
 }
