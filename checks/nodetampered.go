@@ -542,11 +542,13 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
-	unavailable := "" // the last open's error, logged once per change
+	// down: why file notifications are not running (the last failed
+	// open's error, or the stop's), logged once per change and cleared,
+	// with their return logged, when an open works again.
+	down := ""
 	// stopErr: why the running notifications stopped (set before done is
-	// closed); stopped, the last such reason logged.
+	// closed).
 	var stopErr error
-	stopped := ""
 	// watchDirs watches dirs (the last run's hand-over) and wakes the
 	// check when directories were added: the run that handed them over
 	// scanned them before their watch, and what was written there since
@@ -570,17 +572,17 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	open := func() {
 		nw, err := newFileWatcher(c.env.Config.HostRoot)
 		if err != nil {
-			if err.Error() != unavailable {
+			if text := "unavailable: " + err.Error(); text != down {
 				c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan until they can be opened again", "err", err, "retry_in", retryIn)
-				unavailable = err.Error()
+				down = text
 			}
 			retry.Reset(retryIn)
 			retryIn = min(2*retryIn, maxWatchRetry)
 			return
 		}
-		if unavailable != "" {
+		if down != "" {
 			c.env.Log.Info("file notifications available again")
-			unavailable = ""
+			down = ""
 		}
 		w, done = nw, make(chan struct{})
 		go func(w *tamper.Watcher, done chan struct{}) {
@@ -613,9 +615,9 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 			// retry opens them again.
 			w, done, failedBefore = nil, nil, nil
 			if ctx.Err() == nil {
-				if stopErr != nil && stopErr.Error() != stopped {
+				if stopErr != nil {
 					c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan until they can be opened again", "err", stopErr, "retry_in", retryIn)
-					stopped = stopErr.Error()
+					down = "stopped: " + stopErr.Error()
 				}
 				retry.Reset(retryIn)
 				retryIn = min(2*retryIn, maxWatchRetry)

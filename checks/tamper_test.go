@@ -1909,3 +1909,48 @@ func TestNodeTamperedFileNotificationsOpenedAgain(t *testing.T) {
 		t.Errorf("the return not logged:\n%s", logs)
 	}
 }
+
+// File notifications that stopped (a read error on the inotify descriptor)
+// are opened again on the retry timer, and their return is logged as it is
+// after a failed open: the journal's "file notifications stopped; ... until
+// they can be opened again" is followed by "file notifications available
+// again". A later stop with the same error, after that return, is logged
+// again. Before, the return was logged only after a failed open: a stop's
+// warning was the journal's last word, as if they never came back.
+func TestNodeTamperedFileNotificationsStoppedAndBackAreLogged(t *testing.T) {
+	h := newTamperHost(t)
+	h.logs = &testenv.SyncBuffer{}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	orig, min0, max0 := newFileWatcher, minWatchRetry, maxWatchRetry
+	opened := make(chan *tamper.Watcher, 4)
+	newFileWatcher = func(root string) (*tamper.Watcher, error) {
+		w, err := orig(root)
+		if err == nil {
+			opened <- w
+		}
+		return w, err
+	}
+	minWatchRetry, maxWatchRetry = 10*time.Millisecond, 40*time.Millisecond
+	t.Cleanup(func() { newFileWatcher, minWatchRetry, maxWatchRetry = orig, min0, max0 })
+	_, stop := watchWakes(c)
+	defer stop()
+	for i := 1; i <= 2; i++ {
+		// A read error ends the watcher's Run (here its descriptor
+		// closed); the retry opens another.
+		(<-opened).Close()
+		for deadline := time.Now().Add(10 * time.Second); strings.Count(h.logs.String(), "file notifications available again") < i; {
+			if time.Now().After(deadline) {
+				t.Fatalf("stop %d: no return logged within 10s:\n%s", i, h.logs.String())
+			}
+			runtime.Gosched()
+		}
+		logs := h.logs.String()
+		if n := strings.Count(logs, "file notifications stopped"); n != i {
+			t.Fatalf("stop %d: the stop logged %d times, want %d:\n%s", i, n, i, logs)
+		}
+		if n := strings.Count(logs, "file notifications available again"); n != i {
+			t.Fatalf("stop %d: the return logged %d times, want %d:\n%s", i, n, i, logs)
+		}
+	}
+}
