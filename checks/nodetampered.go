@@ -539,6 +539,13 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	var w *tamper.Watcher
 	var dirs, failedBefore []string
 	retryIn := minWatchRetry
+	// openedAt: when the running notifications were opened. A stop after
+	// they ran maxWatchRetry or longer is a new outage: its first retry
+	// waits minWatchRetry again, not the wait the last one reached; one
+	// that comes sooner (a watcher that stops as it opens) goes on
+	// doubling, so a flapping one costs a scan and two log lines per
+	// maxWatchRetry at most.
+	var openedAt time.Time
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
@@ -584,7 +591,7 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 			c.env.Log.Info("file notifications available again")
 			down = ""
 		}
-		w, done = nw, make(chan struct{})
+		w, done, openedAt = nw, make(chan struct{}), time.Now()
 		go func(w *tamper.Watcher, done chan struct{}) {
 			defer close(done)
 			stopErr = w.Run(ctx, func(ev tamper.Event) {
@@ -615,6 +622,9 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 			// retry opens them again.
 			w, done, failedBefore = nil, nil, nil
 			if ctx.Err() == nil {
+				if time.Since(openedAt) >= maxWatchRetry {
+					retryIn = minWatchRetry
+				}
 				if stopErr != nil {
 					c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan until they can be opened again", "err", stopErr, "retry_in", retryIn)
 					down = "stopped: " + stopErr.Error()

@@ -1954,3 +1954,51 @@ func TestNodeTamperedFileNotificationsStoppedAndBackAreLogged(t *testing.T) {
 		}
 	}
 }
+
+// A stop of file notifications that ran for the longest retry wait or more
+// is a new outage: its first retry waits the shortest wait again (1 min),
+// as README promises ("opened again 1 min later, the wait doubling at each
+// failure up to 10 min"), not the wait an earlier outage reached. Before,
+// the wait was never reset: after failed opens at the start had taken it to
+// 10 min, every later stop waited 10 min for its reopen.
+func TestNodeTamperedFileNotificationsRetryStartsAgainAfterARun(t *testing.T) {
+	h := newTamperHost(t)
+	h.logs = &testenv.SyncBuffer{}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	orig, min0, max0 := newFileWatcher, minWatchRetry, maxWatchRetry
+	var fails atomic.Int32
+	opened := make(chan *tamper.Watcher, 1)
+	newFileWatcher = func(root string) (*tamper.Watcher, error) {
+		if fails.Add(1) <= 3 {
+			return nil, os.NewSyscallError("inotify_init1", unix.EMFILE)
+		}
+		w, err := orig(root)
+		if err == nil {
+			opened <- w
+		}
+		return w, err
+	}
+	// Three failed opens wait 10, 20 and 40 ms: the wait is at its longest.
+	minWatchRetry, maxWatchRetry = 10*time.Millisecond, 40*time.Millisecond
+	t.Cleanup(func() { newFileWatcher, minWatchRetry, maxWatchRetry = orig, min0, max0 })
+	_, stop := watchWakes(c)
+	defer stop()
+	w := <-opened
+	// The watcher runs the longest wait and more (a time that passes: no
+	// event to await), then stops.
+	time.Sleep(2 * maxWatchRetry)
+	w.Close()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(h.logs.String(), "file notifications stopped"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stop logged within 10s:\n%s", h.logs.String())
+		}
+		runtime.Gosched()
+	}
+	logs := h.logs.String()
+	line := logs[strings.Index(logs, "file notifications stopped"):]
+	line = line[:strings.IndexByte(line, '\n')]
+	if !strings.Contains(line, "retry_in=10ms") {
+		t.Errorf("the stop after a run of 80ms waits other than the shortest wait (10ms):\n%s", line)
+	}
+}
