@@ -351,7 +351,7 @@ func TestBadConfigs(t *testing.T) {
 		"listen-port-zero.toml":          `:2: key metrics.listen_address: must not be port 0 (a port the kernel picks at each start, which Prometheus cannot find): give the port it scrapes, such as ":20257", got ":0"`,
 		"listen-port-zero-loopback.toml": `:2: key metrics.listen_address: must not be port 0 (a port the kernel picks at each start, which Prometheus cannot find): give the port it scrapes, such as ":20257", got "127.0.0.1:0"`,
 		"control-socket-long.toml":       `:2: key control_socket: must be at most 107 bytes (a Unix socket path), got 135`,
-		"kmsg-rule-first-of-two.toml":    `:1: key kmsg.rules[0]: kmsg rule A: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
+		"kmsg-rule-first-of-two.toml":    `:1: key kmsg.rules[0]: kmsg rule A: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
 		"kmsg-rule-second-of-two.toml":   ":7: key kmsg.rules[1]: kmsg rule B: pattern: error parsing regexp: missing closing ): `^b(`",
 		"url.toml":                       `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
 		"tamper-proc.toml":               `:2: key checks.NodeTampered.paths: scan pattern "/proc/kmsg": under /proc, which the helper does not scan`,
@@ -414,7 +414,7 @@ func TestBadConfigs(t *testing.T) {
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
 		"kmsg-rule-duplicate-builtin.toml": `:6: key kmsg.rules[1]: kmsg rule ReadonlyFilesystem: defined twice (first as kmsg.rules[0])`,
-		"kmsg-rule-reason.toml":            `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable)`,
+		"kmsg-rule-reason.toml":            `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
 		// One path for both sockets: the control socket, bound first,
 		// would answer `autopilot-health status`. At the key the file sets.
 		"status-socket-is-control.toml": `:2: key status.socket: must not be the control socket, control_socket = "/run/autopilot-health/control.sock"`,
