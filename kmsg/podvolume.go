@@ -159,35 +159,68 @@ func validMajMin(s string) bool {
 // or whose source is /dev/<dev>; ok when there is one at least and every
 // one lies strictly below one of dirs. A line that does not parse makes
 // the table not judged (ok false).
+//
+// The fields are split at each space, as the kernel writes them: it
+// escapes a space, tab, newline and backslash in a path (\040), nothing
+// else, so a \v, \r or a Unicode space (U+00A0) in a directory's name is
+// the path's, not a separator (strings.Fields split there, and took a
+// piece of a mount's root for its mount point); a source the kernel
+// writes empty is an empty field.
 func podVolumeMounts(mi []byte, majMin, dev string, dirs []string) (mounts []string, ok bool) {
 	src := "/dev/" + dev
 	for len(mi) > 0 {
 		var line []byte
 		line, mi, _ = bytes.Cut(mi, []byte{'\n'})
-		if len(bytes.TrimSpace(line)) == 0 {
+		if len(line) == 0 {
 			continue
 		}
-		f := strings.Fields(string(line))
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || len(f) < sep+3 {
+		mp, source, ok := mountinfoFields(line)
+		if !ok {
 			return nil, false
 		}
-		if f[2] != majMin && hostio.UnescapeMountinfo(f[sep+2]) != src {
+		if !mountinfoField3(line, majMin) && hostio.UnescapeMountinfo(string(source)) != src {
 			continue
 		}
-		mp := hostio.UnescapeMountinfo(f[4])
-		if !below(mp, dirs) {
+		p := hostio.UnescapeMountinfo(string(mp))
+		if !below(p, dirs) {
 			return nil, false
 		}
-		mounts = append(mounts, mp)
+		mounts = append(mounts, p)
 	}
 	return mounts, len(mounts) > 0
+}
+
+// mountinfoFields returns the mount point (field 5) and the source (the
+// second field after the "-" that ends the optional fields) of a line of
+// a mount table, its fields split at each space; ok false when it has
+// none.
+func mountinfoFields(line []byte) (mp, source []byte, ok bool) {
+	sep := -1
+	for i := 0; ; i++ {
+		f, rest, more := bytes.Cut(line, []byte{' '})
+		switch {
+		case i == 4:
+			mp = f
+		case i >= 6 && sep < 0 && string(f) == "-":
+			sep = i
+		case sep >= 0 && i == sep+2:
+			return mp, f, true
+		}
+		if !more {
+			return nil, nil, false
+		}
+		line = rest
+	}
+}
+
+// mountinfoField3 reports whether the line's third field, the device
+// number of its filesystem, is majMin.
+func mountinfoField3(line []byte, majMin string) bool {
+	for range 2 {
+		_, line, _ = bytes.Cut(line, []byte{' '})
+	}
+	f, _, _ := bytes.Cut(line, []byte{' '})
+	return string(f) == majMin
 }
 
 // below reports whether the mount point mp (the kernel writes it

@@ -144,6 +144,14 @@ func TestPodVolumeMountTableFailsTowardsTheNode(t *testing.T) {
 			"600 22 0:77 / /srv rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
 		{name: "a mount of the device at the pods directory itself", mi: append(append([]byte{}, fixture...),
 			"600 22 252:0 / /var/lib/kubelet/pods rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
+		// The kernel escapes a space, tab, newline and backslash in a path,
+		// nothing else: a bind mount at /srv of a directory whose name
+		// holds a \v or a U+00A0 is at /srv, not at the piece of its root
+		// after that character.
+		{name: "a mount of the device outside, its root's name with a \\v", mi: append(append([]byte{}, fixture...),
+			"600 22 252:0 /srv/a\v/var/lib/kubelet/pods/x /srv rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
+		{name: "a mount of the device outside, its root's name with a U+00A0", mi: append(append([]byte{}, fixture...),
+			"600 22 252:0 /srv/a\u00a0/var/lib/kubelet/pods/x /srv rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			proc := t.TempDir()
@@ -288,5 +296,33 @@ func TestReadonlyFilesystemDevice(t *testing.T) {
 				t.Errorf("pattern %s, device %q: ReadonlyFilesystem %+v, want True", pattern, dev, c)
 			}
 		}
+	}
+}
+
+// Only a ReadonlyFilesystem line looks its device up: the lines of the
+// other rules that name a device (a disk I/O error, an ext4 error) or a
+// task read neither sysfs nor the mount table.
+func TestPodVolumeLookupOnlyForReadonlyLines(t *testing.T) {
+	mon, _, _ := volumeMonitor(t, filepath.Join(podVolumeRoot, "sys"), filepath.Join(podVolumeRoot, "proc"))
+	var reads []string
+	read := mon.volumes.read
+	mon.volumes.read = func(path string, max int) ([]byte, error) {
+		reads = append(reads, path)
+		return read(path, max)
+	}
+	for _, line := range []string{
+		"I/O error, dev rbd0, sector 2048 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 2",
+		"EXT4-fs error (device rbd0): ext4_find_entry:1455: inode #2: comm ls: reading directory lblock 0",
+		"EXT4-fs warning (device rbd0): ext4_end_bio:343: I/O error 10 writing to inode 12",
+		"INFO: task kubelet:128 blocked for more than 120 seconds.",
+	} {
+		mon.Handle(rec(nowUsec-1, line), t0)
+	}
+	if len(reads) != 0 {
+		t.Errorf("reads %q for lines of other rules, want none", reads)
+	}
+	mon.Handle(rec(nowUsec-1, "EXT4-fs (rbd0): Remounting filesystem read-only"), t0)
+	if len(reads) != 2 {
+		t.Errorf("reads %q for a ReadonlyFilesystem line, want the device's number and the mount table", reads)
 	}
 }
