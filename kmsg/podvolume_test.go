@@ -19,7 +19,9 @@ import (
 // devices and the daemon's mount table, proc/self/mountinfo (a node with
 // its root disk sda1, a pod's subPath of it bind-mounted below pods/, an
 // LVM volume at /data, Ceph RBD volumes, a cloud volume, an iSCSI disk and
-// a btrfs volume of pods, one RBD volume also mounted by hand outside).
+// a btrfs volume of pods, one RBD volume also mounted by hand outside, a
+// pod's dm-crypt volume, two disks of the kubelet at /var/lib/kubelet,
+// one with a pod's subPath of it below pods/).
 const podVolumeRoot = "testdata/podvolume"
 
 // volumeMonitor is a monitor that looks devices up in the fixture host (sys
@@ -73,6 +75,10 @@ func TestPodVolumeReadOnlyIsNotReadonlyFilesystem(t *testing.T) {
 		{name: "the root disk, a pod's subPath of it below pods/", line: "EXT4-fs (sda1): Remounting filesystem read-only"},
 		{name: "an LVM volume at /data", line: "XFS (dm-3): Metadata I/O Error (0x1) detected at xfs_trans_read_buf_map+0x2a1/0x310 [xfs] (fs/xfs/xfs_trans_buf.c:296).  Shutting down filesystem."},
 		{name: "a pod's volume also mounted outside", line: "EXT4-fs (rbd1): Remounting filesystem read-only"},
+		{name: "the kubelet's own disk at /var/lib/kubelet, a pod's subPath of it below pods/", line: "EXT4-fs (sde): Remounting filesystem read-only"},
+		{name: "the kubelet's own disk at /var/lib/kubelet, nothing below",
+			line: "XFS (sdf): Log I/O Error (0x2) detected at xlog_ioend_work+0x6e/0x70 [xfs] (fs/xfs/xfs_log.c:1378).  Shutting down filesystem."},
+		{name: "a pod's encrypted volume, dm-crypt, its source /dev/mapper/...", line: "EXT4-fs (dm-5): Remounting filesystem read-only", pod: true},
 		{name: "a mount beside pods/ whose name starts the same", line: "EXT4-fs (sdd): Remounting filesystem read-only"},
 		{name: "a device not mounted", line: "EXT4-fs (loop0): Remounting filesystem read-only"},
 		{name: "a device gone from sysfs", line: "EXT4-fs (rbd7): Remounting filesystem read-only"},
