@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -240,6 +241,22 @@ func TestHungVolumeLookupFailsTowardsTheNode(t *testing.T) {
 		}
 		if c, _ := store.Get("ReadonlyFilesystem"); !strings.HasPrefix(c.Message, "EXT4-fs (nvme1n1)") {
 			t.Errorf("ReadonlyFilesystem %+v, want the second line's", c)
+		}
+		// A storm of read-only lines while it hangs: none waits, none
+		// starts a lookup of its own (no goroutine per line).
+		goroutines := runtime.NumGoroutine()
+		start = time.Now()
+		for range 1000 {
+			mon.Handle(rec(nowUsec-1, "EXT4-fs (nvme1n1): Remounting filesystem read-only"), t0)
+		}
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("1,000 lines while the lookup hangs waited %v, want none", waited)
+		}
+		if n := reads.Load(); n != 1 {
+			t.Errorf("%d reads after 1,000 lines while the first hangs, want 1", n)
+		}
+		if n := runtime.NumGoroutine(); n > goroutines {
+			t.Errorf("%d goroutines after 1,000 lines while the lookup hangs, %d before", n, goroutines)
 		}
 		hang = false
 		close(release)
