@@ -1,7 +1,6 @@
 package kmsg
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -49,17 +48,63 @@ type pods struct {
 	// proc is the host's /proc: "" no lookup (a replay of another host's
 	// lines).
 	proc string
-	// now returns the kernel time now (MonotonicNow); read reads a file
-	// (readCgroup): tests replace them.
-	now  func() uint64
+	// read reads a file (readCgroup): tests replace it.
 	read func(path string) ([]byte, error)
-	// hung is closed when a read that outlasted podLookupWait returns; nil
-	// while none is pending.
-	hung chan struct{}
+	hostLookup
 }
 
 func newPods(proc string) pods {
-	return pods{proc: proc, now: MonotonicNow, read: readCgroup}
+	return pods{proc: proc, read: readCgroup, hostLookup: hostLookup{now: MonotonicNow}}
+}
+
+// hostLookup bounds the lookups on the host that the kernel log's reader
+// waits for as it handles a line (a hung task's cgroup, the mounts of a
+// device a read-only line names).
+type hostLookup struct {
+	// now returns the kernel time now (MonotonicNow): tests replace it.
+	now func() uint64
+	// hung is closed when a lookup that outlasted podLookupWait returns;
+	// nil while none is pending.
+	hung chan struct{}
+}
+
+// lookup runs f on a goroutine of its own for the line of kernel time
+// usec and returns what f returned; ok false, without f, when the line is
+// over podLookupMaxAge old or a lookup that outlasted podLookupWait has not
+// returned yet (no other starts until it does), and when f does not return
+// within podLookupWait (it is left to finish on its own).
+func lookup[T any](h *hostLookup, usec uint64, f func() (T, bool)) (v T, ok bool) {
+	if now := h.now(); now > usec && now-usec > podLookupMaxAge {
+		return v, false
+	}
+	if h.hung != nil {
+		select {
+		case <-h.hung:
+			h.hung = nil
+		default:
+			return v, false
+		}
+	}
+	type result struct {
+		v  T
+		ok bool
+	}
+	res := make(chan result, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v, ok := f()
+		res <- result{v, ok}
+	}()
+	wait := time.NewTimer(podLookupWait)
+	defer wait.Stop()
+	select {
+	case r := <-res:
+		return r.v, r.ok
+	case <-wait.C:
+		h.hung = done
+		return v, false
+	}
 }
 
 func readCgroup(path string) ([]byte, error) {
@@ -93,57 +138,26 @@ func (p *pods) podCgroup(pid, task string, usec uint64) (cgroup string, ok bool)
 	if p.proc == "" || !isDigits(pid) { // a custom rule's group may hold anything
 		return "", false
 	}
-	if now := p.now(); now > usec && now-usec > podLookupMaxAge {
-		return "", false
-	}
-	if p.hung != nil {
-		select {
-		case <-p.hung:
-			p.hung = nil
-		default:
-			return "", false
-		}
-	}
-	type result struct {
-		b   []byte
-		err error
-	}
-	res := make(chan result, 1)
-	done := make(chan struct{})
 	path := filepath.Join(p.proc, pid, "cgroup")
 	read := p.read
 	status := filepath.Join(p.proc, pid, "status")
-	go func() {
+	return lookup(&p.hostLookup, usec, func() (string, bool) {
 		b, err := read(path)
-		if err == nil {
-			if _, ok := parsePodCgroup(b); ok {
-				// Only a task in a pod's cgroup needs its PID namespace.
-				var st []byte
-				if st, err = read(status); err == nil && !podTask(st, task) {
-					err = errNotPodTask
-				}
-			}
-		}
-		res <- result{b, err}
-		close(done)
-	}()
-	wait := time.NewTimer(podLookupWait)
-	defer wait.Stop()
-	select {
-	case r := <-res:
-		if r.err != nil {
+		if err != nil {
 			return "", false
 		}
-		return parsePodCgroup(r.b)
-	case <-wait.C:
-		p.hung = done
-		return "", false
-	}
+		cgroup, ok := parsePodCgroup(b)
+		if ok {
+			// Only a task in a pod's cgroup needs its PID namespace.
+			if st, err := read(status); err != nil || !podTask(st, task) {
+				// Not the task the line names, or in the host's PID
+				// namespace, or its status does not say.
+				return "", false
+			}
+		}
+		return cgroup, ok
+	})
 }
-
-// errNotPodTask: the process in a pod's cgroup is not the task the line
-// names, or runs in the host's PID namespace, or its status does not say.
-var errNotPodTask = errors.New("not the task, in a container's PID namespace")
 
 // podTask reports whether /proc/<pid>/status is of the task named task
 // (its Name, the comm the kernel's line names: a PID that another process

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/syself/autopilot-health/internal/hostio"
 )
@@ -37,18 +36,14 @@ type volumes struct {
 	// dirs are the pod volume directories, as the mount table writes a
 	// mount point (host paths under host_root).
 	dirs []string
-	// now returns the kernel time now (MonotonicNow); read reads at most
-	// max bytes of a file, and fails on a longer one (readBounded): tests
-	// replace them.
-	now  func() uint64
+	// read reads at most max bytes of a file, and fails on a longer one
+	// (readBounded): tests replace it.
 	read func(path string, max int) ([]byte, error)
-	// hung is closed when a lookup that outlasted podLookupWait returns;
-	// nil while none is pending.
-	hung chan struct{}
+	hostLookup
 }
 
 func newVolumes(sysfs, proc string, dirs []string) volumes {
-	v := volumes{sysfs: sysfs, dirs: dirs, now: MonotonicNow, read: readBounded}
+	v := volumes{sysfs: sysfs, dirs: dirs, read: readBounded, hostLookup: hostLookup{now: MonotonicNow}}
 	if proc != "" {
 		v.mountinfo = filepath.Join(proc, "self", "mountinfo")
 	}
@@ -92,53 +87,23 @@ func (v *volumes) podVolume(dev string, usec uint64) (podVolume, bool) {
 	if v.sysfs == "" || v.mountinfo == "" || len(v.dirs) == 0 || !blockName(dev) {
 		return podVolume{}, false
 	}
-	if now := v.now(); now > usec && now-usec > podLookupMaxAge {
-		return podVolume{}, false
-	}
-	if v.hung != nil {
-		select {
-		case <-v.hung:
-			v.hung = nil
-		default:
-			return podVolume{}, false
-		}
-	}
-	type result struct {
-		pv podVolume
-		ok bool
-	}
-	res := make(chan result, 1)
-	done := make(chan struct{})
 	read, attr, table, dirs := v.read, filepath.Join(v.sysfs, "class", "block", dev, "dev"), v.mountinfo, v.dirs
-	go func() {
-		defer close(done)
+	return lookup(&v.hostLookup, usec, func() (podVolume, bool) {
 		b, err := read(attr, devAttrMax)
 		if err != nil {
-			res <- result{}
-			return
+			return podVolume{}, false
 		}
 		majMin := strings.TrimSpace(string(b))
 		if !validMajMin(majMin) {
-			res <- result{}
-			return
+			return podVolume{}, false
 		}
 		mi, err := read(table, mountinfoMax)
 		if err != nil {
-			res <- result{}
-			return
+			return podVolume{}, false
 		}
 		mounts, ok := podVolumeMounts(mi, majMin, dev, dirs)
-		res <- result{podVolume{dev: dev, majMin: majMin, mounts: mounts}, ok}
-	}()
-	wait := time.NewTimer(podLookupWait)
-	defer wait.Stop()
-	select {
-	case r := <-res:
-		return r.pv, r.ok
-	case <-wait.C:
-		v.hung = done
-		return podVolume{}, false
-	}
+		return podVolume{dev: dev, majMin: majMin, mounts: mounts}, ok
+	})
 }
 
 // blockName reports whether s can name an entry of /sys/class/block: a

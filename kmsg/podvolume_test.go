@@ -212,12 +212,13 @@ func TestHungVolumeLookupFailsTowardsTheNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var reads atomic.Int32
-		hang := true
+		var hang atomic.Bool
+		hang.Store(true)
 		mon, store, got := volumeMonitor(t, filepath.Join(podVolumeRoot, "sys"), filepath.Join(podVolumeRoot, "proc"))
 		read := mon.volumes.read
 		mon.volumes.read = func(path string, max int) ([]byte, error) {
 			reads.Add(1)
-			if hang {
+			if hang.Load() {
 				<-release
 			}
 			return read(path, max)
@@ -258,7 +259,7 @@ func TestHungVolumeLookupFailsTowardsTheNode(t *testing.T) {
 		if n := runtime.NumGoroutine(); n > goroutines {
 			t.Errorf("%d goroutines after 1,000 lines while the lookup hangs, %d before", n, goroutines)
 		}
-		hang = false
+		hang.Store(false)
 		close(release)
 		synctest.Wait()
 		mon.Handle(rec(nowUsec-1, "XFS (sdc): Log I/O Error Detected. Shutting down filesystem"), t0)
