@@ -24,7 +24,7 @@ INTEGRATION := -tags integration
 
 # Everything: unit tests, fuzz seeds and the integration tiers (what CI runs).
 test: vet k8s-bins
-	$(GO) test $(INTEGRATION) -count=1 -timeout 20m $(PKGS)
+	$(GO) test $(INTEGRATION) -count=1 -timeout 30m $(PKGS)
 
 # Unit tests and fuzz seeds only: what `go test ./...` runs; no root needed.
 test-unit:
@@ -32,7 +32,7 @@ test-unit:
 
 # The integration tiers alone.
 test-integration: k8s-bins
-	$(GO) test $(INTEGRATION) -count=1 -timeout 20m ./tests/...
+	$(GO) test $(INTEGRATION) -count=1 -timeout 30m ./tests/...
 
 # kube-apiserver and etcd for tests/, built from the Go module proxy by the
 # separate tools module tests/tools/k8s; cached in tests/.cache/bin and
