@@ -160,49 +160,35 @@ func (rd *Reader) written(v any, _ error) {
 	if !ok || !c.Have {
 		return
 	}
-	rd.mu.Lock()
-	var lost uint64
-	n := 0
-	for n < len(rd.unsaved) && rd.unsaved[n].seq <= c.Seq {
-		lost += rd.unsaved[n].lost
-		n++
-	}
-	rd.unsaved = append(rd.unsaved[:0], rd.unsaved[n:]...)
-	rd.mu.Unlock()
-	if lost > 0 {
-		rd.Monitor.m.lost.Add(float64(lost))
-	}
+	rd.countUnsavedWhile(func(g unsavedGap) bool { return g.seq <= c.Seq })
 }
 
 // countStale counts the gaps found unsavedFor or longer before now whose
 // save has not ended.
 func (rd *Reader) countStale(now time.Time) {
-	rd.mu.Lock()
-	var lost uint64
-	n := 0
-	for n < len(rd.unsaved) && now.Sub(rd.unsaved[n].at) >= unsavedFor {
-		lost += rd.unsaved[n].lost
-		n++
-	}
-	if n > 0 {
-		rd.unsaved = append(rd.unsaved[:0], rd.unsaved[n:]...)
-	}
-	rd.mu.Unlock()
-	if lost > 0 {
-		rd.Monitor.m.lost.Add(float64(lost))
-	}
+	rd.countUnsavedWhile(func(g unsavedGap) bool { return now.Sub(g.at) >= unsavedFor })
 }
 
 // countUnsaved counts the gaps not counted yet, as the reader stops: a
 // reader built again within the run (a reload) resumes from the cursor in
 // memory, past them, and would never count them.
 func (rd *Reader) countUnsaved() {
+	rd.countUnsavedWhile(func(unsavedGap) bool { return true })
+}
+
+// countUnsavedWhile counts the gaps of rd.unsaved, in the order found,
+// while counts holds for them, and drops them from it.
+func (rd *Reader) countUnsavedWhile(counts func(unsavedGap) bool) {
 	rd.mu.Lock()
 	var lost uint64
-	for _, g := range rd.unsaved {
-		lost += g.lost
+	n := 0
+	for n < len(rd.unsaved) && counts(rd.unsaved[n]) {
+		lost += rd.unsaved[n].lost
+		n++
 	}
-	rd.unsaved = rd.unsaved[:0]
+	if n > 0 {
+		rd.unsaved = append(rd.unsaved[:0], rd.unsaved[n:]...)
+	}
 	rd.mu.Unlock()
 	if lost > 0 {
 		rd.Monitor.m.lost.Add(float64(lost))
