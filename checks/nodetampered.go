@@ -576,6 +576,12 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 			wake()
 		}
 	}
+	// retryLater opens them again after retryIn, and doubles the wait
+	// after that.
+	retryLater := func() {
+		retry.Reset(retryIn)
+		retryIn = min(2*retryIn, maxWatchRetry)
+	}
 	open := func() {
 		nw, err := newFileWatcher(c.env.Config.HostRoot)
 		if err != nil {
@@ -583,8 +589,7 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 				c.env.Log.Warn("file notifications unavailable; changes are found by the interval's scan until they can be opened again", "err", err, "retry_in", retryIn)
 				down = text
 			}
-			retry.Reset(retryIn)
-			retryIn = min(2*retryIn, maxWatchRetry)
+			retryLater()
 			return
 		}
 		if down != "" {
@@ -629,8 +634,7 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 					c.env.Log.Warn("file notifications stopped; changes are found by the interval's scan until they can be opened again", "err", stopErr, "retry_in", retryIn)
 					down = "stopped: " + stopErr.Error()
 				}
-				retry.Reset(retryIn)
-				retryIn = min(2*retryIn, maxWatchRetry)
+				retryLater()
 			}
 		case <-retry.C:
 			open()
