@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path"
 	"strings"
@@ -45,6 +46,9 @@ type MountWatcher struct {
 	// its resolutions' memos, kept for the next reading's.
 	fixed        []fixedPart
 	kernel, host map[string]resolved
+	// seen are the ways of this reading (resolveWays), for their
+	// uniqueness.
+	seen map[way]bool
 	// prev are the relevant mounts of the last reading (read); buf is
 	// the reading's buffer, kept for the next.
 	prev map[string]string
@@ -228,9 +232,13 @@ type way struct {
 // fixedPart is what resolveWays resolves of a pattern's fixed part
 // (base): the directory whose links are followed (dir, a host path; in,
 // the same under root), and the name after it (last, "" where the whole
-// fixed part is followed); lexical is base under root.
+// fixed part is followed); lexical is base under root. wild are the
+// pattern's names after base but its last ("/etc/systemd/system/*.d/*.conf":
+// [*.d]): the directories the scan's glob lists there, and follows where
+// they are links.
 type fixedPart struct {
 	base, dir, in, last, lexical string
+	wild                         []string
 }
 
 // resolveWays sets the ways of this reading. A symlinked directory on the
@@ -243,7 +251,15 @@ type fixedPart struct {
 // leads out of root: what the scan reads) and as the host does (an
 // absolute link is a host path, under root). A pattern's last name is not
 // followed where it has no wildcard: the scan records a link there as the
-// link, and a mount over its target changes nothing it reads.
+// link, and a mount over its target changes nothing it reads. Past the
+// fixed part, the directories a pattern's wildcard passes through
+// (/etc/systemd/system/kubelet.service.d for
+// "/etc/systemd/system/*.d/*.conf") are listed at each reading, and each
+// match (and each name after it but the last) is resolved the same way:
+// the scan's glob follows a link there (kubelet.service.d ->
+// /srv/dropins) and reads what a mount over its target holds. At most
+// hostio.MaxEntries such paths are resolved in a reading, as the scan
+// reads at most as many.
 func (m *MountWatcher) resolveWays() {
 	if m.fixed == nil {
 		for _, p := range m.spec.Patterns {
@@ -253,17 +269,31 @@ func (m *MountWatcher) resolveWays() {
 				f.dir, f.last = path.Dir(f.base), path.Base(f.base)
 			}
 			f.in = hostio.HostJoin(m.root, f.dir)
+			if f.last == "" {
+				names := strings.Split(strings.Trim(path.Clean(p), "/"), "/")
+				fixed := strings.Split(strings.Trim(f.base, "/"), "/")
+				if f.base == "/" {
+					fixed = nil
+				}
+				if len(names) > len(fixed)+1 {
+					f.wild = names[len(fixed) : len(names)-1]
+				}
+			}
 			m.fixed = append(m.fixed, f)
 		}
 	}
 	m.ways = m.ways[:0]
+	if m.seen == nil {
+		m.seen = map[way]bool{}
+	}
+	clear(m.seen)
 	add := func(base, at string, linked bool) {
-		for _, w := range m.ways {
-			if w.base == base && w.at == at {
-				return
-			}
+		w := way{base: base, at: at, linked: linked}
+		if m.seen[w] {
+			return
 		}
-		m.ways = append(m.ways, way{base: base, at: at, linked: linked})
+		m.seen[w] = true
+		m.ways = append(m.ways, w)
 	}
 	for _, f := range m.fixed {
 		add(f.base, f.lexical, false)
@@ -287,6 +317,72 @@ func (m *MountWatcher) resolveWays() {
 			add(f.base, path.Join(m.root, at, f.last), true)
 		}
 	}
+	// The wildcard parts: each level's paths (host paths), a directory
+	// listed where the pattern's name there has a wildcard. A match the
+	// listing says is a directory, not a link (plain), leads where its
+	// directory does, which a way already covers: it is not resolved.
+	budget := hostio.MaxEntries
+	type match struct {
+		p     string
+		plain bool
+	}
+	var level, next []match
+	for _, f := range m.fixed {
+		level = append(level[:0], match{p: f.base})
+		for _, name := range f.wild {
+			next = next[:0]
+			for _, d := range level {
+				if !strings.ContainsAny(name, `*?[\`) {
+					next = append(next, match{p: path.Join(d.p, name)})
+					continue
+				}
+				for _, e := range listDir(hostio.HostJoin(m.root, d.p)) {
+					t := e.Type()
+					if t&^(fs.ModeDir|fs.ModeSymlink|fs.ModeIrregular) != 0 {
+						continue // no directory: the glob lists nothing there
+					}
+					if ok, _ := path.Match(name, e.Name()); ok {
+						next = append(next, match{p: path.Join(d.p, e.Name()), plain: t == fs.ModeDir})
+					}
+				}
+			}
+			level, next = next, level
+			for _, s := range level {
+				if budget--; budget < 0 {
+					return
+				}
+				if s.plain {
+					continue
+				}
+				d, in := s.p, hostio.HostJoin(m.root, s.p)
+				if at := resolveIn("/", in, m.kernel).cur; at != in {
+					add(d, at, true)
+				}
+				if !inRoot {
+					continue
+				}
+				if at := resolveIn(m.root, d, m.host).cur; at != d {
+					add(d, path.Join(m.root, at), true)
+				}
+			}
+		}
+	}
+}
+
+// listDir returns the entries of directory p (a path of this process),
+// with their types as the listing gives them (no stat); none where it is
+// no directory or cannot be listed. It opens p without blocking (a FIFO
+// matched by a wildcard) and follows a link on its way, as the scan's
+// glob lists it.
+func listDir(p string) []fs.DirEntry {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	es, _ := f.ReadDir(-1)
+	return es
 }
 
 // throughLink reports whether mount point mp (a path of this process)

@@ -96,6 +96,25 @@ func BenchmarkMountWatcherReading(b *testing.B) {
 	}
 }
 
+// The same with a pattern whose wildcard is not its last name (a drop-in
+// directory matched by a glob): each reading also lists the directories
+// the wildcard passes through, for a link there (resolveWays).
+func BenchmarkMountWatcherReadingWithAWildcard(b *testing.B) {
+	s := Spec{Patterns: []string{"/var/lib/kubelet/config.yaml", "/var/lib/kubelet/kubeadm-flags.env", "/etc/kubernetes/kubelet.conf",
+		"/etc/kubernetes/manifests", "/etc/containerd", "/etc/cni/net.d", "/etc/systemd/system", "/var/lib/syself/sealed-os",
+		"/etc/systemd/system/*.d/*.conf", "/usr/lib/systemd/system/*.d/*.conf"}}
+	m, err := NewMountWatcher("/", s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(m.fd)
+	for b.Loop() {
+		if _, err := m.read(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // A watcher stopped (a reload, a re-detect, the daemon's stop) leaves no
 // goroutine and no descriptor behind: twenty watchers started and stopped
 // hold as many of each as before.
@@ -187,6 +206,26 @@ func TestMountWatcherReportsMountsThroughASymlinkedDirectory(t *testing.T) {
 		{name: "absolute link out of the root", links: map[string]string{"/var/lib/kubelet": out + "/kubelet"}, pat: "/var/lib/kubelet/config.yaml",
 			make: []string{out + "/kubelet/config.yaml", out + "/kubelet/pods/volume/"}, through: "/var/lib/kubelet/config.yaml", seen: "evil\n",
 			mount: "R/var/lib/kubelet/config.yaml", unrelated: out + "/kubelet/pods/volume", want: out + "/kubelet/config.yaml"},
+		// A link in a pattern's wildcard part: the scan's glob lists the
+		// directory the match leads to, and reads the drop-in there.
+		{name: "link matched by a wildcard", links: map[string]string{"/etc/systemd/system/kubelet.service.d": "../../../srv/dropins"},
+			pat:     "/etc/systemd/system/*.d/*.conf",
+			make:    []string{"R/srv/dropins/10-kubeadm.conf", "R/srv/other/volume/", "R/etc/systemd/system/multi-user.target.wants/"},
+			through: "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", seen: "evil\n",
+			mount: "R/srv/dropins/10-kubeadm.conf", unrelated: "R/srv/other/volume", want: "/srv/dropins/10-kubeadm.conf"},
+		{name: "directory on the way to a wildcard link's target", links: map[string]string{"/etc/systemd/system/kubelet.service.d": "../../../srv/dropins"},
+			pat:   "/etc/systemd/system/*.d/*.conf",
+			make:  []string{"R/srv/dropins/10-kubeadm.conf", "R/srv/other/volume/"},
+			mount: "R/srv/dropins", unrelated: "R/srv/other/volume", want: "/srv/dropins"},
+		{name: "link after a wildcard", links: map[string]string{"/home/alice/.ssh": "../../data/alice-ssh"}, pat: "/home/*/.ssh/authorized_keys",
+			make:    []string{"R/data/alice-ssh/authorized_keys", "R/data/alice-ssh/other/"},
+			through: "/home/alice/.ssh/authorized_keys", seen: "evil\n",
+			mount: "R/data/alice-ssh/authorized_keys", unrelated: "R/data/alice-ssh/other", want: "/data/alice-ssh/authorized_keys"},
+		{name: "absolute link out of the root matched by a wildcard", links: map[string]string{"/etc/systemd/system/kubelet.service.d": out + "/dropins"},
+			pat:     "/etc/systemd/system/*.d/*.conf",
+			make:    []string{out + "/dropins/10-kubeadm.conf", out + "/dropins/volume/", "R/etc/systemd/system/"},
+			through: "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", seen: "evil\n",
+			mount: "R/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", unrelated: out + "/dropins/volume", want: out + "/dropins/10-kubeadm.conf"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			root := tree(t, map[string]string{"/srv/evil": "evil\n"})
