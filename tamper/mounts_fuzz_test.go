@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/syself/autopilot-health/internal/hostio"
-	"github.com/syself/autopilot-health/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -16,7 +15,13 @@ import (
 // field splitting without strings.Fields) to a plain reading of the same
 // table: the same relevant mounts, whatever the bytes (escaped names, long
 // lines, a table larger than its buffer, a last line cut mid-way), and no
-// panic.
+// panic. The plain reading takes a mount point that is relevant by its name
+// or through a link on the way to a pattern (throughLink, with the ways
+// of the same reading), so it holds whatever links this machine's /etc
+// has (before, a seed skipped where a pattern's directory is a link, and
+// failed under CI=true). Root "fixture" is a tree with links in a
+// pattern's fixed part, at its last name and in its wildcard part, $R in the table its path:
+// the links' prefilter is fuzzed on every machine.
 func FuzzMountWatcherRead(f *testing.F) {
 	for _, s := range []string{
 		"22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n",
@@ -30,11 +35,40 @@ func FuzzMountWatcherRead(f *testing.F) {
 	} {
 		f.Add(s, "/")
 		f.Add(s, "/host")
+		f.Add(s, "fixture")
+	}
+	for _, s := range []string{
+		"700 22 0:61 / $R/srv/kubernetes/kubelet.conf rw - tmpfs tmpfs rw\n707 22 0:68 / $R/srv/containerd/config.toml rw - tmpfs tmpfs rw\n701 22 0:62 /x $R/srv/dropins/10-kubeadm.conf rw - ext4 /dev/sda1 rw\n",
+		"702 22 0:63 / $R/srv/other rw - tmpfs tmpfs rw\n703 22 0:64 / $R/srv rw - tmpfs tmpfs rw\n704 22 0:65 / $R/srv/dropins rw - tmpfs tmpfs rw",
+		"705 22 0:66 / $R/srv/dropins/x\\040y.conf rw - tmpfs tmpfs rw\n706 22 0:67 / $R/etc/systemd/system/kubelet.service.d/a.conf rw - tmpfs tmpfs rw\n",
+	} {
+		f.Add(s, "fixture")
+		f.Add(s, "/")
 	}
 	f.Fuzz(func(t *testing.T, table, root string) {
-		if root != "/" && root != "/host" {
+		if root != "/" && root != "/host" && root != "fixture" {
 			return
 		}
+		dir := t.TempDir()
+		fixture, err := filepath.EvalSymlinks(dir) // no link on the way to it: the links are the tree's
+		if err != nil {
+			t.Fatal(err)
+		}
+		fixture = filepath.Join(fixture, "root")
+		if root == "fixture" {
+			root = fixture
+			for _, d := range []string{"/srv/containerd", "/srv/kubernetes", "/srv/dropins", "/srv/other", "/etc/systemd/system/multi-user.target.wants"} {
+				if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for link, target := range map[string]string{"/etc/kubernetes": "../srv/kubernetes", "/etc/containerd": "../srv/containerd", "/etc/systemd/system/kubelet.service.d": "../../../srv/dropins"} {
+				if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		table = strings.ReplaceAll(table, "$R", fixture)
 		// The kernel writes no empty field, no run of spaces and no line
 		// beginning with one (fields are single-space separated, names
 		// escaped): the plain reading is the reference for such tables.
@@ -43,8 +77,9 @@ func FuzzMountWatcherRead(f *testing.F) {
 				return
 			}
 		}
-		spec := Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf", "/etc/containerd", "/etc/cni/net.d/*.conflist", "/etc/my dir/x", `/etc/kubernetes\x`}}
-		p := filepath.Join(t.TempDir(), "mountinfo")
+		spec := Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf", "/etc/containerd", "/etc/cni/net.d/*.conflist", "/etc/my dir/x", `/etc/kubernetes\x`,
+			"/etc/systemd/system/*.d/*.conf"}}
+		p := filepath.Join(dir, "mountinfo")
 		if err := os.WriteFile(p, []byte(table), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -59,11 +94,23 @@ func FuzzMountWatcherRead(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The reference knows no link: it holds where no pattern's
-		// directory under root is a symlink on this machine.
-		for _, w := range m.ways {
-			if w.linked {
-				testenv.Skip(t, w.base+" leads to "+w.at+" on this machine")
+		if root == fixture {
+			linked := 0
+			for _, w := range m.ways {
+				if w.linked {
+					linked++
+				}
+			}
+			// /etc/containerd is a pattern's last name: the scan records
+			// the link, and where it leads is no way.
+			if linked != 2 {
+				t.Fatalf("the fixture's two links on the way are %d ways: %+v", linked, m.ways)
+			}
+			for mp, want := range map[string]bool{root + "/srv/kubernetes/kubelet.conf": true, root + "/srv/dropins/10-kubeadm.conf": true,
+				root + "/srv": true, root + "/srv/other": false, root + "/srv/containerd/config.toml": false} {
+				if m.throughLink(mp) != want {
+					t.Fatalf("throughLink(%s) = %v, want %v (ways %+v)", mp, !want, want, m.ways)
+				}
 			}
 		}
 		want := map[string]string{}
@@ -75,9 +122,15 @@ func FuzzMountWatcherRead(f *testing.F) {
 			if len(fs) < 5 || fs[4] == "" {
 				continue
 			}
-			hp, ok := underRoot(root, path.Clean(hostio.UnescapeMountinfo(fs[4])))
+			mp := path.Clean(hostio.UnescapeMountinfo(fs[4]))
+			hp, ok := underRoot(root, mp)
 			if !ok || !spec.Relevant(hp) {
-				continue
+				if !m.throughLink(mp) {
+					continue
+				}
+				if !ok {
+					hp = mp
+				}
 			}
 			want[fs[0]+" "+fs[3]+" "+fs[4]] = hp
 		}
