@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -322,5 +323,106 @@ func TestMountWatcherReportsMountsThroughASymlinkedDirectory(t *testing.T) {
 				t.Fatalf("reported %q after the unmounts, want %q (the unrelated mount is no protected path)", p, c.want)
 			}
 		})
+	}
+}
+
+// With a root other than "/", an absolute link on the way to a protected
+// path has two meanings: the kernel follows it from this process's "/"
+// (out of the root), where the scan reads, and the host follows it under
+// the root. The mount watcher follows both, so every mount that changes
+// what the scan reads is reported: a mount over the kernel's target
+// changes the scan's entry and is reported; one over the host's target
+// (under the root) changes nothing the scan reads and is reported too (a
+// run that finds nothing). So for a link in the fixed part and one in a
+// wildcard part: no mount the scan sees waits for the interval's scan.
+func TestMountWatcherAndScanAgreeOnAnAbsoluteLinkUnderARoot(t *testing.T) {
+	root := tree(t, map[string]string{"/srv/evil": "evil\n", "/etc/systemd/system/multi-user.target.wants/x.service": "[Unit]\n"})
+	out := t.TempDir()
+	links := map[string]string{"/var/lib/kubelet": out + "/kubelet", "/etc/systemd/system/kubelet.service.d": out + "/dropins"}
+	files := []string{"/kubelet/config.yaml", "/dropins/10-kubeadm.conf"}
+	for _, f := range files {
+		for _, p := range []string{out + f, filepath.Join(root, out+f)} { // the kernel's target, the host's
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("apiVersion: v1\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for link, target := range links {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, link)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := Spec{Patterns: []string{"/var/lib/kubelet/config.yaml", "/etc/systemd/system/*.d/*.conf"}}
+	scan := func() map[string]string {
+		t.Helper()
+		es, err := Scan(root, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, e := range es {
+			out[e.Path] = e.Describe()
+		}
+		return out
+	}
+	base := scan()
+	for _, p := range []string{"/var/lib/kubelet/config.yaml", "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf"} {
+		if _, ok := base[p]; !ok {
+			t.Fatalf("the scan does not read %s through its link: %v", p, base)
+		}
+	}
+	m, err := NewMountWatcher(root, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case p := <-events:
+			return p
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: not reported within 10s", what)
+			return ""
+		}
+	}
+	for _, f := range files {
+		for _, c := range []struct {
+			over       string
+			scanSeesIt bool
+		}{{out + f, true}, {filepath.Join(root, out+f), false}} {
+			if err := unix.Mount(filepath.Join(root, "/srv/evil"), c.over, "", unix.MS_BIND, ""); err != nil {
+				testenv.Skip(t, "cannot bind mount (root in a mount namespace that allows it): "+err.Error())
+			}
+			t.Cleanup(func() { unix.Unmount(c.over, unix.MNT_DETACH) })
+			changed := !maps.Equal(scan(), base)
+			if changed != c.scanSeesIt {
+				t.Errorf("a mount over %s: the scan's entries changed %v, want %v", c.over, changed, c.scanSeesIt)
+			}
+			if p := next("the mount over " + c.over); p != out+f {
+				t.Errorf("a mount over %s reported %q, want %q", c.over, p, out+f)
+			}
+			if err := unix.Unmount(c.over, 0); err != nil {
+				t.Fatal(err)
+			}
+			if p := next("the unmount of " + c.over); p != out+f {
+				t.Errorf("the unmount of %s reported %q, want %q", c.over, p, out+f)
+			}
+		}
 	}
 }
