@@ -2002,3 +2002,110 @@ func TestNodeTamperedFileNotificationsRetryStartsAgainAfterARun(t *testing.T) {
 		t.Errorf("the stop after a run of 80ms waits other than the shortest wait (10ms):\n%s", line)
 	}
 }
+
+// A directory a pattern's wildcard matches that is a symlink to a
+// directory ("/etc/systemd/system/*.d/*.conf" with kubelet.service.d ->
+// /srv/dropins): the scan's glob follows it and reads the drop-ins in its
+// target, so the watch follows it too (real files, real inotify). A drop-in
+// written in a target that holds no protected file yet (empty, or other
+// files only), and one written in the new target after the link is
+// retargeted to an empty directory, each wake the check within seconds; so
+// does a change of a drop-in the target holds, and the retarget itself (the
+// directory holding the link is watched). The link relative, or absolute
+// out of the host root, where the kernel follows it from the daemon's "/",
+// as the scan reads it. Before, WildcardDirs left out a match that is a
+// link (its lstat is no directory): a drop-in written in a target with no
+// protected file woke nothing and waited for the interval's scan (5 min).
+func TestNodeTamperedWatchFollowsAWildcardMatchThatIsASymlink(t *testing.T) {
+	const link, added = "/etc/systemd/system/kubelet.service.d", "/etc/systemd/system/kubelet.service.d/99-evil.conf"
+	for _, kind := range []string{"relative", "absolute out of the root"} {
+		for _, c := range []struct {
+			name string
+			// holds: the target's files at the start (a name ending in
+			// ".conf" is protected through the link).
+			holds []string
+			// story: the changes after the watch is set, each awaited
+			// as a wake-up; then the run's finding.
+			story func(s wildLinkStory)
+		}{
+			{"a drop-in written in an empty target", nil, func(s wildLinkStory) {
+				writeFile(s.t, s.target("/dropins/99-evil.conf"), "[Service]\nExecStart=/evil\n")
+				awaitWake(s.t, s.woken, "a drop-in written in the link's empty target")
+				s.h.probe(s.c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): "+added+" added")
+			}},
+			{"a drop-in written in a target holding other files", []string{"README"}, func(s wildLinkStory) {
+				writeFile(s.t, s.target("/dropins/99-evil.conf"), "[Service]\nExecStart=/evil\n")
+				awaitWake(s.t, s.woken, "a drop-in written in the link's target that held other files")
+				s.h.probe(s.c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): "+added+" added")
+			}},
+			{"a drop-in of the target changed", []string{"10-kubeadm.conf"}, func(s wildLinkStory) {
+				writeFile(s.t, s.target("/dropins/10-kubeadm.conf"), "[Service]\nExecStart=/evil\n")
+				awaitWake(s.t, s.woken, "a drop-in in the link's target changed")
+				s.h.probe(s.c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): "+link+"/10-kubeadm.conf modified")
+			}},
+			{"the link retargeted to an empty directory, then a drop-in written there", []string{"README"}, func(s wildLinkStory) {
+				if err := os.MkdirAll(s.target("/dropins-2"), 0o755); err != nil {
+					s.t.Fatal(err)
+				}
+				s.h.retarget(link, s.linkTo("/dropins-2"))
+				awaitWake(s.t, s.woken, "the link retargeted")
+				s.h.probe(s.c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged")
+				awaitWatching(s.t, s.woken) // the new target watched
+				writeFile(s.t, s.target("/dropins-2/99-evil.conf"), "[Service]\nExecStart=/evil\n")
+				awaitWake(s.t, s.woken, "a drop-in written in the link's new target")
+				s.h.probe(s.c, report.StatusTrue, report.ReasonProtectedFileChanged, "1 finding(s): "+added+" added")
+			}},
+		} {
+			t.Run(kind+"/"+c.name, func(t *testing.T) {
+				h := newTamperHost(t)
+				h.protect = []string{"/etc/systemd/system/*.d/*.conf"}
+				h.logs = &testenv.SyncBuffer{}
+				// target is a path of this process where the link leads.
+				// linkTo is what a link to such a directory says.
+				base, linkBase := h.path("/srv"), "../../../srv"
+				if kind != "relative" {
+					base = t.TempDir()
+					linkBase = base
+				}
+				target := func(p string) string { return base + p }
+				linkTo := func(dir string) string { return linkBase + dir }
+				if err := os.MkdirAll(target("/dropins"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				for _, f := range c.holds {
+					writeFile(t, target("/dropins/"+f), "[Service]\n")
+				}
+				if err := os.MkdirAll(h.path("/etc/systemd/system/multi-user.target.wants"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(linkTo("/dropins"), h.path(link)); err != nil {
+					t.Fatal(err)
+				}
+				c0 := h.start("boot-1", report.NewStore("boot-1"))
+				want := 5 + len(slices.DeleteFunc(slices.Clone(c.holds), func(f string) bool { return !strings.HasSuffix(f, ".conf") }))
+				h.probe(c0, report.StatusFalse, report.ReasonNodeIntact, fmt.Sprintf("%d protected paths unchanged", want))
+				woken, stop := watchWakes(c0)
+				defer stop()
+				awaitWatching(t, woken)
+				c.story(wildLinkStory{t: t, h: h, c: c0, woken: woken, target: target, linkTo: linkTo})
+				if l := h.logs.String(); strings.Contains(l, "cannot watch") {
+					t.Errorf("a directory was not watched:\n%s", l)
+				}
+			})
+		}
+	}
+}
+
+// wildLinkStory is what a story of
+// TestNodeTamperedWatchFollowsAWildcardMatchThatIsASymlink works with: the
+// host, its check, the check's wake-ups, where a path of the link's side
+// is in this process (target("/dropins")), and what a link to such a
+// directory says (linkTo("/dropins-2")).
+type wildLinkStory struct {
+	t      *testing.T
+	h      *tamperHost
+	c      *nodeTamperedCheck
+	woken  <-chan struct{}
+	target func(string) string
+	linkTo func(string) string
+}

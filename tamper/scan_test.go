@@ -188,7 +188,11 @@ func TestDirsAndRelevant(t *testing.T) {
 }
 
 // WildcardDirs: every directory a pattern's wildcard passes through, at
-// each level, an empty one included, excluded ones and files not.
+// each level, an empty one included, excluded ones and files not. A match
+// that is a symlink to a directory is one (the scan's glob lists its
+// target), relative or absolute out of the root (followed from this
+// process's "/", as the glob follows it); a link to a file, or to nothing,
+// is not (no directory to watch there).
 func TestWildcardDirs(t *testing.T) {
 	root := tree(t, map[string]string{
 		"/etc/systemd/system/kubelet.service.d/10.conf": "",
@@ -196,17 +200,57 @@ func TestWildcardDirs(t *testing.T) {
 		"/etc/systemd/system/skip.d/x.conf":             "",
 		"/etc/a/one/b/x.conf":                           "",
 		"/etc/cni/net.d/05.conflist":                    "",
+		"/srv/a-file":                                   "",
 	})
-	for _, d := range []string{"/etc/systemd/system/empty.d", "/etc/a/two"} {
+	out := t.TempDir()
+	for _, d := range []string{"/etc/systemd/system/empty.d", "/etc/a/two", "/srv/dropins", "/srv/b"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	for link, target := range map[string]string{
+		"/etc/systemd/system/linked.service.d":   "../../../srv/dropins",
+		"/etc/systemd/system/abs.service.d":      out,
+		"/etc/systemd/system/to-a-file.d":        "../../../srv/a-file",
+		"/etc/systemd/system/dangling.service.d": "../../../srv/none",
+		"/etc/systemd/system/skip-link.d":        "../../../srv/dropins",
+		"/etc/a/three":                           "../../srv",
+	} {
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	sp := Spec{Patterns: []string{"/etc/systemd/system/*.d/*.conf", "/etc/a/*/b/*.conf", "/etc/cni/net.d/*.conflist", "/etc/cni/net.d"},
-		Exclude: []string{"/etc/systemd/system/skip.d"}}
-	want := []string{"/etc/a/one", "/etc/a/one/b", "/etc/a/two", "/etc/systemd/system/empty.d", "/etc/systemd/system/kubelet.service.d"}
+		Exclude: []string{"/etc/systemd/system/skip.d", "/etc/systemd/system/skip-link.d"}}
+	// /etc/a/three/b is /srv/b, through the link.
+	want := []string{"/etc/a/one", "/etc/a/one/b", "/etc/a/three", "/etc/a/three/b", "/etc/a/two", "/etc/systemd/system/abs.service.d",
+		"/etc/systemd/system/empty.d", "/etc/systemd/system/kubelet.service.d", "/etc/systemd/system/linked.service.d"}
 	if got := WildcardDirs(root, sp); !slices.Equal(got, want) {
 		t.Errorf("WildcardDirs = %q, want %q", got, want)
+	}
+}
+
+// Links matched by a wildcard that lead back into the directory listed
+// (/d/l000 .. /d/l100 -> .) make each level as wide as the one before:
+// "/d/*/*/*.conf" passes through 101 + 101*101 directories. WildcardDirs
+// returns MaxEntries at most, so the watches handed to the watcher stay
+// bounded however the links fan out.
+func TestWildcardDirsThroughLinksStayUnderTheCap(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 101 {
+		if err := os.Symlink(".", filepath.Join(root, "d", fmt.Sprintf("l%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := WildcardDirs(root, Spec{Patterns: []string{"/d/*/*/*.conf"}})
+	if len(got) != MaxEntries {
+		t.Fatalf("%d directories, want the cap, %d", len(got), MaxEntries)
+	}
+	if got[0] != "/d/l000" {
+		t.Errorf("first %q, want /d/l000", got[0])
 	}
 }
 

@@ -400,8 +400,11 @@ func hiddenError(h hiddenMount) error {
 // WildcardDirs returns the directories under root (host paths, sorted)
 // that a pattern's wildcard passes through on the way to its last
 // component: for "/etc/systemd/system/*.d/*.conf", each directory matching
-// /etc/systemd/system/*.d. A protected file appears in one that no entry
-// names yet (a drop-in directory created empty), so it is watched too.
+// /etc/systemd/system/*.d, a symlink to a directory included (the scan's
+// glob follows it from this process's "/", and reads the drop-ins in its
+// target). A protected file appears in one that no entry names yet (a
+// drop-in directory created empty, or a link's target holding none), so it
+// is watched too.
 // Excluded directories are left out, and at most MaxEntries are returned
 // (a pattern whose wildcard matches a huge tree).
 func WildcardDirs(root string, spec Spec) []string {
@@ -419,7 +422,11 @@ func WildcardDirs(root string, spec Spec) []string {
 				if len(set) >= MaxEntries || excluded(hp, spec.Exclude) {
 					continue
 				}
-				if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+				// Stat, not Lstat: a match that is a symlink to a
+				// directory (kubelet.service.d -> /srv/dropins) is listed
+				// by the glob through the link, as the kernel follows it,
+				// and watched the same way (tamper.Watcher follows it).
+				if fi, err := os.Stat(m); err == nil && fi.IsDir() {
 					set[hp] = true
 				}
 			}
