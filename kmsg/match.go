@@ -44,13 +44,20 @@ type RuleSet struct {
 	always []int
 	// criticalTasks for KernelDeadlock; a * matches any run of characters.
 	criticalTasks []string
+	// podVolume is the index of PodVolumeRule among rules (never a
+	// candidate: it has no pattern), or -1 when it is disabled.
+	podVolume int
 }
+
+// PodVolumeEvents reports whether a ReadonlyFilesystem line on a pod's
+// volume is a PodVolumeReadOnly event (PodVolumeRule not disabled).
+func (rs *RuleSet) PodVolumeEvents() bool { return rs != nil && rs.podVolume >= 0 }
 
 // Compile validates and compiles rules. Every perm rule must name a catalog
 // condition and one of its True reasons; every temp rule a catalog event
 // reason.
 func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
-	rs := &RuleSet{bigram: map[uint16][]anchorRef{}, criticalTasks: criticalTasks}
+	rs := &RuleSet{bigram: map[uint16][]anchorRef{}, criticalTasks: criticalTasks, podVolume: -1}
 	seen := map[string]bool{}
 	for _, r := range rules {
 		if r.Name == "" {
@@ -60,6 +67,18 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 			return nil, fmt.Errorf("kmsg rule %s: defined twice", r.Name)
 		}
 		seen[r.Name] = true
+		// PodVolumeReadOnly names the pod volume lines of ReadonlyFilesystem
+		// (its events, its series of the match counter): no other rule may
+		// take the name, and the kind is that rule's alone.
+		if r.Kind == PodVolume || r.Name == PodVolumeRule.Name {
+			if r != PodVolumeRule {
+				return nil, fmt.Errorf("kmsg rule %s: the name %s and the kind %s are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a %s event; it cannot be replaced or copied (kmsg.disable = [%q] turns those events off)",
+					r.Name, PodVolumeRule.Name, PodVolume, PodVolumeRule.Reason, PodVolumeRule.Name)
+			}
+			rs.podVolume = len(rs.rules)
+			rs.rules = append(rs.rules, compiled{Rule: r, taskIdx: -1, pidIdx: -1})
+			continue
+		}
 		switch r.Kind {
 		case Perm:
 			d, ok := report.Lookup(r.Condition)

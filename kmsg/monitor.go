@@ -389,7 +389,7 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 	mon.matches, note = mon.podTasks(mon.matches, r.Usec)
 	// A filesystem remounted read-only on a pod's volume is the volume's:
 	// an event instead of the condition.
-	mon.matches = mon.podVolumes(mon.matches, r.Usec, msg, at)
+	mon.matches = mon.podVolumes(set, mon.matches, r.Usec, msg, at)
 	for _, m := range mon.matches {
 		set.matched[m.Rule.Name].Inc()
 		switch m.Rule.Kind {
@@ -436,13 +436,17 @@ func (mon *Monitor) podTasks(ms []Match, usec uint64) ([]Match, string) {
 
 // podVolumes drops from ms the ReadonlyFilesystem matches whose device
 // is a pod's volume (volumes), emitting a PodVolumeReadOnly event for each,
-// its message the line's and the device with its mount points.
-func (mon *Monitor) podVolumes(ms []Match, usec uint64, msg string, at time.Time) []Match {
+// its message the line's and the device with its mount points, unless
+// kmsg.disable turned PodVolumeRule off: then the line is neither the
+// event nor the condition.
+func (mon *Monitor) podVolumes(set *settings, ms []Match, usec uint64, msg string, at time.Time) []Match {
 	out := ms[:0]
 	for _, m := range ms {
 		if m.Rule.Kind == Perm && m.Rule.Condition == "ReadonlyFilesystem" && m.Dev != "" {
 			if pv, ok := mon.volumes.podVolume(m.Dev, usec); ok {
-				mon.o.Store.Emit(report.Event{Reason: report.EventPodVolumeReadOnly, Message: msg + pv.note(), Time: at})
+				if set.rules.PodVolumeEvents() {
+					mon.o.Store.Emit(report.Event{Reason: report.EventPodVolumeReadOnly, Message: msg + pv.note(), Time: at})
+				}
 				continue
 			}
 		}

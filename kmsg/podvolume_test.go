@@ -350,3 +350,65 @@ func TestPodVolumeLookupOnlyForReadonlyLines(t *testing.T) {
 		t.Errorf("reads %q for a ReadonlyFilesystem line, want the device's number and the mount table", reads)
 	}
 }
+
+// kmsg.disable = ["PodVolumeReadOnly"] turns the pod volume events off, as
+// any rule's name turns its lines off: a ReadonlyFilesystem line on a
+// pod's volume is then neither the event nor the condition (the volume is
+// still not the node's), and a line of the node's filesystem sets the
+// condition as ever. A reload that takes the name out of kmsg.disable
+// brings the events back at the next line. No other rule takes the name or
+// the kind.
+func TestPodVolumeReadOnlyDisabled(t *testing.T) {
+	rules, err := BuildRules([]string{"PodVolumeReadOnly"}, nil)
+	if err != nil {
+		t.Fatalf("kmsg.disable = [\"PodVolumeReadOnly\"]: %v", err)
+	}
+	rs, err := Compile(rules, DefaultCriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.PodVolumeEvents() {
+		t.Error("PodVolumeEvents with PodVolumeReadOnly disabled")
+	}
+	mon, store, got := volumeMonitor(t, filepath.Join(podVolumeRoot, "sys"), filepath.Join(podVolumeRoot, "proc"))
+	o := mon.o
+	o.Rules = rs
+	if ch := mon.Reconfigure(o); len(ch.Removed) != 1 || ch.Removed[0] != "PodVolumeReadOnly" || len(ch.Added)+len(ch.Changed) != 0 {
+		t.Errorf("Reconfigure without PodVolumeReadOnly: %+v, want it removed", ch)
+	}
+	mon.Handle(rec(nowUsec-1, "EXT4-fs (rbd0): Remounting filesystem read-only"), t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusFalse {
+		t.Errorf("ReadonlyFilesystem %+v after a pod volume's line, PodVolumeReadOnly disabled: want False", c)
+	}
+	if len(*got) != 0 {
+		t.Errorf("events %+v with PodVolumeReadOnly disabled, want none", *got)
+	}
+
+	all, err := Compile(DefaultRules, DefaultCriticalTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Rules = all
+	if ch := mon.Reconfigure(o); len(ch.Added) != 1 || ch.Added[0] != "PodVolumeReadOnly" {
+		t.Errorf("Reconfigure with PodVolumeReadOnly again: %+v, want it added", ch)
+	}
+	mon.Handle(rec(nowUsec-1, "EXT4-fs (nvme1n1): Remounting filesystem read-only"), t0)
+	if len(*got) != 1 || (*got)[0].Reason != report.EventPodVolumeReadOnly {
+		t.Errorf("events %+v after the reload, want one PodVolumeReadOnly", *got)
+	}
+	line := "EXT4-fs (sda1): Remounting filesystem read-only"
+	mon.Handle(rec(nowUsec-1, line), t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusTrue || c.Message != line {
+		t.Errorf("ReadonlyFilesystem %+v after the node's line, want True", c)
+	}
+
+	for _, r := range []Rule{
+		{Name: "PodVolumeReadOnly", Kind: Temp, Reason: "PodVolumeReadOnly", Pattern: `^x`},
+		{Name: "Mine", Kind: PodVolume, Reason: "PodVolumeReadOnly"},
+		{Name: "PodVolumeReadOnly", Kind: PodVolume, Reason: "PodVolumeReadOnly", Pattern: `^x`},
+	} {
+		if _, err := Compile([]Rule{r}, nil); err == nil || !strings.Contains(err.Error(), "cannot be replaced or copied") {
+			t.Errorf("rule %+v: %v, want refused", r, err)
+		}
+	}
+}

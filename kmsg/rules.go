@@ -16,7 +16,18 @@ const (
 	// DiskIOError counts one disk I/O error towards the DisksFailure window
 	// (and emits its event).
 	DiskIOError Kind = "disk-io-error"
+	// PodVolume is the kind of the built-in PodVolumeReadOnly alone: it has
+	// no pattern; its lines are those of a ReadonlyFilesystem rule whose
+	// device is a pod's volume (see volumes), each a PodVolumeReadOnly
+	// event, not the condition. A rule by name all the same: listed,
+	// counted (autopilot_health_kmsg_matches_total{rule="PodVolumeReadOnly"})
+	// and turned off (kmsg.disable: such a line is then neither the event
+	// nor the condition) as any other.
+	PodVolume Kind = "pod-volume"
 )
+
+// PodVolumeRule is the built-in rule of kind PodVolume.
+var PodVolumeRule = Rule{Name: "PodVolumeReadOnly", Kind: PodVolume, Reason: "PodVolumeReadOnly"}
 
 // Rule is one kernel log pattern and what a match does.
 type Rule struct {
@@ -62,6 +73,8 @@ var DefaultRules = []Rule{
 		Pattern: `^(EXT[234]-fs \((?P<dev>\S+)\): (error: r|R)emounting filesystem read-only|BTRFS \w+ \(device (?P<dev>[^):\s]+)[^)]*\): forced readonly|` +
 			`F2FS-fs \((?P<dev>\S+)\): (Remounting filesystem read-only|Stopped filesystem due to reason: ([2-9]|[1-9][0-9]+)$)|` +
 			`XFS \((?P<dev>[^)]+)\): ([^.(]* [Dd]etected\.|All device paths lost\.|[^(]*\(0x[0-9a-f]*[0-389ab]\) detected at ).*Shutting down filesystem)`},
+	// A ReadonlyFilesystem line on a pod's volume: an event (see PodVolume).
+	PodVolumeRule,
 	{Name: "KernelDeadlock", Kind: Perm, Condition: "KernelDeadlock", Reason: "CriticalTaskHung",
 		// kernel/hung_task.c: "INFO: task %s:%d blocked for more than %ld seconds." (3.x-6.x),
 		// the thread's name (comm) and its PID in the host's namespace (t->pid).

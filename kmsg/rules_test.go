@@ -16,6 +16,11 @@ func TestRuleFixtures(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range DefaultRules {
+		if r.Kind == PodVolume {
+			// No pattern: ReadonlyFilesystem's lines on a pod's volume
+			// (TestPodVolumeReadOnlyIsNotReadonlyFilesystem).
+			continue
+		}
 		t.Run(r.Name, func(t *testing.T) {
 			f, err := os.Open(filepath.Join("testdata", "rules", r.Name+".txt"))
 			if err != nil {

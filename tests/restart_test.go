@@ -97,7 +97,8 @@ func newKernelNodeWith(t *testing.T, rules string) *kernelNode {
 	n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
 	var disable []string
 	for _, r := range kmsg.DefaultRules {
-		if r.Name != "ReadonlyFilesystem" && r.Name != "Ext4Warning" {
+		// PodVolumeReadOnly stays: ReadonlyFilesystem's lines on a pod's volume.
+		if r.Name != "ReadonlyFilesystem" && r.Name != "Ext4Warning" && r.Kind != kmsg.PodVolume {
 			disable = append(disable, fmt.Sprintf("%q", r.Name))
 		}
 	}

@@ -50,7 +50,11 @@ func cmdKmsg(args []string, stdout, stderr io.Writer) int {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "RULE\tKIND\tCONDITION\tREASON\tPATTERN")
 		for _, r := range opts.Rules.Rules() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Condition, r.Reason, r.Pattern)
+			pattern := r.Pattern
+			if r.Kind == kmsg.PodVolume {
+				pattern = "(none: a ReadonlyFilesystem line on a pod's volume)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Condition, r.Reason, pattern)
 		}
 		tw.Flush()
 		return exitOK

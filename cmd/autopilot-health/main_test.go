@@ -681,7 +681,8 @@ func TestKmsgReplayJSON(t *testing.T) {
 	if code, _, errs := run(t, "kmsg", "replay", "/nonexistent"); code != exitError || !strings.Contains(errs, "no such file") {
 		t.Errorf("missing file: %d %q", code, errs)
 	}
-	if code, out, _ := run(t, "kmsg", "rules", "--config", "/dev/null"); code != 0 || !strings.Contains(out, "VerityCorruption") {
+	if code, out, _ := run(t, "kmsg", "rules", "--config", "/dev/null"); code != 0 || !strings.Contains(out, "VerityCorruption") ||
+		!regexp.MustCompile(`(?m)^PodVolumeReadOnly +pod-volume +PodVolumeReadOnly +\(none: a ReadonlyFilesystem line on a pod's volume\)$`).MatchString(out) {
 		t.Errorf("kmsg rules: %d\n%s", code, out)
 	}
 }

@@ -415,6 +415,11 @@ func TestBadConfigs(t *testing.T) {
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
 		"kmsg-rule-duplicate-builtin.toml": `:6: key kmsg.rules[1]: kmsg rule ReadonlyFilesystem: defined twice (first as kmsg.rules[0])`,
 		"kmsg-rule-reason.toml":            `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
+		// PodVolumeReadOnly is a built-in rule's name (ReadonlyFilesystem's
+		// lines on a pod's volume): kmsg.disable turns it off, no rule
+		// takes it, and its kind is no other rule's.
+		"kmsg-rule-podvolume-name.toml": `:4: key kmsg.rules[0]: kmsg rule PodVolumeReadOnly: the name PodVolumeReadOnly and the kind pod-volume are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a PodVolumeReadOnly event; it cannot be replaced or copied (kmsg.disable = ["PodVolumeReadOnly"] turns those events off)`,
+		"kmsg-rule-podvolume-kind.toml": `:1: key kmsg.rules[0]: kmsg rule MyVolumes: the name PodVolumeReadOnly and the kind pod-volume are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a PodVolumeReadOnly event; it cannot be replaced or copied (kmsg.disable = ["PodVolumeReadOnly"] turns those events off)`,
 		// One path for both sockets: the control socket, bound first,
 		// would answer `autopilot-health status`. At the key the file sets.
 		"status-socket-is-control.toml": `:2: key status.socket: must not be the control socket, control_socket = "/run/autopilot-health/control.sock"`,
@@ -1081,6 +1086,43 @@ func TestListenAddressForms(t *testing.T) {
 	for _, addr := range []string{":20257", "127.0.0.1:20257", "[::1]:20257", "[::]:20257", "[fe80::1%eth0]:20257", "localhost:20257", "node-1.example_int:20257", ":020257"} {
 		if _, err := Parse("x.toml", []byte(fmt.Sprintf("[metrics]\nlisten_address = %q\n", addr)), Default()); err != nil {
 			t.Errorf("%q: %v, want it loaded", addr, err)
+		}
+	}
+}
+
+// kmsg.disable names the pod volume events as any rule's lines:
+// ["PodVolumeReadOnly"] loads (before, it was refused as an unknown rule,
+// and an operator had no way to turn those events off), and the rules the
+// daemon compiles from it make no such event; with it off, a custom rule of
+// that name is not compiled, as any disabled custom rule.
+func TestKmsgDisablePodVolumeReadOnly(t *testing.T) {
+	for _, tc := range []struct {
+		toml   string
+		events bool
+	}{
+		{"", true},
+		{"[kmsg]\ndisable = [\"PodVolumeReadOnly\"]\n", false},
+		{"[kmsg]\ndisable = [\"NvmeError\", \"PodVolumeReadOnly\"]\n[[kmsg.rules]]\nname = \"PodVolumeReadOnly\"\nkind = \"temp\"\nreason = \"IOError\"\npattern = \"^x\"\n", false},
+	} {
+		c, err := Parse("f.toml", []byte(tc.toml), Default())
+		if err != nil {
+			t.Errorf("%q: %v", tc.toml, err)
+			continue
+		}
+		custom := make([]kmsg.Rule, len(c.Kmsg.Rules))
+		for i, r := range c.Kmsg.Rules {
+			custom[i] = kmsg.Rule{Name: r.Name, Kind: kmsg.Kind(r.Kind), Condition: r.Condition, Reason: r.Reason, Pattern: r.Pattern}
+		}
+		rules, err := kmsg.BuildRules(c.Kmsg.Disable, custom)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := kmsg.Compile(rules, c.Kmsg.CriticalTasks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs.PodVolumeEvents() != tc.events {
+			t.Errorf("%q: pod volume events %v, want %v", tc.toml, rs.PodVolumeEvents(), tc.events)
 		}
 	}
 }
