@@ -445,6 +445,9 @@ func (mon *Monitor) podVolumes(set *settings, ms []Match, usec uint64, msg strin
 		if m.Rule.Kind == Perm && m.Rule.Condition == "ReadonlyFilesystem" && m.Dev != "" {
 			if pv, ok := mon.volumes.podVolume(m.Dev, usec); ok {
 				if set.rules.PodVolumeEvents() {
+					// Counted under its own rule, as the event it is;
+					// the ReadonlyFilesystem series counts the node's.
+					set.matched[PodVolumeRule.Name].Inc()
 					mon.o.Store.Emit(report.Event{Reason: report.EventPodVolumeReadOnly, Message: msg + pv.note(), Time: at})
 				}
 				continue

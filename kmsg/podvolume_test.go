@@ -106,6 +106,9 @@ func TestPodVolumeReadOnlyIsNotReadonlyFilesystem(t *testing.T) {
 				if len(*got) != 0 {
 					t.Errorf("events %+v, want none", *got)
 				}
+				if n := testutil.ToFloat64(mon.cur.matched["PodVolumeReadOnly"]); n != 0 {
+					t.Errorf("PodVolumeReadOnly counted %v matches, want 0", n)
+				}
 				return
 			}
 			if c.Status != report.StatusFalse {
@@ -123,6 +126,10 @@ func TestPodVolumeReadOnlyIsNotReadonlyFilesystem(t *testing.T) {
 			}
 			if n := testutil.ToFloat64(mon.cur.matched["ReadonlyFilesystem"]); n != 0 {
 				t.Errorf("ReadonlyFilesystem counted %v matches, want 0", n)
+			}
+			// autopilot_health_kmsg_matches_total{rule="PodVolumeReadOnly"}.
+			if n := testutil.ToFloat64(mon.m.matchedVec.WithLabelValues("PodVolumeReadOnly")); n != 1 {
+				t.Errorf("PodVolumeReadOnly counted %v matches, want 1", n)
 			}
 		})
 	}
@@ -383,6 +390,13 @@ func TestPodVolumeReadOnlyDisabled(t *testing.T) {
 	if len(*got) != 0 {
 		t.Errorf("events %+v with PodVolumeReadOnly disabled, want none", *got)
 	}
+	// A disabled rule's series is dropped, and nothing counts it.
+	if n := testutil.CollectAndCount(mon.m.matchedVec); n != len(rules) {
+		t.Errorf("%d series of the match counter, want %d (the rules in effect)", n, len(rules))
+	}
+	if _, ok := mon.cur.matched["PodVolumeReadOnly"]; ok {
+		t.Error("a PodVolumeReadOnly series with the rule disabled")
+	}
 
 	all, err := Compile(DefaultRules, DefaultCriticalTasks)
 	if err != nil {
@@ -395,6 +409,9 @@ func TestPodVolumeReadOnlyDisabled(t *testing.T) {
 	mon.Handle(rec(nowUsec-1, "EXT4-fs (nvme1n1): Remounting filesystem read-only"), t0)
 	if len(*got) != 1 || (*got)[0].Reason != report.EventPodVolumeReadOnly {
 		t.Errorf("events %+v after the reload, want one PodVolumeReadOnly", *got)
+	}
+	if n := testutil.ToFloat64(mon.cur.matched["PodVolumeReadOnly"]); n != 1 {
+		t.Errorf("PodVolumeReadOnly counted %v matches after the reload, want 1", n)
 	}
 	line := "EXT4-fs (sda1): Remounting filesystem read-only"
 	mon.Handle(rec(nowUsec-1, line), t0)
