@@ -4,6 +4,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -13,6 +14,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tests/harness"
@@ -127,4 +133,195 @@ func TestKmsgPodVolumeReadOnlyOnARealLoopDevice(t *testing.T) {
 	if n := ev.count(); n != 1 {
 		t.Errorf("%d events naming the test's mounts, want 1", n)
 	}
+}
+
+// The daemon under its own, packaged unit (ProtectSystem=strict,
+// PrivateTmp=, PrivateMounts=, PrivateDevices=, ProtectKernelTunables=,
+// PrivateUsers=, no capability), reporting to the real API server, in a
+// real systemd whose mounts are shared as on a booted host: a pod's volume
+// mounted by the node (the kubelet, in PID 1's mount namespace) after the
+// daemon started propagates into the daemon's own namespace, and the
+// daemon reads /sys/class/block/<dev>/dev and its /proc/self/mountinfo
+// through the sandbox. The kubelet root is not moved: the namespace's
+// /var is its own, so the volume is mounted at the real
+// /var/lib/kubelet/pods/<uid>/volumes/... there.
+//   - a real ext4 on a loop device (errors=remount-ro) mounted there,
+//     remounted read-only by the kernel (trigger_fs_error): a
+//     PodVolumeReadOnly Event on the Node naming the device and the mount,
+//     counted under rule="PodVolumeReadOnly"; ReadonlyFilesystem stays
+//     False on the Node;
+//   - the same on a loop device mounted at /srv/node-<tok>: ReadonlyFilesystem
+//     True on the Node with the kernel's line.
+//
+// The ReadonlyFilesystem rule is the built-in one with its ext4 device
+// restricted to the test's two loop devices: other tests' kernel lines of
+// other devices (the loop device test beside it) are read by the daemon
+// too, and would set the condition.
+func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	for _, p := range []string{"/usr/sbin/losetup", "/usr/sbin/mkfs.ext4", "/usr/bin/nsenter", "/usr/bin/mknod"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s missing (apt install mount e2fsprogs util-linux coreutils)", p)
+		}
+	}
+	api := apiServer(t)
+	tok := harness.Token()
+	node := "podvolume-" + tok
+	registerNode(t, api, node)
+	s, _ := shippedUnitSystemd(t, "autopilot-health-podvolume-"+tok+"-", nil, false,
+		func(o *harness.Options) { o.SharedMounts = true })
+	ctx := context.Background()
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	// An ext4 on a fresh loop device, its node made in the namespace's
+	// /dev (a tmpfs of its own): the device's name.
+	loopExt4 := func(name string) string {
+		t.Helper()
+		img := filepath.Join(s.Dir, name+".img")
+		if err := os.WriteFile(img, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(img, 16<<20); err != nil {
+			t.Fatal(err)
+		}
+		run("mkfs.ext4", "-q", img)
+		loop := run("losetup", "--find", "--show", img)
+		t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+		dev := filepath.Base(loop)
+		majMin, err := os.ReadFile("/sys/class/block/" + dev + "/dev")
+		if err != nil {
+			t.Fatal(err)
+		}
+		maj, min, _ := strings.Cut(strings.TrimSpace(string(majMin)), ":")
+		run("mknod", "-m", "600", s.Root("/dev/"+dev), "b", maj, min)
+		return dev
+	}
+	// mount mounts dev at mp in the namespace's PID 1 mount namespace, as
+	// the kubelet mounts a volume on the node.
+	mount := func(dev, mp string) {
+		t.Helper()
+		if err := os.MkdirAll(s.Root(mp), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		run("nsenter", "--target", fmt.Sprint(s.PID), "--mount", "--root", "--wd", "--",
+			"mount", "-o", "errors=remount-ro", "/dev/"+dev, mp)
+	}
+	podDev, nodeDev := loopExt4("pod"), loopExt4("node")
+
+	etc := installNodeKubeconfig(t, s, api, node)
+	var c strings.Builder
+	port := freeTCPPort(t)
+	fmt.Fprintf(&c, "node_name = %q\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n"+
+		"[kubernetes]\nkubeconfig = \"/etc/autopilot-health/kubeconfig\"\n", node, port)
+	for _, name := range config.Default().Checks.Names() {
+		fmt.Fprintf(&c, "[checks.%s]\nenabled = false\n", name)
+	}
+	var disable []string
+	var rofs kmsg.Rule
+	for _, r := range kmsg.DefaultRules {
+		switch r.Name {
+		case "ReadonlyFilesystem":
+			rofs = r
+		case "PodVolumeReadOnly":
+		default:
+			disable = append(disable, fmt.Sprintf("%q", r.Name))
+		}
+	}
+	ext4 := `(?P<dev>\S+)`
+	if strings.Count(rofs.Pattern, ext4) == 0 {
+		t.Fatalf("the built-in ReadonlyFilesystem pattern has no %s: %s", ext4, rofs.Pattern)
+	}
+	pattern := strings.ReplaceAll(rofs.Pattern, ext4, "(?P<dev>"+podDev+"|"+nodeDev+")")
+	fmt.Fprintf(&c, "[kmsg]\nfrom_boot_start = false\ndisable = [%s]\n[[kmsg.rules]]\nname = \"ReadonlyFilesystem\"\nkind = \"perm\"\ncondition = \"ReadonlyFilesystem\"\nreason = %q\npattern = '%s'\n",
+		strings.Join(disable, ", "), rofs.Reason, pattern)
+	if err := os.WriteFile(filepath.Join(etc, "config.toml"), []byte(c.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("starting autopilot-health.service: %v", err)
+	}
+	sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mainPID, _ := sp["MainPID"].Value().(uint32)
+	if m := sandboxInEffect(s, mainPID); len(m) > 0 {
+		t.Errorf("the unit's sandbox is not in effect on the daemon: missing %s", strings.Join(m, ", "))
+	}
+	eventually(t, 15*time.Second, "the kernel log reader up", func() (bool, string) {
+		v, last := metricOf(t, port, "autopilot_health_kmsg_reader_up")
+		return v == 1, last
+	})
+	waitNode(t, api, node, "ReadonlyFilesystem False", func(n *corev1.Node) bool {
+		c := cond(n, "ReadonlyFilesystem")
+		return c != nil && c.Status == corev1.ConditionFalse
+	})
+
+	// The pod's volume, mounted after the daemon started.
+	podMount := "/var/lib/kubelet/pods/6f1c5a8e-" + tok + "/volumes/kubernetes.io~csi/pvc-" + tok + "/mount"
+	mount(podDev, podMount)
+	// Propagated into the daemon's own mount namespace (PrivateMounts=).
+	dir, _, err := hostStatus(s, mainPID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mi, err := os.ReadFile(filepath.Join(dir, "mountinfo")); err != nil || !strings.Contains(string(mi), " "+podMount+" ") {
+		t.Fatalf("the pod's volume is not in the daemon's mount table (%v):\n%s", err, mi)
+	}
+	if err := os.WriteFile("/sys/fs/ext4/"+podDev+"/trigger_fs_error", []byte("1"), 0); err != nil {
+		t.Fatalf("trigger_fs_error: %v", err)
+	}
+	line := "EXT4-fs (" + podDev + "): Remounting filesystem read-only"
+	var ev corev1.Event
+	eventually(t, 30*time.Second, "the PodVolumeReadOnly Event on the Node", func() (bool, string) {
+		evs, err := api.Admin.CoreV1().Events("default").List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("involvedObject.name", node).String()})
+		if err != nil {
+			return false, err.Error()
+		}
+		var reasons []string
+		for _, e := range evs.Items {
+			if e.Reason == report.EventPodVolumeReadOnly {
+				ev = e
+				return true, ""
+			}
+			reasons = append(reasons, e.Reason)
+		}
+		return false, fmt.Sprint(reasons)
+	})
+	if !strings.HasPrefix(ev.Message, line+" (the device "+podDev+", ") || !strings.Contains(ev.Message, "directories: "+podMount+"; a pod's volume") {
+		t.Errorf("the Event's message %q, want %q, the device and its mount %s", ev.Message, line, podMount)
+	}
+	if v, last := metricOf(t, port, `autopilot_health_kmsg_matches_total{rule="PodVolumeReadOnly"}`); v != 1 {
+		t.Errorf("the pod volume's line counted: %s, want 1", last)
+	}
+	if v, last := metricOf(t, port, `autopilot_health_kmsg_matches_total{rule="ReadonlyFilesystem"}`); v != 0 {
+		t.Errorf("ReadonlyFilesystem counted: %s, want 0", last)
+	}
+	n, err := api.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cond(n, "ReadonlyFilesystem"); c == nil || c.Status != corev1.ConditionFalse {
+		t.Errorf("ReadonlyFilesystem on the Node after the pod volume's remount: %+v, want False", c)
+	}
+
+	// The node's filesystem, mounted after the start too: the condition.
+	mount(nodeDev, "/srv/node-"+tok)
+	if err := os.WriteFile("/sys/fs/ext4/"+nodeDev+"/trigger_fs_error", []byte("1"), 0); err != nil {
+		t.Fatalf("trigger_fs_error: %v", err)
+	}
+	want := "EXT4-fs (" + nodeDev + "): Remounting filesystem read-only"
+	waitNode(t, api, node, "ReadonlyFilesystem True", func(n *corev1.Node) bool {
+		c := cond(n, "ReadonlyFilesystem")
+		return c != nil && c.Status == corev1.ConditionTrue && c.Message == want
+	})
 }

@@ -338,7 +338,8 @@ func TestReloadUnderSystemd(t *testing.T) {
 // standin, tests/standin is at /usr/bin/standin for them (not under
 // /etc/systemd/system, a tree NodeTampered protects: its full scan would
 // hash the 18 MB stand-in every 5 minutes, which no node's unit files cost).
-func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, standin bool) (*harness.Systemd, string) {
+// opts change the namespace's options (SharedMounts: mounts as on a booted host).
+func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, standin bool, opts ...func(*harness.Options)) (*harness.Systemd, string) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
@@ -354,7 +355,11 @@ func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, st
 			t.Fatal(err)
 		}
 	}
-	s, err := harness.StartSystemdWith(dir, units, harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr})
+	o := harness.Options{KeepSyslog: true, Data: dataDir(t), Usr: usr}
+	for _, f := range opts {
+		f(&o)
+	}
+	s, err := harness.StartSystemdWith(dir, units, o)
 	if err != nil {
 		t.Fatal(err)
 	}
