@@ -441,3 +441,91 @@ func changeEverySecond(store *report.Store, n int, message func(i int) string) (
 	}
 	return last
 }
+
+// The Events wait out a 429's Retry-After (10 s) also when the probe notices
+// the API server's return meanwhile: the port refused connections, a
+// condition's write went unanswered, and the port took them again. The
+// condition is on the Node within seconds of the return (an outage's
+// backoff ends at once); the Event's create goes no sooner than the 429
+// asked. Before, the return ended the Events' wait too: the create went
+// about 3 s after the 429 that had asked for 10.
+func TestKubeRetryAfterOutlastsTheAPIServersReturn(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-retry-after-return"
+	p, client := proxied(t, s, node)
+	store := report.NewStore("boot")
+	var dials countDials
+	x := startProxied(t, p, client, node, store, &dials)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+	waitNode(t, s, node, "DiskUsageHigh=False and the report", func(n *corev1.Node) bool {
+		return has("DiskUsageHigh", "False", "DiskUsageOK")(n) && n.Annotations["autopilot.syself.com/storage"] != ""
+	})
+
+	const retryAfter = 10 * time.Second
+	p.SetFault(func(r *http.Request) *harness.Fault {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events") {
+			return &harness.Fault{Code: 429, Body: "Too many requests, please try again later.\n",
+				Header: http.Header{"Retry-After": {"10"}, "Content-Type": {"text/plain; charset=utf-8"}}}
+		}
+		return nil
+	})
+	store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+	var asked time.Time
+	for deadline := time.Now().Add(10 * time.Second); asked.IsZero(); {
+		if rs := p.Requests("/events"); len(rs) > 0 {
+			asked = rs[0].At
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no Event create within 10 s of the event")
+		}
+		time.Sleep(20 * time.Millisecond) // polling the proxy for the awaited create
+	}
+
+	p.Refuse()
+	refusing := dials.get()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+	// The probe's first dial refused (its second begun): it then takes a
+	// dial that goes through for the API server's return.
+	for deadline := time.Now().Add(5 * time.Second); dials.get() < refusing+2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the probe did not dial twice within 5 s of the port refusing and the condition's write")
+		}
+		time.Sleep(20 * time.Millisecond) // polling the dials for the awaited probe
+	}
+	// The return is the probe's to notice: the condition's writes are cut
+	// (unanswered) until its first dial after the port took connections
+	// again, not answered by a retry of their own backoff first.
+	d0 := dials.get()
+	p.SetFault(func(r *http.Request) *harness.Fault {
+		if strings.HasSuffix(r.URL.Path, "/status") && dials.get() == d0 {
+			return &harness.Fault{Reset: true}
+		}
+		return nil
+	})
+	if err := p.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	if since := back.Sub(asked); since >= retryAfter-2*time.Second {
+		t.Fatalf("the port took connections again %v after the 429: too late to tell an early create", since)
+	}
+	waitNodeFor(t, s, node, 5*time.Second, "DiskUsageHigh=True after the return", has("DiskUsageHigh", "True", "FilesystemSpaceHigh"))
+	t.Logf("the condition on the Node %v after the return", time.Since(back).Round(time.Millisecond))
+	for deadline := time.Now().Add(retryAfter + 10*time.Second); len(nodeEvents(t, s, node)) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no Event 20 s after the 429")
+		}
+		time.Sleep(100 * time.Millisecond) // polling the API server for the awaited Event
+	}
+	rs := p.Requests("/events")
+	var creates []time.Duration
+	for _, r := range rs[1:] {
+		creates = append(creates, r.At.Sub(asked).Round(time.Millisecond))
+	}
+	if len(creates) == 0 || creates[0] < retryAfter {
+		t.Errorf("the Event's creates after the 429 came %v after it, want the first no sooner than its Retry-After (%v)", creates, retryAfter)
+	}
+	t.Logf("the Event's creates after the 429: %v after it", creates)
+}

@@ -114,11 +114,19 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			r.foldQueued(aggs) // everything already queued, before writing
 		case <-timer.C:
 		case <-r.apiBack():
-			// The API server is back: what waits for its retry goes now.
+			// The API server is back: what waits for its retry goes now,
+			// or at the end of what its last answer asked for (a 429's
+			// Retry-After): the probe noticed another call's outage end,
+			// not the end of the wait this server asked the Events for.
 			bo.Reset()
 			r.eventsHold = time.Time{}
+			if afterBack(r.eventsAsked) > 0 {
+				r.eventsHold = r.eventsAsked
+			}
 			for _, a := range aggs {
-				a.nextTry = time.Time{}
+				if a.nextTry.After(r.eventsHold) {
+					a.nextTry = r.eventsHold
+				}
 			}
 		}
 		answered, err := r.flush(ctx, aggs, time.Now())
@@ -130,9 +138,9 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 				r.keepEvents(aggs, time.Now(), true)
 				return
 			}
-			wait := retryWait(&bo, err)
+			wait, asked := retryWait(&bo, err)
 			el.fail(err, wait)
-			r.eventsHold = time.Now().Add(wait)
+			r.eventsHold, r.eventsAsked = time.Now().Add(wait), asked
 			for _, a := range aggs {
 				if a.name == "" || a.count != a.sentCount {
 					a.nextTry = r.eventsHold

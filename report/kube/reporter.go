@@ -179,6 +179,10 @@ type Reporter struct {
 	// not sent at once into a 429 whose Retry-After asked for a minute;
 	// so does the count patch of a new occurrence of an Event sent before.
 	eventsHold time.Time
+	// eventsAsked is when the Retry-After of the event loop's last failed
+	// write ends (retryWait): the API server's return (apiBack) ends
+	// eventsHold no earlier.
+	eventsAsked time.Time
 	// eventsChanged: the event loop changed its aggregation since it was
 	// last kept (keepEvents); eventsNamed: an Event was created since;
 	// eventsTrimmed: aggregates done with were dropped since. keptAt:
@@ -356,12 +360,44 @@ func (r *Reporter) progress(loop string, maxSilence time.Duration) {
 // fairness, a 5xx), up to backoffMax, so that an hour's Retry-After does
 // not keep the Node without the final state for an hour. The client sends
 // each request once and leaves the wait to this (restClient).
-func retryWait(bo *backoff.Backoff, err error) time.Duration {
-	wait := bo.Next()
+//
+// asked is when the part of the wait the API server asked for ends (zero
+// where it asked none): the API server's return, noticed by the probe
+// after another call went unanswered (apiBack), ends the backoff at once,
+// never that part (afterBack): the server that answered this call is the
+// one that asked it to wait.
+func retryWait(bo *backoff.Backoff, err error) (wait time.Duration, asked time.Time) {
+	wait = bo.Next()
 	if s, ok := apierrors.SuggestsClientDelay(err); ok {
-		wait = max(wait, min(time.Duration(s)*time.Second, backoffMax))
+		a := min(time.Duration(s)*time.Second, backoffMax)
+		wait = max(wait, a)
+		asked = time.Now().Add(a)
 	}
-	return wait
+	return wait, asked
+}
+
+// afterBack is how much of a retry's wait is left once the API server is
+// back (apiBack): none, or the rest of what it asked for (asked, from
+// retryWait).
+func afterBack(asked time.Time) time.Duration { return max(0, time.Until(asked)) }
+
+// sleepRetry waits d, a retry's wait from retryWait (asked its asked),
+// ended early by the API server's return (apiBack) as afterBack says, the
+// backoff then reset. It reports false when ctx ended first.
+func (r *Reporter) sleepRetry(ctx context.Context, d time.Duration, asked time.Time, bo *backoff.Backoff) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-r.apiBack():
+			bo.Reset()
+			t.Reset(afterBack(asked))
+		}
+	}
 }
 
 // errorLog logs the first failure of a kind of call, and again only when
@@ -497,14 +533,10 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			el.ok()
 			break
 		}
-		wait := retryWait(&bo, err)
+		wait, asked := retryWait(&bo, err)
 		el.fail(err, wait)
-		select {
-		case <-ctx.Done():
+		if !r.sleepRetry(ctx, wait, asked, &bo) {
 			return
-		case <-time.After(wait):
-		case <-r.apiBack():
-			bo.Reset()
 		}
 	}
 	close(r.adopted)
@@ -525,6 +557,18 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		hb.Reset(time.Until(hbAt))
 	}
 	var retry <-chan time.Time
+	// asked: when the Retry-After of the failed write that retry waits
+	// for ends (retryWait): neither the API server's return nor a rewrite
+	// ends the wait before.
+	var asked time.Time
+	// retryAfterAsked is the retry once what cut its wait short: at once,
+	// or at the end of what the API server asked for.
+	retryAfterAsked := func() <-chan time.Time {
+		if d := afterBack(asked); d > 0 {
+			return time.After(d)
+		}
+		return nil
+	}
 	// changed is closed by the store's next change after it was read; it is
 	// read again only once the loop took that change (case <-changed), so
 	// that a change is never lost to a wake-up that wrote without it: a
@@ -542,7 +586,8 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 					r.finalWrite(true)
 					return
 				}
-				wait := retryWait(&bo, err)
+				var wait time.Duration
+				wait, asked = retryWait(&bo, err)
 				el.fail(err, wait)
 				retry = time.After(wait)
 			} else {
@@ -604,7 +649,10 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			// Node, where the writes that failed found none (404), and
 			// the report waits for them. One token per report write,
 			// which then waits for this write: no loop.
-			dirty, beat, retry = true, false, nil
+			dirty, beat = true, false
+			if retry != nil {
+				retry = retryAfterAsked()
+			}
 		case o := <-r.refreshes:
 			// A report refresh: when the heartbeat falls due before the
 			// next one, this write is the heartbeat too (one write, not
@@ -630,7 +678,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			retry = nil
 		case <-r.apiBack():
 			if retry != nil {
-				retry = nil
+				retry = retryAfterAsked()
 				bo.Reset()
 			}
 		}
@@ -1095,20 +1143,22 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 		}
 	}
 	wait := time.Duration(0)
+	// asked: when the Retry-After of the last failed write ends (retryWait).
+	var asked time.Time
 	// anew: the last write was refused for the Node's UID (errRegisteredAnew).
 	failed, anew := false, false
 	for {
 		r.progress(loop, max(r.o.ReportInterval, backoffMax))
-		var back <-chan struct{}
 		if failed {
-			back = r.apiBack()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		case <-back:
-			bo.Reset()
+			if !r.sleepRetry(ctx, wait, asked, &bo) {
+				return
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
 		}
 		if w := r.writtenCh(); !isClosed(w) {
 			// The Node was registered anew: the report waits for the
@@ -1141,7 +1191,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			// has just learnt: no Node registered anew but an answer
 			// that does not change. It backs off like any other, or the
 			// two writes would go back and forth without a pause.
-			wait = retryWait(&bo, err)
+			wait, asked = retryWait(&bo, err)
 			el.fail(err, wait)
 			failed = true
 			continue

@@ -1,0 +1,225 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube/kubefake"
+)
+
+// A write the API server answered with a 429 whose Retry-After asks for a
+// minute waits out that minute, also when the probe notices the API
+// server's return meanwhile (apiBack): another writer's call went
+// unanswered (its port refused), and that writer's backoff, an outage's,
+// still ends at once (within 2 s of the return). Before, the return ended
+// every writer's wait, the one the server asked for too: the Events (as
+// the status write, the report write and the first read of the Node) were
+// sent again seconds after the 429, into the priority and fairness that
+// had asked for a minute.
+func TestRetryAfterOutlastsTheAPIServersReturn(t *testing.T) {
+	type call struct{ verb, resource, sub string }
+	is := func(a k8stesting.Action, c call) bool {
+		return a.GetVerb() == c.verb && a.GetResource().Resource == c.resource && a.GetSubresource() == c.sub
+	}
+	createEvent := call{"create", "events", ""}
+	patchStatus := call{"patch", "nodes", "status"}
+	for _, tc := range []struct {
+		name string
+		// asked: the call answered 429 (Retry-After: 60); outage: the call
+		// whose port refuses, until the API server's return.
+		asked, outage call
+	}{
+		{"events", createEvent, patchStatus},
+		{"conditions", patchStatus, createEvent},
+		{"report", call{"patch", "nodes", ""}, createEvent},
+		{"first read of the Node", call{"get", "nodes", ""}, createEvent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				client := fake.NewClientset(kubeletNode())
+				var mu sync.Mutex
+				// dialled: the probe's dial went through after the return; the
+				// refused call fails until then, so that the return is the
+				// probe's to notice, not the refused writer's own retry's.
+				asking, down, wasDown, dialled := tc.asked.verb == "get", false, false, false
+				var asked []time.Time    // the asked call's tries while it is answered 429
+				var outageBack time.Time // when the refused call first went through after the return
+				client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case asking && is(a, tc.asked):
+						asked = append(asked, time.Now())
+						return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+					case (down || wasDown && !dialled) && is(a, tc.outage):
+						wasDown = true
+						return true, nil, &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/",
+							Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+					case wasDown && is(a, tc.outage) && outageBack.IsZero():
+						outageBack = time.Now()
+					}
+					return false, nil, nil
+				})
+				store := report.NewStore("b")
+				h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) {
+					o.Dial = func(context.Context) error {
+						mu.Lock()
+						defer mu.Unlock()
+						if down {
+							return errors.New("connection refused")
+						}
+						dialled = true
+						return nil
+					}
+				})
+				defer h.stop()
+				if tc.asked.verb != "get" {
+					<-h.r.Adopted()
+					time.Sleep(time.Second)
+					synctest.Wait() // the first status and report writes done
+				}
+				mu.Lock()
+				asking, down = true, true
+				mu.Unlock()
+				// Both calls: the Event's create and a condition's write.
+				store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+				if tc.name == "report" {
+					// The report's next refresh is due in 2 minutes: the
+					// wait for it is not a retry's.
+					time.Sleep(2 * time.Minute)
+				}
+				time.Sleep(5 * time.Second)
+				synctest.Wait()
+				mu.Lock()
+				if len(asked) == 0 {
+					mu.Unlock()
+					t.Fatal("the call to be answered 429 was not made")
+				}
+				first := asked[0]
+				down = false
+				back := time.Now()
+				mu.Unlock()
+				time.Sleep(first.Add(59 * time.Second).Sub(time.Now()))
+				synctest.Wait()
+				mu.Lock()
+				if len(asked) != 1 {
+					t.Errorf("%s tried %d times in the minute its 429's Retry-After asked to wait (at %v after it), want once",
+						tc.asked, len(asked), since(asked, first))
+				}
+				if outageBack.IsZero() || outageBack.Sub(back) > 2*time.Second {
+					t.Errorf("%s, refused until the API server's return, went through %v after it, want within 2 s", tc.outage, outageBack.Sub(back))
+				}
+				asking = false
+				mu.Unlock()
+			})
+		})
+	}
+}
+
+func since(ts []time.Time, t0 time.Time) []time.Duration {
+	var out []time.Duration
+	for _, t := range ts {
+		out = append(out, t.Sub(t0))
+	}
+	return out
+}
+
+// The Node registered anew while the status write waits out a 429's
+// Retry-After of a minute: the report write, refused for the old Node's UID,
+// has the conditions written again (rewrite), at the end of that minute, not
+// at once into the 429. Before, the rewrite ended the wait the API server
+// had asked for as it ends a backoff.
+func TestRetryAfterOutlastsARewrite(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.UID = "uid-0"
+		client := fake.NewClientset(n)
+		var mu sync.Mutex
+		asking := false
+		var asked []time.Time
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !asking || a.GetSubresource() != "status" {
+				return false, nil, nil
+			}
+			asked = append(asked, time.Now())
+			return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+		})
+		wt := &writeTimes{Client: kubefake.New(client)}
+		store := report.NewStore("b")
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = wt })
+		defer h.stop()
+		<-h.r.Adopted()
+		start := time.Now()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if h.node(t).Annotations["autopilot.syself.com/storage"] == "" {
+			t.Fatal("no report on the Node a second after the start")
+		}
+		// The next report write is due 2 minutes after the start: the
+		// Node changes, and the status write is answered 429, just before.
+		time.Sleep(time.Until(start.Add(110 * time.Second)))
+		mu.Lock()
+		asking = true
+		mu.Unlock()
+		nodes := corev1.SchemeGroupVersion.WithResource("nodes")
+		if err := client.Tracker().Delete(nodes, "", node); err != nil {
+			t.Fatal(err)
+		}
+		n = kubeletNode()
+		n.UID = "uid-1"
+		if err := client.Tracker().Add(n); err != nil {
+			t.Fatal(err)
+		}
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "a"}, time.Now())
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		mu.Lock()
+		if len(asked) == 0 {
+			mu.Unlock()
+			t.Fatal("the status write was not answered 429")
+		}
+		first := asked[0]
+		mu.Unlock()
+		time.Sleep(time.Until(first.Add(59 * time.Second)))
+		synctest.Wait()
+		wt.mu.Lock()
+		refused := false
+		for _, w := range wt.writes {
+			refused = refused || !w.status && w.err != nil && uidRefused(w.err) && w.at.After(first)
+		}
+		wt.mu.Unlock()
+		if !refused {
+			t.Fatal("no report write refused for the old UID in the minute after the 429")
+		}
+		mu.Lock()
+		if len(asked) != 1 {
+			t.Errorf("the status write tried %d times in the minute its 429's Retry-After asked to wait (at %v after it), want once",
+				len(asked), since(asked, first))
+		}
+		asking = false
+		mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("a minute after the Retry-After: DiskUsageHigh %+v on the Node registered anew, want True", c)
+		}
+	})
+}
