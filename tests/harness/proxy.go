@@ -104,7 +104,8 @@ func (p *Proxy) SetFault(f func(*http.Request) *Fault) {
 }
 
 // Refuse closes the proxy's port: connections are refused, and those open
-// are closed.
+// and idle are closed; a request in flight is still answered (the tests
+// refuse while the writers wait, none relies on a cut request).
 func (p *Proxy) Refuse() {
 	p.mu.Lock()
 	ln := p.ln
@@ -113,7 +114,7 @@ func (p *Proxy) Refuse() {
 	if ln != nil {
 		ln.Close()
 	}
-	// Connections open: closed as a stopped API server closes them.
+	// Idle connections: closed as a stopped API server closes them.
 	p.srv.SetKeepAlivesEnabled(false)
 	p.srv.SetKeepAlivesEnabled(true)
 }
