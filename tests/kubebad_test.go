@@ -424,6 +424,88 @@ func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
 	readyIntact(t, n)
 }
 
+// Another writer changes the daemon's condition on the Node (kubectl patch
+// --subresource=status, a stale controller): its status, then its reason,
+// then its lastTransitionTime, each time with the report annotation
+// overwritten too, so that the report coming back shows a refresh answered
+// after the change. The refresh's answer has the conditions written again at
+// once, the transition time the daemon holds kept; before, the other
+// writer's status stood until the next heartbeat (5 min). A change of the
+// message alone waits for the heartbeat, as the daemon's own do.
+func TestKubeAnotherWriterChangesTheConditionsStatus(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-another-writer-status"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	// A report every 3 s: the daemon's comes every 2 minutes.
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second, EventCountFlush: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
+	key := report.AnnotationPrefix + "storage"
+	reported := func(n *corev1.Node) bool { return strings.Contains(n.Annotations[key], `"mountPoint":"/"`) }
+	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool {
+		return cond(n, "KernelDeadlock") != nil && reported(n)
+	})
+	want := *cond(n, "KernelDeadlock")
+
+	// other patches the condition with fields and the report with "{}",
+	// and returns when the report is back: a refresh answered after it.
+	other := func(fields string) time.Time {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"{}"}},"status":{"conditions":[{"type":"KernelDeadlock",%s}]}}`, key, fields)
+		m, err := s.Admin.CoreV1().Nodes().PatchStatus(context.Background(), node, []byte(patch))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Annotations[key] != "{}" {
+			t.Fatalf("the other writer's patch did not land: report %s", m.Annotations[key])
+		}
+		at := time.Now()
+		waitNode(t, s, node, "the report back after the other writer's patch", reported)
+		return at
+	}
+	for _, tc := range []struct{ what, fields string }{
+		{"status", `"status":"False"`},
+		{"reason", `"reason":"SomethingElse"`},
+		{"lastTransitionTime", fmt.Sprintf(`"lastTransitionTime":%q`, want.LastTransitionTime.Add(-time.Hour).UTC().Format(time.RFC3339))},
+	} {
+		at := other(tc.fields)
+		// The refresh that put the report back had the conditions
+		// written at once: within seconds, not with the heartbeat.
+		n := waitNodeFor(t, s, node, 5*time.Second, "KernelDeadlock put back after another writer changed its "+tc.what, func(n *corev1.Node) bool {
+			c := cond(n, "KernelDeadlock")
+			return c != nil && c.Status == want.Status && c.Reason == want.Reason && c.LastTransitionTime.Equal(&want.LastTransitionTime)
+		})
+		t.Logf("%s put back %s after the other writer's change", tc.what, time.Since(at).Round(time.Millisecond))
+		if c := cond(n, "KernelDeadlock"); c.Message != want.Message {
+			t.Errorf("after the %s: message %q, want %q", tc.what, c.Message, want.Message)
+		}
+		readyIntact(t, n)
+	}
+
+	if n := x.m.Overwrites(); n != 3 {
+		t.Errorf("%v overwrites counted, want 3", n)
+	}
+
+	other(`"message":"someone else's words"`)
+	// Two more refreshes answered: the message alone waits for the heartbeat.
+	other(`"message":"someone else's words"`)
+	if c := cond(waitNode(t, s, node, "report", reported), "KernelDeadlock"); c.Message != "someone else's words" || c.Status != want.Status {
+		t.Errorf("after the other writer changed the message alone: %+v, want its message kept until the heartbeat", c)
+	}
+	if n := x.m.Overwrites(); n != 3 {
+		t.Errorf("%v overwrites counted after a change of the message alone, want 3", n)
+	}
+}
+
 // changeEverySecond turns DiskUsageHigh True and False in turn, n times a
 // second apart (the first True), each with a TaskHung Event of message(i),
 // as a node's changes come through an API server's bad day, and returns

@@ -32,6 +32,9 @@ type Metrics struct {
 	coalesced prometheus.Counter
 	reporting prometheus.Gauge
 	lastOK    prometheus.Gauge
+	// overwritten counts the daemon's conditions found on the Node changed
+	// by another writer (Reporter.overwrittenLocked).
+	overwritten prometheus.Counter
 
 	// What status shows: per kind of call, the last success and the last
 	// error; whether a change of the conditions waits to be written; the
@@ -96,6 +99,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: report.Namespace, Name: "api_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful Kubernetes API call.",
 		}),
+		overwritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "condition_overwrites_total",
+			Help: "The daemon's conditions found on the Node with another status, reason or transition time than it wrote (another writer); each is written again.",
+		}),
 	}
 	// Every kind's ok series is there at 0 from the start: increase() does
 	// not see a series that first appears at 1, and the alert on failing
@@ -108,7 +115,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.writes.WithLabelValues(kind, "ok")
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK)
+		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK, m.overwritten)
 	}
 	return m
 }
@@ -183,6 +190,10 @@ func resultOf(err error) string {
 	}
 	return "error"
 }
+
+// Overwrites returns the number of the daemon's conditions found changed
+// on the Node by another writer.
+func (m *Metrics) Overwrites() float64 { return report.Value(m.overwritten) }
 
 // SetReporting records whether the daemon reports to Kubernetes.
 func (m *Metrics) SetReporting(on bool) {

@@ -155,9 +155,21 @@ type Reporter struct {
 	// registered anew (nodeAnswered), until the conditions are on it.
 	written chan struct{}
 	// nodeUID is the UID of the Node last read or written ("" before);
-	// nodeTypes the condition types the last status write put on it.
+	// nodeTypes the condition types the last status write put on it, and
+	// nodeConds the conditions it put there (wrote: a map never changed
+	// once made).
 	nodeUID   string
 	nodeTypes []string
+	nodeConds map[string]report.Condition
+	// statusSent counts the status writes sent, statusDone those answered
+	// (or failed): a report write's answer tells the conditions of another
+	// writer only when no status write of the daemon's was on its way
+	// while it was (see sentState).
+	statusSent, statusDone uint64
+	// overwrites: per condition type, the last overwrite by another writer
+	// logged (overwriteKey): one warning per change, not one per refresh
+	// while the other writer keeps writing.
+	overwrites map[string]string
 	// rewrite gets a token when the conditions must be written again (the
 	// Node was registered anew).
 	rewrite chan struct{}
@@ -821,11 +833,16 @@ func (r *Reporter) writtenCh() <-chan struct{} {
 // else they would be back only with the next heartbeat, minutes after the
 // report. It reports whether that is the case.
 //
-// expect are the types the last status write put on the Node as of before
-// the write that got n was sent (expectedTypes): a status write that adds
-// one while that write is in flight is not in its answer, and is no sign of
-// a Node registered anew.
-func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
+// sent is what the last status write put on the Node as of before the
+// write that got n was sent (sentBefore): a status write that adds a type
+// while that write is in flight is not in its answer, and is no sign of a
+// Node registered anew.
+//
+// Else, when another writer changed the status, reason or transition time
+// of one of the daemon's conditions (overwritten), the conditions are
+// written again at once too (the report does not wait for them: it is not
+// a Node registered anew), with the transition time the daemon holds.
+func (r *Reporter) nodeAnswered(n *kubeapi.Node, sent sentState) bool {
 	if n == nil {
 		return false
 	}
@@ -836,7 +853,7 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 	if uid != "" {
 		r.nodeUID = uid
 	}
-	for _, t := range expect {
+	for _, t := range sent.types {
 		// Missing, and still expected: a status write that removed it
 		// (a reload stopped its check) while this write was in flight is
 		// no sign of a Node registered anew either.
@@ -845,10 +862,95 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, expect []string) bool {
 		}
 	}
 	if !anew {
+		if r.overwrittenLocked(n, sent) {
+			select {
+			case r.rewrite <- struct{}{}:
+			default:
+			}
+		}
 		return false
 	}
 	r.rewriteLocked()
 	return true
+}
+
+// sentState is what a Node write's answer is compared with: the
+// conditions the last status write put on the Node when the write was sent
+// (sentBefore), and whether a status write of the daemon's own was on its
+// way then (settled false) or was sent since (seq).
+type sentState struct {
+	types   []string
+	conds   map[string]report.Condition
+	settled bool
+	seq     uint64
+}
+
+// sentBefore returns what the last status write put on the Node, as of
+// now: call it before sending a write whose answer nodeAnswered takes.
+func (r *Reporter) sentBefore() sentState {
+	r.nodeMu.Lock()
+	defer r.nodeMu.Unlock()
+	return sentState{types: slices.Clone(r.nodeTypes), conds: r.nodeConds, settled: r.statusSent == r.statusDone, seq: r.statusSent}
+}
+
+// overwrittenLocked (under nodeMu) reports whether the Node n, the answer
+// to a write sent at sent, shows one of the daemon's conditions with
+// another status, reason or transition time (to the second: the API's
+// precision), or a condition held forever with another message (a tamper
+// finding's evidence), than the daemon's last status write put there. A
+// message alone another writer changed waits for the heartbeat, as the
+// daemon's own changes of a message do (sinceWrite). When a status write
+// of the daemon's own was on its way while this write was (sent before it
+// was answered, or still unanswered when it was sent), the answer may hold
+// that write's conditions or those before it: it tells nothing of another
+// writer, and the next report refresh compares again. Each overwrite is
+// counted and logged once per change (overwriteKey).
+func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
+	if !sent.settled || sent.seq != r.statusSent {
+		return false
+	}
+	found := false
+	for _, c := range n.Status.Conditions {
+		w, ok := sent.conds[c.Type]
+		if !ok || sameOnNode(w, c) {
+			continue
+		}
+		found = true
+		r.m.overwritten.Inc()
+		key := overwriteKey(w, c)
+		if r.overwrites[c.Type] == key {
+			continue
+		}
+		if r.overwrites == nil {
+			r.overwrites = map[string]string{}
+		}
+		r.overwrites[c.Type] = key
+		r.o.Log.Warn("another writer changed a condition of the daemon's on the Node: writing it again (the daemon owns its condition types)",
+			"node", r.o.NodeName, "condition", c.Type, "node_status", c.Status, "node_reason", c.Reason,
+			"node_since", c.LastTransitionTime.UTC(), "status", w.Status, "reason", w.Reason, "since", w.LastTransitionTime.UTC().Truncate(time.Second))
+	}
+	return found
+}
+
+// sameOnNode reports whether the Node's condition c is what the daemon
+// wrote as w, as far as the daemon writes it at once (see
+// overwrittenLocked).
+func sameOnNode(w report.Condition, c kubeapi.NodeCondition) bool {
+	if string(w.Status) != c.Status || string(w.Reason) != c.Reason ||
+		!w.LastTransitionTime.Truncate(time.Second).Equal(c.LastTransitionTime.Time) {
+		return false
+	}
+	if d, _ := report.Lookup(w.Type); d.Hold == report.HoldForever {
+		return w.Message == c.Message
+	}
+	return true
+}
+
+// overwriteKey names an overwrite: what the daemon wrote and what the Node
+// showed instead. Another writer that writes the same over the same
+// condition at every refresh is logged once.
+func overwriteKey(w report.Condition, c kubeapi.NodeCondition) string {
+	return fmt.Sprintf("%s/%s/%d %s/%s/%d/%s", w.Status, w.Reason, w.LastTransitionTime.Unix(), c.Status, c.Reason, c.LastTransitionTime.Unix(), c.Message)
 }
 
 // rewriteLocked (under nodeMu) asks for the conditions to be written again
@@ -933,14 +1035,6 @@ func (r *Reporter) sinceWrite() (now, messages bool) {
 	return false, messages
 }
 
-// expectedTypes returns the condition types the last status write put on
-// the Node.
-func (r *Reporter) expectedTypes() []string {
-	r.nodeMu.Lock()
-	defer r.nodeMu.Unlock()
-	return slices.Clone(r.nodeTypes)
-}
-
 // writeStatus writes the store's conditions, every one's heartbeat with
 // them. refresh, if not nil, is a report refresh the same patch carries
 // (the annotation loop's, folded in: see foldOffer); a refusal of it is the
@@ -986,7 +1080,7 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		return err
 	}
 	start := time.Now()
-	n, err := r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
+	n, err := r.patchStatus(ctx, patch)
 	r.m.observe(KindStatus, start, err)
 	if refresh != nil {
 		// One write that is the report refresh too: status shows it as
@@ -1007,7 +1101,7 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 			return err
 		}
 		start = time.Now()
-		n, err = r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
+		n, err = r.patchStatus(ctx, patch)
 		r.m.observe(KindStatus, start, err)
 	}
 	if err == nil {
@@ -1026,10 +1120,35 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 			r.nodeUID = n.Metadata.UID
 		}
 		r.nodeTypes = slices.Clone(r.onNode)
+		r.nodeConds = r.wrote
+		if n != nil {
+			// The write's own answer: the Node after this patch, whatever
+			// another writer did before it. One of its conditions not as
+			// written is something in the write's path changing it (a
+			// mutating admission webhook): counted and logged as another
+			// writer's, not written again, which would only change it back
+			// in a loop. The next report refresh's answer has it written
+			// again, once a refresh.
+			r.overwrittenLocked(n, sentState{conds: r.wrote, settled: true, seq: r.statusSent})
+		}
 		r.nodeMu.Unlock()
 		r.wroteOnce()
 	}
 	return err
+}
+
+// patchStatus sends a status write, counted in statusSent and statusDone
+// (see sentState).
+func (r *Reporter) patchStatus(ctx context.Context, patch []byte) (*kubeapi.Node, error) {
+	r.nodeMu.Lock()
+	r.statusSent++
+	r.nodeMu.Unlock()
+	defer func() {
+		r.nodeMu.Lock()
+		r.statusDone++
+		r.nodeMu.Unlock()
+	}()
+	return r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
 }
 
 // earlyReport is the report as far as the checks have collected it, for
@@ -1291,7 +1410,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	if err != nil {
 		return err
 	}
-	expect := r.expectedTypes()
+	sent := r.sentBefore()
 	start := time.Now()
 	n, err := r.o.Client.PatchNode(ctx, r.o.NodeName, patch)
 	r.m.observe(KindAnnotations, start, err)
@@ -1299,7 +1418,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	case err != nil && uidRefused(err):
 		r.nodeRefused() // logged by annotationLoop
 		return fmt.Errorf("%w: %v", errRegisteredAnew, err)
-	case err == nil && r.nodeAnswered(n, expect):
+	case err == nil && r.nodeAnswered(n, sent):
 		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
 	}
 	return err

@@ -1552,12 +1552,12 @@ func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 	} {
 		r := New(Options{Store: report.NewStore("b")})
 		r.nodeUID, r.nodeTypes = "uid-1", tc.before
-		expect := r.expectedTypes()
+		sent := r.sentBefore()
 		if tc.after != nil {
 			r.nodeTypes = tc.after
 		}
 		r.wroteOnce()
-		if got := r.nodeAnswered(tc.n, expect); got != tc.want {
+		if got := r.nodeAnswered(tc.n, sent); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 		if pending := !isClosed(r.writtenCh()); pending != tc.want || len(r.rewrite) == 1 != tc.want {

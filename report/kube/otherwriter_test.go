@@ -1,0 +1,333 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube/kubeapi"
+	"github.com/syself/autopilot-health/report/kube/kubefake"
+)
+
+// otherWrites changes the Node's condition ty as another writer would
+// (kubectl patch --subresource=status, a stale controller).
+func otherWrites(t *testing.T, client *fake.Clientset, ty string, change func(*corev1.NodeCondition)) {
+	t.Helper()
+	if err := changeOnNode(client, ty, change); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func changeOnNode(client *fake.Clientset, ty string, change func(*corev1.NodeCondition)) error {
+	nodes := corev1.SchemeGroupVersion.WithResource("nodes")
+	o, err := client.Tracker().Get(nodes, "", node)
+	if err != nil {
+		return err
+	}
+	n := o.(*corev1.Node).DeepCopy()
+	c := findCond(n, ty)
+	if c == nil {
+		return fmt.Errorf("no %s on the Node", ty)
+	}
+	change(c)
+	return client.Tracker().Update(nodes, n, "")
+}
+
+// warnings counts the log's warnings that another writer changed a
+// condition.
+func warnings(logs string) int {
+	n := 0
+	for l := range strings.SplitSeq(logs, "\n") {
+		if strings.Contains(l, "level=WARN") && strings.Contains(l, "another writer changed a condition") {
+			n++
+		}
+	}
+	return n
+}
+
+// Another writer flips the daemon's condition True to False on the Node:
+// the next report refresh's answer shows it, and the conditions are written
+// again within the second, the transition time the daemon holds kept (before,
+// the other writer's False stood until the heartbeat, 5 to 5.5 minutes after
+// the daemon's last write). A writer that does it again at every refresh
+// gets one write a refresh, no more, and one warning; a change of the
+// message alone waits for the heartbeat.
+func TestAnotherWritersStatusIsPutBackAtTheNextRefresh(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		wt := &writeTimes{Client: kubefake.New(client)}
+		store := report.NewStore("b")
+		var logs testenv.SyncBuffer
+		h := startOpts(t, client, store, report.NewDetails(), &logs, func(o *Options) { o.Client = wt })
+		<-h.r.Adopted()
+		// Its transition time with nanoseconds, on the Node to the second.
+		store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"},
+			time.Now().Add(-500*time.Millisecond))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		want := *findCond(h.node(t), "KernelDeadlock")
+		if want.Status != corev1.ConditionTrue {
+			t.Fatalf("not written: %+v", want)
+		}
+		wt.mu.Lock()
+		mark := len(wt.writes)
+		wt.mu.Unlock()
+		otherWrites(t, client, "KernelDeadlock", func(c *corev1.NodeCondition) { c.Status = corev1.ConditionFalse })
+		time.Sleep(2 * time.Minute) // the next report refresh
+		synctest.Wait()
+		c := findCond(h.node(t), "KernelDeadlock")
+		if c.Status != want.Status || c.Reason != want.Reason || !c.LastTransitionTime.Equal(&want.LastTransitionTime) {
+			t.Fatalf("after the next report refresh: %+v, want the daemon's %+v", c, want)
+		}
+		wt.mu.Lock()
+		var refresh, status time.Time
+		for _, w := range wt.writes[mark:] {
+			if !w.status && refresh.IsZero() {
+				refresh = w.at
+			}
+			if w.status && status.IsZero() {
+				status = w.at
+			}
+		}
+		wt.mu.Unlock()
+		if refresh.IsZero() || status.IsZero() || status.Before(refresh) || status.Sub(refresh) > time.Second {
+			t.Errorf("refresh answered at %v, conditions written at %v: want within a second after it", refresh, status)
+		}
+
+		// A writer at every refresh: one write of the conditions a refresh.
+		client.ClearActions()
+		for range 10 {
+			otherWrites(t, client, "KernelDeadlock", func(c *corev1.NodeCondition) { c.Status, c.Reason = corev1.ConditionFalse, "Stale" })
+			time.Sleep(2 * time.Minute)
+			synctest.Wait()
+		}
+		acts := countActions(client)
+		if acts["patch nodes/status"] != 10 || acts["patch nodes"] != 10 {
+			t.Errorf("a writer at every refresh for 10 refreshes: %v; want 10 of each", acts)
+		}
+		if c := findCond(h.node(t), "KernelDeadlock"); c.Status != want.Status || !c.LastTransitionTime.Equal(&want.LastTransitionTime) {
+			t.Errorf("after the fight: %+v", c)
+		}
+		if n := h.m.Overwrites(); n != 11 {
+			t.Errorf("%v overwrites counted, want 11", n)
+		}
+		if n := warnings(logs.String()); n != 2 {
+			t.Errorf("%d warnings, want 2 (the first writer's False, then the one at every refresh):\n%s", n, logs.String())
+		}
+
+		client.ClearActions()
+		otherWrites(t, client, "KernelDeadlock", func(c *corev1.NodeCondition) { c.Message = "someone else's words" })
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if n := countActions(client)["patch nodes/status"]; n != 0 || findCond(h.node(t), "KernelDeadlock").Message != "someone else's words" {
+			t.Errorf("another writer's message alone: %d writes; want it left until the heartbeat", n)
+		}
+		h.stop()
+	})
+}
+
+// The comparison of a report write's answer with what the daemon wrote.
+func TestNodeAnsweredTellsAnotherWriter(t *testing.T) {
+	at := time.Date(2026, 12, 1, 9, 0, 0, 500_000_000, time.UTC) // written with its nanoseconds, on the Node to the second
+	disk := report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%", LastTransitionTime: at}
+	tamper := report.Condition{Type: "NodeTampered", Status: report.StatusTrue, Reason: "ProtectedFileChanged", Message: "/var/x changed", LastTransitionTime: at}
+	onNode := func(c report.Condition) kubeapi.NodeCondition {
+		return kubeapi.NodeCondition{Type: c.Type, Status: string(c.Status), Reason: string(c.Reason), Message: c.Message,
+			LastTransitionTime: metav1.NewTime(c.LastTransitionTime.Truncate(time.Second))}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*kubeapi.NodeCondition)
+		// race: what the daemon's own status writes did while the report
+		// write was on its way: "" nothing, "inflight" one was on its way
+		// when it was sent, "since" one was sent after it.
+		race string
+		want bool
+	}{
+		{"as written", nil, "", false},
+		{"another status", func(c *kubeapi.NodeCondition) { c.Status = "False" }, "", true},
+		{"another reason", func(c *kubeapi.NodeCondition) { c.Reason = "Stale" }, "", true},
+		{"another transition time", func(c *kubeapi.NodeCondition) {
+			c.LastTransitionTime = metav1.NewTime(at.Truncate(time.Second).Add(-time.Second))
+		}, "", true},
+		{"another message", func(c *kubeapi.NodeCondition) {
+			if c.Type == "DiskUsageHigh" {
+				c.Message = "someone else's"
+			}
+		}, "", false},
+		{"another message of a condition held forever", func(c *kubeapi.NodeCondition) {
+			if c.Type == "NodeTampered" {
+				c.Message = "nothing to see"
+			}
+		}, "", true},
+		{"another writer's own condition changed", nil, "", false},
+		{"another status, a status write on its way when it was sent", func(c *kubeapi.NodeCondition) { c.Status = "False" }, "inflight", false},
+		{"another status, a status write sent since", func(c *kubeapi.NodeCondition) { c.Status = "False" }, "since", false},
+	} {
+		r := New(Options{Store: report.NewStore("b"), Log: testLog(t)})
+		r.nodeUID, r.nodeTypes = "uid-1", []string{disk.Type, tamper.Type}
+		r.nodeConds = map[string]report.Condition{disk.Type: disk, tamper.Type: tamper}
+		if tc.race == "inflight" {
+			r.statusSent++
+		}
+		sent := r.sentBefore()
+		if tc.race == "since" {
+			r.statusSent++
+		}
+		r.wroteOnce()
+		n := &kubeapi.Node{}
+		n.Metadata.UID = "uid-1"
+		n.Status.Conditions = []kubeapi.NodeCondition{{Type: "Ready", Status: "True"}, onNode(disk), onNode(tamper),
+			{Type: "SomeoneElses", Status: "True", Reason: "Whatever"}}
+		if tc.change != nil {
+			for i := range n.Status.Conditions[1:3] {
+				tc.change(&n.Status.Conditions[1+i])
+			}
+		} else if strings.HasPrefix(tc.name, "another writer's") {
+			n.Status.Conditions[3].Status = "False"
+		}
+		if r.nodeAnswered(n, sent) {
+			t.Errorf("%s: taken for a Node registered anew", tc.name)
+		}
+		if asked := len(r.rewrite) == 1; asked != tc.want {
+			t.Errorf("%s: conditions written again %v, want %v", tc.name, asked, tc.want)
+		}
+		if !isClosed(r.writtenCh()) {
+			t.Errorf("%s: the report waits for the conditions", tc.name)
+		}
+	}
+}
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), nil))
+}
+
+// holdWrite is a client whose next report write, once armed, is held until
+// release is closed, before it lands on the Node (before) or after, its
+// answer held: a status write of the daemon's own lands meanwhile.
+type holdWrite struct {
+	Client
+	before  bool
+	armed   atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (c *holdWrite) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	hold := c.armed.CompareAndSwap(true, false)
+	if hold && c.before {
+		close(c.held)
+		<-c.release
+	}
+	n, err := c.Client.PatchNode(ctx, name, patch)
+	if hold && !c.before {
+		close(c.held)
+		<-c.release
+	}
+	return n, err
+}
+
+// A change of the daemon's own written while a report write is on its way:
+// whether it landed before the report write (whose answer shows it, where
+// the daemon's last write before the report write's did not) or after (the
+// answer shows the condition before the change, where the daemon's last
+// write now does not), the answer is no other writer's: no second write,
+// nothing counted.
+func TestOwnStatusWriteDuringARefreshIsNoOverwrite(t *testing.T) {
+	for _, before := range []bool{false, true} {
+		t.Run(fmt.Sprintf("before=%v", before), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				client := fake.NewClientset(kubeletNode())
+				hc := &holdWrite{Client: kubefake.New(client), before: before, held: make(chan struct{}), release: make(chan struct{})}
+				store := report.NewStore("b")
+				h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = hc })
+				defer h.stop()
+				<-h.r.Adopted()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+				time.Sleep(time.Second)
+				synctest.Wait()
+				hc.armed.Store(true)
+				<-hc.held // the next refresh is on its way
+				client.ClearActions()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+				time.Sleep(time.Second)
+				synctest.Wait()
+				close(hc.release)
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if n := countActions(client)["patch nodes/status"]; n != 1 || h.m.Overwrites() != 0 {
+					t.Errorf("%d status writes, %v overwrites counted; want the change's 1 and none", n, h.m.Overwrites())
+				}
+				if c := findCond(h.node(t), "DiskUsageHigh"); c.Status != corev1.ConditionFalse {
+					t.Errorf("on the Node: %+v", c)
+				}
+			})
+		})
+	}
+}
+
+// mutating is a client whose status writes something in the write's path
+// changes (a mutating admission webhook): the condition's reason is not
+// what the daemon wrote, in the write's own answer and on the Node.
+type mutating struct {
+	Client
+	client *fake.Clientset
+	mu     sync.Mutex
+	writes int
+}
+
+func (c *mutating) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	c.mu.Lock()
+	c.writes++
+	loop := c.writes > 1000
+	c.mu.Unlock()
+	if n, err := c.Client.PatchNodeStatus(ctx, name, patch); err != nil || loop {
+		return n, err
+	}
+	if err := changeOnNode(c.client, "DiskUsageHigh", func(c *corev1.NodeCondition) { c.Reason = "Mutated" }); err != nil {
+		return nil, err
+	}
+	return c.Client.GetNode(ctx, name)
+}
+
+// Something in the write's path changes the daemon's condition at each
+// write: a write that answers with it is counted and logged, not written
+// again at once (that would change it back and forth without end); the
+// report refresh has it written again, once a refresh.
+func TestConditionChangedInTheWritesPathIsNoLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		mc := &mutating{Client: kubefake.New(client), client: client}
+		store := report.NewStore("b")
+		var logs testenv.SyncBuffer
+		h := startOpts(t, client, store, report.NewDetails(), &logs, func(o *Options) { o.Client = mc })
+		<-h.r.Adopted()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+		time.Sleep(10*time.Minute + time.Second)
+		synctest.Wait()
+		h.stop()
+		mc.mu.Lock()
+		writes := mc.writes
+		mc.mu.Unlock()
+		// The change's write, then one at each of the 5 refreshes.
+		if writes != 6 {
+			t.Errorf("%d status writes in 10 minutes, want 6: one a report refresh", writes)
+		}
+		if n := warnings(logs.String()); n != 1 {
+			t.Errorf("%d warnings, want 1:\n%s", n, logs.String())
+		}
+	})
+}
