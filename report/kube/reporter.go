@@ -171,7 +171,8 @@ type Reporter struct {
 	// while the other writer keeps writing.
 	overwrites map[string]string
 	// rewrite gets a token when the conditions must be written again (the
-	// Node was registered anew).
+	// Node was registered anew, or another writer changed one of them:
+	// nodeAnswered).
 	rewrite chan struct{}
 	// refreshes takes the annotation loop's report refresh to the status loop,
 	// which writes it with the heartbeat in one status patch when the
@@ -660,7 +661,9 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			// retry is pending: the report write just reached the new
 			// Node, where the writes that failed found none (404), and
 			// the report waits for them. One token per report write,
-			// which then waits for this write: no loop.
+			// which then waits for this write: no loop. Or another writer
+			// changed one of the conditions: they go back now, one token
+			// per report refresh at most, however often it does.
 			dirty, beat = true, false
 			if retry != nil {
 				retry = retryAfterAsked()
