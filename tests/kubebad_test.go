@@ -173,6 +173,13 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 	status := func(code int, reason string) string {
 		return fmt.Sprintf(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"bad day","reason":%q,"code":%d}`, reason, code)
 	}
+	// The cases run at once, each through a proxy of its own to a Node of
+	// its own: one after another they took 112-140 s, most of it the 12 s
+	// bad day and the backoff after it, which do not compete for the CPU.
+	// (t.Run from goroutines, as testing allows, not t.Parallel: -parallel
+	// is GOMAXPROCS, 2 on CI's machine.)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for i, tc := range []struct {
 		name       string
 		fault      harness.Fault
@@ -196,77 +203,79 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 		{"200 of a load balancer's page", harness.Fault{Code: 200, Body: "<html><body>maintenance</body></html>",
 			Header: http.Header{"Content-Type": {"text/html"}}}, 0},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			node := fmt.Sprintf("node-bad-answers-%d", i)
-			p, client := proxied(t, s, node)
-			store := report.NewStore("boot")
-			var dials countDials
-			x := startProxied(t, p, client, node, store, &dials)
-			<-x.r.Adopted()
-			store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
-			waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
+		wg.Go(func() {
+			t.Run(tc.name, func(t *testing.T) {
+				node := fmt.Sprintf("node-bad-answers-%d", i)
+				p, client := proxied(t, s, node)
+				store := report.NewStore("boot")
+				var dials countDials
+				x := startProxied(t, p, client, node, store, &dials)
+				<-x.r.Adopted()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+				waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
 
-			p.SetFault(func(*http.Request) *harness.Fault {
-				fault := tc.fault
-				if fault.Header.Get("Retry-After") == "date" {
-					fault.Header = fault.Header.Clone()
-					fault.Header.Set("Retry-After", time.Now().Add(6*time.Second).UTC().Format(http.TimeFormat))
-				}
-				return &fault
-			})
-			began := time.Now()
-			last := changeEverySecond(store, 12, func(i int) string {
-				return fmt.Sprintf("INFO: task worker:%d blocked for more than 120 seconds.", 100+i)
-			})
-			p.SetFault(nil)
-			for _, kind := range []struct{ what, sub, method string }{
-				{"status writes", "/status", http.MethodPatch},
-				{"Event creates", "/events", http.MethodPost},
-			} {
-				var tries []time.Time
-				for _, r := range p.Requests(kind.sub) {
-					if r.Method == kind.method && r.Fault && r.At.After(began) {
-						tries = append(tries, r.At)
+				p.SetFault(func(*http.Request) *harness.Fault {
+					fault := tc.fault
+					if fault.Header.Get("Retry-After") == "date" {
+						fault.Header = fault.Header.Clone()
+						fault.Header.Set("Retry-After", time.Now().Add(6*time.Second).UTC().Format(http.TimeFormat))
 					}
-				}
-				if len(tries) == 0 {
-					t.Errorf("no %s through the bad day", kind.what)
-				}
-				// The backoff: 1 s doubling, jittered; 12 s take 4 tries
-				// or so, not one a change.
-				if len(tries) > 6 {
-					t.Errorf("%d %s in 12 s of answers refusing them, one a change: want the backoff to pace them", len(tries), kind.what)
-				}
-				for i := 1; i < len(tries) && tc.retryAfter > 0; i++ {
-					if gap := tries[i].Sub(tries[i-1]); gap < tc.retryAfter-100*time.Millisecond {
-						t.Errorf("%s %d came %s after the one before; the answer asked for %s", kind.what, i+1, gap.Round(time.Millisecond), tc.retryAfter)
+					return &fault
+				})
+				began := time.Now()
+				last := changeEverySecond(store, 12, func(i int) string {
+					return fmt.Sprintf("INFO: task worker:%d blocked for more than 120 seconds.", 100+i)
+				})
+				p.SetFault(nil)
+				for _, kind := range []struct{ what, sub, method string }{
+					{"status writes", "/status", http.MethodPatch},
+					{"Event creates", "/events", http.MethodPost},
+				} {
+					var tries []time.Time
+					for _, r := range p.Requests(kind.sub) {
+						if r.Method == kind.method && r.Fault && r.At.After(began) {
+							tries = append(tries, r.At)
+						}
 					}
+					if len(tries) == 0 {
+						t.Errorf("no %s through the bad day", kind.what)
+					}
+					// The backoff: 1 s doubling, jittered; 12 s take 4 tries
+					// or so, not one a change.
+					if len(tries) > 6 {
+						t.Errorf("%d %s in 12 s of answers refusing them, one a change: want the backoff to pace them", len(tries), kind.what)
+					}
+					for i := 1; i < len(tries) && tc.retryAfter > 0; i++ {
+						if gap := tries[i].Sub(tries[i-1]); gap < tc.retryAfter-100*time.Millisecond {
+							t.Errorf("%s %d came %s after the one before; the answer asked for %s", kind.what, i+1, gap.Round(time.Millisecond), tc.retryAfter)
+						}
+					}
+					t.Logf("%d %s answered by the fault in 12 s", len(tries), kind.what)
 				}
-				t.Logf("%d %s answered by the fault in 12 s", len(tries), kind.what)
-			}
-			if d := dials.get(); d != 0 {
-				t.Errorf("%d dials of the API server's address while it answered, want none", d)
-			}
-			// The status the Node held before, since the last change.
-			waitNodeFor(t, s, node, 90*time.Second, "the last state since the last change", func(n *corev1.Node) bool {
-				c := cond(n, "DiskUsageHigh")
-				return has("DiskUsageHigh", "False", "DiskUsageOK")(n) && c.LastTransitionTime.Unix() == last.Unix()
+				if d := dials.get(); d != 0 {
+					t.Errorf("%d dials of the API server's address while it answered, want none", d)
+				}
+				// The status the Node held before, since the last change.
+				waitNodeFor(t, s, node, 90*time.Second, "the last state since the last change", func(n *corev1.Node) bool {
+					c := cond(n, "DiskUsageHigh")
+					return has("DiskUsageHigh", "False", "DiskUsageOK")(n) && c.LastTransitionTime.Unix() == last.Unix()
+				})
+				deadline := time.Now().Add(90 * time.Second)
+				for {
+					evs := nodeEvents(t, s, node)
+					var count int32
+					for _, e := range evs {
+						count += e.Count
+					}
+					if count == 12 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("after the bad day the Events count %d occurrences in %d Events, want 12", count, len(evs))
+					}
+					time.Sleep(100 * time.Millisecond) // polling the API server for the awaited Events
+				}
 			})
-			deadline := time.Now().Add(90 * time.Second)
-			for {
-				evs := nodeEvents(t, s, node)
-				var count int32
-				for _, e := range evs {
-					count += e.Count
-				}
-				if count == 12 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("after the bad day the Events count %d occurrences in %d Events, want 12", count, len(evs))
-				}
-				time.Sleep(100 * time.Millisecond) // polling the API server for the awaited Events
-			}
 		})
 	}
 }
