@@ -294,6 +294,21 @@ func daemonRules() []rule {
 			},
 		},
 		{
+			Alert: "AutopilotHealthConditionsOverwritten",
+			// The daemon puts its conditions back at each report refresh
+			// (2 min) when another writer changed their status, reason or
+			// transition time: one correction is someone's kubectl, one
+			// at every refresh is a second writer fighting it, and the
+			// Node shows the other writer's word between refreshes.
+			Expr:   `increase(autopilot_health_condition_overwrites_total[30m]) > 3`,
+			For:    "10m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "another writer keeps changing autopilot-health's conditions on node {{ $labels.node }}",
+				"description": "autopilot-health found its conditions on the Node changed by another writer (status, reason or lastTransitionTime) more than 3 times in 30 minutes, and put them back each time: between its report refreshes the Node shows the other writer's word to Cluster API and the alerts. journalctl -u autopilot-health names the condition and what the Node showed; kubectl get node {{ $labels.node }} --show-managed-fields -o yaml names the writer (a manager of status.conditions other than autopilot-health and the kubelet).",
+			},
+		},
+		{
 			Alert: "AutopilotHealthConfigReloadRefused",
 			// 0 after a refused reload until one applies (or a start,
 			// which loads the file: a bad one refuses to start, and

@@ -238,6 +238,12 @@ func daemonTests() promTest {
 			// A state write blocked in I/O from minute 29, its gauge
 			// from minute 30 (10 s blocked and more), returned at 37.
 			{daemon("autopilot_health_state_write_blocked_seconds", "up", ""), "0+0x29 50+60x6 0+0x4"},
+			// Another writer changes a condition of "up"'s at every report
+			// refresh (2 min) from minute 10 to 30, each put back and
+			// counted, and stops; "edited" had one changed by hand at
+			// minute 10.
+			{daemon("autopilot_health_condition_overwrites_total", "up", ""), "0+0x10 0+0.5x20 10+0x30"},
+			{daemon("autopilot_health_condition_overwrites_total", "edited", ""), "0+0x10 1+0x30"},
 			// "outage": the daemon restarted (a reboot: no scrape at
 			// minutes 10 and 11) into an API server it cannot reach: the
 			// Node's read, made once per start and retried, fails from
@@ -373,6 +379,10 @@ func daemonTests() promTest {
 			{EvalTime: "35m", Alertname: "AutopilotHealthStateWriteBlocked", ExpAlerts: []promAlert{exp("AutopilotHealthStateWriteBlocked", daemonNode("up"))}},
 			{EvalTime: "36m", Alertname: "AutopilotHealthStateWriteBlocked", ExpAlerts: []promAlert{exp("AutopilotHealthStateWriteBlocked", daemonNode("up"))}},
 			{EvalTime: "37m", Alertname: "AutopilotHealthStateWriteBlocked"},
+			{EvalTime: "27m", Alertname: "AutopilotHealthConditionsOverwritten"},
+			{EvalTime: "28m", Alertname: "AutopilotHealthConditionsOverwritten", ExpAlerts: []promAlert{exp("AutopilotHealthConditionsOverwritten", daemonNode("up"))}},
+			{EvalTime: "40m", Alertname: "AutopilotHealthConditionsOverwritten", ExpAlerts: []promAlert{exp("AutopilotHealthConditionsOverwritten", daemonNode("up"))}},
+			{EvalTime: "58m", Alertname: "AutopilotHealthConditionsOverwritten"},
 			{EvalTime: "19m", Alertname: "AutopilotHealthConfigReloadRefused"},
 			{EvalTime: "20m", Alertname: "AutopilotHealthConfigReloadRefused", ExpAlerts: []promAlert{exp("AutopilotHealthConfigReloadRefused", daemonNode("up"))}},
 			{EvalTime: "31m", Alertname: "AutopilotHealthConfigReloadRefused"},
