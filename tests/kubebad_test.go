@@ -392,18 +392,17 @@ func TestKubeRefusedPortThroughAProxy(t *testing.T) {
 	t.Logf("the Event has every occurrence %s after the return", time.Since(back).Round(time.Millisecond))
 }
 
-// Another writer takes the daemon's condition off the Node and changes its
-// report annotation: the next report refresh finds the condition missing
-// and has the conditions written again at once, and puts its report back.
-func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
-	s := apiServer(t)
-	const node = "node-another-writer"
+// reportingEvery3s registers node and runs a reporter for it with the
+// node's credentials, its storage report holding the root filesystem, a
+// report refresh every 3 s (the daemon's comes every 2 minutes); it returns
+// once the Node was read (x.store takes the conditions).
+func reportingEvery3s(t *testing.T, s *harness.APIServer, node string) *running {
+	t.Helper()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 	store := report.NewStore("boot")
 	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
 	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
-	// A report every 3 s: the daemon's comes every 2 minutes.
 	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
 		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second, EventCountFlush: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -411,6 +410,17 @@ func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
 	go func() { x.r.Run(ctx); close(x.done) }()
 	t.Cleanup(x.stop)
 	<-x.r.Adopted()
+	return x
+}
+
+// Another writer takes the daemon's condition off the Node and changes its
+// report annotation: the next report refresh finds the condition missing
+// and has the conditions written again at once, and puts its report back.
+func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-another-writer"
+	x := reportingEvery3s(t, s, node)
+	store := x.store
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
 	key := report.AnnotationPrefix + "storage"
 	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool {
@@ -444,19 +454,8 @@ func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
 func TestKubeAnotherWriterChangesTheConditionsStatus(t *testing.T) {
 	s := apiServer(t)
 	const node = "node-another-writer-status"
-	registerNode(t, s, node)
-	client, _ := nodeClient(t, s, node)
-	store := report.NewStore("boot")
-	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
-	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
-	// A report every 3 s: the daemon's comes every 2 minutes.
-	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
-		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second, EventCountFlush: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	x.cancel = cancel
-	go func() { x.r.Run(ctx); close(x.done) }()
-	t.Cleanup(x.stop)
-	<-x.r.Adopted()
+	x := reportingEvery3s(t, s, node)
+	store := x.store
 	store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
 	key := report.AnnotationPrefix + "storage"
 	reported := func(n *corev1.Node) bool { return strings.Contains(n.Annotations[key], `"mountPoint":"/"`) }
