@@ -69,9 +69,10 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 		seen[r.Name] = true
 		// PodVolumeReadOnly names the pod volume lines of ReadonlyFilesystem
 		// (its events, its series of the match counter): no other rule may
-		// take the name, and the kind is that rule's alone.
+		// take the name, and the kind is that rule's alone: a copy of it
+		// in the configuration, field for field, is no exception.
 		if r.Kind == PodVolume || r.Name == PodVolumeRule.Name {
-			if r != PodVolumeRule {
+			if r != PodVolumeRule { // builtin included: a copy is not it
 				return nil, fmt.Errorf("kmsg rule %s: the name %s and the kind %s are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a %s event; it cannot be replaced or copied (kmsg.disable = [%q] turns those events off)",
 					r.Name, PodVolumeRule.Name, PodVolume, PodVolumeRule.Reason, PodVolumeRule.Name)
 			}

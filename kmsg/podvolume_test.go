@@ -423,6 +423,8 @@ func TestPodVolumeReadOnlyDisabled(t *testing.T) {
 		{Name: "PodVolumeReadOnly", Kind: Temp, Reason: "PodVolumeReadOnly", Pattern: `^x`},
 		{Name: "Mine", Kind: PodVolume, Reason: "PodVolumeReadOnly"},
 		{Name: "PodVolumeReadOnly", Kind: PodVolume, Reason: "PodVolumeReadOnly", Pattern: `^x`},
+		// A custom rule that copies the built-in one field for field.
+		{Name: "PodVolumeReadOnly", Kind: PodVolume, Reason: "PodVolumeReadOnly"},
 	} {
 		if _, err := Compile([]Rule{r}, nil); err == nil || !strings.Contains(err.Error(), "cannot be replaced or copied") {
 			t.Errorf("rule %+v: %v, want refused", r, err)

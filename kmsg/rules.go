@@ -27,7 +27,7 @@ const (
 )
 
 // PodVolumeRule is the built-in rule of kind PodVolume.
-var PodVolumeRule = Rule{Name: "PodVolumeReadOnly", Kind: PodVolume, Reason: "PodVolumeReadOnly"}
+var PodVolumeRule = Rule{Name: "PodVolumeReadOnly", Kind: PodVolume, Reason: "PodVolumeReadOnly", builtin: true}
 
 // Rule is one kernel log pattern and what a match does.
 type Rule struct {
@@ -47,6 +47,10 @@ type Rule struct {
 	// node's, see volumes). Several groups may be named "dev" (one in each
 	// branch of an alternation): the first that matched names the device.
 	Pattern string
+	// builtin marks PodVolumeRule itself: a rule of the configuration
+	// (kmsg.rules) never has it, so one that copies PodVolumeRule field
+	// for field is refused all the same (Compile).
+	builtin bool
 }
 
 // DefaultRules are the built-in rules, written from the kernel's and the

@@ -419,6 +419,7 @@ func TestBadConfigs(t *testing.T) {
 		// lines on a pod's volume): kmsg.disable turns it off, no rule
 		// takes it, and its kind is no other rule's.
 		"kmsg-rule-podvolume-name.toml": `:4: key kmsg.rules[0]: kmsg rule PodVolumeReadOnly: the name PodVolumeReadOnly and the kind pod-volume are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a PodVolumeReadOnly event; it cannot be replaced or copied (kmsg.disable = ["PodVolumeReadOnly"] turns those events off)`,
+		"kmsg-rule-podvolume-copy.toml": `:2: key kmsg.rules[0]: kmsg rule PodVolumeReadOnly: the name PodVolumeReadOnly and the kind pod-volume are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a PodVolumeReadOnly event; it cannot be replaced or copied (kmsg.disable = ["PodVolumeReadOnly"] turns those events off)`,
 		"kmsg-rule-podvolume-kind.toml": `:1: key kmsg.rules[0]: kmsg rule MyVolumes: the name PodVolumeReadOnly and the kind pod-volume are the built-in rule's that makes a ReadonlyFilesystem line on a pod's volume a PodVolumeReadOnly event; it cannot be replaced or copied (kmsg.disable = ["PodVolumeReadOnly"] turns those events off)`,
 		// One path for both sockets: the control socket, bound first,
 		// would answer `autopilot-health status`. At the key the file sets.
