@@ -348,11 +348,13 @@ func (m *MountWatcher) resolveWays() {
 			}
 			level, next = next, level
 			for _, s := range level {
-				if budget--; budget < 0 {
-					return
-				}
+				// A plain directory costs no resolution, and does not
+				// count: the cap is on the paths resolved.
 				if s.plain {
 					continue
+				}
+				if budget--; budget < 0 {
+					return
 				}
 				d, in := s.p, hostio.HostJoin(m.root, s.p)
 				if at := resolveIn("/", in, m.kernel).cur; at != in {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -424,5 +425,66 @@ func TestMountWatcherAndScanAgreeOnAnAbsoluteLinkUnderARoot(t *testing.T) {
 				t.Errorf("the unmount of %s reported %q, want %q", c.over, p, out+f)
 			}
 		}
+	}
+}
+
+// The mount watcher resolves at most MaxEntries of the paths a pattern's
+// wildcard passes through in a reading, as the scan reads at most as many
+// entries. A plain directory matched there is not resolved (it leads
+// where its parent does) and does not count: a pattern whose wildcard
+// passes through more than MaxEntries plain directories holding no
+// protected file (the scan reads none of them) leaves a later pattern's
+// link resolved, and a mount over its target, which the scan reads
+// through the link, is reported. Before, each plain directory counted,
+// the cap was hit within the first pattern, and the mount waited for the
+// interval's scan.
+func TestMountWatcherCapCountsOnlyTheLinksItResolves(t *testing.T) {
+	root := tree(t, map[string]string{"/srv/evil": "evil\n", "/srv/dropins/10-kubeadm.conf": "[Service]\n"})
+	for i := range MaxEntries + 1 {
+		if err := os.MkdirAll(filepath.Join(root, "data", "d"+strconv.Itoa(i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(root, "etc/systemd/system"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../srv/dropins", filepath.Join(root, "etc/systemd/system/kubelet.service.d")); err != nil {
+		t.Fatal(err)
+	}
+	spec := Spec{Patterns: []string{"/data/*/marker", "/etc/systemd/system/*.d/*.conf"}}
+	// The scan is within its cap and reads the drop-in through the link.
+	es, err := Scan(root, spec)
+	if err != nil || len(es) != 1 || es[0].Path != "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf" {
+		t.Fatalf("Scan: %+v, %v; want the drop-in through the link alone", es, err)
+	}
+	m, err := NewMountWatcher(root, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	over := filepath.Join(root, "srv/dropins/10-kubeadm.conf")
+	if err := unix.Mount(filepath.Join(root, "srv/evil"), over, "", unix.MS_BIND, ""); err != nil {
+		testenv.Skip(t, "cannot bind mount (root in a mount namespace that allows it): "+err.Error())
+	}
+	t.Cleanup(func() { unix.Unmount(over, unix.MNT_DETACH) })
+	if b, err := os.ReadFile(filepath.Join(root, "etc/systemd/system/kubelet.service.d/10-kubeadm.conf")); err != nil || string(b) != "evil\n" {
+		t.Fatalf("read through the link: %q, %v", b, err)
+	}
+	select {
+	case p := <-events:
+		if p != "/srv/dropins/10-kubeadm.conf" {
+			t.Fatalf("reported %q, want /srv/dropins/10-kubeadm.conf", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mount over the link's target: not reported within 10s (the cap spent on plain directories?)")
 	}
 }
