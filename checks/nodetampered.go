@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
@@ -537,7 +539,8 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	// while (pods starting, each holding some) gets them back.
 	var done chan struct{}
 	var w *tamper.Watcher
-	var dirs, failedBefore []string
+	var dirs []string
+	var failedBefore []tamper.WatchFailure
 	retryIn := minWatchRetry
 	// openedAt: when the running notifications were opened. A stop after
 	// they ran maxWatchRetry or longer is a new outage: its first retry
@@ -562,14 +565,13 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 	// sent no notification. One more run reads it (it hands over the same
 	// directories: nothing is added, no loop).
 	watchDirs := func() {
-		var added, failed []string
+		var added []string
+		var failed []tamper.WatchFailure
 		if w != nil {
 			added, failed = w.Set(dirs)
 		}
 		if !slices.Equal(failed, failedBefore) {
-			if len(failed) > 0 {
-				c.env.Log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", failed)
-			}
+			logWatchFailures(c.env.Log, failed)
 			failedBefore = failed
 		}
 		if len(added) > 0 {
@@ -647,5 +649,29 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 		case <-timer.C:
 			wake()
 		}
+	}
+}
+
+// logWatchFailures logs the directories file notifications cannot watch,
+// one line for each reason (inotify_add_watch's error), so that an
+// operator can tell a directory root may not read (EACCES, under the
+// packaged units) from a node out of inotify watches (ENOSPC: the user's
+// fs.inotify.max_user_watches, which every inotify user on the node
+// shares, is spent; raising it lets the next run watch them).
+func logWatchFailures(log *slog.Logger, failed []tamper.WatchFailure) {
+	var reasons []error
+	dirs := map[error][]string{}
+	for _, f := range failed {
+		if _, ok := dirs[f.Err]; !ok {
+			reasons = append(reasons, f.Err)
+		}
+		dirs[f.Err] = append(dirs[f.Err], f.Dir)
+	}
+	for _, err := range reasons {
+		why := err.Error()
+		if errors.Is(err, syscall.ENOSPC) {
+			why += ": the inotify watches of the daemon's user are spent (sysctl fs.inotify.max_user_watches)"
+		}
+		log.Warn("cannot watch these directories; their changes are found by the interval's scan", "dirs", dirs[err], "err", why)
 	}
 }

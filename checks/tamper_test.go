@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -2108,4 +2109,48 @@ type wildLinkStory struct {
 	woken  <-chan struct{}
 	target func(string) string
 	linkTo func(string) string
+}
+
+// On a node out of inotify watches (fs.inotify.max_user_watches spent),
+// the directories the check cannot watch are logged with why, and what to
+// raise: the test runs itself again in a user namespace of its own whose
+// watches are capped at 2 (/proc/sys/user/max_inotify_watches there: the
+// host's limit is untouched), real inotify, the check's default paths
+// (four directories to watch). Before, the line named the directories
+// alone, the same for a directory root may not read and for a node out of
+// watches.
+func TestNodeTamperedSaysWhyItCannotWatch(t *testing.T) {
+	const env = "AUTOPILOT_HEALTH_TEST_IN_USERNS"
+	if os.Getenv(env) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestNodeTamperedSaysWhyItCannotWatch$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), env+"=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}}
+		out, err := cmd.CombinedOutput()
+		if err != nil && len(out) == 0 {
+			testenv.Skip(t, "cannot start a process in a user namespace of its own: "+err.Error())
+		}
+		if err != nil || !strings.Contains(string(out), "--- PASS") {
+			t.Fatalf("in its user namespace: %v\n%s", err, out)
+		}
+		return
+	}
+	if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte("2\n"), 0o644); err != nil {
+		t.Fatalf("capping the namespace's inotify watches: %v", err)
+	}
+	h := newTamperHost(t)
+	h.logs = &testenv.SyncBuffer{}
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	c.gate = nil
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "")
+	woken, stop := watchWakes(c)
+	defer stop()
+	// Set logs what it cannot watch before it wakes the check for what
+	// it could.
+	awaitWatching(t, woken)
+	l := h.logs.String()
+	if !strings.Contains(l, "cannot watch these directories") || !strings.Contains(l, `err="no space left on device: the inotify watches of the daemon's user are spent (sysctl fs.inotify.max_user_watches)"`) {
+		t.Fatalf("log:\n%s\nwant the directories it cannot watch with why (ENOSPC) and the sysctl", l)
+	}
 }

@@ -85,8 +85,9 @@ func idOf(fi fs.FileInfo) dirID {
 // returns the directories it watches now and did not before (added: a
 // change made there before this call sent no notification, so whoever
 // scanned them before it reads them again), and those that could not be
-// watched.
-func (w *Watcher) Set(dirs []string) (added, failed []string) {
+// watched with why, sorted by directory (one Set's failures compare
+// equal to the last's when nothing changed).
+func (w *Watcher) Set(dirs []string) (added []string, failed []WatchFailure) {
 	want := map[string]dirID{}
 	links := map[string]bool{} // the symlinks met on the way to dirs
 	memo := map[string]resolved{}
@@ -164,7 +165,7 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 		}
 		wd, err := unix.InotifyAddWatch(w.fd, hostio.HostJoin(w.root, d), watchMask)
 		if err != nil {
-			failed = append(failed, d)
+			failed = append(failed, WatchFailure{Dir: d, Err: err})
 			continue
 		}
 		w.dir[d], w.wds[wd] = wd, append(w.wds[wd], d)
@@ -176,7 +177,16 @@ func (w *Watcher) Set(dirs []string) (added, failed []string) {
 		added = append(added, d)
 	}
 	slices.Sort(added)
+	slices.SortFunc(failed, func(a, b WatchFailure) int { return strings.Compare(a.Dir, b.Dir) })
 	return added, failed
+}
+
+// WatchFailure is a directory Set could not watch (a host path), and
+// inotify_add_watch's error (an errno, comparable: ENOSPC where the
+// user's inotify watches, fs.inotify.max_user_watches, are spent).
+type WatchFailure struct {
+	Dir string
+	Err error
 }
 
 // maxLinks bounds the symlinks followed resolving one watched directory

@@ -116,8 +116,34 @@ func TestWatcherSetReportsOnlyNewWatches(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "/etc/file"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if added, failed := w.Set([]string{"/etc/file"}); len(added) > 0 || !slices.Equal(failed, []string{"/etc/file"}) {
-		t.Fatalf("a file: added %q, failed %q; want it failed, not added", added, failed)
+	if added, failed := w.Set([]string{"/etc/file"}); len(added) > 0 || !slices.Equal(failed, []WatchFailure{{Dir: "/etc/file", Err: unix.ENOTDIR}}) {
+		t.Fatalf("a file: added %q, failed %v; want it failed (ENOTDIR), not added", added, failed)
+	}
+}
+
+// The directories Set cannot watch come back sorted, each with its error:
+// the check logs them when they differ from the last Set's, so the same
+// failures must compare equal. Before, they came in the order of a map's
+// iteration, and the same failures of several directories were logged
+// again at most runs.
+func TestWatcherSetFailuresAreSortedWithTheirErrors(t *testing.T) {
+	files := map[string]string{}
+	var want []WatchFailure
+	for _, f := range []string{"/etc/a", "/etc/b", "/etc/c", "/etc/d", "/etc/e"} {
+		files[f] = ""
+		want = append(want, WatchFailure{Dir: f, Err: unix.ENOTDIR})
+	}
+	root := tree(t, files)
+	w, err := NewWatcher(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	dirs := []string{"/etc/e", "/etc/c", "/etc/a", "/etc/d", "/etc/b"}
+	for i := range 20 {
+		if _, failed := w.Set(dirs); !slices.Equal(failed, want) {
+			t.Fatalf("Set %d: failed %v, want %v", i+1, failed, want)
+		}
 	}
 }
 
@@ -443,9 +469,9 @@ func TestWatcherLinksOnTheWay(t *testing.T) {
 	if got := w.linksOnTheWay("/etc/loop-a/x", memo); len(got) != maxLinks {
 		t.Errorf("a loop: %d links, want the bound %d", len(got), maxLinks)
 	}
-	if added, failed := w.Set([]string{"/etc/loop-a/x", "/etc/kubernetes/manifests"}); !slices.Equal(failed, []string{"/etc/loop-a/x"}) ||
+	if added, failed := w.Set([]string{"/etc/loop-a/x", "/etc/kubernetes/manifests"}); !slices.Equal(failed, []WatchFailure{{Dir: "/etc/loop-a/x", Err: unix.ELOOP}}) ||
 		!slices.Equal(added, []string{"/etc", "/etc/kubernetes/manifests"}) {
-		t.Errorf("Set: added %q, failed %q; want the loop failed, the rest watched", added, failed)
+		t.Errorf("Set: added %q, failed %v; want the loop failed (ELOOP), the rest watched", added, failed)
 	}
 }
 
