@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -486,5 +487,102 @@ func TestMountWatcherCapCountsOnlyTheLinksItResolves(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the mount over the link's target: not reported within 10s (the cap spent on plain directories?)")
+	}
+}
+
+// Links in a pattern's wildcard part that loop (a.d -> b.d -> a.d), or
+// lead to the directory itself (dot.d -> .) or its parent (up.d -> ..):
+// a reading resolves each within the kernel's bound of links and returns;
+// a mount over a file the scan reads through dot.d or up.d is relevant
+// (through the link), as the scan reads it; the scan records the loop's
+// links as unreadable (ELOOP), and reads nothing through them.
+func TestMountWatcherLinkLoopsAndDotsInAWildcardPart(t *testing.T) {
+	root := tree(t, map[string]string{"/etc/systemd/system/foo.conf": "", "/etc/systemd/bar.conf": "", "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf": ""})
+	for link, target := range map[string]string{"a.d": "b.d", "b.d": "a.d", "dot.d": ".", "up.d": ".."} {
+		if err := os.Symlink(target, filepath.Join(root, "etc/systemd/system", link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := Spec{Patterns: []string{"/etc/systemd/system/*.d/*.conf"}}
+	es, _ := Scan(root, spec)
+	var read []string
+	for _, e := range es {
+		read = append(read, e.Path+" "+string(e.Kind))
+	}
+	want := []string{"/etc/systemd/system/a.d unreadable", "/etc/systemd/system/b.d unreadable", "/etc/systemd/system/dot.d/foo.conf file",
+		"/etc/systemd/system/kubelet.service.d/10-kubeadm.conf file", "/etc/systemd/system/up.d/bar.conf file"}
+	if !slices.Equal(read, want) {
+		t.Errorf("the scan read %q, want %q", read, want)
+	}
+	m, err := NewMountWatcher(root, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(m.fd)
+	for _, c := range []struct {
+		mp   string
+		want bool
+		scan string // the scan's entry that a mount there changes
+	}{
+		{"/etc/systemd/system/foo.conf", true, "/etc/systemd/system/dot.d/foo.conf"},
+		{"/etc/systemd/bar.conf", true, "/etc/systemd/system/up.d/bar.conf"},
+		{"/etc/systemd/system/kubelet.service.d/10-kubeadm.conf", true, "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf"},
+		{"/etc/systemd/other", false, ""},
+	} {
+		hp := filepath.Join(root, c.mp)
+		if got := m.spec.Relevant(c.mp) || m.throughLink(hp); got != c.want {
+			t.Errorf("a mount at %s: relevant %v, want %v (ways %+v)", c.mp, got, c.want, m.ways)
+		}
+		if c.scan != "" && !slices.ContainsFunc(read, func(s string) bool { return strings.HasPrefix(s, c.scan+" ") }) {
+			t.Errorf("the scan does not read %s: %q", c.scan, read)
+		}
+	}
+}
+
+// A link in a pattern's wildcard part retargeted between two readings of
+// the mount table (a retarget is no mount: nothing is read then) is
+// resolved again at the next reading: a bind mount over a drop-in of the
+// new target, which the scan reads through the link, is reported.
+func TestMountWatcherFollowsAWildcardLinkRetargetedBetweenReadings(t *testing.T) {
+	root := tree(t, map[string]string{"/srv/evil": "evil\n", "/srv/a/10-kubeadm.conf": "[Service]\n", "/srv/b/10-kubeadm.conf": "[Service]\n"})
+	link := filepath.Join(root, "etc/systemd/system/kubelet.service.d")
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../srv/a", link); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMountWatcher(root, Spec{Patterns: []string{"/etc/systemd/system/*.d/*.conf"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	if err := os.Symlink("../../../srv/b", link+".new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(link+".new", link); err != nil {
+		t.Fatal(err)
+	}
+	over := filepath.Join(root, "srv/b/10-kubeadm.conf")
+	if err := unix.Mount(filepath.Join(root, "srv/evil"), over, "", unix.MS_BIND, ""); err != nil {
+		testenv.Skip(t, "cannot bind mount (root in a mount namespace that allows it): "+err.Error())
+	}
+	t.Cleanup(func() { unix.Unmount(over, unix.MNT_DETACH) })
+	select {
+	case p := <-events:
+		if p != "/srv/b/10-kubeadm.conf" {
+			t.Fatalf("reported %q, want /srv/b/10-kubeadm.conf", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mount over the new target's drop-in: not reported within 10s")
 	}
 }
