@@ -381,12 +381,21 @@ func (r *Reporter) progress(loop string, maxSilence time.Duration) {
 // one that asked it to wait.
 func retryWait(bo *backoff.Backoff, err error) (wait time.Duration, asked time.Time) {
 	wait = bo.Next()
-	if s, ok := apierrors.SuggestsClientDelay(err); ok {
-		a := min(time.Duration(s)*time.Second, backoffMax)
+	if a, ok := askedDelay(err); ok {
 		wait = max(wait, a)
 		asked = time.Now().Add(a)
 	}
 	return wait, asked
+}
+
+// askedDelay is the wait the API server's answer err asked for (its
+// Retry-After), up to backoffMax; ok false where it asked none.
+func askedDelay(err error) (time.Duration, bool) {
+	s, ok := apierrors.SuggestsClientDelay(err)
+	if !ok {
+		return 0, false
+	}
+	return min(time.Duration(s)*time.Second, backoffMax), true
 }
 
 // afterBack is how much of a retry's wait is left once the API server is
@@ -684,6 +693,14 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				break
 			}
 			o.answer <- foldAnswer{folded: true, err: err}
+			if a, ok := askedDelay(err); ok && a > 0 {
+				// The write was this loop's too: its next (the heartbeat,
+				// a change) waits out what the answer asked for, as after
+				// a change's write answered so; the refresh's retry is the
+				// annotation loop's.
+				asked = time.Now().Add(a)
+				retry = time.After(a)
+			}
 			if err == nil {
 				deferred = false
 				r.m.setStatusPending(false)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -220,6 +221,68 @@ func TestRetryAfterOutlastsARewrite(t *testing.T) {
 		synctest.Wait()
 		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
 			t.Errorf("a minute after the Retry-After: DiskUsageHigh %+v on the Node registered anew, want True", c)
+		}
+	})
+}
+
+// A report refresh that carries the heartbeat (one nodes/status patch)
+// answered with a 429 whose Retry-After asks for a minute: that answer is to
+// the status writer's own write, and its next write (a change, the
+// heartbeat) waits the minute out, as after a 429 to a change's write.
+// Before, the status loop took no note of it: a change that came a second
+// later was written at once, into the 429.
+func TestFoldedRefreshsRetryAfterHoldsTheConditions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		var asked time.Time // when the folded write was answered 429
+		var after []time.Time
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			p := a.(k8stesting.PatchAction)
+			if p.GetSubresource() != "status" {
+				return false, nil, nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case asked.IsZero() && strings.Contains(string(p.GetPatch()), `"annotations"`):
+				asked = time.Now()
+				return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+			case !asked.IsZero():
+				after = append(after, time.Now())
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, nil)
+		defer h.stop()
+		<-h.r.Adopted()
+		for {
+			time.Sleep(time.Second)
+			synctest.Wait()
+			mu.Lock()
+			at := asked
+			mu.Unlock()
+			if !at.IsZero() {
+				break
+			}
+		}
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+		mu.Lock()
+		at := asked
+		mu.Unlock()
+		time.Sleep(time.Until(at.Add(59 * time.Second)))
+		synctest.Wait()
+		mu.Lock()
+		if len(after) != 0 {
+			t.Errorf("status writes %v after the folded refresh's 429 asked for a minute; want none before it ends", since(after, at))
+		}
+		mu.Unlock()
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("the change not on the Node once the minute ended: %+v", c)
 		}
 	})
 }
