@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -335,6 +338,68 @@ func TestConditionChangedInTheWritesPathIsNoLoop(t *testing.T) {
 		}
 		if n := warnings(logs.String()); n != 1 {
 			t.Errorf("%d warnings, want 1:\n%s", n, logs.String())
+		}
+	})
+}
+
+// landsThenTimesOut is a client whose armed status writes land on the Node
+// and get no answer in time (the API server was slow to answer, the
+// connection reset after the write): the first lands, later ones are
+// refused before they reach it.
+type landsThenTimesOut struct {
+	Client
+	mu     sync.Mutex
+	armed  bool
+	landed int
+}
+
+func (c *landsThenTimesOut) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
+	c.mu.Lock()
+	armed, landed := c.armed, c.landed
+	if armed {
+		c.landed++
+	}
+	c.mu.Unlock()
+	if !armed {
+		return c.Client.PatchNodeStatus(ctx, name, patch)
+	}
+	if landed == 0 {
+		if _, err := c.Client.PatchNodeStatus(ctx, name, patch); err != nil {
+			return nil, err
+		}
+		return nil, &url.Error{Op: "Patch", URL: "https://10.0.0.1:6443/", Err: context.DeadlineExceeded}
+	}
+	return nil, &url.Error{Op: "Patch", URL: "https://10.0.0.1:6443/",
+		Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+}
+
+// A status write of the daemon's own that got no answer may have landed:
+// the next report refresh that finds its change on the Node has found no
+// other writer. Before, it counted an overwrite and warned that another
+// writer changed the condition.
+func TestOwnWriteWithoutAnAnswerIsNoOtherWriter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		c := &landsThenTimesOut{Client: kubefake.New(client)}
+		store := report.NewStore("b")
+		var logs testenv.SyncBuffer
+		h := startOpts(t, client, store, report.NewDetails(), &logs, func(o *Options) { o.Client = c })
+		<-h.r.Adopted()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		c.mu.Lock()
+		c.armed = true
+		c.mu.Unlock()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+		time.Sleep(3 * time.Minute) // a report refresh or two while the writes fail
+		synctest.Wait()
+		h.stop()
+		if cond := findCond(h.node(t), "DiskUsageHigh"); cond.Status != corev1.ConditionTrue {
+			t.Fatalf("the write without an answer did not land: %+v", cond)
+		}
+		if n := h.m.Overwrites(); n != 0 || warnings(logs.String()) != 0 {
+			t.Errorf("%v overwrites counted, %d warnings; want none: the change on the Node is the daemon's own\n%s", n, warnings(logs.String()), logs.String())
 		}
 	})
 }

@@ -166,6 +166,11 @@ type Reporter struct {
 	// writer only when no status write of the daemon's was on its way
 	// while it was (see sentState).
 	statusSent, statusDone uint64
+	// statusUnsure: a status write failed without saying it did not land
+	// (no answer, a 5xx: mayHaveLanded) since the last that succeeded; the
+	// Node may hold it, not nodeConds, and an answer is not compared
+	// (sentState) until a status write succeeds.
+	statusUnsure bool
 	// overwrites: per condition type, the last overwrite by another writer
 	// logged (overwriteKey): one warning per change, not one per refresh
 	// while the other writer keeps writing.
@@ -910,7 +915,7 @@ type sentState struct {
 func (r *Reporter) sentBefore() sentState {
 	r.nodeMu.Lock()
 	defer r.nodeMu.Unlock()
-	return sentState{types: slices.Clone(r.nodeTypes), conds: r.nodeConds, settled: r.statusSent == r.statusDone, seq: r.statusSent}
+	return sentState{types: slices.Clone(r.nodeTypes), conds: r.nodeConds, settled: r.statusSent == r.statusDone && !r.statusUnsure, seq: r.statusSent}
 }
 
 // overwrittenLocked (under nodeMu) reports whether the Node n, the answer
@@ -1141,6 +1146,7 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		}
 		r.nodeTypes = slices.Clone(r.onNode)
 		r.nodeConds = r.wrote
+		r.statusUnsure = false
 		if n != nil {
 			// The write's own answer: the Node after this patch, whatever
 			// another writer did before it. One of its conditions not as
@@ -1163,12 +1169,28 @@ func (r *Reporter) patchStatus(ctx context.Context, patch []byte) (*kubeapi.Node
 	r.nodeMu.Lock()
 	r.statusSent++
 	r.nodeMu.Unlock()
-	defer func() {
-		r.nodeMu.Lock()
-		r.statusDone++
-		r.nodeMu.Unlock()
-	}()
-	return r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
+	n, err := r.o.Client.PatchNodeStatus(ctx, r.o.NodeName, patch)
+	r.nodeMu.Lock()
+	r.statusDone++
+	if err != nil && mayHaveLanded(err) {
+		r.statusUnsure = true
+	}
+	r.nodeMu.Unlock()
+	return n, err
+}
+
+// mayHaveLanded reports whether a write that failed with err may still
+// have changed the Node: anything but an answer of the API server that
+// refused it (a 4xx: invalid, conflict, too many requests). A write that
+// got no answer (timed out, reset) or a 5xx (a 504's "may still be
+// processing the request") may have landed.
+func mayHaveLanded(err error) bool {
+	var se apierrors.APIStatus
+	if !errors.As(err, &se) {
+		return true
+	}
+	code := se.Status().Code
+	return code < 400 || code >= 500
 }
 
 // earlyReport is the report as far as the checks have collected it, for
