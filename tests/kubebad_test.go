@@ -4,6 +4,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
@@ -511,6 +513,94 @@ func TestKubeAnotherWriterChangesTheConditionsStatus(t *testing.T) {
 	}
 	if n := x.m.Overwrites(); n != 3 {
 		t.Errorf("%v overwrites counted after a change of the message alone, want 3", n)
+	}
+}
+
+// kubelet's own node status update is a strategic merge patch computed
+// from the Node it read (its informer's copy, maybe older than the daemon's
+// last write) and the Node with its own conditions set, as kubelet's
+// nodeutil.PatchNodeStatus makes it: it carries kubelet's conditions and a
+// $setElementOrder/conditions naming every type, the daemon's too as they
+// stood in that older copy. The API server leaves the daemon's conditions
+// as the daemon wrote them, and the refreshes after it find no other
+// writer: nothing counted, nothing written again.
+func TestKubeKubeletsStatusPatchIsNoOtherWriter(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-kubelet-status-patch"
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Second, EventCountFlush: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	<-x.r.Adopted()
+	key := report.AnnotationPrefix + "storage"
+	reported := func(n *corev1.Node) bool { return strings.Contains(n.Annotations[key], `"mountPoint":"/"`) }
+	store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusFalse, Reason: report.ReasonKernelHasNoDeadlock}, time.Now().Add(-time.Hour))
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now().Add(-time.Hour))
+	// kubelet's copy: the daemon's conditions as they were before its last write.
+	stale := waitNode(t, s, node, "the daemon's first conditions and report", func(n *corev1.Node) bool {
+		return cond(n, "KernelDeadlock") != nil && cond(n, "DiskUsageHigh") != nil && reported(n)
+	})
+	store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
+	want := *cond(waitNode(t, s, node, "KernelDeadlock True", func(n *corev1.Node) bool {
+		c := cond(n, "KernelDeadlock")
+		return c != nil && c.Status == corev1.ConditionTrue
+	}), "KernelDeadlock")
+
+	// kubelet's update: Ready's heartbeat and a MemoryPressure of its own.
+	mod := stale.DeepCopy()
+	for i := range mod.Status.Conditions {
+		if mod.Status.Conditions[i].Type == corev1.NodeReady {
+			mod.Status.Conditions[i].LastHeartbeatTime = metav1.NewTime(time.Now().Add(time.Second))
+		}
+	}
+	mod.Status.Conditions = append([]corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse,
+		Reason: "KubeletHasSufficientMemory", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}, mod.Status.Conditions...)
+	oldJSON, err := json.Marshal(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newJSON, err := json.Marshal(mod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := strategicpatch.CreateTwoWayMergePatch(oldJSON, newJSON, corev1.Node{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(patch), "$setElementOrder/conditions") || !strings.Contains(string(patch), "KernelDeadlock") {
+		t.Fatalf("not kubelet's kind of patch: %s", patch)
+	}
+	if _, err := s.Admin.CoreV1().Nodes().PatchStatus(context.Background(), node, patch); err != nil {
+		t.Fatal(err)
+	}
+	// Two refreshes answered after kubelet's patch: the report set to
+	// "{}" (metadata only) is back each time.
+	for range 2 {
+		if _, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, "application/merge-patch+json",
+			[]byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"{}"}}}`, key)), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitNode(t, s, node, "the report back", reported)
+	}
+	n, err := s.Admin.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cond(n, "KernelDeadlock"); c == nil || c.Status != want.Status || c.Reason != want.Reason || !c.LastTransitionTime.Equal(&want.LastTransitionTime) {
+		t.Errorf("after kubelet's patch from its older copy: %+v, want the daemon's %+v", c, want)
+	}
+	if cond(n, string(corev1.NodeMemoryPressure)) == nil {
+		t.Errorf("kubelet's patch did not land: %+v", n.Status.Conditions)
+	}
+	if o := x.m.Overwrites(); o != 0 {
+		t.Errorf("%v overwrites counted after kubelet's patch, want 0 (patch %s)", o, patch)
 	}
 }
 
