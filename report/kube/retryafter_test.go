@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
@@ -283,6 +285,98 @@ func TestFoldedRefreshsRetryAfterHoldsTheConditions(t *testing.T) {
 		synctest.Wait()
 		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
 			t.Errorf("the change not on the Node once the minute ended: %+v", c)
+		}
+	})
+}
+
+// What the API server asks a retry to wait (retryWait): a Retry-After of 0
+// asks nothing (the backoff alone), as does a negative one; a 504's
+// ServerTimeout of 0 asks for none left; one past the minute waits the
+// minute (backoffMax), asked for as long. Never a wait shorter than the
+// backoff, never one past the minute.
+func TestRetryWaitAskedBounds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		timeout := func(secs int32) error {
+			e := apierrors.NewServerTimeout(corev1.Resource("nodes"), "patch", 0)
+			e.ErrStatus.Details.RetryAfterSeconds = secs
+			return e
+		}
+		for _, tc := range []struct {
+			name  string
+			err   error
+			wait  time.Duration // 0: the backoff's
+			none  bool          // nothing asked
+			asked time.Duration // else asked for this long from now
+		}{
+			{"429 of 0", apierrors.NewTooManyRequests("slow down", 0), 0, true, 0},
+			{"429 of 10", apierrors.NewTooManyRequests("slow down", 10), 10 * time.Second, false, 10 * time.Second},
+			{"429 of int32's largest", apierrors.NewTooManyRequests("slow down", math.MaxInt32), time.Minute, false, time.Minute},
+			{"504 of 0", timeout(0), 0, false, 0},
+			{"504 of -5", timeout(-5), 0, false, -5 * time.Second},
+			{"refused", errors.New("connection refused"), 0, true, 0},
+		} {
+			bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
+			wait, asked := retryWait(&bo, tc.err)
+			switch {
+			case tc.wait == 0 && (wait < backoffMin/2 || wait > 2*backoffMin):
+				t.Errorf("%s: wait %v, want the backoff's first", tc.name, wait)
+			case tc.wait != 0 && wait != tc.wait:
+				t.Errorf("%s: wait %v, want %v", tc.name, wait, tc.wait)
+			}
+			if tc.none {
+				if !asked.IsZero() {
+					t.Errorf("%s: asked until %v, want none", tc.name, asked)
+				}
+			} else if got := asked.Sub(time.Now()); got != tc.asked {
+				t.Errorf("%s: asked for %v, want %v", tc.name, got, tc.asked)
+			}
+			if left := afterBack(asked); left < 0 || left > backoffMax {
+				t.Errorf("%s: %v left after the API server's return", tc.name, left)
+			}
+		}
+	})
+}
+
+// SIGTERM while the status write waits out a 429's minute: the last change
+// still gets its one short attempt at once (finalWrite), not after the
+// minute, and the stop does not wait for it.
+func TestShutdownDuringARetryAfterWritesTheLastChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		var writes []time.Time
+		asking := true
+		client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if a.GetSubresource() != "status" {
+				return false, nil, nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			writes = append(writes, time.Now())
+			if asking {
+				asking = false
+				return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, nil)
+		<-h.r.Adopted()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		stopAt := time.Now()
+		h.stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(writes) != 2 || writes[1].Sub(stopAt) > time.Second {
+			t.Errorf("status writes at %v after the stop: want the 429's and the last change's at once", since(writes, stopAt))
+		}
+		if time.Since(stopAt) > finalWriteTimeout {
+			t.Errorf("the stop took %v", time.Since(stopAt))
+		}
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("the last change not on the Node: %+v", c)
 		}
 	})
 }
