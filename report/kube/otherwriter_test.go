@@ -403,3 +403,38 @@ func TestOwnWriteWithoutAnAnswerIsNoOtherWriter(t *testing.T) {
 		}
 	})
 }
+
+// Another writer that changes a condition again after the daemon's put-back
+// had stood (refreshes found the Node as written) is a new change: the
+// journal warns again. Before, the warning was keyed by what the daemon wrote
+// and what the Node showed alone, and the same overwrite a day later (an
+// operator's second kubectl patch) went unlogged, counted only.
+func TestAnotherWritersSameChangeLaterIsWarnedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		store := report.NewStore("b")
+		var logs testenv.SyncBuffer
+		h := startOpts(t, client, store, report.NewDetails(), &logs, nil)
+		defer h.stop()
+		<-h.r.Adopted()
+		store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for i := range 2 {
+			otherWrites(t, client, "KernelDeadlock", func(c *corev1.NodeCondition) { c.Status = corev1.ConditionFalse })
+			time.Sleep(2 * time.Minute) // the next refresh puts it back
+			synctest.Wait()
+			if c := findCond(h.node(t), "KernelDeadlock"); c.Status != corev1.ConditionTrue {
+				t.Fatalf("overwrite %d not put back: %+v", i+1, c)
+			}
+			if n := warnings(logs.String()); n != i+1 {
+				t.Errorf("after overwrite %d: %d warnings, want %d\n%s", i+1, n, i+1, logs.String())
+			}
+			time.Sleep(time.Hour) // the put-back stands, refresh after refresh
+			synctest.Wait()
+		}
+		if n := h.m.Overwrites(); n != 2 {
+			t.Errorf("%v overwrites counted, want 2", n)
+		}
+	})
+}

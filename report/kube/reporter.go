@@ -908,6 +908,10 @@ type sentState struct {
 	conds   map[string]report.Condition
 	settled bool
 	seq     uint64
+	// own: n is the answer to the daemon's own status write, which shows
+	// its conditions as it wrote them whatever another writer does: no
+	// sign that another writer stopped (overwrittenLocked).
+	own bool
 }
 
 // sentBefore returns what the last status write put on the Node, as of
@@ -929,7 +933,8 @@ func (r *Reporter) sentBefore() sentState {
 // was answered, or still unanswered when it was sent), the answer may hold
 // that write's conditions or those before it: it tells nothing of another
 // writer, and the next report refresh compares again. Each overwrite is
-// counted and logged once per change (overwriteKey).
+// counted and logged once per change (overwriteKey): again when a report
+// refresh's answer showed the condition as written since.
 func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
 	if !sent.settled || sent.seq != r.statusSent {
 		return false
@@ -937,7 +942,15 @@ func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
 	found := false
 	for _, c := range n.Status.Conditions {
 		w, ok := sent.conds[c.Type]
-		if !ok || sameOnNode(w, c) {
+		if !ok {
+			continue
+		}
+		if sameOnNode(w, c) {
+			if !sent.own {
+				// The put-back stands: the next overwrite, the same
+				// as the last or not, is a change of its own, logged.
+				delete(r.overwrites, c.Type)
+			}
 			continue
 		}
 		found = true
@@ -1155,7 +1168,7 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 			// writer's, not written again, which would only change it back
 			// in a loop. The next report refresh's answer has it written
 			// again, once a refresh.
-			r.overwrittenLocked(n, sentState{conds: r.wrote, settled: true, seq: r.statusSent})
+			r.overwrittenLocked(n, sentState{conds: r.wrote, settled: true, seq: r.statusSent, own: true})
 		}
 		r.nodeMu.Unlock()
 		r.wroteOnce()
