@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -377,6 +378,75 @@ func TestShutdownDuringARetryAfterWritesTheLastChange(t *testing.T) {
 		}
 		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
 			t.Errorf("the last change not on the Node: %+v", c)
+		}
+	})
+}
+
+// The probe flapping (the API server's port refusing and accepting every
+// other second while the Events' creates go unanswered: apiBack every 2 s)
+// does not end a 429's minute for the conditions: one try in the minute,
+// the next once it ends.
+func TestRetryAfterOutlastsAFlappingProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(kubeletNode())
+		var mu sync.Mutex
+		var tries []time.Time
+		client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case a.GetVerb() == "create" && a.GetResource().Resource == "events":
+				return true, nil, &url.Error{Op: "Post", URL: "https://10.0.0.1:6443/",
+					Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+			case a.GetVerb() == "patch" && a.GetSubresource() == "status":
+				tries = append(tries, time.Now())
+				if len(tries) == 2 { // the change's first write
+					return true, nil, apierrors.NewTooManyRequests("too many requests, please try again later", 60)
+				}
+			}
+			return false, nil, nil
+		})
+		var dials atomic.Int32
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, func(o *Options) {
+			o.Dial = func(context.Context) error {
+				if dials.Add(1)%2 == 1 {
+					return errors.New("connection refused")
+				}
+				return nil
+			}
+		})
+		defer h.stop()
+		<-h.r.Adopted()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		mu.Lock()
+		if len(tries) != 2 {
+			mu.Unlock()
+			t.Fatalf("status writes %d, want the first and the change's", len(tries))
+		}
+		asked := tries[1]
+		mu.Unlock()
+		time.Sleep(time.Until(asked.Add(59 * time.Second)))
+		synctest.Wait()
+		mu.Lock()
+		n := len(tries)
+		mu.Unlock()
+		if d := dials.Load(); d < 40 {
+			t.Fatalf("the probe dialled %d times in the minute: not flapping", d)
+		}
+		if n != 2 {
+			t.Errorf("%d status writes in the 429's minute with the probe flapping (%v after it), want 1", n-1, since(tries[1:], asked))
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if c := findCond(h.node(t), "DiskUsageHigh"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Errorf("the change not on the Node after the minute: %+v", c)
 		}
 	})
 }
