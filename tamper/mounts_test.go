@@ -28,20 +28,7 @@ func TestMountWatcherReportsMountsOverProtectedPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := Spec{Patterns: []string{"/etc/kubernetes/kubelet.conf"}}
-	m, err := NewMountWatcher(root, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan string, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	events := watchMounts(t, root, s)
 
 	conf, vol := filepath.Join(root, "/etc/kubernetes/kubelet.conf"), filepath.Join(root, "/var/lib/kubelet/pods/volume")
 	if err := unix.Mount("tmpfs", vol, "tmpfs", 0, ""); err != nil {
@@ -260,20 +247,7 @@ func TestMountWatcherReportsMountsThroughASymlinkedDirectory(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			m, err := NewMountWatcher(root, Spec{Patterns: []string{c.pat}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			events := make(chan string, 16)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			events := watchMounts(t, root, Spec{Patterns: []string{c.pat}})
 			mounted := map[string]bool{}
 			t.Cleanup(func() {
 				for p := range mounted {
@@ -285,9 +259,11 @@ func TestMountWatcherReportsMountsThroughASymlinkedDirectory(t *testing.T) {
 			}
 			mounted[full(c.unrelated)] = true
 			over := full(c.mount)
-			if fi, err := os.Stat(over); err != nil {
+			fi, err := os.Stat(over)
+			if err != nil {
 				t.Fatal(err)
-			} else if fi.IsDir() {
+			}
+			if fi.IsDir() {
 				err = unix.Mount("tmpfs", over, "tmpfs", 0, "")
 			} else {
 				err = unix.Mount(filepath.Join(root, "/srv/evil"), over, "", unix.MS_BIND, "")
@@ -379,20 +355,7 @@ func TestMountWatcherAndScanAgreeOnAnAbsoluteLinkUnderARoot(t *testing.T) {
 			t.Fatalf("the scan does not read %s through its link: %v", p, base)
 		}
 	}
-	m, err := NewMountWatcher(root, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan string, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	events := watchMounts(t, root, spec)
 	next := func(what string) string {
 		t.Helper()
 		select {
@@ -458,20 +421,7 @@ func TestMountWatcherCapCountsOnlyTheLinksItResolves(t *testing.T) {
 	if err != nil || len(es) != 1 || es[0].Path != "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf" {
 		t.Fatalf("Scan: %+v, %v; want the drop-in through the link alone", es, err)
 	}
-	m, err := NewMountWatcher(root, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan string, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	events := watchMounts(t, root, spec)
 	over := filepath.Join(root, "srv/dropins/10-kubeadm.conf")
 	if err := unix.Mount(filepath.Join(root, "srv/evil"), over, "", unix.MS_BIND, ""); err != nil {
 		testenv.Skip(t, "cannot bind mount (root in a mount namespace that allows it): "+err.Error())
@@ -552,20 +502,7 @@ func TestMountWatcherFollowsAWildcardLinkRetargetedBetweenReadings(t *testing.T)
 	if err := os.Symlink("../../../srv/a", link); err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewMountWatcher(root, Spec{Patterns: []string{"/etc/systemd/system/*.d/*.conf"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan string, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx, func(p string) { events <- p }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	events := watchMounts(t, root, Spec{Patterns: []string{"/etc/systemd/system/*.d/*.conf"}})
 	if err := os.Symlink("../../../srv/b", link+".new"); err != nil {
 		t.Fatal(err)
 	}
@@ -585,4 +522,33 @@ func TestMountWatcherFollowsAWildcardLinkRetargetedBetweenReadings(t *testing.T)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the mount over the new target's drop-in: not reported within 10s")
 	}
+}
+
+// watchMounts runs a MountWatcher of root and spec until the test ends and
+// returns the paths it reports, 16 held unread at most (more wait, or are
+// dropped once the test has ended).
+func watchMounts(t *testing.T, root string, spec Spec) <-chan string {
+	t.Helper()
+	m, err := NewMountWatcher(root, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Run(ctx, func(p string) {
+			select {
+			case events <- p:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return events
 }
