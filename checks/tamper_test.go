@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -2152,5 +2153,52 @@ func TestNodeTamperedSaysWhyItCannotWatch(t *testing.T) {
 	l := h.logs.String()
 	if !strings.Contains(l, "cannot watch these directories") || !strings.Contains(l, `err="no space left on device: the inotify watches of the daemon's user are spent (sysctl fs.inotify.max_user_watches)"`) {
 		t.Fatalf("log:\n%s\nwant the directories it cannot watch with why (ENOSPC) and the sysctl", l)
+	}
+}
+
+// Two files whose names are not UTF-8 (a Latin-1 "café" and "cafè": the
+// bytes 0xE9 and 0xE8), created under a protected directory on the real
+// filesystem: the tamper document names each as the condition's message
+// does, `\xNN` for a byte that is not UTF-8, and tells them apart. Before,
+// encoding/json wrote both bytes as U+FFFD: the document showed two
+// findings of one name, "00-caf\ufffd.conflist", that matched neither the
+// message's `00-caf\xe9.conflist` nor the file.
+func TestTamperDocumentNamesFilesNotUTF8AsTheMessageDoes(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "5 protected paths unchanged since this boot's baseline")
+	h.write("/etc/cni/net.d/00-caf\xe9.conflist", "{}")
+	h.write("/etc/cni/net.d/00-caf\xe8.conflist", "{}")
+	res := h.probe(c, report.StatusTrue, report.ReasonProtectedFileChanged, "2 finding(s): ")
+	store := report.NewStore("boot-1")
+	store.Set(report.Condition{Type: "NodeTampered", Status: res.Status, Reason: res.Reason, Message: res.Message}, h.now)
+	got, _ := store.Get("NodeTampered")
+	d := report.NewDetails()
+	d.Replace("NodeTampered", res.Details)
+	docs, err := d.Documents(h.now, report.RoleWorker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Tamper struct {
+			Changes []struct {
+				Path string `json:"path"`
+			} `json:"changes"`
+		} `json:"tamper"`
+	}
+	if err := json.Unmarshal([]byte(docs[report.AnnotationPrefix+"tamper"]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, ch := range doc.Tamper.Changes {
+		paths = append(paths, ch.Path)
+	}
+	for _, want := range []string{`/etc/cni/net.d/00-caf\xe9.conflist`, `/etc/cni/net.d/00-caf\xe8.conflist`} {
+		if !slices.Contains(paths, want) {
+			t.Errorf("tamper document names %q, want %q among them", paths, want)
+		}
+		if !strings.Contains(got.Message, want) {
+			t.Errorf("message %q, want it to name %q", got.Message, want)
+		}
 	}
 }

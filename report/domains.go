@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -368,6 +369,7 @@ func Cut(s string, n int, ell string) string {
 // grows with the cap), so that a document a few entries over keeps all but
 // those few.
 func renderDocument(now time.Time, role Role, bootID string, fields map[string]any) ([]byte, error) {
+	fields = utf8Fields(fields)
 	b, err := renderCapped(now, role, bootID, fields, MaxListLen)
 	if err != nil || len(b) <= MaxDocumentBytes {
 		return b, err
@@ -534,26 +536,107 @@ func longestString(v reflect.Value) int {
 	return n
 }
 
+// utf8Fields returns fields with every string that is not valid UTF-8 (a
+// file's or a mount point's name is bytes, in whatever encoding its
+// creator used) written as Printable writes its bytes that are not UTF-8:
+// `\xNN`, as the condition's message names it. encoding/json wrote each
+// such byte as U+FFFD, so that a Latin-1 "café" and "cafè" were one name
+// in the document, and matched neither the message nor the file
+// (TestTamperDocumentNamesFilesNotUTF8AsTheMessageDoes). The values it
+// changes are copies: fields and its values are the Details' own.
+func utf8Fields(fields map[string]any) map[string]any {
+	out, copied := fields, false
+	for k, v := range fields {
+		if v == nil {
+			continue
+		}
+		c, ok := mapStrings(reflect.ValueOf(v), escapeNotUTF8)
+		if !ok {
+			continue
+		}
+		if !copied {
+			out, copied = maps.Clone(fields), true
+		}
+		out[k] = c.Interface()
+	}
+	return out
+}
+
+// escapeNotUTF8 writes every byte of s that is not part of valid UTF-8 as
+// `\xNN` (Printable's form), the rest as it is; ok is false when s is
+// valid UTF-8 (unchanged).
+func escapeNotUTF8(s string) (string, bool) {
+	if utf8.ValidString(s) {
+		return s, false
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b.WriteString(`\x`)
+			b.WriteByte(hexDigits[s[i]>>4])
+			b.WriteByte(hexDigits[s[i]&0xf])
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String(), true
+}
+
 // shortenStrings returns v with every string in it (in its exported
 // fields, lists, pointers) longer than n bytes cut to n (truncateString);
 // what it changes is a copy, v is left as it is. changed reports whether
 // any string was cut.
 func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
+	return mapStrings(v, func(s string) (string, bool) {
+		if len(s) <= n {
+			return s, false
+		}
+		return truncateString(s, n), true
+	})
+}
+
+// mapStrings returns v with every string in it (in its exported fields,
+// lists, map values, pointers) replaced by f's result where f reports a
+// change; what it changes is a copy, v is left as it is. changed reports
+// whether any string changed.
+func mapStrings(v reflect.Value, f func(string) (string, bool)) (out reflect.Value, changed bool) {
 	switch v.Kind() {
 	case reflect.String:
-		if v.Len() <= n {
+		s, ok := f(v.String())
+		if !ok {
 			return v, false
 		}
 		c := reflect.New(v.Type()).Elem()
-		c.SetString(truncateString(v.String(), n))
+		c.SetString(s)
 		return c, true
+	case reflect.Map:
+		var c reflect.Value
+		for it := v.MapRange(); it.Next(); {
+			e, ok := mapStrings(it.Value(), f)
+			if !ok {
+				continue
+			}
+			if !c.IsValid() {
+				c = reflect.MakeMapWithSize(v.Type(), v.Len())
+				for it2 := v.MapRange(); it2.Next(); {
+					c.SetMapIndex(it2.Key(), it2.Value())
+				}
+			}
+			c.SetMapIndex(it.Key(), e)
+		}
+		if c.IsValid() {
+			return c, true
+		}
 	case reflect.Struct:
 		var c reflect.Value
 		for i := range v.NumField() {
 			if !v.Type().Field(i).IsExported() {
 				continue
 			}
-			f, ok := shortenStrings(v.Field(i), n)
+			f, ok := mapStrings(v.Field(i), f)
 			if !ok {
 				continue
 			}
@@ -569,7 +652,7 @@ func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
 	case reflect.Slice:
 		var c reflect.Value
 		for i := range v.Len() {
-			e, ok := shortenStrings(v.Index(i), n)
+			e, ok := mapStrings(v.Index(i), f)
 			if !ok {
 				continue
 			}
@@ -586,7 +669,7 @@ func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
 		if v.IsNil() {
 			break
 		}
-		if e, ok := shortenStrings(v.Elem(), n); ok {
+		if e, ok := mapStrings(v.Elem(), f); ok {
 			p := reflect.New(v.Type().Elem())
 			p.Elem().Set(e)
 			return p, true
@@ -595,7 +678,7 @@ func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
 		if v.IsNil() {
 			break
 		}
-		if e, ok := shortenStrings(v.Elem(), n); ok {
+		if e, ok := mapStrings(v.Elem(), f); ok {
 			c := reflect.New(v.Type()).Elem()
 			c.Set(e)
 			return c, true
