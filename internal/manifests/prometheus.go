@@ -297,7 +297,9 @@ func daemonRules() []rule {
 			Alert: "AutopilotHealthConditionsOverwritten",
 			// The daemon puts its conditions back at each report refresh
 			// (2 min) when another writer changed their status, reason or
-			// transition time: one correction is someone's kubectl, one
+			// transition time, removed one, added one it does not evaluate
+			// on the node, or appended a second entry of one: one
+			// correction is someone's kubectl, one
 			// at every refresh is a second writer fighting it, and the
 			// Node shows the other writer's word between refreshes.
 			Expr:   `increase(autopilot_health_condition_overwrites_total[30m]) > 3`,
@@ -305,7 +307,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "another writer keeps changing autopilot-health's conditions on node {{ $labels.node }}",
-				"description": "autopilot-health found its conditions on the Node changed by another writer (status, reason or lastTransitionTime) more than 3 times in 30 minutes, and put them back each time: between its report refreshes the Node shows the other writer's word to Cluster API and the alerts. journalctl -u autopilot-health names the condition and what the Node showed; kubectl get node {{ $labels.node }} --show-managed-fields -o yaml names the writer (a manager of status.conditions other than autopilot-health and the kubelet).",
+				"description": "autopilot-health found its conditions on the Node changed by another writer (status, reason or lastTransitionTime; one removed, one it does not evaluate on this node added, or a second entry of one appended) more than 3 times in 30 minutes, and put them right each time: between its report refreshes the Node shows the other writer's word to Cluster API and the alerts. journalctl -u autopilot-health names the condition and what the Node showed; kubectl get node {{ $labels.node }} --show-managed-fields -o yaml names the writer (a manager of status.conditions other than autopilot-health and the kubelet).",
 			},
 		},
 		{

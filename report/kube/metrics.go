@@ -101,7 +101,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		overwritten: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "condition_overwrites_total",
-			Help: "The daemon's conditions found on the Node with another status, reason or transition time than it wrote (another writer); each is written again.",
+			Help: "The daemon's conditions found on the Node changed by another writer (another status, reason or transition time than it wrote, one removed, one it does not evaluate there added, a second entry of one); each is put right by the next write.",
 		}),
 	}
 	// Every kind's ok series is there at 0 from the start: increase() does

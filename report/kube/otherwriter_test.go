@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -437,4 +438,92 @@ func TestAnotherWritersSameChangeLaterIsWarnedAgain(t *testing.T) {
 			t.Errorf("%v overwrites counted, want 2", n)
 		}
 	})
+}
+
+// The daemon's condition types on the Node as another writer leaves them,
+// each put right at the next report refresh, counted and logged as an
+// overwrite once per change: one of its conditions removed from the Node
+// (its UID the same: no Node registered anew, as the journal said before),
+// a type it does not evaluate here added (it stood for good before), and a
+// second entry of one of its types appended (a strategic merge patch
+// merges into the first alone: before, the other writer's entry stood and
+// every refresh had the conditions written again, counted and warned, for
+// good).
+func TestAnotherWritersRemovalAdditionAndDuplicateArePutRight(t *testing.T) {
+	for _, tc := range []struct {
+		name, warning string
+		do            func(n *corev1.Node)
+		ok            func(n *corev1.Node) bool
+	}{
+		{"removed", "another writer removed a condition of the daemon's from the Node", func(n *corev1.Node) {
+			n.Status.Conditions = slices.DeleteFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == "DiskUsageHigh" })
+		}, func(n *corev1.Node) bool { return entries(n, "DiskUsageHigh") == 1 }},
+		{"not evaluated here, added", "another writer added a condition of the daemon's that it does not evaluate on this node", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "GpuFallenOffBus", Status: corev1.ConditionTrue, Reason: "GPUFellOffTheBus"})
+		}, func(n *corev1.Node) bool { return entries(n, "GpuFallenOffBus") == 0 }},
+		{"duplicated", "another writer added a second entry of a condition of the daemon's", func(n *corev1.Node) {
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "DiskUsageHigh", Status: corev1.ConditionFalse, Reason: "Stale"})
+		}, func(n *corev1.Node) bool {
+			c := findCond(n, "DiskUsageHigh")
+			return entries(n, "DiskUsageHigh") == 1 && c.Status == corev1.ConditionTrue
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				kn := kubeletNode()
+				kn.UID = "uid-1"
+				client := fake.NewClientset(kn)
+				store := report.NewStore("b")
+				var logs testenv.SyncBuffer
+				h := startOpts(t, client, store, report.NewDetails(), &logs, func(o *Options) {
+					o.Evaluated = func(ty string) bool { return ty != "GpuFallenOffBus" }
+				})
+				defer h.stop()
+				<-h.r.Adopted()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+				time.Sleep(time.Second)
+				synctest.Wait()
+				for round := range 2 {
+					n := h.node(t)
+					tc.do(n)
+					if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+						t.Fatal(err)
+					}
+					time.Sleep(2 * time.Minute) // the next report refresh
+					synctest.Wait()
+					if n := h.node(t); !tc.ok(n) || findCond(n, "SomeoneElses") == nil || findCond(n, "Ready") == nil {
+						t.Fatalf("round %d: not put right at the next refresh: %+v", round+1, n.Status.Conditions)
+					}
+					time.Sleep(time.Hour) // it stands, refresh after refresh
+					synctest.Wait()
+				}
+				client.ClearActions()
+				time.Sleep(30 * time.Minute)
+				synctest.Wait()
+				if n := countActions(client)["patch nodes/status"]; n > 8 {
+					t.Errorf("%d status writes in 30 minutes after, want the heartbeats' alone", n)
+				}
+				out := logs.String()
+				if o := h.m.Overwrites(); o != 2 {
+					t.Errorf("%v overwrites counted, want 2 (one a round)\n%s", o, out)
+				}
+				if k := strings.Count(out, tc.warning); k != 2 || strings.Count(out, "level=WARN") != 2 {
+					t.Errorf("%d warnings %q, want 2 and no others:\n%s", k, tc.warning, out)
+				}
+				if strings.Contains(out, "registered anew") {
+					t.Errorf("taken for a Node registered anew:\n%s", out)
+				}
+			})
+		})
+	}
+}
+
+func entries(n *corev1.Node, ty string) int {
+	k := 0
+	for _, c := range n.Status.Conditions {
+		if string(c.Type) == ty {
+			k++
+		}
+	}
+	return k
 }

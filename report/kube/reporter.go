@@ -172,9 +172,15 @@ type Reporter struct {
 	// (sentState) until a status write succeeds.
 	statusUnsure bool
 	// overwrites: per condition type, the last overwrite by another writer
-	// logged (overwriteKey): one warning per change, not one per refresh
-	// while the other writer keeps writing.
+	// logged (overwriteKey, or goneKey, addedKey, duplicateKey): one warning
+	// per change, not one per refresh while the other writer keeps writing.
 	overwrites map[string]string
+	// clear are condition types whose every entry the next status write
+	// deletes from the Node (a strategic merge $patch: delete removes them
+	// all), writing the daemon's own one after it where it holds one:
+	// a type it does not evaluate here that another writer added, or one
+	// another writer duplicated (overwrittenLocked). Under nodeMu.
+	clear []string
 	// rewrite gets a token when the conditions must be written again (the
 	// Node was registered anew, or another writer changed one of them:
 	// nodeAnswered).
@@ -820,8 +826,11 @@ func statusPatch(conds []report.Condition, remove []string, docs map[string]*str
 		})
 	}
 	for _, t := range remove {
-		// The strategic merge patch directive that deletes the list entry
-		// with this merge key (type).
+		// The strategic merge patch directive that deletes the list
+		// entries with this merge key (type), all of them where another
+		// writer appended a second one. It goes before the list's other
+		// entries are merged: the daemon's own entry of the type, if in
+		// conds, is then written once, after them.
 		out = append(out, map[string]string{"type": t, "$patch": "delete"})
 	}
 	patch := map[string]any{"status": map[string]any{"conditions": out}}
@@ -856,7 +865,11 @@ func (r *Reporter) writtenCh() <-chan struct{} {
 // lacks a condition the last status write put on it, the conditions are
 // written again at once, and the next report waits for them (written):
 // else they would be back only with the next heartbeat, minutes after the
-// report. It reports whether that is the case.
+// report. It reports whether the Node was registered anew: its UID changed,
+// or a condition is missing where either UID is not known. A condition
+// missing from the Node of the same UID is another writer's removal
+// (kubectl patch with $patch: delete): counted as an overwrite and logged
+// so, once per change, not as a Node registered anew.
 //
 // sent is what the last status write put on the Node as of before the
 // write that got n was sent (sentBefore): a status write that adds a type
@@ -874,29 +887,84 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, sent sentState) bool {
 	r.nodeMu.Lock()
 	defer r.nodeMu.Unlock()
 	uid := n.Metadata.UID
-	anew := uid != "" && r.nodeUID != "" && uid != r.nodeUID
+	known := uid != "" && r.nodeUID != ""
+	anew := known && uid != r.nodeUID
 	if uid != "" {
 		r.nodeUID = uid
 	}
+	var gone []string
 	for _, t := range sent.types {
 		// Missing, and still expected: a status write that removed it
 		// (a reload stopped its check) while this write was in flight is
 		// no sign of a Node registered anew either.
 		if !slices.ContainsFunc(n.Status.Conditions, func(c kubeapi.NodeCondition) bool { return c.Type == t }) && slices.Contains(r.nodeTypes, t) {
-			anew = true
+			gone = append(gone, t)
 		}
 	}
-	if !anew {
-		if r.overwrittenLocked(n, sent) {
-			select {
-			case r.rewrite <- struct{}{}:
-			default:
-			}
-		}
+	if anew || len(gone) > 0 && !known {
+		r.rewriteLocked()
+		return true
+	}
+	found := r.overwrittenLocked(n, sent)
+	if len(gone) > 0 {
+		// The same Node: another writer took them off. Back at once, the
+		// next report after them, as on a Node registered anew.
+		r.goneLocked(gone, sent)
+		r.rewriteLocked()
 		return false
 	}
-	r.rewriteLocked()
+	if found {
+		select {
+		case r.rewrite <- struct{}{}:
+		default:
+		}
+	}
+	return false
+}
+
+// goneLocked (under nodeMu) counts and logs the daemon's conditions gone
+// from the Node (gone), which another writer removed: once per change, and
+// not when a status write of the daemon's own was on its way (see
+// overwrittenLocked; one that failed without an answer may have removed it).
+func (r *Reporter) goneLocked(gone []string, sent sentState) {
+	if !sent.settled || sent.seq != r.statusSent {
+		return
+	}
+	for _, t := range gone {
+		r.m.overwritten.Inc()
+		w := sent.conds[t]
+		if !r.logOverwriteOnce(t, goneKey(w)) {
+			continue
+		}
+		r.o.Log.Warn("another writer removed a condition of the daemon's from the Node: writing it again (the daemon owns its condition types)",
+			"node", r.o.NodeName, "condition", t, "status", w.Status, "reason", w.Reason, "since", w.LastTransitionTime.UTC().Truncate(time.Second))
+	}
+}
+
+// logOverwriteOnce records key as the last overwrite of the condition type
+// t logged, and reports whether it is another than the last (to be logged).
+func (r *Reporter) logOverwriteOnce(t, key string) bool {
+	if r.overwrites[t] == key {
+		return false
+	}
+	if r.overwrites == nil {
+		r.overwrites = map[string]string{}
+	}
+	r.overwrites[t] = key
 	return true
+}
+
+// goneKey names the removal of the daemon's condition w (overwriteKey).
+func goneKey(w report.Condition) string {
+	return fmt.Sprintf("%s/%s/%d gone", w.Status, w.Reason, w.LastTransitionTime.Unix())
+}
+
+// clearLocked (under nodeMu) has the next status write delete every entry
+// of the condition type t from the Node (clear).
+func (r *Reporter) clearLocked(t string) {
+	if !slices.Contains(r.clear, t) {
+		r.clear = append(r.clear, t)
+	}
 }
 
 // sentState is what a Node write's answer is compared with: the
@@ -935,14 +1003,62 @@ func (r *Reporter) sentBefore() sentState {
 // writer, and the next report refresh compares again. Each overwrite is
 // counted and logged once per change (overwriteKey): again when a report
 // refresh's answer showed the condition as written since.
+//
+// Two more of another writer's doings are found so, counted and logged alike,
+// and undone by the next status write (clear): a condition type of the
+// daemon's that it does not evaluate here (Options.Evaluated) on the Node,
+// which its first write removed (another writer added it back: a
+// GpuFallenOffBus=True by hand on a node without a GPU, which a
+// MachineHealthCheck may act on), is deleted again; a type of the daemon's
+// that the Node lists twice or more (a JSON patch appended an entry: the
+// API server keeps both, and a strategic merge patch merges into the first
+// alone, so the other writer's entry stood and every refresh found it
+// again) has every entry deleted and the daemon's own written once.
 func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
 	if !sent.settled || sent.seq != r.statusSent {
 		return false
 	}
 	found := false
+	entries := map[string]int{}
+	for _, c := range n.Status.Conditions {
+		entries[c.Type]++
+	}
+	if !sent.own {
+		// An addition of another writer's no longer on the Node: the
+		// removal stands, and the next addition is a change of its own.
+		for t := range r.overwrites {
+			if _, wrote := sent.conds[t]; !wrote && entries[t] == 0 {
+				delete(r.overwrites, t)
+			}
+		}
+	}
+	for t, k := range entries {
+		_, wrote := sent.conds[t]
+		_, ours := report.Lookup(t)
+		switch {
+		case !ours:
+			continue
+		case k > 1 && wrote:
+			found = true
+			r.m.overwritten.Inc()
+			r.clearLocked(t)
+			if r.logOverwriteOnce(t, duplicateKey(t, n)) {
+				r.o.Log.Warn("another writer added a second entry of a condition of the daemon's to the Node: writing it once (the daemon owns its condition types)",
+					"node", r.o.NodeName, "condition", t, "entries", k, "node_conditions", entriesOf(t, n))
+			}
+		case !wrote && r.o.Evaluated != nil && !r.o.Evaluated(t):
+			found = true
+			r.m.overwritten.Inc()
+			r.clearLocked(t)
+			if r.logOverwriteOnce(t, duplicateKey(t, n)) {
+				r.o.Log.Warn("another writer added a condition of the daemon's that it does not evaluate on this node: removing it again (the daemon owns its condition types)",
+					"node", r.o.NodeName, "condition", t, "node_conditions", entriesOf(t, n))
+			}
+		}
+	}
 	for _, c := range n.Status.Conditions {
 		w, ok := sent.conds[c.Type]
-		if !ok {
+		if !ok || entries[c.Type] > 1 {
 			continue
 		}
 		if sameOnNode(w, c) {
@@ -955,14 +1071,9 @@ func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
 		}
 		found = true
 		r.m.overwritten.Inc()
-		key := overwriteKey(w, c)
-		if r.overwrites[c.Type] == key {
+		if !r.logOverwriteOnce(c.Type, overwriteKey(w, c)) {
 			continue
 		}
-		if r.overwrites == nil {
-			r.overwrites = map[string]string{}
-		}
-		r.overwrites[c.Type] = key
 		r.o.Log.Warn("another writer changed a condition of the daemon's on the Node: writing it again (the daemon owns its condition types)",
 			"node", r.o.NodeName, "condition", c.Type, "node_status", c.Status, "node_reason", c.Reason,
 			"node_since", c.LastTransitionTime.UTC(), "status", w.Status, "reason", w.Reason, "since", w.LastTransitionTime.UTC().Truncate(time.Second))
@@ -989,6 +1100,24 @@ func sameOnNode(w report.Condition, c kubeapi.NodeCondition) bool {
 // condition at every refresh is logged once.
 func overwriteKey(w report.Condition, c kubeapi.NodeCondition) string {
 	return fmt.Sprintf("%s/%s/%d %s/%s/%d/%s", w.Status, w.Reason, w.LastTransitionTime.Unix(), c.Status, c.Reason, c.LastTransitionTime.Unix(), c.Message)
+}
+
+// duplicateKey names the entries of the condition type t on the Node n
+// (overwriteKey): an addition of another writer's, or a duplicate.
+func duplicateKey(t string, n *kubeapi.Node) string {
+	return "on node: " + strings.Join(entriesOf(t, n), "; ")
+}
+
+// entriesOf lists the entries of the condition type t on the Node n, as
+// status/reason/since/message, in the Node's order.
+func entriesOf(t string, n *kubeapi.Node) []string {
+	var out []string
+	for _, c := range n.Status.Conditions {
+		if c.Type == t {
+			out = append(out, fmt.Sprintf("%s/%s/%s/%s", c.Status, c.Reason, c.LastTransitionTime.UTC().Format(time.RFC3339), c.Message))
+		}
+	}
+	return out
 }
 
 // rewriteLocked (under nodeMu) asks for the conditions to be written again
@@ -1086,6 +1215,16 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 			remove = append(remove, t)
 		}
 	}
+	// Entries of another writer's to take off: all of the type's, the
+	// daemon's own written after them (statusPatch).
+	r.nodeMu.Lock()
+	cleared := slices.Clone(r.clear)
+	r.nodeMu.Unlock()
+	for _, t := range cleared {
+		if !slices.Contains(remove, t) {
+			remove = append(remove, t)
+		}
+	}
 	if len(conds) == 0 && len(remove) == 0 {
 		if refresh != nil {
 			// No heartbeat to carry: the refresh goes alone.
@@ -1160,6 +1299,7 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		r.nodeTypes = slices.Clone(r.onNode)
 		r.nodeConds = r.wrote
 		r.statusUnsure = false
+		r.clear = slices.DeleteFunc(r.clear, func(t string) bool { return slices.Contains(cleared, t) })
 		if n != nil {
 			// The write's own answer: the Node after this patch, whatever
 			// another writer did before it. One of its conditions not as

@@ -1519,7 +1519,9 @@ func TestNodeRegisteredAnewGetsItsConditionsBack(t *testing.T) {
 }
 
 // nodeAnswered asks for the conditions again for a Node whose UID changed
-// or that lacks a condition the last status write put there, and only then.
+// or that lacks a condition the last status write put there, and only then;
+// only the first, or the second where a UID is not known, is a Node
+// registered anew (the same UID: another writer removed the condition).
 func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 	answer := func(uid string, types ...string) *kubeapi.Node {
 		n := &kubeapi.Node{}
@@ -1536,22 +1538,28 @@ func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 		before, after []string
 		n             *kubeapi.Node
 		want          bool
+		// rewrite: the conditions are written again, the report waiting
+		// for them (where want is false: a condition removed by another
+		// writer).
+		rewrite bool
 	}{
-		{"the same Node", []string{"DiskUsageHigh"}, nil, answer("uid-1", "Ready", "DiskUsageHigh"), false},
-		{"no UID in the answer", []string{"DiskUsageHigh"}, nil, answer("", "DiskUsageHigh"), false},
-		{"another UID", []string{"DiskUsageHigh"}, nil, answer("uid-2", "Ready", "DiskUsageHigh"), true},
-		{"the condition missing", []string{"DiskUsageHigh"}, nil, answer("uid-1", "Ready"), true},
+		{"the same Node", []string{"DiskUsageHigh"}, nil, answer("uid-1", "Ready", "DiskUsageHigh"), false, false},
+		{"no UID in the answer", []string{"DiskUsageHigh"}, nil, answer("", "DiskUsageHigh"), false, false},
+		{"another UID", []string{"DiskUsageHigh"}, nil, answer("uid-2", "Ready", "DiskUsageHigh"), true, true},
+		{"the condition missing, the same UID", []string{"DiskUsageHigh"}, nil, answer("uid-1", "Ready"), false, true},
+		{"the condition missing, no UID in the answer", []string{"DiskUsageHigh"}, nil, answer("", "Ready"), true, true},
 		// A status write added NodeTampered while the annotation write
 		// was in flight: its answer predates it.
 		{"a condition added since the write was sent", []string{"DiskUsageHigh"}, []string{"DiskUsageHigh", "NodeTampered"},
-			answer("uid-1", "Ready", "DiskUsageHigh"), false},
+			answer("uid-1", "Ready", "DiskUsageHigh"), false, false},
 		// A status write removed KubeletUnhealthy (a reload stopped its
 		// check) while the annotation write was in flight.
 		{"a condition removed since the write was sent", []string{"DiskUsageHigh", "KubeletUnhealthy"}, []string{"DiskUsageHigh"},
-			answer("uid-1", "Ready", "DiskUsageHigh"), false},
+			answer("uid-1", "Ready", "DiskUsageHigh"), false, false},
 	} {
-		r := New(Options{Store: report.NewStore("b")})
+		r := New(Options{Store: report.NewStore("b"), Log: testLog(t)})
 		r.nodeUID, r.nodeTypes = "uid-1", tc.before
+		tc.rewrite = tc.rewrite || tc.want
 		sent := r.sentBefore()
 		if tc.after != nil {
 			r.nodeTypes = tc.after
@@ -1560,8 +1568,8 @@ func TestNodeAnsweredTellsANodeRegisteredAnew(t *testing.T) {
 		if got := r.nodeAnswered(tc.n, sent); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
-		if pending := !isClosed(r.writtenCh()); pending != tc.want || len(r.rewrite) == 1 != tc.want {
-			t.Errorf("%s: report waits %v, rewrite asked %v; want %v", tc.name, pending, len(r.rewrite) == 1, tc.want)
+		if pending := !isClosed(r.writtenCh()); pending != tc.rewrite || len(r.rewrite) == 1 != tc.rewrite {
+			t.Errorf("%s: report waits %v, rewrite asked %v; want %v", tc.name, pending, len(r.rewrite) == 1, tc.rewrite)
 		}
 	}
 }

@@ -1,0 +1,192 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// The daemon's condition types on the Node as another writer leaves them:
+// one removed, one it does not evaluate here added back, one duplicated.
+
+// reportingEvery3sLogged is reportingEvery3s with the reporter's log in
+// logs and, where evaluated is not nil, the condition types it evaluates.
+func reportingEvery3sLogged(t *testing.T, s *harness.APIServer, node string, logs *testenv.SyncBuffer, evaluated func(string) bool) *running {
+	t.Helper()
+	registerNode(t, s, node)
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot")
+	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
+		Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second,
+		EventCountFlush: time.Second, Evaluated: evaluated})
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	<-x.r.Adopted()
+	return x
+}
+
+// storageReported: the report carries the storage domain (not an other
+// writer's "{}").
+func storageReported(n *corev1.Node) bool {
+	return strings.Contains(n.Annotations[report.AnnotationPrefix+"storage"], `"mountPoint":"/"`)
+}
+
+// refreshedAfter overwrites the storage report with "{}" and waits until it
+// is back: a report refresh answered after whatever was done before.
+func refreshedAfter(t *testing.T, s *harness.APIServer, node string) *corev1.Node {
+	t.Helper()
+	if _, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType,
+		fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"{}"}}}`, report.AnnotationPrefix+"storage"), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return waitNode(t, s, node, "the report back", storageReported)
+}
+
+func countOf(n *corev1.Node, ty string) int {
+	k := 0
+	for _, c := range n.Status.Conditions {
+		if string(c.Type) == ty {
+			k++
+		}
+	}
+	return k
+}
+
+// Another writer deletes one of the daemon's conditions from the Node (the
+// Node's UID unchanged): the next refresh puts it back, counts it in
+// autopilot_health_condition_overwrites_total, and the journal says another
+// writer removed it. Before, it said "node registered anew" and counted
+// nothing.
+func TestKubeAnotherWriterRemovedAConditionIsSaidSo(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-condition-removed"
+	var logs testenv.SyncBuffer
+	x := reportingEvery3sLogged(t, s, node, &logs, nil)
+	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool { return cond(n, "DiskUsageHigh") != nil && storageReported(n) })
+	since := cond(n, "DiskUsageHigh").LastTransitionTime
+	if _, err := s.Admin.CoreV1().Nodes().PatchStatus(context.Background(), node,
+		[]byte(`{"status":{"conditions":[{"type":"DiskUsageHigh","$patch":"delete"}]}}`)); err != nil {
+		t.Fatal(err)
+	}
+	refreshedAfter(t, s, node)
+	n = waitNodeFor(t, s, node, 5*time.Second, "DiskUsageHigh put back", func(n *corev1.Node) bool { return cond(n, "DiskUsageHigh") != nil })
+	if c := cond(n, "DiskUsageHigh"); c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&since) {
+		t.Errorf("put back as %+v, want True since %v", c, since)
+	}
+	readyIntact(t, n)
+	out := logs.String()
+	if strings.Contains(out, "registered anew") {
+		t.Errorf("the journal says the node was registered anew (its UID did not change):\n%s", out)
+	}
+	if !strings.Contains(out, "another writer removed a condition of the daemon's from the Node") {
+		t.Errorf("the journal does not say another writer removed the condition:\n%s", out)
+	}
+	if o := x.m.Overwrites(); o != 1 {
+		t.Errorf("%v overwrites counted, want 1", o)
+	}
+}
+
+// A GPU condition on a node without a GPU (not evaluated here) that another
+// writer adds to the Node (by hand, an old build's leftover controller) is
+// removed again at the next refresh, counted and logged, as the first
+// write removes one an earlier boot left. Before, it stood for good.
+func TestKubeConditionNotEvaluatedAddedBackIsRemovedAgain(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-not-evaluated-added-back"
+	var logs testenv.SyncBuffer
+	x := reportingEvery3sLogged(t, s, node, &logs, func(ty string) bool { return ty != "GpuFallenOffBus" })
+	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusFalse, Reason: report.ReasonKernelHasNoDeadlock}, time.Now())
+	waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool { return cond(n, "KernelDeadlock") != nil && storageReported(n) })
+	gpu := fmt.Sprintf(`{"status":{"conditions":[{"type":"GpuFallenOffBus","status":"True","reason":"GPUFellOffTheBus","message":"by hand","lastTransitionTime":%q}]}}`,
+		time.Now().UTC().Format(time.RFC3339))
+	for round := range 2 {
+		if m, err := s.Admin.CoreV1().Nodes().PatchStatus(context.Background(), node, []byte(gpu)); err != nil {
+			t.Fatal(err)
+		} else if cond(m, "GpuFallenOffBus") == nil {
+			t.Fatalf("the other writer's patch did not land: %v", conditionsOf(m))
+		}
+		at := time.Now()
+		refreshedAfter(t, s, node)
+		n := waitNodeFor(t, s, node, 5*time.Second, "GpuFallenOffBus removed again", func(n *corev1.Node) bool { return cond(n, "GpuFallenOffBus") == nil })
+		t.Logf("round %d: removed %s after the other writer added it", round+1, time.Since(at).Round(time.Millisecond))
+		readyIntact(t, n)
+		if c := cond(n, "KernelDeadlock"); c == nil || c.Status != corev1.ConditionFalse {
+			t.Errorf("KernelDeadlock: %+v", c)
+		}
+		// A refresh that finds the removal standing: the same addition
+		// again is another writer's new change, warned again.
+		refreshedAfter(t, s, node)
+	}
+	// Refreshes that find it gone count nothing more.
+	refreshedAfter(t, s, node)
+	if o := x.m.Overwrites(); o != 2 {
+		t.Errorf("%v overwrites counted, want 2", o)
+	}
+	if k := strings.Count(logs.String(), "another writer added a condition of the daemon's that it does not evaluate on this node"); k != 2 {
+		t.Errorf("%d warnings, want 2:\n%s", k, logs.String())
+	}
+}
+
+// Another writer appends a second entry of one of the daemon's types to
+// status.conditions with a JSON patch (which is not merged by type). The
+// API server keeps both; a strategic merge patch of the type merges into
+// the first only. The daemon's next write takes every entry of the type
+// off and writes its own once: one entry left, the daemon's, no write at
+// every refresh after.
+func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-duplicate-condition"
+	var logs testenv.SyncBuffer
+	x := reportingEvery3sLogged(t, s, node, &logs, nil)
+	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
+	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool { return cond(n, "KernelDeadlock") != nil && storageReported(n) })
+	want := *cond(n, "KernelDeadlock")
+	dup := fmt.Sprintf(`[{"op":"add","path":"/status/conditions/-","value":{"type":"KernelDeadlock","status":"False","reason":"Stale","message":"appended","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}}]`,
+		time.Now().UTC().Format(time.RFC3339))
+	m, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.JSONPatchType, []byte(dup), metav1.PatchOptions{}, "status")
+	if err != nil {
+		t.Fatalf("the JSON patch appending a second KernelDeadlock: %v", err)
+	}
+	t.Logf("the API server kept: %v", conditionsOf(m))
+	if k := countOf(m, "KernelDeadlock"); k != 2 {
+		t.Fatalf("the API server kept %d KernelDeadlock entries: %v", k, conditionsOf(m))
+	}
+	for range 4 {
+		n = refreshedAfter(t, s, node)
+	}
+	t.Logf("after 4 refreshes: %d KernelDeadlock entries, %v overwrites counted", countOf(n, "KernelDeadlock"), x.m.Overwrites())
+	n = waitNodeFor(t, s, node, 5*time.Second, "one KernelDeadlock", func(n *corev1.Node) bool { return countOf(n, "KernelDeadlock") == 1 })
+	if c := cond(n, "KernelDeadlock"); c.Status != want.Status || c.Reason != want.Reason || !c.LastTransitionTime.Equal(&want.LastTransitionTime) {
+		t.Errorf("the one KernelDeadlock left: %+v, want the daemon's %+v", c, want)
+	}
+	readyIntact(t, n)
+	o := x.m.Overwrites()
+	for range 3 {
+		refreshedAfter(t, s, node)
+	}
+	if o2 := x.m.Overwrites(); o2 != o || o < 1 || o > 2 {
+		t.Errorf("overwrites counted: %v once the duplicate was gone, %v three refreshes later; want 1 or 2 and no more", o, o2)
+	}
+	if k := strings.Count(logs.String(), "level=WARN"); k < 1 || k > 2 {
+		t.Errorf("%d warnings, want 1 or 2:\n%s", k, logs.String())
+	}
+}
