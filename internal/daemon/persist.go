@@ -12,10 +12,11 @@ import (
 // persistEvery bounds how long the persister loop waits without a change.
 const persistEvery = time.Minute
 
-// persistLater is how long a change that may wait (Store.TouchLater: the
-// kernel log's cursor moving, a condition's new message with its status
-// and reason unchanged) waits for the state file, unless a save for
-// another change comes first. While the kernel logs a line every second or
+// persistLater is how long at most a change that may wait
+// (Store.TouchLater: the kernel log's cursor moving, a condition's new
+// message with its status and reason unchanged) waits for the state file,
+// unless a save for another change comes first: until the next point of
+// its grid (tick.Grid), where the 10 s checks wake the daemon anyway. While the kernel logs a line every second or
 // more often, the state file is written once in this time instead of once
 // a second (a write is a JSON encoding, a file write and two fsyncs: about
 // 1 ms of CPU on the machine of README's figures), and a crash hands the
@@ -97,7 +98,11 @@ func (d *Daemon) persist(ctx context.Context) {
 			case <-time.After(time.Second):
 			}
 		case <-later:
-			laterDue = time.After(persistLater)
+			// At the next point of persistLater's grid, not persistLater
+			// from now: a kernel record wakes the reader off the grid, and
+			// its save then wakes the daemon together with the checks, not
+			// a second time on its own.
+			laterDue = time.After(d.grid().Until(time.Now(), persistLater))
 		case <-due:
 			laterDue, dirty = nil, true
 		case <-retry:

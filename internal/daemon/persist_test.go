@@ -18,6 +18,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
@@ -251,6 +252,40 @@ func TestStateLostKeepsNoPartWithoutASource(t *testing.T) {
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// A change that may wait (a kernel record moving the cursor, which wakes
+// the reader whenever the kernel logs it) is saved at the next point of
+// persistLater's grid, where the 10 s checks wake the daemon anyway, not
+// persistLater after the record: that was a second wake-up of its own.
+func TestPersistLaterSavesOnTheGrid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		grid := tick.New(time.Now())
+		cfg := testConfig(t)
+		d := &Daemon{cfg: cfg, log: slog.New(slog.DiscardHandler), store: report.NewStore("b"),
+			metrics: report.NewMetrics("test"), live: NewLiveness(time.Now), parts: &Parts{Grid: grid}}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { d.persist(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		saves := func() float64 { return testutil.ToFloat64(d.metrics.StateWritesFor("ok")) }
+		for _, at := range []time.Duration{13230 * time.Millisecond, 29990 * time.Millisecond, 40 * time.Second} {
+			time.Sleep(at - time.Since(grid.Anchor()))
+			base := saves()
+			d.store.TouchLater()
+			next := grid.Next(time.Now(), persistLater)
+			time.Sleep(time.Until(next) - time.Millisecond)
+			synctest.Wait()
+			if saves() != base {
+				t.Fatalf("a record at %v was saved before the grid's next point %v", at, next.Sub(grid.Anchor()))
+			}
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+			if saves() != base+1 {
+				t.Fatalf("a record at %v was not saved at the grid's next point %v (%v saves, want %v)", at, next.Sub(grid.Anchor()), saves(), base+1)
+			}
 		}
 	})
 }
