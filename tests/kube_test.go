@@ -78,6 +78,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	stopSystemds()
+	harness.RemoveBuildCache()
 	os.Exit(code)
 }
 
