@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/rawsys"
@@ -48,10 +49,31 @@ func isPageError(err error) bool {
 // endpoint that restarted between two runs is not taken for one that is
 // down: net/http makes the GET again on a new connection. A DialContext of
 // its own turns net/http's HTTP/2 over TLS off unless asked for (an https
-// URL): ForceAttemptHTTP2.
+// URL): ForceAttemptHTTP2. A redirect is followed only on this host
+// (onThisHost).
 func keptClient(timeout time.Duration) *http.Client {
-	return &http.Client{Timeout: probeTimeout(timeout), Transport: &http.Transport{
+	return &http.Client{Timeout: probeTimeout(timeout), CheckRedirect: onThisHost, Transport: &http.Transport{
 		DialContext: rawsys.Dial, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}
+}
+
+// onThisHost is the CheckRedirect of the probes that GET a local page: a
+// redirect is followed where it stays on this host (the host the URL
+// configured names, localhost, a loopback address: the tunnel agent's
+// admin port redirects /metrics to its health port), and is an error
+// naming where it pointed otherwise. A local endpoint that sends the probe
+// off the node is not the service answering, and the daemon asks nothing
+// of a place off the node: before, net/http's default followed it (a DNS
+// lookup, a GET there) and that place's answer was taken for the local
+// service's (TestScrapeRedirectStaysOnThisHost).
+func onThisHost(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	h := req.URL.Hostname()
+	if ip := net.ParseIP(h); (ip != nil && ip.IsLoopback()) || strings.EqualFold(h, "localhost") || strings.EqualFold(h, via[0].URL.Hostname()) {
+		return nil
+	}
+	return fmt.Errorf("a redirect to %s, off this host, is not followed", req.URL.Redacted())
 }
 
 // scrapeGauge fetches a Prometheus text page and returns the values of the
