@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -152,7 +153,16 @@ func parsePage(page []byte, name string) ([]float64, bool, error) {
 		return nil, false, nil
 	}
 	var out []float64
+	seen := make(map[string]bool, len(f.GetMetric()))
 	for _, m := range f.GetMetric() {
+		// One series given twice says two things of one value: Prometheus
+		// refuses such a page ("duplicate sample"), and expfmt's parser
+		// takes both (TestScrapeSeriesTwiceIsAPageError).
+		k := seriesKey(m)
+		if seen[k] {
+			return nil, true, &pageError{fmt.Errorf("the series %s%s is given twice", name, k)}
+		}
+		seen[k] = true
 		switch f.GetType() {
 		case dto.MetricType_GAUGE:
 			out = append(out, m.GetGauge().GetValue())
@@ -165,6 +175,22 @@ func parsePage(page []byte, name string) ([]float64, bool, error) {
 		}
 	}
 	return out, true, nil
+}
+
+// seriesKey is a series' labels, sorted, as {"a"="x","b"="y"} ("" for
+// none; the names quoted too, as they may hold any character): two
+// samples with the same key are the same series.
+func seriesKey(m *dto.Metric) string {
+	ls := m.GetLabel()
+	if len(ls) == 0 {
+		return ""
+	}
+	pairs := make([]string, len(ls))
+	for i, l := range ls {
+		pairs[i] = strconv.Quote(l.GetName()) + "=" + strconv.Quote(l.GetValue())
+	}
+	sort.Strings(pairs)
+	return "{" + strings.Join(pairs, ",") + "}"
 }
 
 // family returns the lines of page that name the metric name or a name

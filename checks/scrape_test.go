@@ -226,3 +226,28 @@ func TestScrapeFailureMessageStaysTheSame(t *testing.T) {
 		}
 	}
 }
+
+// A page that gives one series twice (the same name and labels) is not
+// valid exposition text (Prometheus refuses such a scrape, "duplicate
+// sample"): it says two things of one value, so it is a page error,
+// Unknown, not one of its two answers. Before, expfmt's parser took both
+// samples: "ready 1\nready 0" was ProxyNotReady (True), and the tunnel
+// agent's one series given twice was counted twice. Series that differ in
+// a label are distinct and all read, in any order of their labels.
+func TestScrapeSeriesTwiceIsAPageError(t *testing.T) {
+	for _, page := range []string{
+		"ready 1\nready 0\n",
+		"# TYPE ready gauge\nready 1\nready 1\n",
+		"ready{a=\"x\",b=\"y\"} 1\nready{b=\"y\",a=\"x\"} 0\n",
+		"ready{a=\"x\"} 1 1700000000\nready{a=\"x\"} 0 1700000001\n",
+	} {
+		vals, found, err := parseMetric(strings.NewReader(page), "ready")
+		if err == nil || !isPageError(err) || !strings.Contains(err.Error(), "twice") {
+			t.Errorf("page %q: %v %v %v; want a page error naming the series given twice", page, vals, found, err)
+		}
+	}
+	vals, _, err := parseMetric(strings.NewReader("ready{a=\"x\"} 1\nready{a=\"y\"} 0\nready 2\n"), "ready")
+	if err != nil || len(vals) != 3 {
+		t.Errorf("three distinct series: %v %v; want their three values", vals, err)
+	}
+}
