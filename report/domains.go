@@ -586,7 +586,7 @@ func escapeNotUTF8(s string) (string, bool) {
 }
 
 // shortenStrings returns v with every string in it (in its exported
-// fields, lists, pointers) longer than n bytes cut to n (truncateString);
+// fields, lists, pointers) longer than n bytes cut to n (cutEscaped);
 // what it changes is a copy, v is left as it is. changed reports whether
 // any string was cut.
 func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
@@ -594,8 +594,23 @@ func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
 		if len(s) <= n {
 			return s, false
 		}
-		return truncateString(s, n), true
+		return cutEscaped(s, n), true
 	})
+}
+
+// cutEscaped is truncateString for a string whose bytes that are not
+// UTF-8 utf8Fields wrote `\xNN`: the cut does not split a `\xNN` (a name
+// ending "\xb…" or "\x…"), as a message's cap does not (CapMessage;
+// TestShortenedNameNotUTF8KeepsWholeEscapes).
+func cutEscaped(s string, n int) string {
+	c := truncateString(s, n)
+	cut := len(c) - len("…")
+	for k := 1; k <= 3 && k <= cut; k++ {
+		if s[cut-k] == '\\' && s[cut-k+1] == 'x' {
+			return s[:cut-k] + "…"
+		}
+	}
+	return c
 }
 
 // mapStrings returns v with every string in it (in its exported fields,

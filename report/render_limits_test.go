@@ -417,7 +417,7 @@ func TestShortenedInvalidUTF8KeepsItsStart(t *testing.T) {
 	if len(d.Filesystems) != 2 {
 		t.Fatalf("%d filesystems kept, want 2", len(d.Filesystems))
 	}
-	// The document writes each invalid byte as U+FFFD.
+	// The document writes each invalid byte as `\xNN` (utf8Fields).
 	got := []rune(strings.TrimSuffix(d.Filesystems[0].MountPoint, "…"))
 	if kept := len(got) - len("/srv/"); kept < minShortString-2*utf8.UTFMax {
 		t.Errorf("the %d-byte mount point written as %q: %d of its bytes kept, want about %d (not under %d bytes)",
@@ -455,6 +455,38 @@ func TestCutKeepsTheStartOfInvalidUTF8(t *testing.T) {
 	for n := 10; n < 20; n++ {
 		if c := Cut("/etc/"+strings.Repeat("°", 20), n, "…"); !utf8.ValidString(c) || len(c) > n {
 			t.Errorf("Cut(%d) = %q", n, c)
+		}
+	}
+}
+
+// An oversized entry's long string that is not UTF-8 is shortened after
+// its bytes are written `\xNN` (utf8Fields): the cut does not split a
+// `\xNN` (a name ending "\xb…" or "\x…"), as a message's cap does not
+// (CapMessage), whatever the length of the name's start.
+func TestShortenedNameNotUTF8KeepsWholeEscapes(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	type fs struct {
+		MountPoint string `json:"mountPoint"`
+		Source     string `json:"source"`
+	}
+	for k := range 4 {
+		long := "/srv/" + strings.Repeat("a", k) + strings.Repeat("\xb0", 4000)
+		fss := []fs{{MountPoint: long, Source: "/dev/sda1"}, {MountPoint: "/var", Source: "/dev/sdb1"}}
+		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": fss})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d struct {
+			Filesystems []fs `json:"filesystems"`
+		}
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatal(err)
+		}
+		mp := d.Filesystems[0].MountPoint
+		kept, cut := strings.CutSuffix(mp, "…")
+		rest := strings.TrimPrefix(kept, "/srv/"+strings.Repeat("a", k))
+		if !cut || len(kept) < minShortString-utf8.UTFMax || strings.ReplaceAll(rest, `\xb0`, "") != "" {
+			t.Errorf("start %d bytes: the mount point written as %q, want whole \\xb0s up to the \"…\"", 5+k, mp)
 		}
 	}
 }
