@@ -2162,7 +2162,8 @@ func TestNodeTamperedSaysWhyItCannotWatch(t *testing.T) {
 // does, `\xNN` for a byte that is not UTF-8, and tells them apart. Before,
 // encoding/json wrote both bytes as U+FFFD: the document showed two
 // findings of one name, "00-caf\ufffd.conflist", that matched neither the
-// message's `00-caf\xe9.conflist` nor the file.
+// message's `00-caf\xe9.conflist` nor the file. `status`'s evidence names
+// them so too.
 func TestTamperDocumentNamesFilesNotUTF8AsTheMessageDoes(t *testing.T) {
 	h := newTamperHost(t)
 	c := h.start("boot-1", report.NewStore("boot-1"))
@@ -2199,6 +2200,17 @@ func TestTamperDocumentNamesFilesNotUTF8AsTheMessageDoes(t *testing.T) {
 		}
 		if !strings.Contains(got.Message, want) {
 			t.Errorf("message %q, want it to name %q", got.Message, want)
+		}
+	}
+	// `status` shows the check's evidence (Details.Evidence, marshalled
+	// by the daemon's status API and the status command): the same names.
+	ev, err := json.Marshal(d.Evidence("NodeTampered"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`00-caf\\xe9.conflist`, `00-caf\\xe8.conflist`} {
+		if !strings.Contains(string(ev), want) {
+			t.Errorf("status evidence %s, want it to name %s", ev, want)
 		}
 	}
 }

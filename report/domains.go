@@ -212,7 +212,8 @@ func (d *Details) forgetLocked(k fieldKey) {
 }
 
 // Evidence returns the report fields the latest result of condType's check
-// carried, keyed "domain.field" (nil when none).
+// carried, keyed "domain.field" (nil when none), a name that is not UTF-8
+// written `\xNN` as in the documents (utf8Fields): `status` shows them.
 func (d *Details) Evidence(condType string) map[string]any {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -223,7 +224,7 @@ func (d *Details) Evidence(condType string) map[string]any {
 	for k, o := range d.byCond[condType] {
 		out[k.domain+"."+k.field] = o.value
 	}
-	return out
+	return utf8Fields(out)
 }
 
 // Set records the latest value of a field. It panics on a domain or field
