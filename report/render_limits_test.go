@@ -490,3 +490,64 @@ func TestShortenedNameNotUTF8KeepsWholeEscapes(t *testing.T) {
 		}
 	}
 }
+
+// A name that holds the text `\xe9` itself reads in the document as a
+// Latin-1 "é" does, as in the message (Printable keeps a backslash, the
+// kernel's and dmesg's form): the two are one name in both, as README
+// says; the document does not tell them apart where the message cannot.
+func TestNameWithTheTextOfAnEscapeReadsAsTheByte(t *testing.T) {
+	now := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	byteName, textName := "/etc/cni/net.d/caf\xe9", `/etc/cni/net.d/caf\xe9`
+	render := func(name string) string {
+		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"tamper": struct {
+			Path string `json:"path"`
+		}{name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if a, b := render(byteName), render(textName); a != b {
+		t.Errorf("documents differ: %s and %s", a, b)
+	}
+	if Printable(byteName) != Printable(textName) {
+		t.Errorf("messages differ: %q and %q", Printable(byteName), Printable(textName))
+	}
+}
+
+// The cost of utf8Fields on a full report of valid UTF-8 (the usual
+// case: it walks every string, copies nothing) and of one whose every
+// name is Latin-1 (every entry copied), and of the document's whole render:
+// go test ./report -run '^$' -bench BenchmarkUTF8Fields -benchmem
+func BenchmarkUTF8Fields(b *testing.B) {
+	type change struct {
+		Condition string    `json:"condition,omitempty"`
+		Path      string    `json:"path"`
+		Kind      string    `json:"kind"`
+		At        time.Time `json:"at"`
+	}
+	type tamper struct {
+		BootID  string   `json:"bootID"`
+		Changes []change `json:"changes"`
+	}
+	for _, tc := range []struct{ name, suffix string }{{"utf8", "é"}, {"latin1", "\xe9"}} {
+		var tm tamper
+		for i := range MaxListLen {
+			tm.Changes = append(tm.Changes, change{Condition: "NodeTampered", Path: fmt.Sprintf("/etc/cni/net.d/%03d-caf%s.conflist", i, tc.suffix), Kind: "added"})
+		}
+		fields := map[string]any{"tamper": tm}
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				utf8Fields(fields)
+			}
+		})
+		// The whole document's render, for scale.
+		b.Run(tc.name+"/render", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				renderDocument(time.Time{}, RoleWorker, "boot", fields)
+			}
+		})
+	}
+}
