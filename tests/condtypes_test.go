@@ -4,6 +4,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
@@ -188,5 +190,71 @@ func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
 	}
 	if k := strings.Count(logs.String(), "level=WARN"); k < 1 || k > 2 {
 		t.Errorf("%d warnings, want 1 or 2:\n%s", k, logs.String())
+	}
+}
+
+// kubelet's status patch from its copy of the Node taken while another
+// writer's second KernelDeadlock entry was there (before the daemon's
+// write took it off): a two-way strategic merge patch of its own
+// conditions, whose $setElementOrder/conditions names KernelDeadlock twice.
+// The entry the daemon deleted is not in the patch and does not come back;
+// the daemon's stands, and nothing more is counted.
+func TestKubeKubeletsPatchFromACopyWithADuplicateDoesNotBringItBack(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-duplicate-kubelet-patch"
+	var logs testenv.SyncBuffer
+	x := reportingEvery3sLogged(t, s, node, &logs, nil)
+	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
+	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool { return cond(n, "KernelDeadlock") != nil && storageReported(n) })
+	want := *cond(n, "KernelDeadlock")
+	dup := fmt.Sprintf(`[{"op":"add","path":"/status/conditions/-","value":{"type":"KernelDeadlock","status":"False","reason":"Stale","message":"appended","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}}]`,
+		time.Now().UTC().Format(time.RFC3339))
+	stale, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.JSONPatchType, []byte(dup), metav1.PatchOptions{}, "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := countOf(stale, "KernelDeadlock"); k != 2 {
+		t.Fatalf("%d KernelDeadlock entries after the JSON patch", k)
+	}
+	refreshedAfter(t, s, node)
+	waitNodeFor(t, s, node, 5*time.Second, "one KernelDeadlock", func(n *corev1.Node) bool { return countOf(n, "KernelDeadlock") == 1 })
+	o := x.m.Overwrites()
+
+	mod := stale.DeepCopy()
+	for i := range mod.Status.Conditions {
+		if mod.Status.Conditions[i].Type == corev1.NodeReady {
+			mod.Status.Conditions[i].LastHeartbeatTime = metav1.NewTime(time.Now().Add(time.Second))
+		}
+	}
+	oldJSON, err := json.Marshal(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newJSON, err := json.Marshal(mod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := strategicpatch.CreateTwoWayMergePatch(oldJSON, newJSON, corev1.Node{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubelet's patch: %s", patch)
+	m, err := s.Admin.CoreV1().Nodes().PatchStatus(context.Background(), node, patch)
+	if err != nil {
+		t.Fatalf("kubelet's patch: %v", err)
+	}
+	t.Logf("after kubelet's patch: %v", conditionsOf(m))
+	if k := countOf(m, "KernelDeadlock"); k != 1 {
+		t.Errorf("%d KernelDeadlock entries after kubelet's patch, want 1: %v", k, conditionsOf(m))
+	}
+	for range 2 {
+		n = refreshedAfter(t, s, node)
+	}
+	if c := cond(n, "KernelDeadlock"); countOf(n, "KernelDeadlock") != 1 || c.Status != want.Status || c.Reason != want.Reason || !c.LastTransitionTime.Equal(&want.LastTransitionTime) {
+		t.Errorf("KernelDeadlock after kubelet's patch: %v, want the daemon's %+v alone", conditionsOf(n), want)
+	}
+	readyIntact(t, n)
+	if o2 := x.m.Overwrites(); o2 != o {
+		t.Errorf("%v overwrites counted after kubelet's patch, %v before", o2, o)
 	}
 }
