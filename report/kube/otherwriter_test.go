@@ -17,8 +17,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
@@ -526,4 +529,67 @@ func entries(n *corev1.Node, ty string) int {
 		}
 	}
 	return k
+}
+
+// The write that puts a duplicate right (every entry of the type deleted,
+// the daemon's written after) answered 429 or 409: nothing changed on the
+// Node, and the retry still carries the delete directive, so the
+// duplicate goes with it; the write that took it off carries it no more.
+func TestDuplicateEntryPutRightAfterARefusedWrite(t *testing.T) {
+	for _, refusal := range []error{
+		apierrors.NewTooManyRequests("slow down", 1),
+		apierrors.NewConflict(corev1.Resource("nodes"), "n", fmt.Errorf("the object has been modified")),
+	} {
+		t.Run(string(apierrors.ReasonForError(refusal)), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				kn := kubeletNode()
+				kn.UID = "uid-1"
+				client := fake.NewClientset(kn)
+				var refused, directives atomic.Int32
+				client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					p, ok := a.(k8stesting.PatchAction)
+					if !ok || a.GetSubresource() != "status" || !strings.Contains(string(p.GetPatch()), `"$patch":"delete"`) {
+						return false, nil, nil
+					}
+					directives.Add(1)
+					if refused.Add(1) == 1 {
+						return true, nil, refusal
+					}
+					return false, nil, nil
+				})
+				store := report.NewStore("b")
+				var logs testenv.SyncBuffer
+				h := startOpts(t, client, store, report.NewDetails(), &logs, nil)
+				defer h.stop()
+				<-h.r.Adopted()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+				time.Sleep(time.Second)
+				synctest.Wait()
+				n := h.node(t)
+				n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: "DiskUsageHigh", Status: corev1.ConditionFalse, Reason: "Stale"})
+				if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(2 * time.Minute) // the next report refresh, its write refused
+				synctest.Wait()
+				if refused.Load() < 1 {
+					t.Fatalf("no write with the delete directive in the refresh after the duplicate: %+v", h.node(t).Status.Conditions)
+				}
+				time.Sleep(30 * time.Second) // the retry, before the next refresh
+				synctest.Wait()
+				n = h.node(t)
+				if c := findCond(n, "DiskUsageHigh"); entries(n, "DiskUsageHigh") != 1 || c.Status != corev1.ConditionTrue || findCond(n, "SomeoneElses") == nil || findCond(n, "Ready") == nil {
+					t.Fatalf("after the refused write and its retry: %+v", n.Status.Conditions)
+				}
+				time.Sleep(10 * time.Minute)
+				synctest.Wait()
+				if d := directives.Load(); d != 2 {
+					t.Errorf("%d status writes with the delete directive, want 2 (the refused one, its retry)\n%s", d, logs.String())
+				}
+				if o := h.m.Overwrites(); o != 1 {
+					t.Errorf("%v overwrites counted, want 1\n%s", o, logs.String())
+				}
+			})
+		})
+	}
 }
