@@ -29,13 +29,23 @@ import (
 // logs and, where evaluated is not nil, the condition types it evaluates.
 func reportingEvery3sLogged(t *testing.T, s *harness.APIServer, node string, logs *testenv.SyncBuffer, evaluated func(string) bool) *running {
 	t.Helper()
+	return reporting(t, s, node, 3*time.Second, slog.New(slog.NewTextHandler(logs, nil)), evaluated)
+}
+
+// reporting registers node and runs a reporter for it with the node's
+// credentials, its storage report holding the root filesystem and a report
+// refresh every interval (the daemon's comes every 2 minutes), logging to
+// log; evaluated as kube.Options has it. It returns once the Node was read
+// (x.store takes the conditions).
+func reporting(t *testing.T, s *harness.APIServer, node string, every time.Duration, log *slog.Logger, evaluated func(string) bool) *running {
+	t.Helper()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 	store := report.NewStore("boot")
 	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
 	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
 	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
-		Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second,
+		Log: log, Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: every,
 		EventCountFlush: time.Second, Evaluated: evaluated})
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
@@ -60,6 +70,24 @@ func refreshedAfter(t *testing.T, s *harness.APIServer, node string) *corev1.Nod
 		t.Fatal(err)
 	}
 	return waitNode(t, s, node, "the report back", storageReported)
+}
+
+// appendKernelDeadlock appends a second KernelDeadlock entry (False, Stale)
+// to node's status.conditions with a JSON patch, which is not merged by
+// type, and returns the Node holding both.
+func appendKernelDeadlock(t *testing.T, s *harness.APIServer, node string) *corev1.Node {
+	t.Helper()
+	dup := fmt.Sprintf(`[{"op":"add","path":"/status/conditions/-","value":{"type":"KernelDeadlock","status":"False","reason":"Stale","message":"appended","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}}]`,
+		time.Now().UTC().Format(time.RFC3339))
+	m, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.JSONPatchType, []byte(dup), metav1.PatchOptions{}, "status")
+	if err != nil {
+		t.Fatalf("the JSON patch appending a second KernelDeadlock: %v", err)
+	}
+	t.Logf("the API server kept: %v", conditionsOf(m))
+	if k := countOf(m, "KernelDeadlock"); k != 2 {
+		t.Fatalf("the API server kept %d KernelDeadlock entries: %v", k, conditionsOf(m))
+	}
+	return m
 }
 
 func countOf(n *corev1.Node, ty string) int {
@@ -162,16 +190,7 @@ func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
 	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
 	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool { return cond(n, "KernelDeadlock") != nil && storageReported(n) })
 	want := *cond(n, "KernelDeadlock")
-	dup := fmt.Sprintf(`[{"op":"add","path":"/status/conditions/-","value":{"type":"KernelDeadlock","status":"False","reason":"Stale","message":"appended","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}}]`,
-		time.Now().UTC().Format(time.RFC3339))
-	m, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.JSONPatchType, []byte(dup), metav1.PatchOptions{}, "status")
-	if err != nil {
-		t.Fatalf("the JSON patch appending a second KernelDeadlock: %v", err)
-	}
-	t.Logf("the API server kept: %v", conditionsOf(m))
-	if k := countOf(m, "KernelDeadlock"); k != 2 {
-		t.Fatalf("the API server kept %d KernelDeadlock entries: %v", k, conditionsOf(m))
-	}
+	appendKernelDeadlock(t, s, node)
 	for range 4 {
 		n = refreshedAfter(t, s, node)
 	}
@@ -207,12 +226,7 @@ func TestKubeKubeletsPatchFromACopyWithADuplicateDoesNotBringItBack(t *testing.T
 	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
 	n := waitNode(t, s, node, "condition and report", func(n *corev1.Node) bool { return cond(n, "KernelDeadlock") != nil && storageReported(n) })
 	want := *cond(n, "KernelDeadlock")
-	dup := fmt.Sprintf(`[{"op":"add","path":"/status/conditions/-","value":{"type":"KernelDeadlock","status":"False","reason":"Stale","message":"appended","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}}]`,
-		time.Now().UTC().Format(time.RFC3339))
-	stale, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.JSONPatchType, []byte(dup), metav1.PatchOptions{}, "status")
-	if err != nil {
-		t.Fatal(err)
-	}
+	stale := appendKernelDeadlock(t, s, node)
 	if k := countOf(stale, "KernelDeadlock"); k != 2 {
 		t.Fatalf("%d KernelDeadlock entries after the JSON patch", k)
 	}

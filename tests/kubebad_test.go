@@ -400,19 +400,7 @@ func TestKubeRefusedPortThroughAProxy(t *testing.T) {
 // once the Node was read (x.store takes the conditions).
 func reportingEvery3s(t *testing.T, s *harness.APIServer, node string) *running {
 	t.Helper()
-	registerNode(t, s, node)
-	client, _ := nodeClient(t, s, node)
-	store := report.NewStore("boot")
-	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
-	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
-	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
-		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 3 * time.Second, EventCountFlush: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	x.cancel = cancel
-	go func() { x.r.Run(ctx); close(x.done) }()
-	t.Cleanup(x.stop)
-	<-x.r.Adopted()
-	return x
+	return reporting(t, s, node, 3*time.Second, quiet(), nil)
 }
 
 // Another writer takes the daemon's condition off the Node and changes its
@@ -527,18 +515,8 @@ func TestKubeAnotherWriterChangesTheConditionsStatus(t *testing.T) {
 func TestKubeKubeletsStatusPatchIsNoOtherWriter(t *testing.T) {
 	s := apiServer(t)
 	const node = "node-kubelet-status-patch"
-	registerNode(t, s, node)
-	client, _ := nodeClient(t, s, node)
-	store := report.NewStore("boot")
-	x := &running{store: store, det: report.NewDetails(), m: kube.NewMetrics(nil), done: make(chan struct{})}
-	x.det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
-	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: x.det,
-		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Second, EventCountFlush: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	x.cancel = cancel
-	go func() { x.r.Run(ctx); close(x.done) }()
-	t.Cleanup(x.stop)
-	<-x.r.Adopted()
+	x := reporting(t, s, node, 2*time.Second, quiet(), nil)
+	store := x.store
 	key := report.AnnotationPrefix + "storage"
 	reported := func(n *corev1.Node) bool { return strings.Contains(n.Annotations[key], `"mountPoint":"/"`) }
 	store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusFalse, Reason: report.ReasonKernelHasNoDeadlock}, time.Now().Add(-time.Hour))
