@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -428,6 +429,44 @@ func TestPodVolumeReadOnlyDisabled(t *testing.T) {
 	} {
 		if _, err := Compile([]Rule{r}, nil); err == nil || !strings.Contains(err.Error(), "cannot be replaced or copied") {
 			t.Errorf("rule %+v: %v, want refused", r, err)
+		}
+	}
+}
+
+// PodVolumeReadOnly is in effect only where a ReadonlyFilesystem rule gives
+// it lines: a rule of that condition with the device in a (?P<dev>...)
+// group. With ReadonlyFilesystem disabled (README: it "still turns off
+// both"), or replaced by a custom rule without the group, no line can be
+// the event, and the rule is not listed by `kmsg rules` ("the rules in
+// effect") nor exported as a series of the match counter at 0.
+func TestPodVolumeReadOnlyGoesWithReadonlyFilesystem(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		disable []string
+		custom  []Rule
+		want    bool
+	}{
+		{name: "defaults", want: true},
+		{name: "ReadonlyFilesystem disabled", disable: []string{"ReadonlyFilesystem"}},
+		{name: "both disabled", disable: []string{"ReadonlyFilesystem", "PodVolumeReadOnly"}},
+		{name: "ReadonlyFilesystem replaced without a dev group", custom: []Rule{
+			{Name: "ReadonlyFilesystem", Kind: Perm, Condition: "ReadonlyFilesystem", Reason: "FilesystemIsReadOnly", Pattern: `^EXT4-fs \(\S+\): Remounting filesystem read-only`}}},
+		{name: "ReadonlyFilesystem replaced with a dev group", want: true, custom: []Rule{
+			{Name: "ReadonlyFilesystem", Kind: Perm, Condition: "ReadonlyFilesystem", Reason: "FilesystemIsReadOnly", Pattern: `^EXT4-fs \((?P<dev>\S+)\): Remounting filesystem read-only`}}},
+		{name: "ReadonlyFilesystem disabled, a custom rule of its condition with a dev group", want: true, disable: []string{"ReadonlyFilesystem"}, custom: []Rule{
+			{Name: "MyReadOnly", Kind: Perm, Condition: "ReadonlyFilesystem", Reason: "FilesystemIsReadOnly", Pattern: `^XFS \((?P<dev>[^)]+)\): Corruption`}}},
+	} {
+		rules, err := BuildRules(c.disable, c.custom)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		rs, err := Compile(rules, DefaultCriticalTasks)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		listed := slices.ContainsFunc(rs.Rules(), func(r Rule) bool { return r.Name == PodVolumeRule.Name })
+		if listed != c.want || rs.PodVolumeEvents() != c.want {
+			t.Errorf("%s: PodVolumeReadOnly listed %v, events %v; want %v", c.name, listed, rs.PodVolumeEvents(), c.want)
 		}
 	}
 }

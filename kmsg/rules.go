@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 )
 
@@ -192,5 +193,23 @@ func BuildRules(disable []string, custom []Rule) ([]Rule, error) {
 			out = append(out, c)
 		}
 	}
+	// PodVolumeReadOnly takes its lines from a ReadonlyFilesystem rule that
+	// names the device: without one (ReadonlyFilesystem disabled, or
+	// replaced by a rule without the group) it can never match, and is not
+	// in effect: not listed by `kmsg rules`, no series of the match counter.
+	if !slices.ContainsFunc(out, feedsPodVolume) {
+		out = slices.DeleteFunc(out, func(r Rule) bool { return r == PodVolumeRule })
+	}
 	return out, nil
+}
+
+// feedsPodVolume reports whether r's matches can be PodVolumeReadOnly's
+// (Monitor.podVolumes): a ReadonlyFilesystem rule with a (?P<dev>...)
+// group. A pattern that does not compile is Compile's to refuse.
+func feedsPodVolume(r Rule) bool {
+	if r.Kind != Perm || r.Condition != "ReadonlyFilesystem" {
+		return false
+	}
+	re, err := regexp.Compile(r.Pattern)
+	return err == nil && re.SubexpIndex("dev") >= 0
 }
