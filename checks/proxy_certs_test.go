@@ -89,6 +89,7 @@ func FuzzParseMetric(f *testing.F) {
 	f.Add("# TYPE other counter\nother_total{a=\"}\\\"\"} 3\nready 2\n{\"ready\", a=\"b\"} 4\n")
 	f.Add("# TYPE ready_x gauge\nready_x 1\n# TYPE ready gauge\nready{x=\"1\"} NaN\n  ready{x=\"2\",} +Inf 12\n")
 	f.Add("ready{a=\"x\",b=\"y\"} 1\nready{b=\"y\",a=\"x\"} 0\n")
+	f.Add("ready{a=\"\"} 1\nready 0\n")
 	f.Fuzz(func(t *testing.T, page string) {
 		vals, found, err := parseMetric(strings.NewReader(page), "ready")
 		if err == nil && !found && len(vals) > 0 {
@@ -123,7 +124,9 @@ func hasSeriesTwice(f *dto.MetricFamily) bool {
 	for _, m := range f.GetMetric() {
 		var pairs []string
 		for _, l := range m.GetLabel() {
-			pairs = append(pairs, fmt.Sprintf("%q:%q", l.GetName(), l.GetValue()))
+			if l.GetValue() != "" { // an empty value is no label
+				pairs = append(pairs, fmt.Sprintf("%q:%q", l.GetName(), l.GetValue()))
+			}
 		}
 		sort.Strings(pairs)
 		k := strings.Join(pairs, "\x00")

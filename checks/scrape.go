@@ -155,9 +155,10 @@ func parsePage(page []byte, name string) ([]float64, bool, error) {
 	var out []float64
 	seen := make(map[string]bool, len(f.GetMetric()))
 	for _, m := range f.GetMetric() {
-		// One series given twice says two things of one value: Prometheus
-		// refuses such a page ("duplicate sample"), and expfmt's parser
-		// takes both (TestScrapeSeriesTwiceIsAPageError).
+		// One series given twice says two things of one value: the
+		// exposition format requires each name and label set once (its
+		// ingestion is "undefined" otherwise), and expfmt's parser takes
+		// both (TestScrapeSeriesTwiceIsAPageError).
 		k := seriesKey(m)
 		if seen[k] {
 			return nil, true, &pageError{fmt.Errorf("the series %s%s is given twice", name, k)}
@@ -179,15 +180,19 @@ func parsePage(page []byte, name string) ([]float64, bool, error) {
 
 // seriesKey is a series' labels, sorted, as {"a"="x","b"="y"} ("" for
 // none; the names quoted too, as they may hold any character): two
-// samples with the same key are the same series.
+// samples with the same key are the same series. A label whose value is
+// empty is left out: in Prometheus' data model it is no label, so
+// ready{a=""} is the series ready; before, the two were taken for two
+// series and both read (TestScrapeSeriesTwiceIsAPageError).
 func seriesKey(m *dto.Metric) string {
-	ls := m.GetLabel()
-	if len(ls) == 0 {
-		return ""
+	var pairs []string
+	for _, l := range m.GetLabel() {
+		if l.GetValue() != "" {
+			pairs = append(pairs, strconv.Quote(l.GetName())+"="+strconv.Quote(l.GetValue()))
+		}
 	}
-	pairs := make([]string, len(ls))
-	for i, l := range ls {
-		pairs[i] = strconv.Quote(l.GetName()) + "=" + strconv.Quote(l.GetValue())
+	if len(pairs) == 0 {
+		return ""
 	}
 	sort.Strings(pairs)
 	return "{" + strings.Join(pairs, ",") + "}"

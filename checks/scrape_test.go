@@ -240,6 +240,10 @@ func TestScrapeSeriesTwiceIsAPageError(t *testing.T) {
 		"# TYPE ready gauge\nready 1\nready 1\n",
 		"ready{a=\"x\",b=\"y\"} 1\nready{b=\"y\",a=\"x\"} 0\n",
 		"ready{a=\"x\"} 1 1700000000\nready{a=\"x\"} 0 1700000001\n",
+		// A label whose value is empty is no label (Prometheus' data
+		// model; its scrape drops it): ready{a=""} is the series ready.
+		"ready{a=\"\"} 1\nready 0\n",
+		"ready{a=\"x\",b=\"\"} 1\nready{a=\"x\"} 0\n",
 	} {
 		vals, found, err := parseMetric(strings.NewReader(page), "ready")
 		if err == nil || !isPageError(err) || !strings.Contains(err.Error(), "twice") {
