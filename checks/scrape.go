@@ -70,6 +70,13 @@ func onThisHost(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
 		return errors.New("stopped after 10 redirects")
 	}
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+		// A Location without a scheme, "localhost:8093/metrics" (the
+		// tunnel agent's admin port before it wrote "//host:port/path"),
+		// parses as the scheme "localhost": no place this client can ask,
+		// on this host or off it (TestScrapeRedirectOfTheTunnelAgentsAdminPort).
+		return fmt.Errorf("a redirect to %s, not an http or https URL, is not followed", req.URL.Redacted())
+	}
 	h := req.URL.Hostname()
 	if ip := net.ParseIP(h); (ip != nil && ip.IsLoopback()) || strings.EqualFold(h, "localhost") || strings.EqualFold(h, via[0].URL.Hostname()) {
 		return nil
