@@ -255,3 +255,24 @@ func TestScrapeSeriesTwiceIsAPageError(t *testing.T) {
 		t.Errorf("three distinct series: %v %v; want their three values", vals, err)
 	}
 }
+
+// What is not one series given twice stays read as before: the buckets of
+// a histogram whose name starts with the metric's (the same name, another
+// le), a page that ends in OpenMetrics' "# EOF" (a comment to the text
+// parser), a summary's quantiles beside the gauge; a second # TYPE line is
+// the parser's own page error, not a series given twice.
+func TestScrapeSeriesNotGivenTwice(t *testing.T) {
+	for _, page := range []string{
+		"# TYPE ready_seconds histogram\nready_seconds_bucket{le=\"1\"} 1\nready_seconds_bucket{le=\"+Inf\"} 2\nready_seconds_sum 3\nready_seconds_count 2\nready 1\n",
+		"# TYPE ready gauge\nready 1\n# EOF\n",
+		"# TYPE ready_lag summary\nready_lag{quantile=\"0.5\"} 1\nready_lag{quantile=\"0.9\"} 2\nready_lag_sum 3\nready_lag_count 2\n# TYPE ready gauge\nready 1\n",
+	} {
+		if vals, found, err := parseMetric(strings.NewReader(page), "ready"); err != nil || !found || len(vals) != 1 || vals[0] != 1 {
+			t.Errorf("page %q: %v %v %v; want [1]", page, vals, found, err)
+		}
+	}
+	page := "# TYPE ready gauge\nready 1\n# TYPE ready gauge\nready{a=\"x\"} 1\n"
+	if _, _, err := parseMetric(strings.NewReader(page), "ready"); !isPageError(err) || strings.Contains(err.Error(), "twice") {
+		t.Errorf("page %q: %v; want expfmt's page error for the second TYPE line", page, err)
+	}
+}
