@@ -334,6 +334,15 @@ func (d *Details) Documents(now time.Time, role Role) (map[string]string, error)
 	return out, errors.Join(errs...)
 }
 
+// LeftOutDocument renders the document written in place of a domain's
+// when it does not fit on the Node (the reporter's choice): self-contained
+// as every document is (schemaVersion, updatedAt, role, bootID), with
+// "leftOut" saying why instead of the domain's fields.
+func LeftOutDocument(now time.Time, role Role, bootID, why string) string {
+	b, _ := renderCapped(now, role, bootID, map[string]any{"leftOut": why}, MaxListLen)
+	return string(b)
+}
+
 // truncateString cuts s to at most n bytes (on a rune boundary), ending
 // in "…" when cut (Cut).
 func truncateString(s string, n int) string { return Cut(s, n, "…") }

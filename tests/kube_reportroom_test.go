@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 )
@@ -23,9 +25,11 @@ import (
 // is left alone by every refresh; each document carries the node's role
 // and updatedAt moves; when the report grows past the room the Node's other
 // annotations leave (256 KiB together, kube-apiserver's 422), the refresh
-// is refused, counted as a failing annotations call with the API server's
-// words, the report of the last refresh stays, and the conditions are still
-// written; once there is room the grown report lands at the next retry.
+// is refused, counted as a failed annotations call with the API server's
+// words, and what fits of it is written (the documents that do not fit
+// each a small one saying so: TestKubeReportDocumentsThatFitAreWrittenWhenOneDoesNot);
+// the conditions are still written; once there is room the grown report
+// lands at the next refresh.
 func TestKubeReportRefreshWhenTheNodeHasNoRoom(t *testing.T) {
 	s := apiServer(t)
 	const node = "node-report-no-room"
@@ -95,34 +99,32 @@ func TestKubeReportRefreshWhenTheNodeHasNoRoom(t *testing.T) {
 		disks = append(disks, map[string]any{"controller": fmt.Sprintf("nvme%d", i), "model": strings.Repeat("M", 150)})
 	}
 	det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c := x.m.Reporting().Calls[kube.KindAnnotations]
-		if c.Failing && strings.Contains(c.LastError, "262144") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no refused refresh in 30 s: %+v", c)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// The whole refresh is refused (counted, with the API server's
+	// words), then what fits is written: disks as a document saying so.
+	waitNode(t, s, node, "the disks document left out", func(n *corev1.Node) bool {
+		d, ok := parse(n, "disks")
+		return ok && len(d.Disks) == 0 && strings.Contains(n.Annotations[report.AnnotationPrefix+"disks"], `"leftOut"`)
+	})
 	if x.m.Failures() == 0 {
 		t.Errorf("the refused refresh is not counted")
 	}
+	if c := x.m.Reporting().Calls[kube.KindAnnotations]; !strings.Contains(c.LastError, "262144") {
+		t.Errorf("the refused refresh's error %q does not carry the API server's words", c.LastError)
+	}
 	// The conditions are still written.
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "fine"}, time.Now())
-	n := waitNode(t, s, node, "the condition's change beside the refused report", func(n *corev1.Node) bool {
+	n := waitNode(t, s, node, "the condition's change beside the report left out in part", func(n *corev1.Node) bool {
 		c := cond(n, "DiskUsageHigh")
 		return c != nil && c.Status == corev1.ConditionFalse
 	})
 	if d, ok := parse(n, "storage"); !ok || d.Role != string(report.RoleControlPlane) {
-		t.Errorf("the last refresh's report is gone: %q", n.Annotations[report.AnnotationPrefix+"storage"])
+		t.Errorf("the storage document is gone: %q", n.Annotations[report.AnnotationPrefix+"storage"])
 	}
 	if n.Annotations[foreign] != `{"someone":"else"}` || n.Annotations[big] == "" {
 		t.Errorf("another writer's annotations changed: %q, %d bytes", n.Annotations[foreign], len(n.Annotations[big]))
 	}
 
-	// Room again: the grown report lands at a retry.
+	// Room again: the grown report lands at the next refresh.
 	patch(map[string]any{big: nil})
 	n = waitNode(t, s, node, "the grown report", func(n *corev1.Node) bool {
 		d, ok := parse(n, "disks")
@@ -130,5 +132,122 @@ func TestKubeReportRefreshWhenTheNodeHasNoRoom(t *testing.T) {
 	})
 	if n.Annotations[foreign] != `{"someone":"else"}` {
 		t.Errorf("%s is %q after the refreshes, want it left alone", foreign, n.Annotations[foreign])
+	}
+}
+
+// The report grows past the room the Node's other annotations leave (256
+// KiB together, kube-apiserver's 422), against the real kube-apiserver: the
+// documents that fit are written all the same (their updatedAt moves on),
+// the one that does not is a small document of its own saying so, with its
+// updatedAt, role and bootID; the journal says it once, not once a refresh;
+// it is counted per domain; and once there is room the whole report lands
+// at the next refresh, the journal saying so. Before, the whole refresh was
+// refused, and every domain's updatedAt stood still until there was room.
+func TestKubeReportDocumentsThatFitAreWrittenWhenOneDoesNot(t *testing.T) {
+	s := apiServer(t)
+	const node = "node-report-part-fits"
+	ctx := context.Background()
+	registerNode(t, s, node)
+	patch := func(annotations map[string]any) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+		if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, b, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot-1")
+	det := report.NewDetails()
+	det.SetBootID("boot-1")
+	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	logs := &testenv.SyncBuffer{}
+	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleControlPlane, Store: store, Details: det,
+		Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: time.Second})
+	rctx, cancel := context.WithCancel(ctx)
+	x.cancel = cancel
+	go func() { x.r.Run(rctx); close(x.done) }()
+	defer x.stop()
+	<-x.r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh, Message: "/ 95%"}, time.Now())
+
+	type doc struct {
+		UpdatedAt time.Time `json:"updatedAt"`
+		Role      string    `json:"role"`
+		BootID    string    `json:"bootID"`
+		Disks     []any     `json:"disks"`
+		LeftOut   string    `json:"leftOut"`
+	}
+	parse := func(n *corev1.Node, domain string) (d doc, ok bool) {
+		v, there := n.Annotations[report.AnnotationPrefix+domain]
+		return d, there && json.Unmarshal([]byte(v), &d) == nil
+	}
+	waitNode(t, s, node, "the report", func(n *corev1.Node) bool {
+		_, ok := parse(n, "storage")
+		return ok && cond(n, "DiskUsageHigh") != nil
+	})
+
+	// Fill the Node but for 2 KiB, then let the disks document grow past it.
+	cur, err := s.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := 0
+	for k, v := range cur.Annotations {
+		used += len(k) + len(v)
+	}
+	const big = "tool.example.com/state"
+	patch(map[string]any{big: strings.Repeat("x", 256*1024-used-len(big)-2048)})
+	var disks []map[string]any
+	for i := range 20 {
+		disks = append(disks, map[string]any{"controller": fmt.Sprintf("nvme%d", i), "model": strings.Repeat("M", 150)})
+	}
+	det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
+	filled := time.Now()
+	fitting := []string{"storage", "certs", "tamper", "services"}
+	n := waitNodeFor(t, s, node, 15*time.Second, "the documents that fit refreshed after the Node filled up", func(n *corev1.Node) bool {
+		for _, dm := range fitting {
+			if d, ok := parse(n, dm); !ok || !d.UpdatedAt.After(filled) {
+				return false
+			}
+		}
+		return true
+	})
+	for _, dm := range fitting {
+		if d, _ := parse(n, dm); d.Role != string(report.RoleControlPlane) || d.BootID != "boot-1" || d.LeftOut != "" {
+			t.Errorf("%s document %q: want role, bootID and no leftOut", dm, n.Annotations[report.AnnotationPrefix+dm])
+		}
+	}
+	d, ok := parse(n, "disks")
+	if !ok || d.LeftOut == "" || d.Disks != nil || d.Role != string(report.RoleControlPlane) || d.BootID != "boot-1" || !d.UpdatedAt.After(filled) {
+		t.Errorf("disks document %q: want a fresh one of its own saying it did not fit", n.Annotations[report.AnnotationPrefix+"disks"])
+	}
+	if n.Annotations[big] == "" {
+		t.Errorf("another writer's annotation lost")
+	}
+	// Refreshes go on (paced by the report interval); the journal says it once.
+	for x.m.LeftOut("disks") < 3 {
+		time.Sleep(50 * time.Millisecond) // polling interval of an awaited count
+	}
+	if got := strings.Count(logs.String(), "report documents left out"); got != 1 {
+		t.Errorf("%d journal lines about the documents left out after %v refreshes, want 1:\n%s", got, x.m.LeftOut("disks"), logs.String())
+	}
+	if !strings.Contains(logs.String(), "left_out=[disks]") {
+		t.Errorf("the journal does not name the document left out:\n%s", logs.String())
+	}
+	for _, dm := range fitting {
+		if v := x.m.LeftOut(dm); v != 0 {
+			t.Errorf("%s counted %v times left out, want 0", dm, v)
+		}
+	}
+
+	// Room again: the grown report lands at the next refresh.
+	patch(map[string]any{big: nil})
+	waitNode(t, s, node, "the grown report", func(n *corev1.Node) bool {
+		d, ok := parse(n, "disks")
+		return ok && len(d.Disks) == 20 && d.LeftOut == ""
+	})
+	if !strings.Contains(logs.String(), "report documents fit on the Node again") {
+		t.Errorf("the journal does not say the report fits again:\n%s", logs.String())
 	}
 }

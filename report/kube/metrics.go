@@ -35,6 +35,10 @@ type Metrics struct {
 	// overwritten counts the daemon's conditions found on the Node changed
 	// by another writer (Reporter.overwrittenLocked).
 	overwritten prometheus.Counter
+	// leftOut counts, per domain, the report refreshes that wrote the
+	// domain's document as a stub because it did not fit on the Node
+	// beside its other annotations (fitReport).
+	leftOut *prometheus.CounterVec
 
 	// What status shows: per kind of call, the last success and the last
 	// error; whether a change of the conditions waits to be written; the
@@ -103,6 +107,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: report.Namespace, Name: "condition_overwrites_total",
 			Help: "The daemon's conditions found on the Node changed by another writer (another status, reason or transition time than it wrote, one removed, one it does not evaluate there added, a second entry of one); each is put right by the next write.",
 		}),
+		leftOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: report.Namespace, Name: "report_documents_left_out_total",
+			Help: "Report refreshes that wrote a domain's document as a small one saying it was left out, by domain: it did not fit beside the Node's other annotations (256 KiB together).",
+		}, []string{"domain"}),
+	}
+	// Every domain's series is there at 0 from the start, so that
+	// increase() sees the first document left out.
+	for _, dm := range report.Domains {
+		m.leftOut.WithLabelValues(dm.Name)
 	}
 	// Every kind's ok series is there at 0 from the start: increase() does
 	// not see a series that first appears at 1, and the alert on failing
@@ -115,7 +128,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.writes.WithLabelValues(kind, "ok")
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK, m.overwritten)
+		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK, m.overwritten, m.leftOut)
 	}
 	return m
 }
@@ -194,6 +207,12 @@ func resultOf(err error) string {
 // Overwrites returns the number of the daemon's conditions found changed
 // on the Node by another writer.
 func (m *Metrics) Overwrites() float64 { return report.Value(m.overwritten) }
+
+// LeftOut returns how many report refreshes left the domain's document
+// out for room.
+func (m *Metrics) LeftOut(domain string) float64 {
+	return report.Value(m.leftOut.WithLabelValues(domain))
+}
 
 // SetReporting records whether the daemon reports to Kubernetes.
 func (m *Metrics) SetReporting(on bool) {

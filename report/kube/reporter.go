@@ -192,6 +192,17 @@ type Reporter struct {
 	// renderErr is the last error of rendering the report (annotation loop
 	// only): logged when it changes, not on every write.
 	renderErr string
+	// fitShort: the last refresh written left documents out for room
+	// (fitReport); fitOthers is what the Node's other annotations took in
+	// its answer, which the next refresh chooses by; leftOutLogged the
+	// domains left out the journal last heard of, joined (fitted). The
+	// annotation loop's alone.
+	fitShort      bool
+	fitOthers     int
+	leftOutLogged string
+	// statusAnswer is the Node the last successful status write was
+	// answered with (the status loop's alone): a folded refresh's answer.
+	statusAnswer *kubeapi.Node
 	// changeWritten is when the last write of a change or an event
 	// succeeded (closeIdle).
 	changeWritten atomic.Pointer[time.Time]
@@ -703,7 +714,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				o.answer <- foldAnswer{}
 				break
 			}
-			o.answer <- foldAnswer{folded: true, err: err}
+			o.answer <- foldAnswer{folded: true, err: err, node: r.statusAnswer}
 			if a, ok := askedDelay(err); ok && a > 0 {
 				// The write was this loop's too: its next (the heartbeat,
 				// a change) waits out what the answer asked for, as after
@@ -1282,6 +1293,7 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		r.m.observe(KindStatus, start, err)
 	}
 	if err == nil {
+		r.statusAnswer = n
 		if n != nil {
 			r.reportBoot = report.ReportBootID(n.Metadata.Annotations)
 		}
@@ -1547,39 +1559,47 @@ var errNoConditions = errors.New("no conditions to write with the report")
 type foldAnswer struct {
 	folded bool
 	err    error
+	// node: the write's answer (err nil).
+	node *kubeapi.Node
 }
 
 // offerFold offers the refresh of docs to the status loop (foldOffer),
 // where the heartbeat period is not shorter than the report interval (else
 // the heartbeat falls due between every two refreshes and goes alone). It
-// reports whether the status loop wrote it, and the write's error.
-func (r *Reporter) offerFold(ctx context.Context, docs map[string]string) (bool, error) {
+// reports whether the status loop wrote it, the write's answer and its
+// error.
+func (r *Reporter) offerFold(ctx context.Context, docs map[string]*string) (bool, *kubeapi.Node, error) {
 	if r.o.ReportInterval > r.o.HeartbeatPeriod {
-		return false, nil
+		return false, nil, nil
 	}
 	now := time.Now()
-	o := foldOffer{docs: make(map[string]*string, len(docs)), next: r.o.Grid.Next(now, r.o.ReportInterval), answer: make(chan foldAnswer, 1)}
-	for k, v := range docs {
-		o.docs[k] = &v
-	}
+	o := foldOffer{docs: docs, next: r.o.Grid.Next(now, r.o.ReportInterval), answer: make(chan foldAnswer, 1)}
 	select {
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return false, nil, ctx.Err()
 	case r.refreshes <- o:
 	}
 	select {
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return false, nil, ctx.Err()
 	case a := <-o.answer:
-		return a.folded, a.err
+		return a.folded, a.node, a.err
 	}
 }
 
 // writeAnnotations writes the report refresh; fold: it may be the status
 // loop's heartbeat too (offerFold), not when it is a retry of a refresh
 // that failed (the heartbeat is not held back by a failing refresh).
+//
+// A refresh the API server refuses for the Node's annotations (the report
+// does not fit beside the others: 256 KiB together) reads the Node and
+// writes what fits of it at once (writeFitting); while documents are left
+// out, each refresh chooses what fits by the room the last answer showed
+// (fitted), with no read, and goes whole again once all fit. A refresh on a
+// Node with room costs what it did: no read, no sizing.
 func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
-	docs, err := r.o.Details.Documents(time.Now(), r.role())
+	now, role := time.Now(), r.role()
+	docs, err := r.o.Details.Documents(now, role)
 	// A failing domain carries an error document; the others are written
 	// all the same.
 	if msg := errString(err); msg != r.renderErr {
@@ -1588,22 +1608,91 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 			r.o.Log.Error("report domain not rendered; its annotation says why", "err", err)
 		}
 	}
+	// fit: what fits of the report, where the last refresh left documents
+	// out (nil: the whole report, as docs are).
+	var fit map[string]*string
+	var left []string
+	room := 0
+	if r.fitShort {
+		room = annotationsLimit - r.fitOthers
+		fit, left = fitReport(docs, r.fitOthers, r.leftOutStub(now, role))
+	}
 	if fold {
-		if folded, err := r.offerFold(ctx, docs); folded || ctx.Err() != nil {
+		offer := fit
+		if offer == nil {
+			offer = allOf(docs)
+		}
+		folded, n, err := r.offerFold(ctx, offer)
+		switch {
+		case ctx.Err() != nil:
+			return err
+		case folded && err == nil:
+			r.fitted(n, left, room)
+			return nil
+		case folded && annotationsRefused(err):
+			return r.writeFitting(ctx, docs, now, role)
+		case folded:
 			return err
 		}
 	}
-	// The UID of the Node last read or written is a precondition: a Node
-	// deleted and registered anew since (by the kubelet) refuses the
-	// patch, so the report never stands on it before this boot's
-	// conditions (see written).
+	var n *kubeapi.Node
+	if fit != nil {
+		n, err = r.patchAnnotations(ctx, fit)
+	} else {
+		n, err = r.patchAnnotations(ctx, docs)
+	}
+	switch {
+	case err == nil:
+		r.fitted(n, left, room)
+	case annotationsRefused(err):
+		return r.writeFitting(ctx, docs, now, role)
+	}
+	return err
+}
+
+// writeFitting writes what fits of docs, a refresh the API server refused
+// for the Node's annotations: it reads the Node for the room its other
+// annotations leave (one read, after a refusal only), and writes the
+// documents that fit, a stub for each of the others (fitReport). Refused
+// again (another writer grew its own meanwhile), it fails as any write
+// does, and its retry, after the backoff, reads again.
+func (r *Reporter) writeFitting(ctx context.Context, docs map[string]string, now time.Time, role report.Role) error {
+	start := time.Now()
+	node, err := r.o.Client.GetNode(ctx, r.o.NodeName)
+	r.m.observe(KindRead, start, err)
+	if err != nil {
+		return err
+	}
+	r.fitShort, r.fitOthers = true, othersSize(node.Metadata.Annotations)
+	send, left := fitReport(docs, r.fitOthers, r.leftOutStub(now, role))
+	n, err := r.patchAnnotations(ctx, send)
+	if err == nil {
+		r.fitted(n, left, annotationsLimit-othersSize(node.Metadata.Annotations))
+	}
+	return err
+}
+
+// leftOutStub renders the stub of a document left out (fitReport).
+func (r *Reporter) leftOutStub(now time.Time, role report.Role) func(string, int) string {
+	boot := r.o.Details.BootID()
+	return func(_ string, size int) string {
+		return report.LeftOutDocument(now, role, boot, leftOutWhy(size))
+	}
+}
+
+// patchAnnotations writes the report documents (a map[string]string, or a
+// map[string]*string whose nil removes one) in one metadata patch, carrying the UID of the Node last read or written as a
+// precondition: a Node deleted and registered anew since (by the kubelet)
+// refuses the patch, so the report never stands on it before this boot's
+// conditions (see written).
+func (r *Reporter) patchAnnotations(ctx context.Context, docs any) (*kubeapi.Node, error) {
 	meta := map[string]any{"annotations": docs}
 	if uid := r.knownUID(); uid != "" {
 		meta["uid"] = uid
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sent := r.sentBefore()
 	start := time.Now()
@@ -1612,11 +1701,11 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	switch {
 	case err != nil && uidRefused(err):
 		r.nodeRefused() // logged by annotationLoop
-		return fmt.Errorf("%w: %v", errRegisteredAnew, err)
+		return nil, fmt.Errorf("%w: %v", errRegisteredAnew, err)
 	case err == nil && r.nodeAnswered(n, sent):
 		r.o.Log.Info("node registered anew: writing its conditions again", "node", r.o.NodeName)
 	}
-	return err
+	return n, err
 }
 
 func isClosed(c <-chan struct{}) bool {

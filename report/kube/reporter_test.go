@@ -495,8 +495,8 @@ func TestHeartbeatsAloneWhenTheReportIntervalIsLonger(t *testing.T) {
 	})
 }
 
-// A report refresh that cannot carry the heartbeat (the report no longer
-// fits beside the Node's other annotations: every write with it is
+// A report refresh that cannot carry the heartbeat (not even the report's
+// stubs fit beside the Node's other annotations: every write with it is
 // refused) does not hold the heartbeat back: it is written on its own, on
 // time, and the conditions' writes are not refused for the report.
 func TestHeartbeatOnTimeWhenTheReportRefreshFails(t *testing.T) {
@@ -514,9 +514,11 @@ func TestHeartbeatOnTimeWhenTheReportRefreshFails(t *testing.T) {
 			h.stop()
 			t.Fatalf("no report refresh carried the heartbeat before another tool filled the annotations: %v", countActions(client))
 		}
-		// Another tool's annotations leave no room for the report.
+		// Another tool's annotations leave no room for the report, nor
+		// for its stubs: every write with it is refused, even one that
+		// takes the documents off (fitReport).
 		n := h.node(t)
-		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-100)
+		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024+100)
 		if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
 			t.Fatal(err)
 		}

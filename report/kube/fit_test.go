@@ -1,0 +1,168 @@
+package kube
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+)
+
+// What a refresh writes where the Node's other annotations leave too
+// little room for the whole report: the documents that fit in fitOrder,
+// a stub for each other, the last in fitOrder removed where not even the
+// stubs fit; never more than the room.
+func TestFitReportChoosesWhatFits(t *testing.T) {
+	doc := func(n int) string { return strings.Repeat("d", n) }
+	docs := map[string]string{}
+	for _, dm := range fitOrder {
+		docs[report.AnnotationPrefix+dm] = doc(1000)
+	}
+	docs[report.AnnotationPrefix+"disks"] = doc(8000)
+	docs[report.AnnotationPrefix+"tamper"] = doc(6000)
+	stub := func(string, int) string { return doc(100) }
+	key := func(dm string) int { return len(report.AnnotationPrefix + dm) }
+	all := 0
+	for k, v := range docs {
+		all += len(k) + len(v)
+	}
+	stubs := 0
+	for _, dm := range fitOrder {
+		stubs += key(dm) + 100
+	}
+	for _, tc := range []struct {
+		name    string
+		room    int
+		left    []string
+		removed []string
+	}{
+		{"room for all", all, nil, nil},
+		{"disks too large", all - 1, []string{"disks"}, nil},
+		{"tamper before disks", all - 7000, []string{"disks"}, nil},
+		{"tamper kept, disks and a small one out", all - 8000 - 1000 + 200, []string{"storage", "disks"}, nil},
+		{"only the small ones", 3*1000 + 2*100 + stubs, []string{"tamper", "disks"}, nil},
+		{"stubs alone", stubs, fitOrder, nil},
+		{"not even the stubs", stubs - 1, fitOrder, []string{"disks"}},
+		{"no room", 0, fitOrder, fitOrder},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, left := fitReport(docs, annotationsLimit-tc.room, stub)
+			if !slices.Equal(left, tc.left) {
+				t.Errorf("left out %v, want %v", left, tc.left)
+			}
+			used := 0
+			for _, dm := range fitOrder {
+				k := report.AnnotationPrefix + dm
+				v, ok := out[k]
+				switch {
+				case !ok:
+					t.Errorf("%s not in the patch", dm)
+				case slices.Contains(tc.removed, dm):
+					if v != nil {
+						t.Errorf("%s written (%d bytes), want it removed", dm, len(*v))
+					}
+				case v == nil:
+					t.Errorf("%s removed", dm)
+				case slices.Contains(tc.left, dm) && *v != doc(100):
+					t.Errorf("%s is %d bytes, want its stub", dm, len(*v))
+				case !slices.Contains(tc.left, dm) && *v != docs[k]:
+					t.Errorf("%s is %d bytes, want it whole", dm, len(*v))
+				}
+				if v != nil {
+					used += len(k) + len(*v)
+				}
+			}
+			if used > tc.room {
+				t.Errorf("%d bytes written, over the room's %d", used, tc.room)
+			}
+		})
+	}
+}
+
+// A report that outgrows the Node's room (the fake API server refuses
+// annotations over 256 KiB together, as kube-apiserver does): the refresh
+// refused reads the Node once and writes what fits at once, the disks
+// document a stub; the refreshes after choose by their answers, with no
+// read and no refused write, the heartbeat riding on every other one as
+// ever; the journal says it once, the count rises per refresh; once the
+// other writer's annotation shrinks, the whole report is back.
+func TestReportLeftOutForRoomReadsOnceThenChoosesByTheAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-6*1024)
+		client := fake.NewClientset(n)
+		annotationLimit(client)
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		det := report.NewDetails()
+		det.SetBootID("b")
+		var disks []map[string]any
+		for i := range 32 {
+			disks = append(disks, map[string]any{"controller": fmt.Sprintf("nvme%d", i), "model": strings.Repeat("M", 200)})
+		}
+		det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
+		logs := &testenv.SyncBuffer{}
+		h := startLogged(t, client, store, det, logs)
+		<-h.r.Adopted()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		before := countActions(client)
+		time.Sleep(20 * time.Minute)
+		synctest.Wait()
+		got := h.node(t)
+		var d struct {
+			LeftOut string `json:"leftOut"`
+			Disks   []any  `json:"disks"`
+		}
+		if err := json.Unmarshal([]byte(got.Annotations[report.AnnotationPrefix+"disks"]), &d); err != nil || d.LeftOut == "" || d.Disks != nil {
+			t.Errorf("disks document %q: want the stub", got.Annotations[report.AnnotationPrefix+"disks"])
+		}
+		if !strings.Contains(got.Annotations[report.AnnotationPrefix+"storage"], `"updatedAt"`) || strings.Contains(got.Annotations[report.AnnotationPrefix+"storage"], "leftOut") {
+			t.Errorf("storage document %q: want it whole", got.Annotations[report.AnnotationPrefix+"storage"])
+		}
+		after := countActions(client)
+		if r := after["get nodes"] - before["get nodes"]; r != 0 {
+			t.Errorf("%d reads of the Node in 20 minutes after the first refusal; want 0: %v", r, after)
+		}
+		if w := after["patch nodes"] + after["patch nodes/status"] - before["patch nodes"] - before["patch nodes/status"]; w != 10 {
+			t.Errorf("%d writes in 20 minutes; want 10 (a refresh every 2 min, every other carrying the heartbeat): %v", w, after)
+		}
+		st := testutil.ToFloat64(h.m.writes.WithLabelValues(KindStatus, "error"))
+		an := testutil.ToFloat64(h.m.writes.WithLabelValues(KindAnnotations, "error"))
+		if st+an != 2 {
+			t.Errorf("%v status and %v annotations writes failed; want 2 in all (the first write of the conditions with the early report, the first refresh, each refused whole)", st, an)
+		}
+		if v := h.m.LeftOut("disks"); v != 11 {
+			t.Errorf("disks left out %v times; want 11 (a refresh every 2 min)", v)
+		}
+		if c := strings.Count(logs.String(), "report documents left out"); c != 1 {
+			t.Errorf("%d journal lines about the documents left out; want 1:\n%s", c, logs.String())
+		}
+		// The other writer makes room: the next refresh's answer shows it,
+		// and the one after is the whole report.
+		n = h.node(t)
+		delete(n.Annotations, "tool.example.com/state")
+		if err := client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4 * time.Minute)
+		synctest.Wait()
+		if s := h.node(t).Annotations[report.AnnotationPrefix+"disks"]; !strings.Contains(s, "nvme31") {
+			t.Errorf("disks document %q after the room came back; want it whole", s)
+		}
+		if !strings.Contains(logs.String(), "report documents fit on the Node again") {
+			t.Errorf("the journal does not say the report fits again:\n%s", logs.String())
+		}
+		h.stop()
+	})
+}
