@@ -311,6 +311,20 @@ func daemonRules() []rule {
 			},
 		},
 		{
+			Alert: "AutopilotHealthReportDocumentsLeftOut",
+			// A report document written as a stub at each refresh of the
+			// last 15 minutes: the Node's other annotations leave it no
+			// room (256 KiB together), and the report shows none of its
+			// data until room is made.
+			Expr:   `increase(autopilot_health_report_documents_left_out_total[15m]) > 0`,
+			For:    "15m",
+			Labels: lbl("warning"),
+			Annotations: map[string]string{
+				"summary":     "autopilot-health's {{ $labels.domain }} report does not fit on node {{ $labels.node }}",
+				"description": "The Node's annotations leave no room (256 KiB together) for autopilot-health's autopilot.syself.com/{{ $labels.domain }} document: it is written as a small one saying it was left out, and shows none of its data. kubectl get node {{ $labels.node }} -o json | jq '.metadata.annotations | map_values(length)' shows which annotations take the room; journalctl -u autopilot-health says which documents are left out (report documents left out).",
+			},
+		},
+		{
 			Alert: "AutopilotHealthConfigReloadRefused",
 			// 0 after a refused reload until one applies (or a start,
 			// which loads the file: a bad one refuses to start, and

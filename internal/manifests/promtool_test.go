@@ -181,7 +181,7 @@ func daemonTests() promTest {
 		}
 		ann := map[string]string{}
 		for k, v := range r.Annotations {
-			for _, lk := range []string{"node", "kind", "status"} {
+			for _, lk := range []string{"node", "kind", "status", "domain"} {
 				v = strings.ReplaceAll(v, "{{ $labels."+lk+" }}", labels[lk])
 			}
 			ann[k] = v
@@ -244,6 +244,11 @@ func daemonTests() promTest {
 			// minute 10.
 			{daemon("autopilot_health_condition_overwrites_total", "up", ""), "0+0x10 0+0.5x20 10+0x30"},
 			{daemon("autopilot_health_condition_overwrites_total", "edited", ""), "0+0x10 1+0x30"},
+			// "up"'s disks document left out at every report refresh (2 min)
+			// from minute 5 to 25, room made then; its storage document
+			// fits throughout.
+			{daemon("autopilot_health_report_documents_left_out_total", "up", `,domain="disks"`), "0+0x5 0+0.5x20 10+0x30"},
+			{daemon("autopilot_health_report_documents_left_out_total", "up", `,domain="storage"`), "0+0x40"},
 			// "outage": the daemon restarted (a reboot: no scrape at
 			// minutes 10 and 11) into an API server it cannot reach: the
 			// Node's read, made once per start and retried, fails from
@@ -379,6 +384,9 @@ func daemonTests() promTest {
 			{EvalTime: "35m", Alertname: "AutopilotHealthStateWriteBlocked", ExpAlerts: []promAlert{exp("AutopilotHealthStateWriteBlocked", daemonNode("up"))}},
 			{EvalTime: "36m", Alertname: "AutopilotHealthStateWriteBlocked", ExpAlerts: []promAlert{exp("AutopilotHealthStateWriteBlocked", daemonNode("up"))}},
 			{EvalTime: "37m", Alertname: "AutopilotHealthStateWriteBlocked"},
+			{EvalTime: "20m", Alertname: "AutopilotHealthReportDocumentsLeftOut"},
+			{EvalTime: "22m", Alertname: "AutopilotHealthReportDocumentsLeftOut", ExpAlerts: []promAlert{exp("AutopilotHealthReportDocumentsLeftOut", map[string]string{"node": "up", "job": Job, "instance": "up:20257", "domain": "disks"})}},
+			{EvalTime: "45m", Alertname: "AutopilotHealthReportDocumentsLeftOut"},
 			{EvalTime: "27m", Alertname: "AutopilotHealthConditionsOverwritten"},
 			{EvalTime: "28m", Alertname: "AutopilotHealthConditionsOverwritten", ExpAlerts: []promAlert{exp("AutopilotHealthConditionsOverwritten", daemonNode("up"))}},
 			{EvalTime: "40m", Alertname: "AutopilotHealthConditionsOverwritten", ExpAlerts: []promAlert{exp("AutopilotHealthConditionsOverwritten", daemonNode("up"))}},
