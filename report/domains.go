@@ -337,9 +337,23 @@ func (d *Details) Documents(now time.Time, role Role) (map[string]string, error)
 // LeftOutDocument renders the document written in place of a domain's
 // when it does not fit on the Node (the reporter's choice): self-contained
 // as every document is (schemaVersion, updatedAt, role, bootID), with
-// "leftOut" saying why instead of the domain's fields.
-func LeftOutDocument(now time.Time, role Role, bootID, why string) string {
-	b, _ := renderCapped(now, role, bootID, map[string]any{"leftOut": why}, MaxListLen)
+// "leftOut" saying why instead of the domain's fields. doc is the document
+// left out: of the tamper domain's, the operator's clear it published
+// (tamper.cleared, read back at start: ReportedClear) is kept, so that a
+// restart while the document is left out does not lose the clear.
+func LeftOutDocument(now time.Time, role Role, bootID, domain, doc, why string) string {
+	fields := map[string]any{"leftOut": why}
+	if domain == "tamper" {
+		var d struct {
+			Tamper struct {
+				Cleared json.RawMessage `json:"cleared"`
+			} `json:"tamper"`
+		}
+		if json.Unmarshal([]byte(doc), &d) == nil && len(d.Tamper.Cleared) > 0 && string(d.Tamper.Cleared) != "null" {
+			fields["tamper"] = map[string]any{"cleared": d.Tamper.Cleared}
+		}
+	}
+	b, _ := renderCapped(now, role, bootID, fields, MaxListLen)
 	return string(b)
 }
 

@@ -166,3 +166,45 @@ func TestReportLeftOutForRoomReadsOnceThenChoosesByTheAnswers(t *testing.T) {
 		h.stop()
 	})
 }
+
+// A tamper document too large for the room left (the Node's other
+// annotations nearly fill it) is written as a stub; the operator's clear
+// it published (tamper.cleared, read back at start: report.ReportedClear)
+// stays on the Node all the same: a restart while the document is left out
+// must not lose the clear and take back a finding cleared before.
+func TestTamperStubKeepsTheClear(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := kubeletNode()
+		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-3000)
+		client := fake.NewClientset(n)
+		annotationLimit(client)
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		det := report.NewDetails()
+		det.SetBootID("b")
+		cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+		var changes []string
+		for i := range 30 {
+			changes = append(changes, fmt.Sprintf("/etc/file-%02d %s", i, strings.Repeat("c", 120)))
+		}
+		det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{
+			"cleared": map[string]any{"at": cleared, "by": "operator"},
+			"changes": changes,
+		}})
+		h := startLogged(t, client, store, det, &testenv.SyncBuffer{})
+		<-h.r.Adopted()
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		got := h.node(t).Annotations
+		if !strings.Contains(got[report.AnnotationPrefix+"tamper"], "leftOut") {
+			t.Fatalf("tamper document %q: want the stub (the premise)", got[report.AnnotationPrefix+"tamper"])
+		}
+		if at := report.ReportedClear(got); !at.Equal(cleared) {
+			t.Errorf("the clear read back from the Node is %v, want %v (lost with the tamper document left out): %s", at, cleared, got[report.AnnotationPrefix+"tamper"])
+		}
+		if v := h.m.LeftOut("tamper"); v == 0 {
+			t.Errorf("tamper never counted as left out")
+		}
+		h.stop()
+	})
+}

@@ -1615,7 +1615,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	room := 0
 	if r.fitShort {
 		room = annotationsLimit - r.fitOthers
-		fit, left = fitReport(docs, r.fitOthers, r.leftOutStub(now, role))
+		fit, left = fitReport(docs, r.fitOthers, r.leftOutStub(now, role, docs))
 	}
 	if fold {
 		offer := fit
@@ -1664,7 +1664,7 @@ func (r *Reporter) writeFitting(ctx context.Context, docs map[string]string, now
 		return err
 	}
 	r.fitShort, r.fitOthers = true, othersSize(node.Metadata.Annotations)
-	send, left := fitReport(docs, r.fitOthers, r.leftOutStub(now, role))
+	send, left := fitReport(docs, r.fitOthers, r.leftOutStub(now, role, docs))
 	n, err := r.patchAnnotations(ctx, send)
 	if err == nil {
 		r.fitted(n, left, annotationsLimit-othersSize(node.Metadata.Annotations))
@@ -1673,10 +1673,12 @@ func (r *Reporter) writeFitting(ctx context.Context, docs map[string]string, now
 }
 
 // leftOutStub renders the stub of a document left out (fitReport).
-func (r *Reporter) leftOutStub(now time.Time, role report.Role) func(string, int) string {
+// docs: the report's documents, by annotation key (the tamper stub keeps
+// the clear its document carries: report.LeftOutDocument).
+func (r *Reporter) leftOutStub(now time.Time, role report.Role, docs map[string]string) func(string, int) string {
 	boot := r.o.Details.BootID()
-	return func(_ string, size int) string {
-		return report.LeftOutDocument(now, role, boot, leftOutWhy(size))
+	return func(domain string, size int) string {
+		return report.LeftOutDocument(now, role, boot, domain, docs[report.AnnotationPrefix+domain], leftOutWhy(size))
 	}
 }
 
