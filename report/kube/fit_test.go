@@ -160,8 +160,13 @@ func TestReportLeftOutForRoomReadsOnceThenChoosesByTheAnswers(t *testing.T) {
 		if s := h.node(t).Annotations[report.AnnotationPrefix+"disks"]; !strings.Contains(s, "nvme31") {
 			t.Errorf("disks document %q after the room came back; want it whole", s)
 		}
-		if !strings.Contains(logs.String(), "report documents fit on the Node again") {
-			t.Errorf("the journal does not say the report fits again:\n%s", logs.String())
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if c := strings.Count(logs.String(), "report documents fit on the Node again"); c != 1 {
+			t.Errorf("the journal says %d times that the report fits again, want once:\n%s", c, logs.String())
+		}
+		if got, v := h.node(t).Annotations[report.AnnotationPrefix+"disks"], h.m.LeftOut("disks"); strings.Contains(got, "leftOut") || v != 12 {
+			t.Errorf("10 minutes after the room came back: disks %d bytes, a stub: %v; left out %v times, want 12 (the refresh whose answer showed the room, none since)", len(got), strings.Contains(got, "leftOut"), v)
 		}
 		h.stop()
 	})
