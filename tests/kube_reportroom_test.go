@@ -18,6 +18,7 @@ import (
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // The report on a bad day, against the real kube-apiserver (held; test):
@@ -84,21 +85,8 @@ func TestKubeReportRefreshWhenTheNodeHasNoRoom(t *testing.T) {
 	})
 
 	// Fill the Node but for 1 KiB, then let the report grow by 4 KiB.
-	cur, err := s.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	used := 0
-	for k, v := range cur.Annotations {
-		used += len(k) + len(v)
-	}
-	const big = "tool.example.com/state"
-	patch(map[string]any{big: strings.Repeat("x", 256*1024-used-len(big)-1024)})
-	var disks []map[string]any
-	for i := range 20 {
-		disks = append(disks, map[string]any{"controller": fmt.Sprintf("nvme%d", i), "model": strings.Repeat("M", 150)})
-	}
-	det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
+	fillNodeLeaving(t, s, node, 1024, patch)
+	growDisks(det)
 	// The whole refresh is refused (counted, with the API server's
 	// words), then what fits is written: disks as a document saying so.
 	waitNode(t, s, node, "the disks document left out", func(n *corev1.Node) bool {
@@ -188,21 +176,8 @@ func TestKubeReportDocumentsThatFitAreWrittenWhenOneDoesNot(t *testing.T) {
 	})
 
 	// Fill the Node but for 2 KiB, then let the disks document grow past it.
-	cur, err := s.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	used := 0
-	for k, v := range cur.Annotations {
-		used += len(k) + len(v)
-	}
-	const big = "tool.example.com/state"
-	patch(map[string]any{big: strings.Repeat("x", 256*1024-used-len(big)-2048)})
-	var disks []map[string]any
-	for i := range 20 {
-		disks = append(disks, map[string]any{"controller": fmt.Sprintf("nvme%d", i), "model": strings.Repeat("M", 150)})
-	}
-	det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
+	fillNodeLeaving(t, s, node, 2048, patch)
+	growDisks(det)
 	filled := time.Now()
 	fitting := []string{"storage", "certs", "tamper", "services"}
 	n := waitNodeFor(t, s, node, 15*time.Second, "the documents that fit refreshed after the Node filled up", func(n *corev1.Node) bool {
@@ -250,4 +225,32 @@ func TestKubeReportDocumentsThatFitAreWrittenWhenOneDoesNot(t *testing.T) {
 	if !strings.Contains(logs.String(), "report documents fit on the Node again") {
 		t.Errorf("the journal does not say the report fits again:\n%s", logs.String())
 	}
+}
+
+// big is the other writer's annotation that fills the Node.
+const big = "tool.example.com/state"
+
+// fillNodeLeaving adds another writer's annotation (with patch) that leaves
+// free bytes of the Node's 256 KiB of annotations.
+func fillNodeLeaving(t *testing.T, s *harness.APIServer, node string, free int, patch func(map[string]any)) {
+	t.Helper()
+	cur, err := s.Admin.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := 0
+	for k, v := range cur.Annotations {
+		used += len(k) + len(v)
+	}
+	patch(map[string]any{big: strings.Repeat("x", 256*1024-used-len(big)-free)})
+}
+
+// growDisks gives the disks document 20 NVMe controllers with long models:
+// about 4 KiB more.
+func growDisks(det *report.Details) {
+	var disks []map[string]any
+	for i := range 20 {
+		disks = append(disks, map[string]any{"controller": fmt.Sprintf("nvme%d", i), "model": strings.Repeat("M", 150)})
+	}
+	det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
 }
