@@ -925,10 +925,7 @@ func (r *Reporter) nodeAnswered(n *kubeapi.Node, sent sentState) bool {
 		return false
 	}
 	if found {
-		select {
-		case r.rewrite <- struct{}{}:
-		default:
-		}
+		r.askRewrite()
 	}
 	return false
 }
@@ -1051,20 +1048,11 @@ func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
 			continue
 		case k > 1 && wrote:
 			found = true
-			r.m.overwritten.Inc()
-			r.clearLocked(t)
-			if r.logOverwriteOnce(t, duplicateKey(t, n)) {
-				r.o.Log.Warn("another writer added a second entry of a condition of the daemon's to the Node: writing it once (the daemon owns its condition types)",
-					"node", r.o.NodeName, "condition", t, "entries", k, "node_conditions", entriesOf(t, n))
-			}
+			r.clearOverwriteLocked(t, n, "another writer added a second entry of a condition of the daemon's to the Node: writing it once (the daemon owns its condition types)",
+				"entries", k)
 		case !wrote && r.o.Evaluated != nil && !r.o.Evaluated(t):
 			found = true
-			r.m.overwritten.Inc()
-			r.clearLocked(t)
-			if r.logOverwriteOnce(t, duplicateKey(t, n)) {
-				r.o.Log.Warn("another writer added a condition of the daemon's that it does not evaluate on this node: removing it again (the daemon owns its condition types)",
-					"node", r.o.NodeName, "condition", t, "node_conditions", entriesOf(t, n))
-			}
+			r.clearOverwriteLocked(t, n, "another writer added a condition of the daemon's that it does not evaluate on this node: removing it again (the daemon owns its condition types)")
 		}
 	}
 	for _, c := range n.Status.Conditions {
@@ -1095,6 +1083,17 @@ func (r *Reporter) overwrittenLocked(n *kubeapi.Node, sent sentState) bool {
 // sameOnNode reports whether the Node's condition c is what the daemon
 // wrote as w, as far as the daemon writes it at once (see
 // overwrittenLocked).
+// clearOverwriteLocked (under nodeMu) counts another writer's entry of type
+// t that the next status write takes off the Node (clear), and warns with
+// msg, and args before the Node's entries, once per change of them.
+func (r *Reporter) clearOverwriteLocked(t string, n *kubeapi.Node, msg string, args ...any) {
+	r.m.overwritten.Inc()
+	r.clearLocked(t)
+	if r.logOverwriteOnce(t, duplicateKey(t, n)) {
+		r.o.Log.Warn(msg, append(append([]any{"node", r.o.NodeName, "condition", t}, args...), "node_conditions", entriesOf(t, n))...)
+	}
+}
+
 func sameOnNode(w report.Condition, c kubeapi.NodeCondition) bool {
 	if string(w.Status) != c.Status || string(w.Reason) != c.Reason ||
 		!w.LastTransitionTime.Truncate(time.Second).Equal(c.LastTransitionTime.Time) {
@@ -1139,6 +1138,13 @@ func (r *Reporter) rewriteLocked() {
 		r.written = make(chan struct{})
 	default:
 	}
+	r.askRewrite()
+}
+
+// askRewrite asks the status loop for the conditions to be written again
+// (one token, however often it is asked before the loop takes it), without
+// holding the report for them.
+func (r *Reporter) askRewrite() {
 	select {
 	case r.rewrite <- struct{}{}:
 	default:
