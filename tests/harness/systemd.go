@@ -2,6 +2,8 @@ package harness
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -105,10 +107,23 @@ func StartSystemd(dir string, units map[string]string) (*Systemd, error) {
 	return StartSystemdWith(dir, units, Options{})
 }
 
+// cgroupName is the name of the cgroup a systemd started in dir runs in: its
+// own for each dir, though many tests name theirs ".../ns". One name for two
+// systemds running at once had each remove the other's unit cgroups
+// (TestRefusedConfigurationDoesNotSpin's two cases failed in CI with
+// "Failed at step CGROUP", status 219).
+func cgroupName(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	sum := sha256.Sum256([]byte(dir))
+	return "autopilot-health-test-" + filepath.Base(dir) + "-" + hex.EncodeToString(sum[:6])
+}
+
 // StartSystemdWith is StartSystemd with options.
 func StartSystemdWith(dir string, units map[string]string, o Options) (*Systemd, error) {
 	s := &Systemd{Dir: dir, Units: filepath.Join(dir, "units"), done: make(chan struct{})}
-	s.cg = filepath.Join(cgroup2Root(), "autopilot-health-test-"+filepath.Base(dir))
+	s.cg = filepath.Join(cgroup2Root(), cgroupName(dir))
 	var names []string
 	for name := range units {
 		if strings.HasSuffix(name, ".service") {
