@@ -265,7 +265,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health's {{ $labels.kind }} calls to the Kubernetes API all fail from node {{ $labels.node }}",
-				"description": "Every {{ $labels.kind }} call in the last 15 minutes failed: what the daemon reports that way (conditions: status; the health report: annotations; events) is stale on the Node. autopilot_health_api_writes_total{kind=\"{{ $labels.kind }}\"} has the result (forbidden: the node's credentials, NodeRestriction or RBAC); autopilot-health status shows the last error.",
+				"description": "Every {{ $labels.kind }} call in the last 15 minutes failed: what the daemon reports that way (conditions: status; the health report: annotations; events) is stale on the Node. autopilot_health_api_writes_total{kind=\"{{ $labels.kind }}\"} has the result (forbidden: the node's credentials, NodeRestriction or RBAC); `sudo autopilot-health status` shows the last error.",
 			},
 		},
 		{
@@ -290,7 +290,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health's write of its state hangs on node {{ $labels.node }}",
-				"description": "A write of /var/lib/autopilot-health/state.json has not returned (the disk or filesystem under it hangs in I/O): no other save starts until it does, so the conditions' local copy and the kernel log cursor are not saved, and a restart of the daemon now would start from the last saved state. The kernel log (dmesg) and autopilot-health status say more.",
+				"description": "A write of /var/lib/autopilot-health/state.json has not returned (the disk or filesystem under it hangs in I/O): no other save starts until it does, so the conditions' local copy and the kernel log cursor are not saved, and a restart of the daemon now would start from the last saved state. The kernel log (dmesg) and `sudo autopilot-health status` say more.",
 			},
 		},
 		{
@@ -334,7 +334,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health refused to reload its configuration on node {{ $labels.node }}",
-				"description": "The last systemctl reload of autopilot-health was refused: the daemon runs on its previous configuration, not on /etc/autopilot-health/config.toml as it is now. journalctl -u autopilot-health says why: a file that does not load (named by file, line and key; it would also stop the daemon from starting again after a crash or a reboot; autopilot-health config validate checks it), or keys that change only with a restart (systemctl restart autopilot-health applies them).",
+				"description": "The last systemctl reload of autopilot-health was refused: the daemon runs on its previous configuration, not on /etc/autopilot-health/config.toml as it is now. journalctl -u autopilot-health says why: a file that does not load (named by file, line and key; it would also stop the daemon from starting again after a crash or a reboot; `autopilot-health config validate /etc/autopilot-health/config.toml` checks it), or keys that change only with a restart (systemctl restart autopilot-health applies them).",
 			},
 		},
 	}
