@@ -489,6 +489,35 @@ func TestDebianPackageUpgradeRefusedConfiguration(t *testing.T) {
 	})
 }
 
+// TestDebianPackageRefusesWhatTheUnitRefuses: the postinst checks the file
+// as the unit's run --privileged-helper loads it, which refuses a host_root
+// other than "/" (exit 2) where config validate alone took it: an image
+// built on such a file installed cleanly, and its daemon never started.
+func TestDebianPackageRefusesWhatTheUnitRefuses(t *testing.T) {
+	needDpkgDeb(t)
+	hostBinary(t)
+	v1 := buildDeb(t, runtime.GOARCH, "1.0.0")
+	r := newDpkgRoot(t, runtime.GOARCH)
+	must(t, os.MkdirAll(filepath.Dir(r.path(cfgPath)), 0o755))
+	must(t, os.WriteFile(r.path(cfgPath), []byte("# edited\nhost_root = \"/host\"\n"), 0o644))
+	out, err := r.tryDpkg("--force-confdef", "--force-confold", "--install", v1)
+	if err == nil {
+		t.Fatalf("the install onto a host_root the unit's run refuses succeeded:\n%s", out)
+	}
+	want := "  " + r.path(cfgPath) + `:2: key host_root: "/host": the privileged helper reads this host's own root only; run without --privileged-helper` + "\n"
+	if !strings.Contains(out, want) {
+		t.Errorf("dpkg's output lacks %q:\n%s", want, out)
+	}
+	if s := r.status(); s != "install ok half-configured 1.0.0" {
+		t.Errorf("after the refused install: %q", s)
+	}
+	must(t, os.WriteFile(r.path(cfgPath), []byte("host_root = \"/\"\n"), 0o644))
+	r.dpkg("--configure", "-a")
+	if s := r.status(); s != "install ok installed 1.0.0" {
+		t.Errorf("after the fix and dpkg --configure -a: %q", s)
+	}
+}
+
 // staticBusybox is a statically linked busybox of this machine (a shell
 // for a chroot with nothing else in it), or skips the test.
 func staticBusybox(t *testing.T) string {

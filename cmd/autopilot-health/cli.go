@@ -54,7 +54,8 @@ Usage:
   autopilot-health tamper layers [--config FILE]  print the verity root hashes the kernel enforces (root)
   autopilot-health catalog [--markdown | --json]  list every condition and event the daemon owns
   autopilot-health config default                 print the default configuration, every key commented
-  autopilot-health config validate FILE           validate a configuration file
+  autopilot-health config validate [--privileged-helper SOCKET] FILE
+                                                  validate a configuration file (with the flag, as the unit's run loads it)
   autopilot-health config refused-changed [--state-dir DIR]
                                                   exit 0 when the file run last refused changed since
                                                   (autopilot-health-refused.service, the unit's OnFailure=)

@@ -10,9 +10,9 @@ import (
 )
 
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
-	const syn = "config default | config validate FILE | config refused-changed [--state-dir DIR]"
+	const syn = "config default | config validate [--privileged-helper SOCKET] FILE | config refused-changed [--state-dir DIR]"
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not, none was, or\n                  the record cannot be read, is not one run writes, or is another start's than the unit's last\n", stdout, stderr)
+		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n                  (with --privileged-helper, as run with that flag, the unit's, loads it)\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not, none was, or\n                  the record cannot be read, is not one run writes, or is another start's than the unit's last\n", stdout, stderr)
 	}
 	if args[0] == "refused-changed" {
 		fs := newFlags("config refused-changed", "config refused-changed [--state-dir DIR]", stderr)
@@ -36,11 +36,19 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	// a stray argument, is bad usage (exit 2), not ignored or read as FILE.
 	usages := map[string]string{
 		"default":  "Usage: autopilot-health config default\n  print the default configuration, every key commented",
-		"validate": "Usage: autopilot-health config validate FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not",
+		"validate": "Usage: autopilot-health config validate [--privileged-helper SOCKET] FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not",
 	}
 	if text, ok := usages[args[0]]; ok {
 		fs := newFlags("config "+args[0], "config "+args[0], stderr)
 		fs.Usage = func() { fmt.Fprintln(fs.Output(), text) }
+		var helper *string
+		if args[0] == "validate" {
+			// The package's postinst checks the file as the unit's run
+			// (--privileged-helper) loads it: a file only run refuses
+			// passed configure and the daemon it restarted exited 2.
+			helper = fs.String("privileged-helper", "", "check FILE as run --privileged-helper SOCKET loads it (the unit's ExecStart=): also what does not go with the helper")
+			fs.Usage = func() { fmt.Fprintln(fs.Output(), text); fs.PrintDefaults() }
+		}
 		if code := parseFlags(fs, args[1:], stdout); code >= 0 {
 			return code
 		}
@@ -56,11 +64,15 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 			if fs.NArg() > 1 {
 				fmt.Fprintf(stderr, "autopilot-health config validate: one FILE, got %d: %s\n", fs.NArg(), quoteAll(fs.Args()))
 			}
-			fmt.Fprintln(stderr, "Usage: autopilot-health config validate FILE")
+			fmt.Fprintln(stderr, "Usage: autopilot-health config validate [--privileged-helper SOCKET] FILE")
 			return exitError
 		}
 		file := fs.Arg(0)
-		if _, _, err := config.Load(file, false); err != nil {
+		cfg, _, err := config.Load(file, false)
+		if err == nil {
+			err = helperRefuses(cfg, file, *helper)
+		}
+		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return exitError
 		}

@@ -157,6 +157,30 @@ func TestConfigCommands(t *testing.T) {
 	}
 }
 
+// TestConfigValidateAsTheUnitsRun: config validate --privileged-helper
+// refuses what run --privileged-helper (the unit's ExecStart=) refuses, a
+// host_root other than "/", with the same file:line: key: words and exit 2;
+// without the flag the file is valid, as for run without it. The package's
+// postinst validates so (TestDebianPackageRefusesWhatTheUnitRefuses).
+func TestConfigValidateAsTheUnitsRun(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte("# edited\nhost_root = \"/host\"\n"), 0o644)
+	want := p + `:2: key host_root: "/host": the privileged helper reads this host's own root only; run without --privileged-helper` + "\n"
+	if code, _, errs := run(t, "config", "validate", "--privileged-helper=/run/autopilot-health-privileged/helper.sock", p); code != exitError || errs != want {
+		t.Errorf("validate --privileged-helper of a host_root: exit %d, %q; want 2, %q", code, errs, want)
+	}
+	if code, _, errs := run(t, "run", "--config", p, "--privileged-helper=/nonexistent.sock"); code != exitError || errs != "autopilot-health: refusing to start: "+want {
+		t.Errorf("run --privileged-helper of a host_root: exit %d, %q", code, errs)
+	}
+	if code, out, _ := run(t, "config", "validate", p); code != 0 || out != p+": valid\n" {
+		t.Errorf("validate of a host_root without the flag: exit %d, %q", code, out)
+	}
+	os.WriteFile(p, []byte("host_root = \"/\"\n"), 0o644)
+	if code, out, _ := run(t, "config", "validate", "--privileged-helper=/x.sock", p); code != 0 || out != p+": valid\n" {
+		t.Errorf("validate --privileged-helper of host_root /: exit %d, %q", code, out)
+	}
+}
+
 func TestUsageAndVersion(t *testing.T) {
 	if code, out, _ := run(t, "version"); code != 0 || !strings.HasPrefix(out, "autopilot-health ") {
 		t.Errorf("version: %d %q", code, out)
@@ -227,7 +251,7 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		{[]string{"--version", "--short"}, "flag provided but not defined: -short\nUsage: autopilot-health version"},
 		{[]string{"config", "default", "extra"}, `autopilot-health config default: unexpected argument "extra"`},
 		{[]string{"config", "default", "--json"}, "flag provided but not defined: -json\nUsage: autopilot-health config default"},
-		{[]string{"config", "validate", "--json", "c.toml"}, "flag provided but not defined: -json\nUsage: autopilot-health config validate FILE"},
+		{[]string{"config", "validate", "--json", "c.toml"}, "flag provided but not defined: -json\nUsage: autopilot-health config validate [--privileged-helper SOCKET] FILE"},
 		{[]string{"config", "validate", "a.toml", "b.toml"}, `autopilot-health config validate: one FILE, got 2: "a.toml" "b.toml"`},
 		{[]string{"manifests", "--list", "alerts"}, `autopilot-health manifests: unexpected argument "alerts": --list takes none`},
 		{[]string{"tamper", "--bogus"}, `autopilot-health tamper: unknown command "--bogus"`},
@@ -327,12 +351,13 @@ func TestRunThatCannotReadTheFileExitsOne(t *testing.T) {
 	}
 }
 
-// host_root with the helper is the file's: refused, exit 2.
+// host_root with the helper is the file's: refused, exit 2, with its
+// file:line: key, as config validate --privileged-helper says it.
 func TestRunRefusesHostRootWithTheHelper(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.toml")
 	os.WriteFile(p, []byte("host_root = \"/host\"\n"), 0o644)
 	code, _, errs := run(t, "run", "--config", p, "--privileged-helper", "/nonexistent/helper.sock")
-	if code != exitError || !strings.Contains(errs, "refusing to start: host_root = \"/host\"") {
+	if code != exitError || !strings.Contains(errs, "refusing to start: "+p+":1: key host_root: \"/host\"") {
 		t.Errorf("exit %d, stderr %q; want 2, refusing to start", code, errs)
 	}
 }

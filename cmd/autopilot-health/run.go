@@ -123,6 +123,21 @@ func sumWaits(w []time.Duration) time.Duration {
 	return d
 }
 
+// helperRefuses is the refusal of a file that does not go with
+// --privileged-helper SOCKET (helper, "" without it): a host_root other
+// than "/" (the helper reads this host's own root). run refuses it as the
+// file's, exit 2 (daemon.New says the same, too late for that code), and
+// config validate --privileged-helper the same way, which the package's
+// postinst runs before it starts or restarts the daemon: without it, an
+// image built on such a file shipped a daemon that could not start.
+func helperRefuses(cfg *config.Config, file, helper string) error {
+	if helper == "" || cfg.HostRoot == "" || cfg.HostRoot == "/" {
+		return nil
+	}
+	return &config.Error{File: file, Line: cfg.Line("host_root"), Key: "host_root",
+		Msg: fmt.Sprintf("%q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)}
+}
+
 // refusalRereads bounds how many times a start reads a file again that
 // changed while it was refused.
 const refusalRereads = 3
@@ -168,11 +183,8 @@ func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*c
 		if err == nil {
 			log, err = daemon.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
 		}
-		// A file that names a host_root does not go with the helper,
-		// which reads this host's root: refused as the file's, exit 2
-		// (daemon.New says the same, too late for that code).
-		if err == nil && helper != "" && cfg.HostRoot != "" && cfg.HostRoot != "/" {
-			err = fmt.Errorf("host_root = %q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)
+		if err == nil {
+			err = helperRefuses(cfg, path, helper)
 		}
 		if err == nil {
 			return cfg, fromFile, digest, log, -1
