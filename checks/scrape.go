@@ -51,10 +51,60 @@ func isPageError(err error) bool {
 // down: net/http makes the GET again on a new connection. A DialContext of
 // its own turns net/http's HTTP/2 over TLS off unless asked for (an https
 // URL): ForceAttemptHTTP2. A redirect is followed only on this host
-// (onThisHost).
+// (onThisHost). A localhost name is dialled without a lookup (dialLocal).
 func keptClient(timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: probeTimeout(timeout), CheckRedirect: onThisHost, Transport: &http.Transport{
-		DialContext: rawsys.Dial, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}
+		DialContext: dialLocal, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1, IdleConnTimeout: keptConnIdle, DisableCompression: true}}
+}
+
+// dialLocal is the probes' dial: rawsys.Dial, except that a localhost name
+// (localhost, a name under .localhost, either with a final dot) is
+// loopback without a lookup (RFC 6761 §6.3), 127.0.0.1 tried first, then
+// ::1 (a "tcp4" or "tcp6" network only its own). Go's resolver does not
+// make the name special: it reads /etc/hosts and, where the name is not
+// there, asks the DNS servers, a question off the node at each new
+// connection of a probe that followed the tunnel agent's redirect to
+// localhost (TestProbeReachesLocalhostWithoutALookup). The error of a
+// failed dial is the first address's (127.0.0.1's where both were tried).
+func dialLocal(ctx context.Context, network, address string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil || !isLocalhostName(host) {
+		return rawsys.Dial(ctx, network, address)
+	}
+	var loopback []string
+	switch network {
+	case "tcp":
+		loopback = []string{"127.0.0.1", "::1"}
+	case "tcp4":
+		loopback = []string{"127.0.0.1"}
+	case "tcp6":
+		loopback = []string{"::1"}
+	default:
+		return rawsys.Dial(ctx, network, address)
+	}
+	var first error
+	for _, ip := range loopback {
+		c, err := rawsys.Dial(ctx, network, net.JoinHostPort(ip, port))
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, first
+}
+
+// isLocalhostName reports whether host is localhost or a name under
+// .localhost (in any case, with or without a final dot): RFC 6761 §6.3's
+// names, always loopback.
+func isLocalhostName(host string) bool {
+	h := strings.TrimSuffix(host, ".")
+	return strings.EqualFold(h, "localhost") ||
+		(len(h) > len(".localhost") && strings.EqualFold(h[len(h)-len(".localhost"):], ".localhost"))
 }
 
 // onThisHost is the CheckRedirect of the probes that GET a local page: a

@@ -1,0 +1,142 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
+)
+
+// The name localhost is loopback (RFC 6761 §6.3), and the probes reach it
+// without a lookup. Go's resolver does not make it special: it reads
+// /etc/hosts and, where the name is not there, asks the DNS servers of
+// /etc/resolv.conf (net's goLookupIPCNAMEOrder; isLocalhost in conf.go only
+// picks the cgo resolver for nss-myhostname, never in a CGO_ENABLED=0
+// build). On a node whose /etc/hosts lacks localhost, a probe that followed
+// the tunnel agent's redirect to localhost, or a URL configured with it,
+// asked a question off the node at each new connection. The test binary
+// re-executes itself under unshare(1) (needs root); the child mounts an
+// /etc/hosts without localhost, counts the resolver's DNS connections, and
+// shows first that a plain net.Dialer asks DNS for localhost (Go's
+// behaviour, the premise), then that the three probes ask nothing.
+func TestProbeReachesLocalhostWithoutALookup(t *testing.T) {
+	const name = "TestProbeReachesLocalhostWithoutALookup"
+	if os.Getenv(sandboxChildEnv) == "" {
+		if os.Geteuid() != 0 {
+			testenv.Skip(t, "mounting a hosts file needs root")
+		}
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			testenv.Skip(t, "no unshare(1)")
+		}
+		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^"+name+"$", "-test.v")
+		cmd.Env = append(os.Environ(), sandboxChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: "+name) {
+			t.Fatalf("in a namespace whose /etc/hosts lacks localhost: %v\n%s", err, out)
+		}
+		t.Logf("child:\n%s", out)
+		return
+	}
+
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 vm\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(hosts, "/etc/hosts", "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind-mount a hosts file without localhost: %v", err)
+	}
+	var asked atomic.Int32
+	r := net.DefaultResolver
+	r.PreferGo, r.Dial = true, func(ctx context.Context, network, address string) (net.Conn, error) {
+		asked.Add(1)
+		return nil, errors.New("the test's resolver: no DNS server here")
+	}
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			http.Redirect(w, r, "http://localhost:"+r.URL.Query().Get("port")+"/health", http.StatusFound)
+			return
+		}
+		fmt.Fprint(w, "ready 1\nkonnectivity_network_proxy_agent_open_server_connections 2\n")
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+
+	// Go's own behaviour: a lookup of localhost, not in /etc/hosts, asks DNS.
+	if c, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", "localhost:"+port); err == nil {
+		c.Close()
+	}
+	if asked.Load() == 0 {
+		t.Fatal("a plain net.Dialer reached localhost without asking DNS: Go makes the name special, and this test proves nothing")
+	}
+	t.Logf("a plain net.Dialer asked DNS %d times for localhost", asked.Load())
+	asked.Store(0)
+
+	// A redirect to localhost, and a URL configured with localhost (and a
+	// name under .localhost): read, no DNS asked.
+	for _, u := range []string{srv.URL + "/metrics?port=" + port, "http://localhost:" + port + "/health", "http://tunnel.LOCALHOST:" + port + "/health"} {
+		env := testEnv(t, func(c *config.Config) {
+			c.Checks.ProxyNotServing.MetricsURL = u
+			c.Checks.TunnelDisconnected.MetricsURL = u
+			c.Checks.TunnelDisconnected.AgentUnit = ""
+			c.Checks.KubeletUnhealthy.HealthzURL = u
+		})
+		kubelet, _ := newKubeletCheck(env)
+		proxy, _ := newProxyCheck(env)
+		tunnel, _ := newTunnelCheck(env)
+		for _, c := range []Check{kubelet, proxy, tunnel} {
+			if r, err := c.Probe(context.Background()); err != nil || r.Status != report.StatusFalse {
+				t.Errorf("%s from %T: %+v %v; want it read (False)", u, c, r, err)
+			}
+			c.(Closer).Close()
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the probes asked DNS %d times for a localhost name", n)
+	}
+}
+
+// The names dialLocal takes for loopback, and the ::1 a service listening
+// only there is reached at under localhost (127.0.0.1 refused first).
+func TestDialLocalNames(t *testing.T) {
+	for h, want := range map[string]bool{"localhost": true, "LocalHost.": true, "tunnel.localhost": true, "a.b.LOCALHOST.": true,
+		".localhost": false, "xlocalhost": false, "localhost.example": false, "localhost.localdomain": false, "127.0.0.1": false, "": false} {
+		if got := isLocalhostName(h); got != want {
+			t.Errorf("isLocalhostName(%q) = %v, want %v", h, got, want)
+		}
+	}
+	l, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		testenv.Skip(t, "no ::1 here: "+err.Error())
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	c, err := dialLocal(context.Background(), "tcp", "localhost:"+port)
+	if err != nil {
+		t.Fatalf("localhost:%s, listened on at ::1 only: %v", port, err)
+	}
+	c.Close()
+	if _, err := dialLocal(context.Background(), "tcp4", "localhost:"+port); err == nil || !strings.Contains(err.Error(), "127.0.0.1:"+port) {
+		t.Errorf("tcp4 localhost:%s: %v; want 127.0.0.1's refusal", port, err)
+	}
+}
