@@ -46,10 +46,17 @@ func isReportKey(k string) bool {
 // in fitOrder, each document whole where it fits beside those chosen
 // before and a stub for each domain after it, else its stub
 // (stub(domain, its size), a small document saying why it was left out).
-// Where not even the stubs fit, the last in fitOrder are removed (nil)
-// until the rest do. left names the domains not written whole, in
-// fitOrder. All five fit: docs as they are, left empty.
-func fitReport(docs map[string]string, others int, stub func(domain string, size int) string) (out map[string]*string, left []string) {
+// Where not even the stubs fit, the last in fitOrder but tamper are
+// removed (nil) until the rest do. The tamper document is never removed:
+// its tamper.cleared is the Node's only record of an operator's clear,
+// read back at start (report.ReportedClear), and without it a cleared
+// finding comes back after a restart. Where not even its stub fits beside
+// the whole documents chosen (the other stubs all removed), it is left out
+// of the patch, the Node's tamper annotation as it is (tamperNow bytes, key
+// and value, 0 where there is none) and asIs true, and the other stubs are
+// removed until the rest fit beside it. left names the domains not written
+// whole, in fitOrder. All five fit: docs as they are, left empty.
+func fitReport(docs map[string]string, others, tamperNow int, stub func(domain string, size int) string) (out map[string]*string, left []string, asIs bool) {
 	room := annotationsLimit - others
 	out = make(map[string]*string, len(docs))
 	cost := func(k, v string) int { return len(k) + len(v) }
@@ -72,7 +79,24 @@ func fitReport(docs map[string]string, others int, stub func(domain string, size
 		out[k] = &s
 		left = append(left, dm)
 	}
-	for i := len(fitOrder) - 1; i >= 0 && need > room; i-- {
+	if need <= room {
+		return out, left, false
+	}
+	// Not even the stubs fit. The tamper stub, where the other stubs
+	// removed leave it no room, gives way to the tamper annotation the Node
+	// holds (fitOrder[0] is tamper).
+	others5 := 0 // the stubs but tamper's
+	for _, dm := range fitOrder[1:] {
+		if slices.Contains(left, dm) {
+			others5 += cost(report.AnnotationPrefix+dm, stubs[dm])
+		}
+	}
+	if tk := report.AnnotationPrefix + fitOrder[0]; slices.Contains(left, fitOrder[0]) && need-others5 > room {
+		need += tamperNow - cost(tk, stubs[fitOrder[0]])
+		delete(out, tk)
+		asIs = true
+	}
+	for i := len(fitOrder) - 1; i >= 1 && need > room; i-- {
 		dm := fitOrder[i]
 		k := report.AnnotationPrefix + dm
 		if slices.Contains(left, dm) {
@@ -80,7 +104,7 @@ func fitReport(docs map[string]string, others int, stub func(domain string, size
 			out[k] = nil
 		}
 	}
-	return out, left
+	return out, left, asIs
 }
 
 // leftOutWhy is what a stub says of a document of size bytes that did not
@@ -103,15 +127,20 @@ func allOf(docs map[string]string) map[string]*string {
 // the whole report), n the API server's answer: while documents are left
 // out, the next refresh chooses by the room its answer shows (no read of
 // the Node), and the journal says which once per change of them.
-func (r *Reporter) fitted(n *kubeapi.Node, left []string, room int) {
+// asIs: the Node's tamper annotation was left as it is (fitReport), said
+// in the journal once per change too.
+func (r *Reporter) fitted(n *kubeapi.Node, left []string, room int, asIs bool) {
 	r.fitShort = len(left) > 0
 	if r.fitShort && n != nil {
-		r.fitOthers = othersSize(n.Metadata.Annotations)
+		r.fitOthers, r.fitTamper = othersSize(n.Metadata.Annotations), tamperSize(n.Metadata.Annotations)
 	}
 	for _, dm := range left {
 		r.m.leftOut.WithLabelValues(dm).Inc()
 	}
 	key := strings.Join(left, ",")
+	if asIs {
+		key += " tamper as it is"
+	}
 	if key == r.leftOutLogged {
 		return
 	}
@@ -120,6 +149,21 @@ func (r *Reporter) fitted(n *kubeapi.Node, left []string, room int) {
 		r.o.Log.Info("report documents fit on the Node again: the whole report written", "node", r.o.NodeName)
 		return
 	}
-	r.o.Log.Warn("report documents left out: they do not fit on the Node beside its other annotations (262144 bytes together); each is a small document saying so (removed where not even that fits), the others are written whole",
+	if asIs {
+		r.o.Log.Warn("report documents left out: they do not fit on the Node beside its other annotations (262144 bytes together), not even the tamper document's stub; the Node's tamper annotation is left as it is (neither written nor removed: its tamper.cleared is the record of an operator's clear), the other documents left out are small documents saying so (removed where not even that fits), the others are written whole",
+			"node", r.o.NodeName, "left_out", left, "tamper_left_as_is", true, "room_bytes", room)
+		return
+	}
+	r.o.Log.Warn("report documents left out: they do not fit on the Node beside its other annotations (262144 bytes together); each is a small document saying so (removed where not even that fits, but the tamper document: then the Node's is left as it is), the others are written whole",
 		"node", r.o.NodeName, "left_out", left, "room_bytes", room)
+}
+
+// tamperSize is what the Node's tamper annotation takes, key and value (0
+// where there is none): what stays where it is left as it is (fitReport).
+func tamperSize(annotations map[string]string) int {
+	k := report.AnnotationPrefix + fitOrder[0]
+	if v, ok := annotations[k]; ok {
+		return len(k) + len(v)
+	}
+	return 0
 }

@@ -21,7 +21,12 @@ import (
 // What a refresh writes where the Node's other annotations leave too
 // little room for the whole report: the documents that fit in fitOrder,
 // a stub for each other, the last in fitOrder removed where not even the
-// stubs fit; never more than the room.
+// stubs fit; never more than the room. The tamper document is never
+// removed: where not even its stub fits, the Node's tamper annotation is
+// left as it is (not in the patch; its size counted in the room), the other
+// stubs removed or written beside it as they fit. Before, with under about
+// 400 bytes free, the tamper stub was removed, and with it tamper.cleared,
+// the Node's only record of an operator's clear.
 func TestFitReportChoosesWhatFits(t *testing.T) {
 	doc := func(n int) string { return strings.Repeat("d", n) }
 	docs := map[string]string{}
@@ -41,30 +46,45 @@ func TestFitReportChoosesWhatFits(t *testing.T) {
 		stubs += key(dm) + 100
 	}
 	for _, tc := range []struct {
-		name    string
-		room    int
-		left    []string
-		removed []string
+		name      string
+		room      int
+		left      []string
+		removed   []string
+		tamperNow int  // the Node's tamper annotation, key and value
+		asIs      bool // the tamper annotation left as it is
 	}{
-		{"room for all", all, nil, nil},
-		{"disks too large", all - 1, []string{"disks"}, nil},
-		{"tamper before disks", all - 7000, []string{"disks"}, nil},
-		{"tamper kept, disks and a small one out", all - 8000 - 1000 + 200, []string{"storage", "disks"}, nil},
-		{"only the small ones", 3*1000 + 2*100 + stubs, []string{"tamper", "disks"}, nil},
-		{"stubs alone", stubs, fitOrder, nil},
-		{"not even the stubs", stubs - 1, fitOrder, []string{"disks"}},
-		{"no room", 0, fitOrder, fitOrder},
+		{"room for all", all, nil, nil, 0, false},
+		{"disks too large", all - 1, []string{"disks"}, nil, 0, false},
+		{"tamper before disks", all - 7000, []string{"disks"}, nil, 0, false},
+		{"tamper kept, disks and a small one out", all - 8000 - 1000 + 200, []string{"storage", "disks"}, nil, 0, false},
+		{"only the small ones", 3*1000 + 2*100 + stubs, []string{"tamper", "disks"}, nil, 0, false},
+		{"stubs alone", stubs, fitOrder, nil, 0, false},
+		{"not even the stubs", stubs - 1, fitOrder, []string{"disks"}, 0, false},
+		{"the tamper stub alone", key("tamper") + 100, fitOrder, fitOrder[1:], 0, false},
+		{"not even the tamper stub: no tamper annotation, left so", key("tamper") + 99, fitOrder, fitOrder[1:], 0, true},
+		{"no room: the tamper annotation left as it is", 0, fitOrder, fitOrder[1:], 0, true},
+		{"the tamper annotation the Node holds left as it is", key("tamper") + 99, fitOrder, fitOrder[1:], key("tamper") + 60, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, left := fitReport(docs, annotationsLimit-tc.room, stub)
+			out, left, asIs := fitReport(docs, annotationsLimit-tc.room, tc.tamperNow, stub)
 			if !slices.Equal(left, tc.left) {
 				t.Errorf("left out %v, want %v", left, tc.left)
 			}
+			if asIs != tc.asIs {
+				t.Errorf("tamper left as it is: %v, want %v", asIs, tc.asIs)
+			}
 			used := 0
+			if asIs {
+				used = tc.tamperNow
+			}
 			for _, dm := range fitOrder {
 				k := report.AnnotationPrefix + dm
 				v, ok := out[k]
 				switch {
+				case dm == "tamper" && tc.asIs:
+					if ok {
+						t.Errorf("tamper in the patch (%v), want it left as it is", v)
+					}
 				case !ok:
 					t.Errorf("%s not in the patch", dm)
 				case slices.Contains(tc.removed, dm):
@@ -209,6 +229,58 @@ func TestTamperStubKeepsTheClear(t *testing.T) {
 		}
 		if v := h.m.LeftOut("tamper"); v == 0 {
 			t.Errorf("tamper never counted as left out")
+		}
+		h.stop()
+	})
+}
+
+// Where not even the tamper stub fits (the Node's other annotations leave
+// it under about 400 bytes), the Node's tamper annotation is left as it
+// is, neither written nor removed: its tamper.cleared, published before a
+// restart, is the Node's only record of the operator's clear, read back at
+// start. The journal says so once; tamper is counted as left out. Before,
+// the stub was removed, and with it the clear.
+func TestTamperAnnotationStaysWhereNotEvenItsStubFits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+		tk := report.AnnotationPrefix + "tamper"
+		// A restart in the same boot: the stub this boot wrote before.
+		before := fmt.Sprintf(`{"bootID":"b","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339))
+		n := kubeletNode()
+		n.Annotations[tk] = before
+		used := 0
+		for k, v := range n.Annotations {
+			used += len(k) + len(v)
+		}
+		const filler = "tool.example.com/state"
+		n.Annotations[filler] = strings.Repeat("x", annotationsLimit-used-len(filler)-50)
+		client := fake.NewClientset(n)
+		annotationLimit(client)
+		store := report.NewStore("b")
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
+		det := report.NewDetails()
+		det.SetBootID("b")
+		det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
+		logs := &testenv.SyncBuffer{}
+		h := startLogged(t, client, store, det, logs)
+		<-h.r.Adopted()
+		time.Sleep(9 * time.Minute)
+		synctest.Wait()
+		got := h.node(t).Annotations
+		if s := report.LeftOutDocument(time.Now(), report.RoleWorker, "b", "tamper", "", leftOutWhy(1)); len(s) <= 50+len(before) {
+			t.Fatalf("the tamper stub is %d bytes: it fits in the room left, and the test proves nothing", len(s))
+		}
+		if got[tk] != before {
+			t.Errorf("the Node's tamper annotation is %q, want it left as it was, %q\n%s", got[tk], before, logs.String())
+		}
+		if at := report.ReportedClear(got); !at.Equal(cleared) {
+			t.Errorf("the clear read back from the Node is %v, want %v", at, cleared)
+		}
+		if v := h.m.LeftOut("tamper"); v < 4 {
+			t.Errorf("tamper counted left out %v times in 9 minutes; want one a refresh (4 or more)", v)
+		}
+		if c := strings.Count(logs.String(), "tamper_left_as_is=true"); c != 1 {
+			t.Errorf("%d journal lines saying the tamper annotation is left as it is; want 1:\n%s", c, logs.String())
 		}
 		h.stop()
 	})

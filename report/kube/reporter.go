@@ -194,11 +194,13 @@ type Reporter struct {
 	renderErr string
 	// fitShort: the last refresh written left documents out for room
 	// (fitReport); fitOthers is what the Node's other annotations took in
-	// its answer, which the next refresh chooses by; leftOutLogged the
-	// domains left out the journal last heard of, joined (fitted). The
-	// annotation loop's alone.
+	// its answer, which the next refresh chooses by, fitTamper what its
+	// tamper annotation took (tamperSize); leftOutLogged the domains left
+	// out the journal last heard of, joined (fitted). The annotation loop's
+	// alone.
 	fitShort      bool
 	fitOthers     int
+	fitTamper     int
 	leftOutLogged string
 	// statusAnswer is the Node the last successful status write was
 	// answered with (the status loop's alone): a folded refresh's answer.
@@ -1618,10 +1620,10 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	// out (nil: the whole report, as docs are).
 	var fit map[string]*string
 	var left []string
-	room := 0
+	room, asIs := 0, false
 	if r.fitShort {
 		room = annotationsLimit - r.fitOthers
-		fit, left = fitReport(docs, r.fitOthers, r.leftOutStub(now, role, docs))
+		fit, left, asIs = fitReport(docs, r.fitOthers, r.fitTamper, r.leftOutStub(now, role, docs))
 	}
 	if fold {
 		offer := fit
@@ -1633,7 +1635,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 		case ctx.Err() != nil:
 			return err
 		case folded && err == nil:
-			r.fitted(n, left, room)
+			r.fitted(n, left, room, asIs)
 			return nil
 		case folded && annotationsRefused(err):
 			return r.writeFitting(ctx, docs, now, role)
@@ -1649,7 +1651,7 @@ func (r *Reporter) writeAnnotations(ctx context.Context, fold bool) error {
 	}
 	switch {
 	case err == nil:
-		r.fitted(n, left, room)
+		r.fitted(n, left, room, asIs)
 	case annotationsRefused(err):
 		return r.writeFitting(ctx, docs, now, role)
 	}
@@ -1669,11 +1671,11 @@ func (r *Reporter) writeFitting(ctx context.Context, docs map[string]string, now
 	if err != nil {
 		return err
 	}
-	r.fitShort, r.fitOthers = true, othersSize(node.Metadata.Annotations)
-	send, left := fitReport(docs, r.fitOthers, r.leftOutStub(now, role, docs))
+	r.fitShort, r.fitOthers, r.fitTamper = true, othersSize(node.Metadata.Annotations), tamperSize(node.Metadata.Annotations)
+	send, left, asIs := fitReport(docs, r.fitOthers, r.fitTamper, r.leftOutStub(now, role, docs))
 	n, err := r.patchAnnotations(ctx, send)
 	if err == nil {
-		r.fitted(n, left, annotationsLimit-othersSize(node.Metadata.Annotations))
+		r.fitted(n, left, annotationsLimit-othersSize(node.Metadata.Annotations), asIs)
 	}
 	return err
 }
