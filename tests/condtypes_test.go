@@ -107,7 +107,7 @@ func countOf(n *corev1.Node, ty string) int {
 // nothing.
 func TestKubeAnotherWriterRemovedAConditionIsSaidSo(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-condition-removed"
+	node := "node-condition-removed-" + harness.Token()
 	var logs testenv.SyncBuffer
 	x := reportingEvery3sLogged(t, s, node, &logs, nil)
 	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
@@ -141,7 +141,7 @@ func TestKubeAnotherWriterRemovedAConditionIsSaidSo(t *testing.T) {
 // write removes one an earlier boot left. Before, it stood for good.
 func TestKubeConditionNotEvaluatedAddedBackIsRemovedAgain(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-not-evaluated-added-back"
+	node := "node-not-evaluated-added-back-" + harness.Token()
 	var logs testenv.SyncBuffer
 	x := reportingEvery3sLogged(t, s, node, &logs, func(ty string) bool { return ty != "GpuFallenOffBus" })
 	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusFalse, Reason: report.ReasonKernelHasNoDeadlock}, time.Now())
@@ -184,7 +184,7 @@ func TestKubeConditionNotEvaluatedAddedBackIsRemovedAgain(t *testing.T) {
 // every refresh after.
 func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-duplicate-condition"
+	node := "node-duplicate-condition-" + harness.Token()
 	var logs testenv.SyncBuffer
 	x := reportingEvery3sLogged(t, s, node, &logs, nil)
 	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
@@ -220,7 +220,7 @@ func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
 // the daemon's stands, and nothing more is counted.
 func TestKubeKubeletsPatchFromACopyWithADuplicateDoesNotBringItBack(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-duplicate-kubelet-patch"
+	node := "node-duplicate-kubelet-patch-" + harness.Token()
 	var logs testenv.SyncBuffer
 	x := reportingEvery3sLogged(t, s, node, &logs, nil)
 	x.store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())

@@ -33,7 +33,7 @@ import (
 // lands at the next refresh.
 func TestKubeReportRefreshWhenTheNodeHasNoRoom(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-report-no-room"
+	node := "node-report-no-room-" + harness.Token()
 	ctx := context.Background()
 	registerNode(t, s, node)
 	const foreign = report.AnnotationPrefix + "foo"
@@ -133,7 +133,7 @@ func TestKubeReportRefreshWhenTheNodeHasNoRoom(t *testing.T) {
 // refused, and every domain's updatedAt stood still until there was room.
 func TestKubeReportDocumentsThatFitAreWrittenWhenOneDoesNot(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-report-part-fits"
+	node := "node-report-part-fits-" + harness.Token()
 	ctx := context.Background()
 	registerNode(t, s, node)
 	patch := func(annotations map[string]any) {

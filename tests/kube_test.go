@@ -204,7 +204,7 @@ func readyIntact(t *testing.T, n *corev1.Node) {
 
 func TestKubeConditionsSetHeldChangedAndCarriedOver(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-conditions"
+	node := "node-conditions-" + harness.Token()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 
@@ -253,7 +253,7 @@ func TestKubeConditionsSetHeldChangedAndCarriedOver(t *testing.T) {
 
 func TestKubeEventsLandAndAggregate(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-events"
+	node := "node-events-" + harness.Token()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 	store := report.NewStore("boot")
@@ -289,7 +289,7 @@ func TestKubeEventsLandAndAggregate(t *testing.T) {
 
 func TestKubeAnnotations(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-annotations"
+	node := "node-annotations-" + harness.Token()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 	det := report.NewDetails()
@@ -322,7 +322,7 @@ func TestKubeAnnotations(t *testing.T) {
 // first pass, and the True was lowered.
 func TestKubeRestartBeforeTheFirstReportKeepsTheKernelCondition(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-restart-before-report"
+	node := "node-restart-before-report-" + harness.Token()
 	ctx := context.Background()
 	registerNode(t, s, node)
 	// The boot before: its report.
@@ -424,7 +424,7 @@ func (c *foldRecorder) writes() []foldWrite {
 // heartbeat due at 3 to 3.3 s.)
 func TestKubeHeartbeatRidesOnTheReportRefresh(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-heartbeat-with-report"
+	node := "node-heartbeat-with-report-" + harness.Token()
 	registerNode(t, s, node)
 	nc, _ := nodeClient(t, s, node)
 	client := &foldRecorder{Client: nc, s: s, node: node}
@@ -487,7 +487,7 @@ func TestKubeHeartbeatRidesOnTheReportRefresh(t *testing.T) {
 // off the Node rather than left beside them.
 func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-report-does-not-fit"
+	node := "node-report-does-not-fit-" + harness.Token()
 	ctx := context.Background()
 	registerNode(t, s, node)
 	big, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
@@ -534,7 +534,7 @@ func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 // conditions go first. A watch on the Node sees every version it takes.
 func TestKubeReportNeverLandsOnANodeRegisteredAnew(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-anew"
+	node := "node-anew-" + harness.Token()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 	store := report.NewStore("boot")
@@ -596,7 +596,7 @@ func TestKubeReportNeverLandsOnANodeRegisteredAnew(t *testing.T) {
 // the transition time of the last change.
 func TestKubeOutageConverges(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-outage"
+	node := "node-outage-" + harness.Token()
 	registerNode(t, s, node)
 	client, _ := nodeClient(t, s, node)
 	store := report.NewStore("boot")
@@ -639,9 +639,11 @@ func failures(m *kube.Metrics) float64 { return m.Failures() }
 // among it, is not taken over as this node's.
 func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	s := apiServer(t)
-	registerNode(t, s, "node-self")
-	registerNode(t, s, "node-victim")
-	victim, err := s.Admin.CoreV1().Nodes().Get(context.Background(), "node-victim", metav1.GetOptions{})
+	tok := harness.Token()
+	self, other := "node-self-"+tok, "node-victim-"+tok
+	registerNode(t, s, self)
+	registerNode(t, s, other)
+	victim, err := s.Admin.CoreV1().Nodes().Get(context.Background(), other, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -650,14 +652,14 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	if _, err := s.Admin.CoreV1().Nodes().UpdateStatus(context.Background(), victim, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	client, kc := nodeClient(t, s, "node-self")
-	if id := kube.CredentialsUser(kc); id != "system:node:node-self" {
+	client, kc := nodeClient(t, s, self)
+	if id := kube.CredentialsUser(kc); id != "system:node:"+self {
 		t.Fatalf("the node kubeconfig's user: %q", id)
 	}
 	store := report.NewStore("boot")
 	var logs testenv.SyncBuffer
 	m := kube.NewMetrics(nil)
-	r := kube.New(kube.Options{Client: client, NodeName: "node-victim", Identity: kube.CredentialsUser(kc), Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+	r := kube.New(kube.Options{Client: client, NodeName: other, Identity: kube.CredentialsUser(kc), Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
 		Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -673,7 +675,7 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	if !strings.Contains(logs.String(), "refused by the API server: the credentials do not allow it") {
 		t.Errorf("the daemon did not say clearly that it was refused:\n%s", logs.String())
 	}
-	n, _ := s.Admin.CoreV1().Nodes().Get(context.Background(), "node-victim", metav1.GetOptions{})
+	n, _ := s.Admin.CoreV1().Nodes().Get(context.Background(), other, metav1.GetOptions{})
 	if cond(n, "DiskUsageHigh") != nil {
 		t.Error("wrote a condition on another node")
 	}
@@ -691,9 +693,11 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 // to its own Node (NodeRestriction), over HTTP/1.1.
 func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	s := apiServer(t)
-	registerNode(t, s, "node-resume")
-	registerNode(t, s, "node-resume-other")
-	client, _ := nodeClient(t, s, "node-resume")
+	tok := harness.Token()
+	node, other := "node-resume-"+tok, "node-resume-other-"+tok
+	registerNode(t, s, node)
+	registerNode(t, s, other)
+	client, _ := nodeClient(t, s, node)
 	closer, ok := client.(interface{ CloseIdle() })
 	if !ok {
 		t.Fatalf("the daemon's client (%T) cannot close its idle connections", client)
@@ -702,10 +706,10 @@ func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	full0, resumed0 := kube.TLSHandshakes()
 	for i := range 3 {
 		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"test.autopilot.syself.com/resume":"%d"}}}`, i)
-		if _, err := client.PatchNode(ctx, "node-resume", patch); err != nil {
+		if _, err := client.PatchNode(ctx, node, patch); err != nil {
 			t.Fatalf("write %d: %v", i, err)
 		}
-		if _, err := client.PatchNode(ctx, "node-resume-other", patch); !apierrors.IsForbidden(err) {
+		if _, err := client.PatchNode(ctx, other, patch); !apierrors.IsForbidden(err) {
 			t.Errorf("write %d to another node: %v, want forbidden", i, err)
 		}
 		closer.CloseIdle()
@@ -719,7 +723,7 @@ func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	if p := kube.APIProtocol(); p != "http/1.1" {
 		t.Errorf("the API server's connection speaks %q, want http/1.1", p)
 	}
-	n, err := s.Admin.CoreV1().Nodes().Get(ctx, "node-resume", metav1.GetOptions{})
+	n, err := s.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -734,7 +738,7 @@ func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 // every 10 s).
 func TestKubeClientCertRotation(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-rotation"
+	node := "node-rotation-" + harness.Token()
 	registerNode(t, s, node)
 	// The harness's own clients run client-go's reloader; the daemon's
 	// must not add one.
@@ -785,7 +789,7 @@ func TestKubeClientCertRotation(t *testing.T) {
 // each call notices the rewritten kubeconfig and connects anew with it.
 func TestKubeconfigRewrittenAfterKubeadmInit(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-kubeadm"
+	node := "node-kubeadm-" + harness.Token()
 	registerNode(t, s, node)
 	expires := time.Now().Add(4 * time.Second)
 	kc, err := s.NodeKubeconfig(node, expires)
@@ -850,7 +854,7 @@ func TestKubeconfigRewrittenAfterKubeadmInit(t *testing.T) {
 // transition time.
 func TestDaemonReportsToRealAPIServer(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-daemon"
+	node := "node-daemon-" + harness.Token()
 	registerNode(t, s, node)
 	_, kc := nodeClient(t, s, node)
 	cfg := config.Default()
@@ -914,7 +918,7 @@ func noHostSystemd(cfg *config.Config) {
 // reach the real API server.
 func TestDaemonPicksUpKubeconfigLater(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-joins-later"
+	node := "node-joins-later-" + harness.Token()
 	registerNode(t, s, node)
 	_, kc := nodeClient(t, s, node)
 	cfg := config.Default()

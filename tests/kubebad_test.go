@@ -103,7 +103,7 @@ func nodeEvents(t *testing.T, s *harness.APIServer, node string) []corev1.Event 
 // Event end as if nothing was lost: one Event, its count every occurrence.
 func TestKubeLostAnswersThroughAProxy(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-lost-answers"
+	node := "node-lost-answers-" + harness.Token()
 	p, client := proxied(t, s, node)
 	var mu sync.Mutex
 	lost := map[string]bool{}
@@ -172,6 +172,7 @@ func TestKubeLostAnswersThroughAProxy(t *testing.T) {
 // last change and the Events count every occurrence.
 func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 	s := apiServer(t)
+	tok := harness.Token()
 	status := func(code int, reason string) string {
 		return fmt.Sprintf(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"bad day","reason":%q,"code":%d}`, reason, code)
 	}
@@ -207,7 +208,7 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 	} {
 		wg.Go(func() {
 			t.Run(tc.name, func(t *testing.T) {
-				node := fmt.Sprintf("node-bad-answers-%d", i)
+				node := fmt.Sprintf("node-bad-answers-%d-%s", i, tok)
 				p, client := proxied(t, s, node)
 				store := report.NewStore("boot")
 				var dials countDials
@@ -289,7 +290,7 @@ func TestKubeBadAnswersThroughAProxy(t *testing.T) {
 // it otherwise, nor with another transition time.
 func TestKubeRestartInAnOutageNeitherFlapsNorResets(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-restart-outage"
+	node := "node-restart-outage-" + harness.Token()
 	p, client := proxied(t, s, node)
 	store := report.NewStore("boot")
 	var dials countDials
@@ -355,7 +356,7 @@ func TestKubeRestartInAnOutageNeitherFlapsNorResets(t *testing.T) {
 // seconds, not at the end of the writers' backoff.
 func TestKubeRefusedPortThroughAProxy(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-refused-port"
+	node := "node-refused-port-" + harness.Token()
 	p, client := proxied(t, s, node)
 	store := report.NewStore("boot")
 	var dials countDials
@@ -408,7 +409,7 @@ func reportingEvery3s(t *testing.T, s *harness.APIServer, node string) *running 
 // and has the conditions written again at once, and puts its report back.
 func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-another-writer"
+	node := "node-another-writer-" + harness.Token()
 	x := reportingEvery3s(t, s, node)
 	store := x.store
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
@@ -443,7 +444,7 @@ func TestKubeAnotherWriterRemovesTheConditionAndChangesTheReport(t *testing.T) {
 // message alone waits for the heartbeat, as the daemon's own do.
 func TestKubeAnotherWriterChangesTheConditionsStatus(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-another-writer-status"
+	node := "node-another-writer-status-" + harness.Token()
 	x := reportingEvery3s(t, s, node)
 	store := x.store
 	store.Set(report.Condition{Type: "KernelDeadlock", Status: report.StatusTrue, Reason: "CriticalTaskHung", Message: "task kubelet blocked"}, time.Now())
@@ -514,7 +515,7 @@ func TestKubeAnotherWriterChangesTheConditionsStatus(t *testing.T) {
 // writer: nothing counted, nothing written again.
 func TestKubeKubeletsStatusPatchIsNoOtherWriter(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-kubelet-status-patch"
+	node := "node-kubelet-status-patch-" + harness.Token()
 	x := reporting(t, s, node, 2*time.Second, quiet(), nil)
 	store := x.store
 	key := report.AnnotationPrefix + "storage"
@@ -609,7 +610,7 @@ func changeEverySecond(store *report.Store, n int, message func(i int) string) (
 // about 3 s after the 429 that had asked for 10.
 func TestKubeRetryAfterOutlastsTheAPIServersReturn(t *testing.T) {
 	s := apiServer(t)
-	const node = "node-retry-after-return"
+	node := "node-retry-after-return-" + harness.Token()
 	p, client := proxied(t, s, node)
 	store := report.NewStore("boot")
 	var dials countDials
