@@ -713,7 +713,7 @@ func (rd *Reader) Run(ctx context.Context) {
 		}
 		atEnd = false
 		if err != nil {
-			if !fail("cannot open the kernel log", err) {
+			if !fail("cannot open the kernel log", explainOpen(err, rd.Monitor.o.Proc)) {
 				return
 			}
 			continue
@@ -977,7 +977,7 @@ func (rd *Reader) Run(ctx context.Context) {
 func Scan(path string, mon *Monitor) (int, error) {
 	dev, err := openDevice(path)
 	if err != nil {
-		return 0, err
+		return 0, explainOpen(err, mon.o.Proc)
 	}
 	defer dev.Close()
 	f := dev.(*kmsgFile)

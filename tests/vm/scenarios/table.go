@@ -58,6 +58,9 @@ var All = []Scenario{
 	{Name: "lvm_usage", Machine: criticalWarning, Run: lvmUsage},
 	{Name: "hung_task", Machine: criticalWarning, Run: hungTask},
 	{Name: "dm_verity", Machine: criticalWarning, Run: dmVerity},
+	// Last in its boot: it turns the kernel log off for user space while
+	// it runs (and puts it back).
+	{Name: "devkmsg_off", Machine: criticalWarning, Run: devkmsgOff},
 }
 
 // Select is the scenarios of All that VMTEST_RUN names (only: names
