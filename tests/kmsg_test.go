@@ -407,3 +407,48 @@ func TestKmsgRestartBeforeARecordReadsWhatWasLoggedBetween(t *testing.T) {
 		t.Errorf("after the restart the daemon handled %q; want the line written while it was down, then the one after", got)
 	}
 }
+
+// Held against the real /dev/kmsg: a line with a multi-byte UTF-8 name and
+// a control character (the kernel writes every byte of both \xNN) sets its
+// condition with the message as dmesg shows it (é kept, ESC written
+// \x1b); a record whose escaped form is about 4 KiB (900 control bytes,
+// near the 1024 bytes the kernel takes in one write) fits the 8 KiB read
+// buffer and is matched, and the record after it is a record of its own.
+func TestKmsgEscapesAndLongRecordsFromTheRealDevice(t *testing.T) {
+	tok := harness.Token()
+	cfg := kmsgDaemonConfig(t)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEventLog(tok)
+	d.Store().Observe(ev)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
+		c, ok := d.Store().Get("ReadonlyFilesystem")
+		return ok && c.Status == report.StatusFalse
+	})
+	long := fmt.Sprintf("EXT4-fs error (device %s): long %s", tok, strings.Repeat("\x01", 900))
+	after := fmt.Sprintf("EXT4-fs warning (device %s): after the long one", tok)
+	write(t, long)
+	write(t, after)
+	write(t, fmt.Sprintf("EXT4-fs (sdé%s\x1b[2J): Remounting filesystem read-only", tok))
+	want := fmt.Sprintf(`EXT4-fs (sdé%s\x1b[2J): Remounting filesystem read-only`, tok)
+	waitFor(t, d.Store(), ev, 10*time.Second, "the condition and both events", func() bool {
+		c, _ := d.Store().Get("ReadonlyFilesystem")
+		return c.Status == report.StatusTrue && ev.count() >= 2
+	})
+	if c, _ := d.Store().Get("ReadonlyFilesystem"); c.Message != want {
+		t.Errorf("ReadonlyFilesystem's message = %q, want %q", c.Message, want)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.events) != 2 || ev.events[0].Reason != "Ext4Error" || ev.events[1].Reason != "Ext4Warning" || ev.events[1].Message != after ||
+		!strings.HasPrefix(ev.events[0].Message, fmt.Sprintf(`EXT4-fs error (device %s): long \x01\x01`, tok)) {
+		t.Errorf("events = %+v", ev.events)
+	}
+}
