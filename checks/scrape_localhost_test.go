@@ -10,9 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -138,5 +140,79 @@ func TestDialLocalNames(t *testing.T) {
 	c.Close()
 	if _, err := dialLocal(context.Background(), "tcp4", "localhost:"+port); err == nil || !strings.Contains(err.Error(), "127.0.0.1:"+port) {
 		t.Errorf("tcp4 localhost:%s: %v; want 127.0.0.1's refusal", port, err)
+	}
+}
+
+// A 127.0.0.1 that takes no connection (its SYNs dropped: a full accept
+// queue here, a firewall's DROP on a node) must not take the whole of the
+// probe's time before ::1, where the service listens, is tried: the
+// resolver's dial did not (net.Dialer's Happy Eyeballs, RFC 8305: the
+// other family 300 ms after the first, both in flight). Before, dialLocal
+// tried ::1 only after 127.0.0.1 failed, at the probe's deadline, and the
+// probe failed although ::1 answered.
+func TestDialLocalDoesNotWaitOutABlackholedLoopback(t *testing.T) {
+	l6, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		testenv.Skip(t, "no ::1 here: "+err.Error())
+	}
+	defer l6.Close()
+	go func() {
+		for {
+			c, err := l6.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := l6.Addr().(*net.TCPAddr).Port
+	// 127.0.0.1 on the same port, listening with a backlog of 0 and never
+	// accepting: once its queue holds a connection, the kernel drops the
+	// next SYNs, and a connect hangs until its deadline.
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		testenv.Skip(t, "127.0.0.1 port of the ::1 listener taken: "+err.Error())
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	addr4 := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var fill []net.Conn
+	defer func() {
+		for _, c := range fill {
+			c.Close()
+		}
+	}()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp4", addr4)
+		cancel()
+		if err != nil {
+			break // the queue is full: this connect hung to its deadline
+		}
+		if fill = append(fill, c); len(fill) > 64 {
+			t.Fatal("127.0.0.1's queue never filled")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := dialLocal(ctx, "tcp", "localhost:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatalf("localhost:%d with 127.0.0.1 blackholed and ::1 listening: %v; want ::1 reached", port, err)
+	}
+	if got := c.RemoteAddr().(*net.TCPAddr).IP; !got.Equal(net.IPv6loopback) {
+		t.Errorf("connected to %v, want ::1", got)
+	}
+	c.Close()
+	// A context cancelled before or during the dial ends it, with
+	// 127.0.0.1's error.
+	cancelled, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if c, err := dialLocal(cancelled, "tcp", "localhost:"+strconv.Itoa(port)); err == nil || !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Errorf("a cancelled dial: %v, %v; want 127.0.0.1's error", c, err)
 	}
 }
