@@ -254,3 +254,98 @@ func growDisks(det *report.Details) {
 	}
 	det.Set(report.Detail{Domain: "disks", Field: "disks", Value: disks})
 }
+
+// Where the Node's other annotations leave the report under about 400
+// bytes, not even the tamper stub fits: against the real kube-apiserver,
+// the Node's tamper annotation (a restart's in the same boot, with an
+// operator's clear) is left as it is, neither written nor removed, so the
+// clear reads back from it at the next start (report.ReportedClear); the
+// other documents are not written (no stub fits either); the journal says
+// so once, tamper is counted left out; the conditions are still written.
+// Once there is room, the whole report lands, the journal saying so once.
+func TestKubeReportTamperLeftAsItIsWhereNotEvenItsStubFits(t *testing.T) {
+	s := apiServer(t)
+	node := "node-report-tamper-as-is-" + harness.Token()
+	ctx := context.Background()
+	registerNode(t, s, node)
+	patch := func(annotations map[string]any) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+		if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, b, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	tk := report.AnnotationPrefix + "tamper"
+	// The Node as a run of this boot left it: its tamper annotation alone
+	// (the other stubs removed for room), then another writer grew into the
+	// room, leaving 50 bytes.
+	before := fmt.Sprintf(`{"bootID":"boot-1","role":"controlplane","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339))
+	patch(map[string]any{tk: before})
+	fillNodeLeaving(t, s, node, 50, patch)
+
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot-1")
+	det := report.NewDetails()
+	det.SetBootID("boot-1")
+	det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
+	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	logs := &testenv.SyncBuffer{}
+	var readBack time.Time
+	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleControlPlane, Store: store, Details: det,
+		Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: time.Second,
+		ReportedClear: func(at time.Time) { readBack = at }})
+	rctx, cancel := context.WithCancel(ctx)
+	x.cancel = cancel
+	go func() { x.r.Run(rctx); close(x.done) }()
+	defer x.stop()
+	<-x.r.Adopted()
+	if !readBack.Equal(cleared) {
+		t.Errorf("the clear read back at start is %v, want %v", readBack, cleared)
+	}
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh, Message: "/ 95%"}, time.Now())
+	waitNode(t, s, node, "the condition", func(n *corev1.Node) bool { return cond(n, "DiskUsageHigh") != nil })
+	for x.m.LeftOut("tamper") < 3 {
+		time.Sleep(50 * time.Millisecond) // polling interval of an awaited count
+	}
+	n, err := s.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Annotations[tk] != before {
+		t.Errorf("the tamper annotation is %q, want it left as it was, %q\n%s", n.Annotations[tk], before, logs.String())
+	}
+	if at := report.ReportedClear(n.Annotations); !at.Equal(cleared) {
+		t.Errorf("the clear read back from the Node is %v, want %v", at, cleared)
+	}
+	for _, dm := range []string{"storage", "disks", "certs", "services"} {
+		if v, ok := n.Annotations[report.AnnotationPrefix+dm]; ok {
+			t.Errorf("%s on the Node (%q), where not even its stub fits", dm, v)
+		}
+	}
+	if c := strings.Count(logs.String(), "tamper_left_as_is=true"); c != 1 {
+		t.Errorf("%d journal lines saying the tamper annotation is left as it is after %v refreshes; want 1:\n%s", c, x.m.LeftOut("tamper"), logs.String())
+	}
+
+	// Room again: the whole report, the tamper document written with it.
+	patch(map[string]any{big: nil})
+	waitNode(t, s, node, "the whole report", func(n *corev1.Node) bool {
+		var d struct {
+			LeftOut string `json:"leftOut"`
+			Updated string `json:"updatedAt"`
+		}
+		for _, dm := range []string{"storage", "disks", "certs", "tamper", "services"} {
+			if json.Unmarshal([]byte(n.Annotations[report.AnnotationPrefix+dm]), &d) != nil || d.LeftOut != "" || d.Updated == "" {
+				return false
+			}
+		}
+		return report.ReportedClear(n.Annotations).Equal(cleared)
+	})
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), "report documents fit on the Node again") && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // polling interval of an awaited line (written after the patch's answer)
+	}
+	if strings.Count(logs.String(), "report documents fit on the Node again") != 1 {
+		t.Errorf("the journal does not say once that the report fits again:\n%s", logs.String())
+	}
+}
