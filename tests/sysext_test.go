@@ -21,7 +21,13 @@ import (
 // packaging/sysext/build.sh, as `make sysext` does, and returns the image.
 func buildSysext(t *testing.T, bin, out string) string {
 	t.Helper()
-	cmd := exec.Command("bash", filepath.Join(repoDir(t), "packaging", "sysext", "build.sh"), bin, out, "1.2.3")
+	return buildSysextVersion(t, bin, out, "1.2.3")
+}
+
+// buildSysextVersion is buildSysext with the image's SYSEXT_VERSION_ID.
+func buildSysextVersion(t *testing.T, bin, out, version string) string {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(repoDir(t), "packaging", "sysext", "build.sh"), bin, out, version)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH=1700000000")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
