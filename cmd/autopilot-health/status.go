@@ -39,10 +39,14 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	paths := []string{*socket}
+	// emptied: the file sets status.socket = "". The key needs a restart
+	// to change, so a daemon started before that edit still serves the
+	// default socket: it is asked, and only when nothing answers there is
+	// the file's "no status" the answer.
+	emptied := false
 	if *socket == "" {
 		if cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config")); err == nil && cfg.Status.Socket == "" {
-			fmt.Fprintln(stderr, "autopilot-health status: status.socket is empty in the configuration: the daemon serves no status")
-			return exitError
+			emptied = true
 		}
 		// The file may name another socket than the running daemon's, or
 		// not load at all (a refused reload): the daemon is asked anyway.
@@ -62,6 +66,10 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		if !errors.Is(err, errNotRunning) {
 			break
 		}
+	}
+	if emptied && (errors.Is(err, errNotRunning) || notSocket != nil) {
+		fmt.Fprintln(stderr, "autopilot-health status: status.socket is empty in the configuration: the daemon serves no status")
+		return exitError
 	}
 	if errors.Is(err, errNotRunning) && notSocket != nil {
 		err = notSocket
