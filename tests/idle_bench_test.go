@@ -211,6 +211,14 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// IDLE_JOURNAL=FILE: the daemon's journal, copied to FILE at the end
+	// (what a diagnostic build of the daemon wrote to its stderr: README,
+	// "Where the idle minute's wake-ups go").
+	if f := os.Getenv("IDLE_JOURNAL"); f != "" {
+		if err := os.WriteFile(f, []byte(s.Journal("autopilot-health.service")), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
 	b.ReportMetric(float64(all1.cpu-all0.cpu)/1e6/at1.Sub(at0).Minutes(), "cpu-ms/min")
 	b.ReportMetric(float64(unit1-unit0)/1e6/at1.Sub(at0).Minutes(), "unit-cpu-ms/min")
 	b.ReportMetric(float64(all1.waits-all0.waits)/at1.Sub(at0).Minutes(), "waits/min")
