@@ -17,6 +17,21 @@ func (s *Store) Keep(key string, fn func() any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.keepers[key] = fn
+	delete(s.last, key)
+}
+
+// KeepLast is Keep for a value that holds what other producers handed over
+// to its own before they moved their kept values on: its fn is called after
+// every Keep's fn of the same save. The Event writer's pending occurrences
+// are such a value, the kernel log cursor such another: read in this order,
+// every record the saved cursor counts as handled has its occurrence in
+// the saved events (a record handled between the two reads is in both, and
+// handled again at the next start, never lost).
+func (s *Store) KeepLast(key string, fn func() any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keepers[key] = fn
+	s.last[key] = true
 }
 
 // Memo decodes the value kept under key in this boot into v and reports

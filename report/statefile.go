@@ -79,7 +79,12 @@ func (s *Store) snapshot() ([]Condition, map[string]map[string]Condition, map[st
 		memos[k] = raw
 	}
 	for k, fn := range s.keepers {
-		memos[k] = fn()
+		if !s.last[k] {
+			memos[k] = fn()
+		}
+	}
+	for k := range s.last { // after the others (KeepLast)
+		memos[k] = s.keepers[k]()
 	}
 	return conds, parts, memos, observed, s.encodedLocked(memos)
 }

@@ -28,6 +28,8 @@ type Store struct {
 	// produce the current ones at each Save.
 	memos   map[string]json.RawMessage
 	keepers map[string]func() any
+	// last are the keys whose keepers run after the others (KeepLast).
+	last map[string]bool
 	// onWritten are the hooks told of the end of each write (OnWritten);
 	// inWrite, the values their keepers returned into the writes encoded
 	// and not ended yet (by generation, the last few: a write whose end
@@ -81,7 +83,7 @@ type Store struct {
 // NewStore returns an empty store for the given boot.
 func NewStore(bootID string) *Store {
 	return &Store{conds: map[string]Condition{}, parts: map[string]map[string]Condition{}, bootID: bootID,
-		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{}, onWritten: map[string]func(any, error){},
+		changed: make(chan struct{}), memos: map[string]json.RawMessage{}, keepers: map[string]func() any{}, last: map[string]bool{}, onWritten: map[string]func(any, error){},
 		dirty: make(chan struct{}, 1), later: make(chan struct{}, 1), released: map[string]time.Time{}, cleared: map[string]time.Time{}, observed: map[string]bool{},
 		evaluatedHere: map[string]bool{}, changedHere: map[string]bool{}}
 }

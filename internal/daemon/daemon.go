@@ -213,6 +213,10 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		// (the kubelet writes it when the node joins).
 		d.events = kube.NewEventQueue(d.kubeM)
 		d.store.Observe(d.events)
+		// Kept in the state file from the start too: the kernel log
+		// cursor saved beside them counts the records whose events
+		// they are as handled (kube.EventQueue).
+		d.events.KeepIn(d.store)
 	}
 	if opts.Listener != nil {
 		d.metricsBind.ln = opts.Listener

@@ -82,7 +82,6 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 	// The aggregation of an earlier run in this boot (a restart), kept in
 	// the state file from now on.
 	aggs := r.restoreEvents()
-	r.o.Store.Keep(EventsKey, r.keptEvents)
 	r.m.setEventsWaiting(waiting(aggs))
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := r.newErrorLog("writing events of node " + r.o.NodeName)
@@ -110,7 +109,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			r.keepEvents(aggs, time.Now(), true)
 			return
 		case e := <-r.events:
-			r.fold(aggs, e)
+			r.take(aggs, e)
 			r.foldQueued(aggs) // everything already queued, before writing
 		case <-timer.C:
 		case <-r.apiBack():
@@ -183,11 +182,18 @@ func (r *Reporter) foldQueued(aggs map[aggKey]*aggregate) {
 	for {
 		select {
 		case e := <-r.events:
-			r.fold(aggs, e)
+			r.take(aggs, e)
 		default:
 			return
 		}
 	}
+}
+
+// take folds e, taken off the queue: the queue keeps it for the state
+// file until the aggregation that holds it is published (keepEvents).
+func (r *Reporter) take(aggs map[aggKey]*aggregate, e report.Event) {
+	r.taken++
+	r.fold(aggs, e)
 }
 
 // finalFlush makes one short attempt (finalWriteTimeout), on shutdown, to

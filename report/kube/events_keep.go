@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"time"
 
@@ -29,6 +28,10 @@ type keptEventsState struct {
 	// Seq is the sequence number of the last Event name taken.
 	Seq    uint64      `json:"seq"`
 	Events []keptEvent `json:"events,omitempty"`
+	// Queued are the occurrences handled but not in Events yet (queued,
+	// or taken by the writer since it last published Events): the next
+	// start queues them again (EventQueue.KeepIn).
+	Queued []queuedEvent `json:"queued,omitempty"`
 }
 
 // keptEvent is one aggregate: what decides whether an occurrence is its
@@ -68,8 +71,10 @@ func (r *Reporter) keepEvents(aggs map[aggKey]*aggregate, now time.Time, force b
 	if !r.eventsChanged && !r.eventsNamed && !r.eventsTrimmed {
 		return
 	}
-	if !force && !r.eventsNamed && !r.eventsTrimmed && now.Sub(r.keptAt) < keepEvery {
-		return // the loop wakes for it
+	if !force && !r.eventsNamed && !r.eventsTrimmed && now.Sub(r.keptAt) < keepEvery && r.taken < eventQueue {
+		// The loop wakes for it; what it took meanwhile the queue keeps
+		// (EventQueue.keep), a queue's length of it at most.
+		return
 	}
 	r.keptAt = now
 	st := keptEventsState{Node: r.o.NodeName, Seq: r.eventSeq, Events: make([]keptEvent, 0, len(aggs))}
@@ -82,9 +87,8 @@ func (r *Reporter) keepEvents(aggs map[aggKey]*aggregate, now time.Time, force b
 		}
 		st.Events = append(st.Events, e)
 	}
-	r.keptMu.Lock()
-	r.kept = st
-	r.keptMu.Unlock()
+	r.o.Events.publish(st, r.taken)
+	r.taken = 0
 	switch {
 	case r.eventsNamed:
 		r.o.Store.Touch()
@@ -94,28 +98,19 @@ func (r *Reporter) keepEvents(aggs map[aggKey]*aggregate, now time.Time, force b
 	r.eventsChanged, r.eventsNamed, r.eventsTrimmed = false, false, false
 }
 
-// keptEvents is the value kept under EventsKey: the last one published
-// (never changed after: keepEvents publishes a new one).
-func (r *Reporter) keptEvents() any {
-	r.keptMu.Lock()
-	defer r.keptMu.Unlock()
-	return r.kept
-}
-
 // restoreEvents returns the aggregation an earlier run of the daemon kept
 // in this boot's state file (none without one), and publishes it as the
 // value kept from now on. Entries that are not as the daemon writes them
-// are left out, and said so once.
+// are left out, and said so once. (The occurrences the file held that its
+// Events did not count yet are in the queue: EventQueue.KeepIn.)
 func (r *Reporter) restoreEvents() map[aggKey]*aggregate {
 	aggs := map[aggKey]*aggregate{}
-	r.kept = keptEventsState{Node: r.o.NodeName, Seq: r.eventSeq}
-	var raw json.RawMessage
-	if !r.o.Store.Memo(EventsKey, &raw) {
-		return aggs
-	}
-	var st keptEventsState
-	if err := json.Unmarshal(raw, &st); err != nil {
-		r.o.Log.Warn("the Events kept in the state file are unreadable; events that repeat after this restart make Events of their own", "err", err)
+	st, had, err := r.o.Events.restored()
+	if !had || err != nil {
+		if err != nil {
+			r.o.Log.Warn("the Events kept in the state file are unreadable; events that repeat after this restart make Events of their own", "err", err)
+		}
+		r.o.Events.publish(keptEventsState{Node: r.o.NodeName, Seq: r.eventSeq}, 0)
 		return aggs
 	}
 	// Names stay unique also where the clock's start is not later (a
@@ -124,7 +119,7 @@ func (r *Reporter) restoreEvents() map[aggKey]*aggregate {
 	if st.Node != r.o.NodeName {
 		// Events about another Node's name: this node's next Events are
 		// its own.
-		r.kept.Seq = r.eventSeq
+		r.o.Events.publish(keptEventsState{Node: r.o.NodeName, Seq: r.eventSeq}, 0)
 		return aggs
 	}
 	left := 0

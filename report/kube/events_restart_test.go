@@ -328,3 +328,76 @@ func TestKeptEventsNotAsWrittenAreLeftOut(t *testing.T) {
 		})
 	}
 }
+
+// A crash right after occurrences were folded into an Event, before the
+// aggregation that holds them was published for the state file (keepEvery:
+// at most once a second for a change of counts alone) or its count patched
+// (every 10 s): the save that came first holds them beside the kernel log
+// cursor past their records, as occurrences not in the Events yet, and the
+// next start counts them. Before, the save held the Event's count as of its
+// create, the cursor was past their records, and they were lost (319 of 450
+// in TestKmsgBurstAcrossRestart's SIGKILL case).
+func TestOccurrencesNotKeptYetSurviveACrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := startEventDaemon(t)
+		d.ioError(diskError)
+		synctest.Wait() // created, published with count 1
+		for range 4 {
+			d.ioError(diskError)
+		}
+		synctest.Wait() // folded, not published: within keepEvery
+		saved := restartStore(t, d.store)
+		// The crash: nothing more reaches the API server.
+		var mu sync.Mutex
+		dead := true
+		d.client.PrependReactor("*", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if dead {
+				return true, nil, errors.New("connection refused")
+			}
+			return false, nil, nil
+		})
+		d.stop()
+		mu.Lock()
+		dead = false
+		mu.Unlock()
+		if evs := events(t, d.client); len(evs) != 1 || evs[0].Count != 1 {
+			logEvents(t, evs)
+			t.Fatalf("before the restart: %d Events; want 1 with count 1", len(evs))
+		}
+		d.next(saved, 0)
+		evs := d.settle(time.Minute)
+		if len(evs) != 1 || evs[0].Count != 5 {
+			logEvents(t, evs)
+			t.Errorf("5 occurrences, a crash after the 4 last were folded: %d Events; want 1 with count 5", len(evs))
+		}
+		d.stop()
+	})
+}
+
+// Events still in the queue at a crash (the event writer not started yet:
+// the kubeconfig appeared later, or it was busy with a write) are in the
+// state file beside the cursor past their records, and the next start sends
+// them. Before, only the writer's aggregation was kept, from its start.
+func TestQueuedEventsSurviveACrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := report.NewStore("b")
+		q := NewEventQueue(NewMetrics(nil))
+		store.Observe(q)
+		q.KeepIn(store)
+		for range 3 {
+			store.Emit(report.Event{Reason: "IOError", Message: diskError, Time: time.Now()})
+		}
+		next := restartStore(t, store)
+		client := fake.NewClientset(kubeletNode())
+		h := start(t, client, next)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		h.stop()
+		if evs := events(t, client); len(evs) != 1 || evs[0].Count != 3 {
+			logEvents(t, evs)
+			t.Errorf("3 events queued at a crash: %d Events after the restart; want 1 with count 3", len(evs))
+		}
+	})
+}

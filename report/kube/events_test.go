@@ -737,7 +737,7 @@ func TestShutdownInAnOutageSaysWhatWaitsIsKept(t *testing.T) {
 		}
 		synctest.Wait()
 		h.stop()
-		kept := h.r.keptEvents().(keptEventsState)
+		kept, _, _ := h.r.o.Events.restored()
 		if len(kept.Events) != 1 || kept.Events[0].Count != 3 || kept.Events[0].Name != "" {
 			t.Fatalf("kept for the next start after SIGTERM in the outage: %+v, want the Event not created, count 3", kept.Events)
 		}

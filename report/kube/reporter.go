@@ -223,13 +223,11 @@ type Reporter struct {
 	// eventsChanged: the event loop changed its aggregation since it was
 	// last kept (keepEvents); eventsNamed: an Event was created since;
 	// eventsTrimmed: aggregates done with were dropped since. keptAt:
-	// when it was last kept.
+	// when it was last kept; taken: the events taken off the queue since
+	// (EventQueue.publish). The event loop's alone.
 	eventsChanged, eventsNamed, eventsTrimmed bool
 	keptAt                                    time.Time
-	// keptMu guards kept, the aggregation as the state file takes it
-	// (keptEvents).
-	keptMu sync.Mutex
-	kept   keptEventsState
+	taken                                     int
 	// refusedKey is the errKey of the last refusal logged (dropRefused).
 	refusedKey string
 	// failing counts the writers whose last call failed without an answer
@@ -260,42 +258,13 @@ func New(o Options) *Reporter {
 		o.Events = NewEventQueue(o.Metrics)
 		o.Store.Observe(o.Events)
 	}
+	// The queue's events, and the aggregation this reporter publishes, go
+	// to the state file from now on (a no-op where the caller did so).
+	o.Events.KeepIn(o.Store)
 	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), refreshes: make(chan foldOffer), back: make(chan struct{}), failingNow: make(chan struct{}, 1),
 		eventSeq: eventSeqStart()}
 	r.m.SetReporting(true)
 	return r
-}
-
-// EventQueue holds the daemon's events until the reporter sends them. It is
-// a report.Observer that never blocks: when the queue is full an event is
-// dropped and counted.
-type EventQueue struct {
-	ch chan report.Event
-	m  *Metrics
-}
-
-// NewEventQueue returns an empty queue; register it with the store.
-func NewEventQueue(m *Metrics) *EventQueue {
-	q := &EventQueue{ch: make(chan report.Event, eventQueue), m: m}
-	m.mu.Lock()
-	m.queue = q
-	m.mu.Unlock()
-	return q
-}
-
-// ConditionChanged implements report.Observer.
-func (q *EventQueue) ConditionChanged(*report.Condition, report.Condition) {}
-
-// ConditionRestored implements report.Observer.
-func (q *EventQueue) ConditionRestored(report.Condition) {}
-
-// EventEmitted implements report.Observer.
-func (q *EventQueue) EventEmitted(e report.Event) {
-	select {
-	case q.ch <- e:
-	default:
-		q.m.dropped.Inc()
-	}
 }
 
 // Run runs the status, event and annotation writers until ctx is done.
