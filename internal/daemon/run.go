@@ -21,7 +21,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Unlock()
 	srv := d.gate.server(d.Handler())
 	srvErr := make(chan error, 1)
-	rctx, cancel := context.WithCancel(ctx)
+	// The loops stop when Run says, not with ctx: the kernel log reader
+	// first (stopReader), then the others (cancel).
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	var wg sync.WaitGroup
 	if ln := d.metricsListener(); ln != nil {
@@ -49,13 +51,20 @@ func (d *Daemon) Run(ctx context.Context) error {
 		stopStatus()
 		<-statusDone
 	}()
+	stopReader := func() {}
 	if d.kmsg != nil {
 		// Before the reporter reads the Node: the kernel conditions are in
 		// the store (Unknown until the log is read, or as restored from this
 		// boot), and the reader follows the log.
 		d.kmsg.Start(time.Now(), kmsg.BootWall())
 		d.live.Expect("kmsg", kmsgReadTimeout)
-		wg.Go(func() { d.newReader().Run(rctx) })
+		kctx, stop := context.WithCancel(rctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			d.newReader().Run(kctx)
+		}()
+		stopReader = func() { stop(); <-done }
 	}
 	wg.Go(func() { d.reportToKubernetes(rctx) })
 	// Before the starting line: how long the start may take.
@@ -84,6 +93,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.stopping = true
 	d.mu.Unlock()
 	d.log.Info("shutting down; conditions are left as they are")
+	// The kernel log reader stops first, and handles no record after:
+	// the Event writer's last send and its last snapshot for the state
+	// file then hold the events of every record the cursor in the final
+	// save counts as handled. Stopped together, a record the reader
+	// handled after the writer's last send was in no Event, and the
+	// cursor saved was past it (a record lost at a clean stop).
+	stopReader()
 	cancel()
 	wg.Wait()
 	// Before the final save: what a reload or a clear in flight changes
