@@ -91,9 +91,12 @@ func mustIn(t *testing.T, in func(args ...string) (string, error), args ...strin
 // restarted for ever: systemd cannot execute them (203/EXEC), and before,
 // Restart=always with no start limit tried again every RestartSec (5 s, the
 // helper's 1 s), a failed start and its journal lines each time, until the
-// next boot. Now each unit stays failed, status=203/EXEC, and nothing
-// starts over a window of twice RestartSec; once the extension is merged
-// again, a daemon-reload and a start bring the daemon back.
+// next boot. Now each unit's automatic restart finds its
+// ConditionPathExists= (the binary) unmet: the unit goes inactive, no exec
+// is tried, and nothing starts over a window of twice RestartSec; once the
+// extension is merged again, a daemon-reload and a start bring the daemon
+// back. (An exec that fails with the binary there is restarted:
+// TestExecFailedWithTheBinaryThereIsRestarted.)
 func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 	dir, err := os.MkdirTemp("", "autopilot-health-sysext-unmerge-")
 	if err != nil {
@@ -133,12 +136,18 @@ func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 	if err := s.KillMain(ctx, unit, 9); err != nil {
 		t.Fatal(err)
 	}
-	failed203 := func(name string) systemd.Unit {
+	// Each automatic restart finds its binary gone: the start is skipped
+	// (ConditionPathExists=), the unit inactive, and not restarted again.
+	skipped := func(name string) systemd.Unit {
 		t.Helper()
 		var u systemd.Unit
-		eventually(t, 30*time.Second, name+" failed with status 203/EXEC, not restarted", func() (bool, string) {
+		eventually(t, 30*time.Second, name+" inactive, its restart skipped on its unmet ConditionPathExists=", func() (bool, string) {
 			var err error
 			u, err = s.Bus.Unit(ctx, name)
+			if err != nil {
+				return false, err.Error()
+			}
+			up, err := s.Properties(ctx, name, "Unit")
 			if err != nil {
 				return false, err.Error()
 			}
@@ -146,12 +155,16 @@ func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
+			cond, _ := up["ConditionResult"].Value().(bool)
 			st, _ := sp["ExecMainStatus"].Value().(int32)
-			return u.ActiveState == "failed" && st == 203, fmt.Sprintf("%s/%s result %s status %d NRestarts %d", u.ActiveState, u.SubState, u.Result, st, u.NRestarts)
+			if u.ActiveState == "failed" && st == 203 {
+				t.Fatalf("%s failed with status 203/EXEC: its restart tried to execute a binary that is gone", name)
+			}
+			return u.ActiveState == "inactive" && u.NRestarts >= 1 && !cond, fmt.Sprintf("%s/%s result %s status %d NRestarts %d ConditionResult %v", u.ActiveState, u.SubState, u.Result, st, u.NRestarts, cond)
 		})
 		return u
 	}
-	d0, h0 := failed203(unit), failed203(helper)
+	d0, h0 := skipped(unit), skipped(helper)
 	t.Logf("after the crash: %s %s/%s NRestarts=%d; %s %s/%s NRestarts=%d", unit, d0.ActiveState, d0.Result, d0.NRestarts, helper, h0.ActiveState, h0.Result, h0.NRestarts)
 	// The window: twice the daemon's RestartSec (5 s), ten times the
 	// helper's (1 s); nothing is to happen, so a window of time is the
@@ -165,21 +178,25 @@ func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if u.ActiveState != "failed" || u.NRestarts != w.then.NRestarts || u.Invocation != w.then.Invocation {
-			t.Errorf("%s over 10 s after it could not be executed: %s/%s, NRestarts %d -> %d, invocation %s -> %s: it spins",
+		if u.ActiveState != "inactive" || u.NRestarts != w.then.NRestarts || u.Invocation != w.then.Invocation {
+			t.Errorf("%s over 10 s after its binary went: %s/%s, NRestarts %d -> %d, invocation %s -> %s: it spins",
 				w.name, u.ActiveState, u.SubState, w.then.NRestarts, u.NRestarts, w.then.Invocation, u.Invocation)
 		}
 	}
-	// PID 1's lines (to the console here, to the journal on a node): one
-	// failed execution per unit, whoever started it (a restart, the
-	// path unit, the image's Upholds=), not one per RestartSec.
+	for _, name := range []string{"autopilot-health.path", "autopilot-health-privileged.socket"} {
+		u, err := s.Bus.Unit(ctx, name)
+		t.Logf("after the window, %s: %s/%s %v", name, u.ActiveState, u.SubState, err)
+	}
+	// PID 1's lines (to the console here, to the journal on a node): no
+	// execution tried, whoever started the unit (a restart, the path unit,
+	// the image's Upholds=).
 	console, err := os.ReadFile(filepath.Join(s.Dir, "logs", "console.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{unit, helper} {
-		if n := strings.Count(string(console), name+": Main process exited, code=exited, status=203/EXEC"); n != 1 {
-			t.Errorf("%s could not be executed %d times, want once; PID 1's lines of the units:\n%s", name, n, unitLines(string(console)))
+		if n := strings.Count(string(console), name+": Main process exited, code=exited, status=203/EXEC"); n != 0 {
+			t.Errorf("%s: systemd tried to execute its gone binary %d times, want none; PID 1's lines of the units:\n%s", name, n, unitLines(string(console)))
 		}
 	}
 	t.Logf("PID 1's lines of the units:\n%s", lastBytes(unitLines(string(console)), 2500))
@@ -189,6 +206,13 @@ func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 	mustIn(t, in, "systemctl", "daemon-reload")
 	mustIn(t, in, "systemctl", "start", unit)
 	waitUnitFor(t, s, unit, 2*time.Minute, "the daemon active again after the merge, a reload and a start", active)
+	// The units PartOf= the daemon, stopped with its skipped restart, are
+	// started with it (its Wants=).
+	for _, name := range []string{"autopilot-health.path", "autopilot-health-privileged.socket"} {
+		if u, err := s.Bus.Unit(ctx, name); err != nil || u.ActiveState != "active" {
+			t.Errorf("after the merge, a reload and a start, %s: %+v %v", name, u, err)
+		}
+	}
 }
 
 // TestSysextRefreshToANewerImage: an upgrade by image swap, a newer image
@@ -333,4 +357,119 @@ func unitLines(console string) string {
 		}
 	}
 	return lastBytes(strings.Join(out, "\n"), 6000)
+}
+
+// TestExecFailedWithTheBinaryThereIsRestarted: an exec of the daemon or of
+// its helper that fails while the binary is there (status=203/EXEC) is
+// restarted every RestartSec, and the unit comes back on its own once the
+// exec works again. On a node that is an execve failing for want of memory
+// or processes (an OOM kill, then its restart's exec fails): at 5a35bc1
+// (RestartPreventExitStatus=2 203, for a binary gone with its system
+// extension) the unit then stayed failed, and the node had no health daemon
+// until someone started it. The binary gone is TestSysextUnmergedDoesNotSpin
+// (ConditionPathExists=). ENOMEM cannot be made on purpose; two execs that
+// fail with the file present stand for it: a script whose interpreter is
+// not there (execve: ENOENT, the errno of a binary gone), and a file without
+// its execute bit (EACCES). The shipped units and binaries under a writable
+// /usr, a real systemd 252.
+func TestExecFailedWithTheBinaryThereIsRestarted(t *testing.T) {
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	dir, err := os.MkdirTemp("", "autopilot-health-execfail-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), map[string]string{"getty.target": "", "console-getty.service": ""},
+		harness.Options{KeepSyslog: true, UsrWritable: filepath.Join(dir, "usr-rw")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	const unit, helper = "autopilot-health.service", "autopilot-health-privileged.service"
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("PID 1's lines of the units:\n%s\n%s", unitLines(s.Console(1<<20)), lastBytes(s.Journal(unit, helper), 6000))
+		}
+	})
+	if err := harness.InstallDaemon(s.Root("/usr")); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	waitUnitFor(t, s, unit, 2*time.Minute, "the daemon active", active)
+	// The helper runs once the first pass asked it (the kernel log).
+	waitUnitFor(t, s, helper, 30*time.Second, "the helper active", active)
+	bins := map[string]string{unit: s.Root("/usr/bin/autopilot-health"), helper: s.Root("/usr/lib/autopilot-health/autopilot-health-privileged")}
+
+	for _, c := range []struct {
+		what         string
+		break_, mend func(bin string) error
+	}{
+		{"its interpreter is not there",
+			func(bin string) error {
+				if err := os.Rename(bin, bin+".good"); err != nil {
+					return err
+				}
+				return os.WriteFile(bin, []byte("#!/nonexistent\n"), 0o755)
+			},
+			func(bin string) error { return os.Rename(bin+".good", bin) }},
+		{"it has no execute bit",
+			func(bin string) error { return os.Chmod(bin, 0o644) },
+			func(bin string) error { return os.Chmod(bin, 0o755) }},
+	} {
+		then := map[string]systemd.Unit{}
+		for name, bin := range bins {
+			u, err := s.Bus.Unit(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			then[name] = u
+			if err := c.break_(bin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for name := range bins {
+			if err := s.KillMain(ctx, name, 9); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Restarted after a failed exec: a restart scheduled again (the
+		// second since the kill) with the last exit 203/EXEC.
+		for name := range bins {
+			eventually(t, 30*time.Second, name+" restarted after an exec that failed because "+c.what, func() (bool, string) {
+				u, err := s.Bus.Unit(ctx, name)
+				if err != nil {
+					return false, err.Error()
+				}
+				sp, err := s.Properties(ctx, name, "Service")
+				if err != nil {
+					return false, err.Error()
+				}
+				st, _ := sp["ExecMainStatus"].Value().(int32)
+				if u.ActiveState == "failed" && st == 203 {
+					t.Fatalf("%s failed with status 203/EXEC (%s) and is not restarted: %s/%s result %s NRestarts %d", name, c.what, u.ActiveState, u.SubState, u.Result, u.NRestarts)
+				}
+				return st == 203 && u.NRestarts >= then[name].NRestarts+2, fmt.Sprintf("%s/%s result %s status %d NRestarts %d (before the kill %d)", u.ActiveState, u.SubState, u.Result, st, u.NRestarts, then[name].NRestarts)
+			})
+		}
+		mended := time.Now()
+		for _, bin := range bins {
+			if err := c.mend(bin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for name := range bins {
+			u := waitUnitFor(t, s, name, time.Minute, name+" back on its own once its exec works again ("+c.what+")", func(u systemd.Unit) bool {
+				return active(u) && u.Invocation != then[name].Invocation
+			})
+			t.Logf("%s (%s): active again %.1f s after the exec could work, NRestarts %d", name, c.what, time.Since(mended).Seconds(), u.NRestarts)
+		}
+	}
 }
