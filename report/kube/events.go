@@ -110,7 +110,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 			return
 		case e := <-r.events:
 			r.take(aggs, e)
-			r.foldQueued(aggs) // everything already queued, before writing
+			r.foldQueued(aggs, eventQueue) // what is already queued, before writing
 		case <-timer.C:
 		case <-r.apiBack():
 			// The API server is back: what waits for its retry goes now,
@@ -177,9 +177,13 @@ func waiting(aggs map[aggKey]*aggregate) int {
 	return n
 }
 
-// foldQueued folds the events already queued, without waiting for more.
-func (r *Reporter) foldQueued(aggs map[aggKey]*aggregate) {
-	for {
+// foldQueued folds the events already queued, without waiting for more,
+// until limit were taken since the aggregation was last published (0: no
+// limit). The loop's limit is a queue's length, then it publishes
+// (keepEvents): the state file's occurrences not in the aggregation are
+// two queue's lengths at most (maxCarried).
+func (r *Reporter) foldQueued(aggs map[aggKey]*aggregate, limit int) {
+	for limit == 0 || r.taken < limit {
 		select {
 		case e := <-r.events:
 			r.take(aggs, e)
@@ -203,7 +207,7 @@ func (r *Reporter) take(aggs map[aggKey]*aggregate, e report.Event) {
 // file (keepEvents, saved after the reporter stops) for the next run in
 // this boot.
 func (r *Reporter) finalFlush(aggs map[aggKey]*aggregate) {
-	r.foldQueued(aggs)
+	r.foldQueued(aggs, 0) // the reader is stopped: the queue ends
 	ctx, cancel := context.WithTimeout(context.Background(), finalWriteTimeout)
 	defer cancel()
 	for _, a := range aggs {

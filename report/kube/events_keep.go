@@ -104,13 +104,34 @@ func (r *Reporter) keepEvents(aggs map[aggKey]*aggregate, now time.Time, force b
 // are left out, and said so once. (The occurrences the file held that its
 // Events did not count yet are in the queue: EventQueue.KeepIn.)
 func (r *Reporter) restoreEvents() map[aggKey]*aggregate {
+	aggs := r.restoreKept()
+	// The occurrences the state file held that its Events did not count
+	// yet, before any of this run's (the queue's): folded, not taken off
+	// the queue (r.taken), and kept until published below.
+	for _, q := range r.o.Events.takeCarried() {
+		e := report.Event{Reason: q.Reason, Message: q.Message, Time: q.First}
+		for i := range q.Count {
+			if i > 0 {
+				e.Time = q.Last
+			}
+			r.fold(aggs, e)
+		}
+	}
+	// Published as restored: what the state file holds already needs no
+	// save of its own (a save for the occurrences folded, with the next).
+	r.eventsTrimmed = true
+	r.keepEvents(aggs, time.Now(), true)
+	return aggs
+}
+
+// restoreKept returns the aggregation kept in the state file (restoreEvents).
+func (r *Reporter) restoreKept() map[aggKey]*aggregate {
 	aggs := map[aggKey]*aggregate{}
 	st, had, err := r.o.Events.restored()
 	if !had || err != nil {
 		if err != nil {
 			r.o.Log.Warn("the Events kept in the state file are unreadable; events that repeat after this restart make Events of their own", "err", err)
 		}
-		r.o.Events.publish(keptEventsState{Node: r.o.NodeName, Seq: r.eventSeq}, 0)
 		return aggs
 	}
 	// Names stay unique also where the clock's start is not later (a
@@ -119,7 +140,6 @@ func (r *Reporter) restoreEvents() map[aggKey]*aggregate {
 	if st.Node != r.o.NodeName {
 		// Events about another Node's name: this node's next Events are
 		// its own.
-		r.o.Events.publish(keptEventsState{Node: r.o.NodeName, Seq: r.eventSeq}, 0)
 		return aggs
 	}
 	left := 0
@@ -142,10 +162,6 @@ func (r *Reporter) restoreEvents() map[aggKey]*aggregate {
 	if left > 0 {
 		r.o.Log.Warn("Events kept in the state file left out: not as the daemon writes them; their events make Events of their own", "left_out", left, "restored", len(aggs))
 	}
-	// Published as restored: what the state file holds already needs no
-	// save of its own.
-	r.eventsTrimmed = true
-	r.keepEvents(aggs, time.Now(), true)
 	return aggs
 }
 

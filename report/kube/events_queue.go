@@ -18,7 +18,8 @@ import (
 // off the queue since, in the order they came. A crash then loses none of
 // an occurrence the kernel log cursor saved beside it counts as handled
 // (the queue is read after the cursor: report.Store.KeepLast): the next
-// start queues them again, before the events it emits itself.
+// start's writer folds them first, before the events it emits itself
+// (takeCarried).
 type EventQueue struct {
 	ch chan report.Event
 	m  *Metrics
@@ -36,7 +37,19 @@ type EventQueue struct {
 	// unkept are the events queued, or taken by the writer since it
 	// published kept, in order: a prefix of them is what it took.
 	unkept []report.Event
+	// carried are the occurrences the state file held that its Events did
+	// not count yet (KeepIn), kept before unkept until a writer took them
+	// (takeCarried) and published an aggregation that holds them.
+	carried      []queuedEvent
+	carriedTaken bool
 }
+
+// maxCarried bounds the occurrences a start takes over from the state
+// file's queued ones: what this build writes at most (the queue's length
+// queued, and as many taken by the writer since it last published: its
+// foldQueued stops there). More is not as the daemon writes it (an edited
+// file): left out and counted as dropped, never folded one by one.
+const maxCarried = 2 * eventQueue
 
 // NewEventQueue returns an empty queue; register it with the store.
 func NewEventQueue(m *Metrics) *EventQueue {
@@ -73,8 +86,8 @@ func (q *EventQueue) enqueueLocked(e report.Event) {
 
 // KeepIn keeps the queue in s's state file (under EventsKey, read after
 // the other kept values), taking over what the file holds: its Events for
-// the writer to restore (restored), its occurrences not yet in them queued
-// again, first. Call it after s was loaded and before events are emitted;
+// the writer to restore (restored), and its occurrences not yet in them for
+// the writer to fold first (takeCarried), maxCarried at most. Call it after s was loaded and before events are emitted;
 // again with the same store, it does nothing.
 func (q *EventQueue) KeepIn(s *report.Store) {
 	q.mu.Lock()
@@ -95,18 +108,30 @@ func (q *EventQueue) KeepIn(s *report.Store) {
 	queued := st.Queued
 	st.Queued = nil
 	q.kept = st
+	// Not queued again: the writer folds them first (takeCarried), and
+	// the queue's length is for the events of this run. Queued, those
+	// past it were dropped: a crash with the writer held in a call after
+	// it took a second's worth left up to twice as many.
+	q.carried, q.carriedTaken = nil, false
+	n := 0
 	for _, r := range queued {
 		if _, ok := report.LookupEvent(r.Reason); !ok || r.Count < 1 || r.First.IsZero() || r.Last.Before(r.First) {
 			q.m.dropped.Add(float64(max(r.Count, 1)))
 			continue
 		}
-		for i := range r.Count {
-			e := report.Event{Reason: r.Reason, Message: report.CapMessage(r.Message), Time: r.First}
-			if i > 0 {
-				e.Time = r.Last
-			}
-			q.enqueueLocked(e)
+		if r.Count > maxCarried-n {
+			q.m.dropped.Add(float64(r.Count - (maxCarried - n)))
+			r.Count = maxCarried - n
 		}
+		if r.Count < 1 {
+			continue
+		}
+		r.Message = report.CapMessage(r.Message)
+		if r.Count == 1 {
+			r.Last = r.First
+		}
+		q.carried = append(q.carried, r)
+		n += r.Count
 	}
 	q.mu.Unlock()
 	s.KeepLast(EventsKey, q.keep)
@@ -121,12 +146,25 @@ func (q *EventQueue) restored() (st keptEventsState, had bool, err error) {
 	return q.kept, q.had, q.keptErr
 }
 
+// takeCarried returns the occurrences the state file held that its Events
+// did not count yet, for the writer to fold before the events it takes off
+// the queue; they stay in what is kept until its next publish.
+func (q *EventQueue) takeCarried() []queuedEvent {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.carriedTaken = len(q.carried) > 0
+	return q.carried
+}
+
 // publish makes st the aggregation kept; it holds the first taken events
 // of unkept.
 func (q *EventQueue) publish(st keptEventsState, taken int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.kept, q.had, q.keptErr = st, true, nil
+	if q.carriedTaken {
+		q.carried, q.carriedTaken = nil, false
+	}
 	n := copy(q.unkept, q.unkept[min(taken, len(q.unkept)):])
 	clear(q.unkept[n:])
 	q.unkept = q.unkept[:n]
@@ -138,7 +176,7 @@ func (q *EventQueue) keep() any {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := q.kept
-	st.Queued = nil
+	st.Queued = append([]queuedEvent(nil), q.carried...)
 	for _, e := range q.unkept {
 		if n := len(st.Queued); n > 0 && st.Queued[n-1].Reason == e.Reason && st.Queued[n-1].Message == e.Message && !e.Time.Before(st.Queued[n-1].Last) {
 			st.Queued[n-1].Last = e.Time

@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -398,6 +400,100 @@ func TestQueuedEventsSurviveACrash(t *testing.T) {
 		if evs := events(t, client); len(evs) != 1 || evs[0].Count != 3 {
 			logEvents(t, evs)
 			t.Errorf("3 events queued at a crash: %d Events after the restart; want 1 with count 3", len(evs))
+		}
+	})
+}
+
+// A crash while the event writer is held in a create (an API server that
+// takes a call and does not answer) after it took a second's occurrences
+// without publishing them: the state file holds those taken and the full
+// queue beside them, up to twice the queue's length, and the next start
+// counts every one. Before, the start put them back in the queue (1,024):
+// the rest were dropped, and a flood's Events lost the occurrences the
+// saved cursor counted as handled.
+func TestQueuedPastTheQueuesLengthSurviveACrash(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := startEventDaemon(t)
+		d.ioError(diskError)
+		synctest.Wait() // created, published
+		const taken = 900
+		for range taken {
+			d.ioError(diskError)
+		}
+		synctest.Wait() // folded, not published: within keepEvery
+		var mu sync.Mutex
+		hang := make(chan struct{})
+		hung, dead := true, false
+		d.client.PrependReactor("*", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			h := hung
+			mu.Unlock()
+			if h {
+				<-hang
+			}
+			mu.Lock()
+			x := dead
+			mu.Unlock()
+			if x {
+				return true, nil, errors.New("connection refused")
+			}
+			return false, nil, nil
+		})
+		d.ioError("Buffer I/O error on dev sdb1, logical block 0")
+		synctest.Wait() // the writer held in its create
+		for range eventQueue {
+			d.ioError(diskError)
+		}
+		saved := restartStore(t, d.store)
+		// The crash: nothing more reaches the API server.
+		mu.Lock()
+		hung, dead = false, true
+		mu.Unlock()
+		close(hang)
+		d.stop()
+		mu.Lock()
+		dead = false
+		mu.Unlock()
+		d.next(saved, 0)
+		evs := d.settle(time.Minute)
+		var total int32
+		for _, e := range evs {
+			total += e.Count
+		}
+		if want := int32(1 + taken + 1 + eventQueue); total != want {
+			logEvents(t, evs)
+			t.Errorf("%d occurrences handled before a crash with the writer held: the Events count %d after the restart", want, total)
+		}
+		d.stop()
+	})
+}
+
+// A state file whose queued occurrences are more than this build writes
+// (an edited file, a count of 2^40): the start folds maxCarried of them and
+// counts the rest as dropped in one step, promptly. Before, it put each
+// back in the queue one by one, dropping those past its length: 2^40
+// iterations before the daemon started.
+func TestQueuedCountNotAsWrittenIsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const count = 1 << 40
+		at := time.Now()
+		edited := report.NewStore("b")
+		edited.Keep(EventsKey, func() any {
+			return keptEventsState{Node: node, Seq: 1, Queued: []queuedEvent{
+				{Reason: "IOError", Message: diskError, First: at, Last: at, Count: count},
+			}}
+		})
+		h := start(t, fake.NewClientset(kubeletNode()), restartStore(t, edited))
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		h.stop()
+		evs := events(t, h.client)
+		if len(evs) != 1 || evs[0].Count != maxCarried {
+			logEvents(t, evs)
+			t.Errorf("%d Events; want 1 with count %d", len(evs), maxCarried)
+		}
+		if v := testutil.ToFloat64(h.m.dropped); v != count-maxCarried {
+			t.Errorf("dropped %v; want %d", v, count-maxCarried)
 		}
 	})
 }
