@@ -3,6 +3,7 @@ package daemon
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -160,10 +162,75 @@ func (g *metricsGate) release(c *gateConn) func() {
 type gateListener struct {
 	net.Listener
 	g *metricsGate
+	// done is closed by Close: a wait between failed accepts ends.
+	done      chan struct{}
+	closeOnce sync.Once
+	// The failed accepts in a row (only Serve's goroutine calls Accept):
+	// the last error, how many, and the backoff between them.
+	failErr string
+	failed  int
+	bo      backoff.Backoff
 }
 
+// The waits between accepts that failed in a row: net/http's for the
+// errors it calls temporary (5 ms, doubling to 1 s).
+const (
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
+)
+
 // listener bounds the connections of ln.
-func (g *metricsGate) listener(ln net.Listener) net.Listener { return &gateListener{ln, g} }
+func (g *metricsGate) listener(ln net.Listener) net.Listener {
+	return &gateListener{Listener: ln, g: g, done: make(chan struct{}), bo: backoff.Backoff{Min: acceptRetryMin, Max: acceptRetryMax}}
+}
+
+func (l *gateListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// accept is the next connection of the listener. An accept that fails
+// but for a closed listener is tried again after a wait: net/http's Serve
+// returns at the first error it does not call temporary, and Run with it,
+// stopping the daemon; but Linux passes a connection's pending network
+// error to accept (EPROTO, ENETUNREACH, EHOSTUNREACH...) and fails it with
+// ENOMEM or ENOBUFS under memory pressure (accept(2)), and the listener
+// serves on after either. Logged once per run of failures (and per change
+// of the error), and once when an accept succeeds again.
+func (l *gateListener) accept() (net.Conn, error) {
+	for {
+		nc, err := l.Listener.Accept()
+		if err == nil {
+			if l.failed > 0 {
+				l.g.log.Info("metrics listener accepting again", "failed_accepts", l.failed)
+				l.failed, l.failErr = 0, ""
+				l.bo.Reset()
+			}
+			return nc, nil
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return nil, err
+		}
+		select {
+		case <-l.done:
+			return nil, err
+		default:
+		}
+		l.failed++
+		wait := l.bo.Next()
+		if err.Error() != l.failErr {
+			l.failErr = err.Error()
+			l.g.log.Warn("metrics listener: accepting a connection failed; retrying with backoff", "err", err, "retry_in", wait.Round(time.Millisecond))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-l.done:
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
+}
 
 // refusal is the answer to a connection refused: all open ones are being
 // answered.
@@ -175,7 +242,7 @@ const refusalText = "autopilot-health: too many connections open, try again late
 func (l *gateListener) Accept() (net.Conn, error) {
 	g := l.g
 	for {
-		nc, err := l.Listener.Accept()
+		nc, err := l.accept()
 		if err != nil {
 			return nil, err
 		}
