@@ -29,7 +29,7 @@ import (
 // is kept with a hash of what it shows (labels, values, buckets,
 // quantiles), and only a family whose hash changed is encoded again. A gzip response compresses
 // only the parts of the page whose text changed (gzipper). Other formats
-// (protobuf, OpenMetrics) are promhttp's, unchanged. Measured by
+// (protobuf; OpenMetrics, which promhttp answers in text as it is not enabled) are promhttp's, unchanged. Measured by
 // BenchmarkScrape (README, Cost).
 func (m *Metrics) Handler(errorLog *log.Logger) http.Handler {
 	return newExposition(m.Registry, m.runtime, m.families, m.Gatherer(), errorLog)
