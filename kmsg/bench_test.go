@@ -134,7 +134,7 @@ func BenchmarkReaderLoop(b *testing.B) {
 	// the first open reads the ring to its end handling nothing (skipRing),
 	// and a device that never waits would be read to its end there.
 	rd := &Reader{Path: "mem", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ReadTimeout: time.Second,
-		FromStart: true, Progress: func(string, time.Duration) {}, Open: func(string) (Device, error) { return dev, nil }}
+		FromStart: true, Progress: func(string, time.Duration) {}, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	b.ReportAllocs()
 	b.ResetTimer()
 	rd.Run(ctx)
@@ -148,7 +148,7 @@ func BenchmarkReaderLoop(b *testing.B) {
 // the records in the ring buffer, half of them over and over. Needs the
 // right to read the kernel log (root).
 func BenchmarkDeviceRead(b *testing.B) {
-	dev, err := openDevice("/dev/kmsg")
+	dev, err := Open("/dev/kmsg")
 	if err != nil {
 		b.Skip("cannot open /dev/kmsg: ", err)
 	}

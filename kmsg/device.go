@@ -1,6 +1,7 @@
 package kmsg
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"syscall"
@@ -14,7 +15,7 @@ import (
 // that would block the open cannot hold up the daemon or its shutdown) and
 // refuses what is not a character device: a directory, a regular file or a
 // FIFO is never the kernel log.
-func openDevice(path string) (Device, error) {
+func openDevice(_ context.Context, path string) (Device, error) {
 	return Open(path)
 }
 

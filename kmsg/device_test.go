@@ -119,7 +119,7 @@ func TestKmsgFileQuietWaitsMakeNoReadOrRearm(t *testing.T) {
 // readable, so the next Read reads first. On the real device (as root;
 // BenchmarkDeviceRead seeks so): the ring buffer holds this boot's records.
 func TestKmsgFileReadsAfterASeek(t *testing.T) {
-	dev, err := openDevice("/dev/kmsg")
+	dev, err := Open("/dev/kmsg")
 	if err != nil {
 		testenv.Skip(t, "cannot open /dev/kmsg: "+err.Error())
 	}

@@ -52,7 +52,7 @@ func TestOpenRefusedByPrintkDevkmsgIsSaid(t *testing.T) {
 				mon := NewMonitor(o)
 				var logBuf bytes.Buffer
 				rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logBuf, nil)), ReadTimeout: 10 * time.Second,
-					Open: func(string) (Device, error) { return nil, tc.err }}
+					Open: func(context.Context, string) (Device, error) { return nil, tc.err }}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
 				rd.Run(ctx)

@@ -60,8 +60,12 @@ type Reader struct {
 	// kernel log device, not to what a test's Open returns.
 	Gather time.Duration
 	// Open opens the device (default: the kernel log device, read-only,
-	// refusing what is not /dev/kmsg); tests replace it.
-	Open func(path string) (Device, error)
+	// refusing what is not /dev/kmsg); tests replace it. It is given the
+	// reader's context and must return once that is done: an open that
+	// waits (the privileged helper's, up to its 30 s) would hold the
+	// stop, and with it the Event writer's last send and the final save,
+	// behind it (Run awaits the reader first).
+	Open func(ctx context.Context, path string) (Device, error)
 	// Refused, if set, tells an open error that no restart of the daemon
 	// ends (the privileged helper refusing its command line: it is
 	// refused again at each start). While the open fails with one, the
@@ -690,7 +694,12 @@ func (rd *Reader) Run(ctx context.Context) {
 		// after a seek to the end.
 		base.pending = false
 		var skipErr error
-		f, err := rd.Open(rd.Path)
+		f, err := rd.Open(ctx, rd.Path)
+		if err == nil && ctx.Err() != nil {
+			// Opened as the stop came: no record is read after it.
+			f.Close()
+			return
+		}
 		if err == nil {
 			_, err = f.Seek(0, io.SeekStart)
 			if err == nil && atEnd {
@@ -712,6 +721,11 @@ func (rd *Reader) Run(ctx context.Context) {
 			}
 		}
 		atEnd = false
+		if err != nil && ctx.Err() != nil {
+			// The open ended by the stop: not a failure to report (the
+			// kernel conditions Unknown in the final save).
+			return
+		}
 		if err != nil {
 			if !fail("cannot open the kernel log", explainOpen(err, rd.Monitor.o.Proc)) {
 				return
@@ -975,7 +989,7 @@ func (rd *Reader) Run(ctx context.Context) {
 // Scan reads every record still in the ring buffer once (for the one-shot
 // check) and returns how many it handled.
 func Scan(path string, mon *Monitor) (int, error) {
-	dev, err := openDevice(path)
+	dev, err := Open(path)
 	if err != nil {
 		return 0, explainOpen(err, mon.o.Proc)
 	}

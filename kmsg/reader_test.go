@@ -132,7 +132,7 @@ func TestReaderSetsTheDeadlineOncePerBurst(t *testing.T) {
 	mon := NewMonitor(opts(t, store))
 	mon.Start(time.Now(), time.Now())
 	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+		ReadTimeout: 8 * time.Second, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -176,7 +176,7 @@ func TestReaderWaitsOnTheGrid(t *testing.T) {
 		mon := NewMonitor(opts(t, store))
 		mon.Start(time.Now(), time.Now())
 		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-			ReadTimeout: 10 * time.Second, Grid: grid, Open: func(string) (Device, error) { return dev, nil }}
+			ReadTimeout: 10 * time.Second, Grid: grid, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { rd.Run(ctx); close(done) }()
@@ -242,7 +242,7 @@ func TestReaderBacksOffWhenEveryReadFails(t *testing.T) {
 		// reopen seeks to the start (see Run).
 		rd := &Reader{Path: dir, Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second, FromStart: true,
 			Progress: func(string, time.Duration) { beats.Add(1) },
-			Open: func(p string) (Device, error) {
+			Open: func(_ context.Context, p string) (Device, error) {
 				opens.Add(1)
 				return os.OpenFile(p, os.O_RDONLY, 0) // a directory: reads fail with EISDIR
 			}}
@@ -283,7 +283,7 @@ func TestReaderRecoversAfterReadErrors(t *testing.T) {
 		lg := &countingLog{}
 		rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second, FromStart: true,
 			Progress: func(string, time.Duration) { beats.Add(1) },
-			Open:     func(string) (Device, error) { return dev, nil }}
+			Open:     func(context.Context, string) (Device, error) { return dev, nil }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { rd.Run(ctx); close(done) }()
@@ -399,7 +399,7 @@ func TestCursorNeverRunsAheadOfTheState(t *testing.T) {
 					}
 				}
 				rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-					ReadTimeout: 20 * time.Millisecond, Open: func(string) (Device, error) { return dev, nil }}
+					ReadTimeout: 20 * time.Millisecond, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 				done := make(chan struct{})
 				go func() { rd.Run(ctx); close(done) }()
 				if crash != nil {
@@ -488,7 +488,7 @@ func TestOpenDeviceRefusesWhatIsNotTheKernelLog(t *testing.T) {
 	}
 	for path, want := range map[string]string{dir: "is a directory", file: "is a regular file", fifo: "is a FIFO"} {
 		done := make(chan error, 1)
-		go func() { _, err := openDevice(path); done <- err }()
+		go func() { _, err := Open(path); done <- err }()
 		select {
 		case err := <-done:
 			if err == nil || !strings.Contains(err.Error(), want+", not a character device") {
@@ -522,7 +522,7 @@ func TestReaderBacksOffWhenReadsWorkThenFail(t *testing.T) {
 		var opens atomic.Int64
 		lg := &countingLog{}
 		rd := &Reader{Path: "/dev/flaky", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second, FromStart: true,
-			Open: func(string) (Device, error) {
+			Open: func(context.Context, string) (Device, error) {
 				opens.Add(1)
 				return &flakyDevice{fakeDevice: fakeDevice{recs: [][]byte{[]byte("6,1,1,-;ordinary\n")}, readErr: syscall.EIO}}, nil
 			}}
@@ -583,7 +583,7 @@ func TestBusyLogIsCaughtUp(t *testing.T) {
 	mon := NewMonitor(opts(t, store))
 	mon.Start(time.Now(), time.Now())
 	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-		ReadTimeout: time.Second, Open: func(string) (Device, error) { return &busyDevice{}, nil }}
+		ReadTimeout: time.Second, Open: func(context.Context, string) (Device, error) { return &busyDevice{}, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -739,7 +739,7 @@ func readAllThenStop(t *testing.T, store *report.Store, dev Device, fd *fakeDevi
 	mon.Start(time.Now(), time.Now())
 	var logs testenv.SyncBuffer
 	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(&logs, nil)), FromStart: fromStart,
-		ReadTimeout: 8 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+		ReadTimeout: 8 * time.Second, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -784,7 +784,7 @@ func shiftedClockReader(t *testing.T, shift *atomic.Int64, first string) (wall f
 	mon = NewMonitor(opts(t, store))
 	mon.Start(wall(), wall())
 	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-		ReadTimeout: 10 * time.Second, Wall: wall, Open: func(string) (Device, error) { return dev, nil }}
+		ReadTimeout: 10 * time.Second, Wall: wall, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -926,7 +926,7 @@ func TestReopenWithoutACursorKeepsTheRecordsSinceTheStart(t *testing.T) {
 				}
 				rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 					ReadTimeout: 10 * time.Second,
-					Open: func(string) (Device, error) {
+					Open: func(context.Context, string) (Device, error) {
 						if openFails.Add(-1) >= 0 {
 							return nil, syscall.ENOENT
 						}
@@ -979,7 +979,7 @@ func TestReopenWithoutACursorSaysWhenTheGapBaseIsGone(t *testing.T) {
 		}}
 		lg := &countingLog{}
 		rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second,
-			Open: func(string) (Device, error) { return dev, nil }}
+			Open: func(context.Context, string) (Device, error) { return dev, nil }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { rd.Run(ctx); close(done) }()
@@ -1074,7 +1074,7 @@ func TestReopenWithoutACursorTellsTheStartBySequence(t *testing.T) {
 				dev := &fakeDevice{failReads: &readFails, readErr: syscall.EIO, recs: recs(c.ring)}
 				lg := &countingLog{}
 				rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(lg), ReadTimeout: 10 * time.Second,
-					Open: func(string) (Device, error) { return dev, nil }}
+					Open: func(context.Context, string) (Device, error) { return dev, nil }}
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
 				go func() { rd.Run(ctx); close(done) }()
@@ -1137,7 +1137,7 @@ func TestFirstOpenOfABusyLogEnds(t *testing.T) {
 	mon := NewMonitor(opts(t, store))
 	mon.Start(time.Now(), time.Now())
 	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		ReadTimeout: time.Second, skipFor: 20 * time.Millisecond, Open: func(string) (Device, error) { return &busyRing{}, nil }}
+		ReadTimeout: time.Second, skipFor: 20 * time.Millisecond, Open: func(context.Context, string) (Device, error) { return &busyRing{}, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -1201,7 +1201,7 @@ func TestFirstOpenOfAnOverrunLogEnds(t *testing.T) {
 	dev := &overrunFlood{}
 	defer dev.quit.Store(true)
 	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		ReadTimeout: time.Second, skipFor: 20 * time.Millisecond, Open: func(string) (Device, error) { return dev, nil }}
+		ReadTimeout: time.Second, skipFor: 20 * time.Millisecond, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
@@ -1237,7 +1237,7 @@ func TestReaderStopsDuringTheFirstOpenOfAnOverrunLog(t *testing.T) {
 	dev := &overrunFlood{reading: make(chan struct{})}
 	defer dev.quit.Store(true)
 	rd := &Reader{Path: "busy", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		ReadTimeout: time.Second, skipFor: time.Hour, Open: func(string) (Device, error) { return dev, nil }}
+		ReadTimeout: time.Second, skipFor: time.Hour, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()
@@ -1279,7 +1279,7 @@ func TestReaderRefusedOpenKeepsProgress(t *testing.T) {
 						beats = append(beats, beat{time.Now(), d})
 						mu.Unlock()
 					}, ReadTimeout: 10 * time.Second,
-					Open:    func(string) (Device, error) { return nil, tc.err },
+					Open:    func(context.Context, string) (Device, error) { return nil, tc.err },
 					Refused: func(err error) bool { return errors.Is(err, refused) }}
 				start := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -71,7 +71,7 @@ func TestReconfigureSwapsRulesWithoutLosingRecords(t *testing.T) {
 		}
 	}}
 	rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-		ReadTimeout: 20 * time.Millisecond, Open: func(string) (Device, error) { return dev, nil }}
+		ReadTimeout: 20 * time.Millisecond, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { rd.Run(ctx); close(done) }()

@@ -105,7 +105,7 @@ func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) 
 				// SIGKILL after the last save).
 				saved := make(chan struct{}, 1)
 				run := func() (mon *Monitor, store *report.Store, stop func()) {
-					return startFromStateFile(t, dir, func(string) (Device, error) {
+					return startFromStateFile(t, dir, func(context.Context, string) (Device, error) {
 						if openFails {
 							return nil, syscall.ENOENT
 						}
@@ -166,14 +166,14 @@ func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) 
 // on each Dirty, as the daemon's persister does (each change the state file
 // must take soon); saved, where not nil, gets a token after each save.
 // stop ends them with no save of its own (a SIGKILL after the last save).
-func startFromStateFile(t *testing.T, dir string, open func(string) (Device, error), saved chan<- struct{}) (mon *Monitor, store *report.Store, stop func()) {
+func startFromStateFile(t *testing.T, dir string, open func(context.Context, string) (Device, error), saved chan<- struct{}) (mon *Monitor, store *report.Store, stop func()) {
 	t.Helper()
 	return startFromStateFileHeld(t, dir, open, saved, nil)
 }
 
 // startFromStateFileHeld is startFromStateFile whose saver drops the save
 // requests while hold is set (a SIGKILL in the second before the save).
-func startFromStateFileHeld(t *testing.T, dir string, open func(string) (Device, error), saved chan<- struct{}, hold *atomic.Bool) (mon *Monitor, store *report.Store, stop func()) {
+func startFromStateFileHeld(t *testing.T, dir string, open func(context.Context, string) (Device, error), saved chan<- struct{}, hold *atomic.Bool) (mon *Monitor, store *report.Store, stop func()) {
 	t.Helper()
 	store = report.NewStore("b")
 	if _, err := store.Load(dir); err != nil {
@@ -238,7 +238,7 @@ func TestLostRecordsAreNotCountedAgainAfterASIGKILL(t *testing.T) {
 		// Dirty (no TouchLater save: the 10 s had not passed); stop ends it
 		// with no save of its own (a SIGKILL).
 		run := func() (mon *Monitor, stop func()) {
-			mon, _, stop = startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
+			mon, _, stop = startFromStateFile(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil)
 			return mon, stop
 		}
 		mon, stop := run()
@@ -284,7 +284,7 @@ func TestLostRecordsAreCountedOnceWhenKilledBeforeTheSave(t *testing.T) {
 		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
 		var hold atomic.Bool
 		run := func() (mon *Monitor, stop func()) {
-			mon, _, stop = startFromStateFileHeld(t, dir, func(string) (Device, error) { return dev, nil }, nil, &hold)
+			mon, _, stop = startFromStateFileHeld(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil, &hold)
 			return mon, stop
 		}
 		mon, stop := run()
@@ -326,7 +326,7 @@ func TestLostRecordsCountedWhenTheirSaveDoesNotEnd(t *testing.T) {
 		dir := t.TempDir()
 		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
 		var hold atomic.Bool
-		mon, _, stop := startFromStateFileHeld(t, dir, func(string) (Device, error) { return dev, nil }, nil, &hold)
+		mon, _, stop := startFromStateFileHeld(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil, &hold)
 		defer stop()
 		time.Sleep(time.Second)
 		synctest.Wait()
@@ -355,7 +355,7 @@ func TestCursorAheadOfTheKernelIsNotWaitedOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dir := t.TempDir()
 		ahead := &fakeDevice{recs: lines("6,1000,1,-;ordinary chatter")}
-		_, store, stop := startFromStateFile(t, dir, func(string) (Device, error) { return ahead, nil }, nil)
+		_, store, stop := startFromStateFile(t, dir, func(context.Context, string) (Device, error) { return ahead, nil }, nil)
 		time.Sleep(time.Minute) // the ring read to its end, the start (1000) saved
 		synctest.Wait()
 		stop()
@@ -365,7 +365,7 @@ func TestCursorAheadOfTheKernelIsNotWaitedOut(t *testing.T) {
 		}
 
 		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
-		mon, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
+		mon, _, stop := startFromStateFile(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		dev.log("3,3,3,-;INFO: task kubelet:1234 blocked for more than 120 seconds.")
@@ -398,7 +398,7 @@ func TestUnreadableCursorIsSaid(t *testing.T) {
 		log := &countingLog{}
 		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter")}
 		rd := &Reader{Path: "/dev/kmsg", Monitor: mon, Log: slog.New(log), ReadTimeout: 10 * time.Second,
-			FromStart: true, Open: func(string) (Device, error) { return dev, nil }}
+			FromStart: true, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { rd.Run(ctx); close(done) }()
@@ -431,7 +431,7 @@ func TestLostRecordsCountedWhenTheReaderStopsBeforeTheirSave(t *testing.T) {
 		dir := t.TempDir()
 		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
 		var hold atomic.Bool
-		mon, _, stop := startFromStateFileHeld(t, dir, func(string) (Device, error) { return dev, nil }, nil, &hold)
+		mon, _, stop := startFromStateFileHeld(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil, &hold)
 		time.Sleep(time.Second)
 		synctest.Wait()
 		hold.Store(true)
@@ -459,13 +459,13 @@ func TestCursorAheadOfTheKernelIsNotWaitedOutOnAChattyLog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dir := t.TempDir()
 		ahead := &fakeDevice{recs: lines("6,1000,1,-;ordinary chatter")}
-		_, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return ahead, nil }, nil)
+		_, _, stop := startFromStateFile(t, dir, func(context.Context, string) (Device, error) { return ahead, nil }, nil)
 		time.Sleep(time.Minute) // the ring read to its end, the start (1000) saved
 		synctest.Wait()
 		stop()
 
 		dev := &fakeDevice{recs: lines("6,1,1,-;ordinary chatter", "6,2,2,-;ordinary chatter"), more: make(chan struct{}, 1)}
-		mon, _, stop := startFromStateFile(t, dir, func(string) (Device, error) { return dev, nil }, nil)
+		mon, _, stop := startFromStateFile(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil)
 		defer stop()
 		// A line every 100 ms from the start, for 30 s.
 		const n = 300

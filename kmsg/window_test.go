@@ -218,7 +218,7 @@ func TestRestartDropsTheSavedErrorsOfAnIgnoredDevice(t *testing.T) {
 		mon.Start(time.Now(), time.Now())
 		dev := &fakeDevice{recs: [][]byte{[]byte("6,5,1,-;ordinary chatter\n")}}
 		rd := &Reader{Path: "fake", Monitor: mon, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), FromStart: true,
-			ReadTimeout: 10 * time.Second, Open: func(string) (Device, error) { return dev, nil }}
+			ReadTimeout: 10 * time.Second, Open: func(context.Context, string) (Device, error) { return dev, nil }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { rd.Run(ctx); close(done) }()

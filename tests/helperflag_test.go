@@ -48,7 +48,7 @@ func TestHelperRefusedFlagDoesNotSpin(t *testing.T) {
 	ask := func(what string) {
 		t.Helper()
 		start := time.Now()
-		fd, err := c.OpenKmsg()
+		fd, err := c.OpenKmsg(context.Background())
 		if err == nil {
 			t.Fatalf("%s: the helper with a bad flag served a request (fd %d)", what, fd)
 		}

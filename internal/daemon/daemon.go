@@ -3,6 +3,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,8 +37,8 @@ type Options struct {
 	// it (default 30 s).
 	KubeconfigPoll time.Duration
 	// KmsgOpen, if set, opens the kernel log instead of the device at
-	// kmsg.device.
-	KmsgOpen func(path string) (kmsg.Device, error)
+	// kmsg.device; it returns once ctx is done (kmsg.Reader.Open).
+	KmsgOpen func(ctx context.Context, path string) (kmsg.Device, error)
 	// Helper, if set, is the privileged helper: it does what needs
 	// privileges the daemon's unit does not give it (checks.Env.Helper),
 	// and opens /dev/kmsg where kmsg.device is that and KmsgOpen is not
@@ -92,7 +93,7 @@ type Daemon struct {
 	kmsg    *kmsg.Monitor
 	poll    time.Duration
 	// kmsgOpen is Options.KmsgOpen.
-	kmsgOpen func(path string) (kmsg.Device, error)
+	kmsgOpen func(ctx context.Context, path string) (kmsg.Device, error)
 	// control is the control socket's listener (nil: none); controlWG
 	// and controlN: its requests in flight (their handlers), which a stop
 	// waits for a while (awaitControl).

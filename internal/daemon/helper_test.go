@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"net"
 	"path/filepath"
 	"strings"
@@ -26,10 +27,10 @@ func TestHelperWithAnotherHostRootRefusesToStart(t *testing.T) {
 func TestHelperKmsgOpen(t *testing.T) {
 	h := &privileged.Client{Path: filepath.Join(t.TempDir(), "none.sock")}
 	open := helperKmsgOpen(h)
-	if _, err := open(filepath.Join(t.TempDir(), "kmsg")); err == nil || !strings.Contains(err.Error(), "kmsg.device is not /dev/kmsg") {
+	if _, err := open(context.Background(), filepath.Join(t.TempDir(), "kmsg")); err == nil || !strings.Contains(err.Error(), "kmsg.device is not /dev/kmsg") {
 		t.Errorf("another device: %v", err)
 	}
-	if _, err := open("/dev/kmsg"); err == nil || !strings.Contains(err.Error(), "privileged helper") {
+	if _, err := open(context.Background(), "/dev/kmsg"); err == nil || !strings.Contains(err.Error(), "privileged helper") {
 		t.Errorf("/dev/kmsg with no helper answering: %v", err)
 	}
 }

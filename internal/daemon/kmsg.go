@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -93,8 +94,8 @@ var _ checks.Helper = (*privileged.Client)(nil)
 // helperKmsgOpen opens the kernel log through the helper when the
 // configured device is /dev/kmsg (the helper opens that one only), and in
 // this process otherwise (a test's FIFO, a host root elsewhere).
-func helperKmsgOpen(h *privileged.Client) func(path string) (kmsg.Device, error) {
-	return func(path string) (kmsg.Device, error) {
+func helperKmsgOpen(h *privileged.Client) func(ctx context.Context, path string) (kmsg.Device, error) {
+	return func(ctx context.Context, path string) (kmsg.Device, error) {
 		if path != "/dev/kmsg" {
 			dev, err := kmsg.Open(path)
 			if err != nil {
@@ -102,7 +103,7 @@ func helperKmsgOpen(h *privileged.Client) func(path string) (kmsg.Device, error)
 			}
 			return dev, err
 		}
-		fd, err := h.OpenKmsg()
+		fd, err := h.OpenKmsg(ctx)
 		if err != nil {
 			return nil, err
 		}

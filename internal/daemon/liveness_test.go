@@ -60,7 +60,7 @@ func TestAllowedSilencePerLoop(t *testing.T) {
 	cfg.Kmsg.Enabled = true
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: kubefake.New(client), KmsgOpen: func(string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: kubefake.New(client), KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

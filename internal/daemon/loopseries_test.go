@@ -29,7 +29,7 @@ func TestEveryLoopHasItsProgressSeriesFromTheStart(t *testing.T) {
 		cfg.Runner.FirstRunSpread = config.Duration{Duration: 5 * time.Minute}
 		cfg.Kmsg.Enabled = true
 		d, err := New(cfg, quietLog(), Options{Version: "test", Listener: newIdleListener(),
-			KmsgOpen: func(string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
+			KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -286,7 +286,7 @@ func TestReloadDisablesOnePartOfACondition(t *testing.T) {
 		t.Fatal("the kernel log monitor is off")
 	}
 	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ConfigPath: path,
-		KmsgOpen: func(string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
+		KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

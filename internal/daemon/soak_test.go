@@ -170,7 +170,7 @@ func TestSoakSimulatedDay(t *testing.T) {
 					t.Fatal(err)
 				}
 				d, err := New(cfg, log, Options{Version: "test", Listener: newIdleListener(), Kube: kubefake.New(client),
-					KmsgOpen: func(string) (kmsg.Device, error) { return newQuietKernelLog(), nil }})
+					KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return newQuietKernelLog(), nil }})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -18,6 +18,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/kmsg"
+	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
 )
@@ -132,7 +133,7 @@ func TestStopEndsTheKernelLogReaderBeforeTheEventWriter(t *testing.T) {
 	})
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: kubefake.New(client),
-		KmsgOpen: func(string) (kmsg.Device, error) { return dev, nil }})
+		KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return dev, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,5 +185,74 @@ func TestStopEndsTheKernelLogReaderBeforeTheEventWriter(t *testing.T) {
 	}
 	if uint64(count) != f.Memos.Kmsg.Seq || len(f.Memos.Events.Queued) != 0 {
 		t.Errorf("after SIGTERM: the cursor saved at record %d, the Events count %d, %d occurrence(s) left for the next start; want the Events to count every record up to the cursor, none left", f.Memos.Kmsg.Seq, count, len(f.Memos.Events.Queued))
+	}
+}
+
+// A stop while the kernel log's open waits (the privileged helper not
+// answering: its client waits up to 30 s, the unit's TimeoutStopSec) does
+// not wait behind it: the reader's open is given the reader's context and
+// returns at the stop, and the Event writer's last send (a count folded
+// since the Event's create) and the final save follow at once. Before, the
+// open had no context and Run awaited the reader first: the stop waited
+// for the helper's answer, and systemd's SIGKILL could come first.
+func TestStopDoesNotWaitBehindAHungKernelLogOpen(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Kmsg.Enabled = true
+	cfg.Kmsg.FromBootStart = true
+	opening := make(chan struct{})
+	release := make(chan struct{}) // an open that ignores its context is let go at the test's end
+	t.Cleanup(func() { close(release) })
+	var openOnce sync.Once
+	open := func(ctx context.Context, _ string) (kmsg.Device, error) {
+		openOnce.Do(func() { close(opening) })
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-release:
+			return nil, os.ErrDeadlineExceeded
+		}
+	}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName}})
+	created := make(chan struct{}, 1)
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case created <- struct{}{}:
+		default:
+		}
+		return false, nil, nil
+	})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, Kube: kubefake.New(client), KmsgOpen: open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	<-opening
+	ev := report.Event{Reason: "IOError", Message: "I/O error, dev sda, sector 8", Time: time.Now()}
+	d.store.Emit(ev)
+	<-created        // the Event, count 1
+	d.store.Emit(ev) // folded: its count waits for the patch (10 s), or the last send
+	cancel()         // SIGTERM, the open still waiting
+	// A bound on a hang, not a timing: the open waits for ever unless
+	// the stop ends it.
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run has not returned 10 s after SIGTERM: the stop waits behind the kernel log's open")
+	}
+	evs, err := client.CoreV1().Events(kube.EventNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 1 || evs.Items[0].Count != 2 {
+		t.Errorf("after SIGTERM: %d Events (%v); want 1 of count 2 (the last send made)", len(evs.Items), evs.Items)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "state.json")); err != nil {
+		t.Errorf("the final save: %v", err)
 	}
 }

@@ -29,8 +29,16 @@ func (c *Client) call(ctx context.Context, req request) (response, int, error) {
 	if c.wait != nil {
 		limit = c.wait(req)
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	// failed names the caller's cancel where it ended the exchange.
+	failed := func(err error) error {
+		if perr := parent.Err(); perr != nil {
+			err = perr
+		}
+		return fmt.Errorf("privileged helper at %s: %w", c.Path, err)
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.Path)
 	if err != nil {
@@ -41,9 +49,12 @@ func (c *Client) call(ctx context.Context, req request) (response, int, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
+	// A caller's cancel ends the exchange too, not only the deadline: the
+	// daemon's stop does not wait behind a helper that does not answer.
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })()
 	b, _ := json.Marshal(req)
 	if _, err := conn.Write(b); err != nil {
-		return response{}, -1, fmt.Errorf("privileged helper at %s: %w", c.Path, err)
+		return response{}, -1, failed(err)
 	}
 	conn.CloseWrite()
 	var body []byte
@@ -71,7 +82,7 @@ func (c *Client) call(ctx context.Context, req request) (response, int, error) {
 		}
 		if err != nil {
 			closeFD(fd)
-			return response{}, -1, fmt.Errorf("privileged helper at %s: %w", c.Path, err)
+			return response{}, -1, failed(err)
 		}
 		if len(body) > maxResponse {
 			closeFD(fd)
@@ -115,9 +126,10 @@ func rights(oob []byte) []int {
 }
 
 // OpenKmsg returns a descriptor of /dev/kmsg, opened by the helper
-// (read-only, non-blocking, close-on-exec).
-func (c *Client) OpenKmsg() (int, error) {
-	resp, fd, err := c.call(context.Background(), request{Op: OpKmsg})
+// (read-only, non-blocking, close-on-exec). It returns once ctx is done,
+// with ctx's error, also while the helper has not answered yet.
+func (c *Client) OpenKmsg(ctx context.Context) (int, error) {
+	resp, fd, err := c.call(ctx, request{Op: OpKmsg})
 	if err != nil {
 		return -1, err
 	}

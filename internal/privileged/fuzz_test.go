@@ -52,7 +52,7 @@ func FuzzWire(f *testing.F) {
 	before := openFDs(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		go func() { answers <- b }()
-		if fd, err := helper.OpenKmsg(); err == nil {
+		if fd, err := helper.OpenKmsg(context.Background()); err == nil {
 			closeFD(fd)
 			t.Fatalf("a descriptor from an answer %q without one", b)
 		}

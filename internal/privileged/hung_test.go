@@ -146,7 +146,7 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 		if _, err := c.SMART("nvme2"); err == nil || !strings.Contains(err.Error(), "the previous call (nvme-identify) has not returned since") {
 			t.Errorf("round %d: SMART(nvme2) while its Identify hangs: %v", i, err)
 		}
-		fd, err := c.OpenKmsg()
+		fd, err := c.OpenKmsg(context.Background())
 		if err != nil {
 			t.Fatalf("round %d: the kernel log with two hung NVMe calls and 2 slots: %v", i, err)
 		}
@@ -209,16 +209,16 @@ func TestLateDescriptorIsClosed(t *testing.T) {
 	c := serve(t, s)
 	c.wait = func(request) time.Duration { return 5 * time.Second }
 	before := openFDs(t)
-	if _, err := c.OpenKmsg(); err == nil || !strings.Contains(err.Error(), "kmsg on "+f+": no answer within") {
+	if _, err := c.OpenKmsg(context.Background()); err == nil || !strings.Contains(err.Error(), "kmsg on "+f+": no answer within") {
 		t.Fatalf("OpenKmsg, hung: %v", err)
 	}
-	if _, err := c.OpenKmsg(); err == nil || !strings.Contains(err.Error(), "has not returned since") {
+	if _, err := c.OpenKmsg(context.Background()); err == nil || !strings.Contains(err.Error(), "has not returned since") {
 		t.Fatalf("OpenKmsg while the first hangs: %v", err)
 	}
 	close(release)
 	awaitKey(t, returned, f)
 	awaitFDs(t, s, before)
-	fd, err := c.OpenKmsg()
+	fd, err := c.OpenKmsg(context.Background())
 	if err != nil {
 		t.Fatalf("OpenKmsg after the hung one returned: %v", err)
 	}

@@ -65,7 +65,7 @@ func TestKmsgDescriptorIsPassed(t *testing.T) {
 	os.WriteFile(f, []byte("6,1,2,-;a line\n"), 0o600)
 	s := &Server{KmsgPath: f}
 	c := serve(t, s)
-	fd, err := c.OpenKmsg()
+	fd, err := c.OpenKmsg(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestKmsgDescriptorIsPassed(t *testing.T) {
 	// server of its own: the first one's handler may still be reading its
 	// fields after it answered.)
 	s2 := &Server{KmsgPath: filepath.Join(t.TempDir(), "missing")}
-	if _, err := serve(t, s2).OpenKmsg(); !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "missing") {
+	if _, err := serve(t, s2).OpenKmsg(context.Background()); !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("OpenKmsg of a missing file: %v", err)
 	}
 	if s.Served(OpKmsg) != 1 || s2.Served(OpKmsg) != 1 {
@@ -101,7 +101,7 @@ func TestRealKmsgThroughTheHelper(t *testing.T) {
 	if _, err := os.Stat("/dev/kmsg"); err != nil {
 		testenv.Skip(t, err.Error())
 	}
-	fd, err := serve(t, &Server{}).OpenKmsg()
+	fd, err := serve(t, &Server{}).OpenKmsg(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +357,7 @@ func TestMalformedRequests(t *testing.T) {
 		t.Errorf("the helper after malformed requests: %v", err)
 	}
 	// No helper: the error names it.
-	if _, err := (&Client{Path: filepath.Join(t.TempDir(), "none.sock")}).OpenKmsg(); err == nil || !strings.Contains(err.Error(), "privileged helper") {
+	if _, err := (&Client{Path: filepath.Join(t.TempDir(), "none.sock")}).OpenKmsg(context.Background()); err == nil || !strings.Contains(err.Error(), "privileged helper") {
 		t.Errorf("no helper: %v", err)
 	}
 }
@@ -424,7 +424,7 @@ func TestClientClosesUnexpectedDescriptors(t *testing.T) {
 		if b, err := c.SMART("nvme0"); err != nil || len(b) != 3 {
 			t.Fatalf("SMART from the fake: %v %v", b, err)
 		}
-		if _, err := c.OpenKmsg(); err == nil || !strings.Contains(err.Error(), "did not come") {
+		if _, err := c.OpenKmsg(context.Background()); err == nil || !strings.Contains(err.Error(), "did not come") {
 			t.Fatalf("OpenKmsg with an answer that says no descriptor: %v", err)
 		}
 	}
