@@ -1,6 +1,7 @@
 package report
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,18 +120,41 @@ func (s *Store) EncodeWrite(now time.Time) ([]byte, uint64, error) {
 	if len(memos) > 0 {
 		sf.Memos = make(map[string]json.RawMessage, len(memos))
 		for k, v := range memos {
-			b, err := json.Marshal(v)
+			b, err := marshalState(v, false)
 			if err != nil {
 				return nil, gen, fmt.Errorf("state %s: %w", k, err)
 			}
 			sf.Memos[k] = b
 		}
 	}
-	b, err := json.MarshalIndent(sf, "", "  ")
+	b, err := marshalState(sf, true)
 	if err != nil {
 		return nil, gen, err
 	}
-	return append(b, '\n'), gen, nil
+	return b, gen, nil
+}
+
+// marshalState encodes v for the state file: '<', '>' and '&' as they are,
+// not as the 6 bytes of \u003c an HTML page needs (json.Marshal's): a
+// kernel line of them took 6 times its length in the file, which its
+// maxStateFile bound did not hold (JSON decoders read both forms, so every
+// build reads the file either way). indented: two spaces, and a newline at
+// the end.
+func marshalState(v any, indented bool) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if indented {
+		enc.SetIndent("", "  ")
+	}
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	b := buf.Bytes()
+	if !indented {
+		b = bytes.TrimSuffix(b, []byte("\n"))
+	}
+	return b, nil
 }
 
 // WriteFileAtomic replaces path with data so that a crash at any moment

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -185,7 +186,108 @@ func (q *EventQueue) keep() any {
 		}
 		st.Queued = append(st.Queued, queuedEvent{Reason: e.Reason, Message: e.Message, First: e.Time, Last: e.Time, Count: 1})
 	}
+	st.Queued = fitQueued(st.Queued, maxQueuedBytes)
 	return st
+}
+
+// maxQueuedBytes bounds what the occurrences not in the kept Events take
+// of the state file (queuedBytes): a queue's length and as many taken of
+// distinct messages of up to report.MaxMessageLen bytes, each twice that
+// encoded where every byte is escaped ('"', '\\'), took 5.5 MiB, and the
+// next start moved a file over report's 4 MiB load limit aside (all state
+// lost). With the kept Events (maxAggregates, about 1.2 MiB at most) and
+// the rest, the file stays well under the limit (README "Local state").
+const maxQueuedBytes = 1 << 20
+
+// queuedEntryBytes is a queued entry's encoded size besides its message
+// (the state file's indentation, the keys, two times, the count): an
+// upper bound, measured at about 230.
+const queuedEntryBytes = 320
+
+// queuedBytes is an upper bound of q's encoded size in the state file.
+func queuedBytes(q queuedEvent) int {
+	return queuedEntryBytes + len(q.Reason) + jsonStringLen(q.Message)
+}
+
+// jsonStringLen is an upper bound of s's length encoded as a JSON string,
+// quotes included: '"' and '\\' take 2 bytes, a control character,
+// U+2028, U+2029 or a byte of invalid UTF-8 up to 6.
+func jsonStringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			n += 2
+			i++
+		case c < 0x20:
+			n += 6
+			i++
+		case c < utf8.RuneSelf:
+			n++
+			i++
+		default:
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+				n += 6 * size
+			} else {
+				n += size
+			}
+			i += size
+		}
+	}
+	return n
+}
+
+// fitQueued returns queued within budget bytes (queuedBytes): the first
+// entries as they are, in order, and the rest merged per reason, one entry
+// each after them, with their count, the first's time and the last's, and
+// the latest message of the reason. No occurrence is lost: the next start
+// counts each (a flood of distinct messages makes a reason's combined
+// Event past maxSimilarEvents in any case); only the distinct messages of
+// those merged are. Room for the merged entries is kept: a reason's entry
+// is as large as any message can encode to.
+func fitQueued(queued []queuedEvent, budget int) []queuedEvent {
+	total := 0
+	for _, q := range queued {
+		total += queuedBytes(q)
+	}
+	if total <= budget {
+		return queued
+	}
+	// The merged entries' room: one of the largest size for each reason.
+	room := 0
+	seen := map[string]bool{}
+	for _, q := range queued {
+		if !seen[q.Reason] {
+			seen[q.Reason] = true
+			room += queuedEntryBytes + len(q.Reason) + 2*report.MaxMessageLen*3 + 2
+		}
+	}
+	used, keep := 0, 0
+	for keep < len(queued) && used+queuedBytes(queued[keep]) <= budget-room {
+		used += queuedBytes(queued[keep])
+		keep++
+	}
+	out := queued[:keep:keep]
+	merged := map[string]int{} // reason: index in out
+	for _, q := range queued[keep:] {
+		i, ok := merged[q.Reason]
+		if !ok {
+			merged[q.Reason] = len(out)
+			out = append(out, q)
+			continue
+		}
+		m := &out[i]
+		m.Count += q.Count
+		if q.First.Before(m.First) {
+			m.First = q.First
+		}
+		if !q.Last.Before(m.Last) {
+			m.Last, m.Message = q.Last, q.Message
+		}
+	}
+	return out
 }
 
 // queuedEvent is a run of occurrences of one event (reason and message)
