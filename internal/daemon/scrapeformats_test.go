@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"compress/gzip"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -32,7 +33,7 @@ func TestScrapeFormatsParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, KmsgOpen: func(string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
