@@ -848,6 +848,7 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 		// The previous probe has not returned even after its timeout.
 		c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("the previous run (timeout %s) has still not returned", e.timeout))
 		result = report.ResultTimeout
+		details = func() { r.recordFailed(e, nil, c.Message) }
 		// The same failure as the timeout before it (only that run's probe
 		// can still be running): a probe that overruns the interval makes
 		// runs alternate between the two, and that is not a change.
@@ -872,13 +873,14 @@ func (r *Runner) runOne(ctx context.Context, e *entry, runs chan<- probeRun) {
 		select {
 		case o := <-done:
 			c, result, failed = r.interpret(e, o)
-			details = func() { r.recordDetails(e, o) }
+			details = func() { r.recordDetails(e, o, c, failed) }
 		case <-cctx.Done():
 			if ctx.Err() != nil {
 				return // shutting down: record nothing
 			}
 			c = unknown(e.cond, report.ReasonCheckTimeout, fmt.Sprintf("check did not finish within its timeout of %s", e.timeout))
 			result = report.ResultTimeout
+			details = func() { r.recordFailed(e, nil, c.Message) }
 			e.logOutcome("timed out", func() {
 				e.log.Warn("check timed out (logged again only when the outcome changes)", "timeout", e.timeout)
 			})
@@ -961,29 +963,36 @@ func (r *Runner) held(ctx context.Context, e *entry, c report.Condition) bool {
 	return true
 }
 
-// recordDetails records the report fields a run of e's check collected.
-// A run that decided (no error, a status and reason of the catalog)
-// replaces what its check's previous run carried: a field it no longer
-// carries (LVM gave no report) leaves the report. A run that failed with an
-// error adds what it collected and leaves the rest as last collected: its
-// condition says the check failed, and a transient error does not blank
-// the report (the tamper document's record of an operator's clear, which
-// a restart trusts, included). A panic, a timeout or a reason outside the
-// catalog changes nothing.
-func (r *Runner) recordDetails(e *entry, o outcome) {
-	if o.panic != nil {
-		return
-	}
-	d, _ := report.Lookup(e.cond)
-	valid := o.err != nil || d.ValidReason(o.res.Status, o.res.Reason)
+// recordDetails records the report fields a run of e's check collected;
+// c is the condition the run sets, failed whether it did not decide
+// (interpret). A run that decided (no error, a status and reason of the
+// catalog) replaces what its check's previous run carried: a field it no
+// longer carries (LVM gave no report) leaves the report. A run that failed
+// adds what it collected with an error (recordFailed) and leaves the rest
+// as last collected: its condition says the check failed, and a transient
+// error does not blank the report (the tamper document's record of an
+// operator's clear, which a restart trusts, included); its documents say
+// those fields are stale. A panic or a reason outside the catalog adds
+// nothing.
+func (r *Runner) recordDetails(e *entry, o outcome, c report.Condition, failed bool) {
 	switch {
-	case r.details == nil:
-	case o.err == nil && valid:
-		r.details.Replace(e.cond, o.res.Details)
-	case o.err != nil:
-		for _, d := range o.res.Details {
-			r.details.SetFor(e.cond, d)
+	case !failed:
+		if r.details != nil {
+			r.details.Replace(e.cond, o.res.Details)
 		}
+	case o.panic == nil && o.err != nil:
+		r.recordFailed(e, o.res.Details, c.Message)
+	default:
+		r.recordFailed(e, nil, c.Message)
+	}
+}
+
+// recordFailed records a run of e's check that failed (Details.Failed):
+// ds, what it collected, is set; the check's other fields stay, named
+// stale in their documents with why, the condition's message.
+func (r *Runner) recordFailed(e *entry, ds []report.Detail, why string) {
+	if r.details != nil {
+		r.details.Failed(e.cond, ds, why)
 	}
 }
 

@@ -2,7 +2,9 @@ package checks
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -237,4 +239,116 @@ func TestRunRemovesTheFieldsOfChecksItDoesNotRun(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// staleOf decodes the "stale" list of a document (nil when it has none).
+func staleOf(t *testing.T, doc string) []map[string]any {
+	t.Helper()
+	var d struct {
+		Stale []map[string]any `json:"stale"`
+	}
+	if err := json.Unmarshal([]byte(doc), &d); err != nil {
+		t.Fatalf("document %s: %v", doc, err)
+	}
+	return d.Stale
+}
+
+// A run that failed (an error, a panic, a timeout, a reason outside the
+// catalog) keeps the fields its check collected before, and their document
+// says so: "stale" names the check, the fields, when they were collected
+// (the last run that decided) and the failed run's error (the condition's
+// message), under the fresh updatedAt of every refresh. The next run that
+// decides drops it: the document is again what it was before the failure.
+func TestRunnerFailedRunMarksTheCheckFieldsStale(t *testing.T) {
+	certs := report.Detail{Domain: "certs", Field: "certs", Value: []CertInfo{{Path: "/x.pem", DaysLeft: 40}}}
+	ok := Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Details: []report.Detail{certs}}
+	for _, tc := range []struct {
+		name string
+		run  func(context.Context) (Result, error)
+	}{
+		{"error", returns(Result{}, errors.New("cannot read"))},
+		{"panic", func(context.Context) (Result, error) { panic("boom") }},
+		{"timeout", func(ctx context.Context) (Result, error) { <-ctx.Done(); return ok, nil }},
+		{"invalid reason", returns(Result{Status: report.StatusFalse, Reason: "NoSuchReason"}, nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				env := testEnv(t, nil)
+				det := report.NewDetails()
+				c := &scripted{runs: []func(context.Context) (Result, error){returns(ok, nil), tc.run, returns(ok, nil)}}
+				r, err := NewRunner(env, Options{Store: report.NewStore("b"), Details: det, Only: []string{"CertRenewalFailing"},
+					Factories: map[string]Factory{"CertRenewalFailing": fixed(c)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				collected := time.Now()
+				r.RunOnce(t.Context())
+				healthy := docOf(t, det, "certs")
+				if strings.Contains(healthy, "stale") {
+					t.Fatalf("certs document after a run that decided: %s", healthy)
+				}
+				time.Sleep(2 * time.Hour) // the fake clock of the bubble
+				r.RunOnce(t.Context())
+				cond, _ := r.store.Get("CertRenewalFailing")
+				if cond.Status != report.StatusUnknown {
+					t.Fatalf("condition after the failed run: %+v", cond)
+				}
+				doc := docOf(t, det, "certs")
+				want := []map[string]any{{"check": "CertRenewalFailing", "fields": []any{"certs"},
+					"collectedAt": collected.UTC().Format(time.RFC3339), "error": cond.Message}}
+				if got := staleOf(t, doc); !reflect.DeepEqual(got, want) || !strings.Contains(doc, "/x.pem") {
+					t.Errorf("certs document after a failed run: %s\nstale = %v, want %v", doc, got, want)
+				}
+				for _, other := range []string{"storage", "disks", "tamper", "services"} {
+					if d := docOf(t, det, other); strings.Contains(d, "stale") {
+						t.Errorf("%s document names a check that carries none of its fields: %s", other, d)
+					}
+				}
+				synctest.Wait() // the timed-out probe has returned
+				now := time.Now()
+				r.RunOnce(t.Context())
+				// The run that decided collected at now: the same document
+				// as the first run's, byte for byte, but its time.
+				if d, want := docOf(t, det, "certs"), strings.ReplaceAll(healthy, collected.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339)); d != want {
+					t.Errorf("certs document after the check decided again:\n%s\nwant\n%s", d, want)
+				}
+			})
+		})
+	}
+}
+
+// A check that never decided has no fields: nothing is stale (its
+// condition says it fails); nor is a field its failed run carried itself
+// (a drive whose SMART page could not be read is in the list with its
+// error: collected now).
+func TestRunnerFailedRunWithoutOldFieldsIsNotStale(t *testing.T) {
+	certs := report.Detail{Domain: "certs", Field: "certs", Value: []CertInfo{{Path: "/x.pem", DaysLeft: 40}}}
+	ok := Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Details: []report.Detail{certs}}
+	for _, tc := range []struct {
+		name string
+		runs []func(context.Context) (Result, error)
+	}{
+		{"never decided", []func(context.Context) (Result, error){returns(Result{}, errors.New("cannot read"))}},
+		{"failed run carries its fields", []func(context.Context) (Result, error){returns(ok, nil),
+			returns(Result{Details: []report.Detail{certs}}, errors.New("/y.pem: cannot read"))}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			det := report.NewDetails()
+			c := &scripted{runs: tc.runs}
+			r, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"CertRenewalFailing"},
+				Factories: map[string]Factory{"CertRenewalFailing": fixed(c)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range tc.runs {
+				r.RunOnce(t.Context())
+			}
+			if cond, _ := r.store.Get("CertRenewalFailing"); cond.Reason != report.ReasonCheckFailed {
+				t.Fatalf("condition after the failed run: %+v", cond)
+			}
+			if d := docOf(t, det, "certs"); strings.Contains(d, "stale") {
+				t.Errorf("certs document: %s", d)
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,9 @@ const (
 	MaxEntryBytes = 512
 	// minShortString: a string is never shortened below this many bytes.
 	minShortString = 64
+	// MaxStaleErrorBytes caps the error of a "stale" entry (Failed): the
+	// list counts toward its document's MaxDocumentBytes and is never cut.
+	MaxStaleErrorBytes = 256
 )
 
 // Domains are the report's domains, in annotation order, with the fields
@@ -63,6 +67,10 @@ type Detail struct {
 // result carries it, and removed once none does (Replace, Drop), so that
 // a document never shows data no check stands for any more under a fresh
 // updatedAt. A field set with Set alone has no owner and stays.
+//
+// A check whose latest run failed (Failed) keeps the fields it collected
+// before: its documents name it in "stale" (Stale) until a run of it
+// decides again (Replace) or it stops (Drop).
 type Details struct {
 	mu     sync.Mutex
 	data   map[string]map[string]any
@@ -70,8 +78,41 @@ type Details struct {
 	// byCond holds, per condition type, the fields its check's latest
 	// result carried, with their values: the evidence `status` shows.
 	byCond map[string]map[fieldKey]owned
+	// failed holds, per condition type whose check's latest run failed,
+	// that failure (Failed); empty on a healthy node.
+	failed map[string]failure
 	// seq orders the values set (owned.seq).
 	seq uint64
+	// now is the clock of owned.at.
+	now func() time.Time
+}
+
+// failure is the latest run of a check that failed (Failed).
+type failure struct {
+	// seq: d.seq before the run's own fields were set: the check's fields
+	// of a lower or equal seq are from an earlier run.
+	seq uint64
+	// err: why the run failed, as its document writes it.
+	err string
+}
+
+// Stale is an entry of a document's "stale" list: a check whose latest run
+// failed (an error, a timeout, a panic) and whose fields the document still
+// carries as an earlier run collected them, under the fresh updatedAt of
+// every refresh.
+type Stale struct {
+	// Check is the condition type of the check.
+	Check string `json:"check"`
+	// Fields are its fields in the document that are from an earlier run,
+	// in the domain's field order.
+	Fields []string `json:"fields"`
+	// CollectedAt is when the oldest of them was collected (RFC 3339):
+	// the last run of the check that decided, or an earlier failed run
+	// that carried them.
+	CollectedAt string `json:"collectedAt"`
+	// Error is why its latest run failed (its condition's message), at
+	// most MaxStaleErrorBytes.
+	Error string `json:"error"`
 }
 
 // fieldKey names a report field.
@@ -83,6 +124,8 @@ type owned struct {
 	// seq: when it was set; of the values the owners of a shared field
 	// carry, the latest set is the field's value.
 	seq uint64
+	// at: when it was set (Stale.CollectedAt).
+	at time.Time
 }
 
 // SetBootID sets the boot the documents are written in (their bootID): a
@@ -136,7 +179,8 @@ func ReportedClear(annotations map[string]string) time.Time {
 
 // NewDetails returns an empty set of report details.
 func NewDetails() *Details {
-	return &Details{data: map[string]map[string]any{}, byCond: map[string]map[fieldKey]owned{}}
+	return &Details{data: map[string]map[string]any{}, byCond: map[string]map[fieldKey]owned{},
+		failed: map[string]failure{}, now: time.Now}
 }
 
 // SetFor is Set, recording the field as evidence of condType too: the
@@ -150,8 +194,8 @@ func (d *Details) SetFor(condType string, x Detail) {
 }
 
 // Replace records the fields the latest result of condType's check carried
-// (none: the run failed, or collected nothing): they replace those of its
-// previous result. A field the previous result carried and ds does not is
+// (none: it collected nothing, or it stopped: Drop), a run that decided:
+// they replace those of its previous result, and none of them is stale. A field the previous result carried and ds does not is
 // no longer condType's evidence, and leaves the documents unless another
 // condition's check still carries it (its value is then the one that
 // check carried). It panics on a field that is not part of the schema
@@ -164,6 +208,7 @@ func (d *Details) Replace(condType string, ds []Detail) {
 	defer d.mu.Unlock()
 	old := d.byCond[condType]
 	delete(d.byCond, condType)
+	delete(d.failed, condType)
 	for _, x := range ds {
 		d.setForLocked(condType, x)
 	}
@@ -172,6 +217,77 @@ func (d *Details) Replace(condType string, ds []Detail) {
 			d.forgetLocked(k)
 		}
 	}
+}
+
+// Failed records a run of condType's check that failed (an error, a
+// timeout, a panic, a reason outside the catalog), why being its
+// condition's message: the fields it collected (ds, e.g. a drive whose
+// SMART page could not be read, with its error) are set as SetFor sets
+// them, and the check's other fields stay as an earlier run collected
+// them, stale: their documents say so (Stale) until a run that decides
+// replaces them (Replace) or the check stops (Drop). A check that carries
+// no field from an earlier run has nothing stale (its condition says it
+// fails). It panics as Replace does.
+func (d *Details) Failed(condType string, ds []Detail, why string) {
+	for _, x := range ds {
+		mustValid(x)
+	}
+	why, _ = escapeNotUTF8(why)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.failed[condType] = failure{seq: d.seq, err: cutEscaped(why, MaxStaleErrorBytes)}
+	for _, x := range ds {
+		d.setForLocked(condType, x)
+	}
+}
+
+// Stale returns the "stale" list of domain's document: the checks whose
+// latest run failed (Failed) and that carry fields of domain from an
+// earlier run, by check name; nil when there are none (a healthy node's).
+func (d *Details) Stale(domain string) []Stale {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.staleLocked(domain)
+}
+
+// staleLocked is Stale; d.mu is held.
+func (d *Details) staleLocked(domain string) []Stale {
+	if len(d.failed) == 0 {
+		return nil
+	}
+	var out []Stale
+	for _, cond := range slices.Sorted(maps.Keys(d.failed)) {
+		f := d.failed[cond]
+		var e Stale
+		var oldest time.Time
+		for _, field := range domainFields(domain) {
+			o, ok := d.byCond[cond][fieldKey{domain, field}]
+			if !ok || o.seq > f.seq {
+				continue // not carried, or by the failed run itself
+			}
+			e.Fields = append(e.Fields, field)
+			if oldest.IsZero() || o.at.Before(oldest) {
+				oldest = o.at
+			}
+		}
+		if len(e.Fields) == 0 {
+			continue
+		}
+		e.Check, e.Error = cond, f.err
+		e.CollectedAt = oldest.UTC().Format(time.RFC3339)
+		out = append(out, e)
+	}
+	return out
+}
+
+// domainFields returns the fields of domain, in their order (Domains).
+func domainFields(domain string) []string {
+	for _, dm := range Domains {
+		if dm.Name == domain {
+			return dm.Fields
+		}
+	}
+	return nil
 }
 
 // Drop removes the fields of condType's check (it no longer runs): as
@@ -188,7 +304,7 @@ func (d *Details) setForLocked(condType string, x Detail) {
 		d.byCond[condType] = map[fieldKey]owned{}
 	}
 	d.seq++
-	d.byCond[condType][fieldKey{x.Domain, x.Field}] = owned{x.Value, d.seq}
+	d.byCond[condType][fieldKey{x.Domain, x.Field}] = owned{x.Value, d.seq, d.now()}
 }
 
 // forgetLocked removes field k from the documents once no condition's
@@ -317,17 +433,19 @@ func cut(list reflect.Value, limit int) reflect.Value {
 // Documents renders every domain as its annotation value, keyed by the full
 // annotation key. A domain that cannot be rendered does not hold back the
 // others: it gets a small document saying why ("error"), and the returned
-// error names it (for the log); the map is complete either way.
+// error names it (for the log); the map is complete either way. A document
+// whose fields are partly from before a failed run of their check has
+// "stale" saying so (Stale); a healthy node's have none.
 func (d *Details) Documents(now time.Time, role Role) (map[string]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[string]string, len(Domains))
 	var errs []error
 	for _, dm := range Domains {
-		b, err := renderDocument(now, role, d.bootID, d.data[dm.Name])
+		b, err := renderDocument(now, role, d.bootID, d.data[dm.Name], d.staleLocked(dm.Name))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("report domain %s: %w", dm.Name, err))
-			b, _ = renderDocument(now, role, d.bootID, map[string]any{"error": truncateString(err.Error(), 512)})
+			b, _ = renderDocument(now, role, d.bootID, map[string]any{"error": truncateString(err.Error(), 512)}, nil)
 		}
 		out[AnnotationPrefix+dm.Name] = string(b)
 	}
@@ -353,7 +471,7 @@ func LeftOutDocument(now time.Time, role Role, bootID, domain, doc, why string) 
 			fields["tamper"] = map[string]any{"cleared": d.Tamper.Cleared}
 		}
 	}
-	b, _ := renderCapped(now, role, bootID, fields, MaxListLen)
+	b, _ := renderCapped(now, role, bootID, fields, nil, MaxListLen)
 	return string(b)
 }
 
@@ -391,17 +509,19 @@ func Cut(s string, n int, ell string) string {
 // entries over MaxEntryBytes shortened (shortenEntries) and, when still
 // over, at the largest cap under which it fits (a binary search: the size
 // grows with the cap), so that a document a few entries over keeps all but
-// those few.
-func renderDocument(now time.Time, role Role, bootID string, fields map[string]any) ([]byte, error) {
+// those few. stale, when not empty, is written as "stale", whole: it counts
+// toward the document's size, and is never cut (a few entries of at most
+// MaxStaleErrorBytes of error each: one per check of the domain).
+func renderDocument(now time.Time, role Role, bootID string, fields map[string]any, stale []Stale) ([]byte, error) {
 	fields = utf8Fields(fields)
-	b, err := renderCapped(now, role, bootID, fields, MaxListLen)
+	b, err := renderCapped(now, role, bootID, fields, stale, MaxListLen)
 	if err != nil || len(b) <= MaxDocumentBytes {
 		return b, err
 	}
 	// Over: an oversized entry gives up its long strings first.
 	if short, changed := shortenEntries(fields); changed {
 		fields = short
-		b, err = renderCapped(now, role, bootID, fields, MaxListLen)
+		b, err = renderCapped(now, role, bootID, fields, stale, MaxListLen)
 		if err != nil || len(b) <= MaxDocumentBytes {
 			return b, err
 		}
@@ -413,7 +533,7 @@ func renderDocument(now time.Time, role Role, bootID string, fields map[string]a
 	overLen := len(b) // the size of the document at the cap over
 	for over-fits > 1 {
 		limit := fits + (over-fits)/2
-		b, err := renderCapped(now, role, bootID, fields, limit)
+		b, err := renderCapped(now, role, bootID, fields, stale, limit)
 		if err != nil {
 			return nil, err
 		}
@@ -431,7 +551,7 @@ func renderDocument(now time.Time, role Role, bootID string, fields map[string]a
 
 // renderCapped renders a document with at most limit entries in each list,
 // the problem entries kept first (cut).
-func renderCapped(now time.Time, role Role, bootID string, fields map[string]any, limit int) ([]byte, error) {
+func renderCapped(now time.Time, role Role, bootID string, fields map[string]any, stale []Stale, limit int) ([]byte, error) {
 	doc := map[string]any{
 		"schemaVersion": SchemaVersion,
 		"updatedAt":     now.UTC().Format(time.RFC3339),
@@ -439,6 +559,9 @@ func renderCapped(now time.Time, role Role, bootID string, fields map[string]any
 	}
 	if bootID != "" {
 		doc["bootID"] = bootID
+	}
+	if len(stale) > 0 {
+		doc["stale"] = stale
 	}
 	for k, v := range fields {
 		if sh, ok := v.(Shrinker); ok && limit < MaxListLen {

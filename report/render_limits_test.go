@@ -43,7 +43,7 @@ func TestDocumentListLimits(t *testing.T) {
 	for i := range many {
 		many[i] = fs{MountPoint: "/m" + strings.Repeat("x", i%3)}
 	}
-	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": many})
+	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": many}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestDocumentListLimits(t *testing.T) {
 	for i := range big {
 		big[i] = fs{MountPoint: "/big", Pad: strings.Repeat("p", 1000)}
 	}
-	b, err = renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": big})
+	b, err = renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": big}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestDocumentListLimits(t *testing.T) {
 	for i := range pools {
 		pools[i] = "p"
 	}
-	b, err = renderDocument(now, RoleWorker, "boot", map[string]any{"volumeGroups": []vg{{Name: "vg0", ThinPools: pools}}})
+	b, err = renderDocument(now, RoleWorker, "boot", map[string]any{"volumeGroups": []vg{{Name: "vg0", ThinPools: pools}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestDocumentKeepsAsManyEntriesAsFit(t *testing.T) {
 		disks[i] = disk{Controller: "nvme" + strings.Repeat("1", 1+i/10), Model: strings.Repeat("M", 40), Serial: strings.Repeat("S", 20), Pad: strings.Repeat("p", 260)}
 	}
 	entry, _ := json.Marshal(disks[0])
-	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"disks": disks})
+	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"disks": disks}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestDocumentCutKeepsProblemEntries(t *testing.T) {
 	}
 	render := func(es []problemEntry) ([]problemEntry, int, int) {
 		t.Helper()
-		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"disks": es})
+		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"disks": es}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestDocumentEmptyListIsNotNull(t *testing.T) {
 	for _, limit := range []int{MaxListLen, 0} {
 		b, err := renderCapped(now, RoleWorker, "boot", map[string]any{
 			"filesystems": []problemEntry(nil), "volumeGroups": []problemEntry{},
-		}, limit)
+		}, nil, limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -300,7 +300,7 @@ func TestOneHugeEntryCostsOnlyItself(t *testing.T) {
 	}
 	render := func(t *testing.T, fields map[string]any) (doc, int) {
 		t.Helper()
-		b, err := renderDocument(now, RoleWorker, "boot", fields)
+		b, err := renderDocument(now, RoleWorker, "boot", fields, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -404,7 +404,7 @@ func TestShortenedInvalidUTF8KeepsItsStart(t *testing.T) {
 	}
 	long := "/srv/" + strings.Repeat("\xb0", 4000)
 	fss := []fs{{MountPoint: long, Source: "/dev/sda1"}, {MountPoint: "/var", Source: "/dev/sdb1"}}
-	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": fss})
+	b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": fss}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +472,7 @@ func TestShortenedNameNotUTF8KeepsWholeEscapes(t *testing.T) {
 	for k := range 4 {
 		long := "/srv/" + strings.Repeat("a", k) + strings.Repeat("\xb0", 4000)
 		fss := []fs{{MountPoint: long, Source: "/dev/sda1"}, {MountPoint: "/var", Source: "/dev/sdb1"}}
-		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": fss})
+		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"filesystems": fss}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -501,7 +501,7 @@ func TestNameWithTheTextOfAnEscapeReadsAsTheByte(t *testing.T) {
 	render := func(name string) string {
 		b, err := renderDocument(now, RoleWorker, "boot", map[string]any{"tamper": struct {
 			Path string `json:"path"`
-		}{name}})
+		}{name}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -546,7 +546,7 @@ func BenchmarkUTF8Fields(b *testing.B) {
 		b.Run(tc.name+"/render", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				renderDocument(time.Time{}, RoleWorker, "boot", fields)
+				renderDocument(time.Time{}, RoleWorker, "boot", fields, nil)
 			}
 		})
 	}

@@ -294,6 +294,10 @@ func TestKubeAnnotations(t *testing.T) {
 	client, _ := nodeClient(t, s, node)
 	det := report.NewDetails()
 	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]any{{"mountPoint": "/", "usedPercent": 12}}})
+	// A check whose last run failed after one that collected its fields:
+	// its document names it stale.
+	det.Replace("CertRenewalFailing", []report.Detail{{Domain: "certs", Field: "certs", Value: []map[string]any{{"path": "/x.pem", "daysLeft": 40}}}})
+	det.Failed("CertRenewalFailing", nil, "check did not finish within its timeout of 30s")
 	startReporterDetails(t, client, node, report.NewStore("boot"), det)
 	n := waitNode(t, s, node, "report annotations", func(n *corev1.Node) bool {
 		return len(n.Annotations) >= len(report.Domains) && n.Annotations[report.AnnotationPrefix+"storage"] != ""
@@ -308,8 +312,17 @@ func TestKubeAnnotations(t *testing.T) {
 			t.Errorf("%s: %s", d.Name, v)
 		}
 	}
-	if !strings.Contains(n.Annotations[report.AnnotationPrefix+"storage"], `"filesystems":[{"mountPoint":"/","usedPercent":12}]`) {
-		t.Errorf("storage: %s", n.Annotations[report.AnnotationPrefix+"storage"])
+	if v := n.Annotations[report.AnnotationPrefix+"storage"]; !strings.Contains(v, `"filesystems":[{"mountPoint":"/","usedPercent":12}]`) || strings.Contains(v, "stale") {
+		t.Errorf("storage: %s", v)
+	}
+	var certs struct {
+		Certs []map[string]any `json:"certs"`
+		Stale []report.Stale   `json:"stale"`
+	}
+	v := n.Annotations[report.AnnotationPrefix+"certs"]
+	if err := json.Unmarshal([]byte(v), &certs); err != nil || len(certs.Certs) != 1 || len(certs.Stale) != 1 ||
+		certs.Stale[0].Check != "CertRenewalFailing" || certs.Stale[0].Error != "check did not finish within its timeout of 30s" {
+		t.Errorf("certs: %v: %s", err, v)
 	}
 }
 
