@@ -216,13 +216,21 @@ func (c *busConn) whole(n int) (message, error) {
 	return parseMessage(b)
 }
 
-// bound makes the connection's reads and writes end with ctx: its deadline,
-// or at once when it is done. stop undoes it; it reports false when ctx
-// ended the I/O, and returns only once that is done, so that it never cuts
-// short a later exchange (which sets a deadline of its own).
+// bound makes the connection's reads and writes end when ctx is done (at
+// its deadline, when ctx's own timer fires, or when it is cancelled): a
+// deadline in the past, set then, ends them at once. stop undoes it; it
+// reports false when ctx ended the I/O, and returns only once that is done
+// and the past deadline is cleared, so that it never cuts short a later
+// exchange.
+//
+// The connection's deadline is not set to ctx's: the connection lives as
+// long as the daemon, and a deadline set on it is a timer of the runtime's
+// poller, moved by each exchange and left in the processor's timer heap at
+// the earliest time it held, so that the idle daemon woke there with
+// nothing to do: 5 s after the 30 s grid's points, the deadline of
+// TunnelDisconnected's calls (README, "Where the idle minute's wake-ups
+// go"). ctx's timer is stopped when the check ends.
 func (c *busConn) bound(ctx context.Context) (stop func() bool) {
-	dl, _ := ctx.Deadline()
-	c.c.SetDeadline(dl)
 	ended := make(chan struct{})
 	stopEnd := context.AfterFunc(ctx, func() {
 		c.c.SetDeadline(time.Unix(1, 0))
@@ -233,6 +241,7 @@ func (c *busConn) bound(ctx context.Context) (stop func() bool) {
 			return true
 		}
 		<-ended
+		c.c.SetDeadline(time.Time{})
 		return false
 	}
 }

@@ -444,3 +444,57 @@ func TestBigMessageFromAPeerIsPassedOver(t *testing.T) {
 		t.Errorf("%d reconnects: want the connection kept", bus.Reconnects)
 	}
 }
+
+// deadlineConn records the deadlines set on a connection.
+type deadlineConn struct {
+	net.Conn
+	mu  sync.Mutex
+	set []time.Time
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.set = append(c.set, t)
+	return nil
+}
+
+func (c *deadlineConn) deadlines() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Time(nil), c.set...)
+}
+
+// An exchange arms no deadline on the connection it keeps for the daemon's
+// life: such a deadline is a timer of the runtime's poller, which each
+// exchange moves and which stays in the timer heap at the earliest time it
+// held, waking the idle daemon there for nothing (README, "Where the idle
+// minute's wake-ups go"). ctx still ends the I/O: a deadline in the past,
+// set when ctx is done and cleared before stop returns.
+func TestBoundArmsNoDeadline(t *testing.T) {
+	dc := &deadlineConn{}
+	c := &busConn{c: dc}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	stop := c.bound(ctx)
+	if !stop() {
+		t.Fatal("stop reports that ctx ended the I/O; it did not")
+	}
+	for _, d := range dc.deadlines() {
+		if d.After(time.Now()) {
+			t.Errorf("an exchange set the deadline %v on the connection, want none in the future", d)
+		}
+	}
+	// ctx ending the exchange: a past deadline at once, cleared by stop.
+	dc.set = nil
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	stop = c.bound(ctx2)
+	cancel2()
+	if stop() {
+		t.Fatal("stop reports that ctx did not end the I/O; it was cancelled")
+	}
+	set := dc.deadlines()
+	if len(set) != 2 || set[0].IsZero() || set[0].After(time.Now()) || !set[1].IsZero() {
+		t.Errorf("deadlines set %v, want one in the past, then none", set)
+	}
+}
