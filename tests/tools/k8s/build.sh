@@ -6,7 +6,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../../.cache/bin}
 mkdir -p "$out"; out=$(cd "$out" && pwd)
-stamp=$(sha256sum "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/cmd/etcd/main.go" | sha256sum | cut -c1-16)
+# The files' contents only, not their paths: a checkout elsewhere (a git
+# worktree, CI's clone) with a copied cache is the same build.
+stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/cmd/etcd/main.go" | sha256sum | cut -c1-16)
 if [ -x "$out/kube-apiserver" ] && [ -x "$out/etcd" ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
 	exit 0
 fi
