@@ -527,7 +527,9 @@ func TestStopJobOverRealSystemd(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.StopUnit(ctx, "slowstop.service") })
-	u := waitUnit(t, s, "slowstop.service", "its stop job", func(u systemd.Unit) bool { return u.Job != 0 })
+	// The job is seen queued before it runs (active/running, under load):
+	// awaited until it runs the unit's ExecStop.
+	u := waitUnit(t, s, "slowstop.service", "its stop job running", func(u systemd.Unit) bool { return u.Job != 0 && u.ActiveState != "active" })
 	if u.JobType != "stop" || u.ActiveState != "deactivating" {
 		t.Errorf("stopping: %+v", u)
 	}
