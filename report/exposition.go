@@ -356,8 +356,16 @@ func acceptsGzip(h string) bool {
 		if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
 			continue
 		}
-		q := strings.ReplaceAll(params, " ", "")
-		return q != "q=0" && q != "q=0.0" && q != "q=0.00" && q != "q=0.000"
+		// A q of 0 is a refusal (RFC 9110 §12.4.2), its name in any case.
+		for p := range strings.SplitSeq(params, ";") {
+			k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+			if strings.EqualFold(strings.TrimSpace(k), "q") {
+				if q, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && q <= 0 {
+					return false
+				}
+			}
+		}
+		return true
 	}
 	return false
 }

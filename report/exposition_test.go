@@ -158,6 +158,7 @@ func TestAcceptsGzip(t *testing.T) {
 	for h, want := range map[string]bool{
 		"": false, "gzip": true, "GZIP": true, "deflate, gzip;q=0.5": true, "gzip;q=0": false, "gzip; q=0": false,
 		"identity": false, "x-gzip": false, "zstd,gzip": true,
+		"gzip;Q=0": false, "gzip ; q=0.000": false, "gzip;q=0.001": true, "gzip;level=1;q=0": false,
 	} {
 		if got := acceptsGzip(h); got != want {
 			t.Errorf("acceptsGzip(%q) = %v", h, got)
