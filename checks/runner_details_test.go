@@ -10,6 +10,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -350,5 +351,62 @@ func TestRunnerFailedRunWithoutOldFieldsIsNotStale(t *testing.T) {
 				t.Errorf("certs document: %s", d)
 			}
 		})
+	}
+}
+
+// A stale entry's error is its condition's message as the Node carries it
+// (report.CapMessage: a control character or a byte not UTF-8 written
+// `\xNN`), whole when it is at most report.MaxStaleErrorBytes, else its
+// start ending in "…", cut neither inside a `\xNN` nor inside a character.
+// A message ending in a byte not UTF-8 lost its end ("stat /data/caf…"), and
+// a newline, an ESC or a C1 CSI reached the document raw (a terminal's
+// control sequence in `jq -r .stale[0].error`).
+func TestStaleErrorIsTheConditionsMessage(t *testing.T) {
+	certs := report.Detail{Domain: "certs", Field: "certs", Value: []CertInfo{{Path: "/x.pem", DaysLeft: 40}}}
+	ok := Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Details: []report.Detail{certs}}
+	msgs := []string{
+		"stat /data/caf\xe9",
+		"stat /data/caf\xe9:",
+		"stat /data/caf\xe9: gone",
+		"two errors:\nfirst\x1b]0;title\x07 second\u009b2J",
+	}
+	// Long messages with a character of several bytes, a control
+	// character or a byte not UTF-8 at every place around the cut.
+	for i := report.MaxStaleErrorBytes - 12; i <= report.MaxStaleErrorBytes+2; i++ {
+		for _, s := range []string{"é", "€", "\x01", "\xe9", "\xe9\xe9"} {
+			msgs = append(msgs, strings.Repeat("a", i)+s+strings.Repeat("b", 300))
+		}
+	}
+	for _, msg := range msgs {
+		det := report.NewDetails()
+		c := &scripted{runs: []func(context.Context) (Result, error){returns(ok, nil), returns(Result{}, errors.New(msg))}}
+		r, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"CertRenewalFailing"},
+			Factories: map[string]Factory{"CertRenewalFailing": fixed(c)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.RunOnce(t.Context())
+		r.RunOnce(t.Context())
+		cond, _ := r.store.Get("CertRenewalFailing")
+		st := staleOf(t, docOf(t, det, "certs"))
+		if len(st) != 1 {
+			t.Fatalf("%q: stale %v", msg, st)
+		}
+		got, _ := st[0]["error"].(string)
+		if len(cond.Message) <= report.MaxStaleErrorBytes {
+			if got != cond.Message {
+				t.Errorf("error %q, want the condition's message %q", got, cond.Message)
+			}
+			continue
+		}
+		start, cut := strings.CutSuffix(got, "…")
+		switch {
+		case !cut || len(got) > report.MaxStaleErrorBytes || !utf8.ValidString(got) || !strings.HasPrefix(cond.Message, start):
+			t.Errorf("error %q (%d bytes): not the start of the condition's message %q cut to %d bytes", got, len(got), cond.Message, report.MaxStaleErrorBytes)
+		case strings.HasSuffix(start, `\`) || strings.HasSuffix(start, `\x`) || len(start) >= 3 && start[len(start)-3:len(start)-1] == `\x`:
+			t.Errorf("error %q: cut inside a \\xNN", got)
+		case len(start) < report.MaxStaleErrorBytes-len("…")-3:
+			t.Errorf("error %q: %d bytes, cut shorter than it need be", got, len(got))
+		}
 	}
 }

@@ -110,8 +110,8 @@ type Stale struct {
 	// the last run of the check that decided, or an earlier failed run
 	// that carried them.
 	CollectedAt string `json:"collectedAt"`
-	// Error is why its latest run failed (its condition's message), at
-	// most MaxStaleErrorBytes.
+	// Error is why its latest run failed: its condition's message as the
+	// Node carries it (Printable), at most MaxStaleErrorBytes.
 	Error string `json:"error"`
 }
 
@@ -232,7 +232,9 @@ func (d *Details) Failed(condType string, ds []Detail, why string) {
 	for _, x := range ds {
 		mustValid(x)
 	}
-	why, _ = escapeNotUTF8(why)
+	// As the Node's condition carries it (CapMessage): no control
+	// character (a newline, an ESC) reaches a reader's terminal.
+	why = Printable(why)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.failed[condType] = failure{seq: d.seq, err: cutEscaped(why, MaxStaleErrorBytes)}
@@ -748,8 +750,13 @@ func shortenStrings(v reflect.Value, n int) (out reflect.Value, changed bool) {
 // cutEscaped is truncateString for a string whose bytes that are not
 // UTF-8 utf8Fields wrote `\xNN`: the cut does not split a `\xNN` (a name
 // ending "\xb…" or "\x…"), as a message's cap does not (CapMessage;
-// TestShortenedNameNotUTF8KeepsWholeEscapes).
+// TestShortenedNameNotUTF8KeepsWholeEscapes). A string of at most n bytes
+// is s as it is, an escape at its end included
+// (TestStaleErrorIsTheConditionsMessage).
 func cutEscaped(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
 	c := truncateString(s, n)
 	cut := len(c) - len("…")
 	for k := 1; k <= 3 && k <= cut; k++ {
