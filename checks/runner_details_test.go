@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"sync"
@@ -409,4 +410,129 @@ func TestStaleErrorIsTheConditionsMessage(t *testing.T) {
 			t.Errorf("error %q: %d bytes, cut shorter than it need be", got, len(got))
 		}
 	}
+}
+
+// A check that fails for hours: its document's stale entry keeps the time
+// of the last run that decided, its error follows the latest failure, and
+// the document does not grow run by run (one entry per check, replaced).
+func TestStaleAcrossHoursOfFailedRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		det := report.NewDetails()
+		res := diskOK
+		res.Details = []report.Detail{fsDetail, vgDetail}
+		runs := []func(context.Context) (Result, error){returns(res, nil)}
+		for i := range 8 {
+			runs = append(runs, returns(Result{}, fmt.Errorf("statfs /var: failure %c", 'A'+i/4)))
+		}
+		r, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"DiskUsageHigh"},
+			Factories: map[string]Factory{"DiskUsageHigh": fixed(&scripted{runs: runs})}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		collected := time.Now().UTC().Format(time.RFC3339)
+		r.RunOnce(t.Context())
+		size := 0
+		for i := range 8 {
+			time.Sleep(time.Hour)
+			r.RunOnce(t.Context())
+			cond, _ := r.store.Get("DiskUsageHigh")
+			doc := docOf(t, det, "storage")
+			want := []map[string]any{{"check": "DiskUsageHigh", "fields": []any{"filesystems", "volumeGroups"},
+				"collectedAt": collected, "error": cond.Message}}
+			if got := staleOf(t, doc); !reflect.DeepEqual(got, want) {
+				t.Errorf("failed run %d, %v later: stale = %v, want %v", i+1, time.Duration(i+1)*time.Hour, got, want)
+			}
+			if !strings.HasSuffix(cond.Message, fmt.Sprintf("failure %c", 'A'+i/4)) {
+				t.Errorf("failed run %d: condition %q", i+1, cond.Message)
+			}
+			if size == 0 {
+				size = len(doc)
+			} else if len(doc) != size {
+				t.Errorf("failed run %d: document of %d bytes, %d after the first: %s", i+1, len(doc), size, doc)
+			}
+		}
+	})
+}
+
+// A True held through a failed run (the catalog's hold, at most 2 runs):
+// the condition still says True with its own message, and the document
+// names its fields stale with the failure, which `status` shows beside the
+// held True (HeldFailure).
+func TestStaleWhileATrueIsHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		det := report.NewDetails()
+		certs := report.Detail{Domain: "certs", Field: "certs", Value: []CertInfo{{Path: "/x.pem", DaysLeft: 3, Expiring: true}}}
+		expiring := Result{Status: report.StatusTrue, Reason: report.ReasonCertificateExpiringSoon, Message: "/x.pem expires in 3 days", Details: []report.Detail{certs}}
+		c := &scripted{runs: []func(context.Context) (Result, error){returns(expiring, nil), returns(Result{}, errors.New("read /x.pem: input/output error"))}}
+		r, err := NewRunner(testEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Only: []string{"CertRenewalFailing"},
+			Factories: map[string]Factory{"CertRenewalFailing": fixed(c)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		collected := time.Now().UTC().Format(time.RFC3339)
+		r.RunOnce(t.Context())
+		time.Sleep(time.Hour)
+		r.RunOnce(t.Context())
+		cond, _ := r.store.Get("CertRenewalFailing")
+		if cond.Status != report.StatusTrue || cond.Message != expiring.Message {
+			t.Fatalf("condition after one failed run: %+v, want the True held", cond)
+		}
+		held, _ := r.Holding("CertRenewalFailing")
+		doc := docOf(t, det, "certs")
+		want := []map[string]any{{"check": "CertRenewalFailing", "fields": []any{"certs"},
+			"collectedAt": collected, "error": held.Message}}
+		if got := staleOf(t, doc); !reflect.DeepEqual(got, want) || held.Message != "read /x.pem: input/output error" || !strings.Contains(doc, "/x.pem") {
+			t.Errorf("certs document while the True is held (held %+v): %s\nstale = %v, want %v", held, doc, got, want)
+		}
+	})
+}
+
+// A reload while a check fails: a check rebuilt (its interval changed)
+// keeps its stale entry as it was until its new instance's first run; the
+// new instance failing too keeps the time of the last run that decided;
+// a check disabled takes its fields and its stale entry with it.
+func TestStaleAcrossAReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		det := report.NewDetails()
+		res := diskOK
+		res.Details = []report.Detail{fsDetail}
+		c := &scripted{runs: []func(context.Context) (Result, error){returns(res, nil), returns(Result{}, errors.New("statfs /var: failure"))}}
+		factories := map[string]Factory{"DiskUsageHigh": fixed(c)}
+		for name, h := range healthy {
+			if name != "DiskUsageHigh" {
+				factories[name] = fixed(probeFunc(func(context.Context) (Result, error) { return h, nil }))
+			}
+		}
+		r, err := NewRunner(reloadEnv(t, nil), Options{Store: report.NewStore("b"), Details: det, Factories: factories})
+		if err != nil {
+			t.Fatal(err)
+		}
+		collected := time.Now().UTC().Format(time.RFC3339)
+		r.RunOnce(t.Context())
+		time.Sleep(time.Hour)
+		r.RunOnce(t.Context())
+		before := staleOf(t, docOf(t, det, "storage"))
+		if len(before) != 1 || before[0]["collectedAt"] != collected {
+			t.Fatalf("stale after a failed run: %v", before)
+		}
+		a, err := r.Apply(reloadEnv(t, func(c *config.Config) { c.Checks.DiskUsageHigh.Interval = config.Duration{Duration: 7 * time.Minute} }))
+		if err != nil || len(a.Changed) != 1 || a.Changed[0] != "DiskUsageHigh" {
+			t.Fatalf("Apply = %+v, %v", a, err)
+		}
+		if got := staleOf(t, docOf(t, det, "storage")); !reflect.DeepEqual(got, before) {
+			t.Errorf("stale after the check was rebuilt = %v, want %v as before", got, before)
+		}
+		time.Sleep(time.Hour)
+		r.RunOnce(t.Context())
+		if got := staleOf(t, docOf(t, det, "storage")); len(got) != 1 || got[0]["collectedAt"] != collected {
+			t.Errorf("stale after the new instance failed = %v, want collectedAt %s", got, collected)
+		}
+		a, err = r.Apply(reloadEnv(t, func(c *config.Config) { c.Checks.DiskUsageHigh.Enabled = false }))
+		if err != nil || len(a.Stopped) != 1 {
+			t.Fatalf("Apply = %+v, %v", a, err)
+		}
+		if d := docOf(t, det, "storage"); strings.Contains(d, "stale") || strings.Contains(d, "filesystems") {
+			t.Errorf("storage document after the failing check was disabled: %s", d)
+		}
+	})
 }
