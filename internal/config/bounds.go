@@ -65,9 +65,16 @@ func checkBounds(file string, data []byte, lim limits) *Error {
 // bound, and where the statement (a table header, or a key and its value)
 // it refuses begins in data: what comes before is whole statements within
 // the bounds.
+//
+// A table defined both by a [header] and by dotted keys, which the decoder
+// takes for one table, is refused too, once the file is within the bounds
+// (the statement that defines it the second time begins at stmt then).
 func scanFile(file string, data []byte, lim limits) (keyIndex, *Error, int) {
 	s := boundScan{data: data, line: 1, lim: lim, file: file, idx: keyIndex{}}
 	err := s.run()
+	if err == nil && s.redef != nil {
+		return s.idx, s.redef, s.redefAt
+	}
 	// What comes before the statement is whole statements; where the
 	// statement is not TOML before the bound, up to there too (the
 	// decoder stops at its first mistake, before what is over the bound).
@@ -115,6 +122,40 @@ type boundScan struct {
 	tname, plain string
 	arrays       map[string]int
 	vkey, valias string
+	// The tables defined so far, by a [header] or by the dotted keys
+	// of a top-level statement, at their first line (tableDef), and
+	// the first table defined both ways (redef, at the statement that
+	// begins at redefAt): TOML defines a table once, and the decoder
+	// takes the two for one.
+	defs    map[string]tableDef
+	redef   *Error
+	redefAt int
+}
+
+// tableDef is how and where a table is first defined.
+type tableDef struct {
+	header bool // by a [header]; else by dotted keys
+	line   int
+}
+
+// define records table t defined at line (header: by its [header]), and
+// refuses it where the other way defined it before.
+func (s *boundScan) define(t string, header bool, line int) {
+	d, ok := s.defs[t]
+	if !ok {
+		s.defs[t] = tableDef{header: header, line: line}
+		return
+	}
+	if d.header == header || s.redef != nil {
+		// Two headers: the decoder refuses them.
+		return
+	}
+	by := "the dotted key"
+	if d.header {
+		by = "the [" + t + "] header"
+	}
+	s.redef = s.errorAt(line, t, "Key '%s' has already been defined (by %s at line %d: a table is defined once, by its [header] or by dotted keys)", t, by, d.line)
+	s.redefAt = s.stmt
 }
 
 // name is the size of a key's full name as written, its table's and its
@@ -168,6 +209,7 @@ func (s *boundScan) run() *Error {
 	// A byte order mark is not a key's; the decoder skips it.
 	s.i = len(s.data) - len(bytes.TrimPrefix(s.data, []byte("\ufeff")))
 	s.arrays = map[string]int{}
+	s.defs = map[string]tableDef{}
 	for s.i < len(s.data) {
 		c := s.data[s.i]
 		switch {
@@ -302,6 +344,8 @@ func (s *boundScan) indexHeader(array bool, line int) {
 			s.idx[s.tname] = line
 		}
 		s.tname += "[" + strconv.Itoa(i) + "]"
+	} else {
+		s.define(s.tname, true, line)
 	}
 	s.idx[s.tname] = line
 }
@@ -326,7 +370,9 @@ func (s *boundScan) indexKey(assigned bool, line int) {
 		s.idx.setFirst(s.valias, line)
 	}
 	for i := 1; i < len(parts); i++ {
-		s.idx.setFirst(s.under(joinKey(parts[:i])), line)
+		t := s.under(joinKey(parts[:i]))
+		s.idx.setFirst(t, line)
+		s.define(t, false, line)
 	}
 	s.vkey = s.under(key)
 	s.idx[s.vkey] = line

@@ -444,6 +444,13 @@ func TestBadConfigs(t *testing.T) {
 		"multiline-string-in-list-then-table.toml": `:5: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 120`,
 		// A duration of the right shape that a Go duration cannot hold.
 		"duration-out-of-range.toml": `:3: key checks.KubeletUnhealthy.interval: duration "2562048h" is out of range: a duration is at most 2562047h (about 292 years)`,
+		// A table defined by dotted keys and by a [header] is defined
+		// twice (TOML 1.0, "Tables"), whichever comes first: named whole
+		// at its second definition, as a second header is (before, the
+		// file loaded, the two merged).
+		"table-dotted-then-header.toml":          `:4: key log: Key 'log' has already been defined (by the dotted key at line 2: a table is defined once, by its [header] or by dotted keys)`,
+		"table-dotted-in-table-then-header.toml": `:4: key checks.DiskUsageHigh: Key 'checks.DiskUsageHigh' has already been defined (by the dotted key at line 2: a table is defined once, by its [header] or by dotted keys)`,
+		"table-header-then-dotted.toml":          `:5: key checks.DiskUsageHigh: Key 'checks.DiskUsageHigh' has already been defined (by the [checks.DiskUsageHigh] header at line 1: a table is defined once, by its [header] or by dotted keys)`,
 	}
 	files, _ := filepath.Glob("testdata/bad/*.toml")
 	if len(files) != len(want) {
