@@ -1267,3 +1267,31 @@ func TestMakeFuzzRunsEveryFuzzTarget(t *testing.T) {
 		t.Errorf("found %d fuzz targets in the module; the walk is broken", found)
 	}
 }
+
+// While the daemon's metrics listener is bound but its accepts have failed
+// in a row for 10 s or more (EMFILE, ENOMEM), status says it is not
+// accepting connections, since when, how many, and why (escaped), not
+// "serving" (before, it said "Metrics: serving").
+func TestStatusSaysFailedAccepts(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	st := daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Now: now, Started: now,
+		Config: daemon.ConfigStatus{File: "/etc/autopilot-health/config.toml", Since: now},
+		Metrics: daemon.MetricsStatus{Address: "[::]:20257", Serving: true,
+			AcceptError: "accept tcp [::]:20257: accept4: too many open files\x1b[2J", AcceptFailingSince: now.Add(-time.Minute), FailedAccepts: 62},
+	}
+	body, _ := json.Marshal(st)
+	serveStatusBody(t, sock, body)
+	_, out, _ := run(t, "status", "--socket", sock)
+	for _, want := range []string{
+		"Metrics: NOT accepting connections on [::]:20257 since ",
+		" ago), 62 failed accepts in a row, retrying with backoff: accept tcp [::]:20257: accept4: too many open files\\x1b[2J\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "Metrics: serving") {
+		t.Errorf("status says serving while accepts fail:\n%s", out)
+	}
+}

@@ -292,7 +292,9 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		fmt.Fprintf(w, "%s, %s; %.0f records, %.0f lost, %.0f reopens\n", reading, last, k.Records, k.Lost, k.Reopens)
 	}
 
-	if m := st.Metrics; m.Serving {
+	if m := st.Metrics; m.Serving && m.AcceptError != "" {
+		fmt.Fprintf(w, "Metrics: NOT accepting connections on %s since %s, %d failed accepts in a row, retrying with backoff: %s\n", p(m.Address), ago(m.AcceptFailingSince), m.FailedAccepts, report.Printable(m.AcceptError))
+	} else if m.Serving {
 		fmt.Fprintf(w, "Metrics: serving on %s\n", p(m.Address))
 	} else if m.Error != "" {
 		fmt.Fprintf(w, "Metrics: NOT serving on %s since %s, %d failed binds, retrying with backoff: %s\n", p(m.Address), ago(m.FailingSince), m.Attempts, report.Printable(m.Error))

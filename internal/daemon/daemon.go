@@ -209,6 +209,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	}
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
 	d.gate = newMetricsGate(log, d.metrics.Registry)
+	d.gate.wake = d.wakeStatus
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
 		// Queue events from the start: the kubeconfig may appear later
 		// (the kubelet writes it when the node joins).

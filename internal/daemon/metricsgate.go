@@ -56,6 +56,71 @@ type metricsGate struct {
 	// many since.
 	over   bool
 	closed int
+	// accepts: the listener's run of failed accepts; wake (set before
+	// Serve) is called, outside mu, when the run is said and when it ends.
+	accepts acceptRun
+	wake    func()
+}
+
+// acceptRun is a run of accepts of the metrics listener that failed in a
+// row (under metricsGate.mu).
+type acceptRun struct {
+	err    string    // the last failure's error
+	since  time.Time // the first failure's time
+	failed int       // how many
+	// said: the run has lasted acceptFailingAfter; status and systemd's
+	// status line say it until an accept works.
+	said bool
+}
+
+// acceptFailingAfter is how long a run of failed accepts lasts before
+// status and systemd's status line say it: a connection's pending network
+// error (EPROTO, ...) fails one accept and the next works, while a daemon
+// out of descriptors (EMFILE) or memory fails every try, about once a
+// second, and no scrape is answered. A variable for tests.
+var acceptFailingAfter = 10 * time.Second
+
+// acceptFailed records a failed accept; it reports whether the run is to
+// be said anew (it has just lasted acceptFailingAfter, or its error
+// changed while said).
+func (g *metricsGate) acceptFailed(err string, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r := &g.accepts
+	if r.failed == 0 {
+		r.since = now
+	}
+	r.failed++
+	changed := r.said && err != r.err
+	r.err = err
+	if !r.said && now.Sub(r.since) >= acceptFailingAfter {
+		r.said = true
+		return true
+	}
+	return changed
+}
+
+// acceptsEnded ends the run of failed accepts (one worked, or the listener
+// closed); it reports whether the run was said.
+func (g *metricsGate) acceptsEnded() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	said := g.accepts.said
+	g.accepts = acceptRun{}
+	return said
+}
+
+// acceptFailure is the run of failed accepts while it is said.
+func (g *metricsGate) acceptFailure() (acceptRun, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.accepts, g.accepts.said
+}
+
+func (g *metricsGate) wakeStatus() {
+	if g.wake != nil {
+		g.wake()
+	}
 }
 
 // The reasons of autopilot_health_http_refused_total.
@@ -197,6 +262,10 @@ func (l *gateListener) Close() error {
 // ENOMEM or ENOBUFS under memory pressure (accept(2)), and the listener
 // serves on after either. Logged once per run of failures (and per change
 // of the error), and once when an accept succeeds again.
+//
+// A run of failures that lasts acceptFailingAfter is said in status and
+// in systemd's status line (metricsNote) until an accept works again, or
+// the listener closes.
 func (l *gateListener) accept() (net.Conn, error) {
 	for {
 		nc, err := l.Listener.Accept()
@@ -205,14 +274,19 @@ func (l *gateListener) accept() (net.Conn, error) {
 				l.g.log.Info("metrics listener accepting again", "failed_accepts", l.failed)
 				l.failed, l.failErr = 0, ""
 				l.bo.Reset()
+				if l.g.acceptsEnded() {
+					l.g.wakeStatus()
+				}
 			}
 			return nc, nil
 		}
 		if errors.Is(err, net.ErrClosed) {
+			l.end()
 			return nil, err
 		}
 		select {
 		case <-l.done:
+			l.end()
 			return nil, err
 		default:
 		}
@@ -222,13 +296,24 @@ func (l *gateListener) accept() (net.Conn, error) {
 			l.failErr = err.Error()
 			l.g.log.Warn("metrics listener: accepting a connection failed; retrying with backoff", "err", err, "retry_in", wait.Round(time.Millisecond))
 		}
+		if l.g.acceptFailed(err.Error(), time.Now()) {
+			l.g.wakeStatus()
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-l.done:
 			t.Stop()
+			l.end()
 			return nil, err
 		case <-t.C:
 		}
+	}
+}
+
+// end ends the listener's run of failed accepts, if any, as it closes.
+func (l *gateListener) end() {
+	if l.failed > 0 && l.g.acceptsEnded() {
+		l.g.wakeStatus()
 	}
 }
 

@@ -43,6 +43,13 @@ type MetricsStatus struct {
 	Error        string    `json:"error,omitempty"`
 	FailingSince time.Time `json:"failingSince,omitzero"`
 	Attempts     int       `json:"attempts,omitempty"`
+	// AcceptError: while bound, why accepting a connection has failed
+	// in a row for acceptFailingAfter (10 s) or more (EMFILE, ENOMEM, ...;
+	// cleared when one is accepted); AcceptFailingSince: since when;
+	// FailedAccepts: how many in a row.
+	AcceptError        string    `json:"acceptError,omitempty"`
+	AcceptFailingSince time.Time `json:"acceptFailingSince,omitzero"`
+	FailedAccepts      int       `json:"failedAccepts,omitempty"`
 }
 
 // bindMetrics tries once to bind metrics.listen_address. A failure (the
@@ -125,18 +132,27 @@ func (d *Daemon) metricsStatus() MetricsStatus {
 	if m.ln != nil {
 		st.Address = m.ln.Addr().String()
 	}
+	if r, ok := d.gate.acceptFailure(); ok && m.ln != nil {
+		st.AcceptError, st.AcceptFailingSince, st.FailedAccepts = r.err, r.since, r.failed
+	}
 	return st
 }
 
 // metricsNote is what systemd's status line says in front of the summary
-// while the metrics are not served ("" while they are).
+// while the metrics are not served: the address cannot be bound, or
+// accepting a connection has failed in a row for acceptFailingAfter ("" while
+// they are served).
 func (d *Daemon) metricsNote() string {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.metricsBind.err == "" {
-		return ""
+	err := d.metricsBind.err
+	d.mu.Unlock()
+	if err != "" {
+		return "metrics not served: " + err + " (retrying); "
 	}
-	return "metrics not served: " + d.metricsBind.err + " (retrying); "
+	if r, ok := d.gate.acceptFailure(); ok {
+		return "metrics connections not accepted: " + r.err + " (retrying); "
+	}
+	return ""
 }
 
 // serveMetrics serves /metrics and /healthz on ln with srv; Serve's error
