@@ -126,8 +126,19 @@ func rights(oob []byte) []int {
 }
 
 // OpenKmsg returns a descriptor of /dev/kmsg, opened by the helper
-// (read-only, non-blocking, close-on-exec). It returns once ctx is done,
-// with ctx's error, also while the helper has not answered yet.
+// (read-only, non-blocking, close-on-exec); the caller closes it.
+//
+// ctx done (canceled, or past its deadline) ends the exchange wherever it
+// is, also while the helper has not answered yet: the call returns -1 and
+// an error that is ctx's (errors.Is), closing any descriptor received so
+// far (without ctx done, the request's own limit, opTimeout, ends it the
+// same way with a timeout). An answer read whole before the cancel ends
+// the read is not undone: the call then returns its descriptor and a nil
+// error although ctx is done by the time it returns. A caller that stops
+// at ctx checks ctx after a nil error and closes the descriptor itself
+// (kmsg.Reader closes one opened as its stop came;
+// TestDescriptorAnsweredAtTheCancelIsNotLeaked,
+// TestOpenKmsgCanceledBeforeTheCall).
 func (c *Client) OpenKmsg(ctx context.Context) (int, error) {
 	resp, fd, err := c.call(ctx, request{Op: OpKmsg})
 	if err != nil {
