@@ -124,18 +124,18 @@ func sumWaits(w []time.Duration) time.Duration {
 }
 
 // helperRefuses is the refusal of a file that does not go with
-// --privileged-helper SOCKET (helper, "" without it): a host_root other
-// than "/" (the helper reads this host's own root). run refuses it as the
-// file's, exit 2 (daemon.New says the same, too late for that code), and
-// config validate --privileged-helper the same way, which the package's
-// postinst runs before it starts or restarts the daemon: without it, an
-// image built on such a file shipped a daemon that could not start.
+// --privileged-helper SOCKET (helper, "" without it): daemon.HelperRefuses.
+// run refuses it as the file's, exit 2 (daemon.New says the same, too late
+// for that code), and config validate --privileged-helper the same way,
+// which the package's postinst runs before it starts or restarts the
+// daemon: without it, an image built on such a file shipped a daemon that
+// could not start. A reload of the daemon run with the helper says the
+// same.
 func helperRefuses(cfg *config.Config, file, helper string) error {
-	if helper == "" || cfg.HostRoot == "" || cfg.HostRoot == "/" {
+	if helper == "" {
 		return nil
 	}
-	return &config.Error{File: file, Line: cfg.Line("host_root"), Key: "host_root",
-		Msg: fmt.Sprintf("%q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)}
+	return daemon.HelperRefuses(cfg, file)
 }
 
 // refusalRereads bounds how many times a start reads a file again that

@@ -64,6 +64,9 @@ type Options struct {
 type Daemon struct {
 	cfg *config.Config
 	log *slog.Logger
+	// helper: run with the privileged helper (Options.Helper), whose
+	// files a reload judges as run does (HelperRefuses).
+	helper bool
 	// parts are what Assemble built; store, metrics, details, kmsg and live
 	// are the same parts, named for short. env and runner start as the
 	// assembled ones and are replaced when the node's role or GPU changes.
@@ -160,6 +163,21 @@ type Daemon struct {
 	firstPassDone chan struct{}
 }
 
+// HelperRefuses is the refusal of a configuration that does not go with
+// the privileged helper: a host_root other than "/" (the helper reads this
+// host's own root). run --privileged-helper (the unit's) refuses such a
+// file as its own, exit 2, config validate --privileged-helper says the
+// same, and so does a reload of the daemon run with the helper: before, a
+// reload said host_root "needs a restart", and that restart refused the
+// file. The error names file, and the key's line in it where cfg has one.
+func HelperRefuses(cfg *config.Config, file string) error {
+	if cfg.HostRoot == "" || cfg.HostRoot == "/" {
+		return nil
+	}
+	return &config.Error{File: file, Line: cfg.Line("host_root"), Key: "host_root",
+		Msg: fmt.Sprintf("%q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)}
+}
+
 // New prepares a daemon: detects the node, restores the state, builds the
 // checks (Assemble) and binds the metrics listener. Any error here is a
 // reason to refuse to start, except a metrics address that cannot be bound
@@ -197,7 +215,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}), statusWake: make(chan struct{}, 1),
 		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1), readySent: make(chan struct{}),
-		cfgSince: time.Now(), readDigest: opts.ConfigDigest,
+		cfgSince: time.Now(), readDigest: opts.ConfigDigest, helper: opts.Helper != nil,
 	}
 	if d.readDigest == "" && d.cfgPath != "" {
 		d.readDigest = config.FileDigest(d.cfgPath)

@@ -181,6 +181,9 @@ func (r Reloaded) Text() string {
 //
 //   - a file that does not load is refused with its file, line and key
 //     (the text of `config validate`);
+//   - under the privileged helper, a file run --privileged-helper would
+//     refuse (HelperRefuses), with run's words, not as a key that needs a
+//     restart: that restart would refuse it;
 //   - a file that changes a key that needs a restart (config.RestartKeys)
 //     is refused as a whole, naming the keys;
 //   - else the checks are re-planned (checks.Runner.Apply: an unchanged
@@ -251,6 +254,12 @@ func (d *Daemon) reload() (Reloaded, error) {
 	d.mu.Unlock()
 	if err != nil {
 		return Reloaded{}, err
+	}
+	if d.helper {
+		// Said as run says it: a restart would refuse it too.
+		if err := HelperRefuses(cfg, d.cfgPath); err != nil {
+			return Reloaded{}, err
+		}
 	}
 	old := d.currentEnv()
 	res := Reloaded{Keys: config.Diff(old.Config, cfg)}
