@@ -17,7 +17,9 @@ import (
 // operator to run are written as commands (in backquotes) and run as
 // written: none is refused as bad usage (a missing argument, an unknown
 // subcommand or flag). config validate is run on the path it names, holding
-// the default configuration, and says it is valid.
+// the default configuration, and says it is valid; on a file the unit's run
+// refuses (a host_root other than "/", with its --privileged-helper) it
+// says so, as the reload the alert follows does.
 func TestAlertRunbookCommandsRun(t *testing.T) {
 	m, ok := manifests.Lookup("prometheus-rules")
 	if !ok {
@@ -46,6 +48,10 @@ func TestAlertRunbookCommandsRun(t *testing.T) {
 	if err := os.WriteFile(cfg, config.DefaultTOML(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	unitRefuses := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(unitRefuses, []byte("host_root = \"/host\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	n := 0
 	for _, g := range doc.Groups {
 		for _, r := range g.Rules {
@@ -71,6 +77,20 @@ func TestAlertRunbookCommandsRun(t *testing.T) {
 					}
 					if len(args) >= 2 && args[0] == "config" && args[1] == "validate" && (code != exitOK || !strings.HasSuffix(out, ": valid\n")) {
 						t.Errorf("%s %s: `%s` on the default configuration: exit %d\n%s%s", r.Alert, key, sm[1], code, out, errs)
+					}
+					// It checks the file as the unit's run loads it: a
+					// host_root that run --privileged-helper refuses (and a
+					// reload of its daemon) is refused here too.
+					if len(args) >= 2 && args[0] == "config" && args[1] == "validate" {
+						for i, a := range args {
+							if a == cfg {
+								args[i] = unitRefuses
+							}
+						}
+						if code, out, errs := run(t, args...); code != exitError || !strings.Contains(errs, "key host_root") {
+							t.Errorf("%s %s: `%s` on a file the unit's run refuses (host_root = \"/host\"): exit %d, want %d naming host_root\n%s%s",
+								r.Alert, key, sm[1], code, exitError, out, errs)
+						}
 					}
 				}
 			}

@@ -334,7 +334,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health refused to reload its configuration on node {{ $labels.node }}",
-				"description": "The last systemctl reload of autopilot-health was refused: the daemon runs on its previous configuration, not on /etc/autopilot-health/config.toml as it is now. journalctl -u autopilot-health says why: a file that does not load (named by file, line and key; it would also stop the daemon from starting again after a crash or a reboot; `autopilot-health config validate /etc/autopilot-health/config.toml` checks it), or keys that change only with a restart (systemctl restart autopilot-health applies them).",
+				"description": "The last systemctl reload of autopilot-health was refused: the daemon runs on its previous configuration, not on /etc/autopilot-health/config.toml as it is now. journalctl -u autopilot-health says why: a file that does not load (named by file, line and key; it would also stop the daemon from starting again after a crash or a reboot; `autopilot-health config validate --privileged-helper=/run/autopilot-health-privileged/helper.sock /etc/autopilot-health/config.toml` checks it as the unit's run loads it), or keys that change only with a restart (systemctl restart autopilot-health applies them).",
 			},
 		},
 	}
