@@ -35,6 +35,33 @@ type eventLog struct {
 
 func newEventLog(token string) *eventLog { return &eventLog{token: token, ch: make(chan struct{}, 1)} }
 
+// runKmsgDaemon runs the daemon on kmsgDaemonConfig, its events logged for
+// tok's lines, until the test ends, and returns once the kernel
+// conditions are False (its reader has the real /dev/kmsg open).
+func runKmsgDaemon(t *testing.T, tok string) (*daemon.Daemon, *eventLog) {
+	t.Helper()
+	cfg := kmsgDaemonConfig(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEventLog(tok)
+	d.Store().Observe(ev)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
+		c, ok := d.Store().Get("ReadonlyFilesystem")
+		return ok && c.Status == report.StatusFalse
+	})
+	return d, ev
+}
+
 func (e *eventLog) ConditionChanged(*report.Condition, report.Condition) {}
 func (e *eventLog) ConditionRestored(report.Condition)                   {}
 func (e *eventLog) EventEmitted(ev report.Event) {
@@ -106,22 +133,7 @@ func write(t *testing.T, line string) {
 // them into conditions and events through the runner's state.
 func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 	tok := harness.Token()
-	cfg := kmsgDaemonConfig(t)
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := newEventLog(tok)
-	d.Store().Observe(ev)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
-		c, ok := d.Store().Get("ReadonlyFilesystem")
-		return ok && c.Status == report.StatusFalse
-	})
+	d, ev := runKmsgDaemon(t, tok)
 
 	waitFor(t, d.Store(), nil, 10*time.Second, "the reader to open /dev/kmsg", func() bool {
 		return strings.Contains(scrape(t, d), "autopilot_health_kmsg_reader_up 1")
@@ -416,22 +428,7 @@ func TestKmsgRestartBeforeARecordReadsWhatWasLoggedBetween(t *testing.T) {
 // buffer and is matched, and the record after it is a record of its own.
 func TestKmsgEscapesAndLongRecordsFromTheRealDevice(t *testing.T) {
 	tok := harness.Token()
-	cfg := kmsgDaemonConfig(t)
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := newEventLog(tok)
-	d.Store().Observe(ev)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
-		c, ok := d.Store().Get("ReadonlyFilesystem")
-		return ok && c.Status == report.StatusFalse
-	})
+	d, ev := runKmsgDaemon(t, tok)
 	long := fmt.Sprintf("EXT4-fs error (device %s): long %s", tok, strings.Repeat("\x01", 900))
 	after := fmt.Sprintf("EXT4-fs warning (device %s): after the long one", tok)
 	write(t, long)

@@ -16,22 +16,19 @@ import (
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
-// sysextNode boots a real systemd 252 as an image-based node OS with the
-// extension img in /usr/lib/extensions/autopilot-health.raw, merged at boot
-// by systemd-sysext.service and reloaded by the shipped
-// sysext-daemon-reload.service (as TestSysextImageMergesAndTheUnitStarts),
-// and waits until the daemon, started by the image's Upholds= alone, is
-// active. It returns the namespace and a runner of commands inside it.
-func sysextNode(t *testing.T, dir, img string) (*harness.Systemd, func(args ...string) (string, error)) {
+// bootSysextNode boots a real systemd 252 as an image-based node OS: the
+// extension img in /usr/lib/extensions/autopilot-health.raw (laid over the
+// host's /usr), systemd-sysext.service and the shipped
+// sysext-daemon-reload.service wanted by the default target,
+// multi-user.target reached at boot, the gettys masked (a getty on the
+// console would take the terminal the namespace runs on), and no
+// configuration file or drop-in: the unit as the image ships it, on the
+// embedded defaults (an extension image has no /etc). The namespace's /dev
+// is a tmpfs: LoopDevices makes the loop device nodes systemd-sysext
+// attaches the image to. It returns the namespace, stopped when the test
+// ends, and when its systemd was started; nothing is awaited.
+func bootSysextNode(t *testing.T, dir, img string) (*harness.Systemd, time.Time) {
 	t.Helper()
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	for _, tool := range []string{"mksquashfs", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s missing (apt install squashfs-tools util-linux)", tool)
-		}
-	}
 	usr := filepath.Join(dir, "usr")
 	if err := os.MkdirAll(filepath.Join(usr, "lib", "extensions"), 0o755); err != nil {
 		t.Fatal(err)
@@ -53,11 +50,32 @@ func sysextNode(t *testing.T, dir, img string) (*harness.Systemd, func(args ...s
 		"getty.target":                 "",
 		"console-getty.service":        "",
 	}
+	start := time.Now()
 	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{KeepSyslog: true, SharedMounts: true, Usr: usr, LoopDevices: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
+	return s, start
+}
+
+// sysextNode boots a real systemd 252 as an image-based node OS with the
+// extension img in /usr/lib/extensions/autopilot-health.raw, merged at boot
+// by systemd-sysext.service and reloaded by the shipped
+// sysext-daemon-reload.service (as TestSysextImageMergesAndTheUnitStarts),
+// and waits until the daemon, started by the image's Upholds= alone, is
+// active. It returns the namespace and a runner of commands inside it.
+func sysextNode(t *testing.T, dir, img string) (*harness.Systemd, func(args ...string) (string, error)) {
+	t.Helper()
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	for _, tool := range []string{"mksquashfs", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s missing (apt install squashfs-tools util-linux)", tool)
+		}
+	}
+	s, _ := bootSysextNode(t, dir, img)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("journal:\n%s", lastBytes(s.Journal("systemd-sysext.service", "autopilot-health.service", "autopilot-health-privileged.service", "autopilot-health-refused.service"), 8000))

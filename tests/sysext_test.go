@@ -87,39 +87,7 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 	// sysext-daemon-reload.service enabled (wanted by the default target),
 	// and multi-user.target reached at boot. Nothing starts the daemon
 	// but what the image ships.
-	usr := filepath.Join(dir, "usr")
-	if err := os.MkdirAll(filepath.Join(usr, "lib", "extensions"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(usr, "lib", "extensions", "autopilot-health.raw"), raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	reloadUnit, err := harness.RepoFile("packaging/sysext/sysext-daemon-reload.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	units := map[string]string{
-		"sysext-daemon-reload.service": string(reloadUnit),
-		"test.target.d/10-boot.conf":   "[Unit]\nWants=systemd-sysext.service sysext-daemon-reload.service multi-user.target\n",
-		// Masked (empty): a getty on the console would take the terminal
-		// the namespace runs on.
-		"getty.target":          "",
-		"console-getty.service": "",
-		// No configuration file and no drop-in: the unit as the image ships
-		// it, on the embedded defaults (an extension image has no /etc).
-	}
-	// The namespace's /dev is a tmpfs: LoopDevices makes the loop device
-	// nodes systemd-sysext attaches the image to.
-	start := time.Now()
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), units, harness.Options{KeepSyslog: true, SharedMounts: true, Usr: usr, LoopDevices: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s, start := bootSysextNode(t, dir, img)
 	defer func() {
 		if t.Failed() {
 			t.Logf("journal:\n%s", lastBytes(s.Journal("systemd-sysext.service", "sysext-daemon-reload.service", "autopilot-health.service"), 10000))
