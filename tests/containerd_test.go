@@ -232,14 +232,16 @@ func TestRealContainerdRepair(t *testing.T) {
 	waitFor(t, store, nil, 15*time.Second, "ContainerRuntimeUnhealthy=False after systemd's restart", condIs(store, "ContainerRuntimeUnhealthy", report.StatusFalse))
 	repairs := env.Repair.Status("containerd.service").Repairs
 	t.Logf("killed: back %s after the kill (systemd restarts: %d; restarts by the daemon: %d)", afterKill.MainStart.Sub(killedAt).Round(time.Millisecond), afterKill.NRestarts, repairs)
-	if afterKill.NRestarts != 1 {
-		t.Errorf("NRestarts after SIGKILL = %d, want 1 (systemd's own restart)", afterKill.NRestarts)
-	}
 	// The daemon restarts only a unit that systemd is not restarting; a
 	// probe landing in the few ms before systemd noticed the death may
-	// still restart it once.
+	// still restart it once, and then systemd's own restart does not come
+	// (CI under load: the probe 18 ms after the kill, NRestarts 0, one
+	// restart by the daemon). One restart in all, whoever made it.
 	if repairs > 1 {
 		t.Errorf("the daemon restarted containerd %d times while systemd was restarting it", repairs)
+	}
+	if n := int(afterKill.NRestarts) + repairs; n != 1 {
+		t.Errorf("after SIGKILL: systemd restarted containerd %d times and the daemon %d, want one restart in all", afterKill.NRestarts, repairs)
 	}
 
 	// 2. Hung (SIGSTOP: the socket accepts, Status never answers): the
