@@ -16,6 +16,23 @@ import (
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
+// sysextWorkDir is a directory of the test's, removed when it ends (after
+// the namespace it holds has stopped), named by prefix, with the daemon
+// built into it as dir/autopilot-health.
+func sysextWorkDir(t *testing.T, prefix string) (dir, bin string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin = filepath.Join(dir, "autopilot-health")
+	if err := harness.BuildDaemon(bin); err != nil {
+		t.Fatal(err)
+	}
+	return dir, bin
+}
+
 // bootSysextNode boots a real systemd 252 as an image-based node OS: the
 // extension img in /usr/lib/extensions/autopilot-health.raw (laid over the
 // host's /usr), systemd-sysext.service and the shipped
@@ -116,15 +133,7 @@ func mustIn(t *testing.T, in func(args ...string) (string, error), args ...strin
 // back. (An exec that fails with the binary there is restarted:
 // TestExecFailedWithTheBinaryThereIsRestarted.)
 func TestSysextUnmergedDoesNotSpin(t *testing.T) {
-	dir, err := os.MkdirTemp("", "autopilot-health-sysext-unmerge-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "autopilot-health")
-	if err := harness.BuildDaemon(bin); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := sysextWorkDir(t, "autopilot-health-sysext-unmerge-")
 	s, in := sysextNode(t, dir, buildSysext(t, bin, filepath.Join(dir, "img")))
 	ctx := context.Background()
 	const unit, helper = "autopilot-health.service", "autopilot-health-privileged.service"
@@ -245,15 +254,7 @@ func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 // refresh, exit 1, with one line naming the image, and /usr keeps what it
 // had (at boot, systemd-sysext.service runs the same refresh and fails).
 func TestSysextRefreshToANewerImage(t *testing.T) {
-	dir, err := os.MkdirTemp("", "autopilot-health-sysext-refresh-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "autopilot-health")
-	if err := harness.BuildDaemon(bin); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := sysextWorkDir(t, "autopilot-health-sysext-refresh-")
 	// The newer binary: the same program with bytes after its end (the
 	// kernel loads the ELF's segments only), so that which one runs shows
 	// in its digest.

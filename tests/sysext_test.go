@@ -59,15 +59,7 @@ func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
 			t.Fatalf("%s missing (apt install squashfs-tools systemd-container)", tool)
 		}
 	}
-	dir, err := os.MkdirTemp("", "autopilot-health-sysext-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "autopilot-health")
-	if err := harness.BuildDaemon(bin); err != nil {
-		t.Fatal(err)
-	}
+	dir, bin := sysextWorkDir(t, "autopilot-health-sysext-")
 	img := buildSysext(t, bin, filepath.Join(dir, "a"))
 	if again := buildSysext(t, bin, filepath.Join(dir, "b")); fileSHA(t, img) != fileSHA(t, again) {
 		t.Errorf("two builds of the same binary differ: not reproducible")
