@@ -89,15 +89,29 @@ var (
 )
 
 // listenControl creates the control socket: its directory 0700, the socket
-// 0600, a stale socket of an earlier run replaced.
+// 0600, a stale socket of an earlier run replaced. Its look for a daemon
+// answering, the removal of a stale socket and the bind are one step under
+// an exclusive flock of the socket's directory: two daemons started at once
+// (the unit's and one run by hand) each found nothing answering, and the
+// later removed the earlier's fresh socket as stale and bound its own, so
+// both ran on the same state directory, the earlier with no socket file
+// (no reload, no tamper clear). A start that finds the lock held refuses,
+// as one that finds a daemon answering does: another is starting.
 func listenControl(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	unlock, err := lockStart(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	defer unlock()
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("%s: another daemon is listening", path)
 	}
+	controlDialed()
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
@@ -111,6 +125,32 @@ func listenControl(path string) (net.Listener, error) {
 	}
 	return ln, nil
 }
+
+// lockStart takes the exclusive flock of dir (listenControl) without
+// waiting, and returns its release. Held, it is another daemon starting.
+// A lock the file system refuses for another reason (flock not supported)
+// is gone without, as before: a daemon that refused to start would leave
+// the node without health reporting.
+func lockStart(dir string) (func(), error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	switch err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		f.Close()
+		return nil, errors.New("another daemon is starting on it (its directory is locked)")
+	case err != nil:
+		f.Close()
+		return func() {}, nil
+	}
+	return func() { f.Close() }, nil
+}
+
+// controlDialed runs between listenControl's dial that found nothing
+// answering and its removal of a stale socket (tests put another start
+// there).
+var controlDialed = func() {}
 
 // removeStaleSocket removes the socket file at path that nothing answers
 // on (a daemon that is gone left it). Anything else there (a file, a
