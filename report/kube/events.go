@@ -421,6 +421,16 @@ func (r *Reporter) flush(ctx context.Context, aggs map[aggKey]*aggregate, now ti
 	return answered, nil
 }
 
+// eventType is Warning for a problem (the spec's temp rules) and Normal
+// for an operator's action (the catalog's Operator events: TamperCleared),
+// which is no problem and must not show among the node's warnings.
+func eventType(reason string) string {
+	if d, ok := report.LookupEvent(reason); ok && d.Operator {
+		return kubeapi.EventTypeNormal
+	}
+	return kubeapi.EventTypeWarning
+}
+
 func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 	retry := a.createName != ""
 	if !retry {
@@ -440,7 +450,7 @@ func (r *Reporter) createEvent(ctx context.Context, a *aggregate) error {
 		InvolvedObject:      kubeapi.ObjectReference{Kind: "Node", Name: r.o.NodeName, UID: r.o.NodeName, APIVersion: "v1"},
 		Reason:              a.reason,
 		Message:             a.message,
-		Type:                kubeapi.EventTypeWarning,
+		Type:                eventType(a.reason),
 		FirstTimestamp:      metav1.NewTime(a.first),
 		LastTimestamp:       metav1.NewTime(a.last),
 		Count:               a.count,

@@ -67,3 +67,6 @@ type ObjectReference struct {
 
 // EventTypeWarning is core/v1's EventTypeWarning.
 const EventTypeWarning = "Warning"
+
+// EventTypeNormal is core/v1's EventTypeNormal.
+const EventTypeNormal = "Normal"
