@@ -533,7 +533,9 @@ const MaxReportedChanges = 16
 func (k *Keeper) Report() Report {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	r := Report{BootID: k.bootID, BaselinePending: k.pending, Changes: []ChangeReport{}, SealedLayers: slices.Clone(k.layers)}
+	// The pending message names a baseline_after glob, of any length:
+	// cut as a path is, so the document keeps room for the rest.
+	r := Report{BootID: k.bootID, BaselinePending: clip(k.pending), Changes: []ChangeReport{}, SealedLayers: slices.Clone(k.layers)}
 	if c := k.state.Cleared; c != nil && k.clearTrusted {
 		r.Cleared = &Clear{At: c.At, Reason: clip(c.Reason), By: clip(c.By)}
 	}

@@ -108,3 +108,74 @@ func TestReportOnlyTrustedClear(t *testing.T) {
 		t.Fatal("this process's clear is not reported")
 	}
 }
+
+// The worst case of a tamper document while this boot's baseline is
+// pending: the pending message names a baseline_after glob of any length
+// (the configuration bounds none; a bracket expression matches one
+// character however long it is), with characters the document writes as
+// 6-byte \u escapes ('<', a control character), beside a clear whose reason
+// and operator are at their cap in the same characters, a full list of
+// findings and tolerated changes and many sealed layers. The document fits,
+// with the clear (the next start trusts it from the Node), the bootID and
+// the most recent change, and says the baseline is pending.
+func TestReportWithALongBaselinePendingFitsItsDocument(t *testing.T) {
+	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	for name, glob := range map[string]string{
+		"plain 16 KiB glob":   "/etc/kubernetes/[" + strings.Repeat("k", 16<<10) + "]",
+		"escaped 4 KiB glob":  "/etc/" + strings.Repeat("<\x01", 2<<10),
+		"PATH_MAX plain glob": "/" + strings.Repeat("a", 4094),
+	} {
+		t.Run(name, func(t *testing.T) {
+			k := NewKeeper(t.TempDir(), "boot-1", false)
+			worst := strings.Repeat("<\x01", 1000)
+			if err := k.ClearAll(Clear{At: now, Reason: worst, By: worst}); err != nil {
+				t.Fatal(err)
+			}
+			k.Update(func(s *State) bool {
+				s.Baseline = nil // a reboot after the clear: this boot's baseline waits
+				for i := range 16 {
+					s.AddFinding(Finding{Condition: CondNode, Path: fmt.Sprintf("/etc/%03d/%s", i, worst), Kind: "modified", At: now, BootID: "boot-0"})
+					s.AddTolerated(Finding{Path: fmt.Sprintf("/etc/containerd/%03d/%s", i, worst), Kind: "modified", At: now, BootID: "boot-0"})
+				}
+				return true
+			})
+			layers := make([]LayerReport, 40)
+			for i := range layers {
+				layers[i] = LayerReport{Name: fmt.Sprintf("layer-%d", i), Expected: strings.Repeat("a", 64), Enforced: strings.Repeat("b", 64), Status: "mismatch"}
+			}
+			k.SetLayers(layers)
+			// The longest message NodeTampered's takeBaseline writes.
+			k.SetPending(fmt.Sprintf("waiting for %s before taking this boot's baseline (at most %s)", glob, "10m"))
+
+			d := report.NewDetails()
+			d.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: k.Report()})
+			docs, err := d.Documents(now, report.RoleWorker)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw := docs[report.AnnotationPrefix+"tamper"]
+			if len(raw) > report.MaxDocumentBytes {
+				t.Fatalf("tamper document is %d bytes", len(raw))
+			}
+			var doc struct {
+				Tamper *Report `json:"tamper"`
+			}
+			if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+				t.Fatal(err)
+			}
+			r := doc.Tamper
+			if r == nil {
+				t.Fatalf("no tamper report in the document: %.300s", raw)
+			}
+			if r.BootID != "boot-1" || r.Cleared == nil || !r.Cleared.At.Equal(now) {
+				t.Fatalf("bootID %q, cleared %+v", r.BootID, r.Cleared)
+			}
+			if !strings.HasPrefix(r.BaselinePending, "waiting for /") || len(r.BaselinePending) > MaxReportedText {
+				t.Fatalf("baselinePending (%d bytes): %.80q", len(r.BaselinePending), r.BaselinePending)
+			}
+			if len(r.Changes) == 0 || !strings.HasPrefix(r.Changes[len(r.Changes)-1].Path, "/etc/015/") {
+				t.Fatalf("the most recent change is not kept: %d changes", len(r.Changes))
+			}
+		})
+	}
+}
