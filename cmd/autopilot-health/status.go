@@ -337,6 +337,12 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			pending = strings.TrimPrefix(pending+fmt.Sprintf(", %d %s", k.EventsQueued, events), "none, ")
 		}
 		fmt.Fprintf(w, "  conditions last written: %s; pending: %s\n", ago(k.Calls["status"].LastSuccess), pending)
+		if len(k.ReportLeftOut) > 0 {
+			fmt.Fprintf(w, "  REPORT DOCUMENTS LEFT OUT (no room on the Node beside its other annotations): %s\n", p(strings.Join(k.ReportLeftOut, ", ")))
+		}
+		if k.TamperAnnotationAsIs {
+			fmt.Fprintln(w, "  the Node's tamper annotation is left as it was (not even its stub fits): its updatedAt stands still while the daemon runs; its cleared is kept")
+		}
 		kinds := make([]string, 0, len(k.Calls))
 		for kind := range k.Calls {
 			kinds = append(kinds, kind)

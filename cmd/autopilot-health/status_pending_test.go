@@ -40,3 +40,28 @@ func TestStatusShowsTheEventsPendingWhileWaitingForTheKubeconfig(t *testing.T) {
 		t.Errorf("nothing queued, yet status says something is pending:\n%s", b.String())
 	}
 }
+
+// A report document left out for want of room on the Node is said where an
+// operator looks, and so is the tamper annotation left as it was (not even
+// its stub fits), whose updatedAt then stands still though the daemon runs:
+// a stale updatedAt there is not the daemon gone. Before, only the journal
+// (once) and a counter said so.
+func TestStatusShowsReportDocumentsLeftOut(t *testing.T) {
+	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
+	k := daemon.KubernetesStatus{State: "reporting", Reporting: kube.Reporting{ReportLeftOut: []string{"tamper", "disks"}, TamperAnnotationAsIs: true}}
+	var b strings.Builder
+	printStatus(&b, daemon.StatusReport{Now: now, Kubernetes: k})
+	for _, want := range []string{
+		"  REPORT DOCUMENTS LEFT OUT (no room on the Node beside its other annotations): tamper, disks\n",
+		"  the Node's tamper annotation is left as it was (not even its stub fits): its updatedAt stands still while the daemon runs",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	printStatus(&b, daemon.StatusReport{Now: now, Kubernetes: daemon.KubernetesStatus{State: "reporting"}})
+	if strings.Contains(b.String(), "LEFT OUT") || strings.Contains(b.String(), "left as it was") {
+		t.Errorf("the whole report written, yet status says something is left out:\n%s", b.String())
+	}
+}

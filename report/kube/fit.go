@@ -131,6 +131,7 @@ func allOf(docs map[string]string) map[string]*string {
 // in the journal once per change too.
 func (r *Reporter) fitted(n *kubeapi.Node, left []string, room int, asIs bool) {
 	r.fitShort = len(left) > 0
+	r.m.setLeftOut(left, asIs)
 	if r.fitShort && n != nil {
 		r.fitOthers, r.fitTamper = othersSize(n.Metadata.Annotations), tamperSize(n.Metadata.Annotations)
 	}

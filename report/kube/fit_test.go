@@ -168,6 +168,9 @@ func TestReportLeftOutForRoomReadsOnceThenChoosesByTheAnswers(t *testing.T) {
 		if c := strings.Count(logs.String(), "report documents left out"); c != 1 {
 			t.Errorf("%d journal lines about the documents left out; want 1:\n%s", c, logs.String())
 		}
+		if rp := h.m.Reporting(); !slices.Equal(rp.ReportLeftOut, []string{"disks"}) || rp.TamperAnnotationAsIs {
+			t.Errorf("status's reporting while disks is left out: %+v", rp)
+		}
 		// The other writer makes room: the next refresh's answer shows it,
 		// and the one after is the whole report.
 		n = h.node(t)
@@ -184,6 +187,9 @@ func TestReportLeftOutForRoomReadsOnceThenChoosesByTheAnswers(t *testing.T) {
 		synctest.Wait()
 		if c := strings.Count(logs.String(), "report documents fit on the Node again"); c != 1 {
 			t.Errorf("the journal says %d times that the report fits again, want once:\n%s", c, logs.String())
+		}
+		if rp := h.m.Reporting(); rp.ReportLeftOut != nil || rp.TamperAnnotationAsIs {
+			t.Errorf("status's reporting once the whole report fits again: %+v", rp)
 		}
 		if got, v := h.node(t).Annotations[report.AnnotationPrefix+"disks"], h.m.LeftOut("disks"); strings.Contains(got, "leftOut") || v != 12 {
 			t.Errorf("10 minutes after the room came back: disks %d bytes, a stub: %v; left out %v times, want 12 (the refresh whose answer showed the room, none since)", len(got), strings.Contains(got, "leftOut"), v)
@@ -281,6 +287,11 @@ func TestTamperAnnotationStaysWhereNotEvenItsStubFits(t *testing.T) {
 		}
 		if c := strings.Count(logs.String(), "tamper_left_as_is=true"); c != 1 {
 			t.Errorf("%d journal lines saying the tamper annotation is left as it is; want 1:\n%s", c, logs.String())
+		}
+		// status says so, where an operator looks: the annotation's
+		// updatedAt stands still while the daemon runs.
+		if rp := h.m.Reporting(); !rp.TamperAnnotationAsIs || !slices.Contains(rp.ReportLeftOut, "tamper") {
+			t.Errorf("status's reporting does not say the tamper annotation is left as it is: %+v", rp)
 		}
 		h.stop()
 	})

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -50,6 +51,10 @@ type Metrics struct {
 	// eventsWaiting: occurrences the event writer holds that are not on
 	// the API server yet (setEventsWaiting).
 	eventsWaiting int
+	// leftOutNow, tamperAsIs: what the last refresh that landed left out
+	// (setLeftOut).
+	leftOutNow []string
+	tamperAsIs bool
 }
 
 // CallStatus is what happened to one kind of API call.
@@ -72,6 +77,14 @@ type Reporting struct {
 	// queued, and those the event writer holds in Events not created yet
 	// or counts not patched yet (an outage of the events API).
 	EventsQueued int `json:"eventsQueued"`
+	// ReportLeftOut: the report domains the last refresh that landed left
+	// out for want of room on the Node (a stub in their place, or none);
+	// absent when it wrote the whole report.
+	ReportLeftOut []string `json:"reportLeftOut,omitempty"`
+	// TamperAnnotationAsIs: that refresh left the Node's tamper annotation
+	// as it was (not even its stub fit): its updatedAt stands still while
+	// the daemon runs.
+	TamperAnnotationAsIs bool `json:"tamperAnnotationAsIs,omitempty"`
 }
 
 // NewMetrics creates the API metrics and registers them on reg (may be nil).
@@ -175,10 +188,19 @@ func (m *Metrics) Reporting() Reporting {
 		r.Calls[k] = *c
 	}
 	r.EventsQueued = m.eventsWaiting
+	r.ReportLeftOut, r.TamperAnnotationAsIs = slices.Clone(m.leftOutNow), m.tamperAsIs
 	if m.queue != nil {
 		r.EventsQueued += len(m.queue.ch)
 	}
 	return r
+}
+
+// setLeftOut records what the last refresh that landed left out (none:
+// the whole report), for status.
+func (m *Metrics) setLeftOut(left []string, asIs bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.leftOutNow, m.tamperAsIs = slices.Clone(left), asIs
 }
 
 // setEventsWaiting records the occurrences the event writer holds that are
