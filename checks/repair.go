@@ -302,7 +302,11 @@ func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Durati
 	r.status(unit)
 	r.mu.Unlock()
 	result, msg := r.repair(ctx, unit, cooldown, reason)
-	r.repairs.WithLabelValues(unit, result).Inc()
+	if result != RepairRestarted {
+		// A restart is counted once systemd took the request (restart):
+		// one it refused started no job, and counts as failed only.
+		r.repairs.WithLabelValues(unit, result).Inc()
+	}
 	if result == RepairFailed || result == RepairNoSystemd {
 		// Seen in status beside the repairs made, not only as a count.
 		r.mu.Lock()
@@ -405,7 +409,15 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	// whole TimeoutStopSec, far longer than a probe may.
 	r.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.jobTimeout)
-		err := r.mgr.Restart(ctx, unit)
+		var took sync.Once
+		count := func() { took.Do(func() { r.repairs.WithLabelValues(unit, RepairRestarted).Inc() }) }
+		err := r.mgr.Restart(systemd.WithTook(ctx, count), unit)
+		if !errors.Is(err, systemd.ErrJobRefused) {
+			// A Manager that does not say when systemd took the request
+			// (a test's), or a request whose fate is not known (the bus
+			// went, the wait ran out): counted as a restart, as before.
+			count()
+		}
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
 			// The wait ran out, not the job: systemd goes on with it.
 			err = fmt.Errorf("%s: the restart job did not finish within %s (it may still be running)", unit, r.jobTimeout)

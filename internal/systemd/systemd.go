@@ -837,6 +837,9 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 		if refused(err) {
 			return id, fmt.Errorf("%w: %w", ErrJobRefused, err)
 		}
+		if err == nil {
+			tookIt(ctx)
+		}
 		if !isNoReply(err) || berr != nil || ctx.Err() != nil {
 			return id, err
 		}
@@ -845,11 +848,14 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 			return id, err
 		}
 		if after.Job != 0 || after.Invocation != before.Invocation || after.ActiveState != before.ActiveState || after.SubState != before.SubState {
+			tookIt(ctx)
 			return id, ErrJobReplyLost
 		}
 		id, err = c.RestartUnitContext(ctx, name, mode, ch)
 		if refused(err) {
 			err = fmt.Errorf("%w: %w", ErrJobRefused, err)
+		} else if err == nil {
+			tookIt(ctx)
 		}
 		return id, err
 	}
@@ -857,6 +863,24 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 		return fmt.Errorf("restart %s: %w", name, err)
 	}
 	return nil
+}
+
+// tookKey is the context key of WithTook's func.
+type tookKey struct{}
+
+// WithTook returns ctx carrying took, which Restart calls once systemd took
+// its request (made the job, or took it before a re-exec left the call
+// unanswered): a request systemd refuses (ErrJobRefused) made no job, and is
+// no restart started.
+func WithTook(ctx context.Context, took func()) context.Context {
+	return context.WithValue(ctx, tookKey{}, took)
+}
+
+// tookIt calls ctx's WithTook func, if any.
+func tookIt(ctx context.Context) {
+	if f, ok := ctx.Value(tookKey{}).(func()); ok {
+		f()
+	}
 }
 
 // ErrJobRefused means that systemd answered a job's request with an error
