@@ -185,6 +185,7 @@ func bootAndAssert(t *testing.T, work string, i int, kernel *vmhost.Kernel, init
 		NVMe:    []vmhost.NVMeDrive{{Image: img, Serial: scenarios.NVMeSerial, CriticalWarning: m.NVMeCriticalWarning}},
 		Append:  fmt.Sprintf("vmtest.run=%s vmtest.deadline=%d", strings.Join(names, ","), int(deadline/time.Second)),
 		Timeout: timeout,
+		QMP:     filepath.Join(work, fmt.Sprintf("qmp%d.sock", i)),
 	}
 	if os.Getenv("VMTEST_ECHO") != "" {
 		b.Echo = os.Stderr

@@ -44,6 +44,7 @@ type Scenario struct {
 var All = []Scenario{
 	{Name: "nvme_healthy", Run: nvmeHealthy},
 	{Name: "nvme_temperature", Run: nvmeTemperature},
+	{Name: "nvme_warning_at_run_time", Run: nvmeWarningAtRunTime},
 	{Name: "ext4_remount_ro", Run: ext4RemountRO},
 	{Name: "sealed_os", Run: sealedOS},
 	// Before disk_io_errors: DisksFailure must be False, and the errors

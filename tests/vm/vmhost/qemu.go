@@ -34,6 +34,10 @@ type Boot struct {
 	Timeout time.Duration
 	// Echo, when set, gets every console line as it arrives.
 	Echo io.Writer
+	// QMP, when set, is the path of a QMP socket QEMU listens on; the
+	// guest's "VMTEST QOM-SET" lines are then carried out over it (the
+	// NVMe drives are the devices nvme0, nvme1, ...).
+	QMP string
 }
 
 // Args is the QEMU command line: TCG (this machine kind's KVM cannot run a
@@ -45,9 +49,12 @@ func (b Boot) Args() []string {
 		"-m", strconv.Itoa(b.MemMB), "-smp", strconv.Itoa(b.SMP), "-no-reboot",
 		"-kernel", b.Kernel.Image, "-initrd", b.Initrd,
 		"-append", strings.TrimSpace("console=ttyS0 panic=-1 quiet " + b.Append)}
+	if b.QMP != "" {
+		a = append(a, "-qmp", "unix:"+b.QMP+",server=on,wait=off")
+	}
 	for i, d := range b.NVMe {
 		a = append(a, "-drive", fmt.Sprintf("file=%s,if=none,id=nv%d,format=raw,cache=unsafe", d.Image, i),
-			"-device", fmt.Sprintf("nvme,serial=%s,drive=nv%d,smart_critical_warning=%d", d.Serial, i, d.CriticalWarning))
+			"-device", fmt.Sprintf("nvme,id=nvme%d,serial=%s,drive=nv%d,smart_critical_warning=%d", i, d.Serial, i, d.CriticalWarning))
 	}
 	return a
 }
@@ -145,6 +152,19 @@ func (b Boot) Run() Result {
 			}
 			if strings.HasPrefix(s, DonePrefix) {
 				r.Done = true
+			}
+			if dev, prop, v, ok := ParseQOMSet(s); ok {
+				msg := "ok"
+				if b.QMP == "" {
+					msg = "no QMP socket in this boot (Boot.QMP)"
+				} else if err := QOMSet(b.QMP, dev, prop, v); err != nil {
+					msg = err.Error()
+				}
+				h := Line{At: time.Since(t0), Text: fmt.Sprintf("%sqom-set %s %s %d: %s", HostPrefix, dev, prop, v, msg)}
+				r.Lines = append(r.Lines, h)
+				if b.Echo != nil {
+					fmt.Fprintf(b.Echo, "[%6.2fs] %s\n", h.At.Seconds(), h.Text)
+				}
 			}
 		}
 		if err != nil {
