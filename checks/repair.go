@@ -412,10 +412,12 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		var took sync.Once
 		count := func() { took.Do(func() { r.repairs.WithLabelValues(unit, RepairRestarted).Inc() }) }
 		err := r.mgr.Restart(systemd.WithTook(ctx, count), unit)
-		if !errors.Is(err, systemd.ErrJobRefused) {
+		if !errors.Is(err, systemd.ErrJobRefused) && !errors.Is(err, systemd.ErrNotRequested) {
 			// A Manager that does not say when systemd took the request
 			// (a test's), or a request whose fate is not known (the bus
 			// went, the wait ran out): counted as a restart, as before.
+			// One never sent (the bus not reached for it) made no job,
+			// as one refused did not.
 			count()
 		}
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {

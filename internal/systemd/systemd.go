@@ -820,7 +820,7 @@ func JobCanceled(err error) bool {
 // ErrJobReplyLost.
 func (d *DBus) Restart(ctx context.Context, name string) error {
 	if err := d.ResetFailed(ctx, name); err != nil {
-		return err
+		return notRequested{err}
 	}
 	// Read for a NoReply only: a read that fails leaves the restart as it
 	// was, not retried.
@@ -889,6 +889,20 @@ func tookIt(ctx context.Context) {
 // by it.
 var ErrJobRefused = errors.New("systemd refused the job")
 
+// ErrNotRequested means that a job was never asked of systemd: the bus
+// could not be reached for it (its connection not made), or, for Restart,
+// the reset-failed before it failed. No job was made. Its errors read as
+// the cause's (errors.Is(err, ErrNotRequested) tells them).
+var ErrNotRequested = errors.New("the job was not requested")
+
+// notRequested is an error that kept a job from being requested
+// (ErrNotRequested).
+type notRequested struct{ error }
+
+func (e notRequested) Unwrap() error { return e.error }
+
+func (notRequested) Is(target error) bool { return target == ErrNotRequested }
+
 // StopQueued reports whether err is a job's request that systemd refused
 // because it would cancel a stop job queued (someone's `systemctl stop`,
 // or a shutdown's): "Transaction ... is destructive". Any other refusal (a
@@ -937,7 +951,7 @@ func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
 		return sd.NewConnection(dial)
 	}, (*sd.Conn).Close)
 	if err != nil {
-		return fmt.Errorf("connecting to systemd over D-Bus: %w", err)
+		return notRequested{fmt.Errorf("connecting to systemd over D-Bus: %w", err)}
 	}
 	defer end()
 	defer c.Close()
