@@ -107,9 +107,8 @@ func listenControl(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	defer unlock()
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("%s: another daemon is listening", path)
+	if err := daemonAnswers(path, "another daemon is listening"); err != nil {
+		return nil, err
 	}
 	controlDialed()
 	if err := removeStaleSocket(path); err != nil {
@@ -145,6 +144,22 @@ func lockStart(dir string) (func(), error) {
 		return func() {}, nil
 	}
 	return func() { f.Close() }, nil
+}
+
+// daemonAnswers dials the socket at path: an error when a daemon listens
+// there, one that accepts or one whose backlog is full (a frozen daemon: a
+// connect fails at once, EAGAIN), which is no stale socket to remove.
+// words say so for a daemon that accepts.
+func daemonAnswers(path, words string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	switch {
+	case err == nil:
+		c.Close()
+		return fmt.Errorf("%s: %s", path, words)
+	case errors.Is(err, syscall.EAGAIN):
+		return fmt.Errorf("%s: another daemon is listening, but takes no connection (its listen backlog is full: it may be hung)", path)
+	}
+	return nil
 }
 
 // controlDialed runs between listenControl's dial that found nothing

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -202,9 +201,8 @@ func (d *Daemon) statusHandler() http.Handler {
 func listenStatus(path string) (net.Listener, error) {
 	ln, err := net.Listen("unix", path)
 	if errors.Is(err, syscall.EADDRINUSE) {
-		if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
-			c.Close()
-			return nil, fmt.Errorf("%s: another daemon answers on it", path)
+		if derr := daemonAnswers(path, "another daemon answers on it"); derr != nil {
+			return nil, derr
 		}
 		if err := removeStaleSocket(path); err != nil {
 			return nil, err

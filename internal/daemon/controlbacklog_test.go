@@ -1,0 +1,46 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+)
+
+// A running daemon that takes no connection (frozen, its backlog full: a
+// connect fails at once, EAGAIN) is a daemon, not a stale socket: a second
+// start refuses, the first's socket stays in place, for the control socket
+// and the status socket alike. Before, the dial's EAGAIN read as nothing
+// answering: the start removed the live daemon's socket and bound its own.
+func TestStartDoesNotTakeTheSocketOfADaemonWithAFullBacklog(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		listen func(string) (interface{ Close() error }, error)
+	}{
+		{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p) }},
+		{"status", func(p string) (interface{ Close() error }, error) { return listenStatus(p) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), tc.name+".sock")
+			testenv.FullBacklogSocket(t, sock)
+			before, err := os.Stat(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := tc.listen(sock)
+			if err == nil {
+				ln.Close()
+				t.Fatalf("a second start took the %s socket of a daemon whose backlog is full", tc.name)
+			}
+			if !strings.Contains(err.Error(), "another daemon") {
+				t.Errorf("the refusal: %v; want it to name another daemon", err)
+			}
+			after, err := os.Stat(sock)
+			if err != nil || !os.SameFile(before, after) {
+				t.Errorf("the frozen daemon's socket file was replaced or removed (%v)", err)
+			}
+		})
+	}
+}
