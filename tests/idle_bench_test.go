@@ -79,6 +79,13 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 	if profile != "" {
 		units["autopilot-health.service.d/20-profile.conf"] = "[Service]\nEnvironment=AUTOPILOT_HEALTH_CPUPROFILE=/var/lib/autopilot-health/cpu.prof\n"
 	}
+	// IDLE_HEAPPROFILE=FILE with GOFLAGS=-tags=profile: a profile of the
+	// heap live at the daemon's stop (GODEBUG=memprofilerate=1 in IDLE_ENV
+	// to see every allocation), copied to FILE.
+	heapProfile := os.Getenv("IDLE_HEAPPROFILE")
+	if heapProfile != "" {
+		units["autopilot-health.service.d/22-heapprofile.conf"] = "[Service]\nEnvironment=AUTOPILOT_HEALTH_HEAPPROFILE=/var/lib/autopilot-health/heap.prof\n"
+	}
 	// IDLE_TRACE=FILE with GOFLAGS=-tags=profile: an execution trace of
 	// the daemon's 60 s from 90 s after its start (IDLE_WARMUP and
 	// IDLE_WINDOW must reach past them), copied to FILE at the end.
@@ -199,16 +206,21 @@ func BenchmarkIdleOnAHealthyNode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	if profile != "" {
+	if profile != "" || heapProfile != "" {
 		if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
 			b.Fatal(err)
 		}
-		raw, err := os.ReadFile(s.Root("/var/lib/autopilot-health/cpu.prof"))
-		if err != nil {
-			b.Fatalf("no profile (was the daemon built with GOFLAGS=-tags=profile?): %v", err)
-		}
-		if err := os.WriteFile(profile, raw, 0o644); err != nil {
-			b.Fatal(err)
+		for _, p := range [][2]string{{profile, "cpu.prof"}, {heapProfile, "heap.prof"}} {
+			if p[0] == "" {
+				continue
+			}
+			raw, err := os.ReadFile(s.Root("/var/lib/autopilot-health/" + p[1]))
+			if err != nil {
+				b.Fatalf("no profile (was the daemon built with GOFLAGS=-tags=profile?): %v", err)
+			}
+			if err := os.WriteFile(p[0], raw, 0o644); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	// IDLE_JOURNAL=FILE: the daemon's journal, copied to FILE at the end
