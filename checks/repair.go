@@ -59,6 +59,14 @@ type RepairStatus struct {
 	// not restart a unit that was stopped: it is as stopped as an
 	// inactive one, and not the repairer's to start.
 	stopSeenAt string
+	// resetAt, resetResult: the invocation at which a restart found the
+	// unit failed, and its result then. The reset-failed before the
+	// restart ends the failed state; where the restart then does not
+	// start the unit (systemd refuses the request: RefuseManualStart=, a
+	// unit it requires masked; or its start job fails, result
+	// "dependency"), the unit is left inactive at that invocation, and is
+	// still failed as far as anyone is concerned (HidFailed).
+	resetAt, resetResult string
 }
 
 // Repairer restarts critical units in place, over D-Bus, without fighting
@@ -216,6 +224,7 @@ func (r *Repairer) restore() {
 			if _, ok := r.units[name]; !ok {
 				st := s.RepairStatus
 				st.restartFailed, st.failedAt, st.stopSeenAt = s.RestartFailed, s.FailedAt, s.StopSeenAt
+				st.resetAt, st.resetResult = s.ResetAt, s.ResetResult
 				r.units[name] = &st
 			}
 		}
@@ -237,6 +246,11 @@ type savedRepair struct {
 	// restarted since does not start a unit someone stopped that ended
 	// failed.
 	StopSeenAt string `json:"stopSeenAt,omitempty"`
+	// ResetAt, ResetResult: the invocation a restart found the unit
+	// failed at, and its result, so that a daemon restarted since still
+	// sees a unit the reset-failed left inactive as failed (HidFailed).
+	ResetAt     string `json:"resetFailedAt,omitempty"`
+	ResetResult string `json:"resetFailedResult,omitempty"`
 }
 
 // snapshot returns a copy of the status of every unit, for the state file.
@@ -248,7 +262,8 @@ func (r *Repairer) snapshot() any {
 		if !r.kept(name) {
 			continue
 		}
-		out[name] = savedRepair{RepairStatus: *st, RestartFailed: st.restartFailed, FailedAt: st.failedAt, StopSeenAt: st.stopSeenAt}
+		out[name] = savedRepair{RepairStatus: *st, RestartFailed: st.restartFailed, FailedAt: st.failedAt, StopSeenAt: st.stopSeenAt,
+			ResetAt: st.resetAt, ResetResult: st.resetResult}
 	}
 	return out
 }
@@ -403,6 +418,11 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	// left inactive (or failed, a stop that did not end cleanly) at that
 	// invocation for one someone stopped, and leave it down.
 	st.restartFailed, st.failedAt = true, u.Invocation
+	if u.ActiveState == "failed" && u.Invocation != "" {
+		// The restart's reset-failed ends the failed state: should the
+		// restart not start the unit, it stays failed (HidFailed).
+		st.resetAt, st.resetResult = u.Invocation, u.Result
+	}
 	n := st.Consecutive
 	r.mu.Unlock()
 	// The restart job runs on its own: stopping a hung unit can take its
@@ -638,6 +658,24 @@ func (r *Repairer) stoppedBySomeone(unit string, u systemd.Unit) bool {
 // the services report and autopilot_health_repairs_total.
 func repairingMessage(unit string, cooldown time.Duration) string {
 	return fmt.Sprintf("restarting %s at most once per %s from its last start", unit, cooldown)
+}
+
+// HidFailed reports whether u, inactive with no job, is a unit the
+// repairer found failed and whose failed state only its own reset-failed
+// ended: its restart (mode "fail") was refused, or its start job did not
+// start it, and it has not run since (the same invocation). systemd shows
+// it inactive, result success; it is failed, with the result returned (the
+// one it had). A `systemctl reset-failed` of such a unit by hand is not
+// told from the repairer's: it stays failed here until it runs again.
+func (r *Repairer) HidFailed(u systemd.Unit) (string, bool) {
+	r.restore()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.units[u.Name]
+	if !ok || st.resetAt == "" || st.resetAt != u.Invocation || u.ActiveState != "inactive" || u.Job != 0 {
+		return "", false
+	}
+	return st.resetResult, true
 }
 
 // Wait waits for restart jobs in flight (tests, shutdown).

@@ -748,7 +748,12 @@ func TestRepairAfterItsOwnRestartFailedLeavesTheUnitInactive(t *testing.T) {
 			t.Errorf("status %+v", st)
 		}
 		c, _ := newServiceNotRecovering(env)
-		if r, _ := c.Probe(context.Background()); r.Reason != report.ReasonRepairNotHelping {
+		// Failed before the first restart, whose reset-failed alone left it
+		// inactive: still failed (HidFailed), and not helped by its
+		// repairs.
+		if r, _ := c.Probe(context.Background()); r.Reason != report.ReasonUnitFailed ||
+			!strings.HasPrefix(r.Message, "kubelet.service is failed (exit-code), left inactive by the repair's reset-failed") ||
+			!strings.Contains(r.Message, "repaired 3+ times in a row") {
 			t.Errorf("ServiceNotRecovering after 3 restarts that did not start kubelet: %+v", r)
 		}
 		// The unit kubelet needs starts again: the next restart, at the

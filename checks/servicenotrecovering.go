@@ -95,12 +95,20 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 		// (TestFailedIsNeverSeenBeforeAnAutomaticRestart in tests/).
 		// But one with a start job is coming back: a restart whose stop
 		// ended failed, read before its start half ran (ComingBack).
+		st := ServiceState{Unit: u}
 		if u.ActiveState == "failed" && !u.ComingBack() {
 			failed = append(failed, fmt.Sprintf("%s is failed (%s)", name, u.Result))
+		} else if c.env.Repair != nil {
+			// Failed, and left inactive by the repair's reset-failed
+			// before a restart that did not start it (refused:
+			// RefuseManualStart=, a unit it requires masked).
+			if res, ok := c.env.Repair.HidFailed(u); ok {
+				failed = append(failed, fmt.Sprintf("%s is failed (%s), left inactive by the repair's reset-failed before a restart that did not start it", name, res))
+				st.NotRecovering = true
+			}
 		}
 		n, auto := c.watch.PendingAuto(snrMark, name)
 		marks[name] = auto
-		st := ServiceState{Unit: u}
 		if n >= uint64(max(c.threshold, 1)) {
 			flapping = append(flapping, fmt.Sprintf("%s restarted %d times since the last check", name, n))
 			st.NotRecovering = true
