@@ -513,3 +513,25 @@ func TestPrometheusRuleHoldsTheRuleFilesRules(t *testing.T) {
 		t.Errorf("prometheusrule.yaml's spec is not prometheus-rules.yaml:\n%+v\n%+v", cr.Spec, rf)
 	}
 }
+
+// A report document left out for room is one of three things (report/kube
+// fitReport): a stub saying it was left out; where not even the stubs fit,
+// taken off the Node (but tamper); and the tamper annotation, where not
+// even its stub fits, left as it was (its updatedAt then stands still). The
+// alert's description must not tell the operator every one is a stub.
+func TestReportDocumentsLeftOutAlertSaysEachFate(t *testing.T) {
+	var desc string
+	for _, r := range daemonRules() {
+		if r.Alert == "AutopilotHealthReportDocumentsLeftOut" {
+			desc = r.Annotations["description"]
+		}
+	}
+	if desc == "" {
+		t.Fatal("no AutopilotHealthReportDocumentsLeftOut alert with a description")
+	}
+	for _, fate := range []string{"small one saying it was left out", "taken off the Node", "tamper annotation is left as it was", "updatedAt"} {
+		if !strings.Contains(desc, fate) {
+			t.Errorf("the description does not say %q:\n%s", fate, desc)
+		}
+	}
+}

@@ -312,16 +312,17 @@ func daemonRules() []rule {
 		},
 		{
 			Alert: "AutopilotHealthReportDocumentsLeftOut",
-			// A report document written as a stub at each refresh of the
-			// last 15 minutes: the Node's other annotations leave it no
-			// room (256 KiB together), and the report shows none of its
-			// data until room is made.
+			// A report document left out at each refresh of the last 15
+			// minutes (written as a stub; where not even the stubs fit,
+			// taken off the Node, or, tamper, left as it was): the Node's
+			// other annotations leave it no room (256 KiB together), and
+			// the report shows none of its data until room is made.
 			Expr:   `increase(autopilot_health_report_documents_left_out_total[15m]) > 0`,
 			For:    "15m",
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health's {{ $labels.domain }} report does not fit on node {{ $labels.node }}",
-				"description": "The Node's annotations leave no room (256 KiB together) for autopilot-health's autopilot.syself.com/{{ $labels.domain }} document: it is written as a small one saying it was left out, and shows none of its data. kubectl get node {{ $labels.node }} -o json | jq '.metadata.annotations | map_values(length)' shows which annotations take the room; journalctl -u autopilot-health says which documents are left out (report documents left out).",
+				"description": "The Node's annotations leave no room (256 KiB together) for autopilot-health's autopilot.syself.com/{{ $labels.domain }} document, which shows none of its data: it is written as a small one saying it was left out; where not even those fit, it is taken off the Node; and the tamper annotation is left as it was (its updatedAt then stands still though the daemon runs, so a stale one there is not the daemon gone: `sudo autopilot-health status` says so). kubectl get node {{ $labels.node }} -o json | jq '.metadata.annotations | map_values(length)' shows which annotations take the room; journalctl -u autopilot-health says which documents are left out (report documents left out).",
 			},
 		},
 		{

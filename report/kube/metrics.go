@@ -122,7 +122,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		leftOut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "report_documents_left_out_total",
-			Help: "Report refreshes that wrote a domain's document as a small one saying it was left out, by domain: it did not fit beside the Node's other annotations (256 KiB together).",
+			Help: "Report refreshes that left a domain's document out, by domain: it did not fit beside the Node's other annotations (256 KiB together), and was written as a small one saying so, or, where not even those fit, taken off the Node (tamper's left as it was).",
 		}, []string{"domain"}),
 	}
 	// Every domain's series is there at 0 from the start, so that
