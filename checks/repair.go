@@ -67,6 +67,10 @@ type RepairStatus struct {
 	// "dependency"), the unit is left inactive at that invocation, and is
 	// still failed as far as anyone is concerned (HidFailed).
 	resetAt, resetResult string
+	// attemptSaved: when a failed attempt last asked the state file to
+	// save (Repair): a failed attempt with the same error asks again once
+	// per cooldown.
+	attemptSaved time.Time
 }
 
 // Repairer restarts critical units in place, over D-Bus, without fighting
@@ -322,14 +326,24 @@ func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Durati
 		// one it refused started no job, and counts as failed only.
 		r.repairs.WithLabelValues(unit, result).Inc()
 	}
+	touch := result == RepairRestarted
 	if result == RepairFailed || result == RepairNoSystemd {
 		// Seen in status beside the repairs made, not only as a count.
+		// The state file is asked to take it at once when the error is
+		// new, and then once per cooldown while it stays the same (the
+		// time alone moves): systemd away for long, each probe (every
+		// 10 s, kubelet's and containerd's) wrote the state file.
 		r.mu.Lock()
 		st := r.status(unit)
-		st.LastAttempt, st.LastAttemptError = r.now(), msg
+		now := r.now()
+		touch = msg != st.LastAttemptError || st.attemptSaved.IsZero() || now.Sub(st.attemptSaved) >= cooldown || now.Before(st.attemptSaved)
+		if touch {
+			st.attemptSaved = now
+		}
+		st.LastAttempt, st.LastAttemptError = now, msg
 		r.mu.Unlock()
 	}
-	if result == RepairRestarted || result == RepairFailed || result == RepairNoSystemd {
+	if touch {
 		r.touch()
 	}
 	return result, msg
