@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -837,6 +838,9 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 		if refused(err) {
 			return id, fmt.Errorf("%w: %w", ErrJobRefused, err)
 		}
+		if unsent(err) {
+			return id, notRequested{err}
+		}
 		if err == nil {
 			tookIt(ctx)
 		}
@@ -854,6 +858,8 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 		id, err = c.RestartUnitContext(ctx, name, mode, ch)
 		if refused(err) {
 			err = fmt.Errorf("%w: %w", ErrJobRefused, err)
+		} else if unsent(err) {
+			err = notRequested{err}
 		} else if err == nil {
 			tookIt(ctx)
 		}
@@ -890,8 +896,9 @@ func tookIt(ctx context.Context) {
 var ErrJobRefused = errors.New("systemd refused the job")
 
 // ErrNotRequested means that a job was never asked of systemd: the bus
-// could not be reached for it (its connection not made), or, for Restart,
-// the reset-failed before it failed. No job was made. Its errors read as
+// could not be reached for it (its connection not made, or its call's
+// write failed or found the connection closed), or, for Restart, the
+// reset-failed before it failed. No job was made. Its errors read as
 // the cause's (errors.Is(err, ErrNotRequested) tells them).
 var ErrNotRequested = errors.New("the job was not requested")
 
@@ -902,6 +909,17 @@ type notRequested struct{ error }
 func (e notRequested) Unwrap() error { return e.error }
 
 func (notRequested) Is(target error) bool { return target == ErrNotRequested }
+
+// unsent reports whether err, a job call's error, kept the call from
+// reaching the bus whole: its connection was closed before it was sent
+// (godbus.ErrClosed), or its write failed (the bus's socket closed or
+// reset under it: a message cut short is dropped, no call). An error
+// after the write (the connection read to its end before the answer) is
+// not: systemd may have taken the call.
+func unsent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, godbus.ErrClosed) || errors.As(err, &op) && op.Op == "write"
+}
 
 // StopQueued reports whether err is a job's request that systemd refused
 // because it would cancel a stop job queued (someone's `systemctl stop`,
