@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -97,12 +98,12 @@ var (
 // both ran on the same state directory, the earlier with no socket file
 // (no reload, no tamper clear). A start that finds the lock held refuses,
 // as one that finds a daemon answering does: another is starting.
-func listenControl(path string) (net.Listener, error) {
+func listenControl(path string, log *slog.Logger) (net.Listener, error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	unlock, err := lockStart(dir)
+	unlock, err := lockStart(dir, log)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -127,20 +128,23 @@ func listenControl(path string) (net.Listener, error) {
 
 // lockStart takes the exclusive flock of dir (listenControl) without
 // waiting, and returns its release. Held, it is another daemon starting.
-// A lock the file system refuses for another reason (flock not supported)
-// is gone without, as before: a daemon that refused to start would leave
-// the node without health reporting.
-func lockStart(dir string) (func(), error) {
+// A lock the file system refuses for another reason (flock not supported,
+// ENOLCK) is gone without, as before: a daemon that refused to start would
+// leave the node without health reporting. That is logged, once (a
+// warning naming the directory and the error): two daemons started at
+// once may then both take the socket.
+func lockStart(dir string, log *slog.Logger) (func(), error) {
 	f, err := os.Open(dir)
 	if err != nil {
 		return nil, err
 	}
-	switch err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	switch err := flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
 	case errors.Is(err, syscall.EWOULDBLOCK):
 		f.Close()
 		return nil, errors.New("another daemon is starting on it (its directory is locked)")
 	case err != nil:
 		f.Close()
+		log.Warn("control socket: its directory cannot be locked, so the start goes on without the lock (two daemons started at once could both take the socket)", "dir", dir, "err", err)
 		return func() {}, nil
 	}
 	return func() { f.Close() }, nil
@@ -161,6 +165,10 @@ func daemonAnswers(path, words string) error {
 	}
 	return nil
 }
+
+// flock is syscall.Flock (tests make it fail as a file system without
+// locks does).
+var flock = syscall.Flock
 
 // controlDialed runs between listenControl's dial that found nothing
 // answering and its removal of a stale socket (tests put another start

@@ -141,7 +141,7 @@ func TestControlRefusesANonRootPeer(t *testing.T) {
 		}
 	}
 	sock := filepath.Join(dir, "control.sock")
-	ln, err := listenControl(sock)
+	ln, err := listenControl(sock, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ func TestStartDoesNotTakeTheSocketOfADaemonWithAFullBacklog(t *testing.T) {
 		name   string
 		listen func(string) (interface{ Close() error }, error)
 	}{
-		{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p) }},
+		{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p, quietLog()) }},
 		{"status", func(p string) (interface{ Close() error }, error) { return listenStatus(p) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

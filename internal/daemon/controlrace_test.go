@@ -37,11 +37,11 @@ func TestTwoDaemonsStartedAtOnceGetOneControlSocket(t *testing.T) {
 		calls++
 		if calls == 1 {
 			// The second start, between the first's dial and its bind.
-			other, otherErr = listenControl(sock)
+			other, otherErr = listenControl(sock, quietLog())
 		}
 	}
 	t.Cleanup(func() { controlDialed = func() {} })
-	first, firstErr := listenControl(sock)
+	first, firstErr := listenControl(sock, quietLog())
 	for _, ln := range []net.Listener{first, other} {
 		if ln != nil {
 			defer ln.Close()

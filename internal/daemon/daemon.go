@@ -199,7 +199,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	var control net.Listener
 	if opts.ControlSocket != "" {
 		var err error
-		if control, err = listenControl(opts.ControlSocket); err != nil {
+		if control, err = listenControl(opts.ControlSocket, log); err != nil {
 			return nil, fmt.Errorf("control socket (control_socket): %w", err)
 		}
 	}

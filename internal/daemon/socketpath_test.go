@@ -16,7 +16,7 @@ func TestSocketPathThatIsNotASocketIsKept(t *testing.T) {
 	for _, l := range []struct {
 		name   string
 		listen func(string) (net.Listener, error)
-	}{{"status", listenStatus}, {"control", listenControl}} {
+	}{{"status", listenStatus}, {"control", func(p string) (net.Listener, error) { return listenControl(p, quietLog()) }}} {
 		for _, kind := range []string{"file", "directory"} {
 			t.Run(l.name+" "+kind, func(t *testing.T) {
 				p := filepath.Join(t.TempDir(), "x.sock")
