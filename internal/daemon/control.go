@@ -150,20 +150,26 @@ func lockStart(dir string, log *slog.Logger) (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-// daemonAnswers dials the socket at path: an error when a daemon listens
-// there, one that accepts or one whose backlog is full (a frozen daemon: a
-// connect fails at once, EAGAIN), which is no stale socket to remove.
-// words say so for a daemon that accepts.
+// daemonAnswers dials the socket at path: nil only where nothing listens
+// there (ECONNREFUSED: a stale socket file, or no socket; ENOENT: no
+// file), else an error: a daemon that accepts (words say so), one whose
+// backlog is full (a frozen or stopped daemon: a connect fails at once,
+// EAGAIN), and any other error (EACCES, EPROTOTYPE: a socket of another
+// type that something holds), which cannot tell that the socket is stale,
+// and is no socket to remove. Each says how to find the process.
 func daemonAnswers(path, words string) error {
 	c, err := net.DialTimeout("unix", path, time.Second)
+	find := fmt.Sprintf("`ss -xlp src %s` names its process: stop it (one stopped by SIGSTOP or Ctrl-Z takes a `kill -CONT` first)", path)
 	switch {
 	case err == nil:
 		c.Close()
 		return fmt.Errorf("%s: %s", path, words)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, os.ErrNotExist):
+		return nil
 	case errors.Is(err, syscall.EAGAIN):
-		return fmt.Errorf("%s: another daemon is listening, but takes no connection (its listen backlog is full: it may be hung)", path)
+		return fmt.Errorf("%s: another daemon is listening, but takes no connection (its listen backlog is full: it may be hung or stopped); %s", path, find)
 	}
-	return nil
+	return fmt.Errorf("%s: not known to be stale (a connect failed: %w), so left as it is: another daemon may hold it; %s", path, err, find)
 }
 
 // flock is syscall.Flock (tests make it fail as a file system without

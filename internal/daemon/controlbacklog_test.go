@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,6 +41,47 @@ func TestStartDoesNotTakeTheSocketOfADaemonWithAFullBacklog(t *testing.T) {
 			after, err := os.Stat(sock)
 			if err != nil || !os.SameFile(before, after) {
 				t.Errorf("the frozen daemon's socket file was replaced or removed (%v)", err)
+			}
+		})
+	}
+}
+
+// A socket whose connect fails for a reason other than nothing listening
+// (ECONNREFUSED) cannot be told stale: a datagram socket something holds
+// (EPROTOTYPE), as EACCES from a daemon the start may not connect to. A
+// start refuses, the socket kept, for the control and the status socket.
+// Before, every such error read as a stale socket: the start removed it
+// and bound its own.
+func TestStartDoesNotTakeASocketItCannotTellIsStale(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		listen func(string) (interface{ Close() error }, error)
+	}{
+		{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p, quietLog()) }},
+		{"status", func(p string) (interface{ Close() error }, error) { return listenStatus(p) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), tc.name+".sock")
+			held, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			before, err := os.Stat(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := tc.listen(sock)
+			if err == nil {
+				ln.Close()
+				t.Fatalf("a start took the %s socket a datagram socket holds", tc.name)
+			}
+			if !strings.Contains(err.Error(), "not known to be stale") || !strings.Contains(err.Error(), "ss -xlp src "+sock) {
+				t.Errorf("the refusal: %v; want it to say the socket is not known to be stale and how to find its process", err)
+			}
+			after, err := os.Stat(sock)
+			if err != nil || !os.SameFile(before, after) {
+				t.Errorf("the held socket file was replaced or removed (%v)", err)
 			}
 		})
 	}
