@@ -248,9 +248,11 @@ func (c *nodeTamperedCheck) takeBaseline(now time.Time, cur []tamper.Entry) stri
 		}
 		if m, _ := filepath.Glob(c.env.Path(g)); len(m) == 0 {
 			if !overdue {
-				return fmt.Sprintf("waiting for %s before taking this boot's baseline (at most %s)", g, config.ShortDuration(c.maxWait))
+				// The glob cut as a path is (no key bounds its length):
+				// the message keeps its end where it is cut.
+				return fmt.Sprintf("waiting for %s before taking this boot's baseline (at most %s)", clipPath(g), config.ShortDuration(c.maxWait))
 			}
-			unsettled = fmt.Sprintf("taken unsettled after %s: nothing matched %s", config.ShortDuration(c.maxWait), g)
+			unsettled = fmt.Sprintf("taken unsettled after %s: nothing matched %s", config.ShortDuration(c.maxWait), clipPath(g))
 			break
 		}
 	}

@@ -2214,3 +2214,29 @@ func TestTamperDocumentNamesFilesNotUTF8AsTheMessageDoes(t *testing.T) {
 		}
 	}
 }
+
+// A baseline_after glob of any length (no key bounds it; a bracket
+// expression matches one character however long) is cut in the pending
+// message as a path is (clipPath), so the message keeps its end, "(at most
+// 3m)", in the condition and in the tamper report's baselinePending (cut
+// to 256 bytes from its end); so does the unsettled note that names it.
+// Before, the report's message ended inside the glob.
+func TestNodeTamperedPendingOfALongGlobKeepsItsEnd(t *testing.T) {
+	h := newTamperHost(t)
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	glob := "/etc/never/[" + strings.Repeat("k", 16<<10) + "]"
+	c.gate, c.maxWait = []string{glob}, 3*time.Minute
+	for range 3 {
+		res := h.probe(c, report.StatusUnknown, report.ReasonBaselinePending, "waiting for /etc/never/[kkk")
+		if !strings.HasSuffix(res.Message, "(at most 3m)") {
+			t.Fatalf("the pending message (%d bytes) ends %q", len(res.Message), res.Message[max(len(res.Message)-40, 0):])
+		}
+		if p := c.keeper.Report().BaselinePending; !strings.HasSuffix(p, "(at most 3m)") {
+			t.Fatalf("the report's baselinePending (%d bytes) ends %q", len(p), p[max(len(p)-40, 0):])
+		}
+	}
+	res := h.probe(c, report.StatusFalse, report.ReasonNodeIntact, "(baseline taken unsettled after 3m: nothing matched /etc/never/[kkk")
+	if len(res.Message) > 1024 {
+		t.Errorf("the unsettled note names the whole glob: %d bytes", len(res.Message))
+	}
+}
