@@ -348,26 +348,36 @@ func (e *exposition) encode(mf *dto.MetricFamily, format expfmt.Format) ([]byte,
 	return b.Bytes(), nil
 }
 
-// acceptsGzip reports whether an Accept-Encoding header allows gzip (and
-// does not refuse it with q=0).
+// acceptsGzip reports whether an Accept-Encoding header allows gzip: a
+// gzip entry whose weight is not 0, or, with no gzip entry, a "*" entry
+// whose weight is not 0 ("*" stands for every coding not listed, RFC 9110
+// §12.5.3). A weight of 0 is a refusal (§12.4.2): its name in any case,
+// its value in any spelling of 0 (0, 0.0, 0.00, 0.000). "identity" alone,
+// or no header, is no gzip.
 func acceptsGzip(h string) bool {
+	star := false
 	for part := range strings.SplitSeq(h, ",") {
 		coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
-		if !strings.EqualFold(strings.TrimSpace(coding), "gzip") {
+		coding = strings.TrimSpace(coding)
+		isGzip := strings.EqualFold(coding, "gzip")
+		if !isGzip && coding != "*" {
 			continue
 		}
-		// A q of 0 is a refusal (RFC 9110 §12.4.2), its name in any case.
+		accepted := true
 		for p := range strings.SplitSeq(params, ";") {
 			k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
 			if strings.EqualFold(strings.TrimSpace(k), "q") {
 				if q, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && q <= 0 {
-					return false
+					accepted = false
 				}
 			}
 		}
-		return true
+		if isGzip {
+			return accepted
+		}
+		star = accepted
 	}
-	return false
+	return star
 }
 
 // hash covers all that the text format shows of a family: its name, help

@@ -159,6 +159,12 @@ func TestAcceptsGzip(t *testing.T) {
 		"": false, "gzip": true, "GZIP": true, "deflate, gzip;q=0.5": true, "gzip;q=0": false, "gzip; q=0": false,
 		"identity": false, "x-gzip": false, "zstd,gzip": true,
 		"gzip;Q=0": false, "gzip ; q=0.000": false, "gzip;q=0.001": true, "gzip;level=1;q=0": false,
+		// RFC 9110 §12.4.2 and §12.5.3: the weight's name in any case, its
+		// 0 in any of its spellings, and "*" for every coding not listed.
+		"GZIP;q=0": false, "gzip; q=0.000": false, "gzip;q=0.0": false, "gzip;q=0.00": false, "gzip;q=0.": false,
+		"gzip;q=1": true, "gzip;q=1.000": true,
+		"*": true, "*;q=0.5": true, "*;q=0": false, "*;Q=0.0": false, "identity, *;q=0": false,
+		"*, gzip;q=0": false, "gzip;q=0, *": false, "*;q=0, gzip": true, "identity;q=0, *": true,
 	} {
 		if got := acceptsGzip(h); got != want {
 			t.Errorf("acceptsGzip(%q) = %v", h, got)
