@@ -547,8 +547,13 @@ var statusCodecs = func() serializer.CodecFactory {
 var coreV1 = schema.GroupVersion{Version: "v1"}
 
 // apiDial dials the API server: client-go's dialer, the connection's reads
-// and writes raw.
-var apiDial = rawsys.DialWith(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second})
+// and writes raw, and a server named localhost (or a name under
+// .localhost) dialled as loopback without a lookup, as the probes dial it
+// (rawsys.DialLocal): Go's resolver asks DNS for a localhost that
+// /etc/hosts lacks, at each new connection. TLS still verifies the
+// certificate against the kubeconfig's name
+// (TestAPIServerAtLocalhostWithoutALookup).
+var apiDial = rawsys.DialLocal(rawsys.DialWith(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}))
 
 type restClient struct{ c rest.Interface }
 
