@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,18 @@ type Fault struct {
 	LoseAnswer bool
 	// Reset drops the client's connection without passing the request on.
 	Reset bool
+	// Delay holds the request that long before passing it on (an API
+	// server answering slowly); a client that gave up meanwhile has it
+	// not passed on.
+	Delay time.Duration
+	// CutBody passes the request on and sends the API server's status,
+	// headers and the first half of its body, then resets the connection:
+	// an answer cut mid-body.
+	CutBody bool
+	// Truncate passes the request on and answers with the API server's
+	// status and the first half of its body, as a whole answer (its
+	// Content-Length the half's): a truncated JSON body.
+	Truncate bool
 }
 
 // ProxyRequest is a request the Proxy saw.
@@ -161,8 +174,16 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	p.seen = append(p.seen, ProxyRequest{At: time.Now(), Method: r.Method, Path: r.URL.Path, Body: string(body),
-		Fault: fault != nil && !fault.LoseAnswer})
+		Fault: fault != nil && !fault.LoseAnswer && fault.Delay == 0 && !fault.CutBody && !fault.Truncate})
 	p.mu.Unlock()
+	if fault != nil && fault.Delay > 0 {
+		select {
+		case <-time.After(fault.Delay):
+		case <-r.Context().Done():
+			return // the client gave up: not passed on
+		}
+		fault = nil
+	}
 	switch {
 	case fault == nil:
 		p.rp.ServeHTTP(w, r)
@@ -178,8 +199,39 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		hangUp(w)
 	case fault.Reset:
 		hangUp(w)
+	case fault.CutBody, fault.Truncate:
+		rec := &record{h: http.Header{}, code: http.StatusOK}
+		p.rp.ServeHTTP(rec, r)
+		body := rec.b.Bytes()
+		for k, v := range rec.h {
+			w.Header()[k] = v
+		}
+		w.Header().Del("Content-Encoding")
+		half := body[:len(body)/2]
+		if fault.Truncate {
+			w.Header().Set("Content-Length", strconv.Itoa(len(half)))
+		} else {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		}
+		w.WriteHeader(rec.code)
+		w.Write(half)
+		if fault.CutBody {
+			http.NewResponseController(w).Flush()
+			hangUp(w)
+		}
 	}
 }
+
+// record is a ResponseWriter that keeps the answer.
+type record struct {
+	h    http.Header
+	code int
+	b    bytes.Buffer
+}
+
+func (d *record) Header() http.Header         { return d.h }
+func (d *record) Write(b []byte) (int, error) { return d.b.Write(b) }
+func (d *record) WriteHeader(c int)           { d.code = c }
 
 // hangUp closes the client's connection without an answer.
 func hangUp(w http.ResponseWriter) {

@@ -1,0 +1,136 @@
+//go:build integration
+
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tests/harness"
+)
+
+// More of the API server's bad day, through a proxy in front of the real
+// kube-apiserver (NodeRestriction on, the node's own credentials): answers
+// held past the client's timeout (15 s), answers reset mid-body, a JSON
+// body cut short as a whole answer, and the Events refused (403: the
+// node's RBAC for events gone) while the conditions are not. Each writer
+// tries again with its backoff, not more often; when the answers refuse
+// or break, nothing dials the address (it answers); the Events' refusal
+// does not hold the conditions; and when the day ends the Node holds the
+// last state since the last change, the Events every occurrence.
+func TestKubeSlowCutAndForbiddenAnswersThroughAProxy(t *testing.T) {
+	s := apiServer(t)
+	tok := harness.Token()
+	forbidden := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"events is forbidden: User \"system:node:x\" cannot create resource \"events\"","reason":"Forbidden","code":403}`
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i, tc := range []struct {
+		name  string
+		fault func(*http.Request) *harness.Fault
+		// changes: the bad day's length in seconds, a change a second.
+		changes int
+		// tries: at most this many status writes and Event creates each
+		// through the bad day; dials: at most this many dials.
+		tries, dials int
+		// conditionsThrough: the conditions are on the Node through
+		// the bad day.
+		conditionsThrough bool
+	}{
+		// Each try held 15 s: in 20 s 2 tries at most, and a
+		// dial that goes through doubles its wait (1, 2, 4, 8 s).
+		{name: "answers held past the client's timeout", changes: 20, tries: 3, dials: 5,
+			fault: func(*http.Request) *harness.Fault { return &harness.Fault{Delay: 20 * time.Second} }},
+		{name: "answers reset mid-body", changes: 12, tries: 6,
+			fault: func(*http.Request) *harness.Fault { return &harness.Fault{CutBody: true} }},
+		{name: "a truncated JSON body", changes: 12, tries: 6,
+			fault: func(*http.Request) *harness.Fault { return &harness.Fault{Truncate: true} }},
+		{name: "events forbidden", changes: 12, tries: 6, conditionsThrough: true,
+			fault: func(r *http.Request) *harness.Fault {
+				if strings.Contains(r.URL.Path, "/events") {
+					return &harness.Fault{Code: 403, Body: forbidden, Header: http.Header{"Content-Type": {"application/json"}}}
+				}
+				return nil
+			}},
+	} {
+		wg.Go(func() {
+			t.Run(tc.name, func(t *testing.T) {
+				node := fmt.Sprintf("node-bad-day-%d-%s", i, tok)
+				p, client := proxied(t, s, node)
+				store := report.NewStore("boot")
+				var dials countDials
+				x := startProxied(t, p, client, node, store, &dials)
+				<-x.r.Adopted()
+				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
+				waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
+
+				p.SetFault(tc.fault)
+				began := time.Now()
+				last := changeEverySecond(store, tc.changes, func(i int) string {
+					return fmt.Sprintf("INFO: task worker:%d blocked for more than 120 seconds.", 100+i)
+				})
+				if tc.conditionsThrough {
+					waitNodeFor(t, s, node, 5*time.Second, "the last state through the bad day", func(n *corev1.Node) bool {
+						c := cond(n, "DiskUsageHigh")
+						return c != nil && c.LastTransitionTime.Unix() == last.Unix()
+					})
+				}
+				p.SetFault(nil)
+				ended := time.Now()
+				for _, kind := range []struct{ what, sub, method string }{
+					{"status writes", "/status", http.MethodPatch},
+					{"Event creates", "/events", http.MethodPost},
+				} {
+					var n int
+					for _, r := range p.Requests(kind.sub) {
+						if r.Method == kind.method && r.At.After(began) && r.At.Before(ended) {
+							n++
+						}
+					}
+					if kind.what == "Event creates" || !tc.conditionsThrough {
+						if n == 0 {
+							t.Errorf("no %s through the bad day", kind.what)
+						}
+						if n > tc.tries {
+							t.Errorf("%d %s in %d s of the bad day: want at most %d, the backoff's pace", n, kind.what, tc.changes, tc.tries)
+						}
+					}
+					t.Logf("%d %s in %d s of the bad day", n, kind.what, tc.changes)
+				}
+				if d := dials.get(); d > tc.dials {
+					t.Errorf("%d dials of the API server's address through the bad day, want at most %d", d, tc.dials)
+				} else {
+					t.Logf("%d dials of the API server's address through the bad day", d)
+				}
+				// The status the Node held before, since the last change.
+				waitNodeFor(t, s, node, 90*time.Second, "the last state since the last change", func(n *corev1.Node) bool {
+					c := cond(n, "DiskUsageHigh")
+					return c != nil && c.Status == corev1.ConditionFalse && c.LastTransitionTime.Unix() == last.Unix() // an even number of changes: the last False
+				})
+				t.Logf("the Node has the last state %s after the bad day", time.Since(ended).Round(time.Millisecond))
+				deadline := time.Now().Add(90 * time.Second)
+				for {
+					evs := nodeEvents(t, s, node)
+					var count int32
+					for _, e := range evs {
+						count += e.Count
+					}
+					if count == int32(tc.changes) {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("after the bad day the Events count %d occurrences in %d Events, want %d", count, len(evs), tc.changes)
+					}
+					time.Sleep(100 * time.Millisecond) // polling the API server for the awaited Events
+				}
+				t.Logf("the Events have every occurrence %s after the bad day", time.Since(ended).Round(time.Millisecond))
+			})
+		})
+	}
+}
