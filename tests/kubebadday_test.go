@@ -3,7 +3,9 @@
 package tests
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,8 +13,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -133,4 +138,54 @@ func TestKubeSlowCutAndForbiddenAnswersThroughAProxy(t *testing.T) {
 			})
 		})
 	}
+}
+
+// node_name names another node than the credentials do: NodeRestriction
+// refuses every write, again at each retry of the backoff, and the journal
+// says so once per writer, not once per retry; the refusals are counted.
+func TestKubeRefusedForAnotherNodeIsLoggedOnce(t *testing.T) {
+	s := apiServer(t)
+	tok := harness.Token()
+	self, other := "node-self-once-"+tok, "node-other-once-"+tok
+	registerNode(t, s, self)
+	registerNode(t, s, other)
+	client, kc := nodeClient(t, s, self)
+	store := report.NewStore("boot")
+	var logs testenv.SyncBuffer
+	m := kube.NewMetrics(nil)
+	r := kube.New(kube.Options{Client: client, NodeName: other, Identity: kube.CredentialsUser(kc), Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+		Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute, EventCountFlush: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	<-r.Adopted()
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh"}, time.Now())
+	store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+	// The backoff's 1, 2, 4 s: the conditions' and the report's writes
+	// refused three times each or so.
+	for deadline := time.Now().Add(30 * time.Second); m.Forbidden() < 6; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v forbidden API calls in 30 s, want 6; log:\n%s", m.Forbidden(), logs.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the metrics for the awaited refusals
+	}
+	refused := strings.Count(logs.String(), "refused by the API server: the credentials do not allow it")
+	if refused == 0 || refused > 2 {
+		t.Errorf("%v refusals logged %d times, want once per writer that was refused:\n%s", m.Forbidden(), refused, logs.String())
+	}
+	if n := strings.Count(logs.String(), "node_name names another node than the credentials do"); n != 1 {
+		t.Errorf("node_name naming another node logged %d times, want once:\n%s", n, logs.String())
+	}
+	t.Logf("%v forbidden calls, %d log lines saying so", m.Forbidden(), refused)
+	n, err := s.Admin.CoreV1().Nodes().Get(context.Background(), other, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cond(n, "DiskUsageHigh") != nil {
+		t.Error("wrote a condition on another node")
+	}
+	// Not asserted (NodeRestriction does not restrict Events): what the
+	// Events about the other node are.
+	t.Logf("%d Events about the other node", len(nodeEvents(t, s, other)))
 }
