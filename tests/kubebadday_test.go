@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -188,4 +190,106 @@ func TestKubeRefusedForAnotherNodeIsLoggedOnce(t *testing.T) {
 	// Not asserted (NodeRestriction does not restrict Events): what the
 	// Events about the other node are.
 	t.Logf("%d Events about the other node", len(nodeEvents(t, s, other)))
+}
+
+// The kubelet rotates its client certificate as it does on a node: a new
+// kubelet-client-<time>.pem (certificate and key), then the symlink
+// kubelet-client-current.pem, which kubelet.conf names, swapped to it. The
+// next call uses the new certificate (the old one then expires: no call
+// refused). A pair read at the wrong moment (the file the symlink names
+// holding the new certificate and the old key) is a warning, once, and the
+// last pair stays in use; written whole, it is used from the next call.
+func TestKubeletClientCertSymlinkSwappedAndHalfWritten(t *testing.T) {
+	s := apiServer(t)
+	node := "node-symlink-" + harness.Token()
+	registerNode(t, s, node)
+	user, groups := "system:node:"+node, []string{"system:nodes"}
+	dir := t.TempDir()
+	current := filepath.Join(dir, "kubelet-client-current.pem")
+	var n int
+	// swap writes kubelet-client-<n>.pem and points the symlink at it, as
+	// the kubelet's certificate manager does.
+	swap := func(cert, key []byte) string {
+		t.Helper()
+		n++
+		f := filepath.Join(dir, fmt.Sprintf("kubelet-client-2026-12-06-00-00-%02d.pem", n))
+		if err := os.WriteFile(f, append(append([]byte{}, cert...), key...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tmp := current + ".tmp"
+		os.Remove(tmp)
+		if err := os.Symlink(f, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, current); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	issue := func(notAfter time.Time) (cert, key []byte) {
+		t.Helper()
+		cert, key, err := s.CA.Issue(user, groups, false, notAfter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert, key
+	}
+	expires1 := time.Now().Add(5 * time.Second)
+	swap(issue(expires1))
+	kc := filepath.Join(dir, "kubelet.conf")
+	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: %s, certificate-authority: %s}
+users:
+- name: node
+  user: {client-certificate: %s, client-key: %s}
+contexts:
+- name: test
+  context: {cluster: test, user: node}
+current-context: test
+`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), current, current), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	client, _, err := kube.NewClient(kc, "autopilot-health-test", slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := report.NewStore("boot")
+	x := startReporter(t, client, node, store)
+	<-x.r.Adopted()
+	set := func(st report.Status, reason report.Reason, msg string) {
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: st, Reason: reason, Message: msg}, time.Now())
+		waitNode(t, s, node, msg, func(n *corev1.Node) bool {
+			c := cond(n, "DiskUsageHigh")
+			return c != nil && string(c.Status) == string(st) && c.Message == msg
+		})
+	}
+	set(report.StatusFalse, "DiskUsageOK", "the first certificate")
+
+	cert2, key2 := issue(time.Now().Add(time.Hour))
+	swap(cert2, key2)
+	time.Sleep(time.Until(expires1) + time.Second) // the first certificate is now expired
+	set(report.StatusTrue, "FilesystemSpaceHigh", "after the swap")
+
+	// The wrong moment: the new certificate beside the old key.
+	cert3, key3 := issue(time.Now().Add(time.Hour))
+	half := swap(cert3, key2)
+	set(report.StatusFalse, "DiskUsageOK", "a half-written pair")
+	set(report.StatusTrue, "FilesystemSpaceHigh", "a half-written pair, again")
+	if err := os.WriteFile(half, append(append([]byte{}, cert3...), key3...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set(report.StatusFalse, "DiskUsageOK", "the pair written whole")
+	if f := x.m.Failures(); f != 0 {
+		t.Errorf("%v API calls failed around the rotations:\n%s", f, logs.String())
+	}
+	if c := strings.Count(logs.String(), "client certificate reloaded"); c != 2 {
+		t.Errorf("the reload logged %d times, want 2 (the swap, the pair written whole):\n%s", c, logs.String())
+	}
+	if c := strings.Count(logs.String(), "cannot be used; keeping the certificate read before"); c != 1 {
+		t.Errorf("the half-written pair logged %d times, want once:\n%s", c, logs.String())
+	}
 }
