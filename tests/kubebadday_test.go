@@ -293,3 +293,39 @@ current-context: test
 		t.Errorf("the half-written pair logged %d times, want once:\n%s", c, logs.String())
 	}
 }
+
+// The Node deleted and, 5 s later, registered anew by the kubelet: the
+// writes that find no Node meanwhile back off (no spin), and the Node
+// registered anew gets the daemon's condition back within the report
+// interval (3 s here) with the transition time it had: a re-registration
+// resets no "True for N s" timer.
+func TestKubeNodeRegisteredAnewKeepsTheTransitionTime(t *testing.T) {
+	s := apiServer(t)
+	node := "node-anew-ltt-" + harness.Token()
+	x := reportingEvery3s(t, s, node)
+	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "/var 95%"}, time.Now())
+	first := waitNode(t, s, node, "DiskUsageHigh=True and the report", func(n *corev1.Node) bool {
+		return has("DiskUsageHigh", "True", "FilesystemSpaceHigh")(n) && storageReported(n)
+	})
+	since := cond(first, "DiskUsageHigh").LastTransitionTime
+	time.Sleep(time.Second) // a second later: a transition time written anew would show
+	if err := s.Admin.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f0 := x.m.Failures()
+	time.Sleep(5 * time.Second) // the Node away, as between a deletion and the kubelet's registration
+	away := x.m.Failures() - f0
+	if away > 6 {
+		t.Errorf("%v failed calls in the 5 s without a Node, want the backoff's few", away)
+	}
+	registerNode(t, s, node)
+	back := time.Now()
+	n := waitNodeFor(t, s, node, 10*time.Second, "DiskUsageHigh=True on the Node registered anew", func(n *corev1.Node) bool {
+		return has("DiskUsageHigh", "True", "FilesystemSpaceHigh")(n) && n.UID != first.UID
+	})
+	if got := cond(n, "DiskUsageHigh").LastTransitionTime; !got.Equal(&since) {
+		t.Errorf("the Node registered anew has DiskUsageHigh since %v, want %v as before", got, since)
+	}
+	readyIntact(t, n)
+	t.Logf("%v failed calls while the Node was away; the condition back %s after the registration", away, time.Since(back).Round(time.Millisecond))
+}
