@@ -555,6 +555,20 @@ var coreV1 = schema.GroupVersion{Version: "v1"}
 // (TestAPIServerAtLocalhostWithoutALookup).
 var apiDial = rawsys.DialLocal(rawsys.DialWith(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}))
 
+// apiProxy is the proxy of a kubeconfig without proxy-url: the
+// environment's (HTTPS_PROXY, NO_PROXY: client-go's default, as kubelet's),
+// but none for a localhost name, which apiDial dials as loopback. Go's
+// http.ProxyFromEnvironment leaves out "localhost" and loopback addresses
+// alone, and sent localhost. (a final dot), LOCALHOST and api.localhost to
+// the proxy, which resolves the name on its own host, not this node's
+// (TestAPIServerAtLocalhostIsNotProxied).
+func apiProxy(req *http.Request) (*url.URL, error) {
+	if rawsys.IsLocalhostName(req.URL.Hostname()) {
+		return nil, nil
+	}
+	return http.ProxyFromEnvironment(req)
+}
+
 type restClient struct{ c rest.Interface }
 
 // noResume turns the session cache off (BenchmarkReconnect's "full").
@@ -821,6 +835,11 @@ func newRESTClient(cfg *rest.Config) (Client, error) {
 		// The dialer's settings are client-go's own when Dial is nil
 		// (k8s.io/client-go/transport's cache.go).
 		cfg.Dial = apiDial
+	}
+	if cfg.Proxy == nil {
+		// proxy-url in the kubeconfig is the operator's word, taken as
+		// it is.
+		cfg.Proxy = apiProxy
 	}
 	c, err := rest.RESTClientFor(cfg)
 	if err != nil {
