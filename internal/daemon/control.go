@@ -156,7 +156,10 @@ func lockStart(dir string, log *slog.Logger) (func(), error) {
 // backlog is full (a frozen or stopped daemon: a connect fails at once,
 // EAGAIN), and any other error (EACCES, EPROTOTYPE: a socket of another
 // type that something holds), which cannot tell that the socket is stale,
-// and is no socket to remove. Each says how to find the process.
+// and is no socket to remove. Each says how to find the process. A path
+// that holds no socket (Lstat) is nil whatever the connect's error, for
+// removeStaleSocket to name it
+// (TestSocketPathThatIsNotASocketIsKept).
 func daemonAnswers(path, words string) error {
 	c, err := net.DialTimeout("unix", path, time.Second)
 	find := fmt.Sprintf("`ss -xlp src %s` names its process: stop it (one stopped by SIGSTOP or Ctrl-Z takes a `kill -CONT` first)", path)
@@ -168,6 +171,12 @@ func daemonAnswers(path, words string) error {
 		return nil
 	case errors.Is(err, syscall.EAGAIN):
 		return fmt.Errorf("%s: another daemon is listening, but takes no connection (its listen backlog is full: it may be hung or stopped); %s", path, find)
+	}
+	if fi, lerr := os.Lstat(path); lerr == nil && notASocket(fi) != "" {
+		// No socket at the path (a symlink that loops, ELOOP, or runs
+		// through a file, ENOTDIR; a file on a read-only mount, EROFS):
+		// removeStaleSocket names what is there, and leaves it.
+		return nil
 	}
 	return fmt.Errorf("%s: not known to be stale (a connect failed: %w), so left as it is: another daemon may hold it; %s", path, err, find)
 }

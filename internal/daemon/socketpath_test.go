@@ -12,20 +12,39 @@ import (
 // directory: status.socket or control_socket set to a path in use) is not
 // removed to make room: the bind fails, naming it, and what was there is
 // kept. A socket file left by a daemon that is gone is still replaced.
+// What a connect fails on with another error than ECONNREFUSED (a symlink
+// that loops, ELOOP; one through a regular file, ENOTDIR; a file the
+// daemon, root without capabilities, may not write, EACCES; one on a
+// read-only mount, EROFS) is named for what it is too, not as a socket
+// another daemon may hold (daemonAnswers).
 func TestSocketPathThatIsNotASocketIsKept(t *testing.T) {
 	for _, l := range []struct {
 		name   string
 		listen func(string) (net.Listener, error)
 	}{{"status", listenStatus}, {"control", func(p string) (net.Listener, error) { return listenControl(p, quietLog()) }}} {
-		for _, kind := range []string{"file", "directory"} {
+		for _, kind := range []string{"file", "directory", "symlink loop", "symlink through a file"} {
 			t.Run(l.name+" "+kind, func(t *testing.T) {
 				p := filepath.Join(t.TempDir(), "x.sock")
 				if kind == "file" {
 					if err := os.WriteFile(p, []byte("keep me\n"), 0o644); err != nil {
 						t.Fatal(err)
 					}
-				} else if err := os.Mkdir(p, 0o755); err != nil {
-					t.Fatal(err)
+				} else if kind == "directory" {
+					if err := os.Mkdir(p, 0o755); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					target := p // connect: ELOOP
+					if kind == "symlink through a file" {
+						f := filepath.Join(filepath.Dir(p), "f")
+						if err := os.WriteFile(f, nil, 0o644); err != nil {
+							t.Fatal(err)
+						}
+						target = filepath.Join(f, "x.sock") // connect: ENOTDIR
+					}
+					if err := os.Symlink(target, p); err != nil {
+						t.Fatal(err)
+					}
 				}
 				ln, err := l.listen(p)
 				if err == nil {
@@ -38,7 +57,8 @@ func TestSocketPathThatIsNotASocketIsKept(t *testing.T) {
 				switch {
 				case serr != nil:
 					t.Errorf("the %s at the socket path is gone: %v", kind, serr)
-				case kind == "file" && !fi.Mode().IsRegular(), kind == "directory" && !fi.IsDir():
+				case kind == "file" && !fi.Mode().IsRegular(), kind == "directory" && !fi.IsDir(),
+					strings.HasPrefix(kind, "symlink") && fi.Mode()&os.ModeSymlink == 0:
 					t.Errorf("the %s at the socket path was replaced: %v", kind, fi.Mode())
 				case kind == "file":
 					if b, _ := os.ReadFile(p); string(b) != "keep me\n" {
