@@ -165,6 +165,11 @@ func TestAcceptsGzip(t *testing.T) {
 		"gzip;q=1": true, "gzip;q=1.000": true,
 		"*": true, "*;q=0.5": true, "*;q=0": false, "*;Q=0.0": false, "identity, *;q=0": false,
 		"*, gzip;q=0": false, "gzip;q=0, *": false, "*;q=0, gzip": true, "identity;q=0, *": true,
+		// A gzip entry decides, wherever "*" is and whatever its weight;
+		// a gzip entry whose weight is empty (malformed) is listed, not
+		// refused; no entry at all is no gzip.
+		"*;q=0, gzip;q=0.5": true, "gzip;q=0.5, *;q=0": true, "gzip;q=": true, "gzip;q=, *;q=0": true,
+		" ": false, ",": false, ";q=1": false,
 	} {
 		if got := acceptsGzip(h); got != want {
 			t.Errorf("acceptsGzip(%q) = %v", h, got)
