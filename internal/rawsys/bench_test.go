@@ -82,3 +82,56 @@ func startServer(b *testing.B) string {
 	b.Helper()
 	return testenv.HelperProcess(b, serverEnv+"=1")
 }
+
+// BenchmarkPseudoRead is the once-a-minute read of
+// kernel.hung_task_warnings (a sysctl: pollable, ready), paced as
+// BenchmarkProbeGET's GETs (10 ms apart, on one processor): by os.ReadFile
+// ("os") and by ReadPseudoFile ("raw"). It reports the process's CPU and
+// its threads' wake-ups per read, and, where perf can count the reading
+// thread's system calls (root), those per read and the epoll_ctl(2) among
+// them (over 1,000 more reads, unpaced).
+//
+//	go test ./internal/rawsys -run '^$' -bench PseudoRead -benchtime 1000x
+func BenchmarkPseudoRead(b *testing.B) {
+	const path = "/proc/sys/kernel/hung_task_warnings"
+	if _, err := os.Stat(path); err != nil {
+		b.Skip(err)
+	}
+	for _, name := range []string{"os", "raw"} {
+		b.Run(name, func(b *testing.B) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+			read := func() {
+				var err error
+				if name == "raw" {
+					_, err = ReadPseudoFile(path, 64)
+				} else {
+					_, err = os.ReadFile(path)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			read()
+			cpu0, wakes0 := testenv.Threads(b)
+			b.ResetTimer()
+			for range b.N {
+				time.Sleep(10 * time.Millisecond) // the pace between reads
+				read()
+			}
+			b.StopTimer()
+			cpu1, wakes1 := testenv.Threads(b)
+			b.ReportMetric(float64(cpu1-cpu0)/1e3/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(float64(wakes1-wakes0)/float64(b.N), "wakes/op")
+			const n = 1000
+			all, epoll, err := testenv.CountSyscalls(func() {
+				for range n {
+					read()
+				}
+			})
+			if err == nil {
+				b.ReportMetric(float64(all)/n, "syscalls/op")
+				b.ReportMetric(float64(epoll)/n, "epoll_ctl/op")
+			}
+		})
+	}
+}
