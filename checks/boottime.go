@@ -3,21 +3,26 @@ package checks
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // ProcStat is the kernel's statistics file, whose btime line is when this
 // boot began.
 const ProcStat = "/proc/stat"
 
+// procStatMax bounds the read of /proc/stat: a line per CPU and the intr
+// line's count per interrupt; 16 MiB is a bound, not a size expected.
+const procStatMax = 16 << 20
+
 // BootTime reads when this boot began from the btime line of /proc/stat
 // under the host root: whole seconds since the epoch, which the kernel
 // computes from the current wall clock less the time since boot, so it
 // follows a step of the clock.
 func (e *Env) BootTime() (time.Time, error) {
-	data, err := os.ReadFile(e.Path(ProcStat))
+	data, err := rawsys.ReadPseudoFile(e.Path(ProcStat), procStatMax)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("reading the boot time: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"strconv"
 	"strings"
 	"time"
@@ -350,14 +351,14 @@ func lvmVolumes(sysBlock string) (string, error) {
 			continue
 		}
 		dir := sysBlock + "/" + e.Name()
-		uuid, err := os.ReadFile(dir + "/dm/uuid")
+		uuid, err := rawsys.ReadPseudoFile(dir+"/dm/uuid", attrMax)
 		if err != nil {
 			return "", err // a device going away: ask LVM
 		}
 		if !bytes.HasPrefix(uuid, []byte("LVM-")) {
 			continue
 		}
-		size, err := os.ReadFile(dir + "/size")
+		size, err := rawsys.ReadPseudoFile(dir+"/size", attrMax)
 		if err != nil {
 			return "", err
 		}

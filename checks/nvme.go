@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // NVMe reads NVMe controllers' Identify and SMART/Health pages; injectable
@@ -75,7 +76,7 @@ var fabricsTransports = []string{"tcp", "rdma", "fc", "loop"}
 // reconnecting answers "host path error". A controller whose transport
 // cannot be read is taken for a local drive.
 func (r realNVMe) fabrics(ctrl string) bool {
-	b, err := os.ReadFile(r.env.Path("/sys/class/nvme/" + ctrl + "/transport"))
+	b, err := rawsys.ReadPseudoFile(r.env.Path("/sys/class/nvme/"+ctrl+"/transport"), attrMax)
 	return err == nil && slices.Contains(fabricsTransports, strings.TrimSpace(string(b)))
 }
 

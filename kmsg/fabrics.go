@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // FabricsTransports are the transports of NVMe over Fabrics, as a
@@ -168,7 +170,7 @@ func scsiDisk(dev string) bool {
 }
 
 func readTransport(dir string) (string, bool) {
-	b, err := os.ReadFile(filepath.Join(dir, "transport"))
+	b, err := rawsys.ReadPseudoFile(filepath.Join(dir, "transport"), attrMax)
 	if err != nil {
 		return "", false
 	}

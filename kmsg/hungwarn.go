@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // hungWarnings follows kernel.hung_task_warnings: how many hung-task
@@ -44,6 +45,10 @@ type hungWarnings struct {
 
 // hungWarningsPath is the sysctl under the host's procfs.
 const hungWarningsPath = "sys/kernel/hung_task_warnings"
+
+// attrMax bounds a read of a sysctl or a sysfs attribute: the kernel's
+// own bound is a page.
+const attrMax = 4096
 
 // hungWarningsRecheck is how often the ticks read the value.
 const hungWarningsRecheck = time.Minute
@@ -115,9 +120,11 @@ func (h *hungWarnings) read(now time.Time) {
 }
 
 // readHungWarnings reads the sysctl's value: -1 (unlimited) or the reports
-// left.
+// left. The read is raw (rawsys.ReadPseudoFile): os.ReadFile registered the
+// file, pollable and ready, with the runtime's poller, which woke the
+// thread waiting there, once a minute.
 func readHungWarnings(path string) (int64, error) {
-	b, err := os.ReadFile(path)
+	b, err := rawsys.ReadPseudoFile(path, attrMax)
 	if err != nil {
 		return 0, err
 	}

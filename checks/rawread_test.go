@@ -1,0 +1,39 @@
+package checks
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+)
+
+// The periodic reads of sysfs and procfs files on this host make no
+// epoll_ctl(2) (rawsys.ReadPseudoFile): os.ReadFile registered each file
+// with the runtime's poller (an add and a delete; a sysfs attribute,
+// pollable and ready, woke the thread waiting there), 2 files a PCI
+// function every minute. os.ReadDir's open of a directory makes none (os
+// does not register a directory).
+func TestPeriodicPseudoFileReadsMakeNoEpollCtl(t *testing.T) {
+	env := testEnv(t, nil) // host root /
+	reads := map[string]func() error{
+		"NvidiaGPUs": func() error { _, err := NvidiaGPUs("/sys/bus/pci/devices"); return err },
+		"lvmVolumes": func() error { _, err := lvmVolumes("/sys/block"); return err },
+		"BootTime":   func() error { _, err := env.BootTime(); return err },
+	}
+	ctrls, _ := filepath.Glob("/sys/class/nvme/nvme*")
+	for _, c := range ctrls {
+		reads["fabrics "+filepath.Base(c)] = func() error { realNVMe{env: env}.fabrics(filepath.Base(c)); return nil }
+	}
+	pci, _ := filepath.Glob("/sys/bus/pci/devices/*/vendor")
+	t.Logf("%d PCI functions, %d NVMe controllers here", len(pci), len(ctrls))
+	for name, read := range reads {
+		var err error
+		_, epoll := testenv.ThreadSyscalls(t, func() { err = read() })
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if epoll != 0 {
+			t.Errorf("%s: %d epoll_ctl, want none: a file read by os", name, epoll)
+		}
+	}
+}
