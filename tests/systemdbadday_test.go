@@ -1,0 +1,225 @@
+//go:build integration
+
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// hangingKubelet is a stand-in kubelet on a loopback port that answers its
+// first /healthz with 200 and then accepts every other connection and
+// never answers: a kubelet hung in the middle of a request. accepted gets
+// one value per connection held; closed one per held connection the peer
+// closed (the probe gave up on it).
+type hangingKubelet struct {
+	port     int
+	accepted chan struct{}
+	closed   chan struct{}
+}
+
+func startHangingKubelet(t *testing.T) *hangingKubelet {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &hangingKubelet{port: ln.Addr().(*net.TCPAddr).Port, accepted: make(chan struct{}, 64), closed: make(chan struct{}, 64)}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		first := true
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if first {
+				first = false
+				buf := make([]byte, 4096)
+				c.Read(buf)
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"))
+				c.Close()
+				continue
+			}
+			k.accepted <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					if _, err := c.Read(buf); err != nil { // the request, then nothing until the peer closes
+						k.closed <- struct{}{}
+						return
+					}
+				}
+			}()
+			go func() { <-ctxDone(t); c.Close() }()
+		}
+	}()
+	return k
+}
+
+// ctxDone is closed when the test ends (its cleanups run).
+func ctxDone(t *testing.T) <-chan struct{} {
+	ch := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(ch) }) })
+	return ch
+}
+
+// systemctl stop while a probe hangs (the stand-in kubelet accepted the
+// connection and never answers, its probe's timeout far off): the shipped
+// unit, unchanged, in a real systemd 252. The stop ends well within
+// TimeoutStopSec (30 s) and before the probe's own timeout (the probe is
+// cancelled, not waited for), the process exits 0 (systemd: "Deactivated
+// successfully", no "Main process exited") and the unit is inactive, not
+// failed, not restarted, and the
+// state is saved on the way out (state.json's savedAt after the SIGTERM).
+func TestStopDuringAHungKubeletProbe(t *testing.T) {
+	const unit = "autopilot-health.service"
+	k := startHangingKubelet(t)
+	const probeTimeout = 25 * time.Second
+	cfg := fmt.Sprintf(goodConfig, freeTCPPort(t)) + fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"30s\"\ntimeout = \"%s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", probeTimeout, k.port)
+	s := daemonNamespace(t, "stophung", nil, cfg, unit)
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	waitUnitFor(t, s, unit, time.Minute, "active", active)
+	select {
+	case <-k.accepted: // the second probe, 30 s after the first: held
+	case <-time.After(time.Minute):
+		t.Fatal("no second kubelet probe within a minute")
+	}
+	statePath := s.Root("/var/lib/autopilot-health/state.json")
+	stopAt := time.Now()
+	if err := s.StopUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(stopAt)
+	t.Logf("systemctl stop with a kubelet probe hung: %s", took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("the stop took %s with a probe hung (its timeout %s, TimeoutStopSec 30s): the probe was waited for, not cancelled", took, probeTimeout)
+	}
+	select {
+	case <-k.closed:
+	default:
+		t.Errorf("the hung probe's connection is still open after the stop")
+	}
+	// The unit is garbage-collected once inactive (its ExecMainStatus and
+	// Result read back as a fresh load's): systemd's own lines in the
+	// console say how the process ended.
+	eventually(t, 10*time.Second, "systemd's line of the clean end", func() (bool, string) {
+		j := s.Console(8000)
+		return strings.Contains(j, unit+": Deactivated successfully"), j
+	})
+	if j := s.Console(8000); strings.Contains(j, "Main process exited") || strings.Contains(j, "Failed with result") ||
+		strings.Contains(j, "State 'stop-sigterm' timed out") || strings.Contains(j, "Scheduled restart job") {
+		t.Errorf("the stop did not end cleanly:\n%s", lastBytes(j, 4000))
+	}
+	if u, err := s.Bus.Unit(ctx, unit); err != nil || u.ActiveState != "inactive" {
+		t.Errorf("after the stop: %+v %v; want inactive", u, err)
+	}
+	b, err := os.ReadFile(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st stateFile
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatalf("state.json: %v", err)
+	}
+	if st.SavedAt.Before(stopAt.Add(-time.Second)) {
+		t.Errorf("state.json saved at %s, before the stop at %s: not saved on the way out", st.SavedAt, stopAt)
+	}
+	if c := st.get("KubeletUnhealthy"); c.Status != "False" {
+		t.Errorf("KubeletUnhealthy saved as %+v; want False (the first probe answered, the hung one did not decide)", c)
+	}
+}
+
+// A daemon SIGSTOPped (its loops hung: the stand-in for a deadlock) is
+// aborted by systemd's watchdog and started again; its conditions do not
+// flap across it: the restarted daemon restores them from the state file
+// and every condition keeps its status and lastTransitionTime, and the
+// journal of the new start logs no "condition changed" to another status.
+func TestWatchdogRestartKeepsTheConditions(t *testing.T) {
+	const unit = "autopilot-health.service"
+	s := daemonNamespace(t, "wdkeep", map[string]string{unit + ".d/50-watchdog.conf": watchdogDropIn}, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit)
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	up := waitUnitFor(t, s, unit, time.Minute, "active", active)
+	statePath := s.Root("/var/lib/autopilot-health/state.json")
+	read := func() (stateFile, error) {
+		var f stateFile
+		b, err := os.ReadFile(statePath)
+		if err == nil {
+			err = json.Unmarshal(b, &f)
+		}
+		return f, err
+	}
+	var before stateFile
+	eventually(t, 30*time.Second, "state.json with the first pass", func() (bool, string) {
+		var err error
+		before, err = read()
+		return err == nil && len(before.Conditions) > 0, fmt.Sprint(err)
+	})
+	if err := s.KillMain(ctx, unit, int32(syscall.SIGSTOP)); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	again := waitUnitFor(t, s, unit, time.Minute, "started again after the watchdog", func(u systemd.Unit) bool {
+		return active(u) && u.Invocation != up.Invocation
+	})
+	t.Logf("SIGSTOP to active again: %s (WatchdogSec 4s, RestartSec 5s)", time.Since(stopped).Round(time.Millisecond))
+	var after stateFile
+	eventually(t, 30*time.Second, "state.json saved by the new start", func() (bool, string) {
+		var err error
+		after, err = read()
+		return err == nil && after.SavedAt.After(again.MainStart), fmt.Sprintf("saved %s, started %s, %v", after.SavedAt, again.MainStart, err)
+	})
+	for _, b := range before.Conditions {
+		a := after.get(b.Type)
+		if a.Status != b.Status || !a.LastTransitionTime.Equal(b.LastTransitionTime) {
+			t.Errorf("%s across the watchdog's restart: %s since %s, then %s since %s", b.Type, b.Status, b.LastTransitionTime, a.Status, a.LastTransitionTime)
+		}
+	}
+	j := s.Journal(unit)
+	i := strings.LastIndex(j, "state restored")
+	if i < 0 {
+		t.Fatalf("the new start restored no state:\n%s", lastBytes(j, 4000))
+	}
+	for _, line := range strings.Split(j[i:], "\n") {
+		if !strings.Contains(line, "condition changed") {
+			continue
+		}
+		from, status := field(line, "from"), field(line, "status")
+		if from != status {
+			t.Errorf("after the watchdog's restart: %s", line)
+		}
+	}
+}
+
+// field is the value of key=value in a slog text line ("" when absent).
+func field(line, key string) string {
+	_, v, ok := strings.Cut(line, " "+key+"=")
+	if !ok {
+		return ""
+	}
+	v, _, _ = strings.Cut(v, " ")
+	return v
+}
