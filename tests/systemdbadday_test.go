@@ -3,9 +3,11 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -14,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // hangingKubelet is a stand-in kubelet on a loopback port that answers its
@@ -222,4 +226,162 @@ func field(line, key string) string {
 	}
 	v, _, _ = strings.Cut(v, " ")
 	return v
+}
+
+// A flapping check under the shipped unit (a stand-in kubelet whose
+// /healthz alternates 200 and 500, probed every second): the daemon logs a
+// line per change of the condition and its repairs, far under journald's
+// rate limit (RateLimitIntervalSec=30s, RateLimitBurst=10000: systemd 252's
+// defaults, the unit sets no LogRateLimit*), so journald drops none of them
+// ("Suppressed N messages" never appears) and every change is in the
+// journal.
+func TestFlappingCheckStaysUnderJournaldsRateLimit(t *testing.T) {
+	const unit = "autopilot-health.service"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var served int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			c.Read(buf)
+			mu.Lock()
+			served++
+			n := served
+			mu.Unlock()
+			if n%2 == 1 {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"))
+			} else {
+				c.Write([]byte("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nConnection: close\r\n\r\nbroken"))
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	port := ln.Addr().(*net.TCPAddr).Port
+	cfg := fmt.Sprintf(goodConfig, freeTCPPort(t)) + fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"1s\"\nrestart_cooldown = \"2s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", port)
+	s := daemonNamespace(t, "flaplog", nil, cfg, unit)
+	ctx := context.Background()
+	if err := s.StartUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	waitUnitFor(t, s, unit, time.Minute, "active", active)
+	count := func() (lines, changes int) {
+		for _, l := range strings.Split(s.Journal(unit), "\n") {
+			if strings.Contains(l, " autopilot-health[") {
+				lines++
+				if strings.Contains(l, "condition changed") && strings.Contains(l, "condition=KubeletUnhealthy") {
+					changes++
+				}
+			}
+		}
+		return
+	}
+	mu.Lock()
+	served0 := served
+	mu.Unlock()
+	lines0, changes0 := count()
+	// 30 probes: journald's RateLimitIntervalSec at the 1 s interval.
+	start := time.Now()
+	var probes int
+	eventually(t, time.Minute, "30 more probes", func() (bool, string) {
+		mu.Lock()
+		probes = served - served0
+		mu.Unlock()
+		return probes >= 30, fmt.Sprintf("%d probes", probes)
+	})
+	window := time.Since(start).Round(time.Second)
+	var lines, changes int
+	eventually(t, 10*time.Second, "every change of the window in the journal", func() (bool, string) {
+		l, c := count()
+		lines, changes = l-lines0, c-changes0
+		return changes >= probes-1, fmt.Sprintf("%d probes, %d changes logged, %d lines", probes, changes, lines)
+	})
+	t.Logf("a check flapping every second for %s: %d probes, %d 'condition changed' lines of it, %d lines of the daemon in all (journald's burst: 10000 per 30s)", window, probes, changes, lines)
+	if lines > 3*probes+20 {
+		t.Errorf("%d lines of the daemon for %d probes of a flapping check: more than a line per change and its repair", lines, probes)
+	}
+	if j := s.Journal(); strings.Contains(j, "Suppressed") {
+		t.Errorf("journald dropped lines:\n%s", lastBytes(j, 4000))
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the daemon's logger and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A kernel log flood (18,000 matching lines of three event reasons
+// written to the real /dev/kmsg as fast as the writer goes) through the
+// whole daemon: its own log says each reason at most once per 10 s (the
+// lines it left out counted in the next one, not_logged_since_last), the
+// condition the I/O errors set once, and any ring buffer overrun once a
+// minute: a few lines, where journald's rate limit allows 10,000 in 30 s.
+func TestKmsgFloodKeepsTheDaemonsLogShort(t *testing.T) {
+	tok := harness.Token()
+	cfg := kmsgDaemonConfig(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), daemon.Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := newEventLog(tok)
+	d.Store().Observe(ev)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, d.Store(), nil, 10*time.Second, "the reader to open /dev/kmsg", func() bool {
+		return strings.Contains(scrape(t, d), "autopilot_health_kmsg_reader_up 1") && strings.Contains(logs.String(), "first pass complete")
+	})
+	before := len(logs.String())
+	const perReason = 6000
+	start := time.Now()
+	for i := range perReason {
+		write(t, fmt.Sprintf("I/O error, dev sd%s, sector %d op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0", tok, i))
+		write(t, fmt.Sprintf("EXT4-fs error (device %s): ext4_find_entry:1455: inode #%d: comm ls: reading directory lblock 0", tok, i))
+		write(t, fmt.Sprintf("EXT4-fs warning (device %s): flood line %d", tok, i))
+	}
+	wrote := time.Since(start)
+	write(t, fmt.Sprintf("EXT4-fs warning (device %s): flood end", tok))
+	waitFor(t, d.Store(), ev, 60*time.Second, "the end of the flood", func() bool {
+		ev.mu.Lock()
+		defer ev.mu.Unlock()
+		return len(ev.events) > 0 && strings.HasSuffix(ev.events[len(ev.events)-1].Message, "flood end")
+	})
+	took := time.Since(start)
+	lines := strings.Split(strings.TrimSpace(logs.String()[before:]), "\n")
+	t.Logf("%d kernel lines written in %s, handled in %s (%d events of the token): %d lines of the daemon's log", 3*perReason+1, wrote.Round(time.Millisecond), took.Round(time.Millisecond), ev.count(), len(lines))
+	// Per reason a line per 10 s started (BlockIOError, Ext4Error,
+	// Ext4Warning; others' lines on the machine-wide ring buffer may add
+	// reasons), DisksFailure's change, an overrun once a minute.
+	if limit := 3*(int(took/(10*time.Second))+1) + 12; len(lines) > limit {
+		t.Errorf("%d lines of the daemon's log during a %s flood; want at most %d:\n%s", len(lines), took.Round(time.Millisecond), limit, lastBytes(strings.Join(lines, "\n"), 6000))
+	}
 }
