@@ -32,7 +32,7 @@ type hangingKubelet struct {
 	closed   chan struct{}
 }
 
-func startHangingKubelet(t *testing.T) *hangingKubelet {
+func startHangingKubelet(t *testing.T, answerFirst bool) *hangingKubelet {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -44,7 +44,7 @@ func startHangingKubelet(t *testing.T) *hangingKubelet {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		first := true
+		first := answerFirst
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -95,7 +95,7 @@ func ctxDone(t *testing.T) <-chan struct{} {
 // state is saved on the way out (state.json's savedAt after the SIGTERM).
 func TestStopDuringAHungKubeletProbe(t *testing.T) {
 	const unit = "autopilot-health.service"
-	k := startHangingKubelet(t)
+	k := startHangingKubelet(t, true)
 	const probeTimeout = 25 * time.Second
 	cfg := fmt.Sprintf(goodConfig, freeTCPPort(t)) + fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"30s\"\ntimeout = \"%s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", probeTimeout, k.port)
 	s := daemonNamespace(t, "stophung", nil, cfg, unit)
@@ -383,5 +383,62 @@ func TestKmsgFloodKeepsTheDaemonsLogShort(t *testing.T) {
 	// reasons), DisksFailure's change, an overrun once a minute.
 	if limit := 3*(int(took/(10*time.Second))+1) + 12; len(lines) > limit {
 		t.Errorf("%d lines of the daemon's log during a %s flood; want at most %d:\n%s", len(lines), took.Round(time.Millisecond), limit, lastBytes(strings.Join(lines, "\n"), 6000))
+	}
+}
+
+// systemctl stop during the first pass (the unit activating: READY=1 not
+// sent yet) while its kubelet probe hangs (every connection accepted and
+// never answered, the probe's timeout 25 s): systemd shows the start's
+// STATUS= line, "starting: first pass of N checks"; the stop ends at once,
+// the process exits 0 (no "Main process exited", not failed, not
+// restarted), the hung connection closed.
+func TestStopDuringTheFirstPassWithAHungProbe(t *testing.T) {
+	const unit = "autopilot-health.service"
+	k := startHangingKubelet(t, false)
+	cfg := fmt.Sprintf(goodConfig, freeTCPPort(t)) + fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"30s\"\ntimeout = \"25s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", k.port)
+	s := daemonNamespace(t, "stopfirst", nil, cfg, unit)
+	ctx := context.Background()
+	started := make(chan error, 1)
+	go func() { started <- s.StartUnit(ctx, unit) }()
+	select {
+	case <-k.accepted:
+	case <-time.After(time.Minute):
+		t.Fatal("no kubelet probe within a minute")
+	}
+	var line string
+	eventually(t, 10*time.Second, "the start's status line", func() (bool, string) {
+		sp, err := s.Properties(ctx, unit, "Service")
+		if err != nil {
+			return false, err.Error()
+		}
+		line, _ = sp["StatusText"].Value().(string)
+		return strings.HasPrefix(line, "starting: first pass of "), line
+	})
+	u, err := s.Bus.Unit(ctx, unit)
+	if err != nil || u.ActiveState != "activating" {
+		t.Fatalf("during the first pass: %+v %v; want activating", u, err)
+	}
+	t.Logf("systemctl status during the first pass: %q", line)
+	stopAt := time.Now()
+	if err := s.StopUnit(ctx, unit); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(stopAt)
+	t.Logf("systemctl stop during the first pass, a probe hung: %s; the start job: %v", took.Round(time.Millisecond), <-started)
+	if took > 10*time.Second {
+		t.Errorf("the stop took %s", took)
+	}
+	select {
+	case <-k.closed:
+	default:
+		t.Errorf("the hung probe's connection is still open after the stop")
+	}
+	eventually(t, 10*time.Second, "systemd's line of the end", func() (bool, string) {
+		j := s.Console(8000)
+		return strings.Contains(j, unit+": Deactivated successfully") || strings.Contains(j, unit+": Main process exited") || strings.Contains(j, unit+": Failed with result"), j
+	})
+	if j := s.Console(8000); !strings.Contains(j, unit+": Deactivated successfully") || strings.Contains(j, "Main process exited") || strings.Contains(j, "Failed with result") ||
+		strings.Contains(j, "Scheduled restart job") {
+		t.Errorf("the stop did not end cleanly:\n%s", lastBytes(j, 4000))
 	}
 }
