@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,8 +17,6 @@ import (
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
-const emptiedChildEnv = "AUTOPILOT_HEALTH_TEST_EMPTIED_SOCKET_CHILD"
-
 // An operator sets status.socket = "" in the file of a running daemon
 // (the key needs a restart to change: a reload refuses it) and asks
 // `status`: the daemon, started on the default socket, still answers there
@@ -30,21 +27,7 @@ const emptiedChildEnv = "AUTOPILOT_HEALTH_TEST_EMPTIED_SOCKET_CHILD"
 // under unshare(1) (needs root) and serves it on a tmpfs over /run of its
 // own mount namespace, never the host's.
 func TestStatusOfAFileThatEmptiedTheSocketAsksTheDaemon(t *testing.T) {
-	const name = "TestStatusOfAFileThatEmptiedTheSocketAsksTheDaemon"
-	if os.Getenv(emptiedChildEnv) == "" {
-		if os.Geteuid() != 0 {
-			testenv.Skip(t, "mounting a tmpfs over /run needs root")
-		}
-		unshare, err := exec.LookPath("unshare")
-		if err != nil {
-			testenv.Skip(t, "no unshare(1)")
-		}
-		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^"+name+"$", "-test.v")
-		cmd.Env = append(os.Environ(), emptiedChildEnv+"=1")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: "+name) {
-			t.Fatalf("in a mount namespace of its own: %v\n%s", err, out)
-		}
+	if !testenv.InMountNamespace(t, "mounting a tmpfs over /run") {
 		return
 	}
 

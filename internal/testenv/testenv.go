@@ -5,6 +5,8 @@ package testenv
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,4 +184,70 @@ func FullBacklogSocket(t testing.TB, path string) {
 	if held == 0 || held == 8 {
 		Skip(t, fmt.Sprintf("%d connections taken into a backlog of 0: not a full backlog", held))
 	}
+}
+
+// mountNamespaceChildEnv marks the test binary that InMountNamespace
+// re-executes in a mount namespace of its own.
+const mountNamespaceChildEnv = "AUTOPILOT_HEALTH_TEST_MOUNT_NAMESPACE_CHILD"
+
+// InMountNamespace reports whether t runs in a mount namespace of its own,
+// where it may mount over the host's paths (/etc/hosts, /run) with no
+// effect outside. Where it does not, it re-executes the test binary for t
+// alone (a top-level test) under unshare(1) --mount --propagation private,
+// fails t unless the child's t passed, logs the child's output, and returns
+// false: the caller returns. It needs root and unshare(1): why says what
+// for, in the skip (a failure under CI) where either is missing.
+func InMountNamespace(t *testing.T, why string) bool {
+	t.Helper()
+	if os.Getenv(mountNamespaceChildEnv) != "" {
+		return true
+	}
+	if os.Geteuid() != 0 {
+		Skip(t, why+" needs root")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		Skip(t, "no unshare(1)")
+	}
+	cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	cmd.Env = append(os.Environ(), mountNamespaceChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("in a mount namespace of its own (%s): %v\n%s", why, err, out)
+	}
+	t.Logf("child:\n%s", out)
+	return false
+}
+
+// HostsWithoutLocalhost bind-mounts over /etc/hosts a file that lacks
+// localhost (in a mount namespace of the test's own: InMountNamespace),
+// and makes Go's resolver count, and fail, each DNS connection it makes.
+// It shows first that a plain net.Dialer asks DNS for localhost there (Go's
+// behaviour, the premise of a test that the code under test asks nothing),
+// failing t where it does not; it returns the count, at 0.
+func HostsWithoutLocalhost(t *testing.T) *atomic.Int32 {
+	t.Helper()
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("127.0.0.1 vm\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(hosts, "/etc/hosts", "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind-mount a hosts file without localhost: %v", err)
+	}
+	asked := new(atomic.Int32)
+	r := net.DefaultResolver
+	r.PreferGo, r.Dial = true, func(ctx context.Context, network, address string) (net.Conn, error) {
+		asked.Add(1)
+		return nil, errors.New("the test's resolver: no DNS server here")
+	}
+	// Go's own behaviour: a lookup of localhost, not in /etc/hosts, asks DNS.
+	if c, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", "localhost:1"); err == nil {
+		c.Close()
+	}
+	if asked.Load() == 0 {
+		t.Fatal("a plain net.Dialer reached localhost without asking DNS: Go makes the name special, and this test proves nothing")
+	}
+	t.Logf("a plain net.Dialer asked DNS %d times for localhost", asked.Load())
+	asked.Store(0)
+	return asked
 }

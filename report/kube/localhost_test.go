@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -18,21 +17,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/syself/autopilot-health/internal/testenv"
 )
-
-// localhostChildEnv marks the child TestAPIServerAtLocalhostWithoutALookup
-// runs itself as, in a mount namespace of its own.
-const localhostChildEnv = "AUTOPILOT_HEALTH_TEST_KUBE_LOCALHOST_CHILD"
 
 // A kubeconfig whose server is https://localhost:PORT (an API server on the
 // node itself, a local proxy to it) is dialled as loopback without a
@@ -46,48 +37,10 @@ const localhostChildEnv = "AUTOPILOT_HEALTH_TEST_KUBE_LOCALHOST_CHILD"
 // showing first that a plain net.Dialer asks DNS for localhost (the
 // premise).
 func TestAPIServerAtLocalhostWithoutALookup(t *testing.T) {
-	const name = "TestAPIServerAtLocalhostWithoutALookup"
-	if os.Getenv(localhostChildEnv) == "" {
-		if os.Geteuid() != 0 {
-			testenv.Skip(t, "mounting a hosts file needs root")
-		}
-		unshare, err := exec.LookPath("unshare")
-		if err != nil {
-			testenv.Skip(t, "no unshare(1)")
-		}
-		cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^"+name+"$", "-test.v")
-		cmd.Env = append(os.Environ(), localhostChildEnv+"=1")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: "+name) {
-			t.Fatalf("in a namespace whose /etc/hosts lacks localhost: %v\n%s", err, out)
-		}
-		t.Logf("child:\n%s", out)
+	if !testenv.InMountNamespace(t, "mounting a hosts file") {
 		return
 	}
-
-	hosts := filepath.Join(t.TempDir(), "hosts")
-	if err := os.WriteFile(hosts, []byte("127.0.0.1 vm\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(hosts, "/etc/hosts", "", unix.MS_BIND, ""); err != nil {
-		t.Fatalf("bind-mount a hosts file without localhost: %v", err)
-	}
-	var asked atomic.Int32
-	r := net.DefaultResolver
-	r.PreferGo, r.Dial = true, func(ctx context.Context, network, address string) (net.Conn, error) {
-		asked.Add(1)
-		return nil, errors.New("the test's resolver: no DNS server here")
-	}
-
-	// Go's own behaviour: a lookup of localhost, not in /etc/hosts, asks DNS.
-	if c, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", "localhost:1"); err == nil {
-		c.Close()
-	}
-	if asked.Load() == 0 {
-		t.Fatal("a plain net.Dialer reached localhost without asking DNS: Go makes the name special, and this test proves nothing")
-	}
-	t.Logf("a plain net.Dialer asked DNS %d times for localhost", asked.Load())
-	asked.Store(0)
+	asked := testenv.HostsWithoutLocalhost(t)
 
 	named := localhostServer(t, &x509.Certificate{DNSNames: []string{"localhost"}})
 	if _, err := localhostClient(t, named, "localhost").GetNode(context.Background(), "n1"); err != nil {
