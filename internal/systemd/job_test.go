@@ -188,6 +188,17 @@ func (fs *fakeSystemd) restart(t *testing.T, unit string) godbus.ObjectPath {
 }
 
 // restartAsync runs d.Restart of unit and returns its error on a channel.
+// fakeSystemdBus starts a private bus (its dbus-daemon, daemon, at sock)
+// with a fake systemd on it, and a client of it, closed at the test's end.
+func fakeSystemdBus(t *testing.T) (fs *fakeSystemd, d *DBus, sock string, daemon *exec.Cmd) {
+	t.Helper()
+	sock, daemon = privateBus(t)
+	fs = startFakeSystemd(t, sock)
+	d = NewDBusAt(sock)
+	t.Cleanup(func() { d.Close() })
+	return fs, d, sock, daemon
+}
+
 func restartAsync(ctx context.Context, d *DBus, unit string) <-chan error {
 	done := make(chan error, 1)
 	go func() { done <- d.Restart(ctx, unit) }()
@@ -197,10 +208,7 @@ func restartAsync(ctx context.Context, d *DBus, unit string) <-chan error {
 // A restart whose JobRemoved the bus delivers succeeds; one that ends
 // another way is a *JobError.
 func TestRestartOverAPrivateBus(t *testing.T) {
-	sock, _ := privateBus(t)
-	fs := startFakeSystemd(t, sock)
-	d := NewDBusAt(sock)
-	defer d.Close()
+	fs, d, _, _ := fakeSystemdBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, result := range []string{"done", "dependency"} {
@@ -224,10 +232,7 @@ func TestRestartOverAPrivateBus(t *testing.T) {
 // error that says so, not at the end of its context (the repairer's 5
 // minutes, in which it neither probes nor repairs the unit again).
 func TestRestartEndsWhenTheBusGoesMidJob(t *testing.T) {
-	sock, daemon := privateBus(t)
-	fs := startFakeSystemd(t, sock)
-	d := NewDBusAt(sock)
-	defer d.Close()
+	fs, d, _, daemon := fakeSystemdBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	done := restartAsync(ctx, d, "kubelet.service")

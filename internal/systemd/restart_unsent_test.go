@@ -44,10 +44,7 @@ func (c cutWrite) Write(b []byte) (int, error) {
 // Before, the write's error read as a request whose fate is unknown, and
 // was counted restarted.
 func TestRestartWhoseCallsWriteIsCutIsNotRequested(t *testing.T) {
-	sock, _ := privateBus(t)
-	fs := startFakeSystemd(t, sock)
-	d := NewDBusAt(sock)
-	defer d.Close()
+	fs, d, sock, _ := fakeSystemdBus(t)
 	d.dial = func(ctx context.Context) (*godbus.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		if err != nil {
@@ -72,10 +69,7 @@ func TestRestartWhoseCallsWriteIsCutIsNotRequested(t *testing.T) {
 // answer came: systemd may have made the job. That is no ErrNotRequested
 // (the repairer counts it restarted, its fate unknown), nor a refusal.
 func TestRestartWhoseAnswerIsLostIsNotNotRequested(t *testing.T) {
-	sock, daemon := privateBus(t)
-	fs := startFakeSystemd(t, sock)
-	d := NewDBusAt(sock)
-	defer d.Close()
+	fs, d, _, daemon := fakeSystemdBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := restartAsync(ctx, d, "kubelet.service")
@@ -94,10 +88,7 @@ func TestRestartWhoseAnswerIsLostIsNotNotRequested(t *testing.T) {
 // Held: a reset-failed that systemd answers with an error (the bus is up)
 // leaves the restart unasked: ErrNotRequested, and no RestartUnit.
 func TestRestartWhoseResetFailedIsRefusedIsNotRequested(t *testing.T) {
-	sock, _ := privateBus(t)
-	fs := startFakeSystemd(t, sock)
-	d := NewDBusAt(sock)
-	defer d.Close()
+	fs, d, _, _ := fakeSystemdBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := restartAsync(ctx, d, "kubelet.service")
