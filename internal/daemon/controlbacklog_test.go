@@ -10,37 +10,51 @@ import (
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
+// socketStart is a start's bind of one of its sockets, the control or the
+// status socket.
+type socketStart struct {
+	name   string
+	listen func(string) (interface{ Close() error }, error)
+}
+
+var socketStarts = []socketStart{
+	{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p, quietLog()) }},
+	{"status", func(p string) (interface{ Close() error }, error) { return listenStatus(p) }},
+}
+
+// refused starts on sock, held as holder says, and returns
+// the start's refusal; it fails t where the start took the socket, and
+// where the socket file was replaced or removed.
+func (s socketStart) refused(t *testing.T, sock, holder string) error {
+	t.Helper()
+	before, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := s.listen(sock)
+	if err == nil {
+		ln.Close()
+		t.Fatalf("a start took the %s socket %s", s.name, holder)
+	}
+	if after, err := os.Stat(sock); err != nil || !os.SameFile(before, after) {
+		t.Errorf("the %s socket file %s was replaced or removed (%v)", s.name, holder, err)
+	}
+	return err
+}
+
 // A running daemon that takes no connection (frozen, its backlog full: a
 // connect fails at once, EAGAIN) is a daemon, not a stale socket: a second
 // start refuses, the first's socket stays in place, for the control socket
 // and the status socket alike. Before, the dial's EAGAIN read as nothing
 // answering: the start removed the live daemon's socket and bound its own.
 func TestStartDoesNotTakeTheSocketOfADaemonWithAFullBacklog(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		listen func(string) (interface{ Close() error }, error)
-	}{
-		{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p, quietLog()) }},
-		{"status", func(p string) (interface{ Close() error }, error) { return listenStatus(p) }},
-	} {
+	for _, tc := range socketStarts {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), tc.name+".sock")
 			testenv.FullBacklogSocket(t, sock)
-			before, err := os.Stat(sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ln, err := tc.listen(sock)
-			if err == nil {
-				ln.Close()
-				t.Fatalf("a second start took the %s socket of a daemon whose backlog is full", tc.name)
-			}
+			err := tc.refused(t, sock, "of a daemon whose backlog is full")
 			if !strings.Contains(err.Error(), "another daemon") {
 				t.Errorf("the refusal: %v; want it to name another daemon", err)
-			}
-			after, err := os.Stat(sock)
-			if err != nil || !os.SameFile(before, after) {
-				t.Errorf("the frozen daemon's socket file was replaced or removed (%v)", err)
 			}
 		})
 	}
@@ -53,13 +67,7 @@ func TestStartDoesNotTakeTheSocketOfADaemonWithAFullBacklog(t *testing.T) {
 // Before, every such error read as a stale socket: the start removed it
 // and bound its own.
 func TestStartDoesNotTakeASocketItCannotTellIsStale(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		listen func(string) (interface{ Close() error }, error)
-	}{
-		{"control", func(p string) (interface{ Close() error }, error) { return listenControl(p, quietLog()) }},
-		{"status", func(p string) (interface{ Close() error }, error) { return listenStatus(p) }},
-	} {
+	for _, tc := range socketStarts {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), tc.name+".sock")
 			held, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
@@ -67,21 +75,9 @@ func TestStartDoesNotTakeASocketItCannotTellIsStale(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer held.Close()
-			before, err := os.Stat(sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ln, err := tc.listen(sock)
-			if err == nil {
-				ln.Close()
-				t.Fatalf("a start took the %s socket a datagram socket holds", tc.name)
-			}
+			err = tc.refused(t, sock, "that a datagram socket holds")
 			if !strings.Contains(err.Error(), "not known to be stale") || !strings.Contains(err.Error(), "ss -xlp src "+sock) {
 				t.Errorf("the refusal: %v; want it to say the socket is not known to be stale and how to find its process", err)
-			}
-			after, err := os.Stat(sock)
-			if err != nil || !os.SameFile(before, after) {
-				t.Errorf("the held socket file was replaced or removed (%v)", err)
 			}
 		})
 	}
