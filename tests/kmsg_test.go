@@ -40,7 +40,18 @@ func newEventLog(token string) *eventLog { return &eventLog{token: token, ch: ma
 // conditions are False (its reader has the real /dev/kmsg open).
 func runKmsgDaemon(t *testing.T, tok string) (*daemon.Daemon, *eventLog) {
 	t.Helper()
-	cfg := kmsgDaemonConfig(t)
+	d, ev := startKmsgDaemon(t, kmsgDaemonConfig(t), tok)
+	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
+		c, ok := d.Store().Get("ReadonlyFilesystem")
+		return ok && c.Status == report.StatusFalse
+	})
+	return d, ev
+}
+
+// startKmsgDaemon runs a daemon on cfg, its metrics on a port of its own
+// and its events logged for tok's lines, until the test ends.
+func startKmsgDaemon(t *testing.T, cfg *config.Config, tok string) (*daemon.Daemon, *eventLog) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -55,10 +66,6 @@ func runKmsgDaemon(t *testing.T, tok string) (*daemon.Daemon, *eventLog) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
-		c, ok := d.Store().Get("ReadonlyFilesystem")
-		return ok && c.Status == report.StatusFalse
-	})
 	return d, ev
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	mathrand "math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/syself/autopilot-health/internal/config"
-	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tests/harness"
@@ -67,36 +65,6 @@ func kmsgNodeRoot(t *testing.T) string {
 	return root
 }
 
-// podVolumeLoop mounts a real ext4 on a fresh loop device at mp and
-// returns the device's name (loopN).
-func podVolumeLoop(t *testing.T, mp string) string {
-	t.Helper()
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	img := filepath.Join(t.TempDir(), "pvc.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 16<<20); err != nil {
-		t.Fatal(err)
-	}
-	run("mkfs.ext4", "-q", img)
-	loop := run("losetup", "--find", "--show", img)
-	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-	if err := os.MkdirAll(mp, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	run("mount", loop, mp)
-	t.Cleanup(func() { exec.Command("umount", mp).Run() })
-	return filepath.Base(loop)
-}
-
 // Every kernel log condition and event reason of the catalog, from a line
 // written to the real /dev/kmsg in the very text the kernel or driver
 // prints (prefix included, the format cited per line), through one daemon
@@ -123,7 +91,7 @@ func TestKmsgEveryCatalogLineFromTheRealDeviceToTheNode(t *testing.T) {
 	root := kmsgNodeRoot(t)
 	podUID := "6f1c5a8e-" + tok
 	podMount := filepath.Join(root, "var/lib/kubelet/pods", podUID, "volumes/kubernetes.io~csi/pvc-"+tok, "mount")
-	loop := podVolumeLoop(t, podMount)
+	loop := mountExt4Loop(t, filepath.Join(t.TempDir(), "pvc.img"), podMount)
 
 	// The kubeconfig and the files it names are read under the host root.
 	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(s.Dir)), 0o755); err != nil {
@@ -142,20 +110,7 @@ func TestKmsgEveryCatalogLineFromTheRealDeviceToTheNode(t *testing.T) {
 	cfg.Kmsg.KernelOnly = false    // written lines have facility user
 	cfg.Kmsg.FromBootStart = false // earlier tests' lines stay unread
 	noHostSystemd(cfg)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.New(cfg, quiet(), daemon.Options{Version: "test", Listener: ln})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := newEventLog(tok)
-	d.Store().Observe(ev)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	d, ev := startKmsgDaemon(t, cfg, tok)
 	// GpuFallenOffBus is evaluated (False) only on a node detected as a
 	// GPU node; the reader is at the log's end once they are False.
 	waitFor(t, d.Store(), nil, 15*time.Second, "the kernel conditions False, GpuFallenOffBus among them", func() bool {

@@ -45,33 +45,9 @@ func TestKmsgPodVolumeReadOnlyOnARealLoopDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	// An ext4 on a fresh loop device, mounted at mp; its device's name.
 	mountExt4 := func(name, mp string) string {
 		t.Helper()
-		img := filepath.Join(dir, name+".img")
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(img, 16<<20); err != nil {
-			t.Fatal(err)
-		}
-		run("mkfs.ext4", "-q", img)
-		loop := run("losetup", "--find", "--show", img)
-		t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-		if err := os.MkdirAll(mp, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		run("mount", "-o", "errors=remount-ro", loop, mp)
-		t.Cleanup(func() { exec.Command("umount", mp).Run() })
-		return filepath.Base(loop)
+		return mountExt4Loop(t, filepath.Join(dir, name+".img"), mp, "-o", "errors=remount-ro")
 	}
 	pods, plugins := filepath.Join(dir, "kubelet", "pods"), filepath.Join(dir, "kubelet", "plugins")
 	podMount := filepath.Join(pods, "6f1c5a8e-"+tok, "volumes", "kubernetes.io~csi", "pvc-"+tok, "mount")
@@ -173,35 +149,17 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 	s, _ := shippedUnitSystemd(t, "autopilot-health-podvolume-"+tok+"-", nil, false,
 		func(o *harness.Options) { o.SharedMounts = true })
 	ctx := context.Background()
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
 	// An ext4 on a fresh loop device, its node made in the namespace's
 	// /dev (a tmpfs of its own): the device's name.
 	loopExt4 := func(name string) string {
 		t.Helper()
-		img := filepath.Join(s.Dir, name+".img")
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(img, 16<<20); err != nil {
-			t.Fatal(err)
-		}
-		run("mkfs.ext4", "-q", img)
-		loop := run("losetup", "--find", "--show", img)
-		t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-		dev := filepath.Base(loop)
+		dev := filepath.Base(ext4Loop(t, filepath.Join(s.Dir, name+".img")))
 		majMin, err := os.ReadFile("/sys/class/block/" + dev + "/dev")
 		if err != nil {
 			t.Fatal(err)
 		}
 		maj, min, _ := strings.Cut(strings.TrimSpace(string(majMin)), ":")
-		run("mknod", "-m", "600", s.Root("/dev/"+dev), "b", maj, min)
+		runTool(t, "mknod", "-m", "600", s.Root("/dev/"+dev), "b", maj, min)
 		return dev
 	}
 	// mount mounts dev at mp in the namespace's PID 1 mount namespace, as
@@ -211,7 +169,7 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 		if err := os.MkdirAll(s.Root(mp), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		run("nsenter", "--target", fmt.Sprint(s.PID), "--mount", "--root", "--wd", "--",
+		runTool(t, "nsenter", "--target", fmt.Sprint(s.PID), "--mount", "--root", "--wd", "--",
 			"mount", "-o", "errors=remount-ro", "/dev/"+dev, mp)
 	}
 	podDev, nodeDev := loopExt4("pod"), loopExt4("node")
@@ -324,4 +282,44 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 		c := cond(n, "ReadonlyFilesystem")
 		return c != nil && c.Status == corev1.ConditionTrue && c.Message == want
 	})
+}
+
+// runTool runs a tool, failing t with its output where it fails; its
+// output, trimmed.
+func runTool(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// ext4Loop makes a 16 MiB ext4 image at img on a fresh loop device,
+// detached at the test's end, and returns the device (/dev/loopN).
+func ext4Loop(t *testing.T, img string) string {
+	t.Helper()
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	runTool(t, "mkfs.ext4", "-q", img)
+	loop := runTool(t, "losetup", "--find", "--show", img)
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+	return loop
+}
+
+// mountExt4Loop mounts an ext4Loop of img at mp (made first) with mount's
+// opts, unmounted at the test's end, and returns the device's name (loopN).
+func mountExt4Loop(t *testing.T, img, mp string, opts ...string) string {
+	t.Helper()
+	loop := ext4Loop(t, img)
+	if err := os.MkdirAll(mp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runTool(t, "mount", append(opts, loop, mp)...)
+	t.Cleanup(func() { exec.Command("umount", mp).Run() })
+	return filepath.Base(loop)
 }
