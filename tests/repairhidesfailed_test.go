@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 )
@@ -39,13 +38,7 @@ func TestRefusedRestartOfAFailedUnitStaysFailed(t *testing.T) {
 	failed := waitUnit(t, s, kl, "the kubelet stand-in failed", func(u systemd.Unit) bool { return u.ActiveState == "failed" && u.Job == 0 })
 	stateDir := t.TempDir()
 	daemon := func() (*checks.Env, *report.Store, checks.Check) {
-		env, store := sdEnv(t, s, func(c *config.Config) {
-			c.StateDir = stateDir
-			c.Checks.ServiceNotRecovering.WorkerUnits = []string{kl}
-		})
-		if _, err := store.Load(stateDir); err != nil {
-			t.Fatal(err)
-		}
+		env, store := sdEnvFromState(t, s, stateDir, kl)
 		env.Repair.KeepIn(store)
 		c, err := checks.NewForTest("ServiceNotRecovering", env)
 		if err != nil {

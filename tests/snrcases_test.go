@@ -88,13 +88,7 @@ func TestServiceNotRecoveringCasesOverRealSystemd(t *testing.T) {
 	t.Run("daemon SIGKILLed mid-window over a failed unit", func(t *testing.T) {
 		stateDir := t.TempDir()
 		start := func() (*report.Store, func()) {
-			env, store := sdEnv(t, s, func(c *config.Config) {
-				c.StateDir = stateDir
-				c.Checks.ServiceNotRecovering.WorkerUnits = []string{once}
-			})
-			if _, err := store.Load(stateDir); err != nil {
-				t.Fatal(err)
-			}
+			env, store := sdEnvFromState(t, s, stateDir, once)
 			env.Units = checks.NewUnitWatch(store, nil)
 			return store, runChecks(t, env, store, "ServiceNotRecovering")
 		}

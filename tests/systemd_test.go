@@ -115,6 +115,21 @@ func sdEnv(t *testing.T, s *harness.Systemd, mutate func(*config.Config)) (*chec
 	return env, report.NewStore("b")
 }
 
+// sdEnvFromState is sdEnv for a daemon whose ServiceNotRecovering watches
+// units (as a worker's), its state_dir stateDir, its store read back from
+// there as a daemon's start reads it.
+func sdEnvFromState(t *testing.T, s *harness.Systemd, stateDir string, units ...string) (*checks.Env, *report.Store) {
+	t.Helper()
+	env, store := sdEnv(t, s, func(c *config.Config) {
+		c.StateDir = stateDir
+		c.Checks.ServiceNotRecovering.WorkerUnits = units
+	})
+	if _, err := store.Load(stateDir); err != nil {
+		t.Fatal(err)
+	}
+	return env, store
+}
+
 func runChecks(t *testing.T, env *checks.Env, store *report.Store, only ...string) func() {
 	t.Helper()
 	r, err := checks.NewRunner(env, checks.Options{Store: store, Only: only})
