@@ -145,6 +145,7 @@ func TestKubeSlowCutAndForbiddenAnswersThroughAProxy(t *testing.T) {
 // node_name names another node than the credentials do: NodeRestriction
 // refuses every write, again at each retry of the backoff, and the journal
 // says so once per writer, not once per retry; the refusals are counted.
+// No Event goes about the other node (NodeRestriction would let it).
 func TestKubeRefusedForAnotherNodeIsLoggedOnce(t *testing.T) {
 	s := apiServer(t)
 	tok := harness.Token()
@@ -187,9 +188,27 @@ func TestKubeRefusedForAnotherNodeIsLoggedOnce(t *testing.T) {
 	if cond(n, "DiskUsageHigh") != nil {
 		t.Error("wrote a condition on another node")
 	}
-	// Not asserted (NodeRestriction does not restrict Events): what the
-	// Events about the other node are.
-	t.Logf("%d Events about the other node", len(nodeEvents(t, s, other)))
+	// NodeRestriction does not restrict Events: the daemon itself sends
+	// none about the other node (it sent this node's kernel events about
+	// it). Awaited: the event writer took the event, dropped (with the
+	// fix) or sent.
+	var evs []corev1.Event
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		evs = nodeEvents(t, s, other)
+		if len(evs) > 0 || m.Dropped(kube.DropAnotherNode) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the event neither sent nor dropped in 30 s; log:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the API server and the metrics for the event's fate
+	}
+	for _, e := range evs {
+		t.Errorf("an Event about the other node: %s %q count %d (source %s)", e.Reason, e.Message, e.Count, e.Source.Host)
+	}
+	if d := m.Dropped(kube.DropAnotherNode); d != 1 {
+		t.Errorf("%v events dropped for another node, want 1", d)
+	}
 }
 
 // The kubelet rotates its client certificate as it does on a node: a new

@@ -243,6 +243,14 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 	// lastTimestamp an hour before its firstTimestamp.
 	e.Time = e.Time.Round(0)
 	r.eventsChanged = true
+	if r.anotherNode() {
+		// Not this node's credentials: an Event would speak about
+		// another node (NodeRestriction lets a node write Events about
+		// any). Dropped, and said once at start (adopt); taken off the
+		// queue with the next publish (eventsChanged).
+		r.m.drop(DropAnotherNode, 1)
+		return
+	}
 	k := aggKey{reason: e.Reason, message: e.Message}
 	// A new Event of its own, past the limit, is combined: also for a
 	// message whose Event from before its window ended is still there
@@ -263,7 +271,7 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 			}
 			if a.refused {
 				a.sentCount = a.count
-				r.m.dropped.Inc()
+				r.m.drop(DropRefused, 1)
 				return
 			}
 			// Its count patch, too, waits out the wait after a failed
@@ -293,7 +301,7 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 			}
 		}
 		if oldest == nil {
-			r.m.dropped.Inc()
+			r.m.drop(DropTableFull, 1)
 			return
 		}
 		delete(aggs, *oldest)
@@ -529,7 +537,7 @@ func refused(err error) bool {
 // counted in events_dropped, as are its repeats until its window ends (it
 // stays to fold them), and the refusal is logged once per change of it.
 func (r *Reporter) dropRefused(a *aggregate, err error) {
-	r.m.dropped.Add(float64(a.count - a.sentCount))
+	r.m.drop(DropRefused, float64(a.count-a.sentCount))
 	a.refused, a.sentCount = true, a.count
 	r.eventsChanged = true
 	if key := errKey(err); key != r.refusedKey {

@@ -142,6 +142,17 @@ func (r *Reporter) restoreKept() map[aggKey]*aggregate {
 		// its own.
 		return aggs
 	}
+	if r.anotherNode() {
+		// The credentials name another node: what the kept Events hold
+		// that is not on the API server yet is not sent (fold), and
+		// counted as dropped.
+		for _, e := range st.Events {
+			if a, ok := e.aggregate(); ok && !a.refused {
+				r.m.drop(DropAnotherNode, float64(a.count-max(a.sentCount, 0)))
+			}
+		}
+		return aggs
+	}
 	left := 0
 	for _, e := range st.Events {
 		a, ok := e.aggregate()

@@ -81,7 +81,7 @@ func (q *EventQueue) enqueueLocked(e report.Event) {
 			q.unkept = append(q.unkept, e)
 		}
 	default:
-		q.m.dropped.Inc()
+		q.m.drop(DropQueueFull, 1)
 	}
 }
 
@@ -117,11 +117,11 @@ func (q *EventQueue) KeepIn(s *report.Store) {
 	n := 0
 	for _, r := range queued {
 		if _, ok := report.LookupEvent(r.Reason); !ok || r.Count < 1 || r.First.IsZero() || r.Last.Before(r.First) {
-			q.m.dropped.Add(float64(max(r.Count, 1)))
+			q.m.drop(DropNotAsWritten, float64(max(r.Count, 1)))
 			continue
 		}
 		if r.Count > maxCarried-n {
-			q.m.dropped.Add(float64(r.Count - (maxCarried - n)))
+			q.m.drop(DropNotAsWritten, float64(r.Count-(maxCarried-n)))
 			r.Count = maxCarried - n
 		}
 		if r.Count < 1 {

@@ -18,8 +18,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -492,7 +490,7 @@ func TestQueuedCountNotAsWrittenIsBounded(t *testing.T) {
 			logEvents(t, evs)
 			t.Errorf("%d Events; want 1 with count %d", len(evs), maxCarried)
 		}
-		if v := testutil.ToFloat64(h.m.dropped); v != count-maxCarried {
+		if v := h.m.Dropped(DropNotAsWritten); v != count-maxCarried {
 			t.Errorf("dropped %v; want %d", v, count-maxCarried)
 		}
 	})

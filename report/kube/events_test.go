@@ -17,7 +17,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -179,7 +178,7 @@ func TestRefusedEventIsDroppedNotRetried(t *testing.T) {
 		if n := tries(); n != 3 {
 			t.Errorf("%d creates of the 3 refused Events in 9 minutes, want 3 (none retried)", n)
 		}
-		if v := testutil.ToFloat64(h.m.dropped); v != 3 {
+		if v := h.m.Dropped(DropRefused); v != 3 {
 			t.Errorf("events_dropped_total %v, want 3", v)
 		}
 		h.stop()
@@ -212,7 +211,7 @@ func TestRefusedEventRepeatsAreNotSentAgain(t *testing.T) {
 		if n := tries(); n != 1 {
 			t.Errorf("%d creates for 600 repeats of one refused Event in a minute, want 1", n)
 		}
-		if v := testutil.ToFloat64(h.m.dropped); v != 600 {
+		if v := h.m.Dropped(DropRefused); v != 600 {
 			t.Errorf("events_dropped_total %v, want 600", v)
 		}
 		time.Sleep(10 * time.Minute)
@@ -264,7 +263,7 @@ func TestRefusedEventsAlikeLogOnce(t *testing.T) {
 			synctest.Wait()
 		}
 		h.stop()
-		if v := testutil.ToFloat64(h.m.dropped); v != 5 {
+		if v := h.m.Dropped(DropRefused); v != 5 {
 			t.Errorf("events_dropped_total %v, want 5", v)
 		}
 		if n := strings.Count(logs.String(), "event refused by the API server"); n != 1 {
@@ -339,7 +338,7 @@ func TestShutdownSendsTheOthersPastARefusedEvent(t *testing.T) {
 		if len(evs) != 11 || total != 20 {
 			t.Errorf("%d Events with a count of %d sent on SIGTERM past a refused one, want 11 with 20", len(evs), total)
 		}
-		if v := testutil.ToFloat64(h.m.dropped); v != 1 {
+		if v := h.m.Dropped(DropRefused); v != 1 {
 			t.Errorf("events_dropped_total %v, want 1", v)
 		}
 	})
@@ -595,7 +594,7 @@ func TestRefusedEventAfterAnOutageStopsTheProbe(t *testing.T) {
 		mu.Unlock()
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
-		if v := testutil.ToFloat64(h.m.dropped); v != 1 {
+		if v := h.m.Dropped(DropRefused); v != 1 {
 			t.Errorf("events_dropped_total %v after the API server's return refused the Event, want 1", v)
 		}
 		mu.Lock()
@@ -896,8 +895,8 @@ func TestEventStormWhileTheWriterWaitsIsAggregated(t *testing.T) {
 				t.Errorf("%s: %d Events, want %d of their own and one combined", d.Reason, per[d.Reason], maxSimilarEvents)
 			}
 		}
-		if want := len(report.Events) * messages; int(total) != want || testutil.ToFloat64(h.m.dropped) != 0 {
-			t.Errorf("after the storm: Events counting %d, %v dropped; want %d, none dropped", total, testutil.ToFloat64(h.m.dropped), want)
+		if want := len(report.Events) * messages; int(total) != want || h.m.droppedTotal() != 0 {
+			t.Errorf("after the storm: Events counting %d, %v dropped; want %d, none dropped", total, h.m.droppedTotal(), want)
 		}
 	})
 }

@@ -25,11 +25,31 @@ const (
 // kinds are the write kinds: the values of the kind label.
 var kinds = []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead}
 
+// Why event occurrences were dropped, the values of events_dropped_total's
+// reason label.
+const (
+	// DropQueueFull: the queue was full.
+	DropQueueFull = "queue_full"
+	// DropTableFull: the aggregation table was full.
+	DropTableFull = "table_full"
+	// DropRefused: the API server refused the Event for what it is.
+	DropRefused = "refused"
+	// DropNotAsWritten: the state file held them not as the daemon writes
+	// them (an edited file).
+	DropNotAsWritten = "not_as_written"
+	// DropAnotherNode: the credentials name another node than node_name;
+	// no Event goes about a node that is not the credentials' own.
+	DropAnotherNode = "another_node"
+)
+
+// dropReasons are the values of the reason label.
+var dropReasons = []string{DropQueueFull, DropTableFull, DropRefused, DropNotAsWritten, DropAnotherNode}
+
 // Metrics are the reporter's Prometheus metrics.
 type Metrics struct {
 	writes    *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
-	dropped   prometheus.Counter
+	dropped   *prometheus.CounterVec
 	coalesced prometheus.Counter
 	reporting prometheus.Gauge
 	lastOK    prometheus.Gauge
@@ -100,10 +120,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Latency of Kubernetes API calls by kind.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 15},
 		}, []string{"kind"}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "events_dropped_total",
-			Help: "Events not sent to the API server because the queue or the aggregation table was full, or because the API server refused the Event itself (invalid).",
-		}),
+			Help: "Event occurrences not sent to the API server, by reason: queue_full (the queue was full), table_full (the aggregation table was full), refused (the API server refused the Event itself: invalid, too large), not_as_written (the state file held them not as the daemon writes them), another_node (the credentials name another node than node_name: the daemon speaks about no other node).",
+		}, []string{"reason"}),
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "events_aggregated_total",
 			Help: "Event occurrences folded into the count of an existing Event instead of a new one.",
@@ -139,6 +159,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	// series still appear with the first failure.
 	for _, kind := range kinds {
 		m.writes.WithLabelValues(kind, "ok")
+	}
+	// Every reason's series too: the first drop of a reason is an increase.
+	for _, reason := range dropReasons {
+		m.dropped.WithLabelValues(reason)
 	}
 	if reg != nil {
 		reg.MustRegister(m.writes, m.latency, m.dropped, m.coalesced, m.reporting, m.lastOK, m.overwritten, m.leftOut)
@@ -224,6 +248,23 @@ func resultOf(err error) string {
 		return "error"
 	}
 	return "error"
+}
+
+// drop counts n event occurrences dropped for reason.
+func (m *Metrics) drop(reason string, n float64) { m.dropped.WithLabelValues(reason).Add(n) }
+
+// Dropped returns the event occurrences dropped for reason.
+func (m *Metrics) Dropped(reason string) float64 {
+	return report.Value(m.dropped.WithLabelValues(reason))
+}
+
+// droppedTotal returns the event occurrences dropped for any reason.
+func (m *Metrics) droppedTotal() float64 {
+	var n float64
+	for _, reason := range dropReasons {
+		n += m.Dropped(reason)
+	}
+	return n
 }
 
 // Overwrites returns the number of the daemon's conditions found changed

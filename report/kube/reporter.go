@@ -727,15 +727,26 @@ func (r *Reporter) finalWrite(dirty bool) {
 	}
 }
 
+// anotherNode says whether the credentials are a node's (system:node:<name>)
+// and name another node than NodeName: the daemon then speaks about no
+// Node, neither taking its conditions over (adopt) nor sending Events
+// about it (fold, restoreKept). Credentials of no node ("" when not
+// known, another user) change nothing.
+func (r *Reporter) anotherNode() bool {
+	id := r.o.Identity
+	return strings.HasPrefix(id, "system:node:") && id != "system:node:"+r.o.NodeName
+}
+
 // adopt reads the Node and carries its conditions of our types into the store.
 func (r *Reporter) adopt(ctx context.Context) error {
-	if id := r.o.Identity; strings.HasPrefix(id, "system:node:") && id != "system:node:"+r.o.NodeName {
+	if r.anotherNode() {
 		// Its conditions (a tamper finding held forever among them) are
 		// another node's and must not become this one's; where nodes may
 		// read other nodes (API servers without the Node authorizer's
-		// selectors) the read would succeed. Not read at all.
-		r.o.Log.Error("node_name names another node than the credentials do: nothing is taken over from that Node, and the API server will refuse the writes (NodeRestriction)",
-			"node_name", r.o.NodeName, "credentials", id)
+		// selectors) the read would succeed. Not read at all. Nor is an
+		// Event sent about it (the event writer drops them: fold).
+		r.o.Log.Error("node_name names another node than the credentials do: nothing is taken over from that Node, no Events are sent about it (counted in events_dropped_total{reason=\"another_node\"}), and the API server will refuse the writes (NodeRestriction)",
+			"node_name", r.o.NodeName, "credentials", r.o.Identity)
 		return nil
 	}
 	start := time.Now()

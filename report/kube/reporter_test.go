@@ -307,7 +307,7 @@ func TestEventFloodBecomesOneEventWithACount(t *testing.T) {
 		// (eventQueue) and the table 512 aggregates, the flood is 1,001
 		// events of 2 kinds, and the fake API server refuses none, so no
 		// drop may stand in for a counted occurrence.
-		if dropped := testutil.ToFloat64(h.m.dropped); len(evs.Items) != 2 || total != 1000 || hung != 1 || dropped != 0 {
+		if dropped := h.m.droppedTotal(); len(evs.Items) != 2 || total != 1000 || hung != 1 || dropped != 0 {
 			t.Errorf("%d events, IOError count %d, TaskHung count %d, dropped %v; want 2 events, counts 1000 and 1, none dropped", len(evs.Items), total, hung, dropped)
 		}
 		acts := countActions(client)
