@@ -79,3 +79,62 @@ func TestRepairFailedAttemptsDoNotWriteTheStateFileAtEveryProbe(t *testing.T) {
 		}
 	})
 }
+
+// savingStore is a state store that saves its state file at each Touch
+// (the persister does within a second): what a crash after it finds.
+type savingStore struct {
+	*report.Store
+	t   *testing.T
+	dir string
+}
+
+func (c *savingStore) Touch() {
+	if err := c.Save(c.dir, time.Now()); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// savedRepairOf returns the unit's repair status in the state file in dir.
+func savedRepairOf(t *testing.T, dir, unit string) savedRepair {
+	t.Helper()
+	s := report.NewStore("b")
+	if res, err := s.Load(dir); err != nil || res.Corrupt != nil {
+		t.Fatalf("load: %v %v", err, res.Corrupt)
+	}
+	var saved map[string]savedRepair
+	s.Memo(RepairKey, &saved)
+	return saved[unit]
+}
+
+// README ("Local state"): a failed attempt is saved when its error is new,
+// then once per cooldown (e7acee1), so a crash between those saves loses
+// the later failed attempts' time: the state file's lastFailedAttempt is
+// less than one cooldown older than the last attempt, with its error. A
+// crash after each probe of 5 minutes of failed attempts every 10 s.
+func TestRepairCrashBetweenSavesLosesLessThanACooldown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const unit, cooldown = "kubelet.service", time.Minute
+		m := newFakeManager()
+		m.err = errors.New("dial unix /run/dbus/system_bus_socket: connect: no such file or directory")
+		mem := &savingStore{Store: report.NewStore("b"), t: t, dir: t.TempDir()}
+		r := NewRepairer(m, quietLog(), time.Now, nil)
+		r.KeepIn(mem)
+		var worst time.Duration
+		for i := range 31 {
+			if i > 0 {
+				time.Sleep(10 * time.Second)
+			}
+			r.Repair(context.Background(), unit, cooldown, "healthz failed")
+			r.Wait()
+			now := r.Status(unit)
+			saved := savedRepairOf(t, mem.dir, unit)
+			lost := now.LastAttempt.Sub(saved.LastAttempt)
+			if saved.LastAttempt.IsZero() || lost < 0 || lost >= cooldown || saved.LastAttemptError != now.LastAttemptError {
+				t.Fatalf("a crash after the probe at %d s: the state file holds the failed attempt of %v (error %q), the last was %v (error %q): want it less than %v before",
+					i*10, saved.LastAttempt, saved.LastAttemptError, now.LastAttempt, now.LastAttemptError, cooldown)
+			}
+			worst = max(worst, lost)
+		}
+		t.Logf("a crash between the saves loses at most %v of the last failed attempt's time (cooldown %v, probes every 10 s)", worst, cooldown)
+	})
+}
