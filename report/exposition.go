@@ -218,7 +218,7 @@ func (e *exposition) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, n := range named {
 		body.Write(n.text)
 	}
-	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+	if acceptsGzip(r.Header) {
 		hdr.Set("Content-Encoding", "gzip")
 		plain := body
 		body = getBuf()
@@ -348,15 +348,16 @@ func (e *exposition) encode(mf *dto.MetricFamily, format expfmt.Format) ([]byte,
 	return b.Bytes(), nil
 }
 
-// acceptsGzip reports whether an Accept-Encoding header allows gzip: a
+// acceptsGzip reports whether the request's Accept-Encoding allows gzip: a
 // gzip entry whose weight is not 0, or, with no gzip entry, a "*" entry
 // whose weight is not 0 ("*" stands for every coding not listed, RFC 9110
 // §12.5.3). A weight of 0 is a refusal (§12.4.2): its name in any case,
 // its value in any spelling of 0 (0, 0.0, 0.00, 0.000). "identity" alone,
-// or no header, is no gzip.
-func acceptsGzip(h string) bool {
+// or no header, is no gzip. The field sent on several lines is their
+// values joined by commas (§5.3), every line read, not the first alone.
+func acceptsGzip(hdr http.Header) bool {
 	star := false
-	for part := range strings.SplitSeq(h, ",") {
+	for part := range strings.SplitSeq(strings.Join(hdr.Values("Accept-Encoding"), ","), ",") {
 		coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
 		coding = strings.TrimSpace(coding)
 		isGzip := strings.EqualFold(coding, "gzip")

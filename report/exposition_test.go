@@ -171,8 +171,33 @@ func TestAcceptsGzip(t *testing.T) {
 		"*;q=0, gzip;q=0.5": true, "gzip;q=0.5, *;q=0": true, "gzip;q=": true, "gzip;q=, *;q=0": true,
 		" ": false, ",": false, ";q=1": false,
 	} {
-		if got := acceptsGzip(h); got != want {
+		if got := acceptsGzip(http.Header{"Accept-Encoding": {h}}); got != want {
 			t.Errorf("acceptsGzip(%q) = %v", h, got)
+		}
+	}
+	// RFC 9110 §5.3: the field on several lines is their values joined by
+	// commas. Before, only the first line was read: gzip on the second
+	// was not served, and its refusal there not heeded behind a "*".
+	for _, tc := range []struct {
+		lines []string
+		want  bool
+	}{
+		{[]string{"identity", "gzip"}, true},
+		{[]string{"", "gzip"}, true},
+		{[]string{"deflate", "gzip;q=0"}, false},
+		{[]string{"*", "gzip;q=0"}, false},
+		{[]string{"*;q=0", "gzip"}, true},
+		{[]string{"identity", "*"}, true},
+		{[]string{"gzip", "*;q=0"}, true},
+		{[]string{"identity", "deflate"}, false},
+		{nil, false},
+	} {
+		h := http.Header{}
+		for _, l := range tc.lines {
+			h.Add("Accept-Encoding", l)
+		}
+		if got := acceptsGzip(h); got != tc.want {
+			t.Errorf("acceptsGzip of the lines %q = %v", tc.lines, got)
 		}
 	}
 }
