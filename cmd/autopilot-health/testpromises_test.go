@@ -86,8 +86,32 @@ func TestMakeTestArm64SkipsWhatREADMESays(t *testing.T) {
 	if want := words[len(names)] + " tests of this machine's kernel that qemu-user cannot run are skipped there by name"; !strings.Contains(flat, want) {
 		t.Errorf("README does not say %q: ARM64_SKIP names %d tests (%s)", want, len(names), skip[1])
 	}
-	if want := strings.ToUpper(words[len(names)][:1]) + words[len(names)][1:] + " tests of this machine's kernel cannot run there"; !strings.Contains(strings.Join(strings.Fields(string(mk)), " "), want) {
+	flatMk := strings.Join(strings.Fields(string(mk)), " ")
+	if want := strings.ToUpper(words[len(names)][:1]) + words[len(names)][1:] + " tests of this machine's kernel cannot run there"; !strings.Contains(flatMk, want) {
 		t.Errorf("the Makefile's comment above ARM64_SKIP does not say %q", want)
+	}
+	// The reasons, "two need openat2, one a user namespace, ...", add up
+	// to the count, in README and in the Makefile's comment: a test added
+	// to ARM64_SKIP comes with its reason, not only a new number.
+	for _, doc := range []struct{ name, text, from, to string }{
+		{"README", flat, "tests of this machine's kernel that qemu-user cannot run are skipped there by name (", "), each with its reason in the Makefile"},
+		{"the Makefile's comment", flatMk, "tests of this machine's kernel cannot run there:", " All " + words[len(names)] + " run natively"},
+	} {
+		_, rest, ok := strings.Cut(doc.text, doc.from)
+		reasons, _, ok2 := strings.Cut(rest, doc.to)
+		if !ok || !ok2 {
+			t.Errorf("%s has no list of reasons between %q and %q", doc.name, doc.from, doc.to)
+			continue
+		}
+		sum := 0
+		for _, w := range regexp.MustCompile(`[a-z]+`).FindAllString(reasons, -1) {
+			if i := slices.Index(words, w); i > 0 {
+				sum += i
+			}
+		}
+		if sum != len(names) {
+			t.Errorf("%s's reasons count %d tests, ARM64_SKIP names %d (%s): %q", doc.name, sum, len(names), skip[1], reasons)
+		}
 	}
 }
 
