@@ -213,7 +213,13 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 		gpu = ", GPU"
 	}
 	fmt.Fprintf(w, "autopilot-health %s on node %s (%s%s), pid %d, running since %s, %s\n", p(st.Version), p(st.Node), p(st.Role), gpu, st.PID, ago(st.Started), state)
-	fmt.Fprintf(w, "Status: %s\n\n", p(st.Summary))
+	// The line systemctl status shows: the note of a Node not updated in
+	// front of the summary, as the daemon's STATUS= has it.
+	summary := st.Summary
+	if n := st.Kubernetes.NodeNotUpdated; n != nil {
+		summary = n.Note() + "; " + summary
+	}
+	fmt.Fprintf(w, "Status: %s\n\n", p(summary))
 
 	conds := slices.Clone(st.Conditions)
 	rank := map[report.Status]int{report.StatusTrue: 0, report.StatusUnknown: 1, report.StatusFalse: 2}
@@ -337,6 +343,9 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			pending = strings.TrimPrefix(pending+fmt.Sprintf(", %d %s", k.EventsQueued, events), "none, ")
 		}
 		fmt.Fprintf(w, "  conditions last written: %s; pending: %s\n", ago(k.Calls["status"].LastSuccess), pending)
+		if n := k.NodeNotUpdated; n != nil {
+			fmt.Fprintf(w, "  NODE NOT UPDATED since %s: %d calls failed in a row since %s: %s: %s\n", ago(n.Since), n.Failures, ago(n.FailingSince), p(n.Reason), shorten(n.Error, 300))
+		}
 		if len(k.ReportLeftOut) > 0 {
 			fmt.Fprintf(w, "  REPORT DOCUMENTS LEFT OUT (no room on the Node beside its other annotations): %s\n", p(strings.Join(k.ReportLeftOut, ", ")))
 		}

@@ -226,6 +226,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		d.poll = kubeconfigPoll
 	}
 	d.kubeM = kube.NewMetrics(d.metrics.Registry)
+	d.kubeM.SetWake(d.wakeStatus) // the Node said not updated, or updated again
 	d.gate = newMetricsGate(log, d.metrics.Registry)
 	d.gate.wake = d.wakeStatus
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {

@@ -85,8 +85,11 @@ type ReloadOutcome struct {
 // first pass is over, "starting: first pass of N checks"), after the
 // refusal of the last reload while the daemon runs on the configuration
 // it refused to leave (a later reload that applies drops it), before that
-// a write of the state file blocked in I/O (stateWriteNote), and first
-// the metrics listener's bind failure while it cannot be bound.
+// a write of the state file blocked in I/O (stateWriteNote), before that
+// the metrics listener's bind failure while it cannot be bound, and first
+// the Node not updated while the conditions' writes have failed for
+// kube.NodeStaleAfter (what the summary says is then not what the Node
+// shows, and what acts on the Node acts on that).
 func (d *Daemon) StatusLine() string {
 	d.mu.Lock()
 	last, ready := d.lastReload, d.ready
@@ -108,7 +111,11 @@ func (d *Daemon) StatusLine() string {
 	if note := d.stateWriteNote(); note != "" {
 		s = note + "; " + s
 	}
-	return d.metricsNote() + s
+	s = d.metricsNote() + s
+	if n, ok := d.kubeM.NodeNotUpdated(); ok {
+		s = n.Note() + "; " + s
+	}
+	return s
 }
 
 // reloadIfChangedDuringStart reloads the configuration file when it is no

@@ -75,6 +75,10 @@ type Metrics struct {
 	// (setLeftOut).
 	leftOutNow []string
 	tamperAsIs bool
+	// node: the conditions' writes to the Node failed in a row, if any
+	// (nodewrites.go); wake is called when that is said or ends (SetWake).
+	node nodeWrites
+	wake func()
 }
 
 // CallStatus is what happened to one kind of API call.
@@ -105,6 +109,10 @@ type Reporting struct {
 	// as it was (not even its stub fit): its updatedAt stands still while
 	// the daemon runs.
 	TamperAnnotationAsIs bool `json:"tamperAnnotationAsIs,omitempty"`
+	// NodeNotUpdated: no write of the conditions has landed on the Node
+	// for NodeStaleAfter or longer while they were tried (absent
+	// otherwise, and standalone).
+	NodeNotUpdated *NodeNotUpdated `json:"nodeNotUpdated,omitempty"`
 }
 
 // NewMetrics creates the API metrics and registers them on reg (may be nil).
@@ -213,6 +221,9 @@ func (m *Metrics) Reporting() Reporting {
 	}
 	r.EventsQueued = m.eventsWaiting
 	r.ReportLeftOut, r.TamperAnnotationAsIs = slices.Clone(m.leftOutNow), m.tamperAsIs
+	if n, ok := m.nodeNotUpdatedLocked(); ok {
+		r.NodeNotUpdated = &n
+	}
 	if m.queue != nil {
 		r.EventsQueued += len(m.queue.ch)
 	}

@@ -548,6 +548,11 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			el.ok()
 			break
 		}
+		if ctx.Err() == nil {
+			// The writes wait for the read: the Node is not updated
+			// meanwhile either.
+			r.m.nodeWriteFailed(err, time.Now())
+		}
 		wait, asked := retryWait(&bo, err)
 		el.fail(err, wait)
 		if !r.sleepRetry(ctx, wait, asked, &bo) {
@@ -601,11 +606,13 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 					r.finalWrite(true)
 					return
 				}
+				r.m.nodeWriteFailed(err, time.Now())
 				var wait time.Duration
 				wait, asked = retryWait(&bo, err)
 				el.fail(err, wait)
 				retry = time.After(wait)
 			} else {
+				r.m.nodeWritten(time.Now())
 				el.ok()
 				bo.Reset()
 				dirty, deferred = false, false
@@ -686,6 +693,11 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				break
 			}
 			o.answer <- foldAnswer{folded: true, err: err, node: r.statusAnswer}
+			if err == nil {
+				r.m.nodeWritten(time.Now())
+			} else if ctx.Err() == nil {
+				r.m.nodeWriteFailed(err, time.Now())
+			}
 			if a, ok := askedDelay(err); ok && a > 0 {
 				// The write was this loop's too: its next (the heartbeat,
 				// a change) waits out what the answer asked for, as after
