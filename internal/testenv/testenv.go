@@ -195,8 +195,10 @@ const mountNamespaceChildEnv = "AUTOPILOT_HEALTH_TEST_MOUNT_NAMESPACE_CHILD"
 // effect outside. Where it does not, it re-executes the test binary for t
 // alone (a top-level test) under unshare(1) --mount --propagation private,
 // fails t unless the child's t passed, logs the child's output, and returns
-// false: the caller returns. It needs root and unshare(1): why says what
-// for, in the skip (a failure under CI) where either is missing.
+// false: the caller returns. It needs root with CAP_SYS_ADMIN (a
+// container's root may lack it) and unshare(1): why says what for, in the
+// skip (a failure under CI) where one is missing. A child that skips skips
+// t, with the child's output (under CI its Skip failed it).
 func InMountNamespace(t *testing.T, why string) bool {
 	t.Helper()
 	if os.Getenv(mountNamespaceChildEnv) != "" {
@@ -205,18 +207,35 @@ func InMountNamespace(t *testing.T, why string) bool {
 	if os.Geteuid() != 0 {
 		Skip(t, why+" needs root")
 	}
+	if !hasCapSysAdmin() {
+		Skip(t, why+" needs CAP_SYS_ADMIN (a mount namespace of its own), which this root lacks")
+	}
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		Skip(t, "no unshare(1)")
+		Skip(t, why+" needs unshare(1)")
 	}
 	cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
 	cmd.Env = append(os.Environ(), mountNamespaceChildEnv+"=1")
 	out, err := cmd.CombinedOutput()
+	if err == nil && strings.Contains(string(out), "--- SKIP: "+t.Name()) {
+		Skip(t, "in a mount namespace of its own ("+why+"), the test skipped:\n"+string(out))
+	}
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
 		t.Fatalf("in a mount namespace of its own (%s): %v\n%s", why, err, out)
 	}
 	t.Logf("child:\n%s", out)
 	return false
+}
+
+// hasCapSysAdmin reports whether the process has CAP_SYS_ADMIN in its
+// effective set: unshare(CLONE_NEWNS) and mount need it.
+func hasCapSysAdmin() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if unix.Capget(&hdr, &data[0]) != nil {
+		return false
+	}
+	return data[unix.CAP_SYS_ADMIN/32].Effective&(1<<(unix.CAP_SYS_ADMIN%32)) != 0
 }
 
 // HostsWithoutLocalhost bind-mounts over /etc/hosts a file that lacks

@@ -128,3 +128,62 @@ func TestUnprivilegedKeepsTheProcessDumpable(t *testing.T) {
 		t.Errorf("dumpable %d (%v) after Unprivileged, %d before", after, err, before)
 	}
 }
+
+// inMountNamespaceHelper names what TestInMountNamespaceHelper does when
+// TestInMountNamespaceSkips runs it: "nocap" (run without CAP_SYS_ADMIN),
+// "skip" (its child skips).
+const inMountNamespaceHelper = "AUTOPILOT_HEALTH_TEST_IN_MOUNT_NAMESPACE_HELPER"
+
+// TestInMountNamespaceHelper is run by TestInMountNamespaceSkips alone.
+func TestInMountNamespaceHelper(t *testing.T) {
+	mode := os.Getenv(inMountNamespaceHelper)
+	if mode == "" {
+		t.Skip("run by TestInMountNamespaceSkips")
+	}
+	if !InMountNamespace(t, "a helper") {
+		return
+	}
+	if mode == "skip" {
+		Skip(t, "the child skips") // CI is not set in the helper's run
+	}
+	t.Fatalf("ran in a mount namespace (%s)", mode)
+}
+
+// InMountNamespace where the test cannot run in a mount namespace of its
+// own skips, off CI, with the reason, and neither passes nor fails: as
+// root without CAP_SYS_ADMIN (a container's root), where unshare(1) is
+// refused; and where the test run again in the namespace skips (the
+// child's reason). Before, both failed ("in a mount namespace of its own
+// (...): exit status 1", "...: <nil>" and the child's SKIP).
+func TestInMountNamespaceSkips(t *testing.T) {
+	if os.Geteuid() != 0 {
+		Skip(t, "running the helper with and without CAP_SYS_ADMIN needs root")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		Skip(t, "no setpriv(1) to drop CAP_SYS_ADMIN")
+	}
+	for _, tc := range []struct {
+		mode   string
+		argv   []string
+		reason string
+	}{
+		{"nocap", []string{setpriv, "--bounding-set", "-sys_admin"}, "CAP_SYS_ADMIN"},
+		{"skip", nil, "the child skips"},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			argv := append(tc.argv, os.Args[0], "-test.run=^TestInMountNamespaceHelper$", "-test.v")
+			cmd := exec.Command(argv[0], argv[1:]...)
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, "CI=") {
+					cmd.Env = append(cmd.Env, kv)
+				}
+			}
+			cmd.Env = append(cmd.Env, inMountNamespaceHelper+"="+tc.mode)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "--- SKIP: TestInMountNamespaceHelper") || !strings.Contains(string(out), tc.reason) {
+				t.Errorf("%s: %v, want the helper skipped saying %q:\n%s", tc.mode, err, tc.reason, out)
+			}
+		})
+	}
+}
