@@ -174,3 +174,58 @@ func TestReadPseudoFileMakesNoEpollCtl(t *testing.T) {
 		t.Errorf("os.ReadFile(%s): %d epoll_ctl, want 2 (add, delete): does os still register a procfs file with the poller?", path, osEpoll)
 	}
 }
+
+// The buffer's growth, past 512 bytes and past it doubled, against
+// os.ReadFile on files that do not change between the two reads (a
+// process's limits, 1,323 bytes here; the kernel's crypto list, 11,460);
+// and a host root whose proc is a symlink to the real /proc (the fstatfs
+// is of the file the link leads to: read raw) or whose file is a symlink
+// out to another file system (read by os).
+func TestReadPseudoFileGrowsAndFollowsSymlinks(t *testing.T) {
+	for _, p := range []string{"/proc/self/limits", "/proc/crypto"} {
+		want, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadPseudoFile(p, 1<<20)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: %d bytes, %v; os.ReadFile %d bytes", p, len(got), err, len(want))
+		}
+		if len(want) > 512 {
+			if _, err := ReadPseudoFile(p, len(want)-1); !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("%s a byte over the limit: %v", p, err)
+			}
+			if b, err := ReadPseudoFile(p, len(want)); err != nil || !bytes.Equal(b, want) {
+				t.Fatalf("%s at the limit: %d bytes, %v", p, len(b), err)
+			}
+		}
+	}
+	root := t.TempDir()
+	if err := os.Symlink("/proc", filepath.Join(root, "proc")); err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("/proc/sys/kernel/ostype")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadPseudoFile(filepath.Join(root, "proc/sys/kernel/ostype"), 64); err != nil || !bytes.Equal(b, want) {
+		t.Fatalf("through a symlink to /proc: %q, %v", b, err)
+	}
+	out := filepath.Join(t.TempDir(), "hung_task_warnings")
+	if err := os.WriteFile(out, []byte("10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "sys"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "sys", "hung_task_warnings")
+	if err := os.Symlink(out, link); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadPseudoFile(link, 64); err != nil || string(b) != "10\n" {
+		t.Fatalf("a symlink out to a regular file: %q, %v", b, err)
+	}
+}
