@@ -211,6 +211,132 @@ func TestKubeRefusedForAnotherNodeIsLoggedOnce(t *testing.T) {
 	}
 }
 
+// The credentials the event writer checks are those of the client in use
+// now, not those read at start: kubelet.conf's certificate (a symlink the
+// kubelet moves) swapped between this node's and another node's (an image
+// cloned with another node's kubelet.conf, a wrong file put in place),
+// from each as the start's. With another node's, this node's Events are
+// dropped (NodeRestriction would let them through about this Node); with
+// its own, they are sent; each change said once. Before, the identity read
+// at start held for the daemon's life: an Event went out about this node
+// with another node's credentials, and a daemon started with another
+// node's went on dropping every Event after the kubelet had its own.
+func TestKubeEventsFollowTheCredentialsInUse(t *testing.T) {
+	s := apiServer(t)
+	for _, first := range []string{"self", "other"} {
+		t.Run("from "+first, func(t *testing.T) {
+			tok := harness.Token()
+			names := map[string]string{"self": "node-self-now-" + tok, "other": "node-other-now-" + tok}
+			self := names["self"]
+			registerNode(t, s, self)
+			registerNode(t, s, names["other"])
+			dir := t.TempDir()
+			current := filepath.Join(dir, "kubelet-client-current.pem")
+			var n int
+			// swap issues a certificate of node and points the symlink
+			// at it, as the kubelet's certificate manager does.
+			swap := func(node string) {
+				t.Helper()
+				cert, key, err := s.CA.Issue("system:node:"+node, []string{"system:nodes"}, false, time.Now().Add(time.Hour))
+				if err != nil {
+					t.Fatal(err)
+				}
+				n++
+				f := filepath.Join(dir, fmt.Sprintf("kubelet-client-2026-12-06-00-00-%02d.pem", n))
+				if err := os.WriteFile(f, append(cert, key...), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				tmp := current + ".tmp"
+				os.Remove(tmp)
+				if err := os.Symlink(f, tmp); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, current); err != nil {
+					t.Fatal(err)
+				}
+			}
+			swap(names[first])
+			kc := filepath.Join(dir, "kubelet.conf")
+			if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: %s, certificate-authority: %s}
+users:
+- name: node
+  user: {client-certificate: %s, client-key: %s}
+contexts:
+- name: test
+  context: {cluster: test, user: node}
+current-context: test
+`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), current, current), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var logs testenv.SyncBuffer
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			client, _, err := kube.NewClient(kc, "autopilot-health-test", log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// As the daemon does: the user of the client made at start.
+			_, identity := kube.Source(client)
+			if identity != "system:node:"+names[first] {
+				t.Fatalf("identity at start %q", identity)
+			}
+			store := report.NewStore("boot")
+			m := kube.NewMetrics(nil)
+			r := kube.New(kube.Options{Client: client, NodeName: self, Identity: identity, Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
+				Log: log, Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute, EventCountFlush: time.Second})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { r.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			<-r.Adopted()
+			// emit sends one event and awaits its fate: an Event about
+			// self with its message, or one more dropped for another node.
+			emit := func(msg string) (sent bool) {
+				t.Helper()
+				before := m.Dropped(kube.DropAnotherNode)
+				store.Emit(report.Event{Reason: "TaskHung", Message: msg, Time: time.Now()})
+				for deadline := time.Now().Add(30 * time.Second); ; {
+					for _, e := range nodeEvents(t, s, self) {
+						if e.Message == msg {
+							return true
+						}
+					}
+					if m.Dropped(kube.DropAnotherNode) > before {
+						return false
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the event %q neither sent nor dropped in 30 s; log:\n%s", msg, logs.String())
+					}
+					time.Sleep(50 * time.Millisecond) // polling the API server and the metrics for the event's fate
+				}
+			}
+			order := []string{"self", "other", "self"}
+			if first == "other" {
+				order = []string{"other", "self", "other"}
+			}
+			for i, cred := range order {
+				if i > 0 {
+					swap(names[cred])
+				}
+				if sent := emit(fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", i+1)); sent != (cred == "self") {
+					t.Errorf("event %d with %s's credentials in use: sent %v, want %v; log:\n%s", i+1, cred, sent, cred == "self", logs.String())
+				}
+			}
+			if d, want := m.Dropped(kube.DropAnotherNode), map[string]float64{"self": 1, "other": 2}[first]; d != want {
+				t.Errorf("%v dropped for another node, want %v", d, want)
+			}
+			for _, said := range []string{"the credentials now name another node than node_name", "the credentials name node_name's node again"} {
+				if c, want := strings.Count(logs.String(), said), 1; c != want {
+					t.Errorf("%q said %d times, want %d:\n%s", said, c, want, logs.String())
+				}
+			}
+		})
+	}
+}
+
 // The kubelet rotates its client certificate as it does on a node: a new
 // kubelet-client-<time>.pem (certificate and key), then the symlink
 // kubelet-client-current.pem, which kubelet.conf names, swapped to it. The

@@ -111,21 +111,43 @@ func Source(c Client) (server, user string) {
 	if sh == nil {
 		return "", ""
 	}
-	data := sh.certData
+	user = sh.user
 	if r, ok := sh.cur.(*rotatingClient); ok {
-		if cert := r.shownCert.Load(); cert != nil {
-			data = *cert // rotated since
+		if u := r.shownUser.Load(); u != nil {
+			user = *u // rotated since
 		}
 	}
-	return sh.host, userOfPEM(data)
+	return sh.host, user
+}
+
+// UserNow returns the user the credentials of c, a client from NewClient,
+// name now (Source's), first looking, as a call does, whether the
+// kubeconfig or the client certificate files changed (a stat of each; the
+// files are read only when they did). ok is false for another client. The
+// event writer asks before it takes an event: an Event about this node
+// must not go out with another node's credentials, nor be dropped after the
+// kubelet got its own.
+func UserNow(c Client) (user string, ok bool) {
+	k, ok := c.(*kubeconfigClient)
+	if !ok {
+		return "", false
+	}
+	if cur, err := k.client(); err == nil {
+		if r, ok := cur.(*rotatingClient); ok {
+			r.client() // the last pair stays on an error, as for a call
+		}
+	}
+	_, user = Source(k)
+	return user, true
 }
 
 // shownClient is what Source tells of a kubeconfigClient's client in use:
-// set with it, read without its lock.
+// set with it, read without its lock. user: the common name of its
+// embedded client certificate, parsed once.
 type shownClient struct {
-	cur      Client
-	host     string
-	certData []byte
+	cur  Client
+	host string
+	user string
 }
 
 // CredentialsUser returns the user the kubeconfig at path authenticates as
@@ -241,7 +263,7 @@ func (k *kubeconfigClient) client() (Client, error) {
 		k.log.Info("kubeconfig reloaded; new connections use it", "kubeconfig", k.path, "server", cfg.Host, "user", userOf(cfg))
 	}
 	k.cur, k.data, k.cfg = c, data, cfg
-	k.shown.Store(&shownClient{cur: c, host: cfg.Host, certData: cfg.CertData})
+	k.shown.Store(&shownClient{cur: c, host: cfg.Host, user: userOfPEM(cfg.CertData)})
 	k.read, k.failed = stamp, fileStamp{}
 	k.made++
 	return c, nil
@@ -373,8 +395,8 @@ type rotatingClient struct {
 	failed    [2]fileStamp // of the files that last failed to load (logged)
 	cur       Client
 	certs     int // clients made, for tests
-	// shownCert: cert, for Source; set with it.
-	shownCert atomic.Pointer[[]byte]
+	// shownUser: the user cert names, for Source; set with it.
+	shownUser atomic.Pointer[string]
 }
 
 // fileStamp tells a file apart from the one before it under the same name;
@@ -436,7 +458,8 @@ func (r *rotatingClient) client() (Client, error) {
 		r.log.Info("client certificate reloaded", "cert", r.certFile, "key", r.keyFile)
 	}
 	r.cur, r.cert, r.key = c, cert, key
-	r.shownCert.Store(&cert)
+	user := userOfPEM(cert)
+	r.shownUser.Store(&user)
 	r.read, r.failed = stamps, [2]fileStamp{}
 	r.certs++
 	return c, nil

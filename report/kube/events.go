@@ -81,6 +81,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 	const loop = eventsLoop
 	// The aggregation of an earlier run in this boot (a restart), kept in
 	// the state file from now on.
+	r.eventsAnother = r.anotherNode() // said at start (adopt)
 	aggs := r.restoreEvents()
 	r.m.setEventsWaiting(waiting(aggs))
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
@@ -243,11 +244,12 @@ func (r *Reporter) fold(aggs map[aggKey]*aggregate, e report.Event) {
 	// lastTimestamp an hour before its firstTimestamp.
 	e.Time = e.Time.Round(0)
 	r.eventsChanged = true
-	if r.anotherNode() {
+	if r.eventsAnotherNode() {
 		// Not this node's credentials: an Event would speak about
 		// another node (NodeRestriction lets a node write Events about
-		// any). Dropped, and said once at start (adopt); taken off the
-		// queue with the next publish (eventsChanged).
+		// any). Dropped, and said at start (adopt) and at each change of
+		// the credentials (eventsAnotherNode); taken off the queue with the next
+		// publish (eventsChanged).
 		r.m.drop(DropAnotherNode, 1)
 		return
 	}

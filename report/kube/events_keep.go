@@ -142,7 +142,7 @@ func (r *Reporter) restoreKept() map[aggKey]*aggregate {
 		// its own.
 		return aggs
 	}
-	if r.anotherNode() {
+	if r.eventsAnotherNode() {
 		// The credentials name another node: what the kept Events hold
 		// that is not on the API server yet is not sent (fold), and
 		// counted as dropped.

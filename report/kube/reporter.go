@@ -228,6 +228,9 @@ type Reporter struct {
 	eventsChanged, eventsNamed, eventsTrimmed bool
 	keptAt                                    time.Time
 	taken                                     int
+	// eventsAnother: the credentials named another node when the event
+	// loop last looked (eventsAnotherNode). The event loop's alone.
+	eventsAnother bool
 	// refusedKey is the errKey of the last refusal logged (dropRefused).
 	refusedKey string
 	// failing counts the writers whose last call failed without an answer
@@ -739,14 +742,41 @@ func (r *Reporter) finalWrite(dirty bool) {
 	}
 }
 
-// anotherNode says whether the credentials are a node's (system:node:<name>)
-// and name another node than NodeName: the daemon then speaks about no
-// Node, neither taking its conditions over (adopt) nor sending Events
-// about it (fold, restoreKept). Credentials of no node ("" when not
-// known, another user) change nothing.
+// anotherNode says whether the credentials in use now are a node's
+// (system:node:<name>) and name another node than NodeName: the daemon then
+// speaks about no Node, neither taking its conditions over (adopt) nor
+// sending Events about it (fold, restoreKept). Credentials of no node (""
+// when not known, another user) change nothing. The credentials are the
+// client's now (UserNow: the kubelet's certificate rotated, kubelet.conf
+// rewritten), Identity for a client that cannot tell.
 func (r *Reporter) anotherNode() bool {
-	id := r.o.Identity
+	id := r.identity()
 	return strings.HasPrefix(id, "system:node:") && id != "system:node:"+r.o.NodeName
+}
+
+// identity is the user the credentials in use now name (anotherNode).
+func (r *Reporter) identity() string {
+	if id, ok := UserNow(r.o.Client); ok {
+		return id
+	}
+	return r.o.Identity
+}
+
+// eventsAnotherNode is anotherNode for the event loop, which says when it
+// changed since the loop last looked: the kubelet's certificate rotated to
+// another node's name or back, kubelet.conf rewritten.
+func (r *Reporter) eventsAnotherNode() bool {
+	another := r.anotherNode()
+	if another != r.eventsAnother {
+		if another {
+			r.o.Log.Error("the credentials now name another node than node_name: no Events are sent about it (counted in events_dropped_total{reason=\"another_node\"})",
+				"node_name", r.o.NodeName, "credentials", r.identity())
+		} else {
+			r.o.Log.Info("the credentials name node_name's node again: its Events are sent", "node_name", r.o.NodeName)
+		}
+		r.eventsAnother = another
+	}
+	return another
 }
 
 // adopt reads the Node and carries its conditions of our types into the store.
@@ -758,7 +788,7 @@ func (r *Reporter) adopt(ctx context.Context) error {
 		// selectors) the read would succeed. Not read at all. Nor is an
 		// Event sent about it (the event writer drops them: fold).
 		r.o.Log.Error("node_name names another node than the credentials do: nothing is taken over from that Node, no Events are sent about it (counted in events_dropped_total{reason=\"another_node\"}), and the API server will refuse the writes (NodeRestriction)",
-			"node_name", r.o.NodeName, "credentials", r.o.Identity)
+			"node_name", r.o.NodeName, "credentials", r.identity())
 		return nil
 	}
 	start := time.Now()
