@@ -257,19 +257,7 @@ func TestKubeEventsFollowTheCredentialsInUse(t *testing.T) {
 			}
 			swap(names[first])
 			kc := filepath.Join(dir, "kubelet.conf")
-			if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: %s, certificate-authority: %s}
-users:
-- name: node
-  user: {client-certificate: %s, client-key: %s}
-contexts:
-- name: test
-  context: {cluster: test, user: node}
-current-context: test
-`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), current, current), 0o600); err != nil {
+			if err := s.WriteKubeconfig(kc, "node", current); err != nil {
 				t.Fatal(err)
 			}
 			var logs testenv.SyncBuffer
@@ -382,19 +370,7 @@ func TestKubeletClientCertSymlinkSwappedAndHalfWritten(t *testing.T) {
 	expires1 := time.Now().Add(5 * time.Second)
 	swap(issue(expires1))
 	kc := filepath.Join(dir, "kubelet.conf")
-	if err := os.WriteFile(kc, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: %s, certificate-authority: %s}
-users:
-- name: node
-  user: {client-certificate: %s, client-key: %s}
-contexts:
-- name: test
-  context: {cluster: test, user: node}
-current-context: test
-`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), current, current), 0o600); err != nil {
+	if err := s.WriteKubeconfig(kc, "node", current); err != nil {
 		t.Fatal(err)
 	}
 	var logs testenv.SyncBuffer

@@ -296,6 +296,14 @@ func (s *APIServer) Kubeconfig(name, user string, groups []string, notAfter time
 		return "", err
 	}
 	p := filepath.Join(dir, "kubeconfig")
+	return p, s.WriteKubeconfig(p, name, filepath.Join(dir, "client.pem"))
+}
+
+// WriteKubeconfig writes at path a kubeconfig for the API server whose user
+// name authenticates with the certificate and key both in the PEM file
+// certAndKey, named by path, as kubelet.conf names
+// kubelet-client-current.pem.
+func (s *APIServer) WriteKubeconfig(path, name, certAndKey string) error {
 	kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -312,8 +320,8 @@ contexts:
 - name: test
   context: {cluster: test, user: %s}
 current-context: test
-`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), name, filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.pem"), name)
-	return p, os.WriteFile(p, []byte(kc), 0o600)
+`, s.URL, filepath.Join(s.Dir, "pki", "ca.crt"), name, certAndKey, certAndKey, name)
+	return os.WriteFile(path, []byte(kc), 0o600)
 }
 
 // HTTPClient returns an HTTP client that authenticates to the API server
