@@ -50,7 +50,11 @@ func awaitKey(t *testing.T, returned chan string, want string) {
 
 func awaitFDs(t *testing.T, s *Server, want int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); s.Open() != 0 || openFDs(t) != want; time.Sleep(time.Millisecond) {
+	// At most as many as before, not exactly: a descriptor another part of
+	// the test process held then (a runtime's or an earlier test's
+	// connection closing late) may be gone since (a CI run at load 11: 11
+	// open, 12 before); a leak is one more.
+	for deadline := time.Now().Add(10 * time.Second); s.Open() != 0 || openFDs(t) > want; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d descriptors open (%d connections), want %d as before", openFDs(t), s.Open(), want)
 		}
@@ -98,8 +102,16 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 		DevDir:        dir,
 		KmsgPath:      kmsgFile,
 		MaxConcurrent: 2,
-		hungAfter:     func(request) time.Duration { return 300 * time.Millisecond },
-		returned:      func(k string) { returned <- k },
+		// The NVMe calls (on FIFOs) hang; the kernel log's open and the
+		// LVM report must not be taken for hung: a start of the lvm
+		// script took over 300 ms on a CI run at load 11.
+		hungAfter: func(r request) time.Duration {
+			if r.Ctrl != "" {
+				return 300 * time.Millisecond
+			}
+			return 4 * time.Second
+		},
+		returned: func(k string) { returned <- k },
 	}
 	var lvm string
 	if os.Getuid() == 0 { // the helper runs an lvm that only root may change
