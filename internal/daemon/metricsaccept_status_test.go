@@ -151,8 +151,11 @@ func TestFailedAcceptsInStatusLineAndReport(t *testing.T) {
 		resp.Body.Close()
 		return true
 	})
+	// The line may come in the datagram of READY=1 (READY=1\nSTATUS=...): where
+	// the first pass ends after the accept worked, READY carries the line
+	// without the note and no STATUS= alone follows (a CI run at f581bcd).
 	next(t, sock, "a status line without the failed accepts", func(m string) bool {
-		return strings.HasPrefix(m, "STATUS=") && !strings.Contains(m, "not accepted")
+		return strings.Contains(m, "STATUS=") && !strings.Contains(m, "not accepted")
 	})
 	if st, err := getStatus(t, cfg.Status.Socket); err != nil || st.Metrics.AcceptError != "" || st.Metrics.FailedAccepts != 0 || !st.Metrics.AcceptFailingSince.IsZero() {
 		t.Errorf("status once an accept worked: %+v, %v", st.Metrics, err)
