@@ -124,11 +124,19 @@ func fetchStatus(path string) ([]byte, error) {
 	resp, err := c.Get("http://autopilot-health" + daemon.StatusPath)
 	if err != nil {
 		switch {
+		case errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.ENOTDIR):
+			// A symlink at the path that loops, or runs through a
+			// file: the daemon leaves it there too and runs on without
+			// a status socket. Named as the others are; a path under a
+			// file (no symlink) keeps the connect's own error.
+			if what := daemon.NotASocket(path); what != "" {
+				return nil, notASocketAt(path, what)
+			}
 		case errors.Is(err, os.ErrNotExist), errors.Is(err, errConnRefused):
 			if what := daemon.NotASocket(path); what != "" {
 				// A daemon that found this at start left it there and
 				// runs on without a status socket: not "not running".
-				return nil, notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there (a daemon that found it at start runs on without one and logged it: journalctl -u autopilot-health)", path, what))
+				return nil, notASocketAt(path, what)
 			}
 			// Also a daemon starting: its socket is bound once New is
 			// done (the state file read, on a disk blocked in I/O as
@@ -162,6 +170,12 @@ func fetchStatus(path string) ([]byte, error) {
 		return nil, fmt.Errorf("the daemon on %s answered %s: %s", path, report.Printable(resp.Status), shorten(strings.TrimSpace(string(b)), 400))
 	}
 	return b, nil
+}
+
+// notASocketAt names what is at the status socket's path instead of a
+// socket.
+func notASocketAt(path, what string) error {
+	return notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there (a daemon that found it at start runs on without one and logged it: journalctl -u autopilot-health)", path, what))
 }
 
 // isTimeout: the daemon did not answer within statusTimeout.

@@ -248,7 +248,15 @@ func TestStatusOfASocketPathThatIsNotASocket(t *testing.T) {
 	os.WriteFile(file, nil, 0o600)
 	os.Mkdir(sub, 0o700)
 	os.Symlink(filepath.Join(dir, "gone"), link)
-	for path, what := range map[string]string{file: "a regular file", sub: "a directory", link: "a symlink"} {
+	// A symlink that loops (connect: ELOOP) or runs through a file
+	// (ENOTDIR): the daemon leaves these too and runs on without a status
+	// socket (TestSocketPathThatIsNotASocketIsKept); before, status said
+	// "asking the daemon on ...: connect: too many levels of symbolic
+	// links", naming nothing.
+	loop, through := filepath.Join(dir, "loop.sock"), filepath.Join(dir, "through.sock")
+	os.Symlink(loop, loop)
+	os.Symlink(filepath.Join(file, "x.sock"), through)
+	for path, what := range map[string]string{file: "a regular file", sub: "a directory", link: "a symlink", loop: "a symlink", through: "a symlink"} {
 		code, out, errs := run(t, "status", "--socket", path)
 		want := "autopilot-health status: " + path + " is not a socket but " + what + ": the daemon serves no status there"
 		if code != exitError || out != "" || !strings.HasPrefix(errs, want) || strings.Contains(errs, "not running") {
@@ -259,5 +267,11 @@ func TestStatusOfASocketPathThatIsNotASocket(t *testing.T) {
 	gone := filepath.Join(dir, "gone.sock")
 	if code, _, errs := run(t, "status", "--socket", gone); code != exitError || !strings.Contains(errs, "the daemon is not running, or still starting: nothing answers on "+gone) {
 		t.Errorf("status --socket %s: exit %d, stderr %q", gone, code, errs)
+	}
+	// A path under a file, no symlink at it: nothing is there to name; the
+	// connect's own error, not "not running" either.
+	under := filepath.Join(file, "x.sock")
+	if code, out, errs := run(t, "status", "--socket", under); code != exitError || out != "" || !strings.Contains(errs, "not a directory") || strings.Contains(errs, "not running") {
+		t.Errorf("status --socket %s: exit %d, stdout %q, stderr %q", under, code, out, errs)
 	}
 }
