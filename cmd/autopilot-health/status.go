@@ -74,6 +74,15 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, errNotRunning) && notSocket != nil {
 		err = notSocket
 	}
+	if errors.Is(err, errNotRunning) && *socket == "" {
+		// A user who may not read the file does not learn the socket
+		// it names: nothing answering on the default one is not "not
+		// running" then, the daemon may serve the file's socket.
+		if _, rerr := config.ReadFile(*cfgPath); errors.Is(rerr, os.ErrPermission) {
+			fmt.Fprintf(stderr, "autopilot-health status: %s: permission denied: the status socket it names is not known (run with sudo); nothing answers on %s\n", *cfgPath, path)
+			return exitError
+		}
+	}
 	if err != nil {
 		if errors.Is(err, errNotRunning) && len(paths) > 1 {
 			err = fmt.Errorf("%w; nor on %s, which %s names (status.socket needs a restart to change)", err, paths[0], *cfgPath)

@@ -22,8 +22,12 @@ func TestStatusHelperProcess(t *testing.T) {
 	if sock == "" {
 		t.Skip("run by TestStatusAsAnotherUser")
 	}
-	code, _, errs := run(t, "status", "--socket", sock)
-	fmt.Printf("exit %d: %s", code, errs)
+	args := []string{"status", "--socket", sock}
+	if cfg := os.Getenv("AUTOPILOT_HEALTH_STATUS_HELPER_CONFIG"); cfg != "" {
+		args = []string{"status", "--config", cfg}
+	}
+	code, out, errs := run(t, args...)
+	fmt.Printf("exit %d: %s%s", code, out, errs)
 	os.Exit(0)
 }
 
@@ -106,6 +110,23 @@ func TestStatusAsAnotherUser(t *testing.T) {
 		if want := "exit 2: autopilot-health status: " + s + ": permission denied: the status socket is root's (run with sudo)"; !strings.HasPrefix(string(out), want) {
 			t.Errorf("as nobody, %s:\n%s\nwant %s", s, out, want)
 		}
+	}
+	// The configuration file naming the socket, root's alone (0600): the
+	// user cannot learn the socket; nothing answers on the default one.
+	// Before, that was "the daemon is not running, or still starting" while
+	// it ran on the file's socket.
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[status]\nsocket = %q\n", filepath.Join(dir, "status.sock")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.run=^TestStatusHelperProcess$")
+	cmd.Env = append(os.Environ(), "AUTOPILOT_HEALTH_STATUS_HELPER_SOCKET=-", "AUTOPILOT_HEALTH_STATUS_HELPER_CONFIG="+cfg)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if want := "exit 2: autopilot-health status: " + cfg + ": permission denied: the status socket it names is not known (run with sudo)"; !strings.HasPrefix(string(out), want) || strings.Contains(string(out), "not running") {
+		t.Errorf("as nobody, --config %s (0600):\n%s\nwant %s", cfg, out, want)
 	}
 }
 
