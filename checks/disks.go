@@ -73,7 +73,12 @@ func (c *disksFailureSMART) Probe(ctx context.Context) (Result, error) {
 	}
 	details := []report.Detail{{Domain: "disks", Field: "disks", Value: hs}}
 	if err != nil {
-		return Result{Details: details}, err
+		if hs == nil {
+			// The drives could not be listed: nothing collected, not
+			// "no disks" ([]); the list the last run read stays, stale.
+			return Result{}, err
+		}
+		return Result{Details: details}, err // each drive with its error
 	}
 	var failing, hot []string
 	for _, h := range ok {
