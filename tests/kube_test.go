@@ -540,6 +540,65 @@ func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 	}
 }
 
+// After a reboot, this boot's first report does not fit beside the Node's
+// other annotations (about 2 KiB free): the first write of the conditions,
+// as the node (NodeRestriction), carries what fits of it, tamper first, so
+// the operator's clear the earlier boot's tamper document published stays
+// on the Node, in this boot's document; the earlier boot's report leaves.
+// Before, the five annotations were removed with the conditions' write, and
+// the clear with them until the first refresh.
+func TestKubeEarlyReportThatDoesNotFitKeepsTheClear(t *testing.T) {
+	s := apiServer(t)
+	node := "node-early-fit-clear-" + harness.Token()
+	ctx := context.Background()
+	registerNode(t, s, node)
+	cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	tk := report.AnnotationPrefix + "tamper"
+	big, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		"tool.example.com/state":            strings.Repeat("x", 256*1024-2500),
+		report.AnnotationPrefix + "storage": `{"schemaVersion":1,"bootID":"boot-a"}`,
+		tk:                                  fmt.Sprintf(`{"schemaVersion":1,"bootID":"boot-a","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339)),
+	}}})
+	if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, big, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client, _ := nodeClient(t, s, node)
+	store := report.NewStore("boot-b")
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
+		Message: "/var at 97 %"}, time.Now())
+	det := report.NewDetails()
+	det.SetBootID("boot-b")
+	det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
+	var fss []map[string]string
+	for i := range 30 {
+		fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
+	}
+	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
+	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
+	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
+		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: make(chan struct{})})
+	rctx, cancel := context.WithCancel(ctx)
+	x.cancel = cancel
+	go func() { x.r.Run(rctx); close(x.done) }()
+	defer x.stop()
+	n := waitNode(t, s, node, "DiskUsageHigh True", func(n *corev1.Node) bool {
+		c := cond(n, "DiskUsageHigh")
+		return c != nil && c.Status == corev1.ConditionTrue
+	})
+	if b := report.ReportBootID(n.Annotations); b != "boot-b" {
+		t.Errorf("the report's boot beside this boot's conditions is %q, want boot-b: %q", b, n.Annotations[tk])
+	}
+	if strings.Contains(n.Annotations[report.AnnotationPrefix+"storage"], "/var/lib/kubelet/pods") {
+		t.Fatalf("storage written whole: the test needs a report that does not fit")
+	}
+	if at := report.ReportedClear(n.Annotations); !at.Equal(cleared) {
+		t.Errorf("the clear on the Node after the first write of the conditions is %v, want %v: tamper %q", at, cleared, n.Annotations[tk])
+	}
+	if n.Annotations["tool.example.com/state"] == "" {
+		t.Errorf("another writer's annotation lost")
+	}
+}
+
 // The Node deleted and registered anew (as the kubelet does) while the
 // daemon reports: the report annotations never stand on the new Node
 // without this boot's conditions. The report write carries the UID of the

@@ -1313,9 +1313,9 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		// never holds this boot's conditions under it (a restart judges
 		// them by their transition times, as on a Node without a report).
 		r.reportRefused = true
-		r.o.Log.Warn("the report annotations do not fit on the Node beside its other annotations: conditions written without them, and the earlier boot's report removed",
+		r.o.Log.Warn("the report annotations do not fit on the Node beside its other annotations: conditions written with what fits of them (tamper first, a small document saying so for each other), and the earlier boot's report removed",
 			"node", r.o.NodeName, "err", err)
-		if patch, err = statusPatch(conds, remove, withoutReport(), time.Now()); err != nil {
+		if patch, err = statusPatch(conds, remove, r.earlyFitting(ctx, docs), time.Now()); err != nil {
 			return err
 		}
 		start = time.Now()
@@ -1398,6 +1398,43 @@ func (r *Reporter) earlyReport() map[string]*string {
 	}
 	return out
 }
+
+// earlyFitting is what fits of docs, this boot's early report the API
+// server refused for the Node's annotations, beside the Node's other
+// annotations (one read; fitReport): each document this boot's, whole or a
+// stub, so that the earlier boot's report leaves the Node as with
+// withoutReport, but the tamper document keeps the operator's clear
+// (tamper.cleared, the Node's only record of it, read back at start), which
+// withoutReport took off the Node until the first refresh. Where the Node
+// cannot be read, or not even the tamper stub fits (its annotation would be
+// left as it is: the earlier boot's), it is withoutReport.
+func (r *Reporter) earlyFitting(ctx context.Context, docs map[string]*string) map[string]*string {
+	start := time.Now()
+	node, err := r.o.Client.GetNode(ctx, r.o.NodeName)
+	r.m.observe(KindRead, start, err)
+	if err != nil {
+		return withoutReport()
+	}
+	whole := make(map[string]string, len(docs))
+	for k, v := range docs {
+		if v != nil {
+			whole[k] = *v
+		}
+	}
+	now, role := time.Now(), r.role()
+	out, _, asIs := fitReport(whole, othersSize(node.Metadata.Annotations), tamperSize(node.Metadata.Annotations), r.leftOutStub(now, role, whole))
+	if asIs {
+		return withoutReport()
+	}
+	for _, dm := range report.Domains {
+		if k := report.AnnotationPrefix + dm.Name; !hasKey(out, k) {
+			out[k] = nil // not in docs: the earlier boot's leaves
+		}
+	}
+	return out
+}
+
+func hasKey(m map[string]*string, k string) bool { _, ok := m[k]; return ok }
 
 // withoutReport removes the report annotations (a merge patch's nulls).
 func withoutReport() map[string]*string {
