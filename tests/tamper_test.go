@@ -247,6 +247,35 @@ dm_control = %q
 	if c := after2.Tamper.Cleared; !clearedBy.MatchString(c.By) || c.At.Before(cleared.Truncate(time.Second)) {
 		t.Errorf("cleared on the Node: %+v, want by matching %s", c, clearedBy)
 	}
+
+	// `check --json`'s report is the daemon's documents (README: "exactly
+	// as the daemon writes them to the Node's annotations"), but for
+	// updatedAt and the operator's clear: check does not read the Node, the
+	// only corroboration of the clear tamper.json holds, so its tamper
+	// document has no tamper.cleared (README says so).
+	onNode := waitReport(t, s, name, time.Now(), "reviewed by the test")
+	out, err = exec.Command(daemonBinary(t), "check", "--json", "--config", cfgPath).Output()
+	var res struct {
+		Report map[string]map[string]any `json:"report"`
+	}
+	if jerr := json.Unmarshal(out, &res); jerr != nil {
+		t.Fatalf("check --json: %v, %v\n%s", err, jerr, out)
+	}
+	var daemonDoc map[string]any
+	if err := json.Unmarshal([]byte(onNode), &daemonDoc); err != nil {
+		t.Fatal(err)
+	}
+	delete(daemonDoc, "updatedAt")
+	delete(res.Report["tamper"], "updatedAt")
+	if tm, _ := res.Report["tamper"]["tamper"].(map[string]any); tm == nil || tm["cleared"] != nil {
+		t.Errorf("check --json's tamper document: %v; want its tamper without cleared (README)", res.Report["tamper"])
+	}
+	if tm, _ := daemonDoc["tamper"].(map[string]any); tm != nil {
+		delete(tm, "cleared")
+	}
+	if a, b := fmt.Sprint(res.Report["tamper"]), fmt.Sprint(daemonDoc); a != b {
+		t.Errorf("check --json's tamper document is not the daemon's:\ncheck: %s\nNode:  %s", a, b)
+	}
 }
 
 // clearedBy is what the tamper report's cleared.by holds: the sudo user and
