@@ -302,6 +302,9 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// Not one filesystem measured, every statfs failed or hung: no list
+	// was collected (an empty one would say "no filesystems").
+	noFS := len(usage) == 0 && len(errs) > 0
 	lvm := c.askLVM(ctx)
 	// A copy: the answer is reused while it can be, and a VGUsage's
 	// OverThreshold is this run's.
@@ -355,7 +358,10 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			}
 		}
 	}
-	details := []report.Detail{{Domain: "storage", Field: "filesystems", Value: usage}}
+	var details []report.Detail
+	if !noFS {
+		details = append(details, report.Detail{Domain: "storage", Field: "filesystems", Value: usage})
+	}
 	if vgs != nil {
 		// Absent when LVM was not asked (not installed, lvm_command off, a
 		// host root elsewhere) or gave no report: an empty list is an
