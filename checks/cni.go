@@ -84,6 +84,10 @@ func (c *cniCheck) probe(ctx context.Context) (Result, error) {
 	req.Header.Set("brief", "true")
 	c.sock.check()
 	resp, err := c.client.Do(req)
+	if d, denied := socketDenied(err); denied {
+		// Not an agent that does not answer: one this process may not ask.
+		return Result{}, fmt.Errorf("cilium-agent API on %s: %w", c.socket, d)
+	}
 	if err != nil {
 		return Result{Status: report.StatusTrue, Reason: report.ReasonCiliumUnreachable, Message: fmt.Sprintf("cilium-agent API on %s: %v", c.socket, err)}, nil
 	}

@@ -34,6 +34,10 @@ func (c *containerdCheck) Probe(ctx context.Context) (Result, error) {
 	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
 	if err := c.cri.status(callCtx); err != nil {
+		if _, denied := socketDenied(err); denied {
+			// Not a runtime that fails: one this process may not ask.
+			return Result{}, err
+		}
 		r := repairResult(ctx, c.env, c.unit, c.cooldown, report.ReasonCRIProbeFailed, err)
 		if criNotInitialized(err) && r.repair == RepairCooldown {
 			// Started within the cooldown (at boot, or restarted by

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -160,13 +161,43 @@ func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	raw := rawsys.InMemory(k.path)
 	id, serr := statID(k.path, false)
 	conn, err := rawsys.Dial(ctx, "unix", k.path)
-	if err == nil {
-		k.mu.Lock()
-		k.dialed, k.dialedOK, k.raw = id, serr == nil, raw
-		k.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return nil, &socketDeniedError{err}
+		}
+		return nil, err
 	}
-	return conn, err
+	k.mu.Lock()
+	k.dialed, k.dialedOK, k.raw = id, serr == nil, raw
+	k.mu.Unlock()
+	return conn, nil
 }
+
+// socketDeniedError is a connect to a service's socket that the kernel
+// refused (EACCES, EPERM): `autopilot-health check` run without sudo
+// (containerd's and cilium-agent's sockets are root's, 0660), or a root
+// that SELinux or AppArmor refuses. It says nothing of the service's
+// health: the probe's run fails (Unknown, CheckFailed), it is not True,
+// and nothing is restarted for it.
+type socketDeniedError struct{ err error }
+
+func (e *socketDeniedError) Error() string {
+	if probeUID() == 0 {
+		return e.err.Error() + " (to root: SELinux or AppArmor refuses it, or the socket's owner, mode or ACL, past which the daemon's unit gives it no capability; so its service's health is not known)"
+	}
+	return e.err.Error() + " (run it as root: this user may not connect to the socket, so its service's health is not known)"
+}
+
+func (e *socketDeniedError) Unwrap() error { return e.err }
+
+// socketDenied returns the refused connect in err, if it is one.
+func socketDenied(err error) (*socketDeniedError, bool) {
+	var d *socketDeniedError
+	return d, errors.As(err, &d)
+}
+
+// probeUID is the user a probe connects as (os.Geteuid).
+var probeUID = os.Geteuid
 
 // same reports whether the socket at the path is the one last dialed.
 func (k *keptSocket) same() bool {
@@ -282,6 +313,9 @@ func transportError(ctx context.Context, err error) error {
 	// deadline (the timeout is sent in whole milliseconds, rounded down).
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 100*time.Millisecond && strings.Contains(err.Error(), "; CANCEL; received from peer") {
 		return &rpcError{codeDeadlineExceeded, "context deadline exceeded (the server's grpc-timeout)"}
+	}
+	if d, ok := socketDenied(err); ok {
+		return d
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
