@@ -13,6 +13,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
 )
 
 // socketDeniedChildEnv names the directory of the refused sockets in the
@@ -51,8 +52,14 @@ func TestSocketRefusedToTheUserIsUnknown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The test binary, where nobody may run it (go test's build
-	// directory is 0700).
+	runAsNobody(t, dir, socketDeniedChildEnv)
+}
+
+// runAsNobody runs t alone in a copy of the test binary in dir (where
+// nobody may run it: go test's build directory is 0700) as nobody, with
+// childEnv set to dir, and fails t unless the child's t passed.
+func runAsNobody(t *testing.T, dir, childEnv string) {
+	t.Helper()
 	bin := filepath.Join(dir, "checks.test")
 	src, err := os.Open(os.Args[0])
 	if err != nil {
@@ -71,7 +78,7 @@ func TestSocketRefusedToTheUserIsUnknown(t *testing.T) {
 	}
 	cmd := exec.Command(bin, "-test.run=^"+t.Name()+"$", "-test.v")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), socketDeniedChildEnv+"="+dir)
+	cmd.Env = append(os.Environ(), childEnv+"="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()) {
@@ -102,4 +109,71 @@ func socketRefusedChild(t *testing.T, dir string) {
 	if err == nil || r.Status != "" || !strings.Contains(err.Error(), cil) || !strings.HasSuffix(err.Error(), hint) {
 		t.Errorf("cilium-agent's socket refused: %+v, %v; want a failed run ending %q", r, err, hint)
 	}
+}
+
+// diskUsageDeniedChildEnv names the host root of the child
+// TestDiskUsageFilesystemRefusedToTheUserIsNamed runs as nobody.
+const diskUsageDeniedChildEnv = "AUTOPILOT_HEALTH_TEST_DISKUSAGE_DENIED"
+
+// `check` without sudo, a filesystem mounted below a directory this user
+// may not search (statfs: EACCES): DiskUsageHigh judges the filesystems it
+// measured and names the other "not checked: statfs <mount>: permission
+// denied", as it names a hung one (README, "Status of this build"); a
+// filesystem it measured over the threshold is True all the same. Nothing
+// is counted as measured that was not. (Held; the statfs is the kernel's.)
+func TestDiskUsageFilesystemRefusedToTheUserIsNamed(t *testing.T) {
+	if root := os.Getenv(diskUsageDeniedChildEnv); root != "" {
+		if os.Geteuid() == 0 {
+			t.Fatal("the child runs as root")
+		}
+		const notChecked = "; not checked: statfs /srv/data: permission denied"
+		for _, tc := range []struct {
+			pct    int
+			status report.Status
+			msg    string
+		}{
+			{99, report.StatusFalse, "1 filesystem not over 99% space and 90% inodes" + notChecked},
+			// Any real filesystem is over 0 % used.
+			{1, report.StatusTrue, "/ "},
+		} {
+			env := testEnv(t, func(c *config.Config) {
+				c.HostRoot = root
+				c.Checks.DiskUsageHigh.SpacePercent = tc.pct
+				c.Checks.DiskUsageHigh.LVMCommand = ""
+			})
+			c, _ := newDiskUsageCheck(env)
+			r, err := c.Probe(context.Background())
+			if err != nil || r.Status != tc.status || !strings.HasPrefix(r.Message, tc.msg) || !strings.HasSuffix(r.Message, notChecked) {
+				t.Errorf("space_percent %d: %+v %v, want %s %q ... %q", tc.pct, r, err, tc.status, tc.msg, notChecked)
+			}
+		}
+		return
+	}
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "a directory refused to another user needs root (the test runs itself as nobody)")
+	}
+	root := t.TempDir()
+	for _, d := range []string{filepath.Dir(root), root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, root+"/proc/self/mountinfo", `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 8:17 / /srv/data rw,relatime shared:20 - ext4 /dev/sdb1 rw
+`)
+	for _, d := range []string{root + "/proc", root + "/proc/self"} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(root+"/proc/self/mountinfo", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(root+"/srv/data", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(root+"/srv", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	runAsNobody(t, root, diskUsageDeniedChildEnv)
 }
