@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -84,7 +85,16 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	base := time.Unix(0, 0).UTC()
 	mon.Start(base, base)
 	mon.o.Store.Observe(actionRecorder{out: func(a Action) { st.Matched++; out(a) }})
-	lr := lineReader{r: bufio.NewReaderSize(r, 64*1024)}
+	br := bufio.NewReaderSize(r, 64*1024)
+	// A byte order mark an editor wrote: UTF-8's is dropped (left on,
+	// the first line is no known form's, and the capture is read as bare
+	// messages that match nothing); UTF-16 is refused, naming it.
+	if b, _ := br.Peek(3); bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
+		br.Discard(3)
+	} else if bytes.HasPrefix(b, []byte("\xff\xfe")) || bytes.HasPrefix(b, []byte("\xfe\xff")) {
+		return st, errUTF16
+	}
+	lr := lineReader{r: br}
 	var lastUsec uint64
 	const (
 		undecided = iota
@@ -182,6 +192,9 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	}
 	return st, nil
 }
+
+// errUTF16 refuses an input in UTF-16, which no form of the kernel log is.
+var errUTF16 = errors.New("the input is UTF-16 (its byte order mark): convert it first, e.g. iconv -f UTF-16 -t UTF-8")
 
 // maxLine is the longest line Replay parses (a kernel record is at most
 // about 1 KiB, a journal JSON record a few); a longer one is read to its

@@ -2,11 +2,13 @@ package kmsg
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/syself/autopilot-health/report"
 )
@@ -120,8 +122,11 @@ func FuzzReplay(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		o.Store = report.NewStore("replay")
 		st, err := Replay(strings.NewReader(string(b)), NewMonitor(o), func(Action) {})
+		if errors.Is(err, errUTF16) && (b[0] == 0xff && b[1] == 0xfe || b[0] == 0xfe && b[1] == 0xff) {
+			return // refused, naming it
+		}
 		if err != nil {
-			t.Fatal(err) // only a read error ends a replay
+			t.Fatal(err) // only a read error, or UTF-16, ends a replay
 		}
 		if st.Unknown > st.Lines || st.Skipped > st.Lines || (st.Unknown > 0) != (st.FirstUnknown != "") {
 			t.Fatalf("stats %+v", st)
@@ -160,6 +165,51 @@ func TestReplayJoinsAMultiLineRecord(t *testing.T) {
 		}
 		if st.Unknown != 0 {
 			t.Errorf("%s: %d unknown lines (%s)", f, st.Unknown, st.FirstUnknown)
+		}
+	}
+}
+
+// A capture saved by an editor that writes a byte order mark: UTF-8's
+// (EF BB BF) is dropped, and the capture reads as the form it is; before,
+// the mark made the first line no known form's, the whole capture was read
+// as bare messages, and a dmesg capture with a ReadonlyFilesystem line gave
+// no action at all. UTF-16 (PowerShell's redirection writes it) is refused,
+// naming it and the conversion, rather than read as bare messages that
+// match nothing.
+func TestReplayByteOrderMark(t *testing.T) {
+	plain, err := os.ReadFile("testdata/replay/dmesg.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := replayFile(t, "testdata/replay/dmesg.txt")
+	p := filepath.Join(t.TempDir(), "bom.txt")
+	if err := os.WriteFile(p, append([]byte("\xef\xbb\xbf"), plain...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, st := replayFile(t, p)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") || !slices.Equal(st.Forms, []Form{FormDmesg}) || st.Unknown != 0 {
+		t.Errorf("UTF-8 with a BOM: stats %+v, actions:\n%s\nwant (plain dmesg):\n%s", st, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	units := utf16.Encode([]rune(string(plain)))
+	for _, tc := range []struct {
+		name string
+		put  func([]byte, uint16)
+		bom  []byte
+	}{
+		{"UTF-16LE", func(b []byte, u uint16) { b[0], b[1] = byte(u), byte(u>>8) }, []byte{0xff, 0xfe}},
+		{"UTF-16BE", func(b []byte, u uint16) { b[0], b[1] = byte(u>>8), byte(u) }, []byte{0xfe, 0xff}},
+	} {
+		in := slices.Clone(tc.bom)
+		for _, u := range units {
+			var b [2]byte
+			tc.put(b[:], u)
+			in = append(in, b[:]...)
+		}
+		var actions int
+		_, err := Replay(strings.NewReader(string(in)), NewMonitor(opts(t, report.NewStore("replay"))), func(Action) { actions++ })
+		const wantErr = "the input is UTF-16 (its byte order mark): convert it first, e.g. iconv -f UTF-16 -t UTF-8"
+		if err == nil || err.Error() != wantErr || actions != 0 {
+			t.Errorf("%s: %v, %d actions; want %q", tc.name, err, actions, wantErr)
 		}
 	}
 }
