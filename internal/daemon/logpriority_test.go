@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
@@ -39,4 +41,36 @@ func TestConditionChangeLogPriorities(t *testing.T) {
 	if want := "INFO WARN DEBUG INFO INFO"; strings.Join(got, " ") != want {
 		t.Errorf("levels %q, want %q:\n%s", strings.Join(got, " "), want, buf.String())
 	}
+}
+
+// README, "Using it on a node": events are logged at most one line per
+// reason every 10 s (a flood of kernel lines is counted, not logged line
+// by line), the next line saying how many were not. (Held.)
+func TestEventLogLinesAtMostOnePerReasonEvery10s(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf testenv.SyncBuffer
+		obs := newLogObserver(slog.New(slog.NewTextHandler(&buf, nil)))
+		for range 5 {
+			obs.EventEmitted(report.Event{Reason: "IOError", Message: "Buffer I/O error on dev sda"})
+			obs.EventEmitted(report.Event{Reason: "AtaError", Message: "ata1: failed command"})
+			time.Sleep(time.Second)
+		}
+		time.Sleep(5*time.Second - time.Nanosecond) // 9.999999999 s after the first
+		obs.EventEmitted(report.Event{Reason: "IOError", Message: "Buffer I/O error on dev sda"})
+		time.Sleep(time.Nanosecond) // 10 s after the first line
+		obs.EventEmitted(report.Event{Reason: "IOError", Message: "Buffer I/O error on dev sdb"})
+		lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+		var got []string
+		for _, l := range lines {
+			got = append(got, l[strings.Index(l, "level="):])
+		}
+		want := []string{
+			`level=WARN msg=event reason=IOError message="Buffer I/O error on dev sda"`,
+			`level=WARN msg=event reason=AtaError message="ata1: failed command"`,
+			`level=WARN msg=event reason=IOError message="Buffer I/O error on dev sdb" not_logged_since_last=5`,
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	})
 }
