@@ -304,7 +304,9 @@ const maxCDISpec = 8 << 20
 // os.ReadFile), the files of a spec directory that the cache would read
 // (*.json, *.yaml, through a symlink too) and that are not regular files
 // or are larger than maxCDISpec: the read of a FIFO waits for a writer,
-// and a huge file is held in memory whole. dir is the host's path, for
+// and a huge file is held in memory whole; and those this process may not
+// open (EACCES, EPERM), which the cache would only note beside a spec it
+// did not find. dir is the host's path, for
 // the message; hostDir the same under the host root.
 func checkSpecFiles(dir, hostDir string, ents []fs.DirEntry) error {
 	for _, e := range ents {
@@ -323,6 +325,23 @@ func checkSpecFiles(dir, hostDir string, ents []fs.DirEntry) error {
 			return fmt.Errorf("CDI spec %s: not a regular file (%s)", name, fi.Mode().Type())
 		case fi.Size() > maxCDISpec:
 			return fmt.Errorf("CDI spec %s: larger than %d bytes, the most read", name, maxCDISpec)
+		default:
+			// A spec this process may not read (`check` without sudo,
+			// a spec root's alone) is there all the same, and
+			// containerd reads it: not a GPU without a spec. The
+			// cache would only note the read error.
+			f, _, err := openNoWait(filepath.Join(hostDir, e.Name()))
+			if err == nil {
+				f.Close()
+				continue
+			}
+			if errors.Is(err, fs.ErrPermission) {
+				var pe *fs.PathError
+				if errors.As(err, &pe) {
+					err = pe.Err
+				}
+				return fmt.Errorf("CDI spec %s: %w", name, err)
+			}
 		}
 	}
 	return nil

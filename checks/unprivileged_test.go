@@ -177,3 +177,46 @@ func TestDiskUsageFilesystemRefusedToTheUserIsNamed(t *testing.T) {
 	}
 	runAsNobody(t, root, diskUsageDeniedChildEnv)
 }
+
+// gpuSpecDeniedChildEnv names the host root of the child
+// TestGpuActivationSpecRefusedToTheUserIsUnknown runs as nobody.
+const gpuSpecDeniedChildEnv = "AUTOPILOT_HEALTH_TEST_GPU_SPEC_DENIED"
+
+// `check` without sudo on a GPU node whose CDI spec is root's alone (0600):
+// the spec is there, and containerd (root) reads it, so the GPU is not
+// without a spec: GpuActivationFailed is Unknown, CheckFailed, naming the
+// file and the refusal, as a spec directory it may not read already was.
+// Before, the CDI cache's read error was one more note on a True
+// CDISpecMissing, "no CDI spec ... names a device ... for 0000:3b:00.0".
+func TestGpuActivationSpecRefusedToTheUserIsUnknown(t *testing.T) {
+	if root := os.Getenv(gpuSpecDeniedChildEnv); root != "" {
+		if os.Geteuid() == 0 {
+			t.Fatal("the child runs as root")
+		}
+		env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+		env.GPU = true
+		c, err := NewForTest("GpuActivationFailed", env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.Probe(context.Background())
+		const want = "CDI spec /etc/cdi/nvidia.json: permission denied"
+		if err == nil || err.Error() != want || r.Status != "" {
+			t.Errorf("probe: %+v, %v; want a failed run %q", r, err, want)
+		}
+		return
+	}
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "a CDI spec refused to another user needs root (the test runs itself as nobody)")
+	}
+	root := gpuHost(t, "pci-1-gpu", true, true, map[string]string{"/etc/cdi/nvidia.json": "nvidia-1-gpu.json"})
+	for _, d := range []string{filepath.Dir(root), root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "etc/cdi/nvidia.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runAsNobody(t, root, gpuSpecDeniedChildEnv)
+}
