@@ -1295,3 +1295,17 @@ func TestStatusSaysFailedAccepts(t *testing.T) {
 		t.Errorf("status says serving while accepts fail:\n%s", out)
 	}
 }
+
+// An empty capture (dmesg as a user that kernel.dmesg_restrict refuses
+// prints nothing on stdout) is no error: nothing read, said so, exit 0;
+// with --json nothing at all. (Held.)
+func TestKmsgReplayEmptyInput(t *testing.T) {
+	code, out, errs := run(t, "kmsg", "replay", "--config", "/dev/null", "/dev/null")
+	if code != exitOK || out != "" || errs != "0 lines read, 0 skipped, 0 actions\n" {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, out, errs = run(t, "kmsg", "replay", "--json", "--config", "/dev/null", "/dev/null")
+	if code != exitOK || out != "" || errs != "" {
+		t.Errorf("--json: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
