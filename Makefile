@@ -123,9 +123,11 @@ deb: build
 # The unit tests of the packages whose layouts differ by architecture (the
 # NVMe admin command, adjtimex's struct, statfs, the kernel log records)
 # built for arm64 and run under qemu-user (Debian's qemu-user-static).
-# Ten tests of this machine's kernel cannot run there: two re-execute the
-# test binary under unshare(1), which the kernel cannot start without a
-# binfmt_misc entry for qemu (exit 2), and one re-executes it in a user namespace of
+# Thirteen tests of this machine's kernel cannot run there: two re-execute the
+# test binary under unshare(1) and three as another user (nobody, whom the
+# kernel refuses a socket, a directory or a file), which the kernel cannot
+# start without a binfmt_misc entry for qemu (exit 2, or "exec format
+# error"), and one re-executes it in a user namespace of
 # its own (Cloneflags), which qemu-user refuses (EINVAL); one expects the kernel's answer to the NVMe
 # ioctl on /dev/null (ENOTTY), and qemu-user does not pass that ioctl to the
 # kernel (ENOSYS); one installs a seccomp filter on a thread, which qemu-user
@@ -134,10 +136,10 @@ deb: build
 # with openat2(RESOLVE_IN_ROOT), which qemu-user 7.2 does not emulate
 # (ENOSYS: the check then opens the path as before, through the daemon's
 # own /); three count a thread's system calls with perf_event_open(2), which
-# qemu-user does not emulate (ENOSYS). All ten run natively in make test; the NVMe command's layout on
+# qemu-user does not emulate (ENOSYS). All thirteen run natively in make test; the NVMe command's layout on
 # arm64 is checked here by TestNVMePassthruLayout.
 ARM64_PKGS := ./kmsg ./report ./internal/config ./checks ./internal/rawsys
-ARM64_SKIP := ^(TestDiskUsageRealHostUnderReadOnlyRemount|TestRealNVMeReaderHostRoot|TestMonotonicMicrosMakesNoSystemCall|TestCertKubeletsAbsoluteSymlinkUnderHostRoot|TestCertDanglingSymlinkUnderALinkedDirectoryUnderHostRoot|TestNodeTamperedSaysWhyItCannotWatch|TestProbeReachesLocalhostWithoutALookup|TestReadPseudoFileMakesNoEpollCtl|TestPeriodicPseudoFileReadsMakeNoEpollCtl|TestPseudoFileReadsMakeNoEpollCtl)$$
+ARM64_SKIP := ^(TestDiskUsageRealHostUnderReadOnlyRemount|TestRealNVMeReaderHostRoot|TestMonotonicMicrosMakesNoSystemCall|TestCertKubeletsAbsoluteSymlinkUnderHostRoot|TestCertDanglingSymlinkUnderALinkedDirectoryUnderHostRoot|TestNodeTamperedSaysWhyItCannotWatch|TestProbeReachesLocalhostWithoutALookup|TestReadPseudoFileMakesNoEpollCtl|TestPeriodicPseudoFileReadsMakeNoEpollCtl|TestPseudoFileReadsMakeNoEpollCtl|TestSocketRefusedToTheUserIsUnknown|TestDiskUsageFilesystemRefusedToTheUserIsNamed|TestGpuActivationSpecRefusedToTheUserIsUnknown)$$
 test-arm64:
 	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static -skip '$(ARM64_SKIP)' $(ARM64_PKGS)
 
