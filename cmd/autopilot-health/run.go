@@ -15,6 +15,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/logsink"
 	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/internal/trim"
 )
@@ -53,10 +54,14 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	explicit := flagSet(fs, "config")
-	cfg, fromFile, digest, log, code := loadForRun(*cfgPath, explicit, *helper, stderr)
+	cfg, fromFile, digest, log, sink, code := loadForRun(*cfgPath, explicit, *helper, stderr)
 	if code >= 0 {
 		return code
 	}
+	// The last lines (stopped, or why not) reach stderr before the exit,
+	// while it takes them: a journald that does not read does not hold up
+	// the stop beyond this (TimeoutStopSec= is 30 s).
+	defer sink.Close(logFlushOnExit)
 	if forgetErr != nil {
 		log.Warn("cannot remove the record of an earlier refusal of the configuration file; autopilot-health-refused.service will not start the daemon for it (it names an earlier start)", "err", forgetErr)
 	}
@@ -79,7 +84,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	opts := daemon.Options{Version: Version(), ControlSocket: cfg.ControlSocket,
-		ConfigPath: *cfgPath, ConfigOptional: !explicit, ConfigDigest: digest, Reload: hup}
+		ConfigPath: *cfgPath, ConfigOptional: !explicit, ConfigDigest: digest, Reload: hup,
+		LogDropped: sink.Dropped}
 	if *helper != "" {
 		opts.Helper = &privileged.Client{Path: *helper}
 		log.Info("privileged reads go through the helper", "socket", *helper)
@@ -101,6 +107,31 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped")
 	return exitOK
+}
+
+// logFlushOnExit is how long run waits at its exit for stderr to take the
+// lines still queued.
+const logFlushOnExit = 2 * time.Second
+
+// nonBlockingLog puts the daemon's log behind a logsink.Sink: a write to a
+// stderr that does not take it (the journal's stream socket full while
+// journald is stopped or stuck on its disk) blocked the loop that logged,
+// then every loop behind the handler's lock and the condition store's, so
+// the checks stopped, the Node was no longer updated and systemd's watchdog
+// aborted the daemon (TestDaemonWorksOnWhileJournaldIsStopped). Lines that
+// find the sink full are dropped and counted, and said in one line once
+// stderr takes lines again, written directly (direct, as the configuration
+// is valid: its format and level built log).
+func nonBlockingLog(stderr io.Writer, cfg *config.Config, direct *slog.Logger) (*slog.Logger, *logsink.Sink) {
+	sink := logsink.New(stderr, logsink.DefaultBytes)
+	sink.Note = func(n uint64) {
+		direct.Warn("log lines dropped while the journal did not take them", "dropped", n)
+	}
+	log, err := daemon.NewLogger(sink, cfg.Log.Format, cfg.Log.Level)
+	if err != nil { // the same format and level built direct
+		panic(err)
+	}
+	return log, sink
 }
 
 // afterRefusal runs between a refusal and the look at the file again
@@ -157,7 +188,7 @@ const refusalRereads = 3
 // the unit restarts in 5 s, rather than a change lost. A change after that
 // last look is autopilot-health-refused.service's, once the unit failed:
 // the refusal is recorded (recordRefusal) with the file as last read.
-func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*config.Config, bool, string, *slog.Logger, int) {
+func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*config.Config, bool, string, *slog.Logger, *logsink.Sink, int) {
 	for n := 0; ; n++ {
 		cfg, fromFile, digest, err := config.LoadDigest(path, !explicit)
 		for i := 0; err != nil && !config.FileFault(err) && i < len(readRetryWaits); i++ {
@@ -177,7 +208,7 @@ func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*c
 			// stayed without its daemon until someone changed a file
 			// that was good.
 			fmt.Fprintf(stderr, "autopilot-health: could not start: cannot read the configuration file: %v\n", err)
-			return nil, false, "", nil, exitProblem
+			return nil, false, "", nil, nil, exitProblem
 		}
 		var log *slog.Logger
 		if err == nil {
@@ -187,17 +218,18 @@ func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*c
 			err = helperRefuses(cfg, path, helper)
 		}
 		if err == nil {
-			return cfg, fromFile, digest, log, -1
+			log, sink := nonBlockingLog(stderr, cfg, log)
+			return cfg, fromFile, digest, log, sink, -1
 		}
 		fmt.Fprintf(stderr, "autopilot-health: refusing to start: %v\n", err)
 		afterRefusal()
 		if config.FileDigest(path) == digest {
 			recordRefusal(path, digest, stderr)
-			return nil, false, "", nil, exitError
+			return nil, false, "", nil, nil, exitError
 		}
 		if n == refusalRereads {
 			fmt.Fprintf(stderr, "autopilot-health: could not start: the configuration file kept changing while it was refused (read %d times); exiting to be started again\n", n+1)
-			return nil, false, "", nil, exitProblem
+			return nil, false, "", nil, nil, exitProblem
 		}
 		fmt.Fprintln(stderr, "autopilot-health: the configuration file changed while it was refused; reading it again")
 	}

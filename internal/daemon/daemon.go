@@ -58,6 +58,10 @@ type Options struct {
 	// Reload, if set, delivers the signals (SIGHUP) that reload the
 	// configuration.
 	Reload <-chan os.Signal
+	// LogDropped, if set, is how many log lines the log's writer dropped
+	// while stderr did not take them (logsink.Sink.Dropped), exposed as
+	// autopilot_health_log_lines_dropped_total (0 without it).
+	LogDropped func() uint64
 }
 
 // Daemon is one run of the daemon.
@@ -229,6 +233,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.kubeM.SetWake(d.wakeStatus) // the Node said not updated, or updated again
 	d.gate = newMetricsGate(log, d.metrics.Registry)
 	d.gate.wake = d.wakeStatus
+	registerLogDropped(d.metrics.Registry, opts.LogDropped)
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
 		// Queue events from the start: the kubeconfig may appear later
 		// (the kubelet writes it when the node joins).

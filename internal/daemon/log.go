@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/syself/autopilot-health/internal/journallog"
 	"github.com/syself/autopilot-health/report"
 )
@@ -52,4 +54,22 @@ func (p printableJSON) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// registerLogDropped exposes autopilot_health_log_lines_dropped_total: the
+// log lines the daemon's log writer (logsink) dropped because stderr did
+// not take them (journald stopped or stuck), at 0 from the start.
+func registerLogDropped(reg prometheus.Registerer, dropped func() uint64) {
+	if reg == nil {
+		return
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: report.Namespace, Name: "log_lines_dropped_total",
+		Help: "Log lines dropped because stderr (the journal's stream) did not take them: journald stopped, or stuck on its disk. The log's writer never blocks the daemon's loops; once stderr takes lines again one line says how many were dropped.",
+	}, func() float64 {
+		if dropped == nil {
+			return 0
+		}
+		return float64(dropped())
+	}))
 }
