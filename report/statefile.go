@@ -246,6 +246,10 @@ type LoadResult struct {
 	Corrupt     error
 	CorruptPath string
 	MoveErr     error
+	// AsideRemoved are the older files moved aside that MoveAside removed
+	// to keep KeepAside; AsideRemoveErr why one could not be.
+	AsideRemoved   []string
+	AsideRemoveErr error
 	// TempsRemoved counts the temp files of the state file a save left
 	// (RemoveTemps); TempsErr says why the directory could not be cleaned.
 	TempsRemoved int
@@ -266,8 +270,8 @@ const maxStateFile = 4 << 20
 // the file's save time, and Redaters are told too. Anything
 // else at the path that is not a state file of this version (a read error,
 // a directory, a symlink, a FIFO, a file over maxStateFile, JSON that does
-// not parse) is moved aside (MoveAside: never deleted, never over an earlier
-// one) and reported in the result, and the store starts empty: a daemon that
+// not parse) is moved aside (MoveAside: never over an earlier one, the
+// newest KeepAside kept) and reported in the result, and the store starts empty: a daemon that
 // refused to start would leave the node without health reporting. Temp
 // files of the state file that a crash left are removed first
 // (RemoveTemps). The error is always nil.
@@ -287,7 +291,8 @@ func (s *Store) Load(dir string) (LoadResult, error) {
 	}
 	if err != nil {
 		aside, merr := MoveAside(path)
-		return LoadResult{Corrupt: err, CorruptPath: aside, MoveErr: merr, TempsRemoved: removed, TempsErr: rerr}, nil
+		return LoadResult{Corrupt: err, CorruptPath: aside.To, MoveErr: merr, AsideRemoved: aside.Removed, AsideRemoveErr: aside.RemoveErr,
+			TempsRemoved: removed, TempsErr: rerr}, nil
 	}
 	res := LoadResult{TempsRemoved: removed, TempsErr: rerr}
 	var restored []Condition
@@ -444,35 +449,112 @@ func (s *Store) nowLocked() time.Time {
 	return time.Now()
 }
 
-// MaxAside bounds the names MoveAside tries: <file>.corrupt, then
-// <file>.corrupt.1 to <file>.corrupt.<MaxAside-1>.
-const MaxAside = 1000
+// KeepAside bounds what MoveAside keeps of the files it moved aside: the
+// newest KeepAside, the older ones removed. A state file corrupted at every
+// start (a bad disk, a crash loop) would otherwise fill the state directory,
+// up to the largest file a load accepts at each start.
+const KeepAside = 5
+
+// Aside is what MoveAside did: To is where p went; Removed are the older
+// files moved aside that it removed to keep KeepAside, oldest first, and
+// RemoveErr why one of them could not be removed (a directory that is not
+// empty: it is kept, and the next oldest removed in its place).
+type Aside struct {
+	To        string
+	Removed   []string
+	RemoveErr error
+}
 
 // MoveAside moves whatever is at p (a file, a directory, a symlink, a FIFO)
-// to the first free name of <p>.corrupt, <p>.corrupt.1, <p>.corrupt.2, ...
-// and returns that name. It never replaces anything: an earlier file moved
-// aside is kept (it may be evidence). It gives up, leaving p in place, when
-// all MaxAside names are taken.
-func MoveAside(p string) (string, error) {
+// to <p>.corrupt, or <p>.corrupt.<n> for n one past the highest number
+// taken (<p>.corrupt being 0), so that the numbers say the order they were
+// moved in. It never replaces anything: an earlier file moved aside is kept
+// (it may be evidence) until KeepAside newer ones are, then it is removed
+// (asideNames: only names of that form; a directory only when empty).
+func MoveAside(p string) (Aside, error) {
 	fi, err := os.Lstat(p)
 	if err != nil {
-		return "", err
+		return Aside{}, err
 	}
-	for i := 0; i < MaxAside; i++ {
-		dst := p + ".corrupt"
-		if i > 0 {
-			dst += "." + strconv.Itoa(i)
-		}
+	names, err := asideNames(p)
+	if err != nil {
+		return Aside{}, err
+	}
+	next := 0
+	if len(names) > 0 {
+		next = names[len(names)-1].n + 1
+	}
+	var dst string
+	for ; ; next++ {
+		dst = asideName(p, next)
 		err := renameNoReplace(p, dst, fi.Mode().IsRegular())
-		if errors.Is(err, fs.ErrExist) {
+		if errors.Is(err, fs.ErrExist) { // a name asideNames does not count (a race, or "corrupt.01")
 			continue
 		}
 		if err != nil {
-			return "", err
+			return Aside{}, err
 		}
-		return dst, nil
+		break
 	}
-	return "", fmt.Errorf("%s.corrupt to %s.corrupt.%d are all taken; left in place", p, p, MaxAside-1)
+	a := Aside{To: dst}
+	// KeepAside in all with it: the oldest go first; one that cannot be
+	// removed is kept, and counts.
+	excess := len(names) - (KeepAside - 1)
+	for _, e := range names {
+		if excess <= 0 {
+			break
+		}
+		old := asideName(p, e.n)
+		if err := os.Remove(old); err != nil {
+			if a.RemoveErr == nil {
+				a.RemoveErr = err
+			}
+			continue
+		}
+		a.Removed = append(a.Removed, old)
+		excess--
+	}
+	return a, nil
+}
+
+type asideEntry struct{ n int }
+
+// asideName is the n-th name MoveAside gives p.
+func asideName(p string, n int) string {
+	if n == 0 {
+		return p + ".corrupt"
+	}
+	return p + ".corrupt." + strconv.Itoa(n)
+}
+
+// asideNames lists the names MoveAside gave p that are there, in the order
+// it gave them: <p>.corrupt, and <p>.corrupt.<n> with n written as
+// strconv.Itoa writes it (no sign, no leading zero).
+func asideNames(p string) ([]asideEntry, error) {
+	ents, err := os.ReadDir(filepath.Dir(p))
+	if err != nil {
+		return nil, err
+	}
+	base := filepath.Base(p) + ".corrupt"
+	var out []asideEntry
+	for _, e := range ents {
+		name := e.Name()
+		if name == base {
+			out = append(out, asideEntry{0})
+			continue
+		}
+		rest, ok := strings.CutPrefix(name, base+".")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(rest)
+		if err != nil || n <= 0 || strconv.Itoa(n) != rest {
+			continue
+		}
+		out = append(out, asideEntry{n})
+	}
+	slices.SortFunc(out, func(a, b asideEntry) int { return a.n - b.n })
+	return out, nil
 }
 
 // renameNoReplace renames src to dst, failing with an error that matches

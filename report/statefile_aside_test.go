@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -122,20 +123,16 @@ func TestLoadStartsEmptyWhenItCannotMoveAside(t *testing.T) {
 		t.Errorf("Load(a file as the directory) = %+v, %v; want Corrupt and MoveErr set, no error", res, err)
 	}
 
-	// Every name taken: state.json, a directory, stays where it is.
+	// A directory at state.json the load did not move (created after it):
+	// saving fails, naming it, the same every time.
 	dir := t.TempDir()
 	p := filepath.Join(dir, StateFileName)
+	s := NewStore("b")
+	if res, err = s.Load(dir); err != nil || res.Corrupt != nil {
+		t.Fatalf("Load(empty) = %+v, %v", res, err)
+	}
 	if err := os.Mkdir(p, 0o755); err != nil {
 		t.Fatal(err)
-	}
-	takeAllAsideNames(t, p)
-	s := NewStore("b")
-	res, err = s.Load(dir)
-	if err != nil || res.Corrupt == nil || res.CorruptPath != "" || res.MoveErr == nil {
-		t.Fatalf("Load = %+v, %v; want Corrupt and MoveErr set, no error", res, err)
-	}
-	if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
-		t.Errorf("%s not left in place: %v, %v", p, fi, err)
 	}
 	s.Set(cond("DiskUsageHigh", StatusTrue, "FilesystemSpaceHigh", "/var"), t0)
 	err1 := s.Save(dir, t0)
@@ -145,19 +142,6 @@ func TestLoadStartsEmptyWhenItCannotMoveAside(t *testing.T) {
 	}
 	if err1.Error() != err2.Error() || !strings.Contains(err1.Error(), p) {
 		t.Errorf("save errors %q and %q: want the same, naming %s", err1, err2, p)
-	}
-}
-
-func takeAllAsideNames(t *testing.T, p string) {
-	t.Helper()
-	for i := 0; i < MaxAside; i++ {
-		n := p + ".corrupt"
-		if i > 0 {
-			n += "." + strconv.Itoa(i)
-		}
-		if err := os.WriteFile(n, []byte(strconv.Itoa(i)), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -187,8 +171,8 @@ func TestCorruptStatesInARowAreAllKept(t *testing.T) {
 }
 
 // MoveAside replaces nothing, whatever the kinds: not an empty directory,
-// not a dangling symlink; it takes the first free name, and gives up, leaving
-// the file in place, when all are taken.
+// not a dangling symlink; it takes the name one past the highest taken,
+// whatever the gaps, so the numbers say the order.
 func TestMoveAsideNeverReplaces(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "x.json")
@@ -198,8 +182,8 @@ func TestMoveAsideNeverReplaces(t *testing.T) {
 	if err := os.Mkdir(p+".corrupt", 0o755); err != nil { // rename(2) would replace it
 		t.Fatal(err)
 	}
-	if got, err := MoveAside(p); err != nil || got != p+".corrupt.1" {
-		t.Errorf("MoveAside(dir) = %q, %v; want %s", got, err, p+".corrupt.1")
+	if got, err := MoveAside(p); err != nil || got.To != p+".corrupt.1" || len(got.Removed) != 0 {
+		t.Errorf("MoveAside(dir) = %+v, %v; want %s", got, err, p+".corrupt.1")
 	}
 
 	if err := os.WriteFile(p, []byte("file"), 0o644); err != nil {
@@ -208,11 +192,11 @@ func TestMoveAsideNeverReplaces(t *testing.T) {
 	if err := os.Symlink("nowhere", p+".corrupt.2"); err != nil {
 		t.Fatal(err)
 	}
-	os.Remove(p + ".corrupt.1") // a gap: the first free name is the one taken
-	if got, err := MoveAside(p); err != nil || got != p+".corrupt.1" {
-		t.Errorf("MoveAside(file) = %q, %v; want %s", got, err, p+".corrupt.1")
+	os.Remove(p + ".corrupt.1") // a gap: not taken again, the order kept
+	if got, err := MoveAside(p); err != nil || got.To != p+".corrupt.3" {
+		t.Errorf("MoveAside(file) = %+v, %v; want %s", got, err, p+".corrupt.3")
 	}
-	if b, err := os.ReadFile(p + ".corrupt.1"); err != nil || string(b) != "file" {
+	if b, err := os.ReadFile(p + ".corrupt.3"); err != nil || string(b) != "file" {
 		t.Errorf("moved file = %q, %v", b, err)
 	}
 	if fi, err := os.Lstat(p + ".corrupt"); err != nil || !fi.IsDir() {
@@ -221,27 +205,105 @@ func TestMoveAsideNeverReplaces(t *testing.T) {
 	if l, err := os.Readlink(p + ".corrupt.2"); err != nil || l != "nowhere" {
 		t.Errorf("%s.corrupt.2 replaced: %q, %v", p, l, err)
 	}
+	// Names not of its form are not counted: not .corrupt.04, not .corrupt.x.
+	for _, n := range []string{".corrupt.04", ".corrupt.x", ".corrupt.-7"} {
+		if err := os.WriteFile(p+n, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(p, []byte("again"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := MoveAside(p); err != nil || got != p+".corrupt.3" {
-		t.Errorf("MoveAside = %q, %v; want %s", got, err, p+".corrupt.3")
+	if got, err := MoveAside(p); err != nil || got.To != p+".corrupt.4" {
+		t.Errorf("MoveAside = %+v, %v; want %s", got, err, p+".corrupt.4")
 	}
+}
 
-	// All names taken.
-	q := filepath.Join(t.TempDir(), "y.json")
-	if err := os.WriteFile(q, []byte("last"), 0o644); err != nil {
+// A state file found corrupt at every start (a bad disk, a crash loop):
+// what is moved aside stays bounded, the newest KeepAside kept with their
+// contents, each start removing the oldest, and nothing else in the
+// directory touched. A directory moved aside that is not empty cannot be
+// removed: it is kept, the result says why, and the next oldest goes.
+func TestCorruptStateAtEveryStartKeepsTheNewest(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, StateFileName)
+	other := filepath.Join(dir, "tamper.json.corrupt")
+	if err := os.WriteFile(other, []byte("not ours"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	takeAllAsideNames(t, q)
-	if got, err := MoveAside(q); err == nil {
-		t.Errorf("MoveAside with every name taken = %q, nil; want an error", got)
+	const starts = 200
+	for i := 0; i < starts; i++ {
+		if err := os.WriteFile(p, []byte("{start "+strconv.Itoa(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		res, err := NewStore("b").Load(dir)
+		want := p + ".corrupt"
+		if i > 0 {
+			want += "." + strconv.Itoa(i)
+		}
+		if err != nil || res.Corrupt == nil || res.CorruptPath != want {
+			t.Fatalf("start %d: Load = %+v, %v; want moved aside to %s", i, res, err, want)
+		}
+		if wantRemoved := max(0, i+1-KeepAside); len(res.AsideRemoved) != min(1, wantRemoved) || res.AsideRemoveErr != nil {
+			t.Fatalf("start %d: removed %q, %v; want %d, the oldest", i, res.AsideRemoved, res.AsideRemoveErr, min(1, wantRemoved))
+		}
 	}
-	if b, err := os.ReadFile(q); err != nil || string(b) != "last" {
-		t.Errorf("%s not left in place: %q, %v", q, b, err)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(q + ".corrupt"); err != nil || string(b) != "0" {
-		t.Errorf("%s.corrupt replaced: %q, %v", q, b, err)
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name())
+	}
+	var want []string
+	for i := starts - KeepAside; i < starts; i++ {
+		want = append(want, StateFileName+".corrupt."+strconv.Itoa(i))
+	}
+	want = append(want, "tamper.json.corrupt")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("after %d corrupt starts the directory holds %q; want %q", starts, got, want)
+	}
+	for i := starts - KeepAside; i < starts; i++ {
+		if b, err := os.ReadFile(p + ".corrupt." + strconv.Itoa(i)); err != nil || string(b) != "{start "+strconv.Itoa(i) {
+			t.Errorf("%s.corrupt.%d = %q, %v", p, i, b, err)
+		}
+	}
+
+	// An older build's leftovers, .corrupt to .corrupt.999: the next start
+	// keeps KeepAside in all, its own and the newest of them, and the
+	// directory among them it cannot remove.
+	dir = t.TempDir()
+	p = filepath.Join(dir, StateFileName)
+	for i := 0; i < 1000; i++ {
+		if err := os.WriteFile(asideName(p, i), []byte(strconv.Itoa(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(asideName(p, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(asideName(p, 3), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(asideName(p, 3), "inside"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := NewStore("b").Load(dir)
+	if err != nil || res.CorruptPath != p+".corrupt.1000" || len(res.AsideRemoved) != 996 || res.AsideRemoveErr == nil {
+		t.Fatalf("Load over 1,000 left = to %s, removed %d, %v, %v; want to .corrupt.1000, 996 removed and one error",
+			res.CorruptPath, len(res.AsideRemoved), res.AsideRemoveErr, err)
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != KeepAside {
+		t.Errorf("%d entries left, %v; want %d", len(ents), err, KeepAside)
+	}
+	if fi, err := os.Lstat(asideName(p, 3)); err != nil || !fi.IsDir() {
+		t.Errorf("the directory moved aside: %v, %v; want it kept", fi, err)
 	}
 }
 

@@ -3,6 +3,7 @@ package report
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -174,7 +175,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 	}
 	// Missing file: empty store, no error.
 	res, err = NewStore("b").Load(t.TempDir())
-	if err != nil || res != (LoadResult{}) {
+	if err != nil || !reflect.DeepEqual(res, LoadResult{}) {
 		t.Errorf("missing file: %+v, %v", res, err)
 	}
 }

@@ -467,8 +467,8 @@ func knownFindings(fs []Finding) []Finding {
 
 // LoadState reads the state file in dir. A missing file is (nil, nil). An
 // unreadable or altered file is moved aside (report.MoveAside: to
-// <file>.corrupt, or <file>.corrupt.1, .2, ... when that is taken; never
-// deleted, never over an earlier one, which is evidence too) and returned as
+// <file>.corrupt, then <file>.corrupt.1, .2, ... in order; never over an
+// earlier one, which is evidence too; the newest report.KeepAside kept) and returned as
 // an error of type *CorruptError: that includes what the daemon never
 // writes there (a symlink, a directory, a FIFO, a file over
 // MaxStateFileSize), which would otherwise be an empty state that drops the
@@ -485,7 +485,7 @@ func LoadState(dir string) (*State, error) {
 	}
 	if err != nil {
 		aside, merr := report.MoveAside(p)
-		ce := &CorruptError{Path: p, MovedTo: aside, MoveErr: merr, Err: err}
+		ce := &CorruptError{Path: p, MovedTo: aside.To, MoveErr: merr, Err: err, Removed: aside.Removed, RemoveErr: aside.RemoveErr}
 		var ne *NewerError
 		if errors.As(err, &ne) {
 			ce.Findings = ne.Findings
@@ -521,6 +521,10 @@ type CorruptError struct {
 	Path, MovedTo string
 	MoveErr       error
 	Err           error
+	// Removed are the older files moved aside that were removed to keep
+	// report.KeepAside; RemoveErr why one could not be.
+	Removed   []string
+	RemoveErr error
 	// Findings are the file's findings that could be read all the same
 	// (a newer build's file: NewerError); Keeper.Load keeps them.
 	Findings []Finding
@@ -533,7 +537,14 @@ func (e *CorruptError) Error() string {
 		}
 		return fmt.Sprintf("%s: %v", e.Path, e.Err)
 	}
-	return fmt.Sprintf("%s: %v (moved aside to %s)", e.Path, e.Err, e.MovedTo)
+	msg := fmt.Sprintf("%s: %v (moved aside to %s", e.Path, e.Err, e.MovedTo)
+	if len(e.Removed) > 0 {
+		msg += fmt.Sprintf("; removed %d older moved aside, keeping the newest %d", len(e.Removed), report.KeepAside)
+	}
+	if e.RemoveErr != nil {
+		msg += fmt.Sprintf("; an older one not removed: %v", e.RemoveErr)
+	}
+	return msg + ")"
 }
 
 func (e *CorruptError) Unwrap() error { return e.Err }

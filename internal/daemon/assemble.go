@@ -212,6 +212,12 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 			log.Error("state file unreadable and could not be moved aside; starting with empty state", "dir", cfg.StateDir, "err", res.Corrupt, "move_err", res.MoveErr)
 		case res.Corrupt != nil:
 			log.Error("state file unreadable; moved aside, starting with empty state", "err", res.Corrupt, "moved_to", res.CorruptPath)
+			if len(res.AsideRemoved) > 0 {
+				log.Info("removed older state files moved aside", "files", len(res.AsideRemoved), "oldest", res.AsideRemoved[0], "kept", report.KeepAside)
+			}
+			if res.AsideRemoveErr != nil {
+				log.Warn("an older state file moved aside could not be removed", "err", res.AsideRemoveErr)
+			}
 		default:
 			log.Info("state restored", "dir", cfg.StateDir, "conditions", res.Restored, "dropped", res.Dropped, "unknown_reason", res.Aside)
 		}
