@@ -543,6 +543,17 @@ func (d *Daemon) tamperConditions(types []string) []report.Condition {
 // the socket and, when the daemon is not there, says so.
 func dialControl(socket, retry string) (*net.UnixConn, error) {
 	c, err := net.DialTimeout("unix", socket, 5*time.Second)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR) {
+		// Not a socket there (a file, a directory, a symlink: one that
+		// loops, ELOOP, or runs through a file, ENOTDIR): a daemon
+		// whose control_socket names it leaves it and does not start
+		// (listenControl). A path under a file, nothing there, keeps
+		// the connect's own error.
+		if what := NotASocket(socket); what != "" {
+			return nil, fmt.Errorf("%w: %s is not a socket but %s, which a daemon whose control_socket names it leaves as it is, and does not start (journalctl -u autopilot-health says so)", ErrNotRunning, socket, what)
+		}
+	}
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 		// Also a daemon starting (the socket is bound once its
 		// configuration is read, which retries for up to a minute on an

@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -192,5 +194,45 @@ func TestControlClientWithNoSocketMayBeStartingOrStopping(t *testing.T) {
 	want := "the daemon is not running, or still starting or stopping (no control socket at " + sock + "; systemctl status autopilot-health says which: activating or deactivating while it does): if it is inactive, start it (systemctl start autopilot-health) and clear again"
 	if err == nil || err.Error() != want {
 		t.Errorf("tamper clear: %v\nwant %s", err, want)
+	}
+}
+
+// What is at the control socket's path instead of a socket (a file, a
+// directory, a symlink, one that loops, ELOOP, or runs through a file,
+// ENOTDIR): `reload` and `tamper clear` name it, as `status` does for its
+// socket, and as the daemon, which does not start with it there, does.
+// Before, a file read as "not running, or still starting or stopping (no
+// control socket at ...)", and a symlink that loops or runs through a file
+// as the raw "dial unix ...: connect: too many levels of symbolic links".
+// A path under a file, nothing there, keeps the connect's own error.
+func TestControlClientNamesWhatIsThereInsteadOfASocket(t *testing.T) {
+	dir := t.TempDir()
+	file, sub, link := dir+"/file.sock", dir+"/dir.sock", dir+"/link.sock"
+	loop, through := dir+"/loop.sock", dir+"/through.sock"
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for l, target := range map[string]string{link: dir + "/gone", loop: loop, through: file + "/x.sock"} {
+		if err := os.Symlink(target, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for path, what := range map[string]string{file: "a regular file", sub: "a directory", link: "a symlink", loop: "a symlink", through: "a symlink"} {
+		want := "the daemon is not running: " + path + " is not a socket but " + what + ", which a daemon whose control_socket names it leaves as it is, and does not start (journalctl -u autopilot-health says so)"
+		_, err := RequestReload(path)
+		if err == nil || err.Error() != want || !errors.Is(err, ErrNotRunning) {
+			t.Errorf("reload %s: %v\nwant %s", path, err, want)
+		}
+		_, err = RequestTamperClear(path, "INC-1: reviewed", "uid 0")
+		if err == nil || err.Error() != want {
+			t.Errorf("tamper clear %s: %v\nwant %s", path, err, want)
+		}
+	}
+	under := file + "/x.sock"
+	if _, err := RequestReload(under); err == nil || !strings.Contains(err.Error(), "not a directory") || errors.Is(err, ErrNotRunning) {
+		t.Errorf("reload %s: %v; want the connect's own error", under, err)
 	}
 }
