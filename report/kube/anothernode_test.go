@@ -111,3 +111,49 @@ func TestKeptEventsAreNotSentWhileTheCredentialsNameAnotherNode(t *testing.T) {
 		}
 	})
 }
+
+// Events an earlier run of this boot kept in the state file under another
+// node_name (changed between the runs), not yet on the API server, are not
+// sent about the new name's Node: they are counted as dropped (reason
+// another_node) and said once. Before, they were dropped uncounted and
+// unsaid.
+func TestKeptEventsOfAnEarlierNodeNameAreCountedAsDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		renamed := kubeletNode()
+		renamed.Name = "renamed-node"
+		client := fake.NewClientset(kubeletNode(), renamed)
+		down := true
+		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if down {
+				return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
+			}
+			return false, nil, nil
+		})
+		store := report.NewStore("b")
+		h := startOpts(t, client, store, report.NewDetails(), io.Discard, nil)
+		<-h.r.Adopted()
+		for range 3 {
+			store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+			time.Sleep(time.Second)
+		}
+		synctest.Wait()
+		h.stop()
+		next := restartStore(t, store)
+		down = false
+		var logs testenv.SyncBuffer
+		h = startOpts(t, client, next, report.NewDetails(), &logs, func(o *Options) { o.NodeName = renamed.Name })
+		<-h.r.Adopted()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		evs := events(t, client)
+		dropped := h.m.Dropped(DropAnotherNode)
+		h.stop()
+		if len(evs) != 0 || dropped != 3 {
+			logEvents(t, evs)
+			t.Errorf("kept Events of node %s after node_name became %s: %d on the API server, %v dropped (another_node); want none, 3", node, renamed.Name, len(evs), dropped)
+		}
+		if n := strings.Count(logs.String(), "the Events kept in the state file are of another node_name"); n != 1 {
+			t.Errorf("said %d times, want once:\n%s", n, logs.String())
+		}
+	})
+}

@@ -137,19 +137,22 @@ func (r *Reporter) restoreKept() map[aggKey]*aggregate {
 	// Names stay unique also where the clock's start is not later (a
 	// reporter made again in the same run).
 	r.eventSeq = max(r.eventSeq, st.Seq)
-	if st.Node != r.o.NodeName {
-		// Events about another Node's name: this node's next Events are
-		// its own.
-		return aggs
-	}
-	if r.eventsAnotherNode() {
-		// The credentials name another node: what the kept Events hold
-		// that is not on the API server yet is not sent (fold), and
-		// counted as dropped.
+	// Kept under another node_name (changed between the runs), or the
+	// credentials name another node: what the kept Events hold that is
+	// not on the API server yet is not sent (about a Node that is not
+	// this one's), and counted as dropped; this node's next Events are
+	// its own.
+	if other := st.Node != r.o.NodeName; other || r.eventsAnotherNode() {
+		var n int64
 		for _, e := range st.Events {
 			if a, ok := e.aggregate(); ok && !a.refused {
-				r.m.drop(DropAnotherNode, float64(a.count-max(a.sentCount, 0)))
+				n += int64(a.count - max(a.sentCount, 0))
 			}
+		}
+		r.m.drop(DropAnotherNode, float64(n))
+		if other && len(st.Events) > 0 {
+			r.o.Log.Warn("the Events kept in the state file are of another node_name: not sent about this one (counted in events_dropped_total{reason=\"another_node\"})",
+				"kept_node", report.Printable(st.Node), "node_name", r.o.NodeName, "events", len(st.Events), "occurrences_dropped", n)
 		}
 		return aggs
 	}

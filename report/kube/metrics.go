@@ -37,8 +37,10 @@ const (
 	// DropNotAsWritten: the state file held them not as the daemon writes
 	// them (an edited file).
 	DropNotAsWritten = "not_as_written"
-	// DropAnotherNode: the credentials name another node than node_name;
-	// no Event goes about a node that is not the credentials' own.
+	// DropAnotherNode: the credentials name another node than node_name,
+	// or Events kept in the state file are of an earlier node_name; no
+	// Event goes about a node that is not the credentials' own, nor this
+	// one's.
 	DropAnotherNode = "another_node"
 )
 
@@ -130,7 +132,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "events_dropped_total",
-			Help: "Event occurrences not sent to the API server, by reason: queue_full (the queue was full), table_full (the aggregation table was full), refused (the API server refused the Event itself: invalid, too large), not_as_written (the state file held them not as the daemon writes them), another_node (the credentials name another node than node_name: the daemon speaks about no other node).",
+			Help: "Event occurrences not sent to the API server, by reason: queue_full (the queue was full), table_full (the aggregation table was full), refused (the API server refused the Event itself: invalid, too large), not_as_written (the state file held them not as the daemon writes them), another_node (the credentials name another node than node_name, or Events kept in the state file under an earlier node_name: the daemon speaks about no other node).",
 		}, []string{"reason"}),
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: report.Namespace, Name: "events_aggregated_total",
