@@ -31,7 +31,7 @@ func TestStatusSaysNodeNotUpdated(t *testing.T) {
 	serveStatusBody(t, sock, body)
 	_, out, _ := run(t, "status", "--socket", sock)
 	for _, want := range []string{
-		"Status: Node NOT updated since 18:00:00Z: refused by the API server (403 Forbidden); 24 conditions: 24 ok\n",
+		"Status: Node NOT updated since 2026-12-02 18:00:00Z: refused by the API server (403 Forbidden); 24 conditions: 24 ok\n",
 		"  NODE NOT UPDATED since ",
 		" ago): 61 calls failed in a row since ",
 		": refused by the API server (403 Forbidden): nodes \"node-1\" is forbidden\\x1b[2J\n",

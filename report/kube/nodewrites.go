@@ -44,11 +44,13 @@ type NodeNotUpdated struct {
 }
 
 // Note is what systemd's status line says in front of the summary, e.g.
-// "Node NOT updated since 12:04:05Z: API server unreachable (connection
-// refused)": short, the line is cut at the terminal's width. The time is
-// UTC's, without the date (status has it).
+// "Node NOT updated since 2026-12-02 12:04:05Z: API server unreachable
+// (connection refused)". The time is UTC's, with its date: the line is sent
+// again only when it changes, so a time of day alone, written one day,
+// reads as the next day's time on a line left there past midnight, and a
+// Node not updated for days read as hours.
 func (n NodeNotUpdated) Note() string {
-	return "Node NOT updated since " + n.Since.UTC().Format("15:04:05") + "Z: " + n.Reason
+	return "Node NOT updated since " + n.Since.UTC().Format("2006-01-02 15:04:05") + "Z: " + n.Reason
 }
 
 // nodeWrites is the run of the conditions' writes (and the read before

@@ -70,7 +70,7 @@ func TestNodeNotUpdatedSaidAfterTheGraceUntilAWriteLands(t *testing.T) {
 		if w := wakes.Load(); w != 1 {
 			t.Errorf("woken %d times at the 60 s, want once", w)
 		}
-		want := "Node NOT updated since " + landed.UTC().Format("15:04:05") + "Z: API server unreachable (connection refused)"
+		want := "Node NOT updated since " + landed.UTC().Format("2006-01-02 15:04:05") + "Z: API server unreachable (connection refused)"
 		if got := n.Note(); got != want {
 			t.Errorf("note %q, want %q", got, want)
 		}
@@ -151,3 +151,15 @@ type tlsVerify struct{ err error }
 
 func (e *tlsVerify) Error() string { return "tls: failed to verify certificate: " + e.err.Error() }
 func (e *tlsVerify) Unwrap() error { return e.err }
+
+// A Node not updated since an earlier day: the note gives the date, so the
+// line (sent again only when it changes) does not read as today's time of
+// day, nor a Node not updated for two days as one not updated for hours.
+// Before, "Node NOT updated since 23:30:00Z: ..." whatever the day.
+func TestNodeNotUpdatedNoteGivesTheDate(t *testing.T) {
+	n := NodeNotUpdated{Since: time.Date(2026, 12, 2, 23, 30, 0, 0, time.FixedZone("CET", 3600)), Reason: "API server unreachable (connection refused)"}
+	want := "Node NOT updated since 2026-12-02 22:30:00Z: API server unreachable (connection refused)"
+	if got := n.Note(); got != want {
+		t.Errorf("note %q, want %q", got, want)
+	}
+}
