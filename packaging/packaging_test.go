@@ -293,6 +293,7 @@ func TestDebianPackage(t *testing.T) {
 				t.Errorf("shipped config does not validate: %v\n%s", err, out)
 			}
 			b, _ := os.ReadFile(cfg)
+			checkHeaderValidates(t, b)
 			for _, line := range strings.Split(string(b), "\n") {
 				if line != "" && !strings.HasPrefix(line, "#") {
 					t.Errorf("uncommented line in the shipped config: %q", line)

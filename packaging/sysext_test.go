@@ -85,6 +85,7 @@ func TestSysextImageOfEachArchitecture(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			checkHeaderValidates(t, conf)
 			// Every key of the defaults, commented out.
 			keys := 0
 			for _, line := range strings.Split(string(def), "\n") {

@@ -58,7 +58,8 @@ mkdir -p "$root/etc/autopilot-health" "$root/usr/share/man/man8" "$root/DEBIAN"
 {
 	echo "# autopilot-health configuration. Every key below is commented out: the daemon"
 	echo "# runs with its embedded defaults (the values shown). Uncomment what you change;"
-	echo "# 'autopilot-health config validate /etc/autopilot-health/config.toml' checks it."
+	echo "# this checks it as the unit's daemon (with the privileged helper) reads it:"
+	echo "#   autopilot-health config validate --privileged-helper=/run/autopilot-health-privileged/helper.sock /etc/autopilot-health/config.toml"
 	echo "#"
 	"$gen" config default | sed -E 's/^([^#].*)$/# \1/'
 } > "$root/etc/autopilot-health/config.toml"

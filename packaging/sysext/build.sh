@@ -68,7 +68,9 @@ mkdir -p "$root/usr/share/autopilot-health"
 {
 	echo "# autopilot-health configuration: the defaults the daemon runs with, every key"
 	echo "# commented out. To change one, copy this file to /etc/autopilot-health/config.toml"
-	echo "# and uncomment it; 'autopilot-health config validate FILE' checks it."
+	echo "# and uncomment it; this checks it as the unit's daemon (with the privileged"
+	echo "# helper) reads it:"
+	echo "#   autopilot-health config validate --privileged-helper=/run/autopilot-health-privileged/helper.sock /etc/autopilot-health/config.toml"
 	echo "#"
 	"$gen" config default | sed -E 's/^([^#].*)$/# \1/'
 } > "$root/usr/share/autopilot-health/config.toml"
