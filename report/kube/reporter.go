@@ -1285,12 +1285,20 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 	// in the same patch: the Node never holds this boot's conditions
 	// under another boot's report.
 	docs := refresh
+	// early: what the early report's fitted write left out (earlyFitting),
+	// recorded as a refresh's once the write lands.
+	var early *earlyFit
 	if boot := r.o.Details.BootID(); refresh == nil && boot != "" && r.reportBoot != boot {
 		switch {
 		case !r.reportRefused:
 			docs = r.earlyReport()
 		case r.reportBoot != "":
-			docs = withoutReport()
+			// Refused for the Node's annotations, and its retry with
+			// what fits failed too (another writer grew its own, the
+			// API server down): what fits again, one more read, so
+			// that the clear stays (withoutReport only where the Node
+			// cannot be read or not even the tamper stub fits).
+			docs, early = r.earlyFitting(ctx, r.earlyReport())
 		}
 	}
 	patch, err := statusPatch(conds, remove, docs, time.Now())
@@ -1313,9 +1321,16 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		// never holds this boot's conditions under it (a restart judges
 		// them by their transition times, as on a Node without a report).
 		r.reportRefused = true
-		r.o.Log.Warn("the report annotations do not fit on the Node beside its other annotations: conditions written with what fits of them (tamper first, a small document saying so for each other), and the earlier boot's report removed",
-			"node", r.o.NodeName, "err", err)
-		if patch, err = statusPatch(conds, remove, r.earlyFitting(ctx, docs), time.Now()); err != nil {
+		var fitting map[string]*string
+		fitting, early = r.earlyFitting(ctx, docs)
+		if early != nil {
+			r.o.Log.Warn("the report annotations do not fit on the Node beside its other annotations: conditions written with what fits of them (tamper first, a small document saying so for each other), and the earlier boot's report removed",
+				"node", r.o.NodeName, "left_out", early.left, "room_bytes", early.room, "err", err)
+		} else {
+			r.o.Log.Warn("the report annotations do not fit on the Node beside its other annotations, and the Node could not be read or has no room for the tamper document's stub: conditions written without them, and the earlier boot's report removed",
+				"node", r.o.NodeName, "err", err)
+		}
+		if patch, err = statusPatch(conds, remove, fitting, time.Now()); err != nil {
 			return err
 		}
 		start = time.Now()
@@ -1326,6 +1341,15 @@ func (r *Reporter) writeStatus(ctx context.Context, refresh map[string]*string) 
 		r.statusAnswer = n
 		if n != nil {
 			r.reportBoot = report.ReportBootID(n.Metadata.Annotations)
+		}
+		if early != nil {
+			// Counted and shown as a refresh that left them out (the
+			// annotation loop's first refresh chooses again); the
+			// journal said which above.
+			r.m.setLeftOut(early.left, false)
+			for _, dm := range early.left {
+				r.m.leftOut.WithLabelValues(dm).Inc()
+			}
 		}
 		r.stale = nil
 		r.onNode = r.onNode[:0]
@@ -1408,12 +1432,14 @@ func (r *Reporter) earlyReport() map[string]*string {
 // withoutReport took off the Node until the first refresh. Where the Node
 // cannot be read, or not even the tamper stub fits (its annotation would be
 // left as it is: the earlier boot's), it is withoutReport.
-func (r *Reporter) earlyFitting(ctx context.Context, docs map[string]*string) map[string]*string {
+//
+// fit is what was left out and the room there was; nil with withoutReport.
+func (r *Reporter) earlyFitting(ctx context.Context, docs map[string]*string) (_ map[string]*string, fit *earlyFit) {
 	start := time.Now()
 	node, err := r.o.Client.GetNode(ctx, r.o.NodeName)
 	r.m.observe(KindRead, start, err)
 	if err != nil {
-		return withoutReport()
+		return withoutReport(), nil
 	}
 	whole := make(map[string]string, len(docs))
 	for k, v := range docs {
@@ -1422,16 +1448,24 @@ func (r *Reporter) earlyFitting(ctx context.Context, docs map[string]*string) ma
 		}
 	}
 	now, role := time.Now(), r.role()
-	out, _, asIs := fitReport(whole, othersSize(node.Metadata.Annotations), tamperSize(node.Metadata.Annotations), r.leftOutStub(now, role, whole))
+	others := othersSize(node.Metadata.Annotations)
+	out, left, asIs := fitReport(whole, others, tamperSize(node.Metadata.Annotations), r.leftOutStub(now, role, whole))
 	if asIs {
-		return withoutReport()
+		return withoutReport(), nil
 	}
 	for _, dm := range report.Domains {
 		if k := report.AnnotationPrefix + dm.Name; !hasKey(out, k) {
 			out[k] = nil // not in docs: the earlier boot's leaves
 		}
 	}
-	return out
+	return out, &earlyFit{left: left, room: annotationsLimit - others}
+}
+
+// earlyFit is what the early report's fitted write left out (left, by
+// domain) and the room the Node's other annotations left it.
+type earlyFit struct {
+	left []string
+	room int
 }
 
 func hasKey(m map[string]*string, k string) bool { _, ok := m[k]; return ok }
