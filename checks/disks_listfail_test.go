@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,5 +60,63 @@ func TestDisksListingFailedKeepsTheDrivesStale(t *testing.T) {
 	if len(doc.Disks) != 2 || len(doc.Stale) != 1 || doc.Stale[0].Check != "DisksFailure" ||
 		len(doc.Stale[0].Fields) != 1 || doc.Stale[0].Fields[0] != "disks" || !strings.Contains(doc.Stale[0].Error, "not a directory") {
 		t.Errorf("disks document after a run that could not list the drives: want both drives, stale with the failure: %s", d)
+	}
+}
+
+// The edges of a listing that fails (held): the very first run failing has
+// no list to keep (the document has no "disks" and no "stale": README's "a
+// check that never decided has no fields"); a node with no NVMe at all
+// (/sys/class/nvme absent) is an answer, "disks":[] and nothing stale; and a
+// listing that works again replaces the stale list, "stale" gone.
+func TestDisksListingFailedEdges(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "sys/class"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	nvme := filepath.Join(root, "sys/class/nvme")
+	if err := os.WriteFile(nvme, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := testEnv(t, nil)
+	env.Config.HostRoot, env.NVMe = root, nil
+	det := report.NewDetails()
+	store := report.NewStore("b")
+	r, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DisksFailure"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(context.Background())
+	if c, _ := store.Get("DisksFailure"); c.Status != report.StatusUnknown || c.Reason != report.ReasonCheckFailed {
+		t.Fatalf("DisksFailure after a first run that could not list the drives: %+v", c)
+	}
+	if d := docOf(t, det, "disks"); strings.Contains(d, `"disks"`) || strings.Contains(d, `"stale"`) {
+		t.Errorf("disks document after a first run that could not list the drives: %s; want neither disks nor stale", d)
+	}
+
+	// No NVMe at all: the directory absent is no error.
+	if err := os.Remove(nvme); err != nil {
+		t.Fatal(err)
+	}
+	r.RunOnce(context.Background())
+	if d := docOf(t, det, "disks"); !strings.Contains(d, `"disks":[]`) || strings.Contains(d, `"stale"`) {
+		t.Errorf("disks document on a node without /sys/class/nvme: %s; want \"disks\":[], nothing stale", d)
+	}
+
+	// Drives listed, then the listing fails (stale), then it works again.
+	env.NVMe = &fakeNVMe{ctrls: map[string]fakeDrive{"nvme0": {model: "A"}}}
+	r2, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DisksFailure"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2.RunOnce(context.Background())
+	env.NVMe = &fakeNVMe{err: errors.New("EMFILE")}
+	r2.RunOnce(context.Background())
+	if d := docOf(t, det, "disks"); !strings.Contains(d, `"controller":"nvme0"`) || !strings.Contains(d, `"stale"`) {
+		t.Fatalf("disks document after the listing failed: %s; want nvme0, stale", d)
+	}
+	env.NVMe = &fakeNVMe{ctrls: map[string]fakeDrive{"nvme1": {model: "B"}}}
+	r2.RunOnce(context.Background())
+	if d := docOf(t, det, "disks"); strings.Contains(d, `"nvme0"`) || !strings.Contains(d, `"controller":"nvme1"`) || strings.Contains(d, `"stale"`) {
+		t.Errorf("disks document once the listing works again: %s; want nvme1 alone, nothing stale", d)
 	}
 }
