@@ -208,7 +208,11 @@ func waitUnitFor(t testing.TB, s *harness.Systemd, name string, limit time.Durat
 // stubbed and units added (name -> content), starts journald, and writes
 // config (if not "") to /etc/autopilot-health/config.toml. On a failure the
 // journal of the units named in journalOf is logged. name tells the
-// namespace's temporary directory.
+// namespace's temporary directory. Its PID 1 keeps CAP_SYSLOG, as a node's
+// does: the shipped helper opens /dev/kmsg with it (dmesg_restrict=1), and
+// without it the kernel log reader could not open the log and was stuck
+// 40 s in, /healthz 503 and the watchdog's pings stopped, in every test
+// with the default [kmsg] (TestShippedUnitReadsTheKernelLog).
 func daemonNamespace(t *testing.T, name string, units map[string]string, config string, journalOf ...string) *harness.Systemd {
 	t.Helper()
 	if why := harness.SystemdAvailable(); why != "" {
@@ -227,7 +231,7 @@ func daemonNamespace(t *testing.T, name string, units map[string]string, config 
 	for k, v := range units {
 		all[k] = v
 	}
-	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), all, harness.Options{Usr: usr})
+	s, err := harness.StartSystemdWith(filepath.Join(dir, "ns"), all, harness.Options{Usr: usr, KeepSyslog: true})
 	if err != nil {
 		t.Fatal(err)
 	}

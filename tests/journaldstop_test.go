@@ -79,7 +79,7 @@ func TestDaemonWorksOnWhileJournaldIsStopped(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	metricsPort := freeTCPPort(t)
 	cfg := fmt.Sprintf("node_name = %q\n", node) + fmt.Sprintf(goodConfig, metricsPort) +
-		"\n[kmsg]\nenabled = false\n\n[kubernetes]\nkubeconfig = \"/etc/autopilot-health/kubelet.conf\"\n" +
+		"\n[kubernetes]\nkubeconfig = \"/etc/autopilot-health/kubelet.conf\"\n" +
 		fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"1s\"\nrestart_cooldown = \"2s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", port)
 	s := daemonNamespace(t, "journaldstop", nil, cfg, unit)
 
