@@ -12,10 +12,14 @@
 package logsink
 
 import (
+	"errors"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultBytes bounds the lines a Sink holds: about a thousand of the
@@ -33,9 +37,19 @@ type Sink struct {
 	// writes to w). Set it before the first Write.
 	Note func(n uint64)
 
+	// send, where w is a socket (journald's stream), writes what the
+	// socket takes now, never waiting (MSG_DONTWAIT): a line that finds
+	// nothing queued and nothing being written goes out in Write itself,
+	// so that it is in the journal before a crash that may follow at once
+	// (the runtime writes its report to fd 2 itself and exits; with
+	// GOMAXPROCS=1 the writer goroutine would not have run).
+	send func(p []byte) (int, error)
+
 	mu    sync.Mutex
 	queue []entry
 	size  int
+	// writing: the writer goroutine is writing an entry it took.
+	writing bool
 	// pending: dropped since the last note queued or written.
 	pending uint64
 	closed  bool
@@ -55,15 +69,70 @@ type entry struct {
 // New starts a Sink writing to w, holding at most maxBytes of lines.
 func New(w io.Writer, maxBytes int) *Sink {
 	s := &Sink{w: w, max: maxBytes, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	if f, ok := w.(*os.File); ok {
+		s.send = socketSend(f)
+	}
 	go s.run()
 	return s
 }
 
+// socketSend returns a write to f that never waits, or nil where f is no
+// socket (a pipe, a terminal, a file: their lines go through the queue).
+func socketSend(f *os.File) func(p []byte) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var typ int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { typ, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE) }); err != nil || serr != nil || typ != unix.SOCK_STREAM {
+		return nil
+	}
+	return func(p []byte) (n int, err error) {
+		cerr := rc.Control(func(fd uintptr) {
+			for n < len(p) {
+				var m int
+				m, err = unix.SendmsgN(int(fd), p[n:], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+				if errors.Is(err, unix.EINTR) {
+					continue
+				}
+				if err != nil {
+					return
+				}
+				n += m
+			}
+		})
+		if cerr != nil {
+			err = cerr
+		}
+		return n, err
+	}
+}
+
 // Write queues a copy of p, or drops it (counted) when the queue holds
-// maxBytes already. It never blocks on w and never fails.
+// maxBytes already (a line longer than maxBytes is queued when the queue is
+// empty). Where w is a socket and nothing is queued, it first writes what
+// the socket takes now. It never blocks on w and never fails.
 func (s *Sink) Write(p []byte) (int, error) {
 	s.mu.Lock()
-	if s.closed || s.size+len(p) > s.max {
+	if !s.closed && s.send != nil && !s.writing && len(s.queue) == 0 && s.pending == 0 {
+		// Under the lock: the writer goroutine does not write meanwhile,
+		// and a line logged after this one comes after it.
+		n, _ := s.send(p)
+		if n == len(p) {
+			s.mu.Unlock()
+			return len(p), nil
+		}
+		// The rest (the socket full, or an error: the writer's write
+		// meets it as before) is queued, whatever its size.
+		rest := append([]byte(nil), p[n:]...)
+		s.queue = append(s.queue, entry{line: rest})
+		s.size += len(rest)
+		s.mu.Unlock()
+		s.signal()
+		return len(p), nil
+	}
+	if s.closed || (s.size > 0 && s.size+len(p) > s.max) {
 		s.pending++
 		s.mu.Unlock()
 		s.dropped.Add(1)
@@ -76,11 +145,16 @@ func (s *Sink) Write(p []byte) (int, error) {
 	s.queue = append(s.queue, entry{line: append([]byte(nil), p...)})
 	s.size += len(p)
 	s.mu.Unlock()
+	s.signal()
+	return len(p), nil
+}
+
+// signal wakes the writer goroutine.
+func (s *Sink) signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
-	return len(p), nil
 }
 
 // Dropped is how many lines were dropped since New.
@@ -107,17 +181,19 @@ func (s *Sink) run() {
 		e := s.queue[0]
 		s.queue[0] = entry{}
 		s.queue = s.queue[1:]
+		s.writing = true
 		s.mu.Unlock()
 		// Blocks while the reader of w does not read; the loops go on.
 		if e.line == nil {
 			if s.Note != nil {
 				s.Note(e.dropped)
 			}
-			continue
+		} else {
+			s.w.Write(e.line)
 		}
-		s.w.Write(e.line)
 		s.mu.Lock()
 		s.size -= len(e.line)
+		s.writing = false
 		s.mu.Unlock()
 	}
 }

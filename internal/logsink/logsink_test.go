@@ -55,3 +55,25 @@ func TestWriteNeverBlocksAndDropsAreSaid(t *testing.T) {
 	}
 	r.Close()
 }
+
+// A line longer than the whole queue, written while nothing is queued, is
+// written, not dropped as one the journal did not take (the bound is the
+// queue's size plus that one line).
+func TestALineLongerThanTheQueueIsWritten(t *testing.T) {
+	r, w := io.Pipe()
+	s := New(w, 100)
+	s.Note = func(n uint64) { fmt.Fprintf(w, "dropped %d\n", n) }
+	long := strings.Repeat("x", 300) + "\n"
+	s.Write([]byte(long))
+	// Close writes what is queued (or the note of a drop) and ends.
+	closed := make(chan bool)
+	go func() { closed <- s.Close(10 * time.Second) }()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || line != long || s.Dropped() != 0 {
+		t.Fatalf("a line of %d bytes into a queue of 100: read %d bytes %.20q (%v), %d dropped; want the line, none dropped", len(long), len(line), line, err, s.Dropped())
+	}
+	if !<-closed {
+		t.Fatal("Close did not see the queue written")
+	}
+	r.Close()
+}
