@@ -6,13 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,37 +44,7 @@ func TestDaemonWorksOnWhileJournaldIsStopped(t *testing.T) {
 	registerNode(t, api, node)
 
 	// kubelet's /healthz, alternating 200 and 500.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var served int
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			buf := make([]byte, 4096)
-			c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			c.Read(buf)
-			mu.Lock()
-			served++
-			n := served
-			mu.Unlock()
-			if n%2 == 1 {
-				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"))
-			} else {
-				c.Write([]byte("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nConnection: close\r\n\r\nbroken"))
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	port := ln.Addr().(*net.TCPAddr).Port
+	port, _ := flappingHealthz(t)
 	metricsPort := freeTCPPort(t)
 	cfg := fmt.Sprintf("node_name = %q\n", node) + fmt.Sprintf(goodConfig, metricsPort) +
 		"\n[kubernetes]\nkubeconfig = \"/etc/autopilot-health/kubelet.conf\"\n" +

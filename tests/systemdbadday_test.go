@@ -237,37 +237,7 @@ func field(line, key string) string {
 // journal.
 func TestFlappingCheckStaysUnderJournaldsRateLimit(t *testing.T) {
 	const unit = "autopilot-health.service"
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var served int
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			buf := make([]byte, 4096)
-			c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			c.Read(buf)
-			mu.Lock()
-			served++
-			n := served
-			mu.Unlock()
-			if n%2 == 1 {
-				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"))
-			} else {
-				c.Write([]byte("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nConnection: close\r\n\r\nbroken"))
-			}
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	port := ln.Addr().(*net.TCPAddr).Port
+	port, served := flappingHealthz(t)
 	cfg := fmt.Sprintf(goodConfig, freeTCPPort(t)) + fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"1s\"\nrestart_cooldown = \"2s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", port)
 	s := daemonNamespace(t, "flaplog", nil, cfg, unit)
 	ctx := context.Background()
@@ -286,17 +256,13 @@ func TestFlappingCheckStaysUnderJournaldsRateLimit(t *testing.T) {
 		}
 		return
 	}
-	mu.Lock()
-	served0 := served
-	mu.Unlock()
+	served0 := served()
 	lines0, changes0 := count()
 	// 30 probes: journald's RateLimitIntervalSec at the 1 s interval.
 	start := time.Now()
 	var probes int
 	eventually(t, time.Minute, "30 more probes", func() (bool, string) {
-		mu.Lock()
-		probes = served - served0
-		mu.Unlock()
+		probes = served() - served0
 		return probes >= 30, fmt.Sprintf("%d probes", probes)
 	})
 	window := time.Since(start).Round(time.Second)
@@ -440,5 +406,47 @@ func TestStopDuringTheFirstPassWithAHungProbe(t *testing.T) {
 	if j := s.Console(8000); !strings.Contains(j, unit+": Deactivated successfully") || strings.Contains(j, "Main process exited") || strings.Contains(j, "Failed with result") ||
 		strings.Contains(j, "Scheduled restart job") {
 		t.Errorf("the stop did not end cleanly:\n%s", lastBytes(j, 4000))
+	}
+}
+
+// flappingHealthz serves a stand-in kubelet's /healthz on a loopback port
+// of its own that answers 200 and 500 in turn, one connection per request,
+// and returns the port and the count of requests served so far.
+func flappingHealthz(t *testing.T) (int, func() int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var served int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			c.Read(buf)
+			mu.Lock()
+			served++
+			n := served
+			mu.Unlock()
+			if n%2 == 1 {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"))
+			} else {
+				c.Write([]byte("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nConnection: close\r\n\r\nbroken"))
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().(*net.TCPAddr).Port, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return served
 	}
 }
