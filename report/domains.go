@@ -397,36 +397,56 @@ type Problem interface {
 	Problem() bool
 }
 
+// Unread is a problem entry that may be a problem only for not having been
+// read (a filesystem whose statfs failed): when there are more problem
+// entries than room, those that are not unread (over a threshold: what the
+// condition's True is about) are kept before it (cut).
+type Unread interface {
+	Unread() bool
+}
+
 // cut returns a list's limit entries to keep: every problem entry (the
-// first limit of them, when there are more), and as many of the others as
-// there is room for, in list order; the kept entries in their order in the
-// list. A list without problem entries keeps its first limit entries.
+// first limit of them, when there are more, those not Unread first), and
+// as many of the others as there is room for, in list order; the kept
+// entries in their order in the list. A list without problem entries
+// keeps its first limit entries.
 func cut(list reflect.Value, limit int) reflect.Value {
 	n := list.Len()
-	problem := make([]bool, n)
-	problems := 0
+	// rank: 2 a problem entry, 1 one that is a problem for not having
+	// been read (Unread), 0 the others.
+	rank := make([]int, n)
+	problems, unread := 0, 0
 	for i := range n {
 		e := list.Index(i)
 		if (e.Kind() == reflect.Pointer || e.Kind() == reflect.Interface) && e.IsNil() {
 			continue
 		}
 		if p, ok := e.Interface().(Problem); ok && p.Problem() {
-			problem[i] = true
+			rank[i] = 2
 			problems++
+			if u, ok := e.Interface().(Unread); ok && u.Unread() {
+				rank[i] = 1
+				unread++
+			}
 		}
 	}
 	if problems == 0 {
 		return list.Slice(0, limit)
 	}
-	others := max(limit-problems, 0)
+	// room per rank, taken in rank order.
+	var room [3]int
+	left := limit
+	room[2] = min(problems-unread, left)
+	left -= room[2]
+	room[1] = min(unread, left)
+	left -= room[1]
+	room[0] = left
 	kept := reflect.MakeSlice(list.Type(), 0, limit)
 	for i := 0; i < n && kept.Len() < limit; i++ {
-		if !problem[i] {
-			if others == 0 {
-				continue
-			}
-			others--
+		if room[rank[i]] == 0 {
+			continue
 		}
+		room[rank[i]]--
 		kept = reflect.Append(kept, list.Index(i))
 	}
 	return kept
