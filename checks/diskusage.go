@@ -155,24 +155,44 @@ func hasOption(opts, name string) bool {
 	return false
 }
 
-// FSUsage is the use of one filesystem.
+// FSUsage is one filesystem of the storage report: its use, or why it
+// could not be measured.
 type FSUsage struct {
-	MountPoint  string `json:"mountPoint"`
-	FSType      string `json:"fsType"`
-	Source      string `json:"source"`
-	SizeBytes   uint64 `json:"sizeBytes"`
-	AvailBytes  uint64 `json:"availBytes"`
-	UsedPercent int    `json:"usedPercent"`
-	Inodes      uint64 `json:"inodes"`
-	InodesPct   int    `json:"inodesUsedPercent"`
+	MountPoint string `json:"mountPoint"`
+	FSType     string `json:"fsType"`
+	Source     string `json:"source"`
+	// FSFigures: nil for a filesystem that could not be measured, whose
+	// entry then has no figures (not zeros, which read as an empty
+	// filesystem), only its Error.
+	*FSFigures
+	// Error: why it could not be measured (its statfs failed, or did
+	// not answer in time), as the disks report names a drive it could not
+	// read; the condition's message names it "not checked".
+	Error string `json:"error,omitempty"`
 	// OverThreshold: its space or inodes used are over the check's
 	// threshold (set by Probe; not in the report, where the problem
 	// entries are kept first when the list is cut: Problem).
 	OverThreshold bool `json:"-"`
 }
 
-// Problem reports whether the filesystem is over its threshold.
-func (u FSUsage) Problem() bool { return u.OverThreshold }
+// FSFigures are what statfs measured of a filesystem.
+type FSFigures struct {
+	SizeBytes   uint64 `json:"sizeBytes"`
+	AvailBytes  uint64 `json:"availBytes"`
+	UsedPercent int    `json:"usedPercent"`
+	Inodes      uint64 `json:"inodes"`
+	InodesPct   int    `json:"inodesUsedPercent"`
+}
+
+// Problem reports whether the filesystem is over its threshold, or could
+// not be measured: the condition names it either way, so a list cut to
+// fit its document keeps it.
+func (u FSUsage) Problem() bool { return u.OverThreshold || u.Error != "" }
+
+// Unread reports whether the filesystem is a problem only for not having
+// been measured: a list cut to fit keeps those over their thresholds (the
+// condition's True) before it (report.Unread).
+func (u FSUsage) Unread() bool { return u.Error != "" && !u.OverThreshold }
 
 // percentUp returns used/(used+avail) as a percentage, rounded up like df.
 func percentUp(used, avail uint64) int {
@@ -231,10 +251,22 @@ func (c *diskUsageCheck) selectMounts(mounts []Mount) mountSelection {
 	return sel
 }
 
-// Usage returns the use of every filesystem the check watches.
+// Usage returns the use of every filesystem the check watches and could
+// measure, and why the others could not be.
 func (c *diskUsageCheck) Usage() ([]FSUsage, []error, error) {
 	u, errs, _, err := c.usage(context.Background())
-	return u, errs, err
+	return measured(u), errs, err
+}
+
+// measured returns the entries of the filesystems that were measured.
+func measured(entries []FSUsage) []FSUsage {
+	var out []FSUsage
+	for _, e := range entries {
+		if e.FSFigures != nil {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSelection, error) {
@@ -267,12 +299,17 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 	})
 	for i, m := range sel.measure {
 		st, err := answers[i].v, answers[i].err
+		entry := FSUsage{MountPoint: m.MountPoint, FSType: m.FSType, Source: m.Source}
 		if answers[i].stuck {
 			errs = append(errs, fmt.Errorf("%s (statfs hung: no answer within %s; asked again once it answers)", m.MountPoint, wait))
+			entry.Error = fmt.Sprintf("statfs hung: no answer within %s; asked again once it answers", wait)
+			out = append(out, entry)
 			continue
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("statfs %s: %w", m.MountPoint, err))
+			entry.Error = "statfs: " + err.Error()
+			out = append(out, entry)
 			continue
 		}
 		bs := uint64(st.Bsize)
@@ -281,16 +318,16 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 		// versions) uses none: the unsigned difference would wrap round
 		// to nearly all of them.
 		used := usedOf(st.Blocks, st.Bfree) * bs
-		u := FSUsage{
-			MountPoint: m.MountPoint, FSType: m.FSType, Source: m.Source,
+		f := &FSFigures{
 			SizeBytes: st.Blocks * bs, AvailBytes: st.Bavail * bs,
 			UsedPercent: percentUp(used, st.Bavail*bs),
 			Inodes:      st.Files,
 		}
 		if st.Files > 0 {
-			u.InodesPct = percentUp(usedOf(st.Files, st.Ffree), st.Ffree)
+			f.InodesPct = percentUp(usedOf(st.Files, st.Ffree), st.Ffree)
 		}
-		out = append(out, u)
+		entry.FSFigures = f
+		out = append(out, entry)
 	}
 	return out, errs, sel, nil
 }
@@ -298,35 +335,47 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 const mountinfoPath = "/proc/self/mountinfo"
 
 func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
-	usage, errs, sel, err := c.usage(ctx)
+	entries, errs, sel, err := c.usage(ctx)
 	if err != nil {
 		return Result{}, err
 	}
-	// Not one filesystem measured, every statfs failed or hung: no list
-	// was collected (an empty one would say "no filesystems").
-	noFS := len(usage) == 0 && len(errs) > 0
+	// entries: every filesystem watched, in mountinfo order, those whose
+	// statfs failed or hung with their error (the storage report's
+	// list); those measured decide.
+	measuredN := len(measured(entries))
+	fsDetail := report.Detail{Domain: "storage", Field: "filesystems", Value: entries}
 	lvm := c.askLVM(ctx)
 	// A copy: the answer is reused while it can be, and a VGUsage's
 	// OverThreshold is this run's.
 	vgs := slices.Clone(lvm.VGs)
 	errs = append(errs, lvm.Errs...)
-	if len(usage) == 0 && len(vgs) == 0 && len(errs) > 0 {
-		return Result{}, errors.Join(errs...)
+	if measuredN == 0 && len(vgs) == 0 && len(errs) > 0 {
+		// The run failed; the filesystems it could not measure are
+		// reported with their errors, as the disks check reports the
+		// drives it could not read.
+		var ds []report.Detail
+		if len(entries) > 0 {
+			ds = []report.Detail{fsDetail}
+		}
+		return Result{Details: ds}, errors.Join(errs...)
 	}
-	if len(usage) == 0 && len(vgs) == 0 {
+	if len(entries) == 0 && len(vgs) == 0 {
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
 			Message: fmt.Sprintf("no writable filesystem to measure in %s: %d mounts, %d excluded by fs_types_exclude, %d by mount_points_exclude, %d of read-only filesystems",
 				mountinfoPath, sel.total, sel.excludedType, sel.excludedMP, sel.ro)}, nil
 	}
 	var space, inodes, vgHigh, poolHigh []string
-	for i, u := range usage {
+	for i, u := range entries {
+		if u.FSFigures == nil {
+			continue // not measured: named "not checked"
+		}
 		if u.UsedPercent > c.spacePct {
 			space = append(space, fmt.Sprintf("%s %d%% of space used (threshold %d%%)", u.MountPoint, u.UsedPercent, c.spacePct))
-			usage[i].OverThreshold = true
+			entries[i].OverThreshold = true
 		}
 		if u.Inodes > 0 && u.InodesPct > c.inodesPct {
 			inodes = append(inodes, fmt.Sprintf("%s %d%% of inodes used (threshold %d%%)", u.MountPoint, u.InodesPct, c.inodesPct))
-			usage[i].OverThreshold = true
+			entries[i].OverThreshold = true
 		}
 	}
 	pools := 0
@@ -358,10 +407,7 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 			}
 		}
 	}
-	var details []report.Detail
-	if !noFS {
-		details = append(details, report.Detail{Domain: "storage", Field: "filesystems", Value: usage})
-	}
+	details := []report.Detail{fsDetail}
 	if vgs != nil {
 		// Absent when LVM was not asked (not installed, lvm_command off, a
 		// host root elsewhere) or gave no report: an empty list is an
@@ -384,7 +430,7 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 	case len(poolHigh) > 0:
 		return Result{Status: report.StatusTrue, Reason: report.ReasonThinPoolSpaceHigh, Message: problems, Details: details}, nil
 	}
-	msg := fmt.Sprintf("%d %s not over %d%% space and %d%% inodes", len(usage), plural(len(usage), "filesystem", "filesystems"), c.spacePct, c.inodesPct)
+	msg := fmt.Sprintf("%d %s not over %d%% space and %d%% inodes", measuredN, plural(measuredN, "filesystem", "filesystems"), c.spacePct, c.inodesPct)
 	if len(vgs) > 0 {
 		msg += fmt.Sprintf(", %d LVM %s not over %d%% of extents allocated", len(vgs), plural(len(vgs), "volume group", "volume groups"), c.vgPct)
 	}

@@ -12,12 +12,13 @@ import (
 
 // A DiskUsageHigh run where no filesystem could be measured (every statfs
 // failed: EIO here; or hung) but LVM answered decides on the volume groups,
-// and names the filesystems not checked: its storage document has no
-// "filesystems" (not collected), not `[]`, which says "no filesystems", an
-// answer (README: a list collected empty is [], never for a list not
+// and names the filesystems not checked: its storage document lists each
+// with its error and no figures, never `[]`, which says "no filesystems",
+// an answer (README: a list collected empty is [], never for a list not
 // collected). Before, the run's empty list was written `"filesystems":[]`
-// under a fresh updatedAt.
-func TestDiskUsageNoFilesystemMeasuredIsNoList(t *testing.T) {
+// under a fresh updatedAt; then, the field was left out, as if the
+// filesystems were gone.
+func TestDiskUsageNoFilesystemMeasuredListsTheirErrors(t *testing.T) {
 	half, pool := readFixture(t, "vgs-half.json"), readFixture(t, "lvs-thinpool.json")
 	env := lvmEnv(t, &fakeLVM{vgs: half, lvs: pool}, nil)
 	env.Config.Checks.DiskUsageHigh.ThinPoolDataPct = 94
@@ -42,7 +43,13 @@ func TestDiskUsageNoFilesystemMeasuredIsNoList(t *testing.T) {
 		t.Fatalf("DiskUsageHigh after every statfs failed: %+v", c)
 	}
 	d := docOf(t, det, "storage")
-	if strings.Contains(d, `"filesystems"`) || !strings.Contains(d, `"volumeGroups":[{`) {
-		t.Errorf("storage document after a run that measured no filesystem: %s; want no filesystems field, the volume groups", d)
+	fss := storageFilesystems(t, d)
+	if len(fss) != len(sys.statErr) || !strings.Contains(d, `"volumeGroups":[{`) {
+		t.Fatalf("storage document after a run that measured no filesystem: %s; want its %d filesystems with their errors, the volume groups", d, len(sys.statErr))
+	}
+	for _, e := range fss {
+		if string(e["error"]) != `"statfs: input/output error"` || e["usedPercent"] != nil {
+			t.Errorf("entry %v: want its error, no figures", e)
+		}
 	}
 }

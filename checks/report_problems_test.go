@@ -244,6 +244,7 @@ func TestReportEntriesKnowTheirProblems(t *testing.T) {
 		{"certificate expiring", CertInfo{Path: "/a.pem", DaysLeft: 2, Expiring: true}, true},
 		{"filesystem", FSUsage{MountPoint: "/"}, false},
 		{"filesystem over its threshold", FSUsage{MountPoint: "/", OverThreshold: true}, true},
+		{"filesystem not measured", FSUsage{MountPoint: "/srv", Error: "statfs: input/output error"}, true},
 		{"volume group", VGUsage{Name: "vg0"}, false},
 		{"volume group over its threshold", VGUsage{Name: "vg0", OverThreshold: true}, true},
 		{"unit active", systemd.Unit{Name: "kubelet.service", ActiveState: "active"}, false},

@@ -31,7 +31,7 @@ func TestStaleAtItsWorstKeepsTheProblemEntries(t *testing.T) {
 	var ops []OperabilityUnit
 	var svcs []ServiceState
 	for i := range 40 {
-		fs = append(fs, FSUsage{MountPoint: long(i), FSType: "ext4", Source: long(i), UsedPercent: 50, OverThreshold: problem(i)})
+		fs = append(fs, FSUsage{MountPoint: long(i), FSType: "ext4", Source: long(i), FSFigures: &FSFigures{UsedPercent: 50}, OverThreshold: problem(i)})
 		vgs = append(vgs, VGUsage{Name: long(i), OverThreshold: problem(i)})
 		h := NVMeHealth{Controller: fmt.Sprintf("nvme%d", i), Model: long(i), Serial: long(i)}
 		if problem(i) {

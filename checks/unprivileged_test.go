@@ -146,6 +146,12 @@ func TestDiskUsageFilesystemRefusedToTheUserIsNamed(t *testing.T) {
 			if err != nil || r.Status != tc.status || !strings.HasPrefix(r.Message, tc.msg) || !strings.HasSuffix(r.Message, notChecked) {
 				t.Errorf("space_percent %d: %+v %v, want %s %q ... %q", tc.pct, r, err, tc.status, tc.msg, notChecked)
 			}
+			// The storage document lists it with its error, no figures.
+			det := report.NewDetails()
+			det.Replace("DiskUsageHigh", r.Details)
+			if d := docOf(t, det, "storage"); !strings.Contains(d, `{"mountPoint":"/srv/data","fsType":"ext4","source":"/dev/sdb1","error":"statfs: permission denied"}`) {
+				t.Errorf("space_percent %d: storage document %s, want /srv/data with its error", tc.pct, d)
+			}
 		}
 		return
 	}
