@@ -450,3 +450,90 @@ func awaitGlob(pattern string, d time.Duration) ([]string, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// hungTaskWarnings: kernel.hung_task_warnings, the hung-task reports the
+// kernel still prints in this boot, set to 1; a task hung on a frozen ext4
+// (named sidecar: no KernelDeadlock) is reported once, and the kernel counts
+// the sysctl down to 0 before printing the report (kernel/hung_task.c), so
+// no hung kubelet would be logged after it. The daemon reads the sysctl
+// again after the report it handles: autopilot_health_kernel_hung_task_warnings
+// 0 (before, the sysctl's value as the daemon last read it: the boot's 10
+// read at its start, or hung_task's -1 read after its reports) and the
+// warning "kernel.hung_task_warnings is 0" in its log. The sysctl is put
+// back after.
+func hungTaskWarnings(g *Guest) error {
+	const sysctl = "/proc/sys/kernel/hung_task_warnings"
+	b, err := os.ReadFile(sysctl)
+	if err != nil {
+		return err
+	}
+	boot, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %q: %w", sysctl, b, err)
+	}
+	page, err := g.Metrics()
+	if err != nil {
+		return err
+	}
+	if n, ok := Metric(page, "autopilot_health_kernel_hung_task_warnings"); !ok || n != float64(boot) {
+		return fmt.Errorf("before: autopilot_health_kernel_hung_task_warnings %v (present %v), want the sysctl's %d", n, ok, boot)
+	}
+	_, mnt, cleanup, err := g.Ext4("frozen1", 16)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	dfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	k, err := OpenKmsg()
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	if err := os.WriteFile(sysctl, []byte("1"), 0); err != nil {
+		return err
+	}
+	defer os.WriteFile(sysctl, []byte(strconv.Itoa(boot)), 0)
+	if err := os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("1"), 0); err != nil {
+		return err
+	}
+	defer os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("0"), 0)
+	if err := unix.IoctlSetInt(dfd, fiFreeze, 0); err != nil {
+		return fmt.Errorf("FIFREEZE: %w", err)
+	}
+	c := exec.Command("/init", hungWriterArg, "sidecar", mnt+"/sidecar.state")
+	c.Stdout, c.Stderr = os.Stdout, os.Stderr
+	err = c.Start()
+	defer func() {
+		if err := unix.IoctlSetInt(dfd, fiThaw, 0); err != nil {
+			g.Logf("FITHAW: %v", err)
+		}
+		if c.Process != nil {
+			_ = c.Wait()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	page, err = g.handled(k, regexp.MustCompile(fmt.Sprintf(`^INFO: task sidecar:%d blocked for more than \d+ seconds\.$`, c.Process.Pid)))
+	if err != nil {
+		return err
+	}
+	if b, err := os.ReadFile(sysctl); err != nil || strings.TrimSpace(string(b)) != "0" {
+		return fmt.Errorf("after the report: %s %q (%v), want 0: the kernel counts it down", sysctl, b, err)
+	}
+	if n, ok := Metric(page, "autopilot_health_kernel_hung_task_warnings"); !ok || n != 0 {
+		return fmt.Errorf("after the kernel's last hung-task report: autopilot_health_kernel_hung_task_warnings %v (present %v), want 0", n, ok)
+	}
+	if n, _ := Metric(page, "problem_counter", "reason", "TaskHung"); n < 1 {
+		return fmt.Errorf("problem_counter{reason=TaskHung} %v, want the report's TaskHung event", n)
+	}
+	warning := "kernel.hung_task_warnings is 0: the kernel prints no more hung-task reports in this boot"
+	if b, err := os.ReadFile(DaemonLog); err != nil || !strings.Contains(string(b), warning) {
+		return fmt.Errorf("the daemon's log has no %q (%v)", warning, err)
+	}
+	return nil
+}

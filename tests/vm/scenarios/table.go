@@ -58,6 +58,9 @@ var All = []Scenario{
 	// look at SMART.
 	{Name: "lvm_usage", Machine: criticalWarning, Run: lvmUsage},
 	{Name: "hung_task", Machine: criticalWarning, Run: hungTask},
+	// After hung_task, which reads its pod's kubelet's message from the
+	// daemon's first TaskHung event: this one logs a TaskHung event too.
+	{Name: "hung_task_warnings", Machine: criticalWarning, Run: hungTaskWarnings},
 	{Name: "dm_verity", Machine: criticalWarning, Run: dmVerity},
 	// Last in its boot: it turns the kernel log off for user space while
 	// it runs (and puts it back).
