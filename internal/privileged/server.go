@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/internal/hostio"
 )
 
@@ -49,6 +50,9 @@ type Server struct {
 	served map[string]int
 	// open counts the connections open.
 	open int
+	// acceptFailures counts the accepts that failed and were tried again
+	// (AcceptFailures).
+	acceptFailures int
 	// inFlight: the call running on each resource (inFlightKey), hung or
 	// not; one at a time per resource.
 	inFlight map[string]*call
@@ -279,6 +283,15 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// A failed accept (out of descriptors, EMFILE or ENFILE; out of socket
+	// memory, ENOBUFS or ENOMEM; a connection's pending error) is tried
+	// again after net/http's wait, 5 ms doubling to 1 s, and logged once
+	// per kind of error in a run of failures: returning would exit the
+	// helper, and systemd would start it again every second (RestartSec=)
+	// for as long as the descriptors are short, its start-up lines with it.
+	bo := backoff.Backoff{Min: 5 * time.Millisecond, Max: time.Second}
+	var failed int
+	var said map[string]bool
 	for {
 		select {
 		case conns <- struct{}{}:
@@ -291,10 +304,38 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			failed++
+			s.mu.Lock()
+			s.acceptFailures++
+			s.mu.Unlock()
+			wait := bo.Next()
+			kind := err.Error()
+			if errno := unix.Errno(0); errors.As(err, &errno) {
+				kind = errno.Error()
+			}
+			if !said[kind] {
+				if said == nil {
+					said = map[string]bool{}
+				}
+				said[kind] = true
+				s.Log.Warn("accepting a connection failed; retrying with backoff", "err", err, "retry_in", wait.Round(time.Millisecond))
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			continue
+		}
+		if failed > 0 {
+			s.Log.Info("accepting connections again", "failed_accepts", failed)
+			failed, said = 0, nil
+			bo.Reset()
 		}
 		wg.Add(1)
 		s.mu.Lock()
@@ -318,6 +359,13 @@ func (s *Server) closed() {
 	if idle && s.Idle != nil {
 		s.Idle()
 	}
+}
+
+// AcceptFailures returns how many accepts failed and were tried again.
+func (s *Server) AcceptFailures() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.acceptFailures
 }
 
 // Open returns how many connections are open.

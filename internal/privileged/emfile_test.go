@@ -1,0 +1,123 @@
+package privileged
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/testenv"
+)
+
+// Out of descriptors, the helper's accepts fail with EMFILE (the
+// connection stays in the backlog) for as long as that lasts: Serve tries
+// again with backoff (six failures take at least 2.5+5+10+20+40 ms: no
+// spin), logs it once, not once per try, and serves the waiting connection
+// once descriptors are free again. Before, Serve returned the error and
+// the helper exited (systemd started it again every second, its start-up
+// lines with it, for as long as descriptors were short). Real descriptors:
+// the test process's own RLIMIT_NOFILE lowered to what it holds.
+func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
+	var logs testenv.SyncBuffer
+	s := &Server{Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	p := filepath.Join(t.TempDir(), "helper.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer restore()
+	// Every descriptor taken (dups of stdin up to the limit, EMFILE), then
+	// one given back for the client's socket: the accept finds none. The
+	// helper calls accept only once a connection is there.
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(openFDs(t) + 16), Max: old.Max}); err != nil {
+		t.Fatal(err)
+	}
+	var fill []int
+	defer func() {
+		for _, fd := range fill {
+			unix.Close(fd)
+		}
+	}()
+	for {
+		fd, err := unix.Dup(0)
+		if err != nil {
+			break
+		}
+		fill = append(fill, fd)
+	}
+	if len(fill) == 0 {
+		restore()
+		t.Fatal("no descriptor to take")
+	}
+	unix.Close(fill[len(fill)-1])
+	fill = fill[:len(fill)-1]
+	start := time.Now()
+	conn, err := net.Dial("unix", p)
+	if err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.AcceptFailures() < 6 {
+		select {
+		case err := <-done:
+			restore()
+			t.Fatalf("Serve returned out of descriptors: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			restore()
+			t.Fatalf("%d failed accepts in 10 s out of descriptors; want 6", s.AcceptFailures())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the count the serving goroutine keeps
+	}
+	took := time.Since(start)
+	for _, fd := range fill {
+		unix.Close(fd)
+	}
+	fill = nil
+	restore()
+	if took < 75*time.Millisecond {
+		t.Errorf("6 failed accepts in %v: no backoff", took)
+	}
+	if n := strings.Count(logs.String(), "accepting a connection failed"); n != 1 {
+		t.Errorf("the failed accepts logged %d times, want once:\n%s", n, logs.String())
+	}
+	// Descriptors free again: a request is answered.
+	c := &Client{Path: p}
+	if _, err := c.Identify("nvme9"); err == nil || !strings.Contains(err.Error(), "nvme9") {
+		t.Errorf("Identify after descriptors are free again: %v", err)
+	}
+	if !strings.Contains(logs.String(), "accepting connections again") {
+		t.Errorf("no line says the accepts work again:\n%s", logs.String())
+	}
+	conn.Close() // else Serve waits out its 30 s deadline
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
