@@ -213,7 +213,10 @@ func removeStaleSocket(path string) error {
 }
 
 // serveControl answers control requests until ctx is done.
+// An accept that fails (out of descriptors: EMFILE) is tried again with
+// backoff (retryListener): the socket serves on once it works again.
 func (d *Daemon) serveControl(ctx context.Context, ln net.Listener) {
+	ln = newRetryListener(ln, listenerControl, d.log, d.acceptFailures(listenerControl))
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	for {

@@ -48,6 +48,8 @@ var metricsStallAfter = time.Second
 type metricsGate struct {
 	log     *slog.Logger
 	refused *prometheus.CounterVec
+	// acceptFailures: autopilot_health_accept_failures_total{listener}.
+	acceptFailures *prometheus.CounterVec
 
 	mu    sync.Mutex
 	conns list.List // of *gateConn, oldest first
@@ -132,6 +134,13 @@ func newMetricsGate(log *slog.Logger, reg prometheus.Registerer) *metricsGate {
 		Help: "Connections of the metrics listener closed or refused unanswered for a bound, by reason: connections (more than 256 open: the oldest without a request being answered closed, or the new one refused with a 503).",
 	}, []string{"reason"})}
 	g.refused.WithLabelValues(refusedConnections)
+	g.acceptFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: report.Namespace, Name: "accept_failures_total",
+		Help: "Accepts of a listener that failed (EMFILE, ENFILE, ENOBUFS, ENOMEM, a connection's pending error) and were tried again with backoff, by listener: metrics, status, control.",
+	}, []string{"listener"})
+	for _, l := range []string{listenerMetrics, listenerStatus, listenerControl} {
+		g.acceptFailures.WithLabelValues(l)
+	}
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: report.Namespace, Name: "http_connections_open",
 		Help: "Connections of the metrics listener open now (at most 256).",
@@ -141,7 +150,7 @@ func newMetricsGate(log *slog.Logger, reg prometheus.Registerer) *metricsGate {
 		return float64(g.conns.Len())
 	})
 	if reg != nil {
-		reg.MustRegister(g.refused, open)
+		reg.MustRegister(g.refused, g.acceptFailures, open)
 	}
 	return g
 }
@@ -291,6 +300,7 @@ func (l *gateListener) accept() (net.Conn, error) {
 		default:
 		}
 		l.failed++
+		l.g.acceptFailures.WithLabelValues(listenerMetrics).Inc()
 		wait := l.bo.Next()
 		if err.Error() != l.failErr {
 			l.failErr = err.Error()

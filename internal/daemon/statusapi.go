@@ -233,6 +233,9 @@ func (d *Daemon) serveStatus(ctx context.Context) {
 		return
 	}
 	d.log.Info("serving status", "socket", path)
+	// Its failed accepts are tried again here, not by net/http's Serve
+	// (which logs each try and returns at ENOBUFS): retryListener.
+	ln = newRetryListener(ln, listenerStatus, d.log, d.acceptFailures(listenerStatus))
 	srv := newServer(d.statusHandler())
 	go func() {
 		<-ctx.Done()
