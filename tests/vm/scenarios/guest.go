@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -435,6 +436,21 @@ func (g *Guest) Await(typ, status, reason string, d time.Duration) (Condition, e
 				return last, fmt.Errorf("waiting %v for %s=%s %s: %v", d, typ, status, reason, lastErr)
 			}
 			return last, fmt.Errorf("waiting %v for %s=%s %s: the state file shows %s", d, typ, status, reason, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// AwaitLog waits until the daemon's log has a match of re and returns it.
+func (g *Guest) AwaitLog(re *regexp.Regexp, d time.Duration) (string, error) {
+	deadline := time.Now().Add(d)
+	for {
+		b, err := os.ReadFile(DaemonLog)
+		if m := re.Find(b); err == nil && m != nil {
+			return string(m), nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("waiting %v for a line of the daemon's log matching %s (%v)", d, re, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -20,8 +20,11 @@ import (
 const awaitKmsg = 40 * time.Second
 
 // ext4RemountRO: an ext4 mounted errors=remount-ro hits an error
-// (trigger_fs_error): ReadonlyFilesystem True from the kernel's own line.
-// On 6.1 the mount flags still say rw afterwards; writes fail with EROFS.
+// (trigger_fs_error): the kernel's "EXT4-fs error" line is an Ext4Error
+// event (problem_counter, and the daemon's log: its first event of that
+// reason is logged at once), and its remount line sets ReadonlyFilesystem
+// True. On 6.1 the mount flags still say rw afterwards; writes fail with
+// EROFS.
 func ext4RemountRO(g *Guest) error {
 	if _, err := g.Await("ReadonlyFilesystem", "False", "FilesystemIsNotReadOnly", awaitKmsg); err != nil {
 		return err
@@ -31,7 +34,10 @@ func ext4RemountRO(g *Guest) error {
 		return err
 	}
 	defer cleanup()
-	if err := os.WriteFile("/sys/fs/ext4/"+filepath.Base(dev)+"/trigger_fs_error", []byte("1"), 0); err != nil {
+	// The kernel logs what is written as the error's text:
+	// "EXT4-fs error (device loop0): trigger_test_error:NNN: comm init: <text>".
+	const text = "vmtest ext4 error"
+	if err := os.WriteFile("/sys/fs/ext4/"+filepath.Base(dev)+"/trigger_fs_error", []byte(text), 0); err != nil {
 		return fmt.Errorf("trigger_fs_error: %w", err)
 	}
 	c, err := g.Await("ReadonlyFilesystem", "True", "FilesystemIsReadOnly", awaitKmsg)
@@ -44,6 +50,16 @@ func ext4RemountRO(g *Guest) error {
 	if err := os.WriteFile(mnt+"/after", []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("a write after the error: %v, want EROFS", err)
 	}
+	if _, err := g.AwaitMetric(1, awaitKmsg, "problem_counter", "reason", "Ext4Error"); err != nil {
+		return fmt.Errorf("the kernel's EXT4-fs error line is no Ext4Error event: %w", err)
+	}
+	event := regexp.MustCompile(fmt.Sprintf(`msg=event .*reason=Ext4Error message="EXT4-fs error \(device %s\): [^"\n]*: %s"`,
+		regexp.QuoteMeta(filepath.Base(dev)), regexp.QuoteMeta(text)))
+	line, err := g.AwaitLog(event, awaitKmsg)
+	if err != nil {
+		return err
+	}
+	g.Logf("the daemon's log: %s", line)
 	return nil
 }
 
