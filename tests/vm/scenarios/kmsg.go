@@ -335,6 +335,46 @@ func dmVerity(g *Guest) error {
 	return MessageHas(c, "device-mapper: verity: ", ": data block 5 is corrupted")
 }
 
+// dmVerityMetadata: a block of a dm-verity device's hash tree (metadata,
+// not data) corrupted under it: the read of a data block it covers fails
+// with EIO, and the kernel's "metadata block N is corrupted" line sets
+// VerityCorruption True. veritysetup's layout of 256 data blocks of 4 KiB
+// with SHA-256 (128 hashes a block): the superblock in hash block 0, the
+// top level (one block, checked against the root hash) in block 1, the
+// bottom level in blocks 2 and 3; data block 5's hash is in block 2. The
+// hash block is corrupted before the device is opened: dm-verity keeps a
+// hash block it has verified, and would not read it again.
+func dmVerityMetadata(g *Guest) error {
+	if _, err := g.Await("VerityCorruption", "False", "NoVerityCorruption", awaitKmsg); err != nil {
+		return err
+	}
+	v, err := g.VerityFormat("vmeta", 1<<20)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(v.Hash, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt([]byte("CORRUPTED!"), 2*4096+100)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := v.Open(); err != nil {
+		return err
+	}
+	defer v.Close()
+	if err := DirectRead(v.Device, 5*4096, 4096); !errors.Is(err, unix.EIO) {
+		return fmt.Errorf("reading a data block under the corrupted hash block: %v, want EIO", err)
+	}
+	c, err := g.Await("VerityCorruption", "True", "VerityBlockCorrupted", awaitKmsg)
+	if err != nil {
+		return err
+	}
+	return MessageHas(c, "device-mapper: verity: ", ": metadata block 2 is corrupted")
+}
+
 // VerityDevice is a dm-verity device made by veritysetup over two loop
 // devices (data and hash tree).
 type VerityDevice struct {
@@ -345,6 +385,16 @@ type VerityDevice struct {
 // Verity formats a data image of size bytes (block n filled with byte n)
 // and opens it as /dev/mapper/<name>.
 func (g *Guest) Verity(name string, size int) (*VerityDevice, error) {
+	v, err := g.VerityFormat(name, size)
+	if err != nil {
+		return nil, err
+	}
+	return v, v.Open()
+}
+
+// VerityFormat writes the data image of Verity and its hash tree, and
+// opens nothing: v.Open does.
+func (g *Guest) VerityFormat(name string, size int) (*VerityDevice, error) {
 	dir := "/tmp/" + name
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -366,10 +416,13 @@ func (g *Guest) Verity(name string, size int) (*VerityDevice, error) {
 		return nil, errors.New("veritysetup format printed no root hash")
 	}
 	v.RootHash = m[1]
-	if _, err := g.Run("veritysetup", "open", v.Data, name, v.Hash, v.RootHash); err != nil {
-		return nil, err
-	}
 	return v, nil
+}
+
+// Open opens the device (veritysetup open).
+func (v *VerityDevice) Open() error {
+	_, err := v.g.Run("veritysetup", "open", v.Data, v.Name, v.Hash, v.RootHash)
+	return err
 }
 
 // Close removes the device.

@@ -47,6 +47,8 @@ var All = []Scenario{
 	{Name: "nvme_warning_at_run_time", Run: nvmeWarningAtRunTime},
 	{Name: "ext4_remount_ro", Run: ext4RemountRO},
 	{Name: "sealed_os", Run: sealedOS},
+	// In this boot, not dm_verity's: VerityCorruption is False here.
+	{Name: "dm_verity_metadata", Run: dmVerityMetadata},
 	// Before disk_io_errors: DisksFailure must be False, and the errors
 	// of the NVMe over Fabrics namespace must not count.
 	{Name: "nvme_fabrics_io_errors", Modules: []string{"nvmet", "nvmet-tcp", "nvme-tcp"}, Run: nvmeFabricsIOErrors},
