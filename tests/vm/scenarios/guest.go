@@ -36,6 +36,10 @@ type Guest struct {
 	// scenarios replaces All and openKmsg OpenKmsg in the unit tests.
 	scenarios []Scenario
 	openKmsg  func() (*Kmsg, error)
+	// started is when the daemon was started (just before its exec);
+	// before holds the errors of the scenarios' BeforeDaemon.
+	started time.Time
+	before  map[string]error
 }
 
 // Logf prints a line on the console (shown with the console tail when a
@@ -58,6 +62,7 @@ func Main() {
 	names, deadline, err := setup()
 	if err == nil {
 		fmt.Printf("VMTEST modules loaded in %dms\n", time.Since(t0).Milliseconds())
+		g.beforeDaemon(names)
 		err = g.startDaemon()
 	}
 	passed, failed, abandoned := 0, 0, false
@@ -119,6 +124,23 @@ func (g *Guest) runAll(w io.Writer, names []string, deadline time.Time, after ti
 	return passed, failed, abandoned
 }
 
+// beforeDaemon runs the BeforeDaemon of the named scenarios, in order, and
+// keeps their errors for their turn.
+func (g *Guest) beforeDaemon(names []string) {
+	for _, s := range g.all() {
+		if s.BeforeDaemon == nil || !slices.Contains(names, s.Name) {
+			continue
+		}
+		fmt.Printf("VMTEST BEFORE-DAEMON %s\n", s.Name)
+		if err := s.BeforeDaemon(g); err != nil {
+			if g.before == nil {
+				g.before = map[string]error{}
+			}
+			g.before[s.Name] = err
+		}
+	}
+}
+
 func (g *Guest) all() []Scenario {
 	if g.scenarios != nil {
 		return g.scenarios
@@ -148,6 +170,10 @@ func (g *Guest) runScenario(w io.Writer, s Scenario, deadline time.Time, after t
 				done <- fmt.Errorf("panic: %v", p)
 			}
 		}()
+		if err := g.before[s.Name]; err != nil {
+			done <- fmt.Errorf("before the daemon started: %w", err)
+			return
+		}
 		done <- s.Run(g)
 	}()
 	timer := time.NewTimer(time.Until(deadline))
@@ -332,6 +358,7 @@ func (g *Guest) startDaemon() error {
 	}
 	cmd := exec.Command(DaemonPath, "run", "--config", ConfigPath)
 	cmd.Stdout, cmd.Stderr = log, log
+	g.started = time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -382,10 +409,11 @@ func (g *Guest) stopDaemon() {
 
 // Condition is a condition as the daemon's state file holds it.
 type Condition struct {
-	Type    string `json:"type"`
-	Status  string `json:"status"`
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
+	Type               string    `json:"type"`
+	Status             string    `json:"status"`
+	Reason             string    `json:"reason"`
+	Message            string    `json:"message"`
+	LastTransitionTime time.Time `json:"lastTransitionTime"`
 }
 
 func (c Condition) String() string {

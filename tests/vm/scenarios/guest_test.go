@@ -136,3 +136,30 @@ func TestGuestConfigsLoad(t *testing.T) {
 		}
 	}
 }
+
+// A scenario's BeforeDaemon runs before the daemon (beforeDaemon, for the
+// named scenarios only); its error fails the scenario in its turn, without
+// its Run.
+func TestBeforeDaemonErrorFailsTheScenario(t *testing.T) {
+	var ran []string
+	g := &Guest{
+		openKmsg: func() (*Kmsg, error) { return nil, errors.New("no /dev/kmsg here") },
+		scenarios: []Scenario{
+			{Name: "early", BeforeDaemon: func(*Guest) error { ran = append(ran, "early before"); return errors.New("mke2fs: not found") },
+				Run: func(*Guest) error { ran = append(ran, "early"); return nil }},
+			{Name: "fine", BeforeDaemon: func(*Guest) error { ran = append(ran, "fine before"); return nil },
+				Run: func(*Guest) error { ran = append(ran, "fine"); return nil }},
+			{Name: "unnamed", BeforeDaemon: func(*Guest) error { ran = append(ran, "unnamed before"); return nil }},
+		},
+	}
+	names := []string{"early", "fine"}
+	g.beforeDaemon(names)
+	var out bytes.Buffer
+	passed, failed, _ := g.runAll(&out, names, time.Now().Add(time.Minute), time.Minute)
+	if got := strings.Join(ran, ","); got != "early before,fine before,fine" {
+		t.Errorf("ran %s, want early before,fine before,fine", got)
+	}
+	if passed != 1 || failed != 1 || !strings.Contains(out.String(), "VMTEST RESULT early FAIL 0ms before the daemon started: mke2fs: not found") {
+		t.Errorf("%d passed, %d failed:\n%s", passed, failed, out.String())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +18,34 @@ import (
 type KmsgRecord struct {
 	Raw string // "prio,seq,usec,flags;message" without the continuation lines
 	Msg string
+}
+
+// Usec is the record's kernel time (CLOCK_MONOTONIC, microseconds).
+func (r KmsgRecord) Usec() (uint64, error) {
+	f := strings.SplitN(r.Raw, ",", 4)
+	if len(f) < 4 {
+		return 0, fmt.Errorf("kernel record %q: no timestamp", r.Raw)
+	}
+	u, err := strconv.ParseUint(f[2], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("kernel record %q: %w", r.Raw, err)
+	}
+	return u, nil
+}
+
+// Wall is the record's wall time: the wall clock now less the kernel time
+// since the record was logged (as the daemon dates a record).
+func (r KmsgRecord) Wall() (time.Time, error) {
+	u, err := r.Usec()
+	if err != nil {
+		return time.Time{}, err
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return time.Time{}, err
+	}
+	now := time.Now()
+	return now.Add(-(time.Duration(ts.Nano()) - time.Duration(u)*time.Microsecond)), nil
 }
 
 // Kmsg reads the kernel log from the moment it was opened.

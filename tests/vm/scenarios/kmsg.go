@@ -63,6 +63,74 @@ func ext4RemountRO(g *Guest) error {
 	return nil
 }
 
+// remountBeforeStart runs before the daemon starts (kmsg_before_start's
+// BeforeDaemon): an ext4 mounted errors=remount-ro hits an error, and the
+// kernel's remount line is kept for kmsgBeforeStart.
+func remountBeforeStart(g *Guest) error {
+	k, err := OpenKmsg()
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	dev, _, cleanup, err := g.Ext4("early", 16)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := os.WriteFile("/sys/fs/ext4/"+filepath.Base(dev)+"/trigger_fs_error", []byte("vmtest before the daemon"), 0); err != nil {
+		return fmt.Errorf("trigger_fs_error: %w", err)
+	}
+	line := fmt.Sprintf("EXT4-fs (%s): Remounting filesystem read-only", filepath.Base(dev))
+	r, err := k.Await(regexp.MustCompile("^"+regexp.QuoteMeta(line)+"$"), awaitKmsg)
+	if err != nil {
+		return err
+	}
+	at, err := r.Wall()
+	if err != nil {
+		return err
+	}
+	earlyRemount.line, earlyRemount.at = line, at
+	g.Logf("before the daemon: %q at %s", r.Raw, at.Format(time.RFC3339Nano))
+	return nil
+}
+
+// earlyRemount is the kernel's line remountBeforeStart caused, and its
+// wall time.
+var earlyRemount struct {
+	line string
+	at   time.Time
+}
+
+// kmsgBeforeStart: a kernel line logged before the daemon started (an
+// early-boot remount) is read at the start (the records of this boot
+// still in the ring buffer), sets ReadonlyFilesystem True with the line,
+// and the condition's lastTransitionTime is the line's time, not the
+// daemon's start.
+func kmsgBeforeStart(g *Guest) error {
+	if earlyRemount.at.IsZero() {
+		return errors.New("no kernel line from before the daemon's start (its BeforeDaemon did not run)")
+	}
+	c, err := g.Await("ReadonlyFilesystem", "True", "FilesystemIsReadOnly", awaitKmsg)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, earlyRemount.line); err != nil {
+		return err
+	}
+	t := c.LastTransitionTime
+	g.Logf("the line at %s, the daemon started at %s, lastTransitionTime %s",
+		earlyRemount.at.Format(time.RFC3339Nano), g.started.Format(time.RFC3339Nano), t.Format(time.RFC3339Nano))
+	if !t.Before(g.started) {
+		return fmt.Errorf("%s: lastTransitionTime %s is not before the daemon's start (%s): dated by its reading, not by the kernel's line (%s)",
+			c, t.Format(time.RFC3339Nano), g.started.Format(time.RFC3339Nano), earlyRemount.at.Format(time.RFC3339Nano))
+	}
+	// Both read the wall clock less the kernel time since the line.
+	if d := t.Sub(earlyRemount.at).Abs(); d > 250*time.Millisecond {
+		return fmt.Errorf("%s: lastTransitionTime %s is %v from the kernel's line's time %s", c, t.Format(time.RFC3339Nano), d, earlyRemount.at.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
 const hungWriterArg = "vmtest-hung-writer"
 
 func init() {

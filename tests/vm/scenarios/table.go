@@ -36,6 +36,11 @@ type Scenario struct {
 	// dependencies.
 	Modules []string
 	Run     func(g *Guest) error
+	// BeforeDaemon, where set, runs in the guest's setup before the daemon
+	// starts (for a kernel line the daemon must find already logged at its
+	// start); Run runs in the scenario's turn as any other. Its error fails
+	// the scenario, whose Run then does not run.
+	BeforeDaemon func(g *Guest) error
 }
 
 // All scenarios. Within a boot they run in this order, and kernel
@@ -54,6 +59,10 @@ var All = []Scenario{
 	{Name: "nvme_fabrics_io_errors", Modules: []string{"nvmet", "nvmet-tcp", "nvme-tcp"}, Run: nvmeFabricsIOErrors},
 	{Name: "disk_io_errors", Modules: []string{"sd_mod", "scsi_debug"}, Run: diskIOErrors},
 	{Name: "nvme_critical_warning", Machine: criticalWarning, Run: nvmeCriticalWarning},
+	// Its ext4 error is logged before the daemon starts: in a boot where
+	// no scenario needs ReadonlyFilesystem False, nor Ext4Error's first
+	// event (ext4_remount_ro's).
+	{Name: "kmsg_before_start", Machine: criticalWarning, BeforeDaemon: remountBeforeStart, Run: kmsgBeforeStart},
 	// These need no healthy drive: they share the boot of the critical
 	// warning, which balances the two boots (the tier takes as long as the
 	// longer one). DiskUsageHigh, KernelDeadlock and VerityCorruption do not
