@@ -66,31 +66,64 @@ func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 // systemd). Before, a stale record started the daemon on any
 // later failure of its unit (a stop that timed out), against the
 // operator's stop.
+//
+// The refusal under test is one the path unit started (the file written
+// again after a first refusal), so that nothing but
+// autopilot-health-refused.service can start the daemon on the change: a
+// path unit that started the daemon watches nothing until the unit is
+// failed, and its PathChanged= then sees no change. The first refusal is
+// a systemctl start, which starts the path unit with the daemon and before
+// it (the daemon waits for the helper's socket): that path unit watches
+// while the daemon runs, and a rename it sees then is a start of its own,
+// merged into the failing start job when PID 1 reads the rename before the
+// exit (and lost with it), a new start when PID 1 reads the exit first, on
+// a loaded node (CI: the daemon `activating` on job 116 after the refused
+// record's refusal). A changed file started by the path unit is the path
+// unit's work, not this test's failure, so the rename is made only on the
+// second refusal.
 func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
-	const unit = "autopilot-health.service"
+	const unit, refused = "autopilot-health.service", "autopilot-health-refused.service"
 	const stale = "00000000000000000000000000000000"
 	fixed := fixedAsItExits
 	rec := "/var/lib/autopilot-health/refused-config.json"
 	// The unit file says \\1, which systemd unescapes to the sed's \1.
-	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'sed -E -i \"s/(invocation.:.)[0-9a-f]+/\\\\1%s/\" %s && mv %s /etc/autopilot-health/config.toml'\n", stale, rec, fixed)
+	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[3]s ]; then sed -E -i \"s/(invocation.:.)[0-9a-f]+/\\\\1%[1]s/\" %[2]s && mv %[3]s /etc/autopilot-health/config.toml; fi'\n", stale, rec, fixed)
 	s := daemonNamespace(t, "refusedstale", map[string]string{unit + ".d/50-stale-record.conf": dropIn},
-		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
-	writeFixedConfig(t, s)
+		badConfigs[0], unit, "autopilot-health.path", refused)
 	ctx := context.Background()
 	if err := s.StartUnit(ctx, unit); err == nil {
 		t.Errorf("the start job of a refused configuration succeeded")
 	}
-	eventually(t, 30*time.Second, "autopilot-health-refused.service refusing the record of another start", func() (bool, string) {
-		j := s.Journal("autopilot-health-refused.service")
-		return strings.Contains(j, "another start of the daemon (invocation "+stale+"), not by its last start (invocation "), lastBytes(j, 1000)
+	eventually(t, 30*time.Second, "autopilot-health-refused.service after the first refusal", func() (bool, string) {
+		j := s.Journal(refused)
+		return strings.Contains(j, "unchanged since it was refused"), lastBytes(j, 1000)
 	})
-	if j := s.Journal("autopilot-health-refused.service"); strings.Contains(j, "changed since it was refused") {
+	// The file written again (a second bad one): the path unit starts the
+	// daemon, which refuses it; its ExecStopPost= makes the record another
+	// start's and renames the fixed file onto the refused one.
+	writeFixedConfig(t, s)
+	if err := os.WriteFile(s.Root("/etc/autopilot-health/config.toml"), []byte(badConfigs[1]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "autopilot-health-refused.service refusing the record of another start", func() (bool, string) {
+		j := s.Journal(refused)
+		return strings.Contains(j, "another start of the daemon (invocation "+stale+"), not by its last start (invocation ") ||
+			strings.Contains(j, ": changed since it was refused"), lastBytes(j, 1000)
+	})
+	if _, err := os.Stat(s.Root(fixed)); !os.IsNotExist(err) {
+		t.Errorf("the fixed file was not renamed onto the refused one: %v", err)
+	}
+	if j := s.Journal(refused); strings.Contains(j, ": changed since it was refused") {
 		t.Errorf("the record of another start was read as a change:\n%s", lastBytes(j, 2000))
 	}
 	if u, err := s.Bus.Unit(ctx, unit); err != nil || u.ActiveState != "failed" {
 		t.Errorf("the daemon after a record of another start: %+v %v, want failed", u, err)
 	}
-	if n := strings.Count(s.Journal(unit), "msg=starting"); n != 0 {
+	j := s.Journal(unit)
+	if n := strings.Count(j, "refusing to start"); n != 2 {
+		t.Errorf("%d refusals, want 2 (a systemctl start, the path unit's start on the file written again)", n)
+	}
+	if n := strings.Count(j, "msg=starting"); n != 0 {
 		t.Errorf("the daemon started %d times on a record of another start", n)
 	}
 }
