@@ -19,17 +19,15 @@ import (
 // the unit's own ExecStopPost=, a rename onto the file, as an editor's save
 // or dpkg does, after the main process exited and before the unit is
 // failed) starts the daemon, without anyone's systemctl: the path unit
-// watches nothing while the unit is activating or deactivating, and its
-// PathChanged= is not a level the re-watch would see.
+// that started the refusing daemon (refuseThenWriteAgain) watches nothing
+// until the unit is failed, and its PathChanged= is not a level the
+// re-watch would see.
 func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 	const unit = "autopilot-health.service"
 	s := fixedAsItExitsNamespace(t, "refusedrace")
 	fixed := fixedAsItExits
-	writeFixedConfig(t, s)
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, unit); err == nil {
-		t.Errorf("the start job of a refused configuration succeeded")
-	}
+	refuseThenWriteAgain(t, s)
 	eventually(t, 30*time.Second, "the fixed file in place", func() (bool, string) {
 		_, err := os.Stat(s.Root(fixed))
 		return os.IsNotExist(err), fmt.Sprint(err)
@@ -42,8 +40,8 @@ func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 	if j := s.Journal("autopilot-health-refused.service"); !strings.Contains(j, "/etc/autopilot-health/config.toml: changed since it was refused") {
 		t.Errorf("autopilot-health-refused.service did not find the change:\n%s", lastBytes(j, 2000))
 	}
-	if n := strings.Count(s.Journal(unit), "refusing to start"); n != 1 {
-		t.Errorf("%d refusals, want 1", n)
+	if n := strings.Count(s.Journal(unit), "refusing to start"); n != 2 {
+		t.Errorf("%d refusals, want 2", n)
 	}
 	// The fixed daemon's exit (a stop) starts nothing: the record of the
 	// refusal went with its start.
@@ -67,20 +65,13 @@ func TestRefusedFileFixedAsTheDaemonExitsIsStarted(t *testing.T) {
 // later failure of its unit (a stop that timed out), against the
 // operator's stop.
 //
-// The refusal under test is one the path unit started (the file written
-// again after a first refusal), so that nothing but
-// autopilot-health-refused.service can start the daemon on the change: a
-// path unit that started the daemon watches nothing until the unit is
-// failed, and its PathChanged= then sees no change. The first refusal is
-// a systemctl start, which starts the path unit with the daemon and before
-// it (the daemon waits for the helper's socket): that path unit watches
-// while the daemon runs, and a rename it sees then is a start of its own,
-// merged into the failing start job when PID 1 reads the rename before the
-// exit (and lost with it), a new start when PID 1 reads the exit first, on
-// a loaded node (CI: the daemon `activating` on job 116 after the refused
-// record's refusal). A changed file started by the path unit is the path
-// unit's work, not this test's failure, so the rename is made only on the
-// second refusal.
+// The rename is made on a refusal the path unit started
+// (refuseThenWriteAgain), so that nothing but
+// autopilot-health-refused.service can start the daemon on the change. On
+// a systemctl start's refusal the path unit watched as the daemon exited,
+// and on a loaded node (PID 1 reading the exit before the rename) started
+// the daemon on the rename itself (CI: the daemon `activating` on job 116):
+// the path unit's work on a changed file, not a start on the record.
 func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
 	const unit, refused = "autopilot-health.service", "autopilot-health-refused.service"
 	const stale = "00000000000000000000000000000000"
@@ -91,20 +82,9 @@ func TestRefusedRecordOfAnotherStartStartsNothing(t *testing.T) {
 	s := daemonNamespace(t, "refusedstale", map[string]string{unit + ".d/50-stale-record.conf": dropIn},
 		badConfigs[0], unit, "autopilot-health.path", refused)
 	ctx := context.Background()
-	if err := s.StartUnit(ctx, unit); err == nil {
-		t.Errorf("the start job of a refused configuration succeeded")
-	}
-	eventually(t, 30*time.Second, "autopilot-health-refused.service after the first refusal", func() (bool, string) {
-		j := s.Journal(refused)
-		return strings.Contains(j, "unchanged since it was refused"), lastBytes(j, 1000)
-	})
-	// The file written again (a second bad one): the path unit starts the
-	// daemon, which refuses it; its ExecStopPost= makes the record another
-	// start's and renames the fixed file onto the refused one.
-	writeFixedConfig(t, s)
-	if err := os.WriteFile(s.Root("/etc/autopilot-health/config.toml"), []byte(badConfigs[1]), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// The second refusal's ExecStopPost= makes the record another start's
+	// and renames the fixed file onto the refused one.
+	refuseThenWriteAgain(t, s)
 	eventually(t, 30*time.Second, "autopilot-health-refused.service refusing the record of another start", func() (bool, string) {
 		j := s.Journal(refused)
 		return strings.Contains(j, "another start of the daemon (invocation "+stale+"), not by its last start (invocation ") ||
@@ -175,11 +155,10 @@ func TestRefusedUnitHasNoStartLimit(t *testing.T) {
 	if n := strings.Count(s.Journal(refused), "unchanged since it was refused"); n != 6 {
 		t.Errorf("%s ran its condition %d times for 6 refusals", refused, n)
 	}
-	// A seventh, fixed as the refusing daemon exits, is started.
+	// A seventh, the file written again and fixed as the refusing daemon
+	// exits, is started.
 	writeFixedConfig(t, s)
-	if err := s.StartUnit(ctx, unit); err == nil {
-		t.Errorf("the seventh start job of a refused configuration succeeded")
-	}
+	writeAgain(t, s)
 	waitUnitFor(t, s, unit, 2*time.Minute, "active on the file fixed as it exited after the burst", active)
 	if j := s.Journal(refused); !strings.Contains(j, "/etc/autopilot-health/config.toml: changed since it was refused") {
 		t.Errorf("%s did not find the change after the burst:\n%s", refused, lastBytes(j, 2000))
@@ -201,6 +180,37 @@ func fixedAsItExitsNamespace(t *testing.T, name string) *harness.Systemd {
 	dropIn := fmt.Sprintf("[Service]\nExecStopPost=+/bin/sh -c 'if [ -e %[1]s ]; then mv %[1]s /etc/autopilot-health/config.toml; fi'\n", fixedAsItExits)
 	return daemonNamespace(t, name, map[string]string{unit + ".d/50-fix-as-it-exits.conf": dropIn},
 		badConfigs[0], unit, "autopilot-health.path", "autopilot-health-refused.service")
+}
+
+// refuseThenWriteAgain refuses the configuration once (systemctl start),
+// then writes a good one at fixedAsItExits and writes the refused file
+// again: the path unit starts the daemon, which refuses it, and its
+// ExecStopPost= renames the good one onto it. Only a refusal the path unit
+// started is one where it watches nothing as the daemon exits: a systemctl
+// start starts the path unit with the daemon and before it (the daemon
+// waits for the helper's socket), and that path unit sees the rename,
+// a start of its own (merged into the failing start job, or, where PID 1
+// reads the exit first on a loaded node, a new one that removes the
+// record as autopilot-health-refused.service reads it).
+func refuseThenWriteAgain(t *testing.T, s *harness.Systemd) {
+	t.Helper()
+	if err := s.StartUnit(context.Background(), "autopilot-health.service"); err == nil {
+		t.Errorf("the start job of a refused configuration succeeded")
+	}
+	eventually(t, 30*time.Second, "autopilot-health-refused.service after the first refusal", func() (bool, string) {
+		j := s.Journal("autopilot-health-refused.service")
+		return strings.Contains(j, "unchanged since it was refused"), lastBytes(j, 1000)
+	})
+	writeFixedConfig(t, s)
+	writeAgain(t, s)
+}
+
+// writeAgain writes the refused configuration file again, another bad one.
+func writeAgain(t *testing.T, s *harness.Systemd) {
+	t.Helper()
+	if err := os.WriteFile(s.Root("/etc/autopilot-health/config.toml"), []byte(badConfigs[1]), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // writeFixedConfig writes a good configuration at fixedAsItExits.
