@@ -16,9 +16,9 @@ import (
 
 // Out of descriptors, the helper's accepts fail with EMFILE (the
 // connection stays in the backlog) for as long as that lasts: Serve tries
-// again with backoff (six failures take at least 2.5+5+10+20+40 ms: no
-// spin), logs it once, not once per try, and serves the waiting connection
-// once descriptors are free again. Before, Serve returned the error and
+// again (with backoff: TestOutOfDescriptorsStopDuringABackoffAtOnce counts
+// the tries on synctest's clock), logs it once, not once per try, and
+// serves the waiting connection once descriptors are free again. Before, Serve returned the error and
 // the helper exited (systemd started it again every second, its start-up
 // lines with it, for as long as descriptors were short). Real descriptors:
 // the test process's own RLIMIT_NOFILE lowered to what it holds.
@@ -74,7 +74,6 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 	}
 	unix.Close(fill[len(fill)-1])
 	fill = fill[:len(fill)-1]
-	start := time.Now()
 	conn, err := net.Dial("unix", p)
 	if err != nil {
 		restore()
@@ -95,15 +94,11 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling the count the serving goroutine keeps
 	}
-	took := time.Since(start)
 	for _, fd := range fill {
 		unix.Close(fd)
 	}
 	fill = nil
 	restore()
-	if took < 75*time.Millisecond {
-		t.Errorf("6 failed accepts in %v: no backoff", took)
-	}
 	if n := strings.Count(logs.String(), "accepting a connection failed"); n != 1 {
 		t.Errorf("the failed accepts logged %d times, want once:\n%s", n, logs.String())
 	}
