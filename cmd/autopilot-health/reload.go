@@ -38,10 +38,22 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	}
 	var what string
 	var err error
+	var notSocket error
 	for _, p := range paths {
 		if what, err = daemon.RequestReload(p); !errors.Is(err, daemon.ErrNotRunning) {
 			break
 		}
+		// A file, a directory or a symlink at the path: the other
+		// candidate may answer; if none does, this is what the
+		// operator needs to know (a daemon whose control_socket names
+		// it does not start), not "not running, or still starting".
+		if errors.As(err, new(daemon.NotASocketError)) && notSocket == nil {
+			notSocket = err
+		}
+	}
+	if errors.Is(err, daemon.ErrNotRunning) && notSocket != nil {
+		fmt.Fprintf(stderr, "autopilot-health reload: %v\n", notSocket)
+		return exitError
 	}
 	var refused daemon.RefusedError
 	switch {

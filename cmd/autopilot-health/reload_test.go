@@ -217,3 +217,40 @@ func TestSocketCandidatesOfAnOddFileAreCheap(t *testing.T) {
 		t.Errorf("socketCandidates of a 40 KB file of 10,000 nested inline tables allocated %d MiB, want it read by lines after config.CheckBounds refused it", n>>20)
 	}
 }
+
+// A file, a directory or a symlink (one that loops too) at the socket the
+// configuration names is named by reload, as by tamper clear and status:
+// a daemon whose control_socket names it leaves it there and does not
+// start, so nothing answers on the default socket either, and "not
+// running, or still starting" would send the operator to wait. Fails
+// before: reload went on to the default socket and said only its
+// "no control socket at", and "nor on <path>".
+func TestReloadNamesWhatIsThereInsteadOfTheNamedSocket(t *testing.T) {
+	def := config.Default().ControlSocket
+	if answers(def) {
+		testenv.Skip(t, fmt.Sprintf("a daemon listens on %s on this host", def))
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(dir, "dir")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	loop := filepath.Join(dir, "loop")
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	for p, what := range map[string]string{file: "a regular file", sub: "a directory", loop: "a symlink"} {
+		cfg := filepath.Join(dir, filepath.Base(p)+".toml")
+		if err := os.WriteFile(cfg, []byte("control_socket = \""+p+"\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, _, stderr := run(t, "reload", "--config", cfg)
+		if want := p + " is not a socket but " + what; code != exitError || !strings.Contains(stderr, want) {
+			t.Errorf("reload --config %s: %d %q, want exit 2 naming %q", filepath.Base(cfg), code, stderr, want)
+		}
+	}
+}

@@ -554,7 +554,7 @@ func dialControl(socket, retry string) (*net.UnixConn, error) {
 		// (listenControl). A path under a file, nothing there, keeps
 		// the connect's own error.
 		if what := NotASocket(socket); what != "" {
-			return nil, fmt.Errorf("%w: %s is not a socket but %s, which a daemon whose control_socket names it leaves as it is, and does not start (journalctl -u autopilot-health says so)", ErrNotRunning, socket, what)
+			return nil, NotASocketError{Socket: socket, What: what}
 		}
 	}
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
@@ -580,6 +580,21 @@ func dialControl(socket, retry string) (*net.UnixConn, error) {
 
 // ErrNotRunning: no daemon listens on the socket.
 var ErrNotRunning = errors.New("the daemon is not running")
+
+// NotASocketError: what is at the control socket's path is not a socket (a
+// file, a directory, a symlink), which a daemon whose control_socket names
+// it leaves there, and does not start. It is an ErrNotRunning that says
+// what is there.
+type NotASocketError struct {
+	Socket string
+	What   string // "a regular file", "a directory", "a symlink", ...
+}
+
+func (e NotASocketError) Error() string {
+	return fmt.Sprintf("%v: %s is not a socket but %s, which a daemon whose control_socket names it leaves as it is, and does not start (journalctl -u autopilot-health says so)", ErrNotRunning, e.Socket, e.What)
+}
+
+func (NotASocketError) Unwrap() error { return ErrNotRunning }
 
 // askControl sends req to the daemon listening on socket and reads its
 // answer, waiting at most wait for it.
