@@ -34,29 +34,17 @@ func TestEarlyReportThatDoesNotFitKeepsTheClear(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
 		tk := report.AnnotationPrefix + "tamper"
-		n := kubeletNode()
-		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-2000)
+		n := crowdedNode(256*1024 - 2000)
 		// The earlier boot's report: its tamper document with the clear.
 		n.Annotations[tk] = fmt.Sprintf(`{"schemaVersion":1,"bootID":"boot-a","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339))
-		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
 		client := fake.NewClientset(n)
 		annotationLimit(client)
-		store := report.NewStore("boot-b")
-		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
-		det := report.NewDetails()
-		det.SetBootID("boot-b")
-		// The clear published before, trusted at start (the daemon sets
-		// the tamper field from it before the checks ran), and what the
-		// checks collected before the first write: a few KiB.
+		// What the checks collected before the first write (a few KiB),
+		// and the clear published before, trusted at start (the daemon
+		// sets the tamper field from it before the checks ran).
+		store, det := diskUsageHighBootB(40)
 		det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
-		var fss []map[string]string
-		for i := range 40 {
-			fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
-		}
-		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
-		never := make(chan struct{}) // the checks' first pass does not end: no refresh
-		h := startOpts(t, client, store, det, io.Discard, func(o *Options) { o.FirstPass = never })
-		<-h.r.Adopted()
+		h := startBeforeFirstPass(t, client, store, det, io.Discard) // no refresh
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got := h.node(t)
@@ -91,10 +79,8 @@ func TestEarlyReportRetryThatFailsKeepsTheClear(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
 		tk := report.AnnotationPrefix + "tamper"
-		n := kubeletNode()
-		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-2000)
+		n := crowdedNode(256*1024 - 2000)
 		n.Annotations[tk] = fmt.Sprintf(`{"schemaVersion":1,"bootID":"boot-a","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339))
-		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
 		client := fake.NewClientset(n)
 		annotationLimit(client)
 		var mu sync.Mutex
@@ -111,19 +97,9 @@ func TestEarlyReportRetryThatFailsKeepsTheClear(t *testing.T) {
 			}
 			return false, nil, nil
 		})
-		store := report.NewStore("boot-b")
-		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
-		det := report.NewDetails()
-		det.SetBootID("boot-b")
+		store, det := diskUsageHighBootB(40)
 		det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
-		var fss []map[string]string
-		for i := range 40 {
-			fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
-		}
-		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
-		never := make(chan struct{})
-		h := startOpts(t, client, store, det, io.Discard, func(o *Options) { o.FirstPass = never })
-		<-h.r.Adopted()
+		h := startBeforeFirstPass(t, client, store, det, io.Discard)
 		time.Sleep(5 * time.Minute)
 		synctest.Wait()
 		got := h.node(t)
@@ -156,24 +132,11 @@ func TestEarlyReportRetryThatFailsKeepsTheClear(t *testing.T) {
 // first pass took) while status and the counter said nothing was left out.
 func TestEarlyReportThatDoesNotFitIsCountedLeftOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		n := kubeletNode()
-		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 256*1024-2000)
-		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
-		client := fake.NewClientset(n)
+		client := fake.NewClientset(crowdedNode(256*1024 - 2000))
 		annotationLimit(client)
-		store := report.NewStore("boot-b")
-		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
-		det := report.NewDetails()
-		det.SetBootID("boot-b")
-		var fss []map[string]string
-		for i := range 40 {
-			fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
-		}
-		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
+		store, det := diskUsageHighBootB(40)
 		var logs testenv.SyncBuffer
-		never := make(chan struct{})
-		h := startOpts(t, client, store, det, &logs, func(o *Options) { o.FirstPass = never })
-		<-h.r.Adopted()
+		h := startBeforeFirstPass(t, client, store, det, &logs)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if v := h.node(t).Annotations[report.AnnotationPrefix+"storage"]; !strings.Contains(v, `"leftOut"`) {
@@ -222,14 +185,9 @@ func TestEarlyReportThatDoesNotFitWithoutARead(t *testing.T) {
 					}
 					return false, nil, nil
 				})
-				store := report.NewStore("boot-b")
-				store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
-				det := report.NewDetails()
-				det.SetBootID("boot-b")
+				store, det := diskUsageHighBootB(0)
 				det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: []map[string]string{{"mountPoint": strings.Repeat("/v", 1000)}}})
-				never := make(chan struct{})
-				h := startOpts(t, client, store, det, io.Discard, func(o *Options) { o.FirstPass = never })
-				<-h.r.Adopted()
+				h := startBeforeFirstPass(t, client, store, det, io.Discard)
 				time.Sleep(time.Minute)
 				synctest.Wait()
 				got := h.node(t)

@@ -2057,6 +2057,45 @@ func TestStatusWritesCarryTheReportOnlyUntilItIsThisBoots(t *testing.T) {
 	})
 }
 
+// crowdedNode is kubeletNode with others bytes of another writer's
+// annotation (a cluster tool's state) and the earlier boot's (boot-a)
+// storage document: a Node where this boot's report may not fit.
+func crowdedNode(others int) *corev1.Node {
+	n := kubeletNode()
+	n.Annotations["tool.example.com/state"] = strings.Repeat("x", others)
+	n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
+	return n
+}
+
+// diskUsageHighBootB is this boot's (boot-b) store with DiskUsageHigh True
+// and its details, whose storage domain holds the filesystems of pods
+// pods' volumes (a few KiB for 30 or 40: what the checks collected before
+// the first write), none for 0.
+func diskUsageHighBootB(pods int) (*report.Store, *report.Details) {
+	store := report.NewStore("boot-b")
+	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
+	det := report.NewDetails()
+	det.SetBootID("boot-b")
+	if pods > 0 {
+		var fss []map[string]string
+		for i := range pods {
+			fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
+		}
+		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
+	}
+	return store, det
+}
+
+// startBeforeFirstPass starts the reporter with a first pass of the checks
+// that never ends (no refresh of the report), and returns once it adopted
+// the Node.
+func startBeforeFirstPass(t *testing.T, client *fake.Clientset, store *report.Store, det *report.Details, logs io.Writer) *harness {
+	never := make(chan struct{})
+	h := startOpts(t, client, store, det, logs, func(o *Options) { o.FirstPass = never })
+	<-h.r.Adopted()
+	return h
+}
+
 // annotationLimit makes the fake API server refuse, as kube-apiserver's
 // validation does (422, metadata.annotations: Too long), a node patch
 // whose result holds more than 256 KiB of annotations, counted as the API
@@ -2107,21 +2146,10 @@ func annotationLimit(client *fake.Clientset) {
 // the report write is, and the conditions never reached the Node.
 func TestConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		n := kubeletNode()
-		n.Annotations["tool.example.com/state"] = strings.Repeat("x", 255*1024)
-		n.Annotations[report.AnnotationPrefix+"storage"] = `{"schemaVersion":1,"bootID":"boot-a"}`
-		client := fake.NewClientset(n)
+		client := fake.NewClientset(crowdedNode(255 * 1024))
 		annotationLimit(client)
-		store := report.NewStore("boot-b")
-		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh}, time.Now())
-		det := report.NewDetails()
-		det.SetBootID("boot-b")
 		// What the checks collected before the first write: a few KiB.
-		var fss []map[string]string
-		for i := range 30 {
-			fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
-		}
-		det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
+		store, det := diskUsageHighBootB(30)
 		h := startOpts(t, client, store, det, io.Discard, nil)
 		<-h.r.Adopted()
 		time.Sleep(time.Minute)
