@@ -7,10 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
@@ -80,25 +77,8 @@ func TestNoEventsWhileTheCredentialsNameAnotherNode(t *testing.T) {
 func TestKeptEventsAreNotSentWhileTheCredentialsNameAnotherNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		client := fake.NewClientset(kubeletNode())
-		down := true
-		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
-			if down {
-				return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
-			}
-			return false, nil, nil
-		})
-		store := report.NewStore("b")
-		h := startOpts(t, client, store, report.NewDetails(), io.Discard, nil)
-		<-h.r.Adopted()
-		for range 3 {
-			store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
-			time.Sleep(time.Second)
-		}
-		synctest.Wait()
-		h.stop()
-		next := restartStore(t, store)
-		down = false
-		h = startOpts(t, client, next, report.NewDetails(), io.Discard, func(o *Options) { o.Identity = anotherNode })
+		next := keptTaskHung(t, client)
+		h := startOpts(t, client, next, report.NewDetails(), io.Discard, func(o *Options) { o.Identity = anotherNode })
 		<-h.r.Adopted()
 		time.Sleep(time.Minute)
 		synctest.Wait()
@@ -122,26 +102,9 @@ func TestKeptEventsOfAnEarlierNodeNameAreCountedAsDropped(t *testing.T) {
 		renamed := kubeletNode()
 		renamed.Name = "renamed-node"
 		client := fake.NewClientset(kubeletNode(), renamed)
-		down := true
-		client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
-			if down {
-				return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
-			}
-			return false, nil, nil
-		})
-		store := report.NewStore("b")
-		h := startOpts(t, client, store, report.NewDetails(), io.Discard, nil)
-		<-h.r.Adopted()
-		for range 3 {
-			store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
-			time.Sleep(time.Second)
-		}
-		synctest.Wait()
-		h.stop()
-		next := restartStore(t, store)
-		down = false
+		next := keptTaskHung(t, client)
 		var logs testenv.SyncBuffer
-		h = startOpts(t, client, next, report.NewDetails(), &logs, func(o *Options) { o.NodeName = renamed.Name })
+		h := startOpts(t, client, next, report.NewDetails(), &logs, func(o *Options) { o.NodeName = renamed.Name })
 		<-h.r.Adopted()
 		time.Sleep(time.Minute)
 		synctest.Wait()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -33,6 +35,34 @@ func restartStore(t *testing.T, store *report.Store) *report.Store {
 	if res, err := next.Load(dir); err != nil || res.Corrupt != nil {
 		t.Fatalf("load: %v %v", err, res.Corrupt)
 	}
+	return next
+}
+
+// keptTaskHung is an earlier run of this boot on client that could not
+// create its Events (503: the API server down) and kept them in the state
+// file: a hung kubelet reported three times, one Event with count 3 not
+// yet on the API server. It returns the next run's store (restartStore),
+// and the API server takes Events again.
+func keptTaskHung(t *testing.T, client *fake.Clientset) *report.Store {
+	t.Helper()
+	down := true
+	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if down {
+			return true, nil, apierrors.NewServiceUnavailable("kube-apiserver is down")
+		}
+		return false, nil, nil
+	})
+	store := report.NewStore("b")
+	h := startOpts(t, client, store, report.NewDetails(), io.Discard, nil)
+	<-h.r.Adopted()
+	for range 3 {
+		store.Emit(report.Event{Reason: "TaskHung", Message: "INFO: task kubelet:4242 blocked for more than 120 seconds.", Time: time.Now()})
+		time.Sleep(time.Second)
+	}
+	synctest.Wait()
+	h.stop()
+	next := restartStore(t, store)
+	down = false
 	return next
 }
 
