@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -493,29 +494,39 @@ func TestKubeHeartbeatRidesOnTheReportRefresh(t *testing.T) {
 	readyIntact(t, waitNode(t, s, node, "the Node after the write", func(*corev1.Node) bool { return true }))
 }
 
-// A Node whose other writers' annotations leave no room for this boot's
-// report, against the real API server: the status write that carries the
-// report is refused (422, metadata.annotations too long), and the
-// conditions must land all the same, with the earlier boot's report taken
-// off the Node rather than left beside them.
-func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
-	s := apiServer(t)
-	node := "node-report-does-not-fit-" + harness.Token()
-	ctx := context.Background()
-	registerNode(t, s, node)
-	big, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		"tool.example.com/state":            strings.Repeat("x", 255*1024),
+// crowdNode writes, as admin, the Node's annotations of a reboot where
+// this boot's report may not fit: another writer's others bytes
+// ("tool.example.com/state"), the earlier boot's (boot-a) storage
+// document, and extra.
+func crowdNode(t *testing.T, s *harness.APIServer, node string, others int, extra map[string]string) {
+	t.Helper()
+	a := map[string]string{
+		"tool.example.com/state":            strings.Repeat("x", others),
 		report.AnnotationPrefix + "storage": `{"schemaVersion":1,"bootID":"boot-a"}`,
-	}}})
-	if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, big, metav1.PatchOptions{}); err != nil {
+	}
+	maps.Copy(a, extra)
+	big, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": a}})
+	if _, err := s.Admin.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, big, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// startBeforeFirstPass starts a reporter with the node's credentials on
+// this boot's (boot-b) store, DiskUsageHigh True, and details whose
+// storage holds 30 pods' volumes (a few KiB: what the checks collected
+// before the first write), with what fill adds; the checks' first pass
+// never ends, so only the conditions' writes carry the report.
+func startBeforeFirstPass(t *testing.T, s *harness.APIServer, node string, fill func(*report.Details)) *running {
+	t.Helper()
 	client, _ := nodeClient(t, s, node)
 	store := report.NewStore("boot-b")
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
 		Message: "/var at 97 %"}, time.Now())
 	det := report.NewDetails()
 	det.SetBootID("boot-b")
+	if fill != nil {
+		fill(det)
+	}
 	var fss []map[string]string
 	for i := range 30 {
 		fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
@@ -524,10 +535,24 @@ func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
 	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
 		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: make(chan struct{})})
-	rctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
-	go func() { x.r.Run(rctx); close(x.done) }()
-	defer x.stop()
+	go func() { x.r.Run(ctx); close(x.done) }()
+	t.Cleanup(x.stop)
+	return x
+}
+
+// A Node whose other writers' annotations leave no room for this boot's
+// report, against the real API server: the status write that carries the
+// report is refused (422, metadata.annotations too long), and the
+// conditions must land all the same, with the earlier boot's report taken
+// off the Node rather than left beside them.
+func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
+	s := apiServer(t)
+	node := "node-report-does-not-fit-" + harness.Token()
+	registerNode(t, s, node)
+	crowdNode(t, s, node, 255*1024, nil)
+	startBeforeFirstPass(t, s, node, nil)
 	n := waitNode(t, s, node, "DiskUsageHigh True", func(n *corev1.Node) bool {
 		c := cond(n, "DiskUsageHigh")
 		return c != nil && c.Status == corev1.ConditionTrue
@@ -550,37 +575,15 @@ func TestKubeConditionsLandWhenTheEarlyReportDoesNotFit(t *testing.T) {
 func TestKubeEarlyReportThatDoesNotFitKeepsTheClear(t *testing.T) {
 	s := apiServer(t)
 	node := "node-early-fit-clear-" + harness.Token()
-	ctx := context.Background()
 	registerNode(t, s, node)
 	cleared := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
 	tk := report.AnnotationPrefix + "tamper"
-	big, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		"tool.example.com/state":            strings.Repeat("x", 256*1024-2500),
-		report.AnnotationPrefix + "storage": `{"schemaVersion":1,"bootID":"boot-a"}`,
-		tk:                                  fmt.Sprintf(`{"schemaVersion":1,"bootID":"boot-a","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339)),
-	}}})
-	if _, err := s.Admin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, big, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	client, _ := nodeClient(t, s, node)
-	store := report.NewStore("boot-b")
-	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: report.ReasonFilesystemSpaceHigh,
-		Message: "/var at 97 %"}, time.Now())
-	det := report.NewDetails()
-	det.SetBootID("boot-b")
-	det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
-	var fss []map[string]string
-	for i := range 30 {
-		fss = append(fss, map[string]string{"mountPoint": fmt.Sprintf("/var/lib/kubelet/pods/%032d/volumes", i), "device": "/dev/sda1"})
-	}
-	det.Set(report.Detail{Domain: "storage", Field: "filesystems", Value: fss})
-	x := &running{store: store, det: det, m: kube.NewMetrics(nil), done: make(chan struct{})}
-	x.r = kube.New(kube.Options{Client: client, NodeName: node, Role: report.RoleWorker, Store: store, Details: det,
-		Log: quiet(), Metrics: x.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute, FirstPass: make(chan struct{})})
-	rctx, cancel := context.WithCancel(ctx)
-	x.cancel = cancel
-	go func() { x.r.Run(rctx); close(x.done) }()
-	defer x.stop()
+	crowdNode(t, s, node, 256*1024-2500, map[string]string{
+		tk: fmt.Sprintf(`{"schemaVersion":1,"bootID":"boot-a","tamper":{"cleared":{"at":%q,"by":"operator"}}}`, cleared.Format(time.RFC3339)),
+	})
+	startBeforeFirstPass(t, s, node, func(det *report.Details) {
+		det.Set(report.Detail{Domain: "tamper", Field: "tamper", Value: map[string]any{"cleared": map[string]any{"at": cleared, "by": "operator"}}})
+	})
 	n := waitNode(t, s, node, "DiskUsageHigh True", func(n *corev1.Node) bool {
 		c := cond(n, "DiskUsageHigh")
 		return c != nil && c.Status == corev1.ConditionTrue
