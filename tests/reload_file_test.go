@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -37,17 +36,12 @@ func TestReloadOfARenamedAndAnUnreadableFileUnderSystemd(t *testing.T) {
 	if err := os.MkdirAll(etc, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var off strings.Builder
-	for _, name := range config.Default().Checks.Names() {
-		if name != "DiskUsageHigh" {
-			fmt.Fprintf(&off, "[checks.%s]\nenabled = false\n", name)
-		}
-	}
+	off := checksOffBut("DiskUsageHigh")
 	port := freeTCPPort(t)
 	cfgPath := filepath.Join(etc, "config.toml")
 	text := func(percent int) string {
 		return fmt.Sprintf("node_name = \"reloadfile\"\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n"+
-			"[runner]\nfirst_run_spread = \"0s\"\n[kubernetes]\nkubeconfig = \"\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\nspace_percent = %d\n", port, off.String(), percent)
+			"[runner]\nfirst_run_spread = \"0s\"\n[kubernetes]\nkubeconfig = \"\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\nspace_percent = %d\n", port, off, percent)
 	}
 	if err := os.WriteFile(cfgPath, []byte(text(90)), 0o644); err != nil {
 		t.Fatal(err)

@@ -91,12 +91,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 	ctx := context.Background()
 
 	etc := installNodeKubeconfig(t, s, api, node)
-	var checksOff strings.Builder
-	for _, name := range config.Default().Checks.Names() {
-		if name != "DiskUsageHigh" {
-			fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", name)
-		}
-	}
+	checksOff := checksOffBut("DiskUsageHigh")
 	var disable []string
 	for _, r := range kmsg.DefaultRules {
 		disable = append(disable, fmt.Sprintf("%q", r.Name))
@@ -106,7 +101,7 @@ func TestReloadUnderSystemd(t *testing.T) {
 	ruleB := fmt.Sprintf("\n[[kmsg.rules]]\nname = \"ReloadTestB\"\nkind = \"temp\"\nreason = \"IOError\"\npattern = 'autopilot-health reload test B %s'\n", tok)
 	writeConfig := func(spacePercent int, extra string) {
 		t.Helper()
-		c := fmt.Sprintf(reloadConfig, node, metricsPort, checksOff.String(), spacePercent, strings.Join(disable, ", "), tok, extra)
+		c := fmt.Sprintf(reloadConfig, node, metricsPort, checksOff, spacePercent, strings.Join(disable, ", "), tok, extra)
 		if err := os.WriteFile(cfgPath, []byte(c), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -375,6 +370,18 @@ func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, st
 	return s, usr
 }
 
+// checksOffBut is the configuration's tables that turn off every check of
+// the catalog but keep.
+func checksOffBut(keep ...string) string {
+	var b strings.Builder
+	for _, name := range config.Default().Checks.Names() {
+		if !slices.Contains(keep, name) {
+			fmt.Fprintf(&b, "[checks.%s]\nenabled = false\n", name)
+		}
+	}
+	return b.String()
+}
+
 func mustRead(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -398,18 +405,13 @@ func TestReloadWhileStartingUnderSystemd(t *testing.T) {
 	ctx := context.Background()
 	etc := s.Root("/etc/autopilot-health")
 	os.MkdirAll(etc, 0o755)
-	var off strings.Builder
-	for _, name := range config.Default().Checks.Names() {
-		if name != "DiskUsageHigh" && name != "NodeInfoStale" {
-			fmt.Fprintf(&off, "[checks.%s]\nenabled = false\n", name)
-		}
-	}
+	off := checksOffBut("DiskUsageHigh", "NodeInfoStale")
 	port := freeTCPPort(t)
 	cfgPath := filepath.Join(etc, "config.toml")
 	write := func(disk string) {
 		t.Helper()
 		c := fmt.Sprintf("node_name = \"reloadstart\"\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n"+
-			"[runner]\nfirst_run_spread = \"8s\"\n[kubernetes]\nkubeconfig = \"\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\n%s\n", port, off.String(), disk)
+			"[runner]\nfirst_run_spread = \"8s\"\n[kubernetes]\nkubeconfig = \"\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\n%s\n", port, off, disk)
 		if err := os.WriteFile(cfgPath, []byte(c), 0o644); err != nil {
 			t.Fatal(err)
 		}
