@@ -2,8 +2,14 @@ package scenarios
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // LVMConf is the guest's /etc/lvm/lvm.conf: no udev (the guest has none;
@@ -89,4 +95,123 @@ func lvmUsage(g *Guest) error {
 		return fmt.Errorf("storage report: volume groups %+v, want vgvm with thin pool pool at 93.75%%", doc.VolumeGroups)
 	}
 	return nil
+}
+
+// lvmThinOutOfSpace: a thin pool of 8 MiB on a volume group of its own (a
+// loop device over a file in /tmp), made with --errorwhenfull y, and 16 MiB
+// written to a thin volume in it: dm-thin runs out of data blocks, switches
+// the pool to out-of-data-space mode and fails the write past them with
+// ENOSPC (without --errorwhenfull it queues it for no_space_timeout, 60 s).
+// LVM's lv_attr then has D as its 9th character: DiskUsageHigh True,
+// ThinPoolSpaceHigh, "thin pool vgthin/pool out of data space", and the
+// storage report's pool entry says so. Before lvm_usage in its boot: it
+// removes its volume group and loop device after, and DiskUsageHigh is
+// False again for lvm_usage's first wait.
+func lvmThinOutOfSpace(g *Guest) error {
+	if _, err := g.Await("DiskUsageHigh", "False", "DiskUsageOK", awaitCheck); err != nil {
+		return err
+	}
+	img := "/tmp/vgthin.img"
+	f, err := os.Create(img)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(32 << 20)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	defer os.Remove(img)
+	dev, detach, err := AttachLoop(img)
+	if err != nil {
+		return err
+	}
+	defer detach()
+	removed := false
+	defer func() {
+		if !removed {
+			_, _ = g.Run("lvm", "vgremove", "-y", "-ff", "vgthin")
+		}
+	}()
+	for _, args := range [][]string{
+		{"vgcreate", "-y", "vgthin", dev},
+		{"lvcreate", "-y", "-L", "8M", "-T", "vgthin/pool", "--errorwhenfull", "y", "-V", "32M", "-n", "thin"},
+	} {
+		if _, err := g.Run("lvm", args...); err != nil {
+			return err
+		}
+	}
+	k, err := OpenKmsg()
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	k.Drain()
+	err = DirectWrite("/dev/mapper/vgthin-thin", 16)
+	if !errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("16 MiB written to a thin volume in an 8 MiB pool with --errorwhenfull y: %v, want ENOSPC", err)
+	}
+	g.Logf("the write: %v", err)
+	r, err := k.Await(regexp.MustCompile(`device-mapper: thin: \d+:\d+: switching pool to out-of-data-space \(error IO\) mode`), 10*time.Second)
+	if err != nil {
+		return err
+	}
+	g.Logf("kernel: %s", r.Msg)
+	lvs, err := g.Run("lvm", "lvs", "--noheadings", "-o", "lv_attr,metadata_percent", "vgthin/pool")
+	if err != nil {
+		return err
+	}
+	var attr string
+	var meta float64
+	if _, err := fmt.Sscan(lvs, &attr, &meta); err != nil || len(attr) < 9 || attr[8] != 'D' {
+		return fmt.Errorf("lvs of vgthin/pool: %q, want lv_attr with D (out of data space) and its metadata use", lvs)
+	}
+	c, err := g.Await("DiskUsageHigh", "True", "ThinPoolSpaceHigh", awaitCheck)
+	if err != nil {
+		return err
+	}
+	if err := MessageHas(c, "thin pool vgthin/pool out of data space"); err != nil {
+		return err
+	}
+	if strings.Contains(c.Message, "% of data used") {
+		return fmt.Errorf("%s: the pool's health, not its use, is the problem", c)
+	}
+	out, err := g.Check("DiskUsageHigh")
+	if err != nil {
+		return err
+	}
+	g.Logf("storage report: %s", compact(out.Report["storage"]))
+	var doc struct {
+		VolumeGroups []struct {
+			Name      string          `json:"name"`
+			ThinPools []ThinPoolEntry `json:"thinPools"`
+		} `json:"volumeGroups"`
+	}
+	if err := json.Unmarshal(out.Report["storage"], &doc); err != nil {
+		return err
+	}
+	// Its metadata use as lvs reported it (two decimals): the pool has
+	// written none since.
+	want := ThinPoolEntry{Name: "pool", SizeBytes: 8 << 20, DataPercent: 100, MetadataPercent: meta, Health: "out of data space"}
+	if len(doc.VolumeGroups) != 1 || doc.VolumeGroups[0].Name != "vgthin" || len(doc.VolumeGroups[0].ThinPools) != 1 ||
+		doc.VolumeGroups[0].ThinPools[0] != want {
+		return fmt.Errorf("storage report: volume groups %+v, want vgthin with thin pool %+v", doc.VolumeGroups, want)
+	}
+	removed = true
+	if _, err := g.Run("lvm", "vgremove", "-y", "-ff", "vgthin"); err != nil {
+		return err
+	}
+	_, err = g.Await("DiskUsageHigh", "False", "DiskUsageOK", awaitCheck)
+	return err
+}
+
+// ThinPoolEntry is a thin pool's entry in the storage report.
+type ThinPoolEntry struct {
+	Name            string  `json:"name"`
+	SizeBytes       uint64  `json:"sizeBytes"`
+	DataPercent     float64 `json:"dataPercent"`
+	MetadataPercent float64 `json:"metadataPercent"`
+	Inactive        bool    `json:"inactive"`
+	Health          string  `json:"health"`
+	Unmeasured      bool    `json:"unmeasured"`
 }

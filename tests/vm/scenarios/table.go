@@ -67,6 +67,9 @@ var All = []Scenario{
 	// warning, which balances the two boots (the tier takes as long as the
 	// longer one). DiskUsageHigh, KernelDeadlock and VerityCorruption do not
 	// look at SMART.
+	// Before lvm_usage: it needs DiskUsageHigh False first, and removes
+	// its own volume group after.
+	{Name: "lvm_thin_out_of_space", Machine: criticalWarning, Run: lvmThinOutOfSpace},
 	{Name: "lvm_usage", Machine: criticalWarning, Run: lvmUsage},
 	{Name: "hung_task", Machine: criticalWarning, Run: hungTask},
 	// After hung_task, which reads its pod's kubelet's message from the
