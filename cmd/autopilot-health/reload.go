@@ -52,8 +52,16 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if errors.Is(err, daemon.ErrNotRunning) && notSocket != nil {
-		fmt.Fprintf(stderr, "autopilot-health reload: %v\n", notSocket)
-		return exitError
+		var ns daemon.NotASocketError
+		if errors.As(notSocket, &ns) && ns.Socket == paths[0] {
+			fmt.Fprintf(stderr, "autopilot-health reload: %v\n", notSocket)
+			return exitError
+		}
+		// Only at the default socket: it keeps a daemon started before
+		// control_socket changed from starting, not the one of this
+		// file, which binds its own (a stale socket there is removed):
+		// named with "nor on" the socket the file names, below.
+		err = notSocket
 	}
 	var refused daemon.RefusedError
 	switch {

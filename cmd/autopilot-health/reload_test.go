@@ -254,3 +254,75 @@ func TestReloadNamesWhatIsThereInsteadOfTheNamedSocket(t *testing.T) {
 		}
 	}
 }
+
+// A file at the default control socket is named by reload only with what
+// the configuration's own socket is: the daemon started on that file binds
+// its control_socket (a stale socket there is removed; nothing there is
+// no hindrance), so a file at the default socket keeps only a daemon
+// started before control_socket changed from starting, and the socket the
+// file names is not running, not "not a socket". Both not sockets: the
+// configuration's is named, which keeps its daemon from starting. tamper
+// clear asks only the configured socket and says that. The default socket
+// is the real path (/run/autopilot-health/control.sock): the test binary
+// re-executes itself under unshare(1) and uses a tmpfs over /run of its
+// own mount namespace, never the host's. Fails before: reload named the
+// default's file alone, as if it kept the configuration's daemon from
+// starting, and said nothing of the configured socket.
+func TestReloadNamesTheDefaultsFileWithTheConfiguredSocket(t *testing.T) {
+	if !testenv.InMountNamespace(t, "mounting a tmpfs over /run") {
+		return
+	}
+	if err := syscall.Mount("tmpfs", "/run", "tmpfs", 0, "mode=0755"); err != nil {
+		t.Fatalf("mount a tmpfs over /run: %v", err)
+	}
+	def := config.Default().ControlSocket
+	if err := os.MkdirAll(filepath.Dir(def), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(def, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	named := filepath.Join(dir, "control.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte("control_socket = \""+named+"\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defFile := def + " is not a socket but a regular file"
+	nor := "; nor on " + named + ", which " + cfg + " names (control_socket needs a restart to change: systemctl restart autopilot-health)\n"
+	notRunning := "the daemon is not running, or still starting or stopping (no control socket at " + named
+	for _, c := range []struct {
+		name string
+		make func()
+	}{
+		{"nothing at the configured socket", func() {}},
+		{"a stale socket at the configured socket", func() {
+			ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: named, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln.SetUnlinkOnClose(false)
+			ln.Close()
+		}},
+	} {
+		os.Remove(named)
+		c.make()
+		if code, out, errs := run(t, "reload", "--config", cfg); code != exitError || out != "" || !strings.Contains(errs, defFile) || !strings.HasSuffix(errs, nor) {
+			t.Errorf("reload, %s, a file at the default: exit %d %q %q, want exit 2 naming %q and ending %q", c.name, code, out, errs, defFile, nor)
+		}
+		if code, out, errs := run(t, "tamper", "clear", "--reason", "r", "--config", cfg); code != exitError || out != "" || !strings.Contains(errs, notRunning) {
+			t.Errorf("tamper clear, %s, a file at the default: exit %d %q %q, want exit 2 %q", c.name, code, out, errs, notRunning)
+		}
+	}
+	// Both not sockets: the configured one is named, alone.
+	os.Remove(named)
+	if err := os.Mkdir(named, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want := "the daemon is not running: " + named + " is not a socket but a directory"
+	for _, args := range [][]string{{"reload", "--config", cfg}, {"tamper", "clear", "--reason", "r", "--config", cfg}} {
+		if code, out, errs := run(t, args...); code != exitError || out != "" || !strings.Contains(errs, want) || strings.Contains(errs, def) {
+			t.Errorf("%s, a directory at the configured socket and a file at the default: exit %d %q %q, want exit 2 naming %q alone", args[0], code, out, errs, want)
+		}
+	}
+}
