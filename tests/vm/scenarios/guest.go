@@ -132,13 +132,25 @@ func (g *Guest) beforeDaemon(names []string) {
 			continue
 		}
 		fmt.Printf("VMTEST BEFORE-DAEMON %s\n", s.Name)
-		if err := s.BeforeDaemon(g); err != nil {
+		if err := runBeforeDaemon(g, s); err != nil {
 			if g.before == nil {
 				g.before = map[string]error{}
 			}
 			g.before[s.Name] = err
 		}
 	}
+}
+
+// runBeforeDaemon runs s's BeforeDaemon; a panic is its error, as a Run's
+// is (runScenario), not the end of the guest's setup and of every scenario
+// of the boot.
+func runBeforeDaemon(g *Guest, s Scenario) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return s.BeforeDaemon(g)
 }
 
 func (g *Guest) all() []Scenario {

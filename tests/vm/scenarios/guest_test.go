@@ -163,3 +163,30 @@ func TestBeforeDaemonErrorFailsTheScenario(t *testing.T) {
 		t.Errorf("%d passed, %d failed:\n%s", passed, failed, out.String())
 	}
 }
+
+// A BeforeDaemon that panics fails its scenario in its turn, as its error
+// does, and not the guest's setup: before, beforeDaemon called it without
+// a recover (Run's panic is recovered in runScenario), so the guest's init
+// died before the daemon started, and every scenario of the boot with it.
+func TestBeforeDaemonPanicFailsOnlyItsScenario(t *testing.T) {
+	var ran []string
+	g := &Guest{
+		openKmsg: func() (*Kmsg, error) { return nil, errors.New("no /dev/kmsg here") },
+		scenarios: []Scenario{
+			{Name: "early", BeforeDaemon: func(*Guest) error { var m map[string]int; m["x"]++; return nil },
+				Run: func(*Guest) error { ran = append(ran, "early"); return nil }},
+			{Name: "fine", BeforeDaemon: func(*Guest) error { ran = append(ran, "fine before"); return nil },
+				Run: func(*Guest) error { ran = append(ran, "fine"); return nil }},
+		},
+	}
+	names := []string{"early", "fine"}
+	g.beforeDaemon(names)
+	var out bytes.Buffer
+	passed, failed, _ := g.runAll(&out, names, time.Now().Add(time.Minute), time.Minute)
+	if got := strings.Join(ran, ","); got != "fine before,fine" {
+		t.Errorf("ran %s, want fine before,fine", got)
+	}
+	if passed != 1 || failed != 1 || !strings.Contains(out.String(), "VMTEST RESULT early FAIL 0ms before the daemon started: panic: assignment to entry in nil map") {
+		t.Errorf("%d passed, %d failed:\n%s", passed, failed, out.String())
+	}
+}

@@ -38,7 +38,7 @@ type Scenario struct {
 	Run     func(g *Guest) error
 	// BeforeDaemon, where set, runs in the guest's setup before the daemon
 	// starts (for a kernel line the daemon must find already logged at its
-	// start); Run runs in the scenario's turn as any other. Its error fails
+	// start); Run runs in the scenario's turn as any other. Its error (or panic) fails
 	// the scenario, whose Run then does not run.
 	BeforeDaemon func(g *Guest) error
 }
