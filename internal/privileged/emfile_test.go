@@ -35,48 +35,12 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, l) }()
 
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	restored := false
-	restore := func() {
-		if !restored {
-			restored = true
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	defer restore()
-	// Every descriptor taken (dups of stdin up to the limit, EMFILE), then
-	// one given back for the client's socket: the accept finds none. The
-	// helper calls accept only once a connection is there.
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(openFDs(t) + 16), Max: old.Max}); err != nil {
-		t.Fatal(err)
-	}
-	var fill []int
-	defer func() {
-		for _, fd := range fill {
-			unix.Close(fd)
-		}
-	}()
-	for {
-		fd, err := unix.Dup(0)
-		if err != nil {
-			break
-		}
-		fill = append(fill, fd)
-	}
-	if len(fill) == 0 {
-		restore()
-		t.Fatal("no descriptor to take")
-	}
-	unix.Close(fill[len(fill)-1])
-	fill = fill[:len(fill)-1]
+	// Every descriptor taken but one, for the client's socket: the accept
+	// finds none. The helper calls accept only once a connection is there.
+	free := takeDescriptorsButOne(t)
 	conn, err := net.Dial("unix", p)
 	if err != nil {
-		restore()
+		free()
 		t.Fatal(err)
 	}
 	defer conn.Close()
@@ -84,21 +48,17 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 	for s.AcceptFailures() < 6 {
 		select {
 		case err := <-done:
-			restore()
+			free()
 			t.Fatalf("Serve returned out of descriptors: %v", err)
 		default:
 		}
 		if time.Now().After(deadline) {
-			restore()
+			free()
 			t.Fatalf("%d failed accepts in 10 s out of descriptors; want 6", s.AcceptFailures())
 		}
 		time.Sleep(5 * time.Millisecond) // polling the count the serving goroutine keeps
 	}
-	for _, fd := range fill {
-		unix.Close(fd)
-	}
-	fill = nil
-	restore()
+	free()
 	if n := strings.Count(logs.String(), "accepting a connection failed"); n != 1 {
 		t.Errorf("the failed accepts logged %d times, want once:\n%s", n, logs.String())
 	}
@@ -115,4 +75,48 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("Serve: %v", err)
 	}
+}
+
+// takeDescriptorsButOne lowers the test process's RLIMIT_NOFILE to a few
+// above what it holds and takes every descriptor under it (dups of stdin up
+// to EMFILE) but one. free gives them back and restores the limit; it runs
+// at the test's end too.
+func takeDescriptorsButOne(t *testing.T) (free func()) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	var fill []int
+	freed := false
+	free = func() {
+		if freed {
+			return
+		}
+		freed = true
+		for _, fd := range fill {
+			unix.Close(fd)
+		}
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(free)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(openFDs(t) + 16), Max: old.Max}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		fd, err := unix.Dup(0)
+		if err != nil {
+			break
+		}
+		fill = append(fill, fd)
+	}
+	if len(fill) == 0 {
+		free()
+		t.Fatal("no descriptor to take")
+	}
+	unix.Close(fill[len(fill)-1])
+	fill = fill[:len(fill)-1]
+	return free
 }
