@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,15 +42,13 @@ type retryListener struct {
 	closeOnce sync.Once
 
 	// The run of failed accepts (only the serving goroutine calls
-	// Accept): how many, the kinds said, the backoff.
-	failed int
-	said   map[string]bool
-	bo     backoff.Backoff
+	// Accept).
+	run backoff.Failures
 }
 
 func newRetryListener(ln net.Listener, name string, log *slog.Logger, failures prometheus.Counter) *retryListener {
 	return &retryListener{Listener: ln, name: name, log: log, failures: failures, done: make(chan struct{}),
-		bo: backoff.Backoff{Min: acceptRetryMin, Max: acceptRetryMax}}
+		run: backoff.Failures{Backoff: backoff.Backoff{Min: acceptRetryMin, Max: acceptRetryMax}}}
 }
 
 func (l *retryListener) Close() error {
@@ -59,24 +56,12 @@ func (l *retryListener) Close() error {
 	return l.Listener.Close()
 }
 
-// errKind is what a run of failed accepts is logged once per: the errno,
-// else the error.
-func errKind(err error) string {
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		return errno.Error()
-	}
-	return err.Error()
-}
-
 func (l *retryListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			if l.failed > 0 {
-				l.log.Info(l.name+" socket accepting again", "failed_accepts", l.failed)
-				l.failed, l.said = 0, nil
-				l.bo.Reset()
+			if n := l.run.Worked(); n > 0 {
+				l.log.Info(l.name+" socket accepting again", "failed_accepts", n)
 			}
 			return c, nil
 		}
@@ -88,16 +73,11 @@ func (l *retryListener) Accept() (net.Conn, error) {
 			return nil, err
 		default:
 		}
-		l.failed++
 		if l.failures != nil {
 			l.failures.Inc()
 		}
-		wait := l.bo.Next()
-		if k := errKind(err); !l.said[k] {
-			if l.said == nil {
-				l.said = map[string]bool{}
-			}
-			l.said[k] = true
+		wait, first := l.run.Failed(err)
+		if first {
 			l.log.Warn(l.name+" socket: accepting a connection failed; retrying with backoff", "err", err, "retry_in", wait.Round(time.Millisecond))
 		}
 		t := time.NewTimer(wait)

@@ -289,9 +289,7 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	// per kind of error in a run of failures: returning would exit the
 	// helper, and systemd would start it again every second (RestartSec=)
 	// for as long as the descriptors are short, its start-up lines with it.
-	bo := backoff.Backoff{Min: 5 * time.Millisecond, Max: time.Second}
-	var failed int
-	var said map[string]bool
+	run := backoff.Failures{Backoff: backoff.Backoff{Min: 5 * time.Millisecond, Max: time.Second}}
 	for {
 		select {
 		case conns <- struct{}{}:
@@ -307,20 +305,11 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			failed++
 			s.mu.Lock()
 			s.acceptFailures++
 			s.mu.Unlock()
-			wait := bo.Next()
-			kind := err.Error()
-			if errno := unix.Errno(0); errors.As(err, &errno) {
-				kind = errno.Error()
-			}
-			if !said[kind] {
-				if said == nil {
-					said = map[string]bool{}
-				}
-				said[kind] = true
+			wait, first := run.Failed(err)
+			if first {
 				s.Log.Warn("accepting a connection failed; retrying with backoff", "err", err, "retry_in", wait.Round(time.Millisecond))
 			}
 			t := time.NewTimer(wait)
@@ -332,10 +321,8 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			}
 			continue
 		}
-		if failed > 0 {
-			s.Log.Info("accepting connections again", "failed_accepts", failed)
-			failed, said = 0, nil
-			bo.Reset()
+		if n := run.Worked(); n > 0 {
+			s.Log.Info("accepting connections again", "failed_accepts", n)
 		}
 		wg.Add(1)
 		s.mu.Lock()
