@@ -482,7 +482,7 @@ func MoveAside(p string) (Aside, error) {
 	}
 	next := 0
 	if len(names) > 0 {
-		next = names[len(names)-1].n + 1
+		next = names[len(names)-1] + 1
 	}
 	var dst string
 	for ; ; next++ {
@@ -500,11 +500,11 @@ func MoveAside(p string) (Aside, error) {
 	// KeepAside in all with it: the oldest go first; one that cannot be
 	// removed is kept, and counts.
 	excess := len(names) - (KeepAside - 1)
-	for _, e := range names {
+	for _, n := range names {
 		if excess <= 0 {
 			break
 		}
-		old := asideName(p, e.n)
+		old := asideName(p, n)
 		if err := os.Remove(old); err != nil {
 			if a.RemoveErr == nil {
 				a.RemoveErr = err
@@ -517,8 +517,6 @@ func MoveAside(p string) (Aside, error) {
 	return a, nil
 }
 
-type asideEntry struct{ n int }
-
 // asideName is the n-th name MoveAside gives p.
 func asideName(p string, n int) string {
 	if n == 0 {
@@ -527,20 +525,21 @@ func asideName(p string, n int) string {
 	return p + ".corrupt." + strconv.Itoa(n)
 }
 
-// asideNames lists the names MoveAside gave p that are there, in the order
-// it gave them: <p>.corrupt, and <p>.corrupt.<n> with n written as
-// strconv.Itoa writes it (no sign, no leading zero).
-func asideNames(p string) ([]asideEntry, error) {
+// asideNames lists the numbers of the names MoveAside gave p that are
+// there (asideName), in the order it gave them: <p>.corrupt (0), and
+// <p>.corrupt.<n> with n written as strconv.Itoa writes it (no sign, no
+// leading zero).
+func asideNames(p string) ([]int, error) {
 	ents, err := os.ReadDir(filepath.Dir(p))
 	if err != nil {
 		return nil, err
 	}
 	base := filepath.Base(p) + ".corrupt"
-	var out []asideEntry
+	var out []int
 	for _, e := range ents {
 		name := e.Name()
 		if name == base {
-			out = append(out, asideEntry{0})
+			out = append(out, 0)
 			continue
 		}
 		rest, ok := strings.CutPrefix(name, base+".")
@@ -551,9 +550,9 @@ func asideNames(p string) ([]asideEntry, error) {
 		if err != nil || n <= 0 || strconv.Itoa(n) != rest {
 			continue
 		}
-		out = append(out, asideEntry{n})
+		out = append(out, n)
 	}
-	slices.SortFunc(out, func(a, b asideEntry) int { return a.n - b.n })
+	slices.Sort(out)
 	return out, nil
 }
 
