@@ -301,8 +301,8 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 		st, err := answers[i].v, answers[i].err
 		entry := FSUsage{MountPoint: m.MountPoint, FSType: m.FSType, Source: m.Source}
 		if answers[i].stuck {
-			errs = append(errs, fmt.Errorf("%s (statfs hung: no answer within %s; asked again once it answers)", m.MountPoint, wait))
 			entry.Error = fmt.Sprintf("statfs hung: no answer within %s; asked again once it answers", wait)
+			errs = append(errs, fmt.Errorf("%s (%s)", m.MountPoint, entry.Error))
 			out = append(out, entry)
 			continue
 		}
