@@ -138,10 +138,15 @@ deb: build
 # own /); three count a thread's system calls with perf_event_open(2), which
 # qemu-user does not emulate (ENOSYS). All thirteen run natively in make test; the NVMe command's layout on
 # arm64 is checked here by TestNVMePassthruLayout.
+# The tests that start another process (a fake journalctl, sh, gzip, go list)
+# skip there from the point where they would (testenv.StartsProcesses):
+# qemu-user 7.2's fork of a multithreaded program now and then hangs in the
+# child before its exec, so os/exec's Start never returns (golang/go#68976).
 ARM64_PKGS := ./kmsg ./report ./internal/config ./checks ./internal/rawsys
 ARM64_SKIP := ^(TestDiskUsageRealHostUnderReadOnlyRemount|TestRealNVMeReaderHostRoot|TestMonotonicMicrosMakesNoSystemCall|TestCertKubeletsAbsoluteSymlinkUnderHostRoot|TestCertDanglingSymlinkUnderALinkedDirectoryUnderHostRoot|TestNodeTamperedSaysWhyItCannotWatch|TestProbeReachesLocalhostWithoutALookup|TestReadPseudoFileMakesNoEpollCtl|TestPeriodicPseudoFileReadsMakeNoEpollCtl|TestPseudoFileReadsMakeNoEpollCtl|TestSocketRefusedToTheUserIsUnknown|TestDiskUsageFilesystemRefusedToTheUserIsNamed|TestGpuActivationSpecRefusedToTheUserIsUnknown)$$
 test-arm64:
-	CGO_ENABLED=0 GOARCH=arm64 $(GO) test -count=1 -exec qemu-aarch64-static -skip '$(ARM64_SKIP)' $(ARM64_PKGS)
+	CGO_ENABLED=0 GOARCH=arm64 AUTOPILOT_HEALTH_TEST_NO_EXEC='qemu-user 7.2 now and then hangs in fork (golang/go#68976)' \
+		$(GO) test -count=1 -exec qemu-aarch64-static -skip '$(ARM64_SKIP)' $(ARM64_PKGS)
 
 # The systemd-sysext image for image-based node OSes (bin/autopilot-health.raw).
 sysext: build

@@ -458,6 +458,7 @@ func TestNativeJournalTornTildeFile(t *testing.T) {
 			if _, err := os.Stat(jctl); err != nil {
 				testenv.Skip(t, "no journalctl to compare with")
 			}
+			testenv.StartsProcesses(t)
 			var viaJctl []journalEntry
 			for _, since := range []time.Time{time.Unix(0, 0), want[300].Realtime.Truncate(time.Second), want[1040].Realtime.Truncate(time.Second), want[len(want)-1].Realtime.Truncate(time.Second)} {
 				q := journalQuery{Journalctl: jctl, Root: root, Unit: "kubelet.service", Since: since}

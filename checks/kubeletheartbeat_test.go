@@ -27,6 +27,7 @@ type fakeJournalctl struct {
 
 func newFakeJournalctl(t *testing.T) *fakeJournalctl {
 	t.Helper()
+	testenv.StartsProcesses(t)
 	f := &fakeJournalctl{dir: t.TempDir()}
 	script := fmt.Sprintf(`#!/bin/sh
 d=%q

@@ -15,6 +15,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -273,6 +274,7 @@ func TestDiskUsageLVM(t *testing.T) {
 // lvm_timeout, absent means no LVM, and never run for a host root that is
 // not this machine's.
 func TestRealLVMCommand(t *testing.T) {
+	testenv.StartsProcesses(t)
 	dir := t.TempDir()
 	script := filepath.Join(dir, "lvm")
 	args := filepath.Join(dir, "args")

@@ -1063,7 +1063,7 @@ func (h *tamperHost) deepTree(dir string) {
 		fd = next
 	}
 	unix.Close(fd)
-	h.t.Cleanup(func() { exec.Command("rm", "-rf", h.path(dir)).Run() })
+	h.t.Cleanup(func() { os.RemoveAll(h.path(dir)) })
 }
 
 // A path the scan cannot read (here: longer than PATH_MAX, made by a pod

@@ -401,6 +401,7 @@ func TestKmsgFileSleepWakesNothing(t *testing.T) {
 	}
 	// 100 events from another process during the sleep that follows, and
 	// a look at the epoll instance 100 ms into it.
+	testenv.StartsProcesses(t)
 	cmd := exec.Command("sh", "-c", `sleep 0.05; for i in $(seq 100); do : > "$1/e$i"; done`, "sh", dir)
 	type look struct {
 		ev uint64

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/syself/autopilot-health/internal/testenv"
+
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 )
@@ -55,6 +57,7 @@ var (
 // dependencies from the export data `go list -export` builds.
 func typeCheck(t *testing.T) *checked {
 	t.Helper()
+	testenv.StartsProcesses(t) // go list
 	srcOnce.Do(func() { src, srcErr = loadSource() })
 	if srcErr != nil {
 		t.Fatal(srcErr)
