@@ -273,10 +273,14 @@ func TestMetricsListenerServesOnlyItsPages(t *testing.T) {
 		{req: "DELETE /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
 		{req: "TRACE /healthz HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
 		{req: "OPTIONS /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		// The server-wide OPTIONS, which net/http answers itself, 200
+		// and no Allow, unless told not to.
+		{req: "OPTIONS * HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
 		{req: "GET /debug/pprof/ HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
 		{req: "GET /debug/pprof/goroutine?debug=2 HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
 		{req: "GET /debug/vars HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
 		{req: "GET /metrics/x HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
+		{req: "GET * HTTP/1.1\r\nHost: n\r\n\r\n", code: 400},
 		// An Upgrade to h2c is ignored: the answer is HTTP/1.1's.
 		{req: "GET /healthz HTTP/1.1\r\nHost: n\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n", code: 200, bodyPrefix: "ok: "},
 	} {
