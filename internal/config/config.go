@@ -471,6 +471,13 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 // parse is Parse under the bounds lim, over the configuration base returns
 // (called once the file is within the bounds).
 func parse(file string, data []byte, base func() *Config, lim limits) (*Config, error) {
+	// UTF-16's byte order mark: TOML is UTF-8 alone. The decoder skips
+	// the mark and reads on as UTF-8 (where the scan, which finds the
+	// keys' lines, does not: the errors of such a file named no line), and
+	// says of a file in UTF-16 only that it holds NUL bytes.
+	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
+		return nil, &Error{File: file, Line: 1, Msg: fmt.Sprintf("the file is UTF-16 (its byte order mark, %#x %#x): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8", data[0], data[1])}
+	}
 	// One scan: the bounds, and the index of the keys' lines.
 	lines, berr, stmt := scanFile(file, data, lim)
 	if berr != nil {

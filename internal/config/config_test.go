@@ -329,6 +329,13 @@ func TestBadConfigs(t *testing.T) {
 		// A file saved with a byte order mark (an editor on Windows):
 		// the decoder skips it, and so do the lines.
 		"bom-unknown-key.toml": `:2: key runner.first_run_sprd: unknown key (did you mean runner.first_run_spread?)`,
+		// UTF-16's byte order mark is no UTF-8 (TOML's only encoding):
+		// refused at line 1, before a UTF-8 text too (the decoder skipped
+		// it there and the file loaded, its errors without their line), and
+		// a file in UTF-16 says what to do (before: "files cannot contain
+		// NULL bytes; probably using UTF-16").
+		"utf16-bom-before-utf8.toml": `:1: the file is UTF-16 (its byte order mark, 0xff 0xfe): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8`,
+		"utf16.toml":                 `:1: the file is UTF-16 (its byte order mark, 0xff 0xfe): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8`,
 		// The decoder matches keys without regard to case; the daemon's
 		// are spelt one way.
 		"case-table.toml":           `:1: key checks.diskusagehigh: unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)`,
