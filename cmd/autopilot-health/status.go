@@ -132,21 +132,13 @@ func fetchStatus(path string) ([]byte, error) {
 	}}
 	resp, err := c.Get("http://autopilot-health" + daemon.StatusPath)
 	if err != nil {
+		what, notRunning := daemon.DialFailure(path, err)
 		switch {
-		case errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.ENOTDIR):
-			// A symlink at the path that loops, or runs through a
-			// file: the daemon leaves it there too and runs on without
-			// a status socket. Named as the others are; a path under a
-			// file (no symlink) keeps the connect's own error.
-			if what := daemon.NotASocket(path); what != "" {
-				return nil, notASocketAt(path, what)
-			}
-		case errors.Is(err, os.ErrNotExist), errors.Is(err, errConnRefused):
-			if what := daemon.NotASocket(path); what != "" {
-				// A daemon that found this at start left it there and
-				// runs on without a status socket: not "not running".
-				return nil, notASocketAt(path, what)
-			}
+		case what != "":
+			// A daemon that found this at start left it there and
+			// runs on without a status socket: not "not running".
+			return nil, notASocketAt(path, what)
+		case notRunning:
 			// Also a daemon starting: its socket is bound once New is
 			// done (the state file read, on a disk blocked in I/O as
 			// long as the read takes) and Run begins; systemd shows the
@@ -412,8 +404,6 @@ func shorten(s string, n int) string {
 	}
 	return s[:cut] + "..."
 }
-
-var errConnRefused = syscall.ECONNREFUSED
 
 // errNotRunning: nothing answers on the status socket: no daemon, or one
 // that has not bound it yet.

@@ -546,18 +546,13 @@ func (d *Daemon) tamperConditions(types []string) []report.Condition {
 // the socket and, when the daemon is not there, says so.
 func dialControl(socket, retry string) (*net.UnixConn, error) {
 	c, err := net.DialTimeout("unix", socket, 5*time.Second)
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR) {
-		// Not a socket there (a file, a directory, a symlink: one that
-		// loops, ELOOP, or runs through a file, ENOTDIR): a daemon
-		// whose control_socket names it leaves it and does not start
-		// (listenControl). A path under a file, nothing there, keeps
-		// the connect's own error.
-		if what := NotASocket(socket); what != "" {
-			return nil, NotASocketError{Socket: socket, What: what}
-		}
+	what, notRunning := DialFailure(socket, err)
+	if what != "" {
+		// A daemon whose control_socket names it leaves it and does
+		// not start (listenControl).
+		return nil, NotASocketError{Socket: socket, What: what}
 	}
-	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+	if notRunning {
 		// Also a daemon starting (the socket is bound once its
 		// configuration is read, which retries for up to a minute on an
 		// I/O error) or stopping (the socket is removed as the stop
@@ -664,6 +659,25 @@ func RequestTamperClear(socket, reason, by string) ([]report.Condition, error) {
 		return a.Conditions, errors.New(a.Error)
 	}
 	return a.Conditions, nil
+}
+
+// DialFailure classifies err, a connect to the unix socket at path, as the
+// clients of the daemon's sockets (status, the control commands) word it:
+// what is non-empty where something other than a socket is at path (a
+// file, a directory, a symlink: one that loops, ELOOP, or runs through a
+// file, ENOTDIR), which a daemon leaves as it is and serves no socket on;
+// else notRunning where nothing listens there (ENOENT, ECONNREFUSED: no
+// daemon, or one that has not bound it yet). Neither for any other error,
+// nor for a path under a file with nothing there (ENOTDIR, no symlink),
+// which keep the connect's own error.
+func DialFailure(path string, err error) (what string, notRunning bool) {
+	refused := errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+	if refused || errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR) {
+		if what := NotASocket(path); what != "" {
+			return what, false
+		}
+	}
+	return "", refused
 }
 
 // NotASocket says what is at path when it is there and not a socket ("a
