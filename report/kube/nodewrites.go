@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -72,6 +73,19 @@ func (m *Metrics) SetWake(f func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.wake = f
+}
+
+// nodeWrote records the outcome of a write of the conditions, or of the
+// read of the Node before the first (err; nil: it landed), for statusLoop:
+// one that failed because the stop cut it short (ctx done) is no failure
+// of the API server's, and is not counted.
+func (m *Metrics) nodeWrote(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		m.nodeWritten(time.Now())
+	case ctx.Err() == nil:
+		m.nodeWriteFailed(err, time.Now())
+	}
 }
 
 // nodeWritten records a write of the conditions that landed: a run of

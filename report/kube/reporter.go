@@ -551,11 +551,9 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			el.ok()
 			break
 		}
-		if ctx.Err() == nil {
-			// The writes wait for the read: the Node is not updated
-			// meanwhile either.
-			r.m.nodeWriteFailed(err, time.Now())
-		}
+		// The writes wait for the read: the Node is not updated
+		// meanwhile either.
+		r.m.nodeWrote(ctx, err)
 		wait, asked := retryWait(&bo, err)
 		el.fail(err, wait)
 		if !r.sleepRetry(ctx, wait, asked, &bo) {
@@ -602,20 +600,20 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 		r.progress(loop, max(r.o.HeartbeatPeriod+r.o.HeartbeatPeriod/10+heartbeatGrid, backoffMax))
 		r.m.setStatusPending(dirty || deferred)
 		if dirty && retry == nil {
-			if err := r.writeStatus(ctx, nil); err != nil {
-				if ctx.Err() != nil {
-					// Shutdown cut the write short: the last change still
-					// gets its one short attempt.
-					r.finalWrite(true)
-					return
-				}
-				r.m.nodeWriteFailed(err, time.Now())
+			err := r.writeStatus(ctx, nil)
+			if err != nil && ctx.Err() != nil {
+				// Shutdown cut the write short: the last change still
+				// gets its one short attempt.
+				r.finalWrite(true)
+				return
+			}
+			r.m.nodeWrote(ctx, err)
+			if err != nil {
 				var wait time.Duration
 				wait, asked = retryWait(&bo, err)
 				el.fail(err, wait)
 				retry = time.After(wait)
 			} else {
-				r.m.nodeWritten(time.Now())
 				el.ok()
 				bo.Reset()
 				dirty, deferred = false, false
@@ -696,11 +694,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				break
 			}
 			o.answer <- foldAnswer{folded: true, err: err, node: r.statusAnswer}
-			if err == nil {
-				r.m.nodeWritten(time.Now())
-			} else if ctx.Err() == nil {
-				r.m.nodeWriteFailed(err, time.Now())
-			}
+			r.m.nodeWrote(ctx, err)
 			if a, ok := askedDelay(err); ok && a > 0 {
 				// The write was this loop's too: its next (the heartbeat,
 				// a change) waits out what the answer asked for, as after
