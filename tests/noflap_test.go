@@ -265,16 +265,7 @@ func TestCheckConditionsNeverFlapAcrossRestarts(t *testing.T) {
 	} else {
 		t.Logf("this machine's clock is synchronized within %s: ClockNotSynchronized is not among the True conditions", maxErr)
 	}
-	keep := map[string]bool{"SealedOSTampered": true, "ClockNotSynchronized": true}
-	for _, ty := range types {
-		keep[ty] = true
-	}
-	var checksOff strings.Builder
-	for _, name := range config.Default().Checks.Names() {
-		if !keep[name] {
-			fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", name)
-		}
-	}
+	checksOff := checksOffBut(append([]string{"SealedOSTampered", "ClockNotSynchronized"}, types...)...)
 	conf := fmt.Sprintf(`host_root = %q
 node_name = %q
 role = "worker"
@@ -310,7 +301,7 @@ settle = "0s"
 [checks.SealedOSTampered]
 recorded_hashes = "/no-root-hashes"
 dm_control = "/no-dm-control"
-`, root, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, freeTCPPort(t), kc, checksOff.String(),
+`, root, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, freeTCPPort(t), kc, checksOff,
 		cert, config.ShortDuration(maxErr), healthz.URL+"/healthz")
 	n.cfgPath = filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(n.cfgPath, []byte(conf), 0o644); err != nil {

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
@@ -134,9 +133,7 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 	var c strings.Builder
 	port := freeTCPPort(t)
 	fmt.Fprintf(&c, "node_name = \"podtask\"\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n[kubernetes]\nkubeconfig = \"\"\n", port)
-	for _, name := range config.Default().Checks.Names() {
-		fmt.Fprintf(&c, "[checks.%s]\nenabled = false\n", name)
-	}
+	c.WriteString(checksOffBut())
 	var disable []string
 	for _, r := range kmsg.DefaultRules {
 		if r.Name != "KernelDeadlock" && r.Name != "TaskHung" {

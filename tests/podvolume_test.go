@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tests/harness"
@@ -179,9 +178,7 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 	port := freeTCPPort(t)
 	fmt.Fprintf(&c, "node_name = %q\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n"+
 		"[kubernetes]\nkubeconfig = \"/etc/autopilot-health/kubeconfig\"\n", node, port)
-	for _, name := range config.Default().Checks.Names() {
-		fmt.Fprintf(&c, "[checks.%s]\nenabled = false\n", name)
-	}
+	c.WriteString(checksOffBut())
 	var disable []string
 	var rofs kmsg.Rule
 	for _, r := range kmsg.DefaultRules {

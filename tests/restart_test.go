@@ -24,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -102,11 +101,7 @@ func newKernelNodeWith(t *testing.T, rules string) *kernelNode {
 			disable = append(disable, fmt.Sprintf("%q", r.Name))
 		}
 	}
-	var checksOff strings.Builder
-	cfg := config.Default()
-	for _, name := range cfg.Checks.Names() {
-		fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", name)
-	}
+	checksOff := checksOffBut()
 	// Its own control socket: the default path is shared with every
 	// other daemon on this machine (and a second one refuses to start).
 	conf := fmt.Sprintf(`node_name = %q
@@ -141,7 +136,7 @@ kind = "temp"
 reason = "Ext4Warning"
 pattern = '^EXT4-fs warning \(device %s\)'
 %s
-`, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, port, kc, checksOff.String(), strings.Join(disable, ", "), tok, tok, strings.ReplaceAll(rules, "TOKEN", tok))
+`, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, port, kc, checksOff, strings.Join(disable, ", "), tok, tok, strings.ReplaceAll(rules, "TOKEN", tok))
 	n.cfgPath = filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(n.cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)

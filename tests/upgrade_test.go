@@ -17,7 +17,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -96,12 +95,7 @@ func newUpgradeNode(t *testing.T) (*kernelNode, string) {
 			disable = append(disable, fmt.Sprintf("%q", r.Name))
 		}
 	}
-	var checksOff strings.Builder
-	for _, name := range config.Default().Checks.Names() {
-		if name != "NodeTampered" {
-			fmt.Fprintf(&checksOff, "[checks.%s]\nenabled = false\n", name)
-		}
-	}
+	checksOff := checksOffBut("NodeTampered")
 	conf := fmt.Sprintf(`node_name = %q
 role = "worker"
 gpu = "false"
@@ -137,7 +131,7 @@ name = "Ext4Warning"
 kind = "temp"
 reason = "Ext4Warning"
 pattern = '^EXT4-fs warning \(device %s\)'
-`, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, port, kc, checksOff.String(), prot, strings.Join(disable, ", "), tok, tok)
+`, n.name, n.state, filepath.Join(t.TempDir(), "control.sock"), n.status, port, kc, checksOff, prot, strings.Join(disable, ", "), tok, tok)
 	n.cfgPath = filepath.Join(t.TempDir(), "config.toml")
 	if err := os.WriteFile(n.cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
