@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/syself/autopilot-health/report"
 )
 
 // A DiskUsageHigh run where no filesystem could be measured (every statfs
@@ -22,12 +20,7 @@ func TestDiskUsageNoFilesystemMeasuredListsTheirErrors(t *testing.T) {
 	half, pool := readFixture(t, "vgs-half.json"), readFixture(t, "lvs-thinpool.json")
 	env := lvmEnv(t, &fakeLVM{vgs: half, lvs: pool}, nil)
 	env.Config.Checks.DiskUsageHigh.ThinPoolDataPct = 94
-	det := report.NewDetails()
-	store := report.NewStore("b")
-	r, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DiskUsageHigh"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, store, det := diskUsageRunner(t, env)
 	r.RunOnce(context.Background())
 	if d := docOf(t, det, "storage"); !strings.Contains(d, `"mountPoint":"/var"`) || !strings.Contains(d, `"volumeGroups":[{`) {
 		t.Fatalf("storage document after a run that measured the filesystems: %s", d)

@@ -333,3 +333,15 @@ func TestDiskUsageFiresOverTheThresholdNotAt(t *testing.T) {
 		})
 	}
 }
+
+// diskUsageRunner is a runner of DiskUsageHigh alone on env, with the store
+// and the details it writes.
+func diskUsageRunner(t *testing.T, env *Env) (*Runner, *report.Store, *report.Details) {
+	t.Helper()
+	store, det := report.NewStore("b"), report.NewDetails()
+	r, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DiskUsageHigh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, store, det
+}

@@ -24,11 +24,7 @@ func TestDiskUsageFilesystemMeasuredUnmeasuredAndBack(t *testing.T) {
 	sys := &fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 20, 100, 5), odd: st(1000, 20, 100, 5)}}
 	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
 	env.Sys = sys
-	store, det := report.NewStore("b"), report.NewDetails()
-	r, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DiskUsageHigh"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, _, det := diskUsageRunner(t, env)
 	measuredEntry := `{"mountPoint":"/srv/caf\\xe9","fsType":"xfs","source":"/dev/sdb1","sizeBytes":`
 	unmeasuredEntry := `{"mountPoint":"/srv/caf\\xe9","fsType":"xfs","source":"/dev/sdb1","error":"statfs: input/output error"}`
 	for i, step := range []struct {

@@ -54,11 +54,7 @@ func TestDiskUsageUnmeasuredFilesystemsAreInTheReport(t *testing.T) {
 			c.Checks.DiskUsageHigh.FSTypesExclude = "^tmpfs$" // NFS watched, as an operator may choose
 		})
 		env.Sys = sys
-		store, det := report.NewStore("b"), report.NewDetails()
-		r, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DiskUsageHigh"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r, _, det := diskUsageRunner(t, env)
 		c := r.RunOnce(t.Context())[0]
 		const wantMsg = "/ 95% of space used (threshold 90%); not checked: statfs /srv/data: input/output error; /mnt/backup (statfs hung: no answer within 5s; asked again once it answers)"
 		if c.Status != report.StatusTrue || c.Reason != report.ReasonFilesystemSpaceHigh || c.Message != wantMsg {
@@ -114,11 +110,7 @@ func TestDiskUsageEveryStatfsFailedListsThem(t *testing.T) {
 	sys := &fakeSys{statfs: map[string]unix.Statfs_t{root: st(1000, 20, 100, 5), root + "/srv/data": st(1000, 20, 100, 5)}}
 	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
 	env.Sys = sys
-	store, det := report.NewStore("b"), report.NewDetails()
-	r, err := NewRunner(env, Options{Store: store, Details: det, Only: []string{"DiskUsageHigh"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, _, det := diskUsageRunner(t, env)
 	r.RunOnce(t.Context())
 	sys.statErr = map[string]error{root: unix.EIO, root + "/srv/data": unix.EACCES}
 	c := r.RunOnce(t.Context())[0]
