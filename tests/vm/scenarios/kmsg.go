@@ -194,53 +194,15 @@ func hungTask(g *Guest) error {
 	if _, err := g.Await("KernelDeadlock", "False", "KernelHasNoDeadlock", awaitKmsg); err != nil {
 		return err
 	}
-	_, mnt, cleanup, err := g.Ext4("frozen", 16)
+	if err := os.WriteFile("/proc/sys/kernel/hung_task_warnings", []byte("-1"), 0); err != nil {
+		return err
+	}
+	fz, err := g.freezeExt4("frozen")
 	if err != nil {
 		return err
 	}
-	defer cleanup()
-	for f, v := range map[string]string{"hung_task_timeout_secs": "1", "hung_task_warnings": "-1"} {
-		if err := os.WriteFile("/proc/sys/kernel/"+f, []byte(v), 0); err != nil {
-			return err
-		}
-	}
-	defer os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("0"), 0)
-	dfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(dfd)
-	k, err := OpenKmsg()
-	if err != nil {
-		return err
-	}
-	defer k.Close()
-	if err := unix.IoctlSetInt(dfd, fiFreeze, 0); err != nil {
-		return fmt.Errorf("FIFREEZE: %w", err)
-	}
-	var children []*exec.Cmd
-	defer func() {
-		if err := unix.IoctlSetInt(dfd, fiThaw, 0); err != nil {
-			g.Logf("FITHAW: %v", err)
-		}
-		for _, c := range children {
-			_ = c.Wait()
-		}
-	}()
-	start := func(name string, cgroup ...string) (int, error) {
-		file := strings.NewReplacer(" ", "_", "/", "_").Replace(name)
-		c := exec.Command("/init", append([]string{hungWriterArg, name, mnt + "/" + file + ".state"}, cgroup...)...)
-		c.Stdout, c.Stderr = os.Stdout, os.Stderr
-		if len(cgroup) > 0 {
-			// A pod's process: in its container's PID namespace too.
-			c.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWPID}
-		}
-		if err := c.Start(); err != nil {
-			return 0, err
-		}
-		children = append(children, c)
-		return c.Process.Pid, nil
-	}
+	defer fz.thaw()
+	k, start := fz.k, fz.hang
 	report := func(name string, pid int) *regexp.Regexp {
 		return regexp.MustCompile(fmt.Sprintf(`^INFO: task %s:%d blocked for more than \d+ seconds\.$`, regexp.QuoteMeta(name), pid))
 	}
@@ -312,6 +274,88 @@ func hungTask(g *Guest) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// frozenExt4 is an ext4 of its own frozen with FIFREEZE, with
+// kernel.hung_task_timeout_secs 1 and the kernel log opened before the
+// freeze (k): a task started by hang blocks writing to it, in D state,
+// and the kernel reports it every second. thaw thaws it, waits for the
+// tasks, and puts back the sysctl (0: no reports) and the filesystem.
+type frozenExt4 struct {
+	g     *Guest
+	mnt   string
+	k     *Kmsg
+	tasks []*exec.Cmd
+	undo  []func() // in the order done; thaw undoes them last first
+}
+
+// freezeExt4 makes name's ext4 (16 MiB) and freezes it; on an error what
+// it did is undone.
+func (g *Guest) freezeExt4(name string) (_ *frozenExt4, err error) {
+	f := &frozenExt4{g: g}
+	defer func() {
+		if err != nil {
+			f.thaw()
+		}
+	}()
+	_, mnt, cleanup, err := g.Ext4(name, 16)
+	if err != nil {
+		return nil, err
+	}
+	f.mnt = mnt
+	f.undo = append(f.undo, cleanup)
+	if err := os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("1"), 0); err != nil {
+		return nil, err
+	}
+	f.undo = append(f.undo, func() { os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("0"), 0) })
+	dfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f.undo = append(f.undo, func() { unix.Close(dfd) })
+	if f.k, err = OpenKmsg(); err != nil {
+		return nil, err
+	}
+	f.undo = append(f.undo, f.k.Close)
+	if err := unix.IoctlSetInt(dfd, fiFreeze, 0); err != nil {
+		return nil, fmt.Errorf("FIFREEZE: %w", err)
+	}
+	f.undo = append(f.undo, func() {
+		if err := unix.IoctlSetInt(dfd, fiThaw, 0); err != nil {
+			g.Logf("FITHAW: %v", err)
+		}
+		for _, c := range f.tasks {
+			_ = c.Wait()
+		}
+	})
+	return f, nil
+}
+
+// hang starts a task named name that blocks writing to the frozen ext4,
+// in the cgroup directory cgroup names (if any: a pod's process, in a
+// PID namespace of its own too), and returns its PID.
+func (f *frozenExt4) hang(name string, cgroup ...string) (int, error) {
+	file := strings.NewReplacer(" ", "_", "/", "_").Replace(name)
+	c := exec.Command("/init", append([]string{hungWriterArg, name, f.mnt + "/" + file + ".state"}, cgroup...)...)
+	c.Stdout, c.Stderr = os.Stdout, os.Stderr
+	if len(cgroup) > 0 {
+		// A pod's process: in its container's PID namespace too.
+		c.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWPID}
+	}
+	if err := c.Start(); err != nil {
+		return 0, err
+	}
+	f.tasks = append(f.tasks, c)
+	return c.Process.Pid, nil
+}
+
+// thaw undoes what freezeExt4 did, last first: the thaw (and the wait for
+// the tasks) before the unmount.
+func (f *frozenExt4) thaw() {
+	for i := len(f.undo) - 1; i >= 0; i-- {
+		f.undo[i]()
+	}
+	f.undo = nil
 }
 
 const cgroupRoot = "/sys/fs/cgroup"
@@ -624,47 +668,20 @@ func hungTaskWarnings(g *Guest) error {
 	if n, ok := Metric(page, "autopilot_health_kernel_hung_task_warnings"); !ok || n != float64(boot) {
 		return fmt.Errorf("before: autopilot_health_kernel_hung_task_warnings %v (present %v), want the sysctl's %d", n, ok, boot)
 	}
-	_, mnt, cleanup, err := g.Ext4("frozen1", 16)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	dfd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(dfd)
-	k, err := OpenKmsg()
-	if err != nil {
-		return err
-	}
-	defer k.Close()
 	if err := os.WriteFile(sysctl, []byte("1"), 0); err != nil {
 		return err
 	}
 	defer os.WriteFile(sysctl, []byte(strconv.Itoa(boot)), 0)
-	if err := os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("1"), 0); err != nil {
-		return err
-	}
-	defer os.WriteFile("/proc/sys/kernel/hung_task_timeout_secs", []byte("0"), 0)
-	if err := unix.IoctlSetInt(dfd, fiFreeze, 0); err != nil {
-		return fmt.Errorf("FIFREEZE: %w", err)
-	}
-	c := exec.Command("/init", hungWriterArg, "sidecar", mnt+"/sidecar.state")
-	c.Stdout, c.Stderr = os.Stdout, os.Stderr
-	err = c.Start()
-	defer func() {
-		if err := unix.IoctlSetInt(dfd, fiThaw, 0); err != nil {
-			g.Logf("FITHAW: %v", err)
-		}
-		if c.Process != nil {
-			_ = c.Wait()
-		}
-	}()
+	fz, err := g.freezeExt4("frozen1")
 	if err != nil {
 		return err
 	}
-	page, err = g.handled(k, regexp.MustCompile(fmt.Sprintf(`^INFO: task sidecar:%d blocked for more than \d+ seconds\.$`, c.Process.Pid)))
+	defer fz.thaw()
+	pid, err := fz.hang("sidecar")
+	if err != nil {
+		return err
+	}
+	page, err = g.handled(fz.k, regexp.MustCompile(fmt.Sprintf(`^INFO: task sidecar:%d blocked for more than \d+ seconds\.$`, pid)))
 	if err != nil {
 		return err
 	}
