@@ -41,14 +41,12 @@ func lvmUsage(g *Guest) error {
 	}
 	// vgcreate makes the drive a physical volume; one lvcreate makes the
 	// pool and a thin volume in it.
-	for _, args := range [][]string{
-		{"vgcreate", "-y", "vgvm", "/dev/nvme0n1"},
-		{"lvcreate", "-y", "-L", "16M", "-T", "vgvm/pool", "-V", "64M", "-n", "thin"},
-		{"lvcreate", "-y", "-l", "100%FREE", "-n", "fill", "vgvm"},
-	} {
-		if _, err := g.Run("lvm", args...); err != nil {
-			return err
-		}
+	if err := g.lvm(
+		[]string{"vgcreate", "-y", "vgvm", "/dev/nvme0n1"},
+		[]string{"lvcreate", "-y", "-L", "16M", "-T", "vgvm/pool", "-V", "64M", "-n", "thin"},
+		[]string{"lvcreate", "-y", "-l", "100%FREE", "-n", "fill", "vgvm"},
+	); err != nil {
+		return err
 	}
 	if err := DirectWrite("/dev/mapper/vgvm-thin", 15); err != nil {
 		return err
@@ -73,26 +71,13 @@ func lvmUsage(g *Guest) error {
 	if strings.Contains(c.Message, "volume group") {
 		return fmt.Errorf("%s: the volume group is no longer full", c)
 	}
-	out, err := g.Check("DiskUsageHigh")
+	vgs, err := g.volumeGroups()
 	if err != nil {
 		return err
 	}
-	g.Logf("storage report: %s", compact(out.Report["storage"]))
-	var doc struct {
-		VolumeGroups []struct {
-			Name      string `json:"name"`
-			ThinPools []struct {
-				Name        string  `json:"name"`
-				DataPercent float64 `json:"dataPercent"`
-			} `json:"thinPools"`
-		} `json:"volumeGroups"`
-	}
-	if err := json.Unmarshal(out.Report["storage"], &doc); err != nil {
-		return err
-	}
-	if len(doc.VolumeGroups) != 1 || doc.VolumeGroups[0].Name != "vgvm" || len(doc.VolumeGroups[0].ThinPools) != 1 ||
-		doc.VolumeGroups[0].ThinPools[0].Name != "pool" || doc.VolumeGroups[0].ThinPools[0].DataPercent != 93.75 {
-		return fmt.Errorf("storage report: volume groups %+v, want vgvm with thin pool pool at 93.75%%", doc.VolumeGroups)
+	if len(vgs) != 1 || vgs[0].Name != "vgvm" || len(vgs[0].ThinPools) != 1 ||
+		vgs[0].ThinPools[0].Name != "pool" || vgs[0].ThinPools[0].DataPercent != 93.75 {
+		return fmt.Errorf("storage report: volume groups %+v, want vgvm with thin pool pool at 93.75%%", vgs)
 	}
 	return nil
 }
@@ -133,13 +118,11 @@ func lvmThinOutOfSpace(g *Guest) error {
 			_, _ = g.Run("lvm", "vgremove", "-y", "-ff", "vgthin")
 		}
 	}()
-	for _, args := range [][]string{
-		{"vgcreate", "-y", "vgthin", dev},
-		{"lvcreate", "-y", "-L", "8M", "-T", "vgthin/pool", "--errorwhenfull", "y", "-V", "32M", "-n", "thin"},
-	} {
-		if _, err := g.Run("lvm", args...); err != nil {
-			return err
-		}
+	if err := g.lvm(
+		[]string{"vgcreate", "-y", "vgthin", dev},
+		[]string{"lvcreate", "-y", "-L", "8M", "-T", "vgthin/pool", "--errorwhenfull", "y", "-V", "32M", "-n", "thin"},
+	); err != nil {
+		return err
 	}
 	k, err := OpenKmsg()
 	if err != nil {
@@ -176,26 +159,15 @@ func lvmThinOutOfSpace(g *Guest) error {
 	if strings.Contains(c.Message, "% of data used") {
 		return fmt.Errorf("%s: the pool's health, not its use, is the problem", c)
 	}
-	out, err := g.Check("DiskUsageHigh")
+	vgs, err := g.volumeGroups()
 	if err != nil {
-		return err
-	}
-	g.Logf("storage report: %s", compact(out.Report["storage"]))
-	var doc struct {
-		VolumeGroups []struct {
-			Name      string          `json:"name"`
-			ThinPools []ThinPoolEntry `json:"thinPools"`
-		} `json:"volumeGroups"`
-	}
-	if err := json.Unmarshal(out.Report["storage"], &doc); err != nil {
 		return err
 	}
 	// Its metadata use as lvs reported it (two decimals): the pool has
 	// written none since.
 	want := ThinPoolEntry{Name: "pool", SizeBytes: 8 << 20, DataPercent: 100, MetadataPercent: meta, Health: "out of data space"}
-	if len(doc.VolumeGroups) != 1 || doc.VolumeGroups[0].Name != "vgthin" || len(doc.VolumeGroups[0].ThinPools) != 1 ||
-		doc.VolumeGroups[0].ThinPools[0] != want {
-		return fmt.Errorf("storage report: volume groups %+v, want vgthin with thin pool %+v", doc.VolumeGroups, want)
+	if len(vgs) != 1 || vgs[0].Name != "vgthin" || len(vgs[0].ThinPools) != 1 || vgs[0].ThinPools[0] != want {
+		return fmt.Errorf("storage report: volume groups %+v, want vgthin with thin pool %+v", vgs, want)
 	}
 	removed = true
 	if _, err := g.Run("lvm", "vgremove", "-y", "-ff", "vgthin"); err != nil {
@@ -203,6 +175,41 @@ func lvmThinOutOfSpace(g *Guest) error {
 	}
 	_, err = g.Await("DiskUsageHigh", "False", "DiskUsageOK", awaitCheck)
 	return err
+}
+
+// lvm runs lvm with each of cmds in order (vgcreate, lvcreate: a
+// scenario's volumes), up to the first that fails.
+func (g *Guest) lvm(cmds ...[]string) error {
+	for _, args := range cmds {
+		if _, err := g.Run("lvm", args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// volumeGroups is the volume groups of the storage report of a
+// `autopilot-health check DiskUsageHigh`, logged as it came.
+func (g *Guest) volumeGroups() ([]VolumeGroupEntry, error) {
+	out, err := g.Check("DiskUsageHigh")
+	if err != nil {
+		return nil, err
+	}
+	g.Logf("storage report: %s", compact(out.Report["storage"]))
+	var doc struct {
+		VolumeGroups []VolumeGroupEntry `json:"volumeGroups"`
+	}
+	if err := json.Unmarshal(out.Report["storage"], &doc); err != nil {
+		return nil, err
+	}
+	return doc.VolumeGroups, nil
+}
+
+// VolumeGroupEntry is a volume group's entry in the storage report (the
+// parts the scenarios read).
+type VolumeGroupEntry struct {
+	Name      string          `json:"name"`
+	ThinPools []ThinPoolEntry `json:"thinPools"`
 }
 
 // ThinPoolEntry is a thin pool's entry in the storage report.
