@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
-	"github.com/syself/autopilot-health/kmsg"
 )
 
 // What `promtool check metrics` says of the daemon's page, once its first
@@ -32,16 +29,7 @@ func TestPromtoolCheckMetricsOnThePage(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	cfg.Kmsg.Enabled = true
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-	url := "http://" + ln.Addr().String() + "/metrics"
+	d, url := metricsDaemon(t, cfg)
 	var page []byte
 	await(t, d, "the first pass done on the page", func() bool {
 		resp, err := http.Get(url)

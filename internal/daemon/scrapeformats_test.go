@@ -29,16 +29,7 @@ func TestScrapeFormatsParse(t *testing.T) {
 	cfg.Kmsg.Enabled = true
 	odd := "a\"b\\c\nd\x00e\x1b[2J"
 	cfg.Kmsg.Rules = []config.KmsgRule{{Name: odd, Kind: "temp", Reason: "IOError", Pattern: "zzzq"}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runDaemon(t, d)
-	url := "http://" + ln.Addr().String() + "/metrics"
+	_, url := metricsDaemon(t, cfg)
 	prometheusAccept := "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
 	for _, tc := range []struct{ accept, enc string }{
 		{"", "identity"}, {"", "gzip"}, {prometheusAccept, "gzip"}, {prometheusAccept, "identity"},
@@ -89,4 +80,20 @@ func TestScrapeFormatsParse(t *testing.T) {
 			t.Errorf("%q %s: no series of rule %q", tc.accept, tc.enc, odd)
 		}
 	}
+}
+
+// metricsDaemon runs a daemon of cfg on a quiet kernel log with its metrics
+// listener on a free port of 127.0.0.1, and returns it and its page's URL.
+func metricsDaemon(t *testing.T, cfg *config.Config) (*Daemon, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, KmsgOpen: func(context.Context, string) (kmsg.Device, error) { return &quietKmsg{}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	return d, "http://" + ln.Addr().String() + "/metrics"
 }
