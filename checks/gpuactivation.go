@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
@@ -260,19 +261,25 @@ func (c *gpuActivationCheck) driverUUID(addr string) string {
 }
 
 // parseDriverUUID returns the value of the "GPU UUID" line of the driver's
-// information file, if it is a GPU UUID ("GPU-" and more).
+// information file, if it is a GPU UUID ("GPU-" and more, no space or
+// control character).
 func parseDriverUUID(info string) string {
 	for line := range strings.Lines(info) {
 		k, v, ok := strings.Cut(line, ":")
 		if !ok || strings.TrimSpace(k) != "GPU UUID" {
 			continue
 		}
-		if v = strings.TrimSpace(v); strings.HasPrefix(v, "GPU-") && len(v) > len("GPU-") && !strings.ContainsAny(v, " \t") {
+		if v = strings.TrimSpace(v); strings.HasPrefix(v, "GPU-") && len(v) > len("GPU-") && !strings.ContainsFunc(v, notUUIDRune) {
 			return v
 		}
 	}
 	return ""
 }
+
+// notUUIDRune is a character no driver UUID holds: a space or a control
+// character (a file with a carriage return or another byte inside the
+// UUID is not read as a UUID).
+func notUUIDRune(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }
 
 // cdiDevices is what the CDI specs hold for the configured kind.
 type cdiDevices struct {
