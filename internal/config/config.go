@@ -468,15 +468,41 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 	return parse(file, data, func() *Config { return base }, fileLimits)
 }
 
+// foreignByteOrderMark says why a file that starts with UTF-16's or
+// UTF-32's byte order mark is refused, and what to do; "" for any other
+// file (UTF-8's mark is skipped). UTF-32's little-endian mark starts with
+// UTF-16's, so it is looked for first. A file with UTF-16's mark and no NUL
+// byte after it is not UTF-16 (each ASCII character, and so each key, has
+// one there): converting it from UTF-16 would make its text CJK
+// characters; removing the mark is what it takes.
+func foreignByteOrderMark(data []byte) string {
+	for _, m := range []struct{ mark, name, bytes string }{
+		{"\xff\xfe\x00\x00", "UTF-32", "0xff 0xfe 0x00 0x00"},
+		{"\x00\x00\xfe\xff", "UTF-32", "0x00 0x00 0xfe 0xff"},
+		{"\xff\xfe", "UTF-16", "0xff 0xfe"},
+		{"\xfe\xff", "UTF-16", "0xfe 0xff"},
+	} {
+		if !bytes.HasPrefix(data, []byte(m.mark)) {
+			continue
+		}
+		if m.name == "UTF-16" && bytes.IndexByte(data[len(m.mark):], 0) < 0 {
+			return fmt.Sprintf("the file starts with UTF-16's byte order mark (%s) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3", m.bytes)
+		}
+		return fmt.Sprintf("the file is %s (its byte order mark, %s): TOML files are UTF-8; convert it first, e.g. iconv -f %s -t UTF-8", m.name, m.bytes, m.name)
+	}
+	return ""
+}
+
 // parse is Parse under the bounds lim, over the configuration base returns
 // (called once the file is within the bounds).
 func parse(file string, data []byte, base func() *Config, lim limits) (*Config, error) {
-	// UTF-16's byte order mark: TOML is UTF-8 alone. The decoder skips
-	// the mark and reads on as UTF-8 (where the scan, which finds the
-	// keys' lines, does not: the errors of such a file named no line), and
-	// says of a file in UTF-16 only that it holds NUL bytes.
-	if bytes.HasPrefix(data, []byte{0xff, 0xfe}) || bytes.HasPrefix(data, []byte{0xfe, 0xff}) {
-		return nil, &Error{File: file, Line: 1, Msg: fmt.Sprintf("the file is UTF-16 (its byte order mark, %#x %#x): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8", data[0], data[1])}
+	// UTF-16's and UTF-32's byte order marks: TOML is UTF-8 alone. The
+	// decoder skips UTF-16's mark and reads on as UTF-8 (where the scan,
+	// which finds the keys' lines, does not: the errors of such a file
+	// named no line), and says of a file in UTF-16 or UTF-32 only that it
+	// holds NUL bytes.
+	if msg := foreignByteOrderMark(data); msg != "" {
+		return nil, &Error{File: file, Line: 1, Msg: msg}
 	}
 	// One scan: the bounds, and the index of the keys' lines.
 	lines, berr, stmt := scanFile(file, data, lim)
