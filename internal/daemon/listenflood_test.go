@@ -281,6 +281,19 @@ func TestMetricsListenerServesOnlyItsPages(t *testing.T) {
 		{req: "GET /debug/vars HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
 		{req: "GET /metrics/x HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
 		{req: "GET * HTTP/1.1\r\nHost: n\r\n\r\n", code: 400},
+		// README's "other methods 405 naming them" for HEAD, OPTIONS of
+		// each page, CONNECT (of a page, and of a host: authority form,
+		// no path), a method net/http does not know, an absolute URI, and
+		// "OPTIONS *" in HTTP/1.0.
+		{req: "HEAD / HTTP/1.1\r\nHost: n\r\n\r\n", code: 200},
+		{req: "OPTIONS / HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "OPTIONS /healthz HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "OPTIONS /debug/vars HTTP/1.1\r\nHost: n\r\n\r\n", code: 404},
+		{req: "CONNECT /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "CONNECT n:443 HTTP/1.1\r\nHost: n:443\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "FOO /metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "OPTIONS http://n/metrics HTTP/1.1\r\nHost: n\r\n\r\n", code: 405, allow: "GET, HEAD"},
+		{req: "OPTIONS * HTTP/1.0\r\n\r\n", code: 405, allow: "GET, HEAD"},
 		// An Upgrade to h2c is ignored: the answer is HTTP/1.1's.
 		{req: "GET /healthz HTTP/1.1\r\nHost: n\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n", code: 200, bodyPrefix: "ok: "},
 	} {
