@@ -253,7 +253,10 @@ dm_control = %q
 	// updatedAt and the operator's clear: check does not read the Node, the
 	// only corroboration of the clear tamper.json holds, so its tamper
 	// document has no tamper.cleared (README says so).
-	onNode := waitReport(t, s, name, time.Now(), "reviewed by the test")
+	// The clear drops the baseline and the tamper check takes a new one at
+	// its next run: a report written in between has none (under load, CI's
+	// neighbours, 0.4 s), and check, run after, reads the new one.
+	onNode := waitReport(t, s, name, time.Now(), `"baseline":`)
 	out, err = exec.Command(daemonBinary(t), "check", "--json", "--config", cfgPath).Output()
 	var res struct {
 		Report map[string]map[string]any `json:"report"`
