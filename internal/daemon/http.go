@@ -31,9 +31,19 @@ const (
 
 // newServer is the server of /metrics and /healthz (Handler) and of the
 // status socket (statusHandler), with the timeouts and the bound above.
-// net/http's own answer to "OPTIONS *" (200, no Allow) is off: the handler
-// answers it (Handler: 405 naming GET and HEAD, as every other method).
+// net/http's own answer to "OPTIONS *" (200, no Allow) is off: both
+// answer it 405 naming GET and HEAD, as every other method (the muxes would
+// answer any request for "*" 400).
 func newServer(h http.Handler) *http.Server {
+	inner := h
+	h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.RequestURI == "*" && r.Method == http.MethodOptions {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	})
 	return &http.Server{Handler: h, ReadHeaderTimeout: serverReadHeaderTimeout, ReadTimeout: serverReadTimeout,
 		WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout, MaxHeaderBytes: serverMaxHeaderBytes,
 		DisableGeneralOptionsHandler: true}
@@ -76,15 +86,5 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "autopilot-health: /metrics (Prometheus), /healthz (daemon liveness)")
 	})
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// "OPTIONS *" asks what the server allows: GET and HEAD, the
-		// answer the mux gives OPTIONS of a page (the mux answers any
-		// request for "*" 400).
-		if r.RequestURI == "*" && r.Method == http.MethodOptions {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
-			return
-		}
-		mux.ServeHTTP(w, r)
-	})
+	return mux
 }

@@ -124,3 +124,25 @@ func TestServerClosesIdleSlowAndUnreadConnections(t *testing.T) {
 		}
 	})
 }
+
+// newServer answers "OPTIONS *" 405 naming GET and HEAD for the status
+// socket's handler as for the metrics listener's (net/http's own answer is
+// 200 with no Allow, and a mux's any request for "*" 400).
+func TestServerAnswersOptionsStar(t *testing.T) {
+	d := &Daemon{}
+	ln := newPipeListener()
+	srv := newServer(d.statusHandler())
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := ln.dial()
+	defer c.Close()
+	fmt.Fprint(c, "OPTIONS * HTTP/1.1\r\nHost: node\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("OPTIONS * on the status socket's server: %s, Allow %q; want 405, Allow \"GET, HEAD\"", resp.Status, resp.Header.Get("Allow"))
+	}
+}
