@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"slices"
 	"time"
 
@@ -148,6 +149,14 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 			st.Skipped++
 			continue
 		}
+		if mode == undecided {
+			// A journal form that prints an entry's fields or frames its
+			// JSON: every line of it would be a bare message that no rule
+			// matches (0 actions, as a healthy node's).
+			if f := unreadForm(b); f != "" {
+				return st, fmt.Errorf("the input is %s's output, which kmsg replay does not read: capture the kernel log with journalctl -k -o json (or -o short-monotonic), or dmesg", f)
+			}
+		}
 		switch {
 		case l.Prefixed:
 			if mode == undecided {
@@ -191,6 +200,32 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 		mon.Handle(l.Record, base.Add(time.Duration(l.Usec)*time.Microsecond))
 	}
 	return st, nil
+}
+
+// journalctl's forms that replay does not read, by their first line:
+// export's first field (the cursor; every field KEY=value on a line of its
+// own, a binary one's length in 8 bytes), verbose's entry header ("Sun
+// 2026-12-06 19:54:07.740908 UTC [s=...", its fields indented below),
+// json-seq's record separator and json-sse's "data: ".
+var (
+	journalExport  = regexp.MustCompile(`^__(CURSOR|REALTIME_TIMESTAMP|MONOTONIC_TIMESTAMP|SEQNUM|SEQNUM_ID)=`)
+	journalVerbose = regexp.MustCompile(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6} \S+ \[s=`)
+)
+
+// unreadForm names the journalctl form of a first line replay does not
+// read, or returns "".
+func unreadForm(b []byte) string {
+	switch {
+	case journalExport.Match(b):
+		return "journalctl -o export"
+	case journalVerbose.Match(b):
+		return "journalctl -o verbose"
+	case bytes.HasPrefix(b, []byte("\x1e{")):
+		return "journalctl -o json-seq"
+	case bytes.HasPrefix(b, []byte("data: {")):
+		return "journalctl -o json-sse"
+	}
+	return ""
 }
 
 // errUTF16 refuses an input in UTF-16, which no form of the kernel log is.

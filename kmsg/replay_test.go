@@ -213,3 +213,30 @@ func TestReplayByteOrderMark(t *testing.T) {
 		}
 	}
 }
+
+// journalctl's forms that print an entry's fields (export, verbose) or
+// frame each JSON object (json-seq, json-sse), captured from the real
+// journalctl (testdata/replay/unread/capture.sh: a hung kubelet and a
+// read-only remount), are refused naming the form and what replay does
+// read. Before, each was read as bare messages ("message only") that
+// matched nothing: 0 actions, as for a healthy node.
+func TestReplayRefusesJournalFormsItDoesNotRead(t *testing.T) {
+	for _, tc := range []struct{ file, form string }{
+		{"journal-export.txt", "journalctl -o export"},
+		{"journal-verbose.txt", "journalctl -o verbose"},
+		{"journal-json-seq.txt", "journalctl -o json-seq"},
+		{"journal-json-sse.txt", "journalctl -o json-sse"},
+	} {
+		f, err := os.Open(filepath.Join("testdata/replay/unread", tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var actions int
+		_, err = Replay(f, NewMonitor(opts(t, report.NewStore("replay"))), func(Action) { actions++ })
+		f.Close()
+		want := "the input is " + tc.form + "'s output, which kmsg replay does not read: capture the kernel log with journalctl -k -o json (or -o short-monotonic), or dmesg"
+		if err == nil || err.Error() != want || actions != 0 {
+			t.Errorf("%s: %v, %d actions; want %q", tc.file, err, actions, want)
+		}
+	}
+}
