@@ -212,7 +212,8 @@ type auditSegment struct {
 	// is being written and is left for the next probe.
 	live bool
 	// cut: from was moved forward (max_read_bytes, or the tail read of the
-	// first probe): the part of a line before the first newline is skipped.
+	// first probe): the part of a line before the first newline is skipped
+	// (as it is wherever from is not after a newline).
 	cut bool
 }
 
@@ -501,8 +502,11 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 // last line it consumed.
 func (c *sourceIPCheck) readSegment(ctx context.Context, s auditSegment, t *auditTally, since time.Time) (int64, error) {
 	pos := s.from
-	if s.cut && s.from > 0 {
-		// Start at a line boundary: skip the rest of the line cut into.
+	if s.from > 0 {
+		// Start at a line boundary: skip the rest of a line cut into (cut),
+		// or of one the last probe left at the end of the file mid-line: a
+		// line longer than the bound still being written, counted malformed
+		// then (before, the rest of it was read as a line of its own).
 		var b [1]byte
 		if _, err := s.f.ReadAt(b[:], s.from-1); err != nil {
 			return pos, err

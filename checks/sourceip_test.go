@@ -273,6 +273,12 @@ func TestSourceIPPartialAndMalformedLines(t *testing.T) {
 	h.append(long[:2500])
 	probeAudit(t, c, report.StatusUnknown, report.ReasonNoAuditRecords,
 		noRecs+" since 2026-12-02T18:00:00Z (no records); 1 malformed lines skipped (first: a line longer than 1000 bytes)")
+	// Its rest, once written, is that line's, counted then: not a line of
+	// its own (before, a second malformed line, and a record had the rest
+	// been one).
+	h.append(long[2500:], auditLine("alice", auT0, "203.0.113.7"))
+	probeAudit(t, c, report.StatusFalse, report.ReasonSourceIPAvailable,
+		"1 of 1 audit records of requests by "+users+" since 2026-12-02T18:00:00Z carry a client address (203.0.113.7)")
 }
 
 func rename(t *testing.T, from, to string) {
