@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // TestWatchdogAbortIsRestarted: systemd's watchdog stops a stuck daemon with
@@ -24,6 +25,7 @@ import (
 // status=2 until the configuration file changed: a stuck or crashed daemon
 // left the node without its health daemon.
 func TestWatchdogAbortIsRestarted(t *testing.T) {
+	harness.Parallel(t, 1)
 	const unit = "autopilot-health.service"
 	s := daemonNamespace(t, "abort", nil, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit)
 	ctx := context.Background()

@@ -72,6 +72,7 @@ func cgroupUsec(dir string) int64 {
 //     (READY=1) after its first pass;
 //   - a crash (SIGKILL of the main process) is still restarted.
 func TestRefusedConfigurationDoesNotSpin(t *testing.T) {
+	harness.Parallel(t, 2)
 	// The two run at once, each in its own namespace (its own systemd,
 	// journal and metrics port): one after the other they took 54 s, most
 	// of it each one's 12 s window, which does not compete for the CPU.

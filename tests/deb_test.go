@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 //   - install where policy-rc.d denies starts (an image build in a
 //     container): enabled, not started.
 func TestDebianPackageUnderSystemd(t *testing.T) {
+	harness.Parallel(t, 1, "port20257")
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
@@ -55,13 +57,26 @@ func TestDebianPackageUnderSystemd(t *testing.T) {
 	if err := harness.BuildDaemon(bin); err != nil {
 		t.Fatal(err)
 	}
+	// The three packages are built at once: each is xz at one thread (about
+	// 20 s of CPU), and one after the other they were most of this test.
+	versions := []string{"1.0.0", "1.0.1", "1.0.2"}
+	built := make([]string, len(versions))
+	errs := make([]error, len(versions))
+	script := filepath.Join(repoDir(t), "packaging", "deb", "build.sh")
+	var wg sync.WaitGroup
+	for i, v := range versions {
+		wg.Go(func() {
+			out, err := exec.Command("bash", script, bin, filepath.Join(dir, v), v).Output()
+			built[i], errs[i] = strings.TrimSpace(string(out)), err
+		})
+	}
+	wg.Wait()
 	debs := map[string]string{}
-	for _, v := range []string{"1.0.0", "1.0.1", "1.0.2"} {
-		out, err := exec.Command("bash", filepath.Join(repoDir(t), "packaging", "deb", "build.sh"), bin, filepath.Join(dir, v), v).Output()
-		if err != nil {
-			t.Fatalf("build.sh %s: %v", v, err)
+	for i, v := range versions {
+		if errs[i] != nil {
+			t.Fatalf("build.sh %s: %v", v, errs[i])
 		}
-		debs[v] = strings.TrimSpace(string(out))
+		debs[v] = built[i]
 	}
 
 	s, err := harness.StartSystemdWith(dir, nil, harness.Options{KeepSyslog: true, Data: dataDir(t), UsrWritable: filepath.Join(dir, "usr-rw")})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/internal/systemd"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // badHelperDropIn is an operator's drop-in for the helper that names a
@@ -33,6 +34,7 @@ const badHelperDropIn = "[Service]\nExecStart=\nExecStart=/usr/lib/autopilot-hea
 //   - the drop-in fixed (daemon-reload), the next request is served;
 //   - a crash of the helper (SIGABRT) is still restarted.
 func TestHelperRefusedFlagDoesNotSpin(t *testing.T) {
+	harness.Parallel(t, 1)
 	const (
 		svc  = "autopilot-health-privileged.service"
 		sock = "autopilot-health-privileged.socket"
@@ -131,6 +133,7 @@ func TestHelperRefusedFlagDoesNotSpin(t *testing.T) {
 // be refused again (before: the reader stuck 40 s after its last beat, a
 // SIGABRT with its goroutine dump, a restart, for ever).
 func TestDaemonWithARefusingHelperRunsOn(t *testing.T) {
+	harness.Parallel(t, 1)
 	const (
 		unit = "autopilot-health.service"
 		svc  = "autopilot-health-privileged.service"

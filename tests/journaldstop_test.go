@@ -38,6 +38,7 @@ import (
 // check/KubeletUnhealthy 32 s in, and the watchdog's pings stopped. Once
 // journald runs again each change made meanwhile is in the journal.
 func TestDaemonWorksOnWhileJournaldIsStopped(t *testing.T) {
+	harness.Parallel(t, 1)
 	const unit = "autopilot-health.service"
 	api := apiServer(t)
 	node := "journald-" + harness.Token()

@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -69,6 +71,15 @@ func apiServer(t testing.TB) *harness.APIServer {
 }
 
 func TestMain(m *testing.M) {
+	// The harness.Parallel tests wait far more than they compute: let
+	// MaxNamespaces of them run at once, not GOMAXPROCS (2 on CI's
+	// machine), unless -parallel says otherwise.
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		flag.Set("test.parallel", strconv.Itoa(harness.MaxNamespaces))
+	}
 	code := m.Run()
 	if api != nil {
 		api.Stop()

@@ -185,6 +185,7 @@ func clockTrueHere(t *testing.T, maxErr time.Duration) bool {
 // that changes nothing. The report documents (storage, certs, tamper) never
 // lose their content once they had it.
 func TestCheckConditionsNeverFlapAcrossRestarts(t *testing.T) {
+	harness.Parallel(t, 0)
 	s := apiServer(t)
 	tok := harness.Token()
 	n := &kernelNode{t: t, api: s, name: "noflap-" + tok, tok: tok, logs: &bytes.Buffer{}}

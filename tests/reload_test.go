@@ -80,6 +80,7 @@ pattern = 'autopilot-health reload test A %[6]s'
 //     configuration, the unit stays active, the journal has the file, line
 //     and key.
 func TestReloadUnderSystemd(t *testing.T) {
+	harness.Parallel(t, 1)
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}

@@ -5,6 +5,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"github.com/syself/autopilot-health/tests/harness"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ const longFirstPassConfig = "# written by tests/starttimeout_test.go\n[metrics]\
 // start out, stopped the daemon and started it again, every time, for ever:
 // the unit never became active.
 func TestFirstPassLongerThanTimeoutStartSec(t *testing.T) {
+	harness.Parallel(t, 1)
 	const unit = "autopilot-health.service"
 	const timeoutStart, spread = 10 * time.Second, 25 * time.Second
 	s := daemonNamespace(t, "starttimeout", map[string]string{

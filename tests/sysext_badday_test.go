@@ -133,6 +133,7 @@ func mustIn(t *testing.T, in func(args ...string) (string, error), args ...strin
 // back. (An exec that fails with the binary there is restarted:
 // TestExecFailedWithTheBinaryThereIsRestarted.)
 func TestSysextUnmergedDoesNotSpin(t *testing.T) {
+	harness.Parallel(t, 1, "port20257")
 	dir, bin := sysextWorkDir(t, "autopilot-health-sysext-unmerge-")
 	s, in := sysextNode(t, dir, buildSysext(t, bin, filepath.Join(dir, "img")))
 	ctx := context.Background()
@@ -254,6 +255,7 @@ func TestSysextUnmergedDoesNotSpin(t *testing.T) {
 // refresh, exit 1, with one line naming the image, and /usr keeps what it
 // had (at boot, systemd-sysext.service runs the same refresh and fails).
 func TestSysextRefreshToANewerImage(t *testing.T) {
+	harness.Parallel(t, 1, "port20257")
 	dir, bin := sysextWorkDir(t, "autopilot-health-sysext-refresh-")
 	// The newer binary: the same program with bytes after its end (the
 	// kernel loads the ELF's segments only), so that which one runs shows
@@ -392,6 +394,7 @@ func unitLines(console string) string {
 // its execute bit (EACCES). The shipped units and binaries under a writable
 // /usr, a real systemd 252.
 func TestExecFailedWithTheBinaryThereIsRestarted(t *testing.T) {
+	harness.Parallel(t, 1, "port20257")
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}

@@ -51,6 +51,7 @@ func fileSHA(t *testing.T, p string) [32]byte {
 // systemd-sysext.service merges it, a daemon reload finds the unit, and the
 // unit starts the binary from the image.
 func TestSysextImageMergesAndTheUnitStarts(t *testing.T) {
+	harness.Parallel(t, 1, "port20257")
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
