@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -628,25 +629,65 @@ func TestParseMountinfo(t *testing.T) {
 	}
 }
 
+// FuzzParseMountinfo: any page is mounts or an error, never a panic; and
+// a line written by the kernel's rules (fs/proc_namespace.c: show_mountinfo)
+// reads back as the mount it was written from. The kernel separates the
+// fields by one space each and escapes, in the root, the mount point, the
+// source and the filesystem type (mangle, seq_path_root), only a space, a
+// tab, a newline and a backslash, each as a backslash and three octal
+// digits; any other byte (a \v, a \r, U+00A0) is written as it is, and an
+// empty source is an empty field. No deliberate difference: what the
+// kernel writes, ParseMountinfo reads as the kernel meant it.
 func FuzzParseMountinfo(f *testing.F) {
 	for _, root := range []string{"node-a", "protectsystem-strict"} {
 		b, err := os.ReadFile("testdata/roots/" + root + "/proc/self/mountinfo")
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(string(b))
+		f.Add(string(b), "/", "/", "/dev/sda1", "ext4", uint8(0), false, false)
 	}
-	f.Add("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n")
-	f.Add("1 1 1:1 / /\\04 rw - x y\n")
-	f.Fuzz(func(t *testing.T, s string) {
+	f.Add("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n", "/mnt1", "/mnt2", "/dev/root", "ext3", uint8(1), false, true)
+	f.Add("1 1 1:1 / /\\04 rw - x y\n", "/a b\tc\\d", "/x\ny", "", "fuse.a b", uint8(2), true, false)
+	f.Add("", "/pods/a\vb", "/var/lib/x\u00a0y", "/dev/x\ry", "ext4", uint8(0), false, true)
+	f.Fuzz(func(t *testing.T, s, root, mp, source, fstype string, opt uint8, mountRO, superRO bool) {
 		ms, err := ParseMountinfo(strings.NewReader(s))
-		if err != nil {
-			return
-		}
-		for _, m := range ms {
-			if m.FSType == "" || m.Device == "" || m.Root == "" || m.MountPoint == "" {
-				t.Fatalf("accepted mount with empty fields: %+v", m)
+		if err == nil {
+			for _, m := range ms {
+				if m.FSType == "" || m.Device == "" || m.Root == "" || m.MountPoint == "" {
+					t.Fatalf("accepted mount with empty fields: %+v", m)
+				}
 			}
 		}
+		// The kernel's line of one mount: a path is absolute and no C
+		// string holds a NUL; a filesystem type is never empty.
+		abs := func(p string) string { return "/" + strings.TrimPrefix(strings.ReplaceAll(p, "\x00", ""), "/") }
+		root, mp = abs(root), abs(mp)
+		source, fstype = strings.ReplaceAll(source, "\x00", ""), strings.ReplaceAll(fstype, "\x00", "")
+		if fstype == "" {
+			fstype = "ext4"
+		}
+		ro := map[bool]string{false: "rw", true: "ro"}
+		optional := []string{"shared:1", "master:2", "propagate_from:3", "unbindable"}[:opt%5]
+		line := strings.Join(append(append([]string{"36", "35", "98:0", kernelMangle(root), kernelMangle(mp), ro[mountRO] + ",noatime"},
+			optional...), "-", kernelMangle(fstype), kernelMangle(source), ro[superRO]+",errors=continue"), " ") + "\n"
+		want := Mount{MountPoint: mp, Root: root, FSType: fstype, Source: source, Device: "98:0", ReadOnly: superRO, MountReadOnly: mountRO}
+		ms, err = ParseMountinfo(strings.NewReader(line))
+		if err != nil || len(ms) != 1 || ms[0] != want {
+			t.Fatalf("the kernel's line %q: read %+v, %v; want %+v", line, ms, err, want)
+		}
 	})
+}
+
+// kernelMangle escapes s as the kernel writes a path, a source or a
+// filesystem type in mountinfo (fs/proc_namespace.c: mangle, " \t\n\\").
+func kernelMangle(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; strings.IndexByte(" \t\n\\", c) >= 0 {
+			fmt.Fprintf(&b, "\\%03o", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }

@@ -117,15 +117,25 @@ type Mount struct {
 }
 
 // ParseMountinfo parses the format of proc(5) /proc/<pid>/mountinfo.
+//
+// The fields are split at each space, as the kernel writes them
+// (fs/proc_namespace.c: show_mountinfo): it escapes a space, tab, newline
+// and backslash (\040) in a root, a mount point, a source and a
+// filesystem type, nothing else, so a \v, \r or a Unicode space (U+00A0)
+// in a directory's name is the path's, not a separator, and an empty
+// source is an empty field. strings.Fields split at those, and read an
+// empty source's mount with its options for its source; the filesystem
+// type was not unescaped (a FUSE subtype "fuse.a b" read "fuse.a\040b").
+// FuzzParseMountinfo holds it to the kernel's rules.
 func ParseMountinfo(r io.Reader) ([]Mount, error) {
 	var out []Mount
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for n := 1; sc.Scan(); n++ {
-		f := strings.Fields(sc.Text())
-		if len(f) == 0 {
+		if sc.Text() == "" {
 			continue
 		}
+		f := strings.Split(sc.Text(), " ")
 		sep := -1
 		for i := 6; i < len(f); i++ {
 			if f[i] == "-" {
@@ -133,10 +143,11 @@ func ParseMountinfo(r io.Reader) ([]Mount, error) {
 				break
 			}
 		}
-		if len(f) < 6 || sep < 0 || len(f) < sep+3 {
+		if len(f) < 6 || sep < 0 || len(f) < sep+3 || slices.Contains(f[:6], "") || f[sep+1] == "" {
 			return nil, fmt.Errorf("mountinfo line %d: malformed: %q", n, sc.Text())
 		}
-		m := Mount{Device: f[2], Root: hostio.UnescapeMountinfo(f[3]), MountPoint: hostio.UnescapeMountinfo(f[4]), FSType: f[sep+1], Source: hostio.UnescapeMountinfo(f[sep+2])}
+		m := Mount{Device: f[2], Root: hostio.UnescapeMountinfo(f[3]), MountPoint: hostio.UnescapeMountinfo(f[4]),
+			FSType: hostio.UnescapeMountinfo(f[sep+1]), Source: hostio.UnescapeMountinfo(f[sep+2])}
 		m.MountReadOnly = hasOption(f[5], "ro")
 		if len(f) > sep+3 {
 			m.ReadOnly = hasOption(f[sep+3], "ro")
