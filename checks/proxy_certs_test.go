@@ -9,18 +9,21 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"math"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -90,6 +93,7 @@ func FuzzParseMetric(f *testing.F) {
 	f.Add("# TYPE ready_x gauge\nready_x 1\n# TYPE ready gauge\nready{x=\"1\"} NaN\n  ready{x=\"2\",} +Inf 12\n")
 	f.Add("ready{a=\"x\",b=\"y\"} 1\nready{b=\"y\",a=\"x\"} 0\n")
 	f.Add("ready{a=\"\"} 1\nready 0\n")
+	f.Add("\"ready\"1\n\"ready\"{a=\"b\"}2\n")
 	f.Fuzz(func(t *testing.T, page string) {
 		vals, found, err := parseMetric(strings.NewReader(page), "ready")
 		if err == nil && !found && len(vals) > 0 {
@@ -114,7 +118,45 @@ func FuzzParseMetric(f *testing.F) {
 		if err == nil && len(vals) != len(fams["ready"].GetMetric()) {
 			t.Fatalf("%d values, expfmt has %d series", len(vals), len(fams["ready"].GetMetric()))
 		}
+		// The values read are expfmt's, series by series; a family that
+		// is no gauge, counter or untyped one is refused naming its type.
+		want, wantFound, wantErr := expfmtValues(fams, "ready")
+		if err != nil && strings.Contains(err.Error(), " is a ") != (wantErr != nil) {
+			t.Fatalf("parseMetric: %v; expfmt's family: %v", err, wantErr)
+		}
+		if err == nil && (wantErr != nil || wantFound != found || !sameFloats(vals, want)) {
+			t.Fatalf("parseMetric read %v (found %v), expfmt %v (found %v, %v)", vals, found, want, wantFound, wantErr)
+		}
 	})
+}
+
+// expfmtValues is the reference reading of the metric name on a page that
+// expfmt's parser took whole: its series' values, in expfmt's order.
+func expfmtValues(fams map[string]*dto.MetricFamily, name string) ([]float64, bool, error) {
+	f, ok := fams[name]
+	if !ok {
+		return nil, false, nil
+	}
+	var out []float64
+	for _, m := range f.GetMetric() {
+		switch f.GetType() {
+		case dto.MetricType_GAUGE:
+			out = append(out, m.GetGauge().GetValue())
+		case dto.MetricType_COUNTER:
+			out = append(out, m.GetCounter().GetValue())
+		case dto.MetricType_UNTYPED:
+			out = append(out, m.GetUntyped().GetValue())
+		default:
+			return nil, true, fmt.Errorf("a %s", f.GetType())
+		}
+	}
+	return out, true, nil
+}
+
+// sameFloats: a and b hold the same values in the same order (a NaN is
+// the same as a NaN).
+func sameFloats(a, b []float64) bool {
+	return slices.EqualFunc(a, b, func(x, y float64) bool { return x == y || (math.IsNaN(x) && math.IsNaN(y)) })
 }
 
 // hasSeriesTwice reports whether f gives one label set twice (expfmt's

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/systemd"
@@ -208,6 +210,22 @@ func FuzzTunnelPage(f *testing.F) {
 			t.Fatalf("parse error %v is not a page error", err)
 		}
 		r, err := tunnelResult("u", agentMetric, vals, found, err)
+		// On a page Prometheus' parser takes whole, the check reads what
+		// reading it with that parser would: the same condition, or the
+		// same error (Unknown). Deliberate difference: one series given
+		// twice is a page error here (TestScrapeSeriesTwiceIsAPageError),
+		// which expfmt takes.
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		if fams, whole := p.TextToMetricFamilies(strings.NewReader(page)); whole == nil && !hasSeriesTwice(fams[agentMetric]) {
+			rv, rf, rerr := expfmtValues(fams, agentMetric)
+			if rerr != nil {
+				rerr = &pageError{rerr}
+			}
+			want, wantErr := tunnelResult("u", agentMetric, rv, rf, rerr)
+			if (err == nil) != (wantErr == nil) || r.Status != want.Status || r.Reason != want.Reason {
+				t.Fatalf("the check reads %s/%s (%v); by expfmt's reading %s/%s (%v)", r.Status, r.Reason, err, want.Status, want.Reason, wantErr)
+			}
+		}
 		if err != nil {
 			return
 		}
