@@ -365,7 +365,10 @@ func hiddenMounts(root string) []hiddenMount {
 		if !strings.Contains(line, " /systemd/inaccessible/") && !strings.Contains(line, "/systemd-private-") {
 			continue
 		}
-		f := strings.Fields(line)
+		// Split at each space, as the kernel writes the fields (it
+		// escapes only space, tab, newline and backslash in a path, so a
+		// \v or U+00A0 is the path's): not strings.Fields.
+		f := strings.Split(strings.TrimSuffix(line, "\n"), " ")
 		if len(f) < 5 {
 			continue
 		}
