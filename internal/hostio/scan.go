@@ -13,7 +13,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"unicode/utf8"
@@ -457,26 +456,6 @@ func GlobBase(p string) string {
 		}
 	}
 	return path.Clean(p)
-}
-
-// unescapeOctal undoes mountinfo's \ooo escapes (space, tab, newline,
-// backslash).
-func UnescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // errText is why a path could not be read, without the path (stable from
