@@ -1,7 +1,6 @@
 package checks
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -116,45 +115,26 @@ type Mount struct {
 	MountReadOnly bool
 }
 
-// ParseMountinfo parses the format of proc(5) /proc/<pid>/mountinfo.
-//
-// The fields are split at each space, as the kernel writes them
-// (fs/proc_namespace.c: show_mountinfo): it escapes a space, tab, newline
-// and backslash (\040) in a root, a mount point, a source and a
-// filesystem type, nothing else, so a \v, \r or a Unicode space (U+00A0)
-// in a directory's name is the path's, not a separator, and an empty
-// source is an empty field. strings.Fields split at those, and read an
-// empty source's mount with its options for its source; the filesystem
-// type was not unescaped (a FUSE subtype "fuse.a b" read "fuse.a\040b").
+// ParseMountinfo parses the format of proc(5) /proc/<pid>/mountinfo with
+// hostio's reader (hostio.ParseMountinfo: fields split at each space as
+// the kernel writes them, the root, mount point, filesystem type and
+// source unescaped); a malformed line is the error, naming its number.
 // FuzzParseMountinfo holds it to the kernel's rules.
 func ParseMountinfo(r io.Reader) ([]Mount, error) {
-	var out []Mount
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
-	for n := 1; sc.Scan(); n++ {
-		if sc.Text() == "" {
-			continue
-		}
-		f := strings.Split(sc.Text(), " ")
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(f) < 6 || sep < 0 || len(f) < sep+3 || slices.Contains(f[:6], "") || f[sep+1] == "" {
-			return nil, fmt.Errorf("mountinfo line %d: malformed: %q", n, sc.Text())
-		}
-		m := Mount{Device: f[2], Root: hostio.UnescapeMountinfo(f[3]), MountPoint: hostio.UnescapeMountinfo(f[4]),
-			FSType: hostio.UnescapeMountinfo(f[sep+1]), Source: hostio.UnescapeMountinfo(f[sep+2])}
-		m.MountReadOnly = hasOption(f[5], "ro")
-		if len(f) > sep+3 {
-			m.ReadOnly = hasOption(f[sep+3], "ro")
-		}
-		out = append(out, m)
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
 	}
-	return out, sc.Err()
+	es, err := hostio.ParseMountinfo(b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Mount, 0, len(es))
+	for _, e := range es {
+		out = append(out, Mount{Device: e.Device, Root: e.Root, MountPoint: e.MountPoint, FSType: e.FSType, Source: e.Source,
+			MountReadOnly: hasOption(e.Options, "ro"), ReadOnly: hasOption(e.SuperOptions, "ro")})
+	}
+	return out, nil
 }
 
 func hasOption(opts, name string) bool {
