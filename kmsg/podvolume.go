@@ -1,7 +1,6 @@
 package kmsg
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -125,67 +124,26 @@ func validMajMin(s string) bool {
 // one lies strictly below one of dirs. A line that does not parse makes
 // the table not judged (ok false).
 //
-// The fields are split at each space, as the kernel writes them: it
-// escapes a space, tab, newline and backslash in a path (\040), nothing
-// else, so a \v, \r or a Unicode space (U+00A0) in a directory's name is
-// the path's, not a separator (strings.Fields split there, and took a
-// piece of a mount's root for its mount point); a source the kernel
-// writes empty is an empty field.
+// The lines are split by hostio's mountinfo reader (hostio.SplitMountinfo:
+// at each space, as the kernel writes them, no allocation), which reads a
+// line the kernel does not write as malformed.
 func podVolumeMounts(mi []byte, majMin, dev string, dirs []string) (mounts []string, ok bool) {
 	src := "/dev/" + dev
-	for len(mi) > 0 {
-		var line []byte
-		line, mi, _ = bytes.Cut(mi, []byte{'\n'})
-		if len(line) == 0 {
-			continue
-		}
-		mp, source, ok := mountinfoFields(line)
+	for _, line := range hostio.MountinfoLines(mi) {
+		f, ok := hostio.SplitMountinfo(line)
 		if !ok {
 			return nil, false
 		}
-		if !mountinfoField3(line, majMin) && hostio.UnescapeMountinfo(string(source)) != src {
+		if string(f.Device) != majMin && hostio.UnescapeMountinfo(string(f.Source)) != src {
 			continue
 		}
-		p := hostio.UnescapeMountinfo(string(mp))
+		p := hostio.UnescapeMountinfo(string(f.MountPoint))
 		if !below(p, dirs) {
 			return nil, false
 		}
 		mounts = append(mounts, p)
 	}
 	return mounts, len(mounts) > 0
-}
-
-// mountinfoFields returns the mount point (field 5) and the source (the
-// second field after the "-" that ends the optional fields) of a line of
-// a mount table, its fields split at each space; ok false when it has
-// none.
-func mountinfoFields(line []byte) (mp, source []byte, ok bool) {
-	sep := -1
-	for i := 0; ; i++ {
-		f, rest, more := bytes.Cut(line, []byte{' '})
-		switch {
-		case i == 4:
-			mp = f
-		case i >= 6 && sep < 0 && string(f) == "-":
-			sep = i
-		case sep >= 0 && i == sep+2:
-			return mp, f, true
-		}
-		if !more {
-			return nil, nil, false
-		}
-		line = rest
-	}
-}
-
-// mountinfoField3 reports whether the line's third field, the device
-// number of its filesystem, is majMin.
-func mountinfoField3(line []byte, majMin string) bool {
-	for range 2 {
-		_, line, _ = bytes.Cut(line, []byte{' '})
-	}
-	f, _, _ := bytes.Cut(line, []byte{' '})
-	return string(f) == majMin
 }
 
 // below reports whether the mount point mp (the kernel writes it

@@ -153,6 +153,13 @@ func TestPodVolumeMountTableFailsTowardsTheNode(t *testing.T) {
 	}{
 		{name: "no mount table"},
 		{name: "a line without the separator", mi: append(append([]byte{}, fixture...), "600 22 8:64 / /x rw\n"...)},
+		// Lines the kernel does not write, which hostio's reader
+		// refuses as DiskUsageHigh's does (before, the lookup read past
+		// them): an empty filesystem type, an empty device number, a
+		// line that begins with a space.
+		{name: "a line with an empty filesystem type", mi: append(append([]byte{}, fixture...), "600 22 8:64 / /x rw -  /dev/sde rw\n"...)},
+		{name: "a line with an empty device number", mi: append(append([]byte{}, fixture...), "600 22  / /x rw - ext4 /dev/sde rw\n"...)},
+		{name: "a line beginning with a space", mi: append(append([]byte{}, fixture...), " 600 22 8:64 / /x rw - ext4 /dev/sde rw\n"...)},
 		{name: "a mount of the device outside, added", mi: append(append([]byte{}, fixture...),
 			"600 22 252:0 / /var/lib/kubelet rw,relatime shared:260 - ext4 /dev/rbd0 rw\n"...)},
 		{name: "a mount of the device by its source only, outside", mi: append(append([]byte{}, fixture...),
