@@ -18,14 +18,19 @@ func TestHiddenMountsSplitAtSpacesOnly(t *testing.T) {
 		"90 66 0:47 /systemd/inaccessible/dir /home/a\u00a0b ro,nosuid,nodev,noexec,relatime shared:25 - tmpfs tmpfs rw\n" +
 		"91 66 0:47 /systemd/inaccessible/dir /srv/x\vy ro,relatime shared:26 - tmpfs tmpfs rw\n" +
 		"92 66 0:47 /systemd/inaccessible/dir /srv/with\\040space ro,relatime shared:27 - tmpfs tmpfs rw\n" +
-		"93 66 0:48 /systemd-private-0123-x.service-AbCd/tmp /tmp rw,relatime shared:28 - tmpfs tmpfs rw\n"
+		"93 66 0:48 /systemd-private-0123-x.service-AbCd/tmp /tmp rw,relatime shared:28 - tmpfs tmpfs rw\n" +
+		// Lines the kernel does not write (no "-", an empty field) are
+		// skipped, and the lines after them still read.
+		"94 66 0:47 /systemd/inaccessible/dir /srv/no-separator ro,relatime shared:29\n" +
+		"95 66 0:47 /systemd/inaccessible/dir  /srv/empty-field ro - tmpfs tmpfs rw\n" +
+		"96 66 0:47 /systemd/inaccessible/dir /root ro,relatime shared:30 - tmpfs tmpfs rw\n"
 	if err := os.MkdirAll(filepath.Join(root, "proc/self"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(root, "proc/self/mountinfo"), []byte(mi), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	want := []hiddenMount{{point: "/home/a\u00a0b"}, {point: "/srv/x\vy"}, {point: "/srv/with space"}, {point: "/tmp", private: true}}
+	want := []hiddenMount{{point: "/home/a\u00a0b"}, {point: "/srv/x\vy"}, {point: "/srv/with space"}, {point: "/tmp", private: true}, {point: "/root"}}
 	if got := hiddenMounts(root); !slices.Equal(got, want) {
 		t.Errorf("hiddenMounts: %+q, want %+q", fmtHidden(got), fmtHidden(want))
 	}

@@ -358,20 +358,21 @@ func hiddenMounts(root string) []hiddenMount {
 		return nil
 	}
 	var out []hiddenMount
-	for line := range strings.Lines(string(b)) {
+	for _, line := range MountinfoLines(b) {
 		// A node's namespace holds thousands of pod mounts: split only
 		// the few lines that can be one.
-		if !strings.Contains(line, " /systemd/inaccessible/") && !strings.Contains(line, "/systemd-private-") {
+		if !bytes.Contains(line, []byte(" /systemd/inaccessible/")) && !bytes.Contains(line, []byte("/systemd-private-")) {
 			continue
 		}
-		// Split at each space, as the kernel writes the fields (it
-		// escapes only space, tab, newline and backslash in a path, so a
-		// \v or U+00A0 is the path's): not strings.Fields.
-		f := strings.Split(strings.TrimSuffix(line, "\n"), " ")
-		if len(f) < 5 {
+		// Split by the one mountinfo reader: at each space, as the
+		// kernel writes the fields (it escapes only space, tab, newline
+		// and backslash in a path, so a \v or U+00A0 is the path's). A
+		// line the kernel does not write is skipped.
+		f, ok := SplitMountinfo(line)
+		if !ok {
 			continue
 		}
-		mroot, mp := UnescapeMountinfo(f[3]), path.Clean(UnescapeMountinfo(f[4]))
+		mroot, mp := UnescapeMountinfo(string(f.Root)), path.Clean(UnescapeMountinfo(string(f.MountPoint)))
 		switch {
 		case strings.HasPrefix(mroot, "/systemd/inaccessible/"):
 			out = append(out, hiddenMount{point: mp})
