@@ -169,27 +169,19 @@ func (m *MountWatcher) read() (map[string]string, error) {
 		m.buf = m.buf[:len(m.buf)+n]
 	}
 	out := map[string]string{}
-	for rest := m.buf; len(rest) > 0; {
-		line := rest
-		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
-			line, rest = rest[:i], rest[i+1:]
-		} else {
-			rest = nil
-		}
-		// id parent major:minor root mountpoint ...
-		var f [5][]byte
-		for i := range f {
-			line = bytes.TrimLeft(line, " ")
-			j := bytes.IndexByte(line, ' ')
-			if j < 0 {
-				j = len(line)
-			}
-			f[i], line = line[:j], line[j:]
-		}
-		if len(f[4]) == 0 || !m.mayBeRelevant(f[4]) {
+	for _, line := range hostio.MountinfoLines(m.buf) {
+		// Split by the one mountinfo reader (at each space, as the kernel
+		// writes the fields; no allocation), only the lines whose mount
+		// point may be relevant; a line the kernel does not write is
+		// skipped.
+		if !m.mayBeRelevant(hostio.MountinfoMountPoint(line)) {
 			continue
 		}
-		mp := path.Clean(hostio.UnescapeMountinfo(string(f[4])))
+		f, ok := hostio.SplitMountinfo(line)
+		if !ok {
+			continue
+		}
+		mp := path.Clean(hostio.UnescapeMountinfo(string(f.MountPoint)))
 		hp, ok := underRoot(m.root, mp)
 		if !ok || !m.spec.Relevant(hp) {
 			if !m.throughLink(mp) {
@@ -199,7 +191,7 @@ func (m *MountWatcher) read() (map[string]string, error) {
 				hp = mp
 			}
 		}
-		out[string(f[0])+" "+string(f[3])+" "+string(f[4])] = hp
+		out[string(f.ID)+" "+string(f.Root)+" "+string(f.MountPoint)] = hp
 	}
 	return out, nil
 }

@@ -82,6 +82,22 @@ func SplitMountinfo(line []byte) (f MountinfoFields, ok bool) {
 	return f, true
 }
 
+// MountinfoMountPoint is the fifth field of a line, the mount point as
+// the kernel wrote it (escaped), split as SplitMountinfo splits: for a
+// reader that skips most lines by their mount point before splitting the
+// rest (the mount watcher). Empty where the line has fewer fields.
+func MountinfoMountPoint(line []byte) []byte {
+	for range 4 {
+		i := bytes.IndexByte(line, ' ')
+		if i < 0 {
+			return nil
+		}
+		line = line[i+1:]
+	}
+	mp, _, _ := bytes.Cut(line, []byte{' '})
+	return mp
+}
+
 // MountinfoLines yields the lines of the mount table b, without their
 // newline, each with its number (the first is 1); an empty line is
 // skipped (and counted).

@@ -104,6 +104,13 @@ func FuzzParseMountinfo(f *testing.F) {
 		case !errors.As(err, &me) || me.Line < 1 || me.Line > strings.Count(s, "\n")+1:
 			t.Fatalf("error %v names no line of the table", err)
 		}
+		// MountinfoMountPoint, the mount watcher's prefilter, reads the
+		// mount point SplitMountinfo reads.
+		for _, l := range MountinfoLines([]byte(s)) {
+			if f, ok := SplitMountinfo(l); ok && string(MountinfoMountPoint(l)) != string(f.MountPoint) {
+				t.Fatalf("line %q: MountinfoMountPoint %q, SplitMountinfo %q", l, MountinfoMountPoint(l), f.MountPoint)
+			}
+		}
 		// The kernel's line of one mount: a path is absolute and no C
 		// string holds a NUL; a filesystem type is never empty; the
 		// super options are a list of options without a space.
