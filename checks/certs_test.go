@@ -278,7 +278,17 @@ func TestCertFIFOIsRefusedAtOnce(t *testing.T) {
 }
 
 // FuzzParseCertPEM: whatever a certificate file holds, parsing it is an
-// error or at least one certificate (a leaf to judge), never a panic.
+// error or at least one certificate (a leaf to judge), never a panic; and
+// it is differential against encoding/pem and crypto/x509 read plainly:
+// every block pem.Decode finds in turn, each CERTIFICATE block parsed by
+// x509.ParseCertificate. Where parseCertPEM accepts, the plain reading
+// accepts the same certificates in the same order, and the NotAfter that
+// the check reads (the earliest, readCertFile's first) is x509's earliest;
+// where the plain reading accepts (one certificate at least, each parsing)
+// parseCertPEM accepts too, but for its two deliberate refusals: a BEGIN
+// line pem.Decode skipped on the way to a block (a garbled block, maybe
+// the certificate that expires first), and a BEGIN line after the last
+// block (a truncated file).
 func FuzzParseCertPEM(f *testing.F) {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	ca := newCertFixture(f, "kubernetes-ca", now.Add(3650*24*time.Hour), true, nil)
@@ -287,16 +297,68 @@ func FuzzParseCertPEM(f *testing.F) {
 	f.Add(append(ca.certPEM(), leaf.certPEM()...))
 	f.Add([]byte("-----BEGIN CERTIFICATE-----\nMIIB"))
 	f.Add([]byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"))
+	f.Add(append(append([]byte("-----BEGIN CERTIFICATE-----\n!!\n"), leaf.certPEM()...), ca.certPEM()...))
+	f.Add(append(append(leaf.certPEM(), "junk\n"...), ca.certPEM()[:40]...))
+	f.Add(append(leaf.certPEM(), "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"...))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		certs, pub, err := parseCertPEM(b)
-		if err != nil {
-			return
+		if err == nil {
+			if len(certs) == 0 {
+				t.Fatal("no error and no certificate")
+			}
+			if pickLeaf(certs, pub) == nil {
+				t.Fatal("no leaf")
+			}
 		}
-		if len(certs) == 0 {
-			t.Fatal("no error and no certificate")
+		// The plain reading.
+		var plain []*x509.Certificate
+		var plainErr error
+		skipped := false
+		rest := b
+		for {
+			blk, r := pem.Decode(rest)
+			if blk == nil {
+				break
+			}
+			if bytes.Count(rest[:len(rest)-len(r)], []byte("-----BEGIN")) > 1 {
+				skipped = true
+			}
+			rest = r
+			if blk.Type != "CERTIFICATE" {
+				continue
+			}
+			c, err := x509.ParseCertificate(blk.Bytes)
+			if err != nil && plainErr == nil {
+				plainErr = err
+			}
+			plain = append(plain, c)
 		}
-		if pickLeaf(certs, pub) == nil {
-			t.Fatal("no leaf")
+		truncated := bytes.Contains(rest, []byte("-----BEGIN"))
+		plainOK := plainErr == nil && len(plain) > 0
+		switch {
+		case err == nil && !plainOK:
+			t.Fatalf("accepted %d certificates; pem and x509 read %d, %v", len(certs), len(plain), plainErr)
+		case err == nil:
+			if len(certs) != len(plain) {
+				t.Fatalf("read %d certificates; pem and x509 read %d", len(certs), len(plain))
+			}
+			first, earliest := certs[0], plain[0]
+			for i := range certs {
+				if !bytes.Equal(certs[i].Raw, plain[i].Raw) {
+					t.Fatalf("certificate %d differs from x509's", i+1)
+				}
+				if certs[i].NotAfter.Before(first.NotAfter) {
+					first = certs[i]
+				}
+				if plain[i].NotAfter.Before(earliest.NotAfter) {
+					earliest = plain[i]
+				}
+			}
+			if !first.NotAfter.Equal(earliest.NotAfter) {
+				t.Fatalf("NotAfter %v; x509's earliest %v", first.NotAfter, earliest.NotAfter)
+			}
+		case plainOK && !skipped && !truncated:
+			t.Fatalf("refused (%v) what pem and x509 read as %d certificates", err, len(plain))
 		}
 	})
 }
