@@ -67,6 +67,7 @@ bench:
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseMountinfo$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./internal/hostio -run '^$$' -fuzz '^FuzzMountinfoReader$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseMetric$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzTunnelPage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseJournalLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s

@@ -69,7 +69,7 @@ func TestSplitMountinfoAllocatesNothing(t *testing.T) {
 	}
 }
 
-// FuzzParseMountinfo: any table is entries or an error naming a line,
+// FuzzMountinfoReader: any table is entries or an error naming a line,
 // never a panic, and an entry has no empty field the kernel never writes
 // empty; and a line written by the kernel's rules
 // (fs/proc_namespace.c: show_mountinfo) reads back as the mount it was
@@ -80,7 +80,7 @@ func TestSplitMountinfoAllocatesNothing(t *testing.T) {
 // (a \v, a \r, U+00A0) is written as it is, and an empty source is an
 // empty field. No deliberate difference: what the kernel writes,
 // ParseMountinfo reads as the kernel meant it.
-func FuzzParseMountinfo(f *testing.F) {
+func FuzzMountinfoReader(f *testing.F) {
 	for _, root := range []string{"node-a", "protectsystem-strict"} {
 		b, err := os.ReadFile("../../checks/testdata/roots/" + root + "/proc/self/mountinfo")
 		if err != nil {
