@@ -89,11 +89,18 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 	br := bufio.NewReaderSize(r, 64*1024)
 	// A byte order mark an editor wrote: UTF-8's is dropped (left on,
 	// the first line is no known form's, and the capture is read as bare
-	// messages that match nothing); UTF-16 is refused, naming it.
-	if b, _ := br.Peek(3); bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
+	// messages that match nothing); UTF-16 and UTF-32 are refused, naming
+	// them, and so is UTF-16's mark before text that is not UTF-16.
+	// The input's first 4 bytes are waited for, and more only after
+	// UTF-16's mark (a pipe, dmesg -w, is read as it comes).
+	if b, _ := br.Peek(4); bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
 		br.Discard(3)
-	} else if bytes.HasPrefix(b, []byte("\xff\xfe")) || bytes.HasPrefix(b, []byte("\xfe\xff")) {
-		return st, errUTF16
+	} else if err := foreignByteOrderMark(b); err != nil {
+		if err == errNotUTF16 {
+			b, _ = br.Peek(br.Size())
+			err = foreignByteOrderMark(b)
+		}
+		return st, err
 	}
 	lr := lineReader{r: br}
 	var lastUsec uint64
@@ -228,8 +235,30 @@ func unreadForm(b []byte) string {
 	return ""
 }
 
-// errUTF16 refuses an input in UTF-16, which no form of the kernel log is.
-var errUTF16 = errors.New("the input is UTF-16 (its byte order mark): convert it first, e.g. iconv -f UTF-16 -t UTF-8")
+// foreignByteOrderMark refuses an input that starts with UTF-16's or
+// UTF-32's byte order mark, which no form of the kernel log is (nil for any
+// other). UTF-32's little-endian mark (iconv -t UTF-32 writes it) starts
+// with UTF-16's, so it is looked for first. After UTF-16's mark, start (the
+// input's first 64 KiB) with no NUL byte is not UTF-16, where every ASCII
+// character has one: converting it from UTF-16 would make it CJK
+// characters (config refuses a file so too).
+func foreignByteOrderMark(start []byte) error {
+	switch {
+	case bytes.HasPrefix(start, []byte("\xff\xfe\x00\x00")), bytes.HasPrefix(start, []byte("\x00\x00\xfe\xff")):
+		return errUTF32
+	case !bytes.HasPrefix(start, []byte("\xff\xfe")) && !bytes.HasPrefix(start, []byte("\xfe\xff")):
+		return nil
+	case bytes.IndexByte(start[2:], 0) < 0:
+		return errNotUTF16
+	}
+	return errUTF16
+}
+
+var (
+	errUTF16    = errors.New("the input is UTF-16 (its byte order mark): convert it first, e.g. iconv -f UTF-16 -t UTF-8")
+	errUTF32    = errors.New("the input is UTF-32 (its byte order mark): convert it first, e.g. iconv -f UTF-32 -t UTF-8")
+	errNotUTF16 = errors.New("the input starts with UTF-16's byte order mark but is not UTF-16 (no NUL byte): remove the mark's two bytes, e.g. tail -c +3")
+)
 
 // maxLine is the longest line Replay parses (a kernel record is at most
 // about 1 KiB, a journal JSON record a few); a longer one is read to its

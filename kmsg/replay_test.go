@@ -240,3 +240,45 @@ func TestReplayRefusesJournalFormsItDoesNotRead(t *testing.T) {
 		}
 	}
 }
+
+// A capture in UTF-32 (iconv -t UTF-32 writes 0xff 0xfe 0x00 0x00 first,
+// whose start is UTF-16's mark) is named UTF-32, and one with UTF-16's mark
+// before UTF-8 text is told to remove the mark: before, each was told to
+// convert from UTF-16, which turns UTF-32 into text with a NUL byte after
+// every character and UTF-8 into CJK characters (config does the same,
+// TestBadConfigs).
+func TestReplayByteOrderMarkNotUTF16(t *testing.T) {
+	plain, err := os.ReadFile("testdata/replay/dmesg.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utf32 := func(bom []byte, put func([]byte, rune)) []byte {
+		in := slices.Clone(bom)
+		for _, r := range string(plain) {
+			var b [4]byte
+			put(b[:], r)
+			in = append(in, b[:]...)
+		}
+		return in
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"UTF-32LE", utf32([]byte{0xff, 0xfe, 0, 0}, func(b []byte, r rune) { b[0], b[1], b[2], b[3] = byte(r), byte(r>>8), byte(r>>16), byte(r>>24) }),
+			"the input is UTF-32 (its byte order mark): convert it first, e.g. iconv -f UTF-32 -t UTF-8"},
+		{"UTF-32BE", utf32([]byte{0, 0, 0xfe, 0xff}, func(b []byte, r rune) { b[0], b[1], b[2], b[3] = byte(r>>24), byte(r>>16), byte(r>>8), byte(r) }),
+			"the input is UTF-32 (its byte order mark): convert it first, e.g. iconv -f UTF-32 -t UTF-8"},
+		{"UTF-16LE's mark before UTF-8", append([]byte{0xff, 0xfe}, plain...),
+			"the input starts with UTF-16's byte order mark but is not UTF-16 (no NUL byte): remove the mark's two bytes, e.g. tail -c +3"},
+		{"UTF-16BE's mark before UTF-8", append([]byte{0xfe, 0xff}, plain...),
+			"the input starts with UTF-16's byte order mark but is not UTF-16 (no NUL byte): remove the mark's two bytes, e.g. tail -c +3"},
+	} {
+		var actions int
+		_, err := Replay(strings.NewReader(string(tc.in)), NewMonitor(opts(t, report.NewStore("replay"))), func(Action) { actions++ })
+		if err == nil || err.Error() != tc.want || actions != 0 {
+			t.Errorf("%s: %v, %d actions; want %q", tc.name, err, actions, tc.want)
+		}
+	}
+}
