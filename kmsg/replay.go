@@ -213,7 +213,8 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 // export's first field (the cursor; every field KEY=value on a line of its
 // own, a binary one's length in 8 bytes), verbose's entry header ("Sun
 // 2026-12-06 19:54:07.740908 UTC [s=...", its fields indented below),
-// json-seq's record separator and json-sse's "data: ".
+// json-seq's record separator, json-sse's "data: " and json-pretty's "{"
+// alone on its line (each field on a line of its own below it).
 var (
 	journalExport  = regexp.MustCompile(`^__(CURSOR|REALTIME_TIMESTAMP|MONOTONIC_TIMESTAMP|SEQNUM|SEQNUM_ID)=`)
 	journalVerbose = regexp.MustCompile(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6} \S+ \[s=`)
@@ -231,6 +232,8 @@ func unreadForm(b []byte) string {
 		return "journalctl -o json-seq"
 	case bytes.HasPrefix(b, []byte("data: {")):
 		return "journalctl -o json-sse"
+	case string(bytes.TrimRight(b, "\r")) == "{":
+		return "journalctl -o json-pretty"
 	}
 	return ""
 }

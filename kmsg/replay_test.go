@@ -226,6 +226,7 @@ func TestReplayRefusesJournalFormsItDoesNotRead(t *testing.T) {
 		{"journal-verbose.txt", "journalctl -o verbose"},
 		{"journal-json-seq.txt", "journalctl -o json-seq"},
 		{"journal-json-sse.txt", "journalctl -o json-sse"},
+		{"journal-json-pretty.txt", "journalctl -o json-pretty"},
 	} {
 		f, err := os.Open(filepath.Join("testdata/replay/unread", tc.file))
 		if err != nil {
