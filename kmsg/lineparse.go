@@ -29,6 +29,7 @@ const (
 	FormJournalISO      Form = "journalctl -o short-iso"
 	FormJournalPrecise  Form = "journalctl -o short-precise"
 	FormJournalMono     Form = "journalctl -o short-monotonic"
+	FormJournalDelta    Form = "journalctl -o short-delta"
 	FormJournalFull     Form = "journalctl -o short-full"
 	FormJournalISOPrec  Form = "journalctl -o short-iso-precise"
 	FormJournalUnix     Form = "journalctl -o short-unix"
@@ -91,11 +92,15 @@ var (
 	// journalctl -o short*: the time, then "host ident: " (host absent
 	// with --no-hostname); the ident of a kernel record is "kernel", of
 	// one user space wrote to /dev/kmsg its syslog tag or "unknown".
-	journalShort      = regexp.MustCompile(`^((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ 0-3]\d \d\d:\d\d:\d\d)(\.\d{6})? `)
-	journalISO        = regexp.MustCompile(`^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{6})?([+-]\d{4}) `)
-	journalFull       = regexp.MustCompile(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \S+ `)
-	journalUnix       = regexp.MustCompile(`^(\d{9,11}\.\d{6}) `)
-	journalIdent      = regexp.MustCompile(`^(?:[^\s:]+ )?[^\s:\[]+(?:\[\d+\])?: `)
+	journalShort = regexp.MustCompile(`^((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ 0-3]\d \d\d:\d\d:\d\d)(\.\d{6})? `)
+	journalISO   = regexp.MustCompile(`^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{6})?([+-]\d{4}) `)
+	journalFull  = regexp.MustCompile(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \S+ `)
+	journalUnix  = regexp.MustCompile(`^(\d{9,11}\.\d{6}) `)
+	journalIdent = regexp.MustCompile(`^(?:[^\s:]+ )?[^\s:\[]+(?:\[\d+\])?: `)
+	// journalctl -o short-delta: short-monotonic's time and the time since
+	// the entry before, "[51494.298964 <    0.003653 >] ", the first
+	// entry's padded with spaces in its place, "[51476.597414       ] ".
+	journalDelta      = regexp.MustCompile(`^\[\s*(\d+\.\d{6})(?: <\s*\d+\.\d{6} >| +)\] `)
 	journalMonoIdent  = regexp.MustCompile(`^(?:[^\s:]+ )?(?:kernel|unknown|[^\s:\[]+\[\d+\]): `)
 	looksLikeAPrefix  = regexp.MustCompile(`^(?:<\d|\{|\d{4}-\d\d-\d\d|\d+[.:,]\d+|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ 0-3]?\d\b|\[\s*[+<]?\d|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) )`)
 	syslogFacilities  = map[string]uint8{"kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5, "lpr": 6, "news": 7, "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11, "local0": 16, "local1": 17, "local2": 18, "local3": 19, "local4": 20, "local5": 21, "local6": 22, "local7": 23}
@@ -146,6 +151,18 @@ func ParseLine(b []byte) Line {
 		p, _ := strconv.Atoi(string(m[1]))
 		l.Facility, l.Level, raw = uint8(p>>3), uint8(p&7), true
 		rest = rest[len(m[0]):]
+	}
+	if !x && !raw {
+		// journalctl -o short-delta: the time, then "host ident: ".
+		if m := journalDelta.FindSubmatch(rest); m != nil {
+			if id := journalMonoIdent.Find(rest[len(m[0]):]); id != nil {
+				if usec, ok := parseSeconds(m[1]); ok {
+					l.Usec, l.Time, l.Form, l.Prefixed = usec, Monotonic, FormJournalDelta, true
+					l.Message = rest[len(m[0])+len(id):]
+					return l
+				}
+			}
+		}
 	}
 	form, ok := dmesgTime(&l, &rest)
 	if ok {

@@ -68,6 +68,10 @@ func TestParseLineFormats(t *testing.T) {
 		{"[    6.530965] INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, Monotonic, FormDmesg, false},
 		{"<3>[    6.530965] INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, Monotonic, FormDmesgRaw, false},
 		{"[    6.530965] node-1 kernel: INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 6530965, Monotonic, FormJournalMono, false},
+		// journalctl -o short-delta: the first entry's delta is spaces.
+		{"[51476.597414                ] vm kernel: INFO: task kubelet:128 blocked", "INFO: task kubelet:128 blocked", 51476597414, Monotonic, FormJournalDelta, false},
+		{"[51494.298964 <    0.003653 >] vm unknown: EXT4-fs (sda1): Remounting filesystem read-only", "EXT4-fs (sda1): Remounting filesystem read-only", 51494298964, Monotonic, FormJournalDelta, false},
+		{"[51494.298964 <    0.003653 >] kernel: x", "x", 51494298964, Monotonic, FormJournalDelta, false},
 		// A dmesg line whose message looks like "word word: " keeps it.
 		{"[    2.000001] usb 1-1: new high-speed USB device number 2", "usb 1-1: new high-speed USB device number 2", 2000001, Monotonic, FormDmesg, false},
 		// Forms without a year count from 1970.

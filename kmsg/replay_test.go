@@ -50,6 +50,7 @@ func TestReplayEveryForm(t *testing.T) {
 		"journal-short-iso.txt":         FormJournalISO,
 		"journal-short-precise.txt":     FormJournalPrecise,
 		"journal-short-monotonic.txt":   FormJournalMono,
+		"journal-short-delta.txt":       FormJournalDelta,
 		"journal-short-full.txt":        FormJournalFull,
 		"journal-short-iso-precise.txt": FormJournalISOPrec,
 		"journal-short-unix.txt":        FormJournalUnix,

@@ -61,11 +61,11 @@ unshare --mount --propagation private bash -c '
 	mount -t tmpfs tmpfs /run; mkdir -p /var/log/journal; mount -t tmpfs tmpfs /var/log/journal
 	/lib/systemd/systemd-journald & J=$!
 	until journalctl -k -q -o cat 2>/dev/null | grep -q "$tok-benign"; do sleep 0.2; done
-	for o in short short-iso short-precise short-monotonic short-full short-iso-precise short-unix json cat; do
+	for o in short short-iso short-precise short-monotonic short-delta short-full short-iso-precise short-unix json cat; do
 		journalctl -k -q -o $o > $tmp/out
 		pick < $tmp/out > $tmp/journal-$o
 	done
 	kill $J'
-for o in short short-iso short-precise short-monotonic short-full short-iso-precise short-unix json cat; do
+for o in short short-iso short-precise short-monotonic short-delta short-full short-iso-precise short-unix json cat; do
 	sub < $tmp/journal-$o > journal-$o.txt
 done
