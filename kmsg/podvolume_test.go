@@ -477,3 +477,39 @@ func TestPodVolumeReadOnlyGoesWithReadonlyFilesystem(t *testing.T) {
 		}
 	}
 }
+
+// Lines this machine's kernel (6.1) wrote for mounts an operator makes, in
+// a table otherwise the fixture's: `mount -t tmpfs "" /mnt` (an empty
+// source, "tmpfs  rw"), a source and a path with a space, a path with a
+// tab (escaped), with a U+00A0, a \v and a \r (not escaped). The table is
+// judged (held: the lookup reads them as the kernel wrote them), so rbd0's
+// remount is still the pod's volume.
+func TestPodVolumeLookupReadsTheKernelsOwnOddLines(t *testing.T) {
+	fixture, err := os.ReadFile(filepath.Join(podVolumeRoot, "proc", "self", "mountinfo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mi := append(fixture, ""+
+		"201 22 0:58 / /mnt rw,relatime - tmpfs  rw\n"+
+		"202 22 0:59 / /tmp/cr/a\\040b rw,relatime - tmpfs src\\040with\\040space rw\n"+
+		"203 22 0:60 / /tmp/cr/t\\011ab rw,relatime - tmpfs tabby rw\n"+
+		"204 22 7:0 / /tmp/cr/n\u00a0bsp rw,relatime - ext4 /dev/loop0 rw\n"+
+		"205 22 0:62 / /tmp/cr/v\vx rw,relatime - tmpfs vv rw\n"+
+		"206 22 0:63 / /tmp/cr/cr\rx rw,relatime - tmpfs cr\rs rw\n"...)
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "self"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "self", "mountinfo"), mi, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mon, store, got := volumeMonitor(t, filepath.Join(podVolumeRoot, "sys"), proc)
+	line := "EXT4-fs (rbd0): Remounting filesystem read-only"
+	mon.Handle(rec(nowUsec-1, line), t0)
+	if c, _ := store.Get("ReadonlyFilesystem"); c.Status != report.StatusFalse {
+		t.Errorf("ReadonlyFilesystem %+v, want False: the table is judged, rbd0 is a pod's volume", c)
+	}
+	if len(*got) != 1 || (*got)[0].Reason != report.EventPodVolumeReadOnly {
+		t.Errorf("events %+v, want one PodVolumeReadOnly", *got)
+	}
+}
