@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"unicode/utf16"
 
 	"github.com/BurntSushi/toml"
 
@@ -102,6 +105,7 @@ func socketCandidates(path string, explicit bool, of func(*config.Config) string
 		// Read as the configuration is (config.ReadFile): a FIFO is
 		// not opened to wait for a writer.
 		if b, err := config.ReadFile(path); err == nil {
+			b = utf8OfMarked(b)
 			if config.CheckBounds(path, b) != nil {
 				// A file of odd shape (nesting, a key of many
 				// parts) the decoder would take a minute and
@@ -128,6 +132,46 @@ func socketCandidates(path string, explicit bool, of func(*config.Config) string
 		return []string{def}
 	}
 	return []string{named, def}
+}
+
+// utf8OfMarked is b in UTF-8 where b starts with UTF-16's or UTF-32's byte
+// order mark and is whole in that encoding (a file an editor saved as
+// "Unicode", which the daemon refuses: its socket keys are read all the
+// same); b itself otherwise. UTF-32's little-endian mark starts with
+// UTF-16's, so it is looked for first.
+func utf8OfMarked(b []byte) []byte {
+	var runes []rune
+	switch {
+	case bytes.HasPrefix(b, []byte("\xff\xfe\x00\x00")), bytes.HasPrefix(b, []byte("\x00\x00\xfe\xff")):
+		if len(b)%4 != 0 {
+			return b
+		}
+		le := b[0] == 0xff
+		for i := 4; i < len(b); i += 4 {
+			if le {
+				runes = append(runes, rune(binary.LittleEndian.Uint32(b[i:])))
+			} else {
+				runes = append(runes, rune(binary.BigEndian.Uint32(b[i:])))
+			}
+		}
+	case bytes.HasPrefix(b, []byte("\xff\xfe")), bytes.HasPrefix(b, []byte("\xfe\xff")):
+		if len(b)%2 != 0 || bytes.IndexByte(b[2:], 0) < 0 {
+			return b // UTF-8 after the mark: the decoder skips the mark
+		}
+		le := b[0] == 0xff
+		units := make([]uint16, 0, len(b)/2-1)
+		for i := 2; i < len(b); i += 2 {
+			if le {
+				units = append(units, binary.LittleEndian.Uint16(b[i:]))
+			} else {
+				units = append(units, binary.BigEndian.Uint16(b[i:]))
+			}
+		}
+		runes = utf16.Decode(units)
+	default:
+		return b
+	}
+	return []byte(string(runes))
 }
 
 var (

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf16"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
@@ -323,6 +324,47 @@ func TestReloadNamesTheDefaultsFileWithTheConfiguredSocket(t *testing.T) {
 	for _, args := range [][]string{{"reload", "--config", cfg}, {"tamper", "clear", "--reason", "r", "--config", cfg}} {
 		if code, out, errs := run(t, args...); code != exitError || out != "" || !strings.Contains(errs, want) || strings.Contains(errs, def) {
 			t.Errorf("%s, a directory at the configured socket and a file at the default: exit %d %q %q, want exit 2 naming %q alone", args[0], code, out, errs, want)
+		}
+	}
+}
+
+// A file an editor saved as "Unicode" (UTF-16 with its byte order mark, as
+// Windows Notepad does) or in UTF-32, which the daemon refuses (a refused
+// reload: it runs on with the socket it had), is still read for its socket
+// keys, as a file with a mistake elsewhere is: before, none was found in
+// it, and status and reload asked the default socket alone, saying that
+// nothing answers there ("not running") while the daemon served the
+// file's socket.
+func TestSocketCandidatesOfAFileInUTF16(t *testing.T) {
+	dir := t.TempDir()
+	sock, ssock := filepath.Join(dir, "control.sock"), filepath.Join(dir, "status.sock")
+	text := "# saved by an editor\r\ncontrol_socket = \"" + sock + "\"\r\n[status]\r\nsocket = \"" + ssock + "\"\r\n"
+	u16 := utf16.Encode([]rune(text))
+	le, be := []byte{0xff, 0xfe}, []byte{0xfe, 0xff}
+	for _, u := range u16 {
+		le = append(le, byte(u), byte(u>>8))
+		be = append(be, byte(u>>8), byte(u))
+	}
+	le32 := []byte{0xff, 0xfe, 0, 0}
+	be32 := []byte{0, 0, 0xfe, 0xff}
+	for _, r := range text {
+		le32 = append(le32, byte(r), byte(r>>8), byte(r>>16), byte(r>>24))
+		be32 = append(be32, byte(r>>24), byte(r>>16), byte(r>>8), byte(r))
+	}
+	for name, b := range map[string][]byte{"UTF-16LE": le, "UTF-16BE": be, "UTF-32LE": le32, "UTF-32BE": be32,
+		"UTF-16's mark before UTF-8": append([]byte{0xff, 0xfe}, text...)} {
+		p := filepath.Join(dir, "config.toml")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := loadConfig(p, true); err == nil {
+			t.Fatalf("%s: the file loads; want it refused", name)
+		}
+		if got, want := socketCandidates(p, true, func(c *config.Config) string { return c.ControlSocket }), []string{sock, config.Default().ControlSocket}; !slices.Equal(got, want) {
+			t.Errorf("%s: control sockets %q, want %q", name, got, want)
+		}
+		if got, want := socketCandidates(p, true, func(c *config.Config) string { return c.Status.Socket }), []string{ssock, config.Default().Status.Socket}; !slices.Equal(got, want) {
+			t.Errorf("%s: status sockets %q, want %q", name, got, want)
 		}
 	}
 }
