@@ -174,8 +174,9 @@ func Replay(r io.Reader, mon *Monitor, out func(Action)) (ReplayStats, error) {
 				st.Skipped++ // a continuation line, not a record
 				if havePend && len(pendMsg) < BufSize {
 					// The kernel's escape of the newline, as the
-					// record's message has it (Handle decodes it).
-					pendMsg = append(append(pendMsg, `\x0a`...), bytes.TrimLeft(b, " \t")...)
+					// record's message has it (Handle decodes it); a
+					// CRLF capture's \r is not the record's.
+					pendMsg = append(append(pendMsg, `\x0a`...), bytes.TrimRight(bytes.TrimLeft(b, " \t"), "\r")...)
 				}
 			} else {
 				handlePend() // the indented lines after this one are not its

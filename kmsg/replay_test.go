@@ -1,6 +1,7 @@
 package kmsg
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -145,11 +146,23 @@ func FuzzReplay(f *testing.F) {
 // node whose GPU fell off the bus said nothing.
 func TestReplayJoinsAMultiLineRecord(t *testing.T) {
 	const want = `{"kind":"condition","type":"GpuFallenOffBus","status":"True","reason":"GpuFellOffBus","message":"NVRM: The NVIDIA GPU 0000:3b:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands."}`
+	// Each also with CRLF line ends (a capture saved or passed through a
+	// Windows tool): the same action (before, each continuation line kept
+	// its \r: "has\x0d\x0aNVRM: fallen off ...").
+	var files []string
 	for _, f := range []string{"kmsg-raw.txt", "dmesg.txt", "dmesg-T.txt", "dmesg-x.txt"} {
-		in, err := os.Open(filepath.Join("testdata/multiline", f))
+		files = append(files, f, f+" with CRLF")
+	}
+	for _, f := range files {
+		name, crlf := strings.CutSuffix(f, " with CRLF")
+		b, err := os.ReadFile(filepath.Join("testdata/multiline", name))
 		if err != nil {
 			t.Fatal(err)
 		}
+		if crlf {
+			b = bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n"))
+		}
+		in := bytes.NewReader(b)
 		o := opts(t, report.NewStore("replay"))
 		o.GPU = true // as kmsg replay's monitor is
 		var got []string
@@ -157,7 +170,6 @@ func TestReplayJoinsAMultiLineRecord(t *testing.T) {
 			b, _ := json.Marshal(a)
 			got = append(got, string(b))
 		})
-		in.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
