@@ -475,7 +475,14 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 // byte after it is not UTF-16 (each ASCII character, and so each key, has
 // one there): converting it from UTF-16 would make its text CJK
 // characters; removing the mark is what it takes.
-func foreignByteOrderMark(data []byte) string {
+//
+// The commands it suggests write a new file and move it over the old one:
+// one redirected into the file it reads empties it first, and an empty
+// file is a valid configuration (the defaults).
+func foreignByteOrderMark(file string, data []byte) string {
+	if file == "" {
+		file = "FILE"
+	}
 	for _, m := range []struct{ mark, name, bytes string }{
 		{"\xff\xfe\x00\x00", "UTF-32", "0xff 0xfe 0x00 0x00"},
 		{"\x00\x00\xfe\xff", "UTF-32", "0x00 0x00 0xfe 0xff"},
@@ -486,9 +493,9 @@ func foreignByteOrderMark(data []byte) string {
 			continue
 		}
 		if m.name == "UTF-16" && bytes.IndexByte(data[len(m.mark):], 0) < 0 {
-			return fmt.Sprintf("the file starts with UTF-16's byte order mark (%s) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3", m.bytes)
+			return fmt.Sprintf("the file starts with UTF-16's byte order mark (%s) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3 %[2]s > %[2]s.new && mv %[2]s.new %[2]s", m.bytes, file)
 		}
-		return fmt.Sprintf("the file is %s (its byte order mark, %s): TOML files are UTF-8; convert it first, e.g. iconv -f %s -t UTF-8", m.name, m.bytes, m.name)
+		return fmt.Sprintf("the file is %s (its byte order mark, %s): TOML files are UTF-8; convert it first, e.g. iconv -f %[3]s -t UTF-8 %[4]s > %[4]s.new && mv %[4]s.new %[4]s", m.name, m.bytes, m.name, file)
 	}
 	return ""
 }
@@ -501,7 +508,7 @@ func parse(file string, data []byte, base func() *Config, lim limits) (*Config, 
 	// which finds the keys' lines, does not: the errors of such a file
 	// named no line), and says of a file in UTF-16 or UTF-32 only that it
 	// holds NUL bytes.
-	if msg := foreignByteOrderMark(data); msg != "" {
+	if msg := foreignByteOrderMark(file, data); msg != "" {
 		return nil, &Error{File: file, Line: 1, Msg: msg}
 	}
 	// One scan: the bounds, and the index of the keys' lines.

@@ -334,18 +334,18 @@ func TestBadConfigs(t *testing.T) {
 		// it there and the file loaded, its errors without their line), and
 		// a file in UTF-16 says what to do (before: "files cannot contain
 		// NULL bytes; probably using UTF-16").
-		"utf16.toml":   `:1: the file is UTF-16 (its byte order mark, 0xff 0xfe): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8`,
-		"utf16be.toml": `:1: the file is UTF-16 (its byte order mark, 0xfe 0xff): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8`,
+		"utf16.toml":   `:1: the file is UTF-16 (its byte order mark, 0xff 0xfe): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8 {file} > {file}.new && mv {file}.new {file}`,
+		"utf16be.toml": `:1: the file is UTF-16 (its byte order mark, 0xfe 0xff): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-16 -t UTF-8 {file} > {file}.new && mv {file}.new {file}`,
 		// UTF-16's mark before text with no NUL byte (UTF-16 has one in
 		// each ASCII character, and keys are ASCII) is not UTF-16: the
 		// advice to convert it from UTF-16 made it CJK characters.
-		"utf16-bom-before-utf8.toml":   `:1: the file starts with UTF-16's byte order mark (0xff 0xfe) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3`,
-		"utf16be-bom-before-utf8.toml": `:1: the file starts with UTF-16's byte order mark (0xfe 0xff) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3`,
+		"utf16-bom-before-utf8.toml":   `:1: the file starts with UTF-16's byte order mark (0xff 0xfe) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3 {file} > {file}.new && mv {file}.new {file}`,
+		"utf16be-bom-before-utf8.toml": `:1: the file starts with UTF-16's byte order mark (0xfe 0xff) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3 {file} > {file}.new && mv {file}.new {file}`,
 		// UTF-32's marks: little-endian's starts with UTF-16's (it was
 		// called UTF-16, and converting it from UTF-16 left NUL bytes);
 		// big-endian's was the decoder's "probably using UTF-16".
-		"utf32.toml":   `:1: the file is UTF-32 (its byte order mark, 0xff 0xfe 0x00 0x00): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-32 -t UTF-8`,
-		"utf32be.toml": `:1: the file is UTF-32 (its byte order mark, 0x00 0x00 0xfe 0xff): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-32 -t UTF-8`,
+		"utf32.toml":   `:1: the file is UTF-32 (its byte order mark, 0xff 0xfe 0x00 0x00): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-32 -t UTF-8 {file} > {file}.new && mv {file}.new {file}`,
+		"utf32be.toml": `:1: the file is UTF-32 (its byte order mark, 0x00 0x00 0xfe 0xff): TOML files are UTF-8; convert it first, e.g. iconv -f UTF-32 -t UTF-8 {file} > {file}.new && mv {file}.new {file}`,
 		// The decoder matches keys without regard to case; the daemon's
 		// are spelt one way.
 		"case-table.toml":           `:1: key checks.diskusagehigh: unknown key: keys are case-sensitive (did you mean checks.DiskUsageHigh?)`,
@@ -484,8 +484,11 @@ func TestBadConfigs(t *testing.T) {
 			if !errors.As(err, &ce) {
 				t.Fatalf("error %v is not a *config.Error", err)
 			}
-			if got := err.Error(); got != f+want[name] {
-				t.Errorf("error\n got: %s\nwant: %s", got, f+want[name])
+			// {file}: the file's own path, in the commands a message
+			// suggests.
+			w := f + strings.ReplaceAll(want[name], "{file}", f)
+			if got := err.Error(); got != w {
+				t.Errorf("error\n got: %s\nwant: %s", got, w)
 			}
 		})
 	}
