@@ -160,6 +160,11 @@ func StartAPIServerWith(dir string, opts APIOptions) (*APIServer, error) {
 		s.Stop()
 		return nil, err
 	}
+	// One client for every test of the process, the harness.Parallel ones
+	// at once (client-go's default: 5 requests a second, a burst of 10,
+	// shared by them all); their polls of a Node every 20 ms would wait on
+	// each other's turns past their windows of 5-10 s.
+	cfg.QPS, cfg.Burst = 50, 100
 	if s.Admin, err = kubernetes.NewForConfig(cfg); err != nil {
 		s.Stop()
 		return nil, err

@@ -30,9 +30,13 @@ var (
 //     listens on.
 //
 // A test that writes kernel lines to the real /dev/kmsg that another
-// daemon's default rules would act on, stops or proxies the shared
-// kube-apiserver, or measures CPU time against wall time must stay serial
-// (not call Parallel).
+// daemon's default rules would act on, stops, restarts or re-configures
+// the shared kube-apiserver, sets a package variable (kube.NodeStaleAfter
+// and the like), reads a process-wide counter (kube.TLSHandshakes), or
+// measures CPU time against wall time must stay serial (not call
+// Parallel). A proxy of the test's own in front of the shared server
+// (APIServer.StartProxy: its own port, refused and reopened alone) and
+// Nodes named with Token are the test's own.
 func Parallel(t *testing.T, namespaces int, names ...string) {
 	t.Helper()
 	t.Parallel()
