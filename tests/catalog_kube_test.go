@@ -181,6 +181,7 @@ func catalogWrite(t *testing.T, path, data string) {
 // or need an NVMe drive (DisksFailure's SMART part, DiskWearHigh,
 // DiskTemperatureHigh).
 func TestKubeCatalogConditionsSetAndClearedByTheirChecks(t *testing.T) {
+	harness.Parallel(t, 0)
 	s := apiServer(t)
 	type tc struct {
 		cond    string

@@ -183,6 +183,7 @@ func TestKubeConditionNotEvaluatedAddedBackIsRemovedAgain(t *testing.T) {
 // off and writes its own once: one entry left, the daemon's, no write at
 // every refresh after.
 func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
+	harness.Parallel(t, 0)
 	s := apiServer(t)
 	node := "node-duplicate-condition-" + harness.Token()
 	var logs testenv.SyncBuffer

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // standinKubeletJournal logs what the native journal reader must read as
@@ -60,6 +61,7 @@ exec sleep infinity
 // matched PID 1's entries about the unit too) are read natively, and the
 // native reader's are accepted by journalctl --after-cursor.
 func TestNativeJournalReaderMatchesJournalctl(t *testing.T) {
+	harness.Parallel(t, 1)
 	s, journalctl := startJournald(t, "njournal")
 	ctx := context.Background()
 	// Another unit logs beside it: entries of the journal not of kubelet.

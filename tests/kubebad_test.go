@@ -171,6 +171,7 @@ func TestKubeLostAnswersThroughAProxy(t *testing.T) {
 // answers); and when the day ends the Node holds the last state since the
 // last change and the Events count every occurrence.
 func TestKubeBadAnswersThroughAProxy(t *testing.T) {
+	harness.Parallel(t, 0)
 	s := apiServer(t)
 	tok := harness.Token()
 	status := func(code int, reason string) string {
@@ -355,6 +356,7 @@ func TestKubeRestartInAnOutageNeitherFlapsNorResets(t *testing.T) {
 // again, the Node has the last state and the Events their counts within
 // seconds, not at the end of the writers' backoff.
 func TestKubeRefusedPortThroughAProxy(t *testing.T) {
+	harness.Parallel(t, 0)
 	s := apiServer(t)
 	node := "node-refused-port-" + harness.Token()
 	p, client := proxied(t, s, node)

@@ -33,6 +33,7 @@ import (
 // does not hold the conditions; and when the day ends the Node holds the
 // last state since the last change, the Events every occurrence.
 func TestKubeSlowCutAndForbiddenAnswersThroughAProxy(t *testing.T) {
+	harness.Parallel(t, 0)
 	s := apiServer(t)
 	tok := harness.Token()
 	forbidden := `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"events is forbidden: User \"system:node:x\" cannot create resource \"events\"","reason":"Forbidden","code":403}`

@@ -94,6 +94,7 @@ func ctxDone(t *testing.T) <-chan struct{} {
 // failed, not restarted, and the
 // state is saved on the way out (state.json's savedAt after the SIGTERM).
 func TestStopDuringAHungKubeletProbe(t *testing.T) {
+	harness.Parallel(t, 1)
 	const unit = "autopilot-health.service"
 	k := startHangingKubelet(t, true)
 	const probeTimeout = 25 * time.Second
@@ -160,6 +161,7 @@ func TestStopDuringAHungKubeletProbe(t *testing.T) {
 // and every condition keeps its status and lastTransitionTime, and the
 // journal of the new start logs no "condition changed" to another status.
 func TestWatchdogRestartKeepsTheConditions(t *testing.T) {
+	harness.Parallel(t, 1)
 	const unit = "autopilot-health.service"
 	s := daemonNamespace(t, "wdkeep", map[string]string{unit + ".d/50-watchdog.conf": watchdogDropIn}, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit)
 	ctx := context.Background()
@@ -236,6 +238,7 @@ func field(line, key string) string {
 // ("Suppressed N messages" never appears) and every change is in the
 // journal.
 func TestFlappingCheckStaysUnderJournaldsRateLimit(t *testing.T) {
+	harness.Parallel(t, 1)
 	const unit = "autopilot-health.service"
 	port, served := flappingHealthz(t)
 	cfg := fmt.Sprintf(goodConfig, freeTCPPort(t)) + fmt.Sprintf("\n[checks.KubeletUnhealthy]\ninterval = \"1s\"\ntimeout = \"1s\"\nrestart_cooldown = \"2s\"\nhealthz_url = \"http://127.0.0.1:%d/healthz\"\n", port)
