@@ -210,7 +210,18 @@ dm_control = %q
 	}
 
 	// The operator's clear, through the binary: logged, evented, on the Node
-	// with who cleared.
+	// with who cleared. The daemon started above answers on its control
+	// socket first (a report of the same second, the one before the kill,
+	// satisfies the wait above: CI ran the clear before the new daemon
+	// listened, "the daemon is not running").
+	eventually(t, 30*time.Second, "the control socket answering", func() (bool, string) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return false, err.Error()
+		}
+		c.Close()
+		return true, ""
+	})
 	cleared := time.Now()
 	out, err := exec.Command(daemonBinary(t), "tamper", "clear", "--config", cfgPath, "--reason", "reviewed by the test").CombinedOutput()
 	if err != nil {
