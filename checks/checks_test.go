@@ -3,7 +3,6 @@ package checks
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
@@ -668,26 +668,12 @@ func FuzzParseMountinfo(f *testing.F) {
 		}
 		ro := map[bool]string{false: "rw", true: "ro"}
 		optional := []string{"shared:1", "master:2", "propagate_from:3", "unbindable"}[:opt%5]
-		line := strings.Join(append(append([]string{"36", "35", "98:0", kernelMangle(root), kernelMangle(mp), ro[mountRO] + ",noatime"},
-			optional...), "-", kernelMangle(fstype), kernelMangle(source), ro[superRO]+",errors=continue"), " ") + "\n"
+		line := strings.Join(append(append([]string{"36", "35", "98:0", hostio.EscapeMountinfo(root), hostio.EscapeMountinfo(mp), ro[mountRO] + ",noatime"},
+			optional...), "-", hostio.EscapeMountinfo(fstype), hostio.EscapeMountinfo(source), ro[superRO]+",errors=continue"), " ") + "\n"
 		want := Mount{MountPoint: mp, Root: root, FSType: fstype, Source: source, Device: "98:0", ReadOnly: superRO, MountReadOnly: mountRO}
 		ms, err = ParseMountinfo(strings.NewReader(line))
 		if err != nil || len(ms) != 1 || ms[0] != want {
 			t.Fatalf("the kernel's line %q: read %+v, %v; want %+v", line, ms, err, want)
 		}
 	})
-}
-
-// kernelMangle escapes s as the kernel writes a path, a source or a
-// filesystem type in mountinfo (fs/proc_namespace.c: mangle, " \t\n\\").
-func kernelMangle(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; strings.IndexByte(" \t\n\\", c) >= 0 {
-			fmt.Fprintf(&b, "\\%03o", c)
-		} else {
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
 }

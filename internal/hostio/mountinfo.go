@@ -187,3 +187,19 @@ func UnescapeMountinfo(s string) string {
 	}
 	return b.String()
 }
+
+// EscapeMountinfo escapes s as the kernel writes a path, a source or a
+// filesystem type in mountinfo (fs/proc_namespace.c: mangle, " \t\n\\" as
+// \ooo): the inverse of UnescapeMountinfo, for the tests and fuzz targets
+// that write the kernel's lines.
+func EscapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; strings.IndexByte(" \t\n\\", c) >= 0 {
+			fmt.Fprintf(&b, "\\%03o", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}

@@ -2,7 +2,6 @@ package hostio
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -122,8 +121,8 @@ func FuzzMountinfoReader(f *testing.F) {
 		}
 		super = strings.NewReplacer(" ", "", "\n", "", "\x00", "").Replace(super)
 		optional := []string{"shared:1", "master:2", "propagate_from:3", "unbindable"}[:opt%5]
-		line := strings.Join(append(append([]string{"36", "35", "98:0", kernelMangle(root), kernelMangle(mp), "rw,noatime"},
-			optional...), "-", kernelMangle(fstype), kernelMangle(source), super), " ") + "\n"
+		line := strings.Join(append(append([]string{"36", "35", "98:0", EscapeMountinfo(root), EscapeMountinfo(mp), "rw,noatime"},
+			optional...), "-", EscapeMountinfo(fstype), EscapeMountinfo(source), super), " ") + "\n"
 		want := MountinfoEntry{ID: "36", Parent: "35", Device: "98:0", Root: root, MountPoint: mp, Options: "rw,noatime",
 			Optional: optional, FSType: fstype, Source: source, SuperOptions: super}
 		if len(optional) == 0 {
@@ -134,18 +133,4 @@ func FuzzMountinfoReader(f *testing.F) {
 			t.Fatalf("the kernel's line %q: read %+v, %v; want %+v", line, es, err, want)
 		}
 	})
-}
-
-// kernelMangle escapes s as the kernel writes a path, a source or a
-// filesystem type in mountinfo (fs/proc_namespace.c: mangle, " \t\n\\").
-func kernelMangle(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; strings.IndexByte(" \t\n\\", c) >= 0 {
-			fmt.Fprintf(&b, "\\%03o", c)
-		} else {
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
 }
