@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/textenc"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -241,18 +242,16 @@ func unreadForm(b []byte) string {
 
 // foreignByteOrderMark refuses an input that starts with UTF-16's or
 // UTF-32's byte order mark, which no form of the kernel log is (nil for any
-// other). UTF-32's little-endian mark (iconv -t UTF-32 writes it) starts
-// with UTF-16's, so it is looked for first. After UTF-16's mark, start (the
-// input's first 64 KiB) with no NUL byte is not UTF-16, where every ASCII
-// character has one: converting it from UTF-16 would make it CJK
-// characters (config refuses a file so too).
+// other), told by textenc.ForeignMark as config tells a file's (start is
+// the input's first 64 KiB after UTF-16's mark).
 func foreignByteOrderMark(start []byte) error {
+	m, ok := textenc.ForeignMark(start)
 	switch {
-	case bytes.HasPrefix(start, []byte("\xff\xfe\x00\x00")), bytes.HasPrefix(start, []byte("\x00\x00\xfe\xff")):
-		return errUTF32
-	case !bytes.HasPrefix(start, []byte("\xff\xfe")) && !bytes.HasPrefix(start, []byte("\xfe\xff")):
+	case !ok:
 		return nil
-	case bytes.IndexByte(start[2:], 0) < 0:
+	case m.Encoding == "UTF-32":
+		return errUTF32
+	case m.NotUTF16:
 		return errNotUTF16
 	}
 	return errUTF16

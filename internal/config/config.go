@@ -26,6 +26,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/syself/autopilot-health/internal/smallfile"
+	"github.com/syself/autopilot-health/internal/textenc"
 )
 
 // DefaultPath is where the daemon looks for its configuration.
@@ -470,11 +471,7 @@ func Parse(file string, data []byte, base *Config) (*Config, error) {
 
 // foreignByteOrderMark says why a file that starts with UTF-16's or
 // UTF-32's byte order mark is refused, and what to do; "" for any other
-// file (UTF-8's mark is skipped). UTF-32's little-endian mark starts with
-// UTF-16's, so it is looked for first. A file with UTF-16's mark and no NUL
-// byte after it is not UTF-16 (each ASCII character, and so each key, has
-// one there): converting it from UTF-16 would make its text CJK
-// characters; removing the mark is what it takes.
+// file (UTF-8's mark is skipped), the mark told by textenc.ForeignMark.
 //
 // The commands it suggests write a new file and move it over the old one:
 // one redirected into the file it reads empties it first, and an empty
@@ -483,21 +480,14 @@ func foreignByteOrderMark(file string, data []byte) string {
 	if file == "" {
 		file = "FILE"
 	}
-	for _, m := range []struct{ mark, name, bytes string }{
-		{"\xff\xfe\x00\x00", "UTF-32", "0xff 0xfe 0x00 0x00"},
-		{"\x00\x00\xfe\xff", "UTF-32", "0x00 0x00 0xfe 0xff"},
-		{"\xff\xfe", "UTF-16", "0xff 0xfe"},
-		{"\xfe\xff", "UTF-16", "0xfe 0xff"},
-	} {
-		if !bytes.HasPrefix(data, []byte(m.mark)) {
-			continue
-		}
-		if m.name == "UTF-16" && bytes.IndexByte(data[len(m.mark):], 0) < 0 {
-			return fmt.Sprintf("the file starts with UTF-16's byte order mark (%s) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3 %[2]s > %[2]s.new && mv %[2]s.new %[2]s", m.bytes, file)
-		}
-		return fmt.Sprintf("the file is %s (its byte order mark, %s): TOML files are UTF-8; convert it first, e.g. iconv -f %[3]s -t UTF-8 %[4]s > %[4]s.new && mv %[4]s.new %[4]s", m.name, m.bytes, m.name, file)
+	m, ok := textenc.ForeignMark(data)
+	switch {
+	case !ok:
+		return ""
+	case m.NotUTF16:
+		return fmt.Sprintf("the file starts with UTF-16's byte order mark (%[1]s) but is not UTF-16 (no NUL byte): TOML files are UTF-8; remove the mark's two bytes, e.g. tail -c +3 %[2]s > %[2]s.new && mv %[2]s.new %[2]s", m.Bytes, file)
 	}
-	return ""
+	return fmt.Sprintf("the file is %[1]s (its byte order mark, %[2]s): TOML files are UTF-8; convert it first, e.g. iconv -f %[1]s -t UTF-8 %[3]s > %[3]s.new && mv %[3]s.new %[3]s", m.Encoding, m.Bytes, file)
 }
 
 // parse is Parse under the bounds lim, over the configuration base returns
