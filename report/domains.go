@@ -311,11 +311,11 @@ func (d *Details) setForLocked(condType string, x Detail) {
 
 // forgetLocked removes field k from the documents once no condition's
 // check carries it; while one does, its value is the latest set of those
-// they carry. d.mu is held.
+// they carry (of Snapshots, the latest taken). d.mu is held.
 func (d *Details) forgetLocked(k fieldKey) {
 	var best *owned
 	for _, fs := range d.byCond {
-		if o, ok := fs[k]; ok && (best == nil || o.seq > best.seq) {
+		if o, ok := fs[k]; ok && (best == nil || takenBefore(best.value, o.value) || (o.seq > best.seq && !takenBefore(o.value, best.value))) {
 			best = &o
 		}
 	}
@@ -358,7 +358,36 @@ func (d *Details) setLocked(x Detail) {
 	if d.data[x.Domain] == nil {
 		d.data[x.Domain] = map[string]any{}
 	}
+	if old, ok := d.data[x.Domain][x.Field]; ok && takenBefore(x.Value, old) {
+		// A snapshot of a shared source taken before the one the field
+		// holds, set after it (two checks' runs side by side): the field
+		// keeps the later one. The setter's ownership is recorded all
+		// the same (setForLocked).
+		return
+	}
 	d.data[x.Domain][x.Field] = x.Value
+}
+
+// Snapshot is a report field's value read from a source that several
+// checks share (the tamper state: NodeTampered and SealedOSTampered both
+// carry its report): Taken orders the snapshots the source gave, later
+// ones greater. Of two snapshots of one field, the one taken later is the
+// field's value, whichever check's result was recorded last: one check's
+// run may read the source, another's change it and be recorded, and the
+// first's be recorded after it, and its older snapshot would otherwise
+// stand until one of them runs again.
+type Snapshot interface {
+	Taken() uint64
+}
+
+// takenBefore reports whether v is a Snapshot taken before old's.
+func takenBefore(v, old any) bool {
+	a, ok := v.(Snapshot)
+	if !ok {
+		return false
+	}
+	b, ok := old.(Snapshot)
+	return ok && a.Taken() < b.Taken()
 }
 
 func mustValid(x Detail) {

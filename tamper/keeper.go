@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -479,7 +480,22 @@ type Report struct {
 	// SealedLayersOmitted counts the layers left out to fit the document.
 	SealedLayersOmitted int    `json:"sealedLayersOmitted,omitempty"`
 	Cleared             *Clear `json:"cleared,omitempty"`
+
+	// taken orders the reports of a keeper (Taken).
+	taken uint64
 }
+
+// reportsTaken numbers the reports given (Report.Taken), of every keeper
+// (a daemon keeps one; the count holds were it ever another).
+var reportsTaken atomic.Uint64
+
+// Taken orders the reports: one with a greater number was taken later, of
+// its keeper's state as it was then (under the keeper's lock, so that of
+// one keeper's reports the later taken has every change the earlier had)
+// (report.Snapshot). Both
+// tamper checks carry the keeper's report: the later taken is the tamper
+// document's, whichever check's result is recorded last.
+func (r Report) Taken() uint64 { return r.taken }
 
 // Shrink returns the report with at most limit changes (the most recent)
 // and sealed layers, for a document over its size limit
@@ -535,7 +551,7 @@ func (k *Keeper) Report() Report {
 	defer k.mu.Unlock()
 	// The pending message names a baseline_after glob, of any length:
 	// cut as a path is, so the document keeps room for the rest.
-	r := Report{BootID: k.bootID, BaselinePending: clip(k.pending), Changes: []ChangeReport{}, SealedLayers: slices.Clone(k.layers)}
+	r := Report{BootID: k.bootID, BaselinePending: clip(k.pending), Changes: []ChangeReport{}, SealedLayers: slices.Clone(k.layers), taken: reportsTaken.Add(1)}
 	if c := k.state.Cleared; c != nil && k.clearTrusted {
 		r.Cleared = &Clear{At: c.At, Reason: clip(c.Reason), By: clip(c.By)}
 	}

@@ -179,3 +179,57 @@ func TestReportWithALongBaselinePendingFitsItsDocument(t *testing.T) {
 		})
 	}
 }
+
+// The two tamper checks both carry the keeper's report: one check's run
+// takes it, the other's changes the state (a clear, a new baseline) and is
+// recorded, and the first is recorded after it (the runs side by side, as
+// both tamper checks are woken by a clear). The document keeps the report
+// taken later: CI at 525a84a showed a Node's tamper document without the
+// baseline taken 1 s after a clear for as long as neither check ran again.
+func TestDocumentKeepsTheLaterReportOfTheTwoChecks(t *testing.T) {
+	k := NewKeeper(t.TempDir(), "boot-1", false)
+	now := time.Date(2026, 12, 6, 21, 41, 20, 0, time.UTC)
+	before := k.Report() // SealedOSTampered's run, before the clear
+	if err := k.ClearAll(Clear{At: now, Reason: "reviewed", By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	after := k.Report() // NodeTampered's run, after it
+	if after.Taken() <= before.Taken() {
+		t.Fatalf("Taken %d after %d: not ordered", after.Taken(), before.Taken())
+	}
+	cleared := func(d *report.Details) bool {
+		t.Helper()
+		docs, err := d.Documents(now, report.RoleWorker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(docs[report.AnnotationPrefix+"tamper"], `"cleared":`)
+	}
+	d := report.NewDetails()
+	d.Replace(CondNode, []report.Detail{{Domain: "tamper", Field: "tamper", Value: after}})
+	d.Replace(CondSealed, []report.Detail{{Domain: "tamper", Field: "tamper", Value: before}})
+	if !cleared(d) {
+		t.Fatal("the report taken before the clear, recorded last, replaced the one taken after it")
+	}
+	// Each check's evidence is its own result's.
+	if ev := d.Evidence(CondSealed)["tamper.tamper"]; ev.(Report).Cleared != nil {
+		t.Fatalf("SealedOSTampered's evidence is not its own report: %+v", ev)
+	}
+	// A failed run's fields and a read-back's SetFor follow the same rule.
+	d.Failed(CondSealed, []report.Detail{{Domain: "tamper", Field: "tamper", Value: before}}, "timed out")
+	if !cleared(d) {
+		t.Fatal("a failed run's older report replaced the later one")
+	}
+	// The check that carried the later report stops: the other's is the
+	// field's value, as before.
+	d.Drop(CondNode)
+	if cleared(d) {
+		t.Fatal("NodeTampered dropped: its report still stands")
+	}
+	// A later report replaces an earlier one, whichever check carries it.
+	d.Replace(CondNode, []report.Detail{{Domain: "tamper", Field: "tamper", Value: before}})
+	d.Replace(CondSealed, []report.Detail{{Domain: "tamper", Field: "tamper", Value: k.Report()}})
+	if !cleared(d) {
+		t.Fatal("a report taken later did not replace an earlier one")
+	}
+}
