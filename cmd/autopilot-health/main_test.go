@@ -118,7 +118,7 @@ func TestCheckExitCodes(t *testing.T) {
 	if code != exitProblem || !strings.Contains(out, "DiskUsageHigh  True    FilesystemSpaceHigh  operability") {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
-	if !strings.Contains(out, "1 conditions: 0 ok, 1 problem (DiskUsageHigh)") {
+	if !strings.Contains(out, "1 condition: 0 ok, 1 problem (DiskUsageHigh)") {
 		t.Errorf("summary missing:\n%s", out)
 	}
 	cfg = fakeHost(t, "[checks.DiskUsageHigh]\nspace_percent = 99\ninodes_percent = 99\n")

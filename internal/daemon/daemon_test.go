@@ -369,6 +369,13 @@ func TestSummarize(t *testing.T) {
 		{[]report.Condition{c("A", "False"), c("DiskUsageHigh", "True")}, "2 conditions: 1 ok, 1 problem (DiskUsageHigh)"},
 		{[]report.Condition{c("A", "True"), c("B", "True"), c("C", "Unknown"), c("D", "Unknown"), c("E", "Unknown"), c("F", "Unknown")},
 			"6 conditions: 0 ok, 2 problems (A, B), 4 unknown (C, D, E, +1 more)"},
+		// A failing check is told apart from one with nothing to check.
+		{[]report.Condition{c("A", "False"), {Type: "SealedOSTampered", Status: "Unknown", Reason: report.ReasonNothingToCheck},
+			{Type: "DiskUsageHigh", Status: "Unknown", Reason: report.ReasonCheckTimeout}, {Type: "CertificateExpiring", Status: "Unknown", Reason: report.ReasonCheckFailed},
+			{Type: "NodeTampered", Status: "Unknown", Reason: report.ReasonBaselinePending}},
+			"5 conditions: 1 ok, 0 problems, 2 checks failing (CertificateExpiring, DiskUsageHigh), 2 unknown (NodeTampered, SealedOSTampered)"},
+		{[]report.Condition{{Type: "X", Status: "Unknown", Reason: report.ReasonCheckPanicked}},
+			"1 condition: 0 ok, 0 problems, 1 check failing (X)"},
 	} {
 		if got := Summarize(tc.in); got != tc.want {
 			t.Errorf("Summarize = %q, want %q", got, tc.want)

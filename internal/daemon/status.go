@@ -63,29 +63,42 @@ func (d *Daemon) Summary() string { return Summarize(d.store.All()) }
 // Summarize formats conditions as the one-line status.
 func Summarize(conds []report.Condition) string {
 	var ok int
-	var problems, unknown []string
+	var problems, failing, unknown []string
 	for _, c := range conds {
-		switch c.Status {
-		case report.StatusFalse:
+		switch {
+		case c.Status == report.StatusFalse:
 			ok++
-		case report.StatusTrue:
+		case c.Status == report.StatusTrue:
 			problems = append(problems, c.Type)
+		case slices.Contains(checkFailures, c.Reason):
+			failing = append(failing, c.Type)
 		default:
 			unknown = append(unknown, c.Type)
 		}
 	}
 	slices.Sort(problems)
+	slices.Sort(failing)
 	slices.Sort(unknown)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d conditions: %d ok, %d %s", len(conds), ok, len(problems), plural(len(problems), "problem", "problems"))
+	fmt.Fprintf(&b, "%d %s: %d ok, %d %s", len(conds), plural(len(conds), "condition", "conditions"), ok, len(problems), plural(len(problems), "problem", "problems"))
 	if len(problems) > 0 {
 		fmt.Fprintf(&b, " (%s)", shortList(problems, 5))
+	}
+	// A check that fails is told apart from one with nothing to check
+	// or still waiting, which a healthy node has too (SealedOSTampered's
+	// NothingToCheck where no layer is sealed).
+	if len(failing) > 0 {
+		fmt.Fprintf(&b, ", %d %s (%s)", len(failing), plural(len(failing), "check failing", "checks failing"), shortList(failing, 3))
 	}
 	if len(unknown) > 0 {
 		fmt.Fprintf(&b, ", %d unknown (%s)", len(unknown), shortList(unknown, 3))
 	}
 	return b.String()
 }
+
+// checkFailures are the reasons of a condition whose check failed, timed
+// out or panicked (the runner's), not one that had nothing to decide.
+var checkFailures = []report.Reason{report.ReasonCheckFailed, report.ReasonCheckTimeout, report.ReasonCheckPanicked}
 
 // shortList joins up to n names and counts the rest, keeping the status line short.
 func shortList(names []string, n int) string {
