@@ -165,6 +165,9 @@ type Daemon struct {
 	// firstPassDone is closed by becomeReady (the report annotations wait
 	// for it).
 	firstPassDone chan struct{}
+	// unlockState releases the state directory's lock (lockState), once
+	// Run's final saves are done: nothing writes state after them.
+	unlockState func()
 }
 
 // HelperRefuses is the refusal of a configuration that does not go with
@@ -207,11 +210,23 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 			return nil, fmt.Errorf("control socket (control_socket): %w", err)
 		}
 	}
+	// Then the state directory's lock, before any state is read or
+	// written there (Assemble's load removes a crash's temp files): a
+	// second daemon with a control socket of its own refuses here, and
+	// its socket goes with it (lockState).
+	unlockState, err := lockState(cfg.StateDir, log)
+	if err != nil {
+		if control != nil {
+			control.Close()
+		}
+		return nil, fmt.Errorf("state directory (state_dir) %w", err)
+	}
 	p, err := Assemble(cfg, log, ao)
 	if err != nil {
 		if control != nil {
 			control.Close()
 		}
+		unlockState()
 		return nil, err
 	}
 	d := &Daemon{
@@ -220,6 +235,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}), statusWake: make(chan struct{}, 1),
 		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1), readySent: make(chan struct{}),
 		cfgSince: time.Now(), readDigest: opts.ConfigDigest, helper: opts.Helper != nil,
+		unlockState: unlockState,
 	}
 	if d.readDigest == "" && d.cfgPath != "" {
 		d.readDigest = config.FileDigest(d.cfgPath)

@@ -51,6 +51,9 @@ func gpuGoneDaemon(t *testing.T, cfg *config.Config) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each stands for a start of its own process, after the one before
+	// ended: the state directory's lock goes with the process.
+	d.unlockState()
 	return d
 }
 

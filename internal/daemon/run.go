@@ -108,9 +108,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 	shCtx, shCancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer shCancel()
 	srv.Shutdown(shCtx)
-	d.finalSave()
-	d.finalTamperSave()
+	d.finalSaves()
 	return runErr
+}
+
+// finalSaves makes the stop's saves of the state file and tamper.json, then
+// releases the state directory's lock: it is another daemon's to take once
+// nothing of this one writes there. A write left blocked in I/O may still
+// rename its file into place, so the lock then stays until the process
+// exits, which the kernel makes wait for that write's return (a thread in
+// D state), and the rename then never runs.
+func (d *Daemon) finalSaves() {
+	stateInFlight := d.finalSave()
+	tamperInFlight := d.finalTamperSave()
+	if d.unlockState != nil && !stateInFlight && !tamperInFlight {
+		d.unlockState()
+	}
 }
 
 // runChecks runs the current runner until ctx is done, and swaps in a new

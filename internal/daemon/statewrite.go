@@ -219,10 +219,12 @@ func (d *Daemon) watchTamperWrites() {
 // that fails or does not return in time is logged at error level, and the
 // daemon stops anyway: a write blocked in the kernel would otherwise hold
 // the stop until TimeoutStopSec and the SIGKILL, which a task in D state
-// does not answer either.
-func (d *Daemon) finalSave() {
+// does not answer either. It says whether a write is left in flight (one
+// that did not return).
+func (d *Daemon) finalSave() (inFlight bool) {
 	var nr *writeNotReturnedError
-	switch err := d.saveStateNow(finalSaveWait); {
+	err := d.saveStateNow(finalSaveWait)
+	switch {
 	case errors.As(err, &nr) && nr.previous:
 		d.log.Error("state not saved on shutdown: the previous write is blocked in I/O; stopping anyway", "path", nr.sw.path, "since", nr.sw.since.UTC().Format(time.RFC3339), "waited", finalSaveWait)
 	case errors.As(err, &nr):
@@ -235,6 +237,7 @@ func (d *Daemon) finalSave() {
 		// state.
 		d.log.Error("saving state on shutdown failed; stopping anyway", "dir", d.cfg.StateDir, "err", err)
 	}
+	return nr != nil
 }
 
 // writeNotReturnedError: a write of the state file did not return within
@@ -291,16 +294,18 @@ func (d *Daemon) saveStateNow(wait time.Duration) error {
 // them) and logs, at error level, what it could not save: a finding not in
 // tamper.json is taken back from the Node at the next start, a clear not
 // in it is lost and must be made again.
-func (d *Daemon) finalTamperSave() {
+func (d *Daemon) finalTamperSave() (inFlight bool) {
 	k := d.currentEnv().Tamper
 	if k == nil || k.ReadOnly() {
-		return
+		return false
 	}
 	var ns *tamper.NotSavedError
-	switch err := k.Flush(finalSaveWait); {
+	err := k.Flush(finalSaveWait)
+	switch {
 	case errors.As(err, &ns):
 		d.log.Error("tamper state not saved on shutdown: its write is blocked in I/O; stopping anyway (a clear made since its last save must be made again)", "path", ns.Path, "since", ns.Since.UTC().Format(time.RFC3339), "waited", finalSaveWait)
 	case err != nil:
 		d.log.Error("tamper state not saved on shutdown; stopping anyway (a clear made since its last save must be made again)", "path", k.Path(), "err", err)
 	}
+	return ns != nil
 }

@@ -109,10 +109,14 @@ func TestStatusSocket(t *testing.T) {
 		t.Errorf("summary %q", st.Summary)
 	}
 
-	// A second daemon with the same socket runs, without taking it.
+	// A second daemon with the same socket runs, without taking it (a
+	// state directory of its own: on the same one it refuses to start,
+	// TestSecondDaemonOnTheSameStateDirRefuses).
 	var logs testenv.SyncBuffer
 	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
-	d2, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "second", Listener: ln2, Kube: kubefake.New(client)})
+	cfg2 := *cfg
+	cfg2.StateDir = t.TempDir()
+	d2, err := New(&cfg2, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "second", Listener: ln2, Kube: kubefake.New(client)})
 	if err != nil {
 		t.Fatal(err)
 	}

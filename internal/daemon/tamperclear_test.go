@@ -265,14 +265,13 @@ func runIntactThenStop(t *testing.T, d *Daemon, then func(d *Daemon)) {
 
 // clearAsItStops asks d, a daemon not run, for a tamper clear with its
 // context already done (the stop comes before the tamper checks run
-// again), then makes d's final saves, as its stop does. It returns the
-// clear's answer.
+// again), then makes d's final saves and releases the state directory, as
+// its stop does. It returns the clear's answer.
 func clearAsItStops(d *Daemon, ticket string) error {
 	stopped, stop := context.WithCancel(context.Background())
 	stop()
 	_, err := d.ClearTamper(stopped, ticket, "uid 0 (uid 0, pid 1)")
-	d.finalSave()
-	d.finalTamperSave()
+	d.finalSaves()
 	return err
 }
 

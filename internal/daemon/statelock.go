@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// The state directory's lock: one daemon per state_dir. Two daemons whose
+// configurations name different control sockets but the same state_dir
+// (one run by hand beside the unit's, a copy of the unit under another
+// name) each saved state.json and tamper.json, the last save won, and the
+// loser's view came back at the next start (a condition that flapped
+// across a restart, a false BaselineCorrupt). The daemon takes an
+// exclusive flock of a lock file in state_dir before it reads or writes
+// any state there and holds it for its life; the kernel releases it when
+// the process ends, however (SIGKILL included), so no lock is ever stale.
+// The one-shot commands (check, status, tamper status and clear) never
+// take it: they write no state (check's tamper keeper is read-only,
+// tamper status reads tamper.json, status and tamper clear ask the
+// daemon).
+
+// StateLockName is the lock file's name in state_dir. It is never
+// removed: a removed lock file and a new one at the same path would be
+// two locks.
+const StateLockName = "daemon.lock"
+
+// maxLockHolder bounds what is read of the lock file (a PID and a newline).
+const maxLockHolder = 64
+
+// StateLockedError is the refusal of a start whose state_dir another
+// daemon holds.
+type StateLockedError struct {
+	Dir, LockFile string
+	// PID is the holder's, as it wrote it in the lock file; 0 where the
+	// file holds none (the holder between its lock and its write, or on a
+	// file it could open read-only only).
+	PID int
+}
+
+func (e *StateLockedError) Error() string {
+	who := "another autopilot-health daemon"
+	if e.PID > 0 {
+		who += fmt.Sprintf(" (pid %d)", e.PID)
+	}
+	return fmt.Sprintf("%s: %s uses this state directory (its lock file %s is locked); stop it, or give this one a state_dir of its own", e.Dir, who, e.LockFile)
+}
+
+// lockState takes the exclusive flock of dir's lock file without waiting,
+// writes this process's PID in it, and returns its release. Held, it is
+// another daemon's: a *StateLockedError naming the directory, the lock
+// file and the holder's PID where the file holds one. A lock that cannot
+// be taken for another reason (the directory absent and not creatable, a
+// read-only file system with no lock file yet, something not a regular
+// file at its path, flock not supported: ENOLCK, EOPNOTSUPP) is gone
+// without, as the control socket's directory lock is (lockStart): a daemon
+// that refused to start would leave the node without health reporting, on
+// exactly the day /var is read-only. That is logged, once (a warning
+// naming the lock file and the error). A lock file that exists on a file
+// system that is read-only now is locked read-only (flock needs no write
+// access), without the PID.
+func lockState(dir string, log *slog.Logger) (func(), error) {
+	path := filepath.Join(dir, StateLockName)
+	goOn := func(err error) (func(), error) {
+		log.Warn("state directory: its lock file cannot be locked, so the start goes on without the lock (a second daemon on this state directory would not be refused)", "lock_file", path, "err", err)
+		return func() {}, nil
+	}
+	// The state writer's mode for the directory (report.WriteFileAtomic);
+	// an error is the open's below.
+	_ = os.MkdirAll(dir, 0o755)
+	// No symlink followed (the PID written there would truncate its
+	// target), and a FIFO not waited on.
+	const how = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
+	writable := true
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|how, 0o600)
+	if errors.Is(err, syscall.EROFS) || errors.Is(err, fs.ErrPermission) {
+		f, err = os.OpenFile(path, os.O_RDONLY|how, 0)
+		writable = false
+	}
+	if err != nil {
+		return goOn(err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+		}
+		return goOn(err)
+	}
+	switch err := flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		pid := lockHolder(f)
+		f.Close()
+		return nil, &StateLockedError{Dir: dir, LockFile: path, PID: pid}
+	case err != nil:
+		f.Close()
+		return goOn(err)
+	}
+	if writable {
+		// For the message of a start refused while this one holds it.
+		if err := f.Truncate(0); err == nil {
+			_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		}
+		if err != nil {
+			log.Debug("state directory: the PID not written in its lock file (a refused start will not name it)", "lock_file", path, "err", err)
+		}
+	}
+	return func() { f.Close() }, nil
+}
+
+// lockHolder is the PID the holder wrote in the lock file, 0 where there is
+// none to read.
+func lockHolder(f *os.File) int {
+	b, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, 0, maxLockHolder), maxLockHolder))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}

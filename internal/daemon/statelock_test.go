@@ -1,0 +1,114 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// Two daemons whose configurations name different control sockets but the
+// same state_dir (one run by hand beside the unit's): the second refuses
+// to start, naming the directory, the lock file and the first's PID,
+// before it touches the first's files, and its control socket goes with
+// it; once the first stops, a daemon on that directory starts. Before, both
+// ran and each saved state.json and tamper.json over the other's.
+func TestSecondDaemonOnTheSameStateDirRefuses(t *testing.T) {
+	cfg := testConfig(t)
+	sock1 := filepath.Join(t.TempDir(), "run", "control.sock")
+	sock2 := filepath.Join(t.TempDir(), "run", "control.sock")
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	first, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln, ControlSocket: sock1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := startDaemon(t, first)
+	await(t, first, "the first daemon's first pass", first.readyNow)
+	inFlight := filepath.Join(cfg.StateDir, "state.json.tmp4242")
+	if err := os.WriteFile(inFlight, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln2.Close()
+	_, err = New(cfg, quietLog(), Options{Version: "test", Listener: ln2, ControlSocket: sock2})
+	var locked *StateLockedError
+	if !errors.As(err, &locked) {
+		t.Fatalf("a second daemon on the same state_dir: %v; want a refusal, the directory locked", err)
+	}
+	lockFile := filepath.Join(cfg.StateDir, StateLockName)
+	want := "another autopilot-health daemon (pid " + strconv.Itoa(os.Getpid()) + ") uses this state directory"
+	for _, s := range []string{cfg.StateDir, lockFile, want} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("the refusal %q does not say %q", err, s)
+		}
+	}
+	if _, err := os.Stat(inFlight); err != nil {
+		t.Errorf("the refused daemon removed the first's temp file: %v", err)
+	}
+	if _, err := os.Lstat(sock2); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused daemon left its control socket %s: %v", sock2, err)
+	}
+	fi, err := os.Stat(lockFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("the lock file's mode: %v; want 0600", fi.Mode().Perm())
+	}
+
+	// The first stops: the directory is free, and the lock file stays.
+	stop()
+	ln3, _ := net.Listen("tcp", "127.0.0.1:0")
+	next, err := New(cfg, quietLog(), Options{Version: "test", Listener: ln3, ControlSocket: sock2})
+	if err != nil {
+		t.Fatalf("a daemon on the state_dir after the first stopped: %v", err)
+	}
+	startDaemon(t, next)()
+}
+
+// The lock file's path holds a symlink (or anything not a regular file):
+// it is not followed (the PID written there would truncate its target),
+// and the start goes on without the lock, saying so once, as it does on a
+// file system without flock.
+func TestStateLockNotTakenGoesOnWithOneWarning(t *testing.T) {
+	t.Run("symlink", func(t *testing.T) {
+		dir := t.TempDir()
+		target := filepath.Join(t.TempDir(), "precious")
+		if err := os.WriteFile(target, []byte("keep me\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(dir, StateLockName)); err != nil {
+			t.Fatal(err)
+		}
+		assertGoesOnWithOneWarning(t, dir, "symlink")
+		if b, _ := os.ReadFile(target); string(b) != "keep me\n" {
+			t.Errorf("the symlink's target was written: %q", b)
+		}
+	})
+	t.Run("ENOLCK", func(t *testing.T) {
+		flock = func(int, int) error { return syscall.ENOLCK }
+		t.Cleanup(func() { flock = syscall.Flock })
+		assertGoesOnWithOneWarning(t, t.TempDir(), syscall.ENOLCK.Error())
+	})
+}
+
+func assertGoesOnWithOneWarning(t *testing.T, dir, cause string) {
+	t.Helper()
+	var logs bytes.Buffer
+	release, err := lockState(dir, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatalf("a start whose state directory cannot be locked did not go on: %v", err)
+	}
+	release()
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], filepath.Join(dir, StateLockName)) || !strings.Contains(lines[0], cause) {
+		t.Fatalf("the log: %q; want one warning naming the lock file and %q", logs.String(), cause)
+	}
+}
