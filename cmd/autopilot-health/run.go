@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -90,7 +91,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		opts.Helper = &privileged.Client{Path: *helper}
 		log.Info("privileged reads go through the helper", "socket", *helper)
 	}
-	d, err := daemon.New(cfg, log, opts)
+	d, err := newDaemonWaitingForStateDir(ctx, cfg, log, opts)
 	if err != nil {
 		// Not the file's fault (another daemon holds the control socket,
 		// the node not detected): exit 1, which the unit restarts, unlike
@@ -107,6 +108,47 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped")
 	return exitOK
+}
+
+// stateDirWaits are the waits between the starts a daemon under systemd
+// tries again while another daemon holds its state directory
+// (newDaemonWaitingForStateDir); a variable for tests.
+var stateDirWaits = readRetryWaits
+
+// newDaemonWaitingForStateDir is daemon.New, which refuses to start while
+// another daemon holds the state directory (daemon.StateLockedError). Run
+// by hand, that is the answer, at once (exit 1; nothing starts it again).
+// Under systemd ($INVOCATION_ID: a copy of the unit under another name,
+// the unit started while a daemon run by hand holds the directory) exit 1
+// is restarted every RestartSec= (5 s) for ever, each a process's start
+// and its lines in the journal: so the start is tried again in the
+// process, stateDirWaits apart (about a minute), taking the directory as
+// soon as the other daemon is gone, and only then exits 1. The refusal is
+// logged once, and why the exit, again at its end. A stop (SIGTERM)
+// meanwhile ends the wait.
+func newDaemonWaitingForStateDir(ctx context.Context, cfg *config.Config, log *slog.Logger, opts daemon.Options) (*daemon.Daemon, error) {
+	d, err := daemon.New(cfg, log, opts)
+	var locked *daemon.StateLockedError
+	if !errors.As(err, &locked) || os.Getenv("INVOCATION_ID") == "" {
+		return d, err
+	}
+	log.Warn("the state directory is another daemon's; trying again, and exiting 1 if it still is", "err", err, "for", sumWaits(stateDirWaits))
+	for _, wait := range stateDirWaits {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		if d, err = daemon.New(cfg, log, opts); !errors.As(err, &locked) {
+			if err == nil {
+				log.Info("the state directory is free now; starting", "dir", cfg.StateDir)
+			}
+			return d, err
+		}
+	}
+	return nil, err
 }
 
 // logFlushOnExit is how long run waits at its exit for stderr to take the
