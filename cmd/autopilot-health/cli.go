@@ -68,8 +68,8 @@ Run "autopilot-health COMMAND --help" for a command's flags.
 Exit codes:
   0  success; for check and status: no condition is True
   1  check, status: at least one condition is True; run: the daemon could not start (not for its
-     configuration: another daemon holds the control socket, the node not detected, an I/O error reading
-     the file) or failed while running;
+     configuration: another daemon holds the control socket or the state directory, the node not
+     detected, an I/O error reading the file) or failed while running;
      reload: the daemon refused the file and runs on with the previous configuration;
      tamper clear: applied, but not saved or not re-evaluated within 30s;
      tamper status: tamper.json cannot be read or does not parse;

@@ -93,10 +93,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	d, err := newDaemonWaitingForStateDir(ctx, cfg, log, opts)
 	if err != nil {
-		// Not the file's fault (another daemon holds the control socket,
-		// the node not detected): exit 1, which the unit restarts, unlike
-		// a refused file's 2 (RestartPreventExitStatus=2), which only a
-		// change of the file starts again (autopilot-health.path).
+		// Not the file's fault (another daemon holds the control socket
+		// or the state directory, the node not detected): exit 1, which
+		// the unit restarts, unlike a refused file's 2
+		// (RestartPreventExitStatus=2), which only a change of the file
+		// starts again (autopilot-health.path).
 		log.Error("could not start", "err", err)
 		return exitProblem
 	}
