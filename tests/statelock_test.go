@@ -12,10 +12,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/systemd"
 )
 
 // Two `autopilot-health run` (the shipped binary) on one state_dir, each
@@ -146,4 +148,50 @@ func runBinary(t *testing.T, args ...string) (int, string) {
 		t.Fatal(err)
 	}
 	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+// The shipped unit in a real systemd 252 whose state directory another
+// daemon holds (here the test, its PID 4242 in the lock file, as a daemon
+// run by hand would): the start is not failed and restarted every
+// RestartSec= (5 s); it waits in the process, the refusal in the journal
+// once, and is active as soon as the other lets the directory go, with no
+// restart (NRestarts=0).
+func TestUnitWaitsForTheStateDirOfADaemonRunByHand(t *testing.T) {
+	s := daemonNamespace(t, "statelock", nil, fmt.Sprintf(goodConfig, freeTCPPort(t)), "autopilot-health.service")
+	const unit = "autopilot-health.service"
+	state := s.Root("/var/lib/autopilot-health")
+	if err := os.MkdirAll(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.OpenFile(filepath.Join(state, daemon.StateLockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := syscall.Flock(int(held.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	held.WriteString("4242\n")
+
+	started := make(chan error, 1)
+	go func() { started <- s.StartUnit(context.Background(), unit) }()
+	const refusal = "another autopilot-health daemon (pid 4242) uses this state directory"
+	eventually(t, 30*time.Second, "the refusal in the journal", func() (bool, string) {
+		j := s.Journal(unit)
+		return strings.Contains(j, refusal), lastBytes(j, 500)
+	})
+	u := waitUnitFor(t, s, unit, 5*time.Second, "activating, waiting", func(u systemd.Unit) bool { return u.ActiveState == "activating" })
+	if u.NRestarts != 0 {
+		t.Errorf("NRestarts=%d while it waits, want 0", u.NRestarts)
+	}
+
+	held.Close() // the other daemon stops: the kernel releases its lock
+	if err := <-started; err != nil {
+		t.Fatalf("the start job: %v", err)
+	}
+	u = waitUnitFor(t, s, unit, 2*time.Minute, "active once the directory is free", active)
+	j := s.Journal(unit)
+	if u.NRestarts != 0 || strings.Count(j, refusal) != 1 || !strings.Contains(j, "the state directory is free now; starting") {
+		t.Errorf("NRestarts=%d, %d refusals in the journal; want 0 and 1, then the start:\n%s", u.NRestarts, strings.Count(j, refusal), lastBytes(j, 3000))
+	}
 }
