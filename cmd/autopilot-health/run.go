@@ -92,6 +92,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		log.Info("privileged reads go through the helper", "socket", *helper)
 	}
 	d, err := newDaemonWaitingForStateDir(ctx, cfg, log, opts)
+	if err != nil && ctx.Err() != nil {
+		// Stopped (systemctl stop) while it waited for the state
+		// directory: a clean stop, not a failed unit.
+		log.Info("stopped before it started (the state directory was another daemon's)")
+		return exitOK
+	}
 	if err != nil {
 		// Not the file's fault (another daemon holds the control socket
 		// or the state directory, the node not detected): exit 1, which

@@ -71,6 +71,13 @@ func TestRunUnderSystemdWaitsForTheStateDir(t *testing.T) {
 			t.Errorf("exit %d, output:\n%s\nwant one line trying again, then exit 1", code, out)
 		}
 	})
+	t.Run("stopped while it waits", func(t *testing.T) {
+		// systemctl stop: a clean stop (exit 0), not a failed unit.
+		all, err := signalAfter(t, child("0123456789abcdef0123456789abcdef"), syscall.SIGTERM, "trying again")
+		if err != nil || !strings.Contains(all, "stopped before it started") {
+			t.Errorf("SIGTERM while it waits: %v:\n%s\nwant exit 0, stopped before it started", err, all)
+		}
+	})
 	t.Run("freed while it waits", func(t *testing.T) {
 		cmd := child("0123456789abcdef0123456789abcdef")
 		stderr, err := cmd.StderrPipe()
