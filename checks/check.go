@@ -117,6 +117,11 @@ type Env struct {
 	// (autopilot_health_journal_fallbacks_total); nil: not counted (the
 	// one-shot check).
 	JournalFallbacks *JournalFallbacks
+	// Malformed counts the lines of host input the readers skipped
+	// because they could not parse them
+	// (autopilot_health_malformed_lines_total); nil: not counted (the
+	// one-shot check).
+	Malformed *MalformedLines
 }
 
 // Helper is the privileged helper as the checks use it

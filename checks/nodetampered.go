@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
 )
@@ -508,6 +509,22 @@ var minWatchRetry, maxWatchRetry = time.Minute, 10 * time.Minute
 // it fail, as inotify_init1 does on a node out of inotify instances).
 var newFileWatcher = tamper.NewWatcher
 
+// mountReadings returns what the mount watcher calls after each reading
+// of the mount table: a line the kernel does not write is skipped at each
+// reading, counted (autopilot_health_malformed_lines_total{reader=
+// "mountinfo-watch"}) and logged once per change (malformedSaid).
+func (c *nodeTamperedCheck) mountReadings() func(int, *hostio.MalformedMountinfoError) {
+	var said malformedSaid
+	return func(n int, first *hostio.MalformedMountinfoError) {
+		c.env.Malformed.Add(MalformedMountWatch, n)
+		key, text := "", ""
+		if first != nil {
+			key, text = first.Text, first.Error()
+		}
+		said.reading(c.env.Log, n, key, "mount watcher: skipped malformed lines of the mount table", "path", tamper.MountsFile, "first", text)
+	}
+}
+
 // Watch follows file notifications on the protected directories and wakes
 // the check on a relevant one, and when the settling baseline is due. The
 // mount table is followed whether file notifications work or not: a node out
@@ -526,6 +543,8 @@ func (c *nodeTamperedCheck) Watch(ctx context.Context, wake func()) {
 		c.env.Log.Warn("mount notifications unavailable; a mount over a protected path is found by the interval's scan", "err", err)
 		close(mountsDone)
 	} else {
+		m.OnReading = c.mountReadings()
+		m.OnReading(m.Malformed())
 		go func() {
 			defer close(mountsDone)
 			if err := m.Run(mctx, func(string) { wake() }); err != nil {

@@ -53,6 +53,20 @@ type MountWatcher struct {
 	// the reading's buffer, kept for the next.
 	prev map[string]string
 	buf  []byte
+	// malformed are the lines of the last reading that were split and
+	// did not split (a line the kernel does not write), firstMalformed
+	// the first of them.
+	malformed      int
+	firstMalformed *hostio.MalformedMountinfoError
+	// OnReading, where set before Run, is called after each of Run's
+	// readings with its malformed lines (Malformed).
+	OnReading func(malformed int, first *hostio.MalformedMountinfoError)
+}
+
+// Malformed returns the malformed lines of the last reading, which are
+// skipped: how many, and the first (nil where none).
+func (m *MountWatcher) Malformed() (int, *hostio.MalformedMountinfoError) {
+	return m.malformed, m.firstMalformed
 }
 
 // NewMountWatcher opens the mount table and reads it: a mount made after
@@ -126,6 +140,9 @@ func (m *MountWatcher) Run(ctx context.Context, fn func(hostPath string)) error 
 		if err != nil {
 			return err
 		}
+		if m.OnReading != nil {
+			m.OnReading(m.Malformed())
+		}
 		for k, p := range cur {
 			if _, ok := m.prev[k]; !ok {
 				fn(p)
@@ -169,16 +186,20 @@ func (m *MountWatcher) read() (map[string]string, error) {
 		m.buf = m.buf[:len(m.buf)+n]
 	}
 	out := map[string]string{}
-	for _, line := range hostio.MountinfoLines(m.buf) {
+	m.malformed, m.firstMalformed = 0, nil
+	for n, line := range hostio.MountinfoLines(m.buf) {
 		// Split by the one mountinfo reader (at each space, as the kernel
 		// writes the fields; no allocation), only the lines whose mount
 		// point may be relevant; a line the kernel does not write is
-		// skipped.
+		// skipped, and counted (Malformed).
 		if !m.mayBeRelevant(hostio.MountinfoMountPoint(line)) {
 			continue
 		}
 		f, ok := hostio.SplitMountinfo(line)
 		if !ok {
+			if m.malformed++; m.firstMalformed == nil {
+				m.firstMalformed = &hostio.MalformedMountinfoError{Line: n, Text: string(line)}
+			}
 			continue
 		}
 		mp := path.Clean(hostio.UnescapeMountinfo(string(f.MountPoint)))

@@ -136,6 +136,9 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// KubeletHeartbeatFailed's reads of the journal with journalctl
 		// (autopilot_health_journal_fallbacks_total).
 		env.JournalFallbacks = checks.NewJournalFallbacks(p.Metrics.Registry)
+		// Lines of host input skipped as malformed, by reader
+		// (autopilot_health_malformed_lines_total).
+		env.Malformed = checks.NewMalformedLines(p.Metrics.Registry)
 		// Other values the checks keep for this boot (read back on first
 		// use, after Load below).
 		env.Memos = p.Store

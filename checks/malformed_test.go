@@ -1,0 +1,94 @@
+package checks
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/tamper"
+)
+
+// NodeTampered's mount watcher counts each reading's malformed lines of
+// the mount table in autopilot_health_malformed_lines_total{reader=
+// "mountinfo-watch"} and says them once, not at each reading; once a
+// reading has none, their return is said again.
+func TestMountWatcherMalformedLinesCountedAndSaidOnce(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"/etc/kubernetes", "/etc/cni/net.d"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := "22 1 8:2 / " + root + "/etc/cni/net.d rw shared:2 ext4 /dev/sda2 rw" // no "-"
+	table := "1 0 8:0 / / rw - ext4 /dev/root rw\n21 1 8:1 / " + root + "/etc/kubernetes rw shared:1 - ext4 /dev/sda1 rw\n" + bad + "\n"
+	p := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(p, []byte(table), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := tamper.MountsFile
+	tamper.MountsFile = p
+	t.Cleanup(func() { tamper.MountsFile = old })
+
+	var logs bytes.Buffer
+	env := testEnv(t, func(c *config.Config) {
+		c.HostRoot = root
+		c.Checks.NodeTampered.Paths = []string{"/etc/kubernetes/kubelet.conf", "/etc/cni/net.d"}
+	})
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	reg := prometheus.NewRegistry()
+	env.Malformed = NewMalformedLines(reg)
+	built, err := newNodeTamperedCheck(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := built.(*nodeTamperedCheck)
+	readings := c.mountReadings()
+	for range 2 { // two readings of the same table
+		m, err := tamper.NewMountWatcher(root, c.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readings(m.Malformed())
+	}
+	if got := env.Malformed.Value(MalformedMountWatch); got != 2 {
+		t.Errorf("malformed lines counted %v, want 2 (one line, two readings)", got)
+	}
+	for _, r := range MalformedReaders {
+		if r != MalformedMountWatch && env.Malformed.Value(r) != 0 {
+			t.Errorf("reader %s counted %v, want 0", r, env.Malformed.Value(r))
+		}
+	}
+	const said = "mount watcher: skipped malformed lines of the mount table"
+	if n := strings.Count(logs.String(), said); n != 1 {
+		t.Fatalf("said %d times across two readings, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "mountinfo line 3: malformed") {
+		t.Errorf("the log does not name the first malformed line:\n%s", logs.String())
+	}
+	// A clean reading, then the line back: said again.
+	readings(0, nil)
+	m, err := tamper.NewMountWatcher(root, c.spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readings(m.Malformed())
+	if n := strings.Count(logs.String(), said); n != 2 {
+		t.Fatalf("said %d times after the line came back, want twice:\n%s", n, logs.String())
+	}
+	// Every reader's series exists at 0 from the start.
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "autopilot_health_malformed_lines_total" && len(f.GetMetric()) != len(MalformedReaders) {
+			t.Errorf("%d series, want one per reader (%d)", len(f.GetMetric()), len(MalformedReaders))
+		}
+	}
+}
