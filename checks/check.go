@@ -130,15 +130,16 @@ type Helper interface {
 	NVMeCommands
 	LVMRunner
 	DM(path string) tamper.DM
-	Scan(root string, spec tamper.Spec) ([]tamper.Entry, error)
+	ScanNoting(root string, spec tamper.Spec) ([]tamper.Entry, tamper.ScanNotes, error)
 }
 
-// scan reads the protected paths: through the helper where there is one.
-func (e *Env) scan(spec tamper.Spec) ([]tamper.Entry, error) {
+// scan reads the protected paths: through the helper where there is one;
+// notes are what it skipped of its host input.
+func (e *Env) scan(spec tamper.Spec) ([]tamper.Entry, tamper.ScanNotes, error) {
 	if e.Helper != nil {
-		return e.Helper.Scan(e.Config.HostRoot, spec)
+		return e.Helper.ScanNoting(e.Config.HostRoot, spec)
 	}
-	return tamper.Scan(e.Config.HostRoot, spec)
+	return tamper.ScanNoting(e.Config.HostRoot, spec)
 }
 
 // Path resolves an absolute host path under the configured host root.

@@ -19,6 +19,10 @@ const (
 	// (tamper.MountWatcher): lines of /proc/self/mountinfo whose mount
 	// point may be relevant and that do not split.
 	MalformedMountWatch MalformedReader = "mountinfo-watch"
+	// MalformedMountScan is NodeTampered's scan, which reads the mount
+	// table for the mounts the sandbox hides (hostio.ScanNotes): lines
+	// that may be one and do not split.
+	MalformedMountScan MalformedReader = "mountinfo-scan"
 	// MalformedAuditLog is APIServerSourceIPUnavailable's reader of
 	// kube-apiserver's audit log.
 	MalformedAuditLog MalformedReader = "audit-log"
@@ -29,7 +33,7 @@ const (
 
 // MalformedReaders are the reader label's values, in the order README
 // lists them.
-var MalformedReaders = []MalformedReader{MalformedMountWatch, MalformedAuditLog, MalformedJournalctl}
+var MalformedReaders = []MalformedReader{MalformedMountWatch, MalformedMountScan, MalformedAuditLog, MalformedJournalctl}
 
 // MalformedLines counts the lines of host input that a reader skipped
 // because it could not parse them (autopilot_health_malformed_lines_total);
@@ -44,7 +48,7 @@ type MalformedLines struct {
 func NewMalformedLines(reg prometheus.Registerer) *MalformedLines {
 	m := &MalformedLines{lines: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: report.Namespace, Name: "malformed_lines_total",
-		Help: "Lines of host input that a reader could not parse and skipped, by reader (mountinfo-watch, audit-log, journalctl).",
+		Help: "Lines of host input that a reader could not parse and skipped, by reader (mountinfo-watch, mountinfo-scan, audit-log, journalctl).",
 	}, []string{"reader"})}
 	for _, r := range MalformedReaders {
 		m.lines.WithLabelValues(string(r))

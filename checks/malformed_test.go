@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
 )
 
@@ -90,5 +92,38 @@ func TestMountWatcherMalformedLinesCountedAndSaidOnce(t *testing.T) {
 		if f.GetName() == "autopilot_health_malformed_lines_total" && len(f.GetMetric()) != len(MalformedReaders) {
 			t.Errorf("%d series, want one per reader (%d)", len(f.GetMetric()), len(MalformedReaders))
 		}
+	}
+}
+
+// NodeTampered's scan reads the mount table for the mounts the sandbox
+// hides: a line there that the kernel does not write is skipped, as ever,
+// counted at each run in
+// autopilot_health_malformed_lines_total{reader="mountinfo-scan"} and said
+// once across runs; the good line after it is still used (the hidden
+// /root makes /root/.ssh unreadable). Before, it was skipped without a
+// count or a word.
+func TestNodeTamperedScanMalformedMountinfoCountedAndSaidOnce(t *testing.T) {
+	h := newTamperHost(t)
+	h.protect = []string{"/root/.ssh"}
+	h.logs = &testenv.SyncBuffer{}
+	h.malformed = NewMalformedLines(nil)
+	bad := "107 66 0:47 /systemd/inaccessible/dir /home ro,nosuid,nodev,noexec,relatime shared:34" // no "-"
+	h.write("/proc/self/mountinfo", "66 49 0:41 / / ro,relatime shared:1 - tmpfs rootfs rw,size=16384k,mode=755\n"+
+		bad+"\n"+
+		"108 66 0:47 /systemd/inaccessible/dir /root ro,nosuid,nodev,noexec,relatime shared:35 - tmpfs tmpfs rw,size=16384k,mode=755\n")
+	mkdir(t, h.path("/root"))
+	c := h.start("boot-1", report.NewStore("boot-1"))
+	for range 2 {
+		h.probe(c, report.StatusUnknown, report.ReasonCheckFailed, "/root/.ssh (hidden by the sandbox: /root is a systemd inaccessible mount")
+	}
+	if got := h.malformed.Value(MalformedMountScan); got != 2 {
+		t.Errorf("malformed lines counted %v, want 2 (one line, two runs)", got)
+	}
+	const said = "scan: skipped malformed lines of the mount table"
+	if n := strings.Count(h.logs.String(), said); n != 1 {
+		t.Fatalf("said %d times across two runs, want once:\n%s", n, h.logs.String())
+	}
+	if !strings.Contains(h.logs.String(), "mountinfo line 2: malformed") {
+		t.Errorf("the log does not name the first malformed line:\n%s", h.logs.String())
 	}
 }

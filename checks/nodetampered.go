@@ -56,6 +56,9 @@ type nodeTamperedCheck struct {
 	settle   time.Duration
 	maxWait  time.Duration
 	keeper   *tamper.Keeper
+	// scanSaid: the scan's malformed lines of the mount table said last
+	// (scanned).
+	scanSaid malformedSaid
 
 	restoreOnce sync.Once
 	// memo is this boot's baseline digest, kept in the state file: read
@@ -183,7 +186,8 @@ func (c *nodeTamperedCheck) Probe(ctx context.Context) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	cur, err := c.env.scan(c.spec)
+	cur, notes, err := c.env.scan(c.spec)
+	c.scanned(notes)
 	var over *tamper.LimitError
 	st := c.keeper.State()
 	haveBase := st.Baseline != nil && st.Baseline.BootID == c.keeper.BootID()
@@ -508,6 +512,19 @@ var minWatchRetry, maxWatchRetry = time.Minute, 10 * time.Minute
 // newFileWatcher opens the file notifications Watch follows (a test makes
 // it fail, as inotify_init1 does on a node out of inotify instances).
 var newFileWatcher = tamper.NewWatcher
+
+// scanned counts what a scan skipped of its host input (the hidden
+// mounts' lines of the mount table that do not split:
+// autopilot_health_malformed_lines_total{reader="mountinfo-scan"}) and
+// logs it once per change (malformedSaid).
+func (c *nodeTamperedCheck) scanned(notes tamper.ScanNotes) {
+	c.env.Malformed.Add(MalformedMountScan, notes.MalformedMountinfo)
+	key, text := "", ""
+	if first := notes.FirstMalformed; first != nil {
+		key, text = first.Text, first.Error()
+	}
+	c.scanSaid.reading(c.env.Log, notes.MalformedMountinfo, key, "scan: skipped malformed lines of the mount table read for the sandbox's hidden mounts", "path", "/proc/self/mountinfo", "first", text)
+}
 
 // mountReadings returns what the mount watcher calls after each reading
 // of the mount table: a line the kernel does not write is skipped at each

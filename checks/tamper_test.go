@@ -48,6 +48,9 @@ type tamperHost struct {
 	tolerate []string
 	// logs, when set, gets the check's log lines (else they are dropped).
 	logs *testenv.SyncBuffer
+	// malformed, when set, counts the lines of host input the check
+	// skipped (Env.Malformed).
+	malformed *MalformedLines
 }
 
 func newTamperHost(t *testing.T) *tamperHost {
@@ -98,6 +101,7 @@ func (h *tamperHost) start(boot string, memos *report.Store) *nodeTamperedCheck 
 		env.Log = slog.New(slog.NewTextHandler(h.logs, nil))
 	}
 	env.GPU = h.gpu
+	env.Malformed = h.malformed
 	env.BootID = boot
 	env.Tamper = h.keeper
 	if env.Tamper == nil {
@@ -1500,9 +1504,9 @@ type unprivilegedScan struct {
 	t *testing.T
 }
 
-func (u unprivilegedScan) Scan(root string, spec tamper.Spec) (es []tamper.Entry, err error) {
-	testenv.Unprivileged(u.t, func() { es, err = tamper.Scan(root, spec) })
-	return es, err
+func (u unprivilegedScan) ScanNoting(root string, spec tamper.Spec) (es []tamper.Entry, notes tamper.ScanNotes, err error) {
+	testenv.Unprivileged(u.t, func() { es, notes, err = tamper.ScanNoting(root, spec) })
+	return es, notes, err
 }
 
 // searchableByAll lets every user search the host root and its parent (a

@@ -10,6 +10,7 @@ type (
 	Entry        = hostio.Entry
 	Spec         = hostio.Spec
 	LimitError   = hostio.LimitError
+	ScanNotes    = hostio.ScanNotes
 	DM           = hostio.DM
 	DMControl    = hostio.DMControl
 	VerityTarget = hostio.VerityTarget
@@ -31,6 +32,12 @@ var ErrNoDeviceMapper = hostio.ErrNoDeviceMapper
 
 // Scan reads the protected paths under root (hostio.Scan).
 func Scan(root string, spec Spec) ([]Entry, error) { return hostio.Scan(root, spec) }
+
+// ScanNoting is Scan, and what it skipped of its host input
+// (hostio.ScanNoting).
+func ScanNoting(root string, spec Spec) ([]Entry, ScanNotes, error) {
+	return hostio.ScanNoting(root, spec)
+}
 
 // ParseVerityTable parses a verity target's table line.
 func ParseVerityTable(line string) (VerityTable, error) { return hostio.ParseVerityTable(line) }

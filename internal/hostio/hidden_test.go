@@ -31,8 +31,15 @@ func TestHiddenMountsSplitAtSpacesOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []hiddenMount{{point: "/home/a\u00a0b"}, {point: "/srv/x\vy"}, {point: "/srv/with space"}, {point: "/tmp", private: true}, {point: "/root"}}
-	if got := hiddenMounts(root); !slices.Equal(got, want) {
+	got, notes := hiddenMounts(root)
+	if !slices.Equal(got, want) {
 		t.Errorf("hiddenMounts: %+q, want %+q", fmtHidden(got), fmtHidden(want))
+	}
+	// The two lines the kernel does not write are counted, the first
+	// named by its number and text.
+	if notes.MalformedMountinfo != 2 || notes.FirstMalformed == nil || notes.FirstMalformed.Line != 6 ||
+		notes.FirstMalformed.Text != "94 66 0:47 /systemd/inaccessible/dir /srv/no-separator ro,relatime shared:29" {
+		t.Errorf("notes: %d malformed, first %v; want 2, line 6 (94 ...)", notes.MalformedMountinfo, notes.FirstMalformed)
 	}
 }
 

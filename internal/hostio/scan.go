@@ -151,6 +151,28 @@ func (e *LimitError) Error() string {
 // entry of KindUnreadable, and the scan goes on. Past spec.MaxEntries it stops and returns the entries read so far, sorted,
 // with a *LimitError.
 func Scan(root string, spec Spec) ([]Entry, error) {
+	es, _, err := ScanNoting(root, spec)
+	return es, err
+}
+
+// ScanNotes are the lines of host input a scan skipped because it could
+// not parse them, beside its entries: the lines of root's
+// /proc/self/mountinfo that the hidden mounts' reading split and that do
+// not split (hiddenMounts).
+type ScanNotes struct {
+	MalformedMountinfo int `json:"malformedMountinfo,omitempty"`
+	// FirstMalformed is the first of them, by its number and text.
+	FirstMalformed *MalformedMountinfoError `json:"firstMalformed,omitempty"`
+}
+
+// ScanNoting is Scan, and what it skipped of its host input (ScanNotes).
+func ScanNoting(root string, spec Spec) ([]Entry, ScanNotes, error) {
+	hidden, notes := hiddenMounts(root)
+	es, err := scan(root, spec, hidden)
+	return es, notes, err
+}
+
+func scan(root string, spec Spec, hidden []hiddenMount) ([]Entry, error) {
 	seen := map[string]bool{}
 	var out []Entry
 	limit := spec.MaxEntries
@@ -192,7 +214,6 @@ func Scan(root string, spec Spec) ([]Entry, error) {
 		out = append(out, e)
 		return nil
 	}
-	hidden := hiddenMounts(root)
 	for _, pat := range spec.Patterns {
 		// A pattern under a mount the sandbox hides matches nothing there,
 		// whatever the host holds: it is unreadable, not absent.
@@ -351,14 +372,16 @@ type hiddenMount struct {
 // PrivateTmp=yes does so on /tmp and /var/tmp in both units. What the host
 // has there is out of this process's sight: it finds an empty directory, or
 // the unit's own files. None where mountinfo cannot be read (a fixture tree
-// without one).
-func hiddenMounts(root string) []hiddenMount {
+// without one). A line that may be one and does not split is skipped and
+// counted in the notes.
+func hiddenMounts(root string) ([]hiddenMount, ScanNotes) {
+	var notes ScanNotes
 	b, err := os.ReadFile(HostJoin(root, "/proc/self/mountinfo"))
 	if err != nil {
-		return nil
+		return nil, notes
 	}
 	var out []hiddenMount
-	for _, line := range MountinfoLines(b) {
+	for n, line := range MountinfoLines(b) {
 		// A node's namespace holds thousands of pod mounts: split only
 		// the few lines that can be one.
 		if !bytes.Contains(line, []byte(" /systemd/inaccessible/")) && !bytes.Contains(line, []byte("/systemd-private-")) {
@@ -367,9 +390,12 @@ func hiddenMounts(root string) []hiddenMount {
 		// Split by the one mountinfo reader: at each space, as the
 		// kernel writes the fields (it escapes only space, tab, newline
 		// and backslash in a path, so a \v or U+00A0 is the path's). A
-		// line the kernel does not write is skipped.
+		// line the kernel does not write is skipped, and counted.
 		f, ok := SplitMountinfo(line)
 		if !ok {
+			if notes.MalformedMountinfo++; notes.FirstMalformed == nil {
+				notes.FirstMalformed = &MalformedMountinfoError{Line: n, Text: string(line)}
+			}
 			continue
 		}
 		mroot, mp := UnescapeMountinfo(string(f.Root)), path.Clean(UnescapeMountinfo(string(f.MountPoint)))
@@ -380,7 +406,7 @@ func hiddenMounts(root string) []hiddenMount {
 			out = append(out, hiddenMount{point: mp, private: true})
 		}
 	}
-	return out
+	return out, notes
 }
 
 // hiddenBy returns the hidden mount at or above host path p, if any.

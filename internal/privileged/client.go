@@ -205,9 +205,20 @@ func (d dmVia) VerityTargets() ([]hostio.VerityTarget, error) {
 // Scan scans the protected paths in the helper (hostio.Scan); root must be
 // the host's.
 func (c *Client) Scan(root string, spec hostio.Spec) ([]hostio.Entry, error) {
+	es, _, err := c.ScanNoting(root, spec)
+	return es, err
+}
+
+// ScanNoting is Scan, and what the helper's scan skipped of its host input
+// (hostio.ScanNoting).
+func (c *Client) ScanNoting(root string, spec hostio.Spec) ([]hostio.Entry, hostio.ScanNotes, error) {
 	if root != "" && root != "/" {
-		return nil, fmt.Errorf("privileged helper: scans only the host's root, not %s", root)
+		return nil, hostio.ScanNotes{}, fmt.Errorf("privileged helper: scans only the host's root, not %s", root)
 	}
 	resp, err := c.ask(context.Background(), request{Op: OpScan, Spec: &spec})
-	return resp.Entries, err
+	var notes hostio.ScanNotes
+	if resp.Notes != nil {
+		notes = *resp.Notes
+	}
+	return resp.Entries, notes, err
 }

@@ -79,6 +79,8 @@ type response struct {
 	Verity  []hostio.VerityTarget `json:"verity,omitempty"`
 	Entries []hostio.Entry        `json:"entries,omitempty"`
 	Limit   *hostio.LimitError    `json:"limit,omitempty"`
+	// Notes: what a scan skipped of its host input.
+	Notes *hostio.ScanNotes `json:"notes,omitempty"`
 	// FD: a descriptor rides with the response.
 	FD bool `json:"fd,omitempty"`
 }

@@ -569,13 +569,17 @@ func (s *Server) handle(ctx context.Context, req request) (response, int) {
 		if spec.MaxEntries <= 0 || spec.MaxEntries > hostio.MaxEntries {
 			spec.MaxEntries = hostio.MaxEntries
 		}
-		es, err := hostio.Scan("/", spec)
+		es, notes, err := hostio.ScanNoting("/", spec)
+		var n *hostio.ScanNotes
+		if notes != (hostio.ScanNotes{}) {
+			n = &notes
+		}
 		if err != nil {
 			r := errorResponse(err)
-			r.Entries = es
+			r.Entries, r.Notes = es, n
 			return r, -1
 		}
-		return response{Entries: es}, -1
+		return response{Entries: es, Notes: n}, -1
 	}
 	return response{Error: fmt.Sprintf("unknown operation %q", req.Op)}, -1
 }
