@@ -46,12 +46,15 @@ var journalDirs = []string{"/run/log/journal", "/var/log/journal"}
 // persistent journal keeps them; a quick reboot's first read reaches back
 // into them) are read but never a give-up: that kubelet is gone.
 type kubeletHeartbeatCheck struct {
-	env        *Env
-	unit       string
-	journalctl string
-	match      [][]byte
-	window     time.Duration
-	maxEntries int
+	env *Env
+	// skippedSaid: journalctl's lines that are not entries were logged
+	// and have not stopped since.
+	skippedSaid malformedSaid
+	unit        string
+	journalctl  string
+	match       [][]byte
+	window      time.Duration
+	maxEntries  int
 	// bootID is this boot's ID as the journal writes it (no dashes), ""
 	// when not known.
 	bootID string
@@ -157,8 +160,14 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	st.ReadTo = now
 	c.setState(st)
 	note := ""
+	// Lines of journalctl's output that are not entries are counted
+	// (the cursor is past them: each once) and logged once, not at each
+	// run, until a run reads entries and none such (skippedSaid).
+	c.env.Malformed.Add(MalformedJournalctl, read.Skipped)
+	if read.Skipped > 0 || read.Entries > 0 {
+		c.skippedSaid.reading(c.env.Log, read.Skipped, "not journal entries", "skipped journalctl output that is not journal entries", "unit", c.unit, "first", read.FirstBad)
+	}
 	if read.Skipped > 0 {
-		c.env.Log.Warn("skipped journalctl output that is not journal entries", "unit", c.unit, "lines", read.Skipped, "first", read.FirstBad)
 		if read.Entries == 0 {
 			return Result{}, fmt.Errorf("journalctl printed %d lines that are not journal entries (first: %s)", read.Skipped, read.FirstBad)
 		}

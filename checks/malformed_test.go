@@ -2,6 +2,7 @@ package checks
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -125,5 +126,43 @@ func TestNodeTamperedScanMalformedMountinfoCountedAndSaidOnce(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), "mountinfo line 2: malformed") {
 		t.Errorf("the log does not name the first malformed line:\n%s", h.logs.String())
+	}
+}
+
+// Where the journal is read with journalctl, its lines that are not
+// journal entries are skipped, as ever, counted in
+// autopilot_health_malformed_lines_total{reader="journalctl"} (each once:
+// the next run starts after them) and logged once, not at each run (they
+// were logged at every run before); after a run that reads entries and
+// none such, they are logged again when they come back. The entries
+// around them are still read.
+func TestKubeletHeartbeatJournalctlGarbageCountedAndSaidOnce(t *testing.T) {
+	now := hbLast
+	fj := newFakeJournalctl(t)
+	env := heartbeatEnv(t, journalRoot(t), fj, &now)
+	var logs bytes.Buffer
+	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	env.Malformed = NewMalformedLines(nil)
+	c, _ := newKubeletHeartbeatCheck(env)
+	fj.serve(t, 1, []int{1}, `{"__CURSOR":"s=1"`)
+	fj.serve(t, 2, []int{2}, "-- No entries --", "garbage")
+	fj.serve(t, 3, []int{3})
+	fj.serve(t, 4, []int{4}, "garbage")
+	const said = "skipped journalctl output that is not journal entries"
+	for i, want := range []struct {
+		count float64
+		said  int
+	}{{1, 1}, {3, 1}, {3, 1}, {4, 2}} {
+		// Each run reads its one entry (the third a give-up, True).
+		r, err := c.Probe(context.Background())
+		if err != nil || r.Status == report.StatusUnknown {
+			t.Fatalf("run %d: %s %q, %v; want the entry read", i+1, r.Status, r.Message, err)
+		}
+		if got := env.Malformed.Value(MalformedJournalctl); got != want.count {
+			t.Errorf("run %d: %v lines counted, want %v", i+1, got, want.count)
+		}
+		if got := strings.Count(logs.String(), said); got != want.said {
+			t.Fatalf("run %d: said %d times, want %d:\n%s", i+1, got, want.said, logs.String())
+		}
 	}
 }

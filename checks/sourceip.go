@@ -484,6 +484,9 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	c.setCursor(next)
+	// Counted once the cursor is past them: a probe that fails before
+	// reads them again.
+	c.env.Malformed.Add(MalformedAuditLog, tally.malformed)
 	if tally.malformed == 0 && tally.lines > 0 {
 		c.loggedErr = "" // records, none malformed: malformed lines coming back are logged again
 	} else if tally.malformed > 0 {

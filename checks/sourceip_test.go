@@ -667,6 +667,7 @@ func TestSourceIPLogsMalformedOnce(t *testing.T) {
 	env := h.env(nil)
 	var logs bytes.Buffer
 	env.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	env.Malformed = NewMalformedLines(nil)
 	c, _ := newSourceIPCheck(env)
 	stamp := func(v string) string {
 		return `{"kind":"Event","apiVersion":"audit.k8s.io/v1","user":{"username":"alice"},"stageTimestamp":"` + v + `"}` + "\n"
@@ -674,17 +675,18 @@ func TestSourceIPLogsMalformedOnce(t *testing.T) {
 	good := auditLine("alice", h.now, "203.0.113.7")
 	count := func() int { return strings.Count(logs.String(), "skipped malformed lines of the audit log") }
 	for i, step := range []struct {
-		line string
-		want int // log lines so far
+		line      string
+		want      int     // log lines so far
+		malformed float64 // autopilot_health_malformed_lines_total{reader="audit-log"} so far: each line once
 	}{
-		{"", 1},
-		{"nope\n", 1},         // the same kind (not JSON), another text
-		{"[1]\n", 2},          // another kind
-		{stamp("monday"), 3},  // another kind
-		{stamp("tuesday"), 3}, // the same kind, another value
-		{"", 3},               // nothing new read
-		{good, 3},             // records, none malformed
-		{stamp("friday"), 4},  // back: logged again
+		{"", 1, 1},
+		{"nope\n", 1, 2},         // the same kind (not JSON), another text
+		{"[1]\n", 2, 3},          // another kind
+		{stamp("monday"), 3, 4},  // another kind
+		{stamp("tuesday"), 3, 5}, // the same kind, another value
+		{"", 3, 5},               // nothing new read
+		{good, 3, 5},             // records, none malformed
+		{stamp("friday"), 4, 6},  // back: logged again
 	} {
 		h.append(step.line)
 		if _, err := c.Probe(context.Background()); err != nil {
@@ -692,6 +694,9 @@ func TestSourceIPLogsMalformedOnce(t *testing.T) {
 		}
 		if got := count(); got != step.want {
 			t.Fatalf("after step %d (%q): %d log lines, want %d:\n%s", i, step.line, got, step.want, logs.String())
+		}
+		if got := env.Malformed.Value(MalformedAuditLog); got != step.malformed {
+			t.Fatalf("after step %d (%q): %v malformed lines counted, want %v", i, step.line, got, step.malformed)
 		}
 	}
 	if !strings.Contains(logs.String(), "cannot unmarshal array") {
