@@ -84,6 +84,7 @@ fuzz:
 	$(GO) test ./internal/config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./tamper -run '^$$' -fuzz '^FuzzMountWatcherRead$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseRecordKernel$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzParseLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./kmsg -run '^$$' -fuzz '^FuzzDecodeWindow$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s

@@ -18,7 +18,9 @@ type Record struct {
 	Seq      uint64
 	// Usec is the monotonic timestamp in microseconds since boot.
 	Usec uint64
-	// Cont is set for a continuation fragment (flag 'c').
+	// Cont is set for a continuation fragment: flag 'c' (a fragment of a
+	// line printed in pieces), or '+' (what the kernels of 3.5 to 4.x
+	// wrote for the fragments after the first: msg_print_ext_header).
 	Cont    bool
 	Message []byte
 }
@@ -66,7 +68,7 @@ func ParseRecord(b []byte) (Record, error) {
 	if len(fields[3]) == 0 {
 		return r, fmt.Errorf("%w: no flags", ErrMalformed)
 	}
-	r.Cont = fields[3][0] == 'c'
+	r.Cont = fields[3][0] == 'c' || fields[3][0] == '+'
 	r.Facility, r.Level = uint8(prio>>3), uint8(prio&7)
 	msg := b[semi+1:]
 	if i := bytes.IndexByte(msg, '\n'); i >= 0 {

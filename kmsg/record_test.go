@@ -143,6 +143,7 @@ func FuzzParseRecord(f *testing.F) {
 		if r.Level > 7 {
 			t.Fatalf("level %d", r.Level)
 		}
+		checkReencodable(t, b)
 		msg := Unescape(nil, r.Message)
 		rs.Matches(nil, msg)
 		if fn, _, ok := parseSuppressed(msg); ok && (len(fn) == 0 || !strings.HasSuffix(strings.TrimRight(string(msg), " \n"), " callbacks suppressed")) {
