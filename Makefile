@@ -73,6 +73,7 @@ fuzz:
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzParseJournalLine$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzJournalFile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzCDISpec$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
+	$(GO) test ./checks -run '^$$' -fuzz '^FuzzCDISpecReference$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzDriverUUID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./checks -run '^$$' -fuzz '^FuzzCRIStatus$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
 	$(GO) test ./report -run '^$$' -fuzz '^FuzzProcFiles$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s
