@@ -1,11 +1,13 @@
 package checks
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -36,5 +38,33 @@ func TestGpuActivationSpecDirUnderAnAbsoluteLinkUnderHostRoot(t *testing.T) {
 	r := probeGPU(t, root, nil)
 	if r.Status != report.StatusFalse || !strings.Contains(r.Message, `"/var/run/cdi/zz.yaml"`) || strings.Contains(r.Message, root) {
 		t.Fatalf("a refused spec beside it: %s %s %q; want False naming /var/run/cdi/zz.yaml", r.Status, r.Reason, r.Message)
+	}
+}
+
+// A spec with a null entry in a list of pointers (here a device node given
+// as a bare "-", what a write torn after the dash leaves) makes the CDI
+// loader panic (specs-go's requiresV050 dereferences the nil *DeviceNode).
+// The check refuses that spec, naming it, as it refuses a FIFO: an error
+// (Unknown). Before, the panic went up through Probe: CheckPanicked, with a
+// runtime error and no file named.
+func TestGpuActivationSpecTheCDILoaderPanicsOn(t *testing.T) {
+	root := gpuHost(t, "pci-1-gpu", true, true, map[string]string{"/var/run/cdi/nvidia.json": "nvidia-1-gpu.json"})
+	torn := "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: gpu0\n  containerEdits:\n    deviceNodes:\n    -"
+	if err := os.MkdirAll(filepath.Join(root, "etc/cdi"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/cdi/torn.yaml"), []byte(torn), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := testEnv(t, func(c *config.Config) { c.HostRoot = root })
+	env.GPU = true
+	c, err := NewForTest("GpuActivationFailed", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Probe(context.Background())
+	const want = "CDI spec /etc/cdi/torn.yaml: the CDI loader panics reading it (a null entry in a list?): runtime error: invalid memory address or nil pointer dereference"
+	if err == nil || err.Error() != want {
+		t.Fatalf("probe: %v; want %q", err, want)
 	}
 }

@@ -1,6 +1,7 @@
 package checks
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,6 +25,20 @@ type cdiReference struct {
 	byName  map[string]string // a device name of the kind: its spec's host path
 	refused map[string]bool   // the host paths of specs refused, or in a conflict
 	specs   map[string]bool   // the host paths of the files read as specs
+	// panics are the host paths of the specs cdi.ReadSpec panics on, in
+	// the order the cache reads them: the check refuses the first.
+	panics []string
+}
+
+// readSpecRecovered is cdi.ReadSpec, its panic an error.
+func readSpecRecovered(path string, prio int) (spec *cdi.Spec, panicked bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			spec, panicked, err = nil, true, fmt.Errorf("panic: %v", p)
+		}
+	}()
+	spec, err = cdi.ReadSpec(path, prio)
+	return spec, false, err
 }
 
 func readCDIReference(t *testing.T, root string, dirs []string, kind string) cdiReference {
@@ -46,7 +61,10 @@ func readCDIReference(t *testing.T, root string, dirs []string, kind string) cdi
 			}
 			host := filepath.Join(d, e.Name())
 			ref.specs[host] = true
-			spec, err := cdi.ReadSpec(filepath.Join(root, host), prio)
+			spec, panicked, err := readSpecRecovered(filepath.Join(root, host), prio)
+			if panicked {
+				ref.panics = append(ref.panics, host)
+			}
 			if err != nil {
 				ref.refused[host] = true
 				continue
@@ -131,10 +149,18 @@ func FuzzCDISpecReference(f *testing.F) {
 		const kind = "nvidia.com/gpu"
 		c := &gpuActivationCheck{env: &Env{Config: &config.Config{HostRoot: root}}, dirs: dirs, kind: kind}
 		got, err := c.loadCDI()
+		ref := readCDIReference(t, root, dirs, kind)
+		if len(ref.panics) > 0 {
+			// The CDI loader panics on a spec: the check refuses it,
+			// naming it, as it refuses a FIFO.
+			if err == nil || !strings.HasPrefix(err.Error(), "CDI spec "+ref.panics[0]+": ") {
+				t.Fatalf("the CDI loader panics on %q; loadCDI: %v", ref.panics, err)
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("loadCDI: %v", err)
 		}
-		ref := readCDIReference(t, root, dirs, kind)
 		for name, p := range ref.byName {
 			if got.byName[name] != p {
 				t.Errorf("device %q: the CDI loader has it from %q, the check from %q", name, p, got.byName[name])

@@ -355,6 +355,48 @@ func checkSpecFiles(dir, hostDir string, ents []fs.DirEntry) error {
 	return nil
 }
 
+// newCDICache is the CDI cache of dirs, refreshed once, not watching them;
+// p is the panic of the CDI loader, if it panicked: it does on a spec with
+// a null entry in a list of pointers (a device node, mount or hook given
+// as a bare "-", as a write torn after the dash leaves it): specs-go's
+// requiresV050 dereferences the nil *DeviceNode.
+func newCDICache(dirs []string) (cache *cdi.Cache, p any, err error) {
+	defer func() {
+		if p = recover(); p != nil {
+			cache, err = nil, nil
+		}
+	}()
+	cache, err = cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
+	return cache, nil, err
+}
+
+// panickingSpec finds the spec file the CDI loader panicked on, reading
+// each as the cache does (*.json and *.yaml, not directories, in order),
+// and names it, with the host's path, in the error: a spec that the loader
+// cannot read without a panic is refused as a FIFO is, the check Unknown
+// naming the file, not CheckPanicked naming none. p is the cache's panic.
+func (c *gpuActivationCheck) panickingSpec(dirs []string, p any) error {
+	for i, dir := range dirs {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if ext := filepath.Ext(e.Name()); e.IsDir() || (ext != ".json" && ext != ".yaml") {
+				continue
+			}
+			if sp := readSpecPanic(filepath.Join(dir, e.Name())); sp != nil {
+				return fmt.Errorf("CDI spec %s: the CDI loader panics reading it (a null entry in a list?): %v", filepath.Join(c.dirs[i], e.Name()), sp)
+			}
+		}
+	}
+	return fmt.Errorf("the CDI loader panicked: %v", p)
+}
+
+// readSpecPanic is the panic of cdi.ReadSpec of path, or nil.
+func readSpecPanic(path string) (p any) {
+	defer func() { p = recover() }()
+	cdi.ReadSpec(path, 0)
+	return nil
+}
+
 // dirIn is the path of the host directory d under the host root root, its
 // symbolic links resolved as the host resolves them (openat2's
 // RESOLVE_IN_ROOT): /var/run/cdi through the host's /var/run -> /run is
@@ -395,7 +437,10 @@ func (c *gpuActivationCheck) loadCDI() (*cdiDevices, error) {
 			return nil, err
 		}
 	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
+	cache, p, err := newCDICache(dirs)
+	if p != nil {
+		return nil, c.panickingSpec(dirs, p)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -401,7 +401,11 @@ func FuzzCDISpec(f *testing.F) {
 		}
 		d, err := c.loadCDI()
 		if err != nil {
-			t.Fatalf("loading a readable directory: %v", err)
+			// Only a spec the CDI loader panics on is refused so.
+			if !strings.HasPrefix(err.Error(), "CDI spec /etc/cdi/nvidia.yaml: the CDI loader panics reading it") {
+				t.Fatalf("loading a readable directory: %v", err)
+			}
+			return
 		}
 		if len(d.byName) > 0 && len(d.errs) > 0 {
 			t.Fatalf("one spec both loaded (%v) and failed: %q", d.byName, d.errs)
