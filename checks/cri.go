@@ -3,6 +3,7 @@ package checks
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -100,7 +103,7 @@ type criCondition struct {
 type criClient struct {
 	socket string
 	sock   *keptSocket
-	tr     *http.Transport // sock's
+	tr     *http2.Transport // sock's
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
@@ -110,15 +113,24 @@ type criClient struct {
 // before).
 const keptConnIdle = 90 * time.Second
 
+// newCRIClient makes the CRI call's client: x/net's HTTP/2 transport
+// without TLS (h2c, as grpc-go speaks over a unix socket), which keeps one
+// connection and lets it go once unused for keptConnIdle. net/http's
+// Transport with unencrypted HTTP/2 timed its pool's entry for the
+// connection from the dial, never from a use: every first call more than
+// keptConnIdle after the last dial dialed the socket anew, and the new
+// connection was closed unused at once, the kept one going on
+// (TestCRIProbeKeepsItsConnectionPastTheIdleTimeout).
 func newCRIClient(socket string) *criClient {
-	var protocols http.Protocols
-	protocols.SetUnencryptedHTTP2(true)
-	c := &criClient{socket: socket, tr: &http.Transport{
-		Protocols:          &protocols,
+	c := &criClient{socket: socket, tr: &http2.Transport{
+		AllowHTTP:          true,
 		DisableCompression: true,
 		IdleConnTimeout:    keptConnIdle,
 	}}
 	c.sock = newKeptSocket(socket, c.tr)
+	c.tr.DialTLSContext = func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+		return c.sock.dial(ctx, network, addr)
+	}
 	return c
 }
 
@@ -137,7 +149,7 @@ func newCRIClient(socket string) *criClient {
 // as it is at each probe: a link pointed at another socket is noticed.
 type keptSocket struct {
 	path string
-	tr   *http.Transport // the transport that keeps the connection
+	tr   idleCloser // the transport that keeps the connection
 	// dialed is the socket file the kept connection was made on
 	// (dialedOK: the stat at the dial found one); raw: the stat of
 	// every probe is a raw one.
@@ -145,12 +157,21 @@ type keptSocket struct {
 	dialed   rawsys.FileID
 	dialedOK bool
 	raw      bool
+	// dialer connects to the path (nil: rawsys.Dial; tests replace it).
+	dialer func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
-// newKeptSocket makes tr dial path through a keptSocket.
-func newKeptSocket(path string, tr *http.Transport) *keptSocket {
+// idleCloser is a transport that keeps connections (net/http's, x/net's
+// HTTP/2 one).
+type idleCloser interface{ CloseIdleConnections() }
+
+// newKeptSocket makes a keptSocket of path for tr: an *http.Transport
+// dials through it; another transport's dial must call its dial.
+func newKeptSocket(path string, tr idleCloser) *keptSocket {
 	k := &keptSocket{path: path, tr: tr}
-	tr.DialContext = k.dial
+	if t, ok := tr.(*http.Transport); ok {
+		t.DialContext = k.dial
+	}
 	return k
 }
 
@@ -160,7 +181,11 @@ func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	// then not taken for the one connected to.
 	raw := rawsys.InMemory(k.path)
 	id, serr := statID(k.path, false)
-	conn, err := rawsys.Dial(ctx, "unix", k.path)
+	dialer := k.dialer
+	if dialer == nil {
+		dialer = rawsys.Dial
+	}
+	conn, err := dialer(ctx, "unix", k.path)
 	if err != nil {
 		if errors.Is(err, fs.ErrPermission) {
 			return nil, &socketDeniedError{err}
