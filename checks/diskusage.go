@@ -125,6 +125,51 @@ func ParseMountinfo(r io.Reader) ([]Mount, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseMountinfo(b)
+}
+
+// readMountinfo reads the mount table at path by x/sys/unix: os registers
+// every file it opens with the runtime's poller, and procfs' mountinfo can
+// be polled, so os.Open of it was two fcntl(2) and an epoll_ctl(2) add (the
+// file ready, waking the thread waiting in the poller) and delete, and
+// io.ReadAll's small first buffers eight reads of a 4 KiB table, every
+// run (TestPeriodicPseudoFileReadsMakeNoEpollCtl). The calls are ordinary
+// ones: the kernel makes the table under the mount namespace's lock, which
+// a mount storm may hold.
+func readMountinfo(path string) ([]byte, error) {
+	var fd int
+	for {
+		var err error
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		break
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 0, 16<<10)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
+func parseMountinfo(b []byte) ([]Mount, error) {
 	es, err := hostio.ParseMountinfo(b)
 	if err != nil {
 		return nil, err
@@ -261,12 +306,11 @@ func measured(entries []FSUsage) []FSUsage {
 }
 
 func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSelection, error) {
-	f, err := os.Open(c.env.Path(mountinfoPath))
+	b, err := readMountinfo(c.env.Path(mountinfoPath))
 	if err != nil {
 		return nil, nil, mountSelection{}, err
 	}
-	defer f.Close()
-	mounts, err := ParseMountinfo(f)
+	mounts, err := parseMountinfo(b)
 	if err != nil {
 		return nil, nil, mountSelection{}, err
 	}

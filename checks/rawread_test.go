@@ -11,7 +11,8 @@ import (
 // epoll_ctl(2) (rawsys.ReadPseudoFile): os.ReadFile registered each file
 // with the runtime's poller (an add and a delete; a sysfs attribute,
 // pollable and ready, woke the thread waiting there), 2 files a PCI
-// function every minute. os.ReadDir's open of a directory makes none (os
+// function every minute; DiskUsageHigh's read of /proc/self/mountinfo is an
+// ordinary unix.Open and unix.Read, which os is not. os.ReadDir's open of a directory makes none (os
 // does not register a directory).
 func TestPeriodicPseudoFileReadsMakeNoEpollCtl(t *testing.T) {
 	env := testEnv(t, nil) // host root /
@@ -19,6 +20,8 @@ func TestPeriodicPseudoFileReadsMakeNoEpollCtl(t *testing.T) {
 		"NvidiaGPUs": func() error { _, err := NvidiaGPUs("/sys/bus/pci/devices"); return err },
 		"lvmVolumes": func() error { _, err := lvmVolumes("/sys/block"); return err },
 		"BootTime":   func() error { _, err := env.BootTime(); return err },
+		// DiskUsageHigh's mount table, every run.
+		"mountinfo": func() error { _, err := readMountinfo(env.Path(mountinfoPath)); return err },
 	}
 	ctrls, _ := filepath.Glob("/sys/class/nvme/nvme*")
 	for _, c := range ctrls {
