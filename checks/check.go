@@ -8,12 +8,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
@@ -142,13 +142,18 @@ func (e *Env) scan(spec tamper.Spec) ([]tamper.Entry, tamper.ScanNotes, error) {
 	return tamper.ScanNoting(e.Config.HostRoot, spec)
 }
 
-// Path resolves an absolute host path under the configured host root.
+// Path resolves an absolute host path under the configured host root, its
+// symbolic links resolved as the host resolves them (hostio.InRoot: the
+// host's /var/run -> /run leads to <host_root>/run, not the daemon's own
+// /run). With host_root "/" it is p, with no system call.
 func (e *Env) Path(p string) string {
-	root := e.Config.HostRoot
-	if root == "" || root == "/" {
-		return p
-	}
-	return filepath.Join(root, p)
+	return hostio.InRoot(e.Config.HostRoot, p)
+}
+
+// PathNoFollow is Path of p's directory with p's last name as it is
+// (hostio.InRootNoFollow): for a reader that refuses a symbolic link there.
+func (e *Env) PathNoFollow(p string) string {
+	return hostio.InRootNoFollow(e.Config.HostRoot, p)
 }
 
 var registry = map[string]Factory{}

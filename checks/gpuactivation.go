@@ -13,9 +13,9 @@ import (
 	"time"
 	"unicode"
 
-	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -397,30 +397,8 @@ func readSpecPanic(path string) (p any) {
 	return nil
 }
 
-// dirIn is the path of the host directory d under the host root root, its
-// symbolic links resolved as the host resolves them (openat2's
-// RESOLVE_IN_ROOT): /var/run/cdi through the host's /var/run -> /run is
-// <root>/run/cdi, not the daemon's own /run/cdi. With root "/" (or "") it is
-// d; where d cannot be opened so (absent, not a directory, no openat2), d
-// under root, which the CDI cache reads as it always did.
-func dirIn(root, d string) string {
-	if root == "" || root == "/" {
-		return d
-	}
-	fd, _, err := openat2In(root, d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, "open")
-	if err != nil {
-		return filepath.Join(root, d)
-	}
-	defer unix.Close(fd)
-	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
-	if err != nil || !filepath.IsAbs(p) {
-		return filepath.Join(root, d)
-	}
-	return p
-}
-
 // loadCDI reads the spec directories (under the host root, their links
-// resolved as the host resolves them: dirIn) with the CDI cache, refreshed
+// resolved as the host resolves them: hostio.InRoot) with the CDI cache, refreshed
 // once, without watching them. A directory that does not
 // exist holds no spec; one that cannot be read is an error (the cache would
 // skip it silently), and so is a spec file that is not a regular file or is
@@ -428,7 +406,7 @@ func dirIn(root, d string) string {
 func (c *gpuActivationCheck) loadCDI() (*cdiDevices, error) {
 	dirs := make([]string, len(c.dirs))
 	for i, d := range c.dirs {
-		dirs[i] = dirIn(c.env.Config.HostRoot, d)
+		dirs[i] = hostio.InRoot(c.env.Config.HostRoot, d)
 		ents, err := os.ReadDir(dirs[i])
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("CDI spec directory: %w", err)

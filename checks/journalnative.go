@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/hostio"
 )
 
 // readJournalNative reads q from the journal files under root (journalDirs)
@@ -214,7 +216,9 @@ func journalFiles(root string, localOnly bool) ([]string, error) {
 		localErr = err
 	}
 	for _, d := range journalDirs {
-		dir := filepath.Join(root, d)
+		// As journalctl --root finds it: a /var/log the host links to a
+		// data disk (/var/log -> /data/log) is <root>/data/log.
+		dir := hostio.InRoot(root, d)
 		ents, err := os.ReadDir(dir)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue

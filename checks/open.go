@@ -4,10 +4,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/hostio"
 )
 
 // openNoWait opens path for reading, through symlinks, without blocking
@@ -47,7 +48,7 @@ func openNoWaitIn(root, p string) (*os.File, fs.FileInfo, error) {
 	if root == "" || root == "/" {
 		return openNoWait(p)
 	}
-	fd, refused, err := openat2In(root, p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, "open")
+	fd, refused, err := hostio.OpenInRoot(root, p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, "open")
 	switch {
 	case refused:
 		return openNoWait(filepath.Join(root, p))
@@ -67,7 +68,7 @@ func readlinkIn(root, p string) (string, error) {
 	if root == "" || root == "/" {
 		return os.Readlink(p)
 	}
-	fd, refused, err := openat2In(root, p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, "readlink")
+	fd, refused, err := hostio.OpenInRoot(root, p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, "readlink")
 	switch {
 	case refused:
 		return os.Readlink(filepath.Join(root, p))
@@ -86,32 +87,4 @@ func readlinkIn(root, p string) (string, error) {
 			return string(buf[:m]), nil
 		}
 	}
-}
-
-// openat2In opens the host path p under root with openat2's
-// RESOLVE_IN_ROOT and the open flags flags, and returns the descriptor.
-// refused: the kernel has no openat2 (before 5.6) or a filter refuses it
-// (ENOSYS, EPERM); the caller falls back to the plain call. An error of
-// openat2 is an fs.PathError of op and p under root.
-func openat2In(root, p string, flags uint64, op string) (fd int, refused bool, err error) {
-	dir, err := os.Open(root)
-	if err != nil {
-		return -1, false, err
-	}
-	defer dir.Close()
-	how := unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_IN_ROOT}
-	rel := strings.TrimLeft(p, "/")
-	for range 8 { // EAGAIN: a rename raced the resolution
-		fd, err = unix.Openat2(int(dir.Fd()), rel, &how)
-		if err != unix.EAGAIN && err != unix.EINTR {
-			break
-		}
-	}
-	switch {
-	case err == unix.ENOSYS || err == unix.EPERM:
-		return -1, true, err
-	case err != nil:
-		return -1, false, &fs.PathError{Op: op, Path: filepath.Join(root, p), Err: err}
-	}
-	return fd, false, nil
 }

@@ -206,7 +206,7 @@ func (c *sealedOSCheck) Probe(ctx context.Context) (Result, error) {
 }
 
 func (c *sealedOSCheck) readRecorded() (map[string]string, error) {
-	f, err := tamper.OpenRegular(c.env.Path(c.recorded))
+	f, err := tamper.OpenRegular(c.env.PathNoFollow(c.recorded))
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/internal/smallfile"
 	"github.com/syself/autopilot-health/internal/textenc"
 )
@@ -560,10 +561,9 @@ func syntaxError(file string, data []byte, lines keyIndex) error {
 	return decodeError(file, data, lines, err)
 }
 
-// HostPath resolves an absolute host path under HostRoot.
+// HostPath resolves an absolute host path under HostRoot, its symbolic
+// links resolved as the host resolves them (hostio.InRoot). With host_root
+// "/" it is p, with no system call.
 func (c *Config) HostPath(p string) string {
-	if c.HostRoot == "" || c.HostRoot == "/" {
-		return p
-	}
-	return filepath.Join(c.HostRoot, p)
+	return hostio.InRoot(c.HostRoot, p)
 }

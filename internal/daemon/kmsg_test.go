@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -53,5 +55,33 @@ func TestKmsgOptionsReadTheHostRoot(t *testing.T) {
 	}
 	if ko.Sysfs != "/host/sys" || ko.Proc != "/host/proc" {
 		t.Errorf("Sysfs %q, Proc %q; want /host/sys, /host/proc", ko.Sysfs, ko.Proc)
+	}
+}
+
+// The kubelet's pod volume directories are looked for where the daemon's
+// mount table writes them: under a host_root other than /, a
+// /var/lib/kubelet the host links to /data/kubelet (a kubelet moved to a
+// data disk) is <root>/data/kubelet, whose mounts the kernel writes there.
+// Before, <root>/var/lib/kubelet/pods, below which no mount point lies:
+// every pod volume's read-only line was ReadonlyFilesystem.
+func TestPodVolumeDirsThroughKubeletsLinkUnderHostRoot(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"var/lib", "data/kubelet/pods", "data/kubelet/plugins"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/data/kubelet", filepath.Join(root, "var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.HostRoot = root
+	ko, err := KmsgOptions(cfg, &checks.Env{Config: cfg}, report.NewStore("b"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{root + "/data/kubelet/pods", root + "/data/kubelet/plugins"}
+	if !slices.Equal(ko.PodVolumeDirs, want) {
+		t.Errorf("PodVolumeDirs %q; want %q", ko.PodVolumeDirs, want)
 	}
 }

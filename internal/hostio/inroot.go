@@ -1,0 +1,146 @@
+package hostio
+
+import (
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// OpenInRoot opens the host path p under root with openat2's
+// RESOLVE_IN_ROOT and the open flags flags, and returns the descriptor: the
+// symbolic links on the way resolve as the host resolves them (an absolute
+// target under root, not under the daemon's own /; a ".." that would climb
+// above root stays at root). refused: the kernel has no openat2 (before
+// 5.6) or a filter refuses it (ENOSYS, EPERM); the caller falls back to the
+// plain call. An error of openat2 is an fs.PathError of op and p under root.
+func OpenInRoot(root, p string, flags uint64, op string) (fd int, refused bool, err error) {
+	dir, err := os.Open(root)
+	if err != nil {
+		return -1, false, err
+	}
+	defer dir.Close()
+	return openat2(int(dir.Fd()), root, p, flags, op)
+}
+
+func openat2(dirfd int, root, p string, flags uint64, op string) (fd int, refused bool, err error) {
+	how := unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_IN_ROOT}
+	rel := strings.TrimLeft(p, "/")
+	if rel == "" {
+		rel = "."
+	}
+	for range 8 { // EAGAIN: a rename raced the resolution
+		fd, err = unix.Openat2(dirfd, rel, &how)
+		if err != unix.EAGAIN && err != unix.EINTR {
+			break
+		}
+	}
+	switch {
+	case err == unix.ENOSYS || err == unix.EPERM:
+		return -1, true, err
+	case err != nil:
+		return -1, false, &fs.PathError{Op: op, Path: filepath.Join(root, p), Err: err}
+	}
+	return fd, false, nil
+}
+
+// InRoot is the path, as the daemon opens it, of the host path p under the
+// host root root, its symbolic links resolved as the host resolves them
+// (OpenInRoot): /var/run/cilium/cilium.sock through the host's
+// /var/run -> /run is <root>/run/cilium/cilium.sock, not the daemon's own
+// /run/cilium/cilium.sock; a kubelet directory the host links elsewhere
+// (/var/lib/kubelet -> /data/kubelet) is <root>/data/kubelet. What does
+// not exist yet is joined to the longest part of p that does, resolved (a
+// socket not made yet is looked for where the host will make it). The
+// result is spelled with root as given.
+//
+// With root "/" (or "") it is p itself, with no system call: the daemon's
+// own resolution is the host's. So is p under root lexically (HostJoin)
+// where p lies in the kernel's pseudo filesystems /proc, /sys and /dev,
+// whose links are relative or the kernel's own (/proc/self), and where
+// nothing resolves (root unreadable, openat2 refused: before Linux 5.6).
+func InRoot(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	p = path.Clean("/" + p)
+	if pseudo(p) {
+		return filepath.Join(root, p)
+	}
+	dir, err := os.Open(root)
+	if err != nil {
+		return filepath.Join(root, p)
+	}
+	defer dir.Close()
+	real, ok := fdPath(int(dir.Fd()))
+	if !ok {
+		return filepath.Join(root, p)
+	}
+	rest := ""
+	for q := p; ; q = path.Dir(q) {
+		fd, refused, err := openat2(int(dir.Fd()), root, q, unix.O_PATH|unix.O_CLOEXEC, "open")
+		if err == nil {
+			r, ok := fdPath(fd)
+			unix.Close(fd)
+			if !ok {
+				break
+			}
+			in, ok := strings.CutPrefix(r, real)
+			if !ok || (in != "" && in[0] != '/') {
+				break
+			}
+			return filepath.Join(root, in, rest)
+		}
+		// Only a name not there (or a file where a directory was
+		// looked for) is looked for higher up.
+		if refused || q == "/" || !(os.IsNotExist(err) || isNotDir(err)) {
+			break
+		}
+		rest = path.Join(path.Base(q), rest)
+	}
+	return filepath.Join(root, p)
+}
+
+func isNotDir(err error) bool {
+	pe, ok := err.(*fs.PathError)
+	return ok && pe.Err == unix.ENOTDIR
+}
+
+// pseudo reports whether the host path p lies in /proc, /sys or /dev.
+func pseudo(p string) bool {
+	for _, d := range []string{"/proc", "/sys", "/dev"} {
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// fdPath is the path the kernel gives the open descriptor fd
+// (/proc/self/fd/<fd>); ok false where it has none (deleted, another
+// mount namespace's).
+func fdPath(fd int) (string, bool) {
+	r, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil || !filepath.IsAbs(r) || strings.HasSuffix(r, " (deleted)") {
+		return "", false
+	}
+	if r == "/" {
+		r = ""
+	}
+	return r, true
+}
+
+// InRootNoFollow is InRoot of the directory of p, with p's last name joined
+// as it is: for a reader that refuses a link in that place (OpenRegular's
+// O_NOFOLLOW), which it then still finds and refuses.
+func InRootNoFollow(root, p string) string {
+	if root == "" || root == "/" {
+		return p
+	}
+	p = path.Clean("/" + p)
+	return filepath.Join(InRoot(root, path.Dir(p)), path.Base(p))
+}

@@ -1,0 +1,92 @@
+package hostio
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// InRoot resolves a host path's links as the host does: an absolute link
+// under the root, a missing tail joined to what resolves, the pseudo
+// filesystems and host_root "/" as given.
+func TestInRoot(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"run/cilium", "data/kubelet/pods", "etc/kubernetes", "srv/conf", "var/lib", "sys", "dev"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{
+		"var/run":                     "/run",             // Debian, Ubuntu, Fedora
+		"var/lib/kubelet":             "/data/kubelet",    // a kubelet moved to a data disk
+		"etc/kubernetes/kubelet.conf": "../../srv/conf/k", // relative, climbing
+		"etc/mtab":                    "../proc/self/mounts",
+		"etc/up":                      "/../../../../../srv", // ".." above the root stays at it
+		"dev/stdin":                   "/proc/self/fd/0",
+		"sys/block":                   "/nowhere", // a fixture's link: /sys is not resolved
+	} {
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "srv/conf/k"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// root given through a link of its own: the result is spelled with root as given.
+	alias := filepath.Join(t.TempDir(), "host")
+	if err := os.Symlink(root, alias); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ root, p, want string }{
+		{"/", "/var/run/cilium/cilium.sock", "/var/run/cilium/cilium.sock"},
+		{"", "/var/run/x", "/var/run/x"},
+		{root, "/var/run/cilium/cilium.sock", root + "/run/cilium/cilium.sock"}, // the socket not made yet
+		{root, "/var/run/containerd/containerd.sock", root + "/run/containerd/containerd.sock"},
+		{root, "/var/lib/kubelet/pods", root + "/data/kubelet/pods"},
+		{root, "/etc/kubernetes/kubelet.conf", root + "/srv/conf/k"},
+		{root, "/etc/up/conf", root + "/srv/conf"},
+		{root, "/etc/cni/net.d/*.conflist", root + "/etc/cni/net.d/*.conflist"},
+		{root, "/sys/block", root + "/sys/block"},
+		{root, "/dev/stdin", root + "/dev/stdin"},
+		{root, "/", root},
+		{alias, "/var/run/cilium", alias + "/run/cilium"},
+		{filepath.Join(root, "absent"), "/var/run", filepath.Join(root, "absent/var/run")},
+	} {
+		if got := InRoot(tc.root, tc.p); got != tc.want {
+			t.Errorf("InRoot(%q, %q) = %q; want %q", tc.root, tc.p, got, tc.want)
+		}
+	}
+}
+
+// With host_root "/" InRoot makes no system call: nothing at all is
+// allocated or asked of the kernel (the daemon's own resolution is the
+// host's).
+func TestInRootSlashAllocatesNothing(t *testing.T) {
+	if n := testing.AllocsPerRun(100, func() { _ = InRoot("/", "/var/run/cilium/cilium.sock") }); n != 0 {
+		t.Fatalf("InRoot at / allocates %v times; want 0", n)
+	}
+}
+
+// InRootNoFollow resolves the directories on the way and leaves the last
+// name as it is, so that a reader refusing a link there still refuses it.
+func TestInRootNoFollow(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "data/syself"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "var/lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/data/syself", filepath.Join(root, "var/lib/syself")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/shadow", filepath.Join(root, "data/syself/root-hashes")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := InRootNoFollow(root, "/var/lib/syself/root-hashes"), root+"/data/syself/root-hashes"; got != want {
+		t.Errorf("InRootNoFollow = %q; want %q", got, want)
+	}
+	if got := InRootNoFollow("/", "/var/lib/syself/root-hashes"); got != "/var/lib/syself/root-hashes" {
+		t.Errorf("at /: %q", got)
+	}
+}
