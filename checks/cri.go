@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/syself/autopilot-health/internal/rawsys"
@@ -157,7 +157,7 @@ type keptSocket struct {
 	dialed   rawsys.FileID
 	dialedOK bool
 	raw      bool
-	// dialer connects to the path (nil: rawsys.Dial; tests replace it).
+	// dialer connects to the path (nil: dialUnix; tests replace it).
 	dialer func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
@@ -183,7 +183,7 @@ func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	id, serr := statID(k.path, false)
 	dialer := k.dialer
 	if dialer == nil {
-		dialer = rawsys.Dial
+		dialer = func(ctx context.Context, _, path string) (net.Conn, error) { return dialUnix(ctx, path) }
 	}
 	conn, err := dialer(ctx, "unix", k.path)
 	if err != nil {
@@ -196,6 +196,33 @@ func (k *keptSocket) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	k.dialed, k.dialedOK, k.raw = id, serr == nil, raw
 	k.mu.Unlock()
 	return conn, nil
+}
+
+// sunPathMax is the size of a unix socket address's path (sun_path): a
+// path of that length or longer is no address connect(2) takes.
+const sunPathMax = len(unix.RawSockaddrUnix{}.Path)
+
+// dialUnix connects to the unix socket at path. A path too long for a
+// socket address (sunPathMax: a socket under a deep host_root) is
+// connected through an O_PATH descriptor of the socket
+// (/proc/self/fd/<fd>, which the kernel follows to the socket file): before,
+// the connect failed with EINVAL ("invalid argument") and a healthy
+// service was reported unreachable. Errors name path.
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
+	if len(path) < sunPathMax {
+		return rawsys.Dial(ctx, "unix", path)
+	}
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: &os.SyscallError{Syscall: "open", Err: err}}
+	}
+	defer unix.Close(fd)
+	conn, err := rawsys.Dial(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		oe.Addr = &net.UnixAddr{Name: path, Net: "unix"}
+	}
+	return conn, err
 }
 
 // socketDeniedError is a connect to a service's socket that the kernel

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +87,48 @@ func TestNativeJournalThroughAnAbsoluteLinkUnderHostRoot(t *testing.T) {
 	got, _, err := readNative(t, root, journalQuery{Root: root, Since: time.Unix(0, 0)})
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("the journal at /var/log/journal through /var/log -> /data/log: %d entries (%v), want %d", len(got), err, len(want))
+	}
+}
+
+// A socket under a deep host_root has a path longer than a socket address
+// holds (108 bytes): it is connected through an O_PATH descriptor of it.
+// Before, the connect failed with EINVAL and cilium-agent, healthy, was
+// CiliumUnreachable ("connect: invalid argument").
+func TestCNISocketPathLongerThanASocketAddress(t *testing.T) {
+	root := filepath.Join(t.TempDir(), strings.Repeat("r", 100))
+	dir := filepath.Join(root, "var/run/cilium")
+	mkdir(t, dir)
+	sock := filepath.Join(dir, "cilium.sock")
+	if len(sock) < sunPathMax {
+		t.Fatalf("%s: %d bytes, not longer than a socket address", sock, len(sock))
+	}
+	// bind(2) takes no longer path either: the socket is made through
+	// a descriptor of its directory.
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	l, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/cilium.sock", d.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"cilium":{"state":"Ok","msg":""}}`)
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	c, _ := newCNICheck(testEnv(t, func(c *config.Config) { c.HostRoot = root }))
+	defer c.(*cniCheck).Close()
+	r, err := c.Probe(context.Background())
+	if err != nil || r.Status != report.StatusFalse {
+		t.Fatalf("cilium-agent Ok at a %d-byte socket path: %s %s %q (err %v); want False", len(sock), r.Status, r.Reason, r.Message, err)
+	}
+	// Gone: unreachable, naming the socket's path, not the descriptor's.
+	srv.Close()
+	os.Remove(sock)
+	r, _ = c.Probe(context.Background())
+	if r.Reason != report.ReasonCiliumUnreachable || strings.Contains(r.Message, "/proc/self/fd") || !strings.Contains(r.Message, "no such file") {
+		t.Fatalf("socket gone: %s %s %q; want CiliumUnreachable naming the socket", r.Status, r.Reason, r.Message)
 	}
 }
