@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -49,7 +50,7 @@ type kubeletHeartbeatCheck struct {
 	env *Env
 	// skippedSaid: journalctl's lines that are not entries were logged
 	// and have not stopped since.
-	skippedSaid malformedSaid
+	skippedSaid hostio.MalformedSaid
 	unit        string
 	journalctl  string
 	match       [][]byte
@@ -165,7 +166,7 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	// run, until a run reads entries and none such (skippedSaid).
 	c.env.Malformed.Add(MalformedJournalctl, read.Skipped)
 	if read.Skipped > 0 || read.Entries > 0 {
-		c.skippedSaid.reading(c.env.Log, read.Skipped, "not journal entries", "skipped journalctl output that is not journal entries", "unit", c.unit, "first", read.FirstBad)
+		c.skippedSaid.Reading(c.env.Log, read.Skipped, "not journal entries", "skipped journalctl output that is not journal entries", "unit", c.unit, "first", read.FirstBad)
 	}
 	if read.Skipped > 0 {
 		if read.Entries == 0 {

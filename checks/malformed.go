@@ -1,8 +1,6 @@
 package checks
 
 import (
-	"log/slog"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/syself/autopilot-health/report"
@@ -29,11 +27,15 @@ const (
 	// MalformedJournalctl is KubeletHeartbeatFailed's reader of
 	// journalctl's output (where the journal is read with journalctl).
 	MalformedJournalctl MalformedReader = "journalctl"
+	// MalformedMountKmsg is the kernel log monitor's pod volume lookup
+	// (kmsg.Options.MalformedMountinfo): lines of /proc/self/mountinfo
+	// that do not split, at each lookup of a read-only line's device.
+	MalformedMountKmsg MalformedReader = "mountinfo-kmsg"
 )
 
 // MalformedReaders are the reader label's values, in the order README
 // lists them.
-var MalformedReaders = []MalformedReader{MalformedMountWatch, MalformedMountScan, MalformedAuditLog, MalformedJournalctl}
+var MalformedReaders = []MalformedReader{MalformedMountWatch, MalformedMountScan, MalformedAuditLog, MalformedJournalctl, MalformedMountKmsg}
 
 // MalformedLines counts the lines of host input that a reader skipped
 // because it could not parse them (autopilot_health_malformed_lines_total);
@@ -48,7 +50,7 @@ type MalformedLines struct {
 func NewMalformedLines(reg prometheus.Registerer) *MalformedLines {
 	m := &MalformedLines{lines: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: report.Namespace, Name: "malformed_lines_total",
-		Help: "Lines of host input that a reader could not parse and skipped, by reader (mountinfo-watch, mountinfo-scan, audit-log, journalctl).",
+		Help: "Lines of host input that a reader could not parse and skipped, by reader (mountinfo-watch, mountinfo-scan, audit-log, journalctl, mountinfo-kmsg).",
 	}, []string{"reader"})}
 	for _, r := range MalformedReaders {
 		m.lines.WithLabelValues(string(r))
@@ -66,36 +68,19 @@ func (m *MalformedLines) Add(r MalformedReader, n int) {
 	}
 }
 
+// Counter returns reader r's series, for a reader outside this package
+// (the kernel log monitor's, which cannot import it); nil where m is.
+func (m *MalformedLines) Counter(r MalformedReader) prometheus.Counter {
+	if m == nil {
+		return nil
+	}
+	return m.lines.WithLabelValues(string(r))
+}
+
 // Value returns the count of reader r (for tests and status).
 func (m *MalformedLines) Value(r MalformedReader) float64 {
 	if m == nil {
 		return 0
 	}
 	return report.Value(m.lines.WithLabelValues(string(r)))
-}
-
-// malformedSaid logs a reader's skipped lines once per change, not per
-// reading: a reading with malformed lines whose first differs from the
-// one said last is logged; a reading without any clears what was said, so
-// malformed lines coming back are logged again.
-type malformedSaid struct {
-	said string
-}
-
-// reading notes one reading of the input: n malformed lines, key what
-// names the first of them from reading to reading (its text, not its
-// number, which moves as lines come and go before it). It logs msg with
-// attrs where that is a change.
-func (s *malformedSaid) reading(log *slog.Logger, n int, key, msg string, attrs ...any) {
-	if n == 0 {
-		s.said = ""
-		return
-	}
-	if key == s.said {
-		return
-	}
-	s.said = key
-	if log != nil {
-		log.Warn(msg, append(attrs, "lines", n)...)
-	}
 }

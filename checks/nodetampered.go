@@ -58,7 +58,7 @@ type nodeTamperedCheck struct {
 	keeper   *tamper.Keeper
 	// scanSaid: the scan's malformed lines of the mount table said last
 	// (scanned).
-	scanSaid malformedSaid
+	scanSaid hostio.MalformedSaid
 
 	restoreOnce sync.Once
 	// memo is this boot's baseline digest, kept in the state file: read
@@ -516,29 +516,29 @@ var newFileWatcher = tamper.NewWatcher
 // scanned counts what a scan skipped of its host input (the hidden
 // mounts' lines of the mount table that do not split:
 // autopilot_health_malformed_lines_total{reader="mountinfo-scan"}) and
-// logs it once per change (malformedSaid).
+// logs it once per change (hostio.MalformedSaid).
 func (c *nodeTamperedCheck) scanned(notes tamper.ScanNotes) {
 	c.env.Malformed.Add(MalformedMountScan, notes.MalformedMountinfo)
 	key, text := "", ""
 	if first := notes.FirstMalformed; first != nil {
 		key, text = first.Text, first.Error()
 	}
-	c.scanSaid.reading(c.env.Log, notes.MalformedMountinfo, key, "scan: skipped malformed lines of the mount table read for the sandbox's hidden mounts", "path", "/proc/self/mountinfo", "first", text)
+	c.scanSaid.Reading(c.env.Log, notes.MalformedMountinfo, key, "scan: skipped malformed lines of the mount table read for the sandbox's hidden mounts", "path", "/proc/self/mountinfo", "first", text)
 }
 
 // mountReadings returns what the mount watcher calls after each reading
 // of the mount table: a line the kernel does not write is skipped at each
 // reading, counted (autopilot_health_malformed_lines_total{reader=
-// "mountinfo-watch"}) and logged once per change (malformedSaid).
+// "mountinfo-watch"}) and logged once per change (hostio.MalformedSaid).
 func (c *nodeTamperedCheck) mountReadings() func(int, *hostio.MalformedMountinfoError) {
-	var said malformedSaid
+	var said hostio.MalformedSaid
 	return func(n int, first *hostio.MalformedMountinfoError) {
 		c.env.Malformed.Add(MalformedMountWatch, n)
 		key, text := "", ""
 		if first != nil {
 			key, text = first.Text, first.Error()
 		}
-		said.reading(c.env.Log, n, key, "mount watcher: skipped malformed lines of the mount table", "path", tamper.MountsFile, "first", text)
+		said.Reading(c.env.Log, n, key, "mount watcher: skipped malformed lines of the mount table", "path", tamper.MountsFile, "first", text)
 	}
 }
 

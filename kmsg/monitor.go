@@ -53,7 +53,13 @@ type Options struct {
 	// DefaultPodVolumeDirs; Sysfs or Proc "": no lookup, every such line
 	// sets the condition.
 	PodVolumeDirs []string
-	Registerer    prometheus.Registerer
+	// MalformedMountinfo counts the lines of the mount table that the
+	// pod volume lookup reads and cannot split (a table with one is not
+	// judged: the line is the node's), at each lookup; the daemon wires
+	// in autopilot_health_malformed_lines_total{reader="mountinfo-kmsg"}.
+	// nil: not counted (still logged once per change to Log).
+	MalformedMountinfo prometheus.Counter
+	Registerer         prometheus.Registerer
 	// Log takes the monitor's own lines (kernel.hung_task_warnings at 0);
 	// nil: discarded.
 	Log *slog.Logger
@@ -124,7 +130,7 @@ func NewMonitor(o Options) *Monitor {
 	if o.PodVolumeDirs == nil {
 		o.PodVolumeDirs = DefaultPodVolumeDirs
 	}
-	mon.volumes = newVolumes(o.Sysfs, o.Proc, o.PodVolumeDirs)
+	mon.volumes = newVolumes(o.Sysfs, o.Proc, o.PodVolumeDirs, o.MalformedMountinfo, o.Log)
 	mon.hung = newHungWarnings(o.Proc, o.Log, mon.m)
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)

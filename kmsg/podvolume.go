@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/syself/autopilot-health/internal/hostio"
 )
@@ -38,11 +41,18 @@ type volumes struct {
 	// read reads at most max bytes of a file, and fails on a longer one
 	// (readBounded): tests replace it.
 	read func(path string, max int) ([]byte, error)
+	// malformed counts the mount table's lines that do not split, at
+	// each reading (Options.MalformedMountinfo; nil: not counted); said
+	// logs them to log once per change. Only the lookup's goroutine uses
+	// said (one lookup at a time: lookup).
+	malformed prometheus.Counter
+	log       *slog.Logger
+	said      hostio.MalformedSaid
 	hostLookup
 }
 
-func newVolumes(sysfs, proc string, dirs []string) volumes {
-	v := volumes{sysfs: sysfs, dirs: dirs, read: readBounded, hostLookup: hostLookup{now: MonotonicNow}}
+func newVolumes(sysfs, proc string, dirs []string, malformed prometheus.Counter, log *slog.Logger) volumes {
+	v := volumes{sysfs: sysfs, dirs: dirs, read: readBounded, malformed: malformed, log: log, hostLookup: hostLookup{now: MonotonicNow}}
 	if proc != "" {
 		v.mountinfo = filepath.Join(proc, "self", "mountinfo")
 	}
@@ -100,7 +110,8 @@ func (v *volumes) podVolume(dev string, usec uint64) (podVolume, bool) {
 		if err != nil {
 			return podVolume{}, false
 		}
-		mounts, ok := podVolumeMounts(mi, majMin, dev, dirs)
+		mounts, ok, bad, first := podVolumeMounts(mi, majMin, dev, dirs)
+		v.noteMalformed(table, bad, first)
 		return podVolume{dev: dev, majMin: majMin, mounts: mounts}, ok
 	})
 }
@@ -117,33 +128,61 @@ func validMajMin(s string) bool {
 	return ok && isDigits(a) && isDigits(b)
 }
 
+// noteMalformed counts a reading's malformed lines of the mount table
+// (autopilot_health_malformed_lines_total{reader="mountinfo-kmsg"}) and
+// logs them once per change (hostio.MalformedSaid): such a table is not
+// judged, and every read-only line looked up in it is the node's.
+func (v *volumes) noteMalformed(table string, bad int, first *hostio.MalformedMountinfoError) {
+	if v.malformed != nil && bad > 0 {
+		v.malformed.Add(float64(bad))
+	}
+	key, text := "", ""
+	if first != nil {
+		key, text = first.Text, first.Error()
+	}
+	v.said.Reading(v.log, bad, key, "pod volume lookup: malformed lines in the mount table, which is not judged: a read-only filesystem looked up in it is the node's", "path", table, "first", text)
+}
+
 // podVolumeMounts returns the mount points, in the order of the mount
 // table mi (/proc/<pid>/mountinfo), of the filesystem on the device
 // majMin, named dev: the mounts whose device number (field 3) is majMin
 // or whose source is /dev/<dev>; ok when there is one at least and every
 // one lies strictly below one of dirs. A line that does not parse makes
-// the table not judged (ok false).
+// the table not judged (ok false): bad counts such lines, all of the
+// table's, and first is the first of them.
 //
 // The lines are split by hostio's mountinfo reader (hostio.SplitMountinfo:
 // at each space, as the kernel writes them, no allocation), which reads a
 // line the kernel does not write as malformed.
-func podVolumeMounts(mi []byte, majMin, dev string, dirs []string) (mounts []string, ok bool) {
+func podVolumeMounts(mi []byte, majMin, dev string, dirs []string) (mounts []string, ok bool, bad int, first *hostio.MalformedMountinfoError) {
 	src := "/dev/" + dev
-	for _, line := range hostio.MountinfoLines(mi) {
+	outside := false
+	for n, line := range hostio.MountinfoLines(mi) {
 		f, ok := hostio.SplitMountinfo(line)
 		if !ok {
-			return nil, false
+			if bad == 0 {
+				first = &hostio.MalformedMountinfoError{Line: n, Text: string(line)}
+			}
+			bad++
+			continue
+		}
+		if outside || bad > 0 {
+			continue // judged already: only malformed lines are counted
 		}
 		if string(f.Device) != majMin && hostio.UnescapeMountinfo(string(f.Source)) != src {
 			continue
 		}
 		p := hostio.UnescapeMountinfo(string(f.MountPoint))
 		if !below(p, dirs) {
-			return nil, false
+			outside = true
+			continue
 		}
 		mounts = append(mounts, p)
 	}
-	return mounts, len(mounts) > 0
+	if outside || bad > 0 {
+		return nil, false, bad, first
+	}
+	return mounts, len(mounts) > 0, 0, nil
 }
 
 // below reports whether the mount point mp (the kernel writes it

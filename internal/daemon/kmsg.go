@@ -40,7 +40,10 @@ func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg p
 		Sysfs:            cfg.HostPath("/sys"),
 		Proc:             cfg.HostPath("/proc"),
 		PodVolumeDirs:    podVolumeDirs(cfg),
-		Registerer:       reg,
+		// nil where the checks count nothing (the one-shot check, a
+		// replay).
+		MalformedMountinfo: env.Malformed.Counter(checks.MalformedMountKmsg),
+		Registerer:         reg,
 	}, nil
 }
 

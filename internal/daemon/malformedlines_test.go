@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/report"
 )
 
 // The daemon serves autopilot_health_malformed_lines_total, every reader
@@ -38,5 +39,18 @@ func TestDaemonServesMalformedLines(t *testing.T) {
 	}
 	if d.env.Malformed == nil {
 		t.Error("the checks' Env has no Malformed: their skipped lines are not counted")
+	}
+	// The kernel log monitor's pod volume lookup counts into the same
+	// family, under its own reader.
+	ko, err := KmsgOptions(d.cfg, d.env, report.NewStore("b"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ko.MalformedMountinfo == nil {
+		t.Fatal("kmsg.Options.MalformedMountinfo not wired: the pod volume lookup's malformed lines are not counted")
+	}
+	ko.MalformedMountinfo.Add(3)
+	if n := d.env.Malformed.Value(checks.MalformedMountKmsg); n != 3 {
+		t.Errorf(`autopilot_health_malformed_lines_total{reader="mountinfo-kmsg"} = %v after the monitor's 3, want 3`, n)
 	}
 }
