@@ -49,8 +49,8 @@ func TestRunUnderSystemdWaitsForTheStateDir(t *testing.T) {
 	if err := syscall.Flock(int(held.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		t.Fatal(err)
 	}
-	held.WriteString("4242\n")
-	const refusal = "another autopilot-health daemon (pid 4242) uses this state directory"
+	held.WriteString(fmt.Sprintf("%d\n", os.Getpid()))
+	refusal := fmt.Sprintf("another autopilot-health daemon (pid %d) uses this state directory", os.Getpid())
 	child := func(invocation string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestRunUnderSystemdWaitsForTheStateDir$")
 		cmd.Env = append(os.Environ(), stateWaitChildEnv+"="+cfg, "INVOCATION_ID="+invocation)

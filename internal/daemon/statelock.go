@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // The state directory's lock: one daemon per state_dir. Two daemons whose
@@ -39,9 +42,8 @@ const maxLockHolder = 64
 // daemon holds.
 type StateLockedError struct {
 	Dir, LockFile string
-	// PID is the holder's, as it wrote it in the lock file; 0 where the
-	// file holds none (the holder between its lock and its write, or on a
-	// file it could open read-only only).
+	// PID is the holder's, as /proc/locks lists it (lockHolder), else as
+	// it wrote it in the lock file; 0 where neither says.
 	PID int
 }
 
@@ -115,9 +117,18 @@ func lockState(dir string, log *slog.Logger) (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-// lockHolder is the PID the holder wrote in the lock file, 0 where there is
-// none to read.
+// lockHolder is the PID of the process that holds the lock on f, as the
+// kernel lists it in /proc/locks, where it lists it; else the PID the
+// holder wrote in the lock file; 0 where there is none to read. The
+// file's PID alone may be another's: a daemon that is gone wrote it, and
+// the holder could not write its own (the file opened read-only on a file
+// system that is read-only now, or the holder between its lock and its
+// write), and "stop it" would name a process that has nothing to do with
+// the lock.
 func lockHolder(f *os.File) int {
+	if pid := procLocksHolder(f, procLocks); pid > 0 {
+		return pid
+	}
 	b, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, 0, maxLockHolder), maxLockHolder))
 	if err != nil {
 		return 0
@@ -127,4 +138,41 @@ func lockHolder(f *os.File) int {
 		return 0
 	}
 	return pid
+}
+
+// procLocks is the kernel's list of the locks held (the daemon's own
+// /proc, not the host_root's: the lock is the daemon's).
+const procLocks = "/proc/locks"
+
+// maxProcLocks bounds what is read of /proc/locks (a line is about 50
+// bytes).
+const maxProcLocks = 4 << 20
+
+// procLocksHolder is the PID /proc/locks gives for the FLOCK held on f's
+// inode, 0 where it lists none (the file unreadable, a holder in a PID
+// namespace this process does not see, which the kernel lists as 0 or
+// -1). A line is "N: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF",
+// the device's numbers in hex; a waiter's is "N: -> FLOCK ...".
+func procLocksHolder(f *os.File, locks string) int {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return 0
+	}
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	lf, err := os.Open(locks)
+	if err != nil {
+		return 0
+	}
+	defer lf.Close()
+	sc := bufio.NewScanner(io.LimitReader(lf, maxProcLocks))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 || fields[1] != "FLOCK" || fields[5] != want {
+			continue
+		}
+		if pid, err := strconv.Atoi(fields[4]); err == nil && pid > 0 {
+			return pid
+		}
+	}
+	return 0
 }

@@ -112,3 +112,38 @@ func assertGoesOnWithOneWarning(t *testing.T, dir, cause string) {
 		t.Fatalf("the log: %q; want one warning naming the lock file and %q", logs.String(), cause)
 	}
 }
+
+// The lock file names a PID that is not the holder's: one a daemon that is
+// gone wrote there, left by a holder that could not write its own (the
+// file opened read-only on a file system that is read-only now, or the
+// holder between its lock and its write). The refusal names the process
+// that holds the lock, as the kernel lists it in /proc/locks, not the
+// file's PID: "stop it" with the file's PID would have an operator kill a
+// process that has nothing to do with the lock (the PID reused), or look
+// for one that is gone. Before, the refusal named the file's PID.
+func TestStateLockRefusalNamesTheHolderNotAStalePID(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, StateLockName)
+	// PID 1: a process that exists and is not the holder.
+	if err := os.WriteFile(path, []byte("1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The holder: this process, by a file opened read-only, its PID not
+	// written (as a daemon on a read-only file system holds it).
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, err = lockState(dir, quietLog())
+	var locked *StateLockedError
+	if !errors.As(err, &locked) {
+		t.Fatalf("lockState on a held lock: %v; want a refusal", err)
+	}
+	if locked.PID != os.Getpid() {
+		t.Fatalf("the refusal names pid %d (%v); want the holder's, %d, not the file's 1", locked.PID, err, os.Getpid())
+	}
+}
