@@ -2,10 +2,12 @@ package checks
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/report"
@@ -66,5 +68,37 @@ func TestGpuActivationSpecTheCDILoaderPanicsOn(t *testing.T) {
 	const want = "CDI spec /etc/cdi/torn.yaml: the CDI loader panics reading it (a null entry in a list?): runtime error: invalid memory address or nil pointer dereference"
 	if err == nil || err.Error() != want {
 		t.Fatalf("probe: %v; want %q", err, want)
+	}
+}
+
+// Under a host_root other than /, a spec file that is an absolute link
+// (the host's /etc/cdi/nvidia.yaml pointing into a store of generated
+// files, as NixOS's /etc is, or an operator's link to where nvidia-ctk
+// wrote it) is the host's file under the root, as containerd on the host
+// reads it. Before, the CDI cache followed the link from the daemon's own
+// /: "no such file or directory", and the GPU it names was
+// CDISpecMissing, True. The messages still name the host's paths.
+func TestGpuActivationSpecFileAnAbsoluteLinkUnderHostRoot(t *testing.T) {
+	// A store that this machine's own / has not.
+	store := fmt.Sprintf("/opt/cdi-store-%d-%d", os.Getpid(), time.Now().UnixNano())
+	root := gpuHost(t, "pci-1-gpu", true, true, map[string]string{store + "/nvidia.json": "nvidia-1-gpu.json"})
+	if err := os.MkdirAll(filepath.Join(root, "var/run/cdi"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(store+"/nvidia.json", filepath.Join(root, "var/run/cdi/nvidia.json")); err != nil {
+		t.Fatal(err)
+	}
+	r := probeGPU(t, root, nil)
+	if r.Status != report.StatusFalse || !strings.Contains(r.Message, "/var/run/cdi/nvidia.json") || strings.Contains(r.Message, root) || strings.Contains(r.Message, os.TempDir()) {
+		t.Fatalf("spec /var/run/cdi/nvidia.json -> /opt/cdi-store/nvidia.json under the root: %s %s %q; want False naming /var/run/cdi/nvidia.json", r.Status, r.Reason, r.Message)
+	}
+	// A link to nothing on the host is reported as the cache reports it,
+	// naming the host's path.
+	if err := os.Symlink(store+"/gone.json", filepath.Join(root, "var/run/cdi/zz.json")); err != nil {
+		t.Fatal(err)
+	}
+	r = probeGPU(t, root, nil)
+	if r.Status != report.StatusFalse || !strings.Contains(r.Message, "/var/run/cdi/zz.json") || strings.Contains(r.Message, root) {
+		t.Fatalf("a dangling link beside it: %s %s %q; want False naming /var/run/cdi/zz.json", r.Status, r.Reason, r.Message)
 	}
 }

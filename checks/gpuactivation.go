@@ -397,6 +397,43 @@ func readSpecPanic(path string) (p any) {
 	return nil
 }
 
+// linksInRoot is, for a spec directory d of the host (resolved is its path
+// under the host root, ents its entries) that holds spec files that are
+// symbolic links, a directory of this process's own in which each spec file
+// of d is a link to that file as the host resolves it under the root
+// (openat2's RESOLVE_IN_ROOT): the CDI cache follows a link from the
+// daemon's own /, so the host's /etc/cdi/nvidia.yaml -> /opt/cdi/nvidia.yaml
+// was the daemon's /opt/cdi/nvidia.yaml, absent, and its GPUs
+// CDISpecMissing. A link that does not resolve so (to nothing) is kept as
+// it is, for the cache to report. "" (and done a no-op) with root "/", with
+// no such link in d, or where the directory cannot be made (the file as
+// before). done removes the directory.
+func linksInRoot(root, d, resolved string, ents []fs.DirEntry) (view string, done func()) {
+	done = func() {}
+	if root == "" || root == "/" || !slices.ContainsFunc(ents, func(e fs.DirEntry) bool { return e.Type()&fs.ModeSymlink != 0 }) {
+		return "", done
+	}
+	tmp, err := os.MkdirTemp("", "autopilot-health-cdi-")
+	if err != nil {
+		return "", done
+	}
+	done = func() { os.RemoveAll(tmp) }
+	for _, e := range ents {
+		if ext := filepath.Ext(e.Name()); e.IsDir() || (ext != ".json" && ext != ".yaml") {
+			continue // what the cache does not read
+		}
+		target := filepath.Join(resolved, e.Name())
+		if e.Type()&fs.ModeSymlink != 0 {
+			target = hostio.InRoot(root, filepath.Join(d, e.Name()))
+		}
+		if err := os.Symlink(target, filepath.Join(tmp, e.Name())); err != nil {
+			done()
+			return "", func() {}
+		}
+	}
+	return tmp, done
+}
+
 // loadCDI reads the spec directories (under the host root, their links
 // resolved as the host resolves them: hostio.InRoot) with the CDI cache, refreshed
 // once, without watching them. A directory that does not
@@ -410,6 +447,13 @@ func (c *gpuActivationCheck) loadCDI() (*cdiDevices, error) {
 		ents, err := os.ReadDir(dirs[i])
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("CDI spec directory: %w", err)
+		}
+		if view, done := linksInRoot(c.env.Config.HostRoot, d, dirs[i], ents); view != "" {
+			defer done()
+			dirs[i] = view
+			if ents, err = os.ReadDir(view); err != nil {
+				return nil, fmt.Errorf("CDI spec directory: %w", err)
+			}
 		}
 		if err := checkSpecFiles(d, dirs[i], ents); err != nil {
 			return nil, err
