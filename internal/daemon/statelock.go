@@ -86,6 +86,11 @@ func lockState(dir string, log *slog.Logger) (func(), error) {
 		f, err = os.OpenFile(path, os.O_RDONLY|how, 0)
 		writable = false
 	}
+	if fi, lerr := os.Lstat(path); errors.Is(err, syscall.ELOOP) && lerr == nil && fi.Mode().Type() == fs.ModeSymlink {
+		// O_NOFOLLOW's error: the kernel's words, "too many levels of
+		// symbolic links", would send an operator looking for a loop.
+		err = errors.New("it is a symbolic link, not followed (the PID written there would truncate its target): remove it")
+	}
 	if err != nil {
 		return goOn(err)
 	}

@@ -87,7 +87,7 @@ func TestStateLockNotTakenGoesOnWithOneWarning(t *testing.T) {
 		if err := os.Symlink(target, filepath.Join(dir, StateLockName)); err != nil {
 			t.Fatal(err)
 		}
-		assertGoesOnWithOneWarning(t, dir, "symlink")
+		assertGoesOnWithOneWarning(t, dir, "it is a symbolic link, not followed")
 		if b, _ := os.ReadFile(target); string(b) != "keep me\n" {
 			t.Errorf("the symlink's target was written: %q", b)
 		}
