@@ -170,9 +170,9 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 	}
 	if read.Skipped > 0 {
 		if read.Entries == 0 {
-			return Result{}, fmt.Errorf("journalctl printed %d lines that are not journal entries (first: %s)", read.Skipped, read.FirstBad)
+			return Result{}, fmt.Errorf("journalctl printed %d %s (first: %s)", read.Skipped, plural(read.Skipped, "line that is not a journal entry", "lines that are not journal entries"), read.FirstBad)
 		}
-		note = fmt.Sprintf("; skipped %d lines of journalctl output that are not journal entries (first: %s)", read.Skipped, read.FirstBad)
+		note = fmt.Sprintf("; skipped %d %s (first: %s)", read.Skipped, plural(read.Skipped, "line of journalctl output that is not a journal entry", "lines of journalctl output that are not journal entries"), read.FirstBad)
 	}
 	window := config.ShortDuration(c.window)
 	// True while the last give-up is within the window, and also when this
@@ -210,7 +210,7 @@ func (c *kubeletHeartbeatCheck) Probe(ctx context.Context) (Result, error) {
 		last = "the last one at " + st.Last.Format(time.RFC3339)
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonKubeletHeartbeatOK,
-		Message: fmt.Sprintf("%s logged no entry with %s in the last %s (%d entries read); %s%s", c.unit, c.what(), window, read.Entries, last, note)}, nil
+		Message: fmt.Sprintf("%s logged no entry with %s in the last %s (%d %s read); %s%s", c.unit, c.what(), window, read.Entries, plural(read.Entries, "entry", "entries"), last, note)}, nil
 }
 
 // readJournal reads q from the journal files natively (readJournalNative)

@@ -225,7 +225,7 @@ func TestKubeletHeartbeatJournalUnreadable(t *testing.T) {
 		c, _ := newKubeletHeartbeatCheck(heartbeatEnv(t, journalRoot(t), fj, &now))
 		fj.serve(t, 1, []int{1}, `{"__CURSOR":"s=1"`)
 		probeHeartbeat(t, c, report.StatusFalse, report.ReasonKubeletHeartbeatOK,
-			`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (1 entries read); none since 2026-12-02T19:02:27Z; skipped 1 lines of journalctl output that are not journal entries (first: "{\"__CURSOR\":\"s=1\"": not a journal entry: unexpected end of JSON input)`)
+			`kubelet.service logged no entry with "Unable to update node status" and "update node status exceeds retry count" in the last 5m (1 entry read); none since 2026-12-02T19:02:27Z; skipped 1 line of journalctl output that is not a journal entry (first: "{\"__CURSOR\":\"s=1\"": not a journal entry: unexpected end of JSON input)`)
 	})
 }
 

@@ -496,7 +496,7 @@ func (c *sourceIPCheck) Probe(ctx context.Context) (Result, error) {
 			c.env.Log.Warn("skipped malformed lines of the audit log", "path", c.path, "lines", tally.malformed, "first_error", tally.firstErr)
 			c.loggedErr = tally.firstKind
 		}
-		notes = append(notes, fmt.Sprintf("%d malformed lines skipped (first: %s)", tally.malformed, tally.firstErr))
+		notes = append(notes, fmt.Sprintf("%d malformed %s skipped (first: %s)", tally.malformed, plural(tally.malformed, "line", "lines"), tally.firstErr))
 	}
 	return c.result(tally, prev, since, notes), nil
 }

@@ -268,11 +268,11 @@ func TestSourceIPPartialAndMalformedLines(t *testing.T) {
 	long := strings.Replace(auditLine("alice", auT0, "203.0.113.7"), `"verb":"list"`, `"verb":"list","x":"`+strings.Repeat("a", 3000)+`"`, 1)
 	h.append(long, auditLine("alice", auT0, "127.0.0.1"))
 	probeAudit(t, c, report.StatusTrue, report.ReasonSourceIPMissingInAudit,
-		"none of the 1 audit records of requests by "+users+" since 2026-12-02T18:00:00Z carries a client address: their sourceIPs hold only 127.0.0.1 (loopback or the proxy's own); 1 malformed lines skipped (first: a line longer than 1000 bytes)")
+		"none of the 1 audit records of requests by "+users+" since 2026-12-02T18:00:00Z carries a client address: their sourceIPs hold only 127.0.0.1 (loopback or the proxy's own); 1 malformed line skipped (first: a line longer than 1000 bytes)")
 	// Also one still being written.
 	h.append(long[:2500])
 	probeAudit(t, c, report.StatusUnknown, report.ReasonNoAuditRecords,
-		noRecs+" since 2026-12-02T18:00:00Z (no records); 1 malformed lines skipped (first: a line longer than 1000 bytes)")
+		noRecs+" since 2026-12-02T18:00:00Z (no records); 1 malformed line skipped (first: a line longer than 1000 bytes)")
 	// Its rest, once written, is that line's, counted then: not a line of
 	// its own (before, a second malformed line, and a record had the rest
 	// been one).
