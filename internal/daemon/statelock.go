@@ -83,8 +83,14 @@ func lockState(dir string, log *slog.Logger) (func(), error) {
 	writable := true
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|how, 0o600)
 	if errors.Is(err, syscall.EROFS) || errors.Is(err, fs.ErrPermission) {
+		first := err
 		f, err = os.OpenFile(path, os.O_RDONLY|how, 0)
 		writable = false
+		if errors.Is(err, fs.ErrNotExist) {
+			// No lock file yet: why none could be made is the
+			// first open's ("read-only file system"), not this one's.
+			err = first
+		}
 	}
 	if fi, lerr := os.Lstat(path); errors.Is(err, syscall.ELOOP) && lerr == nil && fi.Mode().Type() == fs.ModeSymlink {
 		// O_NOFOLLOW's error: the kernel's words, "too many levels of

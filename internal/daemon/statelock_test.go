@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // Two daemons whose configurations name different control sockets but the
@@ -146,4 +148,26 @@ func TestStateLockRefusalNamesTheHolderNotAStalePID(t *testing.T) {
 	if locked.PID != os.Getpid() {
 		t.Fatalf("the refusal names pid %d (%v); want the holder's, %d, not the file's 1", locked.PID, err, os.Getpid())
 	}
+}
+
+// A state directory on a file system that is read-only, without the lock
+// file yet (a node whose /var went read-only before the daemon's first
+// start): the start goes on without the lock, and its one warning says why,
+// "read-only file system". Before, it gave the error of the read-only open
+// tried after it, "no such file or directory", which sent an operator to
+// look for a missing directory. A real read-only bind mount, in a mount
+// namespace of the test's own.
+func TestStateLockOnAReadOnlyFileSystemSaysSo(t *testing.T) {
+	if !testenv.InMountNamespace(t, "a read-only bind mount") {
+		return
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount(dir, dir, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("", dir, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	assertGoesOnWithOneWarning(t, dir, "read-only file system")
 }
