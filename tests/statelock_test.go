@@ -184,6 +184,15 @@ func TestUnitWaitsForTheStateDirOfADaemonRunByHand(t *testing.T) {
 	if u.NRestarts != 0 {
 		t.Errorf("NRestarts=%d while it waits, want 0", u.NRestarts)
 	}
+	// systemctl status shows why it is activating.
+	eventually(t, 10*time.Second, "STATUS= saying the wait", func() (bool, string) {
+		p, err := s.Properties(context.Background(), unit, "Service")
+		if err != nil {
+			return false, err.Error()
+		}
+		st, _ := p["StatusText"].Value().(string)
+		return strings.HasPrefix(st, "waiting for the state directory (exit 1 at ") && strings.Contains(st, refusal), st
+	})
 
 	held.Close() // the other daemon stops: the kernel releases its lock
 	if err := <-started; err != nil {

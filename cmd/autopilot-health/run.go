@@ -140,6 +140,12 @@ func newDaemonWaitingForStateDir(ctx context.Context, cfg *config.Config, log *s
 		return d, err
 	}
 	log.Warn("the state directory is another daemon's; trying again, and exiting 1 if it still is", "err", err, "for", sumWaits(stateDirWaits))
+	// systemctl status shows the unit activating: STATUS= says why, and
+	// until when (the line is replaced by the summary once it starts).
+	until := time.Now().Add(sumWaits(stateDirWaits)).UTC().Format("15:04:05")
+	if serr := (daemon.Notifier{}).Status("waiting for the state directory (exit 1 at " + until + "Z if it is still held): " + err.Error()); serr != nil {
+		log.Debug("cannot tell systemd the status", "err", serr)
+	}
 	for _, wait := range stateDirWaits {
 		t := time.NewTimer(wait)
 		select {

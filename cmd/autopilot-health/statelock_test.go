@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,10 +66,26 @@ func TestRunUnderSystemdWaitsForTheStateDir(t *testing.T) {
 		}
 	})
 	t.Run("held throughout", func(t *testing.T) {
+		// systemd's notification socket: STATUS= says why the unit is
+		// activating, which systemctl status shows.
+		sock := filepath.Join(t.TempDir(), "notify")
+		ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
 		cmd := child("0123456789abcdef0123456789abcdef")
+		cmd.Env = append(cmd.Env, "NOTIFY_SOCKET="+sock)
 		out, _ := cmd.CombinedOutput()
 		if code := cmd.ProcessState.ExitCode(); code != exitProblem || strings.Count(string(out), "trying again") != 1 || !strings.Contains(string(out), `msg="could not start"`) {
 			t.Errorf("exit %d, output:\n%s\nwant one line trying again, then exit 1", code, out)
+		}
+		ln.SetReadDeadline(time.Now().Add(time.Second)) // the child is gone: what it sent is queued (a past deadline reads nothing)
+		buf := make([]byte, 8192)
+		n, err := ln.Read(buf)
+		want := "STATUS=waiting for the state directory (exit 1 at "
+		if first := string(buf[:n]); err != nil || !strings.HasPrefix(first, want) || !strings.Contains(first, refusal) {
+			t.Errorf("first notification %q (%v), want %q... naming %q", first, err, want, refusal)
 		}
 	})
 	t.Run("stopped while it waits", func(t *testing.T) {
