@@ -90,3 +90,47 @@ func TestInRootNoFollow(t *testing.T) {
 		t.Errorf("at /: %q", got)
 	}
 }
+
+// MountPath is a host path as the kernel writes a mount point below it in
+// the mount table: its links resolved at host_root "/" too (a kubelet
+// moved to a data disk, /var/lib/kubelet -> /data/kubelet, mounts its pods'
+// volumes at /data/kubelet/pods/...), and the root's own link resolved.
+func TestMountPath(t *testing.T) {
+	tmp, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(tmp, "host")
+	for _, d := range []string{"data/kubelet/pods", "var/lib"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Under root: an absolute link is the host's.
+	if err := os.Symlink("/data/kubelet", filepath.Join(root, "var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	// At "/": a link standing for the host's /var/lib/kubelet, to the
+	// daemon's absolute path of the data disk's directory.
+	if err := os.Symlink(filepath.Join(root, "data/kubelet"), filepath.Join(tmp, "kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	alias := filepath.Join(tmp, "alias")
+	if err := os.Symlink(root, alias); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ root, p, want string }{
+		{"/", tmp + "/kubelet/pods", root + "/data/kubelet/pods"},
+		{"", tmp + "/kubelet/plugins", root + "/data/kubelet/plugins"}, // not made yet
+		{"/", tmp + "/kubelet", root + "/data/kubelet"},
+		{"/", "/nonexistent-autopilot/pods", "/nonexistent-autopilot/pods"},
+		{root, "/var/lib/kubelet/pods", root + "/data/kubelet/pods"},
+		{alias, "/var/lib/kubelet/pods", root + "/data/kubelet/pods"}, // the kernel's name of root
+		{root, "/", root},
+		{filepath.Join(tmp, "absent"), "/var/lib/kubelet/pods", filepath.Join(tmp, "absent/var/lib/kubelet/pods")},
+	} {
+		if got := MountPath(tc.root, tc.p); got != tc.want {
+			t.Errorf("MountPath(%q, %q) = %q; want %q", tc.root, tc.p, got, tc.want)
+		}
+	}
+}
