@@ -44,15 +44,20 @@ type Options struct {
 	// The monitor also reads kernel.hung_task_warnings there (see
 	// hungWarnings); "": not read.
 	Proc string
-	// PodVolumeDirs are the directories, as the mount table
-	// (Proc/self/mountinfo) writes a mount point, below which the
-	// kubelet mounts pods' volumes (DefaultPodVolumeDirs under the host
-	// root): a ReadonlyFilesystem line whose device (looked up under
-	// Sysfs) is mounted only below them is a pod volume's, an event
-	// (PodVolumeReadOnly), not the condition (see volumes). nil:
-	// DefaultPodVolumeDirs; Sysfs or Proc "": no lookup, every such line
-	// sets the condition.
+	// PodVolumeDirs are the directories, as the host names them (host
+	// paths under HostRoot), below which the kubelet mounts pods'
+	// volumes: a ReadonlyFilesystem line whose device (looked up under
+	// Sysfs) is mounted only below them in the mount table
+	// (Proc/self/mountinfo) is a pod volume's, an event
+	// (PodVolumeReadOnly), not the condition (see volumes). Each is
+	// looked for there both as given and resolved as the host resolves
+	// it at the lookup (/var/lib/kubelet -> /data/kubelet: mountDirs).
+	// nil: DefaultPodVolumeDirs; Sysfs or Proc "": no lookup, every such
+	// line sets the condition.
 	PodVolumeDirs []string
+	// HostRoot is the host's root, under which PodVolumeDirs are
+	// resolved; "" or "/": the daemon's own.
+	HostRoot string
 	// MalformedMountinfo counts the lines of the mount table that the
 	// pod volume lookup reads and cannot split (a table with one is not
 	// judged: the line is the node's), at each lookup; the daemon wires
@@ -130,7 +135,7 @@ func NewMonitor(o Options) *Monitor {
 	if o.PodVolumeDirs == nil {
 		o.PodVolumeDirs = DefaultPodVolumeDirs
 	}
-	mon.volumes = newVolumes(o.Sysfs, o.Proc, o.PodVolumeDirs, o.MalformedMountinfo, o.Log)
+	mon.volumes = newVolumes(o.Sysfs, o.Proc, o.HostRoot, o.PodVolumeDirs, o.MalformedMountinfo, o.Log)
 	mon.hung = newHungWarnings(o.Proc, o.Log, mon.m)
 	mon.cur = mon.settingsOf(o)
 	mon.next.Store(mon.cur)

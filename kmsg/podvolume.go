@@ -35,8 +35,11 @@ type volumes struct {
 	// sysfs and mountinfo are the host's /sys and the daemon's mount
 	// table: either "" no lookup (a replay of another host's lines).
 	sysfs, mountinfo string
-	// dirs are the pod volume directories, as the mount table writes a
-	// mount point (host paths under host_root).
+	// root is the host root ("" or "/": the daemon's own) and dirs the
+	// pod volume directories as the host names them (host paths): at
+	// each lookup each is looked for in the mount table both as given
+	// (under root) and as the kernel writes it (mountDirs).
+	root string
 	dirs []string
 	// read reads at most max bytes of a file, and fails on a longer one
 	// (readBounded): tests replace it.
@@ -51,8 +54,8 @@ type volumes struct {
 	hostLookup
 }
 
-func newVolumes(sysfs, proc string, dirs []string, malformed prometheus.Counter, log *slog.Logger) volumes {
-	v := volumes{sysfs: sysfs, dirs: dirs, read: readBounded, malformed: malformed, log: log, hostLookup: hostLookup{now: MonotonicNow}}
+func newVolumes(sysfs, proc, root string, dirs []string, malformed prometheus.Counter, log *slog.Logger) volumes {
+	v := volumes{sysfs: sysfs, root: root, dirs: dirs, read: readBounded, malformed: malformed, log: log, hostLookup: hostLookup{now: MonotonicNow}}
 	if proc != "" {
 		v.mountinfo = filepath.Join(proc, "self", "mountinfo")
 	}
@@ -96,7 +99,7 @@ func (v *volumes) podVolume(dev string, usec uint64) (podVolume, bool) {
 	if v.sysfs == "" || v.mountinfo == "" || len(v.dirs) == 0 || !blockName(dev) {
 		return podVolume{}, false
 	}
-	read, attr, table, dirs := v.read, filepath.Join(v.sysfs, "class", "block", dev, "dev"), v.mountinfo, v.dirs
+	read, attr, table, root, dirs := v.read, filepath.Join(v.sysfs, "class", "block", dev, "dev"), v.mountinfo, v.root, v.dirs
 	return lookup(&v.hostLookup, usec, func() (podVolume, bool) {
 		b, err := read(attr, devAttrMax)
 		if err != nil {
@@ -110,10 +113,31 @@ func (v *volumes) podVolume(dev string, usec uint64) (podVolume, bool) {
 		if err != nil {
 			return podVolume{}, false
 		}
-		mounts, ok, bad, first := podVolumeMounts(mi, majMin, dev, dirs)
+		mounts, ok, bad, first := podVolumeMounts(mi, majMin, dev, mountDirs(root, dirs))
 		v.noteMalformed(table, bad, first)
 		return podVolume{dev: dev, majMin: majMin, mounts: mounts}, ok
 	})
+}
+
+// mountDirs are the pod volume directories dirs (host paths under root)
+// as the mount table may write a mount point below them: each as given,
+// under root, and as the host resolves it now, its links followed
+// (hostio.MountPath: a kubelet moved to a data disk, /var/lib/kubelet ->
+// /data/kubelet, mounts its pods' volumes at /data/kubelet/pods/..., at
+// host_root "/" too). Resolved at each lookup, not once at the start: a
+// link the node makes later (the data disk set up after the daemon
+// started) is followed too; a few system calls a directory, against a
+// mount table of megabytes.
+func mountDirs(root string, dirs []string) []string {
+	out := make([]string, 0, 2*len(dirs))
+	for _, d := range dirs {
+		given := hostio.HostJoin(root, d)
+		out = append(out, given)
+		if r := hostio.MountPath(root, d); r != given {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // blockName reports whether s can name an entry of /sys/class/block: a

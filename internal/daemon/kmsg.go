@@ -39,22 +39,12 @@ func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg p
 		IgnoreDevices:    cfg.Kmsg.IgnoreDevices,
 		Sysfs:            cfg.HostPath("/sys"),
 		Proc:             cfg.HostPath("/proc"),
-		PodVolumeDirs:    podVolumeDirs(cfg),
+		HostRoot:         cfg.HostRoot, // the pod volume directories resolved under it at each lookup
 		// nil where the checks count nothing (the one-shot check, a
 		// replay).
 		MalformedMountinfo: env.Malformed.Counter(checks.MalformedMountKmsg),
 		Registerer:         reg,
 	}, nil
-}
-
-// podVolumeDirs are the kubelet's pod volume directories as the daemon's
-// mount table writes them: under host_root.
-func podVolumeDirs(cfg *config.Config) []string {
-	out := make([]string, len(kmsg.DefaultPodVolumeDirs))
-	for i, d := range kmsg.DefaultPodVolumeDirs {
-		out[i] = cfg.HostPath(d)
-	}
-	return out
 }
 
 // KmsgExternal lists what the kernel log monitor evaluates on this node,
