@@ -261,6 +261,12 @@ func TestRealContainerdRepair(t *testing.T) {
 		u := log.sample(s, "containerd.service")
 		if active(u) && !stopped[u.Invocation] {
 			if err := s.KillMain(context.Background(), "containerd.service", int32(syscall.SIGSTOP)); err != nil {
+				// The daemon's restart of the hung one began between
+				// the sample and the kill (CI under load at c8d07c2):
+				// the next sample sees the new invocation.
+				if strings.Contains(err.Error(), "No main process") {
+					continue
+				}
 				t.Fatal(err)
 			}
 			stopped[u.Invocation] = true

@@ -116,7 +116,7 @@ func TestReloadOfARenamedAndAnUnreadableFileUnderSystemd(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "the refusal gone from systemctl status", func() (bool, string) {
 		st := statusText()
-		return strings.Contains(st, "conditions:") && !strings.Contains(st, "refused"), st
+		return hasSummary(st) && !strings.Contains(st, "refused"), st
 	})
 	if j := s.Journal("autopilot-health.service"); !strings.Contains(j, "config reloaded, no changes") {
 		t.Errorf("the reload of the file readable again is not logged as no changes:\n%s", lastBytes(j, 800))
