@@ -1,8 +1,10 @@
 package report
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/syself/autopilot-health/internal/testenv"
@@ -42,5 +44,35 @@ func TestWriteFileAtomicSystemCalls(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("the directory after the save holds %d files, want the state file alone", len(entries))
+	}
+}
+
+// A save whose rename fails (the state file's name taken by a directory
+// that is not empty: os.Rename's EEXIST, the kernel's EISDIR or ENOTEMPTY, as a real bad day's EXDEV or EIO
+// would) returns the rename's error, named by the file replaced, and
+// leaves no temp file: the save by x/sys/unix removes the temp file itself
+// where the rename did not happen (os.CreateTemp's deferred os.Remove did
+// it before).
+func TestWriteFileAtomicRenameFailureLeavesNoTemp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, StateFileName)
+	if err := os.MkdirAll(filepath.Join(path, "in-the-way"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteFileAtomic(path, []byte("new state"), 0o644)
+	var pe *os.PathError
+	if !errors.As(err, &pe) || pe.Op != "rename" || pe.Path != path {
+		t.Fatalf("save over a directory: %v; want the rename's error naming %s", err, path)
+	}
+	if !errors.Is(err, syscall.EISDIR) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("save over a directory: %v; want EISDIR, ENOTEMPTY or EEXIST", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("after the failed rename the directory holds %v; want %s alone (no temp file)", names, StateFileName)
 	}
 }
