@@ -1,0 +1,200 @@
+package checks
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// countedConn counts its Close for the connections the client still holds.
+type countedConn struct {
+	net.Conn
+	open *atomic.Int32
+	done atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	if c.done.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
+}
+
+// badDayCRI is a CRI client dialing l, counting its dials and the
+// connections it has not closed.
+func badDayCRI(l *pipeListener) (*criClient, *int, *atomic.Int32) {
+	c := newCRIClient("/nonexistent/cri.sock")
+	dials := new(int)
+	open := new(atomic.Int32)
+	c.sock.dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		*dials++
+		conn, err := l.dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		open.Add(1)
+		return &countedConn{Conn: conn, open: open}, nil
+	}
+	return c, dials, open
+}
+
+func readyCRIServer() *grpc.Server {
+	s := grpc.NewServer()
+	ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+	runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
+		return conditions(ready), nil
+	}})
+	return s
+}
+
+// probeCRI is one probe as the check makes it (status, 8 s: 4/5 of the
+// check's 10 s timeout).
+func probeCRI(c *criClient) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	return c.status(ctx)
+}
+
+// A runtime that accepts the connection and never answers (hung): every
+// probe fails at its deadline, and over many probes the client holds at
+// most two connections and no growing number of goroutines (x/net's
+// transport keeps a connection whose reset streams await a PING's answer
+// until its concurrency runs out, then dials anew; the idle timer lets
+// the old one go).
+func TestCRIProbeOfAHungRuntimeLeaksNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newPipeListener()
+		defer l.Close()
+		var held []net.Conn
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				held = append(held, conn) // never read, never answered
+			}
+		}()
+		c, dials, open := badDayCRI(l)
+		defer c.close()
+		base := 0
+		maxOpen := int32(0)
+		for i := range 300 {
+			if err := probeCRI(c); err == nil {
+				t.Fatalf("probe %d of a hung runtime passed", i)
+			}
+			time.Sleep(2 * time.Second) // the rest of the 10 s grid
+			synctest.Wait()
+			maxOpen = max(maxOpen, open.Load())
+			if i == 20 {
+				base = goroutines()
+			}
+		}
+		t.Logf("300 probes of a hung runtime: %d dials, at most %d connections open, goroutines %d after 20 probes, %d after 300", *dials, maxOpen, base, goroutines())
+		if maxOpen > 2 {
+			t.Errorf("300 probes of a hung runtime: %d connections open at once, want at most 2", maxOpen)
+		}
+		if g := goroutines(); g > base+4 {
+			t.Errorf("goroutines: %d after 20 probes, %d after 300", base, g)
+		}
+		c.close()
+		time.Sleep(keptConnIdle + time.Second)
+		synctest.Wait()
+		if n := open.Load(); n != 0 {
+			t.Errorf("%d connections open %s after the last probe and the close", n, keptConnIdle)
+		}
+	})
+}
+
+// The runtime restarted between two probes (its connections closed, a new
+// server on the socket), stopped gracefully (GOAWAY first), or closing
+// connections idle for 3 s (grpc-go's MaxConnectionIdle, a GOAWAY and a
+// close between every two probes): no probe fails.
+func TestCRIProbeAcrossRestartsGoAwayAndIdleCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newPipeListener()
+		defer l.Close()
+		s := readyCRIServer()
+		go s.Serve(keptListener(l))
+		c, dials, open := badDayCRI(l)
+		defer c.close()
+		probe := func(what string) {
+			t.Helper()
+			if err := probeCRI(c); err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		}
+		probe("first")
+		time.Sleep(10 * time.Second)
+		// Restarted: connections dropped at once, a new server.
+		s.Stop()
+		s = readyCRIServer()
+		go s.Serve(keptListener(l))
+		synctest.Wait()
+		probe("after a restart")
+		time.Sleep(10 * time.Second)
+		// Stopped gracefully: a GOAWAY, then the close.
+		s.GracefulStop()
+		s = readyCRIServer()
+		go s.Serve(keptListener(l))
+		synctest.Wait()
+		probe("after a graceful stop")
+		s.Stop()
+		// A server closing connections idle for 3 s.
+		s = grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 3 * time.Second}))
+		ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+		runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
+			return conditions(ready), nil
+		}})
+		go s.Serve(keptListener(l))
+		defer s.Stop()
+		for i := range 30 {
+			time.Sleep(10 * time.Second)
+			probe(fmt.Sprintf("an idle-closing server, probe %d", i))
+		}
+		synctest.Wait()
+		t.Logf("%d dials, %d connections open, %d calls retried", *dials, open.Load(), c.retried)
+		if n := open.Load(); n > 1 {
+			t.Errorf("%d connections open, want at most 1", n)
+		}
+	})
+}
+
+// goroutines is the number of goroutines (of the bubble and the test's
+// process).
+func goroutines() int { return runtime.NumGoroutine() }
+
+// serverListener is one server's view of the socket: its Close stops
+// that server's Accept and leaves the socket for the next server (a
+// restarted runtime's new one).
+type serverListener struct {
+	*pipeListener
+	stop chan struct{}
+	once sync.Once
+}
+
+func keptListener(l *pipeListener) *serverListener {
+	return &serverListener{pipeListener: l, stop: make(chan struct{})}
+}
+
+func (s *serverListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.conns:
+		s.accepted.Add(1)
+		return c, nil
+	case <-s.stop:
+		return nil, net.ErrClosed
+	}
+}
+
+func (s *serverListener) Close() error { s.once.Do(func() { close(s.stop) }); return nil }
