@@ -198,3 +198,52 @@ func (s *serverListener) Accept() (net.Conn, error) {
 }
 
 func (s *serverListener) Close() error { s.once.Do(func() { close(s.stop) }); return nil }
+
+// A reload that closes the client while a probe is using its connection
+// (the runtime answering slowly): the probe still gets its answer, and the
+// connection, not idle at the close, is closed keptConnIdle after the
+// probe (x/net's idle timer, from the connection's last use); a close
+// between probes closes it at once.
+func TestCRIProbeClosedDuringAProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newPipeListener()
+		defer l.Close()
+		s := grpc.NewServer()
+		ready := &runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}
+		runtimeapi.RegisterRuntimeServiceServer(s, &criServer{status: func(context.Context) (*runtimeapi.StatusResponse, error) {
+			time.Sleep(2 * time.Second)
+			return conditions(ready), nil
+		}})
+		go s.Serve(keptListener(l))
+		defer s.Stop()
+		c, _, open := badDayCRI(l)
+		if err := probeCRI(c); err != nil {
+			t.Fatal(err)
+		}
+		c.close()
+		synctest.Wait()
+		if n := open.Load(); n != 0 {
+			t.Fatalf("closed between probes: %d connections open, want 0", n)
+		}
+		c, _, open = badDayCRI(l)
+		if err := probeCRI(c); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error)
+		go func() { done <- probeCRI(c) }()
+		time.Sleep(time.Second)
+		c.close() // the reload, a probe in flight
+		if err := <-done; err != nil {
+			t.Errorf("the probe in flight at the close: %v", err)
+		}
+		synctest.Wait()
+		if n := open.Load(); n != 1 {
+			t.Errorf("just after the probe in flight at the close: %d connections open, want 1 (closed on idle later)", n)
+		}
+		time.Sleep(keptConnIdle + time.Second)
+		synctest.Wait()
+		if n := open.Load(); n != 0 {
+			t.Errorf("%s after the probe in flight at the close: %d connections open, want 0", keptConnIdle+time.Second, n)
+		}
+	})
+}
