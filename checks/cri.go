@@ -113,6 +113,16 @@ type criClient struct {
 // before).
 const keptConnIdle = 90 * time.Second
 
+// criWriteTimeout is how long a write on the CRI connection may go without
+// the runtime taking a byte before the connection is closed. A hung runtime
+// (stopped, deadlocked) accepts and never reads: once the socket's buffer
+// is full (about 100 probes), the write of a probe's request blocked for
+// good, holding the connection's write lock, and every later probe left a
+// goroutine waiting on that lock, one every 10 s for as long as the hang
+// lasted (TestCRIProbeOfAHungRuntimeLeaksNoDescriptor). A runtime that is
+// reading takes a frame at once; 10 s is a probe's whole default timeout.
+const criWriteTimeout = 10 * time.Second
+
 // newCRIClient makes the CRI call's client: x/net's HTTP/2 transport
 // without TLS (h2c, as grpc-go speaks over a unix socket), which keeps one
 // connection and lets it go once unused for keptConnIdle. net/http's
@@ -126,6 +136,7 @@ func newCRIClient(socket string) *criClient {
 		AllowHTTP:          true,
 		DisableCompression: true,
 		IdleConnTimeout:    keptConnIdle,
+		WriteByteTimeout:   criWriteTimeout,
 	}}
 	c.sock = newKeptSocket(socket, c.tr)
 	c.tr.DialTLSContext = func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -246,4 +248,72 @@ func TestCRIProbeClosedDuringAProbe(t *testing.T) {
 			t.Errorf("%s after the probe in flight at the close: %d connections open, want 0", keptConnIdle+time.Second, n)
 		}
 	})
+}
+
+// The hung runtime over a real unix socket (accepted, never read): 200
+// probes with a short deadline, more than fill the socket's buffer, leave
+// the client's descriptors and goroutines where they were after the first
+// few. The connection's writes give up after criWriteTimeout without
+// progress (here cut to 50 ms, the probes' deadline 20 ms, the same
+// proportion as the daemon's 10 s and 8 s): before, once the buffer was
+// full, the blocked write held the connection's write lock for as long as
+// the runtime hung, and each later probe left a goroutine waiting on it.
+func TestCRIProbeOfAHungRuntimeLeaksNoDescriptor(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, conn) // never read, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	c := newCRIClient(sock)
+	if c.tr.WriteByteTimeout > 0 { // the client's, shortened as the probes' deadline is
+		c.tr.WriteByteTimeout = 50 * time.Millisecond
+	}
+	defer c.close()
+	probe := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		if err := c.status(ctx); err == nil {
+			t.Fatal("a probe of a hung runtime passed")
+		}
+	}
+	fds := func() int { es, _ := os.ReadDir("/proc/self/fd"); return len(es) }
+	accepted := func() int { mu.Lock(); defer mu.Unlock(); return len(held) }
+	for range 5 {
+		probe()
+	}
+	fd0, g0, a0 := fds(), runtime.NumGoroutine(), accepted()
+	for range 200 {
+		probe()
+	}
+	fd1, g1, a1 := fds(), runtime.NumGoroutine(), accepted()
+	t.Logf("205 probes of a hung runtime: %d connections accepted; descriptors %d after 5 probes, %d after 205; goroutines %d and %d", a1, fd0, fd1, g0, g1)
+	// The server's side of every connection stays open (held): the
+	// client's descriptors are the growth beyond the server's.
+	if grown := (fd1 - fd0) - (a1 - a0); grown > 2 {
+		t.Errorf("the client's descriptors grew by %d over 200 probes of a hung runtime", grown)
+	}
+	if g1 > g0+4 {
+		t.Errorf("goroutines: %d after 5 probes of a hung runtime, %d after 205", g0, g1)
+	}
 }
