@@ -77,11 +77,7 @@ func kmsgNodeRoot(t *testing.T) string {
 // number where the format has no room for one, so another test's lines in
 // the same kernel log are told apart.
 func TestKmsgEveryCatalogLineFromTheRealDeviceToTheNode(t *testing.T) {
-	for _, p := range []string{"/usr/sbin/losetup", "/usr/sbin/mkfs.ext4"} {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("%s missing (apt install mount e2fsprogs)", p)
-		}
-	}
+	requireLoopTools(t)
 	s := apiServer(t)
 	tok := harness.Token()
 	node := "node-kmsg-catalog-" + tok

@@ -33,11 +33,7 @@ import (
 // outside that directory sets ReadonlyFilesystem True with the kernel's
 // line, as before.
 func TestKmsgPodVolumeReadOnlyOnARealLoopDevice(t *testing.T) {
-	for _, p := range []string{"/usr/sbin/losetup", "/usr/sbin/mkfs.ext4"} {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("%s missing (apt install mount e2fsprogs)", p)
-		}
-	}
+	requireLoopTools(t)
 	tok := harness.Token()
 	dir, err := os.MkdirTemp("", "autopilot-health-pvc-"+tok+"-")
 	if err != nil {
@@ -319,4 +315,15 @@ func mountExt4Loop(t *testing.T, img, mp string, opts ...string) string {
 	runTool(t, "mount", append(opts, loop, mp)...)
 	t.Cleanup(func() { exec.Command("umount", mp).Run() })
 	return filepath.Base(loop)
+}
+
+// requireLoopTools fails t where the tools that make a real ext4 on a loop
+// device are missing (.ci/run installs them).
+func requireLoopTools(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{"/usr/sbin/losetup", "/usr/sbin/mkfs.ext4"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s missing (apt install mount e2fsprogs)", p)
+		}
+	}
 }

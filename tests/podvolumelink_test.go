@@ -28,11 +28,7 @@ import (
 // writes it, and ReadonlyFilesystem stays False. Before, the directories
 // were matched only as named, and the line set ReadonlyFilesystem.
 func TestKmsgPodVolumeReadOnlyThroughALinkedKubeletDirectory(t *testing.T) {
-	for _, p := range []string{"/usr/sbin/losetup", "/usr/sbin/mkfs.ext4"} {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("%s missing (apt install mount e2fsprogs)", p)
-		}
-	}
+	requireLoopTools(t)
 	tok := harness.Token()
 	tmp, err := os.MkdirTemp("", "autopilot-health-pvclink-"+tok+"-")
 	if err != nil {
