@@ -3,7 +3,6 @@ package checks
 import (
 	"context"
 	"io"
-	"os"
 	"sync/atomic"
 	"time"
 )
@@ -32,7 +31,7 @@ func ReadJournalForTest(ctx context.Context, journalctl, root, unit, after strin
 // of journal files in n; the returned function undoes it.
 func CountJournalReadsForTest(n *atomic.Int64) func() {
 	old := journalReaderAt
-	journalReaderAt = func(fd *os.File) io.ReaderAt { return countingReaderAt{fd, n} }
+	journalReaderAt = func(fd *journalFD) io.ReaderAt { return countingReaderAt{fd, n} }
 	return func() { journalReaderAt = old }
 }
 

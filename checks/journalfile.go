@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
 )
 
 // A reader of journald's own files (https://systemd.io/JOURNAL_FILE_FORMAT/,
@@ -105,7 +106,7 @@ type journalFile struct {
 	tilde bool
 	// fd is the open file the native reader closes after its read (nil in
 	// tests that read bytes).
-	fd *os.File
+	fd *journalFD
 	// creating: a file journald has just created, its header alone (no
 	// hash tables, no entries): it holds nothing to read.
 	creating bool
@@ -592,21 +593,85 @@ func siphash24(key [16]byte, data []byte) uint64 {
 
 // journalReaderAt is what the native reader reads an open file through:
 // the file itself; a benchmark counts the reads.
-var journalReaderAt = func(fd *os.File) io.ReaderAt { return fd }
+var journalReaderAt = func(fd *journalFD) io.ReaderAt { return fd }
+
+// journalFD is a journal file open for the native reader, by x/sys/unix:
+// os registers every file it opens with the runtime's poller, which for a
+// regular file is two fcntl(2) to set O_NONBLOCK, an epoll_ctl(2) add the
+// kernel refuses and two fcntl to clear it again, each file each read
+// (every 5 minutes; TestNativeJournalReadSystemCalls). Its reads are
+// ordinary pread(2) calls, as os's of a regular file are: a disk's read
+// may wait.
+type journalFD struct {
+	fd   int
+	name string
+}
+
+func openJournalFD(path string) (*journalFD, error) {
+	for {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		return &journalFD{fd: fd, name: path}, nil
+	}
+}
+
+// Name is the path the file was opened by.
+func (f *journalFD) Name() string { return f.name }
+
+// ReadAt is io.ReaderAt's, as os.File's: len(b) bytes, else an error
+// (io.EOF at the end of the file).
+func (f *journalFD) ReadAt(b []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, &os.PathError{Op: "readat", Path: f.name, Err: errors.New("negative offset")}
+	}
+	n := 0
+	for n < len(b) {
+		m, err := unix.Pread(f.fd, b[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, &os.PathError{Op: "read", Path: f.name, Err: err}
+		}
+		if m == 0 {
+			return n, io.EOF
+		}
+		n += m
+	}
+	return n, nil
+}
+
+// Size is the file's size now (fstat(2)).
+func (f *journalFD) Size() (int64, error) {
+	var st unix.Stat_t
+	for {
+		err := unix.Fstat(f.fd, &st)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, &os.PathError{Op: "stat", Path: f.name, Err: err}
+		}
+		return st.Size, nil
+	}
+}
+
+// Close closes the file; it is not retried (on Linux the descriptor is
+// gone even when close says EINTR).
+func (f *journalFD) Close() error { return unix.Close(f.fd) }
 
 // osJournalFile opens path for the native reader.
-func osJournalFile(path string) (*journalFile, *os.File, error) {
-	fd, err := os.Open(path)
+func osJournalFile(path string) (*journalFile, *journalFD, error) {
+	fd, err := openJournalFD(path)
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := openGrowingJournalFile(path, journalReaderAt(fd), func() (int64, error) {
-		st, err := fd.Stat()
-		if err != nil {
-			return 0, err
-		}
-		return st.Size(), nil
-	})
+	f, err := openGrowingJournalFile(path, journalReaderAt(fd), fd.Size)
 	if err != nil {
 		fd.Close()
 		return nil, nil, err

@@ -540,7 +540,7 @@ func TestNativeJournalOtherMachineDirectory(t *testing.T) {
 // arena_size in the header: journal_file_allocate's order) just before the
 // reader reads its header, once.
 type growOnHeaderRead struct {
-	fd    *os.File
+	fd    *journalFD
 	path  string
 	grown *bool
 	t     *testing.T
@@ -583,7 +583,7 @@ func TestNativeJournalFileGrowsWhileOpened(t *testing.T) {
 	}
 	grown := false
 	old := journalReaderAt
-	journalReaderAt = func(fd *os.File) io.ReaderAt { return growOnHeaderRead{fd, files[0], &grown, t} }
+	journalReaderAt = func(fd *journalFD) io.ReaderAt { return growOnHeaderRead{fd, files[0], &grown, t} }
 	defer func() { journalReaderAt = old }()
 	got, _, err := readNative(t, root, journalQuery{Since: time.Unix(0, 0)})
 	if !grown {
