@@ -204,3 +204,78 @@ func TestUnitWaitsForTheStateDirOfADaemonRunByHand(t *testing.T) {
 		t.Errorf("NRestarts=%d, %d refusals in the journal; want 0 and 1, then the start:\n%s", u.NRestarts, strings.Count(j, refusal), lastBytes(j, 3000))
 	}
 }
+
+// The shipped unit, its sandbox whole (ProtectProc=invisible, PrivateUsers=,
+// ProtectSystem=strict, the @system-service filter), refused by a holder
+// that runs on the same node (a service of its own, flock(1) on the lock
+// file) while the file still holds a PID left by a daemon that is gone
+// (4242): the refusal names the holder's PID as the unit's /proc/locks
+// lists it, not the stale one (the unit sets no ProcSubset=pid, which
+// would hide /proc/locks). Once the holder stops, the daemon starts and
+// writes its own PID in the lock file: StateDirectory= makes it writable
+// under ProtectSystem=strict.
+func TestUnitRefusalNamesTheHolderUnderTheSandbox(t *testing.T) {
+	const unit, holder = "autopilot-health.service", "lockholder.service"
+	s := daemonNamespace(t, "lockholder", map[string]string{
+		holder: "[Service]\nExecStart=/usr/bin/flock --exclusive /var/lib/autopilot-health/daemon.lock /usr/bin/sleep infinity\n",
+	}, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit, holder)
+	ctx := context.Background()
+	state := s.Root("/var/lib/autopilot-health")
+	if err := os.MkdirAll(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	lock := filepath.Join(state, daemon.StateLockName)
+	if err := os.WriteFile(lock, []byte("4242\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUnit(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the holder's flock", func() (bool, string) {
+		f, err := os.Open(lock)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer f.Close()
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		return err == syscall.EWOULDBLOCK, fmt.Sprint(err)
+	})
+	p, err := s.Properties(ctx, holder, "Service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := p["MainPID"].Value().(uint32)
+	if pid == 0 || pid == 4242 {
+		t.Fatalf("the holder's MainPID %d", pid)
+	}
+
+	started := make(chan error, 1)
+	go func() { started <- s.StartUnit(ctx, unit) }()
+	refusal := fmt.Sprintf("another autopilot-health daemon (pid %d) uses this state directory", pid)
+	eventually(t, 30*time.Second, "the refusal naming the holder in the journal", func() (bool, string) {
+		j := s.Journal(unit)
+		return strings.Contains(j, refusal), lastBytes(j, 500)
+	})
+	if j := s.Journal(unit); strings.Contains(j, "(pid 4242)") {
+		t.Errorf("the refusal named the stale PID 4242:\n%s", lastBytes(j, 2000))
+	}
+
+	if err := s.StopUnit(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatalf("the start job: %v", err)
+	}
+	waitUnitFor(t, s, unit, 2*time.Minute, "active once the directory is free", active)
+	p, err = s.Properties(ctx, unit, "Service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	main, _ := p["MainPID"].Value().(uint32)
+	if b, _ := os.ReadFile(lock); strings.TrimSpace(string(b)) != strconv.Itoa(int(main)) {
+		t.Errorf("the lock file holds %q; want the unit's MainPID %d", b, main)
+	}
+	if j := s.Journal(unit); strings.Contains(j, "cannot be locked") || strings.Contains(j, "PID not written") {
+		t.Errorf("the lock under the unit:\n%s", lastBytes(j, 2000))
+	}
+}
