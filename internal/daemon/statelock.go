@@ -43,13 +43,21 @@ const maxLockHolder = 64
 type StateLockedError struct {
 	Dir, LockFile string
 	// PID is the holder's, as /proc/locks lists it (lockHolder), else as
-	// it wrote it in the lock file; 0 where neither says.
+	// it wrote it in the lock file (PIDFromFile); 0 where neither says.
 	PID int
+	// PIDFromFile: /proc/locks named no holder this process can see (the
+	// holder in another PID namespace, /proc/locks hidden:
+	// ProcSubset=pid), and PID is the lock file's, which a daemon that is
+	// gone may have left there.
+	PIDFromFile bool
 }
 
 func (e *StateLockedError) Error() string {
 	who := "another autopilot-health daemon"
-	if e.PID > 0 {
+	switch {
+	case e.PID > 0 && e.PIDFromFile:
+		who += fmt.Sprintf(" (pid %d as its lock file says, maybe stale: /proc/locks names no holder this process can see)", e.PID)
+	case e.PID > 0:
 		who += fmt.Sprintf(" (pid %d)", e.PID)
 	}
 	return fmt.Sprintf("%s: %s uses this state directory (its lock file %s is locked); stop it, or give this one a state_dir of its own", e.Dir, who, e.LockFile)
@@ -109,9 +117,9 @@ func lockState(dir string, log *slog.Logger) (func(), error) {
 	}
 	switch err := flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
 	case errors.Is(err, syscall.EWOULDBLOCK):
-		pid := lockHolder(f)
+		pid, fromFile := lockHolder(f)
 		f.Close()
-		return nil, &StateLockedError{Dir: dir, LockFile: path, PID: pid}
+		return nil, &StateLockedError{Dir: dir, LockFile: path, PID: pid, PIDFromFile: fromFile}
 	case err != nil:
 		f.Close()
 		return goOn(err)
@@ -135,25 +143,26 @@ func lockState(dir string, log *slog.Logger) (func(), error) {
 // the holder could not write its own (the file opened read-only on a file
 // system that is read-only now, or the holder between its lock and its
 // write), and "stop it" would name a process that has nothing to do with
-// the lock.
-func lockHolder(f *os.File) int {
+// the lock: fromFile says the PID is the file's, for the refusal to say so.
+func lockHolder(f *os.File) (pid int, fromFile bool) {
 	if pid := procLocksHolder(f, procLocks); pid > 0 {
-		return pid
+		return pid, false
 	}
 	b, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, 0, maxLockHolder), maxLockHolder))
 	if err != nil {
-		return 0
+		return 0, false
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || pid <= 0 {
-		return 0
+		return 0, false
 	}
-	return pid
+	return pid, true
 }
 
 // procLocks is the kernel's list of the locks held (the daemon's own
-// /proc, not the host_root's: the lock is the daemon's).
-const procLocks = "/proc/locks"
+// /proc, not the host_root's: the lock is the daemon's); a variable for
+// tests (a /proc that hides it: ProcSubset=pid).
+var procLocks = "/proc/locks"
 
 // maxProcLocks bounds what is read of /proc/locks (a line is about 50
 // bytes).

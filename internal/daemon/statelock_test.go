@@ -171,3 +171,37 @@ func TestStateLockOnAReadOnlyFileSystemSaysSo(t *testing.T) {
 	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
 	assertGoesOnWithOneWarning(t, dir, "read-only file system")
 }
+
+// The holder not in /proc/locks as this process sees it (a holder in
+// another PID namespace, listed as pid 0; /proc/locks hidden by a drop-in's
+// ProcSubset=pid), and the lock file holding a PID that may be a gone
+// daemon's: the refusal says the PID is the file's and may be stale, not
+// "(pid 1)" as though the kernel had named it ("stop it" would send an
+// operator to stop PID 1). Here /proc/locks is a path that does not exist,
+// as ProcSubset=pid leaves it.
+func TestStateLockRefusalSaysAPIDIsTheFilesWhereProcLocksNamesNone(t *testing.T) {
+	defer func(p string) { procLocks = p }(procLocks)
+	procLocks = filepath.Join(t.TempDir(), "locks")
+	dir := t.TempDir()
+	path := filepath.Join(dir, StateLockName)
+	if err := os.WriteFile(path, []byte("1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, err = lockState(dir, quietLog())
+	var locked *StateLockedError
+	if !errors.As(err, &locked) {
+		t.Fatalf("lockState on a held lock: %v; want a refusal", err)
+	}
+	const want = "another autopilot-health daemon (pid 1 as its lock file says, maybe stale: /proc/locks names no holder this process can see) uses this state directory"
+	if locked.PID != 1 || !locked.PIDFromFile || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the refusal: %q (PID %d, from the file %v); want %q", err, locked.PID, locked.PIDFromFile, want)
+	}
+}
