@@ -129,6 +129,22 @@ func TestKmsgPodVolumeReadOnlyOnARealLoopDevice(t *testing.T) {
 // other devices (the loop device test beside it) are read by the daemon
 // too, and would set the condition.
 func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
+	podVolumeReadOnlyUnderTheShippedUnit(t, false)
+}
+
+// The same, the node's /var/lib/kubelet a symbolic link to /data/kubelet
+// (the kubelet's volumes mounted at /data/kubelet/pods/..., as the kernel
+// writes the mount point): the daemon, at host_root "/" under the unit's
+// seccomp filter (@system-service), ProtectProc=invisible and
+// PrivateUsers=, resolves its pods directory with openat2 and
+// /proc/self/fd (hostio.MountPath) and finds the volume a pod's. openat2
+// refused by the filter, the pods directory stays /var/lib/kubelet/pods,
+// and the volume's remount sets ReadonlyFilesystem instead.
+func TestPodVolumeReadOnlyUnderTheShippedUnitThroughALinkedKubeletDirectory(t *testing.T) {
+	podVolumeReadOnlyUnderTheShippedUnit(t, true)
+}
+
+func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked bool) {
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
@@ -169,6 +185,20 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 	}
 	podDev, nodeDev := loopExt4("pod"), loopExt4("node")
 
+	if linked {
+		if err := os.MkdirAll(s.Root("/data/kubelet/pods"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(s.Root("/var/lib/kubelet")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(s.Root("/var/lib"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("/data/kubelet", s.Root("/var/lib/kubelet")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	etc := installNodeKubeconfig(t, s, api, node)
 	var c strings.Builder
 	port := freeTCPPort(t)
@@ -218,6 +248,9 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 
 	// The pod's volume, mounted after the daemon started.
 	podMount := "/var/lib/kubelet/pods/6f1c5a8e-" + tok + "/volumes/kubernetes.io~csi/pvc-" + tok + "/mount"
+	if linked {
+		podMount = "/data/kubelet" + strings.TrimPrefix(podMount, "/var/lib/kubelet")
+	}
 	mount(podDev, podMount)
 	// Propagated into the daemon's own mount namespace (PrivateMounts=).
 	dir, _, err := hostStatus(s, mainPID)

@@ -1,6 +1,7 @@
 package hostio
 
 import (
+	"errors"
 	"io/fs"
 	"os"
 	"path"
@@ -27,6 +28,10 @@ func OpenInRoot(root, p string, flags uint64, op string) (fd int, refused bool, 
 	return openat2(int(dir.Fd()), root, p, flags, op)
 }
 
+// sysOpenat2 is the system call; a variable for tests (a filter that
+// refuses it).
+var sysOpenat2 = unix.Openat2
+
 func openat2(dirfd int, root, p string, flags uint64, op string) (fd int, refused bool, err error) {
 	how := unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_IN_ROOT}
 	rel := strings.TrimLeft(p, "/")
@@ -34,7 +39,7 @@ func openat2(dirfd int, root, p string, flags uint64, op string) (fd int, refuse
 		rel = "."
 	}
 	for range 8 { // EAGAIN: a rename raced the resolution
-		fd, err = unix.Openat2(dirfd, rel, &how)
+		fd, err = sysOpenat2(dirfd, rel, &how)
 		if err != unix.EAGAIN && err != unix.EINTR {
 			break
 		}
@@ -131,13 +136,79 @@ func resolveInRoot(root, p string, real bool) (string, bool) {
 			}
 			return filepath.Join(root, in, rest), true
 		}
+		if refused {
+			// The shipped unit's RestrictSUIDSGID=yes answers every
+			// openat2 ENOSYS (its mode is in a struct seccomp cannot
+			// read), as a kernel before 5.6 does: the same
+			// resolution, a name at a time.
+			in, rest, ok := walkInRoot(root, p)
+			if !ok {
+				return "", false
+			}
+			if real {
+				return filepath.Join("/", rootReal, in, rest), true
+			}
+			return filepath.Join(root, in, rest), true
+		}
 		// Only a name not there (or a file where a directory was
 		// looked for) is looked for higher up.
-		if refused || q == "/" || !(os.IsNotExist(err) || isNotDir(err)) {
+		if q == "/" || !(os.IsNotExist(err) || isNotDir(err)) {
 			return "", false
 		}
 		rest = path.Join(path.Base(q), rest)
 	}
+}
+
+// maxLinks is the symbolic links walkInRoot follows in one path, as the
+// kernel's (ELOOP beyond).
+const maxLinks = 40
+
+// walkInRoot resolves the host path p (clean, absolute) under root as
+// openat2's RESOLVE_IN_ROOT does, in user space, a name at a time (lstat
+// and readlink of each under root): an absolute link target starts again
+// at root, a ".." stays at root. It returns the path reached inside root
+// (clean, absolute) and what of p does not exist below it, joined as it
+// is. ok false: a name that cannot be read (not an absence), or more than
+// maxLinks links. Racy against a rename where openat2 is not (EAGAIN):
+// a lookup's answer, not a descriptor to use.
+func walkInRoot(root, p string) (in, rest string, ok bool) {
+	todo := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	cur, links := "/", 0
+	for len(todo) > 0 {
+		name := todo[0]
+		todo = todo[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			cur = path.Dir(cur)
+			continue
+		}
+		next := path.Join(cur, name)
+		fi, err := os.Lstat(filepath.Join(root, next))
+		if os.IsNotExist(err) || errors.Is(err, unix.ENOTDIR) {
+			return cur, path.Join(append([]string{name}, todo...)...), true
+		}
+		if err != nil {
+			return "", "", false
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if links++; links > maxLinks {
+			return "", "", false
+		}
+		target, err := os.Readlink(filepath.Join(root, next))
+		if err != nil {
+			return "", "", false
+		}
+		if path.IsAbs(target) {
+			cur = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return cur, "", true
 }
 
 func isNotDir(err error) bool {

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // InRoot resolves a host path's links as the host does: an absolute link
@@ -132,5 +134,48 @@ func TestMountPath(t *testing.T) {
 		if got := MountPath(tc.root, tc.p); got != tc.want {
 			t.Errorf("MountPath(%q, %q) = %q; want %q", tc.root, tc.p, got, tc.want)
 		}
+	}
+}
+
+// openat2 refused, as the shipped unit's RestrictSUIDSGID=yes refuses it
+// (ENOSYS, for every openat2: seccomp cannot read its mode) and a kernel
+// before 5.6 does: InRoot and MountPath resolve the same, a name at a time
+// in user space. Before, they fell back to the path as given, its links
+// not followed (a kubelet directory linked to a data disk was not found at
+// host_root "/" under the unit: a pod volume's remount set
+// ReadonlyFilesystem).
+func TestInRootAndMountPathWithOpenat2Refused(t *testing.T) {
+	for _, errno := range []unix.Errno{unix.ENOSYS, unix.EPERM} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			defer func(f func(int, string, *unix.OpenHow) (int, error)) { sysOpenat2 = f }(sysOpenat2)
+			calls := 0
+			sysOpenat2 = func(int, string, *unix.OpenHow) (int, error) { calls++; return -1, errno }
+			TestInRoot(t)
+			TestMountPath(t)
+			if calls == 0 {
+				t.Error("openat2 never tried")
+			}
+		})
+	}
+}
+
+// The user-space walk stops at a loop of links, as the kernel does
+// (ELOOP), and a ".." never climbs above root.
+func TestWalkInRootLoopAndDotDot(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/loop", filepath.Join(root, "loop")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../a", filepath.Join(root, "a", "up")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := walkInRoot(root, "/loop/x"); ok {
+		t.Error("walkInRoot through a loop of links: ok; want not")
+	}
+	if in, rest, ok := walkInRoot(root, "/a/up/b"); !ok || in != "/a" || rest != "b" {
+		t.Errorf("walkInRoot(/a/up/b) = %q, %q, %v; want /a, b, true", in, rest, ok)
 	}
 }
