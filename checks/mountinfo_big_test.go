@@ -33,6 +33,7 @@ func TestMountinfoReadOfALargeAndChangingTable(t *testing.T) {
 	}
 	const env = "AUTOPILOT_HEALTH_TEST_IN_MOUNTNS"
 	if os.Getenv(env) == "" {
+		testenv.StartsProcesses(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestMountinfoReadOfALargeAndChangingTable$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), env+"=1")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
