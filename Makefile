@@ -126,7 +126,7 @@ deb: build
 # The unit tests of the packages whose layouts differ by architecture (the
 # NVMe admin command, adjtimex's struct, statfs, the kernel log records)
 # built for arm64 and run under qemu-user (Debian's qemu-user-static).
-# Thirteen tests of this machine's kernel cannot run there: two re-execute the
+# Sixteen tests of this machine's kernel cannot run there: two re-execute the
 # test binary under unshare(1) and three as another user (nobody, whom the
 # kernel refuses a socket, a directory or a file), which the kernel cannot
 # start without a binfmt_misc entry for qemu (exit 2, or "exec format
@@ -138,8 +138,8 @@ deb: build
 # open kubelet's certificate through its absolute link under a host root
 # with openat2(RESOLVE_IN_ROOT), which qemu-user 7.2 does not emulate
 # (ENOSYS: the check then opens the path as before, through the daemon's
-# own /); three count a thread's system calls with perf_event_open(2), which
-# qemu-user does not emulate (ENOSYS). All thirteen run natively in make test; the NVMe command's layout on
+# own /); six count a thread's system calls with perf_event_open(2), which
+# qemu-user does not emulate (ENOSYS). All sixteen run natively in make test; the NVMe command's layout on
 # arm64 is checked here by TestNVMePassthruLayout.
 # The tests that start another process (a fake journalctl, sh, gzip, go list)
 # skip there from the point where they would (testenv.StartsProcesses):
