@@ -124,27 +124,8 @@ func assertGoesOnWithOneWarning(t *testing.T, dir, cause string) {
 // process that has nothing to do with the lock (the PID reused), or look
 // for one that is gone. Before, the refusal named the file's PID.
 func TestStateLockRefusalNamesTheHolderNotAStalePID(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, StateLockName)
-	// PID 1: a process that exists and is not the holder.
-	if err := os.WriteFile(path, []byte("1\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// The holder: this process, by a file opened read-only, its PID not
-	// written (as a daemon on a read-only file system holds it).
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		t.Fatal(err)
-	}
-	_, err = lockState(dir, quietLog())
-	var locked *StateLockedError
-	if !errors.As(err, &locked) {
-		t.Fatalf("lockState on a held lock: %v; want a refusal", err)
-	}
+	// PID 1 in the file: a process that exists and is not the holder.
+	locked, err := refusalOfALockHeldReadOnly(t)
 	if locked.PID != os.Getpid() {
 		t.Fatalf("the refusal names pid %d (%v); want the holder's, %d, not the file's 1", locked.PID, err, os.Getpid())
 	}
@@ -182,6 +163,19 @@ func TestStateLockOnAReadOnlyFileSystemSaysSo(t *testing.T) {
 func TestStateLockRefusalSaysAPIDIsTheFilesWhereProcLocksNamesNone(t *testing.T) {
 	defer func(p string) { procLocks = p }(procLocks)
 	procLocks = filepath.Join(t.TempDir(), "locks")
+	locked, err := refusalOfALockHeldReadOnly(t)
+	const want = "another autopilot-health daemon (pid 1 as its lock file says, maybe stale: /proc/locks names no holder this process can see) uses this state directory"
+	if locked.PID != 1 || !locked.PIDFromFile || !strings.Contains(err.Error(), want) {
+		t.Fatalf("the refusal: %q (PID %d, from the file %v); want %q", err, locked.PID, locked.PIDFromFile, want)
+	}
+}
+
+// refusalOfALockHeldReadOnly is lockState's refusal of a state directory
+// whose lock file says "1" and is held by this process through a file
+// opened read-only, its PID not written (as a daemon on a read-only file
+// system holds it): the refusal and its error.
+func refusalOfALockHeldReadOnly(t *testing.T) (*StateLockedError, error) {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, StateLockName)
 	if err := os.WriteFile(path, []byte("1\n"), 0o600); err != nil {
@@ -191,7 +185,7 @@ func TestStateLockRefusalSaysAPIDIsTheFilesWhereProcLocksNamesNone(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +194,5 @@ func TestStateLockRefusalSaysAPIDIsTheFilesWhereProcLocksNamesNone(t *testing.T)
 	if !errors.As(err, &locked) {
 		t.Fatalf("lockState on a held lock: %v; want a refusal", err)
 	}
-	const want = "another autopilot-health daemon (pid 1 as its lock file says, maybe stale: /proc/locks names no holder this process can see) uses this state directory"
-	if locked.PID != 1 || !locked.PIDFromFile || !strings.Contains(err.Error(), want) {
-		t.Fatalf("the refusal: %q (PID %d, from the file %v); want %q", err, locked.PID, locked.PIDFromFile, want)
-	}
+	return locked, err
 }
