@@ -42,8 +42,18 @@ type churnReader struct {
 	last       int // the last kseq number read
 	runs       int
 	fallbacks  map[string]int
-	gaps       []string
+	gaps       []churnGap
 	lastSeen   int // kseq-last, 0 before
+}
+
+// churnGap is a numbered line that did not follow the one read before it.
+type churnGap struct {
+	phase       string
+	after, next int
+}
+
+func (g churnGap) String() string {
+	return fmt.Sprintf("%s: kseq %d after %d", g.phase, g.next, g.after)
 }
 
 var kseq = regexp.MustCompile(`^kseq (\d+)$`)
@@ -64,7 +74,7 @@ func (r *churnReader) take(es []checks.JournalEntryForTest, phase string) {
 			}
 			n, _ := strconv.Atoi(string(g[1]))
 			if n != r.last+1 {
-				r.gaps = append(r.gaps, fmt.Sprintf("%s: kseq %d after %d", phase, n, r.last))
+				r.gaps = append(r.gaps, churnGap{phase, r.last, n})
 			}
 			r.last = n
 		}
@@ -204,7 +214,45 @@ func TestNativeJournalReaderUnderJournaldChurn(t *testing.T) {
 	if r.last != r.lastSeen {
 		t.Errorf("last line read kseq %d, kubelet's last %d", r.last, r.lastSeen)
 	}
-	if len(r.gaps) > 0 {
-		t.Errorf("lines lost or read twice: %v", r.gaps)
+	// A line skipped is the reader's loss only where the journal files
+	// hold it: journald killed (SIGKILL) between reading lines from
+	// kubelet's stream and writing them loses them itself (CI at 23f2c0b:
+	// "kill: kseq 134 after 130"), and journalctl, reading the same files
+	// from their start, has them not either. A line read twice is always
+	// the reader's.
+	var lost []churnGap
+	var held map[int]bool
+	for _, g := range r.gaps {
+		if g.next <= g.after {
+			lost = append(lost, g)
+			continue
+		}
+		if held == nil {
+			es, err := checks.ReadJournalForTest(ctx, journalctl, r.root, "kubelet.service", "", time.Unix(0, 0), 0)
+			if err != nil {
+				t.Fatalf("journalctl's reading of the whole journal: %v", err)
+			}
+			held = map[int]bool{}
+			for _, e := range es {
+				for _, m := range e.Messages {
+					if g := kseq.FindSubmatch(m); g != nil {
+						n, _ := strconv.Atoi(string(g[1]))
+						held[n] = true
+					}
+				}
+			}
+		}
+		inFiles := false
+		for n := g.after + 1; n < g.next; n++ {
+			inFiles = inFiles || held[n]
+		}
+		if inFiles {
+			lost = append(lost, g)
+		} else {
+			t.Logf("%s: lines %d-%d are in no journal file (journalctl has them not either): journald lost them, not the reader", g.phase, g.after+1, g.next-1)
+		}
+	}
+	if len(lost) > 0 {
+		t.Errorf("lines lost that the journal files hold, or read twice: %v", lost)
 	}
 }
