@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -128,45 +128,16 @@ func ParseMountinfo(r io.Reader) ([]Mount, error) {
 	return parseMountinfo(b)
 }
 
-// readMountinfo reads the mount table at path by x/sys/unix: os registers
-// every file it opens with the runtime's poller, and procfs' mountinfo can
-// be polled, so os.Open of it was two fcntl(2) and an epoll_ctl(2) add (the
-// file ready, waking the thread waiting in the poller) and delete, and
-// io.ReadAll's small first buffers eight reads of a 4 KiB table, every
-// run (TestPeriodicPseudoFileReadsMakeNoEpollCtl). The calls are ordinary
-// ones: the kernel makes the table under the mount namespace's lock, which
-// a mount storm may hold.
+// readMountinfo reads the mount table at path by ordinary system calls,
+// not os (rawsys.ReadFileNoPoll): os.Open of it was two fcntl(2) and an
+// epoll_ctl(2) add (procfs' mountinfo can be polled: the file ready, waking
+// the thread waiting in the poller) and delete, and io.ReadAll's small
+// first buffers eight reads of a 4 KiB table, every run
+// (TestPeriodicPseudoFileReadsMakeNoEpollCtl). Not raw calls: the kernel
+// makes the table under the mount namespace's lock, which a mount storm
+// may hold.
 func readMountinfo(path string) ([]byte, error) {
-	var fd int
-	for {
-		var err error
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "open", Path: path, Err: err}
-		}
-		break
-	}
-	defer unix.Close(fd)
-	buf := make([]byte, 0, 16<<10)
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
-		}
-		if n == 0 {
-			return buf, nil
-		}
-		buf = buf[:len(buf)+n]
-	}
+	return rawsys.ReadFileNoPoll(path, 0, 16<<10, -1)
 }
 
 func parseMountinfo(b []byte) ([]Mount, error) {

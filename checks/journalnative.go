@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/syself/autopilot-health/internal/hostio"
+	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // readJournalNative reads q from the journal files under root (journalDirs)
@@ -267,42 +268,18 @@ func journalFiles(root string, localOnly bool) ([]string, error) {
 }
 
 // readMachineID reads the machine ID file at path (33 bytes; more than
-// 4 KiB is an error, not an ID) by x/sys/unix, not os: os.ReadFile
-// registers the file with the runtime's poller, four fcntl(2) and a refused
-// epoll_ctl(2) each read (TestNativeJournalReadSystemCalls).
+// 4 KiB is an error, not an ID) by ordinary system calls, not os
+// (rawsys.ReadFileNoPoll): os.ReadFile registers the file with the
+// runtime's poller, four fcntl(2) and a refused epoll_ctl(2) each read
+// (TestNativeJournalReadSystemCalls). O_NONBLOCK: a FIFO there does not
+// hold the open (nor the read, an error then); a regular file ignores it.
 func readMachineID(path string) ([]byte, error) {
 	const max = 4 << 10
-	var fd int
-	for {
-		var err error
-		// O_NONBLOCK: a FIFO there does not hold the open (nor the
-		// read, an error then); a regular file ignores it.
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "open", Path: path, Err: err}
-		}
-		break
+	b, err := rawsys.ReadFileNoPoll(path, unix.O_NONBLOCK, 64, max)
+	if errors.Is(err, rawsys.ErrTooLarge) {
+		return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("larger than %d bytes", max)}
 	}
-	defer unix.Close(fd)
-	buf := make([]byte, max+1)
-	n := 0
-	for n < len(buf) {
-		m, err := unix.Read(fd, buf[n:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
-		}
-		if m == 0 {
-			return buf[:n], nil
-		}
-		n += m
-	}
-	return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("larger than %d bytes", max)}
+	return b, err
 }
 
 func journalFileName(n string) bool {

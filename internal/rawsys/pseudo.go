@@ -132,3 +132,59 @@ func readOrdinary(path string, max int) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// ReadFileNoPoll returns the content of the file at path, opened with
+// O_RDONLY|O_CLOEXEC and flags, read to its end by ordinary open(2) and
+// read(2) calls (x/sys/unix): not by os, which registers every file it
+// opens with the runtime's poller (fcntl(2) calls, an epoll_ctl(2) the
+// kernel refuses for a regular file or, for a file of procfs that can be
+// polled, adds, waking the thread in the poller), and not by raw calls,
+// which would hold the daemon's one processor where a read waits (a disk;
+// the mount table, made under the mount namespace's lock). The first
+// buffer holds size bytes, grown as needed; limit < 0 is no limit, else a
+// file larger than limit is ErrTooLarge in an *os.PathError "read". EINTR
+// is retried; any other error is an *os.PathError.
+func ReadFileNoPoll(path string, flags, size, limit int) ([]byte, error) {
+	var fd int
+	for {
+		var err error
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|flags, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		break
+	}
+	defer unix.Close(fd)
+	if limit >= 0 {
+		size = min(size, limit+1)
+	}
+	buf := make([]byte, 0, max(size, 1))
+	for {
+		if len(buf) == cap(buf) {
+			if limit >= 0 && len(buf) > limit {
+				return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)}
+			}
+			buf = append(buf, 0)[:len(buf)]
+			if limit >= 0 && cap(buf) > limit+1 {
+				buf = buf[: len(buf) : limit+1]
+			}
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			if limit >= 0 && len(buf) > limit {
+				return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)}
+			}
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
