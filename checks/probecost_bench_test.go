@@ -123,7 +123,7 @@ func probeCostServer(b *testing.B, kind string) string {
 func TestProbeCostServer(t *testing.T) {
 	kind := os.Getenv("PROBECOST_SERVE")
 	if kind == "" {
-		t.Skip("BenchmarkProbeCost's server")
+		t.Skip("run by BenchmarkProbeCost as its server")
 	}
 	network := "tcp"
 	if kind == "cri" {
