@@ -1,13 +1,12 @@
 package checks
 
 import (
+	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -30,10 +30,21 @@ import (
 // The CRI probe is one unary gRPC call, RuntimeService/Status, made as the
 // gRPC wire protocol defines it (HTTP/2 without TLS on the runtime's unix
 // socket, a length-prefixed protobuf message each way, the status in the
-// trailers) with net/http and protowire. The daemon does not link grpc-go
-// and the CRI API's generated code for this one call: they cost about 5 MiB
-// of its resident memory (see README, Cost). The tests call a real grpc-go
-// server (checks/cri_test.go) and Debian's containerd (tests/).
+// trailers) with x/net's HTTP/2 Framer and hpack and protowire. The daemon
+// does not link grpc-go and the CRI API's generated code for this one call:
+// they cost about 5 MiB of its resident memory (see README, Cost).
+//
+// The call is made on the caller's goroutine: it writes its request's
+// frames and reads the connection's until its stream's trailers, answering
+// what HTTP/2 asks of a client on the way (SETTINGS' acks, PINGs, the
+// connection's window). x/net's HTTP/2 Transport, which it replaces, ran a
+// reader goroutine per connection and a goroutine per request: a probe
+// woke the process's threads about 7 times and cost it 645-777 µs of CPU
+// against 347-348 µs and 4 wake-ups made so (BenchmarkProbeCost; README,
+// Cost). It makes one call on a connection at a time, which is all the
+// probe needs. The tests call a real grpc-go server (checks/cri_test.go,
+// keptconn*_test.go), a runtime of scripted frames for what grpc-go does not
+// do on demand (crisync_test.go), and Debian's containerd (tests/).
 
 const (
 	criStatusPath = "/runtime.v1.RuntimeService/Status"
@@ -93,17 +104,30 @@ type criCondition struct {
 
 // criClient makes the CRI call over a connection it keeps between probes
 // (HTTP/2, as kubelet's own gRPC client keeps one): a new connection for
-// every probe cost a connect, the HTTP/2 preface and settings, and the
-// transport's goroutines each time. The kept connection is used only while
-// the socket it was made on is still at the path (a runtime that removed
-// or replaced its socket is probed as a new client would find it), and a
-// call whose kept connection fails before an answer (the runtime restarted
-// since the last probe) is made once more on a new connection, so a
-// restart is never taken for an outage.
+// every probe cost a connect and the HTTP/2 preface and settings each time.
+// The kept connection is used only while the socket it was made on is still
+// at the path (a runtime that removed or replaced its socket is probed as a
+// new client would find it), and a call whose kept connection fails before
+// an answer (the runtime restarted since the last probe) is made once more
+// on a new connection, so a restart is never taken for an outage.
+//
+// A call owns the connection while it runs (take, put): a call that starts
+// while another still runs (a timed-out probe's goroutine) dials one of its
+// own, and of two connections put back the one already kept stays. The
+// kept connection is closed once unused for keptConnIdle (a timer reset at
+// each put, far in the future while probes use it: no wake-up).
 type criClient struct {
 	socket string
 	sock   *keptSocket
-	tr     *http2.Transport // sock's
+	// header is the request's header block but its grpc-timeout: fields
+	// encoded as never-indexed literals, which leave the peer's header
+	// table untouched, so that one block serves every connection whatever
+	// its SETTINGS_HEADER_TABLE_SIZE.
+	header []byte
+
+	mu   sync.Mutex
+	kept *h2Conn
+	idle *time.Timer // closes kept once unused for keptConnIdle
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
@@ -113,36 +137,115 @@ type criClient struct {
 // before).
 const keptConnIdle = 90 * time.Second
 
-// criWriteTimeout is how long a write on the CRI connection may go without
-// the runtime taking a byte before the connection is closed. A hung runtime
-// (stopped, deadlocked) accepts and never reads: once the socket's buffer
-// is full (about 100 probes), the write of a probe's request blocked for
-// good, holding the connection's write lock, and every later probe left a
-// goroutine waiting on that lock, one every 10 s for as long as the hang
-// lasted (TestCRIProbeOfAHungRuntimeLeaksNoDescriptor). A runtime that is
-// reading takes a frame at once; 10 s is a probe's whole default timeout.
-const criWriteTimeout = 10 * time.Second
+const (
+	// criStreamWindow is the flow-control window a stream of ours
+	// starts with (SETTINGS_INITIAL_WINDOW_SIZE): more than the bound of
+	// a response, so that a stream never waits for a WINDOW_UPDATE of its
+	// own and an endless answer meets the bound, not a stall.
+	criStreamWindow = criMaxResponse + 64<<10
+	// criConnWindow is the connection's window (HTTP/2's initial one,
+	// left as it is): what the calls' DATA consumed of it is given back
+	// with the next request once it is a quarter of it, at once once it
+	// is half of it (a large answer, read while it comes).
+	criConnWindow = 65535
+	// criMaxHeaderList bounds a header block's decoded fields
+	// (SETTINGS_MAX_HEADER_LIST_SIZE; grpc-go's own default is 16 MiB).
+	criMaxHeaderList = 64 << 10
+)
 
-// newCRIClient makes the CRI call's client: x/net's HTTP/2 transport
-// without TLS (h2c, as grpc-go speaks over a unix socket), which keeps one
-// connection and lets it go once unused for keptConnIdle. net/http's
-// Transport with unencrypted HTTP/2 timed its pool's entry for the
-// connection from the dial, never from a use: every first call more than
-// keptConnIdle after the last dial dialed the socket anew, and the new
-// connection was closed unused at once, the kept one going on
-// (TestCRIProbeKeepsItsConnectionPastTheIdleTimeout).
+// h2Conn is one HTTP/2 connection of the CRI call, read and written only by
+// the call that owns it: no goroutine of its own. Frames the runtime sends
+// after an answer (a PING, a WINDOW_UPDATE) wait in the socket until the
+// next call reads them.
+type h2Conn struct {
+	conn   net.Conn
+	bw     *bufio.Writer
+	br     *bufio.Reader
+	fr     *http2.Framer
+	hbuf   []byte
+	next   uint32 // the next stream's id
+	used   bool   // an earlier call was answered on it
+	goaway bool   // the runtime sent GOAWAY: no new stream
+	// unacked is what DATA consumed of the connection's window and no
+	// WINDOW_UPDATE gave back yet.
+	unacked  uint32
+	lastUsed time.Time
+}
+
+// newCRIClient makes the CRI call's client.
 func newCRIClient(socket string) *criClient {
-	c := &criClient{socket: socket, tr: &http2.Transport{
-		AllowHTTP:          true,
-		DisableCompression: true,
-		IdleConnTimeout:    keptConnIdle,
-		WriteByteTimeout:   criWriteTimeout,
-	}}
-	c.sock = newKeptSocket(socket, c.tr)
-	c.tr.DialTLSContext = func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-		return c.sock.dial(ctx, network, addr)
+	c := &criClient{socket: socket}
+	c.sock = newKeptSocket(socket, c)
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	for _, f := range [...][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", criStatusPath},
+		{":authority", "localhost"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1], Sensitive: true})
 	}
+	c.header = b.Bytes()
 	return c
+}
+
+// CloseIdleConnections closes the kept connection (keptSocket's check).
+func (c *criClient) CloseIdleConnections() { c.close() }
+
+// close closes the kept connection; a call running keeps its own.
+func (c *criClient) close() {
+	c.mu.Lock()
+	h := c.kept
+	c.kept = nil
+	if c.idle != nil {
+		c.idle.Stop()
+	}
+	c.mu.Unlock()
+	if h != nil {
+		h.conn.Close()
+	}
+}
+
+// take takes the kept connection (nil: none).
+func (c *criClient) take() *h2Conn {
+	c.mu.Lock()
+	h := c.kept
+	c.kept = nil
+	c.mu.Unlock()
+	return h
+}
+
+// put keeps h for the next call, or closes it where another is kept.
+func (c *criClient) put(h *h2Conn) {
+	h.lastUsed = time.Now()
+	c.mu.Lock()
+	if c.kept != nil {
+		c.mu.Unlock()
+		h.conn.Close()
+		return
+	}
+	c.kept = h
+	if c.idle == nil {
+		c.idle = time.AfterFunc(keptConnIdle, c.idleClose)
+	} else {
+		c.idle.Reset(keptConnIdle)
+	}
+	c.mu.Unlock()
+}
+
+// idleClose closes the kept connection when unused for keptConnIdle.
+func (c *criClient) idleClose() {
+	c.mu.Lock()
+	h := c.kept
+	if h == nil {
+		c.mu.Unlock()
+		return
+	}
+	if left := keptConnIdle - time.Since(h.lastUsed); left > 0 {
+		c.idle.Reset(left) // put back as the timer fired
+		c.mu.Unlock()
+		return
+	}
+	c.kept = nil
+	c.mu.Unlock()
+	h.conn.Close()
 }
 
 // keptSocket is the unix socket a transport keeps a connection to between
@@ -305,9 +408,6 @@ func statID(path string, raw bool) (rawsys.FileID, error) {
 	return rawsys.FileID{Dev: uint64(st.Dev), Ino: st.Ino}, nil
 }
 
-// close closes the kept connection.
-func (c *criClient) close() { c.tr.CloseIdleConnections() }
-
 func (c *criClient) status(ctx context.Context) error {
 	conds, err := c.call(ctx)
 	if err != nil {
@@ -331,41 +431,227 @@ func (c *criClient) call(ctx context.Context) ([]criCondition, error) {
 	c.sock.check()
 	conds, stale, err := c.callOnce(ctx)
 	if stale && ctx.Err() == nil {
+		c.mu.Lock()
 		c.retried++
-		c.tr.CloseIdleConnections()
-		conds, _, err = c.callOnce(ctx)
+		c.mu.Unlock()
+		conds, _, err = c.exchange(ctx, nil)
 	}
 	return conds, err
 }
 
-// callOnce makes the call; stale says it failed without an answer on a
-// connection kept from an earlier call.
+// callOnce makes the call on the kept connection, or a new one; stale says
+// it failed without an answer on a connection kept from an earlier call.
 func (c *criClient) callOnce(ctx context.Context) (conds []criCondition, stale bool, err error) {
-	var reused bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
-	// The request message (StatusRequest{verbose: false}) is empty: the
-	// frame is its 5-byte prefix alone.
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+criStatusPath, bytes.NewReader(make([]byte, 5)))
-	if err != nil {
-		return nil, false, &rpcError{codeInternal, err.Error()}
+	return c.exchange(ctx, c.take())
+}
+
+// errStale is a kept connection that took no new stream (closed, reset,
+// refused, or gone away below our stream).
+var errStale = errors.New("connection lost")
+
+// exchange makes the call on h (nil: a new connection), and keeps the
+// connection after a whole answer. The call's context ends it: its end
+// closes the connection, which a read or write waiting on it then returns
+// from (a deadline set on the connection would not end a wait on a
+// connection without deadlines, and the connection's state midway through
+// a frame is not one to keep); a hung runtime that never reads holds
+// nothing past the call's deadline.
+func (c *criClient) exchange(ctx context.Context, h *h2Conn) (conds []criCondition, stale bool, err error) {
+	reused := h != nil
+	if h == nil {
+		conn, err := c.sock.dial(ctx, "unix", c.socket)
+		if err != nil {
+			return nil, false, transportError(ctx, err)
+		}
+		h = newH2Conn(conn)
 	}
-	req.Header.Set("Content-Type", "application/grpc")
-	req.Header.Set("Te", "trailers")
+	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.GotConn != nil {
+		tr.GotConn(httptrace.GotConnInfo{Conn: h.conn, Reused: reused})
+	}
+	stop := context.AfterFunc(ctx, func() { h.conn.Close() })
+	conds, answered, keep, err := h.roundTrip(ctx, c.header)
+	if !stop() || ctx.Err() != nil || h.goaway || h.next >= 1<<31-1 {
+		keep = false // closed by the context, or no further stream on it
+	}
+	if keep {
+		c.put(h)
+	} else {
+		h.conn.Close()
+	}
+	var re *rpcError
+	if err != nil && !errors.As(err, &re) {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		err = transportError(ctx, err)
+	}
+	return conds, reused && !answered && ctx.Err() == nil, err
+}
+
+func newH2Conn(conn net.Conn) *h2Conn {
+	h := &h2Conn{conn: conn, bw: bufio.NewWriterSize(conn, 1024), br: bufio.NewReaderSize(conn, 4096), next: 1}
+	h.fr = http2.NewFramer(h.bw, h.br)
+	h.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	h.fr.MaxHeaderListSize = criMaxHeaderList
+	h.fr.SetReuseFrames()
+	h.bw.WriteString(http2.ClientPreface)
+	h.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: criStreamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: criMaxHeaderList})
+	return h
+}
+
+// roundTrip sends the request on a new stream and reads frames until its
+// answer: answered says the runtime answered the stream (its headers came),
+// keep that the connection may serve another call. err is the call's
+// failure: an *rpcError of the answer, else the connection's.
+func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondition, answered, keep bool, err error) {
+	if h.goaway || h.next >= 1<<31-1 {
+		return nil, false, false, errStale
+	}
+	id := h.next
+	h.next += 2
+	if h.unacked >= criConnWindow/4 {
+		h.fr.WriteWindowUpdate(0, h.unacked)
+		h.unacked = 0
+	}
+	h.hbuf = append(h.hbuf[:0], header...)
 	if dl, ok := ctx.Deadline(); ok {
 		// The server gives up when we do (kubelet's client sends it too).
-		req.Header.Set("Grpc-Timeout", strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10)+"m")
+		timeout := strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10) + "m"
+		h.hbuf = hpackLiteral(h.hbuf, "grpc-timeout", timeout)
 	}
-	resp, err := c.tr.RoundTrip(req)
-	if err != nil {
-		return nil, reused, transportError(ctx, err)
+	h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.hbuf, EndHeaders: true})
+	// The request message (StatusRequest{verbose: false}) is empty: the
+	// frame is its 5-byte prefix alone.
+	var empty [5]byte
+	h.fr.WriteData(id, true, empty[:])
+	if err := h.bw.Flush(); err != nil {
+		return nil, false, false, err
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, criMaxResponse+1))
-	if err != nil {
-		return nil, reused, transportError(ctx, err)
+	httpStatus := 0
+	var header2, trailer http.Header
+	var body []byte
+	for {
+		// What the answer's frames asked of us (SETTINGS' and PINGs'
+		// acks, WINDOW_UPDATEs) goes out before a read would wait.
+		if h.bw.Buffered() > 0 && h.readBuffered() < 9 {
+			if err := h.bw.Flush(); err != nil {
+				return nil, answered, false, err
+			}
+		}
+		f, err := h.fr.ReadFrame()
+		if err != nil {
+			return nil, answered, false, err
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				h.fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				h.fr.WritePing(true, f.Data)
+			}
+		case *http2.GoAwayFrame:
+			h.goaway = true
+			if f.LastStreamID < id {
+				// Our stream will not be answered: the runtime stops
+				// (a graceful stop, an idle close).
+				return nil, false, false, fmt.Errorf("%w: http2: server sent GOAWAY and closed the connection; LastStreamID=%v, ErrCode=%v, debug=%q",
+					errStale, f.LastStreamID, f.ErrCode, f.DebugData())
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID != id {
+				continue
+			}
+			err := http2.StreamError{StreamID: id, Code: f.ErrCode, Cause: errors.New("received from peer")}
+			if f.ErrCode == http2.ErrCodeRefusedStream && !answered {
+				return nil, false, false, fmt.Errorf("%w: %w", errStale, err)
+			}
+			return nil, false, false, err
+		case *http2.DataFrame:
+			h.unacked += f.Length
+			if h.unacked >= criConnWindow/2 {
+				h.fr.WriteWindowUpdate(0, h.unacked)
+				h.unacked = 0
+			}
+			if f.StreamID != id {
+				continue
+			}
+			if !answered {
+				return nil, false, false, errors.New("http2: DATA before the response's headers")
+			}
+			body = append(body, f.Data()...)
+			if len(body) > criMaxResponse {
+				_, err := parseCRIStatus(httpStatus, header2, trailer, body)
+				return nil, true, false, err
+			}
+			if f.StreamEnded() {
+				conds, err := parseCRIStatus(httpStatus, header2, nil, body)
+				return conds, true, true, err
+			}
+		case *http2.MetaHeadersFrame:
+			if f.StreamID != id {
+				continue
+			}
+			if f.Truncated {
+				return nil, answered, false, fmt.Errorf("http2: response header list larger than %d bytes", criMaxHeaderList)
+			}
+			if !answered {
+				answered = true
+				httpStatus, _ = strconv.Atoi(f.PseudoValue("status"))
+				header2 = grpcFields(f)
+				if httpStatus != http.StatusOK {
+					// Not a gRPC answer: its body is not read.
+					_, err := parseCRIStatus(httpStatus, header2, nil, nil)
+					return nil, true, false, err
+				}
+			} else {
+				trailer = grpcFields(f)
+			}
+			if f.StreamEnded() {
+				conds, err := parseCRIStatus(httpStatus, header2, trailer, body)
+				return conds, true, true, err
+			}
+		}
 	}
-	conds, err = parseCRIStatus(resp.StatusCode, resp.Header, resp.Trailer, body)
-	return conds, false, err
+}
+
+// readBuffered is what the connection's reader holds already read.
+func (h *h2Conn) readBuffered() int { return h.br.Buffered() }
+
+// grpcFields are a header block's gRPC status fields.
+func grpcFields(f *http2.MetaHeadersFrame) http.Header {
+	hd := http.Header{}
+	for _, hf := range f.RegularFields() {
+		if hf.Name == "grpc-status" || hf.Name == "grpc-message" {
+			hd.Add(hf.Name, hf.Value)
+		}
+	}
+	return hd
+}
+
+// hpackLiteral appends a never-indexed literal header field with a literal
+// name (RFC 7541 6.2.3) to b; no Huffman coding.
+func hpackLiteral(b []byte, name, value string) []byte {
+	b = hpackString(append(b, 0x10), name)
+	return hpackString(b, value)
+}
+
+func hpackString(b []byte, s string) []byte {
+	// A 7-bit prefix integer (RFC 7541 5.1): our strings are short.
+	n := len(s)
+	if n < 127 {
+		b = append(b, byte(n))
+	} else {
+		b = append(b, 127)
+		for n -= 127; n >= 128; n >>= 7 {
+			b = append(b, byte(n&0x7f|0x80))
+		}
+		b = append(b, byte(n))
+	}
+	return append(b, s...)
 }
 
 // transportError maps a failed exchange to the code grpc-go gives it.
