@@ -313,3 +313,43 @@ func TestCRIProbeConcurrentCalls(t *testing.T) {
 		t.Errorf("after 200 calls from 8 goroutines: kept %v, %d connections; want one kept, and connections used again", kept, rl.accepted.Load())
 	}
 }
+
+// The daemon's stop (the probe's context canceled) ends a call to a hung
+// runtime (accepted, never answered) at once, worded as grpc-go words it,
+// without waiting for a deadline: the call's context closes its connection.
+func TestCRIProbeCanceledDuringAHungCall(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if conn, err := ln.Accept(); err == nil {
+			accepted <- conn // never read, never answered
+		}
+	}()
+	c := newCRIClient(sock)
+	defer c.close()
+	ctx, cancel := context.WithCancel(context.Background()) // no deadline
+	done := make(chan error, 1)
+	go func() { done <- c.status(ctx) }()
+	conn := <-accepted
+	defer conn.Close()
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "rpc error: code = Canceled desc = context canceled") {
+			t.Errorf("canceled: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call to a hung runtime went on 10 s after its context was canceled")
+	}
+	c.mu.Lock()
+	kept := c.kept
+	c.mu.Unlock()
+	if kept != nil {
+		t.Error("the connection of a canceled call was kept")
+	}
+}
