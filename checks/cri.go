@@ -38,11 +38,10 @@ import (
 // frames and reads the connection's until its stream's trailers, answering
 // what HTTP/2 asks of a client on the way (SETTINGS' acks, PINGs, the
 // connection's window). x/net's HTTP/2 Transport, which it replaces, ran a
-// reader goroutine per connection and a goroutine per request: a probe
-// woke the process's threads about 7 times and cost it 645-777 µs of CPU
-// against 347-348 µs and 4 wake-ups made so (BenchmarkProbeCost; README,
-// Cost). It makes one call on a connection at a time, which is all the
-// probe needs. The tests call a real grpc-go server (checks/cri_test.go,
+// reader goroutine per connection and a goroutine per request: a probe cost
+// the process 505-1,002 µs of CPU against 366-437 µs made so, its socket on
+// a tmpfs (BenchmarkProbeCost, PROBECOST_DIR=/dev/shm; README, Cost). It
+// makes one call on a connection at a time, which is all the probe needs. The tests call a real grpc-go server (checks/cri_test.go,
 // keptconn*_test.go), a runtime of scripted frames for what grpc-go does not
 // do on demand (crisync_test.go), and Debian's containerd (tests/).
 
