@@ -533,7 +533,9 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 	var body []byte
 	for {
 		// What the answer's frames asked of us (SETTINGS' and PINGs'
-		// acks, WINDOW_UPDATEs) goes out before a read would wait.
+		// acks, WINDOW_UPDATEs) goes out before a read would wait; what
+		// the last read asked goes out with the next call's request, in
+		// the same write.
 		if h.bw.Buffered() > 0 && h.readBuffered() < 9 {
 			if err := h.bw.Flush(); err != nil {
 				return nil, answered, false, err
