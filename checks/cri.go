@@ -154,8 +154,8 @@ const (
 
 // h2Conn is one HTTP/2 connection of the CRI call, read and written only by
 // the call that owns it: no goroutine of its own. Frames the runtime sends
-// after an answer (a PING, a WINDOW_UPDATE) wait in the socket until the
-// next call reads them.
+// after an answer (a PING, a WINDOW_UPDATE, a GOAWAY) wait in the socket
+// until the next call reads them, before it sends its request (readPending).
 type h2Conn struct {
 	conn   net.Conn
 	bw     *bufio.Writer
@@ -163,7 +163,7 @@ type h2Conn struct {
 	fr     *http2.Framer
 	hbuf   []byte
 	next   uint32 // the next stream's id
-	used   bool   // an earlier call was answered on it
+	used   bool   // an earlier call was answered on it (kept)
 	goaway bool   // the runtime sent GOAWAY: no new stream
 	// unacked is what DATA consumed of the connection's window and no
 	// WINDOW_UPDATE gave back yet.
@@ -473,6 +473,7 @@ func (c *criClient) exchange(ctx context.Context, h *h2Conn) (conds []criConditi
 		keep = false // closed by the context, or no further stream on it
 	}
 	if keep {
+		h.used = true
 		c.put(h)
 	} else {
 		h.conn.Close()
@@ -505,6 +506,11 @@ func newH2Conn(conn net.Conn) *h2Conn {
 // keep that the connection may serve another call. err is the call's
 // failure: an *rpcError of the answer, else the connection's.
 func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondition, answered, keep bool, err error) {
+	if h.used {
+		if err := h.readPending(); err != nil {
+			return nil, false, false, err
+		}
+	}
 	if h.goaway || h.next >= 1<<31-1 {
 		return nil, false, false, errStale
 	}
@@ -617,6 +623,41 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 			}
 		}
 	}
+}
+
+// readPending reads, without waiting for more, the frames the runtime sent
+// on a kept connection since the last call, before a request is sent on
+// it: a GOAWAY among them makes the call a new connection's. grpc-go's
+// server, past MaxConnectionAge and its grace, says GOAWAY (its first, of
+// last stream 2^31-1) and then reads a new stream but never answers it,
+// closing the connection a second later: a request sent after that GOAWAY
+// waited that second, or the call's whole deadline where it was shorter
+// (TestCRIProbeAfterMaxConnectionAge). What the frames ask (a PING's ack)
+// goes out with the request.
+func (h *h2Conn) readPending() error {
+	for h.br.Buffered() > 0 || rawsys.Pending(h.conn) {
+		f, err := h.fr.ReadFrame()
+		if err != nil {
+			return err
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				h.fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				h.fr.WritePing(true, f.Data)
+			}
+		case *http2.GoAwayFrame:
+			h.goaway = true
+			return fmt.Errorf("%w: http2: server sent GOAWAY between calls; LastStreamID=%v, ErrCode=%v, debug=%q",
+				errStale, f.LastStreamID, f.ErrCode, f.DebugData())
+		case *http2.DataFrame:
+			h.unacked += f.Length // an earlier stream's (its answer was read)
+		}
+	}
+	return nil
 }
 
 // readBuffered is what the connection's reader holds already read.

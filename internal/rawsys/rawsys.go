@@ -153,6 +153,32 @@ func (c *Conn) opError(op string, err error) error {
 	return e
 }
 
+// Pending reports whether the socket under c has bytes to read now
+// (ioctl SIOCINQ, raw: it does not wait), false where it cannot tell (c
+// has no descriptor, or is closed). A reader that keeps a connection
+// between requests asks it for what the peer sent meanwhile.
+func Pending(c net.Conn) bool {
+	if w, ok := c.(*Conn); ok {
+		c = w.Conn
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var n int32
+	var e syscall.Errno
+	if rc.Control(func(fd uintptr) {
+		_, _, e = syscall.RawSyscall(unix.SYS_IOCTL, fd, unix.SIOCINQ, uintptr(unsafe.Pointer(&n)))
+	}) != nil {
+		return false
+	}
+	return e == 0 && n > 0
+}
+
 // atFDCWD is AT_FDCWD (-100) as the system call takes it.
 var atFDCWD = func() uintptr { fd := unix.AT_FDCWD; return uintptr(fd) }()
 

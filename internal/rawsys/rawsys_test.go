@@ -387,3 +387,43 @@ func TestInMemory(t *testing.T) {
 		t.Errorf("%s, not on tmpfs: in memory", other)
 	}
 }
+
+// Pending tells bytes waiting on a socket, of a Conn and of a plain
+// connection, without reading them; nothing where it cannot tell.
+func TestPending(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			c, s := pair(t, network)
+			rc := Wrap(c)
+			if Pending(rc) || Pending(c) {
+				t.Fatal("pending before anything was sent")
+			}
+			if _, err := s.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			for !Pending(rc) {
+				runtime.Gosched() // a loopback write is queued at once; tcp may take a moment
+			}
+			if !Pending(c) {
+				t.Error("the plain connection: not pending")
+			}
+			b := make([]byte, 1)
+			if _, err := io.ReadFull(rc, b); err != nil {
+				t.Fatal(err)
+			}
+			if Pending(rc) {
+				t.Error("pending after the byte was read")
+			}
+			rc.Close()
+			if Pending(rc) {
+				t.Error("a closed connection: pending")
+			}
+		})
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if Pending(a) {
+		t.Error("net.Pipe (no descriptor): pending")
+	}
+}

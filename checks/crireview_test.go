@@ -1,0 +1,201 @@
+package checks
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/syself/autopilot-health/internal/rawsys"
+)
+
+// scriptPeer is one connection of a scripted HTTP/2 runtime: answer writes
+// what the script says for a request whose frames all came.
+type scriptPeer struct {
+	c    net.Conn
+	bw   *bufio.Writer
+	fr   *http2.Framer
+	enc  *hpack.Encoder
+	hbuf bytes.Buffer
+	n    int // requests answered on this connection
+	msg  []byte
+}
+
+func (p *scriptPeer) block(fields ...string) []byte {
+	p.hbuf.Reset()
+	for i := 0; i < len(fields); i += 2 {
+		p.enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+	}
+	return bytes.Clone(p.hbuf.Bytes())
+}
+
+func (p *scriptPeer) headers(id uint32, end bool, fields ...string) {
+	p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, EndStream: end, BlockFragment: p.block(fields...)})
+}
+
+// ok writes a healthy answer to stream id.
+func (p *scriptPeer) ok(id uint32) {
+	p.headers(id, false, ":status", "200", "content-type", "application/grpc")
+	p.fr.WriteData(id, false, frame(p.msg))
+	p.headers(id, true, "grpc-status", "0")
+}
+
+// serveScript serves a scripted runtime: answer is called for each
+// request; it returns whether the connection is then closed.
+func serveScript(t *testing.T, answer func(p *scriptPeer, id uint32) (closeConn bool), wrap func(net.Conn) net.Conn) (string, *atomic.Int32) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	msg, _ := proto.Marshal(conditions(&runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				w := net.Conn(c)
+				if wrap != nil {
+					w = wrap(c)
+				}
+				preface := make([]byte, len(http2.ClientPreface))
+				if _, err := io.ReadFull(c, preface); err != nil {
+					return
+				}
+				p := &scriptPeer{c: c, bw: bufio.NewWriter(w), msg: msg}
+				p.fr = http2.NewFramer(p.bw, bufio.NewReader(c))
+				p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+				p.enc = hpack.NewEncoder(&p.hbuf)
+				p.fr.WriteSettings()
+				p.bw.Flush()
+				for {
+					f, err := p.fr.ReadFrame()
+					if err != nil {
+						var ce http2.ConnectionError
+						if errors.As(err, &ce) {
+							t.Errorf("runtime: %v", err)
+						}
+						return
+					}
+					switch f := f.(type) {
+					case *http2.SettingsFrame:
+						if !f.IsAck() {
+							p.fr.WriteSettingsAck()
+							p.bw.Flush()
+						}
+					case *http2.DataFrame:
+						if f.StreamEnded() {
+							closeConn := answer(p, f.StreamID)
+							p.n++
+							p.bw.Flush()
+							if closeConn {
+								return
+							}
+						}
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return sock, &accepted
+}
+
+// A runtime that said GOAWAY after an answer (grpc-go's first GOAWAY of a
+// graceful close: last stream 2^31-1, and a PING) and then reads requests
+// but answers none (grpc-go's server past MaxConnectionAge's grace, which
+// closes the connection a second later): the next call reads the GOAWAY
+// before it sends its request, and is made on a new connection.
+func TestCRIProbeAfterAGoAwayThatAnswersNoMore(t *testing.T) {
+	sock, accepted := serveScript(t, func(p *scriptPeer, id uint32) bool {
+		if p.n == 0 {
+			p.ok(id)
+			p.fr.WriteGoAway(1<<31-1, http2.ErrCodeNo, []byte("max_age"))
+			p.fr.WritePing(false, [8]byte{1, 6, 1, 8, 0, 3, 3, 9})
+		}
+		return false // later requests: read, never answered
+	}, nil)
+	c := newCRIClient(sock)
+	defer c.close()
+	for i := range 3 {
+		if err := probeH2(c); err != nil {
+			t.Fatalf("probe %d: %v", i, err)
+		}
+	}
+	if n := accepted.Load(); n != 3 || c.retried != 2 {
+		t.Errorf("%d connections, %d calls made again; want 3 and 2", n, c.retried)
+	}
+}
+
+// The same against grpc-go's server with MaxConnectionAge: a probe after
+// the server's GOAWAY came is answered well within a second (the server
+// would leave a request sent on the old connection unanswered for one).
+func TestCRIProbeAfterMaxConnectionAge(t *testing.T) {
+	sock, rl := servePadded(t, 1<<10, grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge: 50 * time.Millisecond, MaxConnectionAgeGrace: time.Millisecond}))
+	c := newCRIClient(sock)
+	defer c.close()
+	for i := range 5 {
+		if err := probeH2(c); err != nil {
+			t.Fatalf("probe %d: %v", i, err)
+		}
+		// Await the GOAWAY on the kept connection, read with the answer or
+		// in its socket (none kept: the call read the GOAWAY itself).
+		for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			c.mu.Lock()
+			done := c.kept == nil || c.kept.br.Buffered() > 0 || rawsys.Pending(c.kept.conn)
+			c.mu.Unlock()
+			if done {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatal("no GOAWAY on the kept connection 5 s after MaxConnectionAge")
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err := c.status(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("probe %d after the server's GOAWAY: %v", i, err)
+		}
+	}
+	t.Logf("%d connections, %d calls made again", rl.accepted.Load(), c.retried)
+}
