@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -137,6 +138,120 @@ func serveScript(t *testing.T, answer func(p *scriptPeer, id uint32) (closeConn 
 		wg.Wait()
 	})
 	return sock, &accepted
+}
+
+// byteConn writes one byte a write: every frame comes split across reads.
+type byteConn struct{ net.Conn }
+
+func (c byteConn) Write(p []byte) (int, error) {
+	for i := range p {
+		if _, err := c.Conn.Write(p[i : i+1]); err != nil {
+			return i, err
+		}
+	}
+	return len(p), nil
+}
+
+// What HTTP/2 allows a runtime and grpc-go's server does not do on demand,
+// each answered on one kept connection (or, where the runtime closes or
+// goes away, on as many as it makes): frames split across reads, SETTINGS
+// changed mid-connection (frame size, header table, window, an unknown
+// one), padding, a flood of 5,000 PINGs, RST_STREAM NO_ERROR after the
+// trailers, unknown frame types, PRIORITY and WINDOW_UPDATEs, a header
+// block in CONTINUATIONs, a close or GOAWAY with debug data after each
+// answer, the message in 1-byte DATA frames.
+func TestCRIProbeScriptedRuntimes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		answer    func(p *scriptPeer, id uint32) bool
+		wrap      func(net.Conn) net.Conn
+		wantConns int32
+	}{
+		{"split across reads", func(p *scriptPeer, id uint32) bool { p.ok(id); return false }, func(c net.Conn) net.Conn { return byteConn{c} }, 1},
+		{"settings changed before each answer", func(p *scriptPeer, id uint32) bool {
+			p.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 20}, http2.Setting{ID: http2.SettingHeaderTableSize, Val: uint32(p.n % 2 * 4096)},
+				http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20}, http2.Setting{ID: 0x99, Val: 7})
+			p.enc.SetMaxDynamicTableSizeLimit(uint32(256 * (p.n + 1)))
+			p.ok(id)
+			return false
+		}, nil, 1},
+		{"padded", func(p *scriptPeer, id uint32) bool {
+			p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, PadLength: 200, BlockFragment: p.block(":status", "200", "content-type", "application/grpc")})
+			p.fr.WriteDataPadded(id, false, frame(p.msg), make([]byte, 255))
+			p.fr.WriteDataPadded(id, false, nil, make([]byte, 255))
+			p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, EndStream: true, PadLength: 1, BlockFragment: p.block("grpc-status", "0")})
+			return false
+		}, nil, 1},
+		{"ping flood", func(p *scriptPeer, id uint32) bool {
+			for i := range 5000 {
+				p.fr.WritePing(false, [8]byte{byte(i), byte(i >> 8)})
+			}
+			p.ok(id)
+			return false
+		}, nil, 1},
+		{"rst no_error after trailers", func(p *scriptPeer, id uint32) bool {
+			p.ok(id)
+			p.fr.WriteRSTStream(id, http2.ErrCodeNo)
+			return false
+		}, nil, 1},
+		{"unknown frames and priority", func(p *scriptPeer, id uint32) bool {
+			p.fr.WriteRawFrame(0xfa, 0, 0, []byte("x"))
+			p.fr.WriteRawFrame(0xfb, 0xff, id, bytes.Repeat([]byte("y"), 1000))
+			p.fr.WritePriority(id, http2.PriorityParam{StreamDep: 0, Weight: 7})
+			p.headers(id, false, ":status", "200", "content-type", "application/grpc")
+			p.fr.WriteRawFrame(0xfc, 0, id, nil)
+			p.fr.WriteWindowUpdate(0, 100)
+			p.fr.WriteWindowUpdate(id, 100)
+			p.fr.WriteData(id, false, frame(p.msg))
+			p.headers(id, true, "grpc-status", "0")
+			return false
+		}, nil, 1},
+		{"continuation", func(p *scriptPeer, id uint32) bool {
+			b := p.block(":status", "200", "content-type", "application/grpc", "x-big", strings.Repeat("z", 40000))
+			p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: b[:10]})
+			p.fr.WriteContinuation(id, false, b[10:16000])
+			p.fr.WriteContinuation(id, true, b[16000:])
+			p.fr.WriteData(id, false, frame(p.msg))
+			p.headers(id, true, "grpc-status", "0")
+			return false
+		}, nil, 1},
+		{"closes after each answer", func(p *scriptPeer, id uint32) bool { p.ok(id); return true }, nil, 3},
+		{"goaway with debug data after each answer, then closes", func(p *scriptPeer, id uint32) bool {
+			p.ok(id)
+			p.fr.WriteGoAway(id, http2.ErrCodeNo, []byte("max_age"))
+			return true
+		}, nil, 3},
+		{"goaway before answering the second, then closes", func(p *scriptPeer, id uint32) bool {
+			if p.n == 1 {
+				p.fr.WriteGoAway(id-2, http2.ErrCodeNo, []byte("max_idle"))
+				return true
+			}
+			p.ok(id)
+			return false
+		}, nil, 3},
+		{"message split in 1-byte DATA frames", func(p *scriptPeer, id uint32) bool {
+			p.headers(id, false, ":status", "200", "content-type", "application/grpc")
+			for _, b := range frame(p.msg) {
+				p.fr.WriteData(id, false, []byte{b})
+			}
+			p.headers(id, true, "grpc-status", "0")
+			return false
+		}, nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock, accepted := serveScript(t, tc.answer, tc.wrap)
+			c := newCRIClient(sock)
+			defer c.close()
+			for i := range 3 {
+				if err := probeH2(c); err != nil {
+					t.Fatalf("probe %d: %v", i, err)
+				}
+			}
+			if n := accepted.Load(); n != tc.wantConns {
+				t.Errorf("%d connections, want %d", n, tc.wantConns)
+			}
+		})
+	}
 }
 
 // A runtime that said GOAWAY after an answer (grpc-go's first GOAWAY of a
