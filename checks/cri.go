@@ -150,6 +150,9 @@ const (
 	// criMaxHeaderList bounds a header block's decoded fields
 	// (SETTINGS_MAX_HEADER_LIST_SIZE; grpc-go's own default is 16 MiB).
 	criMaxHeaderList = 64 << 10
+	// criMaxFrame is the largest frame the runtime may send us
+	// (SETTINGS_MAX_FRAME_SIZE, HTTP/2's initial 16 KiB, left as it is).
+	criMaxFrame = 16 << 10
 )
 
 // h2Conn is one HTTP/2 connection of the CRI call, read and written only by
@@ -491,6 +494,11 @@ func (c *criClient) exchange(ctx context.Context, h *h2Conn) (conds []criConditi
 func newH2Conn(conn net.Conn) *h2Conn {
 	h := &h2Conn{conn: conn, bw: bufio.NewWriterSize(conn, 1024), br: bufio.NewReaderSize(conn, 4096), next: 1}
 	h.fr = http2.NewFramer(h.bw, h.br)
+	// A frame longer than HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which
+	// the client does not raise, is the runtime's error, as grpc-go's client
+	// (kubelet's) reads it; the Framer's own limit is 16 MiB, and it keeps a
+	// buffer of the largest frame read for the connection's life.
+	h.fr.SetMaxReadFrameSize(criMaxFrame)
 	h.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	h.fr.MaxHeaderListSize = criMaxHeaderList
 	h.fr.SetReuseFrames()

@@ -208,9 +208,12 @@ func TestCRIProbeScriptedRuntimes(t *testing.T) {
 		}, nil, 1},
 		{"continuation", func(p *scriptPeer, id uint32) bool {
 			b := p.block(":status", "200", "content-type", "application/grpc", "x-big", strings.Repeat("z", 40000))
+			// In frames of HTTP/2's default maximum, 16 KiB, or less.
 			p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: b[:10]})
-			p.fr.WriteContinuation(id, false, b[10:16000])
-			p.fr.WriteContinuation(id, true, b[16000:])
+			for b = b[10:]; len(b) > 16384; b = b[16384:] {
+				p.fr.WriteContinuation(id, false, b[:16384])
+			}
+			p.fr.WriteContinuation(id, true, b)
 			p.fr.WriteData(id, false, frame(p.msg))
 			p.headers(id, true, "grpc-status", "0")
 			return false
@@ -313,4 +316,30 @@ func TestCRIProbeAfterMaxConnectionAge(t *testing.T) {
 		}
 	}
 	t.Logf("%d connections, %d calls made again", rl.accepted.Load(), c.retried)
+}
+
+// A frame longer than the 16 KiB a peer may send us (SETTINGS_MAX_FRAME_SIZE,
+// which the client leaves at HTTP/2's default) is the runtime's protocol
+// error, as grpc-go's client (kubelet's) takes it: the call fails at once
+// and the connection is not kept. Before, the framer took frames of up to
+// 16 MiB and kept a buffer of the largest read on the kept connection (an
+// HTTP/1 answer's first bytes read as a 4.7 MB frame).
+func TestCRIProbeRefusesAFrameLargerThanItsMaximum(t *testing.T) {
+	sock, accepted := serveScript(t, func(p *scriptPeer, id uint32) bool {
+		p.fr.WriteRawFrame(0xfa, 0, 0, make([]byte, 16384+1))
+		p.ok(id)
+		return false
+	}, nil)
+	c := newCRIClient(sock)
+	defer c.close()
+	err := probeH2(c)
+	if err == nil || !strings.Contains(err.Error(), "code = Unavailable desc = http2: frame too large") {
+		t.Fatalf("a runtime that sent a frame of 16,385 bytes: %v, want Unavailable, frame too large", err)
+	}
+	c.mu.Lock()
+	kept := c.kept
+	c.mu.Unlock()
+	if kept != nil || accepted.Load() != 1 {
+		t.Errorf("after the frame too large: %d connections, one kept: %v; want 1, none kept", accepted.Load(), kept != nil)
+	}
 }
