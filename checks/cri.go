@@ -41,9 +41,11 @@ import (
 // reader goroutine per connection and a goroutine per request: a probe cost
 // the process 505-1,002 µs of CPU against 366-437 µs made so, its socket on
 // a tmpfs (BenchmarkProbeCost, PROBECOST_DIR=/dev/shm; README, Cost). It
-// makes one call on a connection at a time, which is all the probe needs. The tests call a real grpc-go server (checks/cri_test.go,
-// keptconn*_test.go), a runtime of scripted frames for what grpc-go does not
-// do on demand (crisync_test.go), and Debian's containerd (tests/).
+// makes one call on a connection at a time, which is all the probe needs.
+// The tests call a real grpc-go server (checks/cri_test.go,
+// keptconn*_test.go), runtimes of scripted frames for what grpc-go does not
+// do on demand (crisync_test.go, crireview_test.go), and Debian's
+// containerd (tests/).
 
 const (
 	criStatusPath = "/runtime.v1.RuntimeService/Status"
@@ -277,8 +279,8 @@ type keptSocket struct {
 	dialer func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
-// idleCloser is a transport that keeps connections (net/http's, x/net's
-// HTTP/2 one).
+// idleCloser is a transport that keeps connections (net/http's; the CRI
+// call's criClient).
 type idleCloser interface{ CloseIdleConnections() }
 
 // newKeptSocket makes a keptSocket of path for tr: an *http.Transport

@@ -69,10 +69,10 @@ func probeCRI(c *criClient) error {
 
 // A runtime that accepts the connection and never answers (hung): every
 // probe fails at its deadline, and over many probes the client holds at
-// most two connections and no growing number of goroutines (x/net's
-// transport keeps a connection whose reset streams await a PING's answer
-// until its concurrency runs out, then dials anew; the idle timer lets
-// the old one go).
+// most two connections and no growing number of goroutines (each call's
+// deadline closes its connection, and the next probe dials anew; before,
+// x/net's transport kept a connection whose reset streams awaited a PING's
+// answer until its concurrency ran out, and its idle timer let it go).
 func TestCRIProbeOfAHungRuntimeLeaksNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := newPipeListener()
@@ -204,7 +204,7 @@ func (s *serverListener) Close() error { s.once.Do(func() { close(s.stop) }); re
 // A reload that closes the client while a probe is using its connection
 // (the runtime answering slowly): the probe still gets its answer, and the
 // connection, not idle at the close, is closed keptConnIdle after the
-// probe (x/net's idle timer, from the connection's last use); a close
+// probe (criClient's idle timer, from the connection's last use); a close
 // between probes closes it at once.
 func TestCRIProbeClosedDuringAProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 )
 
 // Debian's containerd restarted (systemctl restart) between two probes of
-// ContainerRuntimeUnhealthy (x/net's HTTP/2 client, its connection kept
-// from the probe before): the next probe is no failure, and the daemon
+// ContainerRuntimeUnhealthy (the CRI client of checks/cri.go, its HTTP/2
+// connection kept from the probe before): the next probe is no failure, and the daemon
 // restarts nothing. A probe that meets the new containerd before its CRI
 // plugin is up is Unknown NoData (README), never True.
 func TestRealContainerdRestartedBetweenTwoProbes(t *testing.T) {
