@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -251,13 +252,14 @@ func TestCRIProbeClosedDuringAProbe(t *testing.T) {
 }
 
 // The hung runtime over a real unix socket (accepted, never read): 200
-// probes with a short deadline, more than fill the socket's buffer, leave
-// the client's descriptors and goroutines where they were after the first
-// few. A write that cannot finish by the call's deadline (20 ms here) fails
-// the call and the connection is closed: before (x/net's transport), once
-// the buffer was full, the blocked write held the connection's write lock
-// for as long as the runtime hung, and each later probe left a goroutine
-// waiting on it.
+// probes with a short deadline (20 ms) leave the client's descriptors and
+// goroutines where they were after the first few. Each call's deadline
+// closes its connection and the next probe dials anew (205 connections
+// accepted), so no socket's buffer fills here; a call waiting in a write is
+// TestCRIProbeEndsDuringABlockedWrite. Before (x/net's transport, its
+// connection kept), once the buffer was full, the blocked write held the
+// connection's write lock for as long as the runtime hung, and each later
+// probe left a goroutine waiting on it.
 func TestCRIProbeOfAHungRuntimeLeaksNoDescriptor(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "cri.sock")
 	ln, err := net.Listen("unix", sock)
@@ -312,5 +314,65 @@ func TestCRIProbeOfAHungRuntimeLeaksNoDescriptor(t *testing.T) {
 	}
 	if g1 > g0+4 {
 		t.Errorf("goroutines: %d after 5 probes of a hung runtime, %d after 205", g0, g1)
+	}
+}
+
+// A call waiting in its request's write (a runtime that takes no byte: the
+// connection a net.Pipe, whose writes wait for a read) ends at its context's
+// end, canceled (the daemon's stop) or past its deadline, as a call waiting
+// for an answer does (TestCRIProbeCanceledDuringAHungCall): the context's
+// end closes the connection, which the write then returns from.
+func TestCRIProbeEndsDuringABlockedWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want string
+	}{
+		{"canceled", "rpc error: code = Canceled desc = context canceled"},
+		{"deadline", "rpc error: code = DeadlineExceeded desc = context deadline exceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newCRIClient("/nonexistent/cri.sock")
+				defer c.close()
+				runtimeEnd := make(chan net.Conn, 1)
+				c.sock.dialer = func(context.Context, string, string) (net.Conn, error) {
+					client, server := net.Pipe()
+					runtimeEnd <- server // never read
+					return client, nil
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				if tc.name == "deadline" {
+					ctx, cancel = context.WithTimeout(context.Background(), 8*time.Second)
+				}
+				defer cancel()
+				done := make(chan error, 1)
+				go func() { done <- c.status(ctx) }()
+				server := <-runtimeEnd
+				defer server.Close()
+				synctest.Wait() // the call waits in its write
+				select {
+				case err := <-done:
+					t.Fatalf("the call returned with its write not read: %v", err)
+				default:
+				}
+				if tc.name == "canceled" {
+					cancel()
+				}
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), tc.want) {
+						t.Errorf("%v, want %q", err, tc.want)
+					}
+				case <-time.After(time.Minute):
+					t.Fatal("a call waiting in its write went on a minute past its context's end")
+				}
+				c.mu.Lock()
+				kept := c.kept
+				c.mu.Unlock()
+				if kept != nil {
+					t.Error("the connection of a call ended in its write was kept")
+				}
+			})
+		})
 	}
 }
