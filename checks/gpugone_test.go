@@ -255,11 +255,21 @@ func TestGPUsSeenScanNamesOnlyTheGPUsSeenBefore(t *testing.T) {
 	}
 	// Another scan finds a GPU added meanwhile.
 	seen.Saw([]PCIGPU{{Addr: added}})
-	if _, err := w.WriteString("0x8086\n"); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
+	// The FIFO is served until the scan ends: the writer's open may have
+	// met ReadPseudoFile's first open (raw, non-blocking, closed again on
+	// a file not on procfs or sysfs), and its ordinary open then waits for
+	// a writer again (the test hung there, its writer gone: CI at 1d49273).
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for w != nil {
+			w.WriteString("0x8086\n")
+			w.Close()
+			w = openFIFOWriter(t, filepath.Join(bridge, "vendor"), ended)
+		}
+	}()
 	got := <-done
+	<-served
 	if got.err != nil || len(got.found) != 1 || got.found[0].Addr != working || len(got.gone) != 0 {
 		t.Errorf("scan: found %v, gone %v, %v; want %s found, none gone", got.found, got.gone, got.err, working)
 	}
