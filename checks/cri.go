@@ -561,15 +561,8 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 		if err != nil {
 			return nil, answered, false, err
 		}
+		h.answerControl(f)
 		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				h.fr.WriteSettingsAck()
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				h.fr.WritePing(true, f.Data)
-			}
 		case *http2.GoAwayFrame:
 			h.goaway = true
 			if f.LastStreamID < id {
@@ -588,11 +581,6 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 			}
 			return nil, false, false, err
 		case *http2.DataFrame:
-			h.unacked += f.Length
-			if h.unacked >= criConnWindow/2 {
-				h.fr.WriteWindowUpdate(0, h.unacked)
-				h.unacked = 0
-			}
 			if f.StreamID != id {
 				continue
 			}
@@ -650,24 +638,39 @@ func (h *h2Conn) readPending() error {
 		if err != nil {
 			return err
 		}
+		h.answerControl(f)
 		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				h.fr.WriteSettingsAck()
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				h.fr.WritePing(true, f.Data)
-			}
 		case *http2.GoAwayFrame:
 			h.goaway = true
 			return fmt.Errorf("%w: http2: server sent GOAWAY between calls; LastStreamID=%v, ErrCode=%v, debug=%q",
 				errStale, f.LastStreamID, f.ErrCode, f.DebugData())
-		case *http2.DataFrame:
-			h.unacked += f.Length // an earlier stream's (its answer was read)
 		}
 	}
 	return nil
+}
+
+// answerControl does what a frame asks of the connection, whichever call
+// reads it: SETTINGS and PINGs acknowledged, DATA (this call's or an
+// earlier stream's) counted against the connection's window, given back at
+// once once half of it is used. What it writes is buffered: it goes out
+// before a read would wait, or with the next request.
+func (h *h2Conn) answerControl(f http2.Frame) {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			h.fr.WriteSettingsAck()
+		}
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			h.fr.WritePing(true, f.Data)
+		}
+	case *http2.DataFrame:
+		h.unacked += f.Length
+		if h.unacked >= criConnWindow/2 {
+			h.fr.WriteWindowUpdate(0, h.unacked)
+			h.unacked = 0
+		}
+	}
 }
 
 // readBuffered is what the connection's reader holds already read.
