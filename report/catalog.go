@@ -472,7 +472,7 @@ var Events = []EventDesc{
 	{Reason: "UnregisterNetDevice", Source: SourceKmsg, Scope: ScopeAll, Trigger: "unregister_netdevice: waiting for a device to become free"},
 	{Reason: "CperHardwareErrorCorrected", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: corrected"},
 	{Reason: "CperHardwareErrorRecoverable", Source: SourceKmsg, Scope: ScopeAll, Trigger: "firmware CPER event with severity: recoverable"},
-	{Reason: EventPodVolumeReadOnly, Source: SourceKmsg, Scope: ScopeAll, Trigger: "a ReadonlyFilesystem line (remounted read-only, an XFS shutdown, an f2fs stop) on a device mounted only under the kubelet's pod volume directories (/var/lib/kubelet/pods, /var/lib/kubelet/plugins): a pod's volume, not the node's filesystem, so not the condition"},
+	{Reason: EventPodVolumeReadOnly, Source: SourceKmsg, Scope: ScopeAll, Trigger: "a ReadonlyFilesystem line (remounted read-only, an XFS shutdown, an f2fs stop) on a device mounted only under the kubelet's pod volume directories (pods and plugins in kubelet_root_dir, /var/lib/kubelet by default): a pod's volume, not the node's filesystem, so not the condition"},
 	{Reason: EventTamperCleared, Source: SourceTamper, Scope: ScopeAll, Operator: true, Trigger: "an operator cleared the tamper conditions (autopilot-health tamper clear)"},
 }
 

@@ -80,10 +80,15 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 // Config is the daemon's whole configuration.
 type Config struct {
 	HostRoot string `toml:"host_root"`
-	NodeName string `toml:"node_name"`
-	Role     string `toml:"role"`
-	GPU      string `toml:"gpu"`
-	StateDir string `toml:"state_dir"`
+	// KubeletRootDir is the kubelet's --root-dir: its pods' volumes are
+	// mounted below <dir>/pods and staged by CSI drivers below
+	// <dir>/plugins (PodVolumeDirs), and DiskUsageHigh's default
+	// mount_points_exclude names them there (DeriveFromKubeletRootDir).
+	KubeletRootDir string `toml:"kubelet_root_dir"`
+	NodeName       string `toml:"node_name"`
+	Role           string `toml:"role"`
+	GPU            string `toml:"gpu"`
+	StateDir       string `toml:"state_dir"`
 	// ControlSocket is the daemon's control socket (tamper clear).
 	ControlSocket string     `toml:"control_socket"`
 	Log           Log        `toml:"log"`
@@ -541,6 +546,7 @@ func parse(file string, data []byte, base func() *Config, lim limits) (*Config, 
 	// The index first: a conflict of two keys is named at the one the
 	// file sets.
 	c.lines = lines
+	c.deriveFromKubeletRootDir(md)
 	if verr := c.validate(); verr != nil {
 		verr.File = file
 		verr.Line = lines.find(cmp.Or(verr.at, verr.Key))

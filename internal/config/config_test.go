@@ -285,6 +285,11 @@ func TestBadConfigs(t *testing.T) {
 		"node-name.toml":         `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
 		"percent-range.toml":     `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 120`,
 		"relative-path.toml":     `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
+		// The kubelet's --root-dir: its pods' volumes are looked for
+		// below it as the mount table writes them, a clean path.
+		"kubelet-root-dir-relative.toml": `:2: key kubelet_root_dir: must be an absolute, clean path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "data/kubelet"`,
+		"kubelet-root-dir-unclean.toml":  `:2: key kubelet_root_dir: must be an absolute, clean path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "/data/kubelet/"`,
+		"kubelet-root-dir-root.toml":     `:1: key kubelet_root_dir: must be an absolute, clean path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "/"`,
 		// The daemon writes, moves aside and removes files of its own
 		// names there: never in a directory the system shares.
 		"state-dir-root.toml":         `:1: key state_dir: must be a directory of the daemon's own (it writes state.json and tamper.json there, moves aside a state.json it cannot read and removes their temp files), not /, which the system and other programs share, got "/"`,

@@ -13,7 +13,7 @@ import (
 // state: the listeners, the state and the kernel log reader are opened once.
 // Every other key is applied by a reload.
 var RestartKeys = []string{
-	"host_root", "node_name", "role", "gpu", "state_dir", "control_socket",
+	"host_root", "kubelet_root_dir", "node_name", "role", "gpu", "state_dir", "control_socket",
 	"log", "metrics", "status", "kubernetes", "detect",
 	"kmsg.enabled", "kmsg.device", "kmsg.from_boot_start",
 }

@@ -40,6 +40,10 @@ func KmsgOptions(cfg *config.Config, env *checks.Env, store *report.Store, reg p
 		Sysfs:            cfg.HostPath("/sys"),
 		Proc:             cfg.HostPath("/proc"),
 		HostRoot:         cfg.HostRoot, // the pod volume directories resolved under it at each lookup
+		// kubelet_root_dir's pods and plugins; a kubelet_root_dir
+		// change needs a restart (config.RestartKeys): Reconfigure
+		// keeps these.
+		PodVolumeDirs: cfg.PodVolumeDirs(),
 		// nil where the checks count nothing (the one-shot check, a
 		// replay).
 		MalformedMountinfo: env.Malformed.Counter(checks.MalformedMountKmsg),

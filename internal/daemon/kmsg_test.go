@@ -92,7 +92,7 @@ func TestPodVolumeDirsThroughKubeletsLinkUnderHostRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ko.HostRoot != root || ko.PodVolumeDirs != nil {
+	if ko.HostRoot != root || !slices.Equal(ko.PodVolumeDirs, kmsg.DefaultPodVolumeDirs) {
 		t.Errorf("HostRoot %q, PodVolumeDirs %q; want %q and the defaults", ko.HostRoot, ko.PodVolumeDirs, root)
 	}
 	var evs []report.Event

@@ -1,0 +1,72 @@
+package config
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// kubelet_root_dir defaults to the kubelet's own default, and the pod
+// volume directories are below it.
+func TestKubeletRootDirDefault(t *testing.T) {
+	c := Default()
+	if c.KubeletRootDir != "/var/lib/kubelet" {
+		t.Errorf("kubelet_root_dir = %q, want /var/lib/kubelet", c.KubeletRootDir)
+	}
+	if want := []string{"/var/lib/kubelet/pods", "/var/lib/kubelet/plugins"}; !slices.Equal(c.PodVolumeDirs(), want) {
+		t.Errorf("PodVolumeDirs %q, want %q", c.PodVolumeDirs(), want)
+	}
+}
+
+// A kubelet run with --root-dir=/data/kubelet: the pod volume directories
+// and DiskUsageHigh's default exclusion of pods' volumes follow it; a
+// mount_points_exclude the file sets is kept as written; the kubelet's
+// certificates (--cert-dir is /var/lib/kubelet/pki whatever --root-dir is)
+// and kubeadm's files do not move.
+func TestKubeletRootDirDerives(t *testing.T) {
+	c, err := Parse("config.toml", []byte(`kubelet_root_dir = "/data/kube.let"`), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"/data/kube.let/pods", "/data/kube.let/plugins"}; !slices.Equal(c.PodVolumeDirs(), want) {
+		t.Errorf("PodVolumeDirs %q, want %q", c.PodVolumeDirs(), want)
+	}
+	mp := regexp.MustCompile(c.Checks.DiskUsageHigh.MountPointsExclude)
+	for p, excluded := range map[string]bool{
+		"/data/kube.let/pods/0b1c/volumes/kubernetes.io~csi/pvc-1/mount":                 true,
+		"/data/kube.let/plugins/kubernetes.io/csi/driver.longhorn.io/3f2a9c/globalmount": true,
+		"/data/kube.let/plugins/kubernetes.io/csi/pv/pvc-1/globalmount":                  true,
+		// The dot is quoted: not any character.
+		"/data/kubeXlet/pods/0b1c/volumes/kubernetes.io~csi/pvc-1/mount":   false,
+		"/var/lib/kubelet/pods/0b1c/volumes/kubernetes.io~csi/pvc-1/mount": false,
+		"/data/kube.let": false, "/data": false, "/": false, "/proc": true, "/var/lib/containerd/x": true,
+	} {
+		if mp.MatchString(p) != excluded {
+			t.Errorf("mount_points_exclude %q matches %s: %v, want %v", mp, p, !excluded, excluded)
+		}
+	}
+	def := Default()
+	if c.Detect.KubeletClientCert != def.Detect.KubeletClientCert || !slices.Equal(c.Checks.CertRenewalFailing.Certificates, def.Checks.CertRenewalFailing.Certificates) ||
+		!slices.Equal(c.Checks.NodeTampered.Paths, def.Checks.NodeTampered.Paths) {
+		t.Errorf("kubelet_root_dir moved the certificates or kubeadm's files: %q %q %q", c.Detect.KubeletClientCert, c.Checks.CertRenewalFailing.Certificates, c.Checks.NodeTampered.Paths)
+	}
+
+	// Set by the file: its own, whatever kubelet_root_dir is.
+	c, err = Parse("config.toml", []byte("kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nmount_points_exclude = \"^/(proc|var/lib/kubelet/pods)($|/)\"\n"), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Checks.DiskUsageHigh.MountPointsExclude; got != "^/(proc|var/lib/kubelet/pods)($|/)" {
+		t.Errorf("mount_points_exclude set in the file became %q", got)
+	}
+
+	// The default root: the defaults, unchanged.
+	c, err = Parse("config.toml", []byte(`kubelet_root_dir = "/var/lib/kubelet"`), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Checks.DiskUsageHigh.MountPointsExclude, Default().Checks.DiskUsageHigh.MountPointsExclude; got != want || !strings.Contains(got, "var/lib/kubelet/pods") {
+		t.Errorf("mount_points_exclude %q, want the default %q", got, want)
+	}
+}
