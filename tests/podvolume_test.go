@@ -129,7 +129,7 @@ func TestKmsgPodVolumeReadOnlyOnARealLoopDevice(t *testing.T) {
 // other devices (the loop device test beside it) are read by the daemon
 // too, and would set the condition.
 func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
-	podVolumeReadOnlyUnderTheShippedUnit(t, false)
+	podVolumeReadOnlyUnderTheShippedUnit(t, false, false)
 }
 
 // The same, the node's /var/lib/kubelet a symbolic link to /data/kubelet
@@ -141,10 +141,22 @@ func TestPodVolumeReadOnlyUnderTheShippedUnit(t *testing.T) {
 // refused by the filter, the pods directory stays /var/lib/kubelet/pods,
 // and the volume's remount sets ReadonlyFilesystem instead.
 func TestPodVolumeReadOnlyUnderTheShippedUnitThroughALinkedKubeletDirectory(t *testing.T) {
-	podVolumeReadOnlyUnderTheShippedUnit(t, true)
+	podVolumeReadOnlyUnderTheShippedUnit(t, true, false)
 }
 
-func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked bool) {
+// The same, the kubelet run with --root-dir=/data/kubelet and no link
+// from /var/lib/kubelet (its volumes mounted at /data/kubelet/pods/...):
+// the configuration's kubelet_root_dir = "/data/kubelet" makes the volume's
+// remount the PodVolumeReadOnly Event, ReadonlyFilesystem False. Without
+// the key, the line is the node's (TestPodVolumeReadOnlyUnderAConfiguredKubeletRootDir).
+func TestPodVolumeReadOnlyUnderTheShippedUnitWithAKubeletRootDir(t *testing.T) {
+	podVolumeReadOnlyUnderTheShippedUnit(t, false, true)
+}
+
+// podVolumeReadOnlyUnderTheShippedUnit: linked, /var/lib/kubelet a link to
+// /data/kubelet; rootDir, the kubelet's directory /data/kubelet named by
+// kubelet_root_dir, no link.
+func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked, rootDir bool) {
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}
@@ -185,10 +197,12 @@ func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked bool) {
 	}
 	podDev, nodeDev := loopExt4("pod"), loopExt4("node")
 
-	if linked {
+	if linked || rootDir {
 		if err := os.MkdirAll(s.Root("/data/kubelet/pods"), 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if linked {
 		if err := os.RemoveAll(s.Root("/var/lib/kubelet")); err != nil {
 			t.Fatal(err)
 		}
@@ -204,6 +218,12 @@ func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked bool) {
 	port := freeTCPPort(t)
 	fmt.Fprintf(&c, "node_name = %q\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n"+
 		"[kubernetes]\nkubeconfig = \"/etc/autopilot-health/kubeconfig\"\n", node, port)
+	if rootDir {
+		// A top-level key: above the first header.
+		rest := c.String()
+		c.Reset()
+		c.WriteString("kubelet_root_dir = \"/data/kubelet\"\n" + rest)
+	}
 	c.WriteString(checksOffBut())
 	var disable []string
 	var rofs kmsg.Rule
@@ -248,7 +268,7 @@ func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked bool) {
 
 	// The pod's volume, mounted after the daemon started.
 	podMount := "/var/lib/kubelet/pods/6f1c5a8e-" + tok + "/volumes/kubernetes.io~csi/pvc-" + tok + "/mount"
-	if linked {
+	if linked || rootDir {
 		podMount = "/data/kubelet" + strings.TrimPrefix(podMount, "/var/lib/kubelet")
 	}
 	mount(podDev, podMount)

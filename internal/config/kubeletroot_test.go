@@ -70,3 +70,22 @@ func TestKubeletRootDirDerives(t *testing.T) {
 		t.Errorf("mount_points_exclude %q, want the default %q", got, want)
 	}
 }
+
+// A reload that changes kubelet_root_dir is refused (needs a restart): the
+// kernel log monitor takes its pod volume directories at its start, and
+// Reconfigure does not change them.
+func TestKubeletRootDirNeedsARestart(t *testing.T) {
+	c, err := Parse("config.toml", []byte(`kubelet_root_dir = "/data/kubelet"`), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restart []string
+	for _, k := range Diff(Default(), c) {
+		if NeedsRestart(k) {
+			restart = append(restart, k)
+		}
+	}
+	if !slices.Equal(restart, []string{"kubelet_root_dir"}) {
+		t.Errorf("keys that need a restart in %q: %q, want kubelet_root_dir", Diff(Default(), c), restart)
+	}
+}
