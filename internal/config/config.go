@@ -543,6 +543,11 @@ func parse(file string, data []byte, base func() *Config, lim limits) (*Config, 
 	if filepath.IsAbs(c.HostRoot) {
 		c.HostRoot = filepath.Clean(c.HostRoot)
 	}
+	// kubelet_root_dir the same way: "/data/kubelet/" is the operator's
+	// "/data/kubelet", not a reason to refuse to start a fleet's nodes.
+	if filepath.IsAbs(c.KubeletRootDir) {
+		c.KubeletRootDir = filepath.Clean(c.KubeletRootDir)
+	}
 	// The index first: a conflict of two keys is named at the one the
 	// file sets.
 	c.lines = lines

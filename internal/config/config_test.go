@@ -287,9 +287,8 @@ func TestBadConfigs(t *testing.T) {
 		"relative-path.toml":     `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
 		// The kubelet's --root-dir: its pods' volumes are looked for
 		// below it as the mount table writes them, a clean path.
-		"kubelet-root-dir-relative.toml": `:2: key kubelet_root_dir: must be an absolute, clean path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "data/kubelet"`,
-		"kubelet-root-dir-unclean.toml":  `:2: key kubelet_root_dir: must be an absolute, clean path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "/data/kubelet/"`,
-		"kubelet-root-dir-root.toml":     `:1: key kubelet_root_dir: must be an absolute, clean path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "/"`,
+		"kubelet-root-dir-relative.toml": `:2: key kubelet_root_dir: must be an absolute path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "data/kubelet"`,
+		"kubelet-root-dir-root.toml":     `:1: key kubelet_root_dir: must be an absolute path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "/"`,
 		// The daemon writes, moves aside and removes files of its own
 		// names there: never in a directory the system shares.
 		"state-dir-root.toml":         `:1: key state_dir: must be a directory of the daemon's own (it writes state.json and tamper.json there, moves aside a state.json it cannot read and removes their temp files), not /, which the system and other programs share, got "/"`,

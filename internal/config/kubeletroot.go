@@ -22,7 +22,7 @@ func (c *Config) PodVolumeDirs() []string {
 }
 
 // validKubeletRootDir says whether dir is a value kubelet_root_dir takes:
-// an absolute, clean path other than /.
+// an absolute path other than / (Parse has cleaned it, as host_root).
 func validKubeletRootDir(dir string) bool {
 	return filepath.IsAbs(dir) && filepath.Clean(dir) == dir && dir != "/"
 }

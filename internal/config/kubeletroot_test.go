@@ -89,3 +89,18 @@ func TestKubeletRootDirNeedsARestart(t *testing.T) {
 		t.Errorf("keys that need a restart in %q: %q, want kubelet_root_dir", Diff(Default(), c), restart)
 	}
 }
+
+// A trailing slash or a "/./" is cleaned, as host_root is, not refused: an
+// operator's "/data/kubelet/" names the same directory.
+func TestKubeletRootDirCleaned(t *testing.T) {
+	c, err := Parse("config.toml", []byte(`kubelet_root_dir = "/data/./kubelet/"`), Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KubeletRootDir != "/data/kubelet" {
+		t.Errorf("kubelet_root_dir = %q, want /data/kubelet", c.KubeletRootDir)
+	}
+	if dirs := c.PodVolumeDirs(); len(dirs) != 2 || dirs[0] != "/data/kubelet/pods" || dirs[1] != "/data/kubelet/plugins" {
+		t.Errorf("pod volume dirs %q", dirs)
+	}
+}

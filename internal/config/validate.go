@@ -301,7 +301,7 @@ func (c *Config) validate() *Error {
 	v := &validator{}
 	v.absPath("host_root", c.HostRoot)
 	if !validKubeletRootDir(c.KubeletRootDir) {
-		v.fail("kubelet_root_dir", "must be an absolute, clean path other than / (the kubelet's --root-dir, such as \"/data/kubelet\"), got %q", c.KubeletRootDir)
+		v.fail("kubelet_root_dir", "must be an absolute path other than / (the kubelet's --root-dir, such as \"/data/kubelet\"), got %q", c.KubeletRootDir)
 	}
 	if c.NodeName != "" && !validNodeName(c.NodeName) {
 		v.fail("node_name", "must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got %q", c.NodeName)
