@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -24,8 +25,26 @@ import (
 	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
-// scriptPeer is one connection of a scripted HTTP/2 runtime: answer writes
-// what the script says for a request whose frames all came.
+// scriptRuntime is a CRI runtime of scripted HTTP/2 frames, for what
+// grpc-go's server does not do on demand. Each connection sends its
+// SETTINGS, acknowledges the client's, and calls answer for each request
+// whose frames all came (closeConn: the connection is then closed); answer
+// writes what the script says, and may read the client's frames itself
+// (awaitPingAck). tableSize0 makes it advertise SETTINGS_HEADER_TABLE_SIZE 0
+// and decode with a table of 0 bytes (grpc-go's server only advertises it;
+// its decoder keeps 4096); wrap wraps what it writes. What the runtime
+// refused of the client (a connection error, a request not for
+// RuntimeService/Status) is kept in refused, and fails the test.
+type scriptRuntime struct {
+	answer     func(p *scriptPeer, id uint32) (closeConn bool)
+	wrap       func(net.Conn) net.Conn
+	tableSize0 bool
+	accepted   atomic.Int32
+	mu         sync.Mutex
+	errs       []error
+}
+
+// scriptPeer is one connection of a scriptRuntime.
 type scriptPeer struct {
 	c    net.Conn
 	bw   *bufio.Writer
@@ -55,16 +74,40 @@ func (p *scriptPeer) ok(id uint32) {
 	p.headers(id, true, "grpc-status", "0")
 }
 
-// serveScript serves a scripted runtime: answer is called for each
-// request; it returns whether the connection is then closed.
-func serveScript(t *testing.T, answer func(p *scriptPeer, id uint32) (closeConn bool), wrap func(net.Conn) net.Conn) (string, *atomic.Int32) {
+// awaitPingAck reads the client's frames until the ack of a PING of data
+// (false: the connection ended first).
+func (p *scriptPeer) awaitPingAck(data [8]byte) bool {
+	for {
+		f, err := p.fr.ReadFrame()
+		if err != nil {
+			return false
+		}
+		if f, ok := f.(*http2.PingFrame); ok && f.IsAck() && f.Data == data {
+			return true
+		}
+	}
+}
+
+func (r *scriptRuntime) refuse(err error) {
+	r.mu.Lock()
+	r.errs = append(r.errs, err)
+	r.mu.Unlock()
+}
+
+func (r *scriptRuntime) refused() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]error(nil), r.errs...)
+}
+
+// serveScript serves r on a new socket and returns its path.
+func serveScript(t *testing.T, r *scriptRuntime) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "cri.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var accepted atomic.Int32
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -77,55 +120,12 @@ func serveScript(t *testing.T, answer func(p *scriptPeer, id uint32) (closeConn 
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
+			r.accepted.Add(1)
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
 			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				w := net.Conn(c)
-				if wrap != nil {
-					w = wrap(c)
-				}
-				preface := make([]byte, len(http2.ClientPreface))
-				if _, err := io.ReadFull(c, preface); err != nil {
-					return
-				}
-				p := &scriptPeer{c: c, bw: bufio.NewWriter(w), msg: msg}
-				p.fr = http2.NewFramer(p.bw, bufio.NewReader(c))
-				p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-				p.enc = hpack.NewEncoder(&p.hbuf)
-				p.fr.WriteSettings()
-				p.bw.Flush()
-				for {
-					f, err := p.fr.ReadFrame()
-					if err != nil {
-						var ce http2.ConnectionError
-						if errors.As(err, &ce) {
-							t.Errorf("runtime: %v", err)
-						}
-						return
-					}
-					switch f := f.(type) {
-					case *http2.SettingsFrame:
-						if !f.IsAck() {
-							p.fr.WriteSettingsAck()
-							p.bw.Flush()
-						}
-					case *http2.DataFrame:
-						if f.StreamEnded() {
-							closeConn := answer(p, f.StreamID)
-							p.n++
-							p.bw.Flush()
-							if closeConn {
-								return
-							}
-						}
-					}
-				}
-			}()
+			go func() { defer wg.Done(); r.serve(c, msg) }()
 		}
 	}()
 	t.Cleanup(func() {
@@ -136,8 +136,67 @@ func serveScript(t *testing.T, answer func(p *scriptPeer, id uint32) (closeConn 
 		}
 		mu.Unlock()
 		wg.Wait()
+		for _, err := range r.refused() {
+			t.Errorf("runtime: %v", err)
+		}
 	})
-	return sock, &accepted
+	return sock
+}
+
+func (r *scriptRuntime) serve(c net.Conn, msg []byte) {
+	defer c.Close()
+	w := c
+	if r.wrap != nil {
+		w = r.wrap(c)
+	}
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
+		return
+	}
+	p := &scriptPeer{c: c, bw: bufio.NewWriter(w), msg: msg}
+	p.fr = http2.NewFramer(p.bw, bufio.NewReader(c))
+	p.enc = hpack.NewEncoder(&p.hbuf)
+	var tableSize uint32 = 4096
+	var settings []http2.Setting
+	if r.tableSize0 {
+		tableSize = 0
+		settings = append(settings, http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0})
+	}
+	p.fr.ReadMetaHeaders = hpack.NewDecoder(tableSize, nil)
+	p.fr.WriteSettings(settings...)
+	p.bw.Flush()
+	for {
+		f, err := p.fr.ReadFrame()
+		if err != nil {
+			var ce http2.ConnectionError
+			if errors.As(err, &ce) || strings.Contains(err.Error(), "hpack") {
+				r.refuse(err)
+				p.fr.WriteGoAway(0, http2.ErrCode(ce), nil)
+				p.bw.Flush()
+			}
+			return
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				p.fr.WriteSettingsAck()
+				p.bw.Flush()
+			}
+		case *http2.MetaHeadersFrame:
+			if path := f.PseudoValue("path"); path != criStatusPath {
+				r.refuse(fmt.Errorf("stream %d: path %q", f.StreamID, path))
+			}
+		case *http2.DataFrame:
+			if f.StreamEnded() {
+				closeConn := r.answer(p, f.StreamID)
+				p.n++
+				p.bw.Flush()
+				if closeConn {
+					return
+				}
+			}
+		}
+	}
 }
 
 // byteConn writes one byte a write: every frame comes split across reads.
@@ -242,15 +301,15 @@ func TestCRIProbeScriptedRuntimes(t *testing.T) {
 		}, nil, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sock, accepted := serveScript(t, tc.answer, tc.wrap)
-			c := newCRIClient(sock)
+			r := &scriptRuntime{answer: tc.answer, wrap: tc.wrap}
+			c := newCRIClient(serveScript(t, r))
 			defer c.close()
 			for i := range 3 {
 				if err := probeH2(c); err != nil {
 					t.Fatalf("probe %d: %v", i, err)
 				}
 			}
-			if n := accepted.Load(); n != tc.wantConns {
+			if n := r.accepted.Load(); n != tc.wantConns {
 				t.Errorf("%d connections, want %d", n, tc.wantConns)
 			}
 		})
@@ -263,22 +322,22 @@ func TestCRIProbeScriptedRuntimes(t *testing.T) {
 // closes the connection a second later): the next call reads the GOAWAY
 // before it sends its request, and is made on a new connection.
 func TestCRIProbeAfterAGoAwayThatAnswersNoMore(t *testing.T) {
-	sock, accepted := serveScript(t, func(p *scriptPeer, id uint32) bool {
+	r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
 		if p.n == 0 {
 			p.ok(id)
 			p.fr.WriteGoAway(1<<31-1, http2.ErrCodeNo, []byte("max_age"))
 			p.fr.WritePing(false, [8]byte{1, 6, 1, 8, 0, 3, 3, 9})
 		}
 		return false // later requests: read, never answered
-	}, nil)
-	c := newCRIClient(sock)
+	}}
+	c := newCRIClient(serveScript(t, r))
 	defer c.close()
 	for i := range 3 {
 		if err := probeH2(c); err != nil {
 			t.Fatalf("probe %d: %v", i, err)
 		}
 	}
-	if n := accepted.Load(); n != 3 || c.retried != 2 {
+	if n := r.accepted.Load(); n != 3 || c.retried != 2 {
 		t.Errorf("%d connections, %d calls made again; want 3 and 2", n, c.retried)
 	}
 }
@@ -325,12 +384,12 @@ func TestCRIProbeAfterMaxConnectionAge(t *testing.T) {
 // 16 MiB and kept a buffer of the largest read on the kept connection (an
 // HTTP/1 answer's first bytes read as a 4.7 MB frame).
 func TestCRIProbeRefusesAFrameLargerThanItsMaximum(t *testing.T) {
-	sock, accepted := serveScript(t, func(p *scriptPeer, id uint32) bool {
+	r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
 		p.fr.WriteRawFrame(0xfa, 0, 0, make([]byte, 16384+1))
 		p.ok(id)
 		return false
-	}, nil)
-	c := newCRIClient(sock)
+	}}
+	c := newCRIClient(serveScript(t, r))
 	defer c.close()
 	err := probeH2(c)
 	if err == nil || !strings.Contains(err.Error(), "code = Unavailable desc = http2: frame too large") {
@@ -339,7 +398,7 @@ func TestCRIProbeRefusesAFrameLargerThanItsMaximum(t *testing.T) {
 	c.mu.Lock()
 	kept := c.kept
 	c.mu.Unlock()
-	if kept != nil || accepted.Load() != 1 {
-		t.Errorf("after the frame too large: %d connections, one kept: %v; want 1, none kept", accepted.Load(), kept != nil)
+	if kept != nil || r.accepted.Load() != 1 {
+		t.Errorf("after the frame too large: %d connections, one kept: %v; want 1, none kept", r.accepted.Load(), kept != nil)
 	}
 }
