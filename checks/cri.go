@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -88,11 +87,13 @@ func criNotInitialized(err error) bool {
 }
 
 const (
-	codeCanceled         = 1
-	codeUnknown          = 2
-	codeDeadlineExceeded = 4
-	codeInternal         = 13
-	codeUnavailable      = 14
+	codeCanceled          = 1
+	codeUnknown           = 2
+	codeDeadlineExceeded  = 4
+	codePermissionDenied  = 7
+	codeResourceExhausted = 8
+	codeInternal          = 13
+	codeUnavailable       = 14
 )
 
 // criCondition is one RuntimeCondition of a StatusResponse.
@@ -449,8 +450,8 @@ func (c *criClient) callOnce(ctx context.Context) (conds []criCondition, stale b
 	return c.exchange(ctx, c.take())
 }
 
-// errStale is a kept connection that took no new stream (closed, reset,
-// refused, or gone away below our stream).
+// errStale words a connection that took no new stream: gone away below
+// our stream, or between calls.
 var errStale = errors.New("connection lost")
 
 // exchange makes the call on h (nil: a new connection), and keeps the
@@ -575,11 +576,7 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 			if f.StreamID != id {
 				continue
 			}
-			err := http2.StreamError{StreamID: id, Code: f.ErrCode, Cause: errors.New("received from peer")}
-			if f.ErrCode == http2.ErrCodeRefusedStream && !answered {
-				return nil, false, false, fmt.Errorf("%w: %w", errStale, err)
-			}
-			return nil, false, false, err
+			return nil, false, false, rstError(ctx, f.ErrCode)
 		case *http2.DataFrame:
 			if f.StreamID != id {
 				continue
@@ -717,12 +714,6 @@ func transportError(ctx context.Context, err error) error {
 	case errors.Is(err, context.Canceled):
 		return &rpcError{codeCanceled, "context canceled"}
 	}
-	// The server resets the stream (RST_STREAM CANCEL) when the
-	// grpc-timeout we sent runs out, which may be a moment before our own
-	// deadline (the timeout is sent in whole milliseconds, rounded down).
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 100*time.Millisecond && strings.Contains(err.Error(), "; CANCEL; received from peer") {
-		return &rpcError{codeDeadlineExceeded, "context deadline exceeded (the server's grpc-timeout)"}
-	}
 	if d, ok := socketDenied(err); ok {
 		return d
 	}
@@ -735,6 +726,46 @@ func transportError(ctx context.Context, err error) error {
 		err = ue.Err
 	}
 	return &rpcError{codeUnavailable, err.Error()}
+}
+
+// rstCodes is grpc-go's mapping of the HTTP/2 error code of an RST_STREAM
+// that ends a call's stream to the call's gRPC code (http2ErrConvTab in its
+// internal/transport/http_util.go, v1.85.0); a code past it is Unknown.
+var rstCodes = [...]int{
+	http2.ErrCodeNo:                 codeInternal,
+	http2.ErrCodeProtocol:           codeInternal,
+	http2.ErrCodeInternal:           codeInternal,
+	http2.ErrCodeFlowControl:        codeResourceExhausted,
+	http2.ErrCodeSettingsTimeout:    codeInternal,
+	http2.ErrCodeStreamClosed:       codeInternal,
+	http2.ErrCodeFrameSize:          codeInternal,
+	http2.ErrCodeRefusedStream:      codeUnavailable,
+	http2.ErrCodeCancel:             codeCanceled,
+	http2.ErrCodeCompression:        codeInternal,
+	http2.ErrCodeConnect:            codeInternal,
+	http2.ErrCodeEnhanceYourCalm:    codeResourceExhausted,
+	http2.ErrCodeInadequateSecurity: codePermissionDenied,
+	http2.ErrCodeHTTP11Required:     codeInternal,
+}
+
+// rstError is the call's failure when the runtime reset its stream, worded
+// as grpc-go's client (kubelet's) words it: the code by rstCodes, the
+// HTTP/2 error code named, no stream id (the same words at every probe).
+// A stream that the runtime refused (REFUSED_STREAM) before its headers on
+// a kept connection is made again on a new one (criClient.call).
+func rstError(ctx context.Context, code http2.ErrCode) *rpcError {
+	c := codeUnknown
+	if int(code) < len(rstCodes) {
+		c = rstCodes[code]
+	}
+	// The server resets the stream (CANCEL) when the grpc-timeout we sent
+	// runs out, which may be a moment before our own deadline (the timeout
+	// is sent in whole milliseconds, rounded down); grpc-go's client says
+	// DeadlineExceeded for a CANCEL past its deadline.
+	if dl, ok := ctx.Deadline(); ok && c == codeCanceled && time.Until(dl) < 100*time.Millisecond {
+		return &rpcError{codeDeadlineExceeded, "context deadline exceeded (the server's grpc-timeout)"}
+	}
+	return &rpcError{c, "stream terminated by RST_STREAM with error code: " + code.String()}
 }
 
 // parseCRIStatus reads a unary gRPC response to RuntimeService/Status: the

@@ -402,3 +402,40 @@ func TestCRIProbeRefusesAFrameLargerThanItsMaximum(t *testing.T) {
 		t.Errorf("after the frame too large: %d connections, one kept: %v; want 1, none kept", r.accepted.Load(), kept != nil)
 	}
 }
+
+// A runtime that resets the call's stream (RST_STREAM) fails the probe with
+// the gRPC code grpc-go's client (kubelet's) gives that HTTP/2 error code
+// (its http2ErrConvTab) and its words, the same at every probe: before, every
+// code was Unavailable "stream error: stream ID n; CODE; received from peer".
+// A REFUSED_STREAM on a kept connection is made again on a new one.
+func TestCRIProbeResetStreamWordedAsGRPCGo(t *testing.T) {
+	for _, tc := range []struct {
+		code http2.ErrCode
+		want string
+	}{
+		{http2.ErrCodeCancel, "code = Canceled desc = stream terminated by RST_STREAM with error code: CANCEL"},
+		{http2.ErrCodeRefusedStream, "code = Unavailable desc = stream terminated by RST_STREAM with error code: REFUSED_STREAM"},
+		{http2.ErrCodeEnhanceYourCalm, "code = ResourceExhausted desc = stream terminated by RST_STREAM with error code: ENHANCE_YOUR_CALM"},
+		{http2.ErrCodeFlowControl, "code = ResourceExhausted desc = stream terminated by RST_STREAM with error code: FLOW_CONTROL_ERROR"},
+		{http2.ErrCodeInadequateSecurity, "code = PermissionDenied desc = stream terminated by RST_STREAM with error code: INADEQUATE_SECURITY"},
+		{http2.ErrCodeInternal, "code = Internal desc = stream terminated by RST_STREAM with error code: INTERNAL_ERROR"},
+		{http2.ErrCodeNo, "code = Internal desc = stream terminated by RST_STREAM with error code: NO_ERROR"},
+		{0x42, "code = Unknown desc = stream terminated by RST_STREAM with error code: unknown error code 0x42"},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
+				p.fr.WriteRSTStream(id, tc.code)
+				return false
+			}}
+			sock := serveScript(t, r)
+			c := newCRIClient(sock)
+			defer c.close()
+			want := "CRI RuntimeService/Status on " + sock + ": rpc error: " + tc.want
+			for i := range 3 {
+				if err := probeH2(c); err == nil || err.Error() != want {
+					t.Fatalf("probe %d: %v\nwant %s", i, err, want)
+				}
+			}
+		})
+	}
+}
