@@ -156,7 +156,22 @@ const (
 	// criMaxFrame is the largest frame the runtime may send us
 	// (SETTINGS_MAX_FRAME_SIZE, HTTP/2's initial 16 KiB, left as it is).
 	criMaxFrame = 16 << 10
+	// criMaxNoise bounds the frames a call reads that carry nothing of
+	// its answer (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, DATA without
+	// data, frames of other streams or of unknown types), those read
+	// before its request included: past it the call fails and its
+	// connection is dropped, so that a runtime flooding them does not
+	// hold the probe until its deadline, each PING and SETTINGS answered.
+	// 10,000 is what grpc-go (ControlBufferThrottleLimit: the acks it
+	// queues before it stops reading) and x/net's server
+	// (maxQueuedControlFrames: before it closes the connection) allow a
+	// peer.
+	criMaxNoise = 10000
 )
+
+// errFlood is a call that read more than criMaxNoise frames that carry
+// nothing of its answer.
+var errFlood = fmt.Errorf("http2: the runtime sent more than %d frames in one call that carry nothing of its answer (PING, SETTINGS, DATA without data, ...)", criMaxNoise)
 
 // h2Conn is one HTTP/2 connection of the CRI call, read and written only by
 // the call that owns it: no goroutine of its own. Frames the runtime sends
@@ -175,6 +190,9 @@ type h2Conn struct {
 	// WINDOW_UPDATE gave back yet.
 	unacked  uint32
 	lastUsed time.Time
+	// noise counts the frames this call read that carry nothing of its
+	// answer (criMaxNoise).
+	noise int
 }
 
 // newCRIClient makes the CRI call's client.
@@ -517,6 +535,7 @@ func newH2Conn(conn net.Conn) *h2Conn {
 // keep that the connection may serve another call. err is the call's
 // failure: an *rpcError of the answer, else the connection's.
 func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondition, answered, keep bool, err error) {
+	h.noise = 0
 	if h.used {
 		if err := h.readPending(); err != nil {
 			return nil, false, false, err
@@ -561,6 +580,11 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 		f, err := h.fr.ReadFrame()
 		if err != nil {
 			return nil, answered, false, err
+		}
+		if !answerOf(f, id) {
+			if err := h.countNoise(); err != nil {
+				return nil, answered, false, err
+			}
 		}
 		h.answerControl(f)
 		switch f := f.(type) {
@@ -635,6 +659,9 @@ func (h *h2Conn) readPending() error {
 		if err != nil {
 			return err
 		}
+		if err := h.countNoise(); err != nil {
+			return err
+		}
 		h.answerControl(f)
 		switch f := f.(type) {
 		case *http2.GoAwayFrame:
@@ -642,6 +669,31 @@ func (h *h2Conn) readPending() error {
 			return fmt.Errorf("%w: http2: server sent GOAWAY between calls; LastStreamID=%v, ErrCode=%v, debug=%q",
 				errStale, f.LastStreamID, f.ErrCode, f.DebugData())
 		}
+	}
+	return nil
+}
+
+// answerOf reports whether f carries part of the answer to stream id: its
+// header blocks, DATA with data, its reset.
+func answerOf(f http2.Frame, id uint32) bool {
+	if f.Header().StreamID != id {
+		return false
+	}
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame, *http2.RSTStreamFrame:
+		return true
+	case *http2.DataFrame:
+		return len(f.Data()) > 0
+	}
+	return false
+}
+
+// countNoise counts a frame that carries nothing of the call's answer:
+// errFlood past criMaxNoise.
+func (h *h2Conn) countNoise() error {
+	h.noise++
+	if h.noise > criMaxNoise {
+		return errFlood
 	}
 	return nil
 }

@@ -40,12 +40,14 @@ type scriptRuntime struct {
 	wrap       func(net.Conn) net.Conn
 	tableSize0 bool
 	accepted   atomic.Int32
+	wg         sync.WaitGroup // its goroutines
 	mu         sync.Mutex
 	errs       []error
 }
 
 // scriptPeer is one connection of a scriptRuntime.
 type scriptPeer struct {
+	r    *scriptRuntime
 	c    net.Conn
 	bw   *bufio.Writer
 	fr   *http2.Framer
@@ -72,6 +74,13 @@ func (p *scriptPeer) ok(id uint32) {
 	p.headers(id, false, ":status", "200", "content-type", "application/grpc")
 	p.fr.WriteData(id, false, frame(p.msg))
 	p.headers(id, true, "grpc-status", "0")
+}
+
+// writeAside writes b to the connection on a goroutine of its own, while
+// the connection's reads go on: a flood whose acks the client writes as it
+// reads does not fill both sockets' buffers and stall.
+func (p *scriptPeer) writeAside(b []byte) {
+	p.r.wg.Go(func() { p.c.Write(b) })
 }
 
 // awaitPingAck reads the client's frames until the ack of a PING of data
@@ -108,7 +117,7 @@ func serveScript(t *testing.T, r *scriptRuntime) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
+	wg := &r.wg
 	var mu sync.Mutex
 	var conns []net.Conn
 	msg, _ := proto.Marshal(conditions(&runtimeapi.RuntimeCondition{Type: runtimeapi.RuntimeReady, Status: true}))
@@ -153,7 +162,7 @@ func (r *scriptRuntime) serve(c net.Conn, msg []byte) {
 	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
 		return
 	}
-	p := &scriptPeer{c: c, bw: bufio.NewWriter(w), msg: msg}
+	p := &scriptPeer{r: r, c: c, bw: bufio.NewWriter(w), msg: msg}
 	p.fr = http2.NewFramer(p.bw, bufio.NewReader(c))
 	p.enc = hpack.NewEncoder(&p.hbuf)
 	var tableSize uint32 = 4096
@@ -435,6 +444,56 @@ func TestCRIProbeResetStreamWordedAsGRPCGo(t *testing.T) {
 				if err := probeH2(c); err == nil || err.Error() != want {
 					t.Fatalf("probe %d: %v\nwant %s", i, err, want)
 				}
+			}
+		})
+	}
+}
+
+// A runtime that floods the call with frames that carry nothing of its
+// answer (20,000 PINGs, SETTINGS or DATA frames without data, each between
+// the answer's headers and its message) fails the call once it has read
+// criMaxNoise of them, and its connection is not kept; before, the call
+// read and answered them all, held until its deadline by an endless flood.
+// TestCRIProbeScriptedRuntimes' 5,000 PINGs a call are answered.
+func TestCRIProbeBoundsAFloodOfFramesNotItsAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(fr *http2.Framer, id uint32)
+	}{
+		{"ping", func(fr *http2.Framer, _ uint32) { fr.WritePing(false, [8]byte{'f', 'l', 'o', 'o', 'd'}) }},
+		{"settings", func(fr *http2.Framer, _ uint32) { fr.WriteSettings() }},
+		{"data without data", func(fr *http2.Framer, id uint32) { fr.WriteData(id, false, nil) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
+				var b bytes.Buffer
+				fr := http2.NewFramer(&b, nil)
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, BlockFragment: p.block(":status", "200", "content-type", "application/grpc")})
+				for range 2 * criMaxNoise {
+					tc.write(fr, id)
+				}
+				fr.WriteData(id, false, frame(p.msg))
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, EndStream: true, BlockFragment: p.block("grpc-status", "0")})
+				p.writeAside(b.Bytes())
+				return false
+			}}
+			sock := serveScript(t, r)
+			c := newCRIClient(sock)
+			defer c.close()
+			want := "CRI RuntimeService/Status on " + sock + ": rpc error: code = Unavailable desc = http2: the runtime sent more than 10000 frames in one call that carry nothing of its answer (PING, SETTINGS, DATA without data, ...)"
+			for i := range 2 {
+				if err := probeH2(c); err == nil || err.Error() != want {
+					t.Fatalf("probe %d: %v\nwant %s", i, err, want)
+				}
+				c.mu.Lock()
+				kept := c.kept
+				c.mu.Unlock()
+				if kept != nil {
+					t.Fatalf("probe %d: the flooded connection was kept", i)
+				}
+			}
+			if n := r.accepted.Load(); n != 2 {
+				t.Errorf("%d connections for 2 probes, want 2", n)
 			}
 		})
 	}
