@@ -39,10 +39,12 @@ type scriptRuntime struct {
 	answer     func(p *scriptPeer, id uint32) (closeConn bool)
 	wrap       func(net.Conn) net.Conn
 	tableSize0 bool
-	accepted   atomic.Int32
-	wg         sync.WaitGroup // its goroutines
-	mu         sync.Mutex
-	errs       []error
+	// window0 makes the runtime's SETTINGS_INITIAL_WINDOW_SIZE 0.
+	window0  bool
+	accepted atomic.Int32
+	wg       sync.WaitGroup // its goroutines
+	mu       sync.Mutex
+	errs     []error
 }
 
 // scriptPeer is one connection of a scriptRuntime.
@@ -55,6 +57,8 @@ type scriptPeer struct {
 	hbuf bytes.Buffer
 	n    int // requests answered on this connection
 	msg  []byte
+	// settingsAcked: the client acknowledged the runtime's SETTINGS.
+	settingsAcked bool
 }
 
 func (p *scriptPeer) block(fields ...string) []byte {
@@ -171,6 +175,9 @@ func (r *scriptRuntime) serve(c net.Conn, msg []byte) {
 		tableSize = 0
 		settings = append(settings, http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0})
 	}
+	if r.window0 {
+		settings = append(settings, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	}
 	p.fr.ReadMetaHeaders = hpack.NewDecoder(tableSize, nil)
 	p.fr.WriteSettings(settings...)
 	p.bw.Flush()
@@ -187,7 +194,9 @@ func (r *scriptRuntime) serve(c net.Conn, msg []byte) {
 		}
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
-			if !f.IsAck() {
+			if f.IsAck() {
+				p.settingsAcked = true
+			} else {
 				p.fr.WriteSettingsAck()
 				p.bw.Flush()
 			}
@@ -496,5 +505,35 @@ func TestCRIProbeBoundsAFloodOfFramesNotItsAnswer(t *testing.T) {
 				t.Errorf("%d connections for 2 probes, want 2", n)
 			}
 		})
+	}
+}
+
+// The client does not keep the runtime's flow-control windows for its
+// request's 5 bytes of DATA: on a new connection they go out before the
+// runtime's SETTINGS are read, as HTTP/2 allows (its defaults hold until
+// then), but on a kept connection they go out whatever window the runtime
+// gave. A runtime whose initial stream window is 0 (grpc-go's server, which
+// containerd's is, gives 64 KiB) resets each later request, FLOW_CONTROL_ERROR:
+// the kept connection's call is then made again on a new one, so every probe
+// is answered, on a new connection each time. This test pins that.
+func TestCRIProbeOfARuntimeWithAStreamWindowOf0(t *testing.T) {
+	r := &scriptRuntime{window0: true, answer: func(p *scriptPeer, id uint32) bool {
+		if p.settingsAcked {
+			// Its window applies: the request's DATA exceeded 0 bytes.
+			p.fr.WriteRSTStream(id, http2.ErrCodeFlowControl)
+			return false
+		}
+		p.ok(id)
+		return false
+	}}
+	c := newCRIClient(serveScript(t, r))
+	defer c.close()
+	for i := range 3 {
+		if err := probeH2(c); err != nil {
+			t.Fatalf("probe %d: %v", i, err)
+		}
+	}
+	if n := r.accepted.Load(); n != 3 || c.retried != 2 {
+		t.Errorf("3 probes: %d connections, %d calls made again; want 3 and 2", n, c.retried)
 	}
 }
