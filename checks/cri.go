@@ -803,8 +803,9 @@ var rstCodes = [...]int{
 // rstError is the call's failure when the runtime reset its stream, worded
 // as grpc-go's client (kubelet's) words it: the code by rstCodes, the
 // HTTP/2 error code named, no stream id (the same words at every probe).
-// A stream that the runtime refused (REFUSED_STREAM) before its headers on
-// a kept connection is made again on a new one (criClient.call).
+// A reset, whatever its code, is no answer: on a kept connection the call
+// is made again once on a new one (criClient.call), where grpc-go makes
+// again only a stream refused (REFUSED_STREAM) or gone away.
 func rstError(ctx context.Context, code http2.ErrCode) *rpcError {
 	c := codeUnknown
 	if int(code) < len(rstCodes) {
