@@ -537,3 +537,31 @@ func TestCRIProbeOfARuntimeWithAStreamWindowOf0(t *testing.T) {
 		t.Errorf("3 probes: %d connections, %d calls made again; want 3 and 2", n, c.retried)
 	}
 }
+
+// A flood sent between calls (20,000 WINDOW_UPDATEs, which ask for no
+// answer, after each connection's first answer, written before the runtime
+// reads the next request) counts against the next call's bound, those read
+// before its request included: that call fails on the kept connection and
+// is made again on a new one, so every probe is answered and no flooded
+// connection serves a second call.
+func TestCRIProbeBoundsAFloodBetweenCalls(t *testing.T) {
+	r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
+		p.ok(id)
+		if p.n == 0 {
+			for range 2 * criMaxNoise {
+				p.fr.WriteWindowUpdate(0, 1)
+			}
+		}
+		return false
+	}}
+	c := newCRIClient(serveScript(t, r))
+	defer c.close()
+	for i := range 3 {
+		if err := probeH2(c); err != nil {
+			t.Fatalf("probe %d: %v", i, err)
+		}
+	}
+	if n := r.accepted.Load(); n != 3 || c.retried != 2 {
+		t.Errorf("3 probes, 20,000 WINDOW_UPDATEs after each connection's first answer: %d connections, %d calls made again; want 3 and 2", n, c.retried)
+	}
+}
