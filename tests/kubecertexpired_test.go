@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/util/certificate"
 
 	"github.com/syself/autopilot-health/report"
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // A node whose kubelet client certificate has expired, against the real
@@ -39,6 +40,10 @@ import (
 // Without the reload (rotatingClient keeping its first pair) the Node gets
 // nothing in the 90 s.
 func TestKubeletClientCertExpiredThenRotated(t *testing.T) {
+	// Mostly waits (the 60 s grace, the backoff): beside the other
+	// Parallel tests. Its Node, ports, sockets and kernel log rules are
+	// its own, and it writes no kernel lines.
+	harness.Parallel(t, 0)
 	n := newKernelNode(t)
 	s := n.api
 	// DiskUsageHigh on, for a condition and a storage report to land.
