@@ -553,7 +553,7 @@ func TestDiskUsageRealHostUnderReadOnlyRemount(t *testing.T) {
 	dc := c.(*diskUsageCheck)
 	before, opts := readMounts()
 	var want []string
-	for _, m := range dc.selectMounts(before).measure {
+	for _, m := range dc.selectMounts(before, dc.linkedPodDirs()).measure {
 		want = append(want, m.MountPoint)
 	}
 	if len(want) == 0 {

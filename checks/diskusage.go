@@ -53,6 +53,12 @@ type diskUsageCheck struct {
 	poolDataPct, poolMetaPct int
 	excludeMP                *regexp.Regexp
 	excludeType              *regexp.Regexp
+	// podDirs are the kubelet's pod volume directories (host paths,
+	// config.PodVolumeDirs) where mount_points_exclude is the default's
+	// (config.DefaultMountPointsExclude), else nil: a mount below where
+	// the host's links lead one of them is matched as named below it too
+	// (linkedPodDirs).
+	podDirs []string
 	// lvmLast is LVM's last report, reused while it can be (askLVM).
 	lvmLast *lvmAnswer
 	// timeout is the check's: the waits for statfs and LVM are parts of it.
@@ -93,8 +99,12 @@ func newDiskUsageCheck(env *Env) (Check, error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second // a configuration built in code; the runner refuses it
 	}
+	var podDirs []string
+	if env.Config.DefaultMountPointsExclude() {
+		podDirs = env.Config.PodVolumeDirs()
+	}
 	stuck := env.stuckCalls()
-	return &diskUsageCheck{env: env, statfsStuck: &stuck.statfs, lvmStuck: &stuck.lvm, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, vgPct: c.VolumeGroupPercent,
+	return &diskUsageCheck{env: env, podDirs: podDirs, statfsStuck: &stuck.statfs, lvmStuck: &stuck.lvm, spacePct: c.SpacePercent, inodesPct: c.InodesPercent, vgPct: c.VolumeGroupPercent,
 		poolDataPct: c.ThinPoolDataPct, poolMetaPct: c.ThinPoolMetaPct, excludeMP: mp, excludeType: ft, timeout: timeout}, nil
 }
 
@@ -220,9 +230,54 @@ func usedOf(total, free uint64) uint64 {
 
 // mountSelection says what became of the mounts of mountinfo: the ones
 // whose filesystems are measured, and how many were left out and why.
+// excludedLink: those of excludedMP matched as named through a link
+// (linkedDir), not as the mount table names them.
 type mountSelection struct {
-	measure                             []Mount
-	total, excludedType, excludedMP, ro int
+	measure                                           []Mount
+	total, excludedType, excludedMP, excludedLink, ro int
+}
+
+// linkedDir is a pod volume directory as configured (named, a host path)
+// and where the host's links lead it at this run (resolved, a host path
+// as the mount table names a mount point below it).
+type linkedDir struct{ named, resolved string }
+
+// linkedPodDirs are the pod volume directories that the host's links lead
+// elsewhere, resolved at each run under the host root as the host follows
+// links (hostio.HostMountPath: the kernel log monitor's resolution of the
+// same directories, kmsg's mountDirs). An operator who moves the kubelet
+// to a data disk by a link, /var/lib/kubelet -> /data/kubelet, has its
+// pods' volumes mounted at /data/kubelet/pods/<uid>/volumes/..., as the
+// kernel writes the mount point, which the default mount_points_exclude,
+// naming /var/lib/kubelet/pods, does not match: a pod's own full volume
+// set the node's DiskUsageHigh. At each run, not once: a link made after
+// the daemon started is followed at the next. A few system calls a
+// directory (BenchmarkDiskUsageLinkedPodDirs), every 2 minutes.
+func (c *diskUsageCheck) linkedPodDirs() []linkedDir {
+	var out []linkedDir
+	for _, d := range c.podDirs {
+		// A directory that leads to / would make every mount its.
+		if r := hostio.HostMountPath(c.env.Config.HostRoot, d); r != d && r != "/" {
+			out = append(out, linkedDir{named: d, resolved: r})
+		}
+	}
+	return out
+}
+
+// excludedThroughLink reports whether the mount point mp, at or below
+// where a link leads a pod volume directory, is excluded by
+// mount_points_exclude as named below that directory
+// (/data/kubelet/pods/<uid>/volumes/... as /var/lib/kubelet/pods/<uid>/volumes/...):
+// what the default leaves out there it leaves out where the link leads,
+// and nothing else.
+func (c *diskUsageCheck) excludedThroughLink(mp string, links []linkedDir) bool {
+	for _, l := range links {
+		if rest, ok := strings.CutPrefix(mp, l.resolved); ok && (rest == "" || rest[0] == '/') &&
+			c.excludeMP.MatchString(l.named+rest) {
+			return true
+		}
+	}
+	return false
 }
 
 // selectMounts picks one mount per filesystem (device) to statfs among the
@@ -231,8 +286,10 @@ type mountSelection struct {
 // mount of the whole filesystem (Root "/", e.g. /var rather than the
 // StateDirectory= bind /var/lib/autopilot-health of a subdirectory of it),
 // else the first mount of it. Filesystems keep the order in which mountinfo
-// first shows them.
-func (c *diskUsageCheck) selectMounts(mounts []Mount) mountSelection {
+// first shows them. links: the pod volume directories the host's links
+// lead elsewhere (linkedPodDirs), a mount below them excluded as named
+// there.
+func (c *diskUsageCheck) selectMounts(mounts []Mount, links []linkedDir) mountSelection {
 	sel := mountSelection{total: len(mounts)}
 	at := map[string]int{} // device -> index in sel.measure
 	for _, m := range mounts {
@@ -241,6 +298,9 @@ func (c *diskUsageCheck) selectMounts(mounts []Mount) mountSelection {
 			sel.excludedType++
 		case c.excludeMP.MatchString(m.MountPoint):
 			sel.excludedMP++
+		case c.excludedThroughLink(m.MountPoint, links):
+			sel.excludedMP++
+			sel.excludedLink++
 		case m.ReadOnly:
 			sel.ro++
 		default:
@@ -285,7 +345,7 @@ func (c *diskUsageCheck) usage(ctx context.Context) ([]FSUsage, []error, mountSe
 	if err != nil {
 		return nil, nil, mountSelection{}, err
 	}
-	sel := c.selectMounts(mounts)
+	sel := c.selectMounts(mounts, c.linkedPodDirs())
 	var out []FSUsage
 	var errs []error
 	// Keyed by the filesystem (device) alone: the mount chosen for a
@@ -366,9 +426,13 @@ func (c *diskUsageCheck) Probe(ctx context.Context) (Result, error) {
 		return Result{Details: ds}, errors.Join(errs...)
 	}
 	if len(entries) == 0 && len(vgs) == 0 {
+		linked := ""
+		if sel.excludedLink > 0 {
+			linked = fmt.Sprintf(" (%d of them below where a link leads the kubelet's pod volume directories, matched as named there)", sel.excludedLink)
+		}
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck,
-			Message: fmt.Sprintf("no writable filesystem to measure in %s: %d mounts, %d excluded by fs_types_exclude, %d by mount_points_exclude, %d of read-only filesystems",
-				mountinfoPath, sel.total, sel.excludedType, sel.excludedMP, sel.ro)}, nil
+			Message: fmt.Sprintf("no writable filesystem to measure in %s: %d mounts, %d excluded by fs_types_exclude, %d by mount_points_exclude%s, %d of read-only filesystems",
+				mountinfoPath, sel.total, sel.excludedType, sel.excludedMP, linked, sel.ro)}, nil
 	}
 	var space, inodes, vgHigh, poolHigh []string
 	for i, u := range entries {

@@ -43,9 +43,30 @@ func (c *Config) deriveFromKubeletRootDir(md toml.MetaData) {
 		return
 	}
 	if !md.IsDefined("checks", "DiskUsageHigh", "mount_points_exclude") {
-		// The defaults' expression names the directory as
-		// var/lib/kubelet/ after its leading ^/( (see default.toml).
-		c.Checks.DiskUsageHigh.MountPointsExclude = strings.ReplaceAll(c.Checks.DiskUsageHigh.MountPointsExclude,
-			"var/lib/kubelet/", regexp.QuoteMeta(strings.TrimPrefix(dir, "/"))+"/")
+		c.Checks.DiskUsageHigh.MountPointsExclude = mountPointsExcludeFor(c.Checks.DiskUsageHigh.MountPointsExclude, dir)
 	}
+}
+
+// mountPointsExcludeFor is the defaults' mount_points_exclude def with the
+// kubelet's directory dir in place of /var/lib/kubelet. The defaults'
+// expression names the directory as var/lib/kubelet/ after its leading
+// ^/( (see default.toml).
+func mountPointsExcludeFor(def, dir string) string {
+	if dir == DefaultKubeletRootDir {
+		return def
+	}
+	return strings.ReplaceAll(def, "var/lib/kubelet/", regexp.QuoteMeta(strings.TrimPrefix(dir, "/"))+"/")
+}
+
+// DefaultMountPointsExclude reports whether DiskUsageHigh's
+// mount_points_exclude is the default's for kubelet_root_dir (the file
+// does not set it, or sets it to that very expression): then the check
+// also leaves out what lies below where the host's links lead the pod
+// volume directories, matched as named below them (a kubelet moved to a
+// data disk by a link, /var/lib/kubelet -> /data/kubelet, whose pods'
+// volumes the mount table names /data/kubelet/pods/...). One the operator
+// writes is kept as written, and matched as the mount table names the
+// mount points only.
+func (c *Config) DefaultMountPointsExclude() bool {
+	return c.Checks.DiskUsageHigh.MountPointsExclude == mountPointsExcludeFor(Default().Checks.DiskUsageHigh.MountPointsExclude, c.KubeletRootDir)
 }

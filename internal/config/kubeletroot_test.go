@@ -104,3 +104,36 @@ func TestKubeletRootDirCleaned(t *testing.T) {
 		t.Errorf("pod volume dirs %q", dirs)
 	}
 }
+
+// DefaultMountPointsExclude: true for the defaults and for the exclusion
+// derived from a kubelet_root_dir (DiskUsageHigh then also follows the
+// links of the pod volume directories), false for one the file sets to
+// anything else (the operator's, kept as written).
+func TestDefaultMountPointsExclude(t *testing.T) {
+	if !Default().DefaultMountPointsExclude() {
+		t.Error("the defaults: not the default mount_points_exclude")
+	}
+	for _, tc := range []struct {
+		file string
+		want bool
+	}{
+		{`kubelet_root_dir = "/data/kube.let"`, true},
+		{"[checks.DiskUsageHigh]\nspace_percent = 80\n", true},
+		{"[checks.DiskUsageHigh]\nmount_points_exclude = \"^/(proc|var/lib/kubelet/pods)($|/)\"\n", false},
+		// The default's expression for /var/lib/kubelet, where the kubelet is not.
+		{"kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nmount_points_exclude = " + strconvQuote(Default().Checks.DiskUsageHigh.MountPointsExclude) + "\n", false},
+	} {
+		c, err := Parse("config.toml", []byte(tc.file), Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.DefaultMountPointsExclude(); got != tc.want {
+			t.Errorf("%q: DefaultMountPointsExclude %v, want %v", tc.file, got, tc.want)
+		}
+	}
+}
+
+// strconvQuote writes s as a TOML basic string.
+func strconvQuote(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}

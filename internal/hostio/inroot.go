@@ -103,6 +103,26 @@ func MountPath(root, p string) string {
 	return filepath.Join(root, p)
 }
 
+// HostMountPath is MountPath spelled as a host path: where the host path p
+// resolves now under root, its links followed as the host follows them,
+// without root before it (/data/kubelet/pods for /var/lib/kubelet/pods
+// with /var/lib/kubelet a link to /data/kubelet, whatever root is): the
+// mount point of a mount there as a host's mount table read under root
+// names it (DiskUsageHigh's). At root "/" it is MountPath's, root's own
+// links resolved. What does not exist yet is joined to the longest part
+// that does; where nothing resolves, p (cleaned).
+func HostMountPath(root, p string) string {
+	if root == "" || root == "/" {
+		return MountPath("/", p)
+	}
+	p = path.Clean("/" + p)
+	r, ok := resolveInRoot(root, p, false)
+	if !ok {
+		return p
+	}
+	return path.Clean(hostRel(root, r))
+}
+
 // resolveInRoot resolves the host path p (clean, absolute) under root with
 // openat2's RESOLVE_IN_ROOT, the longest part of it that exists, and
 // returns it spelled with root as given (real false: InRoot) or as the

@@ -137,6 +137,47 @@ func TestMountPath(t *testing.T) {
 	}
 }
 
+// HostMountPath is MountPath as a host path, the mount point a host's
+// mount table read under root names (DiskUsageHigh's): under another root
+// the host's absolute link is followed under it, and root is not written
+// before it; at "/" it is MountPath.
+func TestHostMountPath(t *testing.T) {
+	tmp, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(tmp, "host")
+	for _, d := range []string{"data/kubelet/pods", "var/lib"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/data/kubelet", filepath.Join(root, "var/lib/kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "data/kubelet"), filepath.Join(tmp, "kubelet")); err != nil {
+		t.Fatal(err)
+	}
+	alias := filepath.Join(tmp, "alias")
+	if err := os.Symlink(root, alias); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ root, p, want string }{
+		{"/", tmp + "/kubelet/pods", root + "/data/kubelet/pods"},
+		{"", tmp + "/kubelet/plugins", root + "/data/kubelet/plugins"}, // not made yet
+		{root, "/var/lib/kubelet/pods", "/data/kubelet/pods"},
+		{root, "/var/lib/kubelet/plugins", "/data/kubelet/plugins"}, // not made yet
+		{alias, "/var/lib/kubelet/pods", "/data/kubelet/pods"},
+		{root, "/srv/pods", "/srv/pods"},
+		{root, "/", "/"},
+		{filepath.Join(tmp, "absent"), "/var/lib/kubelet/pods", "/var/lib/kubelet/pods"},
+	} {
+		if got := HostMountPath(tc.root, tc.p); got != tc.want {
+			t.Errorf("HostMountPath(%q, %q) = %q; want %q", tc.root, tc.p, got, tc.want)
+		}
+	}
+}
+
 // openat2 refused, as the shipped unit's RestrictSUIDSGID=yes refuses it
 // (ENOSYS, for every openat2: seccomp cannot read its mode) and a kernel
 // before 5.6 does: InRoot and MountPath resolve the same, a name at a time
@@ -152,6 +193,7 @@ func TestInRootAndMountPathWithOpenat2Refused(t *testing.T) {
 			sysOpenat2 = func(int, string, *unix.OpenHow) (int, error) { calls++; return -1, errno }
 			TestInRoot(t)
 			TestMountPath(t)
+			TestHostMountPath(t)
 			if calls == 0 {
 				t.Error("openat2 never tried")
 			}
