@@ -1,9 +1,12 @@
 package checks
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/syself/autopilot-health/internal/hostio"
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
@@ -16,12 +19,32 @@ import (
 // does not register a directory).
 func TestPeriodicPseudoFileReadsMakeNoEpollCtl(t *testing.T) {
 	env := testEnv(t, nil) // host root /
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, linked := filepath.Join(dir, "data", "kubelet"), filepath.Join(dir, "kubelet")
+	if err := os.MkdirAll(filepath.Join(target, "pods"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, linked); err != nil {
+		t.Fatal(err)
+	}
 	reads := map[string]func() error{
 		"NvidiaGPUs": func() error { _, err := NvidiaGPUs("/sys/bus/pci/devices"); return err },
 		"lvmVolumes": func() error { _, err := lvmVolumes("/sys/block"); return err },
 		"BootTime":   func() error { _, err := env.BootTime(); return err },
 		// DiskUsageHigh's mount table, every run.
 		"mountinfo": func() error { _, err := readMountinfo(env.Path(mountinfoPath)); return err },
+		// DiskUsageHigh's lookup of the pod volume directories' links, every
+		// run while mount_points_exclude is the default.
+		// A kubelet directory linked to a data disk's, as operators move it.
+		"pod volume dirs": func() error {
+			if got := hostio.HostMountPath("/", linked+"/pods"); got != target+"/pods" {
+				return fmt.Errorf("HostMountPath(%s/pods) = %s, want %s/pods", linked, got, target)
+			}
+			return nil
+		},
 	}
 	ctrls, _ := filepath.Glob("/sys/class/nvme/nvme*")
 	for _, c := range ctrls {
