@@ -2,10 +2,6 @@ package checks
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/syself/autopilot-health/report"
@@ -20,18 +16,18 @@ type kubeletCheck struct {
 	url      string
 	unit     string
 	cooldown time.Duration
-	client   *http.Client
+	get      *healthzGet
 }
 
 func newKubeletCheck(env *Env) (Check, error) {
 	c := env.Config.Checks.KubeletUnhealthy
 	return &kubeletCheck{env: env, url: c.HealthzURL, unit: c.Unit, cooldown: c.RestartCooldown.Duration,
-		client: keptClient(c.Timeout.Duration)}, nil
+		get: newHealthzGet(c.HealthzURL, c.Timeout.Duration)}, nil
 }
 
 // Close closes the kept connection (Closer): a check a reload replaced does
 // not hold it until its idle timeout.
-func (c *kubeletCheck) Close() { c.client.CloseIdleConnections() }
+func (c *kubeletCheck) Close() { c.get.close() }
 
 func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
 	if err := c.probe(ctx); err != nil {
@@ -43,34 +39,8 @@ func (c *kubeletCheck) Probe(ctx context.Context) (Result, error) {
 	return Result{Status: report.StatusFalse, Reason: report.ReasonKubeletIsHealthy, Message: "GET " + c.url + ": ok"}, nil
 }
 
-// probe GETs /healthz. On the kept connection: when it fails before an
-// answer (kubelet restarted since the last probe), net/http makes the GET
-// once more on a new one (an idempotent request on a connection used
-// before), so a restart is never taken for an outage.
-func (c *kubeletCheck) probe(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		// "Get \"<url>\": <cause>", without the local port, another at
-		// each new connection (the message would change at every probe).
-		return withoutLocalAddr(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 512))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: HTTP %d: %s", c.url, resp.StatusCode, strings.TrimSpace(string(body)))
-	}
-	if err != nil {
-		// A 200 is an answer only once its body came: a kubelet that hung
-		// or died mid-answer is not healthy (the client's timeout ends a
-		// body that never comes, as it ends an answer that never starts).
-		return fmt.Errorf("GET %s: HTTP 200, reading the answer: %w", c.url, withoutLocalAddr(err))
-	}
-	return nil
-}
+// probe GETs /healthz (healthzGet): a 200 with its body is healthy.
+func (c *kubeletCheck) probe(ctx context.Context) error { return c.get.get(ctx) }
 
 // repairResult is the result of a failed repair probe: True with the
 // failure and what the repairer did about it; Unknown (NoData) while the

@@ -48,7 +48,7 @@ func BenchmarkProbeCost(b *testing.B) {
 	})
 	b.Run("kubelet", func(b *testing.B) {
 		addr := probeCostServer(b, "kubelet")
-		c := &kubeletCheck{url: "http://" + addr + "/healthz", client: keptClient(10 * time.Second)}
+		c := &kubeletCheck{url: "http://" + addr + "/healthz", get: newHealthzGet("http://"+addr+"/healthz", 10*time.Second)}
 		defer c.Close()
 		probeCostLoop(b, every, func(ctx context.Context) error { return c.probe(ctx) })
 	})
