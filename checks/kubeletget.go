@@ -170,8 +170,11 @@ func (g *healthzGet) get(ctx context.Context) error {
 		return g.viaClient(ctx)
 	}
 	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, g.timeout)
-	defer cancel()
+	if g.timeout > 0 { // none where the check has none, as net/http's client
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+	}
 	h := g.take()
 	reused := h != nil
 	answered, unusual, err := g.exchange(ctx, parent, h)

@@ -297,3 +297,19 @@ func TestHealthzGetClosesAnIdleConnection(t *testing.T) {
 		}
 	})
 }
+
+// A GET without a timeout of its own (a check timeout of 0, which the
+// configuration refuses but a caller may give) is bounded by its caller's
+// context alone, as net/http's client with no Timeout was; it is not a GET
+// whose time is up before it starts.
+func TestHealthzGetWithoutATimeout(t *testing.T) {
+	addr, _ := rawPeer(t, func(c net.Conn, _ int) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	g := newHealthzGet("http://"+addr+"/healthz", 0)
+	defer g.close()
+	if err := getWithin(t, g); err != nil {
+		t.Fatal(err)
+	}
+}
