@@ -70,6 +70,12 @@ func BenchmarkProbeGetProto(b *testing.B) {
 		defer g.close()
 		probeCostLoop(b, every, g.get)
 	})
+	b.Run("healthzget-notimeout", func(b *testing.B) {
+		g := newHealthzGet("http://"+addr(b)+"/healthz", 10*time.Second)
+		g.timeout = 0 // no context.WithTimeout of its own: the loop's alone
+		defer g.close()
+		probeCostLoop(b, every, g.get)
+	})
 	b.Run("a-bare-noctx", func(b *testing.B) {
 		g := syncGet{}
 		g.init(addr(b))
