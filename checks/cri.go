@@ -634,6 +634,15 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 					return nil, true, false, err
 				}
 			} else {
+				if !f.StreamEnded() {
+					// Trailers end the stream: a second header
+					// block that does not is the runtime's error,
+					// as grpc-go's client (kubelet's) reads it,
+					// not one more part of the answer (an
+					// endless run of them would be read until
+					// the call's deadline, past criMaxNoise).
+					return nil, true, false, &rpcError{codeInternal, "a HEADERS frame cannot appear in the middle of a stream"}
+				}
 				trailer = grpcFields(f)
 			}
 			if f.StreamEnded() {

@@ -565,3 +565,45 @@ func TestCRIProbeBoundsAFloodBetweenCalls(t *testing.T) {
 		t.Errorf("3 probes, 20,000 WINDOW_UPDATEs after each connection's first answer: %d connections, %d calls made again; want 3 and 2", n, c.retried)
 	}
 }
+
+// A header block in the middle of the answer's stream (after its response
+// headers, not ending the stream) is the runtime's error, as kubelet's
+// grpc-go client reads it (operateHeaders: Internal "a HEADERS frame cannot
+// appear in the middle of a stream"): the call fails at the first such
+// block and its connection is not kept. Before, each was read as the
+// answer's trailers and the call read on, so 20,000 of them (frames that
+// carry nothing of the answer, but were counted as its part) were all
+// read, and an endless run of them held the probe until its deadline past
+// the 10,000-frame bound.
+func TestCRIProbeRefusesHeadersInTheMiddleOfTheStream(t *testing.T) {
+	r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
+		var b bytes.Buffer
+		fr := http2.NewFramer(&b, nil)
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, BlockFragment: p.block(":status", "200", "content-type", "application/grpc")})
+		for range 2 * criMaxNoise {
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, BlockFragment: p.block("grpc-status", "0")})
+		}
+		fr.WriteData(id, false, frame(p.msg))
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, EndStream: true, BlockFragment: p.block("grpc-status", "0")})
+		p.writeAside(b.Bytes())
+		return false
+	}}
+	sock := serveScript(t, r)
+	c := newCRIClient(sock)
+	defer c.close()
+	want := "CRI RuntimeService/Status on " + sock + ": rpc error: code = Internal desc = a HEADERS frame cannot appear in the middle of a stream"
+	for i := range 2 {
+		if err := probeH2(c); err == nil || err.Error() != want {
+			t.Fatalf("probe %d: %v\nwant %s", i, err, want)
+		}
+		c.mu.Lock()
+		kept := c.kept
+		c.mu.Unlock()
+		if kept != nil {
+			t.Fatalf("probe %d: the connection was kept", i)
+		}
+	}
+	if n := r.accepted.Load(); n != 2 {
+		t.Errorf("%d connections for 2 probes, want 2", n)
+	}
+}
