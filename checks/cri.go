@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -514,7 +515,7 @@ func (c *criClient) exchange(ctx context.Context, h *h2Conn) (conds []criConditi
 
 func newH2Conn(conn net.Conn) *h2Conn {
 	h := &h2Conn{conn: conn, bw: bufio.NewWriterSize(conn, 1024), br: bufio.NewReaderSize(conn, 4096), next: 1}
-	h.fr = http2.NewFramer(h.bw, h.br)
+	h.fr = http2.NewFramer(h.bw, &frameCounter{r: h.br, h: h})
 	// A frame longer than HTTP/2's default SETTINGS_MAX_FRAME_SIZE, which
 	// the client does not raise, is the runtime's error, as grpc-go's client
 	// (kubelet's) reads it; the Framer's own limit is 16 MiB, and it keeps a
@@ -705,6 +706,51 @@ func (h *h2Conn) countNoise() error {
 		return errFlood
 	}
 	return nil
+}
+
+// frameCounter passes the runtime's bytes from the connection to the
+// Framer and counts against the call's bound (countNoise) each
+// CONTINUATION frame without a fragment: the Framer joins a header block's
+// CONTINUATIONs inside one ReadFrame (ReadMetaHeaders), where the call does
+// not see them, and keeps reading empty ones however many come (x/net's
+// bound on a header block is of its size), so a runtime sending them
+// without end held the call until its deadline. Past the bound the next
+// read fails (a failure returned with the bytes of a whole frame header
+// would be dropped by io.ReadFull).
+type frameCounter struct {
+	r    io.Reader
+	h    *h2Conn
+	hdr  [9]byte
+	nhdr int    // bytes of the current frame header passed
+	left uint32 // bytes of the current frame's payload still to pass
+	err  error  // the bound was passed: every later read fails
+}
+
+func (c *frameCounter) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.r.Read(p)
+	for b := p[:n]; len(b) > 0; {
+		if c.left > 0 {
+			k := min(uint32(len(b)), c.left)
+			c.left -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(c.hdr[c.nhdr:], b)
+		c.nhdr += k
+		b = b[k:]
+		if c.nhdr < len(c.hdr) {
+			continue
+		}
+		c.nhdr = 0
+		c.left = uint32(c.hdr[0])<<16 | uint32(c.hdr[1])<<8 | uint32(c.hdr[2])
+		if http2.FrameType(c.hdr[3]) == http2.FrameContinuation && c.left == 0 && c.err == nil {
+			c.err = c.h.countNoise()
+		}
+	}
+	return n, err
 }
 
 // answerControl does what a frame asks of the connection, whichever call

@@ -607,3 +607,49 @@ func TestCRIProbeRefusesHeadersInTheMiddleOfTheStream(t *testing.T) {
 		t.Errorf("%d connections for 2 probes, want 2", n)
 	}
 }
+
+// A header block continued without end by CONTINUATION frames without a
+// fragment, of the call's stream or of another, counts against the call's
+// bound of frames that carry nothing of its answer: the call fails once it
+// has read criMaxNoise of them, and its connection is not kept. The Framer
+// joins a block's CONTINUATIONs inside one ReadFrame, where the call did
+// not count them: before, it read them until its deadline (2 s here,
+// DeadlineExceeded).
+func TestCRIProbeBoundsAnEndlessHeaderBlock(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		other uint32 // added to the call's stream id
+	}{{"its stream", 0}, {"another stream", 100}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &scriptRuntime{answer: func(p *scriptPeer, id uint32) bool {
+				blk := p.block(":status", "200", "content-type", "application/grpc")
+				c := p.c
+				p.r.wg.Go(func() {
+					// Its own Framer on the connection: the runtime's
+					// reads go on, and a write fails once the client
+					// closes the connection.
+					fr := http2.NewFramer(c, nil)
+					fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id + tc.other, BlockFragment: blk})
+					for fr.WriteContinuation(id+tc.other, false, nil) == nil {
+					}
+				})
+				return false
+			}}
+			sock := serveScript(t, r)
+			c := newCRIClient(sock)
+			defer c.close()
+			want := "CRI RuntimeService/Status on " + sock + ": rpc error: code = Unavailable desc = http2: the runtime sent more than 10000 frames in one call that carry nothing of its answer (PING, SETTINGS, DATA without data, ...)"
+			for i := range 2 {
+				if err := probeH2(c); err == nil || err.Error() != want {
+					t.Fatalf("probe %d: %v\nwant %s", i, err, want)
+				}
+				c.mu.Lock()
+				kept := c.kept
+				c.mu.Unlock()
+				if kept != nil {
+					t.Fatalf("probe %d: the flooded connection was kept", i)
+				}
+			}
+		})
+	}
+}
