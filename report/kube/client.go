@@ -141,6 +141,54 @@ func UserNow(c Client) (user string, ok bool) {
 	return user, true
 }
 
+// CredentialsChanged reports whether the kubeconfig of c, a client from
+// NewClient, or the client certificate or key files it names (through
+// their symlinks: a stat follows them) changed since its last call read
+// them: the next call would go out with what is in them now. Files that
+// changed to what the last call found unusable (a half-written
+// certificate, logged) are not a change again. It stats the files, reads
+// none, and never waits for a call under way (that call reads them
+// itself): false then, and for another client. The reporter asks while
+// its calls fail for the credentials (Reporter.credsLoop).
+func CredentialsChanged(c Client) bool {
+	w, ok := c.(credentialsWatcher)
+	return ok && w.credentialsChanged()
+}
+
+// credentialsWatcher is a client that can tell its credentials' files
+// changed (CredentialsChanged): kubeconfigClient, and the tests' fakes.
+type credentialsWatcher interface{ credentialsChanged() bool }
+
+// credentialsChanged is CredentialsChanged.
+func (k *kubeconfigClient) credentialsChanged() bool {
+	if !k.mu.TryLock() {
+		return false // a call is reading the files
+	}
+	read, failed, cur := k.read, k.failed, k.cur
+	k.mu.Unlock()
+	if cur == nil {
+		return false
+	}
+	// Outside the lock: a stat on a hung disk holds no call back.
+	if stamp := stampOf(k.path); stamp != read && stamp != failed {
+		return true
+	}
+	r, ok := cur.(*rotatingClient)
+	return ok && r.changed()
+}
+
+// changed says whether the certificate or key file changed since the
+// client in use was made (or since they last failed to load).
+func (r *rotatingClient) changed() bool {
+	if !r.mu.TryLock() {
+		return false
+	}
+	read, failed := r.read, r.failed
+	r.mu.Unlock()
+	stamps := r.stamps()
+	return stamps != read && stamps != failed
+}
+
 // shownClient is what Source tells of a kubeconfigClient's client in use:
 // set with it, read without its lock. user: the common name of its
 // embedded client certificate, parsed once.
@@ -419,10 +467,7 @@ func stampOf(path string) fileStamp {
 func (r *rotatingClient) client() (Client, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	stamps := [2]fileStamp{stampOf(r.certFile)}
-	if stamps[1] = stamps[0]; r.keyFile != r.certFile { // kubelet-client-current.pem holds both
-		stamps[1] = stampOf(r.keyFile)
-	}
+	stamps := r.stamps()
 	if r.cur != nil && stamps == r.read {
 		return r.cur, nil
 	}
@@ -463,6 +508,15 @@ func (r *rotatingClient) client() (Client, error) {
 	r.read, r.failed = stamps, [2]fileStamp{}
 	r.certs++
 	return c, nil
+}
+
+// stamps are the certificate's and the key's file stamps now.
+func (r *rotatingClient) stamps() [2]fileStamp {
+	stamps := [2]fileStamp{stampOf(r.certFile)}
+	if stamps[1] = stamps[0]; r.keyFile != r.certFile { // kubelet-client-current.pem holds both
+		stamps[1] = stampOf(r.keyFile)
+	}
+	return stamps
 }
 
 // load reads the certificate and key files, a valid pair or an error.

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -239,8 +240,15 @@ type Reporter struct {
 	// failingNow gets a token when failing leaves 0: probeLoop sleeps on
 	// it while no writer fails (no timer wakes an idle daemon).
 	failingNow chan struct{}
+	// credsFailing counts the writers whose last call failed for the
+	// credentials (credentialsRefused); credsLoop looks at the
+	// credentials' files only while it is not 0, and sleeps on
+	// credsFailingNow, which gets a token when it leaves 0, meanwhile.
+	credsFailing    atomic.Int32
+	credsFailingNow chan struct{}
 	// backMu guards back, a channel closed (and replaced) when Dial
-	// succeeds after failing.
+	// succeeds after failing, or when the credentials' files change
+	// while calls fail for them (wake).
 	backMu sync.Mutex
 	back   chan struct{}
 }
@@ -264,7 +272,7 @@ func New(o Options) *Reporter {
 	// The queue's events, and the aggregation this reporter publishes, go
 	// to the state file from now on (a no-op where the caller did so).
 	o.Events.KeepIn(o.Store)
-	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), refreshes: make(chan foldOffer), back: make(chan struct{}), failingNow: make(chan struct{}, 1),
+	r := &Reporter{o: o, m: o.Metrics, events: o.Events.ch, adopted: make(chan struct{}), written: make(chan struct{}), rewrite: make(chan struct{}, 1), refreshes: make(chan foldOffer), back: make(chan struct{}), failingNow: make(chan struct{}, 1), credsFailingNow: make(chan struct{}, 1),
 		eventSeq: eventSeqStart()}
 	r.m.SetReporting(true)
 	return r
@@ -280,7 +288,58 @@ func (r *Reporter) Run(ctx context.Context) {
 	if r.o.Dial != nil {
 		wg.Go(func() { r.probeLoop(ctx) })
 	}
+	if _, ok := r.o.Client.(credentialsWatcher); ok {
+		wg.Go(func() { r.credsLoop(ctx) })
+	}
 	wg.Wait()
+}
+
+// credsPoll is how often credsLoop looks at the credentials' files while
+// calls fail for them.
+const credsPoll = time.Second
+
+// credsLoop wakes the writers waiting to retry when the kubeconfig or the
+// client certificate files it names change while their calls fail for the
+// credentials (401, 403, a TLS error of a certificate): an operator who
+// fixed a node's credentials (the kubelet's rotation or a new bootstrap,
+// a pair copied in, kubelet.conf rewritten) has the Node updated within
+// about a second (credsPoll, then the call), not at the end of a backoff
+// wait of up to a minute. It stats the files (CredentialsChanged) every
+// credsPoll while a writer's last call failed so, and sleeps on
+// credsFailingNow otherwise: no timer while the writes succeed, nor while
+// they fail otherwise.
+func (r *Reporter) credsLoop(ctx context.Context) {
+	t := time.NewTimer(credsPoll)
+	defer t.Stop()
+	for {
+		if r.credsFailing.Load() == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.credsFailingNow:
+			}
+			t.Reset(credsPoll)
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if r.credsFailing.Load() != 0 && CredentialsChanged(r.o.Client) {
+			r.wake()
+		}
+		t.Reset(credsPoll)
+	}
+}
+
+// wake has the writers waiting to retry retry now, their backoff reset
+// (apiBack), but not before the end of what the API server asked for.
+func (r *Reporter) wake() {
+	r.backMu.Lock()
+	close(r.back)
+	r.back = make(chan struct{})
+	r.backMu.Unlock()
 }
 
 // probeInterval is how often probeLoop dials while a write is failing and
@@ -334,10 +393,7 @@ func (r *Reporter) probeLoop(ctx context.Context) {
 			down, wait = true, probeInterval
 		case down:
 			down = false
-			r.backMu.Lock()
-			close(r.back)
-			r.back = make(chan struct{})
-			r.backMu.Unlock()
+			r.wake()
 		default:
 			wait = min(2*wait, probeAcceptedMax)
 		}
@@ -346,7 +402,8 @@ func (r *Reporter) probeLoop(ctx context.Context) {
 }
 
 // apiBack returns a channel closed when the API server accepts connections
-// again after it did not (never closed without Options.Dial).
+// again after it did not (never closed without Options.Dial), or when the
+// credentials' files changed while calls failed for them (credsLoop).
 func (r *Reporter) apiBack() <-chan struct{} {
 	r.backMu.Lock()
 	defer r.backMu.Unlock()
@@ -432,10 +489,60 @@ type errorLog struct {
 	failing    *atomic.Int32
 	failingNow chan struct{}
 	counted    bool
+	// credsFailing, if set, counts the loops whose last call failed for
+	// the credentials (Reporter.credsFailing; credsCounted: this one is
+	// counted); credsFailingNow gets a token when it leaves 0.
+	credsFailing    *atomic.Int32
+	credsFailingNow chan struct{}
+	credsCounted    bool
 }
 
 func (r *Reporter) newErrorLog(what string) *errorLog {
-	return &errorLog{log: r.o.Log, what: what, failing: &r.failing, failingNow: r.failingNow}
+	return &errorLog{log: r.o.Log, what: what, failing: &r.failing, failingNow: r.failingNow,
+		credsFailing: &r.credsFailing, credsFailingNow: r.credsFailingNow}
+}
+
+// count sets a loop's membership (in, was *counted) in the count n of
+// failing loops, giving now a token when n leaves 0.
+func count(in bool, counted *bool, n *atomic.Int32, now chan struct{}) {
+	if n == nil || in == *counted {
+		return
+	}
+	*counted = in
+	if !in {
+		n.Add(-1)
+	} else if n.Add(1) == 1 && now != nil {
+		select {
+		case now <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// credentialsRefused reports whether err is a failure that other
+// credentials' files could end: the API server's 401 (a certificate
+// expired, or not signed by its client CA) or 403 (the Node authorizer's
+// answer to a certificate that names another node, or no node), the TLS
+// handshake failed on a certificate (the server's alert about the client
+// certificate, a server certificate the kubeconfig's CA does not verify).
+func credentialsRefused(err error) bool {
+	if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) {
+		return true
+	}
+	var (
+		ua x509.UnknownAuthorityError
+		ci x509.CertificateInvalidError
+		he x509.HostnameError
+		ve *tls.CertificateVerificationError
+	)
+	if errors.As(err, &ua) || errors.As(err, &ci) || errors.As(err, &he) || errors.As(err, &ve) {
+		return true
+	}
+	// The server's alert (crypto/tls returns it as a "remote error"
+	// net.OpError): bad certificate, certificate required, expired
+	// certificate, unknown certificate authority.
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error" && oe.Err != nil && strings.Contains(oe.Err.Error(), "certificate")
 }
 
 func (l *errorLog) fail(err error, retryIn time.Duration) {
@@ -443,17 +550,8 @@ func (l *errorLog) fail(err error, retryIn time.Duration) {
 	// out) has the probe dial: an answer (a 429 of its priority and
 	// fairness, a 503, a 403) says the server is reachable, and a dial a
 	// second from every node would only add load on its bad day.
-	if unanswered := !answered(err); unanswered != l.counted && l.failing != nil {
-		l.counted = unanswered
-		if !unanswered {
-			l.failing.Add(-1)
-		} else if l.failing.Add(1) == 1 && l.failingNow != nil {
-			select {
-			case l.failingNow <- struct{}{}:
-			default:
-			}
-		}
-	}
+	count(!answered(err), &l.counted, l.failing, l.failingNow)
+	count(credentialsRefused(err), &l.credsCounted, l.credsFailing, l.credsFailingNow)
 	l.failures++
 	k := errKey(err)
 	if k == l.last {
@@ -520,10 +618,9 @@ func (l *errorLog) ok() {
 	if l.failures > 0 {
 		l.log.Info(l.what+" recovered", "failed_attempts", l.failures)
 	}
-	if l.counted && l.failing != nil {
-		l.failing.Add(-1)
-	}
-	l.failures, l.last, l.counted = 0, "", false
+	count(false, &l.counted, l.failing, nil)
+	count(false, &l.credsCounted, l.credsFailing, nil)
+	l.failures, l.last = 0, ""
 }
 
 // answered reports whether err is an answer of the API server (a status,
