@@ -55,8 +55,36 @@ type healthzGet struct {
 // keptHTTP is the kept connection of healthzGet and its reader.
 type keptHTTP struct {
 	conn     net.Conn
+	lr       *headerLimit // what br reads from conn
 	br       *bufio.Reader
 	lastUsed time.Time
+}
+
+// maxAnswerHeader bounds what an answer's status line and header may take,
+// net/http's Transport's default MaxResponseHeaderBytes: a peer that sends
+// a header without end (another process on kubelet's port) is an error at
+// that bound, in net/http's words, not read into memory until the timeout.
+const maxAnswerHeader = 10 << 20
+
+// headerLimit reads from r at most left bytes (net/http's persistConn's
+// readLimit): set to maxAnswerHeader while an answer's header is read.
+type headerLimit struct {
+	r    io.Reader
+	left int64
+}
+
+var errHeaderLimit = fmt.Errorf("net/http: server response headers exceeded %d bytes; aborted", maxAnswerHeader)
+
+func (l *headerLimit) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errHeaderLimit
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
 }
 
 // newHealthzGet is the GET of rawURL bounded by the probe's share of the
@@ -220,8 +248,10 @@ func (g *healthzGet) exchange(ctx, parent context.Context, h *keptHTTP) (answere
 		if err != nil {
 			return false, false, g.transportError(ctx, parent, err)
 		}
-		h = &keptHTTP{conn: conn, br: bufio.NewReaderSize(conn, 4096)}
+		lr := &headerLimit{r: conn}
+		h = &keptHTTP{conn: conn, lr: lr, br: bufio.NewReaderSize(lr, 4096)}
 	}
+	h.lr.left = maxAnswerHeader
 	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.GotConn != nil {
 		tr.GotConn(httptrace.GotConnInfo{Conn: h.conn, Reused: reused})
 	}
@@ -243,7 +273,11 @@ func (g *healthzGet) exchange(ctx, parent context.Context, h *keptHTTP) (answere
 	}
 	// Bytes came: the GET is not made again (net/http's rule too).
 	resp, err := http.ReadResponse(h.br, nil)
+	h.lr.left = 1<<63 - 1 // the body's bound is the 512 bytes read
 	if err != nil {
+		if errors.Is(err, errHeaderLimit) {
+			err = errHeaderLimit
+		}
 		if ctx.Err() == nil {
 			err = fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w", err)
 		}
@@ -264,12 +298,13 @@ func (g *healthzGet) exchange(ctx, parent context.Context, h *keptHTTP) (answere
 		}
 		return true, false, fmt.Errorf("GET %s: HTTP 200, reading the answer: %w", g.url, withoutLocalAddr(err))
 	}
-	// Kept only when the answer was read whole (its body no longer than
-	// what was read) and the peer keeps it too.
-	var one [1]byte
-	if n, err := resp.Body.Read(one[:]); n == 0 && err == io.EOF && !resp.Close {
-		keep = true
-	}
+	// Kept only when the answer was read whole and the peer keeps it too:
+	// a body shorter than the 512 bytes read was read to its end, one of
+	// 512 is whole where its length said so. Whether a longer body ended
+	// is not asked: a read past the 512 bytes waits on a peer that sent
+	// them and stops there, and a 200 is healthy at once (as net/http's
+	// client, which closes such a body unread).
+	keep = !resp.Close && (len(body) < 512 || resp.ContentLength == int64(len(body)))
 	return true, false, nil
 }
 
