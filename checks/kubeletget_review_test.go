@@ -2,9 +2,13 @@ package checks
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -156,4 +160,206 @@ func getBounded(t *testing.T, g *healthzGet, bound time.Duration) error {
 		t.Errorf("the GET was held %s (the check's timeout is a minute): %v", bound, err)
 	}
 	return err
+}
+
+// kubeletHealthz is kubelet's /healthz handler as it answers (k8s.io/apiserver
+// healthz: text/plain, nosniff, "ok"), on a net/http server as kubelet serves
+// it (http.ListenAndServe: HTTP/1.1 with keep-alive).
+func kubeletHealthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	fmt.Fprint(w, "ok")
+}
+
+// A net/http server that closes its idle connections between two probes
+// (its IdleTimeout shorter than the probes' interval), one that closes them
+// with a reset, and kubelet restarted on the same port between two probes:
+// each probe healthy, the GET on the closed kept connection made again on
+// a new one. The same on [::1] and through a localhost URL.
+func TestHealthzGetAgainstARealServerThatLetsConnectionsGo(t *testing.T) {
+	for _, tc := range []struct{ name, network, listen, host string }{
+		{"127.0.0.1", "tcp4", "127.0.0.1:0", "127.0.0.1"},
+		{"[::1]", "tcp6", "[::1]:0", "[::1]"},
+		{"localhost", "tcp4", "127.0.0.1:0", "localhost"},
+	} {
+		for _, reset := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/reset=%v", tc.name, reset), func(t *testing.T) {
+				l, err := net.Listen(tc.network, tc.listen)
+				if err != nil {
+					t.Skipf("no %s here (run by CI, which has it): %v", tc.network, err)
+				}
+				port := l.Addr().(*net.TCPAddr).Port
+				srv := &http.Server{Handler: http.HandlerFunc(kubeletHealthz), IdleTimeout: 50 * time.Millisecond}
+				if reset { // its closes are resets (SO_LINGER 0)
+					srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+						c.(*net.TCPConn).SetLinger(0)
+						return ctx
+					}
+				}
+				go srv.Serve(l)
+				defer srv.Close()
+				u := fmt.Sprintf("http://%s:%d/healthz", tc.host, port)
+				g := newHealthzGet(u, 4*time.Second)
+				defer g.close()
+				if g.addr == "" {
+					t.Fatal("the GET goes through net/http")
+				}
+				if err := getWithin(t, g); err != nil {
+					t.Fatal(err)
+				}
+				// The server's idle close (a FIN) comes before the next probe.
+				waitFor(t, "the server's idle close", func() bool { return keptClosedByPeer(g) })
+				if err := getWithin(t, g); err != nil {
+					t.Fatalf("after the server's idle close: %v", err)
+				}
+				if g.retried != 1 {
+					t.Errorf("%d GETs made again; want 1 (the one on the closed connection)", g.retried)
+				}
+				if err := getWithin(t, g); err != nil {
+					t.Fatal(err)
+				}
+				// kubelet restarted: its connections reset, a new server on the port.
+				srv.Close()
+				waitFor(t, "the old server's close", func() bool { return keptClosedByPeer(g) })
+				l2, err := net.Listen(tc.network, l.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv2 := &http.Server{Handler: http.HandlerFunc(kubeletHealthz)}
+				go srv2.Serve(l2)
+				defer srv2.Close()
+				if err := getWithin(t, g); err != nil {
+					t.Fatalf("after kubelet restarted: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// keptClosedByPeer: g's kept connection has the peer's end (EOF or a reset).
+func keptClosedByPeer(g *healthzGet) bool {
+	g.mu.Lock()
+	h := g.kept
+	g.mu.Unlock()
+	if h == nil {
+		return false
+	}
+	h.conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+	defer h.conn.SetReadDeadline(time.Time{})
+	_, err := h.br.Peek(1)
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
+		if i == 1000 {
+			t.Fatalf("%s did not come within 10 s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The GET under the check's timeout at its bounds (the configuration's
+// 100 ms, a direct caller's 2 ns, whose probe share is 1 ns), canceled by its
+// caller (a reload, the daemon's stop): the outcome and the words of
+// net/http's client. A peer that answers before it read the request and
+// closes is healthy.
+func TestHealthzGetAtTheBoundsSaysWhatNetHTTPSaid(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	healthy := func(c net.Conn, _ int) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	}
+	silent := func(c net.Conn, _ int) bool { <-release; return false }
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		peer    func(c net.Conn, n int) bool
+		cancel  bool // the caller cancels the GET 50 ms in
+		want    string
+	}{
+		{"100ms, healthy", 100 * time.Millisecond, healthy, false, ""},
+		{"100ms, no answer", 100 * time.Millisecond, silent, false, "context deadline exceeded (Client.Timeout exceeded while awaiting headers)"},
+		{"2ns", 2, healthy, false, "context deadline exceeded"},
+		{"canceled", 4 * time.Second, silent, true, ": context canceled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, _ := rawPeer(t, tc.peer)
+			u := "http://" + addr + "/healthz"
+			g := newHealthzGet(u, tc.timeout)
+			defer g.close()
+			get := func(g *healthzGet) string {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if tc.cancel {
+					time.AfterFunc(50*time.Millisecond, cancel)
+				}
+				return errString(g.get(ctx))
+			}
+			got := get(g)
+			want := get(&healthzGet{url: u, client: g.client})
+			if got != want || !strings.Contains(got, tc.want) || (tc.want == "") != (got == "") {
+				t.Errorf("the GET says\n\t%q\nnet/http said\n\t%q\nwant both with %q", got, want, tc.want)
+			}
+		})
+	}
+	t.Run("answered before the request was read", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				c.Close()
+			}
+		}()
+		u := "http://" + l.Addr().String() + "/healthz"
+		g := newHealthzGet(u, 4*time.Second)
+		defer g.close()
+		// net/http's client can fail here: its reader goroutine may find
+		// the answer before the request went out ("readLoopPeekFailLocked:
+		// %!w(<nil>)", seen once, 0 times in 200 GETs another run); the GET
+		// of the probe's goroutine reads only after its write.
+		for i := range 20 {
+			if err := getWithin(t, g); err != nil {
+				t.Fatalf("GET %d: %v; want healthy", i+1, err)
+			}
+		}
+	})
+}
+
+// Eight callers at once on one GET (the runner runs a check's probes one at
+// a time; the one-shot check and tests need not): each healthy, no race.
+func TestHealthzGetByEightCallersAtOnce(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(kubeletHealthz))
+	defer srv.Close()
+	g := newHealthzGet(srv.URL+"/healthz", 4*time.Second)
+	defer g.close()
+	errs := make(chan error, 8*50)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				errs <- getWithin(t, g)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
