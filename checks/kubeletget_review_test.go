@@ -92,6 +92,26 @@ func TestHealthzGetReadsAsNetHTTPRead(t *testing.T) {
 			<-release
 			return false
 		}, "", false},
+		{"bad Content-Length", func(c net.Conn, _ int) bool {
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: two\r\n\r\nok")
+			return false
+		}, "bad Content-Length", false},
+		{"two Content-Lengths", func(c net.Conn, _ int) bool {
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
+			return false
+		}, "Content-Length", false},
+		{"HTTP/2.0 status line", func(c net.Conn, _ int) bool {
+			fmt.Fprint(c, "HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return true
+		}, "", false},
+		{"status 999", func(c net.Conn, _ int) bool {
+			fmt.Fprint(c, "HTTP/1.1 999 Odd\r\nContent-Length: 3\r\n\r\nodd")
+			return true
+		}, ": HTTP 999: odd", false},
+		{"more than Content-Length", func(c net.Conn, _ int) bool {
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA")
+			return true
+		}, "", false},
 		{"headers without end", func(c net.Conn, _ int) bool {
 			fmt.Fprint(c, "HTTP/1.1 200 OK\r\n")
 			line := []byte("X-A: " + strings.Repeat("a", 1000) + "\r\n")
