@@ -114,11 +114,8 @@ type criCondition struct {
 // an answer (the runtime restarted since the last probe) is made once more
 // on a new connection, so a restart is never taken for an outage.
 //
-// A call owns the connection while it runs (take, put): a call that starts
-// while another still runs (a timed-out probe's goroutine) dials one of its
-// own, and of two connections put back the one already kept stays. The
-// kept connection is closed once unused for keptConnIdle (a timer reset at
-// each put, far in the future while probes use it: no wake-up).
+// A call owns the connection while it runs, and it is closed once unused
+// for keptConnIdle (keptSlot).
 type criClient struct {
 	socket string
 	sock   *keptSocket
@@ -128,17 +125,11 @@ type criClient struct {
 	// its SETTINGS_HEADER_TABLE_SIZE.
 	header []byte
 
-	mu   sync.Mutex
-	kept *h2Conn
-	idle *time.Timer // closes kept once unused for keptConnIdle
+	kept keptSlot[*h2Conn]
+	mu   sync.Mutex // retried
 	// retried counts the calls made again on a new connection (tests).
 	retried int
 }
-
-// keptConnIdle is how long a probe's kept connection (the CRI call's and
-// kubelet's /healthz) may stay unused (a probe every 10 s uses it long
-// before).
-const keptConnIdle = 90 * time.Second
 
 const (
 	// criStreamWindow is the flow-control window a stream of ours
@@ -189,8 +180,7 @@ type h2Conn struct {
 	goaway bool   // the runtime sent GOAWAY: no new stream
 	// unacked is what DATA consumed of the connection's window and no
 	// WINDOW_UPDATE gave back yet.
-	unacked  uint32
-	lastUsed time.Time
+	unacked uint32
 	// noise counts the frames this call read that carry nothing of its
 	// answer (criMaxNoise).
 	noise int
@@ -214,63 +204,10 @@ func newCRIClient(socket string) *criClient {
 func (c *criClient) CloseIdleConnections() { c.close() }
 
 // close closes the kept connection; a call running keeps its own.
-func (c *criClient) close() {
-	c.mu.Lock()
-	h := c.kept
-	c.kept = nil
-	if c.idle != nil {
-		c.idle.Stop()
-	}
-	c.mu.Unlock()
-	if h != nil {
-		h.conn.Close()
-	}
-}
+func (c *criClient) close() { c.kept.close() }
 
-// take takes the kept connection (nil: none).
-func (c *criClient) take() *h2Conn {
-	c.mu.Lock()
-	h := c.kept
-	c.kept = nil
-	c.mu.Unlock()
-	return h
-}
-
-// put keeps h for the next call, or closes it where another is kept.
-func (c *criClient) put(h *h2Conn) {
-	h.lastUsed = time.Now()
-	c.mu.Lock()
-	if c.kept != nil {
-		c.mu.Unlock()
-		h.conn.Close()
-		return
-	}
-	c.kept = h
-	if c.idle == nil {
-		c.idle = time.AfterFunc(keptConnIdle, c.idleClose)
-	} else {
-		c.idle.Reset(keptConnIdle)
-	}
-	c.mu.Unlock()
-}
-
-// idleClose closes the kept connection when unused for keptConnIdle.
-func (c *criClient) idleClose() {
-	c.mu.Lock()
-	h := c.kept
-	if h == nil {
-		c.mu.Unlock()
-		return
-	}
-	if left := keptConnIdle - time.Since(h.lastUsed); left > 0 {
-		c.idle.Reset(left) // put back as the timer fired
-		c.mu.Unlock()
-		return
-	}
-	c.kept = nil
-	c.mu.Unlock()
-	h.conn.Close()
-}
+// Close closes h's connection (keptSlot).
+func (h *h2Conn) Close() error { return h.conn.Close() }
 
 // keptSocket is the unix socket a transport keeps a connection to between
 // probes (the CRI call's, cilium-agent's API): it dials the path and
@@ -466,7 +403,7 @@ func (c *criClient) call(ctx context.Context) ([]criCondition, error) {
 // callOnce makes the call on the kept connection, or a new one; stale says
 // it failed without an answer on a connection kept from an earlier call.
 func (c *criClient) callOnce(ctx context.Context) (conds []criCondition, stale bool, err error) {
-	return c.exchange(ctx, c.take())
+	return c.exchange(ctx, c.kept.take())
 }
 
 // errStale words a connection that took no new stream: gone away below
@@ -499,7 +436,7 @@ func (c *criClient) exchange(ctx context.Context, h *h2Conn) (conds []criConditi
 	}
 	if keep {
 		h.used = true
-		c.put(h)
+		c.kept.put(h)
 	} else {
 		h.conn.Close()
 	}

@@ -375,9 +375,8 @@ func TestCRIProbeAfterMaxConnectionAge(t *testing.T) {
 		// Await the GOAWAY on the kept connection, read with the answer or
 		// in its socket (none kept: the call read the GOAWAY itself).
 		for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			c.mu.Lock()
-			done := c.kept == nil || c.kept.br.Buffered() > 0 || rawsys.Pending(c.kept.conn)
-			c.mu.Unlock()
+			kept := c.kept.peek()
+			done := kept == nil || kept.br.Buffered() > 0 || rawsys.Pending(kept.conn)
 			if done {
 				break
 			}
@@ -413,9 +412,7 @@ func TestCRIProbeRefusesAFrameLargerThanItsMaximum(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "code = Unavailable desc = http2: frame too large") {
 		t.Fatalf("a runtime that sent a frame of 16,385 bytes: %v, want Unavailable, frame too large", err)
 	}
-	c.mu.Lock()
-	kept := c.kept
-	c.mu.Unlock()
+	kept := c.kept.peek()
 	if kept != nil || r.accepted.Load() != 1 {
 		t.Errorf("after the frame too large: %d connections, one kept: %v; want 1, none kept", r.accepted.Load(), kept != nil)
 	}
@@ -494,9 +491,7 @@ func TestCRIProbeBoundsAFloodOfFramesNotItsAnswer(t *testing.T) {
 				if err := probeH2(c); err == nil || err.Error() != want {
 					t.Fatalf("probe %d: %v\nwant %s", i, err, want)
 				}
-				c.mu.Lock()
-				kept := c.kept
-				c.mu.Unlock()
+				kept := c.kept.peek()
 				if kept != nil {
 					t.Fatalf("probe %d: the flooded connection was kept", i)
 				}
@@ -596,9 +591,7 @@ func TestCRIProbeRefusesHeadersInTheMiddleOfTheStream(t *testing.T) {
 		if err := probeH2(c); err == nil || err.Error() != want {
 			t.Fatalf("probe %d: %v\nwant %s", i, err, want)
 		}
-		c.mu.Lock()
-		kept := c.kept
-		c.mu.Unlock()
+		kept := c.kept.peek()
 		if kept != nil {
 			t.Fatalf("probe %d: the connection was kept", i)
 		}
@@ -643,9 +636,7 @@ func TestCRIProbeBoundsAnEndlessHeaderBlock(t *testing.T) {
 				if err := probeH2(c); err == nil || err.Error() != want {
 					t.Fatalf("probe %d: %v\nwant %s", i, err, want)
 				}
-				c.mu.Lock()
-				kept := c.kept
-				c.mu.Unlock()
+				kept := c.kept.peek()
 				if kept != nil {
 					t.Fatalf("probe %d: the flooded connection was kept", i)
 				}

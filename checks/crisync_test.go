@@ -163,9 +163,7 @@ func TestCRIProbeConcurrentCalls(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	c.mu.Lock()
-	kept := c.kept != nil
-	c.mu.Unlock()
+	kept := c.kept.peek() != nil
 	t.Logf("200 calls from 8 goroutines: %d connections", rl.accepted.Load())
 	if !kept || rl.accepted.Load() >= 100 {
 		t.Errorf("after 200 calls from 8 goroutines: kept %v, %d connections; want one kept, and connections used again", kept, rl.accepted.Load())
@@ -204,9 +202,7 @@ func TestCRIProbeCanceledDuringAHungCall(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a call to a hung runtime went on 10 s after its context was canceled")
 	}
-	c.mu.Lock()
-	kept := c.kept
-	c.mu.Unlock()
+	kept := c.kept.peek()
 	if kept != nil {
 		t.Error("the connection of a canceled call was kept")
 	}

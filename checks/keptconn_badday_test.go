@@ -366,9 +366,7 @@ func TestCRIProbeEndsDuringABlockedWrite(t *testing.T) {
 				case <-time.After(time.Minute):
 					t.Fatal("a call waiting in its write went on a minute past its context's end")
 				}
-				c.mu.Lock()
-				kept := c.kept
-				c.mu.Unlock()
+				kept := c.kept.peek()
 				if kept != nil {
 					t.Error("the connection of a call ended in its write was kept")
 				}

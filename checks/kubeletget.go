@@ -37,15 +37,8 @@ type healthzGet struct {
 
 	dial rawsys.DialFunc // dialLocal (tests: another)
 
-	mu   sync.Mutex
-	kept *keptHTTP
-	// idle closes kept once unused for keptConnIdle: armed when a
-	// connection is put back and none was armed, and when it fires it
-	// is set again for what is left of a connection used since; not
-	// reset at each GET (a timer's change is a change to the runtime's
-	// timer heap at every probe).
-	idle      *time.Timer
-	idleArmed bool
+	kept keptSlot[*keptHTTP]
+	mu   sync.Mutex // retried, fellBack
 	// retried counts the GETs made again on a new connection (tests).
 	retried int
 	// fellBack counts the GETs made again through client (tests).
@@ -54,11 +47,13 @@ type healthzGet struct {
 
 // keptHTTP is the kept connection of healthzGet and its reader.
 type keptHTTP struct {
-	conn     net.Conn
-	lr       *headerLimit // what br reads from conn
-	br       *bufio.Reader
-	lastUsed time.Time
+	conn net.Conn
+	lr   *headerLimit // what br reads from conn
+	br   *bufio.Reader
 }
+
+// Close closes h's connection (keptSlot).
+func (h *keptHTTP) Close() error { return h.conn.Close() }
 
 // maxAnswerHeader bounds what an answer's status line and header may take,
 // net/http's Transport's default MaxResponseHeaderBytes: a peer that sends
@@ -119,17 +114,7 @@ func plainASCII(s string) bool {
 // close closes the kept connection (and the fallback's); a GET running
 // keeps its own.
 func (g *healthzGet) close() {
-	g.mu.Lock()
-	h := g.kept
-	g.kept = nil
-	if g.idle != nil {
-		g.idle.Stop()
-		g.idleArmed = false
-	}
-	g.mu.Unlock()
-	if h != nil {
-		h.conn.Close()
-	}
+	g.kept.close()
 	g.client.CloseIdleConnections()
 }
 
@@ -137,56 +122,12 @@ func (g *healthzGet) close() {
 // cannot serve the next GET (unused for keptConnIdle, or the peer sent
 // something between two GETs: no answer of ours), which it closes.
 func (g *healthzGet) take() *keptHTTP {
-	g.mu.Lock()
-	h := g.kept
-	g.kept = nil
-	g.mu.Unlock()
-	if h != nil && (time.Since(h.lastUsed) >= keptConnIdle || h.br.Buffered() > 0 || rawsys.Pending(h.conn)) {
+	h := g.kept.take()
+	if h != nil && (h.br.Buffered() > 0 || rawsys.Pending(h.conn)) {
 		h.conn.Close()
 		h = nil
 	}
 	return h
-}
-
-// put keeps h for the next GET.
-func (g *healthzGet) put(h *keptHTTP) {
-	h.lastUsed = time.Now()
-	g.mu.Lock()
-	old := g.kept
-	g.kept = h
-	if !g.idleArmed {
-		g.idleArmed = true
-		if g.idle == nil {
-			g.idle = time.AfterFunc(keptConnIdle, g.idleClose)
-		} else {
-			g.idle.Reset(keptConnIdle)
-		}
-	}
-	g.mu.Unlock()
-	if old != nil {
-		old.conn.Close()
-	}
-}
-
-// idleClose closes the kept connection when unused for keptConnIdle, or
-// sets the timer again for what is left where it was used since.
-func (g *healthzGet) idleClose() {
-	g.mu.Lock()
-	h := g.kept
-	if h == nil {
-		g.idleArmed = false
-		g.mu.Unlock()
-		return
-	}
-	if left := keptConnIdle - time.Since(h.lastUsed); left > 0 {
-		g.idle.Reset(left)
-		g.mu.Unlock()
-		return
-	}
-	g.kept = nil
-	g.idleArmed = false
-	g.mu.Unlock()
-	h.conn.Close()
 }
 
 // get GETs the URL: nil for a 200 with its body (at most 512 bytes read).
@@ -262,7 +203,7 @@ func (g *healthzGet) exchange(ctx, parent context.Context, h *keptHTTP) (answere
 		if !stop() || !keep {
 			conn.Close()
 		} else {
-			g.put(h)
+			g.kept.put(h)
 		}
 	}()
 	if _, err := conn.Write(g.req); err != nil {

@@ -260,9 +260,7 @@ func TestHealthzGetAgainstARealServerThatLetsConnectionsGo(t *testing.T) {
 
 // keptClosedByPeer: g's kept connection has the peer's end (EOF or a reset).
 func keptClosedByPeer(g *healthzGet) bool {
-	g.mu.Lock()
-	h := g.kept
-	g.mu.Unlock()
+	h := g.kept.peek()
 	if h == nil {
 		return false
 	}

@@ -150,9 +150,7 @@ func TestHealthzGetDropsWhatCameBetweenTwoGETs(t *testing.T) {
 	}
 	// The stray answer is in the socket before the next GET.
 	for i := 0; ; i++ {
-		g.mu.Lock()
-		h := g.kept
-		g.mu.Unlock()
+		h := g.kept.peek()
 		if h == nil {
 			t.Fatal("no connection kept")
 		}
@@ -216,9 +214,7 @@ func TestHealthzGetFallsBackToNetHTTP(t *testing.T) {
 		if err := getWithin(t, long); err != nil {
 			t.Fatal(err)
 		}
-		long.mu.Lock()
-		kept := long.kept
-		long.mu.Unlock()
+		kept := long.kept.peek()
 		if kept != nil {
 			t.Errorf("a body longer than 512 bytes, not read whole: the connection kept")
 		}
@@ -227,16 +223,12 @@ func TestHealthzGetFallsBackToNetHTTP(t *testing.T) {
 	if err := getWithin(t, short); err != nil {
 		t.Fatal(err)
 	}
-	short.mu.Lock()
-	kept := short.kept
-	short.mu.Unlock()
+	kept := short.kept.peek()
 	if kept == nil {
 		t.Errorf("an answer read whole: the connection not kept")
 	}
 	short.close()
-	short.mu.Lock()
-	kept = short.kept
-	short.mu.Unlock()
+	kept = short.kept.peek()
 	if kept != nil {
 		t.Errorf("close kept the connection")
 	}
