@@ -40,6 +40,9 @@ func TestDiskUsageExcludePatterns(t *testing.T) {
 		"/var/lib/kubelet/plugins/kubernetes.io/csi/driver.longhorn.io/3f2a9c/globalmount": true,
 		"/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pvc-1/globalmount":                  true,
 		"/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pvc-1/globalmount/sub":              true,
+		// The pods directory itself: a disk mounted there (pods' emptyDirs)
+		// is the node's; what lies below it is the pods'.
+		"/var/lib/kubelet/pods": false, "/var/lib/kubelet/pods/0b1c": true,
 		"/var/lib/kubelet/plugins": false, "/var/lib/kubelet/plugins/kubernetes.io/csi/globalmount": false,
 		"/": false, "/var": false, "/var/lib/kubelet": false, "/var/lib/containerd": false,
 		"/devices": false, "/srv/dev": false, "/var/lib/data": false, "/boot": false,

@@ -27,23 +27,57 @@ func validKubeletRootDir(dir string) bool {
 	return filepath.IsAbs(dir) && filepath.Clean(dir) == dir && dir != "/"
 }
 
+// stockMountPointsExclude is default.toml's DiskUsageHigh
+// mount_points_exclude (TestStockMountPointsExcludeIsDefaultTOMLs holds
+// the two equal), written for /var/lib/kubelet: below the pods directory,
+// not the directory itself, whose own mount (a disk for pods' emptyDirs)
+// is measured.
+const stockMountPointsExclude = `^/(dev|proc|sys|run|var/lib/kubelet/pods/.+|var/lib/kubelet/plugins/kubernetes\.io/csi/.+/globalmount|var/lib/containerd/.+|run/containerd)($|/)`
+
+// oldStockMountPointsExclude is the stock mount_points_exclude before the
+// pods directory's own mount was measured (pods($|/) left it out). An
+// operator's file that copied it is taken for the stock default.
+const oldStockMountPointsExclude = `^/(dev|proc|sys|run|var/lib/kubelet/pods|var/lib/kubelet/plugins/kubernetes\.io/csi/.+/globalmount|var/lib/containerd/.+|run/containerd)($|/)`
+
+// isStockMountPointsExclude reports whether v, a mount_points_exclude a
+// file sets, is the stock default copied: default.toml's expression (what
+// `config default` prints and the package installs commented) or the one
+// before it, as written for /var/lib/kubelet or for dir.
+func isStockMountPointsExclude(v, dir string) bool {
+	for _, s := range []string{stockMountPointsExclude, oldStockMountPointsExclude} {
+		if v == s || v == mountPointsExcludeFor(s, dir) {
+			return true
+		}
+	}
+	return false
+}
+
 // deriveFromKubeletRootDir moves what the defaults say of the kubelet's
 // directory to kubelet_root_dir where the file does not set it itself
 // (md: what the file defines): DiskUsageHigh's mount_points_exclude names
 // the pods' volumes below <dir>/pods and CSI's staging mounts below
 // <dir>/plugins/kubernetes.io/csi/.../globalmount, not below
-// /var/lib/kubelet. A mount_points_exclude the file sets is its own. The
-// kubelet's certificates (--cert-dir, /var/lib/kubelet/pki whatever
-// --root-dir is) and kubeadm's files (/var/lib/kubelet/config.yaml,
-// kubeadm-flags.env) do not move with --root-dir, so nothing naming them
-// is derived. A bad kubelet_root_dir derives nothing: validate refuses it.
+// /var/lib/kubelet. A mount_points_exclude the file sets is its own,
+// unless it is the stock default copied (isStockMountPointsExclude): that
+// is the default, derived for dir (before, an operator who copied
+// default.toml's expression and set kubelet_root_dir had the
+// /var/lib/kubelet pattern kept as written, the pods' volumes below dir
+// measured as the node's disks). The kubelet's certificates (--cert-dir,
+// /var/lib/kubelet/pki whatever --root-dir is) and kubeadm's files
+// (/var/lib/kubelet/config.yaml, kubeadm-flags.env) do not move with
+// --root-dir, so nothing naming them is derived. A bad kubelet_root_dir
+// derives nothing: validate refuses it.
 func (c *Config) deriveFromKubeletRootDir(md toml.MetaData) {
 	dir := c.KubeletRootDir
-	if dir == DefaultKubeletRootDir || !validKubeletRootDir(dir) {
+	if !validKubeletRootDir(dir) {
 		return
 	}
-	if !md.IsDefined("checks", "DiskUsageHigh", "mount_points_exclude") {
-		c.Checks.DiskUsageHigh.MountPointsExclude = mountPointsExcludeFor(c.Checks.DiskUsageHigh.MountPointsExclude, dir)
+	mp := &c.Checks.DiskUsageHigh.MountPointsExclude
+	switch {
+	case !md.IsDefined("checks", "DiskUsageHigh", "mount_points_exclude"):
+		*mp = mountPointsExcludeFor(*mp, dir)
+	case isStockMountPointsExclude(*mp, dir):
+		*mp = mountPointsExcludeFor(stockMountPointsExclude, dir)
 	}
 }
 
@@ -60,7 +94,8 @@ func mountPointsExcludeFor(def, dir string) string {
 
 // DefaultMountPointsExclude reports whether DiskUsageHigh's
 // mount_points_exclude is the default's for kubelet_root_dir (the file
-// does not set it, or sets it to that very expression): then the check
+// does not set it, or sets the stock expression, isStockMountPointsExclude,
+// which Parse derives for kubelet_root_dir): then the check
 // also leaves out what lies below where the host's links lead the pod
 // volume directories, matched as named below them (a kubelet moved to a
 // data disk by a link, /var/lib/kubelet -> /data/kubelet, whose pods'
@@ -68,5 +103,5 @@ func mountPointsExcludeFor(def, dir string) string {
 // writes is kept as written, and matched as the mount table names the
 // mount points only.
 func (c *Config) DefaultMountPointsExclude() bool {
-	return c.Checks.DiskUsageHigh.MountPointsExclude == mountPointsExcludeFor(Default().Checks.DiskUsageHigh.MountPointsExclude, c.KubeletRootDir)
+	return c.Checks.DiskUsageHigh.MountPointsExclude == mountPointsExcludeFor(stockMountPointsExclude, c.KubeletRootDir)
 }

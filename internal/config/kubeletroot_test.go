@@ -41,6 +41,9 @@ func TestKubeletRootDirDerives(t *testing.T) {
 		"/data/kubeXlet/pods/0b1c/volumes/kubernetes.io~csi/pvc-1/mount":   false,
 		"/var/lib/kubelet/pods/0b1c/volumes/kubernetes.io~csi/pvc-1/mount": false,
 		"/data/kube.let": false, "/data": false, "/": false, "/proc": true, "/var/lib/containerd/x": true,
+		// The pods directory's own mount (a disk for pods' emptyDirs) is
+		// measured, what lies below it is the pods'; so is plugins/ itself.
+		"/data/kube.let/pods": false, "/data/kube.let/pods/0b1c": true, "/data/kube.let/plugins": false,
 	} {
 		if mp.MatchString(p) != excluded {
 			t.Errorf("mount_points_exclude %q matches %s: %v, want %v", mp, p, !excluded, excluded)
@@ -59,6 +62,23 @@ func TestKubeletRootDirDerives(t *testing.T) {
 	}
 	if got := c.Checks.DiskUsageHigh.MountPointsExclude; got != "^/(proc|var/lib/kubelet/pods)($|/)" {
 		t.Errorf("mount_points_exclude set in the file became %q", got)
+	}
+
+	// The stock expression copied into the file (what `config default`
+	// prints), now's or the one before, which left out the pods directory
+	// itself: the default, derived for kubelet_root_dir. Before, it was
+	// kept as written and the pods' volumes below /data/kubelet were
+	// measured as the node's disks.
+	for _, stock := range []string{Default().Checks.DiskUsageHigh.MountPointsExclude, oldStockMountPointsExclude} {
+		c, err = Parse("config.toml", []byte("kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nmount_points_exclude = "+strconvQuote(stock)+"\n"), Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mp := regexp.MustCompile(c.Checks.DiskUsageHigh.MountPointsExclude)
+		if !mp.MatchString("/data/kubelet/pods/0b1c/volumes/kubernetes.io~csi/pvc-1/mount") || mp.MatchString("/data/kubelet/pods") ||
+			!mp.MatchString("/data/kubelet/plugins/kubernetes.io/csi/pv/pvc-1/globalmount") || mp.MatchString("/var/lib/kubelet/pods/0b1c") {
+			t.Errorf("stock %q copied with kubelet_root_dir /data/kubelet: mount_points_exclude %q, want the default derived for /data/kubelet", stock, mp)
+		}
 	}
 
 	// The default root: the defaults, unchanged.
@@ -120,8 +140,16 @@ func TestDefaultMountPointsExclude(t *testing.T) {
 		{`kubelet_root_dir = "/data/kube.let"`, true},
 		{"[checks.DiskUsageHigh]\nspace_percent = 80\n", true},
 		{"[checks.DiskUsageHigh]\nmount_points_exclude = \"^/(proc|var/lib/kubelet/pods)($|/)\"\n", false},
-		// The default's expression for /var/lib/kubelet, where the kubelet is not.
-		{"kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nmount_points_exclude = " + strconvQuote(Default().Checks.DiskUsageHigh.MountPointsExclude) + "\n", false},
+		// The stock expression for /var/lib/kubelet copied into the file
+		// where the kubelet is elsewhere: the default, derived (before,
+		// false: kept as written, the links not followed).
+		{"kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nmount_points_exclude = " + strconvQuote(Default().Checks.DiskUsageHigh.MountPointsExclude) + "\n", true},
+		// The one before, which left out the pods directory itself, as
+		// operators copied it: the default, for either root.
+		{"kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nmount_points_exclude = " + strconvQuote(oldStockMountPointsExclude) + "\n", true},
+		{"[checks.DiskUsageHigh]\nmount_points_exclude = " + strconvQuote(oldStockMountPointsExclude) + "\n", true},
+		// The stock expression with one more directory is the operator's.
+		{"[checks.DiskUsageHigh]\nmount_points_exclude = " + strconvQuote(strings.Replace(oldStockMountPointsExclude, "run|", "run|srv|", 1)) + "\n", false},
 	} {
 		c, err := Parse("config.toml", []byte(tc.file), Default())
 		if err != nil {
@@ -130,10 +158,23 @@ func TestDefaultMountPointsExclude(t *testing.T) {
 		if got := c.DefaultMountPointsExclude(); got != tc.want {
 			t.Errorf("%q: DefaultMountPointsExclude %v, want %v", tc.file, got, tc.want)
 		}
+		// The default in effect is the stock one's: the pods directory's
+		// own mount measured, whatever form the file copied.
+		if tc.want && regexp.MustCompile(c.Checks.DiskUsageHigh.MountPointsExclude).MatchString(c.KubeletRootDir+"/pods") {
+			t.Errorf("%q: mount_points_exclude %q leaves out %s/pods itself", tc.file, c.Checks.DiskUsageHigh.MountPointsExclude, c.KubeletRootDir)
+		}
 	}
 }
 
 // strconvQuote writes s as a TOML basic string.
 func strconvQuote(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+// default.toml's mount_points_exclude is the stock expression the code
+// takes a file's copy of for the default (isStockMountPointsExclude).
+func TestStockMountPointsExcludeIsDefaultTOMLs(t *testing.T) {
+	if got := Default().Checks.DiskUsageHigh.MountPointsExclude; got != stockMountPointsExclude {
+		t.Errorf("default.toml's mount_points_exclude %q, the code's stock one %q", got, stockMountPointsExclude)
+	}
 }
