@@ -88,6 +88,69 @@ func TestDiskUsageLeavesOutAPodVolumeBelowALinkedKubeletDirOnARealLoopDevice(t *
 	}
 }
 
+// A disk for pods' emptyDirs mounted at the pods directory itself, on the
+// real kernel, through the kubelet's link: a real ext4 on a loop device is
+// mounted at <dir>/data/kubelet/pods, where the link
+// <dir>/var/lib/kubelet -> <dir>/data/kubelet leads kubelet_root_dir's
+// pods directory, and a pod's volume, another real ext4 filled to its
+// last block, below it. With the default mount_points_exclude the pods
+// disk is the node's, in the storage report; the pod's volume is not.
+// Before, the default's pods($|/) left the pods disk out too.
+func TestDiskUsageMeasuresAPodsDiskThroughALinkedKubeletDirOnARealLoopDevice(t *testing.T) {
+	requireLoopTools(t)
+	tok := harness.Token()
+	dir, err := os.MkdirTemp("", "autopilot-health-dupods-"+tok+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if dir, err = filepath.EvalSymlinks(dir); err != nil {
+		t.Fatal(err)
+	}
+	pods := filepath.Join(dir, "data", "kubelet", "pods")
+	mountExt4Loop(t, filepath.Join(dir, "pods.img"), pods)
+	podMount := filepath.Join(pods, "6f1c5a8e-"+tok, "volumes", "kubernetes.io~csi", "pvc-"+tok, "mount")
+	mountExt4Loop(t, filepath.Join(dir, "pod.img"), podMount)
+	fill(t, filepath.Join(podMount, "fill"))
+	kubelet := filepath.Join(dir, "var", "lib", "kubelet")
+	if err := os.MkdirAll(filepath.Dir(kubelet), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "data", "kubelet"), kubelet); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg, err := config.Parse("config.toml", []byte("kubelet_root_dir = \""+kubelet+"\"\n[checks.DiskUsageHigh]\nlvm_command = \"\"\n"), config.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &checks.Env{Config: cfg, NodeName: "n-" + tok, Role: report.RoleWorker,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: bootedADayAgo{checks.RealSys()}, Now: time.Now}
+	c, err := checks.NewForTest("DiskUsageHigh", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Probe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mps []string
+	for _, d := range res.Details {
+		if fss, ok := d.Value.([]checks.FSUsage); ok {
+			for _, u := range fss {
+				mps = append(mps, u.MountPoint)
+			}
+		}
+	}
+	got := strings.Join(mps, " ")
+	if !strings.Contains(" "+got+" ", " "+pods+" ") {
+		t.Errorf("the pods disk %s not measured; measured: %s", pods, got)
+	}
+	if strings.Contains(got, podMount) || strings.Contains(res.Message, podMount) {
+		t.Errorf("the pod's volume %s measured: %s; %s %q", podMount, got, res.Status, res.Message)
+	}
+}
+
 // fill writes zeros to a new file at p until its filesystem has no room.
 func fill(t *testing.T, p string) {
 	t.Helper()
