@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
 	"github.com/syself/autopilot-health/report/kube/kubefake"
@@ -22,13 +23,22 @@ import (
 // forbiddenWrites is a client whose Node writes the API server refuses
 // with 403 (the Node authorizer's answer to a node_name that is not the
 // credentials' node), whose reads pass, and whose credentials' files never
-// change; it counts the looks at them (credentialsChanged).
+// change; it counts the looks at them (credentialsChanged) and keeps their
+// times.
 type forbiddenWrites struct {
 	Client
 	looks, calls atomic.Int64
+	mu           sync.Mutex
+	at           []time.Time
 }
 
-func (f *forbiddenWrites) credentialsChanged() bool { f.looks.Add(1); return false }
+func (f *forbiddenWrites) credentialsChanged() bool {
+	f.looks.Add(1)
+	f.mu.Lock()
+	f.at = append(f.at, time.Now())
+	f.mu.Unlock()
+	return false
+}
 
 func (f *forbiddenWrites) refuse() error {
 	f.calls.Add(1)
@@ -57,19 +67,23 @@ func (l *lockedLog) Write(p []byte) (int, error) {
 // A node_name that is not the credentials' node: every write is refused
 // (403) for hours. The journal has a line about it at error level,
 // asking whether node_name is this node's own, one per writer; the writes
-// are the backoff's (30 to 60 s apart: 484 in 3 h); and
-// credsLoop looks at the credentials' files once a second all along (3
-// hours: about 10,800 looks), which the README says it does while calls
-// fail for the credentials. Review: holds; the looks are not bounded in
-// time.
+// are the backoff's (30 to 60 s apart: 484 in 3 h); and credsLoop looks
+// at the credentials' files once a second for the first 5 minutes
+// (credsFast), then 2, 4 and 8 s apart, then every 10 s at the points of
+// the daemon's grid (here anchored 3 s off the failure's start, so that a
+// look 10 s after the one before would miss them): 1,352 looks in 3 h.
+// Fails with the pace kept at credsPoll (10,799 looks), and with the grid
+// left out (looks 4 s past the grid's points).
 func TestReviewForbiddenForHours(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset(kubeletNode())
 		c := &forbiddenWrites{Client: kubefake.New(cs)}
 		logs := &lockedLog{}
 		store := report.NewStore("b")
-		h := startOpts(t, cs, store, report.NewDetails(), logs, func(o *Options) { o.Client = c })
+		anchor := time.Now().Add(-3 * time.Second)
+		h := startOpts(t, cs, store, report.NewDetails(), logs, func(o *Options) { o.Client = c; o.Grid = tick.New(anchor) })
 		<-h.r.Adopted()
+		start := time.Now()
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "fine"}, time.Now())
 		time.Sleep(3 * time.Hour)
 		synctest.Wait()
@@ -87,8 +101,33 @@ func TestReviewForbiddenForHours(t *testing.T) {
 		if n := c.calls.Load(); n > 2*3*120+20 {
 			t.Errorf("%d calls in 3 h: want the backoff's, 30 to 60 s apart", n)
 		}
-		if n := c.looks.Load(); n < 3*3600-60 || n > 3*3600+60 {
-			t.Errorf("%d looks in 3 h: want one a second", n)
+		// 300 in the first 5 minutes, 3 on the way to 10 s, then one
+		// every 10 s: 1,048 in the 2 h 54 min 36 s left.
+		if n := c.looks.Load(); n < 1340 || n > 1360 {
+			t.Errorf("%d looks in 3 h: want one a second for %s, then one every %s (1,352)", n, credsFast, credsPollMax)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		fast, off := 0, 0
+		for i, at := range c.at {
+			since := at.Sub(start)
+			if since <= credsFast {
+				fast++
+			}
+			if i > 0 && since > credsFast+15*time.Second {
+				if d := at.Sub(c.at[i-1]); d > credsPollMax {
+					t.Errorf("look %d %s after the one before: want at most %s", i, d, credsPollMax)
+				}
+				if at.Sub(anchor)%credsPollMax != 0 {
+					off++
+				}
+			}
+		}
+		if fast < 295 || fast > 301 {
+			t.Errorf("%d looks in the first %s: want one a second", fast, credsFast)
+		}
+		if off > 0 {
+			t.Errorf("%d of the looks at the 10 s pace off the grid's points", off)
 		}
 	})
 }

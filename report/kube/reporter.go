@@ -294,21 +294,53 @@ func (r *Reporter) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// credsPoll is how often credsLoop looks at the credentials' files while
-// calls fail for them.
-const credsPoll = time.Second
+// credsLoop's pace of looks at the credentials' files while calls fail for
+// them: one every credsPoll for the first credsFast of the failure, then
+// the wait doubles up to credsPollMax, from then on at the points of the
+// daemon's 10 s grid (Options.Grid), where its 10 s probes wake it anyway.
+// The first minutes are those of a fix soon after the failure began (the
+// kubelet's new bootstrap or rotation, an operator at work): seen within
+// about a second. A failure that lasts (a node_name not the node's own,
+// answered 403 for days) costs a look every 10 s, no wake-up of its own;
+// credentials fixed hours later reach the Node within credsPollMax and the
+// call. A change of the files, or calls that succeed, start the pace anew.
+const (
+	credsPoll    = time.Second
+	credsFast    = 5 * time.Minute
+	credsPollMax = 10 * time.Second
+)
 
 // credsLoop wakes the writers waiting to retry when the kubeconfig or the
 // client certificate files it names change while their calls fail for the
 // credentials (401, 403, a TLS error of a certificate): an operator who
 // fixed a node's credentials (the kubelet's rotation or a new bootstrap,
 // a pair copied in, kubelet.conf rewritten) has the Node updated within
-// about a second (credsPoll, then the call), not at the end of a backoff
-// wait of up to a minute. It stats the files (CredentialsChanged) every
-// credsPoll while a writer's last call failed so, and sleeps on
+// about a second in the first credsFast of the failure (credsPoll, then
+// the call) and within credsPollMax after it, not at the end of a backoff
+// wait of up to a minute. It stats the files (CredentialsChanged) at that
+// pace while a writer's last call failed so, and sleeps on
 // credsFailingNow otherwise: no timer while the writes succeed, nor while
 // they fail otherwise.
 func (r *Reporter) credsLoop(ctx context.Context) {
+	// since: when the failure began or the files last changed; step: the
+	// wait before the look to come, off the grid.
+	var since time.Time
+	step := credsPoll
+	anew := func() time.Duration {
+		since, step = time.Now(), credsPoll
+		return step
+	}
+	next := func() time.Duration {
+		if time.Since(since) < credsFast {
+			return credsPoll
+		}
+		step = min(2*step, credsPollMax)
+		if step < credsPollMax || r.o.Grid.Anchor().IsZero() {
+			return step
+		}
+		return r.o.Grid.Until(time.Now(), credsPollMax)
+	}
+	anew()
 	t := time.NewTimer(credsPoll)
 	defer t.Stop()
 	for {
@@ -318,18 +350,25 @@ func (r *Reporter) credsLoop(ctx context.Context) {
 				return
 			case <-r.credsFailingNow:
 			}
-			t.Reset(credsPoll)
+			t.Reset(anew())
 			continue
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.credsFailingNow:
+			// The calls succeeded meanwhile and fail again: a new
+			// failure, looked at once a second again.
+			t.Reset(anew())
+			continue
 		case <-t.C:
 		}
 		if r.credsFailing.Load() != 0 && CredentialsChanged(r.o.Client) {
 			r.wake()
+			t.Reset(anew())
+			continue
 		}
-		t.Reset(credsPoll)
+		t.Reset(next())
 	}
 }
 
