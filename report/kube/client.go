@@ -449,9 +449,14 @@ type rotatingClient struct {
 
 // fileStamp tells a file apart from the one before it under the same name;
 // missing: the name names no file (or stat failed), a state of its own.
+// The change time, owner and mode are in it: a chmod or chown that makes
+// an unreadable file readable (the daemon runs without
+// CAP_DAC_OVERRIDE: a 0600 file of another owner, or a 0000 one, is not
+// its to read) is a change, as a new file is.
 type fileStamp struct {
 	dev, ino, size uint64
-	mtime          int64
+	mtime, ctime   int64
+	uid, gid, mode uint32
 	missing        bool
 }
 
@@ -460,7 +465,8 @@ func stampOf(path string) fileStamp {
 	if unix.Stat(path, &st) != nil {
 		return fileStamp{missing: true}
 	}
-	return fileStamp{dev: st.Dev, ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano()}
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(),
+		uid: st.Uid, gid: st.Gid, mode: st.Mode}
 }
 
 // client is the client for the certificate in the files now.

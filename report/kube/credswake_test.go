@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -59,8 +60,14 @@ func (c *credFileClient) credentialsChanged() bool {
 func (c *credFileClient) call(method string, f func() error) error {
 	c.mu.Lock()
 	if s := stampOf(c.path); s != c.read {
-		b, _ := os.ReadFile(c.path)
-		c.read, c.cred = s, string(b)
+		// A file no one may read (mode 0000) is not the daemon's to
+		// read either (it runs without CAP_DAC_OVERRIDE; the test as
+		// root could): the credentials read before stay in use.
+		if fi, err := os.Stat(c.path); err == nil && fi.Mode().Perm()&0o444 != 0 {
+			b, _ := os.ReadFile(c.path)
+			c.cred = string(b)
+		}
+		c.read = s
 	}
 	c.calls++
 	refused := c.cred != c.accept
@@ -190,7 +197,7 @@ func TestCredentialsChangeWakesTheWriters(t *testing.T) {
 // CredentialsChanged of a client from NewClient: false after a call read
 // the files, true once the certificate named by a symlink is rotated as the
 // kubelet does (a new file, the link renamed over), false again after the
-// next call loaded it; a half-written file is a change once, not again
+// next call loaded it; a chmod of it is a change; a half-written file is a change once, not again
 // after a call found it unusable; a rewritten kubeconfig is a change.
 func TestCredentialsChangedFollowsTheFiles(t *testing.T) {
 	srv, _ := nodeServer(t, func(*http.Request) {})
@@ -229,6 +236,18 @@ func TestCredentialsChangedFollowsTheFiles(t *testing.T) {
 	call()
 	if CredentialsChanged(c) {
 		t.Fatal("changed after the call that loaded the rotated pair")
+	}
+	// Its mode alone changed (made readable to the daemon, which cannot
+	// read a file of another owner or with mode 0000).
+	if err := os.Chmod(filepath.Join(dir, "kubelet-client-2.pem"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if !CredentialsChanged(c) {
+		t.Fatal("a certificate whose mode changed is not a change")
+	}
+	call()
+	if CredentialsChanged(c) {
+		t.Fatal("changed after the call that read the certificate after its chmod")
 	}
 	if err := os.WriteFile(filepath.Join(dir, "kubelet-client-2.pem"), []byte("-----BEGIN CERT"), 0o600); err != nil {
 		t.Fatal(err)
@@ -300,4 +319,108 @@ func TestCredentialsRefused(t *testing.T) {
 			t.Errorf("%s (%v): %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
+}
+
+// A file's stamp changes with its mode alone, its owner alone, and its
+// change time alone (a chmod to the mode it has, once the kernel's clock
+// of file times has moved on): a credential file made readable to the
+// daemon is a change, though its bytes and modification time are not.
+// Fails with the mode, the owner or the change time left out of fileStamp.
+func TestFileStampChmodChown(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
+	if err := os.WriteFile(p, []byte("c"), 0o000); err != nil {
+		t.Fatal(err)
+	}
+	s0 := stampOf(p)
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s1 := stampOf(p)
+	if s1 == s0 {
+		t.Error("the stamp is the same after a chmod from 0000 to 0600")
+	}
+	if s1.mode != s0.mode^0o600 {
+		t.Errorf("mode %o after a chmod from %o to 0600", s1.mode, s0.mode)
+	}
+	if err := os.Chown(p, 4242, 4242); err != nil {
+		t.Fatal(err) // the test runs as root
+	}
+	s2 := stampOf(p)
+	if s2 == s1 || s2.uid != 4242 || s2.gid != 4242 {
+		t.Errorf("the stamp after a chown to 4242:4242: %+v, before %+v", s2, s1)
+	}
+	// The change time alone: chmod to the mode it has until the kernel's
+	// coarse clock of file times (a tick of a few ms) has moved on.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := os.Chmod(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s3 := stampOf(p)
+		if s3 != s2 {
+			if s3.ctime == s2.ctime {
+				t.Errorf("the stamp changed with the change time the same: %+v, before %+v", s3, s2)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stamp did not change in 5 s of chmods that change the change time")
+		}
+		runtime.Gosched()
+	}
+}
+
+// A rotation that leaves the certificate file unreadable to the daemon
+// (mode 0000), fixed by a chmod alone: credsLoop sees the mode's change
+// and the writers' next call, with the credentials now read, goes out
+// within a second (credsPoll), not at the end of their backoff. Fails with
+// the mode and change time left out of fileStamp (no call within the
+// second: the writers wait out their backoff, up to a minute).
+func TestCredentialsChmodWakesTheWriters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cred := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
+		if err := os.WriteFile(cred, []byte("c1"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cs := fake.NewClientset(kubeletNode())
+		c := &credFileClient{inner: kubefake.New(cs), path: cred, accept: "c2", ok: map[string]int{}}
+		store := report.NewStore("b")
+		h := startOpts(t, cs, store, report.NewDetails(), io.Discard, func(o *Options) { o.Client = c })
+		defer h.stop()
+		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "full"}, time.Now())
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		// The rotation, written with mode 0000.
+		if err := os.WriteFile(cred+".tmp", []byte("c2"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(cred+".tmp", 0o000); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(cred+".tmp", cred); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		c.mu.Lock()
+		ok := c.ok["PatchNodeStatus"]
+		c.mu.Unlock()
+		if ok != 0 {
+			t.Fatalf("%d condition writes succeeded with the certificate unreadable", ok)
+		}
+		if err := os.Chmod(cred, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(credsPoll + 10*time.Millisecond)
+		synctest.Wait()
+		c.mu.Lock()
+		ok = c.ok["PatchNodeStatus"]
+		c.mu.Unlock()
+		if ok == 0 {
+			t.Errorf("no condition write within %s of the chmod that made the certificate readable", credsPoll)
+		}
+		if cond := findCond(h.node(t), "DiskUsageHigh"); cond == nil || cond.Status != corev1.ConditionTrue {
+			t.Errorf("the condition %s after the chmod: %+v", credsPoll, cond)
+		}
+	})
 }
