@@ -49,37 +49,7 @@ func TestDiskUsageLeavesOutAPodVolumeBelowALinkedKubeletDirOnARealLoopDevice(t *
 	podMount := filepath.Join(data, "kubelet", "pods", "6f1c5a8e-"+tok, "volumes", "kubernetes.io~csi", "pvc-"+tok, "mount")
 	mountExt4Loop(t, filepath.Join(dir, "pod.img"), podMount)
 	fill(t, filepath.Join(podMount, "fill"))
-	kubelet := filepath.Join(dir, "var", "lib", "kubelet")
-	if err := os.MkdirAll(filepath.Dir(kubelet), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(filepath.Join(data, "kubelet"), kubelet); err != nil {
-		t.Fatal(err)
-	}
-
-	cfg, err := config.Parse("config.toml", []byte("kubelet_root_dir = \""+kubelet+"\"\n[checks.DiskUsageHigh]\nlvm_command = \"\"\n"), config.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &checks.Env{Config: cfg, NodeName: "n-" + tok, Role: report.RoleWorker,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Sys: bootedADayAgo{checks.RealSys()}, Now: time.Now}
-	c, err := checks.NewForTest("DiskUsageHigh", env)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.Probe(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mps []string
-	for _, d := range res.Details {
-		if fss, ok := d.Value.([]checks.FSUsage); ok {
-			for _, u := range fss {
-				mps = append(mps, u.MountPoint)
-			}
-		}
-	}
-	got := strings.Join(mps, " ")
+	res, got := probeDiskUsageThroughKubeletLink(t, dir, filepath.Join(data, "kubelet"), tok)
 	if !strings.Contains(" "+got+" ", " "+data+" ") {
 		t.Errorf("the data disk %s not measured; measured: %s", data, got)
 	}
@@ -112,14 +82,28 @@ func TestDiskUsageMeasuresAPodsDiskThroughALinkedKubeletDirOnARealLoopDevice(t *
 	podMount := filepath.Join(pods, "6f1c5a8e-"+tok, "volumes", "kubernetes.io~csi", "pvc-"+tok, "mount")
 	mountExt4Loop(t, filepath.Join(dir, "pod.img"), podMount)
 	fill(t, filepath.Join(podMount, "fill"))
+	res, got := probeDiskUsageThroughKubeletLink(t, dir, filepath.Join(dir, "data", "kubelet"), tok)
+	if !strings.Contains(" "+got+" ", " "+pods+" ") {
+		t.Errorf("the pods disk %s not measured; measured: %s", pods, got)
+	}
+	if strings.Contains(got, podMount) || strings.Contains(res.Message, podMount) {
+		t.Errorf("the pod's volume %s measured: %s; %s %q", podMount, got, res.Status, res.Message)
+	}
+}
+
+// probeDiskUsageThroughKubeletLink links <dir>/var/lib/kubelet to target,
+// names the link kubelet_root_dir, probes DiskUsageHigh once on the real
+// host (host_root /, the default mount_points_exclude) and returns the
+// result and the mount points it measured, space-separated.
+func probeDiskUsageThroughKubeletLink(t *testing.T, dir, target, tok string) (checks.Result, string) {
+	t.Helper()
 	kubelet := filepath.Join(dir, "var", "lib", "kubelet")
 	if err := os.MkdirAll(filepath.Dir(kubelet), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(dir, "data", "kubelet"), kubelet); err != nil {
+	if err := os.Symlink(target, kubelet); err != nil {
 		t.Fatal(err)
 	}
-
 	cfg, err := config.Parse("config.toml", []byte("kubelet_root_dir = \""+kubelet+"\"\n[checks.DiskUsageHigh]\nlvm_command = \"\"\n"), config.Default())
 	if err != nil {
 		t.Fatal(err)
@@ -142,13 +126,7 @@ func TestDiskUsageMeasuresAPodsDiskThroughALinkedKubeletDirOnARealLoopDevice(t *
 			}
 		}
 	}
-	got := strings.Join(mps, " ")
-	if !strings.Contains(" "+got+" ", " "+pods+" ") {
-		t.Errorf("the pods disk %s not measured; measured: %s", pods, got)
-	}
-	if strings.Contains(got, podMount) || strings.Contains(res.Message, podMount) {
-		t.Errorf("the pod's volume %s measured: %s; %s %q", podMount, got, res.Status, res.Message)
-	}
+	return res, strings.Join(mps, " ")
 }
 
 // fill writes zeros to a new file at p until its filesystem has no room.
