@@ -319,6 +319,17 @@ func TestCredentialsRefused(t *testing.T) {
 			t.Errorf("%s (%v): %v, want %v", c.name, c.err, got, c.want)
 		}
 	}
+	// The status line's words for the same real handshakes: the server's
+	// alert is a refusal, not an unreachable API server (before, a
+	// tls.AlertError, which crypto/tls returns on QUIC only, was looked
+	// for, and the line read "API server unreachable (tls: certificate
+	// required)").
+	if got, want := nodeFailureReason(get(&tls.Config{RootCAs: roots})), "TLS handshake refused (tls: certificate required)"; got != want {
+		t.Errorf("nodeFailureReason of the server's alert: %q, want %q", got, want)
+	}
+	if got, want := nodeFailureReason(get(&tls.Config{})), "the API server's certificate is not trusted"; got != want {
+		t.Errorf("nodeFailureReason of an unverified server certificate: %q, want %q", got, want)
+	}
 }
 
 // A file's stamp changes with its mode alone, its owner alone, and its

@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -170,10 +169,8 @@ func (m *Metrics) nodeNotUpdatedLocked() (NodeNotUpdated, bool) {
 func nodeFailureReason(err error) string {
 	var se apierrors.APIStatus
 	var ha httpAnswer
-	var unknownCA x509.UnknownAuthorityError
 	var invalid x509.CertificateInvalidError
-	var host x509.HostnameError
-	var alert tls.AlertError
+	alert, refused := tlsAlert(err)
 	switch {
 	case apierrors.IsForbidden(err):
 		return "refused by the API server (403 Forbidden)"
@@ -188,10 +185,10 @@ func nodeFailureReason(err error) string {
 		return "answered by something other than the API server"
 	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
 		return "the API server's certificate expired or not yet valid"
-	case errors.As(err, &unknownCA), errors.As(err, &invalid), errors.As(err, &host):
+	case serverCertUntrusted(err):
 		return "the API server's certificate is not trusted"
-	case errors.As(err, &alert):
-		return "TLS handshake refused (" + alert.Error() + ")"
+	case refused:
+		return "TLS handshake refused (" + alert + ")"
 	}
 	// The innermost cause (connection refused, no route to host, EOF),
 	// without the addresses and the operations around it.

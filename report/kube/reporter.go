@@ -565,23 +565,42 @@ func count(in bool, counted *bool, n *atomic.Int32, now chan struct{}) {
 // handshake failed on a certificate (the server's alert about the client
 // certificate, a server certificate the kubeconfig's CA does not verify).
 func credentialsRefused(err error) bool {
-	if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) {
+	if apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err) || serverCertUntrusted(err) {
 		return true
 	}
+	// The server's alert: bad certificate, certificate required, expired
+	// certificate, unknown certificate authority.
+	alert, ok := tlsAlert(err)
+	return ok && strings.Contains(alert, "certificate")
+}
+
+// serverCertUntrusted reports whether err is the API server's certificate
+// not verified by the kubeconfig's CA (an unknown authority, invalid or
+// expired, another host's name), as crypto/tls's verification says it.
+func serverCertUntrusted(err error) bool {
 	var (
 		ua x509.UnknownAuthorityError
 		ci x509.CertificateInvalidError
 		he x509.HostnameError
 		ve *tls.CertificateVerificationError
 	)
-	if errors.As(err, &ua) || errors.As(err, &ci) || errors.As(err, &he) || errors.As(err, &ve) {
-		return true
+	return errors.As(err, &ua) || errors.As(err, &ci) || errors.As(err, &he) || errors.As(err, &ve)
+}
+
+// tlsAlert is the alert with which the API server ended the TLS handshake
+// ("tls: certificate required"), ok false where err holds none. crypto/tls
+// returns an alert received over TCP as a *net.OpError "remote error"
+// around its unexported alert type; tls.AlertError only on QUIC.
+func tlsAlert(err error) (alert string, ok bool) {
+	var ae tls.AlertError
+	if errors.As(err, &ae) {
+		return ae.Error(), true
 	}
-	// The server's alert (crypto/tls returns it as a "remote error"
-	// net.OpError): bad certificate, certificate required, expired
-	// certificate, unknown certificate authority.
 	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "remote error" && oe.Err != nil && strings.Contains(oe.Err.Error(), "certificate")
+	if errors.As(err, &oe) && oe.Op == "remote error" && oe.Err != nil {
+		return oe.Err.Error(), true
+	}
+	return "", false
 }
 
 func (l *errorLog) fail(err error, retryIn time.Duration) {
