@@ -534,11 +534,15 @@ type errorLog struct {
 	credsFailing    *atomic.Int32
 	credsFailingNow chan struct{}
 	credsCounted    bool
+	// credsBack, if set, wakes the other loops waiting to retry
+	// (Reporter.wake) when this one's call succeeds after failing for the
+	// credentials.
+	credsBack func()
 }
 
 func (r *Reporter) newErrorLog(what string) *errorLog {
 	return &errorLog{log: r.o.Log, what: what, failing: &r.failing, failingNow: r.failingNow,
-		credsFailing: &r.credsFailing, credsFailingNow: r.credsFailingNow}
+		credsFailing: &r.credsFailing, credsFailingNow: r.credsFailingNow, credsBack: r.wake}
 }
 
 // count sets a loop's membership (in, was *counted) in the count n of
@@ -677,6 +681,12 @@ func (l *errorLog) ok() {
 		l.log.Info(l.what+" recovered", "failed_attempts", l.failures)
 	}
 	count(false, &l.counted, l.failing, nil)
+	// The credentials work again: a call that read the changed files
+	// before credsLoop looked took the change for read, so the loops still
+	// waiting on a refusal are woken here, not left to their backoff.
+	if l.credsCounted && l.credsBack != nil && l.credsFailing.Load() > 1 {
+		l.credsBack()
+	}
 	count(false, &l.credsCounted, l.credsFailing, nil)
 	l.failures, l.last = 0, ""
 }
