@@ -644,3 +644,31 @@ func TestCRIProbeBoundsAnEndlessHeaderBlock(t *testing.T) {
 		})
 	}
 }
+
+// A CANCEL reset that comes within 100 ms of the call's deadline is the
+// runtime ending the call at the grpc-timeout the call sent (in whole
+// milliseconds, rounded down, so a moment before the deadline): it is
+// DeadlineExceeded, in words that say so; further from the deadline, or
+// with none, it is Canceled as grpc-go words it, and another code near the
+// deadline keeps its own.
+func TestCRIResetCancelNearTheDeadline(t *testing.T) {
+	near, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	far, cancel2 := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel2()
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		code http2.ErrCode
+		want string
+	}{
+		{"cancel near", near, http2.ErrCodeCancel, "rpc error: code = DeadlineExceeded desc = context deadline exceeded (the server's grpc-timeout)"},
+		{"cancel far", far, http2.ErrCodeCancel, "rpc error: code = Canceled desc = stream terminated by RST_STREAM with error code: CANCEL"},
+		{"cancel no deadline", context.Background(), http2.ErrCodeCancel, "rpc error: code = Canceled desc = stream terminated by RST_STREAM with error code: CANCEL"},
+		{"refused near", near, http2.ErrCodeRefusedStream, "rpc error: code = Unavailable desc = stream terminated by RST_STREAM with error code: REFUSED_STREAM"},
+	} {
+		if got := rstError(tc.ctx, tc.code).Error(); got != tc.want {
+			t.Errorf("%s: %s\nwant %s", tc.name, got, tc.want)
+		}
+	}
+}
