@@ -818,6 +818,60 @@ func TestKubeNewConnectionsResumeTheTLSSession(t *testing.T) {
 	}
 }
 
+// A rotated client certificate is the identity the real API server sees
+// from the next call on, though the session of the certificate before
+// could be resumed (the API server takes a resumed session's identity
+// from the handshake that made it, and resumes the session of a
+// certificate still valid): the client made for the new certificate has a
+// session cache of its own, so its first connection makes a full
+// handshake that presents the new certificate, and the ones after it
+// resume that new session. Here the certificate is rotated to another
+// node's, so the identity shows in what NodeRestriction allows.
+func TestKubeRotatedCertificateIsNotResumedFromTheOldSession(t *testing.T) {
+	s := apiServer(t)
+	tok := harness.Token()
+	first, second := "node-resume-rot-a-"+tok, "node-resume-rot-b-"+tok
+	registerNode(t, s, first)
+	registerNode(t, s, second)
+	client, kc := nodeClient(t, s, first)
+	closer := client.(interface{ CloseIdle() })
+	ctx := context.Background()
+	write := func(node string) error {
+		defer closer.CloseIdle()
+		_, err := client.PatchNode(ctx, node, []byte(`{"metadata":{"annotations":{"test.autopilot.syself.com/rotated":"x"}}}`))
+		return err
+	}
+	full0, resumed0 := kube.TLSHandshakes()
+	for i := range 2 {
+		if err := write(first); err != nil {
+			t.Fatalf("write %d with the first node's certificate: %v", i, err)
+		}
+	}
+	if full, resumed := kube.TLSHandshakes(); full-full0 != 1 || resumed-resumed0 != 1 {
+		t.Fatalf("two connections before the rotation: %d full and %d resumed TLS handshakes, want 1 and 1", full-full0, resumed-resumed0)
+	}
+	// The kubelet's rotation: the file replaced (another certificate, the
+	// old one still valid for an hour).
+	if err := s.WriteClientCert(filepath.Join(filepath.Dir(kc), "client.pem"), "system:node:"+second, []string{"system:nodes"}, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	full1, resumed1 := kube.TLSHandshakes()
+	if err := write(first); !apierrors.IsForbidden(err) {
+		t.Errorf("a write to the first node after the rotation to the second's certificate: %v, want forbidden (the API server saw the old identity)", err)
+	}
+	if full, resumed := kube.TLSHandshakes(); full-full1 != 1 || resumed-resumed1 != 0 {
+		t.Errorf("the first connection after the rotation: %d full and %d resumed TLS handshakes, want 1 and 0", full-full1, resumed-resumed1)
+	}
+	for i := range 2 {
+		if err := write(second); err != nil {
+			t.Fatalf("write %d to the second node with its certificate: %v", i, err)
+		}
+	}
+	if full, resumed := kube.TLSHandshakes(); full-full1 != 1 || resumed-resumed1 != 2 {
+		t.Errorf("three connections after the rotation: %d full and %d resumed TLS handshakes, want 1 and 2", full-full1, resumed-resumed1)
+	}
+}
+
 // The kubelet rotates its client certificate by moving the file: the daemon
 // keeps writing after the old certificate expired, without a restart, and
 // without client-go's certificate reloader (whose work queue woke the daemon
