@@ -80,10 +80,11 @@ func (c *recordingClient) PatchNodeStatus(ctx context.Context, name string, patc
 // On one processor, as the daemon runs; the client's CPU per write (its
 // threads' schedstat: the API server is a process of its own) and its
 // threads' wake-ups. Writes 200 ms apart (the client's rate limit is 5 a
-// second). Building the documents is BenchmarkWriteAnnotations
+// second), and the heap the process allocated per write. Building the
+// documents is BenchmarkWriteAnnotations
 // (report/kube), in process.
 //
-//	go test -tags integration ./tests -run '^$' -bench KubeWrite -benchtime 200x
+//	go test -tags integration ./tests -run '^$' -bench KubeWrite -benchtime 100x
 func BenchmarkKubeWrite(b *testing.B) {
 	s := apiServer(b)
 	node := "node-write-bench-" + harness.Token()
@@ -212,6 +213,8 @@ func BenchmarkKubeWrite(b *testing.B) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 			tc.op(b, 0) // the first session, the first connection
 			full0, resumed0 := kube.TLSHandshakes()
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
 			cpu0, wakes0 := testenv.Threads(b)
 			b.ResetTimer()
 			for i := range b.N {
@@ -220,12 +223,15 @@ func BenchmarkKubeWrite(b *testing.B) {
 			}
 			b.StopTimer()
 			cpu1, wakes1 := testenv.Threads(b)
+			runtime.ReadMemStats(&m1)
 			full, resumed := kube.TLSHandshakes()
 			if strings.HasSuffix(tc.name, "-new") && (full != full0 || resumed-resumed0 != int64(b.N)) {
 				b.Fatalf("%d writes on new connections: %d full and %d resumed handshakes", b.N, full-full0, resumed-resumed0)
 			}
 			b.ReportMetric(float64(cpu1-cpu0)/1e3/float64(b.N), "cpu-µs/op")
 			b.ReportMetric(float64(wakes1-wakes0)/float64(b.N), "wakes/op")
+			// The whole process's: the harness's own clients are idle.
+			b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/1024/float64(b.N), "alloc-KiB/op")
 		})
 	}
 }
