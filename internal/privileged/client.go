@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,11 @@ type Client struct {
 	// wait, for tests, replaces opTimeout.
 	wait func(request) time.Duration
 }
+
+// answerStart is the room call reads an answer into first (most answers
+// are a few hundred bytes; a scan's a few KiB): on the heap, not the
+// caller's stack.
+const answerStart = 4 << 10
 
 // call sends one request and returns the answer and the descriptor that
 // came with it (-1: none). It waits for the answer as long as the helper
@@ -57,14 +63,22 @@ func (c *Client) call(ctx context.Context, req request) (response, int, error) {
 		return response{}, -1, failed(err)
 	}
 	conn.CloseWrite()
-	var body []byte
+	// The answer is read into body's spare room, which doubles as it
+	// fills: a buffer of constant size here lived on the caller's stack
+	// (64 KiB did), which grew to 128 KiB at each call, was zeroed page by
+	// page (16 page faults) and shrunk again at the next collections, a
+	// check's worker calling every few minutes (README, Cost: "The idle
+	// daemon's page faults").
+	body := make([]byte, 0, answerStart)
 	fd := -1
-	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
-		n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+		if cap(body)-len(body) < answerStart/2 {
+			body = slices.Grow(body, cap(body))
+		}
+		n, oobn, _, _, err := conn.ReadMsgUnix(body[len(body):cap(body)], oob)
 		if n > 0 {
-			body = append(body, buf[:n]...)
+			body = body[:len(body)+n]
 		}
 		if oobn > 0 {
 			if fds := rights(oob[:oobn]); len(fds) > 0 {

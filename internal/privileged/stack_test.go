@@ -1,0 +1,52 @@
+package privileged
+
+import (
+	"context"
+	"runtime"
+	"testing"
+)
+
+// A call reads the answer into the heap, not into a buffer on its caller's
+// stack: a 64 KiB one there grew the stack of the check's worker that
+// asked (a goroutine that lives as long as the daemon) to 128 KiB at each
+// call, zeroed page by page, and the collections after shrank it again, so
+// the next call, minutes later, faulted the same pages back in (README,
+// Cost: "The idle daemon's page faults"). The stacks in use, a goroutine
+// parked after one call against one parked after none, the least of 5
+// tries each (the helper's own goroutines come and go beside them).
+func TestCallKeepsItsBufferOffTheCallersStack(t *testing.T) {
+	c := serve(t, &Server{handler: func(context.Context, request) (response, int) {
+		return response{Data: []byte("an answer")}, -1
+	}})
+	stacks := func(call bool) uint64 {
+		least := ^uint64(0)
+		for range 5 {
+			parked, release := make(chan error), make(chan struct{})
+			go func() {
+				var err error
+				if call {
+					_, err = c.ask(context.Background(), request{Op: OpNVMeIdentify, Ctrl: "nvme0"})
+				}
+				parked <- err
+				<-release
+			}()
+			if err := <-parked; err != nil {
+				t.Fatal(err)
+			}
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			close(release)
+			least = min(least, m.StackInuse)
+		}
+		return least
+	}
+	runtime.GC()
+	without := stacks(false)
+	with := stacks(true)
+	// A call itself takes a few KiB of stack (the dial, the JSON): a
+	// goroutine's 8 KiB grown to 16 or 32.
+	if with > without+48<<10 {
+		t.Errorf("stacks in use with a goroutine parked after a call: %d KiB, %d KiB after none: the call grew its caller's stack by %d KiB, want under 48", with>>10, without>>10, (with-without)>>10)
+	}
+	t.Logf("stacks in use: %d KiB after a call, %d KiB after none", with>>10, without>>10)
+}
