@@ -2,6 +2,7 @@ package privileged
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"testing"
 )
@@ -49,4 +50,24 @@ func TestCallKeepsItsBufferOffTheCallersStack(t *testing.T) {
 		t.Errorf("stacks in use with a goroutine parked after a call: %d KiB, %d KiB after none: the call grew its caller's stack by %d KiB, want under 48", with>>10, without>>10, (with-without)>>10)
 	}
 	t.Logf("stacks in use: %d KiB after a call, %d KiB after none", with>>10, without>>10)
+}
+
+// BenchmarkCallAnswer is one call to a helper in this process answering
+// size bytes of data (JSON-encoded): the client's read of the answer.
+//
+//	go test ./internal/privileged -run '^$' -bench CallAnswer -benchmem
+func BenchmarkCallAnswer(b *testing.B) {
+	for _, size := range []int{1 << 10, 256 << 10} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			data := make([]byte, size)
+			c := serve(b, &Server{handler: func(context.Context, request) (response, int) {
+				return response{Data: data}, -1
+			}})
+			for b.Loop() {
+				if _, err := c.ask(context.Background(), request{Op: OpNVMeIdentify, Ctrl: "nvme0"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
