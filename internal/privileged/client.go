@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -73,8 +72,12 @@ func (c *Client) call(ctx context.Context, req request) (response, int, error) {
 	fd := -1
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
-		if cap(body)-len(body) < answerStart/2 {
-			body = slices.Grow(body, cap(body))
+		if cap(body)-len(body) < answerStart/2 && cap(body) <= maxResponse {
+			// Doubled, but not past the first byte over maxResponse:
+			// an answer too large is refused holding no more.
+			grown := make([]byte, len(body), min(2*cap(body), maxResponse+1))
+			copy(grown, body)
+			body = grown
 		}
 		n, oobn, _, _, err := conn.ReadMsgUnix(body[len(body):cap(body)], oob)
 		if n > 0 {

@@ -1,9 +1,14 @@
 package privileged
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -69,5 +74,29 @@ func BenchmarkCallAnswer(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// An answer over maxResponse is refused, whatever the room call read it
+// into had grown to.
+func TestAnswerOverTheLimitIsRefused(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "helper.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(io.Discard, c) // the request, to its CloseWrite
+		c.Write(bytes.Repeat([]byte(" "), maxResponse+1))
+	}()
+	_, _, err = (&Client{Path: p}).call(context.Background(), request{Op: OpNVMeIdentify, Ctrl: "nvme0"})
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("answer over %d bytes", maxResponse)) {
+		t.Errorf("an answer of %d bytes: %v, want it refused as over %d", maxResponse+1, err, maxResponse)
 	}
 }
