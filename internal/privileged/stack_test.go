@@ -50,9 +50,12 @@ func TestCallKeepsItsBufferOffTheCallersStack(t *testing.T) {
 	without := stacks(false)
 	with := stacks(true)
 	// A call itself takes a few KiB of stack (the dial, the JSON): a
-	// goroutine's 8 KiB grown to 16 or 32.
-	if with > without+48<<10 {
-		t.Errorf("stacks in use with a goroutine parked after a call: %d KiB, %d KiB after none: the call grew its caller's stack by %d KiB, want under 48", with>>10, without>>10, (with-without)>>10)
+	// goroutine's 8 KiB grown to 16 or 32, to 64 under -race (make
+	// test-race: 32 to 64 KiB more in use, where 48 failed 2 runs of 6);
+	// the 64 KiB buffer on the stack grew it to 128 (128 to 160 KiB more
+	// in use, with -race or without).
+	if with > without+96<<10 {
+		t.Errorf("stacks in use with a goroutine parked after a call: %d KiB, %d KiB after none: the call grew its caller's stack by %d KiB, want at most 96", with>>10, without>>10, (with-without)>>10)
 	}
 	t.Logf("stacks in use: %d KiB after a call, %d KiB after none", with>>10, without>>10)
 }
