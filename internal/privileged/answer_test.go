@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -254,5 +255,30 @@ func TestConcurrentCallsKeepTheirAnswers(t *testing.T) {
 	wg.Wait()
 	if after := openFDs(t); after > before+2 {
 		t.Errorf("%d descriptors open after 160 calls, %d before", after, before)
+	}
+}
+
+// An answer over the limit is refused holding no more room than the
+// limit's first byte over: the rooms call grew through (4 KiB doubled to
+// 64 MiB, then 64 MiB and a byte) come to 192 MiB in all, where doubling
+// once more, to 128 MiB, would make it 256 (README, Cost: "The idle
+// daemon's page faults").
+func TestAnswerOverTheLimitHoldsNoMoreRoom(t *testing.T) {
+	over := bytes.Repeat([]byte(" "), maxResponse+4<<10)
+	c, done := fakeHelper(t, func(c *net.UnixConn) {
+		readRequest(c)
+		c.Write(over)
+	})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, err := c.call(context.Background(), request{Op: OpNVMeIdentify, Ctrl: "nvme0"})
+	runtime.ReadMemStats(&after)
+	<-done
+	if err == nil || !strings.Contains(err.Error(), "answer over") {
+		t.Fatalf("an answer of %d bytes: %v, want it refused", len(over), err)
+	}
+	rooms := 4<<10*(1<<15-1) + maxResponse + 1
+	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(rooms)+1<<20 {
+		t.Errorf("refusing an answer over the limit allocated %d MiB, want the rooms' %d MiB (and under 1 MiB more)", got>>20, rooms>>20)
 	}
 }
