@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -671,4 +672,25 @@ func TestCRIResetCancelNearTheDeadline(t *testing.T) {
 			t.Errorf("%s: %s\nwant %s", tc.name, got, tc.want)
 		}
 	}
+}
+
+// The window's edge, on synctest's clock (time stands still in the bubble,
+// so the deadline is exactly as far as set): 99 ms before the deadline is
+// the runtime's grpc-timeout, 101 ms is a CANCEL of its own.
+func TestCRIResetCancelWindowEdge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, tc := range []struct {
+			left time.Duration
+			want string
+		}{
+			{99 * time.Millisecond, "rpc error: code = DeadlineExceeded desc = context deadline exceeded (the server's grpc-timeout)"},
+			{101 * time.Millisecond, "rpc error: code = Canceled desc = stream terminated by RST_STREAM with error code: CANCEL"},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), tc.left)
+			if got := rstError(ctx, http2.ErrCodeCancel).Error(); got != tc.want {
+				t.Errorf("%v before the deadline: %s\nwant %s", tc.left, got, tc.want)
+			}
+			cancel()
+		}
+	})
 }
