@@ -341,16 +341,16 @@ func (c *diskUsageCheck) askLVM(ctx context.Context) lvmRead {
 // device-mapper devices under sysBlock whose dm/uuid starts with "LVM-"
 // (thin pools' and thin volumes' included), with their sizes.
 func lvmVolumes(sysBlock string) (string, error) {
-	names, err := rawsys.ReadPseudoDir(sysBlock) // sysfs: raw, as the attributes below
+	ents, err := os.ReadDir(sysBlock)
 	if err != nil {
 		return "", err
 	}
 	var b strings.Builder
-	for _, name := range names {
-		if !strings.HasPrefix(name, "dm-") {
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "dm-") {
 			continue
 		}
-		dir := sysBlock + "/" + name
+		dir := sysBlock + "/" + e.Name()
 		uuid, err := rawsys.ReadPseudoFile(dir+"/dm/uuid", attrMax)
 		if err != nil {
 			return "", err // a device going away: ask LVM
@@ -362,7 +362,7 @@ func lvmVolumes(sysBlock string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "%s %s %s\n", name, bytes.TrimSpace(uuid), bytes.TrimSpace(size))
+		fmt.Fprintf(&b, "%s %s %s\n", e.Name(), bytes.TrimSpace(uuid), bytes.TrimSpace(size))
 	}
 	return b.String(), nil
 }

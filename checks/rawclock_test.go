@@ -36,17 +36,3 @@ func TestClockReadsMakeNoOrdinarySyscall(t *testing.T) {
 		t.Errorf("Adjtimex = %d, %v: want a clock state", st, err)
 	}
 }
-
-// DiskUsageHigh's listing of /sys/block for LVM's volumes (every run) is
-// raw (rawsys.ReadPseudoDir): os.ReadDir's open, getdents64 and close were
-// ordinary system calls.
-func TestLVMVolumesListingMakesNoOrdinarySyscall(t *testing.T) {
-	var err error
-	n := testenv.ThreadOrdinarySyscalls(t, func() { _, err = lvmVolumes("/sys/block") })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Errorf("lvmVolumes(/sys/block): %d ordinary system calls, want none (raw)", n)
-	}
-}

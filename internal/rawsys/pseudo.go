@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"syscall"
 	"unsafe"
 
@@ -187,56 +186,5 @@ func ReadFileNoPoll(path string, flags, size, limit int) ([]byte, error) {
 			return buf, nil
 		}
 		buf = buf[:len(buf)+n]
-	}
-}
-
-// ReadPseudoDir returns the names in the directory at path, sorted, as
-// os.ReadDir's entries are (without "." and ".."), by raw openat(2) and
-// getdents64(2) where the directory is of procfs or sysfs (/sys/block,
-// listed by the kernel from memory), and by os.ReadDir elsewhere: a disk's
-// directory may wait. An error is an *os.PathError, as os.ReadDir's.
-func ReadPseudoDir(path string) ([]string, error) {
-	p, err := unix.BytePtrFromString(path)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	var fd uintptr
-	for {
-		r, _, e := syscall.RawSyscall6(unix.SYS_OPENAT, atFDCWD, uintptr(unsafe.Pointer(p)),
-			unix.O_RDONLY|unix.O_CLOEXEC|unix.O_DIRECTORY, 0, 0, 0)
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 {
-			return nil, &os.PathError{Op: "open", Path: path, Err: e}
-		}
-		fd = r
-		break
-	}
-	if !pseudo(fd) {
-		rawClose(fd)
-		ents, err := os.ReadDir(path)
-		names := make([]string, len(ents))
-		for i, e := range ents {
-			names[i] = e.Name()
-		}
-		return names, err
-	}
-	defer rawClose(fd)
-	var names []string
-	buf := make([]byte, 4096)
-	for {
-		n, e := rawIO(unix.SYS_GETDENTS64, fd, buf)
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 {
-			return nil, &os.PathError{Op: "readdirent", Path: path, Err: e}
-		}
-		if n == 0 {
-			slices.Sort(names)
-			return names, nil
-		}
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
 }
