@@ -14,7 +14,6 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/hostio"
-	"github.com/syself/autopilot-health/internal/rawsys"
 	"github.com/syself/autopilot-health/internal/systemd"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
@@ -51,11 +50,14 @@ type Sys interface {
 type realSys struct{}
 
 func (realSys) Statfs(path string, st *unix.Statfs_t) error { return unix.Statfs(path, st) }
-
-// Adjtimex and SinceBoot are raw system calls (the clock checks' and the
-// boot grace's, every minute): they read the kernel's clock, in memory.
-func (realSys) Adjtimex(tx *unix.Timex) (int, error) { return rawsys.Adjtimex(tx) }
-func (realSys) SinceBoot() (time.Duration, error)    { return rawsys.SinceBoot() }
+func (realSys) Adjtimex(tx *unix.Timex) (int, error)        { return unix.Adjtimex(tx) }
+func (realSys) SinceBoot() (time.Duration, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0, err
+	}
+	return time.Duration(ts.Nano()), nil
+}
 
 // RealSys returns the host's system calls.
 func RealSys() Sys { return realSys{} }
