@@ -14,9 +14,7 @@
 // Stat is for paths whose lookup stays in memory (InMemory), and
 // ReadPseudoFile reads raw only a file of procfs or sysfs, made in memory
 // when read (a sysctl, a PCI function's vendor: 5 system calls and no
-// epoll_ctl a read, against os.ReadFile's 9 and 2, BenchmarkPseudoRead),
-// and ReadPseudoDir lists raw only a directory of those; SinceBoot and
-// Adjtimex read the kernel's clock.
+// epoll_ctl a read, against os.ReadFile's 9 and 2, BenchmarkPseudoRead).
 // That is what makes the raw form safe; the kernel may still take a few µs on a lock or
 // on reclaiming memory, as for any call.
 package rawsys
