@@ -65,44 +65,15 @@ func CountOrdinarySyscalls(fn func()) (int64, error) {
 		defer unix.Close(fd)
 		fds = append(fds, fd)
 	}
-	count := func(fn func()) (int64, error) {
-		for _, fd := range fds {
-			unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_RESET, 0)
-		}
-		for _, fd := range fds {
-			unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0)
-		}
-		fn()
-		for _, fd := range fds {
-			unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_DISABLE, 0)
-		}
-		var c int64
-		for _, fd := range fds {
-			var b [8]byte
-			if n, err := unix.Read(fd, b[:]); err != nil || n != 8 {
-				return 0, fmt.Errorf("reading a perf counter: %d bytes, %v", n, err)
-			}
-			c += int64(binary.NativeEndian.Uint64(b[:]))
-		}
-		return c, nil
-	}
-	// The enabling and disabling ioctls are ordinary calls too: the
-	// fewest of three empty runs is subtracted.
-	base := int64(-1)
-	for range 3 {
-		c, err := count(func() {})
-		if err != nil {
-			return 0, err
-		}
-		if base < 0 || c < base {
-			base = c
-		}
-	}
-	c, err := count(fn)
+	c, err := countLessIoctls(fds, fn)
 	if err != nil {
 		return 0, err
 	}
-	return c - base, nil
+	var n int64
+	for _, x := range c {
+		n += x
+	}
+	return n, nil
 }
 
 //go:linkname entersyscall runtime.entersyscall

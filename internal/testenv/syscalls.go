@@ -54,7 +54,22 @@ func CountSyscalls(fn func()) (all, epollCtl int64, err error) {
 		defer unix.Close(fd)
 		fds[i] = fd
 	}
-	count := func(fn func()) (c [2]int64, err error) {
+	c, err := countLessIoctls(fds[:], fn)
+	if err != nil {
+		return 0, 0, err
+	}
+	return c[0], c[1], nil
+}
+
+// countLessIoctls runs fn with the perf counters fds enabled on this
+// thread and returns each counter's count, less the enabling and disabling
+// ioctls' own: the fewest of three empty runs, counter by counter (a
+// signal to the thread in one of them, the runtime's preemption, a
+// rt_sigreturn more, would make fn's count that much too low, and a caller
+// that takes the fewest of its runs would keep that one: CI at 1fbf058, 2
+// system calls counted for ReadPseudoFile's 5).
+func countLessIoctls(fds []int, fn func()) ([]int64, error) {
+	count := func(fn func()) ([]int64, error) {
 		for _, fd := range fds {
 			unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_RESET, 0)
 		}
@@ -65,36 +80,37 @@ func CountSyscalls(fn func()) (all, epollCtl int64, err error) {
 		for _, fd := range fds {
 			unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_DISABLE, 0)
 		}
+		c := make([]int64, len(fds))
 		for i, fd := range fds {
 			var b [8]byte
 			if n, err := unix.Read(fd, b[:]); err != nil || n != 8 {
-				return c, fmt.Errorf("reading a perf counter: %d bytes, %v", n, err)
+				return nil, fmt.Errorf("reading a perf counter: %d bytes, %v", n, err)
 			}
 			c[i] = int64(binary.NativeEndian.Uint64(b[:]))
 		}
 		return c, nil
 	}
-	// The enabling and disabling ioctls, the fewest of three: a signal
-	// to the thread in one of them (the runtime's preemption, a
-	// rt_sigreturn more) would make fn's count that much too low, and a
-	// caller that takes the fewest of its runs would keep that one (CI
-	// at 1fbf058: 2 system calls counted for ReadPseudoFile's 5).
-	var base [2]int64
-	for i := range 3 {
+	var base []int64
+	for range 3 {
 		b, err := count(func() {})
 		if err != nil {
-			return 0, 0, err
+			return nil, err
 		}
-		if i == 0 {
+		if base == nil {
 			base = b
 		}
-		base = [2]int64{min(base[0], b[0]), min(base[1], b[1])}
+		for i := range base {
+			base[i] = min(base[i], b[i])
+		}
 	}
 	c, err := count(fn)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	return c[0] - base[0], c[1] - base[1], nil
+	for i := range c {
+		c[i] -= base[i]
+	}
+	return c, nil
 }
 
 // tracepointID is the id of a tracepoint (category/name) in tracefs.
