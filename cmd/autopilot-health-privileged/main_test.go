@@ -81,7 +81,7 @@ func TestListenServesAndStops(t *testing.T) {
 }
 
 // syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer = testenv.Buffer
+type syncBuffer = testenv.SyncBuffer
 
 // The helper lets go quietFor after the last poke: not before the first,
 // once for pokes closer together than that, and again after the next.

@@ -190,7 +190,7 @@ func TestControlClientAsNobody(t *testing.T) {
 }
 
 // lockedBuffer is a log sink safe for concurrent writes.
-type lockedBuffer = testenv.Buffer
+type lockedBuffer = testenv.SyncBuffer
 
 // Who cleared is published on the Node: only the form the command states
 // (names and a uid) is kept, any other text a client sends is not.

@@ -34,7 +34,7 @@ func (halfFull) Statfs(path string, st *unix.Statfs_t) error {
 }
 
 // syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer = testenv.Buffer
+type syncBuffer = testenv.SyncBuffer
 
 // flapWatch records every status change of a condition after the start.
 type flapWatch struct {

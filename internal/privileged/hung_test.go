@@ -22,7 +22,7 @@ import (
 // that holds a hung call's slot or answer fails them fast.
 
 // countLines returns how many lines of log hold all of subs.
-func countLines(log *testenv.Buffer, subs ...string) int {
+func countLines(log *testenv.SyncBuffer, subs ...string) int {
 	n := 0
 	for _, line := range strings.Split(log.String(), "\n") {
 		all := line != ""
@@ -95,7 +95,7 @@ func TestHungCallGivesBackItsSlot(t *testing.T) {
 	}
 	kmsgFile := filepath.Join(dir, "kmsg")
 	os.WriteFile(kmsgFile, []byte("6,1,2,-;a line\n"), 0o600)
-	var logs testenv.Buffer
+	var logs testenv.SyncBuffer
 	returned := make(chan string, 8)
 	s := &Server{
 		Log:           slog.New(slog.NewTextHandler(&logs, nil)),

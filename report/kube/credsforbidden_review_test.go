@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
@@ -53,17 +54,6 @@ func (f *forbiddenWrites) PatchNode(context.Context, string, []byte) (*kubeapi.N
 	return nil, f.refuse()
 }
 
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
 // A node_name that is not the credentials' node: every write is refused
 // (403) for hours. The journal has a line about it at error level,
 // asking whether node_name is this node's own, one per writer; the writes
@@ -78,7 +68,7 @@ func TestReviewForbiddenForHours(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cs := fake.NewClientset(kubeletNode())
 		c := &forbiddenWrites{Client: kubefake.New(cs)}
-		logs := &lockedLog{}
+		logs := &testenv.SyncBuffer{}
 		store := report.NewStore("b")
 		anchor := time.Now().Add(-3 * time.Second)
 		h := startOpts(t, cs, store, report.NewDetails(), logs, func(o *Options) { o.Client = c; o.Grid = tick.New(anchor) })
@@ -88,9 +78,7 @@ func TestReviewForbiddenForHours(t *testing.T) {
 		time.Sleep(3 * time.Hour)
 		synctest.Wait()
 		h.stop()
-		logs.mu.Lock()
-		out := logs.b.String()
-		logs.mu.Unlock()
+		out := logs.String()
 		lines := strings.Count(out, "\n")
 		t.Logf("3 h of 403: %d looks at the files, %d calls, %d log lines:\n%s", c.looks.Load(), c.calls.Load(), lines, out)
 		// One line per writer: the conditions' and the report's.

@@ -698,7 +698,7 @@ func TestConditionsNotEvaluatedAreRemoved(t *testing.T) {
 		store := report.NewStore("b")
 		store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: report.ReasonDiskUsageOK}, time.Now())
 		h := &harness{client: client, store: store, det: report.NewDetails(), m: NewMetrics(nil), done: make(chan struct{})}
-		logs := &testenv.Buffer{}
+		logs := &testenv.SyncBuffer{}
 		h.r = New(Options{Client: kubefake.New(client), NodeName: node, Role: report.RoleWorker, Store: store, Details: h.det,
 			Log: slog.New(slog.NewTextHandler(logs, nil)), Metrics: h.m, HeartbeatPeriod: 5 * time.Minute, ReportInterval: 2 * time.Minute,
 			Evaluated: func(ty string) bool { return ty != "ReadonlyFilesystem" && ty != "NodeTampered" }})
