@@ -13,6 +13,25 @@ import (
 	"github.com/syself/autopilot-health/report"
 )
 
+// diskUsageCheckOf is DiskUsageHigh as the configuration file text file
+// makes it (config.Parse over the defaults, as the daemon reads it) on the
+// fixture host at root with sys.
+func diskUsageCheckOf(t *testing.T, file, root string, sys *fakeSys) Check {
+	t.Helper()
+	cfg, err := config.Parse("config.toml", []byte(file), config.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.HostRoot = root
+	env := testEnv(t, nil)
+	env.Config, env.Sys = cfg, sys
+	c, err := newDiskUsageCheck(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // linkedKubeletHost is a host root whose mount table is
 // testdata/mountinfo-linked-kubelet/mountinfo: the node's / and its data
 // disk at /data, below which a kubelet moved there by a link mounts two
@@ -131,17 +150,7 @@ func TestDiskUsageLeavesOutPodVolumesThroughALinkedKubeletDir(t *testing.T) {
 	t.Run("mount_points_exclude set by the operator", func(t *testing.T) {
 		root, sys := linkedKubeletHost(t)
 		linkKubelet(t, root)
-		cfg, err := config.Parse("config.toml", []byte("[checks.DiskUsageHigh]\nlvm_command = \"\"\nmount_points_exclude = \"^/(proc|run|var/lib/kubelet/pods)($|/)\"\n"), config.Default())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.HostRoot = root
-		env := testEnv(t, nil)
-		env.Config, env.Sys = cfg, sys
-		c, err := newDiskUsageCheck(env)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := diskUsageCheckOf(t, "[checks.DiskUsageHigh]\nlvm_command = \"\"\nmount_points_exclude = \"^/(proc|run|var/lib/kubelet/pods)($|/)\"\n", root, sys)
 		res, got := probeWatched(t, c)
 		if !strings.Contains(got, "/data/kubelet/pods/") || res.Status != report.StatusTrue {
 			t.Errorf("watched %q, %s; want the operator's pattern as written: the volumes measured", got, res.Status)

@@ -70,17 +70,7 @@ func TestDiskUsageMeasuresADiskMountedAtThePodsDir(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			cfg, err := config.Parse("config.toml", []byte("[checks.DiskUsageHigh]\nlvm_command = \"\"\n"+tc.file), config.Default())
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.HostRoot = root
-			env := testEnv(t, nil)
-			env.Config, env.Sys = cfg, sys
-			c, err := newDiskUsageCheck(env)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := diskUsageCheckOf(t, "[checks.DiskUsageHigh]\nlvm_command = \"\"\n"+tc.file, root, sys)
 			res, got := probeWatched(t, c)
 			if want := "/ " + tc.podsAt; got != want || res.Status != report.StatusTrue || !strings.Contains(res.Message, tc.podsAt) || strings.Contains(res.Message, "volume") {
 				t.Errorf("watched %q, %s/%s %q; want %q, True naming %s and no pod's volume", got, res.Status, res.Reason, res.Message, want, tc.podsAt)
@@ -100,17 +90,7 @@ func TestDiskUsageStockPatternCopiedWithKubeletRootDir(t *testing.T) {
 	for _, stock := range []string{config.Default().Checks.DiskUsageHigh.MountPointsExclude, strings.Replace(config.Default().Checks.DiskUsageHigh.MountPointsExclude, "pods/.+|", "pods|", 1)} {
 		root, sys := linkedKubeletHost(t)
 		file := "kubelet_root_dir = \"/data/kubelet\"\n[checks.DiskUsageHigh]\nlvm_command = \"\"\nmount_points_exclude = \"" + strings.ReplaceAll(stock, `\`, `\\`) + "\"\n"
-		cfg, err := config.Parse("config.toml", []byte(file), config.Default())
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.HostRoot = root
-		env := testEnv(t, nil)
-		env.Config, env.Sys = cfg, sys
-		c, err := newDiskUsageCheck(env)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := diskUsageCheckOf(t, file, root, sys)
 		res, got := probeWatched(t, c)
 		if want := "/ /data /data/kubelet/plugins/example.com/cache"; got != want || res.Status != report.StatusFalse {
 			t.Errorf("stock %q copied: watched %q, %s %q; want %q, False", stock, got, res.Status, res.Message, want)
