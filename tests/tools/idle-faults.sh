@@ -13,24 +13,8 @@ set -uo pipefail
 out=${1:?usage: idle-faults.sh OUTDIR [PID]} pid=${2:-}
 mkdir -p "$out"
 if [ -z "$pid" ]; then
-	for _ in $(seq 600); do
-		for p in $(pgrep -f '^/usr/bin/autopilot-health run'); do
-			if [ -n "${TESTPID:-}" ]; then
-				q=$p
-				while [ "$q" -gt 1 ] && [ "$q" != "$TESTPID" ]; do q=$(awk '{print $4}' /proc/"$q"/stat 2>/dev/null) || break; done
-				[ "$q" = "$TESTPID" ] && pid=$p && break
-				continue
-			fi
-			pp=$(awk '{print $4}' /proc/"$p"/stat 2>/dev/null) || continue
-			if pgrep -P "$pp" -f '^/usr/bin/containerd' >/dev/null && pgrep -P "$pp" -f '^/bin/sleep infinity' >/dev/null; then
-				pid=$p
-				break
-			fi
-		done
-		[ -n "$pid" ] && break
-		sleep 1
-	done
-	[ -z "$pid" ] && { echo "no daemon" >&2; exit 1; }
+	. "$(dirname "$0")/idle-daemon.sh"
+	pid=$(idle_daemon) || exit 1
 	sleep "${SETTLE:-360}"
 fi
 cp /proc/"$pid"/exe "$out/bin" && cp /proc/"$pid"/maps "$out/maps" || exit 1

@@ -6,7 +6,8 @@
 # every call with its descriptor over that long (`strace -f -tt -yy`), to
 # tell where they come from. Without PID it waits for the daemon of
 # BenchmarkIdleOnAHealthyNode (the /usr/bin/autopilot-health run beside the
-# container's containerd and stand-in tunnel agent) and SETTLE seconds
+# container's containerd and stand-in tunnel agent, or with TESTPID the one
+# below that process: idle-daemon.sh) and SETTLE seconds
 # (90) more. As root, while the benchmark runs with a window long enough:
 #   IDLE_WINDOW=6m go test -tags integration -timeout 20m ./tests -run '^$' -bench IdleOnAHealthyNode -benchtime=1x &
 #   DETAIL=60 tests/tools/kernel-entries.sh /tmp/counts
@@ -14,18 +15,8 @@ set -uo pipefail
 out=${1:?usage: kernel-entries.sh OUTDIR [PID]} pid=${2:-}
 mkdir -p "$out"
 if [ -z "$pid" ]; then
-	for _ in $(seq 600); do
-		for p in $(pgrep -f '^/usr/bin/autopilot-health run'); do
-			pp=$(awk '{print $4}' /proc/"$p"/stat 2>/dev/null) || continue
-			if pgrep -P "$pp" -f '^/usr/bin/containerd' >/dev/null && pgrep -P "$pp" -f '^/bin/sleep infinity' >/dev/null; then
-				pid=$p
-				break
-			fi
-		done
-		[ -n "$pid" ] && break
-		sleep 1
-	done
-	[ -z "$pid" ] && { echo "no daemon" >&2; exit 1; }
+	. "$(dirname "$0")/idle-daemon.sh"
+	pid=$(idle_daemon) || exit 1
 	sleep "${SETTLE:-90}"
 fi
 minflt() { awk '{print $10}' /proc/"$pid"/stat; }
