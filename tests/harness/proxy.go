@@ -65,6 +65,10 @@ type Proxy struct {
 	ln    net.Listener
 	fault func(*http.Request) *Fault
 	seen  []ProxyRequest
+	conns map[net.Conn]http.ConnState // the clients' open connections
+	// closing: connections answering a request when the port was
+	// refused, closed once the answer is sent (as a stopping server does).
+	closing map[net.Conn]bool
 }
 
 // StartProxy starts a proxy to s that calls it as user (in groups).
@@ -85,12 +89,13 @@ func (s *APIServer) StartProxy(user string, groups []string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{cfg: &tls.Config{Certificates: []tls.Certificate{pair}, NextProtos: []string{"http/1.1"}}}
+	p := &Proxy{cfg: &tls.Config{Certificates: []tls.Certificate{pair}, NextProtos: []string{"http/1.1"}},
+		conns: map[net.Conn]http.ConnState{}, closing: map[net.Conn]bool{}}
 	p.rp = httputil.NewSingleHostReverseProxy(up)
 	p.rp.Transport = c.Transport
 	quiet := log.New(io.Discard, "", 0) // the faults' handshakes and cut requests: expected
 	p.rp.ErrorLog = quiet
-	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ErrorLog: quiet}
+	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ErrorLog: quiet, ConnState: p.connState}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -116,20 +121,51 @@ func (p *Proxy) SetFault(f func(*http.Request) *Fault) {
 	p.fault = f
 }
 
-// Refuse closes the proxy's port: connections are refused, and those open
-// and idle are closed; a request in flight is still answered (the tests
-// refuse while the writers wait, none relies on a cut request).
+// Refuse closes the proxy's port: connections are refused, those open
+// and idle are closed, and one answering a request is closed once its
+// answer is sent (the tests refuse while the writers wait, none relies on
+// a cut request), so no request after Refuse reaches the API server
+// through a connection kept from before.
 func (p *Proxy) Refuse() {
 	p.mu.Lock()
 	ln := p.ln
 	p.ln = nil
+	var idle []net.Conn
+	for c, st := range p.conns {
+		if st == http.StateActive {
+			p.closing[c] = true
+		} else {
+			idle = append(idle, c)
+		}
+	}
 	p.mu.Unlock()
 	if ln != nil {
 		ln.Close()
 	}
-	// Idle connections: closed as a stopped API server closes them.
-	p.srv.SetKeepAlivesEnabled(false)
-	p.srv.SetKeepAlivesEnabled(true)
+	for _, c := range idle {
+		c.Close()
+	}
+}
+
+// connState keeps the clients' open connections for Refuse, and closes
+// one that was answering when the port was refused once it is idle.
+func (p *Proxy) connState(c net.Conn, st http.ConnState) {
+	p.mu.Lock()
+	closeIt := false
+	switch st {
+	case http.StateNew, http.StateActive:
+		p.conns[c] = st
+	case http.StateIdle:
+		p.conns[c] = st
+		closeIt = p.closing[c]
+	case http.StateHijacked, http.StateClosed:
+		delete(p.conns, c)
+		delete(p.closing, c)
+	}
+	p.mu.Unlock()
+	if closeIt {
+		c.Close()
+	}
 }
 
 // Accept opens the proxy's port again (after Refuse).
