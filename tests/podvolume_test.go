@@ -34,6 +34,7 @@ import (
 // line, as before.
 func TestKmsgPodVolumeReadOnlyOnARealLoopDevice(t *testing.T) {
 	requireLoopTools(t)
+	harness.HoldExt4Errors(t) // the kernel's read-only remounts carry no token
 	tok := harness.Token()
 	dir, err := os.MkdirTemp("", "autopilot-health-pvc-"+tok+"-")
 	if err != nil {
@@ -157,6 +158,7 @@ func TestPodVolumeReadOnlyUnderTheShippedUnitWithAKubeletRootDir(t *testing.T) {
 // /data/kubelet; rootDir, the kubelet's directory /data/kubelet named by
 // kubelet_root_dir, no link.
 func podVolumeReadOnlyUnderTheShippedUnit(t *testing.T, linked, rootDir bool) {
+	harness.HoldExt4Errors(t) // the kernel's read-only remounts carry no token
 	if why := harness.SystemdAvailable(); why != "" {
 		t.Fatalf("a real systemd cannot run on this machine: %s", why)
 	}

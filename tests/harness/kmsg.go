@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"os"
 	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // WriteKmsg writes one line to the real kernel log at level 5 (notice), as
@@ -36,4 +39,29 @@ func Token() string {
 	b := make([]byte, 6)
 	rand.Read(b)
 	return "t" + hex.EncodeToString(b)
+}
+
+// Ext4ErrorsLock is the file whose lock (flock, exclusive) a test holds
+// while real ext4 errors of its own may reach the kernel log, or while it
+// wants only its own ext4 lines there: the kernel's "EXT4-fs (loopN):
+// Remounting filesystem read-only" carries no token, and a daemon reading
+// the shared log acts on every one. Across processes: two test binaries
+// run at once (another package's, a developer's second run) are held
+// apart too.
+const Ext4ErrorsLock = "/run/autopilot-health-tests-ext4-errors.lock"
+
+// HoldExt4Errors takes Ext4ErrorsLock, waiting for it, until t ends (the
+// kernel remounts read-only from a work queue, after the error's own
+// line: the test's end is where its lines have all been printed).
+func HoldExt4Errors(t testing.TB) {
+	t.Helper()
+	f, err := os.OpenFile(Ext4ErrorsLock, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatalf("the ext4 errors lock: %v", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatalf("the ext4 errors lock %s: %v", Ext4ErrorsLock, err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing the last descriptor releases it
 }
