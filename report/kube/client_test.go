@@ -355,13 +355,15 @@ func TestClientResumesTLSSessions(t *testing.T) {
 	}
 	// The counters are the process's: a dial another test's client left in
 	// flight (TestClientSpeaksHTTP1's concurrent requests: net/http may
-	// finish a dial a request no longer needs) can add a full handshake
-	// here, never a resumed one (a client of its own has no session to
-	// resume with this server). The server's view above is this client's
-	// exactly.
+	// finish a dial a request no longer needs) can add a handshake here,
+	// full or resumed (that client resumes its own session with its own
+	// server: a fourth resumed one failed CI run 66), so they are held to
+	// at least this client's; the server's view above is this client's
+	// exactly, and tests/ holds the counters exact in a serial test
+	// (TestKubeNewConnectionsResumeTheTLSSession).
 	full, resumed := TLSHandshakes()
-	if full-full0 < 2 || resumed-resumed0 != 3 {
-		t.Errorf("TLSHandshakes counted %d full and %d resumed, want 2 (or more, another test's) and 3", full-full0, resumed-resumed0)
+	if full-full0 < 2 || resumed-resumed0 < 3 {
+		t.Errorf("TLSHandshakes counted %d full and %d resumed, want 2 and 3 (or more, another test's)", full-full0, resumed-resumed0)
 	}
 }
 
