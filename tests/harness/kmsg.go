@@ -53,15 +53,19 @@ const Ext4ErrorsLock = "/run/autopilot-health-tests-ext4-errors.lock"
 // HoldExt4Errors takes Ext4ErrorsLock, waiting for it, until t ends (the
 // kernel remounts read-only from a work queue, after the error's own
 // line: the test's end is where its lines have all been printed).
-func HoldExt4Errors(t testing.TB) {
+func HoldExt4Errors(t testing.TB) { holdLock(t, Ext4ErrorsLock) }
+
+// holdLock takes the lock (flock, exclusive) of the file at path, waiting
+// for it, until t ends.
+func holdLock(t testing.TB, path string) {
 	t.Helper()
-	f, err := os.OpenFile(Ext4ErrorsLock, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		t.Fatalf("the ext4 errors lock: %v", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		f.Close()
-		t.Fatalf("the ext4 errors lock %s: %v", Ext4ErrorsLock, err)
+		t.Fatalf("the ext4 errors lock %s: %v", path, err)
 	}
 	t.Cleanup(func() { f.Close() }) // closing the last descriptor releases it
 }
