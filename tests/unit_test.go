@@ -124,10 +124,26 @@ func freeTCPPort(t testing.TB) int {
 
 // freeLoopbackPort picks the port below the kernel's ephemeral range (32768
 // and up by default), where the outgoing connections of everything else on
-// the machine would otherwise take it in between.
+// the machine would otherwise take it in between, and never the shipped
+// metrics port.
 func freeLoopbackPort() (int, error) {
+	return freeLoopbackPortOf(func() int { return 20000 + mrand.IntN(12000) })
+}
+
+// shippedMetricsPort is the shipped configuration's metrics port (:20257),
+// which the deb and sysext tests' daemons listen on in this network
+// namespace while they hold harness.Parallel's "port20257": a free port
+// given to another Parallel test's daemon must not be it, or theirs
+// cannot bind it.
+const shippedMetricsPort = 20257
+
+// freeLoopbackPortOf is freeLoopbackPort with the ports to try from pick.
+func freeLoopbackPortOf(pick func() int) (int, error) {
 	for range 100 {
-		p := 20000 + mrand.IntN(12000)
+		p := pick()
+		if p == shippedMetricsPort {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err == nil {
 			l.Close()
