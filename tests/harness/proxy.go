@@ -69,6 +69,9 @@ type Proxy struct {
 	// closing: connections answering a request when the port was
 	// refused, closed once the answer is sent (as a stopping server does).
 	closing map[net.Conn]bool
+	// accepted, when set, is called with each connection the port
+	// accepted, before the proxy knows it (the tests' hold there).
+	accepted func()
 }
 
 // StartProxy starts a proxy to s that calls it as user (in groups).
@@ -110,7 +113,44 @@ func (p *Proxy) serveOn(ln net.Listener) {
 	p.mu.Lock()
 	p.ln = ln
 	p.mu.Unlock()
-	go p.srv.Serve(tls.NewListener(ln, p.cfg))
+	go p.srv.Serve(&proxyListener{Listener: tls.NewListener(ln, p.cfg), p: p, port: ln})
+}
+
+// proxyListener is the proxy's port as its server accepts from it: each
+// connection accepted is among p.conns before the server has it, or, if
+// the port was refused meanwhile, closed. (Known only from the server's
+// StateNew, a connection accepted just before Refuse closed the port and
+// not yet known to it stayed open: the client's next request, sent after
+// Refuse, went through it.)
+type proxyListener struct {
+	net.Listener
+	p    *Proxy
+	port net.Listener // the plain listener, p.ln while the port is open
+}
+
+func (l *proxyListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.p.mu.Lock()
+		hold := l.p.accepted
+		l.p.mu.Unlock()
+		if hold != nil {
+			hold()
+		}
+		l.p.mu.Lock()
+		open := l.p.ln == l.port
+		if open {
+			l.p.conns[c] = http.StateNew
+		}
+		l.p.mu.Unlock()
+		if open {
+			return c, nil
+		}
+		c.Close() // refused: the next Accept fails on the closed port
+	}
 }
 
 // SetFault sets what the proxy does with each request from now on (nil, or
