@@ -31,7 +31,7 @@ func TestKubeConditionRemovedDuringAnOutageLeavesTheNode(t *testing.T) {
 		return has("DiskUsageHigh", "True", "FilesystemSpaceHigh")(n) && has("ClockNotSynchronized", "False", "ClockSynchronized")(n)
 	})
 
-	s.StopKubeAPIServer()
+	s.StopKubeAPIServerFor(t)
 	if !store.Remove("DiskUsageHigh") {
 		t.Fatal("DiskUsageHigh was not in the store")
 	}

@@ -691,7 +691,7 @@ func TestKubeOutageConverges(t *testing.T) {
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK"}, time.Now())
 	waitNode(t, s, node, "DiskUsageHigh=False", has("DiskUsageHigh", "False", "DiskUsageOK"))
 
-	s.StopKubeAPIServer()
+	s.StopKubeAPIServerFor(t)
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "1"}, time.Now())
 	store.Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: "ClockUnsynchronized"}, time.Now())
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "2"}, time.Now())

@@ -306,15 +306,7 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	cpu0 := procCPU(t, pid)
 	lost0 := n.statusDoc().Kmsg.Lost
 
-	s.StopKubeAPIServer()
-	up := false
-	t.Cleanup(func() { // the package's other tests need it
-		if !up {
-			if err := s.StartKubeAPIServer(); err != nil {
-				t.Errorf("restarting kube-apiserver: %v", err)
-			}
-		}
-	})
+	s.StopKubeAPIServerFor(t)
 	began := time.Now()
 	msgs := []string{"soak-a", "soak-b", "soak-c"}
 	fired := map[string]int32{}
@@ -366,7 +358,6 @@ pattern = '^INFO: task TOKEN:\d+ blocked for more than \d+ seconds\.'
 	if err := s.StartKubeAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	up = true
 	back := time.Now()
 	var node *corev1.Node
 	for {

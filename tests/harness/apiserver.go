@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -240,13 +241,35 @@ func (s *APIServer) StartKubeAPIServer() error {
 	pool := x509.NewCertPool()
 	pool.AddCert(s.CA.Cert)
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}}
-	return waitHTTP(c, s.URL+"/readyz", s.kas, 90*time.Second)
+	if err := waitHTTP(c, s.URL+"/readyz", s.kas, 90*time.Second); err != nil {
+		s.StopKubeAPIServer() // not started: StopKubeAPIServerFor's end starts it again
+		return err
+	}
+	return nil
 }
 
 // StopKubeAPIServer stops kube-apiserver, leaving etcd running.
 func (s *APIServer) StopKubeAPIServer() {
 	stop(s.kas)
 	s.kas = nil
+}
+
+// StopKubeAPIServerFor stops kube-apiserver, as StopKubeAPIServer does,
+// and starts it again when t ends unless t has (or it would not start):
+// the package's tests share it, and one that failed during its outage
+// (a t.Fatal before its StartKubeAPIServer) left it stopped for every
+// test after it, each failing on a refused port.
+func (s *APIServer) StopKubeAPIServerFor(t testing.TB) {
+	t.Helper()
+	s.StopKubeAPIServer()
+	t.Cleanup(func() {
+		if s.kas != nil {
+			return
+		}
+		if err := s.StartKubeAPIServer(); err != nil {
+			t.Errorf("starting kube-apiserver again, for the tests after this one: %v", err)
+		}
+	})
 }
 
 // Stop stops everything.
