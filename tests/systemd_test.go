@@ -143,7 +143,10 @@ func runChecks(t *testing.T, env *checks.Env, store *report.Store, only ...strin
 }
 
 // breakStandin creates the file that makes a stand-in fail (kubelet-broken:
-// /healthz answers 500; cri-broken: Status hangs) and returns its path.
+// /healthz answers 500; cri-broken: Status hangs) and returns its path; the
+// file goes at t's end at the latest (the package's systemd is shared: a
+// test that failed before its os.Remove left kubelet broken for every test
+// after it).
 func breakStandin(t *testing.T, s *harness.Systemd, name string) string {
 	t.Helper()
 	p := s.Root("/run/standin/" + name)
@@ -153,6 +156,7 @@ func breakStandin(t *testing.T, s *harness.Systemd, name string) string {
 	if err := os.WriteFile(p, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.Remove(p) })
 	return p
 }
 
