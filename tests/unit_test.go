@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -20,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -123,49 +121,8 @@ func freeTCPPort(t testing.TB) int {
 	return p
 }
 
-// freeLoopbackPort picks the port below the kernel's ephemeral range (32768
-// and up by default), where the outgoing connections of everything else on
-// the machine would otherwise take it in between, never the shipped
-// metrics port, and never one it gave before in this process.
-func freeLoopbackPort() (int, error) {
-	return freeLoopbackPortOf(func() int { return 20000 + mrand.IntN(12000) })
-}
-
-// shippedMetricsPort is the shipped configuration's metrics port (:20257),
-// which the deb and sysext tests' daemons listen on in this network
-// namespace while they hold harness.Parallel's "port20257": a free port
-// given to another Parallel test's daemon must not be it, or theirs
-// cannot bind it.
-const shippedMetricsPort = 20257
-
-// givenPorts are the ports freeLoopbackPort gave in this process: a port
-// is free only while nothing holds it, and a daemon restarted by its test
-// (a kill, a watchdog, a reload that fails) leaves its port free until
-// its next bind, where a Parallel test asking then was given the same
-// port, and one of the two daemons could not listen.
-var givenPorts = struct {
-	sync.Mutex
-	m map[int]bool
-}{m: map[int]bool{}}
-
-// freeLoopbackPortOf is freeLoopbackPort with the ports to try from pick.
-func freeLoopbackPortOf(pick func() int) (int, error) {
-	givenPorts.Lock()
-	defer givenPorts.Unlock()
-	for range 100 {
-		p := pick()
-		if p == shippedMetricsPort || givenPorts.m[p] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err == nil {
-			l.Close()
-			givenPorts.m[p] = true
-			return p, nil
-		}
-	}
-	return 0, fmt.Errorf("no free loopback port in 20000-31999")
-}
+// freeLoopbackPort is harness.FreeLoopbackPort.
+func freeLoopbackPort() (int, error) { return harness.FreeLoopbackPort() }
 
 // dataDir returns a directory on a disk filesystem (not tmpfs), to be the
 // namespace's /data: the repository's tests/.cache, else the temp dir.

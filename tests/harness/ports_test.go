@@ -1,13 +1,11 @@
-//go:build integration
-
-package tests
+package harness
 
 import (
 	"net"
 	"testing"
 )
 
-// unGivenPort returns a port free now that freeLoopbackPort never gave
+// unGivenPort returns a port free now that FreeLoopbackPort never gave
 // (the kernel's pick, in its ephemeral range).
 func unGivenPort(t *testing.T) int {
 	t.Helper()
@@ -31,26 +29,29 @@ func picking(t *testing.T, ports ...int) func() int {
 	}
 }
 
-// freeLoopbackPort never gives a test the shipped metrics port, free as it
-// may be when asked: the deb and sysext tests (harness.Parallel's
-// "port20257") need it for their daemons at the same time, and one of
-// them found it taken ("port 20257, the shipped metrics port, is taken")
-// or read another daemon's /metrics there.
+// FreeLoopbackPort never gives a test the shipped metrics port, free as it
+// may be when asked: the deb and sysext tests (Parallel's "port20257")
+// need it for their daemons at the same time, and one of them found it
+// taken ("port 20257, the shipped metrics port, is taken") or read another
+// daemon's /metrics there.
 func TestFreeLoopbackPortIsNeverTheShippedMetricsPort(t *testing.T) {
 	other := unGivenPort(t)
-	p, err := freeLoopbackPortOf(picking(t, shippedMetricsPort, other))
+	p, err := freeLoopbackPortOf(picking(t, ShippedMetricsPort, other))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p != other {
-		t.Errorf("freeLoopbackPortOf gave %d, want %d (the pick after %d)", p, other, shippedMetricsPort)
+		t.Errorf("freeLoopbackPortOf gave %d, want %d (the pick after %d)", p, other, ShippedMetricsPort)
 	}
 }
 
-// freeLoopbackPort gives a port once per process: free again while the
+// FreeLoopbackPort gives a port once per process: free again while the
 // daemon given it restarts, it is not given to another test's daemon.
 func TestFreeLoopbackPortGivesAPortOnce(t *testing.T) {
-	given := freeTCPPort(t)
+	given, err := FreeLoopbackPort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	other := unGivenPort(t)
 	p, err := freeLoopbackPortOf(picking(t, given, other))
 	if err != nil {
