@@ -4,6 +4,10 @@ package tests
 
 import (
 	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -25,5 +29,28 @@ func TestKubeAPIServerStoppedByATestIsStartedAgainAtItsEnd(t *testing.T) {
 	defer cancel()
 	if _, err := s.Admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 		t.Fatalf("kube-apiserver after a test that stopped it ended: %v", err)
+	}
+}
+
+// kube-apiserver's port, which it is started again on after a stop, is
+// below the kernel's ephemeral range: while it is stopped no bind to port 0
+// (a test's proxy, daemon or server, any process) can be given it, and
+// the restart finds it free.
+func TestKubeAPIServerPortIsBelowTheEphemeralRange(t *testing.T) {
+	s := apiServer(t)
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if port, _ := strconv.Atoi(u.Port()); port >= low {
+		t.Errorf("kube-apiserver listens on %s, in the ephemeral range (from %d)", u.Host, low)
 	}
 }

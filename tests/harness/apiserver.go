@@ -142,7 +142,10 @@ func StartAPIServerWith(dir string, opts APIOptions) (*APIServer, error) {
 		s.Stop()
 		return nil, err
 	}
-	if s.kasPort, err = freePort(); err != nil {
+	// Stopped and started again on this port (StopKubeAPIServerFor):
+	// below the ephemeral range, where no bind to port 0 of another test
+	// or process takes it meanwhile.
+	if s.kasPort, err = FreeLoopbackPort(); err != nil {
 		s.Stop()
 		return nil, err
 	}

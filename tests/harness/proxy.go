@@ -99,7 +99,14 @@ func (s *APIServer) StartProxy(user string, groups []string) (*Proxy, error) {
 	quiet := log.New(io.Discard, "", 0) // the faults' handshakes and cut requests: expected
 	p.rp.ErrorLog = quiet
 	p.srv = &http.Server{Handler: http.HandlerFunc(p.serve), ErrorLog: quiet, ConnState: p.connState}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Refused and opened again on this port (Refuse, Accept): below the
+	// ephemeral range, where no bind to port 0 of another test (their
+	// proxies, daemons, servers) takes it while it is refused.
+	port, err := FreeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 	if err != nil {
 		return nil, err
 	}

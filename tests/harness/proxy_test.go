@@ -1,8 +1,12 @@
 package harness
 
 import (
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"testing"
 )
 
@@ -62,4 +66,46 @@ func TestProxyRefuseClosesAConnectionAcceptedJustBefore(t *testing.T) {
 		t.Fatalf("after Accept: %v", err)
 	}
 	r.Body.Close()
+}
+
+// ephemeralLow is the lowest port of the kernel's ephemeral range, the
+// ports a bind to port 0 and an outgoing connection are given.
+func ephemeralLow(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	return low
+}
+
+// The proxy's port, refused and opened again by the tests (Refuse,
+// Accept), is below the kernel's ephemeral range: while it is refused no
+// bind to port 0 (another test's proxy, daemon or server, any process)
+// can be given it, so Accept finds it free. Before it was the kernel's
+// pick, in that range, and Accept could find it taken ("address already
+// in use" after its 1 s of tries).
+func TestProxyPortIsBelowTheEphemeralRange(t *testing.T) {
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &APIServer{URL: "https://127.0.0.1:1", CA: ca} // never called
+	p, err := s.StartProxy("proxy-port", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, port, err := net.SplitHostPort(p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(port)
+	if low := ephemeralLow(t); n >= low {
+		t.Errorf("the proxy listens on %s, in the ephemeral range (from %d)", p.addr, low)
+	}
 }
