@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 )
 
@@ -31,7 +32,24 @@ var givenPorts = struct {
 // otherwise take it in between; never ShippedMetricsPort; never one it gave
 // before in this process.
 func FreeLoopbackPort() (int, error) {
-	return freeLoopbackPortOf(func() int { return 20000 + rand.IntN(12000) })
+	lo, hi := belowEphemeral()
+	return freeLoopbackPortOf(func() int { return lo + rand.IntN(hi-lo) })
+}
+
+// belowEphemeral is the ports FreeLoopbackPort picks from, lo to hi-1:
+// 20000-31999 where the kernel's ephemeral range starts at 32768 (its
+// default), else the 12000 ports below where it starts (1024 at the
+// lowest): a machine set to start it lower has the ports kept below it.
+func belowEphemeral() (lo, hi int) {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var l, h int
+		if _, err := fmt.Sscan(string(b), &l, &h); err == nil && l > 1024 {
+			low = l
+		}
+	}
+	hi = min(32000, low)
+	return max(1024, hi-12000), hi
 }
 
 // freeLoopbackPortOf is FreeLoopbackPort with the ports to try from pick.
@@ -50,5 +68,5 @@ func freeLoopbackPortOf(pick func() int) (int, error) {
 			return p, nil
 		}
 	}
-	return 0, fmt.Errorf("no free loopback port in 20000-31999")
+	return 0, fmt.Errorf("no free loopback port below the ephemeral range")
 }
