@@ -4,14 +4,14 @@ package tests
 
 import (
 	"context"
-	"fmt"
 	"net/url"
-	"os"
 	"strconv"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/syself/autopilot-health/tests/harness"
 )
 
 // A test that ends during its outage of the shared kube-apiserver (a
@@ -38,14 +38,7 @@ func TestKubeAPIServerStoppedByATestIsStartedAgainAtItsEnd(t *testing.T) {
 // the restart finds it free.
 func TestKubeAPIServerPortIsBelowTheEphemeralRange(t *testing.T) {
 	s := apiServer(t)
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var low, high int
-	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
-		t.Fatalf("ip_local_port_range %q: %v", b, err)
-	}
+	low := harness.EphemeralStart()
 	u, err := url.Parse(s.URL)
 	if err != nil {
 		t.Fatal(err)

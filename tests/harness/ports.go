@@ -41,15 +41,22 @@ func FreeLoopbackPort() (int, error) {
 // default), else the 12000 ports below where it starts (1024 at the
 // lowest): a machine set to start it lower has the ports kept below it.
 func belowEphemeral() (lo, hi int) {
-	low := 32768
+	hi = min(32000, EphemeralStart())
+	return max(1024, hi-12000), hi
+}
+
+// EphemeralStart is the lowest port of the kernel's ephemeral range
+// (ip_local_port_range), the ports a bind to port 0 and an outgoing
+// connection are given; 32768, the kernel's default, where it cannot be
+// read.
+func EphemeralStart() int {
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		var l, h int
 		if _, err := fmt.Sscan(string(b), &l, &h); err == nil && l > 1024 {
-			low = l
+			return l
 		}
 	}
-	hi = min(32000, low)
-	return max(1024, hi-12000), hi
+	return 32768
 }
 
 // freeLoopbackPortOf is FreeLoopbackPort with the ports to try from pick.
