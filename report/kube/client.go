@@ -164,13 +164,13 @@ func (k *kubeconfigClient) credentialsChanged() bool {
 	if !k.mu.TryLock() {
 		return false // a call is reading the files
 	}
-	read, failed, cur := k.read, k.failed, k.cur
+	read, failed, cur, caFile := k.read, k.failed, k.cur, k.caFile
 	k.mu.Unlock()
 	if cur == nil {
 		return false
 	}
 	// Outside the lock: a stat on a hung disk holds no call back.
-	if stamp := stampOf(k.path); stamp != read && stamp != failed {
+	if stamp := confStampOf(k.path, caFile); stamp != read && stamp != failed {
 		return true
 	}
 	r, ok := cur.(*rotatingClient)
@@ -248,22 +248,31 @@ func userOfPEM(data []byte) string {
 // certificate embedded (valid a year), and its kubelet-finalize phase
 // rewrites it to name kubelet-client-current.pem by path; an operator or a
 // tool may rewrite it too (another API server, the CA after a CA rotation).
+// A CA the kubeconfig names by path (certificate-authority: ca.crt) is read
+// into the configuration and followed the same way: a CA rotation that
+// rewrites that file alone is seen at the next call. client-go would read
+// it again itself, but at most once in 5 minutes (its transport's
+// atomicTransportHolder), and meanwhile every call failed TLS against an
+// API server serving a certificate of the new CA.
 // Before each call it compares the file's identity and time with those it
-// read (one stat): when they changed and the file holds another
-// kubeconfig, which makes a usable client, that client is used from then
-// on and the old one's idle connections are closed. Until then (a
-// half-written file, an invalid one, one whose certificate files are not
-// there) the last client stays, and the failure is logged once for each
-// change of the file.
+// read, and the CA file's (a stat each): when they changed and the files
+// hold another kubeconfig or another CA, which make a usable client, that
+// client is used from then on and the old one's idle connections are
+// closed. Until then (a half-written file, an invalid one, one whose
+// certificate files are not there, a CA file without a certificate) the
+// last client stays, and the failure is logged once for each change of the
+// files.
 type kubeconfigClient struct {
 	path, userAgent string
 	log             *slog.Logger
 	warnings        *apiWarnings // shared by the clients made, so a reload does not log a warning again
 
 	mu     sync.Mutex
-	read   fileStamp    // of the kubeconfig when cur was made
+	read   confStamp    // of the kubeconfig and its CA file when cur was made
 	data   []byte       // what cur was made from
-	failed fileStamp    // of the kubeconfig that last failed to make a client (logged)
+	caFile string       // the CA file cur's kubeconfig names, "" for none (or its CA embedded)
+	ca     []byte       // what cur's CA was read from caFile
+	failed confStamp    // of the files that last failed to make a client (logged)
 	cur    Client       // a rotatingClient or a restClient
 	cfg    *rest.Config // what cur was made with
 	made   int          // clients made, for tests
@@ -272,24 +281,42 @@ type kubeconfigClient struct {
 	shown atomic.Pointer[shownClient]
 }
 
+// confStamp is the stamp of a kubeconfig and of the CA file it names (the
+// zero stamp when it names none).
+type confStamp struct{ conf, ca fileStamp }
+
+// confStampOf stamps the kubeconfig at path and caFile ("" for none).
+func confStampOf(path, caFile string) confStamp {
+	s := confStamp{conf: stampOf(path)}
+	if caFile != "" {
+		s.ca = stampOf(caFile)
+	}
+	return s
+}
+
 // client is the client of the kubeconfig in the file now.
 func (k *kubeconfigClient) client() (Client, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	stamp := stampOf(k.path)
+	stamp := confStampOf(k.path, k.caFile)
 	if k.cur != nil && stamp == k.read {
 		return k.cur, nil
 	}
 	data, err := os.ReadFile(k.path)
-	if err == nil && k.cur != nil && bytes.Equal(data, k.data) {
-		k.read, k.failed = stamp, fileStamp{}
-		return k.cur, nil // touched or written again, the same kubeconfig
-	}
 	var c Client
 	var cfg *rest.Config
+	var caFile string
+	var caStamp fileStamp
+	sameConf := err == nil && k.cur != nil && bytes.Equal(data, k.data)
 	if err == nil {
 		if cfg, err = restConfigOf(k.path, data); err == nil {
-			c, err = k.clientFor(cfg)
+			if caFile, caStamp, err = readCA(cfg); err == nil {
+				if sameConf && caFile == k.caFile && bytes.Equal(cfg.CAData, k.ca) {
+					k.read, k.failed = confStamp{stamp.conf, caStamp}, confStamp{}
+					return k.cur, nil // touched or written again, the same kubeconfig and CA
+				}
+				c, err = k.clientFor(cfg)
+			}
 		}
 	}
 	if err != nil {
@@ -308,11 +335,18 @@ func (k *kubeconfigClient) client() (Client, error) {
 		old.CloseIdle()
 	}
 	if k.cur != nil && k.log != nil {
-		k.log.Info("kubeconfig reloaded; new connections use it", "kubeconfig", k.path, "server", cfg.Host, "user", userOf(cfg))
+		if sameConf {
+			k.log.Info("certificate authority reloaded; new connections use it", "kubeconfig", k.path, "ca", caFile)
+		} else {
+			k.log.Info("kubeconfig reloaded; new connections use it", "kubeconfig", k.path, "server", cfg.Host, "user", userOf(cfg))
+		}
 	}
-	k.cur, k.data, k.cfg = c, data, cfg
+	k.cur, k.data, k.cfg, k.caFile, k.ca = c, data, cfg, caFile, cfg.CAData
+	if caFile == "" {
+		k.ca = nil
+	}
 	k.shown.Store(&shownClient{cur: c, host: cfg.Host, user: userOfPEM(cfg.CertData)})
-	k.read, k.failed = stamp, fileStamp{}
+	k.read, k.failed = confStamp{stamp.conf, caStamp}, confStamp{}
 	k.made++
 	return c, nil
 }
@@ -347,6 +381,29 @@ func restConfigOf(path string, data []byte) (*rest.Config, error) {
 	}
 	return clientcmd.NewNonInteractiveClientConfig(*config, "", &clientcmd.ConfigOverrides{},
 		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}).ClientConfig()
+}
+
+// readCA reads the CA file cfg names (certificate-authority: a path) into
+// cfg's CAData and returns the file's name and its stamp taken before the
+// read ("" and the zero stamp when cfg names none, or has its CA
+// embedded). A file that holds no certificate is an error: client-go would
+// trust nothing then (an empty pool), and the last client is better.
+func readCA(cfg *rest.Config) (string, fileStamp, error) {
+	tc := &cfg.TLSClientConfig
+	if tc.CAFile == "" || len(tc.CAData) > 0 {
+		return "", fileStamp{}, nil
+	}
+	name := tc.CAFile
+	stamp := stampOf(name)
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return "", fileStamp{}, fmt.Errorf("certificate authority: %w", err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(data) {
+		return "", fileStamp{}, fmt.Errorf("certificate authority %s holds no certificate", name)
+	}
+	tc.CAData, tc.CAFile = data, ""
+	return name, stamp, nil
 }
 
 // clientFor makes the client of cfg: a rotatingClient when it names its
@@ -731,7 +788,8 @@ func resumeSessions(rt http.RoundTripper) http.RoundTripper {
 }
 
 // innerTransport returns the *http.Transport under client-go's wrappers
-// (the transport cache's, the CA file's reloader), or nil.
+// (the transport cache's; its CA file's reloader is not made: the CA is
+// read into the configuration, readCA), or nil.
 func innerTransport(rt http.RoundTripper) *http.Transport {
 	for {
 		w, ok := rt.(utilnet.RoundTripperWrapper)
