@@ -102,7 +102,26 @@ type Config struct {
 
 	// lines is the index of the file Parse read (nil for the defaults).
 	lines keyIndex
+	// notes: the file's values Parse took otherwise than as written
+	// (Notes).
+	notes []Note
 }
+
+// Note is a value the file sets that Parse took otherwise than as
+// written, and why. The daemon logs each at its start, and at a reload
+// that brings one it did not log before (daemon.LogConfigNotes): the
+// operator reads in the journal what the checks use, not only the file.
+type Note struct {
+	File string
+	Line int    // the line that sets Key
+	Key  string // dotted, as Diff names it
+	// Taken is the value in effect; Why says why it is not the file's.
+	Taken, Why string
+}
+
+// Notes returns the values of the file Parse took otherwise than as
+// written (none for the defaults).
+func (c *Config) Notes() []Note { return c.notes }
 
 // Line returns the line of the file this configuration was parsed from
 // that sets key (a dotted key as Diff names it), or the closest table that
@@ -551,7 +570,11 @@ func parse(file string, data []byte, base func() *Config, lim limits) (*Config, 
 	// The index first: a conflict of two keys is named at the one the
 	// file sets.
 	c.lines = lines
+	c.notes = nil // base's, if it was parsed from a file
 	c.deriveFromKubeletRootDir(md)
+	for i := range c.notes {
+		c.notes[i].File, c.notes[i].Line = file, lines.find(c.notes[i].Key)
+	}
 	if verr := c.validate(); verr != nil {
 		verr.File = file
 		verr.Line = lines.find(cmp.Or(verr.at, verr.Key))

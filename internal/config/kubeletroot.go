@@ -77,8 +77,29 @@ func (c *Config) deriveFromKubeletRootDir(md toml.MetaData) {
 	case !md.IsDefined("checks", "DiskUsageHigh", "mount_points_exclude"):
 		*mp = mountPointsExcludeFor(*mp, dir)
 	case isStockMountPointsExclude(*mp, dir):
+		written := *mp
 		*mp = mountPointsExcludeFor(stockMountPointsExclude, dir)
+		if why := stockTakenWhy(written, dir); why != "" {
+			c.notes = append(c.notes, Note{Key: "checks.DiskUsageHigh.mount_points_exclude", Taken: *mp, Why: why})
+		}
 	}
+}
+
+// stockTakenWhy says why written, a stock mount_points_exclude copied into
+// the file (isStockMountPointsExclude), is taken as the default derived
+// for dir, "" when that is written itself.
+func stockTakenWhy(written, dir string) string {
+	if written == mountPointsExcludeFor(stockMountPointsExclude, dir) {
+		return ""
+	}
+	var why []string
+	if written == oldStockMountPointsExclude || written == mountPointsExcludeFor(oldStockMountPointsExclude, dir) {
+		why = append(why, "it is an earlier version's stock expression, with pods($|/), which left out the pods directory's own mount (a disk for pods' emptyDirs); today's default measures that mount and leaves out what lies below it")
+	}
+	if dir != DefaultKubeletRootDir && (written == stockMountPointsExclude || written == oldStockMountPointsExclude) {
+		why = append(why, "it is written for /var/lib/kubelet, and kubelet_root_dir is "+dir+": derived for it as the default is")
+	}
+	return "the stock expression copied is taken as the default: " + strings.Join(why, "; ")
 }
 
 // mountPointsExcludeFor is the defaults' mount_points_exclude def with the

@@ -178,3 +178,62 @@ func TestStockMountPointsExcludeIsDefaultTOMLs(t *testing.T) {
 		t.Errorf("default.toml's mount_points_exclude %q, the code's stock one %q", got, stockMountPointsExclude)
 	}
 }
+
+// A stock mount_points_exclude copied into the file and taken as the
+// default derived for kubelet_root_dir (TestKubeletRootDirDerives) is a
+// value the daemon uses otherwise than written: Parse notes it (the file,
+// the line that sets it, the value taken and why), which the daemon logs
+// at start and reload (TestConfigNotesLoggedOnce). The stock expression as
+// it is taken, and an expression of the operator's, are not noted.
+func TestStockMountPointsExcludeTakenIsNoted(t *testing.T) {
+	derived := mountPointsExcludeFor(stockMountPointsExclude, "/data/kubelet")
+	for _, tc := range []struct {
+		name, root, mp string
+		why            []string // what the note says; none: no note
+	}{
+		{"earlier stock", "", oldStockMountPointsExclude, []string{"earlier version's stock expression"}},
+		{"today's stock", "", stockMountPointsExclude, nil},
+		{"today's stock, another root", "/data/kubelet", stockMountPointsExclude, []string{"written for /var/lib/kubelet, and kubelet_root_dir is /data/kubelet"}},
+		{"earlier stock, another root", "/data/kubelet", oldStockMountPointsExclude, []string{"earlier version's", "kubelet_root_dir is /data/kubelet"}},
+		{"earlier stock derived, another root", "/data/kubelet", mountPointsExcludeFor(oldStockMountPointsExclude, "/data/kubelet"), []string{"earlier version's"}},
+		{"today's stock derived, another root", "/data/kubelet", derived, nil},
+		{"the operator's", "", `^/(proc|var/lib/kubelet/pods)($|/)`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := "# a comment\n"
+			if tc.root != "" {
+				file += "kubelet_root_dir = " + strconvQuote(tc.root) + "\n"
+			}
+			file += "[checks.DiskUsageHigh]\nspace_percent = 90\nmount_points_exclude = " + strconvQuote(tc.mp) + "\n"
+			c, err := Parse("/etc/autopilot-health/config.toml", []byte(file), Default())
+			if err != nil {
+				t.Fatal(err)
+			}
+			notes := c.Notes()
+			if tc.why == nil {
+				if len(notes) != 0 {
+					t.Errorf("notes %+v, want none", notes)
+				}
+				return
+			}
+			line := strings.Count(file, "\n")
+			if len(notes) != 1 {
+				t.Fatalf("notes %+v, want one", notes)
+			}
+			n := notes[0]
+			if n.File != "/etc/autopilot-health/config.toml" || n.Line != line || n.Key != "checks.DiskUsageHigh.mount_points_exclude" ||
+				n.Taken != c.Checks.DiskUsageHigh.MountPointsExclude || n.Taken == tc.mp {
+				t.Errorf("note %+v, want the file, line %d, the key and the value taken (%q)", n, line, c.Checks.DiskUsageHigh.MountPointsExclude)
+			}
+			for _, w := range tc.why {
+				if !strings.Contains(n.Why, w) {
+					t.Errorf("the note says %q, want it to say %q", n.Why, w)
+				}
+			}
+		})
+	}
+	// The defaults, and a file that does not set the key: nothing noted.
+	if c, err := Parse("config.toml", []byte(`kubelet_root_dir = "/data/kubelet"`), Default()); err != nil || len(c.Notes()) != 0 || len(Default().Notes()) != 0 {
+		t.Errorf("notes %+v (%v), defaults' %+v, want none", c.Notes(), err, Default().Notes())
+	}
+}

@@ -127,6 +127,10 @@ type Daemon struct {
 	cfgSince   time.Time
 	cfgAbsent  bool
 	lastReload *ReloadOutcome
+	// notes: the configuration's notes logged (config.Note: the file's
+	// values taken otherwise than written), by Run and the reloads since.
+	// Under mu.
+	notes []config.Note
 	// readDigest identifies the file as the start or the last reload read
 	// it (config.FileDigest). Under mu.
 	readDigest string
@@ -234,7 +238,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 		env: p.Env, runner: p.Runner, store: p.Store, metrics: p.Metrics, details: p.Details, kmsg: p.Kmsg, live: p.Live,
 		replan: make(chan struct{}, 1), firstPassDone: make(chan struct{}), statusWake: make(chan struct{}, 1),
 		cfgPath: opts.ConfigPath, cfgOptional: opts.ConfigOptional, reloadSig: opts.Reload, reloadReq: make(chan struct{}, 1), readySent: make(chan struct{}),
-		cfgSince: time.Now(), readDigest: opts.ConfigDigest, helper: opts.Helper != nil,
+		cfgSince: time.Now(), readDigest: opts.ConfigDigest, helper: opts.Helper != nil, notes: cfg.Notes(),
 		unlockState: unlockState,
 	}
 	if d.readDigest == "" && d.cfgPath != "" {

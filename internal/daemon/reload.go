@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -152,6 +153,23 @@ type Reloaded struct {
 	Checks checks.Applied
 	// Rules: what changed in the kernel log rules.
 	Rules kmsg.RuleChanges
+	// Notes: the new file's values taken otherwise than written
+	// (config.Note), which Reload logs when it had not.
+	Notes []config.Note
+}
+
+// LogConfigNotes logs, once each, the notes (config.Note) of a
+// configuration that are not among logged: a value the file sets that
+// the daemon takes otherwise than written, what it took and why. A note
+// logged is not logged again for a line moved (a key added above it).
+func LogConfigNotes(log *slog.Logger, notes, logged []config.Note) {
+	for _, n := range notes {
+		if slices.ContainsFunc(logged, func(l config.Note) bool { l.Line = n.Line; return l == n }) {
+			continue
+		}
+		log.Info("configuration: "+n.Key+" is taken otherwise than written: "+n.Why,
+			"file", n.File, "line", n.Line, "key", n.Key, "taken", n.Taken)
+	}
 }
 
 // Summary is the log line's account of the changes.
@@ -222,9 +240,11 @@ func (d *Daemon) Reload() (Reloaded, error) {
 	// config_last_reload_success_timestamp_seconds (ConfigReload above).
 	d.mu.Lock()
 	d.lastReload = out
+	logged := d.notes
 	if err == nil {
 		d.cfgSince = now
 		d.cfgAbsent = d.readDigest == config.AbsentDigest
+		d.notes = r.Notes
 	}
 	d.mu.Unlock()
 	switch {
@@ -234,6 +254,9 @@ func (d *Daemon) Reload() (Reloaded, error) {
 		d.log.Info("config reloaded, no changes", "file", d.cfgPath)
 	default:
 		d.log.Info("config reloaded from "+d.cfgPath+": "+r.Summary(), "keys", strings.Join(r.Keys, ", "))
+	}
+	if err == nil {
+		LogConfigNotes(d.log, r.Notes, logged)
 	}
 	return r, err
 }
@@ -269,7 +292,7 @@ func (d *Daemon) reload() (Reloaded, error) {
 		}
 	}
 	old := d.currentEnv()
-	res := Reloaded{Keys: config.Diff(old.Config, cfg)}
+	res := Reloaded{Keys: config.Diff(old.Config, cfg), Notes: cfg.Notes()}
 	if len(res.Keys) == 0 {
 		return res, nil
 	}

@@ -18,7 +18,9 @@ import (
 func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.started = time.Now()
+	notes := d.notes
 	d.mu.Unlock()
+	LogConfigNotes(d.log, notes, nil)
 	srv := d.gate.server(d.Handler())
 	srvErr := make(chan error, 1)
 	// The loops stop when Run says, not with ctx: the kernel log reader
