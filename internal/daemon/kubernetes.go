@@ -33,7 +33,10 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	var dial func(context.Context) error
 	identity := ""
 	for client == nil {
-		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
+		c, host, ok, err := d.newKubeClient(ctx, path)
+		if !ok {
+			return // stopped while the kubeconfig's files did not answer
+		}
 		if err == nil {
 			// The user of the kubeconfig the client was made from, not of a
 			// second read of the file (which may be being rewritten).
@@ -127,6 +130,33 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 // of the kubeconfig at path: the API server it calls now, and the user its
 // credentials name when that is another node (the API server refuses the
 // writes). Both follow a rewritten kubeconfig.
+// newKubeClient is kube.NewClient on a goroutine of its own, which the
+// daemon's stop does not wait for: on a disk that hangs under the
+// kubeconfig (a read in D state), the stat or the read of the files does
+// not return, and the stop waited for it until TimeoutStopSec and a
+// SIGKILL that a task in D state does not answer either. ok is false when
+// ctx ended first; the goroutine is left to the kernel. A kubeconfig that
+// hangs so at the start is waited for (the loop's progress stops: the
+// stuck loop names it), the daemon's other loops going on.
+func (d *Daemon) newKubeClient(ctx context.Context, path string) (c kube.Client, host string, ok bool, err error) {
+	type made struct {
+		c    kube.Client
+		host string
+		err  error
+	}
+	ch := make(chan made, 1)
+	go func() {
+		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
+		ch <- made{c, host, err}
+	}()
+	select {
+	case m := <-ch:
+		return m.c, m.host, true, m.err
+	case <-ctx.Done():
+		return nil, "", false, nil
+	}
+}
+
 func (d *Daemon) sourceDetail(c kube.Client, path string) string {
 	server, user := kube.Source(c)
 	name := d.currentEnv().NodeName

@@ -132,11 +132,11 @@ func UserNow(c Client) (user string, ok bool) {
 	if !ok {
 		return "", false
 	}
-	if cur, err := k.client(); err == nil {
-		if r, ok := cur.(*rotatingClient); ok {
-			r.client() // the last pair stays on an error, as for a call
-		}
-	}
+	// The last pair stays on an error, as for a call; a look that does
+	// not answer (a hung disk) is waited for lookWait at most.
+	ctx, cancel := context.WithTimeout(context.Background(), lookWait)
+	k.now(ctx)
+	cancel()
 	_, user = Source(k)
 	return user, true
 }
@@ -159,22 +159,41 @@ func CredentialsChanged(c Client) bool {
 // changed (CredentialsChanged): kubeconfigClient, and the tests' fakes.
 type credentialsWatcher interface{ credentialsChanged() bool }
 
-// credentialsChanged is CredentialsChanged.
+// credentialsChanged is CredentialsChanged. Its stats run on a goroutine of
+// their own, waited for credsPeekWait at most: on a hung disk the stat
+// does not return, and the reporter's credsLoop, which asks, must return
+// at a stop (false then, and at once while that stat hangs: not asked
+// again until it returns).
 func (k *kubeconfigClient) credentialsChanged() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), credsPeekWait)
+	defer cancel()
+	changed, err := k.peek.do(ctx, credsPeekWait, k.changedNow)
+	return err == nil && changed
+}
+
+// credsPeekWait bounds credentialsChanged's wait for its stats.
+const credsPeekWait = time.Second
+
+// changedNow is credentialsChanged's look at the files, on the calling
+// goroutine.
+func (k *kubeconfigClient) changedNow() (bool, error) {
+	if k.look.busy() {
+		return false, nil // a call is reading the files (or hangs on them)
+	}
 	if !k.mu.TryLock() {
-		return false // a call is reading the files
+		return false, nil // a call is reading the files
 	}
 	read, failed, cur, caFile := k.read, k.failed, k.cur, k.caFile
 	k.mu.Unlock()
 	if cur == nil {
-		return false
+		return false, nil
 	}
 	// Outside the lock: a stat on a hung disk holds no call back.
 	if stamp := confStampOf(k.path, caFile); stamp != read && stamp != failed {
-		return true
+		return true, nil
 	}
 	r, ok := cur.(*rotatingClient)
-	return ok && r.changed()
+	return ok && r.changed(), nil
 }
 
 // changed says whether the certificate or key file changed since the
@@ -266,6 +285,11 @@ type kubeconfigClient struct {
 	path, userAgent string
 	log             *slog.Logger
 	warnings        *apiWarnings // shared by the clients made, so a reload does not log a warning again
+
+	// look: the look at the files a call makes (now), on a goroutine of
+	// its own; peek: credentialsChanged's.
+	look fileLook[Client]
+	peek fileLook[bool]
 
 	mu     sync.Mutex
 	read   confStamp    // of the kubeconfig and its CA file when cur was made
@@ -427,18 +451,114 @@ func (k *kubeconfigClient) clientFor(cfg *rest.Config) (Client, error) {
 	return newRESTClient(cfg)
 }
 
-// CloseIdle closes the idle connections of the client in use.
+// CloseIdle closes the idle connections of the client in use. Not under
+// k.mu: a look at the files holds it, and on a hung disk never lets go.
 func (k *kubeconfigClient) CloseIdle() {
-	k.mu.Lock()
-	c := k.cur
-	k.mu.Unlock()
-	if ic, ok := c.(idleCloser); ok {
+	sh := k.shown.Load()
+	if sh == nil {
+		return
+	}
+	if ic, ok := sh.cur.(idleCloser); ok {
 		ic.CloseIdle()
 	}
 }
 
+// now returns the client to make a call with: the REST client of the
+// files as they are now (client, and the rotating client's). The look at
+// the files (a stat of each, a read of those changed) runs on a goroutine
+// of its own, and the call waits for it lookWait at most, or until ctx is
+// done: on a disk that hangs (a read in D state under /etc/kubernetes or
+// /var/lib/kubelet) the stat does not return, and a call waiting for it
+// held the writer's loop, and the daemon's stop, with it. While that look
+// hangs, no other starts: the calls wait for it, lookWait from its start,
+// then fail (ErrFilesHung), and the one after it returns looks anew.
+func (k *kubeconfigClient) now(ctx context.Context) (Client, error) {
+	c, err := k.look.do(ctx, lookWait, func() (Client, error) {
+		c, err := k.client()
+		if r, ok := c.(*rotatingClient); ok && err == nil {
+			return r.client()
+		}
+		return c, err
+	})
+	if errors.Is(err, ErrFilesHung) {
+		err = fmt.Errorf("kubeconfig %s, or a file it names: %w", k.path, err)
+	}
+	return c, err
+}
+
+// lookWait bounds a call's wait for the look at the credentials' files:
+// as the disk check's statfs (5 s), far above a stat's microseconds. A
+// variable for tests.
+var lookWait = 5 * time.Second
+
+// ErrFilesHung is the error of a call whose look at the credentials' files
+// (the kubeconfig, its CA, the client certificate) did not return within
+// lookWait: a disk that hangs.
+var ErrFilesHung = errors.New("a stat or read of the files did not return (a hung disk?); not asked again until it does")
+
+// fileLook runs a look at files on a goroutine of its own, one at a time:
+// a caller that finds one under way waits for it rather than start
+// another, so a disk that hangs costs one goroutine, however many calls.
+type fileLook[T any] struct {
+	mu  sync.Mutex
+	cur *lookCall[T]
+}
+
+type lookCall[T any] struct {
+	done  chan struct{}
+	since time.Time
+	v     T
+	err   error
+}
+
+// do runs f (or joins the f under way) and waits for it until wait after
+// it started, or until ctx is done.
+func (l *fileLook[T]) do(ctx context.Context, wait time.Duration, f func() (T, error)) (T, error) {
+	l.mu.Lock()
+	c := l.cur
+	if c == nil {
+		c = &lookCall[T]{done: make(chan struct{}), since: time.Now()}
+		l.cur = c
+		go func() {
+			c.v, c.err = f()
+			l.mu.Lock()
+			l.cur = nil
+			l.mu.Unlock()
+			close(c.done)
+		}()
+	}
+	l.mu.Unlock()
+	var zero T
+	select {
+	case <-c.done:
+		return c.v, c.err
+	default:
+	}
+	left := wait - time.Since(c.since)
+	if left <= 0 {
+		return zero, fmt.Errorf("%w (since %s)", ErrFilesHung, c.since.UTC().Format(time.RFC3339))
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-c.done:
+		return c.v, c.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-t.C:
+		return zero, fmt.Errorf("%w (since %s)", ErrFilesHung, c.since.UTC().Format(time.RFC3339))
+	}
+}
+
+// busy says whether a look is under way.
+func (l *fileLook[T]) busy() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur != nil
+}
+
 func (k *kubeconfigClient) GetNode(ctx context.Context, name string) (*kubeapi.Node, error) {
-	c, err := k.client()
+	c, err := k.now(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -446,7 +566,7 @@ func (k *kubeconfigClient) GetNode(ctx context.Context, name string) (*kubeapi.N
 }
 
 func (k *kubeconfigClient) PatchNodeStatus(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
-	c, err := k.client()
+	c, err := k.now(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +574,7 @@ func (k *kubeconfigClient) PatchNodeStatus(ctx context.Context, name string, pat
 }
 
 func (k *kubeconfigClient) PatchNode(ctx context.Context, name string, patch []byte) (*kubeapi.Node, error) {
-	c, err := k.client()
+	c, err := k.now(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +582,7 @@ func (k *kubeconfigClient) PatchNode(ctx context.Context, name string, patch []b
 }
 
 func (k *kubeconfigClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) error {
-	c, err := k.client()
+	c, err := k.now(ctx)
 	if err != nil {
 		return err
 	}
@@ -470,7 +590,7 @@ func (k *kubeconfigClient) CreateEvent(ctx context.Context, ev *kubeapi.Event) e
 }
 
 func (k *kubeconfigClient) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*kubeapi.Event, error) {
-	c, err := k.client()
+	c, err := k.now(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -500,8 +620,10 @@ type rotatingClient struct {
 	failed    [2]fileStamp // of the files that last failed to load (logged)
 	cur       Client
 	certs     int // clients made, for tests
-	// shownUser: the user cert names, for Source; set with it.
+	// shownUser: the user cert names, for Source; inUse: cur, for
+	// CloseIdle; set with it.
 	shownUser atomic.Pointer[string]
+	inUse     atomic.Pointer[restClient]
 }
 
 // fileStamp tells a file apart from the one before it under the same name;
@@ -566,6 +688,9 @@ func (r *rotatingClient) client() (Client, error) {
 		r.log.Info("client certificate reloaded", "cert", r.certFile, "key", r.keyFile)
 	}
 	r.cur, r.cert, r.key = c, cert, key
+	if rc, ok := c.(restClient); ok {
+		r.inUse.Store(&rc)
+	}
 	user := userOfPEM(cert)
 	r.shownUser.Store(&user)
 	r.read, r.failed = stamps, [2]fileStamp{}
@@ -596,13 +721,11 @@ func (r *rotatingClient) load() (cert, key []byte, err error) {
 	return cert, key, nil
 }
 
-// CloseIdle closes the idle connections of the client in use.
+// CloseIdle closes the idle connections of the client in use. Not under
+// r.mu: a look at the files holds it, and on a hung disk never lets go.
 func (r *rotatingClient) CloseIdle() {
-	r.mu.Lock()
-	c := r.cur
-	r.mu.Unlock()
-	if ic, ok := c.(idleCloser); ok {
-		ic.CloseIdle()
+	if c := r.inUse.Load(); c != nil {
+		c.CloseIdle()
 	}
 }
 
