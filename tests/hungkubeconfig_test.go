@@ -69,7 +69,9 @@ func mountHungFS(t *testing.T, dir string) *hungFS {
 	go func() {
 		for {
 			if _, err := unix.Read(fd, buf); err != nil {
+				// ENODEV once unmounted: the connection is gone.
 				close(h.pending)
+				unix.Close(fd)
 				return
 			}
 			u := binary.LittleEndian.Uint64(buf[8:])
