@@ -368,3 +368,24 @@ func TestSocketCandidatesOfAFileInUTF16(t *testing.T) {
 		}
 	}
 }
+
+// reload given the status socket (which answers HTTP) for the control
+// socket: the answer is named as not the daemon's control answer, with its
+// first bytes, exit 2 (the daemon could not be asked). Before, it was
+// `reading the daemon's answer: invalid character 'H' looking for beginning
+// of value`, found against the shipped unit in a real systemd 252.
+func TestReloadOfAnAnswerThatIsNotAControlAnswer(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler()}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	code, stdout, stderr := run(t, "reload", "--socket", sock)
+	want := "autopilot-health reload: the answer on " + sock + " is not the daemon's control answer (is it the daemon's control socket, control_socket?): invalid character 'H' looking for beginning of value: HTTP/1.1 400 Bad Request"
+	if code != exitError || stdout != "" || !strings.HasPrefix(stderr, want) {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 and %q", code, stdout, stderr, want)
+	}
+}

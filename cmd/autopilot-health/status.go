@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -124,16 +125,27 @@ var statusTimeout = 10 * time.Second
 // fetchStatus reads the status document; an error says whether the daemon
 // is not running.
 func fetchStatus(path string) ([]byte, error) {
+	var got firstBytes
 	c := http.Client{Timeout: statusTimeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
+			conn, err := d.DialContext(ctx, "unix", path)
+			if err != nil {
+				return nil, err
+			}
+			return &firstBytesConn{Conn: conn, got: &got}, nil
 		},
 	}}
 	resp, err := c.Get("http://autopilot-health" + daemon.StatusPath)
 	if err != nil {
 		what, notRunning := daemon.DialFailure(path, err)
 		switch {
+		case got.n() > 0 && !isTimeout(err):
+			// Something answered, but not in HTTP: another program's
+			// socket (the daemon's control socket given for its status
+			// socket). Not a status document, as any other answer that
+			// is not one; its first bytes, printable, say whose.
+			return nil, fmt.Errorf("the daemon's answer on %s is not a status document: not HTTP: %s", path, shorten(strings.TrimSpace(got.String()), 200))
 		case what != "":
 			// A daemon that found this at start left it there and
 			// runs on without a status socket: not "not running".
@@ -171,6 +183,35 @@ func fetchStatus(path string) ([]byte, error) {
 		return nil, fmt.Errorf("the daemon on %s answered %s: %s", path, report.Printable(resp.Status), shorten(strings.TrimSpace(string(b)), 400))
 	}
 	return b, nil
+}
+
+// firstBytes keeps the first bytes read on the status connection (at
+// most 256), to name an answer that is not HTTP.
+type firstBytes struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (f *firstBytes) add(p []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.b = append(f.b, p[:min(len(p), 256-len(f.b))]...)
+}
+
+func (f *firstBytes) n() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.b) }
+
+func (f *firstBytes) String() string { f.mu.Lock(); defer f.mu.Unlock(); return string(f.b) }
+
+// firstBytesConn records what it reads in got.
+type firstBytesConn struct {
+	net.Conn
+	got *firstBytes
+}
+
+func (c *firstBytesConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.got.add(p[:n])
+	return n, err
 }
 
 // notASocketAt names what is at the status socket's path instead of a

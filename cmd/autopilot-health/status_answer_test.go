@@ -153,3 +153,36 @@ func TestStatusCutsATextBetweenCharacters(t *testing.T) {
 		}
 	}
 }
+
+// An answer that is not HTTP at all (another program's socket: the
+// daemon's control socket, which answers a line of JSON, given for its
+// status socket) is not a status document either, and is said so, with its
+// first bytes printable; exit 2, nothing on stdout. Before, it was
+// `asking the daemon on <socket>: Get "http://autopilot-health/v1/status":
+// net/http: HTTP/1.x transport connection broken: malformed HTTP status
+// code ...`, found against the shipped unit in a real systemd 252.
+func TestStatusOfAnAnswerThatIsNotHTTP(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("{\"error\":\"bad request: invalid character 'G' looking for beginning of value\x1b[2J\"}\n"))
+			c.Close()
+		}
+	}()
+	for _, args := range [][]string{{"status", "--socket", sock}, {"status", "--json", "--socket", sock}} {
+		code, out, errs := run(t, args...)
+		want := "autopilot-health status: the daemon's answer on " + sock + ` is not a status document: not HTTP: {"error":"bad request: invalid character 'G'`
+		if code != exitError || out != "" || !strings.HasPrefix(errs, want) || len(rawControls(errs)) > 0 {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2, nothing on stdout, %q", args, code, out, errs, want)
+		}
+	}
+}

@@ -605,7 +605,8 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 		return ControlAnswer{}, err
 	}
 	var a ControlAnswer
-	err = json.NewDecoder(c).Decode(&a)
+	var got headBuffer
+	err = json.NewDecoder(io.TeeReader(c, &got)).Decode(&a)
 	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		// Connected, so a daemon holds the socket: still starting (the
 		// socket is bound at the start's beginning and served once it
@@ -619,10 +620,28 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 		// on after controlStopWait (EOF), and the process gone.
 		return ControlAnswer{}, fmt.Errorf("the daemon on %s closed the connection without an answer: it stopped, or is stopping (systemctl status autopilot-health); a request it had not read is not applied, one it had is in journalctl -u autopilot-health: ask again once it runs", socket)
 	}
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &syn) || errors.As(err, &typ) {
+		// Something answered, but not the daemon's control answer:
+		// another program's socket (the daemon's status socket, which
+		// answers HTTP, given for its control socket). Its first bytes,
+		// printable, say whose; nothing was applied by it.
+		return ControlAnswer{}, fmt.Errorf("the answer on %s is not the daemon's control answer (is it the daemon's control socket, control_socket?): %v: %s", socket, err, report.CapMessage(strings.TrimSpace(string(got.b))))
+	}
 	if err != nil {
 		return ControlAnswer{}, fmt.Errorf("reading the daemon's answer: %w", err)
 	}
 	return a, nil
+}
+
+// headBuffer keeps the first 200 bytes written to it, to name an answer
+// that is not the one asked for.
+type headBuffer struct{ b []byte }
+
+func (h *headBuffer) Write(p []byte) (int, error) {
+	h.b = append(h.b, p[:min(len(p), 200-len(h.b))]...)
+	return len(p), nil
 }
 
 // RequestReload asks the daemon listening on socket to read its
