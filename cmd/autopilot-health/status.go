@@ -260,6 +260,8 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 	}
 	if b := st.StateWriteBlocked; b != nil {
 		state += fmt.Sprintf("; STATE NOT SAVED: the write of %s blocked in I/O since %s", p(b.Path), ago(b.Since))
+	} else if f := st.StateSaveFailing; f != nil {
+		state += fmt.Sprintf("; STATE NOT SAVED: the saves of %s have failed since %s: %s", p(f.Path), ago(f.Since), shorten(f.Error, 300))
 	}
 	if b := st.TamperWriteBlocked; b != nil {
 		state += fmt.Sprintf("; TAMPER STATE NOT SAVED: the write of %s blocked in I/O since %s", p(b.Path), ago(b.Since))

@@ -186,3 +186,19 @@ func TestStatusOfAnAnswerThatIsNotHTTP(t *testing.T) {
 		}
 	}
 }
+
+// The daemon's failing saves of its state file (a full or read-only
+// state_dir) are in the header, as a write blocked in I/O is.
+func TestStatusShowsFailingStateSaves(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "status.sock")
+	now := time.Date(2026, 12, 7, 11, 0, 0, 0, time.UTC)
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Started: now, Now: now, Ready: true,
+		StateSaveFailing: &daemon.FailingSave{Path: "/var/lib/autopilot-health/state.json", Since: now.Add(-time.Minute),
+			Error: "write /var/lib/autopilot-health/state.json.tmp1: no space left on device"}})
+	serveStatusBody(t, sock, body)
+	code, out, errs := run(t, "status", "--socket", sock)
+	want := "STATE NOT SAVED: the saves of /var/lib/autopilot-health/state.json have failed since "
+	if code != exitOK || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "(1m0s ago): write /var/lib/autopilot-health/state.json.tmp1: no space left on device") {
+		t.Errorf("exit %d, stderr %q, stdout %q; want %q with the error", code, errs, out, want)
+	}
+}

@@ -61,6 +61,9 @@ func (d *Daemon) persist(ctx context.Context) {
 	// of error.
 	failed := func(err error) {
 		wait := bo.Next()
+		if d.stateW.setFailed(d.statePath(), err, time.Now()) {
+			d.wakeStatus()
+		}
 		if key := saveErrKey(err); key != lastErr {
 			d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
 			lastErr = key
@@ -131,6 +134,9 @@ func (d *Daemon) persist(ctx context.Context) {
 			default:
 				if lastErr != "" {
 					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
+				}
+				if d.stateW.saved() {
+					d.wakeStatus()
 				}
 				lastErr = ""
 				bo.Reset()

@@ -58,6 +58,50 @@ type stateWriter struct {
 	// started is the generation of the newest encoding whose write began
 	// (Store.EncodeWrite numbers them): an older one is not written.
 	started uint64
+	// failing: the saves that have failed in a row since the last that
+	// worked (a full or read-only state_dir), for status and the status
+	// line; zero Since while the last save worked.
+	failing FailingSave
+}
+
+// FailingSave says that the saves of the state file fail: since the first
+// failure after the last save that worked, and the last error.
+type FailingSave struct {
+	Path  string    `json:"path"`
+	Since time.Time `json:"since"`
+	Error string    `json:"error"`
+}
+
+// setFailed records a failed save; it reports whether what status says of
+// it changed (the first failure, or another error).
+func (w *stateWriter) setFailed(path string, err error, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	msg := report.CapMessage(err.Error())
+	if !w.failing.Since.IsZero() && w.failing.Error == msg {
+		return false
+	}
+	if w.failing.Since.IsZero() {
+		w.failing.Since = now
+	}
+	w.failing.Path, w.failing.Error = path, msg
+	return true
+}
+
+// saved records a save that worked; it reports whether saves were failing.
+func (w *stateWriter) saved() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	was := !w.failing.Since.IsZero()
+	w.failing = FailingSave{}
+	return was
+}
+
+// failed is the failing saves, if the last one failed.
+func (w *stateWriter) failed() (FailingSave, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failing, !w.failing.Since.IsZero()
 }
 
 // stateWrite is one write of the state file; err is set before done is
@@ -166,6 +210,10 @@ func (d *Daemon) stateWriteNote() string {
 	var notes []string
 	if b, ok := d.stateW.blocked(); ok {
 		notes = append(notes, b.note("state"))
+	} else if f, ok := d.stateW.failed(); ok {
+		// A full or read-only state_dir: the saves fail at once, never
+		// blocked, and were said only by one journal line and a counter.
+		notes = append(notes, fmt.Sprintf("state not saved: the saves of %s have failed since %s: %s", f.Path, f.Since.UTC().Format(time.RFC3339), f.Error))
 	}
 	if b, ok := d.tamperWriteBlocked(); ok {
 		notes = append(notes, b.note("tamper state"))

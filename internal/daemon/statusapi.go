@@ -43,6 +43,10 @@ type StatusReport struct {
 	// blocked in I/O since then (a failing or hung disk under state_dir);
 	// absent while none is. The daemon works on meanwhile.
 	StateWriteBlocked *BlockedWrite `json:"stateWriteBlocked,omitempty"`
+	// StateSaveFailing: the saves of the state file have failed since
+	// then (a full or read-only state_dir), with the last error; absent
+	// once a save works again.
+	StateSaveFailing *FailingSave `json:"stateSaveFailing,omitempty"`
 	// TamperWriteBlocked: the same of the tamper state (tamper.json): the
 	// tamper checks' findings and a clear are kept in memory, not saved.
 	TamperWriteBlocked *BlockedWrite     `json:"tamperWriteBlocked,omitempty"`
@@ -130,6 +134,9 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 	st.Metrics = d.metricsStatus()
 	if err := d.Healthy(); err != nil {
 		st.Unhealthy = err.Error()
+	}
+	if f, ok := d.stateW.failed(); ok {
+		st.StateSaveFailing = &f
 	}
 	if b, ok := d.stateW.blocked(); ok {
 		st.StateWriteBlocked = &b

@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/syself/autopilot-health/report"
+)
+
+// Saves of the state file that fail at once (a full or read-only
+// state_dir: ENOSPC, EROFS; never blocked in I/O) are said where an
+// operator looks on a bad day, as a blocked write is: the status line
+// (`state not saved: the saves of <file> have failed since <time>: <error>`),
+// /healthz's 200 answer and status (stateSaveFailing), until a save works
+// again. Before, one journal line and a counter said so; `systemctl status`
+// and `autopilot-health status` showed nothing.
+func TestFailingStateSavesAreSaid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Checks.ClockNotSynchronized.Enabled = false
+		cfg.Checks.NodeTampered.Enabled = false
+		d, _ := newLoggedDaemon(t, cfg)
+		var full atomic.Bool
+		d.stateW.write = func(path string, data []byte, perm os.FileMode) error {
+			if full.Load() {
+				return &os.PathError{Op: "write", Path: path + ".tmp1", Err: syscall.ENOSPC}
+			}
+			return report.WriteFileAtomic(path, data, perm)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if !d.readyNow() {
+			t.Fatal("not ready after a minute")
+		}
+		path := filepath.Join(cfg.StateDir, report.StateFileName)
+		if s := d.StatusLine(); strings.Contains(s, "state not saved") {
+			t.Fatalf("status line before the disk is full: %q", s)
+		}
+
+		full.Store(true)
+		began := time.Now()
+		d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized}, time.Now())
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		want := "state not saved: the saves of " + path + " have failed since "
+		if s := d.StatusLine(); !strings.HasPrefix(s, want) || !strings.Contains(s, "no space left on device") {
+			t.Errorf("status line %q; want it to start %q and name the error", s, want)
+		}
+		st := d.Status(time.Now())
+		if f := st.StateSaveFailing; f == nil || f.Path != path || f.Since.Sub(began) > 2*time.Second || !strings.Contains(f.Error, "no space left on device") {
+			t.Errorf("status: stateSaveFailing %+v; want %s since about %v, no space left on device", f, path, began)
+		}
+		if code, body := healthz(d); code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("/healthz %d %q; want 200 naming the failing saves", code, body)
+		}
+
+		// Room again: the next retry saves, and the note goes.
+		full.Store(false)
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if s := d.StatusLine(); strings.Contains(s, "state not saved") {
+			t.Errorf("status line after a save worked: %q", s)
+		}
+		if d.Status(time.Now()).StateSaveFailing != nil {
+			t.Errorf("status still says the saves fail after one worked")
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
