@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -29,9 +30,11 @@ func TestFailingStateSavesAreSaid(t *testing.T) {
 		cfg.Checks.NodeTampered.Enabled = false
 		d, _ := newLoggedDaemon(t, cfg)
 		var full atomic.Bool
+		var tries atomic.Int64
 		d.stateW.write = func(path string, data []byte, perm os.FileMode) error {
 			if full.Load() {
-				return &os.PathError{Op: "write", Path: path + ".tmp1", Err: syscall.ENOSPC}
+				// Each try names a new temp file, as WriteFileAtomic's do.
+				return &os.PathError{Op: "write", Path: fmt.Sprintf("%s.tmp%d", path, tries.Add(1)), Err: syscall.ENOSPC}
 			}
 			return report.WriteFileAtomic(path, data, perm)
 		}
@@ -51,8 +54,20 @@ func TestFailingStateSavesAreSaid(t *testing.T) {
 		full.Store(true)
 		began := time.Now()
 		d.Store().Set(report.Condition{Type: "ClockNotSynchronized", Status: report.StatusTrue, Reason: report.ReasonClockUnsynchronized}, time.Now())
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		first := d.StatusLine()
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
+		// Retried (1 s doubling) with a new temp file each time: the same
+		// failure, the same line (the status line is sent again only when
+		// it changes).
+		if n := tries.Load(); n < 4 {
+			t.Errorf("%d tries in 32 s of failing saves; want the retries", n)
+		}
+		if s := d.StatusLine(); s != first {
+			t.Errorf("the status line changed with the retries of the same failure:\n%q\n%q", first, s)
+		}
 		want := "state not saved: the saves of " + path + " have failed since "
 		if s := d.StatusLine(); !strings.HasPrefix(s, want) || !strings.Contains(s, "no space left on device") {
 			t.Errorf("status line %q; want it to start %q and name the error", s, want)

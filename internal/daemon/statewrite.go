@@ -62,6 +62,9 @@ type stateWriter struct {
 	// worked (a full or read-only state_dir), for status and the status
 	// line; zero Since while the last save worked.
 	failing FailingSave
+	// failKey is saveErrKey of the last failure: each retry names a new
+	// temp file, which is not a new error (nor a new status line).
+	failKey string
 }
 
 // FailingSave says that the saves of the state file fail: since the first
@@ -77,14 +80,14 @@ type FailingSave struct {
 func (w *stateWriter) setFailed(path string, err error, now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	msg := report.CapMessage(err.Error())
-	if !w.failing.Since.IsZero() && w.failing.Error == msg {
+	key := saveErrKey(err)
+	if !w.failing.Since.IsZero() && w.failKey == key {
 		return false
 	}
 	if w.failing.Since.IsZero() {
 		w.failing.Since = now
 	}
-	w.failing.Path, w.failing.Error = path, msg
+	w.failing.Path, w.failing.Error, w.failKey = path, report.CapMessage(err.Error()), key
 	return true
 }
 
