@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -24,9 +25,23 @@ type Notifier struct{}
 // and RELOADING=1 with it.
 const notifyMax = 4096
 
-// fitNotify cuts state to notifyMax bytes (on a rune boundary, ending in
-// "..."): every notification ends with its STATUS=, which is what is cut.
-func fitNotify(state string) string { return report.Cut(state, notifyMax, "...") }
+// fitNotify escapes state's backslashes and cuts it to notifyMax bytes (on
+// a rune boundary, ending in "..."): every notification ends with its
+// STATUS=, which is what is cut.
+//
+// systemd splits a notification into its lines with extract_first_word
+// (strv_split_newlines), which takes a backslash as escaping the next
+// character: a status line's `\x01` (a control character the daemon made
+// printable), a regular expression's `\d` or `\(` in a refused reload's
+// error showed as `x01`, `d`, `(` in `systemctl status` (seen in systemd
+// 252; notify_recv_strv splits so since). Each backslash is sent doubled,
+// which the split turns back into one. A cut line ends in "...", never in
+// a lone backslash (one at the very end of a notification is an error of
+// that split, read from systemd's code, not measured); a pair the cut
+// splits costs a dot of the "...", not the line.
+func fitNotify(state string) string {
+	return report.Cut(strings.ReplaceAll(state, `\`, `\\`), notifyMax, "...")
+}
 
 func (Notifier) send(state string) error {
 	state = fitNotify(state)

@@ -72,3 +72,52 @@ func TestNotifierFitsSystemdsBuffer(t *testing.T) {
 		t.Errorf("a notification of %d bytes: %.40q...%q", k, m, m[max(0, len(m)-10):])
 	}
 }
+
+// systemdSplit splits a notification into its lines as systemd does
+// (strv_split_newlines: extract_first_word with no flags): a backslash
+// escapes the next character, and one at the very end is an error (ok
+// false: systemd drops the notification).
+func systemdSplit(m string) (lines []string, ok bool) {
+	var cur strings.Builder
+	for i := 0; i < len(m); i++ {
+		switch c := m[i]; {
+		case c == '\\':
+			if i+1 == len(m) {
+				return nil, false
+			}
+			i++
+			cur.WriteByte(m[i])
+		case c == '\n':
+			lines = append(lines, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteByte(c)
+		}
+	}
+	return append(lines, cur.String()), true
+}
+
+// The status line's backslashes (a control character made printable,
+// `\x01`; a regular expression in a refused reload's error) reach
+// `systemctl status` as the daemon wrote them: sent doubled, which
+// systemd's split undoes (seen in a real systemd 252:
+// TestRefusedReloadsBackslashesInSystemctlStatus). Cut to the buffer, the
+// line still splits, its end the backslashes and the "...": never a lone backslash.
+func TestNotifiedBackslashesSurviveSystemdsSplit(t *testing.T) {
+	line := `configuration reload refused (running on the previous one): config.toml:9: key kmsg.rules[0].pattern: error parsing regexp: missing closing ): ` + "`EXT4-fs \\(\\d+`" + `, got "\x01\\"; 1 condition: 1 ok`
+	m := "READY=1\nSTATUS=" + fitNotify(line)
+	if l, ok := systemdSplit(m); !ok || len(l) != 2 || l[1] != "STATUS="+line {
+		t.Errorf("systemd reads %q (ok %v); want STATUS=%s", l, ok, line)
+	}
+	for pad := range 4 {
+		long := "STATUS=" + strings.Repeat("x", pad) + strings.Repeat(`\`, notifyMax)
+		f := fitNotify(long)
+		if len(f) > notifyMax {
+			t.Errorf("pad %d: %d bytes", pad, len(f))
+		}
+		l, ok := systemdSplit(f)
+		if !ok || len(l) != 1 || !strings.HasSuffix(l[0], `\...`) || strings.Count(l[0], `\`) < notifyMax/2-8 {
+			t.Errorf("pad %d: systemd reads %.40q...%q (ok %v)", pad, l, f[max(0, len(f)-10):], ok)
+		}
+	}
+}
