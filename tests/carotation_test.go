@@ -5,7 +5,6 @@ package tests
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
-	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -74,15 +72,8 @@ func TestKubeCAFileRotatedInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testenv.SyncBuffer
-	client, _, err := kube.NewClient(kc, "autopilot-health-test", slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := report.NewStore("boot")
-	x := startReporter(t, client, node, store)
-	<-x.r.Adopted()
-	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "before"}, time.Now())
-	waitNode(t, &watcher, node, "a write trusting the first CA", has("DiskUsageHigh", "False", "DiskUsageOK"))
+	x := reporterWritingOn(t, &watcher, kc, node, "a write trusting the first CA", &logs)
+	store := x.store
 
 	// The CA rotation on the control plane: the API server restarts
 	// serving a certificate of the new CA, trusting client certificates

@@ -20,7 +20,6 @@ import (
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/report"
-	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -179,15 +178,8 @@ func TestKubeStopDoesNotWaitForAHungKubeconfigDisk(t *testing.T) {
 	registerNode(t, s, node)
 	dir := t.TempDir()
 	kc := nodeCredentialsIn(t, s, node, dir)
-	client, _, err := kube.NewClient(kc, "autopilot-health-test", quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := report.NewStore("boot")
-	x := startReporter(t, client, node, store)
-	<-x.r.Adopted()
-	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "before"}, time.Now())
-	waitNode(t, s, node, "a write before the disk hangs", has("DiskUsageHigh", "False", "DiskUsageOK"))
+	x := reporterWritingOn(t, s, kc, node, "a write before the disk hangs", nil)
+	store := x.store
 
 	h := mountHungFS(t, dir)
 	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "during"}, time.Now())

@@ -152,6 +152,28 @@ func startReporterDetails(t *testing.T, client kube.Client, node string, store *
 	return x
 }
 
+// reporterWritingOn starts a reporter for node with a client of the
+// kubeconfig kc (its log into logs; nil: none) and waits, once it has
+// adopted the Node, for a first write to land: DiskUsageHigh=False,
+// "before", on s's Node (what: the wait's words). It returns the reporter
+// (x.store the store).
+func reporterWritingOn(t *testing.T, s *harness.APIServer, kc, node, what string, logs *testenv.SyncBuffer) *running {
+	t.Helper()
+	log := quiet()
+	if logs != nil {
+		log = slog.New(slog.NewTextHandler(logs, nil))
+	}
+	client, _, err := kube.NewClient(kc, "autopilot-health-test", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := startReporter(t, client, node, report.NewStore("boot"))
+	<-x.r.Adopted()
+	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "before"}, time.Now())
+	waitNode(t, s, node, what, has("DiskUsageHigh", "False", "DiskUsageOK"))
+	return x
+}
+
 func (x *running) stop() {
 	x.cancel()
 	<-x.done
@@ -957,15 +979,8 @@ func TestKubeconfigRewrittenAfterKubeadmInit(t *testing.T) {
 	}
 	os.Remove(filepath.Join(dir, "client.pem"))
 	var logs testenv.SyncBuffer
-	client, _, err := kube.NewClient(kc, "autopilot-health-test", slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := report.NewStore("boot")
-	x := startReporter(t, client, node, store)
-	<-x.r.Adopted()
-	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusFalse, Reason: "DiskUsageOK", Message: "before"}, time.Now())
-	waitNode(t, s, node, "write with the embedded certificate", has("DiskUsageHigh", "False", "DiskUsageOK"))
+	x := reporterWritingOn(t, s, kc, node, "write with the embedded certificate", &logs)
+	store := x.store
 
 	// kubelet-finalize: the kubelet's rotated certificate, and kubelet.conf
 	// naming it by path; then the embedded one expires.
