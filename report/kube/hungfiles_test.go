@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/testenv"
+	"github.com/syself/autopilot-health/report"
 )
 
 // blockedLooks counts the goroutines blocked in a look at the kubeconfig
@@ -127,5 +128,93 @@ func TestCallsDoNotWaitForHungCredentialFiles(t *testing.T) {
 	os.WriteFile(kc, data, 0o600)
 	if err := get(context.Background()); err != nil {
 		t.Errorf("after the disk answered: %v", err)
+	}
+}
+
+// What an operator sees of calls that fail on a disk that hangs under the
+// kubeconfig (ErrFilesHung; here a real call on a kubeconfig whose read
+// does not return, a FIFO): systemd's status line says it in a few words,
+// as the kubeconfig's files', not the API server's; status has the error
+// in full (the kubeconfig's path, since when) and the journal has it once
+// however many calls; the API metrics count each as a failed call
+// (result "error"), neither a refusal nor an answer. Before, the status
+// line read "Node NOT updated since ...Z: API server unreachable (a stat
+// or read of the files did not return (a hung disk?)...)": the innermost
+// error's words, cut at 60 bytes, said as the API server's.
+func TestHungCredentialFilesSaidPlainly(t *testing.T) {
+	defer func(w, s time.Duration) { lookWait, NodeStaleAfter = w, s }(lookWait, NodeStaleAfter)
+	lookWait, NodeStaleAfter = 200*time.Millisecond, 0
+	srv, _ := nodeServer(t, func(*http.Request) {})
+	dir := t.TempDir()
+	pair := filepath.Join(dir, "kubelet-client-current.pem")
+	writeCert(t, pair, pair, "system:node:n1")
+	kc := kubeconfigFor(t, dir, srv, pair, pair)
+	data, err := os.ReadFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := NewClient(kc, "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetNode(context.Background(), "n1"); err != nil {
+		t.Fatal(err)
+	}
+	// The disk hangs; at the end it answers, so that the look blocked on
+	// it returns.
+	os.Remove(kc)
+	if err := syscall.Mkfifo(kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		// Non-blocking: the open fails (ENXIO) where no look waits.
+		if f, err := os.OpenFile(kc, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Write(data)
+			f.Close()
+		}
+	}()
+
+	m := NewMetrics(nil)
+	var logs testenv.SyncBuffer
+	el := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)), what: "writing conditions of node n1"}
+	for i := range 3 {
+		start := time.Now()
+		_, err = c.PatchNodeStatus(context.Background(), "n1", []byte(`{}`))
+		if !errors.Is(err, ErrFilesHung) {
+			t.Fatalf("call %d on a hung kubeconfig: %v, want ErrFilesHung", i, err)
+		}
+		m.observe(KindStatus, start, err)
+		m.nodeWriteFailed(err, time.Now())
+		el.fail(err, time.Second)
+	}
+	if answered(err) || credentialsRefused(err) {
+		t.Errorf("%v taken as an answer (%v) or a refusal of the credentials (%v)", err, answered(err), credentialsRefused(err))
+	}
+
+	const reason = "the kubeconfig's files do not answer (a hung disk?)"
+	var n NodeNotUpdated
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var ok bool
+		if n, ok = m.NodeNotUpdated(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Node not said not updated within 5 s with NodeStaleAfter 0")
+		}
+	}
+	if n.Reason != reason || !strings.HasSuffix(n.Note(), "Z: "+reason) {
+		t.Errorf("status line %q (reason %q), want the reason %q", n.Note(), n.Reason, reason)
+	}
+	if !strings.Contains(n.Error, "kubeconfig "+kc+", or a file it names: ") || !strings.Contains(n.Error, "(a hung disk?)") || !strings.Contains(n.Error, "(since ") {
+		t.Errorf("status's error in full: %q, want the kubeconfig's path, the hung disk and since when", n.Error)
+	}
+	if r := m.Reporting(); r.NodeNotUpdated == nil || *r.NodeNotUpdated != n || !r.Calls[KindStatus].Failing {
+		t.Errorf("status's Kubernetes part: %+v, want %+v and the status calls failing", r, n)
+	}
+	if l := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(l) != 1 || !strings.Contains(l[0], "writing conditions of node n1 failed; will retry") || !strings.Contains(l[0], kc+", or a file it names: a stat or read of the files did not return (a hung disk?)") {
+		t.Errorf("journal after 3 calls on the hung kubeconfig, want 1 line naming it:\n%s", logs.String())
+	}
+	if got := report.Value(m.writes.WithLabelValues(KindStatus, "error")); got != 3 {
+		t.Errorf("api_writes_total{kind=status,result=error} = %v, want 3", got)
 	}
 }

@@ -165,13 +165,20 @@ func (m *Metrics) nodeNotUpdatedLocked() (NodeNotUpdated, bool) {
 
 // nodeFailureReason is a failed call in a few words, for systemd's status
 // line: who refused it, or that the API server could not be reached, or
-// the credentials; the error in full is in status and the journal.
+// the credentials, or that the kubeconfig's files did not answer (a hung
+// disk); the error in full is in status and the journal.
 func nodeFailureReason(err error) string {
 	var se apierrors.APIStatus
 	var ha httpAnswer
 	var invalid x509.CertificateInvalidError
 	alert, refused := tlsAlert(err)
 	switch {
+	case errors.Is(err, ErrFilesHung):
+		// Not the API server's: the call did not go out. Said
+		// otherwise, the innermost cause's words, cut at 60 bytes,
+		// made "API server unreachable (a stat or read of the files
+		// did not return (a hung disk?)...)".
+		return "the kubeconfig's files do not answer (a hung disk?)"
 	case apierrors.IsForbidden(err):
 		return "refused by the API server (403 Forbidden)"
 	case apierrors.IsUnauthorized(err):

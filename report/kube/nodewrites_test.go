@@ -137,6 +137,7 @@ func TestNodeFailureReason(t *testing.T) {
 		{&url.Error{Op: "Get", URL: "https://x", Err: &tlsVerify{expired}}, "the API server's certificate expired or not yet valid"},
 		{&url.Error{Op: "Get", URL: "https://x", Err: x509.UnknownAuthorityError{}}, "the API server's certificate is not trusted"},
 		{portClosed, "API server unreachable (connection refused)"},
+		{fmt.Errorf("kubeconfig /etc/kubernetes/kubelet.conf, or a file it names: %w", fmt.Errorf("%w (since 2026-12-07T11:00:00Z)", ErrFilesHung)), "the kubeconfig's files do not answer (a hung disk?)"},
 		{&url.Error{Op: "Patch", URL: "https://x", Err: os.ErrDeadlineExceeded}, "API server unreachable (no answer in time)"},
 		{errors.New(strings.Repeat("x", 100)), "API server unreachable (" + strings.Repeat("x", 57) + "...)"},
 	} {
