@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,5 +126,48 @@ current-context: x
 	}
 	if n := strings.Count(logs.String(), "until the kubelet has its client certificate"); n != 1 {
 		t.Errorf("the wait was logged %d times, want one warning:\n%s", n, logs.String())
+	}
+}
+
+// A disk that hangs under the kubeconfig at the start (its read does not
+// return; here a FIFO in its place, whose open waits for a writer): status
+// says the daemon waits for the kubeconfig's files, which do not answer,
+// and the journal says it once. Before, status said "Kubernetes: " and
+// nothing more, and the journal nothing, until the disk answered.
+func TestHungKubeconfigAtStartIsSaid(t *testing.T) {
+	defer func(d time.Duration) { kubeconfigHungAfter = d }(kubeconfigHungAfter)
+	kubeconfigHungAfter = 50 * time.Millisecond
+	cfg := testConfig(t)
+	cfg.Kubernetes.Kubeconfig = "/etc/kubernetes/kubelet.conf"
+	kc := cfg.HostPath(cfg.Kubernetes.Kubeconfig)
+	if err := os.MkdirAll(filepath.Dir(kc), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.SyncBuffer
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDaemon(t, d)
+	// The disk answers at the end: the read blocked in the FIFO's open
+	// returns, no goroutine is left in it.
+	t.Cleanup(func() {
+		if f, err := os.OpenFile(kc, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+	await(t, d, "status saying the kubeconfig's files do not answer", func() bool {
+		return d.Status(time.Now()).Kubernetes.State == "waiting"
+	})
+	want := "for the kubeconfig " + kc + ": its files do not answer (a hung disk?)"
+	if k := d.Status(time.Now()).Kubernetes; !strings.HasPrefix(k.Detail, want) {
+		t.Errorf("status's Kubernetes part: %q (%q), want waiting (%s: ...)", k.State, k.Detail, want)
+	}
+	if n := strings.Count(logs.String(), "the kubeconfig's files do not answer (a hung disk?)"); n != 1 {
+		t.Errorf("journal: %d lines saying the kubeconfig's files do not answer, want 1:\n%s", n, logs.String())
 	}
 }

@@ -149,13 +149,28 @@ func (d *Daemon) newKubeClient(ctx context.Context, path string) (c kube.Client,
 		c, host, err := kube.NewClient(path, "autopilot-health/"+d.version, d.log)
 		ch <- made{c, host, err}
 	}()
-	select {
-	case m := <-ch:
-		return m.c, m.host, true, m.err
-	case <-ctx.Done():
-		return nil, "", false, nil
+	wait := time.NewTimer(kubeconfigHungAfter)
+	defer wait.Stop()
+	for {
+		select {
+		case m := <-ch:
+			return m.c, m.host, true, m.err
+		case <-ctx.Done():
+			return nil, "", false, nil
+		case <-wait.C:
+			// Said, as a call's wait for the files is (the kube
+			// client's 5 s): status said "Kubernetes: " and nothing
+			// more, and the journal nothing, until the disk answered.
+			d.log.Warn("the kubeconfig's files do not answer (a hung disk?); not reporting to Kubernetes until a stat or read of them returns", "kubeconfig", path, "waited", kubeconfigHungAfter.String())
+			d.setKubeState("waiting", "for the kubeconfig "+path+": its files do not answer (a hung disk?): a stat or read of them has not returned for "+kubeconfigHungAfter.String())
+		}
 	}
 }
+
+// kubeconfigHungAfter is how long newKubeClient waits for the kubeconfig's
+// files before it says they do not answer: the kube client's wait for them
+// at a call. A variable for tests.
+var kubeconfigHungAfter = 5 * time.Second
 
 func (d *Daemon) sourceDetail(c kube.Client, path string) string {
 	server, user := kube.Source(c)
