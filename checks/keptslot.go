@@ -3,6 +3,8 @@ package checks
 import (
 	"sync"
 	"time"
+
+	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // keptConnIdle is how long a probe's kept connection (the CRI call's and
@@ -28,7 +30,7 @@ type keptSlot[T interface {
 	mu       sync.Mutex
 	kept     T // the zero T: none
 	lastUsed time.Time
-	idle     *time.Timer
+	idle     *tick.Timer
 	armed    bool
 }
 
@@ -55,7 +57,7 @@ func (s *keptSlot[T]) put(h T) {
 	if !s.armed {
 		s.armed = true
 		if s.idle == nil {
-			s.idle = time.AfterFunc(keptConnIdle, s.idleClose)
+			s.idle = tick.AfterFunc(keptConnIdle, s.idleClose)
 		} else {
 			s.idle.Reset(keptConnIdle)
 		}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -233,7 +234,7 @@ func (k *Keeper) waitLocked(gen uint64) error {
 		}
 		wrote := k.wrote
 		k.mu.Unlock()
-		t := time.NewTimer(wait)
+		t := tick.NewTimer(wait)
 		select {
 		case <-wrote:
 		case <-t.C:
@@ -273,7 +274,7 @@ func (k *Keeper) startLocked() {
 	}
 	seq, since := k.writeSeq, k.writeSince
 	go func() {
-		t := time.AfterFunc(WriteBlockedAfter, func() {
+		t := tick.AfterFunc(WriteBlockedAfter, func() {
 			k.hookMu.Lock()
 			defer k.hookMu.Unlock()
 			k.mu.Lock()
@@ -319,7 +320,7 @@ func (k *Keeper) startLocked() {
 func (k *Keeper) Flush(wait time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	t := time.NewTimer(wait)
+	t := tick.NewTimer(wait)
 	defer t.Stop()
 	if k.writeErr != nil && !k.writing && !k.readOnly {
 		k.saveLocked()

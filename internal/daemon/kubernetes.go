@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tamper"
@@ -79,7 +80,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(d.poll):
+		case <-tick.After(d.poll):
 		}
 	}
 	// The waiting is over: the loop's progress leaves the metrics too (a

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/backoff"
+	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // persistEvery bounds how long the persister loop waits without a change.
@@ -47,7 +48,10 @@ func (d *Daemon) persist(ctx context.Context) {
 	t := d.grid().NewTicker(persistEvery)
 	defer t.Stop()
 	bo := backoff.Backoff{Min: time.Second, Max: persistEvery}
-	var retry, laterDue, blockedDue <-chan time.Time
+	// The timers are stopped where a select no longer waits for them: a
+	// timer of this package fires whether or not one waits (tick).
+	var retry, laterDue, blockedDue *tick.Timer
+	defer func() { retry.Stop(); laterDue.Stop(); blockedDue.Stop() }()
 	var lastErr string
 	dirty := false
 	// writing: the write in flight; its changes, and those made while it
@@ -65,16 +69,18 @@ func (d *Daemon) persist(ctx context.Context) {
 			d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
 			lastErr = key
 		}
-		retry = time.After(wait)
+		retry.Stop()
+		retry = tick.NewTimer(wait)
 	}
 	for {
 		if writing == nil {
 			if p := d.stateW.pending(); p != nil {
 				writing, adopted = p, true
-				blockedDue = time.After(max(0, stateWriteBlockedAfter-time.Since(p.since)))
+				blockedDue.Stop()
+				blockedDue = tick.NewTimer(max(0, stateWriteBlockedAfter-time.Since(p.since)))
 			}
 		}
-		changes, later, due := d.store.Dirty(), d.store.Later(), laterDue
+		changes, later, due := d.store.Dirty(), d.store.Later(), laterDue.Chan()
 		if retry != nil || writing != nil {
 			changes, later, due = nil, nil, nil // the retry, or the save after the write, saves them
 		}
@@ -95,19 +101,19 @@ func (d *Daemon) persist(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(time.Second):
+			case <-tick.After(time.Second):
 			}
 		case <-later:
 			// At the next point of persistLater's grid, not persistLater
 			// from now: a kernel record wakes the reader off the grid, and
 			// its save then wakes the daemon together with the checks, not
 			// a second time on its own.
-			laterDue = time.After(d.grid().Until(time.Now(), persistLater))
+			laterDue = tick.NewTimer(d.grid().Until(time.Now(), persistLater))
 		case <-due:
 			laterDue, dirty = nil, true
-		case <-retry:
+		case <-retry.Chan():
 			retry = nil
-		case <-blockedDue:
+		case <-blockedDue.Chan():
 			blockedDue = nil
 			if d.stateW.markBlocked(writing) {
 				d.metrics.StateWriteBlocked(writing.since)
@@ -124,6 +130,7 @@ func (d *Daemon) persist(ctx context.Context) {
 			}
 			wasAdopted := adopted
 			d.countWrite(writing)
+			blockedDue.Stop()
 			writing, blockedDue, adopted = nil, nil, false
 			switch {
 			case err != nil:
@@ -137,6 +144,7 @@ func (d *Daemon) persist(ctx context.Context) {
 				if !wasAdopted {
 					// This save took what the due one would have; after
 					// another's write, what this loop holds is saved next.
+					laterDue.Stop()
 					dirty, laterDue = false, nil
 				}
 			}
@@ -158,7 +166,8 @@ func (d *Daemon) persist(ctx context.Context) {
 				d.metrics.StateWrite(err)
 				failed(err)
 			case writing != nil:
-				blockedDue = time.After(stateWriteBlockedAfter)
+				blockedDue.Stop()
+				blockedDue = tick.NewTimer(stateWriteBlockedAfter)
 			}
 		}
 		d.live.Beat(loop, persistEvery)

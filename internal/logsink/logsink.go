@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // DefaultBytes bounds the lines a Sink holds: about a thousand of the
@@ -208,7 +210,7 @@ func (s *Sink) Close(wait time.Duration) bool {
 	case s.wake <- struct{}{}:
 	default:
 	}
-	t := time.NewTimer(wait)
+	t := tick.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-s.done:

@@ -55,7 +55,7 @@ type Ticker struct {
 	grid    Grid
 	period  time.Duration
 	mu      sync.Mutex
-	t       *time.Timer
+	t       *Timer
 	stopped bool
 }
 
@@ -68,7 +68,7 @@ func (g Grid) NewTicker(period time.Duration) *Ticker {
 	c := make(chan time.Time, 1)
 	tk := &Ticker{C: c, c: c, grid: g, period: period}
 	tk.mu.Lock()
-	tk.t = time.AfterFunc(g.Until(time.Now(), period), tk.fire)
+	tk.t = AfterFunc(g.Until(time.Now(), period), tk.fire)
 	tk.mu.Unlock()
 	return tk
 }
