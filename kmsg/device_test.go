@@ -460,3 +460,63 @@ func TestKmsgFileRandomGapsRarelySleep(t *testing.T) {
 	}
 	t.Logf("%d sleeps of %d waits", kf.sleeps, kf.waits)
 }
+
+// The read deadline is a timerfd in the epoll instance, not the runtime
+// poller's deadline (a Go timer, which wakes the runtime's monitor thread
+// too): the timerfd is set to it, absolute on CLOCK_MONOTONIC, and cleared
+// by a zero deadline; a deadline set from another goroutine while Read
+// waits ends the wait, and one moved later than a deadline that was to
+// pass does not end it then.
+func TestKmsgFileDeadlineIsATimerfd(t *testing.T) {
+	kf, w := newPipeFile(t, 0)
+	buf := make([]byte, BufSize)
+	if kf.dtfd < 0 {
+		t.Fatal("no timerfd for the read deadline")
+	}
+	gettime := func() int64 {
+		var cur unix.ItimerSpec
+		if err := unix.TimerfdGettime(kf.dtfd, &cur); err != nil {
+			t.Fatal(err)
+		}
+		return unix.TimespecToNsec(cur.Value)
+	}
+	kf.SetReadDeadline(time.Now().Add(time.Hour))
+	if left := time.Duration(gettime()); left < 59*time.Minute || left > time.Hour {
+		t.Errorf("the timerfd expires in %s, want an hour", left)
+	}
+	kf.SetReadDeadline(time.Time{})
+	if left := gettime(); left != 0 {
+		t.Errorf("a zero deadline leaves the timerfd set (%s)", time.Duration(left))
+	}
+
+	// Moved now from another goroutine while Read waits.
+	kf.SetReadDeadline(time.Now().Add(time.Hour))
+	errc := make(chan error, 1)
+	go func() { _, err := kf.Read(buf); errc <- err }()
+	// Most likely waiting by then; a Read that has not begun finds the
+	// deadline passed all the same.
+	<-time.After(20 * time.Millisecond)
+	kf.SetReadDeadline(time.Now())
+	select {
+	case err := <-errc:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read = %v, want the deadline exceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a deadline set to now did not end the wait")
+	}
+
+	// Moved later just before it passes: the wait goes on until a record.
+	kf.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+	kf.SetReadDeadline(time.Now().Add(time.Hour))
+	go func() { _, err := kf.Read(buf); errc <- err }()
+	select {
+	case err := <-errc:
+		t.Fatalf("Read returned %v with the deadline an hour away", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	w.Write([]byte("6,1,1,-;one\n"))
+	if err := <-errc; err != nil {
+		t.Fatalf("Read = %v, want the record", err)
+	}
+}
