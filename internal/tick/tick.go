@@ -3,7 +3,11 @@
 // on the 2-vCPU machine of README's figures, whatever it then does), so
 // the loops that wake on a period (the checks, the kernel log reader's
 // read timeout, the state writer, the watchdog) wake at the points of one
-// grid: those due at the same time wake the daemon once.
+// grid: those due at the same time wake the daemon once. The timers that
+// wake it (NewTimer, AfterFunc, After, Ticker) are this package's too: in
+// the daemon, after UseTimerfd, they wait on one timerfd, whose wake-up
+// wakes one thread where a Go timer's also wakes the runtime's monitor
+// thread (timer.go).
 package tick
 
 import (
@@ -47,7 +51,8 @@ func (g Grid) Until(now time.Time, period time.Duration) time.Duration {
 }
 
 // Ticker is a time.Ticker whose ticks fall on the points of its period's
-// grid. A tick that finds the last one not yet received is dropped.
+// grid, on this package's AfterFunc. A tick that finds the last one not
+// yet received is dropped.
 type Ticker struct {
 	C <-chan time.Time
 
