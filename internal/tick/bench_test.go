@@ -3,6 +3,8 @@ package tick
 import (
 	"context"
 	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,18 +17,27 @@ import (
 // as the daemon runs: by a Go timer ("go") and by this package's timerfd
 // ("timerfd"), each also with a 5 s context.WithTimeout made and cancelled
 // at each wake-up, as a check's run does ("+ctx": a Go timer that is gone
-// before the next sleep). It reports the process's CPU per wake-up (every
-// thread's, from schedstat) and its threads' voluntary switches per
-// wake-up.
+// before the next sleep), and each with one ordinary system call at each
+// wake-up ("+syscall", getppid(2) through syscall.Syscall, which enters the
+// runtime's system call state, as the daemon's D-Bus, file and network
+// calls do): where no Go timer is pending, sysmon sleeps in its deep sleep
+// (until the next Go timer, at most a minute), and such a call wakes it and
+// sets its poll back to 20 µs, ~50 sleeps of 20 µs before its naps double
+// again (sysmon in runtime/proc.go). It reports the process's CPU per
+// wake-up (every thread's, from schedstat) and its threads' voluntary
+// switches per wake-up. "+syscall+work" is the call followed by 1 ms of
+// work, as a burst of the daemon's is milliseconds long: sysmon, woken by
+// the call, polls at 20 µs while the work runs.
 //
 //	go test ./internal/tick -run '^$' -bench WakeUp -benchtime 200x -count 3
 func BenchmarkWakeUp(b *testing.B) {
-	for _, name := range []string{"go", "timerfd", "go+ctx", "timerfd+ctx"} {
+	for _, name := range []string{"go", "timerfd", "go+ctx", "timerfd+ctx", "go+syscall", "timerfd+syscall", "go+syscall+work", "timerfd+syscall+work"} {
 		b.Run(name, func(b *testing.B) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 			var t *Timer
-			switch name {
-			case "go", "go+ctx":
+			kind, extra, _ := strings.Cut(name, "+")
+			switch kind {
+			case "go":
 				t = NewTimer(time.Hour)
 			default:
 				s, err := newService()
@@ -37,13 +48,19 @@ func BenchmarkWakeUp(b *testing.B) {
 				t = s.newTimer(time.Hour, nil)
 			}
 			defer t.Stop()
-			withCtx := name == "go+ctx" || name == "timerfd+ctx"
 			wake := func() {
 				t.Reset(20 * time.Millisecond)
 				<-t.C
-				if withCtx {
+				switch extra {
+				case "ctx":
 					_, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					cancel()
+				case "syscall":
+					syscall.Syscall(syscall.SYS_GETPPID, 0, 0, 0)
+				case "syscall+work":
+					syscall.Syscall(syscall.SYS_GETPPID, 0, 0, 0)
+					for end := time.Now().Add(time.Millisecond); time.Now().Before(end); {
+					}
 				}
 			}
 			wake()
