@@ -3,8 +3,6 @@ package checks
 import (
 	"sync"
 	"time"
-
-	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // keptConnIdle is how long a probe's kept connection (the CRI call's and
@@ -30,7 +28,7 @@ type keptSlot[T interface {
 	mu       sync.Mutex
 	kept     T // the zero T: none
 	lastUsed time.Time
-	idle     *tick.Timer
+	idle     *time.Timer
 	armed    bool
 }
 
@@ -57,7 +55,7 @@ func (s *keptSlot[T]) put(h T) {
 	if !s.armed {
 		s.armed = true
 		if s.idle == nil {
-			s.idle = tick.AfterFunc(keptConnIdle, s.idleClose)
+			s.idle = time.AfterFunc(keptConnIdle, s.idleClose)
 		} else {
 			s.idle.Reset(keptConnIdle)
 		}

@@ -719,7 +719,7 @@ func (r *Runner) Wake(cond string) bool {
 }
 
 func (r *Runner) loop(ctx context.Context, e *entry, grid tick.Grid, offset time.Duration, first func()) {
-	t := tick.NewTimer(offset)
+	t := time.NewTimer(offset)
 	defer t.Stop()
 	runs := make(chan probeRun)
 	go e.worker(ctx, runs)

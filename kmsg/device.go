@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/syself/autopilot-health/internal/rawsys"
 )
 
 // openDevice opens the kernel log without blocking (a FIFO or a device
@@ -83,16 +79,7 @@ func FromFD(fd int, path string) (Device, error) {
 // no events it would still wake the poller's thread at every record (the
 // kernel adds EPOLLERR and EPOLLHUP to every mask, and the kernel log's
 // wake-up carries no mask to filter on). The runtime's poller watches ep,
-// which also holds the gathering timer and the read deadline's.
-//
-// The read deadline. A deadline of the runtime's poller (ep's
-// SetReadDeadline) is a Go timer, and a Go timer that fires wakes the
-// runtime's monitor thread (sysmon) too: it sleeps until the earliest Go
-// timer and wakes with it (internal/tick). The quiet log's read timeout
-// passes every 10 s, so the deadline is a timerfd of its own in ep (dtfd,
-// CLOCK_MONOTONIC, absolute), set by raw timerfd_settime(2); a wait that
-// finds it passed (and no record) ends with os.ErrDeadlineExceeded, as
-// the poller's would. Where no timerfd can be made it is ep's, as before.
+// which also holds the gathering timer. The read deadline is ep's.
 //
 // Gathering. Every wake-up of the reader costs far more than a record (on
 // the VM this was measured on, ~50 µs of CPU for the runtime and the
@@ -135,19 +122,10 @@ type kmsgFile struct {
 	begun   bool // waitArmed's wait has begun (begin)
 	sought  bool // a Seek since the device was last armed
 	waitErr syscall.Errno
-	events  [3]unix.EpollEvent
+	events  [2]unix.EpollEvent
 	arm     unix.EpollEvent
 	// inEp: the device is in ep; armed: as a one-shot that has not fired.
 	inEp, armed bool
-
-	// The read deadline's timerfd (-1: ep's deadline is used), under dmu
-	// (SetReadDeadline comes from other goroutines); deadline is its time
-	// on rawsys.Nanotime's clock, 0 for none; expired: the last harvest
-	// found it passed and no record.
-	dmu      sync.Mutex
-	dtfd     int
-	deadline atomic.Int64
-	expired  bool
 
 	// Gathering (gatherFor); tfd is -1 while it is off.
 	tfd    int
@@ -188,7 +166,7 @@ func newKmsgFile(fd int, name string) (*kmsgFile, error) {
 		unix.Close(fd)
 		return nil, os.NewSyscallError("fcntl", err)
 	}
-	f := &kmsgFile{fd: fd, name: name, tfd: -1, dtfd: -1}
+	f := &kmsgFile{fd: fd, name: name, tfd: -1}
 	f.arm = unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(fd)}
 	// Added and taken out at once: what epoll cannot watch is refused here.
 	err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &f.arm)
@@ -207,14 +185,6 @@ func newKmsgFile(fd int, name string) (*kmsgFile, error) {
 		return nil, err
 	}
 	f.waitFn, f.armedFn = f.harvest, f.harvestArmed
-	if dtfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC); err == nil {
-		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(dtfd)}
-		if unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, dtfd, &ev) == nil {
-			f.dtfd = dtfd
-		} else {
-			unix.Close(dtfd)
-		}
-	}
 	return f, nil
 }
 
@@ -241,8 +211,6 @@ func (f *kmsgFile) gatherFor(d time.Duration) error {
 
 // harvest takes what ep has to say without waiting: false (wait in the
 // poller) when nothing is ready. A timer that expired is read (cleared).
-// A read deadline that has passed, with no record ready, ends the wait
-// (expired).
 func (f *kmsgFile) harvest(epfd uintptr) bool {
 	for {
 		n, _, e := syscall.RawSyscall6(unix.SYS_EPOLL_PWAIT, epfd, uintptr(unsafe.Pointer(&f.events[0])), uintptr(len(f.events)), 0, 0, 0)
@@ -253,28 +221,16 @@ func (f *kmsgFile) harvest(epfd uintptr) bool {
 			f.waitErr = e // cannot happen for a valid ep; Read returns it
 			return true
 		}
-		woke := false
 		for _, ev := range f.events[:n] {
-			switch int(ev.Fd) {
-			case f.fd:
+			if int(ev.Fd) == f.fd {
 				f.armed = false // a one-shot: it wakes nothing more
-				woke = true
-			case f.tfd:
+			}
+			if int(ev.Fd) == f.tfd {
 				var b [8]byte
 				syscall.RawSyscall(syscall.SYS_READ, uintptr(f.tfd), uintptr(unsafe.Pointer(&b[0])), 8)
-				woke = true
-			case f.dtfd:
-				var b [8]byte
-				syscall.RawSyscall(syscall.SYS_READ, uintptr(f.dtfd), uintptr(unsafe.Pointer(&b[0])), 8)
 			}
 		}
-		if !woke && f.dtfd >= 0 {
-			if d := f.deadline.Load(); d != 0 && rawsys.Nanotime() >= d {
-				f.expired = true
-				return true
-			}
-		}
-		return woke
+		return n > 0
 	}
 }
 
@@ -313,10 +269,6 @@ func (f *kmsgFile) waitArmed() error {
 	err := f.erc.Read(f.armedFn)
 	if err == nil && f.waitErr != 0 {
 		err, f.waitErr = &os.PathError{Op: "wait", Path: f.name, Err: f.waitErr}, 0
-	}
-	if err == nil && f.expired {
-		f.expired = false
-		return os.ErrDeadlineExceeded
 	}
 	if err == nil && f.begun && f.gathered {
 		return f.park()
@@ -387,10 +339,6 @@ func (f *kmsgFile) park() error {
 		f.inEp, f.armed, f.sought = true, true, false
 	}
 	err := f.erc.Read(f.waitFn)
-	if err == nil && f.expired {
-		f.expired = false
-		err = os.ErrDeadlineExceeded
-	}
 	if err != nil && f.gathered {
 		// The deadline passed or the file closed during a sleep: it is
 		// not taken up again.
@@ -461,28 +409,7 @@ func (f *kmsgFile) Seek(offset int64, whence int) (int64, error) {
 
 // SetReadDeadline bounds the waits of Read; safe to call from another
 // goroutine while Read waits.
-func (f *kmsgFile) SetReadDeadline(t time.Time) error {
-	f.dmu.Lock()
-	defer f.dmu.Unlock()
-	if f.dtfd < 0 {
-		return f.ep.SetReadDeadline(t)
-	}
-	var when int64 // 0: none
-	var spec unix.ItimerSpec
-	if !t.IsZero() {
-		when = 1<<63 - 1
-		if u := time.Until(t); u < 1<<62 {
-			when = max(rawsys.Nanotime()+int64(u), 1)
-		}
-		spec.Value = unix.NsecToTimespec(when)
-	}
-	f.deadline.Store(when)
-	_, _, e := syscall.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(f.dtfd), unix.TFD_TIMER_ABSTIME, uintptr(unsafe.Pointer(&spec)), 0, 0, 0)
-	if e != 0 {
-		return os.NewSyscallError("timerfd_settime", e)
-	}
-	return nil
-}
+func (f *kmsgFile) SetReadDeadline(t time.Time) error { return f.ep.SetReadDeadline(t) }
 
 // Close closes the device, the epoll instance and the timer (not while a
 // Read runs: the reader closes the file it reads, when it is done). A
@@ -492,12 +419,6 @@ func (f *kmsgFile) Close() error {
 		return os.ErrClosed
 	}
 	err := f.ep.Close()
-	f.dmu.Lock()
-	if f.dtfd >= 0 {
-		unix.Close(f.dtfd)
-		f.dtfd = -1
-	}
-	f.dmu.Unlock()
 	if f.tfd >= 0 {
 		unix.Close(f.tfd)
 		f.tfd = -1

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -234,7 +233,7 @@ func (k *Keeper) waitLocked(gen uint64) error {
 		}
 		wrote := k.wrote
 		k.mu.Unlock()
-		t := tick.NewTimer(wait)
+		t := time.NewTimer(wait)
 		select {
 		case <-wrote:
 		case <-t.C:
@@ -274,7 +273,7 @@ func (k *Keeper) startLocked() {
 	}
 	seq, since := k.writeSeq, k.writeSince
 	go func() {
-		t := tick.AfterFunc(WriteBlockedAfter, func() {
+		t := time.AfterFunc(WriteBlockedAfter, func() {
 			k.hookMu.Lock()
 			defer k.hookMu.Unlock()
 			k.mu.Lock()
@@ -320,7 +319,7 @@ func (k *Keeper) startLocked() {
 func (k *Keeper) Flush(wait time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	t := tick.NewTimer(wait)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	if k.writeErr != nil && !k.writing && !k.readOnly {
 		k.saveLocked()

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube"
 	"github.com/syself/autopilot-health/tamper"
@@ -80,7 +79,7 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.After(d.poll):
+		case <-time.After(d.poll):
 		}
 	}
 	// The waiting is over: the loop's progress leaves the metrics too (a

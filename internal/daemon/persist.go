@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/internal/backoff"
-	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // persistEvery bounds how long the persister loop waits without a change.
@@ -48,10 +47,7 @@ func (d *Daemon) persist(ctx context.Context) {
 	t := d.grid().NewTicker(persistEvery)
 	defer t.Stop()
 	bo := backoff.Backoff{Min: time.Second, Max: persistEvery}
-	// The timers are stopped where a select no longer waits for them: a
-	// timer of this package fires whether or not one waits (tick).
-	var retry, laterDue, blockedDue *tick.Timer
-	defer func() { retry.Stop(); laterDue.Stop(); blockedDue.Stop() }()
+	var retry, laterDue, blockedDue <-chan time.Time
 	var lastErr string
 	dirty := false
 	// writing: the write in flight; its changes, and those made while it
@@ -69,18 +65,16 @@ func (d *Daemon) persist(ctx context.Context) {
 			d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
 			lastErr = key
 		}
-		retry.Stop()
-		retry = tick.NewTimer(wait)
+		retry = time.After(wait)
 	}
 	for {
 		if writing == nil {
 			if p := d.stateW.pending(); p != nil {
 				writing, adopted = p, true
-				blockedDue.Stop()
-				blockedDue = tick.NewTimer(max(0, stateWriteBlockedAfter-time.Since(p.since)))
+				blockedDue = time.After(max(0, stateWriteBlockedAfter-time.Since(p.since)))
 			}
 		}
-		changes, later, due := d.store.Dirty(), d.store.Later(), laterDue.Chan()
+		changes, later, due := d.store.Dirty(), d.store.Later(), laterDue
 		if retry != nil || writing != nil {
 			changes, later, due = nil, nil, nil // the retry, or the save after the write, saves them
 		}
@@ -101,19 +95,19 @@ func (d *Daemon) persist(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-tick.After(time.Second):
+			case <-time.After(time.Second):
 			}
 		case <-later:
 			// At the next point of persistLater's grid, not persistLater
 			// from now: a kernel record wakes the reader off the grid, and
 			// its save then wakes the daemon together with the checks, not
 			// a second time on its own.
-			laterDue = tick.NewTimer(d.grid().Until(time.Now(), persistLater))
+			laterDue = time.After(d.grid().Until(time.Now(), persistLater))
 		case <-due:
 			laterDue, dirty = nil, true
-		case <-retry.Chan():
+		case <-retry:
 			retry = nil
-		case <-blockedDue.Chan():
+		case <-blockedDue:
 			blockedDue = nil
 			if d.stateW.markBlocked(writing) {
 				d.metrics.StateWriteBlocked(writing.since)
@@ -130,7 +124,6 @@ func (d *Daemon) persist(ctx context.Context) {
 			}
 			wasAdopted := adopted
 			d.countWrite(writing)
-			blockedDue.Stop()
 			writing, blockedDue, adopted = nil, nil, false
 			switch {
 			case err != nil:
@@ -144,7 +137,6 @@ func (d *Daemon) persist(ctx context.Context) {
 				if !wasAdopted {
 					// This save took what the due one would have; after
 					// another's write, what this loop holds is saved next.
-					laterDue.Stop()
 					dirty, laterDue = false, nil
 				}
 			}
@@ -166,8 +158,7 @@ func (d *Daemon) persist(ctx context.Context) {
 				d.metrics.StateWrite(err)
 				failed(err)
 			case writing != nil:
-				blockedDue.Stop()
-				blockedDue = tick.NewTimer(stateWriteBlockedAfter)
+				blockedDue = time.After(stateWriteBlockedAfter)
 			}
 		}
 		d.live.Beat(loop, persistEvery)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
-	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/internal/trim"
 	"github.com/syself/autopilot-health/kmsg"
 )
@@ -229,7 +228,7 @@ func (d *Daemon) trimAgain(ctx context.Context) {
 	case <-d.firstPassDone:
 	}
 	at := time.Now().Add(trimAgainAfter)
-	t := tick.NewTimer(trimAgainAfter + d.grid().Until(at, trimAgainGrid))
+	t := time.NewTimer(trimAgainAfter + d.grid().Until(at, trimAgainGrid))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tamper"
 )
@@ -261,7 +260,7 @@ func (e *writeNotReturnedError) Error() string {
 // autopilot_health_state_writes_total; a write that has not returned in
 // time is a *writeNotReturnedError.
 func (d *Daemon) saveStateNow(wait time.Duration) error {
-	t := tick.NewTimer(wait)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		if prev := d.stateW.pending(); prev != nil {

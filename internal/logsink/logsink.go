@@ -20,8 +20,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/syself/autopilot-health/internal/tick"
 )
 
 // DefaultBytes bounds the lines a Sink holds: about a thousand of the
@@ -210,7 +208,7 @@ func (s *Sink) Close(wait time.Duration) bool {
 	case s.wake <- struct{}{}:
 	default:
 	}
-	t := tick.NewTimer(wait)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-s.done:

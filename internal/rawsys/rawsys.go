@@ -248,11 +248,6 @@ func InMemory(path string) bool {
 // reader's read timeout and the monitor read this clock every 10 s.
 func MonotonicMicros() uint64 { return uint64(nanotime()) / 1e3 }
 
-// Nanotime is CLOCK_MONOTONIC in ns, read as MonotonicMicros: the clock a
-// timerfd of CLOCK_MONOTONIC with TFD_TIMER_ABSTIME is set against
-// (internal/tick's timers).
-func Nanotime() int64 { return nanotime() }
-
 // nanotime is the runtime's monotonic clock: CLOCK_MONOTONIC by the vDSO on
 // Linux (runtime·nanotime1), the one time.Now's monotonic reading comes
 // from. The runtime keeps the name for packages that link to it

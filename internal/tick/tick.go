@@ -3,11 +3,7 @@
 // on the 2-vCPU machine of README's figures, whatever it then does), so
 // the loops that wake on a period (the checks, the kernel log reader's
 // read timeout, the state writer, the watchdog) wake at the points of one
-// grid: those due at the same time wake the daemon once. The timers that
-// wake it (NewTimer, AfterFunc, After, Ticker) are this package's too: in
-// the daemon, after UseTimerfd, they wait on one timerfd, whose wake-up
-// wakes one thread where a Go timer's also wakes the runtime's monitor
-// thread (timer.go).
+// grid: those due at the same time wake the daemon once.
 package tick
 
 import (
@@ -51,8 +47,7 @@ func (g Grid) Until(now time.Time, period time.Duration) time.Duration {
 }
 
 // Ticker is a time.Ticker whose ticks fall on the points of its period's
-// grid, on this package's AfterFunc. A tick that finds the last one not
-// yet received is dropped.
+// grid. A tick that finds the last one not yet received is dropped.
 type Ticker struct {
 	C <-chan time.Time
 
@@ -60,7 +55,7 @@ type Ticker struct {
 	grid    Grid
 	period  time.Duration
 	mu      sync.Mutex
-	t       *Timer
+	t       *time.Timer
 	stopped bool
 }
 
@@ -73,7 +68,7 @@ func (g Grid) NewTicker(period time.Duration) *Ticker {
 	c := make(chan time.Time, 1)
 	tk := &Ticker{C: c, c: c, grid: g, period: period}
 	tk.mu.Lock()
-	tk.t = AfterFunc(g.Until(time.Now(), period), tk.fire)
+	tk.t = time.AfterFunc(g.Until(time.Now(), period), tk.fire)
 	tk.mu.Unlock()
 	return tk
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/syself/autopilot-health/internal/backoff"
 	"github.com/syself/autopilot-health/internal/rawsys"
-	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/report/kube/kubeapi"
 )
@@ -87,7 +86,7 @@ func (r *Reporter) eventLoop(ctx context.Context) {
 	r.m.setEventsWaiting(waiting(aggs))
 	bo := backoff.Backoff{Min: backoffMin, Max: backoffMax}
 	el := r.newErrorLog("writing events of node " + r.o.NodeName)
-	timer := tick.NewTimer(eventsIdleBeat)
+	timer := time.NewTimer(eventsIdleBeat)
 	defer timer.Stop()
 	for {
 		// Asleep until the next write is due (a retry, a count to patch),

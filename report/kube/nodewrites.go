@@ -10,7 +10,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
-	"github.com/syself/autopilot-health/internal/tick"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -63,7 +62,7 @@ type nodeWrites struct {
 	err    string
 	reason string
 	said   bool        // the run has lasted NodeStaleAfter
-	timer  *tick.Timer // says it then
+	timer  *time.Timer // says it then
 }
 
 // SetWake sets what is called (outside the lock) when the Node starts or
@@ -119,7 +118,7 @@ func (m *Metrics) nodeWriteFailed(err error, now time.Time) {
 	if w.first.IsZero() {
 		w.first = now
 		first := now
-		w.timer = tick.AfterFunc(NodeStaleAfter, func() { m.nodeStale(first) })
+		w.timer = time.AfterFunc(NodeStaleAfter, func() { m.nodeStale(first) })
 	}
 	wake := m.wake
 	m.mu.Unlock()

@@ -341,7 +341,7 @@ func (r *Reporter) credsLoop(ctx context.Context) {
 		return r.o.Grid.Until(time.Now(), credsPollMax)
 	}
 	anew()
-	t := tick.NewTimer(credsPoll)
+	t := time.NewTimer(credsPoll)
 	defer t.Stop()
 	for {
 		if r.credsFailing.Load() == 0 {
@@ -399,7 +399,7 @@ const (
 // refused dial sets it back to probeInterval, so the return is noticed
 // within a second again.
 func (r *Reporter) probeLoop(ctx context.Context) {
-	t := tick.NewTimer(probeInterval)
+	t := time.NewTimer(probeInterval)
 	defer t.Stop()
 	down := false
 	wait := probeInterval
@@ -499,7 +499,7 @@ func afterBack(asked time.Time) time.Duration { return max(0, time.Until(asked))
 // ended early by the API server's return (apiBack) as afterBack says, the
 // backoff then reset. It reports false when ctx ended first.
 func (r *Reporter) sleepRetry(ctx context.Context, d time.Duration, asked time.Time, bo *backoff.Backoff) bool {
-	t := tick.NewTimer(d)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
 		select {
@@ -736,7 +736,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	beat, deferred := false, false
 	// hbAt is when the next heartbeat falls due (hb fires then).
 	hbAt := time.Now().Add(r.heartbeatIn())
-	hb := tick.NewTimer(time.Until(hbAt))
+	hb := time.NewTimer(time.Until(hbAt))
 	defer hb.Stop()
 	resetBeat := func() {
 		hbAt = time.Now().Add(r.heartbeatIn())
@@ -751,7 +751,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 	// or at the end of what the API server asked for.
 	retryAfterAsked := func() <-chan time.Time {
 		if d := afterBack(asked); d > 0 {
-			return tick.After(d)
+			return time.After(d)
 		}
 		return nil
 	}
@@ -777,7 +777,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				var wait time.Duration
 				wait, asked = retryWait(&bo, err)
 				el.fail(err, wait)
-				retry = tick.After(wait)
+				retry = time.After(wait)
 			} else {
 				el.ok()
 				bo.Reset()
@@ -814,7 +814,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 			case <-ctx.Done():
 				r.finalWrite(true)
 				return
-			case <-tick.After(coalesce):
+			case <-time.After(coalesce):
 			}
 			// A change from here on is one the comparison below may miss.
 			changed = r.o.Store.Changed()
@@ -866,7 +866,7 @@ func (r *Reporter) statusLoop(ctx context.Context) {
 				// a change's write answered so; the refresh's retry is the
 				// annotation loop's.
 				asked = time.Now().Add(a)
-				retry = tick.After(a)
+				retry = time.After(a)
 			}
 			if err == nil {
 				deferred = false
@@ -1743,7 +1743,7 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-tick.After(wait):
+			case <-time.After(wait):
 			}
 		}
 		if w := r.writtenCh(); !isClosed(w) {
@@ -1753,14 +1753,11 @@ func (r *Reporter) annotationLoop(ctx context.Context) {
 			// report interval after the beat above (the next report
 			// due), or the loop would be silent for two.
 			r.progress(loop, max(r.o.ReportInterval, backoffMax))
-			t := tick.NewTimer(r.o.ReportInterval)
 			select {
 			case <-ctx.Done():
-				t.Stop()
 				return
 			case <-w:
-				t.Stop()
-			case <-t.C:
+			case <-time.After(r.o.ReportInterval):
 				wait = 0
 				continue
 			}
