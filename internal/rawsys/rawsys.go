@@ -11,8 +11,6 @@
 // thread wake-ups through net/http on a plain connection, and 210-222 µs
 // and 2.8 on a Conn of this package (BenchmarkProbeGET). The calls here do
 // not wait: a Conn is only made of a non-blocking stream socket (Wrap),
-// Dial's socket(2) and connect(2) are of a non-blocking socket (a connect
-// in progress waits in the runtime's poller),
 // Stat is for paths whose lookup stays in memory (InMemory), and
 // ReadPseudoFile reads raw only a file of procfs or sysfs, made in memory
 // when read (a sysctl, a PCI function's vendor: 5 system calls and no
@@ -210,6 +208,10 @@ func Stat(path string) (FileID, error) {
 		}
 	}
 }
+
+// Dial connects as a zero net.Dialer does (http.Transport's default) and
+// wraps the connection.
+var Dial = DialWith(&net.Dialer{})
 
 // DialWith returns a dial function that connects with d and wraps the
 // connection.
