@@ -32,6 +32,23 @@ func blockedLooks() int {
 	return n
 }
 
+// answeredKubeconfig writes a kubeconfig of system:node:n1 for a server
+// that answers every call, its client certificate by path, and returns
+// its path and its text (to write back once a test's hung read ends).
+func answeredKubeconfig(t *testing.T) (string, []byte) {
+	t.Helper()
+	srv, _ := nodeServer(t, func(*http.Request) {})
+	dir := t.TempDir()
+	pair := filepath.Join(dir, "kubelet-client-current.pem")
+	writeCert(t, pair, pair, "system:node:n1")
+	kc := kubeconfigFor(t, dir, srv, pair, pair)
+	data, err := os.ReadFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kc, data
+}
+
 // A read of the kubeconfig that does not return (a disk that hangs; here
 // a FIFO put in its place, whose open waits for a writer) holds no call
 // longer than lookWait, nor a call whose context ends (the stop's) at
@@ -45,15 +62,7 @@ func blockedLooks() int {
 func TestCallsDoNotWaitForHungCredentialFiles(t *testing.T) {
 	defer func(w time.Duration) { lookWait = w }(lookWait)
 	lookWait = 2 * time.Second // "at once" below is under a second, far from it
-	srv, _ := nodeServer(t, func(*http.Request) {})
-	dir := t.TempDir()
-	pair := filepath.Join(dir, "kubelet-client-current.pem")
-	writeCert(t, pair, pair, "system:node:n1")
-	kc := kubeconfigFor(t, dir, srv, pair, pair)
-	data, err := os.ReadFile(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc, data := answeredKubeconfig(t)
 	var logs testenv.SyncBuffer
 	c, _, err := NewClient(kc, "test", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -144,15 +153,7 @@ func TestCallsDoNotWaitForHungCredentialFiles(t *testing.T) {
 func TestHungCredentialFilesSaidPlainly(t *testing.T) {
 	defer func(w, s time.Duration) { lookWait, NodeStaleAfter = w, s }(lookWait, NodeStaleAfter)
 	lookWait, NodeStaleAfter = 200*time.Millisecond, 0
-	srv, _ := nodeServer(t, func(*http.Request) {})
-	dir := t.TempDir()
-	pair := filepath.Join(dir, "kubelet-client-current.pem")
-	writeCert(t, pair, pair, "system:node:n1")
-	kc := kubeconfigFor(t, dir, srv, pair, pair)
-	data, err := os.ReadFile(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc, data := answeredKubeconfig(t)
 	c, _, err := NewClient(kc, "test", nil)
 	if err != nil {
 		t.Fatal(err)
