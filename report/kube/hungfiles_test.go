@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
@@ -217,5 +220,13 @@ func TestHungCredentialFilesSaidPlainly(t *testing.T) {
 	}
 	if got := report.Value(m.writes.WithLabelValues(KindStatus, "error")); got != 3 {
 		t.Errorf("api_writes_total{kind=status,result=error} = %v, want 3", got)
+	}
+	// Not API latency: the calls never reached the API server.
+	var hist dto.Metric
+	if err := m.latency.WithLabelValues(KindStatus).(prometheus.Histogram).Write(&hist); err != nil {
+		t.Fatal(err)
+	}
+	if n := hist.GetHistogram().GetSampleCount(); n != 0 {
+		t.Errorf("api_write_duration_seconds{kind=status} observed %d calls that never reached the API server, want 0", n)
 	}
 }

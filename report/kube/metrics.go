@@ -180,9 +180,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// observe counts a call of kind that started at start and ended with err,
+// and its latency, unless it never reached the API server because the
+// kubeconfig's files did not answer (ErrFilesHung: its time is the look's
+// wait, lookWait, not the API server's).
 func (m *Metrics) observe(kind string, start time.Time, err error) {
 	m.writes.WithLabelValues(kind, resultOf(err)).Inc()
-	m.latency.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	if !errors.Is(err, ErrFilesHung) {
+		m.latency.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	}
 	if err == nil {
 		m.lastOK.SetToCurrentTime()
 	}
