@@ -232,3 +232,35 @@ func TestDaemonStopDoesNotWaitForAHungKubeconfigDisk(t *testing.T) {
 	}
 	t.Logf("the daemon stopped %.2f s after the stop, the disk under the kubeconfig hung since its start", took.Seconds())
 }
+
+// A disk that hung under the kubeconfig answers again: the writers, whose
+// backoff's wait has grown while the disk hung (1, 2, 4, 8 s, ...), retry
+// at once, and the Node has the condition that changed meanwhile within a
+// few seconds of the disk's answer, not at the end of that wait. The real
+// API server with NodeRestriction; a real FUSE file system that answers
+// nothing for 12 s, then EIO, then is unmounted (the files below it seen
+// again).
+func TestKubeWritesResumeWhenAHungKubeconfigDiskAnswers(t *testing.T) {
+	s := apiServer(t)
+	node := "node-hungdisk-back-" + harness.Token()
+	registerNode(t, s, node)
+	dir := t.TempDir()
+	kc := nodeCredentialsIn(t, s, node, dir)
+	x := reporterWritingOn(t, s, kc, node, "a write before the disk hangs", nil)
+
+	h := mountHungFS(t, dir)
+	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "during"}, time.Now())
+	h.waitRequest(t, 10*time.Second)
+	hung := time.Now()
+	for deadline := hung.Add(15 * time.Second); x.m.Failures() < 3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the writes on the hung disk: %v failures within 15 s, want 3", x.m.Failures())
+		}
+	}
+	time.Sleep(time.Until(hung.Add(12 * time.Second))) // the disk's hang: long enough for the backoff to grow past 4 s
+	h.release()
+	released := time.Now()
+	waitNodeFor(t, s, node, 4*time.Second, "the change made while the disk hung, within 4 s of its answer",
+		has("DiskUsageHigh", "True", "FilesystemSpaceHigh"))
+	t.Logf("the Node written %.2f s after the disk answered (%v writes failed while it hung)", time.Since(released).Seconds(), x.m.Failures())
+}

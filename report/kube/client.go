@@ -502,6 +502,9 @@ var ErrFilesHung = errors.New("a stat or read of the files did not return (a hun
 type fileLook[T any] struct {
 	mu  sync.Mutex
 	cur *lookCall[T]
+	// answered, when set, is called when a look that a caller gave up on
+	// (ErrFilesHung) returns: the disk answers again.
+	answered func()
 }
 
 type lookCall[T any] struct {
@@ -509,6 +512,7 @@ type lookCall[T any] struct {
 	since time.Time
 	v     T
 	err   error
+	hung  atomic.Bool // a caller got ErrFilesHung of it
 }
 
 // do runs f (or joins the f under way) and waits for it until wait after
@@ -523,8 +527,12 @@ func (l *fileLook[T]) do(ctx context.Context, wait time.Duration, f func() (T, e
 			c.v, c.err = f()
 			l.mu.Lock()
 			l.cur = nil
+			answered := l.answered
 			l.mu.Unlock()
 			close(c.done)
+			if c.hung.Load() && answered != nil {
+				answered()
+			}
 		}()
 	}
 	l.mu.Unlock()
@@ -536,6 +544,7 @@ func (l *fileLook[T]) do(ctx context.Context, wait time.Duration, f func() (T, e
 	}
 	left := wait - time.Since(c.since)
 	if left <= 0 {
+		c.hung.Store(true)
 		return zero, fmt.Errorf("%w (since %s)", ErrFilesHung, c.since.UTC().Format(time.RFC3339))
 	}
 	t := time.NewTimer(left)
@@ -546,9 +555,28 @@ func (l *fileLook[T]) do(ctx context.Context, wait time.Duration, f func() (T, e
 	case <-ctx.Done():
 		return zero, ctx.Err()
 	case <-t.C:
+		c.hung.Store(true)
 		return zero, fmt.Errorf("%w (since %s)", ErrFilesHung, c.since.UTC().Format(time.RFC3339))
 	}
 }
+
+// onAnswered sets what is called when a look a caller gave up on returns.
+func (l *fileLook[T]) onAnswered(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.answered = f
+}
+
+// filesAnsweredNotifier is a client whose calls can fail because the
+// files it reads hang (ErrFilesHung), and that says when they answer
+// again: kubeconfigClient.
+type filesAnsweredNotifier interface{ onFilesAnswered(f func()) }
+
+// onFilesAnswered has f called when a look at the kubeconfig's files that
+// calls gave up on (ErrFilesHung) returns: the disk answers again, and
+// the writers waiting out their backoff can retry now (Reporter.Run sets
+// its wake).
+func (k *kubeconfigClient) onFilesAnswered(f func()) { k.look.onAnswered(f) }
 
 // busy says whether a look is under way.
 func (l *fileLook[T]) busy() bool {

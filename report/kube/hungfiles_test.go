@@ -75,8 +75,13 @@ func TestCallsDoNotWaitForHungCredentialFiles(t *testing.T) {
 		_, err := c.GetNode(ctx, "n1")
 		return err
 	}
+	answered := make(chan struct{}, 8) // the reporter's wake: the writers retry
+	c.(*kubeconfigClient).onFilesAnswered(func() { answered <- struct{}{} })
 	if err := get(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	if len(answered) != 0 {
+		t.Errorf("a look that returned in time said the files answered again")
 	}
 
 	// The disk hangs: the kubeconfig's read does not return.
@@ -136,10 +141,19 @@ func TestCallsDoNotWaitForHungCredentialFiles(t *testing.T) {
 			t.Fatal("the look did not end once the FIFO was written")
 		}
 	}
+	// The writers are told at once, not at the end of their backoff.
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hung look returned and nothing said the files answer again")
+	}
 	os.Remove(kc)
 	os.WriteFile(kc, data, 0o600)
 	if err := get(context.Background()); err != nil {
 		t.Errorf("after the disk answered: %v", err)
+	}
+	if n := len(answered); n != 0 {
+		t.Errorf("the files' answer said %d more times, want once", n+1)
 	}
 }
 

@@ -291,6 +291,11 @@ func (r *Reporter) Run(ctx context.Context) {
 	if _, ok := r.o.Client.(credentialsWatcher); ok {
 		wg.Go(func() { r.credsLoop(ctx) })
 	}
+	// A disk that hung under the kubeconfig answers again: the writers
+	// retry now, not at the end of their backoff's wait (up to a minute).
+	if n, ok := r.o.Client.(filesAnsweredNotifier); ok {
+		n.onFilesAnswered(r.wake)
+	}
 	wg.Wait()
 }
 
