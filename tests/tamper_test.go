@@ -192,6 +192,15 @@ dm_control = %q
 	// SIGKILL and a start: the Node keeps NodeTampered True, the forged
 	// clear is neither reported nor evented.
 	waitReport(t, s, name, restarted, "")
+	// The restarted daemon's tamper.json: saved beside the report's write,
+	// which may land first on a loaded machine (CI run 68).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(state, "tamper.json")); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the restarted daemon saved no tamper.json within 10 s: %v", err)
+		}
+	}
 	kill()
 	forgeClear(t, filepath.Join(state, "tamper.json"), "forged by the test")
 	forgedStart := start()
