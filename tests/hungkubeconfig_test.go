@@ -173,25 +173,37 @@ func stopWithin(t *testing.T, h *hungFS, limit time.Duration, stop func()) time.
 // lookWait (5 s), its loop going on, and the reporter's stop does not wait
 // for the disk: the real API server with NodeRestriction.
 func TestKubeStopDoesNotWaitForAHungKubeconfigDisk(t *testing.T) {
+	_, _, x, h, _ := reporterOnAHungDisk(t, "node-hungdisk-", 1)
+	took := stopWithin(t, h, 10*time.Second, x.stop)
+	t.Logf("the reporter stopped %.2f s after the stop, the disk under the kubeconfig hung", took.Seconds())
+}
+
+// reporterOnAHungDisk starts a reporter for a node of its own (named
+// prefix and a token) with the node's credentials in a directory, awaits
+// its first write, then hangs a FUSE file system over that directory,
+// changes DiskUsageHigh (True, "during") and awaits failures failed
+// writes of it (15 s at most after the disk's first request, an error
+// then). It returns the API server, the node, the reporter, the disk and
+// when the disk was first asked (from then on it hangs).
+func reporterOnAHungDisk(t *testing.T, prefix string, failures float64) (*harness.APIServer, string, *running, *hungFS, time.Time) {
+	t.Helper()
 	s := apiServer(t)
-	node := "node-hungdisk-" + harness.Token()
+	node := prefix + harness.Token()
 	registerNode(t, s, node)
 	dir := t.TempDir()
 	kc := nodeCredentialsIn(t, s, node, dir)
 	x := reporterWritingOn(t, s, kc, node, "a write before the disk hangs", nil)
-	store := x.store
-
 	h := mountHungFS(t, dir)
-	store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "during"}, time.Now())
+	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "during"}, time.Now())
 	h.waitRequest(t, 10*time.Second)
-	for deadline := time.Now().Add(15 * time.Second); x.m.Failures() == 0; time.Sleep(20 * time.Millisecond) {
+	hung := time.Now()
+	for deadline := hung.Add(15 * time.Second); x.m.Failures() < failures; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Error("the write on the hung disk did not fail within 15 s")
+			t.Errorf("the writes on the hung disk: %v failed within 15 s, want %v", x.m.Failures(), failures)
 			break
 		}
 	}
-	took := stopWithin(t, h, 10*time.Second, x.stop)
-	t.Logf("the reporter stopped %.2f s after the stop, the disk under the kubeconfig hung", took.Seconds())
+	return s, node, x, h, hung
 }
 
 // The disk under the kubeconfig hangs from the daemon's start (its first
@@ -241,22 +253,7 @@ func TestDaemonStopDoesNotWaitForAHungKubeconfigDisk(t *testing.T) {
 // nothing for 12 s, then EIO, then is unmounted (the files below it seen
 // again).
 func TestKubeWritesResumeWhenAHungKubeconfigDiskAnswers(t *testing.T) {
-	s := apiServer(t)
-	node := "node-hungdisk-back-" + harness.Token()
-	registerNode(t, s, node)
-	dir := t.TempDir()
-	kc := nodeCredentialsIn(t, s, node, dir)
-	x := reporterWritingOn(t, s, kc, node, "a write before the disk hangs", nil)
-
-	h := mountHungFS(t, dir)
-	x.store.Set(report.Condition{Type: "DiskUsageHigh", Status: report.StatusTrue, Reason: "FilesystemSpaceHigh", Message: "during"}, time.Now())
-	h.waitRequest(t, 10*time.Second)
-	hung := time.Now()
-	for deadline := hung.Add(15 * time.Second); x.m.Failures() < 3; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the writes on the hung disk: %v failures within 15 s, want 3", x.m.Failures())
-		}
-	}
+	s, node, x, h, hung := reporterOnAHungDisk(t, "node-hungdisk-back-", 3)
 	time.Sleep(time.Until(hung.Add(12 * time.Second))) // the disk's hang: long enough for the backoff to grow past 4 s
 	h.release()
 	released := time.Now()
