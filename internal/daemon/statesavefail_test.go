@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -25,27 +24,15 @@ import (
 // and `autopilot-health status` showed nothing.
 func TestFailingStateSavesAreSaid(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := testConfig(t)
-		cfg.Checks.ClockNotSynchronized.Enabled = false
-		cfg.Checks.NodeTampered.Enabled = false
-		d, _ := newLoggedDaemon(t, cfg)
 		var full atomic.Bool
 		var tries atomic.Int64
-		d.stateW.write = func(path string, data []byte, perm os.FileMode) error {
+		cfg, d, _, stop := runWithStateWrites(t, func(path string, data []byte, perm os.FileMode) error {
 			if full.Load() {
 				// Each try names a new temp file, as WriteFileAtomic's do.
 				return &os.PathError{Op: "write", Path: fmt.Sprintf("%s.tmp%d", path, tries.Add(1)), Err: syscall.ENOSPC}
 			}
 			return report.WriteFileAtomic(path, data, perm)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- d.Run(ctx) }()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if !d.readyNow() {
-			t.Fatal("not ready after a minute")
-		}
+		})
 		path := filepath.Join(cfg.StateDir, report.StateFileName)
 		if s := d.StatusLine(); strings.Contains(s, "state not saved") {
 			t.Fatalf("status line before the disk is full: %q", s)
@@ -90,9 +77,6 @@ func TestFailingStateSavesAreSaid(t *testing.T) {
 		if d.Status(time.Now()).StateSaveFailing != nil {
 			t.Errorf("status still says the saves fail after one worked")
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		stop()
 	})
 }

@@ -537,20 +537,28 @@ func TestBlockedSaveOfAClearIsReported(t *testing.T) {
 	})
 }
 
-// runOnADiskThatWillHang runs a daemon (inside synctest.Test) whose state
-// writes go through a hungDisk, let through until the test hangs it, and
-// returns once the daemon is ready; stop ends it. ClockNotSynchronized is
-// off (the tests set it), and so is NodeTampered (its watcher blocks in a
-// read the fake clock cannot wait out).
+// runOnADiskThatWillHang is runWithStateWrites through a hungDisk, let
+// through until the test hangs it.
 func runOnADiskThatWillHang(t *testing.T) (*config.Config, *Daemon, *testenv.SyncBuffer, *hungDisk, func()) {
+	t.Helper()
+	disk := newHungDisk()
+	disk.unblock() // the start's writes go through
+	cfg, d, logs, stop := runWithStateWrites(t, disk.write)
+	return cfg, d, logs, disk, stop
+}
+
+// runWithStateWrites runs a daemon (inside synctest.Test) whose state
+// file's writes go through write, and returns once the daemon is ready;
+// stop ends it. ClockNotSynchronized is off (the tests set it), and so is
+// NodeTampered (its watcher blocks in a read the fake clock cannot wait
+// out).
+func runWithStateWrites(t *testing.T, write func(path string, data []byte, perm os.FileMode) error) (*config.Config, *Daemon, *testenv.SyncBuffer, func()) {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.Checks.ClockNotSynchronized.Enabled = false
 	cfg.Checks.NodeTampered.Enabled = false
 	d, logs := newLoggedDaemon(t, cfg)
-	disk := newHungDisk()
-	disk.unblock() // the start's writes go through
-	d.stateW.write = disk.write
+	d.stateW.write = write
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
@@ -559,7 +567,7 @@ func runOnADiskThatWillHang(t *testing.T) (*config.Config, *Daemon, *testenv.Syn
 	if !d.readyNow() {
 		t.Fatal("not ready after a minute")
 	}
-	return cfg, d, logs, disk, func() {
+	return cfg, d, logs, func() {
 		t.Helper()
 		cancel()
 		if err := <-done; err != nil {
