@@ -373,6 +373,14 @@ func shippedUnitSystemd(t testing.TB, prefix string, units map[string]string, st
 
 // checksOffBut is the configuration's tables that turn off every check of
 // the catalog but keep.
+// diskUsageOnly is the configuration of a daemon for node with
+// DiskUsageHigh its only check (at spacePercent), no kernel log monitor,
+// no first-run spread, metrics on 127.0.0.1:port.
+func diskUsageOnly(node string, port, spacePercent int) string {
+	return fmt.Sprintf("node_name = %q\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\nspace_percent = %d\n",
+		node, port, checksOffBut("DiskUsageHigh"), spacePercent)
+}
+
 func checksOffBut(keep ...string) string {
 	var b strings.Builder
 	for _, name := range config.Default().Checks.Names() {

@@ -4,7 +4,6 @@ package tests
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -23,10 +22,7 @@ import (
 func TestFailingStateSavesShowInSystemctlStatus(t *testing.T) {
 	harness.Parallel(t, 1)
 	port, tok := freeTCPPort(t), harness.Token()
-	cfgText := func(percent int) string {
-		return fmt.Sprintf("node_name = \"savefail-%s\"\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\nspace_percent = %d\n",
-			tok, port, checksOffBut("DiskUsageHigh"), percent)
-	}
+	cfgText := func(percent int) string { return diskUsageOnly("savefail-"+tok, port, percent) }
 	s := daemonNamespace(t, "savefail", nil, cfgText(1), "autopilot-health.service")
 	ctx := context.Background()
 	const unit = "autopilot-health.service"

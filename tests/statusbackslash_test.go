@@ -4,7 +4,6 @@ package tests
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -21,8 +20,7 @@ import (
 func TestRefusedReloadsBackslashesInSystemctlStatus(t *testing.T) {
 	harness.Parallel(t, 1)
 	port, tok := freeTCPPort(t), harness.Token()
-	good := fmt.Sprintf("node_name = \"backslash-%s\"\nrole = \"worker\"\ngpu = \"false\"\n[metrics]\nlisten_address = \"127.0.0.1:%d\"\n[runner]\nfirst_run_spread = \"0s\"\n[kmsg]\nenabled = false\n%s[checks.DiskUsageHigh]\nspace_percent = 1\n",
-		tok, port, checksOffBut("DiskUsageHigh"))
+	good := diskUsageOnly("backslash-"+tok, port, 1)
 	s := daemonNamespace(t, "backslash", nil, good, "autopilot-health.service")
 	ctx := context.Background()
 	const unit = "autopilot-health.service"
