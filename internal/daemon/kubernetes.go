@@ -126,10 +126,6 @@ func (d *Daemon) reportToKubernetes(ctx context.Context) {
 	r.Run(ctx)
 }
 
-// sourceDetail is the status's detail while reporting through c, a client
-// of the kubeconfig at path: the API server it calls now, and the user its
-// credentials name when that is another node (the API server refuses the
-// writes). Both follow a rewritten kubeconfig.
 // newKubeClient is kube.NewClient on a goroutine of its own, which the
 // daemon's stop does not wait for: on a disk that hangs under the
 // kubeconfig (a read in D state), the stat or the read of the files does
@@ -172,6 +168,10 @@ func (d *Daemon) newKubeClient(ctx context.Context, path string) (c kube.Client,
 // at a call. A variable for tests.
 var kubeconfigHungAfter = 5 * time.Second
 
+// sourceDetail is the status's detail while reporting through c, a client
+// of the kubeconfig at path: the API server it calls now, and the user its
+// credentials name when that is another node (the API server refuses the
+// writes). Both follow a rewritten kubeconfig.
 func (d *Daemon) sourceDetail(c kube.Client, path string) string {
 	server, user := kube.Source(c)
 	name := d.currentEnv().NodeName

@@ -48,7 +48,6 @@ func (d *Daemon) persist(ctx context.Context) {
 	defer t.Stop()
 	bo := backoff.Backoff{Min: time.Second, Max: persistEvery}
 	var retry, laterDue, blockedDue <-chan time.Time
-	var lastErr string
 	dirty := false
 	// writing: the write in flight; its changes, and those made while it
 	// runs, wait for it. adopted: it is a write another began
@@ -61,12 +60,11 @@ func (d *Daemon) persist(ctx context.Context) {
 	// of error.
 	failed := func(err error) {
 		wait := bo.Next()
+		// The first failure, or another error (saveErrKey): status and
+		// the journal say it; a retry of the same says nothing new.
 		if d.stateW.setFailed(d.statePath(), err, time.Now()) {
-			d.wakeStatus()
-		}
-		if key := saveErrKey(err); key != lastErr {
 			d.log.Error("saving state failed; retrying with backoff", "dir", d.cfg.StateDir, "err", err, "retry_in", wait.Round(time.Millisecond))
-			lastErr = key
+			d.wakeStatus()
 		}
 		retry = time.After(wait)
 	}
@@ -132,13 +130,10 @@ func (d *Daemon) persist(ctx context.Context) {
 			case err != nil:
 				failed(err)
 			default:
-				if lastErr != "" {
-					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
-				}
 				if d.stateW.saved() {
+					d.log.Info("saving state works again", "dir", d.cfg.StateDir)
 					d.wakeStatus()
 				}
-				lastErr = ""
 				bo.Reset()
 				if !wasAdopted {
 					// This save took what the due one would have; after
