@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -125,7 +124,7 @@ var statusTimeout = 10 * time.Second
 // fetchStatus reads the status document; an error says whether the daemon
 // is not running.
 func fetchStatus(path string) ([]byte, error) {
-	var got firstBytes
+	got := daemon.FirstBytes{Max: 256} // the first bytes read, to name an answer that is not HTTP
 	c := http.Client{Timeout: statusTimeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -140,7 +139,7 @@ func fetchStatus(path string) ([]byte, error) {
 	if err != nil {
 		what, notRunning := daemon.DialFailure(path, err)
 		switch {
-		case got.n() > 0 && !isTimeout(err):
+		case got.Len() > 0 && !isTimeout(err):
 			// Something answered, but not in HTTP: another program's
 			// socket (the daemon's control socket given for its status
 			// socket). Not a status document, as any other answer that
@@ -185,32 +184,15 @@ func fetchStatus(path string) ([]byte, error) {
 	return b, nil
 }
 
-// firstBytes keeps the first bytes read on the status connection (at
-// most 256), to name an answer that is not HTTP.
-type firstBytes struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (f *firstBytes) add(p []byte) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.b = append(f.b, p[:min(len(p), 256-len(f.b))]...)
-}
-
-func (f *firstBytes) n() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.b) }
-
-func (f *firstBytes) String() string { f.mu.Lock(); defer f.mu.Unlock(); return string(f.b) }
-
 // firstBytesConn records what it reads in got.
 type firstBytesConn struct {
 	net.Conn
-	got *firstBytes
+	got *daemon.FirstBytes
 }
 
 func (c *firstBytesConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.got.add(p[:n])
+	c.got.Write(p[:n])
 	return n, err
 }
 

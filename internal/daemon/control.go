@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -605,7 +606,7 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 		return ControlAnswer{}, err
 	}
 	var a ControlAnswer
-	var got headBuffer
+	got := FirstBytes{Max: 200}
 	err = json.NewDecoder(io.TeeReader(c, &got)).Decode(&a)
 	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		// Connected, so a daemon holds the socket: still starting (the
@@ -627,7 +628,7 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 		// another program's socket (the daemon's status socket, which
 		// answers HTTP, given for its control socket). Its first bytes,
 		// printable, say whose; nothing was applied by it.
-		return ControlAnswer{}, fmt.Errorf("the answer on %s is not the daemon's control answer (is it the daemon's control socket, control_socket?): %v: %s", socket, err, report.CapMessage(strings.TrimSpace(string(got.b))))
+		return ControlAnswer{}, fmt.Errorf("the answer on %s is not the daemon's control answer (is it the daemon's control socket, control_socket?): %v: %s", socket, err, report.CapMessage(strings.TrimSpace(got.String())))
 	}
 	if err != nil {
 		return ControlAnswer{}, fmt.Errorf("reading the daemon's answer: %w", err)
@@ -635,14 +636,27 @@ func askControl(socket, retry string, wait time.Duration, req ControlRequest) (C
 	return a, nil
 }
 
-// headBuffer keeps the first 200 bytes written to it, to name an answer
-// that is not the one asked for.
-type headBuffer struct{ b []byte }
+// FirstBytes keeps the first Max bytes written to it (an io.Writer; safe
+// for a writer and a reader on other goroutines), to name an answer that
+// is not the one asked for by its first bytes: the control client's
+// (askControl) and `autopilot-health status`'s.
+type FirstBytes struct {
+	Max int
+	mu  sync.Mutex
+	b   []byte
+}
 
-func (h *headBuffer) Write(p []byte) (int, error) {
-	h.b = append(h.b, p[:min(len(p), 200-len(h.b))]...)
+func (f *FirstBytes) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.b = append(f.b, p[:max(0, min(len(p), f.Max-len(f.b)))]...)
 	return len(p), nil
 }
+
+// Len is how many bytes it kept.
+func (f *FirstBytes) Len() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.b) }
+
+func (f *FirstBytes) String() string { f.mu.Lock(); defer f.mu.Unlock(); return string(f.b) }
 
 // RequestReload asks the daemon listening on socket to read its
 // configuration again and returns what changed, or why it was refused
