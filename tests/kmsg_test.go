@@ -36,11 +36,17 @@ type eventLog struct {
 func newEventLog(token string) *eventLog { return &eventLog{token: token, ch: make(chan struct{}, 1)} }
 
 // runKmsgDaemon runs the daemon on kmsgDaemonConfig, its events logged for
-// tok's lines, until the test ends, and returns once the kernel
-// conditions are False (its reader has the real /dev/kmsg open).
+// tok's lines and tok its one critical task, until the test ends, and
+// returns once the kernel conditions are False (its reader has the real
+// /dev/kmsg open). A hung-task line has room for a token only in the task's
+// name: with the default critical tasks, another test's (or another test
+// binary's) "INFO: task kubelet:N blocked ..." and the kernel's own would
+// set KernelDeadlock, and its message, too.
 func runKmsgDaemon(t *testing.T, tok string) (*daemon.Daemon, *eventLog) {
 	t.Helper()
-	d, ev := startKmsgDaemon(t, kmsgDaemonConfig(t), tok)
+	cfg := kmsgDaemonConfig(t)
+	cfg.Kmsg.CriticalTasks = []string{tok}
+	d, ev := startKmsgDaemon(t, cfg, tok)
 	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
 		c, ok := d.Store().Get("ReadonlyFilesystem")
 		return ok && c.Status == report.StatusFalse
@@ -148,7 +154,7 @@ func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 	})
 
 	ro := fmt.Sprintf("EXT4-fs (%s): Remounting filesystem read-only", tok)
-	hung := fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", 40000+len(tok))
+	hung := fmt.Sprintf("INFO: task %s:%d blocked for more than 120 seconds.", tok, 40000+len(tok))
 	start := time.Now()
 	write(t, ro)
 	write(t, hung)
@@ -172,11 +178,10 @@ func TestKmsgRealDeviceThroughTheDaemon(t *testing.T) {
 		reasons[e.Reason]++
 	}
 	ev.mu.Unlock()
-	if reasons["Ext4Error"] != 1 || reasons["BlockIOError"] != 5 {
+	if reasons["Ext4Error"] != 1 || reasons["BlockIOError"] != 5 || reasons["TaskHung"] != 1 {
 		t.Errorf("events: %v", reasons)
 	}
-	// The hung task line also emits TaskHung (its message has no token):
-	// problem_counter counts it.
+	// The hung task line also emits TaskHung: problem_counter counts it.
 	if n, err := testutil.GatherAndCount(d.Metrics().Gatherer(), "problem_counter"); err != nil || n == 0 {
 		t.Errorf("problem_counter: %d series, %v", n, err)
 	}

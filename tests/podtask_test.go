@@ -193,30 +193,32 @@ func TestPodsKubeletUnderTheShippedUnit(t *testing.T) {
 		t.Fatalf("KernelDeadlock before any line: %+v, want False", c)
 	}
 
-	// The pod's kubelet: the line's TaskHung event is counted after the
-	// line did what it does to the condition (the monitor sets a condition
-	// before it emits the same record's event).
+	// The pod's kubelet: the line's TaskHung event, which says which
+	// cgroup (read from /proc/<pid>/cgroup through the sandbox), is in the
+	// journal once the line did what it does to the condition (the monitor
+	// sets a condition before it emits the same record's event; the first
+	// TaskHung event is logged at once). Awaited by its words, not by
+	// problem_counter{reason="TaskHung"} == 1: any hung-task line counts
+	// there, another test binary's "INFO: task <token>:N ..." too, which
+	// would pass the wait before this line was read (and fail it after).
 	podLine := fmt.Sprintf("INFO: task kubelet:%d blocked for more than 120 seconds.", podPID)
 	if err := harness.WriteKmsg(podLine); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the pod's kubelet's TaskHung event", func() (bool, string) {
-		v, last := metricOf(t, port, `problem_counter{reason="TaskHung"}`)
-		return v == 1, last
+	note := fmt.Sprintf("%s (the task is in a pod's cgroup, %s: a pod's own kubelet, not the node's, so not KernelDeadlock)", podLine, podCgroup)
+	eventually(t, 10*time.Second, "the TaskHung event in the journal, naming the pod's cgroup", func() (bool, string) {
+		j := s.Journal("autopilot-health.service")
+		return strings.Contains(j, note), lastBytes(j, 2000)
 	})
+	if v, last := metricOf(t, port, `problem_counter{reason="TaskHung"}`); v < 1 {
+		t.Errorf("the pod's kubelet's TaskHung event not counted: %s", last)
+	}
 	if c := kernelDeadlock(); c.Status != report.StatusFalse {
 		t.Errorf("after a hung kubelet in a pod's cgroup (%s): KernelDeadlock %+v, want False", podCgroup, c)
 	}
 	if v, last := metricOf(t, port, `autopilot_health_kmsg_matches_total{rule="KernelDeadlock"}`); v > 0 {
 		t.Errorf("the pod's kubelet matched KernelDeadlock: %s", last)
 	}
-	// The event says which cgroup: read from /proc/<pid>/cgroup through
-	// the sandbox (the first TaskHung event is logged at once).
-	note := fmt.Sprintf("%s (the task is in a pod's cgroup, %s: a pod's own kubelet, not the node's, so not KernelDeadlock)", podLine, podCgroup)
-	eventually(t, 10*time.Second, "the TaskHung event in the journal, naming the pod's cgroup", func() (bool, string) {
-		j := s.Journal("autopilot-health.service")
-		return strings.Contains(j, note), lastBytes(j, 2000)
-	})
 
 	// Kata's shim, in a pod's cgroup but the host's PID namespace: the
 	// node's runtime, KernelDeadlock.
