@@ -124,7 +124,7 @@ func TestHelperRefusedFlagDoesNotSpin(t *testing.T) {
 }
 
 // TestDaemonWithARefusingHelperRunsOn: the daemon under its shipped unit
-// (WatchdogSec shortened to 4 s) with its helper refusing its command line
+// (WatchdogSec shortened to 10 s) with its helper refusing its command line
 // (an operator's drop-in with a bad flag), in a real systemd 252. The
 // daemon starts and runs on: its kernel log cannot be opened (the helper's
 // refusal, no restart of the daemon ends it), which reads Unknown with the
@@ -140,7 +140,7 @@ func TestDaemonWithARefusingHelperRunsOn(t *testing.T) {
 	)
 	s := daemonNamespace(t, "helperflagd", map[string]string{
 		svc + ".d/50-operator.conf":  badHelperDropIn,
-		unit + ".d/50-watchdog.conf": watchdogDropIn,
+		unit + ".d/50-watchdog.conf": watchdogPingsDropIn,
 	}, fmt.Sprintf(goodConfig, freeTCPPort(t)), unit, svc)
 	ctx := context.Background()
 	if err := s.StartUnit(ctx, unit); err != nil {
@@ -159,7 +159,7 @@ func TestDaemonWithARefusingHelperRunsOn(t *testing.T) {
 			fmt.Sprintf("%+v %v", c, err)
 	})
 	// The window: the reader would be stuck 40 s after its last beat, and
-	// the watchdog fires 4 s later.
+	// the watchdog fires 10 s later (60 s covers both).
 	time.Sleep(60 * time.Second) // nothing is to happen: a window of time is the measure
 	u, err := s.Bus.Unit(ctx, unit)
 	if err != nil {
