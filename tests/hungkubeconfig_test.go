@@ -36,17 +36,26 @@ type hungFS struct {
 	released atomic.Bool
 }
 
+// fuseDevice is the FUSE device the hung disk is served through.
+const fuseDevice = "/dev/fuse"
+
+// fuseNeeded says what a machine without FUSE lacks. The tiers in tests/
+// fail, not skip, where a part they need is missing (README, "Tests"): a
+// CI machine without it is a broken one, and says which part.
+const fuseNeeded = "the hung-kubeconfig-disk tests need FUSE: the device " + fuseDevice + " (a container: --device " + fuseDevice +
+	") and the kernel's fuse file system (modprobe fuse), as root"
+
 // mountHungFS mounts a hungFS over dir; released when the test ends.
 func mountHungFS(t *testing.T, dir string) *hungFS {
 	t.Helper()
-	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(fuseDevice, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		t.Fatalf("FUSE (the integration tier runs as root with /dev/fuse): %v", err)
+		t.Fatalf("open %s: %v: %s", fuseDevice, err, fuseNeeded)
 	}
 	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", fd)
 	if err := unix.Mount("autopilot-health-test-hung", dir, "fuse.hung", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		unix.Close(fd)
-		t.Fatalf("mounting FUSE over %s: %v", dir, err)
+		t.Fatalf("mounting FUSE over %s: %v: %s", dir, err, fuseNeeded)
 	}
 	h := &hungFS{dir: dir, fd: fd, pending: make(chan uint64, 1024)}
 	t.Cleanup(h.release)
