@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,12 +86,10 @@ func newKernelNodeWith(t *testing.T, rules string) *kernelNode {
 	n.status = filepath.Join(t.TempDir(), "status.sock")
 	registerNode(t, s, n.name)
 	_, kc := nodeClient(t, s, n.name)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	// Below the ephemeral range, given once (harness.FreeLoopbackPort): a
+	// port 0 gave, closed for the daemon to bind, may be an outgoing
+	// connection's by then, at a restart's bind too.
+	port := freeTCPPort(t)
 	n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
 	var disable []string
 	for _, r := range kmsg.DefaultRules {

@@ -5,7 +5,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,12 +48,10 @@ func TestOneDaemonPerStateDir(t *testing.T) {
 	conf := mustRead(t, n.cfgPath)
 	control2 := filepath.Join(t.TempDir(), "control.sock")
 	status2 := filepath.Join(t.TempDir(), "status.sock")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port2 := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	// Below the ephemeral range, given once (harness.FreeLoopbackPort): a
+	// port 0 gave, closed for the daemon to bind, may be an outgoing
+	// connection's by then, at a restart's bind too.
+	port2 := freeTCPPort(t)
 	for re, with := range map[string]string{
 		`(?m)^control_socket = .*$`: fmt.Sprintf("control_socket = %q", control2),
 		`(?m)^socket = .*$`:         fmt.Sprintf("socket = %q", status2),

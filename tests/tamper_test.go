@@ -49,12 +49,10 @@ func TestNodeTamperedHeldAcrossRestartAndCleared(t *testing.T) {
 	}
 	state := filepath.Join(dir, "state")
 	sock := filepath.Join(dir, "run", "control.sock")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	// Below the ephemeral range, given once (harness.FreeLoopbackPort): a
+	// port 0 gave, closed for the daemon to bind, may be an outgoing
+	// connection's by then, at a restart's bind too.
+	port := freeTCPPort(t)
 	var checksOff strings.Builder
 	for _, c := range config.Default().Checks.Names() {
 		if c != "NodeTampered" && c != "SealedOSTampered" {
@@ -142,6 +140,7 @@ dm_control = %q
 	// The report (refreshed every 30 s here) carries this boot's baseline
 	// and the change.
 	var node *corev1.Node
+	var err error
 	for deadline := time.Now().Add(75 * time.Second); ; {
 		node, err = s.Admin.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
 		if err == nil && strings.Contains(node.Annotations["autopilot.syself.com/tamper"], prot) {

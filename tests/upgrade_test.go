@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -73,12 +72,10 @@ func newUpgradeNode(t *testing.T) (*kernelNode, string) {
 	n.status = filepath.Join(t.TempDir(), "status.sock")
 	registerNode(t, s, n.name)
 	_, kc := nodeClient(t, s, n.name)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	// Below the ephemeral range, given once (harness.FreeLoopbackPort): a
+	// port 0 gave, closed for the daemon to bind, may be an outgoing
+	// connection's by then, at a restart's bind too.
+	port := freeTCPPort(t)
 	n.metrics = fmt.Sprintf("127.0.0.1:%d", port)
 	prot := filepath.Join(t.TempDir(), "etc", "kubernetes")
 	if err := os.MkdirAll(prot, 0o755); err != nil {
