@@ -204,7 +204,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	_, page := get(t, metricsURL)
 	for _, want := range []string{`autopilot_health_config_reloads_total{result="ok"} 1`, `autopilot_health_config_last_reload_successful 1`} {
-		if !strings.Contains(page, want) {
+		if !strings.Contains(page, want+"\n") {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
@@ -248,7 +248,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	_, page = get(t, metricsURL)
 	for _, want := range []string{`autopilot_health_config_reloads_total{result="error"} 2`, `autopilot_health_config_last_reload_successful 0`} {
-		if !strings.Contains(page, want) {
+		if !strings.Contains(page, want+"\n") {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
@@ -363,7 +363,7 @@ func TestReloadOverTheControlSocket(t *testing.T) {
 	}
 	_, page := get(t, "http://"+listen+"/metrics")
 	for _, want := range []string{`autopilot_health_config_reloads_total{result="ok"} 2`, `autopilot_health_config_reloads_total{result="error"} 2`} {
-		if !strings.Contains(page, want) {
+		if !strings.Contains(page, want+"\n") {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
@@ -400,7 +400,7 @@ func TestReloadOfAFileChangedWhileStarting(t *testing.T) {
 					c, _ := d.Store().Get("DiskUsageHigh")
 					return strings.Contains(c.Message, "(threshold 45%)")
 				})
-				if !strings.Contains(page, `autopilot_health_config_reloads_total{result="ok"} 1`) {
+				if !strings.Contains(page, "autopilot_health_config_reloads_total{result=\"ok\"} 1\n") {
 					t.Error("the reload is not counted")
 				}
 				return
@@ -408,7 +408,7 @@ func TestReloadOfAFileChangedWhileStarting(t *testing.T) {
 			if !strings.Contains(ready, "STATUS=configuration reload refused (running on the previous one): "+path+":25: key checks.DiskUsageHigh.space_percnt: unknown key") {
 				t.Errorf("STATUS after the refusal: %q", ready)
 			}
-			if !strings.Contains(page, `autopilot_health_config_reloads_total{result="error"} 1`) {
+			if !strings.Contains(page, "autopilot_health_config_reloads_total{result=\"error\"} 1\n") {
 				t.Error("the refusal is not counted")
 			}
 			if !strings.Contains(logs.String(), "the configuration file changed while the daemon started") || !strings.Contains(logs.String(), "configuration reload refused") {
