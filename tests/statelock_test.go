@@ -198,7 +198,14 @@ func TestUnitWaitsForTheStateDirOfADaemonRunByHand(t *testing.T) {
 		t.Fatalf("the start job: %v", err)
 	}
 	u = waitUnitFor(t, s, unit, 2*time.Minute, "active once the directory is free", active)
-	j := s.Journal(unit)
+	// The line is logged before READY=1, but reaches the journal through
+	// journald's stream, which READY=1 (the notify socket, to PID 1) does
+	// not wait for: awaited, not read at once.
+	var j string
+	eventually(t, 10*time.Second, "the start's line in the journal", func() (bool, string) {
+		j = s.Journal(unit)
+		return strings.Contains(j, "the state directory is free now; starting"), lastBytes(j, 500)
+	})
 	if u.NRestarts != 0 || strings.Count(j, refusal) != 1 || !strings.Contains(j, "the state directory is free now; starting") {
 		t.Errorf("NRestarts=%d, %d refusals in the journal; want 0 and 1, then the start:\n%s", u.NRestarts, strings.Count(j, refusal), lastBytes(j, 3000))
 	}
