@@ -208,8 +208,11 @@ func TestKubeDuplicateConditionEntryIsWrittenOnce(t *testing.T) {
 	if o2 := x.m.Overwrites(); o2 != o || o < 1 || o > 2 {
 		t.Errorf("overwrites counted: %v once the duplicate was gone, %v three refreshes later; want 1 or 2 and no more", o, o2)
 	}
-	if k := strings.Count(logs.String(), "level=WARN"); k < 1 || k > 2 {
-		t.Errorf("%d warnings, want 1 or 2:\n%s", k, logs.String())
+	// The warnings about the other writer's entry: not every WARN line, as
+	// a call that timed out on a loaded machine (this test runs beside the
+	// other Parallel tests) warns too.
+	if k := strings.Count(logs.String(), `level=WARN msg="another writer `); k < 1 || k > 2 {
+		t.Errorf("%d warnings about another writer, want 1 or 2:\n%s", k, logs.String())
 	}
 }
 
