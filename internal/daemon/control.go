@@ -116,15 +116,11 @@ func listenControl(path string, log *slog.Logger) (net.Listener, error) {
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("unix", path)
+	ln, id, err := bindSocket(path)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
+	return newSocketListener(path, ln, id), nil
 }
 
 // lockStart takes the exclusive flock of dir (listenControl) without

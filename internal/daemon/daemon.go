@@ -104,7 +104,11 @@ type Daemon struct {
 	// control is the control socket's listener (nil: none); controlWG
 	// and controlN: its requests in flight (their handlers), which a stop
 	// waits for a while (awaitControl).
-	control   net.Listener
+	control net.Listener
+	// statusLn: the status socket's listener once serveStatus bound it
+	// (nil: none). Under mu. watchSockets binds it again, and control,
+	// where their files are removed.
+	statusLn  *socketListener
 	controlWG sync.WaitGroup
 	controlN  atomic.Int32
 	// clearMu serializes the operators' tamper clears from their

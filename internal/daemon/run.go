@@ -76,6 +76,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.control != nil {
 		wg.Go(func() { d.serveControl(rctx, d.control) })
 	}
+	// The sockets' files removed while it runs are bound again.
+	watch := d.watchSockets()
+	wg.Go(func() { watch(rctx) })
 	if d.cfgPath != "" {
 		wg.Go(func() { d.reloadLoop(rctx, d.reloadSig) })
 	}

@@ -203,10 +203,11 @@ func (d *Daemon) statusHandler() http.Handler {
 // listenStatus binds the status socket: a Unix socket, mode 0600 (root
 // only: the report holds kernel lines and unit states, not for the
 // network). Its directory is not created here: the unit's
-// RuntimeDirectory= makes /run/autopilot-health. A socket file left by a daemon that is gone is replaced; one a
-// running daemon answers on is not.
+// RuntimeDirectory= makes /run/autopilot-health (rebind makes it again
+// where it was removed while the daemon ran). A socket file left by a
+// daemon that is gone is replaced; one a running daemon answers on is not.
 func listenStatus(path string) (net.Listener, error) {
-	ln, err := net.Listen("unix", path)
+	ln, id, err := bindSocket(path)
 	if errors.Is(err, syscall.EADDRINUSE) {
 		if derr := daemonAnswers(path, "another daemon answers on it"); derr != nil {
 			return nil, derr
@@ -214,16 +215,12 @@ func listenStatus(path string) (net.Listener, error) {
 		if err := removeStaleSocket(path); err != nil {
 			return nil, err
 		}
-		ln, err = net.Listen("unix", path)
+		ln, id, err = bindSocket(path)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
+	return newSocketListener(path, ln, id), nil
 }
 
 // serveStatus serves the status socket until ctx is done (Run: once the
@@ -240,6 +237,9 @@ func (d *Daemon) serveStatus(ctx context.Context) {
 		return
 	}
 	d.log.Info("serving status", "socket", path)
+	d.mu.Lock()
+	d.statusLn, _ = ln.(*socketListener)
+	d.mu.Unlock()
 	// Its failed accepts are tried again here, not by net/http's Serve
 	// (which logs each try and returns at ENOBUFS): retryListener.
 	ln = newRetryListener(ln, listenerStatus, d.log, d.acceptFailures(listenerStatus))
@@ -250,8 +250,10 @@ func (d *Daemon) serveStatus(ctx context.Context) {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
+	// Serve closes the listener as it returns, which removes the
+	// socket's file where it is still the one bound (not another
+	// daemon's, bound there once this one's was removed).
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		d.log.Error("status socket failed", "socket", path, "err", err)
 	}
-	os.Remove(path)
 }

@@ -1,0 +1,186 @@
+package daemon
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+)
+
+// The daemon's Unix sockets (the control socket, the status socket) and
+// their files. A socket's file is only its name: removed while the daemon
+// runs (an operator's rm -rf /run/autopilot-health/*, a tmpfiles clean),
+// the daemon still holds the socket, but nothing can connect to it, and
+// `autopilot-health status`, `reload` (the unit's ExecReload=) and `tamper
+// clear` found no daemon. The daemon binds such a socket again
+// (socketListener.rebind, when watchSockets sees the file go), and a file
+// at the path that is not the one its bind made (another daemon's, after
+// this one's was removed) is never removed by it: not when it binds again,
+// where something answers there, and not when it stops (removeIfID).
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// socketID is the identity of the socket file at path; false when nothing,
+// or something other than a socket, is there.
+func socketID(path string) (fileID, bool) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode().Type() != os.ModeSocket {
+		return fileID{}, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, false
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
+}
+
+// removeIfID removes the socket file at path when it is the one id names
+// (the one this process's bind made): a file put there since (another
+// daemon's socket, bound once this one's was removed) is left.
+func removeIfID(path string, id fileID) {
+	if cur, ok := socketID(path); ok && cur == id {
+		os.Remove(path)
+	}
+}
+
+// bindSocket binds a Unix socket at path, mode 0600, and returns it with
+// the identity of the file its bind made. Its Close does not remove the
+// file (Go's listener does, whoever's file is at the path by then): the
+// socketListener that holds it removes its own only.
+func bindSocket(path string) (*net.UnixListener, fileID, error) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fileID{}, err
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	id, _ := socketID(path)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ul.Close()
+		removeIfID(path, id)
+		return nil, fileID{}, err
+	}
+	return ul, id, nil
+}
+
+// socketListener is the listener of one of the daemon's sockets, which
+// rebind can bind again at its path: its Accept goes on with the new
+// socket, so whoever serves it (serveControl, the status server) serves on
+// without knowing. Its Close removes the socket's file only when it is the
+// one its last bind made.
+type socketListener struct {
+	path string
+
+	mu     sync.Mutex
+	cur    *net.UnixListener
+	id     fileID
+	closed bool
+}
+
+func newSocketListener(path string, ln *net.UnixListener, id fileID) *socketListener {
+	return &socketListener{path: path, cur: ln, id: id}
+}
+
+func (l *socketListener) Accept() (net.Conn, error) {
+	for {
+		l.mu.Lock()
+		cur := l.cur
+		l.mu.Unlock()
+		c, err := cur.Accept()
+		if err == nil {
+			return c, nil
+		}
+		l.mu.Lock()
+		replaced := l.cur != cur && !l.closed
+		l.mu.Unlock()
+		if !replaced {
+			return nil, err
+		}
+		// rebind closed it for a new one: accepted on from that.
+	}
+}
+
+func (l *socketListener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return net.ErrClosed
+	}
+	l.closed = true
+	cur, id := l.cur, l.id
+	l.mu.Unlock()
+	err := cur.Close()
+	removeIfID(l.path, id)
+	return err
+}
+
+func (l *socketListener) Addr() net.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur.Addr()
+}
+
+// bound reports whether the file at the path is the one the last bind
+// made (false once closed).
+func (l *socketListener) bound() bool {
+	l.mu.Lock()
+	closed, id := l.closed, l.id
+	l.mu.Unlock()
+	cur, ok := socketID(l.path)
+	return !closed && ok && cur == id
+}
+
+// errClosedListener: rebind of a listener closed (the daemon stops).
+var errClosedListener = errors.New("the daemon is stopping")
+
+// rebind binds the socket again at its path when the file its last bind
+// made is gone (removed, renamed, its directory removed), as listenControl
+// binds at start: the directory made where it is gone (0700), under its
+// exclusive lock (a daemon starting holds it: none is bound then), nothing
+// bound where a daemon answers at the path, a stale socket replaced,
+// anything else there left. The socket it replaces is closed (the
+// connections it accepted are answered). It returns whether it bound;
+// false, nil where the file is still the one bound.
+func (l *socketListener) rebind(log *slog.Logger) (bool, error) {
+	if l.bound() {
+		return false, nil
+	}
+	dir := filepath.Dir(l.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, err
+	}
+	unlock, err := lockStart(dir, log)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	if l.bound() {
+		return false, nil
+	}
+	if err := daemonAnswers(l.path, "another daemon answers on it"); err != nil {
+		return false, err
+	}
+	if err := removeStaleSocket(l.path); err != nil {
+		return false, err
+	}
+	nl, id, err := bindSocket(l.path)
+	if err != nil {
+		return false, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		nl.Close()
+		removeIfID(l.path, id)
+		return false, errClosedListener
+	}
+	old := l.cur
+	l.cur, l.id = nl, id
+	l.mu.Unlock()
+	old.Close()
+	return true, nil
+}
