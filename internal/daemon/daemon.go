@@ -108,9 +108,12 @@ type Daemon struct {
 	// statusLn: the status socket's listener once serveStatus bound it
 	// (nil: none). Under mu. watchSockets binds it again, and control,
 	// where their files are removed.
-	statusLn  *socketListener
-	controlWG sync.WaitGroup
-	controlN  atomic.Int32
+	statusLn *socketListener
+	// socketEvent, where set (tests), runs after each event of the
+	// sockets' watch is handled.
+	socketEvent func()
+	controlWG   sync.WaitGroup
+	controlN    atomic.Int32
 	// clearMu serializes the operators' tamper clears from their
 	// preparation to their application (ClearTamper).
 	clearMu sync.Mutex

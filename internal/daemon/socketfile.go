@@ -79,6 +79,10 @@ type socketListener struct {
 	cur    *net.UnixListener
 	id     fileID
 	closed bool
+
+	// failed: why the last rebind did not bind ("" once one did; the
+	// socket watch's goroutine's own), logged once until it changes.
+	failed string
 }
 
 func newSocketListener(path string, ln *net.UnixListener, id fileID) *socketListener {

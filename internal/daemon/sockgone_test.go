@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +21,13 @@ import (
 // in a directory of their own (as /run/autopilot-health), until the test
 // ends or stop is called; it returns once both answer.
 func sockDaemon(t *testing.T) (d *Daemon, dir, control, status string, logs *syncBuffer, stop func()) {
+	d, dir, control, status, logs, stop, _ = sockDaemonEvents(t)
+	return
+}
+
+// sockDaemonEvents is sockDaemon, with the count of the socket watch's
+// events handled.
+func sockDaemonEvents(t *testing.T) (d *Daemon, dir, control, status string, logs *syncBuffer, stop func(), events *atomic.Int32) {
 	t.Helper()
 	if os.Getuid() != 0 {
 		testenv.Skip(t, "the control socket answers root only (TestControlRefusesANonRootPeer)")
@@ -34,6 +42,8 @@ func sockDaemon(t *testing.T) (d *Daemon, dir, control, status string, logs *syn
 	if err != nil {
 		t.Fatal(err)
 	}
+	events = &atomic.Int32{}
+	d.socketEvent = func() { events.Add(1) }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
@@ -49,7 +59,7 @@ func sockDaemon(t *testing.T) (d *Daemon, dir, control, status string, logs *syn
 	}
 	t.Cleanup(stop)
 	awaitAnswers(t, control, status, "both sockets answering at the start")
-	return d, dir, control, status, logs, stop
+	return d, dir, control, status, logs, stop, events
 }
 
 // controlAnswers: a daemon answers on the control socket (its answer to
@@ -136,7 +146,7 @@ func TestRemovedSocketsAreBoundAgain(t *testing.T) {
 // daemon starting holds the directory's lock (listenControl): nothing is
 // bound while it does, which is logged.
 func TestRemovedSocketDirectoryIsMadeAgain(t *testing.T) {
-	_, dir, control, status, logs, _ := sockDaemon(t)
+	_, dir, control, status, logs, _, events := sockDaemonEvents(t)
 	unlock := lockDir(t, dir)
 	for _, p := range []string{control, status} {
 		if err := os.Remove(p); err != nil {
@@ -146,6 +156,23 @@ func TestRemovedSocketDirectoryIsMadeAgain(t *testing.T) {
 	awaitLog(t, logs, "is not bound again", 2)
 	if !strings.Contains(logs.String(), "another daemon is starting on it") {
 		t.Errorf("the log does not say why:\n%s", logs.String())
+	}
+	// Each removal tried both again; each socket's failure is logged
+	// once for its reason: a file removed there once more adds none.
+	handled := events.Load()
+	os.WriteFile(control, nil, 0o600)
+	os.Remove(control)
+	deadline := time.Now().Add(10 * time.Second)
+	for events.Load() == handled {
+		if time.Now().After(deadline) {
+			t.Fatal("the removal's event not handled within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, what := range []string{"control socket's file was removed while the daemon ran, and is not bound again", "status socket's file was removed while the daemon ran, and is not bound again"} {
+		if n := strings.Count(logs.String(), what); n != 1 {
+			t.Errorf("%d lines say %q, want 1 (once per reason):\n%s", n, what, logs.String())
+		}
 	}
 	for _, p := range []string{control, status} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {

@@ -137,6 +137,9 @@ func (d *Daemon) readSocketWatch(ctx context.Context, f *os.File, rc syscall.Raw
 		}
 		d.rebindSockets()
 		watch()
+		if d.socketEvent != nil {
+			d.socketEvent()
+		}
 	}
 }
 
@@ -150,7 +153,8 @@ func indexByte0(s string) int {
 }
 
 // rebindSockets binds the control socket and the status socket again
-// where their files are gone, each logged.
+// where their files are gone, each logged: bound again, or why not (once
+// until the reason changes or a rebind works).
 func (d *Daemon) rebindSockets() {
 	d.mu.Lock()
 	status := d.statusLn
@@ -171,8 +175,13 @@ func (d *Daemon) rebindSockets() {
 		switch {
 		case err == errClosedListener:
 		case err != nil:
-			d.log.Error("the "+s.what+"'s file was removed while the daemon ran, and is not bound again: "+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
+			// Once per reason: each removal there tries again.
+			if err.Error() != s.ln.failed {
+				s.ln.failed = err.Error()
+				d.log.Error("the "+s.what+"'s file was removed while the daemon ran, and is not bound again: "+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
+			}
 		case bound:
+			s.ln.failed = ""
 			d.log.Warn("the "+s.what+"'s file was removed while the daemon ran; bound it again", "socket", s.ln.path)
 		}
 	}
