@@ -48,7 +48,7 @@ Usage:
   autopilot-health reload [--config FILE] [--socket PATH]
                                                   read the configuration again in the running daemon
                                                   and wait for the outcome (root; systemctl reload)
-  autopilot-health tamper clear --reason TEXT [--config FILE]
+  autopilot-health tamper clear --reason TEXT [--config FILE] [--socket PATH]
                                                   clear the tamper conditions on the running daemon (root)
   autopilot-health tamper status [--config FILE]  print the daemon's tamper baseline and findings
   autopilot-health tamper layers [--config FILE]  print the verity root hashes the kernel enforces (root)

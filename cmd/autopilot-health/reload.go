@@ -66,6 +66,14 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		// named with "nor on" the socket the file names, below.
 		err = notSocket
 	}
+	if errors.Is(err, daemon.ErrNotRunning) && notSocket == nil {
+		// Nothing answers, but a daemon holds the state directory: it
+		// runs (stopping, or its socket's file removed under it).
+		if words := socketGone(paths, stateDirOf(*cfgPath, flagSet(fs, "config")), true); words != "" {
+			fmt.Fprintf(stderr, "autopilot-health reload: %s\n", words)
+			return exitError
+		}
+	}
 	var refused daemon.RefusedError
 	switch {
 	case errors.As(err, &refused):

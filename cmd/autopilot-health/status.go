@@ -83,6 +83,14 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
+	if errors.Is(err, errNotRunning) {
+		// Nothing answers, but a daemon holds the state directory: it
+		// runs (starting, or its socket's file removed under it).
+		if words := socketGone(paths, stateDirOf(*cfgPath, flagSet(fs, "config")), false); words != "" {
+			fmt.Fprintf(stderr, "autopilot-health status: %s\n", words)
+			return exitError
+		}
+	}
 	if err != nil {
 		if errors.Is(err, errNotRunning) && len(paths) > 1 {
 			err = fmt.Errorf("%w; nor on %s, which %s names (status.socket needs a restart to change)", err, paths[0], *cfgPath)

@@ -19,7 +19,7 @@ import (
 )
 
 const tamperUsage = `Usage:
-  autopilot-health tamper clear --reason TEXT [--config FILE]
+  autopilot-health tamper clear --reason TEXT [--config FILE] [--socket PATH]
       clear NodeTampered and SealedOSTampered on the running daemon (as root):
       the findings and this boot's baseline are dropped, a new baseline is
       taken of the files as they are now, the recorded root hashes are read
@@ -53,8 +53,9 @@ func cmdTamper(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("tamper clear", "tamper clear --reason TEXT [--config FILE]", stderr)
-	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML); the default path may be absent")
+	fs := newFlags("tamper clear", "tamper clear --reason TEXT [--config FILE] [--socket PATH]", stderr)
+	cfgPath := fs.String("config", config.DefaultPath, "configuration file (TOML) naming control_socket; the default path may be absent")
+	socket := fs.String("socket", "", "the daemon's control socket (default: control_socket of the configuration)")
 	reason := fs.String("reason", "", "why the node is accepted as it is now (required; logged and evented)")
 	if code := parseFlags(fs, args, stdout); code >= 0 {
 		return code
@@ -67,12 +68,26 @@ func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "autopilot-health tamper clear: --reason is required: a clear is a deliberate act, and its reason is logged and evented")
 		return exitError
 	}
-	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
-	if err != nil {
-		fmt.Fprintf(stderr, "autopilot-health tamper clear: %v\n", err)
-		return exitError
+	// The socket given is asked as it is, as reload's: the file is not
+	// read (it may name another socket, or not load).
+	path := *socket
+	if path == "" {
+		cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+		if err != nil {
+			fmt.Fprintf(stderr, "autopilot-health tamper clear: %v\n", err)
+			return exitError
+		}
+		path = cfg.ControlSocket
 	}
-	conds, err := daemon.RequestTamperClear(cfg.ControlSocket, *reason, operator())
+	conds, err := daemon.RequestTamperClear(path, *reason, operator())
+	if errors.Is(err, daemon.ErrNotRunning) && !errors.As(err, new(daemon.NotASocketError)) {
+		// Nothing answers, but a daemon holds the state directory: it
+		// runs (stopping, or its socket's file removed under it).
+		if words := socketGone([]string{path}, stateDirOf(*cfgPath, flagSet(fs, "config")), true); words != "" {
+			fmt.Fprintf(stderr, "autopilot-health tamper clear: %s\n", words)
+			return exitError
+		}
+	}
 	for _, c := range conds {
 		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, c.Message)
 	}

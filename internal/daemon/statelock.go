@@ -178,6 +178,27 @@ func procLocksHolder(f *os.File, locks string) int {
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return 0
 	}
+	return procLocksHolderOf(&st, locks)
+}
+
+// StateLockHolder is the PID of the daemon that holds the lock of the
+// state directory dir (its lock file's FLOCK, as /proc/locks lists it): a
+// daemon runs on dir, from before its state is read at start until its
+// final saves are done at its stop. 0 where none does, or it cannot be
+// told (the lock file not there or not reachable: state_dir is root's;
+// a holder in a PID namespace this process does not see). The clients of
+// the daemon's sockets (status, reload, tamper clear) ask it when nothing
+// answers on a socket, and do not take the lock.
+func StateLockHolder(dir string) int {
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(dir, StateLockName), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return 0
+	}
+	return procLocksHolderOf(&st, procLocks)
+}
+
+// procLocksHolderOf is procLocksHolder for the file st describes.
+func procLocksHolderOf(st *syscall.Stat_t, locks string) int {
 	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
 	lf, err := os.Open(locks)
 	if err != nil {

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/systemd"
+)
+
+// unitState is daemonUnit's ActiveState, asked of systemd over D-Bus
+// (never systemctl); "" where it cannot be told (no system bus: a
+// container; the unit not loaded: a daemon run by hand), within 2 s. A
+// variable for tests.
+var unitState = func() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m := systemd.NewDBus()
+	defer m.Close()
+	u, err := m.Unit(ctx, daemonUnit)
+	if err != nil || u.LoadState != "loaded" {
+		return ""
+	}
+	return u.ActiveState
+}
+
+// stateDirOf is the state directory the configuration file at path names
+// (the default's where it does not load).
+func stateDirOf(path string, explicit bool) string {
+	if cfg, _, err := loadConfig(path, explicit); err == nil {
+		return cfg.StateDir
+	}
+	return config.Default().StateDir
+}
+
+// socketGone words the sockets nothing answers on (the candidates asked,
+// all of them "not running"; at least one) while a daemon holds the lock of the state
+// directory stateDir: the daemon runs, so "not running" is false. It says
+// which of starting, running and stopping the unit is (over D-Bus) and,
+// where it runs, that the socket's file was removed under it; "" where no
+// daemon holds the state directory (or that cannot be told: state_dir is
+// root's). control: the control socket (reload, tamper clear), else the
+// status socket. The control socket is bound before the state directory
+// is locked and removed as the stop begins, the status socket bound once
+// the start is done and removed after the lock is let go.
+func socketGone(sockets []string, stateDir string, control bool) string {
+	pid := daemon.StateLockHolder(stateDir)
+	if pid <= 0 {
+		return ""
+	}
+	which := "status socket"
+	if control {
+		which = "control socket"
+	}
+	socket := sockets[0]
+	if len(sockets) > 1 {
+		// The file's socket, and the default, which a daemon started
+		// before the file named another serves (socketCandidates).
+		socket += " (nor the default " + strings.Join(sockets[1:], ", ") + ")"
+	}
+	holder := fmt.Sprintf("pid %d holds the lock of its state directory %s", pid, stateDir)
+	removed := "its file was removed while the daemon ran, and the daemon has not bound it again (it does once it sees the file go; journalctl -u autopilot-health says why not); `systemctl restart autopilot-health` makes it again"
+	switch st := unitState(); {
+	case st == "active" || st == "reloading" || control && st == "activating":
+		return fmt.Sprintf("%s is %s and its daemon runs (%s), but its %s %s is gone: %s", daemonUnit, st, holder, which, socket, removed)
+	case st == "activating":
+		return fmt.Sprintf("%s is still starting (%s): its status socket %s is bound once its start is done (systemctl status autopilot-health)", daemonUnit, holder, socket)
+	case st == "deactivating" && control:
+		return fmt.Sprintf("%s is stopping (%s): its control socket %s is removed as the stop begins; ask again once it runs (systemctl status autopilot-health)", daemonUnit, holder, socket)
+	case st == "deactivating":
+		return fmt.Sprintf("%s is stopping (%s), and its status socket %s is gone: its file was removed while the daemon ran (it is not bound again during a stop)", daemonUnit, holder, socket)
+	case control:
+		return fmt.Sprintf("a daemon runs (%s), but nothing answers on its control socket %s: it is stopping (the socket goes as the stop begins), or %s", holder, socket, removed)
+	}
+	return fmt.Sprintf("a daemon runs (%s), but nothing answers on its status socket %s: it is still starting (the socket is bound once its start is done), or %s", holder, socket, removed)
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/report"
+)
+
+// holdStateLock takes the state directory's lock as a running daemon
+// holds it (daemon.StateLockName, an exclusive flock) until the test ends:
+// the kernel lists this process as its holder in /proc/locks.
+func holdStateLock(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, daemon.StateLockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func fakeUnitState(t *testing.T, state string) {
+	saved := unitState
+	t.Cleanup(func() { unitState = saved })
+	unitState = func() string { return state }
+}
+
+// Nothing answers on the sockets, but a daemon holds the state directory
+// (its files removed while it ran): status, reload and tamper clear say
+// the daemon runs, with its pid, what the unit is doing (systemd over
+// D-Bus, faked here) and what makes the socket again, never "not
+// running". Before, all three said "the daemon is not running, or still
+// starting". Without a holder, the words are as before.
+func TestSocketGoneWhileTheDaemonRuns(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o750)
+	control, status := filepath.Join(dir, "control.sock"), filepath.Join(dir, "status.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, control, status), 0o644)
+	commands := []struct {
+		args    []string
+		control bool
+	}{
+		{[]string{"status", "--config", cfg}, false},
+		{[]string{"status", "--config", cfg, "--socket", status}, false},
+		{[]string{"reload", "--config", cfg}, true},
+		{[]string{"tamper", "clear", "--config", cfg, "--reason", "x"}, true},
+		{[]string{"tamper", "clear", "--config", cfg, "--socket", control, "--reason", "x"}, true},
+	}
+	fakeUnitState(t, "active")
+	for _, c := range commands {
+		code, _, errs := run(t, c.args...)
+		if code != exitError || !strings.Contains(errs, "the daemon is not running") {
+			t.Errorf("%q with no lock holder: exit %d, stderr %q; want 2, not running", c.args, code, errs)
+		}
+	}
+
+	holdStateLock(t, state)
+	holder := fmt.Sprintf("pid %d holds the lock of its state directory %s", os.Getpid(), state)
+	for _, unit := range []string{"active", "activating", "deactivating", ""} {
+		fakeUnitState(t, unit)
+		for _, c := range commands {
+			sock, name, def := status, "status socket", config.Default().Status.Socket
+			if c.control {
+				sock, name, def = control, "control socket", config.Default().ControlSocket
+			}
+			if !slices.Contains(c.args, "--socket") && c.args[0] != "tamper" {
+				// status and reload ask the default too.
+				sock += " (nor the default " + def + ")"
+			}
+			var want string
+			switch {
+			case unit == "active", unit == "activating" && c.control:
+				want = fmt.Sprintf("autopilot-health.service is %s and its daemon runs (%s), but its %s %s is gone: its file was removed while the daemon ran, and the daemon has not bound it again (it does once it sees the file go; journalctl -u autopilot-health says why not); `systemctl restart autopilot-health` makes it again", unit, holder, name, sock)
+			case unit == "activating":
+				want = fmt.Sprintf("autopilot-health.service is still starting (%s): its status socket %s is bound once its start is done", holder, sock)
+			case unit == "deactivating" && c.control:
+				want = fmt.Sprintf("autopilot-health.service is stopping (%s): its control socket %s is removed as the stop begins", holder, sock)
+			case unit == "deactivating":
+				want = fmt.Sprintf("autopilot-health.service is stopping (%s), and its status socket %s is gone: its file was removed while the daemon ran", holder, sock)
+			case c.control:
+				want = fmt.Sprintf("a daemon runs (%s), but nothing answers on its control socket %s: it is stopping (the socket goes as the stop begins), or its file was removed while the daemon ran", holder, sock)
+			default:
+				want = fmt.Sprintf("a daemon runs (%s), but nothing answers on its status socket %s: it is still starting (the socket is bound once its start is done), or its file was removed while the daemon ran", holder, sock)
+			}
+			code, out, errs := run(t, c.args...)
+			if code != exitError || out != "" || !strings.Contains(errs, want) || strings.Contains(errs, "not running") || strings.Count(errs, "\n") != 1 {
+				t.Errorf("unit %q, %q: exit %d, stdout %q, stderr %q; want exit 2 and %q", unit, c.args, code, out, errs, want)
+			}
+		}
+	}
+
+	// What is at the path, not a socket, is still named as such.
+	os.WriteFile(status, nil, 0o644)
+	os.WriteFile(control, nil, 0o644)
+	for _, c := range commands {
+		if code, _, errs := run(t, c.args...); code != exitError || !strings.Contains(errs, "is not a socket but a regular file") {
+			t.Errorf("%q with a file at the socket's path: exit %d, stderr %q", c.args, code, errs)
+		}
+	}
+}
+
+// tamper clear takes --socket as reload does: the socket given is asked,
+// the configuration file not read (it may not load, or name another
+// socket); an empty one is bad usage; what is at the path instead of a
+// socket is named; --help shows it.
+func TestTamperClearSocketFlag(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	os.WriteFile(bad, []byte("control_socket = 7\n"), 0o644)
+	named := filepath.Join(dir, "named.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n", dir, named), 0o644)
+	sock := filepath.Join(dir, "given.sock")
+	conds := []report.Condition{{Type: "NodeTampered", Status: report.StatusFalse, Reason: "NoChanges", Message: "no change"}}
+	reqs := fakeControl(t, sock, daemon.ControlAnswer{Conditions: conds})
+	for _, args := range [][]string{
+		{"tamper", "clear", "--socket", sock, "--reason", "reviewed"},
+		{"tamper", "clear", "--config", bad, "--socket", sock, "--reason", "reviewed"},
+		{"tamper", "clear", "--config", cfg, "--socket=" + sock, "--reason", "reviewed"},
+	} {
+		code, out, errs := run(t, args...)
+		if code != exitOK || out != "NodeTampered\tFalse\tNoChanges\tno change\ncleared\n" || errs != "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errs)
+		}
+		select {
+		case r := <-reqs:
+			if r.Op != daemon.OpTamperClear || r.Reason != "reviewed" {
+				t.Errorf("%q: request %+v", args, r)
+			}
+		default:
+			t.Errorf("%q: no request on the socket given", args)
+		}
+	}
+	none := filepath.Join(dir, "none.sock")
+	file := filepath.Join(dir, "file.sock")
+	os.WriteFile(file, nil, 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tamper", "clear", "--socket", "", "--reason", "x"}, "autopilot-health tamper clear: --socket is empty: give it a value, or leave the flag out for its default\n"},
+		{[]string{"tamper", "clear", "--socket", none, "--reason", "x"}, "autopilot-health tamper clear: the daemon is not running, or still starting or stopping (no control socket at " + none + ";"},
+		{[]string{"tamper", "clear", "--config", bad, "--socket", none, "--reason", "x"}, "(no control socket at " + none + ";"},
+		{[]string{"tamper", "clear", "--socket", file, "--reason", "x"}, "autopilot-health tamper clear: the daemon is not running: " + file + " is not a socket but a regular file"},
+		{[]string{"tamper", "clear", "--socket", sock}, "--reason is required"},
+	} {
+		code, out, errs := run(t, tc.args...)
+		if code != exitError || out != "" || !strings.Contains(errs, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errs, tc.want)
+		}
+	}
+	select {
+	case r := <-reqs:
+		t.Errorf("a request was sent on bad usage: %+v", r)
+	default:
+	}
+	code, out, _ := run(t, "tamper", "clear", "--help")
+	if code != exitOK || !strings.Contains(out, "Usage: autopilot-health tamper clear --reason TEXT [--config FILE] [--socket PATH]") ||
+		!strings.Contains(out, "-socket string\n    \tthe daemon's control socket (default: control_socket of the configuration)") {
+		t.Errorf("tamper clear --help: exit %d\n%s", code, out)
+	}
+	code, out, _ = run(t, "tamper", "--help")
+	if code != exitOK || !strings.Contains(out, "tamper clear --reason TEXT [--config FILE] [--socket PATH]") {
+		t.Errorf("tamper --help: exit %d\n%s", code, out)
+	}
+}
