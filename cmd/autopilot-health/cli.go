@@ -77,9 +77,9 @@ Exit codes:
      the refusal cannot be read (not a regular file, over 64 KiB), is not one run writes, or is one of
      another start of the daemon's unit than its last (named on stderr)
   2  bad usage, bad configuration, or the command could not run (status, reload, tamper clear: the
-     daemon is not running (or still starting; reload, tamper clear: or stopping), did not answer in
-     time (reload, tamper clear: still starting or hung; the request not applied), or its socket
-     refused the caller, not root;
+     daemon is not running (or still starting; reload, tamper clear: or stopping), runs without its
+     socket (its file removed and not bound again), did not answer in time (reload, tamper clear:
+     still starting or hung; the request not applied), or its socket refused the caller, not root;
      run: refused its flags or configuration file, which its unit does not restart on: the file's next
      change starts it)
 `
