@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -247,5 +250,121 @@ func TestAnotherDaemonsSocketIsLeft(t *testing.T) {
 	c.Close()
 	if _, err := os.Lstat(control); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the daemon's own control socket after its stop: %v, want it removed", err)
+	}
+}
+
+// awaitSocketWatch waits until the socket watch's goroutine reads its
+// events: a removal of the status socket handled (its file bound again).
+func awaitSocketWatch(t *testing.T, control, status string, events *atomic.Int32) {
+	t.Helper()
+	if err := os.Remove(status); err != nil {
+		t.Fatal(err)
+	}
+	awaitAnswers(t, control, status, "the status socket bound again")
+	deadline := time.Now().Add(10 * time.Second)
+	for events.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the socket watch handled no event within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A file renamed onto a socket's path (mv x.sock control.sock) removes
+// the daemon's file as an rm does, but inotify tells it as the other
+// name's rename only (IN_MOVED_TO, no IN_DELETE): the socket is bound
+// again all the same, the stale socket moved there replaced, as at start.
+// Before, the watch took no IN_MOVED_TO and the socket stayed gone.
+func TestSocketRenamedOntoIsBoundAgain(t *testing.T) {
+	_, dir, control, status, logs, _, events := sockDaemonEvents(t)
+	awaitSocketWatch(t, control, status, events)
+	for i, p := range []string{control, status} {
+		other := filepath.Join(dir, fmt.Sprintf("stale-%d.sock", i))
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: other, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		ln.Close() // a stale socket: nothing answers on it
+		if err := os.Rename(other, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awaitAnswers(t, control, status, "both sockets answering after a stale socket was renamed onto each")
+	awaitLog(t, logs, "control socket's file was removed while the daemon ran; bound it again", 1)
+}
+
+// statusAnswersOnce asks the status socket on a connection of its own,
+// closed after the answer (getStatus's client keeps it open).
+func statusAnswersOnce(status string) error {
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", status)
+	}}}
+	resp, err := c.Get("http://x" + StatusPath)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.ReadAll(resp.Body)
+	return err
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
+
+// A removal storm (a loop removing the sockets' files 1,000 times) binds
+// them again each time and leaks nothing: the daemon's file descriptors
+// and goroutines are as many after it as before, the watch handled no
+// more events than there were removals (no spin on its own binds), one
+// log line per rebind, and both sockets answer.
+func TestSocketRemovalStormLeaksNothing(t *testing.T) {
+	_, _, control, status, logs, _, events := sockDaemonEvents(t)
+	awaitSocketWatch(t, control, status, events)
+	// Both asked on connections closed after their answers, until the
+	// daemon's file descriptors and goroutines are no more than fds and gs.
+	settled := func(what string, fds, gs int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			cerr, serr := controlAnswers(control), statusAnswersOnce(status)
+			f, g := openFDs(t), runtime.NumGoroutine()
+			if cerr == nil && serr == nil && f <= fds && g <= gs {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: control socket: %v; status socket: %v; %d file descriptors and %d goroutines, were %d and %d before", what, cerr, serr, f, g, fds, gs)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// The baseline: each socket asked once, so.
+	settled("before", 1<<20, 1<<20)
+	fds, gs := openFDs(t), runtime.NumGoroutine()
+	before := events.Load()
+	removed := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for removed < 1000 && time.Now().Before(deadline) {
+		for _, p := range []string{control, status} {
+			if os.Remove(p) == nil {
+				removed++
+			}
+		}
+	}
+	if removed < 1000 {
+		t.Fatalf("%d removals within 60s, want 1000: the sockets were not bound again between them", removed)
+	}
+	settled("after the storm", fds, gs)
+	if n := int(events.Load() - before); n > removed {
+		t.Errorf("%d events of the watch handled for %d removals: it wakes on its own binds", n, removed)
+	}
+	if n := strings.Count(logs.String(), "bound it again"); n > removed+1 {
+		t.Errorf("%d lines say a socket was bound again, for %d removals", n, removed+1)
 	}
 }

@@ -12,9 +12,12 @@ import (
 )
 
 // socketWatchMask: the removal or rename of an entry of a socket's
-// directory, and of the directory itself. Nothing else: connections, the
-// daemon's own binds and what else is written there wake nothing.
-const socketWatchMask = unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+// directory, an entry renamed onto one of its names (mv x.sock
+// control.sock: the file it replaces is gone, and no IN_DELETE says so),
+// and the removal or rename of the directory itself. Nothing else:
+// connections, the daemon's own binds and what else is written there wake
+// nothing.
+const socketWatchMask = unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 
 // parentWatchMask: an entry of the directory that holds a socket's
 // directory removed, renamed or made. The directory's own removal is not
