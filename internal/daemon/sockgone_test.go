@@ -321,7 +321,7 @@ func openFDs(t *testing.T) int {
 
 // A removal storm (a loop removing the sockets' files 1,000 times) binds
 // them again each time and leaks nothing: the daemon's file descriptors
-// and goroutines are as many after it as before, the watch handled no
+// and goroutines are as many after it as before (two to spare), the watch handled no
 // more events than there were removals (no spin on its own binds), one
 // log line per rebind, and both sockets answer.
 func TestSocketRemovalStormLeaksNothing(t *testing.T) {
@@ -360,11 +360,48 @@ func TestSocketRemovalStormLeaksNothing(t *testing.T) {
 	if removed < 1000 {
 		t.Fatalf("%d removals within 60s, want 1000: the sockets were not bound again between them", removed)
 	}
-	settled("after the storm", fds, gs)
+	// Two of each to spare: a check's run in flight, or a part of the
+	// daemon started after the baseline (seen once in 5 runs: +1 and +1);
+	// a leak of one per rebind is hundreds.
+	settled("after the storm", fds+2, gs+2)
 	if n := int(events.Load() - before); n > removed {
 		t.Errorf("%d events of the watch handled for %d removals: it wakes on its own binds", n, removed)
 	}
 	if n := strings.Count(logs.String(), "bound it again"); n > removed+1 {
 		t.Errorf("%d lines say a socket was bound again, for %d removals", n, removed+1)
 	}
+}
+
+// A second daemon started by hand on the same sockets and state directory
+// while the first's files are gone (removed while a start held their
+// directory's lock, so not bound again) binds the control socket, refuses
+// at the state directory's lock, and removes its own socket as it exits:
+// that removal makes the first bind both again. Before the second
+// removed its socket, nothing answered for the first until another
+// removal there.
+func TestSecondDaemonWhileTheSocketsAreGone(t *testing.T) {
+	d, dir, control, status, logs, _, events := sockDaemonEvents(t)
+	awaitSocketWatch(t, control, status, events)
+	unlock := lockDir(t, dir)
+	for _, p := range []string{control, status} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awaitLog(t, logs, "is not bound again", 2)
+	unlock()
+	cfg := testConfig(t)
+	cfg.StateDir = d.cfg.StateDir
+	cfg.Status.Socket = status
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	var second syncBuffer
+	d2, err := New(cfg, slog.New(slog.NewTextHandler(&second, nil)), Options{Version: "test", Listener: ln, ControlSocket: control})
+	if err == nil {
+		_ = d2
+		t.Fatal("a second daemon on the first's state directory started")
+	}
+	if !strings.Contains(err.Error(), "state directory") {
+		t.Errorf("the second daemon's refusal: %v, want the state directory's lock", err)
+	}
+	awaitAnswers(t, control, status, "the first daemon's sockets bound again once the second was gone")
 }
