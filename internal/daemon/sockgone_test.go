@@ -405,3 +405,47 @@ func TestSecondDaemonWhileTheSocketsAreGone(t *testing.T) {
 	}
 	awaitAnswers(t, control, status, "the first daemon's sockets bound again once the second was gone")
 }
+
+// A symlink put at a socket's path while its file is gone (here to the
+// daemon's own status socket, which answers) is something that is not a
+// socket: left as it is, and the log says so, not that another daemon
+// answers there (the connect follows the link). The next removal there
+// tries again.
+func TestSymlinkAtASocketPathIsLeft(t *testing.T) {
+	_, dir, control, status, logs, _, events := sockDaemonEvents(t)
+	awaitSocketWatch(t, control, status, events)
+	unlock := lockDir(t, dir)
+	if err := os.Remove(control); err != nil {
+		t.Fatal(err)
+	}
+	awaitLog(t, logs, "control socket's file was removed while the daemon ran, and is not bound again", 1)
+	if err := os.Symlink(status, control); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	// An event the watch takes for its own makes the daemon look again
+	// (a name of the directory's, renamed away in it), the status
+	// socket answering meanwhile.
+	handled := events.Load()
+	ours := filepath.Join(dir, filepath.Base(dir))
+	if err := os.WriteFile(ours, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(ours, ours+".x"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for events.Load() == handled {
+		if time.Now().After(deadline) {
+			t.Fatal("the removal's event not handled within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	awaitLog(t, logs, "not a socket but a symlink", 1)
+	if strings.Contains(logs.String(), "another daemon answers on it") {
+		t.Errorf("the symlink is logged as another daemon:\n%s", logs.String())
+	}
+	if fi, err := os.Lstat(control); err != nil || fi.Mode().Type() != os.ModeSymlink {
+		t.Errorf("the symlink at %s: %v %v, want it left", control, fi, err)
+	}
+}
