@@ -173,7 +173,8 @@ func TestSocketsRemovedUnderSystemdAreBoundAgain(t *testing.T) {
 // files removed 1,000 times in a loop: each is bound again (status
 // answers, systemctl reload works, the main process the same), and the
 // daemon holds as many file descriptors (process_open_fds) and goroutines
-// (go_goroutines) as before, two to spare, with at most one journal line per removal.
+// (go_goroutines) as before, two to spare, with at most one journal line per removal;
+// the directory renamed (mv) is made again and both are bound in it.
 // Then a stop while a loop goes on removing them: it ends within the
 // unit's TimeoutStopSec= (no SIGKILL), and no socket file is left.
 func TestSocketRemovalStormUnderSystemd(t *testing.T) {
@@ -286,6 +287,16 @@ func TestSocketRemovalStormUnderSystemd(t *testing.T) {
 		t.Errorf("%d journal lines say a socket was bound again, for %d removals", n, removed)
 	}
 	t.Logf("%d removals, %d journal lines 'bound it again'; %d fds, %d goroutines before", removed, strings.Count(j, "bound it again")-journal0, fds0, gs0)
+
+	// The directory renamed (mv), with the sockets in it: bound again at
+	// their paths, in a directory made again.
+	if err := os.Rename(run, run+".old"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "status answering after the directory was renamed", statusAnswers)
+	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("systemctl reload after the directory was renamed: %v", err)
+	}
 
 	// A stop while a loop removes the files.
 	done := make(chan struct{})
