@@ -13,7 +13,8 @@ import (
 
 // unitState is daemonUnit's ActiveState, asked of systemd over D-Bus
 // (never systemctl); "" where it cannot be told (no system bus: a
-// container; the unit not loaded: a daemon run by hand), within 2 s. A
+// container; the unit not loaded: not installed; a daemon run by hand
+// beside an installed unit sees it inactive or failed), within 2 s. A
 // variable for tests.
 var unitState = func() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -72,6 +73,16 @@ func socketGone(sockets []string, stateDir string, control bool) string {
 		return fmt.Sprintf("%s is stopping (%s): its control socket %s is removed as the stop begins; ask again once it runs (systemctl status autopilot-health)", daemonUnit, holder, socket)
 	case st == "deactivating":
 		return fmt.Sprintf("%s is stopping (%s), and its status socket %s is gone: its file was removed while the daemon ran (it is not bound again during a stop)", daemonUnit, holder, socket)
+	case st == "inactive" || st == "failed":
+		// The unit has no process: the one that holds the lock was
+		// started otherwise (by hand), and neither the unit's journal
+		// nor its restart is about it.
+		byHand := fmt.Sprintf("a daemon runs (%s), not %s's (the unit is %s: one run by hand?), but nothing answers on its %s %s: ", holder, daemonUnit, st, which, socket)
+		gone := fmt.Sprintf("its file was removed while it ran, and it has not bound it again (it does once it sees the file go; its own log says why not); stopping it (kill %d) and starting it again makes it again", pid)
+		if control {
+			return byHand + "it is stopping (the socket goes as the stop begins), or " + gone
+		}
+		return byHand + "it is still starting (the socket is bound once its start is done), or " + gone
 	case control:
 		return fmt.Sprintf("a daemon runs (%s), but nothing answers on its control socket %s: it is stopping (the socket goes as the stop begins), or %s", holder, socket, removed)
 	}

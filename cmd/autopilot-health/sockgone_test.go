@@ -68,7 +68,7 @@ func TestSocketGoneWhileTheDaemonRuns(t *testing.T) {
 
 	holdStateLock(t, state)
 	holder := fmt.Sprintf("pid %d holds the lock of its state directory %s", os.Getpid(), state)
-	for _, unit := range []string{"active", "activating", "deactivating", ""} {
+	for _, unit := range []string{"active", "activating", "deactivating", "", "inactive", "failed"} {
 		fakeUnitState(t, unit)
 		for _, c := range commands {
 			sock, name, def := status, "status socket", config.Default().Status.Socket
@@ -89,6 +89,12 @@ func TestSocketGoneWhileTheDaemonRuns(t *testing.T) {
 				want = fmt.Sprintf("autopilot-health.service is stopping (%s): its control socket %s is removed as the stop begins", holder, sock)
 			case unit == "deactivating":
 				want = fmt.Sprintf("autopilot-health.service is stopping (%s), and its status socket %s is gone: its file was removed while the daemon ran", holder, sock)
+			case (unit == "inactive" || unit == "failed") && c.control:
+				// Not the unit's daemon: one run by hand. Neither the
+				// unit's journal nor its restart is about it.
+				want = fmt.Sprintf("a daemon runs (%s), not autopilot-health.service's (the unit is %s: one run by hand?), but nothing answers on its control socket %s: it is stopping (the socket goes as the stop begins), or its file was removed while it ran, and it has not bound it again (it does once it sees the file go; its own log says why not); stopping it (kill %d) and starting it again makes it again", holder, unit, sock, os.Getpid())
+			case unit == "inactive" || unit == "failed":
+				want = fmt.Sprintf("a daemon runs (%s), not autopilot-health.service's (the unit is %s: one run by hand?), but nothing answers on its status socket %s: it is still starting (the socket is bound once its start is done), or its file was removed while it ran, and it has not bound it again (it does once it sees the file go; its own log says why not); stopping it (kill %d) and starting it again makes it again", holder, unit, sock, os.Getpid())
 			case c.control:
 				want = fmt.Sprintf("a daemon runs (%s), but nothing answers on its control socket %s: it is stopping (the socket goes as the stop begins), or its file was removed while the daemon ran", holder, sock)
 			default:
