@@ -50,11 +50,10 @@ func TestReloadOfARenamedAndAnUnreadableFileUnderSystemd(t *testing.T) {
 		t.Fatalf("start: %v", err)
 	}
 	mainPID := func() uint32 {
-		sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+		pid, err := s.MainPID(ctx, "autopilot-health.service")
 		if err != nil {
 			t.Fatal(err)
 		}
-		pid, _ := sp["MainPID"].Value().(uint32)
 		return pid
 	}
 	statusText := func() string {

@@ -48,11 +48,10 @@ func TestSocketsRemovedUnderSystemdAreBoundAgain(t *testing.T) {
 		t.Fatalf("starting autopilot-health.service: %v", err)
 	}
 	mainPID := func() uint32 {
-		sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
+		pid, err := s.MainPID(ctx, "autopilot-health.service")
 		if err != nil {
 			t.Fatal(err)
 		}
-		pid, _ := sp["MainPID"].Value().(uint32)
 		return pid
 	}
 	pid := mainPID()

@@ -413,6 +413,17 @@ func (s *Systemd) Properties(ctx context.Context, unit, iface string) (map[strin
 	return props, nil
 }
 
+// MainPID is the unit's main process (0: none), its Service interface's
+// MainPID.
+func (s *Systemd) MainPID(ctx context.Context, unit string) (uint32, error) {
+	sp, err := s.Properties(ctx, unit, "Service")
+	if err != nil {
+		return 0, err
+	}
+	pid, _ := sp["MainPID"].Value().(uint32)
+	return pid, nil
+}
+
 // Journal returns what the journald inside (if one runs) holds for the
 // given units, for failure output; call it before Stop.
 func (s *Systemd) Journal(units ...string) string {
