@@ -158,6 +158,13 @@ func lockStart(dir string, log *slog.Logger) (func(), error) {
 // removeStaleSocket to name it
 // (TestSocketPathThatIsNotASocketIsKept).
 func daemonAnswers(path, words string) error {
+	// Something not a socket (a file, a directory, a symlink) is left to
+	// removeStaleSocket, which names it, before any connect: one through a
+	// symlink may reach a socket that answers (this daemon's other one, at
+	// a rebind), which would read as another daemon at the path.
+	if fi, err := os.Lstat(path); err == nil && notASocket(fi) != "" {
+		return nil
+	}
 	c, err := net.DialTimeout("unix", path, time.Second)
 	find := fmt.Sprintf("`ss -xlp src %s` names its process: stop it (one stopped by SIGSTOP or Ctrl-Z takes a `kill -CONT` first)", path)
 	switch {
@@ -170,9 +177,7 @@ func daemonAnswers(path, words string) error {
 		return fmt.Errorf("%s: another daemon is listening, but takes no connection (its listen backlog is full: it may be hung or stopped); %s", path, find)
 	}
 	if fi, lerr := os.Lstat(path); lerr == nil && notASocket(fi) != "" {
-		// No socket at the path (a symlink that loops, ELOOP, or runs
-		// through a file, ENOTDIR; a file on a read-only mount, EROFS):
-		// removeStaleSocket names what is there, and leaves it.
+		// Put there since the look above: removeStaleSocket names it.
 		return nil
 	}
 	return fmt.Errorf("%s: not known to be stale (a connect failed: %w), so left as it is: another daemon may hold it; %s", path, err, find)

@@ -165,13 +165,9 @@ func (l *socketListener) rebind(log *slog.Logger) (bool, error) {
 	if l.bound() {
 		return false, nil
 	}
-	// Something not a socket (a file, a directory, a symlink) is named as
-	// such, before the connect: one through a symlink may reach a socket
-	// that answers (this daemon's other one), which read as another
-	// daemon at the path.
-	if fi, err := os.Lstat(l.path); err == nil && notASocket(fi) != "" {
-		return false, removeStaleSocket(l.path) // leaves it: its error names it
-	}
+	// Something not a socket there (a symlink to this daemon's other
+	// socket) is named by removeStaleSocket, not connected to
+	// (daemonAnswers looks first).
 	if err := daemonAnswers(l.path, "another daemon answers on it"); err != nil {
 		return false, err
 	}

@@ -22,7 +22,7 @@ func TestSocketPathThatIsNotASocketIsKept(t *testing.T) {
 		name   string
 		listen func(string) (net.Listener, error)
 	}{{"status", listenStatus}, {"control", func(p string) (net.Listener, error) { return listenControl(p, quietLog()) }}} {
-		for _, kind := range []string{"file", "directory", "symlink loop", "symlink through a file"} {
+		for _, kind := range []string{"file", "directory", "symlink loop", "symlink through a file", "symlink to a live socket"} {
 			t.Run(l.name+" "+kind, func(t *testing.T) {
 				p := filepath.Join(t.TempDir(), "x.sock")
 				if kind == "file" {
@@ -35,6 +35,17 @@ func TestSocketPathThatIsNotASocketIsKept(t *testing.T) {
 					}
 				} else {
 					target := p // connect: ELOOP
+					if kind == "symlink to a live socket" {
+						// connect: answered, by another socket
+						// than the one at the path.
+						live := filepath.Join(filepath.Dir(p), "live.sock")
+						other, err := net.Listen("unix", live)
+						if err != nil {
+							t.Fatal(err)
+						}
+						t.Cleanup(func() { other.Close() })
+						target = live
+					}
 					if kind == "symlink through a file" {
 						f := filepath.Join(filepath.Dir(p), "f")
 						if err := os.WriteFile(f, nil, 0o644); err != nil {
