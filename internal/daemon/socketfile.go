@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -59,13 +60,28 @@ func bindSocket(path string) (*net.UnixListener, fileID, error) {
 	ul := ln.(*net.UnixListener)
 	ul.SetUnlinkOnClose(false)
 	id, _ := socketID(path)
+	if afterBind != nil {
+		afterBind(path)
+	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		ul.Close()
 		removeIfID(path, id)
+		if errors.Is(err, os.ErrNotExist) {
+			err = fmt.Errorf("%w: %w", errRemovedAsBound, err)
+		}
 		return nil, fileID{}, err
 	}
 	return ul, id, nil
 }
+
+// afterBind, where set (tests), runs between a socket's bind and its
+// chmod.
+var afterBind func(path string)
+
+// errRemovedAsBound: the file a bind made was gone before its chmod, removed
+// again at once (a loop removing the directory's files). At a rebind that
+// is no failure to say: the removal's own event binds it again.
+var errRemovedAsBound = errors.New("its file was removed again as it was bound")
 
 // socketListener is the listener of one of the daemon's sockets, which
 // rebind can bind again at its path: its Accept goes on with the new

@@ -449,3 +449,30 @@ func TestSymlinkAtASocketPathIsLeft(t *testing.T) {
 		t.Errorf("the symlink at %s: %v %v, want it left", control, fi, err)
 	}
 }
+
+// A socket's file removed again between the rebind's bind and its chmod (a
+// loop removing the directory's files) is no failure to log: that removal's
+// own event binds it again, which is logged as any rebind, and nothing at
+// ERROR level says it "is not bound again" (before, one such line each
+// time; helper 386's removal storm under systemd logged them).
+func TestSocketRemovedAsItIsBoundIsNoError(t *testing.T) {
+	_, _, control, status, logs, _ := sockDaemon(t)
+	var once atomic.Bool
+	afterBind = func(path string) {
+		if path == control && once.CompareAndSwap(false, true) {
+			os.Remove(path)
+		}
+	}
+	t.Cleanup(func() { afterBind = nil })
+	if err := os.Remove(control); err != nil {
+		t.Fatal(err)
+	}
+	awaitAnswers(t, control, status, "the control socket answering again after its file was removed twice")
+	awaitLog(t, logs, "control socket's file was removed while the daemon ran; bound it again", 1)
+	if !once.Load() {
+		t.Fatal("the test's removal between the bind and the chmod did not happen")
+	}
+	if strings.Contains(logs.String(), "not bound again") || strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("a removal as the socket was bound is logged as a failure:\n%s", logs.String())
+	}
+}

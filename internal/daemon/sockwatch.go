@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -177,6 +178,10 @@ func (d *Daemon) rebindSockets() {
 		bound, err := s.ln.rebind(d.log)
 		switch {
 		case err == errClosedListener:
+		case errors.Is(err, errRemovedAsBound):
+			// Removed again as it was bound: that removal's
+			// event binds it again, and says so.
+			d.log.Debug("the "+s.what+"'s file was removed again as it was bound; binding it again", "socket", s.ln.path)
 		case err != nil:
 			// Once per reason: each removal there tries again.
 			if err.Error() != s.ln.failed {
