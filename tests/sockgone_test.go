@@ -31,22 +31,9 @@ import (
 // next removal there binds them again.
 func TestSocketsRemovedUnderSystemdAreBoundAgain(t *testing.T) {
 	harness.Parallel(t, 1)
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	s, usr := shippedUnitSystemd(t, "autopilot-health-sockgone-"+harness.Token()+"-", nil, false)
+	u := startSockUnit(t, "sockgone")
+	s, pid, control, status, cliCfg, cli := u.s, u.pid, u.control, u.status, u.cliCfg, u.cli
 	ctx := context.Background()
-	etc := s.Root("/etc/autopilot-health")
-	if err := os.MkdirAll(etc, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	port := freeTCPPort(t)
-	if err := os.WriteFile(filepath.Join(etc, "config.toml"), []byte(diskUsageOnly("sockgone", port, 99)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
-		t.Fatalf("starting autopilot-health.service: %v", err)
-	}
 	mainPID := func() uint32 {
 		pid, err := s.MainPID(ctx, "autopilot-health.service")
 		if err != nil {
@@ -54,23 +41,7 @@ func TestSocketsRemovedUnderSystemdAreBoundAgain(t *testing.T) {
 		}
 		return pid
 	}
-	pid := mainPID()
-
-	// The CLI on the host, with the namespace's paths as the host sees
-	// them, and its system bus.
-	run := s.Root("/run/autopilot-health")
-	control, status := filepath.Join(run, "control.sock"), filepath.Join(run, "status.sock")
-	state := s.Root("/var/lib/autopilot-health")
-	cliCfg := filepath.Join(t.TempDir(), "cli.toml")
-	if err := os.WriteFile(cliCfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, control, status), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cli := func(args ...string) (int, string) {
-		cmd := exec.Command(filepath.Join(usr, "bin", "autopilot-health"), args...)
-		cmd.Env = append(os.Environ(), "DBUS_SYSTEM_BUS_ADDRESS=unix:path="+s.BusSocket())
-		out, err := cmd.CombinedOutput()
-		return exitCode(err), string(out)
-	}
+	run := u.run
 	statusAnswers := func(what string) {
 		t.Helper()
 		eventually(t, 20*time.Second, what, func() (bool, string) {
@@ -178,39 +149,11 @@ func TestSocketsRemovedUnderSystemdAreBoundAgain(t *testing.T) {
 // unit's TimeoutStopSec= (no SIGKILL), and no socket file is left.
 func TestSocketRemovalStormUnderSystemd(t *testing.T) {
 	harness.Parallel(t, 1)
-	if why := harness.SystemdAvailable(); why != "" {
-		t.Fatalf("a real systemd cannot run on this machine: %s", why)
-	}
-	s, usr := shippedUnitSystemd(t, "autopilot-health-sockstorm-"+harness.Token()+"-", nil, false)
+	u := startSockUnit(t, "sockstorm")
+	s, pid, port, run, control, status, cliCfg := u.s, u.pid, u.port, u.run, u.control, u.status, u.cliCfg
 	ctx := context.Background()
-	etc := s.Root("/etc/autopilot-health")
-	if err := os.MkdirAll(etc, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	port := freeTCPPort(t)
-	if err := os.WriteFile(filepath.Join(etc, "config.toml"), []byte(diskUsageOnly("sockstorm", port, 99)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.StartUnit(ctx, "autopilot-health.service"); err != nil {
-		t.Fatalf("starting autopilot-health.service: %v", err)
-	}
-	sp, err := s.Properties(ctx, "autopilot-health.service", "Service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, _ := sp["MainPID"].Value().(uint32)
-	run := s.Root("/run/autopilot-health")
-	control, status := filepath.Join(run, "control.sock"), filepath.Join(run, "status.sock")
-	state := s.Root("/var/lib/autopilot-health")
-	cliCfg := filepath.Join(t.TempDir(), "cli.toml")
-	if err := os.WriteFile(cliCfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, control, status), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	statusAnswers := func() (bool, string) {
-		cmd := exec.Command(filepath.Join(usr, "bin", "autopilot-health"), "status", "--config", cliCfg)
-		cmd.Env = append(os.Environ(), "DBUS_SYSTEM_BUS_ADDRESS=unix:path="+s.BusSocket())
-		out, err := cmd.CombinedOutput()
-		code := exitCode(err)
+		code, out := u.cli("status", "--config", cliCfg)
 		return (code == 0 || code == 1) && strings.Contains(string(out), fmt.Sprintf(", pid %d, running since", pid)), fmt.Sprintf("exit %d: %s", code, lastBytes(string(out), 600))
 	}
 	metrics := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -317,7 +260,7 @@ func TestSocketRemovalStormUnderSystemd(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	err = s.StopUnit(ctx, "autopilot-health.service")
+	err := s.StopUnit(ctx, "autopilot-health.service")
 	took := time.Since(start)
 	close(done)
 	n := <-stormed
@@ -337,4 +280,57 @@ func TestSocketRemovalStormUnderSystemd(t *testing.T) {
 		}
 	}
 	t.Logf("stop during a storm of %d removals: %v", n, took)
+}
+
+// sockUnit: the shipped binary under its own unit in a real systemd,
+// started with DiskUsageHigh alone and a metrics port of its own, and the
+// CLI on the host with the namespace's paths as the host sees them and its
+// system bus (cli).
+type sockUnit struct {
+	s                                   *harness.Systemd
+	usr                                 string
+	pid                                 uint32
+	port                                int
+	run, control, status, state, cliCfg string
+}
+
+func startSockUnit(t *testing.T, name string) *sockUnit {
+	t.Helper()
+	if why := harness.SystemdAvailable(); why != "" {
+		t.Fatalf("a real systemd cannot run on this machine: %s", why)
+	}
+	u := &sockUnit{port: freeTCPPort(t)}
+	u.s, u.usr = shippedUnitSystemd(t, "autopilot-health-"+name+"-"+harness.Token()+"-", nil, false)
+	ctx := context.Background()
+	etc := u.s.Root("/etc/autopilot-health")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(etc, "config.toml"), []byte(diskUsageOnly(name, u.port, 99)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.s.StartUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatalf("starting autopilot-health.service: %v", err)
+	}
+	pid, err := u.s.MainPID(ctx, "autopilot-health.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.pid = pid
+	u.run = u.s.Root("/run/autopilot-health")
+	u.control, u.status = filepath.Join(u.run, "control.sock"), filepath.Join(u.run, "status.sock")
+	u.state = u.s.Root("/var/lib/autopilot-health")
+	u.cliCfg = filepath.Join(t.TempDir(), "cli.toml")
+	if err := os.WriteFile(u.cliCfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", u.state, u.control, u.status), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// cli runs the installed binary with args, as the host's root.
+func (u *sockUnit) cli(args ...string) (int, string) {
+	cmd := exec.Command(filepath.Join(u.usr, "bin", "autopilot-health"), args...)
+	cmd.Env = append(os.Environ(), "DBUS_SYSTEM_BUS_ADDRESS=unix:path="+u.s.BusSocket())
+	out, err := cmd.CombinedOutput()
+	return exitCode(err), string(out)
 }
