@@ -143,7 +143,8 @@ func TestSocketsRemovedUnderSystemdAreBoundAgain(t *testing.T) {
 // files removed 1,000 times in a loop: each is bound again (status
 // answers, systemctl reload works, the main process the same), and the
 // daemon holds as many file descriptors (process_open_fds) and goroutines
-// (go_goroutines) as before, two to spare, with at most one journal line per removal;
+// (go_goroutines) as before, 5 and 10 to spare (a check's run in flight;
+// a leak of one per rebind is hundreds), with at most one journal line per removal;
 // the directory renamed (mv) is made again and both are bound in it.
 // Then a stop while a loop goes on removing them: it ends within the
 // unit's TimeoutStopSec= (no SIGKILL), and no socket file is left.
@@ -219,7 +220,7 @@ func TestSocketRemovalStormUnderSystemd(t *testing.T) {
 		fds, gs, why := counts()
 		// Two of each to spare (a check's run in flight); a leak of one
 		// per rebind is hundreds.
-		return why == "" && fds <= fds0+2 && gs <= gs0+2, fmt.Sprintf("%d fds, %d goroutines %s; fds before: %s; now: %s", fds, gs, why, fdsBefore, fdList())
+		return why == "" && fds <= fds0+5 && gs <= gs0+10, fmt.Sprintf("%d fds, %d goroutines %s; fds before: %s; now: %s", fds, gs, why, fdsBefore, fdList())
 	})
 	if err := s.ReloadUnit(ctx, "autopilot-health.service"); err != nil {
 		t.Fatalf("systemctl reload after the storm: %v", err)

@@ -339,7 +339,7 @@ func TestSocketRemovalStormLeaksNothing(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: control socket: %v; status socket: %v; %d file descriptors and %d goroutines, were %d and %d before", what, cerr, serr, f, g, fds, gs)
+				t.Fatalf("%s: control socket: %v; status socket: %v; %d file descriptors and %d goroutines, want at most %d and %d", what, cerr, serr, f, g, fds, gs)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -360,10 +360,11 @@ func TestSocketRemovalStormLeaksNothing(t *testing.T) {
 	if removed < 1000 {
 		t.Fatalf("%d removals within 60s, want 1000: the sockets were not bound again between them", removed)
 	}
-	// Two of each to spare: a check's run in flight, or a part of the
-	// daemon started after the baseline (seen once in 5 runs: +1 and +1);
-	// a leak of one per rebind is hundreds.
-	settled("after the storm", fds+2, gs+2)
+	// Room for what the whole test process does meanwhile (the daemon's
+	// check runs in flight, its other parts: +1 and +1 once in 5 runs, +3
+	// goroutines in a CI run on 2026-12-07 under load), where a leak of one
+	// per rebind is hundreds (at least 290 rebinds in 1,000 removals).
+	settled("after the storm", fds+10, gs+20)
 	if n := int(events.Load() - before); n > removed {
 		t.Errorf("%d events of the watch handled for %d removals: it wakes on its own binds", n, removed)
 	}
