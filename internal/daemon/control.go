@@ -109,18 +109,27 @@ func listenControl(path string, log *slog.Logger) (net.Listener, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	defer unlock()
-	if err := daemonAnswers(path, "another daemon is listening"); err != nil {
-		return nil, err
-	}
-	controlDialed()
-	if err := removeStaleSocket(path); err != nil {
-		return nil, err
-	}
-	ln, id, err := bindSocket(path)
+	ln, id, err := takeSocket(path, "another daemon is listening")
 	if err != nil {
 		return nil, err
 	}
 	return newSocketListener(path, ln, id), nil
+}
+
+// takeSocket binds a Unix socket at path where no daemon answers there
+// (daemonAnswers: its error says words where one does): a socket file left
+// by a daemon that is gone is replaced, anything else there left, its
+// error naming it (removeStaleSocket). The start of both sockets and their
+// rebind take the path so.
+func takeSocket(path, words string) (*net.UnixListener, fileID, error) {
+	if err := daemonAnswers(path, words); err != nil {
+		return nil, fileID{}, err
+	}
+	socketDialed()
+	if err := removeStaleSocket(path); err != nil {
+		return nil, fileID{}, err
+	}
+	return bindSocket(path)
 }
 
 // lockStart takes the exclusive flock of dir (listenControl) without
@@ -187,10 +196,10 @@ func daemonAnswers(path, words string) error {
 // locks does).
 var flock = syscall.Flock
 
-// controlDialed runs between listenControl's dial that found nothing
+// socketDialed runs between takeSocket's dial that found nothing
 // answering and its removal of a stale socket (tests put another start
 // there).
-var controlDialed = func() {}
+var socketDialed = func() {}
 
 // removeStaleSocket removes the socket file at path that nothing answers
 // on (a daemon that is gone left it). Anything else there (a file, a

@@ -14,7 +14,7 @@ import (
 // removed the other's fresh socket as stale and bound its own, and both ran
 // on the same state directory, the first without a socket file (no reload,
 // no tamper clear), the second unlinking the path at its stop. The other
-// start is put in that gap (controlDialed) here: exactly one gets the
+// start is put in that gap (socketDialed) here: exactly one gets the
 // socket, the other refuses naming it, and the socket file is the winner's.
 func TestTwoDaemonsStartedAtOnceGetOneControlSocket(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "run", "control.sock")
@@ -33,14 +33,14 @@ func TestTwoDaemonsStartedAtOnceGetOneControlSocket(t *testing.T) {
 	var other net.Listener
 	var otherErr error
 	calls := 0
-	controlDialed = func() {
+	socketDialed = func() {
 		calls++
 		if calls == 1 {
 			// The second start, between the first's dial and its bind.
 			other, otherErr = listenControl(sock, quietLog())
 		}
 	}
-	t.Cleanup(func() { controlDialed = func() {} })
+	t.Cleanup(func() { socketDialed = func() {} })
 	first, firstErr := listenControl(sock, quietLog())
 	for _, ln := range []net.Listener{first, other} {
 		if ln != nil {

@@ -182,15 +182,8 @@ func (l *socketListener) rebind(log *slog.Logger) (bool, error) {
 		return false, nil
 	}
 	// Something not a socket there (a symlink to this daemon's other
-	// socket) is named by removeStaleSocket, not connected to
-	// (daemonAnswers looks first).
-	if err := daemonAnswers(l.path, "another daemon answers on it"); err != nil {
-		return false, err
-	}
-	if err := removeStaleSocket(l.path); err != nil {
-		return false, err
-	}
-	nl, id, err := bindSocket(l.path)
+	// socket) is named, not connected to (daemonAnswers looks first).
+	nl, id, err := takeSocket(l.path, "another daemon answers on it")
 	if err != nil {
 		return false, err
 	}

@@ -209,13 +209,7 @@ func (d *Daemon) statusHandler() http.Handler {
 func listenStatus(path string) (net.Listener, error) {
 	ln, id, err := bindSocket(path)
 	if errors.Is(err, syscall.EADDRINUSE) {
-		if derr := daemonAnswers(path, "another daemon answers on it"); derr != nil {
-			return nil, derr
-		}
-		if err := removeStaleSocket(path); err != nil {
-			return nil, err
-		}
-		ln, id, err = bindSocket(path)
+		ln, id, err = takeSocket(path, "another daemon answers on it")
 	}
 	if err != nil {
 		return nil, err
