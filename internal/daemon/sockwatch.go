@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -121,9 +122,7 @@ func (d *Daemon) readSocketWatch(ctx context.Context, f *os.File, rc syscall.Raw
 			size := int(binary.NativeEndian.Uint32(buf[off+12:]))
 			name := string(buf[off+unix.SizeofInotifyEvent : min(n, off+unix.SizeofInotifyEvent+size)])
 			off += unix.SizeofInotifyEvent + size
-			if i := indexByte0(name); i >= 0 {
-				name = name[:i]
-			}
+			name = strings.TrimRight(name, "\x00") // the kernel pads it
 			switch {
 			case mask&unix.IN_MOVE_SELF != 0:
 				// The directory renamed, with the sockets in it:
@@ -145,15 +144,6 @@ func (d *Daemon) readSocketWatch(ctx context.Context, f *os.File, rc syscall.Raw
 			d.socketEvent()
 		}
 	}
-}
-
-func indexByte0(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return i
-		}
-	}
-	return -1
 }
 
 // rebindSockets binds the control socket and the status socket again
