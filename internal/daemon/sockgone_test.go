@@ -165,13 +165,7 @@ func TestRemovedSocketDirectoryIsMadeAgain(t *testing.T) {
 	handled := events.Load()
 	os.WriteFile(control, nil, 0o600)
 	os.Remove(control)
-	deadline := time.Now().Add(10 * time.Second)
-	for events.Load() == handled {
-		if time.Now().After(deadline) {
-			t.Fatal("the removal's event not handled within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitWatchEvent(t, events, handled, "the removal's event")
 	for _, what := range []string{"control socket's file was removed while the daemon ran, and is not bound again", "status socket's file was removed while the daemon ran, and is not bound again"} {
 		if n := strings.Count(logs.String(), what); n != 1 {
 			t.Errorf("%d lines say %q, want 1 (once per reason):\n%s", n, what, logs.String())
@@ -261,10 +255,17 @@ func awaitSocketWatch(t *testing.T, control, status string, events *atomic.Int32
 		t.Fatal(err)
 	}
 	awaitAnswers(t, control, status, "the status socket bound again")
+	awaitWatchEvent(t, events, 0, "an event of the socket watch")
+}
+
+// awaitWatchEvent waits (10 s at most) until the socket watch has handled
+// an event more than the handled it had.
+func awaitWatchEvent(t *testing.T, events *atomic.Int32, handled int32, what string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for events.Load() == 0 {
+	for events.Load() == handled {
 		if time.Now().After(deadline) {
-			t.Fatal("the socket watch handled no event within 10s")
+			t.Fatalf("%s not handled within 10s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -435,13 +436,7 @@ func TestSymlinkAtASocketPathIsLeft(t *testing.T) {
 	if err := os.Rename(ours, ours+".x"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for events.Load() == handled {
-		if time.Now().After(deadline) {
-			t.Fatal("the removal's event not handled within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitWatchEvent(t, events, handled, "the removal's event")
 	awaitLog(t, logs, "not a socket but a symlink", 1)
 	if strings.Contains(logs.String(), "another daemon answers on it") {
 		t.Errorf("the symlink is logged as another daemon:\n%s", logs.String())
