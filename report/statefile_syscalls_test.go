@@ -25,7 +25,7 @@ func TestWriteFileAtomicSystemCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	var err error
-	all, epoll := testenv.ThreadSyscalls(t, func() { err = WriteFileAtomic(path, []byte("new state"), 0o644) })
+	all, epoll := testenv.FewestThreadSyscalls(t, func() { err = WriteFileAtomic(path, []byte("new state"), 0o644) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,22 +150,12 @@ func TestReadPseudoFileFallsBackOffProcAndSys(t *testing.T) {
 // runtime's syscall state.
 func TestReadPseudoFileMakesNoEpollCtl(t *testing.T) {
 	const path = "/proc/sys/kernel/ostype"
-	// The fewest of three: a signal to the thread (the runtime's
-	// preemption) is a system call more (rt_sigreturn).
-	least := func(read func() error) (all, epoll int64) {
-		all, epoll = 1<<62, 1<<62
-		for range 3 {
-			var err error
-			a, e := testenv.ThreadSyscalls(t, func() { err = read() })
-			if err != nil {
-				t.Fatal(err)
-			}
-			all, epoll = min(all, a), min(epoll, e)
-		}
-		return all, epoll
+	var err, osErr error
+	all, epoll := testenv.FewestThreadSyscalls(t, func() { _, e := ReadPseudoFile(path, 64); err = errors.Join(err, e) })
+	osAll, osEpoll := testenv.FewestThreadSyscalls(t, func() { _, e := os.ReadFile(path); osErr = errors.Join(osErr, e) })
+	if err != nil || osErr != nil {
+		t.Fatal(err, osErr)
 	}
-	all, epoll := least(func() error { _, err := ReadPseudoFile(path, 64); return err })
-	osAll, osEpoll := least(func() error { _, err := os.ReadFile(path); return err })
 	t.Logf("ReadPseudoFile: %d system calls, %d epoll_ctl; os.ReadFile: %d, %d", all, epoll, osAll, osEpoll)
 	if epoll != 0 || all != 5 {
 		t.Errorf("ReadPseudoFile(%s): %d system calls, %d of them epoll_ctl; want 5, none", path, all, epoll)
