@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/syself/autopilot-health/checks"
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/privileged"
@@ -112,8 +114,11 @@ type Daemon struct {
 	// socketEvent, where set (tests), runs after each event of the
 	// sockets' watch is handled.
 	socketEvent func()
-	controlWG   sync.WaitGroup
-	controlN    atomic.Int32
+	// rebinds: autopilot_health_socket_rebinds_total{socket} (nil: a
+	// Daemon not made by New).
+	rebinds   *prometheus.CounterVec
+	controlWG sync.WaitGroup
+	controlN  atomic.Int32
 	// clearMu serializes the operators' tamper clears from their
 	// preparation to their application (ClearTamper).
 	clearMu sync.Mutex
@@ -260,6 +265,7 @@ func New(cfg *config.Config, log *slog.Logger, opts Options) (*Daemon, error) {
 	d.kubeM.SetWake(d.wakeStatus) // the Node said not updated, or updated again
 	d.gate = newMetricsGate(log, d.metrics.Registry)
 	d.gate.wake = d.wakeStatus
+	d.rebinds = newRebindCounter(d.metrics.Registry)
 	registerLogDropped(d.metrics.Registry, opts.LogDropped)
 	if cfg.Kubernetes.Kubeconfig != "" || opts.Kube != nil {
 		// Queue events from the start: the kubeconfig may appear later

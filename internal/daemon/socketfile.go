@@ -99,6 +99,9 @@ type socketListener struct {
 	// failed: why the last rebind did not bind ("" once one did; the
 	// socket watch's goroutine's own), logged once until it changes.
 	failed string
+	// said: the socket watch's lines for this socket, each reason said
+	// once a window.
+	said rebindLog
 }
 
 func newSocketListener(path string, ln *net.UnixListener, id fileID) *socketListener {

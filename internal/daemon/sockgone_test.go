@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
@@ -120,10 +122,18 @@ func lockDir(t *testing.T, dir string) func() {
 // The control socket's and the status socket's files removed while the
 // daemon runs (rm /run/autopilot-health/*) are bound again: `reload` (the
 // unit's ExecReload=), `tamper clear` and `status` find the daemon, not
-// "not running"; each is logged once, the sockets root's (0600). Before,
-// both stayed gone until a restart.
+// "not running"; the sockets root's (0600). Before, both stayed gone until
+// a restart. Each rebind is counted (autopilot_health_socket_rebinds_total
+// {socket}, from 0), and the first of each socket is logged: the second,
+// within rebindLogWindow, is not, and the stop says it (before, a line per
+// rebind: a loop removing them every second wrote one a second).
 func TestRemovedSocketsAreBoundAgain(t *testing.T) {
-	_, _, control, status, logs, _ := sockDaemon(t)
+	d, _, control, status, logs, stop := sockDaemon(t)
+	for _, s := range []string{listenerControl, listenerStatus} {
+		if n := testutil.ToFloat64(d.rebinds.WithLabelValues(s)); n != 0 {
+			t.Errorf("rebinds of the %s socket at the start: %v, want a series at 0", s, n)
+		}
+	}
 	for round := 1; round <= 2; round++ {
 		for _, p := range []string{control, status} {
 			if err := os.Remove(p); err != nil {
@@ -131,16 +141,27 @@ func TestRemovedSocketsAreBoundAgain(t *testing.T) {
 			}
 		}
 		awaitAnswers(t, control, status, "both sockets answering again after their files were removed")
-		awaitLog(t, logs, "control socket's file was removed while the daemon ran; bound it again", round)
-		awaitLog(t, logs, "status socket's file was removed while the daemon ran; bound it again", round)
+		awaitLog(t, logs, "control socket's file was removed while the daemon ran; bound it again", 1)
+		awaitLog(t, logs, "status socket's file was removed while the daemon ran; bound it again", 1)
 	}
 	for _, p := range []string{control, status} {
 		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v %v, want a socket of mode 0600", p, fi.Mode(), err)
 		}
 	}
-	if n := strings.Count(logs.String(), "bound it again"); n != 4 {
-		t.Errorf("%d lines say a socket was bound again, want 4 (one per removal):\n%s", n, logs.String())
+	for _, s := range []string{listenerControl, listenerStatus} {
+		if n := testutil.ToFloat64(d.rebinds.WithLabelValues(s)); n != 2 {
+			t.Errorf("rebinds of the %s socket: %v, want 2", s, n)
+		}
+	}
+	if n := strings.Count(logs.String(), "bound it again"); n != 2 {
+		t.Errorf("%d lines say a socket was bound again, want 2 (the first of each socket; the second within the window not logged):\n%s", n, logs.String())
+	}
+	stop()
+	for _, what := range []string{"bound the control socket again 1 more time in the last ", "bound the status socket again 1 more time in the last "} {
+		if n := strings.Count(logs.String(), what); n != 1 {
+			t.Errorf("%d lines say %q at the stop, want 1:\n%s", n, what, logs.String())
+		}
 	}
 }
 
@@ -324,9 +345,9 @@ func openFDs(t *testing.T) int {
 // them again each time and leaks nothing: the daemon's file descriptors
 // and goroutines are as many after it as before (two to spare), the watch handled no
 // more events than there were removals (no spin on its own binds), one
-// log line per rebind, and both sockets answer.
+// log line per socket and every rebind counted, and both sockets answer.
 func TestSocketRemovalStormLeaksNothing(t *testing.T) {
-	_, _, control, status, logs, _, events := sockDaemonEvents(t)
+	d, _, control, status, logs, stop, events := sockDaemonEvents(t)
 	awaitSocketWatch(t, control, status, events)
 	// Both asked on connections closed after their answers, until the
 	// daemon's file descriptors and goroutines are no more than fds and gs.
@@ -369,9 +390,28 @@ func TestSocketRemovalStormLeaksNothing(t *testing.T) {
 	if n := int(events.Load() - before); n > removed {
 		t.Errorf("%d events of the watch handled for %d removals: it wakes on its own binds", n, removed)
 	}
-	if n := strings.Count(logs.String(), "bound it again"); n > removed+1 {
-		t.Errorf("%d lines say a socket was bound again, for %d removals", n, removed+1)
+	// The status socket's first rebind was awaitSocketWatch's: a line for
+	// each socket in all (before, a line per rebind, hundreds), and the
+	// others counted, which the stop says.
+	if n := strings.Count(logs.String(), "bound it again"); n != 2 {
+		t.Errorf("%d lines say a socket was bound again for %d removals, want 2 (the first of each socket):\n%s", n, removed, lastLines(logs.String(), 20))
 	}
+	stop()
+	for _, s := range []string{listenerControl, listenerStatus} {
+		n := int(testutil.ToFloat64(d.rebinds.WithLabelValues(s)))
+		if n < 2 || n > removed+1 {
+			t.Errorf("%d rebinds of the %s socket counted, for %d removals of both", n, s, removed)
+		}
+		if what := fmt.Sprintf("bound the %s socket again %s in the last ", s, timesWords(n-1)); strings.Count(logs.String(), what) != 1 {
+			t.Errorf("the stop does not say %q once (%d rebinds counted, one logged):\n%s", what, n, lastLines(logs.String(), 20))
+		}
+	}
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
 }
 
 // A second daemon started by hand on the same sockets and state directory

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -94,6 +96,7 @@ func (d *Daemon) watchSockets() func(ctx context.Context) {
 	watch()
 	return func(ctx context.Context) {
 		defer f.Close()
+		defer d.quietSockets()
 		stop := context.AfterFunc(ctx, func() { f.Close() })
 		defer stop()
 		// A removal between the bind and the watch.
@@ -155,12 +158,12 @@ func (d *Daemon) rebindSockets() {
 	d.mu.Unlock()
 	control, _ := d.control.(*socketListener)
 	for _, s := range []struct {
-		what string
-		ln   *socketListener
-		lost string
+		what, name string
+		ln         *socketListener
+		lost       string
 	}{
-		{"control socket", control, "tamper clear and reload (systemctl reload) are not possible until it is (kill -HUP still reloads)"},
-		{"status socket", status, "autopilot-health status does not answer until it is"},
+		{"control socket", listenerControl, control, "tamper clear and reload (systemctl reload) are not possible until it is (kill -HUP still reloads)"},
+		{"status socket", listenerStatus, status, "autopilot-health status does not answer until it is"},
 	} {
 		if s.ln == nil {
 			continue
@@ -173,14 +176,41 @@ func (d *Daemon) rebindSockets() {
 			// event binds it again, and says so.
 			d.log.Debug("the "+s.what+"'s file was removed again as it was bound; binding it again", "socket", s.ln.path)
 		case err != nil:
-			// Once per reason: each removal there tries again.
+			// Once per reason: each removal there tries again. A
+			// reason said again after a rebind that worked is said
+			// once a window (rebindLog).
 			if err.Error() != s.ln.failed {
 				s.ln.failed = err.Error()
-				d.log.Error("the "+s.what+"'s file was removed while the daemon ran, and is not bound again: "+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
+				s.ln.said.say(err.Error(), func() {
+					d.log.Error("the "+s.what+"'s file was removed while the daemon ran, and is not bound again: "+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
+				}, func(more int, over time.Duration) {
+					d.log.Error(fmt.Sprintf("the %s's file was removed while the daemon ran and could not be bound again, after it was bound again, %s in the last %s (logged once a window): %s", s.what, timesWords(more), spanWords(over), s.lost), "socket", s.ln.path, "err", err, "not_logged", more)
+				})
 			}
 		case bound:
 			s.ln.failed = ""
-			d.log.Warn("the "+s.what+"'s file was removed while the daemon ran; bound it again", "socket", s.ln.path)
+			if d.rebinds != nil {
+				d.rebinds.WithLabelValues(s.name).Inc()
+			}
+			s.ln.said.say("", func() {
+				d.log.Warn("the "+s.what+"'s file was removed while the daemon ran; bound it again", "socket", s.ln.path)
+			}, func(more int, over time.Duration) {
+				d.log.Warn(fmt.Sprintf("bound the %s again %s in the last %s, its file removed each time while the daemon ran (logged once a window; autopilot_health_socket_rebinds_total counts each)", s.what, timesWords(more), spanWords(over)), "socket", s.ln.path, "not_logged", more)
+			})
+		}
+	}
+}
+
+// quietSockets says what the sockets' rebind logs hold, and ends their
+// timers (the socket watch ends: the daemon stops).
+func (d *Daemon) quietSockets() {
+	d.mu.Lock()
+	status := d.statusLn
+	d.mu.Unlock()
+	control, _ := d.control.(*socketListener)
+	for _, ln := range []*socketListener{control, status} {
+		if ln != nil {
+			ln.said.stop()
 		}
 	}
 }
