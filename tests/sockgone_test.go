@@ -366,3 +366,88 @@ func (u *sockUnit) cli(args ...string) (int, string) {
 	out, err := cmd.CombinedOutput()
 	return exitCode(err), string(out)
 }
+
+// The shipped binary under its own unit in a real systemd, `status` run
+// inside the namespace as another user (nobody, as an operator without
+// sudo), with the defaults of the unit's paths: the socket's directory
+// /run/autopilot-health (0750) refuses that user (`run with sudo`); with
+// the directory gone under the running daemon (here a dangling symlink
+// in its place, which the daemon makes no directory over, and which leads
+// that user nowhere, as a removed directory does), the state directory
+// (0750) does not tell that user who holds its lock, and the unit's
+// ActiveState and MainPID, which systemd tells any user over its bus,
+// say the daemon runs: the words and exit code root is given, with the
+// main process for the lock's holder. Before, that user was told "the
+// daemon is not running" while the unit was active. With the unit
+// stopped, "not running".
+func TestSocketGoneAsAnotherUserUnderSystemd(t *testing.T) {
+	harness.Parallel(t, 1)
+	u := startSockUnit(t, "sockuser")
+	s, pid, run := u.s, u.pid, u.run
+	ctx := context.Background()
+	inside := func(user bool) (int, string) {
+		args := []string{"--target", fmt.Sprint(s.PID), "--mount", "--pid", "--root", "--wd", "--", "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		if user {
+			args = append(args, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+		}
+		out, err := exec.Command("nsenter", append(args, "/usr/bin/autopilot-health", "status")...).CombinedOutput()
+		return exitCode(err), string(out)
+	}
+	eventually(t, 20*time.Second, "status answering root after the start", func() (bool, string) {
+		code, out := inside(false)
+		return (code == 0 || code == 1) && strings.Contains(out, fmt.Sprintf(", pid %d, running since", pid)), fmt.Sprintf("exit %d: %s", code, lastBytes(out, 600))
+	})
+	if code, out := inside(true); code != 2 || !strings.Contains(out, "/run/autopilot-health/status.sock: permission denied: the status socket is root's (run with sudo)") {
+		t.Errorf("status as nobody: exit %d, %q; want 2, run with sudo", code, out)
+	}
+
+	// The directory gone, a dangling symlink in its place: renamed away
+	// and the link renamed onto its name, again where the daemon made
+	// the directory anew in between.
+	link := run + ".link"
+	if err := os.Symlink("autopilot-health.gone", link); err != nil {
+		t.Fatal(err)
+	}
+	for try := 0; ; try++ {
+		if err := os.Rename(run, fmt.Sprintf("%s.old%d", run, try)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if os.Rename(link, run) == nil {
+			break
+		}
+		if try == 50 {
+			t.Fatalf("the daemon made %s again before the link took its place, 50 times", run)
+		}
+	}
+	eventually(t, 10*time.Second, "the daemon's journal saying it could not bind again", func() (bool, string) {
+		j := s.Journal("autopilot-health.service")
+		return strings.Count(j, "status socket's file was removed while the daemon ran, and is not bound again") >= 1, lastBytes(j, 1500)
+	})
+	removed := "/run/autopilot-health/status.sock is gone: its file was removed while the daemon ran, and the daemon has not bound it again"
+	rootCode, rootOut := inside(false)
+	if want := fmt.Sprintf("autopilot-health.service is active and its daemon runs (pid %d holds the lock of its state directory /var/lib/autopilot-health), but its status socket %s", pid, removed); rootCode != 2 || !strings.Contains(rootOut, want) {
+		t.Errorf("status as root with the directory gone: exit %d, %q; want 2 and %q", rootCode, rootOut, want)
+	}
+	code, out := inside(true)
+	if want := fmt.Sprintf("autopilot-health.service is active and its daemon runs (pid %d is its main process, as systemd says; the lock of its state directory /var/lib/autopilot-health is root's to read), but its status socket %s", pid, removed); code != rootCode || !strings.Contains(out, want) || strings.Contains(out, "not running") {
+		t.Errorf("status as nobody with the directory gone: exit %d, %q; want %d and %q", code, out, rootCode, want)
+	}
+	t.Logf("as nobody with the directory gone: exit %d, %s", code, out)
+
+	// The link removed: the daemon makes the directory and binds again.
+	if err := os.Remove(run); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "status answering root once the link was removed", func() (bool, string) {
+		code, out := inside(false)
+		return (code == 0 || code == 1) && strings.Contains(out, fmt.Sprintf(", pid %d, running since", pid)), fmt.Sprintf("exit %d: %s", code, lastBytes(out, 600))
+	})
+
+	// Stopped: not running, to that user too.
+	if err := s.StopUnit(ctx, "autopilot-health.service"); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := inside(true); code != 2 || !strings.Contains(out, "autopilot-health status: the daemon is not running, or still starting: nothing answers on /run/autopilot-health/status.sock") {
+		t.Errorf("status as nobody with the unit stopped: exit %d, %q; want 2, not running", code, out)
+	}
+}

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -11,21 +14,30 @@ import (
 	"github.com/syself/autopilot-health/internal/systemd"
 )
 
-// unitState is daemonUnit's ActiveState, asked of systemd over D-Bus
-// (never systemctl); "" where it cannot be told (no system bus: a
-// container; the unit not loaded: not installed; a daemon run by hand
-// beside an installed unit sees it inactive or failed), within 2 s. A
-// variable for tests.
-var unitState = func() string {
+// unitState is daemonUnit's ActiveState and its main process (0: none),
+// asked of systemd over D-Bus (never systemctl), which tells any user;
+// "", 0 where it cannot be told (no system bus: a container; the unit not
+// loaded: not installed; a daemon run by hand beside an installed unit
+// sees it inactive or failed), within 2 s. A variable for tests.
+var unitState = func() (string, uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	m := systemd.NewDBus()
 	defer m.Close()
-	u, err := m.Unit(ctx, daemonUnit)
+	u, pid, err := m.ServiceMain(ctx, daemonUnit)
 	if err != nil || u.LoadState != "loaded" {
-		return ""
+		return "", 0
 	}
-	return u.ActiveState
+	return u.ActiveState, pid
+}
+
+// lockUnreadable reports whether the lock file of the state directory
+// stateDir cannot be looked at for want of permission (a user other than
+// root: state_dir is 0750, root's), so whether a daemon holds it cannot be
+// told from it.
+func lockUnreadable(stateDir string) bool {
+	_, err := os.Stat(filepath.Join(stateDir, daemon.StateLockName))
+	return errors.Is(err, os.ErrPermission)
 }
 
 // stateDirOf is the state directory the configuration file at path names
@@ -42,15 +54,31 @@ func stateDirOf(path string, explicit bool) string {
 // directory stateDir: the daemon runs, so "not running" is false. It says
 // which of starting, running and stopping the unit is (over D-Bus) and,
 // where it runs, that the socket's file was removed under it; "" where no
-// daemon holds the state directory (or that cannot be told: state_dir is
-// root's). control: the control socket (reload, tamper clear), else the
+// daemon holds the state directory. Where that cannot be told (a user
+// other than root: state_dir is root's), the unit's main process, which
+// systemd tells any user over D-Bus, is the daemon: the same words with
+// that pid, and "" where the unit has none (inactive, failed, not
+// installed). control: the control socket (reload, tamper clear), else the
 // status socket. The control socket is bound before the state directory
 // is locked and removed as the stop begins, the status socket bound once
 // the start is done and removed after the lock is let go.
 func socketGone(sockets []string, stateDir string, control bool) string {
 	pid := daemon.StateLockHolder(stateDir)
-	if pid <= 0 {
+	holder := fmt.Sprintf("pid %d holds the lock of its state directory %s", pid, stateDir)
+	st, main := "", uint32(0)
+	switch {
+	case pid > 0:
+		st, _ = unitState()
+	case !lockUnreadable(stateDir):
 		return ""
+	default:
+		// Before, this user was told "not running" while the unit ran:
+		// who holds the lock is root's to read.
+		if st, main = unitState(); main == 0 {
+			return ""
+		}
+		pid = int(main)
+		holder = fmt.Sprintf("pid %d is its main process, as systemd says; the lock of its state directory %s is root's to read", pid, stateDir)
 	}
 	which := "status socket"
 	if control {
@@ -62,9 +90,8 @@ func socketGone(sockets []string, stateDir string, control bool) string {
 		// before the file named another serves (socketCandidates).
 		socket += " (nor the default " + strings.Join(sockets[1:], ", ") + ")"
 	}
-	holder := fmt.Sprintf("pid %d holds the lock of its state directory %s", pid, stateDir)
 	removed := "its file was removed while the daemon ran, and the daemon has not bound it again (it does once it sees the file go; journalctl -u autopilot-health says why not); `systemctl restart autopilot-health` makes it again"
-	switch st := unitState(); {
+	switch {
 	case st == "active" || st == "reloading" || control && st == "activating":
 		return fmt.Sprintf("%s is %s and its daemon runs (%s), but its %s %s is gone: %s", daemonUnit, st, holder, which, socket, removed)
 	case st == "activating":

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 )
 
@@ -32,7 +34,13 @@ func holdStateLock(t *testing.T, dir string) {
 func fakeUnitState(t *testing.T, state string) {
 	saved := unitState
 	t.Cleanup(func() { unitState = saved })
-	unitState = func() string { return state }
+	unitState = func() (string, uint32) {
+		switch state {
+		case "", "inactive", "failed":
+			return state, 0
+		}
+		return state, 4242
+	}
 }
 
 // Nothing answers on the sockets, but a daemon holds the state directory
@@ -180,5 +188,85 @@ func TestTamperClearSocketFlag(t *testing.T) {
 	code, out, _ = run(t, "tamper", "--help")
 	if code != exitOK || !strings.Contains(out, "tamper clear --reason TEXT [--config FILE] [--socket PATH]") {
 		t.Errorf("tamper --help: exit %d\n%s", code, out)
+	}
+}
+
+// TestSockGoneHelperProcess runs `status --config` as TestSocketGoneAsAnotherUser's
+// other user, the unit's state faked as AUTOPILOT_HEALTH_SOCKGONE_UNIT says.
+func TestSockGoneHelperProcess(t *testing.T) {
+	cfg := os.Getenv("AUTOPILOT_HEALTH_SOCKGONE_CONFIG")
+	if cfg == "" {
+		t.Skip("run by TestSocketGoneAsAnotherUser")
+	}
+	fakeUnitState(t, os.Getenv("AUTOPILOT_HEALTH_SOCKGONE_UNIT"))
+	code, out, errs := run(t, "status", "--config", cfg)
+	fmt.Printf("exit %d: %s%s", code, out, errs)
+	os.Exit(0)
+}
+
+// A user other than root, nothing answering on the status socket (its
+// directory gone), while a daemon holds the state directory: the state
+// directory is root's (0750), so who holds its lock cannot be told, and
+// the unit's main process (systemd over D-Bus, which tells any user;
+// faked here, real in tests/: TestSocketGoneAsAnotherUserUnderSystemd) is
+// said as root is told the lock's holder, exit 2; with the unit inactive,
+// failed or not known, "not running". Before, that user was told "not
+// running" while the unit ran.
+func TestSocketGoneAsAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root to run a process as another user")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		testenv.Skip(t, "no setpriv (util-linux)")
+	}
+	dir, err := os.MkdirTemp("", "sockgone-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "test.bin")
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	holdStateLock(t, state)
+	status := filepath.Join(dir, "run", "status.sock") // its directory gone
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, filepath.Join(dir, "run", "control.sock"), status), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := status + " (nor the default " + config.Default().Status.Socket + ")"
+	holder := "pid 4242 is its main process, as systemd says; the lock of its state directory " + state + " is root's to read"
+	removed := "its file was removed while the daemon ran, and the daemon has not bound it again (it does once it sees the file go; journalctl -u autopilot-health says why not); `systemctl restart autopilot-health` makes it again"
+	for _, tc := range []struct{ unit, want string }{
+		{"active", "autopilot-health.service is active and its daemon runs (" + holder + "), but its status socket " + sock + " is gone: " + removed},
+		{"reloading", "autopilot-health.service is reloading and its daemon runs (" + holder + "), but its status socket " + sock + " is gone: " + removed},
+		{"activating", "autopilot-health.service is still starting (" + holder + "): its status socket " + sock + " is bound once its start is done"},
+		{"deactivating", "autopilot-health.service is stopping (" + holder + "), and its status socket " + sock + " is gone"},
+		{"inactive", "the daemon is not running, or still starting: nothing answers on " + config.Default().Status.Socket},
+		{"failed", "the daemon is not running, or still starting"},
+		{"", "the daemon is not running, or still starting"},
+	} {
+		cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.run=^TestSockGoneHelperProcess$")
+		cmd.Env = append(os.Environ(), "AUTOPILOT_HEALTH_SOCKGONE_CONFIG="+cfg, "AUTOPILOT_HEALTH_SOCKGONE_UNIT="+tc.unit)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		want := "exit 2: autopilot-health status: " + tc.want
+		if !strings.HasPrefix(string(out), want) || strings.Count(string(out), "\n") != 1 || (tc.unit != "inactive" && tc.unit != "failed" && tc.unit != "" && strings.Contains(string(out), "not running")) {
+			t.Errorf("as nobody, the unit %q:\n%s\nwant\n%s", tc.unit, out, want)
+		}
 	}
 }

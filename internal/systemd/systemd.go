@@ -584,6 +584,46 @@ func (d *DBus) LoadState(ctx context.Context, name string) (string, error) {
 	return state, err
 }
 
+// ServiceMain reads a service's state (its ListUnitsByNames entry:
+// LoadState, ActiveState, SubState, its job) and, where it is loaded, its
+// main process (the Service interface's MainPID; 0: none). Both calls are
+// open to any user by systemd's bus policy (org.freedesktop.systemd1.conf:
+// ListUnitsByNames and Properties.Get): the daemon's clients ask it where
+// they may not read the daemon's own files (`autopilot-health status` as
+// another user than root, its state directory 0750), where Unit reads
+// more.
+func (d *DBus) ServiceMain(ctx context.Context, name string) (Unit, uint32, error) {
+	u := Unit{Name: name}
+	var pid uint32
+	err := d.call(ctx, func(c *busConn) error {
+		st, err := listUnits(ctx, c, []string{name})
+		if err != nil {
+			return fmt.Errorf("unit %s: %w", name, err)
+		}
+		s := st[0]
+		u.LoadState, u.ActiveState, u.SubState, u.Job, u.JobType = s.LoadState, s.ActiveState, s.SubState, s.JobID, s.JobType
+		if s.LoadState != "loaded" {
+			return nil
+		}
+		err = c.exchange(ctx, []busCall{propCall(s.Path, "Service", "MainPID")}, func(_ int, m message) error {
+			v, err := propValue(m)
+			if err != nil {
+				return err
+			}
+			if v.sig != "u" {
+				return fmt.Errorf("%w: MainPID of signature %q, want u", errBadMessage, v.sig)
+			}
+			pid = uint32(v.num)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("unit %s: MainPID: %w", name, err)
+		}
+		return nil
+	})
+	return u, pid, err
+}
+
 // SystemState implements Manager: a Properties.Get of the manager's
 // SystemState, on the connection the reads share.
 func (d *DBus) SystemState(ctx context.Context) (string, error) {
