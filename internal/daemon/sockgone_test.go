@@ -512,3 +512,51 @@ func TestSocketRemovedAsItIsBoundIsNoError(t *testing.T) {
 		t.Errorf("a removal as the socket was bound is logged as a failure:\n%s", logs.String())
 	}
 }
+
+// A rebind that fails for the reason it failed for before a rebind that
+// worked, within rebindLogWindow, is counted, not logged again, and the
+// stop says it: a loop removing the files while a start takes and lets go
+// the directory's lock does not log the failure at each turn.
+func TestRebindFailureAgainAfterAWorkingOneIsSaidOnceAWindow(t *testing.T) {
+	_, dir, control, status, logs, stop, events := sockDaemonEvents(t)
+	awaitSocketWatch(t, control, status, events)
+	const failed = "control socket's file was removed while the daemon ran, and is not bound again"
+	fail := func() {
+		t.Helper()
+		unlock := lockDir(t, dir)
+		defer unlock()
+		handled := events.Load()
+		if err := os.Remove(control); err != nil {
+			t.Fatal(err)
+		}
+		awaitWatchEvent(t, events, handled, "the removal's event")
+	}
+	bind := func() {
+		t.Helper()
+		// A file at the socket's name removed: the watch looks again.
+		if err := os.WriteFile(control, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(control); err != nil {
+			t.Fatal(err)
+		}
+		awaitAnswers(t, control, status, "the control socket bound again")
+	}
+	fail()
+	awaitLog(t, logs, failed, 1)
+	bind()
+	fail()
+	bind()
+	fail()
+	bind()
+	if n := strings.Count(logs.String(), failed); n != 1 {
+		t.Errorf("%d lines say %q for three failures, each after a rebind that worked; want 1:\n%s", n, failed, logs.String())
+	}
+	stop()
+	if want := "the control socket could not be bound again 2 more times in the last "; strings.Count(logs.String(), want) != 1 {
+		t.Errorf("the stop does not say %q once:\n%s", want, logs.String())
+	}
+	if want := "bound the control socket again 2 more times in the last "; strings.Count(logs.String(), want) != 1 {
+		t.Errorf("the stop does not say %q once:\n%s", want, logs.String())
+	}
+}

@@ -184,7 +184,7 @@ func (d *Daemon) rebindSockets() {
 				s.ln.said.say(err.Error(), func() {
 					d.log.Error("the "+s.what+"'s file was removed while the daemon ran, and is not bound again: "+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
 				}, func(more int, over time.Duration) {
-					d.log.Error(fmt.Sprintf("the %s's file was removed while the daemon ran and could not be bound again, after it was bound again, %s in the last %s (logged once a window): %s", s.what, timesWords(more), spanWords(over), s.lost), "socket", s.ln.path, "err", err, "not_logged", more)
+					d.log.Error(fmt.Sprintf("the %s could not be bound again %s in the last %s, each after a rebind that worked (its file removed while the daemon ran; logged once a window): %s", s.what, timesWords(more), spanWords(over), s.lost), "socket", s.ln.path, "err", err, "not_logged", more)
 				})
 			}
 		case bound:
