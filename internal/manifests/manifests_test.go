@@ -535,3 +535,32 @@ func TestReportDocumentsLeftOutAlertSaysEachFate(t *testing.T) {
 		}
 	}
 }
+
+// While /dev/kmsg cannot be read the kernel monitor makes the kernel
+// conditions that are not True Unknown (CheckFailed), and DisksFailure with
+// them unless its SMART part says True, while a True one stays True, held
+// for the boot (kmsg.Monitor.Blind, TestNotReadIsNotHealthy; the shipped
+// binary with kmsg.device unreadable and a state file of this boot holding
+// ReadonlyFilesystem True serves it True). The alert's description says
+// so: before, it said "the kernel conditions are Unknown (CheckFailed)
+// meanwhile", and an operator paged with a True ReadonlyFilesystem on the
+// Node read it as stale.
+func TestKernelLogUnreadableAlertSaysATrueConditionStays(t *testing.T) {
+	var desc string
+	for _, r := range daemonRules() {
+		if r.Alert == "AutopilotHealthKernelLogUnreadable" {
+			desc = r.Annotations["description"]
+		}
+	}
+	if desc == "" {
+		t.Fatal("no AutopilotHealthKernelLogUnreadable alert with a description")
+	}
+	for _, says := range []string{"not True are Unknown (CheckFailed)", "DisksFailure unless its SMART part", "True stays True"} {
+		if !strings.Contains(desc, says) {
+			t.Errorf("the description does not say %q:\n%s", says, desc)
+		}
+	}
+	if strings.Contains(desc, "the kernel conditions are Unknown") {
+		t.Errorf("the description says every kernel condition is Unknown, a True one is not:\n%s", desc)
+	}
+}

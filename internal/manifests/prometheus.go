@@ -201,7 +201,7 @@ func daemonRules() []rule {
 			Labels: lbl("warning"),
 			Annotations: map[string]string{
 				"summary":     "autopilot-health cannot read the kernel log on node {{ $labels.node }}",
-				"description": "/dev/kmsg has not been readable for 10 minutes; the kernel conditions are Unknown (CheckFailed) meanwhile. journalctl -u autopilot-health says why.",
+				"description": "/dev/kmsg has not been readable for 10 minutes: no kernel problem is seen meanwhile. The kernel conditions that are not True are Unknown (CheckFailed), and so is DisksFailure unless its SMART part finds a problem; one that is True stays True (held until the reboot): a True kernel condition on the Node is still what the kernel logged. journalctl -u autopilot-health says why the log cannot be read.",
 			},
 		},
 		{
