@@ -103,6 +103,11 @@ func (c *nodeServiceDown) Probe(ctx context.Context) (Result, error) {
 			case "masked", "bad-setting", "error":
 				down = append(down, unitNotLoadable(name, u.LoadState, what))
 			default:
+				if why := startNotMade(u); why != "" && u.ActiveState == "inactive" {
+					// Not stopped: its last start was skipped (a
+					// Condition…= not met) or failed on an Assert…=.
+					what += "; " + why
+				}
 				down = append(down, fmt.Sprintf("%s is not active (%s)", name, what))
 			}
 		}

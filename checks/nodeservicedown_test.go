@@ -2,6 +2,7 @@ package checks
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/syself/autopilot-health/report"
@@ -45,9 +46,21 @@ func TestNodeServiceDownSaysWhyAUnitCannotStart(t *testing.T) {
 		{"error", "inactive", "dead", report.StatusTrue,
 			name + " does not load (error, inactive/dead): see systemctl status " + name},
 		{"masked", "active", "running", report.StatusFalse, name + ": active"},
+		// Its last start skipped by systemd, a Condition…= not met (or
+		// failed on an Assert…=): not a stop, and said so.
+		{"loaded", "inactive", "dead", report.StatusTrue,
+			name + " is not active (inactive/dead; systemd skipped the start of " + name + ": ConditionPathExists=/usr/bin/tunnel-agent not met)"},
+		{"loaded", "inactive", "dead/assert", report.StatusTrue,
+			name + " is not active (inactive/dead; systemd did not start " + name + ": AssertPathExists=/usr/bin/tunnel-agent failed)"},
 	} {
 		u := running(name)
 		u.LoadState, u.ActiveState, u.SubState = tc.load, tc.active, tc.sub
+		if tc.load == "loaded" {
+			u.Skipped = "ConditionPathExists=/usr/bin/tunnel-agent"
+			if sub, ok := strings.CutSuffix(tc.sub, "/assert"); ok {
+				u.SubState, u.Skipped, u.AssertFailed = sub, "", "AssertPathExists=/usr/bin/tunnel-agent"
+			}
+		}
 		env := testEnv(t, nil)
 		env.Systemd = newFakeManager(u)
 		c, _ := newNodeServiceDown(env)

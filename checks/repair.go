@@ -379,7 +379,12 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		// inactive, or failed when it did not end cleanly (ComingBack):
 		// not a stop, and not to be restarted again.
 		return RepairStarting, fmt.Sprintf("%s has not started yet (job %d queued)", unit, u.Job)
-	case u.ActiveState == "inactive" && !r.leftByOwnRestart(unit, u) && !r.stoppedWithBound(ctx, u):
+	case u.ActiveState == "inactive" && startNotMade(u) == "" && !r.leftByOwnRestart(unit, u) && !r.stoppedWithBound(ctx, u):
+		// One whose last start systemd skipped (a Condition…= not met)
+		// or failed on an Assert…= (that start its own Restart= after a
+		// crash, someone's start or restart, the boot's, the
+		// repairer's) was asked to run, not stopped: it is the
+		// repairer's, restarted at the cooldown.
 		return RepairStopped, fmt.Sprintf("not restarted: %s is stopped (inactive/%s); a stopped unit is not started by the repair", unit, u.SubState)
 	case u.ActiveState == "failed" && (r.stoppedBySomeone(unit, u) || u.StopEndedFailed() && !r.leftByOwnRestart(unit, u)):
 		return RepairStopped, fmt.Sprintf("not restarted: %s was stopped and did not stop cleanly (failed/%s, result %s); a stopped unit is not started by the repair", unit, u.SubState, u.Result)
@@ -402,7 +407,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	}
 	if !last.IsZero() && now.Sub(last) < cooldown {
 		r.mu.Unlock()
-		return RepairCooldown, repairingMessage(unit, cooldown)
+		return RepairCooldown, repairMessage(u, cooldown)
 	}
 	if r.inflight[unit] {
 		r.mu.Unlock()
@@ -476,7 +481,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		// the unit stays the repairer's, retried at the cooldown.
 		at, left := u.Invocation, err != nil && !systemd.JobCanceled(err) && !(systemd.StopQueued(err) && u.ActiveState != "failed")
 		if rerr == nil {
-			if err == nil {
+			if err == nil && after.Skipped == "" {
 				watch.ObserveRestarted(after)
 			} else {
 				watch.Observe(after)
@@ -493,16 +498,35 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 			// that invocation by the job: it stays the repairer's.
 			left = left && (!unitRuns(after) || jobOnItsWay(err, u, after))
 		}
+		// A start that systemd skipped (a Condition…= not met: the job
+		// ends "done" with nothing started) or that an Assert…= failed
+		// left the unit inactive at its invocation: the repairer's,
+		// restarted at the cooldown, and no restart.
+		skipped, assert := skippedStart(err, rerr, after)
+		if skipped != "" {
+			left, at = true, after.Invocation
+			if assert {
+				err = fmt.Errorf("%w: %s failed", err, skipped)
+			}
+		}
 		r.mu.Lock()
 		delete(r.inflight, unit)
 		st.restartFailed, st.failedAt = left, at
-		if err != nil {
+		switch {
+		case skipped != "" && !assert:
+			st.LastResult = "skipped: " + skipped + " not met"
+		case err != nil:
 			st.LastResult = "failed: " + err.Error()
-		} else {
+		default:
 			st.LastResult = "done"
 		}
 		r.mu.Unlock()
 		r.touch()
+		if skipped != "" && !assert {
+			r.repairs.WithLabelValues(unit, RepairFailed).Inc()
+			r.log.Warn("repair: systemd skipped the start of the unit: a condition of it is not met; tried again after the cooldown", "unit", unit, "condition", skipped, "reason", reason, "consecutive", n, "cooldown", cooldown)
+			return
+		}
 		if err != nil {
 			r.repairs.WithLabelValues(unit, RepairFailed).Inc()
 			r.log.Error("repair: restarting unit failed", "unit", unit, "reason", reason, "err", err)
@@ -510,7 +534,52 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		}
 		r.log.Warn("repair: restarted unit", "unit", unit, "reason", reason, "consecutive", n, "cooldown", cooldown)
 	})
-	return RepairRestarted, repairingMessage(unit, cooldown)
+	return RepairRestarted, repairMessage(u, cooldown)
+}
+
+// skippedStart reports what kept the restart that ended with err, the unit
+// read after it (rerr: that read's error), from starting the unit: the
+// Condition…= systemd found not met, which made it skip the start (the
+// job's result "done", the unit left inactive at the invocation it had:
+// TestRepairOfAUnitWhoseConditionIsNotMet in tests/), or the Assert…= that
+// failed the job (result "assert"), with whether it was an assert.
+func skippedStart(err, rerr error, after systemd.Unit) (string, bool) {
+	if rerr != nil || unitRuns(after) {
+		return "", false
+	}
+	var je *systemd.JobError
+	switch {
+	case err == nil && after.Skipped != "":
+		return after.Skipped, false
+	case errors.As(err, &je) && je.Result == "assert" && after.AssertFailed != "":
+		return after.AssertFailed, true
+	}
+	return "", false
+}
+
+// repairMessage is repairingMessage, but for a unit whose last start
+// systemd skipped (a Condition…= not met) or failed on an Assert…=: then
+// it says so, the same words for the restart and the cooldown after it.
+func repairMessage(u systemd.Unit, cooldown time.Duration) string {
+	if u.ActiveState == "inactive" {
+		if why := startNotMade(u); why != "" {
+			return fmt.Sprintf("%s; restarting it at most once per %s", why, cooldown)
+		}
+	}
+	return repairingMessage(u.Name, cooldown)
+}
+
+// startNotMade says why systemd did not start u at its last start: a
+// Condition…= not met (the start skipped) or an Assert…= that failed; ""
+// for neither.
+func startNotMade(u systemd.Unit) string {
+	switch {
+	case u.Skipped != "":
+		return fmt.Sprintf("systemd skipped the start of %s: %s not met", u.Name, u.Skipped)
+	case u.AssertFailed != "":
+		return fmt.Sprintf("systemd did not start %s: %s failed", u.Name, u.AssertFailed)
+	}
+	return ""
 }
 
 // afterRestartRead bounds the read of a unit right after its restart job

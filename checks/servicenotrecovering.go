@@ -122,7 +122,13 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 				// long as the unit stays unhealthy, and in the message it
 				// changed the condition, and so the Node's status, at every
 				// run. The count is in the services report (repair).
-				notHelping = append(notHelping, fmt.Sprintf("%s was repaired %d+ times in a row and is still unhealthy", name, c.threshold))
+				msg := fmt.Sprintf("%s was repaired %d+ times in a row and is still unhealthy", name, c.threshold)
+				if why := startNotMade(u); why != "" && u.ActiveState == "inactive" {
+					// Its restarts start nothing until the file, mount
+					// or path its unit file names is there.
+					msg += " (" + why + ")"
+				}
+				notHelping = append(notHelping, msg)
 				st.NotRecovering = true
 			}
 		}

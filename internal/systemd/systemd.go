@@ -54,6 +54,21 @@ type Unit struct {
 	// it is taken out of the active state before its process exits, as
 	// a stop makes it, and ends failed, result "timeout", with no stop.
 	RuntimeMax time.Duration `json:"-"`
+	// Skipped, read for a loaded service that is not active: the
+	// Condition…= that systemd found not met at the unit's last start,
+	// which it then skipped (its ConditionResult "no"), in systemd's words
+	// (Unmet): "ConditionPathExists=/usr/bin/kubelet". Such a start job
+	// ends "done" though nothing started: the unit stays inactive at the
+	// invocation it had. "" when its last start's conditions were met, or
+	// it was never started.
+	Skipped string `json:"-"`
+	// AssertFailed is the same for an Assert…= (its AssertResult "no"),
+	// which fails the start job instead (result "assert").
+	AssertFailed string `json:"-"`
+	// condResult, assertResult: the ConditionResult and AssertResult read
+	// (checked: 1 met, 2 not; 0 not read), which the Conditions and
+	// Asserts read after them are taken with.
+	condResult, assertResult uint8
 	// Job is the id of a job queued or running for the unit (0: none), e.g.
 	// a start job waiting for the units it is ordered after.
 	Job uint32 `json:"job,omitempty"`
@@ -476,6 +491,13 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 				add("Service", "ExecMainExitTimestampMonotonic")
 				add("Service", "NotifyAccess")
 				add("Service", "RuntimeMaxUSec")
+				// Whether its last start was skipped (a Condition…= not
+				// met) or failed on an Assert…=, and which: each result
+				// read before its list (set takes the list with it).
+				add("Unit", "ConditionResult")
+				add("Unit", "Conditions")
+				add("Unit", "AssertResult")
+				add("Unit", "Asserts")
 			}
 		}
 		if len(gets.calls) == 0 {
@@ -565,7 +587,67 @@ func (u *Unit) set(prop string, v variant) {
 		if v.num != math.MaxUint64 {
 			u.RuntimeMax = time.Duration(v.num) * time.Microsecond
 		}
+	case prop == "ConditionResult" && v.sig == "b":
+		u.condResult = 1 + uint8(1-min(v.num, 1))
+	case prop == "AssertResult" && v.sig == "b":
+		u.assertResult = 1 + uint8(1-min(v.num, 1))
+	case prop == "Conditions" && v.sig == "a(sbbsi)":
+		if u.condResult == 2 {
+			u.Skipped = Unmet(v.conds)
+		}
+	case prop == "Asserts" && v.sig == "a(sbbsi)":
+		if u.assertResult == 2 {
+			u.AssertFailed = Unmet(v.conds)
+		}
 	}
+}
+
+// Condition is one Condition…= or Assert…= of a unit as systemd last
+// checked it: an entry of its Conditions or Asserts property, a(sbbsi).
+type Condition struct {
+	Type      string // "ConditionPathExists", "AssertPathIsMountPoint", ...
+	Trigger   bool   // "|": one of the triggering ones must be met
+	Negate    bool   // "!"
+	Parameter string
+	// State: 0 not checked (at the last start), 1 met, -1 not met (or
+	// its check failed).
+	State int32
+}
+
+// String is the condition as its unit file writes it, as systemd's own
+// messages name it: "ConditionPathExists=|!/run/x".
+func (c Condition) String() string {
+	p := c.Parameter
+	if c.Negate {
+		p = "!" + p
+	}
+	if c.Trigger {
+		p = "|" + p
+	}
+	return c.Type + "=" + p
+}
+
+// Unmet names what failed a check of a unit's conditions (or asserts)
+// that failed, list as systemd keeps it (in the order it checks them):
+// the first one not triggering that was not met, where systemd stops (the
+// ones after it keep the state of an earlier check); else, every one of
+// them having been met, the triggering ones, none of which was, joined by
+// " or ". "" where the list shows none (an older check's states).
+func Unmet(list []Condition) string {
+	var trig []string
+	for _, c := range list {
+		switch {
+		case !c.Trigger && c.State < 0:
+			return c.String()
+		case !c.Trigger && c.State == 0:
+			// Not checked at the last check: it stopped before this one
+			// at a failure the list does not show.
+			return ""
+		case c.Trigger && c.State < 0:
+			trig = append(trig, c.String())
+		}
+	}
+	return strings.Join(trig, " or ")
 }
 
 // LoadState reads a unit's LoadState alone ("loaded", "not-found", ...):

@@ -455,13 +455,14 @@ func typeLen(sig string, depth int) (int, error) {
 }
 
 // variant is a Properties.Get answer: a value of one of the types the
-// daemon reads (s, u, t, ay, b), with its type.
+// daemon reads (s, u, t, ay, b, as, a(sbbsi)), with its type.
 type variant struct {
 	sig   string
 	str   string
 	num   uint64
 	bytes []byte
-	strs  []string // "as"
+	strs  []string    // "as"
+	conds []Condition // "a(sbbsi)": a unit's Conditions or Asserts
 }
 
 // parseVariant decodes a body of signature "v".
@@ -497,6 +498,26 @@ func parseVariant(m message) (variant, error) {
 		if d.err == nil && d.off != end {
 			// Its last string runs past the array's length.
 			d.fail("an array of %d bytes whose strings take %d", n, int(n)+d.off-end)
+		}
+	case "a(sbbsi)":
+		n := d.u32()
+		d.align(8)
+		if n > maxMessage || !d.need(int(n)) {
+			d.fail("an array of %d bytes past the body", n)
+			break
+		}
+		end := d.off + int(n)
+		for d.err == nil && d.off < end {
+			d.align(8)
+			var c Condition
+			c.Type = d.str()
+			c.Trigger, c.Negate = d.u32() != 0, d.u32() != 0
+			c.Parameter = d.str()
+			c.State = int32(d.u32())
+			v.conds = append(v.conds, c)
+		}
+		if d.err == nil && d.off != end {
+			d.fail("an array of %d bytes whose entries take %d", n, int(n)+d.off-end)
 		}
 	default:
 		if d.err == nil {
