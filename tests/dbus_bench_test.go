@@ -45,6 +45,44 @@ func BenchmarkUnitRead(b *testing.B) {
 	b.ReportMetric(float64(procCPUOf(b, pid1)-sys0)/1e3/float64(b.N), "systemd-cpu-us/op")
 }
 
+// BenchmarkUnitReadNotActive is BenchmarkUnitRead for a service that is
+// not active (broken.service, failed): the read the repairer makes of a
+// kubelet that is down, with the properties read only then (its exit
+// times, NotifyAccess, RuntimeMaxUSec, and whether its last start was
+// skipped for a Condition…= not met or failed on an Assert…=).
+//
+//	go test -tags integration ./tests -run '^$' -bench UnitReadNotActive -benchmem
+func BenchmarkUnitReadNotActive(b *testing.B) {
+	s := realSystemd(b)
+	bus := systemd.NewDBusAt(s.BusSocket())
+	defer bus.Close()
+	ctx := context.Background()
+	const name = "broken.service"
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		u, err := bus.Unit(ctx, name)
+		if err == nil && u.LoadState == "loaded" && u.ActiveState == "failed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("unit %+v: %v", u, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the unit over D-Bus until it failed
+	}
+	idlePerNs := idleCPU()
+	b.ReportAllocs()
+	cpu0, pid1, at := rusageCPU(), s.PID, time.Now()
+	sys0 := procCPUOf(b, pid1)
+	for b.Loop() {
+		if _, err := bus.Unit(ctx, name); err != nil {
+			b.Fatal(err)
+		}
+	}
+	client := float64(rusageCPU()-cpu0) - idlePerNs*float64(time.Since(at))
+	b.ReportMetric(client/1e3/float64(b.N), "client-cpu-us/op")
+	b.ReportMetric(float64(procCPUOf(b, pid1)-sys0)/1e3/float64(b.N), "systemd-cpu-us/op")
+}
+
 // BenchmarkUnitsRead is the same for three services read at once
 // (systemd.DBus.Units: what ServiceNotRecovering reads on a worker).
 //

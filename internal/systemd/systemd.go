@@ -440,7 +440,9 @@ func (d *DBus) Unit(ctx context.Context, name string) (Unit, error) {
 // NRestarts and ExecMainStartTimestamp (wall and monotonic), and when
 // it is not active ActiveExitTimestampMonotonic,
 // ExecMainExitTimestampMonotonic, NotifyAccess and RuntimeMaxUSec (the
-// repairer's tell of a stop that ended failed). It read the whole of each unit before (GetAll of its
+// repairer's tell of a stop that ended failed), and ConditionResult,
+// Conditions, AssertResult and Asserts (a start systemd skipped or failed
+// on them: Skipped, AssertFailed; BenchmarkUnitReadNotActive in tests/). It read the whole of each unit before (GetAll of its
 // Unit and Service interfaces, ~300 values): three services cost 7.3-8.5 ms
 // of CPU and 27,158 allocations; with these calls through godbus 2.0-2.4 ms
 // and 5,136; encoded and decoded by hand (busConn) 0.32-0.78 ms and 102
