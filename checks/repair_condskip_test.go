@@ -210,3 +210,28 @@ func TestRepairStartsAUnitWhoseOwnStartWasSkipped(t *testing.T) {
 		})
 	}
 }
+
+// A failed kubelet (its start limit hit) whose restart systemd skips: the
+// reset-failed before the restart ended its failed state, and the skipped
+// start left it inactive at the invocation it failed at. ServiceNotRecovering
+// names it failed, as for any restart that did not start it, and says why
+// the restart did not: the condition.
+func TestServiceNotRecoveringNamesTheConditionOfAFailedUnitsSkippedRestart(t *testing.T) {
+	u := running("kubelet.service")
+	u.MainStart = time.Now().Add(-time.Hour)
+	u.ActiveState, u.SubState, u.Result = "failed", "failed", "exit-code"
+	m := &skippingStart{fakeManager: newFakeManager(u, running("containerd.service"), running("syself-proxy.service")), skipped: "ConditionPathExists=/usr/bin/kubelet"}
+	r := NewRepairer(m, quietLog(), time.Now, nil)
+	if res, msg := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+		t.Fatalf("repair: %s %q", res, msg)
+	}
+	r.Wait()
+	env := testEnv(t, nil)
+	env.Systemd, env.Repair, env.Units = m, r, NewUnitWatch(nil, nil)
+	c, _ := newServiceNotRecovering(env)
+	res, err := c.Probe(context.Background())
+	want := "kubelet.service is failed (exit-code), left inactive by the repair's reset-failed before a restart that did not start it (systemd skipped the start of kubelet.service: ConditionPathExists=/usr/bin/kubelet not met)"
+	if err != nil || res.Status != report.StatusTrue || res.Reason != report.ReasonUnitFailed || !strings.HasPrefix(res.Message, want) {
+		t.Errorf("%s %s %q (%v), want True %s %q", res.Status, res.Reason, res.Message, err, report.ReasonUnitFailed, want)
+	}
+}

@@ -103,7 +103,11 @@ func (c *serviceNotRecovering) Probe(ctx context.Context) (Result, error) {
 			// before a restart that did not start it (refused:
 			// RefuseManualStart=, a unit it requires masked).
 			if res, ok := c.env.Repair.HidFailed(u); ok {
-				failed = append(failed, fmt.Sprintf("%s is failed (%s), left inactive by the repair's reset-failed before a restart that did not start it", name, res))
+				msg := fmt.Sprintf("%s is failed (%s), left inactive by the repair's reset-failed before a restart that did not start it", name, res)
+				if why := startNotMade(u); why != "" {
+					msg += " (" + why + ")"
+				}
+				failed = append(failed, msg)
 				st.NotRecovering = true
 			}
 		}
