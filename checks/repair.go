@@ -114,6 +114,9 @@ type Repairer struct {
 	// asked about is kept. The status of any other is dropped, and never
 	// listed nor saved.
 	watched map[string]bool
+	// repaired: the units whose repairs_total series exist from 0
+	// (Repaired).
+	repaired map[string]bool
 }
 
 // RepairKey is the name under which the repairer keeps its status of each
@@ -187,6 +190,45 @@ func (r *Repairer) prune() {
 	}
 }
 
+// Repaired sets the units the daemon repairs (RepairedUnits): each has its
+// autopilot_health_repairs_total series of a restart and of a failure at 0
+// from now, so that increase() and rate() see a unit's first repair (a
+// series born at 1 shows none: the dashboard's "Repairs" panel and an
+// alert on failed repairs missed the first of each); the series of a unit
+// no longer repaired (a reload renamed it, or disabled its check) are
+// removed, not left at their last value. Call it at the start and after
+// each reload.
+func (r *Repairer) Repaired(units []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := make(map[string]bool, len(units))
+	for _, u := range units {
+		now[u] = true
+		r.repairs.WithLabelValues(u, RepairRestarted)
+		r.repairs.WithLabelValues(u, RepairFailed)
+	}
+	for u := range r.repaired {
+		if !now[u] {
+			r.repairs.DeletePartialMatch(prometheus.Labels{"unit": u})
+		}
+	}
+	r.repaired = now
+}
+
+// RepairedUnits are the units cfg has repaired: KubeletUnhealthy's and
+// ContainerRuntimeUnhealthy's, of the checks enabled.
+func RepairedUnits(cfg *config.Config) []string {
+	k := &cfg.Checks
+	var units []string
+	if k.KubeletUnhealthy.Enabled {
+		units = append(units, k.KubeletUnhealthy.Unit)
+	}
+	if k.ContainerRuntimeUnhealthy.Enabled {
+		units = append(units, k.ContainerRuntimeUnhealthy.Unit)
+	}
+	return units
+}
+
 // kept reports whether unit's status is listed and saved (r.mu held).
 func (r *Repairer) kept(unit string) bool { return r.watched == nil || r.watched[unit] }
 
@@ -196,13 +238,7 @@ func (r *Repairer) kept(unit string) bool { return r.watched == nil || r.watched
 // them), of the checks enabled.
 func WatchedUnits(cfg *config.Config) []string {
 	k := &cfg.Checks
-	var units []string
-	if k.KubeletUnhealthy.Enabled {
-		units = append(units, k.KubeletUnhealthy.Unit)
-	}
-	if k.ContainerRuntimeUnhealthy.Enabled {
-		units = append(units, k.ContainerRuntimeUnhealthy.Unit)
-	}
+	units := RepairedUnits(cfg)
 	if k.ServiceNotRecovering.Enabled {
 		units = append(units, k.ServiceNotRecovering.ControlPlaneUnits...)
 		units = append(units, k.ServiceNotRecovering.WorkerUnits...)

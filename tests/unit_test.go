@@ -459,6 +459,17 @@ func TestDaemonUnderItsOwnUnit(t *testing.T) {
 			t.Errorf("%s, want %v (the host's kernel.hung_task_warnings)", last, want)
 		}
 	}
+	// The repaired units' series of a restart and of a failed repair exist
+	// before any repair (at 0 until one), so that increase() sees the
+	// first (checks.Repairer.Repaired).
+	for _, unit := range []string{"kubelet.service", "containerd.service"} {
+		for _, result := range []string{"failed", "restarted"} {
+			series := fmt.Sprintf(`autopilot_health_repairs_total{result=%q,unit=%q}`, result, unit)
+			if _, last := scrapeMetric(series); strings.HasSuffix(last, " not exposed") {
+				t.Errorf("%s: want the series from the start", last)
+			}
+		}
+	}
 	// Served once the port was free: the status line drops its note, and
 	// the unit never restarted.
 	eventually(t, 10*time.Second, "STATUS= without the metrics note", func() (bool, string) {

@@ -149,6 +149,7 @@ func Assemble(cfg *config.Config, log *slog.Logger, o AssembleOptions) (*Parts, 
 		// Only the units the configuration names are listed and kept
 		// (a reload sets them again).
 		env.Repair.Watch(checks.WatchedUnits(cfg))
+		env.Repair.Repaired(checks.RepairedUnits(cfg))
 		// The tamper checks' baseline and findings (tamper.json, 0600).
 		if env.Tamper == nil {
 			env.Tamper = tamper.NewKeeper(cfg.StateDir, bootID, false)

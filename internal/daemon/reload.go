@@ -332,6 +332,7 @@ func (d *Daemon) reload() (Reloaded, error) {
 	if env.Repair != nil {
 		// A unit the file no longer names leaves status's "Repairs:".
 		env.Repair.Watch(checks.WatchedUnits(cfg))
+		env.Repair.Repaired(checks.RepairedUnits(cfg))
 	}
 	if len(res.Checks.Changed)+len(res.Checks.Started) > 0 {
 		// During the first pass, their first runs are from now.

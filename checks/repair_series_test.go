@@ -1,0 +1,68 @@
+package checks
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/internal/config"
+)
+
+// The units the daemon repairs have their repairs_total series of a
+// restart and of a failure at 0 before any repair (increase() cannot see a
+// series' first sample: one born at 1 hid each unit's first repair from
+// the dashboard's "Repairs" panel), and a reload that renames a unit or
+// disables its check removes the old unit's series, every result of them,
+// where they would stand at their last value.
+func TestRepairSeriesExistFromZeroAndFollowTheConfiguration(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := NewRepairer(nil, quietLog(), time.Now, reg)
+	cfg := config.Default()
+	r.Repaired(RepairedUnits(cfg))
+	want := `
+# HELP autopilot_health_repairs_total ` + repairsHelp(t, reg) + `
+# TYPE autopilot_health_repairs_total counter
+autopilot_health_repairs_total{result="failed",unit="containerd.service"} 0
+autopilot_health_repairs_total{result="failed",unit="kubelet.service"} 0
+autopilot_health_repairs_total{result="restarted",unit="containerd.service"} 0
+autopilot_health_repairs_total{result="restarted",unit="kubelet.service"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
+		t.Errorf("at the start: %v", err)
+	}
+
+	// A repair's decision of another result, then a reload that renames
+	// kubelet's unit and disables containerd's check.
+	r.repairs.WithLabelValues("kubelet.service", RepairCooldown).Inc()
+	cfg.Checks.KubeletUnhealthy.Unit = "kubelet2.service"
+	cfg.Checks.ContainerRuntimeUnhealthy.Enabled = false
+	r.Repaired(RepairedUnits(cfg))
+	want = `
+# HELP autopilot_health_repairs_total ` + repairsHelp(t, reg) + `
+# TYPE autopilot_health_repairs_total counter
+autopilot_health_repairs_total{result="failed",unit="kubelet2.service"} 0
+autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
+		t.Errorf("after the reload: %v", err)
+	}
+}
+
+// repairsHelp is the family's help text, as registered.
+func repairsHelp(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "autopilot_health_repairs_total" {
+			return mf.GetHelp()
+		}
+	}
+	t.Fatal("no autopilot_health_repairs_total family")
+	return ""
+}
