@@ -111,6 +111,11 @@ type Monitor struct {
 	// caughtUp: the reader has read the log to its end since it last
 	// opened it (until then the window's part is not evaluated False).
 	caughtUp atomic.Bool
+	// readFrom, when not zero, is when the reader began at the end of the
+	// log (kmsg.from_boot_start false, no cursor of this boot): the records
+	// logged before it were not read, and a kernel condition's healthy
+	// False says so, not that this boot's records were read (readFromStart).
+	readFrom time.Time
 	// gpu says whether GPU-only rules apply (Options.GPU, then SetGPU).
 	gpu atomic.Bool
 	// lastSeq, lastUsec and lastAt (Unix ns) are of the last record
@@ -300,16 +305,22 @@ func (mon *Monitor) Start(now time.Time, bootWall time.Time) {
 
 // CaughtUp says the reader has read every record the kernel holds for
 // now: a kernel condition that is not True is False (healthy), and the
-// disk I/O error window is evaluated.
+// disk I/O error window is evaluated. The False's message says what was
+// read: this boot's records, or, where the reader began at the end
+// (readFrom), those since then.
 func (mon *Monitor) CaughtUp(nowUsec uint64, now time.Time) {
 	mon.caughtUp.Store(true)
+	msg := "no matching kernel message in the records read (this boot's, as far as the ring buffer still held them)"
+	if !mon.readFrom.IsZero() {
+		msg = "no matching kernel message since the monitor began reading at the end of the kernel log at " +
+			mon.readFrom.UTC().Format(time.RFC3339) + " (kmsg.from_boot_start = false: the records logged before were not read)"
+	}
 	for _, t := range mon.Conditions() {
 		if c, ok := mon.o.Store.Get(t); ok && c.Status == report.StatusFalse {
 			continue
 		}
 		d, _ := report.Lookup(t)
-		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason,
-			Message: "no matching kernel message in the records read (this boot's, as far as the ring buffer still held them)"}, now)
+		mon.o.Store.Set(report.Condition{Type: t, Status: report.StatusFalse, Reason: d.HealthyReason, Message: msg}, now)
 	}
 	mon.evalWindow(nowUsec, now)
 }

@@ -677,9 +677,11 @@ func (rd *Reader) Run(ctx context.Context) {
 		// before its first open read the ring buffer to its end: this one
 		// goes on from it as a reopen.
 		skipBefore, atEnd = cur.Start, false
+		rd.Monitor.readFrom = bootWall.Add(time.Duration(cur.Start)*time.Microsecond + startSlack)
 	case atEnd:
 		now := MonotonicNow()
 		skipBefore = now - min(now, uint64(startSlack/time.Microsecond))
+		rd.Monitor.readFrom = bootWall.Add(time.Duration(now) * time.Microsecond)
 		rd.mu.Lock()
 		rd.cur.Start, rd.cur.HaveStart = skipBefore, true
 		rd.mu.Unlock()

@@ -463,3 +463,32 @@ func TestKmsgEscapesAndLongRecordsFromTheRealDevice(t *testing.T) {
 		t.Errorf("events = %+v", ev.events)
 	}
 }
+
+// With kmsg.from_boot_start false the daemon begins at the end of the real
+// /dev/kmsg: a hung critical task logged just before its start is not read,
+// and the kernel conditions' False says so, naming when it began, not that
+// this boot's records were read (TestFalseSaysWhatWasRead with a fake
+// device). Before, the False said "this boot's, as far as the ring buffer
+// still held them" after such a start too.
+func TestKmsgStartAtTheEndSaysSoInTheFalse(t *testing.T) {
+	tok := harness.Token()
+	write(t, fmt.Sprintf("INFO: task %s:%d blocked for more than 120 seconds.", tok, 40000+len(tok)))
+	before := time.Now().Truncate(time.Second)
+	d, _ := runKmsgDaemon(t, tok)
+	after := time.Now()
+	waitFor(t, d.Store(), nil, 10*time.Second, "KernelDeadlock to be False", func() bool {
+		c, ok := d.Store().Get("KernelDeadlock")
+		return ok && c.Status == report.StatusFalse
+	})
+	c, _ := d.Store().Get("KernelDeadlock")
+	const prefix = "no matching kernel message since the monitor began reading at the end of the kernel log at "
+	const suffix = " (kmsg.from_boot_start = false: the records logged before were not read)"
+	at, ok := strings.CutPrefix(c.Message, prefix)
+	if at, ok = strings.CutSuffix(at, suffix); !ok {
+		t.Fatalf("KernelDeadlock False says %q, want %q<time>%q", c.Message, prefix, suffix)
+	}
+	began, err := time.Parse(time.RFC3339, at)
+	if err != nil || began.Before(before) || began.After(after) {
+		t.Errorf("the start named in %q is not between %s and %s (%v)", c.Message, before.Format(time.RFC3339), after.Format(time.RFC3339), err)
+	}
+}
