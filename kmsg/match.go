@@ -97,9 +97,20 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 		default:
 			return nil, fmt.Errorf("kmsg rule %s: kind %q, want perm, temp or disk-io-error", r.Name, r.Kind)
 		}
+		// A rule without a pattern (the key left out, or misspelt in a
+		// table the decoder would refuse, or "") and one whose pattern
+		// needs no text (".*", "x*", "^") match every kernel record: a
+		// perm rule would set its condition, held for the boot, on the
+		// first record of a healthy node's log.
+		if r.Pattern == "" {
+			return nil, fmt.Errorf("kmsg rule %s: no pattern: a rule without one would match every kernel record", r.Name)
+		}
 		re, err := regexp.Compile(r.Pattern)
 		if err != nil {
 			return nil, fmt.Errorf("kmsg rule %s: pattern: %v", r.Name, err)
+		}
+		if re.MatchString("") {
+			return nil, fmt.Errorf("kmsg rule %s: pattern %q matches an empty message: a pattern must require some text of the lines it is for (one that requires none, as \".*\" or \"x*\", matches every kernel record)", r.Name, r.Pattern)
 		}
 		// A disk I/O error is judged by its device (ignore_devices, NVMe
 		// over Fabrics, iSCSI): without the group every error would count,

@@ -435,7 +435,12 @@ func TestBadConfigs(t *testing.T) {
 		// would otherwise drop unseen).
 		"kmsg-rule-duplicate.toml":         `:6: key kmsg.rules[1]: kmsg rule A: defined twice (first as kmsg.rules[0])`,
 		"kmsg-rule-duplicate-builtin.toml": `:6: key kmsg.rules[1]: kmsg rule ReadonlyFilesystem: defined twice (first as kmsg.rules[0])`,
-		"kmsg-rule-reason.toml":            `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
+		// A rule without a pattern, or one that needs no text, would
+		// match every kernel record: a perm rule's condition True for
+		// the boot on a healthy node's first line.
+		"kmsg-rule-no-pattern.toml":    `:5: key kmsg.rules[0]: kmsg rule MyReadOnly: no pattern: a rule without one would match every kernel record`,
+		"kmsg-rule-matches-empty.toml": `:7: key kmsg.rules[1]: kmsg rule B: pattern "(mydrv: I/O error)*" matches an empty message: a pattern must require some text of the lines it is for (one that requires none, as ".*" or "x*", matches every kernel record)`,
+		"kmsg-rule-reason.toml":        `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
 		// PodVolumeReadOnly is a built-in rule's name (ReadonlyFilesystem's
 		// lines on a pod's volume): kmsg.disable turns it off, no rule
 		// takes it, and its kind is no other rule's.
