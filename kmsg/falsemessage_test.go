@@ -18,14 +18,22 @@ import (
 // read, and that the records before were not read. Before, both said
 // "this boot's, as far as the ring buffer still held them", which after a
 // start at the end told an operator that a read-only remount logged before
-// the daemon's start had been looked for when it had not.
+// the daemon's start had been looked for when it had not. So does the
+// count of disk I/O errors of DisksFailure, until the window's span has
+// passed since the start: before, it said the kernel logged 0 errors in
+// the last 10 minutes when those before the start were not read.
 func TestFalseSaysWhatWasRead(t *testing.T) {
 	for _, c := range []struct {
 		fromStart bool
 		want      string
+		// disks: the kernel's part of DisksFailure, until the window's
+		// span has passed since the start.
+		disks string
 	}{
-		{true, "no matching kernel message in the records read (this boot's, as far as the ring buffer still held them)"},
-		{false, "no matching kernel message since the monitor began reading at the end of the kernel log at 2000-01-01T00:00:00Z (kmsg.from_boot_start = false: the records logged before were not read)"},
+		{true, "no matching kernel message in the records read (this boot's, as far as the ring buffer still held them)",
+			"the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5)"},
+		{false, "no matching kernel message since the monitor began reading at the end of the kernel log at 2000-01-01T00:00:00Z (kmsg.from_boot_start = false: the records logged before were not read)",
+			"the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5), read since 2000-01-01T00:00:00Z only (kmsg.from_boot_start = false: those logged before were not read)"},
 	} {
 		t.Run("from_boot_start="+map[bool]string{true: "true", false: "false"}[c.fromStart], func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -51,8 +59,17 @@ func TestFalseSaysWhatWasRead(t *testing.T) {
 						t.Errorf("%s False says %q, want %q", typ, cond.Message, c.want)
 					}
 				}
+				if p, _ := store.Part(report.SourceKmsg, "DisksFailure"); p.Message != c.disks {
+					t.Errorf("DisksFailure's kernel part says %q, want %q", p.Message, c.disks)
+				}
 				cancel()
 				<-done
+				// Once the window's span (10 min) has passed since the
+				// start, every error it counts was read.
+				mon.Tick(MonotonicNow()+uint64(10*time.Minute/time.Microsecond), time.Now())
+				if p, _ := store.Part(report.SourceKmsg, "DisksFailure"); p.Message != "the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5)" {
+					t.Errorf("10 min after the start, DisksFailure's kernel part says %q", p.Message)
+				}
 			})
 		})
 	}

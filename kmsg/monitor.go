@@ -115,7 +115,11 @@ type Monitor struct {
 	// log (kmsg.from_boot_start false, no cursor of this boot): the records
 	// logged before it were not read, and a kernel condition's healthy
 	// False says so, not that this boot's records were read (readFromStart).
-	readFrom time.Time
+	// readFromUsec is that start in kernel time: until the I/O error
+	// window's span has passed since, DisksFailure's count says it covers
+	// only the errors logged since.
+	readFrom     time.Time
+	readFromUsec uint64
 	// gpu says whether GPU-only rules apply (Options.GPU, then SetGPU).
 	gpu atomic.Bool
 	// lastSeq, lastUsec and lastAt (Unix ns) are of the last record
@@ -517,6 +521,12 @@ func (mon *Monitor) evalWindow(nowUsec uint64, now time.Time) {
 	if n >= set.threshold {
 		c.Status, c.Reason = report.StatusTrue, report.ReasonDiskIOErrors
 		c.Message = fmt.Sprintf("the kernel logged %s%d disk I/O errors in the last %s (threshold %d) on %s", atLeast, n, set.window, set.threshold, strings.Join(devs, ", "))
+	}
+	// A start at the end of the log did not read the errors logged before
+	// it: until the span has passed since, the count is of a part of it.
+	if !mon.readFrom.IsZero() && nowUsec-min(nowUsec, mon.readFromUsec) < span {
+		c.Message += ", read since " + mon.readFrom.UTC().Format(time.RFC3339) +
+			" only (kmsg.from_boot_start = false: those logged before were not read)"
 	}
 	// The kernel's rate limit dropped I/O error lines in the window: some
 	// may have been a disk's. Said, not counted: which device's they were

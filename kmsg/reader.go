@@ -677,11 +677,12 @@ func (rd *Reader) Run(ctx context.Context) {
 		// before its first open read the ring buffer to its end: this one
 		// goes on from it as a reopen.
 		skipBefore, atEnd = cur.Start, false
-		rd.Monitor.readFrom = bootWall.Add(time.Duration(cur.Start)*time.Microsecond + startSlack)
+		rd.Monitor.readFromUsec = cur.Start + uint64(startSlack/time.Microsecond)
+		rd.Monitor.readFrom = bootWall.Add(time.Duration(rd.Monitor.readFromUsec) * time.Microsecond)
 	case atEnd:
 		now := MonotonicNow()
 		skipBefore = now - min(now, uint64(startSlack/time.Microsecond))
-		rd.Monitor.readFrom = bootWall.Add(time.Duration(now) * time.Microsecond)
+		rd.Monitor.readFrom, rd.Monitor.readFromUsec = bootWall.Add(time.Duration(now)*time.Microsecond), now
 		rd.mu.Lock()
 		rd.cur.Start, rd.cur.HaveStart = skipBefore, true
 		rd.mu.Unlock()

@@ -467,9 +467,11 @@ func TestKmsgEscapesAndLongRecordsFromTheRealDevice(t *testing.T) {
 // With kmsg.from_boot_start false the daemon begins at the end of the real
 // /dev/kmsg: a hung critical task logged just before its start is not read,
 // and the kernel conditions' False says so, naming when it began, not that
-// this boot's records were read (TestFalseSaysWhatWasRead with a fake
-// device). Before, the False said "this boot's, as far as the ring buffer
-// still held them" after such a start too.
+// this boot's records were read, as DisksFailure's count of the last 10
+// minutes does (TestFalseSaysWhatWasRead with a fake device). Before, the
+// False said "this boot's, as far as the ring buffer still held them"
+// after such a start too, and the count "0 disk I/O errors in the last
+// 10m0s".
 func TestKmsgStartAtTheEndSaysSoInTheFalse(t *testing.T) {
 	tok := harness.Token()
 	write(t, fmt.Sprintf("INFO: task %s:%d blocked for more than 120 seconds.", tok, 40000+len(tok)))
@@ -490,5 +492,12 @@ func TestKmsgStartAtTheEndSaysSoInTheFalse(t *testing.T) {
 	began, err := time.Parse(time.RFC3339, at)
 	if err != nil || began.Before(before) || began.After(after) {
 		t.Errorf("the start named in %q is not between %s and %s (%v)", c.Message, before.Format(time.RFC3339), after.Format(time.RFC3339), err)
+	}
+	// DisksFailure's count covers the errors since that start only, for
+	// the window's 10 minutes.
+	want := "the kernel logged 0 disk I/O errors in the last 10m0s (threshold 5), read since " + at +
+		" only (kmsg.from_boot_start = false: those logged before were not read)"
+	if p, _ := d.Store().Part(report.SourceKmsg, "DisksFailure"); p.Message != want {
+		t.Errorf("DisksFailure's kernel part says %q, want %q", p.Message, want)
 	}
 }
