@@ -152,6 +152,10 @@ func TestRestartBeforeARecordWasHandledResumesAtTheFirstStartsEnd(t *testing.T) 
 				}
 				if got, _ := store.Get("KernelDeadlock"); got.Status != c.deadlck {
 					t.Errorf("a line logged before the first start: KernelDeadlock %s (%s), want %s", got.Status, got.Message, c.deadlck)
+				} else if c.openFails && !strings.HasSuffix(got.Message, " (kmsg.from_boot_start = false: the records logged before were not read)") {
+					// Its first False, after the restart that goes on from
+					// the kept start: the records before it were not read.
+					t.Errorf("KernelDeadlock False after going on from the first start says %q", got.Message)
 				}
 				if n, l := mon.Metrics().Records(), mon.Metrics().Lost(); n != c.records || l != c.lost {
 					t.Errorf("after the restart %v records handled, %v lost; want %v and %v", n, l, c.records, c.lost)
