@@ -91,6 +91,11 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 				return nil, fmt.Errorf("kmsg rule %s: reason %q is not a reason of %s (want %s)", r.Name, r.Reason, r.Condition, report.JoinReasons(d.ProblemReasons, ", "))
 			}
 		case Temp, DiskIOError:
+			// A condition on an event's rule was dropped unseen: the rule
+			// never set it, whatever its author meant.
+			if r.Condition != "" {
+				return nil, fmt.Errorf("kmsg rule %s: condition %q is for kind perm: a rule of kind %s emits its event reason (%q) and sets no condition", r.Name, r.Condition, r.Kind, r.Reason)
+			}
 			if e, ok := report.LookupEvent(r.Reason); !ok || e.Source != report.SourceKmsg {
 				return nil, fmt.Errorf("kmsg rule %s: event reason %q is not a kernel-log event of the catalog (want one of %s)", r.Name, r.Reason, strings.Join(eventReasons(), ", "))
 			}

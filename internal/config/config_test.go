@@ -440,7 +440,9 @@ func TestBadConfigs(t *testing.T) {
 		// the boot on a healthy node's first line.
 		"kmsg-rule-no-pattern.toml":    `:5: key kmsg.rules[0]: kmsg rule MyReadOnly: no pattern: a rule without one would match every kernel record`,
 		"kmsg-rule-matches-empty.toml": `:7: key kmsg.rules[1]: kmsg rule B: pattern "(mydrv: I/O error)*" matches an empty message: a pattern must require some text of the lines it is for (one that requires none, as ".*" or "x*", matches every kernel record)`,
-		"kmsg-rule-reason.toml":        `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
+		// A condition on a rule that emits an event was dropped unseen.
+		"kmsg-rule-temp-condition.toml": `:1: key kmsg.rules[0]: kmsg rule MyReadOnly: condition "ReadonlyFilesystem" is for kind perm: a rule of kind temp emits its event reason ("Ext4Error") and sets no condition`,
+		"kmsg-rule-reason.toml":         `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,
 		// PodVolumeReadOnly is a built-in rule's name (ReadonlyFilesystem's
 		// lines on a pod's volume): kmsg.disable turns it off, no rule
 		// takes it, and its kind is no other rule's.
