@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"bufio"
+	"bytes"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -81,7 +83,32 @@ func BenchmarkScrape(b *testing.B) {
 					size = w.Body.Len()
 				}
 				b.ReportMetric(float64(size), "bytes/resp")
+				if enc == "identity" {
+					// The series on the page (README, Cost: the
+					// scrape's series count).
+					b.ReportMetric(float64(textSeries(b, h)), "series/resp")
+				}
 			})
 		}
 	}
+}
+
+// textSeries counts the series of one plain-text scrape of h: its lines
+// that are not comments.
+func textSeries(b testing.TB, h http.Handler) int {
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Accept-Encoding", "identity")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusOK {
+		b.Fatalf("HTTP %d", w.Code)
+	}
+	n := 0
+	sc := bufio.NewScanner(bytes.NewReader(w.Body.Bytes()))
+	for sc.Scan() {
+		if line := sc.Text(); line != "" && line[0] != '#' {
+			n++
+		}
+	}
+	return n
 }

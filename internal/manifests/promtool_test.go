@@ -277,7 +277,18 @@ func daemonTests() promTest {
 			{daemon("process_start_time_seconds", "denied", ""), "0+0x9 _ _ 690+0x28"},
 			{daemon("autopilot_health_api_writes_total", "denied", `,kind="read",result="ok"`), "1+0x9 _ _ 1+0x28"},
 			{daemon("autopilot_health_api_writes_total", "denied", `,kind="status",result="ok"`), "0+1x9 _ _ 0+0x28"},
-			{daemon("autopilot_health_api_writes_total", "denied", `,kind="status",result="forbidden"`), "_ _ _ _ _ _ _ _ _ _ _ _ 1+1x28"},
+			// Every kind's series of every result is there at 0 from the
+			// start (the earlier process's too).
+			{daemon("autopilot_health_api_writes_total", "denied", `,kind="status",result="forbidden"`), "0+0x9 _ _ 1+1x28"},
+			// "refused": an Event refused once (forbidden) at minute 5,
+			// the only event call in the window; the earlier ones worked.
+			// Its series is there at 0 from the start, so the one failure
+			// is an increase: firing 5 minutes later, and no longer once
+			// it is out of the 15-minute window. (Born at 1, as it was
+			// before every result's series was made at the start, it was
+			// never seen.)
+			{daemon("autopilot_health_api_writes_total", "refused", `,kind="event",result="ok"`), "3+0x40"},
+			{daemon("autopilot_health_api_writes_total", "refused", `,kind="event",result="forbidden"`), "0+0x4 1+0x35"},
 			// A reload refused at minute 5, one that applies at minute 31.
 			{daemon("autopilot_health_config_last_reload_successful", "up", ""), "1+0x4 0+0x25 1+0x10"},
 			{daemon("autopilot_health_healthy", "flaky", ""), strings.Join(healthy, " ")},
@@ -356,16 +367,26 @@ func daemonTests() promTest {
 			{EvalTime: "5m", Alertname: "AutopilotHealthAPIWritesFailing"},
 			{EvalTime: "6m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			// "refused": its one event call, at minute 5, failed; out of
+			// the window at minute 20.
+			{EvalTime: "9m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+			{EvalTime: "10m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"}),
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "refused", "kind": "event"})}},
 			// "outage": its reads all fail from minute 12 on, for 5
 			// minutes at 17; no longer once one works (minute 20).
 			{EvalTime: "16m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
-				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"}),
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "refused", "kind": "event"})}},
 			{EvalTime: "17m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"}),
-				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "outage", "kind": "read"})}},
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "outage", "kind": "read"}),
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "refused", "kind": "event"})}},
 			{EvalTime: "19m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"}),
-				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "outage", "kind": "read"})}},
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "outage", "kind": "read"}),
+				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "refused", "kind": "event"})}},
 			{EvalTime: "20m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{
 				exp("AutopilotHealthAPIWritesFailing", map[string]string{"node": "up", "kind": "status"})}},
 			{EvalTime: "25m", Alertname: "AutopilotHealthAPIWritesFailing", ExpAlerts: []promAlert{

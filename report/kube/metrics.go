@@ -25,6 +25,9 @@ const (
 // kinds are the write kinds: the values of the kind label.
 var kinds = []string{KindStatus, KindEvent, KindEventCount, KindAnnotations, KindRead}
 
+// results are the values of the result label (resultOf), ok first.
+var results = []string{"ok", "forbidden", "not_found", "error"}
+
 // Why event occurrences were dropped, the values of events_dropped_total's
 // reason label.
 const (
@@ -160,15 +163,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, dm := range report.Domains {
 		m.leftOut.WithLabelValues(dm.Name)
 	}
-	// Every kind's ok series is there at 0 from the start: increase() does
-	// not see a series that first appears at 1, and the alert on failing
-	// calls (AutopilotHealthAPIWritesFailing) takes a kind whose ok count
-	// did not rise in 15 minutes for failing. The Node's read, made once
-	// per start and retried while the API server cannot be reached, would
-	// count as failing for 15 minutes after it worked. The failures'
-	// series still appear with the first failure.
+	// Every kind's series of every result is there at 0 from the start:
+	// increase() and rate() do not see a series that first appears at 1.
+	// The alert on failing calls (AutopilotHealthAPIWritesFailing) takes a
+	// kind whose ok count did not rise in 15 minutes for failing: the
+	// Node's read, made once per start and retried while the API server
+	// cannot be reached, would count as failing for 15 minutes after it
+	// worked. And it takes a kind whose failures rose for failing: a
+	// failure series born at 1 hid the first failure of its kind and
+	// result (a kind made rarely, an Event refused once, was never seen
+	// failing; a kind failing every call was seen a call later).
 	for _, kind := range kinds {
-		m.writes.WithLabelValues(kind, "ok")
+		for _, res := range results {
+			m.writes.WithLabelValues(kind, res)
+		}
 	}
 	// Every reason's series too: the first drop of a reason is an increase.
 	for _, reason := range dropReasons {
@@ -310,7 +318,7 @@ func (m *Metrics) SetReporting(on bool) {
 func (m *Metrics) Failures() float64 {
 	var n float64
 	for _, kind := range kinds {
-		for _, res := range []string{"error", "forbidden", "not_found"} {
+		for _, res := range results[1:] {
 			n += report.Value(m.writes.WithLabelValues(kind, res))
 		}
 	}
