@@ -52,8 +52,11 @@ func DashboardPanels() []Panel {
 			fmt.Sprintf(`sum by (check, result) (rate(autopilot_health_check_runs_total{%s}[5m]))`, sel)}},
 		{Title: "Kubernetes API calls by kind and result", Kind: "timeseries", Unit: "ops", Queries: []string{
 			fmt.Sprintf(`sum by (kind, result) (rate(autopilot_health_api_writes_total{%s}[5m]))`, sel)}},
+		// The gauge is 0 until the first call that works (standalone:
+		// always): time() - 0 is the time since 1970, not since a call;
+		// such a node shows nothing.
 		{Title: "Seconds since the last successful API call", Kind: "timeseries", Unit: "s", Queries: []string{
-			fmt.Sprintf(`time() - autopilot_health_api_last_success_timestamp_seconds{%s}`, sel)}},
+			fmt.Sprintf(`time() - (autopilot_health_api_last_success_timestamp_seconds{%s} > 0)`, sel)}},
 		{Title: "Daemon healthy (every loop makes progress)", Kind: "timeseries", Queries: []string{
 			fmt.Sprintf(`autopilot_health_healthy{%s}`, sel)}},
 		{Title: "Daemon memory (RSS)", Kind: "timeseries", Unit: "bytes", Queries: []string{

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -88,10 +89,22 @@ type promAlertTest struct {
 	ExpAlerts []promAlert `yaml:"exp_alerts"`
 }
 
+type promSample struct {
+	Labels string  `yaml:"labels"`
+	Value  float64 `yaml:"value"`
+}
+
+type promExprTest struct {
+	Expr       string       `yaml:"expr"`
+	EvalTime   string       `yaml:"eval_time"`
+	ExpSamples []promSample `yaml:"exp_samples"`
+}
+
 type promTest struct {
 	Interval   string          `yaml:"interval"`
 	InputSerie []promSeries    `yaml:"input_series"`
-	AlertTests []promAlertTest `yaml:"alert_rule_test"`
+	AlertTests []promAlertTest `yaml:"alert_rule_test,omitempty"`
+	ExprTests  []promExprTest  `yaml:"promql_expr_test,omitempty"`
 }
 
 // ksm is a kube-state-metrics series as Prometheus stores it after a scrape.
@@ -532,5 +545,85 @@ func TestKernelWindowConditionAlertsWithinTheWindow(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "SUCCESS") {
 		t.Errorf("promtool test rules: %v\n%s", err, out)
+	}
+}
+
+// timestampGauge: a metric whose value is a Unix time (the daemon's
+// *_timestamp_seconds, process_start_time_seconds).
+var timestampGauge = regexp.MustCompile(`_(timestamp|time)_seconds$`)
+
+// No shipped dashboard query or alert reads a timestamp gauge at 0 as a
+// time: autopilot_health_api_last_success_timestamp_seconds is 0 until
+// the first call that works (standalone, always), and time() - 0 is the
+// time since 1970 (the dashboard showed 56 years). promtool evaluates every
+// expression that reads one with each such gauge at 0 and nothing else:
+// each shows nothing. And the API panel still shows the age of a success.
+func TestTimestampGaugesAtZeroShowNothing(t *testing.T) {
+	type shipped struct{ name, expr string }
+	var exprs []shipped
+	for _, g := range ruleGroups().Groups {
+		for _, r := range g.Rules {
+			exprs = append(exprs, shipped{r.Alert, r.Expr})
+		}
+	}
+	for _, p := range DashboardPanels() {
+		for _, q := range p.Queries {
+			exprs = append(exprs, shipped{"panel " + p.Title, strings.ReplaceAll(q, `"$node"`, `".*"`)})
+		}
+	}
+	zero := promTest{Interval: "1m"}
+	gauges := map[string]bool{}
+	for _, e := range exprs {
+		read := false
+		for _, m := range metricNames(e.expr) {
+			if !timestampGauge.MatchString(m) {
+				continue
+			}
+			read = true
+			if !gauges[m] {
+				gauges[m] = true
+				zero.InputSerie = append(zero.InputSerie, promSeries{
+					fmt.Sprintf(`%s{job=%q,instance="never:20257",node="never"}`, m, Job), "0+0x10"})
+			}
+		}
+		if read {
+			t.Logf("%s: %s", e.name, e.expr)
+			zero.ExprTests = append(zero.ExprTests, promExprTest{Expr: e.expr, EvalTime: "5m"})
+		}
+	}
+	if !gauges["autopilot_health_api_last_success_timestamp_seconds"] {
+		t.Fatalf("no shipped expression reads autopilot_health_api_last_success_timestamp_seconds (read: %v)", gauges)
+	}
+	// A node whose last call that worked was at minute 1: 240 s at minute 5.
+	var panel string
+	for _, p := range DashboardPanels() {
+		if p.Title == "Seconds since the last successful API call" {
+			panel = strings.ReplaceAll(p.Queries[0], `"$node"`, `".*"`)
+		}
+	}
+	if panel == "" {
+		t.Fatal("no panel of the seconds since the last successful API call")
+	}
+	works := promTest{
+		Interval: "1m",
+		InputSerie: []promSeries{{
+			fmt.Sprintf(`autopilot_health_api_last_success_timestamp_seconds{job=%q,instance="works:20257",node="works"}`, Job), "0 60+0x10"}},
+		ExprTests: []promExprTest{{Expr: panel, EvalTime: "5m", ExpSamples: []promSample{
+			{fmt.Sprintf(`{job=%q,instance="works:20257",node="works"}`, Job), 240}}}},
+	}
+	dir := t.TempDir()
+	rules, _ := Lookup("prometheus-rules")
+	rf := writeRendered(t, dir, rules)
+	b, err := yaml.Marshal(map[string]any{"rule_files": []string{rf}, "evaluation_interval": "1m", "tests": []promTest{zero, works}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := filepath.Join(dir, "rules_test.yaml")
+	if err := os.WriteFile(tf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runPromtool(t, "test", "rules", tf)
+	if !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules:\n%s", out)
 	}
 }
