@@ -542,6 +542,10 @@ func (r *Runner) startLocked(es []*entry) {
 		if n := len(es); n > 1 {
 			offset = r.spread * time.Duration(i) / time.Duration(n)
 		}
+		if r.metrics != nil {
+			// Its runs' series of every result at 0 before its first.
+			r.metrics.InitCheck(e.cond)
+		}
 		ctx, cancel := context.WithCancel(r.ctx)
 		e.stop, e.done = cancel, make(chan struct{})
 		r.wg.Go(func() {

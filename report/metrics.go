@@ -24,6 +24,9 @@ const (
 	ResultPanic   = "panic"
 )
 
+// checkResults are the values of check_runs_total's result label.
+var checkResults = []string{ResultOK, ResultProblem, ResultError, ResultTimeout, ResultPanic}
+
 // Metrics holds the daemon's Prometheus metrics.
 //
 // Registry is where other parts register theirs; the go_* and process_*
@@ -389,6 +392,18 @@ func (m *Metrics) EventEmitted(e Event) {
 	m.vProblemCounter.changed()
 }
 
+// InitCheck creates check's run series of every result at 0: the runner
+// starts the check. increase() and rate() do not see a series that first
+// appears at 1, so the first run of each result (the first ok, the first
+// timeout) would not show.
+func (m *Metrics) InitCheck(check string) {
+	p := m.checkPart(check)
+	for _, res := range checkResults {
+		p.runs.WithLabelValues(check, res)
+	}
+	p.f.changed()
+}
+
 // CheckRun records one run of a check.
 func (m *Metrics) CheckRun(check, result string, d time.Duration) {
 	p := m.checkPart(check)
@@ -408,8 +423,8 @@ func (m *Metrics) LoopProgress(loop string, t time.Time) {
 // reload disabled it, or the node's role or GPU no longer has it), and
 // leaves the metrics as a check not run at start. Its part stays, empty,
 // among the versioned families (a scrape shows none of its series once
-// the version moved); a later run of the check, started again, makes its
-// series anew, from 0.
+// the version moved); the check started again makes its series anew, at 0
+// (InitCheck).
 func (m *Metrics) RemoveCheck(check string) {
 	m.partsMu.Lock()
 	p := m.checkParts[check]

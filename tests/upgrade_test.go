@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -217,7 +218,8 @@ func TestUpgradeAndRollbackKeepConditions(t *testing.T) {
 }
 
 // afterCheckRan waits until the running daemon has finished a run of check
-// (its check_runs_total), and returns its metrics page.
+// (its check_runs_total above 0: its series of every result are there at
+// 0 from the check's start), and returns its metrics page.
 func (n *kernelNode) afterCheckRan(check string) string {
 	n.t.Helper()
 	var page string
@@ -232,7 +234,16 @@ func (n *kernelNode) afterCheckRan(check string) string {
 			return false, err.Error()
 		}
 		page = string(b)
-		return strings.Contains(page, `autopilot_health_check_runs_total{check="`+check+`"`), grepLines(page, "check_runs_total")
+		runs := 0.0
+		for _, l := range strings.Split(page, "\n") {
+			if rest, ok := strings.CutPrefix(l, `autopilot_health_check_runs_total{check="`+check+`",`); ok {
+				if _, v, ok := strings.Cut(rest, "} "); ok {
+					f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+					runs += f
+				}
+			}
+		}
+		return runs > 0, grepLines(page, "check_runs_total")
 	})
 	return page
 }

@@ -13,8 +13,8 @@ import (
 )
 
 // scrapeDaemon is a daemon (not running) whose metrics hold what a node's
-// have after a while: every condition of the catalog, a run of every check,
-// every loop's progress.
+// have after a while: every condition of the catalog, every check started
+// (its runs' series of every result) and run once, every loop's progress.
 func scrapeDaemon(b testing.TB) *Daemon {
 	cfg := testConfig(b)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -33,6 +33,8 @@ func scrapeDaemon(b testing.TB) *Daemon {
 	d.metrics.InitConditions(types)
 	now := time.Now()
 	for _, c := range report.Conditions {
+		// The runner makes every result's series at a check's start.
+		d.metrics.InitCheck(c.Type)
 		d.metrics.CheckRun(c.Type, report.ResultOK, 3*time.Millisecond)
 		d.metrics.LoopProgress("check/"+c.Type, now)
 	}
