@@ -28,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -766,7 +768,19 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 	}
 	store := report.NewStore("boot")
 	var logs testenv.SyncBuffer
-	m := kube.NewMetrics(nil)
+	reg := prometheus.NewRegistry()
+	m := kube.NewMetrics(reg)
+	// Every kind's forbidden series is there at 0 before the first call,
+	// so the refusals below are a rise from 0 Prometheus sees.
+	forbidden0 := apiWrites(t, reg, "forbidden")
+	if len(forbidden0) != 5 {
+		t.Errorf("api_writes_total{result=\"forbidden\"} before any call: %v, want every kind's at 0", forbidden0)
+	}
+	for kind, v := range forbidden0 {
+		if v != 0 {
+			t.Errorf("api_writes_total{kind=%q,result=\"forbidden\"} = %v before any call", kind, v)
+		}
+	}
 	r := kube.New(kube.Options{Client: client, NodeName: other, Identity: kube.CredentialsUser(kc), Role: report.RoleWorker, Store: store, Details: report.NewDetails(),
 		Log: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: m, HeartbeatPeriod: time.Minute, ReportInterval: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -779,6 +793,15 @@ func TestKubeCannotTouchAnotherNode(t *testing.T) {
 			t.Fatalf("no forbidden API call counted; log:\n%s", logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// The real API server's refusal (NodeRestriction) counts under
+	// forbidden, on those series.
+	total := 0.0
+	for _, v := range apiWrites(t, reg, "forbidden") {
+		total += v
+	}
+	if total == 0 || total != m.Forbidden() {
+		t.Errorf("api_writes_total{result=\"forbidden\"} sum to %v, %v refused calls counted", total, m.Forbidden())
 	}
 	if !strings.Contains(logs.String(), "refused by the API server: the credentials do not allow it") {
 		t.Errorf("the daemon did not say clearly that it was refused:\n%s", logs.String())
@@ -1125,4 +1148,30 @@ func TestDaemonPicksUpKubeconfigLater(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // polling the API server for an awaited event
 	}
+}
+
+// apiWrites returns autopilot_health_api_writes_total's series of result
+// on reg, by kind.
+func apiWrites(t *testing.T, reg *prometheus.Registry, result string) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "autopilot_health_api_writes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			if l["result"] == result {
+				out[l["kind"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }
