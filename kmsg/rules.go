@@ -92,8 +92,10 @@ var DefaultRules = []Rule{
 		// drivers/firmware/efi/cper.c cper_estatus_print, "%s" "event severity: %s" with the caller's prefix:
 		// GHES "{1}[Hardware Error]: event severity: fatal" ("{%u}" HW_ERR);
 		// BERT (drivers/acpi/apei/bert.c, KERN_INFO HW_ERR, a previous boot's error) "[Hardware Error]: event severity: fatal"
-		// after "BERT: Error records from previous boot:".
-		Pattern: `\[Hardware Error\]: event severity: fatal`},
+		// after "BERT: Error records from previous boot:";
+		// Intel eMCA (drivers/acpi/acpi_extlog.c __print_extlog_rcd, 3.14-6.x) "{1}event severity: fatal": its prefix is
+		// "%s{%u}" of the level alone, no HW_ERR, after "{1}Hardware error detected on CPU3". See cperSeverity.
+		Pattern: cperSeverity("fatal")},
 	{Name: "GpuFallenOffBus", Kind: Perm, Condition: "GpuFallenOffBus", Reason: "GpuFellOffBus",
 		// NVIDIA driver: "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." and
 		// "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=nvidia-smi, GPU has fallen off the bus.";
@@ -155,9 +157,33 @@ var DefaultRules = []Rule{
 		// net/core/dev.c: "unregister_netdevice: waiting for eth0 to become free. Usage count = 1".
 		Pattern: `^unregister_netdevice: waiting for \S+ to become free`},
 	{Name: "CperHardwareErrorCorrected", Kind: Temp, Reason: "CperHardwareErrorCorrected",
-		Pattern: `\[Hardware Error\]: event severity: corrected`},
+		Pattern: cperSeverity("corrected")},
 	{Name: "CperHardwareErrorRecoverable", Kind: Temp, Reason: "CperHardwareErrorRecoverable",
-		Pattern: `\[Hardware Error\]: event severity: recoverable`},
+		Pattern: cperSeverity("recoverable")},
+}
+
+// cperSeverity is the pattern of cper_estatus_print's severity line
+// (drivers/firmware/efi/cper.c, "%s" "event severity: %s" with its caller's
+// prefix, cper_severity_str: "recoverable", "fatal", "corrected", "info")
+// for one severity, in the forms of its callers:
+//   - GHES (drivers/acpi/apei/ghes.c __ghes_print_estatus), "{%u}" HW_ERR:
+//     "{1}[Hardware Error]: event severity: corrected";
+//   - BERT (drivers/acpi/apei/bert.c bert_print_all), HW_ERR alone:
+//     "[Hardware Error]: event severity: fatal";
+//   - Intel eMCA's extended error log (drivers/acpi/acpi_extlog.c
+//     __print_extlog_rcd, 3.14 to 6.x), "%s{%u}" of KERN_INFO or KERN_ERR
+//     alone, which printk takes off: "{1}event severity: corrected" (the
+//     record starts "{1}Hardware error detected on CPU3"; its sections are
+//     "{1} Error 0, type: corrected" and so on, as GHES's are). Up to the
+//     kernels that print its records unconditionally, extlog prints them
+//     only while no user space RAS consumer (rasdaemon) holds the ras
+//     debugfs trace file open: a node running rasdaemon has no such line.
+//
+// The extlog form is anchored at the message's start, "{" and a number
+// being all its prefix: "event severity: fatal" after other text is no
+// CPER line's.
+func cperSeverity(severity string) string {
+	return `(\[Hardware Error\]: |^\{\d+\})event severity: ` + severity
 }
 
 // DefaultCriticalTasks are the processes whose hung task sets KernelDeadlock.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -499,5 +500,52 @@ func TestKmsgStartAtTheEndSaysSoInTheFalse(t *testing.T) {
 		" only (kmsg.from_boot_start = false: those logged before were not read)"
 	if p, _ := d.Store().Part(report.SourceKmsg, "DisksFailure"); p.Message != want {
 		t.Errorf("DisksFailure's kernel part says %q, want %q", p.Message, want)
+	}
+}
+
+// Intel eMCA's extended error log (drivers/acpi/acpi_extlog.c) prints its
+// CPER records with a prefix of "{N}" alone, no "[Hardware Error]: ": a
+// record's lines, written to the real /dev/kmsg at the levels the driver
+// prints them (KERN_INFO for a corrected error, KERN_ERR above), are the
+// CPER events and condition as GHES's are. Before, the rules, written for
+// "{N}[Hardware Error]: event severity: ...", matched none of them. The
+// records' numbers, N, carry the test's token, their first digits: the
+// lines have room for no other.
+func TestKmsgExtlogCperLinesFromTheRealDevice(t *testing.T) {
+	seq := 10 * (10000000 + mathrand.IntN(90000000)) // {seq}, {seq+1} and {seq+2} begin with tok
+	tok := "{" + fmt.Sprint(seq/10)
+	cfg := kmsgDaemonConfig(t)
+	d, ev := startKmsgDaemon(t, cfg, tok)
+	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
+		c, ok := d.Store().Get("CperHardwareErrorFatal")
+		return ok && c.Status == report.StatusFalse
+	})
+	lines := []struct {
+		level int
+		text  string
+	}{
+		{6, fmt.Sprintf("{%d}Hardware error detected on CPU3", seq)},
+		{6, fmt.Sprintf("{%d}It has been corrected by h/w and requires no further action", seq)},
+		{6, fmt.Sprintf("{%d}event severity: corrected", seq)},
+		{6, fmt.Sprintf("{%d} Error 0, type: corrected", seq)},
+		{3, fmt.Sprintf("{%d}Hardware error detected on CPU5", seq+1)},
+		{3, fmt.Sprintf("{%d}event severity: recoverable", seq+1)},
+		{3, fmt.Sprintf("{%d}event severity: fatal", seq+2)},
+	}
+	for _, l := range lines {
+		if err := harness.WriteKmsgLevel(l.level, l.text); err != nil {
+			t.Fatalf("writing %q: %v", l.text, err)
+		}
+	}
+	fatal := lines[len(lines)-1].text
+	waitFor(t, d.Store(), ev, 10*time.Second, "CperHardwareErrorFatal True and both events", func() bool {
+		c, _ := d.Store().Get("CperHardwareErrorFatal")
+		return c.Status == report.StatusTrue && c.Message == fatal && ev.count() >= 2
+	})
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.events) != 2 || ev.events[0].Reason != "CperHardwareErrorCorrected" || ev.events[0].Message != lines[2].text ||
+		ev.events[1].Reason != "CperHardwareErrorRecoverable" || ev.events[1].Message != lines[5].text {
+		t.Errorf("events = %+v", ev.events)
 	}
 }
