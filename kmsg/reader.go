@@ -116,6 +116,18 @@ type cursor struct {
 	// does, not those logged since.
 	Start     uint64
 	HaveStart bool
+	// ReadFrom is the kernel time (µs) at which a start at the end of the
+	// log (from_boot_start false) began in this boot, ReadFromWall its wall
+	// time as the kernel conditions' False names it; HaveReadFrom: there
+	// was one. Kept for the boot, also once Have, unlike Start: every later
+	// run of the boot that goes on from the cursor says, as the first did,
+	// that the records logged before it were not read, naming the same
+	// time. Before, a restart after the cursor was saved but before the
+	// False was (the first second after the start) said this boot's records
+	// were read.
+	ReadFrom     uint64
+	ReadFromWall time.Time
+	HaveReadFrom bool
 	// IOErrors are the disk I/O errors in DisksFailure's window (kernel
 	// time and device), so a restart within the boot does not forget them.
 	IOErrors []ioError
@@ -223,12 +235,23 @@ type cursorJSON struct {
 	LastSite uint64 `json:"ioErrorLastLine,omitempty"`
 	// Start: cursor.Start, where HaveStart.
 	Start *uint64 `json:"startUsec,omitempty"`
+	// ReadFrom: cursor.ReadFrom and ReadFromWall, where HaveReadFrom.
+	ReadFrom *readFromJSON `json:"startAtEnd,omitempty"`
+}
+
+// readFromJSON is a start at the end of the log in the state file.
+type readFromJSON struct {
+	Usec uint64    `json:"usec"`
+	Wall time.Time `json:"wall"`
 }
 
 func (c cursor) MarshalJSON() ([]byte, error) {
 	j := cursorJSON{Seq: c.Seq, Have: c.Have, Window: encodeWindow(c.IOErrors), Suppressed: encodeSuppressed(c.Suppressed), LastSite: c.LastSite}
 	if c.HaveStart && !c.Have {
 		j.Start = &c.Start
+	}
+	if c.HaveReadFrom {
+		j.ReadFrom = &readFromJSON{Usec: c.ReadFrom, Wall: c.ReadFromWall}
 	}
 	return json.Marshal(j)
 }
@@ -272,6 +295,9 @@ func (c *cursor) UnmarshalJSON(b []byte) error {
 	*c = cursor{Seq: j.Seq, Have: j.Have, IOErrors: j.IOErrors, LastSite: j.LastSite}
 	if j.Start != nil && !j.Have {
 		c.Start, c.HaveStart = *j.Start, true
+	}
+	if j.ReadFrom != nil {
+		c.ReadFrom, c.ReadFromWall, c.HaveReadFrom = j.ReadFrom.Usec, j.ReadFrom.Wall, true
 	}
 	if j.Window != "" {
 		es, err := decodeWindow(j.Window)
@@ -588,6 +614,10 @@ func (rd *Reader) Run(ctx context.Context) {
 		// A start at the end's kept start (see below) is not a position
 		// from_boot_start true resumes at: it reads the ring buffer.
 		cur.Start, cur.HaveStart = 0, false
+		if !cur.Have {
+			// Nor is its time: this start reads the records before it.
+			cur.ReadFrom, cur.ReadFromWall, cur.HaveReadFrom = 0, time.Time{}, false
+		}
 	}
 	rd.mu.Lock()
 	rd.cur = cur
@@ -677,16 +707,31 @@ func (rd *Reader) Run(ctx context.Context) {
 		// before its first open read the ring buffer to its end: this one
 		// goes on from it as a reopen.
 		skipBefore, atEnd = cur.Start, false
-		rd.Monitor.readFromUsec = cur.Start + uint64(startSlack/time.Microsecond)
-		rd.Monitor.readFrom = bootWall.Add(time.Duration(rd.Monitor.readFromUsec) * time.Microsecond)
+		if !cur.HaveReadFrom {
+			// A state file of a version that kept the start alone.
+			usec := cur.Start + uint64(startSlack/time.Microsecond)
+			cur.ReadFrom, cur.ReadFromWall, cur.HaveReadFrom = usec, bootWall.Add(time.Duration(usec)*time.Microsecond), true
+			rd.mu.Lock()
+			rd.cur.ReadFrom, rd.cur.ReadFromWall, rd.cur.HaveReadFrom = cur.ReadFrom, cur.ReadFromWall, true
+			rd.mu.Unlock()
+		}
 	case atEnd:
 		now := MonotonicNow()
 		skipBefore = now - min(now, uint64(startSlack/time.Microsecond))
-		rd.Monitor.readFrom, rd.Monitor.readFromUsec = bootWall.Add(time.Duration(now)*time.Microsecond), now
+		cur.ReadFrom, cur.ReadFromWall, cur.HaveReadFrom = now, bootWall.Add(time.Duration(now)*time.Microsecond), true
 		rd.mu.Lock()
 		rd.cur.Start, rd.cur.HaveStart = skipBefore, true
+		rd.cur.ReadFrom, rd.cur.ReadFromWall, rd.cur.HaveReadFrom = cur.ReadFrom, cur.ReadFromWall, true
 		rd.mu.Unlock()
 		store.Touch()
+	}
+	// The start at the end of this boot, this run's or a run's before it
+	// whose cursor this one goes on from (the first second after a start,
+	// before the state file took the kernel conditions' False, included):
+	// its False and DisksFailure's count say the records before it were
+	// not read.
+	if cur.HaveReadFrom {
+		rd.Monitor.readFrom, rd.Monitor.readFromUsec = cur.ReadFromWall, cur.ReadFrom
 	}
 	for ctx.Err() == nil {
 		// skipping: this open reads records of before the start that no

@@ -179,6 +179,13 @@ func startFromStateFile(t *testing.T, dir string, open func(context.Context, str
 // requests while hold is set (a SIGKILL in the second before the save).
 func startFromStateFileHeld(t *testing.T, dir string, open func(context.Context, string) (Device, error), saved chan<- struct{}, hold *atomic.Bool) (mon *Monitor, store *report.Store, stop func()) {
 	t.Helper()
+	return startFromStateFileSaving(t, dir, open, saved, func(*report.Store) bool { return hold == nil || !hold.Load() })
+}
+
+// startFromStateFileSaving is startFromStateFile whose saver drops the save
+// requests for which save reports false (a SIGKILL before that save).
+func startFromStateFileSaving(t *testing.T, dir string, open func(context.Context, string) (Device, error), saved chan<- struct{}, save func(*report.Store) bool) (mon *Monitor, store *report.Store, stop func()) {
+	t.Helper()
 	store = report.NewStore("b")
 	if _, err := store.Load(dir); err != nil {
 		t.Fatal(err)
@@ -198,7 +205,7 @@ func startFromStateFileHeld(t *testing.T, dir string, open func(context.Context,
 			case <-ctx.Done():
 				return
 			case <-store.Dirty():
-				if hold != nil && hold.Load() {
+				if !save(store) {
 					continue
 				}
 				if err := store.Save(dir, time.Now()); err != nil {
@@ -214,6 +221,72 @@ func startFromStateFileHeld(t *testing.T, dir string, open func(context.Context,
 		}
 	}()
 	return mon, store, func() { cancel(); <-done; <-done }
+}
+
+// A restart in the first second after a start at the end of the log
+// (from_boot_start false), after the state file took the cursor but before
+// it took the kernel conditions' False, says what the first run said: the
+// records since that start were read, at the time it names, and those
+// logged before were not; DisksFailure's count says the same. The start's
+// time is kept with the cursor for the boot, so a run after that says it
+// too. Before, it was kept only until the first open had read the ring
+// buffer to its end: the restart went on from the cursor as from a handled
+// record, and its False said "this boot's, as far as the ring buffer still
+// held them", of a boot whose records before the start were never read (a
+// hung kubelet among them here).
+func TestRestartBeforeTheFalseWasSavedSaysTheStartAtTheEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		dev := &fakeDevice{recs: lines("3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,2,-;ordinary chatter")}
+		open := func(context.Context, string) (Device, error) { return dev, nil }
+		// The first run's saver takes the cursor, and is killed before
+		// the save that holds the False.
+		mon, store, stop := startFromStateFileSaving(t, dir, open, nil, func(st *report.Store) bool {
+			c, ok := st.Get("KernelDeadlock")
+			return !ok || c.Status != report.StatusFalse
+		})
+		time.Sleep(time.Second) // read to the end: the reader waits for a record
+		synctest.Wait()
+		first, _ := store.Get("KernelDeadlock")
+		firstPart, _ := store.Part(report.SourceKmsg, "DisksFailure")
+		stop()
+		const suffix = " (kmsg.from_boot_start = false: the records logged before were not read)"
+		if !strings.Contains(firstPart.Message, ", read since ") {
+			t.Errorf("first run: DisksFailure's kernel part says %q, want the start at the end named", firstPart.Message)
+		}
+		if first.Status != report.StatusFalse || !strings.HasSuffix(first.Message, suffix) || mon.Metrics().Records() != 0 {
+			t.Fatalf("first run: KernelDeadlock %s %q, %v records handled; want False after the start at the end, none handled", first.Status, first.Message, mon.Metrics().Records())
+		}
+		// What the restart finds: the cursor, no False.
+		saved := report.NewStore("b")
+		if _, err := saved.Load(dir); err != nil {
+			t.Fatal(err)
+		}
+		var cur cursor
+		if c, ok := saved.Get("KernelDeadlock"); ok && c.Status == report.StatusFalse || !saved.Memo(CursorKey, &cur) || !cur.Have {
+			t.Fatalf("the state file holds KernelDeadlock %+v, cursor %+v: want the cursor of the start and no False", c, cur)
+		}
+
+		for run := 1; run <= 2; run++ {
+			dev.mu.Lock()
+			dev.pos = 0
+			dev.recs = append(dev.recs, lines(fmt.Sprintf("6,%d,%d,-;ordinary chatter", 2+run, 2+run))...)
+			dev.mu.Unlock()
+			mon, store, stop = startFromStateFile(t, dir, open, nil)
+			time.Sleep(time.Minute)
+			synctest.Wait()
+			stop()
+			if got, _ := store.Get("KernelDeadlock"); got.Status != report.StatusFalse || got.Message != first.Message {
+				t.Errorf("restart %d: KernelDeadlock %s %q, want False %q (the first run's)", run, got.Status, got.Message, first.Message)
+			}
+			if p, _ := store.Part(report.SourceKmsg, "DisksFailure"); p.Message != firstPart.Message {
+				t.Errorf("restart %d: DisksFailure's kernel part says %q, want %q (the first run's)", run, p.Message, firstPart.Message)
+			}
+			if n := mon.Metrics().Records(); n != 1 {
+				t.Errorf("restart %d: %v records handled, want 1 (the one logged while stopped)", run, n)
+			}
+		}
+	})
 }
 
 // lines are kernel log records, one per line given.
