@@ -397,6 +397,11 @@ func (mon *Monitor) Handle(r Record, at time.Time) {
 		// The kernel counted this report down before printing it.
 		mon.hung.read(at)
 	}
+	if n, ok := parseBERTUnprinted(mon.buf); ok {
+		// Matches no rule: said, as a fatal error among the records not
+		// printed goes unseen.
+		bertUnprinted(mon.o.Log, n, strings.TrimSpace(string(mon.buf)))
+	}
 	if fn, n, ok := parseSuppressed(mon.buf); ok {
 		if mon.countSuppressed(fn, n, r.Usec, set.keep()) {
 			mon.winGen++

@@ -549,3 +549,51 @@ func TestKmsgExtlogCperLinesFromTheRealDevice(t *testing.T) {
 		t.Errorf("events = %+v", ev.events)
 	}
 }
+
+// The kernel's line about the BERT records it did not print
+// (drivers/acpi/apei/bert.c, 6.0+: at most 5, none of 1 KiB or more),
+// written to the real /dev/kmsg at its level (KERN_INFO), is in the
+// daemon's log as a warning naming the count: a fatal error of the
+// previous boot among those records sets no CperHardwareErrorFatal. The
+// count is the test's token (the line has room for no other).
+func TestKmsgBERTRecordsNotPrintedAreLogged(t *testing.T) {
+	n := 100000000 + mathrand.IntN(900000000)
+	cfg := kmsgDaemonConfig(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	d, err := daemon.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)), daemon.Options{Version: "test", Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, d.Store(), nil, 10*time.Second, "the kernel conditions to start False", func() bool {
+		c, ok := d.Store().Get("CperHardwareErrorFatal")
+		return ok && c.Status == report.StatusFalse
+	})
+	line := fmt.Sprintf("BERT: [Hardware Error]: Skipped %d error records", n)
+	if err := harness.WriteKmsgLevel(6, line); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("records=%d", n)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), want); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning with %s in the daemon's log after 10 s:\n%s", want, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond) // polling interval of an awaited log line
+	}
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, want) && (!strings.Contains(l, "level=WARN") || !strings.Contains(l, "Boot Error Record Table (BERT)") ||
+			!strings.Contains(l, "/sys/firmware/acpi/tables/data/BERT") || !strings.Contains(l, "component=kmsg")) {
+			t.Errorf("the warning: %s", l)
+		}
+	}
+	if c, _ := d.Store().Get("CperHardwareErrorFatal"); c.Status != report.StatusFalse {
+		t.Errorf("CperHardwareErrorFatal %s after the line", c.Status)
+	}
+}
