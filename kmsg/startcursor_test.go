@@ -2,6 +2,7 @@ package kmsg
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -285,6 +286,34 @@ func TestRestartBeforeTheFalseWasSavedSaysTheStartAtTheEnd(t *testing.T) {
 			if n := mon.Metrics().Records(); n != 1 {
 				t.Errorf("restart %d: %v records handled, want 1 (the one logged while stopped)", run, n)
 			}
+		}
+	})
+}
+
+// A state file of the version before startAtEnd, whose cursor holds a
+// start at the end whose first open did not read the ring to its end
+// (startUsec) and no time of it: the restart goes on from that start, says
+// so in its False as before, and keeps its time from now on.
+func TestRestartFromAStartKeptWithoutItsTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		const start = 5000000 // kernel µs
+		st := report.NewStore("b")
+		st.Keep(CursorKey, func() any { return json.RawMessage(fmt.Sprintf(`{"seq":0,"have":false,"startUsec":%d}`, start)) })
+		if err := st.Save(dir, t0); err != nil {
+			t.Fatal(err)
+		}
+		dev := &fakeDevice{recs: lines("3,1,1,-;INFO: task kubelet:1234 blocked for more than 120 seconds.", "6,2,6000001,-;ordinary chatter")}
+		_, store, stop := startFromStateFile(t, dir, func(context.Context, string) (Device, error) { return dev, nil }, nil)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		stop()
+		if got, _ := store.Get("KernelDeadlock"); got.Status != report.StatusFalse || !strings.HasSuffix(got.Message, " (kmsg.from_boot_start = false: the records logged before were not read)") {
+			t.Errorf("KernelDeadlock %s %q, want False after the start at the end", got.Status, got.Message)
+		}
+		var cur cursor
+		if !store.Memo(CursorKey, &cur) || !cur.HaveReadFrom || cur.ReadFrom != start+uint64(startSlack/time.Microsecond) {
+			t.Errorf("cursor %+v, want the start's time kept (usec %d)", cur, start+uint64(startSlack/time.Microsecond))
 		}
 	})
 }
