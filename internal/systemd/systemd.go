@@ -67,7 +67,7 @@ type Unit struct {
 	AssertFailed string `json:"-"`
 	// condResult, assertResult: the ConditionResult and AssertResult read
 	// (checked: 1 met, 2 not; 0 not read), which the Conditions and
-	// Asserts read after them are taken with.
+	// Asserts read after them are taken with; 0 again once Units returns.
 	condResult, assertResult uint8
 	// Job is the id of a job queued or running for the unit (0: none), e.g.
 	// a start job waiting for the units it is ordered after.
@@ -520,6 +520,11 @@ func (d *DBus) Units(ctx context.Context, names ...string) ([]Unit, error) {
 		}
 		return err
 	})
+	for i := range out {
+		// What set took the lists with is no part of the unit read: a
+		// Unit compares equal to another read of the same state.
+		out[i].condResult, out[i].assertResult = 0, 0
+	}
 	return out, err
 }
 
