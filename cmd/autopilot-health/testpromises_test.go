@@ -296,3 +296,67 @@ func TestK8sBinariesRebuiltWhenBuildScriptChanges(t *testing.T) {
 		t.Errorf("build.sh changed: go called %d times in all, want 2 (the binaries rebuilt)", n)
 	}
 }
+
+// numberWord is n in words as README writes counts: "twenty-eight".
+func numberWord(n int) string {
+	ones := []string{"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"}
+	tens := []string{"", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"}
+	switch {
+	case n < 20:
+		return ones[n]
+	case n%10 == 0:
+		return tens[n/10]
+	default:
+		return tens[n/10] + "-" + ones[n%10]
+	}
+}
+
+// README says how many tests of tests/ run side by side
+// (harness.Parallel): "twenty-eight long ones that mostly wait". Each
+// test that calls harness.Parallel is one; a test made Parallel, or
+// serial again, changes the count (it stood at twenty-two while six more
+// were made Parallel).
+func TestREADMECountsTheParallelTests(t *testing.T) {
+	call := regexp.MustCompile(`(?m)^\s+harness\.Parallel\(t\b`)
+	fn := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+	var parallel []string
+	err := filepath.WalkDir("../../tests", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".cache" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, loc := range call.FindAllIndex(b, -1) {
+			// The test whose body holds the call: the last func before it.
+			fns := fn.FindAllSubmatch(b[:loc[0]], -1)
+			if len(fns) == 0 {
+				return fmt.Errorf("%s: harness.Parallel outside a test", p)
+			}
+			parallel = append(parallel, string(fns[len(fns)-1][1]))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(parallel)
+	if len(parallel) < 10 || len(parallel) != len(slices.Compact(slices.Clone(parallel))) {
+		t.Fatalf("found %d calls of harness.Parallel in tests/ (%v): the walk is broken, or a test calls it twice", len(parallel), parallel)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(string(readme)), " ")
+	if want := "Most tiers run one after another; " + numberWord(len(parallel)) + " long ones that mostly wait (`tests/harness/parallel.go`"; !strings.Contains(flat, want) {
+		t.Errorf("README does not say %q: %d tests call harness.Parallel (%s)", want, len(parallel), strings.Join(parallel, ", "))
+	}
+}
