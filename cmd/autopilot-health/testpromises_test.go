@@ -360,3 +360,36 @@ func TestREADMECountsTheParallelTests(t *testing.T) {
 		t.Errorf("README does not say %q: %d tests call harness.Parallel (%s)", want, len(parallel), strings.Join(parallel, ", "))
 	}
 }
+
+// Every `make TARGET` README names ("`make soak`", "$ make run") is a
+// target of the Makefile, and .PHONY: a renamed target leaves README's
+// command failing with "No rule to make target".
+func TestREADMEMakeTargetsExist(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	phony := regexp.MustCompile(`(?m)^\.PHONY:(.*)$`).FindSubmatch(mk)
+	if phony == nil {
+		t.Fatal("the Makefile has no .PHONY line")
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?:`|\\$ )make ([a-z][a-z0-9-]*)").FindAllSubmatch(readme, -1) {
+		named[string(m[1])] = true
+	}
+	if len(named) < 10 {
+		t.Fatalf("README names %d make targets: the pattern is broken", len(named))
+	}
+	for target := range named {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(target) + `:`).Match(mk) {
+			t.Errorf("README runs `make %s`: the Makefile has no such target", target)
+		}
+		if !slices.Contains(strings.Fields(string(phony[1])), target) {
+			t.Errorf("README runs `make %s`: not in .PHONY (a file of that name would make it do nothing)", target)
+		}
+	}
+}
