@@ -393,3 +393,77 @@ func TestREADMEMakeTargetsExist(t *testing.T) {
 		}
 	}
 }
+
+// .ci/run installs on a fresh Debian machine what the tests need: each
+// package a test's message names where its tool is missing ("(apt install
+// squashfs-tools systemd-container)", "(Debian package gcc)") is one it
+// installs, or one Debian always has, or one a package it installs pulls
+// in; and README's "Tests" names each package .ci/run installs, so that a
+// developer's machine can be made ready from README alone.
+func TestCIRunInstallsWhatTheTestsName(t *testing.T) {
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`need\+?=\(([^)]*)\)`).FindAllSubmatch(ci, -1) {
+		for _, p := range strings.Fields(string(m[1])) {
+			if p != "apt-lists" { // a marker: apt-get update only
+				installed[p] = true
+			}
+		}
+	}
+	for _, m := range regexp.MustCompile(`apt-get download -qq ([a-z0-9][a-z0-9.+-]*)`).FindAllSubmatch(ci, -1) {
+		installed[string(m[1])] = true
+	}
+	if len(installed) < 15 {
+		t.Fatalf(".ci/run installs %d packages (%v): the pattern is broken", len(installed), installed)
+	}
+	// Priority: required (on every Debian machine), or pulled in by a
+	// package .ci/run installs.
+	always := map[string]string{"apt": "required", "coreutils": "required", "mount": "required", "libc-bin": "required", "dmsetup": "a dependency of lvm2"}
+	hint := regexp.MustCompile(`\((?:apt install|Debian packages?) ([a-z0-9][a-z0-9.+, -]*)\)`)
+	named := 0
+	err = filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == ".cache" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		rel := filepath.ToSlash(strings.TrimPrefix(p, "../../"))
+		if d.IsDir() || !strings.HasSuffix(p, ".go") || rel == "internal/testenv/testenv_test.go" { // its "apt install frob" is testenv.Skip's own test
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range hint.FindAllSubmatch(b, -1) {
+			for _, pkg := range strings.FieldsFunc(string(m[1]), func(r rune) bool { return r == ' ' || r == ',' }) {
+				named++
+				if !installed[pkg] && always[pkg] == "" {
+					t.Errorf("%s: %q names the package %s, which .ci/run does not install", rel, m[0], pkg)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if named < 20 {
+		t.Fatalf("found %d packages named in the tests' messages: the pattern is broken", named)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tests, _ := strings.Cut(string(readme), "\n### Tests\n")
+	tests, _, _ = strings.Cut(tests, "\n### ")
+	for pkg := range installed {
+		if !strings.Contains(tests, "`"+pkg+"`") {
+			t.Errorf(".ci/run installs %s; README's \"Tests\" does not name it (`%s`)", pkg, pkg)
+		}
+	}
+}
