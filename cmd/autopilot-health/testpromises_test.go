@@ -127,6 +127,9 @@ func TestMakeTestArm64SkipsWhatREADMESays(t *testing.T) {
 func TestSkipsFailUnderCI(t *testing.T) {
 	skip := regexp.MustCompile(`\b(?:t|tb|testing\.TB)\.(?:Skip|Skipf|SkipNow)\(([^\n]*)`)
 	short := regexp.MustCompile(`\btesting\.Short\(\)`)
+	// A test that returns where it is not root passes without what it
+	// would have asserted, and CI=true takes that silently too.
+	notRoot := regexp.MustCompile(`\bif os\.Gete?uid\(\) != 0 \{\n\s*return\n`)
 	n := 0
 	err := filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -144,6 +147,11 @@ func TestSkipsFailUnderCI(t *testing.T) {
 			return err
 		}
 		n++
+		if strings.HasSuffix(p, "_test.go") {
+			for _, loc := range notRoot.FindAllIndex(b, -1) {
+				t.Errorf("%s:%d: a test that returns where it is not root: a pass CI=true would take silently; use testenv.Skip", rel, 1+strings.Count(string(b[:loc[0]]), "\n"))
+			}
+		}
 		for i, line := range strings.Split(string(b), "\n") {
 			if m := skip.FindStringSubmatch(line); m != nil && !strings.HasPrefix(m[1], `"run by `) && !strings.HasPrefix(m[1], `"needs the git history: `) {
 				t.Errorf("%s:%d: %s: a skip that CI=true would take silently; use testenv.Skip", rel, i+1, strings.TrimSpace(line))

@@ -167,12 +167,16 @@ func TestDMRequests(t *testing.T) {
 		t.Errorf("/dev/null as the helper's control node: %v, want refused", err)
 	}
 	c = serve(t, &Server{})
+	// The rest compares the helper's answer from the real control node
+	// with the in-process one: a part of this machine, skipped where it is
+	// missing and failed under CI=true (README, "Tests"), as what was
+	// asserted above still counts. It returned early here, a pass without
+	// the comparison that CI took silently.
 	if os.Getuid() != 0 {
-		return
+		testenv.Skip(t, "needs root: the helper's answers from /dev/mapper/control against the in-process ones")
 	}
 	if _, err := os.Stat("/dev/mapper/control"); err != nil {
-		t.Log("no /dev/mapper/control here:", err)
-		return
+		testenv.Skip(t, fmt.Sprintf("no /dev/mapper/control here (modprobe dm_mod): %v", err))
 	}
 	want, werr := hostio.DMControl{Path: "/dev/mapper/control"}.VerityTargets()
 	got, gerr := c.DM("/dev/mapper/control").VerityTargets()
