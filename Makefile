@@ -53,8 +53,12 @@ soak: k8s-bins
 	SOAK_APIDOWN=$(SOAK_APIDOWN) SOAK_RESTARTS=$(SOAK_RESTARTS) SOAK_FLOOD=$(SOAK_FLOOD) SOAK_HOURS=$(SOAK_HOURS) \
 		$(GO) test $(INTEGRATION) -count=1 -timeout 60m -run '^TestSoak' -v ./tests ./internal/daemon
 
+# make test's run with the race detector in the test binaries (the daemon
+# the tiers under tests/ build and start is not instrumented). go test's
+# default -timeout, 10 minutes, ends tests/ midway (it takes 14-22 minutes
+# without -race); 60 minutes, as soak, for the detector's slowdown.
 test-race:
-	$(GO) test $(INTEGRATION) -race -count=1 $(PKGS)
+	$(GO) test $(INTEGRATION) -race -count=1 -timeout 60m $(PKGS)
 
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -472,6 +473,32 @@ func TestCIRunInstallsWhatTheTestsName(t *testing.T) {
 	for pkg := range installed {
 		if !strings.Contains(tests, "`"+pkg+"`") {
 			t.Errorf(".ci/run installs %s; README's \"Tests\" does not name it (`%s`)", pkg, pkg)
+		}
+	}
+}
+
+// Each make target that runs the integration tiers gives go test a
+// -timeout of 30 minutes at least: tests/ alone took 820.8 s side by side
+// in CI and 1308.6 s on the 2-core machine (README, "Tests"), and go
+// test's default, 10 minutes, panics the whole package midway. make
+// test-race had none.
+func TestMakeIntegrationRunsHaveTheirTimeout(t *testing.T) {
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := regexp.MustCompile(`(?m)^\t.*\$\(GO\) test \$\(INTEGRATION\)(.*)$`).FindAllSubmatch(mk, -1)
+	if len(runs) < 4 {
+		t.Fatalf("found %d integration runs of go test in the Makefile: the pattern is broken", len(runs))
+	}
+	for _, r := range runs {
+		m := regexp.MustCompile(`-timeout (\d+)m\b`).FindSubmatch(r[1])
+		if m == nil {
+			t.Errorf("the Makefile runs go test $(INTEGRATION)%s without -timeout: go test's 10 minutes end tests/ midway", r[1])
+			continue
+		}
+		if n, _ := strconv.Atoi(string(m[1])); n < 30 {
+			t.Errorf("the Makefile runs go test $(INTEGRATION)%s: -timeout %sm, under 30m", r[1], m[1])
 		}
 	}
 }
