@@ -502,3 +502,79 @@ func TestMakeIntegrationRunsHaveTheirTimeout(t *testing.T) {
 		}
 	}
 }
+
+// README's "Soak and endurance": make soak runs the TestSoak tests of
+// ./tests and ./internal/daemon, as many as it says, each named in its
+// table, whose short form (the test's default) and `make soak` size are
+// the test's default and the Makefile's value of each SOAK_ variable.
+func TestREADMESoakTableIsWhatRuns(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, soak, _ := strings.Cut(string(readme), "\n### Soak and endurance\n")
+	soak, _, _ = strings.Cut(soak, "\n## ")
+	if !strings.Contains(string(mk), "-run '^TestSoak' -v ./tests ./internal/daemon") {
+		t.Fatal("make soak no longer runs -run '^TestSoak' in ./tests ./internal/daemon: change this test with it")
+	}
+	var src []byte
+	var scenarios []string
+	for _, f := range []string{"../../tests/soak_test.go", "../../internal/daemon/soak_test.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = append(src, b...)
+	}
+	for _, pkg := range []string{"../../tests", "../../internal/daemon"} {
+		files, _ := filepath.Glob(pkg + "/*_test.go")
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range regexp.MustCompile(`(?m)^func (TestSoak\w*)\(`).FindAllSubmatch(b, -1) {
+				scenarios = append(scenarios, string(m[1]))
+			}
+		}
+	}
+	flat := strings.Join(strings.Fields(soak), " ")
+	if want := "`make soak` runs " + numberWord(len(scenarios)) + " endurance scenarios"; !strings.Contains(flat, want) {
+		t.Errorf("README does not say %q: %s", want, strings.Join(scenarios, ", "))
+	}
+	for _, s := range scenarios {
+		if !strings.Contains(soak, "(`"+s+"`") {
+			t.Errorf("%s runs in make soak; README's table does not name it", s)
+		}
+	}
+	// The code's defaults: soakInt(t, "SOAK_RESTARTS", 10),
+	// soakDuration(t, "SOAK_APIDOWN", 30*time.Second), and SOAK_HOURS's
+	// `return 3` where the variable is unset.
+	defaults := map[string]string{}
+	for _, m := range regexp.MustCompile(`soak(?:Int|Duration)\(t, "(SOAK_\w+)", (\d+)(\*time\.(Second|Minute))?\)`).FindAllSubmatch(src, -1) {
+		defaults[string(m[1])] = string(m[2]) + map[string]string{"Second": "s", "Minute": "m", "": ""}[string(m[4])]
+	}
+	if m := regexp.MustCompile(`os\.Getenv\("(SOAK_HOURS)"\)\s+if v == "" \{\s+return (\d+)`).FindSubmatch(src); m != nil {
+		defaults[string(m[1])] = string(m[2])
+	}
+	rows := regexp.MustCompile("\\| `(SOAK_\\w+)=(\\w+)` \\| `(\\w+)` \\|").FindAllStringSubmatch(soak, -1)
+	if len(rows) != len(scenarios) || len(defaults) != len(scenarios) {
+		t.Fatalf("README's soak table has %d rows with a size, the tests read %d SOAK_ variables with a default (%v), %d scenarios run", len(rows), len(defaults), defaults, len(scenarios))
+	}
+	for _, r := range rows {
+		if defaults[r[1]] != r[2] {
+			t.Errorf("README's short form is %s=%s; the test's default is %q", r[1], r[2], defaults[r[1]])
+		}
+		m := regexp.MustCompile(`(?m)^` + r[1] + ` +\?= (\S+)$`).FindStringSubmatch(string(mk))
+		if m == nil || m[1] != r[3] {
+			t.Errorf("README's make soak sets %s=%s; the Makefile: %q", r[1], r[3], m)
+		}
+		if !strings.Contains(string(mk), r[1]+"=$("+r[1]+")") {
+			t.Errorf("make soak does not pass %s to go test", r[1])
+		}
+	}
+}
