@@ -128,6 +128,8 @@ func TestMakeTestArm64SkipsWhatREADMESays(t *testing.T) {
 func TestSkipsFailUnderCI(t *testing.T) {
 	skip := regexp.MustCompile(`\b(?:t|tb|testing\.TB)\.(?:Skip|Skipf|SkipNow)\(([^\n]*)`)
 	short := regexp.MustCompile(`\btesting\.Short\(\)`)
+	runBy := regexp.MustCompile(`\.Skipf?\("run by ((?:Test|Benchmark)\w+)`)
+	declared := declaredTests(t)
 	// A test that returns where it is not root passes without what it
 	// would have asserted, and CI=true takes that silently too.
 	notRoot := regexp.MustCompile(`\bif os\.Gete?uid\(\) != 0 \{\n\s*return\n`)
@@ -156,6 +158,11 @@ func TestSkipsFailUnderCI(t *testing.T) {
 		for i, line := range strings.Split(string(b), "\n") {
 			if m := skip.FindStringSubmatch(line); m != nil && !strings.HasPrefix(m[1], `"run by `) && !strings.HasPrefix(m[1], `"needs the git history: `) {
 				t.Errorf("%s:%d: %s: a skip that CI=true would take silently; use testenv.Skip", rel, i+1, strings.TrimSpace(line))
+			}
+			// "run by TestX": TestX is a test of the module, which runs
+			// this one; a renamed TestX leaves a helper no test runs.
+			if m := runBy.FindStringSubmatch(line); m != nil && len(declared[m[1]]) == 0 {
+				t.Errorf("%s:%d: %s: skips as run by %s, which is no test of the module", rel, i+1, strings.TrimSpace(line), m[1])
 			}
 			if short.MatchString(line) {
 				t.Errorf("%s:%d: %s: CI runs no -short; a test that leaves a part out in a -short run has no run in make test that is not -short", rel, i+1, strings.TrimSpace(line))
