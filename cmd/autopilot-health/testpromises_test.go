@@ -391,6 +391,20 @@ func TestREADMECountsTheParallelTests(t *testing.T) {
 	if want := "Most tiers run one after another; " + numberWord(len(parallel)) + " long ones that mostly wait (`tests/harness/parallel.go`"; !strings.Contains(flat, want) {
 		t.Errorf("README does not say %q: %d tests call harness.Parallel (%s)", want, len(parallel), strings.Join(parallel, ", "))
 	}
+	// "at most 3 at once (-parallel defaults to 3 in tests/ unless given;
+	// as many namespaced systemds at most)": harness.MaxNamespaces, which
+	// tests/kube_test.go sets -test.parallel to.
+	h, err := os.ReadFile("../../tests/harness/parallel.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxNS := regexp.MustCompile(`(?m)^const MaxNamespaces = (\d+)$`).FindSubmatch(h)
+	if maxNS == nil {
+		t.Fatal("tests/harness/parallel.go has no const MaxNamespaces = N")
+	}
+	if want := fmt.Sprintf("at most %s at once (`-parallel` defaults to %s in `tests/` unless given", maxNS[1], maxNS[1]); !strings.Contains(flat, want) {
+		t.Errorf("README does not say %q (harness.MaxNamespaces)", want)
+	}
 }
 
 // Every `make TARGET` README names ("`make soak`", "$ make run") is a
