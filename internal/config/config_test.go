@@ -321,6 +321,14 @@ func TestBadConfigs(t *testing.T) {
 		// A top-level key after a table header is that table's in TOML.
 		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,
+		// A key of several tables under a table not one of them names
+		// them, as one of a single table does (before, "unknown key"
+		// alone: restart_cooldown, listed in the README beside
+		// runner.first_run_spread, is a key of two checks' tables).
+		"key-of-two-tables-under-runner.toml":  `:3: key runner.restart_cooldown: unknown key (restart_cooldown is a key of [checks.ContainerRuntimeUnhealthy] and [checks.KubeletUnhealthy])`,
+		"key-of-two-other-tables.toml":         `:3: key checks.DiskUsageHigh.restart_cooldown: unknown key (restart_cooldown is a key of [checks.ContainerRuntimeUnhealthy] and [checks.KubeletUnhealthy])`,
+		"key-of-two-tables-at-top-level.toml":  `:1: key restart_cooldown: unknown key (restart_cooldown is a key of [checks.ContainerRuntimeUnhealthy] and [checks.KubeletUnhealthy]: write it below its table's header)`,
+		"key-of-every-check-under-runner.toml": `:2: key runner.interval: unknown key (interval is a key of 20 tables, such as [checks.APIServerSourceIPUnavailable])`,
 		// The shipped file comments out every line, table headers too: a
 		// key uncommented without its header is a top-level key to TOML.
 		"table-header-commented-out.toml": `:2: key listen_address: unknown key (listen_address is a key of [metrics], whose header above it, at line 1, is commented out: uncomment the header too)`,

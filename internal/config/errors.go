@@ -168,12 +168,28 @@ func misplaced(key string) string {
 		return tableOfTopLevel(name, at)
 	}
 	switch {
-	case len(at) != 1:
+	case len(at) == 0:
 		return ""
-	case at[0] == name:
+	case len(at) == 1 && at[0] == name:
 		return fmt.Sprintf(" (%s is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)", name)
 	}
-	return fmt.Sprintf(" (%s is a key of [%s])", name, at[0][:len(at[0])-len(name)-1])
+	return fmt.Sprintf(" (%s is a key of %s)", name, tablesOf(name, at))
+}
+
+// tablesOf names the tables whose key name is (at: the keys, each ending
+// in "."+name): up to three by name, more by their number and the first.
+func tablesOf(name string, at []string) string {
+	ts := make([]string, len(at))
+	for i, k := range at {
+		ts[i] = "[" + k[:len(k)-len(name)-1] + "]"
+	}
+	switch {
+	case len(ts) == 1:
+		return ts[0]
+	case len(ts) <= 3:
+		return strings.Join(ts[:len(ts)-1], ", ") + " and " + ts[len(ts)-1]
+	}
+	return fmt.Sprintf("%d tables, such as %s", len(ts), ts[0])
 }
 
 // tableOfTopLevel names the table of a top-level key that is not one but
@@ -187,7 +203,7 @@ func tableOfTopLevel(name string, at []string) string {
 		table := at[0][:len(at[0])-len(name)-1]
 		return fmt.Sprintf(" (%s is a key of [%s]: write it below a [%s] header)", name, table, table)
 	}
-	return fmt.Sprintf(" (%s is a key of %d tables, such as [%s]: write it below its table's header)", name, len(at), at[0][:len(at[0])-len(name)-1])
+	return fmt.Sprintf(" (%s is a key of %s: write it below its table's header)", name, tablesOf(name, at))
 }
 
 // commentedHeader matches a table header commented out, "# [metrics]" or
