@@ -283,8 +283,11 @@ func TestBadConfigs(t *testing.T) {
 		"log-level.toml":         `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
 		"negative-interval.toml": `:2: key checks.ClockNotSynchronized.interval: must be between 1s and 24h, got "-1m0s"`,
 		"node-name.toml":         `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
-		"percent-range.toml":     `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 120`,
-		"relative-path.toml":     `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
+		// Of the right characters but too long: said so, not "lower-case
+		// letters, digits" of a name that has only those (253 loads).
+		"node-name-too-long.toml": `:1: key node_name: must be a DNS subdomain of at most 253 characters, got one of 254 ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"...)`,
+		"percent-range.toml":      `:2: key checks.DiskUsageHigh.space_percent: must be a percentage between 1 and 99 (the condition is set when use is over it, and no use is over 100), got 120`,
+		"relative-path.toml":      `:1: key state_dir: must be an absolute path, got "var/lib/autopilot-health"`,
 		// The kubelet's --root-dir: its pods' volumes are looked for
 		// below it as the mount table writes them, a clean path.
 		"kubelet-root-dir-relative.toml": `:2: key kubelet_root_dir: must be an absolute path other than / (the kubelet's --root-dir, such as "/data/kubelet"), got "data/kubelet"`,

@@ -303,7 +303,10 @@ func (c *Config) validate() *Error {
 	if !validKubeletRootDir(c.KubeletRootDir) {
 		v.fail("kubelet_root_dir", "must be an absolute path other than / (the kubelet's --root-dir, such as \"/data/kubelet\"), got %q", c.KubeletRootDir)
 	}
-	if c.NodeName != "" && !validNodeName(c.NodeName) {
+	switch {
+	case len(c.NodeName) > 253:
+		v.fail("node_name", "must be a DNS subdomain of at most 253 characters, got one of %d (%.40q...)", len(c.NodeName), c.NodeName)
+	case c.NodeName != "" && !validNodeName(c.NodeName):
 		v.fail("node_name", "must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got %q", c.NodeName)
 	}
 	v.oneOf("role", c.Role, "", "controlplane", "worker")
