@@ -70,6 +70,9 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	cfg, _, err := loadConfig(*cfgPath, flagSet(fs, "config"))
+	if err == nil {
+		err = daemon.HostRootRefuses(cfg, *cfgPath)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "autopilot-health check: %v\n", err)
 		return exitError

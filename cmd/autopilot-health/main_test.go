@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/internal/privileged"
 	"github.com/syself/autopilot-health/internal/testenv"
@@ -360,6 +361,55 @@ func TestRunRefusesHostRootWithTheHelper(t *testing.T) {
 	if code != exitError || !strings.Contains(errs, "refusing to start: "+p+":1: key host_root: \"/host\"") {
 		t.Errorf("exit %d, stderr %q; want 2, refusing to start", code, errs)
 	}
+}
+
+// A host_root that is no directory here (absent, a file) is the file's
+// bad value: run refuses it, exit 2 (not restarted every 5 s for ever),
+// and check refuses it, each naming file, line and key; before, "could
+// not start: cannot read the boot id: open <root>/proc/...", exit 1. A
+// directory, and a link to one, is no refusal: run goes on to its start.
+// config validate checks the file alone and passes it.
+func TestHostRootThatIsNoDirectoryIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o644)
+	for _, tc := range []struct{ root, why string }{
+		{filepath.Join(dir, "absent"), "no such directory on this host"},
+		{file, "not a directory on this host"},
+	} {
+		p := filepath.Join(dir, "c.toml")
+		// Everything else the daemon's own below dir: a run that was not
+		// refused binds nothing of the host's.
+		os.WriteFile(p, fmt.Appendf(nil, "# a comment\nhost_root = %q\nstate_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n[metrics]\nlisten_address = \"127.0.0.1:1\"\n[kubernetes]\nkubeconfig = \"\"\n",
+			tc.root, filepath.Join(dir, "state"), filepath.Join(dir, "c.sock"), filepath.Join(dir, "s.sock")), 0o644)
+		want := p + ":2: key host_root: " + strconv.Quote(tc.root) + ": " + tc.why + ": every host path, /proc and /sys are read under it (\"/\" for this host's own root)\n"
+		if code, _, errs := run(t, "run", "--config", p); code != exitError || errs != "autopilot-health: refusing to start: "+want {
+			t.Errorf("run, host_root %s: exit %d, stderr %q; want 2, %q", tc.root, code, errs, want)
+		}
+		if code, _, errs := run(t, "check", "--config", p); code != exitError || errs != "autopilot-health check: "+want {
+			t.Errorf("check, host_root %s: exit %d, stderr %q; want 2, %q", tc.root, code, errs, want)
+		}
+		if code, out, errs := run(t, "config", "validate", p); code != exitOK {
+			t.Errorf("config validate, host_root %s: exit %d, stdout %q, stderr %q; want 0", tc.root, code, out, errs)
+		}
+	}
+	// A link to a directory is one: not refused.
+	link := filepath.Join(dir, "link")
+	os.Symlink(t.TempDir(), link)
+	p := filepath.Join(dir, "ok.toml")
+	os.WriteFile(p, []byte("host_root = "+strconv.Quote(link)+"\n"), 0o644)
+	if err := daemon.HostRootRefuses(mustLoad(t, p), p); err != nil {
+		t.Errorf("host_root a link to a directory: %v", err)
+	}
+}
+
+func mustLoad(t *testing.T, p string) *config.Config {
+	t.Helper()
+	cfg, _, err := config.Load(p, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 const (

@@ -273,6 +273,9 @@ func loadForRun(path string, explicit bool, helper string, stderr io.Writer) (*c
 			err = helperRefuses(cfg, path, helper)
 		}
 		if err == nil {
+			err = daemon.HostRootRefuses(cfg, path)
+		}
+		if err == nil {
 			log, sink := nonBlockingLog(stderr, cfg, log)
 			return cfg, fromFile, digest, log, sink, -1
 		}

@@ -4,7 +4,9 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -199,6 +201,38 @@ func HelperRefuses(cfg *config.Config, file string) error {
 	}
 	return &config.Error{File: file, Line: cfg.Line("host_root"), Key: "host_root",
 		Msg: fmt.Sprintf("%q: the privileged helper reads this host's own root only; run without --privileged-helper", cfg.HostRoot)}
+}
+
+// HostRootRefuses is the refusal of a host_root that is no directory on
+// this host (absent, or a file): every host path is read under it, so
+// nothing could be. run and check refuse it as a bad value of the file
+// (exit 2, not restarted every 5 s for ever), with file, line and key, and
+// so does a reload that changes host_root to it, with run's words (not
+// "needs a restart": that restart would refuse it). Before, run said
+// "could not start: cannot read the boot id: open /host/proc/sys/kernel/
+// random/boot_id: no such file or directory", exit 1, naming no key. Not
+// config validate's: it checks the file, which may be validated on another
+// host than the one it is for (an image's build host, a container's /host
+// not mounted there). "/" is always one; another error of stat
+// (permission, I/O) is not the file's and is left to the start.
+func HostRootRefuses(cfg *config.Config, file string) error {
+	if cfg.HostRoot == "" || cfg.HostRoot == "/" {
+		return nil
+	}
+	fi, err := os.Stat(cfg.HostRoot)
+	var why string
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		why = "no such directory"
+	case err != nil:
+		return nil
+	case !fi.IsDir():
+		why = "not a directory"
+	default:
+		return nil
+	}
+	return &config.Error{File: file, Line: cfg.Line("host_root"), Key: "host_root",
+		Msg: fmt.Sprintf("%q: %s on this host: every host path, /proc and /sys are read under it (\"/\" for this host's own root)", cfg.HostRoot, why)}
 }
 
 // New prepares a daemon: detects the node, restores the state, builds the

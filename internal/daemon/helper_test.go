@@ -79,3 +79,28 @@ func TestReloadUnderTheHelperRefusesAnotherHostRoot(t *testing.T) {
 		t.Fatalf("reload of a file with host_root %s under the helper: %v\nwant %s", other, err, want)
 	}
 }
+
+// A reload that changes host_root to no directory on this host is refused
+// as run refuses such a file, naming file, line and key: before, "needs a
+// restart (systemctl restart autopilot-health)", and that restart refused
+// the file. A host_root changed to a directory still needs a restart.
+func TestReloadRefusesAHostRootThatIsNoDirectory(t *testing.T) {
+	f := newFileDaemon(t, "", Options{})
+	missing := filepath.Join(t.TempDir(), "absent")
+	root := fmt.Sprintf("host_root = %q", f.base.HostRoot)
+	if err := os.WriteFile(f.path, []byte(strings.Replace(reloadTOML(f.base, f.listen, ""), root, fmt.Sprintf("host_root = %q", missing), 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.Reload()
+	want := f.path + ":1: key host_root: " + fmt.Sprintf("%q", missing) + `: no such directory on this host: every host path, /proc and /sys are read under it ("/" for this host's own root)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("reload of host_root %s: %v\nwant %s", missing, err, want)
+	}
+	other := t.TempDir()
+	if err := os.WriteFile(f.path, []byte(strings.Replace(reloadTOML(f.base, f.listen, ""), root, fmt.Sprintf("host_root = %q", other), 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Reload(); err == nil || !strings.Contains(err.Error(), "key host_root: needs a restart") {
+		t.Fatalf("reload of host_root %s, a directory: %v, want needs a restart", other, err)
+	}
+}

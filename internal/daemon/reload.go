@@ -208,7 +208,8 @@ func (r Reloaded) Text() string {
 //     (the text of `config validate`);
 //   - under the privileged helper, a file run --privileged-helper would
 //     refuse (HelperRefuses), with run's words, not as a key that needs a
-//     restart: that restart would refuse it;
+//     restart: that restart would refuse it; so is a host_root changed to
+//     no directory (HostRootRefuses);
 //   - a file that changes a key that needs a restart (config.RestartKeys)
 //     is refused as a whole, naming the keys;
 //   - else the checks are re-planned (checks.Runner.Apply: an unchanged
@@ -292,6 +293,12 @@ func (d *Daemon) reload() (Reloaded, error) {
 		}
 	}
 	old := d.currentEnv()
+	if cfg.HostRoot != old.Config.HostRoot {
+		// Said as run says it: a restart would refuse it too.
+		if err := HostRootRefuses(cfg, d.cfgPath); err != nil {
+			return Reloaded{}, err
+		}
+	}
 	res := Reloaded{Keys: config.Diff(old.Config, cfg), Notes: cfg.Notes()}
 	if len(res.Keys) == 0 {
 		return res, nil
