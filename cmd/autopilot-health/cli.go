@@ -53,7 +53,7 @@ Usage:
   autopilot-health tamper status [--config FILE]  print the daemon's tamper baseline and findings
   autopilot-health tamper layers [--config FILE]  print the verity root hashes the kernel enforces (root)
   autopilot-health catalog [--markdown | --json]  list every condition and event the daemon owns
-  autopilot-health config default                 print the default configuration, every key commented
+  autopilot-health config default                 print the default configuration, every key set, with a comment
   autopilot-health config validate [--privileged-helper SOCKET] FILE
                                                   validate a configuration file (with the flag, as the unit's run loads it)
   autopilot-health config refused-changed [--state-dir DIR]

@@ -12,7 +12,7 @@ import (
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	const syn = "config default | config validate [--privileged-helper SOCKET] FILE | config refused-changed [--state-dir DIR]"
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key commented\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n                  (with --privileged-helper, as run with that flag, the unit's, loads it)\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not, none was, or\n                  the record cannot be read, is not one run writes, or is another start's than the unit's last\n", stdout, stderr)
+		return printUsage(len(args) > 0, "Usage: autopilot-health "+syn+"\n  default         print the default configuration, every key set, with a comment\n  validate FILE   check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n                  (with --privileged-helper, as run with that flag, the unit's, loads it)\n  refused-changed exit 0 when the file run last refused (exit 2) changed since, 1 when not, none was, or\n                  the record cannot be read, is not one run writes, or is another start's than the unit's last\n", stdout, stderr)
 	}
 	if args[0] == "refused-changed" {
 		fs := newFlags("config refused-changed", "config refused-changed [--state-dir DIR]", stderr)
@@ -35,7 +35,7 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	// nor a file named "--help" to validate); a flag it does not take, or
 	// a stray argument, is bad usage (exit 2), not ignored or read as FILE.
 	usages := map[string]string{
-		"default":  "Usage: autopilot-health config default\n  print the default configuration, every key commented",
+		"default":  "Usage: autopilot-health config default\n  print the default configuration, every key set, with a comment",
 		"validate": "Usage: autopilot-health config validate [--privileged-helper SOCKET] FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not",
 	}
 	if text, ok := usages[args[0]]; ok {

@@ -156,6 +156,16 @@ func TestConfigCommands(t *testing.T) {
 	if code, _, _ := run(t, "config"); code != exitError {
 		t.Errorf("config without subcommand: %d", code)
 	}
+	// Its keys are set, not commented out as the packages' conffile's are:
+	// the help says so ("every key commented" read as commented out).
+	if _, out, _ := run(t, "config", "default"); !strings.Contains(out, "\nhost_root = \"/\"\n") {
+		t.Error("config default does not set host_root")
+	}
+	for _, args := range [][]string{{"config", "default", "--help"}, {"config", "--help"}, {"--help"}} {
+		if _, out, _ := run(t, args...); !strings.Contains(out, "print the default configuration, every key set, with a comment") {
+			t.Errorf("%v does not say config default sets every key: %s", args, out)
+		}
+	}
 }
 
 // TestConfigValidateAsTheUnitsRun: config validate --privileged-helper

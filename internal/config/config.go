@@ -36,7 +36,8 @@ const DefaultPath = "/etc/autopilot-health/config.toml"
 //go:embed default.toml
 var defaultTOML []byte
 
-// DefaultTOML returns the embedded default configuration, every key commented.
+// DefaultTOML returns the embedded default configuration, every key set to
+// its default, with a comment.
 func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
 
 // Duration is a time.Duration written as a string ("10s", "2m").
