@@ -274,15 +274,18 @@ func scribble(v reflect.Value) int {
 // Each bad file and its exact error: file, line, key and the problem.
 func TestBadConfigs(t *testing.T) {
 	want := map[string]string{
-		"bad-duration.toml":      `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
-		"bad-regex.toml":         ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
-		"bad-role.toml":          `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
-		"duplicate-key.toml":     `:2: key host_root: Key 'host_root' has already been defined.`,
-		"duplicate-table.toml":   `:4: key checks.KubeletUnhealthy: Key 'checks.KubeletUnhealthy' has already been defined.`,
-		"listen-address.toml":    `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
-		"log-level.toml":         `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
-		"negative-interval.toml": `:2: key checks.ClockNotSynchronized.interval: must be between 1s and 24h, got "-1m0s"`,
-		"node-name.toml":         `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
+		"bad-duration.toml":    `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
+		"bad-regex.toml":       ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
+		"bad-role.toml":        `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
+		"duplicate-key.toml":   `:2: key host_root: Key 'host_root' has already been defined.`,
+		"duplicate-table.toml": `:4: key checks.KubeletUnhealthy: Key 'checks.KubeletUnhealthy' has already been defined.`,
+		"listen-address.toml":  `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
+		// An IPv6 address without its brackets: said how to write one
+		// (before, "host:port or :port" alone).
+		"listen-address-ipv6-unbracketed.toml": `:2: key metrics.listen_address: must be host:port or :port, an IPv6 address in brackets ("[::1]:20257", "[::]:20257" for every address), got "::1:20257"`,
+		"log-level.toml":                       `:2: key log.level: must be one of "debug", "info", "warn", "error", got "verbose"`,
+		"negative-interval.toml":               `:2: key checks.ClockNotSynchronized.interval: must be between 1s and 24h, got "-1m0s"`,
+		"node-name.toml":                       `:1: key node_name: must be a DNS subdomain (lower-case letters, digits, '-' and '.'), got "Node_1"`,
 		// Of the right characters but too long: said so, not "lower-case
 		// letters, digits" of a name that has only those (253 loads).
 		"node-name-too-long.toml": `:1: key node_name: must be a DNS subdomain of at most 253 characters, got one of 254 ("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"...)`,

@@ -323,7 +323,10 @@ func (c *Config) validate() *Error {
 	// The host is none, an IP address or a host name: net.Listen looks
 	// anything else up as a name it never finds ("0.0.0.0 :20257"), and
 	// the daemon would run on without /metrics, retrying for ever.
-	if host, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil {
+	if host, port, err := net.SplitHostPort(c.Metrics.ListenAddress); err != nil && strings.Count(c.Metrics.ListenAddress, ":") > 1 && !strings.HasPrefix(c.Metrics.ListenAddress, "[") {
+		// "::1:20257": its port cannot be told from the address.
+		v.fail("metrics.listen_address", "must be host:port or :port, an IPv6 address in brackets (\"[::1]:20257\", \"[::]:20257\" for every address), got %q", c.Metrics.ListenAddress)
+	} else if err != nil {
 		v.fail("metrics.listen_address", "must be host:port or :port, got %q", c.Metrics.ListenAddress)
 	} else if !listenHost(host) {
 		v.fail("metrics.listen_address", "must have a host that is an IP address or a host name (letters, digits, '-', '.', '_'), or none (\":20257\", every address), got %q", c.Metrics.ListenAddress)
