@@ -327,6 +327,16 @@ func TestBadConfigs(t *testing.T) {
 		// A top-level key after a table header is that table's in TOML.
 		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,
+		// A check's name cut short or ended otherwise, too far for a near
+		// spelling, is the one check it begins as (before, "unknown key"
+		// alone); a beginning two checks share suggests neither.
+		"check-name-cut-short.toml":       `:1: key checks.DiskUsage: unknown key (did you mean checks.DiskUsageHigh?)`,
+		"check-name-ended-otherwise.toml": `:2: key checks.ClockNotSynced: unknown key (did you mean checks.ClockNotSynchronized?)`,
+		"check-name-prefix-of-two.toml":   `:1: key checks.Kubelet: unknown key`,
+		// A kernel log condition or event is no check: said how it is
+		// turned off (before, "unknown key" alone).
+		"kmsg-condition-as-check.toml": `:1: key checks.ReadonlyFilesystem: unknown key (ReadonlyFilesystem is the kernel log monitor's rule of that name, not a check: kmsg.disable = ["ReadonlyFilesystem"] turns it off; autopilot-health kmsg rules lists them)`,
+		"kmsg-event-as-check.toml":     `:3: key checks.TaskHung: unknown key (TaskHung is the kernel log monitor's rule of that name, not a check: kmsg.disable = ["TaskHung"] turns it off; autopilot-health kmsg rules lists them)`,
 		// A key of several tables under a table not one of them names
 		// them, as one of a single table does (before, "unknown key"
 		// alone: restart_cooldown, listed in the README beside

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/syself/autopilot-health/kmsg"
 )
 
 // Error is a configuration error with its place in the file.
@@ -139,16 +141,70 @@ func suggest(key string) string {
 	if m := misplaced(key); m != "" {
 		return m
 	}
+	if m := kmsgRuleAsCheck(key); m != "" {
+		return m
+	}
 	best, bestD := "", 4
 	for _, k := range knownKeys() {
 		if d := editDistance(strings.ToLower(k), strings.ToLower(key)); d < bestD {
 			best, bestD = k, d
 		}
 	}
+	if best == "" {
+		best = samePrefix(key)
+	}
 	if best != "" {
 		return fmt.Sprintf(" (did you mean %s?)", best)
 	}
 	return ""
+}
+
+// kmsgRuleAsCheck says, of a [checks.<Name>] table whose name is a
+// built-in kernel log rule's (ReadonlyFilesystem, KernelDeadlock, TaskHung:
+// conditions and events the kernel log monitor sets, no check), how that
+// rule is turned off; before, "unknown key" alone.
+func kmsgRuleAsCheck(key string) string {
+	parts := strings.SplitN(key, ".", 3)
+	if len(parts) < 2 || parts[0] != "checks" {
+		return ""
+	}
+	for _, r := range kmsg.DefaultRules {
+		if r.Name == parts[1] {
+			return fmt.Sprintf(` (%s is the kernel log monitor's rule of that name, not a check: kmsg.disable = ["%s"] turns it off; autopilot-health kmsg rules lists them)`, r.Name, r.Name)
+		}
+	}
+	return ""
+}
+
+// samePrefix is the one known key of key's table whose last part begins as
+// key's does for longest, at least 6 characters and half of key's last
+// part, case aside: a name cut short or ended otherwise
+// (checks.DiskUsage, checks.ClockNotSynced), too far for editDistance.
+// None where two begin as long.
+func samePrefix(key string) string {
+	i := strings.LastIndexByte(key, '.')
+	table, name := key[:i+1], strings.ToLower(key[i+1:])
+	best, bestN, tie := "", 0, false
+	for _, k := range knownKeys() {
+		if !strings.HasPrefix(k, table) || strings.Contains(k[len(table):], ".") {
+			continue
+		}
+		other := strings.ToLower(k[len(table):])
+		n := 0
+		for n < len(name) && n < len(other) && name[n] == other[n] {
+			n++
+		}
+		switch {
+		case n > bestN:
+			best, bestN, tie = k, n, false
+		case n == bestN:
+			tie = true
+		}
+	}
+	if tie || bestN < 6 || 2*bestN < len(name) {
+		return ""
+	}
+	return best
 }
 
 // misplaced names where a key not known at its place belongs, when its

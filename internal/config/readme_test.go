@@ -75,11 +75,15 @@ func TestREADMENamesEveryKey(t *testing.T) {
 	// Code spans of README shaped as keys that are not: the wrong
 	// spellings its errors are shown for, and other things' names.
 	notKeys := map[string]string{
-		"log.node_name":        "the error for a top-level key written after [log]",
-		"checks.diskusagehigh": "the error for a table spelt in another case",
-		"kubernetes.calls":     "a metric's label, not a key",
-		"status.conditions":    "the Node's field, not a key",
-		"kmsg.PodGatedTasks":   "a Go identifier of the kmsg package",
+		"log.node_name":             "the error for a top-level key written after [log]",
+		"checks.diskusagehigh":      "the error for a table spelt in another case",
+		"kubernetes.calls":          "a metric's label, not a key",
+		"status.conditions":         "the Node's field, not a key",
+		"kmsg.PodGatedTasks":        "a Go identifier of the kmsg package",
+		"checks.DiskUsage":          "the error for a check's name cut short",
+		"checks.ClockNotSynced":     "the error for a check's name ended otherwise",
+		"checks.Kubelet":            "the error for a beginning two checks share",
+		"checks.ReadonlyFilesystem": "the error for a kernel log rule written as a check",
 	}
 	seen := map[string]bool{}
 	for _, s := range spans {
