@@ -289,7 +289,7 @@ func TestSyntaxErrorBeforeABoundIsNamedFirst(t *testing.T) {
 		"[log\n" + deepKey:                                        `f.toml:1: key log: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		"host_root = \"/\n" + deepValue:                           `f.toml:1: key host_root: strings cannot contain newlines`,
 		"role = = \"worker\"\n" + deepValue:                       `f.toml:1: key role: expected value but found '=' instead`,
-		"role = \"worker\"\nrole = \"\"\n" + deepKey:              `f.toml:2: key role: Key 'role' has already been defined.`,
+		"role = \"worker\"\nrole = \"\"\n" + deepKey:              `f.toml:2: key role: Key 'role' has already been defined (first at line 1: a key or table is defined once)`,
 		"# fine\n[log]\nlevel = \"info\"\n[metrics\n" + deepValue: `f.toml:4: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		// A syntax error within the statement the bound is over, before
 		// the part over it (a value written over several lines, as an

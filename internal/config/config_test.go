@@ -277,8 +277,8 @@ func TestBadConfigs(t *testing.T) {
 		"bad-duration.toml":    `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
 		"bad-regex.toml":       ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
 		"bad-role.toml":        `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
-		"duplicate-key.toml":   `:2: key host_root: Key 'host_root' has already been defined.`,
-		"duplicate-table.toml": `:4: key checks.KubeletUnhealthy: Key 'checks.KubeletUnhealthy' has already been defined.`,
+		"duplicate-key.toml":   `:2: key host_root: Key 'host_root' has already been defined (first at line 1: a key or table is defined once)`,
+		"duplicate-table.toml": `:4: key checks.KubeletUnhealthy: Key 'checks.KubeletUnhealthy' has already been defined (first at line 1: a key or table is defined once)`,
 		"listen-address.toml":  `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,
 		// An IPv6 address without its brackets: said how to write one
 		// (before, "host:port or :port" alone).
@@ -526,6 +526,21 @@ func TestBadConfigs(t *testing.T) {
 				t.Errorf("error\n got: %s\nwant: %s", got, w)
 			}
 		})
+	}
+}
+
+// A table of the printed default defined again below it (overrides
+// appended to config default's output) is refused at the second header,
+// naming the first's line: before, "has already been defined." alone,
+// the first some 300 lines above.
+func TestDefinedTwiceNamesTheFirstLine(t *testing.T) {
+	first := bytes.Count(defaultTOML[:bytes.Index(defaultTOML, []byte("\n[checks.DiskUsageHigh]\n"))+1], []byte("\n")) + 1
+	data := append(append([]byte(nil), defaultTOML...), "\n[checks.DiskUsageHigh]\nspace_percent = 80\n"...)
+	second := bytes.Count(data, []byte("\n")) - 1
+	_, err := Parse("config.toml", data, nil)
+	want := fmt.Sprintf("config.toml:%d: key checks.DiskUsageHigh: Key 'checks.DiskUsageHigh' has already been defined (first at line %d: a key or table is defined once)", second, first)
+	if err == nil || err.Error() != want {
+		t.Errorf("got  %v\nwant %s", err, want)
 	}
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding"
 	"errors"
 	"fmt"
@@ -64,6 +65,13 @@ func decodeError(file string, data []byte, lines keyIndex, err error) error {
 		msg := pe.Message
 		if m := definedKeyRE.FindStringSubmatch(msg); m != nil {
 			pe.LastKey = m[1]
+			// Where the first definition is: in a file made of the
+			// printed default and overrides appended, far above.
+			// The lines above the second hold the first only (a third
+			// would be refused at the second): indexed alone.
+			if first := firstDefinition(data, pe.Position.Line, m[1]); first > 0 && strings.HasSuffix(msg, ".") {
+				msg = fmt.Sprintf("%s (first at line %d: a key or table is defined once)", strings.TrimSuffix(msg, "."), first)
+			}
 		}
 		if m := unclosedHeaderRE.FindStringSubmatch(msg); m != nil {
 			// At a line's end the header is on the line before; named
@@ -91,6 +99,23 @@ func decodeError(file string, data []byte, lines keyIndex, err error) error {
 		return &Error{File: file, Line: line, Key: key, Msg: typeWords(key, m[3])}
 	}
 	return &Error{File: file, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+}
+
+// firstDefinition is the line of key in the lines of data above line
+// (1-based), 0 where none defines it there.
+func firstDefinition(data []byte, line int, key string) int {
+	if line < 2 {
+		return 0
+	}
+	off := 0
+	for n := 1; n < line; n++ {
+		i := bytes.IndexByte(data[off:], '\n')
+		if i < 0 {
+			return 0
+		}
+		off += i + 1
+	}
+	return keyLines(data[:off])[key]
 }
 
 // headerAt reads the table header at line (1-based) of data: ok where
