@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -253,6 +254,9 @@ func misplaced(key string) string {
 		return ""
 	case len(at) == 1 && at[0] == name:
 		return fmt.Sprintf(" (%s is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)", name)
+	case slices.Contains(at, name):
+		// A top-level key and a table's: which was meant is not said.
+		return ""
 	}
 	return fmt.Sprintf(" (%s is a key of %s)", name, tablesOf(name, at))
 }
@@ -260,11 +264,15 @@ func misplaced(key string) string {
 // tablesOf names the tables whose key name is (at: the keys, each ending
 // in "."+name): up to three by name, more by their number and the first.
 func tablesOf(name string, at []string) string {
-	ts := make([]string, len(at))
-	for i, k := range at {
-		ts[i] = "[" + k[:len(k)-len(name)-1] + "]"
+	var ts []string
+	for _, k := range at {
+		if len(k) > len(name) {
+			ts = append(ts, "["+k[:len(k)-len(name)-1]+"]")
+		}
 	}
 	switch {
+	case len(ts) == 0:
+		return ""
 	case len(ts) == 1:
 		return ts[0]
 	case len(ts) <= 3:
@@ -277,10 +285,11 @@ func tablesOf(name string, at []string) string {
 // is a table's key (at: where it is known), written above every header
 // (one below a header commented out: commentedTableAbove).
 func tableOfTopLevel(name string, at []string) string {
-	switch len(at) {
-	case 0:
+	switch {
+	case len(at) == 0 || slices.Contains(at, name):
+		// None, or name is a top-level key itself.
 		return ""
-	case 1:
+	case len(at) == 1:
 		table := at[0][:len(at[0])-len(name)-1]
 		return fmt.Sprintf(" (%s is a key of [%s]: write it below a [%s] header)", name, table, table)
 	}

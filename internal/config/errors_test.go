@@ -1,6 +1,9 @@
 package config
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // A table header its line ends in (unclosed) is refused at its own line,
 // naming the table it opens: the decoder, having read the newline, said
@@ -57,6 +60,23 @@ func TestKeyWithTOMLEscapeIsAtItsLine(t *testing.T) {
 		}
 		if err.Error() != want {
 			t.Errorf("%q:\n got: %v\nwant: %s", in, err, want)
+		}
+	}
+}
+
+// suggest of any known key's name under any table, or none, a known key
+// itself included, says something or nothing, never panics: the tables of a
+// name that is also a top-level key are cut from the name's end
+// (tablesOf, tableOfTopLevel), which a top-level key has no table before.
+func TestSuggestOfEveryKnownNameAnywhere(t *testing.T) {
+	names := map[string]bool{}
+	for _, k := range knownKeys() {
+		names[k[strings.LastIndexByte(k, '.')+1:]] = true
+	}
+	for n := range names {
+		for _, in := range []string{"", "runner.", "checks.DiskUsageHigh.", "kmsg.rules.", "log.", "checks.", "x.y."} {
+			suggest(in + n)
+			suggest(in + strings.ToUpper(n))
 		}
 	}
 }
