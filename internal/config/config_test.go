@@ -401,7 +401,7 @@ func TestBadConfigs(t *testing.T) {
 		"url.toml":                       `:2: key checks.ProxyNotServing.metrics_url: must be an http:// or https:// URL, got "127.0.0.1:9587/metrics"`,
 		"tamper-proc.toml":               `:2: key checks.NodeTampered.paths: scan pattern "/proc/kmsg": under /proc, which the helper does not scan`,
 		"wrong-type.toml":                `:2: key checks.DiskUsageHigh.space_percent: wrong type: must be an integer, got a string`,
-		"kmsg-disable.toml":              `:2: key kmsg.disable: unknown rule "Nope"`,
+		"kmsg-disable.toml":              `:2: key kmsg.disable: unknown rule "Nope": autopilot-health kmsg rules lists the rules (their names are case-sensitive)`,
 		"kmsg-rule-pattern.toml":         ":1: key kmsg.rules[0]: kmsg rule ReadonlyFilesystem: pattern: error parsing regexp: missing closing ): `Remounting filesystem read-only (`",
 		"heartbeat-period.toml":          `:2: key kubernetes.heartbeat_period: must be between 30s and 1h, got "1ms"`,
 		"detect-interval.toml":           `:3: key detect.interval: must be between 10s and 1h, got "1s"`,
@@ -464,6 +464,12 @@ func TestBadConfigs(t *testing.T) {
 		// the boot on a healthy node's first line.
 		"kmsg-rule-no-pattern.toml":    `:5: key kmsg.rules[0]: kmsg rule MyReadOnly: no pattern: a rule without one would match every kernel record`,
 		"kmsg-rule-matches-empty.toml": `:7: key kmsg.rules[1]: kmsg rule B: pattern "(mydrv: I/O error)*" matches an empty message: a pattern must require some text of the lines it is for (one that requires none, as ".*" or "x*", matches every kernel record)`,
+		// A rule kmsg.disable names that is none: at its entry's line,
+		// with the nearest name and where the names are listed (before,
+		// "unknown rule" alone, at the list's line, of a name in another
+		// case too).
+		"kmsg-disable-other-case.toml": `:4: key kmsg.disable: unknown rule "readonlyfilesystem" (did you mean "ReadonlyFilesystem"?): autopilot-health kmsg rules lists the rules (their names are case-sensitive)`,
+		"kmsg-disable-misspelt.toml":   `:2: key kmsg.disable: unknown rule "KernelDeadlok" (did you mean "KernelDeadlock"?): autopilot-health kmsg rules lists the rules (their names are case-sensitive)`,
 		// A condition on a rule that emits an event was dropped unseen.
 		"kmsg-rule-temp-condition.toml": `:1: key kmsg.rules[0]: kmsg rule MyReadOnly: condition "ReadonlyFilesystem" is for kind perm: a rule of kind temp emits its event reason ("Ext4Error") and sets no condition`,
 		"kmsg-rule-reason.toml":         `:4: key kmsg.rules[0]: kmsg rule MyIO: event reason "DiskExploded" is not a kernel-log event of the catalog (want one of TaskHung, Ext4Error, Ext4Warning, IOError, BlockIOError, NvmeError, AtaError, NvidiaXidError, MemoryReadError, UnregisterNetDevice, CperHardwareErrorCorrected, CperHardwareErrorRecoverable, PodVolumeReadOnly)`,

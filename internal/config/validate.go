@@ -555,6 +555,21 @@ func (v *validator) kmsgRules(c *Config) {
 			return
 		}
 	}
+	for i, d := range c.Kmsg.Disable {
+		names := make([]string, 0, len(kmsg.DefaultRules)+len(custom))
+		for _, r := range kmsg.DefaultRules {
+			names = append(names, r.Name)
+		}
+		for _, r := range custom {
+			names = append(names, r.Name)
+		}
+		if !slices.Contains(names, d) {
+			// Named as a key is, with the nearest name (before,
+			// "unknown rule" alone, also of a name in another case).
+			v.failAt("kmsg.disable", fmt.Sprintf("kmsg.disable[%d]", i), "unknown rule %q%s: autopilot-health kmsg rules lists the rules (their names are case-sensitive)", d, nearestName(d, names))
+			return
+		}
+	}
 	rules, err := kmsg.BuildRules(c.Kmsg.Disable, custom)
 	if err != nil {
 		v.fail("kmsg.disable", "%v", err)
@@ -563,6 +578,43 @@ func (v *validator) kmsgRules(c *Config) {
 	if _, err := kmsg.Compile(rules, c.Kmsg.CriticalTasks); err != nil {
 		v.fail("kmsg.rules", "%v", err)
 	}
+}
+
+// nearestName is " (did you mean X?)" for the one of names that name is
+// in another case, else nearest to by at most 3 edits, else begins as for
+// at least 6 characters and half of it; "" for none.
+func nearestName(name string, names []string) string {
+	best, bestD := "", 4
+	for _, n := range names {
+		if strings.EqualFold(n, name) {
+			return fmt.Sprintf(" (did you mean %q?)", n)
+		}
+		if d := editDistance(strings.ToLower(n), strings.ToLower(name)); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if best == "" {
+		bestN, tie := 0, false
+		for _, n := range names {
+			k := 0
+			for k < len(name) && k < len(n) && strings.ToLower(name[k:k+1]) == strings.ToLower(n[k:k+1]) {
+				k++
+			}
+			switch {
+			case k > bestN:
+				best, bestN, tie = n, k, false
+			case k == bestN:
+				tie = true
+			}
+		}
+		if tie || bestN < 6 || 2*bestN < len(name) {
+			best = ""
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
 var builtinRulesCompile = sync.OnceValue(func() error {
