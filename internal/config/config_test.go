@@ -274,9 +274,12 @@ func scribble(v reflect.Value) int {
 // Each bad file and its exact error: file, line, key and the problem.
 func TestBadConfigs(t *testing.T) {
 	want := map[string]string{
-		"bad-duration.toml":    `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
-		"bad-regex.toml":       ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
-		"bad-role.toml":        `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
+		"bad-duration.toml": `:3: key checks.KubeletUnhealthy.interval: invalid duration "10 seconds" (use a number with a unit, e.g. "30s", "5m", "168h")`,
+		"bad-regex.toml":    ":2: key checks.DiskUsageHigh.mount_points_exclude: invalid regular expression: error parsing regexp: missing closing ): `^/(dev`",
+		"bad-role.toml":     `:1: key role: must be one of "", "controlplane", "worker", got "boss"`,
+		// gpu takes "auto" too, so a string: its boolean is told to be
+		// quoted (before, "must be a string, got a boolean" alone).
+		"gpu-boolean.toml":     `:2: key gpu: wrong type: must be a string, "auto", "true" or "false", got a boolean: quote it, gpu = "true" or gpu = "false"`,
 		"duplicate-key.toml":   `:2: key host_root: Key 'host_root' has already been defined (first at line 1: a key or table is defined once)`,
 		"duplicate-table.toml": `:4: key checks.KubeletUnhealthy: Key 'checks.KubeletUnhealthy' has already been defined (first at line 1: a key or table is defined once)`,
 		"listen-address.toml":  `:2: key metrics.listen_address: must be host:port or :port, got "20257"`,

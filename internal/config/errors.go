@@ -407,6 +407,9 @@ func typeWords(key, msg string) string {
 		case t.Kind() == reflect.Slice && m[2] != "slice":
 			// An entry of the list, not the list.
 			return "wrong type: each entry must be " + wantWords(t.Elem()) + ", got " + got
+		case key == "gpu" && got == "a boolean":
+			// gpu = true reads as meant: the key takes "auto" too.
+			return `wrong type: must be a string, "auto", "true" or "false", got a boolean: quote it, gpu = "true" or gpu = "false"`
 		}
 		return "wrong type: must be " + wantWords(t) + ", got " + got
 	}
