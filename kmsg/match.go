@@ -83,6 +83,9 @@ func Compile(rules []Rule, criticalTasks []string) (*RuleSet, error) {
 		}
 		switch r.Kind {
 		case Perm:
+			if r.Condition == "" {
+				return nil, fmt.Errorf("kmsg rule %s: a rule of kind perm sets a condition: name it, condition = one of %s (or kind = \"temp\" for an event)", r.Name, strings.Join(kmsgConditions(), ", "))
+			}
 			d, ok := report.Lookup(r.Condition)
 			if !ok || d.Source != report.SourceKmsg {
 				return nil, fmt.Errorf("kmsg rule %s: condition %q is not a kernel-log condition (want one of %s)", r.Name, r.Condition, strings.Join(kmsgConditions(), ", "))

@@ -22,6 +22,7 @@ func TestCompileRejects(t *testing.T) {
 		want string
 	}{
 		{Rule{Name: "X", Kind: Perm, Condition: "DiskUsageHigh", Reason: "FilesystemSpaceHigh", Pattern: "x"}, `kmsg rule X: condition "DiskUsageHigh" is not a kernel-log condition`},
+		{Rule{Name: "X", Kind: Perm, Reason: "FilesystemIsReadOnly", Pattern: "x"}, `kmsg rule X: a rule of kind perm sets a condition: name it, condition = one of ReadonlyFilesystem, `},
 		{Rule{Name: "X", Kind: Perm, Condition: "KernelDeadlock", Reason: "Nope", Pattern: "x"}, `kmsg rule X: reason "Nope" is not a reason of KernelDeadlock (want CriticalTaskHung)`},
 		{Rule{Name: "X", Kind: Temp, Reason: "OOMKilling", Pattern: "x"}, `kmsg rule X: event reason "OOMKilling" is not a kernel-log event of the catalog`},
 		{Rule{Name: "X", Kind: Temp, Reason: "TamperCleared", Pattern: "x"}, `kmsg rule X: event reason "TamperCleared" is not a kernel-log event of the catalog`},
