@@ -663,8 +663,12 @@ func TestReportBootIDDecidesKernelAdoption(t *testing.T) {
 				store := report.NewStore("boot-b")
 				store.SetBootStart(time.Now().Add(-time.Hour))
 				store.Set(report.Condition{Type: "ReadonlyFilesystem", Status: report.StatusFalse, Reason: report.ReasonFilesystemIsNotReadOnly}, time.Now())
-				h := start(t, client, store)
-				h.det.SetBootID("boot-b")
+				// The boot ID set before the reporter starts, as the
+				// daemon's assembly does: set after, a report written
+				// before it carried none (a CI run on 2026-12-07).
+				det := report.NewDetails()
+				det.SetBootID("boot-b")
+				h := startWith(t, client, store, det)
 				<-h.r.Adopted()
 				time.Sleep(time.Second)
 				synctest.Wait()
