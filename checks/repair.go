@@ -215,6 +215,22 @@ func (r *Repairer) Repaired(units []string) {
 	r.repaired = now
 }
 
+// countRepair counts a repair decision of unit in repairs_total, where the
+// daemon still repairs unit: a restart's job ends, and a probe returns,
+// after the reload that renamed its unit or disabled its check (Repaired)
+// removed the unit's series, which counting would make again, at 1, left
+// on the page until the next reload
+// (TestRepairInFlightAcrossAReloadLeavesNoSeriesOfTheOldUnit). Every unit
+// counts where Repaired was never called (a Repairer of a test, of check).
+func (r *Repairer) countRepair(unit, result string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.repaired != nil && !r.repaired[unit] {
+		return
+	}
+	r.repairs.WithLabelValues(unit, result).Inc()
+}
+
 // RepairedUnits are the units cfg has repaired: KubeletUnhealthy's and
 // ContainerRuntimeUnhealthy's, of the checks enabled.
 func RepairedUnits(cfg *config.Config) []string {
@@ -360,7 +376,7 @@ func (r *Repairer) Repair(ctx context.Context, unit string, cooldown time.Durati
 	if result != RepairRestarted {
 		// A restart is counted once systemd took the request (restart):
 		// one it refused started no job, and counts as failed only.
-		r.repairs.WithLabelValues(unit, result).Inc()
+		r.countRepair(unit, result)
 	}
 	touch := result == RepairRestarted
 	if result == RepairFailed || result == RepairNoSystemd {
@@ -485,7 +501,7 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 	r.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.jobTimeout)
 		var took sync.Once
-		count := func() { took.Do(func() { r.repairs.WithLabelValues(unit, RepairRestarted).Inc() }) }
+		count := func() { took.Do(func() { r.countRepair(unit, RepairRestarted) }) }
 		err := r.mgr.Restart(systemd.WithTook(ctx, count), unit)
 		if !errors.Is(err, systemd.ErrJobRefused) && !errors.Is(err, systemd.ErrNotRequested) {
 			// A Manager that does not say when systemd took the request
@@ -559,12 +575,12 @@ func (r *Repairer) repair(ctx context.Context, unit string, cooldown time.Durati
 		r.mu.Unlock()
 		r.touch()
 		if skipped != "" && !assert {
-			r.repairs.WithLabelValues(unit, RepairFailed).Inc()
+			r.countRepair(unit, RepairFailed)
 			r.log.Warn("repair: systemd skipped the start of the unit: a condition of it is not met; tried again after the cooldown", "unit", unit, "condition", skipped, "reason", reason, "consecutive", n, "cooldown", cooldown)
 			return
 		}
 		if err != nil {
-			r.repairs.WithLabelValues(unit, RepairFailed).Inc()
+			r.countRepair(unit, RepairFailed)
 			r.log.Error("repair: restarting unit failed", "unit", unit, "reason", reason, "err", err)
 			return
 		}

@@ -1,8 +1,10 @@
 package checks
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,4 +67,45 @@ func repairsHelp(t *testing.T, reg *prometheus.Registry) string {
 	}
 	t.Fatal("no autopilot_health_repairs_total family")
 	return ""
+}
+
+// A restart still running when a reload renames its unit (or disables its
+// check: an operator turning the repair off while it acts) counts its
+// result when its job ends: the old unit's series, removed by the reload,
+// must not come back then, at 1, left on the page until the next reload.
+// Before, the restart's goroutine made the series again (fails with the
+// check in countRepair removed).
+func TestRepairInFlightAcrossAReloadLeavesNoSeriesOfTheOldUnit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		u := running("kubelet.service")
+		u.MainStart = time.Now().Add(-time.Hour)
+		m := gatedManager{newFakeManager(u), make(chan struct{}), make(chan struct{})}
+		close(m.state)
+		r := NewRepairer(m, quietLog(), time.Now, reg)
+		cfg := config.Default()
+		r.Repaired(RepairedUnits(cfg))
+		if res, _ := r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed"); res != RepairRestarted {
+			t.Fatalf("repair: %s, want %s", res, RepairRestarted)
+		}
+		synctest.Wait() // the restart's job waits for the test
+		cfg.Checks.KubeletUnhealthy.Unit = "kubelet2.service"
+		r.Repaired(RepairedUnits(cfg))
+		close(m.restart)
+		r.Wait()
+		want := `
+# HELP autopilot_health_repairs_total ` + repairsHelp(t, reg) + `
+# TYPE autopilot_health_repairs_total counter
+autopilot_health_repairs_total{result="failed",unit="containerd.service"} 0
+autopilot_health_repairs_total{result="failed",unit="kubelet2.service"} 0
+autopilot_health_repairs_total{result="restarted",unit="containerd.service"} 0
+autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0
+`
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
+			t.Errorf("after the restart begun before the reload ended: %v", err)
+		}
+		if st := r.Status("kubelet.service"); st.Repairs != 1 {
+			t.Errorf("the restart itself: status %+v, want it recorded", st)
+		}
+	})
 }
