@@ -117,6 +117,10 @@ type Repairer struct {
 	// repaired: the units whose repairs_total series exist from 0
 	// (Repaired).
 	repaired map[string]bool
+	// dropped: the units a reload stopped repairing (Repaired removed
+	// their series), until one names them again: a repair of theirs
+	// still in flight is not counted (countRepair).
+	dropped map[string]bool
 }
 
 // RepairKey is the name under which the repairer keeps its status of each
@@ -210,22 +214,30 @@ func (r *Repairer) Repaired(units []string) {
 	for u := range r.repaired {
 		if !now[u] {
 			r.repairs.DeletePartialMatch(prometheus.Labels{"unit": u})
+			if r.dropped == nil {
+				r.dropped = map[string]bool{}
+			}
+			r.dropped[u] = true
 		}
+	}
+	for u := range now {
+		delete(r.dropped, u)
 	}
 	r.repaired = now
 }
 
-// countRepair counts a repair decision of unit in repairs_total, where the
-// daemon still repairs unit: a restart's job ends, and a probe returns,
-// after the reload that renamed its unit or disabled its check (Repaired)
-// removed the unit's series, which counting would make again, at 1, left
-// on the page until the next reload
-// (TestRepairInFlightAcrossAReloadLeavesNoSeriesOfTheOldUnit). Every unit
-// counts where Repaired was never called (a Repairer of a test, of check).
+// countRepair counts a repair decision of unit in repairs_total, unless a
+// reload stopped repairing unit since: a restart's job ends, or a probe
+// returns, after the reload that renamed its unit or disabled its check
+// (Repaired) removed the unit's series, which counting would make again,
+// at 1, left on the page until the next reload
+// (TestRepairInFlightAcrossAReloadLeavesNoSeriesOfTheOldUnit). A unit no
+// reload dropped counts: the reload's new unit, whose check Apply starts
+// before Repaired names it, included.
 func (r *Repairer) countRepair(unit, result string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.repaired != nil && !r.repaired[unit] {
+	if r.dropped[unit] {
 		return
 	}
 	r.repairs.WithLabelValues(unit, result).Inc()

@@ -107,5 +107,21 @@ autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0
 		if st := r.Status("kubelet.service"); st.Repairs != 1 {
 			t.Errorf("the restart itself: status %+v, want it recorded", st)
 		}
+		// A unit no reload dropped counts, also before Repaired names it
+		// (a reload's Apply starts the renamed unit's check first), and a
+		// unit named again counts again.
+		newUnit := running("kubelet3.service")
+		newUnit.MainStart = time.Now().Add(-time.Hour)
+		m.set(newUnit)
+		r.Repair(context.Background(), "kubelet3.service", time.Minute, "healthz failed")
+		cfg.Checks.KubeletUnhealthy.Unit = "kubelet.service"
+		r.Repaired(RepairedUnits(cfg))
+		r.Repair(context.Background(), "kubelet.service", time.Minute, "healthz failed")
+		r.Wait()
+		for _, s := range []struct{ unit, result string }{{"kubelet3.service", RepairRestarted}, {"kubelet.service", RepairCooldown}} {
+			if n := testutil.ToFloat64(r.repairs.WithLabelValues(s.unit, s.result)); n != 1 {
+				t.Errorf("%s's %s: %v, want 1", s.unit, s.result, n)
+			}
+		}
 	})
 }
