@@ -216,26 +216,7 @@ func TestSocketGoneAsAnotherUser(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Skip(t, "needs root to run a process as another user")
 	}
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		testenv.Skip(t, "no setpriv (util-linux)")
-	}
-	dir, err := os.MkdirTemp("", "sockgone-user-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "test.bin")
-	src, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, src, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	setpriv, dir, bin := binaryForAnotherUser(t, "sockgone-user-")
 	state := filepath.Join(dir, "state")
 	if err := os.Mkdir(state, 0o750); err != nil {
 		t.Fatal(err)

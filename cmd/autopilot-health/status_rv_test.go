@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -55,31 +54,7 @@ func TestStatusAsAnotherUser(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Skip(t, "needs root to run a process as another user")
 	}
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		testenv.Skip(t, "no setpriv (util-linux)")
-	}
-	dir, err := os.MkdirTemp("", "status-user-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The test binary, where the other user can run it.
-	bin := filepath.Join(dir, "test.bin")
-	src, err := os.Open(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(dst, src)
-	src.Close()
-	dst.Close()
+	setpriv, dir, bin := binaryForAnotherUser(t, "status-user-")
 	run := filepath.Join(dir, "run")
 	if err := os.Mkdir(run, 0o750); err != nil {
 		t.Fatal(err)
@@ -295,4 +270,33 @@ func TestStatusOfASocketPathThatIsNotASocket(t *testing.T) {
 	if code, out, errs := run(t, "status", "--socket", under); code != exitError || out != "" || !strings.Contains(errs, "not a directory") || strings.Contains(errs, "not running") {
 		t.Errorf("status --socket %s: exit %d, stdout %q, stderr %q", under, code, out, errs)
 	}
+}
+
+// binaryForAnotherUser is setpriv's path and a directory anyone may enter
+// (removed at the test's end) holding a copy of the test binary, bin,
+// which another user (setpriv --reuid) can run; skipped where setpriv is
+// missing (testenv.Skip). The caller checks it runs as root.
+func binaryForAnotherUser(t *testing.T, prefix string) (setpriv, dir, bin string) {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		testenv.Skip(t, "no setpriv (util-linux)")
+	}
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, "test.bin")
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return setpriv, dir, bin
 }
