@@ -217,6 +217,7 @@ func TestSocketGoneAsAnotherUser(t *testing.T) {
 		testenv.Skip(t, "needs root to run a process as another user")
 	}
 	setpriv, dir, bin := binaryForAnotherUser(t, "sockgone-user-")
+	needNoDefaultSocketDir(t)
 	state := filepath.Join(dir, "state")
 	if err := os.Mkdir(state, 0o750); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/testenv"
 )
 
@@ -55,6 +56,7 @@ func TestStatusAsAnotherUser(t *testing.T) {
 		testenv.Skip(t, "needs root to run a process as another user")
 	}
 	setpriv, dir, bin := binaryForAnotherUser(t, "status-user-")
+	needNoDefaultSocketDir(t)
 	run := filepath.Join(dir, "run")
 	if err := os.Mkdir(run, 0o750); err != nil {
 		t.Fatal(err)
@@ -299,4 +301,17 @@ func binaryForAnotherUser(t *testing.T, prefix string) (setpriv, dir, bin string
 		t.Fatal(err)
 	}
 	return setpriv, dir, bin
+}
+
+// needNoDefaultSocketDir fails the test at once, saying why, where the
+// machine has the default sockets' directory of its own: the CLI asks the
+// default socket too, and another user refused by a root-only directory
+// there is rightly told to use sudo, not what the test means to show
+// (seen when a daemon run by hand with the default configuration left it).
+func needNoDefaultSocketDir(t *testing.T) {
+	t.Helper()
+	d := filepath.Dir(config.Default().Status.Socket)
+	if _, err := os.Stat(d); err == nil {
+		t.Fatalf("%s exists on this machine (a daemon of its own, or one run by hand with the default configuration, made it): this test's user would be refused by it; remove it (rmdir) and run the test again", d)
+	}
 }
