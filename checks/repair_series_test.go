@@ -24,17 +24,12 @@ func TestRepairSeriesExistFromZeroAndFollowTheConfiguration(t *testing.T) {
 	r := NewRepairer(nil, quietLog(), time.Now, reg)
 	cfg := config.Default()
 	r.Repaired(RepairedUnits(cfg))
-	want := `
-# HELP autopilot_health_repairs_total ` + repairsHelp(t, reg) + `
-# TYPE autopilot_health_repairs_total counter
-autopilot_health_repairs_total{result="failed",unit="containerd.service"} 0
-autopilot_health_repairs_total{result="failed",unit="kubelet.service"} 0
-autopilot_health_repairs_total{result="restarted",unit="containerd.service"} 0
-autopilot_health_repairs_total{result="restarted",unit="kubelet.service"} 0
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
-		t.Errorf("at the start: %v", err)
-	}
+	compareRepairSeries(t, reg, "at the start",
+		`autopilot_health_repairs_total{result="failed",unit="containerd.service"} 0`,
+		`autopilot_health_repairs_total{result="failed",unit="kubelet.service"} 0`,
+		`autopilot_health_repairs_total{result="restarted",unit="containerd.service"} 0`,
+		`autopilot_health_repairs_total{result="restarted",unit="kubelet.service"} 0`,
+	)
 
 	// A repair's decision of another result, then a reload that renames
 	// kubelet's unit and disables containerd's check.
@@ -42,15 +37,10 @@ autopilot_health_repairs_total{result="restarted",unit="kubelet.service"} 0
 	cfg.Checks.KubeletUnhealthy.Unit = "kubelet2.service"
 	cfg.Checks.ContainerRuntimeUnhealthy.Enabled = false
 	r.Repaired(RepairedUnits(cfg))
-	want = `
-# HELP autopilot_health_repairs_total ` + repairsHelp(t, reg) + `
-# TYPE autopilot_health_repairs_total counter
-autopilot_health_repairs_total{result="failed",unit="kubelet2.service"} 0
-autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
-		t.Errorf("after the reload: %v", err)
-	}
+	compareRepairSeries(t, reg, "after the reload",
+		`autopilot_health_repairs_total{result="failed",unit="kubelet2.service"} 0`,
+		`autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0`,
+	)
 }
 
 // repairsHelp is the family's help text, as registered.
@@ -93,17 +83,12 @@ func TestRepairInFlightAcrossAReloadLeavesNoSeriesOfTheOldUnit(t *testing.T) {
 		r.Repaired(RepairedUnits(cfg))
 		close(m.restart)
 		r.Wait()
-		want := `
-# HELP autopilot_health_repairs_total ` + repairsHelp(t, reg) + `
-# TYPE autopilot_health_repairs_total counter
-autopilot_health_repairs_total{result="failed",unit="containerd.service"} 0
-autopilot_health_repairs_total{result="failed",unit="kubelet2.service"} 0
-autopilot_health_repairs_total{result="restarted",unit="containerd.service"} 0
-autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0
-`
-		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
-			t.Errorf("after the restart begun before the reload ended: %v", err)
-		}
+		compareRepairSeries(t, reg, "after the restart begun before the reload ended",
+			`autopilot_health_repairs_total{result="failed",unit="containerd.service"} 0`,
+			`autopilot_health_repairs_total{result="failed",unit="kubelet2.service"} 0`,
+			`autopilot_health_repairs_total{result="restarted",unit="containerd.service"} 0`,
+			`autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0`,
+		)
 		if st := r.Status("kubelet.service"); st.Repairs != 1 {
 			t.Errorf("the restart itself: status %+v, want it recorded", st)
 		}
@@ -124,4 +109,15 @@ autopilot_health_repairs_total{result="restarted",unit="kubelet2.service"} 0
 			}
 		}
 	})
+}
+
+// compareRepairSeries fails the test, saying when, unless reg's
+// autopilot_health_repairs_total holds exactly series (in the exposition
+// format, sorted as the registry sorts them).
+func compareRepairSeries(t *testing.T, reg *prometheus.Registry, when string, series ...string) {
+	t.Helper()
+	want := "# HELP autopilot_health_repairs_total " + repairsHelp(t, reg) + "\n# TYPE autopilot_health_repairs_total counter\n" + strings.Join(series, "\n") + "\n"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autopilot_health_repairs_total"); err != nil {
+		t.Errorf("%s: %v", when, err)
+	}
 }
