@@ -32,6 +32,28 @@ func promtool(t *testing.T) string {
 	return ""
 }
 
+// promtoolTestRules runs `promtool test rules` on tests against the
+// shipped rules, evaluated every minute, and fails the test unless
+// promtool says SUCCESS.
+func promtoolTestRules(t *testing.T, tests ...promTest) {
+	t.Helper()
+	dir := t.TempDir()
+	rules, _ := Lookup("prometheus-rules")
+	rf := writeRendered(t, dir, rules)
+	b, err := yaml.Marshal(map[string]any{"rule_files": []string{rf}, "evaluation_interval": "1m", "tests": tests})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := filepath.Join(dir, "rules_test.yaml")
+	if err := os.WriteFile(tf, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runPromtool(t, "test", "rules", tf)
+	if !strings.Contains(out, "SUCCESS") {
+		t.Errorf("promtool test rules:\n%s", out)
+	}
+}
+
 func runPromtool(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(promtool(t), args...).CombinedOutput()
@@ -453,26 +475,7 @@ func TestEveryDaemonAlertIsTestedFiring(t *testing.T) {
 }
 
 func TestPromtoolAlertsFireAfterTheirForAndNotBefore(t *testing.T) {
-	dir := t.TempDir()
-	rules, _ := Lookup("prometheus-rules")
-	rf := writeRendered(t, dir, rules)
-	doc := map[string]any{
-		"rule_files":          []string{rf},
-		"evaluation_interval": "1m",
-		"tests":               []promTest{conditionTests(t), daemonTests()},
-	}
-	b, err := yaml.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tf := filepath.Join(dir, "rules_test.yaml")
-	if err := os.WriteFile(tf, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out := runPromtool(t, "test", "rules", tf)
-	if !strings.Contains(out, "SUCCESS") {
-		t.Errorf("promtool test rules:\n%s", out)
-	}
+	promtoolTestRules(t, conditionTests(t), daemonTests())
 }
 
 // A condition with a part the kernel log sets from a window of errors
@@ -611,19 +614,5 @@ func TestTimestampGaugesAtZeroShowNothing(t *testing.T) {
 		ExprTests: []promExprTest{{Expr: panel, EvalTime: "5m", ExpSamples: []promSample{
 			{fmt.Sprintf(`{job=%q,instance="works:20257",node="works"}`, Job), 240}}}},
 	}
-	dir := t.TempDir()
-	rules, _ := Lookup("prometheus-rules")
-	rf := writeRendered(t, dir, rules)
-	b, err := yaml.Marshal(map[string]any{"rule_files": []string{rf}, "evaluation_interval": "1m", "tests": []promTest{zero, works}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tf := filepath.Join(dir, "rules_test.yaml")
-	if err := os.WriteFile(tf, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out := runPromtool(t, "test", "rules", tf)
-	if !strings.Contains(out, "SUCCESS") {
-		t.Errorf("promtool test rules:\n%s", out)
-	}
+	promtoolTestRules(t, zero, works)
 }
