@@ -2,18 +2,39 @@ package daemon
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
-// sayLog records what a rebindLog says, one string a line.
-type sayLog struct{ lines []string }
+// sayLog records what a rebindLog says, one string a line. The summary is
+// said by the window's timer, on a goroutine of its own: the lines are
+// taken under a lock (a sleep in a synctest bubble orders nothing for the
+// race detector; make test-race found the test's own read racing it).
+type sayLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (s *sayLog) add(line string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lines = append(s.lines, line)
+}
+
+// all returns a copy of the lines said so far.
+func (s *sayLog) all() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.lines)
+}
 
 func (s *sayLog) say(r *rebindLog, reason string) {
-	r.say(reason, func() { s.lines = append(s.lines, "first "+reason) }, func(more int, over time.Duration) {
-		s.lines = append(s.lines, fmt.Sprintf("summary %s: %s in the last %s", reason, timesWords(more), spanWords(over)))
+	r.say(reason, func() { s.add("first " + reason) }, func(more int, over time.Duration) {
+		s.add(fmt.Sprintf("summary %s: %s in the last %s", reason, timesWords(more), spanWords(over)))
 	})
 }
 
@@ -39,22 +60,22 @@ func TestRebindLogSaysEachReasonOnceAWindow(t *testing.T) {
 		// Another reason is said at once, in a window of its own.
 		got.say(&r, "lock held")
 		got.say(&r, "lock held")
-		if want := []string{"first ", "first lock held"}; strings.Join(got.lines, "|") != strings.Join(want, "|") {
-			t.Errorf("within the window: %q, want %q", got.lines, want)
+		if want := []string{"first ", "first lock held"}; strings.Join(got.all(), "|") != strings.Join(want, "|") {
+			t.Errorf("within the window: %q, want %q", got.all(), want)
 		}
 		if !r.pending() {
 			t.Error("no timer while the window holds lines not logged")
 		}
 		time.Sleep(rebindLogWindow - 57*time.Second - time.Millisecond)
 		synctest.Wait()
-		if len(got.lines) != 2 {
-			t.Errorf("before the window's end: %q", got.lines)
+		if len(got.all()) != 2 {
+			t.Errorf("before the window's end: %q", got.all())
 		}
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		want := []string{"first ", "first lock held", "summary : 57 more times in the last 10 min"}
-		if strings.Join(got.lines, "|") != strings.Join(want, "|") {
-			t.Errorf("at the window's end: %q, want %q", got.lines, want)
+		if strings.Join(got.all(), "|") != strings.Join(want, "|") {
+			t.Errorf("at the window's end: %q, want %q", got.all(), want)
 		}
 		if !r.pending() {
 			t.Error("no timer for the other reason's window, which holds a line not logged")
@@ -62,8 +83,8 @@ func TestRebindLogSaysEachReasonOnceAWindow(t *testing.T) {
 		time.Sleep(57 * time.Second) // its end
 		synctest.Wait()
 		want = append(want, "summary lock held: 1 more time in the last 10 min")
-		if strings.Join(got.lines, "|") != strings.Join(want, "|") {
-			t.Errorf("at the other window's end: %q, want %q", got.lines, want)
+		if strings.Join(got.all(), "|") != strings.Join(want, "|") {
+			t.Errorf("at the other window's end: %q, want %q", got.all(), want)
 		}
 		if r.pending() {
 			t.Error("a timer is still set once every window was said")
@@ -71,13 +92,13 @@ func TestRebindLogSaysEachReasonOnceAWindow(t *testing.T) {
 		// Nothing happens: nothing said, no timer.
 		time.Sleep(time.Hour)
 		synctest.Wait()
-		if len(got.lines) != len(want) || r.pending() {
-			t.Errorf("an idle hour: %q, timer set %v", got.lines[len(want):], r.pending())
+		if len(got.all()) != len(want) || r.pending() {
+			t.Errorf("an idle hour: %q, timer set %v", got.all()[len(want):], r.pending())
 		}
 		// The next one is logged again.
 		got.say(&r, "")
-		if got.lines[len(got.lines)-1] != "first " || r.pending() {
-			t.Errorf("after the window: %q, timer set %v", got.lines[len(want):], r.pending())
+		if got.all()[len(got.all())-1] != "first " || r.pending() {
+			t.Errorf("after the window: %q, timer set %v", got.all()[len(want):], r.pending())
 		}
 	})
 }
@@ -101,7 +122,7 @@ func TestRebindLogStormIsTwoLinesAWindow(t *testing.T) {
 		synctest.Wait()
 		r.stop()
 		said := 0
-		for _, l := range got.lines {
+		for _, l := range got.all() {
 			var n int
 			switch {
 			case l == "first ":
@@ -116,19 +137,19 @@ func TestRebindLogStormIsTwoLinesAWindow(t *testing.T) {
 				t.Errorf("line %q", l)
 			}
 		}
-		if said != storm+2 || len(got.lines) != 8 {
-			t.Errorf("%d rebinds said in %d lines, want %d in 8 (a line and a summary per 10 min):\n%s", said, len(got.lines), storm+2, strings.Join(got.lines, "\n"))
+		if said != storm+2 || len(got.all()) != 8 {
+			t.Errorf("%d rebinds said in %d lines, want %d in 8 (a line and a summary per 10 min):\n%s", said, len(got.all()), storm+2, strings.Join(got.all(), "\n"))
 		}
-		if l := got.lines[len(got.lines)-1]; l != "summary : 1 more time in the last 2m1s" {
+		if l := got.all()[len(got.all())-1]; l != "summary : 1 more time in the last 2m1s" {
 			t.Errorf("the stop's summary: %q, want the open window's, 1 more time in the last 2m1s", l)
 		}
-		n := len(got.lines)
+		n := len(got.all())
 		got.say(&r, "")
 		time.Sleep(time.Hour)
 		synctest.Wait()
-		if r.pending() || len(got.lines) != n+1 {
-			t.Errorf("after the stop: %q, timer set %v", got.lines[n:], r.pending())
+		if r.pending() || len(got.all()) != n+1 {
+			t.Errorf("after the stop: %q, timer set %v", got.all()[n:], r.pending())
 		}
-		t.Logf("%d rebinds in 30 min: %q", storm+2, got.lines)
+		t.Logf("%d rebinds in 30 min: %q", storm+2, got.all())
 	})
 }
