@@ -96,9 +96,32 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 		{"ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError.Duration, 5 * time.Second},
 		{"kmsg.device", c.Kmsg.Device, "/dev/kmsg"},
 		{"role (detected)", c.Role, ""},
+		// Spec: "an operability unit is not active": the tunnel agent
+		// (worker), the tunnel server and the source-IP helper (control
+		// plane).
+		{"NodeServiceDown.controlplane_units", k.NodeServiceDown.ControlPlaneUnits, []string{"syself-tunnel-server.service", "syself-source-ip.service"}},
+		{"NodeServiceDown.worker_units", k.NodeServiceDown.WorkerUnits, []string{"syself-tunnel-agent.service"}},
+		// Spec: "`nodes.json` is older than 5 minutes".
+		{"NodeInfoStale.path", k.NodeInfoStale.Path, "/var/lib/syself/nodes.json"},
+		// Spec: "used most of its rated write endurance": 80 %, the
+		// figure README's "Configuration" gives.
+		{"DiskWearHigh.percentage_used_threshold", k.DiskWearHigh.PercentageUsedThreshold, 80},
+		// Spec: "past its temperature threshold": the drive's own (0).
+		{"DiskTemperatureHigh.threshold_celsius", k.DiskTemperatureHigh.ThresholdCelsius, 0},
+		// Spec: "local cilium-agent health ... or its socket".
+		{"CNIUnhealthy.socket", k.CNIUnhealthy.Socket, "/var/run/cilium/cilium.sock"},
 	} {
 		if !reflect.DeepEqual(tc.got, tc.want) {
 			t.Errorf("%s = %v, want %v", tc.key, tc.got, tc.want)
+		}
+	}
+	// Spec, KernelDeadlock: "This covers kubelet, containerd, the
+	// container runtime (runc or crun), and a Kata pod's QEMU VM (qemu or
+	// virtiofsd)". The list may hold more (containerd-shim*, runc:*, the
+	// vCPU threads), not fewer.
+	for _, task := range []string{"kubelet", "containerd", "runc", "crun", "qemu-system-*", "qemu-kvm", "virtiofsd"} {
+		if !slices.Contains(c.Kmsg.CriticalTasks, task) {
+			t.Errorf("kmsg.critical_tasks %v lacks the spec's %s", c.Kmsg.CriticalTasks, task)
 		}
 	}
 }
