@@ -455,7 +455,7 @@ var Conditions = []ConditionDesc{
 		Trigger: "a sealed OS layer's integrity hash no longer matches the hash recorded at provisioning", Cause: "a sealed layer was swapped for a different image, or its recorded hash was altered"},
 	{Type: "NodeTampered", Source: SourceTamper, Disposition: Security, Interval: 5 * time.Minute, Scope: ScopeAll, Hold: HoldForever,
 		HealthyReason: ReasonNodeIntact, ProblemReasons: []Reason{ReasonProtectedFileChanged, ReasonBaselineCorrupt}, UnknownReasons: []Reason{ReasonBaselinePending},
-		Trigger: "a protected file under /var was added, removed, or changed since the boot baseline", Cause: "a rogue pod, a bad config push, an operator edit, or a userspace rootkit"},
+		Trigger: "a protected file (by default under /etc and /var/lib: the kubelet's, containerd's and CNI's configuration, static pods, systemd units, the recorded root hashes) was added, removed, or changed since the boot baseline", Cause: "a rogue pod, a bad config push, an operator edit, or a userspace rootkit"},
 }
 
 // Events is the catalog of every event reason (temp rule) in the spec.

@@ -126,6 +126,25 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 	}
 }
 
+// The spec's NodeTampered row says "a protected file under /var"; the
+// default paths also protect the kubelet's kubeconfig, static pods,
+// containerd, CNI and systemd units under /etc (README, "Tamper
+// conditions", the table of paths). The catalog's trigger, which README's
+// catalog, the man page and the alert's description print, names every
+// top directory the defaults protect, so it does not say /var alone.
+func TestNodeTamperedTriggerNamesTheDefaultPathsTopDirectories(t *testing.T) {
+	d, ok := report.Lookup("NodeTampered")
+	if !ok {
+		t.Fatal("NodeTampered is not in the catalog")
+	}
+	for _, p := range Default().Checks.NodeTampered.Paths {
+		top := "/" + strings.SplitN(strings.TrimPrefix(p, "/"), "/", 2)[0]
+		if !strings.Contains(d.Trigger, top) {
+			t.Errorf("default protected path %s: the catalog's trigger %q does not name %s", p, d.Trigger, top)
+		}
+	}
+}
+
 // Every field of Config must appear in default.toml (so `config default`
 // documents every key), and default.toml must decode with no leftovers.
 func TestDefaultTOMLCoversEveryKey(t *testing.T) {
