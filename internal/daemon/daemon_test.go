@@ -51,8 +51,15 @@ func notifySocket(t *testing.T) *net.UnixConn {
 }
 
 // next reads datagrams until one satisfies match, or fails after 10 s.
+// The socket is left without a deadline: a reader that goes on after it
+// (statusLineSettles', the reload storm's) would otherwise stop at the
+// 10 s mark with a timeout taken for the socket's close, and the daemon's
+// next notification block on a queue nobody reads (make test-race's first
+// whole run: TestReloadNeverLeavesAnOlderStatusLine failed at round 264-423,
+// 10 s in, and hung once, where its 500 rounds take 9 s without -race).
 func next(t *testing.T, c *net.UnixConn, what string, match func(string) bool) string {
 	t.Helper()
+	defer c.SetReadDeadline(time.Time{})
 	buf := make([]byte, 4096)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
