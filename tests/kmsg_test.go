@@ -479,9 +479,13 @@ func TestKmsgStartAtTheEndSaysSoInTheFalse(t *testing.T) {
 	before := time.Now().Truncate(time.Second)
 	d, _ := runKmsgDaemon(t, tok)
 	after := time.Now()
-	waitFor(t, d.Store(), nil, 10*time.Second, "KernelDeadlock to be False", func() bool {
+	// DisksFailure's kernel part is set in an update of its own, after
+	// the conditions' False (under -race, make test-race found it not yet
+	// set when KernelDeadlock was): both are awaited.
+	waitFor(t, d.Store(), nil, 10*time.Second, "KernelDeadlock to be False and DisksFailure's kernel part read", func() bool {
 		c, ok := d.Store().Get("KernelDeadlock")
-		return ok && c.Status == report.StatusFalse
+		p, _ := d.Store().Part(report.SourceKmsg, "DisksFailure")
+		return ok && c.Status == report.StatusFalse && p.Reason != report.ReasonNoData
 	})
 	c, _ := d.Store().Get("KernelDeadlock")
 	const prefix = "no matching kernel message since the monitor began reading at the end of the kernel log at "

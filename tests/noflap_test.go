@@ -3,7 +3,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/report"
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -188,7 +188,7 @@ func TestCheckConditionsNeverFlapAcrossRestarts(t *testing.T) {
 	harness.Parallel(t, 0)
 	s := apiServer(t)
 	tok := harness.Token()
-	n := &kernelNode{t: t, api: s, name: "noflap-" + tok, tok: tok, logs: &bytes.Buffer{}}
+	n := &kernelNode{t: t, api: s, name: "noflap-" + tok, tok: tok, logs: &testenv.SyncBuffer{}}
 	n.status = filepath.Join(t.TempDir(), "status.sock")
 	registerNode(t, s, n.name)
 	_, kc := nodeClient(t, s, n.name)

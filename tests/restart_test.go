@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -63,7 +64,7 @@ type kernelNode struct {
 	tok     string
 	cfgPath string
 	state   string
-	logs    *bytes.Buffer
+	logs    *testenv.SyncBuffer // the daemon writes it while the test reads (make test-race)
 	// metrics is the daemon's metrics address, status its status socket.
 	metrics string
 	status  string
@@ -82,7 +83,7 @@ func newKernelNodeWith(t *testing.T, rules string) *kernelNode {
 	t.Helper()
 	s := apiServer(t)
 	tok := harness.Token()
-	n := &kernelNode{t: t, api: s, name: "kernel-" + tok, tok: tok, state: filepath.Join(t.TempDir(), "state"), logs: &bytes.Buffer{}}
+	n := &kernelNode{t: t, api: s, name: "kernel-" + tok, tok: tok, state: filepath.Join(t.TempDir(), "state"), logs: &testenv.SyncBuffer{}}
 	n.status = filepath.Join(t.TempDir(), "status.sock")
 	registerNode(t, s, n.name)
 	_, kc := nodeClient(t, s, n.name)

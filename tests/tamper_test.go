@@ -3,7 +3,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/tests/harness"
 )
 
@@ -89,7 +89,7 @@ dm_control = %q
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &bytes.Buffer{}
+	logs := &testenv.SyncBuffer{} // the daemon writes it while the test reads (make test-race)
 	var cmd *exec.Cmd
 	var exited chan struct{}
 	start := func() time.Time {

@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/syself/autopilot-health/internal/testenv"
 	"github.com/syself/autopilot-health/kmsg"
 	"github.com/syself/autopilot-health/tests/harness"
 )
@@ -69,7 +70,7 @@ func newUpgradeNode(t *testing.T) (*kernelNode, string) {
 	t.Helper()
 	s := apiServer(t)
 	tok := harness.Token()
-	n := &kernelNode{t: t, api: s, name: "upgrade-" + tok, tok: tok, state: filepath.Join(t.TempDir(), "state"), logs: &bytes.Buffer{}}
+	n := &kernelNode{t: t, api: s, name: "upgrade-" + tok, tok: tok, state: filepath.Join(t.TempDir(), "state"), logs: &testenv.SyncBuffer{}}
 	n.status = filepath.Join(t.TempDir(), "status.sock")
 	registerNode(t, s, n.name)
 	_, kc := nodeClient(t, s, n.name)

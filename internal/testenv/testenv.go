@@ -57,6 +57,13 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
+// Len is the length of what was written so far.
+func (s *SyncBuffer) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Len()
+}
+
 // Threads is the CPU (ns, from schedstat) and the voluntary context switches
 // (each a wake-up after a wait) of every thread of this process, for the
 // benchmarks that count what a paced operation costs the whole process.

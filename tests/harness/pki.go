@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,9 +27,13 @@ type CA struct {
 	CertPEM []byte
 }
 
-var serial int64 = time.Now().UnixNano()
+// serial is the last serial number issued; parallel tests issue
+// certificates at once (make test-race found the unguarded ++).
+var serial atomic.Int64
 
-func nextSerial() *big.Int { serial++; return big.NewInt(serial) }
+func init() { serial.Store(time.Now().UnixNano()) }
+
+func nextSerial() *big.Int { return big.NewInt(serial.Add(1)) }
 
 // NewCA creates a CA valid for a day.
 func NewCA() (*CA, error) {

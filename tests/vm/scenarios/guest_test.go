@@ -5,6 +5,7 @@ import (
 	"errors"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -75,18 +76,23 @@ func TestParseCmdline(t *testing.T) {
 func TestRunAllStopsAtTheDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
+		// ran is appended to by each scenario's goroutine; "hangs" is
+		// abandoned at the deadline, so nothing orders its append before the
+		// read below but the lock (make test-race).
+		var ranMu sync.Mutex
 		var ran []string
+		did := func(name string) { ranMu.Lock(); ran = append(ran, name); ranMu.Unlock() }
 		g := &Guest{
 			openKmsg: func() (*Kmsg, error) { return nil, errors.New("no /dev/kmsg here") },
 			scenarios: []Scenario{
-				{Name: "fine", Run: func(*Guest) error { ran = append(ran, "fine"); time.Sleep(3 * time.Second); return nil }},
+				{Name: "fine", Run: func(*Guest) error { did("fine"); time.Sleep(3 * time.Second); return nil }},
 				{Name: "broken", Run: func(*Guest) error {
-					ran = append(ran, "broken")
+					did("broken")
 					time.Sleep(40 * time.Second)
 					return errors.New("waiting 40s for DisksFailure=False DisksHealthy: the state file shows nothing")
 				}},
-				{Name: "hangs", Run: func(*Guest) error { ran = append(ran, "hangs"); <-release; return nil }},
-				{Name: "later", Run: func(*Guest) error { ran = append(ran, "later"); return nil }},
+				{Name: "hangs", Run: func(*Guest) error { did("hangs"); <-release; return nil }},
+				{Name: "later", Run: func(*Guest) error { did("later"); return nil }},
 			},
 		}
 		var out bytes.Buffer
@@ -98,7 +104,10 @@ func TestRunAllStopsAtTheDeadline(t *testing.T) {
 		if passed != 1 || failed != 4 || !abandoned {
 			t.Errorf("passed %d, failed %d, abandoned %v; want 1, 4, true", passed, failed, abandoned)
 		}
-		if got := strings.Join(ran, ","); got != "fine,broken,hangs" {
+		ranMu.Lock()
+		got := strings.Join(ran, ",")
+		ranMu.Unlock()
+		if got != "fine,broken,hangs" {
 			t.Errorf("ran %s, want fine,broken,hangs", got)
 		}
 		want := `VMTEST START fine
