@@ -21,6 +21,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/syself/autopilot-health/internal/testenv"
 )
 
 // gateOpen is what the gate counts open now, and how many of those it
@@ -688,16 +690,22 @@ func TestMetricsListenerClosesAnswersTheClientDoesNotRead(t *testing.T) {
 		io.WriteString(c, strings.Repeat("GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n", 200))
 	}
 	// Each connection's first pages fill the sockets' buffers before its
-	// answer waits: hundreds of pages, seconds on 2 loaded cores.
+	// answer waits: hundreds of pages, seconds on 2 loaded cores, and more
+	// than 30 s under the race detector (make test-race's third whole run:
+	// all 256 still being written to at 30 s).
+	wait := 30 * time.Second
+	if testenv.Race {
+		wait = 2 * time.Minute
+	}
 	start := time.Now()
-	for deadline := start.Add(30 * time.Second); ; {
+	for deadline := start.Add(wait); ; {
 		open, busy := d.gate.gateOpen()
 		stalled := d.gate.stalled()
 		if open == metricsMaxConns && busy == metricsMaxConns && stalled == metricsMaxConns {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 30 s: %d open, %d being answered, %d waiting for their clients; want %d each", open, busy, stalled, metricsMaxConns)
+			t.Fatalf("after %v: %d open, %d being answered, %d waiting for their clients; want %d each", wait, open, busy, stalled, metricsMaxConns)
 		}
 		time.Sleep(10 * time.Millisecond) // polled, as await does
 	}
