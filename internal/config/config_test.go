@@ -130,17 +130,35 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 // default paths also protect the kubelet's kubeconfig, static pods,
 // containerd, CNI and systemd units under /etc (README, "Tamper
 // conditions", the table of paths). The catalog's trigger, which README's
-// catalog, the man page and the alert's description print, names every
-// top directory the defaults protect, so it does not say /var alone.
+// catalog, the man page and the alert's description print, says "by
+// default under A and B": every default path lies under one of the
+// directories it names (a top directory alone would let "/var/lib" pass
+// for a path under /var/log), and each directory it names holds one.
 func TestNodeTamperedTriggerNamesTheDefaultPathsTopDirectories(t *testing.T) {
 	d, ok := report.Lookup("NodeTampered")
 	if !ok {
 		t.Fatal("NodeTampered is not in the catalog")
 	}
+	m := regexp.MustCompile(`by default under ([^:]+):`).FindStringSubmatch(d.Trigger)
+	if m == nil {
+		t.Fatalf("the catalog's trigger %q does not say where the default paths lie (\"by default under ...:\")", d.Trigger)
+	}
+	dirs := strings.FieldsFunc(strings.ReplaceAll(m[1], " and ", ","), func(r rune) bool { return r == ',' || r == ' ' })
+	holds := map[string]bool{}
 	for _, p := range Default().Checks.NodeTampered.Paths {
-		top := "/" + strings.SplitN(strings.TrimPrefix(p, "/"), "/", 2)[0]
-		if !strings.Contains(d.Trigger, top) {
-			t.Errorf("default protected path %s: the catalog's trigger %q does not name %s", p, d.Trigger, top)
+		under := false
+		for _, dir := range dirs {
+			if p == dir || strings.HasPrefix(p, dir+"/") {
+				holds[dir], under = true, true
+			}
+		}
+		if !under {
+			t.Errorf("default protected path %s: the catalog's trigger %q names %v, none of which holds it", p, d.Trigger, dirs)
+		}
+	}
+	for _, dir := range dirs {
+		if !holds[dir] {
+			t.Errorf("the catalog's trigger names %s, under which no default protected path lies", dir)
 		}
 	}
 }
