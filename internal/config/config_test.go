@@ -24,7 +24,10 @@ import (
 )
 
 // The specification's values, written out here independently of
-// default.toml, so a changed default fails this test.
+// default.toml, so a changed default fails this test. Where the spec names
+// a thing but gives no figure or path (the units' and files' paths, the
+// tunnel units' names, DiskWearHigh's "most"), the value pinned here is
+// chosen by this project, and its comment says so.
 func TestDefaultsAreTheSpecValues(t *testing.T) {
 	c := Default()
 	intervals := map[string]time.Duration{
@@ -96,19 +99,22 @@ func TestDefaultsAreTheSpecValues(t *testing.T) {
 		{"ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError.Duration, 5 * time.Second},
 		{"kmsg.device", c.Kmsg.Device, "/dev/kmsg"},
 		{"role (detected)", c.Role, ""},
-		// Spec: "an operability unit is not active": the tunnel agent
-		// (worker), the tunnel server and the source-IP helper (control
-		// plane).
+		// Spec: "an operability unit is not active": the tunnel agent,
+		// server, or source-IP helper. The unit names, and which role
+		// runs which (the agent on a worker, the server and the helper on
+		// the control plane), are chosen here: the spec gives neither.
 		{"NodeServiceDown.controlplane_units", k.NodeServiceDown.ControlPlaneUnits, []string{"syself-tunnel-server.service", "syself-source-ip.service"}},
 		{"NodeServiceDown.worker_units", k.NodeServiceDown.WorkerUnits, []string{"syself-tunnel-agent.service"}},
-		// Spec: "`nodes.json` is older than 5 minutes".
+		// Spec: "`nodes.json` is older than 5 minutes": the file's name
+		// is the spec's, its directory chosen here.
 		{"NodeInfoStale.path", k.NodeInfoStale.Path, "/var/lib/syself/nodes.json"},
-		// Spec: "used most of its rated write endurance": 80 %, the
-		// figure README's "Configuration" gives.
+		// Spec: "used most of its rated write endurance": no figure; 80 %
+		// is chosen here (README's "Configuration" gives it).
 		{"DiskWearHigh.percentage_used_threshold", k.DiskWearHigh.PercentageUsedThreshold, 80},
 		// Spec: "past its temperature threshold": the drive's own (0).
 		{"DiskTemperatureHigh.threshold_celsius", k.DiskTemperatureHigh.ThresholdCelsius, 0},
-		// Spec: "local cilium-agent health ... or its socket".
+		// Spec: "local cilium-agent health ... or its socket": the
+		// socket's path is cilium's default, chosen here.
 		{"CNIUnhealthy.socket", k.CNIUnhealthy.Socket, "/var/run/cilium/cilium.sock"},
 	} {
 		if !reflect.DeepEqual(tc.got, tc.want) {
