@@ -10,8 +10,9 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// renderedDocs decodes every YAML document of the manifest of kind.
-func renderedDocs(t *testing.T, kind string) []map[string]any {
+// renderedDecoder is a decoder of the YAML documents of the manifest of
+// kind, as rendered.
+func renderedDecoder(t *testing.T, kind string) *yaml.Decoder {
 	t.Helper()
 	m, ok := Lookup(kind)
 	if !ok {
@@ -21,8 +22,14 @@ func renderedDocs(t *testing.T, kind string) []map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return yaml.NewDecoder(bytes.NewReader(b))
+}
+
+// renderedDocs decodes every YAML document of the manifest of kind.
+func renderedDocs(t *testing.T, kind string) []map[string]any {
+	t.Helper()
 	var out []map[string]any
-	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec := renderedDecoder(t, kind)
 	for {
 		var doc map[string]any
 		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {

@@ -386,14 +386,6 @@ func TestMachineHealthChecksFollowTheSpec(t *testing.T) {
 			t.Errorf("%s: selector %v", name, g.selector)
 		}
 	}
-	docs := func(t *testing.T, kind string) *yaml.Decoder {
-		m, _ := Lookup(kind)
-		b, err := m.Render()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return yaml.NewDecoder(bytes.NewReader(b))
-	}
 	type ref struct {
 		Kind string `yaml:"kind"`
 	}
@@ -404,7 +396,7 @@ func TestMachineHealthChecksFollowTheSpec(t *testing.T) {
 				t.Errorf("no MachineHealthCheck %s", name)
 			}
 		}()
-		dec := docs(t, "machinehealthchecks")
+		dec := renderedDecoder(t, "machinehealthchecks")
 		for {
 			var o struct {
 				Metadata struct{ Name string } `yaml:"metadata"`
@@ -451,7 +443,7 @@ func TestMachineHealthChecksFollowTheSpec(t *testing.T) {
 				t.Errorf("no MachineHealthCheck %s", name)
 			}
 		}()
-		dec := docs(t, "machinehealthchecks-v1beta1")
+		dec := renderedDecoder(t, "machinehealthchecks-v1beta1")
 		for {
 			var o struct {
 				Metadata struct{ Name string } `yaml:"metadata"`
