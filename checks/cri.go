@@ -170,14 +170,18 @@ var errFlood = fmt.Errorf("http2: the runtime sent more than %d frames in one ca
 // after an answer (a PING, a WINDOW_UPDATE, a GOAWAY) wait in the socket
 // until the next call reads them, before it sends its request (readPending).
 type h2Conn struct {
-	conn   net.Conn
-	bw     *bufio.Writer
-	br     *bufio.Reader
-	fr     *http2.Framer
-	hbuf   []byte
-	next   uint32 // the next stream's id
-	used   bool   // an earlier call was answered on it (kept)
-	goaway bool   // the runtime sent GOAWAY: no new stream
+	conn net.Conn
+	// writeFailed: a write of what the answer's frames asked of us (an
+	// acknowledgement) failed; the answer is still read, the connection
+	// not kept.
+	writeFailed bool
+	bw          *bufio.Writer
+	br          *bufio.Reader
+	fr          *http2.Framer
+	hbuf        []byte
+	next        uint32 // the next stream's id
+	used        bool   // an earlier call was answered on it (kept)
+	goaway      bool   // the runtime sent GOAWAY: no new stream
 	// unacked is what DATA consumed of the connection's window and no
 	// WINDOW_UPDATE gave back yet.
 	unacked uint32
@@ -431,7 +435,7 @@ func (c *criClient) exchange(ctx context.Context, h *h2Conn) (conds []criConditi
 	}
 	stop := context.AfterFunc(ctx, func() { h.conn.Close() })
 	conds, answered, keep, err := h.roundTrip(ctx, c.header)
-	if !stop() || ctx.Err() != nil || h.goaway || h.next >= 1<<31-1 {
+	if !stop() || ctx.Err() != nil || h.goaway || h.writeFailed || h.next >= 1<<31-1 {
 		keep = false // closed by the context, or no further stream on it
 	}
 	if keep {
@@ -510,9 +514,13 @@ func (h *h2Conn) roundTrip(ctx context.Context, header []byte) (conds []criCondi
 		// acks, WINDOW_UPDATEs) goes out before a read would wait; what
 		// the last read asked goes out with the next call's request, in
 		// the same write.
-		if h.bw.Buffered() > 0 && h.readBuffered() < 9 {
+		if h.bw.Buffered() > 0 && h.readBuffered() < 9 && !h.writeFailed {
 			if err := h.bw.Flush(); err != nil {
-				return nil, answered, false, err
+				// A runtime that answered and closed at once (a GOAWAY
+				// after the answer) refuses our acknowledgement of its
+				// SETTINGS with EPIPE while its answer waits in our socket:
+				// it is read; a read that finds no answer fails the call.
+				h.writeFailed = true
 			}
 		}
 		f, err := h.fr.ReadFrame()
