@@ -258,7 +258,11 @@ func (c *nodeInfoCheck) writtenThisBoot(fi fs.FileInfo, now time.Time) (Result, 
 		c.markSeen()
 		return Result{}, true, nil
 	}
-	if since := now.Sub(boot); since > c.maxAge+nodeInfoBootGrace {
+	// since less the grace, not max_age plus it: the largest max_age a
+	// duration holds plus the grace overflowed to a negative duration, and
+	// the file was NodeInfoOutdated at once (past this test, max_age + the
+	// grace is less than since, and the message's sum holds).
+	if since := now.Sub(boot); since-nodeInfoBootGrace > c.maxAge {
 		// The file says this node has a sync loop, and it has not
 		// written in this boot for longer than it may take to start.
 		// (No time since boot in the message: it would change each run.)

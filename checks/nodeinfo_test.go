@@ -3,6 +3,7 @@ package checks
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -321,6 +322,21 @@ func TestNodeInfoNotRewrittenAfterBootIsOutdated(t *testing.T) {
 	c4, _ := newNodeInfoCheck(env4)
 	probeNodeInfo(t, c4, report.StatusUnknown, report.ReasonNodeInfoNotFound,
 		"/var/lib/syself/nodes.json does not exist (no node-info sync loop on this node?)")
+}
+
+// The largest max_age a duration holds ("2562047h47m16s", which the
+// configuration accepts) leaves a file from an earlier boot Unknown after
+// the boot: before, max_age + nodeInfoBootGrace overflowed to a negative
+// duration, and the file was NodeInfoOutdated at the first run of every
+// boot, whatever the sync loop did.
+func TestNodeInfoLargestMaxAgeDoesNotOverflow(t *testing.T) {
+	root := nodeInfoRoot(t, "nodeinfo")
+	setMtime(t, root, niBoot.Add(-2*time.Minute))
+	env := nodeInfoEnv(t, root, niBoot.Add(time.Minute))
+	env.Config.Checks.NodeInfoStale.MaxAge = config.Duration{Duration: math.MaxInt64}
+	c, _ := newNodeInfoCheck(env)
+	probeNodeInfo(t, c, report.StatusUnknown, report.ReasonNodeInfoNotFound,
+		"/var/lib/syself/nodes.json is from before this boot (last written 2026-12-02T16:58:00Z, boot at 2026-12-02T17:00:00Z) and has not been written in this boot (no node-info sync loop on this node yet?)")
 }
 
 // A file written exactly at the boot time (btime has whole seconds) counts.

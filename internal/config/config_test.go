@@ -389,10 +389,14 @@ func TestBadConfigs(t *testing.T) {
 		"syntax-header-after-table.toml": `:3: key metrics: syntax error: expected '.' or ']' to end table name, but got '\n' instead`,
 		"syntax-array-header.toml":       `:3: key kmsg.rules: syntax error: expected end of table array name delimiter ']', but got '\n' instead`,
 		"timeout-over-interval.toml":     `:3: key checks.NodeInfoStale.timeout: must not be longer than interval (10s), got 1m0s`,
-		"agent-unit.toml":                `:2: key checks.TunnelDisconnected.agent_unit: must list systemd unit names such as "kubelet.service", got "syself tunnel agent"`,
-		"unit-name.toml":                 `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
-		"unknown-key.toml":               `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
-		"unknown-table.toml":             `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
+		// Values that fix a check's answer whatever the host does (before,
+		// both loaded: "1ns" is True at every run).
+		"node-info-max-age.toml": `:2: key checks.NodeInfoStale.max_age: must be at least 1s (the file is read at the check's runs, not when it is written: a shorter max_age finds it older at nearly every run unless the sync loop rewrites it more than once a second), got "1ns"`,
+		"clock-max-error.toml":   `:2: key checks.ClockNotSynchronized.max_error: must be at least 1µs (adjtimex reports the estimated error in whole microseconds: a shorter max_error is 0, True at any estimated error at all), got "999ns"`,
+		"agent-unit.toml":        `:2: key checks.TunnelDisconnected.agent_unit: must list systemd unit names such as "kubelet.service", got "syself tunnel agent"`,
+		"unit-name.toml":         `:2: key checks.ServiceNotRecovering.worker_units: must list systemd unit names such as "kubelet.service", got "containerd"`,
+		"unknown-key.toml":       `:2: key checks.ClockNotSynchronized.max_eror: unknown key (did you mean checks.ClockNotSynchronized.max_error?)`,
+		"unknown-table.toml":     `:2: key checks.DiskUsageHig: unknown key (did you mean checks.DiskUsageHigh?)`,
 		// A top-level key after a table header is that table's in TOML.
 		"top-level-key-after-table.toml": `:3: key log.node_name: unknown key (node_name is a top-level key: in TOML a key after a [table] header belongs to that table; put it above the first header)`,
 		"key-of-another-table.toml":      `:2: key checks.KubeletUnhealthy.lvm_timeout: unknown key (lvm_timeout is a key of [checks.DiskUsageHigh])`,
@@ -517,7 +521,7 @@ func TestBadConfigs(t *testing.T) {
 		// reads): each key at its own line, not the line of the table's {.
 		"kmsg-rule-multiline-inline-unknown-key.toml": `:8: key kmsg.rules.severity: unknown key`,
 		"multiline-inline-table-unknown-key.toml":     `:4: key checks.DiskUsageHigh.space_percnt: unknown key (did you mean checks.DiskUsageHigh.space_percent?)`,
-		"multiline-inline-table-bad-value.toml":       `:4: key checks.NodeInfoStale.max_age: must be a positive duration, got "0s"`,
+		"multiline-inline-table-bad-value.toml":       `:4: key checks.NodeInfoStale.max_age: must be at least 1s (the file is read at the check's runs, not when it is written: a shorter max_age finds it older at nearly every run unless the sync loop rewrites it more than once a second), got "0s"`,
 		// A key that TOML must quote (a dot or a space in it) at its own
 		// line, named as the decoder names it.
 		"quoted-table-name.toml":            `:4: key "checks.DiskUsageHigh": unknown key (did you mean checks.DiskUsageHigh?)`,
@@ -891,7 +895,14 @@ func TestBoundsAreInclusive(t *testing.T) {
 			"[checks.ContainerRuntimeUnhealthy]\nrestart_cooldown = \"1s\"\n" +
 			"[checks.ServiceNotRecovering]\nrestart_threshold = 1\n" +
 			"[checks.APIServerSourceIPUnavailable]\nmax_read_bytes = 1048576\n" +
-			"[checks.NodeTampered]\nbaseline_max_wait = \"1m\"\n",
+			"[checks.NodeTampered]\nbaseline_max_wait = \"1m\"\n" +
+			// The shortest values that leave a check's answer to the
+			// host: a file rewritten within a second, an estimated error
+			// over 1 µs, and a certificate that expired ("only once it
+			// has expired": legitimate).
+			"[checks.NodeInfoStale]\nmax_age = \"1s\"\n" +
+			"[checks.ClockNotSynchronized]\nmax_error = \"1us\"\n" +
+			"[checks.CertRenewalFailing]\nrenew_within = \"1ns\"\n",
 		"[kubernetes]\nheartbeat_period = \"1h\"\nreport_interval = \"1h\"\n[runner]\nfirst_run_spread = \"5m\"\n" +
 			"[checks.KubeletUnhealthy]\ninterval = \"24h\"\ntimeout = \"24h\"\n" +
 			"[checks.ServiceNotRecovering]\nrestart_threshold = 100\n" +
@@ -941,6 +952,8 @@ func TestDefaultTOMLStatesTheBounds(t *testing.T) {
 		"# Allowed: 1 to 100.\nrestart_threshold",
 		"# Allowed: 1 to 99.\nspace_percent",
 		"Allowed: 1m to 24h, not under\n# settle.\nbaseline_max_wait",
+		"# Allowed: 1s or more (the file is read at the check's runs, not when it is\n# written: a shorter max_age finds it older at nearly every run).\nmax_age",
+		"Allowed: 1us or more (adjtimex reports the estimated error in\n# whole microseconds).\nmax_error",
 	} {
 		if !strings.Contains(string(defaultTOML), want) {
 			t.Errorf("default.toml lacks %q", want)

@@ -139,6 +139,15 @@ const (
 	minCheckTimeout    = 100 * time.Millisecond
 	maxFirstRunSpread  = 5 * time.Minute
 	minRestartCooldown = time.Second
+	// NodeInfoStale's max_age: the file is read at the check's runs, not
+	// when it is written, so below a second nearly every run finds it
+	// older than max_age unless the sync loop rewrites it more than once
+	// a second ("1ms", "1ns": typos of "1m").
+	minNodeInfoMaxAge = time.Second
+	// ClockNotSynchronized's max_error: adjtimex reports the estimated
+	// error in whole microseconds, so a shorter max_error is max_error 0,
+	// True at any estimated error at all.
+	minClockMaxError = time.Microsecond
 	// ServiceNotRecovering's restarts per run and repairs in a row.
 	maxRestartThreshold = 100
 )
@@ -154,6 +163,13 @@ func (v *validator) between(key string, d Duration, lo, hi time.Duration) {
 func (v *validator) atLeast(key string, d Duration, lo time.Duration) {
 	if d.Duration < lo {
 		v.fail(key, "must be at least %s, got %q", ShortDuration(lo), d.String())
+	}
+}
+
+// atLeastWhy requires d >= lo, saying why.
+func (v *validator) atLeastWhy(key string, d Duration, lo time.Duration, why string) {
+	if d.Duration < lo {
+		v.fail(key, "must be at least %s (%s), got %q", ShortDuration(lo), why, d.String())
 	}
 }
 
@@ -422,7 +438,8 @@ func (c *Config) validate() *Error {
 	v.units("checks.NodeServiceDown.controlplane_units", k.NodeServiceDown.ControlPlaneUnits)
 	v.units("checks.NodeServiceDown.worker_units", k.NodeServiceDown.WorkerUnits)
 	v.absPath("checks.NodeInfoStale.path", k.NodeInfoStale.Path)
-	v.positive("checks.NodeInfoStale.max_age", k.NodeInfoStale.MaxAge)
+	v.atLeastWhy("checks.NodeInfoStale.max_age", k.NodeInfoStale.MaxAge, minNodeInfoMaxAge,
+		"the file is read at the check's runs, not when it is written: a shorter max_age finds it older at nearly every run unless the sync loop rewrites it more than once a second")
 	v.positive("checks.CertRenewalFailing.renew_within", k.CertRenewalFailing.RenewWithin)
 	v.absPaths("checks.CertRenewalFailing.certificates", k.CertRenewalFailing.Certificates)
 	v.once("checks.CertRenewalFailing.certificates", k.CertRenewalFailing.Certificates, "certificate", filepath.Clean)
@@ -430,7 +447,8 @@ func (c *Config) validate() *Error {
 	if k.ProxyNotServing.ReadyMetric == "" {
 		v.fail("checks.ProxyNotServing.ready_metric", "must not be empty")
 	}
-	v.positive("checks.ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError)
+	v.atLeastWhy("checks.ClockNotSynchronized.max_error", k.ClockNotSynchronized.MaxError, minClockMaxError,
+		"adjtimex reports the estimated error in whole microseconds: a shorter max_error is 0, True at any estimated error at all")
 	v.absPath("checks.CNIUnhealthy.socket", k.CNIUnhealthy.Socket)
 	v.httpURL("checks.TunnelDisconnected.metrics_url", k.TunnelDisconnected.MetricsURL)
 	if k.TunnelDisconnected.ConnectionsMetric == "" {
