@@ -35,26 +35,52 @@ func Open(path string) (Device, error) {
 // The Device owns fd.
 func FromFD(fd int, path string) (Device, error) {
 	var st unix.Stat_t
-	var err error
-	if err = unix.Fstat(fd, &st); err != nil {
+	err := unix.Fstat(fd, &st)
+	if err != nil {
 		err = &os.PathError{Op: "stat", Path: path, Err: err}
-	} else if typ := st.Mode & unix.S_IFMT; typ != unix.S_IFCHR {
-		kind := map[uint32]string{unix.S_IFDIR: "a directory", unix.S_IFREG: "a regular file", unix.S_IFIFO: "a FIFO",
-			unix.S_IFSOCK: "a socket", unix.S_IFBLK: "a block device"}[typ]
-		if kind == "" {
-			kind = fmt.Sprintf("of file type %#o", typ)
+	} else {
+		err = notTheKernelLog(path, &st)
+	}
+	if err == nil {
+		if fl, ferr := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); ferr != nil || fl&unix.O_NONBLOCK == 0 {
+			err = fmt.Errorf("%s: the descriptor is not non-blocking (flags %#o, %v)", path, fl, ferr)
 		}
-		err = fmt.Errorf("%s is %s, not a character device (the kernel log is /dev/kmsg)", path, kind)
-	} else if maj, mnr := unix.Major(st.Rdev), unix.Minor(st.Rdev); maj != 1 || mnr != 11 {
-		err = fmt.Errorf("%s is the character device %d:%d, not the kernel log (/dev/kmsg is 1:11)", path, maj, mnr)
-	} else if fl, ferr := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); ferr != nil || fl&unix.O_NONBLOCK == 0 {
-		err = fmt.Errorf("%s: the descriptor is not non-blocking (flags %#o, %v)", path, fl, ferr)
 	}
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
 	return newKmsgFile(fd, path)
+}
+
+// notTheKernelLog says what st, of path, is where it is not the kernel
+// log's character device (1:11); nil where it is.
+func notTheKernelLog(path string, st *unix.Stat_t) error {
+	if typ := st.Mode & unix.S_IFMT; typ != unix.S_IFCHR {
+		kind := map[uint32]string{unix.S_IFDIR: "a directory", unix.S_IFREG: "a regular file", unix.S_IFIFO: "a FIFO",
+			unix.S_IFSOCK: "a socket", unix.S_IFBLK: "a block device"}[typ]
+		if kind == "" {
+			kind = fmt.Sprintf("of file type %#o", typ)
+		}
+		return fmt.Errorf("%s is %s, not a character device (the kernel log is /dev/kmsg)", path, kind)
+	}
+	if maj, mnr := unix.Major(st.Rdev), unix.Minor(st.Rdev); maj != 1 || mnr != 11 {
+		return fmt.Errorf("%s is the character device %d:%d, not the kernel log (/dev/kmsg is 1:11)", path, maj, mnr)
+	}
+	return nil
+}
+
+// CheckDevice says, without opening it, whether path (its links followed)
+// is the kernel log's character device, in Open's words where it is not:
+// "stat PATH: no such file or directory", "PATH is a regular file, not a
+// character device ...", "PATH is the character device 1:3, not the kernel
+// log ...". config validate warns with it; Open and FromFD still decide.
+func CheckDevice(path string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return notTheKernelLog(path, &st)
 }
 
 // kmsgFile is the kernel log opened without blocking, read one record per

@@ -510,6 +510,34 @@ func TestOpenDeviceRefusesWhatIsNotTheKernelLog(t *testing.T) {
 	}
 }
 
+// CheckDevice (config validate's) says what Open says of what is not the
+// kernel log, without opening it, and of a path that is not there.
+func TestCheckDeviceSaysWhatOpenSays(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, []byte("6,1,1,-;line\n"), 0o644)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{dir, file, fifo, "/dev/null"} {
+		_, open := Open(path)
+		if err := CheckDevice(path); err == nil || open == nil || err.Error() != open.Error() {
+			t.Errorf("CheckDevice(%s) = %v, Open: %v", path, err, open)
+		}
+	}
+	missing := filepath.Join(dir, "nonexistent-kmsg")
+	if err := CheckDevice(missing); err == nil || err.Error() != "stat "+missing+": no such file or directory" {
+		t.Errorf("CheckDevice(%s) = %v", missing, err)
+	}
+	// The kernel log itself, where this host shows it (not in a container
+	// without devices: there CheckDevice must say it is missing).
+	_, statErr := os.Stat("/dev/kmsg")
+	if err := CheckDevice("/dev/kmsg"); (err == nil) != (statErr == nil) {
+		t.Errorf("CheckDevice(/dev/kmsg) = %v, stat: %v", err, statErr)
+	}
+}
+
 // A device whose reads work once after each open, then fail: the reader
 // never reaches the end of the log, so it keeps backing off (it reset the
 // backoff on every good read before: 16 reopens and 58 log lines in 12 s),

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strconv"
 	"strings"
 
 	"github.com/syself/autopilot-health/internal/config"
+	"github.com/syself/autopilot-health/internal/daemon"
+	"github.com/syself/autopilot-health/kmsg"
 )
 
 func cmdConfig(args []string, stdout, stderr io.Writer) int {
@@ -76,11 +80,46 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, err)
 			return exitError
 		}
+		for _, w := range deviceWarnings(cfg, file, *helper != "") {
+			fmt.Fprintln(stderr, w)
+		}
 		fmt.Fprintf(stdout, "%s: valid\n", file)
 		return exitOK
 	}
 	fmt.Fprintf(stderr, "autopilot-health config: unknown subcommand %q (want default, validate or refused-changed)\n", args[0])
 	return exitError
+}
+
+// deviceWarnings are config validate's findings about kmsg.device on this
+// host, each named by file, line and key: the device missing or not the
+// kernel log (kmsg.CheckDevice's words), and, under the unit (helper:
+// --privileged-helper), a device other than /dev/kmsg, which the daemon
+// opens itself there without devices (PrivateDevices=). Warnings, exit 0,
+// not refusals: run starts on such a file, its kernel log monitor failing
+// and retrying as it does for any log it cannot read (README, "Kernel log
+// monitor"), and a file may be validated on another host than its own (an
+// image's build host); a host_root that is no directory here (run refuses
+// it) says the file is not this host's, and is not looked under.
+func deviceWarnings(cfg *config.Config, file string, helper bool) []string {
+	if !cfg.Kmsg.Enabled || daemon.HostRootRefuses(cfg, file) != nil {
+		return nil
+	}
+	const outcome = "run starts, and the kernel log monitor cannot read it: its conditions Unknown (CheckFailed) while it retries"
+	warn := func(format string, args ...any) string {
+		return (&config.Error{File: file, Line: cfg.Line("kmsg.device"), Key: "kmsg.device", Msg: "warning: " + fmt.Sprintf(format, args...)}).Error()
+	}
+	path := cfg.HostPath(cfg.Kmsg.Device)
+	var out []string
+	switch err := kmsg.CheckDevice(path); {
+	case errors.Is(err, fs.ErrNotExist):
+		out = append(out, warn("%s does not exist on this host: %s", path, outcome))
+	case err != nil:
+		out = append(out, warn("on this host, %v: %s", err, outcome))
+	}
+	if helper && path != "/dev/kmsg" {
+		out = append(out, warn("%q: under the unit (--privileged-helper) the daemon opens a kmsg.device other than /dev/kmsg itself, without devices (PrivateDevices=): %s", cfg.Kmsg.Device, outcome))
+	}
+	return out
 }
 
 // loadConfig loads --config: the default path may be missing (defaults

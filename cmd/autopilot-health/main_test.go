@@ -192,6 +192,50 @@ func TestConfigValidateAsTheUnitsRun(t *testing.T) {
 	}
 }
 
+// config validate warns, on stderr with exit 0, of a kmsg.device that this
+// host does not have or that is not the kernel log, naming file, line and
+// key, and under --privileged-helper of one other than /dev/kmsg (the
+// daemon opens it itself there, without devices): run starts on such a
+// file, its kernel log monitor failing and retrying
+// (TestDaemonWithAMissingKmsgDeviceRunsAndSaysSo). Before, it said the file
+// was valid and nothing else. Not with kmsg.enabled = false, nor under a
+// host_root that is no directory here (the file is another host's).
+func TestConfigValidateWarnsOfTheKmsgDevice(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "c.toml")
+	const outcome = ": run starts, and the kernel log monitor cannot read it: its conditions Unknown (CheckFailed) while it retries\n"
+	missing := p + `:3: key kmsg.device: warning: /dev/nonexistent-kmsg does not exist on this host` + outcome
+	underUnit := p + `:3: key kmsg.device: warning: "/dev/nonexistent-kmsg": under the unit (--privileged-helper) the daemon opens a kmsg.device other than /dev/kmsg itself, without devices (PrivateDevices=)` + outcome
+	for _, tc := range []struct {
+		file   string
+		helper bool
+		want   string
+	}{
+		{"# edited\n[kmsg]\ndevice = \"/dev/nonexistent-kmsg\"\n", false, missing},
+		{"# edited\n[kmsg]\ndevice = \"/dev/nonexistent-kmsg\"\n", true, missing + underUnit},
+		{"# edited\n[kmsg]\ndevice = \"/dev/null\"\n", false,
+			p + `:3: key kmsg.device: warning: on this host, /dev/null is the character device 1:3, not the kernel log (/dev/kmsg is 1:11)` + outcome},
+		{"[kmsg]\nenabled = false\ndevice = \"/dev/nonexistent-kmsg\"\n", true, ""},
+		{"host_root = " + strconv.Quote(filepath.Join(dir, "absent")) + "\n[kmsg]\ndevice = \"/dev/nonexistent-kmsg\"\n", false, ""},
+	} {
+		os.WriteFile(p, []byte(tc.file), 0o644)
+		args := []string{"config", "validate", p}
+		if tc.helper {
+			args = []string{"config", "validate", "--privileged-helper=/x.sock", p}
+		}
+		if code, out, errs := run(t, args...); code != exitOK || out != p+": valid\n" || errs != tc.want {
+			t.Errorf("%v of\n%s: exit %d, stdout %q, stderr %q; want 0, valid, %q", args, tc.file, code, out, errs, tc.want)
+		}
+	}
+	// The kernel log itself, where this host has it: no warning.
+	if _, err := os.Stat("/dev/kmsg"); err == nil {
+		os.WriteFile(p, []byte("[kmsg]\ndevice = \"/dev/kmsg\"\n"), 0o644)
+		if code, _, errs := run(t, "config", "validate", "--privileged-helper=/x.sock", p); code != exitOK || errs != "" {
+			t.Errorf("validate of /dev/kmsg: exit %d, stderr %q; want 0 and nothing", code, errs)
+		}
+	}
+}
+
 func TestUsageAndVersion(t *testing.T) {
 	if code, out, _ := run(t, "version"); code != 0 || !strings.HasPrefix(out, "autopilot-health ") {
 		t.Errorf("version: %d %q", code, out)
