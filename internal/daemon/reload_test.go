@@ -616,3 +616,33 @@ func TestReloadThatDisablesATamperFindingLogsIt(t *testing.T) {
 		t.Errorf("the removed finding is not logged once as a warning with its message:\n%s", logs)
 	}
 }
+
+// A reload of a file whose max_age or max_error would fix the check's
+// answer (config's bounds) is refused with config validate's words, at its
+// file, line and key, and logged; nothing of it applies. Reload loads the
+// file as run does (config.LoadDigest): the same refusal.
+func TestReloadRefusesAValueThatFixesTheAnswer(t *testing.T) {
+	f := newFileDaemon(t, "[checks.NodeInfoStale]\nmax_age = \"5m\"\n", Options{})
+	for key, extra := range map[string]string{
+		"checks.NodeInfoStale.max_age":          "[checks.NodeInfoStale]\nmax_age = \"1ns\"\n",
+		"checks.ClockNotSynchronized.max_error": "[checks.ClockNotSynchronized]\nmax_error = \"1ns\"\n",
+	} {
+		f.write(t, extra)
+		data, _ := os.ReadFile(f.path)
+		line := strings.Count(string(data[:strings.Index(string(data), "\"1ns\"")]), "\n") + 1
+		want := fmt.Sprintf("%s:%d: key %s: must be at least ", f.path, line, key)
+		if _, err := f.Reload(); err == nil || !strings.HasPrefix(err.Error(), want) || !strings.HasSuffix(err.Error(), `, got "1ns"`) {
+			t.Errorf("reload of %s: %v, want it refused as %q...", key, err, want)
+		}
+		if !strings.Contains(f.logs.String(), "configuration reload refused; running on the previous configuration\" err=\""+want) {
+			t.Errorf("refusal of %s not logged so:\n%s", key, f.logs.String())
+		}
+	}
+	if got := f.Status(time.Now()).Config.LastReload; got == nil || got.Result != "refused" {
+		t.Errorf("last reload %+v, want refused", got)
+	}
+	k := f.currentEnv().Config.Checks
+	if k.NodeInfoStale.MaxAge.Duration != 5*time.Minute || k.ClockNotSynchronized.MaxError.Duration != 5*time.Second {
+		t.Errorf("in effect after the refusals: max_age %s, max_error %s; want the file's first 5m and the default 5s", k.NodeInfoStale.MaxAge, k.ClockNotSynchronized.MaxError)
+	}
+}
