@@ -179,7 +179,7 @@ func daemonAnswers(path, words string) error {
 	switch {
 	case err == nil:
 		c.Close()
-		return fmt.Errorf("%s: %s", path, words)
+		return fmt.Errorf("%s: %s; %s", path, words, find)
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, os.ErrNotExist):
 		return nil
 	case errors.Is(err, syscall.EAGAIN):

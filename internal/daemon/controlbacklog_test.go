@@ -82,3 +82,28 @@ func TestStartDoesNotTakeASocketItCannotTellIsStale(t *testing.T) {
 		})
 	}
 }
+
+// A start that finds a daemon answering on its socket (one run by hand
+// beside the unit's, or the unit's restarted every 5 s beside one run by
+// hand) says how to find that daemon's process, as the refusals above do
+// (README, "`status`: ask the running daemon": "the error, in the
+// journal's `could not start` line, says how to find the process that
+// holds it"), for the control and the status socket alike. Before, it said
+// "another daemon is listening" and no more: the one case of the three
+// where the operator most needs the process was the one not named.
+func TestStartNamesHowToFindTheDaemonThatAnswers(t *testing.T) {
+	for _, tc := range socketStarts {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := filepath.Join(t.TempDir(), tc.name+".sock")
+			held, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			err = tc.refused(t, sock, "that a daemon answers on")
+			if !strings.Contains(err.Error(), "another daemon") || !strings.Contains(err.Error(), "ss -xlp src "+sock) {
+				t.Errorf("the refusal: %v; want it to name another daemon and how to find its process", err)
+			}
+		})
+	}
+}
