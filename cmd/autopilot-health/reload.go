@@ -57,6 +57,11 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, daemon.ErrNotRunning) && notSocket != nil {
 		var ns daemon.NotASocketError
 		if errors.As(notSocket, &ns) && ns.Socket == paths[0] {
+			// Where a daemon runs, the file came after its start.
+			if words := controlNotASocket(ns, stateDirOf(*cfgPath, flagSet(fs, "config")), true); words != "" {
+				fmt.Fprintf(stderr, "autopilot-health reload: %s\n", words)
+				return exitError
+			}
 			fmt.Fprintf(stderr, "autopilot-health reload: %v\n", notSocket)
 			return exitError
 		}

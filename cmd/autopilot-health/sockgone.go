@@ -115,3 +115,25 @@ func socketGone(sockets []string, stateDir string, control bool) string {
 	}
 	return fmt.Sprintf("a daemon runs (%s), but nothing answers on its status socket %s: it is still starting (the socket is bound once its start is done), or %s", holder, socket, removed)
 }
+
+// controlNotASocket words what is at the control socket's path, not a
+// socket (ns), where a daemon holds the lock of the state directory
+// stateDir: that daemon runs, so "not running, ... and does not start"
+// (NotASocketError) is false. A start refuses such a path (listenControl),
+// so it was put there while the daemon ran (a file renamed onto the
+// socket's name, which removes the socket without a trace of it but the
+// daemon's log line); the daemon leaves it and binds its socket again once
+// it is removed. reload adds that SIGHUP reloads meanwhile (the daemon's
+// log line says so too). "" where no daemon holds the lock, or that cannot
+// be told (a user other than root: the words of NotASocketError then).
+func controlNotASocket(ns daemon.NotASocketError, stateDir string, reload bool) string {
+	pid := daemon.StateLockHolder(stateDir)
+	if pid <= 0 {
+		return ""
+	}
+	words := fmt.Sprintf("a daemon runs (pid %d holds the lock of its state directory %s), but its control socket %s is not a socket but %s, put there while the daemon ran (a start refuses it): the daemon leaves it as it is and binds its socket again once it is removed: move it away (journalctl -u autopilot-health says so)", pid, stateDir, ns.Socket, ns.What)
+	if reload {
+		words += fmt.Sprintf("; kill -HUP %d reloads meanwhile, without an answer", pid)
+	}
+	return words
+}

@@ -252,3 +252,44 @@ func TestSocketGoneAsAnotherUser(t *testing.T) {
 		}
 	}
 }
+
+// A file at the control socket's path while a daemon holds the state
+// directory's lock came after that daemon's start (a start refuses it):
+// one renamed onto the socket's name (`mv x.sock control.sock`), which the
+// daemon logs and leaves, its reload and tamper clear "not possible until
+// it is (kill -HUP still reloads)". reload and tamper clear say that the
+// daemon runs, with its pid, and what to do, never "not running"; reload
+// names kill -HUP. Before, both said "the daemon is not running: ... is not
+// a socket but a regular file, which a daemon whose control_socket names it
+// leaves as it is, and does not start" of a daemon that ran. Without a
+// holder, the words are as before.
+func TestControlSocketPathTakenWhileTheDaemonRuns(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o750)
+	control := filepath.Join(dir, "control.sock")
+	os.WriteFile(control, nil, 0o644)
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n", state, control), 0o644)
+	commands := [][]string{
+		{"reload", "--config", cfg},
+		{"tamper", "clear", "--config", cfg, "--reason", "x"},
+		{"tamper", "clear", "--config", cfg, "--socket", control, "--reason", "x"},
+	}
+	for _, args := range commands {
+		code, _, errs := run(t, args...)
+		if code != exitError || !strings.Contains(errs, "the daemon is not running: "+control+" is not a socket but a regular file") {
+			t.Errorf("%q with no lock holder: exit %d, stderr %q; want 2, not running and the file named", args, code, errs)
+		}
+	}
+	holdStateLock(t, state)
+	want := fmt.Sprintf("a daemon runs (pid %d holds the lock of its state directory %s), but its control socket %s is not a socket but a regular file, put there while the daemon ran (a start refuses it): the daemon leaves it as it is and binds its socket again once it is removed: move it away", os.Getpid(), state, control)
+	for _, args := range commands {
+		code, out, errs := run(t, args...)
+		hup := strings.Contains(errs, fmt.Sprintf("kill -HUP %d reloads meanwhile", os.Getpid()))
+		if code != exitError || out != "" || !strings.Contains(errs, want) || strings.Contains(errs, "not running") ||
+			hup != (args[0] == "reload") || strings.Count(errs, "\n") != 1 {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q (kill -HUP for reload)", args, code, out, errs, want)
+		}
+	}
+}

@@ -88,6 +88,13 @@ func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
+	if ns := (daemon.NotASocketError{}); errors.As(err, &ns) {
+		// Where a daemon runs, the file came after its start.
+		if words := controlNotASocket(ns, stateDirOf(*cfgPath, flagSet(fs, "config")), false); words != "" {
+			fmt.Fprintf(stderr, "autopilot-health tamper clear: %s\n", words)
+			return exitError
+		}
+	}
 	for _, c := range conds {
 		fmt.Fprintf(stdout, "%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, c.Message)
 	}
