@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -70,6 +71,16 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		// file, which binds its own (a stale socket there is removed):
 		// named with "nor on" the socket the file names, below.
 		err = notSocket
+	}
+	if errors.Is(err, daemon.ErrNotRunning) && notSocket == nil && *socket == "" {
+		// A user who may not read the file does not learn the socket
+		// it names: nothing answering on the default one is not "not
+		// running" then, the daemon may serve the file's socket (as
+		// status says).
+		if _, rerr := config.ReadFile(*cfgPath); errors.Is(rerr, os.ErrPermission) {
+			fmt.Fprintf(stderr, "autopilot-health reload: %s: permission denied: the control socket it names is not known (run with sudo); nothing answers on %s\n", *cfgPath, paths[len(paths)-1])
+			return exitError
+		}
 	}
 	if errors.Is(err, daemon.ErrNotRunning) && notSocket == nil {
 		// Nothing answers, but a daemon holds the state directory: it

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"os"
@@ -22,13 +23,53 @@ func TestStatusHelperProcess(t *testing.T) {
 	if sock == "" {
 		t.Skip("run by TestStatusAsAnotherUser")
 	}
-	args := []string{"status", "--socket", sock}
+	// The command: status, or reload (TestReloadAsAnotherUser).
+	name := cmp.Or(os.Getenv("AUTOPILOT_HEALTH_STATUS_HELPER_COMMAND"), "status")
+	args := []string{name, "--socket", sock}
 	if cfg := os.Getenv("AUTOPILOT_HEALTH_STATUS_HELPER_CONFIG"); cfg != "" {
-		args = []string{"status", "--config", cfg}
+		args = []string{name, "--config", cfg}
 	}
 	code, out, errs := run(t, args...)
 	fmt.Printf("exit %d: %s%s", code, out, errs)
 	os.Exit(0)
+}
+
+// reload as a user other than root: the control socket is root's, and a
+// configuration file root's alone (0600) does not tell the socket it
+// names, where nothing answers on the default one, as status says it
+// (TestStatusAsAnotherUser). Before, reload said "the daemon is not
+// running" then, while it ran on the file's socket.
+func TestReloadAsAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root to run a process as another user")
+	}
+	setpriv, dir, bin := binaryForAnotherUser(t, "reload-user-")
+	needNoDefaultSocketDir(t)
+	sock := filepath.Join(dir, "control.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	os.Chmod(sock, 0o600)
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "control_socket = %q\n", sock), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ socket, config, want string }{
+		{sock, "", "exit 2: autopilot-health reload: " + sock + ": permission denied: the control socket is root's (run with sudo)"},
+		{"-", cfg, "exit 2: autopilot-health reload: " + cfg + ": permission denied: the control socket it names is not known (run with sudo); nothing answers on " + config.Default().ControlSocket},
+	} {
+		cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.run=^TestStatusHelperProcess$")
+		cmd.Env = append(os.Environ(), "AUTOPILOT_HEALTH_STATUS_HELPER_COMMAND=reload", "AUTOPILOT_HEALTH_STATUS_HELPER_SOCKET="+tc.socket, "AUTOPILOT_HEALTH_STATUS_HELPER_CONFIG="+tc.config)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if !strings.HasPrefix(string(out), tc.want) || strings.Contains(string(out), "not running") {
+			t.Errorf("as nobody, --socket %s, --config %q:\n%s\nwant %s", tc.socket, tc.config, out, tc.want)
+		}
+	}
 }
 
 // A socket file left by a daemon that is gone: not running, exit 2.
