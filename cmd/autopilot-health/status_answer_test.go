@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -174,6 +175,12 @@ func TestStatusOfAnAnswerThatIsNotHTTP(t *testing.T) {
 			if err != nil {
 				return
 			}
+			// The request's first line read first, as the daemon's
+			// control socket does (handleControl): an answer written
+			// and closed before the client's write failed it with
+			// EPIPE, "asking the daemon on ...: broken pipe", in 2 of
+			// 200 runs.
+			bufio.NewReader(c).ReadBytes('\n')
 			c.Write([]byte("{\"error\":\"bad request: invalid character 'G' looking for beginning of value\x1b[2J\"}\n"))
 			c.Close()
 		}
