@@ -72,6 +72,12 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		// named with "nor on" the socket the file names, below.
 		err = notSocket
 	}
+	if errors.Is(err, daemon.ErrNotRunning) && notSocket == nil && *socket != "" {
+		if other := answersElsewhere(*socket, socketCandidates(*cfgPath, flagSet(fs, "config"), func(c *config.Config) string { return c.ControlSocket })); other != "" {
+			fmt.Fprintln(stderr, elsewhereWords("reload", *socket, other))
+			return exitError
+		}
+	}
 	if errors.Is(err, daemon.ErrNotRunning) && notSocket == nil && *socket == "" {
 		// A user who may not read the file does not learn the socket
 		// it names: nothing answering on the default one is not "not

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,4 +137,30 @@ func controlNotASocket(ns daemon.NotASocketError, stateDir string, reload bool) 
 		words += fmt.Sprintf("; kill -HUP %d reloads meanwhile, without an answer", pid)
 	}
 	return words
+}
+
+// answersElsewhere is, where nothing answers on the socket given with
+// --socket (given), a candidate socket of the configuration
+// (socketCandidates) that a daemon listens on (a connect that is taken;
+// nothing is sent, which a daemon's socket of either kind answers with
+// nothing but a close); "" where none does. The socket given may be no
+// daemon's at all (a typo, an old path): "not running" is then false, and
+// so is "its socket is gone" of the daemon that holds the state directory,
+// whose restart it advises.
+func answersElsewhere(given string, candidates []string) string {
+	for _, c := range candidates {
+		if c == given {
+			continue
+		}
+		if conn, err := net.DialTimeout("unix", c, time.Second); err == nil {
+			conn.Close()
+			return c
+		}
+	}
+	return ""
+}
+
+// elsewhereWords words answersElsewhere's socket for cmd.
+func elsewhereWords(cmd, given, other string) string {
+	return fmt.Sprintf("autopilot-health %s: nothing answers on %s, the socket --socket gives, but a daemon answers on %s: leave --socket out, or give that one", cmd, given, other)
 }

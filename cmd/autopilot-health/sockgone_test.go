@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -290,6 +291,55 @@ func TestControlSocketPathTakenWhileTheDaemonRuns(t *testing.T) {
 		if code != exitError || out != "" || !strings.Contains(errs, want) || strings.Contains(errs, "not running") ||
 			hup != (args[0] == "reload") || strings.Count(errs, "\n") != 1 {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q (kill -HUP for reload)", args, code, out, errs, want)
+		}
+	}
+}
+
+// A socket given with --socket that nothing answers on, while a daemon
+// answers on the one the configuration names (a typo, an old path): status,
+// reload and tamper clear name the socket that answers, exit 2, also where
+// that daemon holds the state directory's lock. Before, that was "a daemon
+// runs (pid N holds the lock ...), but nothing answers on its status socket
+// <the path given>: ... its file was removed while the daemon ran ...;
+// `systemctl restart autopilot-health` makes it again": a restart advised
+// for a typo (found against a standalone daemon, opsaudit).
+func TestSocketGivenThatNothingAnswersOnNamesTheOneThatDoes(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o750)
+	control, status := filepath.Join(dir, "control.sock"), filepath.Join(dir, "status.sock")
+	for _, s := range []string{control, status} {
+		ln, err := net.Listen("unix", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+	}
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, control, status), 0o644)
+	wrong := filepath.Join(dir, "typo.sock")
+	fakeUnitState(t, "active")
+	for _, locked := range []bool{false, true} {
+		if locked {
+			holdStateLock(t, state)
+		}
+		for _, tc := range []struct {
+			args  []string
+			other string
+		}{
+			{[]string{"status", "--config", cfg, "--socket", wrong}, status},
+			{[]string{"reload", "--config", cfg, "--socket", wrong}, control},
+			{[]string{"tamper", "clear", "--config", cfg, "--socket", wrong, "--reason", "x"}, control},
+		} {
+			name := tc.args[0]
+			if tc.args[0] == "tamper" {
+				name = "tamper clear"
+			}
+			want := "autopilot-health " + name + ": nothing answers on " + wrong + ", the socket --socket gives, but a daemon answers on " + tc.other + ": leave --socket out, or give that one\n"
+			code, out, errs := run(t, tc.args...)
+			if code != exitError || out != "" || errs != want {
+				t.Errorf("lock held %v, %q: exit %d, stdout %q, stderr %q; want exit 2 and %q", locked, tc.args, code, out, errs, want)
+			}
 		}
 	}
 }

@@ -83,6 +83,12 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
+	if errors.Is(err, errNotRunning) && notSocket == nil && *socket != "" {
+		if other := answersElsewhere(*socket, socketCandidates(*cfgPath, flagSet(fs, "config"), func(c *config.Config) string { return c.Status.Socket })); other != "" {
+			fmt.Fprintln(stderr, elsewhereWords("status", *socket, other))
+			return exitError
+		}
+	}
 	if errors.Is(err, errNotRunning) {
 		// Nothing answers, but a daemon holds the state directory: it
 		// runs (starting, or its socket's file removed under it).

@@ -80,6 +80,12 @@ func cmdTamperClear(args []string, stdout, stderr io.Writer) int {
 		path = cfg.ControlSocket
 	}
 	conds, err := daemon.RequestTamperClear(path, *reason, operator())
+	if errors.Is(err, daemon.ErrNotRunning) && !errors.As(err, new(daemon.NotASocketError)) && *socket != "" {
+		if other := answersElsewhere(path, socketCandidates(*cfgPath, flagSet(fs, "config"), func(c *config.Config) string { return c.ControlSocket })); other != "" {
+			fmt.Fprintln(stderr, elsewhereWords("tamper clear", path, other))
+			return exitError
+		}
+	}
 	if errors.Is(err, daemon.ErrNotRunning) && !errors.As(err, new(daemon.NotASocketError)) {
 		// Nothing answers, but a daemon holds the state directory: it
 		// runs (stopping, or its socket's file removed under it).
