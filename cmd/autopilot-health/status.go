@@ -78,8 +78,15 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		// A user who may not read the file does not learn the socket
 		// it names: nothing answering on the default one is not "not
 		// running" then, the daemon may serve the file's socket.
-		if _, rerr := config.ReadFile(*cfgPath); errors.Is(rerr, os.ErrPermission) {
+		_, rerr := config.ReadFile(*cfgPath)
+		if errors.Is(rerr, os.ErrPermission) {
 			fmt.Fprintf(stderr, "autopilot-health status: %s: permission denied: the status socket it names is not known (run with sudo); nothing answers on %s\n", *cfgPath, path)
+			return exitError
+		}
+		// A --config that is not there (a typo) names no socket: the
+		// default one was asked alone, and "not running" may be false.
+		if errors.Is(rerr, os.ErrNotExist) && flagSet(fs, "config") && *cfgPath != config.DefaultPath {
+			fmt.Fprintf(stderr, "autopilot-health status: %s: no such file: the status socket it names is not known; nothing answers on %s\n", *cfgPath, path)
 			return exitError
 		}
 	}

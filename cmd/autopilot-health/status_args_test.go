@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/syself/autopilot-health/checks"
+	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
 	"github.com/syself/autopilot-health/report"
 )
@@ -170,5 +171,29 @@ func TestEmptyFlagValuesAreBadUsage(t *testing.T) {
 	}
 	if n := asked.Load(); n != 0 {
 		t.Errorf("the daemon was asked %d times on bad usage", n)
+	}
+}
+
+// A --config that is not there (a typo) names no socket: status and reload
+// ask the default one alone, and where nothing answers there they say the
+// file is not there and its socket not known, exit 2, not "not running":
+// the daemon may run on the socket the meant file names (tamper clear
+// refuses such a file at once). Before, both said "the daemon is not
+// running" (found against a standalone daemon, opsaudit).
+func TestStatusAndReloadOfAConfigFileNotThere(t *testing.T) {
+	needNoDefaultSocketDir(t)
+	absent := filepath.Join(t.TempDir(), "conifg.toml")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--config", absent}, "autopilot-health status: " + absent + ": no such file: the status socket it names is not known; nothing answers on " + config.Default().Status.Socket + "\n"},
+		{[]string{"status", "--json", "--config=" + absent}, "autopilot-health status: " + absent + ": no such file: the status socket it names is not known; nothing answers on " + config.Default().Status.Socket + "\n"},
+		{[]string{"reload", "--config", absent}, "autopilot-health reload: " + absent + ": no such file: the control socket it names is not known; nothing answers on " + config.Default().ControlSocket + "\n"},
+	} {
+		code, out, errs := run(t, tc.args...)
+		if code != exitError || out != "" || errs != tc.want {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errs, tc.want)
+		}
 	}
 }
