@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -91,6 +93,15 @@ func socketGone(sockets []string, stateDir string, control bool) string {
 		// before the file named another serves (socketCandidates).
 		socket += " (nor the default " + strings.Join(sockets[1:], ", ") + ")"
 	}
+	// Root reads the holder's sockets (another user's pid is the unit's
+	// main process, whose descriptors are root's to read).
+	if elsewhere := servedElsewhere(pid, sockets, control); main == 0 && len(elsewhere) > 0 {
+		key := "status.socket"
+		if control {
+			key = "control_socket"
+		}
+		return fmt.Sprintf("a daemon runs (%s) and serves its %s at %s, not at %s: it was started with another %s, which needs a restart to change (systemctl restart autopilot-health); --socket %s asks it meanwhile", holder, which, strings.Join(elsewhere, " and "), socket, key, elsewhere[0])
+	}
 	removed := "its file was removed while the daemon ran, and the daemon has not bound it again (it does once it sees the file go; journalctl -u autopilot-health says why not); `systemctl restart autopilot-health` makes it again"
 	switch {
 	case st == "active" || st == "reloading" || control && st == "activating":
@@ -163,4 +174,55 @@ func answersElsewhere(given string, candidates []string) string {
 // elsewhereWords words answersElsewhere's socket for cmd.
 func elsewhereWords(cmd, given, other string) string {
 	return fmt.Sprintf("autopilot-health %s: nothing answers on %s, the socket --socket gives, but a daemon answers on %s: leave --socket out, or give that one", cmd, given, other)
+}
+
+// servedElsewhere is the sockets of the kind asked (control: the control
+// socket, else the status socket) that the daemon pid listens on, other
+// than those asked (sockets), each a socket file at its path: the daemon
+// was started with another socket than the configuration names now (the
+// socket keys need a restart to change), and "its socket is gone" would
+// be false. nil where it listens on one of those asked (its file removed:
+// the kernel keeps the name), or on none other of that kind.
+func servedElsewhere(pid int, sockets []string, control bool) []string {
+	if pid <= 0 {
+		return nil
+	}
+	var out []string
+	for _, p := range daemon.ListeningSockets(pid) {
+		if slices.Contains(sockets, p) {
+			return nil
+		}
+		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
+			continue
+		}
+		if k := socketKind(p); k == "control" && control || k == "status" && !control {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// socketKind tells the daemon's two sockets apart by the first bytes of
+// their answer to a status request, within a second: "status" for HTTP,
+// "control" for a line of JSON (the control socket's refusal of a request
+// that is not one, which it does not log), "" for anything else.
+func socketKind(path string) string {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "GET "+daemon.StatusPath+" HTTP/1.0\r\nHost: autopilot-health\r\n\r\n"); err != nil {
+		return ""
+	}
+	b := make([]byte, 5)
+	n, _ := io.ReadFull(c, b)
+	switch {
+	case n == 5 && string(b) == "HTTP/":
+		return "status"
+	case n > 0 && b[0] == '{':
+		return "control"
+	}
+	return ""
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/syself/autopilot-health/internal/config"
 	"github.com/syself/autopilot-health/internal/daemon"
@@ -340,6 +343,70 @@ func TestSocketGivenThatNothingAnswersOnNamesTheOneThatDoes(t *testing.T) {
 			if code != exitError || out != "" || errs != want {
 				t.Errorf("lock held %v, %q: exit %d, stdout %q, stderr %q; want exit 2 and %q", locked, tc.args, code, out, errs, want)
 			}
+		}
+	}
+}
+
+// A daemon started with other sockets than the configuration names now
+// (the socket keys need a restart to change; edited since, and nothing
+// answers on the new paths nor the default ones) is told by the sockets
+// the lock's holder listens on (the kernel's list): status, reload and
+// tamper clear name the socket of their kind it serves, the key and
+// --socket, exit 2; each kind is told by its answer (HTTP, or the control
+// socket's line of JSON). Before, they said its socket (the file's new
+// path) was gone, removed while it ran, and that a restart made it again
+// (found against a standalone daemon, opsaudit).
+func TestDaemonStartedWithOtherSocketsIsNamed(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	os.Mkdir(state, 0o750)
+	served := filepath.Join(dir, "served")
+	os.Mkdir(served, 0o700)
+	servedStatus, servedControl := filepath.Join(served, "status.sock"), filepath.Join(served, "control.sock")
+	now := time.Now()
+	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Started: now, Now: now, Ready: true})
+	serveStatusBody(t, servedStatus, body)
+	ln, err := net.Listen("unix", servedControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// As the daemon's control socket: a line read, a line of
+			// JSON answered.
+			bufio.NewReader(c).ReadBytes('\n')
+			c.Write([]byte("{\"error\":\"bad request: invalid character 'G' looking for beginning of value\"}\n"))
+			c.Close()
+		}
+	}()
+	control, status := filepath.Join(dir, "control.sock"), filepath.Join(dir, "status.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, control, status), 0o644)
+	holdStateLock(t, state)
+	holder := fmt.Sprintf("pid %d holds the lock of its state directory %s", os.Getpid(), state)
+	fakeUnitState(t, "active")
+	for _, tc := range []struct {
+		args          []string
+		name, at, key string
+		not           string
+	}{
+		{[]string{"status", "--config", cfg}, "status socket", servedStatus, "status.socket", status + " (nor the default " + config.Default().Status.Socket + ")"},
+		{[]string{"reload", "--config", cfg}, "control socket", servedControl, "control_socket", control + " (nor the default " + config.Default().ControlSocket + ")"},
+		{[]string{"tamper", "clear", "--config", cfg, "--reason", "x"}, "control socket", servedControl, "control_socket", control},
+	} {
+		cmd := tc.args[0]
+		if cmd == "tamper" {
+			cmd = "tamper clear"
+		}
+		want := fmt.Sprintf("autopilot-health %s: a daemon runs (%s) and serves its %s at %s, not at %s: it was started with another %s, which needs a restart to change (systemctl restart autopilot-health); --socket %s asks it meanwhile\n", cmd, holder, tc.name, tc.at, tc.not, tc.key, tc.at)
+		code, out, errs := run(t, tc.args...)
+		if code != exitError || out != "" || errs != want {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errs, want)
 		}
 	}
 }
