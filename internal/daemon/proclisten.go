@@ -41,16 +41,27 @@ func ListeningSockets(pid int) []string {
 	if len(inodes) == 0 {
 		return nil
 	}
-	f, err := os.Open("/proc/net/unix")
+	f, err := os.Open(procNetUnix)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
+	return parseUnixListeners(io.LimitReader(f, maxProcNetUnix), inodes)
+}
+
+// procNetUnix is the kernel's list of Unix sockets (of this process's
+// network namespace, the daemon's on a node); a variable for tests.
+var procNetUnix = "/proc/net/unix"
+
+// parseUnixListeners is the paths of the listening Unix stream sockets in
+// r (/proc/net/unix) whose inode is in inodes, sorted, each once. A line
+// is "Num RefCount Protocol Flags Type St Inode Path": Flags 00010000 is
+// __SO_ACCEPTCON (listening), Type 0001 SOCK_STREAM; an abstract socket's
+// path starts with "@", an unbound one has none.
+func parseUnixListeners(r io.Reader, inodes map[string]bool) []string {
 	var paths []string
-	sc := bufio.NewScanner(io.LimitReader(f, maxProcNetUnix))
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		// "Num RefCount Protocol Flags Type St Inode Path": Flags
-		// 00010000 is __SO_ACCEPTCON (listening), Type 0001 SOCK_STREAM.
 		fields := strings.Fields(sc.Text())
 		if len(fields) < 8 || fields[3] != "00010000" || fields[4] != "0001" || !inodes[fields[6]] {
 			continue

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -46,5 +47,29 @@ func TestListeningSockets(t *testing.T) {
 	}
 	if got := ListeningSockets(1 << 30); got != nil {
 		t.Errorf("no such process: %q", got)
+	}
+}
+
+// The kernel's lines: only listening stream sockets of the inodes given,
+// with a path (not abstract, not unbound), a path with a space whole, and
+// each once.
+func TestParseUnixListeners(t *testing.T) {
+	const list = `Num       RefCount Protocol Flags    Type St Inode Path
+0000000000000000: 00000002 00000000 00010000 0001 01 101 /run/autopilot-health/control.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 102 /run/autopilot-health/status.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 103 /run/other.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 104 @abstract
+0000000000000000: 00000003 00000000 00000000 0001 03 105 /run/connected.sock
+0000000000000000: 00000002 00000000 00000000 0002 01 106 /run/dgram.sock
+0000000000000000: 00000002 00000000 00010000 0005 01 110 /run/seqpacket.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 107
+0000000000000000: 00000002 00000000 00010000 0001 01 108 /run/a b.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 109 /run/autopilot-health/control.sock
+`
+	inodes := map[string]bool{"101": true, "102": true, "104": true, "105": true, "106": true, "107": true, "108": true, "109": true, "110": true}
+	got := parseUnixListeners(strings.NewReader(list), inodes)
+	want := []string{"/run/a b.sock", "/run/autopilot-health/control.sock", "/run/autopilot-health/status.sock"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
