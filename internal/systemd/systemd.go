@@ -209,7 +209,11 @@ func NewDBusAt(socket string) *DBus {
 // DialBus opens an authenticated godbus connection to the bus at a unix
 // socket.
 func DialBus(ctx context.Context, socket string) (*godbus.Conn, error) {
-	return authHello(godbus.Dial("unix:path="+socket, godbus.WithContext(ctx)))
+	nc, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, err
+	}
+	return newBusConn(ctx, nc)
 }
 
 // authHello authenticates a new connection (EXTERNAL, by uid, as go-systemd
@@ -963,11 +967,12 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 		// "canceled") and start the unit against it. systemd refuses
 		// the request instead ("Transaction ... is destructive").
 		const mode = "fail"
+		mark := writesFailed(ctx)
 		id, err := c.RestartUnitContext(ctx, name, mode, ch)
 		if refused(err) {
 			return id, fmt.Errorf("%w: %w", ErrJobRefused, err)
 		}
-		if unsent(err) {
+		if unsent(err) || err != nil && writesFailed(ctx) > mark {
 			return id, notRequested{err}
 		}
 		if err == nil {
@@ -984,10 +989,11 @@ func (d *DBus) Restart(ctx context.Context, name string) error {
 			tookIt(ctx)
 			return id, ErrJobReplyLost
 		}
+		mark = writesFailed(ctx)
 		id, err = c.RestartUnitContext(ctx, name, mode, ch)
 		if refused(err) {
 			err = fmt.Errorf("%w: %w", ErrJobRefused, err)
-		} else if unsent(err) {
+		} else if unsent(err) || err != nil && writesFailed(ctx) > mark {
 			err = notRequested{err}
 		} else if err == nil {
 			tookIt(ctx)
@@ -1092,9 +1098,18 @@ func (d *DBus) ResetFailed(ctx context.Context, name string) error {
 // end also ends when that connection does (see RunJob).
 func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
 	var gone <-chan struct{}
+	// The job's connections' failed writes (newBusConn's): a call whose
+	// write failed was not sent whole, whatever error godbus gives it.
+	writes := new(writeCount)
 	c, end, err := dialFor(ctx, func(life context.Context) (*sd.Conn, error) {
 		var dial func() (*godbus.Conn, error)
-		dial, gone = watchConns(func() (*godbus.Conn, error) { return d.dial(life) })
+		dial, gone = watchConns(func() (*godbus.Conn, error) {
+			c, err := d.dial(life)
+			if err == nil {
+				writes.add(c)
+			}
+			return c, err
+		})
 		return sd.NewConnection(dial)
 	}, (*sd.Conn).Close)
 	if err != nil {
@@ -1102,7 +1117,7 @@ func (d *DBus) job(ctx context.Context, name string, f JobFunc) error {
 	}
 	defer end()
 	defer c.Close()
-	return RunJob(ctx, c, gone, name, f)
+	return RunJob(context.WithValue(ctx, writesKey{}, writes), c, gone, name, f)
 }
 
 // watchConns returns dial, which also watches the connections it makes,
