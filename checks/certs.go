@@ -23,8 +23,12 @@ func init() { Register("CertRenewalFailing", newCertCheck) }
 // certCheck: a node certificate expires within renew_within (7 days) and has
 // not been renewed. The renewers (kubelet rotation, tunnel self-renew) renew
 // long before that, so a certificate this close to expiry means the renewer
-// is broken. A file is judged by the certificate in it that expires first,
-// the leaf or its chain. A configured certificate that does not exist is
+// is broken. A certificate shorter-lived than ten times renew_within (a
+// signer's --cluster-signing-duration=24h) is within 7 days of expiry all
+// its life: it counts as not renewed only in the last tenth of its lifetime
+// (renewalWindow), past where kubelet rotates (70 % to 90 %). A file is
+// judged by the certificate in it that expires first, the leaf or its chain,
+// unless another of them is past its own window (judgeCerts). A configured certificate that does not exist is
 // reported in the certs domain, not as a failure (kubelet-server-current.pem
 // exists only with serverTLSBootstrap); one that exists and cannot be read
 // (a symlink to nothing, left by a rotation that broke, or a truncated or
@@ -46,7 +50,11 @@ type CertInfo struct {
 	Subject  string    `json:"subject,omitempty"`
 	NotAfter time.Time `json:"notAfter,omitzero"`
 	DaysLeft int       `json:"daysLeft"`
-	Error    string    `json:"error,omitempty"`
+	// RenewWithin is the window it is judged by (renewalWindow), a
+	// duration as time.Duration writes it: renew_within, or a tenth of its
+	// lifetime where that is shorter.
+	RenewWithin string `json:"renewWithin,omitempty"`
+	Error       string `json:"error,omitempty"`
 	// Expiring: it expires within the check's renew_within (set by Probe;
 	// not in the report: Problem).
 	Expiring bool `json:"-"`
@@ -77,11 +85,12 @@ func (c CertInfo) MarshalJSON() ([]byte, error) {
 func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 	now := c.env.Now()
 	var infos []CertInfo
-	var expiring, unreadable, absent []string
-	checked := 0
+	var expiring []dueCert
+	var unreadable, absent []string
+	checked, short := 0, false
 	for _, p := range c.paths {
 		info := CertInfo{Path: p}
-		leaf, first, err := readCertFile(c.env.Config.HostRoot, p)
+		certs, key, err := parseCertFile(c.env.Config.HostRoot, p)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			info.Error = certNotPresent
@@ -91,30 +100,59 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 			unreadable = append(unreadable, fmt.Sprintf("%s: %v", p, err))
 		default:
 			checked++
+			leaf := pickLeaf(certs, key)
+			first, window, due := judgeCerts(certs, now, c.within)
+			short = short || window < c.within
 			info.Subject, info.NotAfter = first.Subject.String(), first.NotAfter.UTC()
-			left := first.NotAfter.Sub(now)
 			info.DaysLeft = daysLeft(now, first.NotAfter)
-			if left < c.within {
+			info.RenewWithin = window.String()
+			if due {
 				info.Expiring = true
 				// No countdown: a message that changed at every run
 				// would be a write of the Node's status each time.
 				what := "expires on"
-				if left <= 0 {
+				if !first.NotAfter.After(now) {
 					what = "expired on"
 				}
 				name := first.Subject.CommonName
 				if first != leaf {
 					name = fmt.Sprintf("%s, in the chain of %s", name, leaf.Subject.CommonName)
 				}
-				expiring = append(expiring, fmt.Sprintf("%s (%s) %s %s", p, name, what, first.NotAfter.UTC().Format(time.RFC3339)))
+				expiring = append(expiring, dueCert{
+					what:   fmt.Sprintf("%s (%s) %s %s", p, name, what, first.NotAfter.UTC().Format(time.RFC3339)),
+					window: window, lifetime: first.NotAfter.Sub(first.NotBefore)})
 			}
 		}
 		infos = append(infos, info)
 	}
 	details := []report.Detail{{Domain: "certs", Field: "certs", Value: infos}}
+	// validFor is what the files not due are valid for: renew_within, or,
+	// where a certificate lives less than ten times that, a tenth of its
+	// lifetime. The words are the same at every run of the same files.
+	validFor := c.within.String()
+	if short {
+		validFor += fmt.Sprintf(" or, where shorter, a tenth of %s lifetime", plural(checked, "its", "their"))
+	}
 	if len(expiring) > 0 {
-		return Result{Status: report.StatusTrue, Reason: report.ReasonCertificateExpiringSoon,
-			Message: strings.Join(expiring, "; ") + fmt.Sprintf(": not renewed within %s of expiry", c.within), Details: details}, nil
+		// Where every certificate is judged by renew_within, the window
+		// is said once, at the end; else each says its own, and a short
+		// one its lifetime.
+		var parts []string
+		for _, e := range expiring {
+			switch {
+			case !short:
+				parts = append(parts, e.what)
+			case e.window < c.within:
+				parts = append(parts, fmt.Sprintf("%s: not renewed within %s of expiry, past 90 %% of its %s lifetime", e.what, e.window, e.lifetime))
+			default:
+				parts = append(parts, fmt.Sprintf("%s: not renewed within %s of expiry", e.what, e.window))
+			}
+		}
+		msg := strings.Join(parts, "; ")
+		if !short {
+			msg += fmt.Sprintf(": not renewed within %s of expiry", c.within)
+		}
+		return Result{Status: report.StatusTrue, Reason: report.ReasonCertificateExpiringSoon, Message: msg, Details: details}, nil
 	}
 	if len(unreadable) > 0 {
 		// A certificate that exists and cannot be read (a dangling
@@ -122,7 +160,7 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		// expiring: no claim that none is. The others are named.
 		msg := strings.Join(unreadable, "; ")
 		if checked > 0 {
-			msg += fmt.Sprintf(" (%d other %s valid for more than %s)", checked, plural(checked, "certificate", "certificates"), c.within)
+			msg += fmt.Sprintf(" (%d other %s valid for more than %s)", checked, plural(checked, "certificate", "certificates"), validFor)
 		}
 		return Result{Details: details}, errors.New(msg)
 	}
@@ -135,46 +173,76 @@ func (c *certCheck) Probe(ctx context.Context) (Result, error) {
 		}
 		return Result{Status: report.StatusUnknown, Reason: report.ReasonNothingToCheck, Message: msg, Details: details}, nil
 	}
-	msg := fmt.Sprintf("%d %s valid for more than %s", checked, plural(checked, "certificate", "certificates"), c.within)
+	msg := fmt.Sprintf("%d %s valid for more than %s", checked, plural(checked, "certificate", "certificates"), validFor)
 	if len(absent) > 0 {
 		msg += "; not present: " + strings.Join(absent, ", ")
 	}
 	return Result{Status: report.StatusFalse, Reason: report.ReasonCertificatesValid, Message: msg, Details: details}, nil
 }
 
+// dueCert is a file whose certificate is due (judgeCerts), for the message.
+type dueCert struct {
+	what             string
+	window, lifetime time.Duration
+}
+
+// renewalWindow is how close to its expiry a certificate may come before it
+// counts as not renewed: within, or a tenth of its lifetime (NotAfter -
+// NotBefore, to the second below) where that is shorter. kubelet rotates
+// its certificates at a random point between 70 % and 90 % of their
+// lifetime (k8s.io/client-go/util/certificate, jitteryDuration), cert-manager
+// at two thirds by default: a certificate in its last tenth was due and was
+// not replaced. A 1-year certificate keeps the 7 days; one of 24 h is due in
+// its last 2h24m, where before every healthy node's was True all its life.
+// A certificate with NotBefore at or after NotAfter (garbage) keeps within.
+func renewalWindow(cert *x509.Certificate, within time.Duration) time.Duration {
+	if !cert.NotBefore.Before(cert.NotAfter) {
+		return within
+	}
+	// Sub saturates at about 292 years: a tenth of it is past any
+	// sensible within.
+	if w := (cert.NotAfter.Sub(cert.NotBefore) / 10).Truncate(time.Second); w < within {
+		return w
+	}
+	return within
+}
+
+// judgeCerts returns the certificate a file is judged by, its window
+// (renewalWindow) and whether it is due: expired, or in its window. That
+// is the first of the file's certificates to expire, or, where another of
+// them is due and it is not (a 24 h leaf well before its 90 %, signed by an
+// intermediate of a year with 5 days left), the first of those due.
+func judgeCerts(certs []*x509.Certificate, now time.Time, within time.Duration) (judged *x509.Certificate, window time.Duration, due bool) {
+	var first, firstDue *x509.Certificate
+	for _, c := range certs {
+		if first == nil || c.NotAfter.Before(first.NotAfter) {
+			first = c
+		}
+		w := renewalWindow(c, within)
+		// The left < w below is right for a notAfter past what a
+		// Duration holds: the saturated Duration is past the window.
+		if left := c.NotAfter.Sub(now); left <= 0 || left < w {
+			if firstDue == nil || c.NotAfter.Before(firstDue.NotAfter) {
+				firstDue = c
+			}
+		}
+	}
+	if firstDue != nil {
+		return firstDue, renewalWindow(firstDue, within), true
+	}
+	return first, renewalWindow(first, within), false
+}
+
 // daysLeft is the whole days from now to t, rounded down: 0 in the last day
 // before t, negative once t is past (-1 in the first day after it). It is
 // not counted from t.Sub(now): a time.Duration stops at about 292 years,
 // and RFC 5280's notAfter for a certificate "with no well-defined
-// expiration date", 99991231235959Z, is further than that (the left <
-// within above is right all the same: the saturated Duration is still past
-// the window).
+// expiration date", 99991231235959Z, is further than that (judgeCerts'
+// left < w is right all the same: the saturated Duration is still past the
+// window).
 func daysLeft(now, t time.Time) int {
 	secs := float64(t.Unix()-now.Unix()) + float64(t.Nanosecond()-now.Nanosecond())/1e9
 	return int(math.Floor(secs / (24 * 60 * 60)))
-}
-
-// readCertFile reads the certificates of a PEM file (the kubelet's
-// *-current.pem files hold the certificate and its key; a file may hold a
-// chain, in any order). It returns the leaf (LeafCertificate) and the
-// certificate that expires first, the leaf or one of its chain: the file
-// stops working when that one expires. A file that is absent is
-// os.ErrNotExist; a symlink to nothing (a rotation that broke) is not: it is
-// an error that says so. p is a host path, read under the host root root
-// (its links resolved as the host resolves them: openNoWaitIn).
-func readCertFile(root, p string) (leaf, first *x509.Certificate, err error) {
-	certs, key, err := parseCertFile(root, p)
-	if err != nil {
-		return nil, nil, err
-	}
-	leaf = pickLeaf(certs, key)
-	first = leaf
-	for _, c := range certs {
-		if c.NotAfter.Before(first.NotAfter) {
-			first = c
-		}
-	}
-	return leaf, first, nil
 }
 
 // LeafCertificate returns the leaf certificate of the PEM file at the host
@@ -191,7 +259,11 @@ func LeafCertificate(root, p string) (*x509.Certificate, error) {
 
 // parseCertFile returns the certificates of the PEM file at the host path p
 // under root, in file order, and the public key of its private key (nil if
-// it has none or it cannot be parsed).
+// it has none or it cannot be parsed). The kubelet's *-current.pem files
+// hold the certificate and its key; a file may hold a chain, in any order.
+// A file that is absent is os.ErrNotExist; a symlink to nothing (a rotation
+// that broke) is not: it is an error that says so. Links are resolved as
+// the host resolves them (openNoWaitIn).
 func parseCertFile(root, p string) ([]*x509.Certificate, crypto.PublicKey, error) {
 	b, err := readCertBytes(root, p)
 	if errors.Is(err, os.ErrNotExist) {

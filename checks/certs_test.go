@@ -31,12 +31,19 @@ type certFixture struct {
 // parent (self-signed when parent is nil); ca makes it a CA.
 func newCertFixture(t testing.TB, cn string, notAfter time.Time, ca bool, parent *certFixture) certFixture {
 	t.Helper()
+	return newCertFixtureFrom(t, cn, notAfter.Add(-365*24*time.Hour), notAfter, ca, parent)
+}
+
+// newCertFixtureFrom is newCertFixture valid from notBefore, not a year
+// before notAfter.
+func newCertFixtureFrom(t testing.TB, cn string, notBefore, notAfter time.Time, ca bool, parent *certFixture) certFixture {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-		NotBefore: notAfter.Add(-365 * 24 * time.Hour), NotAfter: notAfter,
+		NotBefore: notBefore, NotAfter: notAfter,
 		BasicConstraintsValid: true, IsCA: ca}
 	signer, signerKey := tmpl, key
 	if parent != nil {
@@ -283,7 +290,7 @@ func TestCertFIFOIsRefusedAtOnce(t *testing.T) {
 // every block pem.Decode finds in turn, each CERTIFICATE block parsed by
 // x509.ParseCertificate. Where parseCertPEM accepts, the plain reading
 // accepts the same certificates in the same order, and the NotAfter that
-// the check reads (the earliest, readCertFile's first) is x509's earliest;
+// the check reads (the earliest, judgeCerts' first) is x509's earliest;
 // where the plain reading accepts (one certificate at least, each parsing)
 // parseCertPEM accepts too, but for its two deliberate refusals: a BEGIN
 // line pem.Decode skipped on the way to a block (a garbled block, maybe
@@ -386,7 +393,7 @@ func TestCertDomainHasNoDaysLeftForAFileNotRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `[{"path":"/var/lib/kubelet/pki/kubelet-client-current.pem","subject":"CN=system:node:n1","notAfter":"2026-12-02T22:00:00Z","daysLeft":0},` +
+	want := `[{"path":"/var/lib/kubelet/pki/kubelet-client-current.pem","subject":"CN=system:node:n1","notAfter":"2026-12-02T22:00:00Z","daysLeft":0,"renewWithin":"168h0m0s"},` +
 		`{"path":"/var/lib/kubelet/pki/kubelet-server-current.pem","error":"not present"},` +
 		`{"path":"/etc/garbage.pem","error":"no PEM certificate"}]`
 	if string(got) != want {

@@ -3,6 +3,7 @@ package checks
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,9 @@ func TestStaleAtItsWorstKeepsTheProblemEntries(t *testing.T) {
 			h.CriticalWarning = 1 << 2
 		}
 		hs = append(hs, h)
-		certs = append(certs, CertInfo{Path: long(i), Subject: long(i), DaysLeft: 40, Expiring: problem(i)})
+		// renewWithin at its longest: a renew_within of the largest
+		// Duration, 2562047h47m16.854775807s.
+		certs = append(certs, CertInfo{Path: long(i), Subject: long(i), NotAfter: now, DaysLeft: -106751, RenewWithin: time.Duration(math.MaxInt64).String(), Expiring: problem(i)})
 		u := systemd.Unit{Name: fmt.Sprintf("u%02d%s.service", i, strings.Repeat("<", 200)), LoadState: "loaded", ActiveState: "active", SubState: "running"}
 		ops = append(ops, OperabilityUnit{Unit: u, Down: problem(i)})
 		svcs = append(svcs, ServiceState{Unit: u, NotRecovering: problem(i)})

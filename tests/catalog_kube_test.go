@@ -136,7 +136,9 @@ func (f *catalogSys) set(fn func()) {
 	fn()
 }
 
-// catalogCert writes a self-signed certificate expiring at notAfter to path.
+// catalogCert writes a self-signed certificate expiring at notAfter to path,
+// of a year's lifetime (kubeadm's kubelet certificates): a shorter one is
+// judged by the last tenth of its lifetime, not renew_within's 7 days.
 func catalogCert(t *testing.T, path string, notAfter time.Time) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -144,7 +146,7 @@ func catalogCert(t *testing.T, path string, notAfter time.Time) {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: mathbig.NewInt(1), Subject: pkix.Name{CommonName: "system:node:n"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter}
+		NotBefore: notAfter.Add(-365 * 24 * time.Hour), NotAfter: notAfter}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
