@@ -28,11 +28,12 @@ func init() { Register("CertRenewalFailing", newCertCheck) }
 // its life: it counts as not renewed only in the last tenth of its lifetime
 // (renewalWindow), past where kubelet rotates (70 % to 90 %). A file is
 // judged by the certificate in it that expires first, the leaf or its chain,
-// unless another of them is past its own window (judgeCerts). A configured certificate that does not exist is
-// reported in the certs domain, not as a failure (kubelet-server-current.pem
-// exists only with serverTLSBootstrap); one that exists and cannot be read
-// (a symlink to nothing, left by a rotation that broke, or a truncated or
-// garbled file) is an error, Unknown: it may be expiring, so no False.
+// unless another of them is past its own window (judgeCerts). A configured
+// certificate that does not exist is reported in the certs domain, not as a
+// failure (kubelet-server-current.pem exists only with serverTLSBootstrap);
+// one that exists and cannot be read (a symlink to nothing, left by a
+// rotation that broke, or a truncated or garbled file) is an error,
+// Unknown: it may be expiring, so no False.
 type certCheck struct {
 	env    *Env
 	paths  []string
