@@ -94,6 +94,12 @@ type failure struct {
 	seq uint64
 	// err: why the run failed, as its document writes it.
 	err string
+	// decided: the check's fields as its last run that decided left them
+	// (Replace), before the failed runs since set theirs over them: what
+	// `status` shows as the evidence of a True held through those runs
+	// (DecidedEvidence). Taken at the first failed run in a row, so a
+	// healthy node's runs copy nothing.
+	decided map[string]any
 }
 
 // Stale is an entry of a document's "stale" list: a check whose latest run
@@ -237,7 +243,11 @@ func (d *Details) Failed(condType string, ds []Detail, why string) {
 	why = Printable(why)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.failed[condType] = failure{seq: d.seq, err: cutEscaped(why, MaxStaleErrorBytes)}
+	decided := d.failed[condType].decided
+	if _, again := d.failed[condType]; !again {
+		decided = d.fieldsLocked(condType, func(owned) bool { return true })
+	}
+	d.failed[condType] = failure{seq: d.seq, err: cutEscaped(why, MaxStaleErrorBytes), decided: decided}
 	for _, x := range ds {
 		d.setForLocked(condType, x)
 	}
@@ -332,17 +342,60 @@ func (d *Details) forgetLocked(k fieldKey) {
 // Evidence returns the report fields the latest result of condType's check
 // carried, keyed "domain.field" (nil when none), a name that is not UTF-8
 // written `\xNN` as in the documents (utf8Fields): `status` shows them.
+// After a failed run they are what it collected over what the last run
+// that decided did (Failed).
 func (d *Details) Evidence(condType string) map[string]any {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.byCond[condType]) == 0 {
+	return utf8Fields(d.fieldsLocked(condType, func(owned) bool { return true }))
+}
+
+// DecidedEvidence returns the report fields of condType's check as its
+// last run that decided left them, keyed as Evidence keys them, before
+// the failed runs since (Failed) set what they collected over them; the
+// same as Evidence while its latest run decided. `status` shows them as
+// the evidence of a True held through failed runs: a failed run's fields
+// (a certificate file's "not a regular file") are not what decided True.
+func (d *Details) DecidedEvidence(condType string) map[string]any {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f, failed := d.failed[condType]
+	if !failed {
+		return utf8Fields(d.fieldsLocked(condType, func(owned) bool { return true }))
+	}
+	if len(f.decided) == 0 {
 		return nil
 	}
-	out := make(map[string]any, len(d.byCond[condType]))
+	return utf8Fields(maps.Clone(f.decided))
+}
+
+// FailedRunEvidence returns the report fields the latest run of condType's
+// check collected although it failed (Failed), keyed as Evidence keys
+// them; nil when its latest run decided, or collected nothing.
+func (d *Details) FailedRunEvidence(condType string) map[string]any {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f, failed := d.failed[condType]
+	if !failed {
+		return nil
+	}
+	return utf8Fields(d.fieldsLocked(condType, func(o owned) bool { return o.seq > f.seq }))
+}
+
+// fieldsLocked is condType's fields that keep selects, keyed
+// "domain.field", a new map; nil when none. d.mu is held.
+func (d *Details) fieldsLocked(condType string, keep func(owned) bool) map[string]any {
+	var out map[string]any
 	for k, o := range d.byCond[condType] {
+		if !keep(o) {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]any, len(d.byCond[condType]))
+		}
 		out[k.domain+"."+k.field] = o.value
 	}
-	return utf8Fields(out)
+	return out
 }
 
 // Set records the latest value of a field. It panics on a domain or field

@@ -98,3 +98,52 @@ func TestStaleCountsTowardTheDocumentAndIsKept(t *testing.T) {
 		t.Errorf("%d filesystems without stale, %d with; stale %+v", len(a.Filesystems), len(b.Filesystems), b.Stale)
 	}
 }
+
+// DecidedEvidence is what the check's last run that decided carried, through
+// the failed runs after it, whatever they set over it (two in a row: the
+// runner holds a True through as many); FailedRunEvidence is what the latest
+// failed run set itself, nothing once a run decides again. `status` shows the
+// first as the evidence of a True held through failed runs, the second apart.
+func TestDecidedEvidenceThroughFailedRuns(t *testing.T) {
+	d := NewDetails()
+	show := func(m map[string]any) string {
+		b, _ := json.Marshal(m)
+		return string(b)
+	}
+	ok := Detail{Domain: "certs", Field: "certs", Value: []string{"k.pem expires on 2026-12-04"}}
+	bad := Detail{Domain: "certs", Field: "certs", Value: []string{"k.pem: not a regular file"}}
+	worse := Detail{Domain: "certs", Field: "certs", Value: []string{"k.pem: not present"}}
+	d.Replace("CertRenewalFailing", []Detail{ok})
+	if got, want := show(d.DecidedEvidence("CertRenewalFailing")), `{"certs.certs":["k.pem expires on 2026-12-04"]}`; got != want || d.FailedRunEvidence("CertRenewalFailing") != nil {
+		t.Errorf("after a run that decided: decided %s, failed run %s; want %s and none", got, show(d.FailedRunEvidence("CertRenewalFailing")), want)
+	}
+	d.Failed("CertRenewalFailing", []Detail{bad}, "k.pem: not a regular file")
+	d.Failed("CertRenewalFailing", []Detail{worse}, "k.pem: not present")
+	if got, want := show(d.Evidence("CertRenewalFailing")), `{"certs.certs":["k.pem: not present"]}`; got != want {
+		t.Errorf("Evidence after two failed runs: %s, want %s (as before: the fields as they are now)", got, want)
+	}
+	if got, want := show(d.DecidedEvidence("CertRenewalFailing")), `{"certs.certs":["k.pem expires on 2026-12-04"]}`; got != want {
+		t.Errorf("DecidedEvidence after two failed runs: %s, want %s", got, want)
+	}
+	if got, want := show(d.FailedRunEvidence("CertRenewalFailing")), `{"certs.certs":["k.pem: not present"]}`; got != want {
+		t.Errorf("FailedRunEvidence after two failed runs: %s, want %s", got, want)
+	}
+	// A failed run that collected nothing: no evidence of its own, the
+	// deciding run's kept.
+	d.Failed("CertRenewalFailing", nil, "timed out")
+	if got := d.FailedRunEvidence("CertRenewalFailing"); got != nil {
+		t.Errorf("FailedRunEvidence of a run that collected nothing: %s", show(got))
+	}
+	if got, want := show(d.DecidedEvidence("CertRenewalFailing")), `{"certs.certs":["k.pem expires on 2026-12-04"]}`; got != want {
+		t.Errorf("DecidedEvidence after a third failed run: %s, want %s", got, want)
+	}
+	d.Replace("CertRenewalFailing", []Detail{bad})
+	if got := show(d.DecidedEvidence("CertRenewalFailing")); got != `{"certs.certs":["k.pem: not a regular file"]}` || d.FailedRunEvidence("CertRenewalFailing") != nil {
+		t.Errorf("after a run that decided again: decided %s, failed run %s", got, show(d.FailedRunEvidence("CertRenewalFailing")))
+	}
+	// A check that never decided: nothing decided.
+	d.Failed("DiskUsageHigh", []Detail{{Domain: "storage", Field: "filesystems", Value: []string{"/var"}}}, "statfs: timed out")
+	if got := d.DecidedEvidence("DiskUsageHigh"); got != nil {
+		t.Errorf("DecidedEvidence of a check that never decided: %s", show(got))
+	}
+}

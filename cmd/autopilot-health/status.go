@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -223,6 +224,16 @@ func notASocketAt(path, what string) error {
 	return notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there (a daemon that found it at start runs on without one and logged it: journalctl -u autopilot-health)", path, what))
 }
 
+// printEvidence writes each report field of evidence on a line of its own,
+// prefix, its name and its value as JSON, printable and cut to 400 bytes.
+func printEvidence(w io.Writer, prefix string, evidence map[string]any) {
+	for _, k := range slices.Sorted(maps.Keys(evidence)) {
+		b, _ := json.Marshal(evidence[k])
+		b = report.PrintableJSON(b)
+		fmt.Fprintf(w, "%s%s: %s\n", prefix, report.Printable(k), shorten(string(b), 400))
+	}
+}
+
 // isTimeout: the daemon did not answer within statusTimeout.
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -296,6 +307,13 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s=%s (%s) since %s:\n  %s\n", p(c.Type), p(string(c.Status)), p(string(c.Reason)), ago(c.LastTransitionTime), p(c.Message))
+		if c.Source == "kmsg" && c.Status == report.StatusTrue {
+			fmt.Fprintln(w, "  evidence: the kernel line above")
+		}
+		// Of a True held through failed runs: the evidence of the run
+		// that decided it, beside its message; what the failed run
+		// collected only under the line that says it failed, labelled.
+		printEvidence(w, "  evidence ", c.Evidence)
 		if h := c.Held; h != nil {
 			// Not what the check last found: what it found before its
 			// last runs failed, held through them.
@@ -305,19 +323,7 @@ func printStatus(w io.Writer, st daemon.StatusReport) {
 			}
 			fmt.Fprintf(w, "  held through %s of its check in a row since %s (%s: %s); a 3rd makes what its check found Unknown\n",
 				runs, ago(h.Since), p(string(h.Reason)), p(h.Message))
-		}
-		if c.Source == "kmsg" && c.Status == report.StatusTrue {
-			fmt.Fprintln(w, "  evidence: the kernel line above")
-		}
-		keys := make([]string, 0, len(c.Evidence))
-		for k := range c.Evidence {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			b, _ := json.Marshal(c.Evidence[k])
-			b = report.PrintableJSON(b)
-			fmt.Fprintf(w, "  evidence %s: %s\n", p(k), shorten(string(b), 400))
+			printEvidence(w, "  the last failed run's evidence (not what decided "+p(string(c.Status))+") ", h.Evidence)
 		}
 	}
 

@@ -69,22 +69,49 @@ func TestStatusShowsAnAbsentConfigFile(t *testing.T) {
 
 // A True held through failed runs of its check says so beside its
 // message, with the failure the check would have set: the operator is not
-// told the check found it True a minute ago when its last runs failed.
+// told the check found it True a minute ago when its last runs failed. The
+// evidence beside the message is the run's that decided the True; what the
+// failed run collected (a certificate file "not a regular file") is under
+// the line that says it failed, labelled so: before, it was shown as the
+// condition's evidence, read as the reason for the True.
 func TestStatusShowsATrueHeldThroughAFailedRun(t *testing.T) {
 	now := time.Date(2026, 12, 2, 19, 0, 0, 0, time.UTC)
 	c := daemon.ConditionStatus{Condition: report.Condition{Type: "ServiceNotRecovering", Status: report.StatusTrue, Reason: report.ReasonUnitFailed,
 		Message: "kubelet.service failed", LastTransitionTime: now.Add(-time.Hour), LastUpdateTime: now.Add(-2 * time.Minute)}, Source: "check",
-		Held: &checks.HeldFailure{Runs: 2, Since: now.Add(-time.Minute - 30*time.Second), Reason: report.ReasonCheckFailed, Message: "Message recipient disconnected from message bus without replying"}}
+		Held: &daemon.HeldStatus{HeldFailure: checks.HeldFailure{Runs: 2, Since: now.Add(-time.Minute - 30*time.Second), Reason: report.ReasonCheckFailed, Message: "Message recipient disconnected from message bus without replying"}}}
 	var b strings.Builder
 	printStatus(&b, daemon.StatusReport{Now: now, Conditions: []daemon.ConditionStatus{c}})
-	if want := "  kubelet.service failed\n  held through 2 failed runs of its check in a row since " + now.Add(-time.Minute-30*time.Second).Local().Format("2006-01-02 15:04:05") +
-		" (1m30s ago) (CheckFailed: Message recipient disconnected from message bus without replying); a 3rd makes what its check found Unknown\n"; !strings.Contains(b.String(), want) {
+	held := "  held through 2 failed runs of its check in a row since " + now.Add(-time.Minute-30*time.Second).Local().Format("2006-01-02 15:04:05") +
+		" (1m30s ago) (CheckFailed: Message recipient disconnected from message bus without replying); a 3rd makes what its check found Unknown\n"
+	if want := "  kubelet.service failed\n" + held; !strings.Contains(b.String(), want) {
 		t.Errorf("status lacks %q:\n%s", want, b.String())
 	}
+
+	// With evidence: the deciding run's under the message, the failed
+	// run's under the held line, labelled.
+	c = daemon.ConditionStatus{Condition: report.Condition{Type: "CertificateExpiringSoon", Status: report.StatusTrue, Reason: report.ReasonCertificateExpiringSoon,
+		Message: "kubelet-client-current.pem expires in 48h: not renewed within 168h", LastTransitionTime: now.Add(-time.Hour), LastUpdateTime: now.Add(-2 * time.Minute)}, Source: "check",
+		Evidence: map[string]any{"certs.certs": []any{map[string]any{"file": "/k.pem", "notAfter": "2026-12-04T19:00:00Z"}}},
+		Held: &daemon.HeldStatus{HeldFailure: checks.HeldFailure{Runs: 1, Since: now.Add(-time.Minute), Reason: report.ReasonCheckFailed, Message: "/k.pem: not a regular file"},
+			Evidence: map[string]any{"certs.certs": []any{map[string]any{"file": "/k.pem", "error": "not a regular file"}}}}}
+	b.Reset()
+	printStatus(&b, daemon.StatusReport{Now: now, Conditions: []daemon.ConditionStatus{c}})
+	want := "  kubelet-client-current.pem expires in 48h: not renewed within 168h\n" +
+		"  evidence certs.certs: [{\"file\":\"/k.pem\",\"notAfter\":\"2026-12-04T19:00:00Z\"}]\n" +
+		"  held through 1 failed run of its check in a row since " + now.Add(-time.Minute).Local().Format("2006-01-02 15:04:05") +
+		" (1m0s ago) (CheckFailed: /k.pem: not a regular file); a 3rd makes what its check found Unknown\n" +
+		"  the last failed run's evidence (not what decided True) certs.certs: [{\"error\":\"not a regular file\",\"file\":\"/k.pem\"}]\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks\n%s\nin\n%s", want, b.String())
+	}
+	if n := strings.Count(b.String(), "evidence certs.certs:"); n != 1 {
+		t.Errorf("%d lines of unlabelled evidence, want 1 (the deciding run's):\n%s", n, b.String())
+	}
+
 	c.Held = nil
 	b.Reset()
 	printStatus(&b, daemon.StatusReport{Now: now, Conditions: []daemon.ConditionStatus{c}})
-	if strings.Contains(b.String(), "held through") {
+	if strings.Contains(b.String(), "held through") || strings.Contains(b.String(), "failed run") {
 		t.Errorf("a True not held says it is:\n%s", b.String())
 	}
 }

@@ -83,12 +83,24 @@ type ConditionStatus struct {
 	Source string `json:"source"`
 	// Evidence: the report fields the check's latest result carried
 	// ("disks.disks": the drives and their SMART fields, "services.services":
-	// the units' states and restart counts, ...).
+	// the units' states and restart counts, ...); of a True held through
+	// failed runs, those of the run that decided it (what the failed runs
+	// collected is Held's).
 	Evidence map[string]any `json:"evidence,omitempty"`
 	// Held: the status is a True held through the check's last failed
 	// runs in a row (at most 2; the 3rd makes it Unknown), and what the
 	// last of them would have set; absent otherwise.
-	Held *checks.HeldFailure `json:"heldThroughFailure,omitempty"`
+	Held *HeldStatus `json:"heldThroughFailure,omitempty"`
+}
+
+// HeldStatus is the failed run a True is held through (checks.HeldFailure:
+// runs, since, reason, message) with the report fields it collected.
+type HeldStatus struct {
+	checks.HeldFailure
+	// Evidence: the report fields the last failed run collected (a
+	// certificate file's error), keyed as ConditionStatus.Evidence;
+	// absent when it collected none. Not what decided the True.
+	Evidence map[string]any `json:"evidence,omitempty"`
 }
 
 // KmsgStatus is the kernel log reader's health.
@@ -156,7 +168,14 @@ func (d *Daemon) Status(now time.Time) StatusReport {
 		}
 		if runner != nil && c.Status == report.StatusTrue {
 			if h, ok := runner.Holding(c.Type); ok {
-				cs.Held = &h
+				cs.Held = &HeldStatus{HeldFailure: h}
+				if cs.Source == "check" && d.details != nil {
+					// The evidence of the run that decided the True,
+					// and apart, what the failed run collected: its
+					// fields are not why the condition is True.
+					cs.Evidence = d.details.DecidedEvidence(c.Type)
+					cs.Held.Evidence = d.details.FailedRunEvidence(c.Type)
+				}
 			}
 		}
 		st.Conditions = append(st.Conditions, cs)
