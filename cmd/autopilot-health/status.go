@@ -168,8 +168,9 @@ func fetchStatus(path string) ([]byte, error) {
 			// is not one; its first bytes, printable, say whose.
 			return nil, fmt.Errorf("the daemon's answer on %s is not a status document: not HTTP: %s", path, shorten(strings.TrimSpace(got.String()), 200))
 		case what != "":
-			// A daemon that found this at start left it there and
-			// runs on without a status socket: not "not running".
+			// A daemon that found this at its start, or in place of
+			// its socket while it ran, left it there and runs on
+			// without a status socket: not "not running".
 			return nil, notASocketAt(path, what)
 		case notRunning:
 			// Also a daemon starting: its socket is bound once New is
@@ -219,9 +220,13 @@ func (c *firstBytesConn) Read(p []byte) (int, error) {
 }
 
 // notASocketAt names what is at the status socket's path instead of a
-// socket.
+// socket. A daemon finds it there at its start (it runs on without a status
+// socket until it restarts) or while it runs, put in place of its socket's
+// file removed or renamed over (it binds the socket again once it is moved
+// away): either logs it, and which one it was is the journal's to say, not
+// this command's, which reaches no daemon.
 func notASocketAt(path, what string) error {
-	return notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there (a daemon that found it at start runs on without one and logged it: journalctl -u autopilot-health)", path, what))
+	return notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there; move it away: a daemon that found it there while it ran (its socket's file removed, or renamed over) binds its socket again then, one that found it at its start serves no status until it restarts (systemctl restart autopilot-health); journalctl -u autopilot-health says which", path, what))
 }
 
 // printEvidence writes each report field of evidence on a line of its own,
