@@ -467,7 +467,7 @@ func writeFile(t *testing.T, p, s string) {
 func nodeCertPEM(t *testing.T, cn string) string {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
-		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
+		NotBefore: time.Now().Add(-365 * 24 * time.Hour), NotAfter: time.Now().Add(time.Hour)}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
