@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -366,24 +365,7 @@ func TestDaemonStartedWithOtherSocketsIsNamed(t *testing.T) {
 	now := time.Now()
 	body, _ := json.Marshal(daemon.StatusReport{Version: "v1", Node: "node-1", PID: 42, Started: now, Now: now, Ready: true})
 	serveStatusBody(t, servedStatus, body)
-	ln, err := net.Listen("unix", servedControl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// As the daemon's control socket: a line read, a line of
-			// JSON answered.
-			bufio.NewReader(c).ReadBytes('\n')
-			c.Write([]byte("{\"error\":\"bad request: invalid character 'G' looking for beginning of value\"}\n"))
-			c.Close()
-		}
-	}()
+	serveControlLines(t, servedControl, "{\"error\":\"bad request: invalid character 'G' looking for beginning of value\"}\n")
 	control, status := filepath.Join(dir, "control.sock"), filepath.Join(dir, "status.sock")
 	cfg := filepath.Join(dir, "config.toml")
 	os.WriteFile(cfg, fmt.Appendf(nil, "state_dir = %q\ncontrol_socket = %q\n[status]\nsocket = %q\n", state, control, status), 0o644)

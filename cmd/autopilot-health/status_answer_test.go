@@ -164,27 +164,7 @@ func TestStatusCutsATextBetweenCharacters(t *testing.T) {
 // code ...`, found against the shipped unit in a real systemd 252.
 func TestStatusOfAnAnswerThatIsNotHTTP(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "control.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// The request's first line read first, as the daemon's
-			// control socket does (handleControl): an answer written
-			// and closed before the client's write failed it with
-			// EPIPE, "asking the daemon on ...: broken pipe", in 2 of
-			// 200 runs.
-			bufio.NewReader(c).ReadBytes('\n')
-			c.Write([]byte("{\"error\":\"bad request: invalid character 'G' looking for beginning of value\x1b[2J\"}\n"))
-			c.Close()
-		}
-	}()
+	serveControlLines(t, sock, "{\"error\":\"bad request: invalid character 'G' looking for beginning of value\x1b[2J\"}\n")
 	for _, args := range [][]string{{"status", "--socket", sock}, {"status", "--json", "--socket", sock}} {
 		code, out, errs := run(t, args...)
 		want := "autopilot-health status: the daemon's answer on " + sock + ` is not a status document: not HTTP: {"error":"bad request: invalid character 'G'`
@@ -208,4 +188,30 @@ func TestStatusShowsFailingStateSaves(t *testing.T) {
 	if code != exitOK || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "(1m0s ago): write /var/lib/autopilot-health/state.json.tmp1: no space left on device") {
 		t.Errorf("exit %d, stderr %q, stdout %q; want %q with the error", code, errs, out, want)
 	}
+}
+
+// serveControlLines serves answer on a unix socket at sock as the daemon's
+// control socket answers what is not a control request: the request's
+// first line read first (handleControl), then one line of JSON, and the
+// connection closed. An answer written and closed before the client's
+// write failed it with EPIPE, "asking the daemon on ...: broken pipe", in
+// 2 of 200 runs of TestStatusOfAnAnswerThatIsNotHTTP.
+func serveControlLines(t *testing.T, sock, answer string) {
+	t.Helper()
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			bufio.NewReader(c).ReadBytes('\n')
+			c.Write([]byte(answer))
+			c.Close()
+		}
+	}()
 }
