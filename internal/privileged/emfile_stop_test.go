@@ -23,16 +23,11 @@ func TestOutOfDescriptorsStopDuringABackoffAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Every descriptor taken but one, for the client's socket, which
+		// Every descriptor taken, the client's socket made before, which
 		// waits in the backlog before Serve starts: every accept fails with
 		// EMFILE, and Serve never waits on the socket (synctest.Wait
 		// returns).
-		free := takeDescriptorsButOne(t)
-		conn, err := net.Dial("unix", p)
-		if err != nil {
-			free()
-			t.Fatal(err)
-		}
+		conn, free := dialWithNoDescriptorLeft(t, p)
 		defer conn.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()

@@ -2,10 +2,12 @@ package privileged
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,14 +37,9 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, l) }()
 
-	// Every descriptor taken but one, for the client's socket: the accept
+	// Every descriptor taken, the client's socket made before: the accept
 	// finds none. The helper calls accept only once a connection is there.
-	free := takeDescriptorsButOne(t)
-	conn, err := net.Dial("unix", p)
-	if err != nil {
-		free()
-		t.Fatal(err)
-	}
+	conn, free := dialWithNoDescriptorLeft(t, p)
 	defer conn.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for s.AcceptFailures() < 6 {
@@ -77,12 +74,23 @@ func TestOutOfDescriptorsAcceptBacksOffAndServesOn(t *testing.T) {
 	}
 }
 
-// takeDescriptorsButOne lowers the test process's RLIMIT_NOFILE to a few
-// above what it holds and takes every descriptor under it (dups of stdin up
-// to EMFILE) but one. free gives them back and restores the limit; it runs
-// at the test's end too.
-func takeDescriptorsButOne(t *testing.T) (free func()) {
+// dialWithNoDescriptorLeft connects a unix socket to p with every
+// descriptor of the test process taken: the socket is made first, then
+// RLIMIT_NOFILE is lowered to a few above what the process holds and every
+// descriptor under it taken (dups of stdin up to EMFILE), then the socket
+// connects, which takes none. Before, one descriptor was left for the
+// dial's socket, and where another goroutine of the process took it first
+// the dial failed (EMFILE, once in a CI run). free gives the descriptors
+// back and restores the limit; it runs at the test's end too, as does
+// closing the connection.
+func dialWithNoDescriptorLeft(t *testing.T, p string) (conn io.Closer, free func()) {
 	t.Helper()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &fdCloser{fd: fd}
+	t.Cleanup(func() { c.Close() })
 	var old unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
@@ -116,7 +124,20 @@ func takeDescriptorsButOne(t *testing.T) (free func()) {
 		free()
 		t.Fatal("no descriptor to take")
 	}
-	unix.Close(fill[len(fill)-1])
-	fill = fill[:len(fill)-1]
-	return free
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: p}); err != nil {
+		free()
+		t.Fatalf("connecting to %s with no descriptor left: %v", p, err)
+	}
+	return c, free
+}
+
+// fdCloser closes a descriptor once.
+type fdCloser struct {
+	once sync.Once
+	fd   int
+}
+
+func (c *fdCloser) Close() error {
+	c.once.Do(func() { unix.Close(c.fd) })
+	return nil
 }
