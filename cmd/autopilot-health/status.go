@@ -220,13 +220,12 @@ func (c *firstBytesConn) Read(p []byte) (int, error) {
 }
 
 // notASocketAt names what is at the status socket's path instead of a
-// socket. A daemon finds it there at its start (it runs on without a status
-// socket until it restarts) or while it runs, put in place of its socket's
-// file removed or renamed over (it binds the socket again once it is moved
-// away): either logs it, and which one it was is the journal's to say, not
-// this command's, which reaches no daemon.
+// socket. A daemon finds it there at its start or while it runs, put in
+// place of its socket's file removed or renamed over: either logs it, and
+// binds its socket once it is moved away (its socket watch), which it logs
+// too.
 func notASocketAt(path, what string) error {
-	return notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there; move it away: a daemon that found it there while it ran (its socket's file removed, or renamed over) binds its socket again then, one that found it at its start serves no status until it restarts (systemctl restart autopilot-health); journalctl -u autopilot-health says which", path, what))
+	return notASocketError(fmt.Sprintf("%s is not a socket but %s: the daemon serves no status there; move it away: the daemon binds its socket then, whether it found it there at its start or while it ran (its socket's file removed, or renamed over); journalctl -u autopilot-health says so", path, what))
 }
 
 // printEvidence writes each report field of evidence on a line of its own,

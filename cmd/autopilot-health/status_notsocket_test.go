@@ -17,12 +17,13 @@ import (
 
 // A regular file at the status socket's path comes there in two ways, and
 // status's words hold for both: at the daemon's start (it logs that its
-// status socket is not served, and runs on without one until it restarts),
-// or while it runs, renamed over its socket's file (it logs that the socket
-// is not bound again, and binds it once the file is moved away, which this
-// test does and sees status answer). Before, status said "a daemon that
-// found it at start" in the second case too, where the daemon had found it
-// as it ran. A daemon of this process (daemon.New, Run) with sockets and a
+// status socket is not served), or while it runs, renamed over its socket's
+// file (it logs that the socket is not bound again); either daemon binds
+// the socket once the file is moved away, which this test does and sees
+// status answer. Before, status said "a daemon that found it at start" in
+// the second case too, where the daemon had found it as it ran; and then
+// that a daemon that found it at its start served no status until it
+// restarted, which it did then. A daemon of this process (daemon.New, Run) with sockets and a
 // state directory of its own, and the command as an operator runs it.
 func TestStatusOfAFileAtTheSocketPathAtStartOrWhileItRuns(t *testing.T) {
 	if os.Getuid() != 0 {
@@ -32,8 +33,8 @@ func TestStatusOfAFileAtTheSocketPathAtStartOrWhileItRuns(t *testing.T) {
 	status, control := filepath.Join(dir, "run", "status.sock"), filepath.Join(dir, "run", "control.sock")
 	os.MkdirAll(filepath.Dir(status), 0o700)
 	want := "autopilot-health status: " + status + " is not a socket but a regular file: the daemon serves no status there; move it away: " +
-		"a daemon that found it there while it ran (its socket's file removed, or renamed over) binds its socket again then, " +
-		"one that found it at its start serves no status until it restarts (systemctl restart autopilot-health); journalctl -u autopilot-health says which\n"
+		"the daemon binds its socket then, whether it found it there at its start or while it ran (its socket's file removed, or renamed over); " +
+		"journalctl -u autopilot-health says so\n"
 	start := func() (logs *testenv.SyncBuffer, stop func()) {
 		cfg := config.Default()
 		root := filepath.Join(dir, "root")
@@ -111,4 +112,9 @@ func TestStatusOfAFileAtTheSocketPathAtStartOrWhileItRuns(t *testing.T) {
 	if code, out, errs := run(t, "status", "--socket", status); code != exitError || out != "" || errs != want {
 		t.Errorf("a file at the socket's path at the daemon's start: exit %d, stdout %q, stderr\n%q\nwant exit 2 and\n%q", code, out, errs, want)
 	}
+	// Moved away: bound, as the words say, without a restart.
+	if err := os.Rename(status, filepath.Join(dir, "run", "moved-away")); err != nil {
+		t.Fatal(err)
+	}
+	await("status answering once the file found at the start is moved away", answers, logs)
 }

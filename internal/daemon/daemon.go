@@ -109,9 +109,11 @@ type Daemon struct {
 	// and controlN: its requests in flight (their handlers), which a stop
 	// waits for a while (awaitControl).
 	control net.Listener
-	// statusLn: the status socket's listener once serveStatus bound it
-	// (nil: none). Under mu. watchSockets binds it again, and control,
-	// where their files are removed.
+	// statusLn: the status socket's listener once serveStatus bound it,
+	// or one not bound yet where something not a socket was at its path
+	// at the start (nil: none). Under mu. watchSockets binds it again, and
+	// control, where their files are removed, and binds the one not bound
+	// yet once that is gone.
 	statusLn *socketListener
 	// socketEvent, where set (tests), runs after each event of the
 	// sockets' watch is handled.

@@ -102,6 +102,26 @@ type socketListener struct {
 	// said: the socket watch's lines for this socket, each reason said
 	// once a window.
 	said rebindLog
+	// late: closed by the rebind that binds a listener made unbound
+	// (newUnboundListener: something not a socket was at its path at the
+	// start), for its server to serve it from then.
+	late chan struct{}
+}
+
+// newUnboundListener is a listener of path that no bind made yet (cur nil:
+// something not a socket was at the path at the start, failed says what):
+// rebind binds it once that is gone, as it binds a socket whose file was
+// removed, and closes late. Not served until then.
+func newUnboundListener(path, failed string) *socketListener {
+	return &socketListener{path: path, failed: failed, late: make(chan struct{})}
+}
+
+// unbound reports whether no bind made the listener yet
+// (newUnboundListener).
+func (l *socketListener) unbound() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur == nil
 }
 
 func newSocketListener(path string, ln *net.UnixListener, id fileID) *socketListener {
@@ -136,6 +156,9 @@ func (l *socketListener) Close() error {
 	l.closed = true
 	cur, id := l.cur, l.id
 	l.mu.Unlock()
+	if cur == nil {
+		return nil // never bound: no socket, no file of its own
+	}
 	err := cur.Close()
 	removeIfID(l.path, id)
 	return err
@@ -200,6 +223,10 @@ func (l *socketListener) rebind(log *slog.Logger) (bool, error) {
 	old := l.cur
 	l.cur, l.id = nl, id
 	l.mu.Unlock()
+	if old == nil {
+		close(l.late) // the first bind: served from now
+		return true, nil
+	}
 	old.Close()
 	return true, nil
 }

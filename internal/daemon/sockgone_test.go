@@ -35,11 +35,23 @@ func sockDaemon(t *testing.T) (d *Daemon, dir, control, status string, logs *syn
 // events handled.
 func sockDaemonEvents(t *testing.T) (d *Daemon, dir, control, status string, logs *syncBuffer, stop func(), events *atomic.Int32) {
 	t.Helper()
+	d, dir, control, status, logs, stop, events = startSockDaemon(t, nil)
+	awaitAnswers(t, control, status, "both sockets answering at the start")
+	return d, dir, control, status, logs, stop, events
+}
+
+// startSockDaemon is sockDaemonEvents without awaiting the sockets, with
+// before(dir, status) run ahead of the start where it is set.
+func startSockDaemon(t *testing.T, before func(dir, status string)) (d *Daemon, dir, control, status string, logs *syncBuffer, stop func(), events *atomic.Int32) {
+	t.Helper()
 	if os.Getuid() != 0 {
 		testenv.Skip(t, "the control socket answers root only (TestControlRefusesANonRootPeer)")
 	}
 	dir = filepath.Join(t.TempDir(), "run")
 	control, status = filepath.Join(dir, "control.sock"), filepath.Join(dir, "status.sock")
+	if before != nil {
+		before(dir, status)
+	}
 	cfg := testConfig(t)
 	cfg.Status.Socket = status
 	logs = &syncBuffer{}
@@ -64,7 +76,6 @@ func sockDaemonEvents(t *testing.T) (d *Daemon, dir, control, status string, log
 		}
 	}
 	t.Cleanup(stop)
-	awaitAnswers(t, control, status, "both sockets answering at the start")
 	return d, dir, control, status, logs, stop, events
 }
 

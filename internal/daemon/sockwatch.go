@@ -42,7 +42,9 @@ const parentWatchMask = unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_CREATE | u
 // Each socket whose file is no longer the one its bind made is bound again
 // (socketListener.rebind: not where another daemon answers, nor over
 // anything that is not a stale socket), logged once per removal: bound
-// again, or why not. The watches are added before it returns (Run's
+// again, or why not; so is the status socket that was not bound at the
+// start, something not a socket at its path (serveStatus), once that is
+// gone (logged, not counted as a rebind). The watches are added before it returns (Run's
 // READY=1 comes after them); the function it returns reads them until ctx
 // is done (the stop: no socket is bound again then), at once where there
 // is no socket, or no inotify (logged: a removed socket is then gone until
@@ -168,6 +170,15 @@ func (d *Daemon) rebindSockets() {
 		if s.ln == nil {
 			continue
 		}
+		// Not bound at the start (something not a socket was at its
+		// path): bound once that is gone, said so, and not counted
+		// (the metric counts sockets bound again after their files
+		// were removed).
+		first := s.ln.unbound()
+		lostWords := "the " + s.what + "'s file was removed while the daemon ran, and is not bound again: "
+		if first {
+			lostWords = "the " + s.what + ", not bound at the start (something not a socket was at its path), is not bound yet: "
+		}
 		bound, err := s.ln.rebind(d.log)
 		switch {
 		case err == errClosedListener:
@@ -182,11 +193,14 @@ func (d *Daemon) rebindSockets() {
 			if err.Error() != s.ln.failed {
 				s.ln.failed = err.Error()
 				s.ln.said.say(err.Error(), func() {
-					d.log.Error("the "+s.what+"'s file was removed while the daemon ran, and is not bound again: "+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
+					d.log.Error(lostWords+s.lost+"; it is tried again when a file there is removed, and at the next start", "socket", s.ln.path, "err", err)
 				}, func(more int, over time.Duration) {
 					d.log.Error(fmt.Sprintf("the %s could not be bound again %s in the last %s, each after a rebind that worked (its file removed while the daemon ran; logged once a window): %s", s.what, timesWords(more), spanWords(over), s.lost), "socket", s.ln.path, "err", err, "not_logged", more)
 				})
 			}
+		case bound && first:
+			s.ln.failed = ""
+			d.log.Warn("the "+s.what+"'s path is free, what was there at the start gone; bound it", "socket", s.ln.path)
 		case bound:
 			s.ln.failed = ""
 			if d.rebinds != nil {

@@ -245,14 +245,33 @@ func (d *Daemon) serveStatus(ctx context.Context) {
 		return
 	}
 	ln, err := listenStatus(path)
-	if err != nil {
+	if fi, lerr := os.Lstat(path); err != nil && lerr == nil && notASocket(fi) != "" {
+		// Something not a socket at its path (a file, a directory, a
+		// symlink), left there: the socket watch binds the socket
+		// once it is gone (moved away, deleted), as it binds one whose
+		// file was removed while the daemon ran, and it is served
+		// from then.
+		d.log.Error("status socket not served: autopilot-health status will not answer until what is at its path is moved away (the socket is bound then)", "socket", path, "err", err)
+		late := newUnboundListener(path, err.Error())
+		d.mu.Lock()
+		d.statusLn = late
+		d.mu.Unlock()
+		select {
+		case <-late.late:
+		case <-ctx.Done():
+			late.Close() // bound meanwhile: its file removed
+			return
+		}
+		ln = late
+	} else if err != nil {
 		d.log.Error("status socket not served: autopilot-health status will not answer", "socket", path, "err", err)
 		return
+	} else {
+		d.log.Info("serving status", "socket", path)
+		d.mu.Lock()
+		d.statusLn, _ = ln.(*socketListener)
+		d.mu.Unlock()
 	}
-	d.log.Info("serving status", "socket", path)
-	d.mu.Lock()
-	d.statusLn, _ = ln.(*socketListener)
-	d.mu.Unlock()
 	// Its failed accepts are tried again here, not by net/http's Serve
 	// (which logs each try and returns at ENOBUFS): retryListener.
 	ln = newRetryListener(ln, listenerStatus, d.log, d.acceptFailures(listenerStatus))
