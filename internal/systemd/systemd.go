@@ -191,10 +191,16 @@ type DBus struct {
 }
 
 // NewDBus returns a Manager that connects on first use to the system bus
-// (DBUS_SYSTEM_BUS_ADDRESS, default /run/dbus/system_bus_socket).
+// (DBUS_SYSTEM_BUS_ADDRESS, default /run/dbus/system_bus_socket). Its job
+// connections are dialed as NewDBusAt's are (DialBus), so that their failed
+// writes are counted (writeWatch): godbus.SystemBusPrivate's are not.
 func NewDBus() *DBus {
 	return &DBus{dialing: make(chan struct{}, 1), socket: systemBusSocket, dial: func(ctx context.Context) (*godbus.Conn, error) {
-		return authHello(godbus.SystemBusPrivate(godbus.WithContext(ctx)))
+		socket, err := systemBusSocket()
+		if err != nil {
+			return nil, err
+		}
+		return DialBus(ctx, socket)
 	}}
 }
 
