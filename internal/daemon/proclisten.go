@@ -66,10 +66,29 @@ func parseUnixListeners(r io.Reader, inodes map[string]bool) []string {
 		if len(fields) < 8 || fields[3] != "00010000" || fields[4] != "0001" || !inodes[fields[6]] {
 			continue
 		}
-		if p := strings.Join(fields[7:], " "); strings.HasPrefix(p, "/") {
+		if p := afterFields(sc.Text(), 7); strings.HasPrefix(p, "/") {
 			paths = append(paths, p)
 		}
 	}
 	slices.Sort(paths)
 	return slices.Compact(paths)
+}
+
+// afterFields is line after its first n space-separated fields and the one
+// space after them: /proc/net/unix's path as the kernel wrote it (one space
+// after the inode), its own spaces kept, two in a row or one at its end.
+func afterFields(line string, n int) string {
+	i := 0
+	for range n {
+		for i < len(line) && line[i] == ' ' {
+			i++
+		}
+		for i < len(line) && line[i] != ' ' {
+			i++
+		}
+	}
+	if i < len(line) {
+		i++
+	}
+	return line[i:]
 }

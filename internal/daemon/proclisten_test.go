@@ -51,7 +51,8 @@ func TestListeningSockets(t *testing.T) {
 }
 
 // The kernel's lines: only listening stream sockets of the inodes given,
-// with a path (not abstract, not unbound), a path with a space whole, and
+// with a path (not abstract, not unbound), a path with spaces whole (two in
+// a row too: the kernel writes it as it is), an inode padded, and
 // each once.
 func TestParseUnixListeners(t *testing.T) {
 	const list = `Num       RefCount Protocol Flags    Type St Inode Path
@@ -65,10 +66,12 @@ func TestParseUnixListeners(t *testing.T) {
 0000000000000000: 00000002 00000000 00010000 0001 01 107
 0000000000000000: 00000002 00000000 00010000 0001 01 108 /run/a b.sock
 0000000000000000: 00000002 00000000 00010000 0001 01 109 /run/autopilot-health/control.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 111 /run/two  spaces.sock
+0000000000000000: 00000002 00000000 00010000 0001 01   112 /run/padded inode.sock
 `
-	inodes := map[string]bool{"101": true, "102": true, "104": true, "105": true, "106": true, "107": true, "108": true, "109": true, "110": true}
+	inodes := map[string]bool{"101": true, "102": true, "104": true, "105": true, "106": true, "107": true, "108": true, "109": true, "110": true, "111": true, "112": true}
 	got := parseUnixListeners(strings.NewReader(list), inodes)
-	want := []string{"/run/a b.sock", "/run/autopilot-health/control.sock", "/run/autopilot-health/status.sock"}
+	want := []string{"/run/a b.sock", "/run/autopilot-health/control.sock", "/run/autopilot-health/status.sock", "/run/padded inode.sock", "/run/two  spaces.sock"}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
