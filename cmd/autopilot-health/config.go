@@ -40,7 +40,7 @@ func cmdConfig(args []string, stdout, stderr io.Writer) int {
 	// a stray argument, is bad usage (exit 2), not ignored or read as FILE.
 	usages := map[string]string{
 		"default":  "Usage: autopilot-health config default\n  print the default configuration, every key set, with a comment",
-		"validate": "Usage: autopilot-health config validate [--privileged-helper SOCKET] FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n  (a kmsg.device this host lacks is a warning on stderr: run starts on it)",
+		"validate": "Usage: autopilot-health config validate [--privileged-helper SOCKET] FILE\n  check FILE; exit 0 when valid, 2 with file:line: key: problem when not\n  (a kmsg.device this host lacks, or one that is not the kernel log, is a\n  warning on stderr: run starts on it)",
 	}
 	if text, ok := usages[args[0]]; ok {
 		fs := newFlags("config "+args[0], "config "+args[0], stderr)
