@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -79,19 +78,8 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if errors.Is(err, daemon.ErrNotRunning) && notSocket == nil && *socket == "" {
-		// A user who may not read the file does not learn the socket
-		// it names: nothing answering on the default one is not "not
-		// running" then, the daemon may serve the file's socket (as
-		// status says).
-		_, rerr := config.ReadFile(*cfgPath)
-		if errors.Is(rerr, os.ErrPermission) {
-			fmt.Fprintf(stderr, "autopilot-health reload: %s: permission denied: the control socket it names is not known (run with sudo); nothing answers on %s\n", *cfgPath, paths[len(paths)-1])
-			return exitError
-		}
-		// A --config that is not there (a typo) names no socket: the
-		// default one was asked alone, and "not running" may be false.
-		if errors.Is(rerr, os.ErrNotExist) && flagSet(fs, "config") && *cfgPath != config.DefaultPath {
-			fmt.Fprintf(stderr, "autopilot-health reload: %s: no such file: the control socket it names is not known; nothing answers on %s\n", *cfgPath, paths[len(paths)-1])
+		if words := socketNotKnown(*cfgPath, flagSet(fs, "config"), "control", paths[len(paths)-1]); words != "" {
+			fmt.Fprintf(stderr, "autopilot-health reload: %s\n", words)
 			return exitError
 		}
 	}

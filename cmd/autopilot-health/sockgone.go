@@ -226,3 +226,21 @@ func socketKind(path string) string {
 	}
 	return ""
 }
+
+// socketNotKnown words, where nothing answered on asked, the default
+// socket of its kind ("status" or "control") asked because the
+// configuration file cfgPath (given: by --config) names none this user
+// learns: one this user may not read (the daemon may serve the file's
+// socket: run with sudo), or a --config that is not there (a typo). ""
+// where the file was read, or is the default one absent: "not running"
+// holds then.
+func socketNotKnown(cfgPath string, given bool, kind, asked string) string {
+	_, err := config.ReadFile(cfgPath)
+	switch {
+	case errors.Is(err, os.ErrPermission):
+		return fmt.Sprintf("%s: permission denied: the %s socket it names is not known (run with sudo); nothing answers on %s", cfgPath, kind, asked)
+	case errors.Is(err, os.ErrNotExist) && given && cfgPath != config.DefaultPath:
+		return fmt.Sprintf("%s: no such file: the %s socket it names is not known; nothing answers on %s", cfgPath, kind, asked)
+	}
+	return ""
+}

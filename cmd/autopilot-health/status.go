@@ -76,18 +76,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		err = notSocket
 	}
 	if errors.Is(err, errNotRunning) && *socket == "" {
-		// A user who may not read the file does not learn the socket
-		// it names: nothing answering on the default one is not "not
-		// running" then, the daemon may serve the file's socket.
-		_, rerr := config.ReadFile(*cfgPath)
-		if errors.Is(rerr, os.ErrPermission) {
-			fmt.Fprintf(stderr, "autopilot-health status: %s: permission denied: the status socket it names is not known (run with sudo); nothing answers on %s\n", *cfgPath, path)
-			return exitError
-		}
-		// A --config that is not there (a typo) names no socket: the
-		// default one was asked alone, and "not running" may be false.
-		if errors.Is(rerr, os.ErrNotExist) && flagSet(fs, "config") && *cfgPath != config.DefaultPath {
-			fmt.Fprintf(stderr, "autopilot-health status: %s: no such file: the status socket it names is not known; nothing answers on %s\n", *cfgPath, path)
+		if words := socketNotKnown(*cfgPath, flagSet(fs, "config"), "status", path); words != "" {
+			fmt.Fprintf(stderr, "autopilot-health status: %s\n", words)
 			return exitError
 		}
 	}
